@@ -1,0 +1,86 @@
+# tokenmill build.
+#
+# One binary (build/tokenmill) from every src/**/*.c, plus one unit-test binary per
+# tests/unit/test_*.c linked against the same objects (minus main.c).
+#
+#   make            optimised build (-O2, runtime SIMD dispatch: AVX2 / AVX-512 files are
+#                   compiled with their own -m flags and only called when the CPU has them)
+#   make san        the same under ASan + UBSan, in build/san/
+#   make test       installs missing Debian/npm deps, builds both, runs every test
+#   make run        the main job on the bundled model
+#   make bench      side-by-side benchmark against llama.cpp (bench/engine)
+#
+# WERROR=1 turns warnings into errors (CI sets it via .ci/run).
+
+CC      ?= cc
+BUILD   ?= build
+PKGS    := libpcre2-8 libcrypto
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+
+WARN    := -Wall -Wextra -Wshadow -Wno-unused-parameter -Wstrict-prototypes -Wvla
+ifeq ($(WERROR),1)
+WARN    += -Werror
+endif
+OPT     ?= -O2 -g -fno-math-errno
+CFLAGS_ALL = -std=gnu11 $(OPT) $(WARN) -pthread -Isrc -MMD -MP $(PKG_CFLAGS) $(EXTRA_CFLAGS)
+LDLIBS  := $(PKG_LIBS) -lm -pthread
+
+SRCS    := $(shell find src -name '*.c' | sort)
+LIBSRCS := $(filter-out src/main.c,$(SRCS))
+OBJS    := $(SRCS:%.c=$(BUILD)/%.o)
+LIBOBJS := $(LIBSRCS:%.c=$(BUILD)/%.o)
+TESTSRCS:= $(sort $(wildcard tests/unit/test_*.c))
+TESTBINS:= $(TESTSRCS:tests/unit/%.c=$(BUILD)/tests/%)
+
+# Per-file ISA flags: the kernels for one instruction set live in files named *_avx2.c /
+# *_avx512.c and are reached only through the dispatch table in ops.c.
+AVX2_FLAGS   := -mavx2 -mfma -mf16c
+AVX512_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx2 -mfma -mf16c
+
+.PHONY: all san test test-unit test-e2e run bench deps clean
+all: $(BUILD)/tokenmill $(TESTBINS)
+
+$(BUILD)/tokenmill: $(OBJS)
+	$(CC) $(CFLAGS_ALL) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/tests/%: tests/unit/%.c $(LIBOBJS) tests/unit/harness.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -Itests/unit -o $@ $< $(LIBOBJS) $(LDLIBS)
+
+$(BUILD)/%_avx2.o: %_avx2.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $(AVX2_FLAGS) -c -o $@ $<
+
+$(BUILD)/%_avx512.o: %_avx512.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $(AVX512_FLAGS) -c -o $@ $<
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -c -o $@ $<
+
+# Sanitizer build: a separate tree so both can coexist.
+san:
+	$(MAKE) BUILD=build/san OPT="-O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined" all
+
+deps:
+	@scripts/deps.sh
+
+test: deps
+	$(MAKE) all
+	$(MAKE) san
+	@scripts/test.sh
+
+run: deps
+	$(MAKE) all
+	@scripts/run.sh
+
+bench: deps
+	$(MAKE) all
+	@bench/engine
+
+clean:
+	rm -rf build
+
+-include $(shell find $(BUILD) -name "*.d" 2>/dev/null)

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs what the build, tests and benchmarks need, only when it is missing:
+# Debian packages through apt-get (we run as root on the target machines) and the pinned npm
+# packages of package.json (llama.cpp through node-llama-cpp, the numeric oracle and speed peer).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_pkgs=()
+have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
+for p in build-essential pkg-config libpcre2-dev libssl-dev nodejs npm git; do
+  if [ "$p" = nodejs ] || [ "$p" = npm ]; then
+    command -v "${p/nodejs/node}" >/dev/null 2>&1 && continue
+  fi
+  have_pkg "$p" || need_pkgs+=("$p")
+done
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  echo "deps: installing Debian packages: ${need_pkgs[*]}"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+fi
+
+# npm: only the linux-x64 CPU build of node-llama-cpp is needed; skip the optional GPU builds.
+stamp=node_modules/.tokenmill-stamp
+if [ ! -f "$stamp" ] || [ package.json -nt "$stamp" ] || [ package-lock.json -nt "$stamp" ]; then
+  echo "deps: installing npm packages (pinned in package-lock.json)"
+  npm ci --omit=optional --ignore-scripts --no-audit --no-fund --loglevel=error >/dev/null
+  touch "$stamp"
+fi

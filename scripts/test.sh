@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Runs every test: the C unit tests in the optimised build and again under ASan+UBSan, then
+# the end-to-end/oracle tests (tests/e2e/*.test.mjs, node's test runner) against the real
+# binary. Prints one closing line "N passed, N failed" over all of them; exits non-zero on
+# any failure. TESTS_FILTER=substring limits which test files run.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+scripts/fetch-testdata.sh
+
+pass=0; fail=0
+filter="${TESTS_FILTER:-}"
+run_unit() {  # $1 = binary, $2 = label
+  local out
+  out=$("$1" 2>&1); local rc=$?
+  printf '%s\n' "$out" | grep -v '^ok ' | sed "s|^|[$2] |"
+  local line; line=$(printf '%s\n' "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed$' | tail -1)
+  if [ -n "$line" ]; then
+    pass=$((pass + $(echo "$line" | cut -d' ' -f1)))
+    fail=$((fail + $(echo "$line" | cut -d' ' -f3)))
+  fi
+  if [ $rc -ne 0 ] && [ -z "$line" -o "$(echo "$line" | cut -d' ' -f3)" = 0 ]; then
+    echo "[$2] exited with status $rc"; fail=$((fail + 1))
+  fi
+}
+
+for t in build/tests/test_*; do
+  [ -x "$t" ] || continue
+  case "$t" in *"$filter"*) ;; *) continue ;; esac
+  run_unit "$t" "$(basename "$t")"
+done
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1
+for t in build/san/tests/test_*; do
+  [ -x "$t" ] || continue
+  case "$t" in *"$filter"*) ;; *) continue ;; esac
+  run_unit "$t" "san/$(basename "$t")"
+done
+unset ASAN_OPTIONS UBSAN_OPTIONS
+
+e2e=$(ls tests/e2e/*.test.mjs 2>/dev/null | grep -- "$filter" || true)
+if [ -n "$e2e" ]; then
+  out=$(node --test --test-concurrency=1 --test-reporter=tap $e2e 2>&1); rc=$?
+  printf '%s\n' "$out" | grep -E '^(not ok|# (pass|fail|tests))|^ +(not ok|---|\.\.\.|error|expected|actual)' | head -200
+  p=$(printf '%s\n' "$out" | grep -E '^# pass ' | awk '{print $3}'); f=$(printf '%s\n' "$out" | grep -E '^# fail ' | awk '{print $3}')
+  pass=$((pass + ${p:-0})); fail=$((fail + ${f:-0}))
+  if [ $rc -ne 0 ] && [ "${f:-0}" = 0 ]; then echo "node tests exited with status $rc"; fail=$((fail + 1)); fi
+fi
+
+echo "$pass passed, $fail failed"
+[ "$fail" = 0 ]

@@ -1,0 +1,16 @@
+/*
+ * cli: the subcommands of the tokenmill program. Each returns the process exit status
+ * (0 ok, 1 runtime failure, 2 usage error) and prints its own errors to stderr; none calls
+ * exit(), so they can also be driven from tests.
+ */
+#ifndef TM_CMD_H
+#define TM_CMD_H
+
+int cmd_run(int argc, char **argv);       /* generate text from a prompt */
+int cmd_tokenize(int argc, char **argv);  /* print token ids as JSON */
+int cmd_convert(int argc, char **argv);   /* llama2.c checkpoint -> GGUF */
+int cmd_mkmodel(int argc, char **argv);   /* random-weight GGUF of a real shape and vocab */
+int cmd_eval(int argc, char **argv);      /* per-position top log-probs + greedy, as JSON (tests) */
+int cmd_bench(int argc, char **argv);     /* pp/tg timings as JSON (bench/engine) */
+
+#endif

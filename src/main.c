@@ -1,0 +1,45 @@
+/*
+ * main: the tokenmill command. Dispatches to the subcommands in src/cli/; see
+ * `tokenmill help`.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cmd.h"
+
+static const struct {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *help;
+} main_cmds[] = {
+    { "run", cmd_run, "run -m MODEL -p PROMPT [-n N] [--temp T] [--seed S] [--threads N]: generate text" },
+    { "tokenize", cmd_tokenize, "tokenize -m MODEL [--special] [--pieces] TEXT: token ids as JSON" },
+    { "convert", cmd_convert, "convert llama2c WEIGHTS.bin TOKENIZER.bin -o OUT.gguf" },
+    { "mkmodel", cmd_mkmodel, "mkmodel --arch llama|qwen2|qwen3 [--preset P] [--vocab F] --type T --seed S -o OUT.gguf" },
+    { "eval", cmd_eval, "eval -m MODEL --input FILE.json: top log-probs at every position (testing)" },
+    { "bench", cmd_bench, "bench -m MODEL [--pp N] [--tg N] [--seqs 1,4,16]: timings as JSON" },
+};
+
+static void main_usage(FILE *f)
+{
+    fprintf(f, "usage: tokenmill COMMAND [options]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof main_cmds / sizeof main_cmds[0]; i++)
+        fprintf(f, "  %s\n", main_cmds[i].help);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        main_usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        main_usage(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof main_cmds / sizeof main_cmds[0]; i++)
+        if (!strcmp(argv[1], main_cmds[i].name)) return main_cmds[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "tokenmill: unknown command '%s'\n", argv[1]);
+    main_usage(stderr);
+    return 2;
+}

@@ -1,0 +1,58 @@
+/*
+ * quant: the tensor element types of GGUF/ggml (ids and block layouts exactly as llama.cpp
+ * writes them), conversion of rows to and from float, and the reference quantisers.
+ *
+ * A quantised row of n elements is n / block_elems blocks of block_bytes each. Weight rows are
+ * multiplied against activations quantised to the weight type's "vec dot type" (Q8_0 for
+ * Q4_0/Q8_0, Q8_K for Q4_K/Q6_K, F16 for F16, BF16 for BF16, F32 for F32), as llama.cpp's CPU
+ * backend does, so that our results agree with it to rounding.
+ */
+#ifndef TM_QUANT_H
+#define TM_QUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+typedef enum {
+    QTYPE_F32 = 0,
+    QTYPE_F16 = 1,
+    QTYPE_Q4_0 = 2,
+    QTYPE_Q8_0 = 8,
+    QTYPE_Q4_K = 12,
+    QTYPE_Q6_K = 14,
+    QTYPE_Q8_K = 15,
+    QTYPE_BF16 = 30,
+    QTYPE_COUNT_MAX = 64, /* ids below this may appear in files; only the above are supported */
+} qtype;
+
+typedef uint16_t fp16_t;  /* IEEE half, bit pattern */
+typedef uint16_t bf16_t;  /* bfloat16, bit pattern */
+
+#define QK8_0 32
+#define QK4_0 32
+#define QK_K 256
+
+typedef struct { fp16_t d; int8_t qs[QK8_0]; } block_q8_0;                       /* 34 bytes */
+typedef struct { fp16_t d; uint8_t qs[QK4_0 / 2]; } block_q4_0;                  /* 18 bytes */
+typedef struct { fp16_t d, dmin; uint8_t scales[12]; uint8_t qs[QK_K / 2]; } block_q4_K; /* 144 */
+typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; fp16_t d; } block_q6_K; /* 210 */
+typedef struct { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; } block_q8_K; /* 292 */
+
+bool quant_type_supported(int type);      /* one of the QTYPE_ values above */
+const char *quant_type_name(qtype t);     /* "f32", "q8_0", ...; "?" if unknown */
+int64_t quant_block_elems(qtype t);       /* elements per block (1 for f32/f16/bf16) */
+size_t quant_block_bytes(qtype t);        /* bytes per block */
+size_t quant_row_bytes(qtype t, int64_t n); /* n must be a multiple of quant_block_elems */
+qtype quant_vec_dot_type(qtype weights);
+
+float quant_fp16_to_fp32(fp16_t h);
+fp16_t quant_fp32_to_fp16(float f);      /* round to nearest even, like F16C */
+float quant_bf16_to_fp32(bf16_t h);
+bf16_t quant_fp32_to_bf16(float f);      /* round to nearest even, NaN kept quiet */
+
+/* Row conversions (scalar reference; n a multiple of the block size). */
+void quant_dequantize_row(qtype t, const void *src, float *dst, int64_t n);
+void quant_quantize_row(qtype t, const float *src, void *dst, int64_t n);
+
+#endif

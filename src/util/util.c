@@ -1,0 +1,141 @@
+/*
+ * util: checked allocation, time, logging, whole-file reads and the project's PRNG.
+ * See util.h for the contracts.
+ */
+#include "util/util.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+log_level util_log_level = LOG_LEVEL_INFO;
+
+static void util_oom(size_t sz)
+{
+    fprintf(stderr, "tokenmill: out of memory allocating %zu bytes\n", sz);
+    abort();
+}
+
+void *xmalloc(size_t sz)
+{
+    void *p = malloc(sz ? sz : 1);
+    if (!p) util_oom(sz);
+    return p;
+}
+
+void *xcalloc(size_t n, size_t sz)
+{
+    void *p = calloc(n ? n : 1, sz ? sz : 1);
+    if (!p) util_oom(n * sz);
+    return p;
+}
+
+void *xrealloc(void *p, size_t sz)
+{
+    void *q = realloc(p, sz ? sz : 1);
+    if (!q) util_oom(sz);
+    return q;
+}
+
+char *xstrdup(const char *z)
+{
+    size_t n = strlen(z) + 1;
+    char *p = xmalloc(n);
+    memcpy(p, z, n);
+    return p;
+}
+
+void *util_aligned_alloc(size_t sz)
+{
+    void *p = NULL;
+    if (posix_memalign(&p, 64, TM_ALIGN_UP(sz ? sz : 1, 64)) != 0) return NULL;
+    return p;
+}
+
+double util_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void util_log(log_level lvl, const char *fmt, ...)
+{
+    static const char *names[] = { "debug", "info", "warn", "error" };
+    if (lvl < util_log_level) return;
+    char line[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "tokenmill %s: %s\n", names[lvl], line);
+}
+
+char *util_read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    if (!buf) { fclose(f); errno = ENOMEM; return NULL; }
+    for (;;) {
+        if (n + 1 >= cap) {
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) { free(buf); fclose(f); errno = ENOMEM; return NULL; }
+            buf = nb;
+            cap *= 2;
+        }
+        size_t got = fread(buf + n, 1, cap - n - 1, f);
+        n += got;
+        if (got == 0) break;
+    }
+    int err = ferror(f);
+    fclose(f);
+    if (err) { free(buf); errno = EIO; return NULL; }
+    buf[n] = 0;
+    if (len) *len = n;
+    return buf;
+}
+
+static uint64_t util_rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+void util_rng_seed(util_rng *r, uint64_t seed)
+{
+    /* splitmix64 expands the seed so that nearby seeds give unrelated streams */
+    for (int i = 0; i < 4; i++) {
+        uint64_t z = (seed += 0x9e3779b97f4a7c15ULL);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+        r->s[i] = z ^ (z >> 31);
+    }
+}
+
+uint64_t util_rng_next(util_rng *r)
+{
+    uint64_t *s = r->s;
+    uint64_t result = util_rotl(s[1] * 5, 7) * 9;
+    uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = util_rotl(s[3], 45);
+    return result;
+}
+
+double util_rng_uniform(util_rng *r)
+{
+    return (double)(util_rng_next(r) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+float util_rng_normal(util_rng *r)
+{
+    double u1 = util_rng_uniform(r), u2 = util_rng_uniform(r);
+    if (u1 < 1e-300) u1 = 1e-300;
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}

@@ -1,0 +1,53 @@
+/*
+ * util: the few helpers every module may use: checked allocation, monotonic time, logging.
+ *
+ * Allocation failure in setup code is reported by returning NULL from the xmalloc family's
+ * callers' own constructors; xmalloc itself aborts with a message, because a process that
+ * cannot get a few kilobytes for bookkeeping cannot serve anyway. Large buffers (KV pool,
+ * model scratch) use plain malloc and report failure to the caller.
+ *
+ * Logging goes to stderr, one line per call, prefixed by level; the level is set once at start
+ * (util_log_level) and read without a lock.
+ */
+#ifndef TM_UTIL_H
+#define TM_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+#define TM_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+#define TM_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define TM_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define TM_ALIGN_UP(x, a) (((x) + (a) - 1) / (a) * (a))
+
+void *xmalloc(size_t sz);
+void *xcalloc(size_t n, size_t sz);
+void *xrealloc(void *p, size_t sz);
+char *xstrdup(const char *z);
+/* 64-byte aligned allocation for SIMD buffers; free with free(). Returns NULL on failure. */
+void *util_aligned_alloc(size_t sz);
+
+/* Seconds from an arbitrary fixed point (CLOCK_MONOTONIC). */
+double util_now(void);
+
+typedef enum { LOG_LEVEL_DEBUG = 0, LOG_LEVEL_INFO, LOG_LEVEL_WARN, LOG_LEVEL_ERROR } log_level;
+extern log_level util_log_level;
+void util_log(log_level lvl, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#define log_debug(...) util_log(LOG_LEVEL_DEBUG, __VA_ARGS__)
+#define log_info(...)  util_log(LOG_LEVEL_INFO, __VA_ARGS__)
+#define log_warn(...)  util_log(LOG_LEVEL_WARN, __VA_ARGS__)
+#define log_error(...) util_log(LOG_LEVEL_ERROR, __VA_ARGS__)
+
+/* Reads a whole file into a malloc'd buffer (NUL-terminated, *len excludes the NUL).
+ * Returns NULL and sets errno on failure. */
+char *util_read_file(const char *path, size_t *len);
+
+/* Deterministic 64-bit PRNG (xoshiro256**), for sampling and generated models. */
+typedef struct { uint64_t s[4]; } util_rng;
+void util_rng_seed(util_rng *r, uint64_t seed);
+uint64_t util_rng_next(util_rng *r);
+double util_rng_uniform(util_rng *r);   /* [0, 1) with 53 random bits */
+float util_rng_normal(util_rng *r);     /* standard normal (Box-Muller) */
+
+#endif
