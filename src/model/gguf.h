@@ -103,6 +103,24 @@ void gguf_writer_set_arr_f32(gguf_writer *w, const char *key, const float *v, ui
 bool gguf_writer_copy_key(gguf_writer *w, const gguf *src, const char *key);
 void gguf_writer_add_tensor(gguf_writer *w, const char *name, qtype type, int n_dims,
                             const int64_t *ne, const void *data, size_t nbytes);
+/* Writes the file (GGUF v3, to PATH.tmp then renamed). */
 gguf_status gguf_writer_write(gguf_writer *w, const char *path, char *err, size_t errsz);
+
+/* Additions (helper "gguf"): */
+/* File offset of the tensor data section, and the data alignment in bytes. */
+size_t gguf_data_offset(const gguf *g);
+uint32_t gguf_alignment(const gguf *g);
+/* Any scalar type (not string/array): V points at the value in its C type. */
+void gguf_writer_set_scalar(gguf_writer *w, const char *key, gguf_vtype t, const void *v);
+/* A numeric array of any element type (not string/array); V holds N packed elements. */
+void gguf_writer_set_arr(gguf_writer *w, const char *key, gguf_vtype elt, const void *v, uint64_t n);
+/* A tensor whose data is produced at write time: FILL is called once, during
+ * gguf_writer_write, with a buffer of exactly the tensor's byte size to fill. Lets callers
+ * write models larger than they want to hold in memory. */
+typedef void (*gguf_fill_fn)(void *ctx, const char *name, void *dst, size_t nbytes);
+void gguf_writer_add_tensor_fill(gguf_writer *w, const char *name, qtype type, int n_dims,
+                                 const int64_t *ne, gguf_fill_fn fill, void *ctx);
+/* Bytes of a tensor of TYPE and shape NE (ne[0] a multiple of the block size). */
+size_t gguf_writer_tensor_bytes(qtype type, int n_dims, const int64_t *ne);
 
 #endif

@@ -55,4 +55,16 @@ bf16_t quant_fp32_to_bf16(float f);      /* round to nearest even, NaN kept quie
 void quant_dequantize_row(qtype t, const void *src, float *dst, int64_t n);
 void quant_quantize_row(qtype t, const float *src, void *dst, int64_t n);
 
+/* Activation quantisers, as llama.cpp's x86 CPU backend quantises the activations before a
+ * quantised dot product (scalar reference; ops.h has the fast, threaded path):
+ * Q8_0: d = amax/127 (fp16), q = round-half-even(x * 127/amax);
+ * Q8_K: d = -max/127 with max the signed value of largest magnitude, q = nearest_int(x * -127/max)
+ *       capped at 127, bsums[j] = sum of qs[16j .. 16j+15]. (Also what quant_quantize_row does
+ *       for QTYPE_Q8_K.) n a multiple of the block size. */
+void quant_act_q8_0(const float *x, block_q8_0 *y, int64_t n);
+void quant_act_q8_K(const float *x, block_q8_K *y, int64_t n);
+
+/* Q4_K's packed 6-bit scale and min of sub-block j (0..7) from block_q4_K.scales. */
+void quant_q4_K_scale_min(int j, const uint8_t *scales, uint8_t *d, uint8_t *m);
+
 #endif

@@ -1,0 +1,640 @@
+/*
+ * ops: dispatch, threading and the scalar reference kernels (see ops.h).
+ *
+ * The kernel table (ops_int.h) starts as the scalar reference; ops_avx2.c and ops_avx512.c
+ * override entries when the CPU level allows. The threaded drivers here are shared by all
+ * levels: ops_matmul quantises the activations in a first phase (blocks split evenly over
+ * threads), meets at a barrier, then hands out chunks of (weight, row range, token range)
+ * from an atomic counter. A chunk covers all tokens up to OPS_TOKEN_CHUNK, so that each
+ * weight row is streamed from memory once per call for a decode batch and once per
+ * OPS_TOKEN_CHUNK tokens for prefill, where the rest come from cache.
+ *
+ * Scalar reference semantics (the SIMD kernels agree up to float summation order):
+ * quantised dots sum exact integers per block and accumulate block results in float, in
+ * block order; float dots (F32, F16, BF16) accumulate in double.
+ */
+#include "model/ops.h"
+#include "model/ops_int.h"
+#include "util/util.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#define OPS_TOKEN_CHUNK 128  /* tokens per matmul chunk */
+#define OPS_ROW_ALIGN 16     /* row chunks are multiples of this (kernel tile rows) */
+#define OPS_MAX_MULTI 8      /* weights per ops_matmul_multi call */
+#define OPS_ROPE_MAX_DIM 1024
+
+static ops_kernels ops_k;
+static cpu_level ops_level = (cpu_level)-1;
+
+/* ---- scalar reference kernels --------------------------------------------------------- */
+
+static float ops_dot_q8_0_q8_0(int64_t n, const block_q8_0 *w, const block_q8_0 *x)
+{
+    float sumf = 0;
+    for (int64_t b = 0; b < n / QK8_0; b++) {
+        int sumi = 0;
+        for (int j = 0; j < QK8_0; j++) sumi += w[b].qs[j] * x[b].qs[j];
+        sumf += (float)sumi * (quant_fp16_to_fp32(w[b].d) * quant_fp16_to_fp32(x[b].d));
+    }
+    return sumf;
+}
+
+static float ops_dot_q4_0_q8_0(int64_t n, const block_q4_0 *w, const block_q8_0 *x)
+{
+    float sumf = 0;
+    for (int64_t b = 0; b < n / QK8_0; b++) {
+        int sumi = 0;
+        for (int j = 0; j < QK4_0 / 2; j++) {
+            sumi += ((w[b].qs[j] & 0x0F) - 8) * x[b].qs[j];
+            sumi += ((w[b].qs[j] >> 4) - 8) * x[b].qs[j + QK4_0 / 2];
+        }
+        sumf += (float)sumi * (quant_fp16_to_fp32(w[b].d) * quant_fp16_to_fp32(x[b].d));
+    }
+    return sumf;
+}
+
+/* Per super-block: d_x*d_w * sum_j sc_j * dot_j  -  d_x*dmin_w * sum_j m_j * bsum_j. */
+static float ops_dot_q4_K_q8_K(int64_t n, const block_q4_K *w, const block_q8_K *x)
+{
+    float sumf = 0;
+    for (int64_t b = 0; b < n / QK_K; b++) {
+        int isum = 0, imin = 0;
+        for (int j = 0; j < QK_K / 32; j++) {
+            uint8_t sc, m;
+            quant_q4_K_scale_min(j, w[b].scales, &sc, &m);
+            const uint8_t *q = w[b].qs + (j / 2) * 32;
+            const int8_t *y = x[b].qs + j * 32;
+            int dot = 0;
+            for (int l = 0; l < 32; l++) dot += ((j & 1) ? (q[l] >> 4) : (q[l] & 0xF)) * y[l];
+            isum += sc * dot;
+            imin += m * (x[b].bsums[2 * j] + x[b].bsums[2 * j + 1]);
+        }
+        float d = x[b].d * quant_fp16_to_fp32(w[b].d);
+        float dmin = x[b].d * quant_fp16_to_fp32(w[b].dmin);
+        sumf += d * (float)isum - dmin * (float)imin;
+    }
+    return sumf;
+}
+
+/* Per super-block: d_x*d_w * sum over 16 groups of sc_g * sum (q - 32) * y. */
+static float ops_dot_q6_K_q8_K(int64_t n, const block_q6_K *w, const block_q8_K *x)
+{
+    float sumf = 0;
+    for (int64_t b = 0; b < n / QK_K; b++) {
+        int8_t q[QK_K];
+        const uint8_t *ql = w[b].ql, *qh = w[b].qh;
+        for (int k = 0; k < QK_K; k += 128) {
+            for (int l = 0; l < 32; l++) {
+                q[k + l + 0] = (int8_t)(((ql[l + 0] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32);
+                q[k + l + 32] = (int8_t)(((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32);
+                q[k + l + 64] = (int8_t)(((ql[l + 0] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+                q[k + l + 96] = (int8_t)(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+            }
+            ql += 64;
+            qh += 32;
+        }
+        int isum = 0;
+        for (int g = 0; g < QK_K / 16; g++) {
+            int dot = 0;
+            for (int l = 0; l < 16; l++) dot += q[g * 16 + l] * x[b].qs[g * 16 + l];
+            isum += w[b].scales[g] * dot;
+        }
+        sumf += x[b].d * quant_fp16_to_fp32(w[b].d) * (float)isum;
+    }
+    return sumf;
+}
+
+static float ops_dot_f32_ref(int64_t n, const float *a, const float *b)
+{
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) s += (double)a[i] * (double)b[i];
+    return (float)s;
+}
+
+static float ops_dot_f16_ref(int64_t n, const fp16_t *a, const fp16_t *b)
+{
+    double s = 0;
+    for (int64_t i = 0; i < n; i++)
+        s += (double)quant_fp16_to_fp32(a[i]) * (double)quant_fp16_to_fp32(b[i]);
+    return (float)s;
+}
+
+static float ops_dot_bf16_ref(int64_t n, const bf16_t *a, const bf16_t *b)
+{
+    double s = 0;
+    for (int64_t i = 0; i < n; i++)
+        s += (double)quant_bf16_to_fp32(a[i]) * (double)quant_bf16_to_fp32(b[i]);
+    return (float)s;
+}
+
+/* Generic gemm from a row dot: the reference tiling is no tiling. */
+#define OPS_GEMM_FROM_DOT(name, dot, wt, xt)                                                  \
+    static void name(int64_t cols, const void *w, size_t ws, int nr, const void *x, size_t xs, \
+                     int nt, float *y, size_t ys)                                             \
+    {                                                                                         \
+        for (int t = 0; t < nt; t++)                                                          \
+            for (int r = 0; r < nr; r++)                                                      \
+                y[(size_t)t * ys + r] = dot(cols, (const wt *)((const char *)w + r * ws),     \
+                                            (const xt *)((const char *)x + t * xs));          \
+    }
+OPS_GEMM_FROM_DOT(ops_gemm_q8_0_ref, ops_dot_q8_0_q8_0, block_q8_0, block_q8_0)
+OPS_GEMM_FROM_DOT(ops_gemm_q4_0_ref, ops_dot_q4_0_q8_0, block_q4_0, block_q8_0)
+OPS_GEMM_FROM_DOT(ops_gemm_q4_K_ref, ops_dot_q4_K_q8_K, block_q4_K, block_q8_K)
+OPS_GEMM_FROM_DOT(ops_gemm_q6_K_ref, ops_dot_q6_K_q8_K, block_q6_K, block_q8_K)
+OPS_GEMM_FROM_DOT(ops_gemm_f32_ref, ops_dot_f32_ref, float, float)
+OPS_GEMM_FROM_DOT(ops_gemm_f16_ref, ops_dot_f16_ref, fp16_t, fp16_t)
+OPS_GEMM_FROM_DOT(ops_gemm_bf16_ref, ops_dot_bf16_ref, bf16_t, bf16_t)
+
+static void ops_to_f16_ref(const float *x, fp16_t *y, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) y[i] = quant_fp32_to_fp16(x[i]);
+}
+static void ops_from_f16_ref(const fp16_t *x, float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) y[i] = quant_fp16_to_fp32(x[i]);
+}
+static void ops_to_bf16_ref(const float *x, bf16_t *y, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) y[i] = quant_fp32_to_bf16(x[i]);
+}
+static float ops_dot_f16_f32_ref(int n, const fp16_t *a, const float *b)
+{
+    double s = 0;
+    for (int i = 0; i < n; i++) s += (double)quant_fp16_to_fp32(a[i]) * (double)b[i];
+    return (float)s;
+}
+static float ops_dot_f16_int(int n, const fp16_t *a, const fp16_t *b)
+{
+    return ops_dot_f16_ref(n, a, b);
+}
+static void ops_mad_f16_ref(int n, float *y, const fp16_t *x, float s)
+{
+    for (int i = 0; i < n; i++) y[i] += quant_fp16_to_fp32(x[i]) * s;
+}
+static float ops_dot_f32_int(int n, const float *a, const float *b)
+{
+    return ops_dot_f32_ref(n, a, b);
+}
+static void ops_mad_f32_ref(int n, float *y, const float *x, float s)
+{
+    for (int i = 0; i < n; i++) y[i] += x[i] * s;
+}
+static void ops_scale_f32_ref(int n, float *y, float s)
+{
+    for (int i = 0; i < n; i++) y[i] *= s;
+}
+static float ops_softmax_exp_ref(int n, float *y, float max)
+{
+    double sum = 0;
+    for (int i = 0; i < n; i++) {
+        y[i] = expf(y[i] - max);
+        sum += y[i];
+    }
+    return (float)sum;
+}
+static float ops_max_f32_ref(int n, const float *x)
+{
+    float m = -INFINITY;
+    for (int i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
+    return m;
+}
+/* ggml: sum of squares in double, scale = 1/sqrtf(mean + eps), out = (x * scale) * w. */
+static void ops_rmsnorm_row_ref(float *out, const float *x, const float *w, int n, float eps)
+{
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += (double)(x[i] * x[i]);
+    float mean = (float)(sum / n);
+    float scale = 1.0f / sqrtf(mean + eps);
+    if (w)
+        for (int i = 0; i < n; i++) out[i] = (x[i] * scale) * w[i];
+    else
+        for (int i = 0; i < n; i++) out[i] = x[i] * scale;
+}
+static void ops_swiglu_ref(float *out, const float *g, const float *u, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+static void ops_add_ref(float *y, const float *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+void ops_kernels_init_scalar(ops_kernels *k)
+{
+    memset(k, 0, sizeof *k);
+    k->gemm[QTYPE_F32] = ops_gemm_f32_ref;
+    k->gemm[QTYPE_F16] = ops_gemm_f16_ref;
+    k->gemm[QTYPE_BF16] = ops_gemm_bf16_ref;
+    k->gemm[QTYPE_Q4_0] = ops_gemm_q4_0_ref;
+    k->gemm[QTYPE_Q8_0] = ops_gemm_q8_0_ref;
+    k->gemm[QTYPE_Q4_K] = ops_gemm_q4_K_ref;
+    k->gemm[QTYPE_Q6_K] = ops_gemm_q6_K_ref;
+    k->quant_q8_0 = quant_act_q8_0;
+    k->quant_q8_K = quant_act_q8_K;
+    k->to_f16 = ops_to_f16_ref;
+    k->from_f16 = ops_from_f16_ref;
+    k->to_bf16 = ops_to_bf16_ref;
+    k->dot_f16_f32 = ops_dot_f16_f32_ref;
+    k->dot_f16 = ops_dot_f16_int;
+    k->mad_f16 = ops_mad_f16_ref;
+    k->dot_f32 = ops_dot_f32_int;
+    k->mad_f32 = ops_mad_f32_ref;
+    k->scale_f32 = ops_scale_f32_ref;
+    k->softmax_exp = ops_softmax_exp_ref;
+    k->max_f32 = ops_max_f32_ref;
+    k->rmsnorm_row = ops_rmsnorm_row_ref;
+    k->swiglu = ops_swiglu_ref;
+    k->add = ops_add_ref;
+}
+
+/* ---- dispatch ------------------------------------------------------------------------- */
+
+void ops_force_level(cpu_level lvl)
+{
+    cpu_level hw = cpu_get_hw_level();
+    if (lvl > hw) lvl = hw;
+    ops_kernels k;
+    ops_kernels_init_scalar(&k);
+    if (lvl >= CPU_LEVEL_AVX2) ops_kernels_init_avx2(&k);
+    if (lvl >= CPU_LEVEL_AVX512) ops_kernels_init_avx512(&k);
+    ops_k = k;
+    ops_level = lvl;
+}
+
+static inline const ops_kernels *ops_get(void)
+{
+    if ((int)ops_level < 0) ops_force_level(cpu_get_level());
+    return &ops_k;
+}
+
+cpu_level ops_get_level(void)
+{
+    ops_get();
+    return ops_level;
+}
+
+const char *ops_level_name(void) { return cpu_level_name(ops_get_level()); }
+
+/* ---- matmul driver -------------------------------------------------------------------- */
+
+/* Activation quantisation unit: elements per unit of work (f16/bf16 rows may end in a
+ * partial unit). */
+static int64_t ops_act_unit(qtype vt)
+{
+    switch (vt) {
+    case QTYPE_Q8_0: return QK8_0 * 8;
+    case QTYPE_Q8_K: return QK_K;
+    default: return 256;
+    }
+}
+
+size_t ops_matmul_scratch_bytes(qtype wtype, int64_t cols, int n_tokens)
+{
+    qtype vt = quant_vec_dot_type(wtype);
+    if (vt == QTYPE_F32) return 0;
+    return TM_ALIGN_UP(quant_row_bytes(vt, cols), 64) * (size_t)n_tokens + 64;
+}
+
+typedef struct {
+    qtype vt;           /* vec-dot type */
+    char *buf;          /* (n_tokens, stride) quantised x; NULL for f32 (x itself) */
+    size_t stride;      /* bytes per token */
+} ops_act;
+
+typedef struct {
+    const ops_kernels *k;                /* kernel table */
+    threadpool *tp;                      /* for the barrier */
+    int n_w;                             /* weights */
+    const ops_weight *const *ws;         /* (n_w) */
+    float *const *ys;                    /* (n_w) outputs, (n_tokens, rows) */
+    const float *x;                      /* (n_tokens, cols) */
+    int64_t cols;                        /* shared by all weights */
+    int n_tokens;                        /* batch */
+    int n_act;                           /* distinct vec-dot types */
+    ops_act act[OPS_MAX_MULTI];          /* their buffers */
+    int act_of[OPS_MAX_MULTI];           /* weight -> act index */
+    int chunk_rows[OPS_MAX_MULTI];       /* rows per chunk, per weight */
+    int row_chunks[OPS_MAX_MULTI];       /* chunks per token range, per weight */
+    int chunk_first[OPS_MAX_MULTI + 1];  /* prefix sums of row_chunks */
+    int n_tok_chunks;                    /* token ranges */
+    _Atomic int next;                    /* next chunk to hand out */
+} ops_mm_ctx;
+
+static void ops_quantize_act(const ops_kernels *k, qtype vt, const float *x, void *dst,
+                             int64_t n)
+{
+    switch (vt) {
+    case QTYPE_Q8_0: k->quant_q8_0(x, dst, n); break;
+    case QTYPE_Q8_K: k->quant_q8_K(x, dst, n); break;
+    case QTYPE_F16: k->to_f16(x, dst, n); break;
+    case QTYPE_BF16: k->to_bf16(x, dst, n); break;
+    default: break;
+    }
+}
+
+static void ops_mm_thread(void *arg, int ith, int nth)
+{
+    ops_mm_ctx *c = arg;
+    const ops_kernels *k = c->k;
+    bool quantised = false;
+    for (int a = 0; a < c->n_act; a++) {
+        ops_act *act = &c->act[a];
+        if (!act->buf) continue;
+        quantised = true;
+        int64_t unit = ops_act_unit(act->vt);
+        int64_t per_row = (c->cols + unit - 1) / unit;
+        int64_t total = per_row * c->n_tokens;
+        int64_t u0 = total * ith / nth, u1 = total * (ith + 1) / nth;
+        size_t ebytes = quant_block_bytes(act->vt), eelems = (size_t)quant_block_elems(act->vt);
+        for (int64_t u = u0; u < u1;) {
+            int64_t t = u / per_row, j0 = u % per_row;
+            int64_t j1 = TM_MIN(per_row, j0 + (u1 - u));
+            int64_t e0 = j0 * unit, e1 = TM_MIN(c->cols, j1 * unit);
+            ops_quantize_act(k, act->vt, c->x + t * c->cols + e0,
+                             act->buf + t * act->stride + (size_t)e0 / eelems * ebytes, e1 - e0);
+            u += j1 - j0;
+        }
+    }
+    if (quantised && nth > 1) threadpool_barrier(c->tp);
+
+    int per_tok = c->chunk_first[c->n_w];
+    int total = per_tok * c->n_tok_chunks;
+    for (;;) {
+        int ci = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
+        if (ci >= total) break;
+        int tc = ci / per_tok, rc = ci % per_tok;
+        int wi = 0;
+        while (rc >= c->chunk_first[wi + 1]) wi++;
+        rc -= c->chunk_first[wi];
+        const ops_weight *w = c->ws[wi];
+        const ops_act *act = &c->act[c->act_of[wi]];
+        int64_t r0 = (int64_t)rc * c->chunk_rows[wi];
+        int nr = (int)TM_MIN(w->rows - r0, (int64_t)c->chunk_rows[wi]);
+        int t0 = tc * OPS_TOKEN_CHUNK;
+        int nt = TM_MIN(c->n_tokens - t0, OPS_TOKEN_CHUNK);
+        size_t wstride = quant_row_bytes(w->type, w->cols);
+        const char *xq = act->buf ? act->buf + (size_t)t0 * act->stride
+                                  : (const char *)(c->x + (size_t)t0 * c->cols);
+        k->gemm[w->type](w->cols, (const char *)w->data + (size_t)r0 * wstride, wstride, nr, xq,
+                         act->stride, nt, c->ys[wi] + (size_t)t0 * w->rows + r0,
+                         (size_t)w->rows);
+    }
+}
+
+static void ops_mm_run(threadpool *tp, int n_w, const ops_weight *const *ws, const float *x,
+                       int n_tokens, float *const *ys, void *scratch)
+{
+    if (n_tokens <= 0 || n_w <= 0) return;
+    ops_mm_ctx c;
+    c.k = ops_get();
+    c.tp = tp;
+    c.n_w = n_w;
+    c.ws = ws;
+    c.ys = ys;
+    c.x = x;
+    c.cols = ws[0]->cols;
+    c.n_tokens = n_tokens;
+    c.n_act = 0;
+    int nth = threadpool_size(tp);
+    char *p = (char *)TM_ALIGN_UP((uintptr_t)scratch, 64);
+    c.chunk_first[0] = 0;
+    for (int i = 0; i < n_w; i++) {
+        qtype vt = quant_vec_dot_type(ws[i]->type);
+        int a = 0;
+        while (a < c.n_act && c.act[a].vt != vt) a++;
+        if (a == c.n_act) {
+            c.act[a].vt = vt;
+            if (vt == QTYPE_F32) {
+                c.act[a].buf = NULL;
+                c.act[a].stride = (size_t)c.cols * sizeof(float);
+            } else {
+                c.act[a].buf = p;
+                c.act[a].stride = TM_ALIGN_UP(quant_row_bytes(vt, c.cols), 64);
+                p += c.act[a].stride * (size_t)n_tokens;
+            }
+            c.n_act++;
+        }
+        c.act_of[i] = a;
+        /* about 4 chunks per thread over the whole call, at least OPS_ROW_ALIGN rows each */
+        int64_t rows = ws[i]->rows;
+        int64_t cr = rows / ((int64_t)nth * 4);
+        cr = TM_ALIGN_UP(TM_MAX(cr, 1), OPS_ROW_ALIGN);
+        if (cr > rows) cr = rows;
+        if (cr < 1) cr = 1;
+        c.chunk_rows[i] = (int)cr;
+        c.row_chunks[i] = (int)((rows + cr - 1) / cr);
+        c.chunk_first[i + 1] = c.chunk_first[i] + c.row_chunks[i];
+    }
+    c.n_tok_chunks = (n_tokens + OPS_TOKEN_CHUNK - 1) / OPS_TOKEN_CHUNK;
+    atomic_init(&c.next, 0);
+    threadpool_run(tp, ops_mm_thread, &c);
+}
+
+void ops_matmul(threadpool *tp, const ops_weight *w, const float *x, int n_tokens, float *y,
+                void *scratch)
+{
+    const ops_weight *ws[1] = {w};
+    float *ys[1] = {y};
+    ops_mm_run(tp, 1, ws, x, n_tokens, ys, scratch);
+}
+
+void ops_matmul_multi(threadpool *tp, int n_w, const ops_weight *const *ws, const float *x,
+                      int n_tokens, float *const *ys, void *scratch)
+{
+    for (int i0 = 0; i0 < n_w; i0 += OPS_MAX_MULTI)
+        ops_mm_run(tp, TM_MIN(OPS_MAX_MULTI, n_w - i0), ws + i0, x, n_tokens, ys + i0, scratch);
+}
+
+size_t ops_matmul_multi_scratch_bytes(int n_w, const ops_weight *const *ws, int n_tokens)
+{
+    size_t sum = 0;
+    for (int i = 0; i < n_w; i++) {
+        qtype vt = quant_vec_dot_type(ws[i]->type);
+        bool seen = false;
+        for (int j = 0; j < i; j++) seen |= quant_vec_dot_type(ws[j]->type) == vt;
+        if (!seen) sum += ops_matmul_scratch_bytes(ws[i]->type, ws[i]->cols, n_tokens);
+    }
+    return sum + 64;
+}
+
+/* ---- elementwise drivers -------------------------------------------------------------- */
+
+typedef struct {
+    const ops_kernels *k;      /* kernel table */
+    float *out;                /* output */
+    const float *a, *b;        /* inputs (op-specific) */
+    int rows, n;               /* shape */
+    float eps;                 /* rmsnorm */
+} ops_rows_ctx;
+
+static void ops_rmsnorm_thread(void *arg, int ith, int nth)
+{
+    ops_rows_ctx *c = arg;
+    int r0 = (int)((int64_t)c->rows * ith / nth), r1 = (int)((int64_t)c->rows * (ith + 1) / nth);
+    for (int r = r0; r < r1; r++)
+        c->k->rmsnorm_row(c->out + (size_t)r * c->n, c->a + (size_t)r * c->n, c->b, c->n, c->eps);
+}
+
+void ops_rmsnorm(threadpool *tp, float *out, const float *x, const float *w, int rows, int n,
+                 float eps)
+{
+    ops_rows_ctx c = {ops_get(), out, x, w, rows, n, eps};
+    if (rows == 1) {
+        c.k->rmsnorm_row(out, x, w, n, eps);
+        return;
+    }
+    threadpool_run(tp, ops_rmsnorm_thread, &c);
+}
+
+/* Flat range split for n elements in 16-float-aligned pieces. */
+static void ops_split(int64_t n, int ith, int nth, int64_t *i0, int64_t *i1)
+{
+    int64_t units = (n + 15) / 16;
+    *i0 = TM_MIN(n, units * ith / nth * 16);
+    *i1 = TM_MIN(n, units * (ith + 1) / nth * 16);
+}
+
+typedef struct {
+    const ops_kernels *k;   /* kernel table */
+    float *out;             /* output */
+    const float *a, *b;     /* inputs */
+    int64_t n;              /* elements */
+} ops_flat_ctx;
+
+static void ops_swiglu_thread(void *arg, int ith, int nth)
+{
+    ops_flat_ctx *c = arg;
+    int64_t i0, i1;
+    ops_split(c->n, ith, nth, &i0, &i1);
+    if (i1 > i0) c->k->swiglu(c->out + i0, c->a + i0, c->b + i0, i1 - i0);
+}
+
+void ops_swiglu(threadpool *tp, float *out, const float *gate, const float *up, int rows, int n)
+{
+    ops_flat_ctx c = {ops_get(), out, gate, up, (int64_t)rows * n};
+    if (c.n < 4096) {
+        c.k->swiglu(out, gate, up, c.n);
+        return;
+    }
+    threadpool_run(tp, ops_swiglu_thread, &c);
+}
+
+static void ops_add_thread(void *arg, int ith, int nth)
+{
+    ops_flat_ctx *c = arg;
+    int64_t i0, i1;
+    ops_split(c->n, ith, nth, &i0, &i1);
+    if (i1 > i0) c->k->add(c->out + i0, c->a + i0, i1 - i0);
+}
+
+void ops_add(threadpool *tp, float *y, const float *x, int64_t n)
+{
+    ops_flat_ctx c = {ops_get(), y, x, NULL, n};
+    if (n < 16384) {
+        c.k->add(y, x, n);
+        return;
+    }
+    threadpool_run(tp, ops_add_thread, &c);
+}
+
+/* ---- rope ----------------------------------------------------------------------------- */
+
+typedef struct {
+    float *x;                   /* (rows, n_heads, head_dim) */
+    const int32_t *pos;         /* (rows) */
+    int rows, n_heads, head_dim, n_rot, neox;
+    const float *inv_freq;      /* (n_rot/2) or NULL for the ggml variant */
+    float theta_scale, freq_scale, mscale; /* ggml variant */
+    const float *freq_factors;  /* (n_rot/2) or NULL */
+} ops_rope_ctx;
+
+static void ops_rope_cache(const ops_rope_ctx *c, int32_t p, float *cs)
+{
+    int half = c->n_rot / 2;
+    if (c->inv_freq) {
+        for (int i = 0; i < half; i++) {
+            float theta = (float)p * c->inv_freq[i];
+            cs[2 * i] = cosf(theta);
+            cs[2 * i + 1] = sinf(theta);
+        }
+        return;
+    }
+    float theta = (float)p;
+    for (int i = 0; i < half; i++) {
+        float ff = c->freq_factors ? c->freq_factors[i] : 1.0f;
+        float th = c->freq_scale * (theta / ff);
+        cs[2 * i] = cosf(th) * c->mscale;
+        cs[2 * i + 1] = sinf(th) * c->mscale;
+        theta *= c->theta_scale;
+    }
+}
+
+static void ops_rope_thread(void *arg, int ith, int nth)
+{
+    ops_rope_ctx *c = arg;
+    float cs[OPS_ROPE_MAX_DIM];
+    int64_t units = (int64_t)c->rows * c->n_heads;
+    int64_t u0 = units * ith / nth, u1 = units * (ith + 1) / nth;
+    int last_row = -1;
+    int half = c->n_rot / 2;
+    for (int64_t u = u0; u < u1; u++) {
+        int r = (int)(u / c->n_heads);
+        if (r != last_row) {
+            ops_rope_cache(c, c->pos[r], cs);
+            last_row = r;
+        }
+        float *v = c->x + u * c->head_dim;
+        if (c->neox) {
+            for (int i = 0; i < half; i++) {
+                float x0 = v[i], x1 = v[i + half];
+                v[i] = x0 * cs[2 * i] - x1 * cs[2 * i + 1];
+                v[i + half] = x0 * cs[2 * i + 1] + x1 * cs[2 * i];
+            }
+        } else {
+            for (int i = 0; i < half; i++) {
+                float x0 = v[2 * i], x1 = v[2 * i + 1];
+                v[2 * i] = x0 * cs[2 * i] - x1 * cs[2 * i + 1];
+                v[2 * i + 1] = x0 * cs[2 * i + 1] + x1 * cs[2 * i];
+            }
+        }
+    }
+}
+
+static void ops_rope_go(threadpool *tp, ops_rope_ctx *c)
+{
+    if (c->n_rot > OPS_ROPE_MAX_DIM || c->n_rot > c->head_dim) return;
+    if ((int64_t)c->rows * c->n_heads < 8) ops_rope_thread(c, 0, 1);
+    else threadpool_run(tp, ops_rope_thread, c);
+}
+
+void ops_rope(threadpool *tp, float *x, const int32_t *pos, int rows, int n_heads, int head_dim,
+              int n_rot, int neox, const float *inv_freq)
+{
+    ops_rope_ctx c = {x, pos, rows, n_heads, head_dim, n_rot, neox, inv_freq, 0, 0, 0, NULL};
+    ops_rope_go(tp, &c);
+}
+
+void ops_rope_ggml(threadpool *tp, float *x, const int32_t *pos, int rows, int n_heads,
+                   int head_dim, int n_rot, int neox, float theta_scale, float freq_scale,
+                   const float *freq_factors, float mscale)
+{
+    ops_rope_ctx c = {x,           pos,        rows,   n_heads,     head_dim, n_rot, neox,
+                      NULL,        theta_scale, freq_scale, mscale, freq_factors};
+    ops_rope_go(tp, &c);
+}
+
+/* ---- vector helpers ------------------------------------------------------------------- */
+
+float ops_vec_dot_f16_f32(int n, const fp16_t *a, const float *b) { return ops_get()->dot_f16_f32(n, a, b); }
+float ops_vec_dot_f16(int n, const fp16_t *a, const fp16_t *b) { return ops_get()->dot_f16(n, a, b); }
+void ops_vec_mad_f16(int n, float *y, const fp16_t *x, float s) { ops_get()->mad_f16(n, y, x, s); }
+float ops_vec_dot_f32(int n, const float *a, const float *b) { return ops_get()->dot_f32(n, a, b); }
+void ops_vec_mad_f32(int n, float *y, const float *x, float s) { ops_get()->mad_f32(n, y, x, s); }
+void ops_vec_scale_f32(int n, float *y, float s) { ops_get()->scale_f32(n, y, s); }
+float ops_vec_softmax_exp(int n, float *y, float max) { return ops_get()->softmax_exp(n, y, max); }
+float ops_vec_max_f32(int n, const float *x) { return ops_get()->max_f32(n, x); }
+void ops_fp32_to_fp16_row(const float *x, fp16_t *y, int64_t n) { ops_get()->to_f16(x, y, n); }
+void ops_fp16_to_fp32_row(const fp16_t *x, float *y, int64_t n) { ops_get()->from_f16(x, y, n); }

@@ -1,0 +1,94 @@
+/*
+ * ops: the CPU kernels of the forward pass: quantised matrix multiplication against
+ * quantised activations (as llama.cpp's CPU backend does it), and the elementwise ops.
+ *
+ * Every op exists as a portable scalar reference and as AVX2 and AVX-512 (VNNI) versions,
+ * picked once at run time from cpu_get_level() (TOKENMILL_SIMD caps it; tests switch with
+ * ops_force_level). Ops that take a threadpool split their work over its threads by ith/nth;
+ * a NULL pool means "run on the caller". Results do not depend on the thread count: every
+ * output element is computed by exactly one thread in a fixed order.
+ *
+ * Numerics mirror ggml: activations are quantised to the weight type's vec-dot type (Q8_0,
+ * Q8_K; F16 for F16 weights, BF16 for BF16) with llama.cpp's x86 rounding, integer dot
+ * products are exact, RMS norm sums squares in double, RoPE builds sin/cos like ggml.
+ */
+#ifndef TM_OPS_H
+#define TM_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/quant.h"
+#include "model/threadpool.h"
+#include "util/cpu.h"
+
+/* A weight matrix as stored in GGUF: `rows` rows of `cols` elements (ne[0] = cols,
+ * ne[1] = rows), row-major, each row quant_row_bytes(type, cols) bytes. */
+typedef struct {
+    qtype type;          /* element type */
+    int64_t rows, cols;  /* shape; cols a multiple of the type's block size */
+    const void *data;    /* rows * quant_row_bytes(type, cols) bytes */
+} ops_weight;
+
+/* Bytes of scratch ops_matmul needs for n_tokens activations of `cols` against weights of
+ * type wtype (the quantised activations; 0 for F32 weights, plus slack for alignment). */
+size_t ops_matmul_scratch_bytes(qtype wtype, int64_t cols, int n_tokens);
+
+/* y[t][r] = dot(W row r, x[t]) for t < n_tokens, r < w->rows. x is (n_tokens, cols) floats,
+ * y is (n_tokens, rows) floats (must not alias x). x is first quantised to the vec-dot type
+ * in scratch (ops_matmul_scratch_bytes). Each weight row is read from memory once per call
+ * for the whole batch. */
+void ops_matmul(threadpool *tp, const ops_weight *w, const float *x, int n_tokens, float *y,
+                void *scratch);
+
+/* n_w matmuls with the same x and cols (Q/K/V, gate/up) in one pool call, x quantised once
+ * per distinct vec-dot type: ys[i] is (n_tokens, ws[i]->rows). scratch: when all weights
+ * share one vec-dot type (real models: Q4_K with Q6_K, ...) the max over the weights of
+ * ops_matmul_scratch_bytes; in general ops_matmul_multi_scratch_bytes. n_w <= 8. */
+void ops_matmul_multi(threadpool *tp, int n_w, const ops_weight *const *ws, const float *x,
+                      int n_tokens, float *const *ys, void *scratch);
+size_t ops_matmul_multi_scratch_bytes(int n_w, const ops_weight *const *ws, int n_tokens);
+
+/* out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, rows of n floats; w (n) or NULL for none.
+ * out may equal x. */
+void ops_rmsnorm(threadpool *tp, float *out, const float *x, const float *w, int rows, int n,
+                 float eps);
+/* out = silu(gate) * up, (rows, n); out may equal gate or up. */
+void ops_swiglu(threadpool *tp, float *out, const float *gate, const float *up, int rows, int n);
+/* y += x, n floats. */
+void ops_add(threadpool *tp, float *y, const float *x, int64_t n);
+
+/* Rotary embedding in place on x (rows, n_heads, head_dim): the first n_rot dims of each head
+ * rotate by theta_i = pos[row] * inv_freq[i], i < n_rot/2. neox = 0 pairs (2i, 2i+1) (llama),
+ * neox = 1 pairs (i, i + n_rot/2) (qwen2, qwen3). */
+void ops_rope(threadpool *tp, float *x, const int32_t *pos, int rows, int n_heads, int head_dim,
+              int n_rot, int neox, const float *inv_freq);
+/* The same with ggml's exact angle arithmetic: theta starts at (float)pos and is multiplied by
+ * theta_scale (= powf(freq_base, -2.0f/n_rot)) once per pair; each pair's angle is
+ * freq_scale * theta / freq_factors[i] (freq_factors (n_rot/2) or NULL); cos and sin are
+ * multiplied by mscale (llama.cpp's attn_factor, normally 1). */
+void ops_rope_ggml(threadpool *tp, float *x, const int32_t *pos, int rows, int n_heads,
+                   int head_dim, int n_rot, int neox, float theta_scale, float freq_scale,
+                   const float *freq_factors, float mscale);
+
+/* Vector helpers for attention (single-threaded, SIMD). */
+float ops_vec_dot_f16_f32(int n, const fp16_t *a, const float *b);
+float ops_vec_dot_f16(int n, const fp16_t *a, const fp16_t *b);   /* ggml's vec_dot_f16 */
+void ops_vec_mad_f16(int n, float *y, const fp16_t *x, float s);  /* y += s * x */
+float ops_vec_dot_f32(int n, const float *a, const float *b);
+void ops_vec_mad_f32(int n, float *y, const float *x, float s);   /* y += s * x */
+void ops_vec_scale_f32(int n, float *y, float s);                 /* y *= s */
+/* y = exp(x - max) in place, returns the sum (softmax numerator). */
+float ops_vec_softmax_exp(int n, float *y, float max);
+float ops_vec_max_f32(int n, const float *x);
+void ops_fp32_to_fp16_row(const float *x, fp16_t *y, int64_t n);
+void ops_fp16_to_fp32_row(const fp16_t *x, float *y, int64_t n);
+
+/* Active instruction set ("scalar", "avx2", "avx512"). */
+const char *ops_level_name(void);
+cpu_level ops_get_level(void);
+/* Selects the kernels of `lvl` (capped at what the hardware has). Not thread-safe against
+ * running ops; tests call it between ops. */
+void ops_force_level(cpu_level lvl);
+
+#endif

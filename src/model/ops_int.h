@@ -1,0 +1,41 @@
+/*
+ * ops_int: what only ops*.c may see: the kernel table that ops.c fills from the scalar
+ * reference and then lets ops_avx2.c / ops_avx512.c override with their versions.
+ *
+ * A gemm kernel computes y[t * y_stride + r] = dot(W row r, X row t) for r < nr, t < nt,
+ * where W rows are w_stride bytes apart (weight type) and X rows x_stride bytes apart (its
+ * vec-dot type, already quantised). It tiles rows x tokens internally.
+ */
+#ifndef TM_OPS_INT_H
+#define TM_OPS_INT_H
+
+#include "model/ops.h"
+
+typedef void (*ops_gemm_fn)(int64_t cols, const void *w, size_t w_stride, int nr, const void *x,
+                            size_t x_stride, int nt, float *y, size_t y_stride);
+
+typedef struct {
+    ops_gemm_fn gemm[QTYPE_COUNT_MAX];                               /* by weight type */
+    void (*quant_q8_0)(const float *x, block_q8_0 *y, int64_t n);    /* quant_act_q8_0 */
+    void (*quant_q8_K)(const float *x, block_q8_K *y, int64_t n);    /* quant_act_q8_K */
+    void (*to_f16)(const float *x, fp16_t *y, int64_t n);
+    void (*from_f16)(const fp16_t *x, float *y, int64_t n);
+    void (*to_bf16)(const float *x, bf16_t *y, int64_t n);
+    float (*dot_f16_f32)(int n, const fp16_t *a, const float *b);
+    float (*dot_f16)(int n, const fp16_t *a, const fp16_t *b);
+    void (*mad_f16)(int n, float *y, const fp16_t *x, float s);
+    float (*dot_f32)(int n, const float *a, const float *b);
+    void (*mad_f32)(int n, float *y, const float *x, float s);
+    void (*scale_f32)(int n, float *y, float s);
+    float (*softmax_exp)(int n, float *y, float max);
+    float (*max_f32)(int n, const float *x);
+    void (*rmsnorm_row)(float *out, const float *x, const float *w, int n, float eps);
+    void (*swiglu)(float *out, const float *g, const float *u, int64_t n);
+    void (*add)(float *y, const float *x, int64_t n);
+} ops_kernels;
+
+void ops_kernels_init_scalar(ops_kernels *k);
+void ops_kernels_init_avx2(ops_kernels *k);    /* overrides entries; call after scalar */
+void ops_kernels_init_avx512(ops_kernels *k);  /* overrides entries; call after avx2 */
+
+#endif

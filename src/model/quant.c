@@ -1,0 +1,583 @@
+/*
+ * quant: GGUF/ggml element types, fp16/bf16 conversion, row (de)quantisation.
+ *
+ * Everything here is the scalar reference. The quantisers reproduce ggml's
+ * quantize_row_*_ref algorithms (ggml-quants.c) step by step, in the same float arithmetic
+ * order, so that a file we quantise holds what llama.cpp would have written for the same
+ * floats (modulo FMA contraction in its build). The activation quantisers (quant_act_*)
+ * reproduce what llama.cpp's x86 CPU backend does to activations before a quantised dot
+ * product, which differs from the file quantiser for Q8_0 (scale 127/amax and round half to
+ * even, instead of 1/d and roundf).
+ */
+#include "model/quant.h"
+
+#include <assert.h>
+#include <math.h>
+#include <string.h>
+
+typedef struct {
+    const char *name;       /* ggml's type name */
+    int64_t block_elems;    /* elements per block */
+    size_t block_bytes;     /* bytes per block */
+    qtype vec_dot;          /* activation type for dot products */
+} quant_traits;
+
+static const quant_traits *quant_get_traits(int t)
+{
+    static const quant_traits tr_f32 = {"f32", 1, 4, QTYPE_F32};
+    static const quant_traits tr_f16 = {"f16", 1, 2, QTYPE_F16};
+    static const quant_traits tr_bf16 = {"bf16", 1, 2, QTYPE_BF16};
+    static const quant_traits tr_q4_0 = {"q4_0", QK4_0, sizeof(block_q4_0), QTYPE_Q8_0};
+    static const quant_traits tr_q8_0 = {"q8_0", QK8_0, sizeof(block_q8_0), QTYPE_Q8_0};
+    static const quant_traits tr_q4_k = {"q4_K", QK_K, sizeof(block_q4_K), QTYPE_Q8_K};
+    static const quant_traits tr_q6_k = {"q6_K", QK_K, sizeof(block_q6_K), QTYPE_Q8_K};
+    static const quant_traits tr_q8_k = {"q8_K", QK_K, sizeof(block_q8_K), QTYPE_Q8_K};
+    switch (t) {
+    case QTYPE_F32: return &tr_f32;
+    case QTYPE_F16: return &tr_f16;
+    case QTYPE_BF16: return &tr_bf16;
+    case QTYPE_Q4_0: return &tr_q4_0;
+    case QTYPE_Q8_0: return &tr_q8_0;
+    case QTYPE_Q4_K: return &tr_q4_k;
+    case QTYPE_Q6_K: return &tr_q6_k;
+    case QTYPE_Q8_K: return &tr_q8_k;
+    default: return NULL;
+    }
+}
+
+_Static_assert(sizeof(block_q8_0) == 34, "block_q8_0 layout");
+_Static_assert(sizeof(block_q4_0) == 18, "block_q4_0 layout");
+_Static_assert(sizeof(block_q4_K) == 144, "block_q4_K layout");
+_Static_assert(sizeof(block_q6_K) == 210, "block_q6_K layout");
+_Static_assert(sizeof(block_q8_K) == 292, "block_q8_K layout");
+
+bool quant_type_supported(int type) { return quant_get_traits(type) != NULL; }
+
+const char *quant_type_name(qtype t)
+{
+    const quant_traits *tr = quant_get_traits(t);
+    return tr ? tr->name : "?";
+}
+
+int64_t quant_block_elems(qtype t)
+{
+    const quant_traits *tr = quant_get_traits(t);
+    return tr ? tr->block_elems : 0;
+}
+
+size_t quant_block_bytes(qtype t)
+{
+    const quant_traits *tr = quant_get_traits(t);
+    return tr ? tr->block_bytes : 0;
+}
+
+size_t quant_row_bytes(qtype t, int64_t n)
+{
+    const quant_traits *tr = quant_get_traits(t);
+    if (!tr) return 0;
+    return (size_t)(n / tr->block_elems) * tr->block_bytes;
+}
+
+qtype quant_vec_dot_type(qtype weights)
+{
+    const quant_traits *tr = quant_get_traits(weights);
+    return tr ? tr->vec_dot : QTYPE_F32;
+}
+
+/* ---- fp16 / bf16 ---------------------------------------------------------------------- */
+
+static inline uint32_t quant_f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline float quant_u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+float quant_fp16_to_fp32(fp16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+    if (exp == 0x1f) return quant_u2f(sign | 0x7f800000 | (mant << 13));
+    if (exp == 0) {
+        /* zero or subnormal: mant * 2^-24, exact in float */
+        float v = (float)mant * 0x1p-24f;
+        return sign ? -v : v;
+    }
+    return quant_u2f(sign | ((exp + 112) << 23) | (mant << 13));
+}
+
+fp16_t quant_fp32_to_fp16(float f)
+{
+    uint32_t x = quant_f2u(f);
+    uint32_t sign = (x >> 16) & 0x8000;
+    uint32_t a = x & 0x7fffffff;
+    if (a > 0x7f800000) return (fp16_t)(sign | 0x7e00 | ((a >> 13) & 0x3ff)); /* quiet NaN */
+    if (a >= 0x477ff000) return (fp16_t)(sign | 0x7c00); /* rounds to infinity */
+    if (a < 0x38800000) {
+        /* half subnormal or zero: adding 0.5f aligns the mantissa so that the FPU's round
+         * to nearest even does the work (0.5f has ulp 2^-24, the half subnormal step) */
+        float t = quant_u2f(a) + 0.5f;
+        return (fp16_t)(sign | (quant_f2u(t) - 0x3f000000));
+    }
+    uint32_t odd = (a >> 13) & 1;
+    a += ((uint32_t)(15 - 127) << 23) + 0xfff + odd;
+    return (fp16_t)(sign | (a >> 13));
+}
+
+float quant_bf16_to_fp32(bf16_t h) { return quant_u2f((uint32_t)h << 16); }
+
+bf16_t quant_fp32_to_bf16(float f)
+{
+    uint32_t x = quant_f2u(f);
+    if ((x & 0x7fffffff) > 0x7f800000) return (bf16_t)((x >> 16) | 64);
+    return (bf16_t)((x + (0x7fff + ((x >> 16) & 1))) >> 16);
+}
+
+/* ---- helpers shared with ggml's algorithms -------------------------------------------- */
+
+#define QUANT_GROUP_MAX_EPS 1e-15f
+
+/* ggml's nearest_int: round half to even through the 1.5*2^23 trick (|v| < 2^22). */
+static inline int quant_nearest_int(float v)
+{
+    float t = v + 12582912.f;
+    int i;
+    memcpy(&i, &t, 4);
+    return (i & 0x007fffff) - 0x00400000;
+}
+
+void quant_q4_K_scale_min(int j, const uint8_t *q, uint8_t *d, uint8_t *m)
+{
+    if (j < 4) {
+        *d = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4);
+    }
+}
+
+/* ---- dequantisation ------------------------------------------------------------------- */
+
+static void quant_dequant_q4_0(const block_q4_0 *x, float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n / QK4_0; i++) {
+        float d = quant_fp16_to_fp32(x[i].d);
+        for (int j = 0; j < QK4_0 / 2; j++) {
+            y[i * QK4_0 + j] = (float)((x[i].qs[j] & 0x0F) - 8) * d;
+            y[i * QK4_0 + j + QK4_0 / 2] = (float)((x[i].qs[j] >> 4) - 8) * d;
+        }
+    }
+}
+
+static void quant_dequant_q8_0(const block_q8_0 *x, float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n / QK8_0; i++) {
+        float d = quant_fp16_to_fp32(x[i].d);
+        for (int j = 0; j < QK8_0; j++) y[i * QK8_0 + j] = (float)x[i].qs[j] * d;
+    }
+}
+
+static void quant_dequant_q4_K(const block_q4_K *x, float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const uint8_t *q = x[i].qs;
+        float d = quant_fp16_to_fp32(x[i].d), min = quant_fp16_to_fp32(x[i].dmin);
+        int is = 0;
+        uint8_t sc, m;
+        for (int j = 0; j < QK_K; j += 64) {
+            quant_q4_K_scale_min(is + 0, x[i].scales, &sc, &m);
+            float d1 = d * sc, m1 = min * m;
+            quant_q4_K_scale_min(is + 1, x[i].scales, &sc, &m);
+            float d2 = d * sc, m2 = min * m;
+            for (int l = 0; l < 32; l++) *y++ = d1 * (q[l] & 0xF) - m1;
+            for (int l = 0; l < 32; l++) *y++ = d2 * (q[l] >> 4) - m2;
+            q += 32;
+            is += 2;
+        }
+    }
+}
+
+static void quant_dequant_q6_K(const block_q6_K *x, float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        float d = quant_fp16_to_fp32(x[i].d);
+        const uint8_t *ql = x[i].ql, *qh = x[i].qh;
+        const int8_t *sc = x[i].scales;
+        for (int k = 0; k < QK_K; k += 128) {
+            for (int l = 0; l < 32; l++) {
+                int is = l / 16;
+                int q1 = (int8_t)((ql[l + 0] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+                int q2 = (int8_t)((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                int q3 = (int8_t)((ql[l + 0] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                int q4 = (int8_t)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                y[l + 0] = d * sc[is + 0] * q1;
+                y[l + 32] = d * sc[is + 2] * q2;
+                y[l + 64] = d * sc[is + 4] * q3;
+                y[l + 96] = d * sc[is + 6] * q4;
+            }
+            y += 128;
+            ql += 64;
+            qh += 32;
+            sc += 8;
+        }
+    }
+}
+
+static void quant_dequant_q8_K(const block_q8_K *x, float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n / QK_K; i++)
+        for (int j = 0; j < QK_K; j++) *y++ = x[i].d * x[i].qs[j];
+}
+
+void quant_dequantize_row(qtype t, const void *src, float *dst, int64_t n)
+{
+    switch (t) {
+    case QTYPE_F32: memcpy(dst, src, (size_t)n * 4); break;
+    case QTYPE_F16:
+        for (int64_t i = 0; i < n; i++) dst[i] = quant_fp16_to_fp32(((const fp16_t *)src)[i]);
+        break;
+    case QTYPE_BF16:
+        for (int64_t i = 0; i < n; i++) dst[i] = quant_bf16_to_fp32(((const bf16_t *)src)[i]);
+        break;
+    case QTYPE_Q4_0: quant_dequant_q4_0(src, dst, n); break;
+    case QTYPE_Q8_0: quant_dequant_q8_0(src, dst, n); break;
+    case QTYPE_Q4_K: quant_dequant_q4_K(src, dst, n); break;
+    case QTYPE_Q6_K: quant_dequant_q6_K(src, dst, n); break;
+    case QTYPE_Q8_K: quant_dequant_q8_K(src, dst, n); break;
+    default: assert(!"unsupported type"); break;
+    }
+}
+
+/* ---- reference quantisers (ggml's quantize_row_*_ref) ---------------------------------- */
+
+static void quant_ref_q4_0(const float *x, block_q4_0 *y, int64_t n)
+{
+    for (int64_t i = 0; i < n / QK4_0; i++) {
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < QK4_0; j++) {
+            float v = x[i * QK4_0 + j];
+            if (amax < fabsf(v)) {
+                amax = fabsf(v);
+                max = v;
+            }
+        }
+        float d = max / -8;
+        float id = d ? 1.0f / d : 0.0f;
+        y[i].d = quant_fp32_to_fp16(d);
+        for (int j = 0; j < QK4_0 / 2; j++) {
+            float x0 = x[i * QK4_0 + j] * id;
+            float x1 = x[i * QK4_0 + QK4_0 / 2 + j] * id;
+            int8_t t0 = (int8_t)(x0 + 8.5f), t1 = (int8_t)(x1 + 8.5f);
+            uint8_t xi0 = (uint8_t)(t0 < 15 ? t0 : 15);
+            uint8_t xi1 = (uint8_t)(t1 < 15 ? t1 : 15);
+            y[i].qs[j] = (uint8_t)(xi0 | (xi1 << 4));
+        }
+    }
+}
+
+static void quant_ref_q8_0(const float *x, block_q8_0 *y, int64_t n)
+{
+    for (int64_t i = 0; i < n / QK8_0; i++) {
+        float amax = 0.0f;
+        for (int j = 0; j < QK8_0; j++) amax = fmaxf(amax, fabsf(x[i * QK8_0 + j]));
+        float d = amax / ((1 << 7) - 1);
+        float id = d ? 1.0f / d : 0.0f;
+        y[i].d = quant_fp32_to_fp16(d);
+        for (int j = 0; j < QK8_0; j++) y[i].qs[j] = (int8_t)roundf(x[i * QK8_0 + j] * id);
+    }
+}
+
+/* ggml's make_qkx2_quants: asymmetric (scale, min) fit of n values to [0, nmax] levels,
+ * minimising the weighted squared error over a small search of scales. */
+static float quant_make_qkx2(int n, int nmax, const float *x, const float *weights, uint8_t *L,
+                             float *the_min, uint8_t *Laux, float rmin, float rdelta, int nstep)
+{
+    float min = x[0], max = x[0];
+    float sum_w = weights[0];
+    float sum_x = sum_w * x[0];
+    for (int i = 1; i < n; i++) {
+        if (x[i] < min) min = x[i];
+        if (x[i] > max) max = x[i];
+        float w = weights[i];
+        sum_w += w;
+        sum_x += w * x[i];
+    }
+    if (min > 0) min = 0;
+    if (max == min) {
+        for (int i = 0; i < n; i++) L[i] = 0;
+        *the_min = -min;
+        return 0.f;
+    }
+    float iscale = nmax / (max - min);
+    float scale = 1 / iscale;
+    float best_error = 0;
+    for (int i = 0; i < n; i++) {
+        int l = quant_nearest_int(iscale * (x[i] - min));
+        L[i] = (uint8_t)(l < 0 ? 0 : l > nmax ? nmax : l);
+        float diff = scale * L[i] + min - x[i];
+        diff = diff * diff;
+        best_error += weights[i] * diff;
+    }
+    if (nstep < 1) {
+        *the_min = -min;
+        return scale;
+    }
+    for (int is = 0; is <= nstep; is++) {
+        iscale = (rmin + rdelta * is + nmax) / (max - min);
+        float sum_l = 0, sum_l2 = 0, sum_xl = 0;
+        for (int i = 0; i < n; i++) {
+            int l = quant_nearest_int(iscale * (x[i] - min));
+            l = l < 0 ? 0 : l > nmax ? nmax : l;
+            Laux[i] = (uint8_t)l;
+            float w = weights[i];
+            sum_l += w * l;
+            sum_l2 += w * l * l;
+            sum_xl += w * l * x[i];
+        }
+        float D = sum_w * sum_l2 - sum_l * sum_l;
+        if (D > 0) {
+            float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
+            float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
+            if (this_min > 0) {
+                this_min = 0;
+                this_scale = sum_xl / sum_l2;
+            }
+            float cur_error = 0;
+            for (int i = 0; i < n; i++) {
+                float diff = this_scale * Laux[i] + this_min - x[i];
+                diff = diff * diff;
+                cur_error += weights[i] * diff;
+            }
+            if (cur_error < best_error) {
+                for (int i = 0; i < n; i++) L[i] = Laux[i];
+                best_error = cur_error;
+                scale = this_scale;
+                min = this_min;
+            }
+        }
+    }
+    *the_min = -min;
+    return scale;
+}
+
+static void quant_ref_q4_K(const float *x, block_q4_K *y, int64_t n)
+{
+    uint8_t L[QK_K], Laux[32];
+    float weights[32], mins[QK_K / 32], scales[QK_K / 32];
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        float max_scale = 0, max_min = 0;
+        for (int j = 0; j < QK_K / 32; j++) {
+            float sum_x2 = 0;
+            for (int l = 0; l < 32; l++) sum_x2 += x[32 * j + l] * x[32 * j + l];
+            float av_x = sqrtf(sum_x2 / 32);
+            for (int l = 0; l < 32; l++) weights[l] = av_x + fabsf(x[32 * j + l]);
+            scales[j] = quant_make_qkx2(32, 15, x + 32 * j, weights, L + 32 * j, &mins[j], Laux,
+                                        -1.f, 0.1f, 20);
+            if (scales[j] > max_scale) max_scale = scales[j];
+            if (mins[j] > max_min) max_min = mins[j];
+        }
+        float inv_scale = max_scale > 0 ? 63.f / max_scale : 0.f;
+        float inv_min = max_min > 0 ? 63.f / max_min : 0.f;
+        memset(y[i].scales, 0, sizeof y[i].scales);
+        for (int j = 0; j < QK_K / 32; j++) {
+            uint8_t ls = (uint8_t)quant_nearest_int(inv_scale * scales[j]);
+            uint8_t lm = (uint8_t)quant_nearest_int(inv_min * mins[j]);
+            if (ls > 63) ls = 63;
+            if (lm > 63) lm = 63;
+            if (j < 4) {
+                y[i].scales[j] = ls;
+                y[i].scales[j + 4] = lm;
+            } else {
+                y[i].scales[j + 4] = (uint8_t)((ls & 0xF) | ((lm & 0xF) << 4));
+                y[i].scales[j - 4] |= (uint8_t)((ls >> 4) << 6);
+                y[i].scales[j - 0] |= (uint8_t)((lm >> 4) << 6);
+            }
+        }
+        y[i].d = quant_fp32_to_fp16(max_scale / 63.f);
+        y[i].dmin = quant_fp32_to_fp16(max_min / 63.f);
+        for (int j = 0; j < QK_K / 32; j++) {
+            uint8_t sc, m;
+            quant_q4_K_scale_min(j, y[i].scales, &sc, &m);
+            float d = quant_fp16_to_fp32(y[i].d) * sc;
+            if (!d) continue;
+            float dm = quant_fp16_to_fp32(y[i].dmin) * m;
+            for (int ii = 0; ii < 32; ii++) {
+                int l = quant_nearest_int((x[32 * j + ii] + dm) / d);
+                L[32 * j + ii] = (uint8_t)(l < 0 ? 0 : l > 15 ? 15 : l);
+            }
+        }
+        uint8_t *q = y[i].qs;
+        for (int j = 0; j < QK_K; j += 64) {
+            for (int l = 0; l < 32; l++) q[l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 4));
+            q += 32;
+        }
+        x += QK_K;
+    }
+}
+
+/* ggml's make_qx_quants with rmse_type 1 and no importance weights: symmetric scale for n
+ * values onto [-nmax, nmax-1], searched over 19 candidate scales. Returns the scale. */
+static float quant_make_qx(int n, int nmax, const float *x, int8_t *L)
+{
+    float max = 0, amax = 0;
+    for (int i = 0; i < n; i++) {
+        float ax = fabsf(x[i]);
+        if (ax > amax) {
+            amax = ax;
+            max = x[i];
+        }
+    }
+    if (amax < QUANT_GROUP_MAX_EPS) {
+        for (int i = 0; i < n; i++) L[i] = 0;
+        return 0.f;
+    }
+    float iscale = -nmax / max;
+    float sumlx = 0, suml2 = 0;
+    for (int i = 0; i < n; i++) {
+        int l = quant_nearest_int(iscale * x[i]);
+        l = l < -nmax ? -nmax : l > nmax - 1 ? nmax - 1 : l;
+        L[i] = (int8_t)(l + nmax);
+        float w = x[i] * x[i];
+        sumlx += w * x[i] * l;
+        suml2 += w * l * l;
+    }
+    float scale = suml2 ? sumlx / suml2 : 0.0f;
+    float best = scale * sumlx;
+    for (int is = -9; is <= 9; is++) {
+        if (is == 0) continue;
+        iscale = -(nmax + 0.1f * is) / max;
+        sumlx = suml2 = 0;
+        for (int i = 0; i < n; i++) {
+            int l = quant_nearest_int(iscale * x[i]);
+            l = l < -nmax ? -nmax : l > nmax - 1 ? nmax - 1 : l;
+            float w = x[i] * x[i];
+            sumlx += w * x[i] * l;
+            suml2 += w * l * l;
+        }
+        if (suml2 > 0 && sumlx * sumlx > best * suml2) {
+            for (int i = 0; i < n; i++) {
+                int l = quant_nearest_int(iscale * x[i]);
+                L[i] = (int8_t)(nmax + (l < -nmax ? -nmax : l > nmax - 1 ? nmax - 1 : l));
+            }
+            scale = sumlx / suml2;
+            best = scale * sumlx;
+        }
+    }
+    return scale;
+}
+
+static void quant_ref_q6_K(const float *x, block_q6_K *y, int64_t n)
+{
+    int8_t L[QK_K];
+    float scales[QK_K / 16];
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        float max_scale = 0, max_abs_scale = 0;
+        for (int ib = 0; ib < QK_K / 16; ib++) {
+            float scale = quant_make_qx(16, 32, x + 16 * ib, L + 16 * ib);
+            scales[ib] = scale;
+            float abs_scale = fabsf(scale);
+            if (abs_scale > max_abs_scale) {
+                max_abs_scale = abs_scale;
+                max_scale = scale;
+            }
+        }
+        if (max_abs_scale < QUANT_GROUP_MAX_EPS) {
+            memset(&y[i], 0, sizeof(block_q6_K));
+            x += QK_K;
+            continue;
+        }
+        float iscale = -128.f / max_scale;
+        y[i].d = quant_fp32_to_fp16(1 / iscale);
+        for (int ib = 0; ib < QK_K / 16; ib++) {
+            int v = quant_nearest_int(iscale * scales[ib]);
+            y[i].scales[ib] = (int8_t)(v < 127 ? v : 127);
+        }
+        for (int j = 0; j < QK_K / 16; j++) {
+            float d = quant_fp16_to_fp32(y[i].d) * y[i].scales[j];
+            if (!d) continue;
+            for (int ii = 0; ii < 16; ii++) {
+                int l = quant_nearest_int(x[16 * j + ii] / d);
+                l = l < -32 ? -32 : l > 31 ? 31 : l;
+                L[16 * j + ii] = (int8_t)(l + 32);
+            }
+        }
+        uint8_t *ql = y[i].ql, *qh = y[i].qh;
+        for (int j = 0; j < QK_K; j += 128) {
+            for (int l = 0; l < 32; l++) {
+                uint8_t q1 = L[j + l + 0] & 0xF, q2 = L[j + l + 32] & 0xF;
+                uint8_t q3 = L[j + l + 64] & 0xF, q4 = L[j + l + 96] & 0xF;
+                ql[l + 0] = (uint8_t)(q1 | (q3 << 4));
+                ql[l + 32] = (uint8_t)(q2 | (q4 << 4));
+                qh[l] = (uint8_t)((L[j + l] >> 4) | ((L[j + l + 32] >> 4) << 2) |
+                                  ((L[j + l + 64] >> 4) << 4) | ((L[j + l + 96] >> 4) << 6));
+            }
+            ql += 64;
+            qh += 32;
+        }
+        x += QK_K;
+    }
+}
+
+void quant_act_q8_K(const float *x, block_q8_K *y, int64_t n)
+{
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        float max = 0, amax = 0;
+        for (int j = 0; j < QK_K; j++) {
+            float ax = fabsf(x[j]);
+            if (ax > amax) {
+                amax = ax;
+                max = x[j];
+            }
+        }
+        if (!amax) {
+            y[i].d = 0;
+            memset(y[i].qs, 0, QK_K);
+            memset(y[i].bsums, 0, sizeof y[i].bsums);
+            x += QK_K;
+            continue;
+        }
+        float iscale = -127.f / max;
+        for (int j = 0; j < QK_K; j++) {
+            int v = quant_nearest_int(iscale * x[j]);
+            y[i].qs[j] = (int8_t)(v < 127 ? v : 127);
+        }
+        for (int j = 0; j < QK_K / 16; j++) {
+            int sum = 0;
+            for (int ii = 0; ii < 16; ii++) sum += y[i].qs[j * 16 + ii];
+            y[i].bsums[j] = (int16_t)sum;
+        }
+        y[i].d = 1 / iscale;
+        x += QK_K;
+    }
+}
+
+/* x86 llama.cpp (quantize_row_q8_0 with AVX/AVX2): amax over the block, d = amax/127 stored
+ * as fp16, values multiplied by 127/amax and rounded half to even. */
+void quant_act_q8_0(const float *x, block_q8_0 *y, int64_t n)
+{
+    for (int64_t i = 0; i < n / QK8_0; i++) {
+        float amax = 0.0f;
+        for (int j = 0; j < QK8_0; j++) amax = fmaxf(amax, fabsf(x[j]));
+        float d = amax / 127.f;
+        y[i].d = quant_fp32_to_fp16(d);
+        float id = amax != 0.0f ? 127.f / amax : 0.0f;
+        for (int j = 0; j < QK8_0; j++) y[i].qs[j] = (int8_t)quant_nearest_int(x[j] * id);
+        x += QK8_0;
+    }
+}
+
+void quant_quantize_row(qtype t, const float *src, void *dst, int64_t n)
+{
+    switch (t) {
+    case QTYPE_F32: memcpy(dst, src, (size_t)n * 4); break;
+    case QTYPE_F16:
+        for (int64_t i = 0; i < n; i++) ((fp16_t *)dst)[i] = quant_fp32_to_fp16(src[i]);
+        break;
+    case QTYPE_BF16:
+        for (int64_t i = 0; i < n; i++) ((bf16_t *)dst)[i] = quant_fp32_to_bf16(src[i]);
+        break;
+    case QTYPE_Q4_0: quant_ref_q4_0(src, dst, n); break;
+    case QTYPE_Q8_0: quant_ref_q8_0(src, dst, n); break;
+    case QTYPE_Q4_K: quant_ref_q4_K(src, dst, n); break;
+    case QTYPE_Q6_K: quant_ref_q6_K(src, dst, n); break;
+    case QTYPE_Q8_K: quant_act_q8_K(src, dst, n); break;
+    default: assert(!"unsupported type"); break;
+    }
+}

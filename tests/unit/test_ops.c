@@ -1,0 +1,433 @@
+/*
+ * test_ops: every op at every SIMD level this CPU has agrees with the scalar reference, and
+ * with 1, 2 or 3 threads gives bit-identical results.
+ *
+ * Matmul: the scalar level is checked against a double-precision product of the dequantised
+ * weights and the dequantised (quantised) activations; every other level against the scalar
+ * level within a few float ulps of the sum of absolute terms (integer block sums are exact,
+ * only the float accumulation order may differ).
+ */
+#include "harness.h"
+
+#include <float.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "model/ops.h"
+#include "model/quant.h"
+#include "util/util.h"
+
+static const qtype mm_types[] = {QTYPE_F32, QTYPE_F16, QTYPE_BF16, QTYPE_Q4_0,
+                                 QTYPE_Q8_0, QTYPE_Q4_K, QTYPE_Q6_K};
+
+static void fill_normal(float *x, int64_t n, uint64_t seed, float scale)
+{
+    util_rng r;
+    util_rng_seed(&r, seed);
+    for (int64_t i = 0; i < n; i++) x[i] = util_rng_normal(&r) * scale;
+}
+
+static int n_levels(void) { return (int)cpu_get_hw_level() + 1; }
+
+typedef struct {
+    qtype t;
+    int rows, cols, n_tokens;
+    void *wq;        /* quantised weights */
+    float *x;        /* (n_tokens, cols) */
+    double *ref;     /* (n_tokens, rows) double product of dequantised operands */
+    double *absref;  /* (n_tokens, rows) sum of |terms| */
+} mm_case;
+
+static void mm_case_init(mm_case *c, qtype t, int rows, int cols, int n_tokens, uint64_t seed)
+{
+    c->t = t;
+    c->rows = rows;
+    c->cols = cols;
+    c->n_tokens = n_tokens;
+    float *w = malloc((size_t)rows * cols * 4);
+    fill_normal(w, (int64_t)rows * cols, seed, 0.5f);
+    size_t rb = quant_row_bytes(t, cols);
+    c->wq = malloc(rb * rows);
+    for (int r = 0; r < rows; r++) quant_quantize_row(t, w + (size_t)r * cols, (char *)c->wq + r * rb, cols);
+    for (int r = 0; r < rows; r++) quant_dequantize_row(t, (char *)c->wq + r * rb, w + (size_t)r * cols, cols);
+    c->x = malloc((size_t)n_tokens * cols * 4);
+    fill_normal(c->x, (int64_t)n_tokens * cols, seed + 1, 1.0f);
+    /* dequantised activations as the kernels see them */
+    qtype vt = quant_vec_dot_type(t);
+    float *xd = malloc((size_t)n_tokens * cols * 4);
+    void *xq = malloc(quant_row_bytes(vt, cols) + 64);
+    for (int i = 0; i < n_tokens; i++) {
+        const float *xi = c->x + (size_t)i * cols;
+        if (vt == QTYPE_Q8_0) quant_act_q8_0(xi, xq, cols);
+        else if (vt == QTYPE_Q8_K) quant_act_q8_K(xi, xq, cols);
+        else quant_quantize_row(vt, xi, xq, cols);
+        quant_dequantize_row(vt, xq, xd + (size_t)i * cols, cols);
+    }
+    c->ref = malloc(sizeof(double) * n_tokens * rows);
+    c->absref = malloc(sizeof(double) * n_tokens * rows);
+    for (int i = 0; i < n_tokens; i++)
+        for (int r = 0; r < rows; r++) {
+            double s = 0, a = 0;
+            for (int j = 0; j < cols; j++) {
+                double p = (double)w[(size_t)r * cols + j] * xd[(size_t)i * cols + j];
+                s += p;
+                a += fabs(p);
+            }
+            c->ref[(size_t)i * rows + r] = s;
+            c->absref[(size_t)i * rows + r] = a;
+        }
+    free(w);
+    free(xd);
+    free(xq);
+}
+
+static void mm_case_free(mm_case *c)
+{
+    free(c->wq);
+    free(c->x);
+    free(c->ref);
+    free(c->absref);
+}
+
+static void mm_run(const mm_case *c, threadpool *tp, float *y)
+{
+    ops_weight w = {c->t, c->rows, c->cols, c->wq};
+    void *scratch = malloc(ops_matmul_scratch_bytes(c->t, c->cols, c->n_tokens) + 1);
+    ops_matmul(tp, &w, c->x, c->n_tokens, y, scratch);
+    free(scratch);
+}
+
+static int check_mm(qtype t, int rows, int cols, int n_tokens, threadpool **pools)
+{
+    mm_case c;
+    mm_case_init(&c, t, rows, cols, n_tokens, 1000 + (uint64_t)t * 7 + (uint64_t)rows + cols);
+    size_t ny = (size_t)n_tokens * rows;
+    float *y_ref = malloc(ny * 4), *y = malloc(ny * 4);
+    int bad = 0;
+    /* block contributions are rounded once each in float, plus fp16 scale products */
+    int nb = cols / (int)quant_block_elems(quant_vec_dot_type(t)) + 1;
+    if (nb > cols / 8 + 1) nb = cols / 8 + 1;
+    double rel = (double)FLT_EPSILON * (nb + 8);
+
+    ops_force_level(CPU_LEVEL_SCALAR);
+    mm_run(&c, NULL, y_ref);
+    for (size_t i = 0; i < ny; i++) {
+        double tol = 4 * rel * c.absref[i] + 1e-30;
+        if (fabs(y_ref[i] - c.ref[i]) > tol) {
+            if (bad++ < 3)
+                fprintf(stderr, "  %s %dx%dx%d scalar[%zu]=%g ref=%g\n", quant_type_name(t), rows,
+                        cols, n_tokens, i, y_ref[i], c.ref[i]);
+        }
+    }
+    for (int lvl = 0; lvl < n_levels(); lvl++) {
+        ops_force_level((cpu_level)lvl);
+        float *y1 = NULL;
+        for (int th = 0; th < 3; th++) {
+            memset(y, 0xff, ny * 4);
+            mm_run(&c, pools[th], y);
+            if (th == 0) {
+                y1 = malloc(ny * 4);
+                memcpy(y1, y, ny * 4);
+                for (size_t i = 0; i < ny; i++) {
+                    double tol = 2 * rel * c.absref[i] + 1e-30;
+                    if (!(fabs((double)y[i] - y_ref[i]) <= tol)) {
+                        if (bad++ < 3)
+                            fprintf(stderr, "  %s %dx%dx%d %s[%zu]=%.9g scalar=%.9g tol %g\n",
+                                    quant_type_name(t), rows, cols, n_tokens, ops_level_name(), i,
+                                    y[i], y_ref[i], tol);
+                    }
+                }
+            } else if (memcmp(y, y1, ny * 4)) {
+                if (bad++ < 3)
+                    fprintf(stderr, "  %s %dx%dx%d %s: %d threads differ from 1\n",
+                            quant_type_name(t), rows, cols, n_tokens, ops_level_name(), th + 1);
+            }
+        }
+        free(y1);
+    }
+    free(y_ref);
+    free(y);
+    mm_case_free(&c);
+    return bad;
+}
+
+static threadpool *pools[3];
+
+TEST(test_matmul_all_types)
+{
+    static const int shapes[][3] = {
+        /* rows, cols (multiple of 256 for k-quants), tokens */
+        {1, 256, 1}, {7, 256, 3}, {33, 512, 5}, {64, 768, 16}, {45, 1024, 17}, {130, 256, 33},
+        {16, 256, 130},
+    };
+    for (size_t ti = 0; ti < TM_ARRAY_LEN(mm_types); ti++)
+        for (size_t s = 0; s < TM_ARRAY_LEN(shapes); s++)
+            CHECKF(check_mm(mm_types[ti], shapes[s][0], shapes[s][1], shapes[s][2], pools) == 0,
+                   "%s %dx%dx%d", quant_type_name(mm_types[ti]), shapes[s][0], shapes[s][1],
+                   shapes[s][2]);
+}
+
+TEST(test_matmul_odd_cols)
+{
+    /* types with small blocks accept any multiple of their block size */
+    static const qtype t32[] = {QTYPE_Q4_0, QTYPE_Q8_0};
+    for (size_t i = 0; i < TM_ARRAY_LEN(t32); i++) {
+        CHECK(check_mm(t32[i], 5, 32, 2, pools) == 0);
+        CHECK(check_mm(t32[i], 19, 96, 7, pools) == 0);
+        CHECK(check_mm(t32[i], 3, 288, 1, pools) == 0);
+    }
+    static const qtype tf[] = {QTYPE_F32, QTYPE_F16, QTYPE_BF16};
+    for (size_t i = 0; i < TM_ARRAY_LEN(tf); i++) {
+        CHECK(check_mm(tf[i], 5, 1, 2, pools) == 0);
+        CHECK(check_mm(tf[i], 9, 37, 3, pools) == 0);
+        CHECK(check_mm(tf[i], 17, 300, 6, pools) == 0);
+    }
+}
+
+TEST(test_matmul_multi)
+{
+    /* Q4_K_M style: q, k in Q4_K and v in Q6_K share Q8_K activations; plus an F16 one */
+    int cols = 512, nt = 5;
+    mm_case cs[4];
+    qtype ts[4] = {QTYPE_Q4_K, QTYPE_Q4_K, QTYPE_Q6_K, QTYPE_F16};
+    int rows[4] = {64, 32, 48, 16};
+    for (int i = 0; i < 4; i++) mm_case_init(&cs[i], ts[i], rows[i], cols, nt, 77 + (uint64_t)i);
+    /* same x for all */
+    for (int i = 1; i < 4; i++) memcpy(cs[i].x, cs[0].x, (size_t)nt * cols * 4);
+    for (int lvl = 0; lvl < n_levels(); lvl++) {
+        ops_force_level((cpu_level)lvl);
+        ops_weight w[4];
+        const ops_weight *wp[4];
+        float *ys[4], *yr[4];
+        for (int i = 0; i < 4; i++) {
+            w[i] = (ops_weight){ts[i], rows[i], cols, cs[i].wq};
+            wp[i] = &w[i];
+            ys[i] = malloc((size_t)nt * rows[i] * 4);
+            yr[i] = malloc((size_t)nt * rows[i] * 4);
+            void *s = malloc(ops_matmul_scratch_bytes(ts[i], cols, nt) + 1);
+            ops_matmul(pools[0], &w[i], cs[0].x, nt, yr[i], s);
+            free(s);
+        }
+        for (int th = 0; th < 3; th++) {
+            void *s = malloc(ops_matmul_multi_scratch_bytes(4, wp, nt));
+            ops_matmul_multi(pools[th], 4, wp, cs[0].x, nt, ys, s);
+            free(s);
+            for (int i = 0; i < 4; i++)
+                CHECKF(!memcmp(ys[i], yr[i], (size_t)nt * rows[i] * 4), "%s weight %d th %d",
+                       ops_level_name(), i, th + 1);
+        }
+        for (int i = 0; i < 4; i++) {
+            free(ys[i]);
+            free(yr[i]);
+        }
+    }
+    for (int i = 0; i < 4; i++) mm_case_free(&cs[i]);
+}
+
+/* Compares the elementwise ops at each level (and thread count) with the scalar level. */
+TEST(test_elementwise)
+{
+    int rows = 7, n = 1000;
+    size_t N = (size_t)rows * n;
+    float *x = malloc(N * 4), *g = malloc(N * 4), *w = malloc(n * 4);
+    float *ref = malloc(N * 4), *out = malloc(N * 4);
+    fill_normal(x, (int64_t)N, 1, 2.0f);
+    fill_normal(g, (int64_t)N, 2, 3.0f);
+    fill_normal(w, n, 3, 1.0f);
+    for (int op = 0; op < 4; op++) {
+        ops_force_level(CPU_LEVEL_SCALAR);
+        memcpy(ref, g, N * 4);
+        if (op == 0) ops_rmsnorm(NULL, ref, x, w, rows, n, 1e-6f);
+        if (op == 1) ops_rmsnorm(NULL, ref, x, NULL, rows, n, 1e-5f);
+        if (op == 2) ops_swiglu(NULL, ref, g, x, rows, n);
+        if (op == 3) ops_add(NULL, ref, x, (int64_t)N);
+        for (int lvl = 0; lvl < n_levels(); lvl++) {
+            ops_force_level((cpu_level)lvl);
+            for (int th = 0; th < 3; th++) {
+                memcpy(out, g, N * 4);
+                if (op == 0) ops_rmsnorm(pools[th], out, x, w, rows, n, 1e-6f);
+                if (op == 1) ops_rmsnorm(pools[th], out, x, NULL, rows, n, 1e-5f);
+                if (op == 2) ops_swiglu(pools[th], out, g, x, rows, n);
+                if (op == 3) ops_add(pools[th], out, x, (int64_t)N);
+                int bad = 0;
+                for (size_t i = 0; i < N; i++) {
+                    float tol = 4 * FLT_EPSILON * fabsf(ref[i]) + 1e-30f;
+                    if (op == 2) tol = 8 * FLT_EPSILON * (fabsf(ref[i]) + fabsf(x[i]));
+                    if (!(fabsf(out[i] - ref[i]) <= tol)) bad++;
+                }
+                CHECKF(bad == 0, "op %d %s th %d: %d mismatches", op, ops_level_name(), th + 1, bad);
+            }
+        }
+    }
+    free(x);
+    free(g);
+    free(w);
+    free(ref);
+    free(out);
+}
+
+TEST(test_rope)
+{
+    int rows = 5, nh = 3, hd = 64;
+    size_t N = (size_t)rows * nh * hd;
+    float *x = malloc(N * 4), *a = malloc(N * 4), *b = malloc(N * 4);
+    fill_normal(x, (int64_t)N, 11, 1.0f);
+    int32_t pos[5] = {0, 1, 7, 300, 4095};
+    for (int neox = 0; neox < 2; neox++) {
+        for (int n_rot = 32; n_rot <= hd; n_rot += 32) {
+            float inv[64];
+            float ts = powf(10000.f, -2.0f / n_rot);
+            float th = 1.0f;
+            for (int i = 0; i < n_rot / 2; i++) {
+                inv[i] = th;
+                th *= ts;
+            }
+            memcpy(a, x, N * 4);
+            ops_rope(pools[0], a, pos, rows, nh, hd, n_rot, neox, inv);
+            /* direct formula in double */
+            int bad = 0;
+            for (int r = 0; r < rows; r++)
+                for (int h = 0; h < nh; h++) {
+                    const float *v = x + ((size_t)r * nh + h) * hd;
+                    const float *o = a + ((size_t)r * nh + h) * hd;
+                    for (int i = 0; i < n_rot / 2; i++) {
+                        int i0 = neox ? i : 2 * i, i1 = neox ? i + n_rot / 2 : 2 * i + 1;
+                        double t = (double)((float)pos[r] * inv[i]);
+                        double y0 = v[i0] * cos(t) - v[i1] * sin(t);
+                        double y1 = v[i0] * sin(t) + v[i1] * cos(t);
+                        if (fabs(o[i0] - y0) > 1e-5 || fabs(o[i1] - y1) > 1e-5) bad++;
+                    }
+                    for (int i = n_rot; i < hd; i++) if (o[i] != v[i]) bad++;
+                }
+            CHECKF(bad == 0, "neox %d n_rot %d: %d", neox, n_rot, bad);
+            /* ggml flavour, thread counts identical, close to the inv_freq flavour */
+            memcpy(b, x, N * 4);
+            ops_rope_ggml(pools[0], b, pos, rows, nh, hd, n_rot, neox, ts, 1.0f, NULL, 1.0f);
+            float *c = malloc(N * 4);
+            for (int t = 1; t < 3; t++) {
+                memcpy(c, x, N * 4);
+                ops_rope_ggml(pools[t], c, pos, rows, nh, hd, n_rot, neox, ts, 1.0f, NULL, 1.0f);
+                CHECK(!memcmp(b, c, N * 4));
+            }
+            free(c);
+            for (size_t i = 0; i < N; i++) CHECK(fabsf(a[i] - b[i]) < 2e-3f);
+            /* position 0 is the identity */
+            for (int i = 0; i < nh * hd; i++) CHECK(b[i] == x[i]);
+        }
+    }
+    free(x);
+    free(a);
+    free(b);
+}
+
+TEST(test_vec_helpers)
+{
+    int sizes[] = {1, 7, 16, 33, 128, 257};
+    for (size_t si = 0; si < TM_ARRAY_LEN(sizes); si++) {
+        int n = sizes[si];
+        float *a = malloc(n * 4), *b = malloc(n * 4), *y0 = malloc(n * 4), *y1 = malloc(n * 4);
+        fp16_t *h = malloc(n * 2), *h2 = malloc(n * 2), *hb = malloc(n * 2);
+        fill_normal(a, n, 5, 1.0f);
+        fill_normal(b, n, 6, 1.0f);
+        for (int i = 0; i < n; i++) h[i] = quant_fp32_to_fp16(a[i]);
+        for (int i = 0; i < n; i++) hb[i] = quant_fp32_to_fp16(b[i]);
+        double sabs = 0;
+        for (int i = 0; i < n; i++) sabs += fabs((double)a[i] * b[i]);
+        ops_force_level(CPU_LEVEL_SCALAR);
+        float r_dot = ops_vec_dot_f32(n, a, b), r_dh = ops_vec_dot_f16_f32(n, h, b);
+        float r_dhh = ops_vec_dot_f16(n, h, hb), r_max = ops_vec_max_f32(n, a);
+        memcpy(y0, b, n * 4);
+        ops_vec_mad_f32(n, y0, a, 0.37f);
+        ops_vec_mad_f16(n, y0, h, -1.25f);
+        ops_vec_scale_f32(n, y0, 0.5f);
+        float *e0 = malloc(n * 4);
+        memcpy(e0, a, n * 4);
+        float r_sum = ops_vec_softmax_exp(n, e0, r_max);
+        for (int lvl = 1; lvl < n_levels(); lvl++) {
+            ops_force_level((cpu_level)lvl);
+            double tol = 4 * FLT_EPSILON * (sabs + 1);
+            CHECKF(fabs(ops_vec_dot_f32(n, a, b) - r_dot) <= tol, "%s n=%d", ops_level_name(), n);
+            CHECKF(fabs(ops_vec_dot_f16_f32(n, h, b) - r_dh) <= tol, "%s n=%d", ops_level_name(), n);
+            CHECKF(fabs(ops_vec_dot_f16(n, h, hb) - r_dhh) <= tol, "%s n=%d", ops_level_name(), n);
+            CHECK(ops_vec_max_f32(n, a) == r_max);
+            memcpy(y1, b, n * 4);
+            ops_vec_mad_f32(n, y1, a, 0.37f);
+            ops_vec_mad_f16(n, y1, h, -1.25f);
+            ops_vec_scale_f32(n, y1, 0.5f);
+            for (int i = 0; i < n; i++) CHECK(fabsf(y1[i] - y0[i]) <= 1e-5f * (fabsf(y0[i]) + 1));
+            float *e1 = malloc(n * 4);
+            memcpy(e1, a, n * 4);
+            float s1 = ops_vec_softmax_exp(n, e1, r_max);
+            CHECKF(fabsf(s1 - r_sum) <= 1e-5f * r_sum, "%s softmax sum %g vs %g", ops_level_name(), s1, r_sum);
+            for (int i = 0; i < n; i++) CHECK(fabsf(e1[i] - e0[i]) <= 4e-6f);
+            free(e1);
+            ops_fp32_to_fp16_row(a, h2, n);
+            CHECK(!memcmp(h2, h, n * 2));
+            ops_fp16_to_fp32_row(h, y1, n);
+            for (int i = 0; i < n; i++) CHECK(y1[i] == quant_fp16_to_fp32(h[i]));
+        }
+        free(e0);
+        free(a);
+        free(b);
+        free(y0);
+        free(y1);
+        free(h);
+        free(h2);
+        free(hb);
+    }
+}
+
+static void tp_count(void *ctx, int ith, int nth)
+{
+    _Atomic int *c = ctx;
+    atomic_fetch_add(&c[ith], 1);
+    threadpool_barrier(NULL);
+    (void)nth;
+}
+
+typedef struct {
+    threadpool *tp;
+    _Atomic int phase_a, bad;
+} tp_bar_ctx;
+
+static void tp_barrier_fn(void *arg, int ith, int nth)
+{
+    tp_bar_ctx *c = arg;
+    for (int round = 0; round < 50; round++) {
+        atomic_fetch_add(&c->phase_a, 1);
+        threadpool_barrier(c->tp);
+        if (atomic_load(&c->phase_a) != nth * (round + 1)) atomic_fetch_add(&c->bad, 1);
+        threadpool_barrier(c->tp);
+    }
+    (void)ith;
+}
+
+TEST(test_threadpool)
+{
+    for (int n = 1; n <= 4; n++) {
+        threadpool *tp = threadpool_new(n);
+        CHECK(tp && threadpool_size(tp) == n);
+        _Atomic int cnt[4] = {0};
+        for (int i = 0; i < 1000; i++) threadpool_run(tp, tp_count, cnt);
+        for (int i = 0; i < n; i++) CHECK(atomic_load(&cnt[i]) == 1000);
+        tp_bar_ctx bc = {tp, 0, 0};
+        threadpool_run(tp, tp_barrier_fn, &bc);
+        CHECK(atomic_load(&bc.bad) == 0);
+        threadpool_free(tp);
+    }
+    CHECK(threadpool_size(NULL) == 1);
+}
+
+int main(void)
+{
+    for (int i = 0; i < 3; i++) pools[i] = threadpool_new(i + 1);
+    RUN(test_threadpool);
+    RUN(test_matmul_all_types);
+    RUN(test_matmul_odd_cols);
+    RUN(test_matmul_multi);
+    RUN(test_elementwise);
+    RUN(test_rope);
+    RUN(test_vec_helpers);
+    for (int i = 0; i < 3; i++) threadpool_free(pools[i]);
+    HARNESS_END();
+}

@@ -1,0 +1,265 @@
+/*
+ * test_quant: the type table, fp16/bf16 conversion, and the quantisers.
+ *
+ * The hashes in test_ref_quantisers_match_ggml were produced by ggml's own
+ * quantize_row_*_ref (llama.cpp's ggml-quants.c, compiled next to ours on the same inputs:
+ * byte-identical output), so they pin our quantisers to ggml's exact output. The inputs come
+ * from util_rng: if its algorithm changes, regenerate them with ggml.
+ */
+#include "harness.h"
+
+#include <stdlib.h>
+
+#include "model/quant.h"
+#include "util/util.h"
+
+static uint64_t fnv1a(const void *p, size_t n)
+{
+    const unsigned char *c = p;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) {
+        h ^= c[i];
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+/* Three input distributions: normal, heavy-tailed (cubed normal), uniform with outliers. */
+static void fill_dist(float *x, int64_t n, int dist)
+{
+    util_rng r;
+    util_rng_seed(&r, 42 + dist);
+    for (int64_t i = 0; i < n; i++) {
+        float v = util_rng_normal(&r);
+        if (dist == 1) v = v * v * v * 0.01f;
+        if (dist == 2) v = (float)(util_rng_uniform(&r) * 2 - 1) + ((i % 97) == 0 ? 5.f : 0);
+        x[i] = v;
+    }
+}
+
+static float f_of(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+TEST(test_type_table)
+{
+    CHECK(QTYPE_F32 == 0 && QTYPE_F16 == 1 && QTYPE_Q4_0 == 2 && QTYPE_Q8_0 == 8);
+    CHECK(QTYPE_Q4_K == 12 && QTYPE_Q6_K == 14 && QTYPE_Q8_K == 15 && QTYPE_BF16 == 30);
+    CHECK(quant_block_elems(QTYPE_F32) == 1 && quant_block_bytes(QTYPE_F32) == 4);
+    CHECK(quant_block_elems(QTYPE_F16) == 1 && quant_block_bytes(QTYPE_F16) == 2);
+    CHECK(quant_block_elems(QTYPE_BF16) == 1 && quant_block_bytes(QTYPE_BF16) == 2);
+    CHECK(quant_block_elems(QTYPE_Q4_0) == 32 && quant_block_bytes(QTYPE_Q4_0) == 18);
+    CHECK(quant_block_elems(QTYPE_Q8_0) == 32 && quant_block_bytes(QTYPE_Q8_0) == 34);
+    CHECK(quant_block_elems(QTYPE_Q4_K) == 256 && quant_block_bytes(QTYPE_Q4_K) == 144);
+    CHECK(quant_block_elems(QTYPE_Q6_K) == 256 && quant_block_bytes(QTYPE_Q6_K) == 210);
+    CHECK(quant_block_elems(QTYPE_Q8_K) == 256 && quant_block_bytes(QTYPE_Q8_K) == 292);
+    CHECK(quant_row_bytes(QTYPE_Q4_K, 1024) == 4 * 144);
+    CHECK(quant_vec_dot_type(QTYPE_Q4_0) == QTYPE_Q8_0);
+    CHECK(quant_vec_dot_type(QTYPE_Q8_0) == QTYPE_Q8_0);
+    CHECK(quant_vec_dot_type(QTYPE_Q4_K) == QTYPE_Q8_K);
+    CHECK(quant_vec_dot_type(QTYPE_Q6_K) == QTYPE_Q8_K);
+    CHECK(quant_vec_dot_type(QTYPE_F16) == QTYPE_F16);
+    CHECK(quant_vec_dot_type(QTYPE_BF16) == QTYPE_BF16);
+    CHECK(quant_vec_dot_type(QTYPE_F32) == QTYPE_F32);
+    CHECK(!quant_type_supported(3) && !quant_type_supported(13) && !quant_type_supported(63));
+    CHECK(quant_type_supported(QTYPE_Q6_K));
+    CHECK(!strcmp(quant_type_name(QTYPE_Q4_K), "q4_K") && !strcmp(quant_type_name(99), "?"));
+}
+
+TEST(test_fp16_known)
+{
+    CHECK(quant_fp32_to_fp16(1.0f) == 0x3c00);
+    CHECK(quant_fp32_to_fp16(-2.0f) == 0xc000);
+    CHECK(quant_fp32_to_fp16(65504.f) == 0x7bff);
+    CHECK(quant_fp32_to_fp16(65519.f) == 0x7bff);  /* below the midpoint to infinity */
+    CHECK(quant_fp32_to_fp16(65520.f) == 0x7c00);  /* ties to even: infinity */
+    CHECK(quant_fp32_to_fp16(INFINITY) == 0x7c00);
+    CHECK(quant_fp32_to_fp16(0x1p-24f) == 0x0001);  /* smallest subnormal */
+    CHECK(quant_fp32_to_fp16(0x1p-25f) == 0x0000);  /* tie to even (0) */
+    CHECK(quant_fp32_to_fp16(0x1.8p-24f) == 0x0002); /* tie to even (2) */
+    CHECK(quant_fp32_to_fp16(-0.0f) == 0x8000);
+    CHECK(quant_fp32_to_fp16(1.0f + 0x1p-11f) == 0x3c00);            /* tie, even down */
+    CHECK(quant_fp32_to_fp16(1.0f + 3 * 0x1p-11f) == 0x3c02);        /* tie, even up */
+    fp16_t nan = quant_fp32_to_fp16(NAN);
+    CHECK((nan & 0x7c00) == 0x7c00 && (nan & 0x3ff) != 0);
+    CHECK(quant_fp16_to_fp32(0x3555) == f_of(0x3eaaa000));  /* 0.333251953125 */
+    CHECK(quant_fp16_to_fp32(0x0001) == 0x1p-24f);
+    CHECK(quant_fp16_to_fp32(0xfc00) == -INFINITY);
+    /* every finite half survives a round trip */
+    int bad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        if ((h & 0x7c00) == 0x7c00) continue;
+        if (quant_fp32_to_fp16(quant_fp16_to_fp32((fp16_t)h)) != h) bad++;
+    }
+    CHECK(bad == 0);
+    /* conversion is monotone and within half an ulp on a sweep of floats */
+    util_rng r;
+    util_rng_seed(&r, 7);
+    for (int i = 0; i < 100000; i++) {
+        float f = (float)((util_rng_uniform(&r) * 2 - 1) * 70000.0);
+        if (fabsf(f) >= 65520.f) continue;
+        float g = quant_fp16_to_fp32(quant_fp32_to_fp16(f));
+        float ulp = fabsf(f) < 0x1p-14f ? 0x1p-24f : exp2f(floorf(log2f(fabsf(f))) - 10);
+        if (fabsf(g - f) > ulp * 0.5f) bad++;
+    }
+    CHECK(bad == 0);
+}
+
+TEST(test_bf16_known)
+{
+    CHECK(quant_fp32_to_bf16(1.0f) == 0x3f80);
+    CHECK(quant_fp32_to_bf16(f_of(0x3f808000)) == 0x3f80); /* tie, even down */
+    CHECK(quant_fp32_to_bf16(f_of(0x3f818000)) == 0x3f82); /* tie, even up */
+    CHECK(quant_fp32_to_bf16(f_of(0x3f808001)) == 0x3f81);
+    CHECK(quant_bf16_to_fp32(0xc000) == -2.0f);
+    bf16_t nan = quant_fp32_to_bf16(NAN);
+    CHECK((nan & 0x7f80) == 0x7f80 && (nan & 0x7f) != 0);
+}
+
+TEST(test_ref_quantisers_match_ggml)
+{
+    static const struct {
+        qtype t;
+        uint64_t hash[3];
+    } want[] = {
+        {QTYPE_Q4_0, {0x968efcb10884fd45ull, 0xc4c3b64bcd1d25eaull, 0x73a65bf02a2cee1eull}},
+        {QTYPE_Q8_0, {0x77329ea65cbe16c4ull, 0xc59be6a092b1422cull, 0x03b3c68955e9cad9ull}},
+        {QTYPE_Q4_K, {0x56e81c440e452518ull, 0xb693236b343df30aull, 0xe3cfe4a4d7a6b045ull}},
+        {QTYPE_Q6_K, {0xac7076fbb20015fbull, 0x8ff5f76c75de9efcull, 0xa2ebff1f3ee3e71aull}},
+        {QTYPE_Q8_K, {0xaed80593bafc6e04ull, 0x97768d815d47ca57ull, 0x5c4e259aaef3a90eull}},
+    };
+    int64_t n = 256 * 64;
+    float *x = malloc((size_t)n * 4);
+    unsigned char *q = malloc((size_t)n * 4);
+    for (int dist = 0; dist < 3; dist++) {
+        fill_dist(x, n, dist);
+        for (size_t k = 0; k < TM_ARRAY_LEN(want); k++) {
+            size_t sz = quant_row_bytes(want[k].t, n);
+            memset(q, 0xAA, sz);
+            quant_quantize_row(want[k].t, x, q, n);
+            uint64_t h = fnv1a(q, sz);
+            CHECKF(h == want[k].hash[dist], "%s dist %d: %016llx", quant_type_name(want[k].t),
+                   dist, (unsigned long long)h);
+        }
+    }
+    free(x);
+    free(q);
+}
+
+/* Quantise then dequantise: relative RMS error within what each format allows. */
+TEST(test_round_trip_error)
+{
+    static const struct {
+        qtype t;
+        double max_rel_rmse;
+    } cases[] = {
+        {QTYPE_F32, 0},         {QTYPE_F16, 1e-3},      {QTYPE_BF16, 5e-3},
+        {QTYPE_Q8_0, 0.01},     {QTYPE_Q4_0, 0.15},     {QTYPE_Q4_K, 0.12},
+        {QTYPE_Q6_K, 0.03},     {QTYPE_Q8_K, 0.01},
+    };
+    int64_t n = 256 * 16;
+    float *x = malloc((size_t)n * 4), *y = malloc((size_t)n * 4);
+    void *q = malloc((size_t)n * 4);
+    fill_dist(x, n, 0);
+    double ss = 0;
+    for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    for (size_t k = 0; k < TM_ARRAY_LEN(cases); k++) {
+        quant_quantize_row(cases[k].t, x, q, n);
+        quant_dequantize_row(cases[k].t, q, y, n);
+        double se = 0;
+        for (int64_t i = 0; i < n; i++) se += ((double)x[i] - y[i]) * ((double)x[i] - y[i]);
+        double rel = sqrt(se / ss);
+        CHECKF(rel <= cases[k].max_rel_rmse, "%s: %g", quant_type_name(cases[k].t), rel);
+    }
+    /* all-zero input stays zero and does not divide by zero */
+    memset(x, 0, (size_t)n * 4);
+    for (size_t k = 0; k < TM_ARRAY_LEN(cases); k++) {
+        quant_quantize_row(cases[k].t, x, q, n);
+        quant_dequantize_row(cases[k].t, q, y, n);
+        int nz = 0;
+        for (int64_t i = 0; i < n; i++) nz += y[i] != 0;
+        CHECKF(nz == 0, "%s", quant_type_name(cases[k].t));
+    }
+    free(x);
+    free(y);
+    free(q);
+}
+
+TEST(test_q8_0_known_block)
+{
+    float x[32];
+    for (int j = 0; j < 32; j++) x[j] = (float)(j - 16);
+    block_q8_0 b;
+    quant_quantize_row(QTYPE_Q8_0, x, &b, 32);
+    CHECK(b.d == quant_fp32_to_fp16(16.f / 127));
+    CHECK(b.qs[0] == -127 && b.qs[16] == 0 && b.qs[17] == 8 && b.qs[31] == 119);
+    /* activation flavour: 127/amax scale and round half to even. 0.5 * 127/127 = 0.5 -> 0 */
+    float a[32] = {0};
+    a[0] = 127.f;
+    a[1] = 0.5f;
+    a[2] = 1.5f;
+    a[3] = -2.5f;
+    block_q8_0 c;
+    quant_act_q8_0(a, &c, 32);
+    CHECK(c.qs[0] == 127 && c.qs[1] == 0 && c.qs[2] == 2 && c.qs[3] == -2);
+    quant_quantize_row(QTYPE_Q8_0, a, &c, 32); /* file flavour: roundf, half away from 0 */
+    CHECK(c.qs[1] == 1 && c.qs[2] == 2 && c.qs[3] == -3);
+}
+
+TEST(test_q8_K_act)
+{
+    float x[256];
+    for (int j = 0; j < 256; j++) x[j] = (float)(j % 16) - 7.5f;
+    x[5] = -20.f; /* the signed max: scale is negative */
+    block_q8_K b;
+    quant_act_q8_K(x, &b, 256);
+    CHECK(b.d == 20.f / 127.f);
+    CHECK(b.qs[5] == -127);
+    for (int g = 0; g < 16; g++) {
+        int s = 0;
+        for (int l = 0; l < 16; l++) s += b.qs[g * 16 + l];
+        CHECK(b.bsums[g] == s);
+    }
+    float y[256];
+    quant_dequantize_row(QTYPE_Q8_K, &b, y, 256);
+    for (int j = 0; j < 256; j++) CHECK(fabsf(y[j] - x[j]) <= 20.f / 127 * 0.5f + 1e-5f);
+}
+
+TEST(test_q4_K_scale_pack)
+{
+    /* scales j<4 in the low 6 bits of bytes 0..3 (mins 4..7); j>=4 split nibbles + high bits */
+    uint8_t s[12] = {0};
+    uint8_t want_sc[8] = {1, 63, 17, 40, 33, 5, 62, 0}, want_m[8] = {2, 0, 63, 9, 48, 31, 7, 60};
+    for (int j = 0; j < 8; j++) {
+        uint8_t ls = want_sc[j], lm = want_m[j];
+        if (j < 4) {
+            s[j] |= ls;
+            s[j + 4] |= lm;
+        } else {
+            s[j + 4] = (uint8_t)((ls & 0xF) | ((lm & 0xF) << 4));
+            s[j - 4] |= (uint8_t)((ls >> 4) << 6);
+            s[j] |= (uint8_t)((lm >> 4) << 6);
+        }
+    }
+    for (int j = 0; j < 8; j++) {
+        uint8_t sc, m;
+        quant_q4_K_scale_min(j, s, &sc, &m);
+        CHECK(sc == want_sc[j] && m == want_m[j]);
+    }
+}
+
+int main(void)
+{
+    RUN(test_type_table);
+    RUN(test_fp16_known);
+    RUN(test_bf16_known);
+    RUN(test_ref_quantisers_match_ggml);
+    RUN(test_round_trip_error);
+    RUN(test_q8_0_known_block);
+    RUN(test_q8_K_act);
+    RUN(test_q4_K_scale_pack);
+    HARNESS_END();
+}
