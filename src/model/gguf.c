@@ -68,51 +68,9 @@ struct gguf {
 
 /* ---- element types (block sizes) ------------------------------------------------------ */
 
-/* TEMPORARY: a copy of quant.c's block table until quant.c lands in main; then these become
- * the quant_* calls. */
-static int64_t gguf_q_block_elems(qtype t)
-{
-    switch (t) {
-    case QTYPE_Q4_0: case QTYPE_Q8_0: return 32;
-    case QTYPE_Q4_K: case QTYPE_Q6_K: case QTYPE_Q8_K: return 256;
-    default: return 1;
-    }
-}
-
-static size_t gguf_q_block_bytes(qtype t)
-{
-    switch (t) {
-    case QTYPE_F32: return 4;
-    case QTYPE_F16: case QTYPE_BF16: return 2;
-    case QTYPE_Q4_0: return 18;
-    case QTYPE_Q8_0: return 34;
-    case QTYPE_Q4_K: return 144;
-    case QTYPE_Q6_K: return 210;
-    case QTYPE_Q8_K: return 292;
-    default: return 0;
-    }
-}
-
-static size_t gguf_q_row_bytes(qtype t, int64_t n) { return (size_t)(n / gguf_q_block_elems(t)) * gguf_q_block_bytes(t); }
-
-static const char *gguf_q_type_name(qtype t)
-{
-    switch (t) {
-    case QTYPE_F32: return "f32";
-    case QTYPE_F16: return "f16";
-    case QTYPE_BF16: return "bf16";
-    case QTYPE_Q4_0: return "q4_0";
-    case QTYPE_Q8_0: return "q8_0";
-    case QTYPE_Q4_K: return "q4_K";
-    case QTYPE_Q6_K: return "q6_K";
-    case QTYPE_Q8_K: return "q8_K";
-    default: return "?";
-    }
-}
-
 static bool gguf_type_ok(uint32_t type)
 {
-    return type < QTYPE_COUNT_MAX && gguf_q_block_bytes((qtype)type) != 0 && type != QTYPE_Q8_K;
+    return type < QTYPE_COUNT_MAX && quant_type_supported((int)type) && type != QTYPE_Q8_K; /* Q8_K: activations only */
 }
 
 /* ---- the cursor --------------------------------------------------------------------------- */
@@ -368,12 +326,12 @@ static bool gguf_parse(gguf *g, gguf_rd *r)
             if (__builtin_mul_overflow(nel, t->ne[d], &nel))
                 return gguf_fail(r, GGUF_ERR_SHAPE, "tensor '%.100s' element count overflows", name);
         }
-        int64_t be = gguf_q_block_elems(t->type);
+        int64_t be = quant_block_elems(t->type);
         if (t->ne[0] % be != 0)
             return gguf_fail(r, GGUF_ERR_SHAPE, "tensor '%.100s' row length %lld is not a multiple of the %s block size %lld",
-                             name, (long long)t->ne[0], gguf_q_type_name(t->type), (long long)be);
+                             name, (long long)t->ne[0], quant_type_name(t->type), (long long)be);
         uint64_t nbytes;
-        if (__builtin_mul_overflow((uint64_t)(nel / be), (uint64_t)gguf_q_block_bytes(t->type), &nbytes) ||
+        if (__builtin_mul_overflow((uint64_t)(nel / be), (uint64_t)quant_block_bytes(t->type), &nbytes) ||
             nbytes > (uint64_t)SIZE_MAX)
             return gguf_fail(r, GGUF_ERR_SHAPE, "tensor '%.100s' byte size overflows", name);
         t->nbytes = (size_t)nbytes;
@@ -783,7 +741,7 @@ static gguf_wtensor *gguf_writer_tensor(gguf_writer *w, const char *name, qtype 
         t->ne[d] = d < n_dims ? ne[d] : 1;
         nel *= t->ne[d];
     }
-    t->nbytes = gguf_q_row_bytes(type, t->ne[0]) * (size_t)(nel / t->ne[0]);
+    t->nbytes = quant_row_bytes(type, t->ne[0]) * (size_t)(nel / t->ne[0]);
     return t;
 }
 
@@ -807,7 +765,7 @@ size_t gguf_writer_tensor_bytes(qtype type, int n_dims, const int64_t *ne)
 {
     int64_t nrows = 1;
     for (int d = 1; d < n_dims; d++) nrows *= ne[d];
-    return gguf_q_row_bytes(type, ne[0]) * (size_t)nrows;
+    return quant_row_bytes(type, ne[0]) * (size_t)nrows;
 }
 
 typedef struct {

@@ -1,0 +1,114 @@
+/*
+ * events: splits a model's output into answer text, reasoning and tool calls, by token ID.
+ *
+ * The caller feeds each generated token id with the text its streaming detokenizer produced
+ * for it (possibly empty); the splitter calls back with events as soon as they are decided.
+ * Markers switch state only when they arrive as their own token id (from the template's
+ * events_markers); a marker's spelling produced from ordinary tokens ("<", "think", ">") is
+ * plain text. The end-of-turn token itself should not be fed (the caller stops on it) and
+ * then calls events_finish.
+ *
+ * States: TEXT (answer), REASONING (between think start/end; the prompt may open it, see
+ * starts_in_reasoning), and tool-call states per format:
+ *   QWEN      <tool_call> {"name": N, "arguments": {...}} </tool_call>, any number of them.
+ *   DEEPSEEK  <｜tool▁calls▁begin｜> (<｜tool▁call▁begin｜> N <｜tool▁sep｜> ARGS
+ *             <｜tool▁call▁end｜>)* <｜tool▁calls▁end｜>; ARGS may be fenced in ```json ...```;
+ *             the R1 form "function<｜tool▁sep｜>N\n```json\nARGS\n```" is accepted too.
+ *   LLAMA3    the answer is one JSON object {"name": N, "parameters": {...}} (or
+ *             "arguments"), optionally after <|python_tag|>. There is no marker token, so
+ *             this is decided on text: when tools were offered and the answer's first
+ *             non-blank character is '{', the text is held until the JSON value is complete.
+ *
+ * Tool calls: all of a call's events (TOOL_START with index, generated id and name, one
+ * TOOL_ARGS with the whole arguments re-emitted as compact valid JSON, TOOL_END) are sent
+ * when the call's end marker arrives, once its JSON has been checked. Rule for malformed
+ * calls: when the body does not parse (not JSON, no string name, arguments neither an object
+ * nor a string holding a JSON object), nothing is dropped and no tool events are sent: the
+ * raw text, marker texts included, is emitted as answer text. A call left open at finish is
+ * parsed the same way (valid: a tool call; otherwise text).
+ *
+ * Whitespace (when markers.trim): blank text at the start of the answer or of the
+ * reasoning, blank text right before a marker and at the end are dropped, as the families'
+ * reference parsers strip them; blanks between words are kept (held back until a non-blank
+ * character follows).
+ *
+ * Memory: buffers grow while the first requests run and are kept by events_reset, so a warm
+ * splitter does not allocate. One splitter per running sequence; not thread-safe.
+ */
+#ifndef TM_EVENTS_H
+#define TM_EVENTS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum {
+    EVENTS_TOOLFMT_NONE = 0,
+    EVENTS_TOOLFMT_QWEN,
+    EVENTS_TOOLFMT_DEEPSEEK,
+    EVENTS_TOOLFMT_LLAMA3,
+} events_toolfmt;
+
+/* Token ids of the markers; -1 where the vocabulary has none. */
+typedef struct {
+    int32_t think_start;       /* <think> */
+    int32_t think_end;         /* </think> */
+    events_toolfmt toolfmt;    /* how tool calls are written */
+    int32_t tool_start;        /* QWEN <tool_call>; DEEPSEEK <｜tool▁call▁begin｜>; LLAMA3 <|python_tag|> */
+    int32_t tool_end;          /* QWEN </tool_call>; DEEPSEEK <｜tool▁call▁end｜> */
+    int32_t tools_begin;       /* DEEPSEEK <｜tool▁calls▁begin｜> */
+    int32_t tools_end;         /* DEEPSEEK <｜tool▁calls▁end｜> */
+    int32_t tool_sep;          /* DEEPSEEK <｜tool▁sep｜> */
+    bool starts_in_reasoning;  /* the prompt ended inside an open think block */
+    bool tools_enabled;        /* tools were offered (LLAMA3 detection only looks then) */
+    bool trim;                 /* drop blank text at section edges (chat families) */
+} events_markers;
+
+/* A markers value with every id -1 and no tool format. */
+void events_markers_none(events_markers *m);
+
+typedef enum {
+    EVENTS_TEXT = 0,    /* answer text delta: text/len */
+    EVENTS_REASONING,   /* reasoning delta: text/len */
+    EVENTS_TOOL_START,  /* tool_index, tool_id, tool_name */
+    EVENTS_TOOL_ARGS,   /* tool_index, tool_id; text/len: arguments JSON fragment */
+    EVENTS_TOOL_END,    /* tool_index, tool_id, tool_name; text/len: the complete arguments JSON */
+    EVENTS_FINISH,      /* finish */
+} events_kind;
+
+typedef enum {
+    EVENTS_FINISH_STOP = 0,    /* end of turn or a stop sequence */
+    EVENTS_FINISH_LENGTH,      /* token limit */
+    EVENTS_FINISH_TOOL_CALLS,  /* ended normally after at least one tool call */
+} events_finish_reason;
+
+typedef struct {
+    events_kind kind;
+    const char *text;             /* delta or arguments (valid during the callback only) */
+    size_t len;                   /* bytes of text */
+    int tool_index;               /* 0-based index of the call in this response */
+    const char *tool_id;          /* "call_" + 24 alphanumerics, NUL-terminated */
+    const char *tool_name;        /* NUL-terminated */
+    events_finish_reason finish;  /* FINISH only */
+} events_event;
+
+typedef void (*events_cb)(void *ud, const events_event *e);
+
+typedef struct events events;
+
+/* A splitter for markers m (copied); ids are drawn from a PRNG seeded with seed. */
+events *events_new(const events_markers *m, uint64_t seed, events_cb cb, void *ud);
+void events_free(events *ev);
+/* Starts a new response with the same callback, keeping the buffers. */
+void events_reset(events *ev, const events_markers *m, uint64_t seed);
+
+/* One generated token and the text the detokenizer gave for it. */
+void events_feed(events *ev, int32_t token, const char *text, size_t len);
+/* Ends the response: flushes what is held and sends FINISH (STOP becomes TOOL_CALLS when a
+ * tool call was sent). Nothing may be fed afterwards until events_reset. */
+void events_finish(events *ev, events_finish_reason reason);
+
+/* Tool calls sent so far in this response. */
+int events_n_tool_calls(const events *ev);
+
+#endif

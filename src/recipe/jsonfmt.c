@@ -1,0 +1,411 @@
+/*
+ * jsonfmt: JSON validation and re-layout. See jsonfmt.h for the output rules.
+ */
+#include "recipe/jsonfmt.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/util.h"
+
+void jsonfmt_buf_free(jsonfmt_buf *b)
+{
+    free(b->p);
+    b->p = NULL;
+    b->len = b->cap = 0;
+}
+
+static void jsonfmt_buf_reserve(jsonfmt_buf *b, size_t extra)
+{
+    if (b->len + extra + 1 <= b->cap) return;
+    size_t cap = b->cap ? b->cap : 64;
+    while (cap < b->len + extra + 1) cap *= 2;
+    b->p = xrealloc(b->p, cap);
+    b->cap = cap;
+}
+
+void jsonfmt_buf_append(jsonfmt_buf *b, const char *s, size_t len)
+{
+    jsonfmt_buf_reserve(b, len);
+    if (len) memcpy(b->p + b->len, s, len);
+    b->len += len;
+    b->p[b->len] = 0;
+}
+
+void jsonfmt_buf_puts(jsonfmt_buf *b, const char *z) { jsonfmt_buf_append(b, z, strlen(z)); }
+void jsonfmt_buf_putc(jsonfmt_buf *b, char c) { jsonfmt_buf_append(b, &c, 1); }
+
+/* ---- reader ---------------------------------------------------------------------------- */
+
+typedef struct {
+    const char *s;       /* input bytes */
+    size_t n;            /* input length */
+    size_t i;            /* read position */
+    jsonfmt_buf *out;    /* output, or NULL to validate only */
+    jsonfmt_style style; /* output layout */
+    int indent;          /* spaces per level for JSONFMT_INDENT */
+} jsonfmt_rd;
+
+static void jsonfmt_ws(jsonfmt_rd *r)
+{
+    while (r->i < r->n && (r->s[r->i] == ' ' || r->s[r->i] == '\t' || r->s[r->i] == '\n' || r->s[r->i] == '\r'))
+        r->i++;
+}
+
+static void jsonfmt_emit(jsonfmt_rd *r, const char *s, size_t len)
+{
+    if (r->out) jsonfmt_buf_append(r->out, s, len);
+}
+
+static void jsonfmt_newline(jsonfmt_rd *r, int level)
+{
+    if (!r->out) return;
+    jsonfmt_buf_putc(r->out, '\n');
+    for (int k = 0; k < level * r->indent; k++) jsonfmt_buf_putc(r->out, ' ');
+}
+
+static int jsonfmt_hex4(const char *s)
+{
+    int v = 0;
+    for (int k = 0; k < 4; k++) {
+        char c = s[k];
+        v <<= 4;
+        if (c >= '0' && c <= '9') v |= c - '0';
+        else if (c >= 'a' && c <= 'f') v |= c - 'a' + 10;
+        else if (c >= 'A' && c <= 'F') v |= c - 'A' + 10;
+        else return -1;
+    }
+    return v;
+}
+
+static void jsonfmt_put_utf8(jsonfmt_buf *b, uint32_t cp)
+{
+    char u[4];
+    size_t n;
+    if (cp < 0x80) { u[0] = (char)cp; n = 1; }
+    else if (cp < 0x800) { u[0] = (char)(0xC0 | (cp >> 6)); u[1] = (char)(0x80 | (cp & 0x3F)); n = 2; }
+    else if (cp < 0x10000) {
+        u[0] = (char)(0xE0 | (cp >> 12)); u[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        u[2] = (char)(0x80 | (cp & 0x3F)); n = 3;
+    } else {
+        u[0] = (char)(0xF0 | (cp >> 18)); u[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
+        u[2] = (char)(0x80 | ((cp >> 6) & 0x3F)); u[3] = (char)(0x80 | (cp & 0x3F)); n = 4;
+    }
+    jsonfmt_buf_append(b, u, n);
+}
+
+/* Escapes one decoded code point as JSON.stringify does (lone surrogates as \udxxx). */
+static void jsonfmt_put_escaped_cp(jsonfmt_buf *b, uint32_t cp)
+{
+    char tmp[16];
+    switch (cp) {
+    case '"': jsonfmt_buf_puts(b, "\\\""); return;
+    case '\\': jsonfmt_buf_puts(b, "\\\\"); return;
+    case '\b': jsonfmt_buf_puts(b, "\\b"); return;
+    case '\f': jsonfmt_buf_puts(b, "\\f"); return;
+    case '\n': jsonfmt_buf_puts(b, "\\n"); return;
+    case '\r': jsonfmt_buf_puts(b, "\\r"); return;
+    case '\t': jsonfmt_buf_puts(b, "\\t"); return;
+    default: break;
+    }
+    if (cp < 0x20 || (cp >= 0xD800 && cp <= 0xDFFF)) {
+        snprintf(tmp, sizeof tmp, "\\u%04x", (unsigned)cp);
+        jsonfmt_buf_puts(b, tmp);
+        return;
+    }
+    jsonfmt_put_utf8(b, cp);
+}
+
+/* Reads a string literal at r->i (the opening quote). mode 0: re-escape to r->out;
+ * mode 1: decode raw UTF-8 into dec. */
+static bool jsonfmt_string_rd(jsonfmt_rd *r, jsonfmt_buf *dec)
+{
+    if (r->i >= r->n || r->s[r->i] != '"') return false;
+    r->i++;
+    if (r->out && !dec) jsonfmt_buf_putc(r->out, '"');
+    jsonfmt_buf *o = dec ? dec : r->out;
+    while (r->i < r->n) {
+        unsigned char c = (unsigned char)r->s[r->i];
+        if (c == '"') {
+            r->i++;
+            if (r->out && !dec) jsonfmt_buf_putc(r->out, '"');
+            return true;
+        }
+        if (c < 0x20) return false;
+        if (c != '\\') {
+            /* copy a run of plain bytes */
+            size_t j = r->i;
+            while (j < r->n && r->s[j] != '"' && r->s[j] != '\\' && (unsigned char)r->s[j] >= 0x20) j++;
+            if (o) jsonfmt_buf_append(o, r->s + r->i, j - r->i);
+            r->i = j;
+            continue;
+        }
+        if (r->i + 1 >= r->n) return false;
+        char e = r->s[r->i + 1];
+        uint32_t cp;
+        r->i += 2;
+        switch (e) {
+        case '"': cp = '"'; break;
+        case '\\': cp = '\\'; break;
+        case '/': cp = '/'; break;
+        case 'b': cp = '\b'; break;
+        case 'f': cp = '\f'; break;
+        case 'n': cp = '\n'; break;
+        case 'r': cp = '\r'; break;
+        case 't': cp = '\t'; break;
+        case 'u': {
+            if (r->i + 4 > r->n) return false;
+            int h = jsonfmt_hex4(r->s + r->i);
+            if (h < 0) return false;
+            r->i += 4;
+            cp = (uint32_t)h;
+            if (cp >= 0xD800 && cp <= 0xDBFF && r->i + 6 <= r->n && r->s[r->i] == '\\' && r->s[r->i + 1] == 'u') {
+                int l = jsonfmt_hex4(r->s + r->i + 2);
+                if (l >= 0xDC00 && l <= 0xDFFF) {
+                    cp = 0x10000 + ((cp - 0xD800) << 10) + ((uint32_t)l - 0xDC00);
+                    r->i += 6;
+                }
+            }
+            break;
+        }
+        default: return false;
+        }
+        if (!o) continue;
+        if (dec) jsonfmt_put_utf8(dec, cp);
+        else jsonfmt_put_escaped_cp(o, cp);
+    }
+    return false;
+}
+
+/* Formats a double the way JavaScript's Number#toString does. */
+static void jsonfmt_put_jsnum(jsonfmt_buf *b, double v)
+{
+    char tmp[64];
+    if (v == 0) { jsonfmt_buf_putc(b, '0'); return; }
+    if (!isfinite(v)) { jsonfmt_buf_puts(b, "null"); return; }
+    /* shortest round-trip digits */
+    int prec;
+    for (prec = 1; prec <= 17; prec++) {
+        snprintf(tmp, sizeof tmp, "%.*e", prec - 1, v);
+        if (strtod(tmp, NULL) == v) break;
+    }
+    /* tmp = [-]d.ddde[+-]xx */
+    char digits[32];
+    int nd = 0, neg = 0;
+    const char *p = tmp;
+    if (*p == '-') { neg = 1; p++; }
+    for (; *p && *p != 'e'; p++)
+        if (*p != '.') digits[nd++] = *p;
+    int e10 = atoi(p + 1);
+    while (nd > 1 && digits[nd - 1] == '0') nd--;
+    digits[nd] = 0;
+    if (neg) jsonfmt_buf_putc(b, '-');
+    int n = e10 + 1; /* position of the decimal point relative to the digits */
+    if (nd <= n && n <= 21) {
+        jsonfmt_buf_append(b, digits, (size_t)nd);
+        for (int k = nd; k < n; k++) jsonfmt_buf_putc(b, '0');
+    } else if (0 < n && n <= 21) {
+        jsonfmt_buf_append(b, digits, (size_t)n);
+        jsonfmt_buf_putc(b, '.');
+        jsonfmt_buf_append(b, digits + n, (size_t)(nd - n));
+    } else if (-6 < n && n <= 0) {
+        jsonfmt_buf_puts(b, "0.");
+        for (int k = 0; k < -n; k++) jsonfmt_buf_putc(b, '0');
+        jsonfmt_buf_append(b, digits, (size_t)nd);
+    } else {
+        jsonfmt_buf_putc(b, digits[0]);
+        if (nd > 1) {
+            jsonfmt_buf_putc(b, '.');
+            jsonfmt_buf_append(b, digits + 1, (size_t)(nd - 1));
+        }
+        snprintf(tmp, sizeof tmp, "e%c%d", n - 1 >= 0 ? '+' : '-', abs(n - 1));
+        jsonfmt_buf_puts(b, tmp);
+    }
+}
+
+static bool jsonfmt_number(jsonfmt_rd *r)
+{
+    size_t st = r->i;
+    bool is_int = true;
+    if (r->i < r->n && r->s[r->i] == '-') r->i++;
+    if (r->i >= r->n) return false;
+    if (r->s[r->i] == '0') r->i++;
+    else if (r->s[r->i] >= '1' && r->s[r->i] <= '9')
+        while (r->i < r->n && r->s[r->i] >= '0' && r->s[r->i] <= '9') r->i++;
+    else return false;
+    if (r->i < r->n && r->s[r->i] == '.') {
+        is_int = false;
+        r->i++;
+        size_t d = r->i;
+        while (r->i < r->n && r->s[r->i] >= '0' && r->s[r->i] <= '9') r->i++;
+        if (r->i == d) return false;
+    }
+    if (r->i < r->n && (r->s[r->i] == 'e' || r->s[r->i] == 'E')) {
+        is_int = false;
+        r->i++;
+        if (r->i < r->n && (r->s[r->i] == '+' || r->s[r->i] == '-')) r->i++;
+        size_t d = r->i;
+        while (r->i < r->n && r->s[r->i] >= '0' && r->s[r->i] <= '9') r->i++;
+        if (r->i == d) return false;
+    }
+    if (!r->out) return true;
+    size_t len = r->i - st;
+    if (is_int && len <= 15 && !(len == 2 && r->s[st] == '-' && r->s[st + 1] == '0')) {
+        jsonfmt_emit(r, r->s + st, len);
+        return true;
+    }
+    char tmp[512];
+    if (len >= sizeof tmp) {
+        jsonfmt_emit(r, r->s + st, len);
+        return true;
+    }
+    memcpy(tmp, r->s + st, len);
+    tmp[len] = 0;
+    jsonfmt_put_jsnum(r->out, strtod(tmp, NULL));
+    return true;
+}
+
+static bool jsonfmt_lit(jsonfmt_rd *r, const char *lit)
+{
+    size_t l = strlen(lit);
+    if (r->n - r->i < l || memcmp(r->s + r->i, lit, l)) return false;
+    r->i += l;
+    jsonfmt_emit(r, lit, l);
+    return true;
+}
+
+static bool jsonfmt_value(jsonfmt_rd *r, int depth)
+{
+    if (depth > JSONFMT_MAX_DEPTH) return false;
+    jsonfmt_ws(r);
+    if (r->i >= r->n) return false;
+    char c = r->s[r->i];
+    const char *item_sep = r->style == JSONFMT_SPACED ? ", " : ",";
+    const char *key_sep = r->style == JSONFMT_COMPACT ? ":" : ": ";
+    bool ind = r->style == JSONFMT_INDENT && r->indent > 0;
+    if (c == '{' || c == '[') {
+        bool obj = c == '{';
+        char close = obj ? '}' : ']';
+        r->i++;
+        jsonfmt_emit(r, &c, 1);
+        jsonfmt_ws(r);
+        if (r->i < r->n && r->s[r->i] == close) {
+            r->i++;
+            jsonfmt_emit(r, &close, 1);
+            return true;
+        }
+        for (int k = 0;; k++) {
+            if (k) jsonfmt_emit(r, item_sep, strlen(item_sep));
+            if (ind) jsonfmt_newline(r, depth + 1);
+            jsonfmt_ws(r);
+            if (obj) {
+                if (!jsonfmt_string_rd(r, NULL)) return false;
+                jsonfmt_ws(r);
+                if (r->i >= r->n || r->s[r->i] != ':') return false;
+                r->i++;
+                jsonfmt_emit(r, key_sep, strlen(key_sep));
+            }
+            if (!jsonfmt_value(r, depth + 1)) return false;
+            jsonfmt_ws(r);
+            if (r->i >= r->n) return false;
+            if (r->s[r->i] == ',') { r->i++; continue; }
+            if (r->s[r->i] != close) return false;
+            r->i++;
+            if (ind) jsonfmt_newline(r, depth);
+            jsonfmt_emit(r, &close, 1);
+            return true;
+        }
+    }
+    if (c == '"') return jsonfmt_string_rd(r, NULL);
+    if (c == 't') return jsonfmt_lit(r, "true");
+    if (c == 'f') return jsonfmt_lit(r, "false");
+    if (c == 'n') return jsonfmt_lit(r, "null");
+    return jsonfmt_number(r);
+}
+
+bool jsonfmt_write(jsonfmt_buf *out, const char *src, size_t len, jsonfmt_style style, int indent)
+{
+    size_t mark = out->len;
+    jsonfmt_rd r = { .s = src, .n = len, .i = 0, .out = out, .style = style, .indent = indent };
+    bool ok = jsonfmt_value(&r, 0);
+    if (ok) {
+        jsonfmt_ws(&r);
+        ok = r.i == r.n;
+    }
+    if (!ok) {
+        out->len = mark;
+        if (out->p) out->p[mark] = 0;
+    }
+    return ok;
+}
+
+bool jsonfmt_valid(const char *src, size_t len)
+{
+    jsonfmt_rd r = { .s = src, .n = len };
+    if (!jsonfmt_value(&r, 0)) return false;
+    jsonfmt_ws(&r);
+    return r.i == r.n;
+}
+
+void jsonfmt_write_string(jsonfmt_buf *out, const char *s, size_t len)
+{
+    jsonfmt_buf_putc(out, '"');
+    size_t i = 0;
+    while (i < len) {
+        size_t j = i;
+        while (j < len && (unsigned char)s[j] >= 0x20 && s[j] != '"' && s[j] != '\\') j++;
+        jsonfmt_buf_append(out, s + i, j - i);
+        if (j < len) jsonfmt_put_escaped_cp(out, (unsigned char)s[j++]);
+        i = j;
+    }
+    jsonfmt_buf_putc(out, '"');
+}
+
+bool jsonfmt_get_member(const char *src, size_t len, const char *key, const char **val, size_t *val_len)
+{
+    if (!jsonfmt_valid(src, len)) return false;
+    jsonfmt_rd r = { .s = src, .n = len };
+    jsonfmt_ws(&r);
+    if (r.i >= r.n || r.s[r.i] != '{') return false;
+    r.i++;
+    jsonfmt_buf k = { 0 };
+    bool found = false;
+    for (;;) {
+        jsonfmt_ws(&r);
+        if (r.s[r.i] == '}') break;
+        k.len = 0;
+        if (!jsonfmt_string_rd(&r, &k)) break;
+        jsonfmt_ws(&r);
+        r.i++; /* ':' */
+        jsonfmt_ws(&r);
+        size_t st = r.i;
+        if (!jsonfmt_value(&r, 1)) break;
+        if (k.len == strlen(key) && !memcmp(k.p ? k.p : "", key, k.len)) {
+            *val = src + st;
+            *val_len = r.i - st;
+            found = true;
+            break;
+        }
+        jsonfmt_ws(&r);
+        if (r.s[r.i] == ',') r.i++;
+        else break;
+    }
+    jsonfmt_buf_free(&k);
+    return found;
+}
+
+bool jsonfmt_decode_string(jsonfmt_buf *out, const char *src, size_t len)
+{
+    jsonfmt_rd r = { .s = src, .n = len };
+    size_t mark = out->len;
+    jsonfmt_buf_reserve(out, 0);
+    if (!jsonfmt_string_rd(&r, out)) {
+        out->len = mark;
+        out->p[mark] = 0;
+        return false;
+    }
+    return true;
+}

@@ -1,0 +1,60 @@
+/*
+ * jsonfmt: validate a JSON text and re-emit it in a fixed layout, plus a growable byte buffer.
+ *
+ * Chat templates print JSON the way the reference Jinja renderer's `tojson` filter does
+ * (@huggingface/jinja, itself modelled on Python's json.dumps): ", " and ": " separators, or
+ * with indent N: "," then a newline and N spaces per level; strings escaped as JavaScript's
+ * JSON.stringify escapes them (", \, control characters; non-ASCII kept as UTF-8); numbers
+ * printed as JavaScript prints a double (1.0 -> 1, 1e21 -> 1e+21). The output splitter
+ * re-emits model-written tool arguments compactly so that clients always receive valid JSON.
+ *
+ * The reader is a recursive descent over the bytes, depth-limited (JSONFMT_MAX_DEPTH), with
+ * no allocation besides the output buffer. Key order and duplicate keys are kept as written.
+ */
+#ifndef TM_JSONFMT_H
+#define TM_JSONFMT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#define JSONFMT_MAX_DEPTH 128
+
+/* A growable byte string, always NUL-terminated once anything was appended. */
+typedef struct {
+    char *p;        /* bytes (NULL until the first append) */
+    size_t len;     /* bytes used, excluding the NUL */
+    size_t cap;     /* bytes allocated */
+} jsonfmt_buf;
+
+void jsonfmt_buf_free(jsonfmt_buf *b);
+void jsonfmt_buf_append(jsonfmt_buf *b, const char *s, size_t len);
+void jsonfmt_buf_puts(jsonfmt_buf *b, const char *z);
+void jsonfmt_buf_putc(jsonfmt_buf *b, char c);
+
+typedef enum {
+    JSONFMT_COMPACT = 0,  /* "," and ":" with no spaces: what clients receive */
+    JSONFMT_SPACED,       /* ", " and ": ": Jinja's tojson without indent */
+    JSONFMT_INDENT,       /* tojson(indent=N): "," + newline + N spaces per level, ": " */
+} jsonfmt_style;
+
+/* Appends the JSON value in src[0..len) to out in `style` (indent: spaces per level, used by
+ * JSONFMT_INDENT only). Whitespace around the value is allowed. Returns false, leaving out as
+ * it was, when src is not exactly one valid JSON value. */
+bool jsonfmt_write(jsonfmt_buf *out, const char *src, size_t len, jsonfmt_style style, int indent);
+
+/* True when src[0..len) is exactly one valid JSON value. */
+bool jsonfmt_valid(const char *src, size_t len);
+
+/* Appends s[0..len) (UTF-8) as a quoted JSON string, escaped as JSON.stringify does. */
+void jsonfmt_write_string(jsonfmt_buf *out, const char *s, size_t len);
+
+/* Looks up a top-level member of the JSON object in src. On success *val and *val_len span the
+ * member's raw value text (for a string value: including its quotes). Returns false when src
+ * is not a valid object or has no such key (the first occurrence wins). */
+bool jsonfmt_get_member(const char *src, size_t len, const char *key, const char **val, size_t *val_len);
+
+/* Decodes the JSON string literal at src (which must start with '"') into out (UTF-8, no
+ * quotes). Returns false if it is not a valid string literal. */
+bool jsonfmt_decode_string(jsonfmt_buf *out, const char *src, size_t len);
+
+#endif

@@ -1,0 +1,311 @@
+/*
+ * test_events: the output splitter on hand-written token sequences. Token ids below 1000 are
+ * "ordinary" tokens carrying the given text; the marker ids are the ones in the markers.
+ * Events are recorded into a log string: T:text R:reasoning S0:name A0:args E0 F:reason,
+ * consecutive deltas of one kind merged, so that the tests do not depend on how text was
+ * split across tokens.
+ */
+#include "harness.h"
+
+#include <stdlib.h>
+
+#include "recipe/events.h"
+#include "recipe/jsonfmt.h"
+
+enum { THINK = 5000, UNTHINK, TC, UNTC, CALLS_B, CALLS_E, CALL_B, CALL_E, SEP, PYTAG };
+
+typedef struct {
+    jsonfmt_buf log;
+    int last_kind;
+    char ids[8][32];
+} rec;
+
+static void rec_cb(void *ud, const events_event *e)
+{
+    rec *r = ud;
+    char tmp[128];
+    switch (e->kind) {
+    case EVENTS_TEXT:
+    case EVENTS_REASONING:
+        if (r->last_kind != (int)e->kind) {
+            if (r->log.len) jsonfmt_buf_putc(&r->log, '|');
+            jsonfmt_buf_puts(&r->log, e->kind == EVENTS_TEXT ? "T:" : "R:");
+        }
+        jsonfmt_buf_append(&r->log, e->text, e->len);
+        break;
+    case EVENTS_TOOL_START:
+        snprintf(tmp, sizeof tmp, "%sS%d:%s", r->log.len ? "|" : "", e->tool_index, e->tool_name);
+        jsonfmt_buf_puts(&r->log, tmp);
+        if (e->tool_index < 8) snprintf(r->ids[e->tool_index], 32, "%s", e->tool_id);
+        break;
+    case EVENTS_TOOL_ARGS:
+        snprintf(tmp, sizeof tmp, "|A%d:", e->tool_index);
+        jsonfmt_buf_puts(&r->log, tmp);
+        jsonfmt_buf_append(&r->log, e->text, e->len);
+        break;
+    case EVENTS_TOOL_END:
+        snprintf(tmp, sizeof tmp, "|E%d", e->tool_index);
+        jsonfmt_buf_puts(&r->log, tmp);
+        break;
+    case EVENTS_FINISH:
+        snprintf(tmp, sizeof tmp, "%sF:%s", r->log.len ? "|" : "",
+                 e->finish == EVENTS_FINISH_STOP ? "stop" : e->finish == EVENTS_FINISH_LENGTH ? "length" : "tool_calls");
+        jsonfmt_buf_puts(&r->log, tmp);
+        break;
+    }
+    r->last_kind = (int)e->kind;
+}
+
+/* Feeds a NULL-terminated list of pieces; a piece "#N" is marker token N (text given after
+ * a colon, e.g. "#5000:<think>"), anything else is an ordinary token with that text. */
+static char *run(const events_markers *m, events_finish_reason why, const char *const *pieces, rec *keep)
+{
+    rec r = { .last_kind = -1 };
+    events *ev = events_new(m, 42, rec_cb, &r);
+    for (int i = 0; pieces[i]; i++) {
+        const char *p = pieces[i];
+        if (p[0] == '#') {
+            char *end;
+            long id = strtol(p + 1, &end, 10);
+            const char *t = *end == ':' ? end + 1 : "";
+            events_feed(ev, (int32_t)id, t, strlen(t));
+        } else {
+            events_feed(ev, 100 + i, p, strlen(p));
+        }
+    }
+    events_finish(ev, why);
+    events_free(ev);
+    if (keep) *keep = r;
+    char *s = strdup(r.log.p ? r.log.p : "");
+    if (!keep) jsonfmt_buf_free(&r.log);
+    return s;
+}
+
+static events_markers qwen(void)
+{
+    events_markers m;
+    events_markers_none(&m);
+    m.think_start = THINK;
+    m.think_end = UNTHINK;
+    m.toolfmt = EVENTS_TOOLFMT_QWEN;
+    m.tool_start = TC;
+    m.tool_end = UNTC;
+    m.tools_enabled = true;
+    m.trim = true;
+    return m;
+}
+
+#define EXPECT(got, want)                                               \
+    do {                                                                \
+        char *g_ = (got);                                               \
+        CHECKF(!strcmp(g_, (want)), "\n   got  %s\n   want %s", g_, (want)); \
+        free(g_);                                                       \
+    } while (0)
+
+TEST(plain_text)
+{
+    events_markers m = qwen();
+    const char *p[] = { "Hel", "lo", " world", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, p, NULL), "T:Hello world|F:stop");
+    const char *q[] = { "a", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_LENGTH, q, NULL), "T:a|F:length");
+}
+
+TEST(reasoning_then_answer)
+{
+    events_markers m = qwen();
+    const char *p[] = { "#5000:<think>", "\n", "Let me", " think", ".\n\n", "Done", "\n", "#5001:</think>", "\n\n", "The", " answer", "\n", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, p, NULL), "R:Let me think.\n\nDone|T:The answer|F:stop");
+}
+
+TEST(reasoning_opened_by_prompt)
+{
+    events_markers m = qwen();
+    m.starts_in_reasoning = true;
+    const char *p[] = { "hmm", "#5001:</think>", "ok", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, p, NULL), "R:hmm|T:ok|F:stop");
+    /* cut off while thinking: the reasoning stays reasoning */
+    const char *q[] = { "hmm", " more", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_LENGTH, q, NULL), "R:hmm more|F:length");
+}
+
+TEST(markers_spelled_in_text_are_text)
+{
+    events_markers m = qwen();
+    const char *p[] = { "Use ", "<", "think", ">", " and ", "<tool_call>", "{\"name\": \"x\", \"arguments\": {}}", "</tool_call>", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, p, NULL),
+           "T:Use <think> and <tool_call>{\"name\": \"x\", \"arguments\": {}}</tool_call>|F:stop");
+    /* the think-end spelled inside reasoning does not end it */
+    const char *q[] = { "#5000:<think>", "a ", "</think>", " b", "#5001:</think>", "c", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, q, NULL), "R:a </think> b|T:c|F:stop");
+}
+
+TEST(qwen_several_tool_calls)
+{
+    events_markers m = qwen();
+    rec r;
+    const char *p[] = { "#5000:<think>", "\nneed weather\n", "#5001:</think>", "\n\n", "Checking.", "\n",
+                        "#5002:<tool_call>", "\n{\"name\": \"get_weather\", ", "\"arguments\": {\"city\": ", "\"Paris\", \"unit\": \"c\"}}\n", "#5003:</tool_call>",
+                        "\n", "#5002:<tool_call>", "\n{\"name\": \"get_time\", \"arguments\": {\"tz\": \"CET\"}}\n", "#5003:</tool_call>", NULL };
+    char *s = run(&m, EVENTS_FINISH_STOP, p, &r);
+    EXPECT(s, "R:need weather|T:Checking.|S0:get_weather|A0:{\"city\":\"Paris\",\"unit\":\"c\"}|E0"
+              "|S1:get_time|A1:{\"tz\":\"CET\"}|E1|F:tool_calls");
+    CHECK(!strncmp(r.ids[0], "call_", 5) && strlen(r.ids[0]) == 29);
+    CHECK(strcmp(r.ids[0], r.ids[1]) != 0);
+    jsonfmt_buf_free(&r.log);
+}
+
+TEST(qwen_arguments_as_string_and_missing)
+{
+    events_markers m = qwen();
+    const char *p[] = { "#5002:<tool_call>", "{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": [1, 2.50]}\"}", "#5003:</tool_call>",
+                        "#5002:<tool_call>", "{\"name\": \"g\"}", "#5003:</tool_call>", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, p, NULL), "S0:f|A0:{\"a\":[1,2.5]}|E0|S1:g|A1:{}|E1|F:tool_calls");
+}
+
+TEST(qwen_malformed_call_is_text)
+{
+    events_markers m = qwen();
+    const char *p[] = { "ok ", "#5002:<tool_call>", "{\"name\": \"f\", \"arguments\": {oops}}", "#5003:</tool_call>", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, p, NULL),
+           "T:ok <tool_call>{\"name\": \"f\", \"arguments\": {oops}}</tool_call>|F:stop");
+    /* unterminated but complete JSON at the limit: still a call */
+    const char *q[] = { "#5002:<tool_call>", "{\"name\": \"f\", \"arguments\": {\"x\": 1}}", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_LENGTH, q, NULL), "S0:f|A0:{\"x\":1}|E0|F:length");
+    /* unterminated and cut: text */
+    const char *r2[] = { "#5002:<tool_call>", "{\"name\": \"f\", \"argu", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_LENGTH, r2, NULL), "T:<tool_call>{\"name\": \"f\", \"argu|F:length");
+}
+
+TEST(text_split_across_deltas_keeps_inner_blanks)
+{
+    events_markers m = qwen();
+    const char *p[] = { "\n", " a", " ", "\n", "b", " ", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, p, NULL), "T:a \nb|F:stop");
+    m.trim = false;
+    EXPECT(run(&m, EVENTS_FINISH_STOP, p, NULL), "T:\n a \nb |F:stop");
+}
+
+static events_markers deepseek(void)
+{
+    events_markers m;
+    events_markers_none(&m);
+    m.think_start = THINK;
+    m.think_end = UNTHINK;
+    m.toolfmt = EVENTS_TOOLFMT_DEEPSEEK;
+    m.tools_begin = CALLS_B;
+    m.tools_end = CALLS_E;
+    m.tool_start = CALL_B;
+    m.tool_end = CALL_E;
+    m.tool_sep = SEP;
+    m.tools_enabled = true;
+    m.trim = true;
+    return m;
+}
+
+TEST(deepseek_tool_calls)
+{
+    events_markers m = deepseek();
+    const char *p[] = { "Sure", "#5004:<｜tool▁calls▁begin｜>", "#5006:<｜tool▁call▁begin｜>", "get_", "weather", "#5008:<｜tool▁sep｜>",
+                        "{\"city\": \"Paris\"}", "#5007:<｜tool▁call▁end｜>", "#5006:<｜tool▁call▁begin｜>", "f", "#5008:<｜tool▁sep｜>",
+                        "```json\n{\"a\":true}\n```", "#5007:<｜tool▁call▁end｜>", "#5005:<｜tool▁calls▁end｜>", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, p, NULL), "T:Sure|S0:get_weather|A0:{\"city\":\"Paris\"}|E0|S1:f|A1:{\"a\":true}|E1|F:tool_calls");
+    /* R1 form */
+    const char *q[] = { "#5004:", "#5006:", "function", "#5008:", "get_time\n```json\n{\"tz\": \"UTC\"}\n```", "#5007:", "#5005:", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, q, NULL), "S0:get_time|A0:{\"tz\":\"UTC\"}|E0|F:tool_calls");
+    /* malformed arguments */
+    const char *r2[] = { "#5004:[B]", "#5006:[b]", "f", "#5008:[s]", "not json", "#5007:[e]", "#5005:[E]", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, r2, NULL), "T:[b]f[s]not json[e]|F:stop");
+    /* the tool-call token spellings as text are text */
+    const char *r3[] = { "<｜tool▁calls▁begin｜>", "x", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, r3, NULL), "T:<｜tool▁calls▁begin｜>x|F:stop");
+}
+
+static events_markers llama3(void)
+{
+    events_markers m;
+    events_markers_none(&m);
+    m.toolfmt = EVENTS_TOOLFMT_LLAMA3;
+    m.tool_start = PYTAG;
+    m.tools_enabled = true;
+    m.trim = true;
+    return m;
+}
+
+TEST(llama3_json_tool_call)
+{
+    events_markers m = llama3();
+    const char *p[] = { "{\"name\": \"get_weather\", ", "\"parameters\": {\"city\": \"Paris\"}", "}", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, p, NULL), "S0:get_weather|A0:{\"city\":\"Paris\"}|E0|F:tool_calls");
+    const char *q[] = { "#5009:<|python_tag|>", "{\"name\": \"f\", \"parameters\": {}}", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, q, NULL), "S0:f|A0:{}|E0|F:tool_calls");
+    /* JSON that is not a call is text, and so is an answer that does not start with '{' */
+    const char *r2[] = { "{\"a\": ", "1}", " ok", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, r2, NULL), "T:{\"a\": 1} ok|F:stop");
+    const char *r3[] = { "Hi {\"name\": \"f\", \"parameters\": {}}", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, r3, NULL), "T:Hi {\"name\": \"f\", \"parameters\": {}}|F:stop");
+    /* without tools offered, JSON answers are text */
+    m.tools_enabled = false;
+    EXPECT(run(&m, EVENTS_FINISH_STOP, p, NULL), "T:{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}|F:stop");
+    /* cut off JSON: text */
+    m.tools_enabled = true;
+    const char *r4[] = { "{\"name\": \"f\", ", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_LENGTH, r4, NULL), "T:{\"name\": \"f\",|F:length");
+}
+
+TEST(reset_reuses)
+{
+    events_markers m = qwen();
+    rec r = { .last_kind = -1 };
+    events *ev = events_new(&m, 1, rec_cb, &r);
+    events_feed(ev, 1, "x", 1);
+    events_finish(ev, EVENTS_FINISH_STOP);
+    events_feed(ev, 1, "ignored", 7);
+    events_reset(ev, &m, 1);
+    r.last_kind = -1;
+    events_feed(ev, 1, "y", 1);
+    events_finish(ev, EVENTS_FINISH_STOP);
+    CHECKF(!strcmp(r.log.p, "T:x|F:stop|T:y|F:stop"), "%s", r.log.p);
+    events_free(ev);
+    jsonfmt_buf_free(&r.log);
+}
+
+TEST(jsonfmt_layouts)
+{
+    jsonfmt_buf b = { 0 };
+    const char *src = " {\"a\" : [1, 2.0, -0.5, 1e21, 1E-7, 12345678901234567890], \"b\":{}, \"c\":[], \"d\":\"\\u00e9\\n\\/\\ud83d\\ude00\\u0001\"} ";
+    CHECK(jsonfmt_write(&b, src, strlen(src), JSONFMT_SPACED, 0));
+    CHECKF(!strcmp(b.p, "{\"a\": [1, 2, -0.5, 1e+21, 1e-7, 12345678901234567000], \"b\": {}, \"c\": [], \"d\": \"\xc3\xa9\\n/\xf0\x9f\x98\x80\\u0001\"}"), "%s", b.p);
+    b.len = 0;
+    const char *s2 = "{\"a\":[1,{\"x\":null}],\"b\":{}}";
+    CHECK(jsonfmt_write(&b, s2, strlen(s2), JSONFMT_INDENT, 4));
+    CHECKF(!strcmp(b.p, "{\n    \"a\": [\n        1,\n        {\n            \"x\": null\n        }\n    ],\n    \"b\": {}\n}"), "%s", b.p);
+    size_t before = b.len;
+    CHECK(!jsonfmt_write(&b, "{\"a\":}", 6, JSONFMT_COMPACT, 0));
+    CHECK(!jsonfmt_write(&b, "[1,]", 4, JSONFMT_COMPACT, 0));
+    CHECK(!jsonfmt_write(&b, "1 2", 3, JSONFMT_COMPACT, 0));
+    CHECK(!jsonfmt_write(&b, "01", 2, JSONFMT_COMPACT, 0));
+    CHECK(b.len == before);
+    const char *v;
+    size_t vn;
+    CHECK(jsonfmt_get_member(s2, strlen(s2), "b", &v, &vn) && vn == 2 && !memcmp(v, "{}", 2));
+    CHECK(!jsonfmt_get_member(s2, strlen(s2), "x", &v, &vn));
+    jsonfmt_buf_free(&b);
+}
+
+int main(void)
+{
+    RUN(plain_text);
+    RUN(reasoning_then_answer);
+    RUN(reasoning_opened_by_prompt);
+    RUN(markers_spelled_in_text_are_text);
+    RUN(qwen_several_tool_calls);
+    RUN(qwen_arguments_as_string_and_missing);
+    RUN(qwen_malformed_call_is_text);
+    RUN(text_split_across_deltas_keeps_inner_blanks);
+    RUN(deepseek_tool_calls);
+    RUN(llama3_json_tool_call);
+    RUN(reset_reuses);
+    RUN(jsonfmt_layouts);
+    HARNESS_END();
+}
