@@ -2,7 +2,7 @@
 // llama.cpp side of the `tokenmill eval` contract: the numeric oracle.
 //
 //   node tests/oracle/llama_eval.mjs -m MODEL.gguf --input IN.json [--threads N] [--kv f16|f32]
-//        [--flash-attn off|on|auto] [--batch-size N]
+//        [--flash-attn on|off|auto] [--batch-size N]
 //
 // IN.json: {"seqs": [[id, ...], ...], "top": K, "greedy": G, "batched": true|false}
 // stdout:  {"seqs": [{"top": [[[id, logprob] x K best first] for every position i = the
@@ -19,14 +19,16 @@
 // underflow, which is why only the top K are compared (a 0 probability is written as null).
 //
 // Numerics settings (recorded in "oracle"): KV cache F16 by default (llama.cpp's default and
-// tokenmill's), flash attention OFF by default (llama.cpp's CPU flash attention accumulates
-// V*softmax in an f16 vector for f16 V, an extra rounding a plain f32 engine doesn't have;
-// without it, K·Q is f16 x f16→f32 and softmax·V rounds the probabilities to f16), one
-// ubatch large enough for the whole step (n_batch = n_ubatch = every token of the step), so
-// a 300-token prompt is one forward pass, like tokenmill's prefill. batched=false: each
-// sequence alone in a fresh context sequence; batched=true: one context with one llama.cpp
-// sequence per input sequence, all prompts submitted concurrently so node-llama-cpp puts them
-// into one llama_decode, then every greedy step of all sequences into one llama_decode
+// tokenmill's; --kv f32 for both sides removes that rounding: then an F32 model agrees to ~1e-5),
+// flash attention ON by default, which is what llama.cpp's "auto" picks on CPU (measured: auto
+// and on give identical output; off differs by ~2e-2 in logprob on stories260K with F16 KV:
+// without it K·Q rounds Q to f16 and softmax·V rounds the probabilities to f16; with it, Q is
+// rounded to f16 for fewer than 64 query rows, and V is accumulated in f16), one ubatch large
+// enough for the whole step (n_batch = n_ubatch = every token of the step), so a 300-token
+// prompt is one forward pass, like tokenmill's prefill. batched=false: each sequence alone in
+// a fresh context sequence; batched=true: one context with one llama.cpp sequence per input
+// sequence, all prompts submitted concurrently so node-llama-cpp puts them into one
+// llama_decode, then every greedy step of all sequences into one llama_decode
 // ("decode_calls" in the output counts llama_decode calls to show it).
 import fs from 'node:fs';
 import os from 'node:os';
@@ -46,12 +48,12 @@ const {getLlama, LlamaLogLevel} = await import('node-llama-cpp');
 function usage(msg) {
   if (msg) process.stderr.write(`llama_eval: ${msg}\n`);
   process.stderr.write('usage: llama_eval.mjs -m MODEL --input IN.json [--threads N] [--kv f16|f32] ' +
-    '[--flash-attn off|on|auto] [--batch-size N]\n');
+    '[--flash-attn on|off|auto] [--batch-size N]\n');
   process.exit(2);
 }
 
 function parseArgs(argv) {
-  const o = {threads: os.availableParallelism?.() ?? os.cpus().length, kv: 'f16', flashAttn: 'off', batchSize: 0};
+  const o = {threads: os.availableParallelism?.() ?? os.cpus().length, kv: 'f16', flashAttn: 'on', batchSize: 0};
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i], v = () => (i + 1 < argv.length ? argv[++i] : usage(`${a} needs a value`));
     if (a === '-m' || a === '--model') o.model = v();
@@ -69,13 +71,15 @@ function parseArgs(argv) {
   return o;
 }
 
-// Top-K of a probability Map (already sorted best first by the addon; we re-sort by
-// probability to be independent of that, ties broken by lower id) as [[id, logprob], ...].
+// Top-K of a probability Map as [[id, logprob], ...], best first, ties by lower id. The addon
+// hands the Map over sorted by logit, best first, so the scan stops at the first probability
+// below the K-th best (ties at the boundary are still all seen).
 function topK(probs, k) {
   const best = [];
   for (const [id, p] of probs) {
-    if (best.length < k || p > best[best.length - 1][1] ||
-        (p === best[best.length - 1][1] && id < best[best.length - 1][0])) {
+    const last = best[best.length - 1];
+    if (best.length >= k && p < last[1]) break;
+    if (best.length < k || p > last[1] || (p === last[1] && id < last[0])) {
       best.push([id, p]);
       best.sort((a, b) => b[1] - a[1] || a[0] - b[0]);
       if (best.length > k) best.pop();
