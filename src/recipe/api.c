@@ -1,5 +1,7 @@
 /*
- * api: the parts the three chat APIs share: errors in both vendors' shapes, JSON checks,
+ * api: the parts the API routes share. Serving helpers (error responses, auth, submit-error
+ * mapping, model check, SSE JSON, ids) used by api_completions.c too; and for the three chat
+ * APIs: errors in both vendors' shapes, JSON checks,
  * the stop-sequence matcher, the output state machine (api_out) and the Responses store.
  *
  * api_out: per choice, tokens go to the output splitter (events.c); its events become items
@@ -15,6 +17,8 @@
 #include "recipe/api.h"
 #include "recipe/api_int.h"
 
+#include <jansson.h>
+
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -23,6 +27,199 @@
 #include <time.h>
 
 #include "util/util.h"
+
+/* ------------------------------------------------------------------ serving helpers (api_completions.c too) */
+void api_respond_json(http_request *r, int status, json_t *v)
+{
+    char *s = json_dumps(v, JSON_COMPACT);
+    json_decref(v);
+    if (!s) {
+        http_respond(r, 500, "application/json", "{\"error\":{\"message\":\"encoding failed\"}}", 40);
+        return;
+    }
+    http_respond(r, status, "application/json", s, strlen(s));
+    free(s);
+}
+
+void api_openai_error(http_request *r, int status, const char *type, const char *message,
+                      const char *param, const char *code)
+{
+    json_t *e = json_pack("{s:s, s:s, s:o, s:o}", "message", message, "type", type,
+                          "param", param ? json_string(param) : json_null(),
+                          "code", code ? json_string(code) : json_null());
+    api_respond_json(r, status, json_pack("{s:o}", "error", e));
+}
+
+void api_anthropic_error(http_request *r, int status, const char *type, const char *message)
+{
+    api_respond_json(r, status, json_pack("{s:s, s:{s:s, s:s}}", "type", "error", "error", "type", type,
+                                          "message", message));
+}
+
+bool api_openai_auth(http_request *r)
+{
+    if (http_request_authorized(r)) return true;
+    const char *h = http_request_header(r, "Authorization");
+    api_openai_error(r, 401, "invalid_request_error",
+                     h ? "Incorrect API key provided." : "You didn't provide an API key. Use \"Authorization: Bearer KEY\".",
+                     NULL, "invalid_api_key");
+    return false;
+}
+
+bool api_anthropic_auth(http_request *r)
+{
+    if (http_request_authorized(r)) return true;
+    api_anthropic_error(r, 401, "authentication_error", "invalid x-api-key");
+    return false;
+}
+
+static void api_submit_message(char *buf, size_t sz, const api_ctx *c, sched_status st, int n_prompt, int max_tokens)
+{
+    switch (st) {
+    case SCHED_ERR_TOO_LONG:
+        if (max_tokens > 0)
+            snprintf(buf, sz, "This model's maximum context length is %d tokens. However, you requested %d tokens "
+                     "(%d in the prompt, %d for the completion). Please reduce the prompt.",
+                     c->n_ctx, n_prompt + max_tokens, n_prompt, max_tokens);
+        else
+            snprintf(buf, sz, "This model's maximum context length is %d tokens. However, your prompt has %d tokens. "
+                     "Please reduce the prompt.", c->n_ctx, n_prompt);
+        break;
+    case SCHED_ERR_QUEUE_FULL: snprintf(buf, sz, "The server is overloaded: too many queued requests. Retry later."); break;
+    case SCHED_ERR_STOPPED: snprintf(buf, sz, "The server is shutting down."); break;
+    case SCHED_ERR_ARG: snprintf(buf, sz, "Invalid prompt (empty, or a token id outside the vocabulary)."); break;
+    default: snprintf(buf, sz, "Internal error: %s.", sched_status_name(st)); break;
+    }
+}
+
+void api_openai_submit_error(http_request *r, const api_ctx *c, sched_status st, int n_prompt, int max_tokens)
+{
+    char msg[400];
+    api_submit_message(msg, sizeof msg, c, st, n_prompt, max_tokens);
+    switch (st) {
+    case SCHED_ERR_TOO_LONG: api_openai_error(r, 400, "invalid_request_error", msg, "messages", "context_length_exceeded"); break;
+    case SCHED_ERR_ARG: api_openai_error(r, 400, "invalid_request_error", msg, "prompt", NULL); break;
+    case SCHED_ERR_QUEUE_FULL: api_openai_error(r, 429, "rate_limit_error", msg, NULL, "rate_limit_exceeded"); break;
+    case SCHED_ERR_STOPPED: api_openai_error(r, 503, "server_error", msg, NULL, NULL); break;
+    default: api_openai_error(r, 500, "server_error", msg, NULL, NULL); break;
+    }
+}
+
+void api_anthropic_submit_error(http_request *r, const api_ctx *c, sched_status st, int n_prompt, int max_tokens)
+{
+    char msg[400];
+    api_submit_message(msg, sizeof msg, c, st, n_prompt, max_tokens);
+    switch (st) {
+    case SCHED_ERR_TOO_LONG:
+    case SCHED_ERR_ARG: api_anthropic_error(r, 400, "invalid_request_error", msg); break;
+    case SCHED_ERR_QUEUE_FULL: api_anthropic_error(r, 529, "overloaded_error", msg); break;
+    case SCHED_ERR_STOPPED: api_anthropic_error(r, 503, "api_error", msg); break;
+    default: api_anthropic_error(r, 500, "api_error", msg); break;
+    }
+}
+
+bool api_model_ok(const api_ctx *c, const char *name)
+{
+    if (!name || !*name) return true;
+    if (c->model_name && !strcmp(name, c->model_name)) return true;
+    if (c->model_alias && !strcmp(name, c->model_alias)) return true;
+    return false;
+}
+
+json_t *api_json_text(const char *s, size_t n)
+{
+    json_t *v = json_stringn(s, n);
+    if (v) return v;
+    /* repair: copy valid sequences, U+FFFD for each bad byte */
+    char *out = xmalloc(n * 3 + 1);
+    size_t o = 0;
+    const unsigned char *p = (const unsigned char *)s;
+    for (size_t i = 0; i < n;) {
+        unsigned c = p[i];
+        size_t k = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        bool ok = k > 0 && i + k <= n && c != 0;
+        for (size_t j = 1; ok && j < k; j++) ok = (p[i + j] & 0xC0) == 0x80;
+        if (ok && k > 1) {
+            /* overlongs, surrogates, > U+10FFFF */
+            unsigned cp = k == 2 ? (c & 0x1F) : k == 3 ? (c & 0x0F) : (c & 0x07);
+            for (size_t j = 1; j < k; j++) cp = (cp << 6) | (p[i + j] & 0x3F);
+            ok = !((k == 2 && cp < 0x80) || (k == 3 && cp < 0x800) || (k == 4 && cp < 0x10000) ||
+                   (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF);
+        }
+        if (ok) {
+            memcpy(out + o, p + i, k);
+            o += k;
+            i += k;
+        } else if (c == 0) {
+            out[o++] = 0;  /* NUL is valid in JSON strings via json_stringn */
+            i++;
+        } else {
+            memcpy(out + o, "\xEF\xBF\xBD", 3);
+            o += 3;
+            i++;
+        }
+    }
+    v = json_stringn(out, o);
+    free(out);
+    return v ? v : json_string("");
+}
+
+void api_sse_json(http_buf *b, json_t *v)
+{
+    char *s = json_dumps(v, JSON_COMPACT);
+    json_decref(v);
+    http_buf_puts(b, "data: ");
+    if (s) http_buf_puts(b, s);
+    http_buf_puts(b, "\n\n");
+    free(s);
+}
+
+bool api_stop_find(const char *const *stops, int n_stops, const char *text, size_t len, size_t from,
+                   size_t *cut, size_t *safe)
+{
+    bool found = false;
+    size_t best = len;
+    for (int i = 0; i < n_stops; i++) {
+        size_t sl = strlen(stops[i]);
+        if (sl == 0 || sl > len) continue;
+        for (size_t p = from; p + sl <= len && p < best; p++)
+            if (!memcmp(text + p, stops[i], sl)) {
+                best = p;
+                found = true;
+                break;
+            }
+    }
+    if (found) {
+        *cut = best;
+        return true;
+    }
+    size_t hold = 0;
+    for (int i = 0; i < n_stops; i++) {
+        size_t sl = strlen(stops[i]);
+        for (size_t k = sl > 0 ? sl - 1 : 0; k > hold; k--)
+            if (k <= len && !memcmp(text + len - k, stops[i], k)) {
+                hold = k;
+                break;
+            }
+    }
+    *safe = len - hold;
+    return false;
+}
+
+void api_new_id(char *out, size_t sz, const char *prefix)
+{
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static util_rng rng;
+    static bool seeded;
+    pthread_mutex_lock(&mu);
+    if (!seeded) {
+        util_rng_seed(&rng, (uint64_t)(util_now() * 1e9) ^ (uint64_t)(uintptr_t)&rng);
+        seeded = true;
+    }
+    uint64_t a = util_rng_next(&rng), b = util_rng_next(&rng);
+    pthread_mutex_unlock(&mu);
+    snprintf(out, sz, "%s%016llx%08llx", prefix, (unsigned long long)a, (unsigned long long)(b & 0xffffffffu));
+}
 
 /* ------------------------------------------------------------------ helpers */
 
@@ -64,28 +261,6 @@ void api_sse(jsonfmt_buf *b, const char *name, const char *json, size_t len)
     jsonfmt_buf_puts(b, "data: ");
     jsonfmt_buf_append(b, json, len);
     jsonfmt_buf_puts(b, "\n\n");
-}
-
-void api_make_id(char *dst, size_t cap, const char *prefix)
-{
-    static const char al[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-    static uint64_t counter;
-    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-    static util_rng rng;
-    static bool seeded;
-    char tail[25];
-    pthread_mutex_lock(&mu);
-    if (!seeded) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        util_rng_seed(&rng, (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^ (uint64_t)(uintptr_t)&ts);
-        seeded = true;
-    }
-    counter++;
-    for (int i = 0; i < 24; i++) tail[i] = al[util_rng_next(&rng) % (sizeof al - 1)];
-    pthread_mutex_unlock(&mu);
-    tail[24] = 0;
-    snprintf(dst, cap, "%s%s", prefix, tail);
 }
 
 bool api_utf8_valid(const char *s, size_t len)
@@ -473,43 +648,24 @@ bool api_stop_feed(api_stop *s, const char *text, size_t len, jsonfmt_buf *emit)
         return false;
     }
     jsonfmt_buf_append(&s->hold, text, len);
-    const char *h = s->hold.p;
-    size_t n = s->hold.len;
-    /* Earliest full match wins (ties: the first listed). */
-    size_t best = (size_t)-1;
-    int best_i = -1;
-    for (int i = 0; i < s->n_stop; i++) {
-        size_t sl = strlen(s->stop[i]);
-        if (sl > n) continue;
-        for (size_t at = 0; at + sl <= n && at < best; at++)
-            if (!memcmp(h + at, s->stop[i], sl)) {
-                best = at;
-                best_i = i;
+    size_t cut = 0, safe = 0;
+    if (api_stop_find((const char *const *)s->stop, s->n_stop, s->hold.p, s->hold.len, 0, &cut, &safe)) {
+        jsonfmt_buf_append(emit, s->hold.p, cut);
+        /* which sequence: the first listed that starts at cut */
+        for (int i = 0; i < s->n_stop; i++)
+            if (!strncmp(s->hold.p + cut, s->stop[i], strlen(s->stop[i]))) {
+                s->matched = i;
                 break;
             }
-    }
-    if (best_i >= 0) {
-        jsonfmt_buf_append(emit, h, best);
-        s->matched = best_i;
+        if (s->matched < 0) s->matched = 0;
         s->hold.len = 0;
         return true;
     }
-    /* Hold the longest suffix that is a proper prefix of some stop sequence. */
-    size_t keep = 0;
-    for (int i = 0; i < s->n_stop; i++) {
-        size_t sl = strlen(s->stop[i]);
-        for (size_t k = TM_MIN(sl - 1, n); k > keep; k--)
-            if (!memcmp(h + n - k, s->stop[i], k)) {
-                keep = k;
-                break;
-            }
-    }
-    /* The held suffix starts where a stop sequence (valid UTF-8) would, so the released
-     * text ends on a character boundary. */
-    size_t rel = n - keep;
-    jsonfmt_buf_append(emit, h, rel);
-    memmove(s->hold.p, h + rel, keep);
-    s->hold.len = keep;
+    /* The held tail starts where a stop sequence (valid UTF-8) would, so the released text
+     * ends on a character boundary. */
+    jsonfmt_buf_append(emit, s->hold.p, safe);
+    memmove(s->hold.p, s->hold.p + safe, s->hold.len - safe);
+    s->hold.len -= safe;
     return false;
 }
 
@@ -630,14 +786,14 @@ static void api_on_event(void *ud, const events_event *e)
     }
 }
 
-void api_out_init(api_out *o, const api_req *req, const events_markers *m, uint64_t seed, const char *model)
+void api_out_init(api_out *o, const api_req *req, const events_markers *m, uint64_t seed, const char *model_name)
 {
     memset(o, 0, sizeof *o);
     o->kind = req->kind;
     o->req = req;
-    o->model = model ? model : (req->model ? req->model : "");
+    o->model = model_name ? model_name : (req->model ? req->model : "");
     o->created = (int64_t)time(NULL);
-    api_make_id(o->id, sizeof o->id,
+    api_new_id(o->id, sizeof o->id,
                 req->kind == API_KIND_CHAT ? "chatcmpl-" : req->kind == API_KIND_RESPONSES ? "resp_" : "msg_");
     o->n_choices = req->n > 0 ? req->n : 1;
     o->choices = xcalloc((size_t)o->n_choices, sizeof *o->choices);

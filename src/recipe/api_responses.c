@@ -500,7 +500,7 @@ void api_responses_on(api_out *o, int i, api_op op, api_item *it, const char *d,
     if (i != 0) return;
     api_choice *c = &o->choices[0];
     if (op == API_OP_OPEN)
-        api_make_id(it->id, sizeof it->id,
+        api_new_id(it->id, sizeof it->id,
                     it->kind == API_ITEM_TEXT ? "msg_" : it->kind == API_ITEM_REASONING ? "rs_" : "fc_");
     if (!o->req->stream || op == API_OP_FINISH) return;
     int oi = c->n_items - 1; /* the item concerned is always the last one */

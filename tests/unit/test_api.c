@@ -706,7 +706,7 @@ TEST(messages_output)
     CHECK(json_integer_value(json_object_get(u0, "cache_read_input_tokens")) == 256);
     json_t *d = json_object_get(json_array_get(ev, 3), "delta");
     CHECK(!strcmp(json_string_value(json_object_get(d, "type")), "thinking_delta") && !strcmp(json_string_value(json_object_get(d, "thinking")), "deep"));
-    d = json_object_get(json_array_get(ev, 5), "delta");
+    d = json_object_get(json_array_get(ev, 4), "delta");
     CHECK(!strcmp(json_string_value(json_object_get(d, "type")), "signature_delta"));
     json_t *cb = json_object_get(json_array_get(ev, 6), "content_block");
     CHECK(!strcmp(json_string_value(json_object_get(cb, "type")), "tool_use") && !strncmp(json_string_value(json_object_get(cb, "id")), "toolu_", 6));
@@ -718,7 +718,7 @@ TEST(messages_output)
     json_t *md = json_array_get(ev, 12);
     CHECK(!strcmp(json_string_value(json_object_get(json_object_get(md, "delta"), "stop_reason")), "stop_sequence"));
     CHECK(!strcmp(json_string_value(json_object_get(json_object_get(md, "delta"), "stop_sequence")), "%%"));
-    CHECK(json_integer_value(json_object_get(json_object_get(md, "usage"), "output_tokens")) == 7);
+    CHECK(json_integer_value(json_object_get(json_object_get(md, "usage"), "output_tokens")) == 8);
     json_decref(ev);
     api_out_free(&o);
     api_req_free(&r);
@@ -739,7 +739,7 @@ TEST(messages_output)
     json_t *tu = json_array_get(content, 1);
     CHECK(json_integer_value(json_object_get(json_object_get(tu, "input"), "n")) == 2);
     CHECK(json_integer_value(json_object_get(json_object_get(j, "usage"), "input_tokens")) == 10);
-    CHECK(json_integer_value(json_object_get(json_object_get(j, "usage"), "output_tokens")) == 3);
+    CHECK(json_integer_value(json_object_get(json_object_get(j, "usage"), "output_tokens")) == 4);
     json_decref(j);
     api_out_free(&o);
     api_req_free(&r);
