@@ -1,12 +1,222 @@
 /*
- * cmd_bench: placeholder until its module lands; replaced in this same piece of work.
+ * cmd_bench: `tokenmill bench -m MODEL [--threads N] [--pp 512] [--tg 128] [--seqs 1,4,16]
+ * [--reps R] [--batch N]`: engine timings as one JSON object on stdout, for bench/engine.
+ *
+ *   pp:      prefill of --pp random token ids in one sequence (llama-bench's ppN: chunks of
+ *            the engine batch, logits for the last token only), tokens/s per repetition;
+ *   tg:      --tg tokens decoded one per step from position 0 of an empty sequence
+ *            (llama-bench's tgN), tokens/s per repetition;
+ *   batched: S sequences, each first prefilled with a 32-token random prompt (not timed),
+ *            then decoding together for --tg steps of S tokens: aggregate generated tokens/s.
+ *
+ * One untimed warm-up run of each kind precedes the repetitions (as llama-bench does).
+ * Sequences are reset between runs, so the KV cache is empty at the start of each.
  */
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "cli/cmd.h"
+#include "engine/engine.h"
+#include "model/model.h"
+#include "util/util.h"
+
+#define CMD_BENCH_MAX_SEQS 64
+#define CMD_BENCH_PROMPT 32
+
+typedef struct {
+    engine *e;
+    int n_vocab;
+    float *logits;       /* (max(S, 1), n_vocab) */
+    engine_tok *bt;      /* (max_batch) */
+    util_rng rng;
+} cmd_bench_ctx;
+
+static int32_t cmd_bench_tok(cmd_bench_ctx *c)
+{
+    return (int32_t)(util_rng_next(&c->rng) % (uint64_t)c->n_vocab);
+}
+
+static bool cmd_bench_step(cmd_bench_ctx *c, int n)
+{
+    engine_batch b = { n, c->bt };
+    engine_status st = engine_step(c->e, &b, c->logits);
+    if (st != ENGINE_OK) fprintf(stderr, "tokenmill bench: step: %s\n", engine_status_name(st));
+    return st == ENGINE_OK;
+}
+
+/* prefill n tokens of seq from pos 0; returns seconds or -1 */
+static double cmd_bench_pp(cmd_bench_ctx *c, kvpool_seq *s, int n)
+{
+    int maxb = engine_max_batch(c->e);
+    kvpool_seq_reset(engine_kvpool(c->e), s);
+    double t0 = util_now();
+    for (int p0 = 0; p0 < n; p0 += maxb) {
+        int m = TM_MIN(maxb, n - p0);
+        for (int i = 0; i < m; i++)
+            c->bt[i] = (engine_tok){ cmd_bench_tok(c), p0 + i, s, p0 + i == n - 1 };
+        if (!cmd_bench_step(c, m)) return -1;
+    }
+    return util_now() - t0;
+}
+
+/* S sequences: untimed prompt of `prompt` tokens each (skipped when 0), then `steps` decode
+ * steps of one token per sequence; returns the decode seconds or -1 */
+static double cmd_bench_decode(cmd_bench_ctx *c, kvpool_seq **seqs, int S, int prompt, int steps)
+{
+    int maxb = engine_max_batch(c->e);
+    for (int i = 0; i < S; i++) kvpool_seq_reset(engine_kvpool(c->e), seqs[i]);
+    int n = 0;
+    for (int i = 0; i < S && prompt > 0; i++) {
+        for (int p = 0; p < prompt; p++) {
+            c->bt[n++] = (engine_tok){ cmd_bench_tok(c), p, seqs[i], p == prompt - 1 };
+            if (n == maxb) {
+                if (!cmd_bench_step(c, n)) return -1;
+                n = 0;
+            }
+        }
+    }
+    if (n > 0 && !cmd_bench_step(c, n)) return -1;
+    double t0 = util_now();
+    for (int k = 0; k < steps; k++) {
+        for (int i = 0; i < S; i++)
+            c->bt[i] = (engine_tok){ cmd_bench_tok(c), prompt + k, seqs[i], true };
+        if (!cmd_bench_step(c, S)) return -1;
+    }
+    return util_now() - t0;
+}
+
+static void cmd_bench_usage(void)
+{
+    fprintf(stderr, "usage: tokenmill bench -m MODEL [--threads N] [--pp 512] [--tg 128] [--seqs 1,4,16] [--reps 3] [--batch 512]\n");
+}
+
+static void cmd_bench_print_arr(const double *v, int n)
+{
+    putchar('[');
+    for (int i = 0; i < n; i++) printf("%s%.3f", i ? ", " : "", v[i]);
+    putchar(']');
+}
 
 int cmd_bench(int argc, char **argv)
 {
-    (void)argc; (void)argv;
-    fprintf(stderr, "tokenmill bench: unavailable in this build\n");
-    return 1;
+    const char *model_path = NULL, *seqs_arg = "1,4,16";
+    int threads = 0, pp = 512, tg = 128, reps = 3, maxb = 512;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v) {
+            fprintf(stderr, "tokenmill bench: %s needs a value\n", a);
+            cmd_bench_usage();
+            return 2;
+        }
+        i++;
+        if (!strcmp(a, "-m")) model_path = v;
+        else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) threads = atoi(v);
+        else if (!strcmp(a, "--pp")) pp = atoi(v);
+        else if (!strcmp(a, "--tg")) tg = atoi(v);
+        else if (!strcmp(a, "--reps")) reps = atoi(v);
+        else if (!strcmp(a, "--batch")) maxb = atoi(v);
+        else if (!strcmp(a, "--seqs")) seqs_arg = v;
+        else {
+            fprintf(stderr, "tokenmill bench: unknown option %s\n", a);
+            cmd_bench_usage();
+            return 2;
+        }
+    }
+    int seqs[16], n_seqs = 0;
+    for (const char *p = seqs_arg; *p && n_seqs < 16;) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 1 || v > CMD_BENCH_MAX_SEQS || (*end && *end != ',')) {
+            fprintf(stderr, "tokenmill bench: --seqs wants numbers 1..%d separated by commas\n", CMD_BENCH_MAX_SEQS);
+            return 2;
+        }
+        seqs[n_seqs++] = (int)v;
+        p = *end ? end + 1 : end;
+    }
+    if (!model_path || pp < 0 || tg < 0 || reps < 1 || reps > 100 || maxb < 1) {
+        cmd_bench_usage();
+        return 2;
+    }
+    char err[512];
+    model *m = NULL;
+    if (model_load(model_path, NULL, &m, err, sizeof err) != GGUF_OK) {
+        fprintf(stderr, "tokenmill bench: cannot load %s: %s\n", model_path, err);
+        return 1;
+    }
+    int max_s = 1;
+    for (int i = 0; i < n_seqs; i++) max_s = TM_MAX(max_s, seqs[i]);
+    int blk_pp = (pp + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK;
+    int blk_tg = (tg + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK;
+    int blk_b = max_s * ((CMD_BENCH_PROMPT + tg + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK);
+    engine_opts eo = { .n_threads = threads, .max_batch_tokens = TM_MAX(maxb, max_s),
+                       .n_kv_blocks = TM_MAX(1, TM_MAX(blk_pp, TM_MAX(blk_tg, blk_b))) };
+    engine *e = NULL;
+    if (engine_new(m, &eo, &e, err, sizeof err) != ENGINE_OK) {
+        fprintf(stderr, "tokenmill bench: %s\n", err);
+        model_free(m);
+        return 1;
+    }
+    cmd_bench_ctx c = { .e = e, .n_vocab = m->hp.n_vocab };
+    util_rng_seed(&c.rng, 1234);
+    c.logits = xmalloc((size_t)max_s * (size_t)m->hp.n_vocab * sizeof(float));
+    c.bt = xmalloc((size_t)engine_max_batch(e) * sizeof *c.bt);
+    kvpool_seq *sq[CMD_BENCH_MAX_SEQS];
+    for (int i = 0; i < max_s; i++) sq[i] = kvpool_seq_new(engine_kvpool(e));
+    double *pp_r = xcalloc((size_t)reps, sizeof(double)), *tg_r = xcalloc((size_t)reps, sizeof(double));
+    double *b_r = xcalloc((size_t)reps * (size_t)n_seqs, sizeof(double));
+    int rc = 1;
+    if (pp > 0) {
+        if (cmd_bench_pp(&c, sq[0], pp) < 0) goto out;
+        for (int r = 0; r < reps; r++) {
+            double t = cmd_bench_pp(&c, sq[0], pp);
+            if (t < 0) goto out;
+            pp_r[r] = pp / t;
+        }
+    }
+    if (tg > 0) {
+        if (cmd_bench_decode(&c, sq, 1, 0, TM_MIN(tg, 16)) < 0) goto out;
+        for (int r = 0; r < reps; r++) {
+            double t = cmd_bench_decode(&c, sq, 1, 0, tg);
+            if (t < 0) goto out;
+            tg_r[r] = tg / t;
+        }
+        for (int i = 0; i < n_seqs; i++) {
+            if (cmd_bench_decode(&c, sq, seqs[i], CMD_BENCH_PROMPT, TM_MIN(tg, 8)) < 0) goto out;
+            for (int r = 0; r < reps; r++) {
+                double t = cmd_bench_decode(&c, sq, seqs[i], CMD_BENCH_PROMPT, tg);
+                if (t < 0) goto out;
+                b_r[i * reps + r] = (double)seqs[i] * tg / t;
+            }
+        }
+    }
+    printf("{\"model\": \"");
+    for (const char *p = model_path; *p; p++) {
+        if (*p == '"' || *p == '\\') putchar('\\');
+        if ((unsigned char)*p >= 0x20) putchar(*p);
+    }
+    printf("\", \"threads\": %d, \"simd\": \"%s\", \"pp\": {\"n\": %d, \"tok_s\": ", engine_n_threads(e),
+           ops_level_name(), pp);
+    cmd_bench_print_arr(pp_r, pp > 0 ? reps : 0);
+    printf("}, \"tg\": {\"n\": %d, \"tok_s\": ", tg);
+    cmd_bench_print_arr(tg_r, tg > 0 ? reps : 0);
+    printf("}, \"batched\": [");
+    for (int i = 0; i < n_seqs; i++) {
+        printf("%s{\"seqs\": %d, \"tok_s\": ", i ? ", " : "", seqs[i]);
+        cmd_bench_print_arr(b_r + i * reps, tg > 0 ? reps : 0);
+        putchar('}');
+    }
+    printf("], \"weight_bytes\": %zu}\n", model_weight_bytes(m));
+    fflush(stdout);
+    rc = 0;
+out:
+    for (int i = 0; i < max_s; i++) kvpool_seq_free(engine_kvpool(e), sq[i]);
+    free(pp_r);
+    free(tg_r);
+    free(b_r);
+    free(c.logits);
+    free(c.bt);
+    engine_free(e);
+    model_free(m);
+    return rc;
 }

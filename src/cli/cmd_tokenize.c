@@ -1,12 +1,191 @@
 /*
- * cmd_tokenize: placeholder until its module lands; replaced in this same piece of work.
+ * cmd_tokenize: `tokenmill tokenize -m MODEL [--special] [--pieces] [--no-bos] [--file F |
+ * --batch F.json | TEXT]`. Prints the token ids of the text as one JSON array on one line;
+ * --pieces prints [[id,"piece"],...] with each token's decoded text. --batch reads a JSON
+ * array of strings and prints a JSON array of id arrays (one process for many texts, used by
+ * the tests). BOS is prepended when the model asks for it unless --no-bos; --special lets
+ * control-token text in the input match control tokens.
  */
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
 #include "cli/cmd.h"
+#include "model/gguf.h"
+#include "recipe/tokenizer.h"
+#include "util/util.h"
+
+static void cmd_tokenize_usage(void)
+{
+    fprintf(stderr, "usage: tokenmill tokenize -m MODEL [--special] [--pieces] [--no-bos] "
+                    "[--file F | --batch F.json | TEXT]\n");
+}
+
+/* Writes s[0..n) as a JSON string; bytes that are not valid UTF-8 become U+FFFD. */
+static void cmd_tokenize_json_str(FILE *f, const char *s, size_t n)
+{
+    fputc('"', f);
+    for (size_t i = 0; i < n;) {
+        unsigned char c = (unsigned char)s[i];
+        if (c < 0x80) {
+            if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+            else if (c == '\n') fputs("\\n", f);
+            else if (c == '\r') fputs("\\r", f);
+            else if (c == '\t') fputs("\\t", f);
+            else if (c < 0x20 || c == 0x7F) fprintf(f, "\\u%04x", c);
+            else fputc(c, f);
+            i++;
+            continue;
+        }
+        size_t need = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+        bool ok = need > 0 && i + need <= n && c >= 0xC2 && c <= 0xF4;
+        for (size_t k = 1; ok && k < need; k++) ok = ((unsigned char)s[i + k] & 0xC0) == 0x80;
+        if (ok) {
+            fwrite(s + i, 1, need, f);
+            i += need;
+        } else {
+            fputs("\\ufffd", f);
+            i++;
+        }
+    }
+    fputc('"', f);
+}
+
+/* Tokenises and prints one text; returns false on a tokenizer error. */
+static bool cmd_tokenize_one(const tokenizer *t, const char *text, size_t len, bool add_special,
+                             bool special, bool pieces, FILE *f)
+{
+    int32_t cap = (int32_t)TM_MIN(len + 16, (size_t)INT32_MAX / 8);
+    int32_t *ids = malloc((size_t)cap * sizeof *ids);
+    if (!ids) return false;
+    int32_t n = tokenizer_encode(t, text, len, add_special, special, ids, cap);
+    if (n > cap) {
+        free(ids);
+        cap = n;
+        ids = malloc((size_t)cap * sizeof *ids);
+        if (!ids) return false;
+        n = tokenizer_encode(t, text, len, add_special, special, ids, cap);
+    }
+    if (n < 0) {
+        free(ids);
+        return false;
+    }
+    fputc('[', f);
+    char *buf = malloc(tokenizer_max_piece(t) + 1);
+    for (int32_t i = 0; i < n; i++) {
+        if (i) fputc(',', f);
+        if (pieces) {
+            int np = tokenizer_token_to_piece(t, ids[i], buf, (int)tokenizer_max_piece(t) + 1, true);
+            fprintf(f, "[%d,", ids[i]);
+            cmd_tokenize_json_str(f, buf, np > 0 ? (size_t)np : 0);
+            fputc(']', f);
+        } else {
+            fprintf(f, "%d", ids[i]);
+        }
+    }
+    fputc(']', f);
+    free(buf);
+    free(ids);
+    return true;
+}
 
 int cmd_tokenize(int argc, char **argv)
 {
-    (void)argc; (void)argv;
-    fprintf(stderr, "tokenmill tokenize: unavailable in this build\n");
-    return 1;
+    const char *model = NULL, *file = NULL, *batch = NULL, *text = NULL;
+    bool special = false, pieces = false, add_special = true;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && i + 1 < argc) model = argv[++i];
+        else if (!strcmp(a, "--file") && i + 1 < argc) file = argv[++i];
+        else if (!strcmp(a, "--batch") && i + 1 < argc) batch = argv[++i];
+        else if (!strcmp(a, "--special")) special = true;
+        else if (!strcmp(a, "--pieces")) pieces = true;
+        else if (!strcmp(a, "--no-bos")) add_special = false;
+        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            cmd_tokenize_usage();
+            return 0;
+        } else if (!strcmp(a, "--")) {
+            if (i + 1 < argc && !text) text = argv[++i];
+            else { cmd_tokenize_usage(); return 2; }
+        } else if (a[0] == '-' && a[1] != 0) {
+            fprintf(stderr, "tokenmill tokenize: unknown or incomplete option '%s'\n", a);
+            cmd_tokenize_usage();
+            return 2;
+        } else if (!text) text = a;
+        else {
+            fprintf(stderr, "tokenmill tokenize: more than one TEXT argument\n");
+            cmd_tokenize_usage();
+            return 2;
+        }
+    }
+    if (!model || (!!file + !!batch + !!text) != 1) {
+        cmd_tokenize_usage();
+        return 2;
+    }
+
+    char err[512];
+    gguf *g;
+    if (gguf_open(model, &g, err, sizeof err) != GGUF_OK) {
+        fprintf(stderr, "tokenmill tokenize: %s\n", err);
+        return 1;
+    }
+    tokenizer *t;
+    tokenizer_status st = tokenizer_load(g, &t, err, sizeof err);
+    gguf_close(g);
+    if (st != TOKENIZER_OK) {
+        fprintf(stderr, "tokenmill tokenize: %s: %s\n", model, err);
+        return 1;
+    }
+
+    int rc = 0;
+    if (batch) {
+        json_error_t je;
+        json_t *arr = json_load_file(batch, JSON_ALLOW_NUL, &je);
+        if (!arr || !json_is_array(arr)) {
+            fprintf(stderr, "tokenmill tokenize: %s: expected a JSON array of strings (%s)\n", batch, arr ? "not an array" : je.text);
+            json_decref(arr);
+            tokenizer_free(t);
+            return 1;
+        }
+        putchar('[');
+        for (size_t i = 0; i < json_array_size(arr) && rc == 0; i++) {
+            json_t *s = json_array_get(arr, i);
+            if (!json_is_string(s)) {
+                fprintf(stderr, "tokenmill tokenize: %s: element %zu is not a string\n", batch, i);
+                rc = 1;
+                break;
+            }
+            if (i) putchar(',');
+            if (!cmd_tokenize_one(t, json_string_value(s), json_string_length(s), add_special, special, pieces, stdout)) {
+                fprintf(stderr, "tokenmill tokenize: tokenisation failed\n");
+                rc = 1;
+            }
+        }
+        puts("]");
+        json_decref(arr);
+    } else {
+        size_t len;
+        char *buf = NULL;
+        if (file) {
+            buf = util_read_file(file, &len);
+            if (!buf) {
+                fprintf(stderr, "tokenmill tokenize: cannot read %s\n", file);
+                tokenizer_free(t);
+                return 1;
+            }
+            text = buf;
+        } else {
+            len = strlen(text);
+        }
+        if (cmd_tokenize_one(t, text, len, add_special, special, pieces, stdout)) putchar('\n');
+        else {
+            fprintf(stderr, "tokenmill tokenize: tokenisation failed\n");
+            rc = 1;
+        }
+        free(buf);
+    }
+    tokenizer_free(t);
+    return rc;
 }

@@ -1,0 +1,331 @@
+/*
+ * engine: the batched forward step (see engine.h). One function per stage of a layer; the
+ * stages that the kernels module does not provide (bias rows, the K/V store, attention over
+ * the paged pool) are small jobs run on the same thread pool.
+ */
+#include "engine/engine.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "model/ops.h"
+#include "util/util.h"
+
+/* ggml switches to its tiled flash-attention path (f32 Q) from this many query rows. */
+#define ENGINE_FA_TILE_Q 64
+
+struct engine {
+    model *m;
+    threadpool *tp;
+    kvpool *kv;
+    int n_threads;
+    int max_tokens;          /* max batch tokens */
+    /* activations, (max_tokens, width) f32 row-major */
+    float *x;                /* (T, dim) residual stream */
+    float *xn;               /* (T, dim) normed input / layer output */
+    float *q;                /* (T, n_heads*head_dim) */
+    float *k;                /* (T, n_kv_heads*head_dim) */
+    float *v;                /* (T, n_kv_heads*head_dim) */
+    float *att;              /* (T, n_heads*head_dim) attention output */
+    float *ffa;              /* (T, ffn_dim) gate, then swiglu */
+    float *ffb;              /* (T, ffn_dim) up */
+    float *xo;               /* (T, dim) rows that want logits */
+    int32_t *pos;            /* (T) positions of the batch entries */
+    void *mm_scratch;        /* matmul activation scratch */
+    /* per-thread attention scratch: (n_threads, ENGINE_ATT_STRIDE) floats */
+    float *att_scratch;
+    size_t att_stride;       /* floats per thread */
+};
+
+typedef struct {
+    engine *e;
+    const engine_batch *b;
+    int layer;
+    int n_items;             /* attention: T * n_heads */
+    int next;                /* attention: shared item counter (atomic) */
+    bool q16;                /* attention: round Q to f16 for K.Q (ggml's one-chunk path) */
+} engine_job;
+
+const char *engine_status_name(engine_status st)
+{
+    switch (st) {
+    case ENGINE_OK: return "ok";
+    case ENGINE_ERR_KV_FULL: return "kv cache full";
+    case ENGINE_ERR_ARG: return "bad batch";
+    case ENGINE_ERR_NOMEM: return "out of memory";
+    }
+    return "?";
+}
+
+kvpool *engine_kvpool(engine *e) { return e->kv; }
+const model *engine_model(const engine *e) { return e->m; }
+int engine_max_batch(const engine *e) { return e->max_tokens; }
+int engine_n_threads(const engine *e) { return e->n_threads; }
+
+void engine_free(engine *e)
+{
+    if (!e) return;
+    threadpool_free(e->tp);
+    kvpool_free(e->kv);
+    free(e->x);
+    free(e->xn);
+    free(e->q);
+    free(e->k);
+    free(e->v);
+    free(e->att);
+    free(e->ffa);
+    free(e->ffb);
+    free(e->xo);
+    free(e->pos);
+    free(e->mm_scratch);
+    free(e->att_scratch);
+    free(e);
+}
+
+static size_t engine_scratch_need(const ops_weight *w, int T, size_t cur)
+{
+    size_t n = ops_matmul_scratch_bytes(w->type, w->cols, T);
+    return n > cur ? n : cur;
+}
+
+engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *err, size_t errsz)
+{
+    *out = NULL;
+    engine_opts o = opts ? *opts : (engine_opts){ 0 };
+    const model_hparams *hp = &m->hp;
+    if (o.n_threads <= 0) {
+        long nc = sysconf(_SC_NPROCESSORS_ONLN);
+        o.n_threads = nc > 0 ? (int)nc : 1;
+    }
+    if (o.max_batch_tokens <= 0) o.max_batch_tokens = 512;
+    engine *e = xcalloc(1, sizeof *e);
+    e->m = m;
+    e->max_tokens = o.max_batch_tokens;
+    e->n_threads = o.n_threads;
+    e->tp = threadpool_new(o.n_threads);
+    if (!e->tp) {
+        snprintf(err, errsz, "cannot start %d kernel threads", o.n_threads);
+        engine_free(e);
+        return ENGINE_ERR_NOMEM;
+    }
+
+    kvpool_opts ko = { .n_layers = hp->n_layers, .n_kv_heads = hp->n_kv_heads,
+                       .head_dim = hp->head_dim, .dtype = o.kv_f32 ? QTYPE_F32 : QTYPE_F16 };
+    memcpy(ko.model_fp, m->fingerprint, 32);
+    if (o.n_kv_blocks > 0) ko.n_blocks = o.n_kv_blocks;
+    else if (o.kv_bytes > 0) ko.n_blocks = kvpool_blocks_for_bytes(&ko, o.kv_bytes);
+    else ko.n_blocks = 4096 / KVPOOL_BLOCK;
+    kvpool_status ks = kvpool_new(&ko, &e->kv);
+    if (ks != KVPOOL_OK) {
+        snprintf(err, errsz, "KV cache of %d blocks: %s", ko.n_blocks, kvpool_status_name(ks));
+        engine_free(e);
+        return ENGINE_ERR_NOMEM;
+    }
+
+    size_t T = (size_t)o.max_batch_tokens;
+    size_t qd = (size_t)hp->n_heads * hp->head_dim, kvd = (size_t)hp->n_kv_heads * hp->head_dim;
+    e->x = util_aligned_alloc(T * hp->dim * sizeof(float));
+    e->xn = util_aligned_alloc(T * hp->dim * sizeof(float));
+    e->q = util_aligned_alloc(T * qd * sizeof(float));
+    e->k = util_aligned_alloc(T * kvd * sizeof(float));
+    e->v = util_aligned_alloc(T * kvd * sizeof(float));
+    e->att = util_aligned_alloc(T * qd * sizeof(float));
+    e->ffa = util_aligned_alloc(T * hp->ffn_dim * sizeof(float));
+    e->ffb = util_aligned_alloc(T * hp->ffn_dim * sizeof(float));
+    e->xo = util_aligned_alloc(T * hp->dim * sizeof(float));
+    e->pos = util_aligned_alloc(T * sizeof(int32_t));
+
+    int Ti = (int)T;
+    size_t sc = 0;
+    for (int il = 0; il < hp->n_layers; il++) {
+        const model_layer *L = &m->layers[il];
+        const ops_weight *qkv[3] = { &L->wq, &L->wk, &L->wv }, *gu[2] = { &L->gate, &L->up };
+        size_t a = ops_matmul_multi_scratch_bytes(3, qkv, Ti), b = ops_matmul_multi_scratch_bytes(2, gu, Ti);
+        sc = TM_MAX(sc, TM_MAX(a, b));
+        sc = engine_scratch_need(&L->wo, Ti, sc);
+        sc = engine_scratch_need(&L->down, Ti, sc);
+    }
+    sc = engine_scratch_need(&m->output, Ti, sc);
+    e->mm_scratch = util_aligned_alloc(sc + 64);
+    /* per thread: scores (128) + accumulator (hd) + q f16 (hd/2 floats), rounded to 64 B */
+    e->att_stride = TM_ALIGN_UP((size_t)KVPOOL_BLOCK + (size_t)hp->head_dim * 2, 16);
+    e->att_scratch = util_aligned_alloc((size_t)o.n_threads * e->att_stride * sizeof(float));
+    if (!e->x || !e->xn || !e->q || !e->k || !e->v || !e->att || !e->ffa || !e->ffb || !e->xo ||
+        !e->pos || !e->mm_scratch || !e->att_scratch) {
+        snprintf(err, errsz, "out of memory for activations of %d tokens", Ti);
+        engine_free(e);
+        return ENGINE_ERR_NOMEM;
+    }
+    *out = e;
+    return ENGINE_OK;
+}
+
+/* q/k/v += bias, per row (qwen2) */
+static void engine_job_bias(void *ctx, int ith, int nth)
+{
+    engine_job *j = ctx;
+    engine *e = j->e;
+    const model_hparams *hp = &e->m->hp;
+    const model_layer *L = &e->m->layers[j->layer];
+    int T = j->b->n_tokens;
+    int qd = hp->n_heads * hp->head_dim, kvd = hp->n_kv_heads * hp->head_dim;
+    for (int t = ith; t < T; t += nth) {
+        float *q = e->q + (size_t)t * qd, *k = e->k + (size_t)t * kvd, *v = e->v + (size_t)t * kvd;
+        for (int i = 0; i < qd; i++) q[i] += L->bq[i];
+        for (int i = 0; i < kvd; i++) k[i] += L->bk[i];
+        for (int i = 0; i < kvd; i++) v[i] += L->bv[i];
+    }
+}
+
+/* K and V rows of the batch into the pool */
+static void engine_job_store_kv(void *ctx, int ith, int nth)
+{
+    engine_job *j = ctx;
+    engine *e = j->e;
+    const model_hparams *hp = &e->m->hp;
+    int T = j->b->n_tokens, hd = hp->head_dim, kvd = hp->n_kv_heads * hd;
+    bool f16 = kvpool_dtype(e->kv) == QTYPE_F16;
+    for (int t = ith; t < T; t += nth) {
+        const engine_tok *tk = &j->b->toks[t];
+        for (int h = 0; h < hp->n_kv_heads; h++) {
+            for (int kv = 0; kv < 2; kv++) {
+                const float *src = (kv ? e->v : e->k) + (size_t)t * kvd + (size_t)h * hd;
+                void *dst = kvpool_seq_row(e->kv, tk->seq, tk->pos, j->layer, kv, h);
+                if (f16) ops_fp32_to_fp16_row(src, dst, hd);
+                else memcpy(dst, src, (size_t)hd * sizeof(float));
+            }
+        }
+    }
+}
+
+/* Attention for (token, head) items: online softmax block by block over the sequence's
+ * paged K/V up to the token's position. */
+static void engine_job_attention(void *ctx, int ith, int nth)
+{
+    engine_job *j = ctx;
+    engine *e = j->e;
+    const model_hparams *hp = &e->m->hp;
+    const int hd = hp->head_dim, nh = hp->n_heads, gqa = hp->n_heads / hp->n_kv_heads;
+    const int qd = nh * hd;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const bool f16 = kvpool_dtype(e->kv) == QTYPE_F16;
+    float *sc = e->att_scratch + (size_t)ith * e->att_stride;
+    float *s = sc;                        /* (128) scores of one block */
+    float *acc = sc + KVPOOL_BLOCK;       /* (hd) V accumulator */
+    fp16_t *q16 = (fp16_t *)(acc + hd);   /* (hd) Q as f16 */
+    (void)nth;
+    for (;;) {
+        int it = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
+        if (it >= j->n_items) break;
+        int t = it / nh, h = it % nh, kvh = h / gqa;
+        const engine_tok *tk = &j->b->toks[t];
+        const float *q = e->q + (size_t)t * qd + (size_t)h * hd;
+        float *o = e->att + (size_t)t * qd + (size_t)h * hd;
+        if (f16 && j->q16) ops_fp32_to_fp16_row(q, q16, hd);
+        memset(acc, 0, (size_t)hd * sizeof(float));
+        float M = -INFINITY, S = 0.0f;
+        int n_ctx = tk->pos + 1;
+        for (int bi = 0; bi * KVPOOL_BLOCK < n_ctx; bi++) {
+            int n = TM_MIN(KVPOOL_BLOCK, n_ctx - bi * KVPOOL_BLOCK);
+            const void *K = kvpool_seq_slab(e->kv, tk->seq, bi, j->layer, 0, kvh);
+            const void *V = kvpool_seq_slab(e->kv, tk->seq, bi, j->layer, 1, kvh);
+            float mb = -INFINITY;
+            for (int r = 0; r < n; r++) {
+                float d;
+                if (!f16) d = ops_vec_dot_f32(hd, (const float *)K + (size_t)r * hd, q);
+                else if (j->q16) d = ops_vec_dot_f16(hd, (const fp16_t *)K + (size_t)r * hd, q16);
+                else d = ops_vec_dot_f16_f32(hd, (const fp16_t *)K + (size_t)r * hd, q);
+                s[r] = d * scale;
+                if (s[r] > mb) mb = s[r];
+            }
+            if (mb > M) {
+                if (M != -INFINITY) {
+                    float ms = expf(M - mb);
+                    ops_vec_scale_f32(hd, acc, ms);
+                    S *= ms;
+                }
+                M = mb;
+            }
+            S += ops_vec_softmax_exp(n, s, M);
+            for (int r = 0; r < n; r++) {
+                if (f16) ops_vec_mad_f16(hd, acc, (const fp16_t *)V + (size_t)r * hd, s[r]);
+                else ops_vec_mad_f32(hd, acc, (const float *)V + (size_t)r * hd, s[r]);
+            }
+        }
+        float inv = S > 0 ? 1.0f / S : 0.0f;
+        for (int d = 0; d < hd; d++) o[d] = acc[d] * inv;
+    }
+}
+
+engine_status engine_step(engine *e, const engine_batch *b, float *logits)
+{
+    const model *m = e->m;
+    const model_hparams *hp = &m->hp;
+    int T = b->n_tokens;
+    if (T <= 0 || T > e->max_tokens) return ENGINE_ERR_ARG;
+    int n_out = 0;
+    for (int t = 0; t < T; t++) {
+        const engine_tok *tk = &b->toks[t];
+        if (tk->token < 0 || tk->token >= hp->n_vocab || tk->pos < 0 || !tk->seq ||
+            tk->pos >= (1 << 30))
+            return ENGINE_ERR_ARG;
+        n_out += tk->want_logits;
+    }
+    if (n_out > 0 && !logits) return ENGINE_ERR_ARG;
+    for (int t = 0; t < T; t++) {
+        const engine_tok *tk = &b->toks[t];
+        if (kvpool_seq_reserve(e->kv, tk->seq, tk->pos + 1) != KVPOOL_OK) return ENGINE_ERR_KV_FULL;
+    }
+
+    threadpool *tp = e->tp;
+    const int dim = hp->dim, hd = hp->head_dim;
+    const float eps = hp->rms_eps;
+    for (int t = 0; t < T; t++) {
+        model_embed_row(m, b->toks[t].token, e->x + (size_t)t * dim);
+        e->pos[t] = b->toks[t].pos;
+    }
+    engine_job job = { .e = e, .b = b };
+    for (int il = 0; il < hp->n_layers; il++) {
+        const model_layer *L = &m->layers[il];
+        job.layer = il;
+        ops_rmsnorm(tp, e->xn, e->x, L->attn_norm, T, dim, eps);
+        const ops_weight *qkv[3] = { &L->wq, &L->wk, &L->wv };
+        float *qkv_out[3] = { e->q, e->k, e->v };
+        ops_matmul_multi(tp, 3, qkv, e->xn, T, qkv_out, e->mm_scratch);
+        if (L->bq) threadpool_run(tp, engine_job_bias, &job);
+        if (L->q_norm) {
+            ops_rmsnorm(tp, e->q, e->q, L->q_norm, T * hp->n_heads, hd, eps);
+            ops_rmsnorm(tp, e->k, e->k, L->k_norm, T * hp->n_kv_heads, hd, eps);
+        }
+        ops_rope_ggml(tp, e->q, e->pos, T, hp->n_heads, hd, hp->n_rot, hp->rope_neox,
+                      hp->rope_theta_scale, hp->rope_freq_scale, hp->rope_freq_factors, 1.0f);
+        ops_rope_ggml(tp, e->k, e->pos, T, hp->n_kv_heads, hd, hp->n_rot, hp->rope_neox,
+                      hp->rope_theta_scale, hp->rope_freq_scale, hp->rope_freq_factors, 1.0f);
+        threadpool_run(tp, engine_job_store_kv, &job);
+        job.n_items = T * hp->n_heads;
+        job.next = 0;
+        job.q16 = T < ENGINE_FA_TILE_Q;
+        threadpool_run(tp, engine_job_attention, &job);
+        ops_matmul(tp, &L->wo, e->att, T, e->xn, e->mm_scratch);
+        ops_add(tp, e->x, e->xn, (int64_t)T * dim);
+
+        ops_rmsnorm(tp, e->xn, e->x, L->ffn_norm, T, dim, eps);
+        const ops_weight *gu[2] = { &L->gate, &L->up };
+        float *gu_out[2] = { e->ffa, e->ffb };
+        ops_matmul_multi(tp, 2, gu, e->xn, T, gu_out, e->mm_scratch);
+        ops_swiglu(tp, e->ffa, e->ffa, e->ffb, T, hp->ffn_dim);
+        ops_matmul(tp, &L->down, e->ffa, T, e->xn, e->mm_scratch);
+        ops_add(tp, e->x, e->xn, (int64_t)T * dim);
+    }
+    if (n_out == 0) return ENGINE_OK;
+    int r = 0;
+    for (int t = 0; t < T; t++)
+        if (b->toks[t].want_logits)
+            memcpy(e->xo + (size_t)r++ * dim, e->x + (size_t)t * dim, (size_t)dim * sizeof(float));
+    ops_rmsnorm(tp, e->xo, e->xo, m->output_norm, n_out, dim, eps);
+    ops_matmul(tp, &m->output, e->xo, n_out, logits, e->mm_scratch);
+    return ENGINE_OK;
+}

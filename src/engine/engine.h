@@ -1,0 +1,81 @@
+/*
+ * engine: the batched forward step of a model over the paged KV pool.
+ *
+ * DESIGN. engine_step takes a batch of n_tokens entries (token id, sequence, position,
+ * want_logits) from any number of sequences, prefill chunks and single decode tokens mixed
+ * in any order, and runs every layer once for the whole batch: each linear layer is one
+ * ops_matmul with n_tokens rows, so the weights are read from memory once per step. K and V
+ * of the batch tokens are stored in the pool (converted to the pool dtype) before attention;
+ * attention for each (token, head) then walks that token's own sequence's blocks up to its
+ * position (causal), GQA mapping head h to kv head h / (n_heads / n_kv_heads). Attention is
+ * split over threads by (token, head) items taken from a shared counter; every output is
+ * computed by one thread in a fixed order, so results do not depend on the thread count or
+ * on which other sequences share the batch.
+ *
+ * Numerics follow llama.cpp's CPU backend with flash attention (node-llama-cpp 3.21.1's
+ * default: flash_attn "auto" resolves to on for CPU, F16 K/V cache): scores are
+ * dot(K, Q) / sqrt(head_dim) with an online softmax in f32 and V accumulated in f32 (ggml's
+ * tiled path); for batches under 64 tokens, where ggml uses its one-query-at-a-time path, Q
+ * is rounded to F16 before the K.Q dot as ggml does there.
+ *
+ * Memory: all scratch (activations for max_batch_tokens, matmul scratch, per-thread
+ * attention buffers) is allocated in engine_new; engine_step allocates nothing.
+ *
+ * The caller owns positions: entry (seq, pos) attends to positions 0..pos of seq, which must
+ * all have been written by this or earlier steps. engine_step reserves pool blocks for the
+ * positions it writes; if the pool cannot supply them it returns ENGINE_ERR_KV_FULL before
+ * computing anything (some sequences may keep blocks reserved for those positions).
+ */
+#ifndef TM_ENGINE_H
+#define TM_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+#include "engine/kvpool.h"
+#include "model/model.h"
+
+typedef enum {
+    ENGINE_OK = 0,
+    ENGINE_ERR_KV_FULL,  /* no KV block for a batch position: wait or preempt, then retry */
+    ENGINE_ERR_ARG,      /* bad batch (token id out of range, too many tokens, bad position) */
+    ENGINE_ERR_NOMEM,    /* engine_new could not allocate */
+} engine_status;
+
+typedef struct {
+    int n_threads;            /* kernel threads incl. the caller; <= 0: online cores */
+    int n_kv_blocks;          /* KV pool size in 128-token blocks; 0: from kv_bytes */
+    size_t kv_bytes;          /* KV pool size in bytes when n_kv_blocks is 0; 0: 4096 tokens */
+    int max_batch_tokens;     /* most tokens per engine_step; <= 0: 512 */
+    bool kv_f32;              /* F32 KV cache instead of F16 */
+} engine_opts;
+
+typedef struct {
+    int32_t token;            /* token id, < n_vocab */
+    int32_t pos;              /* position in its sequence, >= 0 */
+    kvpool_seq *seq;          /* the sequence (from kvpool_seq_new on engine_kvpool) */
+    bool want_logits;         /* write this token's next-token logits */
+} engine_tok;
+
+typedef struct {
+    int n_tokens;             /* entries in toks, 1..max_batch_tokens */
+    const engine_tok *toks;   /* (n_tokens) */
+} engine_batch;
+
+typedef struct engine engine;
+
+engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *err, size_t errsz);
+void engine_free(engine *e);            /* does not free the model */
+const char *engine_status_name(engine_status st);
+
+kvpool *engine_kvpool(engine *e);
+const model *engine_model(const engine *e);
+int engine_max_batch(const engine *e);
+int engine_n_threads(const engine *e);
+
+/* Runs one forward step. logits receives (n_out, n_vocab) floats, one row per entry with
+ * want_logits, in batch order; it may be NULL when no entry wants logits. */
+engine_status engine_step(engine *e, const engine_batch *b, float *logits);
+
+#endif

@@ -1,0 +1,335 @@
+/*
+ * kvpool: paged KV blocks with refcounts, a key -> block hash map and an LRU of unreferenced
+ * keyed blocks. See kvpool.h for the design. Bookkeeping per block lives in a separate array
+ * (kvpool_blk) so the data area is one aligned allocation of n_blocks * block_bytes.
+ *
+ * Lists: the free list is singly linked through `next`; the LRU is doubly linked through
+ * prev/next with the most recently released block at lru_head and the victim at lru_tail.
+ * The hash map is an array of bucket heads chained through `hnext`.
+ */
+#include "engine/kvpool.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include <openssl/evp.h>
+
+#include "util/util.h"
+
+typedef enum { KVPOOL_BLK_FREE = 0, KVPOOL_BLK_PINNED, KVPOOL_BLK_CACHED } kvpool_blk_state;
+
+typedef struct {
+    int32_t refcnt;              /* sequences using the block */
+    uint8_t state;               /* kvpool_blk_state */
+    bool keyed;                  /* key valid and entered in the hash map */
+    uint8_t key[32];             /* SHA-256 block key */
+    int32_t hnext;               /* next block in the same hash bucket, -1 ends */
+    int32_t prev, next;          /* LRU links (next also links the free list), -1 ends */
+} kvpool_blk;
+
+struct kvpool {
+    kvpool_opts o;
+    size_t esz;                  /* bytes per element: 2 (f16) or 4 (f32) */
+    size_t slab_bytes;           /* 128 * head_dim * esz */
+    size_t block_bytes;          /* n_layers * 2 * n_kv_heads * slab_bytes */
+    uint8_t *data;               /* (n_blocks, block_bytes), 64-byte aligned */
+    kvpool_blk *blk;             /* (n_blocks) */
+    int32_t free_head;           /* free list, -1 if empty */
+    int32_t lru_head, lru_tail;  /* LRU of CACHED blocks, -1 if empty */
+    int32_t *bucket;             /* (n_buckets) hash heads, -1 empty */
+    uint32_t bucket_mask;        /* n_buckets - 1 (power of two) */
+    uint8_t pool_fp[32];         /* SHA-256(model fp, dtype) */
+    kvpool_stats st;
+};
+
+struct kvpool_seq {
+    int32_t *table;              /* (n_blocks max) block ids */
+    int n;                       /* blocks in the table */
+    int n_keyed;                 /* leading blocks whose key is known */
+    uint8_t last_key[32];        /* key of block n_keyed-1, zeros if none */
+};
+
+const char *kvpool_status_name(kvpool_status st)
+{
+    switch (st) {
+    case KVPOOL_OK: return "ok";
+    case KVPOOL_ERR_FULL: return "kv cache full";
+    case KVPOOL_ERR_NOMEM: return "out of memory";
+    case KVPOOL_ERR_ARG: return "bad argument";
+    }
+    return "?";
+}
+
+static size_t kvpool_geom_block_bytes(const kvpool_opts *o)
+{
+    size_t esz = o->dtype == QTYPE_F32 ? 4 : 2;
+    return (size_t)o->n_layers * 2 * (size_t)o->n_kv_heads * KVPOOL_BLOCK * (size_t)o->head_dim * esz;
+}
+
+int kvpool_blocks_for_bytes(const kvpool_opts *o, size_t bytes)
+{
+    size_t bb = kvpool_geom_block_bytes(o);
+    size_t n = bb ? bytes / bb : 1;
+    if (n < 1) n = 1;
+    if (n > (1u << 30)) n = 1u << 30;
+    return (int)n;
+}
+
+kvpool_status kvpool_new(const kvpool_opts *opts, kvpool **out)
+{
+    *out = NULL;
+    if (opts->n_layers <= 0 || opts->n_kv_heads <= 0 || opts->head_dim <= 0 || opts->n_blocks <= 0 ||
+        (opts->dtype != QTYPE_F16 && opts->dtype != QTYPE_F32))
+        return KVPOOL_ERR_ARG;
+    kvpool *p = xcalloc(1, sizeof *p);
+    p->o = *opts;
+    p->esz = opts->dtype == QTYPE_F32 ? 4 : 2;
+    p->slab_bytes = (size_t)KVPOOL_BLOCK * (size_t)opts->head_dim * p->esz;
+    p->block_bytes = kvpool_geom_block_bytes(opts);
+    size_t total = p->block_bytes * (size_t)opts->n_blocks;
+    if (total / (size_t)opts->n_blocks != p->block_bytes) {
+        free(p);
+        return KVPOOL_ERR_NOMEM;
+    }
+    p->data = util_aligned_alloc(total);
+    p->blk = calloc((size_t)opts->n_blocks, sizeof *p->blk);
+    uint32_t nb = 16;
+    while (nb < 2u * (uint32_t)opts->n_blocks && nb < (1u << 30)) nb <<= 1;
+    p->bucket = malloc(nb * sizeof *p->bucket);
+    if (!p->data || !p->blk || !p->bucket) {
+        kvpool_free(p);
+        return KVPOOL_ERR_NOMEM;
+    }
+    p->bucket_mask = nb - 1;
+    for (uint32_t i = 0; i < nb; i++) p->bucket[i] = -1;
+    /* free list in ascending order */
+    for (int i = 0; i < opts->n_blocks; i++) {
+        kvpool_blk *b = &p->blk[i];
+        b->hnext = -1;
+        b->prev = -1;
+        b->next = i + 1 < opts->n_blocks ? i + 1 : -1;
+    }
+    p->free_head = 0;
+    p->lru_head = p->lru_tail = -1;
+    p->st.n_blocks = p->st.n_free = opts->n_blocks;
+
+    uint8_t buf[36];
+    memcpy(buf, opts->model_fp, 32);
+    int32_t dt = (int32_t)opts->dtype;
+    memcpy(buf + 32, &dt, 4);
+    unsigned int len = 0;
+    EVP_Digest(buf, sizeof buf, p->pool_fp, &len, EVP_sha256(), NULL);
+    *out = p;
+    return KVPOOL_OK;
+}
+
+void kvpool_free(kvpool *p)
+{
+    if (!p) return;
+    free(p->data);
+    free(p->blk);
+    free(p->bucket);
+    free(p);
+}
+
+size_t kvpool_block_bytes(const kvpool *p) { return p->block_bytes; }
+qtype kvpool_dtype(const kvpool *p) { return p->o.dtype; }
+void kvpool_get_stats(const kvpool *p, kvpool_stats *st) { *st = p->st; }
+
+void kvpool_block_key(const kvpool *p, const uint8_t parent[32], const int32_t *tokens, uint8_t out[32])
+{
+    uint8_t buf[32 + KVPOOL_BLOCK * 4 + 32];
+    memcpy(buf, parent, 32);
+    memcpy(buf + 32, tokens, KVPOOL_BLOCK * 4);  /* x86-64: int32 little-endian already */
+    memcpy(buf + 32 + KVPOOL_BLOCK * 4, p->pool_fp, 32);
+    unsigned int len = 0;
+    EVP_Digest(buf, sizeof buf, out, &len, EVP_sha256(), NULL);
+}
+
+static uint32_t kvpool_hash(const kvpool *p, const uint8_t key[32])
+{
+    uint32_t h;
+    memcpy(&h, key, 4);
+    return h & p->bucket_mask;
+}
+
+static int kvpool_lookup(const kvpool *p, const uint8_t key[32])
+{
+    for (int i = p->bucket[kvpool_hash(p, key)]; i >= 0; i = p->blk[i].hnext)
+        if (!memcmp(p->blk[i].key, key, 32)) return i;
+    return -1;
+}
+
+static void kvpool_map_insert(kvpool *p, int id, const uint8_t key[32])
+{
+    kvpool_blk *b = &p->blk[id];
+    memcpy(b->key, key, 32);
+    b->keyed = true;
+    uint32_t h = kvpool_hash(p, key);
+    b->hnext = p->bucket[h];
+    p->bucket[h] = id;
+}
+
+static void kvpool_map_remove(kvpool *p, int id)
+{
+    kvpool_blk *b = &p->blk[id];
+    int32_t *pp = &p->bucket[kvpool_hash(p, b->key)];
+    while (*pp >= 0 && *pp != id) pp = &p->blk[*pp].hnext;
+    if (*pp == id) *pp = b->hnext;
+    b->hnext = -1;
+    b->keyed = false;
+}
+
+static void kvpool_lru_unlink(kvpool *p, int id)
+{
+    kvpool_blk *b = &p->blk[id];
+    if (b->prev >= 0) p->blk[b->prev].next = b->next; else p->lru_head = b->next;
+    if (b->next >= 0) p->blk[b->next].prev = b->prev; else p->lru_tail = b->prev;
+    b->prev = b->next = -1;
+}
+
+static void kvpool_lru_push_head(kvpool *p, int id)
+{
+    kvpool_blk *b = &p->blk[id];
+    b->prev = -1;
+    b->next = p->lru_head;
+    if (p->lru_head >= 0) p->blk[p->lru_head].prev = id; else p->lru_tail = id;
+    p->lru_head = id;
+}
+
+/* Takes a referenced block: CACHED -> PINNED, or refcount++ on a PINNED one. */
+static void kvpool_ref(kvpool *p, int id)
+{
+    kvpool_blk *b = &p->blk[id];
+    if (b->state == KVPOOL_BLK_CACHED) {
+        kvpool_lru_unlink(p, id);
+        b->state = KVPOOL_BLK_PINNED;
+        p->st.n_cached--;
+        p->st.n_pinned++;
+    }
+    b->refcnt++;
+}
+
+static void kvpool_unref(kvpool *p, int id)
+{
+    kvpool_blk *b = &p->blk[id];
+    if (--b->refcnt > 0) return;
+    p->st.n_pinned--;
+    if (b->keyed) {
+        b->state = KVPOOL_BLK_CACHED;
+        kvpool_lru_push_head(p, id);
+        p->st.n_cached++;
+    } else {
+        b->state = KVPOOL_BLK_FREE;
+        b->prev = -1;
+        b->next = p->free_head;
+        p->free_head = id;
+        p->st.n_free++;
+    }
+}
+
+/* A fresh PINNED block with refcount 1: from the free list, else the LRU victim. */
+static int kvpool_take(kvpool *p)
+{
+    int id;
+    if (p->free_head >= 0) {
+        id = p->free_head;
+        p->free_head = p->blk[id].next;
+        p->st.n_free--;
+    } else if (p->lru_tail >= 0) {
+        id = p->lru_tail;
+        kvpool_lru_unlink(p, id);
+        kvpool_map_remove(p, id);
+        p->st.n_cached--;
+        p->st.n_reclaimed++;
+    } else {
+        return -1;
+    }
+    kvpool_blk *b = &p->blk[id];
+    b->state = KVPOOL_BLK_PINNED;
+    b->refcnt = 1;
+    b->prev = b->next = -1;
+    p->st.n_pinned++;
+    return id;
+}
+
+kvpool_seq *kvpool_seq_new(kvpool *p)
+{
+    kvpool_seq *s = xcalloc(1, sizeof *s);
+    s->table = xmalloc((size_t)p->o.n_blocks * sizeof *s->table);
+    return s;
+}
+
+void kvpool_seq_reset(kvpool *p, kvpool_seq *s)
+{
+    for (int i = s->n - 1; i >= 0; i--) kvpool_unref(p, s->table[i]);
+    s->n = 0;
+    s->n_keyed = 0;
+    memset(s->last_key, 0, sizeof s->last_key);
+}
+
+void kvpool_seq_free(kvpool *p, kvpool_seq *s)
+{
+    if (!s) return;
+    kvpool_seq_reset(p, s);
+    free(s->table);
+    free(s);
+}
+
+int kvpool_seq_attach_prefix(kvpool *p, kvpool_seq *s, const int32_t *tokens, int n)
+{
+    if (s->n != 0) return 0;
+    uint8_t key[32];
+    while ((s->n + 1) * KVPOOL_BLOCK < n) {  /* strictly less: keep >= 1 token to compute */
+        kvpool_block_key(p, s->last_key, tokens + (size_t)s->n * KVPOOL_BLOCK, key);
+        int id = kvpool_lookup(p, key);
+        if (id < 0) break;
+        kvpool_ref(p, id);
+        s->table[s->n++] = id;
+        s->n_keyed = s->n;
+        memcpy(s->last_key, key, 32);
+        p->st.n_hits++;
+    }
+    return s->n * KVPOOL_BLOCK;
+}
+
+kvpool_status kvpool_seq_reserve(kvpool *p, kvpool_seq *s, int n_total)
+{
+    if (n_total < 0) return KVPOOL_ERR_ARG;
+    int need = (n_total + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK - s->n;
+    if (need <= 0) return KVPOOL_OK;
+    if (need > p->st.n_free + p->st.n_cached || s->n + need > p->o.n_blocks) return KVPOOL_ERR_FULL;
+    while (need-- > 0) s->table[s->n++] = kvpool_take(p);
+    return KVPOOL_OK;
+}
+
+void kvpool_seq_commit_full_blocks(kvpool *p, kvpool_seq *s, const int32_t *tokens, int n_tokens)
+{
+    uint8_t key[32];
+    while (s->n_keyed < s->n && (s->n_keyed + 1) * KVPOOL_BLOCK <= n_tokens) {
+        int bi = s->n_keyed;
+        kvpool_block_key(p, s->last_key, tokens + (size_t)bi * KVPOOL_BLOCK, key);
+        int id = s->table[bi];
+        if (!p->blk[id].keyed && kvpool_lookup(p, key) < 0) kvpool_map_insert(p, id, key);
+        memcpy(s->last_key, key, 32);
+        s->n_keyed++;
+    }
+}
+
+int kvpool_seq_capacity(const kvpool_seq *s) { return s->n * KVPOOL_BLOCK; }
+int kvpool_seq_n_keyed(const kvpool_seq *s) { return s->n_keyed * KVPOOL_BLOCK; }
+const uint8_t *kvpool_seq_last_key(const kvpool_seq *s) { return s->last_key; }
+int kvpool_seq_block_id(const kvpool_seq *s, int bi) { return bi >= 0 && bi < s->n ? s->table[bi] : -1; }
+int kvpool_block_refcount(const kvpool *p, int id) { return p->blk[id].refcnt; }
+
+void *kvpool_seq_slab(const kvpool *p, const kvpool_seq *s, int bi, int layer, int kv, int kv_head)
+{
+    size_t slab = ((size_t)layer * 2 + (size_t)kv) * (size_t)p->o.n_kv_heads + (size_t)kv_head;
+    return p->data + (size_t)s->table[bi] * p->block_bytes + slab * p->slab_bytes;
+}
+
+void *kvpool_seq_row(const kvpool *p, const kvpool_seq *s, int pos, int layer, int kv, int kv_head)
+{
+    uint8_t *slab = kvpool_seq_slab(p, s, pos / KVPOOL_BLOCK, layer, kv, kv_head);
+    return slab + (size_t)(pos % KVPOOL_BLOCK) * (size_t)p->o.head_dim * p->esz;
+}

@@ -1,0 +1,111 @@
+/*
+ * kvpool: the paged KV cache and the in-RAM tier of the prefix cache.
+ *
+ * DESIGN. One allocation at start holds n_blocks blocks of KVPOOL_BLOCK (128) token
+ * positions. A block holds K and V of every layer for its 128 positions, laid out
+ * [layer][k|v][kv_head][token][head_dim] so that attention for one (layer, kv head) walks one
+ * contiguous (128, head_dim) slab of K and one of V. Elements are F16 (default) or F32.
+ *
+ * A sequence (kvpool_seq) owns a block table: position p lives in table[p / 128] at row
+ * p % 128. Blocks are reference-counted: a full block whose 128 tokens are known gets a key,
+ * SHA-256(parent key, its 128 token ids as int32 LE, pool fingerprint) where the parent key
+ * of the first block is all zeros and the pool fingerprint is SHA-256(model fingerprint, KV
+ * dtype); keyed blocks are entered in a hash map. A new sequence whose prompt starts with
+ * keyed blocks attaches them (refcount++) and computes only the rest. Like SQLite's pcache1:
+ * a block is FREE (on the free list, unkeyed), PINNED (refcount > 0) or CACHED (refcount 0,
+ * keyed, on the LRU); CACHED blocks are reclaimed, least recently released first, only when
+ * the free list is empty. Keyed blocks are never written again (they are full and their
+ * contents are a function of their key).
+ *
+ * Not thread-safe: one engine thread owns the pool; kernel threads only read and write the
+ * slabs of blocks the engine thread handed out for the current step.
+ */
+#ifndef TM_KVPOOL_H
+#define TM_KVPOOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+#include "model/quant.h"
+
+#define KVPOOL_BLOCK 128
+
+typedef enum {
+    KVPOOL_OK = 0,
+    KVPOOL_ERR_FULL,   /* no free or reclaimable block: wait for a sequence to end, or preempt */
+    KVPOOL_ERR_NOMEM,  /* the pool itself could not be allocated */
+    KVPOOL_ERR_ARG,    /* bad options */
+} kvpool_status;
+
+typedef struct {
+    int n_layers;
+    int n_kv_heads;
+    int head_dim;
+    qtype dtype;                 /* QTYPE_F16 or QTYPE_F32 */
+    int n_blocks;                /* pool size in blocks */
+    uint8_t model_fp[32];        /* model fingerprint (model.h) */
+} kvpool_opts;
+
+typedef struct kvpool kvpool;
+typedef struct kvpool_seq kvpool_seq;
+
+typedef struct {
+    int n_blocks;                /* total */
+    int n_free;                  /* on the free list */
+    int n_cached;                /* unreferenced but keyed (LRU) */
+    int n_pinned;                /* referenced by at least one sequence */
+    uint64_t n_hits;             /* blocks attached from the cache, lifetime */
+    uint64_t n_reclaimed;        /* cached blocks evicted to satisfy a reservation */
+} kvpool_stats;
+
+kvpool_status kvpool_new(const kvpool_opts *opts, kvpool **out);
+void kvpool_free(kvpool *p);
+const char *kvpool_status_name(kvpool_status st);
+size_t kvpool_block_bytes(const kvpool *p);
+/* Blocks that fit in `bytes` for the given geometry (at least 1). */
+int kvpool_blocks_for_bytes(const kvpool_opts *opts, size_t bytes);
+void kvpool_get_stats(const kvpool *p, kvpool_stats *st);
+qtype kvpool_dtype(const kvpool *p);
+
+/* A new, empty sequence (allocates its handle: not for the hot path). */
+kvpool_seq *kvpool_seq_new(kvpool *p);
+/* Releases the sequence's blocks (keyed ones go to the LRU, others to the free list) and
+ * frees the handle. NULL is ignored. */
+void kvpool_seq_free(kvpool *p, kvpool_seq *s);
+/* Releases all blocks and makes the sequence empty again (keeps the handle). */
+void kvpool_seq_reset(kvpool *p, kvpool_seq *s);
+
+/* On an empty sequence: attaches the longest run of cached full blocks that prefixes
+ * tokens[0..n), leaving at least one token to compute (so never all n). Returns the number
+ * of positions attached (a multiple of 128); the caller computes tokens from there. */
+int kvpool_seq_attach_prefix(kvpool *p, kvpool_seq *s, const int32_t *tokens, int n);
+/* Makes positions [0, n_total) writable/readable: allocates blocks as needed, reclaiming
+ * cached blocks when the free list is empty. KVPOOL_ERR_FULL (not enough free + cached
+ * blocks) changes nothing. */
+kvpool_status kvpool_seq_reserve(kvpool *p, kvpool_seq *s, int n_total);
+/* After a step wrote positions [0, n_tokens) of the sequence, whose token ids are
+ * tokens[0..n_tokens): keys and registers every full block not yet keyed. A block whose key
+ * is already registered (another sequence computed the same prefix) stays unkeyed. */
+void kvpool_seq_commit_full_blocks(kvpool *p, kvpool_seq *s, const int32_t *tokens, int n_tokens);
+/* Positions the sequence can hold now (blocks * 128). */
+int kvpool_seq_capacity(const kvpool_seq *s);
+/* Positions of leading blocks that were keyed (attached or committed). */
+int kvpool_seq_n_keyed(const kvpool_seq *s);
+/* Key of the last keyed block (zeros if none). */
+const uint8_t *kvpool_seq_last_key(const kvpool_seq *s);
+
+/* Slab of K (kv = 0) or V (kv = 1) for (layer, kv_head) in the sequence's block bi:
+ * (128, head_dim) elements of the pool dtype, row r = position bi*128 + r. bi must be below
+ * capacity/128. */
+void *kvpool_seq_slab(const kvpool *p, const kvpool_seq *s, int bi, int layer, int kv, int kv_head);
+/* Pointer to one row (head_dim elements) for position pos. */
+void *kvpool_seq_row(const kvpool *p, const kvpool_seq *s, int pos, int layer, int kv, int kv_head);
+
+/* The key of a block from its parent key and 128 tokens (exposed for tests and the store). */
+void kvpool_block_key(const kvpool *p, const uint8_t parent[32], const int32_t *tokens, uint8_t out[32]);
+/* Debug/test: block id at table index bi, and the refcount of a block id. */
+int kvpool_seq_block_id(const kvpool_seq *s, int bi);
+int kvpool_block_refcount(const kvpool *p, int block_id);
+
+#endif

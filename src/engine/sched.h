@@ -1,0 +1,173 @@
+/*
+ * sched: continuous batching of many requests on one engine.
+ *
+ * DESIGN. One engine thread (started by sched_new) loops: plan a batch, engine_step, sample,
+ * publish. Requests join and leave between steps. Each step has a token budget
+ * (step_tokens): every running decode gets its one token first, and what is left of the budget
+ * is given to prefill chunks (oldest request first), so a long prompt is read a chunk per step
+ * while the decodes keep producing. A new request first attaches the cached full 128-token
+ * blocks that prefix its prompt (kvpool_seq_attach_prefix) and computes only the rest; those
+ * attached positions are reported as cached prompt tokens.
+ *
+ * The queue of waiting requests is bounded (max_queue: SCHED_ERR_QUEUE_FULL beyond it); at
+ * most max_seqs run at once. KV exhaustion never fails a request: a waiting request stays
+ * queued until blocks are free, and when a running one cannot get its next block the newest
+ * running request is preempted (its blocks released, its tokens so far kept) and later
+ * resumed by recomputing prompt + generated tokens (usually attaching its own blocks again
+ * from the prefix tier). A request alone that cannot fit the pool finishes with ERROR.
+ *
+ * Tokens only: the scheduler knows token ids, never text. Detokenising, stop-string matching
+ * and event splitting happen on the caller's (HTTP) threads, which pull outputs with
+ * sched_poll; a stop string matched there is ended with sched_cancel.
+ *
+ * Sampling: each request has its own sampler (sample.h) seeded from its params, fed with the
+ * prompt and its generated tokens, so a request's tokens do not depend on what else runs.
+ * Greedy results are the same alone or batched (the engine's results do not depend on the
+ * batch, see engine.h). Log-probabilities, when asked, are log-softmax of the raw logits
+ * (before penalties and temperature), as OpenAI reports them.
+ *
+ * Threads and locks: one mutex guards the queue, every request's output ring and state
+ * flags; the engine thread holds it only to take new requests, publish outputs and apply
+ * cancels, never while the kernels run. Callers of sched_poll wait on the request's
+ * condition variable. The engine thread alone touches the kvpool, the engine and samplers.
+ */
+#ifndef TM_SCHED_H
+#define TM_SCHED_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/engine.h"
+#include "engine/sample.h"
+
+typedef enum {
+    SCHED_OK = 0,
+    SCHED_ERR_QUEUE_FULL,   /* too many waiting requests: HTTP 429 (OpenAI) / 529 (Anthropic) */
+    SCHED_ERR_TOO_LONG,     /* prompt (+ max_tokens floor of 1) longer than n_ctx: HTTP 400 */
+    SCHED_ERR_ARG,          /* empty prompt, token id out of range, bad counts: HTTP 400 */
+    SCHED_ERR_NOMEM,
+    SCHED_ERR_STOPPED,      /* the scheduler is shutting down: HTTP 503 */
+} sched_status;
+
+typedef enum {
+    SCHED_FINISH_NONE = 0,  /* still running */
+    SCHED_FINISH_STOP,      /* an end-of-generation / stop token was produced */
+    SCHED_FINISH_LENGTH,    /* max_tokens reached, or the context is full */
+    SCHED_FINISH_CANCELLED, /* sched_cancel (disconnect, stop string matched by the caller) */
+    SCHED_FINISH_ERROR,     /* the request could not run (e.g. larger than the whole KV pool) */
+} sched_finish;
+
+#define SCHED_MAX_TOP_LOGPROBS 20   /* most alternatives per token (OpenAI allows 20) */
+#define SCHED_MAX_STOP_IDS 8        /* most extra stop token ids per request */
+
+typedef struct {
+    int max_seqs;           /* running sequences at once; <= 0: 16 */
+    int max_queue;          /* waiting requests beyond which submit fails; <= 0: 256 */
+    int step_tokens;        /* token budget per step; <= 0 or > engine max batch: engine max */
+    int n_ctx;              /* positions per sequence (prompt + generated); <= 0: model n_ctx_train */
+    int32_t eos_ids[4];     /* end-of-generation ids for every request (-1 = unused) */
+} sched_opts;
+
+typedef struct {
+    const int32_t *prompt;  /* (n_prompt) token ids; copied by sched_submit */
+    int n_prompt;           /* >= 1 */
+    sample_params sample;   /* sampling, incl. seed; see sample.h */
+    int max_tokens;         /* generated tokens at most; <= 0: until the context is full */
+    int32_t stop_ids[SCHED_MAX_STOP_IDS]; /* extra ids that end generation (e.g. <|im_end|>) */
+    int n_stop_ids;         /* used entries of stop_ids */
+    bool ignore_eos;        /* do not stop on opts.eos_ids (stop_ids still apply) */
+    bool logprobs;          /* report the log-probability of each chosen token */
+    int top_logprobs;       /* alternatives per token, 0..SCHED_MAX_TOP_LOGPROBS (needs logprobs) */
+    const char *cache_salt; /* tenant salt for block keys: placeholder, not used yet */
+} sched_params;
+
+typedef struct {
+    int prompt_tokens;      /* tokens of the prompt */
+    int cached_tokens;      /* prompt tokens whose KV came from a cache tier (first admission) */
+    int completion_tokens;  /* tokens generated, the stop token included when one ended it */
+} sched_usage;
+
+typedef enum {
+    SCHED_OUT_TOKEN = 0,    /* one generated token */
+    SCHED_OUT_FINISH,       /* the last record of a request */
+} sched_out_kind;
+
+typedef struct {
+    int32_t token;          /* token id */
+    float logprob;          /* natural log-probability */
+} sched_logprob;
+
+typedef struct {
+    sched_out_kind kind;
+    int32_t token;          /* TOKEN: the generated id */
+    bool is_stop;           /* TOKEN: this id is the eos/stop token that ended the request */
+    float logprob;          /* TOKEN with logprobs: log p(token) */
+    int n_top;              /* TOKEN with top_logprobs: entries of top, most likely first */
+    sched_logprob top[SCHED_MAX_TOP_LOGPROBS];
+    sched_finish finish;    /* FINISH: why */
+    sched_usage usage;      /* FINISH: token counts */
+    double ttft_s;          /* FINISH: seconds from submit to the first token (-1 if none) */
+} sched_output;
+
+typedef struct {
+    uint64_t n_requests;        /* submitted (accepted) */
+    uint64_t n_rejected;        /* submit failed with QUEUE_FULL */
+    uint64_t n_finished[5];     /* by sched_finish value */
+    uint64_t n_prompt_tokens;   /* prompt tokens of admitted requests */
+    uint64_t n_cached_tokens;   /* of which attached from the cache */
+    uint64_t n_prefill_tokens;  /* tokens computed as prefill (recomputes included) */
+    uint64_t n_gen_tokens;      /* tokens generated */
+    uint64_t n_preempted;       /* preemptions */
+    uint64_t n_steps;           /* engine steps */
+    double step_s;              /* total seconds inside engine_step */
+    double gap_s;               /* total seconds of CPU work between steps while busy */
+    int n_queued;               /* waiting now (incl. preempted) */
+    int n_running;              /* running now */
+    int kv_blocks_total;        /* pool size */
+    int kv_blocks_used;         /* pinned blocks */
+    int kv_blocks_cached;       /* unreferenced but keyed (reclaimable) */
+    int kv_blocks_free;         /* on the free list */
+} sched_stats;
+
+/* Latency histograms, seconds; SCHED_HIST_N bucket upper bounds (+Inf implied). */
+#define SCHED_HIST_N 14
+extern const double sched_hist_bounds[SCHED_HIST_N];
+typedef struct {
+    uint64_t counts[SCHED_HIST_N + 1];  /* per bucket, not cumulative; last is +Inf */
+    uint64_t n;                         /* observations */
+    double sum;                         /* seconds */
+} sched_hist;
+
+typedef struct sched sched;
+typedef struct sched_req sched_req;
+
+/* Starts the engine thread. The engine (and its model) must outlive the scheduler. */
+sched_status sched_new(engine *e, const sched_opts *opts, sched **out);
+/* Stops the engine thread: running and queued requests finish CANCELLED; handles stay
+ * valid until released. Then frees the scheduler; every request must have been released. */
+void sched_free(sched *s);
+const char *sched_status_name(sched_status st);
+const char *sched_finish_name(sched_finish f);   /* "stop", "length", "cancelled", "error" */
+int sched_n_ctx(const sched *s);
+
+/* Queues a request. On SCHED_OK *out is a handle the caller polls and must release. */
+sched_status sched_submit(sched *s, const sched_params *p, sched_req **out);
+/* Waits up to timeout_ms (0: do not wait, < 0: forever) for outputs; copies up to max of
+ * them into out and returns how many. The FINISH record comes last; after it has been
+ * returned every call returns 0 at once. */
+int sched_poll(sched_req *r, sched_output *out, int max, int timeout_ms);
+/* True once the FINISH record has been returned by sched_poll. */
+bool sched_done(const sched_req *r);
+/* Ends the request as soon as the engine thread sees it (before its next step): its KV
+ * blocks are released then. Outputs already produced remain pollable, followed by FINISH
+ * CANCELLED (unless it had finished already). Safe to call more than once. */
+void sched_cancel(sched_req *r);
+/* Cancels if needed and frees the handle; r must not be used afterwards. */
+void sched_release(sched_req *r);
+
+void sched_get_stats(sched *s, sched_stats *st);
+/* Copies the time-to-first-token and inter-token latency histograms. */
+void sched_get_hists(sched *s, sched_hist *ttft, sched_hist *itl, sched_hist *step);
+
+#endif

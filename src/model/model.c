@@ -1,0 +1,427 @@
+/*
+ * model: hyper-parameters and weight views of llama / qwen2 / qwen3 GGUF files. See model.h
+ * for the design; this file is the loading and validation, one tensor at a time, each error
+ * naming what is wrong.
+ */
+#include "model/model.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <openssl/evp.h>
+
+#include "util/util.h"
+
+/* Loading context: the model being built plus the error buffer. */
+typedef struct {
+    model *m;
+    char *err;
+    size_t errsz;
+    gguf_status st;  /* first error */
+} model_ld;
+
+static gguf_status model_fail(model_ld *ld, gguf_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static gguf_status model_fail(model_ld *ld, gguf_status st, const char *fmt, ...)
+{
+    if (ld->st == GGUF_OK) {
+        ld->st = st;
+        if (ld->errsz > 0) {
+            va_list ap;
+            va_start(ap, fmt);
+            vsnprintf(ld->err, ld->errsz, fmt, ap);
+            va_end(ap);
+        }
+    }
+    return st;
+}
+
+static bool model_key_int(model_ld *ld, const char *key, bool required, int64_t def, int64_t *out)
+{
+    int64_t v;
+    if (gguf_get_int(ld->m->g, key, &v)) {
+        *out = v;
+        return true;
+    }
+    if (gguf_find_key(ld->m->g, key) >= 0) {
+        model_fail(ld, GGUF_ERR_FORMAT, "key %s has the wrong type (expected an integer)", key);
+        return false;
+    }
+    if (required) {
+        model_fail(ld, GGUF_ERR_MISSING, "missing key %s", key);
+        return false;
+    }
+    *out = def;
+    return true;
+}
+
+static bool model_key_float(model_ld *ld, const char *key, double def, double *out)
+{
+    double v;
+    if (gguf_get_float(ld->m->g, key, &v)) {
+        *out = v;
+        return true;
+    }
+    if (gguf_find_key(ld->m->g, key) >= 0) {
+        model_fail(ld, GGUF_ERR_FORMAT, "key %s has the wrong type (expected a float)", key);
+        return false;
+    }
+    *out = def;
+    return true;
+}
+
+/* Finds tensor NAME, checks it is 1-D or 2-D with the given (cols, rows) (rows = 1 and
+ * n_dims = 1 for a vector). Returns NULL and records the error when absent (if required) or
+ * wrong. */
+static const gguf_tensor *model_tensor(model_ld *ld, const char *name, bool required,
+                                       int n_dims, int64_t cols, int64_t rows)
+{
+    const gguf_tensor *t = gguf_find_tensor(ld->m->g, name);
+    if (!t) {
+        if (required) model_fail(ld, GGUF_ERR_MISSING, "missing tensor %s", name);
+        return NULL;
+    }
+    int64_t nel_hi = t->ne[2] * t->ne[3];
+    bool ok = nel_hi == 1 && t->ne[0] == cols && t->ne[1] == rows && t->n_dims <= 2 &&
+              (n_dims == 2 || t->n_dims == 1 || t->ne[1] == 1);
+    if (!ok) {
+        model_fail(ld, GGUF_ERR_SHAPE,
+                   "tensor %s has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld]", name,
+                   (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
+                   (long long)t->ne[3], (long long)cols, (long long)rows);
+        return NULL;
+    }
+    if (!quant_type_supported(t->type)) {
+        model_fail(ld, GGUF_ERR_TYPE, "tensor %s has unsupported type %d", name, (int)t->type);
+        return NULL;
+    }
+    return t;
+}
+
+static bool model_matrix(model_ld *ld, const char *name, int64_t cols, int64_t rows, ops_weight *w)
+{
+    const gguf_tensor *t = model_tensor(ld, name, true, 2, cols, rows);
+    if (!t) return false;
+    if (t->type == QTYPE_Q8_K) {
+        model_fail(ld, GGUF_ERR_TYPE, "tensor %s: type q8_K is not a weight type", name);
+        return false;
+    }
+    w->type = t->type;
+    w->rows = rows;
+    w->cols = cols;
+    w->data = t->data;
+    return true;
+}
+
+/* A 1-D tensor of n elements, converted to an owned f32 array. Returns NULL if absent
+ * (error recorded only if required) or wrong. */
+static const float *model_vector(model_ld *ld, const char *name, bool required, int64_t n)
+{
+    const gguf_tensor *t = model_tensor(ld, name, required, 1, n, 1);
+    if (!t) return NULL;
+    if (n % quant_block_elems(t->type) != 0) {
+        model_fail(ld, GGUF_ERR_SHAPE, "tensor %s: %lld elements is not a whole number of blocks",
+                   name, (long long)n);
+        return NULL;
+    }
+    float *v = malloc((size_t)n * sizeof(float));
+    if (!v) {
+        model_fail(ld, GGUF_ERR_NOMEM, "out of memory for tensor %s", name);
+        return NULL;
+    }
+    quant_dequantize_row(t->type, t->data, v, n);
+    model *m = ld->m;
+    m->owned = xrealloc(m->owned, (size_t)(m->n_owned + 1) * sizeof(float *));
+    m->owned[m->n_owned++] = v;
+    return v;
+}
+
+static float *model_own(model *m, size_t n)
+{
+    float *v = xcalloc(n, sizeof(float));
+    m->owned = xrealloc(m->owned, (size_t)(m->n_owned + 1) * sizeof(float *));
+    m->owned[m->n_owned++] = v;
+    return v;
+}
+
+/* Reads the hyper-parameters of architecture arch_name. */
+static bool model_read_hparams(model_ld *ld, const char *an)
+{
+    model_hparams *hp = &ld->m->hp;
+    char key[128];
+    int64_t v;
+    double f;
+
+#define KEY(suffix) (snprintf(key, sizeof key, "%s.%s", an, suffix), key)
+    if (!model_key_int(ld, KEY("embedding_length"), true, 0, &v)) return false;
+    hp->dim = (int)v;
+    if (!model_key_int(ld, KEY("block_count"), true, 0, &v)) return false;
+    hp->n_layers = (int)v;
+    if (!model_key_int(ld, KEY("attention.head_count"), true, 0, &v)) return false;
+    hp->n_heads = (int)v;
+    if (!model_key_int(ld, KEY("attention.head_count_kv"), false, hp->n_heads, &v)) return false;
+    hp->n_kv_heads = (int)v;
+    if (!model_key_int(ld, KEY("feed_forward_length"), true, 0, &v)) return false;
+    hp->ffn_dim = (int)v;
+    if (!model_key_int(ld, KEY("context_length"), false, 2048, &v)) return false;
+    hp->n_ctx_train = (int)v;
+    if (hp->dim <= 0 || hp->n_layers <= 0 || hp->n_heads <= 0 || hp->n_kv_heads <= 0 ||
+        hp->ffn_dim <= 0 || hp->n_ctx_train <= 0 || hp->dim > (1 << 20) || hp->n_layers > 4096 ||
+        hp->n_heads > 4096 || hp->ffn_dim > (1 << 22)) {
+        model_fail(ld, GGUF_ERR_FORMAT,
+                   "bad hyper-parameters: dim %d, layers %d, heads %d, kv heads %d, ffn %d, ctx %d",
+                   hp->dim, hp->n_layers, hp->n_heads, hp->n_kv_heads, hp->ffn_dim, hp->n_ctx_train);
+        return false;
+    }
+    if (hp->n_heads % hp->n_kv_heads != 0) {
+        model_fail(ld, GGUF_ERR_FORMAT, "head count %d is not a multiple of the kv head count %d",
+                   hp->n_heads, hp->n_kv_heads);
+        return false;
+    }
+    int64_t def_hd = hp->dim / hp->n_heads;
+    if (!model_key_int(ld, KEY("attention.key_length"), false, def_hd, &v)) return false;
+    hp->head_dim = (int)v;
+    int64_t vlen;
+    if (!model_key_int(ld, KEY("attention.value_length"), false, hp->head_dim, &vlen)) return false;
+    if (hp->head_dim <= 0 || hp->head_dim > 1024 || hp->head_dim % 2 != 0 || vlen != hp->head_dim) {
+        model_fail(ld, GGUF_ERR_FORMAT, "unsupported head size: key_length %d, value_length %lld",
+                   hp->head_dim, (long long)vlen);
+        return false;
+    }
+    if (!model_key_float(ld, KEY("attention.layer_norm_rms_epsilon"), 1e-5, &f)) return false;
+    hp->rms_eps = (float)f;
+    if (!model_key_float(ld, KEY("rope.freq_base"), 10000.0, &f)) return false;
+    hp->rope_base = (float)f;
+    if (!model_key_int(ld, KEY("rope.dimension_count"), false, hp->head_dim, &v)) return false;
+    hp->n_rot = (int)v;
+    if (hp->n_rot <= 0 || hp->n_rot > hp->head_dim || hp->n_rot % 2 != 0) {
+        model_fail(ld, GGUF_ERR_FORMAT, "bad rope.dimension_count %d (head size %d)", hp->n_rot,
+                   hp->head_dim);
+        return false;
+    }
+    hp->rope_freq_scale = 1.0f;
+    const char *stype = NULL;
+    size_t stype_len = 0;
+    bool has_type = gguf_get_str(ld->m->g, KEY("rope.scaling.type"), &stype, &stype_len);
+    double factor = 0;
+    if (!model_key_float(ld, KEY("rope.scaling.factor"), 0.0, &factor)) return false;
+    if (factor == 0 && !model_key_float(ld, KEY("rope.scale_linear"), 0.0, &factor)) return false;
+    bool is_linear = has_type ? (stype_len == 6 && !memcmp(stype, "linear", 6)) : factor != 0;
+    bool is_llama3 = has_type && stype_len == 6 && !memcmp(stype, "llama3", 6);
+    bool is_none = has_type && stype_len == 4 && !memcmp(stype, "none", 4);
+    if (has_type && !is_linear && !is_llama3 && !is_none) {
+        model_fail(ld, GGUF_ERR_FORMAT, "unsupported rope scaling type '%.*s'", (int)stype_len, stype);
+        return false;
+    }
+    if (is_linear && factor != 0) hp->rope_freq_scale = (float)(1.0 / factor);
+
+    /* inverse frequencies, with per-pair factors from rope_freqs.weight or llama3 keys */
+    float *inv = model_own(ld->m, (size_t)hp->n_rot / 2);
+    const float *ff = model_vector(ld, "rope_freqs.weight", false, hp->n_rot / 2);
+    if (ld->st != GGUF_OK) return false;
+    double lo = 1, hi = 4, orig = 8192;
+    float *factors = NULL;
+    if (is_llama3 && !ff) {
+        factors = model_own(ld->m, (size_t)hp->n_rot / 2);
+        if (!model_key_float(ld, KEY("rope.scaling.low_freq_factor"), 1.0, &lo)) return false;
+        if (!model_key_float(ld, KEY("rope.scaling.high_freq_factor"), 4.0, &hi)) return false;
+        if (!model_key_float(ld, KEY("rope.scaling.original_context_length"), 8192.0, &orig)) return false;
+        if (factor == 0) factor = 8.0;
+    }
+    for (int i = 0; i < hp->n_rot / 2; i++) {
+        double freq = pow((double)hp->rope_base, -2.0 * i / hp->n_rot);
+        double fac = 1.0;
+        if (ff) {
+            fac = ff[i];
+        } else if (is_llama3) {
+            double wavelen = 2 * M_PI / freq;
+            double lo_wl = orig / lo, hi_wl = orig / hi;
+            if (wavelen < hi_wl) fac = 1;
+            else if (wavelen > lo_wl) fac = factor;
+            else {
+                double smooth = (orig / wavelen - lo) / (hi - lo);
+                fac = 1 / ((1 - smooth) / factor + smooth);
+            }
+        }
+        inv[i] = (float)(freq * hp->rope_freq_scale / fac);
+        if (factors) factors[i] = (float)fac;
+    }
+    hp->rope_inv_freq = inv;
+    hp->rope_freq_factors = ff ? ff : factors;
+    hp->rope_theta_scale = powf(hp->rope_base, -2.0f / (float)hp->n_rot);
+#undef KEY
+    return true;
+}
+
+static bool model_sha_update(EVP_MD_CTX *c, const void *p, size_t n)
+{
+    return EVP_DigestUpdate(c, p, n) == 1;
+}
+
+static bool model_fingerprint(model *m, const model_opts *opts)
+{
+    EVP_MD_CTX *c = EVP_MD_CTX_new();
+    if (!c) return false;
+    bool ok = EVP_DigestInit_ex(c, EVP_sha256(), NULL) == 1;
+    const model_hparams *hp = &m->hp;
+    const char tag[] = "tokenmill-model-fp-v1";
+    ok = ok && model_sha_update(c, tag, sizeof tag);
+    ok = ok && model_sha_update(c, hp->arch_name, strlen(hp->arch_name) + 1);
+    int32_t ints[] = { hp->n_vocab, hp->dim, hp->n_layers, hp->n_heads, hp->n_kv_heads,
+                       hp->head_dim, hp->ffn_dim, hp->n_rot, hp->rope_neox };
+    float fl[] = { hp->rms_eps, hp->rope_base, hp->rope_freq_scale };
+    ok = ok && model_sha_update(c, ints, sizeof ints) && model_sha_update(c, fl, sizeof fl);
+    ok = ok && model_sha_update(c, hp->rope_inv_freq, sizeof(float) * (size_t)(hp->n_rot / 2));
+    uint64_t fsz = gguf_file_size(m->g);
+    ok = ok && model_sha_update(c, &fsz, sizeof fsz);
+    int nt = gguf_n_tensors(m->g);
+    for (int i = 0; i < nt && ok; i++) {
+        const gguf_tensor *t = gguf_tensor_at(m->g, i);
+        int32_t ty = (int32_t)t->type;
+        ok = model_sha_update(c, t->name, strlen(t->name) + 1) && model_sha_update(c, &ty, 4) &&
+             model_sha_update(c, t->ne, sizeof t->ne) && model_sha_update(c, &t->offset, 8);
+        if (!ok || (opts && opts->no_fingerprint_bytes)) continue;
+        const size_t smp = 4096;
+        const uint8_t *d = t->data;
+        if (t->nbytes <= 3 * smp) {
+            ok = model_sha_update(c, d, t->nbytes);
+        } else {
+            ok = model_sha_update(c, d, smp) && model_sha_update(c, d + t->nbytes / 2, smp) &&
+                 model_sha_update(c, d + t->nbytes - smp, smp);
+        }
+    }
+    unsigned int len = 0;
+    ok = ok && EVP_DigestFinal_ex(c, m->fingerprint, &len) == 1 && len == 32;
+    EVP_MD_CTX_free(c);
+    for (int i = 0; i < 32; i++) snprintf(m->fingerprint_hex + 2 * i, 3, "%02x", m->fingerprint[i]);
+    return ok;
+}
+
+gguf_status model_load(const char *path, const model_opts *opts, model **out, char *err, size_t errsz)
+{
+    *out = NULL;
+    if (errsz > 0) err[0] = '\0';
+    model *m = xcalloc(1, sizeof *m);
+    model_ld ld = { .m = m, .err = err, .errsz = errsz, .st = GGUF_OK };
+    gguf_status st = gguf_open(path, &m->g, err, errsz);
+    if (st != GGUF_OK) {
+        free(m);
+        return st;
+    }
+
+    const char *an;
+    size_t an_len;
+    if (!gguf_get_str(m->g, "general.architecture", &an, &an_len)) {
+        model_fail(&ld, GGUF_ERR_MISSING, "%s: missing key general.architecture", path);
+        goto fail;
+    }
+    model_hparams *hp = &m->hp;
+    if (an_len == 5 && !memcmp(an, "llama", 5)) {
+        hp->arch = MODEL_ARCH_LLAMA, hp->arch_name = "llama", hp->rope_neox = false;
+    } else if (an_len == 5 && !memcmp(an, "qwen2", 5)) {
+        hp->arch = MODEL_ARCH_QWEN2, hp->arch_name = "qwen2", hp->rope_neox = true;
+    } else if (an_len == 5 && !memcmp(an, "qwen3", 5)) {
+        hp->arch = MODEL_ARCH_QWEN3, hp->arch_name = "qwen3", hp->rope_neox = true;
+    } else {
+        model_fail(&ld, GGUF_ERR_TYPE, "%s: unsupported architecture '%.*s' (supported: llama, qwen2, qwen3)",
+                   path, (int)TM_MIN(an_len, 64), an);
+        goto fail;
+    }
+    if (!model_read_hparams(&ld, hp->arch_name)) goto fail;
+
+    /* token embedding fixes the vocabulary size */
+    const gguf_tensor *te = gguf_find_tensor(m->g, "token_embd.weight");
+    if (!te) {
+        model_fail(&ld, GGUF_ERR_MISSING, "missing tensor token_embd.weight");
+        goto fail;
+    }
+    if (te->ne[1] <= 0 || te->ne[1] > (1 << 24)) {
+        model_fail(&ld, GGUF_ERR_SHAPE, "tensor token_embd.weight has %lld rows", (long long)te->ne[1]);
+        goto fail;
+    }
+    hp->n_vocab = (int)te->ne[1];
+    if (!model_matrix(&ld, "token_embd.weight", hp->dim, hp->n_vocab, &m->tok_embd)) goto fail;
+    m->output_norm = model_vector(&ld, "output_norm.weight", true, hp->dim);
+    if (!m->output_norm) goto fail;
+    if (gguf_find_tensor(m->g, "output.weight")) {
+        if (!model_matrix(&ld, "output.weight", hp->dim, hp->n_vocab, &m->output)) goto fail;
+    } else {
+        m->output = m->tok_embd;
+        m->tied_output = true;
+    }
+
+    int q_dim = hp->n_heads * hp->head_dim, kv_dim = hp->n_kv_heads * hp->head_dim;
+    m->layers = xcalloc((size_t)hp->n_layers, sizeof *m->layers);
+    for (int il = 0; il < hp->n_layers; il++) {
+        model_layer *L = &m->layers[il];
+        char nm[96];
+#define TN(suffix) (snprintf(nm, sizeof nm, "blk.%d.%s", il, suffix), nm)
+        if (!(L->attn_norm = model_vector(&ld, TN("attn_norm.weight"), true, hp->dim))) goto fail;
+        if (!model_matrix(&ld, TN("attn_q.weight"), hp->dim, q_dim, &L->wq)) goto fail;
+        if (!model_matrix(&ld, TN("attn_k.weight"), hp->dim, kv_dim, &L->wk)) goto fail;
+        if (!model_matrix(&ld, TN("attn_v.weight"), hp->dim, kv_dim, &L->wv)) goto fail;
+        if (!model_matrix(&ld, TN("attn_output.weight"), q_dim, hp->dim, &L->wo)) goto fail;
+        if (hp->arch == MODEL_ARCH_QWEN2) {
+            if (!(L->bq = model_vector(&ld, TN("attn_q.bias"), true, q_dim))) goto fail;
+            if (!(L->bk = model_vector(&ld, TN("attn_k.bias"), true, kv_dim))) goto fail;
+            if (!(L->bv = model_vector(&ld, TN("attn_v.bias"), true, kv_dim))) goto fail;
+        }
+        if (hp->arch == MODEL_ARCH_QWEN3) {
+            if (!(L->q_norm = model_vector(&ld, TN("attn_q_norm.weight"), true, hp->head_dim))) goto fail;
+            if (!(L->k_norm = model_vector(&ld, TN("attn_k_norm.weight"), true, hp->head_dim))) goto fail;
+        }
+        if (!(L->ffn_norm = model_vector(&ld, TN("ffn_norm.weight"), true, hp->dim))) goto fail;
+        if (!model_matrix(&ld, TN("ffn_gate.weight"), hp->dim, hp->ffn_dim, &L->gate)) goto fail;
+        if (!model_matrix(&ld, TN("ffn_up.weight"), hp->dim, hp->ffn_dim, &L->up)) goto fail;
+        if (!model_matrix(&ld, TN("ffn_down.weight"), hp->ffn_dim, hp->dim, &L->down)) goto fail;
+#undef TN
+    }
+    if (!model_fingerprint(m, opts)) {
+        model_fail(&ld, GGUF_ERR_NOMEM, "SHA-256 (libcrypto) failed while fingerprinting");
+        goto fail;
+    }
+    *out = m;
+    return GGUF_OK;
+
+fail:
+    st = ld.st != GGUF_OK ? ld.st : GGUF_ERR_FORMAT;
+    model_free(m);
+    return st;
+}
+
+void model_free(model *m)
+{
+    if (!m) return;
+    for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
+    free(m->owned);
+    free(m->layers);
+    gguf_close(m->g);
+    free(m);
+}
+
+void model_embed_row(const model *m, int32_t token, float *out)
+{
+    const ops_weight *w = &m->tok_embd;
+    size_t rb = quant_row_bytes(w->type, w->cols);
+    quant_dequantize_row(w->type, (const uint8_t *)w->data + (size_t)token * rb, out, w->cols);
+}
+
+static size_t model_w_bytes(const ops_weight *w)
+{
+    return quant_row_bytes(w->type, w->cols) * (size_t)w->rows;
+}
+
+size_t model_weight_bytes(const model *m)
+{
+    size_t n = model_w_bytes(&m->output);
+    for (int il = 0; il < m->hp.n_layers; il++) {
+        const model_layer *L = &m->layers[il];
+        n += model_w_bytes(&L->wq) + model_w_bytes(&L->wk) + model_w_bytes(&L->wv) +
+             model_w_bytes(&L->wo) + model_w_bytes(&L->gate) + model_w_bytes(&L->up) +
+             model_w_bytes(&L->down);
+    }
+    return n;
+}

@@ -1,0 +1,108 @@
+/*
+ * model: a decoder-only transformer described by a GGUF file: the hyper-parameters and the
+ * weights of the architectures we run (`llama`, `qwen2`, `qwen3`), ready for the engine.
+ *
+ * model_load opens the GGUF (gguf.c: read-only shared mmap) and keeps it open for the
+ * model's lifetime: matrices are used in place from the mapping as ops_weight views. Small
+ * 1-D tensors (norm weights, biases) are converted once to owned f32 arrays, whatever their
+ * stored type, so that the kernels see one layout. Every required tensor is checked for
+ * presence, type support and shape before the load succeeds; a failure names the tensor.
+ *
+ * RoPE: llama uses the interleaved ("normal") form, qwen2/qwen3 the NEOX (half-split) form.
+ * The inverse frequencies inv_freq[i] = freq_scale * base^(-2i/n_rot) / factor[i] are
+ * precomputed, where factor comes from the `rope_freqs.weight` tensor (llama3 scaling, as
+ * llama.cpp's converter writes it) or, when that tensor is absent, from the
+ * `{arch}.rope.scaling.*` keys (type "llama3"), and freq_scale = 1/factor for linear scaling.
+ *
+ * Fingerprint: SHA-256 over a version tag, the architecture, the hyper-parameters, every
+ * tensor's name/type/shape/offset, the file size, and samples of each tensor's bytes (its
+ * first, middle and last 4 KiB). Cheap (a few MiB read at most) yet different for two
+ * random models of one shape made with different seeds. KV-cache block keys include it.
+ */
+#ifndef TM_MODEL_H
+#define TM_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+#include "model/gguf.h"
+#include "model/ops.h"
+
+typedef enum {
+    MODEL_ARCH_LLAMA = 0,
+    MODEL_ARCH_QWEN2,
+    MODEL_ARCH_QWEN3,
+} model_arch;
+
+typedef struct {
+    const float *attn_norm;  /* (dim) f32 */
+    ops_weight wq;           /* (n_heads*head_dim, dim) */
+    ops_weight wk;           /* (n_kv_heads*head_dim, dim) */
+    ops_weight wv;           /* (n_kv_heads*head_dim, dim) */
+    ops_weight wo;           /* (dim, n_heads*head_dim) */
+    const float *bq;         /* (n_heads*head_dim) f32, qwen2 only, else NULL */
+    const float *bk;         /* (n_kv_heads*head_dim) f32, qwen2 only, else NULL */
+    const float *bv;         /* (n_kv_heads*head_dim) f32, qwen2 only, else NULL */
+    const float *q_norm;     /* (head_dim) f32, qwen3 only, else NULL */
+    const float *k_norm;     /* (head_dim) f32, qwen3 only, else NULL */
+    const float *ffn_norm;   /* (dim) f32 */
+    ops_weight gate;         /* (ffn_dim, dim) */
+    ops_weight up;           /* (ffn_dim, dim) */
+    ops_weight down;         /* (dim, ffn_dim) */
+} model_layer;
+
+typedef struct {
+    model_arch arch;
+    const char *arch_name;   /* "llama", "qwen2", "qwen3" */
+    int n_vocab;             /* rows of token_embd */
+    int dim;                 /* embedding width */
+    int n_layers;
+    int n_heads;
+    int n_kv_heads;          /* n_heads is a multiple of it (GQA) */
+    int head_dim;            /* {arch}.attention.key_length, default dim/n_heads */
+    int ffn_dim;             /* {arch}.feed_forward_length */
+    int n_ctx_train;         /* {arch}.context_length */
+    float rms_eps;           /* {arch}.attention.layer_norm_rms_epsilon */
+    float rope_base;         /* {arch}.rope.freq_base, default 10000 */
+    float rope_freq_scale;   /* 1/factor for linear scaling, else 1 */
+    int n_rot;               /* rotated dims per head, {arch}.rope.dimension_count */
+    bool rope_neox;          /* false: interleaved pairs (llama), true: halves (qwen) */
+    const float *rope_inv_freq; /* (n_rot/2) radians per position, scaling folded in */
+    float rope_theta_scale;  /* powf(rope_base, -2/n_rot), ggml's per-pair angle step */
+    const float *rope_freq_factors; /* (n_rot/2) divisors per pair (llama3 scaling) or NULL */
+} model_hparams;
+
+typedef struct model {
+    gguf *g;                 /* the open file; weights point into its mapping */
+    model_hparams hp;
+    ops_weight tok_embd;     /* (n_vocab, dim) any supported type; rows dequantised on use */
+    const float *output_norm;/* (dim) f32 */
+    ops_weight output;       /* (n_vocab, dim); the token_embd view when tied */
+    bool tied_output;        /* output is token_embd */
+    model_layer *layers;     /* (n_layers) */
+    uint8_t fingerprint[32]; /* SHA-256, see the file comment */
+    char fingerprint_hex[65];
+    /* owned f32 copies of the 1-D tensors, freed with the model */
+    float **owned;           /* (n_owned) */
+    int n_owned;
+} model;
+
+typedef struct {
+    bool no_fingerprint_bytes; /* skip sampling tensor bytes in the fingerprint (tests) */
+} model_opts;
+
+/* Loads PATH. Returns GGUF_OK and *out, or an error status (any gguf_status: the file's own
+ * problems from gguf_open, GGUF_ERR_MISSING for a missing key/tensor, GGUF_ERR_SHAPE for a
+ * tensor of the wrong shape, GGUF_ERR_TYPE for an unsupported architecture or tensor type)
+ * with a one-line message naming the problem in err, and *out = NULL. opts may be NULL. */
+gguf_status model_load(const char *path, const model_opts *opts, model **out, char *err, size_t errsz);
+void model_free(model *m);
+
+/* Dequantises row `token` of the embedding into out (dim floats). token must be in range. */
+void model_embed_row(const model *m, int32_t token, float *out);
+
+/* Bytes of all weight matrices (what one decode step reads from memory). */
+size_t model_weight_bytes(const model *m);
+
+#endif

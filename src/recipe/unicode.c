@@ -1,0 +1,105 @@
+/*
+ * unicode: lenient UTF-8 decoding, code point classes and the GPT-2 byte map (see unicode.h).
+ * Classes are a binary search over the generated range table, with a direct table for ASCII.
+ */
+#include "recipe/unicode.h"
+
+#include <stdbool.h>
+
+uint32_t unicode_decode(const char *z, size_t len, size_t *pos)
+{
+    const uint8_t *s = (const uint8_t *)z;
+    size_t i = *pos;
+    uint8_t b0 = s[i];
+    if (b0 < 0x80) {
+        *pos = i + 1;
+        return b0;
+    }
+#define CONT(k) (i + (k) < len && (s[i + (k)] & 0xC0) == 0x80)
+    if ((b0 & 0x40) == 0) goto bad;                 /* stray continuation byte */
+    if ((b0 & 0x20) == 0) {                         /* 110xxxxx */
+        if (!CONT(1)) goto bad;
+        *pos = i + 2;
+        return ((uint32_t)(b0 & 0x1F) << 6) | (s[i + 1] & 0x3F);
+    }
+    if ((b0 & 0x10) == 0) {                         /* 1110xxxx */
+        if (!CONT(1) || !CONT(2)) goto bad;
+        *pos = i + 3;
+        return ((uint32_t)(b0 & 0x0F) << 12) | ((uint32_t)(s[i + 1] & 0x3F) << 6) | (s[i + 2] & 0x3F);
+    }
+    if ((b0 & 0x08) == 0) {                         /* 11110xxx */
+        if (!CONT(1) || !CONT(2) || !CONT(3)) goto bad;
+        *pos = i + 4;
+        uint32_t c = ((uint32_t)(b0 & 0x07) << 18) | ((uint32_t)(s[i + 1] & 0x3F) << 12) |
+                     ((uint32_t)(s[i + 2] & 0x3F) << 6) | (s[i + 3] & 0x3F);
+        return c > 0x10FFFF ? UNICODE_REPLACEMENT : c;
+    }
+#undef CONT
+bad:
+    *pos = i + 1;
+    return UNICODE_REPLACEMENT;
+}
+
+int unicode_encode(uint32_t c, char *out)
+{
+    uint8_t *o = (uint8_t *)out;
+    if (c > 0x10FFFF) c = UNICODE_REPLACEMENT;
+    if (c < 0x80) {
+        o[0] = (uint8_t)c;
+        return 1;
+    }
+    if (c < 0x800) {
+        o[0] = (uint8_t)(0xC0 | (c >> 6));
+        o[1] = (uint8_t)(0x80 | (c & 0x3F));
+        return 2;
+    }
+    if (c < 0x10000) {
+        o[0] = (uint8_t)(0xE0 | (c >> 12));
+        o[1] = (uint8_t)(0x80 | ((c >> 6) & 0x3F));
+        o[2] = (uint8_t)(0x80 | (c & 0x3F));
+        return 3;
+    }
+    o[0] = (uint8_t)(0xF0 | (c >> 18));
+    o[1] = (uint8_t)(0x80 | ((c >> 12) & 0x3F));
+    o[2] = (uint8_t)(0x80 | ((c >> 6) & 0x3F));
+    o[3] = (uint8_t)(0x80 | (c & 0x3F));
+    return 4;
+}
+
+uint32_t unicode_flags(uint32_t c)
+{
+    if (c >= 0x110000) return UNICODE_FLAG_UNDEFINED;
+    /* last range whose start <= c */
+    uint32_t lo = 0, hi = unicode_data_n_ranges;
+    while (hi - lo > 1) {
+        uint32_t mid = (lo + hi) / 2;
+        if (unicode_data_ranges[mid][0] <= c) lo = mid;
+        else hi = mid;
+    }
+    return unicode_data_ranges[lo][1];
+}
+
+/* Bytes that stand for themselves in the GPT-2 map: '!'..'~', 0xA1..0xAC, 0xAE..0xFF. */
+static bool unicode_byte_is_printable(unsigned b)
+{
+    return (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+}
+
+uint32_t unicode_byte_to_cpt(uint8_t b)
+{
+    if (unicode_byte_is_printable(b)) return b;
+    /* the n-th non-printable byte (in byte order) maps to U+0100 + n */
+    unsigned n = 0;
+    for (unsigned x = 0; x < b; x++) n += !unicode_byte_is_printable(x);
+    return 0x100 + n;
+}
+
+int unicode_cpt_to_byte(uint32_t c)
+{
+    if (c < 0x100) return unicode_byte_is_printable(c) ? (int)c : -1;
+    if (c > 0x143) return -1;
+    unsigned n = c - 0x100;
+    for (unsigned x = 0; x < 256; x++)
+        if (!unicode_byte_is_printable(x) && n-- == 0) return (int)x;
+    return -1;
+}

@@ -1,0 +1,60 @@
+/*
+ * unicode: the little Unicode the tokenizers need, with llama.cpp's exact conventions so that
+ * our splits match its splits code point for code point.
+ *
+ * - unicode_decode reads one code point leniently as llama.cpp does: a byte that does not start
+ *   a well-formed sequence (stray continuation, truncated sequence, 0xF8..0xFF) becomes U+FFFD
+ *   and consumes one byte; overlong forms and surrogates are NOT rejected (they decode to their
+ *   value), code points above U+10FFFF become U+FFFD.
+ * - unicode_flags gives a code point's general-category group (\p{L}, \p{N}, ...) and whether it
+ *   is White_Space, from the generated table in unicode_data.c.
+ * - The GPT-2 byte <-> code point map used by byte-level BPE vocabularies (bytes that are
+ *   printable stand for themselves, the other 68 are moved to U+0100..U+0143).
+ */
+#ifndef TM_UNICODE_H
+#define TM_UNICODE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum {
+    UNICODE_FLAG_UNDEFINED   = 0x001,  /* Cn (unassigned), also everything >= U+110000 */
+    UNICODE_FLAG_NUMBER      = 0x002,  /* \p{N} */
+    UNICODE_FLAG_LETTER      = 0x004,  /* \p{L} */
+    UNICODE_FLAG_SEPARATOR   = 0x008,  /* \p{Z} */
+    UNICODE_FLAG_MARK        = 0x010,  /* \p{M} */
+    UNICODE_FLAG_PUNCTUATION = 0x020,  /* \p{P} */
+    UNICODE_FLAG_SYMBOL      = 0x040,  /* \p{S} */
+    UNICODE_FLAG_CONTROL     = 0x080,  /* \p{C} other than Cn: Cc, Cf, Co, Cs */
+    UNICODE_FLAG_CATEGORIES  = 0x0FF,
+    UNICODE_FLAG_WHITESPACE  = 0x100,  /* White_Space property */
+};
+
+#define UNICODE_REPLACEMENT 0xFFFDu
+
+/* Length of the UTF-8 sequence a lead byte announces (1 for continuation/invalid bytes),
+ * the way llama.cpp splits text into symbols. */
+static inline size_t unicode_len_utf8(uint8_t lead)
+{
+    static const uint8_t len[16] = { 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4 };
+    return len[lead >> 4];
+}
+
+/* Decodes the code point at s[*pos] (requires *pos < len) and advances *pos. */
+uint32_t unicode_decode(const char *s, size_t len, size_t *pos);
+/* Writes cpt as UTF-8 into out (4 bytes room); returns the byte count. cpt > U+10FFFF is
+ * written as U+FFFD. */
+int unicode_encode(uint32_t cpt, char *out);
+/* UNICODE_FLAG_* bits of cpt. */
+uint32_t unicode_flags(uint32_t cpt);
+
+/* GPT-2 byte-level map: the code point standing for byte b, and back (-1 if cpt stands for
+ * no byte). */
+uint32_t unicode_byte_to_cpt(uint8_t b);
+int unicode_cpt_to_byte(uint32_t cpt);
+
+/* Generated data (unicode_data.c). */
+extern const uint32_t unicode_data_ranges[][2];
+extern const uint32_t unicode_data_n_ranges;
+
+#endif

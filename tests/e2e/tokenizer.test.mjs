@@ -1,0 +1,129 @@
+// Tokenizer against llama.cpp (issue 2, test 3).
+//  1. llama.cpp's own tokenizer vectors (models/ggml-vocab-*.gguf + .inp/.out from the llama.cpp
+//     sources fetched by scripts/fetch-testdata.sh). test-tokenizer-0 made them with
+//     add_special = false, parse_special = false, i.e. `tokenmill tokenize --no-bos`.
+//  2. 1,000 seeded random strings per vocabulary (tests/oracle/strings.mjs) tokenised by
+//     llama.cpp through node-llama-cpp (vocab-only load) and by one `tokenmill tokenize --batch`
+//     process, with special-token parsing off (the default: text is text) and on.
+//  3. The bundled model's vocabulary (models/stories260K.gguf) on "Once upon a time", BOS included.
+//  4. Long runs of one character finish quickly (no quadratic merging or splitting).
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { execFileSync } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { getLlama } from 'node-llama-cpp';
+import { randomStrings } from '../oracle/strings.mjs';
+
+const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
+const BIN = path.join(ROOT, 'build/tokenmill');
+const MODELS = path.join(ROOT, 'tests/data/llama.cpp/models');
+const VOCABS = ['llama-spm', 'llama-bpe', 'qwen2', 'deepseek-llm', 'gpt-2', 'phi-3'];
+const MORE_VECTORS = ['starcoder', 'falcon', 'mpt', 'refact', 'command-r', 'deepseek-coder', 'qwen35'];
+const N_RANDOM = 1000;
+const SEED = 20240601;
+
+const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'tm-tok-'));
+let llama;
+before(async () => { llama = await getLlama({ gpu: false, build: 'never', logLevel: 'fatal' }); });
+after(() => fs.rmSync(tmp, { recursive: true, force: true }));
+
+function tokenmillBatch(model, texts, args = []) {
+  const f = path.join(tmp, 'batch.json');
+  fs.writeFileSync(f, JSON.stringify(texts));
+  const out = execFileSync(BIN, ['tokenize', '-m', model, '--no-bos', ...args, '--batch', f],
+                           { maxBuffer: 1 << 30 });
+  return JSON.parse(out.toString());
+}
+
+function readVectors(v) {
+  const inp = fs.readFileSync(path.join(MODELS, `ggml-vocab-${v}.gguf.inp`), 'utf8');
+  const out = fs.readFileSync(path.join(MODELS, `ggml-vocab-${v}.gguf.out`), 'utf8').split('\n');
+  const sep = '\n__ggml_vocab_test__\n';
+  const texts = [];
+  for (let pos = 0; pos < inp.length;) {
+    const n = inp.indexOf(sep, pos);
+    if (n < 0) { texts.push(inp.slice(pos)); break; }
+    texts.push(inp.slice(pos, n));
+    pos = n + sep.length;
+  }
+  const ids = out.slice(0, texts.length).map(l => l.trim() === '' ? [] : l.trim().split(/\s+/).map(Number));
+  return { texts, ids };
+}
+
+function compare(label, texts, expected, got, t) {
+  assert.equal(got.length, texts.length, `${label}: result count`);
+  const bad = [];
+  for (let i = 0; i < texts.length; i++)
+    if (JSON.stringify(got[i]) !== JSON.stringify(expected[i])) bad.push(i);
+  t.diagnostic(`${label}: ${texts.length - bad.length}/${texts.length} identical`);
+  if (bad.length) {
+    const show = bad.slice(0, 3).map(i => `  text ${JSON.stringify(texts[i]).slice(0, 200)}\n` +
+      `  llama.cpp ${JSON.stringify(expected[i]).slice(0, 300)}\n  tokenmill ${JSON.stringify(got[i]).slice(0, 300)}`);
+    assert.fail(`${label}: ${bad.length} of ${texts.length} differ, e.g.\n${show.join('\n')}`);
+  }
+}
+
+for (const v of [...VOCABS, ...MORE_VECTORS]) {
+  test(`llama.cpp vectors: ${v}`, (t) => {
+    const { texts, ids } = readVectors(v);
+    compare(`vectors ${v}`, texts, ids, tokenmillBatch(path.join(MODELS, `ggml-vocab-${v}.gguf`), texts), t);
+  });
+}
+
+const strings = randomStrings(SEED, N_RANDOM);
+for (const v of VOCABS) {
+  test(`${N_RANDOM} random strings vs llama.cpp: ${v}`, async (t) => {
+    const file = path.join(MODELS, `ggml-vocab-${v}.gguf`);
+    const model = await llama.loadModel({ modelPath: file, vocabOnly: true });
+    try {
+      const plain = strings.map(s => Array.from(model.tokenize(s, false)));
+      const special = strings.map(s => Array.from(model.tokenize(s, true)));
+      compare(`random ${v}`, strings, plain, tokenmillBatch(file, strings), t);
+      compare(`random ${v} --special`, strings, special, tokenmillBatch(file, strings, ['--special']), t);
+    } finally {
+      await model.dispose();
+    }
+  });
+}
+
+test('bundled model vocabulary: stories260K "Once upon a time"', async (t) => {
+  const file = path.join(ROOT, 'models/stories260K.gguf');
+  if (!fs.existsSync(file)) { t.skip('models/stories260K.gguf not present yet'); return; }
+  const model = await llama.loadModel({ modelPath: file, vocabOnly: true });
+  try {
+    const text = 'Once upon a time';
+    const expected = [model.tokens.bos, ...Array.from(model.tokenize(text, false))];
+    const got = JSON.parse(execFileSync(BIN, ['tokenize', '-m', file, text]).toString());
+    assert.deepEqual(got, expected);
+  } finally {
+    await model.dispose();
+  }
+});
+
+test('long runs of one character tokenise in linear time', (t) => {
+  const texts = ['a'.repeat(200000), ' '.repeat(200000), '1'.repeat(100000), '漢'.repeat(50000),
+                 '\n'.repeat(100000), '!'.repeat(100000), ' a'.repeat(100000)];
+  for (const v of VOCABS) {
+    const t0 = process.hrtime.bigint();
+    const got = tokenmillBatch(path.join(MODELS, `ggml-vocab-${v}.gguf`), texts);
+    const s = Number(process.hrtime.bigint() - t0) / 1e9;
+    t.diagnostic(`${v}: ${texts.reduce((a, x) => a + x.length, 0)} chars in ${s.toFixed(2)} s`);
+    assert.ok(got.every(ids => ids.length > 0));
+    assert.ok(s < 20, `${v}: ${s} s for long runs`);
+  }
+});
+
+test('tokenize command: usage and model errors', () => {
+  const run = (args) => { try { execFileSync(BIN, args, { stdio: 'pipe' }); return 0; } catch (e) { return e.status; } };
+  assert.equal(run(['tokenize']), 2);
+  assert.equal(run(['tokenize', '-m', path.join(MODELS, 'ggml-vocab-gpt-2.gguf')]), 2);
+  assert.equal(run(['tokenize', '-m', path.join(MODELS, 'ggml-vocab-gpt-2.gguf'), '--bogus', 'x']), 2);
+  assert.equal(run(['tokenize', '-m', path.join(tmp, 'missing.gguf'), 'x']), 1);
+  assert.equal(run(['tokenize', '-m', path.join(MODELS, 'ggml-vocab-bert-bge.gguf'), 'x']), 1);
+  const pieces = JSON.parse(execFileSync(BIN, ['tokenize', '-m', path.join(MODELS, 'ggml-vocab-llama-spm.gguf'),
+                                                '--pieces', 'Hello world']).toString());
+  assert.deepEqual(pieces, [[1, '<s>'], [15043, ' Hello'], [3186, ' world']]);
+});

@@ -1,0 +1,247 @@
+/*
+ * test_kvpool: the paged KV pool and its RAM prefix tier: block sharing between sequences,
+ * refcounts, LRU reclaim order, exhaustion, key chaining, slab addressing.
+ */
+#include "harness.h"
+
+#include <stdlib.h>
+
+#include "engine/kvpool.h"
+
+static kvpool *mkpool(int n_blocks, qtype dt)
+{
+    kvpool_opts o = { .n_layers = 2, .n_kv_heads = 2, .head_dim = 8, .dtype = dt, .n_blocks = n_blocks };
+    for (int i = 0; i < 32; i++) o.model_fp[i] = (uint8_t)i;
+    kvpool *p = NULL;
+    CHECK(kvpool_new(&o, &p) == KVPOOL_OK);
+    return p;
+}
+
+static void fill_tokens(int32_t *t, int n, int seed)
+{
+    for (int i = 0; i < n; i++) t[i] = (seed * 7919 + i * 31) % 1000;
+}
+
+TEST(test_bad_args)
+{
+    kvpool_opts o = { .n_layers = 0, .n_kv_heads = 1, .head_dim = 8, .dtype = QTYPE_F16, .n_blocks = 1 };
+    kvpool *p = (kvpool *)1;
+    CHECK(kvpool_new(&o, &p) == KVPOOL_ERR_ARG && p == NULL);
+    o.n_layers = 1;
+    o.dtype = QTYPE_Q8_0;
+    CHECK(kvpool_new(&o, &p) == KVPOOL_ERR_ARG);
+}
+
+TEST(test_reserve_and_exhaustion)
+{
+    kvpool *p = mkpool(4, QTYPE_F16);
+    kvpool_seq *a = kvpool_seq_new(p), *b = kvpool_seq_new(p);
+    CHECK(kvpool_seq_reserve(p, a, 1) == KVPOOL_OK);
+    CHECK(kvpool_seq_capacity(a) == 128);
+    CHECK(kvpool_seq_reserve(p, a, 128) == KVPOOL_OK && kvpool_seq_capacity(a) == 128);
+    CHECK(kvpool_seq_reserve(p, a, 129) == KVPOOL_OK && kvpool_seq_capacity(a) == 256);
+    CHECK(kvpool_seq_reserve(p, b, 3 * 128) == KVPOOL_ERR_FULL);
+    CHECK(kvpool_seq_capacity(b) == 0);  /* a failed reservation changes nothing */
+    CHECK(kvpool_seq_reserve(p, b, 2 * 128) == KVPOOL_OK);
+    kvpool_stats st;
+    kvpool_get_stats(p, &st);
+    CHECK(st.n_free == 0 && st.n_pinned == 4 && st.n_cached == 0);
+    CHECK(kvpool_seq_reserve(p, b, 2 * 128 + 1) == KVPOOL_ERR_FULL);
+    kvpool_seq_free(p, a);
+    kvpool_get_stats(p, &st);
+    CHECK(st.n_free == 2 && st.n_pinned == 2);
+    CHECK(kvpool_seq_reserve(p, b, 4 * 128) == KVPOOL_OK);
+    kvpool_seq_free(p, b);
+    kvpool_get_stats(p, &st);
+    CHECK(st.n_free == 4 && st.n_pinned == 0);
+    kvpool_free(p);
+}
+
+TEST(test_slab_layout)
+{
+    kvpool *p = mkpool(3, QTYPE_F32);
+    kvpool_seq *a = kvpool_seq_new(p);
+    CHECK(kvpool_seq_reserve(p, a, 300) == KVPOOL_OK);
+    /* rows within a slab are contiguous, slabs of distinct (layer, kv, head) do not overlap */
+    char *r0 = kvpool_seq_row(p, a, 130, 1, 1, 1);
+    char *r1 = kvpool_seq_row(p, a, 131, 1, 1, 1);
+    CHECK(r1 - r0 == 8 * 4);
+    CHECK((char *)kvpool_seq_slab(p, a, 1, 1, 1, 1) + 2 * 8 * 4 == r0);
+    char *k = kvpool_seq_slab(p, a, 0, 0, 0, 0), *v = kvpool_seq_slab(p, a, 0, 0, 1, 0);
+    CHECK(v - k == 2 * 128 * 8 * 4);
+    CHECK(kvpool_block_bytes(p) == 2 * 2 * 2 * 128 * 8 * 4);
+    /* write everything, read back: no overlap between positions/layers/heads */
+    for (int pos = 0; pos < 300; pos++)
+        for (int l = 0; l < 2; l++)
+            for (int kv = 0; kv < 2; kv++)
+                for (int h = 0; h < 2; h++) {
+                    float *row = kvpool_seq_row(p, a, pos, l, kv, h);
+                    for (int d = 0; d < 8; d++) row[d] = (float)(pos * 1000 + l * 100 + kv * 10 + h + d * 0.01);
+                }
+    int bad = 0;
+    for (int pos = 0; pos < 300; pos++)
+        for (int l = 0; l < 2; l++)
+            for (int kv = 0; kv < 2; kv++)
+                for (int h = 0; h < 2; h++) {
+                    float *row = kvpool_seq_row(p, a, pos, l, kv, h);
+                    for (int d = 0; d < 8; d++) bad += row[d] != (float)(pos * 1000 + l * 100 + kv * 10 + h + d * 0.01);
+                }
+    CHECK(bad == 0);
+    kvpool_seq_free(p, a);
+    kvpool_free(p);
+}
+
+TEST(test_prefix_sharing)
+{
+    kvpool *p = mkpool(8, QTYPE_F16);
+    int32_t toks[600];
+    fill_tokens(toks, 600, 1);
+    kvpool_seq *a = kvpool_seq_new(p);
+    CHECK(kvpool_seq_attach_prefix(p, a, toks, 600) == 0);  /* empty cache */
+    CHECK(kvpool_seq_reserve(p, a, 300) == KVPOOL_OK);
+    kvpool_seq_commit_full_blocks(p, a, toks, 300);
+    CHECK(kvpool_seq_n_keyed(a) == 256);
+    int a0 = kvpool_seq_block_id(a, 0), a1 = kvpool_seq_block_id(a, 1);
+
+    /* b shares both full blocks while a is alive */
+    kvpool_seq *b = kvpool_seq_new(p);
+    CHECK(kvpool_seq_attach_prefix(p, b, toks, 400) == 256);
+    CHECK(kvpool_seq_block_id(b, 0) == a0 && kvpool_seq_block_id(b, 1) == a1);
+    CHECK(kvpool_block_refcount(p, a0) == 2 && kvpool_block_refcount(p, a1) == 2);
+    CHECK(!memcmp(kvpool_seq_last_key(a), kvpool_seq_last_key(b), 32));
+
+    /* never the whole prompt: exactly 256 tokens attach only the first block */
+    kvpool_seq *c = kvpool_seq_new(p);
+    CHECK(kvpool_seq_attach_prefix(p, c, toks, 256) == 128);
+    CHECK(kvpool_seq_attach_prefix(p, c, toks, 400) == 0);  /* only on an empty sequence */
+    kvpool_seq_free(p, c);
+
+    /* a different second block: only the first is shared */
+    int32_t t2[400];
+    memcpy(t2, toks, sizeof t2);
+    t2[200] ^= 1;
+    kvpool_seq *d = kvpool_seq_new(p);
+    CHECK(kvpool_seq_attach_prefix(p, d, t2, 400) == 128);
+    kvpool_seq_free(p, d);
+    /* same tokens in the second block but a different first block: no match (chaining) */
+    int32_t t3[400];
+    memcpy(t3, toks, sizeof t3);
+    t3[5] ^= 1;
+    kvpool_seq *e = kvpool_seq_new(p);
+    CHECK(kvpool_seq_attach_prefix(p, e, t3, 400) == 0);
+    kvpool_seq_free(p, e);
+
+    kvpool_seq_free(p, a);
+    CHECK(kvpool_block_refcount(p, a0) == 1);
+    kvpool_seq_free(p, b);
+    kvpool_stats st;
+    kvpool_get_stats(p, &st);
+    CHECK(st.n_cached == 2 && st.n_pinned == 0 && st.n_free == 6);
+    /* cached blocks survive with no references and are found again */
+    kvpool_seq *f = kvpool_seq_new(p);
+    CHECK(kvpool_seq_attach_prefix(p, f, toks, 600) == 256);
+    kvpool_get_stats(p, &st);
+    CHECK(st.n_cached == 0 && st.n_pinned == 2);
+    kvpool_seq_free(p, f);
+    kvpool_free(p);
+}
+
+TEST(test_duplicate_commit)
+{
+    kvpool *p = mkpool(4, QTYPE_F16);
+    int32_t toks[200];
+    fill_tokens(toks, 200, 3);
+    kvpool_seq *a = kvpool_seq_new(p), *b = kvpool_seq_new(p);
+    /* both compute the same prefix concurrently; the second commit keeps its block unkeyed */
+    CHECK(kvpool_seq_reserve(p, a, 200) == KVPOOL_OK && kvpool_seq_reserve(p, b, 200) == KVPOOL_OK);
+    kvpool_seq_commit_full_blocks(p, a, toks, 200);
+    kvpool_seq_commit_full_blocks(p, b, toks, 200);
+    CHECK(kvpool_seq_n_keyed(b) == 128);
+    kvpool_seq_free(p, b);
+    kvpool_stats st;
+    kvpool_get_stats(p, &st);
+    CHECK(st.n_cached == 0 && st.n_free == 2);  /* b's blocks were both unkeyed */
+    kvpool_seq_free(p, a);
+    kvpool_get_stats(p, &st);
+    CHECK(st.n_cached == 1 && st.n_free == 3);
+    kvpool_free(p);
+}
+
+TEST(test_lru_reclaim)
+{
+    kvpool *p = mkpool(3, QTYPE_F16);
+    int32_t t[3][200];
+    for (int i = 0; i < 3; i++) fill_tokens(t[i], 200, 10 + i);
+    /* three sequences each leave one cached block, released in order 0, 1, 2 */
+    for (int i = 0; i < 3; i++) {
+        kvpool_seq *s = kvpool_seq_new(p);
+        CHECK(kvpool_seq_reserve(p, s, 128) == KVPOOL_OK);
+        kvpool_seq_commit_full_blocks(p, s, t[i], 128);
+        kvpool_seq_free(p, s);
+    }
+    kvpool_stats st;
+    kvpool_get_stats(p, &st);
+    CHECK(st.n_cached == 3 && st.n_free == 0);
+    /* touch 0 (attach then release): order becomes 1 (oldest), 2, 0 */
+    kvpool_seq *s = kvpool_seq_new(p);
+    CHECK(kvpool_seq_attach_prefix(p, s, t[0], 200) == 128);
+    kvpool_seq_free(p, s);
+    /* one new block reclaims the least recently released: 1 */
+    s = kvpool_seq_new(p);
+    CHECK(kvpool_seq_reserve(p, s, 1) == KVPOOL_OK);
+    kvpool_get_stats(p, &st);
+    CHECK(st.n_reclaimed == 1 && st.n_cached == 2);
+    kvpool_seq *q = kvpool_seq_new(p);
+    CHECK(kvpool_seq_attach_prefix(p, q, t[1], 200) == 0);
+    CHECK(kvpool_seq_attach_prefix(p, q, t[2], 200) == 128);
+    kvpool_seq_free(p, q);
+    q = kvpool_seq_new(p);
+    CHECK(kvpool_seq_attach_prefix(p, q, t[0], 200) == 128);
+    /* pinned blocks are never reclaimed: s holds 1, q holds 1, one cached left (2) */
+    kvpool_seq *r = kvpool_seq_new(p);
+    CHECK(kvpool_seq_reserve(p, r, 129) == KVPOOL_ERR_FULL);
+    CHECK(kvpool_seq_reserve(p, r, 128) == KVPOOL_OK);
+    CHECK(kvpool_seq_reserve(p, r, 129) == KVPOOL_ERR_FULL);
+    kvpool_seq_free(p, r);
+    kvpool_seq_free(p, q);
+    kvpool_seq_free(p, s);
+    kvpool_free(p);
+}
+
+TEST(test_key_chaining)
+{
+    kvpool *p = mkpool(2, QTYPE_F16);
+    int32_t toks[256];
+    fill_tokens(toks, 256, 5);
+    uint8_t zero[32] = { 0 }, k0[32], k1[32], k1b[32];
+    kvpool_block_key(p, zero, toks, k0);
+    kvpool_block_key(p, k0, toks + 128, k1);
+    kvpool_block_key(p, zero, toks + 128, k1b);
+    CHECK(memcmp(k1, k1b, 32) != 0);  /* parent matters */
+    kvpool_seq *s = kvpool_seq_new(p);
+    CHECK(kvpool_seq_reserve(p, s, 256) == KVPOOL_OK);
+    kvpool_seq_commit_full_blocks(p, s, toks, 200);
+    CHECK(!memcmp(kvpool_seq_last_key(s), k0, 32));
+    kvpool_seq_commit_full_blocks(p, s, toks, 256);
+    CHECK(!memcmp(kvpool_seq_last_key(s), k1, 32));
+    kvpool_seq_free(p, s);
+    /* the pool fingerprint (model + dtype) enters the key */
+    kvpool *p2 = mkpool(2, QTYPE_F32);
+    uint8_t k0b[32];
+    kvpool_block_key(p2, zero, toks, k0b);
+    CHECK(memcmp(k0, k0b, 32) != 0);
+    kvpool_free(p2);
+    kvpool_free(p);
+}
+
+int main(void)
+{
+    RUN(test_bad_args);
+    RUN(test_reserve_and_exhaustion);
+    RUN(test_slab_layout);
+    RUN(test_prefix_sharing);
+    RUN(test_duplicate_commit);
+    RUN(test_lru_reclaim);
+    RUN(test_key_chaining);
+    HARNESS_END();
+}
