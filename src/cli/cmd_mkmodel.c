@@ -85,7 +85,8 @@ typedef struct {
 
 static void mk_vocab_free(mk_vocab *v)
 {
-    for (int i = 0; i < v->n; i++) free(v->tok[i]);
+    if (v->tok)
+        for (int i = 0; i < v->n; i++) free(v->tok[i]);
     free(v->tok);
     free(v->len);
     free(v->type);
@@ -423,7 +424,7 @@ static void mk_fill(void *ctx, const char *name, void *dst, size_t nbytes)
     mk_fill_rows(&jobs[0]);
     for (int i = 1; i < nth; i++)
         if (th[i]) pthread_join(th[i], NULL);
-    fprintf(stderr, "\r  %-32s %-5s %zu bytes        ", name, quant_type_name(t->type), nbytes);
+    if (isatty(2)) fprintf(stderr, "\r  %-32s %-5s %12zu bytes", name, quant_type_name(t->type), nbytes);
 }
 
 /* The storage type of a matrix with rows of NE0 for the requested type T, with llama.cpp's
@@ -551,7 +552,7 @@ static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *
     double t0 = util_now();
     char err[512];
     gguf_status st = gguf_writer_write(w, out, err, sizeof err);
-    fprintf(stderr, "\n");
+    if (isatty(2)) fprintf(stderr, "\n");
     if (st != GGUF_OK) fprintf(stderr, "tokenmill mkmodel: %s\n", err);
     else
         fprintf(stderr, "tokenmill mkmodel: wrote %s: %s, %d layers, dim %d, ffn %d, heads %d/%d x %d, vocab %lld, %s, %s output (%.1f s)\n",
