@@ -25,6 +25,7 @@
 #define OPS_ROW_ALIGN 16     /* row chunks are multiples of this (kernel tile rows) */
 #define OPS_MAX_MULTI 8      /* weights per ops_matmul_multi call */
 #define OPS_ROPE_MAX_DIM 1024
+#define OPS_PREQUANT_MAX 32768 /* activations quantised by the caller up to this many floats */
 
 static ops_kernels ops_k;
 static cpu_level ops_level = (cpu_level)-1;
@@ -222,9 +223,22 @@ static void ops_add_ref(float *y, const float *x, int64_t n)
     for (int64_t i = 0; i < n; i++) y[i] += x[i];
 }
 
+static void ops_quant_q8_0_ref(const float *x, void *dst, int64_t cols, int64_t e0, int64_t e1)
+{
+    (void)cols;
+    quant_act_q8_0(x + e0, (block_q8_0 *)dst + e0 / QK8_0, e1 - e0);
+}
+static void ops_quant_q8_K_ref(const float *x, void *dst, int64_t cols, int64_t e0, int64_t e1)
+{
+    (void)cols;
+    quant_act_q8_K(x + e0, (block_q8_K *)dst + e0 / QK_K, e1 - e0);
+}
+static size_t ops_act_row_bytes_ref(qtype vt, int64_t cols) { return quant_row_bytes(vt, cols); }
+
 void ops_kernels_init_scalar(ops_kernels *k)
 {
     memset(k, 0, sizeof *k);
+    k->act_row_bytes = ops_act_row_bytes_ref;
     k->gemm[QTYPE_F32] = ops_gemm_f32_ref;
     k->gemm[QTYPE_F16] = ops_gemm_f16_ref;
     k->gemm[QTYPE_BF16] = ops_gemm_bf16_ref;
@@ -232,8 +246,8 @@ void ops_kernels_init_scalar(ops_kernels *k)
     k->gemm[QTYPE_Q8_0] = ops_gemm_q8_0_ref;
     k->gemm[QTYPE_Q4_K] = ops_gemm_q4_K_ref;
     k->gemm[QTYPE_Q6_K] = ops_gemm_q6_K_ref;
-    k->quant_q8_0 = quant_act_q8_0;
-    k->quant_q8_K = quant_act_q8_K;
+    k->quant_q8_0 = ops_quant_q8_0_ref;
+    k->quant_q8_K = ops_quant_q8_K_ref;
     k->to_f16 = ops_to_f16_ref;
     k->from_f16 = ops_from_f16_ref;
     k->to_bf16 = ops_to_bf16_ref;
@@ -295,7 +309,9 @@ size_t ops_matmul_scratch_bytes(qtype wtype, int64_t cols, int n_tokens)
 {
     qtype vt = quant_vec_dot_type(wtype);
     if (vt == QTYPE_F32) return 0;
-    return TM_ALIGN_UP(quant_row_bytes(vt, cols), 64) * (size_t)n_tokens + 64;
+    size_t rb = quant_row_bytes(vt, cols);
+    if (vt == QTYPE_Q8_0) rb = TM_MAX(rb, ops_q8_0x_row_bytes(cols));
+    return TM_ALIGN_UP(rb, 64) * (size_t)n_tokens + 64;
 }
 
 typedef struct {
@@ -320,24 +336,26 @@ typedef struct {
     int row_chunks[OPS_MAX_MULTI];       /* chunks per token range, per weight */
     int chunk_first[OPS_MAX_MULTI + 1];  /* prefix sums of row_chunks */
     int n_tok_chunks;                    /* token ranges */
+    bool pre_quantised;                  /* the caller quantised x already */
     _Atomic int next;                    /* next chunk to hand out */
 } ops_mm_ctx;
 
+/* Quantises elements [e0, e1) of one token's row x into its buffer dst. */
 static void ops_quantize_act(const ops_kernels *k, qtype vt, const float *x, void *dst,
-                             int64_t n)
+                             int64_t cols, int64_t e0, int64_t e1)
 {
     switch (vt) {
-    case QTYPE_Q8_0: k->quant_q8_0(x, dst, n); break;
-    case QTYPE_Q8_K: k->quant_q8_K(x, dst, n); break;
-    case QTYPE_F16: k->to_f16(x, dst, n); break;
-    case QTYPE_BF16: k->to_bf16(x, dst, n); break;
+    case QTYPE_Q8_0: k->quant_q8_0(x, dst, cols, e0, e1); break;
+    case QTYPE_Q8_K: k->quant_q8_K(x, dst, cols, e0, e1); break;
+    case QTYPE_F16: k->to_f16(x + e0, (fp16_t *)dst + e0, e1 - e0); break;
+    case QTYPE_BF16: k->to_bf16(x + e0, (bf16_t *)dst + e0, e1 - e0); break;
     default: break;
     }
 }
 
-static void ops_mm_thread(void *arg, int ith, int nth)
+/* Quantises this thread's share of the activations; returns whether there were any. */
+static bool ops_mm_quantise(ops_mm_ctx *c, int ith, int nth)
 {
-    ops_mm_ctx *c = arg;
     const ops_kernels *k = c->k;
     bool quantised = false;
     for (int a = 0; a < c->n_act; a++) {
@@ -348,17 +366,25 @@ static void ops_mm_thread(void *arg, int ith, int nth)
         int64_t per_row = (c->cols + unit - 1) / unit;
         int64_t total = per_row * c->n_tokens;
         int64_t u0 = total * ith / nth, u1 = total * (ith + 1) / nth;
-        size_t ebytes = quant_block_bytes(act->vt), eelems = (size_t)quant_block_elems(act->vt);
         for (int64_t u = u0; u < u1;) {
             int64_t t = u / per_row, j0 = u % per_row;
             int64_t j1 = TM_MIN(per_row, j0 + (u1 - u));
             int64_t e0 = j0 * unit, e1 = TM_MIN(c->cols, j1 * unit);
-            ops_quantize_act(k, act->vt, c->x + t * c->cols + e0,
-                             act->buf + t * act->stride + (size_t)e0 / eelems * ebytes, e1 - e0);
+            ops_quantize_act(k, act->vt, c->x + t * c->cols, act->buf + t * act->stride, c->cols,
+                             e0, e1);
             u += j1 - j0;
         }
     }
-    if (quantised && nth > 1) threadpool_barrier(c->tp);
+    return quantised;
+}
+
+static void ops_mm_thread(void *arg, int ith, int nth)
+{
+    ops_mm_ctx *c = arg;
+    const ops_kernels *k = c->k;
+    /* a thread that loses its core would hold everybody at the barrier: small batches are
+     * quantised by the caller before the pool starts */
+    if (!c->pre_quantised && ops_mm_quantise(c, ith, nth) && nth > 1) threadpool_barrier(c->tp);
 
     int per_tok = c->chunk_first[c->n_w];
     int total = per_tok * c->n_tok_chunks;
@@ -412,15 +438,16 @@ static void ops_mm_run(threadpool *tp, int n_w, const ops_weight *const *ws, con
                 c.act[a].stride = (size_t)c.cols * sizeof(float);
             } else {
                 c.act[a].buf = p;
-                c.act[a].stride = TM_ALIGN_UP(quant_row_bytes(vt, c.cols), 64);
+                c.act[a].stride = TM_ALIGN_UP(c.k->act_row_bytes(vt, c.cols), 64);
                 p += c.act[a].stride * (size_t)n_tokens;
             }
             c.n_act++;
         }
         c.act_of[i] = a;
-        /* about 4 chunks per thread over the whole call, at least OPS_ROW_ALIGN rows each */
+        /* about 8 chunks per thread and weight, at least OPS_ROW_ALIGN rows each: enough to
+         * even out threads that lose their core for a while */
         int64_t rows = ws[i]->rows;
-        int64_t cr = rows / ((int64_t)nth * 4);
+        int64_t cr = rows / ((int64_t)nth * 8);
         cr = TM_ALIGN_UP(TM_MAX(cr, 1), OPS_ROW_ALIGN);
         if (cr > rows) cr = rows;
         if (cr < 1) cr = 1;
@@ -430,6 +457,11 @@ static void ops_mm_run(threadpool *tp, int n_w, const ops_weight *const *ws, con
     }
     c.n_tok_chunks = (n_tokens + OPS_TOKEN_CHUNK - 1) / OPS_TOKEN_CHUNK;
     atomic_init(&c.next, 0);
+    c.pre_quantised = false;
+    if (nth == 1 || (int64_t)n_tokens * c.cols <= OPS_PREQUANT_MAX) {
+        ops_mm_quantise(&c, 0, 1);
+        c.pre_quantised = true;
+    }
     threadpool_run(tp, ops_mm_thread, &c);
 }
 

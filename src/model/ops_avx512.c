@@ -1,9 +1,680 @@
 /*
  * ops_avx512: AVX-512 (F, BW, VL, DQ, VNNI) kernels (see ops_int.h for the table they fill).
+ *
+ * Matmul micro-kernels keep an R x T tile of float accumulators (R weight rows, T tokens) in
+ * zmm registers and walk the columns once, so every weight byte loaded is used T times and
+ * every activation byte R times. Integer dot products are exact (VNNI vpdpbusd / vpdpwssd);
+ * their per-block scales are applied in float.
+ *
+ * Activation formats at this level (produced by this file's quantisers, consumed only by this
+ * file's kernels; ops_matmul_scratch_bytes covers them):
+ * - Q8_0 consumers (Q8_0, Q4_0 weights): per token, cols bytes of q + 128 (unsigned, so that
+ *   vpdpbusd can multiply them with signed weights), then cols/32 floats: the block scales,
+ *   already rounded through fp16 as ggml stores them. Weight side: dpbusd(q+128, w) =
+ *   sum(q*w) + 128*sum(w), so each tile starts from -128*sum(w) (one dpbusd per weight pair).
+ * - Q8_K consumers (Q4_K, Q6_K): plain block_q8_K; weights are unpacked to unsigned bytes and
+ *   multiplied with vpmaddubsw, then scaled per sub-block with vpdpwssd.
+ * - F16 / BF16 / F32: plain rows.
  */
 #include "model/ops_int.h"
 
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#define A512_INLINE static inline __attribute__((always_inline))
+#define A512_PF 1024 /* weight prefetch distance, bytes ahead in the row */
+
+static size_t a512_act_row_bytes(qtype vt, int64_t cols)
+{
+    return vt == QTYPE_Q8_0 ? ops_q8_0x_row_bytes(cols) : quant_row_bytes(vt, cols);
+}
+
+/* ---- activation quantisers ------------------------------------------------------------ */
+
+static void a512_quant_q8_0(const float *x, void *dst, int64_t cols, int64_t e0, int64_t e1)
+{
+    uint8_t *q = (uint8_t *)dst;
+    float *d = (float *)(q + cols);
+    const __m512 signbit = _mm512_set1_ps(-0.0f);
+    for (int64_t b = e0 / 32; b < e1 / 32; b++) {
+        __m512 v0 = _mm512_loadu_ps(x + 32 * b), v1 = _mm512_loadu_ps(x + 32 * b + 16);
+        __m512 m = _mm512_max_ps(_mm512_andnot_ps(signbit, v0), _mm512_andnot_ps(signbit, v1));
+        float amax = _mm512_reduce_max_ps(m);
+        float db = amax / 127.f;
+        d[b] = _cvtsh_ss(_cvtss_sh(db, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        float id = amax != 0.0f ? 127.f / amax : 0.0f;
+        __m512 vid = _mm512_set1_ps(id);
+        __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, vid));
+        __m512i i1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, vid));
+        __m128i b0 = _mm512_cvtsepi32_epi8(i0), b1 = _mm512_cvtsepi32_epi8(i1);
+        __m256i bb = _mm256_set_m128i(b1, b0);
+        bb = _mm256_xor_si256(bb, _mm256_set1_epi8((char)0x80));
+        _mm256_storeu_si256((__m256i *)(q + 32 * b), bb);
+    }
+}
+
+static void a512_quant_q8_K(const float *x, void *dst, int64_t cols, int64_t e0, int64_t e1)
+{
+    const __m512 signbit = _mm512_set1_ps(-0.0f);
+    block_q8_K *y = dst;
+    (void)cols;
+    x += e0 / QK_K * QK_K;
+    for (int64_t i = e0 / QK_K; i < e1 / QK_K; i++, x += QK_K) {
+        __m512 m = _mm512_setzero_ps();
+        for (int j = 0; j < QK_K; j += 16)
+            m = _mm512_max_ps(m, _mm512_andnot_ps(signbit, _mm512_loadu_ps(x + j)));
+        float amax = _mm512_reduce_max_ps(m);
+        if (!amax) {
+            memset(&y[i], 0, sizeof y[i]);
+            continue;
+        }
+        /* the first element of largest magnitude, as the scalar loop picks it */
+        float max = 0;
+        __m512 va = _mm512_set1_ps(amax);
+        for (int j = 0; j < QK_K; j += 16) {
+            __mmask16 k = _mm512_cmp_ps_mask(_mm512_andnot_ps(signbit, _mm512_loadu_ps(x + j)),
+                                             va, _CMP_EQ_OQ);
+            if (k) {
+                max = x[j + __builtin_ctz(k)];
+                break;
+            }
+        }
+        float iscale = -127.f / max;
+        __m512 vs = _mm512_set1_ps(iscale);
+        const __m512i cap = _mm512_set1_epi32(127);
+        for (int j = 0; j < QK_K; j += 16) {
+            __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + j), vs));
+            v = _mm512_min_epi32(v, cap);
+            _mm_storeu_si128((__m128i *)(y[i].qs + j), _mm512_cvtsepi32_epi8(v));
+            y[i].bsums[j / 16] = (int16_t)_mm512_reduce_add_epi32(v);
+        }
+        y[i].d = 1 / iscale;
+    }
+}
+
+static void a512_to_f16(const float *x, fp16_t *y, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(y + i),
+                            _mm512_cvtps_ph(_mm512_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    if (i < n) {
+        __mmask16 k = (__mmask16)((1u << (n - i)) - 1);
+        __m256i h = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(k, x + i), _MM_FROUND_TO_NEAREST_INT);
+        _mm256_mask_storeu_epi16(y + i, k, h);
+    }
+}
+
+static void a512_from_f16(const fp16_t *x, float *y, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i))));
+    if (i < n) {
+        __mmask16 k = (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(y + i, k, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, x + i)));
+    }
+}
+
+A512_INLINE __m256i a512_bf16_round(__m512 v)
+{
+    __m512i u = _mm512_castps_si512(v);
+    __m512i r = _mm512_add_epi32(
+        u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                            _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
+    r = _mm512_srli_epi32(r, 16);
+    __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(64));
+    return _mm512_cvtepi32_epi16(r);
+}
+
+static void a512_to_bf16(const float *x, bf16_t *y, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(y + i), a512_bf16_round(_mm512_loadu_ps(x + i)));
+    if (i < n) {
+        __mmask16 k = (__mmask16)((1u << (n - i)) - 1);
+        _mm256_mask_storeu_epi16(y + i, k, a512_bf16_round(_mm512_maskz_loadu_ps(k, x + i)));
+    }
+}
+
+/* ---- tile dispatch helper ------------------------------------------------------------- */
+
+/* Calls KERNEL(R, T, ...) for every tile of an nr x nt output, R <= RMAX, T <= TMAX, with
+ * R and T compile-time constants so the micro-kernel's arrays live in registers. */
+#define A512_TILES(RMAX, TMAX, KERNEL)                                                     \
+    for (int r0 = 0; r0 < nr; r0 += RMAX) {                                                \
+        int rr = nr - r0 < RMAX ? nr - r0 : RMAX;                                          \
+        for (int t0 = 0; t0 < nt; t0 += TMAX) {                                            \
+            int tt = nt - t0 < TMAX ? nt - t0 : TMAX;                                      \
+            switch (rr * 8 + tt) {                                                         \
+            A512_CASE(KERNEL, 1, 1) A512_CASE(KERNEL, 1, 2) A512_CASE(KERNEL, 1, 3)        \
+            A512_CASE(KERNEL, 1, 4) A512_CASE(KERNEL, 2, 1) A512_CASE(KERNEL, 2, 2)        \
+            A512_CASE(KERNEL, 2, 3) A512_CASE(KERNEL, 2, 4) A512_CASE(KERNEL, 3, 1)        \
+            A512_CASE(KERNEL, 3, 2) A512_CASE(KERNEL, 3, 3) A512_CASE(KERNEL, 3, 4)        \
+            A512_CASE(KERNEL, 4, 1) A512_CASE(KERNEL, 4, 2) A512_CASE(KERNEL, 4, 3)        \
+            A512_CASE(KERNEL, 4, 4)                                                        \
+            default: break;                                                                \
+            }                                                                              \
+        }                                                                                  \
+    }
+#define A512_CASE(KERNEL, R, T)                                                            \
+    case R * 8 + T:                                                                        \
+        KERNEL(R, T, cols, (const char *)w + (size_t)r0 * ws, ws,                          \
+               (const char *)x + (size_t)t0 * xs, xs, y + (size_t)t0 * ys + r0, ys);       \
+        break;
+
+/* ---- Q8_0 / Q4_0 weights x Q8_0 activations ------------------------------------------- */
+
+/* Loads blocks 2p and 2p+1 (only 2p if `one`) of a Q8_0 row: 64 signed bytes and the
+ * matching scale vector (lanes 0-7 block 2p, 8-15 block 2p+1). */
+A512_INLINE void a512_load_w_q8_0(const block_q8_0 *b, int one, __m512i *q, __m512 *d)
+{
+    __m256i lo = _mm256_loadu_si256((const __m256i *)b[0].qs);
+    if (one) {
+        *q = _mm512_zextsi256_si512(lo);
+        *d = _mm512_zextps256_ps512(_mm256_set1_ps(_cvtsh_ss(b[0].d)));
+    } else {
+        *q = _mm512_inserti64x4(_mm512_castsi256_si512(lo),
+                                _mm256_loadu_si256((const __m256i *)b[1].qs), 1);
+        *d = _mm512_insertf32x8(_mm512_set1_ps(_cvtsh_ss(b[0].d)), _mm256_set1_ps(_cvtsh_ss(b[1].d)),
+                                1);
+    }
+}
+
+A512_INLINE void a512_load_w_q4_0(const block_q4_0 *b, int one, __m512i *q, __m512 *d)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F), off = _mm256_set1_epi8(8);
+    __m128i b0 = _mm_loadu_si128((const __m128i *)b[0].qs);
+    __m256i v0 = _mm256_set_m128i(_mm_srli_epi16(b0, 4), b0);
+    v0 = _mm256_sub_epi8(_mm256_and_si256(v0, m4), off);
+    if (one) {
+        *q = _mm512_zextsi256_si512(v0);
+        *d = _mm512_zextps256_ps512(_mm256_set1_ps(_cvtsh_ss(b[0].d)));
+    } else {
+        __m128i b1 = _mm_loadu_si128((const __m128i *)b[1].qs);
+        __m256i v1 = _mm256_set_m128i(_mm_srli_epi16(b1, 4), b1);
+        v1 = _mm256_sub_epi8(_mm256_and_si256(v1, m4), off);
+        *q = _mm512_inserti64x4(_mm512_castsi256_si512(v0), v1, 1);
+        *d = _mm512_insertf32x8(_mm512_set1_ps(_cvtsh_ss(b[0].d)), _mm256_set1_ps(_cvtsh_ss(b[1].d)),
+                                1);
+    }
+}
+
+#define A512_Q80_KERNEL(NAME, BLOCK, LOADW)                                                  \
+    A512_INLINE void NAME(int R, int T, int64_t cols, const char *w, size_t ws,             \
+                          const char *x, size_t xs, float *y, size_t ys)                    \
+    {                                                                                       \
+        const int64_t nb = cols / 32;                                                       \
+        const float *xd[4];                                                                 \
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) xd[t] =                         \
+            (const float *)(x + (size_t)t * xs + cols);                                     \
+        __m512 acc[4][4];                                                                   \
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)                                 \
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps(); \
+        const __m512i bias = _mm512_set1_epi8((char)0x80);                                  \
+        for (int64_t b = 0; b < nb; b += 2) {                                               \
+            int one = b + 1 >= nb;                                                          \
+            __m512i wq[4], nc[4];                                                           \
+            __m512 wd[4];                                                                   \
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                           \
+                LOADW((const BLOCK *)(w + (size_t)r * ws) + b, one, &wq[r], &wd[r]);        \
+                _mm_prefetch((const char *)((const BLOCK *)(w + (size_t)r * ws) + b) + A512_PF, _MM_HINT_T0); \
+                nc[r] = _mm512_sub_epi32(_mm512_setzero_si512(),                            \
+                                         _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, wq[r])); \
+            }                                                                               \
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {                           \
+                const uint8_t *xq = (const uint8_t *)(x + (size_t)t * xs) + b * 32;         \
+                __m512i xv;                                                                 \
+                __m512 dx;                                                                  \
+                if (one) {                                                                  \
+                    xv = _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)xq));   \
+                    dx = _mm512_set1_ps(xd[t][b]);                                          \
+                } else {                                                                    \
+                    xv = _mm512_loadu_si512(xq);                                            \
+                    dx = _mm512_insertf32x8(_mm512_set1_ps(xd[t][b]),                       \
+                                            _mm256_set1_ps(xd[t][b + 1]), 1);               \
+                }                                                                           \
+                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                       \
+                    __m512i s = _mm512_dpbusd_epi32(nc[r], xv, wq[r]);                      \
+                    acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s),                      \
+                                                _mm512_mul_ps(wd[r], dx), acc[r][t]);       \
+                }                                                                           \
+            }                                                                               \
+        }                                                                                   \
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)                                 \
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                             \
+                y[(size_t)t * ys + r] = _mm512_reduce_add_ps(acc[r][t]);                    \
+    }
+
+A512_Q80_KERNEL(a512_tile_q8_0, block_q8_0, a512_load_w_q8_0)
+A512_Q80_KERNEL(a512_tile_q4_0, block_q4_0, a512_load_w_q4_0)
+
+static void a512_gemm_q8_0(int64_t cols, const void *w, size_t ws, int nr, const void *x,
+                           size_t xs, int nt, float *y, size_t ys)
+{
+    A512_TILES(4, 3, a512_tile_q8_0)
+}
+
+static void a512_gemm_q4_0(int64_t cols, const void *w, size_t ws, int nr, const void *x,
+                           size_t xs, int nt, float *y, size_t ys)
+{
+    A512_TILES(4, 3, a512_tile_q4_0)
+}
+
+/* ---- Q4_K / Q6_K weights x Q8_K activations ------------------------------------------- */
+
+/* Unpacks the 6-bit scales and mins of a Q4_K block: 16 int16 [sc0..sc7, m0..m7]. */
+A512_INLINE __m256i a512_q4_K_scales(const uint8_t *s)
+{
+    uint32_t u[4];
+    memcpy(u, s, 12);
+    const uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
+    u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
+    uint32_t ua = u[1] & k1;
+    u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
+    u[2] = ua;
+    u[0] &= k1;
+    return _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)u));
+}
+
+/* Q4_K: tile of R rows x T tokens. Per 64-column chunk c (sub-blocks 2c, 2c+1), the weight
+ * nibbles become 64 unsigned bytes, vpmaddubsw with the activations gives int16 pairs, and
+ * vpdpwssd multiplies by the sub-block scale while summing into int32. Per super-block:
+ * y += d_x*d_w * isum - d_x*dmin_w * sum_j m_j * bsum_j. */
+A512_INLINE void a512_tile_q4_K(int R, int T, int64_t cols, const char *w, size_t ws,
+                                const char *x, size_t xs, float *y, size_t ys)
+{
+    const int64_t nb = cols / QK_K;
+    __m512 acc[4][4];
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    /* int16 lane i of chunk c takes scale 2c + i/16 */
+    const __m512i idx0 = _mm512_set_epi16(1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0,
+                                          0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m256i midx = _mm256_set_epi16(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9,
+                                          8, 8);
+    for (int64_t b = 0; b < nb; b++) {
+        __m512i sc[4];
+        __m256i mr[4];
+        float dw[4], dmw[4];
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+            const block_q4_K *wb = (const block_q4_K *)(w + (size_t)r * ws) + b;
+            __m256i s16 = a512_q4_K_scales(wb->scales);
+            sc[r] = _mm512_castsi256_si512(s16);
+            mr[r] = _mm256_permutexvar_epi16(midx, s16);
+            dw[r] = _cvtsh_ss(wb->d);
+            dmw[r] = _cvtsh_ss(wb->dmin);
+        }
+        __m512i isum[4][4];
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) isum[r][t] = _mm512_setzero_si512();
+        for (int c = 0; c < 4; c++) {
+            __m512i q[4], s[4];
+            __m512i idx = _mm512_add_epi16(idx0, _mm512_set1_epi16((short)(2 * c)));
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                const block_q4_K *wb = (const block_q4_K *)(w + (size_t)r * ws) + b;
+                _mm_prefetch((const char *)wb + 64 * c + A512_PF, _MM_HINT_T0);
+                __m256i v = _mm256_loadu_si256((const __m256i *)(wb->qs + 32 * c));
+                __m512i vv = _mm512_inserti64x4(_mm512_castsi256_si512(v),
+                                                _mm256_srli_epi16(v, 4), 1);
+                q[r] = _mm512_and_si512(vv, m4);
+                s[r] = _mm512_permutexvar_epi16(idx, sc[r]);
+            }
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+                const block_q8_K *xb = (const block_q8_K *)(x + (size_t)t * xs) + b;
+                __m512i xv = _mm512_loadu_si512(xb->qs + 64 * c);
+                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+                    isum[r][t] = _mm512_dpwssd_epi32(isum[r][t], _mm512_maddubs_epi16(q[r], xv), s[r]);
+            }
+        }
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+            const block_q8_K *xb = (const block_q8_K *)(x + (size_t)t * xs) + b;
+            __m256i bs = _mm256_loadu_si256((const __m256i *)xb->bsums);
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                __m512 mins = _mm512_cvtepi32_ps(_mm512_zextsi256_si512(_mm256_madd_epi16(bs, mr[r])));
+                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][t]), _mm512_set1_ps(xb->d * dw[r]),
+                                            acc[r][t]);
+                acc[r][t] = _mm512_fnmadd_ps(mins, _mm512_set1_ps(xb->d * dmw[r]), acc[r][t]);
+            }
+        }
+    }
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
+            y[(size_t)t * ys + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+static void a512_gemm_q4_K(int64_t cols, const void *w, size_t ws, int nr, const void *x,
+                           size_t xs, int nt, float *y, size_t ys)
+{
+    A512_TILES(2, 4, a512_tile_q4_K)
+}
+
+/* Q6_K: 6-bit unsigned q (0..63) with vpmaddubsw, scales per 16 columns with vpdpwssd; the
+ * -32 offset is folded in as -32 * sum_g sc_g * bsum_g at the start of each super-block. */
+A512_INLINE void a512_tile_q6_K(int R, int T, int64_t cols, const char *w, size_t ws,
+                                const char *x, size_t xs, float *y, size_t ys)
+{
+    const int64_t nb = cols / QK_K;
+    __m512 acc[4][4];
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m3 = _mm512_set1_epi8(3);
+    /* int16 lane i of chunk c takes scale 4c + i/8 */
+    const __m512i idx0 = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1,
+                                          1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    /* qh shifts: chunk even takes bits 0-1 (low half) / 2-3 (high half), odd 4-5 / 6-7 */
+    const __m512i sh_even = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
+    const __m512i sh_odd = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1);
+    for (int64_t b = 0; b < nb; b++) {
+        __m512i sc[4];
+        float dw[4];
+        __m512i isum[4][4];
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+            const block_q6_K *wb = (const block_q6_K *)(w + (size_t)r * ws) + b;
+            __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)wb->scales));
+            sc[r] = _mm512_castsi256_si512(s16);
+            dw[r] = _cvtsh_ss(wb->d);
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+                const block_q8_K *xb = (const block_q8_K *)(x + (size_t)t * xs) + b;
+                __m256i m = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)xb->bsums), s16);
+                isum[r][t] = _mm512_zextsi256_si512(_mm256_sub_epi32(_mm256_setzero_si256(),
+                                                                     _mm256_slli_epi32(m, 5)));
+            }
+        }
+        for (int c = 0; c < 4; c++) {
+            __m512i q[4], s[4];
+            __m512i idx = _mm512_add_epi16(idx0, _mm512_set1_epi16((short)(4 * c)));
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                const block_q6_K *wb = (const block_q6_K *)(w + (size_t)r * ws) + b;
+                _mm_prefetch((const char *)wb + 64 * c + A512_PF, _MM_HINT_T0);
+                if (c == 3) _mm_prefetch((const char *)wb + 256 + A512_PF, _MM_HINT_T0);
+                int h = c >> 1;
+                __m512i ql = _mm512_loadu_si512(wb->ql + 64 * h);
+                __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(wb->qh + 32 * h)));
+                __m512i lo = (c & 1) ? _mm512_and_si512(_mm512_srli_epi16(ql, 4), m4)
+                                     : _mm512_and_si512(ql, m4);
+                __m512i hb = _mm512_and_si512(_mm512_srlv_epi16(qh, (c & 1) ? sh_odd : sh_even), m3);
+                q[r] = _mm512_or_si512(lo, _mm512_slli_epi16(hb, 4));
+                s[r] = _mm512_permutexvar_epi16(idx, sc[r]);
+            }
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+                const block_q8_K *xb = (const block_q8_K *)(x + (size_t)t * xs) + b;
+                __m512i xv = _mm512_loadu_si512(xb->qs + 64 * c);
+                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+                    isum[r][t] = _mm512_dpwssd_epi32(isum[r][t], _mm512_maddubs_epi16(q[r], xv), s[r]);
+            }
+        }
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+            const block_q8_K *xb = (const block_q8_K *)(x + (size_t)t * xs) + b;
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][t]),
+                                            _mm512_set1_ps(xb->d * dw[r]), acc[r][t]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
+            y[(size_t)t * ys + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+static void a512_gemm_q6_K(int64_t cols, const void *w, size_t ws, int nr, const void *x,
+                           size_t xs, int nt, float *y, size_t ys)
+{
+    A512_TILES(2, 4, a512_tile_q6_K)
+}
+
+/* ---- float weights -------------------------------------------------------------------- */
+
+A512_INLINE __m512 a512_load_f32(const void *p, int64_t i, __mmask16 k)
+{
+    return _mm512_maskz_loadu_ps(k, (const float *)p + i);
+}
+A512_INLINE __m512 a512_load_f16(const void *p, int64_t i, __mmask16 k)
+{
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, (const fp16_t *)p + i));
+}
+A512_INLINE __m512 a512_load_bf16(const void *p, int64_t i, __mmask16 k)
+{
+    __m256i h = _mm256_maskz_loadu_epi16(k, (const bf16_t *)p + i);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+#define A512_FLOAT_KERNEL(NAME, LOAD)                                                        \
+    A512_INLINE void NAME(int R, int T, int64_t cols, const char *w, size_t ws,             \
+                          const char *x, size_t xs, float *y, size_t ys)                    \
+    {                                                                                       \
+        __m512 acc[4][4];                                                                   \
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)                                 \
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps(); \
+        for (int64_t i = 0; i < cols; i += 16) {                                            \
+            __mmask16 k = cols - i >= 16 ? (__mmask16)0xFFFF                                \
+                                         : (__mmask16)((1u << (cols - i)) - 1);             \
+            __m512 wv[4];                                                                   \
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                           \
+                wv[r] = LOAD(w + (size_t)r * ws, i, k);                                     \
+                _mm_prefetch(w + (size_t)r * ws + i * (int64_t)sizeof(fp16_t) * 2 + A512_PF, _MM_HINT_T0); \
+            }                                                                               \
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {                           \
+                __m512 xv = LOAD(x + (size_t)t * xs, i, k);                                 \
+                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r][t] =             \
+                    _mm512_fmadd_ps(wv[r], xv, acc[r][t]);                                  \
+            }                                                                               \
+        }                                                                                   \
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)                                 \
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                             \
+                y[(size_t)t * ys + r] = _mm512_reduce_add_ps(acc[r][t]);                    \
+    }
+
+A512_FLOAT_KERNEL(a512_tile_f32, a512_load_f32)
+A512_FLOAT_KERNEL(a512_tile_f16, a512_load_f16)
+A512_FLOAT_KERNEL(a512_tile_bf16, a512_load_bf16)
+
+static void a512_gemm_f32(int64_t cols, const void *w, size_t ws, int nr, const void *x,
+                          size_t xs, int nt, float *y, size_t ys)
+{
+    A512_TILES(4, 4, a512_tile_f32)
+}
+static void a512_gemm_f16(int64_t cols, const void *w, size_t ws, int nr, const void *x,
+                          size_t xs, int nt, float *y, size_t ys)
+{
+    A512_TILES(4, 4, a512_tile_f16)
+}
+static void a512_gemm_bf16(int64_t cols, const void *w, size_t ws, int nr, const void *x,
+                           size_t xs, int nt, float *y, size_t ys)
+{
+    A512_TILES(4, 4, a512_tile_bf16)
+}
+
+/* ---- vector helpers and elementwise ops ----------------------------------------------- */
+
+#define A512_MASK(n, i) ((n) - (i) >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << ((n) - (i))) - 1))
+
+/* exp(x) for x <= ~88: 2^n * p(r), r = x - n*ln2 in [-ln2/2, ln2/2], degree-6 polynomial
+ * (relative error ~2 ulp); large negative x flush to 0. */
+A512_INLINE __m512 a512_exp(__m512 x)
+{
+    x = _mm512_max_ps(x, _mm512_set1_ps(-103.0f));
+    x = _mm512_min_ps(x, _mm512_set1_ps(88.7f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 720);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+static float a512_dot_f16_f32(int n, const fp16_t *a, const float *b)
+{
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        acc0 = _mm512_fmadd_ps(a512_load_f16(a, i, 0xFFFF), _mm512_loadu_ps(b + i), acc0);
+        acc1 = _mm512_fmadd_ps(a512_load_f16(a, i + 16, 0xFFFF), _mm512_loadu_ps(b + i + 16), acc1);
+    }
+    for (; i < n; i += 16) {
+        __mmask16 k = A512_MASK(n, i);
+        acc0 = _mm512_fmadd_ps(a512_load_f16(a, i, k), _mm512_maskz_loadu_ps(k, b + i), acc0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+static float a512_dot_f16(int n, const fp16_t *a, const fp16_t *b)
+{
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        acc0 = _mm512_fmadd_ps(a512_load_f16(a, i, 0xFFFF), a512_load_f16(b, i, 0xFFFF), acc0);
+        acc1 = _mm512_fmadd_ps(a512_load_f16(a, i + 16, 0xFFFF), a512_load_f16(b, i + 16, 0xFFFF), acc1);
+    }
+    for (; i < n; i += 16) {
+        __mmask16 k = A512_MASK(n, i);
+        acc0 = _mm512_fmadd_ps(a512_load_f16(a, i, k), a512_load_f16(b, i, k), acc0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+static float a512_dot_f32(int n, const float *a, const float *b)
+{
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
+        acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), acc1);
+    }
+    for (; i < n; i += 16) {
+        __mmask16 k = A512_MASK(n, i);
+        acc0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, a + i), _mm512_maskz_loadu_ps(k, b + i), acc0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+static void a512_mad_f16(int n, float *y, const fp16_t *x, float s)
+{
+    __m512 vs = _mm512_set1_ps(s);
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 k = A512_MASK(n, i);
+        __m512 v = _mm512_fmadd_ps(a512_load_f16(x, i, k), vs, _mm512_maskz_loadu_ps(k, y + i));
+        _mm512_mask_storeu_ps(y + i, k, v);
+    }
+}
+
+static void a512_mad_f32(int n, float *y, const float *x, float s)
+{
+    __m512 vs = _mm512_set1_ps(s);
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 k = A512_MASK(n, i);
+        __m512 v = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, x + i), vs, _mm512_maskz_loadu_ps(k, y + i));
+        _mm512_mask_storeu_ps(y + i, k, v);
+    }
+}
+
+static void a512_scale_f32(int n, float *y, float s)
+{
+    __m512 vs = _mm512_set1_ps(s);
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 k = A512_MASK(n, i);
+        _mm512_mask_storeu_ps(y + i, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, y + i), vs));
+    }
+}
+
+static float a512_max_f32(int n, const float *x)
+{
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 k = A512_MASK(n, i);
+        m = _mm512_mask_max_ps(m, k, m, _mm512_maskz_loadu_ps(k, x + i));
+    }
+    return _mm512_reduce_max_ps(m);
+}
+
+static float a512_softmax_exp(int n, float *y, float max)
+{
+    __m512 vm = _mm512_set1_ps(max), sum = _mm512_setzero_ps();
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 k = A512_MASK(n, i);
+        __m512 e = a512_exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, y + i), vm));
+        _mm512_mask_storeu_ps(y + i, k, e);
+        sum = _mm512_mask_add_ps(sum, k, sum, e);
+    }
+    return _mm512_reduce_add_ps(sum);
+}
+
+static void a512_rmsnorm_row(float *out, const float *x, const float *w, int n, float eps)
+{
+    /* squares rounded to float (as ggml), summed in double */
+    __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 k = A512_MASK(n, i);
+        __m512 v = _mm512_maskz_loadu_ps(k, x + i);
+        __m512 sq = _mm512_mul_ps(v, v);
+        s0 = _mm512_add_pd(s0, _mm512_cvtps_pd(_mm512_castps512_ps256(sq)));
+        s1 = _mm512_add_pd(s1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sq), 1))));
+    }
+    double sum = _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
+    float mean = (float)(sum / n);
+    __m512 vs = _mm512_set1_ps(1.0f / sqrtf(mean + eps));
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 k = A512_MASK(n, i);
+        __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + i), vs);
+        if (w) v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(k, w + i));
+        _mm512_mask_storeu_ps(out + i, k, v);
+    }
+}
+
+static void a512_swiglu(float *out, const float *g, const float *u, int64_t n)
+{
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 k = A512_MASK(n, i);
+        __m512 gv = _mm512_maskz_loadu_ps(k, g + i);
+        __m512 e = a512_exp(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+        __m512 s = _mm512_div_ps(gv, _mm512_add_ps(one, e));
+        _mm512_mask_storeu_ps(out + i, k, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(k, u + i)));
+    }
+}
+
+static void a512_add(float *y, const float *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 k = A512_MASK(n, i);
+        _mm512_mask_storeu_ps(y + i, k, _mm512_add_ps(_mm512_maskz_loadu_ps(k, y + i),
+                                                     _mm512_maskz_loadu_ps(k, x + i)));
+    }
+}
+
 void ops_kernels_init_avx512(ops_kernels *k)
 {
-    (void)k;
+    k->quant_q8_0 = a512_quant_q8_0;
+    k->gemm[QTYPE_Q8_0] = a512_gemm_q8_0;
+    k->gemm[QTYPE_Q4_0] = a512_gemm_q4_0;
+    k->quant_q8_K = a512_quant_q8_K;
+    k->gemm[QTYPE_Q4_K] = a512_gemm_q4_K;
+    k->gemm[QTYPE_Q6_K] = a512_gemm_q6_K;
+    k->gemm[QTYPE_F32] = a512_gemm_f32;
+    k->gemm[QTYPE_F16] = a512_gemm_f16;
+    k->gemm[QTYPE_BF16] = a512_gemm_bf16;
+    k->to_f16 = a512_to_f16;
+    k->from_f16 = a512_from_f16;
+    k->to_bf16 = a512_to_bf16;
+    k->dot_f16_f32 = a512_dot_f16_f32;
+    k->dot_f16 = a512_dot_f16;
+    k->mad_f16 = a512_mad_f16;
+    k->dot_f32 = a512_dot_f32;
+    k->mad_f32 = a512_mad_f32;
+    k->scale_f32 = a512_scale_f32;
+    k->softmax_exp = a512_softmax_exp;
+    k->max_f32 = a512_max_f32;
+    k->rmsnorm_row = a512_rmsnorm_row;
+    k->swiglu = a512_swiglu;
+    k->add = a512_add;
+    k->act_row_bytes = a512_act_row_bytes;
 }

@@ -16,8 +16,12 @@ typedef void (*ops_gemm_fn)(int64_t cols, const void *w, size_t w_stride, int nr
 
 typedef struct {
     ops_gemm_fn gemm[QTYPE_COUNT_MAX];                               /* by weight type */
-    void (*quant_q8_0)(const float *x, block_q8_0 *y, int64_t n);    /* quant_act_q8_0 */
-    void (*quant_q8_K)(const float *x, block_q8_K *y, int64_t n);    /* quant_act_q8_K */
+    /* Activation quantisers: elements [e0, e1) (block aligned) of one token's row x of
+     * `cols` into that token's buffer `dst`, in the format the same level's gemm reads
+     * (the scalar level: block_q8_0 / block_q8_K rows). act_row_bytes: bytes per token. */
+    void (*quant_q8_0)(const float *x, void *dst, int64_t cols, int64_t e0, int64_t e1);
+    void (*quant_q8_K)(const float *x, void *dst, int64_t cols, int64_t e0, int64_t e1);
+    size_t (*act_row_bytes)(qtype vt, int64_t cols);
     void (*to_f16)(const float *x, fp16_t *y, int64_t n);
     void (*from_f16)(const fp16_t *x, float *y, int64_t n);
     void (*to_bf16)(const float *x, bf16_t *y, int64_t n);
@@ -35,6 +39,9 @@ typedef struct {
 } ops_kernels;
 
 void ops_kernels_init_scalar(ops_kernels *k);
+/* Bytes per token of the Q8_0 activation format used by the AVX2/AVX-512 levels: cols bytes
+ * of q + 128, then cols/32 float scales (fp16-rounded). */
+static inline size_t ops_q8_0x_row_bytes(int64_t cols) { return (size_t)cols + (size_t)cols / 8; }
 void ops_kernels_init_avx2(ops_kernels *k);    /* overrides entries; call after scalar */
 void ops_kernels_init_avx512(ops_kernels *k);  /* overrides entries; call after avx2 */
 

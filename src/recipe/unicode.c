@@ -85,21 +85,22 @@ static bool unicode_byte_is_printable(unsigned b)
     return (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
 }
 
+/* The non-printable bytes are 0x00..0x20 (33), 0x7F..0xA0 (34) and 0xAD: the n-th of them, in
+ * byte order, stands for U+0100 + n. */
 uint32_t unicode_byte_to_cpt(uint8_t b)
 {
     if (unicode_byte_is_printable(b)) return b;
-    /* the n-th non-printable byte (in byte order) maps to U+0100 + n */
-    unsigned n = 0;
-    for (unsigned x = 0; x < b; x++) n += !unicode_byte_is_printable(x);
-    return 0x100 + n;
+    if (b <= 0x20) return 0x100 + b;
+    if (b <= 0xA0) return 0x100 + 33 + (b - 0x7F);
+    return 0x100 + 67;  /* 0xAD */
 }
 
 int unicode_cpt_to_byte(uint32_t c)
 {
     if (c < 0x100) return unicode_byte_is_printable(c) ? (int)c : -1;
     if (c > 0x143) return -1;
-    unsigned n = c - 0x100;
-    for (unsigned x = 0; x < 256; x++)
-        if (!unicode_byte_is_printable(x) && n-- == 0) return (int)x;
-    return -1;
+    uint32_t n = c - 0x100;
+    if (n < 33) return (int)n;
+    if (n < 67) return (int)(0x7F + n - 33);
+    return 0xAD;
 }

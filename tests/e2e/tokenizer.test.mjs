@@ -73,16 +73,25 @@ for (const v of [...VOCABS, ...MORE_VECTORS]) {
   });
 }
 
+// plus a few long texts (thousands of characters each) made of the same pieces
 const strings = randomStrings(SEED, N_RANDOM);
-for (const v of VOCABS) {
+const longStrings = Array.from({ length: 8 }, (_, i) => strings.slice(i * 60, i * 60 + 60).join(''));
+const RANDOM_VOCABS = [...VOCABS.map(v => [v, path.join(MODELS, `ggml-vocab-${v}.gguf`)]),
+                       ['stories260K', path.join(ROOT, 'models/stories260K.gguf')]];
+for (const [v, file] of RANDOM_VOCABS) {
   test(`${N_RANDOM} random strings vs llama.cpp: ${v}`, async (t) => {
-    const file = path.join(MODELS, `ggml-vocab-${v}.gguf`);
+    if (!fs.existsSync(file)) { t.skip(`${file} not present`); return; }
     const model = await llama.loadModel({ modelPath: file, vocabOnly: true });
     try {
-      const plain = strings.map(s => Array.from(model.tokenize(s, false)));
-      const special = strings.map(s => Array.from(model.tokenize(s, true)));
-      compare(`random ${v}`, strings, plain, tokenmillBatch(file, strings), t);
-      compare(`random ${v} --special`, strings, special, tokenmillBatch(file, strings, ['--special']), t);
+      const texts = [...strings, ...longStrings];
+      const plain = texts.map(s => Array.from(model.tokenize(s, false)));
+      const special = texts.map(s => Array.from(model.tokenize(s, true)));
+      compare(`random ${v}`, texts, plain, tokenmillBatch(file, texts), t);
+      compare(`random ${v} --special`, texts, special, tokenmillBatch(file, texts, ['--special']), t);
+      // the strings do contain control-token text: parsing it must change some tokenisations
+      const changed = texts.filter((_, i) => JSON.stringify(plain[i]) !== JSON.stringify(special[i])).length;
+      t.diagnostic(`${v}: --special changes ${changed} tokenisations`);
+      assert.ok(changed > 0, 'no string exercised special-token parsing');
     } finally {
       await model.dispose();
     }

@@ -1,0 +1,116 @@
+/*
+ * bench/kernels: micro-benchmark of ops_matmul on Qwen3-0.6B-shaped layers (a benchmark, not a
+ * test: it prints timings). Build after `make`:
+ *   cc -O2 -Isrc -o build/bench_kernels bench/kernels.c $(ls build/src/model/*.o build/src/util/*.o) -lm -pthread
+ * Run: build/bench_kernels [threads] [layers]   (TOKENMILL_SIMD=scalar|avx2|avx512 caps the ISA)
+ * Prints, per weight type and batch size, the time of one pass over `layers` layers, the
+ * weight bytes streamed per second, and multiply-accumulates per second, next to the
+ * machine's measured read bandwidth.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/ops.h"
+#include "util/util.h"
+
+static double read_bandwidth(threadpool *tp, size_t bytes);
+
+typedef struct {
+    const char *name;
+    int64_t rows, cols;
+} shape;
+
+static const shape layer[] = {
+    {"q", 2048, 1024}, {"k", 1024, 1024}, {"v", 1024, 1024}, {"o", 1024, 2048},
+    {"gate", 3072, 1024}, {"up", 3072, 1024}, {"down", 1024, 3072},
+};
+
+typedef struct {
+    const uint64_t *p;
+    size_t n;
+    uint64_t sum[64];
+} bw_ctx;
+
+static void bw_thread(void *arg, int ith, int nth)
+{
+    bw_ctx *c = arg;
+    size_t i0 = c->n * ith / nth, i1 = c->n * (ith + 1) / nth;
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (size_t i = i0; i + 4 <= i1; i += 4) {
+        s0 += c->p[i];
+        s1 += c->p[i + 1];
+        s2 += c->p[i + 2];
+        s3 += c->p[i + 3];
+    }
+    c->sum[ith] = s0 + s1 + s2 + s3;
+}
+
+static double read_bandwidth(threadpool *tp, size_t bytes)
+{
+    uint64_t *p = malloc(bytes);
+    for (size_t i = 0; i < bytes / 8; i++) p[i] = i;
+    bw_ctx c = {p, bytes / 8, {0}};
+    double best = 0;
+    for (int it = 0; it < 5; it++) {
+        double t0 = util_now();
+        threadpool_run(tp, bw_thread, &c);
+        double dt = util_now() - t0;
+        if (bytes / dt > best) best = bytes / dt;
+    }
+    free(p);
+    return best;
+}
+
+int main(int argc, char **argv)
+{
+    int nth = argc > 1 ? atoi(argv[1]) : 2;
+    int n_layers = argc > 2 ? atoi(argv[2]) : 6;
+    threadpool *tp = threadpool_new(nth);
+    printf("level %s, %d threads, %d layers\n", ops_level_name(), nth, n_layers);
+    double bw = read_bandwidth(tp, (size_t)512 << 20);
+    printf("read bandwidth: %.1f GB/s\n", bw / 1e9);
+    qtype types[] = {QTYPE_Q8_0, QTYPE_Q4_K, QTYPE_Q6_K, QTYPE_Q4_0, QTYPE_F16};
+    int batches[] = {1, 4, 16, 128, 512};
+    int nl = (int)TM_ARRAY_LEN(layer);
+    float *x = malloc(sizeof(float) * 512 * 3072), *y = malloc(sizeof(float) * 512 * 3072);
+    util_rng r;
+    util_rng_seed(&r, 1);
+    for (int i = 0; i < 512 * 3072; i++) x[i] = util_rng_normal(&r);
+    void *scratch = malloc(ops_matmul_scratch_bytes(QTYPE_F16, 3072, 512) + 
+                           ops_matmul_scratch_bytes(QTYPE_Q8_0, 3072, 512));
+    for (size_t ti = 0; ti < TM_ARRAY_LEN(types); ti++) {
+        qtype t = types[ti];
+        ops_weight *ws = malloc(sizeof(ops_weight) * n_layers * nl);
+        size_t total = 0;
+        double macs = 0;
+        for (int l = 0; l < n_layers; l++)
+            for (int j = 0; j < nl; j++) {
+                size_t sz = quant_row_bytes(t, layer[j].cols) * layer[j].rows;
+                char *d = malloc(sz);
+                /* random bytes are fine for speed, but keep fp16 scales finite and small */
+                for (size_t i = 0; i < sz; i++) d[i] = (char)(util_rng_next(&r) & 0x3b);
+                ws[l * nl + j] = (ops_weight){t, layer[j].rows, layer[j].cols, d};
+                total += sz;
+                macs += (double)layer[j].rows * layer[j].cols;
+            }
+        for (size_t bi = 0; bi < TM_ARRAY_LEN(batches); bi++) {
+            int nt = batches[bi];
+            int reps = nt >= 128 ? 1 : 3;
+            double best = 1e9;
+            for (int rep = 0; rep < reps + 1; rep++) {
+                double t0 = util_now();
+                for (int i = 0; i < n_layers * nl; i++) ops_matmul(tp, &ws[i], x, nt, y, scratch);
+                double dt = util_now() - t0;
+                if (rep > 0 && dt < best) best = dt;
+            }
+            printf("%-5s batch %3d: %8.2f ms  %6.1f GB/s weights (%3.0f%% of bw)  %7.1f GMAC/s  %8.1f tok/s-equiv(x%.0f layers)\n",
+                   quant_type_name(t), nt, best * 1e3, total / best / 1e9, 100 * total / best / bw,
+                   macs * nt / best / 1e9, nt / best * n_layers / 28.0, 28.0);
+        }
+        for (int i = 0; i < n_layers * nl; i++) free((void *)ws[i].data);
+        free(ws);
+    }
+    threadpool_free(tp);
+    return 0;
+}
