@@ -12,11 +12,13 @@ static const struct {
     int (*fn)(int argc, char **argv);
     const char *help;
 } main_cmds[] = {
+    { "serve", cmd_serve, "serve -m MODEL [--host H] [--port P] [--threads N] [--ctx N] [--max-seqs N] [--api-key K ...] [--model-name NAME]: HTTP API server" },
     { "run", cmd_run, "run -m MODEL -p PROMPT [-n N] [--temp T] [--seed S] [--threads N]: generate text" },
     { "tokenize", cmd_tokenize, "tokenize -m MODEL [--special] [--pieces] TEXT: token ids as JSON" },
     { "convert", cmd_convert, "convert llama2c WEIGHTS.bin TOKENIZER.bin -o OUT.gguf" },
     { "mkmodel", cmd_mkmodel, "mkmodel --arch llama|qwen2|qwen3 [--preset P] [--vocab F] --type T --seed S -o OUT.gguf" },
     { "eval", cmd_eval, "eval -m MODEL --input FILE.json: top log-probs at every position (testing)" },
+    { "template", cmd_template, "template -m MODEL [--template NAME] --input CONV.json: prompt ids as JSON (testing)" },
     { "bench", cmd_bench, "bench -m MODEL [--pp N] [--tg N] [--seqs 1,4,16]: timings as JSON" },
 };
 
