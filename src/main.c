@@ -17,6 +17,7 @@ static const struct {
     { "convert", cmd_convert, "convert llama2c WEIGHTS.bin TOKENIZER.bin -o OUT.gguf" },
     { "mkmodel", cmd_mkmodel, "mkmodel --arch llama|qwen2|qwen3 [--preset P] [--vocab F] --type T --seed S -o OUT.gguf" },
     { "eval", cmd_eval, "eval -m MODEL --input FILE.json: top log-probs at every position (testing)" },
+    { "template", cmd_template, "template -m MODEL [--template NAME] --input CONV.json: prompt ids as JSON (testing)" },
     { "bench", cmd_bench, "bench -m MODEL [--pp N] [--tg N] [--seqs 1,4,16]: timings as JSON" },
 };
 

@@ -12,5 +12,6 @@ int cmd_convert(int argc, char **argv);   /* llama2.c checkpoint -> GGUF */
 int cmd_mkmodel(int argc, char **argv);   /* random-weight GGUF of a real shape and vocab */
 int cmd_eval(int argc, char **argv);      /* per-position top log-probs + greedy, as JSON (tests) */
 int cmd_bench(int argc, char **argv);     /* pp/tg timings as JSON (bench/engine) */
+int cmd_template(int argc, char **argv);  /* chat template rendering as token ids (tests) */
 
 #endif

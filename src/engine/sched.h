@@ -144,9 +144,12 @@ typedef struct sched_req sched_req;
 
 /* Starts the engine thread. The engine (and its model) must outlive the scheduler. */
 sched_status sched_new(engine *e, const sched_opts *opts, sched **out);
-/* Stops the engine thread: running and queued requests finish CANCELLED; handles stay
- * valid until released. Then frees the scheduler; every request must have been released. */
+/* Stops the engine thread (running and queued requests finish CANCELLED) and frees the
+ * scheduler. Every request handle must have been released before. */
 void sched_free(sched *s);
+/* Refuses new submissions (SCHED_ERR_STOPPED) and cancels every queued and running request,
+ * so that streams end; call before stopping the HTTP server, then sched_free. */
+void sched_shutdown(sched *s);
 const char *sched_status_name(sched_status st);
 const char *sched_finish_name(sched_finish f);   /* "stop", "length", "cancelled", "error" */
 int sched_n_ctx(const sched *s);

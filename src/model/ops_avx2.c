@@ -1,9 +1,598 @@
 /*
  * ops_avx2: AVX2 + FMA + F16C kernels (see ops_int.h for the table they fill).
+ *
+ * Same structure as ops_avx512.c with 8-float / 32-byte vectors and only 16 registers, so
+ * the R x T tiles are smaller (at most 3 x 3). Without VNNI the integer dots use ggml's
+ * AVX2 recipe: vpmaddubsw on |w| and sign(x, w) (no int16 overflow: 2*127*127 < 32768),
+ * then vpmaddwd with ones or with the sub-block scales. Activations stay in the scalar
+ * formats (block_q8_0 / block_q8_K rows), quantised here with the same rounding.
  */
 #include "model/ops_int.h"
 
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#define A2_INLINE static inline __attribute__((always_inline))
+#define A2_PF 1024 /* weight prefetch distance, bytes ahead in the row */
+
+A2_INLINE float a2_hsum(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+A2_INLINE float a2_hmax(__m256 v)
+{
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+A2_INLINE int a2_hsum_i32(__m256i v)
+{
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* Packs 4 x 8 int32 (saturating) into 32 int8 in order. */
+A2_INLINE __m256i a2_pack_i8(__m256i i0, __m256i i1, __m256i i2, __m256i i3)
+{
+    __m256i a = _mm256_packs_epi32(i0, i1), b = _mm256_packs_epi32(i2, i3);
+    __m256i c = _mm256_packs_epi16(a, b);
+    return _mm256_permutevar8x32_epi32(c, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+/* ---- activation quantisers (scalar formats) ------------------------------------------- */
+
+static void a2_quant_q8_0(const float *x, void *dst, int64_t cols, int64_t e0, int64_t e1)
+{
+    block_q8_0 *y = dst;
+    const __m256 signbit = _mm256_set1_ps(-0.0f);
+    (void)cols;
+    for (int64_t b = e0 / 32; b < e1 / 32; b++) {
+        const float *xb = x + 32 * b;
+        __m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8);
+        __m256 v2 = _mm256_loadu_ps(xb + 16), v3 = _mm256_loadu_ps(xb + 24);
+        __m256 m = _mm256_max_ps(_mm256_andnot_ps(signbit, v0), _mm256_andnot_ps(signbit, v1));
+        m = _mm256_max_ps(m, _mm256_max_ps(_mm256_andnot_ps(signbit, v2), _mm256_andnot_ps(signbit, v3)));
+        float amax = a2_hmax(m);
+        y[b].d = _cvtss_sh(amax / 127.f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m256 id = _mm256_set1_ps(amax != 0.0f ? 127.f / amax : 0.0f);
+        __m256i q = a2_pack_i8(_mm256_cvtps_epi32(_mm256_mul_ps(v0, id)),
+                               _mm256_cvtps_epi32(_mm256_mul_ps(v1, id)),
+                               _mm256_cvtps_epi32(_mm256_mul_ps(v2, id)),
+                               _mm256_cvtps_epi32(_mm256_mul_ps(v3, id)));
+        _mm256_storeu_si256((__m256i *)y[b].qs, q);
+    }
+}
+
+static void a2_quant_q8_K(const float *x, void *dst, int64_t cols, int64_t e0, int64_t e1)
+{
+    block_q8_K *y = dst;
+    const __m256 signbit = _mm256_set1_ps(-0.0f);
+    (void)cols;
+    x += e0 / QK_K * QK_K;
+    for (int64_t i = e0 / QK_K; i < e1 / QK_K; i++, x += QK_K) {
+        __m256 m = _mm256_setzero_ps();
+        for (int j = 0; j < QK_K; j += 8)
+            m = _mm256_max_ps(m, _mm256_andnot_ps(signbit, _mm256_loadu_ps(x + j)));
+        float amax = a2_hmax(m);
+        if (!amax) {
+            memset(&y[i], 0, sizeof y[i]);
+            continue;
+        }
+        float max = 0;
+        for (int j = 0; j < QK_K; j++)
+            if (fabsf(x[j]) == amax) {
+                max = x[j];
+                break;
+            }
+        float iscale = -127.f / max;
+        __m256 vs = _mm256_set1_ps(iscale);
+        const __m256i cap = _mm256_set1_epi32(127);
+        for (int j = 0; j < QK_K; j += 32) {
+            __m256i v[4];
+            for (int k = 0; k < 4; k++)
+                v[k] = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + j + 8 * k), vs)), cap);
+            _mm256_storeu_si256((__m256i *)(y[i].qs + j), a2_pack_i8(v[0], v[1], v[2], v[3]));
+            y[i].bsums[j / 16] = (int16_t)a2_hsum_i32(_mm256_add_epi32(v[0], v[1]));
+            y[i].bsums[j / 16 + 1] = (int16_t)a2_hsum_i32(_mm256_add_epi32(v[2], v[3]));
+        }
+        y[i].d = 1 / iscale;
+    }
+}
+
+static void a2_to_f16(const float *x, fp16_t *y, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(y + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) y[i] = _cvtss_sh(x[i], _MM_FROUND_TO_NEAREST_INT);
+}
+
+static void a2_from_f16(const fp16_t *x, float *y, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))));
+    for (; i < n; i++) y[i] = _cvtsh_ss(x[i]);
+}
+
+/* ---- tile dispatch -------------------------------------------------------------------- */
+
+#define A2_TILES(RMAX, TMAX, KERNEL)                                                       \
+    for (int r0 = 0; r0 < nr; r0 += RMAX) {                                                \
+        int rr = nr - r0 < RMAX ? nr - r0 : RMAX;                                          \
+        for (int t0 = 0; t0 < nt; t0 += TMAX) {                                            \
+            int tt = nt - t0 < TMAX ? nt - t0 : TMAX;                                      \
+            switch (rr * 8 + tt) {                                                         \
+            A2_CASE(KERNEL, 1, 1) A2_CASE(KERNEL, 1, 2) A2_CASE(KERNEL, 1, 3)              \
+            A2_CASE(KERNEL, 2, 1) A2_CASE(KERNEL, 2, 2) A2_CASE(KERNEL, 2, 3)              \
+            A2_CASE(KERNEL, 3, 1) A2_CASE(KERNEL, 3, 2) A2_CASE(KERNEL, 3, 3)              \
+            default: break;                                                                \
+            }                                                                              \
+        }                                                                                  \
+    }
+#define A2_CASE(KERNEL, R, T)                                                              \
+    case R * 8 + T:                                                                        \
+        if (R <= RMAX_ && T <= TMAX_)                                                      \
+            KERNEL(R <= RMAX_ ? R : 1, T <= TMAX_ ? T : 1, cols,                           \
+                   (const char *)w + (size_t)r0 * ws, ws, (const char *)x + (size_t)t0 * xs, \
+                   xs, y + (size_t)t0 * ys + r0, ys);                                      \
+        break;
+
+/* ---- Q8_0 / Q4_0 weights x Q8_0 activations ------------------------------------------- */
+
+A2_INLINE __m256i a2_w_q8_0(const void *b)
+{
+    return _mm256_loadu_si256((const __m256i *)((const block_q8_0 *)b)->qs);
+}
+A2_INLINE __m256i a2_w_q4_0(const void *b)
+{
+    __m128i v = _mm_loadu_si128((const __m128i *)((const block_q4_0 *)b)->qs);
+    __m256i q = _mm256_set_m128i(_mm_srli_epi16(v, 4), v);
+    return _mm256_sub_epi8(_mm256_and_si256(q, _mm256_set1_epi8(0x0F)), _mm256_set1_epi8(8));
+}
+
+#define A2_Q80_KERNEL(NAME, BLOCK, LOADW)                                                   \
+    A2_INLINE void NAME(int R, int T, int64_t cols, const char *w, size_t ws, const char *x, \
+                        size_t xs, float *y, size_t ys)                                     \
+    {                                                                                       \
+        const int64_t nb = cols / 32;                                                       \
+        __m256 acc[3][3];                                                                   \
+        _Pragma("GCC unroll 3") for (int r = 0; r < R; r++)                                 \
+            _Pragma("GCC unroll 3") for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps(); \
+        const __m256i ones = _mm256_set1_epi16(1);                                          \
+        for (int64_t b = 0; b < nb; b++) {                                                  \
+            __m256i wq[3], aw[3];                                                           \
+            float dw[3];                                                                    \
+            _Pragma("GCC unroll 3") for (int r = 0; r < R; r++) {                           \
+                const BLOCK *wb = (const BLOCK *)(w + (size_t)r * ws) + b;                  \
+                _mm_prefetch((const char *)wb + A2_PF, _MM_HINT_T0);                        \
+                wq[r] = LOADW(wb);                                                          \
+                aw[r] = _mm256_sign_epi8(wq[r], wq[r]);                                     \
+                dw[r] = _cvtsh_ss(wb->d);                                                   \
+            }                                                                               \
+            _Pragma("GCC unroll 3") for (int t = 0; t < T; t++) {                           \
+                const block_q8_0 *xb = (const block_q8_0 *)(x + (size_t)t * xs) + b;        \
+                __m256i xv = _mm256_loadu_si256((const __m256i *)xb->qs);                   \
+                float dx = _cvtsh_ss(xb->d);                                                \
+                _Pragma("GCC unroll 3") for (int r = 0; r < R; r++) {                       \
+                    __m256i p = _mm256_maddubs_epi16(aw[r], _mm256_sign_epi8(xv, wq[r]));   \
+                    __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));              \
+                    acc[r][t] = _mm256_fmadd_ps(f, _mm256_set1_ps(dw[r] * dx), acc[r][t]);  \
+                }                                                                           \
+            }                                                                               \
+        }                                                                                   \
+        _Pragma("GCC unroll 3") for (int r = 0; r < R; r++)                                 \
+            _Pragma("GCC unroll 3") for (int t = 0; t < T; t++)                             \
+                y[(size_t)t * ys + r] = a2_hsum(acc[r][t]);                                 \
+    }
+
+A2_Q80_KERNEL(a2_tile_q8_0, block_q8_0, a2_w_q8_0)
+A2_Q80_KERNEL(a2_tile_q4_0, block_q4_0, a2_w_q4_0)
+
+#define RMAX_ 3
+#define TMAX_ 3
+static void a2_gemm_q8_0(int64_t cols, const void *w, size_t ws, int nr, const void *x,
+                         size_t xs, int nt, float *y, size_t ys)
+{
+    A2_TILES(3, 3, a2_tile_q8_0)
+}
+static void a2_gemm_q4_0(int64_t cols, const void *w, size_t ws, int nr, const void *x,
+                         size_t xs, int nt, float *y, size_t ys)
+{
+    A2_TILES(3, 3, a2_tile_q4_0)
+}
+#undef RMAX_
+#undef TMAX_
+
+/* ---- Q4_K / Q6_K weights x Q8_K activations ------------------------------------------- */
+
+A2_INLINE void a2_q4_K_scales(const uint8_t *s, uint8_t out[16])
+{
+    uint32_t u[4];
+    memcpy(u, s, 12);
+    const uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
+    u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
+    uint32_t ua = u[1] & k1;
+    u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
+    u[2] = ua;
+    u[0] &= k1;
+    memcpy(out, u, 16);
+}
+
+A2_INLINE void a2_tile_q4_K(int R, int T, int64_t cols, const char *w, size_t ws, const char *x,
+                            size_t xs, float *y, size_t ys)
+{
+    const int64_t nb = cols / QK_K;
+    __m256 acc[2][2];
+    _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
+        _Pragma("GCC unroll 2") for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t sm[2][16];
+        __m256i isum[2][2];
+        _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
+            a2_q4_K_scales(((const block_q4_K *)(w + (size_t)r * ws) + b)->scales, sm[r]);
+            _Pragma("GCC unroll 2") for (int t = 0; t < T; t++) isum[r][t] = _mm256_setzero_si256();
+        }
+        for (int j = 0; j < 8; j++) {
+            __m256i q[2], sc[2];
+            _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
+                const block_q4_K *wb = (const block_q4_K *)(w + (size_t)r * ws) + b;
+                if (!(j & 1)) _mm_prefetch((const char *)wb + 32 * j + A2_PF, _MM_HINT_T0);
+                __m256i v = _mm256_loadu_si256((const __m256i *)(wb->qs + 32 * (j >> 1)));
+                q[r] = _mm256_and_si256((j & 1) ? _mm256_srli_epi16(v, 4) : v, m4);
+                sc[r] = _mm256_set1_epi16(sm[r][j]);
+            }
+            _Pragma("GCC unroll 2") for (int t = 0; t < T; t++) {
+                const block_q8_K *xb = (const block_q8_K *)(x + (size_t)t * xs) + b;
+                __m256i xv = _mm256_loadu_si256((const __m256i *)(xb->qs + 32 * j));
+                _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
+                    isum[r][t] = _mm256_add_epi32(isum[r][t], _mm256_madd_epi16(_mm256_maddubs_epi16(q[r], xv), sc[r]));
+            }
+        }
+        _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
+            const block_q4_K *wb = (const block_q4_K *)(w + (size_t)r * ws) + b;
+            float dw = _cvtsh_ss(wb->d), dmw = _cvtsh_ss(wb->dmin);
+            __m128i m8 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(sm[r] + 8)));
+            /* m_j for bsums 2j and 2j+1 */
+            __m256i mrep = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(
+                _mm_loadl_epi64((const __m128i *)(sm[r] + 8)),
+                _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7)));
+            (void)m8;
+            _Pragma("GCC unroll 2") for (int t = 0; t < T; t++) {
+                const block_q8_K *xb = (const block_q8_K *)(x + (size_t)t * xs) + b;
+                __m256i mins = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)xb->bsums), mrep);
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r][t]), _mm256_set1_ps(xb->d * dw), acc[r][t]);
+                acc[r][t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins), _mm256_set1_ps(xb->d * dmw), acc[r][t]);
+            }
+        }
+    }
+    _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
+        _Pragma("GCC unroll 2") for (int t = 0; t < T; t++)
+            y[(size_t)t * ys + r] = a2_hsum(acc[r][t]);
+}
+
+A2_INLINE void a2_tile_q6_K(int R, int T, int64_t cols, const char *w, size_t ws, const char *x,
+                            size_t xs, float *y, size_t ys)
+{
+    const int64_t nb = cols / QK_K;
+    __m256 acc[2][2];
+    _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
+        _Pragma("GCC unroll 2") for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i isum[2][2];
+        _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
+            const block_q6_K *wb = (const block_q6_K *)(w + (size_t)r * ws) + b;
+            __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)wb->scales));
+            _Pragma("GCC unroll 2") for (int t = 0; t < T; t++) {
+                const block_q8_K *xb = (const block_q8_K *)(x + (size_t)t * xs) + b;
+                __m256i m = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)xb->bsums), s16);
+                isum[r][t] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(m, 5));
+            }
+        }
+        for (int k = 0; k < 8; k++) {
+            int h = k >> 2, qq = k & 3;
+            __m256i q[2], sc[2];
+            _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
+                const block_q6_K *wb = (const block_q6_K *)(w + (size_t)r * ws) + b;
+                _mm_prefetch((const char *)wb + 26 * k + A2_PF, _MM_HINT_T0);
+                __m256i ql = _mm256_loadu_si256((const __m256i *)(wb->ql + 64 * h + 32 * (qq & 1)));
+                __m256i qh = _mm256_loadu_si256((const __m256i *)(wb->qh + 32 * h));
+                __m256i lo = _mm256_and_si256(qq >= 2 ? _mm256_srli_epi16(ql, 4) : ql, m4);
+                __m256i hb = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * qq)), m3);
+                q[r] = _mm256_or_si256(lo, _mm256_slli_epi16(hb, 4));
+                sc[r] = _mm256_set_m128i(_mm_set1_epi16(wb->scales[2 * k + 1]), _mm_set1_epi16(wb->scales[2 * k]));
+            }
+            _Pragma("GCC unroll 2") for (int t = 0; t < T; t++) {
+                const block_q8_K *xb = (const block_q8_K *)(x + (size_t)t * xs) + b;
+                __m256i xv = _mm256_loadu_si256((const __m256i *)(xb->qs + 32 * k));
+                _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
+                    isum[r][t] = _mm256_add_epi32(isum[r][t], _mm256_madd_epi16(_mm256_maddubs_epi16(q[r], xv), sc[r]));
+            }
+        }
+        _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
+            float dw = _cvtsh_ss(((const block_q6_K *)(w + (size_t)r * ws) + b)->d);
+            _Pragma("GCC unroll 2") for (int t = 0; t < T; t++) {
+                const block_q8_K *xb = (const block_q8_K *)(x + (size_t)t * xs) + b;
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r][t]), _mm256_set1_ps(xb->d * dw), acc[r][t]);
+            }
+        }
+    }
+    _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
+        _Pragma("GCC unroll 2") for (int t = 0; t < T; t++)
+            y[(size_t)t * ys + r] = a2_hsum(acc[r][t]);
+}
+
+#define RMAX_ 2
+#define TMAX_ 2
+static void a2_gemm_q4_K(int64_t cols, const void *w, size_t ws, int nr, const void *x,
+                         size_t xs, int nt, float *y, size_t ys)
+{
+    A2_TILES(2, 2, a2_tile_q4_K)
+}
+static void a2_gemm_q6_K(int64_t cols, const void *w, size_t ws, int nr, const void *x,
+                         size_t xs, int nt, float *y, size_t ys)
+{
+    A2_TILES(2, 2, a2_tile_q6_K)
+}
+#undef RMAX_
+#undef TMAX_
+
+/* ---- float weights -------------------------------------------------------------------- */
+
+A2_INLINE __m256 a2_load_f32(const void *p, int64_t i) { return _mm256_loadu_ps((const float *)p + i); }
+A2_INLINE __m256 a2_load_f16(const void *p, int64_t i)
+{
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const fp16_t *)p + i)));
+}
+A2_INLINE __m256 a2_load_bf16(const void *p, int64_t i)
+{
+    __m128i h = _mm_loadu_si128((const __m128i *)((const bf16_t *)p + i));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+A2_INLINE float a2_s_f32(const void *p, int64_t i) { return ((const float *)p)[i]; }
+A2_INLINE float a2_s_f16(const void *p, int64_t i) { return _cvtsh_ss(((const fp16_t *)p)[i]); }
+A2_INLINE float a2_s_bf16(const void *p, int64_t i) { return quant_bf16_to_fp32(((const bf16_t *)p)[i]); }
+
+#define A2_FLOAT_KERNEL(NAME, LOAD, SCALAR)                                                 \
+    A2_INLINE void NAME(int R, int T, int64_t cols, const char *w, size_t ws, const char *x, \
+                        size_t xs, float *y, size_t ys)                                     \
+    {                                                                                       \
+        __m256 acc[3][3];                                                                   \
+        _Pragma("GCC unroll 3") for (int r = 0; r < R; r++)                                 \
+            _Pragma("GCC unroll 3") for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps(); \
+        int64_t i = 0;                                                                      \
+        for (; i + 8 <= cols; i += 8) {                                                     \
+            __m256 wv[3];                                                                   \
+            _Pragma("GCC unroll 3") for (int r = 0; r < R; r++) {                           \
+                wv[r] = LOAD(w + (size_t)r * ws, i);                                        \
+                _mm_prefetch(w + (size_t)r * ws + i * 4 + A2_PF, _MM_HINT_T0);              \
+            }                                                                               \
+            _Pragma("GCC unroll 3") for (int t = 0; t < T; t++) {                           \
+                __m256 xv = LOAD(x + (size_t)t * xs, i);                                    \
+                _Pragma("GCC unroll 3") for (int r = 0; r < R; r++) acc[r][t] =             \
+                    _mm256_fmadd_ps(wv[r], xv, acc[r][t]);                                  \
+            }                                                                               \
+        }                                                                                   \
+        _Pragma("GCC unroll 3") for (int r = 0; r < R; r++)                                 \
+            _Pragma("GCC unroll 3") for (int t = 0; t < T; t++) {                           \
+                float s = a2_hsum(acc[r][t]);                                               \
+                for (int64_t j = i; j < cols; j++)                                          \
+                    s += SCALAR(w + (size_t)r * ws, j) * SCALAR(x + (size_t)t * xs, j);     \
+                y[(size_t)t * ys + r] = s;                                                  \
+            }                                                                               \
+    }
+
+A2_FLOAT_KERNEL(a2_tile_f32, a2_load_f32, a2_s_f32)
+A2_FLOAT_KERNEL(a2_tile_f16, a2_load_f16, a2_s_f16)
+A2_FLOAT_KERNEL(a2_tile_bf16, a2_load_bf16, a2_s_bf16)
+
+#define RMAX_ 3
+#define TMAX_ 3
+static void a2_gemm_f32(int64_t cols, const void *w, size_t ws, int nr, const void *x,
+                        size_t xs, int nt, float *y, size_t ys)
+{
+    A2_TILES(3, 3, a2_tile_f32)
+}
+static void a2_gemm_f16(int64_t cols, const void *w, size_t ws, int nr, const void *x,
+                        size_t xs, int nt, float *y, size_t ys)
+{
+    A2_TILES(3, 3, a2_tile_f16)
+}
+static void a2_gemm_bf16(int64_t cols, const void *w, size_t ws, int nr, const void *x,
+                         size_t xs, int nt, float *y, size_t ys)
+{
+    A2_TILES(3, 3, a2_tile_bf16)
+}
+#undef RMAX_
+#undef TMAX_
+
+/* ---- vector helpers and elementwise ops ----------------------------------------------- */
+
+/* exp(x): 2^n * p(r) as in ops_avx512.c, 2^n built in the exponent bits. */
+A2_INLINE __m256 a2_exp(__m256 x)
+{
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    x = _mm256_min_ps(x, _mm256_set1_ps(88.7f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 720);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    /* n in [-126, 128]: split 2^n = 2^(n/2) * 2^(n - n/2) to stay in range */
+    __m256i ni = _mm256_cvtps_epi32(n);
+    __m256i n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
+    __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, _mm256_set1_epi32(127)), 23));
+    __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, _mm256_set1_epi32(127)), 23));
+    return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+}
+
+static float a2_dot_f16_f32(int n, const fp16_t *a, const float *b)
+{
+    __m256 acc = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(a2_load_f16(a, i), _mm256_loadu_ps(b + i), acc);
+    float s = a2_hsum(acc);
+    for (; i < n; i++) s += _cvtsh_ss(a[i]) * b[i];
+    return s;
+}
+
+static float a2_dot_f16(int n, const fp16_t *a, const fp16_t *b)
+{
+    __m256 acc = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(a2_load_f16(a, i), a2_load_f16(b, i), acc);
+    float s = a2_hsum(acc);
+    for (; i < n; i++) s += _cvtsh_ss(a[i]) * _cvtsh_ss(b[i]);
+    return s;
+}
+
+static float a2_dot_f32(int n, const float *a, const float *b)
+{
+    __m256 acc = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    float s = a2_hsum(acc);
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+static void a2_mad_f16(int n, float *y, const fp16_t *x, float s)
+{
+    __m256 vs = _mm256_set1_ps(s);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(a2_load_f16(x, i), vs, _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += _cvtsh_ss(x[i]) * s;
+}
+
+static void a2_mad_f32(int n, float *y, const float *x, float s)
+{
+    __m256 vs = _mm256_set1_ps(s);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(_mm256_loadu_ps(x + i), vs, _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += x[i] * s;
+}
+
+static void a2_scale_f32(int n, float *y, float s)
+{
+    __m256 vs = _mm256_set1_ps(s);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_loadu_ps(y + i), vs));
+    for (; i < n; i++) y[i] *= s;
+}
+
+static float a2_max_f32(int n, const float *x)
+{
+    __m256 m = _mm256_set1_ps(-INFINITY);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(x + i));
+    float r = a2_hmax(m);
+    for (; i < n; i++) r = x[i] > r ? x[i] : r;
+    return r;
+}
+
+static float a2_softmax_exp(int n, float *y, float max)
+{
+    __m256 vm = _mm256_set1_ps(max), sum = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 e = a2_exp(_mm256_sub_ps(_mm256_loadu_ps(y + i), vm));
+        _mm256_storeu_ps(y + i, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    float s = a2_hsum(sum);
+    for (; i < n; i++) {
+        y[i] = expf(y[i] - max);
+        s += y[i];
+    }
+    return s;
+}
+
+static void a2_rmsnorm_row(float *out, const float *x, const float *w, int n, float eps)
+{
+    __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        __m256 sq = _mm256_mul_ps(v, v);
+        s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(sq)));
+        s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(sq, 1)));
+    }
+    __m256d s = _mm256_add_pd(s0, s1);
+    __m128d h = _mm_add_pd(_mm256_castpd256_pd128(s), _mm256_extractf128_pd(s, 1));
+    double sum = _mm_cvtsd_f64(h) + _mm_cvtsd_f64(_mm_unpackhi_pd(h, h));
+    for (; i < n; i++) sum += (double)(x[i] * x[i]);
+    float scale = 1.0f / sqrtf((float)(sum / n) + eps);
+    __m256 vs = _mm256_set1_ps(scale);
+    for (i = 0; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), vs);
+        if (w) v = _mm256_mul_ps(v, _mm256_loadu_ps(w + i));
+        _mm256_storeu_ps(out + i, v);
+    }
+    for (; i < n; i++) out[i] = w ? (x[i] * scale) * w[i] : x[i] * scale;
+}
+
+static void a2_swiglu(float *out, const float *g, const float *u, int64_t n)
+{
+    const __m256 one = _mm256_set1_ps(1.0f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 gv = _mm256_loadu_ps(g + i);
+        __m256 e = a2_exp(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+        __m256 s = _mm256_div_ps(gv, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
+    }
+    for (; i < n; i++) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+static void a2_add(float *y, const float *x, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_loadu_ps(x + i)));
+    for (; i < n; i++) y[i] += x[i];
+}
+
 void ops_kernels_init_avx2(ops_kernels *k)
 {
-    (void)k;
+    k->quant_q8_0 = a2_quant_q8_0;
+    k->quant_q8_K = a2_quant_q8_K;
+    k->gemm[QTYPE_Q8_0] = a2_gemm_q8_0;
+    k->gemm[QTYPE_Q4_0] = a2_gemm_q4_0;
+    k->gemm[QTYPE_Q4_K] = a2_gemm_q4_K;
+    k->gemm[QTYPE_Q6_K] = a2_gemm_q6_K;
+    k->gemm[QTYPE_F32] = a2_gemm_f32;
+    k->gemm[QTYPE_F16] = a2_gemm_f16;
+    k->gemm[QTYPE_BF16] = a2_gemm_bf16;
+    k->to_f16 = a2_to_f16;
+    k->from_f16 = a2_from_f16;
+    k->dot_f16_f32 = a2_dot_f16_f32;
+    k->dot_f16 = a2_dot_f16;
+    k->mad_f16 = a2_mad_f16;
+    k->dot_f32 = a2_dot_f32;
+    k->mad_f32 = a2_mad_f32;
+    k->scale_f32 = a2_scale_f32;
+    k->softmax_exp = a2_softmax_exp;
+    k->max_f32 = a2_max_f32;
+    k->rmsnorm_row = a2_rmsnorm_row;
+    k->swiglu = a2_swiglu;
+    k->add = a2_add;
 }

@@ -1,0 +1,732 @@
+/*
+ * sched: continuous batching on one engine thread. See sched.h for the design.
+ *
+ * Request life: QUEUED (in s->waiting, FIFO; a preempted request goes back to the front)
+ * -> RUNNING (in s->running, ordered by admission) -> FINISHED (FINISH record published,
+ * KV released, dropped by the engine). The handle itself is freed by whoever lets go of it
+ * last: the caller (sched_release) or the engine thread (when it drops a request the caller
+ * has already released). `engine_held` and `released` decide that, under s->mu.
+ *
+ * What the engine thread alone touches (no lock): the kvpool, the samplers, every request's
+ * token array beyond n_prompt, seq, n_done, and the running array. What s->mu guards: the
+ * waiting queue, each request's output ring and flags (cancel, released, engine_held,
+ * finish_returned), the statistics and histograms.
+ */
+#include "engine/sched.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <errno.h>
+#include <time.h>
+
+#include "util/util.h"
+
+const double sched_hist_bounds[SCHED_HIST_N] = {
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
+};
+
+typedef enum { REQ_QUEUED = 0, REQ_RUNNING, REQ_FINISHED } req_state;
+
+struct sched_req {
+    sched *s;                    /* owner */
+    uint64_t id;                 /* admission order tie-breaker (submit order) */
+    /* set at submit, then engine thread only */
+    int32_t *tokens;             /* (cap) prompt then generated ids */
+    int n_prompt;                /* prompt tokens */
+    int n_tokens;                /* prompt + generated so far */
+    int cap;                     /* entries of tokens: most positions this request can use */
+    int max_gen;                 /* generated tokens at most (<= cap - n_prompt) */
+    sched_params p;              /* copy (prompt pointer not used after submit) */
+    sampler *smp;                /* own sampler, seeded from p.sample */
+    kvpool_seq *seq;             /* KV while RUNNING, else NULL */
+    int n_done;                  /* positions of tokens whose KV is in seq */
+    int n_cached;                /* prompt positions attached from the cache at first admission */
+    bool admitted_once;          /* has run before (a resume does not count cache hits again) */
+    uint64_t admit_no;           /* order of (re)admission: the newest is preempted first */
+    req_state state;
+    double t_submit;             /* util_now() at submit */
+    double t_last;               /* time of the last token, 0 before the first */
+    double ttft;                 /* seconds to the first token, -1 before it */
+    /* guarded by s->mu */
+    sched_output *ring;          /* (ring_cap) pending outputs, ring_n from ring_head */
+    int ring_cap, ring_head, ring_n;
+    bool cancel;                 /* sched_cancel was called */
+    bool finished;               /* FINISH record pushed */
+    bool finish_returned;        /* FINISH record handed to the caller */
+    bool released;               /* the caller let go of the handle */
+    bool engine_held;            /* the engine thread still references it */
+    pthread_cond_t cv;           /* signalled when outputs are pushed */
+    sched_req *next;             /* waiting queue link */
+};
+
+struct sched {
+    engine *e;
+    kvpool *pool;
+    int n_vocab;
+    sched_opts o;                /* resolved options */
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv;      /* new work or stop for the engine thread */
+    bool stop;                   /* sched_free: the thread exits */
+    bool shutdown;               /* sched_shutdown: no new submissions */
+    /* under mu */
+    sched_req *wait_head, *wait_tail;  /* waiting FIFO */
+    int n_waiting;
+    uint64_t next_id;
+    sched_stats st;
+    sched_hist h_ttft, h_itl, h_step;
+    /* engine thread only */
+    sched_req **running;         /* (max_seqs) in admission order */
+    int n_running;
+    uint64_t admit_counter;
+    engine_tok *batch;           /* (step_tokens) */
+    sched_req **batch_req;       /* (max_seqs) requests in this step */
+    int *batch_n;                /* (max_seqs) tokens of each in this step */
+    int *batch_row;              /* (max_seqs) logits row or -1 */
+    int32_t *batch_tok;          /* (max_seqs) token sampled for each, or -1 */
+    float *logits;               /* (max_seqs, n_vocab) */
+};
+
+/* ---- histograms and outputs (under mu) ---- */
+
+static void sched_hist_add(sched_hist *h, double v)
+{
+    int i = 0;
+    while (i < SCHED_HIST_N && v > sched_hist_bounds[i]) i++;
+    h->counts[i]++;
+    h->n++;
+    h->sum += v;
+}
+
+static sched_output *sched_push(sched_req *r)
+{
+    if (r->ring_n == r->ring_cap) {
+        int ncap = r->ring_cap ? r->ring_cap * 2 : 16;
+        sched_output *nr = xmalloc((size_t)ncap * sizeof *nr);
+        for (int i = 0; i < r->ring_n; i++) nr[i] = r->ring[(r->ring_head + i) % r->ring_cap];
+        free(r->ring);
+        r->ring = nr;
+        r->ring_cap = ncap;
+        r->ring_head = 0;
+    }
+    sched_output *o = &r->ring[(r->ring_head + r->ring_n) % r->ring_cap];
+    r->ring_n++;
+    memset(o, 0, sizeof *o);
+    return o;
+}
+
+static void sched_req_destroy(sched_req *r)
+{
+    if (!r) return;
+    sample_free(r->smp);
+    free(r->tokens);
+    free(r->ring);
+    pthread_cond_destroy(&r->cv);
+    free(r);
+}
+
+/* ---- engine thread ---- */
+
+/* Publishes FINISH (under mu), releases KV (engine thread). Caller holds mu. */
+static void sched_finish_locked(sched *s, sched_req *r, sched_finish why)
+{
+    if (r->seq) {
+        kvpool_seq_free(s->pool, r->seq);
+        r->seq = NULL;
+    }
+    r->state = REQ_FINISHED;
+    if (!r->finished) {
+        sched_output *o = sched_push(r);
+        o->kind = SCHED_OUT_FINISH;
+        o->token = -1;
+        o->finish = why;
+        o->usage.prompt_tokens = r->n_prompt;
+        o->usage.cached_tokens = r->n_cached;
+        o->usage.completion_tokens = r->n_tokens - r->n_prompt;
+        o->ttft_s = r->ttft;
+        r->finished = true;
+        s->st.n_finished[why]++;
+        pthread_cond_broadcast(&r->cv);
+    }
+}
+
+/* The engine drops its reference; frees the handle if the caller already released it. */
+static void sched_drop_locked(sched_req *r)
+{
+    r->engine_held = false;
+    if (r->released) sched_req_destroy(r);
+}
+
+static void sched_running_remove(sched *s, int i)
+{
+    memmove(&s->running[i], &s->running[i + 1], (size_t)(s->n_running - i - 1) * sizeof s->running[0]);
+    s->n_running--;
+}
+
+static void sched_wait_push_front(sched *s, sched_req *r)
+{
+    r->next = s->wait_head;
+    s->wait_head = r;
+    if (!s->wait_tail) s->wait_tail = r;
+    s->n_waiting++;
+}
+
+static sched_req *sched_wait_pop(sched *s)
+{
+    sched_req *r = s->wait_head;
+    if (!r) return NULL;
+    s->wait_head = r->next;
+    if (!s->wait_head) s->wait_tail = NULL;
+    r->next = NULL;
+    s->n_waiting--;
+    return r;
+}
+
+/* Preempts running[i]: its blocks go back to the pool (full keyed blocks to the prefix tier,
+ * so the resume usually attaches them again), it goes to the front of the queue. */
+static void sched_preempt_locked(sched *s, int i)
+{
+    sched_req *r = s->running[i];
+    kvpool_seq_free(s->pool, r->seq);
+    r->seq = NULL;
+    r->n_done = 0;
+    r->state = REQ_QUEUED;
+    sched_running_remove(s, i);
+    sched_wait_push_front(s, r);
+    s->st.n_preempted++;
+}
+
+static int sched_newest_running(const sched *s)
+{
+    int best = -1;
+    for (int i = 0; i < s->n_running; i++)
+        if (best < 0 || s->running[i]->admit_no > s->running[best]->admit_no) best = i;
+    return best;
+}
+
+static int sched_blocks_for(int n) { return (n + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK; }
+
+/* Cancels, admissions. Under mu. */
+static void sched_admit_locked(sched *s)
+{
+    /* cancels of running requests */
+    for (int i = 0; i < s->n_running;) {
+        sched_req *r = s->running[i];
+        if (r->cancel) {
+            sched_running_remove(s, i);
+            sched_finish_locked(s, r, SCHED_FINISH_CANCELLED);
+            sched_drop_locked(r);
+        } else {
+            i++;
+        }
+    }
+    /* cancels of waiting requests */
+    for (sched_req **pp = &s->wait_head, *prev = NULL; *pp;) {
+        sched_req *r = *pp;
+        if (r->cancel) {
+            *pp = r->next;
+            if (s->wait_tail == r) s->wait_tail = prev;
+            s->n_waiting--;
+            sched_finish_locked(s, r, SCHED_FINISH_CANCELLED);
+            sched_drop_locked(r);
+        } else {
+            prev = r;
+            pp = &r->next;
+        }
+    }
+    /* admissions, oldest first, while KV allows */
+    while (s->n_running < s->o.max_seqs && s->wait_head) {
+        sched_req *r = s->wait_head;
+        kvpool_seq *seq = kvpool_seq_new(s->pool);
+        int att = kvpool_seq_attach_prefix(s->pool, seq, r->tokens, r->n_tokens);
+        kvpool_stats ks;
+        kvpool_get_stats(s->pool, &ks);
+        int need = sched_blocks_for(r->n_tokens + 1) - att / KVPOOL_BLOCK;
+        /* headroom: one block for every running sequence to grow into */
+        int avail = ks.n_free + ks.n_cached - s->n_running;
+        if (need > avail) {
+            kvpool_seq_free(s->pool, seq);
+            if (s->n_running == 0 && need > ks.n_free + ks.n_cached) {
+                /* nothing else holds blocks: it can never fit */
+                sched_wait_pop(s);
+                sched_finish_locked(s, r, SCHED_FINISH_ERROR);
+                sched_drop_locked(r);
+                continue;
+            }
+            break;
+        }
+        sched_wait_pop(s);
+        r->seq = seq;
+        r->n_done = att;
+        if (!r->admitted_once) {
+            r->n_cached = TM_MIN(att, r->n_prompt);
+            r->admitted_once = true;
+            s->st.n_prompt_tokens += (uint64_t)r->n_prompt;
+            s->st.n_cached_tokens += (uint64_t)r->n_cached;
+        }
+        r->state = REQ_RUNNING;
+        r->admit_no = ++s->admit_counter;
+        s->running[s->n_running++] = r;
+    }
+}
+
+/* Plans one step into s->batch. Returns the number of batch tokens (0: nothing to run).
+ * Reserves KV for every planned position; preempts the newest request when the pool is
+ * full. Under mu (preemption moves requests to the queue). */
+static int sched_plan_locked(sched *s, int *n_reqs)
+{
+replan:
+    *n_reqs = 0;
+    int n_tok = 0, budget = s->o.step_tokens, n_rows = 0;
+    /* two passes: decodes (one token left) first, then prefill chunks, admission order */
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < s->n_running && budget > 0; i++) {
+            sched_req *r = s->running[i];
+            int left = r->n_tokens - r->n_done;
+            if ((pass == 0) != (left == 1)) continue;
+            int chunk = TM_MIN(left, budget);
+            if (kvpool_seq_reserve(s->pool, r->seq, r->n_done + chunk) != KVPOOL_OK) {
+                int v = sched_newest_running(s);
+                if (s->n_running == 1) {
+                    /* alone and still no room: the pool is too small for this request */
+                    sched_running_remove(s, 0);
+                    sched_finish_locked(s, r, SCHED_FINISH_ERROR);
+                    sched_drop_locked(r);
+                } else {
+                    sched_preempt_locked(s, v);
+                }
+                goto replan;
+            }
+            bool last = chunk == left;
+            for (int k = 0; k < chunk; k++) {
+                engine_tok *t = &s->batch[n_tok++];
+                t->token = r->tokens[r->n_done + k];
+                t->pos = r->n_done + k;
+                t->seq = r->seq;
+                t->want_logits = last && k == chunk - 1;
+            }
+            s->batch_req[*n_reqs] = r;
+            s->batch_n[*n_reqs] = chunk;
+            s->batch_row[*n_reqs] = last ? n_rows++ : -1;
+            (*n_reqs)++;
+            budget -= chunk;
+        }
+    }
+    return n_tok;
+}
+
+/* log-softmax of the raw logits: the chosen token's log-prob and the top k alternatives. */
+static void sched_logprobs(const float *logits, int n_vocab, int32_t chosen, int k, sched_output *o)
+{
+    float mx = -INFINITY;
+    for (int i = 0; i < n_vocab; i++) mx = logits[i] > mx ? logits[i] : mx;
+    double sum = 0;
+    for (int i = 0; i < n_vocab; i++) sum += exp((double)(logits[i] - mx));
+    float lse = mx + (float)log(sum);
+    o->logprob = logits[chosen] - lse;
+    int n = 0;
+    for (int i = 0; i < n_vocab && k > 0; i++) {
+        float v = logits[i];
+        if (n == k && v <= o->top[n - 1].logprob) continue;
+        int j = n < k ? n++ : k - 1;
+        while (j > 0 && o->top[j - 1].logprob < v) {
+            o->top[j] = o->top[j - 1];
+            j--;
+        }
+        o->top[j].token = i;
+        o->top[j].logprob = v;
+    }
+    for (int i = 0; i < n; i++) o->top[i].logprob -= lse;
+    o->n_top = n;
+}
+
+static bool sched_is_stop(const sched *s, const sched_req *r, int32_t tok)
+{
+    if (!r->p.ignore_eos)
+        for (int i = 0; i < 4; i++)
+            if (s->o.eos_ids[i] >= 0 && s->o.eos_ids[i] == tok) return true;
+    for (int i = 0; i < r->p.n_stop_ids; i++)
+        if (r->p.stop_ids[i] == tok) return true;
+    return false;
+}
+
+static void *sched_thread(void *arg)
+{
+    sched *s = arg;
+    double t_prev_end = -1;      /* end of the previous step when no idle wait followed */
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        if (s->stop) break;
+        sched_admit_locked(s);
+        int n_reqs = 0;
+        int n_tok = s->n_running ? sched_plan_locked(s, &n_reqs) : 0;
+        /* KV figures for /metrics */
+        kvpool_stats ks;
+        kvpool_get_stats(s->pool, &ks);
+        s->st.kv_blocks_total = ks.n_blocks;
+        s->st.kv_blocks_used = ks.n_pinned;
+        s->st.kv_blocks_cached = ks.n_cached;
+        s->st.kv_blocks_free = ks.n_free;
+        s->st.n_queued = s->n_waiting;
+        s->st.n_running = s->n_running;
+        if (n_tok == 0) {
+            t_prev_end = -1;
+            if (s->stop) break;
+            if (s->n_running == 0 && (!s->wait_head || s->n_waiting == 0)) {
+                pthread_cond_wait(&s->work_cv, &s->mu);
+            } else {
+                /* waiting requests that do not fit and nothing running can't happen (they
+                 * error out in admission); be safe and nap briefly */
+                struct timespec ts;
+                clock_gettime(CLOCK_REALTIME, &ts);
+                ts.tv_nsec += 2000000;
+                if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
+                pthread_cond_timedwait(&s->work_cv, &s->mu, &ts);
+            }
+            continue;
+        }
+        pthread_mutex_unlock(&s->mu);
+
+        double t0 = util_now();
+        if (t_prev_end >= 0) {
+            pthread_mutex_lock(&s->mu);
+            s->st.gap_s += t0 - t_prev_end;
+            pthread_mutex_unlock(&s->mu);
+        }
+        engine_batch b = { .n_tokens = n_tok, .toks = s->batch };
+        engine_status est = engine_step(s->e, &b, s->logits);
+        double t1 = util_now();
+
+        /* bookkeeping and sampling outside the lock (engine-thread state only) */
+        int32_t *sampled = s->batch_tok;
+        for (int i = 0; i < n_reqs && est == ENGINE_OK; i++) {
+            sched_req *r = s->batch_req[i];
+            r->n_done += s->batch_n[i];
+            kvpool_seq_commit_full_blocks(s->pool, r->seq, r->tokens, r->n_done);
+            sampled[i] = -1;
+            if (s->batch_row[i] >= 0) {
+                const float *row = s->logits + (size_t)s->batch_row[i] * s->n_vocab;
+                int32_t tok = sample_token(r->smp, row);
+                sample_accept(r->smp, tok);
+                sampled[i] = tok;
+            }
+        }
+
+        pthread_mutex_lock(&s->mu);
+        s->st.n_steps++;
+        s->st.step_s += t1 - t0;
+        sched_hist_add(&s->h_step, t1 - t0);
+        if (est != ENGINE_OK) {
+            log_error("sched: engine_step failed: %s", engine_status_name(est));
+            for (int i = 0; i < n_reqs; i++) {
+                sched_req *r = s->batch_req[i];
+                for (int j = 0; j < s->n_running; j++)
+                    if (s->running[j] == r) { sched_running_remove(s, j); break; }
+                sched_finish_locked(s, r, SCHED_FINISH_ERROR);
+                sched_drop_locked(r);
+            }
+            t_prev_end = -1;
+            continue;
+        }
+        double now = util_now();
+        for (int i = 0; i < n_reqs; i++) {
+            sched_req *r = s->batch_req[i];
+            if (r->state != REQ_RUNNING) continue;
+            if (sampled[i] < 0) {
+                s->st.n_prefill_tokens += (uint64_t)s->batch_n[i];
+                continue;
+            }
+            s->st.n_prefill_tokens += (uint64_t)(s->batch_n[i] - 1);
+            int32_t tok = sampled[i];
+            r->tokens[r->n_tokens++] = tok;
+            s->st.n_gen_tokens++;
+            bool stop = sched_is_stop(s, r, tok);
+            sched_output *o = sched_push(r);
+            o->kind = SCHED_OUT_TOKEN;
+            o->token = tok;
+            o->is_stop = stop;
+            if (r->p.logprobs) {
+                const float *row = s->logits + (size_t)s->batch_row[i] * s->n_vocab;
+                sched_logprobs(row, s->n_vocab, tok, r->p.top_logprobs, o);
+            }
+            if (r->ttft < 0) {
+                r->ttft = now - r->t_submit;
+                sched_hist_add(&s->h_ttft, r->ttft);
+            } else {
+                sched_hist_add(&s->h_itl, now - r->t_last);
+            }
+            r->t_last = now;
+            pthread_cond_broadcast(&r->cv);
+            sched_finish why = SCHED_FINISH_NONE;
+            if (stop) why = SCHED_FINISH_STOP;
+            else if (r->n_tokens - r->n_prompt >= r->max_gen || r->n_tokens >= r->cap) why = SCHED_FINISH_LENGTH;
+            if (why != SCHED_FINISH_NONE) {
+                for (int j = 0; j < s->n_running; j++)
+                    if (s->running[j] == r) { sched_running_remove(s, j); break; }
+                sched_finish_locked(s, r, why);
+                sched_drop_locked(r);
+            }
+        }
+        t_prev_end = util_now();
+    }
+    /* stop: everything still here ends CANCELLED */
+    while (s->n_running > 0) {
+        sched_req *r = s->running[s->n_running - 1];
+        s->n_running--;
+        sched_finish_locked(s, r, SCHED_FINISH_CANCELLED);
+        sched_drop_locked(r);
+    }
+    sched_req *r;
+    while ((r = sched_wait_pop(s))) {
+        sched_finish_locked(s, r, SCHED_FINISH_CANCELLED);
+        sched_drop_locked(r);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* ---- public ---- */
+
+const char *sched_status_name(sched_status st)
+{
+    switch (st) {
+    case SCHED_OK: return "ok";
+    case SCHED_ERR_QUEUE_FULL: return "queue full";
+    case SCHED_ERR_TOO_LONG: return "prompt too long";
+    case SCHED_ERR_ARG: return "bad argument";
+    case SCHED_ERR_NOMEM: return "out of memory";
+    case SCHED_ERR_STOPPED: return "shutting down";
+    }
+    return "?";
+}
+
+const char *sched_finish_name(sched_finish f)
+{
+    switch (f) {
+    case SCHED_FINISH_NONE: return "none";
+    case SCHED_FINISH_STOP: return "stop";
+    case SCHED_FINISH_LENGTH: return "length";
+    case SCHED_FINISH_CANCELLED: return "cancelled";
+    case SCHED_FINISH_ERROR: return "error";
+    }
+    return "?";
+}
+
+sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
+{
+    *out = NULL;
+    sched *s = xcalloc(1, sizeof *s);
+    s->e = e;
+    s->pool = engine_kvpool(e);
+    const model *m = engine_model(e);
+    s->n_vocab = m->hp.n_vocab;
+    sched_opts o = opts ? *opts : (sched_opts){ .eos_ids = { -1, -1, -1, -1 } };
+    if (o.max_seqs <= 0) o.max_seqs = 16;
+    if (o.max_queue <= 0) o.max_queue = 256;
+    int mb = engine_max_batch(e);
+    if (o.step_tokens <= 0 || o.step_tokens > mb) o.step_tokens = mb;
+    if (o.max_seqs > o.step_tokens) o.max_seqs = o.step_tokens;
+    if (o.n_ctx <= 0) o.n_ctx = m->hp.n_ctx_train;
+    s->o = o;
+    s->running = xcalloc((size_t)o.max_seqs, sizeof *s->running);
+    s->batch = xcalloc((size_t)o.step_tokens, sizeof *s->batch);
+    s->batch_req = xcalloc((size_t)o.max_seqs, sizeof *s->batch_req);
+    s->batch_n = xcalloc((size_t)o.max_seqs, sizeof *s->batch_n);
+    s->batch_row = xcalloc((size_t)o.max_seqs, sizeof *s->batch_row);
+    s->batch_tok = xcalloc((size_t)o.max_seqs, sizeof *s->batch_tok);
+    s->logits = malloc((size_t)o.max_seqs * (size_t)s->n_vocab * sizeof(float));
+    if (!s->logits) {
+        sched_free(s);
+        return SCHED_ERR_NOMEM;
+    }
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->work_cv, NULL);
+    if (pthread_create(&s->thread, NULL, sched_thread, s) != 0) {
+        pthread_mutex_destroy(&s->mu);
+        pthread_cond_destroy(&s->work_cv);
+        free(s->running); free(s->batch); free(s->batch_req); free(s->batch_n); free(s->batch_row);
+        free(s->batch_tok); free(s->logits); free(s);
+        return SCHED_ERR_NOMEM;
+    }
+    *out = s;
+    return SCHED_OK;
+}
+
+void sched_shutdown(sched *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->shutdown = true;
+    for (int i = 0; i < s->n_running; i++) s->running[i]->cancel = true;
+    for (sched_req *r = s->wait_head; r; r = r->next) r->cancel = true;
+    pthread_cond_signal(&s->work_cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+void sched_free(sched *s)
+{
+    if (!s) return;
+    if (s->logits) {  /* thread started */
+        pthread_mutex_lock(&s->mu);
+        s->stop = true;
+        s->shutdown = true;
+        pthread_cond_signal(&s->work_cv);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->thread, NULL);
+        pthread_mutex_destroy(&s->mu);
+        pthread_cond_destroy(&s->work_cv);
+    }
+    free(s->running);
+    free(s->batch);
+    free(s->batch_req);
+    free(s->batch_n);
+    free(s->batch_row);
+    free(s->batch_tok);
+    free(s->logits);
+    free(s);
+}
+
+int sched_n_ctx(const sched *s) { return s->o.n_ctx; }
+
+sched_status sched_submit(sched *s, const sched_params *p, sched_req **out)
+{
+    *out = NULL;
+    if (!p || !p->prompt || p->n_prompt < 1 || p->n_stop_ids < 0 || p->n_stop_ids > SCHED_MAX_STOP_IDS ||
+        p->top_logprobs < 0 || p->top_logprobs > SCHED_MAX_TOP_LOGPROBS)
+        return SCHED_ERR_ARG;
+    for (int i = 0; i < p->n_prompt; i++)
+        if (p->prompt[i] < 0 || p->prompt[i] >= s->n_vocab) return SCHED_ERR_ARG;
+    if (p->n_prompt >= s->o.n_ctx) return SCHED_ERR_TOO_LONG;
+
+    sched_req *r = calloc(1, sizeof *r);
+    if (!r) return SCHED_ERR_NOMEM;
+    r->s = s;
+    r->p = *p;
+    r->p.prompt = NULL;
+    r->p.cache_salt = NULL;
+    r->n_prompt = p->n_prompt;
+    r->n_tokens = p->n_prompt;
+    int room = s->o.n_ctx - p->n_prompt;
+    r->max_gen = p->max_tokens > 0 ? TM_MIN(p->max_tokens, room) : room;
+    r->cap = p->n_prompt + r->max_gen;
+    r->tokens = malloc((size_t)r->cap * sizeof *r->tokens);
+    r->smp = sample_new(s->n_vocab, &p->sample);
+    if (!r->tokens || !r->smp) {
+        sched_req_destroy(r);
+        return SCHED_ERR_NOMEM;
+    }
+    memcpy(r->tokens, p->prompt, (size_t)p->n_prompt * sizeof *r->tokens);
+    for (int i = 0; i < p->n_prompt; i++) sample_accept(r->smp, p->prompt[i]);
+    r->ttft = -1;
+    r->t_submit = util_now();
+    r->engine_held = true;
+    pthread_cond_init(&r->cv, NULL);
+
+    pthread_mutex_lock(&s->mu);
+    if (s->shutdown) {
+        pthread_mutex_unlock(&s->mu);
+        sched_req_destroy(r);
+        return SCHED_ERR_STOPPED;
+    }
+    if (s->n_waiting >= s->o.max_queue) {
+        s->st.n_rejected++;
+        pthread_mutex_unlock(&s->mu);
+        sched_req_destroy(r);
+        return SCHED_ERR_QUEUE_FULL;
+    }
+    r->id = ++s->next_id;
+    r->state = REQ_QUEUED;
+    if (s->wait_tail) s->wait_tail->next = r; else s->wait_head = r;
+    s->wait_tail = r;
+    s->n_waiting++;
+    s->st.n_requests++;
+    pthread_cond_signal(&s->work_cv);
+    pthread_mutex_unlock(&s->mu);
+    *out = r;
+    return SCHED_OK;
+}
+
+int sched_poll(sched_req *r, sched_output *out, int max, int timeout_ms)
+{
+    sched *s = r->s;
+    pthread_mutex_lock(&s->mu);
+    if (r->ring_n == 0 && !r->finish_returned && timeout_ms != 0) {
+        struct timespec ts;
+        if (timeout_ms > 0) {
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_sec += timeout_ms / 1000;
+            ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+            if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        }
+        while (r->ring_n == 0) {
+            int rc = timeout_ms > 0 ? pthread_cond_timedwait(&r->cv, &s->mu, &ts) : pthread_cond_wait(&r->cv, &s->mu);
+            if (rc == ETIMEDOUT) break;
+        }
+    }
+    int n = 0;
+    while (n < max && r->ring_n > 0) {
+        out[n] = r->ring[r->ring_head];
+        r->ring_head = (r->ring_head + 1) % r->ring_cap;
+        r->ring_n--;
+        if (out[n].kind == SCHED_OUT_FINISH) r->finish_returned = true;
+        n++;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
+bool sched_done(const sched_req *r)
+{
+    sched *s = r->s;
+    pthread_mutex_lock(&s->mu);
+    bool d = r->finish_returned;
+    pthread_mutex_unlock(&s->mu);
+    return d;
+}
+
+void sched_cancel(sched_req *r)
+{
+    sched *s = r->s;
+    pthread_mutex_lock(&s->mu);
+    if (!r->finished && !r->cancel) {
+        r->cancel = true;
+        pthread_cond_signal(&s->work_cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+void sched_release(sched_req *r)
+{
+    if (!r) return;
+    sched *s = r->s;
+    pthread_mutex_lock(&s->mu);
+    r->released = true;
+    if (r->engine_held) {
+        if (!r->finished && !r->cancel) {
+            r->cancel = true;
+            pthread_cond_signal(&s->work_cv);
+        }
+        pthread_mutex_unlock(&s->mu);
+        return;
+    }
+    pthread_mutex_unlock(&s->mu);
+    sched_req_destroy(r);
+}
+
+void sched_get_stats(sched *s, sched_stats *st)
+{
+    pthread_mutex_lock(&s->mu);
+    *st = s->st;
+    st->n_queued = s->n_waiting;
+    pthread_mutex_unlock(&s->mu);
+}
+
+void sched_get_hists(sched *s, sched_hist *ttft, sched_hist *itl, sched_hist *step)
+{
+    pthread_mutex_lock(&s->mu);
+    if (ttft) *ttft = s->h_ttft;
+    if (itl) *itl = s->h_itl;
+    if (step) *step = s->h_step;
+    pthread_mutex_unlock(&s->mu);
+}

@@ -1,0 +1,103 @@
+/*
+ * template: built-in chat templates that turn a conv into prompt token ids.
+ *
+ * Families (names for --template):
+ *   qwen3      ChatML as Qwen3 writes it: tools in the system turn, <think> reasoning for the
+ *              turns after the last user query, <tool_call>/<tool_response>, enable_thinking.
+ *   qwen2.5    ChatML as Qwen2.5 writes it (default system prompt, tools, no reasoning).
+ *   qwen2      ChatML as Qwen2 writes it (default system prompt "You are a helpful assistant").
+ *   chatml     plain ChatML (no default system prompt, no tools block; qwen2 and chatml write
+ *              tool calls and results the Qwen2.5 way).
+ *   llama3     Llama 3 / 3.1 header ids; tools in the first user turn, "Environment: ipython",
+ *              JSON tool calls, tool results as ipython turns.
+ *   deepseek3  DeepSeek V3.1: <｜User｜>/<｜Assistant｜>, <think> and the tool-call tokens.
+ *   plain      base models (stories260K): BOS (if the vocabulary asks for it) and the text.
+ * Each mirrors, turn for turn, the reference Jinja template of its family in llama.cpp's
+ * models/templates (Qwen-Qwen3-0.6B, Qwen-Qwen2.5-7B-Instruct,
+ * meta-llama-Llama-3.1-8B-Instruct, deepseek-ai-DeepSeek-V3.1; qwen2: the chat_template of
+ * llama.cpp's ggml-vocab-qwen2.gguf), with Python Jinja semantics.
+ *
+ * Control tokens only by ID. Rendering produces a list of segments: control tokens (ids) and
+ * text runs. Scaffolding strings of the template are searched for the vocabulary's special
+ * tokens (control and user-defined), which are emitted by id; all user, system, tool and
+ * assistant-history text is tokenised as plain text with no special-token matching at all (a
+ * user-typed "<|im_end|>", "</think>" or "<｜User｜>" gives ordinary text tokens). Adjacent
+ * scaffolding text and content text form one run, tokenised together, so that the ids equal
+ * llama.cpp's tokenisation of the rendered string with parse_special = true whenever the
+ * content contains no special-token text. Runs are tokenised in parallel threads when the
+ * prompt's text is long.
+ *
+ * A template is immutable after template_new and may be shared by threads.
+ */
+#ifndef TM_TEMPLATE_H
+#define TM_TEMPLATE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/gguf.h"
+#include "recipe/conv.h"
+#include "recipe/events.h"
+#include "recipe/tokenizer.h"
+
+typedef enum {
+    TEMPLATE_OK = 0,
+    TEMPLATE_ERR_NAME,      /* unknown template name */
+    TEMPLATE_ERR_JSON,      /* tool parameters or call arguments are not valid JSON */
+    TEMPLATE_ERR_CONV,      /* the conversation cannot be written in this family (e.g. tools
+                               offered to llama3 with no user turn) */
+    TEMPLATE_ERR_TOKENIZE,  /* the tokenizer failed */
+} template_status;
+
+typedef enum {
+    TEMPLATE_PLAIN = 0,
+    TEMPLATE_CHATML,
+    TEMPLATE_QWEN2,
+    TEMPLATE_QWEN25,
+    TEMPLATE_QWEN3,
+    TEMPLATE_LLAMA3,
+    TEMPLATE_DEEPSEEK3,
+} template_family;
+
+typedef struct template template;
+
+/* A prompt: token ids and, for debugging and the CLI, the rendered text (control tokens
+ * spelled as their vocabulary text). */
+typedef struct {
+    int32_t *ids;        /* n_ids token ids */
+    size_t n_ids;
+    char *text;          /* NUL-terminated rendering */
+    size_t text_len;     /* bytes of text */
+} template_prompt;
+
+/* Chooses the family: by name when name is non-NULL, else from g's metadata
+ * (tokenizer.chat_template markers, general.architecture) and the special tokens the
+ * vocabulary has. g may be NULL (vocabulary only). tok must outlive the template. */
+template_status template_new(const tokenizer *tok, const gguf *g, const char *name, template **out,
+                             char *err, size_t errsz);
+void template_free(template *t);
+
+const char *template_name(const template *t);
+template_family template_get_family(const template *t);
+/* The family for a name ("qwen3", ...); -1 if unknown. */
+int template_family_by_name(const char *name);
+/* The family template_new would choose for this model (no name given). */
+template_family template_detect(const tokenizer *tok, const gguf *g);
+
+/* Renders and tokenises c. n_threads > 1 lets long prompts tokenise their text runs in
+ * parallel. On success fills *out (free with template_prompt_free). */
+template_status template_apply(const template *t, const conv *c, int n_threads, template_prompt *out,
+                               char *err, size_t errsz);
+void template_prompt_free(template_prompt *p);
+
+/* The output splitter's markers for a response to c (ids from this vocabulary; whether
+ * tools were offered; whether the prompt leaves a think block open). */
+void template_markers(const template *t, const conv *c, events_markers *m);
+
+/* Plain-text tokenisation with no special-token matching at all (not even user-defined
+ * tokens such as <think>); appends to *ids (realloc'd, *cap grown). Returns the count added,
+ * or -1 on tokenizer failure. */
+int64_t template_tokenize_plain(const template *t, const char *text, size_t len, int32_t **ids, size_t *n,
+                                size_t *cap);
+
+#endif
