@@ -37,6 +37,7 @@ typedef struct {
     const tokenizer *tok;     /* its vocabulary */
     const template *tmpl;     /* chat template (NULL until recipe/template.h is wired) */
     const char *model_name;   /* id reported by /v1/models and accepted in "model" */
+    const char *model_alias;  /* also accepted in "model" (the GGUF's general.name), or NULL */
     int n_ctx;                /* positions per sequence (prompt + completion) */
     int n_threads;            /* threads the handlers may use to tokenise long inputs */
     int64_t created;          /* unix seconds the server started ("created" fields) */
@@ -58,12 +59,26 @@ bool api_anthropic_auth(http_request *r);
 /* Maps a submit failure to the route's error response (429/529, 400 with the lengths, 503). */
 void api_openai_submit_error(http_request *r, const api_ctx *c, sched_status st, int n_prompt, int max_tokens);
 void api_anthropic_submit_error(http_request *r, const api_ctx *c, sched_status st, int n_prompt, int max_tokens);
-/* True when the request's "model" may be served: NULL/empty, our model_name, or the GGUF's
- * general.name. Otherwise the route answers 404. */
+/* True when the request's "model" may be served: NULL/empty, model_name or model_alias.
+ * Otherwise the route answers 404 (not_found_error / model_not_found). */
 bool api_model_ok(const api_ctx *c, const char *name);
 
 /* Responds with a JSON value (takes the reference). */
 struct json_t;
 void api_respond_json(http_request *r, int status, struct json_t *v);
+/* A JSON string of s[0..n) with invalid UTF-8 replaced by U+FFFD (jansson refuses it). */
+struct json_t *api_json_text(const char *s, size_t n);
+/* Appends "data: <compact JSON>\n\n" to b (takes the reference). */
+void api_sse_json(http_buf *b, struct json_t *v);
+
+/* Stop strings over generated text text[0..len): true when one occurs at or after byte
+ * `from` (*cut = where the earliest starts: the answer ends there). Otherwise *safe = the
+ * length that may be sent now: len minus the longest tail that is a prefix of a stop string.
+ * `from` lets a caller search only new text: pass the previous len minus the longest stop's
+ * length (clamped at 0). */
+bool api_stop_find(const char *const *stops, int n_stops, const char *text, size_t len, size_t from,
+                   size_t *cut, size_t *safe);
+/* A fresh id "PREFIX" + 24 random hex digits (e.g. "cmpl-", "chatcmpl-", "msg_"). */
+void api_new_id(char *out, size_t sz, const char *prefix);
 
 #endif

@@ -1,0 +1,224 @@
+#!/usr/bin/env node
+// bench/engine: tokenmill vs llama.cpp on the same GGUF files, same thread count.
+//
+//   bench/engine [--threads N] [--reps R] [--models q8_0,q4_k_m] [--pp 512] [--tg 128]
+//                [--seqs 1,4,16] [--only tokenmill|llama] [--quick] [--model-file GGUF]
+//
+// 1. Builds the models with `tokenmill mkmodel` (Qwen3-0.6B-shaped, random weights, seed 1),
+//    cached in bench/out/ under a name made of their arguments (a .args file beside each
+//    records the full command; a changed command or mkmodel source rebuilds).
+// 2. Measures the machine's memory read bandwidth with bench/membw.c (built here, cc -O2).
+// 3. For each model, R rounds of: `tokenmill bench --reps 1`, then bench/llama_bench.mjs
+//    --reps 1 (node-llama-cpp's prebuilt llama.cpp), alternating so that drift in machine
+//    state hits both alike. Each prints {"pp": {"tok_s": [..]}, "tg": .., "batched": [..]}.
+// 4. Prints a table of the medians with the ratio tokenmill/llama.cpp per row and decode's
+//    share of the memory-bandwidth limit (bytes read per decode step × steps/s ÷ read
+//    bandwidth; a step reads every weight once, the token embedding table only when it is
+//    also the output matrix), and writes everything to bench/out/engine.json.
+import {spawnSync} from 'node:child_process';
+import crypto from 'node:crypto';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import {fileURLToPath} from 'node:url';
+
+const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
+process.chdir(root);
+const outDir = 'bench/out';
+fs.mkdirSync(outDir, {recursive: true});
+
+function usage(msg) {
+  if (msg) process.stderr.write(`bench/engine: ${msg}\n`);
+  process.stderr.write('usage: bench/engine [--threads N] [--reps R] [--models q8_0,q4_k_m] [--pp N] [--tg N] ' +
+    '[--seqs 1,4,16] [--only tokenmill|llama] [--quick] [--model-file GGUF]\n');
+  process.exit(2);
+}
+const o = {threads: os.availableParallelism?.() ?? os.cpus().length, reps: 3, models: ['q8_0', 'q4_k_m'],
+  pp: 512, tg: 128, seqs: '1,4,16', only: null, tokenmill: 'build/tokenmill'};
+const argv = process.argv.slice(2);
+for (let i = 0; i < argv.length; i++) {
+  const a = argv[i], v = () => (i + 1 < argv.length ? argv[++i] : usage(`${a} needs a value`));
+  if (a === '--threads' || a === '-t') o.threads = parseInt(v(), 10);
+  else if (a === '--reps') o.reps = parseInt(v(), 10);
+  else if (a === '--models') o.models = v().split(',').filter(Boolean);
+  else if (a === '--pp') o.pp = parseInt(v(), 10);
+  else if (a === '--tg') o.tg = parseInt(v(), 10);
+  else if (a === '--seqs') o.seqs = v();
+  else if (a === '--only') o.only = v();
+  else if (a === '--tokenmill') o.tokenmill = v();
+  else if (a === '--model-file') o.modelFile = v(); // an existing GGUF instead of mkmodel's
+  else if (a === '--quick') Object.assign(o, {reps: 1, pp: 128, tg: 32});
+  else usage(`unknown argument ${a}`);
+}
+
+const log = (...a) => process.stderr.write(a.join(' ') + '\n');
+const median = (xs) => {
+  const s = [...xs].sort((a, b) => a - b), n = s.length;
+  return n === 0 ? null : n % 2 ? s[(n - 1) / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
+};
+
+function run(cmd, args, {env} = {}) {
+  const r = spawnSync(cmd, args, {encoding: 'utf8', maxBuffer: 64 << 20, env: {...process.env, ...env}});
+  return {ok: r.status === 0, out: r.stdout ?? '', err: (r.stderr ?? '') + (r.error ? String(r.error) : ''),
+    status: r.status};
+}
+const lastJson = (s) => JSON.parse(s.trim().split('\n').filter((l) => l.startsWith('{')).pop());
+
+// ---- models -------------------------------------------------------------------------------
+// Sources whose change can change mkmodel's output: part of each model's cache key.
+function mkmodelSourceHash() {
+  const h = crypto.createHash('sha256');
+  const walk = (d) => {
+    if (!fs.existsSync(d)) return;
+    for (const e of fs.readdirSync(d, {withFileTypes: true}).sort((a, b) => a.name.localeCompare(b.name))) {
+      const p = path.join(d, e.name);
+      if (e.isDirectory()) walk(p);
+      else if (/mkmodel|quant|gguf/.test(e.name) && /\.[ch]$/.test(e.name)) h.update(p).update(fs.readFileSync(p));
+    }
+  };
+  walk('src');
+  return h.digest('hex').slice(0, 16);
+}
+
+function buildModel(type) {
+  const vocab = 'tests/data/llama.cpp/models/ggml-vocab-qwen2.gguf';
+  const file = path.join(outDir, `qwen3-0.6b-${type}-s1.gguf`);
+  const args = ['mkmodel', '--arch', 'qwen3', '--preset', 'qwen3-0.6b', '--type', type, '--seed', '1'];
+  if (fs.existsSync(vocab)) args.push('--vocab', vocab);
+  args.push('-o', file);
+  const key = JSON.stringify({args, src: mkmodelSourceHash()});
+  const keyFile = file + '.args';
+  if (fs.existsSync(file) && fs.existsSync(keyFile) && fs.readFileSync(keyFile, 'utf8') === key) return file;
+  log(`bench: ${o.tokenmill} ${args.join(' ')}`);
+  const r = run(o.tokenmill, args);
+  if (!r.ok) throw new Error(`mkmodel failed (${r.status}): ${r.err.trim().slice(-2000)}`);
+  fs.writeFileSync(keyFile, key);
+  return file;
+}
+
+// Bytes of one ggml block and the number of weights it holds, for the types we write.
+const typeSizes = {0: [4, 1], 1: [2, 1], 30: [2, 1], 8: [34, 32], 2: [18, 32], 12: [144, 256], 14: [210, 256],
+  10: [84, 256], 11: [110, 256], 13: [176, 256], 3: [20, 32], 6: [22, 32], 7: [24, 32]};
+async function weightInfo(file) {
+  const {readGgufFileInfo} = await import('node-llama-cpp');
+  const info = await readGgufFileInfo(file, {readTensorInfo: true});
+  let total = 0, perStep = 0;
+  const names = new Set(info.fullTensorInfo?.map((t) => t.name) ?? info.tensorInfo.map((t) => t.name));
+  const types = {};
+  for (const t of info.fullTensorInfo ?? info.tensorInfo) {
+    const n = t.dimensions.reduce((a, b) => a * Number(b), 1);
+    const [bs, bn] = typeSizes[t.ggmlType] ?? [4, 1];
+    const bytes = n / bn * bs;
+    total += bytes;
+    types[t.ggmlType] = (types[t.ggmlType] ?? 0) + bytes;
+    const embOnly = t.name === 'token_embd.weight' && names.has('output.weight');
+    perStep += embOnly ? bytes / Number(t.dimensions[1]) : bytes;
+  }
+  return {weight_bytes: total, bytes_per_decode_step: perStep, bytes_by_ggml_type: types};
+}
+
+// ---- bandwidth ----------------------------------------------------------------------------
+function memBandwidth() {
+  const bin = path.join(outDir, 'membw');
+  if (!fs.existsSync(bin) || fs.statSync(bin).mtimeMs < fs.statSync('bench/membw.c').mtimeMs) {
+    const r = run(process.env.CC || 'cc', ['-O2', '-march=native', '-pthread', '-o', bin, 'bench/membw.c']);
+    if (!r.ok) throw new Error(`cc bench/membw.c failed: ${r.err}`);
+  }
+  const r = run(bin, [String(o.threads), '1024', '7']);
+  if (!r.ok) throw new Error(`membw failed: ${r.err}`);
+  return lastJson(r.out);
+}
+
+// ---- runs ---------------------------------------------------------------------------------
+const common = ['--threads', String(o.threads), '--pp', String(o.pp), '--tg', String(o.tg), '--seqs', o.seqs,
+  '--reps', '1'];
+function benchTokenmill(file) {
+  const r = run(o.tokenmill, ['bench', '-m', file, ...common]);
+  if (!r.ok) return {error: `tokenmill bench failed (${r.status}): ${r.err.trim().split('\n').slice(-3).join(' | ')}`};
+  try { return lastJson(r.out); } catch (e) { return {error: `tokenmill bench printed no JSON: ${r.out.slice(0, 200)}`}; }
+}
+function benchLlama(file) {
+  const r = run(process.execPath, ['bench/llama_bench.mjs', '-m', file, ...common], {env: {UV_THREADPOOL_SIZE: '1'}});
+  if (!r.ok) return {error: `llama_bench failed (${r.status}): ${r.err.trim().split('\n').slice(-3).join(' | ')}`};
+  return lastJson(r.out);
+}
+
+// Flattens one bench JSON into {rowName: tok/s}.
+function rowsOf(j) {
+  const rows = {};
+  if (!j || j.error) return rows;
+  if (j.pp?.tok_s?.length) rows[`pp${j.pp.n}`] = j.pp.tok_s;
+  if (j.tg?.tok_s?.length) rows[`tg${j.tg.n}`] = j.tg.tok_s;
+  for (const b of j.batched ?? []) if (b.tok_s?.length) rows[`batched x${b.seqs}`] = b.tok_s;
+  return rows;
+}
+
+const t0 = Date.now();
+const bw = memBandwidth();
+log(`bench: memory read bandwidth ${bw.read_gb_s.toFixed(1)} GB/s with ${o.threads} threads`);
+const haveTokenmill = fs.existsSync(o.tokenmill);
+const report = {date: new Date().toISOString(), host: {cpus: os.cpus()[0]?.model, n_cpus: os.cpus().length},
+  threads: o.threads, reps: o.reps, membw: bw, models: []};
+
+for (const type of o.models) {
+  let file;
+  try { file = o.modelFile ?? buildModel(type); } catch (e) {
+    log(`bench: cannot build ${type} model: ${e.message}`);
+    report.models.push({type, error: e.message});
+    continue;
+  }
+  const wi = await weightInfo(file);
+  const m = {type, file, ...wi, tokenmill: [], llama: []};
+  for (let r = 0; r < o.reps; r++) {
+    if (o.only !== 'llama' && haveTokenmill) {
+      const j = benchTokenmill(file);
+      m.tokenmill.push(j);
+      if (j.error) log(`bench: ${j.error}`);
+    }
+    if (o.only !== 'tokenmill') m.llama.push(benchLlama(file));
+    log(`bench: ${type} round ${r + 1}/${o.reps} done (${((Date.now() - t0) / 1000).toFixed(0)} s)`);
+  }
+  // Medians per row over all rounds.
+  const collect = (runs) => {
+    const acc = {};
+    for (const j of runs) for (const [k, v] of Object.entries(rowsOf(j))) (acc[k] ??= []).push(...v);
+    return acc;
+  };
+  const tm = collect(m.tokenmill), ll = collect(m.llama);
+  const names = [...new Set([...Object.keys(ll), ...Object.keys(tm)])];
+  m.rows = names.map((name) => {
+    const tms = median(tm[name] ?? []), lls = median(ll[name] ?? []);
+    const seqs = name.startsWith('batched x') ? parseInt(name.slice(9), 10) : name.startsWith('tg') ? 1 : 0;
+    const share = (tps) => (seqs && tps ? wi.bytes_per_decode_step * (tps / seqs) / (bw.read_gb_s * 1e9) : null);
+    return {name, tokenmill_tok_s: tms, llama_tok_s: lls, ratio: tms && lls ? tms / lls : null,
+      tokenmill_bw_share: share(tms), llama_bw_share: share(lls)};
+  });
+  report.models.push(m);
+}
+
+// ---- table --------------------------------------------------------------------------------
+const f1 = (x) => (x == null ? '—' : x.toFixed(1));
+const f2 = (x) => (x == null ? '—' : x.toFixed(2));
+const pc = (x) => (x == null ? '' : `${(100 * x).toFixed(0)} %`);
+const typeName = {q8_0: 'Q8_0', q4_k_m: 'Q4_K_M', q4_k: 'Q4_K', f16: 'F16', f32: 'F32'};
+const lines = [];
+lines.push(`Qwen3-0.6B-shaped random-weight models (tokenmill mkmodel), ${o.threads} threads, median of ${o.reps} ` +
+  `alternating runs; memory read bandwidth ${bw.read_gb_s.toFixed(1)} GB/s (bench/membw.c).`);
+lines.push('');
+lines.push('| model | test | tokenmill tok/s | llama.cpp tok/s | tokenmill / llama.cpp | decode share of BW limit: tokenmill | llama.cpp |');
+lines.push('|---|---|---:|---:|---:|---:|---:|');
+for (const m of report.models) {
+  const label = `${typeName[m.type] ?? m.type}` + (m.weight_bytes ? ` (${(m.weight_bytes / 1e6).toFixed(0)} MB)` : '');
+  if (m.error) { lines.push(`| ${label} | (no model: ${m.error.slice(0, 80)}) | | | | | |`); continue; }
+  for (const r of m.rows)
+    lines.push(`| ${label} | ${r.name} | ${f1(r.tokenmill_tok_s)} | ${f1(r.llama_tok_s)} | ${f2(r.ratio)} | ` +
+      `${pc(r.tokenmill_bw_share)} | ${pc(r.llama_bw_share)} |`);
+}
+const tmErr = report.models.flatMap((m) => (m.tokenmill ?? []).filter((j) => j.error).map((j) => j.error));
+if (!haveTokenmill) lines.push('', `(${o.tokenmill} not built: llama.cpp side only)`);
+else if (tmErr.length) lines.push('', `(tokenmill bench failed: ${tmErr[0]})`);
+report.table = lines.join('\n');
+report.wall_s = (Date.now() - t0) / 1000;
+fs.writeFileSync(path.join(outDir, 'engine.json'), JSON.stringify(report, null, 1) + '\n');
+process.stdout.write(report.table + '\n');
+log(`bench: wrote ${outDir}/engine.json (${report.wall_s.toFixed(0)} s)`);
