@@ -44,6 +44,7 @@ typedef struct {
 } api_ctx;
 
 /* Routes of each API; cmd_serve calls every one that is linked in. */
+void api_misc_register(http_server *h, api_ctx *c);          /* GET /v1/models, /health, /metrics */
 void api_completions_register(http_server *h, api_ctx *c);   /* POST /v1/completions */
 void api_chat_register(http_server *h, api_ctx *c);          /* POST /v1/chat/completions */
 void api_responses_register(http_server *h, api_ctx *c);     /* POST /v1/responses */
