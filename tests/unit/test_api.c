@@ -67,6 +67,20 @@ static const char *part_text(const conv *c, int t, int p)
     return c->turns[t].parts[p].text;
 }
 
+/* With TM_API_DUMP=DIR, writes an output to DIR/name (the e2e test replays these SSE bodies
+ * through the vendors' SDKs). */
+static void dump(const char *name, const jsonfmt_buf *b)
+{
+    const char *dir = getenv("TM_API_DUMP");
+    if (!dir) return;
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    if (!f) return;
+    fwrite(b->p, 1, b->len, f);
+    fclose(f);
+}
+
 /* ---------------------------------------------------------------- chat parsing */
 
 TEST(chat_parse_basic)
@@ -467,6 +481,7 @@ TEST(chat_output_tools_and_stream)
     api_out_finish(&o, 1, EVENTS_FINISH_LENGTH);
     api_out_finish(&o, 0, EVENTS_FINISH_STOP);
     api_out_end(&o);
+    dump("chat_tools.sse", &o.out);
     bool names_ok;
     json_t *ev = sse_parse(o.out.p, &names_ok);
     CHECK(names_ok);
@@ -572,6 +587,7 @@ TEST(responses_output)
     feed(&o, 0, toks);
     api_out_finish(&o, 0, EVENTS_FINISH_STOP);
     api_out_end(&o);
+    dump("responses_tools.sse", &o.out);
     bool names_ok;
     json_t *ev = sse_parse(o.out.p, &names_ok);
     CHECK(names_ok);
@@ -690,6 +706,7 @@ TEST(messages_output)
     feed(&o, 0, toks);
     api_out_finish(&o, 0, EVENTS_FINISH_STOP);
     api_out_end(&o);
+    dump("messages_tools.sse", &o.out);
     bool names_ok;
     json_t *ev = sse_parse(o.out.p, &names_ok);
     CHECK(names_ok);
