@@ -14,4 +14,6 @@ int cmd_eval(int argc, char **argv);      /* per-position top log-probs + greedy
 int cmd_bench(int argc, char **argv);     /* pp/tg timings as JSON (bench/engine) */
 int cmd_template(int argc, char **argv);  /* chat template rendering as token ids (tests) */
 
+int cmd_serve(int argc, char **argv);     /* the HTTP server (OpenAI / Anthropic APIs) */
+
 #endif

@@ -1,12 +1,690 @@
 /*
- * cmd_mkmodel: placeholder until its module lands; replaced in this same piece of work.
+ * cmd_mkmodel: writes a random-weight GGUF model of a real architecture and shape, which
+ * llama.cpp also loads: the test and benchmark models of tokenmill.
+ *
+ *   tokenmill mkmodel --arch llama|qwen2|qwen3 [--preset NAME] [shape options] [--vocab FILE]
+ *                     --type T --seed S [--tied|--untied] [--rope-scaling llama3] -o OUT.gguf
+ *
+ * Tensors and metadata follow llama.cpp's converters: `llama` (rope_freqs.weight when
+ * --rope-scaling llama3), `qwen2` (q/k/v biases), `qwen3` (per-head q/k RMSNorm weights,
+ * key/value_length = head_dim). Norms, biases and rope factors stay F32; every matrix gets
+ * --type, or for q4_k_m the Q4_K/Q6_K mix of llama.cpp's Q4_K_M (output or tied embedding,
+ * and attn_v/ffn_down of "more bits" layers, in Q6_K). A matrix whose rows do not fit the
+ * block size falls back to Q8_0, then F16, as llama.cpp's quantiser does.
+ *
+ * Weights: uniform noise of a chosen standard deviation, linear layers 1/sqrt(fan_in), the
+ * output embedding scaled so that logits have a standard deviation near 8 (greedy choices are
+ * rarely near ties, so token-for-token comparisons with llama.cpp are stable), norm weights
+ * near 1. Each row has its own generator seeded from (seed, tensor name, row), so the output
+ * is the same for a seed whatever the thread count. Tensors are generated and quantised at
+ * write time (gguf_writer_add_tensor_fill), rows split across threads.
+ *
+ * Vocabulary: --vocab copies every tokenizer.* key of a GGUF, or reads a Hugging Face
+ * tokenizer.json (BPE); without it a small byte-level BPE vocabulary is generated.
  */
+#include <jansson.h>
+#include <math.h>
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
 #include "cli/cmd.h"
+#include "model/gguf.h"
+#include "model/quant.h"
+#include "util/util.h"
+
+enum { MK_TT_NORMAL = 1, MK_TT_CONTROL = 3, MK_TT_USER = 4, MK_TT_UNUSED = 5 };
+
+typedef struct {
+    const char *name;
+    const char *arch;       /* NULL: any */
+    int n_layers, dim, ffn, n_heads, n_kv_heads, head_dim, ctx, n_vocab;
+    double rope_base;       /* 0: the arch default */
+    bool tied;
+    bool rope_llama3;
+} mk_preset;
+
+static const mk_preset mk_presets[] = {
+    { "tiny", NULL, 2, 256, 512, 4, 2, 64, 2048, 1024, 0, true, false },
+    { "small", NULL, 4, 512, 1536, 8, 4, 64, 4096, 4096, 0, true, false },
+    { "qwen3-0.6b", "qwen3", 28, 1024, 3072, 16, 8, 128, 40960, 151936, 1e6, true, false },
+    { "qwen2-0.5b", "qwen2", 24, 896, 4864, 14, 2, 64, 32768, 151936, 1e6, true, false },
+    { "llama3.2-1b", "llama", 16, 2048, 8192, 32, 8, 64, 131072, 128256, 500000, true, true },
+};
+
+typedef struct {
+    const char *arch;       /* "llama", "qwen2", "qwen3" */
+    int n_layers, dim, ffn, n_heads, n_kv_heads, head_dim, ctx;
+    int n_vocab;            /* requested (generated vocab size, or pad target) */
+    double rope_base;
+    double eps;
+    bool tied;
+    bool rope_llama3;
+    const char *type;       /* --type */
+    uint64_t seed;
+    int n_threads;
+} mk_opts;
+
+/* ---- vocabulary ------------------------------------------------------------------------ */
+
+typedef struct {
+    char **tok;             /* (n) token texts */
+    size_t *len;            /* (n) byte lengths */
+    int32_t *type;          /* (n) llama token types */
+    int n, cap;
+    char **merges;          /* (n_merges) "a b" */
+    int n_merges, cap_merges;
+    int bos, eos, pad;      /* ids, -1 if none */
+    bool add_bos;
+    const char *pre;        /* tokenizer.ggml.pre */
+    gguf *src;              /* GGUF vocabulary source (keys copied), or NULL */
+} mk_vocab;
+
+static void mk_vocab_free(mk_vocab *v)
+{
+    if (v->tok)
+        for (int i = 0; i < v->n; i++) free(v->tok[i]);
+    free(v->tok);
+    free(v->len);
+    free(v->type);
+    for (int i = 0; i < v->n_merges; i++) free(v->merges[i]);
+    free(v->merges);
+    if (v->src) gguf_close(v->src);
+}
+
+static void mk_vocab_set(mk_vocab *v, int id, const char *s, size_t len, int32_t type)
+{
+    if (id >= v->cap) {
+        int ncap = v->cap ? v->cap : 1024;
+        while (ncap <= id) ncap *= 2;
+        v->tok = xrealloc(v->tok, (size_t)ncap * sizeof *v->tok);
+        v->len = xrealloc(v->len, (size_t)ncap * sizeof *v->len);
+        v->type = xrealloc(v->type, (size_t)ncap * sizeof *v->type);
+        for (int i = v->cap; i < ncap; i++) v->tok[i] = NULL;
+        v->cap = ncap;
+    }
+    while (v->n <= id) {
+        v->tok[v->n] = NULL;
+        v->len[v->n] = 0;
+        v->type[v->n] = MK_TT_UNUSED;
+        v->n++;
+    }
+    free(v->tok[id]);
+    v->tok[id] = xmalloc(len + 1);
+    memcpy(v->tok[id], s, len);
+    v->tok[id][len] = 0;
+    v->len[id] = len;
+    v->type[id] = type;
+}
+
+static int mk_vocab_add(mk_vocab *v, const char *s, int32_t type)
+{
+    int id = v->n;
+    mk_vocab_set(v, id, s, strlen(s), type);
+    return id;
+}
+
+static void mk_vocab_merge(mk_vocab *v, const char *a, const char *b)
+{
+    if (v->n_merges == v->cap_merges) {
+        v->cap_merges = v->cap_merges ? 2 * v->cap_merges : 1024;
+        v->merges = xrealloc(v->merges, (size_t)v->cap_merges * sizeof *v->merges);
+    }
+    size_t la = strlen(a), lb = strlen(b);
+    char *m = xmalloc(la + lb + 2);
+    memcpy(m, a, la);
+    m[la] = ' ';
+    memcpy(m + la + 1, b, lb + 1);
+    v->merges[v->n_merges++] = m;
+}
+
+/* Fills empty ids (and pads up to N) with "[PADi]" unused tokens, as llama.cpp's converter. */
+static void mk_vocab_pad(mk_vocab *v, int n)
+{
+    if (n > v->n) mk_vocab_set(v, n - 1, "", 0, MK_TT_UNUSED);
+    for (int i = 0; i < v->n; i++) {
+        if (v->tok[i] && v->len[i] > 0) continue;
+        char b[32];
+        snprintf(b, sizeof b, "[PAD%d]", i);
+        mk_vocab_set(v, i, b, strlen(b), MK_TT_UNUSED);
+    }
+}
+
+/* GPT-2's byte -> printable code point map, UTF-8 encoded into out (<= 3 bytes + NUL). */
+static void mk_byte_unicode(int b, char *out)
+{
+    int cp;
+    if ((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255)) {
+        cp = b;
+    } else {
+        int k = 0;
+        for (int x = 0; x < b; x++)
+            if (!((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255))) k++;
+        cp = 256 + k;
+    }
+    if (cp < 0x80) {
+        out[0] = (char)cp, out[1] = 0;
+    } else {
+        out[0] = (char)(0xC0 | (cp >> 6)), out[1] = (char)(0x80 | (cp & 0x3F)), out[2] = 0;
+    }
+}
+
+/* A byte-level BPE vocabulary of exactly N tokens: 256 bytes, merges of letter groups (with
+ * and without a leading space), then three control tokens. */
+static bool mk_vocab_builtin(mk_vocab *v, const char *arch, int n)
+{
+    const int n_special = 3;
+    if (n < 256 + n_special) {
+        fprintf(stderr, "tokenmill mkmodel: a generated vocabulary needs at least %d tokens\n", 256 + n_special);
+        return false;
+    }
+    char u[8];
+    for (int b = 0; b < 256; b++) {
+        mk_byte_unicode(b, u);
+        mk_vocab_add(v, u, MK_TT_NORMAL);
+    }
+    const char *sp = "\xc4\xa0"; /* 'Ġ', the byte-level space */
+    int want = n - n_special;
+    char a[16], b2[16], m[32];
+    /* stage 1: space + lowercase letter; 2: letter pairs; 3: space + capital;
+     * 4: space-letter + letter; 5: letter pair + letter */
+    for (int stage = 1; stage <= 5 && v->n < want; stage++) {
+        for (int i = 0; i < 26 && v->n < want; i++) {
+            int jn = stage == 1 || stage == 3 ? 1 : 26;
+            for (int j = 0; j < jn && v->n < want; j++) {
+                int kn = stage == 5 ? 26 : 1;
+                for (int k = 0; k < kn && v->n < want; k++) {
+                    switch (stage) {
+                    case 1: snprintf(a, sizeof a, "%s", sp); snprintf(b2, sizeof b2, "%c", 'a' + i); break;
+                    case 2: snprintf(a, sizeof a, "%c", 'a' + i); snprintf(b2, sizeof b2, "%c", 'a' + j); break;
+                    case 3: snprintf(a, sizeof a, "%s", sp); snprintf(b2, sizeof b2, "%c", 'A' + i); break;
+                    case 4: snprintf(a, sizeof a, "%s%c", sp, 'a' + i); snprintf(b2, sizeof b2, "%c", 'a' + j); break;
+                    default: snprintf(a, sizeof a, "%c%c", 'a' + i, 'a' + j); snprintf(b2, sizeof b2, "%c", 'a' + k); break;
+                    }
+                    snprintf(m, sizeof m, "%s%s", a, b2);
+                    mk_vocab_merge(v, a, b2);
+                    mk_vocab_add(v, m, MK_TT_NORMAL);
+                }
+            }
+        }
+    }
+    while (v->n < want) { /* only for huge requests: unreachable filler */
+        snprintf(m, sizeof m, "[PAD%d]", v->n);
+        mk_vocab_add(v, m, MK_TT_UNUSED);
+    }
+    if (!strcmp(arch, "llama")) {
+        v->bos = mk_vocab_add(v, "<|begin_of_text|>", MK_TT_CONTROL);
+        v->eos = mk_vocab_add(v, "<|end_of_text|>", MK_TT_CONTROL);
+        mk_vocab_add(v, "<|eot_id|>", MK_TT_CONTROL);
+        v->add_bos = true;
+        v->pre = "llama-bpe";
+    } else {
+        v->eos = v->bos = v->pad = mk_vocab_add(v, "<|endoftext|>", MK_TT_CONTROL);
+        mk_vocab_add(v, "<|im_start|>", MK_TT_CONTROL);
+        mk_vocab_add(v, "<|im_end|>", MK_TT_CONTROL);
+        v->add_bos = false;
+        v->pre = "qwen2";
+    }
+    return true;
+}
+
+/* A Hugging Face tokenizer.json with a BPE model (Qwen2/3 style). */
+static bool mk_vocab_tokenizer_json(mk_vocab *v, const char *path, int pad_to)
+{
+    json_error_t jerr;
+    json_t *root = json_load_file(path, 0, &jerr);
+    if (!root) {
+        fprintf(stderr, "tokenmill mkmodel: %s:%d: %s\n", path, jerr.line, jerr.text);
+        return false;
+    }
+    bool ok = false;
+    json_t *model = json_object_get(root, "model");
+    json_t *vocab = json_object_get(model, "vocab");
+    json_t *merges = json_object_get(model, "merges");
+    const char *mtype = json_string_value(json_object_get(model, "type"));
+    if (!json_is_object(vocab) || !json_is_array(merges) || (mtype && strcmp(mtype, "BPE"))) {
+        fprintf(stderr, "tokenmill mkmodel: %s: not a BPE tokenizer.json (model.vocab/model.merges)\n", path);
+        goto out;
+    }
+    const char *key;
+    json_t *val;
+    json_object_foreach(vocab, key, val) {
+        json_int_t id = json_integer_value(val);
+        if (!json_is_integer(val) || id < 0 || id >= 1 << 24) {
+            fprintf(stderr, "tokenmill mkmodel: %s: bad id for token '%s'\n", path, key);
+            goto out;
+        }
+        mk_vocab_set(v, (int)id, key, strlen(key), MK_TT_NORMAL);
+    }
+    size_t i;
+    json_array_foreach(merges, i, val) {
+        if (json_is_string(val)) {
+            const char *s = json_string_value(val), *spc = strchr(s, ' ');
+            if (!spc) continue;
+            char *a = xmalloc((size_t)(spc - s) + 1);
+            memcpy(a, s, (size_t)(spc - s));
+            a[spc - s] = 0;
+            mk_vocab_merge(v, a, spc + 1);
+            free(a);
+        } else if (json_is_array(val) && json_array_size(val) == 2) {
+            const char *a = json_string_value(json_array_get(val, 0)), *b = json_string_value(json_array_get(val, 1));
+            if (a && b) mk_vocab_merge(v, a, b);
+        }
+    }
+    json_t *added = json_object_get(root, "added_tokens");
+    json_array_foreach(added, i, val) {
+        json_int_t id = json_integer_value(json_object_get(val, "id"));
+        const char *content = json_string_value(json_object_get(val, "content"));
+        if (!content || id < 0 || id >= 1 << 24) continue;
+        bool special = json_is_true(json_object_get(val, "special"));
+        mk_vocab_set(v, (int)id, content, strlen(content), special ? MK_TT_CONTROL : MK_TT_USER);
+    }
+    mk_vocab_pad(v, pad_to);
+    v->bos = v->eos = v->pad = -1;
+    for (int k = 0; k < v->n; k++)
+        if (!strcmp(v->tok[k], "<|endoftext|>")) v->bos = v->eos = v->pad = k;
+    v->add_bos = false;
+    v->pre = "qwen2";
+    ok = true;
+out:
+    json_decref(root);
+    return ok;
+}
+
+static bool mk_vocab_load(mk_vocab *v, const char *path, const mk_opts *o, int pad_to)
+{
+    v->bos = v->eos = v->pad = -1;
+    if (!path) return mk_vocab_builtin(v, o->arch, o->n_vocab);
+    size_t pl = strlen(path);
+    if (pl >= 5 && !strcmp(path + pl - 5, ".gguf")) {
+        char err[512];
+        if (gguf_open(path, &v->src, err, sizeof err) != GGUF_OK) {
+            fprintf(stderr, "tokenmill mkmodel: %s\n", err);
+            return false;
+        }
+        gguf_vtype elt;
+        uint64_t n;
+        if (!gguf_get_arr(v->src, "tokenizer.ggml.tokens", &elt, &n, NULL) || elt != GGUF_VT_STRING || n == 0) {
+            fprintf(stderr, "tokenmill mkmodel: %s: no tokenizer.ggml.tokens\n", path);
+            return false;
+        }
+        v->n = (int)n;
+        return true;
+    }
+    return mk_vocab_tokenizer_json(v, path, pad_to);
+}
+
+static void mk_vocab_write(mk_vocab *v, gguf_writer *w)
+{
+    if (v->src) {
+        for (int i = 0; i < gguf_n_keys(v->src); i++) {
+            const char *k = gguf_key_name(v->src, i);
+            if (!strncmp(k, "tokenizer.", 10)) gguf_writer_copy_key(w, v->src, k);
+        }
+        return;
+    }
+    gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2");
+    gguf_writer_set_str(w, "tokenizer.ggml.pre", v->pre);
+    gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)v->tok, v->len, (uint64_t)v->n);
+    gguf_writer_set_arr_i32(w, "tokenizer.ggml.token_type", v->type, (uint64_t)v->n);
+    gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", (const char *const *)v->merges, NULL, (uint64_t)v->n_merges);
+    if (v->bos >= 0) gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)v->bos);
+    if (v->eos >= 0) gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)v->eos);
+    if (v->pad >= 0) gguf_writer_set_u32(w, "tokenizer.ggml.padding_token_id", (uint32_t)v->pad);
+    gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", v->add_bos);
+    gguf_writer_set_bool(w, "tokenizer.ggml.add_eos_token", false);
+}
+
+/* ---- weights ------------------------------------------------------------------------- */
+
+typedef enum { MK_INIT_NOISE, MK_INIT_NORM, MK_INIT_ROPE_FREQS } mk_init;
+
+typedef struct {
+    uint64_t seed;          /* per-tensor seed (run seed mixed with the name) */
+    mk_init init;
+    float std;              /* noise standard deviation */
+    qtype type;             /* storage type */
+    int64_t ne0, nrows;     /* row length, rows */
+    const mk_opts *o;
+} mk_tensor;
+
+typedef struct {
+    const mk_tensor *t;
+    uint8_t *dst;           /* tensor data */
+    int64_t r0, r1;         /* rows of this thread */
+} mk_job;
+
+static uint64_t mk_hash(uint64_t h, const char *s)
+{
+    for (; *s; s++) h = (h ^ (uint8_t)*s) * 0x100000001b3ULL;
+    return h;
+}
+
+static void *mk_fill_rows(void *arg)
+{
+    mk_job *j = arg;
+    const mk_tensor *t = j->t;
+    float *row = xmalloc((size_t)t->ne0 * sizeof *row);
+    size_t rb = quant_row_bytes(t->type, t->ne0);
+    const float a = t->std * 1.7320508f; /* uniform [-a, a) has standard deviation std; norms: std is the mean */
+    for (int64_t r = j->r0; r < j->r1; r++) {
+        util_rng rng;
+        util_rng_seed(&rng, t->seed ^ ((uint64_t)r * 0x9E3779B97F4A7C15ULL));
+        for (int64_t i = 0; i < t->ne0; i++) {
+            uint64_t x = util_rng_next(&rng);
+            float u = (float)(x >> 40) * (1.0f / 8388608.0f) - 1.0f; /* [-1, 1) */
+            row[i] = t->init == MK_INIT_NORM ? t->std * (1.0f + 0.2f * u) : a * u;
+        }
+        quant_quantize_row(t->type, row, j->dst + (size_t)r * rb, t->ne0);
+    }
+    free(row);
+    return NULL;
+}
+
+/* llama 3 rope frequency factors, as llama.cpp's converter computes them (factor 8). */
+static void mk_rope_freqs(const mk_opts *o, float *out)
+{
+    const double factor = 8.0, low = 1.0, high = 4.0, old_ctx = 8192.0;
+    const double low_wl = old_ctx / low, high_wl = old_ctx / high;
+    int dim = o->head_dim;
+    for (int i = 0; i < dim / 2; i++) {
+        double freq = 1.0 / pow(o->rope_base, (double)(2 * i) / dim);
+        double wl = 2 * M_PI / freq;
+        if (wl < high_wl) out[i] = 1.0f;
+        else if (wl > low_wl) out[i] = (float)factor;
+        else {
+            double smooth = (old_ctx / wl - low) / (high - low);
+            out[i] = (float)(1.0 / ((1 - smooth) / factor + smooth));
+        }
+    }
+}
+
+static void mk_fill(void *ctx, const char *name, void *dst, size_t nbytes)
+{
+    const mk_tensor *t = ctx;
+    if (t->init == MK_INIT_ROPE_FREQS) {
+        mk_rope_freqs(t->o, dst);
+        return;
+    }
+    int nth = t->o->n_threads;
+    if (t->nrows < 4 * nth) nth = 1;
+    mk_job jobs[64];
+    pthread_t th[64];
+    if (nth > 64) nth = 64;
+    for (int i = 0; i < nth; i++) {
+        jobs[i] = (mk_job){ .t = t, .dst = dst, .r0 = t->nrows * i / nth, .r1 = t->nrows * (i + 1) / nth };
+        if (i > 0 && pthread_create(&th[i], NULL, mk_fill_rows, &jobs[i]) != 0) {
+            mk_fill_rows(&jobs[i]);
+            th[i] = 0;
+        }
+    }
+    mk_fill_rows(&jobs[0]);
+    for (int i = 1; i < nth; i++)
+        if (th[i]) pthread_join(th[i], NULL);
+    if (isatty(2)) fprintf(stderr, "\r  %-32s %-5s %12zu bytes", name, quant_type_name(t->type), nbytes);
+}
+
+/* The storage type of a matrix with rows of NE0 for the requested type T, with llama.cpp's
+ * fallbacks when the row does not fit T's block. */
+static qtype mk_fit_type(qtype t, int64_t ne0)
+{
+    if (ne0 % quant_block_elems(t) == 0) return t;
+    if (ne0 % QK8_0 == 0) return QTYPE_Q8_0;
+    return QTYPE_F16;
+}
+
+static bool mk_use_more_bits(int i, int n)
+{
+    return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
+}
+
+typedef struct {
+    gguf_writer *w;
+    mk_tensor *ts;          /* (n) descriptors, kept alive until the write */
+    int n, cap;
+    const mk_opts *o;
+    qtype base;             /* type of ordinary matrices */
+    bool k_m;               /* q4_k_m mix */
+} mk_model;
+
+static void mk_add(mk_model *m, const char *name, mk_init init, float std, qtype type, int n_dims, int64_t ne0, int64_t ne1)
+{
+    if (m->n == m->cap) {
+        /* descriptors are referenced by the writer: allocate once, large enough */
+        fprintf(stderr, "tokenmill mkmodel: internal: too many tensors\n");
+        abort();
+    }
+    mk_tensor *t = &m->ts[m->n++];
+    int64_t ne[2] = { ne0, ne1 };
+    if (n_dims == 2) type = mk_fit_type(type, ne0);
+    *t = (mk_tensor){ .seed = mk_hash(0xcbf29ce484222325ULL ^ m->o->seed * 0x9E3779B97F4A7C15ULL, name), .init = init,
+                      .std = std, .type = type, .ne0 = ne0, .nrows = n_dims == 2 ? ne1 : 1, .o = m->o };
+    gguf_writer_add_tensor_fill(m->w, name, type, n_dims, ne, mk_fill, t);
+}
+
+static bool mk_parse_type(const char *s, qtype *base, bool *k_m, uint32_t *ftype)
+{
+    static const struct { const char *name; qtype t; bool k_m; uint32_t ftype; } types[] = {
+        { "f32", QTYPE_F32, false, 0 }, { "f16", QTYPE_F16, false, 1 }, { "bf16", QTYPE_BF16, false, 32 },
+        { "q8_0", QTYPE_Q8_0, false, 7 }, { "q4_0", QTYPE_Q4_0, false, 2 }, { "q4_k", QTYPE_Q4_K, false, 14 },
+        { "q4_k_m", QTYPE_Q4_K, true, 15 }, { "q6_k", QTYPE_Q6_K, false, 18 },
+    };
+    for (size_t i = 0; i < TM_ARRAY_LEN(types); i++) {
+        if (!strcasecmp(s, types[i].name)) {
+            *base = types[i].t, *k_m = types[i].k_m, *ftype = types[i].ftype;
+            return true;
+        }
+    }
+    return false;
+}
+
+static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *preset)
+{
+    qtype base = QTYPE_F32;
+    bool k_m = false;
+    uint32_t ftype = 0;
+    mk_parse_type(o->type, &base, &k_m, &ftype);
+    const char *A = o->arch;
+    int64_t dim = o->dim, q_dim = (int64_t)o->n_heads * o->head_dim, kv_dim = (int64_t)o->n_kv_heads * o->head_dim;
+    int64_t V = v->n, ffn = o->ffn;
+    gguf_writer *w = gguf_writer_new();
+    char k[128], name[128];
+    gguf_writer_set_str(w, "general.architecture", A);
+    snprintf(name, sizeof name, "tokenmill-random-%s-%s-seed%llu", A, preset ? preset : "custom", (unsigned long long)o->seed);
+    gguf_writer_set_str(w, "general.name", name);
+    gguf_writer_set_u32(w, "general.file_type", ftype);
+    if (base != QTYPE_F32 && base != QTYPE_F16 && base != QTYPE_BF16) gguf_writer_set_u32(w, "general.quantization_version", 2);
+#define MK_KEY(suffix) (snprintf(k, sizeof k, "%s." suffix, A), k)
+    gguf_writer_set_u32(w, MK_KEY("block_count"), (uint32_t)o->n_layers);
+    gguf_writer_set_u32(w, MK_KEY("context_length"), (uint32_t)o->ctx);
+    gguf_writer_set_u32(w, MK_KEY("embedding_length"), (uint32_t)o->dim);
+    gguf_writer_set_u32(w, MK_KEY("feed_forward_length"), (uint32_t)o->ffn);
+    gguf_writer_set_u32(w, MK_KEY("attention.head_count"), (uint32_t)o->n_heads);
+    gguf_writer_set_u32(w, MK_KEY("attention.head_count_kv"), (uint32_t)o->n_kv_heads);
+    gguf_writer_set_f32(w, MK_KEY("rope.freq_base"), (float)o->rope_base);
+    gguf_writer_set_f32(w, MK_KEY("attention.layer_norm_rms_epsilon"), (float)o->eps);
+    gguf_writer_set_u32(w, MK_KEY("attention.key_length"), (uint32_t)o->head_dim);
+    gguf_writer_set_u32(w, MK_KEY("attention.value_length"), (uint32_t)o->head_dim);
+    gguf_writer_set_u32(w, MK_KEY("rope.dimension_count"), (uint32_t)o->head_dim);
+    gguf_writer_set_u32(w, MK_KEY("vocab_size"), (uint32_t)V);
+#undef MK_KEY
+    mk_vocab_write(v, w);
+
+    mk_model m = { .w = w, .o = o, .base = base, .k_m = k_m, .cap = 8 + 16 * o->n_layers };
+    m.ts = xcalloc((size_t)m.cap, sizeof *m.ts);
+    /* Embeddings are small (0.5/sqrt(dim)) so that, with a tied output, the input token's own
+     * embedding in the residual stream does not dominate the logits (random models otherwise
+     * just repeat their input); the final norm's weights (about 20) scale logits back up to a
+     * standard deviation of about 10. */
+    float emb_std = 0.5f / sqrtf((float)dim);
+    qtype out_type = k_m ? QTYPE_Q6_K : base;
+    mk_add(&m, "token_embd.weight", MK_INIT_NOISE, emb_std, o->tied ? out_type : base, 2, dim, V);
+    mk_add(&m, "output_norm.weight", MK_INIT_NORM, 20.0f, QTYPE_F32, 1, dim, 1);
+    if (!o->tied) mk_add(&m, "output.weight", MK_INIT_NOISE, emb_std, out_type, 2, dim, V);
+    if (o->rope_llama3) mk_add(&m, "rope_freqs.weight", MK_INIT_ROPE_FREQS, 0, QTYPE_F32, 1, o->head_dim / 2, 1);
+    bool qwen2 = !strcmp(A, "qwen2"), qwen3 = !strcmp(A, "qwen3");
+    for (int l = 0; l < o->n_layers; l++) {
+        qtype more = k_m && mk_use_more_bits(l, o->n_layers) ? QTYPE_Q6_K : base;
+#define MK_T(suffix) (snprintf(name, sizeof name, "blk.%d." suffix, l), name)
+        mk_add(&m, MK_T("attn_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, dim, 1);
+        mk_add(&m, MK_T("attn_q.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 2, dim, q_dim);
+        mk_add(&m, MK_T("attn_k.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 2, dim, kv_dim);
+        mk_add(&m, MK_T("attn_v.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), more, 2, dim, kv_dim);
+        if (qwen2) {
+            mk_add(&m, MK_T("attn_q.bias"), MK_INIT_NOISE, 0.3f, QTYPE_F32, 1, q_dim, 1);
+            mk_add(&m, MK_T("attn_k.bias"), MK_INIT_NOISE, 0.3f, QTYPE_F32, 1, kv_dim, 1);
+            mk_add(&m, MK_T("attn_v.bias"), MK_INIT_NOISE, 0.3f, QTYPE_F32, 1, kv_dim, 1);
+        }
+        if (qwen3) {
+            mk_add(&m, MK_T("attn_q_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, o->head_dim, 1);
+            mk_add(&m, MK_T("attn_k_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, o->head_dim, 1);
+        }
+        mk_add(&m, MK_T("attn_output.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)q_dim), base, 2, q_dim, dim);
+        mk_add(&m, MK_T("ffn_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, dim, 1);
+        mk_add(&m, MK_T("ffn_gate.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 2, dim, ffn);
+        mk_add(&m, MK_T("ffn_up.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 2, dim, ffn);
+        mk_add(&m, MK_T("ffn_down.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)ffn), more, 2, ffn, dim);
+#undef MK_T
+    }
+    double t0 = util_now();
+    char err[512];
+    gguf_status st = gguf_writer_write(w, out, err, sizeof err);
+    if (isatty(2)) fprintf(stderr, "\n");
+    if (st != GGUF_OK) fprintf(stderr, "tokenmill mkmodel: %s\n", err);
+    else
+        fprintf(stderr, "tokenmill mkmodel: wrote %s: %s, %d layers, dim %d, ffn %d, heads %d/%d x %d, vocab %lld, %s, %s output (%.1f s)\n",
+                out, A, o->n_layers, o->dim, o->ffn, o->n_heads, o->n_kv_heads, o->head_dim, (long long)V, o->type,
+                o->tied ? "tied" : "untied", util_now() - t0);
+    gguf_writer_free(w);
+    free(m.ts);
+    return st == GGUF_OK ? 0 : 1;
+}
+
+static void mk_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: tokenmill mkmodel --arch llama|qwen2|qwen3 [--preset NAME] [--layers N --dim N --ffn N\n"
+            "         --heads N --kv-heads N --head-dim N --ctx N --vocab-size N] [--vocab FILE.gguf|tokenizer.json]\n"
+            "         --type f32|f16|bf16|q8_0|q4_0|q4_k|q4_k_m|q6_k --seed S [--tied|--untied]\n"
+            "         [--rope-base F] [--rope-scaling llama3] [--eps F] [--threads N] -o OUT.gguf\n"
+            "presets:");
+    for (size_t i = 0; i < TM_ARRAY_LEN(mk_presets); i++) fprintf(f, " %s", mk_presets[i].name);
+    fprintf(f, "\n");
+}
 
 int cmd_mkmodel(int argc, char **argv)
 {
-    (void)argc; (void)argv;
-    fprintf(stderr, "tokenmill mkmodel: unavailable in this build\n");
-    return 1;
+    mk_opts o = { .arch = NULL, .seed = 1, .n_threads = 0 };
+    const char *preset = NULL, *vocab = NULL, *out = NULL, *rope_scaling = NULL;
+    int layers = 0, dim = 0, ffn = 0, heads = 0, kv = 0, hd = 0, ctx = 0, nv = 0, tied = -1;
+    double rope_base = 0, eps = 0;
+    bool have_seed = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+#define MK_OPT(flag) (!strcmp(a, flag) && val && (i++, true))
+        if (MK_OPT("--arch")) o.arch = val;
+        else if (MK_OPT("--preset")) preset = val;
+        else if (MK_OPT("--layers")) layers = atoi(val);
+        else if (MK_OPT("--dim")) dim = atoi(val);
+        else if (MK_OPT("--ffn")) ffn = atoi(val);
+        else if (MK_OPT("--heads")) heads = atoi(val);
+        else if (MK_OPT("--kv-heads")) kv = atoi(val);
+        else if (MK_OPT("--head-dim")) hd = atoi(val);
+        else if (MK_OPT("--ctx")) ctx = atoi(val);
+        else if (MK_OPT("--vocab-size")) nv = atoi(val);
+        else if (MK_OPT("--vocab")) vocab = val;
+        else if (MK_OPT("--type")) o.type = val;
+        else if (MK_OPT("--seed")) o.seed = strtoull(val, NULL, 0), have_seed = true;
+        else if (MK_OPT("--rope-base")) rope_base = atof(val);
+        else if (MK_OPT("--rope-scaling")) rope_scaling = val;
+        else if (MK_OPT("--eps")) eps = atof(val);
+        else if (MK_OPT("--threads")) o.n_threads = atoi(val);
+        else if (MK_OPT("-o") || (!strcmp(a, "--output") && val && (i++, true))) out = val;
+        else if (!strcmp(a, "--tied")) tied = 1;
+        else if (!strcmp(a, "--untied")) tied = 0;
+        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            mk_usage(stdout);
+            return 0;
+        } else {
+            fprintf(stderr, "tokenmill mkmodel: unknown or incomplete option '%s'\n", a);
+            mk_usage(stderr);
+            return 2;
+        }
+#undef MK_OPT
+    }
+    const mk_preset *p = &mk_presets[0];
+    if (preset) {
+        p = NULL;
+        for (size_t i = 0; i < TM_ARRAY_LEN(mk_presets); i++)
+            if (!strcmp(preset, mk_presets[i].name)) p = &mk_presets[i];
+        if (!p) {
+            fprintf(stderr, "tokenmill mkmodel: unknown preset '%s'\n", preset);
+            mk_usage(stderr);
+            return 2;
+        }
+    }
+    if (!o.arch) o.arch = p->arch;
+    qtype qt;
+    bool km;
+    uint32_t ft;
+    if (!o.arch || !out || !o.type || !have_seed) {
+        fprintf(stderr, "tokenmill mkmodel: --arch (or an arch preset), --type, --seed and -o are required\n");
+        mk_usage(stderr);
+        return 2;
+    }
+    if (strcmp(o.arch, "llama") && strcmp(o.arch, "qwen2") && strcmp(o.arch, "qwen3")) {
+        fprintf(stderr, "tokenmill mkmodel: unknown arch '%s' (llama, qwen2, qwen3)\n", o.arch);
+        return 2;
+    }
+    if (!mk_parse_type(o.type, &qt, &km, &ft)) {
+        fprintf(stderr, "tokenmill mkmodel: unknown type '%s'\n", o.type);
+        mk_usage(stderr);
+        return 2;
+    }
+    bool qwen = strcmp(o.arch, "llama") != 0;
+    o.n_layers = layers ? layers : p->n_layers;
+    o.dim = dim ? dim : p->dim;
+    o.ffn = ffn ? ffn : p->ffn;
+    o.n_heads = heads ? heads : p->n_heads;
+    o.n_kv_heads = kv ? kv : (heads ? heads : p->n_kv_heads);
+    o.head_dim = hd ? hd : (dim || heads ? o.dim / o.n_heads : p->head_dim);
+    o.ctx = ctx ? ctx : p->ctx;
+    o.n_vocab = nv ? nv : p->n_vocab;
+    o.rope_base = rope_base > 0 ? rope_base : p->rope_base > 0 ? p->rope_base : qwen ? 1e6 : 10000;
+    o.eps = eps > 0 ? eps : qwen ? 1e-6 : 1e-5;
+    o.tied = tied >= 0 ? tied == 1 : p->tied;
+    o.rope_llama3 = p->rope_llama3 && !strcmp(o.arch, "llama");
+    if (rope_scaling) {
+        if (!strcmp(rope_scaling, "llama3")) o.rope_llama3 = true;
+        else if (!strcmp(rope_scaling, "none")) o.rope_llama3 = false;
+        else {
+            fprintf(stderr, "tokenmill mkmodel: --rope-scaling takes llama3 or none\n");
+            return 2;
+        }
+    }
+    if (o.rope_llama3 && strcmp(o.arch, "llama")) {
+        fprintf(stderr, "tokenmill mkmodel: --rope-scaling llama3 is for --arch llama\n");
+        return 2;
+    }
+    if (o.n_threads <= 0) o.n_threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (o.n_threads <= 0) o.n_threads = 1;
+    if (o.n_layers <= 0 || o.dim <= 0 || o.ffn <= 0 || o.n_heads <= 0 || o.n_kv_heads <= 0 || o.head_dim <= 0 ||
+        o.head_dim % 2 || o.ctx <= 0 || o.n_heads % o.n_kv_heads || o.n_vocab <= 0 || o.n_layers > 4096) {
+        fprintf(stderr, "tokenmill mkmodel: bad shape: layers %d dim %d ffn %d heads %d kv-heads %d head-dim %d ctx %d vocab %d "
+                "(heads must be a multiple of kv-heads, head-dim even)\n",
+                o.n_layers, o.dim, o.ffn, o.n_heads, o.n_kv_heads, o.head_dim, o.ctx, o.n_vocab);
+        return 2;
+    }
+    mk_vocab v = { 0 };
+    if (!mk_vocab_load(&v, vocab, &o, nv ? nv : (preset ? p->n_vocab : 0))) {
+        mk_vocab_free(&v);
+        return 1;
+    }
+    int rc = mk_write(&o, &v, out, p->name);
+    mk_vocab_free(&v);
+    return rc;
 }

@@ -95,6 +95,10 @@ http_server *http_request_server(const http_request *r);
  * accepted on every route. */
 bool http_request_authorized(const http_request *r);
 
+/* True when the client has closed its side of the connection (a handler that waits for a
+ * whole answer checks it now and then and cancels its work). */
+bool http_request_client_gone(const http_request *r);
+
 /* Adds a response header (before http_respond*). */
 void http_add_header(http_request *r, const char *name, const char *value);
 /* Responds with a complete body (copied). */

@@ -49,6 +49,7 @@ struct template {
 static const char *const template_names[] = {
     [TEMPLATE_PLAIN] = "plain", [TEMPLATE_CHATML] = "chatml", [TEMPLATE_QWEN25] = "qwen2.5",
     [TEMPLATE_QWEN2] = "qwen2", [TEMPLATE_QWEN3] = "qwen3", [TEMPLATE_LLAMA3] = "llama3", [TEMPLATE_DEEPSEEK3] = "deepseek3",
+    [TEMPLATE_DEEPSEEK_R1] = "deepseek-r1",
 };
 
 int template_family_by_name(const char *name)
@@ -57,6 +58,7 @@ int template_family_by_name(const char *name)
         if (!strcmp(name, template_names[i])) return (int)i;
     if (!strcmp(name, "qwen25")) return TEMPLATE_QWEN25;
     if (!strcmp(name, "llama3.1") || !strcmp(name, "llama31")) return TEMPLATE_LLAMA3;
+    if (!strcmp(name, "deepseek-r1") || !strcmp(name, "r1")) return TEMPLATE_DEEPSEEK_R1;
     if (!strcmp(name, "deepseek") || !strcmp(name, "deepseek3.1") || !strcmp(name, "deepseek-v3")) return TEMPLATE_DEEPSEEK3;
     return -1;
 }
@@ -78,8 +80,11 @@ template_family template_detect(const tokenizer *tok, const gguf *g)
     size_t ctn = 0;
     if (g && gguf_get_str(g, "tokenizer.chat_template", &ct, &ctn) && ctn > 0) {
         /* markers of the families' template texts */
-        if (memmem(ct, ctn, "<｜User｜>", strlen("<｜User｜>")) || memmem(ct, ctn, "<｜Assistant｜>", strlen("<｜Assistant｜>")))
+        if (memmem(ct, ctn, "<｜User｜>", strlen("<｜User｜>")) || memmem(ct, ctn, "<｜Assistant｜>", strlen("<｜Assistant｜>"))) {
+            /* R1 opens the think block with a newline in its generation prompt */
+            if (memmem(ct, ctn, "<｜Assistant｜><think>\\n", strlen("<｜Assistant｜><think>\\n"))) return TEMPLATE_DEEPSEEK_R1;
             return TEMPLATE_DEEPSEEK3;
+        }
         if (memmem(ct, ctn, "<|start_header_id|>", 19)) return TEMPLATE_LLAMA3;
         if (memmem(ct, ctn, "<|im_start|>", 12)) {
             if (memmem(ct, ctn, "<think>", 7) || memmem(ct, ctn, "enable_thinking", 15)) return TEMPLATE_QWEN3;
@@ -134,7 +139,7 @@ template_status template_new(const tokenizer *tok, const gguf *g, const char *na
     if (name) {
         fam = template_family_by_name(name);
         if (fam < 0) {
-            snprintf(err, errsz, "unknown template '%s' (known: plain, chatml, qwen2, qwen2.5, qwen3, llama3, deepseek3)", name);
+            snprintf(err, errsz, "unknown template '%s' (known: plain, chatml, qwen2, qwen2.5, qwen3, llama3, deepseek3, deepseek-r1)", name);
             return TEMPLATE_ERR_NAME;
         }
     } else {
@@ -818,6 +823,79 @@ static void tmpl_render_deepseek3(tmpl_b *b, const conv *c, const tmpl_msg *m, b
     }
 }
 
+/* DeepSeek R1 (llama.cpp's copy of the R1-Distill template). Its flags is_first and
+ * is_output_first are never reset, as in the reference. An assistant turn with tool calls and
+ * no text has no content (Jinja none); *open_think: the prompt ends inside <think>. */
+static void tmpl_render_deepseek_r1(tmpl_b *b, const conv *c, const tmpl_msg *m, bool *open_think)
+{
+    int n = c->n_turns;
+    tmpl_bos(b);
+    int last_sys = -1;
+    for (int i = 0; i < n; i++)
+        if (m[i].role == CONV_ROLE_SYSTEM) last_sys = i;
+    if (last_sys >= 0) tmpl_text(b, m[last_sys].content, m[last_sys].c_len);
+    bool is_first = false, is_tool = false, output_first = true;
+    for (int i = 0; i < n; i++) {
+        const tmpl_msg *x = &m[i];
+        if (x->role == CONV_ROLE_USER) {
+            is_tool = false;
+            tmpl_scaffold(b, "<｜User｜>");
+            tmpl_text(b, x->content, x->c_len);
+        } else if (x->role == CONV_ROLE_ASSISTANT) {
+            if (x->n_calls > 0) {
+                is_tool = false;
+                for (int k = 0; k < x->n_calls; k++) {
+                    const conv_part *p = tmpl_call(x, k);
+                    if (!is_first) {
+                        tmpl_scaffold(b, "<｜Assistant｜><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>");
+                        is_first = true;
+                    } else {
+                        tmpl_scaffold(b, "\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>");
+                    }
+                    tmpl_text(b, p->name, strlen(p->name));
+                    tmpl_scaffold(b, "\n```json\n");
+                    if (tmpl_json(b, p->args, p->args_len, JSONFMT_SPACED, 0, "tool call arguments"))
+                        tmpl_text(b, b->json.p, b->json.len);
+                    tmpl_scaffold(b, "\n```<｜tool▁call▁end｜>");
+                }
+                tmpl_scaffold(b, "<｜tool▁calls▁end｜><｜end▁of▁sentence｜>");
+            }
+            if (x->n_calls > 0 && x->c_len == 0) continue; /* content is none */
+            if (is_tool) {
+                tmpl_scaffold(b, "<｜tool▁outputs▁end｜>");
+                tmpl_text(b, x->content, x->c_len);
+                tmpl_scaffold(b, "<｜end▁of▁sentence｜>");
+                is_tool = false;
+            } else {
+                /* content.split('</think>')[-1] */
+                const char *s = x->content;
+                size_t sn = x->c_len;
+                const char *e = tmpl_rfind(s, sn, "</think>");
+                if (e) {
+                    sn -= (size_t)(e + 8 - s);
+                    s = e + 8;
+                }
+                tmpl_scaffold(b, "<｜Assistant｜>");
+                tmpl_text(b, s, sn);
+                tmpl_scaffold(b, "<｜end▁of▁sentence｜>");
+            }
+        } else if (x->role == CONV_ROLE_TOOL) {
+            is_tool = true;
+            tmpl_scaffold(b, output_first ? "<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>" : "\n<｜tool▁output▁begin｜>");
+            output_first = false;
+            tmpl_text(b, x->content, x->c_len);
+            tmpl_scaffold(b, "<｜tool▁output▁end｜>");
+        }
+    }
+    if (is_tool) tmpl_scaffold(b, "<｜tool▁outputs▁end｜>");
+    *open_think = false;
+    if (c->add_generation_prompt && !is_tool) {
+        tmpl_scaffold(b, "<｜Assistant｜><think>\n");
+        if (c->thinking == CONV_THINKING_ON) *open_think = true;
+        else tmpl_scaffold(b, "</think>");
+    }
+}
+
 static void tmpl_render_plain(tmpl_b *b, const conv *c, const tmpl_msg *m)
 {
     if (tokenizer_add_bos(b->t->tok)) tmpl_bos(b);
@@ -843,6 +921,7 @@ static bool tmpl_render(tmpl_b *b, const conv *c, bool *open_think)
     case TEMPLATE_CHATML: tmpl_render_qwen25(b, c, m, NULL, false); break;
     case TEMPLATE_LLAMA3: tmpl_render_llama3(b, c, m); break;
     case TEMPLATE_DEEPSEEK3: tmpl_render_deepseek3(b, c, m, open_think); break;
+    case TEMPLATE_DEEPSEEK_R1: tmpl_render_deepseek_r1(b, c, m, open_think); break;
     case TEMPLATE_PLAIN: tmpl_render_plain(b, c, m); break;
     }
     free(m);
@@ -996,6 +1075,7 @@ void template_markers(const template *t, const conv *c, events_markers *m)
         m->toolfmt = EVENTS_TOOLFMT_LLAMA3;
         m->tool_start = tmpl_find(tok, "<|python_tag|>");
         break;
+    case TEMPLATE_DEEPSEEK_R1:
     case TEMPLATE_DEEPSEEK3: {
         m->think_start = tmpl_find(tok, "<think>");
         m->think_end = tmpl_find(tok, "</think>");
@@ -1013,7 +1093,10 @@ void template_markers(const template *t, const conv *c, events_markers *m)
             else if (r == CONV_ROLE_ASSISTANT) { last_user = false; is_tool = false; }
             else if (r == CONV_ROLE_TOOL) { last_user = false; is_tool = true; }
         }
-        m->starts_in_reasoning = c->add_generation_prompt && last_user && !is_tool && tmpl_ds_thinking(c);
+        if (t->family == TEMPLATE_DEEPSEEK_R1) /* R1 opens the block after any turn but a tool's */
+            m->starts_in_reasoning = c->add_generation_prompt && !is_tool && tmpl_ds_thinking(c);
+        else
+            m->starts_in_reasoning = c->add_generation_prompt && last_user && !is_tool && tmpl_ds_thinking(c);
         break;
     }
     case TEMPLATE_PLAIN:

@@ -11,10 +11,13 @@
  *   llama3     Llama 3 / 3.1 header ids; tools in the first user turn, "Environment: ipython",
  *              JSON tool calls, tool results as ipython turns.
  *   deepseek3  DeepSeek V3.1: <｜User｜>/<｜Assistant｜>, <think> and the tool-call tokens.
+ *   deepseek-r1  DeepSeek R1 (and its distills): "<｜Assistant｜><think>\n" generation prompt,
+ *              reasoning dropped from history, "function<｜tool▁sep｜>NAME\n```json" calls.
  *   plain      base models (stories260K): BOS (if the vocabulary asks for it) and the text.
  * Each mirrors, turn for turn, the reference Jinja template of its family in llama.cpp's
  * models/templates (Qwen-Qwen3-0.6B, Qwen-Qwen2.5-7B-Instruct,
- * meta-llama-Llama-3.1-8B-Instruct, deepseek-ai-DeepSeek-V3.1; qwen2: the chat_template of
+ * meta-llama-Llama-3.1-8B-Instruct, deepseek-ai-DeepSeek-V3.1, deepseek-ai-DeepSeek-R1-Distill-Qwen-32B
+ * (llama.cpp's copy, whose thinking defaults to off); qwen2: the chat_template of
  * llama.cpp's ggml-vocab-qwen2.gguf), with Python Jinja semantics.
  *
  * Control tokens only by ID. Rendering produces a list of segments: control tokens (ids) and
@@ -57,6 +60,7 @@ typedef enum {
     TEMPLATE_QWEN3,
     TEMPLATE_LLAMA3,
     TEMPLATE_DEEPSEEK3,
+    TEMPLATE_DEEPSEEK_R1,
 } template_family;
 
 typedef struct template template;

@@ -122,8 +122,14 @@ const CONVS = {
 };
 
 // The developer role is sent to the reference as "system", which is what our templates do.
-function refConv(conv) {
-  return { ...conv, messages: conv.messages.map((m) => (m.role === "developer" ? { ...m, role: "system" } : m)) };
+function refConv(conv, nullContent) {
+  return {
+    ...conv,
+    messages: conv.messages.map((m) => {
+      const o = m.role === "developer" ? { ...m, role: "system" } : m;
+      return nullContent && o.tool_calls && !o.content ? { ...o, content: null } : o;
+    }),
+  };
 }
 
 const NO_TOOLS = ["tools", "tools_no_system", "parallel_calls", "reasoning_after_query"];
@@ -134,6 +140,8 @@ const FAMILIES = [
   { name: "qwen2.5", jinja: "Qwen-Qwen2.5-7B-Instruct.jinja", vocabs: ["ggml-vocab-qwen2.gguf", "gen:qwen3"] },
   { name: "llama3", jinja: "meta-llama-Llama-3.1-8B-Instruct.jinja", vocabs: ["ggml-vocab-llama-bpe.gguf", "gen:llama31"] },
   { name: "deepseek3", jinja: "deepseek-ai-DeepSeek-V3.1.jinja", vocabs: ["ggml-vocab-deepseek-llm.gguf", "gen:deepseek3"] },
+  // R1 tests "content is not none": an assistant turn with calls and no text has none
+  { name: "deepseek-r1", jinja: "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", vocabs: ["ggml-vocab-deepseek-llm.gguf", "gen:deepseek3"], nullContent: true },
 ];
 
 function vocabPath(v) {
@@ -182,7 +190,7 @@ for (const fam of FAMILIES) {
       const results = ours(file, fam.name, cases.map(([, [conv]]) => conv));
       for (const [k, [cname, [conv]]] of cases.entries()) {
         const text = renderTemplate(fam.jinja === "gguf" ? vocab.chatTemplate : fs.readFileSync(path.join(templates, fam.jinja), "utf8"),
-          refConv(conv), vocab.bos, vocab.eos);
+          refConv(conv, fam.nullContent), vocab.bos, vocab.eos);
         const want = Array.from(vocab.model.tokenize(text, true));
         const got = results[k];
         if (got.text !== text) failures.push(`${cname}: text differs\n  ours: ${JSON.stringify(got.text)}\n  ref:  ${JSON.stringify(text)}`);

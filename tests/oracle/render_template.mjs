@@ -12,7 +12,8 @@ export function jinjaContext(conv, bosText, eosText) {
     const o = { role: m.role };
     let c = m.content;
     if (Array.isArray(c)) c = c.map((p) => p.text).join("");
-    o.content = c ?? "";
+    // null stays null only with tool calls (templates that test "content is not none")
+    o.content = c === null && m.tool_calls && m.tool_calls.length ? null : c ?? "";
     if (m.reasoning_content !== undefined) o.reasoning_content = m.reasoning_content;
     if (m.tool_calls && m.tool_calls.length) {
       o.tool_calls = m.tool_calls.map((tc) => ({

@@ -1,0 +1,210 @@
+/*
+ * cmd_serve: `tokenmill serve -m MODEL [--host 127.0.0.1] [--port 8080] [--threads N]
+ * [--ctx N] [--max-seqs N] [--api-key KEY ...] [--model-name NAME] [--template NAME]
+ * [--kv-mib N] [--max-queue N] [--step-tokens N] [--max-body BYTES] [--timeout S]`.
+ *
+ * Loads the model, its tokenizer and chat template, starts the engine and its scheduler
+ * thread, registers every API's routes on the HTTP server and serves until SIGINT/SIGTERM.
+ * Then: the scheduler is shut down first (queued and running requests end, so streams
+ * finish), the HTTP server stops, and everything is freed in reverse order.
+ *
+ * The line "tokenmill serve: listening on http://HOST:PORT" goes to stderr once the port
+ * is bound (with --port 0 the system picks a free port: tests read it from that line).
+ *
+ * KV pool: max-seqs sequences of the full context, capped at --kv-mib MiB (default 2048).
+ *
+ * API hooks: the chat, responses and messages routes live in their own files (api_chat.c,
+ * api_responses.c, api_messages.c); they are declared weak here so that the server builds
+ * and runs before those files exist, and registers them as soon as they are linked in.
+ */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli/cmd.h"
+#include "engine/engine.h"
+#include "engine/sched.h"
+#include "http/http.h"
+#include "model/model.h"
+#include "recipe/api.h"
+#include "recipe/template.h"
+#include "recipe/tokenizer.h"
+#include "util/util.h"
+
+#pragma weak api_chat_register
+#pragma weak api_responses_register
+#pragma weak api_messages_register
+
+#define SERVE_MAX_KEYS 16
+
+static void cmd_serve_usage(void)
+{
+    fprintf(stderr,
+            "usage: tokenmill serve -m MODEL [--host 127.0.0.1] [--port 8080] [--threads N] [--ctx N]\n"
+            "                       [--max-seqs N] [--api-key KEY ...] [--model-name NAME] [--template NAME]\n"
+            "                       [--kv-mib N] [--max-queue N] [--step-tokens N] [--max-body BYTES]\n"
+            "                       [--timeout SECONDS] [-v]\n");
+}
+
+static bool cmd_serve_int(const char *z, long lo, long hi, long *out)
+{
+    char *end;
+    long v = strtol(z, &end, 10);
+    if (end == z || *end || v < lo || v > hi) return false;
+    *out = v;
+    return true;
+}
+
+int cmd_serve(int argc, char **argv)
+{
+    const char *path = NULL, *host = "127.0.0.1", *name = NULL, *tmpl_name = NULL;
+    const char *keys[SERVE_MAX_KEYS];
+    int n_keys = 0;
+    long port = 8080, threads = 0, ctx = 0, max_seqs = 16, kv_mib = 2048, max_queue = 256, step_tokens = 256;
+    long max_body = 8 << 20, timeout = 60;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        bool ok = true;
+        if (!strcmp(a, "-v")) { util_log_level = LOG_LEVEL_DEBUG; continue; }
+        if (!v) { fprintf(stderr, "tokenmill serve: %s needs a value\n", a); cmd_serve_usage(); return 2; }
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) path = v;
+        else if (!strcmp(a, "--host")) host = v;
+        else if (!strcmp(a, "--port")) ok = cmd_serve_int(v, 0, 65535, &port);
+        else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) ok = cmd_serve_int(v, 0, 1024, &threads);
+        else if (!strcmp(a, "--ctx") || !strcmp(a, "-c")) ok = cmd_serve_int(v, 0, 1 << 24, &ctx);
+        else if (!strcmp(a, "--max-seqs")) ok = cmd_serve_int(v, 1, 4096, &max_seqs);
+        else if (!strcmp(a, "--kv-mib")) ok = cmd_serve_int(v, 1, 1 << 24, &kv_mib);
+        else if (!strcmp(a, "--max-queue")) ok = cmd_serve_int(v, 1, 1 << 20, &max_queue);
+        else if (!strcmp(a, "--step-tokens")) ok = cmd_serve_int(v, 1, 1 << 16, &step_tokens);
+        else if (!strcmp(a, "--max-body")) ok = cmd_serve_int(v, 1024, 1L << 32, &max_body);
+        else if (!strcmp(a, "--timeout")) ok = cmd_serve_int(v, 1, 86400, &timeout);
+        else if (!strcmp(a, "--model-name")) name = v;
+        else if (!strcmp(a, "--template")) tmpl_name = v;
+        else if (!strcmp(a, "--api-key")) {
+            if (n_keys == SERVE_MAX_KEYS) { fprintf(stderr, "tokenmill serve: too many --api-key\n"); return 2; }
+            keys[n_keys++] = v;
+        } else {
+            fprintf(stderr, "tokenmill serve: unknown option '%s'\n", a);
+            cmd_serve_usage();
+            return 2;
+        }
+        if (!ok) { fprintf(stderr, "tokenmill serve: bad value for %s: '%s'\n", a, v); return 2; }
+        i++;
+    }
+    if (!path) { cmd_serve_usage(); return 2; }
+
+    int rc = 1;
+    char err[512];
+    model *m = NULL;
+    tokenizer *tok = NULL;
+    template *tmpl = NULL;
+    engine *e = NULL;
+    sched *s = NULL;
+    http_server *h = NULL;
+    char *derived_name = NULL;
+
+    if (model_load(path, NULL, &m, err, sizeof err) != GGUF_OK) {
+        fprintf(stderr, "tokenmill serve: %s\n", err);
+        goto out;
+    }
+    if (tokenizer_load(m->g, &tok, err, sizeof err) != TOKENIZER_OK) {
+        fprintf(stderr, "tokenmill serve: %s\n", err);
+        goto out;
+    }
+    if (template_new(tok, m->g, tmpl_name, &tmpl, err, sizeof err) != TEMPLATE_OK) {
+        fprintf(stderr, "tokenmill serve: %s\n", err);
+        rc = tmpl_name ? 2 : 1;
+        goto out;
+    }
+    int n_ctx = ctx > 0 ? (int)ctx : TM_MIN(m->hp.n_ctx_train, 4096);
+    engine_opts eo = { .n_threads = (int)threads, .max_batch_tokens = (int)TM_MAX(step_tokens, 1) };
+    {
+        /* KV pool: max_seqs full contexts, capped by kv_mib */
+        size_t per_tok = (size_t)m->hp.n_layers * (size_t)m->hp.n_kv_heads * (size_t)m->hp.head_dim * 2 * 2;
+        size_t want_blocks = (size_t)max_seqs * (size_t)((n_ctx + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK);
+        size_t cap_blocks = ((size_t)kv_mib << 20) / (per_tok * KVPOOL_BLOCK);
+        size_t min_blocks = (size_t)(n_ctx + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK + 1;
+        size_t nb = TM_MIN(want_blocks, cap_blocks);
+        eo.n_kv_blocks = (int)TM_MAX(nb, min_blocks);
+    }
+    if (engine_new(m, &eo, &e, err, sizeof err) != ENGINE_OK) {
+        fprintf(stderr, "tokenmill serve: %s\n", err);
+        goto out;
+    }
+    sched_opts so = { .max_seqs = (int)max_seqs, .max_queue = (int)max_queue, .step_tokens = (int)step_tokens,
+                      .n_ctx = n_ctx, .eos_ids = { -1, -1, -1, -1 } };
+    so.eos_ids[0] = tokenizer_eos(tok);
+    so.eos_ids[1] = tokenizer_eot(tok);
+    if (sched_new(e, &so, &s) != SCHED_OK) {
+        fprintf(stderr, "tokenmill serve: cannot start the scheduler\n");
+        goto out;
+    }
+    if (!name) {
+        const char *base = strrchr(path, '/');
+        base = base ? base + 1 : path;
+        derived_name = xstrdup(base);
+        size_t n = strlen(derived_name);
+        if (n > 5 && !strcmp(derived_name + n - 5, ".gguf")) derived_name[n - 5] = 0;
+        name = derived_name;
+    }
+    const char *alias = NULL;
+    size_t alias_len = 0;
+    char alias_buf[256] = { 0 };
+    if (gguf_get_str(m->g, "general.name", &alias, &alias_len) && alias_len < sizeof alias_buf) {
+        memcpy(alias_buf, alias, alias_len);
+        alias = alias_buf;
+    } else {
+        alias = NULL;
+    }
+
+    api_ctx ac = {
+        .sched = s, .model = m, .tok = tok, .tmpl = tmpl, .model_name = name, .model_alias = alias,
+        .n_ctx = n_ctx, .n_threads = engine_n_threads(e), .created = (int64_t)time(NULL),
+    };
+    http_opts ho = { .host = host, .port = (int)port, .max_body = (size_t)max_body, .idle_timeout_s = (int)timeout,
+                     .api_keys = keys, .n_api_keys = n_keys };
+    if (http_server_new(&ho, &h, err, sizeof err) != HTTP_OK) {
+        fprintf(stderr, "tokenmill serve: %s\n", err);
+        rc = 2;
+        goto out;
+    }
+    api_misc_register(h, &ac);
+    api_completions_register(h, &ac);
+    if (api_chat_register) api_chat_register(h, &ac);
+    if (api_responses_register) api_responses_register(h, &ac);
+    if (api_messages_register) api_messages_register(h, &ac);
+
+    /* signals: block them in every thread, wait for them here */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    if (http_server_start(h, err, sizeof err) != HTTP_OK) {
+        fprintf(stderr, "tokenmill serve: %s\n", err);
+        goto out;
+    }
+    fprintf(stderr, "tokenmill serve: model %s (%s, %d layers, ctx %d, KV %d blocks, %d threads, template %s)\n", name,
+            m->hp.arch_name, m->hp.n_layers, n_ctx, eo.n_kv_blocks, engine_n_threads(e), template_name(tmpl));
+    fprintf(stderr, "tokenmill serve: listening on http://%s:%d\n", host, http_server_port(h));
+    fflush(stderr);
+    int sig = 0;
+    sigwait(&set, &sig);
+    fprintf(stderr, "tokenmill serve: %s, stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    rc = 0;
+out:
+    if (s) sched_shutdown(s);
+    http_server_free(h);
+    sched_free(s);
+    engine_free(e);
+    template_free(tmpl);
+    tokenizer_free(tok);
+    model_free(m);
+    free(derived_name);
+    return rc;
+}

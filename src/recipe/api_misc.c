@@ -1,0 +1,98 @@
+/*
+ * api_misc: the server's small routes: GET /v1/models (OpenAI list shape), GET /health, and
+ * GET /metrics (Prometheus text exposition format 0.0.4) from the scheduler's and the HTTP
+ * layer's counters: requests, tokens in/out, cached tokens, TTFT / inter-token latency /
+ * engine step histograms, queue depth, running sequences, KV blocks, CPU gap between steps.
+ */
+#include "recipe/api.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <string.h>
+
+static void misc_models(http_request *r, void *user)
+{
+    const api_ctx *c = user;
+    if (!api_openai_auth(r)) return;
+    json_t *m = json_pack("{s:s, s:s, s:I, s:s}", "id", c->model_name, "object", "model", "created",
+                          (json_int_t)c->created, "owned_by", "tokenmill");
+    json_object_set_new(m, "context_length", json_integer(c->n_ctx));
+    api_respond_json(r, 200, json_pack("{s:s, s:[o]}", "object", "list", "data", m));
+}
+
+static void misc_health(http_request *r, void *user)
+{
+    (void)user;
+    http_respond(r, 200, "application/json", "{\"status\":\"ok\"}", 15);
+}
+
+static void misc_hist(http_buf *b, const char *name, const char *help, const sched_hist *h)
+{
+    http_buf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    uint64_t cum = 0;
+    for (int i = 0; i < SCHED_HIST_N; i++) {
+        cum += h->counts[i];
+        http_buf_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, sched_hist_bounds[i], (unsigned long long)cum);
+    }
+    cum += h->counts[SCHED_HIST_N];
+    http_buf_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name, (unsigned long long)cum, name,
+                    h->sum, name, (unsigned long long)h->n);
+}
+
+static void misc_counter(http_buf *b, const char *name, const char *type, const char *help, double v)
+{
+    http_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
+}
+
+static void misc_metrics(http_request *r, void *user)
+{
+    const api_ctx *c = user;
+    sched_stats st;
+    sched_hist ttft, itl, step;
+    http_stats hs;
+    sched_get_stats(c->sched, &st);
+    sched_get_hists(c->sched, &ttft, &itl, &step);
+    http_get_stats(http_request_server(r), &hs);
+    http_buf b = { 0 };
+    misc_counter(&b, "tokenmill_requests_total", "counter", "Generation requests accepted by the scheduler.", (double)st.n_requests);
+    misc_counter(&b, "tokenmill_requests_rejected_total", "counter", "Requests refused because the queue was full.", (double)st.n_rejected);
+    http_buf_puts(&b, "# HELP tokenmill_requests_finished_total Finished requests by reason.\n"
+                      "# TYPE tokenmill_requests_finished_total counter\n");
+    for (int f = SCHED_FINISH_STOP; f <= SCHED_FINISH_ERROR; f++)
+        http_buf_printf(&b, "tokenmill_requests_finished_total{reason=\"%s\"} %llu\n", sched_finish_name((sched_finish)f),
+                        (unsigned long long)st.n_finished[f]);
+    http_buf_puts(&b, "# HELP tokenmill_http_requests_total HTTP responses by status class.\n"
+                      "# TYPE tokenmill_http_requests_total counter\n");
+    for (int k = 1; k <= 5; k++)
+        http_buf_printf(&b, "tokenmill_http_requests_total{code=\"%dxx\"} %llu\n", k, (unsigned long long)hs.n_by_class[k]);
+    misc_counter(&b, "tokenmill_http_disconnects_total", "counter", "Streams ended by the client.", (double)hs.n_disconnects);
+    misc_counter(&b, "tokenmill_http_connections", "gauge", "Open HTTP connections.", hs.n_connections);
+    misc_counter(&b, "tokenmill_http_streams", "gauge", "Streaming responses in progress.", hs.n_streams);
+    misc_counter(&b, "tokenmill_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", (double)st.n_prompt_tokens);
+    misc_counter(&b, "tokenmill_cached_prompt_tokens_total", "counter", "Prompt tokens whose KV came from the prefix cache.", (double)st.n_cached_tokens);
+    misc_counter(&b, "tokenmill_prefill_tokens_total", "counter", "Tokens computed as prefill (recomputation included).", (double)st.n_prefill_tokens);
+    misc_counter(&b, "tokenmill_generated_tokens_total", "counter", "Tokens generated.", (double)st.n_gen_tokens);
+    misc_counter(&b, "tokenmill_preemptions_total", "counter", "Running requests preempted for KV space.", (double)st.n_preempted);
+    misc_counter(&b, "tokenmill_queue_depth", "gauge", "Requests waiting to run.", st.n_queued);
+    misc_counter(&b, "tokenmill_running_sequences", "gauge", "Sequences in the running batch.", st.n_running);
+    misc_counter(&b, "tokenmill_kv_blocks_total", "gauge", "KV pool size in 128-token blocks.", st.kv_blocks_total);
+    misc_counter(&b, "tokenmill_kv_blocks_used", "gauge", "KV blocks held by running sequences.", st.kv_blocks_used);
+    misc_counter(&b, "tokenmill_kv_blocks_cached", "gauge", "Unreferenced KV blocks kept for prefix reuse (reclaimable).", st.kv_blocks_cached);
+    misc_counter(&b, "tokenmill_kv_blocks_free", "gauge", "KV blocks on the free list.", st.kv_blocks_free);
+    misc_counter(&b, "tokenmill_engine_steps_total", "counter", "Engine forward steps.", (double)st.n_steps);
+    misc_counter(&b, "tokenmill_engine_step_seconds_total", "counter", "Seconds inside engine steps.", st.step_s);
+    misc_counter(&b, "tokenmill_cpu_gap_seconds_total", "counter",
+                 "Seconds between consecutive engine steps while busy (planning, sampling, publishing).", st.gap_s);
+    misc_hist(&b, "tokenmill_time_to_first_token_seconds", "Seconds from submission to the first generated token.", &ttft);
+    misc_hist(&b, "tokenmill_inter_token_latency_seconds", "Seconds between consecutive tokens of a request.", &itl);
+    misc_hist(&b, "tokenmill_engine_step_duration_seconds", "Duration of one engine step.", &step);
+    http_respond(r, 200, "text/plain; version=0.0.4; charset=utf-8", b.data, b.len);
+    http_buf_free(&b);
+}
+
+void api_misc_register(http_server *h, api_ctx *c)
+{
+    http_route(h, "GET", "/v1/models", misc_models, c);
+    http_route(h, "GET", "/health", misc_health, c);
+    http_route(h, "GET", "/metrics", misc_metrics, c);
+}

