@@ -526,9 +526,11 @@ bool api_json_model(const api_cfg *cfg, api_kind kind, json_t *root, api_req *r,
     const char *m = NULL;
     int st = api_json_str(kind, root, "model", &m, e);
     if (st < 0) return false;
-    if (st == 0) {
-        api_json_missing(kind, e, "model");
-        return false;
+    if (st == 0 || !m[0]) {
+        /* As api_model_ok: no model named means the one this server serves. */
+        free(r->model);
+        r->model = xstrdup(cfg && cfg->model_name ? cfg->model_name : "");
+        return true;
     }
     bool ok = !cfg || !cfg->model_name || !strcmp(m, cfg->model_name) || (cfg->model_alias && !strcmp(m, cfg->model_alias));
     if (!ok) {
