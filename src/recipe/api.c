@@ -526,9 +526,11 @@ bool api_json_model(const api_cfg *cfg, api_kind kind, json_t *root, api_req *r,
     const char *m = NULL;
     int st = api_json_str(kind, root, "model", &m, e);
     if (st < 0) return false;
-    if (st == 0) {
-        api_json_missing(kind, e, "model");
-        return false;
+    if (st == 0 || !m[0]) {
+        /* As api_model_ok: no model named means the one this server serves. */
+        free(r->model);
+        r->model = xstrdup(cfg && cfg->model_name ? cfg->model_name : "");
+        return true;
     }
     bool ok = !cfg || !cfg->model_name || !strcmp(m, cfg->model_name) || (cfg->model_alias && !strcmp(m, cfg->model_alias));
     if (!ok) {
@@ -848,6 +850,13 @@ void api_out_begin(api_out *o)
     }
 }
 
+void api_out_text(api_out *o, int i, const char *text, size_t len)
+{
+    api_choice *c = &o->choices[i];
+    if (c->finished || len == 0) return;
+    events_feed(c->ev, -1, text, len);
+}
+
 void api_out_count_token(api_out *o, int i)
 {
     api_choice *c = &o->choices[i];
@@ -1016,4 +1025,270 @@ bool api_store_get(api_store *s, const char *id, conv *c)
         }
     pthread_mutex_unlock(&s->mu);
     return found;
+}
+
+/* ------------------------------------------------------------------ serving */
+
+#include "recipe/template.h"
+#include "recipe/tokenizer.h"
+
+/* End-of-generation ids of the vocabulary (every request stops on them), found once. */
+static int32_t api_eog_ids[SCHED_MAX_STOP_IDS];
+static int api_n_eog_ids = -1;
+static pthread_mutex_t api_eog_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void api_find_eog(const tokenizer *tok)
+{
+    pthread_mutex_lock(&api_eog_mu);
+    if (api_n_eog_ids < 0) {
+        int n = 0;
+        int32_t nv = tokenizer_n_vocab(tok);
+        for (int32_t id = 0; id < nv && n < SCHED_MAX_STOP_IDS; id++)
+            if (tokenizer_is_eog(tok, id)) api_eog_ids[n++] = id;
+        api_n_eog_ids = n;
+    }
+    pthread_mutex_unlock(&api_eog_mu);
+}
+
+typedef struct {
+    const api_ctx *c;
+    api_kind kind;
+    api_req req;                        /* the parsed request */
+    api_out out;                        /* its output state */
+    template_prompt prompt;             /* rendered prompt ids */
+    sched_req *sreq[API_MAX_N];         /* one scheduler request per choice (NULL: released) */
+    tokenizer_stream ts[API_MAX_N];     /* detokenizer per choice */
+    bool fin[API_MAX_N];                /* FINISH seen */
+    int n;                              /* choices submitted */
+    bool error;                         /* the engine failed a request */
+    bool ended;                         /* the closing events / body were written */
+    char piece[1024];                   /* scratch: one token's text */
+} api_job;
+
+static void api_job_free(api_job *j)
+{
+    for (int i = 0; i < j->n; i++)
+        if (j->sreq[i]) sched_release(j->sreq[i]);
+    api_out_free(&j->out);
+    template_prompt_free(&j->prompt);
+    api_req_free(&j->req);
+    free(j);
+}
+
+static size_t api_job_piece(void *ud, int32_t token, char *buf, size_t cap)
+{
+    api_job *j = ud;
+    int n = tokenizer_token_to_piece(j->c->tok, token, buf, (int)cap, true);
+    return n < 0 || (size_t)n > cap ? 0 : (size_t)n;
+}
+
+static void api_job_apply(api_job *j, int i, const sched_output *so)
+{
+    api_out *o = &j->out;
+    if (so->kind == SCHED_OUT_FINISH) {
+        j->fin[i] = true;
+        size_t n = tokenizer_stream_flush(&j->ts[i], j->piece, sizeof j->piece);
+        if (n <= sizeof j->piece) api_out_text(o, i, j->piece, n);
+        if (so->finish == SCHED_FINISH_ERROR) j->error = true;
+        if (i == 0)
+            api_out_set_prompt(o, so->usage.prompt_tokens ? so->usage.prompt_tokens : (int)j->prompt.n_ids,
+                               so->usage.cached_tokens, j->prompt.ids, (int)j->prompt.n_ids);
+        api_out_finish(o, i, so->finish == SCHED_FINISH_LENGTH ? EVENTS_FINISH_LENGTH : EVENTS_FINISH_STOP);
+        return;
+    }
+    if (so->is_stop) {
+        api_out_count_token(o, i);
+        return;
+    }
+    size_t n = tokenizer_stream_push(&j->ts[i], so->token, j->piece, sizeof j->piece);
+    if (n > sizeof j->piece) n = 0;
+    api_logprob lp, *lpp = NULL;
+    if (j->req.logprobs) {
+        lp.token = so->token;
+        lp.logprob = so->logprob;
+        lp.n_top = TM_MIN(so->n_top, API_MAX_TOP_LOGPROBS);
+        for (int k = 0; k < lp.n_top; k++) {
+            lp.top_token[k] = so->top[k].token;
+            lp.top_logprob[k] = so->top[k].logprob;
+        }
+        lpp = &lp;
+    }
+    if (api_out_token(o, i, so->token, j->piece, n, lpp) && j->sreq[i]) sched_cancel(j->sreq[i]);
+}
+
+static bool api_job_all_finished(const api_job *j)
+{
+    for (int i = 0; i < j->n; i++)
+        if (!j->fin[i]) return false;
+    return true;
+}
+
+/* Polls every unfinished choice; waits up to timeout_ms on one if none had output. */
+static bool api_job_pump(api_job *j, int timeout_ms)
+{
+    sched_output outs[32];
+    bool any = false;
+    for (int pass = 0; pass < 2 && !any; pass++) {
+        for (int i = 0; i < j->n; i++) {
+            if (j->fin[i]) continue;
+            int k = sched_poll(j->sreq[i], outs, 32, pass ? timeout_ms : 0);
+            for (int q = 0; q < k; q++) api_job_apply(j, i, &outs[q]);
+            if (k) any = true;
+            if (pass) break;
+        }
+    }
+    return any;
+}
+
+static void api_job_error_body(api_job *j, jsonfmt_buf *b)
+{
+    api_error e;
+    api_error_set(&e, 500, NULL, NULL, "The request failed in the engine (the KV cache may be too small for it).");
+    api_error_json(j->kind, &e, b);
+}
+
+static bool api_job_pull(void *ctx, http_buf *outb, int timeout_ms)
+{
+    api_job *j = ctx;
+    if (j->ended) return false;
+    api_job_pump(j, timeout_ms);
+    if (api_job_all_finished(j)) {
+        if (j->error) {
+            jsonfmt_buf b = {0};
+            api_job_error_body(j, &b);
+            api_sse(&j->out.out, j->kind == API_KIND_MESSAGES ? "error" : NULL, b.p, b.len);
+            jsonfmt_buf_free(&b);
+        } else {
+            api_out_end(&j->out);
+        }
+        j->ended = true;
+    }
+    if (j->out.out.len) {
+        http_buf_append(outb, j->out.out.p, j->out.out.len);
+        j->out.out.len = 0;
+    }
+    return !j->ended;
+}
+
+static void api_job_done(void *ctx, bool client_gone)
+{
+    (void)client_gone;
+    api_job_free(ctx); /* releases, and so cancels, what still runs: its KV blocks are freed */
+}
+
+static void api_respond_error(http_request *r, api_kind kind, const api_error *e)
+{
+    jsonfmt_buf b = {0};
+    api_error_json(kind, e, &b);
+    http_respond(r, e->status, "application/json", b.p, b.len);
+    jsonfmt_buf_free(&b);
+}
+
+static void api_respond_buf(http_request *r, int status, const jsonfmt_buf *b)
+{
+    http_respond(r, status, "application/json", b->p ? b->p : "", b->len);
+}
+
+void api_serve(http_request *r, const api_ctx *c, api_kind kind, bool count_only, api_store *store)
+{
+    if (kind == API_KIND_MESSAGES ? !api_anthropic_auth(r) : !api_openai_auth(r)) return;
+    api_find_eog(c->tok);
+    api_job *j = xcalloc(1, sizeof *j);
+    j->c = c;
+    j->kind = kind;
+    api_req_init(&j->req, kind);
+    api_error e;
+    memset(&e, 0, sizeof e);
+    api_cfg cfg = {c->model_name, c->model_alias, store};
+    size_t blen;
+    const char *body = http_request_body(r, &blen);
+    api_status st = count_only ? api_messages_count_parse(&cfg, body, blen, &j->req, &e)
+                               : api_parse(&cfg, kind, body, blen, &j->req, &e);
+    if (st != API_OK) {
+        api_respond_error(r, kind, &e);
+        api_job_free(j);
+        return;
+    }
+    if (!c->tmpl) {
+        api_error_set(&e, 500, NULL, NULL, "This server has no chat template for its model.");
+        api_respond_error(r, kind, &e);
+        api_job_free(j);
+        return;
+    }
+    char err[256] = "";
+    template_status ts = template_apply(c->tmpl, &j->req.conv, c->n_threads, &j->prompt, err, sizeof err);
+    if (ts != TEMPLATE_OK) {
+        api_error_set(&e, ts == TEMPLATE_ERR_TOKENIZE ? 500 : 400, "messages", NULL, "The conversation cannot be rendered: %s",
+                      err[0] ? err : "template error");
+        api_respond_error(r, kind, &e);
+        api_job_free(j);
+        return;
+    }
+    int n_prompt = (int)j->prompt.n_ids;
+    jsonfmt_buf b = {0};
+    if (count_only) {
+        api_buf_printf(&b, "{\"input_tokens\":%d", n_prompt);
+        if (j->req.return_token_ids) {
+            jsonfmt_buf_puts(&b, ",\"prompt_token_ids\":[");
+            for (int k = 0; k < n_prompt; k++) api_buf_printf(&b, "%s%d", k ? "," : "", j->prompt.ids[k]);
+            jsonfmt_buf_putc(&b, ']');
+        }
+        jsonfmt_buf_putc(&b, '}');
+        api_respond_buf(r, 200, &b);
+        jsonfmt_buf_free(&b);
+        api_job_free(j);
+        return;
+    }
+    if (n_prompt >= c->n_ctx) {
+        if (kind == API_KIND_MESSAGES) api_anthropic_submit_error(r, c, SCHED_ERR_TOO_LONG, n_prompt, 0);
+        else api_openai_submit_error(r, c, SCHED_ERR_TOO_LONG, n_prompt, 0);
+        api_job_free(j);
+        return;
+    }
+    events_markers mk;
+    template_markers(c->tmpl, &j->req.conv, &mk);
+    api_out_init(&j->out, &j->req, &mk, j->req.sp.seed ^ 0x5DEECE66Dull, c->model_name);
+    j->out.piece = api_job_piece;
+    j->out.piece_ud = j;
+    api_out_set_prompt(&j->out, n_prompt, 0, j->prompt.ids, n_prompt);
+    sched_params sp = {.prompt = j->prompt.ids, .n_prompt = n_prompt, .sample = j->req.sp, .max_tokens = j->req.max_tokens};
+    for (int k = 0; k < api_n_eog_ids; k++) sp.stop_ids[sp.n_stop_ids++] = api_eog_ids[k];
+    sp.logprobs = j->req.logprobs;
+    sp.top_logprobs = TM_MIN(j->req.top_logprobs, SCHED_MAX_TOP_LOGPROBS);
+    for (int i = 0; i < j->out.n_choices; i++) {
+        sp.sample.seed = j->req.sp.seed + (uint64_t)i;
+        sched_status ss = sched_submit(c->sched, &sp, &j->sreq[i]);
+        if (ss != SCHED_OK) {
+            if (kind == API_KIND_MESSAGES) api_anthropic_submit_error(r, c, ss, n_prompt, 0);
+            else api_openai_submit_error(r, c, ss, n_prompt, 0);
+            api_job_free(j);
+            return;
+        }
+        j->n = i + 1;
+        tokenizer_stream_init(&j->ts[i], c->tok);
+        j->ts[i].prev = j->prompt.ids[n_prompt - 1]; /* mid-text: no BOS space rule */
+    }
+    if (j->req.stream) {
+        api_out_begin(&j->out);
+        http_add_header(r, "Cache-Control", "no-cache");
+        http_add_header(r, "X-Accel-Buffering", "no");
+        http_respond_stream(r, 200, "text/event-stream", api_job_pull, api_job_done, j);
+        return;
+    }
+    while (!api_job_all_finished(j)) {
+        if (!api_job_pump(j, 100) && http_request_client_gone(r)) {
+            api_job_free(j);
+            http_respond(r, 499, "application/json", "{}", 2);
+            return;
+        }
+    }
+    if (j->error) {
+        api_job_error_body(j, &b);
+        http_respond(r, 500, "application/json", b.p, b.len);
+    } else {
+        api_out_end(&j->out);
+        api_respond_buf(r, 200, &j->out.out);
+    }
+    jsonfmt_buf_free(&b);
+    api_job_free(j);
 }

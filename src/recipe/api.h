@@ -325,6 +325,8 @@ bool api_out_token(api_out *o, int i, int32_t token, const char *text, size_t le
 void api_out_finish(api_out *o, int i, events_finish_reason reason);
 /* All choices finished: the closing events (streaming) or the whole body (non-streaming). */
 void api_out_end(api_out *o);
+/* Text that belongs to no token (the detokenizer's held-back bytes at the end). */
+void api_out_text(api_out *o, int i, const char *text, size_t len);
 /* A generated token that is not fed (the end-of-turn token): counted in usage only. */
 void api_out_count_token(api_out *o, int i);
 /* The response status as Responses reports it, and whether any choice hit the limit. */
@@ -339,6 +341,11 @@ void api_store_free(api_store *s);
 void api_store_put(api_store *s, const char *id, const api_req *req, const api_out *o);
 /* Appends the stored turns of id to c; false when id is unknown. */
 bool api_store_get(api_store *s, const char *id, conv *c);
+
+/* Serves one request of a chat route: auth, parse, template, context check, submit (n
+ * choices), then the JSON answer or the SSE stream (see SERVING above). count_only: the
+ * Anthropic count_tokens route. store: where Responses are kept (NULL for the others). */
+void api_serve(http_request *r, const api_ctx *c, api_kind kind, bool count_only, api_store *store);
 
 /* ---- helpers shared by the three files ---- */
 void api_buf_printf(jsonfmt_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -701,3 +701,9 @@ void api_chat_end(api_out *o)
     }
     jsonfmt_buf_putc(b, '}');
 }
+
+/* ------------------------------------------------------------------ route */
+
+static void api_chat_handle(http_request *r, void *user) { api_serve(r, user, API_KIND_CHAT, false, NULL); }
+
+void api_chat_register(http_server *h, api_ctx *c) { http_route(h, "POST", "/v1/chat/completions", api_chat_handle, c); }

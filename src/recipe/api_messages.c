@@ -547,3 +547,14 @@ void api_messages_end(api_out *o)
     api_messages_event(o, "message_stop", "", 0);
     jsonfmt_buf_free(&f);
 }
+
+/* ------------------------------------------------------------------ routes */
+
+static void api_messages_handle(http_request *r, void *user) { api_serve(r, user, API_KIND_MESSAGES, false, NULL); }
+static void api_messages_count_handle(http_request *r, void *user) { api_serve(r, user, API_KIND_MESSAGES, true, NULL); }
+
+void api_messages_register(http_server *h, api_ctx *c)
+{
+    http_route(h, "POST", "/v1/messages", api_messages_handle, c);
+    http_route(h, "POST", "/v1/messages/count_tokens", api_messages_count_handle, c);
+}

@@ -583,3 +583,21 @@ void api_responses_end(api_out *o)
     api_responses_event(o, api_out_truncated(o) ? "response.incomplete" : "response.completed", f.p, f.len);
     jsonfmt_buf_free(&f);
 }
+
+/* ------------------------------------------------------------------ route */
+
+#define API_RESPONSES_KEEP 1024   /* responses kept for previous_response_id */
+
+/* One store for the process: responses outlive a request. Freed at exit by the OS. */
+static api_store *api_responses_store;
+
+static void api_responses_handle(http_request *r, void *user)
+{
+    api_serve(r, user, API_KIND_RESPONSES, false, api_responses_store);
+}
+
+void api_responses_register(http_server *h, api_ctx *c)
+{
+    if (!api_responses_store) api_responses_store = api_store_new(API_RESPONSES_KEEP);
+    http_route(h, "POST", "/v1/responses", api_responses_handle, c);
+}

@@ -67,6 +67,20 @@ static const char *part_text(const conv *c, int t, int p)
     return c->turns[t].parts[p].text;
 }
 
+/* With TM_API_DUMP=DIR, writes an output to DIR/name (the e2e test replays these SSE bodies
+ * through the vendors' SDKs). */
+static void dump(const char *name, const jsonfmt_buf *b)
+{
+    const char *dir = getenv("TM_API_DUMP");
+    if (!dir) return;
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    if (!f) return;
+    fwrite(b->p, 1, b->len, f);
+    fclose(f);
+}
+
 /* ---------------------------------------------------------------- chat parsing */
 
 TEST(chat_parse_basic)
@@ -95,6 +109,9 @@ TEST(chat_parse_basic)
     CHECK(parse(API_KIND_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop\":\"S\"}", &r, &e) == API_OK);
     CHECK(r.sp.temp == 1.0f && r.sp.top_p == 1.0f && r.sp.top_k == 0 && r.max_tokens == -1 && r.n == 1 && !r.seed_given);
     CHECK(r.n_stop == 1 && !strcmp(r.stop[0], "S") && !r.stream);
+    api_req_free(&r);
+    /* no model named: the served one */
+    CHECK(parse(API_KIND_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", &r, &e) == API_OK && !strcmp(r.model, "m"));
     api_req_free(&r);
 }
 
@@ -147,7 +164,7 @@ TEST(chat_bad_input)
     REJECTS(C, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"bogus\":1}", 400, "Unrecognized request argument supplied: bogus");
     REJECTS(C, "{\"model\":\"m\",\"messages\":[]}", 400, "empty array");
     REJECTS(C, "{\"model\":\"m\"}", 400, "Missing required parameter: 'messages'");
-    REJECTS(C, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", 400, "'model'");
+    REJECTS(C, "{\"model\":5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", 400, "'model'");
     REJECTS(C, "{\"model\":\"other\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", 404, "does not exist");
     REJECTS(C, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":\"hot\"}", 400, "Invalid type for 'temperature'");
     REJECTS(C, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":3}", 400, "temperature");
@@ -467,6 +484,7 @@ TEST(chat_output_tools_and_stream)
     api_out_finish(&o, 1, EVENTS_FINISH_LENGTH);
     api_out_finish(&o, 0, EVENTS_FINISH_STOP);
     api_out_end(&o);
+    dump("chat_tools.sse", &o.out);
     bool names_ok;
     json_t *ev = sse_parse(o.out.p, &names_ok);
     CHECK(names_ok);
@@ -572,6 +590,7 @@ TEST(responses_output)
     feed(&o, 0, toks);
     api_out_finish(&o, 0, EVENTS_FINISH_STOP);
     api_out_end(&o);
+    dump("responses_tools.sse", &o.out);
     bool names_ok;
     json_t *ev = sse_parse(o.out.p, &names_ok);
     CHECK(names_ok);
@@ -690,6 +709,7 @@ TEST(messages_output)
     feed(&o, 0, toks);
     api_out_finish(&o, 0, EVENTS_FINISH_STOP);
     api_out_end(&o);
+    dump("messages_tools.sse", &o.out);
     bool names_ok;
     json_t *ev = sse_parse(o.out.p, &names_ok);
     CHECK(names_ok);
