@@ -1,12 +1,228 @@
 /*
- * cmd_run: placeholder until its module lands; replaced in this same piece of work.
+ * cmd_run: `tokenmill run`: generate text from a prompt and stream it to stdout.
+ *
+ * The prompt is tokenised with the model's own rules (BOS prepended when the model asks for
+ * it; control-token text in the prompt is plain text), prefilled in chunks of the engine's
+ * batch size, and then tokens are sampled one at a time until an end-of-generation token,
+ * N generated tokens, or the context is full.
+ *
+ * -n N counts GENERATED tokens (the prompt and BOS excluded), as llama.cpp's -n does. With an
+ * empty prompt this equals llama2.c's `-n` steps, whose loop runs from the BOS at position 0
+ * and prints one token per step: `run -p "" --temp 0 -n 200` prints the same 200 tokens as
+ * llama2.c's `run stories260K.bin -t 0 -n 200`.
+ *
+ * After generation one line goes to stderr: prompt tokens and their tokens/s (prefill), then
+ * generated tokens and their tokens/s (from the end of prefill to the last token).
  */
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "cli/cmd.h"
+#include "engine/engine.h"
+#include "engine/sample.h"
+#include "model/model.h"
+#include "recipe/tokenizer.h"
+#include "util/util.h"
+
+static void cmd_run_usage(void)
+{
+    fprintf(stderr,
+            "usage: tokenmill run -m MODEL -p PROMPT [-n N] [--temp T] [--top-k K] [--top-p P]\n"
+            "                     [--min-p P] [--repeat-penalty R] [--repeat-last-n N]\n"
+            "                     [--presence-penalty P] [--frequency-penalty F] [--seed S]\n"
+            "                     [--threads N] [--ctx N]\n"
+            "  -n N        tokens to generate (default 256; the prompt is not counted)\n"
+            "  --temp T    0 = greedy (default 0.8); --top-k 40, --top-p 0.95, --min-p 0.05\n"
+            "  --seed S    same seed, same text (default: from the clock)\n"
+            "  --ctx N     context size in tokens (default: the model's, at most 4096)\n");
+}
+
+static bool cmd_run_num(const char *z, double lo, double hi, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(z, &end);
+    if (errno || end == z || *end || !(v >= lo && v <= hi)) return false;
+    *out = v;
+    return true;
+}
 
 int cmd_run(int argc, char **argv)
 {
-    (void)argc; (void)argv;
-    fprintf(stderr, "tokenmill run: unavailable in this build\n");
-    return 1;
+    const char *model_path = NULL, *prompt = NULL;
+    double n_gen = 256, threads = 0, ctx = 0, seed = -1;
+    sample_params sp = sample_params_default();
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        double d;
+#define NUMOPT(name, lo, hi, dst)                                                          \
+    if (!strcmp(a, name)) {                                                                \
+        if (!v || !cmd_run_num(v, lo, hi, &d)) {                                           \
+            fprintf(stderr, "tokenmill run: %s needs a number in [%g, %g]\n", name, (double)(lo), (double)(hi)); \
+            return 2;                                                                      \
+        }                                                                                  \
+        dst = d;                                                                           \
+        i++;                                                                               \
+        continue;                                                                          \
+    }
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+            if (!v) break;
+            model_path = v, i++;
+            continue;
+        }
+        if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
+            if (!v) break;
+            prompt = v, i++;
+            continue;
+        }
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            cmd_run_usage();
+            return 0;
+        }
+        NUMOPT("-n", 0, 1e9, n_gen)
+        NUMOPT("--temp", 0, 1e9, sp.temp)
+        NUMOPT("--top-k", 0, 1e9, sp.top_k)
+        NUMOPT("--top-p", 0, 1, sp.top_p)
+        NUMOPT("--min-p", 0, 1, sp.min_p)
+        NUMOPT("--repeat-penalty", 0, 1e9, sp.repeat_penalty)
+        NUMOPT("--repeat-last-n", 0, 1e6, sp.penalty_last_n)
+        NUMOPT("--presence-penalty", -1e9, 1e9, sp.presence_penalty)
+        NUMOPT("--frequency-penalty", -1e9, 1e9, sp.frequency_penalty)
+        NUMOPT("--seed", 0, 18446744073709551615.0, seed)
+        NUMOPT("-t", 1, 1024, threads)
+        NUMOPT("--threads", 1, 1024, threads)
+        NUMOPT("-c", 1, 1 << 24, ctx)
+        NUMOPT("--ctx", 1, 1 << 24, ctx)
+#undef NUMOPT
+        fprintf(stderr, "tokenmill run: unknown option '%s'\n", a);
+        cmd_run_usage();
+        return 2;
+    }
+    if (!model_path || !prompt) {
+        fprintf(stderr, "tokenmill run: %s\n", !model_path ? "-m MODEL is required" : "-p PROMPT is required");
+        cmd_run_usage();
+        return 2;
+    }
+    sp.seed = seed >= 0 ? (uint64_t)seed : (uint64_t)(util_now() * 1e9);
+
+    char err[512];
+    model *m = NULL;
+    tokenizer *tok = NULL;
+    engine *e = NULL;
+    sampler *smp = NULL;
+    kvpool_seq *seq = NULL;
+    int32_t *toks = NULL;
+    float *logits = NULL;
+    int rc = 1;
+    if (model_load(model_path, NULL, &m, err, sizeof err) != GGUF_OK) {
+        fprintf(stderr, "tokenmill run: cannot load %s: %s\n", model_path, err);
+        return 1;
+    }
+    if (tokenizer_load(m->g, &tok, err, sizeof err) != TOKENIZER_OK) {
+        fprintf(stderr, "tokenmill run: %s: vocabulary: %s\n", model_path, err);
+        goto out;
+    }
+    int n_ctx = ctx > 0 ? (int)ctx : TM_MIN(m->hp.n_ctx_train, 4096);
+    engine_opts eo = { .n_threads = (int)threads, .n_kv_blocks = (n_ctx + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK };
+    if (engine_new(m, &eo, &e, err, sizeof err) != ENGINE_OK) {
+        fprintf(stderr, "tokenmill run: %s\n", err);
+        goto out;
+    }
+    size_t plen = strlen(prompt);
+    int32_t n_prompt = tokenizer_encode(tok, prompt, plen, true, false, NULL, 0);
+    if (n_prompt < 0) {
+        fprintf(stderr, "tokenmill run: cannot tokenize the prompt\n");
+        goto out;
+    }
+    if (n_prompt == 0) {
+        fprintf(stderr, "tokenmill run: the prompt is empty and the model has no BOS token\n");
+        goto out;
+    }
+    if (n_prompt >= n_ctx) {
+        fprintf(stderr, "tokenmill run: the prompt has %d tokens, the context %d\n", n_prompt, n_ctx);
+        goto out;
+    }
+    int n_total = n_prompt + (int)n_gen;
+    if (n_total > n_ctx) n_total = n_ctx;
+    toks = xmalloc((size_t)(n_total + 1) * sizeof *toks);
+    tokenizer_encode(tok, prompt, plen, true, false, toks, n_prompt);
+    int n_vocab = m->hp.n_vocab;
+    logits = xmalloc((size_t)n_vocab * sizeof *logits);
+    smp = sample_new(n_vocab, &sp);
+    for (int i = 0; i < n_prompt; i++) sample_accept(smp, toks[i]);
+    kvpool *kv = engine_kvpool(e);
+    seq = kvpool_seq_new(kv);
+
+    /* prefill */
+    int maxb = engine_max_batch(e);
+    engine_tok *bt = xmalloc((size_t)maxb * sizeof *bt);
+    double t0 = util_now();
+    for (int p0 = 0; p0 < n_prompt; p0 += maxb) {
+        int n = TM_MIN(maxb, n_prompt - p0);
+        for (int i = 0; i < n; i++)
+            bt[i] = (engine_tok){ .token = toks[p0 + i], .pos = p0 + i, .seq = seq,
+                                  .want_logits = p0 + i == n_prompt - 1 };
+        engine_batch b = { n, bt };
+        engine_status st = engine_step(e, &b, logits);
+        if (st != ENGINE_OK) {
+            fprintf(stderr, "tokenmill run: prefill: %s\n", engine_status_name(st));
+            free(bt);
+            goto out;
+        }
+    }
+    double t1 = util_now();
+
+    /* generation */
+    tokenizer_stream ts;
+    tokenizer_stream_init(&ts, tok);
+    ts.prev = toks[n_prompt - 1];  /* the stream drops the space prefix right after BOS */
+    size_t cap = tokenizer_max_piece(tok) + 8;
+    char *piece = xmalloc(cap);
+    int n_done = 0;
+    int pos = n_prompt;
+    while (pos < n_total) {
+        int32_t next = sample_token(smp, logits);
+        if (tokenizer_is_eog(tok, next)) break;
+        sample_accept(smp, next);
+        toks[pos] = next;
+        n_done++;
+        size_t np = tokenizer_stream_push(&ts, next, piece, cap);
+        if (np) {
+            fwrite(piece, 1, np, stdout);
+            fflush(stdout);
+        }
+        if (pos + 1 >= n_total) break;
+        engine_tok one = { .token = next, .pos = pos, .seq = seq, .want_logits = true };
+        engine_batch b = { 1, &one };
+        engine_status st = engine_step(e, &b, logits);
+        if (st != ENGINE_OK) {
+            fprintf(stderr, "\ntokenmill run: decode: %s\n", engine_status_name(st));
+            free(piece);
+            free(bt);
+            goto out;
+        }
+        pos++;
+    }
+    size_t np = tokenizer_stream_flush(&ts, piece, cap);
+    if (np) fwrite(piece, 1, np, stdout);
+    fflush(stdout);
+    double t2 = util_now();
+    fprintf(stderr, "\nprompt: %d tokens, %.2f tokens/s | generation: %d tokens, %.2f tokens/s | seed %llu, %d threads\n",
+            n_prompt, n_prompt / TM_MAX(t1 - t0, 1e-9), n_done, n_done / TM_MAX(t2 - t1, 1e-9),
+            (unsigned long long)sp.seed, engine_n_threads(e));
+    free(piece);
+    free(bt);
+    rc = 0;
+out:
+    if (seq) kvpool_seq_free(engine_kvpool(e), seq);
+    sample_free(smp);
+    engine_free(e);
+    tokenizer_free(tok);
+    model_free(m);
+    free(toks);
+    free(logits);
+    return rc;
 }

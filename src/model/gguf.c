@@ -228,6 +228,27 @@ static bool gguf_rd_value(gguf_rd *r, gguf_kv *kv, const char *key)
     return true;
 }
 
+static int gguf_cmp_names(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Returns a name that occurs twice among N names found every STRIDE bytes from FIRST, or
+ * NULL. Sorting keeps this O(n log n) even for hostile files with a million entries. */
+static const char *gguf_find_duplicate(int n, const void *first, size_t stride)
+{
+    if (n < 2) return NULL;
+    const char **names = malloc((size_t)n * sizeof *names);
+    if (!names) return NULL;
+    for (int i = 0; i < n; i++) memcpy(&names[i], (const char *)first + (size_t)i * stride, sizeof *names);
+    qsort(names, (size_t)n, sizeof *names, gguf_cmp_names);
+    const char *dup = NULL;
+    for (int i = 1; i < n && !dup; i++)
+        if (!strcmp(names[i - 1], names[i])) dup = names[i];
+    free(names);
+    return dup;
+}
+
 static bool gguf_parse(gguf *g, gguf_rd *r)
 {
     uint8_t magic[4];
@@ -266,14 +287,14 @@ static bool gguf_parse(gguf *g, gguf_rd *r)
         g->n_kv = (int)i + 1;
         if (strlen(kv->name) != len)
             return gguf_fail(r, GGUF_ERR_FORMAT, "metadata key %llu has a NUL byte in its name", (unsigned long long)i);
-        for (uint64_t j = 0; j < i; j++)
-            if (!strcmp(g->kv[j].name, kv->name))
-                return gguf_fail(r, GGUF_ERR_FORMAT, "duplicate metadata key '%.100s'", kv->name);
         uint32_t type;
         if (!gguf_rd_u32(r, &type, what)) return false;
         kv->type = (gguf_vtype)type;
         if (!gguf_rd_value(r, kv, kv->name)) return false;
     }
+
+    const char *dup = gguf_find_duplicate(g->n_kv, &g->kv[0].name, sizeof *g->kv);
+    if (dup) return gguf_fail(r, GGUF_ERR_FORMAT, "duplicate metadata key '%.100s'", dup);
 
     g->alignment = GGUF_DEFAULT_ALIGNMENT;
     int ai = gguf_find_key(g, "general.alignment");
@@ -335,10 +356,10 @@ static bool gguf_parse(gguf *g, gguf_rd *r)
             nbytes > (uint64_t)SIZE_MAX)
             return gguf_fail(r, GGUF_ERR_SHAPE, "tensor '%.100s' byte size overflows", name);
         t->nbytes = (size_t)nbytes;
-        for (uint64_t j = 0; j < i; j++)
-            if (!strcmp(g->tensors[j].name, name))
-                return gguf_fail(r, GGUF_ERR_FORMAT, "duplicate tensor name '%.100s'", name);
     }
+
+    dup = gguf_find_duplicate(g->n_tensors, &g->tensors[0].name, sizeof *g->tensors);
+    if (dup) return gguf_fail(r, GGUF_ERR_FORMAT, "duplicate tensor name '%.100s'", dup);
 
     /* the data section starts at the next multiple of the alignment */
     g->data_off = TM_ALIGN_UP(r->pos, (size_t)g->alignment);

@@ -255,13 +255,13 @@ A512_Q80_KERNEL(a512_tile_q4_0, block_q4_0, a512_load_w_q4_0)
 static void a512_gemm_q8_0(int64_t cols, const void *w, size_t ws, int nr, const void *x,
                            size_t xs, int nt, float *y, size_t ys)
 {
-    A512_TILES(4, 3, a512_tile_q8_0)
+    A512_TILES(4, 4, a512_tile_q8_0)
 }
 
 static void a512_gemm_q4_0(int64_t cols, const void *w, size_t ws, int nr, const void *x,
                            size_t xs, int nt, float *y, size_t ys)
 {
-    A512_TILES(4, 3, a512_tile_q4_0)
+    A512_TILES(4, 4, a512_tile_q4_0)
 }
 
 /* ---- Q4_K / Q6_K weights x Q8_K activations ------------------------------------------- */
@@ -350,7 +350,7 @@ A512_INLINE void a512_tile_q4_K(int R, int T, int64_t cols, const char *w, size_
 static void a512_gemm_q4_K(int64_t cols, const void *w, size_t ws, int nr, const void *x,
                            size_t xs, int nt, float *y, size_t ys)
 {
-    A512_TILES(2, 4, a512_tile_q4_K)
+    A512_TILES(4, 4, a512_tile_q4_K)
 }
 
 /* Q6_K: 6-bit unsigned q (0..63) with vpmaddubsw, scales per 16 columns with vpdpwssd; the
@@ -423,7 +423,11 @@ A512_INLINE void a512_tile_q6_K(int R, int T, int64_t cols, const char *w, size_
 static void a512_gemm_q6_K(int64_t cols, const void *w, size_t ws, int nr, const void *x,
                            size_t xs, int nt, float *y, size_t ys)
 {
-    A512_TILES(2, 4, a512_tile_q6_K)
+    if (nt == 1) {
+        A512_TILES(4, 1, a512_tile_q6_K)
+    } else {
+        A512_TILES(2, 4, a512_tile_q6_K)
+    }
 }
 
 /* ---- float weights -------------------------------------------------------------------- */

@@ -1,5 +1,29 @@
 /*
- * api: what every HTTP API route of `tokenmill serve` shares: the serving context (the
+ * api: what the three chat APIs (OpenAI Chat Completions in api_chat.c, OpenAI Responses in
+ * api_responses.c, Anthropic Messages in api_messages.c) share.
+ *
+ * DESIGN. A request goes through three pure stages that know no socket and no engine, so
+ * that the unit tests drive them with strings:
+ *   1. parse: JSON body -> api_req (the shared conv, sampling parameters, limits, flags).
+ *      Every rejection is an api_error carrying the HTTP status and the vendor's fields;
+ *      api_error_json writes it in the route's shape ({"error":{...}} for OpenAI routes,
+ *      {"type":"error","error":{...}} for Anthropic).
+ *   2. output: api_out turns generated tokens back into the vendor's JSON. Per choice it
+ *      owns the output splitter (events.h) and the stop-sequence matcher (api_stop: answer
+ *      text is held back while it may still be the start of a stop sequence, and cut at the
+ *      first match). It accumulates the answer (text, reasoning, tool calls) for the final
+ *      body and, when streaming, appends the vendor's SSE events to `out` as soon as they
+ *      are decided. The caller drains `out` to the connection.
+ *   3. serve (api.c, the api_serve_* part, with the scheduler and the HTTP router): the
+ *      routes, the API key check, the chat template, the context-length check, the token
+ *      loop (see SERVING below).
+ * The API-specific parts are the api_chat_* / api_responses_* / api_messages_* functions
+ * declared at the end; api_out dispatches to them by kind.
+ *
+ * Memory: an api_req owns its conv and strings (api_req_free); an api_out owns its buffers
+ * (api_out_free). Neither is shared between threads.
+ *
+ * SERVING (shared with api_completions.c): what every HTTP API route of `tokenmill serve` shares: the serving context (the
  * scheduler, model, tokenizer, template, names and limits), the vendors' error shapes, and
  * the register functions that cmd_serve calls to add each API's routes.
  *
@@ -81,5 +105,273 @@ bool api_stop_find(const char *const *stops, int n_stops, const char *text, size
                    size_t *cut, size_t *safe);
 /* A fresh id "PREFIX" + 24 random hex digits (e.g. "cmpl-", "chatcmpl-", "msg_"). */
 void api_new_id(char *out, size_t sz, const char *prefix);
+
+
+/* ======================================================================== the chat APIs */
+
+
+
+#include "engine/sample.h"
+#include "recipe/conv.h"
+#include "recipe/events.h"
+#include "recipe/jsonfmt.h"
+
+#define API_MAX_STOP 16       /* stop sequences per request */
+#define API_MAX_N 16          /* choices per chat completion */
+#define API_MAX_TOP_LOGPROBS 20
+
+typedef enum {
+    API_KIND_CHAT = 0,        /* POST /v1/chat/completions */
+    API_KIND_RESPONSES,       /* POST /v1/responses */
+    API_KIND_MESSAGES,        /* POST /v1/messages (and count_tokens) */
+} api_kind;
+
+typedef enum {
+    API_OK = 0,
+    API_ERR,                  /* the request is rejected; see the api_error */
+} api_status;
+
+/* A rejection, in the fields both vendors' shapes are built from. */
+typedef struct {
+    int status;               /* HTTP status: 400, 401, 404, 413, 429, 500, 529 */
+    char type[40];            /* OpenAI error.type / Anthropic error.type */
+    char param[64];           /* OpenAI error.param ("" = null) */
+    char code[40];            /* OpenAI error.code ("" = null) */
+    char message[512];        /* human-readable, names the offending field */
+} api_error;
+
+/* Fills e (status, OpenAI type/code chosen from the status; param may be NULL). */
+void api_error_set(api_error *e, int status, const char *param, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+/* Appends the error body in kind's vendor shape. For Anthropic the type is mapped from the
+ * status (400 invalid_request_error, 401 authentication_error, 403 permission_error, 404
+ * not_found_error, 413 request_too_large, 429 rate_limit_error, 500 api_error, 529
+ * overloaded_error). */
+void api_error_json(api_kind kind, const api_error *e, jsonfmt_buf *out);
+
+/* Server facts the parsers check against. */
+typedef struct {
+    const char *model_name;   /* the name requests must use ("model"); NULL accepts any */
+    const char *model_alias;  /* a second accepted name (e.g. the GGUF file name), or NULL */
+    struct api_store *store;  /* Responses kept for previous_response_id, or NULL */
+} api_cfg;
+
+/* One parsed request. */
+typedef struct {
+    api_kind kind;
+    conv conv;                    /* the conversation to render (tools included) */
+    sample_params sp;             /* temperature, top_p, top_k, min_p, penalties, seed */
+    bool seed_given;              /* the client gave a seed (else sp.seed is fresh per request) */
+    int max_tokens;               /* generated tokens at most; -1: until the context is full */
+    int n;                        /* choices (chat `n`), 1..API_MAX_N */
+    char *stop[API_MAX_STOP];     /* stop sequences (owned, NUL-terminated, non-empty) */
+    int n_stop;
+    bool stream;                  /* SSE response */
+    bool include_usage;           /* chat: stream_options.include_usage */
+    bool logprobs;                /* chat: return log-probabilities of the output tokens */
+    int top_logprobs;             /* chat: alternatives per token, 0..API_MAX_TOP_LOGPROBS */
+    bool return_token_ids;        /* extension: echo prompt (and output) token ids */
+    char *model;                  /* the model name as requested (owned) */
+    char *instructions;           /* responses: `instructions` (owned, NULL if none) */
+    char *previous_response_id;   /* responses: as requested (owned, NULL if none) */
+    bool store;                   /* responses: keep the response for previous_response_id */
+    struct api_store *store_to;   /* responses: where to keep it (cfg->store when store), or NULL */
+    int n_prev_turns;             /* responses: turns that came from the previous response */
+    int thinking_budget;          /* messages: thinking.budget_tokens (0 if not enabled) */
+    char *tools_json;             /* responses: the request's tools array, echoed (owned) */
+    char *metadata_json;          /* responses: metadata object, echoed (owned) */
+    double temperature_echo;      /* responses: the temperature as the response echoes it */
+    double top_p_echo;            /* responses: top_p echoed */
+} api_req;
+
+void api_req_init(api_req *r, api_kind kind);
+void api_req_free(api_req *r);
+
+/* Parses a request body of the route. On API_ERR *e is filled and r holds nothing useful
+ * (api_req_free it anyway). The body need not be NUL-terminated. */
+api_status api_chat_parse(const api_cfg *cfg, const char *body, size_t len, api_req *r, api_error *e);
+api_status api_responses_parse(const api_cfg *cfg, const char *body, size_t len, api_req *r, api_error *e);
+api_status api_messages_parse(const api_cfg *cfg, const char *body, size_t len, api_req *r, api_error *e);
+/* /v1/messages/count_tokens: the same fields as a message request minus the sampling ones;
+ * max_tokens is not required. */
+api_status api_messages_count_parse(const api_cfg *cfg, const char *body, size_t len, api_req *r, api_error *e);
+api_status api_parse(const api_cfg *cfg, api_kind kind, const char *body, size_t len, api_req *r, api_error *e);
+
+/* Token figures of a finished response (summed over choices). */
+typedef struct {
+    int prompt_tokens;        /* all prompt tokens (per choice: the same prompt) */
+    int cached_tokens;        /* prompt tokens whose KV came from a cache tier */
+    int completion_tokens;    /* generated tokens, all choices */
+    int reasoning_tokens;     /* of those, inside a think block */
+} api_usage;
+
+/* Stop-sequence matcher over streamed text. */
+typedef struct {
+    char *const *stop;        /* n_stop sequences (borrowed) */
+    int n_stop;
+    jsonfmt_buf hold;         /* text not yet released: it may start a stop sequence */
+    int matched;              /* index of the matched sequence, -1 while none */
+} api_stop;
+
+void api_stop_init(api_stop *s, char *const *stop, int n_stop);
+void api_stop_free(api_stop *s);
+/* Feeds text. Appends to `emit` the text that can be released now; returns true when a stop
+ * sequence matched (emit then ends right before it; later text must not be fed). */
+bool api_stop_feed(api_stop *s, const char *text, size_t len, jsonfmt_buf *emit);
+/* End of output: releases what is held (no match can complete any more). */
+void api_stop_flush(api_stop *s, jsonfmt_buf *emit);
+
+/* One output token's log-probability, for chat `logprobs`. */
+typedef struct {
+    int32_t token;            /* the chosen token */
+    float logprob;            /* its log-probability */
+    int n_top;                /* alternatives in top_token/top_logprob */
+    int32_t top_token[API_MAX_TOP_LOGPROBS];
+    float top_logprob[API_MAX_TOP_LOGPROBS];
+} api_logprob;
+
+/* Renders a token id as text for logprobs (the caller's detokenizer); returns the bytes
+ * written (at most cap). */
+typedef size_t (*api_piece_fn)(void *ud, int32_t token, char *buf, size_t cap);
+
+typedef struct {
+    char text[64];            /* the token's text (cut at 63 bytes), NUL-terminated */
+    float logprob;
+    int n_top;
+    char top_text[API_MAX_TOP_LOGPROBS][64];
+    float top_logprob[API_MAX_TOP_LOGPROBS];
+} api_lp_entry;
+
+/* One piece of an answer, in output order: a run of text, a run of reasoning, or a tool
+ * call. Responses' output items and Anthropic's content blocks are these. */
+typedef enum { API_ITEM_TEXT = 0, API_ITEM_REASONING, API_ITEM_TOOL } api_item_kind;
+
+typedef struct {
+    api_item_kind kind;
+    char id[48];              /* vendor id set by the formatter at OPEN (msg_/rs_/fc_/toolu_) */
+    char call_id[40];         /* TOOL: the splitter's "call_..." id */
+    char *name;               /* TOOL: function name (owned) */
+    jsonfmt_buf text;         /* TEXT/REASONING: the text; TOOL: the arguments JSON */
+    int tool_index;           /* TOOL: 0-based index among the answer's calls */
+} api_item;
+
+/* What api_out tells a formatter. */
+typedef enum {
+    API_OP_OPEN = 0,          /* a new item starts (it->text empty) */
+    API_OP_DELTA,             /* text appended to the open item: d/len */
+    API_OP_CLOSE,             /* the item is complete */
+    API_OP_FINISH,            /* the choice ended (c->finish, c->stop_index set) */
+} api_op;
+
+/* Per-choice output state. */
+typedef struct {
+    struct api_out *owner;    /* back pointer for the splitter callback */
+    int index;                /* this choice's index */
+    events *ev;               /* the output splitter */
+    api_stop stop;            /* stop matcher on answer text */
+    jsonfmt_buf emit;         /* scratch: text released by the stop matcher */
+    api_item *items;          /* n_items items in output order */
+    int n_items, cap_items;
+    bool open;                /* the last item is still open */
+    int n_calls;              /* tool calls */
+    bool stopped;             /* a stop sequence matched: ignore further output */
+    bool finished;            /* FINISH seen */
+    events_finish_reason finish;
+    int stop_index;           /* the stop sequence that matched, -1 if none */
+    int n_tokens;             /* tokens generated */
+    int n_reasoning_tokens;   /* of those, inside a think block (markers included) */
+    bool in_think;            /* token-level: inside a think block */
+    int32_t think_start;      /* marker ids for the count above (-1 none) */
+    int32_t think_end;
+    int32_t *token_ids;       /* generated ids (return_token_ids) */
+    int n_token_ids, cap_token_ids;
+    api_lp_entry *lps;        /* logprob entries (chat logprobs) */
+    int n_lps, cap_lps;
+    int n_lps_sent;           /* entries already streamed */
+    int n_blocks;             /* formatter: blocks/items announced so far */
+} api_choice;
+
+typedef struct api_out {
+    api_kind kind;
+    const api_req *req;       /* borrowed; must outlive the api_out */
+    char id[48];              /* chatcmpl-… / resp_… / msg_… */
+    int64_t created;          /* unix seconds */
+    const char *model;        /* name echoed in responses (borrowed) */
+    api_choice *choices;      /* n_choices (= req->n) choices */
+    int n_choices;
+    api_usage usage;          /* prompt figures from api_out_set_prompt; output ones at end */
+    const int32_t *prompt_ids;/* for return_token_ids (borrowed, may be NULL) */
+    int n_prompt_ids;
+    int seq;                  /* responses: next sequence_number */
+    api_piece_fn piece;       /* logprob token text (NULL: logprobs carry no text) */
+    void *piece_ud;
+    jsonfmt_buf out;          /* bytes ready for the client (SSE events, or the final body) */
+} api_out;
+
+/* Prepares the output of req: markers for the splitter, a seed for tool-call ids, the model
+ * name to echo. */
+void api_out_init(api_out *o, const api_req *req, const events_markers *m, uint64_t seed, const char *model_name);
+void api_out_free(api_out *o);
+/* The prompt's figures, known after prefill (or before it: cached tokens 0). */
+void api_out_set_prompt(api_out *o, int prompt_tokens, int cached_tokens, const int32_t *ids, int n_ids);
+/* Streaming: the opening events (chat: nothing until the first delta; responses:
+ * response.created + in_progress; messages: message_start + ping). */
+void api_out_begin(api_out *o);
+/* One generated token of choice i with its detokenized text; lp may be NULL. Returns true
+ * when a stop sequence matched: generation of that choice must stop (then api_out_finish). */
+bool api_out_token(api_out *o, int i, int32_t token, const char *text, size_t len, const api_logprob *lp);
+/* Choice i ended: reason LENGTH when the token limit was hit, STOP otherwise (end of turn or
+ * a stop sequence; TOOL_CALLS is decided here). */
+void api_out_finish(api_out *o, int i, events_finish_reason reason);
+/* All choices finished: the closing events (streaming) or the whole body (non-streaming). */
+void api_out_end(api_out *o);
+/* Text that belongs to no token (the detokenizer's held-back bytes at the end). */
+void api_out_text(api_out *o, int i, const char *text, size_t len);
+/* A generated token that is not fed (the end-of-turn token): counted in usage only. */
+void api_out_count_token(api_out *o, int i);
+/* The response status as Responses reports it, and whether any choice hit the limit. */
+bool api_out_truncated(const api_out *o);
+
+/* Responses kept in memory for previous_response_id: a bounded map id -> conversation
+ * (input turns plus the answer turn), oldest dropped first. Thread-safe. */
+typedef struct api_store api_store;
+api_store *api_store_new(int max_entries);
+void api_store_free(api_store *s);
+/* Keeps a copy of req's conversation (without the instructions turn) plus o's answer. */
+void api_store_put(api_store *s, const char *id, const api_req *req, const api_out *o);
+/* Appends the stored turns of id to c; false when id is unknown. */
+bool api_store_get(api_store *s, const char *id, conv *c);
+
+/* Serves one request of a chat route: auth, parse, template, context check, submit (n
+ * choices), then the JSON answer or the SSE stream (see SERVING above). count_only: the
+ * Anthropic count_tokens route. store: where Responses are kept (NULL for the others). */
+void api_serve(http_request *r, const api_ctx *c, api_kind kind, bool count_only, api_store *store);
+
+/* ---- helpers shared by the three files ---- */
+void api_buf_printf(jsonfmt_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Appends a JSON string literal (NULL -> null). */
+void api_buf_str(jsonfmt_buf *b, const char *s);
+void api_buf_strn(jsonfmt_buf *b, const char *s, size_t len);
+/* Appends an SSE event: "event: NAME\n" (when name) + "data: JSON\n\n". */
+void api_sse(jsonfmt_buf *b, const char *name, const char *json, size_t len);
+/* True when s[0..len) is valid UTF-8. */
+bool api_utf8_valid(const char *s, size_t len);
+
+/* Per-API formatters used by api_out (api_chat.c, api_responses.c, api_messages.c): begin
+ * (streaming only), on (each op of choice i; it is NULL for FINISH), end. They append to
+ * o->out. */
+void api_chat_begin(api_out *o);
+void api_chat_on(api_out *o, int i, api_op op, api_item *it, const char *d, size_t len);
+void api_chat_end(api_out *o);
+void api_responses_begin(api_out *o);
+void api_responses_on(api_out *o, int i, api_op op, api_item *it, const char *d, size_t len);
+void api_responses_end(api_out *o);
+void api_messages_begin(api_out *o);
+void api_messages_on(api_out *o, int i, api_op op, api_item *it, const char *d, size_t len);
+void api_messages_end(api_out *o);
+/* Usage JSON objects in each vendor's fields. */
+void api_chat_usage_json(const api_usage *u, jsonfmt_buf *b);
+/* The Anthropic count_tokens body. */
+void api_messages_count_json(int input_tokens, jsonfmt_buf *out);
 
 #endif

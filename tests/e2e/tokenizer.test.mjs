@@ -125,6 +125,32 @@ test('long runs of one character tokenise in linear time', (t) => {
   }
 });
 
+test('invalid UTF-8 and random bytes: no crash under ASan, same ids as the optimised build', (t) => {
+  const SAN = path.join(ROOT, 'build/san/tokenmill');
+  if (!fs.existsSync(SAN)) { t.skip('build/san/tokenmill not built (make san)'); return; }
+  let x = 12345;
+  const bytes = Buffer.alloc(16384);
+  const frags = [Buffer.from('<|im_end|> <s>\r\n'), Buffer.from('é漢🦙'), Buffer.from([0xe2, 0x96, 0x81]),
+                 Buffer.from([0xf0, 0x9f]), Buffer.from([0xc0, 0x80, 0xed, 0xa0, 0x80, 0xf4, 0x90, 0x80, 0x80, 0xff])];
+  for (let i = 0; i < bytes.length;) {
+    x = (Math.imul(x, 1103515245) + 12345) >>> 0;
+    if (x & 0x10000) { const f = frags[(x >>> 20) % frags.length]; f.copy(bytes, i); i += f.length; }
+    else bytes[i++] = x >>> 24;
+  }
+  const file = path.join(tmp, 'bytes.bin');
+  fs.writeFileSync(file, bytes.subarray(0, 16384));
+  for (const v of VOCABS) {
+    const model = path.join(MODELS, `ggml-vocab-${v}.gguf`);
+    for (const extra of [[], ['--special']]) {
+      const args = ['tokenize', '-m', model, '--no-bos', ...extra, '--file', file];
+      const ref = JSON.parse(execFileSync(BIN, args, { maxBuffer: 1 << 28 }).toString());
+      const san = JSON.parse(execFileSync(SAN, args, { maxBuffer: 1 << 28, env: { ...process.env, ASAN_OPTIONS: 'detect_leaks=1' } }).toString());
+      assert.ok(ref.length > 1000);
+      assert.deepEqual(san, ref, `${v} ${extra.join(' ')}`);
+    }
+  }
+});
+
 test('tokenize command: usage and model errors', () => {
   const run = (args) => { try { execFileSync(BIN, args, { stdio: 'pipe' }); return 0; } catch (e) { return e.status; } };
   assert.equal(run(['tokenize']), 2);

@@ -5,6 +5,7 @@
  * absurd lengths and counts), each of which must fail with its own status and a message.
  * Runs under ASan/UBSan too (make san), which is what "no read past the mapping" is checked by.
  */
+#define _GNU_SOURCE
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -474,6 +475,35 @@ TEST(test_bad_tensors)
     EXPECT_SPEC(s, GGUF_ERR_SHAPE);
 }
 
+TEST(test_duplicates)
+{
+    char err[512];
+    gguf_writer *w = gguf_writer_new();
+    float f[4] = { 0 };
+    int64_t ne[1] = { 4 };
+    gguf_writer_add_tensor(w, "x.weight", QTYPE_F32, 1, ne, f, sizeof f);
+    gguf_writer_add_tensor(w, "x.weight", QTYPE_F32, 1, ne, f, sizeof f);
+    CHECK(gguf_writer_write(w, tpath, err, sizeof err) == GGUF_OK);
+    gguf_writer_free(w);
+    gguf *g = NULL;
+    CHECK(gguf_open(tpath, &g, err, sizeof err) == GGUF_ERR_FORMAT && strstr(err, "duplicate tensor"));
+
+    w = gguf_writer_new();
+    gguf_writer_set_u32(w, "k.aa", 1);
+    gguf_writer_set_u32(w, "k.ab", 2);
+    CHECK(gguf_writer_write(w, tpath, err, sizeof err) == GGUF_OK);
+    gguf_writer_free(w);
+    size_t n;
+    char *b = util_read_file(tpath, &n);
+    char *p = b ? memmem(b, n, "k.ab", 4) : NULL;
+    CHECK(p != NULL);
+    if (p) {
+        p[3] = 'a';
+        CHECK(open_bytes(b, n, err, sizeof err) == GGUF_ERR_FORMAT && strstr(err, "duplicate metadata key 'k.aa'"));
+    }
+    free(b);
+}
+
 /* Random byte corruption of the header region: any status is fine, crashes and reads past the
  * mapping (ASan) are not; a successful open must still give consistent tensors. */
 TEST(test_random_corruption)
@@ -520,6 +550,7 @@ int main(void)
     RUN(test_bad_header);
     RUN(test_bad_metadata);
     RUN(test_bad_tensors);
+    RUN(test_duplicates);
     RUN(test_random_corruption);
     unlink(tpath);
     HARNESS_END();

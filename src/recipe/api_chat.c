@@ -1,0 +1,709 @@
+/*
+ * api_chat: OpenAI Chat Completions (POST /v1/chat/completions).
+ *
+ * Request -> conv: each message becomes one turn (system, developer, user, assistant, tool);
+ * content is a string or an array of text parts (other part types are rejected: this server
+ * reads text only); an assistant's `reasoning_content` becomes a reasoning part and its
+ * `tool_calls` tool-call parts; a tool message is a tool turn with one result part. Unknown
+ * top-level fields are rejected as OpenAI does ("Unrecognized request argument supplied").
+ * Extensions accepted: top_k, min_p, repetition_penalty, chat_template_kwargs.enable_thinking,
+ * thinking {type}, return_token_ids.
+ *
+ * Output: a chat.completion object, or chat.completion.chunk SSE events: a role chunk per
+ * choice, then content / reasoning_content / tool_calls deltas, a finish_reason chunk per
+ * choice, the usage chunk when stream_options.include_usage, and `data: [DONE]`.
+ */
+#include "recipe/api.h"
+#include "recipe/api_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/util.h"
+
+static const char *const api_chat_keys[] = {
+    "model", "messages", "frequency_penalty", "logit_bias", "logprobs", "top_logprobs", "max_tokens",
+    "max_completion_tokens", "n", "presence_penalty", "response_format", "seed", "service_tier", "stop", "stream",
+    "stream_options", "temperature", "top_p", "tools", "tool_choice", "parallel_tool_calls", "user", "metadata",
+    "store", "reasoning_effort", "modalities", "prediction", "audio", "web_search_options", "functions",
+    "function_call", "safety_identifier", "prompt_cache_key", "verbosity",
+    /* extensions (vLLM / llama.cpp / DeepSeek) */
+    "top_k", "min_p", "repetition_penalty", "chat_template_kwargs", "thinking", "return_token_ids", NULL};
+
+/* Appends the text of a content value (string or array of text parts) to the last turn as
+ * one text part. Returns false with e filled on a bad value. */
+static bool api_chat_content(conv *c, json_t *content, const char *path, bool as_result, const char *call_id,
+                             api_error *e)
+{
+    char p[96];
+    if (json_is_string(content)) {
+        if (as_result) conv_add_tool_result(c, call_id, NULL, json_string_value(content), json_string_length(content));
+        else conv_add_text(c, json_string_value(content), json_string_length(content));
+        return true;
+    }
+    if (!json_is_array(content)) {
+        api_json_type_error(API_KIND_CHAT, e, path, "a string or an array of content parts", content);
+        return false;
+    }
+    jsonfmt_buf all = {0};
+    size_t i;
+    json_t *part;
+    json_array_foreach(content, i, part) {
+        api_path(p, sizeof p, path, NULL, (int)i);
+        if (!json_is_object(part)) {
+            api_json_type_error(API_KIND_CHAT, e, p, "an object", part);
+            jsonfmt_buf_free(&all);
+            return false;
+        }
+        json_t *type = json_object_get(part, "type");
+        const char *t = json_is_string(type) ? json_string_value(type) : NULL;
+        if (!t) {
+            char tp[112];
+            api_json_missing(API_KIND_CHAT, e, api_path(tp, sizeof tp, p, "type", -1));
+            jsonfmt_buf_free(&all);
+            return false;
+        }
+        if (strcmp(t, "text") && strcmp(t, "input_text") && strcmp(t, "refusal")) {
+            api_json_value_error(API_KIND_CHAT, e, p, "content part type '%s' is not supported by this model (text only).", t);
+            jsonfmt_buf_free(&all);
+            return false;
+        }
+        json_t *tx = json_object_get(part, !strcmp(t, "refusal") ? "refusal" : "text");
+        if (!json_is_string(tx)) {
+            char tp[112];
+            api_path(tp, sizeof tp, p, "text", -1);
+            if (!tx) api_json_missing(API_KIND_CHAT, e, tp);
+            else api_json_type_error(API_KIND_CHAT, e, tp, "a string", tx);
+            jsonfmt_buf_free(&all);
+            return false;
+        }
+        /* Parts are joined as the reference templates join them: with nothing between. */
+        jsonfmt_buf_append(&all, json_string_value(tx), json_string_length(tx));
+    }
+    if (as_result) conv_add_tool_result(c, call_id, NULL, all.p ? all.p : "", all.len);
+    else conv_add_text(c, all.p ? all.p : "", all.len);
+    jsonfmt_buf_free(&all);
+    return true;
+}
+
+static bool api_chat_tool_calls(conv *c, json_t *tcs, const char *path, api_error *e)
+{
+    char p[96], q[128];
+    if (!json_is_array(tcs)) {
+        api_json_type_error(API_KIND_CHAT, e, path, "an array", tcs);
+        return false;
+    }
+    size_t i;
+    json_t *tc;
+    json_array_foreach(tcs, i, tc) {
+        api_path(p, sizeof p, path, NULL, (int)i);
+        if (!json_is_object(tc)) {
+            api_json_type_error(API_KIND_CHAT, e, p, "an object", tc);
+            return false;
+        }
+        json_t *fn = json_object_get(tc, "function");
+        if (!json_is_object(fn)) {
+            api_path(q, sizeof q, p, "function", -1);
+            if (!fn) api_json_missing(API_KIND_CHAT, e, q);
+            else api_json_type_error(API_KIND_CHAT, e, q, "an object", fn);
+            return false;
+        }
+        json_t *name = json_object_get(fn, "name"), *args = json_object_get(fn, "arguments"),
+               *id = json_object_get(tc, "id");
+        if (!json_is_string(name)) {
+            api_path(q, sizeof q, p, "function.name", -1);
+            if (!name) api_json_missing(API_KIND_CHAT, e, q);
+            else api_json_type_error(API_KIND_CHAT, e, q, "a string", name);
+            return false;
+        }
+        const char *a = "{}";
+        size_t alen = 2;
+        char *dumped = NULL;
+        if (json_is_string(args)) {
+            a = json_string_value(args);
+            alen = json_string_length(args);
+            if (!jsonfmt_valid(a, alen)) {
+                api_path(q, sizeof q, p, "function.arguments", -1);
+                api_json_value_error(API_KIND_CHAT, e, q, "the arguments must be a JSON object encoded as a string.");
+                return false;
+            }
+        } else if (json_is_object(args)) {
+            dumped = api_json_dump(args);
+            a = dumped;
+            alen = strlen(dumped);
+        } else if (args && !json_is_null(args)) {
+            api_path(q, sizeof q, p, "function.arguments", -1);
+            api_json_type_error(API_KIND_CHAT, e, q, "a string", args);
+            return false;
+        }
+        conv_add_tool_call(c, json_is_string(id) ? json_string_value(id) : "", json_string_value(name), a, alen);
+        free(dumped);
+    }
+    return true;
+}
+
+/* tools (or legacy functions): adds definitions to c. */
+static bool api_chat_tools(conv *c, json_t *tools, const char *key, bool legacy, api_error *e)
+{
+    char p[96], q[128];
+    if (!json_is_array(tools)) {
+        api_json_type_error(API_KIND_CHAT, e, key, "an array", tools);
+        return false;
+    }
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t) {
+        api_path(p, sizeof p, key, NULL, (int)i);
+        if (!json_is_object(t)) {
+            api_json_type_error(API_KIND_CHAT, e, p, "an object", t);
+            return false;
+        }
+        json_t *fn = t;
+        if (!legacy) {
+            json_t *type = json_object_get(t, "type");
+            if (type && (!json_is_string(type) || strcmp(json_string_value(type), "function"))) {
+                api_path(q, sizeof q, p, "type", -1);
+                api_json_value_error(API_KIND_CHAT, e, q, "only tools of type 'function' are supported.");
+                return false;
+            }
+            fn = json_object_get(t, "function");
+            if (!json_is_object(fn)) {
+                api_path(q, sizeof q, p, "function", -1);
+                if (!fn) api_json_missing(API_KIND_CHAT, e, q);
+                else api_json_type_error(API_KIND_CHAT, e, q, "an object", fn);
+                return false;
+            }
+        }
+        json_t *name = json_object_get(fn, "name"), *desc = json_object_get(fn, "description"),
+               *params = json_object_get(fn, "parameters");
+        if (!json_is_string(name) || json_string_length(name) == 0) {
+            api_path(q, sizeof q, p, legacy ? "name" : "function.name", -1);
+            if (!name) api_json_missing(API_KIND_CHAT, e, q);
+            else if (!json_is_string(name)) api_json_type_error(API_KIND_CHAT, e, q, "a string", name);
+            else api_json_value_error(API_KIND_CHAT, e, q, "empty string.");
+            return false;
+        }
+        if (desc && !json_is_null(desc) && !json_is_string(desc)) {
+            api_path(q, sizeof q, p, legacy ? "description" : "function.description", -1);
+            api_json_type_error(API_KIND_CHAT, e, q, "a string", desc);
+            return false;
+        }
+        if (params && !json_is_null(params) && !json_is_object(params)) {
+            api_path(q, sizeof q, p, legacy ? "parameters" : "function.parameters", -1);
+            api_json_type_error(API_KIND_CHAT, e, q, "an object", params);
+            return false;
+        }
+        char *pj = params && json_is_object(params) ? api_json_dump(params) : NULL;
+        conv_add_tool(c, json_string_value(name), json_is_string(desc) ? json_string_value(desc) : NULL, pj);
+        free(pj);
+    }
+    return true;
+}
+
+static bool api_chat_messages(api_req *r, json_t *msgs, api_error *e)
+{
+    char p[64], q[96];
+    if (!json_is_array(msgs)) {
+        api_json_type_error(API_KIND_CHAT, e, "messages", "an array", msgs);
+        return false;
+    }
+    if (json_array_size(msgs) == 0) {
+        api_error_set(e, 400, "messages", "empty_array",
+                      "Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty "
+                      "array instead.");
+        return false;
+    }
+    size_t i;
+    json_t *m;
+    json_array_foreach(msgs, i, m) {
+        api_path(p, sizeof p, "messages", NULL, (int)i);
+        if (!json_is_object(m)) {
+            api_json_type_error(API_KIND_CHAT, e, p, "an object", m);
+            return false;
+        }
+        json_t *role = json_object_get(m, "role");
+        api_path(q, sizeof q, p, "role", -1);
+        if (!role) {
+            api_json_missing(API_KIND_CHAT, e, q);
+            return false;
+        }
+        if (!json_is_string(role)) {
+            api_json_type_error(API_KIND_CHAT, e, q, "a string", role);
+            return false;
+        }
+        const char *rs = json_string_value(role);
+        conv_role cr;
+        if (!strcmp(rs, "system")) cr = CONV_ROLE_SYSTEM;
+        else if (!strcmp(rs, "developer")) cr = CONV_ROLE_DEVELOPER;
+        else if (!strcmp(rs, "user")) cr = CONV_ROLE_USER;
+        else if (!strcmp(rs, "assistant")) cr = CONV_ROLE_ASSISTANT;
+        else if (!strcmp(rs, "tool")) cr = CONV_ROLE_TOOL;
+        else {
+            api_error_set(e, 400, q, "invalid_value",
+                          "Invalid value: '%s'. Supported values are: 'system', 'assistant', 'user', 'tool', and "
+                          "'developer'.",
+                          rs);
+            return false;
+        }
+        json_t *content = json_object_get(m, "content");
+        api_path(q, sizeof q, p, "content", -1);
+        conv_add_turn(&r->conv, cr);
+        if (cr == CONV_ROLE_TOOL) {
+            json_t *tcid = json_object_get(m, "tool_call_id");
+            char t2[96];
+            api_path(t2, sizeof t2, p, "tool_call_id", -1);
+            if (!tcid) {
+                api_json_missing(API_KIND_CHAT, e, t2);
+                return false;
+            }
+            if (!json_is_string(tcid)) {
+                api_json_type_error(API_KIND_CHAT, e, t2, "a string", tcid);
+                return false;
+            }
+            if (!content || json_is_null(content)) {
+                api_json_missing(API_KIND_CHAT, e, q);
+                return false;
+            }
+            if (!api_chat_content(&r->conv, content, q, true, json_string_value(tcid), e)) return false;
+            continue;
+        }
+        if (cr == CONV_ROLE_ASSISTANT) {
+            json_t *rc = json_object_get(m, "reasoning_content");
+            if (!rc) rc = json_object_get(m, "reasoning");
+            if (rc && !json_is_null(rc)) {
+                if (!json_is_string(rc)) {
+                    char t2[96];
+                    api_json_type_error(API_KIND_CHAT, e, api_path(t2, sizeof t2, p, "reasoning_content", -1),
+                                        "a string", rc);
+                    return false;
+                }
+                conv_add_reasoning(&r->conv, json_string_value(rc), json_string_length(rc));
+            }
+            json_t *tcs = json_object_get(m, "tool_calls");
+            bool has_calls = tcs && !json_is_null(tcs);
+            if (content && !json_is_null(content)) {
+                if (!api_chat_content(&r->conv, content, q, false, NULL, e)) return false;
+            } else if (!has_calls) {
+                api_json_missing(API_KIND_CHAT, e, q);
+                return false;
+            }
+            if (has_calls) {
+                char t2[96];
+                if (!api_chat_tool_calls(&r->conv, tcs, api_path(t2, sizeof t2, p, "tool_calls", -1), e)) return false;
+            }
+            continue;
+        }
+        if (!content || json_is_null(content)) {
+            api_json_missing(API_KIND_CHAT, e, q);
+            return false;
+        }
+        if (!api_chat_content(&r->conv, content, q, false, NULL, e)) return false;
+    }
+    return true;
+}
+
+/* Sampling fields common to chat: temperature .. seed. */
+static bool api_chat_sampling(json_t *root, api_req *r, api_error *e)
+{
+    double x;
+    long long k;
+    int st;
+    if ((st = api_json_num(API_KIND_CHAT, root, "temperature", 0, 2, &x, e)) < 0) return false;
+    if (st) r->sp.temp = (float)x;
+    if ((st = api_json_num(API_KIND_CHAT, root, "top_p", 0, 1, &x, e)) < 0) return false;
+    if (st) r->sp.top_p = (float)x;
+    if ((st = api_json_int(API_KIND_CHAT, root, "top_k", -1, 1 << 30, &k, e)) < 0) return false;
+    if (st) r->sp.top_k = (int)k;
+    if ((st = api_json_num(API_KIND_CHAT, root, "min_p", 0, 1, &x, e)) < 0) return false;
+    if (st) r->sp.min_p = (float)x;
+    if ((st = api_json_num(API_KIND_CHAT, root, "presence_penalty", -2, 2, &x, e)) < 0) return false;
+    if (st) r->sp.presence_penalty = (float)x;
+    if ((st = api_json_num(API_KIND_CHAT, root, "frequency_penalty", -2, 2, &x, e)) < 0) return false;
+    if (st) r->sp.frequency_penalty = (float)x;
+    if ((st = api_json_num(API_KIND_CHAT, root, "repetition_penalty", 0.01, 10, &x, e)) < 0) return false;
+    if (st) r->sp.repeat_penalty = (float)x;
+    if (r->sp.presence_penalty != 0 || r->sp.frequency_penalty != 0 || r->sp.repeat_penalty != 1)
+        r->sp.penalty_last_n = 64;
+    if ((st = api_json_int(API_KIND_CHAT, root, "seed", -(1LL << 62), 1LL << 62, &k, e)) < 0) return false;
+    if (st) {
+        r->sp.seed = (uint64_t)k;
+        r->seed_given = true;
+    }
+    return true;
+}
+
+api_status api_chat_parse(const api_cfg *cfg, const char *body, size_t len, api_req *r, api_error *e)
+{
+    const api_kind K = API_KIND_CHAT;
+    json_t *root;
+    if (!api_json_load(K, body, len, &root, e)) return API_ERR;
+    api_status ret = API_ERR;
+    double x;
+    long long k;
+    int st;
+    bool b;
+    if (!api_json_known(K, root, api_chat_keys, "", e)) goto out;
+    json_t *msgs = json_object_get(root, "messages");
+    if (!msgs) {
+        api_json_missing(K, e, "messages");
+        goto out;
+    }
+    if (!api_json_model(cfg, K, root, r, e)) goto out;
+    if (!api_chat_messages(r, msgs, e)) goto out;
+    if (!api_chat_sampling(root, r, e)) goto out;
+    (void)x;
+    if ((st = api_json_int(K, root, "max_tokens", 1, 1 << 30, &k, e)) < 0) goto out;
+    if (st) r->max_tokens = (int)k;
+    if ((st = api_json_int(K, root, "max_completion_tokens", 1, 1 << 30, &k, e)) < 0) goto out;
+    if (st) r->max_tokens = (int)k;
+    if ((st = api_json_int(K, root, "n", 1, API_MAX_N, &k, e)) < 0) goto out;
+    if (st) r->n = (int)k;
+    if (!api_json_stop(K, root, "stop", r, e)) goto out;
+    if (api_json_bool(K, root, "stream", &r->stream, e) < 0) goto out;
+    if (api_json_bool(K, root, "logprobs", &r->logprobs, e) < 0) goto out;
+    if ((st = api_json_int(K, root, "top_logprobs", 0, API_MAX_TOP_LOGPROBS, &k, e)) < 0) goto out;
+    if (st) {
+        if (!r->logprobs) {
+            api_error_set(e, 400, "top_logprobs", "invalid_value",
+                          "Invalid value for 'top_logprobs': 'logprobs' must be set to true when 'top_logprobs' is "
+                          "used.");
+            goto out;
+        }
+        r->top_logprobs = (int)k;
+    }
+    if (api_json_bool(K, root, "return_token_ids", &r->return_token_ids, e) < 0) goto out;
+    json_t *so = json_object_get(root, "stream_options");
+    if (so && !json_is_null(so)) {
+        if (!json_is_object(so)) {
+            api_json_type_error(K, e, "stream_options", "an object", so);
+            goto out;
+        }
+        if (!r->stream) {
+            api_error_set(e, 400, "stream_options", "invalid_value",
+                          "The 'stream_options' parameter is only allowed when 'stream' is enabled.");
+            goto out;
+        }
+        if ((st = api_json_bool(K, so, "include_usage", &b, e)) < 0) goto out;
+        if (st) r->include_usage = b;
+    }
+    json_t *lb = json_object_get(root, "logit_bias");
+    if (lb && !json_is_null(lb)) {
+        if (!json_is_object(lb)) {
+            api_json_type_error(K, e, "logit_bias", "an object", lb);
+            goto out;
+        }
+        if (json_object_size(lb)) {
+            api_json_value_error(K, e, "logit_bias", "logit_bias is not supported by this server.");
+            goto out;
+        }
+    }
+    json_t *rf = json_object_get(root, "response_format");
+    if (rf && !json_is_null(rf)) {
+        json_t *t = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
+        if (!json_is_object(rf)) {
+            api_json_type_error(K, e, "response_format", "an object", rf);
+            goto out;
+        }
+        if (!json_is_string(t) || strcmp(json_string_value(t), "text")) {
+            api_json_value_error(K, e, "response_format.type", "only 'text' is supported by this server.");
+            goto out;
+        }
+    }
+    static const char *const unsupported[] = {"audio", "prediction", "web_search_options", "function_call", NULL};
+    for (int i = 0; unsupported[i]; i++) {
+        json_t *v = json_object_get(root, unsupported[i]);
+        if (v && !json_is_null(v)) {
+            api_json_value_error(K, e, unsupported[i], "this parameter is not supported by this server.");
+            goto out;
+        }
+    }
+    json_t *mod = json_object_get(root, "modalities");
+    if (mod && !json_is_null(mod)) {
+        size_t i;
+        json_t *v;
+        if (!json_is_array(mod)) {
+            api_json_type_error(K, e, "modalities", "an array", mod);
+            goto out;
+        }
+        json_array_foreach(mod, i, v) if (!json_is_string(v) || strcmp(json_string_value(v), "text")) {
+            api_json_value_error(K, e, "modalities", "only 'text' output is supported.");
+            goto out;
+        }
+    }
+    /* Tools, unless tool_choice is "none". */
+    json_t *tc = json_object_get(root, "tool_choice");
+    bool tools_off = false;
+    if (tc && !json_is_null(tc)) {
+        if (json_is_string(tc)) {
+            const char *v = json_string_value(tc);
+            if (!strcmp(v, "none")) tools_off = true;
+            else if (strcmp(v, "auto") && strcmp(v, "required")) {
+                api_error_set(e, 400, "tool_choice", "invalid_value",
+                              "Invalid value: '%s'. Supported values are: 'none', 'auto', and 'required'.", v);
+                goto out;
+            }
+        } else if (!json_is_object(tc)) {
+            api_json_type_error(K, e, "tool_choice", "a string or an object", tc);
+            goto out;
+        }
+    }
+    json_t *tools = json_object_get(root, "tools");
+    if (tools && !json_is_null(tools)) {
+        if (!api_chat_tools(&r->conv, tools, "tools", false, e)) goto out;
+    }
+    json_t *fns = json_object_get(root, "functions");
+    if (fns && !json_is_null(fns)) {
+        if (!api_chat_tools(&r->conv, fns, "functions", true, e)) goto out;
+    }
+    if (tools_off) r->conv.n_tools = 0;
+    /* Thinking switches: reasoning_effort, chat_template_kwargs.enable_thinking, thinking.type. */
+    const char *effort = NULL;
+    if ((st = api_json_str(K, root, "reasoning_effort", &effort, e)) < 0) goto out;
+    if (st) {
+        if (!strcmp(effort, "none") || !strcmp(effort, "minimal")) r->conv.thinking = CONV_THINKING_OFF;
+        else if (!strcmp(effort, "low") || !strcmp(effort, "medium") || !strcmp(effort, "high"))
+            r->conv.thinking = CONV_THINKING_ON;
+        else {
+            api_error_set(e, 400, "reasoning_effort", "invalid_value",
+                          "Invalid value: '%s'. Supported values are: 'none', 'minimal', 'low', 'medium', and 'high'.",
+                          effort);
+            goto out;
+        }
+    }
+    json_t *ctk = json_object_get(root, "chat_template_kwargs");
+    if (ctk && !json_is_null(ctk)) {
+        if (!json_is_object(ctk)) {
+            api_json_type_error(K, e, "chat_template_kwargs", "an object", ctk);
+            goto out;
+        }
+        if ((st = api_json_bool(K, ctk, "enable_thinking", &b, e)) < 0) goto out;
+        if (st) r->conv.thinking = b ? CONV_THINKING_ON : CONV_THINKING_OFF;
+    }
+    json_t *th = json_object_get(root, "thinking");
+    if (th && !json_is_null(th)) {
+        json_t *t = json_is_object(th) ? json_object_get(th, "type") : NULL;
+        if (!json_is_string(t) || (strcmp(json_string_value(t), "enabled") && strcmp(json_string_value(t), "disabled"))) {
+            api_json_value_error(K, e, "thinking", "expected {\"type\": \"enabled\"} or {\"type\": \"disabled\"}.");
+            goto out;
+        }
+        r->conv.thinking = !strcmp(json_string_value(t), "enabled") ? CONV_THINKING_ON : CONV_THINKING_OFF;
+    }
+    ret = API_OK;
+out:
+    json_decref(root);
+    return ret;
+}
+
+/* ------------------------------------------------------------------ output */
+
+void api_chat_usage_json(const api_usage *u, jsonfmt_buf *b)
+{
+    api_buf_printf(b,
+                   "{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d,"
+                   "\"prompt_tokens_details\":{\"cached_tokens\":%d},"
+                   "\"completion_tokens_details\":{\"reasoning_tokens\":%d},"
+                   "\"prompt_cache_hit_tokens\":%d,\"prompt_cache_miss_tokens\":%d}",
+                   u->prompt_tokens, u->completion_tokens, u->prompt_tokens + u->completion_tokens, u->cached_tokens,
+                   u->reasoning_tokens, u->cached_tokens, u->prompt_tokens - u->cached_tokens);
+}
+
+static const char *api_chat_finish_name(events_finish_reason f)
+{
+    return f == EVENTS_FINISH_LENGTH ? "length" : f == EVENTS_FINISH_TOOL_CALLS ? "tool_calls" : "stop";
+}
+
+static void api_chat_lp_one(jsonfmt_buf *b, const char *text, float lp)
+{
+    jsonfmt_buf_puts(b, "{\"token\":");
+    api_buf_str(b, text);
+    api_buf_printf(b, ",\"logprob\":%.6g,\"bytes\":[", (double)lp);
+    for (const unsigned char *p = (const unsigned char *)text; *p; p++)
+        api_buf_printf(b, "%s%u", p == (const unsigned char *)text ? "" : ",", *p);
+    jsonfmt_buf_putc(b, ']');
+}
+
+/* {"content":[...]} of entries [from, to) of choice c. */
+static void api_chat_lps(jsonfmt_buf *b, const api_choice *c, int from, int to)
+{
+    jsonfmt_buf_puts(b, "{\"content\":[");
+    for (int k = from; k < to; k++) {
+        const api_lp_entry *en = &c->lps[k];
+        if (k > from) jsonfmt_buf_putc(b, ',');
+        api_chat_lp_one(b, en->text, en->logprob);
+        jsonfmt_buf_puts(b, ",\"top_logprobs\":[");
+        for (int t = 0; t < en->n_top; t++) {
+            if (t) jsonfmt_buf_putc(b, ',');
+            api_chat_lp_one(b, en->top_text[t], en->top_logprob[t]);
+            jsonfmt_buf_putc(b, '}');
+        }
+        jsonfmt_buf_puts(b, "]}");
+    }
+    jsonfmt_buf_puts(b, "],\"refusal\":null}");
+}
+
+static void api_chat_chunk_open(api_out *o, jsonfmt_buf *b)
+{
+    jsonfmt_buf_puts(b, "{\"id\":");
+    api_buf_str(b, o->id);
+    api_buf_printf(b, ",\"object\":\"chat.completion.chunk\",\"created\":%lld,\"model\":", (long long)o->created);
+    api_buf_str(b, o->model);
+    jsonfmt_buf_puts(b, ",\"system_fingerprint\":\"tokenmill\",\"choices\":[");
+}
+
+/* Sends one chunk for choice i: delta is the inside of the delta object, finish may be NULL. */
+static void api_chat_chunk(api_out *o, int i, const char *delta, size_t dlen, const char *finish)
+{
+    api_choice *c = &o->choices[i];
+    jsonfmt_buf b = {0};
+    api_chat_chunk_open(o, &b);
+    api_buf_printf(&b, "{\"index\":%d,\"delta\":{", i);
+    jsonfmt_buf_append(&b, delta, dlen);
+    jsonfmt_buf_puts(&b, "},\"logprobs\":");
+    if (o->req->logprobs && c->n_lps > c->n_lps_sent) {
+        api_chat_lps(&b, c, c->n_lps_sent, c->n_lps);
+        c->n_lps_sent = c->n_lps;
+    } else {
+        jsonfmt_buf_puts(&b, "null");
+    }
+    jsonfmt_buf_puts(&b, ",\"finish_reason\":");
+    api_buf_str(&b, finish);
+    jsonfmt_buf_puts(&b, "}]");
+    if (o->req->include_usage) jsonfmt_buf_puts(&b, ",\"usage\":null");
+    jsonfmt_buf_putc(&b, '}');
+    api_sse(&o->out, NULL, b.p, b.len);
+    jsonfmt_buf_free(&b);
+}
+
+void api_chat_begin(api_out *o)
+{
+    for (int i = 0; i < o->n_choices; i++) {
+        static const char role[] = "\"role\":\"assistant\",\"content\":\"\"";
+        api_chat_chunk(o, i, role, sizeof role - 1, NULL);
+    }
+}
+
+void api_chat_on(api_out *o, int i, api_op op, api_item *it, const char *d, size_t len)
+{
+    if (!o->req->stream) return;
+    jsonfmt_buf delta = {0};
+    if (op == API_OP_DELTA && it->kind == API_ITEM_TEXT) {
+        jsonfmt_buf_puts(&delta, "\"content\":");
+        api_buf_strn(&delta, d, len);
+    } else if (op == API_OP_DELTA && it->kind == API_ITEM_REASONING) {
+        jsonfmt_buf_puts(&delta, "\"reasoning_content\":");
+        api_buf_strn(&delta, d, len);
+    } else if (op == API_OP_OPEN && it->kind == API_ITEM_TOOL) {
+        api_buf_printf(&delta, "\"tool_calls\":[{\"index\":%d,\"id\":", it->tool_index);
+        api_buf_str(&delta, it->call_id);
+        jsonfmt_buf_puts(&delta, ",\"type\":\"function\",\"function\":{\"name\":");
+        api_buf_str(&delta, it->name);
+        jsonfmt_buf_puts(&delta, ",\"arguments\":\"\"}}]");
+    } else if (op == API_OP_DELTA && it->kind == API_ITEM_TOOL) {
+        api_buf_printf(&delta, "\"tool_calls\":[{\"index\":%d,\"function\":{\"arguments\":", it->tool_index);
+        api_buf_strn(&delta, d, len);
+        jsonfmt_buf_puts(&delta, "}}]");
+    } else if (op == API_OP_FINISH) {
+        api_chat_chunk(o, i, "", 0, api_chat_finish_name(o->choices[i].finish));
+        return;
+    } else {
+        return;
+    }
+    api_chat_chunk(o, i, delta.p, delta.len, NULL);
+    jsonfmt_buf_free(&delta);
+}
+
+static void api_chat_ids(jsonfmt_buf *b, const int32_t *ids, int n)
+{
+    jsonfmt_buf_putc(b, '[');
+    for (int k = 0; k < n; k++) api_buf_printf(b, "%s%d", k ? "," : "", ids[k]);
+    jsonfmt_buf_putc(b, ']');
+}
+
+void api_chat_end(api_out *o)
+{
+    jsonfmt_buf *b = &o->out;
+    if (o->req->stream) {
+        if (o->req->include_usage) {
+            jsonfmt_buf u = {0};
+            api_chat_chunk_open(o, &u);
+            jsonfmt_buf_puts(&u, "],\"usage\":");
+            api_chat_usage_json(&o->usage, &u);
+            jsonfmt_buf_putc(&u, '}');
+            api_sse(b, NULL, u.p, u.len);
+            jsonfmt_buf_free(&u);
+        }
+        jsonfmt_buf_puts(b, "data: [DONE]\n\n");
+        return;
+    }
+    jsonfmt_buf_puts(b, "{\"id\":");
+    api_buf_str(b, o->id);
+    api_buf_printf(b, ",\"object\":\"chat.completion\",\"created\":%lld,\"model\":", (long long)o->created);
+    api_buf_str(b, o->model);
+    jsonfmt_buf_puts(b, ",\"system_fingerprint\":\"tokenmill\",\"choices\":[");
+    for (int i = 0; i < o->n_choices; i++) {
+        const api_choice *c = &o->choices[i];
+        if (i) jsonfmt_buf_putc(b, ',');
+        api_buf_printf(b, "{\"index\":%d,\"message\":{\"role\":\"assistant\",\"content\":", i);
+        /* Text items joined; null when the answer is only tool calls. */
+        jsonfmt_buf text = {0}, reasoning = {0};
+        bool has_text = false, has_reasoning = false;
+        for (int k = 0; k < c->n_items; k++) {
+            const api_item *it = &c->items[k];
+            if (it->kind == API_ITEM_TEXT) {
+                has_text = true;
+                jsonfmt_buf_append(&text, it->text.p ? it->text.p : "", it->text.len);
+            } else if (it->kind == API_ITEM_REASONING) {
+                has_reasoning = true;
+                jsonfmt_buf_append(&reasoning, it->text.p ? it->text.p : "", it->text.len);
+            }
+        }
+        if (has_text && !(c->n_calls && text.len == 0)) api_buf_strn(b, text.p ? text.p : "", text.len);
+        else jsonfmt_buf_puts(b, "null");
+        if (has_reasoning) {
+            jsonfmt_buf_puts(b, ",\"reasoning_content\":");
+            api_buf_strn(b, reasoning.p, reasoning.len);
+        }
+        jsonfmt_buf_free(&text);
+        jsonfmt_buf_free(&reasoning);
+        if (c->n_calls) {
+            jsonfmt_buf_puts(b, ",\"tool_calls\":[");
+            int n = 0;
+            for (int k = 0; k < c->n_items; k++) {
+                const api_item *it = &c->items[k];
+                if (it->kind != API_ITEM_TOOL) continue;
+                if (n++) jsonfmt_buf_putc(b, ',');
+                jsonfmt_buf_puts(b, "{\"id\":");
+                api_buf_str(b, it->call_id);
+                jsonfmt_buf_puts(b, ",\"type\":\"function\",\"function\":{\"name\":");
+                api_buf_str(b, it->name);
+                jsonfmt_buf_puts(b, ",\"arguments\":");
+                api_buf_strn(b, it->text.p ? it->text.p : "{}", it->text.p ? it->text.len : 2);
+                jsonfmt_buf_puts(b, "}}");
+            }
+            jsonfmt_buf_putc(b, ']');
+        }
+        jsonfmt_buf_puts(b, ",\"refusal\":null},\"logprobs\":");
+        if (o->req->logprobs) api_chat_lps(b, c, 0, c->n_lps);
+        else jsonfmt_buf_puts(b, "null");
+        jsonfmt_buf_puts(b, ",\"finish_reason\":");
+        api_buf_str(b, api_chat_finish_name(c->finish));
+        if (o->req->return_token_ids) {
+            jsonfmt_buf_puts(b, ",\"token_ids\":");
+            api_chat_ids(b, c->token_ids, c->n_token_ids);
+        }
+        jsonfmt_buf_putc(b, '}');
+    }
+    jsonfmt_buf_puts(b, "],\"usage\":");
+    api_chat_usage_json(&o->usage, b);
+    if (o->req->return_token_ids) {
+        jsonfmt_buf_puts(b, ",\"prompt_token_ids\":");
+        api_chat_ids(b, o->prompt_ids, o->n_prompt_ids);
+    }
+    jsonfmt_buf_putc(b, '}');
+}
+
+/* ------------------------------------------------------------------ route */
+
+static void api_chat_handle(http_request *r, void *user) { api_serve(r, user, API_KIND_CHAT, false, NULL); }
+
+void api_chat_register(http_server *h, api_ctx *c) { http_route(h, "POST", "/v1/chat/completions", api_chat_handle, c); }

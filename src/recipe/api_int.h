@@ -1,0 +1,43 @@
+/*
+ * api_int: what only api*.c may see: the JSON (jansson) checks the three parsers share.
+ *
+ * Each check looks up one member of an object, treats JSON null as absent (the SDKs send
+ * null for unset optional fields), and on a wrong type or value fills the api_error in the
+ * vendor's wording: OpenAI routes "Invalid type for 'x': expected a number, but got a string
+ * instead." (code invalid_type), Anthropic "x: Input should be a valid number". `path` is the
+ * member's full name in messages ("messages[0].content").
+ * Return: 1 present and valid, 0 absent, -1 error (e filled).
+ */
+#ifndef TM_API_INT_H
+#define TM_API_INT_H
+
+#include <jansson.h>
+
+#include "recipe/api.h"
+
+/* Checks UTF-8, parses, requires a top-level object. */
+bool api_json_load(api_kind kind, const char *body, size_t len, json_t **root, api_error *e);
+/* Rejects members of obj not in allowed (NULL-terminated), as the vendor words it. */
+bool api_json_known(api_kind kind, json_t *obj, const char *const *allowed, const char *path, api_error *e);
+/* A member that is present but has the wrong JSON type. */
+void api_json_type_error(api_kind kind, api_error *e, const char *path, const char *expected, json_t *got);
+void api_json_value_error(api_kind kind, api_error *e, const char *path, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+void api_json_missing(api_kind kind, api_error *e, const char *path);
+
+int api_json_num(api_kind kind, json_t *obj, const char *key, double lo, double hi, double *out, api_error *e);
+int api_json_int(api_kind kind, json_t *obj, const char *key, long long lo, long long hi, long long *out,
+                 api_error *e);
+int api_json_bool(api_kind kind, json_t *obj, const char *key, bool *out, api_error *e);
+int api_json_str(api_kind kind, json_t *obj, const char *key, const char **out, api_error *e);
+/* "x.y" or "x[3]" into buf. */
+const char *api_path(char *buf, size_t cap, const char *base, const char *key, int index);
+
+/* The model name: absent or "" means the served one; any other name not served is 404. */
+bool api_json_model(const api_cfg *cfg, api_kind kind, json_t *root, api_req *r, api_error *e);
+/* stop / stop_sequences: a string or an array of strings. */
+bool api_json_stop(api_kind kind, json_t *root, const char *key, api_req *r, api_error *e);
+/* The compact JSON text of a value (malloc'd). */
+char *api_json_dump(json_t *v);
+
+#endif

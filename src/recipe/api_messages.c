@@ -1,0 +1,560 @@
+/*
+ * api_messages: Anthropic Messages (POST /v1/messages, POST /v1/messages/count_tokens).
+ *
+ * Request -> conv: `system` (a string or text blocks) is a system turn first. A user message
+ * is a user turn, except that each tool_result block becomes its own tool turn (text blocks
+ * after results open a new user turn); an assistant message is one assistant turn whose
+ * thinking blocks become reasoning parts, text blocks text parts and tool_use blocks tool
+ * calls (input re-serialised as JSON text). Images and documents are rejected (text only).
+ * `thinking` {type: enabled, budget_tokens} turns the template's thinking on; without it
+ * thinking is off, as Anthropic's models answer without thinking unless asked. max_tokens is
+ * required. Unknown fields are rejected ("Extra inputs are not permitted").
+ *
+ * Output: a message object with content blocks in output order (thinking, text, tool_use),
+ * stop_reason end_turn / max_tokens / stop_sequence / tool_use, and usage where input_tokens
+ * counts only the prompt tokens that were not read from a cache (cache_read_input_tokens).
+ * Streaming: message_start, ping, content_block_start / content_block_delta (text_delta,
+ * thinking_delta, input_json_delta) / content_block_stop per block, message_delta with
+ * stop_reason and usage, message_stop.
+ */
+#include "recipe/api.h"
+#include "recipe/api_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/util.h"
+
+static const api_kind K = API_KIND_MESSAGES;
+
+static const char *const api_messages_keys[] = {
+    "model", "messages", "max_tokens", "system", "stop_sequences", "temperature", "top_p", "top_k", "stream", "tools",
+    "tool_choice", "thinking", "metadata", "service_tier", "container", "mcp_servers", "context_management",
+    /* extensions */
+    "seed", "min_p", "return_token_ids", NULL};
+
+static const char *const api_messages_count_keys[] = {"model", "messages", "system", "tools", "tool_choice", "thinking",
+                                                      "mcp_servers", "context_management", "return_token_ids", NULL};
+
+/* Text of tool_result content or system: a string or a list of text blocks. */
+static char *api_messages_text(json_t *v, const char *path, api_error *e)
+{
+    if (json_is_string(v)) return xstrdup(json_string_value(v));
+    if (!json_is_array(v)) {
+        api_json_type_error(K, e, path, "a valid string or a valid list", v);
+        return NULL;
+    }
+    jsonfmt_buf all = {0};
+    jsonfmt_buf_puts(&all, "");
+    size_t i;
+    json_t *b;
+    char p[128];
+    json_array_foreach(v, i, b) {
+        api_path(p, sizeof p, path, NULL, (int)i);
+        json_t *type = json_is_object(b) ? json_object_get(b, "type") : NULL;
+        if (!json_is_object(b)) {
+            api_json_type_error(K, e, p, "a valid dictionary", b);
+            goto fail;
+        }
+        if (!json_is_string(type) || strcmp(json_string_value(type), "text")) {
+            api_json_value_error(K, e, p, "only text blocks are supported here by this server");
+            goto fail;
+        }
+        json_t *tx = json_object_get(b, "text");
+        if (!json_is_string(tx)) {
+            char q[160];
+            api_path(q, sizeof q, p, "text", -1);
+            if (!tx) api_json_missing(K, e, q);
+            else api_json_type_error(K, e, q, "a valid string", tx);
+            goto fail;
+        }
+        if (i) jsonfmt_buf_puts(&all, "\n");
+        jsonfmt_buf_append(&all, json_string_value(tx), json_string_length(tx));
+    }
+    return all.p;
+fail:
+    jsonfmt_buf_free(&all);
+    return NULL;
+}
+
+static bool api_messages_messages(api_req *r, json_t *msgs, api_error *e)
+{
+    char p[64], q[96], bp[128];
+    if (!msgs) {
+        api_json_missing(K, e, "messages");
+        return false;
+    }
+    if (!json_is_array(msgs)) {
+        api_json_type_error(K, e, "messages", "a valid list", msgs);
+        return false;
+    }
+    if (json_array_size(msgs) == 0) {
+        api_error_set(e, 400, "messages", NULL, "messages: at least one message is required");
+        return false;
+    }
+    size_t i;
+    json_t *m;
+    json_array_foreach(msgs, i, m) {
+        api_path(p, sizeof p, "messages", NULL, (int)i);
+        if (!json_is_object(m)) {
+            api_json_type_error(K, e, p, "a valid dictionary", m);
+            return false;
+        }
+        json_t *role = json_object_get(m, "role"), *content = json_object_get(m, "content");
+        api_path(q, sizeof q, p, "role", -1);
+        if (!json_is_string(role)) {
+            if (!role) api_json_missing(K, e, q);
+            else api_json_type_error(K, e, q, "a valid string", role);
+            return false;
+        }
+        bool user = !strcmp(json_string_value(role), "user");
+        if (!user && strcmp(json_string_value(role), "assistant")) {
+            api_error_set(e, 400, q, NULL, "%s: Input should be 'user' or 'assistant'", q);
+            return false;
+        }
+        api_path(q, sizeof q, p, "content", -1);
+        if (!content) {
+            api_json_missing(K, e, q);
+            return false;
+        }
+        conv_role cr = user ? CONV_ROLE_USER : CONV_ROLE_ASSISTANT;
+        if (json_is_string(content)) {
+            conv_add_turn(&r->conv, cr);
+            conv_add_text(&r->conv, json_string_value(content), json_string_length(content));
+            continue;
+        }
+        if (!json_is_array(content)) {
+            api_json_type_error(K, e, q, "a valid string or a valid list", content);
+            return false;
+        }
+        bool turn_open = false; /* the last turn takes this message's text blocks */
+        if (!user) {
+            conv_add_turn(&r->conv, cr);
+            turn_open = true;
+        }
+        size_t j;
+        json_t *b;
+        json_array_foreach(content, j, b) {
+            api_path(bp, sizeof bp, q, NULL, (int)j);
+            if (!json_is_object(b)) {
+                api_json_type_error(K, e, bp, "a valid dictionary", b);
+                return false;
+            }
+            json_t *type = json_object_get(b, "type");
+            char fp[160];
+            if (!json_is_string(type)) {
+                api_path(fp, sizeof fp, bp, "type", -1);
+                if (!type) api_json_missing(K, e, fp);
+                else api_json_type_error(K, e, fp, "a valid string", type);
+                return false;
+            }
+            const char *t = json_string_value(type);
+            if (!strcmp(t, "text")) {
+                json_t *tx = json_object_get(b, "text");
+                if (!json_is_string(tx)) {
+                    api_path(fp, sizeof fp, bp, "text", -1);
+                    if (!tx) api_json_missing(K, e, fp);
+                    else api_json_type_error(K, e, fp, "a valid string", tx);
+                    return false;
+                }
+                if (!turn_open) {
+                    conv_add_turn(&r->conv, cr);
+                    turn_open = true;
+                }
+                conv_add_text(&r->conv, json_string_value(tx), json_string_length(tx));
+            } else if (!strcmp(t, "thinking") && !user) {
+                json_t *tx = json_object_get(b, "thinking");
+                if (!json_is_string(tx)) {
+                    api_path(fp, sizeof fp, bp, "thinking", -1);
+                    if (!tx) api_json_missing(K, e, fp);
+                    else api_json_type_error(K, e, fp, "a valid string", tx);
+                    return false;
+                }
+                conv_add_reasoning(&r->conv, json_string_value(tx), json_string_length(tx));
+            } else if (!strcmp(t, "redacted_thinking") && !user) {
+                /* opaque: nothing to show the model */
+            } else if (!strcmp(t, "tool_use") && !user) {
+                json_t *id = json_object_get(b, "id"), *name = json_object_get(b, "name"), *input = json_object_get(b, "input");
+                const char *miss = !json_is_string(id) ? "id" : !json_is_string(name) ? "name" : NULL;
+                if (miss) {
+                    json_t *v = json_object_get(b, miss);
+                    api_path(fp, sizeof fp, bp, miss, -1);
+                    if (!v) api_json_missing(K, e, fp);
+                    else api_json_type_error(K, e, fp, "a valid string", v);
+                    return false;
+                }
+                if (!json_is_object(input)) {
+                    api_path(fp, sizeof fp, bp, "input", -1);
+                    if (!input) api_json_missing(K, e, fp);
+                    else api_json_type_error(K, e, fp, "a valid dictionary", input);
+                    return false;
+                }
+                char *args = api_json_dump(input);
+                conv_add_tool_call(&r->conv, json_string_value(id), json_string_value(name), args, strlen(args));
+                free(args);
+            } else if (!strcmp(t, "tool_result") && user) {
+                json_t *id = json_object_get(b, "tool_use_id"), *c = json_object_get(b, "content");
+                api_path(fp, sizeof fp, bp, "tool_use_id", -1);
+                if (!json_is_string(id)) {
+                    if (!id) api_json_missing(K, e, fp);
+                    else api_json_type_error(K, e, fp, "a valid string", id);
+                    return false;
+                }
+                char *text = (c && !json_is_null(c)) ? api_messages_text(c, api_path(fp, sizeof fp, bp, "content", -1), e)
+                                                     : xstrdup("");
+                if (!text) return false;
+                conv_add_turn(&r->conv, CONV_ROLE_TOOL);
+                conv_add_tool_result(&r->conv, json_string_value(id), NULL, text, strlen(text));
+                free(text);
+                turn_open = false;
+            } else if (!strcmp(t, "image") || !strcmp(t, "document") || !strcmp(t, "search_result")) {
+                api_json_value_error(K, e, bp, "content blocks of type '%s' are not supported by this model (text only)", t);
+                return false;
+            } else {
+                api_path(fp, sizeof fp, bp, "type", -1);
+                api_error_set(e, 400, fp, NULL, "%s: Input tag '%s' found using 'type' does not match any of the expected tags for a %s message",
+                              fp, t, user ? "user" : "assistant");
+                return false;
+            }
+        }
+        if (!turn_open && user && json_array_size(content) == 0) {
+            conv_add_turn(&r->conv, cr);
+            conv_add_text(&r->conv, "", 0);
+        }
+    }
+    return true;
+}
+
+static bool api_messages_tools(api_req *r, json_t *tools, api_error *e)
+{
+    char p[64], q[96];
+    if (!json_is_array(tools)) {
+        api_json_type_error(K, e, "tools", "a valid list", tools);
+        return false;
+    }
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t) {
+        api_path(p, sizeof p, "tools", NULL, (int)i);
+        if (!json_is_object(t)) {
+            api_json_type_error(K, e, p, "a valid dictionary", t);
+            return false;
+        }
+        json_t *type = json_object_get(t, "type");
+        if (type && !json_is_null(type) && (!json_is_string(type) || strcmp(json_string_value(type), "custom"))) {
+            api_json_value_error(K, e, api_path(q, sizeof q, p, "type", -1), "only custom (client) tools are supported by this server");
+            return false;
+        }
+        json_t *name = json_object_get(t, "name"), *desc = json_object_get(t, "description"),
+               *schema = json_object_get(t, "input_schema");
+        if (!json_is_string(name) || !json_string_length(name)) {
+            api_path(q, sizeof q, p, "name", -1);
+            if (!name) api_json_missing(K, e, q);
+            else api_json_type_error(K, e, q, "a valid non-empty string", name);
+            return false;
+        }
+        if (desc && !json_is_null(desc) && !json_is_string(desc)) {
+            api_json_type_error(K, e, api_path(q, sizeof q, p, "description", -1), "a valid string", desc);
+            return false;
+        }
+        if (!json_is_object(schema)) {
+            api_path(q, sizeof q, p, "input_schema", -1);
+            if (!schema) api_json_missing(K, e, q);
+            else api_json_type_error(K, e, q, "a valid dictionary", schema);
+            return false;
+        }
+        char *pj = api_json_dump(schema);
+        conv_add_tool(&r->conv, json_string_value(name), json_is_string(desc) ? json_string_value(desc) : NULL, pj);
+        free(pj);
+    }
+    return true;
+}
+
+/* The fields both /v1/messages and count_tokens read. */
+static bool api_messages_common(json_t *root, api_req *r, long long max_tokens, api_error *e)
+{
+    json_t *sys = json_object_get(root, "system");
+    if (sys && !json_is_null(sys)) {
+        char *text = api_messages_text(sys, "system", e);
+        if (!text) return false;
+        conv_add_turn(&r->conv, CONV_ROLE_SYSTEM);
+        conv_add_text(&r->conv, text, strlen(text));
+        free(text);
+    }
+    if (!api_messages_messages(r, json_object_get(root, "messages"), e)) return false;
+    json_t *tools = json_object_get(root, "tools");
+    if (tools && !json_is_null(tools) && !api_messages_tools(r, tools, e)) return false;
+    json_t *tc = json_object_get(root, "tool_choice");
+    if (tc && !json_is_null(tc)) {
+        json_t *t = json_is_object(tc) ? json_object_get(tc, "type") : NULL;
+        const char *ts = json_is_string(t) ? json_string_value(t) : NULL;
+        if (!ts || (strcmp(ts, "auto") && strcmp(ts, "any") && strcmp(ts, "tool") && strcmp(ts, "none"))) {
+            api_error_set(e, 400, "tool_choice", NULL, "tool_choice: Input should be an object with type 'auto', 'any', 'tool' or 'none'");
+            return false;
+        }
+        if (!strcmp(ts, "none")) r->conv.n_tools = 0;
+    }
+    r->conv.thinking = CONV_THINKING_OFF;
+    json_t *th = json_object_get(root, "thinking");
+    if (th && !json_is_null(th)) {
+        json_t *t = json_is_object(th) ? json_object_get(th, "type") : NULL;
+        const char *ts = json_is_string(t) ? json_string_value(t) : NULL;
+        if (!ts || (strcmp(ts, "enabled") && strcmp(ts, "disabled") && strcmp(ts, "adaptive"))) {
+            api_error_set(e, 400, "thinking", NULL, "thinking: Input tag does not match any of the expected tags: 'enabled', 'disabled'");
+            return false;
+        }
+        if (!strcmp(ts, "enabled")) {
+            long long bt = 0;
+            int st = api_json_int(K, th, "budget_tokens", 1024, 1LL << 30, &bt, e);
+            if (st < 0) {
+                api_error_set(e, 400, "thinking.budget_tokens", NULL, "thinking.budget_tokens: %s", e->message);
+                return false;
+            }
+            if (st == 0) {
+                api_json_missing(K, e, "thinking.enabled.budget_tokens");
+                return false;
+            }
+            if (max_tokens > 0 && bt >= max_tokens) {
+                api_error_set(e, 400, "thinking.budget_tokens", NULL, "`max_tokens` must be greater than `thinking.budget_tokens`.");
+                return false;
+            }
+            r->thinking_budget = (int)bt;
+        }
+        if (strcmp(ts, "disabled")) r->conv.thinking = CONV_THINKING_ON;
+    }
+    return true;
+}
+
+api_status api_messages_parse(const api_cfg *cfg, const char *body, size_t len, api_req *r, api_error *e)
+{
+    json_t *root;
+    if (!api_json_load(K, body, len, &root, e)) return API_ERR;
+    api_status ret = API_ERR;
+    double x;
+    long long k;
+    int st;
+    if (!api_json_known(K, root, api_messages_keys, "", e)) goto out;
+    if (!api_json_model(cfg, K, root, r, e)) goto out;
+    if ((st = api_json_int(K, root, "max_tokens", 1, 1 << 30, &k, e)) < 0) goto out;
+    if (st == 0) {
+        api_json_missing(K, e, "max_tokens");
+        goto out;
+    }
+    r->max_tokens = (int)k;
+    if (!api_messages_common(root, r, k, e)) goto out;
+    if ((st = api_json_num(K, root, "temperature", 0, 1, &x, e)) < 0) goto out;
+    if (st) r->sp.temp = (float)x;
+    if ((st = api_json_num(K, root, "top_p", 0, 1, &x, e)) < 0) goto out;
+    if (st) r->sp.top_p = (float)x;
+    if ((st = api_json_int(K, root, "top_k", 0, 1 << 30, &k, e)) < 0) goto out;
+    if (st) r->sp.top_k = (int)k;
+    if ((st = api_json_num(K, root, "min_p", 0, 1, &x, e)) < 0) goto out;
+    if (st) r->sp.min_p = (float)x;
+    if ((st = api_json_int(K, root, "seed", -(1LL << 62), 1LL << 62, &k, e)) < 0) goto out;
+    if (st) r->sp.seed = (uint64_t)k, r->seed_given = true;
+    if (!api_json_stop(K, root, "stop_sequences", r, e)) goto out;
+    if (json_is_string(json_object_get(root, "stop_sequences"))) {
+        api_json_type_error(K, e, "stop_sequences", "a valid list", json_object_get(root, "stop_sequences"));
+        goto out;
+    }
+    if (api_json_bool(K, root, "stream", &r->stream, e) < 0) goto out;
+    if (api_json_bool(K, root, "return_token_ids", &r->return_token_ids, e) < 0) goto out;
+    json_t *md = json_object_get(root, "metadata");
+    if (md && !json_is_null(md) && !json_is_object(md)) {
+        api_json_type_error(K, e, "metadata", "a valid dictionary", md);
+        goto out;
+    }
+    json_t *mcp = json_object_get(root, "mcp_servers");
+    if (mcp && !json_is_null(mcp) && !(json_is_array(mcp) && json_array_size(mcp) == 0)) {
+        api_json_value_error(K, e, "mcp_servers", "MCP servers are not supported by this server");
+        goto out;
+    }
+    ret = API_OK;
+out:
+    json_decref(root);
+    return ret;
+}
+
+api_status api_messages_count_parse(const api_cfg *cfg, const char *body, size_t len, api_req *r, api_error *e)
+{
+    json_t *root;
+    if (!api_json_load(K, body, len, &root, e)) return API_ERR;
+    api_status ret = API_ERR;
+    if (!api_json_known(K, root, api_messages_count_keys, "", e)) goto out;
+    if (!api_json_model(cfg, K, root, r, e)) goto out;
+    if (!api_messages_common(root, r, 0, e)) goto out;
+    if (api_json_bool(K, root, "return_token_ids", &r->return_token_ids, e) < 0) goto out;
+    ret = API_OK;
+out:
+    json_decref(root);
+    return ret;
+}
+
+void api_messages_count_json(int input_tokens, jsonfmt_buf *out) { api_buf_printf(out, "{\"input_tokens\":%d}", input_tokens); }
+
+/* ------------------------------------------------------------------ output */
+
+static const char *api_messages_stop_reason(const api_choice *c)
+{
+    if (c->stop_index >= 0) return "stop_sequence";
+    if (c->finish == EVENTS_FINISH_LENGTH) return "max_tokens";
+    if (c->finish == EVENTS_FINISH_TOOL_CALLS) return "tool_use";
+    return "end_turn";
+}
+
+static void api_messages_usage(const api_out *o, bool with_output, jsonfmt_buf *b)
+{
+    const api_usage *u = &o->usage;
+    api_buf_printf(b, "{\"input_tokens\":%d,\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":%d,\"output_tokens\":%d}",
+                   u->prompt_tokens - u->cached_tokens, u->cached_tokens, with_output ? u->completion_tokens : 0);
+}
+
+static void api_messages_block(const api_item *it, bool done, jsonfmt_buf *b)
+{
+    const char *text = done && it->text.p ? it->text.p : "";
+    size_t tlen = done ? it->text.len : 0;
+    switch (it->kind) {
+    case API_ITEM_TEXT:
+        jsonfmt_buf_puts(b, "{\"type\":\"text\",\"text\":");
+        api_buf_strn(b, text, tlen);
+        jsonfmt_buf_putc(b, '}');
+        break;
+    case API_ITEM_REASONING:
+        jsonfmt_buf_puts(b, "{\"type\":\"thinking\",\"thinking\":");
+        api_buf_strn(b, text, tlen);
+        jsonfmt_buf_puts(b, ",\"signature\":\"\"}");
+        break;
+    case API_ITEM_TOOL:
+        jsonfmt_buf_puts(b, "{\"type\":\"tool_use\",\"id\":");
+        api_buf_str(b, it->id);
+        jsonfmt_buf_puts(b, ",\"name\":");
+        api_buf_str(b, it->name);
+        jsonfmt_buf_puts(b, ",\"input\":");
+        if (done && tlen) jsonfmt_buf_append(b, text, tlen);
+        else jsonfmt_buf_puts(b, "{}");
+        jsonfmt_buf_putc(b, '}');
+        break;
+    }
+}
+
+static void api_messages_message(api_out *o, bool final, jsonfmt_buf *b)
+{
+    const api_choice *c = &o->choices[0];
+    jsonfmt_buf_puts(b, "{\"id\":");
+    api_buf_str(b, o->id);
+    jsonfmt_buf_puts(b, ",\"type\":\"message\",\"role\":\"assistant\",\"model\":");
+    api_buf_str(b, o->model);
+    jsonfmt_buf_puts(b, ",\"content\":[");
+    if (final)
+        for (int k = 0; k < c->n_items; k++) {
+            if (k) jsonfmt_buf_putc(b, ',');
+            api_messages_block(&c->items[k], true, b);
+        }
+    jsonfmt_buf_puts(b, "],\"stop_reason\":");
+    api_buf_str(b, final ? api_messages_stop_reason(c) : NULL);
+    jsonfmt_buf_puts(b, ",\"stop_sequence\":");
+    api_buf_str(b, final && c->stop_index >= 0 ? o->req->stop[c->stop_index] : NULL);
+    jsonfmt_buf_puts(b, ",\"usage\":");
+    api_messages_usage(o, final, b);
+    if (final && o->req->return_token_ids) {
+        jsonfmt_buf_puts(b, ",\"prompt_token_ids\":[");
+        for (int k = 0; k < o->n_prompt_ids; k++) api_buf_printf(b, "%s%d", k ? "," : "", o->prompt_ids[k]);
+        jsonfmt_buf_putc(b, ']');
+    }
+    jsonfmt_buf_putc(b, '}');
+}
+
+static void api_messages_event(api_out *o, const char *type, const char *fields, size_t flen)
+{
+    jsonfmt_buf b = {0};
+    jsonfmt_buf_puts(&b, "{\"type\":");
+    api_buf_str(&b, type);
+    if (flen) {
+        jsonfmt_buf_putc(&b, ',');
+        jsonfmt_buf_append(&b, fields, flen);
+    }
+    jsonfmt_buf_putc(&b, '}');
+    api_sse(&o->out, type, b.p, b.len);
+    jsonfmt_buf_free(&b);
+}
+
+void api_messages_begin(api_out *o)
+{
+    jsonfmt_buf f = {0};
+    jsonfmt_buf_puts(&f, "\"message\":");
+    api_messages_message(o, false, &f);
+    api_messages_event(o, "message_start", f.p, f.len);
+    api_messages_event(o, "ping", "", 0);
+    jsonfmt_buf_free(&f);
+}
+
+void api_messages_on(api_out *o, int i, api_op op, api_item *it, const char *d, size_t len)
+{
+    if (i != 0) return;
+    api_choice *c = &o->choices[0];
+    if (op == API_OP_OPEN && it->kind == API_ITEM_TOOL) {
+        /* toolu_ + the splitter's id without its call_ prefix */
+        const char *tail = strncmp(it->call_id, "call_", 5) ? it->call_id : it->call_id + 5;
+        snprintf(it->id, sizeof it->id, "toolu_%s", tail);
+    }
+    if (!o->req->stream || op == API_OP_FINISH) return;
+    int bi = c->n_items - 1;
+    jsonfmt_buf f = {0};
+    switch (op) {
+    case API_OP_OPEN:
+        api_buf_printf(&f, "\"index\":%d,\"content_block\":", bi);
+        api_messages_block(it, false, &f);
+        api_messages_event(o, "content_block_start", f.p, f.len);
+        break;
+    case API_OP_DELTA:
+        api_buf_printf(&f, "\"index\":%d,\"delta\":{\"type\":", bi);
+        if (it->kind == API_ITEM_TEXT) jsonfmt_buf_puts(&f, "\"text_delta\",\"text\":");
+        else if (it->kind == API_ITEM_REASONING) jsonfmt_buf_puts(&f, "\"thinking_delta\",\"thinking\":");
+        else jsonfmt_buf_puts(&f, "\"input_json_delta\",\"partial_json\":");
+        api_buf_strn(&f, d, len);
+        jsonfmt_buf_putc(&f, '}');
+        api_messages_event(o, "content_block_delta", f.p, f.len);
+        break;
+    case API_OP_CLOSE:
+        if (it->kind == API_ITEM_REASONING) {
+            api_buf_printf(&f, "\"index\":%d,\"delta\":{\"type\":\"signature_delta\",\"signature\":\"\"}", bi);
+            api_messages_event(o, "content_block_delta", f.p, f.len);
+            f.len = 0;
+        }
+        api_buf_printf(&f, "\"index\":%d", bi);
+        api_messages_event(o, "content_block_stop", f.p, f.len);
+        break;
+    default: break;
+    }
+    jsonfmt_buf_free(&f);
+}
+
+void api_messages_end(api_out *o)
+{
+    if (!o->req->stream) {
+        api_messages_message(o, true, &o->out);
+        return;
+    }
+    const api_choice *c = &o->choices[0];
+    jsonfmt_buf f = {0};
+    jsonfmt_buf_puts(&f, "\"delta\":{\"stop_reason\":");
+    api_buf_str(&f, api_messages_stop_reason(c));
+    jsonfmt_buf_puts(&f, ",\"stop_sequence\":");
+    api_buf_str(&f, c->stop_index >= 0 ? o->req->stop[c->stop_index] : NULL);
+    jsonfmt_buf_puts(&f, "},\"usage\":");
+    api_messages_usage(o, true, &f);
+    api_messages_event(o, "message_delta", f.p, f.len);
+    api_messages_event(o, "message_stop", "", 0);
+    jsonfmt_buf_free(&f);
+}
+
+/* ------------------------------------------------------------------ routes */
+
+static void api_messages_handle(http_request *r, void *user) { api_serve(r, user, API_KIND_MESSAGES, false, NULL); }
+static void api_messages_count_handle(http_request *r, void *user) { api_serve(r, user, API_KIND_MESSAGES, true, NULL); }
+
+void api_messages_register(http_server *h, api_ctx *c)
+{
+    http_route(h, "POST", "/v1/messages", api_messages_handle, c);
+    http_route(h, "POST", "/v1/messages/count_tokens", api_messages_count_handle, c);
+}

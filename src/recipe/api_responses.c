@@ -1,0 +1,603 @@
+/*
+ * api_responses: OpenAI Responses (POST /v1/responses).
+ *
+ * Request -> conv: `instructions` is a system turn first; then, with previous_response_id,
+ * the stored conversation of that response (its input and its answer, without its
+ * instructions, as OpenAI does); then `input`: a string (one user turn) or a list of items:
+ * messages (role + string or input_text/output_text parts), function_call (assistant tool
+ * call), function_call_output (tool result) and reasoning items. Consecutive assistant-side
+ * items (reasoning, assistant message, function_call) form one assistant turn. Unknown
+ * top-level fields are rejected ("Unknown parameter").
+ *
+ * Output: a `response` object whose output items are, in order, reasoning items (rs_…),
+ * messages (msg_…, one output_text part) and function_call items (fc_…). Streaming sends
+ * response.created, response.in_progress, then per item output_item.added, content_part.added,
+ * *.delta …, *.done, content_part.done, output_item.done, and finally response.completed (or
+ * response.incomplete when the token limit was hit), every event with a sequence_number.
+ * A completed response with store=true is kept in the api_store for previous_response_id.
+ */
+#include "recipe/api.h"
+#include "recipe/api_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/util.h"
+
+static const char *const api_responses_keys[] = {
+    "model", "input", "instructions", "previous_response_id", "max_output_tokens", "temperature", "top_p", "stream",
+    "store", "metadata", "user", "tools", "tool_choice", "parallel_tool_calls", "truncation", "include", "reasoning",
+    "text", "service_tier", "background", "prompt_cache_key", "safety_identifier", "top_logprobs", "max_tool_calls",
+    "stream_options", "conversation", "prompt",
+    /* extensions */
+    "top_k", "min_p", "seed", "stop", "presence_penalty", "frequency_penalty", "return_token_ids", NULL};
+
+static const api_kind K = API_KIND_RESPONSES;
+
+/* Text of a content value: a string or an array of text parts. Returns a malloc'd string or
+ * NULL with e filled. */
+static char *api_responses_text(json_t *content, const char *path, api_error *e)
+{
+    if (json_is_string(content)) return xstrdup(json_string_value(content));
+    if (!json_is_array(content)) {
+        api_json_type_error(K, e, path, "a string or an array of content parts", content);
+        return NULL;
+    }
+    jsonfmt_buf all = {0};
+    jsonfmt_buf_puts(&all, "");
+    size_t i;
+    json_t *part;
+    char p[128];
+    json_array_foreach(content, i, part) {
+        api_path(p, sizeof p, path, NULL, (int)i);
+        json_t *type = json_is_object(part) ? json_object_get(part, "type") : NULL;
+        const char *t = json_is_string(type) ? json_string_value(type) : "";
+        if (!json_is_object(part)) {
+            api_json_type_error(K, e, p, "an object", part);
+            goto fail;
+        }
+        json_t *tx = NULL;
+        if (!strcmp(t, "input_text") || !strcmp(t, "output_text") || !strcmp(t, "text") ||
+            !strcmp(t, "reasoning_text") || !strcmp(t, "summary_text"))
+            tx = json_object_get(part, "text");
+        else if (!strcmp(t, "refusal"))
+            tx = json_object_get(part, "refusal");
+        else {
+            api_json_value_error(K, e, p, "content part type '%s' is not supported by this model (text only).", t);
+            goto fail;
+        }
+        if (!json_is_string(tx)) {
+            char q[160];
+            api_path(q, sizeof q, p, "text", -1);
+            if (!tx) api_json_missing(K, e, q);
+            else api_json_type_error(K, e, q, "a string", tx);
+            goto fail;
+        }
+        jsonfmt_buf_append(&all, json_string_value(tx), json_string_length(tx));
+    }
+    return all.p;
+fail:
+    jsonfmt_buf_free(&all);
+    return NULL;
+}
+
+static bool api_responses_input(api_req *r, json_t *input, api_error *e)
+{
+    if (json_is_string(input)) {
+        conv_add_turn(&r->conv, CONV_ROLE_USER);
+        conv_add_text(&r->conv, json_string_value(input), json_string_length(input));
+        return true;
+    }
+    if (!json_is_array(input)) {
+        api_json_type_error(K, e, "input", "a string or an array of input items", input);
+        return false;
+    }
+    bool asst_open = false; /* the last turn is an assistant turn still taking items */
+    size_t i;
+    json_t *it;
+    char p[64], q[96];
+    json_array_foreach(input, i, it) {
+        api_path(p, sizeof p, "input", NULL, (int)i);
+        if (!json_is_object(it)) {
+            api_json_type_error(K, e, p, "an object", it);
+            return false;
+        }
+        json_t *type = json_object_get(it, "type");
+        if (type && !json_is_string(type)) {
+            api_json_type_error(K, e, api_path(q, sizeof q, p, "type", -1), "a string", type);
+            return false;
+        }
+        const char *t = type ? json_string_value(type) : "message";
+        if (!strcmp(t, "message")) {
+            json_t *role = json_object_get(it, "role");
+            api_path(q, sizeof q, p, "role", -1);
+            if (!json_is_string(role)) {
+                if (!role) api_json_missing(K, e, q);
+                else api_json_type_error(K, e, q, "a string", role);
+                return false;
+            }
+            const char *rs = json_string_value(role);
+            conv_role cr;
+            if (!strcmp(rs, "user")) cr = CONV_ROLE_USER;
+            else if (!strcmp(rs, "assistant")) cr = CONV_ROLE_ASSISTANT;
+            else if (!strcmp(rs, "system")) cr = CONV_ROLE_SYSTEM;
+            else if (!strcmp(rs, "developer")) cr = CONV_ROLE_DEVELOPER;
+            else {
+                api_error_set(e, 400, q, "invalid_value",
+                              "Invalid value: '%s'. Supported values are: 'assistant', 'system', 'developer', and "
+                              "'user'.",
+                              rs);
+                return false;
+            }
+            json_t *content = json_object_get(it, "content");
+            api_path(q, sizeof q, p, "content", -1);
+            if (!content) {
+                api_json_missing(K, e, q);
+                return false;
+            }
+            char *text = api_responses_text(content, q, e);
+            if (!text) return false;
+            if (!(cr == CONV_ROLE_ASSISTANT && asst_open)) conv_add_turn(&r->conv, cr);
+            conv_add_text(&r->conv, text, strlen(text));
+            free(text);
+            asst_open = cr == CONV_ROLE_ASSISTANT;
+        } else if (!strcmp(t, "function_call")) {
+            json_t *cid = json_object_get(it, "call_id"), *name = json_object_get(it, "name"),
+                   *args = json_object_get(it, "arguments");
+            const char *miss = !json_is_string(cid) ? "call_id" : !json_is_string(name) ? "name"
+                               : !json_is_string(args) ? "arguments" : NULL;
+            if (miss) {
+                json_t *v = json_object_get(it, miss);
+                api_path(q, sizeof q, p, miss, -1);
+                if (!v) api_json_missing(K, e, q);
+                else api_json_type_error(K, e, q, "a string", v);
+                return false;
+            }
+            if (!jsonfmt_valid(json_string_value(args), json_string_length(args))) {
+                api_json_value_error(K, e, api_path(q, sizeof q, p, "arguments", -1), "not valid JSON.");
+                return false;
+            }
+            if (!asst_open) conv_add_turn(&r->conv, CONV_ROLE_ASSISTANT);
+            asst_open = true;
+            conv_add_tool_call(&r->conv, json_string_value(cid), json_string_value(name), json_string_value(args),
+                               json_string_length(args));
+        } else if (!strcmp(t, "function_call_output")) {
+            json_t *cid = json_object_get(it, "call_id"), *out = json_object_get(it, "output");
+            api_path(q, sizeof q, p, "call_id", -1);
+            if (!json_is_string(cid)) {
+                if (!cid) api_json_missing(K, e, q);
+                else api_json_type_error(K, e, q, "a string", cid);
+                return false;
+            }
+            api_path(q, sizeof q, p, "output", -1);
+            if (!out) {
+                api_json_missing(K, e, q);
+                return false;
+            }
+            char *text = api_responses_text(out, q, e);
+            if (!text) return false;
+            conv_add_turn(&r->conv, CONV_ROLE_TOOL);
+            conv_add_tool_result(&r->conv, json_string_value(cid), NULL, text, strlen(text));
+            free(text);
+            asst_open = false;
+        } else if (!strcmp(t, "reasoning")) {
+            json_t *content = json_object_get(it, "content");
+            if (!content || json_is_null(content)) content = json_object_get(it, "summary");
+            char *text = content && !json_is_null(content) ? api_responses_text(content, api_path(q, sizeof q, p, "content", -1), e)
+                                                           : xstrdup("");
+            if (!text) return false;
+            if (!asst_open) conv_add_turn(&r->conv, CONV_ROLE_ASSISTANT);
+            asst_open = true;
+            conv_add_reasoning(&r->conv, text, strlen(text));
+            free(text);
+        } else {
+            api_json_value_error(K, e, api_path(q, sizeof q, p, "type", -1),
+                                 "input item type '%s' is not supported by this server.", t);
+            return false;
+        }
+    }
+    return true;
+}
+
+static bool api_responses_tools(api_req *r, json_t *tools, api_error *e)
+{
+    if (!json_is_array(tools)) {
+        api_json_type_error(K, e, "tools", "an array", tools);
+        return false;
+    }
+    size_t i;
+    json_t *t;
+    char p[64], q[96];
+    json_array_foreach(tools, i, t) {
+        api_path(p, sizeof p, "tools", NULL, (int)i);
+        if (!json_is_object(t)) {
+            api_json_type_error(K, e, p, "an object", t);
+            return false;
+        }
+        json_t *type = json_object_get(t, "type");
+        if (!json_is_string(type) || strcmp(json_string_value(type), "function")) {
+            api_json_value_error(K, e, api_path(q, sizeof q, p, "type", -1),
+                                 "only tools of type 'function' are supported by this server.");
+            return false;
+        }
+        json_t *name = json_object_get(t, "name"), *desc = json_object_get(t, "description"),
+               *params = json_object_get(t, "parameters");
+        if (!json_is_string(name) || !json_string_length(name)) {
+            api_path(q, sizeof q, p, "name", -1);
+            if (!name) api_json_missing(K, e, q);
+            else api_json_type_error(K, e, q, "a non-empty string", name);
+            return false;
+        }
+        if (desc && !json_is_null(desc) && !json_is_string(desc)) {
+            api_json_type_error(K, e, api_path(q, sizeof q, p, "description", -1), "a string", desc);
+            return false;
+        }
+        if (params && !json_is_null(params) && !json_is_object(params)) {
+            api_json_type_error(K, e, api_path(q, sizeof q, p, "parameters", -1), "an object", params);
+            return false;
+        }
+        char *pj = json_is_object(params) ? api_json_dump(params) : NULL;
+        conv_add_tool(&r->conv, json_string_value(name), json_is_string(desc) ? json_string_value(desc) : NULL, pj);
+        free(pj);
+    }
+    return true;
+}
+
+api_status api_responses_parse(const api_cfg *cfg, const char *body, size_t len, api_req *r, api_error *e)
+{
+    json_t *root;
+    if (!api_json_load(K, body, len, &root, e)) return API_ERR;
+    api_status ret = API_ERR;
+    double x;
+    long long k;
+    int st;
+    const char *s;
+    if (!api_json_known(K, root, api_responses_keys, "", e)) goto out;
+    if (!api_json_model(cfg, K, root, r, e)) goto out;
+    if ((st = api_json_str(K, root, "instructions", &s, e)) < 0) goto out;
+    if (st) {
+        r->instructions = xstrdup(s);
+        conv_add_turn(&r->conv, CONV_ROLE_SYSTEM);
+        conv_add_text(&r->conv, s, strlen(s));
+    }
+    if ((st = api_json_str(K, root, "previous_response_id", &s, e)) < 0) goto out;
+    if (st) {
+        r->previous_response_id = xstrdup(s);
+        int before = r->conv.n_turns;
+        if (!cfg || !cfg->store || !api_store_get(cfg->store, s, &r->conv)) {
+            api_error_set(e, 404, "previous_response_id", "previous_response_not_found",
+                          "Previous response with id '%s' not found.", s);
+            goto out;
+        }
+        r->n_prev_turns = r->conv.n_turns - before;
+    }
+    json_t *input = json_object_get(root, "input");
+    if (input && !json_is_null(input)) {
+        if (!api_responses_input(r, input, e)) goto out;
+    } else if (!r->previous_response_id) {
+        api_json_missing(K, e, "input");
+        goto out;
+    }
+    bool has_user_side = false;
+    for (int t = 0; t < r->conv.n_turns; t++)
+        if (r->conv.turns[t].role != CONV_ROLE_SYSTEM && r->conv.turns[t].role != CONV_ROLE_DEVELOPER) has_user_side = true;
+    if (!has_user_side) {
+        api_error_set(e, 400, "input", "empty_array", "Invalid 'input': the conversation has no input to respond to.");
+        goto out;
+    }
+    if ((st = api_json_num(K, root, "temperature", 0, 2, &x, e)) < 0) goto out;
+    if (st) r->sp.temp = (float)x, r->temperature_echo = x;
+    if ((st = api_json_num(K, root, "top_p", 0, 1, &x, e)) < 0) goto out;
+    if (st) r->sp.top_p = (float)x, r->top_p_echo = x;
+    if ((st = api_json_int(K, root, "top_k", -1, 1 << 30, &k, e)) < 0) goto out;
+    if (st) r->sp.top_k = (int)k;
+    if ((st = api_json_num(K, root, "min_p", 0, 1, &x, e)) < 0) goto out;
+    if (st) r->sp.min_p = (float)x;
+    if ((st = api_json_num(K, root, "presence_penalty", -2, 2, &x, e)) < 0) goto out;
+    if (st) r->sp.presence_penalty = (float)x, r->sp.penalty_last_n = 64;
+    if ((st = api_json_num(K, root, "frequency_penalty", -2, 2, &x, e)) < 0) goto out;
+    if (st) r->sp.frequency_penalty = (float)x, r->sp.penalty_last_n = 64;
+    if ((st = api_json_int(K, root, "seed", -(1LL << 62), 1LL << 62, &k, e)) < 0) goto out;
+    if (st) r->sp.seed = (uint64_t)k, r->seed_given = true;
+    if ((st = api_json_int(K, root, "max_output_tokens", 1, 1 << 30, &k, e)) < 0) goto out;
+    if (st) r->max_tokens = (int)k;
+    if ((st = api_json_int(K, root, "top_logprobs", 0, 0, &k, e)) < 0) goto out;
+    if (!api_json_stop(K, root, "stop", r, e)) goto out;
+    if (api_json_bool(K, root, "stream", &r->stream, e) < 0) goto out;
+    if (api_json_bool(K, root, "store", &r->store, e) < 0) goto out;
+    if (api_json_bool(K, root, "return_token_ids", &r->return_token_ids, e) < 0) goto out;
+    bool bg = false;
+    if (api_json_bool(K, root, "background", &bg, e) < 0) goto out;
+    if (bg) {
+        api_json_value_error(K, e, "background", "background responses are not supported by this server.");
+        goto out;
+    }
+    static const char *const unsupported[] = {"conversation", "prompt", NULL};
+    for (int i = 0; unsupported[i]; i++) {
+        json_t *v = json_object_get(root, unsupported[i]);
+        if (v && !json_is_null(v)) {
+            api_json_value_error(K, e, unsupported[i], "this parameter is not supported by this server.");
+            goto out;
+        }
+    }
+    json_t *md = json_object_get(root, "metadata");
+    if (md && !json_is_null(md)) {
+        if (!json_is_object(md)) {
+            api_json_type_error(K, e, "metadata", "an object", md);
+            goto out;
+        }
+        r->metadata_json = api_json_dump(md);
+    }
+    json_t *tf = json_object_get(root, "text");
+    if (tf && !json_is_null(tf)) {
+        json_t *fmt = json_is_object(tf) ? json_object_get(tf, "format") : NULL;
+        json_t *ft = json_is_object(fmt) ? json_object_get(fmt, "type") : NULL;
+        if (!json_is_object(tf)) {
+            api_json_type_error(K, e, "text", "an object", tf);
+            goto out;
+        }
+        if (fmt && !json_is_null(fmt) && (!json_is_string(ft) || strcmp(json_string_value(ft), "text"))) {
+            api_json_value_error(K, e, "text.format", "only the 'text' format is supported by this server.");
+            goto out;
+        }
+    }
+    json_t *rsn = json_object_get(root, "reasoning");
+    if (rsn && !json_is_null(rsn)) {
+        if (!json_is_object(rsn)) {
+            api_json_type_error(K, e, "reasoning", "an object", rsn);
+            goto out;
+        }
+        json_t *eff = json_object_get(rsn, "effort");
+        if (json_is_string(eff)) {
+            const char *v = json_string_value(eff);
+            r->conv.thinking = (!strcmp(v, "none") || !strcmp(v, "minimal")) ? CONV_THINKING_OFF : CONV_THINKING_ON;
+        } else if (eff && !json_is_null(eff)) {
+            api_json_type_error(K, e, "reasoning.effort", "a string", eff);
+            goto out;
+        }
+    }
+    json_t *tc = json_object_get(root, "tool_choice");
+    bool tools_off = json_is_string(tc) && !strcmp(json_string_value(tc), "none");
+    if (tc && !json_is_null(tc) && !json_is_string(tc) && !json_is_object(tc)) {
+        api_json_type_error(K, e, "tool_choice", "a string or an object", tc);
+        goto out;
+    }
+    json_t *tools = json_object_get(root, "tools");
+    if (tools && !json_is_null(tools)) {
+        if (!api_responses_tools(r, tools, e)) goto out;
+        r->tools_json = api_json_dump(tools);
+    }
+    if (tools_off) r->conv.n_tools = 0;
+    if (r->store && cfg) r->store_to = cfg->store;
+    ret = API_OK;
+out:
+    json_decref(root);
+    return ret;
+}
+
+/* ------------------------------------------------------------------ output */
+
+static void api_responses_usage(const api_usage *u, jsonfmt_buf *b)
+{
+    api_buf_printf(b,
+                   "{\"input_tokens\":%d,\"input_tokens_details\":{\"cached_tokens\":%d},\"output_tokens\":%d,"
+                   "\"output_tokens_details\":{\"reasoning_tokens\":%d},\"total_tokens\":%d}",
+                   u->prompt_tokens, u->cached_tokens, u->completion_tokens, u->reasoning_tokens,
+                   u->prompt_tokens + u->completion_tokens);
+}
+
+/* One output item as JSON; done: completed form (else the in-progress one, text empty). */
+static void api_responses_item(const api_item *it, bool done, jsonfmt_buf *b)
+{
+    const char *text = done && it->text.p ? it->text.p : "";
+    size_t tlen = done ? it->text.len : 0;
+    jsonfmt_buf_puts(b, "{\"id\":");
+    api_buf_str(b, it->id);
+    switch (it->kind) {
+    case API_ITEM_REASONING:
+        jsonfmt_buf_puts(b, ",\"type\":\"reasoning\",\"summary\":[],\"content\":[");
+        if (done) {
+            jsonfmt_buf_puts(b, "{\"type\":\"reasoning_text\",\"text\":");
+            api_buf_strn(b, text, tlen);
+            jsonfmt_buf_putc(b, '}');
+        }
+        jsonfmt_buf_puts(b, "]}");
+        break;
+    case API_ITEM_TEXT:
+        api_buf_printf(b, ",\"type\":\"message\",\"status\":\"%s\",\"role\":\"assistant\",\"content\":[",
+                       done ? "completed" : "in_progress");
+        if (done) {
+            jsonfmt_buf_puts(b, "{\"type\":\"output_text\",\"text\":");
+            api_buf_strn(b, text, tlen);
+            jsonfmt_buf_puts(b, ",\"annotations\":[],\"logprobs\":[]}");
+        }
+        jsonfmt_buf_puts(b, "]}");
+        break;
+    case API_ITEM_TOOL:
+        api_buf_printf(b, ",\"type\":\"function_call\",\"status\":\"%s\",\"call_id\":", done ? "completed" : "in_progress");
+        api_buf_str(b, it->call_id);
+        jsonfmt_buf_puts(b, ",\"name\":");
+        api_buf_str(b, it->name);
+        jsonfmt_buf_puts(b, ",\"arguments\":");
+        api_buf_strn(b, text, tlen);
+        jsonfmt_buf_putc(b, '}');
+        break;
+    }
+}
+
+/* The response object; final: with output and usage. */
+static void api_responses_object(api_out *o, bool final, jsonfmt_buf *b)
+{
+    const api_req *r = o->req;
+    bool trunc = final && api_out_truncated(o);
+    jsonfmt_buf_puts(b, "{\"id\":");
+    api_buf_str(b, o->id);
+    api_buf_printf(b, ",\"object\":\"response\",\"created_at\":%lld,\"status\":\"%s\",\"background\":false,\"error\":null,",
+                   (long long)o->created, !final ? "in_progress" : trunc ? "incomplete" : "completed");
+    jsonfmt_buf_puts(b, trunc ? "\"incomplete_details\":{\"reason\":\"max_output_tokens\"}," : "\"incomplete_details\":null,");
+    jsonfmt_buf_puts(b, "\"instructions\":");
+    api_buf_str(b, r->instructions);
+    if (r->max_tokens > 0) api_buf_printf(b, ",\"max_output_tokens\":%d", r->max_tokens);
+    else jsonfmt_buf_puts(b, ",\"max_output_tokens\":null");
+    jsonfmt_buf_puts(b, ",\"model\":");
+    api_buf_str(b, o->model);
+    jsonfmt_buf_puts(b, ",\"output\":[");
+    if (final) {
+        const api_choice *c = &o->choices[0];
+        for (int k = 0; k < c->n_items; k++) {
+            if (k) jsonfmt_buf_putc(b, ',');
+            api_responses_item(&c->items[k], true, b);
+        }
+    }
+    jsonfmt_buf_puts(b, "],\"parallel_tool_calls\":true,\"previous_response_id\":");
+    api_buf_str(b, r->previous_response_id);
+    api_buf_printf(b, ",\"reasoning\":{\"effort\":null,\"summary\":null},\"store\":%s,\"temperature\":%g,",
+                   r->store ? "true" : "false", r->temperature_echo);
+    jsonfmt_buf_puts(b, "\"text\":{\"format\":{\"type\":\"text\"}},\"tool_choice\":\"auto\",\"tools\":");
+    jsonfmt_buf_puts(b, r->tools_json ? r->tools_json : "[]");
+    api_buf_printf(b, ",\"top_p\":%g,\"truncation\":\"disabled\",\"usage\":", r->top_p_echo);
+    if (final) api_responses_usage(&o->usage, b);
+    else jsonfmt_buf_puts(b, "null");
+    jsonfmt_buf_puts(b, ",\"user\":null,\"metadata\":");
+    jsonfmt_buf_puts(b, r->metadata_json ? r->metadata_json : "{}");
+    if (final && r->return_token_ids) {
+        jsonfmt_buf_puts(b, ",\"prompt_token_ids\":[");
+        for (int k = 0; k < o->n_prompt_ids; k++) api_buf_printf(b, "%s%d", k ? "," : "", o->prompt_ids[k]);
+        jsonfmt_buf_putc(b, ']');
+    }
+    jsonfmt_buf_putc(b, '}');
+}
+
+/* Sends `event: type` with data {"type":type,"sequence_number":n,<fields>} (fields without
+ * braces, may be empty). */
+static void api_responses_event(api_out *o, const char *type, const char *fields, size_t flen)
+{
+    jsonfmt_buf b = {0};
+    jsonfmt_buf_puts(&b, "{\"type\":");
+    api_buf_str(&b, type);
+    api_buf_printf(&b, ",\"sequence_number\":%d", o->seq++);
+    if (flen) {
+        jsonfmt_buf_putc(&b, ',');
+        jsonfmt_buf_append(&b, fields, flen);
+    }
+    jsonfmt_buf_putc(&b, '}');
+    api_sse(&o->out, type, b.p, b.len);
+    jsonfmt_buf_free(&b);
+}
+
+void api_responses_begin(api_out *o)
+{
+    jsonfmt_buf f = {0};
+    jsonfmt_buf_puts(&f, "\"response\":");
+    api_responses_object(o, false, &f);
+    api_responses_event(o, "response.created", f.p, f.len);
+    api_responses_event(o, "response.in_progress", f.p, f.len);
+    jsonfmt_buf_free(&f);
+}
+
+void api_responses_on(api_out *o, int i, api_op op, api_item *it, const char *d, size_t len)
+{
+    if (i != 0) return;
+    api_choice *c = &o->choices[0];
+    if (op == API_OP_OPEN)
+        api_new_id(it->id, sizeof it->id,
+                    it->kind == API_ITEM_TEXT ? "msg_" : it->kind == API_ITEM_REASONING ? "rs_" : "fc_");
+    if (!o->req->stream || op == API_OP_FINISH) return;
+    int oi = c->n_items - 1; /* the item concerned is always the last one */
+    jsonfmt_buf f = {0};
+    const char *part_type = it->kind == API_ITEM_TEXT ? "output_text" : "reasoning_text";
+    switch (op) {
+    case API_OP_OPEN:
+        api_buf_printf(&f, "\"output_index\":%d,\"item\":", oi);
+        api_responses_item(it, false, &f);
+        api_responses_event(o, "response.output_item.added", f.p, f.len);
+        if (it->kind != API_ITEM_TOOL) {
+            f.len = 0;
+            jsonfmt_buf_puts(&f, "\"item_id\":");
+            api_buf_str(&f, it->id);
+            api_buf_printf(&f, ",\"output_index\":%d,\"content_index\":0,\"part\":{\"type\":\"%s\",\"text\":\"\"%s}", oi,
+                           part_type, it->kind == API_ITEM_TEXT ? ",\"annotations\":[],\"logprobs\":[]" : "");
+            api_responses_event(o, "response.content_part.added", f.p, f.len);
+        }
+        break;
+    case API_OP_DELTA:
+        jsonfmt_buf_puts(&f, "\"item_id\":");
+        api_buf_str(&f, it->id);
+        api_buf_printf(&f, ",\"output_index\":%d,", oi);
+        if (it->kind != API_ITEM_TOOL) jsonfmt_buf_puts(&f, "\"content_index\":0,");
+        jsonfmt_buf_puts(&f, "\"delta\":");
+        api_buf_strn(&f, d, len);
+        if (it->kind == API_ITEM_TEXT) jsonfmt_buf_puts(&f, ",\"logprobs\":[]");
+        api_responses_event(o,
+                            it->kind == API_ITEM_TEXT        ? "response.output_text.delta"
+                            : it->kind == API_ITEM_REASONING ? "response.reasoning_text.delta"
+                                                             : "response.function_call_arguments.delta",
+                            f.p, f.len);
+        break;
+    case API_OP_CLOSE: {
+        const char *text = it->text.p ? it->text.p : "";
+        jsonfmt_buf_puts(&f, "\"item_id\":");
+        api_buf_str(&f, it->id);
+        api_buf_printf(&f, ",\"output_index\":%d,", oi);
+        if (it->kind == API_ITEM_TOOL) {
+            jsonfmt_buf_puts(&f, "\"name\":");
+            api_buf_str(&f, it->name);
+            jsonfmt_buf_puts(&f, ",\"arguments\":");
+            api_buf_strn(&f, text, it->text.len);
+            api_responses_event(o, "response.function_call_arguments.done", f.p, f.len);
+        } else {
+            jsonfmt_buf_puts(&f, "\"content_index\":0,\"text\":");
+            api_buf_strn(&f, text, it->text.len);
+            if (it->kind == API_ITEM_TEXT) jsonfmt_buf_puts(&f, ",\"logprobs\":[]");
+            api_responses_event(o, it->kind == API_ITEM_TEXT ? "response.output_text.done" : "response.reasoning_text.done",
+                                f.p, f.len);
+            f.len = 0;
+            jsonfmt_buf_puts(&f, "\"item_id\":");
+            api_buf_str(&f, it->id);
+            api_buf_printf(&f, ",\"output_index\":%d,\"content_index\":0,\"part\":{\"type\":\"%s\",\"text\":", oi, part_type);
+            api_buf_strn(&f, text, it->text.len);
+            jsonfmt_buf_puts(&f, it->kind == API_ITEM_TEXT ? ",\"annotations\":[],\"logprobs\":[]}" : "}");
+            api_responses_event(o, "response.content_part.done", f.p, f.len);
+        }
+        f.len = 0;
+        api_buf_printf(&f, "\"output_index\":%d,\"item\":", oi);
+        api_responses_item(it, true, &f);
+        api_responses_event(o, "response.output_item.done", f.p, f.len);
+        break;
+    }
+    default: break;
+    }
+    jsonfmt_buf_free(&f);
+}
+
+void api_responses_end(api_out *o)
+{
+    if (o->req->store_to) api_store_put(o->req->store_to, o->id, o->req, o);
+    if (!o->req->stream) {
+        api_responses_object(o, true, &o->out);
+        return;
+    }
+    jsonfmt_buf f = {0};
+    jsonfmt_buf_puts(&f, "\"response\":");
+    api_responses_object(o, true, &f);
+    api_responses_event(o, api_out_truncated(o) ? "response.incomplete" : "response.completed", f.p, f.len);
+    jsonfmt_buf_free(&f);
+}
+
+/* ------------------------------------------------------------------ route */
+
+#define API_RESPONSES_KEEP 1024   /* responses kept for previous_response_id */
+
+/* One store for the process: responses outlive a request. Freed at exit by the OS. */
+static api_store *api_responses_store;
+
+static void api_responses_handle(http_request *r, void *user)
+{
+    api_serve(r, user, API_KIND_RESPONSES, false, api_responses_store);
+}
+
+void api_responses_register(http_server *h, api_ctx *c)
+{
+    if (!api_responses_store) api_responses_store = api_store_new(API_RESPONSES_KEEP);
+    http_route(h, "POST", "/v1/responses", api_responses_handle, c);
+}

@@ -1,0 +1,78 @@
+// run.test.mjs: `tokenmill run` end to end on the bundled stories260K model: the greedy text
+// equals llama2.c's (200 tokens from BOS), the stats line, seeded sampling is repeatable, and
+// bad usage / bad model files give a clear message and a non-zero exit.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { readFileSync, writeFileSync, mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+
+const root = new URL('../../', import.meta.url).pathname;
+const bin = join(root, 'build/tokenmill');
+const model = join(root, 'models/stories260K.gguf');
+
+function run(args) {
+  return spawnSync(bin, ['run', ...args], { encoding: 'utf8', timeout: 60000 });
+}
+
+test('greedy: 200 tokens from BOS print exactly llama2.c\'s text', () => {
+  const r = run(['-m', model, '-p', '', '--temp', '0', '-n', '200']);
+  assert.equal(r.status, 0, r.stderr);
+  const expected = readFileSync(join(root, 'tests/data/expected/greedy-200.txt'), 'utf8');
+  assert.equal(r.stdout, expected);
+  assert.match(r.stderr, /prompt: 1 tokens, [0-9.]+ tokens\/s \| generation: 200 tokens, [0-9.]+ tokens\/s/);
+});
+
+test('greedy with one thread gives the same text', () => {
+  const r = run(['-m', model, '-p', '', '--temp', '0', '-n', '200', '--threads', '1']);
+  assert.equal(r.status, 0, r.stderr);
+  assert.equal(r.stdout, readFileSync(join(root, 'tests/data/expected/greedy-200.txt'), 'utf8'));
+});
+
+test('a prompt is continued, -n counts generated tokens', () => {
+  const r = run(['-m', model, '-p', 'Once upon a time', '--temp', '0', '-n', '30']);
+  assert.equal(r.status, 0, r.stderr);
+  assert.ok(r.stdout.length > 20, r.stdout);
+  assert.match(r.stderr, /generation: 30 tokens/);
+});
+
+test('same seed, same text; different seed, different text', () => {
+  const args = ['-m', model, '-p', 'Lily', '--temp', '1.0', '-n', '60'];
+  const a = run([...args, '--seed', '42']);
+  const b = run([...args, '--seed', '42']);
+  const c = run([...args, '--seed', '7']);
+  assert.equal(a.status, 0, a.stderr);
+  assert.equal(a.stdout, b.stdout);
+  assert.notEqual(a.stdout, c.stdout);
+});
+
+test('bad usage exits 2 with a message', () => {
+  for (const args of [[], ['-m', model], ['-p', 'x'], ['-m', model, '-p', 'x', '-n', 'many'],
+                      ['-m', model, '-p', 'x', '--bogus'], ['-m', model, '-p', 'x', '--top-p', '2']]) {
+    const r = run(args);
+    assert.equal(r.status, 2, `args ${JSON.stringify(args)}: ${r.stderr}`);
+    assert.match(r.stderr, /tokenmill run: /);
+  }
+});
+
+test('a missing or broken model file is a clear error', () => {
+  const r = run(['-m', '/nonexistent/model.gguf', '-p', 'x']);
+  assert.equal(r.status, 1);
+  assert.match(r.stderr, /cannot load \/nonexistent\/model\.gguf: .*No such file/);
+  const dir = mkdtempSync(join(tmpdir(), 'tm-run-'));
+  try {
+    const bad = join(dir, 'bad.gguf');
+    writeFileSync(bad, 'this is not a gguf file at all');
+    const r2 = run(['-m', bad, '-p', 'x']);
+    assert.equal(r2.status, 1);
+    assert.match(r2.stderr, /cannot load .*bad\.gguf: .*(magic|GGUF)/i);
+    const trunc = join(dir, 'trunc.gguf');
+    writeFileSync(trunc, readFileSync(model).subarray(0, 4096));
+    const r3 = run(['-m', trunc, '-p', 'x']);
+    assert.equal(r3.status, 1);
+    assert.match(r3.stderr, /cannot load .*trunc\.gguf: /);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});

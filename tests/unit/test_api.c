@@ -1,0 +1,796 @@
+/*
+ * test_api: the three chat APIs' pure stages. JSON bodies in -> conv and parameters; every
+ * bad-input case -> the vendor's error shape and status; token streams (hand-written, with
+ * marker ids as in test_events) -> each vendor's JSON and SSE events; the stop-sequence
+ * matcher; the Responses store.
+ */
+#include "harness.h"
+
+#include <jansson.h>
+#include <stdlib.h>
+
+#include "recipe/api.h"
+#include "util/util.h"
+
+enum { THINK = 5000, UNTHINK, TC, UNTC, EOT };
+
+static const api_cfg cfg_plain = {"m", NULL, NULL};
+
+/* ---------------------------------------------------------------- helpers */
+
+static int parse(api_kind kind, const char *body, api_req *r, api_error *e)
+{
+    api_req_init(r, kind);
+    memset(e, 0, sizeof *e);
+    return api_parse(&cfg_plain, kind, body, strlen(body), r, e);
+}
+
+/* Parses body expecting a rejection with status; checks the error JSON's shape. */
+static bool rejects(api_kind kind, const char *body, size_t len, int status, const char *needle)
+{
+    api_req r;
+    api_error e;
+    api_req_init(&r, kind);
+    memset(&e, 0, sizeof e);
+    api_status st = api_parse(&cfg_plain, kind, body, len, &r, &e);
+    api_req_free(&r);
+    if (st != API_ERR) {
+        fprintf(stderr, "  accepted: %.*s\n", (int)len, body);
+        return false;
+    }
+    bool ok = e.status == status;
+    if (needle && !strstr(e.message, needle)) ok = false;
+    jsonfmt_buf b = {0};
+    api_error_json(kind, &e, &b);
+    json_t *j = json_loadb(b.p, b.len, 0, NULL);
+    if (!j) ok = false;
+    else if (kind == API_KIND_MESSAGES) {
+        json_t *err = json_object_get(j, "error");
+        ok = ok && !strcmp(json_string_value(json_object_get(j, "type")), "error") && json_is_object(err) &&
+             json_is_string(json_object_get(err, "type")) && json_is_string(json_object_get(err, "message"));
+    } else {
+        json_t *err = json_object_get(j, "error");
+        ok = ok && json_is_object(err) && json_is_string(json_object_get(err, "message")) &&
+             json_is_string(json_object_get(err, "type")) && json_object_get(err, "param") &&
+             json_object_get(err, "code");
+    }
+    if (!ok) fprintf(stderr, "  status %d (want %d): %s\n  body %s\n", e.status, status, b.p ? b.p : "", body);
+    json_decref(j);
+    jsonfmt_buf_free(&b);
+    return ok;
+}
+#define REJECTS(kind, body, status, needle) CHECK(rejects(kind, body, strlen(body), status, needle))
+
+static const char *part_text(const conv *c, int t, int p)
+{
+    if (t >= c->n_turns || p >= c->turns[t].n_parts) return "<none>";
+    return c->turns[t].parts[p].text;
+}
+
+/* With TM_API_DUMP=DIR, writes an output to DIR/name (the e2e test replays these SSE bodies
+ * through the vendors' SDKs). */
+static void dump(const char *name, const jsonfmt_buf *b)
+{
+    const char *dir = getenv("TM_API_DUMP");
+    if (!dir) return;
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    if (!f) return;
+    fwrite(b->p, 1, b->len, f);
+    fclose(f);
+}
+
+/* ---------------------------------------------------------------- chat parsing */
+
+TEST(chat_parse_basic)
+{
+    api_req r;
+    api_error e;
+    const char *body = "{\"model\":\"m\",\"messages\":[{\"role\":\"system\",\"content\":\"be brief\"},"
+                       "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"hi \"},{\"type\":\"text\",\"text\":\"there\"}]}],"
+                       "\"temperature\":0.5,\"top_p\":0.9,\"top_k\":20,\"min_p\":0.1,\"seed\":42,\"stop\":[\"END\",\"\"],"
+                       "\"max_completion_tokens\":17,\"n\":3,\"presence_penalty\":0.5,\"frequency_penalty\":-0.5,"
+                       "\"logprobs\":true,\"top_logprobs\":2,\"stream\":true,\"stream_options\":{\"include_usage\":true},"
+                       "\"user\":\"u\",\"metadata\":null}";
+    CHECK(parse(API_KIND_CHAT, body, &r, &e) == API_OK);
+    CHECK(r.conv.n_turns == 2);
+    CHECK(r.conv.turns[0].role == CONV_ROLE_SYSTEM && !strcmp(part_text(&r.conv, 0, 0), "be brief"));
+    CHECK(r.conv.turns[1].role == CONV_ROLE_USER && !strcmp(part_text(&r.conv, 1, 0), "hi there"));
+    CHECK(fabsf(r.sp.temp - 0.5f) < 1e-6 && fabsf(r.sp.top_p - 0.9f) < 1e-6 && r.sp.top_k == 20);
+    CHECK(fabsf(r.sp.min_p - 0.1f) < 1e-6 && r.sp.seed == 42 && r.seed_given);
+    CHECK(r.sp.presence_penalty == 0.5f && r.sp.frequency_penalty == -0.5f && r.sp.penalty_last_n > 0);
+    CHECK(r.n_stop == 1 && !strcmp(r.stop[0], "END"));
+    CHECK(r.max_tokens == 17 && r.n == 3 && r.logprobs && r.top_logprobs == 2);
+    CHECK(r.stream && r.include_usage && !strcmp(r.model, "m"));
+    api_req_free(&r);
+
+    /* defaults: vendor sampling, no limit, a fresh seed per request */
+    CHECK(parse(API_KIND_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop\":\"S\"}", &r, &e) == API_OK);
+    CHECK(r.sp.temp == 1.0f && r.sp.top_p == 1.0f && r.sp.top_k == 0 && r.max_tokens == -1 && r.n == 1 && !r.seed_given);
+    CHECK(r.n_stop == 1 && !strcmp(r.stop[0], "S") && !r.stream);
+    api_req_free(&r);
+    /* no model named: the served one */
+    CHECK(parse(API_KIND_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", &r, &e) == API_OK && !strcmp(r.model, "m"));
+    api_req_free(&r);
+}
+
+TEST(chat_parse_tools)
+{
+    api_req r;
+    api_error e;
+    const char *body =
+        "{\"model\":\"m\",\"messages\":["
+        "{\"role\":\"user\",\"content\":\"weather?\"},"
+        "{\"role\":\"assistant\",\"content\":null,\"reasoning_content\":\"think\",\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\","
+        "\"function\":{\"name\":\"get\",\"arguments\":\"{\\\"city\\\": \\\"Oslo\\\"}\"}}]},"
+        "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"sunny\"}],"
+        "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get\",\"description\":\"d\",\"parameters\":{\"type\":\"object\"}}}],"
+        "\"tool_choice\":\"auto\",\"parallel_tool_calls\":true}";
+    CHECK(parse(API_KIND_CHAT, body, &r, &e) == API_OK);
+    CHECK(r.conv.n_turns == 3 && r.conv.n_tools == 1);
+    CHECK(!strcmp(r.conv.tools[0].name, "get") && !strcmp(r.conv.tools[0].parameters, "{\"type\":\"object\"}"));
+    const conv_turn *a = &r.conv.turns[1];
+    CHECK(a->role == CONV_ROLE_ASSISTANT && a->n_parts == 2);
+    CHECK(a->parts[0].kind == CONV_PART_REASONING && !strcmp(a->parts[0].text, "think"));
+    CHECK(a->parts[1].kind == CONV_PART_TOOL_CALL && !strcmp(a->parts[1].name, "get") && !strcmp(a->parts[1].id, "c1"));
+    CHECK(!strcmp(a->parts[1].args, "{\"city\": \"Oslo\"}"));
+    const conv_turn *t = &r.conv.turns[2];
+    CHECK(t->role == CONV_ROLE_TOOL && t->parts[0].kind == CONV_PART_TOOL_RESULT && !strcmp(t->parts[0].id, "c1"));
+    CHECK(!strcmp(t->parts[0].text, "sunny"));
+    api_req_free(&r);
+    /* tool_choice none: no tools offered */
+    CHECK(parse(API_KIND_CHAT,
+                "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"none\","
+                "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}",
+                &r, &e) == API_OK);
+    CHECK(r.conv.n_tools == 0);
+    api_req_free(&r);
+    /* thinking switches */
+    CHECK(parse(API_KIND_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"chat_template_kwargs\":{\"enable_thinking\":false}}", &r, &e) == API_OK);
+    CHECK(r.conv.thinking == CONV_THINKING_OFF);
+    api_req_free(&r);
+    CHECK(parse(API_KIND_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"reasoning_effort\":\"high\"}", &r, &e) == API_OK);
+    CHECK(r.conv.thinking == CONV_THINKING_ON);
+    api_req_free(&r);
+}
+
+TEST(chat_bad_input)
+{
+    const api_kind C = API_KIND_CHAT;
+    REJECTS(C, "{\"model\":\"m\",\"messages\":[", 400, "parse the JSON");
+    REJECTS(C, "", 400, NULL);
+    REJECTS(C, "[1,2]", 400, NULL);
+    REJECTS(C, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"bogus\":1}", 400, "Unrecognized request argument supplied: bogus");
+    REJECTS(C, "{\"model\":\"m\",\"messages\":[]}", 400, "empty array");
+    REJECTS(C, "{\"model\":\"m\"}", 400, "Missing required parameter: 'messages'");
+    REJECTS(C, "{\"model\":5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", 400, "'model'");
+    REJECTS(C, "{\"model\":\"other\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", 404, "does not exist");
+    REJECTS(C, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":\"hot\"}", 400, "Invalid type for 'temperature'");
+    REJECTS(C, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":3}", 400, "temperature");
+    REJECTS(C, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":0}", 400, "max_tokens");
+    REJECTS(C, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":1.5}", 400, "max_tokens");
+    REJECTS(C, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":100}", 400, "'n'");
+    REJECTS(C, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stream\":\"yes\"}", 400, "stream");
+    REJECTS(C, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop\":5}", 400, "stop");
+    REJECTS(C, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop\":[\"a\",3]}", 400, "stop[1]");
+    REJECTS(C, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":3}", 400, "logprobs");
+    REJECTS(C, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stream_options\":{\"include_usage\":true}}", 400, "stream");
+    REJECTS(C, "{\"model\":\"m\",\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", 400, "wizard");
+    REJECTS(C, "{\"model\":\"m\",\"messages\":[{\"content\":\"x\"}]}", 400, "messages[0].role");
+    REJECTS(C, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\"}]}", 400, "messages[0].content");
+    REJECTS(C, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":5}]}", 400, "messages[0].content");
+    REJECTS(C, "{\"model\":\"m\",\"messages\":[\"hi\"]}", 400, "messages[0]");
+    REJECTS(C, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{\"url\":\"x\"}}]}]}", 400, "image_url");
+    REJECTS(C, "{\"model\":\"m\",\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}]}", 400, "tool_call_id");
+    REJECTS(C, "{\"model\":\"m\",\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"id\":\"a\",\"function\":{\"name\":\"f\",\"arguments\":\"{bad\"}}]}]}", 400, "arguments");
+    REJECTS(C, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\",\"function\":{}}]}", 400, "tools[0].function.name");
+    REJECTS(C, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_schema\"}}", 400, "response_format");
+    REJECTS(C, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logit_bias\":{\"5\":1}}", 400, "logit_bias");
+    /* invalid UTF-8 anywhere in the body */
+    const char bad[] = "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\"}]}";
+    CHECK(rejects(C, bad, sizeof bad - 1, 400, "UTF-8"));
+    const char surrogate[] = "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"\xed\xa0\x80\"}]}";
+    CHECK(rejects(C, surrogate, sizeof surrogate - 1, 400, "UTF-8"));
+    /* NUL escapes are refused by the JSON reader */
+    REJECTS(C, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\\u0000b\"}]}", 400, NULL);
+    /* trailing garbage */
+    REJECTS(C, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]} x", 400, NULL);
+}
+
+/* ---------------------------------------------------------------- responses parsing */
+
+TEST(responses_parse)
+{
+    api_req r;
+    api_error e;
+    CHECK(parse(API_KIND_RESPONSES, "{\"model\":\"m\",\"input\":\"hello\",\"instructions\":\"be kind\",\"max_output_tokens\":9,\"temperature\":0.2,\"store\":false}", &r, &e) == API_OK);
+    CHECK(r.conv.n_turns == 2 && r.conv.turns[0].role == CONV_ROLE_SYSTEM && !strcmp(part_text(&r.conv, 0, 0), "be kind"));
+    CHECK(r.conv.turns[1].role == CONV_ROLE_USER && !strcmp(part_text(&r.conv, 1, 0), "hello"));
+    CHECK(r.max_tokens == 9 && !r.store && !strcmp(r.instructions, "be kind"));
+    api_req_free(&r);
+    const char *items =
+        "{\"model\":\"m\",\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_text\",\"text\":\"q\"}]},"
+        "{\"type\":\"reasoning\",\"summary\":[],\"content\":[{\"type\":\"reasoning_text\",\"text\":\"hmm\"}]},"
+        "{\"type\":\"function_call\",\"call_id\":\"c9\",\"name\":\"f\",\"arguments\":\"{}\"},"
+        "{\"type\":\"function_call_output\",\"call_id\":\"c9\",\"output\":\"42\"},"
+        "{\"type\":\"message\",\"role\":\"developer\",\"content\":\"dev\"}],"
+        "\"tools\":[{\"type\":\"function\",\"name\":\"f\",\"parameters\":{\"type\":\"object\"}}]}";
+    CHECK(parse(API_KIND_RESPONSES, items, &r, &e) == API_OK);
+    CHECK(r.conv.n_turns == 4 && r.conv.n_tools == 1);
+    CHECK(r.conv.turns[1].role == CONV_ROLE_ASSISTANT && r.conv.turns[1].n_parts == 2);
+    CHECK(r.conv.turns[1].parts[0].kind == CONV_PART_REASONING && r.conv.turns[1].parts[1].kind == CONV_PART_TOOL_CALL);
+    CHECK(r.conv.turns[2].role == CONV_ROLE_TOOL && !strcmp(r.conv.turns[2].parts[0].text, "42"));
+    CHECK(r.conv.turns[3].role == CONV_ROLE_DEVELOPER);
+    api_req_free(&r);
+
+    const api_kind R = API_KIND_RESPONSES;
+    REJECTS(R, "{\"model\":\"m\",\"input\":\"x\",\"foo\":1}", 400, "Unknown parameter: 'foo'");
+    REJECTS(R, "{\"model\":\"m\"}", 400, "input");
+    REJECTS(R, "{\"model\":\"m\",\"input\":[]}", 400, "input");
+    REJECTS(R, "{\"model\":\"m\",\"input\":5}", 400, "input");
+    REJECTS(R, "{\"model\":\"m\",\"input\":\"x\",\"previous_response_id\":\"resp_nope\"}", 404, "resp_nope");
+    REJECTS(R, "{\"model\":\"m\",\"input\":\"x\",\"tools\":[{\"type\":\"web_search\"}]}", 400, "function");
+    REJECTS(R, "{\"model\":\"m\",\"input\":\"x\",\"max_output_tokens\":\"9\"}", 400, "max_output_tokens");
+    REJECTS(R, "{\"model\":\"x\",\"input\":\"x\"}", 404, NULL);
+    REJECTS(R, "{\"model\":\"m\",\"input\":[{\"type\":\"function_call\",\"name\":\"f\",\"arguments\":\"{}\"}]}", 400, "call_id");
+}
+
+/* ---------------------------------------------------------------- messages parsing */
+
+TEST(messages_parse)
+{
+    api_req r;
+    api_error e;
+    const char *body =
+        "{\"model\":\"m\",\"max_tokens\":2048,\"system\":[{\"type\":\"text\",\"text\":\"sys\"}],"
+        "\"messages\":[{\"role\":\"user\",\"content\":\"weather?\"},"
+        "{\"role\":\"assistant\",\"content\":[{\"type\":\"thinking\",\"thinking\":\"t\",\"signature\":\"s\"},{\"type\":\"text\",\"text\":\"checking\"},"
+        "{\"type\":\"tool_use\",\"id\":\"toolu_1\",\"name\":\"get\",\"input\":{\"city\":\"Oslo\"}}]},"
+        "{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\",\"tool_use_id\":\"toolu_1\",\"content\":[{\"type\":\"text\",\"text\":\"sunny\"}]},"
+        "{\"type\":\"text\",\"text\":\"thanks\",\"cache_control\":{\"type\":\"ephemeral\"}}]}],"
+        "\"tools\":[{\"name\":\"get\",\"description\":\"d\",\"input_schema\":{\"type\":\"object\"}}],"
+        "\"stop_sequences\":[\"X\"],\"temperature\":0.7,\"top_k\":5,\"thinking\":{\"type\":\"enabled\",\"budget_tokens\":1024},"
+        "\"metadata\":{\"user_id\":\"u\"}}";
+    CHECK(parse(API_KIND_MESSAGES, body, &r, &e) == API_OK);
+    CHECK(r.conv.n_turns == 5 && r.conv.n_tools == 1);
+    CHECK(r.conv.turns[0].role == CONV_ROLE_SYSTEM && !strcmp(part_text(&r.conv, 0, 0), "sys"));
+    const conv_turn *a = &r.conv.turns[2];
+    CHECK(a->role == CONV_ROLE_ASSISTANT && a->n_parts == 3 && a->parts[0].kind == CONV_PART_REASONING);
+    CHECK(a->parts[2].kind == CONV_PART_TOOL_CALL && !strcmp(a->parts[2].args, "{\"city\":\"Oslo\"}"));
+    CHECK(r.conv.turns[3].role == CONV_ROLE_TOOL && !strcmp(r.conv.turns[3].parts[0].text, "sunny"));
+    CHECK(r.conv.turns[4].role == CONV_ROLE_USER && !strcmp(part_text(&r.conv, 4, 0), "thanks"));
+    CHECK(r.max_tokens == 2048 && r.n_stop == 1 && r.sp.top_k == 5 && r.conv.thinking == CONV_THINKING_ON && r.thinking_budget == 1024);
+    api_req_free(&r);
+    CHECK(parse(API_KIND_MESSAGES, "{\"model\":\"m\",\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", &r, &e) == API_OK);
+    CHECK(r.conv.thinking == CONV_THINKING_OFF);
+    api_req_free(&r);
+
+    const api_kind M = API_KIND_MESSAGES;
+    REJECTS(M, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", 400, "max_tokens: Field required");
+    REJECTS(M, "{\"model\":\"m\",\"max_tokens\":5,\"messages\":[]}", 400, "at least one message");
+    REJECTS(M, "{\"model\":\"m\",\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2}", 400, "n: Extra inputs are not permitted");
+    REJECTS(M, "{\"model\":\"m\",\"max_tokens\":\"5\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", 400, "max_tokens");
+    REJECTS(M, "{\"model\":\"m\",\"max_tokens\":5,\"messages\":[{\"role\":\"system\",\"content\":\"x\"}]}", 400, "role");
+    REJECTS(M, "{\"model\":\"m\",\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":1.5}", 400, "temperature");
+    REJECTS(M, "{\"model\":\"m\",\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image\",\"source\":{}}]}]}", 400, "image");
+    REJECTS(M, "{\"model\":\"m\",\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"bogus\"}]}]}", 400, "bogus");
+    REJECTS(M, "{\"model\":\"m\",\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"thinking\":{\"type\":\"enabled\",\"budget_tokens\":2000}}", 400, "budget_tokens");
+    REJECTS(M, "{\"model\":\"m\",\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop_sequences\":\"X\"}", 400, "stop_sequences");
+    REJECTS(M, "{\"model\":\"zz\",\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", 404, NULL);
+    REJECTS(M, "{\"model\":\"m\",\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],", 400, "parsing the body");
+    REJECTS(M, "{\"model\":\"m\",\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"name\":\"f\"}]}", 400, "input_schema");
+    const char bad[] = "{\"model\":\"m\",\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"\xc0\xaf\"}]}";
+    CHECK(rejects(M, bad, sizeof bad - 1, 400, "UTF-8"));
+
+    /* count_tokens: no max_tokens needed, sampling fields are not accepted */
+    api_req_init(&r, M);
+    const char *cb = "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"system\":\"s\"}";
+    CHECK(api_messages_count_parse(&cfg_plain, cb, strlen(cb), &r, &e) == API_OK && r.conv.n_turns == 2);
+    api_req_free(&r);
+    api_req_init(&r, M);
+    cb = "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":3}";
+    CHECK(api_messages_count_parse(&cfg_plain, cb, strlen(cb), &r, &e) == API_ERR && e.status == 400);
+    api_req_free(&r);
+    jsonfmt_buf b = {0};
+    api_messages_count_json(12, &b);
+    CHECK(!strcmp(b.p, "{\"input_tokens\":12}"));
+    jsonfmt_buf_free(&b);
+}
+
+TEST(error_shapes)
+{
+    api_error e;
+    jsonfmt_buf b = {0};
+    api_error_set(&e, 401, NULL, "invalid_api_key", "Incorrect API key provided.");
+    api_error_json(API_KIND_CHAT, &e, &b);
+    CHECK(!strcmp(b.p, "{\"error\":{\"message\":\"Incorrect API key provided.\",\"type\":\"invalid_request_error\",\"param\":null,\"code\":\"invalid_api_key\"}}"));
+    b.len = 0;
+    api_error_json(API_KIND_MESSAGES, &e, &b);
+    CHECK(!strcmp(b.p, "{\"type\":\"error\",\"error\":{\"type\":\"authentication_error\",\"message\":\"Incorrect API key provided.\"}}"));
+    b.len = 0;
+    api_error_set(&e, 529, NULL, NULL, "busy");
+    api_error_json(API_KIND_MESSAGES, &e, &b);
+    CHECK(strstr(b.p, "overloaded_error") != NULL);
+    b.len = 0;
+    api_error_set(&e, 404, "model", "model_not_found", "no");
+    api_error_json(API_KIND_MESSAGES, &e, &b);
+    CHECK(strstr(b.p, "not_found_error") != NULL);
+    b.len = 0;
+    api_error_set(&e, 413, NULL, NULL, "big");
+    api_error_json(API_KIND_MESSAGES, &e, &b);
+    CHECK(strstr(b.p, "request_too_large") != NULL);
+    jsonfmt_buf_free(&b);
+}
+
+/* ---------------------------------------------------------------- stop matcher */
+
+static const char *stop_run(const char **pieces, char **stops, int n_stop, int *matched)
+{
+    static char out[256];
+    api_stop s;
+    api_stop_init(&s, stops, n_stop);
+    jsonfmt_buf emit = {0};
+    jsonfmt_buf_puts(&emit, "");
+    bool hit = false;
+    for (int i = 0; pieces[i] && !hit; i++) {
+        size_t before = emit.len;
+        hit = api_stop_feed(&s, pieces[i], strlen(pieces[i]), &emit);
+        (void)before;
+    }
+    if (!hit) api_stop_flush(&s, &emit);
+    *matched = s.matched;
+    snprintf(out, sizeof out, "%s", emit.p);
+    jsonfmt_buf_free(&emit);
+    api_stop_free(&s);
+    return out;
+}
+
+TEST(stop_matcher)
+{
+    char *stops[] = {"STOP", "\n\n", "ab"};
+    int m;
+    const char *p1[] = {"hello S", "TO", "P world", NULL};
+    CHECK(!strcmp(stop_run(p1, stops, 3, &m), "hello ") && m == 0);
+    const char *p2[] = {"one\n", "\ntwo", NULL};
+    CHECK(!strcmp(stop_run(p2, stops, 3, &m), "one") && m == 1);
+    const char *p3[] = {"ST", "OX", NULL}; /* partial match that fails is released */
+    CHECK(!strcmp(stop_run(p3, stops, 3, &m), "STOX") && m == -1);
+    const char *p4[] = {"xx a", NULL}; /* held at the end, flushed */
+    CHECK(!strcmp(stop_run(p4, stops, 3, &m), "xx a") && m == -1);
+    const char *p5[] = {"zabSTOP", NULL}; /* earliest match wins */
+    CHECK(!strcmp(stop_run(p5, stops, 3, &m), "z") && m == 2);
+    /* hold-back: nothing that may start a stop is released early */
+    api_stop s;
+    jsonfmt_buf emit = {0};
+    api_stop_init(&s, stops, 3);
+    CHECK(!api_stop_feed(&s, "wait S", 6, &emit) && emit.len == 5 && !memcmp(emit.p, "wait ", 5));
+    CHECK(!api_stop_feed(&s, "T", 1, &emit) && emit.len == 5);
+    CHECK(api_stop_feed(&s, "OP", 2, &emit) && emit.len == 5);
+    api_stop_free(&s);
+    jsonfmt_buf_free(&emit);
+    /* no stops: passthrough */
+    const char *p6[] = {"a", "b", NULL};
+    CHECK(!strcmp(stop_run(p6, NULL, 0, &m), "ab"));
+}
+
+/* ---------------------------------------------------------------- output */
+
+static events_markers qwen_markers(void)
+{
+    events_markers m;
+    events_markers_none(&m);
+    m.think_start = THINK;
+    m.think_end = UNTHINK;
+    m.toolfmt = EVENTS_TOOLFMT_QWEN;
+    m.tool_start = TC;
+    m.tool_end = UNTC;
+    m.tools_enabled = true;
+    m.trim = true;
+    return m;
+}
+
+/* Feeds "#ID" markers or text tokens (id 1) to choice i. */
+static void feed(api_out *o, int i, const char **pieces)
+{
+    for (int k = 0; pieces[k]; k++) {
+        if (pieces[k][0] == '#') {
+            int32_t id = atoi(pieces[k] + 1);
+            if (api_out_token(o, i, id, "", 0, NULL)) break;
+        } else if (api_out_token(o, i, 1, pieces[k], strlen(pieces[k]), NULL)) {
+            break;
+        }
+    }
+}
+
+/* Splits SSE text into parsed data objects (the [DONE] sentinel becomes the string "DONE"),
+ * checking each event's "event:" name equals its data "type" when present. */
+static json_t *sse_parse(const char *s, bool *names_ok)
+{
+    json_t *arr = json_array();
+    *names_ok = true;
+    const char *p = s;
+    char name[96] = "";
+    while (*p) {
+        const char *nl = strchr(p, '\n');
+        if (!nl) break;
+        if (nl == p) { name[0] = 0; p++; continue; }
+        if (!strncmp(p, "event: ", 7)) snprintf(name, sizeof name, "%.*s", (int)(nl - p - 7), p + 7);
+        else if (!strncmp(p, "data: ", 6)) {
+            if (!strncmp(p + 6, "[DONE]", 6)) json_array_append_new(arr, json_string("DONE"));
+            else {
+                json_t *j = json_loadb(p + 6, (size_t)(nl - p - 6), 0, NULL);
+                if (!j) { *names_ok = false; j = json_null(); }
+                const char *t = json_string_value(json_object_get(j, "type"));
+                if (name[0] && (!t || strcmp(t, name))) *names_ok = false;
+                json_array_append_new(arr, j);
+            }
+        }
+        p = nl + 1;
+    }
+    return arr;
+}
+
+TEST(chat_output_nonstream)
+{
+    api_req r;
+    api_error e;
+    CHECK(parse(API_KIND_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop\":[\"STOP\"]}", &r, &e) == API_OK);
+    events_markers mk = qwen_markers();
+    api_out o;
+    api_out_init(&o, &r, &mk, 1, "m");
+    api_out_set_prompt(&o, 100, 64, NULL, 0);
+    api_out_begin(&o);
+    const char *toks[] = {"#5000", "let me", " think", "#5001", "\n\n", "Hello", " wor", "ld S", "TOP", "never", NULL};
+    feed(&o, 0, toks);
+    api_out_finish(&o, 0, EVENTS_FINISH_STOP);
+    api_out_end(&o);
+    json_t *j = json_loadb(o.out.p, o.out.len, 0, NULL);
+    CHECK(j != NULL);
+    json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
+    json_t *msg = json_object_get(ch, "message");
+    CHECK(!strcmp(json_string_value(json_object_get(msg, "content")), "Hello world "));
+    CHECK(!strcmp(json_string_value(json_object_get(msg, "reasoning_content")), "let me think"));
+    CHECK(!strcmp(json_string_value(json_object_get(ch, "finish_reason")), "stop"));
+    CHECK(!strcmp(json_string_value(json_object_get(j, "object")), "chat.completion"));
+    json_t *u = json_object_get(j, "usage");
+    CHECK(json_integer_value(json_object_get(u, "prompt_tokens")) == 100);
+    CHECK(json_integer_value(json_object_get(u, "completion_tokens")) == 9);
+    CHECK(json_integer_value(json_object_get(u, "total_tokens")) == 109);
+    CHECK(json_integer_value(json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens")) == 64);
+    CHECK(json_integer_value(json_object_get(u, "prompt_cache_hit_tokens")) == 64);
+    CHECK(json_integer_value(json_object_get(u, "prompt_cache_miss_tokens")) == 36);
+    CHECK(json_integer_value(json_object_get(json_object_get(u, "completion_tokens_details"), "reasoning_tokens")) == 4);
+    json_decref(j);
+    api_out_free(&o);
+    api_req_free(&r);
+}
+
+TEST(chat_output_tools_and_stream)
+{
+    api_req r;
+    api_error e;
+    CHECK(parse(API_KIND_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stream\":true,\"stream_options\":{\"include_usage\":true},\"n\":2}", &r, &e) == API_OK);
+    events_markers mk = qwen_markers();
+    api_out o;
+    api_out_init(&o, &r, &mk, 7, "m");
+    api_out_set_prompt(&o, 10, 0, NULL, 0);
+    api_out_begin(&o);
+    const char *t0[] = {"Sure", "#5002", "{\"name\": \"get\", \"arguments\": {\"city\": \"Oslo\"}}", "#5003",
+                        "#5002", "{\"name\": \"put\", \"arguments\": {}}", "#5003", NULL};
+    const char *t1[] = {"plain", " text", NULL};
+    feed(&o, 0, t0);
+    feed(&o, 1, t1);
+    api_out_finish(&o, 1, EVENTS_FINISH_LENGTH);
+    api_out_finish(&o, 0, EVENTS_FINISH_STOP);
+    api_out_end(&o);
+    dump("chat_tools.sse", &o.out);
+    bool names_ok;
+    json_t *ev = sse_parse(o.out.p, &names_ok);
+    CHECK(names_ok);
+    size_t n = json_array_size(ev);
+    CHECK(n > 6 && !strcmp(json_string_value(json_array_get(ev, n - 1)) ? json_string_value(json_array_get(ev, n - 1)) : "", "DONE"));
+    /* reassemble as a client does */
+    char content[2][64] = {"", ""}, args[2][64] = {"", ""}, names[2][16] = {"", ""}, finish[2][16] = {"", ""};
+    bool role_first[2] = {false, false};
+    int seen[2] = {0, 0};
+    json_t *usage = NULL;
+    for (size_t k = 0; k + 1 < n; k++) {
+        json_t *c = json_array_get(ev, k);
+        CHECK(!strcmp(json_string_value(json_object_get(c, "object")), "chat.completion.chunk"));
+        json_t *chs = json_object_get(c, "choices");
+        if (json_array_size(chs) == 0) { usage = json_object_get(c, "usage"); continue; }
+        json_t *ch = json_array_get(chs, 0);
+        int idx = (int)json_integer_value(json_object_get(ch, "index"));
+        json_t *d = json_object_get(ch, "delta");
+        if (seen[idx]++ == 0) role_first[idx] = json_is_string(json_object_get(d, "role"));
+        json_t *ct = json_object_get(d, "content");
+        if (json_is_string(ct)) strcat(content[idx], json_string_value(ct));
+        json_t *tcs = json_object_get(d, "tool_calls");
+        if (tcs) {
+            json_t *tc = json_array_get(tcs, 0);
+            int ti = (int)json_integer_value(json_object_get(tc, "index"));
+            json_t *fn = json_object_get(tc, "function");
+            if (json_is_string(json_object_get(fn, "name"))) {
+                strcat(names[ti], json_string_value(json_object_get(fn, "name")));
+                CHECK(json_is_string(json_object_get(tc, "id")));
+            }
+            if (json_is_string(json_object_get(fn, "arguments"))) strcat(args[ti], json_string_value(json_object_get(fn, "arguments")));
+        }
+        json_t *fr = json_object_get(ch, "finish_reason");
+        if (json_is_string(fr)) strcpy(finish[idx], json_string_value(fr));
+    }
+    CHECK(role_first[0] && role_first[1]);
+    CHECK(!strcmp(content[0], "Sure") && !strcmp(content[1], "plain text"));
+    CHECK(!strcmp(names[0], "get") && !strcmp(names[1], "put"));
+    CHECK(!strcmp(args[0], "{\"city\":\"Oslo\"}") && !strcmp(args[1], "{}"));
+    CHECK(!strcmp(finish[0], "tool_calls") && !strcmp(finish[1], "length"));
+    CHECK(usage && json_integer_value(json_object_get(usage, "completion_tokens")) == 9);
+    json_decref(ev);
+    api_out_free(&o);
+    api_req_free(&r);
+
+    /* non-streaming tool calls: content null, tool_calls with string arguments */
+    CHECK(parse(API_KIND_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", &r, &e) == API_OK);
+    api_out_init(&o, &r, &mk, 7, "m");
+    const char *t2[] = {"#5002", "{\"name\": \"get\", \"arguments\": {\"a\": [1, 2]}}", "#5003", NULL};
+    feed(&o, 0, t2);
+    api_out_finish(&o, 0, EVENTS_FINISH_STOP);
+    api_out_end(&o);
+    json_t *j = json_loadb(o.out.p, o.out.len, 0, NULL);
+    json_t *msg = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message");
+    CHECK(json_is_null(json_object_get(msg, "content")));
+    json_t *tc = json_array_get(json_object_get(msg, "tool_calls"), 0);
+    CHECK(!strcmp(json_string_value(json_object_get(json_object_get(tc, "function"), "arguments")), "{\"a\":[1,2]}"));
+    CHECK(!strncmp(json_string_value(json_object_get(tc, "id")), "call_", 5));
+    json_decref(j);
+    api_out_free(&o);
+    api_req_free(&r);
+}
+
+TEST(chat_logprobs)
+{
+    api_req r;
+    api_error e;
+    CHECK(parse(API_KIND_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,\"top_logprobs\":2}", &r, &e) == API_OK);
+    events_markers mk;
+    events_markers_none(&mk);
+    api_out o;
+    api_out_init(&o, &r, &mk, 1, "m");
+    api_logprob lp = {.token = 1, .logprob = -0.5f, .n_top = 3, .top_token = {1, 2, 3}, .top_logprob = {-0.5f, -1.f, -2.f}};
+    api_out_token(&o, 0, 1, "hi", 2, &lp);
+    api_out_finish(&o, 0, EVENTS_FINISH_STOP);
+    api_out_end(&o);
+    json_t *j = json_loadb(o.out.p, o.out.len, 0, NULL);
+    json_t *lc = json_object_get(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs"), "content");
+    CHECK(json_array_size(lc) == 1);
+    json_t *en = json_array_get(lc, 0);
+    CHECK(fabs(json_number_value(json_object_get(en, "logprob")) + 0.5) < 1e-6);
+    CHECK(json_array_size(json_object_get(en, "top_logprobs")) == 2);
+    json_decref(j);
+    api_out_free(&o);
+    api_req_free(&r);
+}
+
+TEST(responses_output)
+{
+    api_store *store = api_store_new(2);
+    api_cfg cfg = {"m", NULL, store};
+    api_req r;
+    api_error e;
+    api_req_init(&r, API_KIND_RESPONSES);
+    const char *body = "{\"model\":\"m\",\"input\":\"q\",\"instructions\":\"I\",\"stream\":true}";
+    CHECK(api_responses_parse(&cfg, body, strlen(body), &r, &e) == API_OK);
+    events_markers mk = qwen_markers();
+    api_out o;
+    api_out_init(&o, &r, &mk, 3, "m");
+    api_out_set_prompt(&o, 50, 32, NULL, 0);
+    api_out_begin(&o);
+    const char *toks[] = {"#5000", "hmm", "#5001", "Answer", " here", "#5002", "{\"name\": \"f\", \"arguments\": {\"x\": 1}}", "#5003", NULL};
+    feed(&o, 0, toks);
+    api_out_finish(&o, 0, EVENTS_FINISH_STOP);
+    api_out_end(&o);
+    dump("responses_tools.sse", &o.out);
+    bool names_ok;
+    json_t *ev = sse_parse(o.out.p, &names_ok);
+    CHECK(names_ok);
+    size_t n = json_array_size(ev);
+    const char *want[] = {"response.created", "response.in_progress", "response.output_item.added",
+                          "response.content_part.added", "response.reasoning_text.delta", "response.reasoning_text.done",
+                          "response.content_part.done", "response.output_item.done", "response.output_item.added",
+                          "response.content_part.added", "response.output_text.delta", "response.output_text.delta",
+                          "response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          "response.output_item.added", "response.function_call_arguments.delta",
+                          "response.function_call_arguments.done", "response.output_item.done", "response.completed"};
+    CHECKF(n == TM_ARRAY_LEN(want), "%zu events", n);
+    for (size_t k = 0; k < n && k < TM_ARRAY_LEN(want); k++) {
+        json_t *x = json_array_get(ev, k);
+        CHECKF(!strcmp(json_string_value(json_object_get(x, "type")), want[k]), "event %zu is %s", k,
+               json_string_value(json_object_get(x, "type")));
+        CHECK(json_integer_value(json_object_get(x, "sequence_number")) == (json_int_t)k);
+    }
+    json_t *resp = json_object_get(json_array_get(ev, n - 1), "response");
+    CHECK(!strcmp(json_string_value(json_object_get(resp, "status")), "completed"));
+    json_t *out = json_object_get(resp, "output");
+    CHECK(json_array_size(out) == 3);
+    CHECK(!strcmp(json_string_value(json_object_get(json_array_get(out, 0), "type")), "reasoning"));
+    json_t *m1 = json_array_get(out, 1);
+    CHECK(!strcmp(json_string_value(json_object_get(json_array_get(json_object_get(m1, "content"), 0), "text")), "Answer here"));
+    json_t *fc = json_array_get(out, 2);
+    CHECK(!strcmp(json_string_value(json_object_get(fc, "arguments")), "{\"x\":1}") && !strcmp(json_string_value(json_object_get(fc, "name")), "f"));
+    json_t *u = json_object_get(resp, "usage");
+    CHECK(json_integer_value(json_object_get(u, "input_tokens")) == 50);
+    CHECK(json_integer_value(json_object_get(json_object_get(u, "input_tokens_details"), "cached_tokens")) == 32);
+    CHECK(json_integer_value(json_object_get(json_object_get(u, "output_tokens_details"), "reasoning_tokens")) == 3);
+    CHECK(!strcmp(json_string_value(json_object_get(resp, "instructions")), "I"));
+    /* item ids agree between the delta events and the final output */
+    CHECK(!strcmp(json_string_value(json_object_get(json_array_get(ev, 10), "item_id")), json_string_value(json_object_get(m1, "id"))));
+    json_decref(ev);
+
+    /* previous_response_id continues the stored conversation (without the old instructions) */
+    char id[48];
+    snprintf(id, sizeof id, "%s", o.id);
+    api_out_free(&o);
+    api_req_free(&r);
+    char body2[256];
+    snprintf(body2, sizeof body2, "{\"model\":\"m\",\"input\":\"more\",\"previous_response_id\":\"%s\",\"instructions\":\"J\"}", id);
+    api_req_init(&r, API_KIND_RESPONSES);
+    CHECK(api_responses_parse(&cfg, body2, strlen(body2), &r, &e) == API_OK);
+    CHECKF(r.conv.n_turns == 4, "%d turns", r.conv.n_turns);
+    CHECK(r.conv.turns[0].role == CONV_ROLE_SYSTEM && !strcmp(part_text(&r.conv, 0, 0), "J"));
+    CHECK(r.conv.turns[1].role == CONV_ROLE_USER && !strcmp(part_text(&r.conv, 1, 0), "q"));
+    const conv_turn *a = &r.conv.turns[2];
+    CHECK(a->role == CONV_ROLE_ASSISTANT && a->n_parts == 3 && a->parts[0].kind == CONV_PART_REASONING &&
+          a->parts[1].kind == CONV_PART_TEXT && a->parts[2].kind == CONV_PART_TOOL_CALL);
+    CHECK(r.conv.turns[3].role == CONV_ROLE_USER && !strcmp(part_text(&r.conv, 3, 0), "more"));
+    CHECK(r.n_prev_turns == 2);
+    api_req_free(&r);
+
+    /* non-streaming, truncated: status incomplete */
+    api_req_init(&r, API_KIND_RESPONSES);
+    body = "{\"model\":\"m\",\"input\":\"q\",\"store\":false,\"max_output_tokens\":2}";
+    CHECK(api_responses_parse(&cfg, body, strlen(body), &r, &e) == API_OK);
+    api_out_init(&o, &r, &mk, 3, "m");
+    const char *t2[] = {"a", "b", NULL};
+    feed(&o, 0, t2);
+    api_out_finish(&o, 0, EVENTS_FINISH_LENGTH);
+    api_out_end(&o);
+    json_t *j = json_loadb(o.out.p, o.out.len, 0, NULL);
+    CHECK(!strcmp(json_string_value(json_object_get(j, "status")), "incomplete"));
+    CHECK(!strcmp(json_string_value(json_object_get(json_object_get(j, "incomplete_details"), "reason")), "max_output_tokens"));
+    CHECK(!strcmp(json_string_value(json_object_get(j, "object")), "response"));
+    json_decref(j);
+    /* store=false: not kept */
+    conv tmp;
+    conv_init(&tmp);
+    CHECK(!api_store_get(store, o.id, &tmp));
+    conv_free(&tmp);
+    api_out_free(&o);
+    api_req_free(&r);
+    api_store_free(store);
+}
+
+TEST(store_bound)
+{
+    api_store *s = api_store_new(2);
+    api_req r;
+    api_error e;
+    CHECK(parse(API_KIND_RESPONSES, "{\"model\":\"m\",\"input\":\"q\"}", &r, &e) == API_OK);
+    events_markers mk;
+    events_markers_none(&mk);
+    api_out o;
+    api_out_init(&o, &r, &mk, 1, "m");
+    api_out_finish(&o, 0, EVENTS_FINISH_STOP);
+    api_store_put(s, "a", &r, &o);
+    api_store_put(s, "b", &r, &o);
+    api_store_put(s, "c", &r, &o);
+    conv c;
+    conv_init(&c);
+    CHECK(!api_store_get(s, "a", &c));
+    CHECK(api_store_get(s, "b", &c) && api_store_get(s, "c", &c));
+    CHECK(c.n_turns == 4);
+    conv_free(&c);
+    api_out_free(&o);
+    api_req_free(&r);
+    api_store_free(s);
+}
+
+TEST(messages_output)
+{
+    api_req r;
+    api_error e;
+    CHECK(parse(API_KIND_MESSAGES, "{\"model\":\"m\",\"max_tokens\":50,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stream\":true,\"stop_sequences\":[\"%%\"]}", &r, &e) == API_OK);
+    events_markers mk = qwen_markers();
+    api_out o;
+    api_out_init(&o, &r, &mk, 3, "m");
+    api_out_set_prompt(&o, 300, 256, NULL, 0);
+    api_out_begin(&o);
+    const char *toks[] = {"#5000", "deep", "#5001", "#5002", "{\"name\": \"f\", \"arguments\": {\"q\": \"a\\\"b\"}}", "#5003", "then %", "% cut", NULL};
+    feed(&o, 0, toks);
+    api_out_finish(&o, 0, EVENTS_FINISH_STOP);
+    api_out_end(&o);
+    dump("messages_tools.sse", &o.out);
+    bool names_ok;
+    json_t *ev = sse_parse(o.out.p, &names_ok);
+    CHECK(names_ok);
+    size_t n = json_array_size(ev);
+    const char *want[] = {"message_start", "ping", "content_block_start", "content_block_delta", "content_block_delta",
+                          "content_block_stop", "content_block_start", "content_block_delta", "content_block_stop",
+                          "content_block_start", "content_block_delta", "content_block_stop", "message_delta", "message_stop"};
+    CHECKF(n == TM_ARRAY_LEN(want), "%zu events", n);
+    for (size_t k = 0; k < n && k < TM_ARRAY_LEN(want); k++)
+        CHECKF(!strcmp(json_string_value(json_object_get(json_array_get(ev, k), "type")), want[k]), "event %zu", k);
+    json_t *ms = json_object_get(json_array_get(ev, 0), "message");
+    json_t *u0 = json_object_get(ms, "usage");
+    CHECK(json_integer_value(json_object_get(u0, "input_tokens")) == 44);
+    CHECK(json_integer_value(json_object_get(u0, "cache_read_input_tokens")) == 256);
+    json_t *d = json_object_get(json_array_get(ev, 3), "delta");
+    CHECK(!strcmp(json_string_value(json_object_get(d, "type")), "thinking_delta") && !strcmp(json_string_value(json_object_get(d, "thinking")), "deep"));
+    d = json_object_get(json_array_get(ev, 4), "delta");
+    CHECK(!strcmp(json_string_value(json_object_get(d, "type")), "signature_delta"));
+    json_t *cb = json_object_get(json_array_get(ev, 6), "content_block");
+    CHECK(!strcmp(json_string_value(json_object_get(cb, "type")), "tool_use") && !strncmp(json_string_value(json_object_get(cb, "id")), "toolu_", 6));
+    d = json_object_get(json_array_get(ev, 7), "delta");
+    CHECK(!strcmp(json_string_value(json_object_get(d, "type")), "input_json_delta"));
+    CHECK(!strcmp(json_string_value(json_object_get(d, "partial_json")), "{\"q\":\"a\\\"b\"}"));
+    d = json_object_get(json_array_get(ev, 10), "delta");
+    CHECK(!strcmp(json_string_value(json_object_get(d, "text")), "then "));
+    json_t *md = json_array_get(ev, 12);
+    CHECK(!strcmp(json_string_value(json_object_get(json_object_get(md, "delta"), "stop_reason")), "stop_sequence"));
+    CHECK(!strcmp(json_string_value(json_object_get(json_object_get(md, "delta"), "stop_sequence")), "%%"));
+    CHECK(json_integer_value(json_object_get(json_object_get(md, "usage"), "output_tokens")) == 8);
+    json_decref(ev);
+    api_out_free(&o);
+    api_req_free(&r);
+
+    /* non-streaming: blocks in order, tool_use input an object, stop_reason tool_use */
+    CHECK(parse(API_KIND_MESSAGES, "{\"model\":\"m\",\"max_tokens\":50,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", &r, &e) == API_OK);
+    api_out_init(&o, &r, &mk, 3, "m");
+    api_out_set_prompt(&o, 10, 0, NULL, 0);
+    const char *t2[] = {"ok", "#5002", "{\"name\": \"f\", \"arguments\": {\"n\": 2}}", "#5003", NULL};
+    feed(&o, 0, t2);
+    api_out_finish(&o, 0, EVENTS_FINISH_STOP);
+    api_out_end(&o);
+    json_t *j = json_loadb(o.out.p, o.out.len, 0, NULL);
+    CHECK(!strcmp(json_string_value(json_object_get(j, "stop_reason")), "tool_use"));
+    json_t *content = json_object_get(j, "content");
+    CHECK(json_array_size(content) == 2);
+    CHECK(!strcmp(json_string_value(json_object_get(json_array_get(content, 0), "text")), "ok"));
+    json_t *tu = json_array_get(content, 1);
+    CHECK(json_integer_value(json_object_get(json_object_get(tu, "input"), "n")) == 2);
+    CHECK(json_integer_value(json_object_get(json_object_get(j, "usage"), "input_tokens")) == 10);
+    CHECK(json_integer_value(json_object_get(json_object_get(j, "usage"), "output_tokens")) == 4);
+    json_decref(j);
+    api_out_free(&o);
+    api_req_free(&r);
+
+    /* max_tokens, nothing generated: an empty text block */
+    CHECK(parse(API_KIND_MESSAGES, "{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", &r, &e) == API_OK);
+    api_out_init(&o, &r, &mk, 3, "m");
+    api_out_finish(&o, 0, EVENTS_FINISH_LENGTH);
+    api_out_end(&o);
+    j = json_loadb(o.out.p, o.out.len, 0, NULL);
+    CHECK(!strcmp(json_string_value(json_object_get(j, "stop_reason")), "max_tokens"));
+    CHECK(json_array_size(json_object_get(j, "content")) == 1);
+    json_decref(j);
+    api_out_free(&o);
+    api_req_free(&r);
+}
+
+int main(void)
+{
+    RUN(chat_parse_basic);
+    RUN(chat_parse_tools);
+    RUN(chat_bad_input);
+    RUN(responses_parse);
+    RUN(messages_parse);
+    RUN(error_shapes);
+    RUN(stop_matcher);
+    RUN(chat_output_nonstream);
+    RUN(chat_output_tools_and_stream);
+    RUN(chat_logprobs);
+    RUN(responses_output);
+    RUN(store_bound);
+    RUN(messages_output);
+    HARNESS_END();
+}
