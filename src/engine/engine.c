@@ -16,6 +16,9 @@
 
 /* ggml switches to its tiled flash-attention path (f32 Q) from this many query rows. */
 #define ENGINE_FA_TILE_Q 64
+/* Attention tiles: up to this many consecutive positions of one sequence share each K/V
+ * block conversion. */
+#define ENGINE_ATT_TILE 16
 
 struct engine {
     model *m;
@@ -38,6 +41,8 @@ struct engine {
     /* per-thread attention scratch: (n_threads, ENGINE_ATT_STRIDE) floats */
     float *att_scratch;
     size_t att_stride;       /* floats per thread */
+    int32_t *tile_start;     /* (T + 1) first batch entry of each attention tile */
+    int n_tiles;
 };
 
 typedef struct {
@@ -82,6 +87,7 @@ void engine_free(engine *e)
     free(e->pos);
     free(e->mm_scratch);
     free(e->att_scratch);
+    free(e->tile_start);
     free(e);
 }
 
@@ -150,10 +156,14 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
     }
     sc = engine_scratch_need(&m->output, Ti, sc);
     e->mm_scratch = util_aligned_alloc(sc + 64);
-    /* per thread: scores (128) + accumulator (hd) + q f16 (hd/2 floats), rounded to 64 B */
-    e->att_stride = TM_ALIGN_UP((size_t)KVPOOL_BLOCK + (size_t)hp->head_dim * 2, 16);
+    /* per thread: K block and V^T block in f32 (2 * 128 * hd), and for each of the tile's
+     * query rows (ENGINE_ATT_TILE * gqa): q, accumulator, block P V (hd each), scores (128),
+     * max and sum (2) */
+    size_t hdz = (size_t)hp->head_dim, nq = (size_t)ENGINE_ATT_TILE * (size_t)(hp->n_heads / hp->n_kv_heads);
+    e->att_stride = TM_ALIGN_UP(2 * KVPOOL_BLOCK * hdz + nq * (3 * hdz + KVPOOL_BLOCK + 2), 16);
     e->att_scratch = util_aligned_alloc((size_t)o.n_threads * e->att_stride * sizeof(float));
-    if (!e->x || !e->xn || !e->q || !e->k || !e->v || !e->att || !e->ffa || !e->ffb || !e->xo ||
+    e->tile_start = util_aligned_alloc((T + 1) * sizeof(int32_t));
+    if (!e->tile_start || !e->x || !e->xn || !e->q || !e->k || !e->v || !e->att || !e->ffa || !e->ffb || !e->xo ||
         !e->pos || !e->mm_scratch || !e->att_scratch) {
         snprintf(err, errsz, "out of memory for activations of %d tokens", Ti);
         engine_free(e);
@@ -187,76 +197,117 @@ static void engine_job_store_kv(void *ctx, int ith, int nth)
     engine *e = j->e;
     const model_hparams *hp = &e->m->hp;
     int T = j->b->n_tokens, hd = hp->head_dim, kvd = hp->n_kv_heads * hd;
-    bool f16 = kvpool_dtype(e->kv) == QTYPE_F16;
     for (int t = ith; t < T; t += nth) {
         const engine_tok *tk = &j->b->toks[t];
-        for (int h = 0; h < hp->n_kv_heads; h++) {
-            for (int kv = 0; kv < 2; kv++) {
-                const float *src = (kv ? e->v : e->k) + (size_t)t * kvd + (size_t)h * hd;
-                void *dst = kvpool_seq_row(e->kv, tk->seq, tk->pos, j->layer, kv, h);
-                if (f16) ops_fp32_to_fp16_row(src, dst, hd);
-                else memcpy(dst, src, (size_t)hd * sizeof(float));
-            }
-        }
+        for (int h = 0; h < hp->n_kv_heads; h++)
+            kvpool_seq_store(e->kv, tk->seq, tk->pos, j->layer, h, e->k + (size_t)t * kvd + (size_t)h * hd,
+                             e->v + (size_t)t * kvd + (size_t)h * hd);
     }
 }
 
-/* Attention for (token, head) items: online softmax block by block over the sequence's
- * paged K/V up to the token's position. */
+/* Attention. An item is (tile, kv head): a tile is up to ENGINE_ATT_TILE consecutive batch
+ * entries of one sequence at consecutive positions (a prefill run; a decode token is a tile of
+ * one), and the item covers the gqa query heads that share the kv head: nq = tile * gqa query
+ * rows. Per 128-position block: scores P = Q K^T (one small f32 GEMM, K converted from f16
+ * once), scale, causal cut (row j sees positions 0..pos_j), online softmax per row (block
+ * max, rescale of the running accumulator and sum, exp), then acc += P V with V^T stored
+ * transposed in the pool (a second GEMM). All f32, like ggml's tiled flash attention. */
 static void engine_job_attention(void *ctx, int ith, int nth)
 {
     engine_job *j = ctx;
     engine *e = j->e;
     const model_hparams *hp = &e->m->hp;
-    const int hd = hp->head_dim, nh = hp->n_heads, gqa = hp->n_heads / hp->n_kv_heads;
-    const int qd = nh * hd;
+    const int hd = hp->head_dim, nh = hp->n_heads, nkv = hp->n_kv_heads, gqa = nh / nkv;
+    const int qd = nh * hd, nqmax = ENGINE_ATT_TILE * gqa;
     const float scale = 1.0f / sqrtf((float)hd);
     const bool f16 = kvpool_dtype(e->kv) == QTYPE_F16;
-    float *sc = e->att_scratch + (size_t)ith * e->att_stride;
-    float *s = sc;                        /* (128) scores of one block */
-    float *acc = sc + KVPOOL_BLOCK;       /* (hd) V accumulator */
-    fp16_t *q16 = (fp16_t *)(acc + hd);   /* (hd) Q as f16 */
+    float *Kf = e->att_scratch + (size_t)ith * e->att_stride; /* (128, hd) K block in f32 */
+    float *Vt = Kf + (size_t)KVPOOL_BLOCK * hd;  /* (hd, nb) V^T block in f32 */
+    float *qs = Vt + (size_t)KVPOOL_BLOCK * hd;  /* (nq, hd) queries */
+    float *acc = qs + (size_t)nqmax * hd;        /* (nq, hd) running P V */
+    float *PV = acc + (size_t)nqmax * hd;        /* (nq, hd) this block's P V */
+    float *P = PV + (size_t)nqmax * hd;          /* (nq, nb) scores, then probabilities */
+    float *MS = P + (size_t)nqmax * KVPOOL_BLOCK; /* (nq, 2) running max and sum */
     (void)nth;
     for (;;) {
         int it = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
         if (it >= j->n_items) break;
-        int t = it / nh, h = it % nh, kvh = h / gqa;
-        const engine_tok *tk = &j->b->toks[t];
-        const float *q = e->q + (size_t)t * qd + (size_t)h * hd;
-        float *o = e->att + (size_t)t * qd + (size_t)h * hd;
-        if (f16 && j->q16) ops_fp32_to_fp16_row(q, q16, hd);
-        memset(acc, 0, (size_t)hd * sizeof(float));
-        float M = -INFINITY, S = 0.0f;
-        int n_ctx = tk->pos + 1;
-        for (int bi = 0; bi * KVPOOL_BLOCK < n_ctx; bi++) {
-            int n = TM_MIN(KVPOOL_BLOCK, n_ctx - bi * KVPOOL_BLOCK);
-            const void *K = kvpool_seq_slab(e->kv, tk->seq, bi, j->layer, 0, kvh);
-            const void *V = kvpool_seq_slab(e->kv, tk->seq, bi, j->layer, 1, kvh);
-            float mb = -INFINITY;
-            for (int r = 0; r < n; r++) {
-                float d;
-                if (!f16) d = ops_vec_dot_f32(hd, (const float *)K + (size_t)r * hd, q);
-                else if (j->q16) d = ops_vec_dot_f16(hd, (const fp16_t *)K + (size_t)r * hd, q16);
-                else d = ops_vec_dot_f16_f32(hd, (const fp16_t *)K + (size_t)r * hd, q);
-                s[r] = d * scale;
-                if (s[r] > mb) mb = s[r];
-            }
-            if (mb > M) {
-                if (M != -INFINITY) {
-                    float ms = expf(M - mb);
-                    ops_vec_scale_f32(hd, acc, ms);
-                    S *= ms;
+        int tile = it / nkv, kvh = it % nkv;
+        int t0 = e->tile_start[tile], nt = e->tile_start[tile + 1] - t0;
+        const engine_tok *tk0 = &j->b->toks[t0];
+        int nq = nt * gqa;
+        for (int jt = 0; jt < nt; jt++) {
+            for (int g = 0; g < gqa; g++) {
+                int r = jt * gqa + g;
+                const float *q = e->q + (size_t)(t0 + jt) * qd + (size_t)(kvh * gqa + g) * hd;
+                float *qr = qs + (size_t)r * hd;
+                if (f16 && j->q16) {  /* ggml's one-query path rounds Q to f16 for K.Q */
+                    fp16_t tmp[1024];
+                    ops_fp32_to_fp16_row(q, tmp, hd);
+                    ops_fp16_to_fp32_row(tmp, qr, hd);
+                } else {
+                    memcpy(qr, q, (size_t)hd * sizeof(float));
                 }
-                M = mb;
-            }
-            S += ops_vec_softmax_exp(n, s, M);
-            for (int r = 0; r < n; r++) {
-                if (f16) ops_vec_mad_f16(hd, acc, (const fp16_t *)V + (size_t)r * hd, s[r]);
-                else ops_vec_mad_f32(hd, acc, (const float *)V + (size_t)r * hd, s[r]);
+                MS[2 * r] = -INFINITY;
+                MS[2 * r + 1] = 0.0f;
             }
         }
-        float inv = S > 0 ? 1.0f / S : 0.0f;
-        for (int d = 0; d < hd; d++) o[d] = acc[d] * inv;
+        memset(acc, 0, (size_t)nq * hd * sizeof(float));
+        int n_ctx = tk0->pos + nt;  /* positions the last row sees */
+        for (int bi = 0; bi * KVPOOL_BLOCK < n_ctx; bi++) {
+            int nb = TM_MIN(KVPOOL_BLOCK, n_ctx - bi * KVPOOL_BLOCK);
+            const void *K = kvpool_seq_slab(e->kv, tk0->seq, bi, j->layer, 0, kvh);
+            const void *V = kvpool_seq_slab(e->kv, tk0->seq, bi, j->layer, 1, kvh);
+            const float *Kb = K, *Vb = V;
+            if (f16) {
+                ops_fp16_to_fp32_row(K, Kf, (int64_t)nb * hd);
+                Kb = Kf;
+            }
+            ops_weight kw = { QTYPE_F32, nb, hd, Kb };
+            ops_matmul(NULL, &kw, qs, nq, P, NULL);
+            for (int r = 0; r < nq; r++) {
+                float *pr = P + (size_t)r * nb;
+                int n = TM_MIN(nb, tk0->pos + r / gqa + 1 - bi * KVPOOL_BLOCK);
+                if (n <= 0) {
+                    memset(pr, 0, (size_t)nb * sizeof(float));
+                    continue;
+                }
+                ops_vec_scale_f32(n, pr, scale);
+                float mb = ops_vec_max_f32(n, pr), M = MS[2 * r], S = MS[2 * r + 1];
+                if (mb > M) {
+                    if (M != -INFINITY) {
+                        float ms = expf(M - mb);
+                        ops_vec_scale_f32(hd, acc + (size_t)r * hd, ms);
+                        S *= ms;
+                    }
+                    M = mb;
+                }
+                S += ops_vec_softmax_exp(n, pr, M);
+                if (n < nb) memset(pr + n, 0, (size_t)(nb - n) * sizeof(float));
+                MS[2 * r] = M;
+                MS[2 * r + 1] = S;
+            }
+            /* V^T rows (hd of them, 128 apart in the pool) -> Vt (hd, nb) contiguous f32 */
+            if (f16) {
+                for (int d = 0; d < hd; d++)
+                    ops_fp16_to_fp32_row((const fp16_t *)V + (size_t)d * KVPOOL_BLOCK, Vt + (size_t)d * nb, nb);
+                Vb = Vt;
+            } else if (nb < KVPOOL_BLOCK) {
+                for (int d = 0; d < hd; d++)
+                    memcpy(Vt + (size_t)d * nb, (const float *)V + (size_t)d * KVPOOL_BLOCK, (size_t)nb * sizeof(float));
+                Vb = Vt;
+            }
+            ops_weight vw = { QTYPE_F32, hd, nb, Vb };
+            ops_matmul(NULL, &vw, P, nq, PV, NULL);
+            ops_add(NULL, acc, PV, (int64_t)nq * hd);
+        }
+        for (int r = 0; r < nq; r++) {
+            int jt = r / gqa, g = r % gqa;
+            float *o = e->att + (size_t)(t0 + jt) * qd + (size_t)(kvh * gqa + g) * hd;
+            float S = MS[2 * r + 1], inv = S > 0 ? 1.0f / S : 0.0f;
+            const float *a = acc + (size_t)r * hd;
+            for (int d = 0; d < hd; d++) o[d] = a[d] * inv;
+        }
     }
 }
 
@@ -279,6 +330,18 @@ engine_status engine_step(engine *e, const engine_batch *b, float *logits)
         const engine_tok *tk = &b->toks[t];
         if (kvpool_seq_reserve(e->kv, tk->seq, tk->pos + 1) != KVPOOL_OK) return ENGINE_ERR_KV_FULL;
     }
+
+    /* attention tiles: runs of one sequence at consecutive positions, cut every
+     * ENGINE_ATT_TILE entries */
+    e->n_tiles = 0;
+    for (int t = 0; t < T; t++) {
+        const engine_tok *tk = &b->toks[t];
+        int st0 = e->n_tiles ? e->tile_start[e->n_tiles - 1] : -1;
+        bool cont = st0 >= 0 && t - st0 < ENGINE_ATT_TILE && b->toks[t - 1].seq == tk->seq &&
+                    b->toks[t - 1].pos + 1 == tk->pos;
+        if (!cont) e->tile_start[e->n_tiles++] = t;
+    }
+    e->tile_start[e->n_tiles] = T;
 
     threadpool *tp = e->tp;
     const int dim = hp->dim, hd = hp->head_dim;
@@ -305,7 +368,7 @@ engine_status engine_step(engine *e, const engine_batch *b, float *logits)
         ops_rope_ggml(tp, e->k, e->pos, T, hp->n_kv_heads, hd, hp->n_rot, hp->rope_neox,
                       hp->rope_theta_scale, hp->rope_freq_scale, hp->rope_freq_factors, 1.0f);
         threadpool_run(tp, engine_job_store_kv, &job);
-        job.n_items = T * hp->n_heads;
+        job.n_items = e->n_tiles * hp->n_kv_heads;
         job.next = 0;
         job.q16 = T < ENGINE_FA_TILE_Q;
         threadpool_run(tp, engine_job_attention, &job);

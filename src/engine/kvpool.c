@@ -14,6 +14,7 @@
 
 #include <openssl/evp.h>
 
+#include "model/ops.h"
 #include "util/util.h"
 
 typedef enum { KVPOOL_BLK_FREE = 0, KVPOOL_BLK_PINNED, KVPOOL_BLK_CACHED } kvpool_blk_state;
@@ -328,8 +329,41 @@ void *kvpool_seq_slab(const kvpool *p, const kvpool_seq *s, int bi, int layer, i
     return p->data + (size_t)s->table[bi] * p->block_bytes + slab * p->slab_bytes;
 }
 
-void *kvpool_seq_row(const kvpool *p, const kvpool_seq *s, int pos, int layer, int kv, int kv_head)
+void kvpool_seq_store(const kvpool *p, const kvpool_seq *s, int pos, int layer, int kv_head,
+                      const float *k, const float *v)
 {
-    uint8_t *slab = kvpool_seq_slab(p, s, pos / KVPOOL_BLOCK, layer, kv, kv_head);
-    return slab + (size_t)(pos % KVPOOL_BLOCK) * (size_t)p->o.head_dim * p->esz;
+    int hd = p->o.head_dim, r = pos % KVPOOL_BLOCK;
+    uint8_t *ks = kvpool_seq_slab(p, s, pos / KVPOOL_BLOCK, layer, 0, kv_head);
+    uint8_t *vs = kvpool_seq_slab(p, s, pos / KVPOOL_BLOCK, layer, 1, kv_head);
+    if (p->o.dtype == QTYPE_F16) {
+        fp16_t *kr = (fp16_t *)ks + (size_t)r * hd, *vc = (fp16_t *)vs + r;
+        ops_fp32_to_fp16_row(k, kr, hd);
+        fp16_t tmp[1024];
+        for (int d0 = 0; d0 < hd; d0 += 1024) {
+            int n = TM_MIN(1024, hd - d0);
+            ops_fp32_to_fp16_row(v + d0, tmp, n);
+            for (int d = 0; d < n; d++) vc[(size_t)(d0 + d) * KVPOOL_BLOCK] = tmp[d];
+        }
+    } else {
+        float *kr = (float *)ks + (size_t)r * hd, *vc = (float *)vs + r;
+        memcpy(kr, k, (size_t)hd * sizeof(float));
+        for (int d = 0; d < hd; d++) vc[(size_t)d * KVPOOL_BLOCK] = v[d];
+    }
+}
+
+void kvpool_seq_load(const kvpool *p, const kvpool_seq *s, int pos, int layer, int kv_head,
+                     float *k, float *v)
+{
+    int hd = p->o.head_dim, r = pos % KVPOOL_BLOCK;
+    const uint8_t *ks = kvpool_seq_slab(p, s, pos / KVPOOL_BLOCK, layer, 0, kv_head);
+    const uint8_t *vs = kvpool_seq_slab(p, s, pos / KVPOOL_BLOCK, layer, 1, kv_head);
+    for (int d = 0; d < hd; d++) {
+        if (p->o.dtype == QTYPE_F16) {
+            k[d] = quant_fp16_to_fp32(((const fp16_t *)ks)[(size_t)r * hd + d]);
+            v[d] = quant_fp16_to_fp32(((const fp16_t *)vs)[(size_t)d * KVPOOL_BLOCK + r]);
+        } else {
+            k[d] = ((const float *)ks)[(size_t)r * hd + d];
+            v[d] = ((const float *)vs)[(size_t)d * KVPOOL_BLOCK + r];
+        }
+    }
 }
