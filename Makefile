@@ -14,7 +14,7 @@
 
 CC      ?= cc
 BUILD   ?= build
-PKGS    := libpcre2-8 libcrypto jansson libmicrohttpd
+PKGS    := libpcre2-8 libcrypto jansson libmicrohttpd libisal
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
@@ -38,7 +38,7 @@ TESTBINS:= $(TESTSRCS:tests/unit/%.c=$(BUILD)/tests/%)
 AVX2_FLAGS   := -mavx2 -mfma -mf16c
 AVX512_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx2 -mfma -mf16c
 
-.PHONY: all san test test-unit test-e2e run bench deps clean
+.PHONY: all san test test-unit test-e2e run bench bench-serve deps clean
 all: $(BUILD)/tokenmill $(TESTBINS)
 
 $(BUILD)/tokenmill: $(OBJS)
@@ -79,6 +79,10 @@ run: deps
 bench: deps
 	$(MAKE) all
 	@bench/engine
+
+bench-serve: deps
+	$(MAKE) all
+	@bench/serve
 
 clean:
 	rm -rf build

@@ -12,10 +12,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <openssl/evp.h>
+#include "cache/blockkey.h"
 
 #include "model/ops.h"
 #include "util/util.h"
+
+_Static_assert(KVPOOL_BLOCK == BLOCKKEY_TOKENS, "kvpool blocks are store blocks");
 
 typedef enum { KVPOOL_BLK_FREE = 0, KVPOOL_BLK_PINNED, KVPOOL_BLK_CACHED } kvpool_blk_state;
 
@@ -114,12 +116,7 @@ kvpool_status kvpool_new(const kvpool_opts *opts, kvpool **out)
     p->lru_head = p->lru_tail = -1;
     p->st.n_blocks = p->st.n_free = opts->n_blocks;
 
-    uint8_t buf[36];
-    memcpy(buf, opts->model_fp, 32);
-    int32_t dt = (int32_t)opts->dtype;
-    memcpy(buf + 32, &dt, 4);
-    unsigned int len = 0;
-    EVP_Digest(buf, sizeof buf, p->pool_fp, &len, EVP_sha256(), NULL);
+    blockkey_pool_fp(opts->model_fp, (int32_t)opts->dtype, p->pool_fp);
     *out = p;
     return KVPOOL_OK;
 }
@@ -139,12 +136,7 @@ void kvpool_get_stats(const kvpool *p, kvpool_stats *st) { *st = p->st; }
 
 void kvpool_block_key(const kvpool *p, const uint8_t parent[32], const int32_t *tokens, uint8_t out[32])
 {
-    uint8_t buf[32 + KVPOOL_BLOCK * 4 + 32];
-    memcpy(buf, parent, 32);
-    memcpy(buf + 32, tokens, KVPOOL_BLOCK * 4);  /* x86-64: int32 little-endian already */
-    memcpy(buf + 32 + KVPOOL_BLOCK * 4, p->pool_fp, 32);
-    unsigned int len = 0;
-    EVP_Digest(buf, sizeof buf, out, &len, EVP_sha256(), NULL);
+    blockkey_compute(parent, tokens, p->pool_fp, out);
 }
 
 static uint32_t kvpool_hash(const kvpool *p, const uint8_t key[32])

@@ -621,7 +621,11 @@ sched_status sched_submit(sched *s, const sched_params *p, sched_req **out)
     r->ttft = -1;
     r->t_submit = util_now();
     r->engine_held = true;
-    pthread_cond_init(&r->cv, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&r->cv, &ca);
+    pthread_condattr_destroy(&ca);
 
     pthread_mutex_lock(&s->mu);
     if (s->shutdown) {
@@ -654,7 +658,7 @@ int sched_poll(sched_req *r, sched_output *out, int max, int timeout_ms)
     if (r->ring_n == 0 && !r->finish_returned && timeout_ms != 0) {
         struct timespec ts;
         if (timeout_ms > 0) {
-            clock_gettime(CLOCK_REALTIME, &ts);
+            clock_gettime(CLOCK_MONOTONIC, &ts);
             ts.tv_sec += timeout_ms / 1000;
             ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
             if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
