@@ -14,7 +14,7 @@
 
 CC      ?= cc
 BUILD   ?= build
-PKGS    := libpcre2-8 libcrypto jansson libmicrohttpd
+PKGS    := libpcre2-8 libcrypto jansson libmicrohttpd libisal
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 

@@ -12,10 +12,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <openssl/evp.h>
+#include "cache/blockkey.h"
 
 #include "model/ops.h"
 #include "util/util.h"
+
+_Static_assert(KVPOOL_BLOCK == BLOCKKEY_TOKENS, "kvpool blocks are store blocks");
 
 typedef enum { KVPOOL_BLK_FREE = 0, KVPOOL_BLK_PINNED, KVPOOL_BLK_CACHED } kvpool_blk_state;
 
@@ -114,12 +116,7 @@ kvpool_status kvpool_new(const kvpool_opts *opts, kvpool **out)
     p->lru_head = p->lru_tail = -1;
     p->st.n_blocks = p->st.n_free = opts->n_blocks;
 
-    uint8_t buf[36];
-    memcpy(buf, opts->model_fp, 32);
-    int32_t dt = (int32_t)opts->dtype;
-    memcpy(buf + 32, &dt, 4);
-    unsigned int len = 0;
-    EVP_Digest(buf, sizeof buf, p->pool_fp, &len, EVP_sha256(), NULL);
+    blockkey_pool_fp(opts->model_fp, (int32_t)opts->dtype, p->pool_fp);
     *out = p;
     return KVPOOL_OK;
 }
@@ -139,12 +136,7 @@ void kvpool_get_stats(const kvpool *p, kvpool_stats *st) { *st = p->st; }
 
 void kvpool_block_key(const kvpool *p, const uint8_t parent[32], const int32_t *tokens, uint8_t out[32])
 {
-    uint8_t buf[32 + KVPOOL_BLOCK * 4 + 32];
-    memcpy(buf, parent, 32);
-    memcpy(buf + 32, tokens, KVPOOL_BLOCK * 4);  /* x86-64: int32 little-endian already */
-    memcpy(buf + 32 + KVPOOL_BLOCK * 4, p->pool_fp, 32);
-    unsigned int len = 0;
-    EVP_Digest(buf, sizeof buf, out, &len, EVP_sha256(), NULL);
+    blockkey_compute(parent, tokens, p->pool_fp, out);
 }
 
 static uint32_t kvpool_hash(const kvpool *p, const uint8_t key[32])
@@ -332,38 +324,31 @@ void *kvpool_seq_slab(const kvpool *p, const kvpool_seq *s, int bi, int layer, i
 void kvpool_seq_store(const kvpool *p, const kvpool_seq *s, int pos, int layer, int kv_head,
                       const float *k, const float *v)
 {
-    int hd = p->o.head_dim, r = pos % KVPOOL_BLOCK;
-    uint8_t *ks = kvpool_seq_slab(p, s, pos / KVPOOL_BLOCK, layer, 0, kv_head);
-    uint8_t *vs = kvpool_seq_slab(p, s, pos / KVPOOL_BLOCK, layer, 1, kv_head);
+    int hd = p->o.head_dim;
+    size_t off = (size_t)(pos % KVPOOL_BLOCK) * (size_t)hd * p->esz;
+    uint8_t *kr = (uint8_t *)kvpool_seq_slab(p, s, pos / KVPOOL_BLOCK, layer, 0, kv_head) + off;
+    uint8_t *vr = (uint8_t *)kvpool_seq_slab(p, s, pos / KVPOOL_BLOCK, layer, 1, kv_head) + off;
     if (p->o.dtype == QTYPE_F16) {
-        fp16_t *kr = (fp16_t *)ks + (size_t)r * hd, *vc = (fp16_t *)vs + r;
-        ops_fp32_to_fp16_row(k, kr, hd);
-        fp16_t tmp[1024];
-        for (int d0 = 0; d0 < hd; d0 += 1024) {
-            int n = TM_MIN(1024, hd - d0);
-            ops_fp32_to_fp16_row(v + d0, tmp, n);
-            for (int d = 0; d < n; d++) vc[(size_t)(d0 + d) * KVPOOL_BLOCK] = tmp[d];
-        }
+        ops_fp32_to_fp16_row(k, (fp16_t *)kr, hd);
+        ops_fp32_to_fp16_row(v, (fp16_t *)vr, hd);
     } else {
-        float *kr = (float *)ks + (size_t)r * hd, *vc = (float *)vs + r;
         memcpy(kr, k, (size_t)hd * sizeof(float));
-        for (int d = 0; d < hd; d++) vc[(size_t)d * KVPOOL_BLOCK] = v[d];
+        memcpy(vr, v, (size_t)hd * sizeof(float));
     }
 }
 
 void kvpool_seq_load(const kvpool *p, const kvpool_seq *s, int pos, int layer, int kv_head,
                      float *k, float *v)
 {
-    int hd = p->o.head_dim, r = pos % KVPOOL_BLOCK;
-    const uint8_t *ks = kvpool_seq_slab(p, s, pos / KVPOOL_BLOCK, layer, 0, kv_head);
-    const uint8_t *vs = kvpool_seq_slab(p, s, pos / KVPOOL_BLOCK, layer, 1, kv_head);
-    for (int d = 0; d < hd; d++) {
-        if (p->o.dtype == QTYPE_F16) {
-            k[d] = quant_fp16_to_fp32(((const fp16_t *)ks)[(size_t)r * hd + d]);
-            v[d] = quant_fp16_to_fp32(((const fp16_t *)vs)[(size_t)d * KVPOOL_BLOCK + r]);
-        } else {
-            k[d] = ((const float *)ks)[(size_t)r * hd + d];
-            v[d] = ((const float *)vs)[(size_t)d * KVPOOL_BLOCK + r];
-        }
+    int hd = p->o.head_dim;
+    size_t off = (size_t)(pos % KVPOOL_BLOCK) * (size_t)hd * p->esz;
+    const uint8_t *kr = (const uint8_t *)kvpool_seq_slab(p, s, pos / KVPOOL_BLOCK, layer, 0, kv_head) + off;
+    const uint8_t *vr = (const uint8_t *)kvpool_seq_slab(p, s, pos / KVPOOL_BLOCK, layer, 1, kv_head) + off;
+    if (p->o.dtype == QTYPE_F16) {
+        ops_fp16_to_fp32_row((const fp16_t *)kr, k, hd);
+        ops_fp16_to_fp32_row((const fp16_t *)vr, v, hd);
+    } else {
+        memcpy(k, kr, (size_t)hd * sizeof(float));
+        memcpy(v, vr, (size_t)hd * sizeof(float));
     }
 }
