@@ -109,7 +109,7 @@ function streamOne(i) {
           if (!ev.startsWith("data: {")) continue;
           const now = performance.now();
           const j = JSON.parse(ev.slice(6));
-          if (j.choices?.length && j.choices[0].text) {  // tokens that arrive together share a chunk
+          if (j.choices?.length) {  // tokens that arrive together share a chunk; the last one carries finish_reason
             if (!first) first = now;
             last = now;
           }
