@@ -4,7 +4,7 @@
 // node-llama-cpp batches into shared llama_decode calls) at the same concurrency.
 //
 //   bench/serve [-m MODEL] [--clients 1,4,16,64] [--prompt 128] [--tokens 64] [--threads N]
-//               [--no-llama] [--idle 1000] [--json OUT.json]
+//               [--temp T] [--no-llama] [--idle 1000] [--json OUT.json]
 //
 // Each client sends one streaming /v1/completions request (random prompt token ids,
 // ignore_eos, greedy) at the same moment. Reported per concurrency: time to first token
@@ -33,7 +33,7 @@ if (process.env.UV_THREADPOOL_SIZE !== "1") {  // see bench/llama_bench.mjs
 
 const root = path.resolve(import.meta.dirname, "..");
 const bin = path.join(root, "build/tokenmill");
-const o = { clients: [1, 4, 16, 64], prompt: 128, tokens: 64, threads: os.availableParallelism?.() ?? os.cpus().length, llama: true, idle: 1000 };
+const o = { temp: 0, clients: [1, 4, 16, 64], prompt: 128, tokens: 64, threads: os.availableParallelism?.() ?? os.cpus().length, llama: true, idle: 1000 };
 const argv = process.argv.slice(2);
 for (let i = 0; i < argv.length; i++) {
   const a = argv[i], v = () => argv[++i];
@@ -42,6 +42,7 @@ for (let i = 0; i < argv.length; i++) {
   else if (a === "--prompt") o.prompt = Number(v());
   else if (a === "--tokens") o.tokens = Number(v());
   else if (a === "--threads") o.threads = Number(v());
+  else if (a === "--temp") o.temp = Number(v());
   else if (a === "--no-llama") o.llama = false;
   else if (a === "--idle") o.idle = Number(v());
   else if (a === "--json") o.json = v();
@@ -94,7 +95,7 @@ async function metrics() {
 
 function streamOne(i) {
   return new Promise((res, rej) => {
-    const body = JSON.stringify({ prompt: promptOf(i), max_tokens: o.tokens, temperature: 0, stream: true, ignore_eos: true,
+    const body = JSON.stringify({ prompt: promptOf(i), max_tokens: o.tokens, temperature: o.temp, seed: i, stream: true, ignore_eos: true,
       stream_options: { include_usage: true } });
     const t0 = performance.now();
     let first = 0, last = 0, n = 0, buf = "";
@@ -108,7 +109,7 @@ function streamOne(i) {
           if (!ev.startsWith("data: {")) continue;
           const now = performance.now();
           const j = JSON.parse(ev.slice(6));
-          if (j.choices?.length && j.choices[0].text) {  // tokens that arrive together share a chunk
+          if (j.choices?.length) {  // tokens that arrive together share a chunk; the last one carries finish_reason
             if (!first) first = now;
             last = now;
           }

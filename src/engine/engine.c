@@ -51,7 +51,7 @@ typedef struct {
     int layer;
     int n_items;             /* attention: T * n_heads */
     int next;                /* attention: shared item counter (atomic) */
-    bool q16;                /* attention: round Q to f16 for K.Q (ggml's one-chunk path) */
+    bool q16;                /* attention: ggml's one-query path (f16 Q, f16 V accumulator) */
 } engine_job;
 
 const char *engine_status_name(engine_status st)
@@ -208,106 +208,191 @@ static void engine_job_store_kv(void *ctx, int ith, int nth)
 /* Attention. An item is (tile, kv head): a tile is up to ENGINE_ATT_TILE consecutive batch
  * entries of one sequence at consecutive positions (a prefill run; a decode token is a tile of
  * one), and the item covers the gqa query heads that share the kv head: nq = tile * gqa query
- * rows. Per 128-position block: scores P = Q K^T (one small f32 GEMM, K converted from f16
- * once), scale, causal cut (row j sees positions 0..pos_j), online softmax per row (block
- * max, rescale of the running accumulator and sum, exp), then acc += P V with V^T stored
- * transposed in the pool (a second GEMM). All f32, like ggml's tiled flash attention. */
+ * rows, which share every K/V row read. Two paths, as ggml's CPU flash attention has:
+ *  - per key (ggml's one-query path, used when the step has fewer than 64 tokens or the head
+ *    size is not a multiple of 16, with an F16 cache): Q rounded to f16, s = f16 dot, online
+ *    softmax key by key, V accumulated in an f16 accumulator (rounded after every update),
+ *    divided by the sum at the end;
+ *  - tiled (otherwise): per 128-position block, P = Q K^T as one small f32 GEMM, scale,
+ *    causal cut, online softmax per row over the block, acc += P V as a second GEMM (V^T
+ *    made in scratch), all f32. */
+static void engine_att_per_key(engine_job *j, float *sc, int t0, int nt, int kvh)
+{
+    engine *e = j->e;
+    const model_hparams *hp = &e->m->hp;
+    const int hd = hp->head_dim, gqa = hp->n_heads / hp->n_kv_heads, qd = hp->n_heads * hd;
+    const int nq = nt * gqa, nqmax = ENGINE_ATT_TILE * gqa;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const engine_tok *tk0 = &j->b->toks[t0];
+    float *acc = sc;                               /* (nq, hd) chunk accumulators, f16 values */
+    float *MS = acc + (size_t)nqmax * hd;          /* (nq, 2) chunk max and sum */
+    float *accF = MS + 2 * (size_t)nqmax;          /* (nq, hd) reduced over chunks */
+    float *MSF = accF + (size_t)nqmax * hd;        /* (nq, 2) */
+    fp16_t *q16 = (fp16_t *)(MSF + 2 * (size_t)nqmax); /* (nq, hd) */
+    fp16_t *tmp = q16 + (size_t)nqmax * hd;        /* (hd) */
+    for (int r = 0; r < nq; r++) {
+        int jt = r / gqa, g = r % gqa;
+        ops_fp32_to_fp16_row(e->q + (size_t)(t0 + jt) * qd + (size_t)(kvh * gqa + g) * hd, q16 + (size_t)r * hd, hd);
+        MSF[2 * r] = -INFINITY;
+        MSF[2 * r + 1] = 0.0f;
+    }
+    memset(accF, 0, (size_t)nq * hd * sizeof(float));
+    int n_ctx = tk0->pos + nt;
+    /* ggml splits a single-query step over its threads by KV cell ranges once its KV view
+     * (n_kv: the used cells rounded up to 256) reaches 512; each range has its own f16
+     * accumulator. For one sequence in a fresh cache the cells are the positions. */
+    int chunk = n_ctx;
+    if (j->b->n_tokens == 1) {
+        int n_kv = TM_MAX(256, TM_ALIGN_UP(n_ctx, 256));
+        if (n_kv >= 512) chunk = (n_kv + e->n_threads - 1) / e->n_threads;
+    }
+    for (int c0 = 0; c0 < n_ctx; c0 += chunk) {
+        int c1 = TM_MIN(n_ctx, c0 + chunk);
+        for (int r = 0; r < nq; r++) {
+            MS[2 * r] = -INFINITY;
+            MS[2 * r + 1] = 0.0f;
+        }
+        memset(acc, 0, (size_t)nq * hd * sizeof(float));
+        for (int pk = c0; pk < c1; pk++) {
+            const fp16_t *K = kvpool_seq_slab(e->kv, tk0->seq, pk / KVPOOL_BLOCK, j->layer, 0, kvh);
+            const fp16_t *V = kvpool_seq_slab(e->kv, tk0->seq, pk / KVPOOL_BLOCK, j->layer, 1, kvh);
+            const fp16_t *kr = K + (size_t)(pk % KVPOOL_BLOCK) * hd, *vr = V + (size_t)(pk % KVPOOL_BLOCK) * hd;
+            for (int r = 0; r < nq; r++) {
+                if (pk > tk0->pos + r / gqa) continue;  /* causal */
+                float *a = acc + (size_t)r * hd;
+                float s = ops_vec_dot_f16(hd, kr, q16 + (size_t)r * hd) * scale;
+                float M = MS[2 * r], ms = 1.0f, vs = 1.0f;
+                if (s > M) {
+                    MS[2 * r] = s;
+                    ms = expf(M - s);
+                    ops_vec_scale_f32(hd, a, ms);
+                    ops_fp32_to_fp16_row(a, tmp, hd);
+                    ops_fp16_to_fp32_row(tmp, a, hd);
+                } else {
+                    vs = expf(s - M);
+                }
+                ops_vec_mad_f16(hd, a, vr, vs);
+                ops_fp32_to_fp16_row(a, tmp, hd);
+                ops_fp16_to_fp32_row(tmp, a, hd);
+                MS[2 * r + 1] = MS[2 * r + 1] * ms + vs;
+            }
+        }
+        /* fold the chunk into the result, as ggml reduces its partials */
+        for (int r = 0; r < nq; r++) {
+            float Mc = MS[2 * r], Sc = MS[2 * r + 1];
+            if (Sc == 0.0f) continue;
+            float Mf = MSF[2 * r], Mn = fmaxf(Mf, Mc);
+            float so = expf(Mf - Mn), sn = expf(Mc - Mn);
+            float *af = accF + (size_t)r * hd;
+            const float *a = acc + (size_t)r * hd;
+            for (int d = 0; d < hd; d++) af[d] = af[d] * so + a[d] * sn;
+            MSF[2 * r + 1] = MSF[2 * r + 1] * so + Sc * sn;
+            MSF[2 * r] = Mn;
+        }
+    }
+    for (int r = 0; r < nq; r++) {
+        int jt = r / gqa, g = r % gqa;
+        float *o = e->att + (size_t)(t0 + jt) * qd + (size_t)(kvh * gqa + g) * hd;
+        float S = MSF[2 * r + 1], inv = S == 0.0f ? 0.0f : 1.0f / S;
+        const float *a = accF + (size_t)r * hd;
+        for (int d = 0; d < hd; d++) o[d] = a[d] * inv;
+    }
+}
+
+static void engine_att_tiled(engine_job *j, float *sc, int t0, int nt, int kvh)
+{
+    engine *e = j->e;
+    const model_hparams *hp = &e->m->hp;
+    const int hd = hp->head_dim, gqa = hp->n_heads / hp->n_kv_heads, qd = hp->n_heads * hd;
+    const int nq = nt * gqa, nqmax = ENGINE_ATT_TILE * gqa;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const bool f16 = kvpool_dtype(e->kv) == QTYPE_F16;
+    const engine_tok *tk0 = &j->b->toks[t0];
+    float *Kf = sc;                               /* (128, hd) K block in f32 */
+    float *Vt = Kf + (size_t)KVPOOL_BLOCK * hd;   /* (hd, nb) V^T block in f32 */
+    float *qs = Vt + (size_t)KVPOOL_BLOCK * hd;   /* (nq, hd) queries */
+    float *acc = qs + (size_t)nqmax * hd;         /* (nq, hd) running P V */
+    float *PV = acc + (size_t)nqmax * hd;         /* (nq, hd) this block's P V */
+    float *P = PV + (size_t)nqmax * hd;           /* (nq, nb) scores, then probabilities */
+    float *MS = P + (size_t)nqmax * KVPOOL_BLOCK; /* (nq, 2) running max and sum */
+    for (int r = 0; r < nq; r++) {
+        int jt = r / gqa, g = r % gqa;
+        memcpy(qs + (size_t)r * hd, e->q + (size_t)(t0 + jt) * qd + (size_t)(kvh * gqa + g) * hd,
+               (size_t)hd * sizeof(float));
+        MS[2 * r] = -INFINITY;
+        MS[2 * r + 1] = 0.0f;
+    }
+    memset(acc, 0, (size_t)nq * hd * sizeof(float));
+    int n_ctx = tk0->pos + nt;  /* positions the last row sees */
+    for (int bi = 0; bi * KVPOOL_BLOCK < n_ctx; bi++) {
+        int nb = TM_MIN(KVPOOL_BLOCK, n_ctx - bi * KVPOOL_BLOCK);
+        const void *K = kvpool_seq_slab(e->kv, tk0->seq, bi, j->layer, 0, kvh);
+        const void *V = kvpool_seq_slab(e->kv, tk0->seq, bi, j->layer, 1, kvh);
+        const float *Kb = K, *Vb = V;
+        if (f16) {
+            ops_fp16_to_fp32_row(K, Kf, (int64_t)nb * hd);
+            Kb = Kf;
+        }
+        ops_weight kw = { QTYPE_F32, nb, hd, Kb };
+        ops_matmul(NULL, &kw, qs, nq, P, NULL);
+        for (int r = 0; r < nq; r++) {
+            float *pr = P + (size_t)r * nb;
+            int n = TM_MIN(nb, tk0->pos + r / gqa + 1 - bi * KVPOOL_BLOCK);
+            if (n <= 0) {
+                memset(pr, 0, (size_t)nb * sizeof(float));
+                continue;
+            }
+            ops_vec_scale_f32(n, pr, scale);
+            float mb = ops_vec_max_f32(n, pr), M = MS[2 * r], S = MS[2 * r + 1];
+            if (mb > M) {
+                if (M != -INFINITY) {
+                    float ms = expf(M - mb);
+                    ops_vec_scale_f32(hd, acc + (size_t)r * hd, ms);
+                    S *= ms;
+                }
+                M = mb;
+            }
+            S += ops_vec_softmax_exp(n, pr, M);
+            if (n < nb) memset(pr + n, 0, (size_t)(nb - n) * sizeof(float));
+            MS[2 * r] = M;
+            MS[2 * r + 1] = S;
+        }
+        /* V block (nb, hd) -> Vt (hd, nb) in f32, 16 x 16 pieces to stay in cache lines */
+        if (f16) {
+            ops_fp16_to_fp32_row(V, Kf, (int64_t)nb * hd);  /* K is done with */
+            Vb = Kf;
+        }
+        for (int k0 = 0; k0 < nb; k0 += 16)
+            for (int d0 = 0; d0 < hd; d0 += 16)
+                for (int k = k0; k < TM_MIN(k0 + 16, nb); k++)
+                    for (int d = d0; d < TM_MIN(d0 + 16, hd); d++) Vt[(size_t)d * nb + k] = Vb[(size_t)k * hd + d];
+        ops_weight vw = { QTYPE_F32, hd, nb, Vt };
+        ops_matmul(NULL, &vw, P, nq, PV, NULL);
+        ops_add(NULL, acc, PV, (int64_t)nq * hd);
+    }
+    for (int r = 0; r < nq; r++) {
+        int jt = r / gqa, g = r % gqa;
+        float *o = e->att + (size_t)(t0 + jt) * qd + (size_t)(kvh * gqa + g) * hd;
+        float S = MS[2 * r + 1], inv = S > 0 ? 1.0f / S : 0.0f;
+        const float *a = acc + (size_t)r * hd;
+        for (int d = 0; d < hd; d++) o[d] = a[d] * inv;
+    }
+}
+
 static void engine_job_attention(void *ctx, int ith, int nth)
 {
     engine_job *j = ctx;
     engine *e = j->e;
-    const model_hparams *hp = &e->m->hp;
-    const int hd = hp->head_dim, nh = hp->n_heads, nkv = hp->n_kv_heads, gqa = nh / nkv;
-    const int qd = nh * hd, nqmax = ENGINE_ATT_TILE * gqa;
-    const float scale = 1.0f / sqrtf((float)hd);
-    const bool f16 = kvpool_dtype(e->kv) == QTYPE_F16;
-    float *Kf = e->att_scratch + (size_t)ith * e->att_stride; /* (128, hd) K block in f32 */
-    float *Vt = Kf + (size_t)KVPOOL_BLOCK * hd;  /* (hd, nb) V^T block in f32 */
-    float *qs = Vt + (size_t)KVPOOL_BLOCK * hd;  /* (nq, hd) queries */
-    float *acc = qs + (size_t)nqmax * hd;        /* (nq, hd) running P V */
-    float *PV = acc + (size_t)nqmax * hd;        /* (nq, hd) this block's P V */
-    float *P = PV + (size_t)nqmax * hd;          /* (nq, nb) scores, then probabilities */
-    float *MS = P + (size_t)nqmax * KVPOOL_BLOCK; /* (nq, 2) running max and sum */
+    const int nkv = e->m->hp.n_kv_heads;
+    float *sc = e->att_scratch + (size_t)ith * e->att_stride;
     (void)nth;
     for (;;) {
         int it = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
         if (it >= j->n_items) break;
         int tile = it / nkv, kvh = it % nkv;
         int t0 = e->tile_start[tile], nt = e->tile_start[tile + 1] - t0;
-        const engine_tok *tk0 = &j->b->toks[t0];
-        int nq = nt * gqa;
-        for (int jt = 0; jt < nt; jt++) {
-            for (int g = 0; g < gqa; g++) {
-                int r = jt * gqa + g;
-                const float *q = e->q + (size_t)(t0 + jt) * qd + (size_t)(kvh * gqa + g) * hd;
-                float *qr = qs + (size_t)r * hd;
-                if (f16 && j->q16) {  /* ggml's one-query path rounds Q to f16 for K.Q */
-                    fp16_t tmp[1024];
-                    ops_fp32_to_fp16_row(q, tmp, hd);
-                    ops_fp16_to_fp32_row(tmp, qr, hd);
-                } else {
-                    memcpy(qr, q, (size_t)hd * sizeof(float));
-                }
-                MS[2 * r] = -INFINITY;
-                MS[2 * r + 1] = 0.0f;
-            }
-        }
-        memset(acc, 0, (size_t)nq * hd * sizeof(float));
-        int n_ctx = tk0->pos + nt;  /* positions the last row sees */
-        for (int bi = 0; bi * KVPOOL_BLOCK < n_ctx; bi++) {
-            int nb = TM_MIN(KVPOOL_BLOCK, n_ctx - bi * KVPOOL_BLOCK);
-            const void *K = kvpool_seq_slab(e->kv, tk0->seq, bi, j->layer, 0, kvh);
-            const void *V = kvpool_seq_slab(e->kv, tk0->seq, bi, j->layer, 1, kvh);
-            const float *Kb = K, *Vb = V;
-            if (f16) {
-                ops_fp16_to_fp32_row(K, Kf, (int64_t)nb * hd);
-                Kb = Kf;
-            }
-            ops_weight kw = { QTYPE_F32, nb, hd, Kb };
-            ops_matmul(NULL, &kw, qs, nq, P, NULL);
-            for (int r = 0; r < nq; r++) {
-                float *pr = P + (size_t)r * nb;
-                int n = TM_MIN(nb, tk0->pos + r / gqa + 1 - bi * KVPOOL_BLOCK);
-                if (n <= 0) {
-                    memset(pr, 0, (size_t)nb * sizeof(float));
-                    continue;
-                }
-                ops_vec_scale_f32(n, pr, scale);
-                float mb = ops_vec_max_f32(n, pr), M = MS[2 * r], S = MS[2 * r + 1];
-                if (mb > M) {
-                    if (M != -INFINITY) {
-                        float ms = expf(M - mb);
-                        ops_vec_scale_f32(hd, acc + (size_t)r * hd, ms);
-                        S *= ms;
-                    }
-                    M = mb;
-                }
-                S += ops_vec_softmax_exp(n, pr, M);
-                if (n < nb) memset(pr + n, 0, (size_t)(nb - n) * sizeof(float));
-                MS[2 * r] = M;
-                MS[2 * r + 1] = S;
-            }
-            /* V^T rows (hd of them, 128 apart in the pool) -> Vt (hd, nb) contiguous f32 */
-            if (f16) {
-                for (int d = 0; d < hd; d++)
-                    ops_fp16_to_fp32_row((const fp16_t *)V + (size_t)d * KVPOOL_BLOCK, Vt + (size_t)d * nb, nb);
-                Vb = Vt;
-            } else if (nb < KVPOOL_BLOCK) {
-                for (int d = 0; d < hd; d++)
-                    memcpy(Vt + (size_t)d * nb, (const float *)V + (size_t)d * KVPOOL_BLOCK, (size_t)nb * sizeof(float));
-                Vb = Vt;
-            }
-            ops_weight vw = { QTYPE_F32, hd, nb, Vb };
-            ops_matmul(NULL, &vw, P, nq, PV, NULL);
-            ops_add(NULL, acc, PV, (int64_t)nq * hd);
-        }
-        for (int r = 0; r < nq; r++) {
-            int jt = r / gqa, g = r % gqa;
-            float *o = e->att + (size_t)(t0 + jt) * qd + (size_t)(kvh * gqa + g) * hd;
-            float S = MS[2 * r + 1], inv = S > 0 ? 1.0f / S : 0.0f;
-            const float *a = acc + (size_t)r * hd;
-            for (int d = 0; d < hd; d++) o[d] = a[d] * inv;
-        }
+        if (j->q16) engine_att_per_key(j, sc, t0, nt, kvh);
+        else engine_att_tiled(j, sc, t0, nt, kvh);
     }
 }
 
@@ -370,7 +455,7 @@ engine_status engine_step(engine *e, const engine_batch *b, float *logits)
         threadpool_run(tp, engine_job_store_kv, &job);
         job.n_items = e->n_tiles * hp->n_kv_heads;
         job.next = 0;
-        job.q16 = T < ENGINE_FA_TILE_Q;
+        job.q16 = kvpool_dtype(e->kv) == QTYPE_F16 && (T < ENGINE_FA_TILE_Q || hd % 16 != 0);
         threadpool_run(tp, engine_job_attention, &job);
         ops_matmul(tp, &L->wo, e->att, T, e->xn, e->mm_scratch);
         ops_add(tp, e->x, e->xn, (int64_t)T * dim);

@@ -14,11 +14,13 @@
  * count or on which other sequences share the batch.
  *
  * Numerics follow llama.cpp's CPU backend with flash attention (node-llama-cpp 3.21.1's
- * default: flash_attn "auto" resolves to on for CPU, F16 K/V cache): scores are
- * dot(K, Q) / sqrt(head_dim) with an online softmax in f32 and V accumulated in f32 (ggml's
- * tiled path); for batches under 64 tokens, where ggml uses its one-query-at-a-time path, Q
- * is rounded to F16 before the K.Q dot as ggml does there (ggml also accumulates V in F16
- * on that path; we keep f32: a difference of F16 rounding).
+ * default: flash_attn "auto" resolves to on for CPU, F16 K/V cache), whose two paths we
+ * mirror: for steps of 64+ tokens with a head size that is a multiple of 16 (its tiled path),
+ * Q K^T and P V in f32 with an online softmax per block; otherwise (its one-query path) Q
+ * rounded to f16, K.Q as an f16 dot, online softmax key by key and V accumulated in an f16
+ * accumulator, and, for a single-token step whose KV view (positions rounded up to 256)
+ * reaches 512, the keys split into n_threads ranges reduced at the end, as ggml does with
+ * the same thread count. Scores are scaled by 1/sqrt(head_dim).
  *
  * Memory: all scratch (activations for max_batch_tokens, matmul scratch, per-thread
  * attention buffers) is allocated in engine_new; engine_step allocates nothing.

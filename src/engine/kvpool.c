@@ -324,38 +324,31 @@ void *kvpool_seq_slab(const kvpool *p, const kvpool_seq *s, int bi, int layer, i
 void kvpool_seq_store(const kvpool *p, const kvpool_seq *s, int pos, int layer, int kv_head,
                       const float *k, const float *v)
 {
-    int hd = p->o.head_dim, r = pos % KVPOOL_BLOCK;
-    uint8_t *ks = kvpool_seq_slab(p, s, pos / KVPOOL_BLOCK, layer, 0, kv_head);
-    uint8_t *vs = kvpool_seq_slab(p, s, pos / KVPOOL_BLOCK, layer, 1, kv_head);
+    int hd = p->o.head_dim;
+    size_t off = (size_t)(pos % KVPOOL_BLOCK) * (size_t)hd * p->esz;
+    uint8_t *kr = (uint8_t *)kvpool_seq_slab(p, s, pos / KVPOOL_BLOCK, layer, 0, kv_head) + off;
+    uint8_t *vr = (uint8_t *)kvpool_seq_slab(p, s, pos / KVPOOL_BLOCK, layer, 1, kv_head) + off;
     if (p->o.dtype == QTYPE_F16) {
-        fp16_t *kr = (fp16_t *)ks + (size_t)r * hd, *vc = (fp16_t *)vs + r;
-        ops_fp32_to_fp16_row(k, kr, hd);
-        fp16_t tmp[1024];
-        for (int d0 = 0; d0 < hd; d0 += 1024) {
-            int n = TM_MIN(1024, hd - d0);
-            ops_fp32_to_fp16_row(v + d0, tmp, n);
-            for (int d = 0; d < n; d++) vc[(size_t)(d0 + d) * KVPOOL_BLOCK] = tmp[d];
-        }
+        ops_fp32_to_fp16_row(k, (fp16_t *)kr, hd);
+        ops_fp32_to_fp16_row(v, (fp16_t *)vr, hd);
     } else {
-        float *kr = (float *)ks + (size_t)r * hd, *vc = (float *)vs + r;
         memcpy(kr, k, (size_t)hd * sizeof(float));
-        for (int d = 0; d < hd; d++) vc[(size_t)d * KVPOOL_BLOCK] = v[d];
+        memcpy(vr, v, (size_t)hd * sizeof(float));
     }
 }
 
 void kvpool_seq_load(const kvpool *p, const kvpool_seq *s, int pos, int layer, int kv_head,
                      float *k, float *v)
 {
-    int hd = p->o.head_dim, r = pos % KVPOOL_BLOCK;
-    const uint8_t *ks = kvpool_seq_slab(p, s, pos / KVPOOL_BLOCK, layer, 0, kv_head);
-    const uint8_t *vs = kvpool_seq_slab(p, s, pos / KVPOOL_BLOCK, layer, 1, kv_head);
-    for (int d = 0; d < hd; d++) {
-        if (p->o.dtype == QTYPE_F16) {
-            k[d] = quant_fp16_to_fp32(((const fp16_t *)ks)[(size_t)r * hd + d]);
-            v[d] = quant_fp16_to_fp32(((const fp16_t *)vs)[(size_t)d * KVPOOL_BLOCK + r]);
-        } else {
-            k[d] = ((const float *)ks)[(size_t)r * hd + d];
-            v[d] = ((const float *)vs)[(size_t)d * KVPOOL_BLOCK + r];
-        }
+    int hd = p->o.head_dim;
+    size_t off = (size_t)(pos % KVPOOL_BLOCK) * (size_t)hd * p->esz;
+    const uint8_t *kr = (const uint8_t *)kvpool_seq_slab(p, s, pos / KVPOOL_BLOCK, layer, 0, kv_head) + off;
+    const uint8_t *vr = (const uint8_t *)kvpool_seq_slab(p, s, pos / KVPOOL_BLOCK, layer, 1, kv_head) + off;
+    if (p->o.dtype == QTYPE_F16) {
+        ops_fp16_to_fp32_row((const fp16_t *)kr, k, hd);
+        ops_fp16_to_fp32_row((const fp16_t *)vr, v, hd);
+    } else {
+        memcpy(k, kr, (size_t)hd * sizeof(float));
+        memcpy(v, vr, (size_t)hd * sizeof(float));
     }
 }

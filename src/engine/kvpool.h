@@ -3,10 +3,8 @@
  *
  * DESIGN. One allocation at start holds n_blocks blocks of KVPOOL_BLOCK (128) token
  * positions. A block holds K and V of every layer for its 128 positions, laid out
- * [layer][k|v][kv_head] slabs: the K slab is (128 tokens, head_dim), the V slab is stored
- * transposed, (head_dim, 128 tokens), so that attention for one (layer, kv head) computes
- * Q K^T and P V as two small row-major GEMMs over contiguous memory. Elements are F16
- * (default) or F32.
+ * [layer][k|v][kv_head][token][head_dim]: attention for one (layer, kv head) walks one
+ * contiguous (128, head_dim) slab of K and one of V. Elements are F16 (default) or F32.
  *
  * A sequence (kvpool_seq) owns a block table: position p lives in table[p / 128] at row
  * p % 128. Blocks are reference-counted: a full block whose 128 tokens are known gets a key,
@@ -97,9 +95,9 @@ int kvpool_seq_n_keyed(const kvpool_seq *s);
 /* Key of the last keyed block (zeros if none). */
 const uint8_t *kvpool_seq_last_key(const kvpool_seq *s);
 
-/* Slab of K (kv = 0) or V (kv = 1) for (layer, kv_head) in the sequence's block bi, elements
- * of the pool dtype: K is (128, head_dim), row r = position bi*128 + r; V is (head_dim, 128),
- * column r = position bi*128 + r. bi must be below capacity/128. */
+/* Slab of K (kv = 0) or V (kv = 1) for (layer, kv_head) in the sequence's block bi:
+ * (128, head_dim) elements of the pool dtype, row r = position bi*128 + r. bi must be below
+ * capacity/128. */
 void *kvpool_seq_slab(const kvpool *p, const kvpool_seq *s, int bi, int layer, int kv, int kv_head);
 /* Writes K and V (head_dim floats each) of position pos for (layer, kv_head), converted to
  * the pool dtype. pos must be below capacity. Thread-safe for distinct positions. */

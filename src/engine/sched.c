@@ -86,7 +86,19 @@ struct sched {
     int *batch_n;                /* (max_seqs) tokens of each in this step */
     int *batch_row;              /* (max_seqs) logits row or -1 */
     int32_t *batch_tok;          /* (max_seqs) token sampled for each, or -1 */
+    sched_output *batch_out;     /* (max_seqs) sampled token + log-probs for each */
     float *logits;               /* (max_seqs, n_vocab) */
+    int batch_n_reqs;            /* requests of the step being sampled */
+    /* sampling workers: the step's requests are split by ith/nth between the engine thread
+     * (ith 0) and n_workers helpers (ith 1..), which sleep between steps */
+    int n_workers;
+    pthread_t *workers;          /* (n_workers) */
+    pthread_mutex_t pool_mu;
+    pthread_cond_t pool_go;      /* job_gen advanced or pool_stop */
+    pthread_cond_t pool_done;    /* job_left reached 0 */
+    uint64_t job_gen;            /* sampling job number */
+    int job_left;                /* workers still sampling the current job */
+    bool pool_stop;
 };
 
 /* ---- histograms and outputs (under mu) ---- */
@@ -342,6 +354,72 @@ static void sched_logprobs(const float *logits, int n_vocab, int32_t chosen, int
     o->n_top = n;
 }
 
+/* Samples requests ith, ith+nth, ... of the step (each request's sampler is its own, so the
+ * split does not change any result). */
+static void sched_sample_part(sched *s, int ith, int nth)
+{
+    for (int i = ith; i < s->batch_n_reqs; i += nth) {
+        sched_req *r = s->batch_req[i];
+        s->batch_tok[i] = -1;
+        if (s->batch_row[i] < 0) continue;
+        const float *row = s->logits + (size_t)s->batch_row[i] * s->n_vocab;
+        int32_t tok = sample_token(r->smp, row);
+        sample_accept(r->smp, tok);
+        s->batch_tok[i] = tok;
+        sched_output *o = &s->batch_out[i];
+        o->n_top = 0;
+        o->logprob = 0;
+        if (r->p.logprobs) sched_logprobs(row, s->n_vocab, tok, r->p.top_logprobs, o);
+    }
+}
+
+typedef struct {
+    sched *s;
+    int ith;
+} sched_worker_arg;
+
+static void *sched_worker(void *arg)
+{
+    sched_worker_arg *wa = arg;
+    sched *s = wa->s;
+    int ith = wa->ith;
+    free(wa);
+    uint64_t seen = 0;
+    pthread_mutex_lock(&s->pool_mu);
+    for (;;) {
+        while (s->job_gen == seen && !s->pool_stop) pthread_cond_wait(&s->pool_go, &s->pool_mu);
+        if (s->pool_stop) break;
+        seen = s->job_gen;
+        pthread_mutex_unlock(&s->pool_mu);
+        sched_sample_part(s, ith, s->n_workers + 1);
+        pthread_mutex_lock(&s->pool_mu);
+        if (--s->job_left == 0) pthread_cond_signal(&s->pool_done);
+    }
+    pthread_mutex_unlock(&s->pool_mu);
+    return NULL;
+}
+
+/* Samples every request of the step that wants a token, on the workers when it pays. */
+static void sched_sample_step(sched *s, int n_reqs)
+{
+    s->batch_n_reqs = n_reqs;
+    int n_rows = 0;
+    for (int i = 0; i < n_reqs; i++) n_rows += s->batch_row[i] >= 0;
+    if (s->n_workers == 0 || n_rows < 2) {
+        sched_sample_part(s, 0, 1);
+        return;
+    }
+    pthread_mutex_lock(&s->pool_mu);
+    s->job_left = s->n_workers;
+    s->job_gen++;
+    pthread_cond_broadcast(&s->pool_go);
+    pthread_mutex_unlock(&s->pool_mu);
+    sched_sample_part(s, 0, s->n_workers + 1);
+    pthread_mutex_lock(&s->pool_mu);
+    while (s->job_left > 0) pthread_cond_wait(&s->pool_done, &s->pool_mu);
+    pthread_mutex_unlock(&s->pool_mu);
+}
+
 static bool sched_is_stop(const sched *s, const sched_req *r, int32_t tok)
 {
     if (!r->p.ignore_eos)
@@ -405,18 +483,14 @@ static void *sched_thread(void *arg)
             sched_req *r = s->batch_req[i];
             r->n_done += s->batch_n[i];
             kvpool_seq_commit_full_blocks(s->pool, r->seq, r->tokens, r->n_done);
-            sampled[i] = -1;
-            if (s->batch_row[i] >= 0) {
-                const float *row = s->logits + (size_t)s->batch_row[i] * s->n_vocab;
-                int32_t tok = sample_token(r->smp, row);
-                sample_accept(r->smp, tok);
-                sampled[i] = tok;
-            }
         }
+        if (est == ENGINE_OK) sched_sample_step(s, n_reqs);
+        double t2 = util_now();
 
         pthread_mutex_lock(&s->mu);
         s->st.n_steps++;
         s->st.step_s += t1 - t0;
+        s->st.sample_s += t2 - t1;
         sched_hist_add(&s->h_step, t1 - t0);
         if (est != ENGINE_OK) {
             log_error("sched: engine_step failed: %s", engine_status_name(est));
@@ -448,8 +522,9 @@ static void *sched_thread(void *arg)
             o->token = tok;
             o->is_stop = stop;
             if (r->p.logprobs) {
-                const float *row = s->logits + (size_t)s->batch_row[i] * s->n_vocab;
-                sched_logprobs(row, s->n_vocab, tok, r->p.top_logprobs, o);
+                o->logprob = s->batch_out[i].logprob;
+                o->n_top = s->batch_out[i].n_top;
+                memcpy(o->top, s->batch_out[i].top, (size_t)o->n_top * sizeof o->top[0]);
             }
             if (r->ttft < 0) {
                 r->ttft = now - r->t_submit;
@@ -469,7 +544,7 @@ static void *sched_thread(void *arg)
                 sched_drop_locked(r);
             }
         }
-        t_prev_end = util_now();
+        t_prev_end = t1;  /* the gap: sampling, publishing, planning the next step */
     }
     /* stop: everything still here ends CANCELLED */
     while (s->n_running > 0) {
@@ -536,6 +611,7 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
     s->batch_n = xcalloc((size_t)o.max_seqs, sizeof *s->batch_n);
     s->batch_row = xcalloc((size_t)o.max_seqs, sizeof *s->batch_row);
     s->batch_tok = xcalloc((size_t)o.max_seqs, sizeof *s->batch_tok);
+    s->batch_out = xcalloc((size_t)o.max_seqs, sizeof *s->batch_out);
     s->logits = malloc((size_t)o.max_seqs * (size_t)s->n_vocab * sizeof(float));
     if (!s->logits) {
         sched_free(s);
@@ -547,8 +623,23 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
         pthread_mutex_destroy(&s->mu);
         pthread_cond_destroy(&s->work_cv);
         free(s->running); free(s->batch); free(s->batch_req); free(s->batch_n); free(s->batch_row);
-        free(s->batch_tok); free(s->logits); free(s);
+        free(s->batch_tok); free(s->batch_out); free(s->logits); free(s);
         return SCHED_ERR_NOMEM;
+    }
+    pthread_mutex_init(&s->pool_mu, NULL);
+    pthread_cond_init(&s->pool_go, NULL);
+    pthread_cond_init(&s->pool_done, NULL);
+    int nw = TM_MIN(engine_n_threads(e), 16) - 1;
+    s->workers = xcalloc((size_t)(nw > 0 ? nw : 1), sizeof *s->workers);
+    for (int i = 0; i < nw; i++) {
+        sched_worker_arg *wa = xmalloc(sizeof *wa);
+        wa->s = s;
+        wa->ith = i + 1;
+        if (pthread_create(&s->workers[i], NULL, sched_worker, wa) != 0) {
+            free(wa);
+            break;
+        }
+        s->n_workers++;
     }
     *out = s;
     return SCHED_OK;
@@ -576,6 +667,15 @@ void sched_free(sched *s)
         pthread_join(s->thread, NULL);
         pthread_mutex_destroy(&s->mu);
         pthread_cond_destroy(&s->work_cv);
+        pthread_mutex_lock(&s->pool_mu);
+        s->pool_stop = true;
+        pthread_cond_broadcast(&s->pool_go);
+        pthread_mutex_unlock(&s->pool_mu);
+        for (int i = 0; i < s->n_workers; i++) pthread_join(s->workers[i], NULL);
+        pthread_mutex_destroy(&s->pool_mu);
+        pthread_cond_destroy(&s->pool_go);
+        pthread_cond_destroy(&s->pool_done);
+        free(s->workers);
     }
     free(s->running);
     free(s->batch);
@@ -583,6 +683,7 @@ void sched_free(sched *s)
     free(s->batch_n);
     free(s->batch_row);
     free(s->batch_tok);
+    free(s->batch_out);
     free(s->logits);
     free(s);
 }

@@ -22,6 +22,9 @@
  *
  * Sampling: each request has its own sampler (sample.h) seeded from its params, fed with the
  * prompt and its generated tokens, so a request's tokens do not depend on what else runs.
+ * After a step the requests to sample are split by ith/nth between the engine thread and
+ * engine_n_threads - 1 sampling workers (the kernel threads are idle then), which shortens
+ * the gap between steps when many sequences or a large vocabulary make sampling costly.
  * Greedy results are the same alone or batched (the engine's results do not depend on the
  * batch, see engine.h). Log-probabilities, when asked, are log-softmax of the raw logits
  * (before penalties and temperature), as OpenAI reports them.
@@ -121,7 +124,9 @@ typedef struct {
     uint64_t n_preempted;       /* preemptions */
     uint64_t n_steps;           /* engine steps */
     double step_s;              /* total seconds inside engine_step */
-    double gap_s;               /* total seconds of CPU work between steps while busy */
+    double gap_s;               /* total seconds between consecutive steps while busy (sampling,
+                                   publishing, planning): the kernels' idle time */
+    double sample_s;            /* of which sampling (split over the sampling workers) */
     int n_queued;               /* waiting now (incl. preempted) */
     int n_running;              /* running now */
     int kv_blocks_total;        /* pool size */

@@ -83,6 +83,7 @@ static void misc_metrics(http_request *r, void *user)
     misc_counter(&b, "tokenmill_engine_step_seconds_total", "counter", "Seconds inside engine steps.", st.step_s);
     misc_counter(&b, "tokenmill_cpu_gap_seconds_total", "counter",
                  "Seconds between consecutive engine steps while busy (planning, sampling, publishing).", st.gap_s);
+    misc_counter(&b, "tokenmill_sampling_seconds_total", "counter", "Seconds of sampling between steps (part of the CPU gap).", st.sample_s);
     misc_hist(&b, "tokenmill_time_to_first_token_seconds", "Seconds from submission to the first generated token.", &ttft);
     misc_hist(&b, "tokenmill_inter_token_latency_seconds", "Seconds between consecutive tokens of a request.", &itl);
     misc_hist(&b, "tokenmill_engine_step_duration_seconds", "Duration of one engine step.", &step);

@@ -84,7 +84,7 @@ TEST(test_against_reference)
                 tiny_ref_forward(&r, toks[p], p, ref);
                 worst = fmaxf(worst, maxdiff(ref, lg + (size_t)p * V, V));
             }
-            float tol = f32 ? 1e-4f : 1e-2f;
+            float tol = f32 ? 1e-4f : 2.5e-2f;
             CHECKF(worst < tol, "%s kv %s: max |logit diff| %g", archs[a], f32 ? "f32" : "f16", worst);
             tiny_ref_free(&r);
             kvpool_seq_free(engine_kvpool(e), s);

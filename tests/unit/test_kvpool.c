@@ -89,16 +89,16 @@ TEST(test_slab_layout)
                     }
                 }
         CHECK(bad == 0);
-        /* K rows are contiguous per position; V is transposed: dim d of position r at d*128+r */
+        /* rows are contiguous per position: dim d of position 128 + r at r*8 + d */
         kvpool_seq_load(p, a, 130, 1, 1, kr, vr);
         char *ks = kvpool_seq_slab(p, a, 1, 1, 0, 1), *vs = kvpool_seq_slab(p, a, 1, 1, 1, 1);
         float k3, v3;
         if (f32) {
             k3 = ((float *)ks)[2 * 8 + 3];
-            v3 = ((float *)vs)[3 * 128 + 2];
+            v3 = ((float *)vs)[2 * 8 + 3];
         } else {
             k3 = quant_fp16_to_fp32(((fp16_t *)ks)[2 * 8 + 3]);
-            v3 = quant_fp16_to_fp32(((fp16_t *)vs)[3 * 128 + 2]);
+            v3 = quant_fp16_to_fp32(((fp16_t *)vs)[2 * 8 + 3]);
         }
         CHECK(k3 == kr[3] && v3 == vr[3]);
         kvpool_seq_free(p, a);

@@ -42,7 +42,7 @@ typedef struct {
 static rig rig_new(int blocks, int max_seqs, int max_queue, int step_tokens)
 {
     rig r = { 0 };
-    engine_opts eo = { .n_threads = 1, .n_kv_blocks = blocks, .max_batch_tokens = 128 };
+    engine_opts eo = { .n_threads = 2, .n_kv_blocks = blocks, .max_batch_tokens = 128 };  /* 2: one sampling worker */
     char err[256];
     if (engine_new(g_model, &eo, &r.e, err, sizeof err) != ENGINE_OK) fprintf(stderr, "%s\n", err);
     sched_opts so = { .max_seqs = max_seqs, .max_queue = max_queue, .step_tokens = step_tokens,
