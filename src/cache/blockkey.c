@@ -9,9 +9,11 @@
 
 void blockkey_pool_fp(const uint8_t model_fp[32], int32_t dtype, uint8_t out[32])
 {
-    uint8_t buf[36];
+    uint8_t buf[40];
+    int32_t version = BLOCKKEY_KV_VERSION;
     memcpy(buf, model_fp, 32);
     memcpy(buf + 32, &dtype, 4);   /* x86-64: little-endian already */
+    memcpy(buf + 36, &version, 4);
     unsigned int len = 0;
     EVP_Digest(buf, sizeof buf, out, &len, EVP_sha256(), NULL);
 }

@@ -5,7 +5,9 @@
  * DESIGN. A block's key is SHA-256(parent key || its 128 token ids as int32 LE || pool
  * fingerprint). The pool fingerprint is SHA-256(model fingerprint || KV dtype as int32 LE), so
  * it covers everything that changes the KV bytes (weights, architecture, layer layout via the
- * model fingerprint; element type via dtype). The parent of the first block is the root: all
+ * model fingerprint; element type via dtype; the engine's K/V numerics via
+ * BLOCKKEY_KV_VERSION, which must be bumped whenever a change to the engine alters the K/V
+ * values it computes, so that stored blocks of an older build are never mixed in). The parent of the first block is the root: all
  * zeros without a tenant salt, SHA-256("tokenmill-salt" || salt) with one. The salt thus
  * reaches every key through the chain, and the same prefix gives the same key on every
  * machine while different models or salts never share one. Pure functions, thread-safe.
@@ -19,8 +21,10 @@
 #define BLOCKKEY_TOKENS 128  /* tokens per block */
 #define BLOCKKEY_BYTES  32   /* SHA-256 */
 #define BLOCKKEY_HEX    65   /* 64 hex digits + NUL */
+#define BLOCKKEY_KV_VERSION 1 /* bump when the engine's K/V values change (see above) */
 
-/* Pool fingerprint from the model fingerprint and the KV element type (a qtype value). */
+/* Pool fingerprint from the model fingerprint, the KV element type (a qtype value) and
+ * BLOCKKEY_KV_VERSION. */
 void blockkey_pool_fp(const uint8_t model_fp[32], int32_t dtype, uint8_t out[32]);
 /* Parent key of the first block: zeros when n == 0 (no salt), else a hash of the salt. */
 void blockkey_root(const void *salt, size_t n, uint8_t out[32]);

@@ -216,10 +216,10 @@ void blockio_get_stats(blockio *b, blockio_stats *st)
     pthread_mutex_unlock(&b->mu);
 }
 
-blockio_load *blockio_load_start(blockio *b, const int32_t *tokens, int n_tokens)
+blockio_load *blockio_load_start(blockio *b, const uint8_t *root, const int32_t *tokens, int n_tokens)
 {
     uint8_t parent[32];
-    int ram = kvpool_cached_prefix(b->pool, tokens, n_tokens, parent);
+    int ram = kvpool_cached_prefix(b->pool, root, tokens, n_tokens, parent);
     int first = ram / KVPOOL_BLOCK;
     int last = (n_tokens - 1) / KVPOOL_BLOCK;   /* blocks [first, last) leave >= 1 token */
     if (last - first > b->o.max_load_blocks) last = first + b->o.max_load_blocks;

@@ -320,9 +320,15 @@ void kvpool_set_keyed_hook(kvpool *p, kvpool_keyed_fn fn, void *arg)
     p->keyed_arg = arg;
 }
 
-int kvpool_cached_prefix(const kvpool *p, const int32_t *tokens, int n, uint8_t last_key[32])
+void kvpool_seq_set_root(kvpool_seq *s, const uint8_t root[32])
+{
+    if (s->n == 0) memcpy(s->last_key, root, 32);
+}
+
+int kvpool_cached_prefix(const kvpool *p, const uint8_t *root, const int32_t *tokens, int n, uint8_t last_key[32])
 {
     uint8_t parent[32] = { 0 }, key[32];
+    if (root) memcpy(parent, root, 32);
     int nb = 0;
     while ((nb + 1) * KVPOOL_BLOCK < n) {   /* keep >= 1 token to compute, as attach does */
         kvpool_block_key(p, parent, tokens + (size_t)nb * KVPOOL_BLOCK, key);

@@ -116,9 +116,12 @@ void kvpool_block_key(const kvpool *p, const uint8_t parent[32], const int32_t *
 typedef void (*kvpool_keyed_fn)(void *arg, const uint8_t key[32], const void *block, size_t bytes);
 void kvpool_set_keyed_hook(kvpool *p, kvpool_keyed_fn fn, void *arg);
 /* Length in positions (a multiple of 128, leaving at least one of n to compute) of the run
- * of cached blocks prefixing tokens, without attaching anything; the key of its last block
- * goes to last_key (zeros when none). */
-int kvpool_cached_prefix(const kvpool *p, const int32_t *tokens, int n, uint8_t last_key[32]);
+ * of cached blocks prefixing tokens (chained from root, NULL = zeros), without attaching
+ * anything; the key of its last block goes to last_key (the root when none). */
+int kvpool_cached_prefix(const kvpool *p, const uint8_t *root, const int32_t *tokens, int n, uint8_t last_key[32]);
+/* On an empty sequence: the parent key of its first block (blockkey_root of a tenant salt),
+ * instead of zeros, for this sequence's attach and commits. */
+void kvpool_seq_set_root(kvpool_seq *s, const uint8_t root[32]);
 /* On a sequence whose blocks are all keyed (after kvpool_seq_attach_prefix): appends the
  * block with this key, whose kvpool_block_bytes bytes are data (a block loaded from the store).
  * When the key is already cached the cached block is attached instead. KVPOOL_ERR_FULL when no

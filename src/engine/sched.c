@@ -21,6 +21,7 @@
 #include <errno.h>
 #include <time.h>
 
+#include "cache/blockkey.h"
 #include "engine/blockio.h"
 #include "util/util.h"
 
@@ -50,6 +51,8 @@ struct sched_req {
     blockio_load *load;          /* block store load in flight, or NULL (engine thread) */
     bool load_started;           /* a load was tried for this request */
     double t_load;               /* util_now() when it started */
+    bool salted;                 /* root holds the key chain's root (cache_salt) */
+    uint8_t root[32];            /* blockkey_root(cache_salt) */
     uint64_t admit_no;           /* order of (re)admission: the newest is preempted first */
     req_state state;
     double t_submit;             /* util_now() at submit */
@@ -260,7 +263,7 @@ static void sched_admit_locked(sched *s)
         for (sched_req *r = s->wait_head; r; r = r->next)
             if (!r->load_started) {
                 r->load_started = true;
-                r->load = blockio_load_start(s->o.bio, r->tokens, r->n_tokens);
+                r->load = blockio_load_start(s->o.bio, r->salted ? r->root : NULL, r->tokens, r->n_tokens);
                 r->t_load = util_now();
             }
     /* admissions, oldest first, while KV allows */
@@ -272,6 +275,7 @@ static void sched_admit_locked(sched *s)
             r->load = NULL;
         }
         kvpool_seq *seq = kvpool_seq_new(s->pool);
+        if (r->salted) kvpool_seq_set_root(seq, r->root);
         int att = kvpool_seq_attach_prefix(s->pool, seq, r->tokens, r->n_tokens);
         if (r->load) {
             att += blockio_load_finish(s->o.bio, r->load, seq);
@@ -730,6 +734,10 @@ sched_status sched_submit(sched *s, const sched_params *p, sched_req **out)
     r->p = *p;
     r->p.prompt = NULL;
     r->p.cache_salt = NULL;
+    if (p->cache_salt && *p->cache_salt) {
+        blockkey_root(p->cache_salt, strlen(p->cache_salt), r->root);
+        r->salted = true;
+    }
     r->n_prompt = p->n_prompt;
     r->n_tokens = p->n_prompt;
     int room = s->o.n_ctx - p->n_prompt;
@@ -849,6 +857,15 @@ void sched_get_stats(sched *s, sched_stats *st)
     *st = s->st;
     st->n_queued = s->n_waiting;
     pthread_mutex_unlock(&s->mu);
+    if (s->o.bio) {
+        blockio_stats bs;
+        blockio_get_stats(s->o.bio, &bs);
+        st->store_blocks_loaded = bs.n_load_blocks;
+        st->store_blocks_hit = bs.n_appended;
+        st->store_writes = bs.n_written;
+        st->store_writes_dropped = bs.n_write_dropped;
+        st->store_writes_failed = bs.n_write_failed;
+    }
 }
 
 void sched_get_hists(sched *s, sched_hist *ttft, sched_hist *itl, sched_hist *step)

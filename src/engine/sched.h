@@ -84,7 +84,9 @@ typedef struct {
     bool ignore_eos;        /* do not stop on opts.eos_ids (stop_ids still apply) */
     bool logprobs;          /* report the log-probability of each chosen token */
     int top_logprobs;       /* alternatives per token, 0..SCHED_MAX_TOP_LOGPROBS (needs logprobs) */
-    const char *cache_salt; /* tenant salt for block keys: placeholder, not used yet */
+    const char *cache_salt; /* tenant salt for block keys (request field / API key identity):
+                             * requests with different salts never share cached blocks; NULL
+                             * or "" = no salt */
 } sched_params;
 
 typedef struct {
@@ -135,6 +137,12 @@ typedef struct {
     int kv_blocks_used;         /* pinned blocks */
     int kv_blocks_cached;       /* unreferenced but keyed (reclaimable) */
     int kv_blocks_free;         /* on the free list */
+    /* block store tier (zeros without one; engine/blockio.h) */
+    uint64_t store_blocks_loaded;   /* blocks read from the store */
+    uint64_t store_blocks_hit;      /* of those, appended to a request (their tokens cached) */
+    uint64_t store_writes;          /* blocks written behind */
+    uint64_t store_writes_dropped;  /* blocks not written: every write buffer busy */
+    uint64_t store_writes_failed;   /* writes the store refused (no space, I/O error) */
 } sched_stats;
 
 /* Latency histograms, seconds; SCHED_HIST_N bucket upper bounds (+Inf implied). */

@@ -60,10 +60,12 @@ static void server_free(server *v)
     engine_free(v->e);
 }
 
+static const char *g_salt;   /* cache_salt of the next requests */
+
 /* Greedy generation of n_gen tokens after prompt; returns cached tokens (-1 on failure). */
 static int run(server *v, const int32_t *prompt, int n, int n_gen, int32_t *out)
 {
-    sched_params p = { .prompt = prompt, .n_prompt = n, .max_tokens = n_gen };
+    sched_params p = { .prompt = prompt, .n_prompt = n, .max_tokens = n_gen, .cache_salt = g_salt };
     p.sample = sample_params_default();
     p.sample.temp = 0;
     sched_req *r;
@@ -212,6 +214,32 @@ TEST(test_ec_10_2_fragments_lost)
     CHECK(!memcmp(ref, out, sizeof ref));
 }
 
+TEST(test_salt_keeps_tenants_apart)
+{
+    char spec[160];
+    snprintf(spec, sizeof spec, "dir:%s/salt", tmpdir);
+    int32_t prompt[300], ref[4], out[4];
+    prompt_of(prompt, 300, 17);
+    g_salt = "tenant-a";
+    CHECK(once(spec, prompt, 300, 4, ref) == 0);
+    CHECK(once(spec, prompt, 300, 4, out) == 256);      /* same tenant: store hit */
+    CHECK(!memcmp(ref, out, sizeof ref));
+    g_salt = "tenant-b";
+    CHECK(once(spec, prompt, 300, 4, out) == 0);        /* other tenant: no hit */
+    CHECK(!memcmp(ref, out, sizeof ref));
+    g_salt = NULL;
+    CHECK(once(spec, prompt, 300, 4, out) == 0);        /* no salt: no hit either */
+    /* the RAM tier too: one server, two tenants */
+    server v = server_new(NULL);
+    g_salt = "tenant-c";
+    CHECK(run(&v, prompt, 300, 4, out) == 0);
+    CHECK(run(&v, prompt, 300, 4, out) == 256);
+    g_salt = "tenant-d";
+    CHECK(run(&v, prompt, 300, 4, out) == 0);
+    g_salt = NULL;
+    server_free(&v);
+}
+
 int main(void)
 {
     util_log_level = LOG_LEVEL_ERROR;
@@ -225,6 +253,7 @@ int main(void)
     RUN(test_two_servers_share_a_dir_store);
     RUN(test_corrupt_dir_blocks_are_recomputed);
     RUN(test_ec_10_2_fragments_lost);
+    RUN(test_salt_keeps_tenants_apart);
     model_free(g_model);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
