@@ -50,7 +50,7 @@ typedef struct {
     uint64_t n_miss;           /* absent */
     uint64_t n_corrupt;        /* failed verification (deleted) */
     uint64_t n_put;            /* blocks written */
-    uint64_t n_put_dup;        /* already present */
+    uint64_t n_put_dup;        /* already present (rewritten: it may have been corrupt) */
     uint64_t n_put_fail;       /* write failed (all causes) */
     uint64_t n_nospace;        /* of the failures: no space */
     uint64_t n_io_err;         /* I/O errors of any operation, all targets */

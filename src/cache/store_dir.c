@@ -165,17 +165,14 @@ store_status store_dir_putv(store_dir *d, const uint8_t key[32], const struct io
     for (int i = 0; i < niov; i++) total += iov[i].iov_len;
     double now = store_dir_now(d), expiry = now + ttl_s;
 
+    /* a key already present is written again all the same: its file may be corrupt (a
+     * reader that verified it deleted it, but blocks behind a corrupt one in a chain are never
+     * read), and same key means same content anyway. Only its expiry is kept if later. */
     struct stat st;
-    if (!stat(path, &st) && (uint64_t)st.st_size == total) {
-        /* already stored (by us or another process): a use, not a write */
+    if (!stat(path, &st)) {
         double old_exp = store_dir_ts(&st.st_mtim);
         if (expiry < old_exp) expiry = old_exp;
-        struct timespec ts[2] = { store_dir_timespec(now), store_dir_timespec(expiry) };
-        (void)utimensat(AT_FDCWD, path, ts, 0);
-        uint8_t victims[1][32];
-        (void)gc_view_add(d->view, key, total, now, expiry, victims, 0);
         STORE_DIR_INC(d, n_put_dup, 1);
-        return STORE_OK;
     }
     uint64_t cap = gc_view_capacity(d->view);
     if (cap && total > cap) {

@@ -38,7 +38,7 @@ typedef struct {
 
 typedef struct {
     uint64_t n_put;            /* files written */
-    uint64_t n_put_dup;        /* puts of a key already present (touched instead) */
+    uint64_t n_put_dup;        /* puts of a key already present (rewritten) */
     uint64_t n_put_fail;       /* puts that failed (I/O, no space) */
     uint64_t n_nospace;        /* of those: disk full / quota */
     uint64_t n_io_err;         /* I/O errors of any operation */
@@ -61,7 +61,7 @@ gc_view *store_dir_view(store_dir *d);
 double store_dir_now(const store_dir *d);
 
 /* Writes the concatenation of iov[0..niov) as key's file with expiry now + ttl_s. A key
- * already present is touched instead (counted as a duplicate, returns STORE_OK). */
+ * already present is rewritten (counted as a duplicate; its later expiry is kept). */
 store_status store_dir_putv(store_dir *d, const uint8_t key[32], const struct iovec *iov, int niov,
                             double ttl_s);
 /* Reads key's whole file into a 64-byte aligned buffer (*out, free with free()). With

@@ -43,6 +43,8 @@ struct kvpool {
     uint32_t bucket_mask;        /* n_buckets - 1 (power of two) */
     uint8_t pool_fp[32];         /* SHA-256(model fp, dtype) */
     kvpool_stats st;
+    kvpool_keyed_fn keyed_fn;    /* block store write-behind hook, or NULL */
+    void *keyed_arg;
 };
 
 struct kvpool_seq {
@@ -303,10 +305,52 @@ void kvpool_seq_commit_full_blocks(kvpool *p, kvpool_seq *s, const int32_t *toke
         int bi = s->n_keyed;
         kvpool_block_key(p, s->last_key, tokens + (size_t)bi * KVPOOL_BLOCK, key);
         int id = s->table[bi];
-        if (!p->blk[id].keyed && kvpool_lookup(p, key) < 0) kvpool_map_insert(p, id, key);
+        if (!p->blk[id].keyed && kvpool_lookup(p, key) < 0) {
+            kvpool_map_insert(p, id, key);
+            if (p->keyed_fn) p->keyed_fn(p->keyed_arg, key, p->data + (size_t)id * p->block_bytes, p->block_bytes);
+        }
         memcpy(s->last_key, key, 32);
         s->n_keyed++;
     }
+}
+
+void kvpool_set_keyed_hook(kvpool *p, kvpool_keyed_fn fn, void *arg)
+{
+    p->keyed_fn = fn;
+    p->keyed_arg = arg;
+}
+
+int kvpool_cached_prefix(const kvpool *p, const int32_t *tokens, int n, uint8_t last_key[32])
+{
+    uint8_t parent[32] = { 0 }, key[32];
+    int nb = 0;
+    while ((nb + 1) * KVPOOL_BLOCK < n) {   /* keep >= 1 token to compute, as attach does */
+        kvpool_block_key(p, parent, tokens + (size_t)nb * KVPOOL_BLOCK, key);
+        if (kvpool_lookup(p, key) < 0) break;
+        memcpy(parent, key, 32);
+        nb++;
+    }
+    memcpy(last_key, parent, 32);
+    return nb * KVPOOL_BLOCK;
+}
+
+kvpool_status kvpool_seq_append_loaded(kvpool *p, kvpool_seq *s, const uint8_t key[32], const void *data)
+{
+    if (s->n_keyed != s->n || s->n >= p->o.n_blocks) return KVPOOL_ERR_ARG;
+    int id = kvpool_lookup(p, key);
+    if (id >= 0) {
+        kvpool_ref(p, id);
+    } else {
+        id = kvpool_take(p);
+        if (id < 0) return KVPOOL_ERR_FULL;
+        memcpy(p->data + (size_t)id * p->block_bytes, data, p->block_bytes);
+        kvpool_map_insert(p, id, key);
+        p->st.n_loaded++;
+    }
+    s->table[s->n++] = id;
+    s->n_keyed = s->n;
+    memcpy(s->last_key, key, 32);
+    return KVPOOL_OK;
 }
 
 int kvpool_seq_capacity(const kvpool_seq *s) { return s->n * KVPOOL_BLOCK; }

@@ -57,6 +57,7 @@ typedef struct {
     int n_pinned;                /* referenced by at least one sequence */
     uint64_t n_hits;             /* blocks attached from the cache, lifetime */
     uint64_t n_reclaimed;        /* cached blocks evicted to satisfy a reservation */
+    uint64_t n_loaded;           /* blocks filled from the block store (kvpool_seq_append_loaded) */
 } kvpool_stats;
 
 kvpool_status kvpool_new(const kvpool_opts *opts, kvpool **out);
@@ -109,6 +110,21 @@ void kvpool_seq_load(const kvpool *p, const kvpool_seq *s, int pos, int layer, i
 
 /* The key of a block from its parent key and 128 tokens (exposed for tests and the store). */
 void kvpool_block_key(const kvpool *p, const uint8_t parent[32], const int32_t *tokens, uint8_t out[32]);
+/* ---- block store hooks (src/engine/blockio.h) ---- */
+/* Called by kvpool_seq_commit_full_blocks for every block it newly keys (computed by this
+ * pool, prefill or decode): block points at its block_bytes bytes, valid only during the call. */
+typedef void (*kvpool_keyed_fn)(void *arg, const uint8_t key[32], const void *block, size_t bytes);
+void kvpool_set_keyed_hook(kvpool *p, kvpool_keyed_fn fn, void *arg);
+/* Length in positions (a multiple of 128, leaving at least one of n to compute) of the run
+ * of cached blocks prefixing tokens, without attaching anything; the key of its last block
+ * goes to last_key (zeros when none). */
+int kvpool_cached_prefix(const kvpool *p, const int32_t *tokens, int n, uint8_t last_key[32]);
+/* On a sequence whose blocks are all keyed (after kvpool_seq_attach_prefix): appends the
+ * block with this key, whose kvpool_block_bytes bytes are data (a block loaded from the store).
+ * When the key is already cached the cached block is attached instead. KVPOOL_ERR_FULL when no
+ * block is free or reclaimable, KVPOOL_ERR_ARG when the sequence has unkeyed blocks. */
+kvpool_status kvpool_seq_append_loaded(kvpool *p, kvpool_seq *s, const uint8_t key[32], const void *data);
+
 /* Debug/test: block id at table index bi, and the refcount of a block id. */
 int kvpool_seq_block_id(const kvpool_seq *s, int bi);
 int kvpool_block_refcount(const kvpool *p, int block_id);

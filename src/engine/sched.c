@@ -21,7 +21,10 @@
 #include <errno.h>
 #include <time.h>
 
+#include "engine/blockio.h"
 #include "util/util.h"
+
+#define SCHED_LOAD_WAIT_S 2.0   /* longest a request waits at the queue head for a store load */
 
 const double sched_hist_bounds[SCHED_HIST_N] = {
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
@@ -44,6 +47,9 @@ struct sched_req {
     int n_done;                  /* positions of tokens whose KV is in seq */
     int n_cached;                /* prompt positions attached from the cache at first admission */
     bool admitted_once;          /* has run before (a resume does not count cache hits again) */
+    blockio_load *load;          /* block store load in flight, or NULL (engine thread) */
+    bool load_started;           /* a load was tried for this request */
+    double t_load;               /* util_now() when it started */
     uint64_t admit_no;           /* order of (re)admission: the newest is preempted first */
     req_state state;
     double t_submit;             /* util_now() at submit */
@@ -132,6 +138,7 @@ static sched_output *sched_push(sched_req *r)
 static void sched_req_destroy(sched_req *r)
 {
     if (!r) return;
+    if (r->load) blockio_load_free(r->s->o.bio, r->load);
     sample_free(r->smp);
     free(r->tokens);
     free(r->ring);
@@ -248,11 +255,28 @@ static void sched_admit_locked(sched *s)
             pp = &r->next;
         }
     }
+    /* block store: start loading what follows each waiting request's RAM-tier prefix */
+    if (s->o.bio)
+        for (sched_req *r = s->wait_head; r; r = r->next)
+            if (!r->load_started) {
+                r->load_started = true;
+                r->load = blockio_load_start(s->o.bio, r->tokens, r->n_tokens);
+                r->t_load = util_now();
+            }
     /* admissions, oldest first, while KV allows */
     while (s->n_running < s->o.max_seqs && s->wait_head) {
         sched_req *r = s->wait_head;
+        if (r->load && !blockio_load_ready(s->o.bio, r->load)) {
+            if (util_now() - r->t_load < SCHED_LOAD_WAIT_S) break;   /* the store is slow: */
+            blockio_load_free(s->o.bio, r->load);                    /* compute instead */
+            r->load = NULL;
+        }
         kvpool_seq *seq = kvpool_seq_new(s->pool);
         int att = kvpool_seq_attach_prefix(s->pool, seq, r->tokens, r->n_tokens);
+        if (r->load) {
+            att += blockio_load_finish(s->o.bio, r->load, seq);
+            r->load = NULL;
+        }
         kvpool_stats ks;
         kvpool_get_stats(s->pool, &ks);
         int need = sched_blocks_for(r->n_tokens + 1) - att / KVPOOL_BLOCK;

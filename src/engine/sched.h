@@ -70,6 +70,8 @@ typedef struct {
     int step_tokens;        /* token budget per step; <= 0 or > engine max batch: engine max */
     int n_ctx;              /* positions per sequence (prompt + generated); <= 0: model n_ctx_train */
     int32_t eos_ids[4];     /* end-of-generation ids for every request (-1 = unused) */
+    struct blockio *bio;    /* block store tier (engine/blockio.h), or NULL: prefixes beyond the
+                             * RAM tier are loaded from the store before admission */
 } sched_opts;
 
 typedef struct {

@@ -211,7 +211,7 @@ static void *du_main(void *p)
 {
     du_monitor *m = p;
     char cmd[300];
-    snprintf(cmd, sizeof cmd, "find '%s' -type f -printf '%%s\\n' | awk '{s+=$1} END {print s+0}'", m->dir);
+    snprintf(cmd, sizeof cmd, "find '%s' -type f -printf '%%s\\n' 2>/dev/null | awk '{s+=$1} END {print s+0}'", m->dir);
     while (!m->stop) {
         FILE *fp = popen(cmd, "r");
         long long b = 0;
