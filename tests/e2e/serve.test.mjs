@@ -207,6 +207,25 @@ test("a client that disconnects mid-stream frees its KV blocks at once", async (
   assert.ok(m.tokenmill_http_disconnects_total >= 1);
 });
 
+test("/metrics: Prometheus text with counters, gauges and latency histograms", async () => {
+  const r = await fetch(`${S.url}/metrics`);
+  assert.match(r.headers.get("content-type"), /^text\/plain; version=0\.0\.4/);
+  const text = await r.text();
+  for (const name of ["tokenmill_time_to_first_token_seconds", "tokenmill_inter_token_latency_seconds", "tokenmill_engine_step_duration_seconds"]) {
+    assert.match(text, new RegExp(`# TYPE ${name} histogram`));
+    assert.match(text, new RegExp(`${name}_bucket\\{le="\\+Inf"\\} \\d+`));
+  }
+  const m = await metrics(S.url);
+  assert.ok(m.tokenmill_time_to_first_token_seconds_count > 0);
+  assert.equal(m['tokenmill_time_to_first_token_seconds_bucket{le="+Inf"}'], m.tokenmill_time_to_first_token_seconds_count);
+  assert.ok(m.tokenmill_inter_token_latency_seconds_count > 0);
+  assert.ok(m.tokenmill_generated_tokens_total > 0 && m.tokenmill_prompt_tokens_total > 0);
+  assert.ok(m.tokenmill_engine_steps_total > 0 && m.tokenmill_cpu_gap_seconds_total > 0 && m.tokenmill_sampling_seconds_total > 0);
+  assert.equal(m.tokenmill_kv_blocks_total, m.tokenmill_kv_blocks_used + m.tokenmill_kv_blocks_cached + m.tokenmill_kv_blocks_free);
+  assert.equal(m.tokenmill_queue_depth, 0);
+  assert.ok(m['tokenmill_http_requests_total{code="2xx"}'] > 0);
+});
+
 test("bad requests get OpenAI-shaped errors", async () => {
   const post = async (body, headers = {}) => {
     const r = await fetch(`${S.url}/v1/completions`, { method: "POST", body, headers });
