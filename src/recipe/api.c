@@ -1275,8 +1275,13 @@ void api_serve(http_request *r, const api_ctx *c, api_kind kind, bool count_only
         http_respond_stream(r, 200, "text/event-stream", api_job_pull, api_job_done, j);
         return;
     }
+    double t_check = util_now();
     while (!api_job_all_finished(j)) {
-        if (!api_job_pump(j, 100) && http_request_client_gone(r)) {
+        api_job_pump(j, 50);
+        double now = util_now();  /* check the socket every 50 ms, also while tokens flow */
+        if (now - t_check < 0.05) continue;
+        t_check = now;
+        if (http_request_client_gone(r)) {
             api_job_free(j);
             http_respond(r, 499, "application/json", "{}", 2);
             return;

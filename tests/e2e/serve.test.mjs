@@ -330,7 +330,7 @@ test("a generated qwen3 model serves completions; cached prompt tokens are repor
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "tm-serve-"));
   const model = path.join(dir, "q3.gguf");
   execFileSync(bin, ["mkmodel", "--arch", "qwen3", "--preset", "tiny", "--type", "f16", "--seed", "5", "-o", model], { stdio: "pipe" });
-  const Q = await startServer(model, ["--model-name", "q3"]);
+  const Q = await startServer(model, ["--model-name", "q3", "--ctx", "2048"]);
   const c = new OpenAI({ baseURL: `${Q.url}/v1`, apiKey: "x", maxRetries: 0 });
   const prompt = Array.from({ length: 300 }, (_, i) => (i * 7 + 3) % 1000);
   const a = await c.completions.create({ model: "q3", prompt, max_tokens: 8, temperature: 0, ignore_eos: true });
@@ -341,6 +341,19 @@ test("a generated qwen3 model serves completions; cached prompt tokens are repor
   assert.equal(b.choices[0].text, a.choices[0].text);
   const m = await metrics(Q.url);
   assert.equal(m.tokenmill_cached_prompt_tokens_total, 256);
+  // a non-streaming request whose client goes away is cancelled too
+  const ac = new AbortController();
+  const pending = fetch(`${Q.url}/v1/completions`, { method: "POST", signal: ac.signal,
+    body: JSON.stringify({ prompt: [5, 6, 7], max_tokens: 2000, temperature: 0, ignore_eos: true }) }).catch(() => null);
+  await waitFor(async () => (await metrics(Q.url)).tokenmill_running_sequences === 1, 3000);
+  ac.abort();
+  await pending;
+  const m2 = await waitFor(async () => {
+    const x = await metrics(Q.url);
+    return x['tokenmill_requests_finished_total{reason="cancelled"}'] === 1 && x.tokenmill_kv_blocks_used === 0 ? x : null;
+  }, 3000);
+  assert.ok(m2, "the abandoned non-streaming request was not cancelled");
+  assert.ok(m2.tokenmill_generated_tokens_total - m.tokenmill_generated_tokens_total < 1900);
   Q.proc.kill("SIGTERM");
   fs.rmSync(dir, { recursive: true });
 });
