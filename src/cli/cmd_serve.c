@@ -15,7 +15,7 @@
  *
  * Block store (src/cache, engine/blockio.h): --cache SPEC (dir:PATH, ec:K+M:..., or
  * "default" = dir: under $XDG_CACHE_HOME or ~/.cache/tokenmill/blocks) or --cache-dir DIR
- * turn it on; then every full KV block computed is written behind, and prompts whose prefix
+ * turn it on (it is off by default for now; --cache off); then every full KV block computed is written behind, and prompts whose prefix
  * is stored load it instead of computing it. --cache-capacity SIZE (per target) and
  * --retention agent=72h,chat=7d set what is kept. A store that cannot be opened is logged
  * and the server runs without it.
@@ -56,7 +56,7 @@ static void cmd_serve_usage(void)
             "usage: tokenmill serve -m MODEL [--host 127.0.0.1] [--port 8080] [--threads N] [--ctx N]\n"
             "                       [--max-seqs N] [--api-key KEY ...] [--model-name NAME] [--template NAME]\n"
             "                       [--kv-mib N] [--max-queue N] [--step-tokens N] [--max-body BYTES]\n"
-            "                       [--timeout SECONDS] [--cache SPEC|default] [--cache-dir DIR]\n"
+            "                       [--timeout SECONDS] [--cache SPEC|default|off] [--cache-dir DIR]\n"
             "                       [--cache-capacity SIZE] [--retention agent=72h,chat=7d] [-v]\n");
 }
 
@@ -157,6 +157,7 @@ int cmd_serve(int argc, char **argv)
         fprintf(stderr, "tokenmill serve: %s\n", err);
         goto out;
     }
+    if (cache_spec && !strcmp(cache_spec, "off")) cache_spec = NULL;
     if (cache_spec && !strcmp(cache_spec, "default")) {
         const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
         if (xdg && *xdg) snprintf(cache_buf, sizeof cache_buf, "dir:%s/tokenmill/blocks", xdg);
