@@ -19,6 +19,7 @@ static const struct {
     { "mkmodel", cmd_mkmodel, "mkmodel --arch llama|qwen2|qwen3 [--preset P] [--vocab F] --type T --seed S -o OUT.gguf" },
     { "eval", cmd_eval, "eval -m MODEL --input FILE.json: top log-probs at every position (testing)" },
     { "template", cmd_template, "template -m MODEL [--template NAME] --input CONV.json: prompt ids as JSON (testing)" },
+    { "store", cmd_store, "store stat|ls|gc|fsck SPEC [--capacity SIZE] [--retention R]: block store maintenance" },
     { "bench", cmd_bench, "bench -m MODEL [--pp N] [--tg N] [--seqs 1,4,16]: timings as JSON" },
 };
 

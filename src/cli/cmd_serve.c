@@ -13,6 +13,13 @@
  *
  * KV pool: max-seqs sequences of the full context, capped at --kv-mib MiB (default 2048).
  *
+ * Block store (src/cache, engine/blockio.h): --cache SPEC (dir:PATH, ec:K+M:..., or
+ * "default" = dir: under $XDG_CACHE_HOME or ~/.cache/tokenmill/blocks) or --cache-dir DIR
+ * turn it on (it is off by default for now; --cache off); then every full KV block computed is written behind, and prompts whose prefix
+ * is stored load it instead of computing it. --cache-capacity SIZE (per target) and
+ * --retention agent=72h,chat=7d set what is kept. A store that cannot be opened is logged
+ * and the server runs without it.
+ *
  * API hooks: the chat, responses and messages routes live in their own files (api_chat.c,
  * api_responses.c, api_messages.c); they are declared weak here so that the server builds
  * and runs before those files exist, and registers them as soon as they are linked in.
@@ -25,6 +32,9 @@
 #include <time.h>
 
 #include "cli/cmd.h"
+#include "cache/gc.h"
+#include "cache/store.h"
+#include "engine/blockio.h"
 #include "engine/engine.h"
 #include "engine/sched.h"
 #include "http/http.h"
@@ -46,7 +56,8 @@ static void cmd_serve_usage(void)
             "usage: tokenmill serve -m MODEL [--host 127.0.0.1] [--port 8080] [--threads N] [--ctx N]\n"
             "                       [--max-seqs N] [--api-key KEY ...] [--model-name NAME] [--template NAME]\n"
             "                       [--kv-mib N] [--max-queue N] [--step-tokens N] [--max-body BYTES]\n"
-            "                       [--timeout SECONDS] [-v]\n");
+            "                       [--timeout SECONDS] [--cache SPEC|default|off] [--cache-dir DIR]\n"
+            "                       [--cache-capacity SIZE] [--retention agent=72h,chat=7d] [-v]\n");
 }
 
 static bool cmd_serve_int(const char *z, long lo, long hi, long *out)
@@ -65,6 +76,9 @@ int cmd_serve(int argc, char **argv)
     int n_keys = 0;
     long port = 8080, threads = 0, ctx = 0, max_seqs = 16, kv_mib = 2048, max_queue = 256, step_tokens = 256;
     long max_body = 8 << 20, timeout = 60;
+    const char *cache_spec = NULL, *retention = NULL;
+    uint64_t cache_capacity = 0;
+    char cache_buf[4096];
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -82,6 +96,12 @@ int cmd_serve(int argc, char **argv)
         else if (!strcmp(a, "--step-tokens")) ok = cmd_serve_int(v, 1, 1 << 16, &step_tokens);
         else if (!strcmp(a, "--max-body")) ok = cmd_serve_int(v, 1024, 1L << 32, &max_body);
         else if (!strcmp(a, "--timeout")) ok = cmd_serve_int(v, 1, 86400, &timeout);
+        else if (!strcmp(a, "--cache")) cache_spec = v;
+        else if (!strcmp(a, "--cache-dir")) {
+            snprintf(cache_buf, sizeof cache_buf, "dir:%s", v);
+            cache_spec = cache_buf;
+        } else if (!strcmp(a, "--cache-capacity")) ok = (cache_capacity = gc_parse_size(v)) > 0;
+        else if (!strcmp(a, "--retention")) retention = v;
         else if (!strcmp(a, "--model-name")) name = v;
         else if (!strcmp(a, "--template")) tmpl_name = v;
         else if (!strcmp(a, "--api-key")) {
@@ -105,6 +125,8 @@ int cmd_serve(int argc, char **argv)
     engine *e = NULL;
     sched *s = NULL;
     http_server *h = NULL;
+    store *cache = NULL;
+    blockio *bio = NULL;
     char *derived_name = NULL;
 
     if (model_load(path, NULL, &m, err, sizeof err) != GGUF_OK) {
@@ -135,7 +157,30 @@ int cmd_serve(int argc, char **argv)
         fprintf(stderr, "tokenmill serve: %s\n", err);
         goto out;
     }
-    sched_opts so = { .max_seqs = (int)max_seqs, .max_queue = (int)max_queue, .step_tokens = (int)step_tokens,
+    if (cache_spec && !strcmp(cache_spec, "off")) cache_spec = NULL;
+    if (cache_spec && !strcmp(cache_spec, "default")) {
+        const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+        if (xdg && *xdg) snprintf(cache_buf, sizeof cache_buf, "dir:%s/tokenmill/blocks", xdg);
+        else snprintf(cache_buf, sizeof cache_buf, "dir:%s/.cache/tokenmill/blocks", home && *home ? home : "/tmp");
+        cache_spec = cache_buf;
+    }
+    if (cache_spec) {
+        store_opts sto = { .capacity_bytes = cache_capacity, .retention = retention, .gc_thread = true };
+        store_status sst = store_open(cache_spec, &sto, &cache);
+        if (sst == STORE_ARG) {
+            fprintf(stderr, "tokenmill serve: bad --cache '%s' or --retention\n", cache_spec);
+            rc = 2;
+            goto out;
+        }
+        if (sst != STORE_OK) {
+            fprintf(stderr, "tokenmill serve: block store %s unavailable (%s): running without it\n", cache_spec,
+                    store_status_name(sst));
+        } else {
+            blockio_opts bo = { 0 };
+            bio = blockio_new(cache, engine_kvpool(e), m, &bo);
+        }
+    }
+    sched_opts so = { .bio = bio, .max_seqs = (int)max_seqs, .max_queue = (int)max_queue, .step_tokens = (int)step_tokens,
                       .n_ctx = n_ctx, .eos_ids = { -1, -1, -1, -1 } };
     so.eos_ids[0] = tokenizer_eos(tok);
     so.eos_ids[1] = tokenizer_eot(tok);
@@ -191,6 +236,7 @@ int cmd_serve(int argc, char **argv)
     }
     fprintf(stderr, "tokenmill serve: model %s (%s, %d layers, ctx %d, KV %d blocks, %d threads, template %s)\n", name,
             m->hp.arch_name, m->hp.n_layers, n_ctx, eo.n_kv_blocks, engine_n_threads(e), template_name(tmpl));
+    if (bio) fprintf(stderr, "tokenmill serve: block store %s\n", store_spec(cache));
     fprintf(stderr, "tokenmill serve: listening on http://%s:%d\n", host, http_server_port(h));
     fflush(stderr);
     int sig = 0;
@@ -201,6 +247,8 @@ out:
     if (s) sched_shutdown(s);
     http_server_free(h);
     sched_free(s);
+    blockio_free(bio);   /* writes what is queued; before the pool goes */
+    store_close(cache);
     engine_free(e);
     template_free(tmpl);
     tokenizer_free(tok);

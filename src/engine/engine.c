@@ -16,6 +16,9 @@
 
 /* ggml switches to its tiled flash-attention path (f32 Q) from this many query rows. */
 #define ENGINE_FA_TILE_Q 64
+/* Attention tiles: up to this many consecutive positions of one sequence share each K/V
+ * block conversion. */
+#define ENGINE_ATT_TILE 16
 
 struct engine {
     model *m;
@@ -38,6 +41,8 @@ struct engine {
     /* per-thread attention scratch: (n_threads, ENGINE_ATT_STRIDE) floats */
     float *att_scratch;
     size_t att_stride;       /* floats per thread */
+    int32_t *tile_start;     /* (T + 1) first batch entry of each attention tile */
+    int n_tiles;
 };
 
 typedef struct {
@@ -46,7 +51,7 @@ typedef struct {
     int layer;
     int n_items;             /* attention: T * n_heads */
     int next;                /* attention: shared item counter (atomic) */
-    bool q16;                /* attention: round Q to f16 for K.Q (ggml's one-chunk path) */
+    bool q16;                /* attention: ggml's one-query path (f16 Q, f16 V accumulator) */
 } engine_job;
 
 const char *engine_status_name(engine_status st)
@@ -82,6 +87,7 @@ void engine_free(engine *e)
     free(e->pos);
     free(e->mm_scratch);
     free(e->att_scratch);
+    free(e->tile_start);
     free(e);
 }
 
@@ -150,10 +156,14 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
     }
     sc = engine_scratch_need(&m->output, Ti, sc);
     e->mm_scratch = util_aligned_alloc(sc + 64);
-    /* per thread: scores (128) + accumulator (hd) + q f16 (hd/2 floats), rounded to 64 B */
-    e->att_stride = TM_ALIGN_UP((size_t)KVPOOL_BLOCK + (size_t)hp->head_dim * 2, 16);
+    /* per thread: K block and V^T block in f32 (2 * 128 * hd), and for each of the tile's
+     * query rows (ENGINE_ATT_TILE * gqa): q, accumulator, block P V (hd each), scores (128),
+     * max and sum (2) */
+    size_t hdz = (size_t)hp->head_dim, nq = (size_t)ENGINE_ATT_TILE * (size_t)(hp->n_heads / hp->n_kv_heads);
+    e->att_stride = TM_ALIGN_UP(2 * KVPOOL_BLOCK * hdz + nq * (3 * hdz + KVPOOL_BLOCK + 2), 16);
     e->att_scratch = util_aligned_alloc((size_t)o.n_threads * e->att_stride * sizeof(float));
-    if (!e->x || !e->xn || !e->q || !e->k || !e->v || !e->att || !e->ffa || !e->ffb || !e->xo ||
+    e->tile_start = util_aligned_alloc((T + 1) * sizeof(int32_t));
+    if (!e->tile_start || !e->x || !e->xn || !e->q || !e->k || !e->v || !e->att || !e->ffa || !e->ffb || !e->xo ||
         !e->pos || !e->mm_scratch || !e->att_scratch) {
         snprintf(err, errsz, "out of memory for activations of %d tokens", Ti);
         engine_free(e);
@@ -187,76 +197,202 @@ static void engine_job_store_kv(void *ctx, int ith, int nth)
     engine *e = j->e;
     const model_hparams *hp = &e->m->hp;
     int T = j->b->n_tokens, hd = hp->head_dim, kvd = hp->n_kv_heads * hd;
-    bool f16 = kvpool_dtype(e->kv) == QTYPE_F16;
     for (int t = ith; t < T; t += nth) {
         const engine_tok *tk = &j->b->toks[t];
-        for (int h = 0; h < hp->n_kv_heads; h++) {
-            for (int kv = 0; kv < 2; kv++) {
-                const float *src = (kv ? e->v : e->k) + (size_t)t * kvd + (size_t)h * hd;
-                void *dst = kvpool_seq_row(e->kv, tk->seq, tk->pos, j->layer, kv, h);
-                if (f16) ops_fp32_to_fp16_row(src, dst, hd);
-                else memcpy(dst, src, (size_t)hd * sizeof(float));
-            }
-        }
+        for (int h = 0; h < hp->n_kv_heads; h++)
+            kvpool_seq_store(e->kv, tk->seq, tk->pos, j->layer, h, e->k + (size_t)t * kvd + (size_t)h * hd,
+                             e->v + (size_t)t * kvd + (size_t)h * hd);
     }
 }
 
-/* Attention for (token, head) items: online softmax block by block over the sequence's
- * paged K/V up to the token's position. */
-static void engine_job_attention(void *ctx, int ith, int nth)
+/* Attention. An item is (tile, kv head): a tile is up to ENGINE_ATT_TILE consecutive batch
+ * entries of one sequence at consecutive positions (a prefill run; a decode token is a tile of
+ * one), and the item covers the gqa query heads that share the kv head: nq = tile * gqa query
+ * rows, which share every K/V row read. Two paths, as ggml's CPU flash attention has:
+ *  - per key (ggml's one-query path, used when the step has fewer than 64 tokens or the head
+ *    size is not a multiple of 16, with an F16 cache): Q rounded to f16, s = f16 dot, online
+ *    softmax key by key, V accumulated in an f16 accumulator (rounded after every update),
+ *    divided by the sum at the end;
+ *  - tiled (otherwise): per 128-position block, P = Q K^T as one small f32 GEMM, scale,
+ *    causal cut, online softmax per row over the block, acc += P V as a second GEMM (V^T
+ *    made in scratch), all f32. */
+static void engine_att_per_key(engine_job *j, float *sc, int t0, int nt, int kvh)
 {
-    engine_job *j = ctx;
     engine *e = j->e;
     const model_hparams *hp = &e->m->hp;
-    const int hd = hp->head_dim, nh = hp->n_heads, gqa = hp->n_heads / hp->n_kv_heads;
-    const int qd = nh * hd;
+    const int hd = hp->head_dim, gqa = hp->n_heads / hp->n_kv_heads, qd = hp->n_heads * hd;
+    const int nq = nt * gqa, nqmax = ENGINE_ATT_TILE * gqa;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const engine_tok *tk0 = &j->b->toks[t0];
+    float *acc = sc;                               /* (nq, hd) chunk accumulators, f16 values */
+    float *MS = acc + (size_t)nqmax * hd;          /* (nq, 2) chunk max and sum */
+    float *accF = MS + 2 * (size_t)nqmax;          /* (nq, hd) reduced over chunks */
+    float *MSF = accF + (size_t)nqmax * hd;        /* (nq, 2) */
+    fp16_t *q16 = (fp16_t *)(MSF + 2 * (size_t)nqmax); /* (nq, hd) */
+    fp16_t *tmp = q16 + (size_t)nqmax * hd;        /* (hd) */
+    for (int r = 0; r < nq; r++) {
+        int jt = r / gqa, g = r % gqa;
+        ops_fp32_to_fp16_row(e->q + (size_t)(t0 + jt) * qd + (size_t)(kvh * gqa + g) * hd, q16 + (size_t)r * hd, hd);
+        MSF[2 * r] = -INFINITY;
+        MSF[2 * r + 1] = 0.0f;
+    }
+    memset(accF, 0, (size_t)nq * hd * sizeof(float));
+    int n_ctx = tk0->pos + nt;
+    /* ggml splits a single-query step over its threads by KV cell ranges once its KV view
+     * (n_kv: the used cells rounded up to 256) reaches 512; each range has its own f16
+     * accumulator. For one sequence in a fresh cache the cells are the positions. */
+    int chunk = n_ctx;
+    if (j->b->n_tokens == 1) {
+        int n_kv = TM_MAX(256, TM_ALIGN_UP(n_ctx, 256));
+        if (n_kv >= 512) chunk = (n_kv + e->n_threads - 1) / e->n_threads;
+    }
+    for (int c0 = 0; c0 < n_ctx; c0 += chunk) {
+        int c1 = TM_MIN(n_ctx, c0 + chunk);
+        for (int r = 0; r < nq; r++) {
+            MS[2 * r] = -INFINITY;
+            MS[2 * r + 1] = 0.0f;
+        }
+        memset(acc, 0, (size_t)nq * hd * sizeof(float));
+        for (int pk = c0; pk < c1; pk++) {
+            const fp16_t *K = kvpool_seq_slab(e->kv, tk0->seq, pk / KVPOOL_BLOCK, j->layer, 0, kvh);
+            const fp16_t *V = kvpool_seq_slab(e->kv, tk0->seq, pk / KVPOOL_BLOCK, j->layer, 1, kvh);
+            const fp16_t *kr = K + (size_t)(pk % KVPOOL_BLOCK) * hd, *vr = V + (size_t)(pk % KVPOOL_BLOCK) * hd;
+            for (int r = 0; r < nq; r++) {
+                if (pk > tk0->pos + r / gqa) continue;  /* causal */
+                float *a = acc + (size_t)r * hd;
+                float s = ops_vec_dot_f16(hd, kr, q16 + (size_t)r * hd) * scale;
+                float M = MS[2 * r], ms = 1.0f, vs = 1.0f;
+                if (s > M) {
+                    MS[2 * r] = s;
+                    ms = expf(M - s);
+                    ops_vec_scale_f32(hd, a, ms);
+                    ops_fp32_to_fp16_row(a, tmp, hd);
+                    ops_fp16_to_fp32_row(tmp, a, hd);
+                } else {
+                    vs = expf(s - M);
+                }
+                ops_vec_mad_f16(hd, a, vr, vs);
+                ops_fp32_to_fp16_row(a, tmp, hd);
+                ops_fp16_to_fp32_row(tmp, a, hd);
+                MS[2 * r + 1] = MS[2 * r + 1] * ms + vs;
+            }
+        }
+        /* fold the chunk into the result, as ggml reduces its partials */
+        for (int r = 0; r < nq; r++) {
+            float Mc = MS[2 * r], Sc = MS[2 * r + 1];
+            if (Sc == 0.0f) continue;
+            float Mf = MSF[2 * r], Mn = fmaxf(Mf, Mc);
+            float so = expf(Mf - Mn), sn = expf(Mc - Mn);
+            float *af = accF + (size_t)r * hd;
+            const float *a = acc + (size_t)r * hd;
+            for (int d = 0; d < hd; d++) af[d] = af[d] * so + a[d] * sn;
+            MSF[2 * r + 1] = MSF[2 * r + 1] * so + Sc * sn;
+            MSF[2 * r] = Mn;
+        }
+    }
+    for (int r = 0; r < nq; r++) {
+        int jt = r / gqa, g = r % gqa;
+        float *o = e->att + (size_t)(t0 + jt) * qd + (size_t)(kvh * gqa + g) * hd;
+        float S = MSF[2 * r + 1], inv = S == 0.0f ? 0.0f : 1.0f / S;
+        const float *a = accF + (size_t)r * hd;
+        for (int d = 0; d < hd; d++) o[d] = a[d] * inv;
+    }
+}
+
+static void engine_att_tiled(engine_job *j, float *sc, int t0, int nt, int kvh)
+{
+    engine *e = j->e;
+    const model_hparams *hp = &e->m->hp;
+    const int hd = hp->head_dim, gqa = hp->n_heads / hp->n_kv_heads, qd = hp->n_heads * hd;
+    const int nq = nt * gqa, nqmax = ENGINE_ATT_TILE * gqa;
     const float scale = 1.0f / sqrtf((float)hd);
     const bool f16 = kvpool_dtype(e->kv) == QTYPE_F16;
-    float *sc = e->att_scratch + (size_t)ith * e->att_stride;
-    float *s = sc;                        /* (128) scores of one block */
-    float *acc = sc + KVPOOL_BLOCK;       /* (hd) V accumulator */
-    fp16_t *q16 = (fp16_t *)(acc + hd);   /* (hd) Q as f16 */
-    (void)nth;
-    for (;;) {
-        int it = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
-        if (it >= j->n_items) break;
-        int t = it / nh, h = it % nh, kvh = h / gqa;
-        const engine_tok *tk = &j->b->toks[t];
-        const float *q = e->q + (size_t)t * qd + (size_t)h * hd;
-        float *o = e->att + (size_t)t * qd + (size_t)h * hd;
-        if (f16 && j->q16) ops_fp32_to_fp16_row(q, q16, hd);
-        memset(acc, 0, (size_t)hd * sizeof(float));
-        float M = -INFINITY, S = 0.0f;
-        int n_ctx = tk->pos + 1;
-        for (int bi = 0; bi * KVPOOL_BLOCK < n_ctx; bi++) {
-            int n = TM_MIN(KVPOOL_BLOCK, n_ctx - bi * KVPOOL_BLOCK);
-            const void *K = kvpool_seq_slab(e->kv, tk->seq, bi, j->layer, 0, kvh);
-            const void *V = kvpool_seq_slab(e->kv, tk->seq, bi, j->layer, 1, kvh);
-            float mb = -INFINITY;
-            for (int r = 0; r < n; r++) {
-                float d;
-                if (!f16) d = ops_vec_dot_f32(hd, (const float *)K + (size_t)r * hd, q);
-                else if (j->q16) d = ops_vec_dot_f16(hd, (const fp16_t *)K + (size_t)r * hd, q16);
-                else d = ops_vec_dot_f16_f32(hd, (const fp16_t *)K + (size_t)r * hd, q);
-                s[r] = d * scale;
-                if (s[r] > mb) mb = s[r];
+    const engine_tok *tk0 = &j->b->toks[t0];
+    float *Kf = sc;                               /* (128, hd) K block in f32 */
+    float *Vt = Kf + (size_t)KVPOOL_BLOCK * hd;   /* (hd, nb) V^T block in f32 */
+    float *qs = Vt + (size_t)KVPOOL_BLOCK * hd;   /* (nq, hd) queries */
+    float *acc = qs + (size_t)nqmax * hd;         /* (nq, hd) running P V */
+    float *PV = acc + (size_t)nqmax * hd;         /* (nq, hd) this block's P V */
+    float *P = PV + (size_t)nqmax * hd;           /* (nq, nb) scores, then probabilities */
+    float *MS = P + (size_t)nqmax * KVPOOL_BLOCK; /* (nq, 2) running max and sum */
+    for (int r = 0; r < nq; r++) {
+        int jt = r / gqa, g = r % gqa;
+        memcpy(qs + (size_t)r * hd, e->q + (size_t)(t0 + jt) * qd + (size_t)(kvh * gqa + g) * hd,
+               (size_t)hd * sizeof(float));
+        MS[2 * r] = -INFINITY;
+        MS[2 * r + 1] = 0.0f;
+    }
+    memset(acc, 0, (size_t)nq * hd * sizeof(float));
+    int n_ctx = tk0->pos + nt;  /* positions the last row sees */
+    for (int bi = 0; bi * KVPOOL_BLOCK < n_ctx; bi++) {
+        int nb = TM_MIN(KVPOOL_BLOCK, n_ctx - bi * KVPOOL_BLOCK);
+        const void *K = kvpool_seq_slab(e->kv, tk0->seq, bi, j->layer, 0, kvh);
+        const void *V = kvpool_seq_slab(e->kv, tk0->seq, bi, j->layer, 1, kvh);
+        const float *Kb = K, *Vb = V;
+        if (f16) {
+            ops_fp16_to_fp32_row(K, Kf, (int64_t)nb * hd);
+            Kb = Kf;
+        }
+        ops_weight kw = { QTYPE_F32, nb, hd, Kb };
+        ops_matmul(NULL, &kw, qs, nq, P, NULL);
+        for (int r = 0; r < nq; r++) {
+            float *pr = P + (size_t)r * nb;
+            int n = TM_MIN(nb, tk0->pos + r / gqa + 1 - bi * KVPOOL_BLOCK);
+            if (n <= 0) {
+                memset(pr, 0, (size_t)nb * sizeof(float));
+                continue;
             }
+            ops_vec_scale_f32(n, pr, scale);
+            float mb = ops_vec_max_f32(n, pr), M = MS[2 * r], S = MS[2 * r + 1];
             if (mb > M) {
                 if (M != -INFINITY) {
                     float ms = expf(M - mb);
-                    ops_vec_scale_f32(hd, acc, ms);
+                    ops_vec_scale_f32(hd, acc + (size_t)r * hd, ms);
                     S *= ms;
                 }
                 M = mb;
             }
-            S += ops_vec_softmax_exp(n, s, M);
-            for (int r = 0; r < n; r++) {
-                if (f16) ops_vec_mad_f16(hd, acc, (const fp16_t *)V + (size_t)r * hd, s[r]);
-                else ops_vec_mad_f32(hd, acc, (const float *)V + (size_t)r * hd, s[r]);
-            }
+            S += ops_vec_softmax_exp(n, pr, M);
+            if (n < nb) memset(pr + n, 0, (size_t)(nb - n) * sizeof(float));
+            MS[2 * r] = M;
+            MS[2 * r + 1] = S;
         }
-        float inv = S > 0 ? 1.0f / S : 0.0f;
-        for (int d = 0; d < hd; d++) o[d] = acc[d] * inv;
+        /* V block (nb, hd) -> Vt (hd, nb) in f32, 16 x 16 pieces to stay in cache lines */
+        if (f16) {
+            ops_fp16_to_fp32_row(V, Kf, (int64_t)nb * hd);  /* K is done with */
+            Vb = Kf;
+        }
+        for (int k0 = 0; k0 < nb; k0 += 16)
+            for (int d0 = 0; d0 < hd; d0 += 16)
+                for (int k = k0; k < TM_MIN(k0 + 16, nb); k++)
+                    for (int d = d0; d < TM_MIN(d0 + 16, hd); d++) Vt[(size_t)d * nb + k] = Vb[(size_t)k * hd + d];
+        ops_weight vw = { QTYPE_F32, hd, nb, Vt };
+        ops_matmul(NULL, &vw, P, nq, PV, NULL);
+        ops_add(NULL, acc, PV, (int64_t)nq * hd);
+    }
+    for (int r = 0; r < nq; r++) {
+        int jt = r / gqa, g = r % gqa;
+        float *o = e->att + (size_t)(t0 + jt) * qd + (size_t)(kvh * gqa + g) * hd;
+        float S = MS[2 * r + 1], inv = S > 0 ? 1.0f / S : 0.0f;
+        const float *a = acc + (size_t)r * hd;
+        for (int d = 0; d < hd; d++) o[d] = a[d] * inv;
+    }
+}
+
+static void engine_job_attention(void *ctx, int ith, int nth)
+{
+    engine_job *j = ctx;
+    engine *e = j->e;
+    const int nkv = e->m->hp.n_kv_heads;
+    float *sc = e->att_scratch + (size_t)ith * e->att_stride;
+    (void)nth;
+    for (;;) {
+        int it = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
+        if (it >= j->n_items) break;
+        int tile = it / nkv, kvh = it % nkv;
+        int t0 = e->tile_start[tile], nt = e->tile_start[tile + 1] - t0;
+        if (j->q16) engine_att_per_key(j, sc, t0, nt, kvh);
+        else engine_att_tiled(j, sc, t0, nt, kvh);
     }
 }
 
@@ -279,6 +415,18 @@ engine_status engine_step(engine *e, const engine_batch *b, float *logits)
         const engine_tok *tk = &b->toks[t];
         if (kvpool_seq_reserve(e->kv, tk->seq, tk->pos + 1) != KVPOOL_OK) return ENGINE_ERR_KV_FULL;
     }
+
+    /* attention tiles: runs of one sequence at consecutive positions, cut every
+     * ENGINE_ATT_TILE entries */
+    e->n_tiles = 0;
+    for (int t = 0; t < T; t++) {
+        const engine_tok *tk = &b->toks[t];
+        int st0 = e->n_tiles ? e->tile_start[e->n_tiles - 1] : -1;
+        bool cont = st0 >= 0 && t - st0 < ENGINE_ATT_TILE && b->toks[t - 1].seq == tk->seq &&
+                    b->toks[t - 1].pos + 1 == tk->pos;
+        if (!cont) e->tile_start[e->n_tiles++] = t;
+    }
+    e->tile_start[e->n_tiles] = T;
 
     threadpool *tp = e->tp;
     const int dim = hp->dim, hd = hp->head_dim;
@@ -305,9 +453,9 @@ engine_status engine_step(engine *e, const engine_batch *b, float *logits)
         ops_rope_ggml(tp, e->k, e->pos, T, hp->n_kv_heads, hd, hp->n_rot, hp->rope_neox,
                       hp->rope_theta_scale, hp->rope_freq_scale, hp->rope_freq_factors, 1.0f);
         threadpool_run(tp, engine_job_store_kv, &job);
-        job.n_items = T * hp->n_heads;
+        job.n_items = e->n_tiles * hp->n_kv_heads;
         job.next = 0;
-        job.q16 = T < ENGINE_FA_TILE_Q;
+        job.q16 = kvpool_dtype(e->kv) == QTYPE_F16 && (T < ENGINE_FA_TILE_Q || hd % 16 != 0);
         threadpool_run(tp, engine_job_attention, &job);
         ops_matmul(tp, &L->wo, e->att, T, e->xn, e->mm_scratch);
         ops_add(tp, e->x, e->xn, (int64_t)T * dim);

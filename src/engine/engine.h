@@ -6,17 +6,21 @@
  * in any order, and runs every layer once for the whole batch: each linear layer is one
  * ops_matmul with n_tokens rows, so the weights are read from memory once per step. K and V
  * of the batch tokens are stored in the pool (converted to the pool dtype) before attention;
- * attention for each (token, head) then walks that token's own sequence's blocks up to its
- * position (causal), GQA mapping head h to kv head h / (n_heads / n_kv_heads). Attention is
- * split over threads by (token, head) items taken from a shared counter; every output is
- * computed by one thread in a fixed order, so results do not depend on the thread count or
- * on which other sequences share the batch.
+ * attention then walks each token's own sequence's blocks up to its position (causal), GQA
+ * mapping head h to kv head h / (n_heads / n_kv_heads). Attention work items are (tile, kv
+ * head), a tile being up to 16 consecutive positions of one sequence in the batch, taken by
+ * the threads from a shared counter; per block, Q K^T and P V are two small f32 GEMMs. Every
+ * output is computed by one thread in a fixed order, so results do not depend on the thread
+ * count or on which other sequences share the batch.
  *
  * Numerics follow llama.cpp's CPU backend with flash attention (node-llama-cpp 3.21.1's
- * default: flash_attn "auto" resolves to on for CPU, F16 K/V cache): scores are
- * dot(K, Q) / sqrt(head_dim) with an online softmax in f32 and V accumulated in f32 (ggml's
- * tiled path); for batches under 64 tokens, where ggml uses its one-query-at-a-time path, Q
- * is rounded to F16 before the K.Q dot as ggml does there.
+ * default: flash_attn "auto" resolves to on for CPU, F16 K/V cache), whose two paths we
+ * mirror: for steps of 64+ tokens with a head size that is a multiple of 16 (its tiled path),
+ * Q K^T and P V in f32 with an online softmax per block; otherwise (its one-query path) Q
+ * rounded to f16, K.Q as an f16 dot, online softmax key by key and V accumulated in an f16
+ * accumulator, and, for a single-token step whose KV view (positions rounded up to 256)
+ * reaches 512, the keys split into n_threads ranges reduced at the end, as ggml does with
+ * the same thread count. Scores are scaled by 1/sqrt(head_dim).
  *
  * Memory: all scratch (activations for max_batch_tokens, matmul scratch, per-thread
  * attention buffers) is allocated in engine_new; engine_step allocates nothing.

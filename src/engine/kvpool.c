@@ -12,9 +12,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <openssl/evp.h>
+#include "cache/blockkey.h"
 
+#include "model/ops.h"
 #include "util/util.h"
+
+_Static_assert(KVPOOL_BLOCK == BLOCKKEY_TOKENS, "kvpool blocks are store blocks");
 
 typedef enum { KVPOOL_BLK_FREE = 0, KVPOOL_BLK_PINNED, KVPOOL_BLK_CACHED } kvpool_blk_state;
 
@@ -40,6 +43,8 @@ struct kvpool {
     uint32_t bucket_mask;        /* n_buckets - 1 (power of two) */
     uint8_t pool_fp[32];         /* SHA-256(model fp, dtype) */
     kvpool_stats st;
+    kvpool_keyed_fn keyed_fn;    /* block store write-behind hook, or NULL */
+    void *keyed_arg;
 };
 
 struct kvpool_seq {
@@ -113,12 +118,7 @@ kvpool_status kvpool_new(const kvpool_opts *opts, kvpool **out)
     p->lru_head = p->lru_tail = -1;
     p->st.n_blocks = p->st.n_free = opts->n_blocks;
 
-    uint8_t buf[36];
-    memcpy(buf, opts->model_fp, 32);
-    int32_t dt = (int32_t)opts->dtype;
-    memcpy(buf + 32, &dt, 4);
-    unsigned int len = 0;
-    EVP_Digest(buf, sizeof buf, p->pool_fp, &len, EVP_sha256(), NULL);
+    blockkey_pool_fp(opts->model_fp, (int32_t)opts->dtype, p->pool_fp);
     *out = p;
     return KVPOOL_OK;
 }
@@ -138,12 +138,7 @@ void kvpool_get_stats(const kvpool *p, kvpool_stats *st) { *st = p->st; }
 
 void kvpool_block_key(const kvpool *p, const uint8_t parent[32], const int32_t *tokens, uint8_t out[32])
 {
-    uint8_t buf[32 + KVPOOL_BLOCK * 4 + 32];
-    memcpy(buf, parent, 32);
-    memcpy(buf + 32, tokens, KVPOOL_BLOCK * 4);  /* x86-64: int32 little-endian already */
-    memcpy(buf + 32 + KVPOOL_BLOCK * 4, p->pool_fp, 32);
-    unsigned int len = 0;
-    EVP_Digest(buf, sizeof buf, out, &len, EVP_sha256(), NULL);
+    blockkey_compute(parent, tokens, p->pool_fp, out);
 }
 
 static uint32_t kvpool_hash(const kvpool *p, const uint8_t key[32])
@@ -310,10 +305,58 @@ void kvpool_seq_commit_full_blocks(kvpool *p, kvpool_seq *s, const int32_t *toke
         int bi = s->n_keyed;
         kvpool_block_key(p, s->last_key, tokens + (size_t)bi * KVPOOL_BLOCK, key);
         int id = s->table[bi];
-        if (!p->blk[id].keyed && kvpool_lookup(p, key) < 0) kvpool_map_insert(p, id, key);
+        if (!p->blk[id].keyed && kvpool_lookup(p, key) < 0) {
+            kvpool_map_insert(p, id, key);
+            if (p->keyed_fn) p->keyed_fn(p->keyed_arg, key, p->data + (size_t)id * p->block_bytes, p->block_bytes);
+        }
         memcpy(s->last_key, key, 32);
         s->n_keyed++;
     }
+}
+
+void kvpool_set_keyed_hook(kvpool *p, kvpool_keyed_fn fn, void *arg)
+{
+    p->keyed_fn = fn;
+    p->keyed_arg = arg;
+}
+
+void kvpool_seq_set_root(kvpool_seq *s, const uint8_t root[32])
+{
+    if (s->n == 0) memcpy(s->last_key, root, 32);
+}
+
+int kvpool_cached_prefix(const kvpool *p, const uint8_t *root, const int32_t *tokens, int n, uint8_t last_key[32])
+{
+    uint8_t parent[32] = { 0 }, key[32];
+    if (root) memcpy(parent, root, 32);
+    int nb = 0;
+    while ((nb + 1) * KVPOOL_BLOCK < n) {   /* keep >= 1 token to compute, as attach does */
+        kvpool_block_key(p, parent, tokens + (size_t)nb * KVPOOL_BLOCK, key);
+        if (kvpool_lookup(p, key) < 0) break;
+        memcpy(parent, key, 32);
+        nb++;
+    }
+    memcpy(last_key, parent, 32);
+    return nb * KVPOOL_BLOCK;
+}
+
+kvpool_status kvpool_seq_append_loaded(kvpool *p, kvpool_seq *s, const uint8_t key[32], const void *data)
+{
+    if (s->n_keyed != s->n || s->n >= p->o.n_blocks) return KVPOOL_ERR_ARG;
+    int id = kvpool_lookup(p, key);
+    if (id >= 0) {
+        kvpool_ref(p, id);
+    } else {
+        id = kvpool_take(p);
+        if (id < 0) return KVPOOL_ERR_FULL;
+        memcpy(p->data + (size_t)id * p->block_bytes, data, p->block_bytes);
+        kvpool_map_insert(p, id, key);
+        p->st.n_loaded++;
+    }
+    s->table[s->n++] = id;
+    s->n_keyed = s->n;
+    memcpy(s->last_key, key, 32);
+    return KVPOOL_OK;
 }
 
 int kvpool_seq_capacity(const kvpool_seq *s) { return s->n * KVPOOL_BLOCK; }
@@ -328,8 +371,34 @@ void *kvpool_seq_slab(const kvpool *p, const kvpool_seq *s, int bi, int layer, i
     return p->data + (size_t)s->table[bi] * p->block_bytes + slab * p->slab_bytes;
 }
 
-void *kvpool_seq_row(const kvpool *p, const kvpool_seq *s, int pos, int layer, int kv, int kv_head)
+void kvpool_seq_store(const kvpool *p, const kvpool_seq *s, int pos, int layer, int kv_head,
+                      const float *k, const float *v)
 {
-    uint8_t *slab = kvpool_seq_slab(p, s, pos / KVPOOL_BLOCK, layer, kv, kv_head);
-    return slab + (size_t)(pos % KVPOOL_BLOCK) * (size_t)p->o.head_dim * p->esz;
+    int hd = p->o.head_dim;
+    size_t off = (size_t)(pos % KVPOOL_BLOCK) * (size_t)hd * p->esz;
+    uint8_t *kr = (uint8_t *)kvpool_seq_slab(p, s, pos / KVPOOL_BLOCK, layer, 0, kv_head) + off;
+    uint8_t *vr = (uint8_t *)kvpool_seq_slab(p, s, pos / KVPOOL_BLOCK, layer, 1, kv_head) + off;
+    if (p->o.dtype == QTYPE_F16) {
+        ops_fp32_to_fp16_row(k, (fp16_t *)kr, hd);
+        ops_fp32_to_fp16_row(v, (fp16_t *)vr, hd);
+    } else {
+        memcpy(kr, k, (size_t)hd * sizeof(float));
+        memcpy(vr, v, (size_t)hd * sizeof(float));
+    }
+}
+
+void kvpool_seq_load(const kvpool *p, const kvpool_seq *s, int pos, int layer, int kv_head,
+                     float *k, float *v)
+{
+    int hd = p->o.head_dim;
+    size_t off = (size_t)(pos % KVPOOL_BLOCK) * (size_t)hd * p->esz;
+    const uint8_t *kr = (const uint8_t *)kvpool_seq_slab(p, s, pos / KVPOOL_BLOCK, layer, 0, kv_head) + off;
+    const uint8_t *vr = (const uint8_t *)kvpool_seq_slab(p, s, pos / KVPOOL_BLOCK, layer, 1, kv_head) + off;
+    if (p->o.dtype == QTYPE_F16) {
+        ops_fp16_to_fp32_row((const fp16_t *)kr, k, hd);
+        ops_fp16_to_fp32_row((const fp16_t *)vr, v, hd);
+    } else {
+        memcpy(k, kr, (size_t)hd * sizeof(float));
+        memcpy(v, vr, (size_t)hd * sizeof(float));
+    }
 }

@@ -3,7 +3,7 @@
  *
  * DESIGN. One allocation at start holds n_blocks blocks of KVPOOL_BLOCK (128) token
  * positions. A block holds K and V of every layer for its 128 positions, laid out
- * [layer][k|v][kv_head][token][head_dim] so that attention for one (layer, kv head) walks one
+ * [layer][k|v][kv_head][token][head_dim]: attention for one (layer, kv head) walks one
  * contiguous (128, head_dim) slab of K and one of V. Elements are F16 (default) or F32.
  *
  * A sequence (kvpool_seq) owns a block table: position p lives in table[p / 128] at row
@@ -57,6 +57,7 @@ typedef struct {
     int n_pinned;                /* referenced by at least one sequence */
     uint64_t n_hits;             /* blocks attached from the cache, lifetime */
     uint64_t n_reclaimed;        /* cached blocks evicted to satisfy a reservation */
+    uint64_t n_loaded;           /* blocks filled from the block store (kvpool_seq_append_loaded) */
 } kvpool_stats;
 
 kvpool_status kvpool_new(const kvpool_opts *opts, kvpool **out);
@@ -99,11 +100,34 @@ const uint8_t *kvpool_seq_last_key(const kvpool_seq *s);
  * (128, head_dim) elements of the pool dtype, row r = position bi*128 + r. bi must be below
  * capacity/128. */
 void *kvpool_seq_slab(const kvpool *p, const kvpool_seq *s, int bi, int layer, int kv, int kv_head);
-/* Pointer to one row (head_dim elements) for position pos. */
-void *kvpool_seq_row(const kvpool *p, const kvpool_seq *s, int pos, int layer, int kv, int kv_head);
+/* Writes K and V (head_dim floats each) of position pos for (layer, kv_head), converted to
+ * the pool dtype. pos must be below capacity. Thread-safe for distinct positions. */
+void kvpool_seq_store(const kvpool *p, const kvpool_seq *s, int pos, int layer, int kv_head,
+                      const float *k, const float *v);
+/* Reads them back as floats (tests, block export). */
+void kvpool_seq_load(const kvpool *p, const kvpool_seq *s, int pos, int layer, int kv_head,
+                     float *k, float *v);
 
 /* The key of a block from its parent key and 128 tokens (exposed for tests and the store). */
 void kvpool_block_key(const kvpool *p, const uint8_t parent[32], const int32_t *tokens, uint8_t out[32]);
+/* ---- block store hooks (src/engine/blockio.h) ---- */
+/* Called by kvpool_seq_commit_full_blocks for every block it newly keys (computed by this
+ * pool, prefill or decode): block points at its block_bytes bytes, valid only during the call. */
+typedef void (*kvpool_keyed_fn)(void *arg, const uint8_t key[32], const void *block, size_t bytes);
+void kvpool_set_keyed_hook(kvpool *p, kvpool_keyed_fn fn, void *arg);
+/* Length in positions (a multiple of 128, leaving at least one of n to compute) of the run
+ * of cached blocks prefixing tokens (chained from root, NULL = zeros), without attaching
+ * anything; the key of its last block goes to last_key (the root when none). */
+int kvpool_cached_prefix(const kvpool *p, const uint8_t *root, const int32_t *tokens, int n, uint8_t last_key[32]);
+/* On an empty sequence: the parent key of its first block (blockkey_root of a tenant salt),
+ * instead of zeros, for this sequence's attach and commits. */
+void kvpool_seq_set_root(kvpool_seq *s, const uint8_t root[32]);
+/* On a sequence whose blocks are all keyed (after kvpool_seq_attach_prefix): appends the
+ * block with this key, whose kvpool_block_bytes bytes are data (a block loaded from the store).
+ * When the key is already cached the cached block is attached instead. KVPOOL_ERR_FULL when no
+ * block is free or reclaimable, KVPOOL_ERR_ARG when the sequence has unkeyed blocks. */
+kvpool_status kvpool_seq_append_loaded(kvpool *p, kvpool_seq *s, const uint8_t key[32], const void *data);
+
 /* Debug/test: block id at table index bi, and the refcount of a block id. */
 int kvpool_seq_block_id(const kvpool_seq *s, int bi);
 int kvpool_block_refcount(const kvpool *p, int block_id);

@@ -21,7 +21,11 @@
 #include <errno.h>
 #include <time.h>
 
+#include "cache/blockkey.h"
+#include "engine/blockio.h"
 #include "util/util.h"
+
+#define SCHED_LOAD_WAIT_S 2.0   /* longest a request waits at the queue head for a store load */
 
 const double sched_hist_bounds[SCHED_HIST_N] = {
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
@@ -44,6 +48,12 @@ struct sched_req {
     int n_done;                  /* positions of tokens whose KV is in seq */
     int n_cached;                /* prompt positions attached from the cache at first admission */
     bool admitted_once;          /* has run before (a resume does not count cache hits again) */
+    blockio_load *load;          /* block store load in flight, or NULL (engine thread) */
+    bool load_started;           /* a load was tried for this (re)admission */
+    int load_retries;            /* loads restarted because the RAM tier changed */
+    double t_load;               /* util_now() when it started */
+    bool salted;                 /* root holds the key chain's root (cache_salt) */
+    uint8_t root[32];            /* blockkey_root(cache_salt) */
     uint64_t admit_no;           /* order of (re)admission: the newest is preempted first */
     req_state state;
     double t_submit;             /* util_now() at submit */
@@ -86,7 +96,19 @@ struct sched {
     int *batch_n;                /* (max_seqs) tokens of each in this step */
     int *batch_row;              /* (max_seqs) logits row or -1 */
     int32_t *batch_tok;          /* (max_seqs) token sampled for each, or -1 */
+    sched_output *batch_out;     /* (max_seqs) sampled token + log-probs for each */
     float *logits;               /* (max_seqs, n_vocab) */
+    int batch_n_reqs;            /* requests of the step being sampled */
+    /* sampling workers: the step's requests are split by ith/nth between the engine thread
+     * (ith 0) and n_workers helpers (ith 1..), which sleep between steps */
+    int n_workers;
+    pthread_t *workers;          /* (n_workers) */
+    pthread_mutex_t pool_mu;
+    pthread_cond_t pool_go;      /* job_gen advanced or pool_stop */
+    pthread_cond_t pool_done;    /* job_left reached 0 */
+    uint64_t job_gen;            /* sampling job number */
+    int job_left;                /* workers still sampling the current job */
+    bool pool_stop;
 };
 
 /* ---- histograms and outputs (under mu) ---- */
@@ -120,6 +142,7 @@ static sched_output *sched_push(sched_req *r)
 static void sched_req_destroy(sched_req *r)
 {
     if (!r) return;
+    if (r->load) blockio_load_free(r->s->o.bio, r->load);
     sample_free(r->smp);
     free(r->tokens);
     free(r->ring);
@@ -193,6 +216,7 @@ static void sched_preempt_locked(sched *s, int i)
     r->seq = NULL;
     r->n_done = 0;
     r->state = REQ_QUEUED;
+    r->load_started = false;   /* the resume may load its blocks back from the store */
     sched_running_remove(s, i);
     sched_wait_push_front(s, r);
     s->st.n_preempted++;
@@ -236,17 +260,45 @@ static void sched_admit_locked(sched *s)
             pp = &r->next;
         }
     }
+    /* block store: start loading what follows each waiting request's RAM-tier prefix */
+    if (s->o.bio)
+        for (sched_req *r = s->wait_head; r; r = r->next)
+            if (!r->load_started) {
+                r->load_started = true;
+                r->load = blockio_load_start(s->o.bio, r->salted ? r->root : NULL, r->tokens, r->n_tokens);
+                r->t_load = util_now();
+            }
     /* admissions, oldest first, while KV allows */
     while (s->n_running < s->o.max_seqs && s->wait_head) {
         sched_req *r = s->wait_head;
+        if (r->load && !blockio_load_ready(s->o.bio, r->load)) {
+            if (util_now() - r->t_load < SCHED_LOAD_WAIT_S) break;   /* the store is slow: */
+            blockio_load_free(s->o.bio, r->load);                    /* compute instead */
+            r->load = NULL;
+        }
         kvpool_seq *seq = kvpool_seq_new(s->pool);
+        if (r->salted) kvpool_seq_set_root(seq, r->root);
         int att = kvpool_seq_attach_prefix(s->pool, seq, r->tokens, r->n_tokens);
+        if (r->load && att < blockio_load_first_block(r->load) * KVPOOL_BLOCK) {
+            /* the RAM tier lost blocks since the load started: load again from where it
+             * ends now (a few times at most), then compute what is missing */
+            blockio_load_free(s->o.bio, r->load);
+            r->load = NULL;
+            if (r->load_retries++ < 3) {
+                r->load = blockio_load_start(s->o.bio, r->salted ? r->root : NULL, r->tokens, r->n_tokens);
+                r->t_load = util_now();
+            }
+            if (r->load) {
+                kvpool_seq_free(s->pool, seq);
+                break;
+            }
+        }
         kvpool_stats ks;
         kvpool_get_stats(s->pool, &ks);
         int need = sched_blocks_for(r->n_tokens + 1) - att / KVPOOL_BLOCK;
         /* headroom: one block for every running sequence to grow into */
         int avail = ks.n_free + ks.n_cached - s->n_running;
-        if (need > avail) {
+        if (need > avail) {   /* a load stays buffered in blockio until the request fits */
             kvpool_seq_free(s->pool, seq);
             if (s->n_running == 0 && need > ks.n_free + ks.n_cached) {
                 /* nothing else holds blocks: it can never fit */
@@ -258,6 +310,10 @@ static void sched_admit_locked(sched *s)
             break;
         }
         sched_wait_pop(s);
+        if (r->load) {   /* loaded blocks take pool blocks as computed ones would: in need */
+            att += blockio_load_finish(s->o.bio, r->load, seq);
+            r->load = NULL;
+        }
         r->seq = seq;
         r->n_done = att;
         if (!r->admitted_once) {
@@ -342,6 +398,72 @@ static void sched_logprobs(const float *logits, int n_vocab, int32_t chosen, int
     o->n_top = n;
 }
 
+/* Samples requests ith, ith+nth, ... of the step (each request's sampler is its own, so the
+ * split does not change any result). */
+static void sched_sample_part(sched *s, int ith, int nth)
+{
+    for (int i = ith; i < s->batch_n_reqs; i += nth) {
+        sched_req *r = s->batch_req[i];
+        s->batch_tok[i] = -1;
+        if (s->batch_row[i] < 0) continue;
+        const float *row = s->logits + (size_t)s->batch_row[i] * s->n_vocab;
+        int32_t tok = sample_token(r->smp, row);
+        sample_accept(r->smp, tok);
+        s->batch_tok[i] = tok;
+        sched_output *o = &s->batch_out[i];
+        o->n_top = 0;
+        o->logprob = 0;
+        if (r->p.logprobs) sched_logprobs(row, s->n_vocab, tok, r->p.top_logprobs, o);
+    }
+}
+
+typedef struct {
+    sched *s;
+    int ith;
+} sched_worker_arg;
+
+static void *sched_worker(void *arg)
+{
+    sched_worker_arg *wa = arg;
+    sched *s = wa->s;
+    int ith = wa->ith;
+    free(wa);
+    uint64_t seen = 0;
+    pthread_mutex_lock(&s->pool_mu);
+    for (;;) {
+        while (s->job_gen == seen && !s->pool_stop) pthread_cond_wait(&s->pool_go, &s->pool_mu);
+        if (s->pool_stop) break;
+        seen = s->job_gen;
+        pthread_mutex_unlock(&s->pool_mu);
+        sched_sample_part(s, ith, s->n_workers + 1);
+        pthread_mutex_lock(&s->pool_mu);
+        if (--s->job_left == 0) pthread_cond_signal(&s->pool_done);
+    }
+    pthread_mutex_unlock(&s->pool_mu);
+    return NULL;
+}
+
+/* Samples every request of the step that wants a token, on the workers when it pays. */
+static void sched_sample_step(sched *s, int n_reqs)
+{
+    s->batch_n_reqs = n_reqs;
+    int n_rows = 0;
+    for (int i = 0; i < n_reqs; i++) n_rows += s->batch_row[i] >= 0;
+    if (s->n_workers == 0 || n_rows < 2) {
+        sched_sample_part(s, 0, 1);
+        return;
+    }
+    pthread_mutex_lock(&s->pool_mu);
+    s->job_left = s->n_workers;
+    s->job_gen++;
+    pthread_cond_broadcast(&s->pool_go);
+    pthread_mutex_unlock(&s->pool_mu);
+    sched_sample_part(s, 0, s->n_workers + 1);
+    pthread_mutex_lock(&s->pool_mu);
+    while (s->job_left > 0) pthread_cond_wait(&s->pool_done, &s->pool_mu);
+    pthread_mutex_unlock(&s->pool_mu);
+}
+
 static bool sched_is_stop(const sched *s, const sched_req *r, int32_t tok)
 {
     if (!r->p.ignore_eos)
@@ -405,18 +527,14 @@ static void *sched_thread(void *arg)
             sched_req *r = s->batch_req[i];
             r->n_done += s->batch_n[i];
             kvpool_seq_commit_full_blocks(s->pool, r->seq, r->tokens, r->n_done);
-            sampled[i] = -1;
-            if (s->batch_row[i] >= 0) {
-                const float *row = s->logits + (size_t)s->batch_row[i] * s->n_vocab;
-                int32_t tok = sample_token(r->smp, row);
-                sample_accept(r->smp, tok);
-                sampled[i] = tok;
-            }
         }
+        if (est == ENGINE_OK) sched_sample_step(s, n_reqs);
+        double t2 = util_now();
 
         pthread_mutex_lock(&s->mu);
         s->st.n_steps++;
         s->st.step_s += t1 - t0;
+        s->st.sample_s += t2 - t1;
         sched_hist_add(&s->h_step, t1 - t0);
         if (est != ENGINE_OK) {
             log_error("sched: engine_step failed: %s", engine_status_name(est));
@@ -448,8 +566,9 @@ static void *sched_thread(void *arg)
             o->token = tok;
             o->is_stop = stop;
             if (r->p.logprobs) {
-                const float *row = s->logits + (size_t)s->batch_row[i] * s->n_vocab;
-                sched_logprobs(row, s->n_vocab, tok, r->p.top_logprobs, o);
+                o->logprob = s->batch_out[i].logprob;
+                o->n_top = s->batch_out[i].n_top;
+                memcpy(o->top, s->batch_out[i].top, (size_t)o->n_top * sizeof o->top[0]);
             }
             if (r->ttft < 0) {
                 r->ttft = now - r->t_submit;
@@ -469,7 +588,7 @@ static void *sched_thread(void *arg)
                 sched_drop_locked(r);
             }
         }
-        t_prev_end = util_now();
+        t_prev_end = t1;  /* the gap: sampling, publishing, planning the next step */
     }
     /* stop: everything still here ends CANCELLED */
     while (s->n_running > 0) {
@@ -536,6 +655,7 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
     s->batch_n = xcalloc((size_t)o.max_seqs, sizeof *s->batch_n);
     s->batch_row = xcalloc((size_t)o.max_seqs, sizeof *s->batch_row);
     s->batch_tok = xcalloc((size_t)o.max_seqs, sizeof *s->batch_tok);
+    s->batch_out = xcalloc((size_t)o.max_seqs, sizeof *s->batch_out);
     s->logits = malloc((size_t)o.max_seqs * (size_t)s->n_vocab * sizeof(float));
     if (!s->logits) {
         sched_free(s);
@@ -547,8 +667,23 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
         pthread_mutex_destroy(&s->mu);
         pthread_cond_destroy(&s->work_cv);
         free(s->running); free(s->batch); free(s->batch_req); free(s->batch_n); free(s->batch_row);
-        free(s->batch_tok); free(s->logits); free(s);
+        free(s->batch_tok); free(s->batch_out); free(s->logits); free(s);
         return SCHED_ERR_NOMEM;
+    }
+    pthread_mutex_init(&s->pool_mu, NULL);
+    pthread_cond_init(&s->pool_go, NULL);
+    pthread_cond_init(&s->pool_done, NULL);
+    int nw = TM_MIN(engine_n_threads(e), 16) - 1;
+    s->workers = xcalloc((size_t)(nw > 0 ? nw : 1), sizeof *s->workers);
+    for (int i = 0; i < nw; i++) {
+        sched_worker_arg *wa = xmalloc(sizeof *wa);
+        wa->s = s;
+        wa->ith = i + 1;
+        if (pthread_create(&s->workers[i], NULL, sched_worker, wa) != 0) {
+            free(wa);
+            break;
+        }
+        s->n_workers++;
     }
     *out = s;
     return SCHED_OK;
@@ -576,6 +711,15 @@ void sched_free(sched *s)
         pthread_join(s->thread, NULL);
         pthread_mutex_destroy(&s->mu);
         pthread_cond_destroy(&s->work_cv);
+        pthread_mutex_lock(&s->pool_mu);
+        s->pool_stop = true;
+        pthread_cond_broadcast(&s->pool_go);
+        pthread_mutex_unlock(&s->pool_mu);
+        for (int i = 0; i < s->n_workers; i++) pthread_join(s->workers[i], NULL);
+        pthread_mutex_destroy(&s->pool_mu);
+        pthread_cond_destroy(&s->pool_go);
+        pthread_cond_destroy(&s->pool_done);
+        free(s->workers);
     }
     free(s->running);
     free(s->batch);
@@ -583,6 +727,7 @@ void sched_free(sched *s)
     free(s->batch_n);
     free(s->batch_row);
     free(s->batch_tok);
+    free(s->batch_out);
     free(s->logits);
     free(s);
 }
@@ -605,6 +750,10 @@ sched_status sched_submit(sched *s, const sched_params *p, sched_req **out)
     r->p = *p;
     r->p.prompt = NULL;
     r->p.cache_salt = NULL;
+    if (p->cache_salt && *p->cache_salt) {
+        blockkey_root(p->cache_salt, strlen(p->cache_salt), r->root);
+        r->salted = true;
+    }
     r->n_prompt = p->n_prompt;
     r->n_tokens = p->n_prompt;
     int room = s->o.n_ctx - p->n_prompt;
@@ -621,7 +770,11 @@ sched_status sched_submit(sched *s, const sched_params *p, sched_req **out)
     r->ttft = -1;
     r->t_submit = util_now();
     r->engine_held = true;
-    pthread_cond_init(&r->cv, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&r->cv, &ca);
+    pthread_condattr_destroy(&ca);
 
     pthread_mutex_lock(&s->mu);
     if (s->shutdown) {
@@ -654,7 +807,7 @@ int sched_poll(sched_req *r, sched_output *out, int max, int timeout_ms)
     if (r->ring_n == 0 && !r->finish_returned && timeout_ms != 0) {
         struct timespec ts;
         if (timeout_ms > 0) {
-            clock_gettime(CLOCK_REALTIME, &ts);
+            clock_gettime(CLOCK_MONOTONIC, &ts);
             ts.tv_sec += timeout_ms / 1000;
             ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
             if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
@@ -720,6 +873,15 @@ void sched_get_stats(sched *s, sched_stats *st)
     *st = s->st;
     st->n_queued = s->n_waiting;
     pthread_mutex_unlock(&s->mu);
+    if (s->o.bio) {
+        blockio_stats bs;
+        blockio_get_stats(s->o.bio, &bs);
+        st->store_blocks_loaded = bs.n_load_blocks;
+        st->store_blocks_hit = bs.n_appended;
+        st->store_writes = bs.n_written;
+        st->store_writes_dropped = bs.n_write_dropped;
+        st->store_writes_failed = bs.n_write_failed;
+    }
 }
 
 void sched_get_hists(sched *s, sched_hist *ttft, sched_hist *itl, sched_hist *step)

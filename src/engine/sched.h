@@ -22,6 +22,9 @@
  *
  * Sampling: each request has its own sampler (sample.h) seeded from its params, fed with the
  * prompt and its generated tokens, so a request's tokens do not depend on what else runs.
+ * After a step the requests to sample are split by ith/nth between the engine thread and
+ * engine_n_threads - 1 sampling workers (the kernel threads are idle then), which shortens
+ * the gap between steps when many sequences or a large vocabulary make sampling costly.
  * Greedy results are the same alone or batched (the engine's results do not depend on the
  * batch, see engine.h). Log-probabilities, when asked, are log-softmax of the raw logits
  * (before penalties and temperature), as OpenAI reports them.
@@ -67,6 +70,8 @@ typedef struct {
     int step_tokens;        /* token budget per step; <= 0 or > engine max batch: engine max */
     int n_ctx;              /* positions per sequence (prompt + generated); <= 0: model n_ctx_train */
     int32_t eos_ids[4];     /* end-of-generation ids for every request (-1 = unused) */
+    struct blockio *bio;    /* block store tier (engine/blockio.h), or NULL: prefixes beyond the
+                             * RAM tier are loaded from the store before admission */
 } sched_opts;
 
 typedef struct {
@@ -79,7 +84,9 @@ typedef struct {
     bool ignore_eos;        /* do not stop on opts.eos_ids (stop_ids still apply) */
     bool logprobs;          /* report the log-probability of each chosen token */
     int top_logprobs;       /* alternatives per token, 0..SCHED_MAX_TOP_LOGPROBS (needs logprobs) */
-    const char *cache_salt; /* tenant salt for block keys: placeholder, not used yet */
+    const char *cache_salt; /* tenant salt for block keys (request field / API key identity):
+                             * requests with different salts never share cached blocks; NULL
+                             * or "" = no salt */
 } sched_params;
 
 typedef struct {
@@ -121,13 +128,21 @@ typedef struct {
     uint64_t n_preempted;       /* preemptions */
     uint64_t n_steps;           /* engine steps */
     double step_s;              /* total seconds inside engine_step */
-    double gap_s;               /* total seconds of CPU work between steps while busy */
+    double gap_s;               /* total seconds between consecutive steps while busy (sampling,
+                                   publishing, planning): the kernels' idle time */
+    double sample_s;            /* of which sampling (split over the sampling workers) */
     int n_queued;               /* waiting now (incl. preempted) */
     int n_running;              /* running now */
     int kv_blocks_total;        /* pool size */
     int kv_blocks_used;         /* pinned blocks */
     int kv_blocks_cached;       /* unreferenced but keyed (reclaimable) */
     int kv_blocks_free;         /* on the free list */
+    /* block store tier (zeros without one; engine/blockio.h) */
+    uint64_t store_blocks_loaded;   /* blocks read from the store */
+    uint64_t store_blocks_hit;      /* of those, appended to a request (their tokens cached) */
+    uint64_t store_writes;          /* blocks written behind */
+    uint64_t store_writes_dropped;  /* blocks not written: every write buffer busy */
+    uint64_t store_writes_failed;   /* writes the store refused (no space, I/O error) */
 } sched_stats;
 
 /* Latency histograms, seconds; SCHED_HIST_N bucket upper bounds (+Inf implied). */

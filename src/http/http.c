@@ -426,7 +426,7 @@ http_status http_server_new(const http_opts *opts, http_server **out, char *err,
     *out = NULL;
     http_server *h = xcalloc(1, sizeof *h);
     http_opts o = opts ? *opts : (http_opts){ 0 };
-    o.host = xstrdup(o.host ? o.host : "127.0.0.1");
+    o.host = xstrdup(!o.host || !strcmp(o.host, "localhost") ? "127.0.0.1" : o.host);
     if (o.max_body == 0) o.max_body = 8u << 20;
     if (o.idle_timeout_s <= 0) o.idle_timeout_s = 60;
     if (o.max_connections <= 0) o.max_connections = 1024;

@@ -26,6 +26,8 @@
 #define OPS_MAX_MULTI 8      /* weights per ops_matmul_multi call */
 #define OPS_ROPE_MAX_DIM 1024
 #define OPS_PREQUANT_MAX 32768 /* activations quantised by the caller up to this many floats */
+#define OPS_INLINE_MACS (1 << 18) /* matmuls below this many multiply-adds skip the pool: waking
+                                   * a sleeping worker costs more than the work itself */
 
 static ops_kernels ops_k;
 static cpu_level ops_level = (cpu_level)-1;
@@ -462,7 +464,10 @@ static void ops_mm_run(threadpool *tp, int n_w, const ops_weight *const *ws, con
         ops_mm_quantise(&c, 0, 1);
         c.pre_quantised = true;
     }
-    threadpool_run(tp, ops_mm_thread, &c);
+    int64_t macs = 0;
+    for (int i = 0; i < n_w; i++) macs += ws[i]->rows * c.cols * (int64_t)n_tokens;
+    if (c.pre_quantised && macs < OPS_INLINE_MACS) ops_mm_thread(&c, 0, 1);
+    else threadpool_run(tp, ops_mm_thread, &c);
 }
 
 void ops_matmul(threadpool *tp, const ops_weight *w, const float *x, int n_tokens, float *y,

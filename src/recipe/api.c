@@ -526,9 +526,11 @@ bool api_json_model(const api_cfg *cfg, api_kind kind, json_t *root, api_req *r,
     const char *m = NULL;
     int st = api_json_str(kind, root, "model", &m, e);
     if (st < 0) return false;
-    if (st == 0) {
-        api_json_missing(kind, e, "model");
-        return false;
+    if (st == 0 || !m[0]) {
+        /* As api_model_ok: no model named means the one this server serves. */
+        free(r->model);
+        r->model = xstrdup(cfg && cfg->model_name ? cfg->model_name : "");
+        return true;
     }
     bool ok = !cfg || !cfg->model_name || !strcmp(m, cfg->model_name) || (cfg->model_alias && !strcmp(m, cfg->model_alias));
     if (!ok) {
@@ -1273,8 +1275,13 @@ void api_serve(http_request *r, const api_ctx *c, api_kind kind, bool count_only
         http_respond_stream(r, 200, "text/event-stream", api_job_pull, api_job_done, j);
         return;
     }
+    double t_check = util_now();
     while (!api_job_all_finished(j)) {
-        if (!api_job_pump(j, 100) && http_request_client_gone(r)) {
+        api_job_pump(j, 50);
+        double now = util_now();  /* check the socket every 50 ms, also while tokens flow */
+        if (now - t_check < 0.05) continue;
+        t_check = now;
+        if (http_request_client_gone(r)) {
             api_job_free(j);
             http_respond(r, 499, "application/json", "{}", 2);
             return;

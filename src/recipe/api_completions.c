@@ -507,8 +507,13 @@ static void compl_handle(http_request *r, void *user)
         return;
     }
     /* non-streaming: wait for every choice */
+    double t_check = util_now();
     while (!compl_all_finished(j)) {
-        if (!compl_pump(j, 100) && http_request_client_gone(r)) {
+        compl_pump(j, 50);
+        double now = util_now();
+        if (now - t_check < 0.05) continue;
+        t_check = now;
+        if (http_request_client_gone(r)) {
             compl_job_free(j);
             http_respond(r, 499, "application/json", "{}", 2);
             return;

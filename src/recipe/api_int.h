@@ -33,7 +33,7 @@ int api_json_str(api_kind kind, json_t *obj, const char *key, const char **out, 
 /* "x.y" or "x[3]" into buf. */
 const char *api_path(char *buf, size_t cap, const char *base, const char *key, int index);
 
-/* The common tail of every parser: model name (404 when unknown). */
+/* The model name: absent or "" means the served one; any other name not served is 404. */
 bool api_json_model(const api_cfg *cfg, api_kind kind, json_t *root, api_req *r, api_error *e);
 /* stop / stop_sequences: a string or an array of strings. */
 bool api_json_stop(api_kind kind, json_t *root, const char *key, api_req *r, api_error *e);

@@ -70,6 +70,11 @@ static void misc_metrics(http_request *r, void *user)
     misc_counter(&b, "tokenmill_http_streams", "gauge", "Streaming responses in progress.", hs.n_streams);
     misc_counter(&b, "tokenmill_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", (double)st.n_prompt_tokens);
     misc_counter(&b, "tokenmill_cached_prompt_tokens_total", "counter", "Prompt tokens whose KV came from the prefix cache.", (double)st.n_cached_tokens);
+    misc_counter(&b, "tokenmill_store_blocks_loaded_total", "counter", "KV blocks read from the block store.", (double)st.store_blocks_loaded);
+    misc_counter(&b, "tokenmill_store_blocks_hit_total", "counter", "Block store blocks whose tokens were served as cached.", (double)st.store_blocks_hit);
+    misc_counter(&b, "tokenmill_store_writes_total", "counter", "KV blocks written behind to the block store.", (double)st.store_writes);
+    misc_counter(&b, "tokenmill_store_writes_dropped_total", "counter", "KV blocks not written: the store was too slow (write buffers full).", (double)st.store_writes_dropped);
+    misc_counter(&b, "tokenmill_store_writes_failed_total", "counter", "KV block writes the store refused (disk full, I/O error).", (double)st.store_writes_failed);
     misc_counter(&b, "tokenmill_prefill_tokens_total", "counter", "Tokens computed as prefill (recomputation included).", (double)st.n_prefill_tokens);
     misc_counter(&b, "tokenmill_generated_tokens_total", "counter", "Tokens generated.", (double)st.n_gen_tokens);
     misc_counter(&b, "tokenmill_preemptions_total", "counter", "Running requests preempted for KV space.", (double)st.n_preempted);
@@ -83,6 +88,7 @@ static void misc_metrics(http_request *r, void *user)
     misc_counter(&b, "tokenmill_engine_step_seconds_total", "counter", "Seconds inside engine steps.", st.step_s);
     misc_counter(&b, "tokenmill_cpu_gap_seconds_total", "counter",
                  "Seconds between consecutive engine steps while busy (planning, sampling, publishing).", st.gap_s);
+    misc_counter(&b, "tokenmill_sampling_seconds_total", "counter", "Seconds of sampling between steps (part of the CPU gap).", st.sample_s);
     misc_hist(&b, "tokenmill_time_to_first_token_seconds", "Seconds from submission to the first generated token.", &ttft);
     misc_hist(&b, "tokenmill_inter_token_latency_seconds", "Seconds between consecutive tokens of a request.", &itl);
     misc_hist(&b, "tokenmill_engine_step_duration_seconds", "Duration of one engine step.", &step);

@@ -407,6 +407,77 @@ test("API keys: 401 in each shape without the key, served with it", async () => 
   assert.equal((await rightA.messages.create({ model: NAME, max_tokens: 1, messages: user("x") })).type, "message");
 });
 
+// ------------------------------------------------------------------ disconnects and fuzz
+
+async function metrics() {
+  const m = {};
+  for (const line of (await (await fetch(`${S.url}/metrics`)).text()).split("\n")) {
+    if (!line || line.startsWith("#")) continue;
+    const i = line.lastIndexOf(" ");
+    m[line.slice(0, i)] = Number(line.slice(i + 1));
+  }
+  return m;
+}
+
+test("a client leaving a stream mid-way frees its KV blocks, on every chat route", async () => {
+  const streams = [
+    () => oai.chat.completions.create({ model: NAME, messages: user("Go on and on"), max_tokens: 400, stream: true }),
+    () => oai.responses.create({ model: NAME, input: "Go on and on", max_output_tokens: 400, stream: true }),
+    () => ant.messages.create({ model: NAME, max_tokens: 400, messages: user("Go on and on"), stream: true }),
+  ];
+  for (const open of streams) {
+    const before = await metrics();
+    const stream = await open();
+    let n = 0;
+    for await (const ev of stream) if (++n === 6) break; // leaving the loop aborts the request
+    let m;
+    for (let t = 0; t < 150; t++) {
+      m = await metrics();
+      if (m.tokenmill_kv_blocks_used === 0 && m.tokenmill_running_sequences === 0) break;
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    assert.equal(m.tokenmill_kv_blocks_used, 0, "blocks freed");
+    assert.equal(m['tokenmill_requests_finished_total{reason="cancelled"}'], before['tokenmill_requests_finished_total{reason="cancelled"}'] + 1);
+    assert.ok(m.tokenmill_generated_tokens_total - before.tokenmill_generated_tokens_total < 300, "generation stopped");
+  }
+});
+
+test("1,000 malformed or truncated requests across the chat routes, then valid ones succeed", async () => {
+  const valid = [
+    ["/v1/chat/completions", JSON.stringify({ model: NAME, messages: [{ role: "user", content: [{ type: "text", text: "héllo ✓" }] }], max_tokens: 2, stop: ["x"], tools: [{ type: "function", function: { name: "f", parameters: { type: "object" } } }] })],
+    ["/v1/responses", JSON.stringify({ model: NAME, input: [{ role: "user", content: [{ type: "input_text", text: "héllo" }] }, { type: "function_call", call_id: "c", name: "f", arguments: "{}" }], max_output_tokens: 2 })],
+    ["/v1/messages", JSON.stringify({ model: NAME, max_tokens: 2, system: [{ type: "text", text: "s" }], messages: [{ role: "user", content: [{ type: "text", text: "héllo" }] }] })],
+    ["/v1/messages/count_tokens", JSON.stringify({ model: NAME, messages: [{ role: "user", content: "héllo" }] })],
+  ];
+  let seed = 12345;
+  const rnd = (n) => { seed = (seed * 1103515245 + 12345) & 0x7fffffff; return seed % n; };
+  const jobs = [];
+  for (let i = 0; i < 1000; i++) {
+    const [route, body] = valid[i % valid.length];
+    const bytes = Buffer.from(body);
+    let bad;
+    switch (i % 4) {
+      case 0: bad = bytes.subarray(0, 1 + rnd(bytes.length - 2)); break;                       // truncated
+      case 1: bad = Buffer.from(bytes); bad[rnd(bad.length)] = 0x80 + rnd(0x80); break;        // a stray byte (often invalid UTF-8)
+      case 2: bad = Buffer.from(body.replace(/"(model|messages|input|max_tokens|content|role)"/, '"$1x"')); break; // renamed field
+      default: bad = Buffer.from(body.replace(/:(\[|\{|"|\d)/, ":true,$1")); break;          // broken value
+    }
+    jobs.push([route, bad]);
+  }
+  for (let k = 0; k < jobs.length; k += 16) {
+    await Promise.all(jobs.slice(k, k + 16).map(async ([route, bad]) => {
+      const r = await post(route, bad);
+      const t = await r.text();
+      assert.ok(r.status < 500, `${route} ${r.status}: ${t}`);
+      if (r.status >= 400) {
+        const j = JSON.parse(t);
+        assert.ok(route.startsWith("/v1/messages") ? j.type === "error" && j.error.message : j.error.message);
+      }
+    }));
+  }
+  for (const [route, body] of valid) assert.equal((await post(route, body)).status, 200, route);
+});
+
 // ------------------------------------------------------------------ reasoning and tool calls through the SDKs
 
 // test_api writes the SSE bodies its formatter produced for hand-written token sequences

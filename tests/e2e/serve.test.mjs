@@ -207,6 +207,25 @@ test("a client that disconnects mid-stream frees its KV blocks at once", async (
   assert.ok(m.tokenmill_http_disconnects_total >= 1);
 });
 
+test("/metrics: Prometheus text with counters, gauges and latency histograms", async () => {
+  const r = await fetch(`${S.url}/metrics`);
+  assert.match(r.headers.get("content-type"), /^text\/plain; version=0\.0\.4/);
+  const text = await r.text();
+  for (const name of ["tokenmill_time_to_first_token_seconds", "tokenmill_inter_token_latency_seconds", "tokenmill_engine_step_duration_seconds"]) {
+    assert.match(text, new RegExp(`# TYPE ${name} histogram`));
+    assert.match(text, new RegExp(`${name}_bucket\\{le="\\+Inf"\\} \\d+`));
+  }
+  const m = await metrics(S.url);
+  assert.ok(m.tokenmill_time_to_first_token_seconds_count > 0);
+  assert.equal(m['tokenmill_time_to_first_token_seconds_bucket{le="+Inf"}'], m.tokenmill_time_to_first_token_seconds_count);
+  assert.ok(m.tokenmill_inter_token_latency_seconds_count > 0);
+  assert.ok(m.tokenmill_generated_tokens_total > 0 && m.tokenmill_prompt_tokens_total > 0);
+  assert.ok(m.tokenmill_engine_steps_total > 0 && m.tokenmill_cpu_gap_seconds_total > 0 && m.tokenmill_sampling_seconds_total > 0);
+  assert.equal(m.tokenmill_kv_blocks_total, m.tokenmill_kv_blocks_used + m.tokenmill_kv_blocks_cached + m.tokenmill_kv_blocks_free);
+  assert.equal(m.tokenmill_queue_depth, 0);
+  assert.ok(m['tokenmill_http_requests_total{code="2xx"}'] > 0);
+});
+
 test("bad requests get OpenAI-shaped errors", async () => {
   const post = async (body, headers = {}) => {
     const r = await fetch(`${S.url}/v1/completions`, { method: "POST", body, headers });
@@ -311,7 +330,7 @@ test("a generated qwen3 model serves completions; cached prompt tokens are repor
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "tm-serve-"));
   const model = path.join(dir, "q3.gguf");
   execFileSync(bin, ["mkmodel", "--arch", "qwen3", "--preset", "tiny", "--type", "f16", "--seed", "5", "-o", model], { stdio: "pipe" });
-  const Q = await startServer(model, ["--model-name", "q3"]);
+  const Q = await startServer(model, ["--model-name", "q3", "--ctx", "2048"]);
   const c = new OpenAI({ baseURL: `${Q.url}/v1`, apiKey: "x", maxRetries: 0 });
   const prompt = Array.from({ length: 300 }, (_, i) => (i * 7 + 3) % 1000);
   const a = await c.completions.create({ model: "q3", prompt, max_tokens: 8, temperature: 0, ignore_eos: true });
@@ -322,6 +341,19 @@ test("a generated qwen3 model serves completions; cached prompt tokens are repor
   assert.equal(b.choices[0].text, a.choices[0].text);
   const m = await metrics(Q.url);
   assert.equal(m.tokenmill_cached_prompt_tokens_total, 256);
+  // a non-streaming request whose client goes away is cancelled too
+  const ac = new AbortController();
+  const pending = fetch(`${Q.url}/v1/completions`, { method: "POST", signal: ac.signal,
+    body: JSON.stringify({ prompt: [5, 6, 7], max_tokens: 2000, temperature: 0, ignore_eos: true }) }).catch(() => null);
+  await waitFor(async () => (await metrics(Q.url)).tokenmill_running_sequences === 1, 3000);
+  ac.abort();
+  await pending;
+  const m2 = await waitFor(async () => {
+    const x = await metrics(Q.url);
+    return x['tokenmill_requests_finished_total{reason="cancelled"}'] === 1 && x.tokenmill_kv_blocks_used === 0 ? x : null;
+  }, 3000);
+  assert.ok(m2, "the abandoned non-streaming request was not cancelled");
+  assert.ok(m2.tokenmill_generated_tokens_total - m.tokenmill_generated_tokens_total < 1900);
   Q.proc.kill("SIGTERM");
   fs.rmSync(dir, { recursive: true });
 });

@@ -110,6 +110,9 @@ TEST(chat_parse_basic)
     CHECK(r.sp.temp == 1.0f && r.sp.top_p == 1.0f && r.sp.top_k == 0 && r.max_tokens == -1 && r.n == 1 && !r.seed_given);
     CHECK(r.n_stop == 1 && !strcmp(r.stop[0], "S") && !r.stream);
     api_req_free(&r);
+    /* no model named: the served one */
+    CHECK(parse(API_KIND_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", &r, &e) == API_OK && !strcmp(r.model, "m"));
+    api_req_free(&r);
 }
 
 TEST(chat_parse_tools)
@@ -161,7 +164,7 @@ TEST(chat_bad_input)
     REJECTS(C, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"bogus\":1}", 400, "Unrecognized request argument supplied: bogus");
     REJECTS(C, "{\"model\":\"m\",\"messages\":[]}", 400, "empty array");
     REJECTS(C, "{\"model\":\"m\"}", 400, "Missing required parameter: 'messages'");
-    REJECTS(C, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", 400, "'model'");
+    REJECTS(C, "{\"model\":5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", 400, "'model'");
     REJECTS(C, "{\"model\":\"other\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", 404, "does not exist");
     REJECTS(C, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":\"hot\"}", 400, "Invalid type for 'temperature'");
     REJECTS(C, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":3}", 400, "temperature");

@@ -84,7 +84,7 @@ TEST(test_against_reference)
                 tiny_ref_forward(&r, toks[p], p, ref);
                 worst = fmaxf(worst, maxdiff(ref, lg + (size_t)p * V, V));
             }
-            float tol = f32 ? 1e-4f : 1e-2f;
+            float tol = f32 ? 1e-4f : 2.5e-2f;
             CHECKF(worst < tol, "%s kv %s: max |logit diff| %g", archs[a], f32 ? "f32" : "f16", worst);
             tiny_ref_free(&r);
             kvpool_seq_free(engine_kvpool(e), s);
@@ -105,8 +105,9 @@ TEST(test_decode_matches_prefill)
     kvpool_seq *s1 = kvpool_seq_new(engine_kvpool(e)), *s2 = kvpool_seq_new(engine_kvpool(e));
     CHECK(prefill(e, s1, toks, 0, N, N, a));   /* one step */
     CHECK(prefill(e, s2, toks, 0, N, 1, b));   /* token by token */
-    /* both under 64 tokens per step: the same attention path, identical results */
-    CHECKF(maxdiff(a, b, N * V) == 0.0f, "%g", maxdiff(a, b, N * V));
+    /* one step uses the tiled (GEMM) attention, token by token the per-row path: the same
+     * math up to summation order */
+    CHECKF(maxdiff(a, b, N * V) < 1e-4f, "%g", maxdiff(a, b, N * V));
     kvpool_seq_free(engine_kvpool(e), s1);
     kvpool_seq_free(engine_kvpool(e), s2);
     engine_free(e);

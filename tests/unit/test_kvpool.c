@@ -59,36 +59,51 @@ TEST(test_reserve_and_exhaustion)
 
 TEST(test_slab_layout)
 {
-    kvpool *p = mkpool(3, QTYPE_F32);
-    kvpool_seq *a = kvpool_seq_new(p);
-    CHECK(kvpool_seq_reserve(p, a, 300) == KVPOOL_OK);
-    /* rows within a slab are contiguous, slabs of distinct (layer, kv, head) do not overlap */
-    char *r0 = kvpool_seq_row(p, a, 130, 1, 1, 1);
-    char *r1 = kvpool_seq_row(p, a, 131, 1, 1, 1);
-    CHECK(r1 - r0 == 8 * 4);
-    CHECK((char *)kvpool_seq_slab(p, a, 1, 1, 1, 1) + 2 * 8 * 4 == r0);
-    char *k = kvpool_seq_slab(p, a, 0, 0, 0, 0), *v = kvpool_seq_slab(p, a, 0, 0, 1, 0);
-    CHECK(v - k == 2 * 128 * 8 * 4);
-    CHECK(kvpool_block_bytes(p) == 2 * 2 * 2 * 128 * 8 * 4);
-    /* write everything, read back: no overlap between positions/layers/heads */
-    for (int pos = 0; pos < 300; pos++)
-        for (int l = 0; l < 2; l++)
-            for (int kv = 0; kv < 2; kv++)
+    for (int f32 = 0; f32 < 2; f32++) {
+        kvpool *p = mkpool(3, f32 ? QTYPE_F32 : QTYPE_F16);
+        size_t esz = f32 ? 4 : 2;
+        kvpool_seq *a = kvpool_seq_new(p);
+        CHECK(kvpool_seq_reserve(p, a, 300) == KVPOOL_OK);
+        char *k = kvpool_seq_slab(p, a, 0, 0, 0, 0), *v = kvpool_seq_slab(p, a, 0, 0, 1, 0);
+        CHECK((size_t)(v - k) == 2 * 128 * 8 * esz);
+        CHECK(kvpool_block_bytes(p) == 2 * 2 * 2 * 128 * 8 * esz);
+        /* store everything, read back: no overlap between positions/layers/heads */
+        float kr[8], vr[8];
+        for (int pos = 0; pos < 300; pos++)
+            for (int l = 0; l < 2; l++)
                 for (int h = 0; h < 2; h++) {
-                    float *row = kvpool_seq_row(p, a, pos, l, kv, h);
-                    for (int d = 0; d < 8; d++) row[d] = (float)(pos * 1000 + l * 100 + kv * 10 + h + d * 0.01);
+                    for (int d = 0; d < 8; d++) {
+                        kr[d] = (float)((pos * 4 + l * 2 + h) % 200) + d * 0.125f;
+                        vr[d] = -kr[d];
+                    }
+                    kvpool_seq_store(p, a, pos, l, h, kr, vr);
                 }
-    int bad = 0;
-    for (int pos = 0; pos < 300; pos++)
-        for (int l = 0; l < 2; l++)
-            for (int kv = 0; kv < 2; kv++)
+        int bad = 0;
+        for (int pos = 0; pos < 300; pos++)
+            for (int l = 0; l < 2; l++)
                 for (int h = 0; h < 2; h++) {
-                    float *row = kvpool_seq_row(p, a, pos, l, kv, h);
-                    for (int d = 0; d < 8; d++) bad += row[d] != (float)(pos * 1000 + l * 100 + kv * 10 + h + d * 0.01);
+                    kvpool_seq_load(p, a, pos, l, h, kr, vr);
+                    for (int d = 0; d < 8; d++) {
+                        float x = (float)((pos * 4 + l * 2 + h) % 200) + d * 0.125f;
+                        bad += kr[d] != x || vr[d] != -x;  /* exact in f16 */
+                    }
                 }
-    CHECK(bad == 0);
-    kvpool_seq_free(p, a);
-    kvpool_free(p);
+        CHECK(bad == 0);
+        /* rows are contiguous per position: dim d of position 128 + r at r*8 + d */
+        kvpool_seq_load(p, a, 130, 1, 1, kr, vr);
+        char *ks = kvpool_seq_slab(p, a, 1, 1, 0, 1), *vs = kvpool_seq_slab(p, a, 1, 1, 1, 1);
+        float k3, v3;
+        if (f32) {
+            k3 = ((float *)ks)[2 * 8 + 3];
+            v3 = ((float *)vs)[2 * 8 + 3];
+        } else {
+            k3 = quant_fp16_to_fp32(((fp16_t *)ks)[2 * 8 + 3]);
+            v3 = quant_fp16_to_fp32(((fp16_t *)vs)[2 * 8 + 3]);
+        }
+        CHECK(k3 == kr[3] && v3 == vr[3]);
+        kvpool_seq_free(p, a);
+        kvpool_free(p);
+    }
 }
 
 TEST(test_prefix_sharing)

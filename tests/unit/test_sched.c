@@ -42,7 +42,7 @@ typedef struct {
 static rig rig_new(int blocks, int max_seqs, int max_queue, int step_tokens)
 {
     rig r = { 0 };
-    engine_opts eo = { .n_threads = 1, .n_kv_blocks = blocks, .max_batch_tokens = 128 };
+    engine_opts eo = { .n_threads = 2, .n_kv_blocks = blocks, .max_batch_tokens = 128 };  /* 2: one sampling worker */
     char err[256];
     if (engine_new(g_model, &eo, &r.e, err, sizeof err) != ENGINE_OK) fprintf(stderr, "%s\n", err);
     sched_opts so = { .max_seqs = max_seqs, .max_queue = max_queue, .step_tokens = step_tokens,
@@ -192,7 +192,7 @@ TEST(test_queue_full)
     rig g = rig_new(16, 1, 2, 48);
     int32_t prompt[20];
     prompt_of(prompt, 20, 5);
-    sched_params p = greedy(prompt, 20, 30);
+    sched_params p = greedy(prompt, 20, 200);  /* long enough that none ends while we submit */
     sched_req *r[10];
     int ok = 0, full = 0;
     for (int i = 0; i < 10; i++) {
@@ -201,9 +201,9 @@ TEST(test_queue_full)
         else if (st == SCHED_ERR_QUEUE_FULL) full++;
     }
     CHECK(full >= 10 - 3 - 1 && ok + full == 10);  /* 1 running + 2 queued (+1 being admitted) */
-    int32_t first[30], t[30];
+    int32_t first[200], t[200];
     for (int i = 0; i < ok; i++) {
-        CHECK(drain(r[i], i ? t : first, 30, NULL) == 30);
+        CHECK(drain(r[i], i ? t : first, 200, NULL) == 200);
         if (i) CHECK(!memcmp(t, first, sizeof t));
         sched_release(r[i]);
     }

@@ -1,0 +1,87 @@
+/*
+ * blockkey: SHA-256 block keys (see blockkey.h for the chain and what it covers).
+ * One EVP_Digest call per key over a stack buffer: no allocation, no shared state.
+ */
+#include "cache/blockkey.h"
+
+#include <string.h>
+#include <openssl/evp.h>
+
+void blockkey_pool_fp(const uint8_t model_fp[32], int32_t dtype, uint8_t out[32])
+{
+    uint8_t buf[40];
+    int32_t version = BLOCKKEY_KV_VERSION;
+    memcpy(buf, model_fp, 32);
+    memcpy(buf + 32, &dtype, 4);   /* x86-64: little-endian already */
+    memcpy(buf + 36, &version, 4);
+    unsigned int len = 0;
+    EVP_Digest(buf, sizeof buf, out, &len, EVP_sha256(), NULL);
+}
+
+void blockkey_root(const void *salt, size_t n, uint8_t out[32])
+{
+    if (!salt || n == 0) {
+        memset(out, 0, 32);
+        return;
+    }
+    EVP_MD_CTX *c = EVP_MD_CTX_new();
+    unsigned int len = 0;
+    if (c && EVP_DigestInit_ex(c, EVP_sha256(), NULL) &&
+        EVP_DigestUpdate(c, "tokenmill-salt", 14) && EVP_DigestUpdate(c, salt, n) &&
+        EVP_DigestFinal_ex(c, out, &len)) {
+        EVP_MD_CTX_free(c);
+        return;
+    }
+    /* libcrypto failed to allocate a context: still never collide with the unsalted root */
+    EVP_MD_CTX_free(c);
+    memset(out, 0xff, 32);
+}
+
+void blockkey_compute(const uint8_t parent[32], const int32_t *tokens, const uint8_t pool_fp[32],
+                      uint8_t out[32])
+{
+    uint8_t buf[32 + BLOCKKEY_TOKENS * 4 + 32];
+    memcpy(buf, parent, 32);
+    memcpy(buf + 32, tokens, BLOCKKEY_TOKENS * 4);   /* x86-64: int32 little-endian already */
+    memcpy(buf + 32 + BLOCKKEY_TOKENS * 4, pool_fp, 32);
+    unsigned int len = 0;
+    EVP_Digest(buf, sizeof buf, out, &len, EVP_sha256(), NULL);
+}
+
+void blockkey_chain(const uint8_t root[32], const int32_t *tokens, int n_blocks,
+                    const uint8_t pool_fp[32], uint8_t (*out)[32])
+{
+    const uint8_t *parent = root;
+    for (int i = 0; i < n_blocks; i++) {
+        blockkey_compute(parent, tokens + (size_t)i * BLOCKKEY_TOKENS, pool_fp, out[i]);
+        parent = out[i];
+    }
+}
+
+void blockkey_hex(const uint8_t key[32], char out[BLOCKKEY_HEX])
+{
+    static const char digits[] = "0123456789abcdef";
+    for (int i = 0; i < 32; i++) {
+        out[2 * i] = digits[key[i] >> 4];
+        out[2 * i + 1] = digits[key[i] & 15];
+    }
+    out[64] = 0;
+}
+
+static int blockkey_nibble(char c)
+{
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+int blockkey_from_hex(const char *z, uint8_t out[32])
+{
+    for (int i = 0; i < 32; i++) {
+        int hi = blockkey_nibble(z[2 * i]), lo = hi < 0 ? -1 : blockkey_nibble(z[2 * i + 1]);
+        if (hi < 0 || lo < 0) return -1;
+        out[i] = (uint8_t)(hi << 4 | lo);
+    }
+    return 0;
+}

@@ -1,0 +1,179 @@
+/*
+ * cmd_store: `tokenmill store stat|ls|gc|fsck SPEC` — inspect and maintain a block store
+ * (src/cache/store.h) from the command line. stat and ls only read; gc and fsck delete.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache/blockkey.h"
+#include "cache/gc.h"
+#include "cache/store.h"
+#include "cli/cmd.h"
+#include "util/util.h"
+
+static void cmd_store_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: tokenmill store stat|ls|gc|fsck SPEC [options]\n"
+            "  SPEC: dir:PATH | PATH | ec:K+M:DIR1,...,DIR(K+M)\n"
+            "  stat                 sizes, counts, age histogram, hit/miss counters\n"
+            "  ls                   one line per file: target key bytes age_s expires_in_s\n"
+            "  gc                   delete expired blocks, then LRU down to --capacity\n"
+            "  fsck                 verify every checksum, remove broken blocks/fragments\n"
+            "options:\n"
+            "  --capacity SIZE      per-target capacity for gc (e.g. 20G)\n"
+            "  --retention SPEC     TTLs per class for gc's view of new uses (agent=72h,chat=7d)\n");
+}
+
+#define CMD_STORE_AGES 6
+static const double cmd_store_age_edge[CMD_STORE_AGES - 1] = { 3600, 86400, 3 * 86400, 7 * 86400, 30 * 86400 };
+static const char *cmd_store_age_name[CMD_STORE_AGES] = { "<1h", "1h-1d", "1d-3d", "3d-7d", "7d-30d", ">30d" };
+
+typedef struct {
+    double now;
+    uint64_t files[32];          /* per target */
+    uint64_t bytes[32];
+    uint64_t age_n[CMD_STORE_AGES];     /* by time since last use */
+    uint64_t age_bytes[CMD_STORE_AGES];
+    uint64_t n_expired;          /* expiry already passed (gc will remove) */
+    double oldest;               /* largest age seen, seconds */
+} cmd_store_stat_acc;
+
+static void cmd_store_stat_cb(void *arg, int target, const uint8_t key[32], uint64_t bytes, double last_use,
+                              double expiry)
+{
+    cmd_store_stat_acc *a = arg;
+    if (target < 32) {
+        a->files[target]++;
+        a->bytes[target] += bytes;
+    }
+    double age = a->now - last_use;
+    int b = 0;
+    while (b < CMD_STORE_AGES - 1 && age >= cmd_store_age_edge[b]) b++;
+    a->age_n[b]++;
+    a->age_bytes[b] += bytes;
+    if (expiry <= a->now) a->n_expired++;
+    if (age > a->oldest) a->oldest = age;
+}
+
+static void cmd_store_ls_cb(void *arg, int target, const uint8_t key[32], uint64_t bytes, double last_use,
+                            double expiry)
+{
+    double now = *(double *)arg;
+    char hex[BLOCKKEY_HEX];
+    blockkey_hex(key, hex);
+    printf("%d %s %llu %.0f %.0f\n", target, hex, (unsigned long long)bytes, now - last_use, expiry - now);
+}
+
+static double cmd_store_mib(uint64_t b) { return (double)b / (1024.0 * 1024.0); }
+
+static int cmd_store_stat(store *s)
+{
+    cmd_store_stat_acc a;
+    memset(&a, 0, sizeof a);
+    a.now = store_now(s);
+    store_ls(s, cmd_store_stat_cb, &a);
+    int k, m;
+    store_geometry(s, &k, &m);
+    int n_t = store_n_targets(s);
+    uint64_t files = 0, bytes = 0;
+    printf("store %s (%s)\n", store_spec(s), m ? "erasure coded" : "directory");
+    for (int t = 0; t < n_t && t < 32; t++) {
+        const char *root = store_target_root(s, t);
+        printf("  target %d %s: %llu files, %.1f MiB\n", t, root ? root : "(unavailable)",
+               (unsigned long long)a.files[t], cmd_store_mib(a.bytes[t]));
+        files += a.files[t];
+        bytes += a.bytes[t];
+    }
+    uint64_t blocks = m ? a.files[0] : files;   /* ec: estimate from one target */
+    if (m) {
+        uint64_t mx = 0;
+        for (int t = 0; t < n_t && t < 32; t++) mx = TM_MAX(mx, a.files[t]);
+        blocks = mx;
+    }
+    printf("blocks: %llu%s, files: %llu, bytes: %llu (%.1f MiB)\n", (unsigned long long)blocks,
+           m ? " (largest target)" : "", (unsigned long long)files, (unsigned long long)bytes, cmd_store_mib(bytes));
+    printf("expired (awaiting gc): %llu, oldest last use: %.1f h ago\n", (unsigned long long)a.n_expired,
+           a.oldest / 3600.0);
+    printf("age since last use:\n");
+    for (int b = 0; b < CMD_STORE_AGES; b++)
+        printf("  %-7s %8llu files %10.1f MiB\n", cmd_store_age_name[b], (unsigned long long)a.age_n[b],
+               cmd_store_mib(a.age_bytes[b]));
+    store_stats c;
+    int n_proc = store_load_counters(s, &c);
+    uint64_t lookups = c.n_hit + c.n_miss + c.n_corrupt;
+    printf("counters (%d process%s): get %llu hit %llu miss %llu corrupt %llu (hit rate %.1f%%)\n", n_proc,
+           n_proc == 1 ? "" : "es", (unsigned long long)c.n_get, (unsigned long long)c.n_hit,
+           (unsigned long long)c.n_miss, (unsigned long long)c.n_corrupt,
+           lookups ? 100.0 * (double)c.n_hit / (double)lookups : 0.0);
+    printf("  put %llu dup %llu failed %llu (no space %llu) io errors %llu evicted %llu expired %llu\n",
+           (unsigned long long)c.n_put, (unsigned long long)c.n_put_dup, (unsigned long long)c.n_put_fail,
+           (unsigned long long)c.n_nospace, (unsigned long long)c.n_io_err, (unsigned long long)c.n_evicted,
+           (unsigned long long)c.n_expired);
+    if (m)
+        printf("  fragments missing %llu corrupt %llu, decodes %llu\n", (unsigned long long)c.n_frag_missing,
+               (unsigned long long)c.n_frag_corrupt, (unsigned long long)c.n_decode);
+    return 0;
+}
+
+int cmd_store(int argc, char **argv)
+{
+    if (argc < 3) {
+        cmd_store_usage(stderr);
+        return 2;
+    }
+    const char *sub = argv[1], *spec = argv[2];
+    store_opts o = { 0 };
+    for (int i = 3; i < argc; i++) {
+        if (!strcmp(argv[i], "--capacity") && i + 1 < argc) {
+            o.capacity_bytes = gc_parse_size(argv[++i]);
+            if (!o.capacity_bytes) {
+                fprintf(stderr, "tokenmill store: bad --capacity '%s'\n", argv[i]);
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--retention") && i + 1 < argc) {
+            o.retention = argv[++i];
+        } else {
+            cmd_store_usage(stderr);
+            return 2;
+        }
+    }
+    bool writes = !strcmp(sub, "gc") || !strcmp(sub, "fsck");
+    if (!writes && strcmp(sub, "stat") && strcmp(sub, "ls")) {
+        cmd_store_usage(stderr);
+        return 2;
+    }
+    o.read_only = !writes;
+    store *s;
+    store_status st = store_open(spec, &o, &s);
+    if (st != STORE_OK) {
+        fprintf(stderr, "tokenmill store: cannot open '%s': %s\n", spec, store_status_name(st));
+        return st == STORE_ARG ? 2 : 1;
+    }
+    int rc = 0;
+    if (!strcmp(sub, "stat")) {
+        rc = cmd_store_stat(s);
+    } else if (!strcmp(sub, "ls")) {
+        double now = store_now(s);
+        store_ls(s, cmd_store_ls_cb, &now);
+    } else if (!strcmp(sub, "gc")) {
+        uint64_t expired, evicted;
+        store_gc(s, &expired, &evicted);
+        printf("gc: %llu expired, %llu evicted\n", (unsigned long long)expired, (unsigned long long)evicted);
+    } else {
+        store_fsck_result r;
+        store_fsck(s, &r);
+        printf("fsck: %llu files (%.1f MiB), %llu ok, %llu broken (removed)", (unsigned long long)r.n_files,
+               cmd_store_mib(r.bytes), (unsigned long long)r.n_ok, (unsigned long long)r.n_broken);
+        int k, m;
+        store_geometry(s, &k, &m);
+        if (m)
+            printf(", %llu blocks lost (removed), %llu degraded (%llu repaired)", (unsigned long long)r.n_lost,
+                   (unsigned long long)r.n_degraded, (unsigned long long)r.n_repaired);
+        printf("\n");
+        rc = r.n_broken || r.n_lost ? 1 : 0;
+    }
+    store_close(s);
+    return rc;
+}

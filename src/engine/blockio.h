@@ -1,0 +1,75 @@
+/*
+ * blockio: moves 128-token KV blocks between the KV pool (the RAM tier) and the persistent
+ * block store (src/cache/store.h), on its own I/O threads.
+ *
+ * DESIGN. Write-behind: the pool calls blockio's keyed hook (kvpool_set_keyed_hook) on the
+ * engine thread for every full block it computes, prefill and decode alike. The hook copies
+ * the block into one of n_write_slots preallocated block-file buffers and queues it; an I/O
+ * thread seals it (checksum) and store_put's it. When every slot is busy the block is dropped
+ * and counted: a slow or full store never slows a step and never fails a request.
+ *
+ * Loads: blockio_load_start (engine thread, while the request still waits in the queue)
+ * computes the keys of the blocks that follow the request's RAM-tier prefix and queues a
+ * load; an I/O thread gets them from the store in order until the first miss. When the
+ * request is admitted, blockio_load_finish appends the loaded blocks to its sequence after
+ * the RAM-tier blocks it attached (kvpool_seq_append_loaded), so those tokens are not
+ * computed and count as cached. Loads go before writes in the I/O queue.
+ *
+ * Locks: one mutex guards the write queue, the load queue, the slot free list and every load
+ * job's state; blocks are copied and stored outside it. The kvpool is only touched on the
+ * engine thread (hook, start, finish).
+ */
+#ifndef TM_BLOCKIO_H
+#define TM_BLOCKIO_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cache/store.h"
+#include "engine/kvpool.h"
+#include "model/model.h"
+
+typedef struct {
+    int n_threads;           /* I/O threads; <= 0: 2 */
+    int n_write_slots;       /* blocks buffered for write-behind; <= 0: 8 */
+    int max_load_blocks;     /* most blocks one load reads; <= 0: 256 */
+    int cls;                 /* traffic class of writes and loads (store_class) */
+} blockio_opts;
+
+typedef struct {
+    uint64_t n_write_queued;   /* blocks handed to the I/O threads */
+    uint64_t n_write_dropped;  /* blocks dropped because every slot was busy */
+    uint64_t n_written;        /* blocks stored (or already present) */
+    uint64_t n_write_failed;   /* store_put failures (no space, I/O) */
+    uint64_t n_loads;          /* load jobs started */
+    uint64_t n_load_blocks;    /* blocks read from the store */
+    uint64_t n_appended;       /* loaded blocks appended to sequences (store hits) */
+    uint64_t n_load_wasted;    /* loaded blocks not used (cancelled, prefix changed, pool full) */
+} blockio_stats;
+
+typedef struct blockio blockio;
+typedef struct blockio_load blockio_load;
+
+/* Starts the I/O threads and hooks the pool (model m gives the block geometry and the
+ * fingerprint). NULL when the pool's block layout does not match the model. */
+blockio *blockio_new(store *st, kvpool *pool, const model *m, const blockio_opts *opts);
+/* Writes what is queued, stops the threads, unhooks the pool. Every load must have been
+ * finished or freed. NULL is ignored. */
+void blockio_free(blockio *b);
+void blockio_get_stats(blockio *b, blockio_stats *st);
+
+/* Engine thread: queues a load of the stored blocks that continue tokens' RAM-tier prefix
+ * (keys chained from root, NULL = zeros: see kvpool_seq_set_root; at least one token is
+ * always left to compute). NULL when there is nothing to look up. */
+blockio_load *blockio_load_start(blockio *b, const uint8_t *root, const int32_t *tokens, int n_tokens);
+/* Block index (in the request) of the first block the load looks up. */
+int blockio_load_first_block(const blockio_load *l);
+/* True once the I/O thread is done with it. */
+bool blockio_load_ready(blockio *b, blockio_load *l);
+/* Engine thread, l ready: appends the loaded blocks that continue seq (which holds its
+ * RAM-tier prefix, all keyed) and frees l. Returns the positions appended (a multiple of 128). */
+int blockio_load_finish(blockio *b, blockio_load *l, kvpool_seq *seq);
+/* Drops a load, ready or not (the I/O thread frees it when it is done). NULL is ignored. */
+void blockio_load_free(blockio *b, blockio_load *l);
+
+#endif

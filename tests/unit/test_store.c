@@ -1,0 +1,453 @@
+/*
+ * test_store: block keys (shared with kvpool), the block file format, and the dir: store:
+ * round trips, sharded layout, concurrent writers, corruption (flipped, truncated, wrong
+ * header, wrong key) detected/counted/deleted, unwritable targets, restart, fsck.
+ */
+#define _GNU_SOURCE   /* unshare */
+#include <pthread.h>
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/wait.h>
+
+#include "harness.h"
+#include "storetest.h"
+
+#include "cache/store.h"
+#include "cache/store_dir.h"
+#include "cli/cmd.h"
+#include "engine/kvpool.h"
+
+TEST(test_blockkey_shared_with_kvpool)
+{
+    kvpool_opts o = { .n_layers = 1, .n_kv_heads = 1, .head_dim = 8, .dtype = QTYPE_F16, .n_blocks = 2 };
+    for (int i = 0; i < 32; i++) o.model_fp[i] = (uint8_t)i;
+    kvpool *p;
+    CHECK(kvpool_new(&o, &p) == KVPOOL_OK);
+    int32_t toks[256];
+    for (int i = 0; i < 256; i++) toks[i] = i * 7;
+    uint8_t fp[32], root[32], a[32], keys[2][32];
+    blockkey_pool_fp(o.model_fp, QTYPE_F16, fp);
+    blockkey_root(NULL, 0, root);
+    kvpool_block_key(p, root, toks, a);
+    blockkey_chain(root, toks, 2, fp, keys);
+    CHECK(!memcmp(a, keys[0], 32));
+    kvpool_block_key(p, keys[0], toks + 128, a);
+    CHECK(!memcmp(a, keys[1], 32));
+    /* salt, dtype and model change the key */
+    uint8_t salted[32], k2[32], fp32[32];
+    blockkey_root("tenant-a", 8, salted);
+    blockkey_compute(salted, toks, fp, k2);
+    CHECK(memcmp(k2, keys[0], 32));
+    blockkey_pool_fp(o.model_fp, QTYPE_F32, fp32);
+    blockkey_compute(root, toks, fp32, k2);
+    CHECK(memcmp(k2, keys[0], 32));
+    char hex[BLOCKKEY_HEX];
+    blockkey_hex(keys[1], hex);
+    CHECK(strlen(hex) == 64);
+    CHECK(blockkey_from_hex(hex, k2) == 0 && !memcmp(k2, keys[1], 32));
+    CHECK(blockkey_from_hex("zz", k2) == -1);
+    kvpool_free(p);
+}
+
+TEST(test_block_format)
+{
+    uint8_t key[32], other[32];
+    storetest_key(1, key);
+    storetest_key(2, other);
+    size_t n;
+    uint8_t *f = storetest_block(key, 3, 1, &n);
+    block_header h;
+    CHECK(n == 256 + 3 * 2 * 2 * 128 * 16 * 2);
+    CHECK(block_verify(f, n, key, &h) == BLOCK_OK);
+    CHECK(h.n_layers == 3 && h.layer_bytes == 2 * 2 * 128 * 16 * 2 && h.n_tokens == 128);
+    CHECK(block_verify(f, n, other, NULL) == BLOCK_ERR_KEY);
+    CHECK(block_verify(f, n - 1, key, NULL) == BLOCK_ERR_SHORT);
+    CHECK(block_verify(f, 100, key, NULL) == BLOCK_ERR_SHORT);
+    f[n - 5] ^= 1;
+    CHECK(block_verify(f, n, key, NULL) == BLOCK_ERR_CHECKSUM);
+    f[n - 5] ^= 1;
+    f[90] ^= 1;   /* a shape field: header checksum */
+    CHECK(block_verify(f, n, key, NULL) == BLOCK_ERR_HEADER);
+    f[90] ^= 1;
+    f[0] = 'X';
+    CHECK(block_verify(f, n, key, NULL) == BLOCK_ERR_MAGIC);
+    free(f);
+}
+
+static store *open_dir(const char *dir, uint64_t cap)
+{
+    char spec[300];
+    snprintf(spec, sizeof spec, "dir:%s", dir);
+    store_opts o = { .capacity_bytes = cap };
+    store *s = NULL;
+    CHECK(store_open(spec, &o, &s) == STORE_OK);
+    return s;
+}
+
+TEST(test_dir_roundtrip_layout_exists_delete)
+{
+    char dir[64];
+    storetest_tmpdir(dir, sizeof dir, "store");
+    store *s = open_dir(dir, 0);
+    uint8_t keys[4][32];
+    for (int i = 0; i < 4; i++) storetest_key(i, keys[i]);
+    size_t n;
+    void *f0 = storetest_block(keys[0], 2, 10, &n), *f1 = storetest_block(keys[1], 2, 11, &n);
+    CHECK(store_put(s, keys[0], f0, n, 0) == STORE_OK);
+    CHECK(store_put(s, keys[1], f1, n, 0) == STORE_OK);
+    CHECK(store_put(s, keys[1], f0, n, 0) == STORE_ARG);   /* header key mismatch */
+    CHECK(store_exists(s, (const uint8_t(*)[32])keys, 4) == 2);
+    void *got;
+    size_t gn;
+    CHECK(store_get(s, keys[1], 0, &got, &gn) == STORE_OK);
+    CHECK(gn == n && !memcmp(got, f1, n));
+    free(got);
+    CHECK(store_get(s, keys[2], 0, &got, &gn) == STORE_MISS && got == NULL);
+    /* sharded path */
+    char hex[BLOCKKEY_HEX], path[512];
+    blockkey_hex(keys[0], hex);
+    snprintf(path, sizeof path, "%s/%.2s/%.2s/%s.blk", dir, hex, hex + 2, hex);
+    CHECK(storetest_size(path) == (off_t)n);
+    /* duplicate put: rewritten, still one file */
+    CHECK(store_put(s, keys[0], f0, n, 0) == STORE_OK);
+    store_stats st;
+    store_get_stats(s, &st);
+    CHECK(st.n_put == 3 && st.n_put_dup == 1 && st.n_hit == 1 && st.n_miss == 1);
+    CHECK(st.n_files == 2 && st.bytes_used == 2 * n);
+    CHECK(store_delete(s, keys[0]) == STORE_OK);
+    CHECK(store_delete(s, keys[0]) == STORE_MISS);
+    CHECK(store_exists(s, (const uint8_t(*)[32])keys, 4) == 0);
+    /* restart: the other block is still there and in the view */
+    store_close(s);
+    s = open_dir(dir, 0);
+    store_get_stats(s, &st);
+    CHECK(st.n_files == 1);
+    CHECK(store_get(s, keys[1], 0, &got, &gn) == STORE_OK && gn == n && !memcmp(got, f1, n));
+    free(got);
+    store_close(s);
+    free(f0);
+    free(f1);
+    storetest_rmrf(dir);
+}
+
+TEST(test_dir_corruption_detected_counted_deleted)
+{
+    char dir[64];
+    storetest_tmpdir(dir, sizeof dir, "store");
+    store *s = open_dir(dir, 0);
+    enum { FLIP_PAYLOAD, FLIP_HEADER, TRUNCATE, WRONG_KEY, GARBAGE, N_KINDS };
+    for (int kind = 0; kind < N_KINDS; kind++) {
+        uint8_t key[32], other[32];
+        storetest_key(100 + kind, key);
+        storetest_key(200 + kind, other);
+        size_t n;
+        void *f = storetest_block(key, 2, (uint64_t)kind, &n);
+        CHECK(store_put(s, key, f, n, 0) == STORE_OK);
+        char hex[BLOCKKEY_HEX], path[512];
+        blockkey_hex(key, hex);
+        snprintf(path, sizeof path, "%s/%.2s/%.2s/%s.blk", dir, hex, hex + 2, hex);
+        if (kind == FLIP_PAYLOAD) CHECK(storetest_flip(path, -3) == 0);
+        if (kind == FLIP_HEADER) CHECK(storetest_flip(path, 20) == 0);
+        if (kind == TRUNCATE) CHECK(truncate(path, (off_t)n - 1000) == 0);
+        if (kind == WRONG_KEY) {   /* a valid block of another key under this name */
+            size_t n2;
+            void *f2 = storetest_block(other, 2, 99, &n2);
+            FILE *fp = fopen(path, "wb");
+            CHECK(fp && fwrite(f2, 1, n2, fp) == n2);
+            if (fp) fclose(fp);
+            free(f2);
+        }
+        if (kind == GARBAGE) {
+            FILE *fp = fopen(path, "wb");
+            CHECK(fp && fputs("not a block", fp) >= 0);
+            if (fp) fclose(fp);
+        }
+        void *got = (void *)1;
+        size_t gn;
+        CHECKF(store_get(s, key, 0, &got, &gn) == STORE_CORRUPT, "kind %d", kind);
+        CHECK(got == NULL);
+        CHECKF(storetest_size(path) < 0, "kind %d: corrupt file not deleted", kind);
+        CHECK(store_get(s, key, 0, &got, &gn) == STORE_MISS);
+        /* recompute and store again: a hit */
+        CHECK(store_put(s, key, f, n, 0) == STORE_OK);
+        CHECK(store_get(s, key, 0, &got, &gn) == STORE_OK && gn == n && !memcmp(got, f, n));
+        free(got);
+        free(f);
+    }
+    store_stats st;
+    store_get_stats(s, &st);
+    CHECK(st.n_corrupt == N_KINDS);
+    store_close(s);
+    storetest_rmrf(dir);
+}
+
+typedef struct {
+    store *s;
+    const uint8_t *key;
+    const void *f;
+    size_t n;
+    int ok;
+} writer_arg;
+
+static void *writer_main(void *p)
+{
+    writer_arg *a = p;
+    for (int i = 0; i < 20; i++) a->ok += store_put(a->s, a->key, a->f, a->n, 0) == STORE_OK;
+    return NULL;
+}
+
+static long count_files(const char *dir, const char *pattern)
+{
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "find '%s' -type f -name '%s' | wc -l", dir, pattern);
+    FILE *p = popen(cmd, "r");
+    long n = -1;
+    if (p) {
+        if (fscanf(p, "%ld", &n) != 1) n = -1;
+        pclose(p);
+    }
+    return n;
+}
+
+TEST(test_dir_concurrent_writers_same_key)
+{
+    char dir[64];
+    storetest_tmpdir(dir, sizeof dir, "store");
+    uint8_t key[32];
+    storetest_key(7, key);
+    size_t n;
+    void *f = storetest_block(key, 4, 3, &n);
+    /* two processes, each with three threads, write the same key at once */
+    pid_t pid = fork();
+    store *s = open_dir(dir, 0);
+    pthread_t th[3];
+    writer_arg a[3];
+    for (int i = 0; i < 3; i++) {
+        a[i] = (writer_arg){ s, key, f, n, 0 };
+        pthread_create(&th[i], NULL, writer_main, &a[i]);
+    }
+    for (int i = 0; i < 3; i++) pthread_join(th[i], NULL);
+    if (pid == 0) {
+        store_close(s);
+        free(f);
+        _exit(a[0].ok + a[1].ok + a[2].ok == 60 ? 0 : 1);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    CHECK(a[0].ok + a[1].ok + a[2].ok == 60);
+    CHECK(count_files(dir, "*.blk") == 1);
+    CHECK(count_files(dir, "*.tmp") == 0);
+    void *got;
+    size_t gn;
+    CHECK(store_get(s, key, 0, &got, &gn) == STORE_OK && gn == n && !memcmp(got, f, n));
+    free(got);
+    store_close(s);
+    free(f);
+    storetest_rmrf(dir);
+}
+
+TEST(test_dir_unwritable_and_missing_targets)
+{
+    char dir[64], spec[300];
+    storetest_tmpdir(dir, sizeof dir, "store");
+    /* a target below a regular file cannot be made: open fails cleanly */
+    char file[128];
+    snprintf(file, sizeof file, "%s/plain", dir);
+    FILE *fp = fopen(file, "w");
+    if (fp) fclose(fp);
+    snprintf(spec, sizeof spec, "dir:%s/plain/cache", dir);
+    store *s = NULL;
+    CHECK(store_open(spec, NULL, &s) == STORE_IO && s == NULL);
+    CHECK(store_open("ec:2+x:a,b", NULL, &s) == STORE_ARG);
+    CHECK(store_open("ec:2+1:a,b", NULL, &s) == STORE_ARG);
+    CHECK(store_open("", NULL, &s) == STORE_ARG);
+    /* a shard directory that cannot be created (a file in its place): the put fails, is
+     * counted, and the store keeps working for other keys */
+    snprintf(spec, sizeof spec, "%s/cache", dir);
+    store_opts o = { 0 };
+    CHECK(store_open(spec, &o, &s) == STORE_OK);
+    uint8_t key[32];
+    storetest_key(5, key);
+    char hex[BLOCKKEY_HEX], shard[256];
+    blockkey_hex(key, hex);
+    snprintf(shard, sizeof shard, "%s/cache/%.2s", dir, hex);
+    fp = fopen(shard, "w");
+    if (fp) fclose(fp);
+    size_t n;
+    void *f = storetest_block(key, 1, 1, &n);
+    CHECK(store_put(s, key, f, n, 0) == STORE_IO);
+    store_stats st;
+    store_get_stats(s, &st);
+    CHECK(st.n_put_fail == 1 && st.n_io_err >= 1 && st.n_files == 0);
+    uint8_t key2[32];
+    for (int i = 6; i < 50; i++) {   /* a key on another shard */
+        storetest_key(i, key2);
+        if (key2[0] != key[0]) break;
+    }
+    void *f2 = storetest_block(key2, 1, 2, &n);
+    CHECK(store_put(s, key2, f2, n, 0) == STORE_OK);
+    /* a block larger than the whole capacity is dropped as no-space */
+    store_close(s);
+    o.capacity_bytes = 1000;
+    CHECK(store_open(spec, &o, &s) == STORE_OK);
+    uint8_t key3[32];
+    storetest_key(60, key3);
+    void *f3 = storetest_block(key3, 1, 3, &n);
+    CHECK(store_put(s, key3, f3, n, 0) == STORE_NOSPACE);
+    store_get_stats(s, &st);
+    CHECK(st.n_nospace == 1);
+    store_close(s);
+    free(f);
+    free(f2);
+    free(f3);
+    storetest_rmrf(dir);
+}
+
+/* Child of test_dir_disk_full, in its own mount namespace with a 160 KiB tmpfs: returns the
+ * exit status (0 ok, 1 failed check, 77 skipped: no permission to mount). */
+static int disk_full_child(const char *dir)
+{
+    if (unshare(CLONE_NEWNS) || mount("none", "/", NULL, MS_REC | MS_PRIVATE, NULL) ||
+        mount("none", dir, "tmpfs", 0, "size=160k"))
+        return 77;
+    char spec[300];
+    snprintf(spec, sizeof spec, "dir:%s/cache", dir);
+    store *s = NULL;
+    if (store_open(spec, NULL, &s) != STORE_OK) return 1;
+    int n_ok = 0, n_full = 0;
+    uint8_t first[32];
+    storetest_key(500, first);
+    for (int i = 0; i < 12; i++) {   /* 33 KiB blocks: the fifth or so does not fit */
+        uint8_t key[32];
+        storetest_key(500 + i, key);
+        size_t n;
+        void *f = storetest_block(key, 2, (uint64_t)i, &n);
+        store_status st = store_put(s, key, f, n, 0);
+        free(f);
+        if (st == STORE_OK) n_ok++;
+        else if (st == STORE_NOSPACE) n_full++;
+        else return 1;
+    }
+    store_stats stats;
+    store_get_stats(s, &stats);
+    void *got;
+    size_t gn;
+    int rc = n_ok >= 2 && n_full >= 1 && stats.n_nospace == (uint64_t)n_full &&
+             store_get(s, first, 0, &got, &gn) == STORE_OK && count_files(dir, "*.tmp") == 0 ? 0 : 1;
+    if (rc == 0) free(got);
+    if (rc) fprintf(stderr, "  ok %d full %d nospace %llu\n", n_ok, n_full, (unsigned long long)stats.n_nospace);
+    store_close(s);
+    umount(dir);
+    return rc;
+}
+
+TEST(test_dir_disk_full)
+{
+    char dir[64];
+    storetest_tmpdir(dir, sizeof dir, "store");
+    pid_t pid = fork();
+    if (pid == 0) _exit(disk_full_child(dir));
+    int status = 0;
+    waitpid(pid, &status, 0);
+    int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+    if (rc == 77) printf("     (skipped: cannot mount a small tmpfs here)\n");
+    CHECK(rc == 0 || rc == 77);
+    storetest_rmrf(dir);
+}
+
+TEST(test_dir_fsck)
+{
+    char dir[64];
+    storetest_tmpdir(dir, sizeof dir, "store");
+    store *s = open_dir(dir, 0);
+    for (int i = 0; i < 6; i++) {
+        uint8_t key[32];
+        storetest_key(300 + i, key);
+        size_t n;
+        void *f = storetest_block(key, 1, (uint64_t)i, &n);
+        CHECK(store_put(s, key, f, n, 0) == STORE_OK);
+        free(f);
+        if (i < 2) {
+            char path[512];
+            char hex[BLOCKKEY_HEX];
+            blockkey_hex(key, hex);
+            snprintf(path, sizeof path, "%s/%.2s/%.2s/%s.blk", dir, hex, hex + 2, hex);
+            CHECK(storetest_flip(path, i == 0 ? -1 : 30) == 0);
+        }
+    }
+    store_fsck_result r;
+    store_fsck(s, &r);
+    CHECK(r.n_files == 6 && r.n_ok == 4 && r.n_broken == 2);
+    store_fsck(s, &r);
+    CHECK(r.n_files == 4 && r.n_ok == 4 && r.n_broken == 0);
+    store_close(s);
+    storetest_rmrf(dir);
+}
+
+TEST(test_cli_store_commands)
+{
+    char dir[64], spec[300];
+    storetest_tmpdir(dir, sizeof dir, "store");
+    snprintf(spec, sizeof spec, "dir:%s", dir);
+    store *s = open_dir(dir, 0);
+    uint8_t key[32];
+    for (int i = 0; i < 3; i++) {
+        storetest_key(400 + i, key);
+        size_t n;
+        void *f = storetest_block(key, 1, (uint64_t)i, &n);
+        CHECK(store_put(s, key, f, n, 0) == STORE_OK);
+        free(f);
+    }
+    void *got;
+    size_t gn;
+    CHECK(store_get(s, key, 0, &got, &gn) == STORE_OK);
+    free(got);
+    store_close(s);   /* writes this process's counters file */
+    char hex[BLOCKKEY_HEX], path[512];
+    blockkey_hex(key, hex);
+    snprintf(path, sizeof path, "%s/%.2s/%.2s/%s.blk", dir, hex, hex + 2, hex);
+    CHECK(storetest_flip(path, -1) == 0);
+    fflush(stdout);
+    int saved = dup(1);
+    int devnull = open("/dev/null", O_WRONLY);
+    dup2(devnull, 1);
+    char *stat_argv[] = { "store", "stat", spec, NULL };
+    char *ls_argv[] = { "store", "ls", spec, NULL };
+    char *fsck_argv[] = { "store", "fsck", spec, NULL };
+    char *gc_argv[] = { "store", "gc", spec, "--capacity", "1K", NULL };
+    char *bad_argv[] = { "store", "frob", spec, NULL };
+    int rc_stat = cmd_store(3, stat_argv), rc_ls = cmd_store(3, ls_argv);
+    int rc_fsck1 = cmd_store(3, fsck_argv), rc_fsck2 = cmd_store(3, fsck_argv);
+    int rc_gc = cmd_store(5, gc_argv), rc_bad = cmd_store(3, bad_argv);
+    fflush(stdout);
+    dup2(saved, 1);
+    close(saved);
+    close(devnull);
+    CHECK(rc_stat == 0 && rc_ls == 0 && rc_bad == 2);
+    CHECK(rc_fsck1 == 1 && rc_fsck2 == 0);   /* broken block found and removed, then clean */
+    CHECK(rc_gc == 0 && count_files(dir, "*.blk") == 0);
+    /* the counters file of the closed store is summed by stat */
+    s = NULL;
+    store_opts ro = { .read_only = true };
+    CHECK(store_open(spec, &ro, &s) == STORE_OK);
+    store_stats c;
+    CHECK(store_load_counters(s, &c) >= 1 && c.n_hit == 1 && c.n_put == 3);
+    store_close(s);
+    storetest_rmrf(dir);
+}
+
+int main(void)
+{
+    util_log_level = LOG_LEVEL_ERROR;
+    RUN(test_blockkey_shared_with_kvpool);
+    RUN(test_block_format);
+    RUN(test_dir_roundtrip_layout_exists_delete);
+    RUN(test_dir_corruption_detected_counted_deleted);
+    RUN(test_dir_concurrent_writers_same_key);
+    RUN(test_dir_unwritable_and_missing_targets);
+    RUN(test_dir_disk_full);
+    RUN(test_dir_fsck);
+    RUN(test_cli_store_commands);
+    HARNESS_END();
+}
