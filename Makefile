@@ -9,6 +9,7 @@
 #   make test       installs missing Debian/npm deps, builds both, runs every test
 #   make run        the main job on the bundled model
 #   make bench      side-by-side benchmark against llama.cpp (bench/engine)
+#   make bench-cache block store throughput and the multi-turn agent workload (bench/cache)
 #
 # WERROR=1 turns warnings into errors (CI sets it via .ci/run).
 
@@ -38,7 +39,7 @@ TESTBINS:= $(TESTSRCS:tests/unit/%.c=$(BUILD)/tests/%)
 AVX2_FLAGS   := -mavx2 -mfma -mf16c
 AVX512_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx2 -mfma -mf16c
 
-.PHONY: all san test test-unit test-e2e run bench bench-serve deps clean
+.PHONY: all san test test-unit test-e2e run bench bench-serve bench-cache deps clean
 all: $(BUILD)/tokenmill $(TESTBINS)
 
 $(BUILD)/tokenmill: $(OBJS)
@@ -83,6 +84,10 @@ bench: deps
 bench-serve: deps
 	$(MAKE) all
 	@bench/serve
+
+bench-cache: deps
+	$(MAKE) all
+	@bench/cache
 
 clean:
 	rm -rf build

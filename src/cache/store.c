@@ -450,6 +450,14 @@ void store_fsck(store *s, store_fsck_result *r)
                 if (!s->o.read_only) store_ec_delete(s->ec, good.v[i].key);
             } else if (have < n_t) {
                 r->n_degraded++;
+                void *f;
+                size_t n;
+                if (!s->o.read_only && store_ec_get(s->ec, good.v[i].key, 0, &f, &n) == STORE_OK) {
+                    if (block_verify(f, n, good.v[i].key, NULL) == BLOCK_OK &&
+                        store_ec_put(s->ec, good.v[i].key, f, n, s->ret.ttl_s[0]) == STORE_OK)
+                        r->n_repaired++;
+                    free(f);
+                }
             }
             i = j;
         }

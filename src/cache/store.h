@@ -95,11 +95,13 @@ typedef struct {
     uint64_t n_ok;             /* files that verified */
     uint64_t n_broken;         /* files that failed verification (removed) */
     uint64_t n_lost;           /* ec: blocks with fewer than K good fragments (removed) */
-    uint64_t n_degraded;       /* ec: blocks with K..K+M-1 good fragments (kept) */
+    uint64_t n_degraded;       /* ec: blocks with K..K+M-1 good fragments */
+    uint64_t n_repaired;       /* ec: of those, decoded and written back whole */
     uint64_t bytes;            /* bytes examined */
 } store_fsck_result;
 /* Verifies every file of every target, removing the broken ones (and, for ec, the
- * fragments of blocks that can no longer be decoded). */
+ * fragments of blocks that can no longer be decoded; degraded blocks are decoded and their
+ * missing fragments written again). */
 void store_fsck(store *s, store_fsck_result *r);
 /* One collector pass over every target now: expired blocks, then LRU down to capacity. */
 void store_gc(store *s, uint64_t *n_expired, uint64_t *n_evicted);

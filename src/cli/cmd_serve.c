@@ -14,8 +14,9 @@
  * KV pool: max-seqs sequences of the full context, capped at --kv-mib MiB (default 2048).
  *
  * Block store (src/cache, engine/blockio.h): --cache SPEC (dir:PATH, ec:K+M:..., or
- * "default" = dir: under $XDG_CACHE_HOME or ~/.cache/tokenmill/blocks) or --cache-dir DIR
- * turn it on; then every full KV block computed is written behind, and prompts whose prefix
+ * "default" = dir: under $XDG_CACHE_HOME or ~/.cache/tokenmill/blocks, the default, capped at
+ * 16 GiB unless --cache-capacity says otherwise) or --cache-dir DIR choose it; --cache off
+ * turns it off. Every full KV block computed is written behind, and prompts whose prefix
  * is stored load it instead of computing it. --cache-capacity SIZE (per target) and
  * --retention agent=72h,chat=7d set what is kept. A store that cannot be opened is logged
  * and the server runs without it.
@@ -56,7 +57,7 @@ static void cmd_serve_usage(void)
             "usage: tokenmill serve -m MODEL [--host 127.0.0.1] [--port 8080] [--threads N] [--ctx N]\n"
             "                       [--max-seqs N] [--api-key KEY ...] [--model-name NAME] [--template NAME]\n"
             "                       [--kv-mib N] [--max-queue N] [--step-tokens N] [--max-body BYTES]\n"
-            "                       [--timeout SECONDS] [--cache SPEC|default] [--cache-dir DIR]\n"
+            "                       [--timeout SECONDS] [--cache SPEC|default|off] [--cache-dir DIR]\n"
             "                       [--cache-capacity SIZE] [--retention agent=72h,chat=7d] [-v]\n");
 }
 
@@ -76,7 +77,7 @@ int cmd_serve(int argc, char **argv)
     int n_keys = 0;
     long port = 8080, threads = 0, ctx = 0, max_seqs = 16, kv_mib = 2048, max_queue = 256, step_tokens = 256;
     long max_body = 8 << 20, timeout = 60;
-    const char *cache_spec = NULL, *retention = NULL;
+    const char *cache_spec = "default", *retention = NULL;
     uint64_t cache_capacity = 0;
     char cache_buf[4096];
     for (int i = 1; i < argc; i++) {
@@ -157,11 +158,13 @@ int cmd_serve(int argc, char **argv)
         fprintf(stderr, "tokenmill serve: %s\n", err);
         goto out;
     }
+    if (cache_spec && !strcmp(cache_spec, "off")) cache_spec = NULL;
     if (cache_spec && !strcmp(cache_spec, "default")) {
         const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
         if (xdg && *xdg) snprintf(cache_buf, sizeof cache_buf, "dir:%s/tokenmill/blocks", xdg);
         else snprintf(cache_buf, sizeof cache_buf, "dir:%s/.cache/tokenmill/blocks", home && *home ? home : "/tmp");
         cache_spec = cache_buf;
+        if (!cache_capacity) cache_capacity = (uint64_t)16 << 30; /* a default must not fill the disk */
     }
     if (cache_spec) {
         store_opts sto = { .capacity_bytes = cache_capacity, .retention = retention, .gc_thread = true };

@@ -169,8 +169,8 @@ int cmd_store(int argc, char **argv)
         int k, m;
         store_geometry(s, &k, &m);
         if (m)
-            printf(", %llu blocks lost (removed), %llu degraded", (unsigned long long)r.n_lost,
-                   (unsigned long long)r.n_degraded);
+            printf(", %llu blocks lost (removed), %llu degraded (%llu repaired)", (unsigned long long)r.n_lost,
+                   (unsigned long long)r.n_degraded, (unsigned long long)r.n_repaired);
         printf("\n");
         rc = r.n_broken || r.n_lost ? 1 : 0;
     }

@@ -241,6 +241,8 @@ blockio_load *blockio_load_start(blockio *b, const uint8_t *root, const int32_t 
     return l;
 }
 
+int blockio_load_first_block(const blockio_load *l) { return l->first_block; }
+
 bool blockio_load_ready(blockio *b, blockio_load *l)
 {
     pthread_mutex_lock(&b->mu);

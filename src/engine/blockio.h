@@ -62,6 +62,8 @@ void blockio_get_stats(blockio *b, blockio_stats *st);
  * (keys chained from root, NULL = zeros: see kvpool_seq_set_root; at least one token is
  * always left to compute). NULL when there is nothing to look up. */
 blockio_load *blockio_load_start(blockio *b, const uint8_t *root, const int32_t *tokens, int n_tokens);
+/* Block index (in the request) of the first block the load looks up. */
+int blockio_load_first_block(const blockio_load *l);
 /* True once the I/O thread is done with it. */
 bool blockio_load_ready(blockio *b, blockio_load *l);
 /* Engine thread, l ready: appends the loaded blocks that continue seq (which holds its

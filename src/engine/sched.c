@@ -49,7 +49,8 @@ struct sched_req {
     int n_cached;                /* prompt positions attached from the cache at first admission */
     bool admitted_once;          /* has run before (a resume does not count cache hits again) */
     blockio_load *load;          /* block store load in flight, or NULL (engine thread) */
-    bool load_started;           /* a load was tried for this request */
+    bool load_started;           /* a load was tried for this (re)admission */
+    int load_retries;            /* loads restarted because the RAM tier changed */
     double t_load;               /* util_now() when it started */
     bool salted;                 /* root holds the key chain's root (cache_salt) */
     uint8_t root[32];            /* blockkey_root(cache_salt) */
@@ -215,6 +216,7 @@ static void sched_preempt_locked(sched *s, int i)
     r->seq = NULL;
     r->n_done = 0;
     r->state = REQ_QUEUED;
+    r->load_started = false;   /* the resume may load its blocks back from the store */
     sched_running_remove(s, i);
     sched_wait_push_front(s, r);
     s->st.n_preempted++;
@@ -277,16 +279,26 @@ static void sched_admit_locked(sched *s)
         kvpool_seq *seq = kvpool_seq_new(s->pool);
         if (r->salted) kvpool_seq_set_root(seq, r->root);
         int att = kvpool_seq_attach_prefix(s->pool, seq, r->tokens, r->n_tokens);
-        if (r->load) {
-            att += blockio_load_finish(s->o.bio, r->load, seq);
+        if (r->load && att < blockio_load_first_block(r->load) * KVPOOL_BLOCK) {
+            /* the RAM tier lost blocks since the load started: load again from where it
+             * ends now (a few times at most), then compute what is missing */
+            blockio_load_free(s->o.bio, r->load);
             r->load = NULL;
+            if (r->load_retries++ < 3) {
+                r->load = blockio_load_start(s->o.bio, r->salted ? r->root : NULL, r->tokens, r->n_tokens);
+                r->t_load = util_now();
+            }
+            if (r->load) {
+                kvpool_seq_free(s->pool, seq);
+                break;
+            }
         }
         kvpool_stats ks;
         kvpool_get_stats(s->pool, &ks);
         int need = sched_blocks_for(r->n_tokens + 1) - att / KVPOOL_BLOCK;
         /* headroom: one block for every running sequence to grow into */
         int avail = ks.n_free + ks.n_cached - s->n_running;
-        if (need > avail) {
+        if (need > avail) {   /* a load stays buffered in blockio until the request fits */
             kvpool_seq_free(s->pool, seq);
             if (s->n_running == 0 && need > ks.n_free + ks.n_cached) {
                 /* nothing else holds blocks: it can never fit */
@@ -298,6 +310,10 @@ static void sched_admit_locked(sched *s)
             break;
         }
         sched_wait_pop(s);
+        if (r->load) {   /* loaded blocks take pool blocks as computed ones would: in need */
+            att += blockio_load_finish(s->o.bio, r->load, seq);
+            r->load = NULL;
+        }
         r->seq = seq;
         r->n_done = att;
         if (!r->admitted_once) {

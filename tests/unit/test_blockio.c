@@ -32,10 +32,12 @@ typedef struct {
     sched *s;
 } server;
 
+static int g_kv_blocks = 24;   /* KV pool of the next servers */
+
 static server server_new(const char *spec)
 {
     server v = { 0 };
-    engine_opts eo = { .n_threads = 1, .n_kv_blocks = 24, .max_batch_tokens = 128 };
+    engine_opts eo = { .n_threads = 1, .n_kv_blocks = g_kv_blocks, .max_batch_tokens = 128 };
     char err[256];
     if (engine_new(g_model, &eo, &v.e, err, sizeof err) != ENGINE_OK) fprintf(stderr, "%s\n", err);
     if (spec) {
@@ -240,6 +242,51 @@ TEST(test_salt_keeps_tenants_apart)
     server_free(&v);
 }
 
+/* Drains r to FINISH: tokens into out (n_gen), returns cached tokens or -1. */
+static int drain(sched_req *r, int n_gen, int32_t *out)
+{
+    sched_output o[16];
+    int k = 0, cached = -1;
+    while (!sched_done(r)) {
+        int m = sched_poll(r, o, 16, 10000);
+        if (m == 0) break;
+        for (int i = 0; i < m; i++) {
+            if (o[i].kind == SCHED_OUT_TOKEN && k < n_gen) out[k++] = o[i].token;
+            if (o[i].kind == SCHED_OUT_FINISH) cached = o[i].usage.cached_tokens;
+        }
+    }
+    sched_release(r);
+    return k == n_gen ? cached : -1;
+}
+
+TEST(test_load_waits_for_kv_space)
+{
+    /* b's prefix is in the store; while a holds most of a small pool, b waits with its
+     * blocks loaded in blockio and gets them once a finishes */
+    char spec[160];
+    snprintf(spec, sizeof spec, "dir:%s/kvwait", tmpdir);
+    int32_t pa[400], pb[400], ra[6], rb[6], oa[6], ob[6];
+    prompt_of(pa, 400, 21);
+    prompt_of(pb, 400, 22);
+    CHECK(once(NULL, pa, 400, 6, ra) == 0);
+    CHECK(once(spec, pb, 400, 6, rb) == 0);   /* stores b's 3 full blocks */
+    g_kv_blocks = 6;
+    server v = server_new(spec);
+    sched_params p1 = { .prompt = pa, .n_prompt = 400, .max_tokens = 6 }, p2 = p1;
+    p1.sample = sample_params_default();
+    p1.sample.temp = 0;
+    p2 = p1;
+    p2.prompt = pb;
+    sched_req *a, *b;
+    CHECK(sched_submit(v.s, &p1, &a) == SCHED_OK);
+    CHECK(sched_submit(v.s, &p2, &b) == SCHED_OK);
+    CHECK(drain(a, 6, oa) == 0);
+    CHECK(drain(b, 6, ob) == 384);
+    CHECK(!memcmp(oa, ra, sizeof ra) && !memcmp(ob, rb, sizeof rb));
+    server_free(&v);
+    g_kv_blocks = 24;
+}
+
 int main(void)
 {
     util_log_level = LOG_LEVEL_ERROR;
@@ -254,6 +301,7 @@ int main(void)
     RUN(test_corrupt_dir_blocks_are_recomputed);
     RUN(test_ec_10_2_fragments_lost);
     RUN(test_salt_keeps_tenants_apart);
+    RUN(test_load_waits_for_kv_space);
     model_free(g_model);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);

@@ -3,7 +3,10 @@
  * round trips, sharded layout, concurrent writers, corruption (flipped, truncated, wrong
  * header, wrong key) detected/counted/deleted, unwritable targets, restart, fsck.
  */
+#define _GNU_SOURCE   /* unshare */
 #include <pthread.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/wait.h>
 
 #include "harness.h"
@@ -301,6 +304,58 @@ TEST(test_dir_unwritable_and_missing_targets)
     storetest_rmrf(dir);
 }
 
+/* Child of test_dir_disk_full, in its own mount namespace with a 160 KiB tmpfs: returns the
+ * exit status (0 ok, 1 failed check, 77 skipped: no permission to mount). */
+static int disk_full_child(const char *dir)
+{
+    if (unshare(CLONE_NEWNS) || mount("none", "/", NULL, MS_REC | MS_PRIVATE, NULL) ||
+        mount("none", dir, "tmpfs", 0, "size=160k"))
+        return 77;
+    char spec[300];
+    snprintf(spec, sizeof spec, "dir:%s/cache", dir);
+    store *s = NULL;
+    if (store_open(spec, NULL, &s) != STORE_OK) return 1;
+    int n_ok = 0, n_full = 0;
+    uint8_t first[32];
+    storetest_key(500, first);
+    for (int i = 0; i < 12; i++) {   /* 33 KiB blocks: the fifth or so does not fit */
+        uint8_t key[32];
+        storetest_key(500 + i, key);
+        size_t n;
+        void *f = storetest_block(key, 2, (uint64_t)i, &n);
+        store_status st = store_put(s, key, f, n, 0);
+        free(f);
+        if (st == STORE_OK) n_ok++;
+        else if (st == STORE_NOSPACE) n_full++;
+        else return 1;
+    }
+    store_stats stats;
+    store_get_stats(s, &stats);
+    void *got;
+    size_t gn;
+    int rc = n_ok >= 2 && n_full >= 1 && stats.n_nospace == (uint64_t)n_full &&
+             store_get(s, first, 0, &got, &gn) == STORE_OK && count_files(dir, "*.tmp") == 0 ? 0 : 1;
+    if (rc == 0) free(got);
+    if (rc) fprintf(stderr, "  ok %d full %d nospace %llu\n", n_ok, n_full, (unsigned long long)stats.n_nospace);
+    store_close(s);
+    umount(dir);
+    return rc;
+}
+
+TEST(test_dir_disk_full)
+{
+    char dir[64];
+    storetest_tmpdir(dir, sizeof dir, "store");
+    pid_t pid = fork();
+    if (pid == 0) _exit(disk_full_child(dir));
+    int status = 0;
+    waitpid(pid, &status, 0);
+    int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+    if (rc == 77) printf("     (skipped: cannot mount a small tmpfs here)\n");
+    CHECK(rc == 0 || rc == 77);
+    storetest_rmrf(dir);
+}
+
 TEST(test_dir_fsck)
 {
     char dir[64];
@@ -391,6 +446,7 @@ int main(void)
     RUN(test_dir_corruption_detected_counted_deleted);
     RUN(test_dir_concurrent_writers_same_key);
     RUN(test_dir_unwritable_and_missing_targets);
+    RUN(test_dir_disk_full);
     RUN(test_dir_fsck);
     RUN(test_cli_store_commands);
     HARNESS_END();
