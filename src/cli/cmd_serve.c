@@ -20,6 +20,9 @@
  * is stored load it instead of computing it. --cache-capacity SIZE (per target) and
  * --retention agent=72h,chat=7d set what is kept. A store that cannot be opened is logged
  * and the server runs without it.
+ * Requests choose their traffic class (cache_class field or x-cache-class header, one of the
+ * --retention names) and keep tenants apart (cache_salt field, API key identity): see
+ * TENANCY in recipe/api.h.
  *
  * API hooks: the chat, responses and messages routes live in their own files (api_chat.c,
  * api_responses.c, api_messages.c); they are declared weak here so that the server builds
@@ -117,6 +120,12 @@ int cmd_serve(int argc, char **argv)
         i++;
     }
     if (!path) { cmd_serve_usage(); return 2; }
+    gc_retention classes;   /* the traffic classes requests may name (cache_class) */
+    gc_retention_default(&classes);
+    if (retention && gc_retention_parse(&classes, retention)) {
+        fprintf(stderr, "tokenmill serve: bad --retention '%s' (want e.g. agent=72h,chat=7d)\n", retention);
+        return 2;
+    }
 
     int rc = 1;
     char err[512];
@@ -210,7 +219,7 @@ int cmd_serve(int argc, char **argv)
 
     api_ctx ac = {
         .sched = s, .model = m, .tok = tok, .tmpl = tmpl, .model_name = name, .model_alias = alias,
-        .n_ctx = n_ctx, .n_threads = engine_n_threads(e), .created = (int64_t)time(NULL),
+        .n_ctx = n_ctx, .n_threads = engine_n_threads(e), .created = (int64_t)time(NULL), .retention = &classes,
     };
     http_opts ho = { .host = host, .port = (int)port, .max_body = (size_t)max_body, .idle_timeout_s = (int)timeout,
                      .api_keys = keys, .n_api_keys = n_keys };

@@ -265,7 +265,8 @@ static void sched_admit_locked(sched *s)
         for (sched_req *r = s->wait_head; r; r = r->next)
             if (!r->load_started) {
                 r->load_started = true;
-                r->load = blockio_load_start(s->o.bio, r->salted ? r->root : NULL, r->tokens, r->n_tokens);
+                r->load = blockio_load_start_class(s->o.bio, r->salted ? r->root : NULL, r->tokens, r->n_tokens,
+                                                  r->p.cache_class);
                 r->t_load = util_now();
             }
     /* admissions, oldest first, while KV allows */
@@ -285,7 +286,8 @@ static void sched_admit_locked(sched *s)
             blockio_load_free(s->o.bio, r->load);
             r->load = NULL;
             if (r->load_retries++ < 3) {
-                r->load = blockio_load_start(s->o.bio, r->salted ? r->root : NULL, r->tokens, r->n_tokens);
+                r->load = blockio_load_start_class(s->o.bio, r->salted ? r->root : NULL, r->tokens, r->n_tokens,
+                                                  r->p.cache_class);
                 r->t_load = util_now();
             }
             if (r->load) {
@@ -526,6 +528,7 @@ static void *sched_thread(void *arg)
         for (int i = 0; i < n_reqs && est == ENGINE_OK; i++) {
             sched_req *r = s->batch_req[i];
             r->n_done += s->batch_n[i];
+            if (s->o.bio) blockio_set_write_class(s->o.bio, r->p.cache_class);   /* its blocks' TTL */
             kvpool_seq_commit_full_blocks(s->pool, r->seq, r->tokens, r->n_done);
         }
         if (est == ENGINE_OK) sched_sample_step(s, n_reqs);

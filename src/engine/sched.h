@@ -87,6 +87,9 @@ typedef struct {
     const char *cache_salt; /* tenant salt for block keys (request field / API key identity):
                              * requests with different salts never share cached blocks; NULL
                              * or "" = no salt */
+    int cache_class;        /* traffic class of its blocks in the block store (store_class: the
+                             * retention TTL they are written and refreshed with); 0 = the
+                             * default ("chat") */
 } sched_params;
 
 typedef struct {
