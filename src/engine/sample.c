@@ -19,14 +19,16 @@
  *   prefix by construction), sort only those, and walk them. Where a stage needs the softmax
  *   sum over the whole vocabulary (top-p, and the draw when nothing was cut), that sum is the
  *   reference's sequential double sum over the sorted list; we sum the same float terms in
- *   index order instead, which differs from it by at most 2(n-1)u relatively (u = 2^-53, the
+ *   another order instead, which differs from it by at most 2(n-1)u relatively (u = 2^-53, the
  *   standard bound for recursive summation, any order). Every quantity the walk compares is
  *   monotone in the sum, so we walk twice, with the sum's lower and upper bound: if both walks
  *   stop at the same place, that is the reference's place. If they differ (the crossing lies
  *   within ~1e-10 of the target) or the prefix runs out, the prefix grows, and in the end the
  *   reference itself runs (also for NaN or infinite logits).
+ * - Long lists (a deep prefix, or everything) are sorted by an LSD radix sort on the logit's
+ *   bits, stable, from id order: the same order as the reference's comparator.
  *
- * The candidate buffer, the penalised copy and the exp buffer have n_vocab entries each and
+ * The candidate buffers, the penalised copy and the exp buffer have n_vocab entries each and
  * are allocated in sample_new: sample_token allocates nothing. The penalty window is a ring of
  * the last penalty_last_n tokens with per-token counts kept incrementally (count has n_vocab
  * entries).
@@ -52,6 +54,8 @@ struct sampler {
     sample_params prm;
     int n_vocab;
     sample_cand *cand;   /* (n_vocab) working candidates: a sorted prefix, or all of them */
+    sample_cand *tmp;    /* (n_vocab) the radix sort's other buffer */
+    uint32_t *hist;      /* (3, 2048) the radix sort's digit counts */
     float *val;          /* (n_vocab) penalised logits, written only when penalties are on */
     float *e;            /* (n_vocab) exp(logit - max) terms of the current call's softmax */
     uint8_t *mark;       /* (n_vocab) 0, or 1 for a window token while penalties are applied */
@@ -64,8 +68,9 @@ struct sampler {
 
 enum {
     SAMPLE_BLOCK = 16,    /* logits tested at once before looking at them one by one */
-    SAMPLE_N_BINS = 256,  /* histogram of softmax terms by float exponent */
+    SAMPLE_N_BINS = 128,  /* histogram of softmax terms (<= 1) by float exponent */
     SAMPLE_BIN_STEP = 4,  /* bins (factors of 2 in probability) added when a prefix runs out */
+    SAMPLE_RADIX_MIN = 1024, /* shorter lists are sorted by qsort */
 };
 
 sample_params sample_params_default(void)
@@ -82,6 +87,8 @@ sampler *sample_new(int n_vocab, const sample_params *params)
     if (s->prm.penalty_last_n < 0) s->prm.penalty_last_n = 0;
     s->n_vocab = n_vocab;
     s->cand = xmalloc((size_t)n_vocab * sizeof *s->cand);
+    s->tmp = xmalloc((size_t)n_vocab * sizeof *s->tmp);
+    s->hist = xmalloc(3 * 2048 * sizeof *s->hist);
     s->val = xmalloc((size_t)n_vocab * sizeof *s->val);
     s->e = xmalloc((size_t)n_vocab * sizeof *s->e);
     s->mark = xcalloc((size_t)n_vocab, sizeof *s->mark);
@@ -95,6 +102,8 @@ void sample_free(sampler *s)
 {
     if (!s) return;
     free(s->cand);
+    free(s->tmp);
+    free(s->hist);
     free(s->val);
     free(s->e);
     free(s->mark);
@@ -227,9 +236,49 @@ static int sample_cmp_desc(const void *a, const void *b)
     return x->id < y->id ? -1 : x->id > y->id;
 }
 
-static void sample_sort(sample_cand *c, int n)
+/* Order-preserving key of a logit, ascending for descending logits (-0 counts as +0). */
+static inline uint32_t sample_key(float f)
 {
-    qsort(c, (size_t)n, sizeof *c, sample_cmp_desc);
+    uint32_t u;
+    f += 0.0f;  /* -0 -> +0 */
+    memcpy(&u, &f, sizeof u);
+    return (u & 0x80000000u) ? u : ~u & 0x7fffffffu;  /* (u >> 31 ? ~u : u | sign) inverted */
+}
+
+/* Sorts c[0..n) best first: logit descending, id ascending on ties (sample_cmp_desc's order;
+ * logits must not be NaN). Large lists go through an LSD radix sort (three stable 11-bit
+ * passes on the key, so equal logits keep the ascending id order collection gives them when
+ * c is in id order) in s->tmp; small ones through qsort. c must be in id order. */
+static void sample_sort_ids(sampler *s, sample_cand *c, int n)
+{
+    if (n < SAMPLE_RADIX_MIN) {
+        qsort(c, (size_t)n, sizeof *c, sample_cmp_desc);
+        return;
+    }
+    uint32_t *hist = s->hist;  /* (3, 2048) */
+    memset(hist, 0, 3 * 2048 * sizeof *hist);
+    for (int i = 0; i < n; i++) {
+        uint32_t k = sample_key(c[i].logit);
+        hist[k & 2047]++;
+        hist[2048 + ((k >> 11) & 2047)]++;
+        hist[4096 + (k >> 22)]++;
+    }
+    sample_cand *src = c, *dst = s->tmp;
+    for (int pass = 0; pass < 3; pass++) {
+        uint32_t *h = hist + 2048 * pass, sum = 0;
+        int shift = 11 * pass;
+        if (h[sample_key(c[0].logit) >> shift & 2047] == (uint32_t)n) continue;  /* one bucket */
+        for (int d = 0; d < 2048; d++) {
+            uint32_t x = h[d];
+            h[d] = sum;
+            sum += x;
+        }
+        for (int i = 0; i < n; i++) dst[h[sample_key(src[i].logit) >> shift & 2047]++] = src[i];
+        sample_cand *t = src;
+        src = dst;
+        dst = t;
+    }
+    if (src != c) memcpy(c, src, (size_t)n * sizeof *c);
 }
 
 /* heap of the k best: a min-heap on (logit, then larger id counts as smaller) */
@@ -272,7 +321,7 @@ static void sample_select_k(sample_cand *h, const float *v, int n, int k)
             }
         }
     }
-    sample_sort(h, k);
+    qsort(h, (size_t)k, sizeof *h, sample_cmp_desc);  /* (heap order, not id order) */
 }
 
 /* Puts {i : v[i] >= t} into c as (i, v[i], e ? e[i] : 0), in id order; returns the count. */
@@ -340,36 +389,39 @@ static int32_t sample_chain(const sampler *s, sample_cand *c, int n, double r)
     return sample_draw(s, c, n, r);
 }
 
-/* The reference over the whole vocabulary: sort everything. */
-static int32_t sample_full(sampler *s, const float *v, double r)
+/* The reference over the whole vocabulary: sort everything (with NaN among the logits, the
+ * way the reference did, by qsort: the order is then qsort's own). */
+static int32_t sample_full(sampler *s, const float *v, bool nan, double r)
 {
     int n = s->n_vocab;
     for (int i = 0; i < n; i++) s->cand[i] = (sample_cand){ i, v[i], 0.0f };
-    sample_sort(s->cand, n);
+    if (nan) qsort(s->cand, (size_t)n, sizeof *s->cand, sample_cmp_desc);
+    else sample_sort_ids(s, s->cand, n);
     return sample_chain(s, s->cand, n, r);
 }
 
 /* e[i] = expf(v[i] / temp - m) for all i (the reference's softmax terms); returns their sum
- * in index order. hist[b] gets the mass of the terms with float exponent field b; *n_ge the
- * number of v[i] >= thr. */
+ * in index order. hist[b] gets the mass of the terms with float exponent field b (terms are
+ * <= 1: b <= 127); *n_ge the number of v[i] >= thr. */
 static double sample_exp_pass(sampler *s, const float *v, float temp, float m, float thr,
                               double *hist, int *n_ge)
 {
     int n = s->n_vocab, cnt = 0;
-    double sum0 = 0, sum1 = 0;
-    memset(hist, 0, SAMPLE_N_BINS * sizeof *hist);
+    double sum[4] = { 0 }, h[4][SAMPLE_N_BINS];  /* 4 of each: no chain through one bin */
+    memset(h, 0, sizeof h);
     for (int i = 0; i < n; i++) {
-        float e = expf(v[i] / temp - m);
+        float x = temp == 1.0f ? v[i] : v[i] / temp;  /* (x / 1 == x) */
+        float e = expf(x - m);
         uint32_t bits;
         memcpy(&bits, &e, sizeof bits);
         s->e[i] = e;
-        if (i & 1) sum1 += e;
-        else sum0 += e;
-        hist[(bits >> 23) & (SAMPLE_N_BINS - 1)] += e;
+        sum[i & 3] += e;
+        h[i & 3][(bits >> 23) & (SAMPLE_N_BINS - 1)] += e;
         cnt += v[i] >= thr;
     }
+    for (int b = 0; b < SAMPLE_N_BINS; b++) hist[b] = (h[0][b] + h[1][b]) + (h[2][b] + h[3][b]);
     *n_ge = cnt;
-    return sum0 + sum1;
+    return (sum[0] + sum[1]) + (sum[2] + sum[3]);
 }
 
 /* The highest bin b such that the terms in bins >= b hold at least the fraction t (plus a
@@ -427,7 +479,7 @@ static int32_t sample_prefix(sampler *s, const float *v, float mx, double r)
     float lowest = fminf(thr, mx);  /* the min-p set, and at least the max */
     if (!top_p && min_p) {
         int m = sample_collect(c, v, NULL, n, lowest);
-        sample_sort(c, m);
+        sample_sort_ids(s, c, m);
         int keep = 1;
         while (keep < m && c[keep].logit >= thr) keep++;
         return sample_draw(s, c, keep, r);
@@ -446,7 +498,7 @@ static int32_t sample_prefix(sampler *s, const float *v, float mx, double r)
         if (min_p) t = fmaxf(t, lowest);
         int k = sample_collect(c, v, s->e, n, t);
         if (k >= n) return -1;
-        sample_sort(c, k);
+        sample_sort_ids(s, c, k);
         int lim = TM_MIN(k, cap);
         int res = sample_walk2(c, lim, sum, target, !top_p, &at);
         if (res < 0) return -1;
@@ -472,7 +524,7 @@ int32_t sample_token(sampler *s, const float *logits)
         return sample_chain(s, s->cand, p->top_k, r);
     }
     int best = sample_argmax(v, n);
-    if (best < 0 || !isfinite(v[best])) return sample_full(s, v, r);
+    if (best < 0 || !isfinite(v[best])) return sample_full(s, v, best < 0, r);
     int32_t tok = sample_prefix(s, v, v[best], r);
-    return tok >= 0 ? tok : sample_full(s, v, r);
+    return tok >= 0 ? tok : sample_full(s, v, false, r);
 }

@@ -366,11 +366,11 @@ TEST(test_seed_determinism)
 
 /* ---- equality with the reference ---- */
 
-enum { CMP_KINDS = 6 };
+enum { CMP_KINDS = 7 };
 
 /* Fills lg with logits of one of several shapes: LLM-like (normal bulk, a few tokens far
  * above), flat (all nearly equal), coarse (few distinct values: many ties), peaked with a
- * masked (-inf) part, integer steps, one dominant token. */
+ * masked (-inf) part, integer steps, one dominant token, signed zeros (-0 ties with +0). */
 static void cmp_fill(float *lg, int n, int kind, util_rng *r)
 {
     for (int i = 0; i < n; i++) {
@@ -381,6 +381,7 @@ static void cmp_fill(float *lg, int n, int kind, util_rng *r)
         case 2: lg[i] = (float)(int)(2.0f * z) * 0.5f; break;
         case 3: lg[i] = util_rng_next(r) % 4 == 0 ? -INFINITY : 3.0f * z; break;
         case 4: lg[i] = (float)(util_rng_next(r) % 7); break;
+        case 6: lg[i] = (float[]){ 0.0f, -0.0f, 0.5f, -0.5f }[util_rng_next(r) % 4]; break;
         default: lg[i] = z - 20.0f; break;
         }
     }
