@@ -20,6 +20,7 @@ static const struct {
     { "eval", cmd_eval, "eval -m MODEL --input FILE.json: top log-probs at every position (testing)" },
     { "template", cmd_template, "template -m MODEL [--template NAME] --input CONV.json: prompt ids as JSON (testing)" },
     { "store", cmd_store, "store stat|ls|gc|fsck SPEC [--capacity SIZE] [--retention R]: block store maintenance" },
+    { "worker", cmd_worker, "worker --role prefill|decode|mixed -m MODEL --listen HOST:PORT --cache SPEC [--gateway HOST:PORT]: cluster worker" },
     { "bench", cmd_bench, "bench -m MODEL [--pp N] [--tg N] [--seqs 1,4,16]: timings as JSON" },
 };
 
