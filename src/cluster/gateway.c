@@ -954,8 +954,10 @@ static void gw_route_workers(http_request *r, void *user)
 {
     gateway *g = user;
     pthread_mutex_lock(&g->mu);
-    json_t *v = json_pack("{s:o, s:I, s:I, s:I}", "workers", gw_workers_json(g), "requests", (json_int_t)g->n_requests,
-                          "resumes", (json_int_t)g->n_resumes, "reprefills", (json_int_t)g->n_reprefills);
+    json_t *v = json_pack("{s:o, s:I, s:I, s:I, s:I, s:s}", "workers", gw_workers_json(g), "requests",
+                          (json_int_t)g->n_requests, "resumes", (json_int_t)g->n_resumes, "reprefills",
+                          (json_int_t)g->n_reprefills, "refused_connections", (json_int_t)g->n_bad_conns,
+                          "model_fingerprint", g->o.model->fingerprint_hex);
     pthread_mutex_unlock(&g->mu);
     api_respond_json(r, 200, v);
 }
