@@ -13,6 +13,7 @@ static const struct {
     const char *help;
 } main_cmds[] = {
     { "serve", cmd_serve, "serve -m MODEL [--host H] [--port P] [--threads N] [--ctx N] [--max-seqs N] [--api-key K ...] [--model-name NAME]: HTTP API server" },
+    { "gateway", cmd_gateway, "gateway -m MODEL --listen HOST:PORT [--prefill HOST:PORT,...] [--decode HOST:PORT,...] [--register HOST:PORT] [--cache SPEC]: cluster front" },
     { "run", cmd_run, "run -m MODEL -p PROMPT [-n N] [--temp T] [--seed S] [--threads N]: generate text" },
     { "tokenize", cmd_tokenize, "tokenize -m MODEL [--special] [--pieces] TEXT: token ids as JSON" },
     { "convert", cmd_convert, "convert llama2c WEIGHTS.bin TOKENIZER.bin -o OUT.gguf" },
