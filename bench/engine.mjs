@@ -2,7 +2,7 @@
 // bench/engine: tokenmill vs llama.cpp on the same GGUF files, same thread count.
 //
 //   bench/engine [--threads N] [--reps R] [--models q8_0,q4_k_m] [--pp 512] [--tg 128]
-//                [--seqs 1,4,16] [--only tokenmill|llama] [--quick] [--model-file GGUF]
+//                [--seqs 1,4,16] [--only tokenmill|llama] [--quick] [--model-file GGUF] [--wait-quiet S]
 //
 // 1. Builds the models with `tokenmill mkmodel` (Qwen3-0.6B-shaped, random weights, seed 1),
 //    cached in bench/out/ under a name made of their arguments (a .args file beside each
@@ -30,11 +30,11 @@ fs.mkdirSync(outDir, {recursive: true});
 function usage(msg) {
   if (msg) process.stderr.write(`bench/engine: ${msg}\n`);
   process.stderr.write('usage: bench/engine [--threads N] [--reps R] [--models q8_0,q4_k_m] [--pp N] [--tg N] ' +
-    '[--seqs 1,4,16] [--only tokenmill|llama] [--quick] [--model-file GGUF]\n');
+    '[--seqs 1,4,16] [--only tokenmill|llama] [--quick] [--model-file GGUF] [--wait-quiet S]\n');
   process.exit(2);
 }
 const o = {threads: os.availableParallelism?.() ?? os.cpus().length, reps: 3, models: ['q8_0', 'q4_k_m'],
-  pp: 512, tg: 128, seqs: '1,4,16', only: null, tokenmill: 'build/tokenmill'};
+  pp: 512, tg: 128, seqs: '1,4,16', only: null, tokenmill: 'build/tokenmill', waitQuiet: 60};
 const argv = process.argv.slice(2);
 for (let i = 0; i < argv.length; i++) {
   const a = argv[i], v = () => (i + 1 < argv.length ? argv[++i] : usage(`${a} needs a value`));
@@ -47,6 +47,7 @@ for (let i = 0; i < argv.length; i++) {
   else if (a === '--only') o.only = v();
   else if (a === '--tokenmill') o.tokenmill = v();
   else if (a === '--model-file') o.modelFile = v(); // an existing GGUF instead of mkmodel's
+  else if (a === '--wait-quiet') o.waitQuiet = parseFloat(v());
   else if (a === '--quick') Object.assign(o, {reps: 1, pp: 128, tg: 32});
   else usage(`unknown argument ${a}`);
 }
@@ -153,7 +154,32 @@ function rowsOf(j) {
   return rows;
 }
 
+// Other processes on the machine wreck both engines' numbers (llama.cpp's spinning barriers
+// most: with 2 threads on 2 busy cores its decode drops 10-20x). Before each run, measure how
+// busy the CPUs are over 1 s (/proc/stat) and wait, up to --wait-quiet seconds, for them to
+// be idle; the busy fraction seen is recorded with every run and flagged in the table.
+function cpuBusy() {
+  const read = () => fs.readFileSync('/proc/stat', 'utf8').split('\n')[0].trim().split(/\s+/).slice(1).map(Number);
+  const a = read();
+  spawnSync('sleep', ['1']);
+  const b = read();
+  const d = b.map((x, i) => x - a[i]);
+  const total = d.reduce((x, y) => x + y, 0), idle = d[3] + (d[4] ?? 0);
+  return total > 0 ? 1 - idle / total : 0;
+}
+function waitQuiet() {
+  const until = Date.now() + o.waitQuiet * 1000;
+  let busy = cpuBusy();
+  while (busy > 0.15 && Date.now() < until) {
+    log(`bench: CPUs ${(100 * busy).toFixed(0)} % busy with other work, waiting`);
+    spawnSync('sleep', ['4']);
+    busy = cpuBusy();
+  }
+  return busy;
+}
+
 const t0 = Date.now();
+waitQuiet();
 const bw = memBandwidth();
 log(`bench: memory read bandwidth ${bw.read_gb_s.toFixed(1)} GB/s with ${o.threads} threads`);
 const haveTokenmill = fs.existsSync(o.tokenmill);
@@ -171,11 +197,18 @@ for (const type of o.models) {
   const m = {type, file, ...wi, tokenmill: [], llama: []};
   for (let r = 0; r < o.reps; r++) {
     if (o.only !== 'llama' && haveTokenmill) {
+      const busy = waitQuiet();
       const j = benchTokenmill(file);
+      j.busy_before = busy;
       m.tokenmill.push(j);
       if (j.error) log(`bench: ${j.error}`);
     }
-    if (o.only !== 'tokenmill') m.llama.push(benchLlama(file));
+    if (o.only !== 'tokenmill') {
+      const busy = waitQuiet();
+      const j = benchLlama(file);
+      j.busy_before = busy;
+      m.llama.push(j);
+    }
     log(`bench: ${type} round ${r + 1}/${o.reps} done (${((Date.now() - t0) / 1000).toFixed(0)} s)`);
   }
   // Medians per row over all rounds.
@@ -214,6 +247,9 @@ for (const m of report.models) {
     lines.push(`| ${label} | ${r.name} | ${f1(r.tokenmill_tok_s)} | ${f1(r.llama_tok_s)} | ${f2(r.ratio)} | ` +
       `${pc(r.tokenmill_bw_share)} | ${pc(r.llama_bw_share)} |`);
 }
+const busiest = Math.max(0, ...report.models.flatMap((m) => [...(m.tokenmill ?? []), ...(m.llama ?? [])].map((j) => j.busy_before ?? 0)));
+report.busiest_before_run = busiest;
+if (busiest > 0.15) lines.push('', `(machine busy: up to ${(100 * busiest).toFixed(0)} % CPU used by other processes just before a run; numbers unreliable)`);
 const tmErr = report.models.flatMap((m) => (m.tokenmill ?? []).filter((j) => j.error).map((j) => j.error));
 if (!haveTokenmill) lines.push('', `(${o.tokenmill} not built: llama.cpp side only)`);
 else if (tmErr.length) lines.push('', `(tokenmill bench failed: ${tmErr[0]})`);

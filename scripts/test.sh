@@ -40,7 +40,7 @@ e2e=$(ls tests/e2e/*.test.mjs 2>/dev/null | grep -- "$filter" || true)
 if [ -n "$e2e" ]; then
   out=$(node --test --test-concurrency=1 --test-reporter=tap $e2e 2>&1); rc=$?
   mkdir -p build; printf '%s\n' "$out" > build/e2e.tap
-  printf '%s\n' "$out" | grep -E '^ *not ok|^# (pass|fail|tests)'
+  printf '%s\n' "$out" | grep -E '^ *not ok|^# (pass|fail|tests|oracle)'
   # on failure, the diagnostics of the failing tests (full TAP output in build/e2e.tap)
   printf '%s\n' "$out" | awk '/^ *not ok/{p=1} /^ *ok /{p=0} p' | head -150
   p=$(printf '%s\n' "$out" | grep -E '^# pass ' | awk '{print $3}'); f=$(printf '%s\n' "$out" | grep -E '^# fail ' | awk '{print $3}')

@@ -14,11 +14,15 @@
  * KV pool: max-seqs sequences of the full context, capped at --kv-mib MiB (default 2048).
  *
  * Block store (src/cache, engine/blockio.h): --cache SPEC (dir:PATH, ec:K+M:..., or
- * "default" = dir: under $XDG_CACHE_HOME or ~/.cache/tokenmill/blocks) or --cache-dir DIR
- * turn it on (it is off by default for now; --cache off); then every full KV block computed is written behind, and prompts whose prefix
+ * "default" = dir: under $XDG_CACHE_HOME or ~/.cache/tokenmill/blocks, the default, capped at
+ * 16 GiB unless --cache-capacity says otherwise) or --cache-dir DIR choose it; --cache off
+ * turns it off. Every full KV block computed is written behind, and prompts whose prefix
  * is stored load it instead of computing it. --cache-capacity SIZE (per target) and
  * --retention agent=72h,chat=7d set what is kept. A store that cannot be opened is logged
  * and the server runs without it.
+ * Requests choose their traffic class (cache_class field or x-cache-class header, one of the
+ * --retention names) and keep tenants apart (cache_salt field, API key identity): see
+ * TENANCY in recipe/api.h.
  *
  * API hooks: the chat, responses and messages routes live in their own files (api_chat.c,
  * api_responses.c, api_messages.c); they are declared weak here so that the server builds
@@ -76,7 +80,7 @@ int cmd_serve(int argc, char **argv)
     int n_keys = 0;
     long port = 8080, threads = 0, ctx = 0, max_seqs = 16, kv_mib = 2048, max_queue = 256, step_tokens = 256;
     long max_body = 8 << 20, timeout = 60;
-    const char *cache_spec = NULL, *retention = NULL;
+    const char *cache_spec = "default", *retention = NULL;
     uint64_t cache_capacity = 0;
     char cache_buf[4096];
     for (int i = 1; i < argc; i++) {
@@ -116,6 +120,12 @@ int cmd_serve(int argc, char **argv)
         i++;
     }
     if (!path) { cmd_serve_usage(); return 2; }
+    gc_retention classes;   /* the traffic classes requests may name (cache_class) */
+    gc_retention_default(&classes);
+    if (retention && gc_retention_parse(&classes, retention)) {
+        fprintf(stderr, "tokenmill serve: bad --retention '%s' (want e.g. agent=72h,chat=7d)\n", retention);
+        return 2;
+    }
 
     int rc = 1;
     char err[512];
@@ -163,6 +173,7 @@ int cmd_serve(int argc, char **argv)
         if (xdg && *xdg) snprintf(cache_buf, sizeof cache_buf, "dir:%s/tokenmill/blocks", xdg);
         else snprintf(cache_buf, sizeof cache_buf, "dir:%s/.cache/tokenmill/blocks", home && *home ? home : "/tmp");
         cache_spec = cache_buf;
+        if (!cache_capacity) cache_capacity = (uint64_t)16 << 30; /* a default must not fill the disk */
     }
     if (cache_spec) {
         store_opts sto = { .capacity_bytes = cache_capacity, .retention = retention, .gc_thread = true };
@@ -208,7 +219,7 @@ int cmd_serve(int argc, char **argv)
 
     api_ctx ac = {
         .sched = s, .model = m, .tok = tok, .tmpl = tmpl, .model_name = name, .model_alias = alias,
-        .n_ctx = n_ctx, .n_threads = engine_n_threads(e), .created = (int64_t)time(NULL),
+        .n_ctx = n_ctx, .n_threads = engine_n_threads(e), .created = (int64_t)time(NULL), .retention = &classes,
     };
     http_opts ho = { .host = host, .port = (int)port, .max_body = (size_t)max_body, .idle_timeout_s = (int)timeout,
                      .api_keys = keys, .n_api_keys = n_keys };

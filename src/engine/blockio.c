@@ -16,6 +16,7 @@ struct blockio_load {
     uint8_t (*keys)[32];     /* (n_keys) keys of blocks first_block.. */
     int first_block;         /* block index of keys[0] in the request */
     int n_keys;
+    int cls;                 /* traffic class the hits are refreshed with (store_class) */
     void **files;            /* (n_keys) loaded block files, NULL past n_ok */
     int n_ok;                /* leading blocks loaded */
     bool done;               /* the I/O thread finished (under mu) */
@@ -37,6 +38,8 @@ struct blockio {
     bool stop;
     uint8_t **slot;          /* (n_write_slots) block-file buffers */
     uint8_t (*slot_key)[32]; /* (n_write_slots) */
+    int *slot_cls;           /* (n_write_slots) traffic class of the queued block */
+    int write_cls;           /* class of the blocks the hook gets next (engine thread only) */
     int *free_slots;         /* (n_write_slots) stack */
     int n_free;
     int *wq;                 /* (n_write_slots) FIFO of queued slots */
@@ -60,7 +63,7 @@ static void blockio_do_load(blockio *b, blockio_load *l)
     for (int i = 0; i < l->n_keys; i++) {
         void *f;
         size_t n;
-        if (store_get(b->st, l->keys[i], b->o.cls, &f, &n) != STORE_OK) break;
+        if (store_get(b->st, l->keys[i], l->cls, &f, &n) != STORE_OK) break;
         block_header h;
         if (block_parse_header(f, n, &h) != BLOCK_OK || h.payload_bytes != b->block_bytes ||
             memcmp(h.fp, b->proto.fp, 32)) {
@@ -103,7 +106,7 @@ static void *blockio_thread(void *arg)
             block_header h = b->proto;
             memcpy(h.key, b->slot_key[si], 32);
             block_seal(&h, b->slot[si]);
-            store_status st = store_put(b->st, h.key, b->slot[si], b->file_bytes, b->o.cls);
+            store_status st = store_put(b->st, h.key, b->slot[si], b->file_bytes, b->slot_cls[si]);
             pthread_mutex_lock(&b->mu);
             if (st == STORE_OK) b->s.n_written++;
             else b->s.n_write_failed++;
@@ -129,6 +132,7 @@ static void blockio_keyed(void *arg, const uint8_t key[32], const void *block, s
     int si = b->free_slots[--b->n_free];
     pthread_mutex_unlock(&b->mu);
     memcpy(b->slot_key[si], key, 32);
+    b->slot_cls[si] = b->write_cls;
     memcpy(b->slot[si] + BLOCK_HEADER_BYTES, block, bytes);
     pthread_mutex_lock(&b->mu);
     b->wq[(b->wq_head + b->wq_n) % b->o.n_write_slots] = si;
@@ -165,6 +169,8 @@ blockio *blockio_new(store *st, kvpool *pool, const model *m, const blockio_opts
     int ns = b->o.n_write_slots;
     b->slot = xcalloc((size_t)ns, sizeof *b->slot);
     b->slot_key = xcalloc((size_t)ns, sizeof *b->slot_key);
+    b->slot_cls = xcalloc((size_t)ns, sizeof *b->slot_cls);
+    b->write_cls = b->o.cls;
     b->free_slots = xmalloc(sizeof(int) * (size_t)ns);
     b->wq = xmalloc(sizeof(int) * (size_t)ns);
     for (int i = 0; i < ns; i++) {
@@ -201,6 +207,7 @@ void blockio_free(blockio *b)
     for (int i = 0; i < b->o.n_write_slots; i++) free(b->slot[i]);
     free(b->slot);
     free(b->slot_key);
+    free(b->slot_cls);
     free(b->free_slots);
     free(b->wq);
     free(b->th);
@@ -216,7 +223,14 @@ void blockio_get_stats(blockio *b, blockio_stats *st)
     pthread_mutex_unlock(&b->mu);
 }
 
+void blockio_set_write_class(blockio *b, int cls) { b->write_cls = cls; }
+
 blockio_load *blockio_load_start(blockio *b, const uint8_t *root, const int32_t *tokens, int n_tokens)
+{
+    return blockio_load_start_class(b, root, tokens, n_tokens, b->o.cls);
+}
+
+blockio_load *blockio_load_start_class(blockio *b, const uint8_t *root, const int32_t *tokens, int n_tokens, int cls)
 {
     uint8_t parent[32];
     int ram = kvpool_cached_prefix(b->pool, root, tokens, n_tokens, parent);
@@ -226,6 +240,7 @@ blockio_load *blockio_load_start(blockio *b, const uint8_t *root, const int32_t 
     if (last <= first) return NULL;
     blockio_load *l = xcalloc(1, sizeof *l);
     l->first_block = first;
+    l->cls = cls;
     l->n_keys = last - first;
     l->keys = xmalloc(sizeof(*l->keys) * (size_t)l->n_keys);
     l->files = xcalloc((size_t)l->n_keys, sizeof(void *));

@@ -6,7 +6,10 @@
  * engine thread for every full block it computes, prefill and decode alike. The hook copies
  * the block into one of n_write_slots preallocated block-file buffers and queues it; an I/O
  * thread seals it (checksum) and store_put's it. When every slot is busy the block is dropped
- * and counted: a slow or full store never slows a step and never fails a request.
+ * and counted: a slow or full store never slows a step and never fails a request. Each block
+ * is written with the traffic class (retention TTL, cache/gc.h) of the request that computed
+ * it, which the scheduler sets before committing that request's blocks; a load refreshes its
+ * hits with its request's class.
  *
  * Loads: blockio_load_start (engine thread, while the request still waits in the queue)
  * computes the keys of the blocks that follow the request's RAM-tier prefix and queues a
@@ -33,7 +36,9 @@ typedef struct {
     int n_threads;           /* I/O threads; <= 0: 2 */
     int n_write_slots;       /* blocks buffered for write-behind; <= 0: 8 */
     int max_load_blocks;     /* most blocks one load reads; <= 0: 256 */
-    int cls;                 /* traffic class of writes and loads (store_class) */
+    int cls;                 /* default traffic class of writes and loads (store_class); a
+                              * request's own class comes with blockio_set_write_class and
+                              * blockio_load_start_class */
 } blockio_opts;
 
 typedef struct {
@@ -58,10 +63,18 @@ blockio *blockio_new(store *st, kvpool *pool, const model *m, const blockio_opts
 void blockio_free(blockio *b);
 void blockio_get_stats(blockio *b, blockio_stats *st);
 
+/* Engine thread: the traffic class (store_class) of the blocks the pool's keyed hook hands
+ * over from now on (the scheduler sets it to a request's class before committing that
+ * request's blocks); they are written behind with that class's TTL. */
+void blockio_set_write_class(blockio *b, int cls);
+
 /* Engine thread: queues a load of the stored blocks that continue tokens' RAM-tier prefix
  * (keys chained from root, NULL = zeros: see kvpool_seq_set_root; at least one token is
  * always left to compute). NULL when there is nothing to look up. */
 blockio_load *blockio_load_start(blockio *b, const uint8_t *root, const int32_t *tokens, int n_tokens);
+/* The same for a request of traffic class cls: every hit moves the block's expiry to at least
+ * now + TTL(cls) (blockio_load_start uses opts.cls). */
+blockio_load *blockio_load_start_class(blockio *b, const uint8_t *root, const int32_t *tokens, int n_tokens, int cls);
 /* Block index (in the request) of the first block the load looks up. */
 int blockio_load_first_block(const blockio_load *l);
 /* True once the I/O thread is done with it. */

@@ -295,8 +295,13 @@ static bool http_key_eq(const char *a, const char *b)
 
 bool http_request_authorized(const http_request *r)
 {
+    return r->h->n_keys == 0 || http_request_api_key(r) != NULL;
+}
+
+const char *http_request_api_key(const http_request *r)
+{
     http_server *h = r->h;
-    if (h->n_keys == 0) return true;
+    if (h->n_keys == 0) return NULL;
     const char *auth = http_request_header(r, "Authorization");
     const char *xkey = http_request_header(r, "x-api-key");
     const char *bearer = NULL;
@@ -305,10 +310,10 @@ bool http_request_authorized(const http_request *r)
         while (*bearer == ' ') bearer++;
     }
     for (int i = 0; i < h->n_keys; i++) {
-        if (bearer && http_key_eq(bearer, h->keys[i])) return true;
-        if (xkey && http_key_eq(xkey, h->keys[i])) return true;
+        if (bearer && http_key_eq(bearer, h->keys[i])) return h->keys[i];
+        if (xkey && http_key_eq(xkey, h->keys[i])) return h->keys[i];
     }
-    return false;
+    return NULL;
 }
 
 static void http_request_free(http_request *r)

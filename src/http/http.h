@@ -94,6 +94,9 @@ http_server *http_request_server(const http_request *r);
  * "Authorization: Bearer KEY" (OpenAI) or "x-api-key: KEY" (Anthropic); either header is
  * accepted on every route. */
 bool http_request_authorized(const http_request *r);
+/* The server's key that the request carries (as above), or NULL when the server has no keys
+ * or the request none of them: the tenant's identity (e.g. for cache salts). */
+const char *http_request_api_key(const http_request *r);
 
 /* True when the client has closed its side of the connection (a handler that waits for a
  * whole answer checks it now and then and cancels its work). */

@@ -18,6 +18,7 @@
 #include "recipe/api_int.h"
 
 #include <jansson.h>
+#include <openssl/evp.h>
 
 #include <pthread.h>
 #include <stdarg.h>
@@ -73,6 +74,85 @@ bool api_anthropic_auth(http_request *r)
     return false;
 }
 
+bool api_tenancy_of(http_request *r, const api_ctx *c, const char *cache_salt, const char *cache_class,
+                    api_tenancy *t, api_error *e)
+{
+    gc_retention def;
+    const gc_retention *ret = c->retention;
+    if (!ret) {
+        gc_retention_default(&def);
+        ret = &def;
+    }
+    const char *param = "cache_class";
+    if (!cache_class || !*cache_class) {
+        cache_class = http_request_header(r, "x-cache-class");
+        param = "x-cache-class";
+    }
+    t->cls = 0;
+    if (cache_class && *cache_class) {
+        t->cls = -1;
+        for (int i = 0; i < ret->n; i++)
+            if (!strcmp(ret->name[i], cache_class)) t->cls = i;
+        if (t->cls < 0) {
+            char names[GC_MAX_CLASSES * 24] = "";
+            size_t n = 0;
+            for (int i = 0; i < ret->n && n < sizeof names; i++)
+                n += (size_t)snprintf(names + n, sizeof names - n, "%s'%s'", i ? ", " : "", ret->name[i]);
+            api_error_set(e, 400, param, "invalid_value", "Invalid value for '%s': '%.64s'. Supported values are: %s.",
+                          param, cache_class, names);
+            return false;
+        }
+    }
+    /* salt = SHA-256("tokenmill-tenant" 0, key ? 1 SHA-256("tokenmill-api-key" 0 key) : 0, cache_salt):
+     * the key's identity has a fixed length, so no cache_salt can pose as another tenant's */
+    const char *key = http_request_api_key(r);
+    t->salt[0] = 0;
+    if (!key && (!cache_salt || !*cache_salt)) return true;
+    uint8_t id[32], h[32];
+    unsigned len = 0;
+    EVP_MD_CTX *x = EVP_MD_CTX_new();
+    bool ok = x && EVP_DigestInit_ex(x, EVP_sha256(), NULL) && EVP_DigestUpdate(x, "tokenmill-tenant", 17);
+    if (ok && !key) ok = EVP_DigestUpdate(x, "\0", 1);
+    if (ok && key) {
+        EVP_MD_CTX *y = EVP_MD_CTX_new();
+        ok = y && EVP_DigestInit_ex(y, EVP_sha256(), NULL) && EVP_DigestUpdate(y, "tokenmill-api-key", 18) &&
+             EVP_DigestUpdate(y, key, strlen(key)) && EVP_DigestFinal_ex(y, id, &len) &&
+             EVP_DigestUpdate(x, "\1", 1) && EVP_DigestUpdate(x, id, 32);
+        EVP_MD_CTX_free(y);
+    }
+    if (ok && cache_salt) ok = EVP_DigestUpdate(x, cache_salt, strlen(cache_salt));
+    ok = ok && EVP_DigestFinal_ex(x, h, &len);
+    EVP_MD_CTX_free(x);
+    if (!ok) {
+        api_error_set(e, 500, NULL, NULL, "cannot hash the cache salt");
+        return false;
+    }
+    for (int i = 0; i < 32; i++) snprintf(t->salt + 2 * i, 3, "%02x", h[i]);
+    return true;
+}
+
+sched_status api_be_submit(const api_ctx *c, const sched_params *p, sched_req **out)
+{
+    return c->backend ? c->backend->submit(c->backend->ud, p, out) : sched_submit(c->sched, p, out);
+}
+
+int api_be_poll(const api_ctx *c, sched_req *r, sched_output *out, int max, int timeout_ms)
+{
+    return c->backend ? c->backend->poll(c->backend->ud, r, out, max, timeout_ms) : sched_poll(r, out, max, timeout_ms);
+}
+
+void api_be_cancel(const api_ctx *c, sched_req *r)
+{
+    if (c->backend) c->backend->cancel(c->backend->ud, r);
+    else sched_cancel(r);
+}
+
+void api_be_release(const api_ctx *c, sched_req *r)
+{
+    if (c->backend) c->backend->release(c->backend->ud, r);
+    else sched_release(r);
+}
+
 static void api_submit_message(char *buf, size_t sz, const api_ctx *c, sched_status st, int n_prompt, int max_tokens)
 {
     switch (st) {
@@ -86,7 +166,9 @@ static void api_submit_message(char *buf, size_t sz, const api_ctx *c, sched_sta
                      "Please reduce the prompt.", c->n_ctx, n_prompt);
         break;
     case SCHED_ERR_QUEUE_FULL: snprintf(buf, sz, "The server is overloaded: too many queued requests. Retry later."); break;
-    case SCHED_ERR_STOPPED: snprintf(buf, sz, "The server is shutting down."); break;
+    case SCHED_ERR_STOPPED:
+        snprintf(buf, sz, c->backend ? "No worker is available to serve the request. Retry later." : "The server is shutting down.");
+        break;
     case SCHED_ERR_ARG: snprintf(buf, sz, "Invalid prompt (empty, or a token id outside the vocabulary)."); break;
     default: snprintf(buf, sz, "Internal error: %s.", sched_status_name(st)); break;
     }
@@ -521,6 +603,17 @@ int api_json_str(api_kind kind, json_t *obj, const char *key, const char **out, 
     return 1;
 }
 
+bool api_json_cache(api_kind kind, json_t *root, api_req *r, api_error *e)
+{
+    const char *z;
+    int st;
+    if ((st = api_json_str(kind, root, "cache_salt", &z, e)) < 0) return false;
+    if (st) r->cache_salt = xstrdup(z);
+    if ((st = api_json_str(kind, root, "cache_class", &z, e)) < 0) return false;
+    if (st) r->cache_class = xstrdup(z);
+    return true;
+}
+
 bool api_json_model(const api_cfg *cfg, api_kind kind, json_t *root, api_req *r, api_error *e)
 {
     const char *m = NULL;
@@ -618,6 +711,8 @@ void api_req_free(api_req *r)
     free(r->previous_response_id);
     free(r->tools_json);
     free(r->metadata_json);
+    free(r->cache_salt);
+    free(r->cache_class);
     memset(r, 0, sizeof *r);
 }
 
@@ -1068,7 +1163,7 @@ typedef struct {
 static void api_job_free(api_job *j)
 {
     for (int i = 0; i < j->n; i++)
-        if (j->sreq[i]) sched_release(j->sreq[i]);
+        if (j->sreq[i]) api_be_release(j->c, j->sreq[i]);
     api_out_free(&j->out);
     template_prompt_free(&j->prompt);
     api_req_free(&j->req);
@@ -1113,7 +1208,7 @@ static void api_job_apply(api_job *j, int i, const sched_output *so)
         }
         lpp = &lp;
     }
-    if (api_out_token(o, i, so->token, j->piece, n, lpp) && j->sreq[i]) sched_cancel(j->sreq[i]);
+    if (api_out_token(o, i, so->token, j->piece, n, lpp) && j->sreq[i]) api_be_cancel(j->c, j->sreq[i]);
 }
 
 static bool api_job_all_finished(const api_job *j)
@@ -1131,7 +1226,7 @@ static bool api_job_pump(api_job *j, int timeout_ms)
     for (int pass = 0; pass < 2 && !any; pass++) {
         for (int i = 0; i < j->n; i++) {
             if (j->fin[i]) continue;
-            int k = sched_poll(j->sreq[i], outs, 32, pass ? timeout_ms : 0);
+            int k = api_be_poll(j->c, j->sreq[i], outs, 32, pass ? timeout_ms : 0);
             for (int q = 0; q < k; q++) api_job_apply(j, i, &outs[q]);
             if (k) any = true;
             if (pass) break;
@@ -1245,6 +1340,12 @@ void api_serve(http_request *r, const api_ctx *c, api_kind kind, bool count_only
         api_job_free(j);
         return;
     }
+    api_tenancy tn;
+    if (!api_tenancy_of(r, c, j->req.cache_salt, j->req.cache_class, &tn, &e)) {
+        api_respond_error(r, kind, &e);
+        api_job_free(j);
+        return;
+    }
     events_markers mk;
     template_markers(c->tmpl, &j->req.conv, &mk);
     api_out_init(&j->out, &j->req, &mk, j->req.sp.seed ^ 0x5DEECE66Dull, c->model_name);
@@ -1255,9 +1356,11 @@ void api_serve(http_request *r, const api_ctx *c, api_kind kind, bool count_only
     for (int k = 0; k < api_n_eog_ids; k++) sp.stop_ids[sp.n_stop_ids++] = api_eog_ids[k];
     sp.logprobs = j->req.logprobs;
     sp.top_logprobs = TM_MIN(j->req.top_logprobs, SCHED_MAX_TOP_LOGPROBS);
+    sp.cache_salt = tn.salt;
+    sp.cache_class = tn.cls;
     for (int i = 0; i < j->out.n_choices; i++) {
         sp.sample.seed = j->req.sp.seed + (uint64_t)i;
-        sched_status ss = sched_submit(c->sched, &sp, &j->sreq[i]);
+        sched_status ss = api_be_submit(c, &sp, &j->sreq[i]);
         if (ss != SCHED_OK) {
             if (kind == API_KIND_MESSAGES) api_anthropic_submit_error(r, c, ss, n_prompt, 0);
             else api_openai_submit_error(r, c, ss, n_prompt, 0);

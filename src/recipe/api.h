@@ -48,12 +48,27 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cache/gc.h"
 #include "engine/sched.h"
 #include "http/http.h"
 #include "model/model.h"
 
 typedef struct tokenizer tokenizer;   /* recipe/tokenizer.h */
 typedef struct template template;     /* recipe/template.h */
+
+/* BACKEND: where the routes run their requests. api_ctx.backend NULL is the local scheduler
+ * (api_ctx.sched, the one-process `tokenmill serve`); the gateway (cluster/gateway.h) gives its
+ * own, which runs the same calls on remote workers. The calls have sched.h's meaning and
+ * types; handles are opaque to the routes, so a backend may return its own type cast to
+ * sched_req *. metrics (may be NULL) appends the backend's Prometheus lines to /metrics. */
+typedef struct api_backend {
+    void *ud;                 /* the backend's state, passed to every call */
+    sched_status (*submit)(void *ud, const sched_params *p, sched_req **out);
+    int (*poll)(void *ud, sched_req *r, sched_output *out, int max, int timeout_ms);
+    void (*cancel)(void *ud, sched_req *r);
+    void (*release)(void *ud, sched_req *r);
+    void (*metrics)(void *ud, http_buf *b);
+} api_backend;
 
 typedef struct {
     sched *sched;             /* the scheduler of the one engine */
@@ -65,7 +80,16 @@ typedef struct {
     int n_ctx;                /* positions per sequence (prompt + completion) */
     int n_threads;            /* threads the handlers may use to tokenise long inputs */
     int64_t created;          /* unix seconds the server started ("created" fields) */
+    const gc_retention *retention; /* the block store's traffic classes (--retention over the
+                                    * defaults), which cache_class may name; NULL: defaults */
+    const api_backend *backend; /* NULL: requests run on sched; else on this backend (sched NULL) */
 } api_ctx;
+
+/* The routes' calls into the backend: c->backend's, or sched_submit/poll/cancel/release. */
+sched_status api_be_submit(const api_ctx *c, const sched_params *p, sched_req **out);
+int api_be_poll(const api_ctx *c, sched_req *r, sched_output *out, int max, int timeout_ms);
+void api_be_cancel(const api_ctx *c, sched_req *r);
+void api_be_release(const api_ctx *c, sched_req *r);
 
 /* Routes of each API; cmd_serve calls every one that is linked in. */
 void api_misc_register(http_server *h, api_ctx *c);          /* GET /v1/models, /health, /metrics */
@@ -182,6 +206,8 @@ typedef struct {
     char *metadata_json;          /* responses: metadata object, echoed (owned) */
     double temperature_echo;      /* responses: the temperature as the response echoes it */
     double top_p_echo;            /* responses: top_p echoed */
+    char *cache_salt;             /* extension (vLLM): tenant salt of the cached blocks (owned, NULL if none) */
+    char *cache_class;            /* extension: traffic class of the cached blocks (owned, NULL if none) */
 } api_req;
 
 void api_req_init(api_req *r, api_kind kind);
@@ -341,6 +367,25 @@ void api_store_free(api_store *s);
 void api_store_put(api_store *s, const char *id, const api_req *req, const api_out *o);
 /* Appends the stored turns of id to c; false when id is unknown. */
 bool api_store_get(api_store *s, const char *id, conv *c);
+
+/* TENANCY: a request's place in the block cache (src/cache). Blocks are keyed with a salt
+ * made from the request's `cache_salt` field and, when the server has API keys, the identity of
+ * the key the request carries (SHA-256 of it; the key itself goes nowhere), so that tenants
+ * never share cached blocks (a hit is a timing side channel). The traffic class (retention TTL
+ * of its blocks) comes from the `cache_class` field, else the `x-cache-class` header, else the
+ * default class ("chat"). */
+#define API_SALT_CAP 65
+typedef struct {
+    char salt[API_SALT_CAP];  /* sched_params.cache_salt: "" (no salt: no key, no cache_salt) or
+                               * 64 hex digits of SHA-256 over the key identity and cache_salt */
+    int cls;                  /* sched_params.cache_class (index into the retention classes) */
+} api_tenancy;
+
+/* Fills t for request r from its cache_salt and cache_class fields (NULL when absent; "" is
+ * absent), the x-cache-class header and its API key. False with e filled (400, param
+ * cache_class, code invalid_value) when the class is not one of c->retention's names. */
+bool api_tenancy_of(http_request *r, const api_ctx *c, const char *cache_salt, const char *cache_class,
+                    api_tenancy *t, api_error *e);
 
 /* Serves one request of a chat route: auth, parse, template, context check, submit (n
  * choices), then the JSON answer or the SSE stream (see SERVING above). count_only: the

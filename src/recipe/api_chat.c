@@ -28,7 +28,8 @@ static const char *const api_chat_keys[] = {
     "store", "reasoning_effort", "modalities", "prediction", "audio", "web_search_options", "functions",
     "function_call", "safety_identifier", "prompt_cache_key", "verbosity",
     /* extensions (vLLM / llama.cpp / DeepSeek) */
-    "top_k", "min_p", "repetition_penalty", "chat_template_kwargs", "thinking", "return_token_ids", NULL};
+    "top_k", "min_p", "repetition_penalty", "chat_template_kwargs", "thinking", "return_token_ids", "cache_salt",
+    "cache_class", NULL};
 
 /* Appends the text of a content value (string or array of text parts) to the last turn as
  * one text part. Returns false with e filled on a bad value. */
@@ -343,6 +344,7 @@ api_status api_chat_parse(const api_cfg *cfg, const char *body, size_t len, api_
     int st;
     bool b;
     if (!api_json_known(K, root, api_chat_keys, "", e)) goto out;
+    if (!api_json_cache(K, root, r, e)) goto out;
     json_t *msgs = json_object_get(root, "messages");
     if (!msgs) {
         api_json_missing(K, e, "messages");

@@ -65,7 +65,7 @@ static void compl_job_free(compl_job *j)
 {
     for (int i = 0; i < j->n; i++) {
         compl_choice *ch = &j->ch[i];
-        if (ch->req) sched_release(ch->req);
+        if (ch->req) api_be_release(j->c, ch->req);
         http_buf_free(&ch->text);
         json_decref(ch->lp_tokens);
         json_decref(ch->lp_logprobs);
@@ -128,7 +128,7 @@ static void compl_apply(compl_job *j, compl_choice *ch, const sched_output *o)
             ch->text.len = cut;
             ch->text.data[cut] = 0;
             ch->stopped = true;
-            sched_cancel(ch->req);
+            api_be_cancel(j->c, ch->req);
         }
     }
 }
@@ -183,7 +183,7 @@ static bool compl_pump(compl_job *j, int timeout_ms)
         for (int i = 0; i < j->n; i++) {
             compl_choice *ch = &j->ch[i];
             if (ch->finished) continue;
-            int k = sched_poll(ch->req, out, 32, pass ? timeout_ms : 0);
+            int k = api_be_poll(j->c, ch->req, out, 32, pass ? timeout_ms : 0);
             for (int q = 0; q < k; q++) compl_apply(j, ch, &out[q]);
             if (k) any = true;
             if (pass) break;  /* wait on one only */
@@ -256,7 +256,8 @@ static void compl_done(void *ctx, bool client_gone)
 static const char *const compl_known[] = {
     "model", "prompt", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "logprobs",
     "echo", "stop", "presence_penalty", "frequency_penalty", "best_of", "logit_bias", "user", "suffix",
-    "seed", "top_k", "min_p", "repeat_penalty", "repetition_penalty", "ignore_eos", "cache_salt", NULL,
+    "seed", "top_k", "min_p", "repeat_penalty", "repetition_penalty", "ignore_eos", "cache_salt", "cache_class",
+    NULL,
 };
 
 static bool compl_bad(http_request *r, const char *param, const char *msg)
@@ -280,6 +281,19 @@ static bool compl_num(http_request *r, json_t *body, const char *key, double lo,
         return compl_bad(r, key, msg);
     }
     *out = d;
+    return true;
+}
+
+static bool compl_str(http_request *r, json_t *body, const char *key, const char **out)
+{
+    json_t *v = json_object_get(body, key);
+    if (!v || json_is_null(v)) return true;
+    if (!json_is_string(v)) {
+        char msg[200];
+        snprintf(msg, sizeof msg, "'%s' must be a string", key);
+        return compl_bad(r, key, msg);
+    }
+    *out = json_string_value(v);
     return true;
 }
 
@@ -446,6 +460,14 @@ static void compl_handle(http_request *r, void *user)
         if (iu && !json_is_boolean(iu)) { compl_bad(r, "stream_options.include_usage", "'include_usage' must be a boolean"); goto out; }
         j->include_usage = iu && json_is_true(iu);
     }
+    const char *salt = NULL, *cls = NULL;
+    if (!compl_str(r, body, "cache_salt", &salt) || !compl_str(r, body, "cache_class", &cls)) goto out;
+    api_tenancy tn;
+    api_error ae;
+    if (!api_tenancy_of(r, c, salt, cls, &tn, &ae)) {
+        api_openai_error(r, ae.status, ae.type, ae.message, ae.param[0] ? ae.param : NULL, ae.code[0] ? ae.code : NULL);
+        goto out;
+    }
     if (!compl_stops(r, j, body) || !compl_prompt(r, j, body)) goto out;
     j->stream = stream;
     j->logprobs = (int)logprobs;
@@ -462,6 +484,8 @@ static void compl_handle(http_request *r, void *user)
     sp.sample.frequency_penalty = (float)freq;
     sp.sample.repeat_penalty = (float)rep;
     sp.ignore_eos = ignore_eos;
+    sp.cache_salt = tn.salt;
+    sp.cache_class = tn.cls;
     sp.logprobs = logprobs >= 0;
     sp.top_logprobs = logprobs > 0 ? (int)logprobs : 0;
     uint64_t base_seed = seed >= 0 ? (uint64_t)seed : (uint64_t)(util_now() * 1e6);
@@ -480,7 +504,7 @@ static void compl_handle(http_request *r, void *user)
     } else {
         for (int i = 0; i < j->n; i++) {
             sp.sample.seed = base_seed + (uint64_t)i;
-            sched_status st = sched_submit(c->sched, &sp, &j->ch[i].req);
+            sched_status st = api_be_submit(c, &sp, &j->ch[i].req);
             if (st != SCHED_OK) {
                 j->n = i;  /* only the submitted ones are released */
                 api_openai_submit_error(r, c, st, j->n_prompt, (int)max_tokens);

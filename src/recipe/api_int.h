@@ -37,6 +37,8 @@ const char *api_path(char *buf, size_t cap, const char *base, const char *key, i
 bool api_json_model(const api_cfg *cfg, api_kind kind, json_t *root, api_req *r, api_error *e);
 /* stop / stop_sequences: a string or an array of strings. */
 bool api_json_stop(api_kind kind, json_t *root, const char *key, api_req *r, api_error *e);
+/* cache_salt and cache_class (strings, see TENANCY in api.h) into r. */
+bool api_json_cache(api_kind kind, json_t *root, api_req *r, api_error *e);
 /* The compact JSON text of a value (malloc'd). */
 char *api_json_dump(json_t *v);
 

@@ -31,7 +31,7 @@ static const char *const api_messages_keys[] = {
     "model", "messages", "max_tokens", "system", "stop_sequences", "temperature", "top_p", "top_k", "stream", "tools",
     "tool_choice", "thinking", "metadata", "service_tier", "container", "mcp_servers", "context_management",
     /* extensions */
-    "seed", "min_p", "return_token_ids", NULL};
+    "seed", "min_p", "return_token_ids", "cache_salt", "cache_class", NULL};
 
 static const char *const api_messages_count_keys[] = {"model", "messages", "system", "tools", "tool_choice", "thinking",
                                                       "mcp_servers", "context_management", "return_token_ids", NULL};
@@ -334,6 +334,7 @@ api_status api_messages_parse(const api_cfg *cfg, const char *body, size_t len, 
     long long k;
     int st;
     if (!api_json_known(K, root, api_messages_keys, "", e)) goto out;
+    if (!api_json_cache(K, root, r, e)) goto out;
     if (!api_json_model(cfg, K, root, r, e)) goto out;
     if ((st = api_json_int(K, root, "max_tokens", 1, 1 << 30, &k, e)) < 0) goto out;
     if (st == 0) {

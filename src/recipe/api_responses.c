@@ -30,7 +30,8 @@ static const char *const api_responses_keys[] = {
     "text", "service_tier", "background", "prompt_cache_key", "safety_identifier", "top_logprobs", "max_tool_calls",
     "stream_options", "conversation", "prompt",
     /* extensions */
-    "top_k", "min_p", "seed", "stop", "presence_penalty", "frequency_penalty", "return_token_ids", NULL};
+    "top_k", "min_p", "seed", "stop", "presence_penalty", "frequency_penalty", "return_token_ids",
+    "cache_salt", "cache_class", NULL};
 
 static const api_kind K = API_KIND_RESPONSES;
 
@@ -253,6 +254,7 @@ api_status api_responses_parse(const api_cfg *cfg, const char *body, size_t len,
     int st;
     const char *s;
     if (!api_json_known(K, root, api_responses_keys, "", e)) goto out;
+    if (!api_json_cache(K, root, r, e)) goto out;
     if (!api_json_model(cfg, K, root, r, e)) goto out;
     if ((st = api_json_str(K, root, "instructions", &s, e)) < 0) goto out;
     if (st) {

@@ -9,7 +9,7 @@
 // formatter writes (test_api's dump) through the same SDKs.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { spawn, execFileSync } from "node:child_process";
+import { execFileSync } from "node:child_process";
 import fs from "node:fs";
 import http from "node:http";
 import os from "node:os";
@@ -17,34 +17,16 @@ import path from "node:path";
 import OpenAI from "openai";
 import Anthropic from "@anthropic-ai/sdk";
 
-const root = path.resolve(import.meta.dirname, "../..");
-const bin = process.env.TM_BIN || path.join(root, "build/tokenmill");
+import { root, bin, startServer as startServerOf, stopServers } from "./server.mjs";
 const vocab = path.join(root, "tests/data/llama.cpp/models/ggml-vocab-qwen2.gguf");
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "tm-apis-"));
 const model = path.join(tmp, "q3.gguf");
 const NAME = "tiny-qwen";
 const CTX = 512;
 const IM_START = 151644, IM_END = 151645;
-const servers = [];
 
-async function startServer(args = []) {
-  const proc = spawn(bin, ["serve", "-m", model, "--port", "0", "--threads", "1", "--ctx", String(CTX),
-    "--max-seqs", "4", "--model-name", NAME, ...args], { stdio: ["ignore", "ignore", "pipe"] });
-  servers.push(proc);
-  let log = "";
-  const port = await new Promise((resolve, reject) => {
-    const t = setTimeout(() => reject(new Error("server did not start: " + log)), 30000);
-    proc.stderr.on("data", (d) => {
-      log += d;
-      const m = /listening on http:\/\/[^:]+:(\d+)/.exec(log);
-      if (m) { clearTimeout(t); resolve(Number(m[1])); }
-    });
-    proc.on("exit", (code) => { clearTimeout(t); reject(new Error(`server exited ${code}: ${log}`)); });
-  });
-  proc.removeAllListeners("exit");
-  proc.stderr.resume();
-  return { proc, url: `http://127.0.0.1:${port}` };
-}
+const startServer = (args = []) => startServerOf(model, ["--ctx", String(CTX), "--max-seqs", "4",
+  "--model-name", NAME, ...args]);
 
 let S, oai, ant;
 before(async () => {
@@ -56,11 +38,7 @@ before(async () => {
 });
 
 after(async () => {
-  await Promise.all(servers.filter((p) => p.exitCode === null && p.signalCode === null).map((p) => new Promise((resolve) => {
-    const t = setTimeout(() => p.kill("SIGKILL"), 5000);
-    p.on("exit", () => { clearTimeout(t); resolve(); });
-    p.kill("SIGTERM");
-  })));
+  await stopServers();
   fs.rmSync(tmp, { recursive: true, force: true });
 });
 

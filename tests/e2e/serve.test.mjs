@@ -7,36 +7,16 @@
 // (--port 0, read back from its "listening on" line) and is killed at the end.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { spawn, spawnSync, execFileSync } from "node:child_process";
+import { spawnSync, execFileSync } from "node:child_process";
 import fs from "node:fs";
 import net from "node:net";
 import os from "node:os";
 import path from "node:path";
 import OpenAI from "openai";
 
-const root = path.resolve(import.meta.dirname, "../..");
-const bin = process.env.TM_BIN || path.join(root, "build/tokenmill");
+import { root, bin, startServer, stopServers } from "./server.mjs";
 const stories = path.join(root, "models/stories260K.gguf");
-const servers = [];
 
-async function startServer(model, args = []) {
-  const proc = spawn(bin, ["serve", "-m", model, "--port", "0", "--threads", "1", ...args], { stdio: ["ignore", "ignore", "pipe"] });
-  servers.push(proc);
-  let log = "";
-  const port = await new Promise((resolve, reject) => {
-    const t = setTimeout(() => reject(new Error("server did not start: " + log)), 20000);
-    proc.stderr.on("data", (d) => {
-      log += d;
-      const m = /listening on http:\/\/[^:]+:(\d+)/.exec(log);
-      if (m) { clearTimeout(t); resolve(Number(m[1])); }
-    });
-    proc.on("exit", (code) => { clearTimeout(t); reject(new Error(`server exited ${code}: ${log}`)); });
-  });
-  proc.removeAllListeners("exit");
-  if (process.env.TM_SERVE_LOG) proc.stderr.on("data", (d) => fs.appendFileSync(process.env.TM_SERVE_LOG, d));
-  else proc.stderr.resume();
-  return { proc, port, url: `http://127.0.0.1:${port}` };
-}
 
 async function metrics(url) {
   const text = await (await fetch(`${url}/metrics`)).text();
@@ -67,14 +47,7 @@ before(async () => {
   client = new OpenAI({ baseURL: `${S.url}/v1`, apiKey: "unused", maxRetries: 0 });
 });
 
-after(async () => {
-  // SIGTERM first (a clean shutdown is part of what is tested), SIGKILL if it hangs
-  await Promise.all(servers.filter((p) => p.exitCode === null && p.signalCode === null).map((p) => new Promise((resolve) => {
-    const t = setTimeout(() => p.kill("SIGKILL"), 5000);
-    p.on("exit", () => { clearTimeout(t); resolve(); });
-    p.kill("SIGTERM");
-  })));
-});
+after(stopServers);
 
 test("completions: non-streaming text, usage, finish_reason", async () => {
   const r = await client.completions.create({ model: "stories260K", prompt: "Once upon a time", max_tokens: 20, temperature: 0 });
