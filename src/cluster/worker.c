@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -548,6 +549,24 @@ static void worker_start_job(worker *w, wconn *c, proto_msg *m)
 
 /* ---- connection reader ---- */
 
+/* After refusing a frame: stop sending, then read and drop what the peer still sends (up to
+ * 200 ms / 1 MiB), so that closing with unread bytes does not reset the connection before the
+ * peer has read our ERROR. */
+static void worker_linger(int fd)
+{
+    shutdown(fd, SHUT_WR);
+    struct timeval tv = { 0, 200000 };
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    char buf[4096];
+    size_t total = 0;
+    double t0 = util_now();
+    while (total < (1u << 20) && util_now() - t0 < 0.2) {
+        ssize_t k = recv(fd, buf, sizeof buf, 0);
+        if (k <= 0) break;
+        total += (size_t)k;
+    }
+}
+
 /* Reads frames until the connection ends; then cancels its jobs and drops the reader's
  * reference. */
 static void worker_serve_conn(worker *w, wconn *c, bool reg)
@@ -573,6 +592,7 @@ static void worker_serve_conn(worker *w, wconn *c, bool reg)
                 log_warn("worker: %s: refused a frame (type %u, %u bytes): %s; closing the connection", c->peer,
                          m.hdr.type, m.hdr.len, proto_status_name(st));
                 worker_send_error(c, 0, PROTO_E_MALFORMED, proto_status_name(st));
+                worker_linger(c->fd);
             }
             break;
         }
