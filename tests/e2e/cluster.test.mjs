@@ -6,7 +6,7 @@
 //   - 32 concurrent greedy streams == `tokenmill serve`;
 //   - kill -9 of a decode worker mid-stream and of a prefill worker mid-prefill: every stream
 //     completes with the same text (no gap, no duplicate, no error);
-//   - drain of a decode worker under load (POST /admin/drain, then SIGTERM): nothing lost;
+//   - drain of a decode worker under load (POST /admin/drain; and SIGTERM): nothing lost;
 //   - a prefix prefilled on one prefill worker is a cache hit on the other;
 //   - malformed frames to a worker's port and to the gateway's registration port are refused,
 //     the processes stay up and keep serving;
@@ -92,9 +92,15 @@ const waitExit = (p, ms = 5000) => exited(p) ? Promise.resolve() : new Promise((
 });
 
 const ANIMALS = ["cat", "dog", "bird", "fish"];
-const PROMPTS = Array.from({ length: 32 }, (_, i) => `Once upon a time there was a little ${ANIMALS[i % 4]} named ${["Tim", "Sue", "Max", "Lily"][(i >> 2) % 4]} who ${i & 16 ? "liked" : "did not like"} ${i}`);
+// a shared story opening of more than one 128-token KV block: the odd prompts start with it,
+// so those requests hand off full blocks through the store and hit each other's
+const STORY = "Once upon a time, in a small town near the sea, there lived a girl named Mia. Mia loved to walk on the beach and look for shells. " +
+  "Every morning she took her little basket and her dog Spot, and they went down to the water together. One day Mia found a big blue shell " +
+  "that was shiny and round. She showed it to her mom, and her mom smiled.";
+const PROMPTS = Array.from({ length: 32 }, (_, i) => (i & 1 ? STORY + " " : "") +
+  `Once upon a time there was a little ${ANIMALS[(i >> 1) % 4]} named ${["Tim", "Sue", "Max", "Lily"][(i >> 3) % 4]} who ${i & 16 ? "liked" : "did not like"} ${i}`);
 const MAX = 160;
-// a long shared prefix: more than one 128-token KV block
+// another long prefix, used by nothing else (the cross-worker cache hit)
 const LONG = "Once upon a time, in a big green forest, there lived a little rabbit named Ben. Ben liked to hop and play with his friends every day. " +
   "One sunny morning, Ben found a shiny red ball under a tall tree. He was very happy and wanted to share it with his friend, a small bird named Pip. " +
   "They played all day long until the sun went down, and then they went home to sleep.";
@@ -118,6 +124,7 @@ async function stream(url, prompt, maxTokens, onChunk) {
 const all = (url = gw, prompts = PROMPTS) => Promise.all(prompts.map((p) => stream(url, p, MAX)));
 let ref;         // `tokenmill serve`'s results for PROMPTS
 let refLong;     // and for LONG
+let late;        // streamed tokens (all 32) by which most contexts are past one 128-token block
 
 function sameAsServe(got, what) {
   got.forEach((r, i) => {
@@ -139,6 +146,7 @@ before(async () => {
   };
   ref = await Promise.all(PROMPTS.map((p) => one(p, MAX)));
   refLong = await one(LONG, 24);
+  late = Math.floor(0.6 * ref.reduce((n, r) => n + r.usage.completion_tokens, 0));
   await stopServers();
   assert.ok(new Set(ref.map((r) => r.text)).size >= 24, "the reference texts differ");
   assert.ok(ref.every((r) => r.usage.completion_tokens > 20), "reference streams are long enough");
@@ -183,7 +191,7 @@ async function killUnderLoad(name, field) {
   const pre = field === "prefill_jobs";
   if (pre) workers[name].proc.kill("SIGSTOP");   // a prefill is too quick to catch: its jobs wait on it
   const runs = Promise.all(PROMPTS.map((p) => stream(gw, p, MAX, () => chunks++)));
-  await until((a) => (findW(a, name)?.[field] ?? 0) > 0 && (pre || chunks > 32), `${name} busy`, 20000);
+  await until((a) => (findW(a, name)?.[field] ?? 0) > 0 && (pre || chunks > late), `${name} busy`, 20000);
   if (!pre) workers[name].proc.kill("SIGSTOP");
   const a = await admin();
   workers[name].proc.kill("SIGKILL");
@@ -214,7 +222,7 @@ test("drain of a decode worker under load (admin drain, then SIGTERM) loses noth
   const before = (await admin()).resumes;
   let chunks = 0;
   const runs = Promise.all(PROMPTS.map((p) => stream(gw, p, MAX, () => chunks++)));
-  await until((a) => findW(a, "d2").running > 0 && chunks > 32, "d2 busy", 20000);
+  await until((a) => findW(a, "d2").running > 0 && chunks > late, "d2 busy", 20000);
   workers.d2.proc.kill("SIGSTOP");     // freeze it with its streams half done, then drain with a short deadline
   const res = await fetch(`${gw}/admin/drain?worker=${encodeURIComponent(workers.d2.addr)}&deadline_ms=50`, { method: "POST" });
   assert.equal(res.status, 200);
@@ -230,6 +238,18 @@ test("drain of a decode worker under load (admin drain, then SIGTERM) loses noth
   const cap = await (await fetch(gw + "/admin/capacity")).json();
   assert.ok(cap.prefill.recommended >= 1 && cap.decode.recommended >= 1);
   await startWorker("decode", "d2");
+});
+
+test("SIGTERM of a decode worker under load: it finishes or moves its streams, exits 0, nothing lost", { timeout: 60000 }, async () => {
+  await until((a) => nLive(a, "decode") === 2, "2 decode workers");
+  let chunks = 0;
+  const runs = Promise.all(PROMPTS.map((p) => stream(gw, p, MAX, () => chunks++)));
+  await until((a) => findW(a, "d1").running > 0 && chunks > late / 2, "d1 busy", 20000);
+  workers.d1.proc.kill("SIGTERM");     // --drain-timeout 1: what is left after 1 s is moved
+  sameAsServe(await runs, "decode SIGTERM");
+  await waitExit(workers.d1.proc, 10000);
+  assert.equal(workers.d1.proc.exitCode, 0);
+  await startWorker("decode", "d1");
 });
 
 test("a prefix prefilled on one prefill worker is a cache hit on the other", { timeout: 60000 }, async () => {
