@@ -13,6 +13,7 @@ static const struct {
     const char *help;
 } main_cmds[] = {
     { "serve", cmd_serve, "serve -m MODEL [--host H] [--port P] [--threads N] [--ctx N] [--max-seqs N] [--api-key K ...] [--model-name NAME]: HTTP API server" },
+    { "gateway", cmd_gateway, "gateway -m MODEL --listen HOST:PORT [--prefill HOST:PORT,...] [--decode HOST:PORT,...] [--register HOST:PORT] [--cache SPEC]: cluster front" },
     { "run", cmd_run, "run -m MODEL -p PROMPT [-n N] [--temp T] [--seed S] [--threads N]: generate text" },
     { "tokenize", cmd_tokenize, "tokenize -m MODEL [--special] [--pieces] TEXT: token ids as JSON" },
     { "convert", cmd_convert, "convert llama2c WEIGHTS.bin TOKENIZER.bin -o OUT.gguf" },
@@ -20,6 +21,7 @@ static const struct {
     { "eval", cmd_eval, "eval -m MODEL --input FILE.json: top log-probs at every position (testing)" },
     { "template", cmd_template, "template -m MODEL [--template NAME] --input CONV.json: prompt ids as JSON (testing)" },
     { "store", cmd_store, "store stat|ls|gc|fsck SPEC [--capacity SIZE] [--retention R]: block store maintenance" },
+    { "worker", cmd_worker, "worker --role prefill|decode|mixed -m MODEL --listen HOST:PORT --cache SPEC [--gateway HOST:PORT]: cluster worker" },
     { "bench", cmd_bench, "bench -m MODEL [--pp N] [--tg N] [--seqs 1,4,16]: timings as JSON" },
 };
 

@@ -21,7 +21,7 @@
 #define BLOCKKEY_TOKENS 128  /* tokens per block */
 #define BLOCKKEY_BYTES  32   /* SHA-256 */
 #define BLOCKKEY_HEX    65   /* 64 hex digits + NUL */
-#define BLOCKKEY_KV_VERSION 1 /* bump when the engine's K/V values change (see above) */
+#define BLOCKKEY_KV_VERSION 2 /* bump when the engine's K/V values change (see above) */
 
 /* Pool fingerprint from the model fingerprint, the KV element type (a qtype value) and
  * BLOCKKEY_KV_VERSION. */

@@ -14,8 +14,6 @@
 #include "model/ops.h"
 #include "util/util.h"
 
-/* ggml switches to its tiled flash-attention path (f32 Q) from this many query rows. */
-#define ENGINE_FA_TILE_Q 64
 /* Attention tiles: up to this many consecutive positions of one sequence share each K/V
  * block conversion. */
 #define ENGINE_ATT_TILE 16
@@ -51,7 +49,7 @@ typedef struct {
     int layer;
     int n_items;             /* attention: T * n_heads */
     int next;                /* attention: shared item counter (atomic) */
-    bool q16;                /* attention: ggml's one-query path (f16 Q, f16 V accumulator) */
+    bool q16;                /* attention: the per-key path (f16 Q, f16 V accumulator) */
 } engine_job;
 
 const char *engine_status_name(engine_status st)
@@ -208,14 +206,24 @@ static void engine_job_store_kv(void *ctx, int ith, int nth)
 /* Attention. An item is (tile, kv head): a tile is up to ENGINE_ATT_TILE consecutive batch
  * entries of one sequence at consecutive positions (a prefill run; a decode token is a tile of
  * one), and the item covers the gqa query heads that share the kv head: nq = tile * gqa query
- * rows, which share every K/V row read. Two paths, as ggml's CPU flash attention has:
- *  - per key (ggml's one-query path, used when the step has fewer than 64 tokens or the head
- *    size is not a multiple of 16, with an F16 cache): Q rounded to f16, s = f16 dot, online
- *    softmax key by key, V accumulated in an f16 accumulator (rounded after every update),
- *    divided by the sum at the end;
- *  - tiled (otherwise): per 128-position block, P = Q K^T as one small f32 GEMM, scale,
- *    causal cut, online softmax per row over the block, acc += P V as a second GEMM (V^T
- *    made in scratch), all f32. */
+ * rows, which share every K/V row read.
+ *
+ * Batch invariance: the arithmetic of one query row depends only on its sequence's K/V and its
+ * own position, never on the tile or the step it is computed in (its size, the other
+ * sequences, the thread count), so that a sequence's logits are bit-identical however the
+ * scheduler batches it. Hence ONE path per engine, chosen from the model and the KV dtype:
+ *  - tiled (head size a multiple of 16, or an F32 cache): per 128-position block, P = Q K^T
+ *    as one small f32 GEMM, scale, causal cut, online softmax per row over the block,
+ *    acc += P V as a second GEMM (V^T made in scratch), all f32. This is ggml's CPU
+ *    flash-attention path for steps of 64+ tokens (prompt processing agrees with llama.cpp
+ *    to ~1e-6); its decode steps take ggml's one-query path instead (below), so single-token
+ *    steps differ from llama.cpp's by f16 rounding (as llama.cpp differs from itself between
+ *    a prompt in one batch and token by token);
+ *  - per key (F16 cache and a head size that is not a multiple of 16, where ggml has only
+ *    this path): Q rounded to f16, s = f16 dot, online softmax key by key, V accumulated in
+ *    an f16 accumulator (rounded after every update), divided by the sum at the end. ggml's
+ *    split of the keys over its threads for long single-token steps is not mirrored (it
+ *    would make a query's result depend on the step and the thread count). */
 static void engine_att_per_key(engine_job *j, float *sc, int t0, int nt, int kvh)
 {
     engine *e = j->e;
@@ -224,77 +232,51 @@ static void engine_att_per_key(engine_job *j, float *sc, int t0, int nt, int kvh
     const int nq = nt * gqa, nqmax = ENGINE_ATT_TILE * gqa;
     const float scale = 1.0f / sqrtf((float)hd);
     const engine_tok *tk0 = &j->b->toks[t0];
-    float *acc = sc;                               /* (nq, hd) chunk accumulators, f16 values */
-    float *MS = acc + (size_t)nqmax * hd;          /* (nq, 2) chunk max and sum */
-    float *accF = MS + 2 * (size_t)nqmax;          /* (nq, hd) reduced over chunks */
-    float *MSF = accF + (size_t)nqmax * hd;        /* (nq, 2) */
-    fp16_t *q16 = (fp16_t *)(MSF + 2 * (size_t)nqmax); /* (nq, hd) */
+    float *acc = sc;                               /* (nq, hd) accumulators, f16 values */
+    float *MS = acc + (size_t)nqmax * hd;          /* (nq, 2) running max and sum */
+    fp16_t *q16 = (fp16_t *)(MS + 2 * (size_t)nqmax); /* (nq, hd) */
     fp16_t *tmp = q16 + (size_t)nqmax * hd;        /* (hd) */
     for (int r = 0; r < nq; r++) {
         int jt = r / gqa, g = r % gqa;
         ops_fp32_to_fp16_row(e->q + (size_t)(t0 + jt) * qd + (size_t)(kvh * gqa + g) * hd, q16 + (size_t)r * hd, hd);
-        MSF[2 * r] = -INFINITY;
-        MSF[2 * r + 1] = 0.0f;
     }
-    memset(accF, 0, (size_t)nq * hd * sizeof(float));
     int n_ctx = tk0->pos + nt;
-    /* ggml splits a single-query step over its threads by KV cell ranges once its KV view
-     * (n_kv: the used cells rounded up to 256) reaches 512; each range has its own f16
-     * accumulator. For one sequence in a fresh cache the cells are the positions. */
-    int chunk = n_ctx;
-    if (j->b->n_tokens == 1) {
-        int n_kv = TM_MAX(256, TM_ALIGN_UP(n_ctx, 256));
-        if (n_kv >= 512) chunk = (n_kv + e->n_threads - 1) / e->n_threads;
+    /* no split of the keys over threads (ggml's long single-token steps): the arithmetic of a
+     * query depends only on its own position, never on the step it is in */
+    for (int r = 0; r < nq; r++) {
+        MS[2 * r] = -INFINITY;
+        MS[2 * r + 1] = 0.0f;
     }
-    for (int c0 = 0; c0 < n_ctx; c0 += chunk) {
-        int c1 = TM_MIN(n_ctx, c0 + chunk);
+    memset(acc, 0, (size_t)nq * hd * sizeof(float));
+    for (int pk = 0; pk < n_ctx; pk++) {
+        const fp16_t *K = kvpool_seq_slab(e->kv, tk0->seq, pk / KVPOOL_BLOCK, j->layer, 0, kvh);
+        const fp16_t *V = kvpool_seq_slab(e->kv, tk0->seq, pk / KVPOOL_BLOCK, j->layer, 1, kvh);
+        const fp16_t *kr = K + (size_t)(pk % KVPOOL_BLOCK) * hd, *vr = V + (size_t)(pk % KVPOOL_BLOCK) * hd;
         for (int r = 0; r < nq; r++) {
-            MS[2 * r] = -INFINITY;
-            MS[2 * r + 1] = 0.0f;
-        }
-        memset(acc, 0, (size_t)nq * hd * sizeof(float));
-        for (int pk = c0; pk < c1; pk++) {
-            const fp16_t *K = kvpool_seq_slab(e->kv, tk0->seq, pk / KVPOOL_BLOCK, j->layer, 0, kvh);
-            const fp16_t *V = kvpool_seq_slab(e->kv, tk0->seq, pk / KVPOOL_BLOCK, j->layer, 1, kvh);
-            const fp16_t *kr = K + (size_t)(pk % KVPOOL_BLOCK) * hd, *vr = V + (size_t)(pk % KVPOOL_BLOCK) * hd;
-            for (int r = 0; r < nq; r++) {
-                if (pk > tk0->pos + r / gqa) continue;  /* causal */
-                float *a = acc + (size_t)r * hd;
-                float s = ops_vec_dot_f16(hd, kr, q16 + (size_t)r * hd) * scale;
-                float M = MS[2 * r], ms = 1.0f, vs = 1.0f;
-                if (s > M) {
-                    MS[2 * r] = s;
-                    ms = expf(M - s);
-                    ops_vec_scale_f32(hd, a, ms);
-                    ops_fp32_to_fp16_row(a, tmp, hd);
-                    ops_fp16_to_fp32_row(tmp, a, hd);
-                } else {
-                    vs = expf(s - M);
-                }
-                ops_vec_mad_f16(hd, a, vr, vs);
+            if (pk > tk0->pos + r / gqa) continue;  /* causal */
+            float *a = acc + (size_t)r * hd;
+            float s = ops_vec_dot_f16(hd, kr, q16 + (size_t)r * hd) * scale;
+            float M = MS[2 * r], ms = 1.0f, vs = 1.0f;
+            if (s > M) {
+                MS[2 * r] = s;
+                ms = expf(M - s);
+                ops_vec_scale_f32(hd, a, ms);
                 ops_fp32_to_fp16_row(a, tmp, hd);
                 ops_fp16_to_fp32_row(tmp, a, hd);
-                MS[2 * r + 1] = MS[2 * r + 1] * ms + vs;
+            } else {
+                vs = expf(s - M);
             }
-        }
-        /* fold the chunk into the result, as ggml reduces its partials */
-        for (int r = 0; r < nq; r++) {
-            float Mc = MS[2 * r], Sc = MS[2 * r + 1];
-            if (Sc == 0.0f) continue;
-            float Mf = MSF[2 * r], Mn = fmaxf(Mf, Mc);
-            float so = expf(Mf - Mn), sn = expf(Mc - Mn);
-            float *af = accF + (size_t)r * hd;
-            const float *a = acc + (size_t)r * hd;
-            for (int d = 0; d < hd; d++) af[d] = af[d] * so + a[d] * sn;
-            MSF[2 * r + 1] = MSF[2 * r + 1] * so + Sc * sn;
-            MSF[2 * r] = Mn;
+            ops_vec_mad_f16(hd, a, vr, vs);
+            ops_fp32_to_fp16_row(a, tmp, hd);
+            ops_fp16_to_fp32_row(tmp, a, hd);
+            MS[2 * r + 1] = MS[2 * r + 1] * ms + vs;
         }
     }
     for (int r = 0; r < nq; r++) {
         int jt = r / gqa, g = r % gqa;
         float *o = e->att + (size_t)(t0 + jt) * qd + (size_t)(kvh * gqa + g) * hd;
-        float S = MSF[2 * r + 1], inv = S == 0.0f ? 0.0f : 1.0f / S;
-        const float *a = accF + (size_t)r * hd;
+        float S = MS[2 * r + 1], inv = S == 0.0f ? 0.0f : 1.0f / S;
+        const float *a = acc + (size_t)r * hd;
         for (int d = 0; d < hd; d++) o[d] = a[d] * inv;
     }
 }
@@ -333,10 +315,20 @@ static void engine_att_tiled(engine_job *j, float *sc, int t0, int nt, int kvh)
             ops_fp16_to_fp32_row(K, Kf, (int64_t)nb * hd);
             Kb = Kf;
         }
+        /* P V runs over nb16 keys (nb rounded up to 16, the extra P and V^T entries zero):
+         * nb depends on the tile (its last row), and a dot whose length ends inside a SIMD
+         * vector would sum its tail in another order; zero terms appended at the end of
+         * whole vectors change nothing, so every row's P V is the same whatever its tile */
+        int nb16 = TM_ALIGN_UP(nb, 16);
         ops_weight kw = { QTYPE_F32, nb, hd, Kb };
         ops_matmul(NULL, &kw, qs, nq, P, NULL);
+        if (nb16 > nb)  /* scores (nq, nb) -> rows of nb16 */
+            for (int r = nq - 1; r >= 0; r--) {
+                memmove(P + (size_t)r * nb16, P + (size_t)r * nb, (size_t)nb * sizeof(float));
+                memset(P + (size_t)r * nb16 + nb, 0, (size_t)(nb16 - nb) * sizeof(float));
+            }
         for (int r = 0; r < nq; r++) {
-            float *pr = P + (size_t)r * nb;
+            float *pr = P + (size_t)r * nb16;
             int n = TM_MIN(nb, tk0->pos + r / gqa + 1 - bi * KVPOOL_BLOCK);
             if (n <= 0) {
                 memset(pr, 0, (size_t)nb * sizeof(float));
@@ -365,8 +357,10 @@ static void engine_att_tiled(engine_job *j, float *sc, int t0, int nt, int kvh)
         for (int k0 = 0; k0 < nb; k0 += 16)
             for (int d0 = 0; d0 < hd; d0 += 16)
                 for (int k = k0; k < TM_MIN(k0 + 16, nb); k++)
-                    for (int d = d0; d < TM_MIN(d0 + 16, hd); d++) Vt[(size_t)d * nb + k] = Vb[(size_t)k * hd + d];
-        ops_weight vw = { QTYPE_F32, hd, nb, Vt };
+                    for (int d = d0; d < TM_MIN(d0 + 16, hd); d++) Vt[(size_t)d * nb16 + k] = Vb[(size_t)k * hd + d];
+        if (nb16 > nb)
+            for (int d = 0; d < hd; d++) memset(Vt + (size_t)d * nb16 + nb, 0, (size_t)(nb16 - nb) * sizeof(float));
+        ops_weight vw = { QTYPE_F32, hd, nb16, Vt };
         ops_matmul(NULL, &vw, P, nq, PV, NULL);
         ops_add(NULL, acc, PV, (int64_t)nq * hd);
     }
@@ -455,7 +449,7 @@ engine_status engine_step(engine *e, const engine_batch *b, float *logits)
         threadpool_run(tp, engine_job_store_kv, &job);
         job.n_items = e->n_tiles * hp->n_kv_heads;
         job.next = 0;
-        job.q16 = kvpool_dtype(e->kv) == QTYPE_F16 && (T < ENGINE_FA_TILE_Q || hd % 16 != 0);
+        job.q16 = kvpool_dtype(e->kv) == QTYPE_F16 && hd % 16 != 0;
         threadpool_run(tp, engine_job_attention, &job);
         ops_matmul(tp, &L->wo, e->att, T, e->xn, e->mm_scratch);
         ops_add(tp, e->x, e->xn, (int64_t)T * dim);

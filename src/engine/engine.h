@@ -10,17 +10,23 @@
  * mapping head h to kv head h / (n_heads / n_kv_heads). Attention work items are (tile, kv
  * head), a tile being up to 16 consecutive positions of one sequence in the batch, taken by
  * the threads from a shared counter; per block, Q K^T and P V are two small f32 GEMMs. Every
- * output is computed by one thread in a fixed order, so results do not depend on the thread
- * count or on which other sequences share the batch.
+ * output is computed by one thread in a fixed order.
+ *
+ * Batch invariance: the logits of a (sequence, position) are bit-identical whatever else
+ * shares the step (other sequences, prefill chunks, decode tokens), however its prompt was
+ * chunked (one step, chunks, token by token) and whatever the thread count, at a given SIMD
+ * level: every matmul kernel computes a (row, token) dot in one fixed order whatever the
+ * tile, and attention takes one path per engine whose arithmetic for a query depends only on
+ * its own position (tests/unit/test_invariance.c). So greedy output never depends on load.
  *
  * Numerics follow llama.cpp's CPU backend with flash attention (node-llama-cpp 3.21.1's
- * default: flash_attn "auto" resolves to on for CPU, F16 K/V cache), whose two paths we
- * mirror: for steps of 64+ tokens with a head size that is a multiple of 16 (its tiled path),
- * Q K^T and P V in f32 with an online softmax per block; otherwise (its one-query path) Q
- * rounded to f16, K.Q as an f16 dot, online softmax key by key and V accumulated in an f16
- * accumulator, and, for a single-token step whose KV view (positions rounded up to 256)
- * reaches 512, the keys split into n_threads ranges reduced at the end, as ggml does with
- * the same thread count. Scores are scaled by 1/sqrt(head_dim).
+ * default: flash_attn "auto" resolves to on for CPU, F16 K/V cache) in its tiled path (the
+ * one it takes for prompt processing, steps of 64+ tokens): Q K^T and P V in f32 with an
+ * online softmax per 128-key block, for every step. llama.cpp's single-token steps use its
+ * one-query path instead (Q rounded to f16, f16 V accumulator), so our decode steps differ
+ * from its by f16 rounding. With an F16 cache and a head size that is not a multiple of 16,
+ * where ggml has only the one-query path, that path is used for every step (without ggml's
+ * split of long single-token steps over threads). Scores are scaled by 1/sqrt(head_dim).
  *
  * Memory: all scratch (activations for max_batch_tokens, matmul scratch, per-thread
  * attention buffers) is allocated in engine_new; engine_step allocates nothing.

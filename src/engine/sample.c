@@ -119,6 +119,11 @@ void sample_reset(sampler *s)
     util_rng_seed(&s->rng, s->prm.seed);
 }
 
+void sample_skip_draws(sampler *s, int n)
+{
+    for (int i = 0; i < n; i++) (void)util_rng_uniform(&s->rng);
+}
+
 void sample_accept(sampler *s, int32_t token)
 {
     int n = s->prm.penalty_last_n;

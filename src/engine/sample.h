@@ -40,6 +40,9 @@ void sample_free(sampler *s);
 void sample_reset(sampler *s);
 /* Appends a token (prompt or generated) to the penalty window. */
 void sample_accept(sampler *s, int32_t token);
+/* Advances the generator by n draws, as n non-greedy sample_token calls would (continuing a
+ * request sampled elsewhere: cluster/worker.c). */
+void sample_skip_draws(sampler *s, int n);
 /* Picks the next token from logits (n_vocab floats, not modified). */
 int32_t sample_token(sampler *s, const float *logits);
 

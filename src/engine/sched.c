@@ -155,6 +155,7 @@ static void sched_req_destroy(sched_req *r)
 /* Publishes FINISH (under mu), releases KV (engine thread). Caller holds mu. */
 static void sched_finish_locked(sched *s, sched_req *r, sched_finish why)
 {
+    if (r->seq && r->p.kv_out) r->p.kv_out(r->p.kv_arg, s->pool, r->seq, r->n_done);
     if (r->seq) {
         kvpool_seq_free(s->pool, r->seq);
         r->seq = NULL;
@@ -316,6 +317,7 @@ static void sched_admit_locked(sched *s)
             att += blockio_load_finish(s->o.bio, r->load, seq);
             r->load = NULL;
         }
+        if (r->p.kv_in) att = r->p.kv_in(r->p.kv_arg, s->pool, seq, att);
         r->seq = seq;
         r->n_done = att;
         if (!r->admitted_once) {
@@ -746,6 +748,11 @@ sched_status sched_submit(sched *s, const sched_params *p, sched_req **out)
     for (int i = 0; i < p->n_prompt; i++)
         if (p->prompt[i] < 0 || p->prompt[i] >= s->n_vocab) return SCHED_ERR_ARG;
     if (p->n_prompt >= s->o.n_ctx) return SCHED_ERR_TOO_LONG;
+    if (p->n_gen < 0 || (p->n_gen > 0 && !p->gen) || p->n_sampled < 0) return SCHED_ERR_ARG;
+    for (int i = 0; i < p->n_gen; i++)
+        if (p->gen[i] < 0 || p->gen[i] >= s->n_vocab) return SCHED_ERR_ARG;
+    if (p->n_gen > 0 && p->n_prompt + p->n_gen >= s->o.n_ctx) return SCHED_ERR_TOO_LONG;
+    if (p->n_gen > 0 && p->max_tokens > 0 && p->n_gen >= p->max_tokens) return SCHED_ERR_ARG;
 
     sched_req *r = calloc(1, sizeof *r);
     if (!r) return SCHED_ERR_NOMEM;
@@ -753,6 +760,7 @@ sched_status sched_submit(sched *s, const sched_params *p, sched_req **out)
     r->p = *p;
     r->p.prompt = NULL;
     r->p.cache_salt = NULL;
+    r->p.gen = NULL;
     if (p->cache_salt && *p->cache_salt) {
         blockkey_root(p->cache_salt, strlen(p->cache_salt), r->root);
         r->salted = true;
@@ -770,6 +778,12 @@ sched_status sched_submit(sched *s, const sched_params *p, sched_req **out)
     }
     memcpy(r->tokens, p->prompt, (size_t)p->n_prompt * sizeof *r->tokens);
     for (int i = 0; i < p->n_prompt; i++) sample_accept(r->smp, p->prompt[i]);
+    if (p->n_gen > 0) {   /* continue a request generated elsewhere: same sampler state */
+        memcpy(r->tokens + p->n_prompt, p->gen, (size_t)p->n_gen * sizeof *r->tokens);
+        r->n_tokens += p->n_gen;
+        for (int i = 0; i < p->n_gen; i++) sample_accept(r->smp, p->gen[i]);
+        sample_skip_draws(r->smp, p->n_sampled);
+    }
     r->ttft = -1;
     r->t_submit = util_now();
     r->engine_held = true;

@@ -90,6 +90,20 @@ typedef struct {
     int cache_class;        /* traffic class of its blocks in the block store (store_class: the
                              * retention TTL they are written and refreshed with); 0 = the
                              * default ("chat") */
+    /* disaggregated serving (src/cluster/worker.c); zeros = unused */
+    const int32_t *gen;     /* (n_gen) tokens already generated elsewhere: the context is prompt
+                             * ++ gen, generation continues after them and they count toward
+                             * max_tokens and completion_tokens; copied by sched_submit */
+    int n_gen;
+    int n_sampled;          /* sampler draws already made for them (skipped after seeding) */
+    /* Engine thread, at each admission after the cached/loaded blocks were attached
+     * (n_attached positions, all keyed): may install more KV into seq (reserving blocks) and
+     * returns the positions now valid, n_attached when it installs nothing. */
+    int (*kv_in)(void *arg, kvpool *pool, kvpool_seq *seq, int n_attached);
+    /* Engine thread, when the request finishes while it holds KV (n_done positions valid),
+     * just before the KV is released: may copy it out. */
+    void (*kv_out)(void *arg, const kvpool *pool, const kvpool_seq *seq, int n_done);
+    void *kv_arg;           /* first argument of kv_in / kv_out */
 } sched_params;
 
 typedef struct {

@@ -6,7 +6,10 @@
  * picked once at run time from cpu_get_level() (TOKENMILL_SIMD caps it; tests switch with
  * ops_force_level). Ops that take a threadpool split their work over its threads by ith/nth;
  * a NULL pool means "run on the caller". Results do not depend on the thread count: every
- * output element is computed by exactly one thread in a fixed order.
+ * output element is computed by exactly one thread in a fixed order. Nor do they depend on
+ * the batch: a matmul computes each (row, token) dot product in the same order whatever
+ * n_tokens and wherever the token sits in the batch (kernel tiles only share loads), so a
+ * token's y is bit-identical alone or batched (the engine's batch invariance rests on it).
  *
  * Numerics mirror ggml: activations are quantised to the weight type's vec-dot type (Q8_0,
  * Q8_K; F16 for F16 weights, BF16 for BF16) with llama.cpp's x86 rounding, integer dot

@@ -4,7 +4,9 @@
  *
  * A gemm kernel computes y[t * y_stride + r] = dot(W row r, X row t) for r < nr, t < nt,
  * where W rows are w_stride bytes apart (weight type) and X rows x_stride bytes apart (its
- * vec-dot type, already quantised). It tiles rows x tokens internally.
+ * vec-dot type, already quantised). It tiles rows x tokens internally, but must compute every
+ * (r, t) element in the same arithmetic order whatever the tile it falls in (nr, nt, its
+ * offsets): batch invariance (test_ops.c checks it bit for bit).
  */
 #ifndef TM_OPS_INT_H
 #define TM_OPS_INT_H

@@ -131,6 +131,28 @@ bool api_tenancy_of(http_request *r, const api_ctx *c, const char *cache_salt, c
     return true;
 }
 
+sched_status api_be_submit(const api_ctx *c, const sched_params *p, sched_req **out)
+{
+    return c->backend ? c->backend->submit(c->backend->ud, p, out) : sched_submit(c->sched, p, out);
+}
+
+int api_be_poll(const api_ctx *c, sched_req *r, sched_output *out, int max, int timeout_ms)
+{
+    return c->backend ? c->backend->poll(c->backend->ud, r, out, max, timeout_ms) : sched_poll(r, out, max, timeout_ms);
+}
+
+void api_be_cancel(const api_ctx *c, sched_req *r)
+{
+    if (c->backend) c->backend->cancel(c->backend->ud, r);
+    else sched_cancel(r);
+}
+
+void api_be_release(const api_ctx *c, sched_req *r)
+{
+    if (c->backend) c->backend->release(c->backend->ud, r);
+    else sched_release(r);
+}
+
 static void api_submit_message(char *buf, size_t sz, const api_ctx *c, sched_status st, int n_prompt, int max_tokens)
 {
     switch (st) {
@@ -144,7 +166,9 @@ static void api_submit_message(char *buf, size_t sz, const api_ctx *c, sched_sta
                      "Please reduce the prompt.", c->n_ctx, n_prompt);
         break;
     case SCHED_ERR_QUEUE_FULL: snprintf(buf, sz, "The server is overloaded: too many queued requests. Retry later."); break;
-    case SCHED_ERR_STOPPED: snprintf(buf, sz, "The server is shutting down."); break;
+    case SCHED_ERR_STOPPED:
+        snprintf(buf, sz, c->backend ? "No worker is available to serve the request. Retry later." : "The server is shutting down.");
+        break;
     case SCHED_ERR_ARG: snprintf(buf, sz, "Invalid prompt (empty, or a token id outside the vocabulary)."); break;
     default: snprintf(buf, sz, "Internal error: %s.", sched_status_name(st)); break;
     }
@@ -1139,7 +1163,7 @@ typedef struct {
 static void api_job_free(api_job *j)
 {
     for (int i = 0; i < j->n; i++)
-        if (j->sreq[i]) sched_release(j->sreq[i]);
+        if (j->sreq[i]) api_be_release(j->c, j->sreq[i]);
     api_out_free(&j->out);
     template_prompt_free(&j->prompt);
     api_req_free(&j->req);
@@ -1184,7 +1208,7 @@ static void api_job_apply(api_job *j, int i, const sched_output *so)
         }
         lpp = &lp;
     }
-    if (api_out_token(o, i, so->token, j->piece, n, lpp) && j->sreq[i]) sched_cancel(j->sreq[i]);
+    if (api_out_token(o, i, so->token, j->piece, n, lpp) && j->sreq[i]) api_be_cancel(j->c, j->sreq[i]);
 }
 
 static bool api_job_all_finished(const api_job *j)
@@ -1202,7 +1226,7 @@ static bool api_job_pump(api_job *j, int timeout_ms)
     for (int pass = 0; pass < 2 && !any; pass++) {
         for (int i = 0; i < j->n; i++) {
             if (j->fin[i]) continue;
-            int k = sched_poll(j->sreq[i], outs, 32, pass ? timeout_ms : 0);
+            int k = api_be_poll(j->c, j->sreq[i], outs, 32, pass ? timeout_ms : 0);
             for (int q = 0; q < k; q++) api_job_apply(j, i, &outs[q]);
             if (k) any = true;
             if (pass) break;
@@ -1336,7 +1360,7 @@ void api_serve(http_request *r, const api_ctx *c, api_kind kind, bool count_only
     sp.cache_class = tn.cls;
     for (int i = 0; i < j->out.n_choices; i++) {
         sp.sample.seed = j->req.sp.seed + (uint64_t)i;
-        sched_status ss = sched_submit(c->sched, &sp, &j->sreq[i]);
+        sched_status ss = api_be_submit(c, &sp, &j->sreq[i]);
         if (ss != SCHED_OK) {
             if (kind == API_KIND_MESSAGES) api_anthropic_submit_error(r, c, ss, n_prompt, 0);
             else api_openai_submit_error(r, c, ss, n_prompt, 0);

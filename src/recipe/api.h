@@ -56,6 +56,20 @@
 typedef struct tokenizer tokenizer;   /* recipe/tokenizer.h */
 typedef struct template template;     /* recipe/template.h */
 
+/* BACKEND: where the routes run their requests. api_ctx.backend NULL is the local scheduler
+ * (api_ctx.sched, the one-process `tokenmill serve`); the gateway (cluster/gateway.h) gives its
+ * own, which runs the same calls on remote workers. The calls have sched.h's meaning and
+ * types; handles are opaque to the routes, so a backend may return its own type cast to
+ * sched_req *. metrics (may be NULL) appends the backend's Prometheus lines to /metrics. */
+typedef struct api_backend {
+    void *ud;                 /* the backend's state, passed to every call */
+    sched_status (*submit)(void *ud, const sched_params *p, sched_req **out);
+    int (*poll)(void *ud, sched_req *r, sched_output *out, int max, int timeout_ms);
+    void (*cancel)(void *ud, sched_req *r);
+    void (*release)(void *ud, sched_req *r);
+    void (*metrics)(void *ud, http_buf *b);
+} api_backend;
+
 typedef struct {
     sched *sched;             /* the scheduler of the one engine */
     const model *model;       /* the loaded model (hparams, gguf metadata) */
@@ -68,7 +82,14 @@ typedef struct {
     int64_t created;          /* unix seconds the server started ("created" fields) */
     const gc_retention *retention; /* the block store's traffic classes (--retention over the
                                     * defaults), which cache_class may name; NULL: defaults */
+    const api_backend *backend; /* NULL: requests run on sched; else on this backend (sched NULL) */
 } api_ctx;
+
+/* The routes' calls into the backend: c->backend's, or sched_submit/poll/cancel/release. */
+sched_status api_be_submit(const api_ctx *c, const sched_params *p, sched_req **out);
+int api_be_poll(const api_ctx *c, sched_req *r, sched_output *out, int max, int timeout_ms);
+void api_be_cancel(const api_ctx *c, sched_req *r);
+void api_be_release(const api_ctx *c, sched_req *r);
 
 /* Routes of each API; cmd_serve calls every one that is linked in. */
 void api_misc_register(http_server *h, api_ctx *c);          /* GET /v1/models, /health, /metrics */

@@ -65,7 +65,7 @@ static void compl_job_free(compl_job *j)
 {
     for (int i = 0; i < j->n; i++) {
         compl_choice *ch = &j->ch[i];
-        if (ch->req) sched_release(ch->req);
+        if (ch->req) api_be_release(j->c, ch->req);
         http_buf_free(&ch->text);
         json_decref(ch->lp_tokens);
         json_decref(ch->lp_logprobs);
@@ -128,7 +128,7 @@ static void compl_apply(compl_job *j, compl_choice *ch, const sched_output *o)
             ch->text.len = cut;
             ch->text.data[cut] = 0;
             ch->stopped = true;
-            sched_cancel(ch->req);
+            api_be_cancel(j->c, ch->req);
         }
     }
 }
@@ -183,7 +183,7 @@ static bool compl_pump(compl_job *j, int timeout_ms)
         for (int i = 0; i < j->n; i++) {
             compl_choice *ch = &j->ch[i];
             if (ch->finished) continue;
-            int k = sched_poll(ch->req, out, 32, pass ? timeout_ms : 0);
+            int k = api_be_poll(j->c, ch->req, out, 32, pass ? timeout_ms : 0);
             for (int q = 0; q < k; q++) compl_apply(j, ch, &out[q]);
             if (k) any = true;
             if (pass) break;  /* wait on one only */
@@ -504,7 +504,7 @@ static void compl_handle(http_request *r, void *user)
     } else {
         for (int i = 0; i < j->n; i++) {
             sp.sample.seed = base_seed + (uint64_t)i;
-            sched_status st = sched_submit(c->sched, &sp, &j->ch[i].req);
+            sched_status st = api_be_submit(c, &sp, &j->ch[i].req);
             if (st != SCHED_OK) {
                 j->n = i;  /* only the submitted ones are released */
                 api_openai_submit_error(r, c, st, j->n_prompt, (int)max_tokens);

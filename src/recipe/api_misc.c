@@ -1,7 +1,7 @@
 /*
  * api_misc: the server's small routes: GET /v1/models (OpenAI list shape), GET /health, and
  * GET /metrics (Prometheus text exposition format 0.0.4) from the scheduler's and the HTTP
- * layer's counters: requests, tokens in/out, cached tokens, TTFT / inter-token latency /
+ * layer's counters (a remote backend without a scheduler: the backend's metrics hook): requests, tokens in/out, cached tokens, TTFT / inter-token latency /
  * engine step histograms, queue depth, running sequences, KV blocks, CPU gap between steps.
  */
 #include "recipe/api.h"
@@ -50,6 +50,13 @@ static void misc_metrics(http_request *r, void *user)
     sched_stats st;
     sched_hist ttft, itl, step;
     http_stats hs;
+    if (!c->sched) { /* a remote backend (the gateway): its own figures */
+        http_buf b = { 0 };
+        if (c->backend && c->backend->metrics) c->backend->metrics(c->backend->ud, &b);
+        http_respond(r, 200, "text/plain; version=0.0.4; charset=utf-8", b.data ? b.data : "", b.len);
+        http_buf_free(&b);
+        return;
+    }
     sched_get_stats(c->sched, &st);
     sched_get_hists(c->sched, &ttft, &itl, &step);
     http_get_stats(http_request_server(r), &hs);

@@ -184,6 +184,57 @@ TEST(test_matmul_odd_cols)
     }
 }
 
+/* Batch invariance: a token's y is bit-identical whatever the batch around it (n_tokens, its
+ * index in the batch, so the kernel tile it lands in) and whatever the thread count. The
+ * reference is the token computed alone (n_tokens = 1, no threads). */
+static int check_mm_invariant(qtype t, int rows, int cols)
+{
+    enum { NMAX = 130 };
+    static const int ns[] = {1, 2, 3, 4, 5, 16, 17, 130};
+    mm_case c;
+    mm_case_init(&c, t, rows, cols, NMAX, 4242 + (uint64_t)t);
+    ops_weight w = {t, rows, cols, c.wq};
+    void *scratch = malloc(ops_matmul_scratch_bytes(t, cols, NMAX) + 1);
+    float *alone = malloc((size_t)NMAX * rows * 4), *y = malloc((size_t)NMAX * rows * 4);
+    int bad = 0;
+    for (int lvl = 0; lvl < n_levels(); lvl++) {
+        ops_force_level((cpu_level)lvl);
+        for (int i = 0; i < NMAX; i++)
+            ops_matmul(NULL, &w, c.x + (size_t)i * cols, 1, alone + (size_t)i * rows, scratch);
+        for (size_t k = 0; k < TM_ARRAY_LEN(ns); k++)
+            for (int th = 0; th < 3; th++) {
+                /* batches ending at different tokens, so each token sits at several tile
+                 * offsets */
+                for (int off = 0; off + ns[k] <= NMAX; off += ns[k] == NMAX ? NMAX : 37) {
+                    ops_matmul(pools[th], &w, c.x + (size_t)off * cols, ns[k], y, scratch);
+                    if (memcmp(y, alone + (size_t)off * rows, (size_t)ns[k] * rows * 4)) {
+                        if (bad++ < 3)
+                            fprintf(stderr, "  %s %dx%d %s: n_tokens %d from %d, %d threads "
+                                    "differ from one token alone\n", quant_type_name(t), rows,
+                                    cols, ops_level_name(), ns[k], off, th + 1);
+                    }
+                }
+            }
+    }
+    free(alone);
+    free(y);
+    free(scratch);
+    mm_case_free(&c);
+    return bad;
+}
+
+TEST(test_matmul_batch_invariant)
+{
+    for (size_t ti = 0; ti < TM_ARRAY_LEN(mm_types); ti++) {
+        CHECKF(check_mm_invariant(mm_types[ti], 37, 512) == 0, "%s", quant_type_name(mm_types[ti]));
+        CHECKF(check_mm_invariant(mm_types[ti], 5, 256) == 0, "%s", quant_type_name(mm_types[ti]));
+    }
+    static const qtype t32[] = {QTYPE_Q4_0, QTYPE_Q8_0};
+    for (size_t i = 0; i < TM_ARRAY_LEN(t32); i++) CHECK(check_mm_invariant(t32[i], 19, 96) == 0);
+    static const qtype tf[] = {QTYPE_F32, QTYPE_F16, QTYPE_BF16};
+    for (size_t i = 0; i < TM_ARRAY_LEN(tf); i++) CHECK(check_mm_invariant(tf[i], 9, 37) == 0);
+}
+
 TEST(test_matmul_multi)
 {
     /* Q4_K_M style: q, k in Q4_K and v in Q6_K share Q8_K activations; plus an F16 one */
@@ -424,6 +475,7 @@ int main(void)
     RUN(test_threadpool);
     RUN(test_matmul_all_types);
     RUN(test_matmul_odd_cols);
+    RUN(test_matmul_batch_invariant);
     RUN(test_matmul_multi);
     RUN(test_elementwise);
     RUN(test_rope);

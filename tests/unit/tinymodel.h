@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "model/gguf.h"
+#include "model/quant.h"
 #include "util/util.h"
 
 typedef struct {
@@ -22,6 +23,8 @@ typedef struct {
     uint64_t seed;
     const char *skip;   /* tensor name to leave out (error tests) */
     const char *bad_shape; /* tensor name to write with one row too many */
+    qtype wtype;        /* type of the 2-D weight matrices (token_embd stays F32); 0 = F32.
+                         * Their cols must be multiples of its block size. */
 } tiny_cfg;
 
 typedef struct {
@@ -49,6 +52,19 @@ static inline void tiny_add(gguf_writer *w, const tiny_cfg *c, const char *name,
     if (c->skip && !strcmp(c->skip, name)) return;
     if (c->bad_shape && !strcmp(c->bad_shape, name)) rows -= 1;  /* data has enough bytes */
     int64_t ne[2] = { cols, rows };
+    if (c->wtype != QTYPE_F32 && rows > 1 && strcmp(name, "token_embd.weight")) {
+        /* quantised in place (the writer keeps the pointer; the rows shrink, so row r's
+         * output never reaches rows not yet read) */
+        size_t rb = quant_row_bytes(c->wtype, cols);
+        char *q = (char *)d, *tmp = xmalloc(rb);
+        for (int64_t r = 0; r < rows; r++) {
+            quant_quantize_row(c->wtype, d + r * cols, tmp, cols);
+            memcpy(q + (size_t)r * rb, tmp, rb);
+        }
+        free(tmp);
+        gguf_writer_add_tensor(w, name, c->wtype, 2, ne, q, rb * (size_t)rows);
+        return;
+    }
     gguf_writer_add_tensor(w, name, QTYPE_F32, rows > 1 ? 2 : 1, ne, d, (size_t)(cols * rows) * 4);
 }
 

@@ -1,0 +1,204 @@
+/*
+ * cmd_gateway: `tokenmill gateway -m MODEL --listen HOST:PORT [--prefill HOST:PORT,...]
+ * [--decode HOST:PORT,...] [--register HOST:PORT] [--cache SPEC|off] [--ctx N]
+ * [--heartbeat-timeout S] [--wait-timeout S] [--api-key KEY ...] [--model-name NAME] [-v]`.
+ *
+ * The front of a disaggregated cluster (cluster/gateway.h): the same HTTP APIs as `serve`
+ * (recipe/api.h, over the gateway's backend instead of a local scheduler), plus the admin
+ * routes (/admin/workers, /admin/drain, /admin/capacity). The model is opened for its
+ * tokenizer, chat template and fingerprint only (the file is mmapped: its weights are never
+ * touched here). Workers are the --prefill / --decode addresses (reconnected when they come
+ * back) and those that register at --register (workers started with --gateway).
+ *
+ * Lines on stderr for tests: "tokenmill gateway: workers register at HOST:PORT" and
+ * "tokenmill gateway: listening on http://HOST:PORT".
+ */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cache/gc.h"
+#include "cache/store.h"
+#include "cli/cmd.h"
+#include "cluster/gateway.h"
+#include "http/http.h"
+#include "model/model.h"
+#include "recipe/api.h"
+#include "recipe/template.h"
+#include "recipe/tokenizer.h"
+#include "util/util.h"
+
+#pragma weak api_chat_register
+#pragma weak api_responses_register
+#pragma weak api_messages_register
+
+#define GWC_MAX 32
+
+static void cmd_gateway_usage(void)
+{
+    fprintf(stderr, "usage: tokenmill gateway -m MODEL --listen HOST:PORT [--prefill HOST:PORT,...] [--decode HOST:PORT,...]\n"
+                    "                         [--register HOST:PORT] [--cache SPEC|off] [--ctx N] [--heartbeat-timeout S]\n"
+                    "                         [--wait-timeout S] [--api-key KEY ...] [--model-name NAME] [--template NAME] [-v]\n");
+}
+
+/* Splits a comma list in place into out (at most GWC_MAX); returns the count or -1. */
+static int cmd_gateway_list(char *z, const char **out, int n)
+{
+    for (char *save = NULL, *t = strtok_r(z, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (n == GWC_MAX) return -1;
+        out[n++] = t;
+    }
+    return n;
+}
+
+int cmd_gateway(int argc, char **argv)
+{
+    const char *path = NULL, *listen = "127.0.0.1:8080", *reg = NULL, *cache_spec = NULL, *name = NULL, *tmpl_name = NULL;
+    const char *pre[GWC_MAX], *dec[GWC_MAX], *keys[16];
+    int n_pre = 0, n_dec = 0, n_keys = 0;
+    long ctx = 0;
+    double hb_timeout = 2, wait_timeout = 30;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-v")) { util_log_level = LOG_LEVEL_DEBUG; continue; }
+        if (!v) { fprintf(stderr, "tokenmill gateway: %s needs a value\n", a); cmd_gateway_usage(); return 2; }
+        bool ok = true;
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) path = v;
+        else if (!strcmp(a, "--listen")) listen = v;
+        else if (!strcmp(a, "--register")) reg = v;
+        else if (!strcmp(a, "--prefill")) ok = (n_pre = cmd_gateway_list(v, pre, n_pre)) >= 0;
+        else if (!strcmp(a, "--decode")) ok = (n_dec = cmd_gateway_list(v, dec, n_dec)) >= 0;
+        else if (!strcmp(a, "--cache")) cache_spec = v;
+        else if (!strcmp(a, "--ctx")) ok = (ctx = strtol(v, NULL, 10)) > 0;
+        else if (!strcmp(a, "--heartbeat-timeout")) ok = (hb_timeout = atof(v)) > 0;
+        else if (!strcmp(a, "--wait-timeout")) ok = (wait_timeout = atof(v)) > 0;
+        else if (!strcmp(a, "--model-name")) name = v;
+        else if (!strcmp(a, "--template")) tmpl_name = v;
+        else if (!strcmp(a, "--api-key")) {
+            if (n_keys == 16) { fprintf(stderr, "tokenmill gateway: too many --api-key\n"); return 2; }
+            keys[n_keys++] = v;
+        } else {
+            fprintf(stderr, "tokenmill gateway: unknown option '%s'\n", a);
+            cmd_gateway_usage();
+            return 2;
+        }
+        if (!ok) { fprintf(stderr, "tokenmill gateway: bad value for %s: '%s'\n", a, v); return 2; }
+        i++;
+    }
+    if (!path) { cmd_gateway_usage(); return 2; }
+    char host[256];
+    const char *colon = strrchr(listen, ':');
+    if (!colon || colon == listen || (size_t)(colon - listen) >= sizeof host) {
+        fprintf(stderr, "tokenmill gateway: bad --listen '%s' (want HOST:PORT)\n", listen);
+        return 2;
+    }
+    memcpy(host, listen, (size_t)(colon - listen));
+    host[colon - listen] = 0;
+    int port = atoi(colon + 1);
+
+    int rc = 1;
+    char err[512];
+    model *m = NULL;
+    tokenizer *tok = NULL;
+    template *tmpl = NULL;
+    store *cache = NULL;
+    gateway *g = NULL;
+    http_server *h = NULL;
+    char *derived = NULL;
+    gc_retention classes;
+    gc_retention_default(&classes);
+    if (model_load(path, NULL, &m, err, sizeof err) != GGUF_OK) {
+        fprintf(stderr, "tokenmill gateway: %s\n", err);
+        goto out;
+    }
+    if (tokenizer_load(m->g, &tok, err, sizeof err) != TOKENIZER_OK ||
+        template_new(tok, m->g, tmpl_name, &tmpl, err, sizeof err) != TEMPLATE_OK) {
+        fprintf(stderr, "tokenmill gateway: %s\n", err);
+        goto out;
+    }
+    if (cache_spec && strcmp(cache_spec, "off")) {
+        store_opts sto = { 0 };
+        if (store_open(cache_spec, &sto, &cache) != STORE_OK) {
+            fprintf(stderr, "tokenmill gateway: block store %s unavailable: no entry-point hits\n", cache_spec);
+            cache = NULL;
+        }
+    }
+    int n_ctx = ctx > 0 ? (int)ctx : TM_MIN(m->hp.n_ctx_train, 4096);
+    gateway_opts go = { .model = m, .cache = cache, .prefill = pre, .n_prefill = n_pre, .decode = dec, .n_decode = n_dec,
+                        .register_listen = reg, .n_ctx = n_ctx, .eos_ids = { -1, -1, -1, -1 },
+                        .heartbeat_timeout_s = hb_timeout, .wait_timeout_s = wait_timeout };
+    go.eos_ids[0] = tokenizer_eos(tok);
+    go.eos_ids[1] = tokenizer_eot(tok);
+    if (gateway_new(&go, &g, err, sizeof err) != GATEWAY_OK) {
+        fprintf(stderr, "tokenmill gateway: %s\n", err);
+        rc = 2;
+        goto out;
+    }
+    if (!name) {
+        const char *base = strrchr(path, '/');
+        derived = xstrdup(base ? base + 1 : path);
+        size_t n = strlen(derived);
+        if (n > 5 && !strcmp(derived + n - 5, ".gguf")) derived[n - 5] = 0;
+        name = derived;
+    }
+    const char *alias = NULL;
+    size_t alias_len = 0;
+    char alias_buf[256] = { 0 };
+    if (gguf_get_str(m->g, "general.name", &alias, &alias_len) && alias_len < sizeof alias_buf) {
+        memcpy(alias_buf, alias, alias_len);
+        alias = alias_buf;
+    } else {
+        alias = NULL;
+    }
+    api_ctx ac = { .sched = NULL, .model = m, .tok = tok, .tmpl = tmpl, .model_name = name, .model_alias = alias,
+                   .n_ctx = n_ctx, .n_threads = 1, .created = (int64_t)time(NULL), .retention = &classes,
+                   .backend = gateway_backend(g) };
+    http_opts ho = { .host = host, .port = port, .api_keys = keys, .n_api_keys = n_keys };
+    if (http_server_new(&ho, &h, err, sizeof err) != HTTP_OK) {
+        fprintf(stderr, "tokenmill gateway: %s\n", err);
+        rc = 2;
+        goto out;
+    }
+    api_misc_register(h, &ac);
+    api_completions_register(h, &ac);
+    if (api_chat_register) api_chat_register(h, &ac);
+    if (api_responses_register) api_responses_register(h, &ac);
+    if (api_messages_register) api_messages_register(h, &ac);
+    gateway_routes(g, h);
+
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    if (http_server_start(h, err, sizeof err) != HTTP_OK) {
+        fprintf(stderr, "tokenmill gateway: %s\n", err);
+        goto out;
+    }
+    if (reg) {
+        const char *rc_ = strrchr(reg, ':');
+        fprintf(stderr, "tokenmill gateway: workers register at %.*s:%d\n", (int)(rc_ ? rc_ - reg : 0), reg,
+                gateway_register_port(g));
+    }
+    fprintf(stderr, "tokenmill gateway: listening on http://%s:%d\n", host, http_server_port(h));
+    fflush(stderr);
+    int sig = 0;
+    sigwait(&set, &sig);
+    fprintf(stderr, "tokenmill gateway: %s, stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    rc = 0;
+out:
+    gateway_shutdown(g);
+    http_server_free(h);
+    gateway_free(g);
+    store_close(cache);
+    template_free(tmpl);
+    tokenizer_free(tok);
+    model_free(m);
+    free(derived);
+    return rc;
+}

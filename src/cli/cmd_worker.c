@@ -1,0 +1,176 @@
+/*
+ * cmd_worker: `tokenmill worker --role prefill|decode|mixed -m MODEL --listen HOST:PORT
+ * --cache SPEC [--gateway HOST:PORT] [--threads N] [--ctx N] [--max-seqs N] [--kv-mib N]
+ * [--step-tokens N] [--max-queue N] [--name NAME] [--drain-timeout SECONDS] [-v]`: one worker
+ * of the disaggregated server (issue 5, src/cluster/worker.h, docs/protocol.md).
+ *
+ * The engine, scheduler and block store are set up as `tokenmill serve` does; every worker
+ * and the gateway must name the same --cache store (full KV blocks travel through it). SIGTERM
+ * drains (no new work, running requests finish within --drain-timeout, the rest is reported
+ * MOVED to the gateway) and exits; SIGINT stops at once.
+ */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cache/store.h"
+#include "cli/cmd.h"
+#include "cluster/proto.h"
+#include "cluster/worker.h"
+#include "engine/blockio.h"
+#include "engine/engine.h"
+#include "engine/sched.h"
+#include "model/model.h"
+#include "recipe/tokenizer.h"
+#include "util/util.h"
+
+static void cmd_worker_usage(void)
+{
+    fprintf(stderr,
+            "usage: tokenmill worker --role prefill|decode|mixed -m MODEL --listen HOST:PORT --cache SPEC|off\n"
+            "                        [--gateway HOST:PORT] [--threads N] [--ctx N] [--max-seqs N] [--kv-mib N]\n"
+            "                        [--step-tokens N] [--max-queue N] [--name NAME] [--drain-timeout SECONDS] [-v]\n");
+}
+
+static bool cmd_worker_int(const char *z, long lo, long hi, long *out)
+{
+    char *end;
+    long v = strtol(z, &end, 10);
+    if (end == z || *end || v < lo || v > hi) return false;
+    *out = v;
+    return true;
+}
+
+int cmd_worker(int argc, char **argv)
+{
+    const char *path = NULL, *listen = NULL, *gateway = NULL, *cache_spec = NULL, *name = NULL;
+    int role = -1;
+    long threads = 0, ctx = 0, max_seqs = 16, kv_mib = 2048, step_tokens = 256, max_queue = 256, drain_s = 60;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        bool ok = true;
+        if (!strcmp(a, "-v")) { util_log_level = LOG_LEVEL_DEBUG; continue; }
+        if (!v) { fprintf(stderr, "tokenmill worker: %s needs a value\n", a); cmd_worker_usage(); return 2; }
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) path = v;
+        else if (!strcmp(a, "--role")) ok = (role = proto_role_parse(v)) > 0;
+        else if (!strcmp(a, "--listen")) listen = v;
+        else if (!strcmp(a, "--gateway")) gateway = v;
+        else if (!strcmp(a, "--cache")) cache_spec = v;
+        else if (!strcmp(a, "--name")) name = v;
+        else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) ok = cmd_worker_int(v, 0, 1024, &threads);
+        else if (!strcmp(a, "--ctx") || !strcmp(a, "-c")) ok = cmd_worker_int(v, 0, 1 << 24, &ctx);
+        else if (!strcmp(a, "--max-seqs")) ok = cmd_worker_int(v, 1, 4096, &max_seqs);
+        else if (!strcmp(a, "--kv-mib")) ok = cmd_worker_int(v, 1, 1 << 24, &kv_mib);
+        else if (!strcmp(a, "--step-tokens")) ok = cmd_worker_int(v, 1, 1 << 16, &step_tokens);
+        else if (!strcmp(a, "--max-queue")) ok = cmd_worker_int(v, 1, 1 << 20, &max_queue);
+        else if (!strcmp(a, "--drain-timeout")) ok = cmd_worker_int(v, 1, 86400, &drain_s);
+        else {
+            fprintf(stderr, "tokenmill worker: unknown option '%s'\n", a);
+            cmd_worker_usage();
+            return 2;
+        }
+        if (!ok) { fprintf(stderr, "tokenmill worker: bad value for %s: '%s'\n", a, v); return 2; }
+        i++;
+    }
+    if (!path || role < 0 || (!listen && !gateway)) { cmd_worker_usage(); return 2; }
+    if (cache_spec && !strcmp(cache_spec, "off")) cache_spec = NULL;
+    if (!cache_spec && role != PROTO_ROLE_MIXED)
+        fprintf(stderr, "tokenmill worker: no --cache: full KV blocks cannot be handed off, decode recomputes them\n");
+
+    int rc = 1;
+    char err[512];
+    model *m = NULL;
+    tokenizer *tok = NULL;
+    engine *e = NULL;
+    sched *s = NULL;
+    store *cache = NULL;
+    blockio *bio = NULL;
+    worker *w = NULL;
+    if (model_load(path, NULL, &m, err, sizeof err) != GGUF_OK) {
+        fprintf(stderr, "tokenmill worker: %s\n", err);
+        goto out;
+    }
+    if (tokenizer_load(m->g, &tok, err, sizeof err) != TOKENIZER_OK) {
+        fprintf(stderr, "tokenmill worker: %s\n", err);
+        goto out;
+    }
+    int n_ctx = ctx > 0 ? (int)ctx : TM_MIN(m->hp.n_ctx_train, 4096);
+    engine_opts eo = { .n_threads = (int)threads, .max_batch_tokens = (int)TM_MAX(step_tokens, 1) };
+    {
+        size_t per_tok = (size_t)m->hp.n_layers * (size_t)m->hp.n_kv_heads * (size_t)m->hp.head_dim * 2 * 2;
+        size_t want_blocks = (size_t)max_seqs * (size_t)((n_ctx + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK);
+        size_t cap_blocks = ((size_t)kv_mib << 20) / (per_tok * KVPOOL_BLOCK);
+        size_t min_blocks = (size_t)(n_ctx + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK + 1;
+        eo.n_kv_blocks = (int)TM_MAX(TM_MIN(want_blocks, cap_blocks), min_blocks);
+    }
+    if (engine_new(m, &eo, &e, err, sizeof err) != ENGINE_OK) {
+        fprintf(stderr, "tokenmill worker: %s\n", err);
+        goto out;
+    }
+    if (cache_spec) {
+        store_opts sto = { .capacity_bytes = (uint64_t)16 << 30, .gc_thread = true };
+        store_status sst = store_open(cache_spec, &sto, &cache);
+        if (sst != STORE_OK) {
+            fprintf(stderr, "tokenmill worker: cannot open the block store %s (%s)\n", cache_spec, store_status_name(sst));
+            rc = sst == STORE_ARG ? 2 : 1;
+            goto out;
+        }
+        blockio_opts bo = { .n_write_slots = 32 };
+        bio = blockio_new(cache, engine_kvpool(e), m, &bo);
+    }
+    sched_opts so = { .bio = bio, .max_seqs = (int)max_seqs, .max_queue = (int)max_queue,
+                      .step_tokens = (int)step_tokens, .n_ctx = n_ctx, .eos_ids = { -1, -1, -1, -1 } };
+    so.eos_ids[0] = tokenizer_eos(tok);
+    so.eos_ids[1] = tokenizer_eot(tok);
+    if (sched_new(e, &so, &s) != SCHED_OK) {
+        fprintf(stderr, "tokenmill worker: cannot start the scheduler\n");
+        goto out;
+    }
+
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    worker_opts wo = { .role = role, .listen = listen, .gateway = gateway, .name = name,
+                       .max_seqs = (int)max_seqs, .n_ctx = n_ctx };
+    w = worker_new(&wo, e, s, cache, bio);
+    if (!w) goto out;
+    fprintf(stderr, "tokenmill worker: %s, model %s (%d layers, ctx %d, KV %d blocks, %d threads)%s%s\n",
+            proto_role_name(role), m->hp.arch_name, m->hp.n_layers, n_ctx, eo.n_kv_blocks, engine_n_threads(e),
+            bio ? ", block store " : "", bio ? store_spec(cache) : "");
+    if (listen) fprintf(stderr, "tokenmill worker: listening on port %d\n", worker_port(w));
+    fflush(stderr);
+    /* SIGTERM: drain, then exit; SIGINT (or a second signal): stop now */
+    bool draining = false;
+    for (;;) {
+        struct timespec ts = { 0, 100000000 };
+        int sig = sigtimedwait(&set, NULL, &ts);
+        if (sig == SIGINT || (sig == SIGTERM && draining)) {
+            fprintf(stderr, "tokenmill worker: %s, stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+            break;
+        }
+        if (sig == SIGTERM) {
+            fprintf(stderr, "tokenmill worker: SIGTERM, draining (deadline %ld s)\n", drain_s);
+            worker_drain(w, (int)(drain_s * 1000));
+            draining = true;
+        }
+        if (draining && worker_drained(w)) break;
+    }
+    rc = 0;
+out:
+    worker_free(w);
+    if (s) sched_shutdown(s);
+    sched_free(s);
+    blockio_free(bio);
+    store_close(cache);
+    engine_free(e);
+    tokenizer_free(tok);
+    model_free(m);
+    return rc;
+}

@@ -1,0 +1,107 @@
+/*
+ * balance: the gateway's load balancers and its capacity rule, as pure functions of the load
+ * figures the gateway keeps per worker (no locks, no I/O: the unit tests drive them with
+ * numbers; the gateway logs each decision with the figures it used).
+ *
+ * PREFILL. The work of a prompt is its uncached tokens (the cached prefix is loaded from the
+ * shared block store, so any worker gets the same hits: no affinity). Cost model, seconds:
+ *     cost(n_new, n_cached) = n_new * (linear_s + attn_s * (n_cached + n_new / 2))
+ * (the linear layers per token, plus attention of each new token over the positions before it,
+ * on average the cached prefix plus half the new ones). A worker runs prefill in steps of at
+ * most step_budget_s: the largest chunk of a request that fits one step is
+ *     chunk = step_budget_s / (linear_s + attn_s * ctx)  tokens, ctx = the bucket's upper length
+ * (length buckets <=16k, <=64k, <=256k, longer: long prompts get smaller chunks), so a request
+ * takes ceil(n_new / chunk) steps. It goes to the up worker that would finish it earliest:
+ *     finish = (queued_s + steps * step_budget_s) / speed
+ * queued_s being the cost of what the worker already has (the gateway adds the cost of each
+ * job it sends and subtracts it when the first token comes back). Ties: fewer queued jobs,
+ * then the lower index.
+ *
+ * DECODE. Two figures per worker: running requests and the sum of their cache lengths
+ * (tokens). A request is long when its expected length (prompt + max new tokens) is above the
+ * cluster's mean length per running request (or long_tokens when nothing runs): long ones go
+ * to the worker with the shortest total cache (then fewer requests), short ones to the worker
+ * with the fewest requests (then the LONGEST total cache, which keeps the short caches free
+ * for the long requests). Workers at max_running are used only when every one is.
+ *
+ * CAPACITY. Recommended worker counts per role: prefill from the uncached tokens/s the
+ * gateway sees against what one worker does (tokens_per_s), decode from the running requests
+ * against what one worker runs well (target_running); both aimed at target_util, clamped to
+ * [min, max], and never below the current count while utilisation is above 0.8.
+ */
+#ifndef TM_BALANCE_H
+#define TM_BALANCE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define BAL_N_BUCKETS 4
+extern const int64_t bal_bucket_max[BAL_N_BUCKETS];   /* 16k, 64k, 256k, INT64_MAX tokens */
+
+typedef struct {
+    double linear_s;          /* seconds per token of the linear layers (MLP, projections) */
+    double attn_s;            /* seconds per token per attended position */
+    double step_budget_s;     /* seconds one prefill step may take */
+} bal_cost;
+
+/* Defaults for a small CPU model (tests and bench); the gateway may scale them. */
+void bal_cost_default(bal_cost *c);
+/* Length bucket of a prompt of n tokens: 0..BAL_N_BUCKETS-1. */
+int bal_bucket(int64_t n_tokens);
+/* Seconds of prefill work of n_new uncached tokens after n_cached cached ones. */
+double bal_prefill_cost(const bal_cost *c, int64_t n_new, int64_t n_cached);
+/* Tokens per step for prompts of the bucket of n_prompt (>= 1). */
+int64_t bal_chunk_tokens(const bal_cost *c, int64_t n_prompt);
+
+typedef struct {
+    bool up;                  /* registered, heartbeating, not draining */
+    double queued_s;          /* seconds of prefill work sent and not yet done (cost model) */
+    int n_queued;             /* jobs sent and not yet done */
+    double speed;             /* relative speed (1 = the cost model's machine); <= 0 taken as 1 */
+} bal_prefill_worker;
+
+typedef struct {
+    int worker;               /* chosen index, -1 when no worker is up */
+    int bucket;               /* the prompt's length bucket */
+    double cost_s;            /* the request's cost (cost model) */
+    int64_t steps;            /* prefill steps it takes */
+    double finish_s;          /* estimated seconds until the chosen worker finishes it */
+} bal_prefill_choice;
+
+/* Picks the prefill worker for a prompt of n_prompt tokens of which n_cached are stored. */
+bal_prefill_choice bal_prefill_pick(const bal_cost *c, const bal_prefill_worker *w, int n_workers, int64_t n_prompt,
+                                    int64_t n_cached);
+
+typedef struct {
+    bool up;                  /* registered, heartbeating, not draining */
+    int n_running;            /* requests it decodes now */
+    int64_t sum_ctx;          /* sum of their cache lengths, tokens */
+    int max_running;          /* requests it takes at most (<= 0: no limit) */
+} bal_decode_worker;
+
+typedef struct {
+    int worker;               /* chosen index, -1 when no worker is up */
+    bool is_long;             /* the request counted as long */
+    int64_t mean_len;         /* the threshold it was compared with */
+} bal_decode_choice;
+
+/* Picks the decode worker for a request expected to reach len tokens (prompt + max new). */
+bal_decode_choice bal_decode_pick(const bal_decode_worker *w, int n_workers, int64_t len, int64_t long_tokens);
+
+typedef struct {
+    int n_current;            /* workers of the role that are up */
+    double load;              /* prefill: uncached tokens/s; decode: running requests */
+    double per_worker;        /* prefill: tokens/s one worker does; decode: requests one runs well */
+    double target_util;       /* utilisation the recommendation aims at (e.g. 0.6) */
+    int min_workers, max_workers;
+} bal_capacity_in;
+
+typedef struct {
+    int recommended;          /* workers of the role */
+    double utilisation;       /* load / (n_current * per_worker); 0 with no worker and no load */
+    bool held;                /* a smaller count was held back: utilisation > 0.8 */
+} bal_capacity_out;
+
+bal_capacity_out bal_capacity(const bal_capacity_in *in);
+
+#endif

@@ -1,0 +1,1140 @@
+/*
+ * gateway: request tracker over remote workers, dispatcher, acceptor, admin routes (see
+ * gateway.h).
+ */
+#include "cluster/gateway.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cache/blockkey.h"
+#include "cluster/balance.h"
+#include "cluster/proto.h"
+#include "util/util.h"
+
+#define GW_MAX_WORKERS 64
+#define GW_MAX_RETRIES 8      /* re-sends of one request after BUSY / DRAINING answers */
+#define GW_RATE_SLOTS 10      /* seconds of history for the prefill token rate */
+
+typedef enum { GW_WAIT_PREFILL = 0, GW_PREFILL, GW_WAIT_DECODE, GW_DECODE, GW_DONE } gw_state;
+
+typedef struct {
+    bool used;                /* slot taken (static address, or a registered worker) */
+    bool connected;           /* a connection is open and its reader runs */
+    bool reader_live;         /* the reader thread has not exited yet */
+    bool draining;            /* takes no new work */
+    bool is_static;           /* from --prefill/--decode: reconnect when down */
+    char addr[128];           /* "HOST:PORT" (static or the HELLO's listen), or the peer */
+    char name[64];            /* HELLO name, for logs */
+    int role;                 /* proto_role from HELLO (static ones before: the list's role) */
+    int fd;                   /* the connection, -1 when none */
+    uint64_t gen;             /* bumped at each connection loss: stale readers are ignored */
+    double last_hb;           /* util_now() of the last frame received */
+    double next_connect;      /* static: next reconnect attempt */
+    proto_heartbeat hb;       /* its last load report */
+    uint32_t max_seqs;        /* HELLO */
+    int kv_dtype;             /* HELLO */
+    /* the gateway's own load figures (what it sent and has not seen finish) */
+    double queued_s;          /* prefill: cost-model seconds queued */
+    int n_prefill;            /* prefill jobs out */
+    int n_decode;             /* decode requests running */
+    int64_t sum_ctx;          /* their cache lengths, tokens */
+    uint64_t n_jobs;          /* lifetime jobs sent */
+} gw_worker;
+
+typedef struct gw_req {
+    struct gw_req *prev, *next;  /* the gateway's list of live requests */
+    uint64_t id;              /* protocol req_id */
+    int32_t *prompt;          /* (n_prompt) */
+    int n_prompt;
+    proto_params params;      /* params.salt owned */
+    int64_t expect_len;       /* prompt + max new tokens (decode balancer) */
+    int hit_len;              /* stored prefix at submit, tokens */
+    int32_t *gen;             /* (n_gen) tokens streamed to the client, cap_gen allocated */
+    int n_gen, cap_gen;
+    int n_cached;             /* prompt tokens cached (the HANDOFF's, else hit_len) */
+    uint32_t n_sampled;       /* sampler draws done (HANDOFF) */
+    gw_state state;
+    bool resume;              /* the next DECODE resumes (no handoff tail) */
+    int worker;               /* slot it is on (PREFILL / DECODE), else -1 */
+    double cost_s;            /* prefill cost counted in the worker's queued_s */
+    int64_t ctx_counted;      /* tokens counted in the decode worker's sum_ctx */
+    proto_kv tail;            /* handoff tail KV (tail.data owned) until the DECODE is sent */
+    bool has_tail;
+    sched_output *outs;       /* queued outputs [out_head, n_out) */
+    int n_out, cap_out, out_head;
+    bool finished;            /* FINISH queued */
+    bool done;                /* FINISH polled */
+    int retries;
+    double t_submit, t_wait;  /* util_now(): submit, entering the current wait */
+    double t_first;           /* first token (0 none) */
+    pthread_cond_t cv;
+} gw_req;
+
+typedef struct gw_msg {      /* a frame waiting for the dispatcher to send it */
+    struct gw_msg *next;
+    int slot;
+    uint64_t gen;             /* sent only while the worker's connection is this one */
+    proto_buf buf;
+} gw_msg;
+
+struct gateway {
+    gateway_opts o;
+    api_backend be;
+    pthread_mutex_t mu;
+    pthread_cond_t cv_disp;   /* wakes the dispatcher */
+    pthread_cond_t cv_workers;/* a worker came up / a reader exited */
+    gw_worker w[GW_MAX_WORKERS];
+    int n_slots;
+    gw_req *reqs;             /* live requests */
+    uint64_t next_id;
+    gw_msg *out_head, *out_tail;
+    bool stop, shut;
+    int listen_fd;
+    pthread_t disp, acc;
+    bool acc_started;
+    int kv_dtype;             /* the workers' KV type (pool fingerprint of block keys), -1 unknown */
+    /* counters */
+    uint64_t n_requests, n_rejected, n_reprefills, n_resumes, n_prompt_tokens, n_hit_tokens, n_gen_tokens;
+    uint64_t n_uncached_tokens;   /* prompt tokens not found in the store, lifetime */
+    uint64_t n_bad_conns;         /* connections refused (malformed HELLO / frames) */
+    double rate_t[GW_RATE_SLOTS]; /* ring: time and n_uncached_tokens once a second */
+    uint64_t rate_v[GW_RATE_SLOTS];
+    int rate_i;
+};
+
+/* ------------------------------------------------------------------ helpers */
+
+static bool gw_can_prefill(const gw_worker *w) { return w->role == PROTO_ROLE_PREFILL || w->role == PROTO_ROLE_MIXED; }
+static bool gw_can_decode(const gw_worker *w) { return w->role == PROTO_ROLE_DECODE || w->role == PROTO_ROLE_MIXED; }
+static bool gw_usable(const gw_worker *w) { return w->used && w->connected && !w->draining; }
+
+static void gw_queue_msg(gateway *g, int slot, const proto_msg *m)
+{
+    gw_msg *q = xcalloc(1, sizeof *q);
+    q->slot = slot;
+    q->gen = g->w[slot].gen;
+    proto_buf_init(&q->buf);
+    if (proto_encode(&q->buf, m) != PROTO_OK) {
+        log_error("gateway: cannot encode a %s frame", proto_type_name(m->hdr.type));
+        proto_buf_free(&q->buf);
+        free(q);
+        return;
+    }
+    if (g->out_tail) g->out_tail->next = q;
+    else g->out_head = q;
+    g->out_tail = q;
+    pthread_cond_signal(&g->cv_disp);
+}
+
+static gw_req *gw_find(gateway *g, uint64_t id)
+{
+    for (gw_req *r = g->reqs; r; r = r->next)
+        if (r->id == id) return r;
+    return NULL;
+}
+
+static sched_output *gw_out_slot(gw_req *r)
+{
+    if (r->out_head > 0 && r->out_head == r->n_out) r->out_head = r->n_out = 0;
+    if (r->n_out == r->cap_out) {
+        r->cap_out = r->cap_out ? 2 * r->cap_out : 16;
+        r->outs = xrealloc(r->outs, (size_t)r->cap_out * sizeof *r->outs);
+    }
+    sched_output *o = &r->outs[r->n_out++];
+    memset(o, 0, sizeof *o);
+    return o;
+}
+
+/* Takes the request off its worker's load figures. */
+static void gw_unload(gateway *g, gw_req *r)
+{
+    if (r->worker < 0) return;
+    gw_worker *w = &g->w[r->worker];
+    if (r->state == GW_PREFILL) {
+        w->queued_s -= r->cost_s;
+        if (w->queued_s < 0) w->queued_s = 0;
+        if (w->n_prefill > 0) w->n_prefill--;
+    } else if (r->state == GW_DECODE) {
+        if (w->n_decode > 0) w->n_decode--;
+        w->sum_ctx -= r->ctx_counted;
+        if (w->sum_ctx < 0) w->sum_ctx = 0;
+    }
+    r->ctx_counted = 0;
+    r->worker = -1;
+}
+
+static bool gw_is_stop(const gateway *g, const gw_req *r, int32_t tok)
+{
+    for (int i = 0; i < r->params.n_stop_ids; i++)
+        if (r->params.stop_ids[i] == tok) return true;
+    if (!r->params.ignore_eos)
+        for (int i = 0; i < 4; i++)
+            if (g->o.eos_ids[i] >= 0 && g->o.eos_ids[i] == tok) return true;
+    return false;
+}
+
+static void gw_push_token(gateway *g, gw_req *r, const proto_tok *t, bool with_lp)
+{
+    if (r->n_gen == r->cap_gen) {
+        r->cap_gen = r->cap_gen ? 2 * r->cap_gen : 64;
+        r->gen = xrealloc(r->gen, (size_t)r->cap_gen * sizeof *r->gen);
+    }
+    r->gen[r->n_gen++] = t->token;
+    if (!r->t_first) r->t_first = util_now();
+    g->n_gen_tokens++;
+    sched_output *o = gw_out_slot(r);
+    o->kind = SCHED_OUT_TOKEN;
+    o->token = t->token;
+    o->is_stop = gw_is_stop(g, r, t->token);
+    if (with_lp) {
+        o->logprob = t->logprob;
+        o->n_top = TM_MIN(t->n_top, SCHED_MAX_TOP_LOGPROBS);
+        for (int k = 0; k < o->n_top; k++) {
+            o->top[k].token = t->top_ids[k];
+            o->top[k].logprob = t->top_lps[k];
+        }
+    }
+    if (r->state == GW_DECODE && r->worker >= 0) {
+        g->w[r->worker].sum_ctx++;
+        r->ctx_counted++;
+    }
+    pthread_cond_broadcast(&r->cv);
+}
+
+static void gw_free_tail(gw_req *r)
+{
+    free(r->tail.data);
+    memset(&r->tail, 0, sizeof r->tail);
+    r->has_tail = false;
+}
+
+static void gw_finish(gateway *g, gw_req *r, sched_finish f)
+{
+    if (r->finished) return;
+    gw_unload(g, r);
+    gw_free_tail(r);
+    r->state = GW_DONE;
+    r->finished = true;
+    sched_output *o = gw_out_slot(r);
+    o->kind = SCHED_OUT_FINISH;
+    o->finish = f;
+    o->usage.prompt_tokens = r->n_prompt;
+    o->usage.cached_tokens = r->n_cached;
+    o->usage.completion_tokens = r->n_gen;
+    o->ttft_s = r->t_first ? r->t_first - r->t_submit : -1;
+    pthread_cond_broadcast(&r->cv);
+}
+
+/* Back to waiting for a worker of the role its state needs. */
+static void gw_requeue(gateway *g, gw_req *r, bool count)
+{
+    if (r->finished) return;
+    bool was_prefill = r->state == GW_PREFILL || r->state == GW_WAIT_PREFILL;
+    gw_unload(g, r);
+    if (was_prefill) {
+        r->state = GW_WAIT_PREFILL;
+        if (count) g->n_reprefills++;
+    } else {
+        r->state = GW_WAIT_DECODE;
+        r->resume = true;
+        gw_free_tail(r);
+        if (count) g->n_resumes++;
+    }
+    r->t_wait = util_now();
+    pthread_cond_signal(&g->cv_disp);
+}
+
+/* The worker's connection is gone (or it is declared dead): its requests move elsewhere. */
+static void gw_worker_lost(gateway *g, int slot, const char *why)
+{
+    gw_worker *w = &g->w[slot];
+    if (!w->connected) return;
+    log_warn("gateway: worker %s (%s) is out: %s", w->addr, proto_role_name(w->role), why);
+    w->connected = false;
+    w->draining = false;
+    w->gen++;
+    if (w->fd >= 0) shutdown(w->fd, SHUT_RDWR);
+    for (gw_req *r = g->reqs; r; r = r->next)
+        if (r->worker == slot && !r->finished) gw_requeue(g, r, true);
+    w->queued_s = 0;
+    w->n_prefill = w->n_decode = 0;
+    w->sum_ctx = 0;
+    memset(&w->hb, 0, sizeof w->hb);
+    w->next_connect = util_now() + 0.5;
+    if (!w->is_static) w->used = w->reader_live; /* a registered slot is freed once its reader is gone */
+    pthread_cond_broadcast(&g->cv_workers);
+}
+
+/* ------------------------------------------------------------------ frames from workers */
+
+static void gw_on_msg(gateway *g, int slot, proto_msg *m)
+{
+    gw_worker *w = &g->w[slot];
+    w->last_hb = util_now();
+    uint64_t id = m->hdr.req_id;
+    gw_req *r = id ? gw_find(g, id) : NULL;
+    bool mine = r && !r->finished && r->worker == slot;
+    switch (m->hdr.type) {
+    case PROTO_HEARTBEAT:
+        w->hb = m->u.heartbeat;
+        if (m->u.heartbeat.draining && !w->draining) {
+            w->draining = true;
+            log_info("gateway: worker %s drains", w->addr);
+        }
+        break;
+    case PROTO_HANDOFF:
+        if (!mine || r->state != GW_PREFILL) break;
+        gw_unload(g, r);
+        r->n_cached = (int)m->u.handoff.n_cached;
+        r->n_sampled = m->u.handoff.n_sampled;
+        gw_push_token(g, r, &m->u.handoff.first, r->params.logprobs);
+        if (m->hdr.flags & PROTO_F_HAS_TAIL) {
+            gw_free_tail(r);
+            r->tail = m->u.handoff.kv;
+            m->u.handoff.kv.data = NULL; /* now the request's */
+            r->has_tail = true;
+        }
+        r->state = GW_WAIT_DECODE;
+        r->resume = false;
+        r->t_wait = util_now();
+        log_debug("gateway: req %llu handoff from %s: %u cached, %u computed, %u stored, %u us",
+                  (unsigned long long)id, w->addr, m->u.handoff.n_cached, m->u.handoff.n_computed,
+                  m->u.handoff.n_stored, m->u.handoff.prefill_us);
+        pthread_cond_signal(&g->cv_disp);
+        break;
+    case PROTO_TOKENS:
+        if (!mine || (r->state != GW_PREFILL && r->state != GW_DECODE)) break;
+        for (uint32_t i = 0; i < m->u.tokens.n; i++)
+            gw_push_token(g, r, &m->u.tokens.toks[i], (m->hdr.flags & PROTO_F_LOGPROBS) != 0);
+        break;
+    case PROTO_FINISH:
+        if (!mine) break;
+        if (m->u.finish.reason == PROTO_FINISH_MOVED) {
+            log_info("gateway: req %llu moved off %s after %d tokens", (unsigned long long)id, w->addr, r->n_gen);
+            gw_requeue(g, r, true);
+            break;
+        }
+        if (r->state == GW_PREFILL && m->u.finish.cached_tokens) r->n_cached = (int)m->u.finish.cached_tokens;
+        gw_finish(g, r, m->u.finish.reason >= 1 && m->u.finish.reason <= 4 ? (sched_finish)m->u.finish.reason
+                                                                          : SCHED_FINISH_ERROR);
+        break;
+    case PROTO_ERROR:
+        if (!id) {
+            log_warn("gateway: worker %s: error %u: %s", w->addr, m->u.error.code, m->u.error.msg ? m->u.error.msg : "");
+            break;
+        }
+        if (!mine) break;
+        if ((m->u.error.code == PROTO_E_BUSY || m->u.error.code == PROTO_E_DRAINING || m->u.error.code == PROTO_E_ROLE ||
+             m->u.error.code == PROTO_E_INTERNAL) && ++r->retries <= GW_MAX_RETRIES) {
+            if (m->u.error.code == PROTO_E_DRAINING) w->draining = true;
+            log_info("gateway: req %llu refused by %s (error %u), sent elsewhere", (unsigned long long)id, w->addr,
+                     m->u.error.code);
+            gw_requeue(g, r, false);
+        } else {
+            log_warn("gateway: req %llu failed on %s: error %u: %s", (unsigned long long)id, w->addr, m->u.error.code,
+                     m->u.error.msg ? m->u.error.msg : "");
+            gw_finish(g, r, SCHED_FINISH_ERROR);
+        }
+        break;
+    case PROTO_DRAIN:
+        if (!w->draining) log_info("gateway: worker %s drains (%s)", w->addr, m->u.drain.done ? "done" : "started");
+        w->draining = true;
+        break;
+    default:
+        break;
+    }
+}
+
+typedef struct {
+    gateway *g;
+    int slot;
+    uint64_t gen;
+    int fd;
+} gw_reader_arg;
+
+static void *gw_reader(void *arg)
+{
+    gw_reader_arg a = *(gw_reader_arg *)arg;
+    free(arg);
+    gateway *g = a.g;
+    for (;;) {
+        proto_msg m;
+        proto_status st = proto_recv(a.fd, &m);
+        pthread_mutex_lock(&g->mu);
+        bool current = g->w[a.slot].gen == a.gen;
+        if (st != PROTO_OK) {
+            if (current) {
+                char why[96];
+                snprintf(why, sizeof why, "connection %s", st == PROTO_ERR_CLOSED ? "closed" : proto_status_name(st));
+                if (st != PROTO_ERR_CLOSED && st != PROTO_ERR_IO) g->n_bad_conns++;
+                gw_worker_lost(g, a.slot, why);
+            }
+            g->w[a.slot].reader_live = false;
+            if (!g->w[a.slot].is_static && !g->w[a.slot].connected) g->w[a.slot].used = false;
+            pthread_cond_broadcast(&g->cv_workers);
+            pthread_mutex_unlock(&g->mu);
+            break;
+        }
+        if (current) gw_on_msg(g, a.slot, &m);
+        pthread_mutex_unlock(&g->mu);
+        proto_msg_free(&m);
+    }
+    close(a.fd);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ connections */
+
+static void gw_hello(const gateway *g, proto_msg *m)
+{
+    memset(m, 0, sizeof *m);
+    m->hdr.type = PROTO_HELLO;
+    m->u.hello.role = PROTO_ROLE_GATEWAY;
+    memcpy(m->u.hello.model_fp, g->o.model->fingerprint, 32);
+    m->u.hello.n_ctx = (uint32_t)g->o.n_ctx;
+    m->u.hello.n_vocab = (uint32_t)g->o.model->hp.n_vocab;
+    m->u.hello.listen = (char *)"";
+    m->u.hello.name = (char *)"gateway";
+}
+
+static void gw_set_timeout(int fd, int ms)
+{
+    struct timeval tv = { .tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000 };
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+}
+
+/* Both ends send HELLO first; then ours is checked against theirs. 0, or -1 (logged). */
+static int gw_handshake(gateway *g, int fd, const char *who, proto_hello *out)
+{
+    proto_msg h;
+    gw_hello(g, &h);
+    gw_set_timeout(fd, 2000);
+    if (proto_send_msg(fd, &h) != PROTO_OK) {
+        log_warn("gateway: %s: cannot send HELLO", who);
+        return -1;
+    }
+    proto_msg m;
+    proto_status st = proto_recv(fd, &m);
+    if (st != PROTO_OK || m.hdr.type != PROTO_HELLO) {
+        log_warn("gateway: %s: refused: %s", who, st != PROTO_OK ? proto_status_name(st) : "first frame is not HELLO");
+        if (st == PROTO_OK) proto_msg_free(&m);
+        return -1;
+    }
+    int rc = 0;
+    if (memcmp(m.u.hello.model_fp, g->o.model->fingerprint, 32)) {
+        log_warn("gateway: %s: refused: it serves another model", who);
+        rc = -1;
+    } else if (m.u.hello.role != PROTO_ROLE_PREFILL && m.u.hello.role != PROTO_ROLE_DECODE &&
+               m.u.hello.role != PROTO_ROLE_MIXED) {
+        log_warn("gateway: %s: refused: role %d", who, m.u.hello.role);
+        rc = -1;
+    }
+    if (!rc) {
+        *out = m.u.hello;
+        out->listen = xstrdup(m.u.hello.listen ? m.u.hello.listen : "");
+        out->name = xstrdup(m.u.hello.name ? m.u.hello.name : "");
+    }
+    proto_msg_free(&m);
+    gw_set_timeout(fd, 0);
+    return rc;
+}
+
+/* Installs a connected, greeted worker in slot (mu held) and starts its reader. */
+static void gw_attach(gateway *g, int slot, int fd, const proto_hello *h)
+{
+    gw_worker *w = &g->w[slot];
+    w->used = true;
+    w->connected = true;
+    w->reader_live = true;
+    w->draining = false;
+    w->fd = fd;
+    w->role = h->role;
+    w->max_seqs = h->max_seqs;
+    w->kv_dtype = h->kv_dtype;
+    if (g->kv_dtype < 0) g->kv_dtype = h->kv_dtype;
+    snprintf(w->name, sizeof w->name, "%s", h->name ? h->name : "");
+    w->last_hb = util_now();
+    w->queued_s = 0;
+    w->n_prefill = w->n_decode = 0;
+    w->sum_ctx = 0;
+    gw_reader_arg *a = xmalloc(sizeof *a);
+    *a = (gw_reader_arg){ g, slot, w->gen, fd };
+    pthread_t t;
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &at, gw_reader, a)) {
+        free(a);
+        w->reader_live = false;
+        w->connected = false;
+        close(fd);
+    }
+    pthread_attr_destroy(&at);
+    log_info("gateway: worker %s (%s%s%s) is in", w->addr, proto_role_name(w->role), w->name[0] ? ", " : "", w->name);
+    pthread_cond_broadcast(&g->cv_workers);
+    pthread_cond_signal(&g->cv_disp);
+}
+
+static void gw_connect_static(gateway *g, int slot)
+{
+    char addr[128];
+    memcpy(addr, g->w[slot].addr, sizeof addr);
+    int fd = proto_connect(addr, 500);
+    if (fd < 0) return;
+    proto_hello h;
+    if (gw_handshake(g, fd, addr, &h)) {
+        close(fd);
+        return;
+    }
+    pthread_mutex_lock(&g->mu);
+    if (!g->stop && !g->w[slot].connected && !g->w[slot].reader_live) gw_attach(g, slot, fd, &h);
+    else close(fd);
+    pthread_mutex_unlock(&g->mu);
+    free(h.listen);
+    free(h.name);
+}
+
+static void *gw_acceptor(void *arg)
+{
+    gateway *g = arg;
+    for (;;) {
+        pthread_mutex_lock(&g->mu);
+        bool stop = g->stop;
+        pthread_mutex_unlock(&g->mu);
+        if (stop) break;
+        struct pollfd p = { .fd = g->listen_fd, .events = POLLIN };
+        if (poll(&p, 1, 200) <= 0) continue;
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof ss;
+        int fd = accept(g->listen_fd, (struct sockaddr *)&ss, &sl);
+        if (fd < 0) continue;
+        proto_hello h;
+        if (gw_handshake(g, fd, "registering worker", &h)) {
+            pthread_mutex_lock(&g->mu);
+            g->n_bad_conns++;
+            pthread_mutex_unlock(&g->mu);
+            close(fd);
+            continue;
+        }
+        pthread_mutex_lock(&g->mu);
+        int slot = -1;
+        /* the same address again (a restarted worker): reuse its slot when free */
+        for (int i = 0; i < g->n_slots && slot < 0; i++)
+            if (g->w[i].used && !g->w[i].connected && !g->w[i].reader_live && h.listen[0] && !strcmp(g->w[i].addr, h.listen))
+                slot = i;
+        for (int i = 0; i < g->n_slots && slot < 0; i++)
+            if (!g->w[i].used && !g->w[i].reader_live) slot = i;
+        if (slot < 0 && g->n_slots < GW_MAX_WORKERS) slot = g->n_slots++;
+        if (slot < 0 || g->stop) {
+            log_warn("gateway: too many workers, refusing %s", h.listen);
+            close(fd);
+        } else {
+            gw_worker *w = &g->w[slot];
+            if (!w->is_static) snprintf(w->addr, sizeof w->addr, "%s", h.listen[0] ? h.listen : h.name);
+            gw_attach(g, slot, fd, &h);
+        }
+        pthread_mutex_unlock(&g->mu);
+        free(h.listen);
+        free(h.name);
+    }
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ dispatcher */
+
+static void gw_params_copy(proto_params *dst, const proto_params *src)
+{
+    *dst = *src;
+}
+
+static void gw_send_prefill(gateway *g, gw_req *r)
+{
+    bal_prefill_worker bw[GW_MAX_WORKERS];
+    int map[GW_MAX_WORKERS], n = 0;
+    for (int i = 0; i < g->n_slots; i++) {
+        gw_worker *w = &g->w[i];
+        if (!gw_usable(w) || !gw_can_prefill(w)) continue;
+        bw[n] = (bal_prefill_worker){ .up = true, .queued_s = w->queued_s, .n_queued = w->n_prefill, .speed = 1 };
+        map[n++] = i;
+    }
+    bal_cost c;
+    bal_cost_default(&c);
+    bal_prefill_choice ch = bal_prefill_pick(&c, bw, n, r->n_prompt, r->hit_len);
+    if (ch.worker < 0) return;
+    int slot = map[ch.worker];
+    gw_worker *w = &g->w[slot];
+    log_debug("gateway: prefill req %llu (%d tokens, %d cached, bucket %d, cost %.4f s, %lld steps) -> %s "
+              "(queued %.4f s, %d jobs; finish in %.4f s; %d candidates)",
+              (unsigned long long)r->id, r->n_prompt, r->hit_len, ch.bucket, ch.cost_s, (long long)ch.steps, w->addr,
+              w->queued_s, w->n_prefill, ch.finish_s, n);
+    proto_msg m;
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_PREFILL;
+    m.hdr.req_id = r->id;
+    gw_params_copy(&m.u.prefill.params, &r->params);
+    m.u.prefill.hit_len = (uint32_t)r->hit_len;
+    m.u.prefill.n_prompt = (uint32_t)r->n_prompt;
+    m.u.prefill.prompt = r->prompt;
+    gw_queue_msg(g, slot, &m);
+    r->state = GW_PREFILL;
+    r->worker = slot;
+    r->cost_s = ch.cost_s;
+    w->queued_s += ch.cost_s;
+    w->n_prefill++;
+    w->n_jobs++;
+}
+
+static void gw_send_decode(gateway *g, gw_req *r)
+{
+    bal_decode_worker bw[GW_MAX_WORKERS];
+    int map[GW_MAX_WORKERS], n = 0;
+    for (int i = 0; i < g->n_slots; i++) {
+        gw_worker *w = &g->w[i];
+        if (!gw_usable(w) || !gw_can_decode(w)) continue;
+        bw[n] = (bal_decode_worker){ .up = true, .n_running = w->n_decode, .sum_ctx = w->sum_ctx, .max_running = (int)w->max_seqs };
+        map[n++] = i;
+    }
+    bal_decode_choice ch = bal_decode_pick(bw, n, r->expect_len, 2048);
+    if (ch.worker < 0) return;
+    int slot = map[ch.worker];
+    gw_worker *w = &g->w[slot];
+    log_debug("gateway: decode req %llu (expected %lld tokens, %s, mean %lld) -> %s (running %d, total cache %lld; "
+              "%d candidates)%s",
+              (unsigned long long)r->id, (long long)r->expect_len, ch.is_long ? "long" : "short", (long long)ch.mean_len,
+              w->addr, w->n_decode, (long long)w->sum_ctx, n, r->resume ? " resume" : "");
+    proto_msg m;
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_DECODE;
+    m.hdr.req_id = r->id;
+    gw_params_copy(&m.u.decode.params, &r->params);
+    m.u.decode.n_prompt = (uint32_t)r->n_prompt;
+    m.u.decode.prompt = r->prompt;
+    m.u.decode.n_gen = (uint32_t)r->n_gen;
+    m.u.decode.gen = r->gen;
+    m.u.decode.n_cached = (uint32_t)r->n_cached;
+    m.u.decode.n_sampled = r->resume ? (r->params.sample.temp > 0 ? (uint32_t)r->n_gen : 0) : r->n_sampled;
+    if (r->resume) m.hdr.flags |= PROTO_F_RESUME;
+    else if (r->has_tail) {
+        m.hdr.flags |= PROTO_F_HAS_TAIL;
+        m.u.decode.kv = r->tail;
+    }
+    gw_queue_msg(g, slot, &m);
+    gw_free_tail(r);
+    r->state = GW_DECODE;
+    r->worker = slot;
+    r->ctx_counted = r->n_prompt + r->n_gen;
+    w->n_decode++;
+    w->sum_ctx += r->ctx_counted;
+    w->n_jobs++;
+}
+
+static void gw_send_simple(gateway *g, int slot, int type, uint64_t id)
+{
+    proto_msg m;
+    memset(&m, 0, sizeof m);
+    m.hdr.type = (uint16_t)type;
+    m.hdr.req_id = id;
+    gw_queue_msg(g, slot, &m);
+}
+
+static void *gw_dispatcher(void *arg)
+{
+    gateway *g = arg;
+    double last_rate = 0;
+    pthread_mutex_lock(&g->mu);
+    while (!g->stop) {
+        double now = util_now();
+        for (int i = 0; i < g->n_slots; i++) {
+            gw_worker *w = &g->w[i];
+            if (w->used && w->connected && now - w->last_hb > g->o.heartbeat_timeout_s)
+                gw_worker_lost(g, i, "missed heartbeats");
+        }
+        for (gw_req *r = g->reqs; r; r = r->next) {
+            if (r->finished) continue;
+            if (r->state == GW_WAIT_PREFILL) gw_send_prefill(g, r);
+            else if (r->state == GW_WAIT_DECODE) gw_send_decode(g, r);
+            if ((r->state == GW_WAIT_PREFILL || r->state == GW_WAIT_DECODE) && now - r->t_wait > g->o.wait_timeout_s) {
+                log_warn("gateway: req %llu waited %.0f s for a %s worker: failed", (unsigned long long)r->id,
+                         g->o.wait_timeout_s, r->state == GW_WAIT_PREFILL ? "prefill" : "decode");
+                gw_finish(g, r, SCHED_FINISH_ERROR);
+            }
+        }
+        if (now - last_rate >= 1) {
+            last_rate = now;
+            g->rate_i = (g->rate_i + 1) % GW_RATE_SLOTS;
+            g->rate_t[g->rate_i] = now;
+            g->rate_v[g->rate_i] = g->n_uncached_tokens;
+        }
+        gw_msg *q = g->out_head;
+        g->out_head = g->out_tail = NULL;
+        int reconnect[GW_MAX_WORKERS], n_rc = 0;
+        for (int i = 0; i < g->n_slots; i++) {
+            gw_worker *w = &g->w[i];
+            if (w->is_static && !w->connected && !w->reader_live && now >= w->next_connect) {
+                w->next_connect = now + 1.0;
+                reconnect[n_rc++] = i;
+            }
+        }
+        if (!q && !n_rc) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 50 * 1000000L;
+            if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+            pthread_cond_timedwait(&g->cv_disp, &g->mu, &ts);
+            continue;
+        }
+        /* send outside the lock; a frame for a connection that is gone is dropped */
+        while (q) {
+            gw_msg *nx = q->next;
+            gw_worker *w = &g->w[q->slot];
+            if (w->connected && w->gen == q->gen) {
+                int fd = w->fd;
+                uint64_t gen = q->gen;
+                pthread_mutex_unlock(&g->mu);
+                proto_status st = proto_send(fd, q->buf.p, q->buf.n);
+                pthread_mutex_lock(&g->mu);
+                if (st != PROTO_OK && w->gen == gen) gw_worker_lost(g, q->slot, "send failed");
+            }
+            proto_buf_free(&q->buf);
+            free(q);
+            q = nx;
+        }
+        pthread_mutex_unlock(&g->mu);
+        for (int k = 0; k < n_rc; k++) gw_connect_static(g, reconnect[k]);
+        pthread_mutex_lock(&g->mu);
+    }
+    pthread_mutex_unlock(&g->mu);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ backend */
+
+static bool gw_has_role(const gateway *g, bool prefill)
+{
+    for (int i = 0; i < g->n_slots; i++) {
+        const gw_worker *w = &g->w[i];
+        if (gw_usable(w) && (prefill ? gw_can_prefill(w) : gw_can_decode(w))) return true;
+    }
+    return false;
+}
+
+static int gw_hit(gateway *g, const sched_params *p, int kv_dtype)
+{
+    if (!g->o.cache || kv_dtype < 0) return 0;
+    int nb = (p->n_prompt - 1) / BLOCKKEY_TOKENS;
+    if (nb <= 0) return 0;
+    uint8_t root[32], fp[32];
+    if (p->cache_salt && *p->cache_salt) blockkey_root(p->cache_salt, strlen(p->cache_salt), root);
+    else blockkey_root(NULL, 0, root);
+    blockkey_pool_fp(g->o.model->fingerprint, kv_dtype, fp);
+    uint8_t (*keys)[32] = xmalloc((size_t)nb * 32);
+    blockkey_chain(root, p->prompt, nb, fp, keys);
+    int k = store_exists(g->o.cache, (const uint8_t(*)[32])keys, nb);
+    free(keys);
+    return k * BLOCKKEY_TOKENS;
+}
+
+static sched_status gw_submit(void *ud, const sched_params *p, sched_req **out)
+{
+    gateway *g = ud;
+    *out = NULL;
+    if (!p->prompt || p->n_prompt < 1) return SCHED_ERR_ARG;
+    if (p->n_prompt + 1 > g->o.n_ctx) return SCHED_ERR_TOO_LONG;
+    for (int i = 0; i < p->n_prompt; i++)
+        if (p->prompt[i] < 0 || p->prompt[i] >= g->o.model->hp.n_vocab) return SCHED_ERR_ARG;
+    pthread_mutex_lock(&g->mu);
+    double deadline = util_now() + g->o.wait_timeout_s;
+    while (!g->shut && !(gw_has_role(g, true) && gw_has_role(g, false))) {
+        double left = deadline - util_now();
+        if (left <= 0) break;
+        if (left > 0.2) left = 0.2;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += (long)(left * 1e9);
+        while (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        pthread_cond_timedwait(&g->cv_workers, &g->mu, &ts);
+    }
+    if (g->shut || !(gw_has_role(g, true) && gw_has_role(g, false))) {
+        g->n_rejected++;
+        pthread_mutex_unlock(&g->mu);
+        return SCHED_ERR_STOPPED;
+    }
+    int kv_dtype = g->kv_dtype;
+    pthread_mutex_unlock(&g->mu);
+
+    int hit = gw_hit(g, p, kv_dtype);   /* store I/O: outside the lock */
+
+    gw_req *r = xcalloc(1, sizeof *r);
+    r->prompt = xmalloc((size_t)p->n_prompt * sizeof *r->prompt);
+    memcpy(r->prompt, p->prompt, (size_t)p->n_prompt * sizeof *r->prompt);
+    r->n_prompt = p->n_prompt;
+    proto_params *pp = &r->params;
+    pp->sample = p->sample;
+    pp->max_tokens = p->max_tokens;
+    pp->n_stop_ids = (uint8_t)TM_MIN(p->n_stop_ids, PROTO_MAX_STOP_IDS);
+    for (int i = 0; i < pp->n_stop_ids; i++) pp->stop_ids[i] = p->stop_ids[i];
+    pp->ignore_eos = p->ignore_eos;
+    pp->logprobs = p->logprobs;
+    pp->top_logprobs = (uint8_t)TM_MIN(p->top_logprobs, PROTO_MAX_TOP);
+    pp->cache_class = p->cache_class;
+    pp->salt = xstrdup(p->cache_salt ? p->cache_salt : "");
+    int max_new = p->max_tokens > 0 ? TM_MIN(p->max_tokens, g->o.n_ctx - p->n_prompt) : g->o.n_ctx - p->n_prompt;
+    r->expect_len = p->n_prompt + max_new;
+    r->hit_len = hit;
+    r->n_cached = hit;
+    r->worker = -1;
+    r->state = GW_WAIT_PREFILL;
+    r->t_submit = r->t_wait = util_now();
+    pthread_cond_init(&r->cv, NULL);
+    pthread_mutex_lock(&g->mu);
+    if (g->shut) {
+        pthread_mutex_unlock(&g->mu);
+        pthread_cond_destroy(&r->cv);
+        free(r->params.salt);
+        free(r->prompt);
+        free(r);
+        return SCHED_ERR_STOPPED;
+    }
+    r->id = ++g->next_id;
+    r->next = g->reqs;
+    if (g->reqs) g->reqs->prev = r;
+    g->reqs = r;
+    g->n_requests++;
+    g->n_prompt_tokens += (uint64_t)p->n_prompt;
+    g->n_hit_tokens += (uint64_t)hit;
+    g->n_uncached_tokens += (uint64_t)(p->n_prompt - hit);
+    log_debug("gateway: req %llu: %d prompt tokens, %d stored (entry point)", (unsigned long long)r->id, p->n_prompt, hit);
+    gw_send_prefill(g, r);
+    pthread_cond_signal(&g->cv_disp);
+    pthread_mutex_unlock(&g->mu);
+    *out = (sched_req *)r;
+    return SCHED_OK;
+}
+
+static int gw_poll(void *ud, sched_req *h, sched_output *out, int max, int timeout_ms)
+{
+    gateway *g = ud;
+    gw_req *r = (gw_req *)h;
+    pthread_mutex_lock(&g->mu);
+    if (timeout_ms != 0 && !r->done && r->out_head == r->n_out) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        if (timeout_ms > 0) {
+            ts.tv_sec += timeout_ms / 1000;
+            ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+            if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        }
+        while (r->out_head == r->n_out && !r->done) {
+            if (timeout_ms < 0) pthread_cond_wait(&r->cv, &g->mu);
+            else if (pthread_cond_timedwait(&r->cv, &g->mu, &ts) == ETIMEDOUT) break;
+        }
+    }
+    int k = 0;
+    while (k < max && r->out_head < r->n_out && !r->done) {
+        out[k] = r->outs[r->out_head++];
+        if (out[k].kind == SCHED_OUT_FINISH) r->done = true;
+        k++;
+    }
+    pthread_mutex_unlock(&g->mu);
+    return k;
+}
+
+static void gw_cancel_locked(gateway *g, gw_req *r)
+{
+    if (r->finished) return;
+    if (r->worker >= 0 && (r->state == GW_PREFILL || r->state == GW_DECODE)) gw_send_simple(g, r->worker, PROTO_CANCEL, r->id);
+    gw_finish(g, r, SCHED_FINISH_CANCELLED);
+}
+
+static void gw_cancel(void *ud, sched_req *h)
+{
+    gateway *g = ud;
+    pthread_mutex_lock(&g->mu);
+    gw_cancel_locked(g, (gw_req *)h);
+    pthread_mutex_unlock(&g->mu);
+}
+
+static void gw_release(void *ud, sched_req *h)
+{
+    gateway *g = ud;
+    gw_req *r = (gw_req *)h;
+    if (!r) return;
+    pthread_mutex_lock(&g->mu);
+    gw_cancel_locked(g, r);
+    if (r->prev) r->prev->next = r->next;
+    else g->reqs = r->next;
+    if (r->next) r->next->prev = r->prev;
+    pthread_mutex_unlock(&g->mu);
+    pthread_cond_destroy(&r->cv);
+    gw_free_tail(r);
+    free(r->params.salt);
+    free(r->prompt);
+    free(r->gen);
+    free(r->outs);
+    free(r);
+}
+
+/* ------------------------------------------------------------------ metrics, admin */
+
+static double gw_prefill_rate(const gateway *g)
+{
+    int newest = g->rate_i, oldest = (g->rate_i + 1) % GW_RATE_SLOTS;
+    if (!g->rate_t[oldest]) oldest = 0;
+    double dt = g->rate_t[newest] - g->rate_t[oldest];
+    if (dt <= 0) return 0;
+    return (double)(g->rate_v[newest] - g->rate_v[oldest]) / dt;
+}
+
+static void gw_metrics(void *ud, http_buf *b)
+{
+    gateway *g = ud;
+    pthread_mutex_lock(&g->mu);
+    http_buf_printf(b, "# TYPE tokenmill_gateway_requests_total counter\ntokenmill_gateway_requests_total %llu\n",
+                    (unsigned long long)g->n_requests);
+    http_buf_printf(b, "# TYPE tokenmill_gateway_rejected_total counter\ntokenmill_gateway_rejected_total %llu\n",
+                    (unsigned long long)g->n_rejected);
+    http_buf_printf(b, "# TYPE tokenmill_prompt_tokens_total counter\ntokenmill_prompt_tokens_total %llu\n",
+                    (unsigned long long)g->n_prompt_tokens);
+    http_buf_printf(b, "# TYPE tokenmill_gateway_hit_tokens_total counter\ntokenmill_gateway_hit_tokens_total %llu\n",
+                    (unsigned long long)g->n_hit_tokens);
+    http_buf_printf(b, "# TYPE tokenmill_generated_tokens_total counter\ntokenmill_generated_tokens_total %llu\n",
+                    (unsigned long long)g->n_gen_tokens);
+    http_buf_printf(b, "# TYPE tokenmill_gateway_reprefills_total counter\ntokenmill_gateway_reprefills_total %llu\n",
+                    (unsigned long long)g->n_reprefills);
+    http_buf_printf(b, "# TYPE tokenmill_gateway_resumes_total counter\ntokenmill_gateway_resumes_total %llu\n",
+                    (unsigned long long)g->n_resumes);
+    http_buf_printf(b, "# TYPE tokenmill_gateway_refused_connections_total counter\n"
+                       "tokenmill_gateway_refused_connections_total %llu\n", (unsigned long long)g->n_bad_conns);
+    http_buf_puts(b, "# HELP tokenmill_worker_up Worker connected and heartbeating (1), draining (0.5), out (0).\n"
+                     "# TYPE tokenmill_worker_up gauge\n");
+    for (int i = 0; i < g->n_slots; i++) {
+        gw_worker *w = &g->w[i];
+        if (!w->used) continue;
+        const char *role = proto_role_name(w->role);
+        http_buf_printf(b, "tokenmill_worker_up{worker=\"%s\",role=\"%s\"} %g\n", w->addr, role,
+                        w->connected ? (w->draining ? 0.5 : 1) : 0);
+        http_buf_printf(b, "tokenmill_worker_prefill_queued_seconds{worker=\"%s\",role=\"%s\"} %.6f\n", w->addr, role, w->queued_s);
+        http_buf_printf(b, "tokenmill_worker_prefill_jobs{worker=\"%s\",role=\"%s\"} %d\n", w->addr, role, w->n_prefill);
+        http_buf_printf(b, "tokenmill_worker_running{worker=\"%s\",role=\"%s\"} %d\n", w->addr, role, w->n_decode);
+        http_buf_printf(b, "tokenmill_worker_cache_tokens{worker=\"%s\",role=\"%s\"} %lld\n", w->addr, role, (long long)w->sum_ctx);
+        http_buf_printf(b, "tokenmill_worker_reported_running{worker=\"%s\",role=\"%s\"} %u\n", w->addr, role, w->hb.n_running);
+        http_buf_printf(b, "tokenmill_worker_reported_queued{worker=\"%s\",role=\"%s\"} %u\n", w->addr, role, w->hb.n_queued);
+        http_buf_printf(b, "tokenmill_worker_kv_blocks_free{worker=\"%s\",role=\"%s\"} %u\n", w->addr, role, w->hb.kv_blocks_free);
+        http_buf_printf(b, "tokenmill_worker_jobs_total{worker=\"%s\",role=\"%s\"} %llu\n", w->addr, role, (unsigned long long)w->n_jobs);
+    }
+    pthread_mutex_unlock(&g->mu);
+}
+
+static json_t *gw_workers_json(gateway *g)
+{
+    json_t *a = json_array();
+    for (int i = 0; i < g->n_slots; i++) {
+        gw_worker *w = &g->w[i];
+        if (!w->used) continue;
+        json_array_append_new(a, json_pack("{s:s, s:s, s:s, s:b, s:b, s:f, s:i, s:i, s:I, s:I}", "addr", w->addr, "name",
+                                           w->name, "role", proto_role_name(w->role), "up", w->connected, "draining",
+                                           w->draining, "prefill_queued_s", w->queued_s, "prefill_jobs", w->n_prefill,
+                                           "running", w->n_decode, "cache_tokens", (json_int_t)w->sum_ctx, "jobs",
+                                           (json_int_t)w->n_jobs));
+    }
+    return a;
+}
+
+static void gw_route_workers(http_request *r, void *user)
+{
+    gateway *g = user;
+    pthread_mutex_lock(&g->mu);
+    json_t *v = json_pack("{s:o, s:I, s:I, s:I, s:I, s:s}", "workers", gw_workers_json(g), "requests",
+                          (json_int_t)g->n_requests, "resumes", (json_int_t)g->n_resumes, "reprefills",
+                          (json_int_t)g->n_reprefills, "refused_connections", (json_int_t)g->n_bad_conns,
+                          "model_fingerprint", g->o.model->fingerprint_hex);
+    pthread_mutex_unlock(&g->mu);
+    api_respond_json(r, 200, v);
+}
+
+static void gw_route_drain(http_request *r, void *user)
+{
+    gateway *g = user;
+    const char *who = http_request_query(r, "worker");
+    const char *dl = http_request_query(r, "deadline_ms");
+    uint32_t deadline = dl ? (uint32_t)strtoul(dl, NULL, 10) : g->o.drain_deadline_ms;
+    if (!who || !*who) {
+        api_openai_error(r, 400, "invalid_request_error", "Missing query parameter 'worker'.", "worker", NULL);
+        return;
+    }
+    pthread_mutex_lock(&g->mu);
+    int slot = -1;
+    for (int i = 0; i < g->n_slots && slot < 0; i++)
+        if (g->w[i].used && g->w[i].connected && (!strcmp(g->w[i].addr, who) || (g->w[i].name[0] && !strcmp(g->w[i].name, who))))
+            slot = i;
+    if (slot >= 0) {
+        proto_msg m;
+        memset(&m, 0, sizeof m);
+        m.hdr.type = PROTO_DRAIN;
+        m.u.drain.done = 0;
+        m.u.drain.deadline_ms = deadline;
+        gw_queue_msg(g, slot, &m);
+        g->w[slot].draining = true;
+        log_info("gateway: draining %s (deadline %u ms)", g->w[slot].addr, deadline);
+    }
+    pthread_mutex_unlock(&g->mu);
+    if (slot < 0) {
+        api_openai_error(r, 404, "invalid_request_error", "No such worker connected.", "worker", NULL);
+        return;
+    }
+    api_respond_json(r, 200, json_pack("{s:s, s:s, s:i}", "status", "draining", "worker", who, "deadline_ms", (int)deadline));
+}
+
+static json_t *gw_capacity_json(const char *role, const bal_capacity_in *in)
+{
+    bal_capacity_out o = bal_capacity(in);
+    return json_pack("{s:s, s:i, s:i, s:f, s:f, s:f, s:b, s:i, s:i}", "role", role, "current", in->n_current, "recommended",
+                     o.recommended, "load", in->load, "per_worker", in->per_worker,
+                     "utilisation", o.utilisation > 1e9 ? 1e9 : o.utilisation, "held", o.held, "min", in->min_workers,
+                     "max", in->max_workers);
+}
+
+static void gw_route_capacity(http_request *r, void *user)
+{
+    gateway *g = user;
+    pthread_mutex_lock(&g->mu);
+    int n_pre = 0, n_dec = 0, running = 0;
+    double seqs = 0;
+    for (int i = 0; i < g->n_slots; i++) {
+        gw_worker *w = &g->w[i];
+        if (!gw_usable(w)) continue;
+        if (gw_can_prefill(w)) n_pre++;
+        if (gw_can_decode(w)) {
+            n_dec++;
+            running += w->n_decode;
+            seqs += w->max_seqs ? w->max_seqs : 16;
+        }
+    }
+    bal_capacity_in pi = { .n_current = n_pre, .load = gw_prefill_rate(g), .per_worker = g->o.prefill_tokens_per_s,
+                           .target_util = 0.6, .min_workers = g->o.min_workers, .max_workers = g->o.max_workers };
+    bal_capacity_in di = { .n_current = n_dec, .load = running, .per_worker = n_dec ? seqs / n_dec : 16,
+                           .target_util = 0.6, .min_workers = g->o.min_workers, .max_workers = g->o.max_workers };
+    pthread_mutex_unlock(&g->mu);
+    api_respond_json(r, 200, json_pack("{s:o, s:o}", "prefill", gw_capacity_json("prefill", &pi), "decode",
+                                       gw_capacity_json("decode", &di)));
+}
+
+void gateway_routes(gateway *g, http_server *h)
+{
+    http_route(h, "GET", "/admin/workers", gw_route_workers, g);
+    http_route(h, "POST", "/admin/drain", gw_route_drain, g);
+    http_route(h, "GET", "/admin/capacity", gw_route_capacity, g);
+}
+
+/* ------------------------------------------------------------------ life */
+
+gateway_status gateway_new(const gateway_opts *o, gateway **out, char *err, size_t errsz)
+{
+    *out = NULL;
+    if (o->n_prefill + o->n_decode > GW_MAX_WORKERS) {
+        snprintf(err, errsz, "too many workers (at most %d)", GW_MAX_WORKERS);
+        return GATEWAY_ERR_ARG;
+    }
+    gateway *g = xcalloc(1, sizeof *g);
+    g->o = *o;
+    if (g->o.heartbeat_timeout_s <= 0) g->o.heartbeat_timeout_s = 2;
+    if (g->o.wait_timeout_s <= 0) g->o.wait_timeout_s = 30;
+    if (!g->o.drain_deadline_ms) g->o.drain_deadline_ms = 60000;
+    if (g->o.prefill_tokens_per_s <= 0) g->o.prefill_tokens_per_s = 20000;
+    if (g->o.min_workers <= 0) g->o.min_workers = 1;
+    if (g->o.max_workers <= 0) g->o.max_workers = 16;
+    g->kv_dtype = -1;
+    g->listen_fd = -1;
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->cv_disp, NULL);
+    pthread_cond_init(&g->cv_workers, NULL);
+    for (int i = 0; i < o->n_prefill + o->n_decode; i++) {
+        gw_worker *w = &g->w[g->n_slots++];
+        bool pre = i < o->n_prefill;
+        snprintf(w->addr, sizeof w->addr, "%s", pre ? o->prefill[i] : o->decode[i - o->n_prefill]);
+        w->used = w->is_static = true;
+        w->role = pre ? PROTO_ROLE_PREFILL : PROTO_ROLE_DECODE;
+        w->fd = -1;
+    }
+    if (o->register_listen) {
+        g->listen_fd = proto_listen(o->register_listen, 64);
+        if (g->listen_fd < 0) {
+            snprintf(err, errsz, "cannot listen on %s: %s", o->register_listen, strerror(errno));
+            gateway_free(g);
+            return GATEWAY_ERR_BIND;
+        }
+    }
+    g->be = (api_backend){ .ud = g, .submit = gw_submit, .poll = gw_poll, .cancel = gw_cancel, .release = gw_release,
+                           .metrics = gw_metrics };
+    /* first connections now, so that a cluster started in order serves at once */
+    for (int i = 0; i < g->n_slots; i++) gw_connect_static(g, i);
+    pthread_create(&g->disp, NULL, gw_dispatcher, g);
+    if (g->listen_fd >= 0) {
+        pthread_create(&g->acc, NULL, gw_acceptor, g);
+        g->acc_started = true;
+    }
+    *out = g;
+    return GATEWAY_OK;
+}
+
+void gateway_shutdown(gateway *g)
+{
+    if (!g) return;
+    pthread_mutex_lock(&g->mu);
+    g->shut = true;
+    for (gw_req *r = g->reqs; r; r = r->next) gw_cancel_locked(g, r);
+    pthread_cond_broadcast(&g->cv_workers);
+    pthread_mutex_unlock(&g->mu);
+}
+
+void gateway_free(gateway *g)
+{
+    if (!g) return;
+    pthread_mutex_lock(&g->mu);
+    bool had_threads = g->disp != 0;
+    g->stop = true;
+    g->shut = true;
+    pthread_cond_broadcast(&g->cv_disp);
+    pthread_mutex_unlock(&g->mu);
+    if (had_threads) pthread_join(g->disp, NULL);
+    if (g->acc_started) pthread_join(g->acc, NULL);
+    pthread_mutex_lock(&g->mu);
+    for (int i = 0; i < g->n_slots; i++)
+        if (g->w[i].connected || g->w[i].reader_live) {
+            g->w[i].connected = false;
+            g->w[i].gen++;
+            if (g->w[i].fd >= 0) shutdown(g->w[i].fd, SHUT_RDWR);
+        }
+    for (;;) {
+        bool live = false;
+        for (int i = 0; i < g->n_slots; i++) live |= g->w[i].reader_live;
+        if (!live) break;
+        pthread_cond_wait(&g->cv_workers, &g->mu);
+    }
+    pthread_mutex_unlock(&g->mu);
+    while (g->out_head) {
+        gw_msg *nx = g->out_head->next;
+        proto_buf_free(&g->out_head->buf);
+        free(g->out_head);
+        g->out_head = nx;
+    }
+    if (g->listen_fd >= 0) close(g->listen_fd);
+    pthread_cond_destroy(&g->cv_disp);
+    pthread_cond_destroy(&g->cv_workers);
+    pthread_mutex_destroy(&g->mu);
+    free(g);
+}
+
+const api_backend *gateway_backend(gateway *g) { return &g->be; }
+
+int gateway_register_port(const gateway *g) { return g->listen_fd >= 0 ? proto_local_port(g->listen_fd) : -1; }

@@ -1,0 +1,76 @@
+/*
+ * gateway: the front of a disaggregated cluster (issue 5). It runs the HTTP APIs (recipe/api.h)
+ * over an api_backend whose requests live on remote prefill and decode workers, talking the
+ * binary protocol of cluster/proto.h (docs/protocol.md).
+ *
+ * DESIGN. One mutex guards the worker table and every request. Threads:
+ *   - one reader per worker connection: decodes frames (HEARTBEAT, HANDOFF, TOKENS, FINISH,
+ *     ERROR, DRAIN) and applies them to the requests under the mutex;
+ *   - the dispatcher: places waiting requests with the balancers (cluster/balance.h), sends
+ *     every queued frame (only it writes to worker sockets, outside the mutex), drops workers
+ *     that missed heartbeats (heartbeat_timeout_s), reconnects the static ones;
+ *   - the acceptor (when register_listen is set): workers started with --gateway connect here
+ *     and say HELLO with PROTO_F_REGISTER; they join the live list.
+ * A request's life: submit computes its entry point (the longest stored prefix of its block
+ * keys, store_exists) and queues it; the dispatcher sends PREFILL to the prefill worker that
+ * finishes it earliest; the HANDOFF's first token is streamed at once and the request goes to
+ * a decode worker (DECODE with the tail KV), whose TOKENS are streamed until FINISH. Every
+ * generated token is kept, so when a decode worker dies (connection lost or heartbeats
+ * missed) or drains (FINISH MOVED) the request resumes on another one from exactly the tokens
+ * already streamed (DECODE with PROTO_F_RESUME: prompt + those tokens; the new worker loads
+ * the stored blocks and recomputes the tail). A dead prefill worker's requests are simply
+ * prefilled again elsewhere (nothing of them was streamed). With no worker of a role a
+ * request waits up to wait_timeout_s: at submit that is a 503 in the API's shape
+ * (SCHED_ERR_STOPPED), later it ends with FINISH ERROR.
+ *
+ * The handles given to the API layer are gw_req pointers cast to sched_req * (api_backend).
+ */
+#ifndef TM_GATEWAY_H
+#define TM_GATEWAY_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cache/store.h"
+#include "http/http.h"
+#include "model/model.h"
+#include "recipe/api.h"
+
+typedef enum {
+    GATEWAY_OK = 0,
+    GATEWAY_ERR_ARG,      /* bad option (address) */
+    GATEWAY_ERR_BIND,     /* cannot listen on register_listen */
+} gateway_status;
+
+typedef struct {
+    const model *model;            /* fingerprint (workers must match), vocabulary size */
+    store *cache;                  /* the shared block store (entry point hits), or NULL */
+    const char *const *prefill;    /* (n_prefill) "HOST:PORT" of prefill workers to connect to */
+    int n_prefill;
+    const char *const *decode;     /* (n_decode) of decode workers */
+    int n_decode;
+    const char *register_listen;   /* "HOST:PORT" where workers register (--gateway), or NULL */
+    int n_ctx;                     /* positions per sequence (as the workers) */
+    int32_t eos_ids[4];            /* end-of-generation ids the workers stop on (-1 unused) */
+    double heartbeat_timeout_s;    /* a worker silent this long is out; <= 0: 2 */
+    double wait_timeout_s;         /* longest wait for a worker of a role; <= 0: 30 */
+    uint32_t drain_deadline_ms;    /* default drain deadline; 0: 60000 */
+    double prefill_tokens_per_s;   /* one prefill worker's capacity (capacity rule); <= 0: 20000 */
+    int min_workers, max_workers;  /* capacity limits per role; 0: 1 and 16 */
+} gateway_opts;
+
+typedef struct gateway gateway;
+
+gateway_status gateway_new(const gateway_opts *o, gateway **out, char *err, size_t errsz);
+/* Refuses new requests and ends every running one (FINISH CANCELLED), so streams close. */
+void gateway_shutdown(gateway *g);
+/* Stops the threads, closes the connections, frees. Every handle must have been released. */
+void gateway_free(gateway *g);
+/* The backend for api_ctx.backend. */
+const api_backend *gateway_backend(gateway *g);
+/* The port workers register at (register_listen with port 0), or -1. */
+int gateway_register_port(const gateway *g);
+/* GET /admin/workers, POST /admin/drain?worker=ADDR|NAME[&deadline_ms=N], GET /admin/capacity. */
+void gateway_routes(gateway *g, http_server *h);
+
+#endif

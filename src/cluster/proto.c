@@ -1,0 +1,820 @@
+/*
+ * proto: encoding, decoding and checking of the gateway <-> worker frames (proto.h,
+ * docs/protocol.md).
+ *
+ * DESIGN. Every message has one put function and one get function written side by side, in
+ * the same field order, so the two cannot drift. Gets read through proto_rd, whose reads past
+ * the end set err and return zeros; counts are checked against their limits before anything
+ * is allocated, and a decode must consume the payload exactly. The socket helpers are plain
+ * blocking I/O (the worker uses one reader thread per connection; the gateway may use
+ * proto_hdr_parse on its own buffers instead).
+ */
+#include "cluster/proto.h"
+
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "model/quant.h"
+#include "util/util.h"
+
+/* ---- buffers ---- */
+
+void proto_buf_init(proto_buf *b) { memset(b, 0, sizeof *b); }
+void proto_buf_free(proto_buf *b) { free(b->p); memset(b, 0, sizeof *b); }
+void proto_buf_reset(proto_buf *b) { b->n = 0; b->oom = false; }
+
+static bool proto_buf_grow(proto_buf *b, size_t add)
+{
+    if (b->oom) return false;
+    if (b->n + add <= b->cap) return true;
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < b->n + add) cap *= 2;
+    uint8_t *p = realloc(b->p, cap);
+    if (!p) { b->oom = true; return false; }
+    b->p = p;
+    b->cap = cap;
+    return true;
+}
+
+void proto_put_bytes(proto_buf *b, const void *p, size_t n)
+{
+    if (!n || !proto_buf_grow(b, n)) return;
+    memcpy(b->p + b->n, p, n);
+    b->n += n;
+}
+
+void proto_put_u8(proto_buf *b, uint8_t v) { proto_put_bytes(b, &v, 1); }
+void proto_put_u16(proto_buf *b, uint16_t v)
+{
+    uint8_t x[2] = { (uint8_t)v, (uint8_t)(v >> 8) };
+    proto_put_bytes(b, x, 2);
+}
+void proto_put_u32(proto_buf *b, uint32_t v)
+{
+    uint8_t x[4];
+    for (int i = 0; i < 4; i++) x[i] = (uint8_t)(v >> (8 * i));
+    proto_put_bytes(b, x, 4);
+}
+void proto_put_u64(proto_buf *b, uint64_t v)
+{
+    uint8_t x[8];
+    for (int i = 0; i < 8; i++) x[i] = (uint8_t)(v >> (8 * i));
+    proto_put_bytes(b, x, 8);
+}
+void proto_put_f32(proto_buf *b, float v)
+{
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    proto_put_u32(b, u);
+}
+void proto_put_str(proto_buf *b, const char *z)
+{
+    size_t n = z ? strlen(z) : 0;
+    if (n > PROTO_MAX_STR) n = PROTO_MAX_STR;   /* encode checks this first */
+    proto_put_u16(b, (uint16_t)n);
+    proto_put_bytes(b, z, n);
+}
+
+void proto_rd_init(proto_rd *r, const void *p, size_t n)
+{
+    r->p = p;
+    r->n = n;
+    r->off = 0;
+    r->err = false;
+}
+
+const uint8_t *proto_get_bytes(proto_rd *r, size_t n)
+{
+    if (r->err || n > r->n - r->off) { r->err = true; return NULL; }
+    const uint8_t *p = r->p + r->off;
+    r->off += n;
+    return p;
+}
+uint8_t proto_get_u8(proto_rd *r)
+{
+    const uint8_t *p = proto_get_bytes(r, 1);
+    return p ? p[0] : 0;
+}
+uint16_t proto_get_u16(proto_rd *r)
+{
+    const uint8_t *p = proto_get_bytes(r, 2);
+    return p ? (uint16_t)(p[0] | p[1] << 8) : 0;
+}
+uint32_t proto_get_u32(proto_rd *r)
+{
+    const uint8_t *p = proto_get_bytes(r, 4);
+    if (!p) return 0;
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
+    return v;
+}
+uint64_t proto_get_u64(proto_rd *r)
+{
+    const uint8_t *p = proto_get_bytes(r, 8);
+    if (!p) return 0;
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+float proto_get_f32(proto_rd *r)
+{
+    uint32_t u = proto_get_u32(r);
+    float v;
+    memcpy(&v, &u, 4);
+    return v;
+}
+char *proto_get_str(proto_rd *r)
+{
+    uint16_t n = proto_get_u16(r);
+    if (n > PROTO_MAX_STR) { r->err = true; return NULL; }
+    const uint8_t *p = proto_get_bytes(r, n);
+    if (!p) return NULL;
+    if (memchr(p, 0, n)) { r->err = true; return NULL; }
+    char *z = malloc((size_t)n + 1);
+    if (!z) { r->err = true; return NULL; }
+    memcpy(z, p, n);
+    z[n] = 0;
+    return z;
+}
+
+/* ---- names ---- */
+
+const char *proto_status_name(proto_status st)
+{
+    static const char *names[] = { "ok", "short", "bad magic", "bad version", "unknown type",
+                                   "bad flags", "frame too big", "malformed payload",
+                                   "out of memory", "i/o error", "closed" };
+    return (unsigned)st < TM_ARRAY_LEN(names) ? names[st] : "?";
+}
+
+const char *proto_type_name(int type)
+{
+    static const char *names[] = { "?", "HELLO", "HEARTBEAT", "PREFILL", "HANDOFF", "DECODE",
+                                   "TOKENS", "FINISH", "CANCEL", "DRAIN", "ERROR" };
+    return type > 0 && type <= PROTO_TYPE_MAX ? names[type] : "?";
+}
+
+const char *proto_role_name(int role)
+{
+    switch (role) {
+    case PROTO_ROLE_PREFILL: return "prefill";
+    case PROTO_ROLE_DECODE: return "decode";
+    case PROTO_ROLE_MIXED: return "mixed";
+    case PROTO_ROLE_GATEWAY: return "gateway";
+    default: return "?";
+    }
+}
+
+int proto_role_parse(const char *z)
+{
+    if (!z) return -1;
+    if (!strcmp(z, "prefill")) return PROTO_ROLE_PREFILL;
+    if (!strcmp(z, "decode")) return PROTO_ROLE_DECODE;
+    if (!strcmp(z, "mixed")) return PROTO_ROLE_MIXED;
+    return -1;
+}
+
+/* ---- header ---- */
+
+static uint32_t proto_allowed_flags(int type)
+{
+    switch (type) {
+    case PROTO_HELLO: return PROTO_F_REGISTER;
+    case PROTO_HANDOFF: return PROTO_F_HAS_TAIL;
+    case PROTO_DECODE: return PROTO_F_HAS_TAIL | PROTO_F_RESUME;
+    case PROTO_TOKENS: return PROTO_F_LOGPROBS;
+    default: return 0;
+    }
+}
+
+proto_status proto_hdr_parse(const uint8_t *p, size_t n, proto_hdr *h)
+{
+    if (n < PROTO_HDR_SIZE) return PROTO_ERR_SHORT;
+    proto_rd r;
+    proto_rd_init(&r, p, PROTO_HDR_SIZE);
+    h->magic = proto_get_u32(&r);
+    h->version = proto_get_u16(&r);
+    h->type = proto_get_u16(&r);
+    h->flags = proto_get_u32(&r);
+    h->req_id = proto_get_u64(&r);
+    h->len = proto_get_u32(&r);
+    if (h->magic != PROTO_MAGIC) return PROTO_ERR_MAGIC;
+    if (h->version != PROTO_VERSION) return PROTO_ERR_VERSION;
+    if (h->type < 1 || h->type > PROTO_TYPE_MAX) return PROTO_ERR_TYPE;
+    if (h->flags & ~proto_allowed_flags(h->type)) return PROTO_ERR_FLAGS;
+    if (h->len > PROTO_MAX_PAYLOAD) return PROTO_ERR_TOO_BIG;
+    return PROTO_OK;
+}
+
+/* ---- message bodies ---- */
+
+size_t proto_kv_bytes(int dtype, int n_layers, int n_kv_heads, int head_dim, int n)
+{
+    size_t esz = dtype == QTYPE_F16 ? 2 : dtype == QTYPE_F32 ? 4 : 0;
+    if (!esz || n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 || n < 0 || n >= 128) return 0;
+    return (size_t)n_layers * 2 * (size_t)n_kv_heads * (size_t)n * (size_t)head_dim * esz;
+}
+
+static bool proto_params_ok(const proto_params *p)
+{
+    return p->n_stop_ids <= PROTO_MAX_STOP_IDS && p->top_logprobs <= PROTO_MAX_TOP &&
+           p->ignore_eos <= 1 && p->logprobs <= 1 && (!p->salt || strlen(p->salt) <= PROTO_MAX_STR);
+}
+
+static void proto_put_params(proto_buf *b, const proto_params *p)
+{
+    const sample_params *s = &p->sample;
+    proto_put_f32(b, s->temp);
+    proto_put_u32(b, (uint32_t)s->top_k);
+    proto_put_f32(b, s->top_p);
+    proto_put_f32(b, s->min_p);
+    proto_put_f32(b, s->repeat_penalty);
+    proto_put_f32(b, s->presence_penalty);
+    proto_put_f32(b, s->frequency_penalty);
+    proto_put_u32(b, (uint32_t)s->penalty_last_n);
+    proto_put_u64(b, s->seed);
+    proto_put_u32(b, (uint32_t)p->max_tokens);
+    proto_put_u8(b, p->n_stop_ids);
+    for (int i = 0; i < p->n_stop_ids; i++) proto_put_u32(b, (uint32_t)p->stop_ids[i]);
+    proto_put_u8(b, p->ignore_eos);
+    proto_put_u8(b, p->logprobs);
+    proto_put_u8(b, p->top_logprobs);
+    proto_put_u32(b, (uint32_t)p->cache_class);
+    proto_put_str(b, p->salt);
+}
+
+static void proto_get_params(proto_rd *r, proto_params *p)
+{
+    sample_params *s = &p->sample;
+    s->temp = proto_get_f32(r);
+    s->top_k = (int)proto_get_u32(r);
+    s->top_p = proto_get_f32(r);
+    s->min_p = proto_get_f32(r);
+    s->repeat_penalty = proto_get_f32(r);
+    s->presence_penalty = proto_get_f32(r);
+    s->frequency_penalty = proto_get_f32(r);
+    s->penalty_last_n = (int)proto_get_u32(r);
+    s->seed = proto_get_u64(r);
+    p->max_tokens = (int32_t)proto_get_u32(r);
+    p->n_stop_ids = proto_get_u8(r);
+    if (p->n_stop_ids > PROTO_MAX_STOP_IDS) { r->err = true; return; }
+    for (int i = 0; i < p->n_stop_ids; i++) p->stop_ids[i] = (int32_t)proto_get_u32(r);
+    p->ignore_eos = proto_get_u8(r);
+    p->logprobs = proto_get_u8(r);
+    p->top_logprobs = proto_get_u8(r);
+    p->cache_class = (int32_t)proto_get_u32(r);
+    if (s->penalty_last_n < 0 || p->ignore_eos > 1 || p->logprobs > 1 ||
+        p->top_logprobs > PROTO_MAX_TOP || p->cache_class < 0 || p->cache_class > 255) {
+        r->err = true;
+        return;
+    }
+    p->salt = proto_get_str(r);
+}
+
+static void proto_put_ids(proto_buf *b, const int32_t *ids, uint32_t n)
+{
+    proto_put_u32(b, n);
+    if (!proto_buf_grow(b, (size_t)n * 4)) return;
+    for (uint32_t i = 0; i < n; i++) proto_put_u32(b, (uint32_t)ids[i]);
+}
+
+/* A token array of at most PROTO_MAX_TOKENS, every id >= 0; allocated only after the count
+ * is known to fit in what is left of the payload. */
+static int32_t *proto_get_ids(proto_rd *r, uint32_t *n_out, bool allow_empty)
+{
+    uint32_t n = proto_get_u32(r);
+    *n_out = 0;
+    if (r->err || n > PROTO_MAX_TOKENS || (size_t)n * 4 > r->n - r->off || (!n && !allow_empty)) {
+        r->err = true;
+        return NULL;
+    }
+    int32_t *ids = malloc((size_t)(n ? n : 1) * 4);
+    if (!ids) { r->err = true; return NULL; }
+    for (uint32_t i = 0; i < n; i++) {
+        ids[i] = (int32_t)proto_get_u32(r);
+        if (ids[i] < 0) r->err = true;
+    }
+    if (r->err) { free(ids); return NULL; }
+    *n_out = n;
+    return ids;
+}
+
+static void proto_put_tok(proto_buf *b, const proto_tok *t, bool lp)
+{
+    proto_put_u32(b, (uint32_t)t->token);
+    if (!lp) return;
+    proto_put_f32(b, t->logprob);
+    proto_put_u8(b, t->n_top);
+    for (int i = 0; i < t->n_top; i++) {
+        proto_put_u32(b, (uint32_t)t->top_ids[i]);
+        proto_put_f32(b, t->top_lps[i]);
+    }
+}
+
+static void proto_get_tok(proto_rd *r, proto_tok *t, bool lp)
+{
+    memset(t, 0, sizeof *t);
+    t->token = (int32_t)proto_get_u32(r);
+    if (t->token < 0) r->err = true;
+    if (!lp) return;
+    t->logprob = proto_get_f32(r);
+    t->n_top = proto_get_u8(r);
+    if (t->n_top > PROTO_MAX_TOP) { r->err = true; return; }
+    for (int i = 0; i < t->n_top; i++) {
+        t->top_ids[i] = (int32_t)proto_get_u32(r);
+        t->top_lps[i] = proto_get_f32(r);
+    }
+}
+
+static bool proto_kv_ok(const proto_kv *kv)
+{
+    return kv->start % 128 == 0 &&
+           kv->n_bytes == proto_kv_bytes(kv->dtype, kv->n_layers, kv->n_kv_heads, kv->head_dim, (int)kv->n) &&
+           (kv->n == 0 || kv->n_bytes > 0) && (kv->n_bytes == 0 || kv->data);
+}
+
+static void proto_put_kv(proto_buf *b, const proto_kv *kv)
+{
+    proto_put_u8(b, kv->dtype);
+    proto_put_u16(b, kv->n_layers);
+    proto_put_u16(b, kv->n_kv_heads);
+    proto_put_u16(b, kv->head_dim);
+    proto_put_u32(b, kv->start);
+    proto_put_u32(b, kv->n);
+    proto_put_u32(b, kv->n_bytes);
+    proto_put_bytes(b, kv->data, kv->n_bytes);
+}
+
+static void proto_get_kv(proto_rd *r, proto_kv *kv)
+{
+    kv->dtype = proto_get_u8(r);
+    kv->n_layers = proto_get_u16(r);
+    kv->n_kv_heads = proto_get_u16(r);
+    kv->head_dim = proto_get_u16(r);
+    kv->start = proto_get_u32(r);
+    kv->n = proto_get_u32(r);
+    kv->n_bytes = proto_get_u32(r);
+    kv->data = NULL;
+    if (r->err || kv->start % 128 || kv->n >= 128 ||
+        kv->n_bytes != proto_kv_bytes(kv->dtype, kv->n_layers, kv->n_kv_heads, kv->head_dim, (int)kv->n) ||
+        (kv->n > 0 && kv->n_bytes == 0)) {
+        r->err = true;
+        return;
+    }
+    const uint8_t *p = proto_get_bytes(r, kv->n_bytes);
+    if (!p || !kv->n_bytes) return;
+    kv->data = malloc(kv->n_bytes);
+    if (!kv->data) { r->err = true; return; }
+    memcpy(kv->data, p, kv->n_bytes);
+}
+
+/* Checks the limits a receiver enforces, so that an encoder never produces a frame its peer
+ * would refuse. */
+static bool proto_msg_ok(const proto_msg *m)
+{
+    switch (m->hdr.type) {
+    case PROTO_HELLO:
+        return (!m->u.hello.listen || strlen(m->u.hello.listen) <= PROTO_MAX_STR) &&
+               (!m->u.hello.name || strlen(m->u.hello.name) <= PROTO_MAX_STR) &&
+               m->u.hello.role >= PROTO_ROLE_PREFILL && m->u.hello.role <= PROTO_ROLE_GATEWAY;
+    case PROTO_HEARTBEAT: return m->u.heartbeat.draining <= 1;
+    case PROTO_PREFILL:
+        return proto_params_ok(&m->u.prefill.params) && m->u.prefill.n_prompt >= 1 &&
+               m->u.prefill.n_prompt <= PROTO_MAX_TOKENS;
+    case PROTO_HANDOFF:
+        return m->u.handoff.first.n_top <= PROTO_MAX_TOP &&
+               (!(m->hdr.flags & PROTO_F_HAS_TAIL) || proto_kv_ok(&m->u.handoff.kv));
+    case PROTO_DECODE:
+        return proto_params_ok(&m->u.decode.params) && m->u.decode.n_prompt >= 1 &&
+               m->u.decode.n_prompt <= PROTO_MAX_TOKENS && m->u.decode.n_gen >= 1 &&
+               m->u.decode.n_gen <= PROTO_MAX_TOKENS &&
+               (!(m->hdr.flags & PROTO_F_HAS_TAIL) || proto_kv_ok(&m->u.decode.kv));
+    case PROTO_TOKENS:
+        if (m->u.tokens.n > PROTO_MAX_TOKENS) return false;
+        for (uint32_t i = 0; i < m->u.tokens.n; i++)
+            if (m->u.tokens.toks[i].n_top > PROTO_MAX_TOP) return false;
+        return true;
+    case PROTO_FINISH:
+        return m->u.finish.reason >= PROTO_FINISH_STOP && m->u.finish.reason <= PROTO_FINISH_MOVED;
+    case PROTO_DRAIN: return m->u.drain.done <= 1;
+    case PROTO_ERROR: return !m->u.error.msg || strlen(m->u.error.msg) <= PROTO_MAX_STR;
+    case PROTO_CANCEL: return true;
+    default: return false;
+    }
+}
+
+proto_status proto_encode(proto_buf *b, const proto_msg *m)
+{
+    const proto_hdr *h = &m->hdr;
+    if (h->type < 1 || h->type > PROTO_TYPE_MAX) return PROTO_ERR_TYPE;
+    if (h->flags & ~proto_allowed_flags(h->type)) return PROTO_ERR_FLAGS;
+    if (!proto_msg_ok(m)) return PROTO_ERR_MALFORMED;
+    size_t start = b->n;
+    bool was_oom = b->oom;
+    proto_put_u32(b, PROTO_MAGIC);
+    proto_put_u16(b, PROTO_VERSION);
+    proto_put_u16(b, h->type);
+    proto_put_u32(b, h->flags);
+    proto_put_u64(b, h->req_id);
+    proto_put_u32(b, 0);   /* length, patched below */
+    switch (h->type) {
+    case PROTO_HELLO: {
+        const proto_hello *x = &m->u.hello;
+        proto_put_u8(b, x->role);
+        proto_put_u8(b, x->kv_dtype);
+        proto_put_bytes(b, x->model_fp, 32);
+        proto_put_u32(b, x->max_seqs);
+        proto_put_u32(b, x->kv_blocks);
+        proto_put_u32(b, x->max_batch_tokens);
+        proto_put_u32(b, x->n_ctx);
+        proto_put_u32(b, x->n_vocab);
+        proto_put_str(b, x->listen);
+        proto_put_str(b, x->name);
+        break;
+    }
+    case PROTO_HEARTBEAT: {
+        const proto_heartbeat *x = &m->u.heartbeat;
+        proto_put_u32(b, x->n_running);
+        proto_put_u32(b, x->n_queued);
+        proto_put_u64(b, x->sum_cache_len);
+        proto_put_u64(b, x->uncached_queued);
+        proto_put_u32(b, x->kv_blocks_free);
+        proto_put_u32(b, x->kv_blocks_total);
+        proto_put_u8(b, x->draining);
+        proto_put_u64(b, x->n_prefill_tokens);
+        proto_put_u64(b, x->n_gen_tokens);
+        break;
+    }
+    case PROTO_PREFILL: {
+        const proto_prefill_job *x = &m->u.prefill;
+        proto_put_params(b, &x->params);
+        proto_put_u32(b, x->hit_len);
+        proto_put_ids(b, x->prompt, x->n_prompt);
+        break;
+    }
+    case PROTO_HANDOFF: {
+        const proto_handoff *x = &m->u.handoff;
+        proto_put_tok(b, &x->first, true);
+        proto_put_u32(b, x->n_prompt);
+        proto_put_u32(b, x->n_cached);
+        proto_put_u32(b, x->n_computed);
+        proto_put_u32(b, x->n_stored);
+        proto_put_u32(b, x->n_sampled);
+        proto_put_u32(b, x->prefill_us);
+        if (h->flags & PROTO_F_HAS_TAIL) proto_put_kv(b, &x->kv);
+        break;
+    }
+    case PROTO_DECODE: {
+        const proto_decode_job *x = &m->u.decode;
+        proto_put_params(b, &x->params);
+        proto_put_ids(b, x->prompt, x->n_prompt);
+        proto_put_ids(b, x->gen, x->n_gen);
+        proto_put_u32(b, x->n_cached);
+        proto_put_u32(b, x->n_sampled);
+        if (h->flags & PROTO_F_HAS_TAIL) proto_put_kv(b, &x->kv);
+        break;
+    }
+    case PROTO_TOKENS: {
+        const proto_tokens *x = &m->u.tokens;
+        proto_put_u32(b, x->n);
+        for (uint32_t i = 0; i < x->n; i++) proto_put_tok(b, &x->toks[i], h->flags & PROTO_F_LOGPROBS);
+        break;
+    }
+    case PROTO_FINISH: {
+        const proto_finish_msg *x = &m->u.finish;
+        proto_put_u8(b, x->reason);
+        proto_put_u32(b, x->prompt_tokens);
+        proto_put_u32(b, x->cached_tokens);
+        proto_put_u32(b, x->completion_tokens);
+        proto_put_u32(b, x->ttft_us);
+        break;
+    }
+    case PROTO_DRAIN:
+        proto_put_u8(b, m->u.drain.done);
+        proto_put_u32(b, m->u.drain.deadline_ms);
+        break;
+    case PROTO_ERROR:
+        proto_put_u32(b, m->u.error.code);
+        proto_put_str(b, m->u.error.msg);
+        break;
+    case PROTO_CANCEL:
+        break;
+    }
+    if (b->oom && !was_oom) {
+        b->n = start;
+        b->oom = false;
+        return PROTO_ERR_NOMEM;
+    }
+    size_t len = b->n - start - PROTO_HDR_SIZE;
+    if (len > PROTO_MAX_PAYLOAD) {
+        b->n = start;
+        return PROTO_ERR_TOO_BIG;
+    }
+    for (int i = 0; i < 4; i++) b->p[start + 20 + i] = (uint8_t)(len >> (8 * i));
+    return PROTO_OK;
+}
+
+proto_status proto_decode(const proto_hdr *h, const uint8_t *payload, proto_msg *m)
+{
+    memset(m, 0, sizeof *m);
+    m->hdr = *h;
+    proto_rd rd, *r = &rd;
+    proto_rd_init(r, payload, h->len);
+    switch (h->type) {
+    case PROTO_HELLO: {
+        proto_hello *x = &m->u.hello;
+        x->role = proto_get_u8(r);
+        x->kv_dtype = proto_get_u8(r);
+        const uint8_t *fp = proto_get_bytes(r, 32);
+        if (fp) memcpy(x->model_fp, fp, 32);
+        x->max_seqs = proto_get_u32(r);
+        x->kv_blocks = proto_get_u32(r);
+        x->max_batch_tokens = proto_get_u32(r);
+        x->n_ctx = proto_get_u32(r);
+        x->n_vocab = proto_get_u32(r);
+        if (x->role < PROTO_ROLE_PREFILL || x->role > PROTO_ROLE_GATEWAY) r->err = true;
+        if (!r->err) x->listen = proto_get_str(r);
+        if (!r->err) x->name = proto_get_str(r);
+        break;
+    }
+    case PROTO_HEARTBEAT: {
+        proto_heartbeat *x = &m->u.heartbeat;
+        x->n_running = proto_get_u32(r);
+        x->n_queued = proto_get_u32(r);
+        x->sum_cache_len = proto_get_u64(r);
+        x->uncached_queued = proto_get_u64(r);
+        x->kv_blocks_free = proto_get_u32(r);
+        x->kv_blocks_total = proto_get_u32(r);
+        x->draining = proto_get_u8(r);
+        x->n_prefill_tokens = proto_get_u64(r);
+        x->n_gen_tokens = proto_get_u64(r);
+        if (x->draining > 1) r->err = true;
+        break;
+    }
+    case PROTO_PREFILL: {
+        proto_prefill_job *x = &m->u.prefill;
+        proto_get_params(r, &x->params);
+        x->hit_len = proto_get_u32(r);
+        if (!r->err) x->prompt = proto_get_ids(r, &x->n_prompt, false);
+        break;
+    }
+    case PROTO_HANDOFF: {
+        proto_handoff *x = &m->u.handoff;
+        proto_get_tok(r, &x->first, true);
+        x->n_prompt = proto_get_u32(r);
+        x->n_cached = proto_get_u32(r);
+        x->n_computed = proto_get_u32(r);
+        x->n_stored = proto_get_u32(r);
+        x->n_sampled = proto_get_u32(r);
+        x->prefill_us = proto_get_u32(r);
+        if (x->n_cached > x->n_prompt || x->n_stored > x->n_prompt || x->n_stored % 128)
+            r->err = true;
+        if (!r->err && (h->flags & PROTO_F_HAS_TAIL)) proto_get_kv(r, &x->kv);
+        break;
+    }
+    case PROTO_DECODE: {
+        proto_decode_job *x = &m->u.decode;
+        proto_get_params(r, &x->params);
+        if (!r->err) x->prompt = proto_get_ids(r, &x->n_prompt, false);
+        if (!r->err) x->gen = proto_get_ids(r, &x->n_gen, false);
+        x->n_cached = proto_get_u32(r);
+        x->n_sampled = proto_get_u32(r);
+        if (x->n_cached > x->n_prompt) r->err = true;
+        if (!r->err && (h->flags & PROTO_F_HAS_TAIL)) {
+            proto_get_kv(r, &x->kv);
+            /* the tail lies inside the context whose KV exists (all but the last token) */
+            if ((uint64_t)x->kv.start + x->kv.n > (uint64_t)x->n_prompt + x->n_gen - 1) r->err = true;
+        }
+        break;
+    }
+    case PROTO_TOKENS: {
+        proto_tokens *x = &m->u.tokens;
+        bool lp = h->flags & PROTO_F_LOGPROBS;
+        uint32_t n = proto_get_u32(r);
+        if (r->err || n > PROTO_MAX_TOKENS || (size_t)n * 4 > r->n - r->off) { r->err = true; break; }
+        x->toks = calloc(n ? n : 1, sizeof *x->toks);
+        if (!x->toks) { r->err = true; break; }
+        x->n = n;
+        for (uint32_t i = 0; i < n && !r->err; i++) proto_get_tok(r, &x->toks[i], lp);
+        break;
+    }
+    case PROTO_FINISH: {
+        proto_finish_msg *x = &m->u.finish;
+        x->reason = proto_get_u8(r);
+        x->prompt_tokens = proto_get_u32(r);
+        x->cached_tokens = proto_get_u32(r);
+        x->completion_tokens = proto_get_u32(r);
+        x->ttft_us = proto_get_u32(r);
+        if (x->reason < PROTO_FINISH_STOP || x->reason > PROTO_FINISH_MOVED ||
+            x->cached_tokens > x->prompt_tokens)
+            r->err = true;
+        break;
+    }
+    case PROTO_DRAIN:
+        m->u.drain.done = proto_get_u8(r);
+        m->u.drain.deadline_ms = proto_get_u32(r);
+        if (m->u.drain.done > 1) r->err = true;
+        break;
+    case PROTO_ERROR:
+        m->u.error.code = proto_get_u32(r);
+        if (!r->err) m->u.error.msg = proto_get_str(r);
+        break;
+    case PROTO_CANCEL:
+        break;
+    default:
+        return PROTO_ERR_TYPE;
+    }
+    if (!r->err && r->off != r->n) r->err = true;   /* trailing bytes */
+    if (r->err) {
+        proto_msg_free(m);
+        return PROTO_ERR_MALFORMED;
+    }
+    return PROTO_OK;
+}
+
+void proto_msg_free(proto_msg *m)
+{
+    if (!m) return;
+    switch (m->hdr.type) {
+    case PROTO_HELLO: free(m->u.hello.listen); free(m->u.hello.name); break;
+    case PROTO_PREFILL: free(m->u.prefill.params.salt); free(m->u.prefill.prompt); break;
+    case PROTO_HANDOFF: free(m->u.handoff.kv.data); break;
+    case PROTO_DECODE:
+        free(m->u.decode.params.salt);
+        free(m->u.decode.prompt);
+        free(m->u.decode.gen);
+        free(m->u.decode.kv.data);
+        break;
+    case PROTO_TOKENS: free(m->u.tokens.toks); break;
+    case PROTO_ERROR: free(m->u.error.msg); break;
+    default: break;
+    }
+    memset(&m->u, 0, sizeof m->u);
+}
+
+/* ---- sockets ---- */
+
+proto_status proto_send(int fd, const void *p, size_t n)
+{
+    const uint8_t *q = p;
+    while (n) {
+        ssize_t k = send(fd, q, n, MSG_NOSIGNAL);
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            return PROTO_ERR_IO;
+        }
+        q += k;
+        n -= (size_t)k;
+    }
+    return PROTO_OK;
+}
+
+proto_status proto_send_msg(int fd, const proto_msg *m)
+{
+    proto_buf b;
+    proto_buf_init(&b);
+    proto_status st = proto_encode(&b, m);
+    if (st == PROTO_OK) st = proto_send(fd, b.p, b.n);
+    proto_buf_free(&b);
+    return st;
+}
+
+/* Reads exactly n bytes: 1 ok, 0 closed before the first byte, -1 error / closed mid-way. */
+static int proto_read_full(int fd, void *p, size_t n)
+{
+    uint8_t *q = p;
+    size_t got = 0;
+    while (got < n) {
+        ssize_t k = recv(fd, q + got, n - got, 0);
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        if (k == 0) {
+            if (got == 0) return 0;
+            errno = ECONNRESET;
+            return -1;
+        }
+        got += (size_t)k;
+    }
+    return 1;
+}
+
+proto_status proto_recv(int fd, proto_msg *m)
+{
+    memset(m, 0, sizeof *m);
+    uint8_t hb[PROTO_HDR_SIZE];
+    int rc = proto_read_full(fd, hb, sizeof hb);
+    if (rc == 0) return PROTO_ERR_CLOSED;
+    if (rc < 0) return PROTO_ERR_IO;
+    proto_hdr h;
+    proto_status st = proto_hdr_parse(hb, sizeof hb, &h);
+    if (st != PROTO_OK) {
+        m->hdr = h;
+        return st;
+    }
+    uint8_t *pl = malloc(h.len ? h.len : 1);
+    if (!pl) return PROTO_ERR_NOMEM;
+    if (h.len && proto_read_full(fd, pl, h.len) != 1) {
+        free(pl);
+        return PROTO_ERR_IO;
+    }
+    st = proto_decode(&h, pl, m);
+    free(pl);
+    if (st != PROTO_OK) m->hdr = h;
+    return st;
+}
+
+/* Splits "HOST:PORT" (the last colon; "[v6]:port" brackets stripped). */
+static int proto_split(const char *hostport, char *host, size_t hsz, char *port, size_t psz)
+{
+    const char *c = strrchr(hostport, ':');
+    if (!c || !c[1]) return -1;
+    size_t hn = (size_t)(c - hostport);
+    const char *h = hostport;
+    if (hn >= 2 && h[0] == '[' && h[hn - 1] == ']') { h++; hn -= 2; }
+    if (hn >= hsz || strlen(c + 1) >= psz) return -1;
+    memcpy(host, h, hn);
+    host[hn] = 0;
+    strcpy(port, c + 1);
+    return 0;
+}
+
+int proto_listen(const char *hostport, int backlog)
+{
+    char host[256], port[32];
+    if (proto_split(hostport, host, sizeof host, port, sizeof port)) { errno = EINVAL; return -1; }
+    struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE };
+    struct addrinfo *res = NULL;
+    const char *hp = (!host[0] || !strcmp(host, "*")) ? NULL : host;
+    if (getaddrinfo(hp, port, &hints, &res) || !res) { errno = EINVAL; return -1; }
+    int fd = -1;
+    for (struct addrinfo *a = res; a; a = a->ai_next) {
+        fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+        if (fd < 0) continue;
+        int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (!bind(fd, a->ai_addr, a->ai_addrlen) && !listen(fd, backlog > 0 ? backlog : 64)) break;
+        close(fd);
+        fd = -1;
+    }
+    freeaddrinfo(res);
+    return fd;
+}
+
+int proto_connect(const char *hostport, int timeout_ms)
+{
+    char host[256], port[32];
+    if (proto_split(hostport, host, sizeof host, port, sizeof port)) { errno = EINVAL; return -1; }
+    struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM };
+    struct addrinfo *res = NULL;
+    if (getaddrinfo(host[0] ? host : "127.0.0.1", port, &hints, &res) || !res) { errno = EINVAL; return -1; }
+    int fd = -1;
+    for (struct addrinfo *a = res; a; a = a->ai_next) {
+        fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+        if (fd < 0) continue;
+        int fl = fcntl(fd, F_GETFL);
+        fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+        int rc = connect(fd, a->ai_addr, a->ai_addrlen);
+        if (rc < 0 && errno == EINPROGRESS) {
+            struct pollfd pfd = { .fd = fd, .events = POLLOUT };
+            int err = 0;
+            socklen_t el = sizeof err;
+            if (poll(&pfd, 1, timeout_ms > 0 ? timeout_ms : 5000) == 1 &&
+                !getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) && !err)
+                rc = 0;
+            else if (err)
+                errno = err;
+            else
+                errno = ETIMEDOUT;
+        }
+        if (rc == 0) {
+            fcntl(fd, F_SETFL, fl);
+            int one = 1;
+            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+            break;
+        }
+        close(fd);
+        fd = -1;
+    }
+    freeaddrinfo(res);
+    return fd;
+}
+
+int proto_local_port(int fd)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    if (getsockname(fd, (struct sockaddr *)&ss, &sl)) return -1;
+    if (ss.ss_family == AF_INET) return ntohs(((struct sockaddr_in *)&ss)->sin_port);
+    if (ss.ss_family == AF_INET6) return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+    return -1;
+}

@@ -1,0 +1,314 @@
+/*
+ * proto: the binary protocol between the gateway and the prefill / decode / mixed workers
+ * (issue 5). The full description of every frame is docs/protocol.md; this header is its
+ * C form, shared by both ends.
+ *
+ * DESIGN. A connection carries length-prefixed frames, in both directions, over TCP. A frame
+ * is a 24-byte header (magic "TMCP", version, type, flags, request id, payload length, all
+ * little-endian) followed by the payload. Every field is checked on receipt: a wrong magic or
+ * version, an unknown type, a flag the type does not define, a payload longer than
+ * PROTO_MAX_PAYLOAD or one that does not decode to exactly its length is an error; the
+ * receiver logs one line and closes that connection (never the process).
+ *
+ * Encoding goes through a growable byte buffer (proto_buf) that never fails half-way: on
+ * allocation failure it records oom and the frame is not sent. Decoding reads through a
+ * bounds-checked cursor (proto_rd): every read past the end sets err and returns zeros, so a
+ * truncated or corrupt payload becomes PROTO_ERR_MALFORMED, never an out-of-bounds access.
+ * Decoded messages own their arrays (malloc'd); proto_msg_free releases them.
+ *
+ * Flow (see docs/protocol.md): both ends send HELLO first; the gateway sends PREFILL /
+ * DECODE / CANCEL / DRAIN; a prefill worker answers PREFILL with HANDOFF (or TOKENS + FINISH
+ * when the request ended at its first token, or ERROR); the gateway relays the handoff in a
+ * DECODE job to a decode worker, which streams TOKENS and ends with FINISH. Workers send
+ * HEARTBEAT every 500 ms. Full KV blocks travel through the shared block store; only the
+ * partial tail block travels in HANDOFF / DECODE.
+ */
+#ifndef TM_PROTO_H
+#define TM_PROTO_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/sample.h"
+
+#define PROTO_MAGIC 0x50434d54u          /* "TMCP" as bytes on the wire (LE u32) */
+#define PROTO_VERSION 1
+#define PROTO_HDR_SIZE 24                /* bytes of the frame header */
+#define PROTO_MAX_PAYLOAD (64u << 20)    /* largest payload accepted, bytes */
+#define PROTO_MAX_TOKENS (1 << 22)       /* most token ids in one array */
+#define PROTO_MAX_STR 1024               /* longest string field, bytes */
+#define PROTO_MAX_STOP_IDS 8             /* = SCHED_MAX_STOP_IDS */
+#define PROTO_MAX_TOP 20                 /* = SCHED_MAX_TOP_LOGPROBS */
+
+typedef enum {
+    PROTO_OK = 0,
+    PROTO_ERR_SHORT,       /* not enough bytes yet for a header / frame (incremental parse) */
+    PROTO_ERR_MAGIC,       /* not a tokenmill frame */
+    PROTO_ERR_VERSION,     /* a protocol version this build does not speak */
+    PROTO_ERR_TYPE,        /* unknown frame type */
+    PROTO_ERR_FLAGS,       /* a flag the frame type does not define */
+    PROTO_ERR_TOO_BIG,     /* payload length above the limit */
+    PROTO_ERR_MALFORMED,   /* the payload does not decode to exactly its length / bad value */
+    PROTO_ERR_NOMEM,
+    PROTO_ERR_IO,          /* read/write failed (errno set) */
+    PROTO_ERR_CLOSED,      /* the peer closed the connection (cleanly, between frames) */
+} proto_status;
+
+typedef enum {
+    PROTO_HELLO = 1,       /* both ways, first frame: role, model, capacity */
+    PROTO_HEARTBEAT = 2,   /* both ways: load report (the gateway's is all zeros) */
+    PROTO_PREFILL = 3,     /* gateway -> prefill/mixed worker: run a prompt, hand off */
+    PROTO_HANDOFF = 4,     /* prefill worker -> gateway: first token + tail KV */
+    PROTO_DECODE = 5,      /* gateway -> decode/mixed worker: continue (handoff or resume) */
+    PROTO_TOKENS = 6,      /* worker -> gateway: generated token ids (+ logprobs) */
+    PROTO_FINISH = 7,      /* worker -> gateway: last frame of a request */
+    PROTO_CANCEL = 8,      /* gateway -> worker: end this request now */
+    PROTO_DRAIN = 9,       /* both ways: drain start (deadline) / drain done */
+    PROTO_ERROR = 10,      /* both ways: a request failed (id != 0) or the connection (id 0) */
+    PROTO_TYPE_MAX = 10,
+} proto_type;
+
+/* Header flags. Each type accepts only the flags listed for it; any other bit is an error. */
+#define PROTO_F_REGISTER 0x1u     /* HELLO from a worker that connected to the gateway itself
+                                   * (--gateway): the gateway adds it to its live list */
+#define PROTO_F_HAS_TAIL 0x1u     /* HANDOFF / DECODE: the payload carries the tail KV */
+#define PROTO_F_RESUME 0x2u       /* DECODE: a resume of a request whose decode worker died or
+                                   * drained (no handoff; tokens already streamed included) */
+#define PROTO_F_LOGPROBS 0x1u     /* TOKENS: each token carries logprob + alternatives */
+
+typedef enum {
+    PROTO_ROLE_PREFILL = 1,
+    PROTO_ROLE_DECODE = 2,
+    PROTO_ROLE_MIXED = 3,
+    PROTO_ROLE_GATEWAY = 4,
+} proto_role;
+
+typedef enum {              /* FINISH reasons; 1..4 have sched_finish's values */
+    PROTO_FINISH_STOP = 1,
+    PROTO_FINISH_LENGTH = 2,
+    PROTO_FINISH_CANCELLED = 3,
+    PROTO_FINISH_ERROR = 4,
+    PROTO_FINISH_MOVED = 5, /* not finished here (drain deadline): resume it elsewhere */
+} proto_finish;
+
+typedef enum {              /* ERROR codes */
+    PROTO_E_MALFORMED = 1,  /* id 0: a frame was refused; the sender closes after it */
+    PROTO_E_VERSION = 2,
+    PROTO_E_MODEL = 3,      /* model fingerprint differs from the peer's */
+    PROTO_E_BUSY = 4,       /* queue full: try another worker */
+    PROTO_E_TOO_LONG = 5,   /* prompt + max_tokens beyond the context */
+    PROTO_E_ARG = 6,        /* bad request (token id out of range, ...) */
+    PROTO_E_ROLE = 7,       /* job type this worker's role does not take */
+    PROTO_E_DRAINING = 8,   /* worker is draining: try another */
+    PROTO_E_INTERNAL = 9,
+    PROTO_E_DUPLICATE = 10, /* request id already running on this connection */
+} proto_error_code;
+
+typedef struct {
+    uint32_t magic;         /* PROTO_MAGIC */
+    uint16_t version;       /* PROTO_VERSION */
+    uint16_t type;          /* proto_type */
+    uint32_t flags;         /* PROTO_F_* of this type */
+    uint64_t req_id;        /* request id chosen by the gateway; 0 = connection-level */
+    uint32_t len;           /* payload bytes, <= PROTO_MAX_PAYLOAD */
+} proto_hdr;
+
+typedef struct {
+    uint8_t role;           /* proto_role */
+    uint8_t kv_dtype;       /* qtype of the KV pool (F16 / F32); tail KV comes in this type */
+    uint8_t model_fp[32];   /* model fingerprint (model.h); peers must match */
+    uint32_t max_seqs;      /* running sequences at once */
+    uint32_t kv_blocks;     /* KV pool size, 128-token blocks */
+    uint32_t max_batch_tokens; /* tokens per engine step */
+    uint32_t n_ctx;         /* positions per sequence */
+    uint32_t n_vocab;
+    char *listen;           /* "HOST:PORT" where the worker accepts the gateway ("" if none) */
+    char *name;             /* free-form id for logs ("" if none) */
+} proto_hello;
+
+typedef struct {
+    uint32_t n_running;     /* requests running */
+    uint32_t n_queued;      /* requests waiting */
+    uint64_t sum_cache_len; /* sum over running requests of their context length, positions */
+    uint64_t uncached_queued; /* prompt tokens of waiting requests not known to be cached */
+    uint32_t kv_blocks_free;  /* free + reclaimable blocks */
+    uint32_t kv_blocks_total;
+    uint8_t draining;       /* 1 while draining: send no new work */
+    uint64_t n_prefill_tokens; /* lifetime tokens computed as prefill (rates by difference) */
+    uint64_t n_gen_tokens;  /* lifetime tokens generated */
+} proto_heartbeat;
+
+typedef struct {
+    sample_params sample;   /* temp, top_k, top_p, min_p, penalties, window, seed */
+    int32_t max_tokens;     /* generated tokens at most, counting those already generated;
+                             * <= 0: until the context is full */
+    int32_t stop_ids[PROTO_MAX_STOP_IDS]; /* extra ids that end generation */
+    uint8_t n_stop_ids;
+    uint8_t ignore_eos;
+    uint8_t logprobs;
+    uint8_t top_logprobs;   /* 0..PROTO_MAX_TOP */
+    int32_t cache_class;    /* store_class of the request's blocks */
+    char *salt;             /* tenant salt for block keys ("" = none) */
+} proto_params;
+
+typedef struct {            /* KV of positions [start, start + n) of one sequence */
+    uint8_t dtype;          /* qtype (F16 / F32), the pool's */
+    uint16_t n_layers;
+    uint16_t n_kv_heads;
+    uint16_t head_dim;
+    uint32_t start;         /* first position: a multiple of 128 (the tail block's start) */
+    uint32_t n;             /* positions, 0..127 */
+    uint32_t n_bytes;       /* n_layers * 2 * n_kv_heads * n * head_dim * sizeof(dtype) */
+    uint8_t *data;          /* layout [layer][k|v][kv_head][pos][head_dim] */
+} proto_kv;
+
+typedef struct {
+    proto_params params;
+    uint32_t hit_len;       /* prompt positions the gateway found cached (a hint) */
+    uint32_t n_prompt;
+    int32_t *prompt;        /* (n_prompt) token ids */
+} proto_prefill_job;
+
+typedef struct {
+    int32_t token;          /* the first generated token */
+    float logprob;          /* with params.logprobs */
+    uint8_t n_top;
+    int32_t top_ids[PROTO_MAX_TOP];
+    float top_lps[PROTO_MAX_TOP];
+} proto_tok;
+
+typedef struct {
+    proto_tok first;        /* the first generated token (the gateway streams it) */
+    uint32_t n_prompt;      /* prompt tokens */
+    uint32_t n_cached;      /* of which came from a cache tier */
+    uint32_t n_computed;    /* of which were computed by this prefill */
+    uint32_t n_stored;      /* leading positions whose full blocks are in the store (k * 128) */
+    uint32_t n_sampled;     /* sampler draws done (1 when temp > 0, else 0): the decode side
+                             * reseeds with params.sample.seed and skips that many */
+    uint32_t prefill_us;    /* microseconds from receipt to handoff */
+    proto_kv kv;            /* with PROTO_F_HAS_TAIL: positions [n_stored, n_prompt) */
+} proto_handoff;
+
+typedef struct {
+    proto_params params;
+    uint32_t n_prompt;
+    int32_t *prompt;        /* (n_prompt) */
+    uint32_t n_gen;         /* tokens generated so far (>= 1), all streamed to the client */
+    int32_t *gen;           /* (n_gen) */
+    uint32_t n_cached;      /* prompt tokens cached at the first prefill (for usage) */
+    uint32_t n_sampled;     /* sampler draws done so far */
+    proto_kv kv;            /* with PROTO_F_HAS_TAIL: KV of [kv.start, kv.start + kv.n) of
+                             * prompt ++ gen; positions below kv.start come from the store */
+} proto_decode_job;
+
+typedef struct {
+    uint32_t n;             /* tokens */
+    proto_tok *toks;        /* (n); logprob fields only with PROTO_F_LOGPROBS */
+} proto_tokens;
+
+typedef struct {
+    uint8_t reason;         /* proto_finish */
+    uint32_t prompt_tokens;
+    uint32_t cached_tokens;
+    uint32_t completion_tokens; /* all generated tokens of the request, earlier ones included */
+    uint32_t ttft_us;       /* receipt to first token on this worker (0 if none) */
+} proto_finish_msg;
+
+typedef struct {
+    uint8_t done;           /* 0: drain starts (no new work), 1: drained, the sender closes */
+    uint32_t deadline_ms;   /* start: time left to finish; then FINISH MOVED for the rest */
+} proto_drain;
+
+typedef struct {
+    uint32_t code;          /* proto_error_code */
+    char *msg;
+} proto_error;
+
+typedef struct {
+    proto_hdr hdr;          /* type, flags and req_id are used by proto_encode */
+    union {
+        proto_hello hello;
+        proto_heartbeat heartbeat;
+        proto_prefill_job prefill;
+        proto_handoff handoff;
+        proto_decode_job decode;
+        proto_tokens tokens;
+        proto_finish_msg finish;
+        proto_drain drain;
+        proto_error error;
+    } u;
+} proto_msg;
+
+/* ---- byte buffers ---- */
+typedef struct {
+    uint8_t *p;             /* (cap) bytes, n used */
+    size_t n;
+    size_t cap;
+    bool oom;               /* an append failed: the contents are incomplete */
+} proto_buf;
+
+typedef struct {
+    const uint8_t *p;       /* (n) bytes */
+    size_t n;
+    size_t off;             /* next byte to read */
+    bool err;               /* a read went past the end or a value was out of range */
+} proto_rd;
+
+void proto_buf_init(proto_buf *b);
+void proto_buf_free(proto_buf *b);
+void proto_buf_reset(proto_buf *b);   /* n = 0, keeps the allocation */
+void proto_put_u8(proto_buf *b, uint8_t v);
+void proto_put_u16(proto_buf *b, uint16_t v);
+void proto_put_u32(proto_buf *b, uint32_t v);
+void proto_put_u64(proto_buf *b, uint64_t v);
+void proto_put_f32(proto_buf *b, float v);
+void proto_put_bytes(proto_buf *b, const void *p, size_t n);
+void proto_put_str(proto_buf *b, const char *z);   /* u16 length + bytes; NULL = "" */
+
+void proto_rd_init(proto_rd *r, const void *p, size_t n);
+uint8_t proto_get_u8(proto_rd *r);
+uint16_t proto_get_u16(proto_rd *r);
+uint32_t proto_get_u32(proto_rd *r);
+uint64_t proto_get_u64(proto_rd *r);
+float proto_get_f32(proto_rd *r);
+const uint8_t *proto_get_bytes(proto_rd *r, size_t n);   /* NULL (err set) when short */
+char *proto_get_str(proto_rd *r);    /* malloc'd, NUL-terminated; NULL on error */
+
+/* ---- frames ---- */
+const char *proto_status_name(proto_status st);
+const char *proto_type_name(int type);
+const char *proto_role_name(int role);
+int proto_role_parse(const char *z);   /* "prefill" | "decode" | "mixed": the role, else -1 */
+
+/* Parses and checks a header from n bytes at p: PROTO_ERR_SHORT when n < PROTO_HDR_SIZE,
+ * else the first problem found (magic, version, type, flags, length). */
+proto_status proto_hdr_parse(const uint8_t *p, size_t n, proto_hdr *h);
+/* Appends one whole frame (header + payload) for m (m->hdr.type/flags/req_id are used; magic,
+ * version and len are filled in). PROTO_ERR_TOO_BIG when the payload exceeds the limit,
+ * PROTO_ERR_NOMEM on allocation failure, PROTO_ERR_MALFORMED when a field is beyond its
+ * limit (the receiver would refuse it); b is left as it was on error. */
+proto_status proto_encode(proto_buf *b, const proto_msg *m);
+/* Decodes the payload of a checked header into m (which owns its arrays afterwards, free with
+ * proto_msg_free). On error m holds nothing to free. */
+proto_status proto_decode(const proto_hdr *h, const uint8_t *payload, proto_msg *m);
+/* Frees the arrays and strings of a decoded (or hand-built, malloc'd) message. */
+void proto_msg_free(proto_msg *m);
+
+/* Blocking socket I/O on fd. proto_send writes all n bytes (MSG_NOSIGNAL). proto_recv reads
+ * one frame: the checked header, then the payload, decoded into m; PROTO_ERR_CLOSED when the
+ * peer closed before a header byte. */
+proto_status proto_send(int fd, const void *p, size_t n);
+proto_status proto_send_msg(int fd, const proto_msg *m);
+proto_status proto_recv(int fd, proto_msg *m);
+
+/* Bytes of a tail KV block for the given geometry (0 when out of range). */
+size_t proto_kv_bytes(int dtype, int n_layers, int n_kv_heads, int head_dim, int n);
+
+/* TCP helpers: "HOST:PORT" (HOST may be empty or "*" for any). Return a socket or -1 (errno). */
+int proto_listen(const char *hostport, int backlog);
+int proto_connect(const char *hostport, int timeout_ms);
+/* The port a listening socket is bound to (for tests binding port 0). */
+int proto_local_port(int fd);
+
+#endif

@@ -1,0 +1,940 @@
+/*
+ * worker: serving the cluster protocol on one engine + scheduler. See worker.h for the
+ * design; the frames are in docs/protocol.md.
+ *
+ * Thread life: the accept, heartbeat and register threads are joined by worker_free; reader
+ * and job threads are detached and counted in w->n_active (worker_free waits for zero after
+ * closing every connection, which cancels their jobs). A connection is freed (its fd closed)
+ * when its last reference goes: the reader holds one, each of its jobs one.
+ */
+#include "cluster/worker.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cache/blockkey.h"
+#include "cluster/proto.h"
+#include "util/util.h"
+
+#define WORKER_FLUSH_WAIT_S 5.0   /* longest a prefill waits for its blocks' write-behind */
+
+typedef struct wconn wconn;
+typedef struct wjob wjob;
+
+struct wconn {
+    worker *w;
+    int fd;                      /* socket; closed when refs reaches 0 */
+    pthread_mutex_t send_mu;     /* whole frames only */
+    int refs;                    /* reader + jobs, under w->mu */
+    bool closed;                 /* reader has stopped: jobs are cancelled, no more frames */
+    wjob *jobs;                  /* this connection's jobs, under w->mu */
+    wconn *next;                 /* w->conns */
+    char peer[64];               /* for logs */
+};
+
+struct wjob {
+    worker *w;
+    wconn *c;                    /* holds a reference */
+    uint64_t id;                 /* request id (gateway's) */
+    proto_msg msg;               /* the PREFILL or DECODE frame (owned) */
+    sched_req *req;              /* under w->mu once submitted */
+    bool cancel;                 /* CANCEL or connection gone (under w->mu) */
+    bool moved;                  /* drain deadline: report FINISH MOVED (under w->mu) */
+    bool first_done;             /* prefill: first token produced (heartbeat figures) */
+    int ctx_len;                 /* context positions now (heartbeat), under w->mu */
+    double t_recv;               /* util_now() at receipt */
+    /* tail KV: prefill exports it (kv_out hook), decode installs it (kv_in hook) */
+    uint8_t *tail;               /* (tail_bytes) [layer][k|v][kv_head][pos][head_dim], pool dtype */
+    size_t tail_bytes;
+    int tail_start, tail_n;      /* positions [tail_start, tail_start + tail_n) */
+    bool tail_used;              /* decode: the handoff's tail was installed */
+    bool linked;                 /* in c->jobs (under w->mu); unlinked before the last frame */
+    wjob *next;                  /* c->jobs */
+};
+
+struct worker {
+    worker_opts o;
+    engine *e;
+    sched *s;
+    store *st;
+    blockio *bio;
+    const model *m;
+    int listen_fd;               /* -1 without --listen */
+    int port;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;           /* n_active changed, stop, drain progress */
+    bool stop;
+    bool draining, drained;
+    int drain_deadline_ms;
+    wconn *conns;
+    int n_active;                /* detached reader + job threads */
+    int n_jobs;
+    pthread_t accept_thr, hb_thr, reg_thr, drain_thr;
+    bool has_accept, has_hb, has_reg, has_drain;
+    uint8_t pool_fp[32];         /* blockkey_pool_fp(model, kv dtype) */
+};
+
+/* ---- connections ---- */
+
+static void worker_conn_unref_locked(worker *w, wconn *c)
+{
+    if (--c->refs > 0) return;
+    for (wconn **pp = &w->conns; *pp; pp = &(*pp)->next)
+        if (*pp == c) { *pp = c->next; break; }
+    close(c->fd);
+    pthread_mutex_destroy(&c->send_mu);
+    free(c);
+}
+
+static bool worker_send(wconn *c, const proto_msg *m)
+{
+    pthread_mutex_lock(&c->send_mu);
+    proto_status st = proto_send_msg(c->fd, m);
+    pthread_mutex_unlock(&c->send_mu);
+    if (st != PROTO_OK) {
+        if (st != PROTO_ERR_IO) log_warn("worker: %s: cannot send %s: %s", c->peer, proto_type_name(m->hdr.type),
+                                         proto_status_name(st));
+        shutdown(c->fd, SHUT_RDWR);   /* the reader sees it and closes the connection */
+        return false;
+    }
+    return true;
+}
+
+static void worker_send_error(wconn *c, uint64_t id, int code, const char *msg)
+{
+    proto_msg m;
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_ERROR;
+    m.hdr.req_id = id;
+    m.u.error.code = (uint32_t)code;
+    m.u.error.msg = (char *)msg;
+    worker_send(c, &m);
+}
+
+static void worker_send_hello(worker *w, wconn *c, bool reg)
+{
+    proto_msg m;
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_HELLO;
+    m.hdr.flags = reg ? PROTO_F_REGISTER : 0;
+    proto_hello *h = &m.u.hello;
+    kvpool *pool = engine_kvpool(w->e);
+    kvpool_stats ks;
+    kvpool_get_stats(pool, &ks);
+    h->role = (uint8_t)w->o.role;
+    h->kv_dtype = (uint8_t)kvpool_dtype(pool);
+    memcpy(h->model_fp, w->m->fingerprint, 32);
+    h->max_seqs = (uint32_t)w->o.max_seqs;
+    h->kv_blocks = (uint32_t)ks.n_blocks;
+    h->max_batch_tokens = (uint32_t)engine_max_batch(w->e);
+    h->n_ctx = (uint32_t)w->o.n_ctx;
+    h->n_vocab = (uint32_t)w->m->hp.n_vocab;
+    char listen[300] = "";
+    if (w->o.listen) {
+        /* advertise the bound port (the option may say port 0) */
+        const char *colon = strrchr(w->o.listen, ':');
+        int hn = colon ? (int)(colon - w->o.listen) : 0;
+        snprintf(listen, sizeof listen, "%.*s:%d", hn, w->o.listen, w->port);
+    }
+    h->listen = listen;
+    h->name = (char *)(w->o.name ? w->o.name : "worker");
+    worker_send(c, &m);
+}
+
+/* ---- tail KV hooks (engine thread) ---- */
+
+static size_t worker_esz(const kvpool *pool) { return kvpool_dtype(pool) == QTYPE_F16 ? 2 : 4; }
+
+/* kv_out: copies the partial last block [n_done/128*128, n_done) out of the pool. */
+static void worker_kv_out(void *arg, const kvpool *pool, const kvpool_seq *seq, int n_done)
+{
+    wjob *j = arg;
+    const model *m = j->w->m;
+    int start = n_done / KVPOOL_BLOCK * KVPOOL_BLOCK, n = n_done - start;
+    if (n <= 0 || j->tail) return;
+    size_t esz = worker_esz(pool), row = (size_t)m->hp.head_dim * esz;
+    size_t bytes = (size_t)m->hp.n_layers * 2 * (size_t)m->hp.n_kv_heads * (size_t)n * row;
+    uint8_t *buf = malloc(bytes);
+    if (!buf) return;
+    uint8_t *p = buf;
+    for (int l = 0; l < m->hp.n_layers; l++)
+        for (int kv = 0; kv < 2; kv++)
+            for (int h = 0; h < m->hp.n_kv_heads; h++) {
+                const uint8_t *slab = kvpool_seq_slab(pool, seq, start / KVPOOL_BLOCK, l, kv, h);
+                memcpy(p, slab, (size_t)n * row);
+                p += (size_t)n * row;
+            }
+    j->tail = buf;
+    j->tail_bytes = bytes;
+    j->tail_start = start;
+    j->tail_n = n;
+}
+
+/* kv_in: installs the handoff's tail when the attached blocks end exactly where it starts. */
+static int worker_kv_in(void *arg, kvpool *pool, kvpool_seq *seq, int n_attached)
+{
+    wjob *j = arg;
+    const proto_kv *kv = &j->msg.u.decode.kv;
+    const model *m = j->w->m;
+    if (j->tail_used || !kv->data || kv->n == 0) return n_attached;
+    if ((int)kv->start != n_attached || kv->dtype != kvpool_dtype(pool) || kv->n_layers != m->hp.n_layers ||
+        kv->n_kv_heads != m->hp.n_kv_heads || kv->head_dim != m->hp.head_dim) {
+        log_debug("worker: req %llu: tail KV at %u not used (attached %d): recomputed",
+                  (unsigned long long)j->id, kv->start, n_attached);
+        return n_attached;
+    }
+    double t0 = util_now();
+    if (kvpool_seq_reserve(pool, seq, (int)(kv->start + kv->n)) != KVPOOL_OK) return n_attached;
+    size_t row = (size_t)m->hp.head_dim * worker_esz(pool);
+    const uint8_t *p = kv->data;
+    for (int l = 0; l < m->hp.n_layers; l++)
+        for (int k = 0; k < 2; k++)
+            for (int h = 0; h < m->hp.n_kv_heads; h++) {
+                uint8_t *slab = kvpool_seq_slab(pool, seq, (int)kv->start / KVPOOL_BLOCK, l, k, h);
+                memcpy(slab, p, (size_t)kv->n * row);
+                p += (size_t)kv->n * row;
+            }
+    j->tail_used = true;
+    double us = (util_now() - t0) * 1e6;
+    log_debug("worker: req %llu: handoff tail installed: %u tokens, %u bytes (%.0f B/token), %.1f us (%.2f us/token)",
+              (unsigned long long)j->id, kv->n, kv->n_bytes, (double)kv->n_bytes / kv->n, us, us / kv->n);
+    return (int)(kv->start + kv->n);
+}
+
+/* ---- jobs ---- */
+
+static void worker_params(const proto_params *pp, sched_params *sp)
+{
+    memset(sp, 0, sizeof *sp);
+    sp->sample = pp->sample;
+    sp->max_tokens = pp->max_tokens;
+    sp->n_stop_ids = TM_MIN(pp->n_stop_ids, SCHED_MAX_STOP_IDS);
+    memcpy(sp->stop_ids, pp->stop_ids, (size_t)sp->n_stop_ids * sizeof sp->stop_ids[0]);
+    sp->ignore_eos = pp->ignore_eos;
+    sp->logprobs = pp->logprobs;
+    sp->top_logprobs = pp->top_logprobs;
+    sp->cache_salt = pp->salt;
+    sp->cache_class = pp->cache_class;
+}
+
+static int worker_sched_error(sched_status st)
+{
+    switch (st) {
+    case SCHED_ERR_QUEUE_FULL: return PROTO_E_BUSY;
+    case SCHED_ERR_TOO_LONG: return PROTO_E_TOO_LONG;
+    case SCHED_ERR_ARG: return PROTO_E_ARG;
+    case SCHED_ERR_STOPPED: return PROTO_E_DRAINING;
+    default: return PROTO_E_INTERNAL;
+    }
+}
+
+static void worker_tok(const sched_output *o, proto_tok *t)
+{
+    memset(t, 0, sizeof *t);
+    t->token = o->token;
+    t->logprob = o->logprob;
+    t->n_top = (uint8_t)TM_MIN(o->n_top, PROTO_MAX_TOP);
+    for (int i = 0; i < t->n_top; i++) {
+        t->top_ids[i] = o->top[i].token;
+        t->top_lps[i] = o->top[i].logprob;
+    }
+}
+
+/* Takes the job off its connection's list before its last frame goes out, so that the
+ * gateway may reuse the request id (a mixed worker's DECODE after its HANDOFF) at once. */
+static void worker_job_unlink(wjob *j)
+{
+    pthread_mutex_lock(&j->w->mu);
+    if (j->linked)
+        for (wjob **pp = &j->c->jobs; *pp; pp = &(*pp)->next)
+            if (*pp == j) { *pp = j->next; break; }
+    j->linked = false;
+    pthread_mutex_unlock(&j->w->mu);
+}
+
+static void worker_send_finish(wjob *j, int reason, int n_prompt, int n_cached, int n_completion, double ttft)
+{
+    proto_msg m;
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_FINISH;
+    m.hdr.req_id = j->id;
+    m.u.finish.reason = (uint8_t)reason;
+    m.u.finish.prompt_tokens = (uint32_t)n_prompt;
+    m.u.finish.cached_tokens = (uint32_t)TM_MIN(n_cached, n_prompt);
+    m.u.finish.completion_tokens = (uint32_t)n_completion;
+    m.u.finish.ttft_us = ttft > 0 ? (uint32_t)(ttft * 1e6) : 0;
+    worker_job_unlink(j);
+    worker_send(j->c, &m);
+}
+
+static int worker_finish_reason(wjob *j, sched_finish f)
+{
+    if (f == SCHED_FINISH_CANCELLED) {
+        pthread_mutex_lock(&j->w->mu);
+        bool moved = j->moved;
+        pthread_mutex_unlock(&j->w->mu);
+        return moved ? PROTO_FINISH_MOVED : PROTO_FINISH_CANCELLED;
+    }
+    return f == SCHED_FINISH_STOP ? PROTO_FINISH_STOP : f == SCHED_FINISH_LENGTH ? PROTO_FINISH_LENGTH
+                                                                                 : PROTO_FINISH_ERROR;
+}
+
+/* Waits for the write-behind to take what is queued now, then counts the stored leading
+ * full blocks of the prompt. */
+static int worker_stored_prefix(worker *w, const proto_prefill_job *p)
+{
+    int n_full = (int)p->n_prompt / KVPOOL_BLOCK;
+    if (!w->st || !w->bio || n_full == 0) return 0;
+    blockio_stats bs;
+    blockio_get_stats(w->bio, &bs);
+    uint64_t target = bs.n_write_queued;
+    double t0 = util_now();
+    while (util_now() - t0 < WORKER_FLUSH_WAIT_S) {
+        blockio_get_stats(w->bio, &bs);
+        if (bs.n_written + bs.n_write_failed >= target) break;
+        struct timespec ts = { 0, 500000 };
+        nanosleep(&ts, NULL);
+    }
+    uint8_t root[32] = { 0 };
+    if (p->params.salt && *p->params.salt) blockkey_root(p->params.salt, strlen(p->params.salt), root);
+    uint8_t (*keys)[32] = malloc((size_t)n_full * 32);
+    if (!keys) return 0;
+    blockkey_chain(root, p->prompt, n_full, w->pool_fp, keys);
+    int n = store_exists(w->st, (const uint8_t (*)[32])keys, n_full);
+    free(keys);
+    return n * KVPOOL_BLOCK;
+}
+
+/* Submits, records the handle, applies a cancel that came first. */
+static sched_status worker_submit(wjob *j, const sched_params *sp)
+{
+    sched_req *r = NULL;
+    sched_status st = sched_submit(j->w->s, sp, &r);
+    if (st != SCHED_OK) return st;
+    pthread_mutex_lock(&j->w->mu);
+    j->req = r;
+    if (j->cancel || j->moved) sched_cancel(r);
+    pthread_mutex_unlock(&j->w->mu);
+    return SCHED_OK;
+}
+
+static void worker_run_prefill(wjob *j)
+{
+    worker *w = j->w;
+    const proto_prefill_job *p = &j->msg.u.prefill;
+    sched_params sp;
+    worker_params(&p->params, &sp);
+    sp.prompt = p->prompt;
+    sp.n_prompt = (int)p->n_prompt;
+    sp.max_tokens = 1;
+    sp.kv_out = worker_kv_out;
+    sp.kv_arg = j;
+    sched_status st = worker_submit(j, &sp);
+    if (st != SCHED_OK) {
+        worker_job_unlink(j);
+        worker_send_error(j->c, j->id, worker_sched_error(st), sched_status_name(st));
+        return;
+    }
+    sched_output outs[4], first = { .token = -1 }, fin = { .kind = SCHED_OUT_TOKEN };
+    while (!sched_done(j->req)) {
+        int n = sched_poll(j->req, outs, 4, 200);
+        for (int i = 0; i < n; i++) {
+            if (outs[i].kind == SCHED_OUT_TOKEN) first = outs[i];
+            else fin = outs[i];
+        }
+    }
+    pthread_mutex_lock(&w->mu);
+    j->first_done = true;
+    pthread_mutex_unlock(&w->mu);
+    int n_prompt = (int)p->n_prompt, n_cached = fin.usage.cached_tokens;
+    if (first.token < 0 || fin.finish != SCHED_FINISH_LENGTH || first.is_stop) {
+        /* ended at the first token (stop), or cancelled / failed before it */
+        if (first.token >= 0) {
+            proto_msg m;
+            proto_tok t;
+            memset(&m, 0, sizeof m);
+            worker_tok(&first, &t);
+            m.hdr.type = PROTO_TOKENS;
+            m.hdr.req_id = j->id;
+            m.hdr.flags = p->params.logprobs ? PROTO_F_LOGPROBS : 0;
+            m.u.tokens.n = 1;
+            m.u.tokens.toks = &t;
+            worker_send(j->c, &m);
+        }
+        worker_send_finish(j, worker_finish_reason(j, fin.finish), n_prompt, n_cached, first.token >= 0,
+                           fin.ttft_s);
+        return;
+    }
+    if (p->params.max_tokens == 1 || n_prompt + 1 >= w->o.n_ctx) {
+        proto_msg m;
+        proto_tok t;
+        memset(&m, 0, sizeof m);
+        worker_tok(&first, &t);
+        m.hdr.type = PROTO_TOKENS;
+        m.hdr.req_id = j->id;
+        m.hdr.flags = p->params.logprobs ? PROTO_F_LOGPROBS : 0;
+        m.u.tokens.n = 1;
+        m.u.tokens.toks = &t;
+        worker_send(j->c, &m);
+        worker_send_finish(j, PROTO_FINISH_LENGTH, n_prompt, n_cached, 1, fin.ttft_s);
+        return;
+    }
+    int n_stored = worker_stored_prefix(w, p);
+    proto_msg m;
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_HANDOFF;
+    m.hdr.req_id = j->id;
+    proto_handoff *h = &m.u.handoff;
+    worker_tok(&first, &h->first);
+    h->n_prompt = (uint32_t)n_prompt;
+    h->n_cached = (uint32_t)n_cached;
+    h->n_computed = (uint32_t)(n_prompt - n_cached);
+    h->n_stored = (uint32_t)n_stored;
+    h->n_sampled = p->params.sample.temp > 0 ? 1 : 0;
+    h->prefill_us = (uint32_t)((util_now() - j->t_recv) * 1e6);
+    if (j->tail && j->tail_start == n_stored && j->tail_n > 0) {
+        kvpool *pool = engine_kvpool(w->e);
+        m.hdr.flags = PROTO_F_HAS_TAIL;
+        h->kv.dtype = (uint8_t)kvpool_dtype(pool);
+        h->kv.n_layers = (uint16_t)w->m->hp.n_layers;
+        h->kv.n_kv_heads = (uint16_t)w->m->hp.n_kv_heads;
+        h->kv.head_dim = (uint16_t)w->m->hp.head_dim;
+        h->kv.start = (uint32_t)j->tail_start;
+        h->kv.n = (uint32_t)j->tail_n;
+        h->kv.n_bytes = (uint32_t)j->tail_bytes;
+        h->kv.data = j->tail;
+    }
+    double t0 = util_now();
+    worker_job_unlink(j);
+    worker_send(j->c, &m);
+    log_debug("worker: req %llu: handoff: prompt %d, cached %d, stored %d, tail %d tokens %zu bytes, sent in %.1f us",
+              (unsigned long long)j->id, n_prompt, n_cached, n_stored, j->tail_n, j->tail_bytes,
+              (util_now() - t0) * 1e6);
+}
+
+static void worker_run_decode(wjob *j)
+{
+    worker *w = j->w;
+    const proto_decode_job *d = &j->msg.u.decode;
+    sched_params sp;
+    worker_params(&d->params, &sp);
+    sp.prompt = d->prompt;
+    sp.n_prompt = (int)d->n_prompt;
+    sp.gen = d->gen;
+    sp.n_gen = (int)d->n_gen;
+    sp.n_sampled = (int)d->n_sampled;
+    if (j->msg.hdr.flags & PROTO_F_HAS_TAIL) {
+        sp.kv_in = worker_kv_in;
+        sp.kv_arg = j;
+    }
+    sched_status st = worker_submit(j, &sp);
+    if (st != SCHED_OK) {
+        worker_job_unlink(j);
+        worker_send_error(j->c, j->id, worker_sched_error(st), sched_status_name(st));
+        return;
+    }
+    sched_output outs[64];
+    proto_tok toks[64];
+    int ctx = (int)(d->n_prompt + d->n_gen);
+    while (!sched_done(j->req)) {
+        int n = sched_poll(j->req, outs, 64, 200);
+        int nt = 0;
+        for (int i = 0; i < n; i++)
+            if (outs[i].kind == SCHED_OUT_TOKEN) worker_tok(&outs[i], &toks[nt++]);
+        if (nt) {
+            proto_msg m;
+            memset(&m, 0, sizeof m);
+            m.hdr.type = PROTO_TOKENS;
+            m.hdr.req_id = j->id;
+            m.hdr.flags = d->params.logprobs ? PROTO_F_LOGPROBS : 0;
+            m.u.tokens.n = (uint32_t)nt;
+            m.u.tokens.toks = toks;
+            worker_send(j->c, &m);
+            ctx += nt;
+            pthread_mutex_lock(&w->mu);
+            j->ctx_len = ctx;
+            pthread_mutex_unlock(&w->mu);
+        }
+        for (int i = 0; i < n; i++)
+            if (outs[i].kind == SCHED_OUT_FINISH)
+                worker_send_finish(j, worker_finish_reason(j, outs[i].finish), (int)d->n_prompt, (int)d->n_cached,
+                                   outs[i].usage.completion_tokens, outs[i].ttft_s);
+    }
+}
+
+static void *worker_job_thread(void *arg)
+{
+    wjob *j = arg;
+    worker *w = j->w;
+    if (j->msg.hdr.type == PROTO_PREFILL) worker_run_prefill(j);
+    else worker_run_decode(j);
+    worker_job_unlink(j);
+    pthread_mutex_lock(&w->mu);
+    sched_req *r = j->req;
+    j->req = NULL;
+    worker_conn_unref_locked(w, j->c);
+    w->n_jobs--;
+    w->n_active--;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    if (r) sched_release(r);
+    proto_msg_free(&j->msg);
+    free(j->tail);
+    free(j);
+    return NULL;
+}
+
+/* Takes ownership of m (a PREFILL or DECODE). */
+static void worker_start_job(worker *w, wconn *c, proto_msg *m)
+{
+    int t = m->hdr.type;
+    bool role_ok = w->o.role == PROTO_ROLE_MIXED || (t == PROTO_PREFILL && w->o.role == PROTO_ROLE_PREFILL) ||
+                   (t == PROTO_DECODE && w->o.role == PROTO_ROLE_DECODE);
+    uint64_t id = m->hdr.req_id;
+    if (!role_ok || id == 0) {
+        proto_msg_free(m);
+        worker_send_error(c, id, id ? PROTO_E_ROLE : PROTO_E_ARG, id ? "job type not taken by this role" : "request id 0");
+        return;
+    }
+    pthread_mutex_lock(&w->mu);
+    bool dup = false;
+    for (wjob *x = c->jobs; x; x = x->next) dup |= x->id == id;
+    if (w->draining || dup || w->stop) {
+        bool draining = w->draining || w->stop;
+        pthread_mutex_unlock(&w->mu);
+        proto_msg_free(m);
+        worker_send_error(c, id, draining ? PROTO_E_DRAINING : PROTO_E_DUPLICATE,
+                          draining ? "worker is draining" : "request id already running");
+        return;
+    }
+    wjob *j = xcalloc(1, sizeof *j);
+    j->w = w;
+    j->c = c;
+    j->id = id;
+    j->msg = *m;
+    j->t_recv = util_now();
+    j->ctx_len = t == PROTO_PREFILL ? (int)m->u.prefill.n_prompt : (int)(m->u.decode.n_prompt + m->u.decode.n_gen);
+    c->refs++;
+    j->next = c->jobs;
+    c->jobs = j;
+    j->linked = true;
+    w->n_jobs++;
+    w->n_active++;
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    pthread_t th;
+    int rc = pthread_create(&th, &at, worker_job_thread, j);
+    pthread_attr_destroy(&at);
+    if (rc != 0) {
+        c->jobs = j->next;
+        c->refs--;
+        w->n_jobs--;
+        w->n_active--;
+        pthread_mutex_unlock(&w->mu);
+        proto_msg_free(&j->msg);
+        free(j);
+        worker_send_error(c, id, PROTO_E_INTERNAL, "cannot start a job thread");
+        return;
+    }
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* ---- connection reader ---- */
+
+/* After refusing a frame: stop sending, then read and drop what the peer still sends (up to
+ * 200 ms / 1 MiB), so that closing with unread bytes does not reset the connection before the
+ * peer has read our ERROR. */
+static void worker_linger(int fd)
+{
+    shutdown(fd, SHUT_WR);
+    struct timeval tv = { 0, 200000 };
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    char buf[4096];
+    size_t total = 0;
+    double t0 = util_now();
+    while (total < (1u << 20) && util_now() - t0 < 0.2) {
+        ssize_t k = recv(fd, buf, sizeof buf, 0);
+        if (k <= 0) break;
+        total += (size_t)k;
+    }
+}
+
+/* Reads frames until the connection ends; then cancels its jobs and drops the reader's
+ * reference. */
+static void worker_serve_conn(worker *w, wconn *c, bool reg)
+{
+    worker_send_hello(w, c, reg);   /* before it is listed: HELLO is the first frame */
+    pthread_mutex_lock(&w->mu);
+    c->next = w->conns;
+    w->conns = c;
+    pthread_mutex_unlock(&w->mu);
+    for (;;) {
+        proto_msg m;
+        proto_status st = proto_recv(c->fd, &m);
+        if (st != PROTO_OK) {
+            bool stopping;
+            pthread_mutex_lock(&w->mu);
+            stopping = w->stop;
+            pthread_mutex_unlock(&w->mu);
+            if (st == PROTO_ERR_CLOSED || (st == PROTO_ERR_IO && stopping)) {
+                log_info("worker: %s: connection closed", c->peer);
+            } else if (st == PROTO_ERR_IO) {
+                log_info("worker: %s: connection lost (%s)", c->peer, strerror(errno));
+            } else {
+                log_warn("worker: %s: refused a frame (type %u, %u bytes): %s; closing the connection", c->peer,
+                         m.hdr.type, m.hdr.len, proto_status_name(st));
+                worker_send_error(c, 0, PROTO_E_MALFORMED, proto_status_name(st));
+                worker_linger(c->fd);
+            }
+            break;
+        }
+        switch (m.hdr.type) {
+        case PROTO_HELLO:
+            log_info("worker: %s: hello from %s %s", c->peer, proto_role_name(m.u.hello.role),
+                     m.u.hello.name ? m.u.hello.name : "");
+            proto_msg_free(&m);
+            continue;
+        case PROTO_HEARTBEAT:
+            continue;
+        case PROTO_PREFILL:
+        case PROTO_DECODE:
+            worker_start_job(w, c, &m);
+            continue;
+        case PROTO_CANCEL:
+            pthread_mutex_lock(&w->mu);
+            for (wjob *j = c->jobs; j; j = j->next)
+                if (j->id == m.hdr.req_id) {
+                    j->cancel = true;
+                    if (j->req) sched_cancel(j->req);
+                }
+            pthread_mutex_unlock(&w->mu);
+            continue;
+        case PROTO_DRAIN:
+            if (!m.u.drain.done) worker_drain(w, m.u.drain.deadline_ms ? (int)m.u.drain.deadline_ms : 60000);
+            continue;
+        case PROTO_ERROR:
+            log_warn("worker: %s: error from the peer (req %llu): %u %s", c->peer, (unsigned long long)m.hdr.req_id,
+                     m.u.error.code, m.u.error.msg ? m.u.error.msg : "");
+            bool conn_level = m.hdr.req_id == 0;
+            proto_msg_free(&m);
+            if (conn_level) goto out;
+            continue;
+        default:
+            log_warn("worker: %s: unexpected %s frame from the gateway; closing the connection", c->peer,
+                     proto_type_name(m.hdr.type));
+            proto_msg_free(&m);
+            worker_send_error(c, 0, PROTO_E_MALFORMED, "unexpected frame type");
+            goto out;
+        }
+    }
+out:
+    shutdown(c->fd, SHUT_RDWR);
+    pthread_mutex_lock(&w->mu);
+    c->closed = true;
+    for (wjob *j = c->jobs; j; j = j->next) {
+        j->cancel = true;
+        if (j->req) sched_cancel(j->req);
+    }
+    worker_conn_unref_locked(w, c);
+    pthread_mutex_unlock(&w->mu);
+}
+
+static wconn *worker_conn_new(worker *w, int fd, const char *peer)
+{
+    wconn *c = xcalloc(1, sizeof *c);
+    c->w = w;
+    c->fd = fd;
+    c->refs = 1;
+    pthread_mutex_init(&c->send_mu, NULL);
+    snprintf(c->peer, sizeof c->peer, "%s", peer);
+    return c;
+}
+
+typedef struct {
+    worker *w;
+    wconn *c;
+} worker_reader_arg;
+
+static void *worker_reader_thread(void *arg)
+{
+    worker_reader_arg *a = arg;
+    worker *w = a->w;
+    worker_serve_conn(w, a->c, false);
+    free(a);
+    pthread_mutex_lock(&w->mu);
+    w->n_active--;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}
+
+static void *worker_accept_thread(void *arg)
+{
+    worker *w = arg;
+    for (;;) {
+        int fd = accept(w->listen_fd, NULL, NULL);
+        pthread_mutex_lock(&w->mu);
+        bool stop = w->stop;
+        pthread_mutex_unlock(&w->mu);
+        if (stop) {
+            if (fd >= 0) close(fd);
+            break;
+        }
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED) continue;
+            struct timespec ts = { 0, 10000000 };
+            nanosleep(&ts, NULL);
+            continue;
+        }
+        char peer[64];
+        snprintf(peer, sizeof peer, "conn fd %d", fd);
+        wconn *c = worker_conn_new(w, fd, peer);
+        worker_reader_arg *a = xmalloc(sizeof *a);
+        a->w = w;
+        a->c = c;
+        pthread_mutex_lock(&w->mu);
+        w->n_active++;
+        pthread_mutex_unlock(&w->mu);
+        pthread_attr_t at;
+        pthread_attr_init(&at);
+        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+        pthread_t th;
+        if (pthread_create(&th, &at, worker_reader_thread, a) != 0) {
+            pthread_mutex_lock(&w->mu);
+            w->n_active--;
+            worker_conn_unref_locked(w, c);
+            pthread_mutex_unlock(&w->mu);
+            free(a);
+        }
+        pthread_attr_destroy(&at);
+    }
+    return NULL;
+}
+
+/* Sleeps up to ms or until stop; true when stopping. */
+static bool worker_nap(worker *w, int ms)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += ms / 1000;
+    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+    pthread_mutex_lock(&w->mu);
+    if (!w->stop && ms > 0) pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+    bool stop = w->stop;
+    pthread_mutex_unlock(&w->mu);
+    return stop;
+}
+
+static void *worker_register_thread(void *arg)
+{
+    worker *w = arg;
+    bool warned = false;
+    while (!worker_nap(w, 0)) {
+        int fd = proto_connect(w->o.gateway, 2000);
+        if (fd < 0) {
+            if (!warned) log_warn("worker: cannot reach the gateway %s (%s): retrying every second", w->o.gateway,
+                                  strerror(errno));
+            warned = true;
+            if (worker_nap(w, 1000)) break;
+            continue;
+        }
+        warned = false;
+        log_info("worker: registered with the gateway %s", w->o.gateway);
+        char peer[64];
+        snprintf(peer, sizeof peer, "gateway %.50s", w->o.gateway);
+        wconn *c = worker_conn_new(w, fd, peer);
+        worker_serve_conn(w, c, true);
+        if (worker_nap(w, 1000)) break;
+    }
+    return NULL;
+}
+
+/* Sends msg to every open connection (outside w->mu). */
+static void worker_broadcast(worker *w, const proto_msg *m)
+{
+    pthread_mutex_lock(&w->mu);
+    int n = 0;
+    for (wconn *c = w->conns; c; c = c->next) n += !c->closed;
+    wconn **cs = xcalloc((size_t)(n ? n : 1), sizeof *cs);
+    n = 0;
+    for (wconn *c = w->conns; c; c = c->next)
+        if (!c->closed) {
+            c->refs++;
+            cs[n++] = c;
+        }
+    pthread_mutex_unlock(&w->mu);
+    for (int i = 0; i < n; i++) worker_send(cs[i], m);
+    pthread_mutex_lock(&w->mu);
+    for (int i = 0; i < n; i++) worker_conn_unref_locked(w, cs[i]);
+    pthread_mutex_unlock(&w->mu);
+    free(cs);
+}
+
+static void *worker_hb_thread(void *arg)
+{
+    worker *w = arg;
+    int ms = w->o.heartbeat_ms > 0 ? w->o.heartbeat_ms : 500;
+    while (!worker_nap(w, ms)) {
+        sched_stats ss;
+        sched_get_stats(w->s, &ss);
+        proto_msg m;
+        memset(&m, 0, sizeof m);
+        m.hdr.type = PROTO_HEARTBEAT;
+        proto_heartbeat *h = &m.u.heartbeat;
+        h->n_running = (uint32_t)ss.n_running;
+        h->n_queued = (uint32_t)ss.n_queued;
+        h->kv_blocks_free = (uint32_t)(ss.kv_blocks_free + ss.kv_blocks_cached);
+        h->kv_blocks_total = (uint32_t)ss.kv_blocks_total;
+        h->n_prefill_tokens = ss.n_prefill_tokens;
+        h->n_gen_tokens = ss.n_gen_tokens;
+        pthread_mutex_lock(&w->mu);
+        h->draining = w->draining;
+        for (wconn *c = w->conns; c; c = c->next)
+            for (wjob *j = c->jobs; j; j = j->next) {
+                h->sum_cache_len += (uint64_t)j->ctx_len;
+                if (j->msg.hdr.type == PROTO_PREFILL && !j->first_done) {
+                    uint32_t np = j->msg.u.prefill.n_prompt, hit = j->msg.u.prefill.hit_len;
+                    h->uncached_queued += np > hit ? np - hit : 0;
+                }
+            }
+        pthread_mutex_unlock(&w->mu);
+        worker_broadcast(w, &m);
+    }
+    return NULL;
+}
+
+/* ---- drain ---- */
+
+static void *worker_drain_thread(void *arg)
+{
+    worker *w = arg;
+    double deadline = util_now() + w->drain_deadline_ms / 1000.0;
+    proto_msg m;
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_DRAIN;
+    m.u.drain.deadline_ms = (uint32_t)w->drain_deadline_ms;
+    worker_broadcast(w, &m);
+    log_info("worker: draining (deadline %d ms)", w->drain_deadline_ms);
+    pthread_mutex_lock(&w->mu);
+    while (w->n_jobs > 0 && !w->stop && util_now() < deadline) {
+        pthread_mutex_unlock(&w->mu);
+        worker_nap(w, 50);
+        pthread_mutex_lock(&w->mu);
+    }
+    int n_moved = 0;
+    for (wconn *c = w->conns; c; c = c->next)
+        for (wjob *j = c->jobs; j; j = j->next) {
+            j->moved = true;
+            n_moved++;
+            if (j->req) sched_cancel(j->req);
+        }
+    while (w->n_jobs > 0) pthread_cond_wait(&w->cv, &w->mu);
+    pthread_mutex_unlock(&w->mu);
+    if (n_moved) log_info("worker: drain deadline: %d requests reported moved", n_moved);
+    m.u.drain.done = 1;
+    m.u.drain.deadline_ms = 0;
+    worker_broadcast(w, &m);
+    pthread_mutex_lock(&w->mu);
+    w->drained = true;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    log_info("worker: drained");
+    return NULL;
+}
+
+void worker_drain(worker *w, int deadline_ms)
+{
+    pthread_mutex_lock(&w->mu);
+    if (w->draining || w->stop) {
+        pthread_mutex_unlock(&w->mu);
+        return;
+    }
+    w->draining = true;
+    w->drain_deadline_ms = deadline_ms > 0 ? deadline_ms : 60000;
+    w->has_drain = pthread_create(&w->drain_thr, NULL, worker_drain_thread, w) == 0;
+    if (!w->has_drain) w->drained = true;
+    pthread_mutex_unlock(&w->mu);
+}
+
+bool worker_drained(worker *w)
+{
+    pthread_mutex_lock(&w->mu);
+    bool d = w->drained;
+    pthread_mutex_unlock(&w->mu);
+    return d;
+}
+
+/* ---- life ---- */
+
+int worker_port(const worker *w) { return w->port; }
+
+worker *worker_new(const worker_opts *o, engine *e, sched *s, store *st, blockio *bio)
+{
+    worker *w = xcalloc(1, sizeof *w);
+    w->o = *o;
+    if (w->o.max_seqs <= 0) w->o.max_seqs = 16;
+    if (w->o.n_ctx <= 0) w->o.n_ctx = sched_n_ctx(s);
+    w->e = e;
+    w->s = s;
+    w->st = st;
+    w->bio = bio;
+    w->m = engine_model(e);
+    w->listen_fd = -1;
+    w->port = -1;
+    blockkey_pool_fp(w->m->fingerprint, (int32_t)kvpool_dtype(engine_kvpool(e)), w->pool_fp);
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+    if (o->listen) {
+        w->listen_fd = proto_listen(o->listen, 64);
+        if (w->listen_fd < 0) {
+            log_error("worker: cannot listen on %s: %s", o->listen, strerror(errno));
+            worker_free(w);
+            return NULL;
+        }
+        w->port = proto_local_port(w->listen_fd);
+        w->has_accept = pthread_create(&w->accept_thr, NULL, worker_accept_thread, w) == 0;
+    }
+    w->has_hb = pthread_create(&w->hb_thr, NULL, worker_hb_thread, w) == 0;
+    if (o->gateway) w->has_reg = pthread_create(&w->reg_thr, NULL, worker_register_thread, w) == 0;
+    return w;
+}
+
+void worker_free(worker *w)
+{
+    if (!w) return;
+    pthread_mutex_lock(&w->mu);
+    w->stop = true;
+    pthread_cond_broadcast(&w->cv);
+    for (wconn *c = w->conns; c; c = c->next) {
+        shutdown(c->fd, SHUT_RDWR);
+        for (wjob *j = c->jobs; j; j = j->next) {
+            j->cancel = true;
+            if (j->req) sched_cancel(j->req);
+        }
+    }
+    pthread_mutex_unlock(&w->mu);
+    if (w->listen_fd >= 0) shutdown(w->listen_fd, SHUT_RDWR);
+    if (w->has_accept) pthread_join(w->accept_thr, NULL);
+    if (w->has_reg) pthread_join(w->reg_thr, NULL);
+    if (w->has_hb) pthread_join(w->hb_thr, NULL);
+    if (w->has_drain) pthread_join(w->drain_thr, NULL);
+    pthread_mutex_lock(&w->mu);
+    while (w->n_active > 0) {
+        for (wconn *c = w->conns; c; c = c->next) shutdown(c->fd, SHUT_RDWR);
+        pthread_cond_wait(&w->cv, &w->mu);
+    }
+    pthread_mutex_unlock(&w->mu);
+    if (w->listen_fd >= 0) close(w->listen_fd);
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->cv);
+    free(w);
+}

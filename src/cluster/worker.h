@@ -1,0 +1,62 @@
+/*
+ * worker: a prefill / decode / mixed worker of the disaggregated server (issue 5): one engine
+ * and scheduler (engine/sched.h) serving the cluster protocol (cluster/proto.h,
+ * docs/protocol.md) to the gateway.
+ *
+ * DESIGN. An accept thread takes gateway connections on --listen; with --gateway a register
+ * thread connects out (HELLO with REGISTER) and reconnects every second when that connection
+ * drops. Each connection has a reader thread that decodes frames (a refused frame: one log
+ * line, ERROR MALFORMED, that connection closed; the others and the process go on) and one
+ * send mutex (frames from several threads never interleave). Each job (PREFILL or DECODE) gets
+ * a thread that submits it to the scheduler and turns its outputs into frames:
+ *   - PREFILL: sched with max_tokens 1; the kv_out hook copies the partial tail block out of
+ *     the pool before it is released; then the worker waits for the block store's write-behind
+ *     to have taken the prompt's full blocks, counts how many are stored (store_exists), and
+ *     sends HANDOFF (first token, counts, tail KV when the stored blocks reach the tail).
+ *   - DECODE: sched with the generated tokens (sched_params.gen, n_sampled); the kv_in hook
+ *     installs the handoff's tail right after the store's blocks were attached (when it starts
+ *     exactly there; else the tail is recomputed); TOKENS as they come, then FINISH.
+ * A heartbeat thread sends the load report to every connection every 500 ms. Drain: no new
+ * jobs (ERROR DRAINING), DRAIN sent to every connection; at the deadline the jobs left are
+ * cancelled and reported FINISH MOVED; then DRAIN done. The handoff cost (bytes, microseconds
+ * per tail token) is logged at debug level.
+ *
+ * Locks: w->mu guards the connection list, every connection's job list and the worker's
+ * flags; a connection's send_mu guards its socket writes. Jobs and connections are
+ * reference-counted under w->mu.
+ */
+#ifndef TM_WORKER_H
+#define TM_WORKER_H
+
+#include <stdbool.h>
+
+#include "cache/store.h"
+#include "engine/blockio.h"
+#include "engine/engine.h"
+#include "engine/sched.h"
+
+typedef struct {
+    int role;                 /* proto_role: PREFILL, DECODE or MIXED */
+    const char *listen;       /* "HOST:PORT" to accept the gateway on (port 0: any), or NULL */
+    const char *gateway;      /* "HOST:PORT" to register with, or NULL */
+    const char *name;         /* id in HELLO and logs; NULL: "worker" */
+    int heartbeat_ms;         /* <= 0: 500 */
+    int max_seqs;             /* capacity reported in HELLO (the scheduler's) */
+    int n_ctx;                /* the scheduler's context */
+} worker_opts;
+
+typedef struct worker worker;
+
+/* Starts the threads. e, s, (st, bio: the shared block store, may be NULL) must outlive the
+ * worker. NULL when the listen address cannot be bound (logged). */
+worker *worker_new(const worker_opts *o, engine *e, sched *s, store *st, blockio *bio);
+/* The bound listen port (-1 without --listen). */
+int worker_port(const worker *w);
+/* Starts a drain (idempotent): no new work; at deadline_ms the rest is reported MOVED. */
+void worker_drain(worker *w, int deadline_ms);
+/* True once a drain has completed (every job gone, DRAIN done sent). */
+bool worker_drained(worker *w);
+/* Closes every connection, joins every thread, frees. Jobs still running are cancelled. */
+void worker_free(worker *w);
+
+#endif

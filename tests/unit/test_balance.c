@@ -1,0 +1,137 @@
+/*
+ * test_balance: the gateway's prefill and decode balancers and the capacity rule
+ * (cluster/balance.h), on hand-made load figures.
+ */
+#include "cluster/balance.h"
+#include "harness.h"
+
+TEST(buckets)
+{
+    CHECK(bal_bucket(1) == 0);
+    CHECK(bal_bucket(16384) == 0);
+    CHECK(bal_bucket(16385) == 1);
+    CHECK(bal_bucket(65536) == 1);
+    CHECK(bal_bucket(262144) == 2);
+    CHECK(bal_bucket(262145) == 3);
+    CHECK(bal_bucket(10000000) == 3);
+}
+
+TEST(cost_model)
+{
+    bal_cost c = { .linear_s = 1e-4, .attn_s = 1e-8, .step_budget_s = 0.1 };
+    CHECK(bal_prefill_cost(&c, 0, 100) == 0);
+    /* 1000 new tokens after 0: 1000 * (1e-4 + 1e-8 * 500) */
+    CHECK(fabs(bal_prefill_cost(&c, 1000, 0) - 1000 * (1e-4 + 1e-8 * 500)) < 1e-12);
+    /* the same new tokens after a long cached prefix cost more (attention over it) */
+    CHECK(bal_prefill_cost(&c, 1000, 100000) > bal_prefill_cost(&c, 1000, 0));
+    /* chunks shrink with the bucket: long prompts fit fewer tokens in a step */
+    int64_t c0 = bal_chunk_tokens(&c, 1000), c1 = bal_chunk_tokens(&c, 50000), c3 = bal_chunk_tokens(&c, 1000000);
+    CHECK(c0 > c1 && c1 > c3 && c3 >= 1);
+    CHECK(c0 == (int64_t)(0.1 / (1e-4 + 1e-8 * 16384)));
+}
+
+TEST(prefill_earliest_finish)
+{
+    bal_cost c = { .linear_s = 1e-4, .attn_s = 0, .step_budget_s = 0.01 };
+    bal_prefill_worker w[3] = {
+        { .up = true, .queued_s = 2.0, .n_queued = 3 },
+        { .up = true, .queued_s = 0.5, .n_queued = 5 },
+        { .up = false, .queued_s = 0, .n_queued = 0 },   /* down: never chosen */
+    };
+    bal_prefill_choice ch = bal_prefill_pick(&c, w, 3, 1000, 0);
+    CHECK(ch.worker == 1);
+    CHECK(ch.bucket == 0);
+    CHECK(ch.steps == 10);                                 /* 100 tokens per step */
+    CHECK(fabs(ch.finish_s - (0.5 + 0.1)) < 1e-9);
+    /* a twice-as-fast worker with more queued work can still finish first */
+    w[0].speed = 4;                                        /* (2.0 + 0.1) / 4 = 0.525 */
+    ch = bal_prefill_pick(&c, w, 3, 1000, 0);
+    CHECK(ch.worker == 0);
+    /* cached tokens are not work: a fully cached prompt still computes one token */
+    ch = bal_prefill_pick(&c, w, 3, 1000, 1000);
+    CHECK(ch.steps == 1);
+    /* ties: fewer queued jobs */
+    bal_prefill_worker t[2] = { { .up = true, .queued_s = 1, .n_queued = 4 }, { .up = true, .queued_s = 1, .n_queued = 2 } };
+    CHECK(bal_prefill_pick(&c, t, 2, 10, 0).worker == 1);
+    /* nobody up */
+    bal_prefill_worker d[1] = { { .up = false } };
+    CHECK(bal_prefill_pick(&c, d, 1, 10, 0).worker == -1);
+}
+
+TEST(decode_short_and_long)
+{
+    /* worker 0: few requests, long total cache; worker 1: many short requests */
+    bal_decode_worker w[2] = {
+        { .up = true, .n_running = 2, .sum_ctx = 40000, .max_running = 64 },
+        { .up = true, .n_running = 10, .sum_ctx = 5000, .max_running = 64 },
+    };
+    /* mean length per request = 45000 / 12 = 3750 */
+    bal_decode_choice s = bal_decode_pick(w, 2, 200, 4096);
+    CHECK(!s.is_long && s.worker == 0);          /* short -> few requests */
+    CHECK(s.mean_len == 3750);
+    bal_decode_choice l = bal_decode_pick(w, 2, 20000, 4096);
+    CHECK(l.is_long && l.worker == 1);           /* long -> short total cache */
+    /* short, equal counts: the longer total cache */
+    bal_decode_worker e[2] = { { .up = true, .n_running = 3, .sum_ctx = 100 }, { .up = true, .n_running = 3, .sum_ctx = 900 } };
+    CHECK(bal_decode_pick(e, 2, 10, 4096).worker == 1);
+    /* a full worker is skipped while another has room */
+    w[0].n_running = 64;
+    CHECK(bal_decode_pick(w, 2, 200, 4096).worker == 1);
+    /* all full: still placed */
+    w[1].n_running = 64;
+    CHECK(bal_decode_pick(w, 2, 200, 4096).worker >= 0);
+    /* nothing running: long_tokens is the threshold */
+    bal_decode_worker z[2] = { { .up = true }, { .up = false } };
+    bal_decode_choice zc = bal_decode_pick(z, 2, 5000, 4096);
+    CHECK(zc.is_long && zc.worker == 0 && zc.mean_len == 4096);
+    bal_decode_worker none[1] = { { .up = false } };
+    CHECK(bal_decode_pick(none, 1, 10, 4096).worker == -1);
+}
+
+TEST(capacity_rule)
+{
+    /* prefill: 3000 tokens/s at 1000 per worker aimed at 0.6 -> 5 workers */
+    bal_capacity_in in = { .n_current = 2, .load = 3000, .per_worker = 1000, .target_util = 0.6, .min_workers = 1,
+                           .max_workers = 8 };
+    bal_capacity_out o = bal_capacity(&in);
+    CHECK(o.recommended == 5);
+    CHECK(fabs(o.utilisation - 1.5) < 1e-9);
+    /* upper limit */
+    in.max_workers = 3;
+    CHECK(bal_capacity(&in).recommended == 3);
+    /* idle: the lower limit */
+    in = (bal_capacity_in){ .n_current = 4, .load = 0, .per_worker = 1000, .target_util = 0.6, .min_workers = 1, .max_workers = 8 };
+    o = bal_capacity(&in);
+    CHECK(o.recommended == 1 && !o.held && o.utilisation == 0);
+    /* would shrink but utilisation is above 0.8: held at the current count */
+    in = (bal_capacity_in){ .n_current = 4, .load = 34, .per_worker = 10, .target_util = 0.3, .min_workers = 1, .max_workers = 20 };
+    o = bal_capacity(&in); /* 34 / 40 = 0.85 > 0.8; target 0.3 wants 12: grows, not held */
+    CHECK(o.recommended == 12 && !o.held);
+    in.target_util = 0.95; /* wants ceil(34 / 9.5) = 4: equal, fine */
+    CHECK(bal_capacity(&in).recommended == 4);
+    in.n_current = 5;      /* 34 / 50 = 0.68: may shrink to 4 */
+    o = bal_capacity(&in);
+    CHECK(o.recommended == 4 && !o.held);
+    in.load = 41;          /* 41 / 50 = 0.82 > 0.8: wants ceil(41/9.5) = 5 = current */
+    CHECK(bal_capacity(&in).recommended == 5);
+    in.target_util = 1.0;  /* wants ceil(41 / 10) = 5 */
+    in.load = 45; in.n_current = 6; in.per_worker = 10; /* 45/60 = 0.75: may shrink to 5 */
+    o = bal_capacity(&in);
+    CHECK(o.recommended == 5 && !o.held);
+    in.load = 49; in.n_current = 6; in.min_workers = 1; /* 49/60 = 0.817: wants 5, held at 6 */
+    o = bal_capacity(&in);
+    CHECK(o.recommended == 6 && o.held);
+    /* no worker at all but load: recommend at least one */
+    in = (bal_capacity_in){ .n_current = 0, .load = 5, .per_worker = 10, .target_util = 0.6, .min_workers = 0, .max_workers = 4 };
+    CHECK(bal_capacity(&in).recommended == 1);
+}
+
+int main(void)
+{
+    RUN(buckets);
+    RUN(cost_model);
+    RUN(prefill_earliest_finish);
+    RUN(decode_short_and_long);
+    RUN(capacity_rule);
+    HARNESS_END();
+}

@@ -1,0 +1,451 @@
+/*
+ * test_proto: the gateway <-> worker protocol (src/cluster/proto.h): every message survives
+ * encode -> header parse -> decode unchanged; headers with a wrong field are refused with the
+ * right status; 100k random, truncated, bit-flipped and oversized frames decode to a clean
+ * error or a valid message, never a crash (run under ASan/UBSan by make san); frames over a
+ * socket pair.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "cluster/proto.h"
+#include "model/quant.h"
+#include "util/util.h"
+
+static proto_params test_params(void)
+{
+    proto_params p;
+    memset(&p, 0, sizeof p);
+    p.sample = sample_params_default();
+    p.sample.seed = 0x1234567890abcdefull;
+    p.max_tokens = 77;
+    p.n_stop_ids = 2;
+    p.stop_ids[0] = 5;
+    p.stop_ids[1] = 9;
+    p.ignore_eos = 1;
+    p.logprobs = 1;
+    p.top_logprobs = 3;
+    p.cache_class = 2;
+    p.salt = "tenant-a";
+    return p;
+}
+
+static bool params_eq(const proto_params *a, const proto_params *b)
+{
+    return !memcmp(&a->sample, &b->sample, sizeof a->sample) && a->max_tokens == b->max_tokens &&
+           a->n_stop_ids == b->n_stop_ids && !memcmp(a->stop_ids, b->stop_ids, sizeof a->stop_ids[0] * a->n_stop_ids) &&
+           a->ignore_eos == b->ignore_eos && a->logprobs == b->logprobs &&
+           a->top_logprobs == b->top_logprobs && a->cache_class == b->cache_class &&
+           !strcmp(a->salt ? a->salt : "", b->salt ? b->salt : "");
+}
+
+/* Encodes m, parses the header back, decodes the payload into out. */
+static proto_status roundtrip(const proto_msg *m, proto_msg *out)
+{
+    proto_buf b;
+    proto_buf_init(&b);
+    proto_status st = proto_encode(&b, m);
+    if (st != PROTO_OK) { proto_buf_free(&b); return st; }
+    proto_hdr h;
+    st = proto_hdr_parse(b.p, b.n, &h);
+    if (st == PROTO_OK) {
+        if (h.len + PROTO_HDR_SIZE != b.n || h.type != m->hdr.type || h.flags != m->hdr.flags ||
+            h.req_id != m->hdr.req_id)
+            st = PROTO_ERR_MALFORMED;
+        else
+            st = proto_decode(&h, b.p + PROTO_HDR_SIZE, out);
+    }
+    proto_buf_free(&b);
+    return st;
+}
+
+static proto_kv test_kv(uint8_t *data, int n)
+{
+    proto_kv kv = { .dtype = QTYPE_F16, .n_layers = 2, .n_kv_heads = 2, .head_dim = 8,
+                    .start = 256, .n = (uint32_t)n };
+    kv.n_bytes = (uint32_t)proto_kv_bytes(kv.dtype, 2, 2, 8, n);
+    for (uint32_t i = 0; i < kv.n_bytes; i++) data[i] = (uint8_t)(i * 7 + 1);
+    kv.data = data;
+    return kv;
+}
+
+TEST(test_roundtrip_hello_heartbeat)
+{
+    proto_msg m, o;
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_HELLO;
+    m.hdr.flags = PROTO_F_REGISTER;
+    proto_hello *h = &m.u.hello;
+    h->role = PROTO_ROLE_DECODE;
+    h->kv_dtype = QTYPE_F16;
+    for (int i = 0; i < 32; i++) h->model_fp[i] = (uint8_t)i;
+    h->max_seqs = 16; h->kv_blocks = 99; h->max_batch_tokens = 512; h->n_ctx = 2048; h->n_vocab = 512;
+    h->listen = "127.0.0.1:9000";
+    h->name = "w1";
+    CHECK(roundtrip(&m, &o) == PROTO_OK);
+    CHECK(o.u.hello.role == PROTO_ROLE_DECODE && o.u.hello.kv_dtype == QTYPE_F16);
+    CHECK(!memcmp(o.u.hello.model_fp, h->model_fp, 32));
+    CHECK(o.u.hello.max_seqs == 16 && o.u.hello.kv_blocks == 99 && o.u.hello.max_batch_tokens == 512);
+    CHECK(o.u.hello.n_ctx == 2048 && o.u.hello.n_vocab == 512);
+    CHECK(!strcmp(o.u.hello.listen, "127.0.0.1:9000") && !strcmp(o.u.hello.name, "w1"));
+    proto_msg_free(&o);
+
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_HEARTBEAT;
+    proto_heartbeat *b = &m.u.heartbeat;
+    b->n_running = 3; b->n_queued = 4; b->sum_cache_len = 1ull << 40; b->uncached_queued = 777;
+    b->kv_blocks_free = 5; b->kv_blocks_total = 6; b->draining = 1;
+    b->n_prefill_tokens = 123456789012ull; b->n_gen_tokens = 42;
+    CHECK(roundtrip(&m, &o) == PROTO_OK);
+    CHECK(!memcmp(&o.u.heartbeat, b, sizeof *b) || (o.u.heartbeat.n_running == 3 &&
+          o.u.heartbeat.sum_cache_len == (1ull << 40) && o.u.heartbeat.draining == 1 &&
+          o.u.heartbeat.n_prefill_tokens == 123456789012ull && o.u.heartbeat.n_gen_tokens == 42));
+    proto_msg_free(&o);
+}
+
+TEST(test_roundtrip_jobs)
+{
+    int32_t prompt[300];
+    for (int i = 0; i < 300; i++) prompt[i] = i * 3;
+    proto_msg m, o;
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_PREFILL;
+    m.hdr.req_id = 0xdeadbeefcafeull;
+    m.u.prefill.params = test_params();
+    m.u.prefill.hit_len = 256;
+    m.u.prefill.n_prompt = 300;
+    m.u.prefill.prompt = prompt;
+    CHECK(roundtrip(&m, &o) == PROTO_OK);
+    CHECK(o.hdr.req_id == 0xdeadbeefcafeull);
+    CHECK(params_eq(&o.u.prefill.params, &m.u.prefill.params));
+    CHECK(o.u.prefill.hit_len == 256 && o.u.prefill.n_prompt == 300);
+    CHECK(!memcmp(o.u.prefill.prompt, prompt, sizeof prompt));
+    proto_msg_free(&o);
+
+    uint8_t kvdata[8192];
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_HANDOFF;
+    m.hdr.flags = PROTO_F_HAS_TAIL;
+    m.hdr.req_id = 7;
+    proto_handoff *x = &m.u.handoff;
+    x->first.token = 17; x->first.logprob = -0.5f; x->first.n_top = 2;
+    x->first.top_ids[0] = 17; x->first.top_lps[0] = -0.5f;
+    x->first.top_ids[1] = 3; x->first.top_lps[1] = -1.5f;
+    x->n_prompt = 300; x->n_cached = 128; x->n_computed = 172; x->n_stored = 256;
+    x->n_sampled = 1; x->prefill_us = 1234;
+    x->kv = test_kv(kvdata, 44);
+    CHECK(roundtrip(&m, &o) == PROTO_OK);
+    proto_handoff *y = &o.u.handoff;
+    CHECK(y->first.token == 17 && y->first.logprob == -0.5f && y->first.n_top == 2);
+    CHECK(y->first.top_ids[1] == 3 && y->first.top_lps[1] == -1.5f);
+    CHECK(y->n_prompt == 300 && y->n_cached == 128 && y->n_computed == 172 && y->n_stored == 256);
+    CHECK(y->n_sampled == 1 && y->prefill_us == 1234);
+    CHECK(y->kv.n == 44 && y->kv.start == 256 && y->kv.n_bytes == x->kv.n_bytes);
+    CHECK(y->kv.data && !memcmp(y->kv.data, kvdata, x->kv.n_bytes));
+    proto_msg_free(&o);
+    /* without the tail */
+    m.hdr.flags = 0;
+    CHECK(roundtrip(&m, &o) == PROTO_OK);
+    CHECK(o.u.handoff.kv.data == NULL && o.u.handoff.first.token == 17);
+    proto_msg_free(&o);
+
+    int32_t gen[5] = { 1, 2, 3, 4, 5 };
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_DECODE;
+    m.hdr.flags = PROTO_F_HAS_TAIL | PROTO_F_RESUME;
+    m.hdr.req_id = 8;
+    proto_decode_job *d = &m.u.decode;
+    d->params = test_params();
+    d->params.salt = NULL;
+    d->n_prompt = 300; d->prompt = prompt;
+    d->n_gen = 5; d->gen = gen;
+    d->n_cached = 128; d->n_sampled = 5;
+    d->kv = test_kv(kvdata, 44);
+    CHECK(roundtrip(&m, &o) == PROTO_OK);
+    CHECK(params_eq(&o.u.decode.params, &d->params));
+    CHECK(o.u.decode.n_prompt == 300 && !memcmp(o.u.decode.prompt, prompt, sizeof prompt));
+    CHECK(o.u.decode.n_gen == 5 && !memcmp(o.u.decode.gen, gen, sizeof gen));
+    CHECK(o.u.decode.n_cached == 128 && o.u.decode.n_sampled == 5);
+    CHECK(o.u.decode.kv.n == 44 && !memcmp(o.u.decode.kv.data, kvdata, d->kv.n_bytes));
+    proto_msg_free(&o);
+    /* a tail reaching past the context is refused by the decoder */
+    d->n_prompt = 290;
+    d->n_gen = 1;
+    CHECK(roundtrip(&m, &o) == PROTO_ERR_MALFORMED);
+    /* and encode refuses values a receiver would refuse */
+    d->n_prompt = 300;
+    d->params.n_stop_ids = 9;
+    CHECK(roundtrip(&m, &o) == PROTO_ERR_MALFORMED);
+}
+
+TEST(test_roundtrip_small)
+{
+    proto_tok toks[3];
+    memset(toks, 0, sizeof toks);
+    for (int i = 0; i < 3; i++) {
+        toks[i].token = 100 + i;
+        toks[i].logprob = -0.25f * (float)i;
+        toks[i].n_top = (uint8_t)i;
+        for (int j = 0; j < i; j++) { toks[i].top_ids[j] = j; toks[i].top_lps[j] = -(float)j; }
+    }
+    proto_msg m, o;
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_TOKENS;
+    m.hdr.flags = PROTO_F_LOGPROBS;
+    m.hdr.req_id = 9;
+    m.u.tokens.n = 3;
+    m.u.tokens.toks = toks;
+    CHECK(roundtrip(&m, &o) == PROTO_OK);
+    CHECK(o.u.tokens.n == 3);
+    for (int i = 0; i < 3 && o.u.tokens.n == 3; i++) {
+        CHECK(o.u.tokens.toks[i].token == 100 + i && o.u.tokens.toks[i].logprob == -0.25f * (float)i);
+        CHECK(o.u.tokens.toks[i].n_top == i);
+    }
+    proto_msg_free(&o);
+    m.hdr.flags = 0;   /* ids only */
+    CHECK(roundtrip(&m, &o) == PROTO_OK);
+    CHECK(o.u.tokens.n == 3 && o.u.tokens.toks[2].token == 102 && o.u.tokens.toks[2].n_top == 0);
+    proto_msg_free(&o);
+
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_FINISH;
+    m.hdr.req_id = 9;
+    m.u.finish = (proto_finish_msg){ .reason = PROTO_FINISH_LENGTH, .prompt_tokens = 10,
+                                     .cached_tokens = 2, .completion_tokens = 7, .ttft_us = 99 };
+    CHECK(roundtrip(&m, &o) == PROTO_OK);
+    CHECK(o.u.finish.reason == PROTO_FINISH_LENGTH && o.u.finish.prompt_tokens == 10 &&
+          o.u.finish.cached_tokens == 2 && o.u.finish.completion_tokens == 7 && o.u.finish.ttft_us == 99);
+    m.u.finish.reason = 0;
+    CHECK(roundtrip(&m, &o) == PROTO_ERR_MALFORMED);
+
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_CANCEL;
+    m.hdr.req_id = 11;
+    CHECK(roundtrip(&m, &o) == PROTO_OK && o.hdr.req_id == 11);
+
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_DRAIN;
+    m.u.drain.done = 0;
+    m.u.drain.deadline_ms = 60000;
+    CHECK(roundtrip(&m, &o) == PROTO_OK && o.u.drain.deadline_ms == 60000 && !o.u.drain.done);
+
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_ERROR;
+    m.hdr.req_id = 12;
+    m.u.error.code = PROTO_E_BUSY;
+    m.u.error.msg = "queue full";
+    CHECK(roundtrip(&m, &o) == PROTO_OK);
+    CHECK(o.u.error.code == PROTO_E_BUSY && !strcmp(o.u.error.msg, "queue full"));
+    proto_msg_free(&o);
+}
+
+static void put_hdr(uint8_t *p, uint32_t magic, uint16_t ver, uint16_t type, uint32_t flags, uint32_t len)
+{
+    proto_buf b;
+    proto_buf_init(&b);
+    proto_put_u32(&b, magic);
+    proto_put_u16(&b, ver);
+    proto_put_u16(&b, type);
+    proto_put_u32(&b, flags);
+    proto_put_u64(&b, 1);
+    proto_put_u32(&b, len);
+    memcpy(p, b.p, PROTO_HDR_SIZE);
+    proto_buf_free(&b);
+}
+
+TEST(test_header_checks)
+{
+    uint8_t p[PROTO_HDR_SIZE];
+    proto_hdr h;
+    put_hdr(p, PROTO_MAGIC, PROTO_VERSION, PROTO_CANCEL, 0, 0);
+    CHECK(proto_hdr_parse(p, sizeof p, &h) == PROTO_OK);
+    CHECK(proto_hdr_parse(p, sizeof p - 1, &h) == PROTO_ERR_SHORT);
+    put_hdr(p, 0x12345678, PROTO_VERSION, PROTO_CANCEL, 0, 0);
+    CHECK(proto_hdr_parse(p, sizeof p, &h) == PROTO_ERR_MAGIC);
+    put_hdr(p, PROTO_MAGIC, 2, PROTO_CANCEL, 0, 0);
+    CHECK(proto_hdr_parse(p, sizeof p, &h) == PROTO_ERR_VERSION);
+    put_hdr(p, PROTO_MAGIC, PROTO_VERSION, 0, 0, 0);
+    CHECK(proto_hdr_parse(p, sizeof p, &h) == PROTO_ERR_TYPE);
+    put_hdr(p, PROTO_MAGIC, PROTO_VERSION, PROTO_TYPE_MAX + 1, 0, 0);
+    CHECK(proto_hdr_parse(p, sizeof p, &h) == PROTO_ERR_TYPE);
+    put_hdr(p, PROTO_MAGIC, PROTO_VERSION, PROTO_CANCEL, 1, 0);
+    CHECK(proto_hdr_parse(p, sizeof p, &h) == PROTO_ERR_FLAGS);
+    put_hdr(p, PROTO_MAGIC, PROTO_VERSION, PROTO_DECODE, 4, 0);
+    CHECK(proto_hdr_parse(p, sizeof p, &h) == PROTO_ERR_FLAGS);
+    put_hdr(p, PROTO_MAGIC, PROTO_VERSION, PROTO_TOKENS, 0, PROTO_MAX_PAYLOAD + 1);
+    CHECK(proto_hdr_parse(p, sizeof p, &h) == PROTO_ERR_TOO_BIG);
+    /* a payload with trailing bytes or short is malformed */
+    put_hdr(p, PROTO_MAGIC, PROTO_VERSION, PROTO_CANCEL, 0, 1);
+    CHECK(proto_hdr_parse(p, sizeof p, &h) == PROTO_OK);
+    proto_msg m;
+    uint8_t one = 0;
+    CHECK(proto_decode(&h, &one, &m) == PROTO_ERR_MALFORMED);
+}
+
+/* Encodes a sample of every message type into frames[] (the fuzzer's seeds). */
+static int seed_frames(proto_buf *bufs)
+{
+    static int32_t prompt[200];
+    static int32_t gen[3] = { 4, 5, 6 };
+    static uint8_t kvdata[8192];
+    for (int i = 0; i < 200; i++) prompt[i] = i;
+    int n = 0;
+    proto_msg m;
+    for (int t = 1; t <= PROTO_TYPE_MAX; t++) {
+        memset(&m, 0, sizeof m);
+        m.hdr.type = (uint16_t)t;
+        m.hdr.req_id = (uint64_t)t;
+        static proto_tok toks[2] = { { .token = 1, .n_top = 1 }, { .token = 2, .n_top = 0 } };
+        switch (t) {
+        case PROTO_HELLO: m.u.hello.role = 1; m.u.hello.listen = "a:1"; m.u.hello.name = "n"; break;
+        case PROTO_PREFILL: m.u.prefill.params = test_params(); m.u.prefill.n_prompt = 200;
+            m.u.prefill.prompt = prompt; break;
+        case PROTO_HANDOFF: m.hdr.flags = PROTO_F_HAS_TAIL; m.u.handoff.n_prompt = 300;
+            m.u.handoff.n_stored = 256; m.u.handoff.kv = test_kv(kvdata, 44); break;
+        case PROTO_DECODE: m.hdr.flags = PROTO_F_HAS_TAIL; m.u.decode.params = test_params();
+            m.u.decode.n_prompt = 200; m.u.decode.prompt = prompt; m.u.decode.n_gen = 3;
+            m.u.decode.gen = gen; m.u.decode.kv = test_kv(kvdata, 10);
+            m.u.decode.kv.start = 128; break;
+        case PROTO_TOKENS: m.hdr.flags = PROTO_F_LOGPROBS; m.u.tokens.n = 2; m.u.tokens.toks = toks; break;
+        case PROTO_FINISH: m.u.finish.reason = PROTO_FINISH_STOP; m.u.finish.prompt_tokens = 3; break;
+        case PROTO_ERROR: m.u.error.code = 1; m.u.error.msg = "x"; break;
+        default: break;
+        }
+        proto_buf_init(&bufs[n]);
+        if (proto_encode(&bufs[n], &m) == PROTO_OK) n++;
+        else proto_buf_free(&bufs[n]);
+    }
+    return n;
+}
+
+TEST(test_fuzz)
+{
+    proto_buf seeds[PROTO_TYPE_MAX];
+    int n_seeds = seed_frames(seeds);
+    CHECK(n_seeds == PROTO_TYPE_MAX);
+    util_rng rng;
+    util_rng_seed(&rng, 42);
+    int n_ok = 0, n_err = 0;
+    uint8_t *buf = malloc(1 << 16);
+    for (int it = 0; it < 100000; it++) {
+        const proto_buf *s = &seeds[util_rng_next(&rng) % (uint64_t)n_seeds];
+        size_t n = s->n;
+        if (n > (1 << 16)) n = 1 << 16;
+        memcpy(buf, s->p, n);
+        int mode = (int)(util_rng_next(&rng) % 5);
+        if (mode == 0) {                       /* truncate */
+            n = util_rng_next(&rng) % (n + 1);
+        } else if (mode == 1) {                /* flip a few bytes */
+            int k = 1 + (int)(util_rng_next(&rng) % 4);
+            for (int j = 0; j < k; j++) buf[util_rng_next(&rng) % n] ^= (uint8_t)(1 + util_rng_next(&rng) % 255);
+        } else if (mode == 2) {                /* random bytes after a valid header */
+            size_t m = PROTO_HDR_SIZE + util_rng_next(&rng) % 512;
+            for (size_t j = PROTO_HDR_SIZE; j < m; j++) buf[j] = (uint8_t)util_rng_next(&rng);
+            n = m;
+        } else if (mode == 3) {                /* lie about the length */
+            uint32_t len = (uint32_t)util_rng_next(&rng);
+            if (util_rng_next(&rng) & 1) len %= (uint32_t)(n + 8);
+            memcpy(buf + 20, &len, 4);
+        } else {                               /* corrupt a count inside the payload */
+            if (n > PROTO_HDR_SIZE + 4) {
+                size_t at = PROTO_HDR_SIZE + util_rng_next(&rng) % (n - PROTO_HDR_SIZE - 3);
+                uint32_t v = (uint32_t)util_rng_next(&rng);
+                memcpy(buf + at, &v, 4);
+            }
+        }
+        proto_hdr h;
+        proto_status st = proto_hdr_parse(buf, n, &h);
+        if (st == PROTO_OK) {
+            if (h.len > n - PROTO_HDR_SIZE) {
+                n_err++;                       /* a reader would wait for more bytes */
+                continue;
+            }
+            /* decode from an exact-size copy so ASan sees any over-read */
+            uint8_t *pl = malloc(h.len ? h.len : 1);
+            memcpy(pl, buf + PROTO_HDR_SIZE, h.len);
+            proto_msg m;
+            st = proto_decode(&h, pl, &m);
+            free(pl);
+            if (st == PROTO_OK) {
+                n_ok++;
+                /* a decoded message re-encodes to a frame that decodes again */
+                proto_buf b;
+                proto_buf_init(&b);
+                proto_status st2 = proto_encode(&b, &m);
+                CHECK(st2 == PROTO_OK);
+                proto_buf_free(&b);
+                proto_msg_free(&m);
+            } else {
+                CHECK(st == PROTO_ERR_MALFORMED);
+                n_err++;
+            }
+        } else {
+            n_err++;
+        }
+    }
+    free(buf);
+    CHECK(n_ok > 0 && n_err > 0);
+    printf("     fuzz: %d decoded, %d refused\n", n_ok, n_err);
+    for (int i = 0; i < n_seeds; i++) proto_buf_free(&seeds[i]);
+}
+
+TEST(test_socketpair)
+{
+    int sv[2];
+    CHECK(!socketpair(AF_UNIX, SOCK_STREAM, 0, sv));
+    proto_msg m, o;
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_ERROR;
+    m.hdr.req_id = 5;
+    m.u.error.code = PROTO_E_ARG;
+    m.u.error.msg = "bad";
+    CHECK(proto_send_msg(sv[0], &m) == PROTO_OK);
+    CHECK(proto_recv(sv[1], &o) == PROTO_OK);
+    CHECK(o.hdr.type == PROTO_ERROR && o.hdr.req_id == 5 && !strcmp(o.u.error.msg, "bad"));
+    proto_msg_free(&o);
+    /* an oversized header is refused before any payload is read */
+    uint8_t p[PROTO_HDR_SIZE];
+    put_hdr(p, PROTO_MAGIC, PROTO_VERSION, PROTO_TOKENS, 0, 0xffffffffu);
+    CHECK(proto_send(sv[0], p, sizeof p) == PROTO_OK);
+    CHECK(proto_recv(sv[1], &o) == PROTO_ERR_TOO_BIG);
+    close(sv[0]);
+    CHECK(proto_recv(sv[1], &o) == PROTO_ERR_CLOSED);
+    close(sv[1]);
+}
+
+TEST(test_listen_connect)
+{
+    int lfd = proto_listen("127.0.0.1:0", 4);
+    CHECK(lfd >= 0);
+    int port = proto_local_port(lfd);
+    CHECK(port > 0);
+    char hp[64];
+    snprintf(hp, sizeof hp, "127.0.0.1:%d", port);
+    int c = proto_connect(hp, 1000);
+    CHECK(c >= 0);
+    int a = accept(lfd, NULL, NULL);
+    CHECK(a >= 0);
+    proto_msg m, o;
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_CANCEL;
+    m.hdr.req_id = 77;
+    CHECK(proto_send_msg(c, &m) == PROTO_OK);
+    CHECK(proto_recv(a, &o) == PROTO_OK && o.hdr.req_id == 77);
+    close(a); close(c); close(lfd);
+    CHECK(proto_role_parse("prefill") == PROTO_ROLE_PREFILL && proto_role_parse("x") == -1);
+}
+
+int main(void)
+{
+    RUN(test_roundtrip_hello_heartbeat);
+    RUN(test_roundtrip_jobs);
+    RUN(test_roundtrip_small);
+    RUN(test_header_checks);
+    RUN(test_fuzz);
+    RUN(test_socketpair);
+    RUN(test_listen_connect);
+    HARNESS_END();
+}

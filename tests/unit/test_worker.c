@@ -1,0 +1,390 @@
+/*
+ * test_worker: prefill and decode workers (src/cluster/worker.h) driven in-process over
+ * loopback sockets with the cluster protocol, the test playing the gateway. On a tiny random
+ * llama model with a shared temp dir: store, checked: a prompt prefilled on one worker and
+ * decoded on another gives exactly the tokens of one scheduler alone (greedy, and sampled with
+ * a seed), for prompts shorter than a block, with a partial tail and a whole number of blocks;
+ * the handoff carries the tail KV and counts the stored blocks; a resume (DECODE RESUME with
+ * tokens already streamed, no KV) continues exactly; a malformed frame closes only that
+ * connection (ERROR MALFORMED first); CANCEL ends a decode with FINISH cancelled; drain
+ * refuses new jobs. Steps stay under 64 tokens (step_tokens 48), see test_sched.c for why.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "tinymodel.h"
+
+#include "cache/store.h"
+#include "cluster/proto.h"
+#include "cluster/worker.h"
+#include "engine/blockio.h"
+#include "engine/engine.h"
+#include "engine/sched.h"
+
+static char tmpdir[] = "/tmp/tm-worker-XXXXXX";
+static char g_spec[300];
+static model *g_model;
+
+typedef struct {
+    engine *e;
+    store *st;
+    blockio *bio;
+    sched *s;
+    worker *w;
+    char addr[64];
+} node;
+
+static node node_new(int role)
+{
+    node v;
+    memset(&v, 0, sizeof v);
+    engine_opts eo = { .n_threads = 1, .n_kv_blocks = 32, .max_batch_tokens = 128 };
+    char err[256];
+    if (engine_new(g_model, &eo, &v.e, err, sizeof err) != ENGINE_OK) fprintf(stderr, "%s\n", err);
+    if (role) {
+        store_opts so = { 0 };
+        if (store_open(g_spec, &so, &v.st) == STORE_OK) {
+            blockio_opts bo = { .n_write_slots = 64 };
+            v.bio = blockio_new(v.st, engine_kvpool(v.e), g_model, &bo);
+        }
+        CHECK(v.bio != NULL);
+    }
+    sched_opts o = { .max_seqs = 4, .max_queue = 16, .step_tokens = 48, .n_ctx = 1024,
+                     .eos_ids = { -1, -1, -1, -1 }, .bio = v.bio };
+    CHECK(sched_new(v.e, &o, &v.s) == SCHED_OK);
+    if (role) {
+        worker_opts wo = { .role = role, .listen = "127.0.0.1:0", .name = "t", .heartbeat_ms = 50,
+                           .max_seqs = 4, .n_ctx = 1024 };
+        v.w = worker_new(&wo, v.e, v.s, v.st, v.bio);
+        CHECK(v.w != NULL);
+        if (v.w) snprintf(v.addr, sizeof v.addr, "127.0.0.1:%d", worker_port(v.w));
+    }
+    return v;
+}
+
+static void node_free(node *v)
+{
+    worker_free(v->w);
+    sched_free(v->s);
+    blockio_free(v->bio);
+    store_close(v->st);
+    engine_free(v->e);
+}
+
+static sample_params test_sample(float temp)
+{
+    sample_params sp = sample_params_default();
+    sp.temp = temp;
+    sp.seed = 1234;
+    return sp;
+}
+
+/* One scheduler alone: n_gen tokens after prompt. */
+static int reference(node *v, const int32_t *prompt, int n, int n_gen, float temp, int32_t *out)
+{
+    sched_params p = { .prompt = prompt, .n_prompt = n, .max_tokens = n_gen, .ignore_eos = true };
+    p.sample = test_sample(temp);
+    sched_req *r;
+    if (sched_submit(v->s, &p, &r) != SCHED_OK) return -1;
+    sched_output o[16];
+    int k = 0;
+    while (!sched_done(r)) {
+        int m = sched_poll(r, o, 16, 10000);
+        if (m == 0) break;
+        for (int i = 0; i < m; i++)
+            if (o[i].kind == SCHED_OUT_TOKEN && k < n_gen) out[k++] = o[i].token;
+    }
+    sched_release(r);
+    return k;
+}
+
+/* The "gateway" side of a connection: connects, exchanges HELLO. */
+static int gw_connect(const node *v)
+{
+    int fd = proto_connect(v->addr, 2000);
+    CHECK(fd >= 0);
+    if (fd < 0) return -1;
+    proto_msg m;
+    CHECK(proto_recv(fd, &m) == PROTO_OK && m.hdr.type == PROTO_HELLO);
+    CHECK(!memcmp(m.u.hello.model_fp, g_model->fingerprint, 32));
+    proto_msg_free(&m);
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_HELLO;
+    m.u.hello.role = PROTO_ROLE_GATEWAY;
+    CHECK(proto_send_msg(fd, &m) == PROTO_OK);
+    return fd;
+}
+
+/* Next frame that is not a HEARTBEAT. */
+static proto_status gw_recv(int fd, proto_msg *m)
+{
+    for (;;) {
+        proto_status st = proto_recv(fd, m);
+        if (st != PROTO_OK || m->hdr.type != PROTO_HEARTBEAT) return st;
+    }
+}
+
+static proto_params test_params(int max_tokens, float temp)
+{
+    proto_params p;
+    memset(&p, 0, sizeof p);
+    p.sample = test_sample(temp);
+    p.max_tokens = max_tokens;
+    p.ignore_eos = 1;
+    return p;
+}
+
+/* Sends DECODE and collects the streamed tokens after gen into out; returns their count. */
+static int gw_decode(int fd, uint64_t id, const int32_t *prompt, int n, const int32_t *gen, int n_gen, int n_sampled,
+                     const proto_kv *kv, int max_tokens, float temp, uint32_t flags, int32_t *out, int *reason)
+{
+    proto_msg m;
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_DECODE;
+    m.hdr.req_id = id;
+    m.hdr.flags = flags | (kv && kv->data ? PROTO_F_HAS_TAIL : 0);
+    m.u.decode.params = test_params(max_tokens, temp);
+    m.u.decode.prompt = (int32_t *)prompt;
+    m.u.decode.n_prompt = (uint32_t)n;
+    m.u.decode.gen = (int32_t *)gen;
+    m.u.decode.n_gen = (uint32_t)n_gen;
+    m.u.decode.n_sampled = (uint32_t)n_sampled;
+    if (kv && kv->data) m.u.decode.kv = *kv;
+    CHECK(proto_send_msg(fd, &m) == PROTO_OK);
+    int k = 0;
+    *reason = 0;
+    for (;;) {
+        proto_msg r;
+        if (gw_recv(fd, &r) != PROTO_OK) break;
+        CHECK(r.hdr.req_id == id);
+        if (r.hdr.type == PROTO_TOKENS) {
+            for (uint32_t i = 0; i < r.u.tokens.n; i++) out[k++] = r.u.tokens.toks[i].token;
+        } else if (r.hdr.type == PROTO_FINISH) {
+            *reason = r.u.finish.reason;
+            CHECK(r.u.finish.completion_tokens == (uint32_t)(n_gen + k));
+            proto_msg_free(&r);
+            break;
+        } else if (r.hdr.type == PROTO_ERROR) {
+            *reason = -(int)r.u.error.code;
+            proto_msg_free(&r);
+            break;
+        } else {
+            CHECKF(0, "unexpected frame %s", proto_type_name(r.hdr.type));
+            proto_msg_free(&r);
+            break;
+        }
+        proto_msg_free(&r);
+    }
+    return k;
+}
+
+/* PREFILL on pf, DECODE on df: the whole generation (first token included) into out. */
+static int split_run(int pf, int df, uint64_t id, const int32_t *prompt, int n, int n_gen, float temp, int32_t *out,
+                     proto_handoff *ho)
+{
+    proto_msg m;
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_PREFILL;
+    m.hdr.req_id = id;
+    m.u.prefill.params = test_params(n_gen, temp);
+    m.u.prefill.prompt = (int32_t *)prompt;
+    m.u.prefill.n_prompt = (uint32_t)n;
+    CHECK(proto_send_msg(pf, &m) == PROTO_OK);
+    proto_msg h;
+    if (gw_recv(pf, &h) != PROTO_OK) return -1;
+    CHECKF(h.hdr.type == PROTO_HANDOFF && h.hdr.req_id == id, "got %s", proto_type_name(h.hdr.type));
+    if (h.hdr.type != PROTO_HANDOFF) {
+        proto_msg_free(&h);
+        return -1;
+    }
+    *ho = h.u.handoff;
+    out[0] = h.u.handoff.first.token;
+    int reason;
+    int k = gw_decode(df, id, prompt, n, out, 1, (int)h.u.handoff.n_sampled,
+                      (h.hdr.flags & PROTO_F_HAS_TAIL) ? &h.u.handoff.kv : NULL, n_gen, temp, 0, out + 1, &reason);
+    CHECK(reason == PROTO_FINISH_LENGTH);
+    proto_msg_free(&h);
+    ho->kv.data = NULL;
+    return 1 + k;
+}
+
+static void make_prompt(int32_t *p, int n, int seed)
+{
+    for (int i = 0; i < n; i++) p[i] = (int32_t)((i * 37 + seed * 11 + (i * i) % 13) % 100);
+}
+
+TEST(test_split_equals_one_process)
+{
+    node ref = node_new(0), P = node_new(PROTO_ROLE_PREFILL), D = node_new(PROTO_ROLE_DECODE);
+    int pf = gw_connect(&P), df = gw_connect(&D);
+    static const int lens[] = { 90, 300, 256, 200 };
+    for (int t = 0; t < 2; t++) {
+        float temp = t ? 0.9f : 0;
+        for (size_t li = 0; li < TM_ARRAY_LEN(lens); li++) {
+            int n = lens[li], n_gen = 24;
+            int32_t prompt[400], want[64], got[64];
+            make_prompt(prompt, n, (int)li + 10 * t);
+            CHECK(reference(&ref, prompt, n, n_gen, temp, want) == n_gen);
+            proto_handoff ho;
+            memset(&ho, 0, sizeof ho);
+            int k = split_run(pf, df, 100 + li + 10 * (uint64_t)t, prompt, n, n_gen, temp, got, &ho);
+            CHECKF(k == n_gen, "len %d temp %.1f: %d tokens", n, temp, k);
+            CHECKF(k == n_gen && !memcmp(want, got, sizeof want[0] * (size_t)n_gen), "len %d temp %.1f: tokens differ", n,
+                   temp);
+            CHECK(ho.n_prompt == (uint32_t)n);
+            if (t == 0) {
+                CHECKF(ho.n_stored == (uint32_t)(n / 128 * 128), "len %d: stored %u", n, ho.n_stored);
+                CHECK(ho.kv.n == (uint32_t)(n % 128));
+            }
+        }
+    }
+    /* the same prompt again: a cache hit on the prefill worker (its RAM tier / the store) */
+    int32_t prompt[300], got[64];
+    make_prompt(prompt, 300, 1);
+    proto_handoff ho;
+    CHECK(split_run(pf, df, 200, prompt, 300, 8, 0, got, &ho) == 8);
+    CHECK(ho.n_cached == 256);
+    close(pf);
+    close(df);
+    node_free(&ref);
+    node_free(&P);
+    node_free(&D);
+}
+
+TEST(test_resume_and_mixed)
+{
+    node ref = node_new(0), M = node_new(PROTO_ROLE_MIXED), D = node_new(PROTO_ROLE_DECODE);
+    int mf = gw_connect(&M), df = gw_connect(&D);
+    int32_t prompt[300], want[40], got[40];
+    make_prompt(prompt, 300, 5);
+    CHECK(reference(&ref, prompt, 300, 40, 0, want) == 40);
+    /* prefill + decode on the mixed worker */
+    proto_handoff ho;
+    CHECK(split_run(mf, mf, 1, prompt, 300, 40, 0, got, &ho) == 40);
+    CHECK(!memcmp(want, got, sizeof want));
+    /* a decode worker "died" after 17 tokens: resume on another from the tokens streamed */
+    int reason;
+    int k = gw_decode(df, 2, prompt, 300, want, 17, 0, NULL, 40, 0, PROTO_F_RESUME, got, &reason);
+    CHECK(k == 23 && reason == PROTO_FINISH_LENGTH);
+    CHECK(!memcmp(want + 17, got, 23 * sizeof got[0]));
+    /* a prefill-role worker refuses DECODE jobs */
+    close(mf);
+    close(df);
+    node_free(&ref);
+    node_free(&M);
+    node_free(&D);
+}
+
+TEST(test_malformed_closes_only_that_connection)
+{
+    node D = node_new(PROTO_ROLE_DECODE);
+    int good = gw_connect(&D), bad = gw_connect(&D);
+    /* a frame with a bad magic */
+    uint8_t junk[64];
+    memset(junk, 0xab, sizeof junk);
+    CHECK(proto_send(bad, junk, sizeof junk) == PROTO_OK);
+    proto_msg m;
+    proto_status st = gw_recv(bad, &m);
+    CHECK(st == PROTO_OK && m.hdr.type == PROTO_ERROR && m.hdr.req_id == 0 && m.u.error.code == PROTO_E_MALFORMED);
+    proto_msg_free(&m);
+    CHECK(gw_recv(bad, &m) != PROTO_OK);   /* closed */
+    close(bad);
+    /* an oversized one, and a payload that does not decode */
+    bad = gw_connect(&D);
+    proto_buf b;
+    proto_buf_init(&b);
+    proto_put_u32(&b, PROTO_MAGIC);
+    proto_put_u16(&b, PROTO_VERSION);
+    proto_put_u16(&b, PROTO_DECODE);
+    proto_put_u32(&b, 0);
+    proto_put_u64(&b, 1);
+    proto_put_u32(&b, 7);
+    proto_put_bytes(&b, "garbage", 7);
+    CHECK(proto_send(bad, b.p, b.n) == PROTO_OK);
+    st = gw_recv(bad, &m);
+    CHECK(st == PROTO_OK && m.hdr.type == PROTO_ERROR && m.u.error.code == PROTO_E_MALFORMED);
+    proto_msg_free(&m);
+    CHECK(gw_recv(bad, &m) != PROTO_OK);
+    close(bad);
+    proto_buf_free(&b);
+    /* the good connection still works: a resume from scratch */
+    int32_t prompt[50], gen[1] = { 3 }, got[16];
+    make_prompt(prompt, 50, 9);
+    int reason;
+    CHECK(gw_decode(good, 5, prompt, 50, gen, 1, 0, NULL, 6, 0, PROTO_F_RESUME, got, &reason) == 5);
+    CHECK(reason == PROTO_FINISH_LENGTH);
+    /* a PREFILL to a decode worker: ERROR ROLE for that request */
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_PREFILL;
+    m.hdr.req_id = 6;
+    m.u.prefill.params = test_params(4, 0);
+    m.u.prefill.prompt = prompt;
+    m.u.prefill.n_prompt = 50;
+    CHECK(proto_send_msg(good, &m) == PROTO_OK);
+    CHECK(gw_recv(good, &m) == PROTO_OK && m.hdr.type == PROTO_ERROR && m.hdr.req_id == 6 &&
+          m.u.error.code == PROTO_E_ROLE);
+    proto_msg_free(&m);
+    /* cancel a long decode */
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_DECODE;
+    m.hdr.req_id = 7;
+    m.u.decode.params = test_params(900, 0);
+    m.u.decode.prompt = prompt;
+    m.u.decode.n_prompt = 50;
+    m.u.decode.gen = gen;
+    m.u.decode.n_gen = 1;
+    CHECK(proto_send_msg(good, &m) == PROTO_OK);
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_CANCEL;
+    m.hdr.req_id = 7;
+    CHECK(proto_send_msg(good, &m) == PROTO_OK);
+    int reason2 = 0;
+    for (;;) {
+        if (gw_recv(good, &m) != PROTO_OK) break;
+        int t = m.hdr.type;
+        if (t == PROTO_FINISH) reason2 = m.u.finish.reason;
+        proto_msg_free(&m);
+        if (t == PROTO_FINISH) break;
+    }
+    CHECK(reason2 == PROTO_FINISH_CANCELLED);
+    /* drain: DRAIN announced, new work refused, DRAIN done when idle */
+    worker_drain(D.w, 5000);
+    bool saw_drain = false, saw_done = false;
+    for (int i = 0; i < 100 && !saw_done; i++) {
+        if (gw_recv(good, &m) != PROTO_OK) break;
+        if (getenv("TM_TEST_VERBOSE")) fprintf(stderr, "frame %s\n", proto_type_name(m.hdr.type));
+        if (m.hdr.type == PROTO_DRAIN) {
+            if (m.u.drain.done) saw_done = true;
+            else saw_drain = true;
+        }
+        proto_msg_free(&m);
+    }
+    CHECK(saw_drain && saw_done && worker_drained(D.w));
+    CHECK(gw_decode(good, 8, prompt, 50, gen, 1, 0, NULL, 6, 0, PROTO_F_RESUME, got, &reason) == 0);
+    CHECK(reason == -PROTO_E_DRAINING);
+    close(good);
+    node_free(&D);
+}
+
+int main(void)
+{
+    util_log_level = LOG_LEVEL_ERROR;
+    if (!mkdtemp(tmpdir)) return 1;
+    tiny_cfg c = { .arch = "llama", .dim = 64, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2,
+                   .head_dim = 16, .ffn = 96, .vocab = 100, .seed = 7 };
+    char path[256], err[256];
+    snprintf(path, sizeof path, "%s/llama.gguf", tmpdir);
+    snprintf(g_spec, sizeof g_spec, "dir:%s/store", tmpdir);
+    if (tiny_write(&c, path) || model_load(path, NULL, &g_model, err, sizeof err) != GGUF_OK) return 1;
+    RUN(test_split_equals_one_process);
+    RUN(test_resume_and_mixed);
+    RUN(test_malformed_closes_only_that_connection);
+    model_free(g_model);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+    if (system(cmd)) {}
+    HARNESS_END();
+}
