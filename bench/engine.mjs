@@ -158,10 +158,11 @@ function rowsOf(j) {
 // most: with 2 threads on 2 busy cores its decode drops 10-20x). Before each run, measure how
 // busy the CPUs are over 1 s (/proc/stat) and wait, up to --wait-quiet seconds, for them to
 // be idle; the busy fraction seen is recorded with every run and flagged in the table.
+const sleepMs = (ms) => Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, ms);
 function cpuBusy() {
   const read = () => fs.readFileSync('/proc/stat', 'utf8').split('\n')[0].trim().split(/\s+/).slice(1).map(Number);
   const a = read();
-  spawnSync('sleep', ['1']);
+  sleepMs(1000);
   const b = read();
   const d = b.map((x, i) => x - a[i]);
   const total = d.reduce((x, y) => x + y, 0), idle = d[3] + (d[4] ?? 0);
@@ -172,7 +173,7 @@ function waitQuiet() {
   let busy = cpuBusy();
   while (busy > 0.15 && Date.now() < until) {
     log(`bench: CPUs ${(100 * busy).toFixed(0)} % busy with other work, waiting`);
-    spawnSync('sleep', ['4']);
+    sleepMs(4000);
     busy = cpuBusy();
   }
   return busy;

@@ -88,7 +88,7 @@ after(() => {
   for (const r of report)
     console.log(`oracle:   ${r.arch.padEnd(6)} ${r.type.padEnd(5)} kv ${r.kv} ${r.test.padEnd(32)} ` +
       (r.median_diff != null ? `median ${r.median_diff.toExponential(2)} max ${r.max_diff.toExponential(2)} (tol on median ${r.tol})`
-        : `max ${r.max_diff.toExponential(2)}, llama.cpp vs itself ${r.llama_self.toExponential(2)} (tol ${r.tol.toPrecision(2)}); greedy ${r.greedy.replace(/ < [0-9.]+\)/g, ')')}`));
+        : `max ${r.max_diff.toExponential(2)}, llama.cpp vs itself ${r.llama_self ? r.llama_self.toExponential(2) : 'not run'} (tol ${r.tol.toPrecision(2)}); greedy ${r.greedy.replace(/ < [0-9.]+\)/g, ')')}`));
 });
 
 // ---- helpers ------------------------------------------------------------------------------
@@ -226,7 +226,8 @@ function check(arch, type, batched) {
   const {tm, ll} = runBoth(file, input, kv);
   assert.equal(tm.seqs.length, seqs.length);
   if (batched) assert.equal(ll.oracle.decode_calls, 2 * GREEDY, 'llama.cpp did not batch the sequences together');
-  const noise = llamaNoise(file, input, kv, ll);
+  // F32 weights with F32 KV have no rounding flips: TOL alone (the self-difference is ~1e-5).
+  const noise = type === 'f32' ? 0 : llamaNoise(file, input, kv, ll);
   const tol = Math.max(TOL[type], NOISE_FACTOR * noise);
   let maxDiff = 0, positions = 0;
   const greedy = [];
