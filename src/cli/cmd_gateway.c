@@ -111,6 +111,15 @@ int cmd_gateway(int argc, char **argv)
     char *derived = NULL;
     gc_retention classes;
     gc_retention_default(&classes);
+    /* SIGINT/SIGTERM are blocked before any thread exists, so every thread inherits the mask
+     * and only the main loop's sigtimedwait takes them (a thread started earlier with them
+     * unblocked would take a SIGTERM with the default action: the process dies, not stopped) */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
     if (model_load(path, NULL, &m, err, sizeof err) != GGUF_OK) {
         fprintf(stderr, "tokenmill gateway: %s\n", err);
         goto out;
@@ -170,12 +179,6 @@ int cmd_gateway(int argc, char **argv)
     if (api_messages_register) api_messages_register(h, &ac);
     gateway_routes(g, h);
 
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &set, NULL);
-    signal(SIGPIPE, SIG_IGN);
     if (http_server_start(h, err, sizeof err) != HTTP_OK) {
         fprintf(stderr, "tokenmill gateway: %s\n", err);
         goto out;

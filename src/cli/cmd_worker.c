@@ -81,6 +81,15 @@ int cmd_worker(int argc, char **argv)
     if (!cache_spec && role != PROTO_ROLE_MIXED)
         fprintf(stderr, "tokenmill worker: no --cache: full KV blocks cannot be handed off, decode recomputes them\n");
 
+    /* SIGINT/SIGTERM are blocked before any thread exists, so every thread inherits the mask
+     * and only the main loop's sigtimedwait takes them (a thread started earlier with them
+     * unblocked would take a SIGTERM with the default action: the process dies, undrained) */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
     int rc = 1;
     char err[512];
     model *m = NULL;
@@ -131,12 +140,6 @@ int cmd_worker(int argc, char **argv)
         goto out;
     }
 
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &set, NULL);
-    signal(SIGPIPE, SIG_IGN);
     worker_opts wo = { .role = role, .listen = listen, .gateway = gateway, .name = name,
                        .max_seqs = (int)max_seqs, .n_ctx = n_ctx };
     w = worker_new(&wo, e, s, cache, bio);

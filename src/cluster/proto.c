@@ -226,6 +226,7 @@ size_t proto_kv_bytes(int dtype, int n_layers, int n_kv_heads, int head_dim, int
 static bool proto_params_ok(const proto_params *p)
 {
     return p->n_stop_ids <= PROTO_MAX_STOP_IDS && p->top_logprobs <= PROTO_MAX_TOP &&
+           p->sample.penalty_last_n >= 0 && p->sample.penalty_last_n <= PROTO_MAX_TOKENS &&
            p->ignore_eos <= 1 && p->logprobs <= 1 && (!p->salt || strlen(p->salt) <= PROTO_MAX_STR);
 }
 
@@ -271,7 +272,8 @@ static void proto_get_params(proto_rd *r, proto_params *p)
     p->logprobs = proto_get_u8(r);
     p->top_logprobs = proto_get_u8(r);
     p->cache_class = (int32_t)proto_get_u32(r);
-    if (s->penalty_last_n < 0 || p->ignore_eos > 1 || p->logprobs > 1 ||
+    /* the penalty window sizes an allocation: no longer than the longest token array */
+    if (s->penalty_last_n < 0 || s->penalty_last_n > PROTO_MAX_TOKENS || p->ignore_eos > 1 || p->logprobs > 1 ||
         p->top_logprobs > PROTO_MAX_TOP || p->cache_class < 0 || p->cache_class > 255) {
         r->err = true;
         return;
@@ -390,12 +392,12 @@ static bool proto_msg_ok(const proto_msg *m)
         return proto_params_ok(&m->u.prefill.params) && m->u.prefill.n_prompt >= 1 &&
                m->u.prefill.n_prompt <= PROTO_MAX_TOKENS;
     case PROTO_HANDOFF:
-        return m->u.handoff.first.n_top <= PROTO_MAX_TOP &&
+        return m->u.handoff.first.n_top <= PROTO_MAX_TOP && m->u.handoff.n_sampled <= 1 &&
                (!(m->hdr.flags & PROTO_F_HAS_TAIL) || proto_kv_ok(&m->u.handoff.kv));
     case PROTO_DECODE:
         return proto_params_ok(&m->u.decode.params) && m->u.decode.n_prompt >= 1 &&
                m->u.decode.n_prompt <= PROTO_MAX_TOKENS && m->u.decode.n_gen >= 1 &&
-               m->u.decode.n_gen <= PROTO_MAX_TOKENS &&
+               m->u.decode.n_gen <= PROTO_MAX_TOKENS && m->u.decode.n_sampled <= m->u.decode.n_gen &&
                (!(m->hdr.flags & PROTO_F_HAS_TAIL) || proto_kv_ok(&m->u.decode.kv));
     case PROTO_TOKENS:
         if (m->u.tokens.n > PROTO_MAX_TOKENS) return false;
@@ -575,7 +577,7 @@ proto_status proto_decode(const proto_hdr *h, const uint8_t *payload, proto_msg 
         x->n_stored = proto_get_u32(r);
         x->n_sampled = proto_get_u32(r);
         x->prefill_us = proto_get_u32(r);
-        if (x->n_cached > x->n_prompt || x->n_stored > x->n_prompt || x->n_stored % 128)
+        if (x->n_cached > x->n_prompt || x->n_stored > x->n_prompt || x->n_stored % 128 || x->n_sampled > 1)
             r->err = true;
         if (!r->err && (h->flags & PROTO_F_HAS_TAIL)) proto_get_kv(r, &x->kv);
         break;
@@ -587,7 +589,8 @@ proto_status proto_decode(const proto_hdr *h, const uint8_t *payload, proto_msg 
         if (!r->err) x->gen = proto_get_ids(r, &x->n_gen, false);
         x->n_cached = proto_get_u32(r);
         x->n_sampled = proto_get_u32(r);
-        if (x->n_cached > x->n_prompt) r->err = true;
+        /* at most one draw per generated token: the receiver replays n_sampled draws */
+        if (x->n_cached > x->n_prompt || x->n_sampled > x->n_gen) r->err = true;
         if (!r->err && (h->flags & PROTO_F_HAS_TAIL)) {
             proto_get_kv(r, &x->kv);
             /* the tail lies inside the context whose KV exists (all but the last token) */

@@ -11,8 +11,9 @@
 //   - malformed frames to a worker's port and to the gateway's registration port are refused,
 //     the processes stay up and keep serving;
 //   - no worker of a role: the request waits, then a 503 in the API's shape.
-// "Mid-stream" is made certain, not left to timing: the victim is stopped (SIGSTOP) once the
-// gateway counts work on it, then killed. Every process is killed at the end, also on failure
+// "Mid-stream" is made certain, not left to timing: the decode workers are stopped (SIGSTOP)
+// the moment the clients have 60% of the tokens, then the busier one is killed or drained; a
+// prefill worker is stopped before the requests come and killed once it holds jobs. Every process is killed at the end, also on failure
 // (and if node itself exits); each step is bounded in time.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
@@ -184,34 +185,44 @@ test("32 concurrent greedy streams through 2 prefill + 2 decode workers == token
   assert.match(metrics, new RegExp(`tokenmill_worker_running\\{worker="${workers.d1.addr}",role="decode"\\}`));
 });
 
-// Starts the 32 streams, waits until the gateway counts work of kind `field` on worker `name`
-// (and, for decode, until tokens have reached the clients), stops it, then kills it.
-async function killUnderLoad(name, field) {
-  let chunks = 0;
-  const pre = field === "prefill_jobs";
-  if (pre) workers[name].proc.kill("SIGSTOP");   // a prefill is too quick to catch: its jobs wait on it
-  const runs = Promise.all(PROMPTS.map((p) => stream(gw, p, MAX, () => chunks++)));
-  await until((a) => (findW(a, name)?.[field] ?? 0) > 0 && (pre || chunks > late), `${name} busy`, 20000);
-  if (!pre) workers[name].proc.kill("SIGSTOP");
+// Starts the 32 streams; once `at` tokens have reached the clients, stops (SIGSTOP) both decode
+// workers at that instant, so that whatever the machine's speed their streams are half done,
+// and returns the one the gateway counts more running streams on (the victim) and the other.
+async function freezeDecode(at) {
+  let chunks = 0, frozen;
+  const froze = new Promise((r) => { frozen = r; });
+  const onChunk = () => {
+    if (++chunks !== at) return;
+    for (const n of ["d1", "d2"]) workers[n].proc.kill("SIGSTOP");
+    frozen();
+  };
+  const runs = Promise.all(PROMPTS.map((p) => stream(gw, p, MAX, onChunk)));
+  await froze;
   const a = await admin();
-  workers[name].proc.kill("SIGKILL");
-  await waitExit(workers[name].proc);
-  return { runs, busy: findW(a, name)[field] };
+  const [victim, other] = findW(a, "d1").running >= findW(a, "d2").running ? ["d1", "d2"] : ["d2", "d1"];
+  return { runs, victim, other, busy: findW(a, victim).running };
 }
 
 test("kill -9 of a decode worker mid-stream: every stream completes with the same text", { timeout: 60000 }, async () => {
   const before = (await admin()).resumes;
-  const { runs, busy } = await killUnderLoad("d1", "running");
-  assert.ok(busy > 0);
+  const { runs, victim, other, busy } = await freezeDecode(late);
+  workers[victim].proc.kill("SIGKILL");
+  workers[other].proc.kill("SIGCONT");
+  await waitExit(workers[victim].proc);
+  assert.ok(busy > 0, "the victim had streams running");
   sameAsServe(await runs, "decode killed");
   assert.ok((await admin()).resumes >= before + busy, "every stream of the dead worker resumed");
-  await startWorker("decode", "d1");
+  await startWorker("decode", victim);
 });
 
 test("kill -9 of a prefill worker mid-prefill: every stream completes with the same text", { timeout: 60000 }, async () => {
   const before = (await admin()).reprefills;
-  const { runs, busy } = await killUnderLoad("p1", "prefill_jobs");
-  assert.ok(busy > 0);
+  workers.p1.proc.kill("SIGSTOP");     // a prefill is too quick to catch: its jobs wait on it
+  const runs = Promise.all(PROMPTS.map((p) => stream(gw, p, MAX)));
+  const a = await until((x) => findW(x, "p1").prefill_jobs > 0, "p1 busy", 20000);
+  assert.ok(findW(a, "p1").prefill_jobs > 0);
+  workers.p1.proc.kill("SIGKILL");
+  await waitExit(workers.p1.proc);
   sameAsServe(await runs, "prefill killed");
   assert.ok((await admin()).reprefills > before);
   await startWorker("prefill", "p1");
@@ -220,36 +231,35 @@ test("kill -9 of a prefill worker mid-prefill: every stream completes with the s
 test("drain of a decode worker under load (admin drain, then SIGTERM) loses nothing", { timeout: 60000 }, async () => {
   await until((a) => nLive(a, "decode") === 2 && nLive(a, "prefill") === 2, "4 workers");
   const before = (await admin()).resumes;
-  let chunks = 0;
-  const runs = Promise.all(PROMPTS.map((p) => stream(gw, p, MAX, () => chunks++)));
-  await until((a) => findW(a, "d2").running > 0 && chunks > late, "d2 busy", 20000);
-  workers.d2.proc.kill("SIGSTOP");     // freeze it with its streams half done, then drain with a short deadline
-  const res = await fetch(`${gw}/admin/drain?worker=${encodeURIComponent(workers.d2.addr)}&deadline_ms=50`, { method: "POST" });
+  // frozen with its streams half done, it is drained with a short deadline: the rest moves
+  const { runs, victim, other, busy } = await freezeDecode(late);
+  const res = await fetch(`${gw}/admin/drain?worker=${encodeURIComponent(workers[victim].addr)}&deadline_ms=50`, { method: "POST" });
   assert.equal(res.status, 200);
-  workers.d2.proc.kill("SIGCONT");
+  for (const n of [victim, other]) workers[n].proc.kill("SIGCONT");
+  assert.ok(busy > 0, "the drained worker had streams running");
   sameAsServe(await runs, "decode drained");
   assert.ok((await admin()).resumes > before, "the drained worker's streams moved");
   // a drained worker takes no new work; SIGTERM ends it cleanly
   sameAsServe(await all(gw, PROMPTS.slice(0, 4)), "after drain");
-  assert.equal(findW(await admin(), "d2").running, 0);
-  workers.d2.proc.kill("SIGTERM");
-  await waitExit(workers.d2.proc, 10000);
-  assert.equal(workers.d2.proc.exitCode, 0);
+  assert.equal(findW(await admin(), victim).running, 0);
+  workers[victim].proc.kill("SIGTERM");
+  await waitExit(workers[victim].proc, 10000);
+  assert.equal(workers[victim].proc.exitCode, 0);
   const cap = await (await fetch(gw + "/admin/capacity")).json();
   assert.ok(cap.prefill.recommended >= 1 && cap.decode.recommended >= 1);
-  await startWorker("decode", "d2");
+  await startWorker("decode", victim);
 });
 
 test("SIGTERM of a decode worker under load: it finishes or moves its streams, exits 0, nothing lost", { timeout: 60000 }, async () => {
   await until((a) => nLive(a, "decode") === 2, "2 decode workers");
-  let chunks = 0;
-  const runs = Promise.all(PROMPTS.map((p) => stream(gw, p, MAX, () => chunks++)));
-  await until((a) => findW(a, "d1").running > 0 && chunks > late / 2, "d1 busy", 20000);
-  workers.d1.proc.kill("SIGTERM");     // --drain-timeout 1: what is left after 1 s is moved
+  const { runs, victim, other, busy } = await freezeDecode(Math.floor(late / 2));
+  workers[victim].proc.kill("SIGTERM");   // --drain-timeout 1: what is left after 1 s is moved
+  for (const n of [victim, other]) workers[n].proc.kill("SIGCONT");
+  assert.ok(busy > 0, "the worker had streams running");
   sameAsServe(await runs, "decode SIGTERM");
-  await waitExit(workers.d1.proc, 10000);
-  assert.equal(workers.d1.proc.exitCode, 0);
-  await startWorker("decode", "d1");
+  await waitExit(workers[victim].proc, 10000);
+  assert.equal(workers[victim].proc.exitCode, 0);
+  await startWorker("decode", victim);
 });
 
 test("a prefix prefilled on one prefill worker is a cache hit on the other", { timeout: 60000 }, async () => {
@@ -293,6 +303,27 @@ const JUNK = [
   (() => { const h = Buffer.alloc(24); h.writeUInt32LE(0x50434d54, 0); h.writeUInt16LE(1, 4); h.writeUInt16LE(1, 6); h.writeUInt32LE(0xfffffff0, 20); return h; })(), // oversized
   (() => { const h = Buffer.alloc(32); h.writeUInt32LE(0x50434d54, 0); h.writeUInt16LE(1, 4); h.writeUInt16LE(3, 6); h.writeUInt32LE(8, 20); return h; })(),          // truncated PREFILL
 ];
+// well-formed frames after a valid HELLO whose values are out of range (docs/protocol.md):
+// a penalty window of INT_MAX (an allocation of INT_MAX + 1 entries crashed the worker) and a
+// DECODE replaying 2^31 sampler draws (it spun for minutes)
+function frame(type, id, payload) {
+  const h = Buffer.alloc(24);
+  h.writeUInt32LE(0x50434d54, 0); h.writeUInt16LE(1, 4); h.writeUInt16LE(type, 6);
+  h.writeBigUInt64LE(BigInt(id), 12); h.writeUInt32LE(payload.length, 20);
+  return Buffer.concat([h, payload]);
+}
+const le = (n, v, f) => { const b = Buffer.alloc(n); b[f](v); return b; };
+const u8 = (v) => Buffer.from([v]), u32 = (v) => le(4, v >>> 0, "writeUInt32LE"), i32 = (v) => le(4, v, "writeInt32LE");
+const f32 = (v) => le(4, v, "writeFloatLE"), u64 = (v) => le(8, BigInt(v), "writeBigUInt64LE");
+const str = (t) => Buffer.concat([le(2, t.length, "writeUInt16LE"), Buffer.from(t)]);
+const ids = (a) => Buffer.concat([u32(a.length), ...a.map(i32)]);
+const params = (pen) => Buffer.concat([f32(0.8), i32(0), f32(1), f32(0), f32(1), f32(0), f32(0), i32(pen), u64(1), i32(4),
+  u8(0), u8(0), u8(0), u8(0), i32(0), str("")]);
+const HELLO = frame(1, 0, Buffer.concat([u8(4), u8(0), Buffer.alloc(32), u32(0), u32(0), u32(0), u32(0), u32(0), str(""), str("junk")]));
+const WORKER_JUNK = [
+  Buffer.concat([HELLO, frame(3, 1, Buffer.concat([params(0x7fffffff), u32(0), ids([1, 200, 300])]))]),
+  Buffer.concat([HELLO, frame(5, 2, Buffer.concat([params(64), ids([1, 200, 300]), ids([301]), u32(0), u32(0x7fffffff)]))]),
+];
 
 test("malformed frames to the workers and to the gateway are refused; everything stays up and serves", { timeout: 60000 }, async () => {
   await until((a) => nLive(a, "prefill") === 2 && nLive(a, "decode") === 2, "4 workers");
@@ -300,7 +331,7 @@ test("malformed frames to the workers and to the gateway are refused; everything
   for (const junk of JUNK) await sendJunk(regPort, junk);
   const a = await admin();
   assert.ok(a.refused_connections >= before + JUNK.length, JSON.stringify(a));
-  for (const n of ["p2", "d2"]) for (const junk of JUNK) await sendJunk(workers[n].port, junk);
+  for (const n of ["p2", "d2"]) for (const junk of [...JUNK, ...WORKER_JUNK]) await sendJunk(workers[n].port, junk);
   for (const n of ["p1", "p2", "d1", "d2"]) assert.ok(!exited(workers[n].proc), `${n} is up`);
   sameAsServe(await all(), "after junk");
   // a second gateway reaches p2 and d2 by their static addresses: they still serve

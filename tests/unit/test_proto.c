@@ -179,6 +179,76 @@ TEST(test_roundtrip_jobs)
     d->n_prompt = 300;
     d->params.n_stop_ids = 9;
     CHECK(roundtrip(&m, &o) == PROTO_ERR_MALFORMED);
+    d->params.n_stop_ids = 0;
+    /* more sampler draws than generated tokens (the receiver replays them: a 2^31 loop) */
+    d->n_gen = 5;
+    d->n_sampled = 6;
+    CHECK(roundtrip(&m, &o) == PROTO_ERR_MALFORMED);
+    d->n_sampled = 5;
+    /* a penalty window that would size a huge allocation (INT_MAX + 1 overflowed) */
+    d->params.sample.penalty_last_n = 0x7fffffff;
+    CHECK(roundtrip(&m, &o) == PROTO_ERR_MALFORMED);
+    d->params.sample.penalty_last_n = 64;
+    CHECK(roundtrip(&m, &o) == PROTO_OK);
+    proto_msg_free(&o);
+    m.hdr.type = PROTO_HANDOFF;
+    m.hdr.flags = 0;
+    memset(&m.u, 0, sizeof m.u);
+    m.u.handoff.n_prompt = 300;
+    m.u.handoff.n_sampled = 2;
+    CHECK(roundtrip(&m, &o) == PROTO_ERR_MALFORMED);
+}
+
+/* Encodes m, overwrites the u32 at payload offset off (negative: from the payload's end) with
+ * v, decodes: what a receiver does with a frame a peer built by hand. */
+static proto_status patched(const proto_msg *m, long off, uint32_t v)
+{
+    proto_buf b;
+    proto_buf_init(&b);
+    proto_status st = proto_encode(&b, m);
+    if (st != PROTO_OK) { proto_buf_free(&b); return PROTO_OK; }   /* not what is tested */
+    proto_hdr h;
+    st = proto_hdr_parse(b.p, b.n, &h);
+    if (st == PROTO_OK) {
+        size_t at = PROTO_HDR_SIZE + (off >= 0 ? (size_t)off : h.len - (size_t)-off);
+        memcpy(b.p + at, &v, 4);   /* little-endian host */
+        proto_msg o;
+        st = proto_decode(&h, b.p + PROTO_HDR_SIZE, &o);
+        if (st == PROTO_OK) proto_msg_free(&o);
+    }
+    proto_buf_free(&b);
+    return st;
+}
+
+TEST(test_decoder_ranges)
+{
+    int32_t prompt[3] = { 1, 200, 300 }, gen[2] = { 301, 302 };
+    proto_msg m;
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_DECODE;
+    m.u.decode.params = test_params();
+    m.u.decode.n_prompt = 3; m.u.decode.prompt = prompt;
+    m.u.decode.n_gen = 2; m.u.decode.gen = gen;
+    m.u.decode.n_sampled = 2;
+    CHECK(patched(&m, -4, 2) == PROTO_OK);
+    /* n_sampled (the last field) beyond the generated tokens: the worker would replay 2^31 draws */
+    CHECK(patched(&m, -4, 3) == PROTO_ERR_MALFORMED);
+    CHECK(patched(&m, -4, 0x7fffffff) == PROTO_ERR_MALFORMED);
+    /* penalty_last_n (params offset 28) of INT_MAX: an allocation of (n + 1) entries */
+    CHECK(patched(&m, 28, 64) == PROTO_OK);
+    CHECK(patched(&m, 28, 0x7fffffff) == PROTO_ERR_MALFORMED);
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_PREFILL;
+    m.u.prefill.params = test_params();
+    m.u.prefill.n_prompt = 3; m.u.prefill.prompt = prompt;
+    CHECK(patched(&m, 28, PROTO_MAX_TOKENS) == PROTO_OK);
+    CHECK(patched(&m, 28, PROTO_MAX_TOKENS + 1) == PROTO_ERR_MALFORMED);
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_HANDOFF;
+    m.u.handoff.n_prompt = 3;
+    m.u.handoff.n_sampled = 1;
+    CHECK(patched(&m, -8, 1) == PROTO_OK);   /* n_sampled, then prefill_us */
+    CHECK(patched(&m, -8, 2) == PROTO_ERR_MALFORMED);
 }
 
 TEST(test_roundtrip_small)
@@ -442,6 +512,7 @@ int main(void)
 {
     RUN(test_roundtrip_hello_heartbeat);
     RUN(test_roundtrip_jobs);
+    RUN(test_decoder_ranges);
     RUN(test_roundtrip_small);
     RUN(test_header_checks);
     RUN(test_fuzz);
