@@ -13,8 +13,9 @@
 //   - no worker of a role: the request waits, then a 503 in the API's shape.
 // "Mid-stream" is made certain, not left to timing: the decode workers are stopped (SIGSTOP)
 // the moment the clients have 60% of the tokens, then the busier one is killed or drained; a
-// prefill worker is stopped before the requests come and killed once it holds jobs. Every process is killed at the end, also on failure
-// (and if node itself exits); each step is bounded in time.
+// prefill worker is stopped before the requests come and killed once it holds jobs. Every
+// process is killed at the end, also on failure (and if node itself exits); each step is
+// bounded in time.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
@@ -288,14 +289,24 @@ test("a prefix prefilled on one prefill worker is a cache hit on the other", { t
   await startWorker("prefill", on);
 });
 
+// Sends junk, returns whether the peer closed the connection (within 5 s) and what it sent.
 async function sendJunk(port, junk) {
-  await new Promise((resolve) => {
+  return new Promise((resolve) => {
+    let data = Buffer.alloc(0), done = false;
+    const end = (closed) => { if (!done) { done = true; s.destroy(); resolve({ closed, data }); } };
     const s = net.connect(port, "127.0.0.1", () => s.write(junk));
-    s.on("data", () => {});
-    s.on("close", resolve);
-    s.on("error", resolve);
-    setTimeout(() => { s.destroy(); resolve(); }, 5000);
+    s.on("data", (d) => { data = Buffer.concat([data, d]); });
+    s.on("close", () => end(true));
+    s.on("error", () => end(true));
+    setTimeout(() => end(false), 5000);
   });
+}
+// the ERROR frames (type 10) in what a peer sent: [code, message]
+function errors(data) {
+  const out = [];
+  for (let o = 0; o + 24 <= data.length; o += 24 + data.readUInt32LE(o + 20))
+    if (data.readUInt16LE(o + 6) === 10) out.push([data.readUInt32LE(o + 24), data.subarray(o + 30, o + 24 + data.readUInt32LE(o + 20)).toString()]);
+  return out;
 }
 const JUNK = [
   Buffer.from("GET / HTTP/1.1\r\nHost: x\r\n\r\n" + "x".repeat(40)),
@@ -328,10 +339,17 @@ const WORKER_JUNK = [
 test("malformed frames to the workers and to the gateway are refused; everything stays up and serves", { timeout: 60000 }, async () => {
   await until((a) => nLive(a, "prefill") === 2 && nLive(a, "decode") === 2, "4 workers");
   const before = (await admin()).refused_connections;
-  for (const junk of JUNK) await sendJunk(regPort, junk);
+  for (const junk of JUNK) assert.ok((await sendJunk(regPort, junk)).closed, "the gateway closed the connection");
   const a = await admin();
   assert.ok(a.refused_connections >= before + JUNK.length, JSON.stringify(a));
-  for (const n of ["p2", "d2"]) for (const junk of [...JUNK, ...WORKER_JUNK]) await sendJunk(workers[n].port, junk);
+  for (const n of ["p2", "d2"]) {
+    for (const junk of JUNK) assert.ok((await sendJunk(workers[n].port, junk)).closed, `${n} closed the connection`);
+    for (const junk of WORKER_JUNK) {
+      const r = await sendJunk(workers[n].port, junk);
+      assert.ok(r.closed, `${n} closed the connection`);
+      assert.match(errors(r.data).map((e) => e[1]).join(), /malformed/, `${n} answered ERROR MALFORMED`);
+    }
+  }
   for (const n of ["p1", "p2", "d1", "d2"]) assert.ok(!exited(workers[n].proc), `${n} is up`);
   sameAsServe(await all(), "after junk");
   // a second gateway reaches p2 and d2 by their static addresses: they still serve
