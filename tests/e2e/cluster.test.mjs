@@ -342,6 +342,17 @@ test("malformed frames to the workers and to the gateway are refused; everything
   for (const junk of JUNK) assert.ok((await sendJunk(regPort, junk)).closed, "the gateway closed the connection");
   const a = await admin();
   assert.ok(a.refused_connections >= before + JUNK.length, JSON.stringify(a));
+  // a worker that registers properly, then sends a broken frame: the gateway drops it, only it
+  const hello = frame(1, 0, Buffer.concat([u8(2), u8(0), Buffer.from(a.model_fingerprint, "hex"), u32(16), u32(64), u32(256),
+    u32(512), u32(512), str("127.0.0.1:1"), str("impostor")]));
+  hello.writeUInt32LE(1, 8);   // REGISTER
+  const imp = net.connect(regPort, "127.0.0.1", () => imp.write(hello));
+  const impClosed = new Promise((r) => { imp.on("close", r); imp.on("error", r); });
+  imp.on("data", () => {});
+  await until((x) => x.workers.some((w) => w.name === "impostor" && w.up), "impostor in");
+  imp.write(Buffer.concat([frame(6, 0, Buffer.concat([u32(3), u32(1)])), Buffer.alloc(40, 0xee)]));   // TOKENS short of its count
+  await impClosed;
+  await until((x) => !x.workers.some((w) => w.name === "impostor" && w.up), "impostor out");
   for (const n of ["p2", "d2"]) {
     for (const junk of JUNK) assert.ok((await sendJunk(workers[n].port, junk)).closed, `${n} closed the connection`);
     for (const junk of WORKER_JUNK) {
