@@ -83,6 +83,15 @@ int cmd_serve(int argc, char **argv)
     const char *cache_spec = "default", *retention = NULL;
     uint64_t cache_capacity = 0;
     char cache_buf[4096];
+    /* SIGINT/SIGTERM are blocked before any thread exists (threads inherit the mask) and
+     * taken with sigwait below: a signal arriving while threads start must not kill the
+     * process before its clean shutdown */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -234,13 +243,6 @@ int cmd_serve(int argc, char **argv)
     if (api_responses_register) api_responses_register(h, &ac);
     if (api_messages_register) api_messages_register(h, &ac);
 
-    /* signals: block them in every thread, wait for them here */
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &set, NULL);
-    signal(SIGPIPE, SIG_IGN);
     if (http_server_start(h, err, sizeof err) != HTTP_OK) {
         fprintf(stderr, "tokenmill serve: %s\n", err);
         goto out;
