@@ -87,7 +87,7 @@ after(() => {
   console.log('oracle: max |Δ logprob| of the top-10 tokens, tokenmill vs llama.cpp (tolerance):');
   for (const r of report)
     console.log(`oracle:   ${r.arch.padEnd(6)} ${r.type.padEnd(5)} kv ${r.kv} ${r.test.padEnd(32)} ` +
-      (r.median_diff != null ? `median ${r.median_diff.toExponential(2)} max ${r.max_diff.toExponential(2)} (tol on median ${r.tol})`
+      (r.median_diff != null ? `median ${r.median_diff.toExponential(2)} max ${r.max_diff.toExponential(2)}, llama.cpp vs itself median ${r.llama_self_median.toExponential(2)} (tol on median ${r.tol.toPrecision(2)})`
         : `max ${r.max_diff.toExponential(2)}, llama.cpp vs itself ${r.llama_self ? r.llama_self.toExponential(2) : 'not run'} (tol ${r.tol.toPrecision(2)}); greedy ${r.greedy.replace(/ < [0-9.]+\)/g, ')')}`));
 });
 
@@ -251,14 +251,24 @@ function checkSingles(arch, type) {
   const r = rng(77);
   const seqs = Array.from({length: N_SINGLES}, () => randomSeq(r, 1));
   const kv = KV[type];
-  for (const batched of [true, false]) {
-    const {tm, ll} = runBoth(file, {seqs, top: TOP, greedy: 1, batched}, kv);
+  const runs = [true, false].map((batched) => ({batched, ...runBoth(file, {seqs, top: TOP, greedy: 1, batched}, kv)}));
+  // llama.cpp against itself: its single-token steps take other kernels than a 32-token step
+  // (for F16 weights the activations are rounded to f16 one way and not the other), which
+  // moves the median as much as a rounding difference of ours could; the tolerance is the
+  // larger of MEDIAN_TOL and 1.5x that self-difference
+  const self = seqs.map((_, s) => compareSeq(runs[1].ll.seqs[s], runs[0].ll.seqs[s], 1e9,
+    `${arch} ${type} llama.cpp self ${s}`).perPos[0]).sort((a, b) => a - b);
+  const selfMed = self[self.length >> 1];
+  const tol = Math.max(MEDIAN_TOL, NOISE_FACTOR * selfMed);
+  for (const {batched, tm, ll} of runs) {
     const per = seqs.map((_, s) => compareSeq(tm.seqs[s], ll.seqs[s], Math.max(TOL[type], 1),
       `${arch} ${type} single ${s}`).perPos[0]).sort((a, b) => a - b);
     const med = per[per.length >> 1];
     const what = `${N_SINGLES} one-token seqs ${batched ? 'in one step' : 'one by one'}`;
-    report.push({arch, type, kv, test: what, median_diff: med, max_diff: per.at(-1), tol: MEDIAN_TOL, llama: ll.oracle});
-    assert.ok(med <= MEDIAN_TOL, `${arch} ${type}: median |Δ logprob| over ${what} ${med} > ${MEDIAN_TOL}`);
+    report.push({arch, type, kv, test: what, median_diff: med, max_diff: per.at(-1), llama_self_median: selfMed, tol,
+      llama: ll.oracle});
+    assert.ok(med <= tol, `${arch} ${type}: median |Δ logprob| over ${what} ${med} > ${tol} ` +
+      `(llama.cpp one step vs one by one: median ${selfMed})`);
   }
 }
 
