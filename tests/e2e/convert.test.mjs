@@ -12,7 +12,8 @@ import path from "node:path";
 const root = path.resolve(import.meta.dirname, "../..");
 const bin = path.join(root, "build/tokenmill");
 const model = path.join(root, "models/stories260K.gguf");
-const src = process.env.TM_LLAMA2C_DIR || "/work/shared/models";
+// the llama2.c checkpoint lives in the shared folder beside the checkout (../shared/models)
+const src = process.env.TM_LLAMA2C_DIR || path.join(root, "../shared/models");
 const haveSrc = fs.existsSync(path.join(src, "stories260K.bin")) && fs.existsSync(path.join(src, "tok512.bin"));
 
 test("llama.cpp greedy on models/stories260K.gguf equals llama2.c's text", () => {
