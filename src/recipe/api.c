@@ -1195,8 +1195,12 @@ static void api_job_apply(api_job *j, int i, const sched_output *so)
         api_out_count_token(o, i);
         return;
     }
-    size_t n = tokenizer_stream_push(&j->ts[i], so->token, j->piece, sizeof j->piece);
-    if (n > sizeof j->piece) n = 0;
+    char *text = j->piece, *big = NULL;
+    size_t n = tokenizer_stream_push(&j->ts[i], so->token, text, sizeof j->piece);
+    if (n > sizeof j->piece) { /* a piece longer than the scratch: some vocabularies have them */
+        text = big = xmalloc(n);
+        n = tokenizer_stream_push(&j->ts[i], so->token, big, n);
+    }
     api_logprob lp, *lpp = NULL;
     if (j->req.logprobs) {
         lp.token = so->token;
@@ -1208,7 +1212,9 @@ static void api_job_apply(api_job *j, int i, const sched_output *so)
         }
         lpp = &lp;
     }
-    if (api_out_token(o, i, so->token, j->piece, n, lpp) && j->sreq[i]) api_be_cancel(j->c, j->sreq[i]);
+    bool stop = api_out_token(o, i, so->token, text, n, lpp);
+    free(big);
+    if (stop && j->sreq[i]) api_be_cancel(j->c, j->sreq[i]);
 }
 
 static bool api_job_all_finished(const api_job *j)

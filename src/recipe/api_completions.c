@@ -106,7 +106,14 @@ static void compl_apply(compl_job *j, compl_choice *ch, const sched_output *o)
     if (ch->stopped || o->is_stop) return;   /* the eos token has no text */
     size_t before = ch->text.len;
     size_t n = tokenizer_stream_push(&ch->ts, o->token, j->piece, sizeof j->piece);
-    if (n <= sizeof j->piece) http_buf_append(&ch->text, j->piece, n);
+    if (n <= sizeof j->piece) {
+        http_buf_append(&ch->text, j->piece, n);
+    } else { /* a piece longer than the scratch: some vocabularies have them */
+        char *big = xmalloc(n);
+        n = tokenizer_stream_push(&ch->ts, o->token, big, n);
+        http_buf_append(&ch->text, big, n);
+        free(big);
+    }
     if (j->logprobs >= 0) {
         json_array_append_new(ch->lp_tokens, compl_token_text(j, o->token));
         json_array_append_new(ch->lp_logprobs, json_real(o->logprob));
