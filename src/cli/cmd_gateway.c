@@ -147,22 +147,9 @@ int cmd_gateway(int argc, char **argv)
         rc = 2;
         goto out;
     }
-    if (!name) {
-        const char *base = strrchr(path, '/');
-        derived = xstrdup(base ? base + 1 : path);
-        size_t n = strlen(derived);
-        if (n > 5 && !strcmp(derived + n - 5, ".gguf")) derived[n - 5] = 0;
-        name = derived;
-    }
-    const char *alias = NULL;
-    size_t alias_len = 0;
-    char alias_buf[256] = { 0 };
-    if (gguf_get_str(m->g, "general.name", &alias, &alias_len) && alias_len < sizeof alias_buf) {
-        memcpy(alias_buf, alias, alias_len);
-        alias = alias_buf;
-    } else {
-        alias = NULL;
-    }
+    if (!name) name = derived = api_model_default_name(path);
+    char alias_buf[256];
+    const char *alias = api_model_alias(m, alias_buf, sizeof alias_buf);
     api_ctx ac = { .sched = NULL, .model = m, .tok = tok, .tmpl = tmpl, .model_name = name, .model_alias = alias,
                    .n_ctx = n_ctx, .n_threads = 1, .created = (int64_t)time(NULL), .retention = &classes,
                    .backend = gateway_backend(g) };

@@ -208,23 +208,9 @@ int cmd_serve(int argc, char **argv)
         fprintf(stderr, "tokenmill serve: cannot start the scheduler\n");
         goto out;
     }
-    if (!name) {
-        const char *base = strrchr(path, '/');
-        base = base ? base + 1 : path;
-        derived_name = xstrdup(base);
-        size_t n = strlen(derived_name);
-        if (n > 5 && !strcmp(derived_name + n - 5, ".gguf")) derived_name[n - 5] = 0;
-        name = derived_name;
-    }
-    const char *alias = NULL;
-    size_t alias_len = 0;
-    char alias_buf[256] = { 0 };
-    if (gguf_get_str(m->g, "general.name", &alias, &alias_len) && alias_len < sizeof alias_buf) {
-        memcpy(alias_buf, alias, alias_len);
-        alias = alias_buf;
-    } else {
-        alias = NULL;
-    }
+    if (!name) name = derived_name = api_model_default_name(path);
+    char alias_buf[256];
+    const char *alias = api_model_alias(m, alias_buf, sizeof alias_buf);
 
     api_ctx ac = {
         .sched = s, .model = m, .tok = tok, .tmpl = tmpl, .model_name = name, .model_alias = alias,

@@ -288,6 +288,25 @@ bool api_stop_find(const char *const *stops, int n_stops, const char *text, size
     return false;
 }
 
+char *api_model_default_name(const char *path)
+{
+    const char *base = strrchr(path, '/');
+    char *name = xstrdup(base ? base + 1 : path);
+    size_t n = strlen(name);
+    if (n > 5 && !strcmp(name + n - 5, ".gguf")) name[n - 5] = 0;
+    return name;
+}
+
+const char *api_model_alias(const model *m, char *buf, size_t cap)
+{
+    const char *alias = NULL;
+    size_t len = 0;
+    if (!gguf_get_str(m->g, "general.name", &alias, &len) || len >= cap) return NULL;
+    memcpy(buf, alias, len);
+    buf[len] = 0;
+    return buf;
+}
+
 void api_new_id(char *out, size_t sz, const char *prefix)
 {
     static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;

@@ -129,6 +129,11 @@ bool api_stop_find(const char *const *stops, int n_stops, const char *text, size
                    size_t *cut, size_t *safe);
 /* A fresh id "PREFIX" + 24 random hex digits (e.g. "cmpl-", "chatcmpl-", "msg_"). */
 void api_new_id(char *out, size_t sz, const char *prefix);
+/* The names a served model answers to: the default id is the file name without its .gguf
+ * (malloc'd; the caller frees it), the alias the GGUF's general.name copied into buf (NULL
+ * when absent or longer than cap - 1). Shared by `serve` and `gateway`. */
+char *api_model_default_name(const char *path);
+const char *api_model_alias(const model *m, char *buf, size_t cap);
 
 
 /* ======================================================================== the chat APIs */
