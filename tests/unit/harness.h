@@ -7,9 +7,12 @@
 #ifndef TM_HARNESS_H
 #define TM_HARNESS_H
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 #include <math.h>
+#include <time.h>
+#include <unistd.h>
 
 static int harness_failed_checks;
 static int harness_passed, harness_failed;
@@ -44,6 +47,24 @@ static int harness_passed, harness_failed;
         }                                                            \
         fflush(stdout);                                              \
     } while (0)
+/* Polls cond every 2 ms for up to `seconds` of wall time; evaluates to cond's last value.
+ * Asynchronous work (write-behind, collectors, drains) gets a generous limit because CI
+ * runs these under ASan on two shared cores: the limit only bounds a hang, never a speed. */
+#define WAIT_UNTIL(cond, seconds)                                               \
+    ({                                                                          \
+        struct timespec t0_, t1_;                                               \
+        clock_gettime(CLOCK_MONOTONIC, &t0_);                                   \
+        bool ok_;                                                               \
+        for (;;) {                                                              \
+            ok_ = (cond);                                                       \
+            if (ok_) break;                                                     \
+            clock_gettime(CLOCK_MONOTONIC, &t1_);                               \
+            if ((t1_.tv_sec - t0_.tv_sec) + (t1_.tv_nsec - t0_.tv_nsec) * 1e-9  \
+                > (seconds)) break;                                             \
+            usleep(2000);                                                       \
+        }                                                                       \
+        ok_;                                                                    \
+    })
 #define HARNESS_END()                                                     \
     do {                                                                  \
         printf("%d passed, %d failed\n", harness_passed, harness_failed); \

@@ -137,11 +137,9 @@ TEST(test_two_servers_share_a_dir_store)
     prompt_of(prompt, 300, 9);
     CHECK(run(&a, prompt, 300, 4, oa) == 0);
     blockio_stats st;
-    for (int i = 0; i < 500; i++) {   /* write-behind is asynchronous */
-        blockio_get_stats(a.bio, &st);
-        if (st.n_written + st.n_write_failed == st.n_write_queued && st.n_write_queued >= 2) break;
-        usleep(2000);
-    }
+    WAIT_UNTIL((blockio_get_stats(a.bio, &st),   /* write-behind is asynchronous */
+                st.n_written + st.n_write_failed == st.n_write_queued && st.n_write_queued >= 2),
+               30);
     CHECK(st.n_written == 2 && st.n_write_dropped == 0);
     CHECK(run(&b, prompt, 300, 4, ob) == 256);
     CHECK(!memcmp(oa, ob, sizeof oa));

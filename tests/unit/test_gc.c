@@ -277,12 +277,7 @@ TEST(test_collector_thread)
     CHECK(store_put(other, b, fb, n, 0) == STORE_OK);
     store_close(other);
     storetest_clock_now += 20;
-    bool gone = false;
-    for (int i = 0; i < 200 && !gone; i++) {
-        usleep(10000);
-        gone = !has(s, a) && !has(s, b);
-    }
-    CHECK(gone);
+    CHECK(WAIT_UNTIL(!has(s, a) && !has(s, b), 30));
     store_stats st;
     store_get_stats(s, &st);
     CHECK(st.n_expired == 2);

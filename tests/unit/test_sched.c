@@ -76,8 +76,8 @@ static int drain(sched_req *r, int32_t *toks, int cap, sched_output *fin)
     sched_output out[16];
     int n = 0;
     while (!sched_done(r)) {
-        int k = sched_poll(r, out, 16, 5000);
-        if (k == 0) break;  /* 5 s without output: a bug */
+        int k = sched_poll(r, out, 16, 30000);
+        if (k == 0) break;  /* 30 s without output: a bug */
         for (int i = 0; i < k; i++) {
             if (out[i].kind == SCHED_OUT_TOKEN) {
                 if (n < cap) toks[n] = out[i].token;
@@ -93,11 +93,8 @@ static int drain(sched_req *r, int32_t *toks, int cap, sched_output *fin)
 static bool wait_blocks_used(sched *s, int want)
 {
     sched_stats st;
-    for (int i = 0; i < 500; i++) {
-        sched_get_stats(s, &st);
-        if (st.kv_blocks_used == want && st.n_running == 0) return true;
-        usleep(2000);
-    }
+    if (WAIT_UNTIL((sched_get_stats(s, &st), st.kv_blocks_used == want && st.n_running == 0), 30))
+        return true;
     fprintf(stderr, "  blocks used %d running %d\n", st.kv_blocks_used, st.n_running);
     return false;
 }
@@ -162,7 +159,7 @@ TEST(test_cancel_frees_blocks)
     sched_output out[4];
     int got = 0;
     while (got < 3) {
-        int k = sched_poll(r, out, 1, 5000);
+        int k = sched_poll(r, out, 1, 30000);
         if (k == 0) break;
         got += out[0].kind == SCHED_OUT_TOKEN;
     }
@@ -179,7 +176,7 @@ TEST(test_cancel_frees_blocks)
     sched_release(r);
     /* release without polling, while running */
     CHECK(sched_submit(g.s, &p, &r) == SCHED_OK);
-    CHECK(sched_poll(r, out, 1, 5000) == 1);
+    CHECK(sched_poll(r, out, 1, 30000) == 1);
     sched_release(r);
     CHECK(wait_blocks_used(g.s, 0));
     sched_get_stats(g.s, &st);
@@ -297,7 +294,7 @@ TEST(test_stop_ids_logprobs_seed)
     CHECK(sched_submit(g.s, &p, &r) == SCHED_OK);
     sched_output out[32];
     int n = 0, k;
-    while ((k = sched_poll(r, out + n, 32 - n, 5000)) > 0) n += k;
+    while ((k = sched_poll(r, out + n, 32 - n, 30000)) > 0) n += k;
     int first_stop = 0;
     while (ref[first_stop] != ref[4]) first_stop++;
     CHECK(n == first_stop + 2);

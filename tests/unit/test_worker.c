@@ -364,7 +364,7 @@ TEST(test_malformed_closes_only_that_connection)
     }
     /* DRAIN done is broadcast just before the flag is set (so that it is sent before
      * `tokenmill worker` sees the flag and closes): wait a moment for the flag */
-    for (int i = 0; i < 200 && saw_done && !worker_drained(D.w); i++) usleep(10000);
+    if (saw_done) WAIT_UNTIL(worker_drained(D.w), 30);
     CHECK(saw_drain && saw_done && worker_drained(D.w));
     CHECK(gw_decode(good, 8, prompt, 50, gen, 1, 0, NULL, 6, 0, PROTO_F_RESUME, got, &reason) == 0);
     CHECK(reason == -PROTO_E_DRAINING);
