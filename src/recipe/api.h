@@ -404,6 +404,9 @@ void api_buf_str(jsonfmt_buf *b, const char *s);
 void api_buf_strn(jsonfmt_buf *b, const char *s, size_t len);
 /* Appends an SSE event: "event: NAME\n" (when name) + "data: JSON\n\n". */
 void api_sse(jsonfmt_buf *b, const char *name, const char *json, size_t len);
+/* Appends the SSE event "event: TYPE" with data {"type":TYPE[,"sequence_number":seq],FIELDS}
+ * (fields: members without braces, may be empty; seq < 0: no sequence_number). */
+void api_sse_typed(jsonfmt_buf *b, const char *type, int seq, const char *fields, size_t flen);
 /* True when s[0..len) is valid UTF-8. */
 bool api_utf8_valid(const char *s, size_t len);
 

@@ -298,6 +298,38 @@ TEST(messages_parse)
     jsonfmt_buf_free(&b);
 }
 
+/* The text-part reader the three APIs share (api_json_parts_text): joined texts, and each
+ * rejection in its vendor's words with the part's path. */
+TEST(text_parts_shared)
+{
+    api_req r;
+    api_error e;
+    /* joining: Anthropic by newlines (system blocks), OpenAI with nothing between */
+    CHECK(parse(API_KIND_MESSAGES, "{\"model\":\"m\",\"max_tokens\":5,\"system\":[{\"type\":\"text\",\"text\":\"a\"},"
+                "{\"type\":\"text\",\"text\":\"b\"}],\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", &r, &e) == API_OK);
+    CHECK(!strcmp(part_text(&r.conv, 0, 0), "a\nb"));
+    api_req_free(&r);
+    CHECK(parse(API_KIND_RESPONSES, "{\"model\":\"m\",\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_text\",\"text\":\"a\"},"
+                "{\"type\":\"refusal\",\"refusal\":\"b\"}]}]}", &r, &e) == API_OK);
+    CHECK(!strcmp(part_text(&r.conv, 0, 0), "ab"));
+    api_req_free(&r);
+    /* a part of an unsupported type, a part that is not an object, a text that is not a string */
+    REJECTS(API_KIND_MESSAGES, "{\"model\":\"m\",\"max_tokens\":5,\"system\":[{\"type\":\"image\"}],\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}",
+            400, "system[0]: content blocks of type 'image' are not supported");
+    REJECTS(API_KIND_MESSAGES, "{\"model\":\"m\",\"max_tokens\":5,\"system\":[3],\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}",
+            400, "system[0]: Input should be a valid dictionary");
+    REJECTS(API_KIND_MESSAGES, "{\"model\":\"m\",\"max_tokens\":5,\"system\":[{\"type\":\"text\"}],\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}",
+            400, "system[0].text: Field required");
+    REJECTS(API_KIND_RESPONSES, "{\"model\":\"m\",\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_image\"}]}]}",
+            400, "Invalid 'input[0].content[0]': content part type 'input_image' is not supported");
+    REJECTS(API_KIND_RESPONSES, "{\"model\":\"m\",\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_text\",\"text\":1}]}]}",
+            400, "Invalid type for 'input[0].content[0].text': expected a string, but got an integer instead.");
+    REJECTS(API_KIND_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"text\":\"a\"}]}]}",
+            400, "Missing required parameter: 'messages[0].content[0].type'.");
+    REJECTS(API_KIND_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":5}]}",
+            400, "expected a string or an array of content parts");
+}
+
 TEST(error_shapes)
 {
     api_error e;
@@ -784,6 +816,7 @@ int main(void)
     RUN(chat_bad_input);
     RUN(responses_parse);
     RUN(messages_parse);
+    RUN(text_parts_shared);
     RUN(error_shapes);
     RUN(stop_matcher);
     RUN(chat_output_nonstream);
