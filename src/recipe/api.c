@@ -1243,6 +1243,7 @@ typedef struct {
     int n;                              /* choices submitted */
     bool error;                         /* the engine failed a request */
     bool ended;                         /* the closing events / body were written */
+    bool begun;                         /* streaming: the opening events were written */
     char piece[1024];                   /* scratch: one token's text */
 } api_job;
 
@@ -1266,6 +1267,14 @@ static size_t api_job_piece(void *ud, int32_t token, char *buf, size_t cap)
 static void api_job_apply(api_job *j, int i, const sched_output *so)
 {
     api_out *o = &j->out;
+    if (!j->begun && j->req.stream) {
+        /* Messages' message_start carries the prompt's cache figures: it waits for the first
+         * record, which has them (the prefix lookup happens at admission, before any token). */
+        if (so->usage.prompt_tokens > 0)
+            api_out_set_prompt(o, so->usage.prompt_tokens, so->usage.cached_tokens, j->prompt.ids, (int)j->prompt.n_ids);
+        api_out_begin(o);
+        j->begun = true;
+    }
     if (so->kind == SCHED_OUT_FINISH) {
         j->fin[i] = true;
         size_t n = tokenizer_stream_flush(&j->ts[i], j->piece, sizeof j->piece);
@@ -1464,7 +1473,10 @@ void api_serve(http_request *r, const api_ctx *c, api_kind kind, bool count_only
         j->ts[i].prev = j->prompt.ids[n_prompt - 1]; /* mid-text: no BOS space rule */
     }
     if (j->req.stream) {
-        api_out_begin(&j->out);
+        if (kind != API_KIND_MESSAGES) {  /* Messages begins at the first record (api_job_apply) */
+            api_out_begin(&j->out);
+            j->begun = true;
+        }
         http_add_header(r, "Cache-Control", "no-cache");
         http_add_header(r, "X-Accel-Buffering", "no");
         http_respond_stream(r, 200, "text/event-stream", api_job_pull, api_job_done, j);

@@ -346,7 +346,8 @@ void api_out_free(api_out *o);
 /* The prompt's figures, known after prefill (or before it: cached tokens 0). */
 void api_out_set_prompt(api_out *o, int prompt_tokens, int cached_tokens, const int32_t *ids, int n_ids);
 /* Streaming: the opening events (chat: nothing until the first delta; responses:
- * response.created + in_progress; messages: message_start + ping). */
+ * response.created + in_progress; messages: message_start + ping, whose usage is the one set
+ * by api_out_set_prompt: api_serve calls it for Messages once the first record is in). */
 void api_out_begin(api_out *o);
 /* One generated token of choice i with its detokenized text; lp may be NULL. Returns true
  * when a stop sequence matched: generation of that choice must stop (then api_out_finish). */

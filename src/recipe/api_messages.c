@@ -15,7 +15,9 @@
  * counts only the prompt tokens that were not read from a cache (cache_read_input_tokens).
  * Streaming: message_start, ping, content_block_start / content_block_delta (text_delta,
  * thinking_delta, input_json_delta) / content_block_stop per block, message_delta with
- * stop_reason and usage, message_stop.
+ * stop_reason and usage, message_stop. message_start waits for the request's first record
+ * (token or end) from the scheduler, which carries the prompt figures known at admission, so
+ * that its usage already has the real cache_read_input_tokens and input_tokens.
  */
 #include "recipe/api.h"
 #include "recipe/api_int.h"

@@ -278,6 +278,15 @@ test("cache hits: a second identical long request reports cached tokens in every
   assert.equal(a2.usage.input_tokens + a2.usage.cache_read_input_tokens, total, "input_tokens counts only the uncached part");
   const s = await ant.messages.stream(body).finalMessage();
   assert.ok(s.usage.cache_read_input_tokens > 0, "streamed usage too");
+  // message_start already carries the prompt's figures (sent once the prefix lookup is done)
+  let start = null, end = null;
+  for await (const ev of await ant.messages.create({ ...body, stream: true })) {
+    if (ev.type === "message_start") start = ev.message.usage;
+    if (ev.type === "message_delta") end = ev.usage;
+  }
+  assert.equal(start.cache_read_input_tokens, a2.usage.cache_read_input_tokens, "message_start: cached tokens");
+  assert.equal(start.input_tokens, a2.usage.input_tokens, "message_start: uncached input tokens");
+  assert.equal(end.cache_read_input_tokens, start.cache_read_input_tokens);
 });
 
 // ------------------------------------------------------------------ control tokens
