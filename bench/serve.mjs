@@ -12,8 +12,8 @@
 // (mean, P99), tokens/s per user (all clients' tokens-1 over all their first-to-last-token
 // spans, i.e. 1 / mean inter-token time; tokenmill's from the server's inter-token latencies),
 // aggregate tokens/s (all tokens / wall time of the run). Each rep runs every level on both engines, one engine
-// then the other (the order flips every rep); the table shows medians over the reps and the
-// ratio tokenmill / llama.cpp (> 1: tokenmill faster).
+// then the other (the order flips every rep); the table shows medians over the reps [ranges]
+// and the median of the reps' ratios tokenmill / llama.cpp (> 1: tokenmill faster).
 //
 // tokenmill: `tokenmill serve` (--cache off, --step-tokens S, --max-seqs = most clients),
 // streaming POST /v1/completions over keep-alive HTTP from this process; the server's /metrics
@@ -379,20 +379,26 @@ srv.kill("SIGTERM");
 const f = (x, d = 1) => (x === undefined || !Number.isFinite(x) ? "-" : x.toFixed(d));
 const med = (e, c, k) => median((results[e][c] ?? []).map((r) => r[k]));
 const ratio = (a, b) => (Number.isFinite(a) && Number.isFinite(b) && b > 0 ? a / b : NaN);
+// the ratio column: median over the reps of each rep's ratio (a pair run back to back, so drift
+// in the machine's load cancels more than in a ratio of medians)
+const pratio = (c, k, lower) => median((results.tokenmill[c] ?? []).map((t, r) => {
+  const l = results.llama[c]?.[r];
+  return l ? (lower ? ratio(l[k], t[k]) : ratio(t[k], l[k])) : NaN;
+}));
 const range = (e, c, k, d) => { const xs = (results[e][c] ?? []).map((r) => r[k]).filter(Number.isFinite); return xs.length > 1 ? `${f(Math.min(...xs), d)}-${f(Math.max(...xs), d)}` : ""; };
 const pad = (x) => String(x).padStart(7);
 console.log(`model ${path.basename(o.model)}, ${o.threads} threads, prompt ${o.prompt} tokens, ${o.tokens} generated per client ` +
   `(greedy, EOS ignored), step budget ${o.stepTokens} tokens, median of ${results.reps} alternating rep(s) [range]`);
 console.log("tokenmill: `tokenmill serve`, streaming HTTP, timed by the client; llama.cpp: node-llama-cpp 3.21.1 in this process (no HTTP), " +
   `one context with a sequence per client, server-style steps, flash attention ${o.flashAttn ? "on" : "off"}; KV F16 on both`);
-console.log("ratio: tokenmill / llama.cpp in speed (> 1: tokenmill faster; for times, llama.cpp / tokenmill)");
+console.log("ratio: tokenmill / llama.cpp in speed (> 1: tokenmill faster; for times, llama.cpp / tokenmill), median of the reps' ratios");
 const rows = [["TTFT mean ms", "ttft_mean_ms", true, 1], ["TTFT P99 ms", "ttft_p99_ms", true, 1], ["tok/s per user (tm: server side)", "tok_s_per_user", false, 1],
   ["aggregate tok/s", "tok_s_aggregate", false, 1], ["engine step ms", "step_ms", true, 2]];
 console.log("clients | metric | tokenmill | llama.cpp | ratio | tokenmill range | llama.cpp range");
 for (const c of o.clients) {
   for (const [label, k, lower, d] of rows) {
     const t = med("tokenmill", c, k), l = med("llama", c, k);
-    console.log(`${pad(c)} | ${label} | ${f(t, d)} | ${f(l, d)} | ${f(lower ? ratio(l, t) : ratio(t, l), 2)} | ${range("tokenmill", c, k, d)} | ${range("llama", c, k, d)}`);
+    console.log(`${pad(c)} | ${label} | ${f(t, d)} | ${f(l, d)} | ${f(pratio(c, k, lower), 2)} | ${range("tokenmill", c, k, d)} | ${range("llama", c, k, d)}`);
   }
   console.log(`${pad(c)} | tokenmill: TTFT mean on the server (no HTTP) ${f(med("tokenmill", c, "server_ttft_ms"))} ms, HTTP and client add ` +
     `${f(med("tokenmill", c, "http_ttft_ms"), 2)} ms; tok/s per user seen by the client ${f(med("tokenmill", c, "client_tok_s_per_user"))}; ` +
@@ -419,7 +425,7 @@ if (o.markdown) {
   console.log("\n| clients | TTFT mean ms (tm / llama, ratio) | TTFT P99 ms | tok/s per user | aggregate tok/s | engine step ms | tm TTFT on the server, HTTP share ms |");
   console.log("|---:|---|---|---|---|---|---|");  // per user: tm server side
   for (const c of o.clients) {
-    const cell = (k, lower, d) => { const t = med("tokenmill", c, k), l = med("llama", c, k); return `${f(t, d)} / ${f(l, d)} (${f(lower ? ratio(l, t) : ratio(t, l), 2)})`; };
+    const cell = (k, lower, d) => { const t = med("tokenmill", c, k), l = med("llama", c, k); return `${f(t, d)} / ${f(l, d)} (${f(pratio(c, k, lower), 2)})`; };
     console.log(`| ${c} | ${rows.map(([, k, lower, d]) => cell(k, lower, d)).join(" | ")} | ${f(med("tokenmill", c, "server_ttft_ms"))}, ${f(med("tokenmill", c, "http_ttft_ms"), 1)} |`);
   }
 }
