@@ -40,6 +40,36 @@ int64_t bal_chunk_tokens(const bal_cost *c, int64_t n_prompt)
     return (int64_t)chunk;
 }
 
+void bal_speed_init(bal_speed *s, double default_tokens_per_s)
+{
+    s->tokens_per_s = default_tokens_per_s > 0 ? default_tokens_per_s : 20000;
+    s->base_tokens = s->base_busy_us = 0;   /* a new connection's counters count from here */
+    s->n_samples = 0;
+}
+
+bool bal_speed_report(bal_speed *s, uint64_t prefill_tokens, uint64_t busy_us)
+{
+    if (prefill_tokens < s->base_tokens || busy_us < s->base_busy_us) {
+        s->base_tokens = prefill_tokens;
+        s->base_busy_us = busy_us;
+        return false;
+    }
+    uint64_t dt = prefill_tokens - s->base_tokens, dus = busy_us - s->base_busy_us;
+    if (dt < BAL_SPEED_MIN_TOKENS || dus == 0) return false;   /* not enough yet: keep the base */
+    double rate = (double)dt / ((double)dus * 1e-6);
+    s->tokens_per_s = s->n_samples == 0 ? rate : s->tokens_per_s + BAL_SPEED_ALPHA * (rate - s->tokens_per_s);
+    s->n_samples++;
+    s->base_tokens = prefill_tokens;
+    s->base_busy_us = busy_us;
+    return true;
+}
+
+double bal_speed_rel(const bal_speed *s, const bal_cost *c)
+{
+    double r = s->tokens_per_s * c->linear_s;
+    return r > 0 ? r : 1;
+}
+
 bal_prefill_choice bal_prefill_pick(const bal_cost *c, const bal_prefill_worker *w, int n_workers, int64_t n_prompt,
                                     int64_t n_cached)
 {
