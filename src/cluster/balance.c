@@ -79,8 +79,8 @@ bal_prefill_choice bal_prefill_pick(const bal_cost *c, const bal_prefill_worker 
     ch.cost_s = bal_prefill_cost(c, n_new, n_prompt - n_new);
     int64_t chunk = bal_chunk_tokens(c, n_prompt);
     ch.steps = (n_new + chunk - 1) / chunk;
-    double own = (double)ch.steps * c->step_budget_s;
-    if (own < ch.cost_s) own = ch.cost_s;
+    double own = ch.cost_s;   /* one step: shared with the queued work (balance.h) */
+    if (ch.steps > 1 && own < (double)ch.steps * c->step_budget_s) own = (double)ch.steps * c->step_budget_s;
     for (int i = 0; i < n_workers; i++) {
         if (!w[i].up) continue;
         double speed = w[i].speed > 0 ? w[i].speed : 1;

@@ -12,9 +12,14 @@
  *     chunk = step_budget_s / (linear_s + attn_s * ctx)  tokens, ctx = the bucket's upper length
  * (length buckets <=16k, <=64k, <=256k, longer: long prompts get smaller chunks), so a request
  * takes ceil(n_new / chunk) steps. It goes to the up worker that would finish it earliest:
- *     finish = (queued_s + steps * step_budget_s) / speed
+ *     finish = (queued_s + own) / speed,   own = cost, or max(cost, steps * step_budget_s)
+ *                                           when the prompt takes more than one step
  * queued_s being the cost of what the worker already has (the gateway adds the cost of each
- * job it sends and subtracts it when the first token comes back). Ties: fewer queued jobs,
+ * job it sends and subtracts it when the first token comes back). A prompt that fits one step
+ * shares that step with the work queued there, so it adds its cost, not a whole step budget
+ * (which would make every short prompt weigh as much as a full step and, with unequal
+ * speeds, send them all to the faster worker); a longer one finishes no sooner than its
+ * steps allow. Ties: fewer queued jobs,
  * then the lower index. speed is the worker's relative speed, learned from its heartbeats
  * (bal_speed): the prefill tokens it computed per second inside engine steps, both lifetime
  * counters, taken by difference once at least BAL_SPEED_MIN_TOKENS more were computed and

@@ -286,9 +286,9 @@ static bool gw_tok_ok(const gateway *g, const proto_tok *t, bool with_lp)
     int32_t nv = g->o.model->hp.n_vocab;
     if (t->token < 0 || t->token >= nv) return false;
     if (!with_lp) return true;
-    if (!(t->logprob <= 0)) return false;   /* NaN or positive: not a log-probability */
+    if (!(t->logprob <= 1e-3f)) return false;   /* NaN or positive: not a log-probability */
     for (int k = 0; k < t->n_top; k++)
-        if (t->top_ids[k] < 0 || t->top_ids[k] >= nv || !(t->top_lps[k] <= 0)) return false;
+        if (t->top_ids[k] < 0 || t->top_ids[k] >= nv || !(t->top_lps[k] <= 1e-3f)) return false;
     return true;
 }
 
@@ -1118,10 +1118,11 @@ static void gw_metrics(void *ud, http_buf *b)
     double per_tok = (out_tok > 0 ? out_s / out_tok : 0) + (in_tok > 0 ? in_s / in_tok : 0);
     http_buf_printf(b, "# HELP tokenmill_handoff_seconds_per_token KV handoff cost per token (send + receive side).\n"
                        "# TYPE tokenmill_handoff_seconds_per_token gauge\ntokenmill_handoff_seconds_per_token %.9f\n", per_tok);
-    http_buf_printf(b, "# HELP tokenmill_recompute_seconds_per_token Prefill engine seconds per token on the prefill workers "
-                       "(the time to recompute what a handoff moves).\n"
-                       "# TYPE tokenmill_recompute_seconds_per_token gauge\ntokenmill_recompute_seconds_per_token %.9f\n",
-                    pre_tok > 0 ? pre_busy / pre_tok : 0);
+    if (pre_tok > 0)   /* only prefill-role workers: a mixed worker's engine time includes decodes */
+        http_buf_printf(b, "# HELP tokenmill_recompute_seconds_per_token Prefill engine seconds per token on the prefill "
+                           "workers (the time to recompute what a handoff moves).\n"
+                           "# TYPE tokenmill_recompute_seconds_per_token gauge\ntokenmill_recompute_seconds_per_token %.9f\n",
+                        pre_busy / pre_tok);
     http_buf_printf(b, "# TYPE tokenmill_gateway_refused_values_total counter\ntokenmill_gateway_refused_values_total %llu\n",
                     (unsigned long long)g->n_bad_values);
     pthread_mutex_unlock(&g->mu);

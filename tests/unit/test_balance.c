@@ -50,6 +50,22 @@ TEST(prefill_earliest_finish)
     /* cached tokens are not work: a fully cached prompt still computes one token */
     ch = bal_prefill_pick(&c, w, 3, 1000, 1000);
     CHECK(ch.steps == 1);
+    /* a one-step prompt adds its cost, not a step budget: 50 tokens = 0.005 s */
+    ch = bal_prefill_pick(&c, w, 3, 50, 0);
+    CHECK(ch.steps == 1 && ch.worker == 0 && fabs(ch.finish_s - (2.0 + 0.005) / 4) < 1e-9);
+    /* short prompts spread in proportion to speed: worker 0 four times as fast, equal queues:
+     * it takes about four of every five */
+    {
+        bal_prefill_worker p2[2] = { { .up = true, .speed = 4 }, { .up = true, .speed = 1 } };
+        int n0 = 0;
+        for (int i = 0; i < 100; i++) {
+            bal_prefill_choice k = bal_prefill_pick(&c, p2, 2, 50, 0);
+            p2[k.worker].queued_s += k.cost_s;
+            p2[k.worker].n_queued++;
+            n0 += k.worker == 0;
+        }
+        CHECKF(n0 >= 78 && n0 <= 82, "%d of 100 to the 4x worker", n0);
+    }
     /* ties: fewer queued jobs */
     bal_prefill_worker t[2] = { { .up = true, .queued_s = 1, .n_queued = 4 }, { .up = true, .queued_s = 1, .n_queued = 2 } };
     CHECK(bal_prefill_pick(&c, t, 2, 10, 0).worker == 1);
