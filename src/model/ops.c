@@ -153,7 +153,7 @@ static float ops_dot_q6_Kx16_q8_K(int64_t n, const block_q6_Kx16 *w, int i, cons
             }
             isum += w[b].sc[g / 2][i][g % 2] * dot;
         }
-        sumf += x[b].d * quant_fp16_to_fp32(w[b].d[i]) * (float)isum;
+        sumf += x[b].d * w[b].d[i] * (float)isum;
     }
     return sumf;
 }

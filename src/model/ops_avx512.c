@@ -565,7 +565,7 @@ A512_INLINE void a512_x16_q6_K(int T, int64_t nb, const block_q6_Kx16 *w, const 
                 }
             }
         }
-        __m512 wd = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)wb->d));
+        __m512 wd = _mm512_load_ps(wb->d);
         _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
             __m512i is = _mm512_sub_epi32(isum[t], _mm512_slli_epi32(corr[t], 5));
             acc[t] = A512_ADD(acc[t], A512_MUL(A512_MUL(_mm512_set1_ps(xb[t]->d), wd),

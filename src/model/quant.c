@@ -57,7 +57,7 @@ _Static_assert(sizeof(block_q4_K) == 144, "block_q4_K layout");
 _Static_assert(sizeof(block_q6_K) == 210, "block_q6_K layout");
 _Static_assert(sizeof(block_q8_K) == 292, "block_q8_K layout");
 _Static_assert(sizeof(block_q4_Kx16) == 2368, "block_q4_Kx16 layout");
-_Static_assert(sizeof(block_q6_Kx16) == 3360, "block_q6_Kx16 layout");
+_Static_assert(sizeof(block_q6_Kx16) == 3392, "block_q6_Kx16 layout");
 
 bool quant_type_supported(int type)
 {
@@ -642,7 +642,7 @@ static void quant_repack_q6_K(const block_q6_K *const src[16], block_q6_Kx16 *y)
                 }
             y->sc[g / 2][i][g % 2] = x->scales[g];
         }
-        y->d[i] = x->d;
+        y->d[i] = quant_fp16_to_fp32(x->d);
     }
 }
 

@@ -46,8 +46,8 @@ typedef struct { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; } block_q8_
  * of all 16 rows per struct, so that a SIMD kernel computes 16 rows at once with one int32
  * lane per row (AVX-512 vpdpbusd: a 64-byte vector holds 4 columns of 16 rows) and the
  * scales need no unpacking. A matrix of `rows` (a multiple of 16) rows and nb super-blocks
- * per row is rows/16 groups of nb structs, group-major; per row that is the same number of
- * bytes as Q6_K and 4 more per super-block than Q4_K (quant_row_bytes gives it per row).
+ * per row is rows/16 groups of nb structs, group-major; per row that is 4 bytes per super-block
+ * more than Q4_K and 2 more than Q6_K (quant_row_bytes gives it per row).
  * The values are the original ones, re-arranged: a kernel computes exactly what the
  * original layout gives. */
 typedef struct {
@@ -65,8 +65,9 @@ typedef struct {
      * plane 2 unit 2 and bits 4-5 of unit 3. */
     uint8_t q[16][3][16][4];
     int8_t sc[8][16][2];     /* [g/2][row][g%2]: scale of group g */
-    fp16_t d[16];            /* super-block scale per row */
-} block_q6_Kx16; /* 3360 */
+    float d[16];             /* super-block scale per row (the fp16 value, widened: keeps the
+                              * struct a multiple of 64 bytes) */
+} block_q6_Kx16; /* 3392 */
 
 bool quant_type_supported(int type);      /* one of the QTYPE_ values above */
 const char *quant_type_name(qtype t);     /* "f32", "q8_0", ...; "?" if unknown */
