@@ -8,8 +8,7 @@
  * AVX-512, 16 rows interleaved): they are repacked at load into one owned allocation, and
  * their file pages are dropped from the process (madvise DONTNEED; the page cache keeps
  * them). Such a matrix costs anonymous memory of about its file size (+2.8 % for Q4_K, +1 %
- * for Q6_K) that
- * processes do not share, instead of shared page cache. The token embedding keeps the file's
+ * for Q6_K) that processes do not share, instead of shared page cache. The token embedding keeps the file's
  * layout (rows are read one at a time); a tied output matrix is repacked as a copy. Small
  * 1-D tensors (norm weights, biases) are converted once to owned f32 arrays, whatever their
  * stored type, so that the kernels see one layout. Every required tensor is checked for
