@@ -575,6 +575,8 @@ static void *sched_thread(void *arg)
             o->kind = SCHED_OUT_TOKEN;
             o->token = tok;
             o->is_stop = stop;
+            o->usage.prompt_tokens = r->n_prompt;
+            o->usage.cached_tokens = r->n_cached;
             if (r->p.logprobs) {
                 o->logprob = s->batch_out[i].logprob;
                 o->n_top = s->batch_out[i].n_top;

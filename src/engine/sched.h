@@ -130,7 +130,8 @@ typedef struct {
     int n_top;              /* TOKEN with top_logprobs: entries of top, most likely first */
     sched_logprob top[SCHED_MAX_TOP_LOGPROBS];
     sched_finish finish;    /* FINISH: why */
-    sched_usage usage;      /* FINISH: token counts */
+    sched_usage usage;      /* FINISH: token counts; TOKEN: prompt_tokens and cached_tokens (known
+                             * once the request was admitted, so from its first token on) */
     double ttft_s;          /* FINISH: seconds from submit to the first token (-1 if none) */
 } sched_output;
 
