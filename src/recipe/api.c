@@ -1459,6 +1459,12 @@ void api_serve(http_request *r, const api_ctx *c, api_kind kind, bool count_only
     sp.top_logprobs = TM_MIN(j->req.top_logprobs, SCHED_MAX_TOP_LOGPROBS);
     sp.cache_salt = tn.salt;
     sp.cache_class = tn.cls;
+    if (j->req.thinking_budget > 0 && mk.think_end >= 0) {  /* enforced by the scheduler */
+        sp.think_budget = j->req.thinking_budget;
+        sp.think_start = mk.think_start;
+        sp.think_end = mk.think_end;
+        sp.think_open = mk.starts_in_reasoning;
+    }
     for (int i = 0; i < j->out.n_choices; i++) {
         sp.sample.seed = j->req.sp.seed + (uint64_t)i;
         sched_status ss = api_be_submit(c, &sp, &j->sreq[i]);

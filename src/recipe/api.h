@@ -206,7 +206,8 @@ typedef struct {
     bool store;                   /* responses: keep the response for previous_response_id */
     struct api_store *store_to;   /* responses: where to keep it (cfg->store when store), or NULL */
     int n_prev_turns;             /* responses: turns that came from the previous response */
-    int thinking_budget;          /* messages: thinking.budget_tokens (0 if not enabled) */
+    int thinking_budget;          /* messages, chat (extension): thinking.budget_tokens, the most
+                                   * reasoning tokens (0: no limit); enforced by the scheduler */
     char *tools_json;             /* responses: the request's tools array, echoed (owned) */
     char *metadata_json;          /* responses: metadata object, echoed (owned) */
     double temperature_echo;      /* responses: the temperature as the response echoes it */

@@ -7,7 +7,8 @@
  * `tool_calls` tool-call parts; a tool message is a tool turn with one result part. Unknown
  * top-level fields are rejected as OpenAI does ("Unrecognized request argument supplied").
  * Extensions accepted: top_k, min_p, repetition_penalty, chat_template_kwargs.enable_thinking,
- * thinking {type}, return_token_ids.
+ * thinking {type, budget_tokens} (as Anthropic's: the reasoning is closed after that many
+ * tokens, see sched.h), return_token_ids.
  *
  * Output: a chat.completion object, or chat.completion.chunk SSE events: a role chunk per
  * choice, then content / reasoning_content / tool_calls deltas, a finish_reason chunk per
@@ -449,6 +450,12 @@ api_status api_chat_parse(const api_cfg *cfg, const char *body, size_t len, api_
             goto out;
         }
         r->conv.thinking = !strcmp(json_string_value(t), "enabled") ? CONV_THINKING_ON : CONV_THINKING_OFF;
+        long long bt = 0;
+        if ((st = api_json_int(K, th, "budget_tokens", 1, 1 << 30, &bt, e)) < 0) {
+            snprintf(e->param, sizeof e->param, "thinking.budget_tokens");
+            goto out;
+        }
+        if (st && r->conv.thinking == CONV_THINKING_ON) r->thinking_budget = (int)bt;
     }
     ret = API_OK;
 out:

@@ -6,7 +6,8 @@
  * after results open a new user turn); an assistant message is one assistant turn whose
  * thinking blocks become reasoning parts, text blocks text parts and tool_use blocks tool
  * calls (input re-serialised as JSON text). Images and documents are rejected (text only).
- * `thinking` {type: enabled, budget_tokens} turns the template's thinking on; without it
+ * `thinking` {type: enabled, budget_tokens} turns the template's thinking on and caps the
+ * reasoning at budget_tokens (the scheduler closes the think block then); without it
  * thinking is off, as Anthropic's models answer without thinking unless asked. max_tokens is
  * required. Unknown fields are rejected ("Extra inputs are not permitted").
  *

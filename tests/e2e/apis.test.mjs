@@ -18,6 +18,7 @@ import OpenAI from "openai";
 import Anthropic from "@anthropic-ai/sdk";
 
 import { root, bin, startServer as startServerOf, stopServers } from "./server.mjs";
+import { augment } from "../oracle/vocab_augment.mjs";
 const vocab = path.join(root, "tests/data/llama.cpp/models/ggml-vocab-qwen2.gguf");
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "tm-apis-"));
 const model = path.join(tmp, "q3.gguf");
@@ -572,4 +573,39 @@ test("tool-call arguments stream in fragments that add up to the final arguments
   } finally {
     srv.close();
   }
+});
+
+// The reasoning budget is enforced: a DeepSeek-R1-templated model (its prompt opens the think
+// block; random weights would think until the token limit) has its block closed after
+// budget_tokens and answers after it. Chat's thinking.budget_tokens extension and Anthropic's.
+test("thinking.budget_tokens closes the reasoning after that many tokens (chat and messages)", async () => {
+  const vocabDs = path.join(tmp, "vocab-ds.gguf"), modelDs = path.join(tmp, "ds.gguf");
+  augment("deepseek3", vocabDs);
+  execFileSync(bin, ["mkmodel", "--arch", "llama", "--preset", "tiny", "--vocab", vocabDs, "--type", "q8_0",
+    "--seed", "5", "-o", modelDs], { stdio: "pipe" });
+  const D = await startServerOf(modelDs, ["--ctx", "2048", "--template", "deepseek-r1"]);
+  const o = new OpenAI({ baseURL: `${D.url}/v1`, apiKey: "x", maxRetries: 0 });
+  const body = { model: "ds", messages: user("hi"), max_tokens: 30, temperature: 0 };
+  const free = await o.chat.completions.create({ ...body, thinking: { type: "enabled" } });
+  assert.equal(free.usage.completion_tokens_details.reasoning_tokens, 30, "without a budget it thinks to the limit");
+  assert.equal(free.choices[0].message.content ?? "", "");
+  const capped = await o.chat.completions.create({ ...body, thinking: { type: "enabled", budget_tokens: 5 } });
+  // 5 reasoning tokens, then the </think> the scheduler put in (counted as reasoning), then the answer
+  assert.equal(capped.usage.completion_tokens_details.reasoning_tokens, 6);
+  assert.ok(capped.choices[0].message.content.length > 0, "the answer follows the closed block");
+  assert.equal(capped.choices[0].message.reasoning_content, free.choices[0].message.reasoning_content.slice(0, capped.choices[0].message.reasoning_content.length));
+  const bad = await fetch(`${D.url}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" },
+    body: JSON.stringify({ ...body, thinking: { type: "enabled", budget_tokens: 0 } }) });
+  assert.equal(bad.status, 400);
+  assert.equal((await bad.json()).error.param, "thinking.budget_tokens");
+  // Anthropic: budget_tokens >= 1024 (its rule), max_tokens above it
+  const a = new Anthropic({ baseURL: D.url, apiKey: "x", maxRetries: 0 });
+  const m = await a.messages.create({ model: "ds", max_tokens: 1100, temperature: 0, messages: user("hi"),
+    thinking: { type: "enabled", budget_tokens: 1024 } });
+  assert.deepEqual(m.content.map((b) => b.type), ["thinking", "text"]);
+  assert.ok(m.content[1].text.length > 0);
+  assert.equal(m.stop_reason, "max_tokens");
+  const mt = await a.messages.countTokens({ model: "ds", messages: [{ role: "user", content: "hi" },
+    { role: "assistant", content: m.content[0].thinking }] });
+  assert.ok(mt.input_tokens > 900, `the thinking ran near its budget: ${mt.input_tokens} tokens with it`);
 });

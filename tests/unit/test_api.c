@@ -110,6 +110,19 @@ TEST(chat_parse_basic)
     CHECK(r.sp.temp == 1.0f && r.sp.top_p == 1.0f && r.sp.top_k == 0 && r.max_tokens == -1 && r.n == 1 && !r.seed_given);
     CHECK(r.n_stop == 1 && !strcmp(r.stop[0], "S") && !r.stream);
     api_req_free(&r);
+    /* thinking.budget_tokens (extension, as Anthropic's): the most reasoning tokens */
+    CHECK(parse(API_KIND_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"thinking\":{\"type\":\"enabled\",\"budget_tokens\":7}}", &r, &e) == API_OK);
+    CHECK(r.thinking_budget == 7 && r.conv.thinking == CONV_THINKING_ON);
+    api_req_free(&r);
+    CHECK(parse(API_KIND_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"thinking\":{\"type\":\"disabled\",\"budget_tokens\":7}}", &r, &e) == API_OK);
+    CHECK(r.thinking_budget == 0);
+    api_req_free(&r);
+    CHECK(parse(API_KIND_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"thinking\":{\"type\":\"enabled\",\"budget_tokens\":0}}", &r, &e) == API_ERR);
+    CHECK(e.status == 400 && !strcmp(e.param, "thinking.budget_tokens"));
+    api_req_free(&r);
+    CHECK(parse(API_KIND_MESSAGES, "{\"max_tokens\":2000,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"thinking\":{\"type\":\"enabled\",\"budget_tokens\":1500}}", &r, &e) == API_OK);
+    CHECK(r.thinking_budget == 1500);
+    api_req_free(&r);
     /* no model named: the served one */
     CHECK(parse(API_KIND_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", &r, &e) == API_OK && !strcmp(r.model, "m"));
     api_req_free(&r);
