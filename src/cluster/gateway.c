@@ -196,6 +196,8 @@ static void gw_push_token(gateway *g, gw_req *r, const proto_tok *t, bool with_l
     o->kind = SCHED_OUT_TOKEN;
     o->token = t->token;
     o->is_stop = gw_is_stop(g, r, t->token);
+    o->usage.prompt_tokens = r->n_prompt;   /* sched.h: TOKEN records carry the prompt figures */
+    o->usage.cached_tokens = r->n_cached;
     if (with_lp) {
         o->logprob = t->logprob;
         o->n_top = TM_MIN(t->n_top, SCHED_MAX_TOP_LOGPROBS);

@@ -46,6 +46,8 @@ struct sched_req {
     sampler *smp;                /* own sampler, seeded from p.sample */
     kvpool_seq *seq;             /* KV while RUNNING, else NULL */
     int n_done;                  /* positions of tokens whose KV is in seq */
+    bool in_think;               /* (sampling) the output is inside a think block (p.think_*) */
+    int n_think;                 /* (sampling) tokens generated inside think blocks so far */
     int n_cached;                /* prompt positions attached from the cache at first admission */
     bool admitted_once;          /* has run before (a resume does not count cache hits again) */
     blockio_load *load;          /* block store load in flight, or NULL (engine thread) */
@@ -155,7 +157,10 @@ static void sched_req_destroy(sched_req *r)
 /* Publishes FINISH (under mu), releases KV (engine thread). Caller holds mu. */
 static void sched_finish_locked(sched *s, sched_req *r, sched_finish why)
 {
-    if (r->seq && r->p.kv_out) r->p.kv_out(r->p.kv_arg, s->pool, r->seq, r->n_done);
+    if (r->seq && r->p.kv_out) {
+        kvpool_fill_wait(s->pool, -1);   /* blocks loaded from the store are in the pool */
+        r->p.kv_out(r->p.kv_arg, s->pool, r->seq, r->n_done);
+    }
     if (r->seq) {
         kvpool_seq_free(s->pool, r->seq);
         r->seq = NULL;
@@ -313,6 +318,8 @@ static void sched_admit_locked(sched *s)
             break;
         }
         sched_wait_pop(s);
+        /* RAM-tier hits never read the store: refresh their last use there (LRU, TTL) */
+        if (s->o.bio && att) blockio_touch(s->o.bio, seq, att / KVPOOL_BLOCK, r->p.cache_class);
         if (r->load) {   /* loaded blocks take pool blocks as computed ones would: in need */
             att += blockio_load_finish(s->o.bio, r->load, seq);
             r->load = NULL;
@@ -402,6 +409,15 @@ static void sched_logprobs(const float *logits, int n_vocab, int32_t chosen, int
     o->n_top = n;
 }
 
+/* Follows think blocks in the output for the reasoning budget (p.think_*). */
+static void sched_think_track(sched_req *r, int32_t tok)
+{
+    if (r->p.think_budget <= 0) return;
+    if (!r->in_think && tok == r->p.think_start && tok >= 0) r->in_think = true;
+    else if (r->in_think && tok == r->p.think_end && tok >= 0) r->in_think = false;
+    else if (r->in_think) r->n_think++;
+}
+
 /* Samples requests ith, ith+nth, ... of the step (each request's sampler is its own, so the
  * split does not change any result). */
 static void sched_sample_part(sched *s, int ith, int nth)
@@ -412,7 +428,10 @@ static void sched_sample_part(sched *s, int ith, int nth)
         if (s->batch_row[i] < 0) continue;
         const float *row = s->logits + (size_t)s->batch_row[i] * s->n_vocab;
         int32_t tok = sample_token(r->smp, row);
+        if (r->in_think && r->p.think_budget > 0 && r->n_think >= r->p.think_budget && r->p.think_end >= 0)
+            tok = r->p.think_end;  /* the reasoning budget is spent: close the block */
         sample_accept(r->smp, tok);
+        sched_think_track(r, tok);
         s->batch_tok[i] = tok;
         sched_output *o = &s->batch_out[i];
         o->n_top = 0;
@@ -570,6 +589,8 @@ static void *sched_thread(void *arg)
             o->kind = SCHED_OUT_TOKEN;
             o->token = tok;
             o->is_stop = stop;
+            o->usage.prompt_tokens = r->n_prompt;
+            o->usage.cached_tokens = r->n_cached;
             if (r->p.logprobs) {
                 o->logprob = s->batch_out[i].logprob;
                 o->n_top = s->batch_out[i].n_top;
@@ -749,6 +770,7 @@ sched_status sched_submit(sched *s, const sched_params *p, sched_req **out)
         if (p->prompt[i] < 0 || p->prompt[i] >= s->n_vocab) return SCHED_ERR_ARG;
     if (p->n_prompt >= s->o.n_ctx) return SCHED_ERR_TOO_LONG;
     if (p->n_gen < 0 || (p->n_gen > 0 && !p->gen) || p->n_sampled < 0) return SCHED_ERR_ARG;
+    if (p->think_budget < 0 || (p->think_budget > 0 && p->think_end >= s->n_vocab)) return SCHED_ERR_ARG;
     for (int i = 0; i < p->n_gen; i++)
         if (p->gen[i] < 0 || p->gen[i] >= s->n_vocab) return SCHED_ERR_ARG;
     if (p->n_gen > 0 && p->n_prompt + p->n_gen >= s->o.n_ctx) return SCHED_ERR_TOO_LONG;
@@ -778,10 +800,14 @@ sched_status sched_submit(sched *s, const sched_params *p, sched_req **out)
     }
     memcpy(r->tokens, p->prompt, (size_t)p->n_prompt * sizeof *r->tokens);
     for (int i = 0; i < p->n_prompt; i++) sample_accept(r->smp, p->prompt[i]);
+    r->in_think = p->think_open;
     if (p->n_gen > 0) {   /* continue a request generated elsewhere: same sampler state */
         memcpy(r->tokens + p->n_prompt, p->gen, (size_t)p->n_gen * sizeof *r->tokens);
         r->n_tokens += p->n_gen;
-        for (int i = 0; i < p->n_gen; i++) sample_accept(r->smp, p->gen[i]);
+        for (int i = 0; i < p->n_gen; i++) {
+            sample_accept(r->smp, p->gen[i]);
+            sched_think_track(r, p->gen[i]);
+        }
         sample_skip_draws(r->smp, p->n_sampled);
     }
     r->ttft = -1;

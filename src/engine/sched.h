@@ -90,6 +90,15 @@ typedef struct {
     int cache_class;        /* traffic class of its blocks in the block store (store_class: the
                              * retention TTL they are written and refreshed with); 0 = the
                              * default ("chat") */
+    /* Reasoning budget (Anthropic thinking.budget_tokens): once think_budget tokens were
+     * generated inside think blocks (think_start ... think_end; the markers themselves not
+     * counted), the next token of a still open block is think_end instead of the sampled one,
+     * so the model goes on with its answer (llama.cpp's and vLLM's reasoning budgets). The
+     * sampler still draws for it, so seeded runs stay in step. 0 = no budget. */
+    int think_budget;
+    int32_t think_start;    /* id that opens a think block (-1: none) */
+    int32_t think_end;      /* id that closes it (-1: no budget can be enforced) */
+    bool think_open;        /* the prompt ends inside an open think block */
     /* disaggregated serving (src/cluster/worker.c); zeros = unused */
     const int32_t *gen;     /* (n_gen) tokens already generated elsewhere: the context is prompt
                              * ++ gen, generation continues after them and they count toward
@@ -130,7 +139,8 @@ typedef struct {
     int n_top;              /* TOKEN with top_logprobs: entries of top, most likely first */
     sched_logprob top[SCHED_MAX_TOP_LOGPROBS];
     sched_finish finish;    /* FINISH: why */
-    sched_usage usage;      /* FINISH: token counts */
+    sched_usage usage;      /* FINISH: token counts; TOKEN: prompt_tokens and cached_tokens (known
+                             * once the request was admitted, so from its first token on) */
     double ttft_s;          /* FINISH: seconds from submit to the first token (-1 if none) */
 } sched_output;
 

@@ -364,6 +364,21 @@ void api_sse(jsonfmt_buf *b, const char *name, const char *json, size_t len)
     jsonfmt_buf_puts(b, "\n\n");
 }
 
+void api_sse_typed(jsonfmt_buf *b, const char *type, int seq, const char *fields, size_t flen)
+{
+    jsonfmt_buf d = {0};
+    jsonfmt_buf_puts(&d, "{\"type\":");
+    api_buf_str(&d, type);
+    if (seq >= 0) api_buf_printf(&d, ",\"sequence_number\":%d", seq);
+    if (flen) {
+        jsonfmt_buf_putc(&d, ',');
+        jsonfmt_buf_append(&d, fields, flen);
+    }
+    jsonfmt_buf_putc(&d, '}');
+    api_sse(b, type, d.p, d.len);
+    jsonfmt_buf_free(&d);
+}
+
 bool api_utf8_valid(const char *s, size_t len)
 {
     const unsigned char *p = (const unsigned char *)s, *end = p + len;
@@ -514,6 +529,12 @@ void api_json_missing(api_kind kind, api_error *e, const char *path)
 {
     if (kind == API_KIND_MESSAGES) api_error_set(e, 400, path, NULL, "%s: Field required", path);
     else api_error_set(e, 400, path, "missing_required_parameter", "Missing required parameter: '%s'.", path);
+}
+
+void api_json_bad(api_kind kind, api_error *e, const char *path, const char *expected, json_t *v)
+{
+    if (!v) api_json_missing(kind, e, path);
+    else api_json_type_error(kind, e, path, expected, v);
 }
 
 bool api_json_known(api_kind kind, json_t *obj, const char *const *allowed, const char *path, api_error *e)
@@ -678,7 +699,7 @@ bool api_json_stop(api_kind kind, json_t *root, const char *key, api_req *r, api
     json_t *s;
     json_array_foreach(v, i, s) {
         char p[64];
-        api_path(p, sizeof p, key, NULL, (int)i);
+        api_path(p, sizeof p, key, "", (int)i);
         if (!json_is_string(s)) {
             api_json_type_error(kind, e, p, kind == API_KIND_MESSAGES ? "a valid string" : "a string", s);
             return false;
@@ -693,6 +714,52 @@ bool api_json_stop(api_kind kind, json_t *root, const char *key, api_req *r, api
         r->stop[r->n_stop++] = xstrdup(json_string_value(s));
     }
     return true;
+}
+
+char *api_json_parts_text(api_kind kind, json_t *v, const char *path, const api_parts_words *w, api_error *e)
+{
+    if (json_is_string(v)) return xstrdup(json_string_value(v));
+    if (!json_is_array(v)) {
+        api_json_type_error(kind, e, path, w->want_value, v);
+        return NULL;
+    }
+    jsonfmt_buf all = {0};
+    jsonfmt_buf_puts(&all, "");
+    size_t i;
+    json_t *part;
+    char p[128], q[160];
+    json_array_foreach(v, i, part) {
+        api_path(p, sizeof p, path, "", (int)i);
+        if (!json_is_object(part)) {
+            api_json_type_error(kind, e, p, w->want_part, part);
+            goto fail;
+        }
+        json_t *type = json_object_get(part, "type");
+        const char *t = json_is_string(type) ? json_string_value(type) : NULL;
+        if (!t && w->type_required) {
+            api_json_missing(kind, e, api_path(q, sizeof q, p, "type", -1));
+            goto fail;
+        }
+        if (!t) t = "";
+        bool ok = false;
+        for (int k = 0; w->types[k] && !ok; k++) ok = !strcmp(t, w->types[k]);
+        if (!ok) {
+            api_json_value_error(kind, e, p, w->unsupported, t);
+            goto fail;
+        }
+        json_t *tx = json_object_get(part, !strcmp(t, "refusal") ? "refusal" : "text");
+        if (!json_is_string(tx)) {
+            api_path(q, sizeof q, p, "text", -1);
+            api_json_bad(kind, e, q, w->want_text, tx);
+            goto fail;
+        }
+        if (i) jsonfmt_buf_puts(&all, w->sep);
+        jsonfmt_buf_append(&all, json_string_value(tx), json_string_length(tx));
+    }
+    return all.p;
+fail:
+    jsonfmt_buf_free(&all);
+    return NULL;
 }
 
 char *api_json_dump(json_t *v) { return json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY | JSON_PRESERVE_ORDER); }
@@ -1176,6 +1243,7 @@ typedef struct {
     int n;                              /* choices submitted */
     bool error;                         /* the engine failed a request */
     bool ended;                         /* the closing events / body were written */
+    bool begun;                         /* streaming: the opening events were written */
     char piece[1024];                   /* scratch: one token's text */
 } api_job;
 
@@ -1199,6 +1267,14 @@ static size_t api_job_piece(void *ud, int32_t token, char *buf, size_t cap)
 static void api_job_apply(api_job *j, int i, const sched_output *so)
 {
     api_out *o = &j->out;
+    if (!j->begun && j->req.stream) {
+        /* Messages' message_start carries the prompt's cache figures: it waits for the first
+         * record, which has them (the prefix lookup happens at admission, before any token). */
+        if (so->usage.prompt_tokens > 0)
+            api_out_set_prompt(o, so->usage.prompt_tokens, so->usage.cached_tokens, j->prompt.ids, (int)j->prompt.n_ids);
+        api_out_begin(o);
+        j->begun = true;
+    }
     if (so->kind == SCHED_OUT_FINISH) {
         j->fin[i] = true;
         size_t n = tokenizer_stream_flush(&j->ts[i], j->piece, sizeof j->piece);
@@ -1383,6 +1459,12 @@ void api_serve(http_request *r, const api_ctx *c, api_kind kind, bool count_only
     sp.top_logprobs = TM_MIN(j->req.top_logprobs, SCHED_MAX_TOP_LOGPROBS);
     sp.cache_salt = tn.salt;
     sp.cache_class = tn.cls;
+    if (j->req.thinking_budget > 0 && mk.think_end >= 0) {  /* enforced by the scheduler */
+        sp.think_budget = j->req.thinking_budget;
+        sp.think_start = mk.think_start;
+        sp.think_end = mk.think_end;
+        sp.think_open = mk.starts_in_reasoning;
+    }
     for (int i = 0; i < j->out.n_choices; i++) {
         sp.sample.seed = j->req.sp.seed + (uint64_t)i;
         sched_status ss = api_be_submit(c, &sp, &j->sreq[i]);
@@ -1397,7 +1479,10 @@ void api_serve(http_request *r, const api_ctx *c, api_kind kind, bool count_only
         j->ts[i].prev = j->prompt.ids[n_prompt - 1]; /* mid-text: no BOS space rule */
     }
     if (j->req.stream) {
-        api_out_begin(&j->out);
+        if (kind != API_KIND_MESSAGES) {  /* Messages begins at the first record (api_job_apply) */
+            api_out_begin(&j->out);
+            j->begun = true;
+        }
         http_add_header(r, "Cache-Control", "no-cache");
         http_add_header(r, "X-Accel-Buffering", "no");
         http_respond_stream(r, 200, "text/event-stream", api_job_pull, api_job_done, j);

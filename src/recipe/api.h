@@ -206,7 +206,8 @@ typedef struct {
     bool store;                   /* responses: keep the response for previous_response_id */
     struct api_store *store_to;   /* responses: where to keep it (cfg->store when store), or NULL */
     int n_prev_turns;             /* responses: turns that came from the previous response */
-    int thinking_budget;          /* messages: thinking.budget_tokens (0 if not enabled) */
+    int thinking_budget;          /* messages, chat (extension): thinking.budget_tokens, the most
+                                   * reasoning tokens (0: no limit); enforced by the scheduler */
     char *tools_json;             /* responses: the request's tools array, echoed (owned) */
     char *metadata_json;          /* responses: metadata object, echoed (owned) */
     double temperature_echo;      /* responses: the temperature as the response echoes it */
@@ -346,7 +347,8 @@ void api_out_free(api_out *o);
 /* The prompt's figures, known after prefill (or before it: cached tokens 0). */
 void api_out_set_prompt(api_out *o, int prompt_tokens, int cached_tokens, const int32_t *ids, int n_ids);
 /* Streaming: the opening events (chat: nothing until the first delta; responses:
- * response.created + in_progress; messages: message_start + ping). */
+ * response.created + in_progress; messages: message_start + ping, whose usage is the one set
+ * by api_out_set_prompt: api_serve calls it for Messages once the first record is in). */
 void api_out_begin(api_out *o);
 /* One generated token of choice i with its detokenized text; lp may be NULL. Returns true
  * when a stop sequence matched: generation of that choice must stop (then api_out_finish). */
@@ -404,6 +406,9 @@ void api_buf_str(jsonfmt_buf *b, const char *s);
 void api_buf_strn(jsonfmt_buf *b, const char *s, size_t len);
 /* Appends an SSE event: "event: NAME\n" (when name) + "data: JSON\n\n". */
 void api_sse(jsonfmt_buf *b, const char *name, const char *json, size_t len);
+/* Appends the SSE event "event: TYPE" with data {"type":TYPE[,"sequence_number":seq],FIELDS}
+ * (fields: members without braces, may be empty; seq < 0: no sequence_number). */
+void api_sse_typed(jsonfmt_buf *b, const char *type, int seq, const char *fields, size_t flen);
 /* True when s[0..len) is valid UTF-8. */
 bool api_utf8_valid(const char *s, size_t len);
 

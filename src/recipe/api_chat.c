@@ -7,7 +7,8 @@
  * `tool_calls` tool-call parts; a tool message is a tool turn with one result part. Unknown
  * top-level fields are rejected as OpenAI does ("Unrecognized request argument supplied").
  * Extensions accepted: top_k, min_p, repetition_penalty, chat_template_kwargs.enable_thinking,
- * thinking {type}, return_token_ids.
+ * thinking {type, budget_tokens} (as Anthropic's: the reasoning is closed after that many
+ * tokens, see sched.h), return_token_ids.
  *
  * Output: a chat.completion object, or chat.completion.chunk SSE events: a role chunk per
  * choice, then content / reasoning_content / tool_calls deltas, a finish_reason chunk per
@@ -31,59 +32,22 @@ static const char *const api_chat_keys[] = {
     "top_k", "min_p", "repetition_penalty", "chat_template_kwargs", "thinking", "return_token_ids", "cache_salt",
     "cache_class", NULL};
 
-/* Appends the text of a content value (string or array of text parts) to the last turn as
- * one text part. Returns false with e filled on a bad value. */
+/* Appends the text of a content value (string or array of text parts, joined with nothing
+ * between as the reference templates join them) to the last turn as one text part. Returns
+ * false with e filled on a bad value. */
+static const char *const api_chat_text_types[] = {"text", "input_text", "refusal", NULL};
+static const api_parts_words api_chat_text_words = {
+    "a string or an array of content parts", "an object", "a string",
+    "content part type '%s' is not supported by this model (text only).", api_chat_text_types, true, ""};
+
 static bool api_chat_content(conv *c, json_t *content, const char *path, bool as_result, const char *call_id,
                              api_error *e)
 {
-    char p[96];
-    if (json_is_string(content)) {
-        if (as_result) conv_add_tool_result(c, call_id, NULL, json_string_value(content), json_string_length(content));
-        else conv_add_text(c, json_string_value(content), json_string_length(content));
-        return true;
-    }
-    if (!json_is_array(content)) {
-        api_json_type_error(API_KIND_CHAT, e, path, "a string or an array of content parts", content);
-        return false;
-    }
-    jsonfmt_buf all = {0};
-    size_t i;
-    json_t *part;
-    json_array_foreach(content, i, part) {
-        api_path(p, sizeof p, path, NULL, (int)i);
-        if (!json_is_object(part)) {
-            api_json_type_error(API_KIND_CHAT, e, p, "an object", part);
-            jsonfmt_buf_free(&all);
-            return false;
-        }
-        json_t *type = json_object_get(part, "type");
-        const char *t = json_is_string(type) ? json_string_value(type) : NULL;
-        if (!t) {
-            char tp[112];
-            api_json_missing(API_KIND_CHAT, e, api_path(tp, sizeof tp, p, "type", -1));
-            jsonfmt_buf_free(&all);
-            return false;
-        }
-        if (strcmp(t, "text") && strcmp(t, "input_text") && strcmp(t, "refusal")) {
-            api_json_value_error(API_KIND_CHAT, e, p, "content part type '%s' is not supported by this model (text only).", t);
-            jsonfmt_buf_free(&all);
-            return false;
-        }
-        json_t *tx = json_object_get(part, !strcmp(t, "refusal") ? "refusal" : "text");
-        if (!json_is_string(tx)) {
-            char tp[112];
-            api_path(tp, sizeof tp, p, "text", -1);
-            if (!tx) api_json_missing(API_KIND_CHAT, e, tp);
-            else api_json_type_error(API_KIND_CHAT, e, tp, "a string", tx);
-            jsonfmt_buf_free(&all);
-            return false;
-        }
-        /* Parts are joined as the reference templates join them: with nothing between. */
-        jsonfmt_buf_append(&all, json_string_value(tx), json_string_length(tx));
-    }
-    if (as_result) conv_add_tool_result(c, call_id, NULL, all.p ? all.p : "", all.len);
-    else conv_add_text(c, all.p ? all.p : "", all.len);
-    jsonfmt_buf_free(&all);
+    char *text = api_json_parts_text(API_KIND_CHAT, content, path, &api_chat_text_words, e);
+    if (!text) return false;
+    if (as_result) conv_add_tool_result(c, call_id, NULL, text, strlen(text));
+    else conv_add_text(c, text, strlen(text));
+    free(text);
     return true;
 }
 
@@ -105,16 +69,14 @@ static bool api_chat_tool_calls(conv *c, json_t *tcs, const char *path, api_erro
         json_t *fn = json_object_get(tc, "function");
         if (!json_is_object(fn)) {
             api_path(q, sizeof q, p, "function", -1);
-            if (!fn) api_json_missing(API_KIND_CHAT, e, q);
-            else api_json_type_error(API_KIND_CHAT, e, q, "an object", fn);
+            api_json_bad(API_KIND_CHAT, e, q, "an object", fn);
             return false;
         }
         json_t *name = json_object_get(fn, "name"), *args = json_object_get(fn, "arguments"),
                *id = json_object_get(tc, "id");
         if (!json_is_string(name)) {
             api_path(q, sizeof q, p, "function.name", -1);
-            if (!name) api_json_missing(API_KIND_CHAT, e, q);
-            else api_json_type_error(API_KIND_CHAT, e, q, "a string", name);
+            api_json_bad(API_KIND_CHAT, e, q, "a string", name);
             return false;
         }
         const char *a = "{}";
@@ -170,8 +132,7 @@ static bool api_chat_tools(conv *c, json_t *tools, const char *key, bool legacy,
             fn = json_object_get(t, "function");
             if (!json_is_object(fn)) {
                 api_path(q, sizeof q, p, "function", -1);
-                if (!fn) api_json_missing(API_KIND_CHAT, e, q);
-                else api_json_type_error(API_KIND_CHAT, e, q, "an object", fn);
+                api_json_bad(API_KIND_CHAT, e, q, "an object", fn);
                 return false;
             }
         }
@@ -489,6 +450,12 @@ api_status api_chat_parse(const api_cfg *cfg, const char *body, size_t len, api_
             goto out;
         }
         r->conv.thinking = !strcmp(json_string_value(t), "enabled") ? CONV_THINKING_ON : CONV_THINKING_OFF;
+        long long bt = 0;
+        if ((st = api_json_int(K, th, "budget_tokens", 1, 1 << 30, &bt, e)) < 0) {
+            snprintf(e->param, sizeof e->param, "thinking.budget_tokens");
+            goto out;
+        }
+        if (st && r->conv.thinking == CONV_THINKING_ON) r->thinking_budget = (int)bt;
     }
     ret = API_OK;
 out:

@@ -24,6 +24,8 @@ void api_json_type_error(api_kind kind, api_error *e, const char *path, const ch
 void api_json_value_error(api_kind kind, api_error *e, const char *path, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 void api_json_missing(api_kind kind, api_error *e, const char *path);
+/* A required member v that is absent (NULL: missing) or not of the expected type. */
+void api_json_bad(api_kind kind, api_error *e, const char *path, const char *expected, json_t *v);
 
 int api_json_num(api_kind kind, json_t *obj, const char *key, double lo, double hi, double *out, api_error *e);
 int api_json_int(api_kind kind, json_t *obj, const char *key, long long lo, long long hi, long long *out,
@@ -39,6 +41,22 @@ bool api_json_model(const api_cfg *cfg, api_kind kind, json_t *root, api_req *r,
 bool api_json_stop(api_kind kind, json_t *root, const char *key, api_req *r, api_error *e);
 /* cache_salt and cache_class (strings, see TENANCY in api.h) into r. */
 bool api_json_cache(api_kind kind, json_t *root, api_req *r, api_error *e);
+/* The vendor's words for a content value made of text parts (api_json_parts_text). */
+typedef struct {
+    const char *want_value;     /* expected type of the value: "a string or an array of content parts" */
+    const char *want_part;      /* of each part: "an object" / "a valid dictionary" */
+    const char *want_text;      /* of a part's text member: "a string" / "a valid string" */
+    const char *unsupported;    /* format with one %s (the part's type) for a part that is not text */
+    const char *const *types;   /* the accepted part types (NULL-terminated); "refusal" reads its
+                                 * member "refusal", every other type its member "text" */
+    bool type_required;         /* a part without a string "type" is a missing field (else it is
+                                 * an unsupported type "") */
+    const char *sep;            /* put between the parts' texts ("" or "\n") */
+} api_parts_words;
+
+/* A content value that is a string or an array of text parts (`path` names it), as one string
+ * (malloc'd), the parts joined with w->sep. NULL with e filled in the vendor's words. */
+char *api_json_parts_text(api_kind kind, json_t *v, const char *path, const api_parts_words *w, api_error *e);
 /* The compact JSON text of a value (malloc'd). */
 char *api_json_dump(json_t *v);
 

@@ -6,7 +6,8 @@
  * after results open a new user turn); an assistant message is one assistant turn whose
  * thinking blocks become reasoning parts, text blocks text parts and tool_use blocks tool
  * calls (input re-serialised as JSON text). Images and documents are rejected (text only).
- * `thinking` {type: enabled, budget_tokens} turns the template's thinking on; without it
+ * `thinking` {type: enabled, budget_tokens} turns the template's thinking on and caps the
+ * reasoning at budget_tokens (the scheduler closes the think block then); without it
  * thinking is off, as Anthropic's models answer without thinking unless asked. max_tokens is
  * required. Unknown fields are rejected ("Extra inputs are not permitted").
  *
@@ -15,7 +16,9 @@
  * counts only the prompt tokens that were not read from a cache (cache_read_input_tokens).
  * Streaming: message_start, ping, content_block_start / content_block_delta (text_delta,
  * thinking_delta, input_json_delta) / content_block_stop per block, message_delta with
- * stop_reason and usage, message_stop.
+ * stop_reason and usage, message_stop. message_start waits for the request's first record
+ * (token or end) from the scheduler, which carries the prompt figures known at admission, so
+ * that its usage already has the real cache_read_input_tokens and input_tokens.
  */
 #include "recipe/api.h"
 #include "recipe/api_int.h"
@@ -36,45 +39,15 @@ static const char *const api_messages_keys[] = {
 static const char *const api_messages_count_keys[] = {"model", "messages", "system", "tools", "tool_choice", "thinking",
                                                       "mcp_servers", "context_management", "return_token_ids", NULL};
 
-/* Text of tool_result content or system: a string or a list of text blocks. */
+/* Text of tool_result content or system: a string or a list of text blocks (joined by newlines). */
+static const char *const api_messages_text_types[] = {"text", NULL};
+static const api_parts_words api_messages_text_words = {
+    "a valid string or a valid list", "a valid dictionary", "a valid string",
+    "content blocks of type '%s' are not supported here (text only)", api_messages_text_types, false, "\n"};
+
 static char *api_messages_text(json_t *v, const char *path, api_error *e)
 {
-    if (json_is_string(v)) return xstrdup(json_string_value(v));
-    if (!json_is_array(v)) {
-        api_json_type_error(K, e, path, "a valid string or a valid list", v);
-        return NULL;
-    }
-    jsonfmt_buf all = {0};
-    jsonfmt_buf_puts(&all, "");
-    size_t i;
-    json_t *b;
-    char p[128];
-    json_array_foreach(v, i, b) {
-        api_path(p, sizeof p, path, NULL, (int)i);
-        json_t *type = json_is_object(b) ? json_object_get(b, "type") : NULL;
-        if (!json_is_object(b)) {
-            api_json_type_error(K, e, p, "a valid dictionary", b);
-            goto fail;
-        }
-        if (!json_is_string(type) || strcmp(json_string_value(type), "text")) {
-            api_json_value_error(K, e, p, "only text blocks are supported here by this server");
-            goto fail;
-        }
-        json_t *tx = json_object_get(b, "text");
-        if (!json_is_string(tx)) {
-            char q[160];
-            api_path(q, sizeof q, p, "text", -1);
-            if (!tx) api_json_missing(K, e, q);
-            else api_json_type_error(K, e, q, "a valid string", tx);
-            goto fail;
-        }
-        if (i) jsonfmt_buf_puts(&all, "\n");
-        jsonfmt_buf_append(&all, json_string_value(tx), json_string_length(tx));
-    }
-    return all.p;
-fail:
-    jsonfmt_buf_free(&all);
-    return NULL;
+    return api_json_parts_text(K, v, path, &api_messages_text_words, e);
 }
 
 static bool api_messages_messages(api_req *r, json_t *msgs, api_error *e)
@@ -103,8 +76,7 @@ static bool api_messages_messages(api_req *r, json_t *msgs, api_error *e)
         json_t *role = json_object_get(m, "role"), *content = json_object_get(m, "content");
         api_path(q, sizeof q, p, "role", -1);
         if (!json_is_string(role)) {
-            if (!role) api_json_missing(K, e, q);
-            else api_json_type_error(K, e, q, "a valid string", role);
+            api_json_bad(K, e, q, "a valid string", role);
             return false;
         }
         bool user = !strcmp(json_string_value(role), "user");
@@ -144,8 +116,7 @@ static bool api_messages_messages(api_req *r, json_t *msgs, api_error *e)
             char fp[160];
             if (!json_is_string(type)) {
                 api_path(fp, sizeof fp, bp, "type", -1);
-                if (!type) api_json_missing(K, e, fp);
-                else api_json_type_error(K, e, fp, "a valid string", type);
+                api_json_bad(K, e, fp, "a valid string", type);
                 return false;
             }
             const char *t = json_string_value(type);
@@ -153,8 +124,7 @@ static bool api_messages_messages(api_req *r, json_t *msgs, api_error *e)
                 json_t *tx = json_object_get(b, "text");
                 if (!json_is_string(tx)) {
                     api_path(fp, sizeof fp, bp, "text", -1);
-                    if (!tx) api_json_missing(K, e, fp);
-                    else api_json_type_error(K, e, fp, "a valid string", tx);
+                    api_json_bad(K, e, fp, "a valid string", tx);
                     return false;
                 }
                 if (!turn_open) {
@@ -166,8 +136,7 @@ static bool api_messages_messages(api_req *r, json_t *msgs, api_error *e)
                 json_t *tx = json_object_get(b, "thinking");
                 if (!json_is_string(tx)) {
                     api_path(fp, sizeof fp, bp, "thinking", -1);
-                    if (!tx) api_json_missing(K, e, fp);
-                    else api_json_type_error(K, e, fp, "a valid string", tx);
+                    api_json_bad(K, e, fp, "a valid string", tx);
                     return false;
                 }
                 conv_add_reasoning(&r->conv, json_string_value(tx), json_string_length(tx));
@@ -179,14 +148,12 @@ static bool api_messages_messages(api_req *r, json_t *msgs, api_error *e)
                 if (miss) {
                     json_t *v = json_object_get(b, miss);
                     api_path(fp, sizeof fp, bp, miss, -1);
-                    if (!v) api_json_missing(K, e, fp);
-                    else api_json_type_error(K, e, fp, "a valid string", v);
+                    api_json_bad(K, e, fp, "a valid string", v);
                     return false;
                 }
                 if (!json_is_object(input)) {
                     api_path(fp, sizeof fp, bp, "input", -1);
-                    if (!input) api_json_missing(K, e, fp);
-                    else api_json_type_error(K, e, fp, "a valid dictionary", input);
+                    api_json_bad(K, e, fp, "a valid dictionary", input);
                     return false;
                 }
                 char *args = api_json_dump(input);
@@ -196,8 +163,7 @@ static bool api_messages_messages(api_req *r, json_t *msgs, api_error *e)
                 json_t *id = json_object_get(b, "tool_use_id"), *c = json_object_get(b, "content");
                 api_path(fp, sizeof fp, bp, "tool_use_id", -1);
                 if (!json_is_string(id)) {
-                    if (!id) api_json_missing(K, e, fp);
-                    else api_json_type_error(K, e, fp, "a valid string", id);
+                    api_json_bad(K, e, fp, "a valid string", id);
                     return false;
                 }
                 char *text = (c && !json_is_null(c)) ? api_messages_text(c, api_path(fp, sizeof fp, bp, "content", -1), e)
@@ -249,8 +215,7 @@ static bool api_messages_tools(api_req *r, json_t *tools, api_error *e)
                *schema = json_object_get(t, "input_schema");
         if (!json_is_string(name) || !json_string_length(name)) {
             api_path(q, sizeof q, p, "name", -1);
-            if (!name) api_json_missing(K, e, q);
-            else api_json_type_error(K, e, q, "a valid non-empty string", name);
+            api_json_bad(K, e, q, "a valid non-empty string", name);
             return false;
         }
         if (desc && !json_is_null(desc) && !json_is_string(desc)) {
@@ -259,8 +224,7 @@ static bool api_messages_tools(api_req *r, json_t *tools, api_error *e)
         }
         if (!json_is_object(schema)) {
             api_path(q, sizeof q, p, "input_schema", -1);
-            if (!schema) api_json_missing(K, e, q);
-            else api_json_type_error(K, e, q, "a valid dictionary", schema);
+            api_json_bad(K, e, q, "a valid dictionary", schema);
             return false;
         }
         char *pj = api_json_dump(schema);
@@ -467,16 +431,7 @@ static void api_messages_message(api_out *o, bool final, jsonfmt_buf *b)
 
 static void api_messages_event(api_out *o, const char *type, const char *fields, size_t flen)
 {
-    jsonfmt_buf b = {0};
-    jsonfmt_buf_puts(&b, "{\"type\":");
-    api_buf_str(&b, type);
-    if (flen) {
-        jsonfmt_buf_putc(&b, ',');
-        jsonfmt_buf_append(&b, fields, flen);
-    }
-    jsonfmt_buf_putc(&b, '}');
-    api_sse(&o->out, type, b.p, b.len);
-    jsonfmt_buf_free(&b);
+    api_sse_typed(&o->out, type, -1, fields, flen);
 }
 
 void api_messages_begin(api_out *o)

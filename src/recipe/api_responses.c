@@ -37,49 +37,15 @@ static const api_kind K = API_KIND_RESPONSES;
 
 /* Text of a content value: a string or an array of text parts. Returns a malloc'd string or
  * NULL with e filled. */
+static const char *const api_responses_text_types[] = {"input_text", "output_text", "text", "reasoning_text",
+                                                       "summary_text", "refusal", NULL};
+static const api_parts_words api_responses_text_words = {
+    "a string or an array of content parts", "an object", "a string",
+    "content part type '%s' is not supported by this model (text only).", api_responses_text_types, false, ""};
+
 static char *api_responses_text(json_t *content, const char *path, api_error *e)
 {
-    if (json_is_string(content)) return xstrdup(json_string_value(content));
-    if (!json_is_array(content)) {
-        api_json_type_error(K, e, path, "a string or an array of content parts", content);
-        return NULL;
-    }
-    jsonfmt_buf all = {0};
-    jsonfmt_buf_puts(&all, "");
-    size_t i;
-    json_t *part;
-    char p[128];
-    json_array_foreach(content, i, part) {
-        api_path(p, sizeof p, path, NULL, (int)i);
-        json_t *type = json_is_object(part) ? json_object_get(part, "type") : NULL;
-        const char *t = json_is_string(type) ? json_string_value(type) : "";
-        if (!json_is_object(part)) {
-            api_json_type_error(K, e, p, "an object", part);
-            goto fail;
-        }
-        json_t *tx = NULL;
-        if (!strcmp(t, "input_text") || !strcmp(t, "output_text") || !strcmp(t, "text") ||
-            !strcmp(t, "reasoning_text") || !strcmp(t, "summary_text"))
-            tx = json_object_get(part, "text");
-        else if (!strcmp(t, "refusal"))
-            tx = json_object_get(part, "refusal");
-        else {
-            api_json_value_error(K, e, p, "content part type '%s' is not supported by this model (text only).", t);
-            goto fail;
-        }
-        if (!json_is_string(tx)) {
-            char q[160];
-            api_path(q, sizeof q, p, "text", -1);
-            if (!tx) api_json_missing(K, e, q);
-            else api_json_type_error(K, e, q, "a string", tx);
-            goto fail;
-        }
-        jsonfmt_buf_append(&all, json_string_value(tx), json_string_length(tx));
-    }
-    return all.p;
-fail:
-    jsonfmt_buf_free(&all);
-    return NULL;
+    return api_json_parts_text(K, content, path, &api_responses_text_words, e);
 }
 
 static bool api_responses_input(api_req *r, json_t *input, api_error *e)
@@ -113,8 +79,7 @@ static bool api_responses_input(api_req *r, json_t *input, api_error *e)
             json_t *role = json_object_get(it, "role");
             api_path(q, sizeof q, p, "role", -1);
             if (!json_is_string(role)) {
-                if (!role) api_json_missing(K, e, q);
-                else api_json_type_error(K, e, q, "a string", role);
+                api_json_bad(K, e, q, "a string", role);
                 return false;
             }
             const char *rs = json_string_value(role);
@@ -150,8 +115,7 @@ static bool api_responses_input(api_req *r, json_t *input, api_error *e)
             if (miss) {
                 json_t *v = json_object_get(it, miss);
                 api_path(q, sizeof q, p, miss, -1);
-                if (!v) api_json_missing(K, e, q);
-                else api_json_type_error(K, e, q, "a string", v);
+                api_json_bad(K, e, q, "a string", v);
                 return false;
             }
             if (!jsonfmt_valid(json_string_value(args), json_string_length(args))) {
@@ -166,8 +130,7 @@ static bool api_responses_input(api_req *r, json_t *input, api_error *e)
             json_t *cid = json_object_get(it, "call_id"), *out = json_object_get(it, "output");
             api_path(q, sizeof q, p, "call_id", -1);
             if (!json_is_string(cid)) {
-                if (!cid) api_json_missing(K, e, q);
-                else api_json_type_error(K, e, q, "a string", cid);
+                api_json_bad(K, e, q, "a string", cid);
                 return false;
             }
             api_path(q, sizeof q, p, "output", -1);
@@ -225,8 +188,7 @@ static bool api_responses_tools(api_req *r, json_t *tools, api_error *e)
                *params = json_object_get(t, "parameters");
         if (!json_is_string(name) || !json_string_length(name)) {
             api_path(q, sizeof q, p, "name", -1);
-            if (!name) api_json_missing(K, e, q);
-            else api_json_type_error(K, e, q, "a non-empty string", name);
+            api_json_bad(K, e, q, "a non-empty string", name);
             return false;
         }
         if (desc && !json_is_null(desc) && !json_is_string(desc)) {
@@ -474,17 +436,7 @@ static void api_responses_object(api_out *o, bool final, jsonfmt_buf *b)
  * braces, may be empty). */
 static void api_responses_event(api_out *o, const char *type, const char *fields, size_t flen)
 {
-    jsonfmt_buf b = {0};
-    jsonfmt_buf_puts(&b, "{\"type\":");
-    api_buf_str(&b, type);
-    api_buf_printf(&b, ",\"sequence_number\":%d", o->seq++);
-    if (flen) {
-        jsonfmt_buf_putc(&b, ',');
-        jsonfmt_buf_append(&b, fields, flen);
-    }
-    jsonfmt_buf_putc(&b, '}');
-    api_sse(&o->out, type, b.p, b.len);
-    jsonfmt_buf_free(&b);
+    api_sse_typed(&o->out, type, o->seq++, fields, flen);
 }
 
 void api_responses_begin(api_out *o)

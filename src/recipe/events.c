@@ -4,6 +4,13 @@
  * Buffers: `hold` keeps blank text that may still be followed by more words (trim mode),
  * `raw` the exact text of a tool call being read (markers included, for the malformed rule),
  * `name`/`body` the parts of the call, `args` the re-emitted arguments.
+ *
+ * Streaming a call's arguments: after each piece of a call's body, events_stream_args looks
+ * for the call's head (the name, then the start of the arguments object); once it is there
+ * the call is committed (TOOL_START). From then on the arguments text is re-emitted with
+ * jsonfmt_prefix (compact, only what is final) into `pre`, and the part of it up to the last
+ * point where it could be closed (events_json_cut: not inside a key, not after a ':' or ',')
+ * that was not sent yet goes out as a TOOL_ARGS fragment; `sent` holds what was sent.
  */
 #include "recipe/events.h"
 
@@ -34,6 +41,10 @@ struct events {
     bool reason_started;   /* non-blank reasoning sent in the current reasoning section */
     bool llama_checked;    /* LLAMA3: the answer's first non-blank character was seen */
     bool ds_block;         /* DEEPSEEK: the current call sits inside a calls block */
+    bool committed;        /* the call being read was announced (TOOL_START sent) */
+    bool no_stream;        /* its head does not have the streamable shape: decided at its end */
+    bool args_over;        /* its arguments were read to their end, or went bad: no more fragments */
+    size_t args_at;        /* committed: offset in body where the arguments object starts */
     int n_calls;           /* tool calls sent */
     jsonfmt_buf hold;      /* held-back blank text */
     jsonfmt_buf raw;       /* raw text of the call being read */
@@ -41,6 +52,9 @@ struct events {
     jsonfmt_buf body;      /* call body text */
     jsonfmt_buf args;      /* compact arguments */
     jsonfmt_buf tmp;       /* scratch */
+    jsonfmt_buf cname;     /* committed call: its name */
+    jsonfmt_buf pre;       /* committed call: compact re-emission of the arguments read so far */
+    jsonfmt_buf sent;      /* committed call: the arguments fragments sent so far */
     char id[32];           /* current call id */
 };
 
@@ -77,6 +91,9 @@ void events_free(events *ev)
     jsonfmt_buf_free(&ev->body);
     jsonfmt_buf_free(&ev->args);
     jsonfmt_buf_free(&ev->tmp);
+    jsonfmt_buf_free(&ev->cname);
+    jsonfmt_buf_free(&ev->pre);
+    jsonfmt_buf_free(&ev->sent);
     free(ev);
 }
 
@@ -88,6 +105,7 @@ void events_reset(events *ev, const events_markers *m, uint64_t seed)
     ev->text_started = ev->reason_started = false;
     ev->llama_checked = false;
     ev->ds_block = false;
+    ev->committed = ev->no_stream = ev->args_over = false;
     ev->n_calls = 0;
     events_clear(&ev->hold);
     events_clear(&ev->raw);
@@ -102,8 +120,9 @@ int events_n_tool_calls(const events *ev) { return ev->n_calls; }
 static void events_emit(events *ev, events_kind kind, const char *s, size_t n)
 {
     if (n == 0 && (kind == EVENTS_TEXT || kind == EVENTS_REASONING)) return;
+    const jsonfmt_buf *nm = ev->committed ? &ev->cname : &ev->name;
     events_event e = { .kind = kind, .text = s, .len = n, .tool_index = ev->n_calls,
-                       .tool_id = ev->id, .tool_name = ev->name.p ? ev->name.p : "" };
+                       .tool_id = ev->id, .tool_name = nm->p ? nm->p : "" };
     ev->cb(ev->ud, &e);
 }
 
@@ -254,6 +273,209 @@ static void events_begin_call(events *ev, events_state st, const char *text, siz
     events_clear(&ev->name);
     events_clear(&ev->body);
     jsonfmt_buf_append(&ev->raw, text, len);
+    ev->committed = ev->no_stream = ev->args_over = false;
+}
+
+/* ---- streaming the arguments of a call ---- */
+
+/* Matches the literal z at s[*i..n) after blanks: 1 matched (*i past it), 0 the text ends
+ * inside it (or before it), -1 something else stands there. */
+static int events_match(const char *s, size_t n, size_t *i, const char *z)
+{
+    while (*i < n && events_blank(s[*i])) (*i)++;
+    size_t l = strlen(z), k = TM_MIN(l, n - *i);
+    if (memcmp(s + *i, z, k)) return -1;
+    if (k < l) return 0;
+    *i += l;
+    return 1;
+}
+
+/* QWEN / LLAMA3 head: {"name": "N", "arguments"|"parameters": { — 1 with ev->cname = N and
+ * *at = the offset of the arguments' '{'; 0 the body is too short to tell; -1 another shape
+ * (other keys first, arguments given as a string, ...): the call is decided at its end. */
+static int events_json_head(events *ev, const char *s, size_t n, size_t *at)
+{
+    size_t i = 0;
+    int m;
+    if ((m = events_match(s, n, &i, "{")) <= 0 || (m = events_match(s, n, &i, "\"name\"")) <= 0 ||
+        (m = events_match(s, n, &i, ":")) <= 0 || (m = events_match(s, n, &i, "\"")) <= 0)
+        return m;
+    size_t q0 = i - 1, j = i;
+    while (j < n && s[j] != '"') j += s[j] == '\\' ? 2 : 1;
+    if (j >= n) return 0;
+    events_clear(&ev->cname);
+    if (!jsonfmt_decode_string(&ev->cname, s + q0, j + 1 - q0) || ev->cname.len == 0) return -1;
+    i = j + 1;
+    if ((m = events_match(s, n, &i, ",")) <= 0) return m;
+    size_t k = i;
+    m = events_match(s, n, &i, "\"arguments\"");
+    if (m < 0) {
+        i = k;
+        m = events_match(s, n, &i, "\"parameters\"");
+    } else if (m == 0 && events_match(s, n, &k, "\"parameters\"") < 0) {
+        m = 0;
+    }
+    if (m <= 0 || (m = events_match(s, n, &i, ":")) <= 0 || (m = events_match(s, n, &i, "{")) <= 0) return m;
+    *at = i - 1;
+    return 1;
+}
+
+/* DEEPSEEK head, in the arguments part after <｜tool▁sep｜>: the R1 form's name line, an
+ * optional ```json fence line, then '{' (see events_json_head for the results). */
+static int events_ds_head(events *ev, const char *s, size_t n, size_t *at)
+{
+    const char *nm = ev->name.p ? ev->name.p : "";
+    size_t nn = ev->name.len, i = 0;
+    events_trim(&nm, &nn);
+    if (nn == 8 && !memcmp(nm, "function", 8)) {  /* R1: the name is the first line */
+        const char *nl = memchr(s, '\n', n);
+        if (!nl) return 0;
+        nm = s;
+        nn = (size_t)(nl - s);
+        i = nn + 1;
+        events_trim(&nm, &nn);
+    }
+    if (!nn) return -1;
+    while (i < n && events_blank(s[i])) i++;
+    if (i == n) return 0;
+    if (s[i] == '`') {
+        int m = events_match(s, n, &i, "```");
+        if (m <= 0) return m;
+        const char *nl = memchr(s + i, '\n', n - i);
+        if (!nl) return 0;
+        i = (size_t)(nl + 1 - s);
+    }
+    int m = events_match(s, n, &i, "{");
+    if (m <= 0) return m;
+    events_clear(&ev->cname);
+    jsonfmt_buf_append(&ev->cname, nm, nn);
+    *at = i - 1;
+    return 1;
+}
+
+/* For compact JSON text s[0..n) (a prefix of jsonfmt_prefix's output): the largest cut at
+ * which it can be closed, i.e. not inside a key, an escape or a character, and not right
+ * after a key, a ':' or a ','. When closer is given, it receives what closes s[0..cut): a
+ * quote if the cut is inside a string value, then the open brackets in reverse. */
+static size_t events_json_cut(const char *s, size_t n, jsonfmt_buf *closer)
+{
+    char stack[JSONFMT_MAX_DEPTH + 2];
+    int depth = 0, cut_depth = 0;
+    bool in_str = false, key = false, cut_in_str = false;
+    bool want_key = false;  /* the next string is a key (after '{' or an object's ',') */
+    int esc = 0;            /* bytes of an escape still to come */
+    size_t cut = 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        bool ok;
+        if (in_str) {
+            if (esc > 0) esc--;
+            else if (c == '\\') esc = i + 1 < n && s[i + 1] == 'u' ? 5 : 1;
+            else if (c == '"') in_str = false;
+            ok = esc == 0 && (!in_str || !key) && !(in_str && i + 1 < n && ((unsigned char)s[i + 1] & 0xC0) == 0x80);
+            if (!in_str && key) ok = false;  /* a key without its value */
+        } else {
+            switch (c) {
+            case '{':
+            case '[':
+                if (depth <= JSONFMT_MAX_DEPTH) stack[depth++] = c;
+                want_key = c == '{';
+                ok = true;
+                break;
+            case '}':
+            case ']':
+                if (depth > 0) depth--;
+                ok = true;
+                break;
+            case ':':
+                ok = false;
+                break;
+            case ',':
+                want_key = depth > 0 && stack[depth - 1] == '{';
+                ok = false;
+                break;
+            case '"':
+                in_str = true;
+                key = want_key;
+                want_key = false;
+                ok = !key;
+                break;
+            default:  /* numbers and literals come whole */
+                ok = true;
+                break;
+            }
+        }
+        if (ok) {
+            cut = i + 1;
+            cut_depth = depth;
+            cut_in_str = in_str;
+        }
+    }
+    if (closer) {
+        if (cut_in_str) jsonfmt_buf_putc(closer, '"');
+        for (int d = cut_depth - 1; d >= 0; d--) jsonfmt_buf_putc(closer, stack[d] == '{' ? '}' : ']');
+    }
+    return cut;
+}
+
+/* Sends a TOOL_ARGS fragment and keeps it in `sent`. */
+static void events_send_args(events *ev, const char *s, size_t n)
+{
+    if (!n) return;
+    jsonfmt_buf_append(&ev->sent, s, n);
+    events_emit(ev, EVENTS_TOOL_ARGS, s, n);
+}
+
+/* After the body of the call being read grew: commit it once its head is there, then send
+ * the arguments that are final. */
+static void events_stream_args(events *ev)
+{
+    if (ev->no_stream || ev->args_over) return;
+    const char *s = ev->body.p ? ev->body.p : "";
+    size_t n = ev->body.len;
+    if (!ev->committed) {
+        size_t at = 0;
+        int h = ev->st == EVENTS_ST_DS_ARGS ? events_ds_head(ev, s, n, &at) : events_json_head(ev, s, n, &at);
+        if (h == 0) return;
+        if (h < 0) {
+            ev->no_stream = true;
+            return;
+        }
+        ev->committed = true;
+        ev->args_at = at;
+        events_clear(&ev->sent);
+        events_new_id(ev);
+        events_emit(ev, EVENTS_TOOL_START, NULL, 0);
+    }
+    events_clear(&ev->pre);
+    size_t used = 0;
+    jsonfmt_prefix_status st = jsonfmt_prefix(&ev->pre, s + ev->args_at, n - ev->args_at, &used);
+    /* BAD: what came before the error is sent as far as it can be closed, then no more */
+    size_t cut = st == JSONFMT_PREFIX_DONE ? ev->pre.len : events_json_cut(ev->pre.p, ev->pre.len, NULL);
+    if (ev->pre.len < ev->sent.len || memcmp(ev->pre.p, ev->sent.p ? ev->sent.p : "", ev->sent.len)) {
+        ev->args_over = true;  /* cannot happen (jsonfmt_prefix's outputs extend each other) */
+        return;
+    }
+    if (cut > ev->sent.len) events_send_args(ev, ev->pre.p + ev->sent.len, cut - ev->sent.len);
+    if (st != JSONFMT_PREFIX_MORE) ev->args_over = true;
+}
+
+/* Ends a committed call. ok: the whole body parsed, ev->args holds its arguments. Fragments
+ * sent are never taken back: the rest of the parsed arguments is sent when they continue what
+ * was sent; otherwise (malformed or cut arguments) what was sent is closed into valid JSON. */
+static void events_end_committed(events *ev, bool ok)
+{
+    if (ok && ev->args.len >= ev->sent.len && !memcmp(ev->args.p, ev->sent.p ? ev->sent.p : "", ev->sent.len)) {
+        events_send_args(ev, ev->args.p + ev->sent.len, ev->args.len - ev->sent.len);
+    } else {
+        if (ev->sent.len == 0) events_send_args(ev, "{", 1);  /* the head saw the arguments' '{' */
+        events_clear(&ev->tmp);
+        events_json_cut(ev->sent.p ? ev->sent.p : "", ev->sent.len, &ev->tmp);
+        events_send_args(ev, ev->tmp.p, ev->tmp.len);
+    }
+    events_emit(ev, EVENTS_TOOL_END, ev->sent.p, ev->sent.len);
+    ev->n_calls++;
+    ev->committed = false;
 }
 
 /* After a call (sent or turned into text): back to answer text. */
@@ -283,7 +505,9 @@ static void events_close_call(events *ev)
         return;
     }
     ev->st = EVENTS_ST_TEXT;
-    if (ok) {
+    if (ev->committed) {
+        events_end_committed(ev, ok);
+    } else if (ok) {
         events_send_call(ev);
     } else {
         ev->text_started = true; /* keep the raw text's own blanks */
@@ -300,7 +524,12 @@ static void events_llama_check(events *ev)
     events_trim(&s, &n);
     if (!n || s[0] != '{' || s[n - 1] != '}') return;
     if (!jsonfmt_valid(s, n)) return;
-    if (events_parse_json_call(ev, s, n)) {
+    bool ok = events_parse_json_call(ev, s, n);
+    if (ev->committed) {
+        ev->st = EVENTS_ST_TEXT;
+        events_end_committed(ev, ok);
+        events_after_call(ev, EVENTS_ST_TEXT);
+    } else if (ok) {
         events_send_call(ev);
         events_after_call(ev, EVENTS_ST_TEXT);
     } else {
@@ -352,6 +581,7 @@ void events_feed(events *ev, int32_t tok, const char *text, size_t len)
             if (text[i] == '{') {
                 events_begin_call(ev, EVENTS_ST_LLAMA_JSON, text, len);
                 jsonfmt_buf_append(&ev->body, text + i, len - i);
+                events_stream_args(ev);
                 events_llama_check(ev);
                 return;
             }
@@ -375,10 +605,12 @@ void events_feed(events *ev, int32_t tok, const char *text, size_t len)
             return;
         }
         jsonfmt_buf_append(&ev->body, text, len);
+        events_stream_args(ev);
         return;
     case EVENTS_ST_LLAMA_JSON:
         jsonfmt_buf_append(&ev->raw, text, len);
         jsonfmt_buf_append(&ev->body, text, len);
+        events_stream_args(ev);
         if (memchr(text, '}', len)) events_llama_check(ev);
         return;
     case EVENTS_ST_DS_CALLS:
@@ -411,6 +643,7 @@ void events_feed(events *ev, int32_t tok, const char *text, size_t len)
             return;
         }
         jsonfmt_buf_append(&ev->body, text, len);
+        events_stream_args(ev);
         return;
     }
 }
@@ -422,7 +655,10 @@ void events_finish(events *ev, events_finish_reason reason)
         const char *s = ev->body.p ? ev->body.p : "";
         size_t n = ev->body.len;
         events_trim(&s, &n);
-        if (n && jsonfmt_valid(s, n) && events_parse_json_call(ev, s, n)) {
+        bool ok = n && jsonfmt_valid(s, n) && events_parse_json_call(ev, s, n);
+        if (ev->committed) {
+            events_end_committed(ev, ok);
+        } else if (ok) {
             events_send_call(ev);
         } else {
             ev->text_started = true;

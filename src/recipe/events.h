@@ -19,13 +19,23 @@
  *             this is decided on text: when tools were offered and the answer's first
  *             non-blank character is '{', the text is held until the JSON value is complete.
  *
- * Tool calls: all of a call's events (TOOL_START with index, generated id and name, one
- * TOOL_ARGS with the whole arguments re-emitted as compact valid JSON, TOOL_END) are sent
- * when the call's end marker arrives, once its JSON has been checked. Rule for malformed
- * calls: when the body does not parse (not JSON, no string name, arguments neither an object
- * nor a string holding a JSON object), nothing is dropped and no tool events are sent: the
- * raw text, marker texts included, is emitted as answer text. A call left open at finish is
- * parsed the same way (valid: a tool call; otherwise text).
+ * Tool calls stream as they are generated, as vLLM's parsers do: once a call's head has
+ * arrived (QWEN/LLAMA3: {"name": N, "arguments"|"parameters": {; DEEPSEEK: the name, the
+ * separator, an optional ```json fence line, then {) the call is committed: TOOL_START (index,
+ * generated id, name) is sent, then TOOL_ARGS fragments of the arguments re-emitted as compact
+ * JSON as far as they are final (jsonfmt_prefix) and closable (never ending inside a key or
+ * after a ':' or ','), and at the end marker TOOL_END with the complete arguments, which are
+ * exactly the concatenated fragments and always valid JSON. Fragments are never taken back:
+ * when a committed call's arguments turn out malformed or are cut (token limit, no end
+ * marker), what was sent is closed at that point (an open string and the open brackets are
+ * closed; vLLM likewise completes partial JSON and sends the missing tail at the end) and the
+ * rest of the raw text is dropped. A call whose head has another shape (arguments given as a
+ * JSON string, other keys first) is decided at its end marker, all its events at once.
+ * Rule for malformed calls not committed: when the body does not parse (not JSON, no string
+ * name, arguments neither an object nor a string holding a JSON object), nothing is dropped
+ * and no tool events are sent: the raw text, marker texts included, is emitted as answer
+ * text. A call left open at finish is parsed the same way (valid: a tool call; otherwise
+ * text).
  *
  * Whitespace (when markers.trim): blank text at the start of the answer or of the
  * reasoning, blank text right before a marker and at the end are dropped, as the families'

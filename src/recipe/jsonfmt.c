@@ -47,7 +47,28 @@ typedef struct {
     jsonfmt_buf *out;    /* output, or NULL to validate only */
     jsonfmt_style style; /* output layout */
     int indent;          /* spaces per level for JSONFMT_INDENT */
+    bool partial;        /* jsonfmt_prefix: the input may continue; emit only what is final */
+    bool eof;            /* partial: the read failed because the input ended */
 } jsonfmt_rd;
+
+/* The input ended where more was needed: in partial mode a "need more", else an error. */
+static bool jsonfmt_end(jsonfmt_rd *r)
+{
+    r->eof = true;
+    return false;
+}
+
+/* Bytes at the end of s[0..n) that start a UTF-8 sequence which is not complete yet. */
+static size_t jsonfmt_utf8_tail(const char *s, size_t n)
+{
+    for (size_t k = 1; k <= 3 && k <= n; k++) {
+        unsigned char c = (unsigned char)s[n - k];
+        if ((c & 0xC0) == 0x80) continue;  /* continuation byte: look further back */
+        size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+        return need > k ? k : 0;
+    }
+    return 0;
+}
 
 static void jsonfmt_ws(jsonfmt_rd *r)
 {
@@ -123,7 +144,8 @@ static void jsonfmt_put_escaped_cp(jsonfmt_buf *b, uint32_t cp)
  * mode 1: decode raw UTF-8 into dec. */
 static bool jsonfmt_string_rd(jsonfmt_rd *r, jsonfmt_buf *dec)
 {
-    if (r->i >= r->n || r->s[r->i] != '"') return false;
+    if (r->i >= r->n) return jsonfmt_end(r);
+    if (r->s[r->i] != '"') return false;
     r->i++;
     if (r->out && !dec) jsonfmt_buf_putc(r->out, '"');
     jsonfmt_buf *o = dec ? dec : r->out;
@@ -139,11 +161,13 @@ static bool jsonfmt_string_rd(jsonfmt_rd *r, jsonfmt_buf *dec)
             /* copy a run of plain bytes */
             size_t j = r->i;
             while (j < r->n && r->s[j] != '"' && r->s[j] != '\\' && (unsigned char)r->s[j] >= 0x20) j++;
-            if (o) jsonfmt_buf_append(o, r->s + r->i, j - r->i);
+            size_t keep = j - r->i;
+            if (r->partial && j == r->n) keep -= jsonfmt_utf8_tail(r->s + r->i, keep); /* whole characters only */
+            if (o) jsonfmt_buf_append(o, r->s + r->i, keep);
             r->i = j;
             continue;
         }
-        if (r->i + 1 >= r->n) return false;
+        if (r->i + 1 >= r->n) return jsonfmt_end(r);
         char e = r->s[r->i + 1];
         uint32_t cp;
         r->i += 2;
@@ -157,11 +181,13 @@ static bool jsonfmt_string_rd(jsonfmt_rd *r, jsonfmt_buf *dec)
         case 'r': cp = '\r'; break;
         case 't': cp = '\t'; break;
         case 'u': {
-            if (r->i + 4 > r->n) return false;
+            if (r->i + 4 > r->n) return jsonfmt_end(r);
             int h = jsonfmt_hex4(r->s + r->i);
             if (h < 0) return false;
             r->i += 4;
             cp = (uint32_t)h;
+            /* a high surrogate may still be followed by its low half */
+            if (r->partial && cp >= 0xD800 && cp <= 0xDBFF && r->i + 6 > r->n) return jsonfmt_end(r);
             if (cp >= 0xD800 && cp <= 0xDBFF && r->i + 6 <= r->n && r->s[r->i] == '\\' && r->s[r->i + 1] == 'u') {
                 int l = jsonfmt_hex4(r->s + r->i + 2);
                 if (l >= 0xDC00 && l <= 0xDFFF) {
@@ -177,7 +203,7 @@ static bool jsonfmt_string_rd(jsonfmt_rd *r, jsonfmt_buf *dec)
         if (dec) jsonfmt_put_utf8(dec, cp);
         else jsonfmt_put_escaped_cp(o, cp);
     }
-    return false;
+    return jsonfmt_end(r);
 }
 
 /* Formats a double the way JavaScript's Number#toString does. */
@@ -230,6 +256,11 @@ static bool jsonfmt_number(jsonfmt_rd *r)
 {
     size_t st = r->i;
     bool is_int = true;
+    if (r->partial) { /* a number that reaches the end of the input may go on */
+        size_t j = st;
+        while (j < r->n && r->s[j] && strchr("0123456789+-.eE", r->s[j])) j++;
+        if (j == r->n) return jsonfmt_end(r);
+    }
     if (r->i < r->n && r->s[r->i] == '-') r->i++;
     if (r->i >= r->n) return false;
     if (r->s[r->i] == '0') r->i++;
@@ -271,6 +302,7 @@ static bool jsonfmt_number(jsonfmt_rd *r)
 static bool jsonfmt_lit(jsonfmt_rd *r, const char *lit)
 {
     size_t l = strlen(lit);
+    if (r->partial && r->n - r->i < l && !memcmp(r->s + r->i, lit, r->n - r->i)) return jsonfmt_end(r);
     if (r->n - r->i < l || memcmp(r->s + r->i, lit, l)) return false;
     r->i += l;
     jsonfmt_emit(r, lit, l);
@@ -281,7 +313,7 @@ static bool jsonfmt_value(jsonfmt_rd *r, int depth)
 {
     if (depth > JSONFMT_MAX_DEPTH) return false;
     jsonfmt_ws(r);
-    if (r->i >= r->n) return false;
+    if (r->i >= r->n) return jsonfmt_end(r);
     char c = r->s[r->i];
     const char *item_sep = r->style == JSONFMT_SPACED ? ", " : ",";
     const char *key_sep = r->style == JSONFMT_COMPACT ? ":" : ": ";
@@ -304,13 +336,14 @@ static bool jsonfmt_value(jsonfmt_rd *r, int depth)
             if (obj) {
                 if (!jsonfmt_string_rd(r, NULL)) return false;
                 jsonfmt_ws(r);
-                if (r->i >= r->n || r->s[r->i] != ':') return false;
+                if (r->i >= r->n) return jsonfmt_end(r);
+                if (r->s[r->i] != ':') return false;
                 r->i++;
                 jsonfmt_emit(r, key_sep, strlen(key_sep));
             }
             if (!jsonfmt_value(r, depth + 1)) return false;
             jsonfmt_ws(r);
-            if (r->i >= r->n) return false;
+            if (r->i >= r->n) return jsonfmt_end(r);
             if (r->s[r->i] == ',') { r->i++; continue; }
             if (r->s[r->i] != close) return false;
             r->i++;
@@ -340,6 +373,17 @@ bool jsonfmt_write(jsonfmt_buf *out, const char *src, size_t len, jsonfmt_style 
         if (out->p) out->p[mark] = 0;
     }
     return ok;
+}
+
+jsonfmt_prefix_status jsonfmt_prefix(jsonfmt_buf *out, const char *src, size_t len, size_t *used)
+{
+    jsonfmt_rd r = { .s = src, .n = len, .i = 0, .out = out, .style = JSONFMT_COMPACT, .partial = true };
+    jsonfmt_buf_reserve(out, 0);
+    if (jsonfmt_value(&r, 0)) {
+        if (used) *used = r.i;
+        return JSONFMT_PREFIX_DONE;
+    }
+    return r.eof ? JSONFMT_PREFIX_MORE : JSONFMT_PREFIX_BAD;
 }
 
 bool jsonfmt_valid(const char *src, size_t len)

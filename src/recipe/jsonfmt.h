@@ -42,6 +42,23 @@ typedef enum {
  * it was, when src is not exactly one valid JSON value. */
 bool jsonfmt_write(jsonfmt_buf *out, const char *src, size_t len, jsonfmt_style style, int indent);
 
+typedef enum {
+    JSONFMT_PREFIX_DONE = 0,  /* one whole value was read (*used: bytes up to its end) */
+    JSONFMT_PREFIX_MORE,      /* the input ended inside the value: it may still become valid */
+    JSONFMT_PREFIX_BAD,       /* no continuation can make it a JSON value; out has what was
+                               * re-emitted before the error (a number or literal right before
+                               * it included) */
+} jsonfmt_prefix_status;
+
+/* Streaming re-emission: appends to out the compact form of as much of the JSON value that
+ * starts src[0..len) (after optional whitespace) as is final, i.e. what jsonfmt_write
+ * (JSONFMT_COMPACT) writes for every valid continuation too: a string's characters as they
+ * come (never half an escape, half a surrogate pair or half a UTF-8 sequence), a number or a
+ * literal once it has ended, punctuation as it is read. So the outputs for growing prefixes
+ * of one text extend one another, and at DONE out holds exactly jsonfmt_write's output for
+ * the value. Text after the value is not looked at. */
+jsonfmt_prefix_status jsonfmt_prefix(jsonfmt_buf *out, const char *src, size_t len, size_t *used);
+
 /* True when src[0..len) is exactly one valid JSON value. */
 bool jsonfmt_valid(const char *src, size_t len);
 

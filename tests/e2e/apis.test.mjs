@@ -18,6 +18,7 @@ import OpenAI from "openai";
 import Anthropic from "@anthropic-ai/sdk";
 
 import { root, bin, startServer as startServerOf, stopServers } from "./server.mjs";
+import { augment } from "../oracle/vocab_augment.mjs";
 const vocab = path.join(root, "tests/data/llama.cpp/models/ggml-vocab-qwen2.gguf");
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "tm-apis-"));
 const model = path.join(tmp, "q3.gguf");
@@ -278,6 +279,15 @@ test("cache hits: a second identical long request reports cached tokens in every
   assert.equal(a2.usage.input_tokens + a2.usage.cache_read_input_tokens, total, "input_tokens counts only the uncached part");
   const s = await ant.messages.stream(body).finalMessage();
   assert.ok(s.usage.cache_read_input_tokens > 0, "streamed usage too");
+  // message_start already carries the prompt's figures (sent once the prefix lookup is done)
+  let start = null, end = null;
+  for await (const ev of await ant.messages.create({ ...body, stream: true })) {
+    if (ev.type === "message_start") start = ev.message.usage;
+    if (ev.type === "message_delta") end = ev.usage;
+  }
+  assert.equal(start.cache_read_input_tokens, a2.usage.cache_read_input_tokens, "message_start: cached tokens");
+  assert.equal(start.input_tokens, a2.usage.input_tokens, "message_start: uncached input tokens");
+  assert.equal(end.cache_read_input_tokens, start.cache_read_input_tokens);
 });
 
 // ------------------------------------------------------------------ control tokens
@@ -460,20 +470,27 @@ test("1,000 malformed or truncated requests across the chat routes, then valid o
 
 // test_api writes the SSE bodies its formatter produced for hand-written token sequences
 // (reasoning, tool calls) when TM_API_DUMP names a directory; a small server replays them.
-test("reasoning and tool-call events parse in the SDKs' stream helpers", async () => {
+// Requests naming model "long" get the long-arguments dumps (*_longargs.sse), others *_tools.sse.
+async function replayServer() {
   const dump = fs.mkdtempSync(path.join(tmp, "dump-"));
   execFileSync(path.join(root, "build/tests/test_api"), { env: { ...process.env, TM_API_DUMP: dump }, stdio: "pipe" });
   const files = Object.fromEntries(fs.readdirSync(dump).map((f) => [f, fs.readFileSync(path.join(dump, f), "utf8")]));
   const srv = http.createServer((req, res) => {
-    let name = req.url.includes("chat") ? "chat_tools.sse" : req.url.includes("responses") ? "responses_tools.sse" : "messages_tools.sse";
-    req.resume();
+    let body = "";
+    req.on("data", (d) => { body += d; });
     req.on("end", () => {
+      const kind = JSON.parse(body).model === "long" ? "longargs" : "tools";
+      const api = req.url.includes("chat") ? "chat" : req.url.includes("responses") ? "responses" : "messages";
       res.writeHead(200, { "content-type": "text/event-stream" });
-      res.end(files[name]);
+      res.end(files[`${api}_${kind}.sse`]);
     });
   });
   await new Promise((r) => srv.listen(0, "127.0.0.1", r));
-  const url = `http://127.0.0.1:${srv.address().port}`;
+  return { srv, url: `http://127.0.0.1:${srv.address().port}` };
+}
+
+test("reasoning and tool-call events parse in the SDKs' stream helpers", async () => {
+  const { srv, url } = await replayServer();
   try {
     const o = new OpenAI({ baseURL: `${url}/v1`, apiKey: "x", maxRetries: 0 });
     // chat: tool_calls fragments by index reassemble into calls with valid JSON arguments
@@ -501,4 +518,94 @@ test("reasoning and tool-call events parse in the SDKs' stream helpers", async (
   } finally {
     srv.close();
   }
+});
+
+// Tool-call arguments stream as they are generated (not as one delta at the call's end): the
+// SDKs see several argument deltas whose concatenation is the final, valid arguments JSON.
+test("tool-call arguments stream in fragments that add up to the final arguments (SDKs)", async () => {
+  const { srv, url } = await replayServer();
+  const want = { path: "/tmp/notes été.txt", lines: [1, 2.5, -3], content: 'first line\nsecond "quoted" line\né and 😀', overwrite: true };
+  try {
+    const o = new OpenAI({ baseURL: `${url}/v1`, apiKey: "x", maxRetries: 0 });
+    // chat: delta.tool_calls[0].function.arguments fragments; the first chunk carries id/type/name
+    let frags = [], first = null;
+    for await (const ch of await o.chat.completions.create({ model: "long", messages: user("x"), stream: true })) {
+      const tc = ch.choices[0]?.delta?.tool_calls?.[0];
+      if (!tc) continue;
+      if (!first) first = tc;
+      if (tc.function?.arguments) frags.push(tc.function.arguments);
+    }
+    assert.equal(first.id.slice(0, 5), "call_");
+    assert.equal(first.type, "function");
+    assert.equal(first.function.name, "write_file");
+    assert.ok(frags.length > 5, `chat: ${frags.length} fragments`);
+    const cc = await o.chat.completions.stream({ model: "long", messages: user("x") }).finalChatCompletion();
+    const fin = cc.choices[0].message.tool_calls[0].function.arguments;
+    assert.equal(frags.join(""), fin);
+    assert.deepEqual(JSON.parse(fin), want);
+    // responses: response.function_call_arguments.delta events, then .done with the whole
+    frags = [];
+    let done = null;
+    const rs = o.responses.stream({ model: "long", input: "x" });
+    for await (const ev of rs) {
+      if (ev.type === "response.function_call_arguments.delta") frags.push(ev.delta);
+      if (ev.type === "response.function_call_arguments.done") done = ev.arguments;
+    }
+    const rr = await rs.finalResponse();
+    assert.ok(frags.length > 5, `responses: ${frags.length} fragments`);
+    assert.equal(frags.join(""), done);
+    assert.equal(rr.output.find((x) => x.type === "function_call").arguments, done);
+    assert.deepEqual(JSON.parse(done), want);
+    // anthropic: input_json_delta partial_json fragments build the tool_use input
+    const a = new Anthropic({ baseURL: url, apiKey: "x", maxRetries: 0 });
+    frags = [];
+    const ms = a.messages.stream({ model: "long", max_tokens: 500, messages: user("x") });
+    for await (const ev of ms) {
+      if (ev.type === "content_block_delta" && ev.delta.type === "input_json_delta") frags.push(ev.delta.partial_json);
+    }
+    const am = await ms.finalMessage();
+    assert.ok(frags.length > 5, `messages: ${frags.length} fragments`);
+    const tu = am.content.find((b) => b.type === "tool_use");
+    assert.equal(tu.name, "write_file");
+    assert.deepEqual(JSON.parse(frags.join("")), tu.input);
+    assert.deepEqual(tu.input, want);
+    assert.equal(am.stop_reason, "tool_use");
+  } finally {
+    srv.close();
+  }
+});
+
+// The reasoning budget is enforced: a DeepSeek-R1-templated model (its prompt opens the think
+// block; random weights would think until the token limit) has its block closed after
+// budget_tokens and answers after it. Chat's thinking.budget_tokens extension and Anthropic's.
+test("thinking.budget_tokens closes the reasoning after that many tokens (chat and messages)", async () => {
+  const vocabDs = path.join(tmp, "vocab-ds.gguf"), modelDs = path.join(tmp, "ds.gguf");
+  augment("deepseek3", vocabDs);
+  execFileSync(bin, ["mkmodel", "--arch", "llama", "--preset", "tiny", "--vocab", vocabDs, "--type", "q8_0",
+    "--seed", "5", "-o", modelDs], { stdio: "pipe" });
+  const D = await startServerOf(modelDs, ["--ctx", "2048", "--template", "deepseek-r1"]);
+  const o = new OpenAI({ baseURL: `${D.url}/v1`, apiKey: "x", maxRetries: 0 });
+  const body = { model: "ds", messages: user("hi"), max_tokens: 30, temperature: 0 };
+  const free = await o.chat.completions.create({ ...body, thinking: { type: "enabled" } });
+  assert.equal(free.usage.completion_tokens_details.reasoning_tokens, 30, "without a budget it thinks to the limit");
+  assert.equal(free.choices[0].message.content ?? "", "");
+  const capped = await o.chat.completions.create({ ...body, thinking: { type: "enabled", budget_tokens: 5 } });
+  // 5 reasoning tokens, then the </think> the scheduler put in (counted as reasoning), then the answer
+  assert.equal(capped.usage.completion_tokens_details.reasoning_tokens, 6);
+  assert.ok(capped.choices[0].message.content.length > 0, "the answer follows the closed block");
+  assert.equal(capped.choices[0].message.reasoning_content, free.choices[0].message.reasoning_content.slice(0, capped.choices[0].message.reasoning_content.length));
+  const bad = await fetch(`${D.url}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" },
+    body: JSON.stringify({ ...body, thinking: { type: "enabled", budget_tokens: 0 } }) });
+  assert.equal(bad.status, 400);
+  assert.equal((await bad.json()).error.param, "thinking.budget_tokens");
+  // Anthropic: budget_tokens >= 1024 (its rule), max_tokens above it
+  const a = new Anthropic({ baseURL: D.url, apiKey: "x", maxRetries: 0 });
+  const m = await a.messages.create({ model: "ds", max_tokens: 1100, temperature: 0, messages: user("hi"),
+    thinking: { type: "enabled", budget_tokens: 1024 } });
+  assert.deepEqual(m.content.map((b) => b.type), ["thinking", "text"]);
+  assert.ok(m.content[1].text.length > 0);
+  assert.equal(m.stop_reason, "max_tokens");
+  const mt = await a.messages.countTokens({ model: "ds", messages: [{ role: "user", content: "hi" },
+    { role: "assistant", content: m.content[0].thinking }] });
+  assert.ok(mt.input_tokens > 900, `the thinking ran near its budget: ${mt.input_tokens} tokens with it`);
 });

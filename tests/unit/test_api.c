@@ -110,6 +110,19 @@ TEST(chat_parse_basic)
     CHECK(r.sp.temp == 1.0f && r.sp.top_p == 1.0f && r.sp.top_k == 0 && r.max_tokens == -1 && r.n == 1 && !r.seed_given);
     CHECK(r.n_stop == 1 && !strcmp(r.stop[0], "S") && !r.stream);
     api_req_free(&r);
+    /* thinking.budget_tokens (extension, as Anthropic's): the most reasoning tokens */
+    CHECK(parse(API_KIND_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"thinking\":{\"type\":\"enabled\",\"budget_tokens\":7}}", &r, &e) == API_OK);
+    CHECK(r.thinking_budget == 7 && r.conv.thinking == CONV_THINKING_ON);
+    api_req_free(&r);
+    CHECK(parse(API_KIND_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"thinking\":{\"type\":\"disabled\",\"budget_tokens\":7}}", &r, &e) == API_OK);
+    CHECK(r.thinking_budget == 0);
+    api_req_free(&r);
+    CHECK(parse(API_KIND_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"thinking\":{\"type\":\"enabled\",\"budget_tokens\":0}}", &r, &e) == API_ERR);
+    CHECK(e.status == 400 && !strcmp(e.param, "thinking.budget_tokens"));
+    api_req_free(&r);
+    CHECK(parse(API_KIND_MESSAGES, "{\"max_tokens\":2000,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"thinking\":{\"type\":\"enabled\",\"budget_tokens\":1500}}", &r, &e) == API_OK);
+    CHECK(r.thinking_budget == 1500);
+    api_req_free(&r);
     /* no model named: the served one */
     CHECK(parse(API_KIND_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", &r, &e) == API_OK && !strcmp(r.model, "m"));
     api_req_free(&r);
@@ -296,6 +309,38 @@ TEST(messages_parse)
     api_messages_count_json(12, &b);
     CHECK(!strcmp(b.p, "{\"input_tokens\":12}"));
     jsonfmt_buf_free(&b);
+}
+
+/* The text-part reader the three APIs share (api_json_parts_text): joined texts, and each
+ * rejection in its vendor's words with the part's path. */
+TEST(text_parts_shared)
+{
+    api_req r;
+    api_error e;
+    /* joining: Anthropic by newlines (system blocks), OpenAI with nothing between */
+    CHECK(parse(API_KIND_MESSAGES, "{\"model\":\"m\",\"max_tokens\":5,\"system\":[{\"type\":\"text\",\"text\":\"a\"},"
+                "{\"type\":\"text\",\"text\":\"b\"}],\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", &r, &e) == API_OK);
+    CHECK(!strcmp(part_text(&r.conv, 0, 0), "a\nb"));
+    api_req_free(&r);
+    CHECK(parse(API_KIND_RESPONSES, "{\"model\":\"m\",\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_text\",\"text\":\"a\"},"
+                "{\"type\":\"refusal\",\"refusal\":\"b\"}]}]}", &r, &e) == API_OK);
+    CHECK(!strcmp(part_text(&r.conv, 0, 0), "ab"));
+    api_req_free(&r);
+    /* a part of an unsupported type, a part that is not an object, a text that is not a string */
+    REJECTS(API_KIND_MESSAGES, "{\"model\":\"m\",\"max_tokens\":5,\"system\":[{\"type\":\"image\"}],\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}",
+            400, "system[0]: content blocks of type 'image' are not supported");
+    REJECTS(API_KIND_MESSAGES, "{\"model\":\"m\",\"max_tokens\":5,\"system\":[3],\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}",
+            400, "system[0]: Input should be a valid dictionary");
+    REJECTS(API_KIND_MESSAGES, "{\"model\":\"m\",\"max_tokens\":5,\"system\":[{\"type\":\"text\"}],\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}",
+            400, "system[0].text: Field required");
+    REJECTS(API_KIND_RESPONSES, "{\"model\":\"m\",\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_image\"}]}]}",
+            400, "Invalid 'input[0].content[0]': content part type 'input_image' is not supported");
+    REJECTS(API_KIND_RESPONSES, "{\"model\":\"m\",\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_text\",\"text\":1}]}]}",
+            400, "Invalid type for 'input[0].content[0].text': expected a string, but got an integer instead.");
+    REJECTS(API_KIND_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"text\":\"a\"}]}]}",
+            400, "Missing required parameter: 'messages[0].content[0].type'.");
+    REJECTS(API_KIND_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":5}]}",
+            400, "expected a string or an array of content parts");
 }
 
 TEST(error_shapes)
@@ -670,6 +715,84 @@ TEST(responses_output)
     api_store_free(store);
 }
 
+/* Long tool arguments generated a few bytes per token stream as many argument deltas in each
+ * API's own events, which concatenate to the final arguments (written for the e2e replay
+ * through the SDKs as *_longargs.sse). */
+static const char long_call[] =
+    "{\"name\": \"write_file\", \"arguments\": {\"path\": \"/tmp/notes \xc3\xa9t\xc3\xa9.txt\", \"lines\": [1, 2.50, -3],"
+    " \"content\": \"first line\\nsecond \\\"quoted\\\" line\\n\\u00e9 and \\ud83d\\ude00\", \"overwrite\": true}}";
+static const char long_args_want[] =
+    "{\"path\":\"/tmp/notes \xc3\xa9t\xc3\xa9.txt\",\"lines\":[1,2.5,-3],\"content\":\"first line\\nsecond \\\"quoted\\\" line\\n\xc3\xa9 and "
+    "\xf0\x9f\x98\x80\",\"overwrite\":true}";
+
+static void feed_long_call(api_out *o)
+{
+    api_out_token(o, 0, 1, "Ok", 2, NULL);
+    api_out_token(o, 0, 5002, "", 0, NULL);
+    for (size_t i = 0, n = strlen(long_call); i < n; i += 3) api_out_token(o, 0, 1, long_call + i, TM_MIN(3, n - i), NULL);
+    api_out_token(o, 0, 5003, "", 0, NULL);
+    api_out_finish(o, 0, EVENTS_FINISH_STOP);
+    api_out_end(o);
+}
+
+TEST(tool_arguments_stream_sse)
+{
+    const char *bodies[3] = {
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stream\":true}",
+        "{\"model\":\"m\",\"input\":\"x\",\"stream\":true,\"store\":false}",
+        "{\"model\":\"m\",\"max_tokens\":500,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stream\":true}"};
+    const char *names[3] = {"chat_longargs.sse", "responses_longargs.sse", "messages_longargs.sse"};
+    for (int k = 0; k < 3; k++) {
+        api_kind kind = k == 0 ? API_KIND_CHAT : k == 1 ? API_KIND_RESPONSES : API_KIND_MESSAGES;
+        api_req r;
+        api_error e;
+        CHECK(parse(kind, bodies[k], &r, &e) == API_OK);
+        events_markers mk = qwen_markers();
+        api_out o;
+        api_out_init(&o, &r, &mk, 5, "m");
+        api_out_set_prompt(&o, 10, 0, NULL, 0);
+        api_out_begin(&o);
+        feed_long_call(&o);
+        dump(names[k], &o.out);
+        bool names_ok;
+        json_t *ev = sse_parse(o.out.p, &names_ok);
+        CHECK(names_ok);
+        jsonfmt_buf cat = {0};
+        jsonfmt_buf_puts(&cat, "");
+        int n_deltas = 0;
+        const char *done = NULL;
+        for (size_t q = 0; q < json_array_size(ev); q++) {
+            json_t *x = json_array_get(ev, q);
+            const char *frag = NULL;
+            if (kind == API_KIND_CHAT) {
+                json_t *tc = json_array_get(json_object_get(json_object_get(json_array_get(json_object_get(x, "choices"), 0), "delta"), "tool_calls"), 0);
+                frag = json_string_value(json_object_get(json_object_get(tc, "function"), "arguments"));
+                if (frag && !*frag) frag = NULL;  /* the opening chunk's "" */
+            } else if (kind == API_KIND_RESPONSES) {
+                const char *t = json_string_value(json_object_get(x, "type"));
+                if (t && !strcmp(t, "response.function_call_arguments.delta")) frag = json_string_value(json_object_get(x, "delta"));
+                if (t && !strcmp(t, "response.function_call_arguments.done")) done = json_string_value(json_object_get(x, "arguments"));
+            } else {
+                json_t *d = json_object_get(x, "delta");
+                const char *t = json_string_value(json_object_get(d, "type"));
+                if (t && !strcmp(t, "input_json_delta")) frag = json_string_value(json_object_get(d, "partial_json"));
+            }
+            if (frag) {
+                n_deltas++;
+                jsonfmt_buf_puts(&cat, frag);
+            }
+        }
+        CHECKF(n_deltas > 5, "%s: %d argument deltas", names[k], n_deltas);
+        CHECKF(!strcmp(cat.p, long_args_want), "%s:\n   got  %s\n   want %s", names[k], cat.p, long_args_want);
+        if (kind == API_KIND_RESPONSES) CHECK(done && !strcmp(done, long_args_want));
+        if (kind == API_KIND_CHAT) CHECK(strstr(o.out.p, "\"finish_reason\":\"tool_calls\"") != NULL);
+        jsonfmt_buf_free(&cat);
+        json_decref(ev);
+        api_out_free(&o);
+        api_req_free(&r);
+    }
+}
+
 TEST(store_bound)
 {
     api_store *s = api_store_new(2);
@@ -784,12 +907,14 @@ int main(void)
     RUN(chat_bad_input);
     RUN(responses_parse);
     RUN(messages_parse);
+    RUN(text_parts_shared);
     RUN(error_shapes);
     RUN(stop_matcher);
     RUN(chat_output_nonstream);
     RUN(chat_output_tools_and_stream);
     RUN(chat_logprobs);
     RUN(responses_output);
+    RUN(tool_arguments_stream_sse);
     RUN(store_bound);
     RUN(messages_output);
     HARNESS_END();

@@ -2,8 +2,10 @@
  * test_events: the output splitter on hand-written token sequences. Token ids below 1000 are
  * "ordinary" tokens carrying the given text; the marker ids are the ones in the markers.
  * Events are recorded into a log string: T:text R:reasoning S0:name A0:args E0 F:reason,
- * consecutive deltas of one kind merged, so that the tests do not depend on how text was
- * split across tokens.
+ * consecutive deltas of one kind merged (argument fragments too), so that the tests do not
+ * depend on how text was split across tokens. The recorder also checks what a streaming
+ * client relies on: a call's argument fragments concatenate to its TOOL_END arguments, which
+ * are valid JSON (bad_args counts violations; every run() checks it is 0).
  */
 #include "harness.h"
 
@@ -11,6 +13,7 @@
 
 #include "recipe/events.h"
 #include "recipe/jsonfmt.h"
+#include "util/util.h"
 
 enum { THINK = 5000, UNTHINK, TC, UNTC, CALLS_B, CALLS_E, CALL_B, CALL_E, SEP, PYTAG };
 
@@ -18,6 +21,9 @@ typedef struct {
     jsonfmt_buf log;
     int last_kind;
     char ids[8][32];
+    jsonfmt_buf args;     /* fragments of the current call, concatenated */
+    int n_frags[8];       /* TOOL_ARGS fragments per call */
+    int bad_args;         /* calls whose fragments did not add up to valid final arguments */
 } rec;
 
 static void rec_cb(void *ud, const events_event *e)
@@ -39,13 +45,21 @@ static void rec_cb(void *ud, const events_event *e)
         if (e->tool_index < 8) snprintf(r->ids[e->tool_index], 32, "%s", e->tool_id);
         break;
     case EVENTS_TOOL_ARGS:
-        snprintf(tmp, sizeof tmp, "|A%d:", e->tool_index);
-        jsonfmt_buf_puts(&r->log, tmp);
+        if (r->last_kind != (int)e->kind) {
+            snprintf(tmp, sizeof tmp, "|A%d:", e->tool_index);
+            jsonfmt_buf_puts(&r->log, tmp);
+        }
         jsonfmt_buf_append(&r->log, e->text, e->len);
+        jsonfmt_buf_append(&r->args, e->text, e->len);
+        if (e->len == 0) r->bad_args++;
+        if (e->tool_index < 8) r->n_frags[e->tool_index]++;
         break;
     case EVENTS_TOOL_END:
         snprintf(tmp, sizeof tmp, "|E%d", e->tool_index);
         jsonfmt_buf_puts(&r->log, tmp);
+        if (e->len != r->args.len || memcmp(e->text, r->args.p ? r->args.p : "", e->len) || !jsonfmt_valid(e->text, e->len))
+            r->bad_args++;
+        r->args.len = 0;
         break;
     case EVENTS_FINISH:
         snprintf(tmp, sizeof tmp, "%sF:%s", r->log.len ? "|" : "",
@@ -75,6 +89,8 @@ static char *run(const events_markers *m, events_finish_reason why, const char *
     }
     events_finish(ev, why);
     events_free(ev);
+    CHECKF(r.bad_args == 0, "argument fragments do not add up to the final arguments: %s", r.log.p ? r.log.p : "");
+    jsonfmt_buf_free(&r.args);
     if (keep) *keep = r;
     char *s = strdup(r.log.p ? r.log.p : "");
     if (!keep) jsonfmt_buf_free(&r.log);
@@ -166,15 +182,27 @@ TEST(qwen_arguments_as_string_and_missing)
 TEST(qwen_malformed_call_is_text)
 {
     events_markers m = qwen();
-    const char *p[] = { "ok ", "#5002:<tool_call>", "{\"name\": \"f\", \"arguments\": {oops}}", "#5003:</tool_call>", NULL };
+    /* the head never came (no string name): text */
+    const char *p[] = { "ok ", "#5002:<tool_call>", "{\"name\": 5, \"arguments\": {}}", "#5003:</tool_call>", NULL };
     EXPECT(run(&m, EVENTS_FINISH_STOP, p, NULL),
-           "T:ok <tool_call>{\"name\": \"f\", \"arguments\": {oops}}</tool_call>|F:stop");
+           "T:ok <tool_call>{\"name\": 5, \"arguments\": {}}</tool_call>|F:stop");
+    /* the head came, so the call was announced and stays a call: arguments that go bad are
+     * closed where they were still valid */
+    const char *p2[] = { "ok ", "#5002:<tool_call>", "{\"name\": \"f\", \"arguments\": {oops}}", "#5003:</tool_call>", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, p2, NULL), "T:ok|S0:f|A0:{}|E0|F:tool_calls");
+    const char *p3[] = { "#5002:<tool_call>", "{\"name\": \"f\", \"arguments\": {\"a\": [1, \"x", "y\", oops", "#5003:</tool_call>", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, p3, NULL), "S0:f|A0:{\"a\":[1,\"xy\"]}|E0|F:tool_calls");
     /* unterminated but complete JSON at the limit: still a call */
     const char *q[] = { "#5002:<tool_call>", "{\"name\": \"f\", \"arguments\": {\"x\": 1}}", NULL };
     EXPECT(run(&m, EVENTS_FINISH_LENGTH, q, NULL), "S0:f|A0:{\"x\":1}|E0|F:length");
-    /* unterminated and cut: text */
+    /* unterminated and cut before the head was complete: text */
     const char *r2[] = { "#5002:<tool_call>", "{\"name\": \"f\", \"argu", NULL };
     EXPECT(run(&m, EVENTS_FINISH_LENGTH, r2, NULL), "T:<tool_call>{\"name\": \"f\", \"argu|F:length");
+    /* cut inside the arguments: closed after the last complete value or inside the string */
+    const char *r3[] = { "#5002:<tool_call>", "{\"name\": \"f\", \"arguments\": {\"a\": 1, \"b", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_LENGTH, r3, NULL), "S0:f|A0:{\"a\":1}|E0|F:length");
+    const char *r4[] = { "#5002:<tool_call>", "{\"name\": \"f\", \"arguments\": {\"a\": {\"b\": \"he", "llo\\", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_LENGTH, r4, NULL), "S0:f|A0:{\"a\":{\"b\":\"hello\"}}|E0|F:length");
 }
 
 TEST(text_split_across_deltas_keeps_inner_blanks)
@@ -253,6 +281,130 @@ TEST(llama3_json_tool_call)
     EXPECT(run(&m, EVENTS_FINISH_LENGTH, r4, NULL), "T:{\"name\": \"f\",|F:length");
 }
 
+/* Long arguments fed in small pieces (cut anywhere: inside escapes, surrogate pairs, UTF-8
+ * characters, numbers, literals) stream as many fragments that add up to exactly the compact
+ * arguments, each fragment whole UTF-8; in all three tool-call formats. */
+static const char long_args[] =
+    "{ \"path\": \"/tmp/caf\xc3\xa9 \\u00e9 \\ud83d\\ude00 \xf0\x9f\x98\x80.txt\", \"lines\": [1, -2.50, 3e2, true, false, null],\n"
+    "  \"content\": \"line one\\nline \\\"two\\\"\\ttabbed \\\\ back\\/slash\", \"nested\": {\"a\": {\"b\": [[], {}, [\"x\"]]}},\n"
+    "  \"big\": 12345678901234567890, \"small\": 0.000001 }";
+
+static bool utf8_ok(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n;) {
+        unsigned char c = (unsigned char)s[i];
+        size_t k = c < 0x80 ? 1 : c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 0;
+        if (!k || i + k > n) return false;
+        for (size_t j = 1; j < k; j++)
+            if (((unsigned char)s[i + j] & 0xC0) != 0x80) return false;
+        i += k;
+    }
+    return true;
+}
+
+typedef struct {
+    int n_frags;
+    bool frag_utf8;
+    jsonfmt_buf args, end;
+} frag_rec;
+
+static void frag_cb(void *ud, const events_event *e)
+{
+    frag_rec *f = ud;
+    if (e->kind == EVENTS_TOOL_ARGS) {
+        f->n_frags++;
+        if (!utf8_ok(e->text, e->len)) f->frag_utf8 = false;
+        jsonfmt_buf_append(&f->args, e->text, e->len);
+    } else if (e->kind == EVENTS_TOOL_END) {
+        jsonfmt_buf_append(&f->end, e->text, e->len);
+    }
+}
+
+/* Feeds head + long_args + tail in pieces of `step` bytes between the markers (DeepSeek:
+ * the name and the separator first). */
+static void stream_long(const events_markers *m, int32_t open, const char *ds_name, const char *head, const char *tail,
+                        int32_t close, size_t step, const char *want)
+{
+    frag_rec f = { .frag_utf8 = true };
+    events *ev = events_new(m, 3, frag_cb, &f);
+    if (open >= 0) events_feed(ev, open, "", 0);
+    if (ds_name) {
+        events_feed(ev, 1, ds_name, strlen(ds_name));
+        events_feed(ev, SEP, "", 0);
+    }
+    jsonfmt_buf all = { 0 };
+    jsonfmt_buf_puts(&all, head);
+    jsonfmt_buf_puts(&all, long_args);
+    jsonfmt_buf_puts(&all, tail);
+    for (size_t i = 0; i < all.len; i += step) events_feed(ev, 1, all.p + i, TM_MIN(step, all.len - i));
+    if (close >= 0) events_feed(ev, close, "", 0);
+    events_finish(ev, EVENTS_FINISH_STOP);
+    CHECKF(f.n_frags > 3, "step %zu: %d fragments", step, f.n_frags);
+    CHECK(f.frag_utf8);
+    CHECKF(f.args.p && !strcmp(f.args.p, want), "step %zu:\n   got  %s\n   want %s", step, f.args.p ? f.args.p : "", want);
+    CHECK(f.end.p && !strcmp(f.end.p, want));
+    events_free(ev);
+    jsonfmt_buf_free(&all);
+    jsonfmt_buf_free(&f.args);
+    jsonfmt_buf_free(&f.end);
+}
+
+TEST(tool_arguments_stream)
+{
+    jsonfmt_buf want = { 0 };
+    CHECK(jsonfmt_write(&want, long_args, strlen(long_args), JSONFMT_COMPACT, 0));
+    events_markers q = qwen(), d = deepseek(), l = llama3();
+    for (size_t step = 1; step <= 9; step++) {
+        stream_long(&q, TC, NULL, "\n{\"name\": \"write\", \"arguments\": ", "}\n", UNTC, step, want.p);
+        stream_long(&d, CALL_B, "write", "", "", CALL_E, step, want.p);
+        stream_long(&l, -1, NULL, "{\"name\": \"write\", \"parameters\": ", "}", -1, step, want.p);
+    }
+    /* DeepSeek with its name and a fence, R1 form */
+    frag_rec f = { .frag_utf8 = true };
+    events *ev = events_new(&d, 3, frag_cb, &f);
+    events_feed(ev, CALL_B, "", 0);
+    events_feed(ev, 1, "function", 8);
+    events_feed(ev, SEP, "", 0);
+    const char *pre = "write\n```json\n";
+    for (const char *p = pre; *p; p++) events_feed(ev, 1, p, 1);
+    for (size_t i = 0, n = strlen(long_args); i < n; i += 4) events_feed(ev, 1, long_args + i, TM_MIN(4, n - i));
+    events_feed(ev, 1, "\n```", 4);
+    events_feed(ev, CALL_E, "", 0);
+    events_finish(ev, EVENTS_FINISH_STOP);
+    CHECK(f.n_frags > 3 && f.args.p && !strcmp(f.args.p, want.p) && f.end.p && !strcmp(f.end.p, want.p));
+    events_free(ev);
+    jsonfmt_buf_free(&f.args);
+    jsonfmt_buf_free(&f.end);
+    jsonfmt_buf_free(&want);
+}
+
+/* jsonfmt_prefix: the output for every prefix of a text is a prefix of the output for the
+ * whole, MORE until the value is complete, then DONE with jsonfmt_write's output. */
+TEST(jsonfmt_prefix_extends)
+{
+    const char *texts[] = { long_args, "[1, 2.0, \"\\ud83d\\ude00\", {\"k\": [true, null]}]", "\"\\u00e9\xc3\xa9\"", "{}", NULL };
+    for (int t = 0; texts[t]; t++) {
+        size_t n = strlen(texts[t]);
+        jsonfmt_buf full = { 0 }, b = { 0 };
+        CHECK(jsonfmt_write(&full, texts[t], n, JSONFMT_COMPACT, 0));
+        for (size_t k = 0; k <= n; k++) {
+            b.len = 0;
+            size_t used = 0;
+            jsonfmt_prefix_status st = jsonfmt_prefix(&b, texts[t], k, &used);
+            CHECKF(st == (k == n ? JSONFMT_PREFIX_DONE : JSONFMT_PREFIX_MORE) || (st == JSONFMT_PREFIX_DONE && texts[t][k - 1] == '}'),
+                   "text %d prefix %zu: status %d", t, k, st);
+            CHECKF(b.len <= full.len && !memcmp(b.p ? b.p : "", full.p, b.len), "text %d prefix %zu: %.*s", t, k, (int)b.len, b.p);
+            CHECK(utf8_ok(b.p ? b.p : "", b.len));
+            if (st == JSONFMT_PREFIX_DONE) CHECK(b.len == full.len);
+        }
+        jsonfmt_buf_free(&full);
+        jsonfmt_buf_free(&b);
+    }
+    jsonfmt_buf b = { 0 };
+    CHECK(jsonfmt_prefix(&b, "{\"a\": 12x", 9, NULL) == JSONFMT_PREFIX_BAD && !strcmp(b.p, "{\"a\":12"));
+    jsonfmt_buf_free(&b);
+}
+
 TEST(reset_reuses)
 {
     events_markers m = qwen();
@@ -305,6 +457,8 @@ int main(void)
     RUN(text_split_across_deltas_keeps_inner_blanks);
     RUN(deepseek_tool_calls);
     RUN(llama3_json_tool_call);
+    RUN(tool_arguments_stream);
+    RUN(jsonfmt_prefix_extends);
     RUN(reset_reuses);
     RUN(jsonfmt_layouts);
     HARNESS_END();

@@ -331,6 +331,59 @@ TEST(test_stop_ids_logprobs_seed)
     rig_free(&g);
 }
 
+/* The reasoning budget: after think_budget tokens inside a think block the next token is the
+ * think-end id, not the sampled one; before it, and without a budget, nothing changes. */
+TEST(test_think_budget)
+{
+    rig g = rig_new(16, 4, 16, 48);
+    int32_t prompt[10];
+    prompt_of(prompt, 10, 3);
+    int32_t ref[24], got[24];
+    sched_params p = greedy(prompt, 10, 24);
+    sched_req *r;
+    CHECK(sched_submit(g.s, &p, &r) == SCHED_OK);
+    CHECK(drain(r, ref, 24, NULL) == 24);
+    sched_release(r);
+    /* an id the greedy run never produced stands for </think> */
+    int32_t end = 0;
+    for (int i = 0; i < 24; i++)
+        if (ref[i] == end) end++, i = -1;  /* taken: try the next id from the start */
+    /* the prompt opened the block: token 4 is forced, the 4 before are the model's */
+    p.think_budget = 4;
+    p.think_start = -1;
+    p.think_end = end;
+    p.think_open = true;
+    CHECK(sched_submit(g.s, &p, &r) == SCHED_OK);
+    CHECK(drain(r, got, 24, NULL) == 24);
+    sched_release(r);
+    CHECK(!memcmp(got, ref, 4 * sizeof got[0]));
+    CHECKF(got[4] == end, "token 4 is %d, want %d", got[4], end);
+    int n_end = 0;
+    for (int i = 0; i < 24; i++) n_end += got[i] == end;
+    CHECK(n_end == 1);  /* the block is closed: nothing more is forced */
+    /* the model opens the block itself (its 2nd token as <think>): 3 inside, then the end */
+    p.think_budget = 3;
+    p.think_start = ref[1];
+    p.think_open = false;
+    int first = 0;
+    while (ref[first] != ref[1]) first++;  /* where the "<think>" appears first */
+    CHECK(sched_submit(g.s, &p, &r) == SCHED_OK);
+    CHECK(drain(r, got, 24, NULL) == 24);
+    sched_release(r);
+    CHECK(!memcmp(got, ref, (size_t)(first + 4) * sizeof got[0]));
+    CHECKF(got[first + 4] == end, "token %d is %d, want %d", first + 4, got[first + 4], end);
+    /* no budget: the same as without */
+    p.think_budget = 0;
+    CHECK(sched_submit(g.s, &p, &r) == SCHED_OK);
+    CHECK(drain(r, got, 24, NULL) == 24 && !memcmp(got, ref, sizeof ref));
+    sched_release(r);
+    /* a think-end id outside the vocabulary is refused */
+    p.think_budget = 2;
+    p.think_end = 1 << 30;
+    CHECK(sched_submit(g.s, &p, &r) == SCHED_ERR_ARG);
+    rig_free(&g);
+}
+
 TEST(test_errors_and_shutdown)
 {
     rig g = rig_new(16, 4, 16, 48);
@@ -376,6 +429,7 @@ int main(void)
     RUN(test_kv_exhaustion_preempts_and_completes);
     RUN(test_prefix_cache_hits);
     RUN(test_stop_ids_logprobs_seed);
+    RUN(test_think_budget);
     RUN(test_errors_and_shutdown);
     model_free(g_model);
     char cmd[300];
