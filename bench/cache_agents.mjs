@@ -32,7 +32,8 @@
 // speed-up is the pure effective prefill speed-up; by default the agents are concurrent and
 // TTFT also holds the queueing behind the other agents' prefill and decode steps.
 // Before each run the CPUs must be idle (waits up to --wait-quiet 60 s; the busy fraction is
-// shown, '!' when over 15 %): other processes slow llama.cpp's spinning barriers 10-20x.
+// shown, '!' when over 15 %; --wait-quiet 0 neither waits nor measures): other processes slow
+// llama.cpp's spinning barriers 10-20x.
 //
 //   bench/cache_agents [-m MODEL] [--agents 8] [--turns 4] [--system 1500] [--tool 250]
 //                      [--answer 24] [--kv-mib 24] [--threads N] [--step-tokens N] [--reps 1]
@@ -48,7 +49,7 @@ import os from "node:os";
 import path from "node:path";
 
 const root = path.resolve(import.meta.dirname, "..");
-const bin = path.join(root, "build/tokenmill");
+const bin = process.env.TM_BIN || path.join(root, "build/tokenmill");
 const o = { agents: 8, turns: 4, system: 1500, tool: 250, answer: 24, kvMib: 24, reps: 1, threads: os.availableParallelism?.() ?? os.cpus().length,
   llamaSlots: "agents,pool", llamaBatch: 512, llamaFlashAttn: "on", llama: true, serial: false, waitQuiet: 60 };
 const argv = process.argv.slice(2);
@@ -82,7 +83,8 @@ if (!o.model) {
 }
 const log = (s) => process.stderr.write(`bench/cache_agents: ${s}\n`);
 
-// The workload, fixed up front: prompts[a][t] (token ids; avoid 0..9, often control tokens).
+// The workload, fixed up front: prompts[a][t] (token ids 10..3009 and 3000.. for the unique
+// first tokens: the model's vocabulary needs 3,500 ids or more; avoid 0..9, often control tokens).
 let seed = 777;
 const rnd = () => { seed = (seed * 1103515245 + 12345) % 2147483648; return seed; };
 const ids = (n) => Array.from({ length: n }, () => 10 + (rnd() % 3000));
@@ -112,6 +114,7 @@ function cpuBusy() {
   return total > 0 ? 1 - idle / total : 0;
 }
 function waitQuiet() {
+  if (!(o.waitQuiet > 0)) return null;  // --wait-quiet 0: neither wait nor measure
   const until = Date.now() + o.waitQuiet * 1000;
   let busy = cpuBusy();
   while (busy > 0.15 && Date.now() < until) {
@@ -157,7 +160,7 @@ function complete(port, prompt) {
           if (j.usage) usage = j.usage;
         }
       });
-      res.on("end", () => (usage ? resolve({ ttft, usage, text }) : reject(new Error(`no usage in the reply (HTTP ${res.statusCode})`))));
+      res.on("end", () => (usage ? resolve({ ttft, usage, text }) : reject(new Error(`no usage in the reply (HTTP ${res.statusCode}): ${buf.slice(0, 300)}`))));
     });
     req.on("error", reject);
     req.end(body);
@@ -248,7 +251,8 @@ try {
 const median = (xs) => { const s = xs.slice().sort((x, y) => x - y), n = s.length; return n % 2 ? s[(n - 1) / 2] : (s[n / 2 - 1] + s[n / 2]) / 2; };
 const rows = [...results.values()];
 for (const r of rows) {
-  for (const f of ["ttft_mean_ms", "ttft_p99_ms", "hit", "wall_s", "busy_before"]) r[f] = median(r.reps.map((x) => x[f]));
+  for (const f of ["ttft_mean_ms", "ttft_p99_ms", "hit", "wall_s"]) r[f] = median(r.reps.map((x) => x[f]));
+  r.busy_before = r.reps[0].busy_before == null ? null : Math.max(...r.reps.map((x) => x.busy_before));
   r.kv_mib = r.reps[0].kv_mib;
   if (r.reps[0].slots) r.slots = r.reps[0].slots;
   if (r.reps[0].engine) r.engine = r.reps[0].engine;
@@ -273,12 +277,12 @@ for (const r of rows) {
   console.log(`${r.label.padEnd(22)}${pad(r.kv_mib == null ? "?" : r.kv_mib.toFixed(0), 7)}${pad(r.ttft_mean_ms.toFixed(1), 13)}${pad(r.ttft_p99_ms.toFixed(1), 12)}` +
     `${pad((100 * r.hit).toFixed(1), 8)}%${pad(r.wall_s.toFixed(2), 8)}` +
     (r.speedup ? `${pad(r.speedup.toFixed(2), 8)}x${pad(r.ideal.toFixed(2), 7)}x${pad((100 * r.speedup / r.ideal).toFixed(0), 8)}%` : `${pad("-", 9)}${pad("-", 8)}${pad("-", 9)}`) +
-    `${pad((100 * r.busy_before).toFixed(0), 5)}%${r.busy_before > 0.15 ? "!" : " "}${st}`);
+    (r.busy_before == null ? `${pad("?", 6)} ` : `${pad((100 * r.busy_before).toFixed(0), 5)}%${r.busy_before > 0.15 ? "!" : " "}`) + st);
 }
 console.log("speed-up: TTFT mean of the engine's own no-cache run / this run's; ideal: 1/(1-hit); of ideal: speed-up / ideal (target >= 80 %).\n" +
   "restarted: a new tokenmill process on the store of 'store on' (RAM tier empty): its hits are blocks loaded from the store.\n" +
   (llamaSlots.length ? `llama.cpp: ${get(ll[1]?.[0])?.engine ?? ""}; '=': as many slots as tokenmill's ${o.kvMib} MiB KV pool holds.\n` : "") +
-  "busy: CPU use by other processes just before the run ('!' over 15 %: figures unreliable).");
+  "busy: CPU use by other processes just before the run (the most over the reps; '!' over 15 %: figures unreliable).");
 
 const llRows = rows.filter((r) => r.key.startsWith("ll-") && r.key !== "ll-noreuse");
 if (llRows.length) {

@@ -33,7 +33,7 @@
 //
 //   node bench/cache_llama.mjs -m MODEL --workload FILE.json [--slots 8|pool:MIB] [--threads N]
 //        [--batch 512] [--answer 24] [--similarity 0.1] [--flash-attn on|off] [--no-reuse] [--serial]
-//   (--slots pool:MIB: as many slots as MIB MiB of F16 KV cache hold, at least one)
+//   (--slots pool:MIB: as many slots as MIB MiB of F16 KV cache hold, at least one, at most one per agent)
 //   FILE.json: {"prompts": [[[ids of agent 0 turn 0], [turn 1], ...], [agent 1 ...], ...]}
 //   → {"ttft_mean_ms", "ttft_p99_ms", "hit", "prompt_tokens", "cached_tokens", "wall_s",
 //      "slots", "ctx", "kv_mib", "engine", "answers": ["a/t:ids", ...]}
@@ -92,7 +92,7 @@ const kvBytesPerToken = (() => {
 // --slots pool:MIB: as many slots as MIB MiB of F16 KV holds (at least one)
 if (String(o.slots).startsWith('pool:')) {
   if (!kvBytesPerToken) usage('cannot size --slots pool: from this model\'s metadata');
-  o.slots = Math.max(1, Math.floor(Number(o.slots.slice(5)) * 2 ** 20 / (ctxSize * kvBytesPerToken)));
+  o.slots = Math.max(1, Math.min(prompts.length, Math.floor(Number(o.slots.slice(5)) * 2 ** 20 / (ctxSize * kvBytesPerToken))));
 } else o.slots = parseInt(o.slots, 10);
 const ctx = await model.createContext({sequences: o.slots, contextSize: ctxSize, batchSize: o.batch, threads: o.threads,
   flashAttention: o.flashAttn, failedCreationRemedy: false, ignoreMemorySafetyChecks: true});
