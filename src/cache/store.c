@@ -267,6 +267,19 @@ store_status store_get(store *s, const uint8_t key[32], int cls, void **out, siz
     return st;
 }
 
+store_status store_touch(store *s, const uint8_t key[32], int cls)
+{
+    if (s->o.read_only) return STORE_ARG;
+    double ttl = store_ttl(s, cls);
+    if (!s->ec) return store_dir_touch(s->dir, key, ttl);
+    bool any = false;   /* every fragment, where it is */
+    for (int i = 0; i < s->k + s->m; i++) {
+        store_dir *d = store_ec_target(s->ec, i);
+        if (d && store_dir_touch(d, key, ttl) == STORE_OK) any = true;
+    }
+    return any ? STORE_OK : STORE_MISS;
+}
+
 int store_exists(store *s, const uint8_t (*keys)[32], int n)
 {
     int i = 0;

@@ -83,6 +83,9 @@ store_status store_put(store *s, const uint8_t key[32], const void *file, size_t
  * payload at block_payload(*out). A hit moves the block's last use to now and its expiry to at
  * least now + TTL(cls). STORE_MISS / STORE_CORRUPT / STORE_IO otherwise (*out = NULL). */
 store_status store_get(store *s, const uint8_t key[32], int cls, void **out, size_t *n);
+/* Refreshes key's last use to now and its expiry to at least now + TTL(cls) without reading
+ * it (a hit served from a RAM tier above the store). STORE_OK, STORE_MISS when absent. */
+store_status store_touch(store *s, const uint8_t key[32], int cls);
 /* The number of leading keys[0..n) that are stored (stops at the first absent one). */
 int store_exists(store *s, const uint8_t (*keys)[32], int n);
 /* STORE_OK or STORE_MISS. */

@@ -255,6 +255,47 @@ fail:
     return store_dir_errno_status(err);
 }
 
+/* A hit on key's file (open as fd, or at path when fd < 0; st its stat): last use = now,
+ * expiry = max(old, now + ttl_s); file times are only rewritten when they move by
+ * STORE_DIR_TOUCH_EVERY_S or more, the gc view always. */
+static void store_dir_refresh(store_dir *d, const uint8_t key[32], int fd, const char *path, const struct stat *st,
+                              double ttl_s)
+{
+    double now = store_dir_now(d);
+    double old_exp = store_dir_ts(&st->st_mtim), old_use = store_dir_ts(&st->st_atim);
+    double exp = now + ttl_s > old_exp ? now + ttl_s : old_exp;
+    if (now - old_use >= STORE_DIR_TOUCH_EVERY_S || exp - old_exp >= STORE_DIR_TOUCH_EVERY_S || old_use > now) {
+        if (fd >= 0) {
+            store_dir_set_times(fd, now, exp);
+        } else {
+            struct timespec ts[2] = { store_dir_timespec(now), store_dir_timespec(exp) };
+            (void)utimensat(AT_FDCWD, path, ts, 0);
+        }
+    }
+    if (!gc_view_touch(d->view, key, now, exp)) {
+        uint8_t victims[1][32];
+        (void)gc_view_add(d->view, key, (uint64_t)st->st_size, now, exp, victims, 0);
+    }
+}
+
+store_status store_dir_touch(store_dir *d, const uint8_t key[32], double ttl_s)
+{
+    if (d->o.read_only) return STORE_ARG;
+    char path[PATH_MAX];
+    store_dir_path(d, key, path, sizeof path);
+    struct stat st;
+    if (stat(path, &st)) {
+        if (errno == ENOENT || errno == ENOTDIR) {
+            gc_view_remove(d->view, key);
+            return STORE_MISS;
+        }
+        STORE_DIR_INC(d, n_io_err, 1);
+        return STORE_IO;
+    }
+    store_dir_refresh(d, key, -1, path, &st, ttl_s);
+    return STORE_OK;
+}
+
 store_status store_dir_read(store_dir *d, const uint8_t key[32], double ttl_s, void **out, size_t *n)
 {
     *out = NULL;
@@ -297,18 +338,7 @@ store_status store_dir_read(store_dir *d, const uint8_t key[32], double ttl_s, v
     if (got < size) {   /* an I/O error mid-file: hand back what was read, verification fails */
         STORE_DIR_INC(d, n_io_err, 1);
     }
-    double now = store_dir_now(d);
-    double old_exp = store_dir_ts(&st.st_mtim), old_use = store_dir_ts(&st.st_atim);
-    if (ttl_s > 0 && !d->o.read_only) {
-        double exp = now + ttl_s > old_exp ? now + ttl_s : old_exp;
-        if (now - old_use >= STORE_DIR_TOUCH_EVERY_S || exp - old_exp >= STORE_DIR_TOUCH_EVERY_S ||
-            old_use > now)
-            store_dir_set_times(fd, now, exp);
-        if (!gc_view_touch(d->view, key, now, exp)) {
-            uint8_t victims[1][32];
-            (void)gc_view_add(d->view, key, (uint64_t)st.st_size, now, exp, victims, 0);
-        }
-    }
+    if (ttl_s > 0 && !d->o.read_only) store_dir_refresh(d, key, fd, NULL, &st, ttl_s);
     close(fd);
     STORE_DIR_INC(d, n_read, 1);
     STORE_DIR_INC(d, bytes_read, got);

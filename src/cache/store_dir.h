@@ -67,6 +67,9 @@ store_status store_dir_putv(store_dir *d, const uint8_t key[32], const struct io
 /* Reads key's whole file into a 64-byte aligned buffer (*out, free with free()). With
  * ttl_s > 0 the hit moves last use to now and expiry to at least now + ttl_s. */
 store_status store_dir_read(store_dir *d, const uint8_t key[32], double ttl_s, void **out, size_t *n);
+/* Moves key's last use to now and its expiry to at least now + ttl_s, as a read hit does,
+ * without reading it. STORE_OK, STORE_MISS when absent. */
+store_status store_dir_touch(store_dir *d, const uint8_t key[32], double ttl_s);
 /* True when key's file exists (one stat). */
 bool store_dir_exists(store_dir *d, const uint8_t key[32]);
 /* STORE_OK or STORE_MISS. */

@@ -1,6 +1,17 @@
 /*
- * blockio: write-behind and loads between the KV pool and the block store (design in
- * blockio.h).
+ * blockio: write-behind, shared loads, layer-by-layer fills and touches between the KV pool
+ * and the block store (design in blockio.h).
+ *
+ * A stored block on its way into the pool is a blockio_ent in the shared-block table: QUEUED
+ * (some load wants it), READING (an I/O thread is in store_get), OK (file verified, in RAM) or
+ * MISS (absent or corrupt). Loads hold references to their entries, in order; fills hold one
+ * until their copy is done; the last reference frees the file and removes the entry. An I/O
+ * thread working through a load waits (ent_cv) for entries another thread is reading; it holds
+ * no READING entry while it waits, so two loads never wait for each other.
+ *
+ * Fill counters: fill_issued counts the blocks handed to the pool with kvpool_seq_append_fill,
+ * fill_done[l] the blocks whose layer l is copied. Every fill copies its layers in order, so
+ * fill_done[l] == fill_issued means layer l of every block filled so far is in the pool.
  */
 #include "engine/blockio.h"
 
@@ -12,17 +23,41 @@
 #include "cache/blockkey.h"
 #include "util/util.h"
 
+#define BLOCKIO_HASH 1024        /* shared-block table buckets */
+#define BLOCKIO_TOUCH_SEEN 4096  /* recent touches remembered (direct-mapped) */
+#define BLOCKIO_TOUCH_QUEUE 1024 /* touches queued at most */
+#define BLOCKIO_FILL_BATCH 64    /* fills one thread takes at once */
+
+typedef enum { BLOCKIO_ENT_QUEUED = 0, BLOCKIO_ENT_READING, BLOCKIO_ENT_OK, BLOCKIO_ENT_MISS } blockio_ent_state;
+
+typedef struct blockio_ent {
+    uint8_t key[32];            /* block key */
+    void *file;                 /* verified block file when OK, else NULL */
+    int state;                  /* blockio_ent_state */
+    int refcnt;                 /* loads and fills holding it */
+    struct blockio_ent *hnext;  /* hash chain */
+} blockio_ent;
+
 struct blockio_load {
-    uint8_t (*keys)[32];     /* (n_keys) keys of blocks first_block.. */
-    int first_block;         /* block index of keys[0] in the request */
+    blockio_ent **ents;      /* (n_keys) entries of blocks first_block.. (one reference each) */
+    int first_block;         /* block index of ents[0] in the request */
     int n_keys;
     int cls;                 /* traffic class the hits are refreshed with (store_class) */
-    void **files;            /* (n_keys) loaded block files, NULL past n_ok */
     int n_ok;                /* leading blocks loaded */
     bool done;               /* the I/O thread finished (under mu) */
     bool abandoned;          /* the owner let go: the I/O thread frees it (under mu) */
     blockio_load *next;      /* load queue link */
 };
+
+typedef struct {
+    uint8_t *dst;            /* pool block data (kvpool_block_bytes) */
+    blockio_ent *ent;        /* source (OK), one reference */
+} blockio_fill;
+
+typedef struct {
+    uint8_t key[32];
+    double t;                /* store clock of the last touch queued; 0 = empty */
+} blockio_seen;
 
 struct blockio {
     store *st;
@@ -30,11 +65,15 @@ struct blockio {
     blockio_opts o;
     block_header proto;      /* header fields shared by every block (key set per block) */
     size_t block_bytes;      /* kvpool_block_bytes */
+    size_t layer_bytes;      /* block_bytes / n_layers: one layer's K and V */
+    int n_layers;
     size_t file_bytes;       /* BLOCK_HEADER_BYTES + block_bytes */
     pthread_t *th;           /* (n_threads) */
     int n_started;
-    pthread_mutex_t mu;      /* guards everything below */
+    pthread_mutex_t mu;      /* guards everything below but write_cls and seen */
     pthread_cond_t cv;       /* work or stop */
+    pthread_cond_t ent_cv;   /* an entry left READING */
+    pthread_cond_t fill_cv;  /* fill_done moved */
     bool stop;
     uint8_t **slot;          /* (n_write_slots) block-file buffers */
     uint8_t (*slot_key)[32]; /* (n_write_slots) */
@@ -45,42 +84,114 @@ struct blockio {
     int *wq;                 /* (n_write_slots) FIFO of queued slots */
     int wq_head, wq_n;
     blockio_load *lq_head, *lq_tail;
+    blockio_ent *hash[BLOCKIO_HASH];  /* shared-block table */
+    blockio_fill *fq;        /* (fq_cap) ring of queued fills */
+    int fq_head, fq_n, fq_cap;
+    uint64_t fill_issued;    /* blocks handed out for filling */
+    uint64_t *fill_done;     /* (n_layers) blocks whose layer l is copied */
+    uint8_t (*tq_key)[32];   /* (BLOCKIO_TOUCH_QUEUE) ring of queued touches */
+    int *tq_cls;             /* (BLOCKIO_TOUCH_QUEUE) their classes */
+    int tq_head, tq_n;
+    blockio_seen *seen;      /* (BLOCKIO_TOUCH_SEEN) recent touches */
     blockio_stats s;
 };
 
-static void blockio_load_destroy(blockio_load *l)
+/* ---- shared-block table (under mu) ---- */
+
+static blockio_ent **blockio_ent_slot(blockio *b, const uint8_t key[32])
 {
-    if (!l) return;
-    for (int i = 0; i < l->n_keys; i++) free(l->files[i]);
-    free(l->files);
-    free(l->keys);
+    uint32_t h;
+    memcpy(&h, key, 4);
+    blockio_ent **pp = &b->hash[h % BLOCKIO_HASH];
+    while (*pp && memcmp((*pp)->key, key, 32)) pp = &(*pp)->hnext;
+    return pp;
+}
+
+static void blockio_ent_unref(blockio *b, blockio_ent *e)
+{
+    if (--e->refcnt > 0) return;
+    blockio_ent **pp = blockio_ent_slot(b, e->key);
+    if (*pp == e) *pp = e->hnext;
+    free(e->file);
+    free(e);
+}
+
+/* Drops a load's references and frees it (under mu). */
+static void blockio_load_destroy_locked(blockio *b, blockio_load *l)
+{
+    for (int i = 0; i < l->n_keys; i++) blockio_ent_unref(b, l->ents[i]);
+    free(l->ents);
     free(l);
 }
 
+/* ---- I/O thread work ---- */
+
+/* store_get + geometry check; NULL on a miss. */
+static void *blockio_read(blockio *b, const uint8_t key[32], int cls)
+{
+    void *f;
+    size_t n;
+    if (store_get(b->st, key, cls, &f, &n) != STORE_OK) return NULL;
+    block_header h;
+    if (block_parse_header(f, n, &h) != BLOCK_OK || h.payload_bytes != b->block_bytes || memcmp(h.fp, b->proto.fp, 32)) {
+        free(f);   /* same key, other geometry: cannot happen unless keys collide */
+        return NULL;
+    }
+    return f;
+}
+
+/* Called with mu held; returns with it held. */
 static void blockio_do_load(blockio *b, blockio_load *l)
 {
     int n_ok = 0;
     for (int i = 0; i < l->n_keys; i++) {
-        void *f;
-        size_t n;
-        if (store_get(b->st, l->keys[i], l->cls, &f, &n) != STORE_OK) break;
-        block_header h;
-        if (block_parse_header(f, n, &h) != BLOCK_OK || h.payload_bytes != b->block_bytes ||
-            memcmp(h.fp, b->proto.fp, 32)) {
-            free(f);   /* same key, other geometry: cannot happen unless keys collide */
-            break;
+        blockio_ent *e = l->ents[i];
+        while (e->state == BLOCKIO_ENT_READING) pthread_cond_wait(&b->ent_cv, &b->mu);
+        if (e->state == BLOCKIO_ENT_QUEUED) {
+            e->state = BLOCKIO_ENT_READING;
+            pthread_mutex_unlock(&b->mu);
+            double t0 = util_now();
+            void *f = blockio_read(b, e->key, l->cls);
+            double dt = util_now() - t0;
+            pthread_mutex_lock(&b->mu);
+            e->file = f;
+            e->state = f ? BLOCKIO_ENT_OK : BLOCKIO_ENT_MISS;
+            if (f) b->s.n_load_blocks++;
+            b->s.load_s += dt;
+            pthread_cond_broadcast(&b->ent_cv);
         }
-        l->files[i] = f;
+        if (e->state != BLOCKIO_ENT_OK) break;
         n_ok++;
     }
-    pthread_mutex_lock(&b->mu);
     l->n_ok = n_ok;
-    b->s.n_load_blocks += (uint64_t)n_ok;
     l->done = true;
-    bool free_it = l->abandoned;
-    if (free_it) b->s.n_load_wasted += (uint64_t)n_ok;
-    pthread_mutex_unlock(&b->mu);
-    if (free_it) blockio_load_destroy(l);
+    if (l->abandoned) {
+        b->s.n_load_wasted += (uint64_t)n_ok;
+        blockio_load_destroy_locked(b, l);
+    }
+}
+
+/* Takes up to BLOCKIO_FILL_BATCH queued fills, copies them layer by layer, publishing each
+ * layer. Called with mu held; returns with it held. */
+static void blockio_do_fills(blockio *b)
+{
+    blockio_fill f[BLOCKIO_FILL_BATCH];
+    int n = 0;
+    while (b->fq_n && n < BLOCKIO_FILL_BATCH) {
+        f[n++] = b->fq[b->fq_head];
+        b->fq_head = (b->fq_head + 1) % b->fq_cap;
+        b->fq_n--;
+    }
+    for (int l = 0; l < b->n_layers; l++) {
+        pthread_mutex_unlock(&b->mu);
+        size_t off = (size_t)l * b->layer_bytes;
+        for (int i = 0; i < n; i++)
+            memcpy(f[i].dst + off, (const uint8_t *)block_payload(f[i].ent->file) + off, b->layer_bytes);
+        pthread_mutex_lock(&b->mu);
+        b->fill_done[l] += (uint64_t)n;
+        pthread_cond_broadcast(&b->fill_cv);
+    }
+    for (int i = 0; i < n; i++) blockio_ent_unref(b, f[i].ent);
 }
 
 static void *blockio_thread(void *arg)
@@ -88,14 +199,16 @@ static void *blockio_thread(void *arg)
     blockio *b = arg;
     pthread_mutex_lock(&b->mu);
     for (;;) {
-        while (!b->stop && !b->lq_head && !b->wq_n) pthread_cond_wait(&b->cv, &b->mu);
+        while (!b->stop && !b->fq_n && !b->lq_head && !b->wq_n && !b->tq_n) pthread_cond_wait(&b->cv, &b->mu);
+        if (b->fq_n) {
+            blockio_do_fills(b);
+            continue;
+        }
         if (b->lq_head) {
             blockio_load *l = b->lq_head;
             b->lq_head = l->next;
             if (!b->lq_head) b->lq_tail = NULL;
-            pthread_mutex_unlock(&b->mu);
             blockio_do_load(b, l);
-            pthread_mutex_lock(&b->mu);
             continue;
         }
         if (b->wq_n) {
@@ -111,6 +224,18 @@ static void *blockio_thread(void *arg)
             if (st == STORE_OK) b->s.n_written++;
             else b->s.n_write_failed++;
             b->free_slots[b->n_free++] = si;
+            continue;
+        }
+        if (b->tq_n) {
+            uint8_t key[32];
+            memcpy(key, b->tq_key[b->tq_head], 32);
+            int cls = b->tq_cls[b->tq_head];
+            b->tq_head = (b->tq_head + 1) % BLOCKIO_TOUCH_QUEUE;
+            b->tq_n--;
+            pthread_mutex_unlock(&b->mu);
+            store_status st = store_touch(b->st, key, cls);
+            pthread_mutex_lock(&b->mu);
+            if (st == STORE_OK) b->s.n_touched++;
             continue;
         }
         if (b->stop) break;   /* queues drained */
@@ -142,6 +267,28 @@ static void blockio_keyed(void *arg, const uint8_t key[32], const void *block, s
     pthread_mutex_unlock(&b->mu);
 }
 
+/* kvpool fill hook (engine thread): waits until layer `layer` (all when < 0) of every fill is
+ * copied, copying queued fills itself rather than waiting for a busy I/O thread. */
+static void blockio_fill_wait(void *arg, int layer)
+{
+    blockio *b = arg;
+    int l = layer < 0 || layer >= b->n_layers ? b->n_layers - 1 : layer;
+    pthread_mutex_lock(&b->mu);
+    if (b->fill_done[l] < b->fill_issued) {
+        double t0 = util_now();
+        while (b->fill_done[l] < b->fill_issued) {
+            if (b->fq_n) {
+                b->s.n_fills_by_engine += (uint64_t)TM_MIN(b->fq_n, BLOCKIO_FILL_BATCH);
+                blockio_do_fills(b);
+            } else {
+                pthread_cond_wait(&b->fill_cv, &b->mu);
+            }
+        }
+        b->s.fill_wait_s += util_now() - t0;
+    }
+    pthread_mutex_unlock(&b->mu);
+}
+
 blockio *blockio_new(store *st, kvpool *pool, const model *m, const blockio_opts *opts)
 {
     blockio *b = xcalloc(1, sizeof *b);
@@ -151,6 +298,7 @@ blockio *blockio_new(store *st, kvpool *pool, const model *m, const blockio_opts
     if (b->o.n_threads <= 0) b->o.n_threads = 2;
     if (b->o.n_write_slots <= 0) b->o.n_write_slots = 8;
     if (b->o.max_load_blocks <= 0) b->o.max_load_blocks = 256;
+    if (b->o.touch_every_s <= 0) b->o.touch_every_s = 60;
     qtype dt = kvpool_dtype(pool);
     int esz = dt == QTYPE_F32 ? 4 : 2;
     uint8_t fp[32], zero[32] = { 0 };
@@ -163,9 +311,13 @@ blockio *blockio_new(store *st, kvpool *pool, const model *m, const blockio_opts
         free(b);
         return NULL;
     }
+    b->n_layers = m->hp.n_layers;
+    b->layer_bytes = b->proto.layer_bytes;
     b->file_bytes = BLOCK_HEADER_BYTES + b->block_bytes;
     pthread_mutex_init(&b->mu, NULL);
     pthread_cond_init(&b->cv, NULL);
+    pthread_cond_init(&b->ent_cv, NULL);
+    pthread_cond_init(&b->fill_cv, NULL);
     int ns = b->o.n_write_slots;
     b->slot = xcalloc((size_t)ns, sizeof *b->slot);
     b->slot_key = xcalloc((size_t)ns, sizeof *b->slot_key);
@@ -177,6 +329,14 @@ blockio *blockio_new(store *st, kvpool *pool, const model *m, const blockio_opts
         b->slot[i] = util_aligned_alloc(b->file_bytes);
         if (b->slot[i]) b->free_slots[b->n_free++] = i;
     }
+    kvpool_stats ks;
+    kvpool_get_stats(pool, &ks);
+    b->fq_cap = ks.n_blocks;   /* a block being filled is never reused: at most every block */
+    b->fq = xcalloc((size_t)b->fq_cap, sizeof *b->fq);
+    b->fill_done = xcalloc((size_t)b->n_layers, sizeof *b->fill_done);
+    b->tq_key = xcalloc(BLOCKIO_TOUCH_QUEUE, sizeof *b->tq_key);
+    b->tq_cls = xcalloc(BLOCKIO_TOUCH_QUEUE, sizeof *b->tq_cls);
+    b->seen = xcalloc(BLOCKIO_TOUCH_SEEN, sizeof *b->seen);
     b->th = xcalloc((size_t)b->o.n_threads, sizeof *b->th);
     for (int i = 0; i < b->o.n_threads; i++)
         if (!pthread_create(&b->th[i], NULL, blockio_thread, b)) b->n_started++;
@@ -186,6 +346,7 @@ blockio *blockio_new(store *st, kvpool *pool, const model *m, const blockio_opts
         return NULL;
     }
     kvpool_set_keyed_hook(pool, blockio_keyed, b);
+    kvpool_set_fill_hook(pool, blockio_fill_wait, b);
     return b;
 }
 
@@ -199,20 +360,32 @@ void blockio_free(blockio *b)
     pthread_mutex_unlock(&b->mu);
     for (int i = 0; i < b->o.n_threads; i++)
         if (i < b->n_started) pthread_join(b->th[i], NULL);
-    /* loads still queued (their owners abandoned them) */
-    for (blockio_load *l = b->lq_head, *next; l; l = next) {
+    /* the threads drained every queue (fills included) before they stopped */
+    kvpool_fill_wait(b->pool, -1);
+    kvpool_set_fill_hook(b->pool, NULL, NULL);
+    pthread_mutex_lock(&b->mu);
+    while (b->fq_n) blockio_do_fills(b);   /* no thread started */
+    for (blockio_load *l = b->lq_head, *next; l; l = next) {   /* abandoned, still queued */
         next = l->next;
-        blockio_load_destroy(l);
+        blockio_load_destroy_locked(b, l);
     }
+    pthread_mutex_unlock(&b->mu);
     for (int i = 0; i < b->o.n_write_slots; i++) free(b->slot[i]);
     free(b->slot);
     free(b->slot_key);
     free(b->slot_cls);
     free(b->free_slots);
     free(b->wq);
+    free(b->fq);
+    free(b->fill_done);
+    free(b->tq_key);
+    free(b->tq_cls);
+    free(b->seen);
     free(b->th);
     pthread_mutex_destroy(&b->mu);
     pthread_cond_destroy(&b->cv);
+    pthread_cond_destroy(&b->ent_cv);
+    pthread_cond_destroy(&b->fill_cv);
     free(b);
 }
 
@@ -242,17 +415,29 @@ blockio_load *blockio_load_start_class(blockio *b, const uint8_t *root, const in
     l->first_block = first;
     l->cls = cls;
     l->n_keys = last - first;
-    l->keys = xmalloc(sizeof(*l->keys) * (size_t)l->n_keys);
-    l->files = xcalloc((size_t)l->n_keys, sizeof(void *));
-    for (int i = 0; i < l->n_keys; i++) {
-        kvpool_block_key(b->pool, i ? l->keys[i - 1] : parent, tokens + (size_t)(first + i) * KVPOOL_BLOCK, l->keys[i]);
-    }
+    l->ents = xcalloc((size_t)l->n_keys, sizeof *l->ents);
+    uint8_t (*keys)[32] = xmalloc(sizeof(*keys) * (size_t)l->n_keys);
+    for (int i = 0; i < l->n_keys; i++)
+        kvpool_block_key(b->pool, i ? keys[i - 1] : parent, tokens + (size_t)(first + i) * KVPOOL_BLOCK, keys[i]);
     pthread_mutex_lock(&b->mu);
+    for (int i = 0; i < l->n_keys; i++) {
+        blockio_ent **pp = blockio_ent_slot(b, keys[i]), *e = *pp;
+        if (e) {   /* another load reads it, or has it in RAM: share */
+            if (e->state != BLOCKIO_ENT_MISS) b->s.n_load_shared++;
+        } else {
+            e = *pp = xcalloc(1, sizeof *e);
+            memcpy(e->key, keys[i], 32);
+            e->state = BLOCKIO_ENT_QUEUED;
+        }
+        e->refcnt++;
+        l->ents[i] = e;
+    }
     if (b->lq_tail) b->lq_tail->next = l; else b->lq_head = l;
     b->lq_tail = l;
     b->s.n_loads++;
     pthread_cond_signal(&b->cv);
     pthread_mutex_unlock(&b->mu);
+    free(keys);
     return l;
 }
 
@@ -269,19 +454,33 @@ bool blockio_load_ready(blockio *b, blockio_load *l)
 int blockio_load_finish(blockio *b, blockio_load *l, kvpool_seq *seq)
 {
     int have = kvpool_seq_n_keyed(seq) / KVPOOL_BLOCK;   /* blocks the sequence holds */
-    int added = 0;
+    int added = 0, n_fill = 0;
     /* the loaded run must start at or before the sequence's end (no gap) */
     if (have >= l->first_block && kvpool_seq_capacity(seq) == have * KVPOOL_BLOCK) {
+        /* l is done: its entries are OK up to n_ok and immutable. The pool is called without
+         * mu (reclaiming a block may wait for fills, blockio_fill_wait) */
         for (int i = have - l->first_block; i < l->n_ok; i++) {
-            if (kvpool_seq_append_loaded(b->pool, seq, l->keys[i], block_payload(l->files[i])) != KVPOOL_OK) break;
+            void *dst;
+            if (kvpool_seq_append_fill(b->pool, seq, l->ents[i]->key, &dst) != KVPOOL_OK) break;
             added++;
+            if (!dst) continue;   /* already in the pool: attached */
+            pthread_mutex_lock(&b->mu);
+            blockio_fill *f = &b->fq[(b->fq_head + b->fq_n++) % b->fq_cap];
+            f->dst = dst;
+            f->ent = l->ents[i];
+            f->ent->refcnt++;
+            b->fill_issued++;
+            pthread_mutex_unlock(&b->mu);
+            n_fill++;
         }
     }
     pthread_mutex_lock(&b->mu);
     b->s.n_appended += (uint64_t)added;
+    b->s.n_fills += (uint64_t)n_fill;
     b->s.n_load_wasted += (uint64_t)(l->n_ok - added);
+    if (n_fill) pthread_cond_broadcast(&b->cv);
+    blockio_load_destroy_locked(b, l);
     pthread_mutex_unlock(&b->mu);
-    blockio_load_destroy(l);
     return added * KVPOOL_BLOCK;
 }
 
@@ -289,10 +488,12 @@ void blockio_load_free(blockio *b, blockio_load *l)
 {
     if (!l) return;
     pthread_mutex_lock(&b->mu);
-    bool done = l->done;
-    bool queued = false;
-    if (!done) {
-        /* still queued: unlink it here; being loaded: the I/O thread frees it */
+    if (l->done) {
+        b->s.n_load_wasted += (uint64_t)l->n_ok;
+        blockio_load_destroy_locked(b, l);
+    } else {
+        /* still queued: unlink and free it here; being loaded: the I/O thread frees it */
+        bool queued = false;
         for (blockio_load **pp = &b->lq_head, *prev = NULL; *pp; prev = *pp, pp = &(*pp)->next)
             if (*pp == l) {
                 *pp = l->next;
@@ -300,10 +501,42 @@ void blockio_load_free(blockio *b, blockio_load *l)
                 queued = true;
                 break;
             }
-        if (!queued) l->abandoned = true;
-    } else {
-        b->s.n_load_wasted += (uint64_t)l->n_ok;
+        if (queued) blockio_load_destroy_locked(b, l);
+        else l->abandoned = true;
     }
     pthread_mutex_unlock(&b->mu);
-    if (done || queued) blockio_load_destroy(l);
+}
+
+void blockio_touch(blockio *b, const kvpool_seq *seq, int n_blocks, int cls)
+{
+    if (n_blocks <= 0) return;
+    double now = store_now(b->st);
+    uint64_t skipped = 0, dropped = 0, queued = 0;
+    pthread_mutex_lock(&b->mu);
+    for (int bi = 0; bi < n_blocks; bi++) {
+        const uint8_t *key = kvpool_seq_block_key(b->pool, seq, bi);
+        if (!key) break;
+        uint32_t h;
+        memcpy(&h, key + 4, 4);
+        blockio_seen *sn = &b->seen[h % BLOCKIO_TOUCH_SEEN];
+        if (sn->t > 0 && !memcmp(sn->key, key, 32) && now - sn->t < b->o.touch_every_s && now >= sn->t) {
+            skipped++;
+            continue;
+        }
+        if (b->tq_n == BLOCKIO_TOUCH_QUEUE) {
+            dropped++;
+            continue;
+        }
+        memcpy(sn->key, key, 32);
+        sn->t = now;
+        int qi = (b->tq_head + b->tq_n++) % BLOCKIO_TOUCH_QUEUE;
+        memcpy(b->tq_key[qi], key, 32);
+        b->tq_cls[qi] = cls;
+        queued++;
+    }
+    b->s.n_touch_queued += queued;
+    b->s.n_touch_skipped += skipped;
+    b->s.n_touch_dropped += dropped;
+    if (queued) pthread_cond_signal(&b->cv);
+    pthread_mutex_unlock(&b->mu);
 }

@@ -13,14 +13,33 @@
  *
  * Loads: blockio_load_start (engine thread, while the request still waits in the queue)
  * computes the keys of the blocks that follow the request's RAM-tier prefix and queues a
- * load; an I/O thread gets them from the store in order until the first miss. When the
- * request is admitted, blockio_load_finish appends the loaded blocks to its sequence after
- * the RAM-tier blocks it attached (kvpool_seq_append_loaded), so those tokens are not
- * computed and count as cached. Loads go before writes in the I/O queue.
+ * load; an I/O thread gets them from the store in order until the first miss. Loads share
+ * blocks: a table of the blocks being read or read but not yet in the pool (by key,
+ * refcounted) lets a second request that needs them wait for the first read instead of
+ * reading the store again (n_load_shared), so concurrent requests with one prefix read each
+ * stored block once.
  *
- * Locks: one mutex guards the write queue, the load queue, the slot free list and every load
- * job's state; blocks are copied and stored outside it. The kvpool is only touched on the
- * engine thread (hook, start, finish).
+ * Fills (store -> RAM -> KV pool, layer by layer): when the request is admitted,
+ * blockio_load_finish appends the loaded blocks to its sequence after the RAM-tier blocks it
+ * attached (kvpool_seq_append_fill: keyed at once, so those tokens are not computed and count
+ * as cached) and queues their copy; I/O threads copy layer 0 of every queued block, publish
+ * it, then layer 1, ... The engine's forward step waits, before attention of layer l, until
+ * layer l of every fill issued is copied (the pool's fill hook; the engine thread copies
+ * queued fills itself rather than wait for a busy I/O thread), so the uncached suffix's step
+ * starts at once and its first layers overlap the copy of the later ones.
+ *
+ * Touches: a RAM-tier hit never reads the store, so the store would age out a prefix that is
+ * hot in RAM. blockio_touch (engine thread, at admission) queues the hit blocks' keys, at
+ * most once per block per touch_every_s (store clock; a small direct-mapped table of recent
+ * touches), and an I/O thread refreshes their last use and expiry (store_touch). A full queue
+ * drops touches (counted): they are hints.
+ *
+ * Queue order of the I/O threads: fills, loads, writes, touches.
+ *
+ * Locks: one mutex guards the queues, the slot free list, the shared-block table, every load
+ * job's state and the fill counters; blocks are read, copied and stored outside it. The kvpool
+ * is only touched on the engine thread (hook, start, finish, touch, fill wait); I/O threads
+ * only write the data of blocks handed out by kvpool_seq_append_fill.
  */
 #ifndef TM_BLOCKIO_H
 #define TM_BLOCKIO_H
@@ -36,6 +55,7 @@ typedef struct {
     int n_threads;           /* I/O threads; <= 0: 2 */
     int n_write_slots;       /* blocks buffered for write-behind; <= 0: 8 */
     int max_load_blocks;     /* most blocks one load reads; <= 0: 256 */
+    double touch_every_s;    /* least interval between two touches of one block; <= 0: 60 */
     int cls;                 /* default traffic class of writes and loads (store_class); a
                               * request's own class comes with blockio_set_write_class and
                               * blockio_load_start_class */
@@ -50,6 +70,15 @@ typedef struct {
     uint64_t n_load_blocks;    /* blocks read from the store */
     uint64_t n_appended;       /* loaded blocks appended to sequences (store hits) */
     uint64_t n_load_wasted;    /* loaded blocks not used (cancelled, prefix changed, pool full) */
+    uint64_t n_load_shared;    /* blocks a load took from another one (read once, used twice) */
+    double load_s;             /* seconds the I/O threads spent in store_get (read + verify) */
+    uint64_t n_fills;          /* loaded blocks copied into the KV pool, layer by layer */
+    uint64_t n_fills_by_engine;/* of those, copied by the engine thread while it waited */
+    double fill_wait_s;        /* seconds the engine waited for fills before attention */
+    uint64_t n_touch_queued;   /* RAM-tier hits queued to refresh the store's last use */
+    uint64_t n_touched;        /* of those, refreshed in the store */
+    uint64_t n_touch_skipped;  /* hits not queued: the block was touched < touch_every_s ago */
+    uint64_t n_touch_dropped;  /* hits not queued: the touch queue was full */
 } blockio_stats;
 
 typedef struct blockio blockio;
@@ -80,9 +109,16 @@ int blockio_load_first_block(const blockio_load *l);
 /* True once the I/O thread is done with it. */
 bool blockio_load_ready(blockio *b, blockio_load *l);
 /* Engine thread, l ready: appends the loaded blocks that continue seq (which holds its
- * RAM-tier prefix, all keyed) and frees l. Returns the positions appended (a multiple of 128). */
+ * RAM-tier prefix, all keyed) and frees l. Returns the positions appended (a multiple of 128).
+ * Their KV is copied into the pool asynchronously: engine_step waits for it layer by layer. */
 int blockio_load_finish(blockio *b, blockio_load *l, kvpool_seq *seq);
-/* Drops a load, ready or not (the I/O thread frees it when it is done). NULL is ignored. */
+/* Drops a load, ready or not (the I/O thread frees it when it is done). NULL is ignored.
+ * Any thread. */
 void blockio_load_free(blockio *b, blockio_load *l);
+
+/* Engine thread: the first n_blocks blocks of seq (keyed) were hits of the RAM tier for a
+ * request of class cls: refreshes their last use and expiry in the store, asynchronously and
+ * at most once per block per touch_every_s. */
+void blockio_touch(blockio *b, const kvpool_seq *seq, int n_blocks, int cls);
 
 #endif

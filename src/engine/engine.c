@@ -450,6 +450,7 @@ engine_status engine_step(engine *e, const engine_batch *b, float *logits)
         job.n_items = e->n_tiles * hp->n_kv_heads;
         job.next = 0;
         job.q16 = kvpool_dtype(e->kv) == QTYPE_F16 && hd % 16 != 0;
+        kvpool_fill_wait(e->kv, il);   /* layer il of blocks still loading from the store */
         threadpool_run(tp, engine_job_attention, &job);
         ops_matmul(tp, &L->wo, e->att, T, e->xn, e->mm_scratch);
         ops_add(tp, e->x, e->xn, (int64_t)T * dim);

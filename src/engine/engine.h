@@ -32,7 +32,10 @@
  * attention buffers) is allocated in engine_new; engine_step allocates nothing.
  *
  * The caller owns positions: entry (seq, pos) attends to positions 0..pos of seq, which must
- * all have been written by this or earlier steps. engine_step reserves pool blocks for the
+ * all have been written by this or earlier steps, or be blocks that the block store fills
+ * asynchronously (kvpool_seq_append_fill): attention of layer l first waits for layer l of
+ * those (kvpool_fill_wait), so the uncached suffix computes its embeddings, norms and Q/K/V
+ * of layer l while the I/O threads are still copying layers l.. of its cached prefix. engine_step reserves pool blocks for the
  * positions it writes; if the pool cannot supply them it returns ENGINE_ERR_KV_FULL before
  * computing anything (some sequences may keep blocks reserved for those positions).
  */

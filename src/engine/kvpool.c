@@ -25,6 +25,7 @@ typedef struct {
     int32_t refcnt;              /* sequences using the block */
     uint8_t state;               /* kvpool_blk_state */
     bool keyed;                  /* key valid and entered in the hash map */
+    bool filling;                /* handed out by kvpool_seq_append_fill, fill maybe pending */
     uint8_t key[32];             /* SHA-256 block key */
     int32_t hnext;               /* next block in the same hash bucket, -1 ends */
     int32_t prev, next;          /* LRU links (next also links the free list), -1 ends */
@@ -45,6 +46,10 @@ struct kvpool {
     kvpool_stats st;
     kvpool_keyed_fn keyed_fn;    /* block store write-behind hook, or NULL */
     void *keyed_arg;
+    kvpool_fill_wait_fn fill_fn; /* waits for asynchronous fills (blockio), or NULL */
+    void *fill_arg;
+    int32_t *filling;            /* (n_filling) ids of blocks whose fill may be pending */
+    int n_filling;
 };
 
 struct kvpool_seq {
@@ -101,7 +106,8 @@ kvpool_status kvpool_new(const kvpool_opts *opts, kvpool **out)
     uint32_t nb = 16;
     while (nb < 2u * (uint32_t)opts->n_blocks && nb < (1u << 30)) nb <<= 1;
     p->bucket = malloc(nb * sizeof *p->bucket);
-    if (!p->data || !p->blk || !p->bucket) {
+    p->filling = malloc((size_t)opts->n_blocks * sizeof *p->filling);
+    if (!p->data || !p->blk || !p->bucket || !p->filling) {
         kvpool_free(p);
         return KVPOOL_ERR_NOMEM;
     }
@@ -129,6 +135,7 @@ void kvpool_free(kvpool *p)
     free(p->data);
     free(p->blk);
     free(p->bucket);
+    free(p->filling);
     free(p);
 }
 
@@ -233,6 +240,7 @@ static int kvpool_take(kvpool *p)
         p->st.n_free--;
     } else if (p->lru_tail >= 0) {
         id = p->lru_tail;
+        if (p->blk[id].filling) kvpool_fill_wait(p, -1);   /* never reuse a block being filled */
         kvpool_lru_unlink(p, id);
         kvpool_map_remove(p, id);
         p->st.n_cached--;
@@ -357,6 +365,49 @@ kvpool_status kvpool_seq_append_loaded(kvpool *p, kvpool_seq *s, const uint8_t k
     s->n_keyed = s->n;
     memcpy(s->last_key, key, 32);
     return KVPOOL_OK;
+}
+
+kvpool_status kvpool_seq_append_fill(kvpool *p, kvpool_seq *s, const uint8_t key[32], void **dst)
+{
+    *dst = NULL;
+    if (s->n_keyed != s->n || s->n >= p->o.n_blocks) return KVPOOL_ERR_ARG;
+    int id = kvpool_lookup(p, key);
+    if (id >= 0) {
+        kvpool_ref(p, id);
+    } else {
+        id = kvpool_take(p);
+        if (id < 0) return KVPOOL_ERR_FULL;
+        kvpool_map_insert(p, id, key);
+        p->blk[id].filling = true;
+        p->filling[p->n_filling++] = id;
+        p->st.n_loaded++;
+        *dst = p->data + (size_t)id * p->block_bytes;
+    }
+    s->table[s->n++] = id;
+    s->n_keyed = s->n;
+    memcpy(s->last_key, key, 32);
+    return KVPOOL_OK;
+}
+
+void kvpool_set_fill_hook(kvpool *p, kvpool_fill_wait_fn fn, void *arg)
+{
+    p->fill_fn = fn;
+    p->fill_arg = arg;
+}
+
+void kvpool_fill_wait(kvpool *p, int layer)
+{
+    if (!p->n_filling) return;
+    if (p->fill_fn) p->fill_fn(p->fill_arg, layer);
+    if (layer < 0 || layer >= p->o.n_layers - 1) {   /* fills copy layers in order: all done */
+        for (int i = 0; i < p->n_filling; i++) p->blk[p->filling[i]].filling = false;
+        p->n_filling = 0;
+    }
+}
+
+const uint8_t *kvpool_seq_block_key(const kvpool *p, const kvpool_seq *s, int bi)
+{
+    return bi >= 0 && bi < s->n_keyed ? p->blk[s->table[bi]].key : NULL;
 }
 
 int kvpool_seq_capacity(const kvpool_seq *s) { return s->n * KVPOOL_BLOCK; }

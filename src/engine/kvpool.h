@@ -18,7 +18,10 @@
  * contents are a function of their key).
  *
  * Not thread-safe: one engine thread owns the pool; kernel threads only read and write the
- * slabs of blocks the engine thread handed out for the current step.
+ * slabs of blocks the engine thread handed out for the current step. The one exception are
+ * blocks filled asynchronously (kvpool_seq_append_fill, the block store's I/O threads): they
+ * are keyed at once, the engine waits per layer (kvpool_fill_wait) before attention reads
+ * them, and a block whose fill may still run is never reclaimed before every fill is done.
  */
 #ifndef TM_KVPOOL_H
 #define TM_KVPOOL_H
@@ -127,6 +130,21 @@ void kvpool_seq_set_root(kvpool_seq *s, const uint8_t root[32]);
  * When the key is already cached the cached block is attached instead. KVPOOL_ERR_FULL when no
  * block is free or reclaimable, KVPOOL_ERR_ARG when the sequence has unkeyed blocks. */
 kvpool_status kvpool_seq_append_loaded(kvpool *p, kvpool_seq *s, const uint8_t key[32], const void *data);
+
+/* Like kvpool_seq_append_loaded, but the caller fills the block itself, asynchronously: *dst
+ * gets the new block's kvpool_block_bytes bytes to write (NULL when the key was already cached
+ * and that block was attached). The block is keyed at once (a hit for others); nothing reads
+ * its layer l before kvpool_fill_wait(p, l) has returned, and the block is not reused before
+ * kvpool_fill_wait(p, -1): the fill hook must cover every block handed out this way. */
+kvpool_status kvpool_seq_append_fill(kvpool *p, kvpool_seq *s, const uint8_t key[32], void **dst);
+/* Waits until layer `layer` (every layer when < 0) of every block handed out by
+ * kvpool_seq_append_fill so far is written (the engine calls it before attention reads a
+ * layer). Returns at once when no fill is pending. */
+typedef void (*kvpool_fill_wait_fn)(void *arg, int layer);
+void kvpool_set_fill_hook(kvpool *p, kvpool_fill_wait_fn fn, void *arg);
+void kvpool_fill_wait(kvpool *p, int layer);
+/* Key of the sequence's block bi (NULL unless bi < kvpool_seq_n_keyed / 128). */
+const uint8_t *kvpool_seq_block_key(const kvpool *p, const kvpool_seq *s, int bi);
 
 /* Debug/test: block id at table index bi, and the refcount of a block id. */
 int kvpool_seq_block_id(const kvpool_seq *s, int bi);

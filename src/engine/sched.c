@@ -157,7 +157,10 @@ static void sched_req_destroy(sched_req *r)
 /* Publishes FINISH (under mu), releases KV (engine thread). Caller holds mu. */
 static void sched_finish_locked(sched *s, sched_req *r, sched_finish why)
 {
-    if (r->seq && r->p.kv_out) r->p.kv_out(r->p.kv_arg, s->pool, r->seq, r->n_done);
+    if (r->seq && r->p.kv_out) {
+        kvpool_fill_wait(s->pool, -1);   /* blocks loaded from the store are in the pool */
+        r->p.kv_out(r->p.kv_arg, s->pool, r->seq, r->n_done);
+    }
     if (r->seq) {
         kvpool_seq_free(s->pool, r->seq);
         r->seq = NULL;
@@ -315,6 +318,8 @@ static void sched_admit_locked(sched *s)
             break;
         }
         sched_wait_pop(s);
+        /* RAM-tier hits never read the store: refresh their last use there (LRU, TTL) */
+        if (s->o.bio && att) blockio_touch(s->o.bio, seq, att / KVPOOL_BLOCK, r->p.cache_class);
         if (r->load) {   /* loaded blocks take pool blocks as computed ones would: in need */
             att += blockio_load_finish(s->o.bio, r->load, seq);
             r->load = NULL;

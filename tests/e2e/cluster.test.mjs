@@ -184,6 +184,25 @@ test("32 concurrent greedy streams through 2 prefill + 2 decode workers == token
   assert.ok(a.workers.every((w) => w.jobs > 0), JSON.stringify(a.workers)); // both of each role were used
   const metrics = await (await fetch(gw + "/metrics")).text();
   assert.match(metrics, new RegExp(`tokenmill_worker_running\\{worker="${workers.d1.addr}",role="decode"\\}`));
+  // the KV handoff cost reaches the gateway with the heartbeats: both sides populated, and the
+  // prefill workers' speed (no timing is asserted, only that the figures are there)
+  const sum = (t, re) => [...t.matchAll(re)].reduce((n, m) => n + Number(m[1]), 0);
+  const end = Date.now() + 20000;
+  for (;;) {
+    const t = await (await fetch(gw + "/metrics")).text();
+    const send = sum(t, /^tokenmill_worker_handoff_tokens_total\{[^}]*side="send"\} (\S+)$/gm);
+    const recv = sum(t, /^tokenmill_worker_handoff_tokens_total\{[^}]*side="receive"\} (\S+)$/gm);
+    const n = sum(t, /^tokenmill_worker_handoffs_total\{[^}]*side="send"\} (\S+)$/gm);
+    if (n >= 32 && send > 0 && recv > 0) {
+      assert.match(t, /^tokenmill_worker_handoff_seconds_total\{[^}]*side="receive"\} \S+$/m);
+      assert.match(t, /^tokenmill_worker_prefill_tokens_per_second\{[^}]*role="prefill"\} \S+$/m);
+      assert.ok(Number(/^tokenmill_handoff_seconds_per_token (\S+)$/m.exec(t)[1]) > 0);
+      assert.ok(Number(/^tokenmill_recompute_seconds_per_token (\S+)$/m.exec(t)[1]) > 0);
+      break;
+    }
+    assert.ok(Date.now() < end, `handoff metrics not populated: ${t}`);
+    await sleep(100);
+  }
 });
 
 // Starts the 32 streams; once `at` tokens have reached the clients, stops (SIGSTOP) both decode

@@ -33,6 +33,7 @@ typedef struct {
 } server;
 
 static int g_kv_blocks = 24;   /* KV pool of the next servers */
+static const store_opts *g_store_opts;   /* store options of the next servers (NULL: defaults) */
 
 static server server_new(const char *spec)
 {
@@ -42,13 +43,14 @@ static server server_new(const char *spec)
     if (engine_new(g_model, &eo, &v.e, err, sizeof err) != ENGINE_OK) fprintf(stderr, "%s\n", err);
     if (spec) {
         store_opts so = { 0 };
+        if (g_store_opts) so = *g_store_opts;
         if (store_open(spec, &so, &v.st) == STORE_OK) {
             blockio_opts bo = { .n_write_slots = 64 };
             v.bio = blockio_new(v.st, engine_kvpool(v.e), g_model, &bo);
         }
         CHECK(v.bio != NULL);
     }
-    sched_opts o = { .max_seqs = 4, .max_queue = 16, .step_tokens = 48, .n_ctx = 1024,
+    sched_opts o = { .max_seqs = 4, .max_queue = 16, .step_tokens = 48, .n_ctx = 2048,
                      .eos_ids = { -1, -1, -1, -1 }, .bio = v.bio };
     if (sched_new(v.e, &o, &v.s) != SCHED_OK) fprintf(stderr, "sched_new failed\n");
     return v;
@@ -285,6 +287,155 @@ TEST(test_load_waits_for_kv_space)
     g_kv_blocks = 24;
 }
 
+TEST(test_concurrent_loads_read_each_block_once)
+{
+    /* two requests with the same 1,000-token prefix (7 full blocks in the store), different
+     * suffixes: the second load waits for / shares the first one's blocks */
+    char spec[160];
+    snprintf(spec, sizeof spec, "dir:%s/share", tmpdir);
+    int32_t pa[1100], pb[1100], ra[6], rb[6], out[6];
+    prompt_of(pa, 1100, 31);
+    memcpy(pb, pa, sizeof pb);
+    prompt_of(pb + 1000, 100, 32);
+    CHECK(once(spec, pa, 1000, 6, out) == 0);   /* stores the prefix's 7 blocks */
+    CHECK(once(NULL, pa, 1100, 6, ra) == 0);
+    CHECK(once(NULL, pb, 1100, 6, rb) == 0);
+
+    /* blockio alone: both loads queued before either is finished */
+    server v = server_new(spec);
+    blockio_load *la = blockio_load_start(v.bio, NULL, pa, 1100);
+    blockio_load *lb = blockio_load_start(v.bio, NULL, pb, 1100);
+    CHECK(la && lb);
+    CHECK(WAIT_UNTIL(blockio_load_ready(v.bio, la) && blockio_load_ready(v.bio, lb), 30));
+    blockio_stats st;
+    blockio_get_stats(v.bio, &st);
+    CHECKF(st.n_load_blocks == 7 && st.n_load_shared == 7, "read %llu shared %llu",
+           (unsigned long long)st.n_load_blocks, (unsigned long long)st.n_load_shared);
+    store_stats ss;
+    store_get_stats(v.st, &ss);
+    CHECKF(ss.n_hit == 7, "store hits %llu", (unsigned long long)ss.n_hit);   /* each block read once */
+    /* both sequences get all 7 blocks: a's are filled into the pool, b attaches them */
+    kvpool *pool = engine_kvpool(v.e);
+    kvpool_seq *sa = kvpool_seq_new(pool), *sb = kvpool_seq_new(pool);
+    CHECK(blockio_load_finish(v.bio, la, sa) == 896);
+    CHECK(blockio_load_finish(v.bio, lb, sb) == 896);
+    kvpool_fill_wait(pool, -1);
+    blockio_get_stats(v.bio, &st);
+    CHECK(st.n_fills == 7 && st.n_appended == 14 && st.n_load_wasted == 0);
+    for (int bi = 0; bi < 7; bi++) {
+        CHECK(kvpool_seq_block_id(sa, bi) == kvpool_seq_block_id(sb, bi));
+        void *f;
+        size_t n;
+        CHECK(store_get(v.st, kvpool_seq_block_key(pool, sa, bi), 0, &f, &n) == STORE_OK);
+        if (f) {
+            /* the filled block is the stored payload, byte for byte */
+            CHECK(!memcmp(kvpool_seq_slab(pool, sa, bi, 0, 0, 0), block_payload(f), kvpool_block_bytes(pool)));
+            free(f);
+        }
+    }
+    kvpool_seq_free(pool, sa);
+    kvpool_seq_free(pool, sb);
+    server_free(&v);
+
+    /* through the scheduler: two concurrent requests, each stored block read once, outputs
+     * identical to the uncached ones */
+    v = server_new(spec);
+    sched_params p1 = { .prompt = pa, .n_prompt = 1100, .max_tokens = 6 }, p2;
+    p1.sample = sample_params_default();
+    p1.sample.temp = 0;
+    p2 = p1;
+    p2.prompt = pb;
+    sched_req *a, *b;
+    CHECK(sched_submit(v.s, &p1, &a) == SCHED_OK);
+    CHECK(sched_submit(v.s, &p2, &b) == SCHED_OK);
+    int32_t oa[6], ob[6];
+    CHECK(drain(a, 6, oa) == 896);
+    CHECK(drain(b, 6, ob) == 896);
+    CHECK(!memcmp(oa, ra, sizeof ra) && !memcmp(ob, rb, sizeof rb));
+    blockio_get_stats(v.bio, &st);
+    CHECKF(st.n_load_blocks == 7, "read %llu", (unsigned long long)st.n_load_blocks);
+    store_get_stats(v.st, &ss);
+    CHECK(ss.n_hit == 7);
+    server_free(&v);
+}
+
+typedef struct {
+    int n;
+    double last_use[8], expiry[8];
+} ls_result;
+
+static void ls_cb(void *arg, int target, const uint8_t key[32], uint64_t bytes, double last_use, double expiry)
+{
+    ls_result *r = arg;
+    if (r->n < 8) {
+        r->last_use[r->n] = last_use;
+        r->expiry[r->n] = expiry;
+    }
+    r->n++;
+}
+
+TEST(test_ram_hits_touch_the_store)
+{
+    /* a prefix served from the RAM tier never reads the store; its stored blocks' last use
+     * and expiry are refreshed all the same (at most once per block per 60 s), so the store's
+     * TTL does not expire a prefix that is hot in RAM */
+    char spec[160];
+    snprintf(spec, sizeof spec, "dir:%s/touch", tmpdir);
+    const double t0 = 1.8e9;
+    storetest_clock_now = t0;
+    store_opts so = { .retention = "chat=100s", .clock = storetest_clock };
+    g_store_opts = &so;
+    int32_t hot[300], cold[300], out[4];
+    prompt_of(hot, 300, 41);
+    prompt_of(cold, 300, 42);
+    server v = server_new(spec);
+    CHECK(run(&v, hot, 300, 4, out) == 0);
+    CHECK(run(&v, cold, 300, 4, out) == 0);
+    blockio_stats st;
+    CHECK(WAIT_UNTIL((blockio_get_stats(v.bio, &st), st.n_written == 4), 30));
+    ls_result ls = { 0 };
+    store_ls(v.st, ls_cb, &ls);
+    CHECK(ls.n == 4);
+    for (int i = 0; i < 4 && i < ls.n; i++) CHECK(ls.last_use[i] == t0 && ls.expiry[i] == t0 + 100);
+
+    storetest_clock_now = t0 + 80;
+    store_stats ss0, ss;
+    store_get_stats(v.st, &ss0);
+    CHECK(run(&v, hot, 300, 4, out) == 256);   /* RAM hit */
+    CHECK(WAIT_UNTIL((blockio_get_stats(v.bio, &st), st.n_touched == 2), 30));
+    store_get_stats(v.st, &ss);
+    CHECK(ss.n_get == ss0.n_get);              /* the store was not read */
+    CHECK(st.n_touch_queued == 2 && st.n_touch_skipped == 0);
+    ls = (ls_result){ 0 };
+    store_ls(v.st, ls_cb, &ls);
+    int n_hot = 0;
+    for (int i = 0; i < 4 && i < ls.n; i++)
+        if (ls.last_use[i] == t0 + 80 && ls.expiry[i] == t0 + 180) n_hot++;
+        else CHECK(ls.last_use[i] == t0 && ls.expiry[i] == t0 + 100);
+    CHECK(n_hot == 2);
+
+    storetest_clock_now = t0 + 100;            /* 20 s after the touch: not touched again */
+    CHECK(run(&v, hot, 300, 4, out) == 256);
+    blockio_get_stats(v.bio, &st);
+    CHECK(st.n_touch_queued == 2 && st.n_touch_skipped == 2);
+
+    storetest_clock_now = t0 + 130;            /* the cold prefix expires, the hot one stays */
+    uint64_t n_exp = 0, n_ev = 0;
+    store_gc(v.st, &n_exp, &n_ev);
+    CHECK(n_exp == 2);
+    ls = (ls_result){ 0 };
+    store_ls(v.st, ls_cb, &ls);
+    CHECK(ls.n == 2);
+    for (int i = 0; i < 2 && i < ls.n; i++) CHECK(ls.expiry[i] == t0 + 180);
+
+    storetest_clock_now = t0 + 145;            /* 65 s after the touch: touched again */
+    CHECK(run(&v, hot, 300, 4, out) == 256);
+    CHECK(WAIT_UNTIL((blockio_get_stats(v.bio, &st), st.n_touched == 4), 30));
+    CHECK(st.n_touch_queued == 4);
+    server_free(&v);
+    g_store_opts = NULL;
+}
+
 int main(void)
 {
     util_log_level = LOG_LEVEL_ERROR;
@@ -300,6 +451,8 @@ int main(void)
     RUN(test_ec_10_2_fragments_lost);
     RUN(test_salt_keeps_tenants_apart);
     RUN(test_load_waits_for_kv_space);
+    RUN(test_concurrent_loads_read_each_block_once);
+    RUN(test_ram_hits_touch_the_store);
     model_free(g_model);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);

@@ -5,6 +5,7 @@
 #include "harness.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "engine/kvpool.h"
 
@@ -249,6 +250,69 @@ TEST(test_key_chaining)
     kvpool_free(p);
 }
 
+typedef struct {
+    int n_calls;
+    int last_layer;
+    int n_all;                  /* calls for every layer (layer < 0) */
+} fill_log;
+
+static void fill_hook(void *arg, int layer)
+{
+    fill_log *f = arg;
+    f->n_calls++;
+    f->last_layer = layer;
+    if (layer < 0) f->n_all++;
+}
+
+TEST(test_async_fill)
+{
+    /* blocks filled asynchronously: keyed at once, waited for per layer, never reclaimed
+     * before every fill is done */
+    kvpool *p = mkpool(3, QTYPE_F16);
+    fill_log log = { 0 };
+    kvpool_set_fill_hook(p, fill_hook, &log);
+    kvpool_fill_wait(p, 0);
+    CHECK(log.n_calls == 0);            /* nothing pending: no wait */
+    int32_t t[384];
+    fill_tokens(t, 384, 5);
+    uint8_t k0[32], k1[32], zero[32] = { 0 };
+    kvpool_block_key(p, zero, t, k0);
+    kvpool_block_key(p, k0, t + 128, k1);
+    kvpool_seq *a = kvpool_seq_new(p), *b = kvpool_seq_new(p);
+    void *d0 = NULL, *d1 = NULL, *d2 = NULL;
+    CHECK(kvpool_seq_append_fill(p, a, k0, &d0) == KVPOOL_OK && d0);
+    CHECK(kvpool_seq_append_fill(p, a, k1, &d1) == KVPOOL_OK && d1 && d1 != d0);
+    CHECK(kvpool_seq_block_key(p, a, 1) && !memcmp(kvpool_seq_block_key(p, a, 1), k1, 32));
+    CHECK(kvpool_seq_block_key(p, a, 2) == NULL);
+    CHECK(kvpool_seq_n_keyed(a) == 256 && kvpool_seq_slab(p, a, 0, 0, 0, 0) == d0);
+    /* another sequence attaches the filling blocks (a hit); its reads wait like a's */
+    CHECK(kvpool_seq_attach_prefix(p, b, t, 300) == 256);
+    kvpool_fill_wait(p, 0);
+    CHECK(log.n_calls == 1 && log.last_layer == 0);
+    kvpool_fill_wait(p, 1);             /* the last layer: every fill is done */
+    CHECK(log.n_calls == 2);
+    kvpool_fill_wait(p, 0);
+    CHECK(log.n_calls == 2);            /* nothing pending any more */
+    /* released filling blocks are reclaimed only after a full wait */
+    kvpool_seq_free(p, b);
+    kvpool_seq_reset(p, a);
+    uint8_t k2[32];
+    kvpool_block_key(p, k1, t + 256, k2);
+    kvpool_seq_free(p, a);
+    a = kvpool_seq_new(p);
+    CHECK(kvpool_seq_append_fill(p, a, k2, &d2) == KVPOOL_OK && d2);   /* the free block */
+    CHECK(log.n_all == 0);
+    kvpool_seq *c = kvpool_seq_new(p);
+    CHECK(kvpool_seq_reserve(p, c, 1) == KVPOOL_OK);   /* reclaims k1's or k0's block, not filling */
+    CHECK(log.n_all == 0);
+    kvpool_seq_free(p, a);              /* k2's block: cached, fill pending */
+    CHECK(kvpool_seq_reserve(p, c, 129) == KVPOOL_OK);
+    CHECK(kvpool_seq_reserve(p, c, 257) == KVPOOL_OK); /* the LRU victim is k2's: full wait first */
+    CHECK(log.n_all == 1);
+    kvpool_seq_free(p, c);
+    kvpool_free(p);
+}
+
 int main(void)
 {
     RUN(test_bad_args);
@@ -258,5 +322,6 @@ int main(void)
     RUN(test_duplicate_commit);
     RUN(test_lru_reclaim);
     RUN(test_key_chaining);
+    RUN(test_async_fill);
     HARNESS_END();
 }
