@@ -346,11 +346,8 @@ for (let rep = 0; rep < o.reps; rep++) {
     break;
   }
 }
-if (o.llama) {
-  for (const L of lctx.values()) await L.ctx.dispose();
-  await lmodel.dispose();
-  await llama.dispose();
-}
+// llama.cpp's contexts are not disposed: process.exit frees them (one run with --full hung for
+// good in node-llama-cpp's dispose after its last rep)
 
 // HTTP overhead: sequential keep-alive GET /health
 const lat = [];
