@@ -218,6 +218,9 @@ async function freezeDecode(at) {
   };
   const runs = Promise.all(PROMPTS.map((p) => stream(gw, p, MAX, onChunk)));
   await froze;
+  // frames the workers sent just before they stopped (a FINISH) reach the gateway first, so
+  // that its running counts are those of streams that really are unfinished
+  await sleep(300);
   const a = await admin();
   const [victim, other] = findW(a, "d1").running >= findW(a, "d2").running ? ["d1", "d2"] : ["d2", "d1"];
   return { runs, victim, other, busy: findW(a, victim).running };
@@ -253,7 +256,9 @@ test("drain of a decode worker under load (admin drain, then SIGTERM) loses noth
   const before = (await admin()).resumes;
   // frozen with its streams half done, it is drained with a short deadline: the rest moves
   const { runs, victim, other, busy } = await freezeDecode(late);
-  const res = await fetch(`${gw}/admin/drain?worker=${encodeURIComponent(workers[victim].addr)}&deadline_ms=50`, { method: "POST" });
+  // a 1 ms deadline: its streams cannot all end in time, some must move (with 50 ms a fast
+  // moment of the machine finished them all and nothing moved)
+  const res = await fetch(`${gw}/admin/drain?worker=${encodeURIComponent(workers[victim].addr)}&deadline_ms=1`, { method: "POST" });
   assert.equal(res.status, 200);
   for (const n of [victim, other]) workers[n].proc.kill("SIGCONT");
   assert.ok(busy > 0, "the drained worker had streams running");
