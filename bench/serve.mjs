@@ -349,8 +349,7 @@ for (let rep = 0; rep < o.reps; rep++) {
     break;
   }
 }
-// llama.cpp's contexts are not disposed: process.exit frees them (one run with --full hung for
-// good in node-llama-cpp's dispose after its last rep)
+// llama.cpp's model and contexts stay loaded until process.exit at the end frees them
 
 // HTTP overhead: sequential keep-alive GET /health
 const lat = [];
