@@ -143,8 +143,8 @@ async function workload(port, unique) {
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), "tm-bench-cache-"));
 const runs = [];
 try {
-  seed = 777; let s = await startServer([]); runs.push({ name: "no cache", ...(await workload(s.port, true)) }); await stopServer(s);
-  seed = 777; s = await startServer([]); runs.push({ name: "RAM tier only", ...(await workload(s.port)) }); await stopServer(s);
+  seed = 777; let s = await startServer(["--cache", "off"]); runs.push({ name: "no cache", ...(await workload(s.port, true)) }); await stopServer(s);
+  seed = 777; s = await startServer(["--cache", "off"]); runs.push({ name: "RAM tier only", ...(await workload(s.port)) }); await stopServer(s);
   seed = 777; s = await startServer(["--cache-dir", dir]); runs.push({ name: "store on", ...(await workload(s.port)) }); await stopServer(s);
   seed = 777; s = await startServer(["--cache-dir", dir]); runs.push({ name: "after restart", ...(await workload(s.port)) }); await stopServer(s);
 } finally {
@@ -157,7 +157,7 @@ for (const r of runs) {
   const speed = base.ttft_mean_ms / r.ttft_mean_ms, ideal = 1 / (1 - r.hit);
   r.speedup = speed; r.ideal = ideal;
   const st = r.store.writes_total || r.store.blocks_loaded_total
-    ? `  store: ${r.store.blocks_loaded_total} blocks loaded (${r.store.blocks_hit_total} used), ${r.store.writes_total} written, ${r.store.writes_dropped_total} dropped, ${r.store.writes_failed_total} failed` : "";
+    ? `  store: ${r.store.blocks_loaded_total} blocks loaded (${r.store.blocks_hit_total} used, ${r.store.blocks_shared_total ?? 0} shared), ${r.store.writes_total} written, ${r.store.writes_dropped_total} dropped, ${r.store.writes_failed_total} failed` : "";
   console.log(`${r.name.padEnd(14)} ${r.ttft_mean_ms.toFixed(1).padStart(13)} ${r.ttft_p99_ms.toFixed(1).padStart(12)} ${(100 * r.hit).toFixed(1).padStart(8)}% ${r.wall_s.toFixed(2).padStart(8)} ${speed.toFixed(2).padStart(8)}x ${ideal.toFixed(2).padStart(6)}x ${(100 * speed / ideal).toFixed(0).padStart(8)}%${st}`);
 }
 const cmp = runs.slice(1);
