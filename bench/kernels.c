@@ -70,7 +70,10 @@ int main(int argc, char **argv)
     printf("level %s, %d threads, %d layers\n", ops_level_name(), nth, n_layers);
     double bw = read_bandwidth(tp, (size_t)512 << 20);
     printf("read bandwidth: %.1f GB/s\n", bw / 1e9);
-    qtype types[] = {QTYPE_Q8_0, QTYPE_Q4_K, QTYPE_Q6_K, QTYPE_Q4_0, QTYPE_F16};
+    /* the k-quants twice: as stored, then repacked (ops_repack) where the level has a kernel */
+    qtype types[] = {QTYPE_Q8_0, QTYPE_Q4_K, QTYPE_Q4_K_X16, QTYPE_Q6_K, QTYPE_Q6_K_X16,
+                     QTYPE_Q4_0, QTYPE_F16};
+    const char *only = getenv("BENCH_TYPES"); /* e.g. "q4_K,q4_Kx16" */
     int batches[] = {1, 4, 16, 128, 512};
     int nl = (int)TM_ARRAY_LEN(layer);
     float *x = malloc(sizeof(float) * 512 * 3072), *y = malloc(sizeof(float) * 512 * 3072);
@@ -80,17 +83,35 @@ int main(int argc, char **argv)
     void *scratch = malloc(ops_matmul_scratch_bytes(QTYPE_F16, 3072, 512) + 
                            ops_matmul_scratch_bytes(QTYPE_Q8_0, 3072, 512));
     for (size_t ti = 0; ti < TM_ARRAY_LEN(types); ti++) {
-        qtype t = types[ti];
+        qtype t = types[ti], st = t == QTYPE_Q4_K_X16 ? QTYPE_Q4_K
+                                 : t == QTYPE_Q6_K_X16 ? QTYPE_Q6_K : t;
+        if (only) {
+            const char *p = strstr(only, quant_type_name(t));
+            size_t n = strlen(quant_type_name(t));
+            if (!p || (p[n] && p[n] != ','))
+                continue;
+        }
         ops_weight *ws = malloc(sizeof(ops_weight) * n_layers * nl);
         size_t total = 0;
         double macs = 0;
         for (int l = 0; l < n_layers; l++)
             for (int j = 0; j < nl; j++) {
-                size_t sz = quant_row_bytes(t, layer[j].cols) * layer[j].rows;
+                size_t sz = quant_row_bytes(st, layer[j].cols) * layer[j].rows;
                 char *d = malloc(sz);
                 /* random bytes are fine for speed, but keep fp16 scales finite and small */
                 for (size_t i = 0; i < sz; i++) d[i] = (char)(util_rng_next(&r) & 0x3b);
-                ws[l * nl + j] = (ops_weight){t, layer[j].rows, layer[j].cols, d};
+                ws[l * nl + j] = (ops_weight){st, layer[j].rows, layer[j].cols, d};
+                if (t != st) {
+                    if (ops_repack_type(&ws[l * nl + j]) != t) {
+                        printf("%s: no repacked kernel at this level\n", quant_type_name(t));
+                        return 0;
+                    }
+                    size_t rsz = quant_row_bytes(t, layer[j].cols) * layer[j].rows;
+                    void *rd = aligned_alloc(64, TM_ALIGN_UP(rsz, 64));
+                    ws[l * nl + j] = ops_repack(tp, &ws[l * nl + j], rd);
+                    free(d);
+                    sz = rsz;
+                }
                 total += sz;
                 macs += (double)layer[j].rows * layer[j].cols;
             }

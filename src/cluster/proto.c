@@ -453,6 +453,13 @@ proto_status proto_encode(proto_buf *b, const proto_msg *m)
         proto_put_u8(b, x->draining);
         proto_put_u64(b, x->n_prefill_tokens);
         proto_put_u64(b, x->n_gen_tokens);
+        proto_put_u64(b, x->busy_us);
+        proto_put_u64(b, x->n_handoffs_out);
+        proto_put_u64(b, x->handoff_out_tokens);
+        proto_put_u64(b, x->handoff_out_us);
+        proto_put_u64(b, x->n_handoffs_in);
+        proto_put_u64(b, x->handoff_in_tokens);
+        proto_put_u64(b, x->handoff_in_us);
         break;
     }
     case PROTO_PREFILL: {
@@ -558,6 +565,13 @@ proto_status proto_decode(const proto_hdr *h, const uint8_t *payload, proto_msg 
         x->draining = proto_get_u8(r);
         x->n_prefill_tokens = proto_get_u64(r);
         x->n_gen_tokens = proto_get_u64(r);
+        x->busy_us = proto_get_u64(r);
+        x->n_handoffs_out = proto_get_u64(r);
+        x->handoff_out_tokens = proto_get_u64(r);
+        x->handoff_out_us = proto_get_u64(r);
+        x->n_handoffs_in = proto_get_u64(r);
+        x->handoff_in_tokens = proto_get_u64(r);
+        x->handoff_in_us = proto_get_u64(r);
         if (x->draining > 1) r->err = true;
         break;
     }

@@ -137,6 +137,16 @@ typedef struct {
     uint8_t draining;       /* 1 while draining: send no new work */
     uint64_t n_prefill_tokens; /* lifetime tokens computed as prefill (rates by difference) */
     uint64_t n_gen_tokens;  /* lifetime tokens generated */
+    uint64_t busy_us;       /* lifetime microseconds inside engine steps (prefill speed =
+                             * d n_prefill_tokens / d busy_us on a prefill worker) */
+    uint64_t n_handoffs_out;    /* prefill side: lifetime HANDOFFs sent */
+    uint64_t handoff_out_tokens; /* their context positions (n_prompt) */
+    uint64_t handoff_out_us;    /* microseconds from the first token to HANDOFF sent (tail copy,
+                                 * waiting for the full blocks' store writes, send) */
+    uint64_t n_handoffs_in;     /* decode side: lifetime DECODE jobs whose KV was brought in */
+    uint64_t handoff_in_tokens; /* positions brought in (store blocks + installed tail) */
+    uint64_t handoff_in_us;     /* microseconds from DECODE receipt to that KV in place
+                                 * (admission wait, store loads, tail install) */
 } proto_heartbeat;
 
 typedef struct {

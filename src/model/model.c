@@ -11,6 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <openssl/evp.h>
 
 #include "util/util.h"
@@ -300,6 +303,72 @@ static bool model_fingerprint(model *m, const model_opts *opts)
     return ok;
 }
 
+/* The matrices a decode step multiplies with (output first), n_layers * 7 + 1 of them. */
+static int model_matrices(model *m, ops_weight **ws)
+{
+    int n = 0;
+    ws[n++] = &m->output;
+    for (int il = 0; il < m->hp.n_layers; il++) {
+        model_layer *L = &m->layers[il];
+        ws[n++] = &L->wq, ws[n++] = &L->wk, ws[n++] = &L->wv, ws[n++] = &L->wo;
+        ws[n++] = &L->gate, ws[n++] = &L->up, ws[n++] = &L->down;
+    }
+    return n;
+}
+
+/* Repacks every matrix that ops_repack_type wants in another layout (see model.h) into
+ * m->repacked, with a temporary pool of one thread per CPU, and drops the file pages of the
+ * originals from this process. Returns false when out of memory (nothing changed). */
+static bool model_repack(model *m)
+{
+    ops_weight **ws = xcalloc((size_t)m->hp.n_layers * 7 + 1, sizeof *ws);
+    int n = model_matrices(m, ws);
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        qtype rt = ops_repack_type(ws[i]);
+        if (rt != ws[i]->type)
+            total += TM_ALIGN_UP(quant_row_bytes(rt, ws[i]->cols) * (size_t)ws[i]->rows, 64);
+    }
+    if (!total) {
+        free(ws);
+        return true;
+    }
+    char *buf = aligned_alloc(64, total);
+    if (!buf) {
+        free(ws);
+        return false;
+    }
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    threadpool *tp = threadpool_new(ncpu > 1 ? (int)TM_MIN(ncpu, 64) : 1);
+    size_t off = 0, page = (size_t)sysconf(_SC_PAGESIZE);
+    for (int i = 0; i < n; i++) {
+        qtype rt = ops_repack_type(ws[i]);
+        if (rt == ws[i]->type) continue;
+        /* a few MiB of rows at a time, dropping the file pages of each piece once it is
+         * repacked, so that the peak stays near the final size */
+        const ops_weight src = *ws[i];
+        size_t srb = quant_row_bytes(src.type, src.cols), drb = quant_row_bytes(rt, src.cols);
+        int64_t step = TM_MAX((int64_t)16, (int64_t)((8u << 20) / srb) / 16 * 16);
+        for (int64_t r0 = 0; r0 < src.rows; r0 += step) {
+            int64_t nr = TM_MIN(step, src.rows - r0);
+            ops_weight piece = {src.type, nr, src.cols, (const char *)src.data + (size_t)r0 * srb};
+            ops_repack(tp, &piece, buf + off + (size_t)r0 * drb);
+            /* whole pages inside the piece: this process will not read them again (a tied
+             * token embedding reads its rows back from the page cache) */
+            uintptr_t a = TM_ALIGN_UP((uintptr_t)piece.data, page);
+            uintptr_t e = ((uintptr_t)piece.data + srb * (size_t)nr) & ~(uintptr_t)(page - 1);
+            if (e > a) madvise((void *)a, e - a, MADV_DONTNEED);
+        }
+        *ws[i] = (ops_weight){rt, src.rows, src.cols, buf + off};
+        off += TM_ALIGN_UP(drb * (size_t)src.rows, 64);
+    }
+    threadpool_free(tp);
+    free(ws);
+    m->repacked = buf;
+    m->repacked_bytes = total;
+    return true;
+}
+
 gguf_status model_load(const char *path, const model_opts *opts, model **out, char *err, size_t errsz)
 {
     *out = NULL;
@@ -383,6 +452,10 @@ gguf_status model_load(const char *path, const model_opts *opts, model **out, ch
         model_fail(&ld, GGUF_ERR_NOMEM, "SHA-256 (libcrypto) failed while fingerprinting");
         goto fail;
     }
+    if (!(opts && opts->no_repack) && !model_repack(m)) {
+        model_fail(&ld, GGUF_ERR_NOMEM, "out of memory for the repacked weights");
+        goto fail;
+    }
     *out = m;
     return GGUF_OK;
 
@@ -397,6 +470,7 @@ void model_free(model *m)
     if (!m) return;
     for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
     free(m->owned);
+    free(m->repacked);
     free(m->layers);
     gguf_close(m->g);
     free(m);

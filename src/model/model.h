@@ -3,7 +3,13 @@
  * weights of the architectures we run (`llama`, `qwen2`, `qwen3`), ready for the engine.
  *
  * model_load opens the GGUF (gguf.c: read-only shared mmap) and keeps it open for the
- * model's lifetime: matrices are used in place from the mapping as ops_weight views. Small
+ * model's lifetime: matrices are used in place from the mapping as ops_weight views, except
+ * those that the active kernels want in another layout (ops_repack_type: Q4_K and Q6_K on
+ * AVX-512, 16 rows interleaved): they are repacked at load into one owned allocation, and
+ * their file pages are dropped from the process (madvise DONTNEED; the page cache keeps
+ * them). Such a matrix costs anonymous memory of about its file size (+2.8 % for Q4_K, +1 %
+ * for Q6_K) that processes do not share, instead of shared page cache. The token embedding keeps the file's
+ * layout (rows are read one at a time); a tied output matrix is repacked as a copy. Small
  * 1-D tensors (norm weights, biases) are converted once to owned f32 arrays, whatever their
  * stored type, so that the kernels see one layout. Every required tensor is checked for
  * presence, type support and shape before the load succeeds; a failure names the tensor.
@@ -86,10 +92,13 @@ typedef struct model {
     /* owned f32 copies of the 1-D tensors, freed with the model */
     float **owned;           /* (n_owned) */
     int n_owned;
+    void *repacked;          /* repacked matrices, one 64-byte aligned allocation, or NULL */
+    size_t repacked_bytes;   /* its size */
 } model;
 
 typedef struct {
     bool no_fingerprint_bytes; /* skip sampling tensor bytes in the fingerprint (tests) */
+    bool no_repack;            /* keep every matrix in the file's layout */
 } model_opts;
 
 /* Loads PATH. Returns GGUF_OK and *out, or an error status (any gguf_status: the file's own

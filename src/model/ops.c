@@ -19,6 +19,7 @@
 
 #include <math.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define OPS_TOKEN_CHUNK 128  /* tokens per matmul chunk */
@@ -110,6 +111,53 @@ static float ops_dot_q6_K_q8_K(int64_t n, const block_q6_K *w, const block_q8_K 
     return sumf;
 }
 
+/* Row i (0..15) of a repacked Q4_K group (block_q4_Kx16): the arithmetic of
+ * ops_dot_q4_K_q8_K, so the result is bit-identical to the original layout's. */
+static float ops_dot_q4_Kx16_q8_K(int64_t n, const block_q4_Kx16 *w, int i, const block_q8_K *x)
+{
+    float sumf = 0;
+    for (int64_t b = 0; b < n / QK_K; b++) {
+        int isum = 0, imin = 0;
+        for (int j = 0; j < QK_K / 32; j++) {
+            const int8_t *y = x[b].qs + j * 32;
+            int dot = 0;
+            for (int l = 0; l < 32; l++) {
+                uint8_t q = w[b].qs[j / 2][l / 4][i][l % 4];
+                dot += ((j & 1) ? (q >> 4) : (q & 0xF)) * y[l];
+            }
+            isum += w[b].sc[j][i] * dot;
+            imin += w[b].m[j / 2][i][j % 2] * (x[b].bsums[2 * j] + x[b].bsums[2 * j + 1]);
+        }
+        float d = x[b].d * quant_fp16_to_fp32(w[b].d[i]);
+        float dmin = x[b].d * quant_fp16_to_fp32(w[b].dmin[i]);
+        sumf += d * (float)isum - dmin * (float)imin;
+    }
+    return sumf;
+}
+
+/* Row i of a repacked Q6_K group (block_q6_Kx16), as ops_dot_q6_K_q8_K computes it. */
+static float ops_dot_q6_Kx16_q8_K(int64_t n, const block_q6_Kx16 *w, int i, const block_q8_K *x)
+{
+    float sumf = 0;
+    for (int64_t b = 0; b < n / QK_K; b++) {
+        int isum = 0;
+        for (int g = 0; g < QK_K / 16; g++) {
+            const uint8_t *p0 = w[b].q[g][0][i], *p1 = w[b].q[g][1][i], *p2 = w[b].q[g][2][i];
+            int dot = 0;
+            for (int l = 0; l < 4; l++) {
+                int q3 = (p0[l] >> 6) | ((p1[l] >> 6) << 2) | ((p2[l] >> 6) << 4);
+                dot += ((p0[l] & 63) - 32) * x[b].qs[16 * g + l];
+                dot += ((p1[l] & 63) - 32) * x[b].qs[16 * g + 4 + l];
+                dot += ((p2[l] & 63) - 32) * x[b].qs[16 * g + 8 + l];
+                dot += (q3 - 32) * x[b].qs[16 * g + 12 + l];
+            }
+            isum += w[b].sc[g / 2][i][g % 2] * dot;
+        }
+        sumf += x[b].d * w[b].d[i] * (float)isum;
+    }
+    return sumf;
+}
+
 static float ops_dot_f32_ref(int64_t n, const float *a, const float *b)
 {
     double s = 0;
@@ -148,6 +196,21 @@ OPS_GEMM_FROM_DOT(ops_gemm_q4_0_ref, ops_dot_q4_0_q8_0, block_q4_0, block_q8_0)
 OPS_GEMM_FROM_DOT(ops_gemm_q4_K_ref, ops_dot_q4_K_q8_K, block_q4_K, block_q8_K)
 OPS_GEMM_FROM_DOT(ops_gemm_q6_K_ref, ops_dot_q6_K_q8_K, block_q6_K, block_q8_K)
 OPS_GEMM_FROM_DOT(ops_gemm_f32_ref, ops_dot_f32_ref, float, float)
+
+/* The same for the 16-row interleaved types: row r lives in group r/16 (nr and the first row
+ * are multiples of 16; the driver's row chunks are). */
+#define OPS_GEMM_X16_FROM_DOT(name, dot, wt)                                                  \
+    static void name(int64_t cols, const void *w, size_t ws, int nr, const void *x, size_t xs, \
+                     int nt, float *y, size_t ys)                                             \
+    {                                                                                         \
+        for (int t = 0; t < nt; t++)                                                          \
+            for (int r = 0; r < nr; r++)                                                      \
+                y[(size_t)t * ys + r] =                                                       \
+                    dot(cols, (const wt *)((const char *)w + (size_t)(r / 16) * 16 * ws),     \
+                        r % 16, (const block_q8_K *)((const char *)x + t * xs));              \
+    }
+OPS_GEMM_X16_FROM_DOT(ops_gemm_q4_Kx16_ref, ops_dot_q4_Kx16_q8_K, block_q4_Kx16)
+OPS_GEMM_X16_FROM_DOT(ops_gemm_q6_Kx16_ref, ops_dot_q6_Kx16_q8_K, block_q6_Kx16)
 OPS_GEMM_FROM_DOT(ops_gemm_f16_ref, ops_dot_f16_ref, fp16_t, fp16_t)
 OPS_GEMM_FROM_DOT(ops_gemm_bf16_ref, ops_dot_bf16_ref, bf16_t, bf16_t)
 
@@ -248,6 +311,8 @@ void ops_kernels_init_scalar(ops_kernels *k)
     k->gemm[QTYPE_Q8_0] = ops_gemm_q8_0_ref;
     k->gemm[QTYPE_Q4_K] = ops_gemm_q4_K_ref;
     k->gemm[QTYPE_Q6_K] = ops_gemm_q6_K_ref;
+    k->gemm[QTYPE_Q4_K_X16] = ops_gemm_q4_Kx16_ref;
+    k->gemm[QTYPE_Q6_K_X16] = ops_gemm_q6_Kx16_ref;
     k->quant_q8_0 = ops_quant_q8_0_ref;
     k->quant_q8_K = ops_quant_q8_K_ref;
     k->to_f16 = ops_to_f16_ref;
@@ -495,6 +560,45 @@ size_t ops_matmul_multi_scratch_bytes(int n_w, const ops_weight *const *ws, int 
         if (!seen) sum += ops_matmul_scratch_bytes(ws[i]->type, ws[i]->cols, n_tokens);
     }
     return sum + 64;
+}
+
+/* ---- weight repacking ----------------------------------------------------------------- */
+
+qtype ops_repack_type(const ops_weight *w)
+{
+    static int enabled = -1;
+    if (enabled < 0) {
+        const char *e = getenv("TOKENMILL_REPACK");
+        enabled = !(e && strcmp(e, "0") == 0);
+    }
+    qtype rt = quant_repack_type(w->type);
+    /* the driver's row chunks are multiples of OPS_ROW_ALIGN, so of the 16-row groups */
+    _Static_assert(OPS_ROW_ALIGN % 16 == 0, "row chunks must hold whole 16-row groups");
+    if (!enabled || rt == w->type || w->rows % 16 || w->cols % QK_K ||
+        ops_get_level() < CPU_LEVEL_AVX512)
+        return w->type;
+    return rt;
+}
+
+typedef struct {
+    const ops_weight *w;  /* source */
+    void *dst;            /* repacked */
+} ops_repack_ctx;
+
+static void ops_repack_thread(void *arg, int ith, int nth)
+{
+    ops_repack_ctx *c = arg;
+    int64_t groups = c->w->rows / 16;
+    int64_t g0 = groups * ith / nth, g1 = groups * (ith + 1) / nth;
+    quant_repack(c->w->type, c->w->data, c->dst, c->w->cols, g0 * 16, g1 * 16);
+}
+
+ops_weight ops_repack(threadpool *tp, const ops_weight *w, void *dst)
+{
+    ops_repack_ctx c = {w, dst};
+    if (tp) threadpool_run(tp, ops_repack_thread, &c);
+    else ops_repack_thread(&c, 0, 1);
+    return (ops_weight){ops_repack_type(w), w->rows, w->cols, dst};
 }
 
 /* ---- elementwise drivers -------------------------------------------------------------- */

@@ -44,6 +44,16 @@ size_t ops_matmul_scratch_bytes(qtype wtype, int64_t cols, int n_tokens);
 void ops_matmul(threadpool *tp, const ops_weight *w, const float *x, int n_tokens, float *y,
                 void *scratch);
 
+/* Weight repacking. ops_repack_type(w) is the layout that w is best repacked into for the
+ * active level's kernels (quant_repack: Q4_K and Q6_K with rows a multiple of 16 into the
+ * 16-row interleaved layouts, on AVX-512), or w->type when there is none or TOKENMILL_REPACK=0
+ * is set. Every level runs every layout, and a repacked weight gives bit-identical results to
+ * the original at the same level's reference (the scalar kernels and the AVX-512 ones). */
+qtype ops_repack_type(const ops_weight *w);
+/* Repacks w into dst (quant_row_bytes(ops_repack_type(w), w->cols) * w->rows bytes, 64-byte
+ * aligned), split over the pool's threads; returns the view of dst. */
+ops_weight ops_repack(threadpool *tp, const ops_weight *w, void *dst);
+
 /* n_w matmuls with the same x and cols (Q/K/V, gate/up) in one pool call, x quantised once
  * per distinct vec-dot type: ys[i] is (n_tokens, ws[i]->rows). scratch: when all weights
  * share one vec-dot type (real models: Q4_K with Q6_K, ...) the max over the weights of

@@ -430,6 +430,174 @@ static void a512_gemm_q6_K(int64_t cols, const void *w, size_t ws, int nr, const
     }
 }
 
+/* ---- repacked Q4_K / Q6_K (block_q4_Kx16, block_q6_Kx16) x Q8_K ------------------------ */
+
+/* Float ops that GCC must not contract into FMAs: the repacked kernels round exactly as the
+ * scalar reference does (one lane per row, blocks summed in order), so their results are
+ * bit-identical to it and to the original layout's reference. */
+#define A512_MUL(a, b) _mm512_mul_round_ps(a, b, _MM_FROUND_CUR_DIRECTION)
+#define A512_ADD(a, b) _mm512_add_round_ps(a, b, _MM_FROUND_CUR_DIRECTION)
+#define A512_SUB(a, b) _mm512_sub_round_ps(a, b, _MM_FROUND_CUR_DIRECTION)
+
+A512_INLINE __m512i a512_bcast32(const int8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* 16 rows x T tokens: one int32 lane per row. Per 64-column chunk c, each 64-byte vector of
+ * weights holds 4 columns of every row in its low nibbles (sub-block 2c) and 4 in its high
+ * nibbles (sub-block 2c+1); vpdpbusd against the token's 4 activation bytes broadcast sums
+ * them per row, the sub-block scale multiplies the int32 sum (vpmulld). Mins: vpdpwssd of the
+ * rows' min pairs with the token's pair sums of bsums. */
+A512_INLINE void a512_x16_q4_K(int T, int64_t nb, const block_q4_Kx16 *w, const char *x,
+                               size_t xs, float *y, size_t ys)
+{
+    __m512 acc[4];
+    _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
+    const __m512i m4 = _mm512_set1_epi8(0x0F), one16 = _mm512_set1_epi16(1);
+    for (int64_t b = 0; b < nb; b++) {
+        const block_q4_Kx16 *wb = w + b;
+        const block_q8_K *xb[4];
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
+            xb[t] = (const block_q8_K *)(x + (size_t)t * xs) + b;
+        _mm_prefetch((const char *)(wb + 2), _MM_HINT_T0);
+        __m512i isum[4], imin[4];
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) isum[t] = _mm512_setzero_si512();
+        for (int c = 0; c < 4; c++) {
+            __m512i dl[4], dh[4];
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+                dl[t] = _mm512_setzero_si512();
+                dh[t] = _mm512_setzero_si512();
+            }
+            _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {
+                __m512i v = _mm512_load_si512(wb->qs[c][k]);
+                __m512i lo = _mm512_and_si512(v, m4);
+                __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+                    dl[t] = _mm512_dpbusd_epi32(dl[t], lo, a512_bcast32(xb[t]->qs + 64 * c + 4 * k));
+                    dh[t] = _mm512_dpbusd_epi32(dh[t], hi, a512_bcast32(xb[t]->qs + 64 * c + 32 + 4 * k));
+                }
+            }
+            __m512i sl = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)wb->sc[2 * c]));
+            __m512i sh = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)wb->sc[2 * c + 1]));
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
+                isum[t] = _mm512_add_epi32(isum[t], _mm512_add_epi32(_mm512_mullo_epi32(dl[t], sl),
+                                                                     _mm512_mullo_epi32(dh[t], sh)));
+        }
+        /* the token's 8 sub-block sums of bsums as int16, pair p = sub-blocks 2p, 2p+1 */
+        __m512i bs2[4];
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+            __m256i s32 = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)xb[t]->bsums),
+                                            _mm512_castsi512_si256(one16));
+            bs2[t] = _mm512_castsi128_si512(
+                _mm_packs_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1)));
+            imin[t] = _mm512_setzero_si512();
+        }
+        _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
+            __m512i mp = _mm512_cvtepu8_epi16(_mm256_load_si256((const __m256i *)wb->m[p]));
+            __m512i ip = _mm512_set1_epi32(p);
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
+                imin[t] = _mm512_dpwssd_epi32(imin[t], mp, _mm512_permutexvar_epi32(ip, bs2[t]));
+        }
+        __m512 wd = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)wb->d));
+        __m512 wm = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)wb->dmin));
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+            __m512 dx = _mm512_set1_ps(xb[t]->d);
+            __m512 d = A512_MUL(dx, wd), dm = A512_MUL(dx, wm);
+            acc[t] = A512_ADD(acc[t], A512_SUB(A512_MUL(d, _mm512_cvtepi32_ps(isum[t])),
+                                               A512_MUL(dm, _mm512_cvtepi32_ps(imin[t]))));
+        }
+    }
+    _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) _mm512_storeu_ps(y + (size_t)t * ys, acc[t]);
+}
+
+/* 16 rows x T tokens of Q6_K: per group of 16 columns, the three 64-byte planes give the
+ * four 6-bit units (see block_q6_Kx16), vpdpbusd sums q * x per row with q unsigned, the
+ * group's scale multiplies that; the -32 offset is subtracted once per super-block as
+ * 32 * sum_g sc_g * bsum_g (vpdpwssd of the rows' scale pairs with the token's bsum pairs). */
+A512_INLINE void a512_x16_q6_K(int T, int64_t nb, const block_q6_Kx16 *w, const char *x,
+                               size_t xs, float *y, size_t ys)
+{
+    __m512 acc[4];
+    _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
+    const __m512i m6 = _mm512_set1_epi8(0x3F), k03 = _mm512_set1_epi8(0x03),
+                  k0f = _mm512_set1_epi8(0x0F);
+    for (int64_t b = 0; b < nb; b++) {
+        const block_q6_Kx16 *wb = w + b;
+        const block_q8_K *xb[4];
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
+            xb[t] = (const block_q8_K *)(x + (size_t)t * xs) + b;
+        __m512i isum[4], corr[4];
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+            isum[t] = _mm512_setzero_si512();
+            corr[t] = _mm512_setzero_si512();
+        }
+        for (int p = 0; p < 8; p++) {
+            __m512i sp = _mm512_cvtepi8_epi16(_mm256_load_si256((const __m256i *)wb->sc[p]));
+            __m512i se = _mm512_srai_epi32(_mm512_slli_epi32(sp, 16), 16);
+            __m512i so = _mm512_srai_epi32(sp, 16);
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
+                corr[t] = _mm512_dpwssd_epi32(corr[t], sp,
+                                              a512_bcast32((const int8_t *)(xb[t]->bsums + 2 * p)));
+            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+                int g = 2 * p + h;
+                _mm_prefetch((const char *)wb->q[g] + 2 * sizeof *wb, _MM_HINT_T0);
+                _mm_prefetch((const char *)wb->q[g] + 2 * sizeof *wb + 128, _MM_HINT_T0);
+                __m512i P = _mm512_load_si512(wb->q[g][0]), Q = _mm512_load_si512(wb->q[g][1]),
+                        R = _mm512_load_si512(wb->q[g][2]);
+                __m512i ua = _mm512_and_si512(P, m6), ub = _mm512_and_si512(Q, m6),
+                        uc = _mm512_and_si512(R, m6);
+                /* unit 3: bits 6-7 of P, Q, R; select (imm 0xE4: C ? A : B) by bit masks */
+                __m512i t01 = _mm512_ternarylogic_epi32(_mm512_srli_epi16(P, 6),
+                                                        _mm512_srli_epi16(Q, 4), k03, 0xE4);
+                __m512i ud = _mm512_and_si512(
+                    _mm512_ternarylogic_epi32(t01, _mm512_srli_epi16(R, 2), k0f, 0xE4), m6);
+                __m512i sg = h ? so : se;
+                _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+                    const int8_t *xq = xb[t]->qs + 16 * g;
+                    __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ua, a512_bcast32(xq));
+                    d = _mm512_dpbusd_epi32(d, ub, a512_bcast32(xq + 4));
+                    d = _mm512_dpbusd_epi32(d, uc, a512_bcast32(xq + 8));
+                    d = _mm512_dpbusd_epi32(d, ud, a512_bcast32(xq + 12));
+                    isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(d, sg));
+                }
+            }
+        }
+        __m512 wd = _mm512_load_ps(wb->d);
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+            __m512i is = _mm512_sub_epi32(isum[t], _mm512_slli_epi32(corr[t], 5));
+            acc[t] = A512_ADD(acc[t], A512_MUL(A512_MUL(_mm512_set1_ps(xb[t]->d), wd),
+                                               _mm512_cvtepi32_ps(is)));
+        }
+    }
+    _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) _mm512_storeu_ps(y + (size_t)t * ys, acc[t]);
+}
+
+/* nr is a multiple of 16 (the driver's row chunks are); tokens in tiles of up to 4. */
+#define A512_X16_GEMM(NAME, KERNEL, BLOCK)                                                   \
+    static void NAME(int64_t cols, const void *w, size_t ws, int nr, const void *x,          \
+                     size_t xs, int nt, float *y, size_t ys)                                 \
+    {                                                                                        \
+        const int64_t nb = cols / QK_K;                                                      \
+        for (int r0 = 0; r0 + 16 <= nr; r0 += 16) {                                          \
+            const BLOCK *wg = (const BLOCK *)((const char *)w + (size_t)r0 * ws);            \
+            for (int t0 = 0; t0 < nt; t0 += 4) {                                             \
+                const char *xt = (const char *)x + (size_t)t0 * xs;                          \
+                float *yt = y + (size_t)t0 * ys + r0;                                        \
+                switch (nt - t0 < 4 ? nt - t0 : 4) {                                         \
+                case 1: KERNEL(1, nb, wg, xt, xs, yt, ys); break;                            \
+                case 2: KERNEL(2, nb, wg, xt, xs, yt, ys); break;                            \
+                case 3: KERNEL(3, nb, wg, xt, xs, yt, ys); break;                            \
+                default: KERNEL(4, nb, wg, xt, xs, yt, ys); break;                           \
+                }                                                                            \
+            }                                                                                \
+        }                                                                                    \
+    }
+A512_X16_GEMM(a512_gemm_q4_Kx16, a512_x16_q4_K, block_q4_Kx16)
+A512_X16_GEMM(a512_gemm_q6_Kx16, a512_x16_q6_K, block_q6_Kx16)
+
 /* ---- float weights -------------------------------------------------------------------- */
 
 A512_INLINE __m512 a512_load_f32(const void *p, int64_t i, __mmask16 k)
@@ -663,6 +831,8 @@ void ops_kernels_init_avx512(ops_kernels *k)
     k->quant_q8_K = a512_quant_q8_K;
     k->gemm[QTYPE_Q4_K] = a512_gemm_q4_K;
     k->gemm[QTYPE_Q6_K] = a512_gemm_q6_K;
+    k->gemm[QTYPE_Q4_K_X16] = a512_gemm_q4_Kx16;
+    k->gemm[QTYPE_Q6_K_X16] = a512_gemm_q6_Kx16;
     k->gemm[QTYPE_F32] = a512_gemm_f32;
     k->gemm[QTYPE_F16] = a512_gemm_f16;
     k->gemm[QTYPE_BF16] = a512_gemm_bf16;

@@ -32,6 +32,10 @@ static const quant_traits *quant_get_traits(int t)
     static const quant_traits tr_q4_k = {"q4_K", QK_K, sizeof(block_q4_K), QTYPE_Q8_K};
     static const quant_traits tr_q6_k = {"q6_K", QK_K, sizeof(block_q6_K), QTYPE_Q8_K};
     static const quant_traits tr_q8_k = {"q8_K", QK_K, sizeof(block_q8_K), QTYPE_Q8_K};
+    static const quant_traits tr_q4_kx16 = {"q4_Kx16", QK_K, sizeof(block_q4_Kx16) / 16,
+                                            QTYPE_Q8_K};
+    static const quant_traits tr_q6_kx16 = {"q6_Kx16", QK_K, sizeof(block_q6_Kx16) / 16,
+                                            QTYPE_Q8_K};
     switch (t) {
     case QTYPE_F32: return &tr_f32;
     case QTYPE_F16: return &tr_f16;
@@ -41,6 +45,8 @@ static const quant_traits *quant_get_traits(int t)
     case QTYPE_Q4_K: return &tr_q4_k;
     case QTYPE_Q6_K: return &tr_q6_k;
     case QTYPE_Q8_K: return &tr_q8_k;
+    case QTYPE_Q4_K_X16: return &tr_q4_kx16;
+    case QTYPE_Q6_K_X16: return &tr_q6_kx16;
     default: return NULL;
     }
 }
@@ -50,8 +56,13 @@ _Static_assert(sizeof(block_q4_0) == 18, "block_q4_0 layout");
 _Static_assert(sizeof(block_q4_K) == 144, "block_q4_K layout");
 _Static_assert(sizeof(block_q6_K) == 210, "block_q6_K layout");
 _Static_assert(sizeof(block_q8_K) == 292, "block_q8_K layout");
+_Static_assert(sizeof(block_q4_Kx16) == 2368, "block_q4_Kx16 layout");
+_Static_assert(sizeof(block_q6_Kx16) == 3392, "block_q6_Kx16 layout");
 
-bool quant_type_supported(int type) { return quant_get_traits(type) != NULL; }
+bool quant_type_supported(int type)
+{
+    return quant_get_traits(type) != NULL && type != QTYPE_Q4_K_X16 && type != QTYPE_Q6_K_X16;
+}
 
 const char *quant_type_name(qtype t)
 {
@@ -580,4 +591,77 @@ void quant_quantize_row(qtype t, const float *src, void *dst, int64_t n)
     case QTYPE_Q8_K: quant_act_q8_K(src, dst, n); break;
     default: assert(!"unsupported type"); break;
     }
+}
+
+/* ---- repacking (see block_q4_Kx16) ----------------------------------------------------- */
+
+qtype quant_repack_type(qtype t)
+{
+    switch (t) {
+    case QTYPE_Q4_K: return QTYPE_Q4_K_X16;
+    case QTYPE_Q6_K: return QTYPE_Q6_K_X16;
+    default: return t;
+    }
+}
+
+static void quant_repack_q4_K(const block_q4_K *const src[16], block_q4_Kx16 *y)
+{
+    for (int i = 0; i < 16; i++) {
+        const block_q4_K *x = src[i];
+        y->d[i] = x->d;
+        y->dmin[i] = x->dmin;
+        for (int j = 0; j < 8; j++) {
+            uint8_t sc, m;
+            quant_q4_K_scale_min(j, x->scales, &sc, &m);
+            y->sc[j][i] = sc;
+            y->m[j / 2][i][j % 2] = m;
+        }
+        for (int c = 0; c < 4; c++)
+            for (int k = 0; k < 8; k++) memcpy(y->qs[c][k][i], x->qs + 32 * c + 4 * k, 4);
+    }
+}
+
+static void quant_repack_q6_K(const block_q6_K *const src[16], block_q6_Kx16 *y)
+{
+    for (int i = 0; i < 16; i++) {
+        const block_q6_K *x = src[i];
+        uint8_t q[QK_K]; /* 0..63 */
+        const uint8_t *ql = x->ql, *qh = x->qh;
+        for (int k = 0; k < QK_K; k += 128, ql += 64, qh += 32)
+            for (int l = 0; l < 32; l++) {
+                q[k + l + 0] = (uint8_t)((ql[l + 0] & 0xF) | (((qh[l] >> 0) & 3) << 4));
+                q[k + l + 32] = (uint8_t)((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4));
+                q[k + l + 64] = (uint8_t)((ql[l + 0] >> 4) | (((qh[l] >> 4) & 3) << 4));
+                q[k + l + 96] = (uint8_t)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
+            }
+        for (int g = 0; g < 16; g++) {
+            for (int p = 0; p < 3; p++)
+                for (int l = 0; l < 4; l++) {
+                    uint8_t u3 = q[16 * g + 12 + l];
+                    y->q[g][p][i][l] = (uint8_t)(q[16 * g + 4 * p + l] | (((u3 >> (2 * p)) & 3) << 6));
+                }
+            y->sc[g / 2][i][g % 2] = x->scales[g];
+        }
+        y->d[i] = quant_fp16_to_fp32(x->d);
+    }
+}
+
+void quant_repack(qtype t, const void *src, void *dst, int64_t cols, int64_t r0, int64_t r1)
+{
+    int64_t nb = cols / QK_K;
+    size_t rb = quant_row_bytes(t, cols);
+    for (int64_t r = r0; r + 16 <= r1; r += 16)
+        for (int64_t b = 0; b < nb; b++) {
+            if (t == QTYPE_Q4_K) {
+                const block_q4_K *s[16];
+                for (int i = 0; i < 16; i++)
+                    s[i] = (const block_q4_K *)((const char *)src + (size_t)(r + i) * rb) + b;
+                quant_repack_q4_K(s, (block_q4_Kx16 *)dst + (r / 16) * nb + b);
+            } else if (t == QTYPE_Q6_K) {
+                const block_q6_K *s[16];
+                for (int i = 0; i < 16; i++)
+                    s[i] = (const block_q6_K *)((const char *)src + (size_t)(r + i) * rb) + b;
+                quant_repack_q6_K(s, (block_q6_Kx16 *)dst + (r / 16) * nb + b);
+            }
+        }
 }

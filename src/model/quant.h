@@ -23,6 +23,9 @@ typedef enum {
     QTYPE_Q6_K = 14,
     QTYPE_Q8_K = 15,
     QTYPE_BF16 = 30,
+    /* repacked layouts (quant_repack; in memory only, never read from a file) */
+    QTYPE_Q4_K_X16 = 62,
+    QTYPE_Q6_K_X16 = 63,
     QTYPE_COUNT_MAX = 64, /* ids below this may appear in files; only the above are supported */
 } qtype;
 
@@ -38,6 +41,33 @@ typedef struct { fp16_t d; uint8_t qs[QK4_0 / 2]; } block_q4_0;                 
 typedef struct { fp16_t d, dmin; uint8_t scales[12]; uint8_t qs[QK_K / 2]; } block_q4_K; /* 144 */
 typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; fp16_t d; } block_q6_K; /* 210 */
 typedef struct { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; } block_q8_K; /* 292 */
+
+/* Repacked k-quant layouts: 16 consecutive rows interleaved, one super-block (256 columns)
+ * of all 16 rows per struct, so that a SIMD kernel computes 16 rows at once with one int32
+ * lane per row (AVX-512 vpdpbusd: a 64-byte vector holds 4 columns of 16 rows) and the
+ * scales need no unpacking. A matrix of `rows` (a multiple of 16) rows and nb super-blocks
+ * per row is rows/16 groups of nb structs, group-major; per row that is 4 bytes per super-block
+ * more than Q4_K and 2 more than Q6_K (quant_row_bytes gives it per row).
+ * The values are the original ones, re-arranged: a kernel computes exactly what the
+ * original layout gives. */
+typedef struct {
+    fp16_t d[16];            /* super-block scale per row */
+    fp16_t dmin[16];         /* super-block min scale per row */
+    uint8_t sc[8][16];       /* [sub-block j][row]: 6-bit scale of columns 32j..32j+31 */
+    uint8_t m[4][16][2];     /* [j/2][row][j%2]: 6-bit min of sub-block j */
+    uint8_t qs[4][8][16][4]; /* [c][k][row][i]: byte 32c+4k+i of the row's Q4_K qs: low nibble
+                              * column 64c+4k+i, high nibble column 64c+32+4k+i */
+} block_q4_Kx16; /* 2368 */
+typedef struct {
+    /* [group g][plane][row][i]: 6-bit values q (0..63, the value is q - 32) of the 16
+     * columns 16g..16g+15 in 4 units of 4 (unit u: columns 16g+4u+i). Plane 0 holds unit 0
+     * in bits 0-5 and bits 0-1 of unit 3 in bits 6-7, plane 1 unit 1 and bits 2-3 of unit 3,
+     * plane 2 unit 2 and bits 4-5 of unit 3. */
+    uint8_t q[16][3][16][4];
+    int8_t sc[8][16][2];     /* [g/2][row][g%2]: scale of group g */
+    float d[16];             /* super-block scale per row (the fp16 value, widened: keeps the
+                              * struct a multiple of 64 bytes) */
+} block_q6_Kx16; /* 3392 */
 
 bool quant_type_supported(int type);      /* one of the QTYPE_ values above */
 const char *quant_type_name(qtype t);     /* "f32", "q8_0", ...; "?" if unknown */
@@ -63,6 +93,12 @@ void quant_quantize_row(qtype t, const float *src, void *dst, int64_t n);
  *       for QTYPE_Q8_K.) n a multiple of the block size. */
 void quant_act_q8_0(const float *x, block_q8_0 *y, int64_t n);
 void quant_act_q8_K(const float *x, block_q8_K *y, int64_t n);
+
+/* Repacks `rows` rows (a multiple of 16) of `cols` columns of type t (Q4_K or Q6_K) into
+ * quant_repack_type(t) (see block_q4_Kx16); dst holds quant_row_bytes(that, cols) * rows.
+ * Rows [r0, r1) (multiples of 16) only, so that threads can split the work. */
+qtype quant_repack_type(qtype t);   /* the repacked type of t, or t when there is none */
+void quant_repack(qtype t, const void *src, void *dst, int64_t cols, int64_t r0, int64_t r1);
 
 /* Q4_K's packed 6-bit scale and min of sub-block j (0..7) from block_q4_K.scales. */
 void quant_q4_K_scale_min(int j, const uint8_t *scales, uint8_t *d, uint8_t *m);

@@ -184,6 +184,25 @@ test("32 concurrent greedy streams through 2 prefill + 2 decode workers == token
   assert.ok(a.workers.every((w) => w.jobs > 0), JSON.stringify(a.workers)); // both of each role were used
   const metrics = await (await fetch(gw + "/metrics")).text();
   assert.match(metrics, new RegExp(`tokenmill_worker_running\\{worker="${workers.d1.addr}",role="decode"\\}`));
+  // the KV handoff cost reaches the gateway with the heartbeats: both sides populated, and the
+  // prefill workers' speed (no timing is asserted, only that the figures are there)
+  const sum = (t, re) => [...t.matchAll(re)].reduce((n, m) => n + Number(m[1]), 0);
+  const end = Date.now() + 20000;
+  for (;;) {
+    const t = await (await fetch(gw + "/metrics")).text();
+    const send = sum(t, /^tokenmill_worker_handoff_tokens_total\{[^}]*side="send"\} (\S+)$/gm);
+    const recv = sum(t, /^tokenmill_worker_handoff_tokens_total\{[^}]*side="receive"\} (\S+)$/gm);
+    const n = sum(t, /^tokenmill_worker_handoffs_total\{[^}]*side="send"\} (\S+)$/gm);
+    if (n >= 32 && send > 0 && recv > 0) {
+      assert.match(t, /^tokenmill_worker_handoff_seconds_total\{[^}]*side="receive"\} \S+$/m);
+      assert.match(t, /^tokenmill_worker_prefill_tokens_per_second\{[^}]*role="prefill"\} \S+$/m);
+      assert.ok(Number(/^tokenmill_handoff_seconds_per_token (\S+)$/m.exec(t)[1]) > 0);
+      assert.ok(Number(/^tokenmill_recompute_seconds_per_token (\S+)$/m.exec(t)[1]) > 0);
+      break;
+    }
+    assert.ok(Date.now() < end, `handoff metrics not populated: ${t}`);
+    await sleep(100);
+  }
 });
 
 // Starts the 32 streams; once `at` tokens have reached the clients, stops (SIGSTOP) both decode
@@ -199,6 +218,9 @@ async function freezeDecode(at) {
   };
   const runs = Promise.all(PROMPTS.map((p) => stream(gw, p, MAX, onChunk)));
   await froze;
+  // frames the workers sent just before they stopped (a FINISH) reach the gateway first, so
+  // that its running counts are those of streams that really are unfinished
+  await sleep(300);
   const a = await admin();
   const [victim, other] = findW(a, "d1").running >= findW(a, "d2").running ? ["d1", "d2"] : ["d2", "d1"];
   return { runs, victim, other, busy: findW(a, victim).running };
@@ -234,7 +256,9 @@ test("drain of a decode worker under load (admin drain, then SIGTERM) loses noth
   const before = (await admin()).resumes;
   // frozen with its streams half done, it is drained with a short deadline: the rest moves
   const { runs, victim, other, busy } = await freezeDecode(late);
-  const res = await fetch(`${gw}/admin/drain?worker=${encodeURIComponent(workers[victim].addr)}&deadline_ms=50`, { method: "POST" });
+  // a 1 ms deadline: its streams cannot all end in time, some must move (with 50 ms a fast
+  // moment of the machine finished them all and nothing moved)
+  const res = await fetch(`${gw}/admin/drain?worker=${encodeURIComponent(workers[victim].addr)}&deadline_ms=1`, { method: "POST" });
   assert.equal(res.status, 200);
   for (const n of [victim, other]) workers[n].proc.kill("SIGCONT");
   assert.ok(busy > 0, "the drained worker had streams running");

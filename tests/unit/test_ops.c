@@ -235,6 +235,83 @@ TEST(test_matmul_batch_invariant)
     for (size_t i = 0; i < TM_ARRAY_LEN(tf); i++) CHECK(check_mm_invariant(tf[i], 9, 37) == 0);
 }
 
+/* Repacked Q4_K / Q6_K (quant_repack, 16-row interleaved): at every level and thread count
+ * the result is bit-identical to the original layout at the scalar level, and a token's y
+ * is the same whatever the batch around it. */
+static int check_mm_repacked(qtype t, int rows, int cols, int n_tokens)
+{
+    mm_case c;
+    mm_case_init(&c, t, rows, cols, n_tokens, 555 + (uint64_t)t * 3 + (uint64_t)rows + cols);
+    qtype rt = quant_repack_type(t);
+    size_t bytes = quant_row_bytes(rt, cols) * (size_t)rows;
+    void *wr = aligned_alloc(64, TM_ALIGN_UP(bytes, 64));
+    quant_repack(t, c.wq, wr, cols, 0, rows);
+    ops_weight w0 = {t, rows, cols, c.wq}, w1 = {rt, rows, cols, wr};
+    size_t ny = (size_t)n_tokens * rows;
+    float *y_ref = malloc(ny * 4), *y = malloc(ny * 4), *alone = malloc(ny * 4);
+    void *scratch = malloc(ops_matmul_scratch_bytes(t, cols, n_tokens) + 1);
+    int bad = 0;
+    ops_force_level(CPU_LEVEL_SCALAR);
+    ops_matmul(NULL, &w0, c.x, n_tokens, y_ref, scratch);
+    for (int lvl = 0; lvl < n_levels(); lvl++) {
+        ops_force_level((cpu_level)lvl);
+        if (lvl == (int)cpu_get_hw_level() && lvl == CPU_LEVEL_AVX512)
+            CHECK(ops_repack_type(&w0) == rt || getenv("TOKENMILL_REPACK"));
+        for (int i = 0; i < n_tokens; i++)
+            ops_matmul(NULL, &w1, c.x + (size_t)i * cols, 1, alone + (size_t)i * rows, scratch);
+        if (memcmp(alone, y_ref, ny * 4) && bad++ < 3)
+            fprintf(stderr, "  %s %dx%d %s: one token at a time differs from the scalar "
+                    "reference of the original layout\n", quant_type_name(rt), rows, cols,
+                    ops_level_name());
+        for (int th = 0; th < 3; th++) {
+            memset(y, 0xff, ny * 4);
+            ops_matmul(pools[th], &w1, c.x, n_tokens, y, scratch);
+            if (memcmp(y, alone, ny * 4) && bad++ < 3)
+                fprintf(stderr, "  %s %dx%dx%d %s, %d threads: batched differs from alone\n",
+                        quant_type_name(rt), rows, cols, n_tokens, ops_level_name(), th + 1);
+        }
+    }
+    free(scratch);
+    free(alone);
+    free(y);
+    free(y_ref);
+    free(wr);
+    mm_case_free(&c);
+    return bad;
+}
+
+TEST(test_matmul_repacked)
+{
+    static const int shapes[][3] = {
+        {16, 256, 1}, {32, 512, 3}, {48, 256, 5}, {160, 1024, 17}, {64, 768, 130},
+    };
+    static const qtype ts[] = {QTYPE_Q4_K, QTYPE_Q6_K};
+    for (size_t ti = 0; ti < TM_ARRAY_LEN(ts); ti++)
+        for (size_t s = 0; s < TM_ARRAY_LEN(shapes); s++)
+            CHECKF(check_mm_repacked(ts[ti], shapes[s][0], shapes[s][1], shapes[s][2]) == 0,
+                   "%s %dx%dx%d", quant_type_name(ts[ti]), shapes[s][0], shapes[s][1],
+                   shapes[s][2]);
+    /* ops_repack (threaded) writes what quant_repack does, and only eligible weights */
+    ops_weight odd = {QTYPE_Q4_K, 17, 256, NULL}, q8 = {QTYPE_Q8_0, 16, 256, NULL};
+    CHECK(ops_repack_type(&odd) == QTYPE_Q4_K);
+    CHECK(ops_repack_type(&q8) == QTYPE_Q8_0);
+    mm_case c;
+    mm_case_init(&c, QTYPE_Q6_K, 64, 512, 1, 9);
+    size_t bytes = quant_row_bytes(QTYPE_Q6_K_X16, 512) * 64;
+    void *a = aligned_alloc(64, bytes), *b = aligned_alloc(64, bytes);
+    ops_weight w = {QTYPE_Q6_K, 64, 512, c.wq};
+    quant_repack(QTYPE_Q6_K, c.wq, a, 512, 0, 64);
+    ops_force_level(cpu_get_hw_level());
+    if (ops_repack_type(&w) == QTYPE_Q6_K_X16) {
+        ops_weight r = ops_repack(pools[1], &w, b);
+        CHECK(r.type == QTYPE_Q6_K_X16 && r.data == b && r.rows == 64);
+        CHECK(!memcmp(a, b, bytes));
+    }
+    free(a);
+    free(b);
+    mm_case_free(&c);
+}
+
 TEST(test_matmul_multi)
 {
     /* Q4_K_M style: q, k in Q4_K and v in Q6_K share Q8_K activations; plus an F16 one */
@@ -476,6 +553,7 @@ int main(void)
     RUN(test_matmul_all_types);
     RUN(test_matmul_odd_cols);
     RUN(test_matmul_batch_invariant);
+    RUN(test_matmul_repacked);
     RUN(test_matmul_multi);
     RUN(test_elementwise);
     RUN(test_rope);

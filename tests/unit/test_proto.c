@@ -99,7 +99,12 @@ TEST(test_roundtrip_hello_heartbeat)
     b->n_running = 3; b->n_queued = 4; b->sum_cache_len = 1ull << 40; b->uncached_queued = 777;
     b->kv_blocks_free = 5; b->kv_blocks_total = 6; b->draining = 1;
     b->n_prefill_tokens = 123456789012ull; b->n_gen_tokens = 42;
+    b->busy_us = 9876543; b->n_handoffs_out = 7; b->handoff_out_tokens = 1500; b->handoff_out_us = 321;
+    b->n_handoffs_in = 8; b->handoff_in_tokens = 1600; b->handoff_in_us = 654;
     CHECK(roundtrip(&m, &o) == PROTO_OK);
+    CHECK(o.u.heartbeat.busy_us == 9876543 && o.u.heartbeat.n_handoffs_out == 7 && o.u.heartbeat.handoff_out_tokens == 1500 &&
+          o.u.heartbeat.handoff_out_us == 321 && o.u.heartbeat.n_handoffs_in == 8 && o.u.heartbeat.handoff_in_tokens == 1600 &&
+          o.u.heartbeat.handoff_in_us == 654);
     CHECK(!memcmp(&o.u.heartbeat, b, sizeof *b) || (o.u.heartbeat.n_running == 3 &&
           o.u.heartbeat.sum_cache_len == (1ull << 40) && o.u.heartbeat.draining == 1 &&
           o.u.heartbeat.n_prefill_tokens == 123456789012ull && o.u.heartbeat.n_gen_tokens == 42));
