@@ -31,6 +31,11 @@
 // With --serial requests go one at a time, so TTFT is each request's prefill alone and the
 // speed-up is the pure effective prefill speed-up; by default the agents are concurrent and
 // TTFT also holds the queueing behind the other agents' prefill and decode steps.
+// "srv TTFT": the server's own mean time from submission to first token over the run's requests
+// (from the /metrics histogram's sum and count, warm-up excluded): lookup, store loads and
+// prefill without the HTTP; "srv of ideal": (no-cache srv TTFT / this run's) / ideal. With
+// --serial this is the issue's "effective prefill speed-up against 1/(1-hit)".
+// --runs nocache,ram,store,restart picks tokenmill's runs (restart implies store).
 // Before each run the CPUs must be idle (waits up to --wait-quiet 60 s; the busy fraction is
 // shown, '!' when over 15 %; --wait-quiet 0 neither waits nor measures): other processes slow
 // llama.cpp's spinning barriers 10-20x.
@@ -38,7 +43,7 @@
 //   bench/cache_agents [-m MODEL] [--agents 8] [--turns 4] [--system 1500] [--tool 250]
 //                      [--answer 24] [--kv-mib 24] [--threads N] [--step-tokens N] [--reps 1]
 //                      [--llama-slots agents,pool] [--llama-batch 512] [--llama-flash-attn on]
-//                      [--no-llama] [--serial] [--wait-quiet 60] [--json OUT.json]
+//                      [--no-llama] [--serial] [--runs LIST] [--wait-quiet 60] [--json OUT.json]
 // --llama-slots: a list of llama.cpp runs (besides the no-reuse one): a number of slots,
 // "agents" (one per agent) or "pool" (tokenmill's --kv-mib of F16 KV); empty for none.
 // Without -m a small random qwen3 model is generated under tests/data/gen/.
@@ -51,7 +56,7 @@ import path from "node:path";
 const root = path.resolve(import.meta.dirname, "..");
 const bin = process.env.TM_BIN || path.join(root, "build/tokenmill");
 const o = { agents: 8, turns: 4, system: 1500, tool: 250, answer: 24, kvMib: 24, reps: 1, threads: os.availableParallelism?.() ?? os.cpus().length,
-  llamaSlots: "agents,pool", llamaBatch: 512, llamaFlashAttn: "on", llama: true, serial: false, waitQuiet: 60 };
+  llamaSlots: "agents,pool", llamaBatch: 512, llamaFlashAttn: "on", llama: true, serial: false, waitQuiet: 60, runs: "nocache,ram,store,restart" };
 const argv = process.argv.slice(2);
 for (let i = 0; i < argv.length; i++) {
   const a = argv[i], v = () => argv[++i];
@@ -70,6 +75,7 @@ for (let i = 0; i < argv.length; i++) {
   else if (a === "--llama-flash-attn") o.llamaFlashAttn = v();
   else if (a === "--no-llama") o.llama = false;
   else if (a === "--serial") o.serial = true;
+  else if (a === "--runs") o.runs = v();
   else if (a === "--wait-quiet") o.waitQuiet = Number(v());
   else if (a === "--json") o.json = v();
   else { console.error(`bench/cache_agents: unknown argument ${a}`); process.exit(2); }
@@ -175,6 +181,8 @@ function metrics(port) {
       res.on("end", () => {
         const m = {};
         for (const l of t.split("\n")) { const x = l.match(/^(tokenmill_store_\w+) (\S+)$/); if (x) m[x[1].replace("tokenmill_store_", "")] = Number(x[2]); }
+        // the server's own time to first token (submit to first token: lookup, loads, prefill)
+        for (const l of t.split("\n")) { const x = l.match(/^tokenmill_time_to_first_token_seconds_(sum|count) (\S+)$/); if (x) m[`ttft_${x[1]}`] = Number(x[2]); }
         resolve(m);
       });
     }).on("error", reject);
@@ -191,6 +199,7 @@ async function tokenmillRun(extra, ps) {
   const s = await startServer(extra);
   try {
     await complete(s.port, [11, 12, 13, 14, 15, 16, 17, 18]);  // warm-up (untimed, no full block)
+    const m0 = await metrics(s.port);
     const ttfts = [], answers = [], t0 = performance.now();
     let prompt = 0, cached = 0;
     const one = async (a, t) => {
@@ -203,7 +212,9 @@ async function tokenmillRun(extra, ps) {
     if (o.serial) { for (let a = 0; a < o.agents; a++) for (let t = 0; t < o.turns; t++) await one(a, t); }
     else await Promise.all(ps.map(async (_, a) => { for (let t = 0; t < o.turns; t++) await one(a, t); }));
     const wall = (performance.now() - t0) / 1000;
-    return { ...summary(ttfts, prompt, cached, wall), kv_mib: o.kvMib, answers: answers.sort(), store: await metrics(s.port) };
+    const m1 = await metrics(s.port);
+    const server_ttft_ms = m1.ttft_count > m0.ttft_count ? 1000 * (m1.ttft_sum - m0.ttft_sum) / (m1.ttft_count - m0.ttft_count) : null;
+    return { ...summary(ttfts, prompt, cached, wall), server_ttft_ms, kv_mib: o.kvMib, answers: answers.sort(), store: m1 };
   } finally {
     await stopServer(s);
   }
@@ -222,12 +233,15 @@ function llamaRun(slots, noReuse) {
 // the plan: [key, label, engine, fn]; tokenmill and llama.cpp alternate
 const llamaSlots = o.llama ? o.llamaSlots.split(",").filter(Boolean).map((x) => (x === "agents" ? String(o.agents) : x === "pool" ? `pool:${o.kvMib}` : x)) : [];
 const cacheDir = path.join(tmp, "store");
-const tm = [
+const tmAll = [
   ["tm-nocache", "tokenmill no cache", () => tokenmillRun(["--cache", "off"], unique)],
   ["tm-ram", "tokenmill RAM tier", () => tokenmillRun(["--cache", "off"], prompts)],
   ["tm-store", "tokenmill store on", () => (fs.rmSync(cacheDir, { recursive: true, force: true }), tokenmillRun(["--cache-dir", cacheDir], prompts))],
   ["tm-restart", "tokenmill restarted", () => tokenmillRun(["--cache-dir", cacheDir], prompts)],
 ];
+const runs = new Set(o.runs.split(",").map((x) => `tm-${x}`));
+if (runs.has("tm-restart")) runs.add("tm-store");  // restart reads the store that 'store on' fills
+const tm = tmAll.filter(([k]) => runs.has(k));
 const ll = o.llama ? [["ll-noreuse", "llama.cpp no reuse", () => llamaRun(String(o.agents), true)],
   ...llamaSlots.map((sl) => [`ll-${sl}`, `llama.cpp ${sl.startsWith("pool:") ? "pool" : sl} slots`, () => llamaRun(sl, false)])] : [];
 const plan = [];
@@ -252,6 +266,7 @@ const median = (xs) => { const s = xs.slice().sort((x, y) => x - y), n = s.lengt
 const rows = [...results.values()];
 for (const r of rows) {
   for (const f of ["ttft_mean_ms", "ttft_p99_ms", "hit", "wall_s"]) r[f] = median(r.reps.map((x) => x[f]));
+  r.server_ttft_ms = r.reps[0].server_ttft_ms == null ? null : median(r.reps.map((x) => x.server_ttft_ms));
   r.busy_before = r.reps[0].busy_before == null ? null : Math.max(...r.reps.map((x) => x.busy_before));
   r.kv_mib = r.reps[0].kv_mib;
   if (r.reps[0].slots) r.slots = r.reps[0].slots;
@@ -262,6 +277,7 @@ for (const r of rows) {
   const base = r.key.startsWith("tm-") ? get("tm-nocache") : get("ll-noreuse");
   if (!base || base === r) continue;
   r.speedup = base.ttft_mean_ms / r.ttft_mean_ms;
+  if (r.server_ttft_ms && base.server_ttft_ms) r.server_speedup = base.server_ttft_ms / r.server_ttft_ms;
   r.ideal = 1 / (1 - r.hit);
 }
 for (const r of rows) if (r.key.startsWith("ll-") && r.slots && r.key !== "ll-noreuse") r.label = r.key.startsWith("ll-pool") ? `llama.cpp ${r.slots} slots=` : `llama.cpp ${r.slots} slots`;
@@ -270,16 +286,19 @@ const pad = (s, n) => String(s).padStart(n);
 console.log(`agent workload: ${o.agents} agents x ${o.turns} turns, system ${o.system} tokens, +${o.tool} tool tokens and ${o.answer} answer tokens per turn` +
   `${o.serial ? ", one request at a time (--serial)" : ", agents concurrent"}; model ${path.basename(o.model)}, ${o.threads} threads, ` +
   `${o.reps > 1 ? `median of ${o.reps} alternating reps` : "1 rep"}`);
-console.log(`${"run".padEnd(22)}${pad("KV MiB", 7)}${pad("TTFT mean ms", 13)}${pad("TTFT P99 ms", 12)}${pad("hit rate", 9)}${pad("wall s", 8)}${pad("speed-up", 9)}${pad("ideal", 8)}${pad("of ideal", 9)}${pad("busy", 6)}`);
+console.log(`${"run".padEnd(22)}${pad("KV MiB", 7)}${pad("TTFT mean ms", 13)}${pad("TTFT P99 ms", 12)}${pad("hit rate", 9)}${pad("wall s", 8)}${pad("speed-up", 9)}${pad("ideal", 8)}${pad("of ideal", 9)}${pad("srv TTFT", 9)}${pad("srv of ideal", 13)}${pad("busy", 6)}`);
 for (const r of rows) {
   const st = r.reps[0].store && (r.reps[0].store.writes_total || r.reps[0].store.blocks_loaded_total)
     ? `  store: ${r.reps[0].store.blocks_loaded_total} blocks loaded (${r.reps[0].store.blocks_hit_total} used), ${r.reps[0].store.writes_total} written, ${r.reps[0].store.writes_dropped_total} dropped` : "";
   console.log(`${r.label.padEnd(22)}${pad(r.kv_mib == null ? "?" : r.kv_mib.toFixed(0), 7)}${pad(r.ttft_mean_ms.toFixed(1), 13)}${pad(r.ttft_p99_ms.toFixed(1), 12)}` +
     `${pad((100 * r.hit).toFixed(1), 8)}%${pad(r.wall_s.toFixed(2), 8)}` +
     (r.speedup ? `${pad(r.speedup.toFixed(2), 8)}x${pad(r.ideal.toFixed(2), 7)}x${pad((100 * r.speedup / r.ideal).toFixed(0), 8)}%` : `${pad("-", 9)}${pad("-", 8)}${pad("-", 9)}`) +
+    pad(r.server_ttft_ms == null ? "-" : r.server_ttft_ms.toFixed(1), 9) +
+    (r.server_speedup ? `${pad(r.server_speedup.toFixed(2), 6)}x${pad((100 * r.server_speedup / r.ideal).toFixed(0), 5)}%` : pad("-", 13)) +
     (r.busy_before == null ? `${pad("?", 6)} ` : `${pad((100 * r.busy_before).toFixed(0), 5)}%${r.busy_before > 0.15 ? "!" : " "}`) + st);
 }
 console.log("speed-up: TTFT mean of the engine's own no-cache run / this run's; ideal: 1/(1-hit); of ideal: speed-up / ideal (target >= 80 %).\n" +
+  "srv TTFT: the server's mean submit-to-first-token ms (/metrics, no HTTP); srv of ideal: its speed-up over no cache, and that / ideal.\n" +
   "restarted: a new tokenmill process on the store of 'store on' (RAM tier empty): its hits are blocks loaded from the store.\n" +
   (llamaSlots.length ? `llama.cpp: ${get(ll[1]?.[0])?.engine ?? ""}; '=': as many slots as tokenmill's ${o.kvMib} MiB KV pool holds.\n` : "") +
   "busy: CPU use by other processes just before the run (the most over the reps; '!' over 15 %: figures unreliable).");
