@@ -3,7 +3,8 @@
  * several requests with greedy results identical to each request run alone, cancellation
  * releasing KV blocks, the bounded queue, KV exhaustion (waiting and preemption, then
  * completion with the same tokens), prefix-cache hits reported as cached tokens, log-probs,
- * and argument errors.
+ * argument errors, and chunked prefill: a long prompt that arrives while a sequence decodes is
+ * read in chunks of the default step budget, and the decode gets its token in every step.
  *
  * Note: the engine rounds Q to F16 in batches under 64 tokens only (as ggml does), so a
  * decode's logits can differ in the last bits when it shares a step with a long prefill
@@ -384,6 +385,47 @@ TEST(test_think_budget)
     rig_free(&g);
 }
 
+/* A long prompt arrives while a sequence decodes: with the default budget (max_seqs + 64) the
+ * prompt is read in chunks of what the decode leaves of it, one chunk per step, and the decode
+ * gets its token in every one of those steps (decodes are planned first), so its wait for a
+ * token is one budget-sized step, never the whole prompt. Counted in steps, not seconds. */
+TEST(test_long_prompt_chunked_beside_decode)
+{
+    enum { MAXS = 4, PA = 10, GA = 100, PB = 900 };
+    CHECK(sched_default_step_tokens(MAXS) == MAXS + SCHED_PREFILL_CHUNK);
+    CHECK(sched_default_step_tokens(0) == 16 + SCHED_PREFILL_CHUNK);
+    rig g = rig_new(16, MAXS, 16, 0);   /* engine max batch 128 > the default budget (68) */
+    int budget = sched_default_step_tokens(MAXS);
+    sched_stats st;
+    sched_get_stats(g.s, &st);
+    CHECK(st.step_tokens == budget);
+    int32_t pa[PA], pb[PB];
+    prompt_of(pa, PA, 5);
+    prompt_of(pb, PB, 6);
+    sched_params p = greedy(pa, PA, GA);
+    sched_req *a, *b;
+    CHECK(sched_submit(g.s, &p, &a) == SCHED_OK);
+    sched_output out[16];
+    int na = sched_poll(a, out, 16, 30000);   /* A decodes before B arrives */
+    CHECK(na > 0 && out[0].kind == SCHED_OUT_TOKEN);
+    p = greedy(pb, PB, 1);
+    CHECK(sched_submit(g.s, &p, &b) == SCHED_OK);
+    int32_t tb[1], ta[GA];
+    CHECK(drain(b, tb, 1, NULL) == 1);
+    CHECK(drain(a, ta, GA, NULL) + na == GA);
+    sched_get_stats(g.s, &st);
+    /* every step carried A: its prefill, then one step per further token */
+    CHECKF(st.n_steps == GA, "%llu steps for %d tokens of A", (unsigned long long)st.n_steps, GA);
+    /* B's prompt went in chunks of budget - 1 (A's decode took one token of each step) */
+    int chunks = (PB + budget - 2) / (budget - 1);
+    CHECKF(st.n_mixed_steps == (uint64_t)chunks, "%llu steps with a prefill chunk, want %d",
+           (unsigned long long)st.n_mixed_steps, chunks);
+    CHECK(st.max_step_tokens == budget);
+    sched_release(a);
+    sched_release(b);
+    rig_free(&g);
+}
+
 TEST(test_errors_and_shutdown)
 {
     rig g = rig_new(16, 4, 16, 48);
@@ -430,6 +472,7 @@ int main(void)
     RUN(test_prefix_cache_hits);
     RUN(test_stop_ids_logprobs_seed);
     RUN(test_think_budget);
+    RUN(test_long_prompt_chunked_beside_decode);
     RUN(test_errors_and_shutdown);
     model_free(g_model);
     char cmd[300];
