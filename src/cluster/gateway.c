@@ -709,6 +709,7 @@ static void gw_send_prefill(gateway *g, gw_req *r)
     m.hdr.type = PROTO_PREFILL;
     m.hdr.req_id = r->id;
     gw_params_copy(&m.u.prefill.params, &r->params);
+    if (r->params.think_budget) m.hdr.flags |= PROTO_F_THINK;
     m.u.prefill.hit_len = (uint32_t)r->hit_len;
     m.u.prefill.n_prompt = (uint32_t)r->n_prompt;
     m.u.prefill.prompt = r->prompt;
@@ -744,6 +745,10 @@ static void gw_send_decode(gateway *g, gw_req *r)
     m.hdr.type = PROTO_DECODE;
     m.hdr.req_id = r->id;
     gw_params_copy(&m.u.decode.params, &r->params);
+    /* the same budget on a resume: the worker replays the reasoning count and whether the
+     * block is open from think_open + gen (every token of gen was streamed), so the forced
+     * end lands where an undisturbed run puts it */
+    if (r->params.think_budget) m.hdr.flags |= PROTO_F_THINK;
     m.u.decode.n_prompt = (uint32_t)r->n_prompt;
     m.u.decode.prompt = r->prompt;
     m.u.decode.n_gen = (uint32_t)r->n_gen;
@@ -879,6 +884,9 @@ static sched_status gw_submit(void *ud, const sched_params *p, sched_req **out)
     if (p->n_prompt + 1 > g->o.n_ctx) return SCHED_ERR_TOO_LONG;
     for (int i = 0; i < p->n_prompt; i++)
         if (p->prompt[i] < 0 || p->prompt[i] >= g->o.model->hp.n_vocab) return SCHED_ERR_ARG;
+    if (p->think_budget < 0 || (p->think_budget > 0 && (p->think_end >= g->o.model->hp.n_vocab ||
+                                                        p->think_start >= g->o.model->hp.n_vocab)))
+        return SCHED_ERR_ARG;   /* as sched_submit */
     pthread_mutex_lock(&g->mu);
     double deadline = util_now() + g->o.wait_timeout_s;
     while (!g->shut && !(gw_has_role(g, true) && gw_has_role(g, false))) {
@@ -917,6 +925,13 @@ static sched_status gw_submit(void *ud, const sched_params *p, sched_req **out)
     pp->salt = xstrdup(p->cache_salt ? p->cache_salt : "");
     int max_new = p->max_tokens > 0 ? TM_MIN(p->max_tokens, g->o.n_ctx - p->n_prompt) : g->o.n_ctx - p->n_prompt;
     pp->max_tokens = max_new;   /* explicit: a worker with a longer context stops where we do */
+    if (p->think_budget > 0 && p->think_end >= 0) {   /* sent with PROTO_F_THINK; no end id: no budget */
+        /* a budget of max_new or more never forces anything: the same within the wire's range */
+        pp->think_budget = (uint32_t)TM_MIN(TM_MIN(p->think_budget, max_new), PROTO_MAX_THINK);
+        pp->think_start = p->think_start >= 0 ? p->think_start : -1;
+        pp->think_end = p->think_end;
+        pp->think_open = p->think_open;
+    }
     r->expect_len = p->n_prompt + max_new;
     r->hit_len = hit;
     r->n_cached = hit;

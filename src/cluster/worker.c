@@ -227,7 +227,9 @@ static int worker_kv_in(void *arg, kvpool *pool, kvpool_seq *seq, int n_attached
 
 /* ---- jobs ---- */
 
-static void worker_params(const proto_params *pp, sched_params *sp)
+/* Fills sp from a job's params; false when a value is beyond this model (the job is answered
+ * ERROR ARG): the reasoning budget's ids must lie in the vocabulary. */
+static bool worker_params(const worker *w, const proto_params *pp, sched_params *sp)
 {
     memset(sp, 0, sizeof *sp);
     sp->sample = pp->sample;
@@ -239,6 +241,16 @@ static void worker_params(const proto_params *pp, sched_params *sp)
     sp->top_logprobs = pp->top_logprobs;
     sp->cache_salt = pp->salt;
     sp->cache_class = pp->cache_class;
+    sp->think_start = sp->think_end = -1;
+    if (pp->think_budget > 0) {   /* the state after gen is replayed by sched_submit */
+        int n_vocab = w->m->hp.n_vocab;
+        if (pp->think_start >= n_vocab || pp->think_end < 0 || pp->think_end >= n_vocab) return false;
+        sp->think_budget = (int)pp->think_budget;
+        sp->think_start = pp->think_start;
+        sp->think_end = pp->think_end;
+        sp->think_open = pp->think_open;
+    }
+    return true;
 }
 
 static int worker_sched_error(sched_status st)
@@ -347,13 +359,13 @@ static void worker_run_prefill(wjob *j)
     worker *w = j->w;
     const proto_prefill_job *p = &j->msg.u.prefill;
     sched_params sp;
-    worker_params(&p->params, &sp);
+    bool ok = worker_params(w, &p->params, &sp);
     sp.prompt = p->prompt;
     sp.n_prompt = (int)p->n_prompt;
     sp.max_tokens = 1;
     sp.kv_out = worker_kv_out;
     sp.kv_arg = j;
-    sched_status st = worker_submit(j, &sp);
+    sched_status st = ok ? worker_submit(j, &sp) : SCHED_ERR_ARG;
     if (st != SCHED_OK) {
         worker_job_unlink(j);
         worker_send_error(j->c, j->id, worker_sched_error(st), sched_status_name(st));
@@ -451,7 +463,7 @@ static void worker_run_decode(wjob *j)
     worker *w = j->w;
     const proto_decode_job *d = &j->msg.u.decode;
     sched_params sp;
-    worker_params(&d->params, &sp);
+    bool ok = worker_params(w, &d->params, &sp);
     sp.prompt = d->prompt;
     sp.n_prompt = (int)d->n_prompt;
     sp.gen = d->gen;
@@ -460,7 +472,7 @@ static void worker_run_decode(wjob *j)
     sp.kv_in = worker_kv_in;   /* installs the tail (HAS_TAIL); times the KV's arrival always */
     sp.kv_arg = j;
     bool counted = (j->msg.hdr.flags & PROTO_F_RESUME) != 0;   /* a resume is no handoff */
-    sched_status st = worker_submit(j, &sp);
+    sched_status st = ok ? worker_submit(j, &sp) : SCHED_ERR_ARG;
     if (st != SCHED_OK) {
         worker_job_unlink(j);
         worker_send_error(j->c, j->id, worker_sched_error(st), sched_status_name(st));
