@@ -10,6 +10,7 @@
 #   make run        the main job on the bundled model
 #   make bench      side-by-side benchmark against llama.cpp (bench/engine)
 #   make bench-cache block store throughput and the multi-turn agent workload (bench/cache)
+#   make bench-cluster disaggregated vs mixed workers vs serve under a mixed workload (bench/cluster)
 #
 # WERROR=1 turns warnings into errors (CI sets it via .ci/run).
 
@@ -39,7 +40,7 @@ TESTBINS:= $(TESTSRCS:tests/unit/%.c=$(BUILD)/tests/%)
 AVX2_FLAGS   := -mavx2 -mfma -mf16c
 AVX512_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx2 -mfma -mf16c
 
-.PHONY: all san test test-unit test-e2e run bench bench-serve bench-cache deps clean
+.PHONY: all san test test-unit test-e2e run bench bench-serve bench-cache bench-cluster deps clean
 all: $(BUILD)/tokenmill $(TESTBINS)
 
 $(BUILD)/tokenmill: $(OBJS)
@@ -88,6 +89,10 @@ bench-serve: deps
 bench-cache: deps
 	$(MAKE) all
 	@bench/cache
+
+bench-cluster: deps
+	$(MAKE) all
+	@bench/cluster
 
 clean:
 	rm -rf build

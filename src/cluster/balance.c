@@ -40,6 +40,36 @@ int64_t bal_chunk_tokens(const bal_cost *c, int64_t n_prompt)
     return (int64_t)chunk;
 }
 
+void bal_speed_init(bal_speed *s, double default_tokens_per_s)
+{
+    s->tokens_per_s = default_tokens_per_s > 0 ? default_tokens_per_s : 20000;
+    s->base_tokens = s->base_busy_us = 0;   /* a new connection's counters count from here */
+    s->n_samples = 0;
+}
+
+bool bal_speed_report(bal_speed *s, uint64_t prefill_tokens, uint64_t busy_us)
+{
+    if (prefill_tokens < s->base_tokens || busy_us < s->base_busy_us) {
+        s->base_tokens = prefill_tokens;
+        s->base_busy_us = busy_us;
+        return false;
+    }
+    uint64_t dt = prefill_tokens - s->base_tokens, dus = busy_us - s->base_busy_us;
+    if (dt < BAL_SPEED_MIN_TOKENS || dus == 0) return false;   /* not enough yet: keep the base */
+    double rate = (double)dt / ((double)dus * 1e-6);
+    s->tokens_per_s = s->n_samples == 0 ? rate : s->tokens_per_s + BAL_SPEED_ALPHA * (rate - s->tokens_per_s);
+    s->n_samples++;
+    s->base_tokens = prefill_tokens;
+    s->base_busy_us = busy_us;
+    return true;
+}
+
+double bal_speed_rel(const bal_speed *s, const bal_cost *c)
+{
+    double r = s->tokens_per_s * c->linear_s;
+    return r > 0 ? r : 1;
+}
+
 bal_prefill_choice bal_prefill_pick(const bal_cost *c, const bal_prefill_worker *w, int n_workers, int64_t n_prompt,
                                     int64_t n_cached)
 {
@@ -49,8 +79,8 @@ bal_prefill_choice bal_prefill_pick(const bal_cost *c, const bal_prefill_worker 
     ch.cost_s = bal_prefill_cost(c, n_new, n_prompt - n_new);
     int64_t chunk = bal_chunk_tokens(c, n_prompt);
     ch.steps = (n_new + chunk - 1) / chunk;
-    double own = (double)ch.steps * c->step_budget_s;
-    if (own < ch.cost_s) own = ch.cost_s;
+    double own = ch.cost_s;   /* one step: shared with the queued work (balance.h) */
+    if (ch.steps > 1 && own < (double)ch.steps * c->step_budget_s) own = (double)ch.steps * c->step_budget_s;
     for (int i = 0; i < n_workers; i++) {
         if (!w[i].up) continue;
         double speed = w[i].speed > 0 ? w[i].speed : 1;

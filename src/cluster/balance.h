@@ -12,10 +12,21 @@
  *     chunk = step_budget_s / (linear_s + attn_s * ctx)  tokens, ctx = the bucket's upper length
  * (length buckets <=16k, <=64k, <=256k, longer: long prompts get smaller chunks), so a request
  * takes ceil(n_new / chunk) steps. It goes to the up worker that would finish it earliest:
- *     finish = (queued_s + steps * step_budget_s) / speed
+ *     finish = (queued_s + own) / speed,   own = cost, or max(cost, steps * step_budget_s)
+ *                                           when the prompt takes more than one step
  * queued_s being the cost of what the worker already has (the gateway adds the cost of each
- * job it sends and subtracts it when the first token comes back). Ties: fewer queued jobs,
- * then the lower index.
+ * job it sends and subtracts it when the first token comes back). A prompt that fits one step
+ * shares that step with the work queued there, so it adds its cost, not a whole step budget
+ * (which would make every short prompt weigh as much as a full step and, with unequal
+ * speeds, send them all to the faster worker); a longer one finishes no sooner than its
+ * steps allow. Ties: fewer queued jobs,
+ * then the lower index. speed is the worker's relative speed, learned from its heartbeats
+ * (bal_speed): the prefill tokens it computed per second inside engine steps, both lifetime
+ * counters, taken by difference once at least BAL_SPEED_MIN_TOKENS more were computed and
+ * exponentially averaged (weight BAL_SPEED_ALPHA per sample); a new worker starts from a
+ * default rate, which its first sample replaces. Relative speed = rate * linear_s (1 = the cost model's machine). On a mixed
+ * worker the engine time of its decodes counts against the rate: that is the share of its
+ * steps a prefill gets there.
  *
  * DECODE. Two figures per worker: running requests and the sum of their cache lengths
  * (tokens). A request is long when its expected length (prompt + max new tokens) is above the
@@ -53,11 +64,31 @@ double bal_prefill_cost(const bal_cost *c, int64_t n_new, int64_t n_cached);
 /* Tokens per step for prompts of the bucket of n_prompt (>= 1). */
 int64_t bal_chunk_tokens(const bal_cost *c, int64_t n_prompt);
 
+/* A worker's learned prefill rate. */
+#define BAL_SPEED_MIN_TOKENS 64   /* prefill tokens between two samples at least */
+#define BAL_SPEED_ALPHA 0.3       /* weight of a new sample in the average */
+typedef struct {
+    double tokens_per_s;      /* the estimate: prefill tokens per second of engine time */
+    uint64_t base_tokens;     /* counters at the last sample (0 at first: the first report's
+                               * lifetime counters are a sample of their own) */
+    uint64_t base_busy_us;
+    int n_samples;            /* samples averaged in (0: still the default) */
+} bal_speed;
+
+void bal_speed_init(bal_speed *s, double default_tokens_per_s);
+/* Feeds a heartbeat's lifetime counters (prefill tokens computed, microseconds in engine
+ * steps). Counters below the base (a restarted worker) start a new base. True when the
+ * estimate moved. */
+bool bal_speed_report(bal_speed *s, uint64_t prefill_tokens, uint64_t busy_us);
+/* Relative speed for bal_prefill_worker.speed: tokens_per_s * c->linear_s (> 0). */
+double bal_speed_rel(const bal_speed *s, const bal_cost *c);
+
 typedef struct {
     bool up;                  /* registered, heartbeating, not draining */
     double queued_s;          /* seconds of prefill work sent and not yet done (cost model) */
     int n_queued;             /* jobs sent and not yet done */
-    double speed;             /* relative speed (1 = the cost model's machine); <= 0 taken as 1 */
+    double speed;             /* relative speed (1 = the cost model's machine, bal_speed_rel);
+                               * <= 0 taken as 1 */
 } bal_prefill_worker;
 
 typedef struct {

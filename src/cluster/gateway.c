@@ -40,7 +40,8 @@ typedef struct {
     uint64_t gen;             /* bumped at each connection loss: stale readers are ignored */
     double last_hb;           /* util_now() of the last frame received */
     double next_connect;      /* static: next reconnect attempt */
-    proto_heartbeat hb;       /* its last load report */
+    proto_heartbeat hb;       /* its last load report (zeros until the first) */
+    bal_speed speed;          /* prefill tokens/s learned from the reports (balance.h) */
     uint32_t max_seqs;        /* HELLO */
     int kv_dtype;             /* HELLO */
     /* the gateway's own load figures (what it sent and has not seen finish) */
@@ -107,6 +108,7 @@ struct gateway {
     uint64_t n_requests, n_rejected, n_reprefills, n_resumes, n_prompt_tokens, n_hit_tokens, n_gen_tokens;
     uint64_t n_uncached_tokens;   /* prompt tokens not found in the store, lifetime */
     uint64_t n_bad_conns;         /* connections refused (malformed HELLO / frames) */
+    uint64_t n_bad_values;        /* of which: well-formed frames with values out of range */
     double rate_t[GW_RATE_SLOTS]; /* ring: time and n_uncached_tokens once a second */
     uint64_t rate_v[GW_RATE_SLOTS];
     int rate_i;
@@ -279,16 +281,121 @@ static void gw_worker_lost(gateway *g, int slot, const char *why)
 
 /* ------------------------------------------------------------------ frames from workers */
 
-static void gw_on_msg(gateway *g, int slot, proto_msg *m)
+static bool gw_tok_ok(const gateway *g, const proto_tok *t, bool with_lp)
+{
+    int32_t nv = g->o.model->hp.n_vocab;
+    if (t->token < 0 || t->token >= nv) return false;
+    if (!with_lp) return true;
+    if (!(t->logprob <= 1e-3f)) return false;   /* NaN or positive: not a log-probability */
+    for (int k = 0; k < t->n_top; k++)
+        if (t->top_ids[k] < 0 || t->top_ids[k] >= nv || !(t->top_lps[k] <= 1e-3f)) return false;
+    return true;
+}
+
+/* Checks every value of a decoded frame that the gateway uses against what it knows (the
+ * model, the request it names, the worker's earlier reports): a registered worker is trusted
+ * with nothing. NULL when the frame is fine, else why not (the connection is then closed and
+ * the worker's requests are rerouted as a dead worker's, before anything of the frame reaches
+ * a client). r is the request the frame names (NULL: unknown or 0), mine whether it is live
+ * on this worker. */
+static const char *gw_check_msg(const gateway *g, const gw_worker *w, const proto_msg *m, const gw_req *r, bool mine)
+{
+    uint64_t id = m->hdr.req_id;
+    const model_hparams *hp = &g->o.model->hp;
+    switch (m->hdr.type) {
+    case PROTO_HEARTBEAT: {
+        const proto_heartbeat *h = &m->u.heartbeat, *o = &w->hb;
+        if (id) return "HEARTBEAT with a request id";
+        /* lifetime counters of one connection never go back */
+        if (h->n_prefill_tokens < o->n_prefill_tokens || h->n_gen_tokens < o->n_gen_tokens || h->busy_us < o->busy_us ||
+            h->n_handoffs_out < o->n_handoffs_out || h->handoff_out_tokens < o->handoff_out_tokens ||
+            h->handoff_out_us < o->handoff_out_us || h->n_handoffs_in < o->n_handoffs_in ||
+            h->handoff_in_tokens < o->handoff_in_tokens || h->handoff_in_us < o->handoff_in_us)
+            return "HEARTBEAT counter went back";
+        return NULL;
+    }
+    case PROTO_HANDOFF:
+    case PROTO_TOKENS:
+    case PROTO_FINISH:
+        if (!id) return "request frame with id 0";
+        /* fallthrough */
+    case PROTO_ERROR:
+        if (id > g->next_id) return "unknown request id";
+        break;
+    case PROTO_DRAIN:
+        if (id) return "DRAIN with a request id";
+        return NULL;
+    default:
+        return "frame type a worker does not send";
+    }
+    if (m->hdr.type == PROTO_ERROR)
+        return m->u.error.code < PROTO_E_MALFORMED || m->u.error.code > PROTO_E_DUPLICATE ? "unknown ERROR code" : NULL;
+    if (!mine) return NULL;   /* a late frame of a request that moved on or ended: ignored */
+    switch (m->hdr.type) {
+    case PROTO_HANDOFF: {
+        const proto_handoff *h = &m->u.handoff;
+        if (r->state != GW_PREFILL) return "HANDOFF for a request not in prefill";
+        if (!gw_tok_ok(g, &h->first, r->params.logprobs)) return "HANDOFF: first token out of range";
+        if (h->n_prompt != (uint32_t)r->n_prompt) return "HANDOFF: prompt length differs";
+        if (h->n_cached > h->n_prompt || h->n_computed > h->n_prompt || h->n_stored > h->n_prompt ||
+            h->n_stored % BLOCKKEY_TOKENS)
+            return "HANDOFF: counts out of range";
+        if (r->params.max_tokens == 1) return "HANDOFF of a request that ended";
+        if (m->hdr.flags & PROTO_F_HAS_TAIL) {
+            const proto_kv *kv = &h->kv;
+            if (kv->dtype != w->kv_dtype || kv->n_layers != hp->n_layers || kv->n_kv_heads != hp->n_kv_heads ||
+                kv->head_dim != hp->head_dim)
+                return "HANDOFF: tail KV of another geometry";
+            if (kv->start != h->n_stored || kv->start + kv->n != h->n_prompt) return "HANDOFF: tail KV at the wrong positions";
+        }
+        return NULL;
+    }
+    case PROTO_TOKENS: {
+        const proto_tokens *t = &m->u.tokens;
+        if (r->state != GW_PREFILL && r->state != GW_DECODE) return "TOKENS for a request not running";
+        if (t->n == 0) return "TOKENS without a token";
+        if (r->state == GW_PREFILL && (t->n != 1 || r->n_gen != 0)) return "TOKENS: a prefill sends one token";
+        int64_t max_new = r->expect_len - r->n_prompt;
+        if ((int64_t)r->n_gen + t->n > max_new) return "TOKENS beyond max_tokens / the context";
+        if (r->n_gen > 0 && gw_is_stop(g, r, r->gen[r->n_gen - 1])) return "TOKENS after the stop token";
+        bool lp = (m->hdr.flags & PROTO_F_LOGPROBS) != 0;
+        for (uint32_t i = 0; i < t->n; i++) {
+            if (!gw_tok_ok(g, &t->toks[i], lp)) return "TOKENS: token id out of range";
+            if (i + 1 < t->n && gw_is_stop(g, r, t->toks[i].token)) return "TOKENS after the stop token";
+        }
+        return NULL;
+    }
+    case PROTO_FINISH:
+        if (m->u.finish.cached_tokens > (uint32_t)r->n_prompt) return "FINISH: cached tokens beyond the prompt";
+        return NULL;
+    default:
+        return NULL;
+    }
+}
+
+/* Returns false when the frame was refused (the worker is then out). */
+static bool gw_on_msg(gateway *g, int slot, proto_msg *m)
 {
     gw_worker *w = &g->w[slot];
     w->last_hb = util_now();
     uint64_t id = m->hdr.req_id;
     gw_req *r = id ? gw_find(g, id) : NULL;
     bool mine = r && !r->finished && r->worker == slot;
+    const char *bad = gw_check_msg(g, w, m, r, mine);
+    if (bad) {
+        log_warn("gateway: worker %s: refused a %s frame (req %llu): %s; closing the connection", w->addr,
+                 proto_type_name(m->hdr.type), (unsigned long long)id, bad);
+        g->n_bad_conns++;
+        g->n_bad_values++;
+        gw_worker_lost(g, slot, bad);
+        return false;
+    }
     switch (m->hdr.type) {
     case PROTO_HEARTBEAT:
         w->hb = m->u.heartbeat;
+        if (bal_speed_report(&w->speed, w->hb.n_prefill_tokens, w->hb.busy_us))
+            log_debug("gateway: worker %s prefill speed %.0f tokens/s (%d samples)", w->addr, w->speed.tokens_per_s,
+                      w->speed.n_samples);
         if (m->u.heartbeat.draining && !w->draining) {
             w->draining = true;
             log_info("gateway: worker %s drains", w->addr);
@@ -355,6 +462,7 @@ static void gw_on_msg(gateway *g, int slot, proto_msg *m)
     default:
         break;
     }
+    return true;
 }
 
 typedef struct {
@@ -387,9 +495,16 @@ static void *gw_reader(void *arg)
             pthread_mutex_unlock(&g->mu);
             break;
         }
-        if (current) gw_on_msg(g, a.slot, &m);
+        bool ok = !current || gw_on_msg(g, a.slot, &m);
+        if (!ok) {
+            /* refused: this reader ends with its connection (gw_worker_lost shut it down) */
+            g->w[a.slot].reader_live = false;
+            if (!g->w[a.slot].is_static && !g->w[a.slot].connected) g->w[a.slot].used = false;
+            pthread_cond_broadcast(&g->cv_workers);
+        }
         pthread_mutex_unlock(&g->mu);
         proto_msg_free(&m);
+        if (!ok) break;
     }
     close(a.fd);
     return NULL;
@@ -440,6 +555,13 @@ static int gw_handshake(gateway *g, int fd, const char *who, proto_hello *out)
                m.u.hello.role != PROTO_ROLE_MIXED) {
         log_warn("gateway: %s: refused: role %d", who, m.u.hello.role);
         rc = -1;
+    } else if (m.u.hello.n_vocab != (uint32_t)g->o.model->hp.n_vocab) {
+        log_warn("gateway: %s: refused: vocabulary of %u tokens, the model has %d", who, m.u.hello.n_vocab,
+                 g->o.model->hp.n_vocab);
+        rc = -1;
+    } else if (m.u.hello.kv_dtype != QTYPE_F32 && m.u.hello.kv_dtype != QTYPE_F16) {
+        log_warn("gateway: %s: refused: KV type %u", who, m.u.hello.kv_dtype);
+        rc = -1;
     }
     if (!rc) {
         *out = m.u.hello;
@@ -469,6 +591,8 @@ static void gw_attach(gateway *g, int slot, int fd, const proto_hello *h)
     w->queued_s = 0;
     w->n_prefill = w->n_decode = 0;
     w->sum_ctx = 0;
+    memset(&w->hb, 0, sizeof w->hb);
+    bal_speed_init(&w->speed, g->o.prefill_tokens_per_s);
     gw_reader_arg *a = xmalloc(sizeof *a);
     *a = (gw_reader_arg){ g, slot, w->gen, fd };
     pthread_t t;
@@ -563,27 +687,29 @@ static void gw_send_prefill(gateway *g, gw_req *r)
 {
     bal_prefill_worker bw[GW_MAX_WORKERS];
     int map[GW_MAX_WORKERS], n = 0;
+    bal_cost c;
+    bal_cost_default(&c);
     for (int i = 0; i < g->n_slots; i++) {
         gw_worker *w = &g->w[i];
         if (!gw_usable(w) || !gw_can_prefill(w)) continue;
-        bw[n] = (bal_prefill_worker){ .up = true, .queued_s = w->queued_s, .n_queued = w->n_prefill, .speed = 1 };
+        bw[n] = (bal_prefill_worker){ .up = true, .queued_s = w->queued_s, .n_queued = w->n_prefill,
+                                      .speed = bal_speed_rel(&w->speed, &c) };
         map[n++] = i;
     }
-    bal_cost c;
-    bal_cost_default(&c);
     bal_prefill_choice ch = bal_prefill_pick(&c, bw, n, r->n_prompt, r->hit_len);
     if (ch.worker < 0) return;
     int slot = map[ch.worker];
     gw_worker *w = &g->w[slot];
     log_debug("gateway: prefill req %llu (%d tokens, %d cached, bucket %d, cost %.4f s, %lld steps) -> %s "
-              "(queued %.4f s, %d jobs; finish in %.4f s; %d candidates)",
+              "(queued %.4f s, %d jobs, %.0f tokens/s learned; finish in %.4f s; %d candidates)",
               (unsigned long long)r->id, r->n_prompt, r->hit_len, ch.bucket, ch.cost_s, (long long)ch.steps, w->addr,
-              w->queued_s, w->n_prefill, ch.finish_s, n);
+              w->queued_s, w->n_prefill, w->speed.tokens_per_s, ch.finish_s, n);
     proto_msg m;
     memset(&m, 0, sizeof m);
     m.hdr.type = PROTO_PREFILL;
     m.hdr.req_id = r->id;
     gw_params_copy(&m.u.prefill.params, &r->params);
+    if (r->params.think_budget) m.hdr.flags |= PROTO_F_THINK;
     m.u.prefill.hit_len = (uint32_t)r->hit_len;
     m.u.prefill.n_prompt = (uint32_t)r->n_prompt;
     m.u.prefill.prompt = r->prompt;
@@ -619,6 +745,10 @@ static void gw_send_decode(gateway *g, gw_req *r)
     m.hdr.type = PROTO_DECODE;
     m.hdr.req_id = r->id;
     gw_params_copy(&m.u.decode.params, &r->params);
+    /* the same budget on a resume: the worker replays the reasoning count and whether the
+     * block is open from think_open + gen (every token of gen was streamed), so the forced
+     * end lands where an undisturbed run puts it */
+    if (r->params.think_budget) m.hdr.flags |= PROTO_F_THINK;
     m.u.decode.n_prompt = (uint32_t)r->n_prompt;
     m.u.decode.prompt = r->prompt;
     m.u.decode.n_gen = (uint32_t)r->n_gen;
@@ -754,6 +884,9 @@ static sched_status gw_submit(void *ud, const sched_params *p, sched_req **out)
     if (p->n_prompt + 1 > g->o.n_ctx) return SCHED_ERR_TOO_LONG;
     for (int i = 0; i < p->n_prompt; i++)
         if (p->prompt[i] < 0 || p->prompt[i] >= g->o.model->hp.n_vocab) return SCHED_ERR_ARG;
+    if (p->think_budget < 0 || (p->think_budget > 0 && (p->think_end >= g->o.model->hp.n_vocab ||
+                                                        p->think_start >= g->o.model->hp.n_vocab)))
+        return SCHED_ERR_ARG;   /* as sched_submit */
     pthread_mutex_lock(&g->mu);
     double deadline = util_now() + g->o.wait_timeout_s;
     while (!g->shut && !(gw_has_role(g, true) && gw_has_role(g, false))) {
@@ -791,6 +924,14 @@ static sched_status gw_submit(void *ud, const sched_params *p, sched_req **out)
     pp->cache_class = p->cache_class;
     pp->salt = xstrdup(p->cache_salt ? p->cache_salt : "");
     int max_new = p->max_tokens > 0 ? TM_MIN(p->max_tokens, g->o.n_ctx - p->n_prompt) : g->o.n_ctx - p->n_prompt;
+    pp->max_tokens = max_new;   /* explicit: a worker with a longer context stops where we do */
+    if (p->think_budget > 0 && p->think_end >= 0) {   /* sent with PROTO_F_THINK; no end id: no budget */
+        /* a budget of max_new or more never forces anything: the same within the wire's range */
+        pp->think_budget = (uint32_t)TM_MIN(TM_MIN(p->think_budget, max_new), PROTO_MAX_THINK);
+        pp->think_start = p->think_start >= 0 ? p->think_start : -1;
+        pp->think_end = p->think_end;
+        pp->think_open = p->think_open;
+    }
     r->expect_len = p->n_prompt + max_new;
     r->hit_len = hit;
     r->n_cached = hit;
@@ -934,6 +1075,71 @@ static void gw_metrics(void *ud, http_buf *b)
         http_buf_printf(b, "tokenmill_worker_kv_blocks_free{worker=\"%s\",role=\"%s\"} %u\n", w->addr, role, w->hb.kv_blocks_free);
         http_buf_printf(b, "tokenmill_worker_jobs_total{worker=\"%s\",role=\"%s\"} %llu\n", w->addr, role, (unsigned long long)w->n_jobs);
     }
+    /* prefill speed (learned) and KV handoff cost, from the workers' heartbeats (lifetime
+     * counters of their current connections) */
+    http_buf_puts(b, "# HELP tokenmill_worker_prefill_tokens_per_second Prefill tokens per second of engine time, "
+                     "learned from the heartbeats (the prefill balancer's speed).\n"
+                     "# TYPE tokenmill_worker_prefill_tokens_per_second gauge\n");
+    for (int i = 0; i < g->n_slots; i++) {
+        gw_worker *w = &g->w[i];
+        if (!w->used || !gw_can_prefill(w)) continue;
+        http_buf_printf(b, "tokenmill_worker_prefill_tokens_per_second{worker=\"%s\",role=\"%s\"} %.1f\n", w->addr,
+                        proto_role_name(w->role), w->speed.tokens_per_s);
+    }
+    http_buf_puts(b, "# TYPE tokenmill_worker_prefill_tokens_total counter\n# TYPE tokenmill_worker_busy_seconds_total counter\n");
+    for (int i = 0; i < g->n_slots; i++) {
+        gw_worker *w = &g->w[i];
+        if (!w->used) continue;
+        const char *role = proto_role_name(w->role);
+        http_buf_printf(b, "tokenmill_worker_prefill_tokens_total{worker=\"%s\",role=\"%s\"} %llu\n", w->addr, role,
+                        (unsigned long long)w->hb.n_prefill_tokens);
+        http_buf_printf(b, "tokenmill_worker_busy_seconds_total{worker=\"%s\",role=\"%s\"} %.6f\n", w->addr, role,
+                        (double)w->hb.busy_us * 1e-6);
+    }
+    http_buf_puts(b, "# HELP tokenmill_worker_handoff_seconds_total KV handoff time: side=send on the prefill worker "
+                     "(first token to HANDOFF sent), side=receive on the decode worker (DECODE received to KV in place).\n"
+                     "# TYPE tokenmill_worker_handoff_seconds_total counter\n"
+                     "# TYPE tokenmill_worker_handoff_tokens_total counter\n# TYPE tokenmill_worker_handoffs_total counter\n");
+    double out_s = 0, in_s = 0, out_tok = 0, in_tok = 0, pre_busy = 0, pre_tok = 0;
+    for (int i = 0; i < g->n_slots; i++) {
+        gw_worker *w = &g->w[i];
+        if (!w->used) continue;
+        const char *role = proto_role_name(w->role);
+        const proto_heartbeat *h = &w->hb;
+        for (int side = 0; side < 2; side++) {
+            const char *sz = side ? "receive" : "send";
+            uint64_t n = side ? h->n_handoffs_in : h->n_handoffs_out;
+            uint64_t tok = side ? h->handoff_in_tokens : h->handoff_out_tokens;
+            uint64_t us = side ? h->handoff_in_us : h->handoff_out_us;
+            if (side ? !gw_can_decode(w) : !gw_can_prefill(w)) continue;
+            http_buf_printf(b, "tokenmill_worker_handoffs_total{worker=\"%s\",role=\"%s\",side=\"%s\"} %llu\n", w->addr,
+                            role, sz, (unsigned long long)n);
+            http_buf_printf(b, "tokenmill_worker_handoff_tokens_total{worker=\"%s\",role=\"%s\",side=\"%s\"} %llu\n",
+                            w->addr, role, sz, (unsigned long long)tok);
+            http_buf_printf(b, "tokenmill_worker_handoff_seconds_total{worker=\"%s\",role=\"%s\",side=\"%s\"} %.6f\n",
+                            w->addr, role, sz, (double)us * 1e-6);
+        }
+        out_s += (double)h->handoff_out_us * 1e-6;
+        out_tok += (double)h->handoff_out_tokens;
+        in_s += (double)h->handoff_in_us * 1e-6;
+        in_tok += (double)h->handoff_in_tokens;
+        if (w->role == PROTO_ROLE_PREFILL) {
+            pre_busy += (double)h->busy_us * 1e-6;
+            pre_tok += (double)h->n_prefill_tokens;
+        }
+    }
+    /* the cluster's figures: handoff seconds per handed-off token (both sides), and what
+     * recomputing a token costs on the prefill workers (their engine seconds per prefill token) */
+    double per_tok = (out_tok > 0 ? out_s / out_tok : 0) + (in_tok > 0 ? in_s / in_tok : 0);
+    http_buf_printf(b, "# HELP tokenmill_handoff_seconds_per_token KV handoff cost per token (send + receive side).\n"
+                       "# TYPE tokenmill_handoff_seconds_per_token gauge\ntokenmill_handoff_seconds_per_token %.9f\n", per_tok);
+    if (pre_tok > 0)   /* only prefill-role workers: a mixed worker's engine time includes decodes */
+        http_buf_printf(b, "# HELP tokenmill_recompute_seconds_per_token Prefill engine seconds per token on the prefill "
+                           "workers (the time to recompute what a handoff moves).\n"
+                           "# TYPE tokenmill_recompute_seconds_per_token gauge\ntokenmill_recompute_seconds_per_token %.9f\n",
+                        pre_busy / pre_tok);
+    http_buf_printf(b, "# TYPE tokenmill_gateway_refused_values_total counter\ntokenmill_gateway_refused_values_total %llu\n",
+                    (unsigned long long)g->n_bad_values);
     pthread_mutex_unlock(&g->mu);
 }
 
@@ -943,11 +1149,11 @@ static json_t *gw_workers_json(gateway *g)
     for (int i = 0; i < g->n_slots; i++) {
         gw_worker *w = &g->w[i];
         if (!w->used) continue;
-        json_array_append_new(a, json_pack("{s:s, s:s, s:s, s:b, s:b, s:f, s:i, s:i, s:I, s:I}", "addr", w->addr, "name",
+        json_array_append_new(a, json_pack("{s:s, s:s, s:s, s:b, s:b, s:f, s:i, s:i, s:I, s:I, s:f}", "addr", w->addr, "name",
                                            w->name, "role", proto_role_name(w->role), "up", w->connected, "draining",
                                            w->draining, "prefill_queued_s", w->queued_s, "prefill_jobs", w->n_prefill,
                                            "running", w->n_decode, "cache_tokens", (json_int_t)w->sum_ctx, "jobs",
-                                           (json_int_t)w->n_jobs));
+                                           (json_int_t)w->n_jobs, "prefill_tokens_per_s", w->speed.tokens_per_s));
     }
     return a;
 }
@@ -956,10 +1162,10 @@ static void gw_route_workers(http_request *r, void *user)
 {
     gateway *g = user;
     pthread_mutex_lock(&g->mu);
-    json_t *v = json_pack("{s:o, s:I, s:I, s:I, s:I, s:s}", "workers", gw_workers_json(g), "requests",
+    json_t *v = json_pack("{s:o, s:I, s:I, s:I, s:I, s:I, s:s}", "workers", gw_workers_json(g), "requests",
                           (json_int_t)g->n_requests, "resumes", (json_int_t)g->n_resumes, "reprefills",
                           (json_int_t)g->n_reprefills, "refused_connections", (json_int_t)g->n_bad_conns,
-                          "model_fingerprint", g->o.model->fingerprint_hex);
+                          "refused_values", (json_int_t)g->n_bad_values, "model_fingerprint", g->o.model->fingerprint_hex);
     pthread_mutex_unlock(&g->mu);
     api_respond_json(r, 200, v);
 }
@@ -1011,18 +1217,22 @@ static void gw_route_capacity(http_request *r, void *user)
     gateway *g = user;
     pthread_mutex_lock(&g->mu);
     int n_pre = 0, n_dec = 0, running = 0;
-    double seqs = 0;
+    double seqs = 0, tps = 0;
     for (int i = 0; i < g->n_slots; i++) {
         gw_worker *w = &g->w[i];
         if (!gw_usable(w)) continue;
-        if (gw_can_prefill(w)) n_pre++;
+        if (gw_can_prefill(w)) {
+            n_pre++;
+            tps += w->speed.tokens_per_s;
+        }
         if (gw_can_decode(w)) {
             n_dec++;
             running += w->n_decode;
             seqs += w->max_seqs ? w->max_seqs : 16;
         }
     }
-    bal_capacity_in pi = { .n_current = n_pre, .load = gw_prefill_rate(g), .per_worker = g->o.prefill_tokens_per_s,
+    /* one prefill worker's capacity: the mean of the learned speeds (the option until learned) */
+    bal_capacity_in pi = { .n_current = n_pre, .load = gw_prefill_rate(g), .per_worker = n_pre ? tps / n_pre : g->o.prefill_tokens_per_s,
                            .target_util = 0.6, .min_workers = g->o.min_workers, .max_workers = g->o.max_workers };
     bal_capacity_in di = { .n_current = n_dec, .load = running, .per_worker = n_dec ? seqs / n_dec : 16,
                            .target_util = 0.6, .min_workers = g->o.min_workers, .max_workers = g->o.max_workers };

@@ -23,6 +23,18 @@
  * request waits up to wait_timeout_s: at submit that is a 503 in the API's shape
  * (SCHED_ERR_STOPPED), later it ends with FINISH ERROR.
  *
+ * Workers are trusted with nothing: besides the protocol's own checks, every value of a frame
+ * the gateway uses is checked against what it knows (token ids below the vocabulary, counts
+ * and KV geometry matching the request and the model, request ids it issued, no tokens beyond
+ * max_tokens or after a stop token, lifetime counters that never go back). A worker that
+ * sends a bad value is logged and dropped like a dead one, before anything of that frame
+ * reaches a client; its requests are re-prefilled or resumed elsewhere.
+ *
+ * Heartbeats carry the workers' lifetime counters: the gateway learns each worker's prefill
+ * speed from them (balance.h, bal_speed; used by the prefill balancer and the capacity rule)
+ * and reports the KV handoff cost per worker and per token on /metrics, next to the prefill
+ * workers' engine seconds per token (the time to recompute what a handoff moves).
+ *
  * The handles given to the API layer are gw_req pointers cast to sched_req * (api_backend).
  */
 #ifndef TM_GATEWAY_H
@@ -55,7 +67,8 @@ typedef struct {
     double heartbeat_timeout_s;    /* a worker silent this long is out; <= 0: 2 */
     double wait_timeout_s;         /* longest wait for a worker of a role; <= 0: 30 */
     uint32_t drain_deadline_ms;    /* default drain deadline; 0: 60000 */
-    double prefill_tokens_per_s;   /* one prefill worker's capacity (capacity rule); <= 0: 20000 */
+    double prefill_tokens_per_s;   /* a new worker's prefill speed until learned from its
+                                    * heartbeats (balancer, capacity rule); <= 0: 20000 */
     int min_workers, max_workers;  /* capacity limits per role; 0: 1 and 16 */
 } gateway_opts;
 

@@ -189,7 +189,8 @@ static uint32_t proto_allowed_flags(int type)
     switch (type) {
     case PROTO_HELLO: return PROTO_F_REGISTER;
     case PROTO_HANDOFF: return PROTO_F_HAS_TAIL;
-    case PROTO_DECODE: return PROTO_F_HAS_TAIL | PROTO_F_RESUME;
+    case PROTO_PREFILL: return PROTO_F_THINK;
+    case PROTO_DECODE: return PROTO_F_HAS_TAIL | PROTO_F_RESUME | PROTO_F_THINK;
     case PROTO_TOKENS: return PROTO_F_LOGPROBS;
     default: return 0;
     }
@@ -223,14 +224,23 @@ size_t proto_kv_bytes(int dtype, int n_layers, int n_kv_heads, int head_dim, int
     return (size_t)n_layers * 2 * (size_t)n_kv_heads * (size_t)n * (size_t)head_dim * esz;
 }
 
-static bool proto_params_ok(const proto_params *p)
+/* The reasoning budget section's ranges (the vocabulary is the worker's check). */
+static bool proto_think_ok(const proto_params *p)
+{
+    return p->think_budget >= 1 && p->think_budget <= PROTO_MAX_THINK && p->think_start >= -1 &&
+           p->think_end >= 0 && p->think_open <= 1;
+}
+
+/* think: the frame has PROTO_F_THINK; a budget without the flag would be dropped silently. */
+static bool proto_params_ok(const proto_params *p, bool think)
 {
     return p->n_stop_ids <= PROTO_MAX_STOP_IDS && p->top_logprobs <= PROTO_MAX_TOP &&
            p->sample.penalty_last_n >= 0 && p->sample.penalty_last_n <= PROTO_MAX_TOKENS &&
-           p->ignore_eos <= 1 && p->logprobs <= 1 && (!p->salt || strlen(p->salt) <= PROTO_MAX_STR);
+           p->ignore_eos <= 1 && p->logprobs <= 1 && (!p->salt || strlen(p->salt) <= PROTO_MAX_STR) &&
+           (think ? proto_think_ok(p) : p->think_budget == 0);
 }
 
-static void proto_put_params(proto_buf *b, const proto_params *p)
+static void proto_put_params(proto_buf *b, const proto_params *p, bool think)
 {
     const sample_params *s = &p->sample;
     proto_put_f32(b, s->temp);
@@ -250,9 +260,15 @@ static void proto_put_params(proto_buf *b, const proto_params *p)
     proto_put_u8(b, p->top_logprobs);
     proto_put_u32(b, (uint32_t)p->cache_class);
     proto_put_str(b, p->salt);
+    if (think) {
+        proto_put_u32(b, p->think_budget);
+        proto_put_u32(b, (uint32_t)p->think_start);
+        proto_put_u32(b, (uint32_t)p->think_end);
+        proto_put_u8(b, p->think_open);
+    }
 }
 
-static void proto_get_params(proto_rd *r, proto_params *p)
+static void proto_get_params(proto_rd *r, proto_params *p, bool think)
 {
     sample_params *s = &p->sample;
     s->temp = proto_get_f32(r);
@@ -279,6 +295,13 @@ static void proto_get_params(proto_rd *r, proto_params *p)
         return;
     }
     p->salt = proto_get_str(r);
+    if (think && !r->err) {   /* else the think_* fields stay 0: no budget */
+        p->think_budget = proto_get_u32(r);
+        p->think_start = (int32_t)proto_get_u32(r);
+        p->think_end = (int32_t)proto_get_u32(r);
+        p->think_open = proto_get_u8(r);
+        if (!proto_think_ok(p)) r->err = true;
+    }
 }
 
 static void proto_put_ids(proto_buf *b, const int32_t *ids, uint32_t n)
@@ -389,13 +412,13 @@ static bool proto_msg_ok(const proto_msg *m)
                m->u.hello.role >= PROTO_ROLE_PREFILL && m->u.hello.role <= PROTO_ROLE_GATEWAY;
     case PROTO_HEARTBEAT: return m->u.heartbeat.draining <= 1;
     case PROTO_PREFILL:
-        return proto_params_ok(&m->u.prefill.params) && m->u.prefill.n_prompt >= 1 &&
+        return proto_params_ok(&m->u.prefill.params, m->hdr.flags & PROTO_F_THINK) && m->u.prefill.n_prompt >= 1 &&
                m->u.prefill.n_prompt <= PROTO_MAX_TOKENS;
     case PROTO_HANDOFF:
         return m->u.handoff.first.n_top <= PROTO_MAX_TOP && m->u.handoff.n_sampled <= 1 &&
                (!(m->hdr.flags & PROTO_F_HAS_TAIL) || proto_kv_ok(&m->u.handoff.kv));
     case PROTO_DECODE:
-        return proto_params_ok(&m->u.decode.params) && m->u.decode.n_prompt >= 1 &&
+        return proto_params_ok(&m->u.decode.params, m->hdr.flags & PROTO_F_THINK) && m->u.decode.n_prompt >= 1 &&
                m->u.decode.n_prompt <= PROTO_MAX_TOKENS && m->u.decode.n_gen >= 1 &&
                m->u.decode.n_gen <= PROTO_MAX_TOKENS && m->u.decode.n_sampled <= m->u.decode.n_gen &&
                (!(m->hdr.flags & PROTO_F_HAS_TAIL) || proto_kv_ok(&m->u.decode.kv));
@@ -453,11 +476,18 @@ proto_status proto_encode(proto_buf *b, const proto_msg *m)
         proto_put_u8(b, x->draining);
         proto_put_u64(b, x->n_prefill_tokens);
         proto_put_u64(b, x->n_gen_tokens);
+        proto_put_u64(b, x->busy_us);
+        proto_put_u64(b, x->n_handoffs_out);
+        proto_put_u64(b, x->handoff_out_tokens);
+        proto_put_u64(b, x->handoff_out_us);
+        proto_put_u64(b, x->n_handoffs_in);
+        proto_put_u64(b, x->handoff_in_tokens);
+        proto_put_u64(b, x->handoff_in_us);
         break;
     }
     case PROTO_PREFILL: {
         const proto_prefill_job *x = &m->u.prefill;
-        proto_put_params(b, &x->params);
+        proto_put_params(b, &x->params, h->flags & PROTO_F_THINK);
         proto_put_u32(b, x->hit_len);
         proto_put_ids(b, x->prompt, x->n_prompt);
         break;
@@ -476,7 +506,7 @@ proto_status proto_encode(proto_buf *b, const proto_msg *m)
     }
     case PROTO_DECODE: {
         const proto_decode_job *x = &m->u.decode;
-        proto_put_params(b, &x->params);
+        proto_put_params(b, &x->params, h->flags & PROTO_F_THINK);
         proto_put_ids(b, x->prompt, x->n_prompt);
         proto_put_ids(b, x->gen, x->n_gen);
         proto_put_u32(b, x->n_cached);
@@ -558,12 +588,19 @@ proto_status proto_decode(const proto_hdr *h, const uint8_t *payload, proto_msg 
         x->draining = proto_get_u8(r);
         x->n_prefill_tokens = proto_get_u64(r);
         x->n_gen_tokens = proto_get_u64(r);
+        x->busy_us = proto_get_u64(r);
+        x->n_handoffs_out = proto_get_u64(r);
+        x->handoff_out_tokens = proto_get_u64(r);
+        x->handoff_out_us = proto_get_u64(r);
+        x->n_handoffs_in = proto_get_u64(r);
+        x->handoff_in_tokens = proto_get_u64(r);
+        x->handoff_in_us = proto_get_u64(r);
         if (x->draining > 1) r->err = true;
         break;
     }
     case PROTO_PREFILL: {
         proto_prefill_job *x = &m->u.prefill;
-        proto_get_params(r, &x->params);
+        proto_get_params(r, &x->params, h->flags & PROTO_F_THINK);
         x->hit_len = proto_get_u32(r);
         if (!r->err) x->prompt = proto_get_ids(r, &x->n_prompt, false);
         break;
@@ -584,7 +621,7 @@ proto_status proto_decode(const proto_hdr *h, const uint8_t *payload, proto_msg 
     }
     case PROTO_DECODE: {
         proto_decode_job *x = &m->u.decode;
-        proto_get_params(r, &x->params);
+        proto_get_params(r, &x->params, h->flags & PROTO_F_THINK);
         if (!r->err) x->prompt = proto_get_ids(r, &x->n_prompt, false);
         if (!r->err) x->gen = proto_get_ids(r, &x->n_gen, false);
         x->n_cached = proto_get_u32(r);

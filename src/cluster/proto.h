@@ -40,6 +40,7 @@
 #define PROTO_MAX_STR 1024               /* longest string field, bytes */
 #define PROTO_MAX_STOP_IDS 8             /* = SCHED_MAX_STOP_IDS */
 #define PROTO_MAX_TOP 20                 /* = SCHED_MAX_TOP_LOGPROBS */
+#define PROTO_MAX_THINK PROTO_MAX_TOKENS /* largest reasoning budget, tokens */
 
 typedef enum {
     PROTO_OK = 0,
@@ -76,6 +77,9 @@ typedef enum {
 #define PROTO_F_RESUME 0x2u       /* DECODE: a resume of a request whose decode worker died or
                                    * drained (no handoff; tokens already streamed included) */
 #define PROTO_F_LOGPROBS 0x1u     /* TOKENS: each token carries logprob + alternatives */
+#define PROTO_F_THINK 0x4u        /* PREFILL / DECODE: a reasoning budget section follows the
+                                   * params (added within version 1: a frame without the flag
+                                   * is byte-for-byte what it was before; see docs/protocol.md) */
 
 typedef enum {
     PROTO_ROLE_PREFILL = 1,
@@ -137,6 +141,16 @@ typedef struct {
     uint8_t draining;       /* 1 while draining: send no new work */
     uint64_t n_prefill_tokens; /* lifetime tokens computed as prefill (rates by difference) */
     uint64_t n_gen_tokens;  /* lifetime tokens generated */
+    uint64_t busy_us;       /* lifetime microseconds inside engine steps (prefill speed =
+                             * d n_prefill_tokens / d busy_us on a prefill worker) */
+    uint64_t n_handoffs_out;    /* prefill side: lifetime HANDOFFs sent */
+    uint64_t handoff_out_tokens; /* their context positions (n_prompt) */
+    uint64_t handoff_out_us;    /* microseconds from the first token to HANDOFF sent (tail copy,
+                                 * waiting for the full blocks' store writes, send) */
+    uint64_t n_handoffs_in;     /* decode side: lifetime DECODE jobs whose KV was brought in */
+    uint64_t handoff_in_tokens; /* positions brought in (store blocks + installed tail) */
+    uint64_t handoff_in_us;     /* microseconds from DECODE receipt to that KV in place
+                                 * (admission wait, store loads, tail install) */
 } proto_heartbeat;
 
 typedef struct {
@@ -150,6 +164,14 @@ typedef struct {
     uint8_t top_logprobs;   /* 0..PROTO_MAX_TOP */
     int32_t cache_class;    /* store_class of the request's blocks */
     char *salt;             /* tenant salt for block keys ("" = none) */
+    /* reasoning budget (sched_params' think_*), on the wire only with PROTO_F_THINK, which the
+     * sender sets exactly when think_budget > 0. The state of a request continued elsewhere
+     * (reasoning tokens so far, block still open) is not sent: the receiver replays it from
+     * think_open and the generated tokens, as it replays the sampler's. */
+    uint32_t think_budget;  /* reasoning tokens at most, 1..PROTO_MAX_THINK; 0 = no budget */
+    int32_t think_start;    /* id that opens a think block, -1 = none */
+    int32_t think_end;      /* id that closes it, >= 0 (below the model's vocabulary) */
+    uint8_t think_open;     /* 0/1: the prompt ends inside an open think block */
 } proto_params;
 
 typedef struct {            /* KV of positions [start, start + n) of one sequence */

@@ -55,6 +55,9 @@ struct wjob {
     size_t tail_bytes;
     int tail_start, tail_n;      /* positions [tail_start, tail_start + tail_n) */
     bool tail_used;              /* decode: the handoff's tail was installed */
+    bool kv_in_seen;             /* decode: the kv_in hook ran (first admission) */
+    double t_kv_in;              /* util_now() when it ran: the handed-off KV was in place */
+    int kv_in_pos;               /* positions valid then (store blocks + installed tail) */
     bool linked;                 /* in c->jobs (under w->mu); unlinked before the last frame */
     wjob *next;                  /* c->jobs */
 };
@@ -79,6 +82,13 @@ struct worker {
     pthread_t accept_thr, hb_thr, reg_thr, drain_thr;
     bool has_accept, has_hb, has_reg, has_drain;
     uint8_t pool_fp[32];         /* blockkey_pool_fp(model, kv dtype) */
+    /* handoff cost, lifetime (heartbeat), under mu */
+    uint64_t n_handoffs_out;     /* prefill: HANDOFFs sent */
+    uint64_t handoff_out_tokens; /* their n_prompt */
+    uint64_t handoff_out_us;     /* first token -> HANDOFF sent, microseconds */
+    uint64_t n_handoffs_in;      /* decode: handed-off DECODE jobs with KV brought in */
+    uint64_t handoff_in_tokens;  /* positions brought in */
+    uint64_t handoff_in_us;      /* DECODE receipt -> KV in place, microseconds */
 };
 
 /* ---- connections ---- */
@@ -183,6 +193,11 @@ static int worker_kv_in(void *arg, kvpool *pool, kvpool_seq *seq, int n_attached
     wjob *j = arg;
     const proto_kv *kv = &j->msg.u.decode.kv;
     const model *m = j->w->m;
+    if (!j->kv_in_seen) {           /* first admission: the handed-off KV is in place now */
+        j->kv_in_seen = true;
+        j->t_kv_in = util_now();
+        j->kv_in_pos = n_attached;
+    }
     if (j->tail_used || !kv->data || kv->n == 0) return n_attached;
     if ((int)kv->start != n_attached || kv->dtype != kvpool_dtype(pool) || kv->n_layers != m->hp.n_layers ||
         kv->n_kv_heads != m->hp.n_kv_heads || kv->head_dim != m->hp.head_dim) {
@@ -202,7 +217,9 @@ static int worker_kv_in(void *arg, kvpool *pool, kvpool_seq *seq, int n_attached
                 p += (size_t)kv->n * row;
             }
     j->tail_used = true;
-    double us = (util_now() - t0) * 1e6;
+    j->t_kv_in = util_now();
+    j->kv_in_pos = (int)(kv->start + kv->n);
+    double us = (j->t_kv_in - t0) * 1e6;
     log_debug("worker: req %llu: handoff tail installed: %u tokens, %u bytes (%.0f B/token), %.1f us (%.2f us/token)",
               (unsigned long long)j->id, kv->n, kv->n_bytes, (double)kv->n_bytes / kv->n, us, us / kv->n);
     return (int)(kv->start + kv->n);
@@ -210,7 +227,9 @@ static int worker_kv_in(void *arg, kvpool *pool, kvpool_seq *seq, int n_attached
 
 /* ---- jobs ---- */
 
-static void worker_params(const proto_params *pp, sched_params *sp)
+/* Fills sp from a job's params; false when a value is beyond this model (the job is answered
+ * ERROR ARG): the reasoning budget's ids must lie in the vocabulary. */
+static bool worker_params(const worker *w, const proto_params *pp, sched_params *sp)
 {
     memset(sp, 0, sizeof *sp);
     sp->sample = pp->sample;
@@ -222,6 +241,16 @@ static void worker_params(const proto_params *pp, sched_params *sp)
     sp->top_logprobs = pp->top_logprobs;
     sp->cache_salt = pp->salt;
     sp->cache_class = pp->cache_class;
+    sp->think_start = sp->think_end = -1;
+    if (pp->think_budget > 0) {   /* the state after gen is replayed by sched_submit */
+        int n_vocab = w->m->hp.n_vocab;
+        if (pp->think_start >= n_vocab || pp->think_end < 0 || pp->think_end >= n_vocab) return false;
+        sp->think_budget = (int)pp->think_budget;
+        sp->think_start = pp->think_start;
+        sp->think_end = pp->think_end;
+        sp->think_open = pp->think_open;
+    }
+    return true;
 }
 
 static int worker_sched_error(sched_status st)
@@ -330,13 +359,13 @@ static void worker_run_prefill(wjob *j)
     worker *w = j->w;
     const proto_prefill_job *p = &j->msg.u.prefill;
     sched_params sp;
-    worker_params(&p->params, &sp);
+    bool ok = worker_params(w, &p->params, &sp);
     sp.prompt = p->prompt;
     sp.n_prompt = (int)p->n_prompt;
     sp.max_tokens = 1;
     sp.kv_out = worker_kv_out;
     sp.kv_arg = j;
-    sched_status st = worker_submit(j, &sp);
+    sched_status st = ok ? worker_submit(j, &sp) : SCHED_ERR_ARG;
     if (st != SCHED_OK) {
         worker_job_unlink(j);
         worker_send_error(j->c, j->id, worker_sched_error(st), sched_status_name(st));
@@ -350,6 +379,7 @@ static void worker_run_prefill(wjob *j)
             else fin = outs[i];
         }
     }
+    double t_first = util_now();
     pthread_mutex_lock(&w->mu);
     j->first_done = true;
     pthread_mutex_unlock(&w->mu);
@@ -413,10 +443,19 @@ static void worker_run_prefill(wjob *j)
     }
     double t0 = util_now();
     worker_job_unlink(j);
-    worker_send(j->c, &m);
-    log_debug("worker: req %llu: handoff: prompt %d, cached %d, stored %d, tail %d tokens %zu bytes, sent in %.1f us",
-              (unsigned long long)j->id, n_prompt, n_cached, n_stored, j->tail_n, j->tail_bytes,
-              (util_now() - t0) * 1e6);
+    bool sent = worker_send(j->c, &m);
+    double t1 = util_now();
+    if (sent) {
+        pthread_mutex_lock(&w->mu);
+        w->n_handoffs_out++;
+        w->handoff_out_tokens += (uint64_t)n_prompt;
+        w->handoff_out_us += (uint64_t)((t1 - t_first) * 1e6);
+        pthread_mutex_unlock(&w->mu);
+    }
+    log_debug("worker: req %llu: handoff: prompt %d, cached %d, stored %d, tail %d tokens %zu bytes, sent in %.1f us "
+              "(%.1f us from the first token)",
+              (unsigned long long)j->id, n_prompt, n_cached, n_stored, j->tail_n, j->tail_bytes, (t1 - t0) * 1e6,
+              (t1 - t_first) * 1e6);
 }
 
 static void worker_run_decode(wjob *j)
@@ -424,17 +463,16 @@ static void worker_run_decode(wjob *j)
     worker *w = j->w;
     const proto_decode_job *d = &j->msg.u.decode;
     sched_params sp;
-    worker_params(&d->params, &sp);
+    bool ok = worker_params(w, &d->params, &sp);
     sp.prompt = d->prompt;
     sp.n_prompt = (int)d->n_prompt;
     sp.gen = d->gen;
     sp.n_gen = (int)d->n_gen;
     sp.n_sampled = (int)d->n_sampled;
-    if (j->msg.hdr.flags & PROTO_F_HAS_TAIL) {
-        sp.kv_in = worker_kv_in;
-        sp.kv_arg = j;
-    }
-    sched_status st = worker_submit(j, &sp);
+    sp.kv_in = worker_kv_in;   /* installs the tail (HAS_TAIL); times the KV's arrival always */
+    sp.kv_arg = j;
+    bool counted = (j->msg.hdr.flags & PROTO_F_RESUME) != 0;   /* a resume is no handoff */
+    sched_status st = ok ? worker_submit(j, &sp) : SCHED_ERR_ARG;
     if (st != SCHED_OK) {
         worker_job_unlink(j);
         worker_send_error(j->c, j->id, worker_sched_error(st), sched_status_name(st));
@@ -448,6 +486,17 @@ static void worker_run_decode(wjob *j)
         int nt = 0;
         for (int i = 0; i < n; i++)
             if (outs[i].kind == SCHED_OUT_TOKEN) worker_tok(&outs[i], &toks[nt++]);
+        if (nt && !counted) {
+            /* the first token came after the admission, so the kv_in hook has run */
+            counted = true;
+            if (j->kv_in_seen && j->kv_in_pos > 0) {
+                pthread_mutex_lock(&w->mu);
+                w->n_handoffs_in++;
+                w->handoff_in_tokens += (uint64_t)j->kv_in_pos;
+                w->handoff_in_us += (uint64_t)((j->t_kv_in - j->t_recv) * 1e6);
+                pthread_mutex_unlock(&w->mu);
+            }
+        }
         if (nt) {
             proto_msg m;
             memset(&m, 0, sizeof m);
@@ -796,8 +845,15 @@ static void *worker_hb_thread(void *arg)
         h->kv_blocks_total = (uint32_t)ss.kv_blocks_total;
         h->n_prefill_tokens = ss.n_prefill_tokens;
         h->n_gen_tokens = ss.n_gen_tokens;
+        h->busy_us = (uint64_t)(ss.step_s * 1e6);
         pthread_mutex_lock(&w->mu);
         h->draining = w->draining;
+        h->n_handoffs_out = w->n_handoffs_out;
+        h->handoff_out_tokens = w->handoff_out_tokens;
+        h->handoff_out_us = w->handoff_out_us;
+        h->n_handoffs_in = w->n_handoffs_in;
+        h->handoff_in_tokens = w->handoff_in_tokens;
+        h->handoff_in_us = w->handoff_in_us;
         for (wconn *c = w->conns; c; c = c->next)
             for (wjob *j = c->jobs; j; j = j->next) {
                 h->sum_cache_len += (uint64_t)j->ctx_len;

@@ -18,8 +18,10 @@
  *     exactly there; else the tail is recomputed); TOKENS as they come, then FINISH.
  * A heartbeat thread sends the load report to every connection every 500 ms. Drain: no new
  * jobs (ERROR DRAINING), DRAIN sent to every connection; at the deadline the jobs left are
- * cancelled and reported FINISH MOVED; then DRAIN done. The handoff cost (bytes, microseconds
- * per tail token) is logged at debug level.
+ * cancelled and reported FINISH MOVED; then DRAIN done. The handoff cost is counted both
+ * ways and reported in every heartbeat (lifetime counters): the prefill side from the first
+ * token to the HANDOFF sent, the decode side from the DECODE's receipt to the kv_in hook (the
+ * store's blocks attached and the tail installed); details per request at debug level.
  *
  * Locks: w->mu guards the connection list, every connection's job list and the worker's
  * flags; a connection's send_mu guards its socket writes. Jobs and connections are

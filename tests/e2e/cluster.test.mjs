@@ -10,7 +10,9 @@
 //   - a prefix prefilled on one prefill worker is a cache hit on the other;
 //   - malformed frames to a worker's port and to the gateway's registration port are refused,
 //     the processes stay up and keep serving;
-//   - no worker of a role: the request waits, then a 503 in the API's shape.
+//   - no worker of a role: the request waits, then a 503 in the API's shape;
+//   - thinking.budget_tokens through a gateway (its own DeepSeek-R1-templated generated model and
+//     workers) == `tokenmill serve`, also when the decode worker dies inside the think block.
 // "Mid-stream" is made certain, not left to timing: the decode workers are stopped (SIGSTOP)
 // the moment the clients have 60% of the tokens, then the busier one is killed or drained; a
 // prefill worker is stopped before the requests come and killed once it holds jobs. Every
@@ -18,13 +20,14 @@
 // bounded in time.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
+import { execFileSync, spawn } from "node:child_process";
 import fs from "node:fs";
 import net from "node:net";
 import os from "node:os";
 import path from "node:path";
 import OpenAI from "openai";
 import { root, bin, startServer, stopServers } from "./server.mjs";
+import { augment } from "../oracle/vocab_augment.mjs";
 
 const model = path.join(root, "models/stories260K.gguf");
 const procs = [];
@@ -184,6 +187,25 @@ test("32 concurrent greedy streams through 2 prefill + 2 decode workers == token
   assert.ok(a.workers.every((w) => w.jobs > 0), JSON.stringify(a.workers)); // both of each role were used
   const metrics = await (await fetch(gw + "/metrics")).text();
   assert.match(metrics, new RegExp(`tokenmill_worker_running\\{worker="${workers.d1.addr}",role="decode"\\}`));
+  // the KV handoff cost reaches the gateway with the heartbeats: both sides populated, and the
+  // prefill workers' speed (no timing is asserted, only that the figures are there)
+  const sum = (t, re) => [...t.matchAll(re)].reduce((n, m) => n + Number(m[1]), 0);
+  const end = Date.now() + 20000;
+  for (;;) {
+    const t = await (await fetch(gw + "/metrics")).text();
+    const send = sum(t, /^tokenmill_worker_handoff_tokens_total\{[^}]*side="send"\} (\S+)$/gm);
+    const recv = sum(t, /^tokenmill_worker_handoff_tokens_total\{[^}]*side="receive"\} (\S+)$/gm);
+    const n = sum(t, /^tokenmill_worker_handoffs_total\{[^}]*side="send"\} (\S+)$/gm);
+    if (n >= 32 && send > 0 && recv > 0) {
+      assert.match(t, /^tokenmill_worker_handoff_seconds_total\{[^}]*side="receive"\} \S+$/m);
+      assert.match(t, /^tokenmill_worker_prefill_tokens_per_second\{[^}]*role="prefill"\} \S+$/m);
+      assert.ok(Number(/^tokenmill_handoff_seconds_per_token (\S+)$/m.exec(t)[1]) > 0);
+      assert.ok(Number(/^tokenmill_recompute_seconds_per_token (\S+)$/m.exec(t)[1]) > 0);
+      break;
+    }
+    assert.ok(Date.now() < end, `handoff metrics not populated: ${t}`);
+    await sleep(100);
+  }
 });
 
 // Starts the 32 streams; once `at` tokens have reached the clients, stops (SIGSTOP) both decode
@@ -199,6 +221,9 @@ async function freezeDecode(at) {
   };
   const runs = Promise.all(PROMPTS.map((p) => stream(gw, p, MAX, onChunk)));
   await froze;
+  // frames the workers sent just before they stopped (a FINISH) reach the gateway first, so
+  // that its running counts are those of streams that really are unfinished
+  await sleep(300);
   const a = await admin();
   const [victim, other] = findW(a, "d1").running >= findW(a, "d2").running ? ["d1", "d2"] : ["d2", "d1"];
   return { runs, victim, other, busy: findW(a, victim).running };
@@ -234,7 +259,9 @@ test("drain of a decode worker under load (admin drain, then SIGTERM) loses noth
   const before = (await admin()).resumes;
   // frozen with its streams half done, it is drained with a short deadline: the rest moves
   const { runs, victim, other, busy } = await freezeDecode(late);
-  const res = await fetch(`${gw}/admin/drain?worker=${encodeURIComponent(workers[victim].addr)}&deadline_ms=50`, { method: "POST" });
+  // a 1 ms deadline: its streams cannot all end in time, some must move (with 50 ms a fast
+  // moment of the machine finished them all and nothing moved)
+  const res = await fetch(`${gw}/admin/drain?worker=${encodeURIComponent(workers[victim].addr)}&deadline_ms=1`, { method: "POST" });
   assert.equal(res.status, 200);
   for (const n of [victim, other]) workers[n].proc.kill("SIGCONT");
   assert.ok(busy > 0, "the drained worker had streams running");
@@ -371,4 +398,97 @@ test("malformed frames to the workers and to the gateway are refused; everything
   assert.ok((await admin(g2.url)).workers.every((w) => w.jobs > 0));
   g2.proc.kill("SIGTERM");
   await waitExit(g2.proc, 10000);
+});
+
+// The reasoning budget travels through the cluster protocol (PREFILL / DECODE flag THINK): on a
+// DeepSeek-R1-templated generated model (its prompt opens the think block; random weights think
+// until the token limit, see apis.test.mjs), chat's thinking.budget_tokens through a gateway gives
+// what `tokenmill serve` gives: the block closed after budget_tokens, then an answer. And a
+// stream whose decode worker is killed inside the think block resumes on the other with the
+// forced end at the same token (the worker replays the reasoning count from the tokens streamed).
+test("thinking.budget_tokens through the gateway == tokenmill serve, also across a dead decode worker", { timeout: 120000 }, async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "tm-cluster-ds-"));
+  try {
+    const vocabDs = path.join(dir, "vocab-ds.gguf"), modelDs = path.join(dir, "ds.gguf");
+    augment("deepseek3", vocabDs);
+    execFileSync(bin, ["mkmodel", "--arch", "llama", "--preset", "tiny", "--vocab", vocabDs, "--type", "q8_0",
+      "--seed", "5", "-o", modelDs], { stdio: "pipe" });
+    const CTX = ["--ctx", "2048"];
+    const msgs = [{ role: "user", content: "hi" }];
+    const small = { model: "ds", messages: msgs, max_tokens: 30, temperature: 0, thinking: { type: "enabled", budget_tokens: 5 } };
+    // long enough that the kill below lands well inside the think block
+    const big = { model: "ds", messages: msgs, max_tokens: 260, temperature: 0, thinking: { type: "enabled", budget_tokens: 200 } };
+    const streamChat = async (c, body, onChunk) => {
+      const s = await c.chat.completions.create({ ...body, stream: true, stream_options: { include_usage: true } });
+      let reasoning = "", content = "", finish = null, usage = null;
+      for await (const ch of s) {
+        if (ch.usage) usage = ch.usage;
+        for (const x of ch.choices || []) {
+          if (x.delta?.reasoning_content) { reasoning += x.delta.reasoning_content; onChunk?.(); }
+          if (x.delta?.content) { content += x.delta.content; onChunk?.(); }
+          if (x.finish_reason) finish = x.finish_reason;
+        }
+      }
+      return { reasoning, content, finish, usage };
+    };
+
+    const srv = await startServer(modelDs, [...CTX, "--template", "deepseek-r1"]);
+    const sc = new OpenAI({ apiKey: "x", baseURL: srv.url + "/v1", maxRetries: 0 });
+    const refSmall = await sc.chat.completions.create(small);
+    const refBig = await streamChat(sc, big);
+    await stopServers();
+    assert.equal(refSmall.usage.completion_tokens_details.reasoning_tokens, 6, "serve: 5 reasoning tokens + </think>");
+    assert.ok(refSmall.choices[0].message.content.length > 0);
+    assert.equal(refBig.usage.completion_tokens_details.reasoning_tokens, 201, "serve: 200 + </think>");
+    assert.ok(refBig.content.length > 0);
+
+    const cache = ["--cache", `dir:${path.join(dir, "store")}`];
+    const startStatic = async (role, name) => {
+      const p = spawnLogged(["worker", "--role", role, "-m", modelDs, "--listen", "127.0.0.1:0", ...cache, ...CTX,
+        "--threads", "1", "--name", name], name);
+      const m = await waitLine(p, /listening on port (\d+)/, `worker ${name}`);
+      p.stderr.resume();
+      return { proc: p, addr: `127.0.0.1:${m[1]}` };
+    };
+    const wp = await startStatic("prefill", "ds-p"), wd = [await startStatic("decode", "ds-d1"), await startStatic("decode", "ds-d2")];
+    const p = spawnLogged(["gateway", "-m", modelDs, "--listen", "127.0.0.1:0", ...cache, ...CTX, "--template", "deepseek-r1",
+      "--prefill", wp.addr, "--decode", wd.map((w) => w.addr).join(",")], "ds-gateway");
+    const url = `http://127.0.0.1:${(await waitLine(p, /listening on http:\/\/[^:]+:(\d+)/, "ds gateway"))[1]}`;
+    p.stderr.resume();
+    await until((a) => live(a).length === 3, "ds workers", 10000, url);
+    const gc = new OpenAI({ apiKey: "x", baseURL: url + "/v1", maxRetries: 0, timeout: 60000 });
+
+    const got = await gc.chat.completions.create(small);
+    assert.equal(got.usage.completion_tokens_details.reasoning_tokens, 6, "gateway: 5 reasoning tokens + </think>");
+    assert.equal(got.choices[0].message.reasoning_content, refSmall.choices[0].message.reasoning_content);
+    assert.equal(got.choices[0].message.content, refSmall.choices[0].message.content);
+    assert.equal(got.usage.completion_tokens, refSmall.usage.completion_tokens);
+
+    // kill -9 of the decode worker after 10 streamed tokens (of 200 reasoning ones): both are
+    // stopped at that instant, the one running the stream is killed, the other resumes it
+    const before = (await admin(url)).resumes;
+    let n = 0, frozen;
+    const froze = new Promise((r) => { frozen = r; });
+    const run = streamChat(gc, big, () => { if (++n === 10) { for (const w of wd) w.proc.kill("SIGSTOP"); frozen(); } });
+    await froze;
+    await sleep(300);
+    const a = await admin(url);
+    const running = (w) => a.workers.find((x) => x.addr === w.addr).running;
+    const [victim, other] = running(wd[0]) >= running(wd[1]) ? wd : [wd[1], wd[0]];
+    assert.equal(running(victim), 1, "the stream runs on the victim");
+    victim.proc.kill("SIGKILL");
+    other.proc.kill("SIGCONT");
+    const res = await run;
+    assert.ok((await admin(url)).resumes >= before + 1, "the stream resumed");
+    assert.equal(res.usage.completion_tokens_details.reasoning_tokens, 201, "gateway, resumed: 200 + </think>");
+    assert.equal(res.reasoning, refBig.reasoning);
+    assert.equal(res.content, refBig.content);
+    assert.equal(res.finish, refBig.finish);
+    assert.equal(res.usage.completion_tokens, refBig.usage.completion_tokens);
+    p.kill("SIGTERM");
+    await waitExit(p, 10000);
+    for (const w of [wp, other]) w.proc.kill("SIGKILL");
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
 });

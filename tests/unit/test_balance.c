@@ -50,12 +50,112 @@ TEST(prefill_earliest_finish)
     /* cached tokens are not work: a fully cached prompt still computes one token */
     ch = bal_prefill_pick(&c, w, 3, 1000, 1000);
     CHECK(ch.steps == 1);
+    /* a one-step prompt adds its cost, not a step budget: 50 tokens = 0.005 s */
+    ch = bal_prefill_pick(&c, w, 3, 50, 0);
+    CHECK(ch.steps == 1 && ch.worker == 0 && fabs(ch.finish_s - (2.0 + 0.005) / 4) < 1e-9);
+    /* short prompts spread in proportion to speed: worker 0 four times as fast, equal queues:
+     * it takes about four of every five */
+    {
+        bal_prefill_worker p2[2] = { { .up = true, .speed = 4 }, { .up = true, .speed = 1 } };
+        int n0 = 0;
+        for (int i = 0; i < 100; i++) {
+            bal_prefill_choice k = bal_prefill_pick(&c, p2, 2, 50, 0);
+            p2[k.worker].queued_s += k.cost_s;
+            p2[k.worker].n_queued++;
+            n0 += k.worker == 0;
+        }
+        CHECKF(n0 >= 78 && n0 <= 82, "%d of 100 to the 4x worker", n0);
+    }
     /* ties: fewer queued jobs */
     bal_prefill_worker t[2] = { { .up = true, .queued_s = 1, .n_queued = 4 }, { .up = true, .queued_s = 1, .n_queued = 2 } };
     CHECK(bal_prefill_pick(&c, t, 2, 10, 0).worker == 1);
     /* nobody up */
     bal_prefill_worker d[1] = { { .up = false } };
     CHECK(bal_prefill_pick(&c, d, 1, 10, 0).worker == -1);
+}
+
+TEST(speed_learned_from_reports)
+{
+    bal_speed s;
+    bal_speed_init(&s, 20000);
+    CHECK(s.tokens_per_s == 20000 && s.n_samples == 0);
+    /* too few tokens: no sample, the base stays at zero */
+    CHECK(!bal_speed_report(&s, BAL_SPEED_MIN_TOKENS - 1, 100000));
+    CHECK(s.tokens_per_s == 20000 && s.n_samples == 0);
+    /* the first report with enough tokens (lifetime counters: 1000 tokens in 0.5 s of engine
+     * time, a worker that served before this connection) replaces the default */
+    CHECK(bal_speed_report(&s, 1000, 500000));
+    CHECK(fabs(s.tokens_per_s - 2000) < 1e-6 && s.n_samples == 1);
+    /* too few tokens since the base: no sample, the base stays */
+    CHECK(!bal_speed_report(&s, 1000 + BAL_SPEED_MIN_TOKENS - 1, 600000));
+    /* 2000 tokens in 0.2 s: 10000 tok/s, averaged in with weight BAL_SPEED_ALPHA */
+    CHECK(bal_speed_report(&s, 3000, 700000));
+    CHECK(fabs(s.tokens_per_s - (2000 + BAL_SPEED_ALPHA * (10000 - 2000))) < 1e-6 && s.n_samples == 2);
+    double prev = s.tokens_per_s;
+    /* idle heartbeats (no new tokens, no busy time) change nothing */
+    CHECK(!bal_speed_report(&s, 3000, 700000));
+    CHECK(!bal_speed_report(&s, 3000, 700000));
+    /* then 4000 tok/s */
+    CHECK(bal_speed_report(&s, 3400, 800000));
+    CHECK(fabs(s.tokens_per_s - (prev + BAL_SPEED_ALPHA * (4000 - prev))) < 1e-6);
+    /* a restarted worker (counters below the base): a new base, the estimate stays */
+    double before = s.tokens_per_s;
+    CHECK(!bal_speed_report(&s, 10, 10));
+    CHECK(s.tokens_per_s == before);
+    CHECK(bal_speed_report(&s, 10 + 500, 10 + 100000));   /* 5000 tok/s */
+    CHECK(fabs(s.tokens_per_s - (before + BAL_SPEED_ALPHA * (5000 - before))) < 1e-6);
+    /* relative speed against the cost model */
+    bal_cost c = { .linear_s = 1e-4, .attn_s = 0, .step_budget_s = 0.01 };
+    bal_speed d;
+    bal_speed_init(&d, 10000);
+    CHECK(fabs(bal_speed_rel(&d, &c) - 1.0) < 1e-9);
+}
+
+TEST(prefill_pick_uses_learned_speed)
+{
+    /* two prefill workers with the same queued work; synthetic heartbeats show worker 1
+     * computing four times as many prefill tokens per engine second: it gets the next prompt,
+     * and keeps getting them until its queue is about four times worker 0's */
+    bal_cost c = { .linear_s = 1e-4, .attn_s = 0, .step_budget_s = 0.01 };
+    bal_speed s[2];
+    bal_speed_init(&s[0], 10000);
+    bal_speed_init(&s[1], 10000);
+    bal_prefill_worker w[2] = { { .up = true, .queued_s = 0.5, .n_queued = 1 }, { .up = true, .queued_s = 0.5, .n_queued = 1 } };
+    /* before any report both run at the default: a tie, fewer jobs, then the lower index */
+    for (int i = 0; i < 2; i++) w[i].speed = bal_speed_rel(&s[i], &c);
+    CHECK(bal_prefill_pick(&c, w, 2, 1000, 0).worker == 0);
+    /* reports every 500 ms: worker 0 computes 1000 tokens per 0.4 s busy (2500 tok/s),
+     * worker 1 4000 per 0.4 s (10000 tok/s) */
+    uint64_t tok[2] = { 0, 0 }, busy[2] = { 0, 0 };
+    for (int hb = 0; hb < 10; hb++)
+        for (int i = 0; i < 2; i++) {
+            bal_speed_report(&s[i], tok[i], busy[i]);
+            tok[i] += i ? 4000 : 1000;
+            busy[i] += 400000;
+        }
+    CHECK(fabs(s[0].tokens_per_s - 2500) < 1 && fabs(s[1].tokens_per_s - 10000) < 1);
+    for (int i = 0; i < 2; i++) w[i].speed = bal_speed_rel(&s[i], &c);
+    CHECK(fabs(w[0].speed - 0.25) < 1e-6 && fabs(w[1].speed - 1.0) < 1e-6);
+    bal_prefill_choice ch = bal_prefill_pick(&c, w, 2, 1000, 0);
+    CHECK(ch.worker == 1);
+    CHECK(fabs(ch.finish_s - (0.5 + 0.1) / 1.0) < 1e-9);
+    /* the faster worker's queue grows: at 2.0 s queued it finishes at 2.1, worker 0 at
+     * (0.5 + 0.1) / 0.25 = 2.4: still worker 1; at 2.5 s queued (2.6 > 2.4): worker 0 */
+    w[1].queued_s = 2.0;
+    CHECK(bal_prefill_pick(&c, w, 2, 1000, 0).worker == 1);
+    w[1].queued_s = 2.5;
+    CHECK(bal_prefill_pick(&c, w, 2, 1000, 0).worker == 0);
+    /* the slow one speeds up (its later reports: 10000 tok/s): the average moves toward it and
+     * it wins again once it is faster than the loaded worker 1 */
+    for (int hb = 0; hb < 20; hb++) {
+        tok[0] += 4000;
+        busy[0] += 400000;
+        bal_speed_report(&s[0], tok[0], busy[0]);
+    }
+    CHECK(s[0].tokens_per_s > 9900);
+    w[0].speed = bal_speed_rel(&s[0], &c);
+    w[1].queued_s = 0.6;
+    CHECK(bal_prefill_pick(&c, w, 2, 1000, 0).worker == 0);   /* 0.6 < 0.7 */
 }
 
 TEST(decode_short_and_long)
@@ -131,6 +231,8 @@ int main(void)
     RUN(buckets);
     RUN(cost_model);
     RUN(prefill_earliest_finish);
+    RUN(speed_learned_from_reports);
+    RUN(prefill_pick_uses_learned_speed);
     RUN(decode_short_and_long);
     RUN(capacity_rule);
     HARNESS_END();

@@ -1,9 +1,10 @@
 /*
  * test_proto: the gateway <-> worker protocol (src/cluster/proto.h): every message survives
  * encode -> header parse -> decode unchanged; headers with a wrong field are refused with the
- * right status; 100k random, truncated, bit-flipped and oversized frames decode to a clean
- * error or a valid message, never a crash (run under ASan/UBSan by make san); frames over a
- * socket pair.
+ * right status; the reasoning budget section (flag THINK) round-trips, leaves frames without it
+ * unchanged and refuses values out of range; 100k random, truncated, bit-flipped and oversized
+ * frames decode to a clean error or a valid message, never a crash (run under ASan/UBSan by make
+ * san); frames over a socket pair.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -39,7 +40,9 @@ static bool params_eq(const proto_params *a, const proto_params *b)
            a->n_stop_ids == b->n_stop_ids && !memcmp(a->stop_ids, b->stop_ids, sizeof a->stop_ids[0] * a->n_stop_ids) &&
            a->ignore_eos == b->ignore_eos && a->logprobs == b->logprobs &&
            a->top_logprobs == b->top_logprobs && a->cache_class == b->cache_class &&
-           !strcmp(a->salt ? a->salt : "", b->salt ? b->salt : "");
+           !strcmp(a->salt ? a->salt : "", b->salt ? b->salt : "") && a->think_budget == b->think_budget &&
+           (!a->think_budget || (a->think_start == b->think_start && a->think_end == b->think_end &&
+                                 a->think_open == b->think_open));
 }
 
 /* Encodes m, parses the header back, decodes the payload into out. */
@@ -99,7 +102,12 @@ TEST(test_roundtrip_hello_heartbeat)
     b->n_running = 3; b->n_queued = 4; b->sum_cache_len = 1ull << 40; b->uncached_queued = 777;
     b->kv_blocks_free = 5; b->kv_blocks_total = 6; b->draining = 1;
     b->n_prefill_tokens = 123456789012ull; b->n_gen_tokens = 42;
+    b->busy_us = 9876543; b->n_handoffs_out = 7; b->handoff_out_tokens = 1500; b->handoff_out_us = 321;
+    b->n_handoffs_in = 8; b->handoff_in_tokens = 1600; b->handoff_in_us = 654;
     CHECK(roundtrip(&m, &o) == PROTO_OK);
+    CHECK(o.u.heartbeat.busy_us == 9876543 && o.u.heartbeat.n_handoffs_out == 7 && o.u.heartbeat.handoff_out_tokens == 1500 &&
+          o.u.heartbeat.handoff_out_us == 321 && o.u.heartbeat.n_handoffs_in == 8 && o.u.heartbeat.handoff_in_tokens == 1600 &&
+          o.u.heartbeat.handoff_in_us == 654);
     CHECK(!memcmp(&o.u.heartbeat, b, sizeof *b) || (o.u.heartbeat.n_running == 3 &&
           o.u.heartbeat.sum_cache_len == (1ull << 40) && o.u.heartbeat.draining == 1 &&
           o.u.heartbeat.n_prefill_tokens == 123456789012ull && o.u.heartbeat.n_gen_tokens == 42));
@@ -251,6 +259,115 @@ TEST(test_decoder_ranges)
     CHECK(patched(&m, -8, 2) == PROTO_ERR_MALFORMED);
 }
 
+/* The reasoning budget (flag THINK on PREFILL / DECODE): its fields survive; a frame without
+ * the flag is the same bytes as before the section existed; bad values are refused both ways. */
+TEST(test_think_budget)
+{
+    int32_t prompt[3] = { 1, 200, 300 }, gen[4] = { 301, 302, 303, 7 };
+    proto_msg m, o;
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_PREFILL;
+    m.hdr.req_id = 3;
+    m.u.prefill.params = test_params();
+    m.u.prefill.n_prompt = 3;
+    m.u.prefill.prompt = prompt;
+    proto_buf plain;
+    proto_buf_init(&plain);
+    CHECK(proto_encode(&plain, &m) == PROTO_OK);
+    m.hdr.flags = PROTO_F_THINK;
+    proto_params *pp = &m.u.prefill.params;
+    pp->think_budget = 5; pp->think_start = 6; pp->think_end = 7; pp->think_open = 0;
+    CHECK(roundtrip(&m, &o) == PROTO_OK);
+    CHECK(o.hdr.flags == PROTO_F_THINK && params_eq(&o.u.prefill.params, pp));
+    CHECK(o.u.prefill.params.think_budget == 5 && o.u.prefill.params.think_start == 6 &&
+          o.u.prefill.params.think_end == 7 && !o.u.prefill.params.think_open);
+    CHECK(o.u.prefill.n_prompt == 3 && o.u.prefill.prompt[2] == 300);
+    proto_msg_free(&o);
+    /* the section is 13 bytes after the params; the rest of the frame is unchanged */
+    proto_buf b;
+    proto_buf_init(&b);
+    CHECK(proto_encode(&b, &m) == PROTO_OK && b.n == plain.n + 13);
+    proto_buf_free(&b);
+    /* without the flag: the budget is not sent, and the encoder refuses to drop it silently */
+    m.hdr.flags = 0;
+    CHECK(roundtrip(&m, &o) == PROTO_ERR_MALFORMED);
+    pp->think_budget = 0;
+    proto_buf_init(&b);
+    CHECK(proto_encode(&b, &m) == PROTO_OK && b.n == plain.n && !memcmp(b.p, plain.p, b.n));
+    proto_buf_free(&b);
+    proto_buf_free(&plain);
+    /* a resume: the prompt opened the block, no start id, the end already generated */
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_DECODE;
+    m.hdr.flags = PROTO_F_RESUME | PROTO_F_THINK;
+    m.hdr.req_id = 4;
+    proto_decode_job *d = &m.u.decode;
+    d->params = test_params();
+    d->params.think_budget = 3; d->params.think_start = -1; d->params.think_end = 7; d->params.think_open = 1;
+    d->n_prompt = 3; d->prompt = prompt;
+    d->n_gen = 4; d->gen = gen;
+    d->n_sampled = 4;
+    CHECK(roundtrip(&m, &o) == PROTO_OK);
+    CHECK(params_eq(&o.u.decode.params, &d->params) && o.u.decode.params.think_open == 1 &&
+          o.u.decode.params.think_start == -1);
+    CHECK(o.u.decode.n_gen == 4 && o.u.decode.gen[3] == 7 && o.u.decode.n_sampled == 4);
+    proto_msg_free(&o);
+    /* values out of range: refused by the encoder ... */
+    d->params.think_end = -1;
+    CHECK(roundtrip(&m, &o) == PROTO_ERR_MALFORMED);
+    d->params.think_end = 7;
+    d->params.think_start = -2;
+    CHECK(roundtrip(&m, &o) == PROTO_ERR_MALFORMED);
+    d->params.think_start = -1;
+    d->params.think_open = 2;
+    CHECK(roundtrip(&m, &o) == PROTO_ERR_MALFORMED);
+    d->params.think_open = 1;
+    d->params.think_budget = PROTO_MAX_THINK + 1;
+    CHECK(roundtrip(&m, &o) == PROTO_ERR_MALFORMED);
+    d->params.think_budget = PROTO_MAX_THINK;
+    CHECK(roundtrip(&m, &o) == PROTO_OK);
+    proto_msg_free(&o);
+    /* ... and by the decoder from a frame built by hand. The section sits right after the
+     * params: 60 bytes up to cache_class (with 2 stop ids) + salt "tenant-a" (2 + 8) = 70:
+     * u32 budget, i32 start, i32 end, u8 open */
+    enum { AT = 70 };
+    d->params.think_budget = 0x003bcdef;
+    proto_buf_init(&b);
+    CHECK(proto_encode(&b, &m) == PROTO_OK);
+    uint32_t v = 0x003bcdef;
+    CHECK(b.n > PROTO_HDR_SIZE + AT + 13 && !memcmp(b.p + PROTO_HDR_SIZE + AT, &v, 4));
+    proto_buf_free(&b);
+    d->params.think_budget = 3;
+    CHECK(patched(&m, AT, 3) == PROTO_OK);
+    CHECK(patched(&m, AT, 0) == PROTO_ERR_MALFORMED);             /* budget 0 with the flag */
+    CHECK(patched(&m, AT, 0x80000000u) == PROTO_ERR_MALFORMED);   /* "negative" budget */
+    CHECK(patched(&m, AT, PROTO_MAX_THINK + 1) == PROTO_ERR_MALFORMED);
+    CHECK(patched(&m, AT + 4, 0xfffffffeu) == PROTO_ERR_MALFORMED);   /* start -2 */
+    CHECK(patched(&m, AT + 8, 0xffffffffu) == PROTO_ERR_MALFORMED);   /* end -1 */
+    CHECK(patched(&m, AT + 8, 9) == PROTO_OK);
+    /* the flag cleared on a frame with the section: its bytes are read as the prompt's ids
+     * (a -1 among them), so the payload does not decode */
+    proto_buf_init(&b);
+    m.hdr.flags = PROTO_F_RESUME | PROTO_F_THINK;
+    CHECK(proto_encode(&b, &m) == PROTO_OK);
+    proto_hdr h;
+    CHECK(proto_hdr_parse(b.p, b.n, &h) == PROTO_OK);
+    uint32_t f = PROTO_F_RESUME;
+    memcpy(b.p + 8, &f, 4);   /* the flags: the section is now read as prompt ids */
+    CHECK(proto_hdr_parse(b.p, b.n, &h) == PROTO_OK);
+    CHECK(proto_decode(&h, b.p + PROTO_HDR_SIZE, &o) == PROTO_ERR_MALFORMED);
+    proto_buf_free(&b);
+    /* a flag the type does not define: THINK on a HANDOFF */
+    uint8_t hdr[PROTO_HDR_SIZE];
+    proto_buf hb;
+    proto_buf_init(&hb);
+    proto_put_u32(&hb, PROTO_MAGIC); proto_put_u16(&hb, PROTO_VERSION); proto_put_u16(&hb, PROTO_HANDOFF);
+    proto_put_u32(&hb, PROTO_F_THINK); proto_put_u64(&hb, 1); proto_put_u32(&hb, 0);
+    memcpy(hdr, hb.p, sizeof hdr);
+    proto_buf_free(&hb);
+    CHECK(proto_hdr_parse(hdr, sizeof hdr, &h) == PROTO_ERR_FLAGS);
+}
+
 TEST(test_roundtrip_small)
 {
     proto_tok toks[3];
@@ -343,7 +460,7 @@ TEST(test_header_checks)
     CHECK(proto_hdr_parse(p, sizeof p, &h) == PROTO_ERR_TYPE);
     put_hdr(p, PROTO_MAGIC, PROTO_VERSION, PROTO_CANCEL, 1, 0);
     CHECK(proto_hdr_parse(p, sizeof p, &h) == PROTO_ERR_FLAGS);
-    put_hdr(p, PROTO_MAGIC, PROTO_VERSION, PROTO_DECODE, 4, 0);
+    put_hdr(p, PROTO_MAGIC, PROTO_VERSION, PROTO_DECODE, 8, 0);
     CHECK(proto_hdr_parse(p, sizeof p, &h) == PROTO_ERR_FLAGS);
     put_hdr(p, PROTO_MAGIC, PROTO_VERSION, PROTO_TOKENS, 0, PROTO_MAX_PAYLOAD + 1);
     CHECK(proto_hdr_parse(p, sizeof p, &h) == PROTO_ERR_TOO_BIG);
@@ -375,7 +492,9 @@ static int seed_frames(proto_buf *bufs)
             m.u.prefill.prompt = prompt; break;
         case PROTO_HANDOFF: m.hdr.flags = PROTO_F_HAS_TAIL; m.u.handoff.n_prompt = 300;
             m.u.handoff.n_stored = 256; m.u.handoff.kv = test_kv(kvdata, 44); break;
-        case PROTO_DECODE: m.hdr.flags = PROTO_F_HAS_TAIL; m.u.decode.params = test_params();
+        case PROTO_DECODE: m.hdr.flags = PROTO_F_HAS_TAIL | PROTO_F_THINK; m.u.decode.params = test_params();
+            m.u.decode.params.think_budget = 5; m.u.decode.params.think_start = -1;
+            m.u.decode.params.think_end = 7; m.u.decode.params.think_open = 1;
             m.u.decode.n_prompt = 200; m.u.decode.prompt = prompt; m.u.decode.n_gen = 3;
             m.u.decode.gen = gen; m.u.decode.kv = test_kv(kvdata, 10);
             m.u.decode.kv.start = 128; break;
@@ -513,6 +632,7 @@ int main(void)
     RUN(test_roundtrip_hello_heartbeat);
     RUN(test_roundtrip_jobs);
     RUN(test_decoder_ranges);
+    RUN(test_think_budget);
     RUN(test_roundtrip_small);
     RUN(test_header_checks);
     RUN(test_fuzz);

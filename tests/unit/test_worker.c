@@ -6,8 +6,10 @@
  * a seed), for prompts shorter than a block, with a partial tail and a whole number of blocks;
  * the handoff carries the tail KV and counts the stored blocks; a resume (DECODE RESUME with
  * tokens already streamed, no KV) continues exactly; a malformed frame closes only that
- * connection (ERROR MALFORMED first); CANCEL ends a decode with FINISH cancelled; drain
- * refuses new jobs. Steps stay under 64 tokens (step_tokens 48), see test_sched.c for why.
+ * connection (ERROR MALFORMED first); a reasoning budget (flag THINK) forces the think end on
+ * the same token split, or resumed before / at / after it, as in one scheduler; CANCEL ends a
+ * decode with FINISH cancelled; drain refuses new jobs. Steps stay under 64 tokens (step_tokens
+ * 48), see test_sched.c for why.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +29,8 @@
 static char tmpdir[] = "/tmp/tm-worker-XXXXXX";
 static char g_spec[300];
 static model *g_model;
+/* reasoning budget of the requests the helpers below build (think_budget 0: none) */
+static struct { int budget; int32_t start, end; bool open; } g_think;
 
 typedef struct {
     engine *e;
@@ -87,6 +91,10 @@ static int reference(node *v, const int32_t *prompt, int n, int n_gen, float tem
 {
     sched_params p = { .prompt = prompt, .n_prompt = n, .max_tokens = n_gen, .ignore_eos = true };
     p.sample = test_sample(temp);
+    p.think_budget = g_think.budget;
+    p.think_start = g_think.start;
+    p.think_end = g_think.end;
+    p.think_open = g_think.open;
     sched_req *r;
     if (sched_submit(v->s, &p, &r) != SCHED_OK) return -1;
     sched_output o[16];
@@ -134,8 +142,16 @@ static proto_params test_params(int max_tokens, float temp)
     p.sample = test_sample(temp);
     p.max_tokens = max_tokens;
     p.ignore_eos = 1;
+    if (g_think.budget > 0) {   /* sent with PROTO_F_THINK (think_flag) */
+        p.think_budget = (uint32_t)g_think.budget;
+        p.think_start = g_think.start;
+        p.think_end = g_think.end;
+        p.think_open = g_think.open;
+    }
     return p;
 }
+
+static uint32_t think_flag(void) { return g_think.budget > 0 ? PROTO_F_THINK : 0; }
 
 /* Sends DECODE and collects the streamed tokens after gen into out; returns their count. */
 static int gw_decode(int fd, uint64_t id, const int32_t *prompt, int n, const int32_t *gen, int n_gen, int n_sampled,
@@ -145,7 +161,7 @@ static int gw_decode(int fd, uint64_t id, const int32_t *prompt, int n, const in
     memset(&m, 0, sizeof m);
     m.hdr.type = PROTO_DECODE;
     m.hdr.req_id = id;
-    m.hdr.flags = flags | (kv && kv->data ? PROTO_F_HAS_TAIL : 0);
+    m.hdr.flags = flags | (kv && kv->data ? PROTO_F_HAS_TAIL : 0) | think_flag();
     m.u.decode.params = test_params(max_tokens, temp);
     m.u.decode.prompt = (int32_t *)prompt;
     m.u.decode.n_prompt = (uint32_t)n;
@@ -189,6 +205,7 @@ static int split_run(int pf, int df, uint64_t id, const int32_t *prompt, int n, 
     memset(&m, 0, sizeof m);
     m.hdr.type = PROTO_PREFILL;
     m.hdr.req_id = id;
+    m.hdr.flags = think_flag();
     m.u.prefill.params = test_params(n_gen, temp);
     m.u.prefill.prompt = (int32_t *)prompt;
     m.u.prefill.n_prompt = (uint32_t)n;
@@ -275,6 +292,70 @@ TEST(test_resume_and_mixed)
     close(df);
     node_free(&ref);
     node_free(&M);
+    node_free(&D);
+}
+
+/* The reasoning budget travels with the jobs: a split run forces the think end where one
+ * scheduler does, and so does a resume from any point (before the end, right at it, after
+ * it): the worker replays the count and the open block from the tokens streamed. Ids
+ * outside the vocabulary are refused with ERROR ARG. */
+TEST(test_think_budget_split_and_resume)
+{
+    node ref = node_new(0), P = node_new(PROTO_ROLE_PREFILL), D = node_new(PROTO_ROLE_DECODE);
+    int pf = gw_connect(&P), df = gw_connect(&D);
+    enum { N = 200, G = 24 };
+    int32_t prompt[N], free_run[G], want[G], got[G];
+    make_prompt(prompt, N, 21);
+    memset(&g_think, 0, sizeof g_think);
+    CHECK(reference(&ref, prompt, N, G, 0, free_run) == G);
+    int32_t end = 0;   /* an id the free run never produced stands for </think> */
+    for (int i = 0; i < G; i++)
+        if (free_run[i] == end) end++, i = -1;
+    for (int t = 0; t < 2; t++) {
+        /* t 0: the prompt opened the block (DeepSeek-R1), budget 4: token 4 is forced;
+         * t 1: the model opens it with its 2nd token, budget 3 */
+        int first = 0;
+        if (t == 0) g_think = (typeof(g_think)){ .budget = 4, .start = -1, .end = end, .open = true };
+        else {
+            g_think = (typeof(g_think)){ .budget = 3, .start = free_run[1], .end = end, .open = false };
+            while (free_run[first] != free_run[1]) first++;
+            first++;   /* tokens up to and including the "<think>" */
+        }
+        int at = first + g_think.budget;   /* where the end is forced */
+        CHECK(reference(&ref, prompt, N, G, 0, want) == G);
+        CHECKF(want[at] == end && !memcmp(want, free_run, (size_t)at * sizeof want[0]), "t %d: reference", t);
+        proto_handoff ho;
+        memset(&ho, 0, sizeof ho);
+        CHECK(split_run(pf, df, 300 + (uint64_t)t, prompt, N, G, 0, got, &ho) == G);
+        CHECKF(!memcmp(want, got, sizeof want), "t %d: split run differs", t);
+        /* a decode worker "died" after k streamed tokens: resume elsewhere */
+        const int ks[] = { 1, at - 1, at, at + 1, at + 5 };
+        for (size_t i = 0; i < TM_ARRAY_LEN(ks); i++) {
+            int k = ks[i], reason;
+            if (k < 1) continue;
+            memset(got, 0xff, sizeof got);
+            int n = gw_decode(df, 310 + 10 * (uint64_t)t + i, prompt, N, want, k, 0, NULL, G, 0, PROTO_F_RESUME, got,
+                              &reason);
+            CHECKF(n == G - k && reason == PROTO_FINISH_LENGTH, "t %d resume at %d: %d tokens, reason %d", t, k, n,
+                   reason);
+            CHECKF(!memcmp(want + k, got, (size_t)(G - k) * sizeof got[0]), "t %d resume at %d: tokens differ", t, k);
+        }
+    }
+    /* ids beyond the vocabulary (100): the job is refused, the connection stays */
+    int reason;
+    g_think = (typeof(g_think)){ .budget = 4, .start = -1, .end = 100, .open = true };
+    CHECK(gw_decode(df, 400, prompt, N, want, 2, 0, NULL, G, 0, PROTO_F_RESUME, got, &reason) == 0);
+    CHECK(reason == -PROTO_E_ARG);
+    g_think = (typeof(g_think)){ .budget = 4, .start = 100, .end = end, .open = false };
+    CHECK(gw_decode(df, 401, prompt, N, want, 2, 0, NULL, G, 0, PROTO_F_RESUME, got, &reason) == 0);
+    CHECK(reason == -PROTO_E_ARG);
+    memset(&g_think, 0, sizeof g_think);
+    CHECK(gw_decode(df, 402, prompt, N, free_run, 2, 0, NULL, G, 0, PROTO_F_RESUME, got, &reason) == G - 2);
+    CHECK(reason == PROTO_FINISH_LENGTH && !memcmp(free_run + 2, got, (G - 2) * sizeof got[0]));
+    close(pf);
+    close(df);
+    node_free(&ref);
+    node_free(&P);
     node_free(&D);
 }
 
@@ -384,6 +465,7 @@ int main(void)
     if (tiny_write(&c, path) || model_load(path, NULL, &g_model, err, sizeof err) != GGUF_OK) return 1;
     RUN(test_split_equals_one_process);
     RUN(test_resume_and_mixed);
+    RUN(test_think_budget_split_and_resume);
     RUN(test_malformed_closes_only_that_connection);
     model_free(g_model);
     char cmd[300];

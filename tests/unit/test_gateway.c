@@ -1,0 +1,438 @@
+/*
+ * test_gateway: the gateway (src/cluster/gateway.h) in-process, with its API backend called
+ * directly (no HTTP), against real workers (src/cluster/worker.h) that register with it and
+ * against a fake worker played by the test over the protocol. On a tiny random llama model
+ * with a shared temp dir: store. Checked:
+ *   - a split run through the gateway gives the tokens of one scheduler alone, and /metrics
+ *     then reports the learned prefill speed and the KV handoff cost (send and receive side,
+ *     both populated; no timing is asserted);
+ *   - a registered worker that sends a well-formed frame with a bad value (a token id beyond
+ *     the vocabulary, in HANDOFF and in TOKENS; an unknown request id; tail KV of another
+ *     geometry; more tokens than max_tokens) has its connection closed, and its request is
+ *     rerouted like a dead worker's: it completes on a real worker with exactly the reference
+ *     tokens, the client never seeing a value of the refused frame.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "tinymodel.h"
+
+#include "cache/store.h"
+#include "cluster/gateway.h"
+#include "cluster/proto.h"
+#include "cluster/worker.h"
+#include "engine/blockio.h"
+#include "engine/engine.h"
+#include "engine/sched.h"
+
+#define N_VOCAB 100
+#define N_GEN 12
+
+static char tmpdir[] = "/tmp/tm-gateway-XXXXXX";
+static char g_spec[300];
+static model *g_model;
+
+typedef struct {          /* one engine + scheduler (+ store), optionally serving as a worker */
+    engine *e;
+    store *st;
+    blockio *bio;
+    sched *s;
+    worker *w;
+} node;
+
+static node node_new(bool with_store)
+{
+    node v;
+    memset(&v, 0, sizeof v);
+    engine_opts eo = { .n_threads = 1, .n_kv_blocks = 32, .max_batch_tokens = 128 };
+    char err[256];
+    if (engine_new(g_model, &eo, &v.e, err, sizeof err) != ENGINE_OK) fprintf(stderr, "%s\n", err);
+    store_opts so = { 0 };
+    if (with_store && store_open(g_spec, &so, &v.st) == STORE_OK) {
+        blockio_opts bo = { .n_write_slots = 64 };
+        v.bio = blockio_new(v.st, engine_kvpool(v.e), g_model, &bo);
+    }
+    CHECK(!with_store || v.bio != NULL);
+    sched_opts o = { .max_seqs = 4, .max_queue = 16, .step_tokens = 48, .n_ctx = 1024,
+                     .eos_ids = { -1, -1, -1, -1 }, .bio = v.bio };
+    CHECK(sched_new(v.e, &o, &v.s) == SCHED_OK);
+    return v;
+}
+
+/* Starts the node's worker, registering with the gateway at reg. */
+static void node_serve(node *v, int role, const char *reg, const char *name)
+{
+    worker_opts wo = { .role = role, .gateway = reg, .name = name, .heartbeat_ms = 50, .max_seqs = 4, .n_ctx = 1024 };
+    v->w = worker_new(&wo, v->e, v->s, v->st, v->bio);
+    CHECK(v->w != NULL);
+}
+
+static void node_stop(node *v)
+{
+    worker_free(v->w);
+    v->w = NULL;
+}
+
+static void node_free(node *v)
+{
+    node_stop(v);
+    sched_free(v->s);
+    blockio_free(v->bio);
+    store_close(v->st);
+    engine_free(v->e);
+}
+
+static void make_prompt(int32_t *p, int n, int seed)
+{
+    for (int i = 0; i < n; i++) p[i] = (int32_t)((i * 31 + seed * 7 + (i * i) % 11) % N_VOCAB);
+}
+
+static sched_params greedy(const int32_t *prompt, int n)
+{
+    sched_params p;
+    memset(&p, 0, sizeof p);
+    p.prompt = prompt;
+    p.n_prompt = n;
+    p.sample = sample_params_default();
+    p.sample.temp = 0;
+    p.max_tokens = N_GEN;
+    p.ignore_eos = true;
+    return p;
+}
+
+/* One scheduler alone: the reference tokens. */
+static int reference(node *v, const int32_t *prompt, int n, int32_t *out)
+{
+    sched_params p = greedy(prompt, n);
+    sched_req *r;
+    if (sched_submit(v->s, &p, &r) != SCHED_OK) return -1;
+    sched_output o[16];
+    int k = 0;
+    while (!sched_done(r)) {
+        int m = sched_poll(r, o, 16, 10000);
+        if (m == 0) break;
+        for (int i = 0; i < m; i++)
+            if (o[i].kind == SCHED_OUT_TOKEN && k < N_GEN) out[k++] = o[i].token;
+    }
+    sched_release(r);
+    return k;
+}
+
+/* Polls a gateway request to its end; its tokens into out (at most cap), the finish in *fin. */
+static int collect(const api_backend *be, sched_req *h, int32_t *out, int cap, sched_finish *fin)
+{
+    sched_output o[16];
+    int k = 0;
+    *fin = SCHED_FINISH_NONE;
+    for (int rounds = 0; rounds < 600 && *fin == SCHED_FINISH_NONE; rounds++) {   /* 600 x 100 ms at most */
+        int m = be->poll(be->ud, h, o, 16, 100);
+        for (int i = 0; i < m; i++) {
+            if (o[i].kind == SCHED_OUT_TOKEN) {
+                if (k < cap) out[k] = o[i].token;
+                k++;
+            } else {
+                *fin = o[i].finish;
+            }
+        }
+    }
+    return k;
+}
+
+static char *metrics_text(const api_backend *be)
+{
+    http_buf b = { 0 };
+    be->metrics(be->ud, &b);
+    http_buf_append(&b, "", 1);
+    return b.data;
+}
+
+/* The value of the first metric line starting with prefix (labels included), or -1. */
+static double metric(const api_backend *be, const char *prefix)
+{
+    char *t = metrics_text(be);
+    double v = -1;
+    for (char *line = t; line && *line;) {
+        char *nl = strchr(line, '\n');
+        if (!strncmp(line, prefix, strlen(prefix))) {
+            char *sp = nl ? nl : line + strlen(line);
+            while (sp > line && sp[-1] != ' ') sp--;
+            v = atof(sp);
+            break;
+        }
+        line = nl ? nl + 1 : NULL;
+    }
+    free(t);
+    return v;
+}
+
+static bool metrics_has(const api_backend *be, const char *needle)
+{
+    char *t = metrics_text(be);
+    bool r = strstr(t, needle) != NULL;
+    free(t);
+    return r;
+}
+
+/* Workers the gateway counts up (tokenmill_worker_up ... 1). */
+static int workers_up(const api_backend *be)
+{
+    char *t = metrics_text(be);
+    int n = 0;
+    for (char *p = t; (p = strstr(p, "tokenmill_worker_up{")); p++) {
+        char *nl = strchr(p, '\n');
+        if (nl && nl - p > 2 && nl[-1] == '1' && nl[-2] == ' ') n++;
+    }
+    free(t);
+    return n;
+}
+
+typedef struct {
+    gateway *g;
+    const api_backend *be;
+    char reg[64];
+} gw_env;
+
+static gw_env gw_start(void)
+{
+    gw_env v;
+    memset(&v, 0, sizeof v);
+    gateway_opts o = { .model = g_model, .register_listen = "127.0.0.1:0", .n_ctx = 1024, .eos_ids = { -1, -1, -1, -1 },
+                       .heartbeat_timeout_s = 60, .wait_timeout_s = 60 };
+    char err[256];
+    CHECK(gateway_new(&o, &v.g, err, sizeof err) == GATEWAY_OK);
+    v.be = gateway_backend(v.g);
+    snprintf(v.reg, sizeof v.reg, "127.0.0.1:%d", gateway_register_port(v.g));
+    return v;
+}
+
+TEST(test_split_run_and_handoff_metrics)
+{
+    /* the reference without the store, so that P computes the whole prompt */
+    node ref = node_new(false), P = node_new(true), D = node_new(true);
+    gw_env G = gw_start();
+    node_serve(&P, PROTO_ROLE_PREFILL, G.reg, "p");
+    node_serve(&D, PROTO_ROLE_DECODE, G.reg, "d");
+    CHECK(WAIT_UNTIL(workers_up(G.be) == 2, 30));
+    /* 300 tokens: two full blocks through the store and a 44-token tail in the handoff */
+    int32_t prompt[300], want[N_GEN], got[N_GEN + 4];
+    make_prompt(prompt, 300, 1);
+    CHECK(reference(&ref, prompt, 300, want) == N_GEN);
+    sched_params sp = greedy(prompt, 300);
+    sched_req *h = NULL;
+    CHECK(G.be->submit(G.be->ud, &sp, &h) == SCHED_OK);
+    sched_finish fin;
+    int k = collect(G.be, h, got, N_GEN + 4, &fin);
+    G.be->release(G.be->ud, h);
+    CHECKF(k == N_GEN && fin == SCHED_FINISH_LENGTH, "%d tokens, finish %d", k, fin);
+    CHECK(k == N_GEN && !memcmp(want, got, sizeof want));
+    /* the heartbeats bring the handoff cost and the prefill speed to the gateway's /metrics */
+    /* handoff_tokens_total: the prompt on the send side; 256 from the store + the 44-token
+     * tail on the receive side */
+    CHECK(WAIT_UNTIL(metrics_has(G.be, "role=\"prefill\",side=\"send\"} 300\n"), 30));
+    CHECK(WAIT_UNTIL(metrics_has(G.be, "role=\"decode\",side=\"receive\"} 300\n"), 30));
+    CHECK(metrics_has(G.be, "tokenmill_worker_handoffs_total{"));
+    CHECK(metrics_has(G.be, "tokenmill_worker_handoff_seconds_total{"));
+    CHECK(metric(G.be, "tokenmill_handoff_seconds_per_token ") > 0);
+    CHECK(WAIT_UNTIL(metric(G.be, "tokenmill_recompute_seconds_per_token ") > 0, 30));
+    /* 300 computed tokens: the speed was learned (no longer the 20000 tokens/s default) */
+    CHECK(WAIT_UNTIL(metric(G.be, "tokenmill_worker_prefill_tokens_per_second{") != 20000, 30));
+    CHECK(metric(G.be, "tokenmill_worker_prefill_tokens_per_second{") > 0);
+    node_stop(&P);
+    node_stop(&D);
+    gateway_shutdown(G.g);
+    gateway_free(G.g);
+    node_free(&ref);
+    node_free(&P);
+    node_free(&D);
+}
+
+/* ---- a fake worker ---- */
+
+static int fake_connect(const gw_env *G)
+{
+    int fd = proto_connect(G->reg, 2000);
+    CHECK(fd >= 0);
+    if (fd < 0) return -1;
+    struct timeval tv = { 30, 0 };   /* a bound on every wait, never a speed */
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    proto_msg m;
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_HELLO;
+    m.hdr.flags = PROTO_F_REGISTER;
+    m.u.hello.role = PROTO_ROLE_MIXED;
+    m.u.hello.kv_dtype = QTYPE_F32;
+    memcpy(m.u.hello.model_fp, g_model->fingerprint, 32);
+    m.u.hello.max_seqs = 4;
+    m.u.hello.kv_blocks = 32;
+    m.u.hello.max_batch_tokens = 128;
+    m.u.hello.n_ctx = 1024;
+    m.u.hello.n_vocab = N_VOCAB;
+    m.u.hello.listen = (char *)"127.0.0.1:1";
+    m.u.hello.name = (char *)"fake";
+    CHECK(proto_send_msg(fd, &m) == PROTO_OK);
+    return fd;
+}
+
+/* Next frame of type want (HELLO and HEARTBEAT skipped); false when the connection ended. */
+static bool fake_expect(int fd, int want, proto_msg *m)
+{
+    for (;;) {
+        if (proto_recv(fd, m) != PROTO_OK) return false;
+        if (m->hdr.type == want) return true;
+        proto_msg_free(m);
+    }
+}
+
+/* True when the gateway closes the connection (frames it still sends are read and dropped). */
+static bool fake_closed(int fd)
+{
+    for (;;) {
+        proto_msg m;
+        proto_status st = proto_recv(fd, &m);
+        if (st == PROTO_ERR_CLOSED) return true;
+        if (st == PROTO_ERR_IO) return errno != EAGAIN && errno != EWOULDBLOCK;   /* a reset; not the timeout */
+        if (st != PROTO_OK) return true;
+        proto_msg_free(&m);
+    }
+}
+
+static void fake_handoff(int fd, uint64_t id, int n_prompt, int32_t first, const proto_kv *kv)
+{
+    proto_msg m;
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_HANDOFF;
+    m.hdr.req_id = id;
+    m.u.handoff.first.token = first;
+    m.u.handoff.n_prompt = (uint32_t)n_prompt;
+    m.u.handoff.n_computed = (uint32_t)n_prompt;
+    if (kv) {
+        m.hdr.flags = PROTO_F_HAS_TAIL;
+        m.u.handoff.kv = *kv;
+    }
+    CHECK(proto_send_msg(fd, &m) == PROTO_OK);
+}
+
+static void fake_tokens(int fd, uint64_t id, const int32_t *toks, int n)
+{
+    proto_tok t[64];
+    memset(t, 0, sizeof t);
+    for (int i = 0; i < n; i++) t[i].token = toks[i];
+    proto_msg m;
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_TOKENS;
+    m.hdr.req_id = id;
+    m.u.tokens.n = (uint32_t)n;
+    m.u.tokens.toks = t;
+    CHECK(proto_send_msg(fd, &m) == PROTO_OK);
+}
+
+typedef enum {
+    BAD_HANDOFF_TOKEN,    /* HANDOFF whose first token is >= the vocabulary */
+    BAD_TOKENS_TOKEN,     /* after a good HANDOFF, DECODE: TOKENS [good, >= vocabulary] */
+    BAD_UNKNOWN_ID,       /* TOKENS for a request id the gateway never issued */
+    BAD_TAIL_GEOMETRY,    /* HANDOFF with tail KV of one layer too many */
+    BAD_TOO_MANY,         /* after a good HANDOFF, DECODE: TOKENS past max_tokens */
+    BAD_N
+} bad_case;
+
+static const char *bad_name[BAD_N] = { "handoff token", "tokens token", "unknown id", "tail geometry", "too many tokens" };
+
+TEST(test_bad_values_close_the_worker_and_reroute)
+{
+    node ref = node_new(false), R = node_new(true);
+    gw_env G = gw_start();
+    int n_prompt = 40;
+    int32_t prompt[40], want[N_GEN];
+    make_prompt(prompt, n_prompt, 5);
+    CHECK(reference(&ref, prompt, n_prompt, want) == N_GEN);
+    for (int c = 0; c < BAD_N; c++) {
+        CHECKF(WAIT_UNTIL(workers_up(G.be) == 0, 30), "%s: a worker is still up", bad_name[c]);
+        int fd = fake_connect(&G);
+        CHECK(WAIT_UNTIL(workers_up(G.be) == 1, 30));
+        double refused0 = metric(G.be, "tokenmill_gateway_refused_values_total ");
+        sched_params sp = greedy(prompt, n_prompt);
+        sched_req *h = NULL;
+        CHECK(G.be->submit(G.be->ud, &sp, &h) == SCHED_OK);
+        proto_msg m;
+        CHECKF(fake_expect(fd, PROTO_PREFILL, &m), "%s: no PREFILL", bad_name[c]);
+        uint64_t id = m.hdr.req_id;
+        CHECK(m.u.prefill.n_prompt == (uint32_t)n_prompt);
+        proto_msg_free(&m);
+        int32_t bad[N_GEN + 2];
+        switch (c) {
+        case BAD_HANDOFF_TOKEN:
+            fake_handoff(fd, id, n_prompt, N_VOCAB, NULL);
+            break;
+        case BAD_UNKNOWN_ID:
+            fake_tokens(fd, id + 1000, want, 1);
+            break;
+        case BAD_TAIL_GEOMETRY: {
+            const model_hparams *hp = &g_model->hp;
+            proto_kv kv = { .dtype = QTYPE_F32, .n_layers = (uint16_t)(hp->n_layers + 1), .n_kv_heads = (uint16_t)hp->n_kv_heads,
+                            .head_dim = (uint16_t)hp->head_dim, .start = 0, .n = (uint32_t)n_prompt };
+            kv.n_bytes = (uint32_t)proto_kv_bytes(QTYPE_F32, kv.n_layers, kv.n_kv_heads, kv.head_dim, n_prompt);
+            kv.data = calloc(1, kv.n_bytes);
+            fake_handoff(fd, id, n_prompt, want[0], &kv);
+            free(kv.data);
+            break;
+        }
+        case BAD_TOKENS_TOKEN:
+        case BAD_TOO_MANY:
+            /* a correct first token: the client gets it; then the decode part goes wrong */
+            fake_handoff(fd, id, n_prompt, want[0], NULL);
+            CHECKF(fake_expect(fd, PROTO_DECODE, &m), "%s: no DECODE", bad_name[c]);
+            CHECK(m.hdr.req_id == id && m.u.decode.n_gen == 1 && m.u.decode.gen[0] == want[0]);
+            proto_msg_free(&m);
+            if (c == BAD_TOKENS_TOKEN) {
+                bad[0] = want[1];
+                bad[1] = N_VOCAB + 5;
+                fake_tokens(fd, id, bad, 2);
+            } else {
+                for (int i = 0; i < N_GEN; i++) bad[i] = want[1 + i % (N_GEN - 1)];
+                fake_tokens(fd, id, bad, N_GEN);   /* 1 + N_GEN > max_tokens */
+            }
+            break;
+        }
+        CHECKF(fake_closed(fd), "%s: the gateway kept the connection", bad_name[c]);
+        close(fd);
+        CHECKF(metric(G.be, "tokenmill_gateway_refused_values_total ") == refused0 + 1, "%s: not counted", bad_name[c]);
+        /* the request waits for a worker, then completes on a real one, exactly */
+        node_serve(&R, PROTO_ROLE_MIXED, G.reg, "real");
+        int32_t got[N_GEN + 4];
+        sched_finish fin;
+        int k = collect(G.be, h, got, N_GEN + 4, &fin);
+        G.be->release(G.be->ud, h);
+        CHECKF(k == N_GEN && fin == SCHED_FINISH_LENGTH, "%s: %d tokens, finish %d", bad_name[c], k, fin);
+        CHECKF(k == N_GEN && !memcmp(want, got, sizeof want), "%s: tokens differ from the reference", bad_name[c]);
+        node_stop(&R);
+    }
+    gateway_shutdown(G.g);
+    gateway_free(G.g);
+    node_free(&ref);
+    node_free(&R);
+}
+
+int main(void)
+{
+    util_log_level = LOG_LEVEL_ERROR;
+    if (!mkdtemp(tmpdir)) return 1;
+    tiny_cfg c = { .arch = "llama", .dim = 64, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2,
+                   .head_dim = 16, .ffn = 96, .vocab = N_VOCAB, .seed = 7 };
+    char path[256], err[256];
+    snprintf(path, sizeof path, "%s/llama.gguf", tmpdir);
+    snprintf(g_spec, sizeof g_spec, "dir:%s/store", tmpdir);
+    if (tiny_write(&c, path) || model_load(path, NULL, &g_model, err, sizeof err) != GGUF_OK) return 1;
+    RUN(test_split_run_and_handoff_metrics);
+    RUN(test_bad_values_close_the_worker_and_reroute);
+    model_free(g_model);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+    if (system(cmd)) {}
+    HARNESS_END();
+}
