@@ -9,6 +9,7 @@
 #   make test       installs missing Debian/npm deps, builds both, runs every test
 #   make run        the main job on the bundled model
 #   make bench      side-by-side benchmark against llama.cpp (bench/engine)
+#   make bench-serve tokenmill serve vs llama.cpp at 1, 4, 16 concurrent clients (bench/serve; --full adds 64)
 #   make bench-cache block store throughput and the multi-turn agent workload (bench/cache)
 #   make bench-cluster disaggregated vs mixed workers vs serve under a mixed workload (bench/cluster)
 #

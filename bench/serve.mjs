@@ -249,21 +249,24 @@ async function llamaLevel(c) {
 }
 
 // Batching check, in time: 8 decode steps of c sequences with each step's evaluations issued
-// together (one llama_decode per step) and issued one after another (c llama_decode calls)
+// together (one llama_decode per step) and issued one after another (c llama_decode calls),
+// alternating, 3 times each; medians
 async function llamaBatchCheck(c) {
-  const L = await llamaLevel(c), steps = 8, out = { clients: c };
-  for (const mode of ["together", "one_by_one"]) {
-    const p = L.seqs.map((_, i) => promptOf(999996, i).slice(0, 16));
+  const L = await llamaLevel(c), steps = 8, t = { together: [], one_by_one: [] }, calls = {};
+  for (let r = 0; r < 3; r++) for (const mode of ["together", "one_by_one"]) {
+    const p = L.seqs.map((_, i) => promptOf(999996 - r, i).slice(0, 16));
     let cur = await Promise.all(L.seqs.map(async (sq, i) => (await sq.controlledEvaluate([...p[i].slice(0, 15), [p[i][15], wantToken]]))[15]?.next?.token ?? 11));
     const calls0 = L.calls, t0 = performance.now();
     for (let n = 0; n < steps; n++) {
       if (mode === "together") cur = await Promise.all(L.seqs.map(async (sq, i) => (await sq.controlledEvaluate([[cur[i], wantToken]]))[0]?.next?.token ?? 11));
       else for (let i = 0; i < c; i++) cur[i] = (await L.seqs[i].controlledEvaluate([[cur[i], wantToken]]))[0]?.next?.token ?? 11;
     }
-    out[mode] = { step_ms: (performance.now() - t0) / steps, decode_calls: L.calls - calls0 };
+    t[mode].push((performance.now() - t0) / steps);
+    calls[mode] = L.calls - calls0;
     await Promise.all(L.seqs.map((sq) => sq.clearHistory()));
   }
-  return out;
+  return { clients: c, together: { step_ms: median(t.together), decode_calls: calls.together },
+    one_by_one: { step_ms: median(t.one_by_one), decode_calls: calls.one_by_one } };
 }
 
 // one run, stepped as llama.cpp's server steps its slots (see the top comment)
@@ -346,8 +349,7 @@ for (let rep = 0; rep < o.reps; rep++) {
     break;
   }
 }
-// llama.cpp's contexts are not disposed: process.exit frees them (one run with --full hung for
-// good in node-llama-cpp's dispose after its last rep)
+// llama.cpp's model and contexts stay loaded until process.exit at the end frees them
 
 // HTTP overhead: sequential keep-alive GET /health
 const lat = [];
@@ -360,8 +362,10 @@ if (o.idle > 0) {
     const s = net.connect(port, "127.0.0.1", () => s.write("GET /health HTTP/1.1\r\nHost: x\r\n\r\n"));
     s.once("data", () => res(s));
     s.on("error", () => res(null));
+    s.on("close", () => res(null));  // refused or closed by the server without an answer
+    setTimeout(() => res(s), 20000).unref();
   })));
-  const held = socks.filter(Boolean).length;
+  const held = socks.filter((s) => s && !s.destroyed && s.readyState === "open").length;
   const m = await metrics();
   const r = await streamOne(promptOf(999997, 0), 0);
   results.http.idle_requested = o.idle;
@@ -407,7 +411,7 @@ for (const c of o.clients) {
 }
 if (results.batch_check) {
   const b = results.batch_check;
-  console.log(`llama.cpp batching check (${b.clients} sequences, 8 decode steps): evaluations issued together ${f(b.together.step_ms, 2)} ms/step ` +
+  console.log(`llama.cpp batching check (${b.clients} sequences, 8 decode steps, median of 3): evaluations issued together ${f(b.together.step_ms, 2)} ms/step ` +
     `(${b.together.decode_calls} llama_decode calls), issued one by one ${f(b.one_by_one.step_ms, 2)} ms/step (${b.one_by_one.decode_calls} calls)`);
 }
 console.log(`HTTP: GET /health keep-alive P50 ${f(results.http.health_p50_ms, 3)} ms, P99 ${f(results.http.health_p99_ms, 3)} ms` +

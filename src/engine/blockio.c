@@ -35,6 +35,7 @@ typedef struct blockio_ent {
     void *file;                 /* verified block file when OK, else NULL */
     int state;                  /* blockio_ent_state */
     int refcnt;                 /* loads and fills holding it */
+    bool used;                  /* appended to a sequence by some load */
     struct blockio_ent *hnext;  /* hash chain */
 } blockio_ent;
 
@@ -110,6 +111,7 @@ static blockio_ent **blockio_ent_slot(blockio *b, const uint8_t key[32])
 static void blockio_ent_unref(blockio *b, blockio_ent *e)
 {
     if (--e->refcnt > 0) return;
+    if (e->state == BLOCKIO_ENT_OK && !e->used) b->s.n_load_wasted++;   /* read for nothing */
     blockio_ent **pp = blockio_ent_slot(b, e->key);
     if (*pp == e) *pp = e->hnext;
     free(e->file);
@@ -165,10 +167,7 @@ static void blockio_do_load(blockio *b, blockio_load *l)
     }
     l->n_ok = n_ok;
     l->done = true;
-    if (l->abandoned) {
-        b->s.n_load_wasted += (uint64_t)n_ok;
-        blockio_load_destroy_locked(b, l);
-    }
+    if (l->abandoned) blockio_load_destroy_locked(b, l);
 }
 
 /* Takes up to BLOCKIO_FILL_BATCH queued fills, copies them layer by layer, publishing each
@@ -463,8 +462,12 @@ int blockio_load_finish(blockio *b, blockio_load *l, kvpool_seq *seq)
             void *dst;
             if (kvpool_seq_append_fill(b->pool, seq, l->ents[i]->key, &dst) != KVPOOL_OK) break;
             added++;
-            if (!dst) continue;   /* already in the pool: attached */
             pthread_mutex_lock(&b->mu);
+            l->ents[i]->used = true;
+            if (!dst) {   /* already in the pool: attached */
+                pthread_mutex_unlock(&b->mu);
+                continue;
+            }
             blockio_fill *f = &b->fq[(b->fq_head + b->fq_n++) % b->fq_cap];
             f->dst = dst;
             f->ent = l->ents[i];
@@ -477,7 +480,6 @@ int blockio_load_finish(blockio *b, blockio_load *l, kvpool_seq *seq)
     pthread_mutex_lock(&b->mu);
     b->s.n_appended += (uint64_t)added;
     b->s.n_fills += (uint64_t)n_fill;
-    b->s.n_load_wasted += (uint64_t)(l->n_ok - added);
     if (n_fill) pthread_cond_broadcast(&b->cv);
     blockio_load_destroy_locked(b, l);
     pthread_mutex_unlock(&b->mu);
@@ -489,7 +491,6 @@ void blockio_load_free(blockio *b, blockio_load *l)
     if (!l) return;
     pthread_mutex_lock(&b->mu);
     if (l->done) {
-        b->s.n_load_wasted += (uint64_t)l->n_ok;
         blockio_load_destroy_locked(b, l);
     } else {
         /* still queued: unlink and free it here; being loaded: the I/O thread frees it */

@@ -69,7 +69,8 @@ typedef struct {
     uint64_t n_loads;          /* load jobs started */
     uint64_t n_load_blocks;    /* blocks read from the store */
     uint64_t n_appended;       /* loaded blocks appended to sequences (store hits) */
-    uint64_t n_load_wasted;    /* loaded blocks not used (cancelled, prefix changed, pool full) */
+    uint64_t n_load_wasted;    /* blocks read that no request used (cancelled, prefix changed, pool
+                                * full, or in the RAM tier meanwhile) */
     uint64_t n_load_shared;    /* blocks a load took from another one (read once, used twice) */
     double load_s;             /* seconds the I/O threads spent in store_get (read + verify) */
     uint64_t n_fills;          /* loaded blocks copied into the KV pool, layer by layer */

@@ -924,6 +924,8 @@ void sched_get_stats(sched *s, sched_stats *st)
         st->store_writes = bs.n_written;
         st->store_writes_dropped = bs.n_write_dropped;
         st->store_writes_failed = bs.n_write_failed;
+        st->store_blocks_shared = bs.n_load_shared;
+        st->store_touches = bs.n_touched;
     }
 }
 

@@ -170,6 +170,8 @@ typedef struct {
     uint64_t store_writes;          /* blocks written behind */
     uint64_t store_writes_dropped;  /* blocks not written: every write buffer busy */
     uint64_t store_writes_failed;   /* writes the store refused (no space, I/O error) */
+    uint64_t store_blocks_shared;   /* blocks a load took from another request's load (not read again) */
+    uint64_t store_touches;         /* RAM-tier hits whose stored blocks' last use was refreshed */
 } sched_stats;
 
 /* Latency histograms, seconds; SCHED_HIST_N bucket upper bounds (+Inf implied). */

@@ -79,6 +79,8 @@ static void misc_metrics(http_request *r, void *user)
     misc_counter(&b, "tokenmill_cached_prompt_tokens_total", "counter", "Prompt tokens whose KV came from the prefix cache.", (double)st.n_cached_tokens);
     misc_counter(&b, "tokenmill_store_blocks_loaded_total", "counter", "KV blocks read from the block store.", (double)st.store_blocks_loaded);
     misc_counter(&b, "tokenmill_store_blocks_hit_total", "counter", "Block store blocks whose tokens were served as cached.", (double)st.store_blocks_hit);
+    misc_counter(&b, "tokenmill_store_blocks_shared_total", "counter", "Blocks a load took from another request's load of the same prefix instead of reading the store again.", (double)st.store_blocks_shared);
+    misc_counter(&b, "tokenmill_store_touches_total", "counter", "Stored blocks whose last use was refreshed because the RAM tier served them.", (double)st.store_touches);
     misc_counter(&b, "tokenmill_store_writes_total", "counter", "KV blocks written behind to the block store.", (double)st.store_writes);
     misc_counter(&b, "tokenmill_store_writes_dropped_total", "counter", "KV blocks not written: the store was too slow (write buffers full).", (double)st.store_writes_dropped);
     misc_counter(&b, "tokenmill_store_writes_failed_total", "counter", "KV block writes the store refused (disk full, I/O error).", (double)st.store_writes_failed);
