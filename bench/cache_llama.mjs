@@ -39,16 +39,8 @@
 //      "slots", "ctx", "kv_mib", "engine", "answers": ["a/t:ids", ...]}
 import fs from 'node:fs';
 import os from 'node:os';
-// node-llama-cpp runs every llama_decode on a libuv pool thread; a pool of one thread gives
-// llama.cpp its best speed on 2 cores (see bench/llama_bench.mjs), so re-exec under
-// UV_THREADPOOL_SIZE=1 when it isn't set.
-if (process.env.UV_THREADPOOL_SIZE !== '1') {
-  const {spawnSync} = await import('node:child_process');
-  const r = spawnSync(process.execPath, [...process.execArgv, ...process.argv.slice(1)],
-    {stdio: 'inherit', env: {...process.env, UV_THREADPOOL_SIZE: '1'}});
-  process.exit(r.status ?? 1);
-}
-const {getLlama, LlamaLogLevel} = await import('node-llama-cpp');
+// (llama_node re-runs this script under UV_THREADPOOL_SIZE=1: llama.cpp's best speed here)
+import {getLlama, LlamaLogLevel} from '../tests/oracle/llama_node.mjs';
 
 function usage(msg) {
   if (msg) process.stderr.write(`cache_llama: ${msg}\n`);

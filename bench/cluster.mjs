@@ -35,6 +35,7 @@ import fs from "node:fs";
 import http from "node:http";
 import os from "node:os";
 import path from "node:path";
+import { onSseJson } from "./sse.mjs";
 
 const root = path.resolve(import.meta.dirname, "..");
 const bin = path.join(root, "build/tokenmill");
@@ -144,23 +145,13 @@ function stream(url, prompt, maxTokens, seed) {
   const body = JSON.stringify({ prompt, max_tokens: maxTokens, temperature: 0, seed, stream: true, ignore_eos: true, logprobs: 0 });
   let req;
   r.finished = new Promise((resolve, reject) => {
-    let buf = "";
     req = http.request(url + "/v1/completions", { method: "POST", agent, headers: { "content-type": "application/json" } }, (res) => {
-      res.setEncoding("utf8");
-      res.on("data", (d) => {
-        buf += d;
-        let k;
-        while ((k = buf.indexOf("\n\n")) >= 0) {
-          const ev = buf.slice(0, k); buf = buf.slice(k + 2);
-          if (!ev.startsWith("data: {")) continue;
-          const now = performance.now();
-          const j = JSON.parse(ev.slice(6));
-          const c = j.choices?.[0];
-          const nt = c?.logprobs?.tokens?.length ?? (c?.text ? 1 : 0);
-          for (let i = 0; i < nt; i++) r.times.push(now);
-          if (nt) r.chunks.push(now);
-          r.n += nt;
-        }
+      onSseJson(res, (j, now) => {
+        const c = j.choices?.[0];
+        const nt = c?.logprobs?.tokens?.length ?? (c?.text ? 1 : 0);
+        for (let i = 0; i < nt; i++) r.times.push(now);
+        if (nt) r.chunks.push(now);
+        r.n += nt;
       });
       res.on("end", () => { r.done = true; resolve(r); });
       res.on("error", () => { r.done = true; resolve(r); });

@@ -49,6 +49,7 @@ import http from "node:http";
 import net from "node:net";
 import os from "node:os";
 import path from "node:path";
+import { onSseJson } from "./sse.mjs";
 
 if (process.env.UV_THREADPOOL_SIZE !== "1") {  // llama.cpp's best speed on 2 cores: see bench/llama_bench.mjs
   const { spawnSync } = await import("node:child_process");
@@ -175,23 +176,14 @@ function streamOne(prompt, seed) {
     const body = JSON.stringify({ prompt, max_tokens: o.tokens, temperature: 0, seed, stream: true, ignore_eos: true,
       stream_options: { include_usage: true } });
     const t0 = performance.now();
-    let first = 0, last = 0, n = 0, np = 0, buf = "";
+    let first = 0, last = 0, n = 0, np = 0;
     const req = http.request(url + "/v1/completions", { method: "POST", agent, headers: { "content-type": "application/json" } }, (r) => {
-      r.setEncoding("utf8");
-      r.on("data", (d) => {
-        buf += d;
-        let k;
-        while ((k = buf.indexOf("\n\n")) >= 0) {
-          const ev = buf.slice(0, k); buf = buf.slice(k + 2);
-          if (!ev.startsWith("data: {")) continue;
-          const now = performance.now();
-          const j = JSON.parse(ev.slice(6));
-          if (j.choices?.length) {  // tokens that arrive together share a chunk; the last one carries finish_reason
-            if (!first) first = now;
-            last = now;
-          }
-          if (j.usage) { n = j.usage.completion_tokens; np = j.usage.prompt_tokens; }
+      onSseJson(r, (j, now) => {
+        if (j.choices?.length) {  // tokens that arrive together share a chunk; the last one carries finish_reason
+          if (!first) first = now;
+          last = now;
         }
+        if (j.usage) { n = j.usage.completion_tokens; np = j.usage.prompt_tokens; }
       });
       r.on("end", () => res({ ttft: (first - t0) / 1e3, span: (last - first) / 1e3, n, np }));
     });

@@ -78,7 +78,7 @@ int cmd_serve(int argc, char **argv)
     const char *path = NULL, *host = "127.0.0.1", *name = NULL, *tmpl_name = NULL;
     const char *keys[SERVE_MAX_KEYS];
     int n_keys = 0;
-    long port = 8080, threads = 0, ctx = 0, max_seqs = 16, kv_mib = 2048, max_queue = 256, step_tokens = 256;
+    long port = 8080, threads = 0, ctx = 0, max_seqs = 16, kv_mib = 2048, max_queue = 256, step_tokens = 0;
     long max_body = 8 << 20, timeout = 60;
     const char *cache_spec = "default", *retention = NULL;
     uint64_t cache_capacity = 0;
@@ -162,7 +162,8 @@ int cmd_serve(int argc, char **argv)
         goto out;
     }
     int n_ctx = ctx > 0 ? (int)ctx : TM_MIN(m->hp.n_ctx_train, 4096);
-    engine_opts eo = { .n_threads = (int)threads, .max_batch_tokens = (int)TM_MAX(step_tokens, 1) };
+    if (step_tokens == 0) step_tokens = sched_default_step_tokens((int)max_seqs);   /* max-seqs + 64 */
+    engine_opts eo = { .n_threads = (int)threads, .max_batch_tokens = (int)step_tokens };
     {
         /* KV pool: max_seqs full contexts, capped by kv_mib */
         size_t per_tok = (size_t)m->hp.n_layers * (size_t)m->hp.n_kv_heads * (size_t)m->hp.head_dim * 2 * 2;

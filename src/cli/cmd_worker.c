@@ -48,7 +48,7 @@ int cmd_worker(int argc, char **argv)
 {
     const char *path = NULL, *listen = NULL, *gateway = NULL, *cache_spec = NULL, *name = NULL;
     int role = -1;
-    long threads = 0, ctx = 0, max_seqs = 16, kv_mib = 2048, step_tokens = 256, max_queue = 256, drain_s = 60;
+    long threads = 0, ctx = 0, max_seqs = 16, kv_mib = 2048, step_tokens = 0, max_queue = 256, drain_s = 60;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -108,7 +108,8 @@ int cmd_worker(int argc, char **argv)
         goto out;
     }
     int n_ctx = ctx > 0 ? (int)ctx : TM_MIN(m->hp.n_ctx_train, 4096);
-    engine_opts eo = { .n_threads = (int)threads, .max_batch_tokens = (int)TM_MAX(step_tokens, 1) };
+    if (step_tokens == 0) step_tokens = sched_default_step_tokens((int)max_seqs);   /* max-seqs + 64 */
+    engine_opts eo = { .n_threads = (int)threads, .max_batch_tokens = (int)step_tokens };
     {
         size_t per_tok = (size_t)m->hp.n_layers * (size_t)m->hp.n_kv_heads * (size_t)m->hp.head_dim * 2 * 2;
         size_t want_blocks = (size_t)max_seqs * (size_t)((n_ctx + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK);

@@ -497,6 +497,29 @@ static bool sched_is_stop(const sched *s, const sched_req *r, int32_t tok)
     return false;
 }
 
+/* -v: one line per step with its make-up and where its time went (milliseconds): planning
+ * (admissions + batch, under mu), the engine step, bookkeeping + sampling, waiting for mu,
+ * publishing. A decode waits for a whole step, so `step` with prefill chunks next to the
+ * decode-only steps is what a long prompt costs the running streams. */
+static void sched_log_step(const sched *s, int n_reqs, int n_tok, double ta, double tc, double t0, double t1,
+                           double t2, double t3)
+{
+    int n_dec = 0, n_chunks = 0, max_chunk = 0;
+    for (int i = 0; i < n_reqs; i++) {
+        if (s->batch_n[i] == 1 && s->batch_row[i] >= 0) {
+            n_dec++;
+        } else {
+            n_chunks++;
+            max_chunk = TM_MAX(max_chunk, s->batch_n[i]);
+        }
+    }
+    double t4 = util_now();
+    log_debug("sched: step %d tokens (budget %d): %d decodes, %d prefill chunks (largest %d); running %d, "
+              "waiting %d; ms: plan %.2f step %.2f sample %.2f lock %.2f publish %.2f", n_tok, s->o.step_tokens,
+              n_dec, n_chunks, max_chunk, s->n_running, s->n_waiting, (tc - ta) * 1e3, (t1 - t0) * 1e3,
+              (t2 - t1) * 1e3, (t3 - t2) * 1e3, (t4 - t3) * 1e3);
+}
+
 static void *sched_thread(void *arg)
 {
     sched *s = arg;
@@ -504,9 +527,11 @@ static void *sched_thread(void *arg)
     pthread_mutex_lock(&s->mu);
     for (;;) {
         if (s->stop) break;
+        double ta = util_now();   /* planning starts (admissions, then the batch) */
         sched_admit_locked(s);
         int n_reqs = 0;
         int n_tok = s->n_running ? sched_plan_locked(s, &n_reqs) : 0;
+        double tc = util_now();
         /* KV figures for /metrics */
         kvpool_stats ks;
         kvpool_get_stats(s->pool, &ks);
@@ -556,7 +581,17 @@ static void *sched_thread(void *arg)
         double t2 = util_now();
 
         pthread_mutex_lock(&s->mu);
+        double t3 = util_now();   /* the lock is back: publishing starts */
         s->st.n_steps++;
+        s->st.max_step_tokens = TM_MAX(s->st.max_step_tokens, n_tok);
+        {
+            bool dec = false, pre = false;
+            for (int i = 0; i < n_reqs; i++) {
+                if (s->batch_n[i] == 1 && s->batch_row[i] >= 0) dec = true;
+                else pre = true;
+            }
+            if (dec && pre) s->st.n_mixed_steps++;
+        }
         s->st.step_s += t1 - t0;
         s->st.sample_s += t2 - t1;
         sched_hist_add(&s->h_step, t1 - t0);
@@ -615,6 +650,7 @@ static void *sched_thread(void *arg)
             }
         }
         t_prev_end = t1;  /* the gap: sampling, publishing, planning the next step */
+        if (util_log_level <= LOG_LEVEL_DEBUG) sched_log_step(s, n_reqs, n_tok, ta, tc, t0, t1, t2, t3);
     }
     /* stop: everything still here ends CANCELLED */
     while (s->n_running > 0) {
@@ -659,6 +695,11 @@ const char *sched_finish_name(sched_finish f)
     return "?";
 }
 
+int sched_default_step_tokens(int max_seqs)
+{
+    return (max_seqs > 0 ? max_seqs : 16) + SCHED_PREFILL_CHUNK;
+}
+
 sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
 {
     *out = NULL;
@@ -671,10 +712,12 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
     if (o.max_seqs <= 0) o.max_seqs = 16;
     if (o.max_queue <= 0) o.max_queue = 256;
     int mb = engine_max_batch(e);
-    if (o.step_tokens <= 0 || o.step_tokens > mb) o.step_tokens = mb;
+    if (o.step_tokens <= 0) o.step_tokens = sched_default_step_tokens(o.max_seqs);
+    if (o.step_tokens > mb) o.step_tokens = mb;
     if (o.max_seqs > o.step_tokens) o.max_seqs = o.step_tokens;
     if (o.n_ctx <= 0) o.n_ctx = m->hp.n_ctx_train;
     s->o = o;
+    s->st.step_tokens = o.step_tokens;
     s->running = xcalloc((size_t)o.max_seqs, sizeof *s->running);
     s->batch = xcalloc((size_t)o.step_tokens, sizeof *s->batch);
     s->batch_req = xcalloc((size_t)o.max_seqs, sizeof *s->batch_req);

@@ -3,9 +3,15 @@
  *
  * DESIGN. One engine thread (started by sched_new) loops: plan a batch, engine_step, sample,
  * publish. Requests join and leave between steps. Each step has a token budget
- * (step_tokens): every running decode gets its one token first, and what is left of the budget
- * is given to prefill chunks (oldest request first), so a long prompt is read a chunk per step
- * while the decodes keep producing. A new request first attaches the cached full 128-token
+ * (step_tokens, vLLM's max_num_batched_tokens): every running decode gets its one token first,
+ * and what is left of the budget is given to prefill chunks (oldest request first), so a long
+ * prompt is read a chunk per step while the decodes keep producing. A running decode waits for
+ * one whole step between its tokens, so the budget bounds what a long prompt costs them: about
+ * step_tokens / prefill speed per token instead of the decode-only step. On a CPU a step is
+ * compute-bound from a few dozen tokens on (the weights are read once per step, but every
+ * token costs its own FLOPs), so a larger budget buys little prefill speed and costs the
+ * decodes in proportion; the default, sched_default_step_tokens, is every decode plus a
+ * SCHED_PREFILL_CHUNK-token prefill chunk. A new request first attaches the cached full 128-token
  * blocks that prefix its prompt (kvpool_seq_attach_prefix) and computes only the rest; those
  * attached positions are reported as cached prompt tokens.
  *
@@ -64,10 +70,17 @@ typedef enum {
 #define SCHED_MAX_TOP_LOGPROBS 20   /* most alternatives per token (OpenAI allows 20) */
 #define SCHED_MAX_STOP_IDS 8        /* most extra stop token ids per request */
 
+/* Prefill tokens per step that the default budget leaves next to max_seqs decodes: large
+ * enough that chunking costs little prefill speed (a step of 64+ tokens is compute-bound on a
+ * CPU), small enough that a step with a chunk stays within a few decode-only steps. */
+#define SCHED_PREFILL_CHUNK 64
+
 typedef struct {
     int max_seqs;           /* running sequences at once; <= 0: 16 */
     int max_queue;          /* waiting requests beyond which submit fails; <= 0: 256 */
-    int step_tokens;        /* token budget per step; <= 0 or > engine max batch: engine max */
+    int step_tokens;        /* token budget per step (decodes + prefill chunks); <= 0:
+                             * sched_default_step_tokens(max_seqs); either way at most the
+                             * engine's max batch */
     int n_ctx;              /* positions per sequence (prompt + generated); <= 0: model n_ctx_train */
     int32_t eos_ids[4];     /* end-of-generation ids for every request (-1 = unused) */
     struct blockio *bio;    /* block store tier (engine/blockio.h), or NULL: prefixes beyond the
@@ -154,6 +167,9 @@ typedef struct {
     uint64_t n_gen_tokens;      /* tokens generated */
     uint64_t n_preempted;       /* preemptions */
     uint64_t n_steps;           /* engine steps */
+    uint64_t n_mixed_steps;     /* of which steps that carried decodes and prefill chunks */
+    int step_tokens;            /* the token budget of a step (opts.step_tokens resolved) */
+    int max_step_tokens;        /* most tokens any step carried so far (<= step_tokens) */
     double step_s;              /* total seconds inside engine_step */
     double gap_s;               /* total seconds between consecutive steps while busy (sampling,
                                    publishing, planning): the kernels' idle time */
@@ -186,6 +202,9 @@ typedef struct {
 typedef struct sched sched;
 typedef struct sched_req sched_req;
 
+/* The default step budget for max_seqs running sequences (<= 0: 16): max_seqs +
+ * SCHED_PREFILL_CHUNK. Size the engine's max batch with it (engine_opts.max_batch_tokens). */
+int sched_default_step_tokens(int max_seqs);
 /* Starts the engine thread. The engine (and its model) must outlive the scheduler. */
 sched_status sched_new(engine *e, const sched_opts *opts, sched **out);
 /* Stops the engine thread (running and queued requests finish CANCELLED) and frees the

@@ -13,7 +13,10 @@
  *   already rounded through fp16 as ggml stores them. Weight side: dpbusd(q+128, w) =
  *   sum(q*w) + 128*sum(w), so each tile starts from -128*sum(w) (one dpbusd per weight pair).
  * - Q8_K consumers (Q4_K, Q6_K): plain block_q8_K; weights are unpacked to unsigned bytes and
- *   multiplied with vpmaddubsw, then scaled per sub-block with vpdpwssd.
+ *   multiplied with vpmaddubsw, then scaled per sub-block with vpdpwssd. The 16-row repacked
+ *   layouts (block_q4_Kx16, block_q6_Kx16, what model_load uses on this level) have their own
+ *   kernels: one int32 lane per row, vpdpbusd against broadcast activation bytes, integer
+ *   sub-block scales, and float arithmetic in the scalar reference's order (bit-identical).
  * - F16 / BF16 / F32: plain rows.
  */
 #include "model/ops_int.h"

@@ -34,18 +34,8 @@
 // ("decode_calls" in the output counts llama_decode calls to show it).
 import fs from 'node:fs';
 import os from 'node:os';
-// node-llama-cpp runs every llama_decode on a libuv pool thread; with the default pool of 4
-// threads, llama.cpp's compute threads on this 2-core machine run at about half speed and
-// erratically (measured: 21-24 ms vs 10.5-11 ms per decode step of a 565 MB f32 model).
-// A pool of one thread gives llama.cpp its best speed. The pool is sized when node starts,
-// so re-run this script under UV_THREADPOOL_SIZE=1 when it isn't set.
-if (process.env.UV_THREADPOOL_SIZE !== '1') {
-  const {spawnSync} = await import('node:child_process');
-  const r = spawnSync(process.execPath, [...process.execArgv, ...process.argv.slice(1)],
-    {stdio: 'inherit', env: {...process.env, UV_THREADPOOL_SIZE: '1'}});
-  process.exit(r.status ?? 1);
-}
-const {getLlama, LlamaLogLevel} = await import('node-llama-cpp');
+// (llama_node re-runs this script under UV_THREADPOOL_SIZE=1: llama.cpp's best speed here)
+import {getLlama, LlamaLogLevel} from './llama_node.mjs';
 
 function usage(msg) {
   if (msg) process.stderr.write(`llama_eval: ${msg}\n`);

@@ -60,6 +60,48 @@ TEST(test_tied_output)
     model_free(m);
 }
 
+/* Q4_K / Q6_K matrices with rows a multiple of 16 are repacked at load on AVX-512 (not with
+ * no_repack, nor others); a repacked matrix multiplies to the same bits as the file's, at the
+ * scalar level and at the active one (which is bit-identical to scalar for these layouts). */
+TEST(test_repacked_weights)
+{
+    static const qtype ts[] = { QTYPE_Q4_K, QTYPE_Q6_K };
+    for (int ti = 0; ti < 2; ti++) {
+        tiny_cfg c = { .arch = "qwen3", .dim = 256, .n_layers = 1, .n_heads = 4, .n_kv_heads = 2,
+                       .head_dim = 64, .ffn = 256, .vocab = 136, .seed = 3, .wtype = ts[ti] };
+        char path[256], err[256];
+        snprintf(path, sizeof path, "%s/r.gguf", tmpdir);
+        CHECK(tiny_write(&c, path) == 0);
+        model *m = NULL, *f = NULL;
+        model_opts keep = { .no_repack = true };
+        CHECKF(model_load(path, NULL, &m, err, sizeof err) == GGUF_OK, "%s", err);
+        CHECKF(model_load(path, &keep, &f, err, sizeof err) == GGUF_OK, "%s", err);
+        if (!m || !f) continue;
+        qtype rt = quant_repack_type(ts[ti]);
+        bool want = ops_get_level() == CPU_LEVEL_AVX512 && !getenv("TOKENMILL_REPACK");
+        CHECK(m->layers[0].wq.type == (want ? rt : ts[ti]));
+        CHECK(m->layers[0].down.type == (want ? rt : ts[ti]));
+        CHECK(m->output.type == ts[ti]); /* 136 rows: not a multiple of 16 */
+        CHECK(f->layers[0].wq.type == ts[ti] && f->repacked == NULL);
+        CHECK((m->repacked != NULL) == want);
+        CHECK(m->tok_embd.type == QTYPE_F32);
+        float x[2 * 256], y0[2 * 256], y1[2 * 256];
+        for (int i = 0; i < 2 * 256; i++) x[i] = sinf(0.37f * (float)i);
+        void *scratch = malloc(ops_matmul_scratch_bytes(ts[ti], 256, 2));
+        cpu_level lvl = ops_get_level();
+        ops_force_level(CPU_LEVEL_SCALAR);
+        ops_matmul(NULL, &f->layers[0].wq, x, 2, y0, scratch);
+        ops_matmul(NULL, &m->layers[0].wq, x, 2, y1, scratch);
+        CHECK(!memcmp(y0, y1, sizeof y0));
+        ops_force_level(lvl);
+        ops_matmul(NULL, &m->layers[0].wq, x, 2, y1, scratch);
+        if (want) CHECK(!memcmp(y0, y1, sizeof y0));
+        free(scratch);
+        model_free(m);
+        model_free(f);
+    }
+}
+
 TEST(test_missing_tensors)
 {
     const char *names[][2] = {
@@ -148,6 +190,7 @@ int main(void)
     if (!mkdtemp(tmpdir)) return 1;
     RUN(test_load_archs);
     RUN(test_tied_output);
+    RUN(test_repacked_weights);
     RUN(test_missing_tensors);
     RUN(test_bad_shapes);
     RUN(test_bad_arch_and_keys);

@@ -3,7 +3,8 @@
  * several requests with greedy results identical to each request run alone, cancellation
  * releasing KV blocks, the bounded queue, KV exhaustion (waiting and preemption, then
  * completion with the same tokens), prefix-cache hits reported as cached tokens, log-probs,
- * and argument errors.
+ * argument errors, and chunked prefill: a long prompt that arrives while a sequence decodes is
+ * read in chunks of the default step budget, and the decode gets its token in every step.
  *
  * Note: the engine rounds Q to F16 in batches under 64 tokens only (as ggml does), so a
  * decode's logits can differ in the last bits when it shares a step with a long prefill
@@ -384,6 +385,63 @@ TEST(test_think_budget)
     rig_free(&g);
 }
 
+/* A long prompt arrives while a sequence decodes: with the default budget (max_seqs + 64) the
+ * prompt is read in chunks of what the decode leaves of it, one chunk per step, and the decode
+ * gets its token in every one of those steps (decodes are planned first), so its wait for a
+ * token is one budget-sized step, never the whole prompt. Counted in steps, not seconds. A
+ * decodes until it is cancelled after B's answer; should it have reached its length first
+ * (this thread was not scheduled for its ~1000 steps), the round proves nothing and is rerun. */
+static int chunked_round(int *mixed, int *max_tok, int *budget)
+{
+    enum { MAXS = 4, PA = 10, GA = 1000, PB = 900 };
+    rig g = rig_new(18, MAXS, 16, 0);   /* engine max batch 128 > the default budget (68) */
+    sched_stats st;
+    sched_get_stats(g.s, &st);
+    *budget = st.step_tokens;
+    int32_t pa[PA], pb[PB];
+    prompt_of(pa, PA, 5);
+    prompt_of(pb, PB, 6);
+    sched_params p = greedy(pa, PA, GA);
+    sched_req *a, *b;
+    int rc = -1;
+    if (sched_submit(g.s, &p, &a) != SCHED_OK) goto out;
+    sched_output out[16];
+    if (sched_poll(a, out, 16, 30000) <= 0) goto out_a;   /* A decodes before B arrives */
+    p = greedy(pb, PB, 1);
+    if (sched_submit(g.s, &p, &b) != SCHED_OK) goto out_a;
+    int32_t tb[1];
+    rc = drain(b, tb, 1, NULL) == 1 ? 0 : -1;
+    sched_cancel(a);
+    sched_output fin = { 0 };
+    int32_t ta[16];
+    drain(a, ta, 16, &fin);
+    if (rc == 0 && fin.finish != SCHED_FINISH_CANCELLED) rc = 1;   /* A ended first: rerun */
+    sched_get_stats(g.s, &st);
+    *mixed = (int)st.n_mixed_steps;
+    *max_tok = st.max_step_tokens;
+    sched_release(b);
+out_a:
+    sched_release(a);
+out:
+    rig_free(&g);
+    return rc;
+}
+
+TEST(test_long_prompt_chunked_beside_decode)
+{
+    enum { MAXS = 4, PB = 900 };
+    CHECK(sched_default_step_tokens(MAXS) == MAXS + SCHED_PREFILL_CHUNK);
+    CHECK(sched_default_step_tokens(0) == 16 + SCHED_PREFILL_CHUNK);
+    int mixed = 0, max_tok = 0, budget = 0, rc = 1;
+    for (int round = 0; round < 3 && rc == 1; round++) rc = chunked_round(&mixed, &max_tok, &budget);
+    CHECK(rc == 0);
+    CHECK(budget == sched_default_step_tokens(MAXS));
+    /* every step of B's prompt carried A's decode and a chunk of budget - 1 tokens */
+    int chunks = (PB + budget - 2) / (budget - 1);
+    CHECKF(mixed == chunks, "%d steps with decode + prefill chunk, want %d", mixed, chunks);
+    CHECK(max_tok == budget);
+}
+
 TEST(test_errors_and_shutdown)
 {
     rig g = rig_new(16, 4, 16, 48);
@@ -430,6 +488,7 @@ int main(void)
     RUN(test_prefix_cache_hits);
     RUN(test_stop_ids_logprobs_seed);
     RUN(test_think_budget);
+    RUN(test_long_prompt_chunked_beside_decode);
     RUN(test_errors_and_shutdown);
     model_free(g_model);
     char cmd[300];
