@@ -1042,22 +1042,14 @@ static void gw_metrics(void *ud, http_buf *b)
 {
     gateway *g = ud;
     pthread_mutex_lock(&g->mu);
-    http_buf_printf(b, "# TYPE tokenmill_gateway_requests_total counter\ntokenmill_gateway_requests_total %llu\n",
-                    (unsigned long long)g->n_requests);
-    http_buf_printf(b, "# TYPE tokenmill_gateway_rejected_total counter\ntokenmill_gateway_rejected_total %llu\n",
-                    (unsigned long long)g->n_rejected);
-    http_buf_printf(b, "# TYPE tokenmill_prompt_tokens_total counter\ntokenmill_prompt_tokens_total %llu\n",
-                    (unsigned long long)g->n_prompt_tokens);
-    http_buf_printf(b, "# TYPE tokenmill_gateway_hit_tokens_total counter\ntokenmill_gateway_hit_tokens_total %llu\n",
-                    (unsigned long long)g->n_hit_tokens);
-    http_buf_printf(b, "# TYPE tokenmill_generated_tokens_total counter\ntokenmill_generated_tokens_total %llu\n",
-                    (unsigned long long)g->n_gen_tokens);
-    http_buf_printf(b, "# TYPE tokenmill_gateway_reprefills_total counter\ntokenmill_gateway_reprefills_total %llu\n",
-                    (unsigned long long)g->n_reprefills);
-    http_buf_printf(b, "# TYPE tokenmill_gateway_resumes_total counter\ntokenmill_gateway_resumes_total %llu\n",
-                    (unsigned long long)g->n_resumes);
-    http_buf_printf(b, "# TYPE tokenmill_gateway_refused_connections_total counter\n"
-                       "tokenmill_gateway_refused_connections_total %llu\n", (unsigned long long)g->n_bad_conns);
+    api_metric(b, "tokenmill_gateway_requests_total", "counter", "Generation requests accepted.", (double)g->n_requests);
+    api_metric(b, "tokenmill_gateway_rejected_total", "counter", "Requests refused because no worker of a role was left in time (503).", (double)g->n_rejected);
+    api_metric(b, "tokenmill_prompt_tokens_total", "counter", "Prompt tokens of accepted requests.", (double)g->n_prompt_tokens);
+    api_metric(b, "tokenmill_gateway_hit_tokens_total", "counter", "Prompt tokens found in the block store at the entrypoint.", (double)g->n_hit_tokens);
+    api_metric(b, "tokenmill_generated_tokens_total", "counter", "Tokens generated.", (double)g->n_gen_tokens);
+    api_metric(b, "tokenmill_gateway_reprefills_total", "counter", "Prefill jobs re-sent after their prefill worker was lost.", (double)g->n_reprefills);
+    api_metric(b, "tokenmill_gateway_resumes_total", "counter", "Decodes resumed on another worker after theirs was lost.", (double)g->n_resumes);
+    api_metric(b, "tokenmill_gateway_refused_connections_total", "counter", "Worker connections closed for a malformed frame or a bad value.", (double)g->n_bad_conns);
     http_buf_puts(b, "# HELP tokenmill_worker_up Worker connected and heartbeating (1), draining (0.5), out (0).\n"
                      "# TYPE tokenmill_worker_up gauge\n");
     for (int i = 0; i < g->n_slots; i++) {

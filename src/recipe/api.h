@@ -119,6 +119,9 @@ void api_respond_json(http_request *r, int status, struct json_t *v);
 struct json_t *api_json_text(const char *s, size_t n);
 /* Appends "data: <compact JSON>\n\n" to b (takes the reference). */
 void api_sse_json(http_buf *b, struct json_t *v);
+/* One Prometheus metric without labels (HELP, TYPE counter|gauge, value), for /metrics of the
+ * server and of the gateway. */
+void api_metric(http_buf *b, const char *name, const char *type, const char *help, double v);
 
 /* Stop strings over generated text text[0..len): true when one occurs at or after byte
  * `from` (*cut = where the earliest starts: the answer ends there). Otherwise *safe = the

@@ -39,7 +39,7 @@ static void misc_hist(http_buf *b, const char *name, const char *help, const sch
                     h->sum, name, (unsigned long long)h->n);
 }
 
-static void misc_counter(http_buf *b, const char *name, const char *type, const char *help, double v)
+void api_metric(http_buf *b, const char *name, const char *type, const char *help, double v)
 {
     http_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
 }
@@ -61,8 +61,8 @@ static void misc_metrics(http_request *r, void *user)
     sched_get_hists(c->sched, &ttft, &itl, &step);
     http_get_stats(http_request_server(r), &hs);
     http_buf b = { 0 };
-    misc_counter(&b, "tokenmill_requests_total", "counter", "Generation requests accepted by the scheduler.", (double)st.n_requests);
-    misc_counter(&b, "tokenmill_requests_rejected_total", "counter", "Requests refused because the queue was full.", (double)st.n_rejected);
+    api_metric(&b, "tokenmill_requests_total", "counter", "Generation requests accepted by the scheduler.", (double)st.n_requests);
+    api_metric(&b, "tokenmill_requests_rejected_total", "counter", "Requests refused because the queue was full.", (double)st.n_rejected);
     http_buf_puts(&b, "# HELP tokenmill_requests_finished_total Finished requests by reason.\n"
                       "# TYPE tokenmill_requests_finished_total counter\n");
     for (int f = SCHED_FINISH_STOP; f <= SCHED_FINISH_ERROR; f++)
@@ -72,32 +72,35 @@ static void misc_metrics(http_request *r, void *user)
                       "# TYPE tokenmill_http_requests_total counter\n");
     for (int k = 1; k <= 5; k++)
         http_buf_printf(&b, "tokenmill_http_requests_total{code=\"%dxx\"} %llu\n", k, (unsigned long long)hs.n_by_class[k]);
-    misc_counter(&b, "tokenmill_http_disconnects_total", "counter", "Streams ended by the client.", (double)hs.n_disconnects);
-    misc_counter(&b, "tokenmill_http_connections", "gauge", "Open HTTP connections.", hs.n_connections);
-    misc_counter(&b, "tokenmill_http_streams", "gauge", "Streaming responses in progress.", hs.n_streams);
-    misc_counter(&b, "tokenmill_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", (double)st.n_prompt_tokens);
-    misc_counter(&b, "tokenmill_cached_prompt_tokens_total", "counter", "Prompt tokens whose KV came from the prefix cache.", (double)st.n_cached_tokens);
-    misc_counter(&b, "tokenmill_store_blocks_loaded_total", "counter", "KV blocks read from the block store.", (double)st.store_blocks_loaded);
-    misc_counter(&b, "tokenmill_store_blocks_hit_total", "counter", "Block store blocks whose tokens were served as cached.", (double)st.store_blocks_hit);
-    misc_counter(&b, "tokenmill_store_blocks_shared_total", "counter", "Blocks a load took from another request's load of the same prefix instead of reading the store again.", (double)st.store_blocks_shared);
-    misc_counter(&b, "tokenmill_store_touches_total", "counter", "Stored blocks whose last use was refreshed because the RAM tier served them.", (double)st.store_touches);
-    misc_counter(&b, "tokenmill_store_writes_total", "counter", "KV blocks written behind to the block store.", (double)st.store_writes);
-    misc_counter(&b, "tokenmill_store_writes_dropped_total", "counter", "KV blocks not written: the store was too slow (write buffers full).", (double)st.store_writes_dropped);
-    misc_counter(&b, "tokenmill_store_writes_failed_total", "counter", "KV block writes the store refused (disk full, I/O error).", (double)st.store_writes_failed);
-    misc_counter(&b, "tokenmill_prefill_tokens_total", "counter", "Tokens computed as prefill (recomputation included).", (double)st.n_prefill_tokens);
-    misc_counter(&b, "tokenmill_generated_tokens_total", "counter", "Tokens generated.", (double)st.n_gen_tokens);
-    misc_counter(&b, "tokenmill_preemptions_total", "counter", "Running requests preempted for KV space.", (double)st.n_preempted);
-    misc_counter(&b, "tokenmill_queue_depth", "gauge", "Requests waiting to run.", st.n_queued);
-    misc_counter(&b, "tokenmill_running_sequences", "gauge", "Sequences in the running batch.", st.n_running);
-    misc_counter(&b, "tokenmill_kv_blocks_total", "gauge", "KV pool size in 128-token blocks.", st.kv_blocks_total);
-    misc_counter(&b, "tokenmill_kv_blocks_used", "gauge", "KV blocks held by running sequences.", st.kv_blocks_used);
-    misc_counter(&b, "tokenmill_kv_blocks_cached", "gauge", "Unreferenced KV blocks kept for prefix reuse (reclaimable).", st.kv_blocks_cached);
-    misc_counter(&b, "tokenmill_kv_blocks_free", "gauge", "KV blocks on the free list.", st.kv_blocks_free);
-    misc_counter(&b, "tokenmill_engine_steps_total", "counter", "Engine forward steps.", (double)st.n_steps);
-    misc_counter(&b, "tokenmill_engine_step_seconds_total", "counter", "Seconds inside engine steps.", st.step_s);
-    misc_counter(&b, "tokenmill_cpu_gap_seconds_total", "counter",
+    api_metric(&b, "tokenmill_http_disconnects_total", "counter", "Streams ended by the client.", (double)hs.n_disconnects);
+    api_metric(&b, "tokenmill_http_connections", "gauge", "Open HTTP connections.", hs.n_connections);
+    api_metric(&b, "tokenmill_http_streams", "gauge", "Streaming responses in progress.", hs.n_streams);
+    api_metric(&b, "tokenmill_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", (double)st.n_prompt_tokens);
+    api_metric(&b, "tokenmill_cached_prompt_tokens_total", "counter", "Prompt tokens whose KV came from the prefix cache.", (double)st.n_cached_tokens);
+    api_metric(&b, "tokenmill_store_blocks_loaded_total", "counter", "KV blocks read from the block store.", (double)st.store_blocks_loaded);
+    api_metric(&b, "tokenmill_store_blocks_hit_total", "counter", "Block store blocks whose tokens were served as cached.", (double)st.store_blocks_hit);
+    api_metric(&b, "tokenmill_store_blocks_shared_total", "counter", "Blocks a load took from another request's load of the same prefix instead of reading the store again.", (double)st.store_blocks_shared);
+    api_metric(&b, "tokenmill_store_touches_total", "counter", "Stored blocks whose last use was refreshed because the RAM tier served them.", (double)st.store_touches);
+    api_metric(&b, "tokenmill_store_writes_total", "counter", "KV blocks written behind to the block store.", (double)st.store_writes);
+    api_metric(&b, "tokenmill_store_writes_dropped_total", "counter", "KV blocks not written: the store was too slow (write buffers full).", (double)st.store_writes_dropped);
+    api_metric(&b, "tokenmill_store_writes_failed_total", "counter", "KV block writes the store refused (disk full, I/O error).", (double)st.store_writes_failed);
+    api_metric(&b, "tokenmill_prefill_tokens_total", "counter", "Tokens computed as prefill (recomputation included).", (double)st.n_prefill_tokens);
+    api_metric(&b, "tokenmill_generated_tokens_total", "counter", "Tokens generated.", (double)st.n_gen_tokens);
+    api_metric(&b, "tokenmill_preemptions_total", "counter", "Running requests preempted for KV space.", (double)st.n_preempted);
+    api_metric(&b, "tokenmill_queue_depth", "gauge", "Requests waiting to run.", st.n_queued);
+    api_metric(&b, "tokenmill_running_sequences", "gauge", "Sequences in the running batch.", st.n_running);
+    api_metric(&b, "tokenmill_kv_blocks_total", "gauge", "KV pool size in 128-token blocks.", st.kv_blocks_total);
+    api_metric(&b, "tokenmill_kv_blocks_used", "gauge", "KV blocks held by running sequences.", st.kv_blocks_used);
+    api_metric(&b, "tokenmill_kv_blocks_cached", "gauge", "Unreferenced KV blocks kept for prefix reuse (reclaimable).", st.kv_blocks_cached);
+    api_metric(&b, "tokenmill_kv_blocks_free", "gauge", "KV blocks on the free list.", st.kv_blocks_free);
+    api_metric(&b, "tokenmill_engine_steps_total", "counter", "Engine forward steps.", (double)st.n_steps);
+    api_metric(&b, "tokenmill_engine_mixed_steps_total", "counter", "Engine steps that carried decodes and prefill chunks together.", (double)st.n_mixed_steps);
+    api_metric(&b, "tokenmill_step_tokens_budget", "gauge", "Token budget of one step (decodes + prefill chunks, --step-tokens).", st.step_tokens);
+    api_metric(&b, "tokenmill_step_tokens_max", "gauge", "Most tokens any step carried so far.", st.max_step_tokens);
+    api_metric(&b, "tokenmill_engine_step_seconds_total", "counter", "Seconds inside engine steps.", st.step_s);
+    api_metric(&b, "tokenmill_cpu_gap_seconds_total", "counter",
                  "Seconds between consecutive engine steps while busy (planning, sampling, publishing).", st.gap_s);
-    misc_counter(&b, "tokenmill_sampling_seconds_total", "counter", "Seconds of sampling between steps (part of the CPU gap).", st.sample_s);
+    api_metric(&b, "tokenmill_sampling_seconds_total", "counter", "Seconds of sampling between steps (part of the CPU gap).", st.sample_s);
     misc_hist(&b, "tokenmill_time_to_first_token_seconds", "Seconds from submission to the first generated token.", &ttft);
     misc_hist(&b, "tokenmill_inter_token_latency_seconds", "Seconds between consecutive tokens of a request.", &itl);
     misc_hist(&b, "tokenmill_engine_step_duration_seconds", "Duration of one engine step.", &step);
