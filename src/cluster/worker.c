@@ -276,6 +276,22 @@ static void worker_tok(const sched_output *o, proto_tok *t)
     }
 }
 
+/* A TOKENS frame with the one token a prefill job produced (when it ends there instead of
+ * handing off). */
+static void worker_send_one_token(wjob *j, const sched_output *o, bool logprobs)
+{
+    proto_msg m;
+    proto_tok t;
+    memset(&m, 0, sizeof m);
+    worker_tok(o, &t);
+    m.hdr.type = PROTO_TOKENS;
+    m.hdr.req_id = j->id;
+    m.hdr.flags = logprobs ? PROTO_F_LOGPROBS : 0;
+    m.u.tokens.n = 1;
+    m.u.tokens.toks = &t;
+    worker_send(j->c, &m);
+}
+
 /* Takes the job off its connection's list before its last frame goes out, so that the
  * gateway may reuse the request id (a mixed worker's DECODE after its HANDOFF) at once. */
 static void worker_job_unlink(wjob *j)
@@ -386,33 +402,13 @@ static void worker_run_prefill(wjob *j)
     int n_prompt = (int)p->n_prompt, n_cached = fin.usage.cached_tokens;
     if (first.token < 0 || fin.finish != SCHED_FINISH_LENGTH || first.is_stop) {
         /* ended at the first token (stop), or cancelled / failed before it */
-        if (first.token >= 0) {
-            proto_msg m;
-            proto_tok t;
-            memset(&m, 0, sizeof m);
-            worker_tok(&first, &t);
-            m.hdr.type = PROTO_TOKENS;
-            m.hdr.req_id = j->id;
-            m.hdr.flags = p->params.logprobs ? PROTO_F_LOGPROBS : 0;
-            m.u.tokens.n = 1;
-            m.u.tokens.toks = &t;
-            worker_send(j->c, &m);
-        }
+        if (first.token >= 0) worker_send_one_token(j, &first, p->params.logprobs);
         worker_send_finish(j, worker_finish_reason(j, fin.finish), n_prompt, n_cached, first.token >= 0,
                            fin.ttft_s);
         return;
     }
     if (p->params.max_tokens == 1 || n_prompt + 1 >= w->o.n_ctx) {
-        proto_msg m;
-        proto_tok t;
-        memset(&m, 0, sizeof m);
-        worker_tok(&first, &t);
-        m.hdr.type = PROTO_TOKENS;
-        m.hdr.req_id = j->id;
-        m.hdr.flags = p->params.logprobs ? PROTO_F_LOGPROBS : 0;
-        m.u.tokens.n = 1;
-        m.u.tokens.toks = &t;
-        worker_send(j->c, &m);
+        worker_send_one_token(j, &first, p->params.logprobs);
         worker_send_finish(j, PROTO_FINISH_LENGTH, n_prompt, n_cached, 1, fin.ttft_s);
         return;
     }
