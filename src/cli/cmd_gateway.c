@@ -23,6 +23,7 @@
 #include "cache/gc.h"
 #include "cache/store.h"
 #include "cli/cmd.h"
+#include "cli/cmd_common.h"
 #include "cluster/gateway.h"
 #include "http/http.h"
 #include "model/model.h"
@@ -115,17 +116,9 @@ int cmd_gateway(int argc, char **argv)
      * and only the main loop's sigtimedwait takes them (a thread started earlier with them
      * unblocked would take a SIGTERM with the default action: the process dies, not stopped) */
     sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &set, NULL);
-    signal(SIGPIPE, SIG_IGN);
-    if (model_load(path, NULL, &m, err, sizeof err) != GGUF_OK) {
-        fprintf(stderr, "tokenmill gateway: %s\n", err);
-        goto out;
-    }
-    if (tokenizer_load(m->g, &tok, err, sizeof err) != TOKENIZER_OK ||
-        template_new(tok, m->g, tmpl_name, &tmpl, err, sizeof err) != TEMPLATE_OK) {
+    cmd_common_block_stop_signals(&set);
+    if (!cmd_common_load_model("gateway", path, &m, &tok)) goto out;
+    if (template_new(tok, m->g, tmpl_name, &tmpl, err, sizeof err) != TEMPLATE_OK) {
         fprintf(stderr, "tokenmill gateway: %s\n", err);
         goto out;
     }

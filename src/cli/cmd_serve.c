@@ -36,6 +36,7 @@
 #include <time.h>
 
 #include "cli/cmd.h"
+#include "cli/cmd_common.h"
 #include "cache/gc.h"
 #include "cache/store.h"
 #include "engine/blockio.h"
@@ -87,11 +88,7 @@ int cmd_serve(int argc, char **argv)
      * taken with sigwait below: a signal arriving while threads start must not kill the
      * process before its clean shutdown */
     sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &set, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    cmd_common_block_stop_signals(&set);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -148,14 +145,7 @@ int cmd_serve(int argc, char **argv)
     blockio *bio = NULL;
     char *derived_name = NULL;
 
-    if (model_load(path, NULL, &m, err, sizeof err) != GGUF_OK) {
-        fprintf(stderr, "tokenmill serve: %s\n", err);
-        goto out;
-    }
-    if (tokenizer_load(m->g, &tok, err, sizeof err) != TOKENIZER_OK) {
-        fprintf(stderr, "tokenmill serve: %s\n", err);
-        goto out;
-    }
+    if (!cmd_common_load_model("serve", path, &m, &tok)) goto out;
     if (template_new(tok, m->g, tmpl_name, &tmpl, err, sizeof err) != TEMPLATE_OK) {
         fprintf(stderr, "tokenmill serve: %s\n", err);
         rc = tmpl_name ? 2 : 1;

@@ -18,6 +18,7 @@
 
 #include "cache/store.h"
 #include "cli/cmd.h"
+#include "cli/cmd_common.h"
 #include "cluster/proto.h"
 #include "cluster/worker.h"
 #include "engine/blockio.h"
@@ -85,11 +86,7 @@ int cmd_worker(int argc, char **argv)
      * and only the main loop's sigtimedwait takes them (a thread started earlier with them
      * unblocked would take a SIGTERM with the default action: the process dies, undrained) */
     sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &set, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    cmd_common_block_stop_signals(&set);
     int rc = 1;
     char err[512];
     model *m = NULL;
@@ -99,14 +96,7 @@ int cmd_worker(int argc, char **argv)
     store *cache = NULL;
     blockio *bio = NULL;
     worker *w = NULL;
-    if (model_load(path, NULL, &m, err, sizeof err) != GGUF_OK) {
-        fprintf(stderr, "tokenmill worker: %s\n", err);
-        goto out;
-    }
-    if (tokenizer_load(m->g, &tok, err, sizeof err) != TOKENIZER_OK) {
-        fprintf(stderr, "tokenmill worker: %s\n", err);
-        goto out;
-    }
+    if (!cmd_common_load_model("worker", path, &m, &tok)) goto out;
     int n_ctx = ctx > 0 ? (int)ctx : TM_MIN(m->hp.n_ctx_train, 4096);
     if (step_tokens == 0) step_tokens = sched_default_step_tokens((int)max_seqs);   /* max-seqs + 64 */
     engine_opts eo = { .n_threads = (int)threads, .max_batch_tokens = (int)step_tokens };
