@@ -356,6 +356,13 @@ TEST(test_concurrent_loads_read_each_block_once)
     CHECKF(st.n_load_blocks == 7, "read %llu", (unsigned long long)st.n_load_blocks);
     store_get_stats(v.st, &ss);
     CHECK(ss.n_hit == 7);
+    /* both waited for their load before admission: the wait is on /metrics */
+    sched_hist lw;
+    sched_get_hists(v.s, NULL, NULL, NULL, &lw);
+    CHECKF(lw.n == 2 && lw.sum > 0, "load waits %llu", (unsigned long long)lw.n);
+    sched_stats ss2;
+    sched_get_stats(v.s, &ss2);
+    CHECK(ss2.store_load_s > 0);
     server_free(&v);
 }
 
