@@ -214,6 +214,7 @@ static void blockio_do_load(blockio *b, blockio_load *l)
     if (e->state == BLOCKIO_ENT_QUEUED) {
         e->state = BLOCKIO_ENT_READING;
         l->n_reading++;
+        if (l->queued) pthread_cond_signal(&b->cv);   /* more to claim: wake an idle thread */
         uint8_t *buf = blockio_rbuf_get_locked(b);
         pthread_mutex_unlock(&b->mu);
         double t0 = util_now();

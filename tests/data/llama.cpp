@@ -1,0 +1,1 @@
+/work/wt/lead/tests/data/llama.cpp
