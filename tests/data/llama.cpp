@@ -1,1 +1,0 @@
-/work/wt/lead/tests/data/llama.cpp
