@@ -112,6 +112,10 @@ struct blockio {
     int *tq_cls;             /* (BLOCKIO_TOUCH_QUEUE) their classes */
     int tq_head, tq_n;
     blockio_seen *seen;      /* (BLOCKIO_TOUCH_SEEN) recent touches */
+    blockio_ready_fn ready_fn;   /* called when a load is settled, or NULL */
+    void *ready_arg;
+    bool ready_pending;      /* a load was settled since the last ready_fn call */
+    int n_ready_calls;       /* ready_fn calls in progress (outside mu) */
     blockio_stats s;
 };
 
@@ -203,6 +207,7 @@ static void blockio_load_settle(blockio *b, blockio_load *l)
     l->n_ok = n_ok;
     l->done = true;
     if (l->abandoned) blockio_load_destroy_locked(b, l);
+    else b->ready_pending = true;
 }
 
 /* Claims the next entry of l (the head of the load queue) and reads it. Called with mu held;
@@ -275,6 +280,16 @@ static void *blockio_thread(void *arg)
         }
         if (b->lq_head) {
             blockio_do_load(b, b->lq_head);
+            if (b->ready_pending && b->ready_fn) {   /* tell the owner, without mu */
+                blockio_ready_fn fn = b->ready_fn;
+                void *rarg = b->ready_arg;
+                b->ready_pending = false;
+                b->n_ready_calls++;
+                pthread_mutex_unlock(&b->mu);
+                fn(rarg);
+                pthread_mutex_lock(&b->mu);
+                if (--b->n_ready_calls == 0) pthread_cond_broadcast(&b->ent_cv);
+            }
             continue;
         }
         if (b->wq_n) {
@@ -474,6 +489,16 @@ void blockio_get_stats(blockio *b, blockio_stats *st)
 }
 
 void blockio_set_write_class(blockio *b, int cls) { b->write_cls = cls; }
+
+void blockio_set_ready_hook(blockio *b, blockio_ready_fn fn, void *arg)
+{
+    pthread_mutex_lock(&b->mu);
+    b->ready_fn = fn;
+    b->ready_arg = arg;
+    b->ready_pending = false;
+    while (b->n_ready_calls > 0) pthread_cond_wait(&b->ent_cv, &b->mu);   /* the old hook is done */
+    pthread_mutex_unlock(&b->mu);
+}
 
 blockio_load *blockio_load_start(blockio *b, const uint8_t *root, const int32_t *tokens, int n_tokens)
 {

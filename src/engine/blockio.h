@@ -104,6 +104,13 @@ void blockio_get_stats(blockio *b, blockio_stats *st);
  * request's blocks); they are written behind with that class's TTL. */
 void blockio_set_write_class(blockio *b, int cls);
 
+/* fn(arg) is called on an I/O thread, without blockio's lock, soon after one or more loads
+ * became ready (blockio_load_ready), so that the owner can admit their requests at once
+ * instead of polling; fn may take the owner's locks but must not call blockio. NULL removes
+ * it; on return no call of the previous hook is in progress. */
+typedef void (*blockio_ready_fn)(void *arg);
+void blockio_set_ready_hook(blockio *b, blockio_ready_fn fn, void *arg);
+
 /* Engine thread: queues a load of the stored blocks that continue tokens' RAM-tier prefix
  * (keys chained from root, NULL = zeros: see kvpool_seq_set_root; at least one token is
  * always left to compute). NULL when there is nothing to look up. */

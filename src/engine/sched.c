@@ -708,6 +708,15 @@ int sched_default_step_tokens(int max_seqs)
     return (max_seqs > 0 ? max_seqs : 16) + SCHED_PREFILL_CHUNK;
 }
 
+/* blockio's ready hook (an I/O thread): a store load finished, admission may proceed. */
+static void sched_load_ready(void *arg)
+{
+    sched *s = arg;
+    pthread_mutex_lock(&s->mu);
+    pthread_cond_signal(&s->work_cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
 sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
 {
     *out = NULL;
@@ -762,6 +771,7 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
         }
         s->n_workers++;
     }
+    if (o.bio) blockio_set_ready_hook(o.bio, sched_load_ready, s);
     *out = s;
     return SCHED_OK;
 }
@@ -779,6 +789,7 @@ void sched_shutdown(sched *s)
 void sched_free(sched *s)
 {
     if (!s) return;
+    if (s->o.bio && s->logits) blockio_set_ready_hook(s->o.bio, NULL, NULL);   /* before mu goes */
     if (s->logits) {  /* thread started */
         pthread_mutex_lock(&s->mu);
         s->stop = true;

@@ -439,6 +439,32 @@ TEST(test_load_read_buffers_reused_and_abandoned)
     g_kv_blocks = 24;
 }
 
+static int g_ready_calls;   /* atomic */
+static void count_ready(void *arg) { __atomic_fetch_add((int *)arg, 1, __ATOMIC_RELAXED); }
+
+TEST(test_ready_hook_called_per_settled_load)
+{
+    /* the owner hears of a finished load without polling; a removed hook is not called */
+    char spec[160];
+    snprintf(spec, sizeof spec, "dir:%s/ready", tmpdir);
+    int32_t pa[400], out[4];
+    prompt_of(pa, 400, 61);
+    CHECK(once(spec, pa, 300, 4, out) == 0);   /* 2 blocks stored */
+    server v = server_new(spec);
+    blockio_set_ready_hook(v.bio, count_ready, &g_ready_calls);
+    blockio_load *l = blockio_load_start(v.bio, NULL, pa, 400);
+    CHECK(l != NULL);
+    CHECK(WAIT_UNTIL(__atomic_load_n(&g_ready_calls, __ATOMIC_RELAXED) == 1, 30));
+    CHECK(blockio_load_ready(v.bio, l));
+    blockio_load_free(v.bio, l);
+    blockio_set_ready_hook(v.bio, NULL, NULL);
+    l = blockio_load_start(v.bio, NULL, pa, 400);
+    CHECK(l && WAIT_UNTIL(blockio_load_ready(v.bio, l), 30));
+    blockio_load_free(v.bio, l);
+    CHECK(__atomic_load_n(&g_ready_calls, __ATOMIC_RELAXED) == 1);
+    server_free(&v);
+}
+
 typedef struct {
     int n;
     double last_use[8], expiry[8];
@@ -533,6 +559,7 @@ int main(void)
     RUN(test_load_waits_for_kv_space);
     RUN(test_concurrent_loads_read_each_block_once);
     RUN(test_load_read_buffers_reused_and_abandoned);
+    RUN(test_ready_hook_called_per_settled_load);
     RUN(test_ram_hits_touch_the_store);
     model_free(g_model);
     char cmd[300];
