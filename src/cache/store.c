@@ -231,6 +231,29 @@ store_status store_put(store *s, const uint8_t key[32], const void *file, size_t
     return store_dir_putv(s->dir, key, &iov, 1, ttl);
 }
 
+/* Counts a read's outcome; a block that fails verification is logged and deleted. */
+static store_status store_check_read(store *s, const uint8_t key[32], store_status st, const void *buf, size_t len)
+{
+    if (st == STORE_OK) {
+        block_status bs = block_verify(buf, len, key, NULL);
+        if (bs == BLOCK_OK) {
+            STORE_INC(s, n_hit);
+            return STORE_OK;
+        }
+        char hex[BLOCKKEY_HEX];
+        blockkey_hex(key, hex);
+        log_warn("store %s: block %s is corrupt (%s): deleted, will be recomputed", s->spec, hex, block_status_name(bs));
+        st = STORE_CORRUPT;
+    }
+    if (st == STORE_CORRUPT) {
+        if (!s->o.read_only) store_delete(s, key);
+        STORE_INC(s, n_corrupt);
+    } else {
+        STORE_INC(s, n_miss);
+    }
+    return st;
+}
+
 store_status store_get(store *s, const uint8_t key[32], int cls, void **out, size_t *n)
 {
     *out = NULL;
@@ -241,29 +264,44 @@ store_status store_get(store *s, const uint8_t key[32], int cls, void **out, siz
     size_t len = 0;
     store_status st = s->ec ? store_ec_get(s->ec, key, ttl, &buf, &len)
                             : store_dir_read(s->dir, key, ttl, &buf, &len);
-    if (st == STORE_OK) {
-        block_status bs = block_verify(buf, len, key, NULL);
-        if (bs != BLOCK_OK) {
-            char hex[BLOCKKEY_HEX];
-            blockkey_hex(key, hex);
-            log_warn("store %s: block %s is corrupt (%s): deleted, will be recomputed", s->spec, hex,
-                     block_status_name(bs));
-            free(buf);
-            if (!s->o.read_only) store_delete(s, key);
-            STORE_INC(s, n_corrupt);
-            return STORE_CORRUPT;
+    st = store_check_read(s, key, st, buf, len);
+    if (st != STORE_OK) {
+        free(buf);
+        return st;
+    }
+    *out = buf;
+    *n = len;
+    return STORE_OK;
+}
+
+store_status store_get_into(store *s, const uint8_t key[32], int cls, void *buf, size_t cap, size_t *n)
+{
+    *n = 0;
+    if (s->ec) {   /* ec decodes into a buffer of its own: copy */
+        void *f;
+        size_t len;
+        store_status st = store_get(s, key, cls, &f, &len);
+        if (st != STORE_OK) return st;
+        if (len <= cap) {
+            memcpy(buf, f, len);
+            *n = len;
         }
-        STORE_INC(s, n_hit);
-        *out = buf;
-        *n = len;
-        return STORE_OK;
+        free(f);
+        return len <= cap ? STORE_OK : STORE_ARG;
     }
-    if (st == STORE_CORRUPT) {
-        if (!s->o.read_only) store_delete(s, key);
-        STORE_INC(s, n_corrupt);
-    } else {
-        STORE_INC(s, n_miss);
+    double ttl = s->o.read_only ? 0 : store_ttl(s, cls);
+    size_t len = 0;
+    store_status st = store_dir_read_into(s->dir, key, ttl, buf, cap, &len);
+    if (st == STORE_ARG) {
+        /* larger than cap: not this caller's geometry, or corrupt (verified, deleted if so) */
+        void *f;
+        st = store_get(s, key, cls, &f, &len);
+        free(f);
+        return st == STORE_OK ? STORE_ARG : st;
     }
+    STORE_INC(s, n_get);
+    st = store_check_read(s, key, st, buf, len);
+    if (st == STORE_OK) *n = len;
     return st;
 }
 

@@ -83,6 +83,11 @@ store_status store_put(store *s, const uint8_t key[32], const void *file, size_t
  * payload at block_payload(*out). A hit moves the block's last use to now and its expiry to at
  * least now + TTL(cls). STORE_MISS / STORE_CORRUPT / STORE_IO otherwise (*out = NULL). */
 store_status store_get(store *s, const uint8_t key[32], int cls, void **out, size_t *n);
+/* store_get into the caller's buffer buf of cap bytes (64-byte aligned; a buffer reused from
+ * one get to the next takes no page faults): the same verification, counters and refresh; *n
+ * is the block file's size. A stored block larger than cap is verified (deleted when corrupt)
+ * and STORE_ARG is returned for a valid one. buf's bytes are undefined unless STORE_OK. */
+store_status store_get_into(store *s, const uint8_t key[32], int cls, void *buf, size_t cap, size_t *n);
 /* Refreshes key's last use to now and its expiry to at least now + TTL(cls) without reading
  * it (a hit served from a RAM tier above the store). STORE_OK, STORE_MISS when absent. */
 store_status store_touch(store *s, const uint8_t key[32], int cls);

@@ -296,9 +296,10 @@ store_status store_dir_touch(store_dir *d, const uint8_t key[32], double ttl_s)
     return STORE_OK;
 }
 
-store_status store_dir_read(store_dir *d, const uint8_t key[32], double ttl_s, void **out, size_t *n)
+/* Reads key's file into buf (cap bytes), or into a new buffer (*out) when buf is NULL. */
+static store_status store_dir_read_impl(store_dir *d, const uint8_t key[32], double ttl_s, void *buf, size_t cap,
+                                        void **out, size_t *n)
 {
-    *out = NULL;
     *n = 0;
     char path[PATH_MAX];
     store_dir_path(d, key, path, sizeof path);
@@ -323,14 +324,20 @@ store_status store_dir_read(store_dir *d, const uint8_t key[32], double ttl_s, v
         return STORE_IO;
     }
     size_t size = (size_t)st.st_size;
-    uint8_t *buf = util_aligned_alloc(size ? size : 1);
-    if (!buf) {
+    uint8_t *dst = buf;
+    if (!dst) {
+        dst = util_aligned_alloc(size ? size : 1);
+        if (!dst) {
+            close(fd);
+            return STORE_IO;
+        }
+    } else if (size > cap) {   /* not what the caller expects: leave it alone */
         close(fd);
-        return STORE_IO;
+        return STORE_ARG;
     }
     size_t got = 0;
     while (got < size) {
-        ssize_t r = pread(fd, buf + got, size - got, (off_t)got);
+        ssize_t r = pread(fd, dst + got, size - got, (off_t)got);
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) break;
         got += (size_t)r;
@@ -342,9 +349,20 @@ store_status store_dir_read(store_dir *d, const uint8_t key[32], double ttl_s, v
     close(fd);
     STORE_DIR_INC(d, n_read, 1);
     STORE_DIR_INC(d, bytes_read, got);
-    *out = buf;
+    if (out) *out = dst;
     *n = got;
     return STORE_OK;
+}
+
+store_status store_dir_read(store_dir *d, const uint8_t key[32], double ttl_s, void **out, size_t *n)
+{
+    *out = NULL;
+    return store_dir_read_impl(d, key, ttl_s, NULL, 0, out, n);
+}
+
+store_status store_dir_read_into(store_dir *d, const uint8_t key[32], double ttl_s, void *buf, size_t cap, size_t *n)
+{
+    return store_dir_read_impl(d, key, ttl_s, buf, cap, NULL, n);
 }
 
 bool store_dir_exists(store_dir *d, const uint8_t key[32])

@@ -67,6 +67,9 @@ store_status store_dir_putv(store_dir *d, const uint8_t key[32], const struct io
 /* Reads key's whole file into a 64-byte aligned buffer (*out, free with free()). With
  * ttl_s > 0 the hit moves last use to now and expiry to at least now + ttl_s. */
 store_status store_dir_read(store_dir *d, const uint8_t key[32], double ttl_s, void **out, size_t *n);
+/* The same into the caller's buffer buf of cap bytes (no allocation: a reused buffer takes no
+ * page faults). A file larger than cap is not read: STORE_ARG. */
+store_status store_dir_read_into(store_dir *d, const uint8_t key[32], double ttl_s, void *buf, size_t cap, size_t *n);
 /* Moves key's last use to now and its expiry to at least now + ttl_s, as a read hit does,
  * without reading it. STORE_OK, STORE_MISS when absent. */
 store_status store_dir_touch(store_dir *d, const uint8_t key[32], double ttl_s);

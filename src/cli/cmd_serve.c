@@ -11,7 +11,8 @@
  * The line "tokenmill serve: listening on http://HOST:PORT" goes to stderr once the port
  * is bound (with --port 0 the system picks a free port: tests read it from that line).
  *
- * KV pool: max-seqs sequences of the full context, capped at --kv-mib MiB (default 2048).
+ * KV pool: max-seqs sequences of the full context, capped at --kv-mib MiB (default 2048),
+ * faulted in at start (kvpool_prefault): that much memory is taken at once.
  *
  * Block store (src/cache, engine/blockio.h): --cache SPEC (dir:PATH, ec:K+M:..., or
  * "default" = dir: under $XDG_CACHE_HOME or ~/.cache/tokenmill/blocks, the default, capped at
@@ -167,6 +168,7 @@ int cmd_serve(int argc, char **argv)
         fprintf(stderr, "tokenmill serve: %s\n", err);
         goto out;
     }
+    kvpool_prefault(engine_kvpool(e));   /* no page faults in the first steps and store fills */
     if (cache_spec && !strcmp(cache_spec, "off")) cache_spec = NULL;
     if (cache_spec && !strcmp(cache_spec, "default")) {
         const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");

@@ -111,6 +111,7 @@ int cmd_worker(int argc, char **argv)
         fprintf(stderr, "tokenmill worker: %s\n", err);
         goto out;
     }
+    kvpool_prefault(engine_kvpool(e));   /* no page faults in the first steps and store fills */
     if (cache_spec) {
         store_opts sto = { .capacity_bytes = (uint64_t)16 << 30, .gc_thread = true };
         store_status sst = store_open(cache_spec, &sto, &cache);

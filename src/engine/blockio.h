@@ -13,7 +13,8 @@
  *
  * Loads: blockio_load_start (engine thread, while the request still waits in the queue)
  * computes the keys of the blocks that follow the request's RAM-tier prefix and queues a
- * load; an I/O thread gets them from the store in order until the first miss. Loads share
+ * load; the idle I/O threads get them from the store (claimed in order, read side by side)
+ * until the first miss, into block-file buffers kept faulted in and reused (n_read_bufs). Loads share
  * blocks: a table of the blocks being read or read but not yet in the pool (by key,
  * refcounted) lets a second request that needs them wait for the first read instead of
  * reading the store again (n_load_shared), so concurrent requests with one prefix read each
@@ -56,6 +57,9 @@ typedef struct {
     int n_write_slots;       /* blocks buffered for write-behind; <= 0: 8 */
     int max_load_blocks;     /* most blocks one load reads; <= 0: 256 */
     double touch_every_s;    /* least interval between two touches of one block; <= 0: 60 */
+    int n_read_bufs;         /* block-file read buffers kept faulted in and reused (each
+                              * BLOCK_HEADER_BYTES + kvpool_block_bytes, allocated at start);
+                              * <= 0: 16 */
     int cls;                 /* default traffic class of writes and loads (store_class); a
                               * request's own class comes with blockio_set_write_class and
                               * blockio_load_start_class */
@@ -72,7 +76,9 @@ typedef struct {
     uint64_t n_load_wasted;    /* blocks read that no request used (cancelled, prefix changed, pool
                                 * full, or in the RAM tier meanwhile) */
     uint64_t n_load_shared;    /* blocks a load took from another one (read once, used twice) */
-    double load_s;             /* seconds the I/O threads spent in store_get (read + verify) */
+    double load_s;             /* seconds the I/O threads spent reading + verifying blocks (summed
+                                * over the threads: loads are read by all of them at once) */
+    uint64_t n_read_buf_alloc; /* blocks read into a fresh buffer: the kept ones were all busy */
     uint64_t n_fills;          /* loaded blocks copied into the KV pool, layer by layer */
     uint64_t n_fills_by_engine;/* of those, copied by the engine thread while it waited */
     double fill_wait_s;        /* seconds the engine waited for fills before attention */

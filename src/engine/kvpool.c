@@ -129,6 +129,11 @@ kvpool_status kvpool_new(const kvpool_opts *opts, kvpool **out)
     return KVPOOL_OK;
 }
 
+void kvpool_prefault(kvpool *p)
+{
+    memset(p->data, 0, p->block_bytes * (size_t)p->o.n_blocks);
+}
+
 void kvpool_free(kvpool *p)
 {
     if (!p) return;

@@ -65,6 +65,11 @@ typedef struct {
 
 kvpool_status kvpool_new(const kvpool_opts *opts, kvpool **out);
 void kvpool_free(kvpool *p);
+/* Faults the whole data area in now (writes zeros), before any sequence uses the pool: the
+ * first steps, and the fills of blocks loaded from the block store, then write KV into mapped
+ * memory instead of paying a page fault (zeroing and accounting) per 4 KiB. Servers call it
+ * once at start; the memory is the pool's size either way once it has been used. */
+void kvpool_prefault(kvpool *p);
 const char *kvpool_status_name(kvpool_status st);
 size_t kvpool_block_bytes(const kvpool *p);
 /* Blocks that fit in `bytes` for the given geometry (at least 1). */

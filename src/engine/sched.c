@@ -54,6 +54,8 @@ struct sched_req {
     bool load_started;           /* a load was tried for this (re)admission */
     int load_retries;            /* loads restarted because the RAM tier changed */
     double t_load;               /* util_now() when it started */
+    double t_load0;              /* util_now() when the first load of this (re)admission
+                                  * started, 0 when none: admission observes the wait */
     bool salted;                 /* root holds the key chain's root (cache_salt) */
     uint8_t root[32];            /* blockkey_root(cache_salt) */
     uint64_t admit_no;           /* order of (re)admission: the newest is preempted first */
@@ -89,6 +91,7 @@ struct sched {
     uint64_t next_id;
     sched_stats st;
     sched_hist h_ttft, h_itl, h_step;
+    sched_hist h_load_wait;      /* seconds a request waited for its store load before admission */
     /* engine thread only */
     sched_req **running;         /* (max_seqs) in admission order */
     int n_running;
@@ -274,6 +277,7 @@ static void sched_admit_locked(sched *s)
                 r->load = blockio_load_start_class(s->o.bio, r->salted ? r->root : NULL, r->tokens, r->n_tokens,
                                                   r->p.cache_class);
                 r->t_load = util_now();
+                r->t_load0 = r->load ? r->t_load : 0;
             }
     /* admissions, oldest first, while KV allows */
     while (s->n_running < s->o.max_seqs && s->wait_head) {
@@ -318,6 +322,10 @@ static void sched_admit_locked(sched *s)
             break;
         }
         sched_wait_pop(s);
+        if (r->t_load0 > 0) {   /* it waited for a load (finished, or given up for slowness) */
+            sched_hist_add(&s->h_load_wait, util_now() - r->t_load0);
+            r->t_load0 = 0;
+        }
         /* RAM-tier hits never read the store: refresh their last use there (LRU, TTL) */
         if (s->o.bio && att) blockio_touch(s->o.bio, seq, att / KVPOOL_BLOCK, r->p.cache_class);
         if (r->load) {   /* loaded blocks take pool blocks as computed ones would: in need */
@@ -969,12 +977,15 @@ void sched_get_stats(sched *s, sched_stats *st)
         st->store_writes_failed = bs.n_write_failed;
         st->store_blocks_shared = bs.n_load_shared;
         st->store_touches = bs.n_touched;
+        st->store_load_s = bs.load_s;
+        st->store_fill_wait_s = bs.fill_wait_s;
     }
 }
 
-void sched_get_hists(sched *s, sched_hist *ttft, sched_hist *itl, sched_hist *step)
+void sched_get_hists(sched *s, sched_hist *ttft, sched_hist *itl, sched_hist *step, sched_hist *load_wait)
 {
     pthread_mutex_lock(&s->mu);
+    if (load_wait) *load_wait = s->h_load_wait;
     if (ttft) *ttft = s->h_ttft;
     if (itl) *itl = s->h_itl;
     if (step) *step = s->h_step;

@@ -188,6 +188,9 @@ typedef struct {
     uint64_t store_writes_failed;   /* writes the store refused (no space, I/O error) */
     uint64_t store_blocks_shared;   /* blocks a load took from another request's load (not read again) */
     uint64_t store_touches;         /* RAM-tier hits whose stored blocks' last use was refreshed */
+    double store_load_s;            /* seconds the I/O threads spent reading + verifying blocks */
+    double store_fill_wait_s;       /* seconds engine steps waited for loaded blocks' layers to reach
+                                     * the KV pool (copies the engine thread did itself included) */
 } sched_stats;
 
 /* Latency histograms, seconds; SCHED_HIST_N bucket upper bounds (+Inf implied). */
@@ -233,7 +236,9 @@ void sched_cancel(sched_req *r);
 void sched_release(sched_req *r);
 
 void sched_get_stats(sched *s, sched_stats *st);
-/* Copies the time-to-first-token and inter-token latency histograms. */
-void sched_get_hists(sched *s, sched_hist *ttft, sched_hist *itl, sched_hist *step);
+/* Copies the time-to-first-token, inter-token latency, step duration and store load wait
+ * (seconds from the start of a request's block store load to its admission: the part of its
+ * time to first token spent getting its blocks, before any compute) histograms; NULL skips. */
+void sched_get_hists(sched *s, sched_hist *ttft, sched_hist *itl, sched_hist *step, sched_hist *load_wait);
 
 #endif

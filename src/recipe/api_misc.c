@@ -48,7 +48,7 @@ static void misc_metrics(http_request *r, void *user)
 {
     const api_ctx *c = user;
     sched_stats st;
-    sched_hist ttft, itl, step;
+    sched_hist ttft, itl, step, load_wait;
     http_stats hs;
     if (!c->sched) { /* a remote backend (the gateway): its own figures */
         http_buf b = { 0 };
@@ -58,7 +58,7 @@ static void misc_metrics(http_request *r, void *user)
         return;
     }
     sched_get_stats(c->sched, &st);
-    sched_get_hists(c->sched, &ttft, &itl, &step);
+    sched_get_hists(c->sched, &ttft, &itl, &step, &load_wait);
     http_get_stats(http_request_server(r), &hs);
     http_buf b = { 0 };
     api_metric(&b, "tokenmill_requests_total", "counter", "Generation requests accepted by the scheduler.", (double)st.n_requests);
@@ -81,6 +81,8 @@ static void misc_metrics(http_request *r, void *user)
     api_metric(&b, "tokenmill_store_blocks_hit_total", "counter", "Block store blocks whose tokens were served as cached.", (double)st.store_blocks_hit);
     api_metric(&b, "tokenmill_store_blocks_shared_total", "counter", "Blocks a load took from another request's load of the same prefix instead of reading the store again.", (double)st.store_blocks_shared);
     api_metric(&b, "tokenmill_store_touches_total", "counter", "Stored blocks whose last use was refreshed because the RAM tier served them.", (double)st.store_touches);
+    api_metric(&b, "tokenmill_store_load_seconds_total", "counter", "Seconds the I/O threads spent reading and verifying blocks from the block store.", st.store_load_s);
+    api_metric(&b, "tokenmill_store_fill_wait_seconds_total", "counter", "Seconds engine steps waited for loaded blocks to be copied into the KV pool.", st.store_fill_wait_s);
     api_metric(&b, "tokenmill_store_writes_total", "counter", "KV blocks written behind to the block store.", (double)st.store_writes);
     api_metric(&b, "tokenmill_store_writes_dropped_total", "counter", "KV blocks not written: the store was too slow (write buffers full).", (double)st.store_writes_dropped);
     api_metric(&b, "tokenmill_store_writes_failed_total", "counter", "KV block writes the store refused (disk full, I/O error).", (double)st.store_writes_failed);
@@ -104,6 +106,8 @@ static void misc_metrics(http_request *r, void *user)
     misc_hist(&b, "tokenmill_time_to_first_token_seconds", "Seconds from submission to the first generated token.", &ttft);
     misc_hist(&b, "tokenmill_inter_token_latency_seconds", "Seconds between consecutive tokens of a request.", &itl);
     misc_hist(&b, "tokenmill_engine_step_duration_seconds", "Duration of one engine step.", &step);
+    misc_hist(&b, "tokenmill_cache_load_wait_seconds",
+              "Seconds a request waited for its block store load before admission (part of its time to first token).", &load_wait);
     http_respond(r, 200, "text/plain; version=0.0.4; charset=utf-8", b.data, b.len);
     http_buf_free(&b);
 }

@@ -34,6 +34,7 @@ typedef struct {
 
 static int g_kv_blocks = 24;   /* KV pool of the next servers */
 static const store_opts *g_store_opts;   /* store options of the next servers (NULL: defaults) */
+static int g_read_bufs;                  /* blockio read buffers of the next servers (0: default) */
 
 static server server_new(const char *spec)
 {
@@ -45,7 +46,7 @@ static server server_new(const char *spec)
         store_opts so = { 0 };
         if (g_store_opts) so = *g_store_opts;
         if (store_open(spec, &so, &v.st) == STORE_OK) {
-            blockio_opts bo = { .n_write_slots = 64 };
+            blockio_opts bo = { .n_write_slots = 64, .n_read_bufs = g_read_bufs };
             v.bio = blockio_new(v.st, engine_kvpool(v.e), g_model, &bo);
         }
         CHECK(v.bio != NULL);
@@ -356,7 +357,86 @@ TEST(test_concurrent_loads_read_each_block_once)
     CHECKF(st.n_load_blocks == 7, "read %llu", (unsigned long long)st.n_load_blocks);
     store_get_stats(v.st, &ss);
     CHECK(ss.n_hit == 7);
+    /* both waited for their load before admission: the wait is on /metrics */
+    sched_hist lw;
+    sched_get_hists(v.s, NULL, NULL, NULL, &lw);
+    CHECKF(lw.n == 2 && lw.sum > 0, "load waits %llu", (unsigned long long)lw.n);
+    sched_stats ss2;
+    sched_get_stats(v.s, &ss2);
+    CHECK(ss2.store_load_s > 0);
     server_free(&v);
+}
+
+
+/* Loads pa's stored blocks with blockio alone, checks each filled pool block against the
+ * store's payload; returns the blocks appended. */
+static int load_and_check(server *v, const int32_t *pa, int n)
+{
+    blockio_load *l = blockio_load_start(v->bio, NULL, pa, n);
+    CHECK(l != NULL);
+    if (!l) return -1;
+    CHECK(WAIT_UNTIL(blockio_load_ready(v->bio, l), 30));
+    kvpool *pool = engine_kvpool(v->e);
+    kvpool_seq *sq = kvpool_seq_new(pool);
+    int got = blockio_load_finish(v->bio, l, sq) / 128;
+    kvpool_fill_wait(pool, -1);
+    for (int bi = 0; bi < got; bi++) {
+        void *f;
+        size_t fn;
+        CHECK(store_get(v->st, kvpool_seq_block_key(pool, sq, bi), 0, &f, &fn) == STORE_OK);
+        if (f) {
+            CHECKF(!memcmp(kvpool_seq_slab(pool, sq, bi, 0, 0, 0), block_payload(f), kvpool_block_bytes(pool)),
+                   "block %d", bi);
+            free(f);
+        }
+    }
+    kvpool_seq_free(pool, sq);
+    return got;
+}
+
+TEST(test_load_read_buffers_reused_and_abandoned)
+{
+    /* blocks are read into the kept buffers while they last (no fresh ones), into fresh ones
+     * beyond, with the same bytes either way; loads dropped at any point of their reading
+     * (both I/O threads claim blocks of one load) free everything (ASan) */
+    char spec[160];
+    snprintf(spec, sizeof spec, "dir:%s/rbuf", tmpdir);
+    int32_t pa[1100], out[4];
+    prompt_of(pa, 1100, 51);
+    CHECK(once(spec, pa, 1000, 4, out) == 0);   /* stores 7 blocks */
+    g_kv_blocks = 64;
+    server v = server_new(spec);   /* 16 kept buffers */
+    blockio_stats st;
+    for (int rep = 0; rep < 3; rep++) {   /* read, dropped: the buffers go back */
+        blockio_load *l = blockio_load_start(v.bio, NULL, pa, 1100);
+        CHECK(l && WAIT_UNTIL(blockio_load_ready(v.bio, l), 30));
+        blockio_load_free(v.bio, l);
+    }
+    CHECK(load_and_check(&v, pa, 1100) == 7);
+    blockio_get_stats(v.bio, &st);
+    CHECKF(st.n_read_buf_alloc == 0 && st.n_load_blocks == 28, "fresh buffers %llu, read %llu",
+           (unsigned long long)st.n_read_buf_alloc, (unsigned long long)st.n_load_blocks);
+    server_free(&v);
+
+    g_read_bufs = 2;   /* fewer kept buffers than blocks: fresh ones, same bytes */
+    v = server_new(spec);
+    CHECK(load_and_check(&v, pa, 1100) == 7);
+    blockio_get_stats(v.bio, &st);
+    CHECKF(st.n_read_buf_alloc >= 5 && st.n_load_blocks == 7, "fresh buffers %llu, read %llu",
+           (unsigned long long)st.n_read_buf_alloc, (unsigned long long)st.n_load_blocks);
+    /* abandoned loads: dropped at once, after a while, or never looked at again */
+    for (int i = 0; i < 40; i++) {
+        blockio_load *l = blockio_load_start(v.bio, NULL, pa, 1100);
+        if (i % 3 == 1) usleep(200 * (useconds_t)(i % 7));
+        if (i % 3 != 2) blockio_load_free(v.bio, l);
+        else {
+            CHECK(WAIT_UNTIL(blockio_load_ready(v.bio, l), 30));
+            blockio_load_free(v.bio, l);
+        }
+    }
+    server_free(&v);
+    g_read_bufs = 0;
+    g_kv_blocks = 24;
 }
 
 typedef struct {
@@ -452,6 +532,7 @@ int main(void)
     RUN(test_salt_keeps_tenants_apart);
     RUN(test_load_waits_for_kv_space);
     RUN(test_concurrent_loads_read_each_block_once);
+    RUN(test_load_read_buffers_reused_and_abandoned);
     RUN(test_ram_hits_touch_the_store);
     model_free(g_model);
     char cmd[300];

@@ -130,6 +130,67 @@ TEST(test_dir_roundtrip_layout_exists_delete)
     storetest_rmrf(dir);
 }
 
+TEST(test_dir_get_into_caller_buffer)
+{
+    /* store_get_into: the same block bytes as store_get, in the caller's buffer; a miss, every
+     * kind of corruption (detected, counted, deleted), a stored block larger than the buffer
+     * (STORE_ARG, kept when valid, deleted when corrupt) */
+    char dir[64];
+    storetest_tmpdir(dir, sizeof dir, "store");
+    store *s = open_dir(dir, 0);
+    uint8_t key[32], other[32];
+    storetest_key(300, key);
+    storetest_key(301, other);
+    size_t n;
+    void *f = storetest_block(key, 2, 30, &n);
+    size_t cap = n + 4096;
+    uint8_t *buf = util_aligned_alloc(cap);
+    memset(buf, 0xab, cap);
+    size_t gn = 1;
+    CHECK(store_get_into(s, key, 0, buf, cap, &gn) == STORE_MISS && gn == 0);
+    CHECK(store_put(s, key, f, n, 0) == STORE_OK);
+    CHECK(store_get_into(s, key, 0, buf, cap, &gn) == STORE_OK && gn == n && !memcmp(buf, f, n));
+    CHECK(buf[n] == 0xab);   /* nothing written past the file */
+    CHECK(store_get_into(s, key, 0, buf, n, &gn) == STORE_OK && gn == n && !memcmp(buf, f, n));   /* exact fit */
+    /* larger than the buffer: not read into it, the valid block stays */
+    CHECK(store_get_into(s, key, 0, buf, n - 1, &gn) == STORE_ARG && gn == 0);
+    CHECK(store_exists(s, (const uint8_t(*)[32])key, 1) == 1);
+
+    char hex[BLOCKKEY_HEX], path[512];
+    blockkey_hex(key, hex);
+    snprintf(path, sizeof path, "%s/%.2s/%.2s/%s.blk", dir, hex, hex + 2, hex);
+    enum { FLIP_PAYLOAD, FLIP_HEADER, TRUNCATE, WRONG_KEY, APPENDED, N_KINDS };
+    for (int kind = 0; kind < N_KINDS; kind++) {
+        CHECK(store_put(s, key, f, n, 0) == STORE_OK);
+        if (kind == FLIP_PAYLOAD) CHECK(storetest_flip(path, -3) == 0);
+        if (kind == FLIP_HEADER) CHECK(storetest_flip(path, 20) == 0);
+        if (kind == TRUNCATE) CHECK(truncate(path, (off_t)n - 1000) == 0);
+        if (kind == WRONG_KEY) {
+            size_t n2;
+            void *f2 = storetest_block(other, 2, 99, &n2);
+            FILE *fp = fopen(path, "wb");
+            CHECK(fp && fwrite(f2, 1, n2, fp) == n2);
+            if (fp) fclose(fp);
+            free(f2);
+        }
+        if (kind == APPENDED) {   /* longer than the buffer and than its header says */
+            FILE *fp = fopen(path, "ab");
+            CHECK(fp && fwrite(f, 1, 8192, fp) == 8192);
+            if (fp) fclose(fp);
+        }
+        store_status st = store_get_into(s, key, 0, buf, cap, &gn);
+        CHECKF(st == STORE_CORRUPT, "kind %d: %s", kind, store_status_name(st));
+        CHECKF(storetest_size(path) < 0, "kind %d: corrupt file not deleted", kind);
+    }
+    store_stats st;
+    store_get_stats(s, &st);
+    CHECKF(st.n_corrupt == N_KINDS, "corrupt %llu", (unsigned long long)st.n_corrupt);
+    free(buf);
+    free(f);
+    store_close(s);
+    storetest_rmrf(dir);
+}
+
 TEST(test_dir_corruption_detected_counted_deleted)
 {
     char dir[64];
@@ -444,6 +505,7 @@ int main(void)
     RUN(test_block_format);
     RUN(test_dir_roundtrip_layout_exists_delete);
     RUN(test_dir_corruption_detected_counted_deleted);
+    RUN(test_dir_get_into_caller_buffer);
     RUN(test_dir_concurrent_writers_same_key);
     RUN(test_dir_unwritable_and_missing_targets);
     RUN(test_dir_disk_full);

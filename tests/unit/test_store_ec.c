@@ -84,6 +84,27 @@ TEST(test_ec_roundtrip_sizes)
     storetest_rmrf(e.base);
 }
 
+TEST(test_ec_get_into_caller_buffer)
+{
+    ec_env e;
+    ec_env_init(&e, 10, 2, 0);
+    store *s = ec_open(&e);
+    uint8_t key[32];
+    storetest_key(77, key);
+    size_t n, gn;
+    void *f = storetest_block(key, 3, 77, &n);
+    uint8_t *buf = util_aligned_alloc(n);
+    CHECK(store_get_into(s, key, 0, buf, n, &gn) == STORE_MISS);
+    CHECK(store_put(s, key, f, n, 0) == STORE_OK);
+    memset(buf, 0, n);
+    CHECK(store_get_into(s, key, 0, buf, n, &gn) == STORE_OK && gn == n && !memcmp(buf, f, n));
+    CHECK(store_get_into(s, key, 0, buf, n - 1, &gn) == STORE_ARG);
+    free(buf);
+    free(f);
+    store_close(s);
+    storetest_rmrf(e.base);
+}
+
 TEST(test_ec_any_two_lost_or_corrupt)
 {
     ec_env e;
@@ -269,6 +290,7 @@ int main(void)
 {
     util_log_level = LOG_LEVEL_ERROR;
     RUN(test_ec_roundtrip_sizes);
+    RUN(test_ec_get_into_caller_buffer);
     RUN(test_ec_any_two_lost_or_corrupt);
     RUN(test_ec_three_lost_is_a_miss);
     RUN(test_ec_decode_tables_cached);
