@@ -1,11 +1,15 @@
 /*
  * cmd_bench: `tokenmill bench -m MODEL [--threads N] [--pp 512] [--tg 128] [--seqs 1,4,16]
- * [--reps R] [--batch N]`: engine timings as one JSON object on stdout, for bench/engine.
+ * [--reps R] [--batch N] [--depth D]`: engine timings as one JSON object on stdout, for
+ * bench/engine.
  *
  *   pp:      prefill of --pp random token ids in one sequence (llama-bench's ppN: chunks of
  *            the engine batch, logits for the last token only), tokens/s per repetition;
- *   tg:      --tg tokens decoded one per step from position 0 of an empty sequence
- *            (llama-bench's tgN), tokens/s per repetition;
+ *   tg:      --tg tokens decoded one per step (llama-bench's tgN), tokens/s per repetition;
+ *   depth:   pp and tg start after an untimed prefill of D tokens in the same sequence
+ *            (llama-bench's -d): what a request costs that finds D tokens of its prompt
+ *            already cached, the prefix cache's case (pp fills the depth once; each
+ *            repetition rewrites the same positions after it);
  *   batched: S sequences, each first prefilled with a 32-token random prompt (not timed),
  *            then decoding together for --tg steps of S tokens: aggregate generated tokens/s.
  *
@@ -45,18 +49,25 @@ static bool cmd_bench_step(cmd_bench_ctx *c, int n)
     return st == ENGINE_OK;
 }
 
-/* prefill n tokens of seq from pos 0; returns seconds or -1 */
-static double cmd_bench_pp(cmd_bench_ctx *c, kvpool_seq *s, int n)
+/* prefill positions [from, to) of s in chunks of the engine batch; false on error */
+static bool cmd_bench_fill(cmd_bench_ctx *c, kvpool_seq *s, int from, int to)
 {
     int maxb = engine_max_batch(c->e);
-    kvpool_seq_reset(engine_kvpool(c->e), s);
-    double t0 = util_now();
-    for (int p0 = 0; p0 < n; p0 += maxb) {
-        int m = TM_MIN(maxb, n - p0);
+    for (int p0 = from; p0 < to; p0 += maxb) {
+        int m = TM_MIN(maxb, to - p0);
         for (int i = 0; i < m; i++)
-            c->bt[i] = (engine_tok){ cmd_bench_tok(c), p0 + i, s, p0 + i == n - 1 };
-        if (!cmd_bench_step(c, m)) return -1;
+            c->bt[i] = (engine_tok){ cmd_bench_tok(c), p0 + i, s, p0 + i == to - 1 };
+        if (!cmd_bench_step(c, m)) return false;
     }
+    return true;
+}
+
+/* prefill positions [depth, depth + n) of s, whose first `depth` positions are already
+ * filled (a rerun overwrites the same positions); returns seconds or -1 */
+static double cmd_bench_pp(cmd_bench_ctx *c, kvpool_seq *s, int depth, int n)
+{
+    double t0 = util_now();
+    if (!cmd_bench_fill(c, s, depth, depth + n)) return -1;
     return util_now() - t0;
 }
 
@@ -64,19 +75,10 @@ static double cmd_bench_pp(cmd_bench_ctx *c, kvpool_seq *s, int n)
  * steps of one token per sequence; returns the decode seconds or -1 */
 static double cmd_bench_decode(cmd_bench_ctx *c, kvpool_seq **seqs, int S, int prompt, int steps)
 {
-    int maxb = engine_max_batch(c->e);
-    for (int i = 0; i < S; i++) kvpool_seq_reset(engine_kvpool(c->e), seqs[i]);
-    int n = 0;
-    for (int i = 0; i < S && prompt > 0; i++) {
-        for (int p = 0; p < prompt; p++) {
-            c->bt[n++] = (engine_tok){ cmd_bench_tok(c), p, seqs[i], p == prompt - 1 };
-            if (n == maxb) {
-                if (!cmd_bench_step(c, n)) return -1;
-                n = 0;
-            }
-        }
+    for (int i = 0; i < S; i++) {
+        kvpool_seq_reset(engine_kvpool(c->e), seqs[i]);
+        if (!cmd_bench_fill(c, seqs[i], 0, prompt)) return -1;
     }
-    if (n > 0 && !cmd_bench_step(c, n)) return -1;
     double t0 = util_now();
     for (int k = 0; k < steps; k++) {
         for (int i = 0; i < S; i++)
@@ -88,7 +90,7 @@ static double cmd_bench_decode(cmd_bench_ctx *c, kvpool_seq **seqs, int S, int p
 
 static void cmd_bench_usage(void)
 {
-    fprintf(stderr, "usage: tokenmill bench -m MODEL [--threads N] [--pp 512] [--tg 128] [--seqs 1,4,16] [--reps 3] [--batch 512]\n");
+    fprintf(stderr, "usage: tokenmill bench -m MODEL [--threads N] [--pp 512] [--tg 128] [--seqs 1,4,16] [--reps 3] [--batch 512] [--depth 0]\n");
 }
 
 static void cmd_bench_print_arr(const double *v, int n)
@@ -101,7 +103,7 @@ static void cmd_bench_print_arr(const double *v, int n)
 int cmd_bench(int argc, char **argv)
 {
     const char *model_path = NULL, *seqs_arg = "1,4,16";
-    int threads = 0, pp = 512, tg = 128, reps = 3, maxb = 512;
+    int threads = 0, pp = 512, tg = 128, reps = 3, maxb = 512, depth = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) {
@@ -116,6 +118,7 @@ int cmd_bench(int argc, char **argv)
         else if (!strcmp(a, "--tg")) tg = atoi(v);
         else if (!strcmp(a, "--reps")) reps = atoi(v);
         else if (!strcmp(a, "--batch")) maxb = atoi(v);
+        else if (!strcmp(a, "--depth") || !strcmp(a, "-d")) depth = atoi(v);
         else if (!strcmp(a, "--seqs")) seqs_arg = v;
         else {
             fprintf(stderr, "tokenmill bench: unknown option %s\n", a);
@@ -134,7 +137,7 @@ int cmd_bench(int argc, char **argv)
         seqs[n_seqs++] = (int)v;
         p = *end ? end + 1 : end;
     }
-    if (!model_path || pp < 0 || tg < 0 || reps < 1 || reps > 100 || maxb < 1) {
+    if (!model_path || pp < 0 || tg < 0 || reps < 1 || reps > 100 || maxb < 1 || depth < 0 || depth > (1 << 24)) {
         cmd_bench_usage();
         return 2;
     }
@@ -146,9 +149,10 @@ int cmd_bench(int argc, char **argv)
     }
     int max_s = 1;
     for (int i = 0; i < n_seqs; i++) max_s = TM_MAX(max_s, seqs[i]);
-    int blk_pp = (pp + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK;
-    int blk_tg = (tg + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK;
-    int blk_b = max_s * ((CMD_BENCH_PROMPT + tg + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK);
+    int prompt_b = TM_MAX(CMD_BENCH_PROMPT, depth);  /* batched: each sequence's prompt */
+    int blk_pp = (depth + pp + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK;
+    int blk_tg = (depth + tg + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK;
+    int blk_b = max_s * ((prompt_b + tg + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK);
     engine_opts eo = { .n_threads = threads, .max_batch_tokens = TM_MAX(maxb, max_s),
                        .n_kv_blocks = TM_MAX(1, TM_MAX(blk_pp, TM_MAX(blk_tg, blk_b))) };
     engine *e = NULL;
@@ -167,24 +171,25 @@ int cmd_bench(int argc, char **argv)
     double *b_r = xcalloc((size_t)reps * (size_t)n_seqs, sizeof(double));
     int rc = 1;
     if (pp > 0) {
-        if (cmd_bench_pp(&c, sq[0], pp) < 0) goto out;
+        kvpool_seq_reset(engine_kvpool(e), sq[0]);
+        if (!cmd_bench_fill(&c, sq[0], 0, depth) || cmd_bench_pp(&c, sq[0], depth, pp) < 0) goto out;
         for (int r = 0; r < reps; r++) {
-            double t = cmd_bench_pp(&c, sq[0], pp);
+            double t = cmd_bench_pp(&c, sq[0], depth, pp);
             if (t < 0) goto out;
             pp_r[r] = pp / t;
         }
     }
     if (tg > 0) {
-        if (cmd_bench_decode(&c, sq, 1, 0, TM_MIN(tg, 16)) < 0) goto out;
+        if (cmd_bench_decode(&c, sq, 1, depth, TM_MIN(tg, 16)) < 0) goto out;
         for (int r = 0; r < reps; r++) {
-            double t = cmd_bench_decode(&c, sq, 1, 0, tg);
+            double t = cmd_bench_decode(&c, sq, 1, depth, tg);
             if (t < 0) goto out;
             tg_r[r] = tg / t;
         }
         for (int i = 0; i < n_seqs; i++) {
-            if (cmd_bench_decode(&c, sq, seqs[i], CMD_BENCH_PROMPT, TM_MIN(tg, 8)) < 0) goto out;
+            if (cmd_bench_decode(&c, sq, seqs[i], prompt_b, TM_MIN(tg, 8)) < 0) goto out;
             for (int r = 0; r < reps; r++) {
-                double t = cmd_bench_decode(&c, sq, seqs[i], CMD_BENCH_PROMPT, tg);
+                double t = cmd_bench_decode(&c, sq, seqs[i], prompt_b, tg);
                 if (t < 0) goto out;
                 b_r[i * reps + r] = (double)seqs[i] * tg / t;
             }
@@ -195,8 +200,8 @@ int cmd_bench(int argc, char **argv)
         if (*p == '"' || *p == '\\') putchar('\\');
         if ((unsigned char)*p >= 0x20) putchar(*p);
     }
-    printf("\", \"threads\": %d, \"simd\": \"%s\", \"pp\": {\"n\": %d, \"tok_s\": ", engine_n_threads(e),
-           ops_level_name(), pp);
+    printf("\", \"threads\": %d, \"simd\": \"%s\", \"depth\": %d, \"pp\": {\"n\": %d, \"tok_s\": ",
+           engine_n_threads(e), ops_level_name(), depth, pp);
     cmd_bench_print_arr(pp_r, pp > 0 ? reps : 0);
     printf("}, \"tg\": {\"n\": %d, \"tok_s\": ", tg);
     cmd_bench_print_arr(tg_r, tg > 0 ? reps : 0);

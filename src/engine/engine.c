@@ -158,11 +158,12 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
     }
     sc = engine_scratch_need(&m->output, Ti, sc);
     e->mm_scratch = util_aligned_alloc(sc + 64);
-    /* per thread: K block and V^T block in f32 (2 * 128 * hd), and for each of the tile's
-     * query rows (ENGINE_ATT_TILE * gqa): q, accumulator, block P V (hd each), scores (128),
-     * max and sum (2) */
-    size_t hdz = (size_t)hp->head_dim, nq = (size_t)ENGINE_ATT_TILE * (size_t)(hp->n_heads / hp->n_kv_heads);
-    e->att_stride = TM_ALIGN_UP(2 * KVPOOL_BLOCK * hdz + nq * (3 * hdz + KVPOOL_BLOCK + 2), 16);
+    /* per thread: K and V block in f32 (2 * 128 * hd), and for the tile's query rows
+     * (ENGINE_ATT_TILE * gqa, rounded up to 16): queries transposed and accumulators (hd
+     * each), scores (128), max, sum and causal limit (3); the per-key path needs less */
+    size_t hdz = (size_t)hp->head_dim;
+    size_t nqp = TM_ALIGN_UP((size_t)ENGINE_ATT_TILE * (size_t)(hp->n_heads / hp->n_kv_heads), 16);
+    e->att_stride = TM_ALIGN_UP(2 * KVPOOL_BLOCK * hdz + nqp * (2 * hdz + KVPOOL_BLOCK + 3), 16);
     e->att_scratch = util_aligned_alloc((size_t)o.n_threads * e->att_stride * sizeof(float));
     e->tile_start = util_aligned_alloc((T + 1) * sizeof(int32_t));
     if (!e->tile_start || !e->x || !e->xn || !e->q || !e->k || !e->v || !e->att || !e->ffa || !e->ffb || !e->xo ||
@@ -216,9 +217,10 @@ static void engine_job_store_kv(void *ctx, int ith, int nth)
  * own position, never on the tile or the step it is computed in (its size, the other
  * sequences, the thread count), so that a sequence's logits are bit-identical however the
  * scheduler batches it. Hence ONE path per engine, chosen from the model and the KV dtype:
- *  - tiled (head size a multiple of 16, or an F32 cache): per 128-position block, P = Q K^T
- *    as one small f32 GEMM, scale, causal cut, online softmax per row over the block,
- *    acc += P V as a second GEMM (V^T made in scratch), all f32. This is ggml's CPU
+ *  - tiled (head size a multiple of 16, or an F32 cache): per 128-position block (K and V
+ *    converted to f32 once for all the item's rows), ops_att_block: P = Q K^T with the
+ *    queries in SIMD lanes, scale, causal cut, online softmax per row over the block,
+ *    acc += P V, all f32. The arithmetic is that of ggml's CPU
  *    flash-attention path for steps of 64+ tokens (prompt processing agrees with llama.cpp
  *    to ~1e-6); its decode steps take ggml's one-query path instead (below), so single-token
  *    steps differ from llama.cpp's by f16 rounding (as llama.cpp differs from itself between
@@ -290,90 +292,52 @@ static void engine_att_tiled(engine_job *j, float *sc, int t0, int nt, int kvh)
     engine *e = j->e;
     const model_hparams *hp = &e->m->hp;
     const int hd = hp->head_dim, gqa = hp->n_heads / hp->n_kv_heads, qd = hp->n_heads * hd;
-    const int nq = nt * gqa, nqmax = ENGINE_ATT_TILE * gqa;
-    const float scale = 1.0f / sqrtf((float)hd);
+    const int nq = nt * gqa, nqp = TM_ALIGN_UP(nq, 16);
     const bool f16 = kvpool_dtype(e->kv) == QTYPE_F16;
     const engine_tok *tk0 = &j->b->toks[t0];
-    float *Kf = sc;                               /* (128, hd) K block in f32 */
-    float *Vt = Kf + (size_t)KVPOOL_BLOCK * hd;   /* (hd, nb) V^T block in f32 */
-    float *qs = Vt + (size_t)KVPOOL_BLOCK * hd;   /* (nq, hd) queries */
-    float *acc = qs + (size_t)nqmax * hd;         /* (nq, hd) running P V */
-    float *PV = acc + (size_t)nqmax * hd;         /* (nq, hd) this block's P V */
-    float *P = PV + (size_t)nqmax * hd;           /* (nq, nb) scores, then probabilities */
-    float *MS = P + (size_t)nqmax * KVPOOL_BLOCK; /* (nq, 2) running max and sum */
+    float *Kf = sc;                                   /* (128, hd) K block in f32 */
+    float *Vf = Kf + (size_t)KVPOOL_BLOCK * hd;       /* (128, hd) V block in f32 */
+    float *qt = Vf + (size_t)KVPOOL_BLOCK * hd;       /* (hd, nqp) queries, transposed */
+    float *acc = qt + (size_t)hd * nqp;               /* (nq, hd) running P V */
+    float *st = acc + (size_t)nqp * hd;               /* (128, nqp) scores, probabilities */
+    float *M = st + (size_t)KVPOOL_BLOCK * nqp;       /* (nq) running max */
+    float *S = M + nqp;                               /* (nq) running sum */
+    int32_t *lim = (int32_t *)(S + nqp);              /* (nq) keys of the block each row sees */
+    for (int r = 0; r < nqp; r++) {
+        const float *q = r < nq ? e->q + (size_t)(t0 + r / gqa) * qd + (size_t)(kvh * gqa + r % gqa) * hd : NULL;
+        for (int d = 0; d < hd; d++) qt[(size_t)d * nqp + r] = q ? q[d] : 0.0f;  /* pad lanes 0 */
+    }
     for (int r = 0; r < nq; r++) {
-        int jt = r / gqa, g = r % gqa;
-        memcpy(qs + (size_t)r * hd, e->q + (size_t)(t0 + jt) * qd + (size_t)(kvh * gqa + g) * hd,
-               (size_t)hd * sizeof(float));
-        MS[2 * r] = -INFINITY;
-        MS[2 * r + 1] = 0.0f;
+        M[r] = -INFINITY;
+        S[r] = 0.0f;
     }
     memset(acc, 0, (size_t)nq * hd * sizeof(float));
     int n_ctx = tk0->pos + nt;  /* positions the last row sees */
+    ops_att_block_args a = { .hd = hd, .nq = nq, .nqp = nqp, .scale = 1.0f / sqrtf((float)hd), .qt = qt,
+                             .lim = lim, .st = st, .m = M, .s = S, .acc = acc };
     for (int bi = 0; bi * KVPOOL_BLOCK < n_ctx; bi++) {
         int nb = TM_MIN(KVPOOL_BLOCK, n_ctx - bi * KVPOOL_BLOCK);
         const void *K = kvpool_seq_slab(e->kv, tk0->seq, bi, j->layer, 0, kvh);
         const void *V = kvpool_seq_slab(e->kv, tk0->seq, bi, j->layer, 1, kvh);
-        const float *Kb = K, *Vb = V;
+        a.k = K;
+        a.v = V;
         if (f16) {
             ops_fp16_to_fp32_row(K, Kf, (int64_t)nb * hd);
-            Kb = Kf;
+            ops_fp16_to_fp32_row(V, Vf, (int64_t)nb * hd);
+            a.k = Kf;
+            a.v = Vf;
         }
-        /* P V runs over nb16 keys (nb rounded up to 16, the extra P and V^T entries zero):
-         * nb depends on the tile (its last row), and a dot whose length ends inside a SIMD
-         * vector would sum its tail in another order; zero terms appended at the end of
-         * whole vectors change nothing, so every row's P V is the same whatever its tile */
-        int nb16 = TM_ALIGN_UP(nb, 16);
-        ops_weight kw = { QTYPE_F32, nb, hd, Kb };
-        ops_matmul(NULL, &kw, qs, nq, P, NULL);
-        if (nb16 > nb)  /* scores (nq, nb) -> rows of nb16 */
-            for (int r = nq - 1; r >= 0; r--) {
-                memmove(P + (size_t)r * nb16, P + (size_t)r * nb, (size_t)nb * sizeof(float));
-                memset(P + (size_t)r * nb16 + nb, 0, (size_t)(nb16 - nb) * sizeof(float));
-            }
-        for (int r = 0; r < nq; r++) {
-            float *pr = P + (size_t)r * nb16;
-            int n = TM_MIN(nb, tk0->pos + r / gqa + 1 - bi * KVPOOL_BLOCK);
-            if (n <= 0) {
-                memset(pr, 0, (size_t)nb * sizeof(float));
-                continue;
-            }
-            ops_vec_scale_f32(n, pr, scale);
-            float mb = ops_vec_max_f32(n, pr), M = MS[2 * r], S = MS[2 * r + 1];
-            if (mb > M) {
-                if (M != -INFINITY) {
-                    float ms = expf(M - mb);
-                    ops_vec_scale_f32(hd, acc + (size_t)r * hd, ms);
-                    S *= ms;
-                }
-                M = mb;
-            }
-            S += ops_vec_softmax_exp(n, pr, M);
-            if (n < nb) memset(pr + n, 0, (size_t)(nb - n) * sizeof(float));
-            MS[2 * r] = M;
-            MS[2 * r + 1] = S;
-        }
-        /* V block (nb, hd) -> Vt (hd, nb) in f32, 16 x 16 pieces to stay in cache lines */
-        if (f16) {
-            ops_fp16_to_fp32_row(V, Kf, (int64_t)nb * hd);  /* K is done with */
-            Vb = Kf;
-        }
-        for (int k0 = 0; k0 < nb; k0 += 16)
-            for (int d0 = 0; d0 < hd; d0 += 16)
-                for (int k = k0; k < TM_MIN(k0 + 16, nb); k++)
-                    for (int d = d0; d < TM_MIN(d0 + 16, hd); d++) Vt[(size_t)d * nb16 + k] = Vb[(size_t)k * hd + d];
-        if (nb16 > nb)
-            for (int d = 0; d < hd; d++) memset(Vt + (size_t)d * nb16 + nb, 0, (size_t)(nb16 - nb) * sizeof(float));
-        ops_weight vw = { QTYPE_F32, hd, nb16, Vt };
-        ops_matmul(NULL, &vw, P, nq, PV, NULL);
-        ops_add(NULL, acc, PV, (int64_t)nq * hd);
+        a.nb = nb;
+        for (int r = 0; r < nq; r++)
+            lim[r] = TM_MAX(0, TM_MIN(nb, tk0->pos + r / gqa + 1 - bi * KVPOOL_BLOCK));
+        ops_att_block(&a);
     }
     for (int r = 0; r < nq; r++) {
         int jt = r / gqa, g = r % gqa;
         float *o = e->att + (size_t)(t0 + jt) * qd + (size_t)(kvh * gqa + g) * hd;
-        float S = MS[2 * r + 1], inv = S > 0 ? 1.0f / S : 0.0f;
-        const float *a = acc + (size_t)r * hd;
-        for (int d = 0; d < hd; d++) o[d] = a[d] * inv;
+        float inv = S[r] > 0 ? 1.0f / S[r] : 0.0f;
+        const float *ar = acc + (size_t)r * hd;
+        for (int d = 0; d < hd; d++) o[d] = ar[d] * inv;
     }
 }
 

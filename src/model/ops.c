@@ -267,6 +267,44 @@ static float ops_max_f32_ref(int n, const float *x)
     for (int i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
     return m;
 }
+/* ops_att_block in plain loops, the same order of operations as the SIMD versions (which
+ * fuse the multiply-adds and use their own exp, so results agree to rounding, not bits). */
+static void ops_att_block_ref(const ops_att_block_args *a)
+{
+    const int hd = a->hd, nq = a->nq, nqp = a->nqp, nb = a->nb;
+    for (int j = 0; j < nb; j++)
+        for (int i = 0; i < nq; i++) {
+            float d = 0.0f;
+            for (int e = 0; e < hd; e++) d += a->k[(size_t)j * hd + e] * a->qt[(size_t)e * nqp + i];
+            a->st[(size_t)j * nqp + i] = d * a->scale;
+        }
+    for (int i = 0; i < nq; i++) {
+        int n = a->lim[i];
+        float *acc = a->acc + (size_t)i * hd;
+        float mb = -INFINITY, M = a->m[i], S = a->s[i];
+        for (int j = 0; j < n; j++) mb = a->st[(size_t)j * nqp + i] > mb ? a->st[(size_t)j * nqp + i] : mb;
+        if (mb > M) {
+            if (M != -INFINITY) {
+                float ms = expf(M - mb);
+                for (int e = 0; e < hd; e++) acc[e] *= ms;
+                S *= ms;
+            }
+            M = mb;
+        }
+        for (int j = 0; j < nb; j++) {
+            float *p = &a->st[(size_t)j * nqp + i];
+            *p = j < n ? expf(*p - M) : 0.0f;
+            S += *p;
+        }
+        a->m[i] = M;
+        a->s[i] = S;
+        for (int j = 0; j < n; j++) {
+            float p = a->st[(size_t)j * nqp + i];
+            for (int e = 0; e < hd; e++) acc[e] += p * a->v[(size_t)j * hd + e];
+        }
+    }
+}
+
 /* ggml: sum of squares in double, scale = 1/sqrtf(mean + eps), out = (x * scale) * w. */
 static void ops_rmsnorm_row_ref(float *out, const float *x, const float *w, int n, float eps)
 {
@@ -329,6 +367,7 @@ void ops_kernels_init_scalar(ops_kernels *k)
     k->rmsnorm_row = ops_rmsnorm_row_ref;
     k->swiglu = ops_swiglu_ref;
     k->add = ops_add_ref;
+    k->att_block = ops_att_block_ref;
 }
 
 /* ---- dispatch ------------------------------------------------------------------------- */
@@ -779,3 +818,4 @@ float ops_vec_softmax_exp(int n, float *y, float max) { return ops_get()->softma
 float ops_vec_max_f32(int n, const float *x) { return ops_get()->max_f32(n, x); }
 void ops_fp32_to_fp16_row(const float *x, fp16_t *y, int64_t n) { ops_get()->to_f16(x, y, n); }
 void ops_fp16_to_fp32_row(const fp16_t *x, float *y, int64_t n) { ops_get()->from_f16(x, y, n); }
+void ops_att_block(const ops_att_block_args *a) { ops_get()->att_block(a); }

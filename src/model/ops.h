@@ -97,6 +97,34 @@ float ops_vec_max_f32(int n, const float *x);
 void ops_fp32_to_fp16_row(const float *x, fp16_t *y, int64_t n);
 void ops_fp16_to_fp32_row(const fp16_t *x, float *y, int64_t n);
 
+/* One block of keys of flash attention for nq query rows of one kv head, with the queries
+ * in SIMD lanes (no horizontal sums, no transposed V):
+ *   st[j][i] = (k_j . q_i) * scale, the dot summed over d = 0..hd-1 in order (one FMA chain
+ *            per (i, j), whatever lane or tile i falls in);
+ *   online softmax per row i over its first lim[i] keys: m[i] = max(m[i], max_j st),
+ *            a raised max rescales acc[i] and s[i] by exp(old - new), p = exp(st - m[i]),
+ *            s[i] += p in key order (keys at or past lim[i] give p = 0);
+ *   acc[i] += sum_j p[j][i] * v_j, in key order.
+ * A row's arithmetic depends only on its own q, its lim and the block's K/V rows below lim:
+ * keys past lim add exact zeros, so the result does not depend on nq, nb or the row's place
+ * in the tile (batch invariance). Pad lanes of qt (i in [nq, nqp)) must be finite. */
+typedef struct {
+    int hd;              /* head size */
+    int nq;              /* query rows */
+    int nqp;             /* row stride of qt and st: nq rounded up to 16 */
+    int nb;              /* keys in the block, 1..KVPOOL_BLOCK */
+    float scale;         /* score scale (1/sqrt(hd)) */
+    const float *qt;     /* (hd, nqp) queries, transposed */
+    const float *k;      /* (nb, hd) keys */
+    const float *v;      /* (nb, hd) values */
+    const int32_t *lim;  /* (nq) keys of this block row i sees, 0..nb (causal cut) */
+    float *st;           /* (nb, nqp) scratch: scores, then probabilities */
+    float *m;            /* (nq) running max of each row, -INFINITY at the start */
+    float *s;            /* (nq) running softmax sum of each row, 0 at the start */
+    float *acc;          /* (nq, hd) running sum of p * v of each row, 0 at the start */
+} ops_att_block_args;
+void ops_att_block(const ops_att_block_args *a);
+
 /* Active instruction set ("scalar", "avx2", "avx512"). */
 const char *ops_level_name(void);
 cpu_level ops_get_level(void);

@@ -509,6 +509,132 @@ static float a2_max_f32(int n, const float *x)
     return r;
 }
 
+/* ---- attention: one key block (ops_att_block), queries in lanes ------------------------ */
+
+/* lane mask of the first n (0..8) lanes */
+A2_INLINE __m256i a2_lanes(int n)
+{
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* st[j][i] for JJ keys from j0 and CC 8-query chunks from c0 (see a512_att_qk) */
+A2_INLINE void a2_att_qk(int JJ, int CC, const ops_att_block_args *a, int j0, int c0)
+{
+    __m256 acc[4][2];
+    _Pragma("GCC unroll 4") for (int r = 0; r < JJ; r++)
+        _Pragma("GCC unroll 2") for (int c = 0; c < CC; c++) acc[r][c] = _mm256_setzero_ps();
+    const float *k = a->k + (size_t)j0 * a->hd, *q = a->qt + (size_t)c0 * 8;
+    for (int d = 0; d < a->hd; d++) {
+        __m256 qv[2];
+        _Pragma("GCC unroll 2") for (int c = 0; c < CC; c++) qv[c] = _mm256_loadu_ps(q + (size_t)d * a->nqp + c * 8);
+        _Pragma("GCC unroll 4") for (int r = 0; r < JJ; r++) {
+            __m256 kv = _mm256_broadcast_ss(k + (size_t)r * a->hd + d);
+            _Pragma("GCC unroll 2") for (int c = 0; c < CC; c++) acc[r][c] = _mm256_fmadd_ps(kv, qv[c], acc[r][c]);
+        }
+    }
+    __m256 vs = _mm256_set1_ps(a->scale);
+    _Pragma("GCC unroll 4") for (int r = 0; r < JJ; r++)
+        _Pragma("GCC unroll 2") for (int c = 0; c < CC; c++)
+            _mm256_storeu_ps(a->st + (size_t)(j0 + r) * a->nqp + (c0 + c) * 8, _mm256_mul_ps(acc[r][c], vs));
+}
+
+/* acc[i][d] += sum_j st[j][i] * v[j][d], II rows from i0, dims [d0, d0 + 8 * DC) (the last
+ * chunk masked by km), keys j < nj (see a512_att_pv) */
+A2_INLINE void a2_att_pv(int II, int DC, const ops_att_block_args *a, int i0, int d0, __m256i km, int nj)
+{
+    __m256 acc[4][2];
+    const int hd = a->hd;
+    const __m256i all = _mm256_set1_epi32(-1);
+    _Pragma("GCC unroll 4") for (int r = 0; r < II; r++)
+        _Pragma("GCC unroll 2") for (int c = 0; c < DC; c++)
+            acc[r][c] = _mm256_maskload_ps(a->acc + (size_t)(i0 + r) * hd + d0 + c * 8, c == DC - 1 ? km : all);
+    for (int j = 0; j < nj; j++) {
+        __m256 vv[2];
+        _Pragma("GCC unroll 2") for (int c = 0; c < DC; c++)
+            vv[c] = _mm256_maskload_ps(a->v + (size_t)j * hd + d0 + c * 8, c == DC - 1 ? km : all);
+        _Pragma("GCC unroll 4") for (int r = 0; r < II; r++) {
+            __m256 p = _mm256_broadcast_ss(a->st + (size_t)j * a->nqp + i0 + r);
+            _Pragma("GCC unroll 2") for (int c = 0; c < DC; c++) acc[r][c] = _mm256_fmadd_ps(p, vv[c], acc[r][c]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int r = 0; r < II; r++)
+        _Pragma("GCC unroll 2") for (int c = 0; c < DC; c++)
+            _mm256_maskstore_ps(a->acc + (size_t)(i0 + r) * hd + d0 + c * 8, c == DC - 1 ? km : all, acc[r][c]);
+}
+
+static void a2_att_block(const ops_att_block_args *a)
+{
+    const int hd = a->hd, nq = a->nq, nqp = a->nqp, nc = (nq + 7) / 8;
+    for (int c0 = 0; c0 < nc; c0 += 2) {
+        int cc = nc - c0 < 2 ? nc - c0 : 2, jend = 0;
+        for (int i = c0 * 8; i < nq && i < (c0 + cc) * 8; i++) jend = a->lim[i] > jend ? a->lim[i] : jend;
+        for (int j0 = 0; j0 < jend; j0 += 4) {
+            int jj = jend - j0 < 4 ? jend - j0 : 4;
+            switch (jj * 8 + cc) {
+#define A2_ATT_QK(JJ, CC) case JJ * 8 + CC: a2_att_qk(JJ, CC, a, j0, c0); break;
+            A2_ATT_QK(1, 1) A2_ATT_QK(1, 2) A2_ATT_QK(2, 1) A2_ATT_QK(2, 2)
+            A2_ATT_QK(3, 1) A2_ATT_QK(3, 2) A2_ATT_QK(4, 1) A2_ATT_QK(4, 2)
+#undef A2_ATT_QK
+            default: break;
+            }
+        }
+    }
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    for (int c = 0; c < nc; c++) {
+        int live = nq - c * 8 < 8 ? nq - c * 8 : 8;
+        __m256i lm = a2_lanes(live);
+        __m256i lim = _mm256_maskload_epi32(a->lim + c * 8, lm);
+        __m256 M = _mm256_blendv_ps(ninf, _mm256_maskload_ps(a->m + c * 8, lm), _mm256_castsi256_ps(lm));
+        __m256 S = _mm256_maskload_ps(a->s + c * 8, lm);
+        int jend = 0;
+        for (int i = c * 8; i < c * 8 + live; i++) jend = a->lim[i] > jend ? a->lim[i] : jend;
+        __m256 mb = ninf;
+        for (int j = 0; j < jend; j++) {
+            __m256 kj = _mm256_castsi256_ps(_mm256_cmpgt_epi32(lim, _mm256_set1_epi32(j)));
+            __m256 sv = _mm256_loadu_ps(a->st + (size_t)j * nqp + c * 8);
+            mb = _mm256_blendv_ps(mb, _mm256_max_ps(mb, sv), kj);
+        }
+        __m256 up = _mm256_cmp_ps(mb, M, _CMP_GT_OQ);
+        __m256 resc = _mm256_and_ps(up, _mm256_cmp_ps(M, ninf, _CMP_NEQ_OQ));
+        int rbits = _mm256_movemask_ps(resc);
+        if (rbits) {
+            float ms[8];
+            _mm256_storeu_ps(ms, a2_exp(_mm256_sub_ps(M, mb)));
+            S = _mm256_blendv_ps(S, _mm256_mul_ps(S, _mm256_loadu_ps(ms)), resc);
+            for (unsigned bits = (unsigned)rbits; bits; bits &= bits - 1) {
+                int l = __builtin_ctz(bits);
+                float *row = a->acc + (size_t)(c * 8 + l) * hd;
+                for (int d = 0; d < hd; d++) row[d] *= ms[l];
+            }
+        }
+        M = _mm256_blendv_ps(M, mb, up);
+        for (int j = 0; j < jend; j++) {
+            float *sp = a->st + (size_t)j * nqp + c * 8;
+            __m256 kj = _mm256_castsi256_ps(_mm256_cmpgt_epi32(lim, _mm256_set1_epi32(j)));
+            __m256 p = _mm256_and_ps(kj, a2_exp(_mm256_sub_ps(_mm256_loadu_ps(sp), M)));
+            _mm256_storeu_ps(sp, p);
+            S = _mm256_add_ps(S, p);
+        }
+        _mm256_maskstore_ps(a->m + c * 8, lm, M);
+        _mm256_maskstore_ps(a->s + c * 8, lm, S);
+    }
+    for (int i0 = 0; i0 < nq; i0 += 4) {
+        int ii = nq - i0 < 4 ? nq - i0 : 4, nj = 0;
+        for (int i = i0; i < i0 + ii; i++) nj = a->lim[i] > nj ? a->lim[i] : nj;
+        for (int d0 = 0; d0 < hd; d0 += 16) {
+            int dc = hd - d0 >= 16 ? 2 : (hd - d0 + 7) / 8;
+            __m256i km = a2_lanes(hd - d0 - (dc - 1) * 8);
+            switch (ii * 8 + dc) {
+#define A2_ATT_PV(II, DC) case II * 8 + DC: a2_att_pv(II, DC, a, i0, d0, km, nj); break;
+            A2_ATT_PV(1, 1) A2_ATT_PV(1, 2) A2_ATT_PV(2, 1) A2_ATT_PV(2, 2)
+            A2_ATT_PV(3, 1) A2_ATT_PV(3, 2) A2_ATT_PV(4, 1) A2_ATT_PV(4, 2)
+#undef A2_ATT_PV
+            default: break;
+            }
+        }
+    }
+}
+
 static float a2_softmax_exp(int n, float *y, float max)
 {
     __m256 vm = _mm256_set1_ps(max), sum = _mm256_setzero_ps();
@@ -591,6 +717,7 @@ void ops_kernels_init_avx2(ops_kernels *k)
     k->mad_f32 = a2_mad_f32;
     k->scale_f32 = a2_scale_f32;
     k->softmax_exp = a2_softmax_exp;
+    k->att_block = a2_att_block;
     k->max_f32 = a2_max_f32;
     k->rmsnorm_row = a2_rmsnorm_row;
     k->swiglu = a2_swiglu;

@@ -20,6 +20,7 @@
  * - F16 / BF16 / F32: plain rows.
  */
 #include "model/ops_int.h"
+#include "util/util.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -783,6 +784,135 @@ static float a512_softmax_exp(int n, float *y, float max)
     return _mm512_reduce_add_ps(sum);
 }
 
+/* ---- attention: one key block (ops_att_block), queries in lanes ------------------------ */
+
+/* st[j][i] for JJ keys from j0 and CC 16-query chunks from c0: one FMA chain over d per
+ * (key, query), the key element broadcast, 16 queries of qt per load */
+A512_INLINE void a512_att_qk(int JJ, int CC, const ops_att_block_args *a, int j0, int c0)
+{
+    __m512 acc[4][4];
+    _Pragma("GCC unroll 4") for (int r = 0; r < JJ; r++)
+        _Pragma("GCC unroll 4") for (int c = 0; c < CC; c++) acc[r][c] = _mm512_setzero_ps();
+    const float *k = a->k + (size_t)j0 * a->hd, *q = a->qt + (size_t)c0 * 16;
+    for (int d = 0; d < a->hd; d++) {
+        __m512 qv[4];
+        _Pragma("GCC unroll 4") for (int c = 0; c < CC; c++) qv[c] = _mm512_loadu_ps(q + (size_t)d * a->nqp + c * 16);
+        _Pragma("GCC unroll 4") for (int r = 0; r < JJ; r++) {
+            __m512 kv = _mm512_set1_ps(k[(size_t)r * a->hd + d]);
+            _Pragma("GCC unroll 4") for (int c = 0; c < CC; c++) acc[r][c] = _mm512_fmadd_ps(kv, qv[c], acc[r][c]);
+        }
+    }
+    __m512 vs = _mm512_set1_ps(a->scale);
+    _Pragma("GCC unroll 4") for (int r = 0; r < JJ; r++)
+        _Pragma("GCC unroll 4") for (int c = 0; c < CC; c++)
+            _mm512_storeu_ps(a->st + (size_t)(j0 + r) * a->nqp + (c0 + c) * 16, _mm512_mul_ps(acc[r][c], vs));
+}
+#define A512_ATT_QK(JJ, CC) case JJ * 8 + CC: a512_att_qk(JJ, CC, a, j0, c0); break;
+
+/* acc[i][d] += sum_j st[j][i] * v[j][d] for II rows from i0 and dims [d0, d0 + 16 * DC)
+ * (the last chunk masked by km), keys j < nj */
+A512_INLINE void a512_att_pv(int II, int DC, const ops_att_block_args *a, int i0, int d0,
+                             __mmask16 km, int nj)
+{
+    __m512 acc[4][4];
+    const int hd = a->hd;
+    _Pragma("GCC unroll 4") for (int r = 0; r < II; r++)
+        _Pragma("GCC unroll 4") for (int c = 0; c < DC; c++)
+            acc[r][c] = _mm512_maskz_loadu_ps(c == DC - 1 ? km : 0xFFFF, a->acc + (size_t)(i0 + r) * hd + d0 + c * 16);
+    for (int j = 0; j < nj; j++) {
+        __m512 vv[4];
+        _Pragma("GCC unroll 4") for (int c = 0; c < DC; c++)
+            vv[c] = _mm512_maskz_loadu_ps(c == DC - 1 ? km : 0xFFFF, a->v + (size_t)j * hd + d0 + c * 16);
+        _Pragma("GCC unroll 4") for (int r = 0; r < II; r++) {
+            __m512 p = _mm512_set1_ps(a->st[(size_t)j * a->nqp + i0 + r]);
+            _Pragma("GCC unroll 4") for (int c = 0; c < DC; c++) acc[r][c] = _mm512_fmadd_ps(p, vv[c], acc[r][c]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int r = 0; r < II; r++)
+        _Pragma("GCC unroll 4") for (int c = 0; c < DC; c++)
+            _mm512_mask_storeu_ps(a->acc + (size_t)(i0 + r) * hd + d0 + c * 16, c == DC - 1 ? km : 0xFFFF, acc[r][c]);
+}
+
+static void a512_att_block(const ops_att_block_args *a)
+{
+    const int hd = a->hd, nq = a->nq, nqp = a->nqp, nc = (nq + 15) / 16;
+    /* scores, keys up to the furthest any query of the chunk group sees */
+    for (int c0 = 0; c0 < nc; c0 += 4) {
+        int cc = TM_MIN(4, nc - c0), jend = 0;
+        for (int i = c0 * 16; i < TM_MIN(nq, (c0 + cc) * 16); i++) jend = TM_MAX(jend, a->lim[i]);
+        for (int j0 = 0; j0 < jend; j0 += 4) {
+            int jj = TM_MIN(4, jend - j0);
+            switch (jj * 8 + cc) {
+            A512_ATT_QK(1, 1) A512_ATT_QK(1, 2) A512_ATT_QK(1, 3) A512_ATT_QK(1, 4)
+            A512_ATT_QK(2, 1) A512_ATT_QK(2, 2) A512_ATT_QK(2, 3) A512_ATT_QK(2, 4)
+            A512_ATT_QK(3, 1) A512_ATT_QK(3, 2) A512_ATT_QK(3, 3) A512_ATT_QK(3, 4)
+            A512_ATT_QK(4, 1) A512_ATT_QK(4, 2) A512_ATT_QK(4, 3) A512_ATT_QK(4, 4)
+            default: break;
+            }
+        }
+    }
+    /* online softmax, 16 rows at once */
+    for (int c = 0; c < nc; c++) {
+        __mmask16 live = A512_MASK(nq, c * 16);
+        __m512i lim = _mm512_maskz_loadu_epi32(live, a->lim + c * 16);
+        __m512 M = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), live, a->m + c * 16);
+        __m512 S = _mm512_maskz_loadu_ps(live, a->s + c * 16);
+        int jend = 0;
+        for (int i = c * 16; i < TM_MIN(nq, c * 16 + 16); i++) jend = TM_MAX(jend, a->lim[i]);
+        __m512 mb = _mm512_set1_ps(-INFINITY);
+        for (int j = 0; j < jend; j++) {
+            __mmask16 kj = _mm512_cmpgt_epi32_mask(lim, _mm512_set1_epi32(j));
+            mb = _mm512_mask_max_ps(mb, kj, mb, _mm512_loadu_ps(a->st + (size_t)j * nqp + c * 16));
+        }
+        __mmask16 up = _mm512_cmp_ps_mask(mb, M, _CMP_GT_OQ);
+        __mmask16 resc = up & _mm512_cmp_ps_mask(M, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+        if (resc) {
+            float ms[16];
+            _mm512_storeu_ps(ms, a512_exp(_mm512_sub_ps(M, mb)));
+            S = _mm512_mask_mul_ps(S, resc, S, _mm512_loadu_ps(ms));
+            for (unsigned bits = resc; bits; bits &= bits - 1) {
+                int l = __builtin_ctz(bits);
+                float *row = a->acc + (size_t)(c * 16 + l) * hd;
+                __m512 f = _mm512_set1_ps(ms[l]);
+                for (int d = 0; d < hd; d += 16) {
+                    __mmask16 kd = A512_MASK(hd, d);
+                    _mm512_mask_storeu_ps(row + d, kd, _mm512_mul_ps(_mm512_maskz_loadu_ps(kd, row + d), f));
+                }
+            }
+        }
+        M = _mm512_mask_mov_ps(M, up, mb);
+        /* keys from jend on are p = 0 for all 16 rows: not stored, never read (the P V
+         * tiles stop at their rows' furthest key), and adding their zeros to S is a no-op */
+        for (int j = 0; j < jend; j++) {
+            float *sp = a->st + (size_t)j * nqp + c * 16;
+            __mmask16 kj = _mm512_cmpgt_epi32_mask(lim, _mm512_set1_epi32(j));
+            __m512 p = _mm512_maskz_mov_ps(kj, a512_exp(_mm512_sub_ps(_mm512_loadu_ps(sp), M)));
+            _mm512_storeu_ps(sp, p);
+            S = _mm512_add_ps(S, p);
+        }
+        _mm512_mask_storeu_ps(a->m + c * 16, live, M);
+        _mm512_mask_storeu_ps(a->s + c * 16, live, S);
+    }
+    /* acc += P V: 4 rows x 64 dims per tile, keys up to the furthest the 4 rows see */
+    for (int i0 = 0; i0 < nq; i0 += 4) {
+        int ii = TM_MIN(4, nq - i0), nj = 0;
+        for (int i = i0; i < i0 + ii; i++) nj = TM_MAX(nj, a->lim[i]);
+        for (int d0 = 0; d0 < hd; d0 += 64) {
+            int dc = TM_MIN(4, (hd - d0 + 15) / 16);
+            __mmask16 km = A512_MASK(hd, d0 + (dc - 1) * 16);
+            switch (ii * 8 + dc) {
+#define A512_ATT_PV(II, DC) case II * 8 + DC: a512_att_pv(II, DC, a, i0, d0, km, nj); break;
+            A512_ATT_PV(1, 1) A512_ATT_PV(1, 2) A512_ATT_PV(1, 3) A512_ATT_PV(1, 4)
+            A512_ATT_PV(2, 1) A512_ATT_PV(2, 2) A512_ATT_PV(2, 3) A512_ATT_PV(2, 4)
+            A512_ATT_PV(3, 1) A512_ATT_PV(3, 2) A512_ATT_PV(3, 3) A512_ATT_PV(3, 4)
+            A512_ATT_PV(4, 1) A512_ATT_PV(4, 2) A512_ATT_PV(4, 3) A512_ATT_PV(4, 4)
+#undef A512_ATT_PV
+            default: break;
+            }
+        }
+    }
+}
+
 static void a512_rmsnorm_row(float *out, const float *x, const float *w, int n, float eps)
 {
     /* squares rounded to float (as ggml), summed in double */
@@ -853,5 +983,6 @@ void ops_kernels_init_avx512(ops_kernels *k)
     k->rmsnorm_row = a512_rmsnorm_row;
     k->swiglu = a512_swiglu;
     k->add = a512_add;
+    k->att_block = a512_att_block;
     k->act_row_bytes = a512_act_row_bytes;
 }

@@ -38,6 +38,7 @@ typedef struct {
     void (*rmsnorm_row)(float *out, const float *x, const float *w, int n, float eps);
     void (*swiglu)(float *out, const float *g, const float *u, int64_t n);
     void (*add)(float *y, const float *x, int64_t n);
+    void (*att_block)(const ops_att_block_args *a);
 } ops_kernels;
 
 void ops_kernels_init_scalar(ops_kernels *k);

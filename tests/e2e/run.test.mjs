@@ -76,3 +76,18 @@ test('a missing or broken model file is a clear error', () => {
     rmSync(dir, { recursive: true, force: true });
   }
 });
+
+test('bench: JSON timings, --depth runs pp after a cached prefix, bad values are refused', () => {
+  const r = spawnSync(bin, ['bench', '-m', model, '--pp', '20', '--tg', '4', '--seqs', '1,2', '--reps', '1', '--depth', '300'],
+                      { encoding: 'utf8', timeout: 60000 });
+  assert.equal(r.status, 0, r.stderr);
+  const j = JSON.parse(r.stdout);
+  assert.equal(j.depth, 300);
+  assert.equal(j.pp.n, 20);
+  assert.equal(j.pp.tok_s.length, 1);
+  assert.ok(j.pp.tok_s[0] > 0 && j.tg.tok_s[0] > 0);
+  assert.deepEqual(j.batched.map((b) => b.seqs), [1, 2]);
+  const bad = spawnSync(bin, ['bench', '-m', model, '--depth', '-5'], { encoding: 'utf8', timeout: 60000 });
+  assert.notEqual(bad.status, 0);
+  assert.match(bad.stderr, /usage: tokenmill bench/);
+});

@@ -505,6 +505,110 @@ TEST(test_vec_helpers)
     }
 }
 
+/* Runs ops_att_block over n_blk key blocks (nb keys each, the last block nb_last) for nq
+ * rows whose queries are rows q[qi[r]] (hd), with causal limits lim_of(qpos[r], block), and
+ * writes each row's normalised output (nq, hd) to out. */
+static void att_run(int hd, int nq, const float *q, const int *qpos, const float *K, const float *V,
+                    int n_ctx, float *out)
+{
+    int nqp = (nq + 15) / 16 * 16;
+    float *qt = calloc((size_t)hd * nqp, 4), *st = malloc((size_t)128 * nqp * 4);
+    float *m = malloc(nq * 4), *s = malloc(nq * 4), *acc = calloc((size_t)nq * hd, 4);
+    int32_t *lim = malloc(nq * 4);
+    for (int r = 0; r < nq; r++) {
+        for (int d = 0; d < hd; d++) qt[(size_t)d * nqp + r] = q[(size_t)r * hd + d];
+        m[r] = -INFINITY;
+        s[r] = 0;
+    }
+    ops_att_block_args a = { .hd = hd, .nq = nq, .nqp = nqp, .scale = 1.0f / sqrtf((float)hd), .qt = qt,
+                             .lim = lim, .st = st, .m = m, .s = s, .acc = acc };
+    for (int b0 = 0; b0 < n_ctx; b0 += 128) {
+        a.nb = TM_MIN(128, n_ctx - b0);
+        a.k = K + (size_t)b0 * hd;
+        a.v = V + (size_t)b0 * hd;
+        for (int r = 0; r < nq; r++) lim[r] = TM_MAX(0, TM_MIN(a.nb, qpos[r] + 1 - b0));
+        ops_att_block(&a);
+    }
+    for (int r = 0; r < nq; r++)
+        for (int d = 0; d < hd; d++) out[(size_t)r * hd + d] = s[r] > 0 ? acc[(size_t)r * hd + d] / s[r] : 0;
+    free(qt);
+    free(st);
+    free(m);
+    free(s);
+    free(acc);
+    free(lim);
+}
+
+/* ops_att_block: every level agrees with a double-precision softmax(q K^T / sqrt(hd)) V, and a
+ * row's output is bit-identical whatever the other rows, their number and the block length
+ * (batch invariance), at every level. */
+TEST(test_att_block)
+{
+    const int hds[] = {128, 64, 40};
+    for (size_t hi = 0; hi < TM_ARRAY_LEN(hds); hi++) {
+        int hd = hds[hi], n_ctx = 300, nq = 37;
+        float *K = malloc((size_t)n_ctx * hd * 4), *V = malloc((size_t)n_ctx * hd * 4);
+        float *q = malloc((size_t)nq * hd * 4), *out = malloc((size_t)nq * hd * 4), *o1 = malloc((size_t)hd * 4);
+        int qpos[37];
+        fill_normal(K, (int64_t)n_ctx * hd, 11 + hi, 1.0f);
+        fill_normal(V, (int64_t)n_ctx * hd, 12 + hi, 1.0f);
+        fill_normal(q, (int64_t)nq * hd, 13 + hi, 3.0f);   /* peaked softmax: rescales happen */
+        for (int r = 0; r < nq; r++) qpos[r] = r == 0 ? 0 : r == 1 ? 127 : r == 2 ? 128 : 263 + r;
+        /* reference in double */
+        double *ref = malloc((size_t)nq * hd * sizeof(double));
+        for (int r = 0; r < nq; r++) {
+            int n = qpos[r] + 1;
+            double *sc = malloc((size_t)n * sizeof(double)), mx = -INFINITY, sum = 0;
+            for (int j = 0; j < n; j++) {
+                double d = 0;
+                for (int e = 0; e < hd; e++) d += (double)q[(size_t)r * hd + e] * K[(size_t)j * hd + e];
+                sc[j] = d / sqrt((double)hd);
+                mx = sc[j] > mx ? sc[j] : mx;
+            }
+            for (int j = 0; j < n; j++) sum += sc[j] = exp(sc[j] - mx);
+            for (int e = 0; e < hd; e++) {
+                double o = 0;
+                for (int j = 0; j < n; j++) o += sc[j] * V[(size_t)j * hd + e];
+                ref[(size_t)r * hd + e] = o / sum;
+            }
+            free(sc);
+        }
+        for (int lvl = 0; lvl < n_levels(); lvl++) {
+            ops_force_level((cpu_level)lvl);
+            att_run(hd, nq, q, qpos, K, V, n_ctx, out);
+            double maxerr = 0;
+            for (int i = 0; i < nq * hd; i++) maxerr = fmax(maxerr, fabs(out[i] - ref[i]));
+            CHECKF(maxerr < 1e-4, "%s hd=%d max error %g", ops_level_name(), hd, maxerr);
+            /* each row alone, with only the context it sees: the same bits */
+            for (int r = 0; r < nq; r += 5) {
+                att_run(hd, 1, q + (size_t)r * hd, &qpos[r], K, V, qpos[r] + 1, o1);
+                CHECKF(!memcmp(o1, out + (size_t)r * hd, (size_t)hd * 4), "%s hd=%d row %d alone differs",
+                       ops_level_name(), hd, r);
+            }
+            /* the rows in another order and count (reversed, first 20): the same bits */
+            float *qr = malloc((size_t)20 * hd * 4), *outr = malloc((size_t)20 * hd * 4);
+            int qposr[20];
+            for (int r = 0; r < 20; r++) {
+                memcpy(qr + (size_t)r * hd, q + (size_t)(nq - 1 - r) * hd, (size_t)hd * 4);
+                qposr[r] = qpos[nq - 1 - r];
+            }
+            att_run(hd, 20, qr, qposr, K, V, n_ctx, outr);
+            for (int r = 0; r < 20; r++)
+                CHECKF(!memcmp(outr + (size_t)r * hd, out + (size_t)(nq - 1 - r) * hd, (size_t)hd * 4),
+                       "%s hd=%d row %d moved differs", ops_level_name(), hd, nq - 1 - r);
+            free(qr);
+            free(outr);
+        }
+        free(ref);
+        free(K);
+        free(V);
+        free(q);
+        free(out);
+        free(o1);
+    }
+    ops_force_level(cpu_get_hw_level());
+}
+
 static void tp_count(void *ctx, int ith, int nth)
 {
     _Atomic int *c = ctx;
@@ -558,6 +662,7 @@ int main(void)
     RUN(test_elementwise);
     RUN(test_rope);
     RUN(test_vec_helpers);
+    RUN(test_att_block);
     for (int i = 0; i < 3; i++) threadpool_free(pools[i]);
     HARNESS_END();
 }
