@@ -1,7 +1,7 @@
 /*
  * cmd_serve: `tokenmill serve -m MODEL [--host 127.0.0.1] [--port 8080] [--threads N]
  * [--ctx N] [--max-seqs N] [--api-key KEY ...] [--model-name NAME] [--template NAME]
- * [--kv-mib N] [--max-queue N] [--step-tokens N] [--max-body BYTES] [--timeout S]`.
+ * [--kv-mib N] [--max-queue N] [--step-tokens N] [--prefill-step-tokens N] [--max-body BYTES] [--timeout S]`.
  *
  * Loads the model, its tokenizer and chat template, starts the engine and its scheduler
  * thread, registers every API's routes on the HTTP server and serves until SIGINT/SIGTERM.
@@ -61,7 +61,7 @@ static void cmd_serve_usage(void)
     fprintf(stderr,
             "usage: tokenmill serve -m MODEL [--host 127.0.0.1] [--port 8080] [--threads N] [--ctx N]\n"
             "                       [--max-seqs N] [--api-key KEY ...] [--model-name NAME] [--template NAME]\n"
-            "                       [--kv-mib N] [--max-queue N] [--step-tokens N] [--max-body BYTES]\n"
+            "                       [--kv-mib N] [--max-queue N] [--step-tokens N] [--prefill-step-tokens N] [--max-body BYTES]\n"
             "                       [--timeout SECONDS] [--cache SPEC|default|off] [--cache-dir DIR]\n"
             "                       [--cache-capacity SIZE] [--retention agent=72h,chat=7d] [-v]\n");
 }
@@ -80,7 +80,7 @@ int cmd_serve(int argc, char **argv)
     const char *path = NULL, *host = "127.0.0.1", *name = NULL, *tmpl_name = NULL;
     const char *keys[SERVE_MAX_KEYS];
     int n_keys = 0;
-    long port = 8080, threads = 0, ctx = 0, max_seqs = 16, kv_mib = 2048, max_queue = 256, step_tokens = 0;
+    long port = 8080, threads = 0, ctx = 0, max_seqs = 16, kv_mib = 2048, max_queue = 256, step_tokens = 0, prefill_step = SCHED_PREFILL_STEP;
     long max_body = 8 << 20, timeout = 60;
     const char *cache_spec = "default", *retention = NULL;
     uint64_t cache_capacity = 0;
@@ -105,6 +105,7 @@ int cmd_serve(int argc, char **argv)
         else if (!strcmp(a, "--kv-mib")) ok = cmd_serve_int(v, 1, 1 << 24, &kv_mib);
         else if (!strcmp(a, "--max-queue")) ok = cmd_serve_int(v, 1, 1 << 20, &max_queue);
         else if (!strcmp(a, "--step-tokens")) ok = cmd_serve_int(v, 1, 1 << 16, &step_tokens);
+        else if (!strcmp(a, "--prefill-step-tokens")) ok = cmd_serve_int(v, 1, 1 << 16, &prefill_step);
         else if (!strcmp(a, "--max-body")) ok = cmd_serve_int(v, 1024, 1L << 32, &max_body);
         else if (!strcmp(a, "--timeout")) ok = cmd_serve_int(v, 1, 86400, &timeout);
         else if (!strcmp(a, "--cache")) cache_spec = v;
@@ -154,7 +155,8 @@ int cmd_serve(int argc, char **argv)
     }
     int n_ctx = ctx > 0 ? (int)ctx : TM_MIN(m->hp.n_ctx_train, 4096);
     if (step_tokens == 0) step_tokens = sched_default_step_tokens((int)max_seqs);   /* max-seqs + 64 */
-    engine_opts eo = { .n_threads = (int)threads, .max_batch_tokens = (int)step_tokens };
+    /* the engine batch holds the larger of the two step budgets (sched caps both at it) */
+    engine_opts eo = { .n_threads = (int)threads, .max_batch_tokens = (int)TM_MAX(step_tokens, prefill_step) };
     {
         /* KV pool: max_seqs full contexts, capped by kv_mib */
         size_t per_tok = (size_t)m->hp.n_layers * (size_t)m->hp.n_kv_heads * (size_t)m->hp.head_dim * 2 * 2;
@@ -194,6 +196,7 @@ int cmd_serve(int argc, char **argv)
         }
     }
     sched_opts so = { .bio = bio, .max_seqs = (int)max_seqs, .max_queue = (int)max_queue, .step_tokens = (int)step_tokens,
+                      .prefill_step_tokens = (int)prefill_step,
                       .n_ctx = n_ctx, .eos_ids = { -1, -1, -1, -1 } };
     so.eos_ids[0] = tokenizer_eos(tok);
     so.eos_ids[1] = tokenizer_eot(tok);

@@ -1,7 +1,7 @@
 /*
  * cmd_worker: `tokenmill worker --role prefill|decode|mixed -m MODEL --listen HOST:PORT
  * --cache SPEC [--gateway HOST:PORT] [--threads N] [--ctx N] [--max-seqs N] [--kv-mib N]
- * [--step-tokens N] [--max-queue N] [--name NAME] [--drain-timeout SECONDS] [-v]`: one worker
+ * [--step-tokens N] [--prefill-step-tokens N] [--max-queue N] [--name NAME] [--drain-timeout SECONDS] [-v]`: one worker
  * of the disaggregated server (issue 5, src/cluster/worker.h, docs/protocol.md).
  *
  * The engine, scheduler and block store are set up as `tokenmill serve` does; every worker
@@ -33,7 +33,7 @@ static void cmd_worker_usage(void)
     fprintf(stderr,
             "usage: tokenmill worker --role prefill|decode|mixed -m MODEL --listen HOST:PORT --cache SPEC|off\n"
             "                        [--gateway HOST:PORT] [--threads N] [--ctx N] [--max-seqs N] [--kv-mib N]\n"
-            "                        [--step-tokens N] [--max-queue N] [--name NAME] [--drain-timeout SECONDS] [-v]\n");
+            "                        [--step-tokens N] [--prefill-step-tokens N] [--max-queue N] [--name NAME] [--drain-timeout SECONDS] [-v]\n");
 }
 
 static bool cmd_worker_int(const char *z, long lo, long hi, long *out)
@@ -49,7 +49,7 @@ int cmd_worker(int argc, char **argv)
 {
     const char *path = NULL, *listen = NULL, *gateway = NULL, *cache_spec = NULL, *name = NULL;
     int role = -1;
-    long threads = 0, ctx = 0, max_seqs = 16, kv_mib = 2048, step_tokens = 0, max_queue = 256, drain_s = 60;
+    long threads = 0, ctx = 0, max_seqs = 16, kv_mib = 2048, step_tokens = 0, prefill_step = SCHED_PREFILL_STEP, max_queue = 256, drain_s = 60;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -67,6 +67,7 @@ int cmd_worker(int argc, char **argv)
         else if (!strcmp(a, "--max-seqs")) ok = cmd_worker_int(v, 1, 4096, &max_seqs);
         else if (!strcmp(a, "--kv-mib")) ok = cmd_worker_int(v, 1, 1 << 24, &kv_mib);
         else if (!strcmp(a, "--step-tokens")) ok = cmd_worker_int(v, 1, 1 << 16, &step_tokens);
+        else if (!strcmp(a, "--prefill-step-tokens")) ok = cmd_worker_int(v, 1, 1 << 16, &prefill_step);
         else if (!strcmp(a, "--max-queue")) ok = cmd_worker_int(v, 1, 1 << 20, &max_queue);
         else if (!strcmp(a, "--drain-timeout")) ok = cmd_worker_int(v, 1, 86400, &drain_s);
         else {
@@ -99,7 +100,8 @@ int cmd_worker(int argc, char **argv)
     if (!cmd_common_load_model("worker", path, &m, &tok)) goto out;
     int n_ctx = ctx > 0 ? (int)ctx : TM_MIN(m->hp.n_ctx_train, 4096);
     if (step_tokens == 0) step_tokens = sched_default_step_tokens((int)max_seqs);   /* max-seqs + 64 */
-    engine_opts eo = { .n_threads = (int)threads, .max_batch_tokens = (int)step_tokens };
+    /* the engine batch holds the larger of the two step budgets (sched caps both at it) */
+    engine_opts eo = { .n_threads = (int)threads, .max_batch_tokens = (int)TM_MAX(step_tokens, prefill_step) };
     {
         size_t per_tok = (size_t)m->hp.n_layers * (size_t)m->hp.n_kv_heads * (size_t)m->hp.head_dim * 2 * 2;
         size_t want_blocks = (size_t)max_seqs * (size_t)((n_ctx + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK);
@@ -124,7 +126,8 @@ int cmd_worker(int argc, char **argv)
         bio = blockio_new(cache, engine_kvpool(e), m, &bo);
     }
     sched_opts so = { .bio = bio, .max_seqs = (int)max_seqs, .max_queue = (int)max_queue,
-                      .step_tokens = (int)step_tokens, .n_ctx = n_ctx, .eos_ids = { -1, -1, -1, -1 } };
+                      .step_tokens = (int)step_tokens, .prefill_step_tokens = (int)prefill_step, .n_ctx = n_ctx,
+                      .eos_ids = { -1, -1, -1, -1 } };
     so.eos_ids[0] = tokenizer_eos(tok);
     so.eos_ids[1] = tokenizer_eot(tok);
     if (sched_new(e, &so, &s) != SCHED_OK) {

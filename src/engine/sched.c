@@ -96,7 +96,7 @@ struct sched {
     sched_req **running;         /* (max_seqs) in admission order */
     int n_running;
     uint64_t admit_counter;
-    engine_tok *batch;           /* (step_tokens) */
+    engine_tok *batch;           /* (prefill_step_tokens >= step_tokens) */
     sched_req **batch_req;       /* (max_seqs) requests in this step */
     int *batch_n;                /* (max_seqs) tokens of each in this step */
     int *batch_row;              /* (max_seqs) logits row or -1 */
@@ -357,6 +357,7 @@ replan:
     int n_tok = 0, budget = s->o.step_tokens, n_rows = 0;
     /* two passes: decodes (one token left) first, then prefill chunks, admission order */
     for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1 && n_tok == 0) budget = s->o.prefill_step_tokens;  /* no decode waits */
         for (int i = 0; i < s->n_running && budget > 0; i++) {
             sched_req *r = s->running[i];
             int left = r->n_tokens - r->n_done;
@@ -732,11 +733,14 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
     if (o.step_tokens <= 0) o.step_tokens = sched_default_step_tokens(o.max_seqs);
     if (o.step_tokens > mb) o.step_tokens = mb;
     if (o.max_seqs > o.step_tokens) o.max_seqs = o.step_tokens;
+    if (o.prefill_step_tokens <= 0) o.prefill_step_tokens = SCHED_PREFILL_STEP;
+    o.prefill_step_tokens = TM_MAX(o.step_tokens, TM_MIN(o.prefill_step_tokens, mb));
     if (o.n_ctx <= 0) o.n_ctx = m->hp.n_ctx_train;
     s->o = o;
     s->st.step_tokens = o.step_tokens;
+    s->st.prefill_step_tokens = o.prefill_step_tokens;
     s->running = xcalloc((size_t)o.max_seqs, sizeof *s->running);
-    s->batch = xcalloc((size_t)o.step_tokens, sizeof *s->batch);
+    s->batch = xcalloc((size_t)o.prefill_step_tokens, sizeof *s->batch);
     s->batch_req = xcalloc((size_t)o.max_seqs, sizeof *s->batch_req);
     s->batch_n = xcalloc((size_t)o.max_seqs, sizeof *s->batch_n);
     s->batch_row = xcalloc((size_t)o.max_seqs, sizeof *s->batch_row);

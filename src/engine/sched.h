@@ -11,7 +11,10 @@
  * compute-bound from a few dozen tokens on (the weights are read once per step, but every
  * token costs its own FLOPs), so a larger budget buys little prefill speed and costs the
  * decodes in proportion; the default, sched_default_step_tokens, is every decode plus a
- * SCHED_PREFILL_CHUNK-token prefill chunk. A new request first attaches the cached full 128-token
+ * SCHED_PREFILL_CHUNK-token prefill chunk. A step that carries no decode has no one to
+ * stall, so its budget is prefill_step_tokens (default SCHED_PREFILL_STEP, llama.cpp's
+ * 512-token micro-batch): a prompt read alone goes in fewer, larger steps, each reading the
+ * weights once for more tokens, and a cached prompt's short suffix in one step. A new request first attaches the cached full 128-token
  * blocks that prefix its prompt (kvpool_seq_attach_prefix) and computes only the rest; those
  * attached positions are reported as cached prompt tokens.
  *
@@ -74,6 +77,8 @@ typedef enum {
  * enough that chunking costs little prefill speed (a step of 64+ tokens is compute-bound on a
  * CPU), small enough that a step with a chunk stays within a few decode-only steps. */
 #define SCHED_PREFILL_CHUNK 64
+/* Default budget of a step without decodes (prefill chunks only). */
+#define SCHED_PREFILL_STEP 512
 
 typedef struct {
     int max_seqs;           /* running sequences at once; <= 0: 16 */
@@ -81,6 +86,8 @@ typedef struct {
     int step_tokens;        /* token budget per step (decodes + prefill chunks); <= 0:
                              * sched_default_step_tokens(max_seqs); either way at most the
                              * engine's max batch */
+    int prefill_step_tokens; /* budget of a step with no decode in it; <= 0: SCHED_PREFILL_STEP;
+                             * at least step_tokens, at most the engine's max batch */
     int n_ctx;              /* positions per sequence (prompt + generated); <= 0: model n_ctx_train */
     int32_t eos_ids[4];     /* end-of-generation ids for every request (-1 = unused) */
     struct blockio *bio;    /* block store tier (engine/blockio.h), or NULL: prefixes beyond the
@@ -169,7 +176,8 @@ typedef struct {
     uint64_t n_steps;           /* engine steps */
     uint64_t n_mixed_steps;     /* of which steps that carried decodes and prefill chunks */
     int step_tokens;            /* the token budget of a step (opts.step_tokens resolved) */
-    int max_step_tokens;        /* most tokens any step carried so far (<= step_tokens) */
+    int prefill_step_tokens;    /* the budget of a step without decodes (resolved) */
+    int max_step_tokens;        /* most tokens any step carried so far */
     double step_s;              /* total seconds inside engine_step */
     double gap_s;               /* total seconds between consecutive steps while busy (sampling,
                                    publishing, planning): the kernels' idle time */

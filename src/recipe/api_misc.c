@@ -98,6 +98,7 @@ static void misc_metrics(http_request *r, void *user)
     api_metric(&b, "tokenmill_engine_steps_total", "counter", "Engine forward steps.", (double)st.n_steps);
     api_metric(&b, "tokenmill_engine_mixed_steps_total", "counter", "Engine steps that carried decodes and prefill chunks together.", (double)st.n_mixed_steps);
     api_metric(&b, "tokenmill_step_tokens_budget", "gauge", "Token budget of one step (decodes + prefill chunks, --step-tokens).", st.step_tokens);
+    api_metric(&b, "tokenmill_prefill_step_tokens_budget", "gauge", "Token budget of a step without decodes (--prefill-step-tokens).", st.prefill_step_tokens);
     api_metric(&b, "tokenmill_step_tokens_max", "gauge", "Most tokens any step carried so far.", st.max_step_tokens);
     api_metric(&b, "tokenmill_engine_step_seconds_total", "counter", "Seconds inside engine steps.", st.step_s);
     api_metric(&b, "tokenmill_cpu_gap_seconds_total", "counter",

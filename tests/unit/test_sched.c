@@ -4,7 +4,8 @@
  * releasing KV blocks, the bounded queue, KV exhaustion (waiting and preemption, then
  * completion with the same tokens), prefix-cache hits reported as cached tokens, log-probs,
  * argument errors, and chunked prefill: a long prompt that arrives while a sequence decodes is
- * read in chunks of the default step budget, and the decode gets its token in every step.
+ * read in chunks of the default step budget, and the decode gets its token in every step; a
+ * prompt read alone goes in steps of the (larger) prefill budget.
  *
  * Note: the engine rounds Q to F16 in batches under 64 tokens only (as ggml does), so a
  * decode's logits can differ in the last bits when it shares a step with a long prefill
@@ -442,6 +443,31 @@ TEST(test_long_prompt_chunked_beside_decode)
     CHECK(max_tok == budget);
 }
 
+/* A prompt read with no decode running goes in steps of the prefill budget (capped at the
+ * engine's max batch, 128 here), not of the decode-sharing budget (48): 300 tokens in 3 steps,
+ * the first two full. Then its first token, alone. Counted in steps. */
+TEST(test_prefill_alone_uses_prefill_budget)
+{
+    enum { P = 300 };
+    rig g = rig_new(16, 4, 16, 48);
+    sched_stats st;
+    sched_get_stats(g.s, &st);
+    CHECK(st.step_tokens == 48);
+    CHECK(st.prefill_step_tokens == 128);
+    int32_t pr[P], out[4];
+    prompt_of(pr, P, 9);
+    sched_params p = greedy(pr, P, 2);
+    sched_req *r;
+    CHECK(sched_submit(g.s, &p, &r) == SCHED_OK);
+    CHECK(drain(r, out, 4, NULL) == 2);
+    sched_release(r);
+    sched_get_stats(g.s, &st);
+    CHECKF(st.n_steps == 3 + 1, "%d steps for a %d-token prompt and one decode", (int)st.n_steps, P);
+    CHECK(st.max_step_tokens == 128);
+    CHECK(st.n_mixed_steps == 0);
+    rig_free(&g);
+}
+
 TEST(test_errors_and_shutdown)
 {
     rig g = rig_new(16, 4, 16, 48);
@@ -489,6 +515,7 @@ int main(void)
     RUN(test_stop_ids_logprobs_seed);
     RUN(test_think_budget);
     RUN(test_long_prompt_chunked_beside_decode);
+    RUN(test_prefill_alone_uses_prefill_budget);
     RUN(test_errors_and_shutdown);
     model_free(g_model);
     char cmd[300];
