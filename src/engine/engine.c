@@ -14,13 +14,17 @@
 #include "model/ops.h"
 #include "util/util.h"
 
-/* Attention tiles: up to this many consecutive positions of one sequence share each K/V
- * block conversion (f16 -> f32 of K and V, V transposed): 64 rather than 16 makes that
- * per-tile work a quarter per query row, which matters most for a cached prefix's short
- * uncached suffix deep in the context (bench/cache: the transpose and conversion were ~18 %
- * of such a request at tile 16 on a Qwen3-0.6B shape). A row's arithmetic does not depend
- * on its tile, so this changes no result. */
-#define ENGINE_ATT_TILE 64
+/* Attention tiles: the consecutive positions of one sequence in a step are cut into tiles,
+ * and a tile's query rows (tile * gqa) share every read of the context's K/V: each 128-key
+ * block is read from the pool and converted to f32 once per tile, so on a deep context (a
+ * cached prefix's short uncached suffix) fewer, larger tiles mean less of that memory-bound
+ * work per row. Tiles hold up to ENGINE_ATT_ROWS query rows (the scratch stays in L2) and at
+ * most ENGINE_ATT_TILE_MAX positions; a step with few tiles cuts them smaller so that every
+ * kernel thread gets work (engine_plan_tiles). A row's arithmetic does not depend on its tile
+ * (ops_att_block), so none of this changes a result. */
+#define ENGINE_ATT_ROWS 256
+#define ENGINE_ATT_TILE_MAX 128
+#define ENGINE_ATT_TILE_MIN 16
 
 struct engine {
     model *m;
@@ -45,6 +49,7 @@ struct engine {
     size_t att_stride;       /* floats per thread */
     int32_t *tile_start;     /* (T + 1) first batch entry of each attention tile */
     int n_tiles;
+    int att_tile;            /* positions per attention tile at most (ENGINE_ATT_* bounds) */
 };
 
 typedef struct {
@@ -159,10 +164,12 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
     sc = engine_scratch_need(&m->output, Ti, sc);
     e->mm_scratch = util_aligned_alloc(sc + 64);
     /* per thread: K and V block in f32 (2 * 128 * hd), and for the tile's query rows
-     * (ENGINE_ATT_TILE * gqa, rounded up to 16): queries transposed and accumulators (hd
-     * each), scores (128), max, sum and causal limit (3); the per-key path needs less */
+     * (att_tile * gqa, rounded up to 16): queries transposed and accumulators (hd each),
+     * scores (128), max, sum and causal limit (3); the per-key path needs less */
+    int gqa = hp->n_heads / hp->n_kv_heads;
+    e->att_tile = TM_MAX(ENGINE_ATT_TILE_MIN, TM_MIN(ENGINE_ATT_TILE_MAX, ENGINE_ATT_ROWS / gqa));
     size_t hdz = (size_t)hp->head_dim;
-    size_t nqp = TM_ALIGN_UP((size_t)ENGINE_ATT_TILE * (size_t)(hp->n_heads / hp->n_kv_heads), 16);
+    size_t nqp = TM_ALIGN_UP((size_t)e->att_tile * (size_t)gqa, 16);
     e->att_stride = TM_ALIGN_UP(2 * KVPOOL_BLOCK * hdz + nqp * (2 * hdz + KVPOOL_BLOCK + 3), 16);
     e->att_scratch = util_aligned_alloc((size_t)o.n_threads * e->att_stride * sizeof(float));
     e->tile_start = util_aligned_alloc((T + 1) * sizeof(int32_t));
@@ -208,7 +215,7 @@ static void engine_job_store_kv(void *ctx, int ith, int nth)
     }
 }
 
-/* Attention. An item is (tile, kv head): a tile is up to ENGINE_ATT_TILE consecutive batch
+/* Attention. An item is (tile, kv head): a tile is a run of consecutive batch
  * entries of one sequence at consecutive positions (a prefill run; a decode token is a tile of
  * one), and the item covers the gqa query heads that share the kv head: nq = tile * gqa query
  * rows, which share every K/V row read.
@@ -235,7 +242,7 @@ static void engine_att_per_key(engine_job *j, float *sc, int t0, int nt, int kvh
     engine *e = j->e;
     const model_hparams *hp = &e->m->hp;
     const int hd = hp->head_dim, gqa = hp->n_heads / hp->n_kv_heads, qd = hp->n_heads * hd;
-    const int nq = nt * gqa, nqmax = ENGINE_ATT_TILE * gqa;
+    const int nq = nt * gqa, nqmax = e->att_tile * gqa;
     const float scale = 1.0f / sqrtf((float)hd);
     const engine_tok *tk0 = &j->b->toks[t0];
     float *acc = sc;                               /* (nq, hd) accumulators, f16 values */
@@ -341,6 +348,35 @@ static void engine_att_tiled(engine_job *j, float *sc, int t0, int nt, int kvh)
     }
 }
 
+/* Cuts the batch into attention tiles (e->tile_start): each run of one sequence at
+ * consecutive positions into equal pieces of at most `tile` positions, tile = att_tile halved
+ * (down to ENGINE_ATT_TILE_MIN) while the step would have fewer than two items per thread. */
+static void engine_plan_tiles(engine *e, const engine_batch *b)
+{
+    const int T = b->n_tokens, nkv = e->m->hp.n_kv_heads;
+    int tile = e->att_tile;
+    for (;;) {
+        int items = 0;
+        for (int t = 0; t < T;) {
+            int r = t + 1;
+            while (r < T && b->toks[r].seq == b->toks[t].seq && b->toks[r].pos == b->toks[r - 1].pos + 1) r++;
+            items += (r - t + tile - 1) / tile * nkv;
+            t = r;
+        }
+        if (items >= 2 * e->n_threads || tile <= ENGINE_ATT_TILE_MIN) break;
+        tile = TM_MAX(ENGINE_ATT_TILE_MIN, tile / 2);
+    }
+    e->n_tiles = 0;
+    for (int t = 0; t < T;) {
+        int r = t + 1;
+        while (r < T && b->toks[r].seq == b->toks[t].seq && b->toks[r].pos == b->toks[r - 1].pos + 1) r++;
+        int pieces = (r - t + tile - 1) / tile, len = r - t;
+        for (int k = 0; k < pieces; k++) e->tile_start[e->n_tiles++] = t + (int)((int64_t)len * k / pieces);
+        t = r;
+    }
+    e->tile_start[e->n_tiles] = T;
+}
+
 static void engine_job_attention(void *ctx, int ith, int nth)
 {
     engine_job *j = ctx;
@@ -378,17 +414,7 @@ engine_status engine_step(engine *e, const engine_batch *b, float *logits)
         if (kvpool_seq_reserve(e->kv, tk->seq, tk->pos + 1) != KVPOOL_OK) return ENGINE_ERR_KV_FULL;
     }
 
-    /* attention tiles: runs of one sequence at consecutive positions, cut every
-     * ENGINE_ATT_TILE entries */
-    e->n_tiles = 0;
-    for (int t = 0; t < T; t++) {
-        const engine_tok *tk = &b->toks[t];
-        int st0 = e->n_tiles ? e->tile_start[e->n_tiles - 1] : -1;
-        bool cont = st0 >= 0 && t - st0 < ENGINE_ATT_TILE && b->toks[t - 1].seq == tk->seq &&
-                    b->toks[t - 1].pos + 1 == tk->pos;
-        if (!cont) e->tile_start[e->n_tiles++] = t;
-    }
-    e->tile_start[e->n_tiles] = T;
+    engine_plan_tiles(e, b);
 
     threadpool *tp = e->tp;
     const int dim = hp->dim, hd = hp->head_dim;
