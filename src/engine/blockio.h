@@ -14,11 +14,11 @@
  * Loads: blockio_load_start (engine thread, while the request still waits in the queue)
  * computes the keys of the blocks that follow the request's RAM-tier prefix and queues a
  * load; the idle I/O threads get them from the store (claimed in order, read side by side)
- * until the first miss, into block-file buffers kept faulted in and reused (n_read_bufs). Loads share
- * blocks: a table of the blocks being read or read but not yet in the pool (by key,
- * refcounted) lets a second request that needs them wait for the first read instead of
- * reading the store again (n_load_shared), so concurrent requests with one prefix read each
- * stored block once.
+ * until the first miss, into block-file buffers kept faulted in and reused (n_read_bufs),
+ * and the owner hears of the finished load through its ready hook. Loads share blocks: a
+ * table of the blocks being read or read but not yet in the pool (by key, refcounted) lets a
+ * second request that needs them wait for the first read instead of reading the store again
+ * (n_load_shared), so concurrent requests with one prefix read each stored block once.
  *
  * Fills (store -> RAM -> KV pool, layer by layer): when the request is admitted,
  * blockio_load_finish appends the loaded blocks to its sequence after the RAM-tier blocks it
