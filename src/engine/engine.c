@@ -19,10 +19,12 @@
  * block is read from the pool and converted to f32 once per tile, so on a deep context (a
  * cached prefix's short uncached suffix) fewer, larger tiles mean less of that memory-bound
  * work per row. Tiles hold up to ENGINE_ATT_ROWS query rows (the scratch stays in L2) and at
- * most ENGINE_ATT_TILE_MAX positions; a step with few tiles cuts them smaller so that every
+ * most ENGINE_ATT_TILE_MAX positions (at least one: a tile of one MQA position may exceed
+ * the rows); a step with few tiles cuts them smaller so that every
  * kernel thread gets work (engine_plan_tiles). A row's arithmetic does not depend on its tile
  * (ops_att_block), so none of this changes a result. */
 #define ENGINE_ATT_ROWS 256
+#define ENGINE_ATT_GQA_MAX 1024  /* query heads per kv head at most (a tile has >= 1 position) */
 #define ENGINE_ATT_TILE_MAX 128
 #define ENGINE_ATT_TILE_MIN 16
 
@@ -114,6 +116,11 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
         o.n_threads = nc > 0 ? (int)nc : 1;
     }
     if (o.max_batch_tokens <= 0) o.max_batch_tokens = 512;
+    if (hp->n_heads / hp->n_kv_heads > ENGINE_ATT_GQA_MAX) {
+        snprintf(err, errsz, "%d query heads per kv head: at most %d are supported", hp->n_heads / hp->n_kv_heads,
+                 ENGINE_ATT_GQA_MAX);
+        return ENGINE_ERR_ARG;
+    }
     engine *e = xcalloc(1, sizeof *e);
     e->m = m;
     e->max_tokens = o.max_batch_tokens;
@@ -167,7 +174,7 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
      * (att_tile * gqa, rounded up to 16): queries transposed and accumulators (hd each),
      * scores (128), max, sum and causal limit (3); the per-key path needs less */
     int gqa = hp->n_heads / hp->n_kv_heads;
-    e->att_tile = TM_MAX(ENGINE_ATT_TILE_MIN, TM_MIN(ENGINE_ATT_TILE_MAX, ENGINE_ATT_ROWS / gqa));
+    e->att_tile = TM_MAX(1, TM_MIN(ENGINE_ATT_TILE_MAX, ENGINE_ATT_ROWS / gqa));
     size_t hdz = (size_t)hp->head_dim;
     size_t nqp = TM_ALIGN_UP((size_t)e->att_tile * (size_t)gqa, 16);
     e->att_stride = TM_ALIGN_UP(2 * KVPOOL_BLOCK * hdz + nqp * (2 * hdz + KVPOOL_BLOCK + 3), 16);
@@ -310,9 +317,13 @@ static void engine_att_tiled(engine_job *j, float *sc, int t0, int nt, int kvh)
     float *M = st + (size_t)KVPOOL_BLOCK * nqp;       /* (nq) running max */
     float *S = M + nqp;                               /* (nq) running sum */
     int32_t *lim = (int32_t *)(S + nqp);              /* (nq) keys of the block each row sees */
-    for (int r = 0; r < nqp; r++) {
-        const float *q = r < nq ? e->q + (size_t)(t0 + r / gqa) * qd + (size_t)(kvh * gqa + r % gqa) * hd : NULL;
-        for (int d = 0; d < hd; d++) qt[(size_t)d * nqp + r] = q ? q[d] : 0.0f;  /* pad lanes 0 */
+    /* qt row by row (contiguous stores; the query rows are read across, from L2) */
+    const float *qrow[TM_MAX(ENGINE_ATT_ROWS, ENGINE_ATT_GQA_MAX)];   /* nq <= max(256, gqa) */
+    for (int r = 0; r < nq; r++) qrow[r] = e->q + (size_t)(t0 + r / gqa) * qd + (size_t)(kvh * gqa + r % gqa) * hd;
+    for (int d = 0; d < hd; d++) {
+        float *row = qt + (size_t)d * nqp;
+        for (int r = 0; r < nq; r++) row[r] = qrow[r][d];
+        for (int r = nq; r < nqp; r++) row[r] = 0.0f;  /* pad lanes */
     }
     for (int r = 0; r < nq; r++) {
         M[r] = -INFINITY;
