@@ -305,6 +305,31 @@ store_status store_get_into(store *s, const uint8_t key[32], int cls, void *buf,
     return st;
 }
 
+store_status store_get_mapped(store *s, const uint8_t key[32], int cls, const void **out, size_t *n)
+{
+    *out = NULL;
+    *n = 0;
+    if (!store_mappable(s)) return STORE_ARG;
+    double ttl = s->o.read_only ? 0 : store_ttl(s, cls);
+    const void *p = NULL;
+    size_t len = 0;
+    store_status st = store_dir_map(s->dir, key, ttl, &p, &len);
+    if (st == STORE_ARG) return STORE_ARG;
+    STORE_INC(s, n_get);
+    st = store_check_read(s, key, st, p, len);   /* a corrupt file is unlinked: p stays valid */
+    if (st != STORE_OK) {
+        store_dir_unmap(p, len);
+        return st;
+    }
+    *out = p;
+    *n = len;
+    return STORE_OK;
+}
+
+void store_unmap(const void *file, size_t n) { store_dir_unmap(file, n); }
+
+bool store_mappable(const store *s) { return s->dir && store_dir_mappable(s->dir); }
+
 store_status store_touch(store *s, const uint8_t key[32], int cls)
 {
     if (s->o.read_only) return STORE_ARG;

@@ -88,6 +88,16 @@ store_status store_get(store *s, const uint8_t key[32], int cls, void **out, siz
  * is the block file's size. A stored block larger than cap is verified (deleted when corrupt)
  * and STORE_ARG is returned for a valid one. buf's bytes are undefined unless STORE_OK. */
 store_status store_get_into(store *s, const uint8_t key[32], int cls, void *buf, size_t cap, size_t *n);
+/* store_get without a copy, for dir: stores on a local file system (store_mappable): maps
+ * key's block file read-only (*out, n bytes) and verifies it in place, with the same
+ * counters, deletion of a corrupt block and refresh. Release with store_unmap(*out, *n). The
+ * mapping stays valid when the file is deleted or replaced meanwhile (store_dir.h says why and
+ * what is out of the contract). STORE_ARG when this store cannot map (ec:, a network file
+ * system): use store_get_into; STORE_MISS / STORE_CORRUPT / STORE_IO otherwise (*out = NULL). */
+store_status store_get_mapped(store *s, const uint8_t key[32], int cls, const void **out, size_t *n);
+void store_unmap(const void *file, size_t n);
+/* True when store_get_mapped may map (it can still answer STORE_ARG, e.g. on an old kernel). */
+bool store_mappable(const store *s);
 /* Refreshes key's last use to now and its expiry to at least now + TTL(cls) without reading
  * it (a hit served from a RAM tier above the store). STORE_OK, STORE_MISS when absent. */
 store_status store_touch(store *s, const uint8_t key[32], int cls);

@@ -1,6 +1,7 @@
 /*
  * store_dir: a directory target (design in store_dir.h). File times carry retention
- * (gc.h): atime = last use, mtime = expiry, set with futimens/utimensat.
+ * (gc.h): atime = last use, mtime = expiry, set with futimens/utimensat. Mapped reads
+ * (store_dir_map) are decided per target at open from the file system type (statfs).
  */
 #include "cache/store_dir.h"
 
@@ -13,7 +14,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -35,6 +38,8 @@ struct store_dir {
     double last_log;             /* util_now() of the last error line */
     uint64_t n_suppressed;       /* error lines not printed since */
     uint64_t tmp_seq;            /* temporary-name counter (atomic) */
+    bool mappable;               /* local file system: store_dir_map allowed (atomic: cleared
+                                  * when the kernel cannot populate mappings) */
 };
 
 #define STORE_DIR_INC(d, field, v) __atomic_fetch_add(&(d)->c.field, (v), __ATOMIC_RELAXED)
@@ -101,6 +106,24 @@ static struct timespec store_dir_timespec(double t)
     return ts;
 }
 
+/* True for the local file systems whose files may be mapped (store_dir.h): a file there keeps
+ * its pages while mapped even when another process unlinks or renames over it. */
+static bool store_dir_local_fs(const char *root)
+{
+    struct statfs sf;
+    if (statfs(root, &sf)) return false;
+    switch ((unsigned long)sf.f_type) {
+    case 0xEF53UL:       /* ext2/3/4 */
+    case 0x58465342UL:   /* xfs */
+    case 0x9123683EUL:   /* btrfs */
+    case 0x01021994UL:   /* tmpfs */
+    case 0xF2F52010UL:   /* f2fs */
+    case 0x794C7630UL:   /* overlayfs */
+        return true;
+    }
+    return false;
+}
+
 store_status store_dir_open(const char *root, const store_dir_opts *opts, store_dir **out)
 {
     *out = NULL;
@@ -127,6 +150,7 @@ store_status store_dir_open(const char *root, const store_dir_opts *opts, store_
         store_dir_close(d);
         return STORE_IO;
     }
+    d->mappable = store_dir_local_fs(d->root);
     store_dir_rebuild(d);
     *out = d;
     return STORE_OK;
@@ -363,6 +387,76 @@ store_status store_dir_read(store_dir *d, const uint8_t key[32], double ttl_s, v
 store_status store_dir_read_into(store_dir *d, const uint8_t key[32], double ttl_s, void *buf, size_t cap, size_t *n)
 {
     return store_dir_read_impl(d, key, ttl_s, buf, cap, NULL, n);
+}
+
+bool store_dir_mappable(const store_dir *d) { return __atomic_load_n(&d->mappable, __ATOMIC_RELAXED); }
+
+store_status store_dir_map(store_dir *d, const uint8_t key[32], double ttl_s, const void **out, size_t *n)
+{
+    static const uint8_t empty[1];   /* the mapping of an empty file */
+    *out = NULL;
+    *n = 0;
+    if (!store_dir_mappable(d)) return STORE_ARG;
+    char path[PATH_MAX];
+    store_dir_path(d, key, path, sizeof path);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int err = errno;
+        if (err == ENOENT || err == ENOTDIR) {
+            gc_view_remove(d->view, key);
+            STORE_DIR_INC(d, n_read_miss, 1);
+            return STORE_MISS;
+        }
+        store_dir_log(d, "cannot open", path, err);
+        STORE_DIR_INC(d, n_io_err, 1);
+        return STORE_IO;
+    }
+    struct stat st;
+    const char *what = NULL;
+    int err = 0;
+    void *p = (void *)empty;
+    size_t size = 0;
+    if (fstat(fd, &st)) {
+        what = "cannot stat";
+        err = errno;
+    } else if ((size = (size_t)st.st_size) > 0) {
+        p = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p == MAP_FAILED) {
+            what = "cannot map";
+            err = errno;
+            p = NULL;
+        } else if (madvise(p, size, MADV_POPULATE_READ)) {
+            /* EINVAL: a kernel without it (< 5.14): read files instead from now on; else a
+             * page could not be read (I/O error, or truncated meanwhile by someone else) */
+            err = errno;
+            munmap(p, size);
+            p = NULL;
+            if (err == EINVAL) {
+                __atomic_store_n(&d->mappable, false, __ATOMIC_RELAXED);
+                close(fd);
+                return STORE_ARG;
+            }
+            what = "cannot read";
+        }
+    }
+    if (err) {
+        close(fd);
+        store_dir_log(d, what, path, err);
+        STORE_DIR_INC(d, n_io_err, 1);
+        return STORE_IO;
+    }
+    if (ttl_s > 0 && !d->o.read_only) store_dir_refresh(d, key, fd, NULL, &st, ttl_s);
+    close(fd);
+    STORE_DIR_INC(d, n_read, 1);
+    STORE_DIR_INC(d, bytes_read, size);
+    *out = p;
+    *n = size;
+    return STORE_OK;
+}
+
+void store_dir_unmap(const void *p, size_t n)
+{
+    if (p && n) munmap((void *)p, n);
 }
 
 bool store_dir_exists(store_dir *d, const uint8_t key[32])

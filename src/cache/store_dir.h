@@ -11,6 +11,20 @@
  * Retention times are file times (gc.h: atime = last use, mtime = expiry). Temporary files
  * older than an hour (a writer that died) are removed by scans.
  *
+ * Mapped reads (store_dir_map): on a local file system (ext4, xfs, btrfs, tmpfs, f2fs, overlay)
+ * a file may be read through a read-only private mapping instead of a copy. A mapping reads
+ * the file's pages in place, so it is only safe while nobody truncates or rewrites the file
+ * in place (truncation makes any access beyond the new end raise SIGBUS). The store never
+ * does: a put writes a new inode and renames it over the name, and every delete (request,
+ * corruption, fsck, TTL, eviction, capacity, in this process or another) is an unlink; a
+ * mapped inode that was unlinked or renamed over keeps its pages until the last munmap. Pages
+ * are read in at map time (MADV_POPULATE_READ), so an I/O error is a failed read (STORE_IO),
+ * not a SIGBUS later. Network and FUSE file systems (NFS, CephFS, 3FS, ...) are never mapped:
+ * a file deleted by another client can vanish from under a mapping there (ESTALE). Out of the
+ * contract, as for the model's own mapping: a process outside the store that truncates or
+ * writes a block file in place while it is mapped, and a media error on a page evicted under
+ * memory pressure between map and use.
+ *
  * Errors: ENOSPC/EDQUOT -> STORE_NOSPACE, other failures -> STORE_IO; each is counted and
  * logged at most once per 10 s per target, and the caller carries on with less cache.
  * Thread-safe: any number of threads may call any function at once.
@@ -70,6 +84,16 @@ store_status store_dir_read(store_dir *d, const uint8_t key[32], double ttl_s, v
 /* The same into the caller's buffer buf of cap bytes (no allocation: a reused buffer takes no
  * page faults). A file larger than cap is not read: STORE_ARG. */
 store_status store_dir_read_into(store_dir *d, const uint8_t key[32], double ttl_s, void *buf, size_t cap, size_t *n);
+/* True when the target may be read by store_dir_map (a local file system, see above). */
+bool store_dir_mappable(const store_dir *d);
+/* Maps key's whole file read-only (private, pages read in now) at *out, *n bytes: the read of
+ * store_dir_read without the copy. Unmap with store_dir_unmap (an empty file gives a non-NULL
+ * *out with *n = 0). STORE_MISS when absent, STORE_IO when the file cannot be opened, mapped
+ * or read (counted, logged), STORE_ARG when the target is not mappable. ttl_s as for
+ * store_dir_read. */
+store_status store_dir_map(store_dir *d, const uint8_t key[32], double ttl_s, const void **out, size_t *n);
+/* Unmaps a mapping of store_dir_map (p, n as it returned them); NULL is ignored. */
+void store_dir_unmap(const void *p, size_t n);
 /* Moves key's last use to now and its expiry to at least now + ttl_s, as a read hit does,
  * without reading it. STORE_OK, STORE_MISS when absent. */
 store_status store_dir_touch(store_dir *d, const uint8_t key[32], double ttl_s);

@@ -16,10 +16,19 @@
  * no READING entry itself, so two loads never wait for each other, and counts the leading OK
  * entries.
  *
- * Read buffers: a block file read into fresh memory costs more in page faults than in the read
- * itself (a 14.7 MB block: ~3,600 faults with their zeroing and accounting), so files are read
- * into a stack of n_read_bufs buffers faulted in once at start and reused; a load that needs
- * more gets fresh ones, freed again beyond the stack's size.
+ * Mapped blocks: where the store can map its files (store_mappable: dir: on a local file
+ * system), a block is not read at all: store_get_mapped maps the file read-only, verifies it in
+ * place, and the fill copies from the mapping straight into the pool block; the last reference
+ * to the entry unmaps it. One copy of the KV bytes instead of two (read, then fill), and the
+ * page-cache pages are mapped in large batches (file folios), which costs less than copying
+ * them. A deleted or replaced file keeps its pages while mapped (store_dir.h).
+ *
+ * Read buffers (ec:, network file systems, opts.no_map): a block file read into fresh memory
+ * costs more in page faults than in the read itself (a 14.7 MB block: ~3,600 faults with their
+ * zeroing and accounting), so files are read into a stack of n_read_bufs buffers faulted in
+ * once at start and reused; a load that needs more gets fresh ones, freed again beyond the
+ * stack's size. With mapped blocks the stack starts empty and only fills if a map fails over
+ * to reading (a kernel without MADV_POPULATE_READ).
  *
  * Fill counters: fill_issued counts the blocks handed to the pool with kvpool_seq_append_fill,
  * fill_done[l] the blocks whose layer l is copied. Every fill copies its layers in order, so
@@ -44,7 +53,9 @@ typedef enum { BLOCKIO_ENT_QUEUED = 0, BLOCKIO_ENT_READING, BLOCKIO_ENT_OK, BLOC
 
 typedef struct blockio_ent {
     uint8_t key[32];            /* block key */
-    void *file;                 /* verified block file (a read buffer) when OK, else NULL */
+    void *file;                 /* verified block file when OK (a read buffer, or a mapping of
+                                 * file_bytes when mapped), else NULL */
+    bool mapped;                /* file is a store mapping (store_unmap), not a read buffer */
     int state;                  /* blockio_ent_state */
     int refcnt;                 /* loads and fills holding it */
     bool used;                  /* appended to a sequence by some load */
@@ -85,6 +96,7 @@ struct blockio {
     size_t layer_bytes;      /* block_bytes / n_layers: one layer's K and V */
     int n_layers;
     size_t file_bytes;       /* BLOCK_HEADER_BYTES + block_bytes */
+    bool map;                /* read blocks through store_get_mapped (store_mappable, !o.no_map) */
     uint8_t **rbuf;          /* (o.n_read_bufs) stack of free read buffers (file_bytes each, faulted in) */
     int n_rbuf;              /* buffers on the stack */
     pthread_t *th;           /* (n_threads) */
@@ -152,7 +164,8 @@ static void blockio_ent_unref(blockio *b, blockio_ent *e)
     if (e->state == BLOCKIO_ENT_OK && !e->used) b->s.n_load_wasted++;   /* read for nothing */
     blockio_ent **pp = blockio_ent_slot(b, e->key);
     if (*pp == e) *pp = e->hnext;
-    blockio_rbuf_put_locked(b, e->file);
+    if (e->mapped) store_unmap(e->file, b->file_bytes);
+    else blockio_rbuf_put_locked(b, e->file);
     free(e);
 }
 
@@ -191,6 +204,23 @@ static bool blockio_read(blockio *b, const uint8_t key[32], int cls, uint8_t *bu
            !memcmp(h.fp, b->proto.fp, 32);
 }
 
+/* Maps key's block (store_get_mapped) with the geometry check of blockio_read: 1 with the
+ * mapping in *out, 0 on a miss, -1 when the store cannot map (read it instead). */
+static int blockio_read_mapped(blockio *b, const uint8_t key[32], int cls, const void **out)
+{
+    size_t n;
+    store_status st = store_get_mapped(b->st, key, cls, out, &n);
+    if (st == STORE_ARG) return -1;
+    if (st != STORE_OK) return 0;
+    block_header h;
+    if (n == b->file_bytes && block_parse_header(*out, n, &h) == BLOCK_OK && h.payload_bytes == b->block_bytes &&
+        !memcmp(h.fp, b->proto.fp, 32))
+        return 1;
+    store_unmap(*out, n);
+    *out = NULL;
+    return 0;
+}
+
 /* Nothing left to claim and nobody reading for it: waits for the entries other loads' threads
  * read, counts the leading OK ones, marks l done (frees it when abandoned). Called with mu
  * held; returns with it held. */
@@ -220,16 +250,33 @@ static void blockio_do_load(blockio *b, blockio_load *l)
         e->state = BLOCKIO_ENT_READING;
         l->n_reading++;
         if (l->queued) pthread_cond_signal(&b->cv);   /* more to claim: wake an idle thread */
-        uint8_t *buf = blockio_rbuf_get_locked(b);
+        bool map = b->map;
+        uint8_t *buf = map ? NULL : blockio_rbuf_get_locked(b);
         pthread_mutex_unlock(&b->mu);
         double t0 = util_now();
-        bool fresh = !buf;
-        if (fresh) buf = util_aligned_alloc(b->file_bytes);
-        bool ok = buf && blockio_read(b, e->key, l->cls, buf);
+        const void *mapping = NULL;
+        int mapped = map ? blockio_read_mapped(b, e->key, l->cls, &mapping) : -1;
+        bool fresh = false, ok = mapped == 1;
+        if (mapped < 0) {   /* read into a buffer */
+            if (map) {
+                pthread_mutex_lock(&b->mu);
+                buf = blockio_rbuf_get_locked(b);
+                pthread_mutex_unlock(&b->mu);
+            }
+            fresh = !buf;
+            if (fresh) buf = util_aligned_alloc(b->file_bytes);
+            ok = buf && blockio_read(b, e->key, l->cls, buf);
+        }
         double dt = util_now() - t0;
         pthread_mutex_lock(&b->mu);
         if (fresh && buf) b->s.n_read_buf_alloc++;
-        if (ok) {
+        if (ok && mapped == 1) {
+            e->file = (void *)mapping;
+            e->mapped = true;
+            e->state = BLOCKIO_ENT_OK;
+            b->s.n_load_blocks++;
+            b->s.n_load_mapped++;
+        } else if (ok) {
             e->file = buf;
             e->state = BLOCKIO_ENT_OK;
             b->s.n_load_blocks++;
@@ -411,9 +458,11 @@ blockio *blockio_new(store *st, kvpool *pool, const model *m, const blockio_opts
         b->slot[i] = util_aligned_alloc(b->file_bytes);
         if (b->slot[i]) b->free_slots[b->n_free++] = i;
     }
-    /* read buffers, faulted in now rather than by the first loads after a start */
+    /* read buffers, faulted in now rather than by the first loads after a start (none when
+     * blocks are mapped: the stack fills only if mapping fails over to reading) */
+    b->map = !b->o.no_map && store_mappable(st);
     b->rbuf = xcalloc((size_t)b->o.n_read_bufs, sizeof *b->rbuf);
-    for (int i = 0; i < b->o.n_read_bufs; i++) {
+    for (int i = 0; i < (b->map ? 0 : b->o.n_read_bufs); i++) {
         uint8_t *r = util_aligned_alloc(b->file_bytes);
         if (!r) break;
         memset(r, 0, b->file_bytes);

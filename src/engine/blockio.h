@@ -14,8 +14,9 @@
  * Loads: blockio_load_start (engine thread, while the request still waits in the queue)
  * computes the keys of the blocks that follow the request's RAM-tier prefix and queues a
  * load; the idle I/O threads get them from the store (claimed in order, read side by side)
- * until the first miss, into block-file buffers kept faulted in and reused (n_read_bufs),
- * and the owner hears of the finished load through its ready hook. Loads share blocks: a
+ * until the first miss, as read-only mappings of the files verified in place where the store
+ * can map (dir: on a local file system), else into block-file buffers kept faulted in and
+ * reused (n_read_bufs), and the owner hears of the finished load through its ready hook. Loads share blocks: a
  * table of the blocks being read or read but not yet in the pool (by key, refcounted) lets a
  * second request that needs them wait for the first read instead of reading the store again
  * (n_load_shared), so concurrent requests with one prefix read each stored block once.
@@ -59,7 +60,9 @@ typedef struct {
     double touch_every_s;    /* least interval between two touches of one block; <= 0: 60 */
     int n_read_bufs;         /* block-file read buffers kept faulted in and reused (each
                               * BLOCK_HEADER_BYTES + kvpool_block_bytes, allocated at start);
-                              * <= 0: 16 */
+                              * <= 0: 16; only used when blocks are not mapped) */
+    bool no_map;             /* read blocks into buffers even where the store can map them
+                              * (store_mappable); default: map, verify and fill from the mapping */
     int cls;                 /* default traffic class of writes and loads (store_class); a
                               * request's own class comes with blockio_set_write_class and
                               * blockio_load_start_class */
@@ -72,6 +75,7 @@ typedef struct {
     uint64_t n_write_failed;   /* store_put failures (no space, I/O) */
     uint64_t n_loads;          /* load jobs started */
     uint64_t n_load_blocks;    /* blocks read from the store */
+    uint64_t n_load_mapped;    /* of those, mapped (verified and filled in place, no read copy) */
     uint64_t n_appended;       /* loaded blocks appended to sequences (store hits) */
     uint64_t n_load_wasted;    /* blocks read that no request used (cancelled, prefix changed, pool
                                 * full, or in the RAM tier meanwhile) */

@@ -35,6 +35,7 @@ typedef struct {
 static int g_kv_blocks = 24;   /* KV pool of the next servers */
 static const store_opts *g_store_opts;   /* store options of the next servers (NULL: defaults) */
 static int g_read_bufs;                  /* blockio read buffers of the next servers (0: default) */
+static bool g_no_map;                    /* the next servers read blocks into buffers, never map */
 
 static server server_new(const char *spec)
 {
@@ -46,7 +47,7 @@ static server server_new(const char *spec)
         store_opts so = { 0 };
         if (g_store_opts) so = *g_store_opts;
         if (store_open(spec, &so, &v.st) == STORE_OK) {
-            blockio_opts bo = { .n_write_slots = 64, .n_read_bufs = g_read_bufs };
+            blockio_opts bo = { .n_write_slots = 64, .n_read_bufs = g_read_bufs, .no_map = g_no_map };
             v.bio = blockio_new(v.st, engine_kvpool(v.e), g_model, &bo);
         }
         CHECK(v.bio != NULL);
@@ -419,6 +420,7 @@ TEST(test_load_read_buffers_reused_and_abandoned)
     server_free(&v);
 
     g_read_bufs = 2;   /* fewer kept buffers than blocks: fresh ones, same bytes */
+    g_no_map = true;   /* (mapped blocks take no buffers) */
     v = server_new(spec);
     CHECK(load_and_check(&v, pa, 1100) == 7);
     blockio_get_stats(v.bio, &st);
@@ -436,7 +438,92 @@ TEST(test_load_read_buffers_reused_and_abandoned)
     }
     server_free(&v);
     g_read_bufs = 0;
+    g_no_map = false;
     g_kv_blocks = 24;
+}
+
+/* Keys of the first n_blocks blocks of prompt (no salt, f16 pool). */
+static void prompt_keys(const int32_t *prompt, int n_blocks, uint8_t (*keys)[32])
+{
+    uint8_t fp[32], root[32] = { 0 };
+    blockkey_pool_fp(g_model->fingerprint, QTYPE_F16, fp);
+    blockkey_chain(root, prompt, n_blocks, fp, keys);
+}
+
+TEST(test_mapped_blocks_deleted_or_corrupt)
+{
+    /* blocks are mapped, verified and filled from the mapping: files deleted after the load
+     * (before the fill) still fill the stored bytes; abandoned mapped loads free everything; a
+     * corrupt block is a miss (counted, deleted), the blocks before it are used, outputs equal
+     * the uncached ones */
+    char dir[128], spec[160], path[400];
+    snprintf(dir, sizeof dir, "%s/mapped", tmpdir);
+    snprintf(spec, sizeof spec, "dir:%s", dir);
+    int32_t pa[1100], ra[6], out[6];
+    prompt_of(pa, 1100, 61);
+    CHECK(once(NULL, pa, 1100, 6, ra) == 0);
+    CHECK(once(spec, pa, 1000, 6, out) == 0);   /* stores 7 blocks */
+    uint8_t keys[7][32];
+    prompt_keys(pa, 7, keys);
+    server v = server_new(spec);
+    if (!store_mappable(v.st)) {
+        printf("     (skipped: %s is not on a local file system)\n", dir);
+        server_free(&v);
+        return;
+    }
+    kvpool *pool = engine_kvpool(v.e);
+    size_t bb = kvpool_block_bytes(pool);
+    uint8_t *want = xmalloc(7 * bb);
+    for (int i = 0; i < 7; i++) {
+        void *f;
+        size_t n;
+        CHECK(store_get(v.st, keys[i], 0, &f, &n) == STORE_OK);
+        if (f) memcpy(want + (size_t)i * bb, block_payload(f), bb);
+        free(f);
+    }
+    blockio_load *l = blockio_load_start(v.bio, NULL, pa, 1100);
+    CHECK(l && WAIT_UNTIL(blockio_load_ready(v.bio, l), 30));
+    for (int i = 0; i < 7; i++) {   /* gone from the store while mapped */
+        CHECK(store_delete(v.st, keys[i]) == STORE_OK);
+    }
+    kvpool_seq *sq = kvpool_seq_new(pool);
+    CHECK(blockio_load_finish(v.bio, l, sq) == 896);
+    kvpool_fill_wait(pool, -1);
+    for (int bi = 0; bi < 7; bi++)
+        CHECKF(!memcmp(kvpool_seq_slab(pool, sq, bi, 0, 0, 0), want + (size_t)bi * bb, bb), "block %d", bi);
+    kvpool_seq_free(pool, sq);
+    blockio_stats st;
+    blockio_get_stats(v.bio, &st);
+    CHECKF(st.n_load_mapped == 7 && st.n_load_blocks == 7 && st.n_read_buf_alloc == 0, "mapped %llu of %llu",
+           (unsigned long long)st.n_load_mapped, (unsigned long long)st.n_load_blocks);
+    server_free(&v);
+    free(want);
+
+    CHECK(once(spec, pa, 1000, 6, out) == 0);   /* stored again */
+    v = server_new(spec);
+    for (int i = 0; i < 30; i++) {   /* abandoned at once, after a while, or once ready */
+        l = blockio_load_start(v.bio, NULL, pa, 1100);
+        if (i % 3 == 1) usleep(300 * (useconds_t)(i % 7));
+        if (i % 3 == 2) CHECK(WAIT_UNTIL(blockio_load_ready(v.bio, l), 30));
+        blockio_load_free(v.bio, l);
+    }
+    server_free(&v);
+
+    char hex[BLOCKKEY_HEX];
+    blockkey_hex(keys[3], hex);
+    snprintf(path, sizeof path, "%s/%.2s/%.2s/%s.blk", dir, hex, hex + 2, hex);
+    CHECK(storetest_flip(path, -100) == 0);
+    v = server_new(spec);
+    CHECK(run(&v, pa, 1100, 6, out) == 384);   /* blocks 0-2 from the store, 3.. recomputed */
+    CHECK(!memcmp(out, ra, sizeof ra));
+    store_stats ss;
+    store_get_stats(v.st, &ss);
+    CHECKF(ss.n_corrupt == 1, "corrupt %llu", (unsigned long long)ss.n_corrupt);
+    blockio_get_stats(v.bio, &st);
+    CHECK(st.n_load_mapped >= 3);
+    server_free(&v);
+    CHECK(once(spec, pa, 1100, 6, out) == 1024);   /* written again (with block 7) */
+    CHECK(!memcmp(out, ra, sizeof ra));
 }
 
 static int g_ready_calls;   /* atomic */
@@ -559,6 +646,7 @@ int main(void)
     RUN(test_load_waits_for_kv_space);
     RUN(test_concurrent_loads_read_each_block_once);
     RUN(test_load_read_buffers_reused_and_abandoned);
+    RUN(test_mapped_blocks_deleted_or_corrupt);
     RUN(test_ready_hook_called_per_settled_load);
     RUN(test_ram_hits_touch_the_store);
     model_free(g_model);

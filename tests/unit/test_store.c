@@ -417,6 +417,185 @@ TEST(test_dir_disk_full)
     storetest_rmrf(dir);
 }
 
+/* Path of key's file in a dir: store at dir. */
+static void block_path(const char *dir, const uint8_t key[32], char *path, size_t n)
+{
+    char hex[BLOCKKEY_HEX];
+    blockkey_hex(key, hex);
+    snprintf(path, n, "%s/%.2s/%.2s/%s.blk", dir, hex, hex + 2, hex);
+}
+
+TEST(test_dir_get_mapped)
+{
+    /* store_get_mapped: the stored bytes in place; every kind of corruption detected (never
+     * returned), counted and deleted, as store_get; the mapping stays valid and unchanged when
+     * its file is deleted, replaced (put again), evicted for capacity or fsck'ed meanwhile;
+     * ec: stores do not map */
+    char dir[64], path[512];
+    storetest_tmpdir(dir, sizeof dir, "store");
+    uint8_t key[32], other[32];
+    storetest_key(400, key);
+    storetest_key(401, other);
+    size_t n;
+    void *f = storetest_block(key, 3, 40, &n);
+    store *s = open_dir(dir, 2 * n + n / 2);   /* room for two blocks */
+    if (!store_mappable(s)) {
+        printf("     (skipped: %s is not on a local file system)\n", dir);
+        store_close(s);
+        storetest_rmrf(dir);
+        free(f);
+        return;
+    }
+    block_path(dir, key, path, sizeof path);
+    const void *m = (const void *)1;
+    size_t mn = 1;
+    CHECK(store_get_mapped(s, key, 0, &m, &mn) == STORE_MISS && m == NULL && mn == 0);
+    CHECK(store_put(s, key, f, n, 0) == STORE_OK);
+    CHECK(store_get_mapped(s, key, 0, &m, &mn) == STORE_OK && mn == n && m && !memcmp(m, f, n));
+    /* deleted while mapped */
+    CHECK(store_delete(s, key) == STORE_OK && storetest_size(path) < 0);
+    CHECK(!memcmp(m, f, n));
+    /* put again, mapped again, then replaced by another put (rename over the name) */
+    const void *m2;
+    size_t mn2;
+    CHECK(store_put(s, key, f, n, 0) == STORE_OK);
+    CHECK(store_get_mapped(s, key, 0, &m2, &mn2) == STORE_OK && mn2 == n);
+    CHECK(store_put(s, key, f, n, 0) == STORE_OK);
+    CHECK(m2 && !memcmp(m2, f, n));
+    /* evicted for capacity by two other blocks, then fsck over what is left */
+    for (int i = 0; i < 2; i++) {
+        uint8_t k2[32];
+        size_t n2;
+        storetest_key(410 + i, k2);
+        void *f2 = storetest_block(k2, 3, 41 + (uint64_t)i, &n2);
+        CHECK(store_put(s, k2, f2, n2, 0) == STORE_OK);
+        free(f2);
+    }
+    CHECK(storetest_size(path) < 0);   /* the LRU block went */
+    store_fsck_result fr;
+    store_fsck(s, &fr);
+    CHECK(fr.n_broken == 0);
+    CHECK(!memcmp(m, f, n) && !memcmp(m2, f, n));
+    store_unmap(m, mn);
+    store_unmap(m2, mn2);
+    store_stats st;
+    store_get_stats(s, &st);
+    CHECK(st.n_get == 3 && st.n_hit == 2 && st.n_miss == 1 && st.n_corrupt == 0);
+
+    enum { FLIP_PAYLOAD, FLIP_HEADER, TRUNCATE, WRONG_KEY, APPENDED, EMPTY, N_KINDS };
+    for (int kind = 0; kind < N_KINDS; kind++) {
+        CHECK(store_put(s, key, f, n, 0) == STORE_OK);
+        if (kind == FLIP_PAYLOAD) CHECK(storetest_flip(path, -3) == 0);
+        if (kind == FLIP_HEADER) CHECK(storetest_flip(path, 20) == 0);
+        if (kind == TRUNCATE) CHECK(truncate(path, (off_t)n - 1000) == 0);
+        if (kind == WRONG_KEY) {   /* a valid block of another key under this name */
+            size_t n2;
+            void *f2 = storetest_block(other, 3, 99, &n2);
+            FILE *fp = fopen(path, "wb");
+            CHECK(fp && fwrite(f2, 1, n2, fp) == n2);
+            if (fp) fclose(fp);
+            free(f2);
+        }
+        if (kind == APPENDED) {
+            FILE *fp = fopen(path, "ab");
+            CHECK(fp && fwrite(f, 1, 8192, fp) == 8192);
+            if (fp) fclose(fp);
+        }
+        if (kind == EMPTY) CHECK(truncate(path, 0) == 0);
+        m = (const void *)1;
+        store_status gs = store_get_mapped(s, key, 0, &m, &mn);
+        CHECKF(gs == STORE_CORRUPT && m == NULL && mn == 0, "kind %d: %s", kind, store_status_name(gs));
+        CHECKF(storetest_size(path) < 0, "kind %d: corrupt file not deleted", kind);
+        CHECK(store_get_mapped(s, key, 0, &m, &mn) == STORE_MISS);
+    }
+    store_get_stats(s, &st);
+    CHECKF(st.n_corrupt == N_KINDS, "corrupt %llu", (unsigned long long)st.n_corrupt);
+    store_close(s);
+    storetest_rmrf(dir);
+
+    /* ec: does not map (store_get_into reads it) */
+    char spec[300];
+    storetest_tmpdir(dir, sizeof dir, "store");
+    snprintf(spec, sizeof spec, "ec:1+1:%s/a,%s/b", dir, dir);
+    store_opts o = { 0 };
+    CHECK(store_open(spec, &o, &s) == STORE_OK);
+    if (s) {
+        CHECK(!store_mappable(s));
+        CHECK(store_put(s, key, f, n, 0) == STORE_OK);
+        CHECK(store_get_mapped(s, key, 0, &m, &mn) == STORE_ARG && m == NULL);
+        store_close(s);
+    }
+    storetest_rmrf(dir);
+    free(f);
+}
+
+typedef struct {
+    store *s;
+    const uint8_t *key;
+    const void *f;
+    size_t n;
+    int stop;                  /* atomic */
+    int n_del;                 /* atomic: deletes that removed the file */
+} churn_arg;
+
+/* Deletes and puts key again and again until stop (the file stays a moment each time). */
+static void *churn_main(void *p)
+{
+    churn_arg *a = p;
+    for (int i = 0; !__atomic_load_n(&a->stop, __ATOMIC_RELAXED); i++) {
+        if (store_delete(a->s, a->key) == STORE_OK) __atomic_fetch_add(&a->n_del, 1, __ATOMIC_RELAXED);
+        store_put(a->s, a->key, a->f, a->n, 0);
+        usleep((useconds_t)(50 + 37 * (i % 7)));
+    }
+    return NULL;
+}
+
+TEST(test_dir_mapped_concurrent_delete)
+{
+    /* one thread deletes and rewrites a block while another maps it, holds the mapping over
+     * further deletes and reads it: every hit is the whole block, unchanged while mapped */
+    char dir[64];
+    storetest_tmpdir(dir, sizeof dir, "store");
+    store *s = open_dir(dir, 0);
+    uint8_t key[32];
+    storetest_key(420, key);
+    size_t n;
+    void *f = storetest_block(key, 4, 42, &n);
+    if (!store_mappable(s)) {
+        printf("     (skipped: %s is not on a local file system)\n", dir);
+    } else {
+        CHECK(store_put(s, key, f, n, 0) == STORE_OK);
+        churn_arg a = { .s = s, .key = key, .f = f, .n = n };
+        pthread_t th;
+        CHECK(pthread_create(&th, NULL, churn_main, &a) == 0);
+        int hits = 0, bad = 0;
+        double t0 = util_now();
+        for (int i = 0; (i < 400 || hits < 50) && util_now() - t0 < 30; i++) {
+            const void *m;
+            size_t mn;
+            store_status st = store_get_mapped(s, key, 0, &m, &mn);
+            if (st != STORE_OK) {
+                CHECKF(st == STORE_MISS, "%s", store_status_name(st));
+                continue;
+            }
+            hits++;
+            int del0 = __atomic_load_n(&a.n_del, __ATOMIC_RELAXED);   /* deleted meanwhile */
+            CHECK(WAIT_UNTIL(__atomic_load_n(&a.n_del, __ATOMIC_RELAXED) > del0, 30));
+            bad += mn != n || memcmp(m, f, n) != 0;
+            store_unmap(m, mn);
+        }
+        __atomic_store_n(&a.stop, 1, __ATOMIC_RELAXED);
+        pthread_join(th, NULL);
+        CHECKF(hits >= 50 && bad == 0, "hits %d, changed %d", hits, bad);
+        store_stats st;
+        store_get_stats(s, &st);
+        CHECK(st.n_corrupt == 0);
+    }
+    free(f);
+    store_close(s);
+    storetest_rmrf(dir);
+}
+
 TEST(test_dir_fsck)
 {
     char dir[64];
@@ -506,6 +685,8 @@ int main(void)
     RUN(test_dir_roundtrip_layout_exists_delete);
     RUN(test_dir_corruption_detected_counted_deleted);
     RUN(test_dir_get_into_caller_buffer);
+    RUN(test_dir_get_mapped);
+    RUN(test_dir_mapped_concurrent_delete);
     RUN(test_dir_concurrent_writers_same_key);
     RUN(test_dir_unwritable_and_missing_targets);
     RUN(test_dir_disk_full);
