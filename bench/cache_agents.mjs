@@ -52,6 +52,7 @@ import fs from "node:fs";
 import http from "node:http";
 import os from "node:os";
 import path from "node:path";
+import { serverMetrics } from "./metrics.mjs";
 
 const root = path.resolve(import.meta.dirname, "..");
 const bin = process.env.TM_BIN || path.join(root, "build/tokenmill");
@@ -173,20 +174,14 @@ function complete(port, prompt) {
   });
 }
 
-function metrics(port) {
-  return new Promise((resolve, reject) => {
-    http.get({ port, path: "/metrics" }, (res) => {
-      let t = "";
-      res.on("data", (d) => (t += d));
-      res.on("end", () => {
-        const m = {};
-        for (const l of t.split("\n")) { const x = l.match(/^(tokenmill_store_\w+) (\S+)$/); if (x) m[x[1].replace("tokenmill_store_", "")] = Number(x[2]); }
-        // the server's own time to first token (submit to first token: lookup, loads, prefill)
-        for (const l of t.split("\n")) { const x = l.match(/^tokenmill_time_to_first_token_seconds_(sum|count) (\S+)$/); if (x) m[`ttft_${x[1]}`] = Number(x[2]); }
-        resolve(m);
-      });
-    }).on("error", reject);
-  });
+// the store counters (short names) and the server's own time to first token (submit to
+// first token: lookup, loads, prefill)
+async function metrics(port) {
+  const all = await serverMetrics(port), m = {};
+  for (const [k, v] of Object.entries(all)) if (k.startsWith("tokenmill_store_")) m[k.slice("tokenmill_store_".length)] = v;
+  m.ttft_sum = all.tokenmill_time_to_first_token_seconds_sum;
+  m.ttft_count = all.tokenmill_time_to_first_token_seconds_count;
+  return m;
 }
 
 function summary(ttfts, prompt, cached, wall) {

@@ -23,6 +23,7 @@ import fs from "node:fs";
 import http from "node:http";
 import os from "node:os";
 import path from "node:path";
+import { serverMetrics } from "./metrics.mjs";
 
 const root = path.resolve(import.meta.dirname, "..");
 const o = { bins: [path.join(root, "build/tokenmill")], reps: 5, prompt: 1750, kvMib: 512, threads: 2, nocache: false };
@@ -74,19 +75,7 @@ function complete(port, ids, max) {
     req.end(body);
   });
 }
-function metrics(port) {
-  return new Promise((resolve, reject) => {
-    http.get({ port, path: "/metrics" }, (res) => {
-      let t = "";
-      res.on("data", (d) => (t += d));
-      res.on("end", () => {
-        const m = {};
-        for (const l of t.split("\n")) { const x = l.match(/^(tokenmill_\w+) (\S+)$/); if (x) m[x[1]] = Number(x[2]); }
-        resolve(m);
-      });
-    }).on("error", reject);
-  });
-}
+const metrics = serverMetrics;
 
 if (!o.nocache && !fs.existsSync(store)) {   // fill the store once
   const s = await startServer(o.bins[0]);
