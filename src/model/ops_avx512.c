@@ -790,20 +790,20 @@ static float a512_softmax_exp(int n, float *y, float max)
  * (key, query), the key element broadcast, 16 queries of qt per load */
 A512_INLINE void a512_att_qk(int JJ, int CC, const ops_att_block_args *a, int j0, int c0)
 {
-    __m512 acc[4][4];
-    _Pragma("GCC unroll 4") for (int r = 0; r < JJ; r++)
+    __m512 acc[6][4];
+    _Pragma("GCC unroll 6") for (int r = 0; r < JJ; r++)
         _Pragma("GCC unroll 4") for (int c = 0; c < CC; c++) acc[r][c] = _mm512_setzero_ps();
     const float *k = a->k + (size_t)j0 * a->hd, *q = a->qt + (size_t)c0 * 16;
     for (int d = 0; d < a->hd; d++) {
         __m512 qv[4];
         _Pragma("GCC unroll 4") for (int c = 0; c < CC; c++) qv[c] = _mm512_loadu_ps(q + (size_t)d * a->nqp + c * 16);
-        _Pragma("GCC unroll 4") for (int r = 0; r < JJ; r++) {
+        _Pragma("GCC unroll 6") for (int r = 0; r < JJ; r++) {
             __m512 kv = _mm512_set1_ps(k[(size_t)r * a->hd + d]);
             _Pragma("GCC unroll 4") for (int c = 0; c < CC; c++) acc[r][c] = _mm512_fmadd_ps(kv, qv[c], acc[r][c]);
         }
     }
     __m512 vs = _mm512_set1_ps(a->scale);
-    _Pragma("GCC unroll 4") for (int r = 0; r < JJ; r++)
+    _Pragma("GCC unroll 6") for (int r = 0; r < JJ; r++)
         _Pragma("GCC unroll 4") for (int c = 0; c < CC; c++)
             _mm512_storeu_ps(a->st + (size_t)(j0 + r) * a->nqp + (c0 + c) * 16, _mm512_mul_ps(acc[r][c], vs));
 }
@@ -814,21 +814,21 @@ A512_INLINE void a512_att_qk(int JJ, int CC, const ops_att_block_args *a, int j0
 A512_INLINE void a512_att_pv(int II, int DC, const ops_att_block_args *a, int i0, int d0,
                              __mmask16 km, int nj)
 {
-    __m512 acc[4][4];
+    __m512 acc[6][4];
     const int hd = a->hd;
-    _Pragma("GCC unroll 4") for (int r = 0; r < II; r++)
+    _Pragma("GCC unroll 6") for (int r = 0; r < II; r++)
         _Pragma("GCC unroll 4") for (int c = 0; c < DC; c++)
             acc[r][c] = _mm512_maskz_loadu_ps(c == DC - 1 ? km : 0xFFFF, a->acc + (size_t)(i0 + r) * hd + d0 + c * 16);
     for (int j = 0; j < nj; j++) {
         __m512 vv[4];
         _Pragma("GCC unroll 4") for (int c = 0; c < DC; c++)
             vv[c] = _mm512_maskz_loadu_ps(c == DC - 1 ? km : 0xFFFF, a->v + (size_t)j * hd + d0 + c * 16);
-        _Pragma("GCC unroll 4") for (int r = 0; r < II; r++) {
+        _Pragma("GCC unroll 6") for (int r = 0; r < II; r++) {
             __m512 p = _mm512_set1_ps(a->st[(size_t)j * a->nqp + i0 + r]);
             _Pragma("GCC unroll 4") for (int c = 0; c < DC; c++) acc[r][c] = _mm512_fmadd_ps(p, vv[c], acc[r][c]);
         }
     }
-    _Pragma("GCC unroll 4") for (int r = 0; r < II; r++)
+    _Pragma("GCC unroll 6") for (int r = 0; r < II; r++)
         _Pragma("GCC unroll 4") for (int c = 0; c < DC; c++)
             _mm512_mask_storeu_ps(a->acc + (size_t)(i0 + r) * hd + d0 + c * 16, c == DC - 1 ? km : 0xFFFF, acc[r][c]);
 }
@@ -840,18 +840,22 @@ static void a512_att_block(const ops_att_block_args *a)
     for (int c0 = 0; c0 < nc; c0 += 4) {
         int cc = TM_MIN(4, nc - c0), jend = 0;
         for (int i = c0 * 16; i < TM_MIN(nq, (c0 + cc) * 16); i++) jend = TM_MAX(jend, a->lim[i]);
-        for (int j0 = 0; j0 < jend; j0 += 4) {
-            int jj = TM_MIN(4, jend - j0);
+        for (int j0 = 0; j0 < jend; j0 += 6) {
+            int jj = TM_MIN(6, jend - j0);
             switch (jj * 8 + cc) {
             A512_ATT_QK(1, 1) A512_ATT_QK(1, 2) A512_ATT_QK(1, 3) A512_ATT_QK(1, 4)
             A512_ATT_QK(2, 1) A512_ATT_QK(2, 2) A512_ATT_QK(2, 3) A512_ATT_QK(2, 4)
             A512_ATT_QK(3, 1) A512_ATT_QK(3, 2) A512_ATT_QK(3, 3) A512_ATT_QK(3, 4)
             A512_ATT_QK(4, 1) A512_ATT_QK(4, 2) A512_ATT_QK(4, 3) A512_ATT_QK(4, 4)
+            A512_ATT_QK(5, 1) A512_ATT_QK(5, 2) A512_ATT_QK(5, 3) A512_ATT_QK(5, 4)
+            A512_ATT_QK(6, 1) A512_ATT_QK(6, 2) A512_ATT_QK(6, 3) A512_ATT_QK(6, 4)
             default: break;
             }
         }
     }
     /* online softmax, 16 rows at once */
+    int jall = 0;
+    for (int i = 0; i < nq; i++) jall = TM_MAX(jall, a->lim[i]);
     for (int c = 0; c < nc; c++) {
         __mmask16 live = A512_MASK(nq, c * 16);
         __m512i lim = _mm512_maskz_loadu_epi32(live, a->lim + c * 16);
@@ -881,8 +885,6 @@ static void a512_att_block(const ops_att_block_args *a)
             }
         }
         M = _mm512_mask_mov_ps(M, up, mb);
-        /* keys from jend on are p = 0 for all 16 rows: not stored, never read (the P V
-         * tiles stop at their rows' furthest key), and adding their zeros to S is a no-op */
         for (int j = 0; j < jend; j++) {
             float *sp = a->st + (size_t)j * nqp + c * 16;
             __mmask16 kj = _mm512_cmpgt_epi32_mask(lim, _mm512_set1_epi32(j));
@@ -890,12 +892,16 @@ static void a512_att_block(const ops_att_block_args *a)
             _mm512_storeu_ps(sp, p);
             S = _mm512_add_ps(S, p);
         }
+        /* keys from jend to the block's furthest are p = 0 for all 16 rows: stored as such,
+         * since a P V tile (6 rows) may span two chunks and run to its other rows' furthest
+         * key; adding these zeros to S would change nothing */
+        for (int j = jend; j < jall; j++) _mm512_storeu_ps(a->st + (size_t)j * nqp + c * 16, _mm512_setzero_ps());
         _mm512_mask_storeu_ps(a->m + c * 16, live, M);
         _mm512_mask_storeu_ps(a->s + c * 16, live, S);
     }
     /* acc += P V: 4 rows x 64 dims per tile, keys up to the furthest the 4 rows see */
-    for (int i0 = 0; i0 < nq; i0 += 4) {
-        int ii = TM_MIN(4, nq - i0), nj = 0;
+    for (int i0 = 0; i0 < nq; i0 += 6) {
+        int ii = TM_MIN(6, nq - i0), nj = 0;
         for (int i = i0; i < i0 + ii; i++) nj = TM_MAX(nj, a->lim[i]);
         for (int d0 = 0; d0 < hd; d0 += 64) {
             int dc = TM_MIN(4, (hd - d0 + 15) / 16);
@@ -906,6 +912,8 @@ static void a512_att_block(const ops_att_block_args *a)
             A512_ATT_PV(2, 1) A512_ATT_PV(2, 2) A512_ATT_PV(2, 3) A512_ATT_PV(2, 4)
             A512_ATT_PV(3, 1) A512_ATT_PV(3, 2) A512_ATT_PV(3, 3) A512_ATT_PV(3, 4)
             A512_ATT_PV(4, 1) A512_ATT_PV(4, 2) A512_ATT_PV(4, 3) A512_ATT_PV(4, 4)
+            A512_ATT_PV(5, 1) A512_ATT_PV(5, 2) A512_ATT_PV(5, 3) A512_ATT_PV(5, 4)
+            A512_ATT_PV(6, 1) A512_ATT_PV(6, 2) A512_ATT_PV(6, 3) A512_ATT_PV(6, 4)
 #undef A512_ATT_PV
             default: break;
             }
