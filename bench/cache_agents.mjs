@@ -52,7 +52,7 @@ import fs from "node:fs";
 import http from "node:http";
 import os from "node:os";
 import path from "node:path";
-import { serverMetrics } from "./metrics.mjs";
+import { serverMetrics, startServe, stopServe } from "./server.mjs";
 
 const root = path.resolve(import.meta.dirname, "..");
 const bin = process.env.TM_BIN || path.join(root, "build/tokenmill");
@@ -132,20 +132,9 @@ function waitQuiet() {
   return busy;
 }
 
-function startServer(extra) {
-  return new Promise((resolve, reject) => {
-    const p = spawn(bin, ["serve", "-m", o.model, "--port", "0", "--threads", String(o.threads), "--kv-mib", String(o.kvMib),
-      "--ctx", String(ctxTokens), "--max-seqs", String(o.agents), ...(o.step ? ["--step-tokens", String(o.step)] : []), ...extra], { stdio: ["ignore", "ignore", "pipe"] });
-    let err = "";
-    p.stderr.on("data", (d) => {
-      err += d;
-      const m = err.match(/listening on http:\/\/[^:]+:(\d+)/);
-      if (m && !p.port) { p.port = Number(m[1]); resolve(p); }
-    });
-    p.on("exit", (c) => { if (!p.port) reject(new Error(`serve exited ${c}: ${err}`)); });
-  });
-}
-const stopServer = (p) => new Promise((r) => { p.on("exit", r); p.kill("SIGTERM"); });
+const startServer = (extra) => startServe(bin, ["-m", o.model, "--port", "0", "--threads", String(o.threads), "--kv-mib", String(o.kvMib),
+  "--ctx", String(ctxTokens), "--max-seqs", String(o.agents), ...(o.step ? ["--step-tokens", String(o.step)] : []), ...extra]);
+const stopServer = stopServe;
 
 function complete(port, prompt) {
   return new Promise((resolve, reject) => {

@@ -18,12 +18,11 @@
 //                             [--kv-mib 512] [--threads 2] [--store DIR] [--nocache]
 // On the Qwen3-0.6B shape (build/tokenmill mkmodel --arch qwen3 --preset qwen3-0.6b --type q8_0
 // --seed 1 -o MODEL) a 1,750-token prompt loads 13 blocks of 14.7 MB (1,664 tokens).
-import { spawn } from "node:child_process";
 import fs from "node:fs";
 import http from "node:http";
 import os from "node:os";
 import path from "node:path";
-import { serverMetrics } from "./metrics.mjs";
+import { serverMetrics, startServe, stopServe } from "./server.mjs";
 
 const root = path.resolve(import.meta.dirname, "..");
 const o = { bins: [path.join(root, "build/tokenmill")], reps: 5, prompt: 1750, kvMib: 512, threads: 2, nocache: false };
@@ -48,21 +47,9 @@ let seed = 777;
 const rnd = () => { seed = (seed * 1103515245 + 12345) % 2147483648; return seed; };
 const prompt = Array.from({ length: o.prompt }, () => 10 + (rnd() % 3000));
 
-function startServer(bin) {
-  return new Promise((resolve, reject) => {
-    const p = spawn(bin, ["serve", "-m", o.model, "--port", "0", "--threads", String(o.threads), "--kv-mib", String(o.kvMib),
-      "--ctx", String(o.prompt + 256), "--max-seqs", "1", ...(o.nocache ? ["--cache", "off"] : ["--cache-dir", store])],
-    { stdio: ["ignore", "ignore", "pipe"] });
-    let err = "";
-    p.stderr.on("data", (d) => {
-      err += d;
-      const m = err.match(/listening on http:\/\/[^:]+:(\d+)/);
-      if (m && !p.port) { p.port = Number(m[1]); resolve(p); }
-    });
-    p.on("exit", (c) => { if (!p.port) reject(new Error(`serve exited ${c}: ${err}`)); });
-  });
-}
-const stopServer = (p) => new Promise((r) => { p.on("exit", r); p.kill("SIGTERM"); });
+const startServer = (bin) => startServe(bin, ["-m", o.model, "--port", "0", "--threads", String(o.threads), "--kv-mib", String(o.kvMib),
+  "--ctx", String(o.prompt + 256), "--max-seqs", "1", ...(o.nocache ? ["--cache", "off"] : ["--cache-dir", store])]);
+const stopServer = stopServe;
 function complete(port, ids, max) {
   return new Promise((resolve, reject) => {
     const body = JSON.stringify({ prompt: ids, max_tokens: max, temperature: 0, ignore_eos: true });

@@ -320,25 +320,33 @@ store_status store_dir_touch(store_dir *d, const uint8_t key[32], double ttl_s)
     return STORE_OK;
 }
 
+/* Opens key's file for reading (its path to path, PATH_MAX): STORE_MISS when there is none
+ * (the view forgets it), STORE_IO (logged) when it cannot be opened. */
+static store_status store_dir_open_block(store_dir *d, const uint8_t key[32], char *path, int *fd)
+{
+    store_dir_path(d, key, path, PATH_MAX);
+    *fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (*fd >= 0) return STORE_OK;
+    int err = errno;
+    if (err == ENOENT || err == ENOTDIR) {
+        gc_view_remove(d->view, key);
+        STORE_DIR_INC(d, n_read_miss, 1);
+        return STORE_MISS;
+    }
+    store_dir_log(d, "cannot open", path, err);
+    STORE_DIR_INC(d, n_io_err, 1);
+    return STORE_IO;
+}
+
 /* Reads key's file into buf (cap bytes), or into a new buffer (*out) when buf is NULL. */
 static store_status store_dir_read_impl(store_dir *d, const uint8_t key[32], double ttl_s, void *buf, size_t cap,
                                         void **out, size_t *n)
 {
     *n = 0;
     char path[PATH_MAX];
-    store_dir_path(d, key, path, sizeof path);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        int err = errno;
-        if (err == ENOENT || err == ENOTDIR) {
-            gc_view_remove(d->view, key);
-            STORE_DIR_INC(d, n_read_miss, 1);
-            return STORE_MISS;
-        }
-        store_dir_log(d, "cannot open", path, err);
-        STORE_DIR_INC(d, n_io_err, 1);
-        return STORE_IO;
-    }
+    int fd;
+    store_status ost = store_dir_open_block(d, key, path, &fd);
+    if (ost != STORE_OK) return ost;
     struct stat st;
     if (fstat(fd, &st)) {
         int err = errno;
@@ -398,19 +406,9 @@ store_status store_dir_map(store_dir *d, const uint8_t key[32], double ttl_s, co
     *n = 0;
     if (!store_dir_mappable(d)) return STORE_ARG;
     char path[PATH_MAX];
-    store_dir_path(d, key, path, sizeof path);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        int err = errno;
-        if (err == ENOENT || err == ENOTDIR) {
-            gc_view_remove(d->view, key);
-            STORE_DIR_INC(d, n_read_miss, 1);
-            return STORE_MISS;
-        }
-        store_dir_log(d, "cannot open", path, err);
-        STORE_DIR_INC(d, n_io_err, 1);
-        return STORE_IO;
-    }
+    int fd;
+    store_status ost = store_dir_open_block(d, key, path, &fd);
+    if (ost != STORE_OK) return ost;
     struct stat st;
     const char *what = NULL;
     int err = 0;
