@@ -47,7 +47,7 @@
 // --llama-slots: a list of llama.cpp runs (besides the no-reuse one): a number of slots,
 // "agents" (one per agent) or "pool" (tokenmill's --kv-mib of F16 KV); empty for none.
 // Without -m a small random qwen3 model is generated under tests/data/gen/.
-import { spawn, execFileSync } from "node:child_process";
+import { execFileSync } from "node:child_process";
 import fs from "node:fs";
 import http from "node:http";
 import os from "node:os";
