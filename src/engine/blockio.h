@@ -28,7 +28,10 @@
  * it, then layer 1, ... The engine's forward step waits, before attention of layer l, until
  * layer l of every fill issued is copied (the pool's fill hook; the engine thread copies
  * queued fills itself rather than wait for a busy I/O thread), so the uncached suffix's step
- * starts at once and its first layers overlap the copy of the later ones.
+ * starts at once and its first layers overlap the copy of the later ones. A mapped block is
+ * not copied at all: the pool uses the verified mapping as that block's bytes
+ * (kvpool_seq_append_external, n_inplace) and hands it back through its release hook when it
+ * reuses the block for other contents, which drops blockio's last reference and unmaps it.
  *
  * Touches: a RAM-tier hit never reads the store, so the store would age out a prefix that is
  * hot in RAM. blockio_touch (engine thread, at admission) queues the hit blocks' keys, at
@@ -62,7 +65,8 @@ typedef struct {
                               * BLOCK_HEADER_BYTES + kvpool_block_bytes, allocated at start);
                               * <= 0: 16; only used when blocks are not mapped) */
     bool no_map;             /* read blocks into buffers even where the store can map them
-                              * (store_mappable); default: map, verify and fill from the mapping */
+                              * (store_mappable); default: map, verify, and let the pool use
+                              * the mapping in place */
     int cls;                 /* default traffic class of writes and loads (store_class); a
                               * request's own class comes with blockio_set_write_class and
                               * blockio_load_start_class */
@@ -75,7 +79,8 @@ typedef struct {
     uint64_t n_write_failed;   /* store_put failures (no space, I/O) */
     uint64_t n_loads;          /* load jobs started */
     uint64_t n_load_blocks;    /* blocks read from the store */
-    uint64_t n_load_mapped;    /* of those, mapped (verified and filled in place, no read copy) */
+    uint64_t n_load_mapped;    /* of those, mapped (verified in place, no read copy) */
+    uint64_t n_inplace;        /* mapped blocks the pool uses in place (no fill copy either) */
     uint64_t n_appended;       /* loaded blocks appended to sequences (store hits) */
     uint64_t n_load_wasted;    /* blocks read that no request used (cancelled, prefix changed, pool
                                 * full, or in the RAM tier meanwhile) */

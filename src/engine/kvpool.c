@@ -26,6 +26,9 @@ typedef struct {
     uint8_t state;               /* kvpool_blk_state */
     bool keyed;                  /* key valid and entered in the hash map */
     bool filling;                /* handed out by kvpool_seq_append_fill, fill maybe pending */
+    const uint8_t *ext;          /* the block's bytes when they live outside data (a mapped
+                                  * store block, read-only), else NULL */
+    void *ext_arg;               /* handed to the release hook when ext is let go */
     uint8_t key[32];             /* SHA-256 block key */
     int32_t hnext;               /* next block in the same hash bucket, -1 ends */
     int32_t prev, next;          /* LRU links (next also links the free list), -1 ends */
@@ -50,6 +53,8 @@ struct kvpool {
     void *fill_arg;
     int32_t *filling;            /* (n_filling) ids of blocks whose fill may be pending */
     int n_filling;
+    kvpool_release_fn release_fn; /* lets go of a block's external bytes (blockio), or NULL */
+    void *release_arg;
 };
 
 struct kvpool_seq {
@@ -134,9 +139,40 @@ void kvpool_prefault(kvpool *p)
     memset(p->data, 0, p->block_bytes * (size_t)p->o.n_blocks);
 }
 
+/* The block's bytes: its external ones (kvpool_seq_append_external) or its part of data. */
+static inline uint8_t *kvpool_blk_bytes(const kvpool *p, int id)
+{
+    return p->blk[id].ext ? (uint8_t *)p->blk[id].ext : p->data + (size_t)id * p->block_bytes;
+}
+
+/* Lets go of block id's external bytes, first copying them into its own part of data when
+ * `keep` (the block stays valid); no-op for an ordinary block. */
+static void kvpool_blk_internalise(kvpool *p, int id, bool keep)
+{
+    kvpool_blk *b = &p->blk[id];
+    if (!b->ext) return;
+    if (keep) memcpy(p->data + (size_t)id * p->block_bytes, b->ext, p->block_bytes);
+    b->ext = NULL;
+    if (p->release_fn) p->release_fn(p->release_arg, b->ext_arg);
+    b->ext_arg = NULL;
+}
+
+void kvpool_set_release_hook(kvpool *p, kvpool_release_fn fn, void *arg)
+{
+    p->release_fn = fn;
+    p->release_arg = arg;
+}
+
+void kvpool_internalise_all(kvpool *p)
+{
+    for (int id = 0; id < p->o.n_blocks; id++) kvpool_blk_internalise(p, id, true);
+}
+
 void kvpool_free(kvpool *p)
 {
     if (!p) return;
+    if (p->blk)
+        for (int id = 0; id < p->o.n_blocks; id++) kvpool_blk_internalise(p, id, false);
     free(p->data);
     free(p->blk);
     free(p->bucket);
@@ -253,6 +289,7 @@ static int kvpool_take(kvpool *p)
     } else {
         return -1;
     }
+    kvpool_blk_internalise(p, id, false);   /* new contents: let go of old external bytes */
     kvpool_blk *b = &p->blk[id];
     b->state = KVPOOL_BLK_PINNED;
     b->refcnt = 1;
@@ -320,7 +357,7 @@ void kvpool_seq_commit_full_blocks(kvpool *p, kvpool_seq *s, const int32_t *toke
         int id = s->table[bi];
         if (!p->blk[id].keyed && kvpool_lookup(p, key) < 0) {
             kvpool_map_insert(p, id, key);
-            if (p->keyed_fn) p->keyed_fn(p->keyed_arg, key, p->data + (size_t)id * p->block_bytes, p->block_bytes);
+            if (p->keyed_fn) p->keyed_fn(p->keyed_arg, key, kvpool_blk_bytes(p, id), p->block_bytes);
         }
         memcpy(s->last_key, key, 32);
         s->n_keyed++;
@@ -394,6 +431,29 @@ kvpool_status kvpool_seq_append_fill(kvpool *p, kvpool_seq *s, const uint8_t key
     return KVPOOL_OK;
 }
 
+kvpool_status kvpool_seq_append_external(kvpool *p, kvpool_seq *s, const uint8_t key[32], const void *bytes,
+                                         void *arg, bool *taken)
+{
+    *taken = false;
+    if (s->n_keyed != s->n || s->n >= p->o.n_blocks) return KVPOOL_ERR_ARG;
+    int id = kvpool_lookup(p, key);
+    if (id >= 0) {
+        kvpool_ref(p, id);
+    } else {
+        id = kvpool_take(p);
+        if (id < 0) return KVPOOL_ERR_FULL;
+        p->blk[id].ext = bytes;
+        p->blk[id].ext_arg = arg;
+        *taken = true;
+        kvpool_map_insert(p, id, key);
+        p->st.n_loaded++;
+    }
+    s->table[s->n++] = id;
+    s->n_keyed = s->n;
+    memcpy(s->last_key, key, 32);
+    return KVPOOL_OK;
+}
+
 void kvpool_set_fill_hook(kvpool *p, kvpool_fill_wait_fn fn, void *arg)
 {
     p->fill_fn = fn;
@@ -424,7 +484,7 @@ int kvpool_block_refcount(const kvpool *p, int id) { return p->blk[id].refcnt; }
 void *kvpool_seq_slab(const kvpool *p, const kvpool_seq *s, int bi, int layer, int kv, int kv_head)
 {
     size_t slab = ((size_t)layer * 2 + (size_t)kv) * (size_t)p->o.n_kv_heads + (size_t)kv_head;
-    return p->data + (size_t)s->table[bi] * p->block_bytes + slab * p->slab_bytes;
+    return kvpool_blk_bytes(p, s->table[bi]) + slab * p->slab_bytes;
 }
 
 void kvpool_seq_store(const kvpool *p, const kvpool_seq *s, int pos, int layer, int kv_head,

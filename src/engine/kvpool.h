@@ -15,7 +15,9 @@
  * a block is FREE (on the free list, unkeyed), PINNED (refcount > 0) or CACHED (refcount 0,
  * keyed, on the LRU); CACHED blocks are reclaimed, least recently released first, only when
  * the free list is empty. Keyed blocks are never written again (they are full and their
- * contents are a function of their key).
+ * contents are a function of their key), which is what lets a block loaded from the store use
+ * the store's read-only mapping of it as its bytes (kvpool_seq_append_external) instead of its
+ * part of the allocation, until the block is reused.
  *
  * Not thread-safe: one engine thread owns the pool; kernel threads only read and write the
  * slabs of blocks the engine thread handed out for the current step. The one exception are
@@ -135,6 +137,20 @@ void kvpool_seq_set_root(kvpool_seq *s, const uint8_t root[32]);
  * When the key is already cached the cached block is attached instead. KVPOOL_ERR_FULL when no
  * block is free or reclaimable, KVPOOL_ERR_ARG when the sequence has unkeyed blocks. */
 kvpool_status kvpool_seq_append_loaded(kvpool *p, kvpool_seq *s, const uint8_t key[32], const void *data);
+
+/* Like kvpool_seq_append_loaded, without a copy: the block's bytes are `bytes` (read-only,
+ * kvpool_block_bytes long, e.g. a verified store block mapped from its file) until the block is
+ * reused for other contents or the pool is freed, when the release hook gets `arg`. *taken
+ * says whether the pool now holds arg (false when the key was already cached and that block
+ * was attached: the caller keeps it). Nothing ever writes into such a block: it is a full,
+ * keyed block, and sequences only write the positions they compute. */
+kvpool_status kvpool_seq_append_external(kvpool *p, kvpool_seq *s, const uint8_t key[32], const void *bytes,
+                                         void *arg, bool *taken);
+typedef void (*kvpool_release_fn)(void *hook_arg, void *arg);
+void kvpool_set_release_hook(kvpool *p, kvpool_release_fn fn, void *arg);
+/* Copies every external block's bytes into the pool's own memory and lets go of them (the
+ * owner of the release hook is about to go away). */
+void kvpool_internalise_all(kvpool *p);
 
 /* Like kvpool_seq_append_loaded, but the caller fills the block itself, asynchronously: *dst
  * gets the new block's kvpool_block_bytes bytes to write (NULL when the key was already cached
