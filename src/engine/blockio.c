@@ -23,7 +23,10 @@
  * when the block is reused; the last reference unmaps it. No copy of the KV bytes at all
  * (reading and filling were two, ~190 MB each for a 1,750-token prompt of a 0.6B model: memory
  * traffic beside the step), and the page-cache pages are mapped in large batches (file
- * folios). A deleted or replaced file keeps its pages while mapped (store_dir.h).
+ * folios). A deleted or replaced file keeps its pages while mapped (store_dir.h). While the
+ * pool holds such a block its pages are page cache: the kernel may reclaim them under memory
+ * pressure and read them again from the file on the next access (as it does for the mmapped
+ * model weights); an I/O error on that re-read is, as for the weights, outside the contract.
  *
  * Read buffers (ec:, network file systems, opts.no_map): a block file read into fresh memory
  * costs more in page faults than in the read itself (a 14.7 MB block: ~3,600 faults with their
