@@ -390,68 +390,69 @@ int kvpool_cached_prefix(const kvpool *p, const uint8_t *root, const int32_t *to
     return nb * KVPOOL_BLOCK;
 }
 
-kvpool_status kvpool_seq_append_loaded(kvpool *p, kvpool_seq *s, const uint8_t key[32], const void *data)
+/* Appends the block with this key to a sequence whose blocks are all keyed: the cached one
+ * (refcount++), else a fresh one keyed at once (*fresh: the caller supplies its bytes before
+ * anything reads them). Returns its id, or -1 with *st set. */
+static int kvpool_seq_append_keyed(kvpool *p, kvpool_seq *s, const uint8_t key[32], bool *fresh, kvpool_status *st)
 {
-    if (s->n_keyed != s->n || s->n >= p->o.n_blocks) return KVPOOL_ERR_ARG;
+    *fresh = false;
+    *st = KVPOOL_OK;
+    if (s->n_keyed != s->n || s->n >= p->o.n_blocks) {
+        *st = KVPOOL_ERR_ARG;
+        return -1;
+    }
     int id = kvpool_lookup(p, key);
     if (id >= 0) {
         kvpool_ref(p, id);
     } else {
         id = kvpool_take(p);
-        if (id < 0) return KVPOOL_ERR_FULL;
-        memcpy(p->data + (size_t)id * p->block_bytes, data, p->block_bytes);
+        if (id < 0) {
+            *st = KVPOOL_ERR_FULL;
+            return -1;
+        }
         kvpool_map_insert(p, id, key);
         p->st.n_loaded++;
+        *fresh = true;
     }
     s->table[s->n++] = id;
     s->n_keyed = s->n;
     memcpy(s->last_key, key, 32);
-    return KVPOOL_OK;
+    return id;
+}
+
+kvpool_status kvpool_seq_append_loaded(kvpool *p, kvpool_seq *s, const uint8_t key[32], const void *data)
+{
+    bool fresh;
+    kvpool_status st;
+    int id = kvpool_seq_append_keyed(p, s, key, &fresh, &st);
+    if (fresh) memcpy(p->data + (size_t)id * p->block_bytes, data, p->block_bytes);
+    return st;
 }
 
 kvpool_status kvpool_seq_append_fill(kvpool *p, kvpool_seq *s, const uint8_t key[32], void **dst)
 {
     *dst = NULL;
-    if (s->n_keyed != s->n || s->n >= p->o.n_blocks) return KVPOOL_ERR_ARG;
-    int id = kvpool_lookup(p, key);
-    if (id >= 0) {
-        kvpool_ref(p, id);
-    } else {
-        id = kvpool_take(p);
-        if (id < 0) return KVPOOL_ERR_FULL;
-        kvpool_map_insert(p, id, key);
+    bool fresh;
+    kvpool_status st;
+    int id = kvpool_seq_append_keyed(p, s, key, &fresh, &st);
+    if (fresh) {
         p->blk[id].filling = true;
         p->filling[p->n_filling++] = id;
-        p->st.n_loaded++;
         *dst = p->data + (size_t)id * p->block_bytes;
     }
-    s->table[s->n++] = id;
-    s->n_keyed = s->n;
-    memcpy(s->last_key, key, 32);
-    return KVPOOL_OK;
+    return st;
 }
 
 kvpool_status kvpool_seq_append_external(kvpool *p, kvpool_seq *s, const uint8_t key[32], const void *bytes,
                                          void *arg, bool *taken)
 {
-    *taken = false;
-    if (s->n_keyed != s->n || s->n >= p->o.n_blocks) return KVPOOL_ERR_ARG;
-    int id = kvpool_lookup(p, key);
-    if (id >= 0) {
-        kvpool_ref(p, id);
-    } else {
-        id = kvpool_take(p);
-        if (id < 0) return KVPOOL_ERR_FULL;
+    kvpool_status st;
+    int id = kvpool_seq_append_keyed(p, s, key, taken, &st);
+    if (*taken) {
         p->blk[id].ext = bytes;
         p->blk[id].ext_arg = arg;
-        *taken = true;
-        kvpool_map_insert(p, id, key);
-        p->st.n_loaded++;
     }
-    s->table[s->n++] = id;
-    s->n_keyed = s->n;
-    memcpy(s->last_key, key, 32);
-    return KVPOOL_OK;
+    return st;
 }
 
 void kvpool_set_fill_hook(kvpool *p, kvpool_fill_wait_fn fn, void *arg)
