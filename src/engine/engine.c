@@ -58,6 +58,8 @@ typedef struct {
     engine *e;
     const engine_batch *b;
     int layer;
+    bool add_norm;           /* add + norm: also the norm (else the sum only) */
+    const float *norm;       /* add + norm: its weights (NULL: none) */
     int n_items;             /* attention: T * n_heads */
     int next;                /* attention: shared item counter (atomic) */
     bool q16;                /* attention: the per-key path (f16 Q, f16 V accumulator) */
@@ -190,36 +192,55 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
     return ENGINE_OK;
 }
 
-/* q/k/v += bias, per row (qwen2) */
-static void engine_job_bias(void *ctx, int ith, int nth)
+/* Everything between the Q/K/V projections and attention, row by row, in one pool round (the
+ * rows of a thread: a contiguous share of the batch): q/k/v += bias (qwen2), RMS norm of each
+ * q and k head (qwen3), RoPE of q and k, and K/V into the pool. Per row the same arithmetic as
+ * the separate ops, whatever the split; one round instead of up to six keeps a short step's
+ * threads from meeting at that many barriers. */
+static void engine_job_qkv_post(void *ctx, int ith, int nth)
 {
     engine_job *j = ctx;
     engine *e = j->e;
     const model_hparams *hp = &e->m->hp;
     const model_layer *L = &e->m->layers[j->layer];
-    int T = j->b->n_tokens;
-    int qd = hp->n_heads * hp->head_dim, kvd = hp->n_kv_heads * hp->head_dim;
-    for (int t = ith; t < T; t += nth) {
-        float *q = e->q + (size_t)t * qd, *k = e->k + (size_t)t * kvd, *v = e->v + (size_t)t * kvd;
-        for (int i = 0; i < qd; i++) q[i] += L->bq[i];
-        for (int i = 0; i < kvd; i++) k[i] += L->bk[i];
-        for (int i = 0; i < kvd; i++) v[i] += L->bv[i];
+    const int T = j->b->n_tokens, hd = hp->head_dim, qd = hp->n_heads * hd, kvd = hp->n_kv_heads * hd;
+    const int t0 = (int)((int64_t)T * ith / nth), t1 = (int)((int64_t)T * (ith + 1) / nth), n = t1 - t0;
+    if (n <= 0) return;
+    float *q = e->q + (size_t)t0 * qd, *k = e->k + (size_t)t0 * kvd, *v = e->v + (size_t)t0 * kvd;
+    if (L->bq)
+        for (int t = 0; t < n; t++) {
+            for (int i = 0; i < qd; i++) q[(size_t)t * qd + i] += L->bq[i];
+            for (int i = 0; i < kvd; i++) k[(size_t)t * kvd + i] += L->bk[i];
+            for (int i = 0; i < kvd; i++) v[(size_t)t * kvd + i] += L->bv[i];
+        }
+    if (L->q_norm) {
+        ops_rmsnorm(NULL, q, q, L->q_norm, n * hp->n_heads, hd, hp->rms_eps);
+        ops_rmsnorm(NULL, k, k, L->k_norm, n * hp->n_kv_heads, hd, hp->rms_eps);
     }
-}
-
-/* K and V rows of the batch into the pool */
-static void engine_job_store_kv(void *ctx, int ith, int nth)
-{
-    engine_job *j = ctx;
-    engine *e = j->e;
-    const model_hparams *hp = &e->m->hp;
-    int T = j->b->n_tokens, hd = hp->head_dim, kvd = hp->n_kv_heads * hd;
-    for (int t = ith; t < T; t += nth) {
+    ops_rope_ggml(NULL, q, e->pos + t0, n, hp->n_heads, hd, hp->n_rot, hp->rope_neox, hp->rope_theta_scale,
+                  hp->rope_freq_scale, hp->rope_freq_factors, 1.0f);
+    ops_rope_ggml(NULL, k, e->pos + t0, n, hp->n_kv_heads, hd, hp->n_rot, hp->rope_neox, hp->rope_theta_scale,
+                  hp->rope_freq_scale, hp->rope_freq_factors, 1.0f);
+    for (int t = t0; t < t1; t++) {
         const engine_tok *tk = &j->b->toks[t];
         for (int h = 0; h < hp->n_kv_heads; h++)
             kvpool_seq_store(e->kv, tk->seq, tk->pos, j->layer, h, e->k + (size_t)t * kvd + (size_t)h * hd,
                              e->v + (size_t)t * kvd + (size_t)h * hd);
     }
+}
+
+/* x += xn, then (j->add_norm) xn = rmsnorm(x) * j->norm, the next sublayer's input, row by
+ * row in one pool round. */
+static void engine_job_add_norm(void *ctx, int ith, int nth)
+{
+    engine_job *j = ctx;
+    engine *e = j->e;
+    const int T = j->b->n_tokens, dim = e->m->hp.dim;
+    const int t0 = (int)((int64_t)T * ith / nth), t1 = (int)((int64_t)T * (ith + 1) / nth);
+    if (t1 <= t0) return;
+    float *x = e->x + (size_t)t0 * dim, *xn = e->xn + (size_t)t0 * dim;
+    ops_add(NULL, x, xn, (int64_t)(t1 - t0) * dim);
+    if (j->add_norm) ops_rmsnorm(NULL, xn, x, j->norm, t1 - t0, dim, e->m->hp.rms_eps);
 }
 
 /* Attention. An item is (tile, kv head): a tile is a run of consecutive batch
@@ -435,38 +456,31 @@ engine_status engine_step(engine *e, const engine_batch *b, float *logits)
         e->pos[t] = b->toks[t].pos;
     }
     engine_job job = { .e = e, .b = b };
+    ops_rmsnorm(tp, e->xn, e->x, m->layers[0].attn_norm, T, dim, eps);
     for (int il = 0; il < hp->n_layers; il++) {
         const model_layer *L = &m->layers[il];
         job.layer = il;
-        ops_rmsnorm(tp, e->xn, e->x, L->attn_norm, T, dim, eps);
         const ops_weight *qkv[3] = { &L->wq, &L->wk, &L->wv };
         float *qkv_out[3] = { e->q, e->k, e->v };
         ops_matmul_multi(tp, 3, qkv, e->xn, T, qkv_out, e->mm_scratch);
-        if (L->bq) threadpool_run(tp, engine_job_bias, &job);
-        if (L->q_norm) {
-            ops_rmsnorm(tp, e->q, e->q, L->q_norm, T * hp->n_heads, hd, eps);
-            ops_rmsnorm(tp, e->k, e->k, L->k_norm, T * hp->n_kv_heads, hd, eps);
-        }
-        ops_rope_ggml(tp, e->q, e->pos, T, hp->n_heads, hd, hp->n_rot, hp->rope_neox,
-                      hp->rope_theta_scale, hp->rope_freq_scale, hp->rope_freq_factors, 1.0f);
-        ops_rope_ggml(tp, e->k, e->pos, T, hp->n_kv_heads, hd, hp->n_rot, hp->rope_neox,
-                      hp->rope_theta_scale, hp->rope_freq_scale, hp->rope_freq_factors, 1.0f);
-        threadpool_run(tp, engine_job_store_kv, &job);
+        threadpool_run(tp, engine_job_qkv_post, &job);
         job.n_items = e->n_tiles * hp->n_kv_heads;
         job.next = 0;
         job.q16 = kvpool_dtype(e->kv) == QTYPE_F16 && hd % 16 != 0;
         kvpool_fill_wait(e->kv, il);   /* layer il of blocks still loading from the store */
         threadpool_run(tp, engine_job_attention, &job);
         ops_matmul(tp, &L->wo, e->att, T, e->xn, e->mm_scratch);
-        ops_add(tp, e->x, e->xn, (int64_t)T * dim);
-
-        ops_rmsnorm(tp, e->xn, e->x, L->ffn_norm, T, dim, eps);
+        job.add_norm = true;
+        job.norm = L->ffn_norm;
+        threadpool_run(tp, engine_job_add_norm, &job);   /* x += attention; xn = ffn input */
         const ops_weight *gu[2] = { &L->gate, &L->up };
         float *gu_out[2] = { e->ffa, e->ffb };
         ops_matmul_multi(tp, 2, gu, e->xn, T, gu_out, e->mm_scratch);
         ops_swiglu(tp, e->ffa, e->ffa, e->ffb, T, hp->ffn_dim);
         ops_matmul(tp, &L->down, e->ffa, T, e->xn, e->mm_scratch);
-        ops_add(tp, e->x, e->xn, (int64_t)T * dim);
+        job.add_norm = il + 1 < hp->n_layers;
+        job.norm = job.add_norm ? m->layers[il + 1].attn_norm : NULL;
+        threadpool_run(tp, engine_job_add_norm, &job);   /* x += ffn; xn = next layer's input */
     }
     if (n_out == 0) return ENGINE_OK;
     int r = 0;
