@@ -383,6 +383,14 @@ static void engine_att_tiled(engine_job *j, float *sc, int t0, int nt, int kvh)
 /* Cuts the batch into attention tiles (e->tile_start): each run of one sequence at
  * consecutive positions into equal pieces of at most `tile` positions, tile = att_tile halved
  * (down to ENGINE_ATT_TILE_MIN) while the step would have fewer than two items per thread. */
+/* The end of the run of batch entries from t: one sequence at consecutive positions. */
+static int engine_run_end(const engine_batch *b, int t)
+{
+    int r = t + 1;
+    while (r < b->n_tokens && b->toks[r].seq == b->toks[t].seq && b->toks[r].pos == b->toks[r - 1].pos + 1) r++;
+    return r;
+}
+
 static void engine_plan_tiles(engine *e, const engine_batch *b)
 {
     const int T = b->n_tokens, nkv = e->m->hp.n_kv_heads;
@@ -390,8 +398,7 @@ static void engine_plan_tiles(engine *e, const engine_batch *b)
     for (;;) {
         int items = 0;
         for (int t = 0; t < T;) {
-            int r = t + 1;
-            while (r < T && b->toks[r].seq == b->toks[t].seq && b->toks[r].pos == b->toks[r - 1].pos + 1) r++;
+            int r = engine_run_end(b, t);
             items += (r - t + tile - 1) / tile * nkv;
             t = r;
         }
@@ -400,8 +407,7 @@ static void engine_plan_tiles(engine *e, const engine_batch *b)
     }
     e->n_tiles = 0;
     for (int t = 0; t < T;) {
-        int r = t + 1;
-        while (r < T && b->toks[r].seq == b->toks[t].seq && b->toks[r].pos == b->toks[r - 1].pos + 1) r++;
+        int r = engine_run_end(b, t);
         int pieces = (r - t + tile - 1) / tile, len = r - t;
         for (int k = 0; k < pieces; k++) e->tile_start[e->n_tiles++] = t + (int)((int64_t)len * k / pieces);
         t = r;
