@@ -420,15 +420,6 @@ static int kvpool_seq_append_keyed(kvpool *p, kvpool_seq *s, const uint8_t key[3
     return id;
 }
 
-kvpool_status kvpool_seq_append_loaded(kvpool *p, kvpool_seq *s, const uint8_t key[32], const void *data)
-{
-    bool fresh;
-    kvpool_status st;
-    int id = kvpool_seq_append_keyed(p, s, key, &fresh, &st);
-    if (fresh) memcpy(p->data + (size_t)id * p->block_bytes, data, p->block_bytes);
-    return st;
-}
-
 kvpool_status kvpool_seq_append_fill(kvpool *p, kvpool_seq *s, const uint8_t key[32], void **dst)
 {
     *dst = NULL;

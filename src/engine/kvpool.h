@@ -62,7 +62,7 @@ typedef struct {
     int n_pinned;                /* referenced by at least one sequence */
     uint64_t n_hits;             /* blocks attached from the cache, lifetime */
     uint64_t n_reclaimed;        /* cached blocks evicted to satisfy a reservation */
-    uint64_t n_loaded;           /* blocks filled from the block store (kvpool_seq_append_loaded) */
+    uint64_t n_loaded;           /* blocks appended from the block store (filled or external) */
 } kvpool_stats;
 
 kvpool_status kvpool_new(const kvpool_opts *opts, kvpool **out);
@@ -132,13 +132,12 @@ int kvpool_cached_prefix(const kvpool *p, const uint8_t *root, const int32_t *to
 /* On an empty sequence: the parent key of its first block (blockkey_root of a tenant salt),
  * instead of zeros, for this sequence's attach and commits. */
 void kvpool_seq_set_root(kvpool_seq *s, const uint8_t root[32]);
-/* On a sequence whose blocks are all keyed (after kvpool_seq_attach_prefix): appends the
- * block with this key, whose kvpool_block_bytes bytes are data (a block loaded from the store).
- * When the key is already cached the cached block is attached instead. KVPOOL_ERR_FULL when no
- * block is free or reclaimable, KVPOOL_ERR_ARG when the sequence has unkeyed blocks. */
-kvpool_status kvpool_seq_append_loaded(kvpool *p, kvpool_seq *s, const uint8_t key[32], const void *data);
-
-/* Like kvpool_seq_append_loaded, without a copy: the block's bytes are `bytes` (read-only,
+/* Appending a block loaded from the store to a sequence whose blocks are all keyed (after
+ * kvpool_seq_attach_prefix): when its key is already cached the cached block is attached
+ * instead; KVPOOL_ERR_FULL when no block is free or reclaimable, KVPOOL_ERR_ARG when the
+ * sequence has unkeyed blocks. Two ways:
+ *
+ * kvpool_seq_append_external, without a copy: the block's bytes are `bytes` (read-only,
  * kvpool_block_bytes long, e.g. a verified store block mapped from its file) until the block is
  * reused for other contents or the pool is freed, when the release hook gets `arg`. *taken
  * says whether the pool now holds arg (false when the key was already cached and that block
@@ -152,7 +151,7 @@ void kvpool_set_release_hook(kvpool *p, kvpool_release_fn fn, void *arg);
  * owner of the release hook is about to go away). */
 void kvpool_internalise_all(kvpool *p);
 
-/* Like kvpool_seq_append_loaded, but the caller fills the block itself, asynchronously: *dst
+/* kvpool_seq_append_fill: the caller fills the block itself, asynchronously: *dst
  * gets the new block's kvpool_block_bytes bytes to write (NULL when the key was already cached
  * and that block was attached). The block is keyed at once (a hit for others); nothing reads
  * its layer l before kvpool_fill_wait(p, l) has returned, and the block is not reused before
