@@ -40,18 +40,20 @@
 // shown, '!' when over 15 %; --wait-quiet 0 neither waits nor measures): other processes slow
 // llama.cpp's spinning barriers 10-20x.
 //
-//   bench/cache_agents [-m MODEL] [--agents 8] [--turns 4] [--system 1500] [--tool 250]
+//   bench/cache_agents [-m MODEL | --preset P] [--agents 8] [--turns 4] [--system 1500] [--tool 250]
 //                      [--answer 24] [--kv-mib 24] [--threads N] [--step-tokens N] [--reps 1]
 //                      [--llama-slots agents,pool] [--llama-batch 512] [--llama-flash-attn on]
 //                      [--no-llama] [--serial] [--runs LIST] [--wait-quiet 60] [--json OUT.json]
 // --llama-slots: a list of llama.cpp runs (besides the no-reuse one): a number of slots,
 // "agents" (one per agent) or "pool" (tokenmill's --kv-mib of F16 KV); empty for none.
-// Without -m a small random qwen3 model is generated under tests/data/gen/.
+// Without -m a small random qwen3 model is generated under tests/data/gen/; --preset
+// qwen3-0.6b|llama3.2-1b uses that real model shape (random Q8_0 weights, bench/models.mjs).
 import { execFileSync } from "node:child_process";
 import fs from "node:fs";
 import http from "node:http";
 import os from "node:os";
 import path from "node:path";
+import { benchModel } from "./models.mjs";
 import { serverMetrics, startServe, stopServe } from "./server.mjs";
 
 const root = path.resolve(import.meta.dirname, "..");
@@ -62,6 +64,7 @@ const argv = process.argv.slice(2);
 for (let i = 0; i < argv.length; i++) {
   const a = argv[i], v = () => argv[++i];
   if (a === "-m") o.model = v();
+  else if (a === "--preset") o.preset = v();
   else if (a === "--agents") o.agents = Number(v());
   else if (a === "--turns") o.turns = Number(v());
   else if (a === "--system") o.system = Number(v());
@@ -80,6 +83,11 @@ for (let i = 0; i < argv.length; i++) {
   else if (a === "--wait-quiet") o.waitQuiet = Number(v());
   else if (a === "--json") o.json = v();
   else { console.error(`bench/cache_agents: unknown argument ${a}`); process.exit(2); }
+}
+if (o.preset && o.model) { console.error("bench/cache_agents: -m and --preset exclude each other"); process.exit(2); }
+if (o.preset) {
+  try { o.model = benchModel(o.preset, "q8_0", { tokenmill: bin, log: (l) => process.stderr.write(`bench/cache_agents: ${l}\n`) }); }
+  catch (e) { console.error(`bench/cache_agents: ${e.message}`); process.exit(2); }
 }
 if (!o.model) {
   o.model = path.join(root, "tests/data/gen/bench-serve-qwen3-small-q8_0.gguf");

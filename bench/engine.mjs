@@ -16,11 +16,11 @@
 //    bandwidth; a step reads every weight once, the token embedding table only when it is
 //    also the output matrix), and writes everything to bench/out/engine.json.
 import {spawnSync} from 'node:child_process';
-import crypto from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import {fileURLToPath} from 'node:url';
+import {benchModel} from './models.mjs';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 process.chdir(root);
@@ -65,37 +65,8 @@ function run(cmd, args, {env} = {}) {
 }
 const lastJson = (s) => JSON.parse(s.trim().split('\n').filter((l) => l.startsWith('{')).pop());
 
-// ---- models -------------------------------------------------------------------------------
-// Sources whose change can change mkmodel's output: part of each model's cache key.
-function mkmodelSourceHash() {
-  const h = crypto.createHash('sha256');
-  const walk = (d) => {
-    if (!fs.existsSync(d)) return;
-    for (const e of fs.readdirSync(d, {withFileTypes: true}).sort((a, b) => a.name.localeCompare(b.name))) {
-      const p = path.join(d, e.name);
-      if (e.isDirectory()) walk(p);
-      else if (/mkmodel|quant|gguf/.test(e.name) && /\.[ch]$/.test(e.name)) h.update(p).update(fs.readFileSync(p));
-    }
-  };
-  walk('src');
-  return h.digest('hex').slice(0, 16);
-}
-
-function buildModel(type) {
-  const vocab = 'tests/data/llama.cpp/models/ggml-vocab-qwen2.gguf';
-  const file = path.join(outDir, `qwen3-0.6b-${type}-s1.gguf`);
-  const args = ['mkmodel', '--arch', 'qwen3', '--preset', 'qwen3-0.6b', '--type', type, '--seed', '1'];
-  if (fs.existsSync(vocab)) args.push('--vocab', vocab);
-  args.push('-o', file);
-  const key = JSON.stringify({args, src: mkmodelSourceHash()});
-  const keyFile = file + '.args';
-  if (fs.existsSync(file) && fs.existsSync(keyFile) && fs.readFileSync(keyFile, 'utf8') === key) return file;
-  log(`bench: ${o.tokenmill} ${args.join(' ')}`);
-  const r = run(o.tokenmill, args);
-  if (!r.ok) throw new Error(`mkmodel failed (${r.status}): ${r.err.trim().slice(-2000)}`);
-  fs.writeFileSync(keyFile, key);
-  return file;
-}
+// ---- models (bench/models.mjs) ----------------------------------------------------------
+const buildModel = (type) => benchModel('qwen3-0.6b', type, {tokenmill: o.tokenmill, log: (l) => log(`bench: ${l}`)});
 
 // Bytes of one ggml block and the number of weights it holds, for the types we write.
 const typeSizes = {0: [4, 1], 1: [2, 1], 30: [2, 1], 8: [34, 32], 2: [18, 32], 12: [144, 256], 14: [210, 256],

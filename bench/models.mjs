@@ -1,0 +1,52 @@
+// bench/models: the random-weight models the benchmarks run on, made by `tokenmill mkmodel`
+// with a real vocabulary from llama.cpp's test data, cached in bench/out/ as
+// PRESET-TYPE-s1.gguf. A .args file beside each holds the mkmodel command and a hash of the
+// sources that shape mkmodel's output; a model whose .args differs is made again.
+import {spawnSync} from 'node:child_process';
+import crypto from 'node:crypto';
+import fs from 'node:fs';
+import path from 'node:path';
+
+const root = path.resolve(import.meta.dirname, '..');
+
+// preset name -> architecture and the vocabulary of the model family
+export const benchPresets = {
+  'qwen3-0.6b': {arch: 'qwen3', vocab: 'ggml-vocab-qwen2.gguf'},
+  'llama3.2-1b': {arch: 'llama', vocab: 'ggml-vocab-llama-bpe.gguf'},
+};
+
+function mkmodelSourceHash() {
+  const h = crypto.createHash('sha256');
+  const walk = (d) => {
+    if (!fs.existsSync(d)) return;
+    for (const e of fs.readdirSync(d, {withFileTypes: true}).sort((a, b) => a.name.localeCompare(b.name))) {
+      const p = path.join(d, e.name);
+      if (e.isDirectory()) walk(p);
+      else if (/mkmodel|quant|gguf/.test(e.name) && /\.[ch]$/.test(e.name)) h.update(path.relative(root, p)).update(fs.readFileSync(p));
+    }
+  };
+  walk(path.join(root, 'src'));
+  return h.digest('hex').slice(0, 16);
+}
+
+// The path of the model (made first when missing or stale); throws when mkmodel fails.
+// log: a function taking one line of progress.
+export function benchModel(preset, type, {tokenmill = path.join(root, 'build/tokenmill'), log = () => {}} = {}) {
+  const p = benchPresets[preset];
+  if (!p) throw new Error(`unknown bench model preset '${preset}' (${Object.keys(benchPresets).join(', ')})`);
+  const outDir = path.join(root, 'bench/out');
+  fs.mkdirSync(outDir, {recursive: true});
+  const vocab = path.join('tests/data/llama.cpp/models', p.vocab);
+  const file = path.join('bench/out', `${preset}-${type}-s1.gguf`);
+  const args = ['mkmodel', '--arch', p.arch, '--preset', preset, '--type', type, '--seed', '1'];
+  if (fs.existsSync(path.join(root, vocab))) args.push('--vocab', vocab);
+  args.push('-o', file);
+  const key = JSON.stringify({args, src: mkmodelSourceHash()});
+  const abs = path.join(root, file), keyFile = abs + '.args';
+  if (fs.existsSync(abs) && fs.existsSync(keyFile) && fs.readFileSync(keyFile, 'utf8') === key) return abs;
+  log(`${tokenmill} ${args.join(' ')}`);
+  const r = spawnSync(tokenmill, args, {cwd: root, encoding: 'utf8', maxBuffer: 64 << 20});
+  if (r.status !== 0) throw new Error(`mkmodel failed (${r.status}): ${((r.stderr ?? '') + (r.error ?? '')).trim().slice(-2000)}`);
+  fs.writeFileSync(keyFile, key);
+  return abs;
+}
