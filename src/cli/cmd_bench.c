@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "cli/cmd.h"
+#include "cli/cmd_common.h"
 #include "engine/engine.h"
 #include "model/model.h"
 #include "util/util.h"
@@ -103,7 +104,7 @@ static void cmd_bench_print_arr(const double *v, int n)
 int cmd_bench(int argc, char **argv)
 {
     const char *model_path = NULL, *seqs_arg = "1,4,16";
-    int threads = 0, pp = 512, tg = 128, reps = 3, maxb = 512, depth = 0;
+    long threads = 0, pp = 512, tg = 128, reps = 3, maxb = 512, depth = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) {
@@ -112,16 +113,20 @@ int cmd_bench(int argc, char **argv)
             return 2;
         }
         i++;
+        bool ok = true;
         if (!strcmp(a, "-m")) model_path = v;
-        else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) threads = atoi(v);
-        else if (!strcmp(a, "--pp")) pp = atoi(v);
-        else if (!strcmp(a, "--tg")) tg = atoi(v);
-        else if (!strcmp(a, "--reps")) reps = atoi(v);
-        else if (!strcmp(a, "--batch")) maxb = atoi(v);
-        else if (!strcmp(a, "--depth") || !strcmp(a, "-d")) depth = atoi(v);
+        else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) ok = cmd_common_int("bench", a, v, 0, 1024, &threads);
+        else if (!strcmp(a, "--pp")) ok = cmd_common_int("bench", a, v, 0, 1 << 24, &pp);
+        else if (!strcmp(a, "--tg")) ok = cmd_common_int("bench", a, v, 0, 1 << 24, &tg);
+        else if (!strcmp(a, "--reps")) ok = cmd_common_int("bench", a, v, 1, 100, &reps);
+        else if (!strcmp(a, "--batch")) ok = cmd_common_int("bench", a, v, 1, 1 << 16, &maxb);
+        else if (!strcmp(a, "--depth") || !strcmp(a, "-d")) ok = cmd_common_int("bench", a, v, 0, 1 << 24, &depth);
         else if (!strcmp(a, "--seqs")) seqs_arg = v;
         else {
             fprintf(stderr, "tokenmill bench: unknown option %s\n", a);
+            ok = false;
+        }
+        if (!ok) {
             cmd_bench_usage();
             return 2;
         }
@@ -137,7 +142,7 @@ int cmd_bench(int argc, char **argv)
         seqs[n_seqs++] = (int)v;
         p = *end ? end + 1 : end;
     }
-    if (!model_path || pp < 0 || tg < 0 || reps < 1 || reps > 100 || maxb < 1 || depth < 0 || depth > (1 << 24)) {
+    if (!model_path) {
         cmd_bench_usage();
         return 2;
     }
@@ -200,10 +205,10 @@ int cmd_bench(int argc, char **argv)
         if (*p == '"' || *p == '\\') putchar('\\');
         if ((unsigned char)*p >= 0x20) putchar(*p);
     }
-    printf("\", \"threads\": %d, \"simd\": \"%s\", \"depth\": %d, \"pp\": {\"n\": %d, \"tok_s\": ",
+    printf("\", \"threads\": %d, \"simd\": \"%s\", \"depth\": %ld, \"pp\": {\"n\": %ld, \"tok_s\": ",
            engine_n_threads(e), ops_level_name(), depth, pp);
     cmd_bench_print_arr(pp_r, pp > 0 ? reps : 0);
-    printf("}, \"tg\": {\"n\": %d, \"tok_s\": ", tg);
+    printf("}, \"tg\": {\"n\": %ld, \"tok_s\": ", tg);
     cmd_bench_print_arr(tg_r, tg > 0 ? reps : 0);
     printf("}, \"batched\": [");
     for (int i = 0; i < n_seqs; i++) {

@@ -1,10 +1,42 @@
 /*
- * cmd_common: the start-up steps serve, gateway and worker share (see cmd_common.h).
+ * cmd_common: the option parsing all subcommands share and the start-up steps serve, gateway
+ * and worker share (see cmd_common.h).
  */
 #include "cli/cmd_common.h"
 
+#include <ctype.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
+
+bool cmd_common_int(const char *prog, const char *opt, const char *z, long lo, long hi, long *out)
+{
+    char *end = NULL;
+    long v = 0;
+    errno = 0;
+    if (*z && !isspace((unsigned char)*z)) v = strtol(z, &end, 10);
+    if (!end || end == z || *end || errno || v < lo || v > hi) {
+        fprintf(stderr, "tokenmill %s: %s: '%s' is not a whole number in %ld..%ld\n", prog, opt, z, lo, hi);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+bool cmd_common_num(const char *prog, const char *opt, const char *z, double lo, double hi, double *out)
+{
+    char *end = NULL;
+    double v = 0;
+    errno = 0;
+    if (*z && !isspace((unsigned char)*z)) v = strtod(z, &end);
+    if (!end || end == z || *end || errno || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "tokenmill %s: %s: '%s' is not a number in %g..%g\n", prog, opt, z, lo, hi);
+        return false;
+    }
+    *out = v;
+    return true;
+}
 
 void cmd_common_block_stop_signals(sigset_t *set)
 {

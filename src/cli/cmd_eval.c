@@ -19,6 +19,7 @@
 #include <jansson.h>
 
 #include "cli/cmd.h"
+#include "cli/cmd_common.h"
 #include "engine/engine.h"
 #include "model/model.h"
 #include "util/util.h"
@@ -158,7 +159,7 @@ static void cmd_eval_usage(void)
 int cmd_eval(int argc, char **argv)
 {
     const char *model_path = NULL, *input = NULL;
-    int threads = 0, maxb = 512;
+    long threads = 0, maxb = 512;
     bool kv_f32 = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -168,18 +169,22 @@ int cmd_eval(int argc, char **argv)
             return 2;
         }
         i++;
+        bool ok = true;
         if (!strcmp(a, "-m")) model_path = v;
         else if (!strcmp(a, "--input")) input = v;
-        else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) threads = atoi(v);
-        else if (!strcmp(a, "--batch")) maxb = atoi(v);
+        else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) ok = cmd_common_int("eval", a, v, 0, 1024, &threads);
+        else if (!strcmp(a, "--batch")) ok = cmd_common_int("eval", a, v, 1, 1 << 16, &maxb);
         else if (!strcmp(a, "--kv") && (!strcmp(v, "f16") || !strcmp(v, "f32"))) kv_f32 = !strcmp(v, "f32");
         else {
             fprintf(stderr, "tokenmill eval: bad option %s %s\n", a, v);
+            ok = false;
+        }
+        if (!ok) {
             cmd_eval_usage();
             return 2;
         }
     }
-    if (!model_path || !input || maxb <= 0) {
+    if (!model_path || !input) {
         cmd_eval_usage();
         return 2;
     }

@@ -45,11 +45,15 @@ static void cmd_gateway_usage(void)
                     "                         [--wait-timeout S] [--api-key KEY ...] [--model-name NAME] [--template NAME] [-v]\n");
 }
 
-/* Splits a comma list in place into out (at most GWC_MAX); returns the count or -1. */
-static int cmd_gateway_list(char *z, const char **out, int n)
+/* Splits the comma list z (option opt) in place into out, after its n entries (at most
+ * GWC_MAX in all); returns the new count, or -1 after saying so on stderr. */
+static int cmd_gateway_list(const char *opt, char *z, const char **out, int n)
 {
     for (char *save = NULL, *t = strtok_r(z, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        if (n == GWC_MAX) return -1;
+        if (n == GWC_MAX) {
+            fprintf(stderr, "tokenmill gateway: %s: more than %d workers\n", opt, GWC_MAX);
+            return -1;
+        }
         out[n++] = t;
     }
     return n;
@@ -71,12 +75,12 @@ int cmd_gateway(int argc, char **argv)
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) path = v;
         else if (!strcmp(a, "--listen")) listen = v;
         else if (!strcmp(a, "--register")) reg = v;
-        else if (!strcmp(a, "--prefill")) ok = (n_pre = cmd_gateway_list(v, pre, n_pre)) >= 0;
-        else if (!strcmp(a, "--decode")) ok = (n_dec = cmd_gateway_list(v, dec, n_dec)) >= 0;
+        else if (!strcmp(a, "--prefill")) ok = (n_pre = cmd_gateway_list(a, v, pre, n_pre)) >= 0;
+        else if (!strcmp(a, "--decode")) ok = (n_dec = cmd_gateway_list(a, v, dec, n_dec)) >= 0;
         else if (!strcmp(a, "--cache")) cache_spec = v;
-        else if (!strcmp(a, "--ctx")) ok = (ctx = strtol(v, NULL, 10)) > 0;
-        else if (!strcmp(a, "--heartbeat-timeout")) ok = (hb_timeout = atof(v)) > 0;
-        else if (!strcmp(a, "--wait-timeout")) ok = (wait_timeout = atof(v)) > 0;
+        else if (!strcmp(a, "--ctx")) ok = cmd_common_int("gateway", a, v, 1, 1 << 24, &ctx);
+        else if (!strcmp(a, "--heartbeat-timeout")) ok = cmd_common_num("gateway", a, v, 1e-3, 86400, &hb_timeout);
+        else if (!strcmp(a, "--wait-timeout")) ok = cmd_common_num("gateway", a, v, 1e-3, 86400, &wait_timeout);
         else if (!strcmp(a, "--model-name")) name = v;
         else if (!strcmp(a, "--template")) tmpl_name = v;
         else if (!strcmp(a, "--api-key")) {
@@ -87,7 +91,7 @@ int cmd_gateway(int argc, char **argv)
             cmd_gateway_usage();
             return 2;
         }
-        if (!ok) { fprintf(stderr, "tokenmill gateway: bad value for %s: '%s'\n", a, v); return 2; }
+        if (!ok) return 2;  /* the parser said why */
         i++;
     }
     if (!path) { cmd_gateway_usage(); return 2; }
@@ -99,7 +103,8 @@ int cmd_gateway(int argc, char **argv)
     }
     memcpy(host, listen, (size_t)(colon - listen));
     host[colon - listen] = 0;
-    int port = atoi(colon + 1);
+    long port;
+    if (!cmd_common_int("gateway", "--listen port", colon + 1, 0, 65535, &port)) return 2;
 
     int rc = 1;
     char err[512];

@@ -22,6 +22,7 @@
  * Vocabulary: --vocab copies every tokenizer.* key of a GGUF, or reads a Hugging Face
  * tokenizer.json (BPE); without it a small byte-level BPE vocabulary is generated.
  */
+#include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <pthread.h>
@@ -32,6 +33,7 @@
 #include <unistd.h>
 
 #include "cli/cmd.h"
+#include "cli/cmd_common.h"
 #include "model/gguf.h"
 #include "model/quant.h"
 #include "util/util.h"
@@ -241,10 +243,10 @@ static bool mk_vocab_tokenizer_json(mk_vocab *v, const char *path, int pad_to)
         return false;
     }
     bool ok = false;
-    json_t *model = json_object_get(root, "model");
-    json_t *vocab = json_object_get(model, "vocab");
-    json_t *merges = json_object_get(model, "merges");
-    const char *mtype = json_string_value(json_object_get(model, "type"));
+    json_t *jmodel = json_object_get(root, "model");
+    json_t *vocab = json_object_get(jmodel, "vocab");
+    json_t *merges = json_object_get(jmodel, "merges");
+    const char *mtype = json_string_value(json_object_get(jmodel, "type"));
     if (!json_is_object(vocab) || !json_is_array(merges) || (mtype && strcmp(mtype, "BPE"))) {
         fprintf(stderr, "tokenmill mkmodel: %s: not a BPE tokenizer.json (model.vocab/model.merges)\n", path);
         goto out;
@@ -563,6 +565,21 @@ static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *
     return st == GGUF_OK ? 0 : 1;
 }
 
+/* --seed: a whole number, decimal or 0x hex, 0..2^64-1; false after saying why on stderr */
+static bool mk_parse_seed(const char *z, uint64_t *out)
+{
+    char *end = NULL;
+    errno = 0;
+    unsigned long long v = 0;
+    if (*z >= '0' && *z <= '9') v = strtoull(z, &end, 0);
+    if (!end || *end || errno) {
+        fprintf(stderr, "tokenmill mkmodel: --seed: '%s' is not a whole number in 0..2^64-1\n", z);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
 static void mk_usage(FILE *f)
 {
     fprintf(f,
@@ -579,30 +596,33 @@ int cmd_mkmodel(int argc, char **argv)
 {
     mk_opts o = { .arch = NULL, .seed = 1, .n_threads = 0 };
     const char *preset = NULL, *vocab = NULL, *out = NULL, *rope_scaling = NULL;
-    int layers = 0, dim = 0, ffn = 0, heads = 0, kv = 0, hd = 0, ctx = 0, nv = 0, tied = -1;
-    double rope_base = 0, eps = 0;
+    /* shape options: 0 (as if not given) takes the preset's value */
+    long layers = 0, dim = 0, ffn = 0, heads = 0, kv = 0, hd = 0, ctx = 0, nv = 0, threads = 0;
+    int tied = -1;
+    double rope_base = 0, eps = 0;   /* 0: the preset's or the arch's */
     bool have_seed = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+        bool ok = true;
 #define MK_OPT(flag) (!strcmp(a, flag) && val && (i++, true))
         if (MK_OPT("--arch")) o.arch = val;
         else if (MK_OPT("--preset")) preset = val;
-        else if (MK_OPT("--layers")) layers = atoi(val);
-        else if (MK_OPT("--dim")) dim = atoi(val);
-        else if (MK_OPT("--ffn")) ffn = atoi(val);
-        else if (MK_OPT("--heads")) heads = atoi(val);
-        else if (MK_OPT("--kv-heads")) kv = atoi(val);
-        else if (MK_OPT("--head-dim")) hd = atoi(val);
-        else if (MK_OPT("--ctx")) ctx = atoi(val);
-        else if (MK_OPT("--vocab-size")) nv = atoi(val);
+        else if (MK_OPT("--layers")) ok = cmd_common_int("mkmodel", a, val, 0, 4096, &layers);
+        else if (MK_OPT("--dim")) ok = cmd_common_int("mkmodel", a, val, 0, 1 << 20, &dim);
+        else if (MK_OPT("--ffn")) ok = cmd_common_int("mkmodel", a, val, 0, 1 << 20, &ffn);
+        else if (MK_OPT("--heads")) ok = cmd_common_int("mkmodel", a, val, 0, 4096, &heads);
+        else if (MK_OPT("--kv-heads")) ok = cmd_common_int("mkmodel", a, val, 0, 4096, &kv);
+        else if (MK_OPT("--head-dim")) ok = cmd_common_int("mkmodel", a, val, 0, 1 << 16, &hd);
+        else if (MK_OPT("--ctx")) ok = cmd_common_int("mkmodel", a, val, 0, 1 << 24, &ctx);
+        else if (MK_OPT("--vocab-size")) ok = cmd_common_int("mkmodel", a, val, 0, 1 << 24, &nv);
+        else if (MK_OPT("--threads")) ok = cmd_common_int("mkmodel", a, val, 0, 1024, &threads);
         else if (MK_OPT("--vocab")) vocab = val;
         else if (MK_OPT("--type")) o.type = val;
-        else if (MK_OPT("--seed")) o.seed = strtoull(val, NULL, 0), have_seed = true;
-        else if (MK_OPT("--rope-base")) rope_base = atof(val);
+        else if (MK_OPT("--seed")) ok = have_seed = mk_parse_seed(val, &o.seed);
+        else if (MK_OPT("--rope-base")) ok = cmd_common_num("mkmodel", a, val, 0, 1e12, &rope_base);
         else if (MK_OPT("--rope-scaling")) rope_scaling = val;
-        else if (MK_OPT("--eps")) eps = atof(val);
-        else if (MK_OPT("--threads")) o.n_threads = atoi(val);
+        else if (MK_OPT("--eps")) ok = cmd_common_num("mkmodel", a, val, 0, 1, &eps);
         else if (MK_OPT("-o") || (!strcmp(a, "--output") && val && (i++, true))) out = val;
         else if (!strcmp(a, "--tied")) tied = 1;
         else if (!strcmp(a, "--untied")) tied = 0;
@@ -614,6 +634,7 @@ int cmd_mkmodel(int argc, char **argv)
             mk_usage(stderr);
             return 2;
         }
+        if (!ok) return 2;
 #undef MK_OPT
     }
     const mk_preset *p = &mk_presets[0];
@@ -670,6 +691,7 @@ int cmd_mkmodel(int argc, char **argv)
         fprintf(stderr, "tokenmill mkmodel: --rope-scaling llama3 is for --arch llama\n");
         return 2;
     }
+    o.n_threads = (int)threads;
     if (o.n_threads <= 0) o.n_threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (o.n_threads <= 0) o.n_threads = 1;
     if (o.n_layers <= 0 || o.dim <= 0 || o.ffn <= 0 || o.n_heads <= 0 || o.n_kv_heads <= 0 || o.head_dim <= 0 ||

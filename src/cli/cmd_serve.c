@@ -66,15 +66,6 @@ static void cmd_serve_usage(void)
             "                       [--cache-capacity SIZE] [--retention agent=72h,chat=7d] [-v]\n");
 }
 
-static bool cmd_serve_int(const char *z, long lo, long hi, long *out)
-{
-    char *end;
-    long v = strtol(z, &end, 10);
-    if (end == z || *end || v < lo || v > hi) return false;
-    *out = v;
-    return true;
-}
-
 int cmd_serve(int argc, char **argv)
 {
     const char *path = NULL, *host = "127.0.0.1", *name = NULL, *tmpl_name = NULL;
@@ -98,21 +89,26 @@ int cmd_serve(int argc, char **argv)
         if (!v) { fprintf(stderr, "tokenmill serve: %s needs a value\n", a); cmd_serve_usage(); return 2; }
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) path = v;
         else if (!strcmp(a, "--host")) host = v;
-        else if (!strcmp(a, "--port")) ok = cmd_serve_int(v, 0, 65535, &port);
-        else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) ok = cmd_serve_int(v, 0, 1024, &threads);
-        else if (!strcmp(a, "--ctx") || !strcmp(a, "-c")) ok = cmd_serve_int(v, 0, 1 << 24, &ctx);
-        else if (!strcmp(a, "--max-seqs")) ok = cmd_serve_int(v, 1, 4096, &max_seqs);
-        else if (!strcmp(a, "--kv-mib")) ok = cmd_serve_int(v, 1, 1 << 24, &kv_mib);
-        else if (!strcmp(a, "--max-queue")) ok = cmd_serve_int(v, 1, 1 << 20, &max_queue);
-        else if (!strcmp(a, "--step-tokens")) ok = cmd_serve_int(v, 1, 1 << 16, &step_tokens);
-        else if (!strcmp(a, "--prefill-step-tokens")) ok = cmd_serve_int(v, 1, 1 << 16, &prefill_step);
-        else if (!strcmp(a, "--max-body")) ok = cmd_serve_int(v, 1024, 1L << 32, &max_body);
-        else if (!strcmp(a, "--timeout")) ok = cmd_serve_int(v, 1, 86400, &timeout);
+        else if (!strcmp(a, "--port")) ok = cmd_common_int("serve", a, v, 0, 65535, &port);
+        else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) ok = cmd_common_int("serve", a, v, 0, 1024, &threads);
+        else if (!strcmp(a, "--ctx") || !strcmp(a, "-c")) ok = cmd_common_int("serve", a, v, 0, 1 << 24, &ctx);
+        else if (!strcmp(a, "--max-seqs")) ok = cmd_common_int("serve", a, v, 1, 4096, &max_seqs);
+        else if (!strcmp(a, "--kv-mib")) ok = cmd_common_int("serve", a, v, 1, 1 << 24, &kv_mib);
+        else if (!strcmp(a, "--max-queue")) ok = cmd_common_int("serve", a, v, 1, 1 << 20, &max_queue);
+        else if (!strcmp(a, "--step-tokens")) ok = cmd_common_int("serve", a, v, 1, 1 << 16, &step_tokens);
+        else if (!strcmp(a, "--prefill-step-tokens")) ok = cmd_common_int("serve", a, v, 1, 1 << 16, &prefill_step);
+        else if (!strcmp(a, "--max-body")) ok = cmd_common_int("serve", a, v, 1024, 1L << 32, &max_body);
+        else if (!strcmp(a, "--timeout")) ok = cmd_common_int("serve", a, v, 1, 86400, &timeout);
         else if (!strcmp(a, "--cache")) cache_spec = v;
         else if (!strcmp(a, "--cache-dir")) {
             snprintf(cache_buf, sizeof cache_buf, "dir:%s", v);
             cache_spec = cache_buf;
-        } else if (!strcmp(a, "--cache-capacity")) ok = (cache_capacity = gc_parse_size(v)) > 0;
+        } else if (!strcmp(a, "--cache-capacity")) {
+            if (!(cache_capacity = gc_parse_size(v))) {
+                fprintf(stderr, "tokenmill serve: %s: '%s' is not a size such as 512M, 20G or 1T\n", a, v);
+                return 2;
+            }
+        }
         else if (!strcmp(a, "--retention")) retention = v;
         else if (!strcmp(a, "--model-name")) name = v;
         else if (!strcmp(a, "--template")) tmpl_name = v;
@@ -124,7 +120,7 @@ int cmd_serve(int argc, char **argv)
             cmd_serve_usage();
             return 2;
         }
-        if (!ok) { fprintf(stderr, "tokenmill serve: bad value for %s: '%s'\n", a, v); return 2; }
+        if (!ok) return 2;  /* cmd_common_int said why */
         i++;
     }
     if (!path) { cmd_serve_usage(); return 2; }

@@ -22,6 +22,7 @@
 #include <jansson.h>
 
 #include "cli/cmd.h"
+#include "cli/cmd_common.h"
 #include "model/gguf.h"
 #include "recipe/conv.h"
 #include "recipe/template.h"
@@ -172,16 +173,18 @@ out:
 
 int cmd_template(int argc, char **argv)
 {
-    const char *model = NULL, *name = NULL, *input = NULL;
-    int threads = 1;
+    const char *model_path = NULL, *name = NULL, *input = NULL;
+    long threads = 1;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-m") && i + 1 < argc) model = argv[++i];
+        if (!strcmp(argv[i], "-m") && i + 1 < argc) model_path = argv[++i];
         else if (!strcmp(argv[i], "--template") && i + 1 < argc) name = argv[++i];
         else if (!strcmp(argv[i], "--input") && i + 1 < argc) input = argv[++i];
-        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
-        else { cmd_template_usage(); return 2; }
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
+            if (!cmd_common_int("template", argv[i], argv[i + 1], 0, 1024, &threads)) return 2;
+            i++;
+        } else { cmd_template_usage(); return 2; }
     }
-    if (!model || !input) { cmd_template_usage(); return 2; }
+    if (!model_path || !input) { cmd_template_usage(); return 2; }
 
     int rc = 1;
     char err[512] = "";
@@ -190,7 +193,7 @@ int cmd_template(int argc, char **argv)
     template *t = NULL;
     json_t *root = NULL;
 
-    if (gguf_open(model, &g, err, sizeof err) != GGUF_OK) {
+    if (gguf_open(model_path, &g, err, sizeof err) != GGUF_OK) {
         fprintf(stderr, "tokenmill template: %s\n", err);
         goto done;
     }

@@ -36,15 +36,6 @@ static void cmd_worker_usage(void)
             "                        [--step-tokens N] [--prefill-step-tokens N] [--max-queue N] [--name NAME] [--drain-timeout SECONDS] [-v]\n");
 }
 
-static bool cmd_worker_int(const char *z, long lo, long hi, long *out)
-{
-    char *end;
-    long v = strtol(z, &end, 10);
-    if (end == z || *end || v < lo || v > hi) return false;
-    *out = v;
-    return true;
-}
-
 int cmd_worker(int argc, char **argv)
 {
     const char *path = NULL, *listen = NULL, *gateway = NULL, *cache_spec = NULL, *name = NULL;
@@ -57,25 +48,30 @@ int cmd_worker(int argc, char **argv)
         if (!strcmp(a, "-v")) { util_log_level = LOG_LEVEL_DEBUG; continue; }
         if (!v) { fprintf(stderr, "tokenmill worker: %s needs a value\n", a); cmd_worker_usage(); return 2; }
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) path = v;
-        else if (!strcmp(a, "--role")) ok = (role = proto_role_parse(v)) > 0;
+        else if (!strcmp(a, "--role")) {
+            if ((role = proto_role_parse(v)) <= 0) {
+                fprintf(stderr, "tokenmill worker: --role: '%s' is not prefill, decode or mixed\n", v);
+                return 2;
+            }
+        }
         else if (!strcmp(a, "--listen")) listen = v;
         else if (!strcmp(a, "--gateway")) gateway = v;
         else if (!strcmp(a, "--cache")) cache_spec = v;
         else if (!strcmp(a, "--name")) name = v;
-        else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) ok = cmd_worker_int(v, 0, 1024, &threads);
-        else if (!strcmp(a, "--ctx") || !strcmp(a, "-c")) ok = cmd_worker_int(v, 0, 1 << 24, &ctx);
-        else if (!strcmp(a, "--max-seqs")) ok = cmd_worker_int(v, 1, 4096, &max_seqs);
-        else if (!strcmp(a, "--kv-mib")) ok = cmd_worker_int(v, 1, 1 << 24, &kv_mib);
-        else if (!strcmp(a, "--step-tokens")) ok = cmd_worker_int(v, 1, 1 << 16, &step_tokens);
-        else if (!strcmp(a, "--prefill-step-tokens")) ok = cmd_worker_int(v, 1, 1 << 16, &prefill_step);
-        else if (!strcmp(a, "--max-queue")) ok = cmd_worker_int(v, 1, 1 << 20, &max_queue);
-        else if (!strcmp(a, "--drain-timeout")) ok = cmd_worker_int(v, 1, 86400, &drain_s);
+        else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) ok = cmd_common_int("worker", a, v, 0, 1024, &threads);
+        else if (!strcmp(a, "--ctx") || !strcmp(a, "-c")) ok = cmd_common_int("worker", a, v, 0, 1 << 24, &ctx);
+        else if (!strcmp(a, "--max-seqs")) ok = cmd_common_int("worker", a, v, 1, 4096, &max_seqs);
+        else if (!strcmp(a, "--kv-mib")) ok = cmd_common_int("worker", a, v, 1, 1 << 24, &kv_mib);
+        else if (!strcmp(a, "--step-tokens")) ok = cmd_common_int("worker", a, v, 1, 1 << 16, &step_tokens);
+        else if (!strcmp(a, "--prefill-step-tokens")) ok = cmd_common_int("worker", a, v, 1, 1 << 16, &prefill_step);
+        else if (!strcmp(a, "--max-queue")) ok = cmd_common_int("worker", a, v, 1, 1 << 20, &max_queue);
+        else if (!strcmp(a, "--drain-timeout")) ok = cmd_common_int("worker", a, v, 1, 86400, &drain_s);
         else {
             fprintf(stderr, "tokenmill worker: unknown option '%s'\n", a);
             cmd_worker_usage();
             return 2;
         }
-        if (!ok) { fprintf(stderr, "tokenmill worker: bad value for %s: '%s'\n", a, v); return 2; }
+        if (!ok) return 2;  /* cmd_common_int said why */
         i++;
     }
     if (!path || role < 0 || (!listen && !gateway)) { cmd_worker_usage(); return 2; }

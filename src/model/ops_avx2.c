@@ -566,8 +566,7 @@ static void a2_att_block(const ops_att_block_args *a)
 {
     const int hd = a->hd, nq = a->nq, nqp = a->nqp, nc = (nq + 7) / 8;
     for (int c0 = 0; c0 < nc; c0 += 2) {
-        int cc = nc - c0 < 2 ? nc - c0 : 2, jend = 0;
-        for (int i = c0 * 8; i < nq && i < (c0 + cc) * 8; i++) jend = a->lim[i] > jend ? a->lim[i] : jend;
+        int cc = nc - c0 < 2 ? nc - c0 : 2, jend = ops_att_lim_max(a->lim, c0 * 8, nq < (c0 + cc) * 8 ? nq : (c0 + cc) * 8);
         for (int j0 = 0; j0 < jend; j0 += 4) {
             int jj = jend - j0 < 4 ? jend - j0 : 4;
             switch (jj * 8 + cc) {
@@ -586,8 +585,7 @@ static void a2_att_block(const ops_att_block_args *a)
         __m256i lim = _mm256_maskload_epi32(a->lim + c * 8, lm);
         __m256 M = _mm256_blendv_ps(ninf, _mm256_maskload_ps(a->m + c * 8, lm), _mm256_castsi256_ps(lm));
         __m256 S = _mm256_maskload_ps(a->s + c * 8, lm);
-        int jend = 0;
-        for (int i = c * 8; i < c * 8 + live; i++) jend = a->lim[i] > jend ? a->lim[i] : jend;
+        int jend = ops_att_lim_max(a->lim, c * 8, c * 8 + live);
         __m256 mb = ninf;
         for (int j = 0; j < jend; j++) {
             __m256 kj = _mm256_castsi256_ps(_mm256_cmpgt_epi32(lim, _mm256_set1_epi32(j)));
@@ -619,8 +617,7 @@ static void a2_att_block(const ops_att_block_args *a)
         _mm256_maskstore_ps(a->s + c * 8, lm, S);
     }
     for (int i0 = 0; i0 < nq; i0 += 4) {
-        int ii = nq - i0 < 4 ? nq - i0 : 4, nj = 0;
-        for (int i = i0; i < i0 + ii; i++) nj = a->lim[i] > nj ? a->lim[i] : nj;
+        int ii = nq - i0 < 4 ? nq - i0 : 4, nj = ops_att_lim_max(a->lim, i0, i0 + ii);
         for (int d0 = 0; d0 < hd; d0 += 16) {
             int dc = hd - d0 >= 16 ? 2 : (hd - d0 + 7) / 8;
             __m256i km = a2_lanes(hd - d0 - (dc - 1) * 8);

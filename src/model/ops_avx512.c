@@ -814,14 +814,6 @@ A512_INLINE void a512_att_qk(int JJ, int CC, const ops_att_block_args *a, int j0
     C(3, 4) C(4, 1) C(4, 2) C(4, 3) C(4, 4) C(5, 1) C(5, 2) C(5, 3) C(5, 4) C(6, 1) C(6, 2)  \
     C(6, 3) C(6, 4)
 
-/* the furthest key any of rows [i0, i1) sees in this block */
-A512_INLINE int a512_att_lim_max(const int32_t *lim, int i0, int i1)
-{
-    int m = 0;
-    for (int i = i0; i < i1; i++) m = lim[i] > m ? lim[i] : m;
-    return m;
-}
-
 /* acc[i][d] += sum_j st[j][i] * v[j][d] for II rows from i0 and dims [d0, d0 + 16 * DC)
  * (the last chunk masked by km), keys j < nj */
 A512_INLINE void a512_att_pv(int II, int DC, const ops_att_block_args *a, int i0, int d0,
@@ -851,7 +843,7 @@ static void a512_att_block(const ops_att_block_args *a)
     const int hd = a->hd, nq = a->nq, nqp = a->nqp, nc = (nq + 15) / 16;
     /* scores, keys up to the furthest any query of the chunk group sees */
     for (int c0 = 0; c0 < nc; c0 += 4) {
-        int cc = TM_MIN(4, nc - c0), jend = a512_att_lim_max(a->lim, c0 * 16, TM_MIN(nq, (c0 + cc) * 16));
+        int cc = TM_MIN(4, nc - c0), jend = ops_att_lim_max(a->lim, c0 * 16, TM_MIN(nq, (c0 + cc) * 16));
         for (int j0 = 0; j0 < jend; j0 += 6) {
             int jj = TM_MIN(6, jend - j0);
             switch (jj * 8 + cc) {
@@ -861,13 +853,13 @@ static void a512_att_block(const ops_att_block_args *a)
         }
     }
     /* online softmax, 16 rows at once */
-    int jall = a512_att_lim_max(a->lim, 0, nq);
+    int jall = ops_att_lim_max(a->lim, 0, nq);
     for (int c = 0; c < nc; c++) {
         __mmask16 live = A512_MASK(nq, c * 16);
         __m512i lim = _mm512_maskz_loadu_epi32(live, a->lim + c * 16);
         __m512 M = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), live, a->m + c * 16);
         __m512 S = _mm512_maskz_loadu_ps(live, a->s + c * 16);
-        int jend = a512_att_lim_max(a->lim, c * 16, TM_MIN(nq, c * 16 + 16));
+        int jend = ops_att_lim_max(a->lim, c * 16, TM_MIN(nq, c * 16 + 16));
         __m512 mb = _mm512_set1_ps(-INFINITY);
         for (int j = 0; j < jend; j++) {
             __mmask16 kj = _mm512_cmpgt_epi32_mask(lim, _mm512_set1_epi32(j));
@@ -906,7 +898,7 @@ static void a512_att_block(const ops_att_block_args *a)
     }
     /* acc += P V: 4 rows x 64 dims per tile, keys up to the furthest the 4 rows see */
     for (int i0 = 0; i0 < nq; i0 += 6) {
-        int ii = TM_MIN(6, nq - i0), nj = a512_att_lim_max(a->lim, i0, i0 + ii);
+        int ii = TM_MIN(6, nq - i0), nj = ops_att_lim_max(a->lim, i0, i0 + ii);
         for (int d0 = 0; d0 < hd; d0 += 64) {
             int dc = TM_MIN(4, (hd - d0 + 15) / 16);
             __mmask16 km = A512_MASK(hd, d0 + (dc - 1) * 16);

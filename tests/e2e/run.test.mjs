@@ -1,6 +1,8 @@
 // run.test.mjs: `tokenmill run` end to end on the bundled stories260K model: the greedy text
 // equals llama2.c's (200 tokens from BOS), the stats line, seeded sampling is repeatable, and
-// bad usage / bad model files give a clear message and a non-zero exit.
+// bad usage / bad model files give a clear message and a non-zero exit; `tokenmill bench`; and
+// for every subcommand, a numeric option whose value is not a number in range ("abc", "2x",
+// "-5") is refused with a message naming the option and the value, exit 2, before any work.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
@@ -90,4 +92,31 @@ test('bench: JSON timings, --depth runs pp after a cached prefix, bad values are
   const bad = spawnSync(bin, ['bench', '-m', model, '--depth', '-5'], { encoding: 'utf8', timeout: 60000 });
   assert.notEqual(bad.status, 0);
   assert.match(bad.stderr, /usage: tokenmill bench/);
+});
+
+test('numeric options: not a number in range is refused with the option and the value, exit 2', () => {
+  const M = model;
+  const cases = [
+    [['bench', '-m', M, '--pp', 'abc', '--tg', '0'], /tokenmill bench: --pp: 'abc' is not a whole number in 0\.\.\d+/],
+    [['bench', '-m', M, '--threads', '2x', '--pp', '0', '--tg', '0'], /tokenmill bench: --threads: '2x' is not a whole number/],
+    [['bench', '-m', M, '--reps', '0', '--tg', '0'], /tokenmill bench: --reps: '0' is not a whole number in 1\.\.100/],
+    [['bench', '-m', M, '--batch', '', '--tg', '0'], /tokenmill bench: --batch: '' is not a whole number/],
+    [['bench', '-m', M, '-d', '99999999999999999999', '--tg', '0'], /tokenmill bench: -d: '99999999999999999999' is not a whole number/],
+    [['eval', '-m', M, '--input', '/nonexistent.json', '--threads', '2x'], /tokenmill eval: --threads: '2x' is not a whole number/],
+    [['eval', '-m', M, '--input', '/nonexistent.json', '--batch', 'abc'], /tokenmill eval: --batch: 'abc' is not a whole number in 1\.\./],
+    [['template', '-m', M, '--input', '/nonexistent.json', '--threads', '3q'], /tokenmill template: --threads: '3q' is not a whole number/],
+    [['gateway', '-m', M, '--listen', '127.0.0.1:0', '--ctx', '12q'], /tokenmill gateway: --ctx: '12q' is not a whole number in 1\.\./],
+    [['gateway', '-m', M, '--listen', '127.0.0.1:0', '--ctx', '-5'], /tokenmill gateway: --ctx: '-5' is not a whole number/],
+    [['gateway', '-m', M, '--listen', '127.0.0.1:0', '--wait-timeout', '3s'], /tokenmill gateway: --wait-timeout: '3s' is not a number in /],
+    [['gateway', '-m', M, '--listen', '127.0.0.1:0', '--heartbeat-timeout', 'nan'], /tokenmill gateway: --heartbeat-timeout: 'nan' is not a number/],
+    [['gateway', '-m', M, '--listen', '127.0.0.1:0x'], /tokenmill gateway: --listen port: '0x' is not a whole number in 0\.\.65535/],
+    [['serve', '-m', M, '--port', '0', '--ctx', '5k'], /tokenmill serve: --ctx: '5k' is not a whole number/],
+    [['worker', '--role', 'mixed', '-m', M, '--listen', '127.0.0.1:0', '--threads', ' 2'], /tokenmill worker: --threads: ' 2' is not a whole number/],
+  ];
+  for (const [args, re] of cases) {
+    const r = spawnSync(bin, args, { encoding: 'utf8', timeout: 30000 });
+    assert.equal(r.status, 2, `${JSON.stringify(args)}: status ${r.status} signal ${r.signal}: ${r.stderr}`);
+    assert.match(r.stderr, re, JSON.stringify(args));
+    assert.equal(r.stdout, '', JSON.stringify(args));
+  }
 });
