@@ -27,7 +27,9 @@
 // prompt tokens: tokenmill's usage fields, llama.cpp's reused slot tokens), total wall time,
 // the effective speed-up (TTFT mean of the engine's own no-cache run / this run's) next to the
 // ideal 1/(1-hit), the KV memory, and tokenmill's store counters from /metrics. Then the
-// ratios llama.cpp / tokenmill of TTFT mean, P99 and wall time.
+// ratios llama.cpp / tokenmill of TTFT mean, P99 and wall time. For each run that loaded blocks
+// from the store: the I/O-thread time per 128-token block loaded, against the time to recompute
+// 128 tokens (the no-cache run's server time per prompt token).
 // With --serial requests go one at a time, so TTFT is each request's prefill alone and the
 // speed-up is the pure effective prefill speed-up; by default the agents are concurrent and
 // TTFT also holds the queueing behind the other agents' prefill and decode steps.
@@ -294,6 +296,19 @@ console.log("speed-up: TTFT mean of the engine's own no-cache run / this run's; 
   "restarted: a new tokenmill process on the store of 'store on' (RAM tier empty): its hits are blocks loaded from the store.\n" +
   (llamaSlots.length ? `llama.cpp: ${get(ll[1]?.[0])?.engine ?? ""}; '=': as many slots as tokenmill's ${o.kvMib} MiB KV pool holds.\n` : "") +
   "busy: CPU use by other processes just before the run (the most over the reps; '!' over 15 %: figures unreliable).");
+
+// The issue's "block load time per 128 tokens against the time to recompute them": I/O-thread
+// seconds per loaded block (reading, verifying; /metrics) against the no-cache run's server
+// time per prompt token x 128 (prefill on all kernel threads).
+const med = (xs) => { const v = xs.filter((x) => Number.isFinite(x)).sort((a, b) => a - b); return v.length ? v[(v.length - 1) >> 1] : null; };
+const noCache = get("tm-nocache");
+const recompute128 = noCache && med(noCache.reps.map((x) => x.server_ttft_ms * o.agents * o.turns / x.prompt_tokens * 128));
+for (const r of rows) {
+  const per = med(r.reps.map((x) => x.store?.blocks_loaded_total ? 1000 * x.store.load_seconds_total / x.store.blocks_loaded_total : NaN));
+  if (per == null) continue;
+  console.log(`${r.label}: a 128-token block loads in ${per.toFixed(2)} ms of I/O-thread time (read + verify)` +
+    (recompute128 ? `; recomputing 128 tokens takes ${recompute128.toFixed(1)} ms (no-cache srv TTFT per prompt token x 128): ${(recompute128 / per).toFixed(0)}x` : ""));
+}
 
 const llRows = rows.filter((r) => r.key.startsWith("ll-") && r.key !== "ll-noreuse");
 if (llRows.length) {
