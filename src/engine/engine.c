@@ -172,14 +172,14 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
     }
     sc = engine_scratch_need(&m->output, Ti, sc);
     e->mm_scratch = util_aligned_alloc(sc + 64);
-    /* per thread: K and V block in f32 (2 * 128 * hd), and for the tile's query rows
-     * (att_tile * gqa, rounded up to 16): queries transposed and accumulators (hd each),
-     * scores (128), max, sum and causal limit (3); the per-key path needs less */
+    /* per thread: K and V block in f32 and K transposed (3 * 128 * hd), and for the tile's
+     * query rows (att_tile * gqa, rounded up to 16): queries transposed and accumulators (hd
+     * each), scores (128), max, sum and causal limit (3); the per-key path needs less */
     int gqa = hp->n_heads / hp->n_kv_heads;
     e->att_tile = TM_MAX(1, TM_MIN(ENGINE_ATT_TILE_MAX, ENGINE_ATT_ROWS / gqa));
     size_t hdz = (size_t)hp->head_dim;
     size_t nqp = TM_ALIGN_UP((size_t)e->att_tile * (size_t)gqa, 16);
-    e->att_stride = TM_ALIGN_UP(2 * KVPOOL_BLOCK * hdz + nqp * (2 * hdz + KVPOOL_BLOCK + 3), 16);
+    e->att_stride = TM_ALIGN_UP(3 * KVPOOL_BLOCK * hdz + nqp * (2 * hdz + KVPOOL_BLOCK + 3), 16);
     e->att_scratch = util_aligned_alloc((size_t)o.n_threads * e->att_stride * sizeof(float));
     e->tile_start = util_aligned_alloc((T + 1) * sizeof(int32_t));
     if (!e->tile_start || !e->x || !e->xn || !e->q || !e->k || !e->v || !e->att || !e->ffa || !e->ffb || !e->xo ||
@@ -322,6 +322,8 @@ static void engine_att_per_key(engine_job *j, float *sc, int t0, int nt, int kvh
     }
 }
 
+_Static_assert(KVPOOL_BLOCK <= OPS_ATT_KT_KEYS, "a pool block fits the attention kernels' kt scratch");
+
 static void engine_att_tiled(engine_job *j, float *sc, int t0, int nt, int kvh)
 {
     engine *e = j->e;
@@ -338,6 +340,7 @@ static void engine_att_tiled(engine_job *j, float *sc, int t0, int nt, int kvh)
     float *M = st + (size_t)KVPOOL_BLOCK * nqp;       /* (nq) running max */
     float *S = M + nqp;                               /* (nq) running sum */
     int32_t *lim = (int32_t *)(S + nqp);              /* (nq) keys of the block each row sees */
+    float *kt = (float *)(lim + nqp);                 /* (hd, 128) K block transposed (kernel's) */
     /* qt row by row (contiguous stores; the query rows are read across, from L2) */
     const float *qrow[TM_MAX(ENGINE_ATT_ROWS, ENGINE_ATT_GQA_MAX)];   /* nq <= max(256, gqa) */
     for (int r = 0; r < nq; r++) qrow[r] = e->q + (size_t)(t0 + r / gqa) * qd + (size_t)(kvh * gqa + r % gqa) * hd;
@@ -353,7 +356,7 @@ static void engine_att_tiled(engine_job *j, float *sc, int t0, int nt, int kvh)
     memset(acc, 0, (size_t)nq * hd * sizeof(float));
     int n_ctx = tk0->pos + nt;  /* positions the last row sees */
     ops_att_block_args a = { .hd = hd, .nq = nq, .nqp = nqp, .scale = 1.0f / sqrtf((float)hd), .qt = qt,
-                             .lim = lim, .st = st, .m = M, .s = S, .acc = acc };
+                             .lim = lim, .st = st, .m = M, .s = S, .acc = acc, .kt = kt };
     for (int bi = 0; bi * KVPOOL_BLOCK < n_ctx; bi++) {
         int nb = TM_MIN(KVPOOL_BLOCK, n_ctx - bi * KVPOOL_BLOCK);
         const void *K = kvpool_seq_slab(e->kv, tk0->seq, bi, j->layer, 0, kvh);

@@ -112,7 +112,7 @@ typedef struct {
     int hd;              /* head size */
     int nq;              /* query rows */
     int nqp;             /* row stride of qt and st: nq rounded up to 16 */
-    int nb;              /* keys in the block, 1..KVPOOL_BLOCK */
+    int nb;              /* keys in the block, 1..OPS_ATT_KT_KEYS (a KV pool block) */
     float scale;         /* score scale (1/sqrt(hd)) */
     const float *qt;     /* (hd, nqp) queries, transposed */
     const float *k;      /* (nb, hd) keys */
@@ -122,7 +122,11 @@ typedef struct {
     float *m;            /* (nq) running max of each row, -INFINITY at the start */
     float *s;            /* (nq) running softmax sum of each row, 0 at the start */
     float *acc;          /* (nq, hd) running sum of p * v of each row, 0 at the start */
+    float *kt;           /* (hd, OPS_ATT_KT_KEYS) scratch for the block's keys transposed, or
+                          * NULL: with it, kernels may put the keys in lanes for few query
+                          * rows (a decode token), with the same bits per row */
 } ops_att_block_args;
+#define OPS_ATT_KT_KEYS 128   /* kt's row stride: the most keys in one block */
 void ops_att_block(const ops_att_block_args *a);
 
 /* Active instruction set ("scalar", "avx2", "avx512"). */

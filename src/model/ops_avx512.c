@@ -838,8 +838,152 @@ A512_INLINE void a512_att_pv(int II, int DC, const ops_att_block_args *a, int i0
             _mm512_mask_storeu_ps(a->acc + (size_t)(i0 + r) * hd + d0 + c * 16, c == DC - 1 ? km : 0xFFFF, acc[r][c]);
 }
 
+/* acc += P V (P in st): 6 rows x 64 dims per tile, keys up to the furthest the rows see */
+static void a512_att_pv_all(const ops_att_block_args *a)
+{
+    const int hd = a->hd, nq = a->nq;
+    for (int i0 = 0; i0 < nq; i0 += 6) {
+        int ii = TM_MIN(6, nq - i0), nj = ops_att_lim_max(a->lim, i0, i0 + ii);
+        for (int d0 = 0; d0 < hd; d0 += 64) {
+            int dc = TM_MIN(4, (hd - d0 + 15) / 16);
+            __mmask16 km = A512_MASK(hd, d0 + (dc - 1) * 16);
+            switch (ii * 8 + dc) {
+#define A512_ATT_PV(II, DC) case II * 8 + DC: a512_att_pv(II, DC, a, i0, d0, km, nj); break;
+            A512_ATT_TILES(A512_ATT_PV)
+#undef A512_ATT_PV
+            default: break;
+            }
+        }
+    }
+}
+
+/* ---- attention, few query rows (a decode token's gqa heads): keys in lanes --------------
+ * With 1-4 query rows the queries-in-lanes Q K^T above fills 1-4 of 16 lanes. Here the
+ * block's keys are transposed into kt (16x16 register transposes) and 16 keys share a vector:
+ * each (query, key) score is still one FMA chain over d = 0..hd-1 in order, scaled the same
+ * way, and the softmax does per row exactly the arithmetic of the chunked one (same max, same
+ * exp of the same differences, the sum added key by key in key order), so a row's bits do not
+ * depend on which of the two paths its block took. */
+#define A512_KIL_ROWS 4   /* blocks of at most this many query rows take this path */
+
+A512_INLINE void a512_transpose16(__m512 r[16])
+{
+    __m512 t[16];
+    _Pragma("GCC unroll 8") for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    _Pragma("GCC unroll 4") for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+        r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+        r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+        r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+    }
+    _Pragma("GCC unroll 2") for (int i = 0; i < 16; i += 8)
+        _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) {
+            t[i + c] = _mm512_shuffle_f32x4(r[i + c], r[i + c + 4], 0x88);
+            t[i + c + 4] = _mm512_shuffle_f32x4(r[i + c], r[i + c + 4], 0xdd);
+        }
+    _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) {
+        r[c] = _mm512_shuffle_f32x4(t[c], t[c + 8], 0x88);
+        r[c + 8] = _mm512_shuffle_f32x4(t[c], t[c + 8], 0xdd);
+    }
+}
+
+/* kt[d][j] = k[j][d] for keys j < nk, zeros for keys [nk, nkp) (nkp: nk rounded up to 64) */
+static void a512_att_kt(const ops_att_block_args *a, int nk, int nkp)
+{
+    const int hd = a->hd;
+    for (int j0 = 0; j0 < nkp; j0 += 16)
+        for (int d0 = 0; d0 < hd; d0 += 16) {
+            __mmask16 kd = A512_MASK(hd, d0);
+            __m512 r[16];
+            /* rows past nk read as zeros (masked off, never past the block) */
+            _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++)
+                r[i] = _mm512_maskz_loadu_ps(j0 + i < nk ? kd : 0, a->k + (size_t)TM_MIN(j0 + i, nk - 1) * hd + d0);
+            a512_transpose16(r);
+            float *dst = a->kt + (size_t)d0 * OPS_ATT_KT_KEYS + j0;
+            if (d0 + 16 <= hd) {
+                _Pragma("GCC unroll 16") for (int c = 0; c < 16; c++) _mm512_storeu_ps(dst + (size_t)c * OPS_ATT_KT_KEYS, r[c]);
+            } else {
+                _Pragma("GCC unroll 16") for (int c = 0; c < 16; c++)
+                    if (d0 + c < hd) _mm512_storeu_ps(dst + (size_t)c * OPS_ATT_KT_KEYS, r[c]);
+            }
+        }
+}
+
+/* sk[r][j] = (q_r . k_j) * scale for RR rows from r0 and the 64 keys from j0 */
+A512_INLINE void a512_att_qk_kil(int RR, const ops_att_block_args *a, int r0, int j0, float (*sk)[OPS_ATT_KT_KEYS])
+{
+    __m512 acc[A512_KIL_ROWS][4];
+    _Pragma("GCC unroll 4") for (int r = 0; r < RR; r++)
+        _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) acc[r][c] = _mm512_setzero_ps();
+    for (int d = 0; d < a->hd; d++) {
+        const float *kt = a->kt + (size_t)d * OPS_ATT_KT_KEYS + j0;
+        __m512 kv[4];
+        _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) kv[c] = _mm512_loadu_ps(kt + c * 16);
+        _Pragma("GCC unroll 4") for (int r = 0; r < RR; r++) {
+            __m512 qv = _mm512_set1_ps(a->qt[(size_t)d * a->nqp + r0 + r]);
+            _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) acc[r][c] = _mm512_fmadd_ps(kv[c], qv, acc[r][c]);
+        }
+    }
+    __m512 vs = _mm512_set1_ps(a->scale);
+    _Pragma("GCC unroll 4") for (int r = 0; r < RR; r++)
+        _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++)
+            _mm512_storeu_ps(&sk[r0 + r][j0 + c * 16], _mm512_mul_ps(acc[r][c], vs));
+}
+
+static void a512_att_block_kil(const ops_att_block_args *a)
+{
+    const int hd = a->hd, nq = a->nq, nqp = a->nqp;
+    const int jall = ops_att_lim_max(a->lim, 0, nq), nkp = (jall + 63) / 64 * 64;
+    float sk[A512_KIL_ROWS][OPS_ATT_KT_KEYS] __attribute__((aligned(64)));
+    float p[OPS_ATT_KT_KEYS] __attribute__((aligned(64)));
+    a512_att_kt(a, jall, nkp);
+    for (int j0 = 0; j0 < nkp; j0 += 64)
+        switch (nq) {
+        case 1: a512_att_qk_kil(1, a, 0, j0, sk); break;
+        case 2: a512_att_qk_kil(2, a, 0, j0, sk); break;
+        case 3: a512_att_qk_kil(3, a, 0, j0, sk); break;
+        default: a512_att_qk_kil(4, a, 0, j0, sk); break;
+        }
+    for (int r = 0; r < nq; r++) {
+        const int lim = a->lim[r];
+        float M = a->m[r], S = a->s[r];
+        __m512 mv = _mm512_set1_ps(-INFINITY);
+        for (int j = 0; j < lim; j += 16) mv = _mm512_mask_max_ps(mv, A512_MASK(lim, j), mv, _mm512_loadu_ps(&sk[r][j]));
+        float mb = _mm512_reduce_max_ps(mv);   /* a max: the same whatever the order */
+        if (mb > M) {
+            if (M != -INFINITY) {
+                float ms = _mm512_cvtss_f32(a512_exp(_mm512_set1_ps(M - mb)));
+                S *= ms;
+                float *row = a->acc + (size_t)r * hd;
+                __m512 f = _mm512_set1_ps(ms);
+                for (int d = 0; d < hd; d += 16) {
+                    __mmask16 kd = A512_MASK(hd, d);
+                    _mm512_mask_storeu_ps(row + d, kd, _mm512_mul_ps(_mm512_maskz_loadu_ps(kd, row + d), f));
+                }
+            }
+            M = mb;
+        }
+        __m512 vm = _mm512_set1_ps(M);
+        for (int j = 0; j < lim; j += 16)
+            _mm512_storeu_ps(p + j, _mm512_maskz_mov_ps(A512_MASK(lim, j), a512_exp(_mm512_sub_ps(_mm512_loadu_ps(&sk[r][j]), vm))));
+        for (int j = 0; j < lim; j++) S += p[j];   /* key order, as the chunked softmax */
+        for (int j = 0; j < lim; j++) a->st[(size_t)j * nqp + r] = p[j];
+        for (int j = lim; j < jall; j++) a->st[(size_t)j * nqp + r] = 0.0f;
+        a->m[r] = M;
+        a->s[r] = S;
+    }
+    a512_att_pv_all(a);
+}
+
 static void a512_att_block(const ops_att_block_args *a)
 {
+    if (a->kt && a->nq <= A512_KIL_ROWS) {
+        a512_att_block_kil(a);
+        return;
+    }
     const int hd = a->hd, nq = a->nq, nqp = a->nqp, nc = (nq + 15) / 16;
     /* scores, keys up to the furthest any query of the chunk group sees */
     for (int c0 = 0; c0 < nc; c0 += 4) {
@@ -896,20 +1040,7 @@ static void a512_att_block(const ops_att_block_args *a)
         _mm512_mask_storeu_ps(a->m + c * 16, live, M);
         _mm512_mask_storeu_ps(a->s + c * 16, live, S);
     }
-    /* acc += P V: 4 rows x 64 dims per tile, keys up to the furthest the 4 rows see */
-    for (int i0 = 0; i0 < nq; i0 += 6) {
-        int ii = TM_MIN(6, nq - i0), nj = ops_att_lim_max(a->lim, i0, i0 + ii);
-        for (int d0 = 0; d0 < hd; d0 += 64) {
-            int dc = TM_MIN(4, (hd - d0 + 15) / 16);
-            __mmask16 km = A512_MASK(hd, d0 + (dc - 1) * 16);
-            switch (ii * 8 + dc) {
-#define A512_ATT_PV(II, DC) case II * 8 + DC: a512_att_pv(II, DC, a, i0, d0, km, nj); break;
-            A512_ATT_TILES(A512_ATT_PV)
-#undef A512_ATT_PV
-            default: break;
-            }
-        }
-    }
+    a512_att_pv_all(a);
 }
 
 static void a512_rmsnorm_row(float *out, const float *x, const float *w, int n, float eps)

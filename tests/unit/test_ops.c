@@ -508,12 +508,17 @@ TEST(test_vec_helpers)
 /* Runs ops_att_block over n_blk key blocks (nb keys each, the last block nb_last) for nq
  * rows whose queries are rows q[qi[r]] (hd), with causal limits lim_of(qpos[r], block), and
  * writes each row's normalised output (nq, hd) to out. */
+/* att_run gives the kernels a kt scratch (as the engine does): few-row blocks may take the
+ * keys-in-lanes path; without it they take the queries-in-lanes one */
+static bool att_with_kt = true;
+
 static void att_run(int hd, int nq, const float *q, const int *qpos, const float *K, const float *V,
                     int n_ctx, float *out)
 {
     int nqp = (nq + 15) / 16 * 16;
     float *qt = calloc((size_t)hd * nqp, 4), *st = malloc((size_t)128 * nqp * 4);
     float *m = malloc(nq * 4), *s = malloc(nq * 4), *acc = calloc((size_t)nq * hd, 4);
+    float *kt = att_with_kt ? malloc((size_t)hd * OPS_ATT_KT_KEYS * 4) : NULL;
     int32_t *lim = malloc(nq * 4);
     for (int r = 0; r < nq; r++) {
         for (int d = 0; d < hd; d++) qt[(size_t)d * nqp + r] = q[(size_t)r * hd + d];
@@ -521,7 +526,7 @@ static void att_run(int hd, int nq, const float *q, const int *qpos, const float
         s[r] = 0;
     }
     ops_att_block_args a = { .hd = hd, .nq = nq, .nqp = nqp, .scale = 1.0f / sqrtf((float)hd), .qt = qt,
-                             .lim = lim, .st = st, .m = m, .s = s, .acc = acc };
+                             .lim = lim, .st = st, .m = m, .s = s, .acc = acc, .kt = kt };
     for (int b0 = 0; b0 < n_ctx; b0 += 128) {
         a.nb = TM_MIN(128, n_ctx - b0);
         a.k = K + (size_t)b0 * hd;
@@ -536,6 +541,7 @@ static void att_run(int hd, int nq, const float *q, const int *qpos, const float
     free(m);
     free(s);
     free(acc);
+    free(kt);
     free(lim);
 }
 
@@ -585,6 +591,24 @@ TEST(test_att_block)
                 CHECKF(!memcmp(o1, out + (size_t)r * hd, (size_t)hd * 4), "%s hd=%d row %d alone differs",
                        ops_level_name(), hd, r);
             }
+            /* groups of 2, 3 and 4 rows (a decode token's gqa heads: few-row kernels), each
+             * with the context its last row sees: the same bits */
+            for (int g = 2; g <= 4; g++)
+                for (int r = 0; r + g <= nq; r += 7) {
+                    float *og = malloc((size_t)g * hd * 4);
+                    int n = 0;
+                    for (int i = 0; i < g; i++) n = TM_MAX(n, qpos[r + i] + 1);
+                    att_run(hd, g, q + (size_t)r * hd, &qpos[r], K, V, n, og);
+                    CHECKF(!memcmp(og, out + (size_t)r * hd, (size_t)g * hd * 4), "%s hd=%d rows %d..%d together differ",
+                           ops_level_name(), hd, r, r + g - 1);
+                    free(og);
+                }
+            /* a row alone without the kt scratch (the queries-in-lanes path): the same bits */
+            att_with_kt = false;
+            att_run(hd, 1, q + (size_t)5 * hd, &qpos[5], K, V, qpos[5] + 1, o1);
+            att_with_kt = true;
+            CHECKF(!memcmp(o1, out + (size_t)5 * hd, (size_t)hd * 4), "%s hd=%d row 5 alone without kt differs",
+                   ops_level_name(), hd);
             /* the rows in another order and count (reversed, first 20): the same bits */
             float *qr = malloc((size_t)20 * hd * 4), *outr = malloc((size_t)20 * hd * 4);
             int qposr[20];
