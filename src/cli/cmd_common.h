@@ -1,7 +1,8 @@
 /*
  * cmd_common: what the subcommands do alike at start: checked numeric option values (every
- * subcommand), and for the long-running ones (serve, gateway, worker) the stop signals and
- * loading a model with its tokenizer, with their error messages.
+ * subcommand), and for the long-running ones (serve, gateway, worker) the stop signals,
+ * loading a model with its tokenizer, and (serve, worker) the engine options, the engine and
+ * the scheduler options, with their error messages.
  */
 #ifndef TM_CMD_COMMON_H
 #define TM_CMD_COMMON_H
@@ -9,6 +10,9 @@
 #include <signal.h>
 #include <stdbool.h>
 
+#include "engine/blockio.h"
+#include "engine/engine.h"
+#include "engine/sched.h"
 #include "model/model.h"
 #include "recipe/tokenizer.h"
 
@@ -21,6 +25,30 @@ bool cmd_common_int(const char *prog, const char *opt, const char *z, long lo, l
 /* The same for a decimal number (strtod's syntax: 1e-6 and 0.5 are fine; nan, inf never are:
  * they fail the range check). */
 bool cmd_common_num(const char *prog, const char *opt, const char *z, double lo, double hi, double *out);
+
+/* The engine and scheduler options of the processes that run an engine (serve, worker). */
+typedef struct {
+    long threads;        /* kernel threads, 0: one per core */
+    long ctx;            /* tokens per sequence, 0: the model's training context, at most 4096 */
+    long max_seqs;       /* sequences in flight */
+    long kv_mib;         /* KV pool cap, MiB */
+    long max_queue;      /* requests waiting for admission */
+    long step_tokens;    /* tokens per step with decodes, 0: sched_default_step_tokens */
+    long prefill_step;   /* tokens per step without decodes */
+} cmd_engine_opts;
+#define CMD_ENGINE_OPTS_DEFAULT \
+    { .max_seqs = 16, .kv_mib = 2048, .max_queue = 256, .prefill_step = SCHED_PREFILL_STEP }
+/* If option a is one of --threads/-t, --ctx/-c, --max-seqs, --kv-mib, --max-queue,
+ * --step-tokens, --prefill-step-tokens: parses its value v into *o (*ok false after a message
+ * when the value is bad) and returns true; otherwise returns false and leaves *ok alone. */
+bool cmd_common_engine_opt(const char *prog, const char *a, const char *v, cmd_engine_opts *o, bool *ok);
+/* Starts the engine for m: the context and step budgets resolved into *o (ctx, step_tokens),
+ * a batch for the larger budget, a KV pool of max_seqs full contexts capped by kv_mib (at
+ * least one context), faulted in now so that the first steps and store fills take no page
+ * faults. NULL after "tokenmill PROG: why" on stderr. */
+engine *cmd_common_engine_new(const char *prog, model *m, cmd_engine_opts *o);
+/* The scheduler options for an engine made by cmd_common_engine_new (bio may be NULL). */
+sched_opts cmd_common_sched_opts(const cmd_engine_opts *o, blockio *bio, const tokenizer *tok);
 
 /* Blocks SIGINT and SIGTERM in the calling thread and ignores SIGPIPE. Call it before any
  * thread starts: threads inherit the mask, so only the main loop's sigwait/sigtimedwait on

@@ -71,7 +71,8 @@ int cmd_serve(int argc, char **argv)
     const char *path = NULL, *host = "127.0.0.1", *name = NULL, *tmpl_name = NULL;
     const char *keys[SERVE_MAX_KEYS];
     int n_keys = 0;
-    long port = 8080, threads = 0, ctx = 0, max_seqs = 16, kv_mib = 2048, max_queue = 256, step_tokens = 0, prefill_step = SCHED_PREFILL_STEP;
+    long port = 8080;
+    cmd_engine_opts eng = CMD_ENGINE_OPTS_DEFAULT;
     long max_body = 8 << 20, timeout = 60;
     const char *cache_spec = "default", *retention = NULL;
     uint64_t cache_capacity = 0;
@@ -90,13 +91,7 @@ int cmd_serve(int argc, char **argv)
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) path = v;
         else if (!strcmp(a, "--host")) host = v;
         else if (!strcmp(a, "--port")) ok = cmd_common_int("serve", a, v, 0, 65535, &port);
-        else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) ok = cmd_common_int("serve", a, v, 0, 1024, &threads);
-        else if (!strcmp(a, "--ctx") || !strcmp(a, "-c")) ok = cmd_common_int("serve", a, v, 0, 1 << 24, &ctx);
-        else if (!strcmp(a, "--max-seqs")) ok = cmd_common_int("serve", a, v, 1, 4096, &max_seqs);
-        else if (!strcmp(a, "--kv-mib")) ok = cmd_common_int("serve", a, v, 1, 1 << 24, &kv_mib);
-        else if (!strcmp(a, "--max-queue")) ok = cmd_common_int("serve", a, v, 1, 1 << 20, &max_queue);
-        else if (!strcmp(a, "--step-tokens")) ok = cmd_common_int("serve", a, v, 1, 1 << 16, &step_tokens);
-        else if (!strcmp(a, "--prefill-step-tokens")) ok = cmd_common_int("serve", a, v, 1, 1 << 16, &prefill_step);
+        else if (cmd_common_engine_opt("serve", a, v, &eng, &ok)) {}
         else if (!strcmp(a, "--max-body")) ok = cmd_common_int("serve", a, v, 1024, 1L << 32, &max_body);
         else if (!strcmp(a, "--timeout")) ok = cmd_common_int("serve", a, v, 1, 86400, &timeout);
         else if (!strcmp(a, "--cache")) cache_spec = v;
@@ -149,24 +144,8 @@ int cmd_serve(int argc, char **argv)
         rc = tmpl_name ? 2 : 1;
         goto out;
     }
-    int n_ctx = ctx > 0 ? (int)ctx : TM_MIN(m->hp.n_ctx_train, 4096);
-    if (step_tokens == 0) step_tokens = sched_default_step_tokens((int)max_seqs);   /* max-seqs + 64 */
-    /* the engine batch holds the larger of the two step budgets (sched caps both at it) */
-    engine_opts eo = { .n_threads = (int)threads, .max_batch_tokens = (int)TM_MAX(step_tokens, prefill_step) };
-    {
-        /* KV pool: max_seqs full contexts, capped by kv_mib */
-        size_t per_tok = (size_t)m->hp.n_layers * (size_t)m->hp.n_kv_heads * (size_t)m->hp.head_dim * 2 * 2;
-        size_t want_blocks = (size_t)max_seqs * (size_t)((n_ctx + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK);
-        size_t cap_blocks = ((size_t)kv_mib << 20) / (per_tok * KVPOOL_BLOCK);
-        size_t min_blocks = (size_t)(n_ctx + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK + 1;
-        size_t nb = TM_MIN(want_blocks, cap_blocks);
-        eo.n_kv_blocks = (int)TM_MAX(nb, min_blocks);
-    }
-    if (engine_new(m, &eo, &e, err, sizeof err) != ENGINE_OK) {
-        fprintf(stderr, "tokenmill serve: %s\n", err);
-        goto out;
-    }
-    kvpool_prefault(engine_kvpool(e));   /* no page faults in the first steps and store fills */
+    if (!(e = cmd_common_engine_new("serve", m, &eng))) goto out;
+    int n_ctx = (int)eng.ctx;
     if (cache_spec && !strcmp(cache_spec, "off")) cache_spec = NULL;
     if (cache_spec && !strcmp(cache_spec, "default")) {
         const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
@@ -191,11 +170,7 @@ int cmd_serve(int argc, char **argv)
             bio = blockio_new(cache, engine_kvpool(e), m, &bo);
         }
     }
-    sched_opts so = { .bio = bio, .max_seqs = (int)max_seqs, .max_queue = (int)max_queue, .step_tokens = (int)step_tokens,
-                      .prefill_step_tokens = (int)prefill_step,
-                      .n_ctx = n_ctx, .eos_ids = { -1, -1, -1, -1 } };
-    so.eos_ids[0] = tokenizer_eos(tok);
-    so.eos_ids[1] = tokenizer_eot(tok);
+    sched_opts so = cmd_common_sched_opts(&eng, bio, tok);
     if (sched_new(e, &so, &s) != SCHED_OK) {
         fprintf(stderr, "tokenmill serve: cannot start the scheduler\n");
         goto out;
@@ -225,8 +200,10 @@ int cmd_serve(int argc, char **argv)
         fprintf(stderr, "tokenmill serve: %s\n", err);
         goto out;
     }
+    kvpool_stats kv_stats;
+    kvpool_get_stats(engine_kvpool(e), &kv_stats);
     fprintf(stderr, "tokenmill serve: model %s (%s, %d layers, ctx %d, KV %d blocks, %d threads, template %s)\n", name,
-            m->hp.arch_name, m->hp.n_layers, n_ctx, eo.n_kv_blocks, engine_n_threads(e), template_name(tmpl));
+            m->hp.arch_name, m->hp.n_layers, n_ctx, kv_stats.n_blocks, engine_n_threads(e), template_name(tmpl));
     if (bio) fprintf(stderr, "tokenmill serve: block store %s\n", store_spec(cache));
     fprintf(stderr, "tokenmill serve: listening on http://%s:%d\n", host, http_server_port(h));
     fflush(stderr);

@@ -40,7 +40,8 @@ int cmd_worker(int argc, char **argv)
 {
     const char *path = NULL, *listen = NULL, *gateway = NULL, *cache_spec = NULL, *name = NULL;
     int role = -1;
-    long threads = 0, ctx = 0, max_seqs = 16, kv_mib = 2048, step_tokens = 0, prefill_step = SCHED_PREFILL_STEP, max_queue = 256, drain_s = 60;
+    long drain_s = 60;
+    cmd_engine_opts eng = CMD_ENGINE_OPTS_DEFAULT;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -58,13 +59,7 @@ int cmd_worker(int argc, char **argv)
         else if (!strcmp(a, "--gateway")) gateway = v;
         else if (!strcmp(a, "--cache")) cache_spec = v;
         else if (!strcmp(a, "--name")) name = v;
-        else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) ok = cmd_common_int("worker", a, v, 0, 1024, &threads);
-        else if (!strcmp(a, "--ctx") || !strcmp(a, "-c")) ok = cmd_common_int("worker", a, v, 0, 1 << 24, &ctx);
-        else if (!strcmp(a, "--max-seqs")) ok = cmd_common_int("worker", a, v, 1, 4096, &max_seqs);
-        else if (!strcmp(a, "--kv-mib")) ok = cmd_common_int("worker", a, v, 1, 1 << 24, &kv_mib);
-        else if (!strcmp(a, "--step-tokens")) ok = cmd_common_int("worker", a, v, 1, 1 << 16, &step_tokens);
-        else if (!strcmp(a, "--prefill-step-tokens")) ok = cmd_common_int("worker", a, v, 1, 1 << 16, &prefill_step);
-        else if (!strcmp(a, "--max-queue")) ok = cmd_common_int("worker", a, v, 1, 1 << 20, &max_queue);
+        else if (cmd_common_engine_opt("worker", a, v, &eng, &ok)) {}
         else if (!strcmp(a, "--drain-timeout")) ok = cmd_common_int("worker", a, v, 1, 86400, &drain_s);
         else {
             fprintf(stderr, "tokenmill worker: unknown option '%s'\n", a);
@@ -85,7 +80,6 @@ int cmd_worker(int argc, char **argv)
     sigset_t set;
     cmd_common_block_stop_signals(&set);
     int rc = 1;
-    char err[512];
     model *m = NULL;
     tokenizer *tok = NULL;
     engine *e = NULL;
@@ -94,22 +88,8 @@ int cmd_worker(int argc, char **argv)
     blockio *bio = NULL;
     worker *w = NULL;
     if (!cmd_common_load_model("worker", path, &m, &tok)) goto out;
-    int n_ctx = ctx > 0 ? (int)ctx : TM_MIN(m->hp.n_ctx_train, 4096);
-    if (step_tokens == 0) step_tokens = sched_default_step_tokens((int)max_seqs);   /* max-seqs + 64 */
-    /* the engine batch holds the larger of the two step budgets (sched caps both at it) */
-    engine_opts eo = { .n_threads = (int)threads, .max_batch_tokens = (int)TM_MAX(step_tokens, prefill_step) };
-    {
-        size_t per_tok = (size_t)m->hp.n_layers * (size_t)m->hp.n_kv_heads * (size_t)m->hp.head_dim * 2 * 2;
-        size_t want_blocks = (size_t)max_seqs * (size_t)((n_ctx + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK);
-        size_t cap_blocks = ((size_t)kv_mib << 20) / (per_tok * KVPOOL_BLOCK);
-        size_t min_blocks = (size_t)(n_ctx + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK + 1;
-        eo.n_kv_blocks = (int)TM_MAX(TM_MIN(want_blocks, cap_blocks), min_blocks);
-    }
-    if (engine_new(m, &eo, &e, err, sizeof err) != ENGINE_OK) {
-        fprintf(stderr, "tokenmill worker: %s\n", err);
-        goto out;
-    }
-    kvpool_prefault(engine_kvpool(e));   /* no page faults in the first steps and store fills */
+    if (!(e = cmd_common_engine_new("worker", m, &eng))) goto out;
+    int n_ctx = (int)eng.ctx;
     if (cache_spec) {
         store_opts sto = { .capacity_bytes = (uint64_t)16 << 30, .gc_thread = true };
         store_status sst = store_open(cache_spec, &sto, &cache);
@@ -121,22 +101,20 @@ int cmd_worker(int argc, char **argv)
         blockio_opts bo = { .n_write_slots = 32 };
         bio = blockio_new(cache, engine_kvpool(e), m, &bo);
     }
-    sched_opts so = { .bio = bio, .max_seqs = (int)max_seqs, .max_queue = (int)max_queue,
-                      .step_tokens = (int)step_tokens, .prefill_step_tokens = (int)prefill_step, .n_ctx = n_ctx,
-                      .eos_ids = { -1, -1, -1, -1 } };
-    so.eos_ids[0] = tokenizer_eos(tok);
-    so.eos_ids[1] = tokenizer_eot(tok);
+    sched_opts so = cmd_common_sched_opts(&eng, bio, tok);
     if (sched_new(e, &so, &s) != SCHED_OK) {
         fprintf(stderr, "tokenmill worker: cannot start the scheduler\n");
         goto out;
     }
 
     worker_opts wo = { .role = role, .listen = listen, .gateway = gateway, .name = name,
-                       .max_seqs = (int)max_seqs, .n_ctx = n_ctx };
+                       .max_seqs = (int)eng.max_seqs, .n_ctx = n_ctx };
     w = worker_new(&wo, e, s, cache, bio);
     if (!w) goto out;
+    kvpool_stats kv_stats;
+    kvpool_get_stats(engine_kvpool(e), &kv_stats);
     fprintf(stderr, "tokenmill worker: %s, model %s (%d layers, ctx %d, KV %d blocks, %d threads)%s%s\n",
-            proto_role_name(role), m->hp.arch_name, m->hp.n_layers, n_ctx, eo.n_kv_blocks, engine_n_threads(e),
+            proto_role_name(role), m->hp.arch_name, m->hp.n_layers, n_ctx, kv_stats.n_blocks, engine_n_threads(e),
             bio ? ", block store " : "", bio ? store_spec(cache) : "");
     if (listen) fprintf(stderr, "tokenmill worker: listening on port %d\n", worker_port(w));
     fflush(stderr);
