@@ -10,7 +10,8 @@
 #   make run        the main job on the bundled model
 #   make bench      side-by-side benchmark against llama.cpp (bench/engine)
 #   make bench-serve tokenmill serve vs llama.cpp at 1, 4, 16 concurrent clients (bench/serve; --full adds 64)
-#   make bench-cache block store throughput and the multi-turn agent workload (bench/cache)
+#   make bench-cache block store throughput, the multi-turn agent workload and the isolated effective
+#                   prefill speed-up on two real model shapes (bench/cache)
 #   make bench-cluster disaggregated vs mixed workers vs serve under a mixed workload (bench/cluster)
 #
 # WERROR=1 turns warnings into errors (CI sets it via .ci/run).

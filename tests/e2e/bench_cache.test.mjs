@@ -22,6 +22,8 @@ test("bench/cache_agents: tiny agent workload, tokenmill and llama.cpp, hit rate
     { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, TM_BIN: bin } });
     assert.match(text, /tokenmill restarted/);
     assert.match(text, /llama\.cpp \/ tokenmill/);
+    // the restarted run's block load time against recomputing a block's 128 tokens
+    assert.match(text, /tokenmill restarted: a 128-token block loads in \d+\.\d+ ms of I\/O-thread time .*recomputing 128 tokens takes \d+\.\d+ ms/);
     const j = JSON.parse(fs.readFileSync(out, "utf8"));
     const run = Object.fromEntries(j.runs.map((r) => [r.key, r]));
     assert.deepEqual(Object.keys(run).sort(), ["ll-2", "ll-noreuse", "tm-nocache", "tm-ram", "tm-restart", "tm-store"]);
@@ -44,4 +46,13 @@ test("bench/cache_agents: tiny agent workload, tokenmill and llama.cpp, hit rate
   } finally {
     fs.rmSync(tmp, { recursive: true, force: true });
   }
+});
+
+test("bench/cache_agents: an unknown --preset is refused", () => {
+  let err;
+  try {
+    execFileSync(process.execPath, [path.join(root, "bench/cache_agents.mjs"), "--preset", "nope"], { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] });
+  } catch (e) { err = e; }
+  assert.ok(err && err.status === 2, "exit status 2");
+  assert.match(err.stderr, /unknown bench model preset 'nope' \(qwen3-0\.6b, llama3\.2-1b\)/);
 });
