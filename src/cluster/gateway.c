@@ -37,6 +37,10 @@ typedef struct {
     char name[64];            /* HELLO name, for logs */
     int role;                 /* proto_role from HELLO (static ones before: the list's role) */
     int fd;                   /* the connection, -1 when none */
+    pthread_mutex_t send_mu;  /* held while a frame is written to the connection and while
+                               * its reader closes it: no write reaches a closed (or reused) fd */
+    int send_fd;              /* the connection writers may use (under send_mu), -1 once closed */
+    uint64_t send_gen;        /* its gen (under send_mu) */
     uint64_t gen;             /* bumped at each connection loss: stale readers are ignored */
     double last_hb;           /* util_now() of the last frame received */
     double next_connect;      /* static: next reconnect attempt */
@@ -259,7 +263,9 @@ static void gw_requeue(gateway *g, gw_req *r, bool count)
 }
 
 /* The worker's connection is gone (or it is declared dead): its requests move elsewhere. */
-static void gw_worker_lost(gateway *g, int slot, const char *why)
+/* keep_write: the caller is the worker's reader refusing a frame; the connection stays open
+ * for writing so that the reader can say why before it closes it (gw_reader_close). */
+static void gw_worker_lost_how(gateway *g, int slot, const char *why, bool keep_write)
 {
     gw_worker *w = &g->w[slot];
     if (!w->connected) return;
@@ -267,7 +273,7 @@ static void gw_worker_lost(gateway *g, int slot, const char *why)
     w->connected = false;
     w->draining = false;
     w->gen++;
-    if (w->fd >= 0) shutdown(w->fd, SHUT_RDWR);
+    if (w->fd >= 0) shutdown(w->fd, keep_write ? SHUT_RD : SHUT_RDWR);
     for (gw_req *r = g->reqs; r; r = r->next)
         if (r->worker == slot && !r->finished) gw_requeue(g, r, true);
     w->queued_s = 0;
@@ -278,6 +284,8 @@ static void gw_worker_lost(gateway *g, int slot, const char *why)
     if (!w->is_static) w->used = w->reader_live; /* a registered slot is freed once its reader is gone */
     pthread_cond_broadcast(&g->cv_workers);
 }
+
+static void gw_worker_lost(gateway *g, int slot, const char *why) { gw_worker_lost_how(g, slot, why, false); }
 
 /* ------------------------------------------------------------------ frames from workers */
 
@@ -373,8 +381,8 @@ static const char *gw_check_msg(const gateway *g, const gw_worker *w, const prot
     }
 }
 
-/* Returns false when the frame was refused (the worker is then out). */
-static bool gw_on_msg(gateway *g, int slot, proto_msg *m)
+/* Returns false when the frame was refused (the worker is then out, *refused says why). */
+static bool gw_on_msg(gateway *g, int slot, proto_msg *m, const char **refused)
 {
     gw_worker *w = &g->w[slot];
     w->last_hb = util_now();
@@ -387,7 +395,8 @@ static bool gw_on_msg(gateway *g, int slot, proto_msg *m)
                  proto_type_name(m->hdr.type), (unsigned long long)id, bad);
         g->n_bad_conns++;
         g->n_bad_values++;
-        gw_worker_lost(g, slot, bad);
+        gw_worker_lost_how(g, slot, bad, true);
+        *refused = bad;
         return false;
     }
     switch (m->hdr.type) {
@@ -472,11 +481,36 @@ typedef struct {
     int fd;
 } gw_reader_arg;
 
+/* Closes a worker's connection, from its reader as it ends: first, when a frame of the worker
+ * was refused, ERROR MALFORMED (id 0) saying why, as docs/protocol.md asks "when it can" (best
+ * effort: 200 ms at most). Under the slot's send lock, so that the dispatcher never writes to
+ * the descriptor once it is closed (and perhaps reused). */
+static void gw_reader_close(gateway *g, int slot, int fd, const char *refused)
+{
+    gw_worker *w = &g->w[slot];
+    pthread_mutex_lock(&w->send_mu);
+    if (refused && w->send_fd == fd) {
+        struct timeval tv = { .tv_sec = 0, .tv_usec = 200 * 1000 };
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+        proto_msg m;
+        memset(&m, 0, sizeof m);
+        m.hdr.type = PROTO_ERROR;
+        m.u.error.code = PROTO_E_MALFORMED;
+        m.u.error.msg = (char *)refused;
+        (void)proto_send_msg(fd, &m);
+    }
+    shutdown(fd, SHUT_RDWR);
+    close(fd);
+    if (w->send_fd == fd) w->send_fd = -1;
+    pthread_mutex_unlock(&w->send_mu);
+}
+
 static void *gw_reader(void *arg)
 {
     gw_reader_arg a = *(gw_reader_arg *)arg;
     free(arg);
     gateway *g = a.g;
+    const char *refused = NULL;   /* why a frame of the worker was refused (static text) */
     for (;;) {
         proto_msg m;
         proto_status st = proto_recv(a.fd, &m);
@@ -486,27 +520,27 @@ static void *gw_reader(void *arg)
             if (current) {
                 char why[96];
                 snprintf(why, sizeof why, "connection %s", st == PROTO_ERR_CLOSED ? "closed" : proto_status_name(st));
-                if (st != PROTO_ERR_CLOSED && st != PROTO_ERR_IO) g->n_bad_conns++;
-                gw_worker_lost(g, a.slot, why);
+                if (st != PROTO_ERR_CLOSED && st != PROTO_ERR_IO) {
+                    g->n_bad_conns++;
+                    refused = proto_status_name(st);
+                }
+                gw_worker_lost_how(g, a.slot, why, refused != NULL);
             }
-            g->w[a.slot].reader_live = false;
-            if (!g->w[a.slot].is_static && !g->w[a.slot].connected) g->w[a.slot].used = false;
-            pthread_cond_broadcast(&g->cv_workers);
             pthread_mutex_unlock(&g->mu);
             break;
         }
-        bool ok = !current || gw_on_msg(g, a.slot, &m);
-        if (!ok) {
-            /* refused: this reader ends with its connection (gw_worker_lost shut it down) */
-            g->w[a.slot].reader_live = false;
-            if (!g->w[a.slot].is_static && !g->w[a.slot].connected) g->w[a.slot].used = false;
-            pthread_cond_broadcast(&g->cv_workers);
-        }
+        bool ok = !current || gw_on_msg(g, a.slot, &m, &refused);
         pthread_mutex_unlock(&g->mu);
         proto_msg_free(&m);
         if (!ok) break;
     }
-    close(a.fd);
+    gw_reader_close(g, a.slot, a.fd, refused);
+    /* only now: gateway_free waits for reader_live to go false before freeing the slots */
+    pthread_mutex_lock(&g->mu);
+    g->w[a.slot].reader_live = false;
+    if (!g->w[a.slot].is_static && !g->w[a.slot].connected) g->w[a.slot].used = false;
+    pthread_cond_broadcast(&g->cv_workers);
+    pthread_mutex_unlock(&g->mu);
     return NULL;
 }
 
@@ -582,6 +616,10 @@ static void gw_attach(gateway *g, int slot, int fd, const proto_hello *h)
     w->reader_live = true;
     w->draining = false;
     w->fd = fd;
+    pthread_mutex_lock(&w->send_mu);
+    w->send_fd = fd;
+    w->send_gen = w->gen;
+    pthread_mutex_unlock(&w->send_mu);
     w->role = h->role;
     w->max_seqs = h->max_seqs;
     w->kv_dtype = h->kv_dtype;
@@ -603,7 +641,10 @@ static void gw_attach(gateway *g, int slot, int fd, const proto_hello *h)
         free(a);
         w->reader_live = false;
         w->connected = false;
+        pthread_mutex_lock(&w->send_mu);
+        w->send_fd = -1;
         close(fd);
+        pthread_mutex_unlock(&w->send_mu);
     }
     pthread_attr_destroy(&at);
     log_info("gateway: worker %s (%s%s%s) is in", w->addr, proto_role_name(w->role), w->name[0] ? ", " : "", w->name);
@@ -833,7 +874,9 @@ static void *gw_dispatcher(void *arg)
                 int fd = w->fd;
                 uint64_t gen = q->gen;
                 pthread_mutex_unlock(&g->mu);
-                proto_status st = proto_send(fd, q->buf.p, q->buf.n);
+                pthread_mutex_lock(&w->send_mu);   /* the reader may be closing fd meanwhile */
+                proto_status st = w->send_fd == fd && w->send_gen == gen ? proto_send(fd, q->buf.p, q->buf.n) : PROTO_ERR_CLOSED;
+                pthread_mutex_unlock(&w->send_mu);
                 pthread_mutex_lock(&g->mu);
                 if (st != PROTO_OK && w->gen == gen) gw_worker_lost(g, q->slot, "send failed");
             }
@@ -1260,6 +1303,10 @@ gateway_status gateway_new(const gateway_opts *o, gateway **out, char *err, size
     g->kv_dtype = -1;
     g->listen_fd = -1;
     pthread_mutex_init(&g->mu, NULL);
+    for (int i = 0; i < GW_MAX_WORKERS; i++) {
+        pthread_mutex_init(&g->w[i].send_mu, NULL);
+        g->w[i].send_fd = -1;
+    }
     pthread_cond_init(&g->cv_disp, NULL);
     pthread_cond_init(&g->cv_workers, NULL);
     for (int i = 0; i < o->n_prefill + o->n_decode; i++) {
@@ -1335,6 +1382,7 @@ void gateway_free(gateway *g)
     if (g->listen_fd >= 0) close(g->listen_fd);
     pthread_cond_destroy(&g->cv_disp);
     pthread_cond_destroy(&g->cv_workers);
+    for (int i = 0; i < GW_MAX_WORKERS; i++) pthread_mutex_destroy(&g->w[i].send_mu);
     pthread_mutex_destroy(&g->mu);
     free(g);
 }

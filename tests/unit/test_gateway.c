@@ -289,15 +289,20 @@ static bool fake_expect(int fd, int want, proto_msg *m)
     }
 }
 
-/* True when the gateway closes the connection (frames it still sends are read and dropped). */
-static bool fake_closed(int fd)
+/* True when the gateway sends ERROR MALFORMED (id 0, with a reason) and then closes the
+ * connection; other frames before it are read and dropped. */
+static bool fake_refused(int fd)
 {
+    bool told = false;
     for (;;) {
         proto_msg m;
         proto_status st = proto_recv(fd, &m);
-        if (st == PROTO_ERR_CLOSED) return true;
-        if (st == PROTO_ERR_IO) return errno != EAGAIN && errno != EWOULDBLOCK;   /* a reset; not the timeout */
-        if (st != PROTO_OK) return true;
+        if (st == PROTO_ERR_CLOSED) return told;
+        if (st == PROTO_ERR_IO) return told && errno != EAGAIN && errno != EWOULDBLOCK;
+        if (st != PROTO_OK) return false;
+        if (m.hdr.type == PROTO_ERROR && m.hdr.req_id == 0 && m.u.error.code == PROTO_E_MALFORMED && m.u.error.msg &&
+            m.u.error.msg[0])
+            told = true;
         proto_msg_free(&m);
     }
 }
@@ -399,7 +404,7 @@ TEST(test_bad_values_close_the_worker_and_reroute)
             }
             break;
         }
-        CHECKF(fake_closed(fd), "%s: the gateway kept the connection", bad_name[c]);
+        CHECKF(fake_refused(fd), "%s: no ERROR MALFORMED before the close", bad_name[c]);
         close(fd);
         CHECKF(metric(G.be, "tokenmill_gateway_refused_values_total ") == refused0 + 1, "%s: not counted", bad_name[c]);
         /* the request waits for a worker, then completes on a real one, exactly */
@@ -418,6 +423,29 @@ TEST(test_bad_values_close_the_worker_and_reroute)
     node_free(&R);
 }
 
+/* A frame that does not decode (bad magic): the gateway says ERROR MALFORMED, closes that
+ * connection and counts it; a worker that connects next is served. */
+TEST(test_malformed_frame_is_answered_and_closed)
+{
+    gw_env G = gw_start();
+    CHECK(WAIT_UNTIL(workers_up(G.be) == 0, 30));
+    int fd = fake_connect(&G);
+    CHECK(WAIT_UNTIL(workers_up(G.be) == 1, 30));
+    double refused0 = metric(G.be, "tokenmill_gateway_refused_connections_total ");
+    uint8_t junk[PROTO_HDR_SIZE];
+    memset(junk, 0x5a, sizeof junk);
+    CHECK(write(fd, junk, sizeof junk) == (ssize_t)sizeof junk);
+    CHECK(fake_refused(fd));
+    close(fd);
+    CHECK(WAIT_UNTIL(workers_up(G.be) == 0, 30));
+    CHECK(metric(G.be, "tokenmill_gateway_refused_connections_total ") == refused0 + 1);
+    fd = fake_connect(&G);
+    CHECK(WAIT_UNTIL(workers_up(G.be) == 1, 30));
+    close(fd);
+    gateway_shutdown(G.g);
+    gateway_free(G.g);
+}
+
 int main(void)
 {
     util_log_level = LOG_LEVEL_ERROR;
@@ -430,6 +458,7 @@ int main(void)
     if (tiny_write(&c, path) || model_load(path, NULL, &g_model, err, sizeof err) != GGUF_OK) return 1;
     RUN(test_split_run_and_handoff_metrics);
     RUN(test_bad_values_close_the_worker_and_reroute);
+    RUN(test_malformed_frame_is_answered_and_closed);
     model_free(g_model);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
