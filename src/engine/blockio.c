@@ -64,6 +64,7 @@ typedef struct blockio_ent {
     int state;                  /* blockio_ent_state */
     int refcnt;                 /* loads and fills holding it */
     bool used;                  /* appended to a sequence by some load */
+    int cls;                    /* traffic class of the last load that asked for it */
     struct blockio_ent *hnext;  /* hash chain */
 } blockio_ent;
 
@@ -572,6 +573,22 @@ blockio_load *blockio_load_start(blockio *b, const uint8_t *root, const int32_t 
     return blockio_load_start_class(b, root, tokens, n_tokens, b->o.cls);
 }
 
+/* Queues a store touch of key with class cls for the I/O threads (mu held); false when the
+ * queue is full (counted as dropped). */
+static bool blockio_touch_enqueue_locked(blockio *b, const uint8_t key[32], int cls)
+{
+    if (b->tq_n == BLOCKIO_TOUCH_QUEUE) {
+        b->s.n_touch_dropped++;
+        return false;
+    }
+    int qi = (b->tq_head + b->tq_n++) % BLOCKIO_TOUCH_QUEUE;
+    memcpy(b->tq_key[qi], key, 32);
+    b->tq_cls[qi] = cls;
+    b->s.n_touch_queued++;
+    pthread_cond_signal(&b->cv);
+    return true;
+}
+
 blockio_load *blockio_load_start_class(blockio *b, const uint8_t *root, const int32_t *tokens, int n_tokens, int cls)
 {
     uint8_t parent[32];
@@ -592,11 +609,18 @@ blockio_load *blockio_load_start_class(blockio *b, const uint8_t *root, const in
     for (int i = 0; i < l->n_keys; i++) {
         blockio_ent **pp = blockio_ent_slot(b, keys[i]), *e = *pp;
         if (e) {   /* another load reads it, or has it in RAM: share */
-            if (e->state != BLOCKIO_ENT_MISS) b->s.n_load_shared++;
+            if (e->state != BLOCKIO_ENT_MISS) {
+                b->s.n_load_shared++;
+                /* its store read refreshes it with the other load's class: this request's
+                 * class is applied too, by a touch (last use wins, as for requests in turn) */
+                if (e->cls != cls) blockio_touch_enqueue_locked(b, e->key, cls);
+            }
+            e->cls = cls;
         } else {
             e = *pp = xcalloc(1, sizeof *e);
             memcpy(e->key, keys[i], 32);
             e->state = BLOCKIO_ENT_QUEUED;
+            e->cls = cls;
         }
         e->refcnt++;
         l->ents[i] = e;
@@ -691,7 +715,7 @@ void blockio_touch(blockio *b, const kvpool_seq *seq, int n_blocks, int cls)
 {
     if (n_blocks <= 0) return;
     double now = store_now(b->st);
-    uint64_t skipped = 0, dropped = 0, queued = 0;
+    uint64_t skipped = 0;
     pthread_mutex_lock(&b->mu);
     for (int bi = 0; bi < n_blocks; bi++) {
         const uint8_t *key = kvpool_seq_block_key(b->pool, seq, bi);
@@ -703,20 +727,10 @@ void blockio_touch(blockio *b, const kvpool_seq *seq, int n_blocks, int cls)
             skipped++;
             continue;
         }
-        if (b->tq_n == BLOCKIO_TOUCH_QUEUE) {
-            dropped++;
-            continue;
-        }
+        if (!blockio_touch_enqueue_locked(b, key, cls)) continue;
         memcpy(sn->key, key, 32);
         sn->t = now;
-        int qi = (b->tq_head + b->tq_n++) % BLOCKIO_TOUCH_QUEUE;
-        memcpy(b->tq_key[qi], key, 32);
-        b->tq_cls[qi] = cls;
-        queued++;
     }
-    b->s.n_touch_queued += queued;
     b->s.n_touch_skipped += skipped;
-    b->s.n_touch_dropped += dropped;
-    if (queued) pthread_cond_signal(&b->cv);
     pthread_mutex_unlock(&b->mu);
 }

@@ -125,7 +125,8 @@ void blockio_set_ready_hook(blockio *b, blockio_ready_fn fn, void *arg);
  * always left to compute). NULL when there is nothing to look up. */
 blockio_load *blockio_load_start(blockio *b, const uint8_t *root, const int32_t *tokens, int n_tokens);
 /* The same for a request of traffic class cls: every hit moves the block's expiry to at least
- * now + TTL(cls) (blockio_load_start uses opts.cls). */
+ * now + TTL(cls) (blockio_load_start uses opts.cls), also when the block is shared with a load
+ * of another class (a store touch with cls is queued for it). */
 blockio_load *blockio_load_start_class(blockio *b, const uint8_t *root, const int32_t *tokens, int n_tokens, int cls);
 /* Block index (in the request) of the first block the load looks up. */
 int blockio_load_first_block(const blockio_load *l);

@@ -661,6 +661,47 @@ TEST(test_ram_hits_touch_the_store)
     g_store_opts = NULL;
 }
 
+TEST(test_shared_load_refreshes_with_each_class)
+{
+    /* two requests of different traffic classes share one store load: the blocks' expiry is
+     * moved by both classes' TTLs (the later of the two), not only by the first load's */
+    char spec[160];
+    snprintf(spec, sizeof spec, "dir:%s/shared-class", tmpdir);
+    const double t0 = 1.9e9;
+    storetest_clock_now = t0;
+    store_opts so = { .retention = "chat=100s,agent=1000s", .clock = storetest_clock };
+    g_store_opts = &so;
+    int32_t p[300], out[4];
+    prompt_of(p, 300, 51);
+    CHECK(once(spec, p, 300, 4, out) == 0);   /* 2 full blocks, class chat: expiry t0 + 100 */
+    server v = server_new(spec);
+    int agent = store_class(v.st, "agent"), chat = store_class(v.st, "chat");
+    CHECK(agent >= 0 && chat >= 0 && agent != chat);
+    storetest_clock_now = t0 + 10;
+    blockio_load *la = blockio_load_start_class(v.bio, NULL, p, 300, chat);
+    CHECK(la && WAIT_UNTIL(blockio_load_ready(v.bio, la), 30));
+    storetest_clock_now = t0 + 20;
+    blockio_load *lb = blockio_load_start_class(v.bio, NULL, p, 300, agent);   /* shares la's blocks */
+    CHECK(lb && WAIT_UNTIL(blockio_load_ready(v.bio, lb), 30));
+    blockio_stats st;
+    CHECK(WAIT_UNTIL((blockio_get_stats(v.bio, &st), st.n_touched == 2), 30));
+    CHECKF(st.n_load_blocks == 2 && st.n_load_shared == 2, "read %llu shared %llu",
+           (unsigned long long)st.n_load_blocks, (unsigned long long)st.n_load_shared);
+    ls_result ls = { 0 };
+    store_ls(v.st, ls_cb, &ls);
+    CHECK(ls.n == 2);
+    for (int i = 0; i < 2 && i < ls.n; i++) CHECKF(ls.expiry[i] == t0 + 1020, "expiry t0 + %.0f", ls.expiry[i] - t0);
+    kvpool *pool = engine_kvpool(v.e);
+    kvpool_seq *sa = kvpool_seq_new(pool), *sb = kvpool_seq_new(pool);
+    CHECK(blockio_load_finish(v.bio, la, sa) == 256);
+    CHECK(blockio_load_finish(v.bio, lb, sb) == 256);
+    kvpool_fill_wait(pool, -1);
+    kvpool_seq_free(pool, sa);
+    kvpool_seq_free(pool, sb);
+    server_free(&v);
+    g_store_opts = NULL;
+}
+
 int main(void)
 {
     util_log_level = LOG_LEVEL_ERROR;
@@ -678,6 +719,7 @@ int main(void)
     RUN(test_load_waits_for_kv_space);
     RUN(test_inplace_blocks_let_go_on_reuse);
     RUN(test_concurrent_loads_read_each_block_once);
+    RUN(test_shared_load_refreshes_with_each_class);
     RUN(test_load_read_buffers_reused_and_abandoned);
     RUN(test_mapped_blocks_deleted_or_corrupt);
     RUN(test_ready_hook_called_per_settled_load);
