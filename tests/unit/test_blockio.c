@@ -599,17 +599,24 @@ static void ls_cb(void *arg, int target, const uint8_t key[32], uint64_t bytes, 
     r->n++;
 }
 
+/* The next servers' store: dir:TMPDIR/name with TTLs ret, on the test clock set to t0. */
+static store_opts g_clocked_opts;
+static void use_clocked_store(char *spec, size_t n, const char *name, double t0, const char *ret)
+{
+    snprintf(spec, n, "dir:%s/%s", tmpdir, name);
+    storetest_clock_now = t0;
+    g_clocked_opts = (store_opts){ .retention = ret, .clock = storetest_clock };
+    g_store_opts = &g_clocked_opts;
+}
+
 TEST(test_ram_hits_touch_the_store)
 {
     /* a prefix served from the RAM tier never reads the store; its stored blocks' last use
      * and expiry are refreshed all the same (at most once per block per 60 s), so the store's
      * TTL does not expire a prefix that is hot in RAM */
     char spec[160];
-    snprintf(spec, sizeof spec, "dir:%s/touch", tmpdir);
     const double t0 = 1.8e9;
-    storetest_clock_now = t0;
-    store_opts so = { .retention = "chat=100s", .clock = storetest_clock };
-    g_store_opts = &so;
+    use_clocked_store(spec, sizeof spec, "touch", t0, "chat=100s");
     int32_t hot[300], cold[300], out[4];
     prompt_of(hot, 300, 41);
     prompt_of(cold, 300, 42);
@@ -666,11 +673,8 @@ TEST(test_shared_load_refreshes_with_each_class)
     /* two requests of different traffic classes share one store load: the blocks' expiry is
      * moved by both classes' TTLs (the later of the two), not only by the first load's */
     char spec[160];
-    snprintf(spec, sizeof spec, "dir:%s/shared-class", tmpdir);
     const double t0 = 1.9e9;
-    storetest_clock_now = t0;
-    store_opts so = { .retention = "chat=100s,agent=1000s", .clock = storetest_clock };
-    g_store_opts = &so;
+    use_clocked_store(spec, sizeof spec, "shared-class", t0, "chat=100s,agent=1000s");
     int32_t p[300], out[4];
     prompt_of(p, 300, 51);
     CHECK(once(spec, p, 300, 4, out) == 0);   /* 2 full blocks, class chat: expiry t0 + 100 */
