@@ -209,15 +209,20 @@ static void blockio_load_destroy_locked(blockio *b, blockio_load *l)
 
 /* ---- I/O thread work ---- */
 
+/* A verified block file of n bytes has this pool's geometry and model (same key, other
+ * geometry: cannot happen unless keys collide). */
+static bool blockio_geometry_ok(const blockio *b, const void *file, size_t n)
+{
+    block_header h;
+    return n == b->file_bytes && block_parse_header(file, n, &h) == BLOCK_OK && h.payload_bytes == b->block_bytes &&
+           !memcmp(h.fp, b->proto.fp, 32);
+}
+
 /* Reads key's block into buf (file_bytes) with a geometry check. False on a miss. */
 static bool blockio_read(blockio *b, const uint8_t key[32], int cls, uint8_t *buf)
 {
     size_t n;
-    if (store_get_into(b->st, key, cls, buf, b->file_bytes, &n) != STORE_OK) return false;
-    block_header h;
-    /* same key, other geometry: cannot happen unless keys collide */
-    return n == b->file_bytes && block_parse_header(buf, n, &h) == BLOCK_OK && h.payload_bytes == b->block_bytes &&
-           !memcmp(h.fp, b->proto.fp, 32);
+    return store_get_into(b->st, key, cls, buf, b->file_bytes, &n) == STORE_OK && blockio_geometry_ok(b, buf, n);
 }
 
 /* Maps key's block (store_get_mapped) with the geometry check of blockio_read: 1 with the
@@ -228,10 +233,7 @@ static int blockio_read_mapped(blockio *b, const uint8_t key[32], int cls, const
     store_status st = store_get_mapped(b->st, key, cls, out, &n);
     if (st == STORE_ARG) return -1;
     if (st != STORE_OK) return 0;
-    block_header h;
-    if (n == b->file_bytes && block_parse_header(*out, n, &h) == BLOCK_OK && h.payload_bytes == b->block_bytes &&
-        !memcmp(h.fp, b->proto.fp, 32))
-        return 1;
+    if (blockio_geometry_ok(b, *out, n)) return 1;
     store_unmap(*out, n);
     *out = NULL;
     return 0;
@@ -612,7 +614,8 @@ blockio_load *blockio_load_start_class(blockio *b, const uint8_t *root, const in
             if (e->state != BLOCKIO_ENT_MISS) {
                 b->s.n_load_shared++;
                 /* its store read refreshes it with the other load's class: this request's
-                 * class is applied too, by a touch (last use wins, as for requests in turn) */
+                 * class is applied too, by a touch (an expiry only moves forward, so the
+                 * longer of the two holds whatever the order) */
                 if (e->cls != cls) blockio_touch_enqueue_locked(b, e->key, cls);
             }
             e->cls = cls;
