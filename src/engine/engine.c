@@ -58,8 +58,7 @@ typedef struct {
     engine *e;
     const engine_batch *b;
     int layer;
-    bool add_norm;           /* add + norm: also the norm (else the sum only) */
-    const float *norm;       /* add + norm: its weights (NULL: none) */
+    const float *norm;       /* add + norm: the norm's weights (NULL: the sum only) */
     int n_items;             /* attention: T * n_heads */
     int next;                /* attention: shared item counter (atomic) */
     bool q16;                /* attention: the per-key path (f16 Q, f16 V accumulator) */
@@ -229,8 +228,8 @@ static void engine_job_qkv_post(void *ctx, int ith, int nth)
     }
 }
 
-/* x += xn, then (j->add_norm) xn = rmsnorm(x) * j->norm, the next sublayer's input, row by
- * row in one pool round. */
+/* x += xn, then (j->norm) xn = rmsnorm(x) * j->norm, the next sublayer's input, row by row
+ * in one pool round. */
 static void engine_job_add_norm(void *ctx, int ith, int nth)
 {
     engine_job *j = ctx;
@@ -240,7 +239,7 @@ static void engine_job_add_norm(void *ctx, int ith, int nth)
     if (t1 <= t0) return;
     float *x = e->x + (size_t)t0 * dim, *xn = e->xn + (size_t)t0 * dim;
     ops_add(NULL, x, xn, (int64_t)(t1 - t0) * dim);
-    if (j->add_norm) ops_rmsnorm(NULL, xn, x, j->norm, t1 - t0, dim, e->m->hp.rms_eps);
+    if (j->norm) ops_rmsnorm(NULL, xn, x, j->norm, t1 - t0, dim, e->m->hp.rms_eps);
 }
 
 /* Attention. An item is (tile, kv head): a tile is a run of consecutive batch
@@ -383,9 +382,6 @@ static void engine_att_tiled(engine_job *j, float *sc, int t0, int nt, int kvh)
     }
 }
 
-/* Cuts the batch into attention tiles (e->tile_start): each run of one sequence at
- * consecutive positions into equal pieces of at most `tile` positions, tile = att_tile halved
- * (down to ENGINE_ATT_TILE_MIN) while the step would have fewer than two items per thread. */
 /* The end of the run of batch entries from t: one sequence at consecutive positions. */
 static int engine_run_end(const engine_batch *b, int t)
 {
@@ -394,6 +390,9 @@ static int engine_run_end(const engine_batch *b, int t)
     return r;
 }
 
+/* Cuts the batch into attention tiles (e->tile_start): each run of one sequence at
+ * consecutive positions into equal pieces of at most `tile` positions, tile = att_tile halved
+ * (down to ENGINE_ATT_TILE_MIN) while the step would have fewer than two items per thread. */
 static void engine_plan_tiles(engine *e, const engine_batch *b)
 {
     const int T = b->n_tokens, nkv = e->m->hp.n_kv_heads;
@@ -479,7 +478,6 @@ engine_status engine_step(engine *e, const engine_batch *b, float *logits)
         kvpool_fill_wait(e->kv, il);   /* layer il of blocks still loading from the store */
         threadpool_run(tp, engine_job_attention, &job);
         ops_matmul(tp, &L->wo, e->att, T, e->xn, e->mm_scratch);
-        job.add_norm = true;
         job.norm = L->ffn_norm;
         threadpool_run(tp, engine_job_add_norm, &job);   /* x += attention; xn = ffn input */
         const ops_weight *gu[2] = { &L->gate, &L->up };
@@ -487,8 +485,7 @@ engine_status engine_step(engine *e, const engine_batch *b, float *logits)
         ops_matmul_multi(tp, 2, gu, e->xn, T, gu_out, e->mm_scratch);
         ops_swiglu(tp, e->ffa, e->ffa, e->ffb, T, hp->ffn_dim);
         ops_matmul(tp, &L->down, e->ffa, T, e->xn, e->mm_scratch);
-        job.add_norm = il + 1 < hp->n_layers;
-        job.norm = job.add_norm ? m->layers[il + 1].attn_norm : NULL;
+        job.norm = il + 1 < hp->n_layers ? m->layers[il + 1].attn_norm : NULL;
         threadpool_run(tp, engine_job_add_norm, &job);   /* x += ffn; xn = next layer's input */
     }
     if (n_out == 0) return ENGINE_OK;
