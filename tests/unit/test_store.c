@@ -84,6 +84,50 @@ static store *open_dir(const char *dir, uint64_t cap)
     return s;
 }
 
+/* Path of key's file in a dir: store at dir. */
+static void block_path(const char *dir, const uint8_t key[32], char *path, size_t n)
+{
+    char hex[BLOCKKEY_HEX];
+    blockkey_hex(key, hex);
+    snprintf(path, n, "%s/%.2s/%.2s/%s.blk", dir, hex, hex + 2, hex);
+}
+
+/* The ways the corruption tests damage a stored block file. */
+enum { DAMAGE_FLIP_PAYLOAD, DAMAGE_FLIP_HEADER, DAMAGE_TRUNCATE, DAMAGE_WRONG_KEY, DAMAGE_GARBAGE,
+       DAMAGE_APPENDED, DAMAGE_EMPTY };
+
+/* Damages the block file at path (n bytes) in that way; DAMAGE_WRONG_KEY puts a valid block of
+ * key other (layers layers) under its name, DAMAGE_APPENDED makes it longer than its header says. */
+static void damage_block(const char *path, int kind, size_t n, const uint8_t other[32], int layers)
+{
+    FILE *fp = NULL;
+    switch (kind) {
+    case DAMAGE_FLIP_PAYLOAD: CHECK(storetest_flip(path, -3) == 0); break;
+    case DAMAGE_FLIP_HEADER: CHECK(storetest_flip(path, 20) == 0); break;
+    case DAMAGE_TRUNCATE: CHECK(truncate(path, (off_t)n - 1000) == 0); break;
+    case DAMAGE_EMPTY: CHECK(truncate(path, 0) == 0); break;
+    case DAMAGE_WRONG_KEY: {
+        size_t n2;
+        void *f2 = storetest_block(other, layers, 99, &n2);
+        fp = fopen(path, "wb");
+        CHECK(fp && fwrite(f2, 1, n2, fp) == n2);
+        free(f2);
+        break;
+    }
+    case DAMAGE_GARBAGE:
+        fp = fopen(path, "wb");
+        CHECK(fp && fputs("not a block", fp) >= 0);
+        break;
+    case DAMAGE_APPENDED: {
+        static const char tail[8192];
+        fp = fopen(path, "ab");
+        CHECK(fp && fwrite(tail, 1, sizeof tail, fp) == sizeof tail);
+        break;
+    }
+    }
+    if (fp) fclose(fp);
+}
+
 TEST(test_dir_roundtrip_layout_exists_delete)
 {
     char dir[64];
@@ -104,9 +148,8 @@ TEST(test_dir_roundtrip_layout_exists_delete)
     free(got);
     CHECK(store_get(s, keys[2], 0, &got, &gn) == STORE_MISS && got == NULL);
     /* sharded path */
-    char hex[BLOCKKEY_HEX], path[512];
-    blockkey_hex(keys[0], hex);
-    snprintf(path, sizeof path, "%s/%.2s/%.2s/%s.blk", dir, hex, hex + 2, hex);
+    char path[512];
+    block_path(dir, keys[0], path, sizeof path);
     CHECK(storetest_size(path) == (off_t)n);
     /* duplicate put: rewritten, still one file */
     CHECK(store_put(s, keys[0], f0, n, 0) == STORE_OK);
@@ -156,28 +199,14 @@ TEST(test_dir_get_into_caller_buffer)
     CHECK(store_get_into(s, key, 0, buf, n - 1, &gn) == STORE_ARG && gn == 0);
     CHECK(store_exists(s, (const uint8_t(*)[32])key, 1) == 1);
 
-    char hex[BLOCKKEY_HEX], path[512];
-    blockkey_hex(key, hex);
-    snprintf(path, sizeof path, "%s/%.2s/%.2s/%s.blk", dir, hex, hex + 2, hex);
-    enum { FLIP_PAYLOAD, FLIP_HEADER, TRUNCATE, WRONG_KEY, APPENDED, N_KINDS };
+    char path[512];
+    block_path(dir, key, path, sizeof path);
+    /* appended: longer than the buffer and than its header says */
+    const int kinds[] = { DAMAGE_FLIP_PAYLOAD, DAMAGE_FLIP_HEADER, DAMAGE_TRUNCATE, DAMAGE_WRONG_KEY, DAMAGE_APPENDED };
+    const int N_KINDS = (int)TM_ARRAY_LEN(kinds);
     for (int kind = 0; kind < N_KINDS; kind++) {
         CHECK(store_put(s, key, f, n, 0) == STORE_OK);
-        if (kind == FLIP_PAYLOAD) CHECK(storetest_flip(path, -3) == 0);
-        if (kind == FLIP_HEADER) CHECK(storetest_flip(path, 20) == 0);
-        if (kind == TRUNCATE) CHECK(truncate(path, (off_t)n - 1000) == 0);
-        if (kind == WRONG_KEY) {
-            size_t n2;
-            void *f2 = storetest_block(other, 2, 99, &n2);
-            FILE *fp = fopen(path, "wb");
-            CHECK(fp && fwrite(f2, 1, n2, fp) == n2);
-            if (fp) fclose(fp);
-            free(f2);
-        }
-        if (kind == APPENDED) {   /* longer than the buffer and than its header says */
-            FILE *fp = fopen(path, "ab");
-            CHECK(fp && fwrite(f, 1, 8192, fp) == 8192);
-            if (fp) fclose(fp);
-        }
+        damage_block(path, kinds[kind], n, other, 2);
         store_status st = store_get_into(s, key, 0, buf, cap, &gn);
         CHECKF(st == STORE_CORRUPT, "kind %d: %s", kind, store_status_name(st));
         CHECKF(storetest_size(path) < 0, "kind %d: corrupt file not deleted", kind);
@@ -196,7 +225,8 @@ TEST(test_dir_corruption_detected_counted_deleted)
     char dir[64];
     storetest_tmpdir(dir, sizeof dir, "store");
     store *s = open_dir(dir, 0);
-    enum { FLIP_PAYLOAD, FLIP_HEADER, TRUNCATE, WRONG_KEY, GARBAGE, N_KINDS };
+    const int kinds[] = { DAMAGE_FLIP_PAYLOAD, DAMAGE_FLIP_HEADER, DAMAGE_TRUNCATE, DAMAGE_WRONG_KEY, DAMAGE_GARBAGE };
+    const int N_KINDS = (int)TM_ARRAY_LEN(kinds);
     for (int kind = 0; kind < N_KINDS; kind++) {
         uint8_t key[32], other[32];
         storetest_key(100 + kind, key);
@@ -204,25 +234,9 @@ TEST(test_dir_corruption_detected_counted_deleted)
         size_t n;
         void *f = storetest_block(key, 2, (uint64_t)kind, &n);
         CHECK(store_put(s, key, f, n, 0) == STORE_OK);
-        char hex[BLOCKKEY_HEX], path[512];
-        blockkey_hex(key, hex);
-        snprintf(path, sizeof path, "%s/%.2s/%.2s/%s.blk", dir, hex, hex + 2, hex);
-        if (kind == FLIP_PAYLOAD) CHECK(storetest_flip(path, -3) == 0);
-        if (kind == FLIP_HEADER) CHECK(storetest_flip(path, 20) == 0);
-        if (kind == TRUNCATE) CHECK(truncate(path, (off_t)n - 1000) == 0);
-        if (kind == WRONG_KEY) {   /* a valid block of another key under this name */
-            size_t n2;
-            void *f2 = storetest_block(other, 2, 99, &n2);
-            FILE *fp = fopen(path, "wb");
-            CHECK(fp && fwrite(f2, 1, n2, fp) == n2);
-            if (fp) fclose(fp);
-            free(f2);
-        }
-        if (kind == GARBAGE) {
-            FILE *fp = fopen(path, "wb");
-            CHECK(fp && fputs("not a block", fp) >= 0);
-            if (fp) fclose(fp);
-        }
+        char path[512];
+        block_path(dir, key, path, sizeof path);
+        damage_block(path, kinds[kind], n, other, 2);
         void *got = (void *)1;
         size_t gn;
         CHECKF(store_get(s, key, 0, &got, &gn) == STORE_CORRUPT, "kind %d", kind);
@@ -417,14 +431,6 @@ TEST(test_dir_disk_full)
     storetest_rmrf(dir);
 }
 
-/* Path of key's file in a dir: store at dir. */
-static void block_path(const char *dir, const uint8_t key[32], char *path, size_t n)
-{
-    char hex[BLOCKKEY_HEX];
-    blockkey_hex(key, hex);
-    snprintf(path, n, "%s/%.2s/%.2s/%s.blk", dir, hex, hex + 2, hex);
-}
-
 TEST(test_dir_get_mapped)
 {
     /* store_get_mapped: the stored bytes in place; every kind of corruption detected (never
@@ -482,26 +488,12 @@ TEST(test_dir_get_mapped)
     store_get_stats(s, &st);
     CHECK(st.n_get == 3 && st.n_hit == 2 && st.n_miss == 1 && st.n_corrupt == 0);
 
-    enum { FLIP_PAYLOAD, FLIP_HEADER, TRUNCATE, WRONG_KEY, APPENDED, EMPTY, N_KINDS };
+    const int kinds[] = { DAMAGE_FLIP_PAYLOAD, DAMAGE_FLIP_HEADER, DAMAGE_TRUNCATE, DAMAGE_WRONG_KEY, DAMAGE_APPENDED,
+                          DAMAGE_EMPTY };
+    const int N_KINDS = (int)TM_ARRAY_LEN(kinds);
     for (int kind = 0; kind < N_KINDS; kind++) {
         CHECK(store_put(s, key, f, n, 0) == STORE_OK);
-        if (kind == FLIP_PAYLOAD) CHECK(storetest_flip(path, -3) == 0);
-        if (kind == FLIP_HEADER) CHECK(storetest_flip(path, 20) == 0);
-        if (kind == TRUNCATE) CHECK(truncate(path, (off_t)n - 1000) == 0);
-        if (kind == WRONG_KEY) {   /* a valid block of another key under this name */
-            size_t n2;
-            void *f2 = storetest_block(other, 3, 99, &n2);
-            FILE *fp = fopen(path, "wb");
-            CHECK(fp && fwrite(f2, 1, n2, fp) == n2);
-            if (fp) fclose(fp);
-            free(f2);
-        }
-        if (kind == APPENDED) {
-            FILE *fp = fopen(path, "ab");
-            CHECK(fp && fwrite(f, 1, 8192, fp) == 8192);
-            if (fp) fclose(fp);
-        }
-        if (kind == EMPTY) CHECK(truncate(path, 0) == 0);
+        damage_block(path, kinds[kind], n, other, 3);
         m = (const void *)1;
         store_status gs = store_get_mapped(s, key, 0, &m, &mn);
         CHECKF(gs == STORE_CORRUPT && m == NULL && mn == 0, "kind %d: %s", kind, store_status_name(gs));
@@ -610,9 +602,7 @@ TEST(test_dir_fsck)
         free(f);
         if (i < 2) {
             char path[512];
-            char hex[BLOCKKEY_HEX];
-            blockkey_hex(key, hex);
-            snprintf(path, sizeof path, "%s/%.2s/%.2s/%s.blk", dir, hex, hex + 2, hex);
+            block_path(dir, key, path, sizeof path);
             CHECK(storetest_flip(path, i == 0 ? -1 : 30) == 0);
         }
     }
@@ -644,9 +634,8 @@ TEST(test_cli_store_commands)
     CHECK(store_get(s, key, 0, &got, &gn) == STORE_OK);
     free(got);
     store_close(s);   /* writes this process's counters file */
-    char hex[BLOCKKEY_HEX], path[512];
-    blockkey_hex(key, hex);
-    snprintf(path, sizeof path, "%s/%.2s/%.2s/%s.blk", dir, hex, hex + 2, hex);
+    char path[512];
+    block_path(dir, key, path, sizeof path);
     CHECK(storetest_flip(path, -1) == 0);
     fflush(stdout);
     int saved = dup(1);
