@@ -66,6 +66,13 @@ static void server_free(server *v)
     engine_free(v->e);
 }
 
+/* A dir: store under the test's directory: its path in dir, its spec ("dir:PATH") in spec. */
+static void dir_store(const char *name, char *dir, size_t dn, char *spec, size_t sn)
+{
+    snprintf(dir, dn, "%s/%s", tmpdir, name);
+    snprintf(spec, sn, "dir:%s", dir);
+}
+
 static const char *g_salt;   /* cache_salt of the next requests */
 
 /* Greedy generation of n_gen tokens after prompt; returns cached tokens (-1 on failure). */
@@ -107,8 +114,7 @@ static int once(const char *spec, const int32_t *prompt, int n, int n_gen, int32
 TEST(test_multi_turn_identical_cache_on_off)
 {
     char dir[128], spec[160];
-    snprintf(dir, sizeof dir, "%s/turns", tmpdir);
-    snprintf(spec, sizeof spec, "dir:%s", dir);
+    dir_store("turns", dir, sizeof dir, spec, sizeof spec);
     const int lens[] = { 100, 127, 128, 129, 255, 256, 257, 384, 385 };
     for (size_t li = 0; li < TM_ARRAY_LEN(lens); li++) {
         int32_t conv[1024];
@@ -156,8 +162,7 @@ TEST(test_two_servers_share_a_dir_store)
 TEST(test_corrupt_dir_blocks_are_recomputed)
 {
     char dir[128], spec[160], cmd[400];
-    snprintf(dir, sizeof dir, "%s/corrupt", tmpdir);
-    snprintf(spec, sizeof spec, "dir:%s", dir);
+    dir_store("corrupt", dir, sizeof dir, spec, sizeof spec);
     int32_t prompt[400], ref[6], out[6];
     prompt_of(prompt, 400, 11);
     CHECK(once(spec, prompt, 400, 6, ref) == 0);
@@ -489,8 +494,7 @@ TEST(test_mapped_blocks_deleted_or_corrupt)
      * corrupt block is a miss (counted, deleted), the blocks before it are used, outputs equal
      * the uncached ones */
     char dir[128], spec[160], path[400];
-    snprintf(dir, sizeof dir, "%s/mapped", tmpdir);
-    snprintf(spec, sizeof spec, "dir:%s", dir);
+    dir_store("mapped", dir, sizeof dir, spec, sizeof spec);
     int32_t pa[1100], ra[6], out[6];
     prompt_of(pa, 1100, 61);
     CHECK(once(NULL, pa, 1100, 6, ra) == 0);
