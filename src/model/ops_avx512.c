@@ -838,6 +838,16 @@ A512_INLINE void a512_att_pv(int II, int DC, const ops_att_block_args *a, int i0
             _mm512_mask_storeu_ps(a->acc + (size_t)(i0 + r) * hd + d0 + c * 16, c == DC - 1 ? km : 0xFFFF, acc[r][c]);
 }
 
+/* row[0..hd) *= f: a row's accumulator when its running max rose */
+A512_INLINE void a512_att_rescale(float *row, int hd, float f)
+{
+    __m512 vf = _mm512_set1_ps(f);
+    for (int d = 0; d < hd; d += 16) {
+        __mmask16 kd = A512_MASK(hd, d);
+        _mm512_mask_storeu_ps(row + d, kd, _mm512_mul_ps(_mm512_maskz_loadu_ps(kd, row + d), vf));
+    }
+}
+
 /* acc += P V (P in st): 6 rows x 64 dims per tile, keys up to the furthest the rows see */
 static void a512_att_pv_all(const ops_att_block_args *a)
 {
@@ -957,12 +967,7 @@ static void a512_att_block_kil(const ops_att_block_args *a)
             if (M != -INFINITY) {
                 float ms = _mm512_cvtss_f32(a512_exp(_mm512_set1_ps(M - mb)));
                 S *= ms;
-                float *row = a->acc + (size_t)r * hd;
-                __m512 f = _mm512_set1_ps(ms);
-                for (int d = 0; d < hd; d += 16) {
-                    __mmask16 kd = A512_MASK(hd, d);
-                    _mm512_mask_storeu_ps(row + d, kd, _mm512_mul_ps(_mm512_maskz_loadu_ps(kd, row + d), f));
-                }
+                a512_att_rescale(a->acc + (size_t)r * hd, hd, ms);
             }
             M = mb;
         }
@@ -1017,12 +1022,7 @@ static void a512_att_block(const ops_att_block_args *a)
             S = _mm512_mask_mul_ps(S, resc, S, _mm512_loadu_ps(ms));
             for (unsigned bits = resc; bits; bits &= bits - 1) {
                 int l = __builtin_ctz(bits);
-                float *row = a->acc + (size_t)(c * 16 + l) * hd;
-                __m512 f = _mm512_set1_ps(ms[l]);
-                for (int d = 0; d < hd; d += 16) {
-                    __mmask16 kd = A512_MASK(hd, d);
-                    _mm512_mask_storeu_ps(row + d, kd, _mm512_mul_ps(_mm512_maskz_loadu_ps(kd, row + d), f));
-                }
+                a512_att_rescale(a->acc + (size_t)(c * 16 + l) * hd, hd, ms[l]);
             }
         }
         M = _mm512_mask_mov_ps(M, up, mb);
