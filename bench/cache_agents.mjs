@@ -300,7 +300,7 @@ console.log("speed-up: TTFT mean of the engine's own no-cache run / this run's; 
 // The issue's "block load time per 128 tokens against the time to recompute them": I/O-thread
 // seconds per loaded block (reading, verifying; /metrics) against the no-cache run's server
 // time per prompt token x 128 (prefill on all kernel threads).
-const med = (xs) => { const v = xs.filter((x) => Number.isFinite(x)).sort((a, b) => a - b); return v.length ? v[(v.length - 1) >> 1] : null; };
+const med = (xs) => { const v = xs.filter((x) => Number.isFinite(x)); return v.length ? median(v) : null; };   // of the finite ones
 const noCache = get("tm-nocache");
 const recompute128 = noCache && med(noCache.reps.map((x) => x.server_ttft_ms * o.agents * o.turns / x.prompt_tokens * 128));
 for (const r of rows) {
