@@ -8,9 +8,15 @@
  * has already released). `engine_held` and `released` decide that, under s->mu.
  *
  * What the engine thread alone touches (no lock): the kvpool, the samplers, every request's
- * token array beyond n_prompt, seq, n_done, and the running array. What s->mu guards: the
- * waiting queue, each request's output ring and flags (cancel, released, engine_held,
- * finish_returned), the statistics and histograms.
+ * token array beyond n_prompt, seq, n_done, and the running array (which it changes only
+ * under s->mu, so that the cancel-all calls may walk it). What s->mu guards: the waiting
+ * queue, each request's output ring and flags (cancel, released, engine_held,
+ * finish_returned), the count of unfinished requests, the statistics and histograms.
+ *
+ * Stopping: sched_drain refuses new submissions; sched_abort and sched_shutdown also mark
+ * every request cancelled, with the finish it must end with (ABORTED or CANCELLED), and the
+ * engine thread ends them at its next admission pass, like any cancel. n_live counts accepted
+ * requests until their FINISH is published; sched_wait_idle waits for it to reach 0.
  */
 #include "engine/sched.h"
 
@@ -66,7 +72,8 @@ struct sched_req {
     /* guarded by s->mu */
     sched_output *ring;          /* (ring_cap) pending outputs, ring_n from ring_head */
     int ring_cap, ring_head, ring_n;
-    bool cancel;                 /* sched_cancel was called */
+    bool cancel;                 /* sched_cancel or sched_abort was called */
+    sched_finish cancel_why;     /* what the cancel ends it with: CANCELLED, or ABORTED */
     bool finished;               /* FINISH record pushed */
     bool finish_returned;        /* FINISH record handed to the caller */
     bool released;               /* the caller let go of the handle */
@@ -84,8 +91,10 @@ struct sched {
     pthread_mutex_t mu;
     pthread_cond_t work_cv;      /* new work or stop for the engine thread */
     bool stop;                   /* sched_free: the thread exits */
-    bool shutdown;               /* sched_shutdown: no new submissions */
+    bool shutdown;               /* sched_drain/abort/shutdown: no new submissions */
     /* under mu */
+    int n_live;                  /* accepted requests whose FINISH is not published yet */
+    pthread_cond_t idle_cv;      /* n_live reached 0 (sched_wait_idle) */
     sched_req *wait_head, *wait_tail;  /* waiting FIFO */
     int n_waiting;
     uint64_t next_id;
@@ -96,6 +105,8 @@ struct sched {
     sched_req **running;         /* (max_seqs) in admission order */
     int n_running;
     uint64_t admit_counter;
+    double t_prev_end;           /* util_now() at the end of the previous step when no idle
+                                  * wait followed, else -1: the CPU gap between steps */
     engine_tok *batch;           /* (prefill_step_tokens >= step_tokens) */
     sched_req **batch_req;       /* (max_seqs) requests in this step */
     int *batch_n;                /* (max_seqs) tokens of each in this step */
@@ -170,6 +181,7 @@ static void sched_finish_locked(sched *s, sched_req *r, sched_finish why)
     }
     r->state = REQ_FINISHED;
     if (!r->finished) {
+        if (--s->n_live == 0) pthread_cond_broadcast(&s->idle_cv);
         sched_output *o = sched_push(r);
         o->kind = SCHED_OUT_FINISH;
         o->token = -1;
@@ -249,7 +261,7 @@ static void sched_admit_locked(sched *s)
         sched_req *r = s->running[i];
         if (r->cancel) {
             sched_running_remove(s, i);
-            sched_finish_locked(s, r, SCHED_FINISH_CANCELLED);
+            sched_finish_locked(s, r, r->cancel_why);
             sched_drop_locked(r);
         } else {
             i++;
@@ -262,7 +274,7 @@ static void sched_admit_locked(sched *s)
             *pp = r->next;
             if (s->wait_tail == r) s->wait_tail = prev;
             s->n_waiting--;
-            sched_finish_locked(s, r, SCHED_FINISH_CANCELLED);
+            sched_finish_locked(s, r, r->cancel_why);
             sched_drop_locked(r);
         } else {
             prev = r;
@@ -529,139 +541,162 @@ static void sched_log_step(const sched *s, int n_reqs, int n_tok, double ta, dou
               (t2 - t1) * 1e3, (t3 - t2) * 1e3, (t4 - t3) * 1e3);
 }
 
-static void *sched_thread(void *arg)
+/* One step's make-up and timings (util_now() seconds), from planning to publishing. */
+typedef struct {
+    int n_reqs;                  /* requests in the batch (s->batch_req ...) */
+    int n_tok;                   /* batch tokens; 0: nothing to run */
+    engine_status est;           /* engine_step's result */
+    double ta;                   /* planning starts (admissions, then the batch) */
+    double tc;                   /* planning done */
+    double t0, t1;               /* engine_step start, end */
+    double t2;                   /* sampling done */
+    double t3;                   /* mu taken back: publishing starts */
+} sched_step;
+
+/* Step 1, under mu: cancels and admissions, the batch, and the KV figures for /metrics. */
+static void sched_step_plan_locked(sched *s, sched_step *st)
 {
-    sched *s = arg;
-    double t_prev_end = -1;      /* end of the previous step when no idle wait followed */
-    pthread_mutex_lock(&s->mu);
-    for (;;) {
-        if (s->stop) break;
-        double ta = util_now();   /* planning starts (admissions, then the batch) */
-        sched_admit_locked(s);
-        int n_reqs = 0;
-        int n_tok = s->n_running ? sched_plan_locked(s, &n_reqs) : 0;
-        double tc = util_now();
-        /* KV figures for /metrics */
-        kvpool_stats ks;
-        kvpool_get_stats(s->pool, &ks);
-        s->st.kv_blocks_total = ks.n_blocks;
-        s->st.kv_blocks_used = ks.n_pinned;
-        s->st.kv_blocks_cached = ks.n_cached;
-        s->st.kv_blocks_free = ks.n_free;
-        s->st.n_queued = s->n_waiting;
-        s->st.n_running = s->n_running;
-        if (n_tok == 0) {
-            t_prev_end = -1;
-            if (s->stop) break;
-            if (s->n_running == 0 && (!s->wait_head || s->n_waiting == 0)) {
-                pthread_cond_wait(&s->work_cv, &s->mu);
-            } else {
-                /* waiting requests that do not fit and nothing running can't happen (they
-                 * error out in admission); be safe and nap briefly */
-                struct timespec ts;
-                clock_gettime(CLOCK_REALTIME, &ts);
-                ts.tv_nsec += 2000000;
-                if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
-                pthread_cond_timedwait(&s->work_cv, &s->mu, &ts);
-            }
-            continue;
-        }
-        pthread_mutex_unlock(&s->mu);
+    st->ta = util_now();
+    sched_admit_locked(s);
+    st->n_reqs = 0;
+    st->n_tok = s->n_running ? sched_plan_locked(s, &st->n_reqs) : 0;
+    st->tc = util_now();
+    kvpool_stats ks;
+    kvpool_get_stats(s->pool, &ks);
+    s->st.kv_blocks_total = ks.n_blocks;
+    s->st.kv_blocks_used = ks.n_pinned;
+    s->st.kv_blocks_cached = ks.n_cached;
+    s->st.kv_blocks_free = ks.n_free;
+    s->st.n_queued = s->n_waiting;
+    s->st.n_running = s->n_running;
+}
 
-        double t0 = util_now();
-        if (t_prev_end >= 0) {
-            pthread_mutex_lock(&s->mu);
-            s->st.gap_s += t0 - t_prev_end;
-            pthread_mutex_unlock(&s->mu);
-        }
-        engine_batch b = { .n_tokens = n_tok, .toks = s->batch };
-        engine_status est = engine_step(s->e, &b, s->logits);
-        double t1 = util_now();
-
-        /* bookkeeping and sampling outside the lock (engine-thread state only) */
-        int32_t *sampled = s->batch_tok;
-        for (int i = 0; i < n_reqs && est == ENGINE_OK; i++) {
-            sched_req *r = s->batch_req[i];
-            r->n_done += s->batch_n[i];
-            if (s->o.bio) blockio_set_write_class(s->o.bio, r->p.cache_class);   /* its blocks' TTL */
-            kvpool_seq_commit_full_blocks(s->pool, r->seq, r->tokens, r->n_done);
-        }
-        if (est == ENGINE_OK) sched_sample_step(s, n_reqs);
-        double t2 = util_now();
-
-        pthread_mutex_lock(&s->mu);
-        double t3 = util_now();   /* the lock is back: publishing starts */
-        s->st.n_steps++;
-        s->st.max_step_tokens = TM_MAX(s->st.max_step_tokens, n_tok);
-        {
-            bool dec = false, pre = false;
-            for (int i = 0; i < n_reqs; i++) {
-                if (s->batch_n[i] == 1 && s->batch_row[i] >= 0) dec = true;
-                else pre = true;
-            }
-            if (dec && pre) s->st.n_mixed_steps++;
-        }
-        s->st.step_s += t1 - t0;
-        s->st.sample_s += t2 - t1;
-        sched_hist_add(&s->h_step, t1 - t0);
-        if (est != ENGINE_OK) {
-            log_error("sched: engine_step failed: %s", engine_status_name(est));
-            for (int i = 0; i < n_reqs; i++) {
-                sched_req *r = s->batch_req[i];
-                for (int j = 0; j < s->n_running; j++)
-                    if (s->running[j] == r) { sched_running_remove(s, j); break; }
-                sched_finish_locked(s, r, SCHED_FINISH_ERROR);
-                sched_drop_locked(r);
-            }
-            t_prev_end = -1;
-            continue;
-        }
-        double now = util_now();
-        for (int i = 0; i < n_reqs; i++) {
-            sched_req *r = s->batch_req[i];
-            if (r->state != REQ_RUNNING) continue;
-            if (sampled[i] < 0) {
-                s->st.n_prefill_tokens += (uint64_t)s->batch_n[i];
-                continue;
-            }
-            s->st.n_prefill_tokens += (uint64_t)(s->batch_n[i] - 1);
-            int32_t tok = sampled[i];
-            r->tokens[r->n_tokens++] = tok;
-            s->st.n_gen_tokens++;
-            bool stop = sched_is_stop(s, r, tok);
-            sched_output *o = sched_push(r);
-            o->kind = SCHED_OUT_TOKEN;
-            o->token = tok;
-            o->is_stop = stop;
-            o->usage.prompt_tokens = r->n_prompt;
-            o->usage.cached_tokens = r->n_cached;
-            if (r->p.logprobs) {
-                o->logprob = s->batch_out[i].logprob;
-                o->n_top = s->batch_out[i].n_top;
-                memcpy(o->top, s->batch_out[i].top, (size_t)o->n_top * sizeof o->top[0]);
-            }
-            if (r->ttft < 0) {
-                r->ttft = now - r->t_submit;
-                sched_hist_add(&s->h_ttft, r->ttft);
-            } else {
-                sched_hist_add(&s->h_itl, now - r->t_last);
-            }
-            r->t_last = now;
-            pthread_cond_broadcast(&r->cv);
-            sched_finish why = SCHED_FINISH_NONE;
-            if (stop) why = SCHED_FINISH_STOP;
-            else if (r->n_tokens - r->n_prompt >= r->max_gen || r->n_tokens >= r->cap) why = SCHED_FINISH_LENGTH;
-            if (why != SCHED_FINISH_NONE) {
-                for (int j = 0; j < s->n_running; j++)
-                    if (s->running[j] == r) { sched_running_remove(s, j); break; }
-                sched_finish_locked(s, r, why);
-                sched_drop_locked(r);
-            }
-        }
-        t_prev_end = t1;  /* the gap: sampling, publishing, planning the next step */
-        if (util_log_level <= LOG_LEVEL_DEBUG) sched_log_step(s, n_reqs, n_tok, ta, tc, t0, t1, t2, t3);
+/* Nothing to run, under mu: sleeps until new work (or a cancel, a ready load, stop). */
+static void sched_idle_wait_locked(sched *s)
+{
+    s->t_prev_end = -1;
+    if (s->n_running == 0 && (!s->wait_head || s->n_waiting == 0)) {
+        pthread_cond_wait(&s->work_cv, &s->mu);
+        return;
     }
-    /* stop: everything still here ends CANCELLED */
+    /* waiting requests that do not fit and nothing running can't happen (they error out in
+     * admission); be safe and nap briefly */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 2000000;
+    if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
+    pthread_cond_timedwait(&s->work_cv, &s->mu, &ts);
+}
+
+/* Step 2, without mu: the engine step, then the requests' committed blocks and sampling
+ * (engine-thread state only). */
+static void sched_step_run(sched *s, sched_step *st)
+{
+    st->t0 = util_now();
+    if (s->t_prev_end >= 0) {
+        pthread_mutex_lock(&s->mu);
+        s->st.gap_s += st->t0 - s->t_prev_end;
+        pthread_mutex_unlock(&s->mu);
+    }
+    engine_batch b = { .n_tokens = st->n_tok, .toks = s->batch };
+    st->est = engine_step(s->e, &b, s->logits);
+    st->t1 = util_now();
+    for (int i = 0; i < st->n_reqs && st->est == ENGINE_OK; i++) {
+        sched_req *r = s->batch_req[i];
+        r->n_done += s->batch_n[i];
+        if (s->o.bio) blockio_set_write_class(s->o.bio, r->p.cache_class);   /* its blocks' TTL */
+        kvpool_seq_commit_full_blocks(s->pool, r->seq, r->tokens, r->n_done);
+    }
+    if (st->est == ENGINE_OK) sched_sample_step(s, st->n_reqs);
+    st->t2 = util_now();
+}
+
+/* Ends running request r with why (under mu). */
+static void sched_end_running_locked(sched *s, sched_req *r, sched_finish why)
+{
+    for (int j = 0; j < s->n_running; j++)
+        if (s->running[j] == r) { sched_running_remove(s, j); break; }
+    sched_finish_locked(s, r, why);
+    sched_drop_locked(r);
+}
+
+/* Step 3a, under mu: the step's counters and duration histogram. */
+static void sched_step_count_locked(sched *s, const sched_step *st)
+{
+    s->st.n_steps++;
+    s->st.max_step_tokens = TM_MAX(s->st.max_step_tokens, st->n_tok);
+    bool dec = false, pre = false;
+    for (int i = 0; i < st->n_reqs; i++) {
+        if (s->batch_n[i] == 1 && s->batch_row[i] >= 0) dec = true;
+        else pre = true;
+    }
+    if (dec && pre) s->st.n_mixed_steps++;
+    s->st.step_s += st->t1 - st->t0;
+    s->st.sample_s += st->t2 - st->t1;
+    sched_hist_add(&s->h_step, st->t1 - st->t0);
+}
+
+/* Step 3b, under mu: request i of the step gets its sampled token (a prefill chunk that
+ * wanted no logits only counts), and ends when it was the last one. */
+static void sched_publish_token_locked(sched *s, int i, double now)
+{
+    sched_req *r = s->batch_req[i];
+    if (r->state != REQ_RUNNING) return;
+    int32_t tok = s->batch_tok[i];
+    if (tok < 0) {
+        s->st.n_prefill_tokens += (uint64_t)s->batch_n[i];
+        return;
+    }
+    s->st.n_prefill_tokens += (uint64_t)(s->batch_n[i] - 1);
+    r->tokens[r->n_tokens++] = tok;
+    s->st.n_gen_tokens++;
+    bool stop = sched_is_stop(s, r, tok);
+    sched_output *o = sched_push(r);
+    o->kind = SCHED_OUT_TOKEN;
+    o->token = tok;
+    o->is_stop = stop;
+    o->usage.prompt_tokens = r->n_prompt;
+    o->usage.cached_tokens = r->n_cached;
+    if (r->p.logprobs) {
+        o->logprob = s->batch_out[i].logprob;
+        o->n_top = s->batch_out[i].n_top;
+        memcpy(o->top, s->batch_out[i].top, (size_t)o->n_top * sizeof o->top[0]);
+    }
+    if (r->ttft < 0) {
+        r->ttft = now - r->t_submit;
+        sched_hist_add(&s->h_ttft, r->ttft);
+    } else {
+        sched_hist_add(&s->h_itl, now - r->t_last);
+    }
+    r->t_last = now;
+    pthread_cond_broadcast(&r->cv);
+    if (stop) sched_end_running_locked(s, r, SCHED_FINISH_STOP);
+    else if (r->n_tokens - r->n_prompt >= r->max_gen || r->n_tokens >= r->cap)
+        sched_end_running_locked(s, r, SCHED_FINISH_LENGTH);
+}
+
+/* Step 3, under mu: counters, then every request's token; a failed engine step ends all of
+ * the step's requests with ERROR. */
+static void sched_step_publish_locked(sched *s, sched_step *st)
+{
+    st->t3 = util_now();
+    sched_step_count_locked(s, st);
+    if (st->est != ENGINE_OK) {
+        log_error("sched: engine_step failed: %s", engine_status_name(st->est));
+        for (int i = 0; i < st->n_reqs; i++) sched_end_running_locked(s, s->batch_req[i], SCHED_FINISH_ERROR);
+        s->t_prev_end = -1;
+        return;
+    }
+    double now = util_now();
+    for (int i = 0; i < st->n_reqs; i++) sched_publish_token_locked(s, i, now);
+    s->t_prev_end = st->t1;  /* the gap: sampling, publishing, planning the next step */
+    if (util_log_level <= LOG_LEVEL_DEBUG)
+        sched_log_step(s, st->n_reqs, st->n_tok, st->ta, st->tc, st->t0, st->t1, st->t2, st->t3);
+}
+
+/* sched_free: everything still queued or running ends CANCELLED (under mu). */
+static void sched_end_remaining_locked(sched *s)
+{
     while (s->n_running > 0) {
         sched_req *r = s->running[s->n_running - 1];
         s->n_running--;
@@ -673,6 +708,27 @@ static void *sched_thread(void *arg)
         sched_finish_locked(s, r, SCHED_FINISH_CANCELLED);
         sched_drop_locked(r);
     }
+}
+
+/* The engine thread: plan (under mu), run (without it), publish (under mu), until stop. */
+static void *sched_thread(void *arg)
+{
+    sched *s = arg;
+    s->t_prev_end = -1;
+    pthread_mutex_lock(&s->mu);
+    while (!s->stop) {
+        sched_step st;
+        sched_step_plan_locked(s, &st);
+        if (st.n_tok == 0) {
+            sched_idle_wait_locked(s);
+            continue;
+        }
+        pthread_mutex_unlock(&s->mu);
+        sched_step_run(s, &st);
+        pthread_mutex_lock(&s->mu);
+        sched_step_publish_locked(s, &st);
+    }
+    sched_end_remaining_locked(s);
     pthread_mutex_unlock(&s->mu);
     return NULL;
 }
@@ -700,6 +756,7 @@ const char *sched_finish_name(sched_finish f)
     case SCHED_FINISH_LENGTH: return "length";
     case SCHED_FINISH_CANCELLED: return "cancelled";
     case SCHED_FINISH_ERROR: return "error";
+    case SCHED_FINISH_ABORTED: return "aborted";
     }
     return "?";
 }
@@ -753,9 +810,15 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
     }
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->work_cv, NULL);
+    pthread_condattr_t ca;   /* sched_wait_idle's deadline is on the monotonic clock */
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->idle_cv, &ca);
+    pthread_condattr_destroy(&ca);
     if (pthread_create(&s->thread, NULL, sched_thread, s) != 0) {
         pthread_mutex_destroy(&s->mu);
         pthread_cond_destroy(&s->work_cv);
+        pthread_cond_destroy(&s->idle_cv);
         free(s->running); free(s->batch); free(s->batch_req); free(s->batch_n); free(s->batch_row);
         free(s->batch_tok); free(s->batch_out); free(s->logits); free(s);
         return SCHED_ERR_NOMEM;
@@ -780,14 +843,65 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
     return SCHED_OK;
 }
 
-void sched_shutdown(sched *s)
+/* The monotonic time timeout_ms from now (the callers' condition variables use that clock). */
+static void sched_deadline(struct timespec *ts, int timeout_ms)
+{
+    clock_gettime(CLOCK_MONOTONIC, ts);
+    ts->tv_sec += timeout_ms / 1000;
+    ts->tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (ts->tv_nsec >= 1000000000L) { ts->tv_sec++; ts->tv_nsec -= 1000000000L; }
+}
+
+/* Marks r to end with why before its next step, unless it ended or was cancelled already. */
+static void sched_cancel_locked(sched *s, sched_req *r, sched_finish why)
+{
+    if (r->finished || r->cancel) return;
+    r->cancel = true;
+    r->cancel_why = why;
+    pthread_cond_signal(&s->work_cv);
+}
+
+/* Refuses new submissions and ends every queued and running request with why. */
+static void sched_end_all(sched *s, sched_finish why)
 {
     pthread_mutex_lock(&s->mu);
     s->shutdown = true;
-    for (int i = 0; i < s->n_running; i++) s->running[i]->cancel = true;
-    for (sched_req *r = s->wait_head; r; r = r->next) r->cancel = true;
-    pthread_cond_signal(&s->work_cv);
+    for (int i = 0; i < s->n_running; i++) sched_cancel_locked(s, s->running[i], why);
+    for (sched_req *r = s->wait_head; r; r = r->next) sched_cancel_locked(s, r, why);
     pthread_mutex_unlock(&s->mu);
+}
+
+void sched_shutdown(sched *s) { sched_end_all(s, SCHED_FINISH_CANCELLED); }
+
+void sched_abort(sched *s) { sched_end_all(s, SCHED_FINISH_ABORTED); }
+
+void sched_drain(sched *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->shutdown = true;
+    pthread_mutex_unlock(&s->mu);
+}
+
+bool sched_draining(sched *s)
+{
+    pthread_mutex_lock(&s->mu);
+    bool d = s->shutdown;
+    pthread_mutex_unlock(&s->mu);
+    return d;
+}
+
+int sched_wait_idle(sched *s, int timeout_ms)
+{
+    struct timespec ts;
+    if (timeout_ms > 0) sched_deadline(&ts, timeout_ms);
+    pthread_mutex_lock(&s->mu);
+    while (s->n_live > 0 && timeout_ms != 0) {
+        int rc = timeout_ms > 0 ? pthread_cond_timedwait(&s->idle_cv, &s->mu, &ts) : pthread_cond_wait(&s->idle_cv, &s->mu);
+        if (rc == ETIMEDOUT) break;
+    }
+    int n = s->n_live;
+    pthread_mutex_unlock(&s->mu);
+    return n;
 }
 
 void sched_free(sched *s)
@@ -803,6 +917,7 @@ void sched_free(sched *s)
         pthread_join(s->thread, NULL);
         pthread_mutex_destroy(&s->mu);
         pthread_cond_destroy(&s->work_cv);
+        pthread_cond_destroy(&s->idle_cv);
         pthread_mutex_lock(&s->pool_mu);
         s->pool_stop = true;
         pthread_cond_broadcast(&s->pool_go);
@@ -902,6 +1017,7 @@ sched_status sched_submit(sched *s, const sched_params *p, sched_req **out)
     if (s->wait_tail) s->wait_tail->next = r; else s->wait_head = r;
     s->wait_tail = r;
     s->n_waiting++;
+    s->n_live++;
     s->st.n_requests++;
     pthread_cond_signal(&s->work_cv);
     pthread_mutex_unlock(&s->mu);
@@ -915,12 +1031,7 @@ int sched_poll(sched_req *r, sched_output *out, int max, int timeout_ms)
     pthread_mutex_lock(&s->mu);
     if (r->ring_n == 0 && !r->finish_returned && timeout_ms != 0) {
         struct timespec ts;
-        if (timeout_ms > 0) {
-            clock_gettime(CLOCK_MONOTONIC, &ts);
-            ts.tv_sec += timeout_ms / 1000;
-            ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-            if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
-        }
+        if (timeout_ms > 0) sched_deadline(&ts, timeout_ms);
         while (r->ring_n == 0) {
             int rc = timeout_ms > 0 ? pthread_cond_timedwait(&r->cv, &s->mu, &ts) : pthread_cond_wait(&r->cv, &s->mu);
             if (rc == ETIMEDOUT) break;
@@ -951,10 +1062,7 @@ void sched_cancel(sched_req *r)
 {
     sched *s = r->s;
     pthread_mutex_lock(&s->mu);
-    if (!r->finished && !r->cancel) {
-        r->cancel = true;
-        pthread_cond_signal(&s->work_cv);
-    }
+    sched_cancel_locked(s, r, SCHED_FINISH_CANCELLED);
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -965,10 +1073,7 @@ void sched_release(sched_req *r)
     pthread_mutex_lock(&s->mu);
     r->released = true;
     if (r->engine_held) {
-        if (!r->finished && !r->cancel) {
-            r->cancel = true;
-            pthread_cond_signal(&s->work_cv);
-        }
+        sched_cancel_locked(s, r, SCHED_FINISH_CANCELLED);
         pthread_mutex_unlock(&s->mu);
         return;
     }

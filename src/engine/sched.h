@@ -68,6 +68,7 @@ typedef enum {
     SCHED_FINISH_LENGTH,    /* max_tokens reached, or the context is full */
     SCHED_FINISH_CANCELLED, /* sched_cancel (disconnect, stop string matched by the caller) */
     SCHED_FINISH_ERROR,     /* the request could not run (e.g. larger than the whole KV pool) */
+    SCHED_FINISH_ABORTED,   /* sched_abort: the server stopped before it ended (output cut short) */
 } sched_finish;
 
 #define SCHED_MAX_TOP_LOGPROBS 20   /* most alternatives per token (OpenAI allows 20) */
@@ -167,7 +168,7 @@ typedef struct {
 typedef struct {
     uint64_t n_requests;        /* submitted (accepted) */
     uint64_t n_rejected;        /* submit failed with QUEUE_FULL */
-    uint64_t n_finished[5];     /* by sched_finish value */
+    uint64_t n_finished[SCHED_FINISH_ABORTED + 1]; /* by sched_finish value */
     uint64_t n_prompt_tokens;   /* prompt tokens of admitted requests */
     uint64_t n_cached_tokens;   /* of which attached from the cache */
     uint64_t n_prefill_tokens;  /* tokens computed as prefill (recomputes included) */
@@ -224,8 +225,23 @@ void sched_free(sched *s);
 /* Refuses new submissions (SCHED_ERR_STOPPED) and cancels every queued and running request,
  * so that streams end; call before stopping the HTTP server, then sched_free. */
 void sched_shutdown(sched *s);
+
+/* Draining, for a server that stops without cutting its streams: sched_drain refuses new
+ * submissions (SCHED_ERR_STOPPED) while every request already accepted, queued or running,
+ * goes on to its normal end; sched_wait_idle waits for that; sched_abort ends what is left
+ * (FINISH ABORTED, after the outputs already produced) when the drain deadline has come. */
+void sched_drain(sched *s);
+/* True once sched_drain, sched_abort or sched_shutdown was called (for /health). */
+bool sched_draining(sched *s);
+/* Waits up to timeout_ms (< 0: forever) until every accepted request has its FINISH record
+ * published. Returns how many still had none (0: idle). */
+int sched_wait_idle(sched *s, int timeout_ms);
+/* Refuses new submissions and ends every queued and running request ABORTED before its next
+ * step (a request the caller cancelled already still ends CANCELLED). */
+void sched_abort(sched *s);
+
 const char *sched_status_name(sched_status st);
-const char *sched_finish_name(sched_finish f);   /* "stop", "length", "cancelled", "error" */
+const char *sched_finish_name(sched_finish f);   /* "stop", "length", "cancelled", "error", "aborted" */
 int sched_n_ctx(const sched *s);
 
 /* Queues a request. On SCHED_OK *out is a handle the caller polls and must release. */

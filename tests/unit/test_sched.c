@@ -5,7 +5,8 @@
  * completion with the same tokens), prefix-cache hits reported as cached tokens, log-probs,
  * argument errors, and chunked prefill: a long prompt that arrives while a sequence decodes is
  * read in chunks of the default step budget, and the decode gets its token in every step; a
- * prompt read alone goes in steps of the (larger) prefill budget.
+ * prompt read alone goes in steps of the (larger) prefill budget; draining (new work refused,
+ * accepted work finishes) and the abort that ends what is left.
  *
  * The "alone vs together" comparisons are exact because the engine is batch invariant (a
  * row's arithmetic never depends on the step it is in: test_invariance.c); step_tokens 48
@@ -502,6 +503,70 @@ TEST(test_errors_and_shutdown)
     rig_free(&g);
 }
 
+/* Draining: new submissions are refused, /health can tell, and what was accepted goes on:
+ * the running request and the one queued behind it (max_seqs 1) both end normally with all
+ * their tokens. Then sched_abort: a request still running ends ABORTED after the tokens it
+ * produced (it was producing tokens after the drain began), one the caller cancelled first
+ * stays CANCELLED, and nothing is left (sched_wait_idle 0, KV blocks free). */
+TEST(test_drain_then_abort)
+{
+    enum { GEN = 12 };
+    rig g = rig_new(16, 1, 16, 48);
+    int32_t pa[20], pb[20], out[GEN + 1];
+    prompt_of(pa, 20, 11);
+    prompt_of(pb, 20, 12);
+    sched_params p = greedy(pa, 20, GEN);
+    sched_req *a, *b, *c = NULL;
+    CHECK(sched_submit(g.s, &p, &a) == SCHED_OK);
+    p.prompt = pb;
+    CHECK(sched_submit(g.s, &p, &b) == SCHED_OK);   /* waits: one sequence at a time */
+    CHECK(!sched_draining(g.s));
+    sched_drain(g.s);
+    CHECK(sched_draining(g.s));
+    CHECK(sched_submit(g.s, &p, &c) == SCHED_ERR_STOPPED && !c);
+    CHECK(sched_wait_idle(g.s, 30000) == 0);
+    sched_output fin = { 0 };
+    CHECK(drain(a, out, GEN + 1, &fin) == GEN);
+    CHECK(fin.finish == SCHED_FINISH_LENGTH);
+    CHECK(drain(b, out, GEN + 1, &fin) == GEN);
+    CHECK(fin.finish == SCHED_FINISH_LENGTH);
+    sched_release(a);
+    sched_release(b);
+    rig_free(&g);
+
+    g = rig_new(16, 4, 16, 48);
+    p = greedy(pa, 20, 1000);   /* long enough to be running when the abort comes */
+    CHECK(sched_submit(g.s, &p, &a) == SCHED_OK);
+    CHECK(sched_submit(g.s, &p, &b) == SCHED_OK);
+    sched_drain(g.s);
+    CHECK(sched_wait_idle(g.s, 0) == 2);
+    sched_output o[4];
+    int got = 0;
+    for (int k = 0; k < 100 && got < 3; k++) {   /* tokens keep coming while draining */
+        int n = sched_poll(a, o, 1, 30000);
+        if (n == 0) break;
+        got += o[0].kind == SCHED_OUT_TOKEN;
+    }
+    CHECK(got == 3);
+    sched_cancel(b);
+    sched_abort(g.s);
+    CHECK(sched_wait_idle(g.s, 30000) == 0);
+    int n_a = drain(a, NULL, 0, &fin);
+    CHECK(fin.kind == SCHED_OUT_FINISH && fin.finish == SCHED_FINISH_ABORTED);
+    CHECK(fin.usage.completion_tokens == got + n_a && fin.usage.completion_tokens < 1000);
+    drain(b, NULL, 0, &fin);
+    CHECK(fin.finish == SCHED_FINISH_CANCELLED);
+    CHECK(!strcmp(sched_finish_name(SCHED_FINISH_ABORTED), "aborted"));
+    sched_stats st;
+    sched_get_stats(g.s, &st);
+    CHECK(st.n_finished[SCHED_FINISH_ABORTED] == 1 && st.n_finished[SCHED_FINISH_CANCELLED] == 1);
+    CHECK(wait_blocks_used(g.s, 0));
+    CHECK(sched_submit(g.s, &p, &c) == SCHED_ERR_STOPPED);
+    sched_release(a);
+    sched_release(b);
+    rig_free(&g);
+}
+
 int main(void)
 {
     if (!mkdtemp(tmpdir)) return 1;
@@ -517,6 +582,7 @@ int main(void)
     RUN(test_long_prompt_chunked_beside_decode);
     RUN(test_prefill_alone_uses_prefill_budget);
     RUN(test_errors_and_shutdown);
+    RUN(test_drain_then_abort);
     model_free(g_model);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
