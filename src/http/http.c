@@ -11,7 +11,8 @@
  * goes away is noticed within a wait even while no tokens come. The response's free callback
  * calls the handler's done function, with client_gone unless the stream had ended.
  *
- * s->mu guards only the statistics.
+ * s->mu guards only the statistics. n_active counts a request from its first access call to
+ * MHD's completion notice, which comes once its response was sent (or the connection failed).
  */
 #define _GNU_SOURCE
 #include "http/http.h"
@@ -365,6 +366,9 @@ static enum MHD_Result http_access(void *cls, struct MHD_Connection *conn, const
         r->method = method;
         r->path = url;
         *con_cls = r;
+        pthread_mutex_lock(&h->mu);
+        h->st.n_active++;   /* until http_completed */
+        pthread_mutex_unlock(&h->mu);
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl) {
             char *end;
@@ -397,7 +401,13 @@ static enum MHD_Result http_access(void *cls, struct MHD_Connection *conn, const
 
 static void http_completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe)
 {
-    (void)cls; (void)conn; (void)toe;
+    http_server *h = cls;
+    (void)conn; (void)toe;
+    if (*con_cls) {
+        pthread_mutex_lock(&h->mu);
+        h->st.n_active--;
+        pthread_mutex_unlock(&h->mu);
+    }
     http_request_free(*con_cls);
     *con_cls = NULL;
 }

@@ -119,6 +119,8 @@ typedef struct {
     uint64_t n_disconnects;   /* streams ended by the client */
     int n_connections;        /* open now */
     int n_streams;            /* streaming responses open now */
+    int n_active;             /* requests between their headers and the end of their response
+                               * (a server that drains waits for 0) */
 } http_stats;
 void http_get_stats(http_server *h, http_stats *st);
 

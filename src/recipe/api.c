@@ -174,10 +174,14 @@ static void api_submit_message(char *buf, size_t sz, const api_ctx *c, sched_sta
     }
 }
 
+/* A 503 asks the client to come back (to another replica, behind a load balancer). */
+static void api_retry_after(http_request *r) { http_add_header(r, "Retry-After", API_RETRY_AFTER_S); }
+
 void api_openai_submit_error(http_request *r, const api_ctx *c, sched_status st, int n_prompt, int max_tokens)
 {
     char msg[400];
     api_submit_message(msg, sizeof msg, c, st, n_prompt, max_tokens);
+    if (st == SCHED_ERR_STOPPED) api_retry_after(r);
     switch (st) {
     case SCHED_ERR_TOO_LONG: api_openai_error(r, 400, "invalid_request_error", msg, "messages", "context_length_exceeded"); break;
     case SCHED_ERR_ARG: api_openai_error(r, 400, "invalid_request_error", msg, "prompt", NULL); break;
@@ -191,11 +195,12 @@ void api_anthropic_submit_error(http_request *r, const api_ctx *c, sched_status 
 {
     char msg[400];
     api_submit_message(msg, sizeof msg, c, st, n_prompt, max_tokens);
+    if (st == SCHED_ERR_STOPPED) api_retry_after(r);
     switch (st) {
     case SCHED_ERR_TOO_LONG:
     case SCHED_ERR_ARG: api_anthropic_error(r, 400, "invalid_request_error", msg); break;
     case SCHED_ERR_QUEUE_FULL: api_anthropic_error(r, 529, "overloaded_error", msg); break;
-    case SCHED_ERR_STOPPED: api_anthropic_error(r, 503, "api_error", msg); break;
+    case SCHED_ERR_STOPPED: api_anthropic_error(r, 503, "overloaded_error", msg); break;
     default: api_anthropic_error(r, 500, "api_error", msg); break;
     }
 }
@@ -433,6 +438,7 @@ static const char *api_anthropic_type(int status)
     case 404: return "not_found_error";
     case 413: return "request_too_large";
     case 429: return "rate_limit_error";
+    case 503:
     case 529: return "overloaded_error";
     default: return status >= 500 ? "api_error" : "invalid_request_error";
     }
@@ -1242,6 +1248,7 @@ typedef struct {
     bool fin[API_MAX_N];                /* FINISH seen */
     int n;                              /* choices submitted */
     bool error;                         /* the engine failed a request */
+    bool aborted;                       /* Messages: the server stopped a choice (sched_abort) */
     bool ended;                         /* the closing events / body were written */
     bool begun;                         /* streaming: the opening events were written */
     char piece[1024];                   /* scratch: one token's text */
@@ -1280,10 +1287,14 @@ static void api_job_apply(api_job *j, int i, const sched_output *so)
         size_t n = tokenizer_stream_flush(&j->ts[i], j->piece, sizeof j->piece);
         if (n <= sizeof j->piece) api_out_text(o, i, j->piece, n);
         if (so->finish == SCHED_FINISH_ERROR) j->error = true;
+        if (so->finish == SCHED_FINISH_ABORTED && j->kind == API_KIND_MESSAGES) j->aborted = true;
         if (i == 0)
             api_out_set_prompt(o, so->usage.prompt_tokens ? so->usage.prompt_tokens : (int)j->prompt.n_ids,
                                so->usage.cached_tokens, j->prompt.ids, (int)j->prompt.n_ids);
-        api_out_finish(o, i, so->finish == SCHED_FINISH_LENGTH ? EVENTS_FINISH_LENGTH : EVENTS_FINISH_STOP);
+        /* cut short by a stopping server: the OpenAI shapes say "length" (Responses:
+         * incomplete); Messages ends with an overloaded_error instead (api_job_error_body) */
+        bool cut = so->finish == SCHED_FINISH_LENGTH || so->finish == SCHED_FINISH_ABORTED;
+        api_out_finish(o, i, cut ? EVENTS_FINISH_LENGTH : EVENTS_FINISH_STOP);
         return;
     }
     if (so->is_stop) {
@@ -1336,11 +1347,17 @@ static bool api_job_pump(api_job *j, int timeout_ms)
     return any;
 }
 
-static void api_job_error_body(api_job *j, jsonfmt_buf *b)
+/* The error that ends a failed (500) or, for Messages, a server-stopped (503) request;
+ * returns its status. */
+static int api_job_error_body(api_job *j, jsonfmt_buf *b)
 {
     api_error e;
-    api_error_set(&e, 500, NULL, NULL, "The request failed in the engine (the KV cache may be too small for it).");
+    if (j->error)
+        api_error_set(&e, 500, NULL, NULL, "The request failed in the engine (the KV cache may be too small for it).");
+    else
+        api_error_set(&e, 503, NULL, NULL, "The server is shutting down: the answer was cut short. Retry the request.");
     api_error_json(j->kind, &e, b);
+    return e.status;
 }
 
 static bool api_job_pull(void *ctx, http_buf *outb, int timeout_ms)
@@ -1349,7 +1366,7 @@ static bool api_job_pull(void *ctx, http_buf *outb, int timeout_ms)
     if (j->ended) return false;
     api_job_pump(j, timeout_ms);
     if (api_job_all_finished(j)) {
-        if (j->error) {
+        if (j->error || j->aborted) {
             jsonfmt_buf b = {0};
             api_job_error_body(j, &b);
             api_sse(&j->out.out, j->kind == API_KIND_MESSAGES ? "error" : NULL, b.p, b.len);
@@ -1500,9 +1517,10 @@ void api_serve(http_request *r, const api_ctx *c, api_kind kind, bool count_only
             return;
         }
     }
-    if (j->error) {
-        api_job_error_body(j, &b);
-        http_respond(r, 500, "application/json", b.p, b.len);
+    if (j->error || j->aborted) {
+        int status = api_job_error_body(j, &b);
+        if (status == 503) api_retry_after(r);
+        http_respond(r, status, "application/json", b.p, b.len);
     } else {
         api_out_end(&j->out);
         api_respond_buf(r, 200, &j->out.out);

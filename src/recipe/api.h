@@ -39,7 +39,12 @@
  * {"type":"error","error":{"type","message"}}; statuses: 400 invalid_request_error, 401
  * authentication_error, 404 not_found_error (unknown model), 413 request_too_large, 429
  * rate_limit_error (OpenAI, queue full) / 529 overloaded_error (Anthropic), 500 api_error,
- * 503 when shutting down.
+ * 503 (Anthropic: overloaded_error) with Retry-After when the scheduler refuses new work
+ * (draining: see sched_drain).
+ *
+ * A request the stopping server cuts short (SCHED_FINISH_ABORTED) still ends properly:
+ * OpenAI shapes finish with "length" (Responses: response.incomplete), Messages with an
+ * overloaded_error (the SSE error event; non-streaming, a 503).
  */
 #ifndef TM_API_H
 #define TM_API_H
@@ -84,6 +89,8 @@ typedef struct {
                                     * defaults), which cache_class may name; NULL: defaults */
     const api_backend *backend; /* NULL: requests run on sched; else on this backend (sched NULL) */
 } api_ctx;
+
+#define API_RETRY_AFTER_S "2"   /* Retry-After of a 503 (seconds, as the header's text) */
 
 /* The routes' calls into the backend: c->backend's, or sched_submit/poll/cancel/release. */
 sched_status api_be_submit(const api_ctx *c, const sched_params *p, sched_req **out);

@@ -96,7 +96,8 @@ static void compl_apply(compl_job *j, compl_choice *ch, const sched_output *o)
             if (n <= sizeof j->piece) http_buf_append(&ch->text, j->piece, n);
         }
         switch (o->finish) {
-        case SCHED_FINISH_LENGTH: ch->finish_reason = "length"; break;
+        case SCHED_FINISH_LENGTH:
+        case SCHED_FINISH_ABORTED: ch->finish_reason = "length"; break;   /* cut short by a stopping server */
         case SCHED_FINISH_ERROR: ch->finish_reason = "error"; ch->error = true; break;
         default: ch->finish_reason = "stop"; break;  /* eos, or our stop-string cancel */
         }

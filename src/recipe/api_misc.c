@@ -1,5 +1,6 @@
 /*
- * api_misc: the server's small routes: GET /v1/models (OpenAI list shape), GET /health, and
+ * api_misc: the server's small routes: GET /v1/models (OpenAI list shape), GET /health (503
+ * "draining" once the scheduler refuses new work, so that load balancers move away), and
  * GET /metrics (Prometheus text exposition format 0.0.4) from the scheduler's and the HTTP
  * layer's counters (a remote backend without a scheduler: the backend's metrics hook): requests, tokens in/out, cached tokens, TTFT / inter-token latency /
  * engine step histograms, queue depth, running sequences, KV blocks, CPU gap between steps.
@@ -20,9 +21,15 @@ static void misc_models(http_request *r, void *user)
     api_respond_json(r, 200, json_pack("{s:s, s:[o]}", "object", "list", "data", m));
 }
 
+/* 503 while draining, so that load balancers stop sending requests here. */
 static void misc_health(http_request *r, void *user)
 {
-    (void)user;
+    const api_ctx *c = user;
+    if (c->sched && sched_draining(c->sched)) {
+        http_add_header(r, "Retry-After", API_RETRY_AFTER_S);
+        http_respond(r, 503, "application/json", "{\"status\":\"draining\"}", 21);
+        return;
+    }
     http_respond(r, 200, "application/json", "{\"status\":\"ok\"}", 15);
 }
 
@@ -65,7 +72,7 @@ static void misc_metrics(http_request *r, void *user)
     api_metric(&b, "tokenmill_requests_rejected_total", "counter", "Requests refused because the queue was full.", (double)st.n_rejected);
     http_buf_puts(&b, "# HELP tokenmill_requests_finished_total Finished requests by reason.\n"
                       "# TYPE tokenmill_requests_finished_total counter\n");
-    for (int f = SCHED_FINISH_STOP; f <= SCHED_FINISH_ERROR; f++)
+    for (int f = SCHED_FINISH_STOP; f <= SCHED_FINISH_ABORTED; f++)
         http_buf_printf(&b, "tokenmill_requests_finished_total{reason=\"%s\"} %llu\n", sched_finish_name((sched_finish)f),
                         (unsigned long long)st.n_finished[f]);
     http_buf_puts(&b, "# HELP tokenmill_http_requests_total HTTP responses by status class.\n"
