@@ -35,15 +35,22 @@
  * stack's size. With mapped blocks the stack starts empty and only fills if a map fails over
  * to reading (a kernel without MADV_POPULATE_READ).
  *
+ * Stopping: blockio_flush waits, with a bound, until the write queue is empty and no write is
+ * in store_put; when the bound passes first it sets abandon, and the threads drop what is
+ * still queued (writes and touches, counted) instead of waiting for the store, so that
+ * blockio_free only waits for the store calls already under way.
+ *
  * Fill counters: fill_issued counts the blocks handed to the pool with kvpool_seq_append_fill,
  * fill_done[l] the blocks whose layer l is copied. Every fill copies its layers in order, so
  * fill_done[l] == fill_issued means layer l of every block filled so far is in the pool.
  */
 #include "engine/blockio.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cache/block.h"
 #include "cache/blockkey.h"
@@ -111,7 +118,10 @@ struct blockio {
     pthread_cond_t cv;       /* work or stop */
     pthread_cond_t ent_cv;   /* an entry left READING */
     pthread_cond_t fill_cv;  /* fill_done moved */
+    pthread_cond_t flush_cv; /* the last queued or running write ended (blockio_flush) */
     bool stop;
+    bool abandon;            /* blockio_flush gave up: queued writes and touches are dropped */
+    int n_writing;           /* writes taken off wq, in store_put now */
     uint8_t **slot;          /* (n_write_slots) block-file buffers */
     uint8_t (*slot_key)[32]; /* (n_write_slots) */
     int *slot_cls;           /* (n_write_slots) traffic class of the queued block */
@@ -361,6 +371,12 @@ static void *blockio_thread(void *arg)
             int si = b->wq[b->wq_head];
             b->wq_head = (b->wq_head + 1) % b->o.n_write_slots;
             b->wq_n--;
+            if (b->abandon) {   /* a stuck store: what is queued is lost, counted */
+                b->s.n_write_dropped++;
+                b->free_slots[b->n_free++] = si;
+                continue;
+            }
+            b->n_writing++;
             pthread_mutex_unlock(&b->mu);
             block_header h = b->proto;
             memcpy(h.key, b->slot_key[si], 32);
@@ -370,6 +386,7 @@ static void *blockio_thread(void *arg)
             if (st == STORE_OK) b->s.n_written++;
             else b->s.n_write_failed++;
             b->free_slots[b->n_free++] = si;
+            if (--b->n_writing == 0 && !b->wq_n) pthread_cond_broadcast(&b->flush_cv);
             continue;
         }
         if (b->tq_n) {
@@ -378,6 +395,10 @@ static void *blockio_thread(void *arg)
             int cls = b->tq_cls[b->tq_head];
             b->tq_head = (b->tq_head + 1) % BLOCKIO_TOUCH_QUEUE;
             b->tq_n--;
+            if (b->abandon) {
+                b->s.n_touch_dropped++;
+                continue;
+            }
             pthread_mutex_unlock(&b->mu);
             store_status st = store_touch(b->st, key, cls);
             pthread_mutex_lock(&b->mu);
@@ -465,6 +486,11 @@ blockio *blockio_new(store *st, kvpool *pool, const model *m, const blockio_opts
     pthread_cond_init(&b->cv, NULL);
     pthread_cond_init(&b->ent_cv, NULL);
     pthread_cond_init(&b->fill_cv, NULL);
+    pthread_condattr_t ca;   /* blockio_flush's deadline is on the monotonic clock */
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&b->flush_cv, &ca);
+    pthread_condattr_destroy(&ca);
     int ns = b->o.n_write_slots;
     b->slot = xcalloc((size_t)ns, sizeof *b->slot);
     b->slot_key = xcalloc((size_t)ns, sizeof *b->slot_key);
@@ -548,7 +574,27 @@ void blockio_free(blockio *b)
     pthread_cond_destroy(&b->cv);
     pthread_cond_destroy(&b->ent_cv);
     pthread_cond_destroy(&b->fill_cv);
+    pthread_cond_destroy(&b->flush_cv);
     free(b);
+}
+
+int blockio_flush(blockio *b, int timeout_ms)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_sec += timeout_ms / 1000;
+    ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+    pthread_mutex_lock(&b->mu);
+    while ((b->wq_n || b->n_writing) && timeout_ms > 0)
+        if (pthread_cond_timedwait(&b->flush_cv, &b->mu, &ts) == ETIMEDOUT) break;
+    int left = b->wq_n + b->n_writing;
+    if (left) {
+        b->abandon = true;
+        pthread_cond_broadcast(&b->cv);   /* idle threads drop the queue now */
+    }
+    pthread_mutex_unlock(&b->mu);
+    return left;
 }
 
 void blockio_get_stats(blockio *b, blockio_stats *st)

@@ -106,6 +106,12 @@ blockio *blockio_new(store *st, kvpool *pool, const model *m, const blockio_opts
 /* Writes what is queued, stops the threads, unhooks the pool. Every load must have been
  * finished or freed. NULL is ignored. */
 void blockio_free(blockio *b);
+/* For a process that stops (after the engine's last step, so that no block is queued any
+ * more): waits up to timeout_ms for every block queued for write-behind to be stored.
+ * Returns how many were still queued or being written then (0: all are in the store); those
+ * still queued are dropped (n_write_dropped), so that blockio_free does not wait for a stuck
+ * store beyond the writes already in progress. */
+int blockio_flush(blockio *b, int timeout_ms);
 void blockio_get_stats(blockio *b, blockio_stats *st);
 
 /* Engine thread: the traffic class (store_class) of the blocks the pool's keyed hook hands
