@@ -1,12 +1,22 @@
 /*
  * cmd_serve: `tokenmill serve -m MODEL [--host 127.0.0.1] [--port 8080] [--threads N]
  * [--ctx N] [--max-seqs N] [--api-key KEY ...] [--model-name NAME] [--template NAME]
- * [--kv-mib N] [--max-queue N] [--step-tokens N] [--prefill-step-tokens N] [--max-body BYTES] [--timeout S]`.
+ * [--kv-mib N] [--max-queue N] [--step-tokens N] [--prefill-step-tokens N] [--max-body BYTES] [--timeout S]
+ * [--drain-timeout S]`.
  *
- * Loads the model, its tokenizer and chat template, starts the engine and its scheduler
- * thread, registers every API's routes on the HTTP server and serves until SIGINT/SIGTERM.
- * Then: the scheduler is shut down first (queued and running requests end, so streams
- * finish), the HTTP server stops, and everything is freed in reverse order.
+ * In named steps: options, model (with its tokenizer and chat template), engine, block store,
+ * scheduler, routes (the HTTP server with every API), run (until SIGINT/SIGTERM), shutdown,
+ * and everything freed in reverse order.
+ *
+ * Shutdown drains: the first SIGINT/SIGTERM makes the scheduler refuse new requests (503 in
+ * the route's shape, with Retry-After) and /health answer 503 "draining", while the requests
+ * already accepted run to their end and their responses are sent (the scheduler idle and no
+ * HTTP request in progress). Past --drain-timeout seconds (default 30) the rest are aborted:
+ * each still ends with its API's terminal event (sched_abort, recipe/api.h), and the server
+ * waits a little more for those to be written. Then the HTTP server stops, the engine
+ * thread ends, and the block store's write-behind queue is flushed (bounded, so a stuck store
+ * cannot hold the exit) before the store closes. A second signal during all this exits at
+ * once with status 128 + the signal number; a completed shutdown exits 0.
  *
  * The line "tokenmill serve: listening on http://HOST:PORT" goes to stderr once the port
  * is bound (with --port 0 the system picks a free port: tests read it from that line).
@@ -35,6 +45,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cli/cmd.h"
 #include "cli/cmd_common.h"
@@ -55,6 +66,42 @@
 #pragma weak api_messages_register
 
 #define SERVE_MAX_KEYS 16
+#define SERVE_ABORT_GRACE_S 5.0   /* after the abort: for the cut responses to be written */
+#define SERVE_FLUSH_MS 10000      /* for the block store to take the blocks still queued */
+
+typedef struct {
+    const char *path;            /* -m: the GGUF model */
+    const char *host;            /* listen address */
+    const char *name;            /* --model-name, or NULL: derived from the file name */
+    const char *tmpl_name;       /* --template, or NULL: the GGUF's */
+    const char *keys[SERVE_MAX_KEYS]; /* (n_keys) --api-key values */
+    int n_keys;
+    long port;
+    long max_body;               /* bytes */
+    long timeout;                /* seconds: idle / slow client */
+    long drain_timeout;          /* seconds the running requests get at shutdown */
+    cmd_engine_opts eng;         /* --threads, --ctx, --max-seqs, ... */
+    const char *cache_spec;      /* store spec, "default", or NULL (off) */
+    const char *retention;       /* --retention, or NULL */
+    uint64_t cache_capacity;     /* bytes per target; 0: the store's default */
+    char cache_buf[4096];        /* storage of a cache_spec built here */
+    gc_retention classes;        /* the traffic classes requests may name (cache_class) */
+} serve_opts;
+
+typedef struct {
+    serve_opts o;
+    model *m;
+    tokenizer *tok;
+    template *tmpl;
+    engine *e;
+    store *cache;                /* NULL: no block store */
+    blockio *bio;                /* its write-behind / load tier, or NULL */
+    sched *s;
+    http_server *h;
+    char *derived_name;          /* owned model name when --model-name is not given */
+    char alias_buf[256];         /* storage of the model's alias */
+    api_ctx ac;                  /* what every route sees; outlives the HTTP server */
+} serve;
 
 static void cmd_serve_usage(void)
 {
@@ -62,54 +109,44 @@ static void cmd_serve_usage(void)
             "usage: tokenmill serve -m MODEL [--host 127.0.0.1] [--port 8080] [--threads N] [--ctx N]\n"
             "                       [--max-seqs N] [--api-key KEY ...] [--model-name NAME] [--template NAME]\n"
             "                       [--kv-mib N] [--max-queue N] [--step-tokens N] [--prefill-step-tokens N] [--max-body BYTES]\n"
-            "                       [--timeout SECONDS] [--cache SPEC|default|off] [--cache-dir DIR]\n"
+            "                       [--timeout SECONDS] [--drain-timeout SECONDS] [--cache SPEC|default|off] [--cache-dir DIR]\n"
             "                       [--cache-capacity SIZE] [--retention agent=72h,chat=7d] [-v]\n");
 }
 
-int cmd_serve(int argc, char **argv)
+/* Step: options. Returns 0, or the exit status after a message. */
+static int serve_options(int argc, char **argv, serve_opts *o)
 {
-    const char *path = NULL, *host = "127.0.0.1", *name = NULL, *tmpl_name = NULL;
-    const char *keys[SERVE_MAX_KEYS];
-    int n_keys = 0;
-    long port = 8080;
-    cmd_engine_opts eng = CMD_ENGINE_OPTS_DEFAULT;
-    long max_body = 8 << 20, timeout = 60;
-    const char *cache_spec = "default", *retention = NULL;
-    uint64_t cache_capacity = 0;
-    char cache_buf[4096];
-    /* SIGINT/SIGTERM are blocked before any thread exists (threads inherit the mask) and
-     * taken with sigwait below: a signal arriving while threads start must not kill the
-     * process before its clean shutdown */
-    sigset_t set;
-    cmd_common_block_stop_signals(&set);
+    *o = (serve_opts){ .host = "127.0.0.1", .port = 8080, .eng = CMD_ENGINE_OPTS_DEFAULT, .max_body = 8 << 20,
+                       .timeout = 60, .drain_timeout = 30, .cache_spec = "default" };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = true;
         if (!strcmp(a, "-v")) { util_log_level = LOG_LEVEL_DEBUG; continue; }
         if (!v) { fprintf(stderr, "tokenmill serve: %s needs a value\n", a); cmd_serve_usage(); return 2; }
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) path = v;
-        else if (!strcmp(a, "--host")) host = v;
-        else if (!strcmp(a, "--port")) ok = cmd_common_int("serve", a, v, 0, 65535, &port);
-        else if (cmd_common_engine_opt("serve", a, v, &eng, &ok)) {}
-        else if (!strcmp(a, "--max-body")) ok = cmd_common_int("serve", a, v, 1024, 1L << 32, &max_body);
-        else if (!strcmp(a, "--timeout")) ok = cmd_common_int("serve", a, v, 1, 86400, &timeout);
-        else if (!strcmp(a, "--cache")) cache_spec = v;
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->path = v;
+        else if (!strcmp(a, "--host")) o->host = v;
+        else if (!strcmp(a, "--port")) ok = cmd_common_int("serve", a, v, 0, 65535, &o->port);
+        else if (cmd_common_engine_opt("serve", a, v, &o->eng, &ok)) {}
+        else if (!strcmp(a, "--max-body")) ok = cmd_common_int("serve", a, v, 1024, 1L << 32, &o->max_body);
+        else if (!strcmp(a, "--timeout")) ok = cmd_common_int("serve", a, v, 1, 86400, &o->timeout);
+        else if (!strcmp(a, "--drain-timeout")) ok = cmd_common_int("serve", a, v, 0, 86400, &o->drain_timeout);
+        else if (!strcmp(a, "--cache")) o->cache_spec = v;
         else if (!strcmp(a, "--cache-dir")) {
-            snprintf(cache_buf, sizeof cache_buf, "dir:%s", v);
-            cache_spec = cache_buf;
+            snprintf(o->cache_buf, sizeof o->cache_buf, "dir:%s", v);
+            o->cache_spec = o->cache_buf;
         } else if (!strcmp(a, "--cache-capacity")) {
-            if (!(cache_capacity = gc_parse_size(v))) {
+            if (!(o->cache_capacity = gc_parse_size(v))) {
                 fprintf(stderr, "tokenmill serve: %s: '%s' is not a size such as 512M, 20G or 1T\n", a, v);
                 return 2;
             }
         }
-        else if (!strcmp(a, "--retention")) retention = v;
-        else if (!strcmp(a, "--model-name")) name = v;
-        else if (!strcmp(a, "--template")) tmpl_name = v;
+        else if (!strcmp(a, "--retention")) o->retention = v;
+        else if (!strcmp(a, "--model-name")) o->name = v;
+        else if (!strcmp(a, "--template")) o->tmpl_name = v;
         else if (!strcmp(a, "--api-key")) {
-            if (n_keys == SERVE_MAX_KEYS) { fprintf(stderr, "tokenmill serve: too many --api-key\n"); return 2; }
-            keys[n_keys++] = v;
+            if (o->n_keys == SERVE_MAX_KEYS) { fprintf(stderr, "tokenmill serve: too many --api-key\n"); return 2; }
+            o->keys[o->n_keys++] = v;
         } else {
             fprintf(stderr, "tokenmill serve: unknown option '%s'\n", a);
             cmd_serve_usage();
@@ -118,109 +155,215 @@ int cmd_serve(int argc, char **argv)
         if (!ok) return 2;  /* cmd_common_int said why */
         i++;
     }
-    if (!path) { cmd_serve_usage(); return 2; }
-    gc_retention classes;   /* the traffic classes requests may name (cache_class) */
-    gc_retention_default(&classes);
-    if (retention && gc_retention_parse(&classes, retention)) {
-        fprintf(stderr, "tokenmill serve: bad --retention '%s' (want e.g. agent=72h,chat=7d)\n", retention);
+    if (!o->path) { cmd_serve_usage(); return 2; }
+    gc_retention_default(&o->classes);
+    if (o->retention && gc_retention_parse(&o->classes, o->retention)) {
+        fprintf(stderr, "tokenmill serve: bad --retention '%s' (want e.g. agent=72h,chat=7d)\n", o->retention);
         return 2;
     }
-
-    int rc = 1;
-    char err[512];
-    model *m = NULL;
-    tokenizer *tok = NULL;
-    template *tmpl = NULL;
-    engine *e = NULL;
-    sched *s = NULL;
-    http_server *h = NULL;
-    store *cache = NULL;
-    blockio *bio = NULL;
-    char *derived_name = NULL;
-
-    if (!cmd_common_load_model("serve", path, &m, &tok)) goto out;
-    if (template_new(tok, m->g, tmpl_name, &tmpl, err, sizeof err) != TEMPLATE_OK) {
-        fprintf(stderr, "tokenmill serve: %s\n", err);
-        rc = tmpl_name ? 2 : 1;
-        goto out;
-    }
-    if (!(e = cmd_common_engine_new("serve", m, &eng))) goto out;
-    int n_ctx = (int)eng.ctx;
-    if (cache_spec && !strcmp(cache_spec, "off")) cache_spec = NULL;
-    if (cache_spec && !strcmp(cache_spec, "default")) {
+    if (o->cache_spec && !strcmp(o->cache_spec, "off")) o->cache_spec = NULL;
+    if (o->cache_spec && !strcmp(o->cache_spec, "default")) {
         const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
-        if (xdg && *xdg) snprintf(cache_buf, sizeof cache_buf, "dir:%s/tokenmill/blocks", xdg);
-        else snprintf(cache_buf, sizeof cache_buf, "dir:%s/.cache/tokenmill/blocks", home && *home ? home : "/tmp");
-        cache_spec = cache_buf;
-        if (!cache_capacity) cache_capacity = (uint64_t)16 << 30; /* a default must not fill the disk */
+        if (xdg && *xdg) snprintf(o->cache_buf, sizeof o->cache_buf, "dir:%s/tokenmill/blocks", xdg);
+        else snprintf(o->cache_buf, sizeof o->cache_buf, "dir:%s/.cache/tokenmill/blocks", home && *home ? home : "/tmp");
+        o->cache_spec = o->cache_buf;
+        if (!o->cache_capacity) o->cache_capacity = (uint64_t)16 << 30; /* a default must not fill the disk */
     }
-    if (cache_spec) {
-        store_opts sto = { .capacity_bytes = cache_capacity, .retention = retention, .gc_thread = true };
-        store_status sst = store_open(cache_spec, &sto, &cache);
-        if (sst == STORE_ARG) {
-            fprintf(stderr, "tokenmill serve: bad --cache '%s' or --retention\n", cache_spec);
-            rc = 2;
-            goto out;
-        }
-        if (sst != STORE_OK) {
-            fprintf(stderr, "tokenmill serve: block store %s unavailable (%s): running without it\n", cache_spec,
-                    store_status_name(sst));
-        } else {
-            blockio_opts bo = { 0 };
-            bio = blockio_new(cache, engine_kvpool(e), m, &bo);
-        }
+    return 0;
+}
+
+/* Step: the model, its tokenizer and chat template. Returns 0 or the exit status. */
+static int serve_model(serve *sv)
+{
+    char err[512];
+    if (!cmd_common_load_model("serve", sv->o.path, &sv->m, &sv->tok)) return 1;
+    if (template_new(sv->tok, sv->m->g, sv->o.tmpl_name, &sv->tmpl, err, sizeof err) != TEMPLATE_OK) {
+        fprintf(stderr, "tokenmill serve: %s\n", err);
+        return sv->o.tmpl_name ? 2 : 1;
     }
-    sched_opts so = cmd_common_sched_opts(&eng, bio, tok);
-    if (sched_new(e, &so, &s) != SCHED_OK) {
+    return 0;
+}
+
+/* Step: the engine (its KV pool faulted in). */
+static int serve_engine(serve *sv)
+{
+    sv->e = cmd_common_engine_new("serve", sv->m, &sv->o.eng);
+    return sv->e ? 0 : 1;
+}
+
+/* Step: the block store and its I/O tier; one that cannot be opened is logged and skipped. */
+static int serve_store(serve *sv)
+{
+    const serve_opts *o = &sv->o;
+    if (!o->cache_spec) return 0;
+    store_opts sto = { .capacity_bytes = o->cache_capacity, .retention = o->retention, .gc_thread = true };
+    store_status sst = store_open(o->cache_spec, &sto, &sv->cache);
+    if (sst == STORE_ARG) {
+        fprintf(stderr, "tokenmill serve: bad --cache '%s' or --retention\n", o->cache_spec);
+        return 2;
+    }
+    if (sst != STORE_OK) {
+        fprintf(stderr, "tokenmill serve: block store %s unavailable (%s): running without it\n", o->cache_spec,
+                store_status_name(sst));
+        return 0;
+    }
+    blockio_opts bo = { 0 };
+    sv->bio = blockio_new(sv->cache, engine_kvpool(sv->e), sv->m, &bo);
+    return 0;
+}
+
+/* Step: the scheduler's engine thread. */
+static int serve_scheduler(serve *sv)
+{
+    sched_opts so = cmd_common_sched_opts(&sv->o.eng, sv->bio, sv->tok);
+    if (sched_new(sv->e, &so, &sv->s) != SCHED_OK) {
         fprintf(stderr, "tokenmill serve: cannot start the scheduler\n");
-        goto out;
+        return 1;
     }
-    if (!name) name = derived_name = api_model_default_name(path);
-    char alias_buf[256];
-    const char *alias = api_model_alias(m, alias_buf, sizeof alias_buf);
+    return 0;
+}
 
-    api_ctx ac = {
-        .sched = s, .model = m, .tok = tok, .tmpl = tmpl, .model_name = name, .model_alias = alias,
-        .n_ctx = n_ctx, .n_threads = engine_n_threads(e), .created = (int64_t)time(NULL), .retention = &classes,
+/* Step: the HTTP server with every linked API's routes, listening; then the start-up lines. */
+static int serve_routes(serve *sv)
+{
+    const serve_opts *o = &sv->o;
+    char err[512];
+    const char *name = o->name ? o->name : (sv->derived_name = api_model_default_name(o->path));
+    sv->ac = (api_ctx){
+        .sched = sv->s, .model = sv->m, .tok = sv->tok, .tmpl = sv->tmpl, .model_name = name,
+        .model_alias = api_model_alias(sv->m, sv->alias_buf, sizeof sv->alias_buf), .n_ctx = (int)o->eng.ctx,
+        .n_threads = engine_n_threads(sv->e), .created = (int64_t)time(NULL), .retention = &o->classes,
     };
-    http_opts ho = { .host = host, .port = (int)port, .max_body = (size_t)max_body, .idle_timeout_s = (int)timeout,
-                     .api_keys = keys, .n_api_keys = n_keys };
-    if (http_server_new(&ho, &h, err, sizeof err) != HTTP_OK) {
+    http_opts ho = { .host = o->host, .port = (int)o->port, .max_body = (size_t)o->max_body,
+                     .idle_timeout_s = (int)o->timeout, .api_keys = o->keys, .n_api_keys = o->n_keys };
+    if (http_server_new(&ho, &sv->h, err, sizeof err) != HTTP_OK) {
         fprintf(stderr, "tokenmill serve: %s\n", err);
-        rc = 2;
-        goto out;
+        return 2;
     }
-    api_misc_register(h, &ac);
-    api_completions_register(h, &ac);
-    if (api_chat_register) api_chat_register(h, &ac);
-    if (api_responses_register) api_responses_register(h, &ac);
-    if (api_messages_register) api_messages_register(h, &ac);
-
-    if (http_server_start(h, err, sizeof err) != HTTP_OK) {
+    api_misc_register(sv->h, &sv->ac);
+    api_completions_register(sv->h, &sv->ac);
+    if (api_chat_register) api_chat_register(sv->h, &sv->ac);
+    if (api_responses_register) api_responses_register(sv->h, &sv->ac);
+    if (api_messages_register) api_messages_register(sv->h, &sv->ac);
+    if (http_server_start(sv->h, err, sizeof err) != HTTP_OK) {
         fprintf(stderr, "tokenmill serve: %s\n", err);
-        goto out;
+        return 1;
     }
     kvpool_stats kv_stats;
-    kvpool_get_stats(engine_kvpool(e), &kv_stats);
+    kvpool_get_stats(engine_kvpool(sv->e), &kv_stats);
     fprintf(stderr, "tokenmill serve: model %s (%s, %d layers, ctx %d, KV %d blocks, %d threads, template %s)\n", name,
-            m->hp.arch_name, m->hp.n_layers, n_ctx, kv_stats.n_blocks, engine_n_threads(e), template_name(tmpl));
-    if (bio) fprintf(stderr, "tokenmill serve: block store %s\n", store_spec(cache));
-    fprintf(stderr, "tokenmill serve: listening on http://%s:%d\n", host, http_server_port(h));
+            sv->m->hp.arch_name, sv->m->hp.n_layers, (int)o->eng.ctx, kv_stats.n_blocks, engine_n_threads(sv->e),
+            template_name(sv->tmpl));
+    if (sv->bio) fprintf(stderr, "tokenmill serve: block store %s\n", store_spec(sv->cache));
+    fprintf(stderr, "tokenmill serve: listening on http://%s:%d\n", o->host, http_server_port(sv->h));
     fflush(stderr);
+    return 0;
+}
+
+/* Step: serve until SIGINT/SIGTERM (blocked in every thread, taken here). Returns it. */
+static int serve_run(const sigset_t *stop_signals)
+{
     int sig = 0;
-    sigwait(&set, &sig);
-    fprintf(stderr, "tokenmill serve: %s, stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
-    rc = 0;
-out:
-    if (s) sched_shutdown(s);
-    http_server_free(h);
-    sched_free(s);
-    blockio_free(bio);   /* writes what is queued; before the pool goes */
-    store_close(cache);
-    engine_free(e);
-    template_free(tmpl);
-    tokenizer_free(tok);
-    model_free(m);
-    free(derived_name);
+    sigwait(stop_signals, &sig);
+    return sig;
+}
+
+/* A signal during the shutdown: exit now (async-signal-safe calls only). */
+static void serve_exit_now(int sig)
+{
+    static const char msg[] = "tokenmill serve: second signal, exiting now\n";
+    ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
+    (void)w;
+    _exit(128 + sig);
+}
+
+/* From now on SIGINT/SIGTERM end the process at once: the handler is installed and the signals
+ * unblocked in this thread (every other thread keeps them blocked, so they come here). */
+static void serve_arm_second_signal(void)
+{
+    struct sigaction sa = { .sa_handler = serve_exit_now };
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_UNBLOCK, &set, NULL);
+}
+
+/* Waits until every accepted request has finished and no HTTP request is in progress (so
+ * every response, streamed or not, was sent), or until util_now() passes deadline. */
+static bool serve_wait_quiet(serve *sv, double deadline)
+{
+    for (;;) {
+        double left = deadline - util_now();
+        int n_live = sched_wait_idle(sv->s, left > 0 ? (int)(left * 1000) : 0);
+        http_stats hs;
+        http_get_stats(sv->h, &hs);
+        if (n_live == 0 && hs.n_active == 0) return true;
+        if (deadline - util_now() <= 0) return false;
+        struct timespec nap = { 0, 10 * 1000 * 1000 };   /* the last responses are being written */
+        nanosleep(&nap, NULL);
+    }
+}
+
+/* Step: shutdown (see the file comment): drain, abort what the deadline leaves, stop the
+ * HTTP server and the engine, flush the write-behind queue. */
+static void serve_shutdown(serve *sv, int sig)
+{
+    serve_arm_second_signal();
+    fprintf(stderr, "tokenmill serve: %s, draining (up to %lds; a second signal exits at once)\n",
+            sig == SIGINT ? "SIGINT" : "SIGTERM", sv->o.drain_timeout);
+    sched_drain(sv->s);
+    if (!serve_wait_quiet(sv, util_now() + (double)sv->o.drain_timeout)) {
+        fprintf(stderr, "tokenmill serve: drain timeout: ending %d requests\n", sched_wait_idle(sv->s, 0));
+        sched_abort(sv->s);
+        if (!serve_wait_quiet(sv, util_now() + SERVE_ABORT_GRACE_S))
+            fprintf(stderr, "tokenmill serve: closing the connections still open\n");
+    }
+    http_server_free(sv->h);
+    sv->h = NULL;
+    sched_free(sv->s);   /* the engine thread ends: no more blocks are queued */
+    sv->s = NULL;
+    if (sv->bio) {
+        int left = blockio_flush(sv->bio, SERVE_FLUSH_MS);
+        if (left) fprintf(stderr, "tokenmill serve: block store too slow: %d blocks not written\n", left);
+    }
+    fprintf(stderr, "tokenmill serve: stopped\n");
+}
+
+/* Frees what was made, in reverse order; accepts a half-built server. */
+static void serve_free(serve *sv)
+{
+    if (sv->s) sched_shutdown(sv->s);   /* a failed start: end what may run */
+    http_server_free(sv->h);
+    sched_free(sv->s);
+    blockio_free(sv->bio);   /* writes what is queued; before the pool goes */
+    store_close(sv->cache);
+    engine_free(sv->e);
+    template_free(sv->tmpl);
+    tokenizer_free(sv->tok);
+    model_free(sv->m);
+    free(sv->derived_name);
+}
+
+int cmd_serve(int argc, char **argv)
+{
+    /* SIGINT/SIGTERM are blocked before any thread exists (threads inherit the mask) and
+     * taken with sigwait: a signal arriving while threads start must not kill the process
+     * before its clean shutdown */
+    sigset_t stop_signals;
+    cmd_common_block_stop_signals(&stop_signals);
+    serve *sv = xcalloc(1, sizeof *sv);
+    int rc = serve_options(argc, argv, &sv->o);
+    if (!rc) rc = serve_model(sv);
+    if (!rc) rc = serve_engine(sv);
+    if (!rc) rc = serve_store(sv);
+    if (!rc) rc = serve_scheduler(sv);
+    if (!rc) rc = serve_routes(sv);
+    if (!rc) serve_shutdown(sv, serve_run(&stop_signals));
+    serve_free(sv);
+    free(sv);
     return rc;
 }
