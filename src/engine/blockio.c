@@ -581,10 +581,7 @@ void blockio_free(blockio *b)
 int blockio_flush(blockio *b, int timeout_ms)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_sec += timeout_ms / 1000;
-    ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+    util_deadline(&ts, CLOCK_MONOTONIC, timeout_ms);
     pthread_mutex_lock(&b->mu);
     while ((b->wq_n || b->n_writing) && timeout_ms > 0)
         if (pthread_cond_timedwait(&b->flush_cv, &b->mu, &ts) == ETIMEDOUT) break;

@@ -582,9 +582,7 @@ static void sched_idle_wait_locked(sched *s)
     /* waiting requests that do not fit and nothing running can't happen (they error out in
      * admission); be safe and nap briefly */
     struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_nsec += 2000000;
-    if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
+    util_deadline(&ts, CLOCK_REALTIME, 2);
     pthread_cond_timedwait(&s->work_cv, &s->mu, &ts);
 }
 
@@ -843,15 +841,6 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
     return SCHED_OK;
 }
 
-/* The monotonic time timeout_ms from now (the callers' condition variables use that clock). */
-static void sched_deadline(struct timespec *ts, int timeout_ms)
-{
-    clock_gettime(CLOCK_MONOTONIC, ts);
-    ts->tv_sec += timeout_ms / 1000;
-    ts->tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (ts->tv_nsec >= 1000000000L) { ts->tv_sec++; ts->tv_nsec -= 1000000000L; }
-}
-
 /* Marks r to end with why before its next step, unless it ended or was cancelled already. */
 static void sched_cancel_locked(sched *s, sched_req *r, sched_finish why)
 {
@@ -893,7 +882,7 @@ bool sched_draining(sched *s)
 int sched_wait_idle(sched *s, int timeout_ms)
 {
     struct timespec ts;
-    if (timeout_ms > 0) sched_deadline(&ts, timeout_ms);
+    if (timeout_ms > 0) util_deadline(&ts, CLOCK_MONOTONIC, timeout_ms);
     pthread_mutex_lock(&s->mu);
     while (s->n_live > 0 && timeout_ms != 0) {
         int rc = timeout_ms > 0 ? pthread_cond_timedwait(&s->idle_cv, &s->mu, &ts) : pthread_cond_wait(&s->idle_cv, &s->mu);
@@ -1031,7 +1020,7 @@ int sched_poll(sched_req *r, sched_output *out, int max, int timeout_ms)
     pthread_mutex_lock(&s->mu);
     if (r->ring_n == 0 && !r->finish_returned && timeout_ms != 0) {
         struct timespec ts;
-        if (timeout_ms > 0) sched_deadline(&ts, timeout_ms);
+        if (timeout_ms > 0) util_deadline(&ts, CLOCK_MONOTONIC, timeout_ms);
         while (r->ring_n == 0) {
             int rc = timeout_ms > 0 ? pthread_cond_timedwait(&r->cv, &s->mu, &ts) : pthread_cond_wait(&r->cv, &s->mu);
             if (rc == ETIMEDOUT) break;

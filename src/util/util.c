@@ -63,6 +63,14 @@ double util_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+void util_deadline(struct timespec *ts, clockid_t clk, int ms)
+{
+    clock_gettime(clk, ts);
+    ts->tv_sec += ms / 1000;
+    ts->tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts->tv_nsec >= 1000000000L) { ts->tv_sec++; ts->tv_nsec -= 1000000000L; }
+}
+
 void util_log(log_level lvl, const char *fmt, ...)
 {
     static const char *names[] = { "debug", "info", "warn", "error" };

@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdbool.h>
+#include <time.h>
 
 #define TM_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 #define TM_MIN(a, b) ((a) < (b) ? (a) : (b))
@@ -30,6 +31,9 @@ void *util_aligned_alloc(size_t sz);
 
 /* Seconds from an arbitrary fixed point (CLOCK_MONOTONIC). */
 double util_now(void);
+/* The time ms milliseconds from now on clock clk, as pthread_cond_timedwait wants it
+ * (CLOCK_MONOTONIC for a condition variable made with that clock, else CLOCK_REALTIME). */
+void util_deadline(struct timespec *ts, clockid_t clk, int ms);
 
 typedef enum { LOG_LEVEL_DEBUG = 0, LOG_LEVEL_INFO, LOG_LEVEL_WARN, LOG_LEVEL_ERROR } log_level;
 extern log_level util_log_level;
