@@ -5,7 +5,8 @@
  * to the cache off, token for token, for multi-turn conversations whose turns share prefixes
  * of lengths around multiples of 128; the hits are reported as cached tokens; two servers
  * alive at once share one dir: store; corrupted dir: blocks are detected and recomputed;
- * ec:10+2 loses nothing with 2 fragments of every block gone or corrupt and recomputes with 3.
+ * ec:10+2 loses nothing with 2 fragments of every block gone or corrupt and recomputes with 3;
+ * the bounded flush at exit (all written, or a stuck store's queue given up).
  * Exact comparisons hold at any step size (the engine is batch invariant, see test_sched.c).
  */
 #include <stdio.h>
@@ -710,6 +711,56 @@ TEST(test_shared_load_refreshes_with_each_class)
     g_store_opts = NULL;
 }
 
+/* The store's clock for the stalled store: blocks every write (store_put reads the clock)
+ * while g_stall is set. */
+static int g_stall;   /* atomic */
+static double stall_clock(void)
+{
+    while (__atomic_load_n(&g_stall, __ATOMIC_ACQUIRE)) usleep(1000);
+    return 1.8e9;
+}
+
+TEST(test_flush_writes_the_queue_or_gives_up)
+{
+    enum { N = 4 * 128 + 10 };   /* a prompt of 4 full blocks */
+    int32_t prompt[N], out[1];
+    prompt_of(prompt, N, 21);
+    /* a store that takes its writes: after the engine's last step the flush returns 0 and
+     * every block is in the store */
+    char dir[300], spec[320];
+    dir_store("flush", dir, sizeof dir, spec, sizeof spec);
+    server v = server_new(spec);
+    CHECK(run(&v, prompt, N, 1, out) == 0);
+    sched_free(v.s);   /* no block is queued after this */
+    v.s = NULL;
+    CHECK(blockio_flush(v.bio, 30000) == 0);
+    ls_result ls = { 0 };
+    store_ls(v.st, ls_cb, &ls);
+    CHECK(ls.n == 4);
+    server_free(&v);
+
+    /* a stuck store: the flush gives up at its bound with the 4 blocks still queued or being
+     * written; once the store moves again, the writes under way end and what was queued is
+     * dropped, not written (blockio_free waits for no queue) */
+    static store_opts stall_opts = { .clock = stall_clock };
+    g_store_opts = &stall_opts;
+    dir_store("stalled", dir, sizeof dir, spec, sizeof spec);
+    v = server_new(spec);
+    __atomic_store_n(&g_stall, 1, __ATOMIC_RELEASE);
+    CHECK(run(&v, prompt, N, 1, out) == 0);
+    sched_free(v.s);
+    v.s = NULL;
+    CHECK(blockio_flush(v.bio, 100) == 4);
+    __atomic_store_n(&g_stall, 0, __ATOMIC_RELEASE);
+    blockio_stats bs;
+    CHECK(WAIT_UNTIL((blockio_get_stats(v.bio, &bs), bs.n_written + bs.n_write_dropped == 4), 30));
+    /* two I/O threads: at most two writes were under way, the rest was given up */
+    CHECKF(bs.n_write_dropped >= 2, "%llu written, %llu dropped",
+           (unsigned long long)bs.n_written, (unsigned long long)bs.n_write_dropped);
+    server_free(&v);
+    g_store_opts = NULL;
+}
+
 int main(void)
 {
     util_log_level = LOG_LEVEL_ERROR;
@@ -732,6 +783,7 @@ int main(void)
     RUN(test_mapped_blocks_deleted_or_corrupt);
     RUN(test_ready_hook_called_per_settled_load);
     RUN(test_ram_hits_touch_the_store);
+    RUN(test_flush_writes_the_queue_or_gives_up);
     model_free(g_model);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
