@@ -101,7 +101,10 @@ function openStream(S, kind, i, words, max) {
         const s = await S.ant.messages.create({ model: NAME, messages: user(text(i, words)), max_tokens: max,
           temperature: 0, stream: true });
         for await (const e of s) {
-          if (e.type === "message_start") { out.prompt = e.message.usage.input_tokens; markStarted(); }
+          if (e.type === "message_start") {   // input_tokens leaves out the cached ones
+            out.prompt = e.message.usage.input_tokens + (e.message.usage.cache_read_input_tokens ?? 0);
+            markStarted();
+          }
           if (e.type === "message_delta") { out.finish = e.delta.stop_reason; out.completion = e.usage.output_tokens; }
           if (e.type === "message_stop") out.stopped = true;
         }
@@ -111,6 +114,30 @@ function openStream(S, kind, i, words, max) {
     }
     markStarted();   // a stream that failed early must not hold the test
     return out;
+  })();
+  return { started, result };
+}
+
+// The same over raw HTTP, for the wire's own ending (`data: [DONE]`): `started` once `events`
+// SSE events came, `result` the whole body (or the error that cut it).
+function rawStream(S, route, body, events) {
+  let markStarted;
+  const started = new Promise((r) => { markStarted = r; });
+  const result = (async () => {
+    let text = "";
+    try {
+      const res = await fetch(`${S.url}${route}`, { method: "POST", headers: { "content-type": "application/json" },
+        body: JSON.stringify({ ...body, stream: true }) });
+      const dec = new TextDecoder();
+      for await (const chunk of res.body) {
+        text += dec.decode(chunk, { stream: true });
+        if (text.split("\n\n").length > events) markStarted();
+      }
+    } catch (e) {
+      text += `\n[cut: ${e.message}]`;
+    }
+    markStarted();
+    return text;
   })();
   return { started, result };
 }
@@ -155,15 +182,21 @@ test("SIGTERM drains 16 streams: each ends normally, exit 0, the prompts' blocks
 
 test("drain deadline: streams cut with a terminal event, 503 for new requests, /health draining, exit 0", { timeout: 300000 }, async () => {
   const MAX = 4000;   // far more than the drain deadline leaves time for
-  const S = await start(["--ctx", "4096", "--drain-timeout", "3"]);
+  const S = await start(["--ctx", "4096", "--drain-timeout", "3", "--max-seqs", "20"]);   // every request runs at once
   const streams = await open16(S, 40, MAX);
-  // two non-streaming requests, accepted before the signal (counted by the scheduler)
+  // two raw streams (their last bytes are checked) and two non-streaming requests, all accepted
+  // before the signal (counted by the scheduler)
+  const raws = [
+    rawStream(S, "/v1/chat/completions", { model: NAME, messages: user(text(102, 40)), max_tokens: MAX, temperature: 0 }, 2),
+    rawStream(S, "/v1/completions", { model: NAME, prompt: text(103, 40), max_tokens: MAX, temperature: 0 }, 1),
+  ];
+  await Promise.all(raws.map((r) => r.started));
   const chatWhole = S.oai.chat.completions.create({ model: NAME, messages: user(text(100, 40)), max_tokens: MAX, temperature: 0 })
     .then((r) => ({ r }), (error) => ({ error }));
   const msgWhole = S.ant.messages.create({ model: NAME, messages: user(text(101, 40)), max_tokens: MAX, temperature: 0 })
     .then((r) => ({ r }), (error) => ({ error }));
-  for (let k = 0; k < 3000 && !(await metric(S, "tokenmill_requests_total") >= 18); k++) await sleep(10);
-  assert.equal(await metric(S, "tokenmill_requests_total"), 18);
+  for (let k = 0; k < 3000 && !(await metric(S, "tokenmill_requests_total") >= 20); k++) await sleep(10);
+  assert.equal(await metric(S, "tokenmill_requests_total"), 20);
   S.proc.kill("SIGTERM");
 
   // draining: /health says so (polled until the signal is taken), new requests get a 503
@@ -206,6 +239,10 @@ test("drain deadline: streams cut with a terminal event, 503 for new requests, /
     if (o.kind === "responses") assert.equal(o.finish, "response.incomplete", describe(o));
     else assert.equal(o.finish, "length", describe(o));
   }
+  for (const r of raws) {
+    const body = await r.result;
+    assert.ok(body.endsWith('"finish_reason":"length"}]}\n\ndata: [DONE]\n\n'), body.slice(-300));
+  }
   const cw = await chatWhole;
   assert.equal(cw.error, undefined, String(cw.error));
   assert.equal(cw.r.choices[0].finish_reason, "length");
@@ -214,6 +251,7 @@ test("drain deadline: streams cut with a terminal event, 503 for new requests, /
   assert.ok(mw.error instanceof Anthropic.APIError, String(mw.error));
   assert.equal(mw.error.status, 503);
   assert.equal(mw.error.type, "overloaded_error");
+  assert.equal(mw.error.headers.get("retry-after"), "2");
   assert.deepEqual(await S.exited, { code: 0, signal: null });
 });
 
