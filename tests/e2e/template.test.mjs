@@ -9,7 +9,7 @@
 // tokens only (the special ids of the prompt are those of the same conversation without it).
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { execFileSync, spawnSync } from "node:child_process";
+import { execFileSync, spawn, spawnSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
@@ -301,10 +301,10 @@ test("template detection from GGUF metadata and special tokens", { skip: !haveDa
   assert.equal(JSON.parse(run(augment("qwen3", path.join(tmp, "q25.gguf"), fs.readFileSync(path.join(templates, "Qwen-Qwen2.5-7B-Instruct.jinja"), "utf8"))).stdout).template, "qwen2.5");
 });
 
-// serve: an unrecognised template stops the start with a message naming --template; with it
-// (and with a recognised or no template) the start-up line, /v1/models and /health name the
-// template in use.
-test("serve refuses an unrecognised template without --template and reports the one in use", { skip: !haveData && "no test data" }, async () => {
+// serve and gateway: an unrecognised template stops the start with a message naming
+// --template; with it (and with a recognised or no template) the start-up line, /v1/models and
+// /health name the template in use.
+test("serve and gateway refuse an unrecognised template without --template and report the one in use", { skip: !haveData && "no test data" }, async () => {
   const vocab = augment("qwen3", path.join(tmp, "qwq-vocab.gguf"), fs.readFileSync(path.join(templates, "Qwen-QwQ-32B.jinja"), "utf8"));
   const model = path.join(tmp, "qwq-tiny.gguf");
   execFileSync(bin, ["mkmodel", "--arch", "qwen3", "--preset", "tiny", "--vocab", vocab, "--type", "q8_0", "--seed", "1", "-o", model], { stdio: "pipe" });
@@ -324,6 +324,29 @@ test("serve refuses an unrecognised template without --template and reports the 
     assert.equal(health.template, want);
   }
   await stopServers();
+  // the gateway chooses the template the same way
+  const g = spawnSync(bin, ["gateway", "-m", model, "--listen", "127.0.0.1:0"], { encoding: "utf8", timeout: 60000 });
+  assert.notEqual(g.status, 0);
+  assert.equal(g.signal, null);
+  assert.match(g.stderr, /not one tokenmill knows; choose the family to render it with --template NAME/);
+  const gw = spawn(bin, ["gateway", "-m", model, "--listen", "127.0.0.1:0", "--template", "qwen3"], { stdio: ["ignore", "ignore", "pipe"] });
+  try {
+    let log = "";
+    const port = await new Promise((resolve, reject) => {
+      const t = setTimeout(() => reject(new Error("gateway did not start: " + log)), 30000);
+      gw.stderr.on("data", (d) => {
+        log += d;
+        const m = /listening on http:\/\/[^:]+:(\d+)/.exec(log);
+        if (m) { clearTimeout(t); resolve(Number(m[1])); }
+      });
+      gw.on("exit", (code) => { clearTimeout(t); reject(new Error(`gateway exited ${code}: ${log}`)); });
+    });
+    assert.match(log, /\(template qwen3\)/);
+    const health = await (await fetch(`http://127.0.0.1:${port}/health`)).json();
+    assert.equal(health.template, "qwen3");
+  } finally {
+    gw.kill("SIGKILL");
+  }
 });
 
 test("long prompts tokenise in parallel to the same ids", { skip: !haveData && "no test data" }, () => {
