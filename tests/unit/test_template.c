@@ -277,22 +277,35 @@ TEST(qwen2_and_chatml_write_tools_as_their_references)
     }
 }
 
-/* template_detect on a GGUF whose only key is tokenizer.chat_template = text. */
-static int detect_text(const tokenizer *tok, const char *text)
+/* Writes and opens a GGUF whose only key is tokenizer.chat_template = text, at path (a
+ * mkstemp template, removed again by gguf_with_template_close). NULL on failure. */
+static gguf *gguf_with_template(const char *text, char *path)
 {
-    char path[] = "/tmp/tm-test-template-XXXXXX", err[256];
+    char err[256];
     int fd = mkstemp(path);
-    if (fd < 0) return -2;
+    if (fd < 0) return NULL;
     close(fd);
     gguf_writer *w = gguf_writer_new();
     gguf_writer_set_str(w, "tokenizer.chat_template", text);
-    int fam = -2;
     gguf *g = NULL;
-    if (gguf_writer_write(w, path, err, sizeof err) == GGUF_OK && gguf_open(path, &g, err, sizeof err) == GGUF_OK)
-        fam = template_detect(tok, g);
-    gguf_close(g);
+    if (gguf_writer_write(w, path, err, sizeof err) != GGUF_OK || gguf_open(path, &g, err, sizeof err) != GGUF_OK) g = NULL;
     gguf_writer_free(w);
+    return g;
+}
+
+static void gguf_with_template_close(gguf *g, const char *path)
+{
+    gguf_close(g);
     unlink(path);
+}
+
+/* template_detect on a GGUF whose only key is tokenizer.chat_template = text; -2 on failure. */
+static int detect_text(const tokenizer *tok, const char *text)
+{
+    char path[] = "/tmp/tm-test-template-XXXXXX";
+    gguf *g = gguf_with_template(text, path);
+    int fam = g ? template_detect(tok, g) : -2;
+    gguf_with_template_close(g, path);
     return fam;
 }
 
@@ -365,12 +378,8 @@ TEST(unrecognised_template_needs_a_name)
     char *text = read_text(JINJA "Qwen-QwQ-32B.jinja");
     if (!text) { fx_close(&f); return; }
     char path[] = "/tmp/tm-test-template-XXXXXX", err[512];
-    int fd = mkstemp(path);
-    close(fd);
-    gguf_writer *w = gguf_writer_new();
-    gguf_writer_set_str(w, "tokenizer.chat_template", text);
-    gguf *g = NULL;
-    CHECK(gguf_writer_write(w, path, err, sizeof err) == GGUF_OK && gguf_open(path, &g, err, sizeof err) == GGUF_OK);
+    gguf *g = gguf_with_template(text, path);
+    CHECK(g != NULL);
     template *t = NULL;
     CHECK(template_new(f.tok, g, NULL, &t, err, sizeof err) == TEMPLATE_ERR_UNRECOGNISED && !t);
     /* the message names the option, every family, and the family the text resembles */
@@ -378,9 +387,7 @@ TEST(unrecognised_template_needs_a_name)
            strstr(err, "resembles qwen3"), "%s", err);
     CHECK(template_new(f.tok, g, "qwen3", &t, err, sizeof err) == TEMPLATE_OK && template_get_family(t) == TEMPLATE_QWEN3);
     template_free(t);
-    gguf_close(g);
-    gguf_writer_free(w);
-    unlink(path);
+    gguf_with_template_close(g, path);
     free(text);
     fx_close(&f);
 }
