@@ -126,7 +126,7 @@ const CONVS = {
       { role: "assistant", content: "Foggy, 16 °C." },
       { role: "user", content: "Thanks." },
     ],
-  }, ["llama3"]], // the Llama 3.1 template cannot write a tool call without tools offered
+  }],
   // a definition with neither description nor parameters, one with non-ASCII and escapes,
   // two results in a row answered by text, then a second round of calls
   tools_edge: [{
