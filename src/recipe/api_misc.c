@@ -1,10 +1,12 @@
 /*
- * api_misc: the server's small routes: GET /v1/models (OpenAI list shape), GET /health, and
+ * api_misc: the server's small routes: GET /v1/models (OpenAI list shape), GET /health (both
+ * also name the chat template in use, so an operator sees how prompts are written), and
  * GET /metrics (Prometheus text exposition format 0.0.4) from the scheduler's and the HTTP
  * layer's counters (a remote backend without a scheduler: the backend's metrics hook): requests, tokens in/out, cached tokens, TTFT / inter-token latency /
  * engine step histograms, queue depth, running sequences, KV blocks, CPU gap between steps.
  */
 #include "recipe/api.h"
+#include "recipe/template.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -17,13 +19,16 @@ static void misc_models(http_request *r, void *user)
     json_t *m = json_pack("{s:s, s:s, s:I, s:s}", "id", c->model_name, "object", "model", "created",
                           (json_int_t)c->created, "owned_by", "tokenmill");
     json_object_set_new(m, "context_length", json_integer(c->n_ctx));
+    if (c->tmpl) json_object_set_new(m, "template", json_string(template_name(c->tmpl)));
     api_respond_json(r, 200, json_pack("{s:s, s:[o]}", "object", "list", "data", m));
 }
 
 static void misc_health(http_request *r, void *user)
 {
-    (void)user;
-    http_respond(r, 200, "application/json", "{\"status\":\"ok\"}", 15);
+    const api_ctx *c = user;
+    json_t *o = json_pack("{s:s}", "status", "ok");
+    if (c->tmpl) json_object_set_new(o, "template", json_string(template_name(c->tmpl)));
+    api_respond_json(r, 200, o);
 }
 
 static void misc_hist(http_buf *b, const char *name, const char *help, const sched_hist *h)
