@@ -57,20 +57,27 @@ void api_anthropic_error(http_request *r, int status, const char *type, const ch
                                           "message", message));
 }
 
+/* A missing key and a wrong one get different messages (as the vendors' own APIs do), and
+ * the types their SDKs map to an authentication error. */
 bool api_openai_auth(http_request *r)
 {
-    if (http_request_authorized(r)) return true;
-    const char *h = http_request_header(r, "Authorization");
-    api_openai_error(r, 401, "invalid_request_error",
-                     h ? "Incorrect API key provided." : "You didn't provide an API key. Use \"Authorization: Bearer KEY\".",
-                     NULL, "invalid_api_key");
+    http_auth a = http_request_auth(r);
+    if (a == HTTP_AUTH_OK) return true;
+    if (a == HTTP_AUTH_MISSING)
+        api_openai_error(r, 401, "invalid_request_error",
+                         "You didn't provide an API key. Send it as \"Authorization: Bearer KEY\" (or \"x-api-key: KEY\").",
+                         NULL, NULL);
+    else
+        api_openai_error(r, 401, "invalid_request_error", "Incorrect API key provided.", NULL, "invalid_api_key");
     return false;
 }
 
 bool api_anthropic_auth(http_request *r)
 {
-    if (http_request_authorized(r)) return true;
-    api_anthropic_error(r, 401, "authentication_error", "invalid x-api-key");
+    http_auth a = http_request_auth(r);
+    if (a == HTTP_AUTH_OK) return true;
+    api_anthropic_error(r, 401, "authentication_error",
+                        a == HTTP_AUTH_MISSING ? "x-api-key header is required" : "invalid x-api-key");
     return false;
 }
 

@@ -47,6 +47,7 @@ void api_metric(http_buf *b, const char *name, const char *type, const char *hel
 static void misc_metrics(http_request *r, void *user)
 {
     const api_ctx *c = user;
+    if (!c->metrics_public && !api_openai_auth(r)) return;  /* the figures tell load and tenants' traffic */
     sched_stats st;
     sched_hist ttft, itl, step, load_wait;
     http_stats hs;
@@ -116,6 +117,6 @@ static void misc_metrics(http_request *r, void *user)
 void api_misc_register(http_server *h, api_ctx *c)
 {
     http_route(h, "GET", "/v1/models", misc_models, c);
-    http_route(h, "GET", "/health", misc_health, c);
-    http_route(h, "GET", "/metrics", misc_metrics, c);
+    http_route_ops(h, "GET", "/health", misc_health, c);   /* answered while the API is saturated */
+    http_route_ops(h, "GET", "/metrics", misc_metrics, c);
 }
