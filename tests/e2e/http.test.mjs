@@ -9,7 +9,7 @@
 //     chunked encoding, headers or URI too large, bad version, no Host, a chunked body past
 //     --max-body) as JSON in the path's vendor shape; Anthropic's shape for 404/405 on
 //     /v1/messages*;
-//   - a half-closed client gets its answer;
+//   - a half-closed client gets its answer, a closed one still has its request cancelled;
 //   - a wrong key is reported as wrong, a missing one as missing; /metrics behind the key
 //     unless --metrics-public.
 // Loops are bounded by counts; time limits only bound a hang (the machine is shared).
@@ -194,7 +194,9 @@ test("past --max-connections: a JSON 503 with Retry-After in each vendor's shape
     assert.ok(Number(a.headers["retry-after"]) >= 1, "Retry-After");
     const h = await fetch(`${C.url}/health`);
     assert.equal(h.status, 200);
-    assert.equal((await fetch(`${C.url}/metrics`)).status, 200);
+    const m = await fetch(`${C.url}/metrics`);
+    assert.equal(m.status, 200);
+    assert.match(await m.text(), /tokenmill_http_refused_total [1-9]/);
   } finally {
     for (const s of held) s.destroy();
   }
@@ -272,17 +274,46 @@ test("Anthropic routes answer 405 and 404 in Anthropic's shape", async () => {
   assertOpenAIError(await raw(S.port, "GET /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"), 405, "GET chat");
 });
 
-test("a half-closed client gets its answer, not 499", { timeout: 60000 }, async () => {
-  const body = JSON.stringify({ model: "stories260K", prompt: "Once upon a time", max_tokens: 8, temperature: 0 });
+async function metrics(url) {
+  const m = {};
+  for (const line of (await (await fetch(`${url}/metrics`)).text()).split("\n")) {
+    if (!line || line.startsWith("#")) continue;
+    const i = line.lastIndexOf(" ");
+    m[line.slice(0, i)] = Number(line.slice(i + 1));
+  }
+  return m;
+}
+
+test("a half-closed client gets its answer, not 499; a closed one is still noticed (its request cancelled)", { timeout: 60000 }, async () => {
+  // long enough that the server looks at the socket while it generates
+  const body = JSON.stringify({ model: "stories260K", prompt: "Once upon a time", max_tokens: 400, temperature: 0 });
   const r = await raw(S.port, `POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: ${body.length}\r\n\r\n${body}`, { end: true });
   assert.equal(r.status, 200, r.text.slice(0, 300));
   const j = JSON.parse(r.body);
-  assert.equal(j.choices[0].finish_reason, "length");
+  assert.ok(j.usage.completion_tokens > 100, `${j.usage.completion_tokens} tokens`);
   // streaming too: the stream runs to [DONE]
-  const sb = JSON.stringify({ model: "stories260K", prompt: "Once upon a time", max_tokens: 8, temperature: 0, stream: true });
+  const sb = JSON.stringify({ model: "stories260K", prompt: "Once upon a time", max_tokens: 400, temperature: 0, stream: true });
   const s = await raw(S.port, `POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: ${sb.length}\r\n\r\n${sb}`, { end: true });
   assert.equal(s.status, 200);
   assert.match(s.text, /data: \[DONE\]/);
+  // a client that closes (not half-closes) during a non-streaming request: the interim probe
+  // the half-close got is answered with a reset, so the request is cancelled early
+  const CANCELLED = 'tokenmill_requests_finished_total{reason="cancelled"}';
+  const before = await metrics(S.url);
+  const lb = JSON.stringify({ model: "stories260K", prompt: "Once upon a time", max_tokens: 450, temperature: 0, ignore_eos: true });
+  const c = net.connect(S.port, "127.0.0.1");
+  c.on("error", () => {});
+  c.write(`POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: ${lb.length}\r\n\r\n${lb}`);
+  await sleep(30);
+  c.destroy();
+  let m;
+  for (let i = 0; i < 250; i++) {  // up to ~5 s: bounds a hang only
+    m = await metrics(S.url);
+    if (m[CANCELLED] > before[CANCELLED] && m.tokenmill_running_sequences === 0) break;
+    await sleep(20);
+  }
+  assert.equal(m[CANCELLED], before[CANCELLED] + 1, "the request was cancelled");
+  assert.ok(m.tokenmill_generated_tokens_total - before.tokenmill_generated_tokens_total < 440, "generation stopped early");
 });
 
 test("API keys: a wrong key is invalid, a missing one missing; /metrics needs the key unless --metrics-public", { timeout: 60000 }, async () => {
