@@ -11,16 +11,17 @@
 //     /v1/messages*;
 //   - a half-closed client gets its answer, a closed one still has its request cancelled;
 //   - a wrong key is reported as wrong, a missing one as missing; /metrics behind the key
-//     unless --metrics-public.
+//     unless --metrics-public (serve and gateway).
 // Loops are bounded by counts; time limits only bound a hang (the machine is shared).
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
 import net from "node:net";
 import path from "node:path";
 import OpenAI from "openai";
 import Anthropic from "@anthropic-ai/sdk";
 
-import { root, startServer, stopServers } from "./server.mjs";
+import { root, bin, startServer, stopServers } from "./server.mjs";
 const stories = path.join(root, "models/stories260K.gguf");
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
@@ -347,4 +348,39 @@ test("API keys: a wrong key is invalid, a missing one missing; /metrics needs th
   const mp = await fetch(`${M.url}/metrics`);
   assert.equal(mp.status, 200);
   assert.match(await mp.text(), /tokenmill_requests_total/);
+});
+
+test("gateway: /metrics needs the key unless --metrics-public; the connection options are accepted", { timeout: 60000 }, async () => {
+  const gws = [];
+  const start = async (extra) => {
+    const p = spawn(bin, ["gateway", "-m", stories, "--listen", "127.0.0.1:0", "--cache", "off", "--api-key", "k",
+      "--max-connections", "64", "--max-client-connections", "64", "--request-timeout", "10", ...extra], { stdio: ["ignore", "ignore", "pipe"] });
+    gws.push(p);
+    let log = "";
+    const port = await new Promise((resolve, reject) => {
+      p.stderr.on("data", (d) => {
+        log += d;
+        const m = /listening on http:\/\/[^:]+:(\d+)/.exec(log);
+        if (m) resolve(Number(m[1]));
+      });
+      p.on("exit", (c) => reject(new Error(`gateway exited ${c}: ${log}`)));
+    });
+    p.removeAllListeners("exit");
+    p.stderr.resume();
+    return `http://127.0.0.1:${port}`;
+  };
+  try {
+    const g = await start([]);
+    assert.equal((await fetch(`${g}/metrics`)).status, 401);
+    assert.equal((await fetch(`${g}/metrics`, { headers: { "x-api-key": "k" } })).status, 200);
+    assert.equal((await fetch(`${g}/health`)).status, 200);
+    const gp = await start(["--metrics-public"]);
+    assert.equal((await fetch(`${gp}/metrics`)).status, 200);
+  } finally {
+    await Promise.all(gws.map((p) => new Promise((r) => {
+      if (p.exitCode !== null || p.signalCode !== null) return r();
+      p.on("exit", r);
+      p.kill("SIGTERM");
+    })));
+  }
 });
