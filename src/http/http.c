@@ -251,8 +251,7 @@ http_vendor http_vendor_of(const char *path)
     return HTTP_VENDOR_OPENAI;
 }
 
-/* The error type each vendor documents for a status. */
-static const char *http_error_type(http_vendor v, int status)
+const char *http_error_type(http_vendor v, int status)
 {
     if (v == HTTP_VENDOR_ANTHROPIC) {
         switch (status) {

@@ -146,6 +146,9 @@ typedef enum {
     HTTP_VENDOR_ANTHROPIC,   /* {"type":"error","error":{type,message}}: /v1/messages* */
 } http_vendor;
 http_vendor http_vendor_of(const char *path);
+/* The error type the vendor documents for a status (Anthropic: not_found_error,
+ * overloaded_error, ...; OpenAI: invalid_request_error, server_error, ...). */
+const char *http_error_type(http_vendor v, int status);
 /* Writes the JSON error body for status in vendor's shape into out (NUL-terminated); message
  * must need no JSON escaping. Returns its length. */
 size_t http_error_body(char *out, size_t outsz, http_vendor v, int status, const char *message);

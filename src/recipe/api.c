@@ -432,18 +432,7 @@ void api_error_set(api_error *e, int status, const char *param, const char *code
     va_end(ap);
 }
 
-static const char *api_anthropic_type(int status)
-{
-    switch (status) {
-    case 401: return "authentication_error";
-    case 403: return "permission_error";
-    case 404: return "not_found_error";
-    case 413: return "request_too_large";
-    case 429: return "rate_limit_error";
-    case 529: return "overloaded_error";
-    default: return status >= 500 ? "api_error" : "invalid_request_error";
-    }
-}
+static const char *api_anthropic_type(int status) { return http_error_type(HTTP_VENDOR_ANTHROPIC, status); }
 
 void api_error_json(api_kind kind, const api_error *e, jsonfmt_buf *out)
 {
