@@ -20,8 +20,8 @@
  * watches those connections (http_conn, made in MHD's connection notifications): a body must
  * arrive at min_rate after a grace of request_timeout_s, and a keep-alive request's head
  * within idle_timeout_s + request_timeout_s; a connection past its deadline gets a raw 408
- * and is shut down (NOTIFY_CLOSED runs before MHD closes the fd, and h->cmu is held across
- * both, so the fd is never another connection's). What MHD still answers with its own HTML
+ * and a lingering shutdown (NOTIFY_CLOSED runs before MHD closes the fd, and the scan holds
+ * h->cmu while it writes or shuts down, so the fd is never another connection's). What MHD still answers with its own HTML
  * (no hook in libmicrohttpd 0.9.75: transmit_error_response writes a built-in page): broken
  * chunked encoding in a body, and a malformed head on a keep-alive connection's second or
  * later request (the gate sees only a connection's first head).
@@ -44,6 +44,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <openssl/crypto.h>
@@ -109,7 +110,7 @@ typedef struct http_conn {
     double t_phase;              /* s (util_now): entered phase */
     uint64_t n_body;             /* body bytes received in the BODY phase */
     http_vendor vendor;          /* of the request's path (HEAD and later) */
-    bool expired;                /* shut down by the deadline scan */
+    double t_kill;               /* s: past its deadline, answered: shut down by then; 0: not */
     struct http_conn *prev, *next;
 } http_conn;
 
@@ -1057,7 +1058,14 @@ static void http_gate_scan(http_server *h)
     double grace = h->o.request_timeout_s, idle = h->o.idle_timeout_s;
     pthread_mutex_lock(&h->cmu);
     for (http_conn *c = h->conns; c; c = c->next) {
-        if (c->expired || c->fd < 0) continue;
+        if (c->fd < 0) continue;
+        if (c->t_kill) {  /* lingered: MHD's thread now reads the end and closes */
+            if (now >= c->t_kill) {
+                shutdown(c->fd, SHUT_RDWR);
+                c->t_kill = INFINITY;
+            }
+            continue;
+        }
         double age = now - c->t_phase;
         bool late = false;
         const char *why = NULL;
@@ -1071,9 +1079,11 @@ static void http_gate_scan(http_server *h)
             late = true;  /* a keep-alive request trickling its request line */
         }
         if (!late) continue;
+        /* the answer, then a lingering close as in the gate: writing ends now (the client reads
+         * the 408 and its end), reading after HTTP_LINGER_S */
         if (why) http_raw_error(h, c->fd, c->vendor, 408, why, false);
-        shutdown(c->fd, SHUT_RDWR);  /* MHD's thread sees the end and closes the connection */
-        c->expired = true;
+        shutdown(c->fd, SHUT_WR);
+        c->t_kill = now + HTTP_LINGER_S;
     }
     pthread_mutex_unlock(&h->cmu);
 }

@@ -131,43 +131,36 @@ test("1,100 slow-header connections: /health, /metrics and a real completion are
   }
 });
 
-test("a head trickled past --request-timeout gets a JSON 408 and the connection closes", { timeout: 60000 }, async () => {
-  const R = await startServer(stories, ["--request-timeout", "2"]);
-  // 1 byte per 200 ms for up to 150 bytes (30 s): an idle timeout never fires on this
-  const r = await new Promise((resolve) => {
-    const s = net.connect(R.port, "127.0.0.1");
+// Sends start, then one byte per 200 ms (150 at most: 30 s, which an idle timeout never
+// ends); resolves with how many were sent and what came back when the server closed.
+function trickleOne(port, start, byte) {
+  return new Promise((resolve) => {
+    const s = net.connect(port, "127.0.0.1");
     const chunks = [];
     let sent = 0;
     s.on("error", () => {});
     s.on("data", (d) => chunks.push(d));
     s.on("close", () => { clearInterval(t); resolve({ sent, ...parse(Buffer.concat(chunks).toString("latin1")) }); });
-    s.write("POST /v1/messages HTTP/1.1\r\nHost: x\r\nX-Slow: ");
+    s.write(start);
     const t = setInterval(() => {
       if (sent++ === 150) { clearInterval(t); s.destroy(); return; }
-      s.write("a");
+      s.write(byte);
     }, 200);
   });
+}
+
+test("a head trickled past --request-timeout gets a JSON 408 and the connection closes", { timeout: 60000 }, async () => {
+  const R = await startServer(stories, ["--request-timeout", "2"]);
+  const r = await trickleOne(R.port, "POST /v1/messages HTTP/1.1\r\nHost: x\r\nX-Slow: ", "a");
   assert.ok(r.sent < 150, "the server closed the connection before the client gave up");
   assertAnthropicError(r, 408, "invalid_request_error", "trickled head");
 });
 
 test("a body trickled below the minimum rate gets a JSON 408 and the connection closes", { timeout: 60000 }, async () => {
   const R = await startServer(stories, ["--request-timeout", "2"]);
-  const r = await new Promise((resolve) => {
-    const s = net.connect(R.port, "127.0.0.1");
-    const chunks = [];
-    let sent = 0;
-    s.on("error", () => {});
-    s.on("data", (d) => chunks.push(d));
-    s.on("close", () => { clearInterval(t); resolve({ sent, ...parse(Buffer.concat(chunks).toString("latin1")) }); });
-    s.write("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{");
-    const t = setInterval(() => {
-      if (sent++ === 150) { clearInterval(t); s.destroy(); return; }
-      s.write(" ");
-    }, 200);
-  });
+  const r = await trickleOne(R.port, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{", " ");
   assert.ok(r.sent < 150, "the server closed the connection before the client gave up");
-  if (r.status) assertOpenAIError(r, 408, "trickled body");
+  assertOpenAIError(r, 408, "trickled body");
 });
 
 test("past --max-connections: a JSON 503 with Retry-After in each vendor's shape; /health still answers", { timeout: 60000 }, async () => {
