@@ -868,11 +868,13 @@ static bool http_same_client(const struct sockaddr_storage *a, const struct sock
     return false;
 }
 
-/* Connections of this client: waiting in the gate (not lingering) and served by MHD. */
-static int http_client_count(http_server *h, const struct sockaddr_storage *a)
+/* Connections of this client waiting in the gate (not lingering), and with served, those MHD
+ * serves too. */
+static int http_client_count(http_server *h, const struct sockaddr_storage *a, bool served)
 {
     int n = 0;
     for (int i = 0; i < h->n_pend; i++) n += !h->pend[i]->lingering && http_same_client(&h->pend[i]->addr, a);
+    if (!served) return n;
     pthread_mutex_lock(&h->cmu);
     for (http_conn *c = h->conns; c; c = c->next) n += http_same_client(&c->addr, a);
     pthread_mutex_unlock(&h->cmu);
@@ -964,7 +966,7 @@ static void http_pend_ready(http_server *h, http_pend *p, bool hup)
             return;
         }
         /* this connection is among the waiting ones http_client_count sees: hence > */
-        if (http_client_count(h, &p->addr) > h->o.max_client_connections) {
+        if (http_client_count(h, &p->addr, true) > h->o.max_client_connections) {
             http_pend_refuse(h, p, v, 429, "too many connections from this client", true);
             return;
         }
@@ -1021,9 +1023,10 @@ static void http_gate_accept(http_server *h)
         p->i = h->n_pend;
         h->pend[h->n_pend++] = p;
         pthread_mutex_unlock(&h->cmu);
-        if (http_client_count(h, &addr) > h->o.max_client_connections) {
+        /* here only those waiting count (the path, unknown yet, may be an ops route): one
+         * address cannot fill the gate with slow heads */
+        if (http_client_count(h, &addr, false) > h->o.max_client_connections)
             http_pend_refuse(h, p, HTTP_VENDOR_ANY, 429, "too many connections from this client", true);
-        }
         struct epoll_event ev = { .events = EPOLLIN | EPOLLRDHUP | EPOLLET, .data.ptr = p };
         if (epoll_ctl(h->efd, EPOLL_CTL_ADD, fd, &ev)) {
             http_pend_close(h, p);

@@ -30,8 +30,9 @@
  *    min_rate bytes/s after that grace; else 408;
  *  - max_connections requests served at once, max_client_connections connections (waiting
  *    in the gate or served) per client address; past them 503 / 429 with Retry-After;
- *  - routes added with http_route_ops (/health, /metrics) are served past max_connections,
- *    from a reserve, so they answer while the API is saturated.
+ *  - routes added with http_route_ops (/health, /metrics) are served past both, from a
+ *    reserve, so they answer while the API is saturated (only a client with
+ *    max_client_connections heads still waiting in the gate is refused before its path shows).
  * Keep-alive is the default for HTTP/1.1; idle connections close after idle_timeout_s.
  */
 #ifndef TM_HTTP_H
@@ -89,7 +90,7 @@ http_status http_server_new(const http_opts *opts, http_server **out, char *err,
 /* Adds a route: exact path match (no query), method "GET"/"POST"/... Call before start. */
 void http_route(http_server *h, const char *method, const char *path, http_handler fn, void *user);
 /* The same for an operator's route (health, metrics): cheap handlers served past
- * max_connections and max_client_connections, from a reserve of connections. */
+ * max_connections and max_client_connections, from a reserve of connections (see above). */
 void http_route_ops(http_server *h, const char *method, const char *path, http_handler fn, void *user);
 /* Starts listening and serving (returns at once; connections run on their own threads). */
 http_status http_server_start(http_server *h, char *err, size_t errsz);
