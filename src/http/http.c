@@ -12,7 +12,8 @@
  * triggered, nothing consumed) until the request head is whole, checks it (http_head_check),
  * applies the limits, then hands the socket to MHD (MHD_add_connection), which reads the
  * same bytes. A waiting connection costs one fd and one small struct; its deadline is
- * absolute (request_timeout_s after accept). A head the gate refuses is answered with raw
+ * absolute (request_timeout_s after accept); when the gate is full, the connection that has
+ * waited longest makes room for a new one. A head the gate refuses is answered with raw
  * JSON (the path's vendor shape) and a lingering close (shut down writing, drain, close),
  * so the client reads the answer instead of a reset.
  *
@@ -132,6 +133,8 @@ struct http_server {
     int stopfd;                  /* eventfd: the gate thread ends */
     pthread_t gate;
     bool gate_running;
+    bool accept_paused;          /* out of fds: the listening socket is out of the epoll set until the next scan */
+    double t_fd_warned;          /* s (util_now): the last "out of file descriptors" line */
     http_pend **pend;            /* (n_pend, max_pending) connections in the gate */
     int n_pend;
     int max_pending;
@@ -1006,13 +1009,28 @@ static void http_gate_accept(http_server *h)
         int fd = accept4(h->lfd, (struct sockaddr *)&addr, &addrlen, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED) continue;
-            if (errno == EMFILE || errno == ENFILE) log_warn("http: out of file descriptors: a connection waits in the backlog");
+            if (errno == EMFILE || errno == ENFILE) {
+                /* the connection stays in the backlog: stop listening until the next scan
+                 * (the listening socket would wake the loop at once, again and again) */
+                struct epoll_event ev = { .events = 0, .data.ptr = &h->lfd };
+                epoll_ctl(h->efd, EPOLL_CTL_MOD, h->lfd, &ev);
+                h->accept_paused = true;
+                if (util_now() - h->t_fd_warned > 10) {
+                    log_warn("http: out of file descriptors: new connections wait in the backlog (raise `ulimit -n`)");
+                    h->t_fd_warned = util_now();
+                }
+            }
             return;
         }
-        if (h->n_pend >= h->max_pending) {  /* no room even to linger: answer and close */
-            http_raw_error(h, fd, HTTP_VENDOR_ANY, 503, "the server is at its connection limit, retry shortly", true);
-            close(fd);
-            continue;
+        if (h->n_pend >= h->max_pending) {
+            /* the gate is full (of slow heads, most likely): the connection that has waited
+             * longest goes, so that a new one, whose head may be whole at once, gets its turn */
+            http_pend *old = h->pend[0];
+            for (int i = 1; i < h->n_pend; i++)
+                if (h->pend[i]->t0 < old->t0) old = h->pend[i];
+            if (!old->lingering)
+                http_raw_error(h, old->fd, HTTP_VENDOR_ANY, 503, "the server is at its connection limit, retry shortly", true);
+            http_pend_close(h, old);
         }
         http_pend *p = xcalloc(1, sizeof *p);
         p->fd = fd;
@@ -1114,6 +1132,11 @@ static void *http_gate_main(void *arg)
         if (now - t_scan >= HTTP_GATE_TICK_MS / 1000.0) {
             http_gate_scan(h);
             t_scan = now;
+            if (h->accept_paused) {
+                struct epoll_event ev = { .events = EPOLLIN, .data.ptr = &h->lfd };
+                epoll_ctl(h->efd, EPOLL_CTL_MOD, h->lfd, &ev);
+                h->accept_paused = false;
+            }
         }
     }
     while (h->n_pend) http_pend_close(h, h->pend[h->n_pend - 1]);

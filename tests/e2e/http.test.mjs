@@ -188,6 +188,16 @@ test("past --max-connections: a JSON 503 with Retry-After in each vendor's shape
     assert.ok(Number(a.headers["retry-after"]) >= 1, "Retry-After");
     const h = await fetch(`${C.url}/health`);
     assert.equal(h.status, 200);
+    // the gate for heads (4 x --max-connections) full of slow ones: the longest waiting
+    // makes room, and /health still gets in
+    const T = await trickle(C.port, 30, "POST /v1/completions HTTP/1.1\r\nHost: x\r\n");
+    try {
+      await sleep(500);
+      assert.equal((await raw(C.port, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")).status, 200);
+      assert.ok(T.closed() >= 20, `the oldest slow heads were let go (${T.closed()})`);
+    } finally {
+      T.stop();
+    }
     const m = await fetch(`${C.url}/metrics`);
     assert.equal(m.status, 200);
     assert.match(await m.text(), /tokenmill_http_refused_total [1-9]/);
