@@ -156,7 +156,7 @@ size_t http_error_body(char *out, size_t outsz, http_vendor v, int status, const
 /* Answers an error in the request path's vendor shape. */
 void http_respond_error(http_request *r, int status, const char *message);
 
-/* The gate's check of a request head (exposed for tests). */
+/* The gate's checks of a request (head.c; exposed for tests). */
 typedef enum {
     HTTP_HEAD_INCOMPLETE = 0,  /* no end of head yet, and nothing wrong so far */
     HTTP_HEAD_OK,              /* a whole, well-formed head */
@@ -178,7 +178,7 @@ http_head_status http_head_check(const char *buf, size_t len, size_t head_max, s
  * last chunk and the trailer are seen (*body_len: the bytes they take), HTTP_HEAD_BAD on a
  * syntax error (400) or when the chunks' declared sizes pass max_body (413, said as soon as
  * a size line shows it), else HTTP_HEAD_INCOMPLETE. */
-http_head_status http_chunked_check(const char *buf, size_t len, uint64_t max_body, size_t *body_len, http_head *out);
+http_head_status http_head_chunked(const char *buf, size_t len, uint64_t max_body, size_t *body_len, http_head *out);
 
 /* Counters for /metrics. */
 typedef struct {

@@ -1,6 +1,6 @@
 /*
  * test_http: the HTTP gate's checks of request heads and chunked bodies (http_head_check,
- * http_chunked_check), fed whole and byte by byte (a head is checked as it trickles in:
+ * http_head_chunked), fed whole and byte by byte (a head is checked as it trickles in:
  * every prefix of a good head must be INCOMPLETE, never BAD), and the error bodies' shapes.
  */
 #include "harness.h"
@@ -82,7 +82,7 @@ TEST(test_http_head_bad)
 static http_head_status chunked(const char *z, size_t *len, int *status)
 {
     http_head hd = { 0 };
-    http_head_status s = http_chunked_check(z, strlen(z), MAXB, len, &hd);
+    http_head_status s = http_head_chunked(z, strlen(z), MAXB, len, &hd);
     *status = hd.status;
     return s;
 }
@@ -95,7 +95,7 @@ TEST(test_http_chunked)
     CHECK(chunked(good, &len, &st) == HTTP_HEAD_OK && len == strlen(good) - 4);
     for (size_t i = 0; i < strlen(good) - 4; i++) {
         http_head hd = { 0 };
-        CHECKF(http_chunked_check(good, i, MAXB, &len, &hd) == HTTP_HEAD_INCOMPLETE, "prefix %zu", i);
+        CHECKF(http_head_chunked(good, i, MAXB, &len, &hd) == HTTP_HEAD_INCOMPLETE, "prefix %zu", i);
     }
     CHECK(chunked("zz\r\nhello\r\n", &len, &st) == HTTP_HEAD_BAD && st == 400);
     CHECK(chunked("5\r\nhelloXX", &len, &st) == HTTP_HEAD_BAD && st == 400);
