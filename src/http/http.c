@@ -22,9 +22,11 @@
  * arrive at min_rate after a grace of request_timeout_s, and a keep-alive request's head
  * within idle_timeout_s + request_timeout_s; a connection past its deadline gets a raw 408
  * and a lingering shutdown (NOTIFY_CLOSED runs before MHD closes the fd, and the scan holds
- * h->cmu while it writes or shuts down, so the fd is never another connection's). What MHD still answers with its own HTML
- * (no hook in libmicrohttpd 0.9.75: transmit_error_response writes a built-in page): broken
- * chunked encoding in a body, and a malformed head on a keep-alive connection's second or
+ * h->cmu while it writes or shuts down, so the fd is never another connection's).
+ *
+ * What MHD still answers with its own HTML (libmicrohttpd 0.9.75 has no hook for it:
+ * transmit_error_response writes a built-in page): chunked encoding that goes wrong past the
+ * gate's HTTP_PEEK_MAX window, and a malformed head on a keep-alive connection's second or
  * later request (the gate sees only a connection's first head).
  *
  * Per request: the access handler is called once at the headers (the http_request is
