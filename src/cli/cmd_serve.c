@@ -1,7 +1,8 @@
 /*
  * cmd_serve: `tokenmill serve -m MODEL [--host 127.0.0.1] [--port 8080] [--threads N]
  * [--ctx N] [--max-seqs N] [--api-key KEY ...] [--model-name NAME] [--template NAME]
- * [--kv-mib N] [--max-queue N] [--step-tokens N] [--prefill-step-tokens N] [--max-body BYTES] [--timeout S]`.
+ * [--kv-mib N] [--max-queue N] [--step-tokens N] [--prefill-step-tokens N] [--max-body BYTES] [--timeout S]
+ * [--max-connections N] [--max-client-connections N] [--request-timeout S] [--metrics-public]`.
  *
  * Loads the model, its tokenizer and chat template, starts the engine and its scheduler
  * thread, registers every API's routes on the HTTP server and serves until SIGINT/SIGTERM.
@@ -63,7 +64,9 @@ static void cmd_serve_usage(void)
             "                       [--max-seqs N] [--api-key KEY ...] [--model-name NAME] [--template NAME]\n"
             "                       [--kv-mib N] [--max-queue N] [--step-tokens N] [--prefill-step-tokens N] [--max-body BYTES]\n"
             "                       [--timeout SECONDS] [--cache SPEC|default|off] [--cache-dir DIR]\n"
-            "                       [--cache-capacity SIZE] [--retention agent=72h,chat=7d] [-v]\n");
+            "                       [--cache-capacity SIZE] [--retention agent=72h,chat=7d]\n"
+            "                       [--max-connections N] [--max-client-connections N] [--request-timeout S]\n"
+            "                       [--metrics-public] [-v]\n");
 }
 
 int cmd_serve(int argc, char **argv)
@@ -74,6 +77,8 @@ int cmd_serve(int argc, char **argv)
     long port = 8080;
     cmd_engine_opts eng = CMD_ENGINE_OPTS_DEFAULT;
     long max_body = 8 << 20, timeout = 60;
+    http_opts ho = { 0 };       /* connection limits from the options; the rest below */
+    bool metrics_public = false;
     const char *cache_spec = "default", *retention = NULL;
     uint64_t cache_capacity = 0;
     char cache_buf[4096];
@@ -87,11 +92,13 @@ int cmd_serve(int argc, char **argv)
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = true;
         if (!strcmp(a, "-v")) { util_log_level = LOG_LEVEL_DEBUG; continue; }
+        if (!strcmp(a, "--metrics-public")) { metrics_public = true; continue; }
         if (!v) { fprintf(stderr, "tokenmill serve: %s needs a value\n", a); cmd_serve_usage(); return 2; }
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) path = v;
         else if (!strcmp(a, "--host")) host = v;
         else if (!strcmp(a, "--port")) ok = cmd_common_int("serve", a, v, 0, 65535, &port);
         else if (cmd_common_engine_opt("serve", a, v, &eng, &ok)) {}
+        else if (cmd_common_http_opt("serve", a, v, &ho, &ok)) {}
         else if (!strcmp(a, "--max-body")) ok = cmd_common_int("serve", a, v, 1024, 1L << 32, &max_body);
         else if (!strcmp(a, "--timeout")) ok = cmd_common_int("serve", a, v, 1, 86400, &timeout);
         else if (!strcmp(a, "--cache")) cache_spec = v;
@@ -182,9 +189,14 @@ int cmd_serve(int argc, char **argv)
     api_ctx ac = {
         .sched = s, .model = m, .tok = tok, .tmpl = tmpl, .model_name = name, .model_alias = alias,
         .n_ctx = n_ctx, .n_threads = engine_n_threads(e), .created = (int64_t)time(NULL), .retention = &classes,
+        .metrics_public = metrics_public,
     };
-    http_opts ho = { .host = host, .port = (int)port, .max_body = (size_t)max_body, .idle_timeout_s = (int)timeout,
-                     .api_keys = keys, .n_api_keys = n_keys };
+    ho.host = host;
+    ho.port = (int)port;
+    ho.max_body = (size_t)max_body;
+    ho.idle_timeout_s = (int)timeout;
+    ho.api_keys = keys;
+    ho.n_api_keys = n_keys;
     if (http_server_new(&ho, &h, err, sizeof err) != HTTP_OK) {
         fprintf(stderr, "tokenmill serve: %s\n", err);
         rc = 2;

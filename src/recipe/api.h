@@ -83,6 +83,7 @@ typedef struct {
     const gc_retention *retention; /* the block store's traffic classes (--retention over the
                                     * defaults), which cache_class may name; NULL: defaults */
     const api_backend *backend; /* NULL: requests run on sched; else on this backend (sched NULL) */
+    bool metrics_public;      /* /metrics without the API key (--metrics-public) */
 } api_ctx;
 
 /* The routes' calls into the backend: c->backend's, or sched_submit/poll/cancel/release. */

@@ -52,6 +52,7 @@ void api_metric(http_buf *b, const char *name, const char *type, const char *hel
 static void misc_metrics(http_request *r, void *user)
 {
     const api_ctx *c = user;
+    if (!c->metrics_public && !api_openai_auth(r)) return;  /* the figures tell load and tenants' traffic */
     sched_stats st;
     sched_hist ttft, itl, step, load_wait;
     http_stats hs;
@@ -78,7 +79,9 @@ static void misc_metrics(http_request *r, void *user)
     for (int k = 1; k <= 5; k++)
         http_buf_printf(&b, "tokenmill_http_requests_total{code=\"%dxx\"} %llu\n", k, (unsigned long long)hs.n_by_class[k]);
     api_metric(&b, "tokenmill_http_disconnects_total", "counter", "Streams ended by the client.", (double)hs.n_disconnects);
-    api_metric(&b, "tokenmill_http_connections", "gauge", "Open HTTP connections.", hs.n_connections);
+    api_metric(&b, "tokenmill_http_connections", "gauge", "Open HTTP connections (served, and waiting for their request head).", hs.n_connections);
+    api_metric(&b, "tokenmill_http_refused_total", "counter", "Connections refused at the connection or per-client limit (503/429).", (double)hs.n_refused);
+    api_metric(&b, "tokenmill_http_timeouts_total", "counter", "Requests whose head or body did not arrive in time (408).", (double)hs.n_timeouts);
     api_metric(&b, "tokenmill_http_streams", "gauge", "Streaming responses in progress.", hs.n_streams);
     api_metric(&b, "tokenmill_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", (double)st.n_prompt_tokens);
     api_metric(&b, "tokenmill_cached_prompt_tokens_total", "counter", "Prompt tokens whose KV came from the prefix cache.", (double)st.n_cached_tokens);
@@ -121,6 +124,6 @@ static void misc_metrics(http_request *r, void *user)
 void api_misc_register(http_server *h, api_ctx *c)
 {
     http_route(h, "GET", "/v1/models", misc_models, c);
-    http_route(h, "GET", "/health", misc_health, c);
-    http_route(h, "GET", "/metrics", misc_metrics, c);
+    http_route_ops(h, "GET", "/health", misc_health, c);   /* answered while the API is saturated */
+    http_route_ops(h, "GET", "/metrics", misc_metrics, c);
 }
