@@ -17,6 +17,6 @@ int cmd_template(int argc, char **argv);  /* chat template rendering as token id
 int cmd_serve(int argc, char **argv);     /* the HTTP server (OpenAI / Anthropic APIs) */
 int cmd_gateway(int argc, char **argv);   /* the front of a disaggregated cluster (cluster/gateway.h) */
 int cmd_store(int argc, char **argv);     /* block store maintenance: stat|ls|gc|fsck SPEC */
-int cmd_worker(int argc, char **argv);    /* a prefill/decode/mixed worker of the cluster (issue 5) */
+int cmd_worker(int argc, char **argv);    /* a prefill/decode/mixed worker of the cluster (cluster/worker.h) */
 
 #endif

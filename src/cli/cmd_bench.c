@@ -22,6 +22,7 @@
 
 #include "cli/cmd.h"
 #include "cli/cmd_common.h"
+#include "cli/cmd_opts.h"
 #include "engine/engine.h"
 #include "model/model.h"
 #include "util/util.h"
@@ -89,11 +90,6 @@ static double cmd_bench_decode(cmd_bench_ctx *c, kvpool_seq **seqs, int S, int p
     return util_now() - t0;
 }
 
-static void cmd_bench_usage(void)
-{
-    fprintf(stderr, "usage: tokenmill bench -m MODEL [--threads N] [--pp 512] [--tg 128] [--seqs 1,4,16] [--reps 3] [--batch 512] [--depth 0]\n");
-}
-
 static void cmd_bench_print_arr(const double *v, int n)
 {
     putchar('[');
@@ -105,32 +101,20 @@ int cmd_bench(int argc, char **argv)
 {
     const char *model_path = NULL, *seqs_arg = "1,4,16";
     long threads = 0, pp = 512, tg = 128, reps = 3, maxb = 512, depth = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!v) {
-            fprintf(stderr, "tokenmill bench: %s needs a value\n", a);
-            cmd_bench_usage();
-            return 2;
-        }
-        i++;
-        bool ok = true;
-        if (!strcmp(a, "-m")) model_path = v;
-        else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) ok = cmd_common_int("bench", a, v, 0, 1024, &threads);
-        else if (!strcmp(a, "--pp")) ok = cmd_common_int("bench", a, v, 0, 1 << 24, &pp);
-        else if (!strcmp(a, "--tg")) ok = cmd_common_int("bench", a, v, 0, 1 << 24, &tg);
-        else if (!strcmp(a, "--reps")) ok = cmd_common_int("bench", a, v, 1, 100, &reps);
-        else if (!strcmp(a, "--batch")) ok = cmd_common_int("bench", a, v, 1, 1 << 16, &maxb);
-        else if (!strcmp(a, "--depth") || !strcmp(a, "-d")) ok = cmd_common_int("bench", a, v, 0, 1 << 24, &depth);
-        else if (!strcmp(a, "--seqs")) seqs_arg = v;
-        else {
-            fprintf(stderr, "tokenmill bench: unknown option %s\n", a);
-            ok = false;
-        }
-        if (!ok) {
-            cmd_bench_usage();
-            return 2;
-        }
-    }
+    const cmd_opt opts[] = {
+        { "--model", "-m", CMD_OPT_STR, &model_path, .arg = "MODEL", .help = "the GGUF to time (required)" },
+        { "--threads", "-t", CMD_OPT_LONG, &threads, 0, 1024, .arg = "N", .help = "kernel threads (default: one per core)" },
+        { "--pp", NULL, CMD_OPT_LONG, &pp, 0, 1 << 24, .arg = "N", .help = "prompt tokens to prefill (default 512)" },
+        { "--tg", NULL, CMD_OPT_LONG, &tg, 0, 1 << 24, .arg = "N", .help = "tokens to decode (default 128)" },
+        { "--seqs", NULL, CMD_OPT_STR, &seqs_arg, .arg = "S,S,..", .help = "batched decode sequence counts (default 1,4,16)" },
+        { "--reps", NULL, CMD_OPT_LONG, &reps, 1, 100, .arg = "R", .help = "repetitions of each run (default 3)" },
+        { "--batch", NULL, CMD_OPT_LONG, &maxb, 1, 1 << 16, .arg = "N", .help = "engine batch in tokens (default 512)" },
+        { "--depth", "-d", CMD_OPT_LONG, &depth, 0, 1 << 24, .arg = "D", .help = "tokens already in the sequence before pp and tg (default 0)" },
+        { 0 },
+    };
+    const char *synopsis = "bench -m MODEL [options]: engine timings as JSON";
+    cmd_opts_status ost = cmd_opts_parse("bench", synopsis, opts, argc, argv, 1, NULL, 0, NULL);
+    if (ost != CMD_OPTS_OK) return cmd_opts_exit(ost);
     int seqs[16], n_seqs = 0;
     for (const char *p = seqs_arg; *p && n_seqs < 16;) {
         char *end;
@@ -143,7 +127,8 @@ int cmd_bench(int argc, char **argv)
         p = *end ? end + 1 : end;
     }
     if (!model_path) {
-        cmd_bench_usage();
+        fprintf(stderr, "tokenmill bench: -m MODEL is required\n");
+        cmd_opts_hint("bench", synopsis);
         return 2;
     }
     char err[512];

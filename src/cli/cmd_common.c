@@ -85,6 +85,16 @@ bool cmd_common_engine_opt(const char *prog, const char *a, const char *v, cmd_e
     return true;
 }
 
+bool cmd_common_http_opt(const char *prog, const char *a, const char *v, http_opts *o, bool *ok)
+{
+    long x = 0;
+    if (!strcmp(a, "--max-connections")) *ok = cmd_common_int(prog, a, v, 1, 1 << 20, &x), o->max_connections = (int)x;
+    else if (!strcmp(a, "--max-client-connections")) *ok = cmd_common_int(prog, a, v, 1, 1 << 20, &x), o->max_client_connections = (int)x;
+    else if (!strcmp(a, "--request-timeout")) *ok = cmd_common_int(prog, a, v, 1, 86400, &x), o->request_timeout_s = (int)x;
+    else return false;
+    return true;
+}
+
 engine *cmd_common_engine_new(const char *prog, model *m, cmd_engine_opts *o)
 {
     char err[256];

@@ -13,6 +13,7 @@
 #include "engine/blockio.h"
 #include "engine/engine.h"
 #include "engine/sched.h"
+#include "http/http.h"
 #include "model/model.h"
 #include "recipe/tokenizer.h"
 
@@ -42,6 +43,10 @@ typedef struct {
  * --step-tokens, --prefill-step-tokens: parses its value v into *o (*ok false after a message
  * when the value is bad) and returns true; otherwise returns false and leaves *ok alone. */
 bool cmd_common_engine_opt(const char *prog, const char *a, const char *v, cmd_engine_opts *o, bool *ok);
+/* If option a is one of --max-connections, --max-client-connections, --request-timeout (the
+ * HTTP layer's connection limits, http/http.h): parses v into *o as cmd_common_engine_opt
+ * does. */
+bool cmd_common_http_opt(const char *prog, const char *a, const char *v, http_opts *o, bool *ok);
 /* Starts the engine for m: the context and step budgets resolved into *o (ctx, step_tokens),
  * a batch for the larger budget, a KV pool of max_seqs full contexts capped by kv_mib (at
  * least one context), faulted in now so that the first steps and store fills take no page

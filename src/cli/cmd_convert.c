@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "cli/cmd.h"
+#include "cli/cmd_opts.h"
 #include "model/gguf.h"
 #include "util/util.h"
 
@@ -264,28 +265,22 @@ static int convert_llama2c(const char *wpath, const char *tpath, const char *out
     return st == GGUF_OK ? 0 : 1;
 }
 
-static void convert_usage(FILE *f)
-{
-    fprintf(f, "usage: tokenmill convert llama2c WEIGHTS.bin TOKENIZER.bin -o OUT.gguf [--name NAME]\n");
-}
-
 int cmd_convert(int argc, char **argv)
 {
     const char *pos[3] = { 0 }, *out = NULL, *name = NULL;
     int npos = 0;
-    for (int i = 1; i < argc; i++) {
-        if ((!strcmp(argv[i], "-o") || !strcmp(argv[i], "--output")) && i + 1 < argc) out = argv[++i];
-        else if (!strcmp(argv[i], "--name") && i + 1 < argc) name = argv[++i];
-        else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            convert_usage(stdout);
-            return 0;
-        } else if (argv[i][0] == '-' || npos == 3) {
-            convert_usage(stderr);
-            return 2;
-        } else pos[npos++] = argv[i];
-    }
+    const cmd_opt opts[] = {
+        { "--output", "-o", CMD_OPT_STR, &out, .arg = "OUT.gguf", .help = "the GGUF to write (required)" },
+        { "--name", NULL, CMD_OPT_STR, &name, .arg = "NAME", .help = "general.name of the model" },
+        { 0 },
+    };
+    const char *synopsis = "convert llama2c WEIGHTS.bin TOKENIZER.bin -o OUT.gguf [--name NAME]";
+    cmd_opts_status ost = cmd_opts_parse("convert", synopsis, opts, argc, argv, 1, pos, 3, &npos);
+    if (ost != CMD_OPTS_OK) return cmd_opts_exit(ost);
     if (npos != 3 || !out || strcmp(pos[0], "llama2c") != 0) {
-        convert_usage(stderr);
+        fprintf(stderr, "tokenmill convert: %s\n", npos > 0 && strcmp(pos[0], "llama2c") ? "the only input format is llama2c"
+                                                   : !out ? "-o OUT.gguf is required" : "needs WEIGHTS.bin and TOKENIZER.bin");
+        cmd_opts_hint("convert", synopsis);
         return 2;
     }
     return convert_llama2c(pos[1], pos[2], out, name);

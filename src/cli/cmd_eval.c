@@ -19,7 +19,7 @@
 #include <jansson.h>
 
 #include "cli/cmd.h"
-#include "cli/cmd_common.h"
+#include "cli/cmd_opts.h"
 #include "engine/engine.h"
 #include "model/model.h"
 #include "util/util.h"
@@ -151,41 +151,25 @@ static bool cmd_eval_group(cmd_eval_ctx *c, cmd_eval_seq **seqs, int ns)
     return true;
 }
 
-static void cmd_eval_usage(void)
-{
-    fprintf(stderr, "usage: tokenmill eval -m MODEL --input IN.json [--threads N] [--kv f16|f32] [--batch N]\n");
-}
-
 int cmd_eval(int argc, char **argv)
 {
     const char *model_path = NULL, *input = NULL;
     long threads = 0, maxb = 512;
-    bool kv_f32 = false;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!v) {
-            fprintf(stderr, "tokenmill eval: %s needs a value\n", a);
-            cmd_eval_usage();
-            return 2;
-        }
-        i++;
-        bool ok = true;
-        if (!strcmp(a, "-m")) model_path = v;
-        else if (!strcmp(a, "--input")) input = v;
-        else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) ok = cmd_common_int("eval", a, v, 0, 1024, &threads);
-        else if (!strcmp(a, "--batch")) ok = cmd_common_int("eval", a, v, 1, 1 << 16, &maxb);
-        else if (!strcmp(a, "--kv") && (!strcmp(v, "f16") || !strcmp(v, "f32"))) kv_f32 = !strcmp(v, "f32");
-        else {
-            fprintf(stderr, "tokenmill eval: bad option %s %s\n", a, v);
-            ok = false;
-        }
-        if (!ok) {
-            cmd_eval_usage();
-            return 2;
-        }
-    }
+    int kv_f32 = 0;
+    const cmd_opt opts[] = {
+        { "--model", "-m", CMD_OPT_STR, &model_path, .arg = "MODEL", .help = "the GGUF (required)" },
+        { "--input", NULL, CMD_OPT_STR, &input, .arg = "IN.json", .help = "sequences, top-K and greedy length (required)" },
+        { "--threads", "-t", CMD_OPT_LONG, &threads, 0, 1024, .arg = "N", .help = "kernel threads (default: one per core)" },
+        { "--batch", NULL, CMD_OPT_LONG, &maxb, 1, 1 << 16, .arg = "N", .help = "engine batch in tokens (default 512)" },
+        { "--kv", NULL, CMD_OPT_CHOICE, &kv_f32, .choices = "f16|f32", .help = "KV cache type (default f16)" },
+        { 0 },
+    };
+    const char *synopsis = "eval -m MODEL --input IN.json [options]: top log-probs at every position as JSON";
+    cmd_opts_status ost = cmd_opts_parse("eval", synopsis, opts, argc, argv, 1, NULL, 0, NULL);
+    if (ost != CMD_OPTS_OK) return cmd_opts_exit(ost);
     if (!model_path || !input) {
-        cmd_eval_usage();
+        fprintf(stderr, "tokenmill eval: %s is required\n", !model_path ? "-m MODEL" : "--input IN.json");
+        cmd_opts_hint("eval", synopsis);
         return 2;
     }
     json_error_t jerr;

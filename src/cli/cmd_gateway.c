@@ -1,7 +1,8 @@
 /*
  * cmd_gateway: `tokenmill gateway -m MODEL --listen HOST:PORT [--prefill HOST:PORT,...]
  * [--decode HOST:PORT,...] [--register HOST:PORT] [--cache SPEC|off] [--ctx N]
- * [--heartbeat-timeout S] [--wait-timeout S] [--api-key KEY ...] [--model-name NAME] [-v]`.
+ * [--heartbeat-timeout S] [--wait-timeout S] [--api-key KEY ...] [--model-name NAME]
+ * [--max-connections N] [--max-client-connections N] [--request-timeout S] [--metrics-public] [-v]`.
  *
  * The front of a disaggregated cluster (cluster/gateway.h): the same HTTP APIs as `serve`
  * (recipe/api.h, over the gateway's backend instead of a local scheduler), plus the admin
@@ -42,7 +43,9 @@ static void cmd_gateway_usage(void)
 {
     fprintf(stderr, "usage: tokenmill gateway -m MODEL --listen HOST:PORT [--prefill HOST:PORT,...] [--decode HOST:PORT,...]\n"
                     "                         [--register HOST:PORT] [--cache SPEC|off] [--ctx N] [--heartbeat-timeout S]\n"
-                    "                         [--wait-timeout S] [--api-key KEY ...] [--model-name NAME] [--template NAME] [-v]\n");
+                    "                         [--wait-timeout S] [--api-key KEY ...] [--model-name NAME] [--template NAME]\n"
+                    "                         [--max-connections N] [--max-client-connections N] [--request-timeout S]\n"
+                    "                         [--metrics-public] [-v]\n");
 }
 
 /* Splits the comma list z (option opt) in place into out, after its n entries (at most
@@ -66,10 +69,13 @@ int cmd_gateway(int argc, char **argv)
     int n_pre = 0, n_dec = 0, n_keys = 0;
     long ctx = 0;
     double hb_timeout = 2, wait_timeout = 30;
+    http_opts ho = { 0 };       /* connection limits from the options; the rest below */
+    bool metrics_public = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-v")) { util_log_level = LOG_LEVEL_DEBUG; continue; }
+        if (!strcmp(a, "--metrics-public")) { metrics_public = true; continue; }
         if (!v) { fprintf(stderr, "tokenmill gateway: %s needs a value\n", a); cmd_gateway_usage(); return 2; }
         bool ok = true;
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) path = v;
@@ -81,6 +87,7 @@ int cmd_gateway(int argc, char **argv)
         else if (!strcmp(a, "--ctx")) ok = cmd_common_int("gateway", a, v, 1, 1 << 24, &ctx);
         else if (!strcmp(a, "--heartbeat-timeout")) ok = cmd_common_num("gateway", a, v, 1e-3, 86400, &hb_timeout);
         else if (!strcmp(a, "--wait-timeout")) ok = cmd_common_num("gateway", a, v, 1e-3, 86400, &wait_timeout);
+        else if (cmd_common_http_opt("gateway", a, v, &ho, &ok)) {}
         else if (!strcmp(a, "--model-name")) name = v;
         else if (!strcmp(a, "--template")) tmpl_name = v;
         else if (!strcmp(a, "--api-key")) {
@@ -150,8 +157,11 @@ int cmd_gateway(int argc, char **argv)
     const char *alias = api_model_alias(m, alias_buf, sizeof alias_buf);
     api_ctx ac = { .sched = NULL, .model = m, .tok = tok, .tmpl = tmpl, .model_name = name, .model_alias = alias,
                    .n_ctx = n_ctx, .n_threads = 1, .created = (int64_t)time(NULL), .retention = &classes,
-                   .backend = gateway_backend(g) };
-    http_opts ho = { .host = host, .port = port, .api_keys = keys, .n_api_keys = n_keys };
+                   .backend = gateway_backend(g), .metrics_public = metrics_public };
+    ho.host = host;
+    ho.port = (int)port;
+    ho.api_keys = keys;
+    ho.n_api_keys = n_keys;
     if (http_server_new(&ho, &h, err, sizeof err) != HTTP_OK) {
         fprintf(stderr, "tokenmill gateway: %s\n", err);
         rc = 2;
@@ -168,6 +178,7 @@ int cmd_gateway(int argc, char **argv)
         fprintf(stderr, "tokenmill gateway: %s\n", err);
         goto out;
     }
+    fprintf(stderr, "tokenmill gateway: model %s (template %s)\n", name, template_name(tmpl));
     if (reg) {
         const char *rc_ = strrchr(reg, ':');
         fprintf(stderr, "tokenmill gateway: workers register at %.*s:%d\n", (int)(rc_ ? rc_ - reg : 0), reg,

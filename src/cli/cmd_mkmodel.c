@@ -33,7 +33,7 @@
 #include <unistd.h>
 
 #include "cli/cmd.h"
-#include "cli/cmd_common.h"
+#include "cli/cmd_opts.h"
 #include "model/gguf.h"
 #include "model/quant.h"
 #include "util/util.h"
@@ -565,33 +565,6 @@ static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *
     return st == GGUF_OK ? 0 : 1;
 }
 
-/* --seed: a whole number, decimal or 0x hex, 0..2^64-1; false after saying why on stderr */
-static bool mk_parse_seed(const char *z, uint64_t *out)
-{
-    char *end = NULL;
-    errno = 0;
-    unsigned long long v = 0;
-    if (*z >= '0' && *z <= '9') v = strtoull(z, &end, 0);
-    if (!end || *end || errno) {
-        fprintf(stderr, "tokenmill mkmodel: --seed: '%s' is not a whole number in 0..2^64-1\n", z);
-        return false;
-    }
-    *out = v;
-    return true;
-}
-
-static void mk_usage(FILE *f)
-{
-    fprintf(f,
-            "usage: tokenmill mkmodel --arch llama|qwen2|qwen3 [--preset NAME] [--layers N --dim N --ffn N\n"
-            "         --heads N --kv-heads N --head-dim N --ctx N --vocab-size N] [--vocab FILE.gguf|tokenizer.json]\n"
-            "         --type f32|f16|bf16|q8_0|q4_0|q4_k|q4_k_m|q6_k --seed S [--tied|--untied]\n"
-            "         [--rope-base F] [--rope-scaling llama3] [--eps F] [--threads N] -o OUT.gguf\n"
-            "presets:");
-    for (size_t i = 0; i < TM_ARRAY_LEN(mk_presets); i++) fprintf(f, " %s", mk_presets[i].name);
-    fprintf(f, "\n");
-}
-
 int cmd_mkmodel(int argc, char **argv)
 {
     mk_opts o = { .arch = NULL, .seed = 1, .n_threads = 0 };
@@ -600,43 +573,38 @@ int cmd_mkmodel(int argc, char **argv)
     long layers = 0, dim = 0, ffn = 0, heads = 0, kv = 0, hd = 0, ctx = 0, nv = 0, threads = 0;
     int tied = -1;
     double rope_base = 0, eps = 0;   /* 0: the preset's or the arch's */
-    bool have_seed = false;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-        bool ok = true;
-#define MK_OPT(flag) (!strcmp(a, flag) && val && (i++, true))
-        if (MK_OPT("--arch")) o.arch = val;
-        else if (MK_OPT("--preset")) preset = val;
-        else if (MK_OPT("--layers")) ok = cmd_common_int("mkmodel", a, val, 0, 4096, &layers);
-        else if (MK_OPT("--dim")) ok = cmd_common_int("mkmodel", a, val, 0, 1 << 20, &dim);
-        else if (MK_OPT("--ffn")) ok = cmd_common_int("mkmodel", a, val, 0, 1 << 20, &ffn);
-        else if (MK_OPT("--heads")) ok = cmd_common_int("mkmodel", a, val, 0, 4096, &heads);
-        else if (MK_OPT("--kv-heads")) ok = cmd_common_int("mkmodel", a, val, 0, 4096, &kv);
-        else if (MK_OPT("--head-dim")) ok = cmd_common_int("mkmodel", a, val, 0, 1 << 16, &hd);
-        else if (MK_OPT("--ctx")) ok = cmd_common_int("mkmodel", a, val, 0, 1 << 24, &ctx);
-        else if (MK_OPT("--vocab-size")) ok = cmd_common_int("mkmodel", a, val, 0, 1 << 24, &nv);
-        else if (MK_OPT("--threads")) ok = cmd_common_int("mkmodel", a, val, 0, 1024, &threads);
-        else if (MK_OPT("--vocab")) vocab = val;
-        else if (MK_OPT("--type")) o.type = val;
-        else if (MK_OPT("--seed")) ok = have_seed = mk_parse_seed(val, &o.seed);
-        else if (MK_OPT("--rope-base")) ok = cmd_common_num("mkmodel", a, val, 0, 1e12, &rope_base);
-        else if (MK_OPT("--rope-scaling")) rope_scaling = val;
-        else if (MK_OPT("--eps")) ok = cmd_common_num("mkmodel", a, val, 0, 1, &eps);
-        else if (MK_OPT("-o") || (!strcmp(a, "--output") && val && (i++, true))) out = val;
-        else if (!strcmp(a, "--tied")) tied = 1;
-        else if (!strcmp(a, "--untied")) tied = 0;
-        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            mk_usage(stdout);
-            return 0;
-        } else {
-            fprintf(stderr, "tokenmill mkmodel: unknown or incomplete option '%s'\n", a);
-            mk_usage(stderr);
-            return 2;
-        }
-        if (!ok) return 2;
-#undef MK_OPT
-    }
+    cmd_opt_u64 seed = { 0 };
+    char preset_help[512];
+    size_t ph = (size_t)snprintf(preset_help, sizeof preset_help, "a real model's shape:");
+    for (size_t i = 0; i < TM_ARRAY_LEN(mk_presets) && ph < sizeof preset_help; i++)
+        ph += (size_t)snprintf(preset_help + ph, sizeof preset_help - ph, " %s", mk_presets[i].name);
+    const cmd_opt opts[] = {
+        { "--arch", NULL, CMD_OPT_STR, &o.arch, .arg = "llama|qwen2|qwen3", .help = "architecture (or the preset's)" },
+        { "--preset", NULL, CMD_OPT_STR, &preset, .arg = "NAME", .help = preset_help },
+        { "--layers", NULL, CMD_OPT_LONG, &layers, 0, 4096, .arg = "N", .help = "shape options override the preset's" },
+        { "--dim", NULL, CMD_OPT_LONG, &dim, 0, 1 << 20, .arg = "N", .help = "hidden size" },
+        { "--ffn", NULL, CMD_OPT_LONG, &ffn, 0, 1 << 20, .arg = "N", .help = "feed-forward size" },
+        { "--heads", NULL, CMD_OPT_LONG, &heads, 0, 4096, .arg = "N", .help = "query heads" },
+        { "--kv-heads", NULL, CMD_OPT_LONG, &kv, 0, 4096, .arg = "N", .help = "key/value heads" },
+        { "--head-dim", NULL, CMD_OPT_LONG, &hd, 0, 1 << 16, .arg = "N", .help = "per head (default dim / heads)" },
+        { "--ctx", NULL, CMD_OPT_LONG, &ctx, 0, 1 << 24, .arg = "N", .help = "training context" },
+        { "--vocab-size", NULL, CMD_OPT_LONG, &nv, 0, 1 << 24, .arg = "N", .help = "without --vocab: a synthetic vocabulary" },
+        { "--vocab", NULL, CMD_OPT_STR, &vocab, .arg = "FILE.gguf|tokenizer.json", .help = "a real vocabulary" },
+        { "--type", NULL, CMD_OPT_STR, &o.type, .arg = "T", .help = "f32|f16|bf16|q8_0|q4_0|q4_k|q4_k_m|q6_k (required)" },
+        { "--seed", NULL, CMD_OPT_U64, &seed, .arg = "S", .help = "weights' seed (required)" },
+        { "--tied", NULL, CMD_OPT_SET, &tied, .set = 1, .help = "output head shares the embedding" },
+        { "--untied", NULL, CMD_OPT_SET, &tied, .set = 0, .help = "output head of its own" },
+        { "--rope-base", NULL, CMD_OPT_DOUBLE, &rope_base, 0, 1e12, .arg = "F", .help = "RoPE frequency base" },
+        { "--rope-scaling", NULL, CMD_OPT_STR, &rope_scaling, .arg = "llama3|none", .help = "Llama 3 RoPE scaling" },
+        { "--eps", NULL, CMD_OPT_DOUBLE, &eps, 0, 1, .arg = "F", .help = "RMS norm epsilon" },
+        { "--threads", NULL, CMD_OPT_LONG, &threads, 0, 1024, .arg = "N", .help = "threads for quantising" },
+        { "--output", "-o", CMD_OPT_STR, &out, .arg = "OUT.gguf", .help = "the GGUF to write (required)" },
+        { 0 },
+    };
+    const char *synopsis = "mkmodel --arch A|--preset P --type T --seed S -o OUT.gguf [options]: a random-weight GGUF";
+    cmd_opts_status ost = cmd_opts_parse("mkmodel", synopsis, opts, argc, argv, 1, NULL, 0, NULL);
+    if (ost != CMD_OPTS_OK) return cmd_opts_exit(ost);
+    o.seed = seed.value;
     const mk_preset *p = &mk_presets[0];
     if (preset) {
         p = NULL;
@@ -644,7 +612,7 @@ int cmd_mkmodel(int argc, char **argv)
             if (!strcmp(preset, mk_presets[i].name)) p = &mk_presets[i];
         if (!p) {
             fprintf(stderr, "tokenmill mkmodel: unknown preset '%s'\n", preset);
-            mk_usage(stderr);
+            cmd_opts_hint("mkmodel", synopsis);
             return 2;
         }
     }
@@ -652,9 +620,9 @@ int cmd_mkmodel(int argc, char **argv)
     qtype qt;
     bool km;
     uint32_t ft;
-    if (!o.arch || !out || !o.type || !have_seed) {
+    if (!o.arch || !out || !o.type || !seed.given) {
         fprintf(stderr, "tokenmill mkmodel: --arch (or an arch preset), --type, --seed and -o are required\n");
-        mk_usage(stderr);
+        cmd_opts_hint("mkmodel", synopsis);
         return 2;
     }
     if (strcmp(o.arch, "llama") && strcmp(o.arch, "qwen2") && strcmp(o.arch, "qwen3")) {
@@ -663,7 +631,7 @@ int cmd_mkmodel(int argc, char **argv)
     }
     if (!mk_parse_type(o.type, &qt, &km, &ft)) {
         fprintf(stderr, "tokenmill mkmodel: unknown type '%s'\n", o.type);
-        mk_usage(stderr);
+        cmd_opts_hint("mkmodel", synopsis);
         return 2;
     }
     bool qwen = strcmp(o.arch, "llama") != 0;

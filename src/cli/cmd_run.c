@@ -20,93 +20,45 @@
 #include <string.h>
 
 #include "cli/cmd.h"
+#include "cli/cmd_opts.h"
 #include "engine/engine.h"
 #include "engine/sample.h"
 #include "model/model.h"
 #include "recipe/tokenizer.h"
 #include "util/util.h"
 
-static void cmd_run_usage(void)
-{
-    fprintf(stderr,
-            "usage: tokenmill run -m MODEL -p PROMPT [-n N] [--temp T] [--top-k K] [--top-p P]\n"
-            "                     [--min-p P] [--repeat-penalty R] [--repeat-last-n N]\n"
-            "                     [--presence-penalty P] [--frequency-penalty F] [--seed S]\n"
-            "                     [--threads N] [--ctx N]\n"
-            "  -n N        tokens to generate (default 256; the prompt is not counted)\n"
-            "  --temp T    0 = greedy (default 0.8); --top-k 40, --top-p 0.95, --min-p 0.05\n"
-            "  --seed S    same seed, same text (default: from the clock)\n"
-            "  --ctx N     context size in tokens (default: the model's, at most 4096)\n");
-}
-
-static bool cmd_run_num(const char *z, double lo, double hi, double *out)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(z, &end);
-    if (errno || end == z || *end || !(v >= lo && v <= hi)) return false;
-    *out = v;
-    return true;
-}
-
 int cmd_run(int argc, char **argv)
 {
     const char *model_path = NULL, *prompt = NULL;
-    double n_gen = 256, threads = 0, ctx = 0, seed = -1;
+    long n_gen = 256, threads = 0, ctx = 0;
+    cmd_opt_u64 seed = { 0 };
     sample_params sp = sample_params_default();
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        double d;
-#define NUMOPT(name, lo, hi, dst)                                                          \
-    if (!strcmp(a, name)) {                                                                \
-        if (!v || !cmd_run_num(v, lo, hi, &d)) {                                           \
-            fprintf(stderr, "tokenmill run: %s needs a number in [%g, %g]\n", name, (double)(lo), (double)(hi)); \
-            return 2;                                                                      \
-        }                                                                                  \
-        dst = d;                                                                           \
-        i++;                                                                               \
-        continue;                                                                          \
-    }
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
-            if (!v) break;
-            model_path = v, i++;
-            continue;
-        }
-        if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
-            if (!v) break;
-            prompt = v, i++;
-            continue;
-        }
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            cmd_run_usage();
-            return 0;
-        }
-        NUMOPT("-n", 0, 1e9, n_gen)
-        NUMOPT("--temp", 0, 1e9, sp.temp)
-        NUMOPT("--top-k", 0, 1e9, sp.top_k)
-        NUMOPT("--top-p", 0, 1, sp.top_p)
-        NUMOPT("--min-p", 0, 1, sp.min_p)
-        NUMOPT("--repeat-penalty", 0, 1e9, sp.repeat_penalty)
-        NUMOPT("--repeat-last-n", 0, 1e6, sp.penalty_last_n)
-        NUMOPT("--presence-penalty", -1e9, 1e9, sp.presence_penalty)
-        NUMOPT("--frequency-penalty", -1e9, 1e9, sp.frequency_penalty)
-        NUMOPT("--seed", 0, 18446744073709551615.0, seed)
-        NUMOPT("-t", 1, 1024, threads)
-        NUMOPT("--threads", 1, 1024, threads)
-        NUMOPT("-c", 1, 1 << 24, ctx)
-        NUMOPT("--ctx", 1, 1 << 24, ctx)
-#undef NUMOPT
-        fprintf(stderr, "tokenmill run: unknown option '%s'\n", a);
-        cmd_run_usage();
-        return 2;
-    }
+    const cmd_opt opts[] = {
+        { "--model", "-m", CMD_OPT_STR, &model_path, .arg = "MODEL", .help = "the GGUF (required)" },
+        { "--prompt", "-p", CMD_OPT_STR, &prompt, .arg = "PROMPT", .help = "the text to continue (required; \"\" starts from BOS)" },
+        { "--n-predict", "-n", CMD_OPT_LONG, &n_gen, 0, 1e9, .arg = "N", .help = "tokens to generate (default 256; the prompt is not counted)" },
+        { "--temp", NULL, CMD_OPT_FLOAT, &sp.temp, 0, 1e9, .arg = "T", .help = "temperature, 0 = greedy (default 0.8)" },
+        { "--top-k", NULL, CMD_OPT_INT, &sp.top_k, 0, 1e9, .arg = "K", .help = "default 40" },
+        { "--top-p", NULL, CMD_OPT_FLOAT, &sp.top_p, 0, 1, .arg = "P", .help = "default 0.95" },
+        { "--min-p", NULL, CMD_OPT_FLOAT, &sp.min_p, 0, 1, .arg = "P", .help = "default 0.05" },
+        { "--repeat-penalty", NULL, CMD_OPT_FLOAT, &sp.repeat_penalty, 0, 1e9, .arg = "R", .help = "default 1 (off)" },
+        { "--repeat-last-n", NULL, CMD_OPT_INT, &sp.penalty_last_n, 0, 1e6, .arg = "N", .help = "penalty window (default 64)" },
+        { "--presence-penalty", NULL, CMD_OPT_FLOAT, &sp.presence_penalty, -1e9, 1e9, .arg = "P", .help = "default 0" },
+        { "--frequency-penalty", NULL, CMD_OPT_FLOAT, &sp.frequency_penalty, -1e9, 1e9, .arg = "F", .help = "default 0" },
+        { "--seed", NULL, CMD_OPT_U64, &seed, .arg = "S", .help = "same seed, same text (default: from the clock)" },
+        { "--threads", "-t", CMD_OPT_LONG, &threads, 1, 1024, .arg = "N", .help = "kernel threads (default: one per core)" },
+        { "--ctx", "-c", CMD_OPT_LONG, &ctx, 1, 1 << 24, .arg = "N", .help = "context size in tokens (default: the model's, at most 4096)" },
+        { 0 },
+    };
+    const char *synopsis = "run -m MODEL -p PROMPT [options]: generate text";
+    cmd_opts_status ost = cmd_opts_parse("run", synopsis, opts, argc, argv, 1, NULL, 0, NULL);
+    if (ost != CMD_OPTS_OK) return cmd_opts_exit(ost);
     if (!model_path || !prompt) {
         fprintf(stderr, "tokenmill run: %s\n", !model_path ? "-m MODEL is required" : "-p PROMPT is required");
-        cmd_run_usage();
+        cmd_opts_hint("run", synopsis);
         return 2;
     }
-    sp.seed = seed >= 0 ? (uint64_t)seed : (uint64_t)(util_now() * 1e9);
+    sp.seed = seed.given ? seed.value : (uint64_t)(util_now() * 1e9);
 
     char err[512];
     model *m = NULL;

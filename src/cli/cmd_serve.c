@@ -2,6 +2,7 @@
  * cmd_serve: `tokenmill serve -m MODEL [--host 127.0.0.1] [--port 8080] [--threads N]
  * [--ctx N] [--max-seqs N] [--api-key KEY ...] [--model-name NAME] [--template NAME]
  * [--kv-mib N] [--max-queue N] [--step-tokens N] [--prefill-step-tokens N] [--max-body BYTES] [--timeout S]
+ * [--max-connections N] [--max-client-connections N] [--request-timeout S] [--metrics-public]
  * [--drain-timeout S]`.
  *
  * In named steps: options, model (with its tokenizer and chat template), engine, block store,
@@ -81,6 +82,9 @@ typedef struct {
     long timeout;                /* seconds: idle / slow client */
     long drain_timeout;          /* seconds the running requests get at shutdown */
     cmd_engine_opts eng;         /* --threads, --ctx, --max-seqs, ... */
+    http_opts http;              /* connection limits (--max-connections, ...); the rest is set
+                                  * by serve_routes */
+    bool metrics_public;         /* --metrics-public: /metrics without the API key */
     const char *cache_spec;      /* store spec, "default", or NULL (off) */
     const char *retention;       /* --retention, or NULL */
     uint64_t cache_capacity;     /* bytes per target; 0: the store's default */
@@ -110,7 +114,9 @@ static void cmd_serve_usage(void)
             "                       [--max-seqs N] [--api-key KEY ...] [--model-name NAME] [--template NAME]\n"
             "                       [--kv-mib N] [--max-queue N] [--step-tokens N] [--prefill-step-tokens N] [--max-body BYTES]\n"
             "                       [--timeout SECONDS] [--drain-timeout SECONDS] [--cache SPEC|default|off] [--cache-dir DIR]\n"
-            "                       [--cache-capacity SIZE] [--retention agent=72h,chat=7d] [-v]\n");
+            "                       [--cache-capacity SIZE] [--retention agent=72h,chat=7d]\n"
+            "                       [--max-connections N] [--max-client-connections N] [--request-timeout S]\n"
+            "                       [--metrics-public] [-v]\n");
 }
 
 /* Step: options. Returns 0, or the exit status after a message. */
@@ -123,11 +129,13 @@ static int serve_options(int argc, char **argv, serve_opts *o)
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = true;
         if (!strcmp(a, "-v")) { util_log_level = LOG_LEVEL_DEBUG; continue; }
+        if (!strcmp(a, "--metrics-public")) { o->metrics_public = true; continue; }
         if (!v) { fprintf(stderr, "tokenmill serve: %s needs a value\n", a); cmd_serve_usage(); return 2; }
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->path = v;
         else if (!strcmp(a, "--host")) o->host = v;
         else if (!strcmp(a, "--port")) ok = cmd_common_int("serve", a, v, 0, 65535, &o->port);
         else if (cmd_common_engine_opt("serve", a, v, &o->eng, &ok)) {}
+        else if (cmd_common_http_opt("serve", a, v, &o->http, &ok)) {}
         else if (!strcmp(a, "--max-body")) ok = cmd_common_int("serve", a, v, 1024, 1L << 32, &o->max_body);
         else if (!strcmp(a, "--timeout")) ok = cmd_common_int("serve", a, v, 1, 86400, &o->timeout);
         else if (!strcmp(a, "--drain-timeout")) ok = cmd_common_int("serve", a, v, 0, 86400, &o->drain_timeout);
@@ -233,9 +241,15 @@ static int serve_routes(serve *sv)
         .sched = sv->s, .model = sv->m, .tok = sv->tok, .tmpl = sv->tmpl, .model_name = name,
         .model_alias = api_model_alias(sv->m, sv->alias_buf, sizeof sv->alias_buf), .n_ctx = (int)o->eng.ctx,
         .n_threads = engine_n_threads(sv->e), .created = (int64_t)time(NULL), .retention = &o->classes,
+        .metrics_public = o->metrics_public,
     };
-    http_opts ho = { .host = o->host, .port = (int)o->port, .max_body = (size_t)o->max_body,
-                     .idle_timeout_s = (int)o->timeout, .api_keys = o->keys, .n_api_keys = o->n_keys };
+    http_opts ho = o->http;
+    ho.host = o->host;
+    ho.port = (int)o->port;
+    ho.max_body = (size_t)o->max_body;
+    ho.idle_timeout_s = (int)o->timeout;
+    ho.api_keys = o->keys;
+    ho.n_api_keys = o->n_keys;
     if (http_server_new(&ho, &sv->h, err, sizeof err) != HTTP_OK) {
         fprintf(stderr, "tokenmill serve: %s\n", err);
         return 2;

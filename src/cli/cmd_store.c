@@ -10,21 +10,8 @@
 #include "cache/gc.h"
 #include "cache/store.h"
 #include "cli/cmd.h"
+#include "cli/cmd_opts.h"
 #include "util/util.h"
-
-static void cmd_store_usage(FILE *f)
-{
-    fprintf(f,
-            "usage: tokenmill store stat|ls|gc|fsck SPEC [options]\n"
-            "  SPEC: dir:PATH | PATH | ec:K+M:DIR1,...,DIR(K+M)\n"
-            "  stat                 sizes, counts, age histogram, hit/miss counters\n"
-            "  ls                   one line per file: target key bytes age_s expires_in_s\n"
-            "  gc                   delete expired blocks, then LRU down to --capacity\n"
-            "  fsck                 verify every checksum, remove broken blocks/fragments\n"
-            "options:\n"
-            "  --capacity SIZE      per-target capacity for gc (e.g. 20G)\n"
-            "  --retention SPEC     TTLs per class for gc's view of new uses (agent=72h,chat=7d)\n");
-}
 
 #define CMD_STORE_AGES 6
 static const double cmd_store_age_edge[CMD_STORE_AGES - 1] = { 3600, 86400, 3 * 86400, 7 * 86400, 30 * 86400 };
@@ -119,29 +106,30 @@ static int cmd_store_stat(store *s)
 
 int cmd_store(int argc, char **argv)
 {
-    if (argc < 3) {
-        cmd_store_usage(stderr);
-        return 2;
-    }
-    const char *sub = argv[1], *spec = argv[2];
     store_opts o = { 0 };
-    for (int i = 3; i < argc; i++) {
-        if (!strcmp(argv[i], "--capacity") && i + 1 < argc) {
-            o.capacity_bytes = gc_parse_size(argv[++i]);
-            if (!o.capacity_bytes) {
-                fprintf(stderr, "tokenmill store: bad --capacity '%s'\n", argv[i]);
-                return 2;
-            }
-        } else if (!strcmp(argv[i], "--retention") && i + 1 < argc) {
-            o.retention = argv[++i];
-        } else {
-            cmd_store_usage(stderr);
-            return 2;
-        }
-    }
-    bool writes = !strcmp(sub, "gc") || !strcmp(sub, "fsck");
-    if (!writes && strcmp(sub, "stat") && strcmp(sub, "ls")) {
-        cmd_store_usage(stderr);
+    const cmd_opt opts[] = {
+        { "--capacity", NULL, CMD_OPT_SIZE, &o.capacity_bytes, .arg = "SIZE", .help = "per-target capacity for gc (e.g. 20G)" },
+        { "--retention", NULL, CMD_OPT_STR, &o.retention, .arg = "SPEC", .help = "TTLs per class for gc's view of new uses (agent=72h,chat=7d)" },
+        { 0 },
+    };
+    const char *synopsis =
+        "store stat|ls|gc|fsck SPEC [options]: block store maintenance\n"
+        "  SPEC: dir:PATH | PATH | ec:K+M:DIR1,...,DIR(K+M)\n"
+        "  stat: sizes, counts, age histogram, hit/miss counters (read only)\n"
+        "  ls:   one line per file: target key bytes age_s expires_in_s (read only)\n"
+        "  gc:   delete expired blocks, then LRU down to --capacity\n"
+        "  fsck: verify every checksum, remove broken blocks/fragments";
+    const char *pos[2] = { 0 };
+    int n_pos = 0;
+    cmd_opts_status ost = cmd_opts_parse("store", synopsis, opts, argc, argv, 1, pos, 2, &n_pos);
+    if (ost != CMD_OPTS_OK) return cmd_opts_exit(ost);
+    const char *sub = pos[0], *spec = pos[1];
+    bool writes = sub && (!strcmp(sub, "gc") || !strcmp(sub, "fsck"));
+    if (n_pos != 2 || (!writes && strcmp(sub, "stat") && strcmp(sub, "ls"))) {
+        fprintf(stderr, "tokenmill store: %s\n", n_pos == 0 ? "needs stat, ls, gc or fsck and a SPEC"
+                                                 : n_pos == 1 ? "needs a SPEC after the subcommand"
+                                                              : "the subcommands are stat, ls, gc and fsck");
+        cmd_opts_hint("store", synopsis);
         return 2;
     }
     o.read_only = !writes;

@@ -3,7 +3,9 @@
  * renders a conversation with the model's chat template and prints
  * {"template": NAME, "ids": [...], "text": "...", "markers": {...}} (tests compare the ids
  * with llama.cpp's tokenisation of the reference Jinja rendering). An input that is a JSON
- * array of conversations prints one such line per conversation.
+ * array of conversations prints one such line per conversation. Without --template the
+ * model's chat template must be one the families recognise (template_detect); otherwise the
+ * command exits with status 2 and says so.
  *
  * Input (close to an OpenAI Chat Completions body):
  *   {"messages": [{"role": "system"|"developer"|"user"|"assistant"|"tool",

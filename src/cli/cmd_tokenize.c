@@ -13,15 +13,10 @@
 #include <jansson.h>
 
 #include "cli/cmd.h"
+#include "cli/cmd_opts.h"
 #include "model/gguf.h"
 #include "recipe/tokenizer.h"
 #include "util/util.h"
-
-static void cmd_tokenize_usage(void)
-{
-    fprintf(stderr, "usage: tokenmill tokenize -m MODEL [--special] [--pieces] [--no-bos] "
-                    "[--file F | --batch F.json | TEXT]\n");
-}
 
 /* Writes s[0..n) as a JSON string; bytes that are not valid UTF-8 become U+FFFD. */
 static void cmd_tokenize_json_str(FILE *f, const char *s, size_t n)
@@ -94,34 +89,24 @@ static bool cmd_tokenize_one(const tokenizer *t, const char *text, size_t len, b
 int cmd_tokenize(int argc, char **argv)
 {
     const char *model = NULL, *file = NULL, *batch = NULL, *text = NULL;
-    bool special = false, pieces = false, add_special = true;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && i + 1 < argc) model = argv[++i];
-        else if (!strcmp(a, "--file") && i + 1 < argc) file = argv[++i];
-        else if (!strcmp(a, "--batch") && i + 1 < argc) batch = argv[++i];
-        else if (!strcmp(a, "--special")) special = true;
-        else if (!strcmp(a, "--pieces")) pieces = true;
-        else if (!strcmp(a, "--no-bos")) add_special = false;
-        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            cmd_tokenize_usage();
-            return 0;
-        } else if (!strcmp(a, "--")) {
-            if (i + 1 < argc && !text) text = argv[++i];
-            else { cmd_tokenize_usage(); return 2; }
-        } else if (a[0] == '-' && a[1] != 0) {
-            fprintf(stderr, "tokenmill tokenize: unknown or incomplete option '%s'\n", a);
-            cmd_tokenize_usage();
-            return 2;
-        } else if (!text) text = a;
-        else {
-            fprintf(stderr, "tokenmill tokenize: more than one TEXT argument\n");
-            cmd_tokenize_usage();
-            return 2;
-        }
-    }
+    bool special = false, pieces = false, no_bos = false;
+    const cmd_opt opts[] = {
+        { "--model", "-m", CMD_OPT_STR, &model, .arg = "MODEL", .help = "the GGUF whose vocabulary to use (required)" },
+        { "--file", NULL, CMD_OPT_STR, &file, .arg = "F", .help = "tokenize the bytes of file F" },
+        { "--batch", NULL, CMD_OPT_STR, &batch, .arg = "F.json", .help = "tokenize each string of a JSON array" },
+        { "--special", NULL, CMD_OPT_FLAG, &special, .help = "control-token text becomes control tokens" },
+        { "--pieces", NULL, CMD_OPT_FLAG, &pieces, .help = "print [id, piece] pairs" },
+        { "--no-bos", NULL, CMD_OPT_FLAG, &no_bos, .help = "do not add the model's BOS/EOS" },
+        { 0 },
+    };
+    const char *synopsis = "tokenize -m MODEL [options] [--file F | --batch F.json | TEXT]: token ids as JSON";
+    int n_pos = 0;
+    cmd_opts_status ost = cmd_opts_parse("tokenize", synopsis, opts, argc, argv, 1, &text, 1, &n_pos);
+    if (ost != CMD_OPTS_OK) return cmd_opts_exit(ost);
+    bool add_special = !no_bos;
     if (!model || (!!file + !!batch + !!text) != 1) {
-        cmd_tokenize_usage();
+        fprintf(stderr, "tokenmill tokenize: %s\n", !model ? "-m MODEL is required" : "give exactly one of --file, --batch and TEXT");
+        cmd_opts_hint("tokenize", synopsis);
         return 2;
     }
 

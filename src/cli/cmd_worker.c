@@ -2,7 +2,7 @@
  * cmd_worker: `tokenmill worker --role prefill|decode|mixed -m MODEL --listen HOST:PORT
  * --cache SPEC [--gateway HOST:PORT] [--threads N] [--ctx N] [--max-seqs N] [--kv-mib N]
  * [--step-tokens N] [--prefill-step-tokens N] [--max-queue N] [--name NAME] [--drain-timeout SECONDS] [-v]`: one worker
- * of the disaggregated server (issue 5, src/cluster/worker.h, docs/protocol.md).
+ * of the disaggregated server (src/cluster/worker.h, docs/protocol.md).
  *
  * The engine, scheduler and block store are set up as `tokenmill serve` does; every worker
  * and the gateway must name the same --cache store (full KV blocks travel through it). SIGTERM

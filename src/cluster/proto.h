@@ -1,7 +1,7 @@
 /*
  * proto: the binary protocol between the gateway and the prefill / decode / mixed workers
- * (issue 5). The full description of every frame is docs/protocol.md; this header is its
- * C form, shared by both ends.
+ * of the disaggregated server. The full description of every frame is docs/protocol.md;
+ * this header is its C form, shared by both ends.
  *
  * DESIGN. A connection carries length-prefixed frames, in both directions, over TCP. A frame
  * is a 24-byte header (magic "TMCP", version, type, flags, request id, payload length, all

@@ -3,7 +3,7 @@
  *
  * DESIGN. libmicrohttpd (Debian libmicrohttpd-dev; chosen over evhttp/h2o because it is a
  * small, well-kept C library with keep-alive, chunked responses, connection limits and
- * timeouts built in) runs one thread per connection. A request's body is read completely
+ * timeouts built in) runs one thread per request being served. A request's body is read completely
  * (up to max_body bytes, else 413 before the handler runs), then the route's handler is
  * called on that connection's thread with method, path, query, headers and the whole body.
  * The handler answers with exactly one of http_respond* before it returns:
@@ -16,10 +16,24 @@
  *    normally) the handler's done function is called exactly once, with client_gone set
  *    on a disconnect, so the handler cancels its request and frees its KV blocks at once.
  * A handler that responds with nothing gets a 500. Unknown paths get 404, a known path with
- * another method 405 (both as OpenAI-shaped JSON errors).
+ * another method 405 (both as JSON errors in the path's vendor shape).
  *
- * Keep-alive is the default for HTTP/1.1; idle connections close after idle_timeout_s, and
- * a client that is too slow to send its headers/body is cut off by the same timeout.
+ * Connections (see http.c for the why): the layer accepts connections itself and holds each
+ * in the "gate" until its request head has arrived whole; the head is checked there (request
+ * line, version, URI and header sizes, Content-Length, Transfer-Encoding, Host) and only then
+ * handed to libmicrohttpd. So a slow or broken client costs a file descriptor, not a thread,
+ * and the library's own HTML error pages are never reached for a connection's first request:
+ * every error is JSON in the route's vendor shape (Anthropic's for /v1/messages*, OpenAI's
+ * elsewhere, a shape both SDKs parse when the path is unknown). Limits:
+ *  - a request's head must arrive within request_timeout_s of the connection opening (an
+ *    absolute deadline, not an idle timeout a trickle can keep resetting), its body at
+ *    min_rate bytes/s after that grace; else 408;
+ *  - max_connections requests served at once, max_client_connections connections (waiting
+ *    in the gate or served) per client address; past them 503 / 429 with Retry-After;
+ *  - routes added with http_route_ops (/health, /metrics) are served past both, from a
+ *    reserve, so they answer while the API is saturated (only a client with
+ *    max_client_connections heads still waiting in the gate is refused before its path shows).
+ * Keep-alive is the default for HTTP/1.1; idle connections close after idle_timeout_s.
  */
 #ifndef TM_HTTP_H
 #define TM_HTTP_H
@@ -27,6 +41,9 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#define HTTP_RETRY_AFTER "1"      /* Retry-After of a 503/429 (seconds, the header's text): the
+                                   * layer's refusals and the API's (a draining server) */
 
 typedef enum {
     HTTP_OK = 0,
@@ -39,8 +56,11 @@ typedef struct {
     const char *host;        /* listen address, numeric; NULL: 127.0.0.1 */
     int port;                /* 0: any free port (see http_server_port) */
     size_t max_body;         /* request body limit in bytes; 0: 8 MiB */
-    int idle_timeout_s;      /* keep-alive idle / slow client timeout; 0: 60 */
-    int max_connections;     /* concurrent connections; 0: 1024 */
+    int idle_timeout_s;      /* keep-alive idle timeout, s; 0: 60 */
+    int request_timeout_s;   /* deadline for a request's head, s, and grace for its body; 0: 30 */
+    size_t min_rate;         /* body bytes/s a client must keep up past the grace; 0: 4096 */
+    int max_connections;     /* requests served at once (a thread each); 0: 1024 */
+    int max_client_connections; /* connections per client address; 0: 256 */
     const char *const *api_keys; /* (n_api_keys) accepted keys; none: no check */
     int n_api_keys;
 } http_opts;
@@ -72,6 +92,9 @@ typedef void (*http_done_fn)(void *ctx, bool client_gone);
 http_status http_server_new(const http_opts *opts, http_server **out, char *err, size_t errsz);
 /* Adds a route: exact path match (no query), method "GET"/"POST"/... Call before start. */
 void http_route(http_server *h, const char *method, const char *path, http_handler fn, void *user);
+/* The same for an operator's route (health, metrics): cheap handlers served past
+ * max_connections and max_client_connections, from a reserve of connections (see above). */
+void http_route_ops(http_server *h, const char *method, const char *path, http_handler fn, void *user);
 /* Starts listening and serving (returns at once; connections run on their own threads). */
 http_status http_server_start(http_server *h, char *err, size_t errsz);
 /* The bound port (useful with port 0). */
@@ -90,16 +113,25 @@ const char *http_request_header(const http_request *r, const char *name);
 const char *http_request_body(const http_request *r, size_t *len);
 http_server *http_request_server(const http_request *r);
 
-/* API keys: true when the server has no keys, or the request carries one of them, as
- * "Authorization: Bearer KEY" (OpenAI) or "x-api-key: KEY" (Anthropic); either header is
- * accepted on every route. */
+/* API keys, as "Authorization: Bearer KEY" (OpenAI) or "x-api-key: KEY" (Anthropic); either
+ * header is accepted on every route. Keys are compared as SHA-256 digests with
+ * CRYPTO_memcmp against every key, so neither a key's bytes nor its length leak in time. */
+typedef enum {
+    HTTP_AUTH_OK = 0,        /* the server has no keys, or the request carries one of them */
+    HTTP_AUTH_MISSING,       /* no key in either header */
+    HTTP_AUTH_INVALID,       /* a key that is none of the server's */
+} http_auth;
+http_auth http_request_auth(const http_request *r);
+/* http_request_auth(r) == HTTP_AUTH_OK. */
 bool http_request_authorized(const http_request *r);
 /* The server's key that the request carries (as above), or NULL when the server has no keys
  * or the request none of them: the tenant's identity (e.g. for cache salts). */
 const char *http_request_api_key(const http_request *r);
 
-/* True when the client has closed its side of the connection (a handler that waits for a
- * whole answer checks it now and then and cancels its work). */
+/* True when the client has gone (a handler that waits for a whole answer checks it now and
+ * then and cancels its work). A client that only half-closed (shut down its sending side,
+ * as `nc -N` does) still reads its answer: on HTTP/1.1 the layer then sends one interim
+ * "102 Processing", which a closed peer answers with a reset, seen at the next check. */
 bool http_request_client_gone(const http_request *r);
 
 /* Adds a response header (before http_respond*). */
@@ -111,12 +143,54 @@ void http_respond(http_request *r, int status, const char *content_type, const c
 void http_respond_stream(http_request *r, int status, const char *content_type,
                          http_pull_fn pull, http_done_fn done, void *ctx);
 
+/* The vendor whose error shape a path's errors take. */
+typedef enum {
+    HTTP_VENDOR_ANY = 0,     /* path unknown: {"type":"error","error":{message,type,param,code}}, both SDKs parse it */
+    HTTP_VENDOR_OPENAI,      /* {"error":{message,type,param,code}} */
+    HTTP_VENDOR_ANTHROPIC,   /* {"type":"error","error":{type,message}}: /v1/messages* */
+} http_vendor;
+http_vendor http_vendor_of(const char *path);
+/* The error type the vendor documents for a status (Anthropic: not_found_error,
+ * overloaded_error, ...; OpenAI: invalid_request_error, server_error, ...). */
+const char *http_error_type(http_vendor v, int status);
+/* Writes the JSON error body for status in vendor's shape into out (NUL-terminated); message
+ * must need no JSON escaping. Returns its length. */
+size_t http_error_body(char *out, size_t outsz, http_vendor v, int status, const char *message);
+/* Answers an error in the request path's vendor shape. */
+void http_respond_error(http_request *r, int status, const char *message);
+
+/* The gate's checks of a request (head.c; exposed for tests). */
+typedef enum {
+    HTTP_HEAD_INCOMPLETE = 0,  /* no end of head yet, and nothing wrong so far */
+    HTTP_HEAD_OK,              /* a whole, well-formed head */
+    HTTP_HEAD_BAD,             /* status and message say why */
+} http_head_status;
+typedef struct {
+    int status;              /* HTTP_HEAD_BAD: the error status (400, 413, 414, 431, 501, 505) */
+    const char *message;     /* HTTP_HEAD_BAD: why, a static string */
+    size_t head_len;         /* HTTP_HEAD_OK: bytes of the head, blank line included */
+    size_t path_off, path_len; /* the request target's path (no query) in buf; len 0: not parsed */
+    bool get_or_head;        /* the method is GET or HEAD */
+    bool chunked;            /* HTTP_HEAD_OK: Transfer-Encoding: chunked */
+} http_head;
+/* Checks the head at the start of buf (len bytes seen so far): head_max bytes at most for the
+ * whole head, uri_max for the request target, max_body for Content-Length. */
+http_head_status http_head_check(const char *buf, size_t len, size_t head_max, size_t uri_max, uint64_t max_body,
+                                 http_head *out);
+/* Checks the chunked body at the start of buf (len bytes seen so far): HTTP_HEAD_OK once the
+ * last chunk and the trailer are seen (*body_len: the bytes they take), HTTP_HEAD_BAD on a
+ * syntax error (400) or when the chunks' declared sizes pass max_body (413, said as soon as
+ * a size line shows it), else HTTP_HEAD_INCOMPLETE. */
+http_head_status http_head_chunked(const char *buf, size_t len, uint64_t max_body, size_t *body_len, http_head *out);
+
 /* Counters for /metrics. */
 typedef struct {
     uint64_t n_requests;      /* requests that reached a handler or the router */
     uint64_t n_by_class[6];   /* by status class: [1..5] = 1xx..5xx */
     uint64_t n_too_large;     /* 413 */
     uint64_t n_disconnects;   /* streams ended by the client */
+    uint64_t n_refused;       /* 503/429 at capacity or past the per-client limit */
+    uint64_t n_timeouts;      /* 408: a head or body too slow */
     int n_connections;        /* open now */
     int n_streams;            /* streaming responses open now */
     int n_active;             /* requests between their headers and the end of their response

@@ -57,20 +57,27 @@ void api_anthropic_error(http_request *r, int status, const char *type, const ch
                                           "message", message));
 }
 
+/* A missing key and a wrong one get different messages (as the vendors' own APIs do), and
+ * the types their SDKs map to an authentication error. */
 bool api_openai_auth(http_request *r)
 {
-    if (http_request_authorized(r)) return true;
-    const char *h = http_request_header(r, "Authorization");
-    api_openai_error(r, 401, "invalid_request_error",
-                     h ? "Incorrect API key provided." : "You didn't provide an API key. Use \"Authorization: Bearer KEY\".",
-                     NULL, "invalid_api_key");
+    http_auth a = http_request_auth(r);
+    if (a == HTTP_AUTH_OK) return true;
+    if (a == HTTP_AUTH_MISSING)
+        api_openai_error(r, 401, "invalid_request_error",
+                         "You didn't provide an API key. Send it as \"Authorization: Bearer KEY\" (or \"x-api-key: KEY\").",
+                         NULL, NULL);
+    else
+        api_openai_error(r, 401, "invalid_request_error", "Incorrect API key provided.", NULL, "invalid_api_key");
     return false;
 }
 
 bool api_anthropic_auth(http_request *r)
 {
-    if (http_request_authorized(r)) return true;
-    api_anthropic_error(r, 401, "authentication_error", "invalid x-api-key");
+    http_auth a = http_request_auth(r);
+    if (a == HTTP_AUTH_OK) return true;
+    api_anthropic_error(r, 401, "authentication_error",
+                        a == HTTP_AUTH_MISSING ? "x-api-key header is required" : "invalid x-api-key");
     return false;
 }
 
@@ -175,7 +182,7 @@ static void api_submit_message(char *buf, size_t sz, const api_ctx *c, sched_sta
 }
 
 /* A 503 asks the client to come back (to another replica, behind a load balancer). */
-static void api_retry_after(http_request *r) { http_add_header(r, "Retry-After", API_RETRY_AFTER_S); }
+static void api_retry_after(http_request *r) { http_add_header(r, "Retry-After", HTTP_RETRY_AFTER); }
 
 void api_openai_submit_error(http_request *r, const api_ctx *c, sched_status st, int n_prompt, int max_tokens)
 {
@@ -430,19 +437,7 @@ void api_error_set(api_error *e, int status, const char *param, const char *code
     va_end(ap);
 }
 
-static const char *api_anthropic_type(int status)
-{
-    switch (status) {
-    case 401: return "authentication_error";
-    case 403: return "permission_error";
-    case 404: return "not_found_error";
-    case 413: return "request_too_large";
-    case 429: return "rate_limit_error";
-    case 503:
-    case 529: return "overloaded_error";
-    default: return status >= 500 ? "api_error" : "invalid_request_error";
-    }
-}
+static const char *api_anthropic_type(int status) { return http_error_type(HTTP_VENDOR_ANTHROPIC, status); }
 
 void api_error_json(api_kind kind, const api_error *e, jsonfmt_buf *out)
 {

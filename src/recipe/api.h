@@ -88,9 +88,8 @@ typedef struct {
     const gc_retention *retention; /* the block store's traffic classes (--retention over the
                                     * defaults), which cache_class may name; NULL: defaults */
     const api_backend *backend; /* NULL: requests run on sched; else on this backend (sched NULL) */
+    bool metrics_public;      /* /metrics without the API key (--metrics-public) */
 } api_ctx;
-
-#define API_RETRY_AFTER_S "2"   /* Retry-After of a 503 (seconds, as the header's text) */
 
 /* The routes' calls into the backend: c->backend's, or sched_submit/poll/cancel/release. */
 sched_status api_be_submit(const api_ctx *c, const sched_params *p, sched_req **out);

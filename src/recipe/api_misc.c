@@ -1,11 +1,13 @@
 /*
- * api_misc: the server's small routes: GET /v1/models (OpenAI list shape), GET /health (503
- * "draining" once the scheduler refuses new work, so that load balancers move away), and
+ * api_misc: the server's small routes: GET /v1/models (OpenAI list shape), GET /health (both
+ * also name the chat template in use, so an operator sees how prompts are written; /health is
+ * a 503 "draining" once the scheduler refuses new work, so that load balancers move away), and
  * GET /metrics (Prometheus text exposition format 0.0.4) from the scheduler's and the HTTP
  * layer's counters (a remote backend without a scheduler: the backend's metrics hook): requests, tokens in/out, cached tokens, TTFT / inter-token latency /
  * engine step histograms, queue depth, running sequences, KV blocks, CPU gap between steps.
  */
 #include "recipe/api.h"
+#include "recipe/template.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -18,6 +20,7 @@ static void misc_models(http_request *r, void *user)
     json_t *m = json_pack("{s:s, s:s, s:I, s:s}", "id", c->model_name, "object", "model", "created",
                           (json_int_t)c->created, "owned_by", "tokenmill");
     json_object_set_new(m, "context_length", json_integer(c->n_ctx));
+    if (c->tmpl) json_object_set_new(m, "template", json_string(template_name(c->tmpl)));
     api_respond_json(r, 200, json_pack("{s:s, s:[o]}", "object", "list", "data", m));
 }
 
@@ -25,12 +28,11 @@ static void misc_models(http_request *r, void *user)
 static void misc_health(http_request *r, void *user)
 {
     const api_ctx *c = user;
-    if (c->sched && sched_draining(c->sched)) {
-        http_add_header(r, "Retry-After", API_RETRY_AFTER_S);
-        http_respond(r, 503, "application/json", "{\"status\":\"draining\"}", 21);
-        return;
-    }
-    http_respond(r, 200, "application/json", "{\"status\":\"ok\"}", 15);
+    bool draining = c->sched && sched_draining(c->sched);
+    json_t *o = json_pack("{s:s}", "status", draining ? "draining" : "ok");
+    if (c->tmpl) json_object_set_new(o, "template", json_string(template_name(c->tmpl)));
+    if (draining) http_add_header(r, "Retry-After", HTTP_RETRY_AFTER);
+    api_respond_json(r, draining ? 503 : 200, o);
 }
 
 static void misc_hist(http_buf *b, const char *name, const char *help, const sched_hist *h)
@@ -54,6 +56,7 @@ void api_metric(http_buf *b, const char *name, const char *type, const char *hel
 static void misc_metrics(http_request *r, void *user)
 {
     const api_ctx *c = user;
+    if (!c->metrics_public && !api_openai_auth(r)) return;  /* the figures tell load and tenants' traffic */
     sched_stats st;
     sched_hist ttft, itl, step, load_wait;
     http_stats hs;
@@ -80,7 +83,9 @@ static void misc_metrics(http_request *r, void *user)
     for (int k = 1; k <= 5; k++)
         http_buf_printf(&b, "tokenmill_http_requests_total{code=\"%dxx\"} %llu\n", k, (unsigned long long)hs.n_by_class[k]);
     api_metric(&b, "tokenmill_http_disconnects_total", "counter", "Streams ended by the client.", (double)hs.n_disconnects);
-    api_metric(&b, "tokenmill_http_connections", "gauge", "Open HTTP connections.", hs.n_connections);
+    api_metric(&b, "tokenmill_http_connections", "gauge", "Open HTTP connections (served, and waiting for their request head).", hs.n_connections);
+    api_metric(&b, "tokenmill_http_refused_total", "counter", "Connections refused at the connection or per-client limit (503/429).", (double)hs.n_refused);
+    api_metric(&b, "tokenmill_http_timeouts_total", "counter", "Requests whose head or body did not arrive in time (408).", (double)hs.n_timeouts);
     api_metric(&b, "tokenmill_http_streams", "gauge", "Streaming responses in progress.", hs.n_streams);
     api_metric(&b, "tokenmill_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", (double)st.n_prompt_tokens);
     api_metric(&b, "tokenmill_cached_prompt_tokens_total", "counter", "Prompt tokens whose KV came from the prefix cache.", (double)st.n_cached_tokens);
@@ -123,6 +128,6 @@ static void misc_metrics(http_request *r, void *user)
 void api_misc_register(http_server *h, api_ctx *c)
 {
     http_route(h, "GET", "/v1/models", misc_models, c);
-    http_route(h, "GET", "/health", misc_health, c);
-    http_route(h, "GET", "/metrics", misc_metrics, c);
+    http_route_ops(h, "GET", "/health", misc_health, c);   /* answered while the API is saturated */
+    http_route_ops(h, "GET", "/metrics", misc_metrics, c);
 }

@@ -18,6 +18,7 @@
 #define _GNU_SOURCE /* memmem */
 #include "recipe/template.h"
 
+#include <openssl/evp.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,6 +53,8 @@ static const char *const template_names[] = {
     [TEMPLATE_DEEPSEEK_R1] = "deepseek-r1",
 };
 
+static bool tmpl_blank(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+
 int template_family_by_name(const char *name)
 {
     for (size_t i = 0; i < TM_ARRAY_LEN(template_names); i++)
@@ -74,26 +77,75 @@ static int32_t tmpl_find(const tokenizer *tok, const char *z)
     return (a & (TOKENIZER_ATTR_CONTROL | TOKENIZER_ATTR_USER_DEFINED)) ? id : -1;
 }
 
-template_family template_detect(const tokenizer *tok, const gguf *g)
+/* The template texts tokenmill renders, by the SHA-256 of the text with leading and trailing
+ * blanks removed. Only these are recognised: a text that merely resembles one (another
+ * model's ChatML variant, a newer release of the family) renders differently, and the model
+ * would be prompted in a way it was not trained on. */
+static const struct {
+    template_family family;
+    const char *sha256;   /* hex digest of the trimmed text */
+    const char *source;   /* where the text comes from */
+} tmpl_known[] = {
+    { TEMPLATE_QWEN3, "87a2728cb8dc9fe424d624542f6060ec05a1d285ebbec578bb078900e33396b5", "Qwen3 (Qwen/Qwen3-0.6B)" },
+    { TEMPLATE_QWEN25, "55b2f4a26ac9ee719330a61a0c39d9e538b0e9322212f048326318cff4f8674a", "Qwen2.5 (Qwen/Qwen2.5-7B-Instruct)" },
+    { TEMPLATE_QWEN2, "af9c0233881b083b52ff773580215222b5440ac3d0beeeca99b76329b048f8db", "Qwen2 (llama.cpp's ggml-vocab-qwen2.gguf)" },
+    { TEMPLATE_CHATML, "fcf7a096fe99a48fd9ad2b250bf9237e96e8f48bffec1c7ea4d3f225176cd40e", "ChatML (llama.cpp's chatml test template)" },
+    { TEMPLATE_LLAMA3, "93c0e9aa3629bbd77e68dbc0f5621f6e6b23aa8d74b932595cdb8d64684526d7", "Llama 3.1 and 3.3 Instruct" },
+    { TEMPLATE_DEEPSEEK3, "d9f5f351b276cf9e81d009db08830db7d38e94927aecd09a7beb43e2aafee94e", "DeepSeek V3.1" },
+    { TEMPLATE_DEEPSEEK_R1, "bbe594884b44d740667ee65a70bc8d333a565eab3d63ea59f291ea73ada84ba6", "DeepSeek R1 distills (llama.cpp's copy)" },
+};
+
+/* The family whose reference text z[0..n) is; -1 if none. */
+static int tmpl_known_family(const char *z, size_t n)
+{
+    while (n && tmpl_blank(*z)) { z++; n--; }
+    while (n && tmpl_blank(z[n - 1])) n--;
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int md_len = 0;
+    if (EVP_Digest(z, n, md, &md_len, EVP_sha256(), NULL) != 1) return -1;
+    char hex[2 * EVP_MAX_MD_SIZE + 1];
+    for (unsigned int i = 0; i < md_len; i++) snprintf(hex + 2 * i, 3, "%02x", md[i]);
+    for (size_t i = 0; i < TM_ARRAY_LEN(tmpl_known); i++)
+        if (!strcmp(hex, tmpl_known[i].sha256)) return (int)tmpl_known[i].family;
+    return -1;
+}
+
+/* The family a template text looks like by its markers (only a hint for the error message of
+ * an unrecognised template); -1 if none. */
+static int tmpl_resembles(const char *ct, size_t ctn)
+{
+    if (!ct) return -1;
+    if (memmem(ct, ctn, "<｜User｜>", strlen("<｜User｜>")) || memmem(ct, ctn, "<｜Assistant｜>", strlen("<｜Assistant｜>"))) {
+        /* R1 opens the think block with a newline in its generation prompt */
+        if (memmem(ct, ctn, "<｜Assistant｜><think>\\n", strlen("<｜Assistant｜><think>\\n"))) return TEMPLATE_DEEPSEEK_R1;
+        return TEMPLATE_DEEPSEEK3;
+    }
+    if (memmem(ct, ctn, "<|start_header_id|>", 19)) return TEMPLATE_LLAMA3;
+    if (memmem(ct, ctn, "<|im_start|>", 12)) {
+        if (memmem(ct, ctn, "<think>", 7) || memmem(ct, ctn, "enable_thinking", 15)) return TEMPLATE_QWEN3;
+        if (memmem(ct, ctn, "You are Qwen", 12) || memmem(ct, ctn, "<tool_call>", 11)) return TEMPLATE_QWEN25;
+        if (memmem(ct, ctn, "You are a helpful assistant", 27)) return TEMPLATE_QWEN2;
+        return TEMPLATE_CHATML;
+    }
+    return -1;
+}
+
+/* "plain, chatml, ..." into buf. */
+static void tmpl_family_list(char *buf, size_t n)
+{
+    size_t k = 0;
+    buf[0] = 0;
+    for (size_t i = 0; i < TM_ARRAY_LEN(template_names) && k < n; i++)
+        k += (size_t)snprintf(buf + k, n - k, "%s%s", i ? ", " : "", template_names[i]);
+}
+
+int template_detect(const tokenizer *tok, const gguf *g)
 {
     const char *ct = NULL;
     size_t ctn = 0;
-    if (g && gguf_get_str(g, "tokenizer.chat_template", &ct, &ctn) && ctn > 0) {
-        /* markers of the families' template texts */
-        if (memmem(ct, ctn, "<｜User｜>", strlen("<｜User｜>")) || memmem(ct, ctn, "<｜Assistant｜>", strlen("<｜Assistant｜>"))) {
-            /* R1 opens the think block with a newline in its generation prompt */
-            if (memmem(ct, ctn, "<｜Assistant｜><think>\\n", strlen("<｜Assistant｜><think>\\n"))) return TEMPLATE_DEEPSEEK_R1;
-            return TEMPLATE_DEEPSEEK3;
-        }
-        if (memmem(ct, ctn, "<|start_header_id|>", 19)) return TEMPLATE_LLAMA3;
-        if (memmem(ct, ctn, "<|im_start|>", 12)) {
-            if (memmem(ct, ctn, "<think>", 7) || memmem(ct, ctn, "enable_thinking", 15)) return TEMPLATE_QWEN3;
-            if (memmem(ct, ctn, "You are Qwen", 12) || memmem(ct, ctn, "<tool_call>", 11)) return TEMPLATE_QWEN25;
-            if (memmem(ct, ctn, "You are a helpful assistant", 27)) return TEMPLATE_QWEN2;
-            return TEMPLATE_CHATML;
-        }
-    }
-    /* no (known) template text: the special tokens present, then the architecture */
+    if (g && gguf_get_str(g, "tokenizer.chat_template", &ct, &ctn) && ctn > 0) return tmpl_known_family(ct, ctn);
+    /* no template text (vocabulary files, base models): the special tokens present, then
+       the architecture */
     if (tmpl_find(tok, "<｜User｜>") >= 0 && tmpl_find(tok, "<｜Assistant｜>") >= 0) return TEMPLATE_DEEPSEEK3;
     if (tmpl_find(tok, "<|start_header_id|>") >= 0 && tmpl_find(tok, "<|eot_id|>") >= 0) return TEMPLATE_LLAMA3;
     if (tmpl_find(tok, "<|im_start|>") >= 0) {
@@ -135,15 +187,25 @@ template_status template_new(const tokenizer *tok, const gguf *g, const char *na
                              char *err, size_t errsz)
 {
     *out = NULL;
+    char names[128];
+    tmpl_family_list(names, sizeof names);
     int fam;
     if (name) {
         fam = template_family_by_name(name);
         if (fam < 0) {
-            snprintf(err, errsz, "unknown template '%s' (known: plain, chatml, qwen2, qwen2.5, qwen3, llama3, deepseek3, deepseek-r1)", name);
+            snprintf(err, errsz, "unknown template '%s' (known: %s)", name, names);
             return TEMPLATE_ERR_NAME;
         }
-    } else {
-        fam = (int)template_detect(tok, g);
+    } else if ((fam = template_detect(tok, g)) < 0) {
+        const char *ct = NULL;
+        size_t ctn = 0;
+        gguf_get_str(g, "tokenizer.chat_template", &ct, &ctn);
+        int like = tmpl_resembles(ct, ctn);
+        snprintf(err, errsz,
+                 "the model's chat template is not one tokenmill knows; choose the family to render it with "
+                 "--template NAME (one of: %s)%s%s%s", names, like >= 0 ? "; its text resembles " : "",
+                 like >= 0 ? template_names[like] : "", like >= 0 ? "'s" : "");
+        return TEMPLATE_ERR_UNRECOGNISED;
     }
     template *t = xcalloc(1, sizeof *t);
     t->family = (template_family)fam;
@@ -279,8 +341,6 @@ static tmpl_seg *tmpl_push_seg(tmpl_b *b)
     }
     return &b->segs[b->n_segs++];
 }
-
-static bool tmpl_blank(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
 
 /* Content text: never searched for specials. */
 static void tmpl_text(tmpl_b *b, const char *s, size_t n)
@@ -619,14 +679,12 @@ static void tmpl_render_qwen3(tmpl_b *b, const conv *c, const tmpl_msg *m)
     }
 }
 
-/* Qwen2.5 (dflt = its default system prompt, tools listed in the system turn), Qwen2 (dflt
- * "You are a helpful assistant", no tools block) and plain ChatML (neither). The latter two
- * write tool calls and results as Qwen2.5 does. */
-static void tmpl_render_qwen25(tmpl_b *b, const conv *c, const tmpl_msg *m, const char *dflt, bool tools_block)
+/* Qwen2.5: dflt is its default system prompt; tools are listed in the system turn. */
+static void tmpl_render_qwen25(tmpl_b *b, const conv *c, const tmpl_msg *m, const char *dflt)
 {
     int n = c->n_turns;
     bool first_sys = n > 0 && m[0].role == CONV_ROLE_SYSTEM;
-    if (c->n_tools && tools_block) {
+    if (c->n_tools) {
         tmpl_scaffold(b, "<|im_start|>system\n");
         if (first_sys) tmpl_text(b, m[0].content, m[0].c_len);
         else tmpl_scaffold(b, dflt);
@@ -635,7 +693,7 @@ static void tmpl_render_qwen25(tmpl_b *b, const conv *c, const tmpl_msg *m, cons
         tmpl_qwen_tools(b, c);
     } else if (first_sys) {
         tmpl_role_turn(b, &m[0]);
-    } else if (dflt) {
+    } else {
         tmpl_scaffold(b, "<|im_start|>system\n");
         tmpl_scaffold(b, dflt);
         tmpl_scaffold(b, "<|im_end|>\n");
@@ -658,6 +716,32 @@ static void tmpl_render_qwen25(tmpl_b *b, const conv *c, const tmpl_msg *m, cons
             tmpl_scaffold(b, "<|im_end|>\n");
         } else if (x->role == CONV_ROLE_TOOL) {
             tmpl_qwen_tool_turn(b, m, i, n);
+        }
+    }
+    if (c->add_generation_prompt) tmpl_scaffold(b, "<|im_start|>assistant\n");
+}
+
+/* Qwen2 (dflt: its default system prompt, written when the first message is not a system
+ * one) and plain ChatML (dflt NULL). Their reference templates write every message as
+ * <|im_start|>ROLE\nCONTENT<|im_end|>\n and know nothing of tools: tool definitions and tool
+ * calls are not written and a tool result is a "tool" turn. Writing calls without the
+ * definitions (or in another family's format) would show the model a prompt it was never
+ * trained on; a model that does know a tool format is served with that family's --template. */
+static void tmpl_render_chatml(tmpl_b *b, const conv *c, const tmpl_msg *m, const char *dflt)
+{
+    int n = c->n_turns;
+    if (dflt && n > 0 && m[0].role != CONV_ROLE_SYSTEM) {
+        tmpl_scaffold(b, "<|im_start|>system\n");
+        tmpl_scaffold(b, dflt);
+        tmpl_scaffold(b, "<|im_end|>\n");
+    }
+    for (int i = 0; i < n; i++) {
+        if (m[i].role == CONV_ROLE_TOOL) {
+            tmpl_scaffold(b, "<|im_start|>tool\n");
+            tmpl_text(b, m[i].content, m[i].c_len);
+            tmpl_scaffold(b, "<|im_end|>\n");
+        } else {
+            tmpl_role_turn(b, &m[i]);
         }
     }
     if (c->add_generation_prompt) tmpl_scaffold(b, "<|im_start|>assistant\n");
@@ -914,11 +998,9 @@ static bool tmpl_render(tmpl_b *b, const conv *c, bool *open_think)
     *open_think = false;
     switch (b->t->family) {
     case TEMPLATE_QWEN3: tmpl_render_qwen3(b, c, m); break;
-    case TEMPLATE_QWEN25:
-        tmpl_render_qwen25(b, c, m, "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.", true);
-        break;
-    case TEMPLATE_QWEN2: tmpl_render_qwen25(b, c, m, "You are a helpful assistant", false); break;
-    case TEMPLATE_CHATML: tmpl_render_qwen25(b, c, m, NULL, false); break;
+    case TEMPLATE_QWEN25: tmpl_render_qwen25(b, c, m, "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."); break;
+    case TEMPLATE_QWEN2: tmpl_render_chatml(b, c, m, "You are a helpful assistant"); break;
+    case TEMPLATE_CHATML: tmpl_render_chatml(b, c, m, NULL); break;
     case TEMPLATE_LLAMA3: tmpl_render_llama3(b, c, m); break;
     case TEMPLATE_DEEPSEEK3: tmpl_render_deepseek3(b, c, m, open_think); break;
     case TEMPLATE_DEEPSEEK_R1: tmpl_render_deepseek_r1(b, c, m, open_think); break;

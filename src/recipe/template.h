@@ -6,8 +6,9 @@
  *              turns after the last user query, <tool_call>/<tool_response>, enable_thinking.
  *   qwen2.5    ChatML as Qwen2.5 writes it (default system prompt, tools, no reasoning).
  *   qwen2      ChatML as Qwen2 writes it (default system prompt "You are a helpful assistant").
- *   chatml     plain ChatML (no default system prompt, no tools block; qwen2 and chatml write
- *              tool calls and results the Qwen2.5 way).
+ *   chatml     plain ChatML (no default system prompt). Like their references, qwen2 and
+ *              chatml write neither tool definitions nor tool calls; a tool result is a "tool"
+ *              turn.
  *   llama3     Llama 3 / 3.1 header ids; tools in the first user turn, "Environment: ipython",
  *              JSON tool calls, tool results as ipython turns.
  *   deepseek3  DeepSeek V3.1: <｜User｜>/<｜Assistant｜>, <think> and the tool-call tokens.
@@ -18,7 +19,14 @@
  * models/templates (Qwen-Qwen3-0.6B, Qwen-Qwen2.5-7B-Instruct,
  * meta-llama-Llama-3.1-8B-Instruct, deepseek-ai-DeepSeek-V3.1, deepseek-ai-DeepSeek-R1-Distill-Qwen-32B
  * (llama.cpp's copy, whose thinking defaults to off); qwen2: the chat_template of
- * llama.cpp's ggml-vocab-qwen2.gguf), with Python Jinja semantics.
+ * llama.cpp's ggml-vocab-qwen2.gguf; chatml: llama.cpp's ChatML test template), with Python
+ * Jinja semantics, tools included: DeepSeek's references write tool calls and results but
+ * not the definitions (DeepSeek has them described in the system prompt).
+ *
+ * Choosing the family: a GGUF whose tokenizer.chat_template is exactly one of those texts
+ * gets its family; any other template text is not recognised (template_new fails unless a
+ * name is given), as rendering it as a similar family would silently change the prompt. A
+ * GGUF with no template text (base models, vocabulary files) is judged by its special tokens.
  *
  * Control tokens only by ID. Rendering produces a list of segments: control tokens (ids) and
  * text runs. Scaffolding strings of the template are searched for the vocabulary's special
@@ -46,6 +54,8 @@
 typedef enum {
     TEMPLATE_OK = 0,
     TEMPLATE_ERR_NAME,      /* unknown template name */
+    TEMPLATE_ERR_UNRECOGNISED, /* no name given and the model's template text is none of the
+                               families' (the message names --template and the families) */
     TEMPLATE_ERR_JSON,      /* tool parameters or call arguments are not valid JSON */
     TEMPLATE_ERR_CONV,      /* the conversation cannot be written in this family (e.g. tools
                                offered to llama3 with no user turn) */
@@ -74,9 +84,8 @@ typedef struct {
     size_t text_len;     /* bytes of text */
 } template_prompt;
 
-/* Chooses the family: by name when name is non-NULL, else from g's metadata
- * (tokenizer.chat_template markers, general.architecture) and the special tokens the
- * vocabulary has. g may be NULL (vocabulary only). tok must outlive the template. */
+/* Chooses the family: by name when name is non-NULL, else template_detect (failing with
+ * TEMPLATE_ERR_UNRECOGNISED). g may be NULL (vocabulary only). tok must outlive the template. */
 template_status template_new(const tokenizer *tok, const gguf *g, const char *name, template **out,
                              char *err, size_t errsz);
 void template_free(template *t);
@@ -85,8 +94,10 @@ const char *template_name(const template *t);
 template_family template_get_family(const template *t);
 /* The family for a name ("qwen3", ...); -1 if unknown. */
 int template_family_by_name(const char *name);
-/* The family template_new would choose for this model (no name given). */
-template_family template_detect(const tokenizer *tok, const gguf *g);
+/* The family template_new would choose for this model (no name given): the family whose
+ * reference text g's tokenizer.chat_template is, -1 if it is another text; without a
+ * template text, by the special tokens (and general.architecture). */
+int template_detect(const tokenizer *tok, const gguf *g);
 
 /* Renders and tokenises c. n_threads > 1 lets long prompts tokenise their text runs in
  * parallel. On success fills *out (free with template_prompt_free). */

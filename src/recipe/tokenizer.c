@@ -1170,45 +1170,48 @@ static void tokenizer_get_id(const tokenizer *t, const gguf *g, const char *key,
     if (gguf_get_int(g, key, &v) && v >= 0 && v < t->n_vocab) *id = (int32_t)v;
 }
 
-tokenizer_status tokenizer_load(const gguf *g, tokenizer **out, char *err, size_t errsz)
-{
-    tokenizer_status st = TOKENIZER_ERR_NOMEM;
-    tokenizer *t = calloc(1, sizeof *t);
-    tokenizer_buf piece = { 0 };
-    int32_t *tmp = NULL;
-    *out = NULL;
-    if (!t) {
-        tokenizer_err(err, errsz, "out of memory");
-        return TOKENIZER_ERR_NOMEM;
-    }
+/* The loading steps below each return TOKENIZER_OK or the status of the first problem, with
+ * err filled in; tokenizer_load runs them in order and frees the half-built tokenizer on
+ * the first failure. */
 
-    const char *model, *pre = NULL;
-    size_t nmodel, npre = 0;
+static tokenizer_status tokenizer_nomem(char *err, size_t errsz)
+{
+    tokenizer_err(err, errsz, "out of memory loading the vocabulary");
+    return TOKENIZER_ERR_NOMEM;
+}
+
+/* tokenizer.ggml.model: "llama" (SentencePiece) or "gpt2" (byte-level BPE). */
+static tokenizer_status tokenizer_load_kind(tokenizer *t, const gguf *g, char *err, size_t errsz)
+{
+    const char *model;
+    size_t nmodel;
     if (!gguf_get_str(g, "tokenizer.ggml.model", &model, &nmodel)) {
         tokenizer_err(err, errsz, "tokenizer.ggml.model missing (no vocabulary in this file)");
-        st = TOKENIZER_ERR_MISSING;
-        goto fail;
+        return TOKENIZER_ERR_MISSING;
     }
     if (nmodel == 5 && !memcmp(model, "llama", 5)) t->kind = TOKENIZER_KIND_SPM;
     else if (nmodel == 4 && !memcmp(model, "gpt2", 4)) t->kind = TOKENIZER_KIND_BPE;
     else {
         tokenizer_err(err, errsz, "unsupported tokenizer.ggml.model '%.*s' (supported: llama, gpt2)", (int)TM_MIN(nmodel, 64), model);
-        st = TOKENIZER_ERR_UNSUPPORTED;
-        goto fail;
+        return TOKENIZER_ERR_UNSUPPORTED;
     }
+    return TOKENIZER_OK;
+}
 
+/* tokenizer.ggml.tokens into the arena; sizes the per-token arrays (every token normal until
+ * its type is read). */
+static tokenizer_status tokenizer_load_tokens(tokenizer *t, const gguf *g, char *err, size_t errsz)
+{
     gguf_vtype elt;
     uint64_t n;
     const void *data;
     if (!gguf_get_arr(g, "tokenizer.ggml.tokens", &elt, &n, &data)) {
         tokenizer_err(err, errsz, "tokenizer.ggml.tokens missing");
-        st = TOKENIZER_ERR_MISSING;
-        goto fail;
+        return TOKENIZER_ERR_MISSING;
     }
     if (elt != GGUF_VT_STRING || n == 0 || n > (1u << 30)) {
         tokenizer_err(err, errsz, "tokenizer.ggml.tokens: expected a non-empty string array");
-        st = TOKENIZER_ERR_FORMAT;
-        goto fail;
+        return TOKENIZER_ERR_FORMAT;
     }
     t->n_vocab = (int32_t)n;
     t->tok_off = calloc(n, sizeof *t->tok_off);
@@ -1218,34 +1221,45 @@ tokenizer_status tokenizer_load(const gguf *g, tokenizer **out, char *err, size_
     t->score = calloc(n, sizeof *t->score);
     t->attr = calloc(n, sizeof *t->attr);
     t->eog = calloc(n, 1);
-    if (!t->tok_off || !t->tok_len || !t->piece_off || !t->piece_len || !t->score || !t->attr || !t->eog) goto nomem;
+    if (!t->tok_off || !t->tok_len || !t->piece_off || !t->piece_len || !t->score || !t->attr || !t->eog)
+        return tokenizer_nomem(err, errsz);
     for (uint64_t i = 0; i < n; i++) {
         const char *s;
         size_t len;
         char empty[32];
         if (!gguf_arr_str(g, "tokenizer.ggml.tokens", i, &s, &len)) {
             tokenizer_err(err, errsz, "tokenizer.ggml.tokens[%llu] unreadable", (unsigned long long)i);
-            st = TOKENIZER_ERR_FORMAT;
-            goto fail;
+            return TOKENIZER_ERR_FORMAT;
         }
         if (len == 0) {  /* llama.cpp renames empty tokens */
             len = (size_t)snprintf(empty, sizeof empty, "[EMPTY_%llu]", (unsigned long long)i);
             s = empty;
         }
-        if (len > UINT32_MAX) { st = TOKENIZER_ERR_FORMAT; tokenizer_err(err, errsz, "token too long"); goto fail; }
+        if (len > UINT32_MAX) {
+            tokenizer_err(err, errsz, "token too long");
+            return TOKENIZER_ERR_FORMAT;
+        }
         uint64_t off = tokenizer_arena_add(t, s, len);
-        if (off == UINT64_MAX) goto nomem;
+        if (off == UINT64_MAX) return tokenizer_nomem(err, errsz);
         t->tok_off[i] = off;
         t->tok_len[i] = (uint32_t)len;
         if (len > t->max_token_len) t->max_token_len = len;
         t->attr[i] = TOKENIZER_ATTR_NORMAL;
     }
+    return TOKENIZER_OK;
+}
 
+/* The optional tokenizer.ggml.scores (SPM merge priorities) and tokenizer.ggml.token_type
+ * (the attributes); then the text -> id map. */
+static tokenizer_status tokenizer_load_scores_types(tokenizer *t, const gguf *g, char *err, size_t errsz)
+{
+    gguf_vtype elt;
+    uint64_t n;
+    const void *data;
     if (gguf_get_arr(g, "tokenizer.ggml.scores", &elt, &n, &data)) {
         if ((elt != GGUF_VT_FLOAT32 && elt != GGUF_VT_INT32) || n < (uint64_t)t->n_vocab) {
             tokenizer_err(err, errsz, "tokenizer.ggml.scores: expected %d float32 or int32", t->n_vocab);
-            st = TOKENIZER_ERR_FORMAT;
-            goto fail;
+            return TOKENIZER_ERR_FORMAT;
         }
         for (int32_t i = 0; i < t->n_vocab; i++) {
             if (elt == GGUF_VT_FLOAT32) memcpy(&t->score[i], (const char *)data + 4 * (size_t)i, 4);
@@ -1259,8 +1273,7 @@ tokenizer_status tokenizer_load(const gguf *g, tokenizer **out, char *err, size_
     if (gguf_get_arr(g, "tokenizer.ggml.token_type", &elt, &n, &data)) {
         if (elt != GGUF_VT_INT32 || n < (uint64_t)t->n_vocab) {
             tokenizer_err(err, errsz, "tokenizer.ggml.token_type: expected %d int32", t->n_vocab);
-            st = TOKENIZER_ERR_FORMAT;
-            goto fail;
+            return TOKENIZER_ERR_FORMAT;
         }
         for (int32_t i = 0; i < t->n_vocab; i++) {
             int32_t v;
@@ -1268,11 +1281,83 @@ tokenizer_status tokenizer_load(const gguf *g, tokenizer **out, char *err, size_
             t->attr[i] = tokenizer_attr_of_type(v);
         }
     }
-
-    if (!tokenizer_map_init(&t->tok_map, (size_t)t->n_vocab)) goto nomem;
+    if (!tokenizer_map_init(&t->tok_map, (size_t)t->n_vocab)) return tokenizer_nomem(err, errsz);
     for (int32_t i = 0; i < t->n_vocab; i++) tokenizer_map_put_token(t, i);
+    return TOKENIZER_OK;
+}
 
-    /* defaults as in llama.cpp, then the file's keys */
+/* BPE: tokenizer.ggml.pre chooses the pre-tokenizer (its regexes, BOS handling, whether
+ * whole-token words skip merging). */
+static tokenizer_status tokenizer_load_pre(tokenizer *t, const gguf *g, char *err, size_t errsz)
+{
+    const char *pre = NULL;
+    size_t npre = 0;
+    if (!gguf_get_str(g, "tokenizer.ggml.pre", &pre, &npre)) pre = "default", npre = 7;
+    char pname[80];
+    if (npre == 0 || npre >= sizeof pname - 2) pre = "default", npre = 7;
+    snprintf(pname, sizeof pname, "|%.*s|", (int)npre, pre);
+    size_t k;
+    for (k = 0; k < TM_ARRAY_LEN(tokenizer_pres); k++)
+        if (strstr(tokenizer_pres[k].names, pname)) break;
+    if (k == TM_ARRAY_LEN(tokenizer_pres)) {
+        tokenizer_err(err, errsz, "unsupported pre-tokenizer tokenizer.ggml.pre = '%.*s'", (int)TM_MIN(npre, 64), pre);
+        return TOKENIZER_ERR_UNSUPPORTED;
+    }
+    t->ignore_merges = tokenizer_pres[k].ignore_merges;
+    t->add_bos = tokenizer_pres[k].add_bos;
+    if (tokenizer_pres[k].no_bos) t->bos = -1;
+    for (int r = 0; r < TOKENIZER_MAX_REGEX && tokenizer_pres[k].re[r]; r++) {
+        if (!tokenizer_regex_compile(&t->regex[r], tokenizer_pres[k].re[r], err, errsz)) return TOKENIZER_ERR_FORMAT;
+        t->n_regex = r + 1;
+    }
+    return TOKENIZER_OK;
+}
+
+/* BPE: tokenizer.ggml.merges ("left right", rank = index) into the arena and the
+ * (left, right) -> rank map. */
+static tokenizer_status tokenizer_load_merges(tokenizer *t, const gguf *g, char *err, size_t errsz)
+{
+    gguf_vtype elt;
+    uint64_t n;
+    const void *data;
+    if (!gguf_get_arr(g, "tokenizer.ggml.merges", &elt, &n, &data)) {
+        tokenizer_err(err, errsz, "tokenizer.ggml.merges missing (required by gpt2 vocabularies)");
+        return TOKENIZER_ERR_MISSING;
+    }
+    if (elt != GGUF_VT_STRING || n > (1u << 30)) {
+        tokenizer_err(err, errsz, "tokenizer.ggml.merges: expected a string array");
+        return TOKENIZER_ERR_FORMAT;
+    }
+    t->n_merges = (int32_t)n;
+    t->merge_off = calloc(2 * n + 2, sizeof *t->merge_off);
+    t->merge_len = calloc(2 * n + 2, sizeof *t->merge_len);
+    if (!t->merge_off || !t->merge_len || !tokenizer_map_init(&t->merge_map, n)) return tokenizer_nomem(err, errsz);
+    for (uint64_t i = 0; i < n; i++) {
+        const char *s;
+        size_t len;
+        if (!gguf_arr_str(g, "tokenizer.ggml.merges", i, &s, &len)) {
+            tokenizer_err(err, errsz, "tokenizer.ggml.merges[%llu] unreadable", (unsigned long long)i);
+            return TOKENIZER_ERR_FORMAT;
+        }
+        /* split at the first space after position 0; none -> ("", "") as in llama.cpp */
+        const char *sp = len > 1 ? memchr(s + 1, ' ', len - 1) : NULL;
+        size_t n1 = sp ? (size_t)(sp - s) : 0, n2 = sp ? len - n1 - 1 : 0;
+        uint64_t o = tokenizer_arena_add(t, s, len);
+        if (o == UINT64_MAX) return tokenizer_nomem(err, errsz);
+        t->merge_off[2 * i] = o;
+        t->merge_len[2 * i] = (uint32_t)n1;
+        t->merge_off[2 * i + 1] = o + n1 + 1;
+        t->merge_len[2 * i + 1] = (uint32_t)n2;
+        if (!sp) t->merge_off[2 * i + 1] = o;
+    }
+    for (int32_t i = 0; i < t->n_merges; i++) tokenizer_map_put_merge(t, i);
+    return TOKENIZER_OK;
+}
+
+/* The special ids and flags: llama.cpp's defaults for the kind (BPE: with its pre-tokenizer
+ * and merges), then the file's keys; fim[] gets the fill-in-the-middle ids for the fix-ups. */
+static tokenizer_status tokenizer_load_specials(tokenizer *t, const gguf *g, int32_t fim[6], char *err, size_t errsz)
+{
     t->bos = t->eos = t->eot = t->eom = t->unk = -1;
     if (t->kind == TOKENIZER_KIND_SPM) {
         t->bos = 1, t->eos = 2, t->unk = 0;
@@ -1280,70 +1365,16 @@ tokenizer_status tokenizer_load(const gguf *g, tokenizer **out, char *err, size_
         t->add_space_prefix = true;
     } else {
         t->bos = 11, t->eos = 11;
-        if (!gguf_get_str(g, "tokenizer.ggml.pre", &pre, &npre)) pre = "default", npre = 7;
-        char pname[80];
-        if (npre == 0 || npre >= sizeof pname - 2) pre = "default", npre = 7;
-        snprintf(pname, sizeof pname, "|%.*s|", (int)npre, pre);
-        size_t k;
-        for (k = 0; k < TM_ARRAY_LEN(tokenizer_pres); k++)
-            if (strstr(tokenizer_pres[k].names, pname)) break;
-        if (k == TM_ARRAY_LEN(tokenizer_pres)) {
-            tokenizer_err(err, errsz, "unsupported pre-tokenizer tokenizer.ggml.pre = '%.*s'", (int)TM_MIN(npre, 64), pre);
-            st = TOKENIZER_ERR_UNSUPPORTED;
-            goto fail;
-        }
-        t->ignore_merges = tokenizer_pres[k].ignore_merges;
-        t->add_bos = tokenizer_pres[k].add_bos;
-        if (tokenizer_pres[k].no_bos) t->bos = -1;
-        for (int r = 0; r < TOKENIZER_MAX_REGEX && tokenizer_pres[k].re[r]; r++) {
-            if (!tokenizer_regex_compile(&t->regex[r], tokenizer_pres[k].re[r], err, errsz)) {
-                st = TOKENIZER_ERR_FORMAT;
-                goto fail;
-            }
-            t->n_regex = r + 1;
-        }
-
-        if (!gguf_get_arr(g, "tokenizer.ggml.merges", &elt, &n, &data)) {
-            tokenizer_err(err, errsz, "tokenizer.ggml.merges missing (required by gpt2 vocabularies)");
-            st = TOKENIZER_ERR_MISSING;
-            goto fail;
-        }
-        if (elt != GGUF_VT_STRING || n > (1u << 30)) {
-            tokenizer_err(err, errsz, "tokenizer.ggml.merges: expected a string array");
-            st = TOKENIZER_ERR_FORMAT;
-            goto fail;
-        }
-        t->n_merges = (int32_t)n;
-        t->merge_off = calloc(2 * n + 2, sizeof *t->merge_off);
-        t->merge_len = calloc(2 * n + 2, sizeof *t->merge_len);
-        if (!t->merge_off || !t->merge_len || !tokenizer_map_init(&t->merge_map, n)) goto nomem;
-        for (uint64_t i = 0; i < n; i++) {
-            const char *s;
-            size_t len;
-            if (!gguf_arr_str(g, "tokenizer.ggml.merges", i, &s, &len)) {
-                tokenizer_err(err, errsz, "tokenizer.ggml.merges[%llu] unreadable", (unsigned long long)i);
-                st = TOKENIZER_ERR_FORMAT;
-                goto fail;
-            }
-            /* split at the first space after position 0; none -> ("", "") as in llama.cpp */
-            const char *sp = len > 1 ? memchr(s + 1, ' ', len - 1) : NULL;
-            size_t n1 = sp ? (size_t)(sp - s) : 0, n2 = sp ? len - n1 - 1 : 0;
-            uint64_t o = tokenizer_arena_add(t, s, len);
-            if (o == UINT64_MAX) goto nomem;
-            t->merge_off[2 * i] = o;
-            t->merge_len[2 * i] = (uint32_t)n1;
-            t->merge_off[2 * i + 1] = o + n1 + 1;
-            t->merge_len[2 * i + 1] = (uint32_t)n2;
-            if (!sp) t->merge_off[2 * i + 1] = o;
-        }
-        for (int32_t i = 0; i < t->n_merges; i++) tokenizer_map_put_merge(t, i);
+        tokenizer_status st = tokenizer_load_pre(t, g, err, errsz);
+        if (st == TOKENIZER_OK) st = tokenizer_load_merges(t, g, err, errsz);
+        if (st != TOKENIZER_OK) return st;
     }
     bool bv;
     if (gguf_get_bool(g, "tokenizer.ggml.add_space_prefix", &bv)) t->add_space_prefix = bv;
     if (t->bos >= t->n_vocab) t->bos = -1;
     if (t->eos >= t->n_vocab) t->eos = -1;
     if (t->unk >= t->n_vocab) t->unk = -1;
-    int32_t fim[6] = { -1, -1, -1, -1, -1, -1 };
+    for (int i = 0; i < 6; i++) fim[i] = -1;
     tokenizer_get_id(t, g, "tokenizer.ggml.bos_token_id", &t->bos);
     tokenizer_get_id(t, g, "tokenizer.ggml.eos_token_id", &t->eos);
     tokenizer_get_id(t, g, "tokenizer.ggml.eot_token_id", &t->eot);
@@ -1360,19 +1391,25 @@ tokenizer_status tokenizer_load(const gguf *g, tokenizer **out, char *err, size_
     tokenizer_get_id(t, g, "tokenizer.ggml.middle_token_id", &fim[2]);
     if (gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &bv)) t->add_bos = bv;
     if (gguf_get_bool(g, "tokenizer.ggml.add_eos_token", &bv)) t->add_eos = bv;
+    return TOKENIZER_OK;
+}
 
-    tokenizer_fixups(t, g, fim);
-
-    /* special tokens, longest text first */
+/* What encoding and decoding look up, derived once the attributes are final: the special
+ * tokens longest text first, the SPM byte-fallback tokens, and every token's decoded piece. */
+static tokenizer_status tokenizer_build_tables(tokenizer *t, char *err, size_t errsz)
+{
     t->special = malloc((size_t)t->n_vocab * sizeof *t->special);
-    tmp = malloc((size_t)t->n_vocab * sizeof *tmp);
-    if (!t->special || !tmp) goto nomem;
+    int32_t *tmp = malloc((size_t)t->n_vocab * sizeof *tmp);
+    if (!t->special || !tmp) {
+        free(tmp);
+        return tokenizer_nomem(err, errsz);
+    }
     for (int32_t i = 0; i < t->n_vocab; i++)
         if (t->attr[i] & (TOKENIZER_ATTR_CONTROL | TOKENIZER_ATTR_USER_DEFINED | TOKENIZER_ATTR_UNKNOWN))
             t->special[t->n_special++] = i;
     tokenizer_sort_special(t, t->special, tmp, t->n_special);
+    free(tmp);
 
-    /* SPM byte fallback */
     for (int b = 0; b < 256; b++) {
         char hex[8];
         snprintf(hex, sizeof hex, "<0x%02X>", b);
@@ -1383,27 +1420,39 @@ tokenizer_status tokenizer_load(const gguf *g, tokenizer **out, char *err, size_
         }
     }
 
-    /* decoded pieces */
+    tokenizer_buf piece = { 0 };
     for (int32_t i = 0; i < t->n_vocab; i++) {
-        if (!tokenizer_decode_piece(t, i, &piece)) goto nomem;
-        uint64_t off = tokenizer_arena_add(t, piece.p ? piece.p : "", piece.n);
-        if (off == UINT64_MAX) goto nomem;
+        uint64_t off = tokenizer_decode_piece(t, i, &piece) ? tokenizer_arena_add(t, piece.p ? piece.p : "", piece.n) : UINT64_MAX;
+        if (off == UINT64_MAX) {
+            free(piece.p);
+            return tokenizer_nomem(err, errsz);
+        }
         t->piece_off[i] = off;
         t->piece_len[i] = (uint32_t)piece.n;
         if (piece.n > t->max_piece_len) t->max_piece_len = piece.n;
     }
     free(piece.p);
-    free(tmp);
+    return TOKENIZER_OK;
+}
+
+tokenizer_status tokenizer_load(const gguf *g, tokenizer **out, char *err, size_t errsz)
+{
+    *out = NULL;
+    tokenizer *t = calloc(1, sizeof *t);
+    if (!t) return tokenizer_nomem(err, errsz);
+    int32_t fim[6];  /* fill-in-the-middle ids: pre, suf, mid, pad, rep, sep */
+    tokenizer_status st = tokenizer_load_kind(t, g, err, errsz);
+    if (st == TOKENIZER_OK) st = tokenizer_load_tokens(t, g, err, errsz);
+    if (st == TOKENIZER_OK) st = tokenizer_load_scores_types(t, g, err, errsz);
+    if (st == TOKENIZER_OK) st = tokenizer_load_specials(t, g, fim, err, errsz);
+    if (st == TOKENIZER_OK) tokenizer_fixups(t, g, fim);
+    if (st == TOKENIZER_OK) st = tokenizer_build_tables(t, err, errsz);
+    if (st != TOKENIZER_OK) {
+        tokenizer_free(t);
+        return st;
+    }
     *out = t;
     return TOKENIZER_OK;
-nomem:
-    tokenizer_err(err, errsz, "out of memory loading the vocabulary");
-    st = TOKENIZER_ERR_NOMEM;
-fail:
-    free(piece.p);
-    free(tmp);
-    tokenizer_free(t);
-    return st;
 }
 
 void tokenizer_free(tokenizer *t)

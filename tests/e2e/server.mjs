@@ -37,7 +37,7 @@ export async function startServer(model, args = [], { timeoutMs = 30000 } = {}) 
   proc.removeAllListeners("exit");
   if (process.env.TM_SERVE_LOG) proc.stderr.on("data", (d) => fs.appendFileSync(process.env.TM_SERVE_LOG, d));
   else proc.stderr.resume();
-  return { proc, port, url: `http://127.0.0.1:${port}` };
+  return { proc, port, url: `http://127.0.0.1:${port}`, log };
 }
 
 export async function stopServers() {

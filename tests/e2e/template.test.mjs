@@ -9,13 +9,14 @@
 // tokens only (the special ids of the prompt are those of the same conversation without it).
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { spawnSync } from "node:child_process";
+import { execFileSync, spawn, spawnSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { getLlama, LlamaLogLevel, readGgufFileInfo } from "node-llama-cpp";
 import { renderTemplate } from "../oracle/render_template.mjs";
 import { augment } from "../oracle/vocab_augment.mjs";
+import { startServer, stopServers } from "./server.mjs";
 
 const root = path.resolve(import.meta.dirname, "../..");
 const bin = process.env.TOKENMILL_BIN || path.join(root, "build/tokenmill");
@@ -107,7 +108,7 @@ const CONVS = {
     ],
     add_generation_prompt: false,
   }],
-  // Qwen2.5 copies this history verbatim, so with <think> in the vocabulary the reference
+  // Qwen2.5 and ChatML copy this history verbatim, so with <think> in the vocabulary the reference
   // matches the spelled markers as tokens: that is the injection our rule forbids.
   think_inline: [{
     messages: [
@@ -115,7 +116,34 @@ const CONVS = {
       { role: "assistant", content: "<think>\nGreet back.\n</think>\n\nHello! How can I help?" },
       { role: "user", content: "Tell me a joke." },
     ],
-  }, ["qwen2.5@gen:qwen3"]],
+  }, ["qwen2.5@gen:qwen3", "chatml@gen:qwen3"]],
+  // tool calls and results in the history with no tools offered (now)
+  tool_history_no_tools: [{
+    messages: [
+      { role: "user", content: "Weather in Lima?" },
+      { role: "assistant", content: "", tool_calls: [call("l1", "get_weather", { city: "Lima", unit: "c" })] },
+      { role: "tool", tool_call_id: "l1", content: "fog, 16 °C" },
+      { role: "assistant", content: "Foggy, 16 °C." },
+      { role: "user", content: "Thanks." },
+    ],
+  }],
+  // a definition with neither description nor parameters, one with non-ASCII and escapes,
+  // two results in a row answered by text, then a second round of calls
+  tools_edge: [{
+    tools: [{ type: "function", function: { name: "ping" } }, {
+      type: "function",
+      function: { name: "convert", description: "Température → °F; \"quoted\" \\ and \t tab", parameters: { type: "object", properties: { v: { type: "number" }, tags: { type: "array", items: { type: "string" } } } } },
+    }],
+    messages: [
+      { role: "user", content: "Ping, then convert 20." },
+      { role: "assistant", content: "", tool_calls: [call("p", "ping", {})] },
+      { role: "tool", tool_call_id: "p", content: "pong" },
+      { role: "assistant", content: "", tool_calls: [call("c", "convert", { v: 20, tags: ["a", "ü"] })] },
+      { role: "tool", tool_call_id: "c", content: "68" },
+      { role: "assistant", content: "Pong; 20 °C is 68 °F." },
+    ],
+    add_generation_prompt: false,
+  }],
   thinking_off: [{ enable_thinking: false, messages: [{ role: "user", content: "Quick answer: capital of Italy?" }] }],
   thinking_on: [{ enable_thinking: true, messages: [{ role: "user", content: "Think first: 3*7?" }] }],
   developer: [{ messages: [{ role: "developer", content: "Be brief." }, { role: "user", content: "Hello" }] }],
@@ -132,10 +160,13 @@ function refConv(conv, nullContent) {
   };
 }
 
-const NO_TOOLS = ["tools", "tools_no_system", "parallel_calls", "reasoning_after_query"];
-// jinja "gguf": the chat_template stored in the vocabulary file itself (Qwen2's, no tools)
+// llama.cpp's ChatML test template (tests/test-chat-template.cpp), the chatml family's reference
+export const CHATML = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+// jinja "gguf": the chat_template stored in the vocabulary file itself (Qwen2's); text: the
+// template itself. Every family meets every conversation, tools included.
 const FAMILIES = [
-  { name: "qwen2", jinja: "gguf", vocabs: ["ggml-vocab-qwen2.gguf"], skip: NO_TOOLS },
+  { name: "qwen2", jinja: "gguf", vocabs: ["ggml-vocab-qwen2.gguf"] },
+  { name: "chatml", text: CHATML, vocabs: ["ggml-vocab-qwen2.gguf", "gen:qwen3"] },
   { name: "qwen3", jinja: "Qwen-Qwen3-0.6B.jinja", vocabs: ["ggml-vocab-qwen2.gguf", "gen:qwen3"] },
   { name: "qwen2.5", jinja: "Qwen-Qwen2.5-7B-Instruct.jinja", vocabs: ["ggml-vocab-qwen2.gguf", "gen:qwen3"] },
   { name: "llama3", jinja: "meta-llama-Llama-3.1-8B-Instruct.jinja", vocabs: ["ggml-vocab-llama-bpe.gguf", "gen:llama31"] },
@@ -186,11 +217,11 @@ for (const fam of FAMILIES) {
       const vocab = await loadVocab(file);
       const failures = [];
       const cases = Object.entries(CONVS).filter(([cname, [, skip = []]]) =>
-        !(skip.includes(fam.name) || skip.includes(`${fam.name}@${v}`) || (fam.skip || []).includes(cname)));
+        !(skip.includes(fam.name) || skip.includes(`${fam.name}@${v}`)));
       const results = ours(file, fam.name, cases.map(([, [conv]]) => conv));
       for (const [k, [cname, [conv]]] of cases.entries()) {
-        const text = renderTemplate(fam.jinja === "gguf" ? vocab.chatTemplate : fs.readFileSync(path.join(templates, fam.jinja), "utf8"),
-          refConv(conv, fam.nullContent), vocab.bos, vocab.eos);
+        const src = fam.text ?? (fam.jinja === "gguf" ? vocab.chatTemplate : fs.readFileSync(path.join(templates, fam.jinja), "utf8"));
+        const text = renderTemplate(src, refConv(conv, fam.nullContent), vocab.bos, vocab.eos);
         const want = Array.from(vocab.model.tokenize(text, true));
         const got = results[k];
         if (got.text !== text) failures.push(`${cname}: text differs\n  ours: ${JSON.stringify(got.text)}\n  ref:  ${JSON.stringify(text)}`);
@@ -242,14 +273,80 @@ test("template detection from GGUF metadata and special tokens", { skip: !haveDa
   const conv = { messages: [{ role: "user", content: "hi" }] };
   const f = path.join(tmp, "c.json");
   fs.writeFileSync(f, JSON.stringify(conv));
-  const name = (v) => JSON.parse(spawnSync(bin, ["template", "-m", vocabPath(v), "--input", f], { encoding: "utf8" }).stdout).template;
+  const run = (file, ...extra) => spawnSync(bin, ["template", "-m", file, "--input", f, ...extra], { encoding: "utf8" });
+  const name = (v) => JSON.parse(run(vocabPath(v)).stdout).template;
   assert.equal(name("ggml-vocab-qwen2.gguf"), "qwen2");    // Qwen2's chat_template text in the file
   assert.equal(name("gen:llama31"), "llama3");             // no template text: header tokens
   assert.equal(name("gen:deepseek3"), "deepseek3");        // no template text: <｜User｜> tokens
   assert.equal(name("ggml-vocab-gpt-2.gguf"), "plain");
-  const r = spawnSync(bin, ["template", "-m", vocabPath("gen:qwen3"), "--template", "nope", "--input", f], { encoding: "utf8" });
+  const r = run(vocabPath("gen:qwen3"), "--template", "nope");
   assert.equal(r.status, 2);
   assert.match(r.stderr, /unknown template/);
+  // a template text that is none of the references (vocabularies that carry one, ChatML with
+  // a changed default, a relative of Qwen3) is refused unless --template names the family
+  const variants = [
+    path.join(models, "ggml-vocab-phi-3.gguf"),
+    path.join(models, "ggml-vocab-command-r.gguf"),
+    augment("qwen3", path.join(tmp, "chatml-variant.gguf"), CHATML.replace("{% for", "{{ '<|im_start|>system\\nHi<|im_end|>\\n' }}{% for")),
+    augment("qwen3", path.join(tmp, "qwq.gguf"), fs.readFileSync(path.join(templates, "Qwen-QwQ-32B.jinja"), "utf8")),
+  ];
+  for (const file of variants) {
+    const u = run(file);
+    assert.equal(u.status, 2, `${file}: ${u.stdout}`);
+    assert.match(u.stderr, /chat template is not one tokenmill knows; choose the family to render it with --template NAME \(one of: plain, chatml, qwen2, qwen2\.5, qwen3, llama3, deepseek3, deepseek-r1\)/);
+    assert.equal(JSON.parse(run(file, "--template", "chatml").stdout).template, "chatml");
+  }
+  // the reference texts themselves are recognised
+  assert.equal(JSON.parse(run(augment("qwen3", path.join(tmp, "chatml.gguf"), CHATML)).stdout).template, "chatml");
+  assert.equal(JSON.parse(run(augment("qwen3", path.join(tmp, "q25.gguf"), fs.readFileSync(path.join(templates, "Qwen-Qwen2.5-7B-Instruct.jinja"), "utf8"))).stdout).template, "qwen2.5");
+});
+
+// serve and gateway: an unrecognised template stops the start with a message naming
+// --template; with it (and with a recognised or no template) the start-up line, /v1/models and
+// /health name the template in use.
+test("serve and gateway refuse an unrecognised template without --template and report the one in use", { skip: !haveData && "no test data" }, async () => {
+  const vocab = augment("qwen3", path.join(tmp, "qwq-vocab.gguf"), fs.readFileSync(path.join(templates, "Qwen-QwQ-32B.jinja"), "utf8"));
+  const model = path.join(tmp, "qwq-tiny.gguf");
+  execFileSync(bin, ["mkmodel", "--arch", "qwen3", "--preset", "tiny", "--vocab", vocab, "--type", "q8_0", "--seed", "1", "-o", model], { stdio: "pipe" });
+  const r = spawnSync(bin, ["serve", "-m", model, "--port", "0", "--cache", "off"], { encoding: "utf8", timeout: 60000 });
+  assert.notEqual(r.status, 0);
+  assert.equal(r.signal, null);
+  assert.match(r.stderr, /--template NAME \(one of: plain, chatml, qwen2, qwen2\.5, qwen3, llama3, deepseek3, deepseek-r1\); its text resembles qwen3's/);
+  assert.doesNotMatch(r.stderr, /listening/);
+  const bundled = path.join(root, "models/stories260K.gguf");
+  for (const [file, args, want] of [[model, ["--template", "qwen3"], "qwen3"], [bundled, [], "plain"]]) {
+    const S = await startServer(file, ["--ctx", "256", ...args]);
+    assert.match(S.log, new RegExp(`template ${want}\\)`));
+    const models = await (await fetch(`${S.url}/v1/models`)).json();
+    assert.equal(models.data[0].template, want);
+    const health = await (await fetch(`${S.url}/health`)).json();
+    assert.equal(health.status, "ok");
+    assert.equal(health.template, want);
+  }
+  await stopServers();
+  // the gateway chooses the template the same way
+  const g = spawnSync(bin, ["gateway", "-m", model, "--listen", "127.0.0.1:0"], { encoding: "utf8", timeout: 60000 });
+  assert.notEqual(g.status, 0);
+  assert.equal(g.signal, null);
+  assert.match(g.stderr, /not one tokenmill knows; choose the family to render it with --template NAME/);
+  const gw = spawn(bin, ["gateway", "-m", model, "--listen", "127.0.0.1:0", "--template", "qwen3"], { stdio: ["ignore", "ignore", "pipe"] });
+  try {
+    let log = "";
+    const port = await new Promise((resolve, reject) => {
+      const t = setTimeout(() => reject(new Error("gateway did not start: " + log)), 30000);
+      gw.stderr.on("data", (d) => {
+        log += d;
+        const m = /listening on http:\/\/[^:]+:(\d+)/.exec(log);
+        if (m) { clearTimeout(t); resolve(Number(m[1])); }
+      });
+      gw.on("exit", (code) => { clearTimeout(t); reject(new Error(`gateway exited ${code}: ${log}`)); });
+    });
+    assert.match(log, /\(template qwen3\)/);
+    const health = await (await fetch(`http://127.0.0.1:${port}/health`)).json();
+    assert.equal(health.template, "qwen3");
+  } finally {
+    gw.kill("SIGKILL");
+  }
 });
 
 test("long prompts tokenise in parallel to the same ids", { skip: !haveData && "no test data" }, () => {
@@ -264,6 +361,7 @@ test("long prompts tokenise in parallel to the same ids", { skip: !haveData && "
 });
 
 test.after(async () => {
+  await stopServers();
   for (const v of loaded.values()) await v.model.dispose();
   fs.rmSync(tmp, { recursive: true, force: true });
 });

@@ -95,7 +95,8 @@ function readStrArray(raw) {
   return out;
 }
 
-export function augment(name, out) {
+// chatTemplate (optional): the tokenizer.chat_template to store (replacing the source's).
+export function augment(name, out, chatTemplate) {
   const a = AUGMENTS[name];
   if (!a) throw new Error(`unknown augment ${name}`);
   const { version, kvs } = readKVs(fs.readFileSync(path.join(models, a.src)));
@@ -110,6 +111,11 @@ export function augment(name, out) {
   }
   tk.raw = Buffer.concat([u32(8), u64(tokens.length), ...tokens.map(gstr)]);
   ty.raw = Buffer.concat([u32(5), u64(types.length), ...types.map((t) => { const b = Buffer.alloc(4); b.writeInt32LE(t); return b; })]);
+  if (chatTemplate !== undefined) {
+    const kept = kvs.filter((k) => k.key !== "tokenizer.chat_template");
+    kvs.length = 0;
+    kvs.push(...kept, { key: "tokenizer.chat_template", type: 8, raw: gstr(chatTemplate) });
+  }
   const parts = [Buffer.from("GGUF", "latin1"), u32(version), u64(0), u64(kvs.length)];
   for (const kv of kvs) parts.push(gstr(kv.key), u32(kv.type), kv.raw);
   let body = Buffer.concat(parts);

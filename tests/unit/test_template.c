@@ -3,11 +3,14 @@
  * scripts/fetch-testdata.sh; the tests are skipped with a note when it is absent). Exact
  * renderings of small conversations, control tokens by id only, the injection cases
  * (including a user-defined token, which the tokenizer would match even without
- * parse_special), errors, markers for the output splitter, parallel tokenisation. The
- * comparison against the reference Jinja templates is tests/e2e/template.test.mjs.
+ * parse_special), errors, markers for the output splitter, parallel tokenisation, which
+ * template texts are recognised (exactly the references; every other template of llama.cpp's
+ * models/templates is refused). The comparison against the reference Jinja templates is
+ * tests/e2e/template.test.mjs.
  */
 #include "harness.h"
 
+#include <dirent.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -16,6 +19,7 @@
 #include "recipe/tokenizer.h"
 
 #define VOCABS "tests/data/llama.cpp/models/"
+#define JINJA VOCABS "templates/"
 
 typedef struct {
     gguf *g;
@@ -243,6 +247,151 @@ TEST(parallel_equals_serial)
     fx_close(&f);
 }
 
+TEST(qwen2_and_chatml_write_tools_as_their_references)
+{
+    /* the references write every message as <|im_start|>ROLE\nCONTENT<|im_end|>\n: no tool
+       definitions, no tool calls, tool results as "tool" turns */
+    const char *fams[] = { "qwen2", "chatml" };
+    const char *heads[] = { "<|im_start|>system\nYou are a helpful assistant<|im_end|>\n", "" };
+    for (int k = 0; k < 2; k++) {
+        fixture f;
+        if (!fx_open(&f, VOCABS "ggml-vocab-qwen2.gguf", fams[k])) return;
+        conv c;
+        conv_init(&c);
+        conv_add_tool(&c, "f", "does f", "{\"type\":\"object\"}");
+        conv_add_message(&c, CONV_ROLE_USER, "q");
+        conv_add_turn(&c, CONV_ROLE_ASSISTANT);
+        conv_add_tool_call(&c, "id1", "f", "{}", 2);
+        conv_add_turn(&c, CONV_ROLE_TOOL);
+        conv_add_tool_result(&c, "id1", "f", "r", 1);
+        template_prompt p;
+        char err[128], want[512];
+        CHECK(template_apply(f.t, &c, 1, &p, err, sizeof err) == TEMPLATE_OK);
+        snprintf(want, sizeof want, "%s<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<|im_end|>\n"
+                 "<|im_start|>tool\nr<|im_end|>\n<|im_start|>assistant\n", heads[k]);
+        CHECKF(!strcmp(p.text, want), "%s: %s", fams[k], p.text);
+        CHECK(round_trips(f.tok, &p));
+        template_prompt_free(&p);
+        conv_free(&c);
+        fx_close(&f);
+    }
+}
+
+/* Writes and opens a GGUF whose only key is tokenizer.chat_template = text, at path (a
+ * mkstemp template, removed again by gguf_with_template_close). NULL on failure. */
+static gguf *gguf_with_template(const char *text, char *path)
+{
+    char err[256];
+    int fd = mkstemp(path);
+    if (fd < 0) return NULL;
+    close(fd);
+    gguf_writer *w = gguf_writer_new();
+    gguf_writer_set_str(w, "tokenizer.chat_template", text);
+    gguf *g = NULL;
+    if (gguf_writer_write(w, path, err, sizeof err) != GGUF_OK || gguf_open(path, &g, err, sizeof err) != GGUF_OK) g = NULL;
+    gguf_writer_free(w);
+    return g;
+}
+
+static void gguf_with_template_close(gguf *g, const char *path)
+{
+    gguf_close(g);
+    unlink(path);
+}
+
+/* template_detect on a GGUF whose only key is tokenizer.chat_template = text; -2 on failure. */
+static int detect_text(const tokenizer *tok, const char *text)
+{
+    char path[] = "/tmp/tm-test-template-XXXXXX";
+    gguf *g = gguf_with_template(text, path);
+    int fam = g ? template_detect(tok, g) : -2;
+    gguf_with_template_close(g, path);
+    return fam;
+}
+
+static char *read_text(const char *path)
+{
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return NULL;
+    fseek(fp, 0, SEEK_END);
+    long n = ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    char *s = malloc((size_t)n + 1);
+    size_t got = fread(s, 1, (size_t)n, fp);
+    s[got] = 0;
+    fclose(fp);
+    return s;
+}
+
+TEST(only_reference_texts_are_recognised)
+{
+    fixture f;
+    if (!fx_open(&f, VOCABS "ggml-vocab-qwen2.gguf", "qwen3")) return;
+    DIR *d = opendir(JINJA);
+    if (!d) { printf("note: %s missing; skipped\n", JINJA); fx_close(&f); return; }
+    static const struct { const char *file; int family; } known[] = {
+        { "Qwen-Qwen3-0.6B.jinja", TEMPLATE_QWEN3 },
+        { "Qwen-Qwen2.5-7B-Instruct.jinja", TEMPLATE_QWEN25 },
+        { "meta-llama-Llama-3.1-8B-Instruct.jinja", TEMPLATE_LLAMA3 },
+        { "meta-llama-Llama-3.3-70B-Instruct.jinja", TEMPLATE_LLAMA3 },
+        { "deepseek-ai-DeepSeek-V3.1.jinja", TEMPLATE_DEEPSEEK3 },
+        { "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", TEMPLATE_DEEPSEEK_R1 },
+    };
+    int n_files = 0, n_known = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        size_t l = strlen(e->d_name);
+        if (l < 7 || strcmp(e->d_name + l - 6, ".jinja")) continue;
+        char path[512];
+        snprintf(path, sizeof path, JINJA "%s", e->d_name);
+        char *text = read_text(path);
+        int want = -1;
+        for (size_t k = 0; k < sizeof known / sizeof known[0]; k++)
+            if (!strcmp(e->d_name, known[k].file)) want = known[k].family;
+        int got = detect_text(f.tok, text);
+        CHECKF(got == want, "%s: detected %d, want %d", e->d_name, got, want);
+        n_files++;
+        n_known += want >= 0;
+        free(text);
+    }
+    closedir(d);
+    CHECKF(n_files >= 50 && n_known == 6, "%d files, %d known", n_files, n_known);
+    /* the vocabulary's own template (Qwen2's) */
+    CHECK(template_detect(f.tok, f.g) == TEMPLATE_QWEN2);
+    /* ChatML: llama.cpp's test template; surrounding blanks do not matter, anything else does */
+    const char *chatml = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+                         "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+    char buf[1024];
+    CHECK(detect_text(f.tok, chatml) == TEMPLATE_CHATML);
+    snprintf(buf, sizeof buf, "\n%s\n\n", chatml);
+    CHECK(detect_text(f.tok, buf) == TEMPLATE_CHATML);
+    snprintf(buf, sizeof buf, "%s ", chatml);
+    buf[10] = 'M';
+    CHECK(detect_text(f.tok, buf) == -1);
+    fx_close(&f);
+}
+
+TEST(unrecognised_template_needs_a_name)
+{
+    fixture f;
+    if (!fx_open(&f, VOCABS "ggml-vocab-qwen2.gguf", "qwen3")) return;
+    char *text = read_text(JINJA "Qwen-QwQ-32B.jinja");
+    if (!text) { fx_close(&f); return; }
+    char path[] = "/tmp/tm-test-template-XXXXXX", err[512];
+    gguf *g = gguf_with_template(text, path);
+    CHECK(g != NULL);
+    template *t = NULL;
+    CHECK(template_new(f.tok, g, NULL, &t, err, sizeof err) == TEMPLATE_ERR_UNRECOGNISED && !t);
+    /* the message names the option, every family, and the family the text resembles */
+    CHECKF(strstr(err, "--template NAME") && strstr(err, "plain, chatml, qwen2, qwen2.5, qwen3, llama3, deepseek3, deepseek-r1") &&
+           strstr(err, "resembles qwen3"), "%s", err);
+    CHECK(template_new(f.tok, g, "qwen3", &t, err, sizeof err) == TEMPLATE_OK && template_get_family(t) == TEMPLATE_QWEN3);
+    template_free(t);
+    gguf_with_template_close(g, path);
+    free(text);
+    fx_close(&f);
+}
+
 TEST(names)
 {
     CHECK(template_family_by_name("qwen3") == TEMPLATE_QWEN3);
@@ -259,6 +408,9 @@ int main(void)
     RUN(deepseek3_thinking_markers);
     RUN(plain_is_bos_and_text);
     RUN(parallel_equals_serial);
+    RUN(qwen2_and_chatml_write_tools_as_their_references);
+    RUN(only_reference_texts_are_recognised);
+    RUN(unrecognised_template_needs_a_name);
     RUN(names);
     HARNESS_END();
 }
