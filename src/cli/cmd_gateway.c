@@ -1,14 +1,17 @@
 /*
  * cmd_gateway: `tokenmill gateway -m MODEL --listen HOST:PORT [--prefill HOST:PORT,...]
  * [--decode HOST:PORT,...] [--register HOST:PORT] [--cache SPEC|off] [--ctx N]
- * [--heartbeat-timeout S] [--wait-timeout S] [--api-key KEY ...] [--model-name NAME] [-v]`.
+ * [--heartbeat-timeout S] [--wait-timeout S] [--progress-timeout FIRST[,NEXT]]
+ * [--cluster-key-file PATH] [--api-key KEY ...] [--model-name NAME] [-v]`.
  *
  * The front of a disaggregated cluster (cluster/gateway.h): the same HTTP APIs as `serve`
  * (recipe/api.h, over the gateway's backend instead of a local scheduler), plus the admin
  * routes (/admin/workers, /admin/drain, /admin/capacity). The model is opened for its
  * tokenizer, chat template and fingerprint only (the file is mmapped: its weights are never
  * touched here). Workers are the --prefill / --decode addresses (reconnected when they come
- * back) and those that register at --register (workers started with --gateway).
+ * back) and those that register at --register (workers started with --gateway). Every worker
+ * must prove it holds the cluster key (--cluster-key-file, by default the key generated in the
+ * cache dir: cluster/auth.h), else it is refused and logged.
  *
  * Lines on stderr for tests: "tokenmill gateway: workers register at HOST:PORT" and
  * "tokenmill gateway: listening on http://HOST:PORT".
@@ -24,6 +27,7 @@
 #include "cache/store.h"
 #include "cli/cmd.h"
 #include "cli/cmd_common.h"
+#include "cluster/auth.h"
 #include "cluster/gateway.h"
 #include "http/http.h"
 #include "model/model.h"
@@ -42,7 +46,8 @@ static void cmd_gateway_usage(void)
 {
     fprintf(stderr, "usage: tokenmill gateway -m MODEL --listen HOST:PORT [--prefill HOST:PORT,...] [--decode HOST:PORT,...]\n"
                     "                         [--register HOST:PORT] [--cache SPEC|off] [--ctx N] [--heartbeat-timeout S]\n"
-                    "                         [--wait-timeout S] [--api-key KEY ...] [--model-name NAME] [--template NAME] [-v]\n");
+                    "                         [--wait-timeout S] [--progress-timeout FIRST[,NEXT]] [--cluster-key-file PATH]\n"
+                    "                         [--api-key KEY ...] [--model-name NAME] [--template NAME] [-v]\n");
 }
 
 /* Splits the comma list z (option opt) in place into out, after its n entries (at most
@@ -59,13 +64,30 @@ static int cmd_gateway_list(const char *opt, char *z, const char **out, int n)
     return n;
 }
 
+/* --progress-timeout FIRST[,NEXT]: seconds to a job's first token, and between two tokens
+ * (NEXT defaults to FIRST / 3). */
+static bool cmd_gateway_progress(const char *v, double *first, double *next)
+{
+    char buf[64];
+    snprintf(buf, sizeof buf, "%s", v);
+    char *comma = strchr(buf, ',');
+    if (comma) *comma = 0;
+    if (!cmd_common_num("gateway", "--progress-timeout", buf, 1e-3, 86400, first)) return false;
+    if (!comma) {
+        *next = *first / 3;
+        return true;
+    }
+    return cmd_common_num("gateway", "--progress-timeout", comma + 1, 1e-3, 86400, next);
+}
+
 int cmd_gateway(int argc, char **argv)
 {
     const char *path = NULL, *listen = "127.0.0.1:8080", *reg = NULL, *cache_spec = NULL, *name = NULL, *tmpl_name = NULL;
     const char *pre[GWC_MAX], *dec[GWC_MAX], *keys[16];
     int n_pre = 0, n_dec = 0, n_keys = 0;
     long ctx = 0;
-    double hb_timeout = 2, wait_timeout = 30;
+    double hb_timeout = 2, wait_timeout = 30, progress_first = 30, progress_next = 10;
+    const char *key_path = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -81,6 +103,8 @@ int cmd_gateway(int argc, char **argv)
         else if (!strcmp(a, "--ctx")) ok = cmd_common_int("gateway", a, v, 1, 1 << 24, &ctx);
         else if (!strcmp(a, "--heartbeat-timeout")) ok = cmd_common_num("gateway", a, v, 1e-3, 86400, &hb_timeout);
         else if (!strcmp(a, "--wait-timeout")) ok = cmd_common_num("gateway", a, v, 1e-3, 86400, &wait_timeout);
+        else if (!strcmp(a, "--progress-timeout")) ok = cmd_gateway_progress(v, &progress_first, &progress_next);
+        else if (!strcmp(a, "--cluster-key-file")) key_path = v;
         else if (!strcmp(a, "--model-name")) name = v;
         else if (!strcmp(a, "--template")) tmpl_name = v;
         else if (!strcmp(a, "--api-key")) {
@@ -127,6 +151,16 @@ int cmd_gateway(int argc, char **argv)
         fprintf(stderr, "tokenmill gateway: %s\n", err);
         goto out;
     }
+    static auth_key key;   /* 4 KiB: off the stack */
+    char key_file[4096];
+    auth_status ast = key_path ? auth_key_load(key_path, &key, err, sizeof err)
+                               : auth_key_default(&key, key_file, sizeof key_file, err, sizeof err);
+    if (ast != AUTH_OK) {
+        fprintf(stderr, "tokenmill gateway: %s\n", err);
+        rc = 2;
+        goto out;
+    }
+    fprintf(stderr, "tokenmill gateway: cluster key %s\n", key_path ? key_path : key_file);
     if (cache_spec && strcmp(cache_spec, "off")) {
         store_opts sto = { 0 };
         if (store_open(cache_spec, &sto, &cache) != STORE_OK) {
@@ -137,7 +171,8 @@ int cmd_gateway(int argc, char **argv)
     int n_ctx = ctx > 0 ? (int)ctx : TM_MIN(m->hp.n_ctx_train, 4096);
     gateway_opts go = { .model = m, .cache = cache, .prefill = pre, .n_prefill = n_pre, .decode = dec, .n_decode = n_dec,
                         .register_listen = reg, .n_ctx = n_ctx, .eos_ids = { -1, -1, -1, -1 },
-                        .heartbeat_timeout_s = hb_timeout, .wait_timeout_s = wait_timeout };
+                        .heartbeat_timeout_s = hb_timeout, .wait_timeout_s = wait_timeout, .key = &key,
+                        .progress_first_s = progress_first, .progress_next_s = progress_next };
     go.eos_ids[0] = tokenizer_eos(tok);
     go.eos_ids[1] = tokenizer_eot(tok);
     if (gateway_new(&go, &g, err, sizeof err) != GATEWAY_OK) {
