@@ -1,5 +1,5 @@
 /*
- * gateway: the front of a disaggregated cluster (issue 5). It runs the HTTP APIs (recipe/api.h)
+ * gateway: the front of a disaggregated cluster. It runs the HTTP APIs (recipe/api.h)
  * over an api_backend whose requests live on remote prefill and decode workers, talking the
  * binary protocol of cluster/proto.h (docs/protocol.md).
  *

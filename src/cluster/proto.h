@@ -1,7 +1,7 @@
 /*
- * proto: the binary protocol between the gateway and the prefill / decode / mixed workers
- * (issue 5). The full description of every frame is docs/protocol.md; this header is its
- * C form, shared by both ends.
+ * proto: the binary protocol between the gateway and the prefill / decode / mixed workers. The
+ * full description of every frame is docs/protocol.md; this header is its C form, shared by
+ * both ends. The handshake that opens every connection and the frame tags are cluster/auth.h.
  *
  * DESIGN. A connection carries length-prefixed frames, in both directions, over TCP. A frame
  * is a 24-byte header (magic "TMCP", version, type, flags, request id, payload length, all
@@ -16,7 +16,8 @@
  * truncated or corrupt payload becomes PROTO_ERR_MALFORMED, never an out-of-bounds access.
  * Decoded messages own their arrays (malloc'd); proto_msg_free releases them.
  *
- * Flow (see docs/protocol.md): both ends send HELLO first; the gateway sends PREFILL /
+ * Flow (see docs/protocol.md): both ends prove the cluster key (CHALLENGE, PROOF), then every
+ * frame is tagged; both ends send HELLO first; the gateway sends PREFILL /
  * DECODE / CANCEL / DRAIN; a prefill worker answers PREFILL with HANDOFF (or TOKENS + FINISH
  * when the request ended at its first token, or ERROR); the gateway relays the handoff in a
  * DECODE job to a decode worker, which streams TOKENS and ends with FINISH. Workers send

@@ -1,5 +1,5 @@
 /*
- * worker: a prefill / decode / mixed worker of the disaggregated server (issue 5): one engine
+ * worker: a prefill / decode / mixed worker of the disaggregated server: one engine
  * and scheduler (engine/sched.h) serving the cluster protocol (cluster/proto.h,
  * docs/protocol.md) to the gateway.
  *
