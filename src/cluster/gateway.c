@@ -24,6 +24,7 @@
 #define GW_MAX_WORKERS 64
 #define GW_MAX_RETRIES 8      /* re-sends of one request after BUSY / DRAINING answers */
 #define GW_RATE_SLOTS 10      /* seconds of history for the prefill token rate */
+#define GW_MAX_GREETING 32    /* registration handshakes in progress at once */
 
 typedef enum { GW_WAIT_PREFILL = 0, GW_PREFILL, GW_WAIT_DECODE, GW_DECODE, GW_DONE } gw_state;
 
@@ -112,6 +113,8 @@ struct gateway {
     int listen_fd;
     pthread_t disp, acc;
     bool acc_started;
+    int greeting_fd[GW_MAX_GREETING]; /* connections in their handshake (-1 free), under mu */
+    int n_greeting;           /* their threads still running, under mu */
     int kv_dtype;             /* the workers' KV type (pool fingerprint of block keys), -1 unknown */
     /* counters */
     uint64_t n_requests, n_rejected, n_reprefills, n_resumes, n_prompt_tokens, n_hit_tokens, n_gen_tokens;
@@ -717,6 +720,61 @@ static void gw_connect_static(gateway *g, int slot)
     free(h.name);
 }
 
+/* Registers a greeted worker: its slot (the same address again, a restarted worker, reuses
+ * its slot when free), then gw_attach. Closes pc when there is no room or the gateway stops. */
+static void gw_register(gateway *g, proto_conn *pc, const proto_hello *h)
+{
+    pthread_mutex_lock(&g->mu);
+    int slot = -1;
+    for (int i = 0; i < g->n_slots && slot < 0; i++)
+        if (g->w[i].used && !g->w[i].connected && !g->w[i].reader_live && h->listen[0] && !strcmp(g->w[i].addr, h->listen))
+            slot = i;
+    for (int i = 0; i < g->n_slots && slot < 0; i++)
+        if (!g->w[i].used && !g->w[i].reader_live) slot = i;
+    if (slot < 0 && g->n_slots < GW_MAX_WORKERS) slot = g->n_slots++;
+    if (slot < 0 || g->stop) {
+        if (slot < 0) log_warn("gateway: too many workers, refusing %s", h->listen);
+        gw_conn_close(pc);
+    } else {
+        gw_worker *w = &g->w[slot];
+        if (!w->is_static) snprintf(w->addr, sizeof w->addr, "%s", h->listen[0] ? h->listen : h->name);
+        gw_attach(g, slot, pc, h);
+    }
+    pthread_mutex_unlock(&g->mu);
+}
+
+typedef struct {
+    gateway *g;
+    int fd;
+    int i;                    /* its entry in g->greeting_fd */
+} gw_greet_arg;
+
+/* One connection on the registration port, from accept to registered (or refused): in a
+ * thread of its own, so that a peer that is slow or silent in the handshake holds up nobody
+ * else. */
+static void *gw_greet_thread(void *arg)
+{
+    gw_greet_arg a = *(gw_greet_arg *)arg;
+    free(arg);
+    gateway *g = a.g;
+    proto_hello h;
+    proto_conn *pc = gw_greet(g, a.fd, "registering worker", &h);
+    pthread_mutex_lock(&g->mu);
+    g->greeting_fd[a.i] = -1;   /* from here on fd is pc's (or closed) */
+    if (!pc) g->n_bad_conns++;
+    pthread_mutex_unlock(&g->mu);
+    if (pc) {
+        gw_register(g, pc, &h);
+        free(h.listen);
+        free(h.name);
+    }
+    pthread_mutex_lock(&g->mu);
+    g->n_greeting--;
+    pthread_cond_broadcast(&g->cv_workers);
+    pthread_mutex_unlock(&g->mu);
+    return NULL;
+}
+
 static void *gw_acceptor(void *arg)
 {
     gateway *g = arg;
@@ -727,38 +785,34 @@ static void *gw_acceptor(void *arg)
         if (stop) break;
         struct pollfd p = { .fd = g->listen_fd, .events = POLLIN };
         if (poll(&p, 1, 200) <= 0) continue;
-        struct sockaddr_storage ss;
-        socklen_t sl = sizeof ss;
-        int fd = accept(g->listen_fd, (struct sockaddr *)&ss, &sl);
+        int fd = accept(g->listen_fd, NULL, NULL);
         if (fd < 0) continue;
-        proto_hello h;
-        proto_conn *pc = gw_greet(g, fd, "registering worker", &h);
-        if (!pc) {
-            pthread_mutex_lock(&g->mu);
+        pthread_mutex_lock(&g->mu);
+        int i = -1;
+        for (int k = 0; k < GW_MAX_GREETING && i < 0; k++)
+            if (g->greeting_fd[k] < 0) i = k;
+        if (i < 0 || g->stop) {   /* too many handshakes at once: this one is refused */
+            if (i < 0) log_warn("gateway: %d handshakes in progress: refusing a connection", GW_MAX_GREETING);
             g->n_bad_conns++;
             pthread_mutex_unlock(&g->mu);
+            close(fd);
             continue;
         }
-        pthread_mutex_lock(&g->mu);
-        int slot = -1;
-        /* the same address again (a restarted worker): reuse its slot when free */
-        for (int i = 0; i < g->n_slots && slot < 0; i++)
-            if (g->w[i].used && !g->w[i].connected && !g->w[i].reader_live && h.listen[0] && !strcmp(g->w[i].addr, h.listen))
-                slot = i;
-        for (int i = 0; i < g->n_slots && slot < 0; i++)
-            if (!g->w[i].used && !g->w[i].reader_live) slot = i;
-        if (slot < 0 && g->n_slots < GW_MAX_WORKERS) slot = g->n_slots++;
-        if (slot < 0 || g->stop) {
-            log_warn("gateway: too many workers, refusing %s", h.listen);
-            gw_conn_close(pc);
+        gw_greet_arg *a = xmalloc(sizeof *a);
+        *a = (gw_greet_arg){ g, fd, i };
+        pthread_attr_t at;
+        pthread_attr_init(&at);
+        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+        pthread_t t;
+        if (pthread_create(&t, &at, gw_greet_thread, a)) {
+            free(a);
+            close(fd);
         } else {
-            gw_worker *w = &g->w[slot];
-            if (!w->is_static) snprintf(w->addr, sizeof w->addr, "%s", h.listen[0] ? h.listen : h.name);
-            gw_attach(g, slot, pc, &h);
+            g->greeting_fd[i] = fd;
+            g->n_greeting++;
         }
+        pthread_attr_destroy(&at);
         pthread_mutex_unlock(&g->mu);
-        free(h.listen);
-        free(h.name);
     }
     return NULL;
 }
@@ -1398,6 +1452,7 @@ gateway_status gateway_new(const gateway_opts *o, gateway **out, char *err, size
     if (g->o.max_workers <= 0) g->o.max_workers = 16;
     g->kv_dtype = -1;
     g->listen_fd = -1;
+    for (int i = 0; i < GW_MAX_GREETING; i++) g->greeting_fd[i] = -1;
     pthread_mutex_init(&g->mu, NULL);
     for (int i = 0; i < GW_MAX_WORKERS; i++) {
         pthread_mutex_init(&g->w[i].send_mu, NULL);
@@ -1456,6 +1511,10 @@ void gateway_free(gateway *g)
     if (had_threads) pthread_join(g->disp, NULL);
     if (g->acc_started) pthread_join(g->acc, NULL);
     pthread_mutex_lock(&g->mu);
+    /* handshakes in progress end now (their reads fail); their threads are waited for */
+    for (int i = 0; i < GW_MAX_GREETING; i++)
+        if (g->greeting_fd[i] >= 0) shutdown(g->greeting_fd[i], SHUT_RDWR);
+    while (g->n_greeting > 0) pthread_cond_wait(&g->cv_workers, &g->mu);
     for (int i = 0; i < g->n_slots; i++)
         if (g->w[i].connected || g->w[i].reader_live) {
             g->w[i].connected = false;

@@ -10,7 +10,9 @@
  *     every queued frame (only it writes to worker sockets, outside the mutex), drops workers
  *     that missed heartbeats (heartbeat_timeout_s), reconnects the static ones;
  *   - the acceptor (when register_listen is set): workers started with --gateway connect here
- *     and say HELLO with PROTO_F_REGISTER; they join the live list.
+ *     and, each in a thread of its own (at most 32 at once, so that a peer slow in its
+ *     handshake holds up nobody else), do the handshake and say HELLO with
+ *     PROTO_F_REGISTER; they join the live list.
  * A request's life: submit computes its entry point (the longest stored prefix of its block
  * keys, store_exists) and queues it; the dispatcher sends PREFILL to the prefill worker that
  * finishes it earliest; the HANDOFF's first token is streamed at once and the request goes to
