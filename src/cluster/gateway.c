@@ -850,6 +850,9 @@ static void gw_check_progress(gateway *g, gw_req *r, double now)
     log_warn("gateway: req %llu: no %s token from %s in %.0f s: moved elsewhere after %d tokens",
              (unsigned long long)r->id, r->job_tokens ? "next" : "first", g->w[slot].addr, limit, r->n_gen);
     gw_send_simple(g, slot, PROTO_CANCEL, r->id);
+    /* a new id: the worker may still hold the old job when the request comes back to it (no
+     * other worker of the role), and its late frames for the old id are then simply unknown */
+    r->id = ++g->next_id;
     r->avoid_slot = slot;
     r->avoid_gen = g->w[slot].gen;
     g->n_stalls++;
