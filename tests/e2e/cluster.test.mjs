@@ -566,6 +566,45 @@ test("a stranger on the cluster port without the key is not a worker and gets no
   await until((x) => !x.workers.some((w) => w.name === "friend" && w.up), "friend out");
 });
 
+// A key file others can read (or an empty one, or a directory) is not a secret: the gateway and
+// the worker say so and refuse to start (status 2); a private one is used (the path is logged).
+test("a cluster key file that is not private, or empty, is refused at start", { timeout: 60000 }, async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "tm-cluster-key-"));
+  try {
+    const key = path.join(dir, "cluster.key"), empty = path.join(dir, "empty.key");
+    fs.writeFileSync(key, crypto.randomBytes(32).toString("hex") + "\n", { mode: 0o644 });
+    fs.chmodSync(key, 0o644);
+    fs.writeFileSync(empty, "\n", { mode: 0o600 });
+    const run = (args) => new Promise((resolve) => {
+      const p = spawn(bin, args, { stdio: ["ignore", "ignore", "pipe"], env: { ...process.env, XDG_CACHE_HOME: dir } });
+      let err = "";
+      p.stderr.on("data", (d) => { err += d; });
+      const t = setTimeout(() => p.kill("SIGKILL"), 20000);
+      p.on("exit", (code) => { clearTimeout(t); resolve({ code, err }); });
+    });
+    const gwArgs = (k) => ["gateway", "-m", model, "--listen", "127.0.0.1:0", "--cluster-key-file", k];
+    const wArgs = (k) => ["worker", "--role", "decode", "-m", model, "--listen", "127.0.0.1:0", "--cache", "off", "--cluster-key-file", k];
+    for (const args of [gwArgs(key), wArgs(key)]) {
+      const r = await run(args);
+      assert.equal(r.code, 2, r.err);
+      assert.match(r.err, /cluster\.key: readable or writable by other users/);
+    }
+    for (const args of [gwArgs(empty), wArgs(empty), gwArgs(dir)]) {
+      const r = await run(args);
+      assert.equal(r.code, 2, r.err);
+      assert.match(r.err, /is empty|not a regular file/);
+    }
+    fs.chmodSync(key, 0o600);
+    const p = spawnLogged(gwArgs(key), "keyed-gateway");
+    const m = await waitLine(p, /cluster key (\S+)[\s\S]*listening on http/, "keyed gateway");
+    assert.equal(m[1], key);
+    p.kill("SIGTERM");
+    await waitExit(p, 10000);
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
+
 // The reasoning budget travels through the cluster protocol (PREFILL / DECODE flag THINK): on a
 // DeepSeek-R1-templated generated model (its prompt opens the think block; random weights think
 // until the token limit, see apis.test.mjs), chat's thinking.budget_tokens through a gateway gives

@@ -7,11 +7,13 @@
  * san); frames over a socket pair. The handshake: the same key seals both ends (a session key
  * per direction); a wrong key, no handshake (a HELLO first) and a replayed recording of a whole
  * session are refused; after it, an altered, repeated, reordered or reflected frame is refused.
+ * Key files: private regular files only, not empty; the generated default is 0600 and stable.
  */
 #include <stdlib.h>
 #include <string.h>
 #include <pthread.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <unistd.h>
 
@@ -925,6 +927,55 @@ TEST(test_frames_tampered_replayed)
     }
 }
 
+/* Key files: a private regular file is read (trailing whitespace stripped, so a key written
+ * with echo and one copied without the newline agree); one readable by other users, a
+ * directory, an empty file and a missing one are refused with a message naming the file. With
+ * no file named, a key is generated once under $XDG_CACHE_HOME (mode 0600) and read back the
+ * same by the next process. */
+TEST(test_key_files)
+{
+    char dir[] = "/tmp/tm-keys-XXXXXX", path[300], err[512];
+    CHECK(mkdtemp(dir) != NULL);
+    auth_key k, k2;
+    snprintf(path, sizeof path, "%s/key", dir);
+    FILE *f = fopen(path, "w");
+    fputs("s3cret-key-with-some-length\n\n", f);
+    fclose(f);
+    chmod(path, 0600);
+    CHECK(auth_key_load(path, &k, err, sizeof err) == AUTH_OK && k.n == 27 && !memcmp(k.secret, "s3cret-key-with-some-length", 27));
+    chmod(path, 0644);
+    CHECK(auth_key_load(path, &k, err, sizeof err) == AUTH_ERR_FILE && strstr(err, path) && strstr(err, "other users"));
+    chmod(path, 0602);
+    CHECK(auth_key_load(path, &k, err, sizeof err) == AUTH_ERR_FILE);
+    chmod(path, 0640);   /* a group (the service's) may read it */
+    CHECK(auth_key_load(path, &k, err, sizeof err) == AUTH_OK);
+    f = fopen(path, "w");
+    fputs(" \n", f);
+    fclose(f);
+    chmod(path, 0600);
+    CHECK(auth_key_load(path, &k, err, sizeof err) == AUTH_ERR_FILE && strstr(err, "empty"));
+    CHECK(auth_key_load(dir, &k, err, sizeof err) == AUTH_ERR_FILE && strstr(err, "not a regular file"));
+    snprintf(path, sizeof path, "%s/missing", dir);
+    CHECK(auth_key_load(path, &k, err, sizeof err) == AUTH_ERR_FILE && strstr(err, path));
+    /* the generated default */
+    char *old = getenv("XDG_CACHE_HOME") ? strdup(getenv("XDG_CACHE_HOME")) : NULL;
+    snprintf(path, sizeof path, "%s/cache", dir);
+    setenv("XDG_CACHE_HOME", path, 1);
+    char used[4096], used2[4096];
+    CHECKF(auth_key_default(&k, used, sizeof used, err, sizeof err) == AUTH_OK, "%s", err);
+    CHECK(strstr(used, "/cache/tokenmill/cluster.key") != NULL && k.n == 64);
+    struct stat sb;
+    CHECK(!stat(used, &sb) && (sb.st_mode & 0777) == 0600);
+    CHECK(auth_key_default(&k2, used2, sizeof used2, err, sizeof err) == AUTH_OK);
+    CHECK(!strcmp(used, used2) && k2.n == k.n && !memcmp(k.secret, k2.secret, k.n));
+    if (old) setenv("XDG_CACHE_HOME", old, 1);
+    else unsetenv("XDG_CACHE_HOME");
+    free(old);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd)) {}
+}
+
 int main(void)
 {
     RUN(test_roundtrip_hello_heartbeat);
@@ -941,5 +992,6 @@ int main(void)
     RUN(test_handshake_no_key);
     RUN(test_handshake_replayed);
     RUN(test_frames_tampered_replayed);
+    RUN(test_key_files);
     HARNESS_END();
 }
