@@ -455,6 +455,9 @@ static bool gw_on_msg(gateway *g, int slot, proto_msg *m, const char **refused)
             break;
         }
         if (r->state == GW_PREFILL && m->u.finish.cached_tokens) r->n_cached = (int)m->u.finish.cached_tokens;
+        if (m->u.finish.reason == PROTO_FINISH_ERROR)
+            log_warn("gateway: req %llu failed on %s (%s) after %d tokens: the worker reports an engine error",
+                     (unsigned long long)id, w->addr, r->state == GW_PREFILL ? "prefill" : "decode", r->n_gen);
         gw_finish(g, r, m->u.finish.reason >= 1 && m->u.finish.reason <= 4 ? (sched_finish)m->u.finish.reason
                                                                           : SCHED_FINISH_ERROR);
         break;

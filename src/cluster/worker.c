@@ -37,6 +37,8 @@ struct wconn {
     pthread_mutex_t send_mu;     /* whole frames only */
     int refs;                    /* reader + jobs, under w->mu */
     bool closed;                 /* reader has stopped: jobs are cancelled, no more frames */
+    bool ready;                  /* handshake done and HELLO sent: broadcasts may go to it
+                                  * (listed before, so that worker_free reaches it) */
     wjob *jobs;                  /* this connection's jobs, under w->mu */
     wconn *next;                 /* w->conns */
     char peer[64];               /* for logs */
@@ -621,8 +623,14 @@ static void worker_linger(int fd)
 static void worker_serve_conn(worker *w, wconn *c, bool reg)
 {
     /* the handshake before anything else: a peer without the cluster key gets no HELLO, no
-     * job, no heartbeat (the connection is listed only once it holds the key); its waits are
-     * bounded so that a silent peer does not keep the thread */
+     * job, no heartbeat (broadcasts skip the connection until it is ready); its waits are
+     * bounded so that a silent peer does not keep the thread, and worker_free ends them */
+    pthread_mutex_lock(&w->mu);
+    c->next = w->conns;
+    w->conns = c;
+    bool stop = w->stop;
+    pthread_mutex_unlock(&w->mu);
+    if (stop) shutdown(c->fd, SHUT_RDWR);
     struct timeval tv = { WORKER_HANDSHAKE_S, 0 }, none = { 0, 0 };
     setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     char why[160];
@@ -637,10 +645,9 @@ static void worker_serve_conn(worker *w, wconn *c, bool reg)
         pthread_mutex_unlock(&w->mu);
         return;
     }
-    worker_send_hello(w, c, reg);   /* before it is listed: HELLO is the first sealed frame */
+    worker_send_hello(w, c, reg);   /* before it is ready: HELLO is the first sealed frame */
     pthread_mutex_lock(&w->mu);
-    c->next = w->conns;
-    w->conns = c;
+    c->ready = true;
     pthread_mutex_unlock(&w->mu);
     for (;;) {
         proto_msg m;
@@ -830,11 +837,11 @@ static void worker_broadcast(worker *w, const proto_msg *m)
 {
     pthread_mutex_lock(&w->mu);
     int n = 0;
-    for (wconn *c = w->conns; c; c = c->next) n += !c->closed;
+    for (wconn *c = w->conns; c; c = c->next) n += c->ready && !c->closed;
     wconn **cs = xcalloc((size_t)(n ? n : 1), sizeof *cs);
     n = 0;
     for (wconn *c = w->conns; c; c = c->next)
-        if (!c->closed) {
+        if (c->ready && !c->closed) {
             c->refs++;
             cs[n++] = c;
         }

@@ -100,6 +100,8 @@ async function startWorker(role, name) {
 }
 
 const exited = (p) => p.exitCode !== null || p.signalCode !== null;
+// after a process exited: the rest of its stderr (its last lines may come after the exit event)
+const stderrEnd = (p) => new Promise((r) => (p.stderr.readableEnded ? r() : p.stderr.once("end", r)));
 const waitExit = (p, ms = 5000) => exited(p) ? Promise.resolve() : new Promise((resolve, reject) => {
   const t = setTimeout(() => reject(new Error("process did not exit")), ms);
   p.on("exit", () => { clearTimeout(t); resolve(); });
@@ -327,6 +329,7 @@ test("SIGINT of a decode worker mid-stream drains it; a second signal exits at o
   assert.ok(f.busy > 0, "the worker had streams running");
   sameAsServe(await f.runs, "decode SIGINT");
   await waitExit(workers[f.victim].proc, 10000);
+  await stderrEnd(workers[f.victim].proc);
   assert.equal(workers[f.victim].proc.exitCode, 0);
   assert.match(workers[f.victim].log, /SIGINT, draining/);
   assert.match(workers[f.victim].log, /drained/);
@@ -339,6 +342,7 @@ test("SIGINT of a decode worker mid-stream drains it; a second signal exits at o
   for (const n of [g.victim, g.other]) workers[n].proc.kill("SIGCONT");
   sameAsServe(await g.runs, "decode second signal");
   await waitExit(workers[g.victim].proc, 10000);
+  await stderrEnd(workers[g.victim].proc);
   assert.equal(workers[g.victim].proc.exitCode, 1);
   assert.match(workers[g.victim].log, /second signal/);
   await startWorker("decode", g.victim);
@@ -580,7 +584,7 @@ test("a cluster key file that is not private, or empty, is refused at start", { 
       let err = "";
       p.stderr.on("data", (d) => { err += d; });
       const t = setTimeout(() => p.kill("SIGKILL"), 20000);
-      p.on("exit", (code) => { clearTimeout(t); resolve({ code, err }); });
+      p.on("close", (code) => { clearTimeout(t); resolve({ code, err }); });   // stderr read to its end
     });
     const gwArgs = (k) => ["gateway", "-m", model, "--listen", "127.0.0.1:0", "--cluster-key-file", k];
     const wArgs = (k) => ["worker", "--role", "decode", "-m", model, "--listen", "127.0.0.1:0", "--cache", "off", "--cluster-key-file", k];
