@@ -14,11 +14,12 @@
  *   - strangers on the registration port (no key, a wrong key, a replayed recording of a real
  *     worker's session) are refused at the handshake and never listed; a worker doing the
  *     handshake as docs/protocol.md writes it (HMACs computed here) is listed;
- *   - a worker that stays connected but makes no progress on a request (after two tokens of its
- *     decode; on its prefill) loses it after the progress deadline: it completes elsewhere
+ *   - a worker that stays connected and heartbeats but makes no progress on a request (after
+ *     two tokens of its decode; on its prefill) loses it after the progress deadline: it completes elsewhere
  *     with exactly the reference tokens.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -608,6 +609,26 @@ TEST(test_rogue_workers_refused)
     gateway_free(G.g);
 }
 
+/* Heartbeats for a fake worker that has stopped working but not stopped living. */
+typedef struct {
+    int fd;
+    int stop;                 /* __atomic */
+    pthread_t t;
+} hb_pump;
+
+static void *hb_pump_thread(void *p)
+{
+    hb_pump *h = p;
+    proto_msg m;
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_HEARTBEAT;
+    while (!__atomic_load_n(&h->stop, __ATOMIC_ACQUIRE)) {
+        if (proto_send_msg(PC(h->fd), &m) != PROTO_OK) break;
+        usleep(100 * 1000);
+    }
+    return NULL;
+}
+
 /* A worker that is up (connected, never silent long enough to be dropped) but makes no progress
  * on a request is treated as dead for it: after the progress deadline the request moves to
  * another worker with the tokens it has, and completes with exactly the reference tokens. Once
@@ -640,7 +661,9 @@ TEST(test_stalled_worker_rerouted)
             proto_msg_free(&m);
             fake_tokens(fd, id, want + 1, 2);
         }
-        /* a real worker comes; the fake stays connected and silent */
+        /* the fake goes on heartbeating (it is not dead) and a real worker comes */
+        hb_pump hb = { .fd = fd };
+        pthread_create(&hb.t, NULL, hb_pump_thread, &hb);
         node_serve(&R, PROTO_ROLE_MIXED, G.reg, "real");
         sched_finish fin;
         int k = collect(G.be, h, got, N_GEN + 4, &fin);
@@ -649,6 +672,8 @@ TEST(test_stalled_worker_rerouted)
         CHECKF(k == N_GEN && !memcmp(want, got, sizeof want), "%s: tokens differ from the reference", what);
         CHECKF(metric(G.be, "tokenmill_gateway_stalls_total ") >= stalls0 + 1, "%s: not counted", what);
         node_stop(&R);
+        __atomic_store_n(&hb.stop, 1, __ATOMIC_RELEASE);
+        pthread_join(hb.t, NULL);
         fake_close(fd);
     }
     gateway_shutdown(G.g);
