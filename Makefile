@@ -13,6 +13,7 @@
 #   make bench-cache block store throughput, the multi-turn agent workload and the isolated effective
 #                   prefill speed-up on two real model shapes (bench/cache)
 #   make bench-cluster disaggregated vs mixed workers vs serve under a mixed workload (bench/cluster)
+#   make bench-chaos   a cluster under load while workers are killed / stopped / restarted (bench/chaos)
 #
 # WERROR=1 turns warnings into errors (CI sets it via .ci/run).
 
@@ -42,7 +43,7 @@ TESTBINS:= $(TESTSRCS:tests/unit/%.c=$(BUILD)/tests/%)
 AVX2_FLAGS   := -mavx2 -mfma -mf16c
 AVX512_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx2 -mfma -mf16c
 
-.PHONY: all san test test-unit test-e2e run bench bench-serve bench-cache bench-cluster deps clean
+.PHONY: all san test test-unit test-e2e run bench bench-serve bench-cache bench-cluster bench-chaos deps clean
 all: $(BUILD)/tokenmill $(TESTBINS)
 
 $(BUILD)/tokenmill: $(OBJS)
@@ -95,6 +96,10 @@ bench-cache: deps
 bench-cluster: deps
 	$(MAKE) all
 	@bench/cluster
+
+bench-chaos: deps
+	$(MAKE) all
+	@bench/chaos $(CHAOS_ARGS)
 
 clean:
 	rm -rf build

@@ -3,8 +3,9 @@
 //
 //   onSseJson(res, (json, now) => ...)   res: an http.IncomingMessage; now: performance.now()
 //                                         when the chunk holding that event arrived
-// "data: [DONE]" and non-JSON lines are skipped.
-export function onSseJson(res, fn) {
+//   onSseJson(res, fn, () => ...)        and a call when "data: [DONE]" arrives
+// Non-JSON lines are skipped.
+export function onSseJson(res, fn, onDone) {
   let buf = "";
   res.setEncoding("utf8");
   res.on("data", (d) => {
@@ -16,6 +17,7 @@ export function onSseJson(res, fn) {
       buf = buf.slice(k + 2);
       const line = ev.split("\n").find((l) => l.startsWith("data: {"));
       if (line) fn(JSON.parse(line.slice(6)), now);
+      else if (onDone && ev.split("\n").includes("data: [DONE]")) onDone(now);
     }
   });
 }

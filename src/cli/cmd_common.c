@@ -69,30 +69,32 @@ bool cmd_common_load_model(const char *prog, const char *path, model **m, tokeni
     return true;
 }
 
-bool cmd_common_engine_opt(const char *prog, const char *a, const char *v, cmd_engine_opts *o, bool *ok)
+const cmd_opt *cmd_common_engine_table(cmd_engine_opts *o, cmd_opt out[CMD_ENGINE_TABLE_N])
 {
-    long *dst;
-    long lo = 1, hi;
-    if (!strcmp(a, "--threads") || !strcmp(a, "-t")) dst = &o->threads, lo = 0, hi = 1024;
-    else if (!strcmp(a, "--ctx") || !strcmp(a, "-c")) dst = &o->ctx, lo = 0, hi = 1 << 24;
-    else if (!strcmp(a, "--max-seqs")) dst = &o->max_seqs, hi = 4096;
-    else if (!strcmp(a, "--kv-mib")) dst = &o->kv_mib, hi = 1 << 24;
-    else if (!strcmp(a, "--max-queue")) dst = &o->max_queue, hi = 1 << 20;
-    else if (!strcmp(a, "--step-tokens")) dst = &o->step_tokens, hi = 1 << 16;
-    else if (!strcmp(a, "--prefill-step-tokens")) dst = &o->prefill_step, hi = 1 << 16;
-    else return false;
-    *ok = cmd_common_int(prog, a, v, lo, hi, dst);
-    return true;
+    const cmd_opt t[CMD_ENGINE_TABLE_N] = {
+        { "--threads", "-t", CMD_OPT_LONG, &o->threads, 0, 1024, .arg = "N", .help = "kernel threads (default: one per core)" },
+        { "--ctx", "-c", CMD_OPT_LONG, &o->ctx, 0, 1 << 24, .arg = "N", .help = "tokens per sequence (default: the model's, at most 4096)" },
+        { "--max-seqs", NULL, CMD_OPT_LONG, &o->max_seqs, 1, 4096, .arg = "N", .help = "sequences running at once (default 16)" },
+        { "--kv-mib", NULL, CMD_OPT_LONG, &o->kv_mib, 1, 1 << 24, .arg = "N", .help = "cap of the KV pool in MiB (default 2048)" },
+        { "--max-queue", NULL, CMD_OPT_LONG, &o->max_queue, 1, 1 << 20, .arg = "N", .help = "requests waiting to run (default 256)" },
+        { "--step-tokens", NULL, CMD_OPT_LONG, &o->step_tokens, 1, 1 << 16, .arg = "N", .help = "tokens of a step with decodes (default max-seqs + 64)" },
+        { "--prefill-step-tokens", NULL, CMD_OPT_LONG, &o->prefill_step, 1, 1 << 16, .arg = "N", .help = "tokens of a step without decodes (default 512)" },
+        { 0 },
+    };
+    memcpy(out, t, sizeof t);
+    return out;
 }
 
-bool cmd_common_http_opt(const char *prog, const char *a, const char *v, http_opts *o, bool *ok)
+const cmd_opt *cmd_common_http_table(http_opts *o, cmd_opt out[CMD_HTTP_TABLE_N])
 {
-    long x = 0;
-    if (!strcmp(a, "--max-connections")) *ok = cmd_common_int(prog, a, v, 1, 1 << 20, &x), o->max_connections = (int)x;
-    else if (!strcmp(a, "--max-client-connections")) *ok = cmd_common_int(prog, a, v, 1, 1 << 20, &x), o->max_client_connections = (int)x;
-    else if (!strcmp(a, "--request-timeout")) *ok = cmd_common_int(prog, a, v, 1, 86400, &x), o->request_timeout_s = (int)x;
-    else return false;
-    return true;
+    const cmd_opt t[CMD_HTTP_TABLE_N] = {
+        { "--max-connections", NULL, CMD_OPT_INT, &o->max_connections, 1, 1 << 20, .arg = "N", .help = "requests served at once; past it a 503 (default 1024)" },
+        { "--max-client-connections", NULL, CMD_OPT_INT, &o->max_client_connections, 1, 1 << 20, .arg = "N", .help = "connections from one address; past it a 429 (default 256)" },
+        { "--request-timeout", NULL, CMD_OPT_INT, &o->request_timeout_s, 1, 86400, .arg = "S", .help = "seconds for a request's headers to arrive (default 30)" },
+        { 0 },
+    };
+    memcpy(out, t, sizeof t);
+    return out;
 }
 
 engine *cmd_common_engine_new(const char *prog, model *m, cmd_engine_opts *o)

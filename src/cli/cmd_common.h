@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <stdbool.h>
 
+#include "cli/cmd_opts.h"
 #include "engine/blockio.h"
 #include "engine/engine.h"
 #include "engine/sched.h"
@@ -39,14 +40,15 @@ typedef struct {
 } cmd_engine_opts;
 #define CMD_ENGINE_OPTS_DEFAULT \
     { .max_seqs = 16, .kv_mib = 2048, .max_queue = 256, .prefill_step = SCHED_PREFILL_STEP }
-/* If option a is one of --threads/-t, --ctx/-c, --max-seqs, --kv-mib, --max-queue,
- * --step-tokens, --prefill-step-tokens: parses its value v into *o (*ok false after a message
- * when the value is bad) and returns true; otherwise returns false and leaves *ok alone. */
-bool cmd_common_engine_opt(const char *prog, const char *a, const char *v, cmd_engine_opts *o, bool *ok);
-/* If option a is one of --max-connections, --max-client-connections, --request-timeout (the
- * HTTP layer's connection limits, http/http.h): parses v into *o as cmd_common_engine_opt
- * does. */
-bool cmd_common_http_opt(const char *prog, const char *a, const char *v, http_opts *o, bool *ok);
+/* The option table entries of the engine options (--threads/-t, --ctx/-c, --max-seqs,
+ * --kv-mib, --max-queue, --step-tokens, --prefill-step-tokens) writing into *o, in out (a
+ * table of its own, END-terminated): include it with { .kind = CMD_OPT_TABLE, .dst = out }. */
+#define CMD_ENGINE_TABLE_N 8
+const cmd_opt *cmd_common_engine_table(cmd_engine_opts *o, cmd_opt out[CMD_ENGINE_TABLE_N]);
+/* The same for the HTTP layer's connection limits (http/http.h): --max-connections,
+ * --max-client-connections, --request-timeout. */
+#define CMD_HTTP_TABLE_N 4
+const cmd_opt *cmd_common_http_table(http_opts *o, cmd_opt out[CMD_HTTP_TABLE_N]);
 /* Starts the engine for m: the context and step budgets resolved into *o (ctx, step_tokens),
  * a batch for the larger budget, a KV pool of max_seqs full contexts capped by kv_mib (at
  * least one context), faulted in now so that the first steps and store fills take no page

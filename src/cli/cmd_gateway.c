@@ -1,15 +1,15 @@
 /*
  * cmd_gateway: `tokenmill gateway -m MODEL --listen HOST:PORT [--prefill HOST:PORT,...]
- * [--decode HOST:PORT,...] [--register HOST:PORT] [--cache SPEC|off] [--ctx N]
- * [--heartbeat-timeout S] [--wait-timeout S] [--api-key KEY ...] [--model-name NAME]
- * [--max-connections N] [--max-client-connections N] [--request-timeout S] [--metrics-public] [-v]`.
+ * [--decode HOST:PORT,...] [--register HOST:PORT] [options]` (`--help` lists them).
  *
  * The front of a disaggregated cluster (cluster/gateway.h): the same HTTP APIs as `serve`
  * (recipe/api.h, over the gateway's backend instead of a local scheduler), plus the admin
  * routes (/admin/workers, /admin/drain, /admin/capacity). The model is opened for its
  * tokenizer, chat template and fingerprint only (the file is mmapped: its weights are never
  * touched here). Workers are the --prefill / --decode addresses (reconnected when they come
- * back) and those that register at --register (workers started with --gateway).
+ * back) and those that register at --register (workers started with --gateway). Every worker
+ * must prove it holds the cluster key (--cluster-key-file, by default the key generated in the
+ * cache dir: cluster/auth.h), else it is refused and logged.
  *
  * Lines on stderr for tests: "tokenmill gateway: workers register at HOST:PORT" and
  * "tokenmill gateway: listening on http://HOST:PORT".
@@ -25,6 +25,7 @@
 #include "cache/store.h"
 #include "cli/cmd.h"
 #include "cli/cmd_common.h"
+#include "cluster/auth.h"
 #include "cluster/gateway.h"
 #include "http/http.h"
 #include "model/model.h"
@@ -39,27 +40,21 @@
 
 #define GWC_MAX 32
 
-static void cmd_gateway_usage(void)
+/* --progress-timeout FIRST[,NEXT] into dst, double[2]: seconds to a job's first token, and
+ * between two tokens (NEXT defaults to FIRST / 3). */
+static bool cmd_gateway_progress(const char *prog, const char *name, const char *v, void *dst)
 {
-    fprintf(stderr, "usage: tokenmill gateway -m MODEL --listen HOST:PORT [--prefill HOST:PORT,...] [--decode HOST:PORT,...]\n"
-                    "                         [--register HOST:PORT] [--cache SPEC|off] [--ctx N] [--heartbeat-timeout S]\n"
-                    "                         [--wait-timeout S] [--api-key KEY ...] [--model-name NAME] [--template NAME]\n"
-                    "                         [--max-connections N] [--max-client-connections N] [--request-timeout S]\n"
-                    "                         [--metrics-public] [-v]\n");
-}
-
-/* Splits the comma list z (option opt) in place into out, after its n entries (at most
- * GWC_MAX in all); returns the new count, or -1 after saying so on stderr. */
-static int cmd_gateway_list(const char *opt, char *z, const char **out, int n)
-{
-    for (char *save = NULL, *t = strtok_r(z, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        if (n == GWC_MAX) {
-            fprintf(stderr, "tokenmill gateway: %s: more than %d workers\n", opt, GWC_MAX);
-            return -1;
-        }
-        out[n++] = t;
+    double *first = dst, *next = first + 1;
+    char buf[64];
+    snprintf(buf, sizeof buf, "%s", v);
+    char *comma = strchr(buf, ',');
+    if (comma) *comma = 0;
+    if (!cmd_common_num(prog, name, buf, 1e-3, 86400, first)) return false;
+    if (!comma) {
+        *next = *first / 3;
+        return true;
     }
-    return n;
+    return cmd_common_num(prog, name, comma + 1, 1e-3, 86400, next);
 }
 
 int cmd_gateway(int argc, char **argv)
@@ -68,40 +63,45 @@ int cmd_gateway(int argc, char **argv)
     const char *pre[GWC_MAX], *dec[GWC_MAX], *keys[16];
     int n_pre = 0, n_dec = 0, n_keys = 0;
     long ctx = 0;
-    double hb_timeout = 2, wait_timeout = 30;
+    double hb_timeout = 2, wait_timeout = 30, progress[2] = { 30, 10 };   /* progress: first, next */
     http_opts ho = { 0 };       /* connection limits from the options; the rest below */
-    bool metrics_public = false;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "-v")) { util_log_level = LOG_LEVEL_DEBUG; continue; }
-        if (!strcmp(a, "--metrics-public")) { metrics_public = true; continue; }
-        if (!v) { fprintf(stderr, "tokenmill gateway: %s needs a value\n", a); cmd_gateway_usage(); return 2; }
-        bool ok = true;
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) path = v;
-        else if (!strcmp(a, "--listen")) listen = v;
-        else if (!strcmp(a, "--register")) reg = v;
-        else if (!strcmp(a, "--prefill")) ok = (n_pre = cmd_gateway_list(a, v, pre, n_pre)) >= 0;
-        else if (!strcmp(a, "--decode")) ok = (n_dec = cmd_gateway_list(a, v, dec, n_dec)) >= 0;
-        else if (!strcmp(a, "--cache")) cache_spec = v;
-        else if (!strcmp(a, "--ctx")) ok = cmd_common_int("gateway", a, v, 1, 1 << 24, &ctx);
-        else if (!strcmp(a, "--heartbeat-timeout")) ok = cmd_common_num("gateway", a, v, 1e-3, 86400, &hb_timeout);
-        else if (!strcmp(a, "--wait-timeout")) ok = cmd_common_num("gateway", a, v, 1e-3, 86400, &wait_timeout);
-        else if (cmd_common_http_opt("gateway", a, v, &ho, &ok)) {}
-        else if (!strcmp(a, "--model-name")) name = v;
-        else if (!strcmp(a, "--template")) tmpl_name = v;
-        else if (!strcmp(a, "--api-key")) {
-            if (n_keys == 16) { fprintf(stderr, "tokenmill gateway: too many --api-key\n"); return 2; }
-            keys[n_keys++] = v;
-        } else {
-            fprintf(stderr, "tokenmill gateway: unknown option '%s'\n", a);
-            cmd_gateway_usage();
-            return 2;
-        }
-        if (!ok) return 2;  /* the parser said why */
-        i++;
+    bool metrics_public = false, verbose = false;
+    const char *key_path = NULL;
+    cmd_opt_list pre_l = { pre, 0, GWC_MAX }, dec_l = { dec, 0, GWC_MAX }, keys_l = { keys, 0, 16 };
+    cmd_opt http[CMD_HTTP_TABLE_N];
+    const cmd_opt opts[] = {
+        { "--model", "-m", CMD_OPT_STR, &path, .arg = "MODEL", .help = "the GGUF (tokenizer, template, fingerprint; required)" },
+        { "--listen", NULL, CMD_OPT_STR, &listen, .arg = "HOST:PORT", .help = "the HTTP API (default 127.0.0.1:8080)" },
+        { "--prefill", NULL, CMD_OPT_LIST, &pre_l, .set = 1, .arg = "HOST:PORT,...", .help = "prefill workers to connect to" },
+        { "--decode", NULL, CMD_OPT_LIST, &dec_l, .set = 1, .arg = "HOST:PORT,...", .help = "decode (or mixed) workers to connect to" },
+        { "--register", NULL, CMD_OPT_STR, &reg, .arg = "HOST:PORT", .help = "where workers started with --gateway register" },
+        { "--cache", NULL, CMD_OPT_STR, &cache_spec, .arg = "SPEC|off", .help = "the workers' block store (entry-point hits)" },
+        { "--ctx", NULL, CMD_OPT_LONG, &ctx, 1, 1 << 24, .arg = "N", .help = "tokens per sequence (default: the model's, at most 4096)" },
+        { "--heartbeat-timeout", NULL, CMD_OPT_DOUBLE, &hb_timeout, 1e-3, 86400, .arg = "S", .help = "a silent worker is dead after S seconds (default 2)" },
+        { "--wait-timeout", NULL, CMD_OPT_DOUBLE, &wait_timeout, 1e-3, 86400, .arg = "S", .help = "with no worker of a role, 503 after S seconds (default 30)" },
+        { "--progress-timeout", NULL, CMD_OPT_FN, progress, .fn = cmd_gateway_progress, .arg = "FIRST[,NEXT]",
+          .help = "move a request off a worker with no token for FIRST / NEXT s (default 30,10)" },
+        { "--cluster-key-file", NULL, CMD_OPT_STR, &key_path, .arg = "PATH", .help = "the cluster secret (default: generated in ~/.cache/tokenmill)" },
+        { "--api-key", NULL, CMD_OPT_LIST, &keys_l, .arg = "KEY", .help = "require this key (repeat for several)" },
+        { "--metrics-public", NULL, CMD_OPT_FLAG, &metrics_public, .help = "with --api-key, leave /metrics open" },
+        { .kind = CMD_OPT_TABLE, .dst = (void *)cmd_common_http_table(&ho, http) },
+        { "--model-name", NULL, CMD_OPT_STR, &name, .arg = "NAME", .help = "the model's name in /v1/models (default: the file's)" },
+        { "--template", NULL, CMD_OPT_STR, &tmpl_name, .arg = "NAME", .help = "chat template family (default: the file's, when recognised)" },
+        { "-v", NULL, CMD_OPT_FLAG, &verbose, .help = "log more" },
+        { 0 },
+    };
+    const char *synopsis = "gateway -m MODEL --listen HOST:PORT [--prefill ...] [--decode ...] [--register HOST:PORT] [options]";
+    cmd_opts_status ost = cmd_opts_parse("gateway", synopsis, opts, argc, argv, 1, NULL, 0, NULL);
+    if (ost != CMD_OPTS_OK) return cmd_opts_exit(ost);
+    if (!path) {
+        fprintf(stderr, "tokenmill gateway: -m MODEL is required\n");
+        cmd_opts_hint("gateway", synopsis);
+        return 2;
     }
-    if (!path) { cmd_gateway_usage(); return 2; }
+    if (verbose) util_log_level = LOG_LEVEL_DEBUG;
+    n_pre = pre_l.n;
+    n_dec = dec_l.n;
+    n_keys = keys_l.n;
     char host[256];
     const char *colon = strrchr(listen, ':');
     if (!colon || colon == listen || (size_t)(colon - listen) >= sizeof host) {
@@ -134,6 +134,16 @@ int cmd_gateway(int argc, char **argv)
         fprintf(stderr, "tokenmill gateway: %s\n", err);
         goto out;
     }
+    static auth_key key;   /* 4 KiB: off the stack */
+    char key_file[4096];
+    auth_status ast = key_path ? auth_key_load(key_path, &key, err, sizeof err)
+                               : auth_key_default(&key, key_file, sizeof key_file, err, sizeof err);
+    if (ast != AUTH_OK) {
+        fprintf(stderr, "tokenmill gateway: %s\n", err);
+        rc = 2;
+        goto out;
+    }
+    fprintf(stderr, "tokenmill gateway: cluster key %s\n", key_path ? key_path : key_file);
     if (cache_spec && strcmp(cache_spec, "off")) {
         store_opts sto = { 0 };
         if (store_open(cache_spec, &sto, &cache) != STORE_OK) {
@@ -144,7 +154,8 @@ int cmd_gateway(int argc, char **argv)
     int n_ctx = ctx > 0 ? (int)ctx : TM_MIN(m->hp.n_ctx_train, 4096);
     gateway_opts go = { .model = m, .cache = cache, .prefill = pre, .n_prefill = n_pre, .decode = dec, .n_decode = n_dec,
                         .register_listen = reg, .n_ctx = n_ctx, .eos_ids = { -1, -1, -1, -1 },
-                        .heartbeat_timeout_s = hb_timeout, .wait_timeout_s = wait_timeout };
+                        .heartbeat_timeout_s = hb_timeout, .wait_timeout_s = wait_timeout, .key = &key,
+                        .progress_first_s = progress[0], .progress_next_s = progress[1] };
     go.eos_ids[0] = tokenizer_eos(tok);
     go.eos_ids[1] = tokenizer_eot(tok);
     if (gateway_new(&go, &g, err, sizeof err) != GATEWAY_OK) {

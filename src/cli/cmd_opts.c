@@ -45,6 +45,28 @@ static bool cmd_opts_u64(const char *prog, const char *typed, const char *z, cmd
     return true;
 }
 
+/* Appends value (split at commas when o->set) to the list *o->dst; false after a message. */
+static bool cmd_opts_list(const char *prog, const cmd_opt *o, const char *typed, const char *value)
+{
+    cmd_opt_list *l = o->dst;
+    char *rest = (char *)value;   /* argv's own storage, writable */
+    for (;;) {
+        char *comma = o->set ? strchr(rest, ',') : NULL;
+        if (comma) *comma = 0;
+        if (o->set && !*rest) {
+            fprintf(stderr, "tokenmill %s: %s: an empty entry in '%s'\n", prog, typed, value);
+            return false;
+        }
+        if (l->n >= l->cap) {
+            fprintf(stderr, "tokenmill %s: %s: more than %d values\n", prog, typed, l->cap);
+            return false;
+        }
+        l->v[l->n++] = rest;
+        if (!comma) return true;
+        rest = comma + 1;
+    }
+}
+
 /* The index of value among o->choices into *(int *)o->dst; false after a message. */
 static bool cmd_opts_choice(const char *prog, const cmd_opt *o, const char *typed, const char *value)
 {
@@ -97,6 +119,8 @@ static bool cmd_opts_store(const char *prog, const cmd_opt *o, const char *typed
             return false;
         }
         return true;
+    case CMD_OPT_LIST:
+        return cmd_opts_list(prog, o, typed, value);
     case CMD_OPT_U64:
         return cmd_opts_u64(prog, typed, value, o->dst);
     case CMD_OPT_CHOICE:

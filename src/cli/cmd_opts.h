@@ -29,6 +29,8 @@ typedef enum {
     CMD_OPT_CHOICE,    /* dst: int *; the index of the value in `choices` ("f16|f32") */
     CMD_OPT_SIZE,      /* dst: uint64_t *; bytes, "20G" / "512M" / "4096" (gc_parse_size), not 0 */
     CMD_OPT_U64,       /* dst: cmd_opt_u64 *; a whole number 0..2^64-1, decimal or 0x hex */
+    CMD_OPT_LIST,      /* dst: cmd_opt_list *; repeatable, each value appended; with set = 1 a value
+                        * is also split at commas ("a,b" appends a and b; argv is modified) */
     CMD_OPT_FN,        /* fn(prog, name, value, dst) parses the value; false after a message */
     CMD_OPT_TABLE,     /* dst: const cmd_opt *; another table whose entries belong here too */
 } cmd_opt_kind;
@@ -38,6 +40,13 @@ typedef struct {
     uint64_t value;
     bool given;            /* set when the option was on the command line */
 } cmd_opt_u64;
+
+/* The values of a repeatable option, in command-line order. */
+typedef struct {
+    const char **v;        /* (cap) values; they point into argv */
+    int n;
+    int cap;               /* one more is an error naming the option */
+} cmd_opt_list;
 
 typedef struct cmd_opt cmd_opt;
 struct cmd_opt {

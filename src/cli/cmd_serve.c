@@ -107,63 +107,49 @@ typedef struct {
     api_ctx ac;                  /* what every route sees; outlives the HTTP server */
 } serve;
 
-static void cmd_serve_usage(void)
-{
-    fprintf(stderr,
-            "usage: tokenmill serve -m MODEL [--host 127.0.0.1] [--port 8080] [--threads N] [--ctx N]\n"
-            "                       [--max-seqs N] [--api-key KEY ...] [--model-name NAME] [--template NAME]\n"
-            "                       [--kv-mib N] [--max-queue N] [--step-tokens N] [--prefill-step-tokens N] [--max-body BYTES]\n"
-            "                       [--timeout SECONDS] [--drain-timeout SECONDS] [--cache SPEC|default|off] [--cache-dir DIR]\n"
-            "                       [--cache-capacity SIZE] [--retention agent=72h,chat=7d]\n"
-            "                       [--max-connections N] [--max-client-connections N] [--request-timeout S]\n"
-            "                       [--metrics-public] [-v]\n");
-}
-
-/* Step: options. Returns 0, or the exit status after a message. */
+/* Step: options. Returns 0, -1 after --help (exit 0), or the exit status after a message. */
 static int serve_options(int argc, char **argv, serve_opts *o)
 {
     *o = (serve_opts){ .host = "127.0.0.1", .port = 8080, .eng = CMD_ENGINE_OPTS_DEFAULT, .max_body = 8 << 20,
                        .timeout = 60, .drain_timeout = 30, .cache_spec = "default" };
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        bool ok = true;
-        if (!strcmp(a, "-v")) { util_log_level = LOG_LEVEL_DEBUG; continue; }
-        if (!strcmp(a, "--metrics-public")) { o->metrics_public = true; continue; }
-        if (!v) { fprintf(stderr, "tokenmill serve: %s needs a value\n", a); cmd_serve_usage(); return 2; }
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->path = v;
-        else if (!strcmp(a, "--host")) o->host = v;
-        else if (!strcmp(a, "--port")) ok = cmd_common_int("serve", a, v, 0, 65535, &o->port);
-        else if (cmd_common_engine_opt("serve", a, v, &o->eng, &ok)) {}
-        else if (cmd_common_http_opt("serve", a, v, &o->http, &ok)) {}
-        else if (!strcmp(a, "--max-body")) ok = cmd_common_int("serve", a, v, 1024, 1L << 32, &o->max_body);
-        else if (!strcmp(a, "--timeout")) ok = cmd_common_int("serve", a, v, 1, 86400, &o->timeout);
-        else if (!strcmp(a, "--drain-timeout")) ok = cmd_common_int("serve", a, v, 0, 86400, &o->drain_timeout);
-        else if (!strcmp(a, "--cache")) o->cache_spec = v;
-        else if (!strcmp(a, "--cache-dir")) {
-            snprintf(o->cache_buf, sizeof o->cache_buf, "dir:%s", v);
-            o->cache_spec = o->cache_buf;
-        } else if (!strcmp(a, "--cache-capacity")) {
-            if (!(o->cache_capacity = gc_parse_size(v))) {
-                fprintf(stderr, "tokenmill serve: %s: '%s' is not a size such as 512M, 20G or 1T\n", a, v);
-                return 2;
-            }
-        }
-        else if (!strcmp(a, "--retention")) o->retention = v;
-        else if (!strcmp(a, "--model-name")) o->name = v;
-        else if (!strcmp(a, "--template")) o->tmpl_name = v;
-        else if (!strcmp(a, "--api-key")) {
-            if (o->n_keys == SERVE_MAX_KEYS) { fprintf(stderr, "tokenmill serve: too many --api-key\n"); return 2; }
-            o->keys[o->n_keys++] = v;
-        } else {
-            fprintf(stderr, "tokenmill serve: unknown option '%s'\n", a);
-            cmd_serve_usage();
-            return 2;
-        }
-        if (!ok) return 2;  /* cmd_common_int said why */
-        i++;
+    cmd_opt eng[CMD_ENGINE_TABLE_N], http[CMD_HTTP_TABLE_N];
+    cmd_opt_list keys = { o->keys, 0, SERVE_MAX_KEYS };
+    const char *cache_dir = NULL;
+    bool verbose = false;
+    const cmd_opt opts[] = {
+        { "--model", "-m", CMD_OPT_STR, &o->path, .arg = "MODEL", .help = "the GGUF to serve (required)" },
+        { "--host", NULL, CMD_OPT_STR, &o->host, .arg = "ADDR", .help = "listen address (default 127.0.0.1)" },
+        { "--port", NULL, CMD_OPT_LONG, &o->port, 0, 65535, .arg = "PORT", .help = "listen port (default 8080; 0: any free one)" },
+        { .kind = CMD_OPT_TABLE, .dst = (void *)cmd_common_engine_table(&o->eng, eng) },
+        { "--model-name", NULL, CMD_OPT_STR, &o->name, .arg = "NAME", .help = "the model's name in /v1/models (default: the file's)" },
+        { "--template", NULL, CMD_OPT_STR, &o->tmpl_name, .arg = "NAME", .help = "chat template family (default: the file's, when recognised)" },
+        { "--api-key", NULL, CMD_OPT_LIST, &keys, .arg = "KEY", .help = "require this key (repeat for several)" },
+        { "--metrics-public", NULL, CMD_OPT_FLAG, &o->metrics_public, .help = "with --api-key, leave /metrics open" },
+        { "--max-body", NULL, CMD_OPT_LONG, &o->max_body, 1024, 4294967296.0, .arg = "BYTES", .help = "largest request body (default 8 MiB)" },
+        { "--timeout", NULL, CMD_OPT_LONG, &o->timeout, 1, 86400, .arg = "S", .help = "idle keep-alive connections close after S seconds (default 60)" },
+        { .kind = CMD_OPT_TABLE, .dst = (void *)cmd_common_http_table(&o->http, http) },
+        { "--drain-timeout", NULL, CMD_OPT_LONG, &o->drain_timeout, 0, 86400, .arg = "S", .help = "at SIGTERM, seconds running requests get (default 30)" },
+        { "--cache", NULL, CMD_OPT_STR, &o->cache_spec, .arg = "SPEC|default|off", .help = "block store: dir:PATH, ec:K+M:DIRS (default: ~/.cache/tokenmill/blocks)" },
+        { "--cache-dir", NULL, CMD_OPT_STR, &cache_dir, .arg = "DIR", .help = "the same as --cache dir:DIR" },
+        { "--cache-capacity", NULL, CMD_OPT_SIZE, &o->cache_capacity, .arg = "SIZE", .help = "per-target capacity, e.g. 20G (default store: 16G)" },
+        { "--retention", NULL, CMD_OPT_STR, &o->retention, .arg = "SPEC", .help = "TTL per traffic class (default agent=72h,chat=7d)" },
+        { "-v", NULL, CMD_OPT_FLAG, &verbose, .help = "log every engine step" },
+        { 0 },
+    };
+    const char *synopsis = "serve -m MODEL [options]: the HTTP API server (OpenAI and Anthropic APIs)";
+    cmd_opts_status ost = cmd_opts_parse("serve", synopsis, opts, argc, argv, 1, NULL, 0, NULL);
+    if (ost != CMD_OPTS_OK) return ost == CMD_OPTS_HELP ? -1 : 2;
+    if (!o->path) {
+        fprintf(stderr, "tokenmill serve: -m MODEL is required\n");
+        cmd_opts_hint("serve", synopsis);
+        return 2;
     }
-    if (!o->path) { cmd_serve_usage(); return 2; }
+    o->n_keys = keys.n;
+    if (verbose) util_log_level = LOG_LEVEL_DEBUG;
+    if (cache_dir) {
+        snprintf(o->cache_buf, sizeof o->cache_buf, "dir:%s", cache_dir);
+        o->cache_spec = o->cache_buf;
+    }
     gc_retention_default(&o->classes);
     if (o->retention && gc_retention_parse(&o->classes, o->retention)) {
         fprintf(stderr, "tokenmill serve: bad --retention '%s' (want e.g. agent=72h,chat=7d)\n", o->retention);
@@ -379,5 +365,5 @@ int cmd_serve(int argc, char **argv)
     if (!rc) serve_shutdown(sv, serve_run(&stop_signals));
     serve_free(sv);
     free(sv);
-    return rc;
+    return rc < 0 ? 0 : rc;
 }

@@ -25,16 +25,12 @@
 
 #include "cli/cmd.h"
 #include "cli/cmd_common.h"
+#include "cli/cmd_opts.h"
 #include "model/gguf.h"
 #include "recipe/conv.h"
 #include "recipe/template.h"
 #include "recipe/tokenizer.h"
 #include "util/util.h"
-
-static void cmd_template_usage(void)
-{
-    fprintf(stderr, "usage: tokenmill template -m MODEL [--template NAME] [--threads N] --input CONV.json\n");
-}
 
 /* Appends the content of a message (string, null or array of text parts) as `kind`. */
 static bool cmd_template_content(conv *c, json_t *content, conv_role role)
@@ -177,16 +173,21 @@ int cmd_template(int argc, char **argv)
 {
     const char *model_path = NULL, *name = NULL, *input = NULL;
     long threads = 1;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-m") && i + 1 < argc) model_path = argv[++i];
-        else if (!strcmp(argv[i], "--template") && i + 1 < argc) name = argv[++i];
-        else if (!strcmp(argv[i], "--input") && i + 1 < argc) input = argv[++i];
-        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
-            if (!cmd_common_int("template", argv[i], argv[i + 1], 0, 1024, &threads)) return 2;
-            i++;
-        } else { cmd_template_usage(); return 2; }
+    const cmd_opt opts[] = {
+        { "--model", "-m", CMD_OPT_STR, &model_path, .arg = "MODEL", .help = "the GGUF whose vocabulary and template to use (required)" },
+        { "--template", NULL, CMD_OPT_STR, &name, .arg = "NAME", .help = "chat template family (default: the file's, when recognised)" },
+        { "--input", NULL, CMD_OPT_STR, &input, .arg = "CONV.json", .help = "the conversation (required)" },
+        { "--threads", NULL, CMD_OPT_LONG, &threads, 0, 1024, .arg = "N", .help = "tokenise a long prompt's text runs on N threads (default 1)" },
+        { 0 },
+    };
+    const char *synopsis = "template -m MODEL --input CONV.json [options]: the prompt's token ids as JSON";
+    cmd_opts_status ost = cmd_opts_parse("template", synopsis, opts, argc, argv, 1, NULL, 0, NULL);
+    if (ost != CMD_OPTS_OK) return cmd_opts_exit(ost);
+    if (!model_path || !input) {
+        fprintf(stderr, "tokenmill template: %s is required\n", !model_path ? "-m MODEL" : "--input CONV.json");
+        cmd_opts_hint("template", synopsis);
+        return 2;
     }
-    if (!model_path || !input) { cmd_template_usage(); return 2; }
 
     int rc = 1;
     char err[512] = "";

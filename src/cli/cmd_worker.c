@@ -1,13 +1,18 @@
 /*
  * cmd_worker: `tokenmill worker --role prefill|decode|mixed -m MODEL --listen HOST:PORT
  * --cache SPEC [--gateway HOST:PORT] [--threads N] [--ctx N] [--max-seqs N] [--kv-mib N]
- * [--step-tokens N] [--prefill-step-tokens N] [--max-queue N] [--name NAME] [--drain-timeout SECONDS] [-v]`: one worker
- * of the disaggregated server (src/cluster/worker.h, docs/protocol.md).
+ * [--step-tokens N] [--prefill-step-tokens N] [--max-queue N] [--name NAME] [--drain-timeout SECONDS]
+ * [--cluster-key-file PATH] [-v]`: one worker of the disaggregated server (src/cluster/worker.h,
+ * docs/protocol.md).
  *
  * The engine, scheduler and block store are set up as `tokenmill serve` does; every worker
- * and the gateway must name the same --cache store (full KV blocks travel through it). SIGTERM
- * drains (no new work, running requests finish within --drain-timeout, the rest is reported
- * MOVED to the gateway) and exits; SIGINT stops at once.
+ * and the gateway must name the same --cache store (full KV blocks travel through it) and hold
+ * the same cluster key (--cluster-key-file, by default the key generated in the cache dir:
+ * cluster/auth.h). SIGTERM or SIGINT drains: the gateway is told (DRAIN) and sends no new work,
+ * running requests finish within --drain-timeout (default 30 s), the rest is handed back
+ * (FINISH MOVED: the gateway resumes them elsewhere with their tokens so far); then the block
+ * store's write-behind queue is flushed (blockio_free) and the process exits 0. A second
+ * signal exits at once (status 1).
  */
 #include <pthread.h>
 #include <signal.h>
@@ -19,6 +24,7 @@
 #include "cache/store.h"
 #include "cli/cmd.h"
 #include "cli/cmd_common.h"
+#include "cluster/auth.h"
 #include "cluster/proto.h"
 #include "cluster/worker.h"
 #include "engine/blockio.h"
@@ -28,48 +34,49 @@
 #include "recipe/tokenizer.h"
 #include "util/util.h"
 
-static void cmd_worker_usage(void)
+/* --role into an int: PROTO_ROLE_PREFILL / DECODE / MIXED */
+static bool cmd_worker_role(const char *prog, const char *name, const char *v, void *dst)
 {
-    fprintf(stderr,
-            "usage: tokenmill worker --role prefill|decode|mixed -m MODEL --listen HOST:PORT --cache SPEC|off\n"
-            "                        [--gateway HOST:PORT] [--threads N] [--ctx N] [--max-seqs N] [--kv-mib N]\n"
-            "                        [--step-tokens N] [--prefill-step-tokens N] [--max-queue N] [--name NAME] [--drain-timeout SECONDS] [-v]\n");
+    int role = proto_role_parse(v);
+    if (role <= 0) {
+        fprintf(stderr, "tokenmill %s: %s: '%s' is not prefill, decode or mixed\n", prog, name, v);
+        return false;
+    }
+    *(int *)dst = role;
+    return true;
 }
 
 int cmd_worker(int argc, char **argv)
 {
-    const char *path = NULL, *listen = NULL, *gateway = NULL, *cache_spec = NULL, *name = NULL;
+    const char *path = NULL, *listen = NULL, *gateway = NULL, *cache_spec = NULL, *name = NULL, *key_path = NULL;
     int role = -1;
-    long drain_s = 60;
+    long drain_s = 30;
     cmd_engine_opts eng = CMD_ENGINE_OPTS_DEFAULT;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        bool ok = true;
-        if (!strcmp(a, "-v")) { util_log_level = LOG_LEVEL_DEBUG; continue; }
-        if (!v) { fprintf(stderr, "tokenmill worker: %s needs a value\n", a); cmd_worker_usage(); return 2; }
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) path = v;
-        else if (!strcmp(a, "--role")) {
-            if ((role = proto_role_parse(v)) <= 0) {
-                fprintf(stderr, "tokenmill worker: --role: '%s' is not prefill, decode or mixed\n", v);
-                return 2;
-            }
-        }
-        else if (!strcmp(a, "--listen")) listen = v;
-        else if (!strcmp(a, "--gateway")) gateway = v;
-        else if (!strcmp(a, "--cache")) cache_spec = v;
-        else if (!strcmp(a, "--name")) name = v;
-        else if (cmd_common_engine_opt("worker", a, v, &eng, &ok)) {}
-        else if (!strcmp(a, "--drain-timeout")) ok = cmd_common_int("worker", a, v, 1, 86400, &drain_s);
-        else {
-            fprintf(stderr, "tokenmill worker: unknown option '%s'\n", a);
-            cmd_worker_usage();
-            return 2;
-        }
-        if (!ok) return 2;  /* cmd_common_int said why */
-        i++;
+    bool verbose = false;
+    cmd_opt eng_t[CMD_ENGINE_TABLE_N];
+    const cmd_opt opts[] = {
+        { "--role", NULL, CMD_OPT_FN, &role, .fn = cmd_worker_role, .arg = "prefill|decode|mixed", .help = "what this worker does (required)" },
+        { "--model", "-m", CMD_OPT_STR, &path, .arg = "MODEL", .help = "the GGUF (required)" },
+        { "--listen", NULL, CMD_OPT_STR, &listen, .arg = "HOST:PORT", .help = "where the gateway connects (this or --gateway)" },
+        { "--gateway", NULL, CMD_OPT_STR, &gateway, .arg = "HOST:PORT", .help = "register at a gateway's --register address" },
+        { "--cache", NULL, CMD_OPT_STR, &cache_spec, .arg = "SPEC|off", .help = "the block store every worker shares" },
+        { "--name", NULL, CMD_OPT_STR, &name, .arg = "NAME", .help = "the worker's name in /admin/workers" },
+        { "--cluster-key-file", NULL, CMD_OPT_STR, &key_path, .arg = "PATH", .help = "the cluster secret (default: generated in ~/.cache/tokenmill)" },
+        { .kind = CMD_OPT_TABLE, .dst = (void *)cmd_common_engine_table(&eng, eng_t) },
+        { "--drain-timeout", NULL, CMD_OPT_LONG, &drain_s, 1, 86400, .arg = "S", .help = "at SIGTERM, seconds running requests get (default 30)" },
+        { "-v", NULL, CMD_OPT_FLAG, &verbose, .help = "log every engine step" },
+        { 0 },
+    };
+    const char *synopsis = "worker --role prefill|decode|mixed -m MODEL --listen HOST:PORT|--gateway HOST:PORT --cache SPEC [options]";
+    cmd_opts_status ost = cmd_opts_parse("worker", synopsis, opts, argc, argv, 1, NULL, 0, NULL);
+    if (ost != CMD_OPTS_OK) return cmd_opts_exit(ost);
+    if (!path || role < 0 || (!listen && !gateway)) {
+        fprintf(stderr, "tokenmill worker: %s\n", !path ? "-m MODEL is required" : role < 0 ? "--role is required"
+                                                                     : "--listen or --gateway is required");
+        cmd_opts_hint("worker", synopsis);
+        return 2;
     }
-    if (!path || role < 0 || (!listen && !gateway)) { cmd_worker_usage(); return 2; }
+    if (verbose) util_log_level = LOG_LEVEL_DEBUG;
     if (cache_spec && !strcmp(cache_spec, "off")) cache_spec = NULL;
     if (!cache_spec && role != PROTO_ROLE_MIXED)
         fprintf(stderr, "tokenmill worker: no --cache: full KV blocks cannot be handed off, decode recomputes them\n");
@@ -87,6 +94,16 @@ int cmd_worker(int argc, char **argv)
     store *cache = NULL;
     blockio *bio = NULL;
     worker *w = NULL;
+    static auth_key key;   /* 4 KiB: off the stack */
+    char key_file[4096], err[512];
+    auth_status ast = key_path ? auth_key_load(key_path, &key, err, sizeof err)
+                               : auth_key_default(&key, key_file, sizeof key_file, err, sizeof err);
+    if (ast != AUTH_OK) {
+        fprintf(stderr, "tokenmill worker: %s\n", err);
+        rc = 2;
+        goto out;
+    }
+    fprintf(stderr, "tokenmill worker: cluster key %s\n", key_path ? key_path : key_file);
     if (!cmd_common_load_model("worker", path, &m, &tok)) goto out;
     if (!(e = cmd_common_engine_new("worker", m, &eng))) goto out;
     int n_ctx = (int)eng.ctx;
@@ -107,7 +124,7 @@ int cmd_worker(int argc, char **argv)
         goto out;
     }
 
-    worker_opts wo = { .role = role, .listen = listen, .gateway = gateway, .name = name,
+    worker_opts wo = { .role = role, .listen = listen, .gateway = gateway, .name = name, .key = &key,
                        .max_seqs = (int)eng.max_seqs, .n_ctx = n_ctx };
     w = worker_new(&wo, e, s, cache, bio);
     if (!w) goto out;
@@ -118,23 +135,28 @@ int cmd_worker(int argc, char **argv)
             bio ? ", block store " : "", bio ? store_spec(cache) : "");
     if (listen) fprintf(stderr, "tokenmill worker: listening on port %d\n", worker_port(w));
     fflush(stderr);
-    /* SIGTERM: drain, then exit; SIGINT (or a second signal): stop now */
+    /* SIGTERM / SIGINT: drain, then exit 0; a second signal: stop now, status 1 */
     bool draining = false;
+    rc = 0;
     for (;;) {
         struct timespec ts = { 0, 100000000 };
         int sig = sigtimedwait(&set, NULL, &ts);
-        if (sig == SIGINT || (sig == SIGTERM && draining)) {
-            fprintf(stderr, "tokenmill worker: %s, stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+        const char *sname = sig == SIGINT ? "SIGINT" : "SIGTERM";
+        if (sig > 0 && draining) {
+            fprintf(stderr, "tokenmill worker: second signal (%s), stopping now\n", sname);
+            rc = 1;
             break;
         }
-        if (sig == SIGTERM) {
-            fprintf(stderr, "tokenmill worker: SIGTERM, draining (deadline %ld s)\n", drain_s);
+        if (sig > 0) {
+            fprintf(stderr, "tokenmill worker: %s, draining (deadline %ld s)\n", sname, drain_s);
             worker_drain(w, (int)(drain_s * 1000));
             draining = true;
         }
-        if (draining && worker_drained(w)) break;
+        if (draining && worker_drained(w)) {
+            fprintf(stderr, "tokenmill worker: drained, flushing the block store's writes\n");
+            break;
+        }
     }
-    rc = 0;
 out:
     worker_free(w);
     if (s) sched_shutdown(s);

@@ -24,6 +24,7 @@
 #define GW_MAX_WORKERS 64
 #define GW_MAX_RETRIES 8      /* re-sends of one request after BUSY / DRAINING answers */
 #define GW_RATE_SLOTS 10      /* seconds of history for the prefill token rate */
+#define GW_MAX_GREETING 32    /* registration handshakes in progress at once */
 
 typedef enum { GW_WAIT_PREFILL = 0, GW_PREFILL, GW_WAIT_DECODE, GW_DECODE, GW_DONE } gw_state;
 
@@ -40,6 +41,7 @@ typedef struct {
     pthread_mutex_t send_mu;  /* held while a frame is written to the connection and while
                                * its reader closes it: no write reaches a closed (or reused) fd */
     int send_fd;              /* the connection writers may use (under send_mu), -1 once closed */
+    proto_conn *send_conn;    /* its frame tags (under send_mu; the reader's, freed as it closes) */
     uint64_t send_gen;        /* its gen (under send_mu) */
     uint64_t gen;             /* bumped at each connection loss: stale readers are ignored */
     double last_hb;           /* util_now() of the last frame received */
@@ -81,6 +83,10 @@ typedef struct gw_req {
     bool done;                /* FINISH polled */
     int retries;
     double t_submit, t_wait;  /* util_now(): submit, entering the current wait */
+    double t_job;             /* util_now(): the current job sent, or its last token (stall check) */
+    int job_tokens;           /* tokens the current job has produced */
+    int avoid_slot;           /* worker this request stalled on (-1 none): others first */
+    uint64_t avoid_gen;       /* that worker's connection */
     double t_first;           /* first token (0 none) */
     pthread_cond_t cv;
 } gw_req;
@@ -107,12 +113,16 @@ struct gateway {
     int listen_fd;
     pthread_t disp, acc;
     bool acc_started;
+    int greeting_fd[GW_MAX_GREETING]; /* connections in their handshake (-1 free), under mu */
+    int n_greeting;           /* their threads still running, under mu */
     int kv_dtype;             /* the workers' KV type (pool fingerprint of block keys), -1 unknown */
     /* counters */
     uint64_t n_requests, n_rejected, n_reprefills, n_resumes, n_prompt_tokens, n_hit_tokens, n_gen_tokens;
     uint64_t n_uncached_tokens;   /* prompt tokens not found in the store, lifetime */
     uint64_t n_bad_conns;         /* connections refused (malformed HELLO / frames) */
     uint64_t n_bad_values;        /* of which: well-formed frames with values out of range */
+    uint64_t n_refused_auth;      /* connections that failed the handshake (no / wrong key) */
+    uint64_t n_stalls;            /* requests moved off a worker that made no progress */
     double rate_t[GW_RATE_SLOTS]; /* ring: time and n_uncached_tokens once a second */
     uint64_t rate_v[GW_RATE_SLOTS];
     int rate_i;
@@ -197,6 +207,8 @@ static void gw_push_token(gateway *g, gw_req *r, const proto_tok *t, bool with_l
     }
     r->gen[r->n_gen++] = t->token;
     if (!r->t_first) r->t_first = util_now();
+    r->t_job = util_now();
+    r->job_tokens++;
     g->n_gen_tokens++;
     sched_output *o = gw_out_slot(r);
     o->kind = SCHED_OUT_TOKEN;
@@ -443,6 +455,9 @@ static bool gw_on_msg(gateway *g, int slot, proto_msg *m, const char **refused)
             break;
         }
         if (r->state == GW_PREFILL && m->u.finish.cached_tokens) r->n_cached = (int)m->u.finish.cached_tokens;
+        if (m->u.finish.reason == PROTO_FINISH_ERROR)
+            log_warn("gateway: req %llu failed on %s (%s) after %d tokens: the worker reports an engine error",
+                     (unsigned long long)id, w->addr, r->state == GW_PREFILL ? "prefill" : "decode", r->n_gen);
         gw_finish(g, r, m->u.finish.reason >= 1 && m->u.finish.reason <= 4 ? (sched_finish)m->u.finish.reason
                                                                           : SCHED_FINISH_ERROR);
         break;
@@ -479,17 +494,18 @@ typedef struct {
     int slot;
     uint64_t gen;
     int fd;
+    proto_conn *pc;           /* fd's frame tags; the reader frees it as it closes */
 } gw_reader_arg;
 
 /* Closes a worker's connection, from its reader as it ends: first, when a frame of the worker
  * was refused, ERROR MALFORMED (id 0) saying why, as docs/protocol.md asks "when it can" (best
  * effort: 200 ms at most). Under the slot's send lock, so that the dispatcher never writes to
  * the descriptor once it is closed (and perhaps reused). */
-static void gw_reader_close(gateway *g, int slot, int fd, const char *refused)
+static void gw_reader_close(gateway *g, int slot, int fd, proto_conn *pc, const char *refused)
 {
     gw_worker *w = &g->w[slot];
     pthread_mutex_lock(&w->send_mu);
-    if (refused && w->send_fd == fd) {
+    if (refused && w->send_fd == fd && w->send_conn == pc) {
         struct timeval tv = { .tv_sec = 0, .tv_usec = 200 * 1000 };
         setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
         proto_msg m;
@@ -497,12 +513,15 @@ static void gw_reader_close(gateway *g, int slot, int fd, const char *refused)
         m.hdr.type = PROTO_ERROR;
         m.u.error.code = PROTO_E_MALFORMED;
         m.u.error.msg = (char *)refused;
-        (void)proto_send_msg(fd, &m);
+        (void)proto_send_msg(pc, &m);
     }
     shutdown(fd, SHUT_RDWR);
     close(fd);
     if (w->send_fd == fd) w->send_fd = -1;
+    if (w->send_conn == pc) w->send_conn = NULL;
     pthread_mutex_unlock(&w->send_mu);
+    proto_conn_free(pc);
+    free(pc);
 }
 
 static void *gw_reader(void *arg)
@@ -513,7 +532,7 @@ static void *gw_reader(void *arg)
     const char *refused = NULL;   /* why a frame of the worker was refused (static text) */
     for (;;) {
         proto_msg m;
-        proto_status st = proto_recv(a.fd, &m);
+        proto_status st = proto_recv(a.pc, &m);
         pthread_mutex_lock(&g->mu);
         bool current = g->w[a.slot].gen == a.gen;
         if (st != PROTO_OK) {
@@ -534,7 +553,7 @@ static void *gw_reader(void *arg)
         proto_msg_free(&m);
         if (!ok) break;
     }
-    gw_reader_close(g, a.slot, a.fd, refused);
+    gw_reader_close(g, a.slot, a.fd, a.pc, refused);
     /* only now: gateway_free waits for reader_live to go false before freeing the slots */
     pthread_mutex_lock(&g->mu);
     g->w[a.slot].reader_live = false;
@@ -564,18 +583,29 @@ static void gw_set_timeout(int fd, int ms)
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
 }
 
-/* Both ends send HELLO first; then ours is checked against theirs. 0, or -1 (logged). */
-static int gw_handshake(gateway *g, int fd, const char *who, proto_hello *out)
+/* The handshake (cluster/auth.h: the peer proves it holds the cluster key, and we prove it
+ * too; pc is sealed after it), then both ends send HELLO and ours is checked against theirs.
+ * 0, or -1 (logged, counted). */
+static int gw_handshake(gateway *g, proto_conn *pc, const char *who, proto_hello *out)
 {
+    gw_set_timeout(pc->fd, 2000);
+    char why[160];
+    auth_status ast = auth_handshake(pc, g->o.key, AUTH_SIDE_GATEWAY, why, sizeof why);
+    if (ast != AUTH_OK) {
+        log_warn("gateway: %s: refused: %s", who, why);
+        pthread_mutex_lock(&g->mu);
+        g->n_refused_auth++;
+        pthread_mutex_unlock(&g->mu);
+        return -1;
+    }
     proto_msg h;
     gw_hello(g, &h);
-    gw_set_timeout(fd, 2000);
-    if (proto_send_msg(fd, &h) != PROTO_OK) {
+    if (proto_send_msg(pc, &h) != PROTO_OK) {
         log_warn("gateway: %s: cannot send HELLO", who);
         return -1;
     }
     proto_msg m;
-    proto_status st = proto_recv(fd, &m);
+    proto_status st = proto_recv(pc, &m);
     if (st != PROTO_OK || m.hdr.type != PROTO_HELLO) {
         log_warn("gateway: %s: refused: %s", who, st != PROTO_OK ? proto_status_name(st) : "first frame is not HELLO");
         if (st == PROTO_OK) proto_msg_free(&m);
@@ -603,14 +633,36 @@ static int gw_handshake(gateway *g, int fd, const char *who, proto_hello *out)
         out->name = xstrdup(m.u.hello.name ? m.u.hello.name : "");
     }
     proto_msg_free(&m);
-    gw_set_timeout(fd, 0);
+    gw_set_timeout(pc->fd, 0);
     return rc;
 }
 
-/* Installs a connected, greeted worker in slot (mu held) and starts its reader. */
-static void gw_attach(gateway *g, int slot, int fd, const proto_hello *h)
+/* A new connection's frame state, or NULL after closing fd when the handshake fails. */
+static proto_conn *gw_greet(gateway *g, int fd, const char *who, proto_hello *h)
+{
+    proto_conn *pc = xmalloc(sizeof *pc);
+    proto_conn_init(pc, fd);
+    if (gw_handshake(g, pc, who, h)) {
+        proto_conn_free(pc);
+        free(pc);
+        close(fd);
+        return NULL;
+    }
+    return pc;
+}
+
+static void gw_conn_close(proto_conn *pc)
+{
+    close(pc->fd);
+    proto_conn_free(pc);
+    free(pc);
+}
+
+/* Installs a connected, greeted worker in slot (mu held) and starts its reader, which owns pc. */
+static void gw_attach(gateway *g, int slot, proto_conn *pc, const proto_hello *h)
 {
     gw_worker *w = &g->w[slot];
+    int fd = pc->fd;
     w->used = true;
     w->connected = true;
     w->reader_live = true;
@@ -618,6 +670,7 @@ static void gw_attach(gateway *g, int slot, int fd, const proto_hello *h)
     w->fd = fd;
     pthread_mutex_lock(&w->send_mu);
     w->send_fd = fd;
+    w->send_conn = pc;
     w->send_gen = w->gen;
     pthread_mutex_unlock(&w->send_mu);
     w->role = h->role;
@@ -632,7 +685,7 @@ static void gw_attach(gateway *g, int slot, int fd, const proto_hello *h)
     memset(&w->hb, 0, sizeof w->hb);
     bal_speed_init(&w->speed, g->o.prefill_tokens_per_s);
     gw_reader_arg *a = xmalloc(sizeof *a);
-    *a = (gw_reader_arg){ g, slot, w->gen, fd };
+    *a = (gw_reader_arg){ g, slot, w->gen, fd, pc };
     pthread_t t;
     pthread_attr_t at;
     pthread_attr_init(&at);
@@ -643,7 +696,8 @@ static void gw_attach(gateway *g, int slot, int fd, const proto_hello *h)
         w->connected = false;
         pthread_mutex_lock(&w->send_mu);
         w->send_fd = -1;
-        close(fd);
+        w->send_conn = NULL;
+        gw_conn_close(pc);
         pthread_mutex_unlock(&w->send_mu);
     }
     pthread_attr_destroy(&at);
@@ -659,16 +713,69 @@ static void gw_connect_static(gateway *g, int slot)
     int fd = proto_connect(addr, 500);
     if (fd < 0) return;
     proto_hello h;
-    if (gw_handshake(g, fd, addr, &h)) {
-        close(fd);
-        return;
-    }
+    proto_conn *pc = gw_greet(g, fd, addr, &h);
+    if (!pc) return;
     pthread_mutex_lock(&g->mu);
-    if (!g->stop && !g->w[slot].connected && !g->w[slot].reader_live) gw_attach(g, slot, fd, &h);
-    else close(fd);
+    if (!g->stop && !g->w[slot].connected && !g->w[slot].reader_live) gw_attach(g, slot, pc, &h);
+    else gw_conn_close(pc);
     pthread_mutex_unlock(&g->mu);
     free(h.listen);
     free(h.name);
+}
+
+/* Registers a greeted worker: its slot (the same address again, a restarted worker, reuses
+ * its slot when free), then gw_attach. Closes pc when there is no room or the gateway stops. */
+static void gw_register(gateway *g, proto_conn *pc, const proto_hello *h)
+{
+    pthread_mutex_lock(&g->mu);
+    int slot = -1;
+    for (int i = 0; i < g->n_slots && slot < 0; i++)
+        if (g->w[i].used && !g->w[i].connected && !g->w[i].reader_live && h->listen[0] && !strcmp(g->w[i].addr, h->listen))
+            slot = i;
+    for (int i = 0; i < g->n_slots && slot < 0; i++)
+        if (!g->w[i].used && !g->w[i].reader_live) slot = i;
+    if (slot < 0 && g->n_slots < GW_MAX_WORKERS) slot = g->n_slots++;
+    if (slot < 0 || g->stop) {
+        if (slot < 0) log_warn("gateway: too many workers, refusing %s", h->listen);
+        gw_conn_close(pc);
+    } else {
+        gw_worker *w = &g->w[slot];
+        if (!w->is_static) snprintf(w->addr, sizeof w->addr, "%s", h->listen[0] ? h->listen : h->name);
+        gw_attach(g, slot, pc, h);
+    }
+    pthread_mutex_unlock(&g->mu);
+}
+
+typedef struct {
+    gateway *g;
+    int fd;
+    int i;                    /* its entry in g->greeting_fd */
+} gw_greet_arg;
+
+/* One connection on the registration port, from accept to registered (or refused): in a
+ * thread of its own, so that a peer that is slow or silent in the handshake holds up nobody
+ * else. */
+static void *gw_greet_thread(void *arg)
+{
+    gw_greet_arg a = *(gw_greet_arg *)arg;
+    free(arg);
+    gateway *g = a.g;
+    proto_hello h;
+    proto_conn *pc = gw_greet(g, a.fd, "registering worker", &h);
+    pthread_mutex_lock(&g->mu);
+    g->greeting_fd[a.i] = -1;   /* from here on fd is pc's (or closed) */
+    if (!pc) g->n_bad_conns++;
+    pthread_mutex_unlock(&g->mu);
+    if (pc) {
+        gw_register(g, pc, &h);
+        free(h.listen);
+        free(h.name);
+    }
+    pthread_mutex_lock(&g->mu);
+    g->n_greeting--;
+    pthread_cond_broadcast(&g->cv_workers);
+    pthread_mutex_unlock(&g->mu);
+    return NULL;
 }
 
 static void *gw_acceptor(void *arg)
@@ -681,38 +788,34 @@ static void *gw_acceptor(void *arg)
         if (stop) break;
         struct pollfd p = { .fd = g->listen_fd, .events = POLLIN };
         if (poll(&p, 1, 200) <= 0) continue;
-        struct sockaddr_storage ss;
-        socklen_t sl = sizeof ss;
-        int fd = accept(g->listen_fd, (struct sockaddr *)&ss, &sl);
+        int fd = accept(g->listen_fd, NULL, NULL);
         if (fd < 0) continue;
-        proto_hello h;
-        if (gw_handshake(g, fd, "registering worker", &h)) {
-            pthread_mutex_lock(&g->mu);
+        pthread_mutex_lock(&g->mu);
+        int i = -1;
+        for (int k = 0; k < GW_MAX_GREETING && i < 0; k++)
+            if (g->greeting_fd[k] < 0) i = k;
+        if (i < 0 || g->stop) {   /* too many handshakes at once: this one is refused */
+            if (i < 0) log_warn("gateway: %d handshakes in progress: refusing a connection", GW_MAX_GREETING);
             g->n_bad_conns++;
             pthread_mutex_unlock(&g->mu);
             close(fd);
             continue;
         }
-        pthread_mutex_lock(&g->mu);
-        int slot = -1;
-        /* the same address again (a restarted worker): reuse its slot when free */
-        for (int i = 0; i < g->n_slots && slot < 0; i++)
-            if (g->w[i].used && !g->w[i].connected && !g->w[i].reader_live && h.listen[0] && !strcmp(g->w[i].addr, h.listen))
-                slot = i;
-        for (int i = 0; i < g->n_slots && slot < 0; i++)
-            if (!g->w[i].used && !g->w[i].reader_live) slot = i;
-        if (slot < 0 && g->n_slots < GW_MAX_WORKERS) slot = g->n_slots++;
-        if (slot < 0 || g->stop) {
-            log_warn("gateway: too many workers, refusing %s", h.listen);
+        gw_greet_arg *a = xmalloc(sizeof *a);
+        *a = (gw_greet_arg){ g, fd, i };
+        pthread_attr_t at;
+        pthread_attr_init(&at);
+        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+        pthread_t t;
+        if (pthread_create(&t, &at, gw_greet_thread, a)) {
+            free(a);
             close(fd);
         } else {
-            gw_worker *w = &g->w[slot];
-            if (!w->is_static) snprintf(w->addr, sizeof w->addr, "%s", h.listen[0] ? h.listen : h.name);
-            gw_attach(g, slot, fd, &h);
+            g->greeting_fd[i] = fd;
+            g->n_greeting++;
         }
+        pthread_attr_destroy(&at);
         pthread_mutex_unlock(&g->mu);
-        free(h.listen);
-        free(h.name);
     }
     return NULL;
 }
@@ -724,6 +827,41 @@ static void gw_params_copy(proto_params *dst, const proto_params *src)
     *dst = *src;
 }
 
+/* Whether slot is the worker r stalled on while another usable worker of the role is up
+ * (then that one is chosen; with none other, the stalled one gets it back). */
+static bool gw_avoided(const gateway *g, const gw_req *r, int slot, bool prefill)
+{
+    if (r->avoid_slot != slot || g->w[slot].gen != r->avoid_gen) return false;
+    for (int i = 0; i < g->n_slots; i++)
+        if (i != slot && gw_usable(&g->w[i]) && (prefill ? gw_can_prefill(&g->w[i]) : gw_can_decode(&g->w[i])))
+            return true;
+    return false;
+}
+
+static void gw_send_simple(gateway *g, int slot, int type, uint64_t id);
+
+/* A running job whose worker made no progress in time (no first token within
+ * progress_first_s of the job, no next one within progress_next_s): the worker is treated as
+ * dead for this request (CANCEL, in case it wakes up; the request moves with its tokens so far,
+ * as after a kill). Its late frames for the request are ignored like a dead worker's. */
+static void gw_check_progress(gateway *g, gw_req *r, double now)
+{
+    if ((r->state != GW_PREFILL && r->state != GW_DECODE) || r->worker < 0) return;
+    double limit = r->job_tokens ? g->o.progress_next_s : g->o.progress_first_s;
+    if (now - r->t_job <= limit) return;
+    int slot = r->worker;
+    log_warn("gateway: req %llu: no %s token from %s in %.0f s: moved elsewhere after %d tokens",
+             (unsigned long long)r->id, r->job_tokens ? "next" : "first", g->w[slot].addr, limit, r->n_gen);
+    gw_send_simple(g, slot, PROTO_CANCEL, r->id);
+    /* a new id: the worker may still hold the old job when the request comes back to it (no
+     * other worker of the role), and its late frames for the old id are then simply unknown */
+    r->id = ++g->next_id;
+    r->avoid_slot = slot;
+    r->avoid_gen = g->w[slot].gen;
+    g->n_stalls++;
+    gw_requeue(g, r, true);
+}
+
 static void gw_send_prefill(gateway *g, gw_req *r)
 {
     bal_prefill_worker bw[GW_MAX_WORKERS];
@@ -732,7 +870,7 @@ static void gw_send_prefill(gateway *g, gw_req *r)
     bal_cost_default(&c);
     for (int i = 0; i < g->n_slots; i++) {
         gw_worker *w = &g->w[i];
-        if (!gw_usable(w) || !gw_can_prefill(w)) continue;
+        if (!gw_usable(w) || !gw_can_prefill(w) || gw_avoided(g, r, i, true)) continue;
         bw[n] = (bal_prefill_worker){ .up = true, .queued_s = w->queued_s, .n_queued = w->n_prefill,
                                       .speed = bal_speed_rel(&w->speed, &c) };
         map[n++] = i;
@@ -757,6 +895,8 @@ static void gw_send_prefill(gateway *g, gw_req *r)
     gw_queue_msg(g, slot, &m);
     r->state = GW_PREFILL;
     r->worker = slot;
+    r->t_job = util_now();
+    r->job_tokens = 0;
     r->cost_s = ch.cost_s;
     w->queued_s += ch.cost_s;
     w->n_prefill++;
@@ -769,7 +909,7 @@ static void gw_send_decode(gateway *g, gw_req *r)
     int map[GW_MAX_WORKERS], n = 0;
     for (int i = 0; i < g->n_slots; i++) {
         gw_worker *w = &g->w[i];
-        if (!gw_usable(w) || !gw_can_decode(w)) continue;
+        if (!gw_usable(w) || !gw_can_decode(w) || gw_avoided(g, r, i, false)) continue;
         bw[n] = (bal_decode_worker){ .up = true, .n_running = w->n_decode, .sum_ctx = w->sum_ctx, .max_running = (int)w->max_seqs };
         map[n++] = i;
     }
@@ -805,6 +945,8 @@ static void gw_send_decode(gateway *g, gw_req *r)
     gw_free_tail(r);
     r->state = GW_DECODE;
     r->worker = slot;
+    r->t_job = util_now();
+    r->job_tokens = 0;
     r->ctx_counted = r->n_prompt + r->n_gen;
     w->n_decode++;
     w->sum_ctx += r->ctx_counted;
@@ -834,6 +976,7 @@ static void *gw_dispatcher(void *arg)
         }
         for (gw_req *r = g->reqs; r; r = r->next) {
             if (r->finished) continue;
+            gw_check_progress(g, r, now);
             if (r->state == GW_WAIT_PREFILL) gw_send_prefill(g, r);
             else if (r->state == GW_WAIT_DECODE) gw_send_decode(g, r);
             if ((r->state == GW_WAIT_PREFILL || r->state == GW_WAIT_DECODE) && now - r->t_wait > g->o.wait_timeout_s) {
@@ -875,7 +1018,9 @@ static void *gw_dispatcher(void *arg)
                 uint64_t gen = q->gen;
                 pthread_mutex_unlock(&g->mu);
                 pthread_mutex_lock(&w->send_mu);   /* the reader may be closing fd meanwhile */
-                proto_status st = w->send_fd == fd && w->send_gen == gen ? proto_send(fd, q->buf.p, q->buf.n) : PROTO_ERR_CLOSED;
+                proto_status st = w->send_fd == fd && w->send_gen == gen && w->send_conn
+                                      ? proto_send_frame(w->send_conn, q->buf.p, q->buf.n)
+                                      : PROTO_ERR_CLOSED;
                 pthread_mutex_unlock(&w->send_mu);
                 pthread_mutex_lock(&g->mu);
                 if (st != PROTO_OK && w->gen == gen) gw_worker_lost(g, q->slot, "send failed");
@@ -979,6 +1124,7 @@ static sched_status gw_submit(void *ud, const sched_params *p, sched_req **out)
     r->hit_len = hit;
     r->n_cached = hit;
     r->worker = -1;
+    r->avoid_slot = -1;
     r->state = GW_WAIT_PREFILL;
     r->t_submit = r->t_wait = util_now();
     pthread_cond_init(&r->cv, NULL);
@@ -1093,6 +1239,8 @@ static void gw_metrics(void *ud, http_buf *b)
     api_metric(b, "tokenmill_gateway_reprefills_total", "counter", "Prefill jobs re-sent after their prefill worker was lost.", (double)g->n_reprefills);
     api_metric(b, "tokenmill_gateway_resumes_total", "counter", "Decodes resumed on another worker after theirs was lost.", (double)g->n_resumes);
     api_metric(b, "tokenmill_gateway_refused_connections_total", "counter", "Worker connections closed for a malformed frame or a bad value.", (double)g->n_bad_conns);
+    api_metric(b, "tokenmill_gateway_refused_handshakes_total", "counter", "Connections refused because the peer could not prove it holds the cluster key.", (double)g->n_refused_auth);
+    api_metric(b, "tokenmill_gateway_stalls_total", "counter", "Requests moved off a worker that made no progress on them in time.", (double)g->n_stalls);
     http_buf_puts(b, "# HELP tokenmill_worker_up Worker connected and heartbeating (1), draining (0.5), out (0).\n"
                      "# TYPE tokenmill_worker_up gauge\n");
     for (int i = 0; i < g->n_slots; i++) {
@@ -1197,10 +1345,12 @@ static void gw_route_workers(http_request *r, void *user)
 {
     gateway *g = user;
     pthread_mutex_lock(&g->mu);
-    json_t *v = json_pack("{s:o, s:I, s:I, s:I, s:I, s:I, s:s}", "workers", gw_workers_json(g), "requests",
+    json_t *v = json_pack("{s:o, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:s}", "workers", gw_workers_json(g), "requests",
                           (json_int_t)g->n_requests, "resumes", (json_int_t)g->n_resumes, "reprefills",
                           (json_int_t)g->n_reprefills, "refused_connections", (json_int_t)g->n_bad_conns,
-                          "refused_values", (json_int_t)g->n_bad_values, "model_fingerprint", g->o.model->fingerprint_hex);
+                          "refused_values", (json_int_t)g->n_bad_values, "refused_handshakes",
+                          (json_int_t)g->n_refused_auth, "stalls", (json_int_t)g->n_stalls, "model_fingerprint",
+                          g->o.model->fingerprint_hex);
     pthread_mutex_unlock(&g->mu);
     api_respond_json(r, 200, v);
 }
@@ -1292,9 +1442,15 @@ gateway_status gateway_new(const gateway_opts *o, gateway **out, char *err, size
         snprintf(err, errsz, "too many workers (at most %d)", GW_MAX_WORKERS);
         return GATEWAY_ERR_ARG;
     }
+    if (!o->key || !o->key->n) {
+        snprintf(err, errsz, "no cluster key");
+        return GATEWAY_ERR_ARG;
+    }
     gateway *g = xcalloc(1, sizeof *g);
     g->o = *o;
     if (g->o.heartbeat_timeout_s <= 0) g->o.heartbeat_timeout_s = 2;
+    if (g->o.progress_first_s <= 0) g->o.progress_first_s = 30;
+    if (g->o.progress_next_s <= 0) g->o.progress_next_s = 10;
     if (g->o.wait_timeout_s <= 0) g->o.wait_timeout_s = 30;
     if (!g->o.drain_deadline_ms) g->o.drain_deadline_ms = 60000;
     if (g->o.prefill_tokens_per_s <= 0) g->o.prefill_tokens_per_s = 20000;
@@ -1302,6 +1458,7 @@ gateway_status gateway_new(const gateway_opts *o, gateway **out, char *err, size
     if (g->o.max_workers <= 0) g->o.max_workers = 16;
     g->kv_dtype = -1;
     g->listen_fd = -1;
+    for (int i = 0; i < GW_MAX_GREETING; i++) g->greeting_fd[i] = -1;
     pthread_mutex_init(&g->mu, NULL);
     for (int i = 0; i < GW_MAX_WORKERS; i++) {
         pthread_mutex_init(&g->w[i].send_mu, NULL);
@@ -1360,6 +1517,10 @@ void gateway_free(gateway *g)
     if (had_threads) pthread_join(g->disp, NULL);
     if (g->acc_started) pthread_join(g->acc, NULL);
     pthread_mutex_lock(&g->mu);
+    /* handshakes in progress end now (their reads fail); their threads are waited for */
+    for (int i = 0; i < GW_MAX_GREETING; i++)
+        if (g->greeting_fd[i] >= 0) shutdown(g->greeting_fd[i], SHUT_RDWR);
+    while (g->n_greeting > 0) pthread_cond_wait(&g->cv_workers, &g->mu);
     for (int i = 0; i < g->n_slots; i++)
         if (g->w[i].connected || g->w[i].reader_live) {
             g->w[i].connected = false;

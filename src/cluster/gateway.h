@@ -10,7 +10,9 @@
  *     every queued frame (only it writes to worker sockets, outside the mutex), drops workers
  *     that missed heartbeats (heartbeat_timeout_s), reconnects the static ones;
  *   - the acceptor (when register_listen is set): workers started with --gateway connect here
- *     and say HELLO with PROTO_F_REGISTER; they join the live list.
+ *     and, each in a thread of its own (at most 32 at once, so that a peer slow in its
+ *     handshake holds up nobody else), do the handshake and say HELLO with
+ *     PROTO_F_REGISTER; they join the live list.
  * A request's life: submit computes its entry point (the longest stored prefix of its block
  * keys, store_exists) and queues it; the dispatcher sends PREFILL to the prefill worker that
  * finishes it earliest; the HANDOFF's first token is streamed at once and the request goes to
@@ -22,6 +24,14 @@
  * prefilled again elsewhere (nothing of them was streamed). With no worker of a role a
  * request waits up to wait_timeout_s: at submit that is a 503 in the API's shape
  * (SCHED_ERR_STOPPED), later it ends with FINISH ERROR.
+ *
+ * Every connection starts with the handshake of cluster/auth.h: a peer that cannot prove it
+ * holds the cluster key is logged, counted and closed before it is listed or sent anything,
+ * and every later frame is tagged both ways. A worker that heartbeats but makes no progress on
+ * a job (no first token within progress_first_s, no next one within progress_next_s) is
+ * treated as dead for that request: CANCEL is sent, the request moves elsewhere with its
+ * tokens so far (the same path as a dead worker's), and it goes back to that worker only when
+ * no other of the role is up.
  *
  * Workers are trusted with nothing: besides the protocol's own checks, every value of a frame
  * the gateway uses is checked against what it knows (token ids below the vocabulary, counts
@@ -44,6 +54,7 @@
 #include <stdint.h>
 
 #include "cache/store.h"
+#include "cluster/auth.h"
 #include "http/http.h"
 #include "model/model.h"
 #include "recipe/api.h"
@@ -64,7 +75,11 @@ typedef struct {
     const char *register_listen;   /* "HOST:PORT" where workers register (--gateway), or NULL */
     int n_ctx;                     /* positions per sequence (as the workers) */
     int32_t eos_ids[4];            /* end-of-generation ids the workers stop on (-1 unused) */
+    const auth_key *key;           /* the cluster secret (cluster/auth.h), required; outlives g */
     double heartbeat_timeout_s;    /* a worker silent this long is out; <= 0: 2 */
+    double progress_first_s;       /* a job (PREFILL / DECODE) without its first token this long
+                                    * is moved elsewhere, as if its worker had died; <= 0: 30 */
+    double progress_next_s;        /* the same between two tokens of a job; <= 0: 10 */
     double wait_timeout_s;         /* longest wait for a worker of a role; <= 0: 30 */
     uint32_t drain_deadline_ms;    /* default drain deadline; 0: 60000 */
     double prefill_tokens_per_s;   /* a new worker's prefill speed until learned from its

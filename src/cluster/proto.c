@@ -6,8 +6,8 @@
  * the same field order, so the two cannot drift. Gets read through proto_rd, whose reads past
  * the end set err and return zeros; counts are checked against their limits before anything
  * is allocated, and a decode must consume the payload exactly. The socket helpers are plain
- * blocking I/O (the worker uses one reader thread per connection; the gateway may use
- * proto_hdr_parse on its own buffers instead).
+ * blocking I/O (one reader thread per connection on both ends); on a sealed connection they
+ * append and check the frame tags of cluster/auth.h.
  */
 #include "cluster/proto.h"
 
@@ -20,7 +20,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
+
+#include <openssl/crypto.h>
 
 #include "model/quant.h"
 #include "util/util.h"
@@ -151,14 +154,14 @@ const char *proto_status_name(proto_status st)
 {
     static const char *names[] = { "ok", "short", "bad magic", "bad version", "unknown type",
                                    "bad flags", "frame too big", "malformed payload",
-                                   "out of memory", "i/o error", "closed" };
+                                   "out of memory", "i/o error", "closed", "bad frame tag" };
     return (unsigned)st < TM_ARRAY_LEN(names) ? names[st] : "?";
 }
 
 const char *proto_type_name(int type)
 {
     static const char *names[] = { "?", "HELLO", "HEARTBEAT", "PREFILL", "HANDOFF", "DECODE",
-                                   "TOKENS", "FINISH", "CANCEL", "DRAIN", "ERROR" };
+                                   "TOKENS", "FINISH", "CANCEL", "DRAIN", "ERROR", "CHALLENGE", "PROOF" };
     return type > 0 && type <= PROTO_TYPE_MAX ? names[type] : "?";
 }
 
@@ -430,6 +433,8 @@ static bool proto_msg_ok(const proto_msg *m)
     case PROTO_FINISH:
         return m->u.finish.reason >= PROTO_FINISH_STOP && m->u.finish.reason <= PROTO_FINISH_MOVED;
     case PROTO_DRAIN: return m->u.drain.done <= 1;
+    case PROTO_CHALLENGE:
+    case PROTO_PROOF: return true;
     case PROTO_ERROR: return !m->u.error.msg || strlen(m->u.error.msg) <= PROTO_MAX_STR;
     case PROTO_CANCEL: return true;
     default: return false;
@@ -538,6 +543,12 @@ proto_status proto_encode(proto_buf *b, const proto_msg *m)
         proto_put_str(b, m->u.error.msg);
         break;
     case PROTO_CANCEL:
+        break;
+    case PROTO_CHALLENGE:
+        proto_put_bytes(b, m->u.challenge.nonce, AUTH_NONCE_SIZE);
+        break;
+    case PROTO_PROOF:
+        proto_put_bytes(b, m->u.proof.mac, AUTH_MAC_SIZE);
         break;
     }
     if (b->oom && !was_oom) {
@@ -669,6 +680,13 @@ proto_status proto_decode(const proto_hdr *h, const uint8_t *payload, proto_msg 
         break;
     case PROTO_CANCEL:
         break;
+    case PROTO_CHALLENGE:
+    case PROTO_PROOF: {
+        bool ch = h->type == PROTO_CHALLENGE;
+        const uint8_t *p = proto_get_bytes(r, ch ? AUTH_NONCE_SIZE : AUTH_MAC_SIZE);
+        if (p) memcpy(ch ? m->u.challenge.nonce : m->u.proof.mac, p, ch ? AUTH_NONCE_SIZE : AUTH_MAC_SIZE);
+        break;
+    }
     default:
         return PROTO_ERR_TYPE;
     }
@@ -717,12 +735,55 @@ proto_status proto_send(int fd, const void *p, size_t n)
     return PROTO_OK;
 }
 
-proto_status proto_send_msg(int fd, const proto_msg *m)
+void proto_conn_init(proto_conn *c, int fd)
+{
+    memset(c, 0, sizeof *c);
+    c->fd = fd;
+}
+
+void proto_conn_free(proto_conn *c)
+{
+    if (!c) return;
+    auth_dir_free(&c->tx);
+    auth_dir_free(&c->rx);
+    c->sealed = false;
+}
+
+proto_status proto_send_frame(proto_conn *c, const void *frame, size_t n)
+{
+    if (!c->sealed) return proto_send(c->fd, frame, n);
+    /* the tag goes out with the frame in one write: no partial frame waits for its tag */
+    uint8_t tag[AUTH_TAG_SIZE];
+    if (n < PROTO_HDR_SIZE ||
+        !auth_dir_tag(&c->tx, frame, PROTO_HDR_SIZE, (const uint8_t *)frame + PROTO_HDR_SIZE, n - PROTO_HDR_SIZE, tag))
+        return PROTO_ERR_NOMEM;
+    struct iovec iov[2] = { { (void *)frame, n }, { tag, sizeof tag } };
+    struct msghdr mh = { .msg_iov = iov, .msg_iovlen = 2 };
+    while (mh.msg_iovlen) {
+        ssize_t k = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            return PROTO_ERR_IO;
+        }
+        while (mh.msg_iovlen && (size_t)k >= mh.msg_iov[0].iov_len) {
+            k -= (ssize_t)mh.msg_iov[0].iov_len;
+            mh.msg_iov++;
+            mh.msg_iovlen--;
+        }
+        if (mh.msg_iovlen) {
+            mh.msg_iov[0].iov_base = (uint8_t *)mh.msg_iov[0].iov_base + k;
+            mh.msg_iov[0].iov_len -= (size_t)k;
+        }
+    }
+    return PROTO_OK;
+}
+
+proto_status proto_send_msg(proto_conn *c, const proto_msg *m)
 {
     proto_buf b;
     proto_buf_init(&b);
     proto_status st = proto_encode(&b, m);
-    if (st == PROTO_OK) st = proto_send(fd, b.p, b.n);
+    if (st == PROTO_OK) st = proto_send_frame(c, b.p, b.n);
     proto_buf_free(&b);
     return st;
 }
@@ -748,11 +809,11 @@ static int proto_read_full(int fd, void *p, size_t n)
     return 1;
 }
 
-proto_status proto_recv(int fd, proto_msg *m)
+proto_status proto_recv(proto_conn *c, proto_msg *m)
 {
     memset(m, 0, sizeof *m);
     uint8_t hb[PROTO_HDR_SIZE];
-    int rc = proto_read_full(fd, hb, sizeof hb);
+    int rc = proto_read_full(c->fd, hb, sizeof hb);
     if (rc == 0) return PROTO_ERR_CLOSED;
     if (rc < 0) return PROTO_ERR_IO;
     proto_hdr h;
@@ -761,11 +822,21 @@ proto_status proto_recv(int fd, proto_msg *m)
         m->hdr = h;
         return st;
     }
-    uint8_t *pl = malloc(h.len ? h.len : 1);
+    /* payload and tag in one buffer, the tag checked before a byte of the payload is decoded */
+    size_t n_tag = c->sealed ? AUTH_TAG_SIZE : 0;
+    uint8_t *pl = malloc(h.len + n_tag ? h.len + n_tag : 1);
     if (!pl) return PROTO_ERR_NOMEM;
-    if (h.len && proto_read_full(fd, pl, h.len) != 1) {
+    if (h.len + n_tag && proto_read_full(c->fd, pl, h.len + n_tag) != 1) {
         free(pl);
         return PROTO_ERR_IO;
+    }
+    if (c->sealed) {
+        uint8_t want[AUTH_TAG_SIZE];
+        if (!auth_dir_tag(&c->rx, hb, sizeof hb, pl, h.len, want) || CRYPTO_memcmp(want, pl + h.len, AUTH_TAG_SIZE)) {
+            free(pl);
+            m->hdr = h;
+            return PROTO_ERR_AUTH;
+        }
     }
     st = proto_decode(&h, pl, m);
     free(pl);

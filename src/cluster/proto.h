@@ -1,7 +1,7 @@
 /*
- * proto: the binary protocol between the gateway and the prefill / decode / mixed workers
- * of the disaggregated server. The full description of every frame is docs/protocol.md;
- * this header is its C form, shared by both ends.
+ * proto: the binary protocol between the gateway and the prefill / decode / mixed workers. The
+ * full description of every frame is docs/protocol.md; this header is its C form, shared by
+ * both ends. The handshake that opens every connection and the frame tags are cluster/auth.h.
  *
  * DESIGN. A connection carries length-prefixed frames, in both directions, over TCP. A frame
  * is a 24-byte header (magic "TMCP", version, type, flags, request id, payload length, all
@@ -16,7 +16,8 @@
  * truncated or corrupt payload becomes PROTO_ERR_MALFORMED, never an out-of-bounds access.
  * Decoded messages own their arrays (malloc'd); proto_msg_free releases them.
  *
- * Flow (see docs/protocol.md): both ends send HELLO first; the gateway sends PREFILL /
+ * Flow (see docs/protocol.md): both ends prove the cluster key (CHALLENGE, PROOF), then every
+ * frame is tagged; both ends send HELLO first; the gateway sends PREFILL /
  * DECODE / CANCEL / DRAIN; a prefill worker answers PREFILL with HANDOFF (or TOKENS + FINISH
  * when the request ended at its first token, or ERROR); the gateway relays the handoff in a
  * DECODE job to a decode worker, which streams TOKENS and ends with FINISH. Workers send
@@ -30,10 +31,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cluster/auth.h"
 #include "engine/sample.h"
 
 #define PROTO_MAGIC 0x50434d54u          /* "TMCP" as bytes on the wire (LE u32) */
-#define PROTO_VERSION 1
+#define PROTO_VERSION 2                  /* 2: the handshake and frame tags (cluster/auth.h) */
 #define PROTO_HDR_SIZE 24                /* bytes of the frame header */
 #define PROTO_MAX_PAYLOAD (64u << 20)    /* largest payload accepted, bytes */
 #define PROTO_MAX_TOKENS (1 << 22)       /* most token ids in one array */
@@ -54,6 +56,8 @@ typedef enum {
     PROTO_ERR_NOMEM,
     PROTO_ERR_IO,          /* read/write failed (errno set) */
     PROTO_ERR_CLOSED,      /* the peer closed the connection (cleanly, between frames) */
+    PROTO_ERR_AUTH,        /* a sealed connection's frame whose tag is wrong (forged, altered,
+                            * replayed or out of order) */
 } proto_status;
 
 typedef enum {
@@ -67,7 +71,9 @@ typedef enum {
     PROTO_CANCEL = 8,      /* gateway -> worker: end this request now */
     PROTO_DRAIN = 9,       /* both ways: drain start (deadline) / drain done */
     PROTO_ERROR = 10,      /* both ways: a request failed (id != 0) or the connection (id 0) */
-    PROTO_TYPE_MAX = 10,
+    PROTO_CHALLENGE = 11,  /* both ways, first frame: a fresh nonce (cluster/auth.h) */
+    PROTO_PROOF = 12,      /* both ways, second frame: HMAC of both nonces under the key */
+    PROTO_TYPE_MAX = 12,
 } proto_type;
 
 /* Header flags. Each type accepts only the flags listed for it; any other bit is an error. */
@@ -107,6 +113,7 @@ typedef enum {              /* ERROR codes */
     PROTO_E_DRAINING = 8,   /* worker is draining: try another */
     PROTO_E_INTERNAL = 9,
     PROTO_E_DUPLICATE = 10, /* request id already running on this connection */
+    PROTO_E_AUTH = 11,      /* id 0: the handshake failed (the peer lacks the cluster key) */
 } proto_error_code;
 
 typedef struct {
@@ -248,6 +255,14 @@ typedef struct {
 } proto_error;
 
 typedef struct {
+    uint8_t nonce[AUTH_NONCE_SIZE]; /* CHALLENGE: fresh random bytes of the sender */
+} proto_challenge;
+
+typedef struct {
+    uint8_t mac[AUTH_MAC_SIZE];     /* PROOF: HMAC-SHA256 of both nonces under the key */
+} proto_proof;
+
+typedef struct {
     proto_hdr hdr;          /* type, flags and req_id are used by proto_encode */
     union {
         proto_hello hello;
@@ -259,6 +274,8 @@ typedef struct {
         proto_finish_msg finish;
         proto_drain drain;
         proto_error error;
+        proto_challenge challenge;
+        proto_proof proof;
     } u;
 } proto_msg;
 
@@ -317,12 +334,29 @@ proto_status proto_decode(const proto_hdr *h, const uint8_t *payload, proto_msg 
 /* Frees the arrays and strings of a decoded (or hand-built, malloc'd) message. */
 void proto_msg_free(proto_msg *m);
 
-/* Blocking socket I/O on fd. proto_send writes all n bytes (MSG_NOSIGNAL). proto_recv reads
- * one frame: the checked header, then the payload, decoded into m; PROTO_ERR_CLOSED when the
- * peer closed before a header byte. */
+/* ---- connections ----
+ * A connection is a socket and, once the handshake (auth_handshake) has sealed it, the tagging
+ * state of each direction: every frame sent then carries a tag, every frame received is
+ * refused (PROTO_ERR_AUTH) unless its tag is right. Sending is the caller's to serialise (one
+ * writer at a time: a send lock); only one thread receives. */
+typedef struct proto_conn {
+    int fd;                 /* the socket (not closed by proto_conn_free) */
+    bool sealed;            /* handshake done: frames are tagged both ways */
+    auth_dir tx, rx;        /* sent / received frames' tags (seq, session key) */
+} proto_conn;
+
+void proto_conn_init(proto_conn *c, int fd);
+void proto_conn_free(proto_conn *c);   /* the tagging state; the fd stays open */
+
+/* Blocking socket I/O. proto_send writes all n raw bytes to fd (MSG_NOSIGNAL). proto_send_frame
+ * writes one encoded frame (proto_encode's bytes) and, on a sealed connection, its tag.
+ * proto_recv reads one frame: the checked header, then the payload (and tag, checked before
+ * anything is decoded), decoded into m; PROTO_ERR_CLOSED when the peer closed before a header
+ * byte. */
 proto_status proto_send(int fd, const void *p, size_t n);
-proto_status proto_send_msg(int fd, const proto_msg *m);
-proto_status proto_recv(int fd, proto_msg *m);
+proto_status proto_send_frame(proto_conn *c, const void *frame, size_t n);
+proto_status proto_send_msg(proto_conn *c, const proto_msg *m);
+proto_status proto_recv(proto_conn *c, proto_msg *m);
 
 /* Bytes of a tail KV block for the given geometry (0 when out of range). */
 size_t proto_kv_bytes(int dtype, int n_layers, int n_kv_heads, int head_dim, int n);

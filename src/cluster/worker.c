@@ -24,6 +24,7 @@
 #include "util/util.h"
 
 #define WORKER_FLUSH_WAIT_S 5.0   /* longest a prefill waits for its blocks' write-behind */
+#define WORKER_HANDSHAKE_S 5      /* longest wait for each handshake frame of a new peer */
 
 typedef struct wconn wconn;
 typedef struct wjob wjob;
@@ -31,9 +32,13 @@ typedef struct wjob wjob;
 struct wconn {
     worker *w;
     int fd;                      /* socket; closed when refs reaches 0 */
+    proto_conn pc;               /* fd with its frame tags (sealed by the handshake); tx under
+                                  * send_mu, rx the reader's */
     pthread_mutex_t send_mu;     /* whole frames only */
     int refs;                    /* reader + jobs, under w->mu */
     bool closed;                 /* reader has stopped: jobs are cancelled, no more frames */
+    bool ready;                  /* handshake done and HELLO sent: broadcasts may go to it
+                                  * (listed before, so that worker_free reaches it) */
     wjob *jobs;                  /* this connection's jobs, under w->mu */
     wconn *next;                 /* w->conns */
     char peer[64];               /* for logs */
@@ -99,6 +104,7 @@ static void worker_conn_unref_locked(worker *w, wconn *c)
     for (wconn **pp = &w->conns; *pp; pp = &(*pp)->next)
         if (*pp == c) { *pp = c->next; break; }
     close(c->fd);
+    proto_conn_free(&c->pc);
     pthread_mutex_destroy(&c->send_mu);
     free(c);
 }
@@ -106,7 +112,7 @@ static void worker_conn_unref_locked(worker *w, wconn *c)
 static bool worker_send(wconn *c, const proto_msg *m)
 {
     pthread_mutex_lock(&c->send_mu);
-    proto_status st = proto_send_msg(c->fd, m);
+    proto_status st = proto_send_msg(&c->pc, m);
     pthread_mutex_unlock(&c->send_mu);
     if (st != PROTO_OK) {
         if (st != PROTO_ERR_IO) log_warn("worker: %s: cannot send %s: %s", c->peer, proto_type_name(m->hdr.type),
@@ -616,14 +622,36 @@ static void worker_linger(int fd)
  * reference. */
 static void worker_serve_conn(worker *w, wconn *c, bool reg)
 {
-    worker_send_hello(w, c, reg);   /* before it is listed: HELLO is the first frame */
+    /* the handshake before anything else: a peer without the cluster key gets no HELLO, no
+     * job, no heartbeat (broadcasts skip the connection until it is ready); its waits are
+     * bounded so that a silent peer does not keep the thread, and worker_free ends them */
     pthread_mutex_lock(&w->mu);
     c->next = w->conns;
     w->conns = c;
+    bool stop = w->stop;
+    pthread_mutex_unlock(&w->mu);
+    if (stop) shutdown(c->fd, SHUT_RDWR);
+    struct timeval tv = { WORKER_HANDSHAKE_S, 0 }, none = { 0, 0 };
+    setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    char why[160];
+    auth_status ast = auth_handshake(&c->pc, w->o.key, AUTH_SIDE_WORKER, why, sizeof why);
+    setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof none);
+    if (ast != AUTH_OK) {
+        log_warn("worker: %s: refused: %s", c->peer, why);
+        worker_linger(c->fd);
+        pthread_mutex_lock(&w->mu);
+        c->closed = true;
+        worker_conn_unref_locked(w, c);
+        pthread_mutex_unlock(&w->mu);
+        return;
+    }
+    worker_send_hello(w, c, reg);   /* before it is ready: HELLO is the first sealed frame */
+    pthread_mutex_lock(&w->mu);
+    c->ready = true;
     pthread_mutex_unlock(&w->mu);
     for (;;) {
         proto_msg m;
-        proto_status st = proto_recv(c->fd, &m);
+        proto_status st = proto_recv(&c->pc, &m);
         if (st != PROTO_OK) {
             bool stopping;
             pthread_mutex_lock(&w->mu);
@@ -697,6 +725,7 @@ static wconn *worker_conn_new(worker *w, int fd, const char *peer)
     wconn *c = xcalloc(1, sizeof *c);
     c->w = w;
     c->fd = fd;
+    proto_conn_init(&c->pc, fd);
     c->refs = 1;
     pthread_mutex_init(&c->send_mu, NULL);
     snprintf(c->peer, sizeof c->peer, "%s", peer);
@@ -808,11 +837,11 @@ static void worker_broadcast(worker *w, const proto_msg *m)
 {
     pthread_mutex_lock(&w->mu);
     int n = 0;
-    for (wconn *c = w->conns; c; c = c->next) n += !c->closed;
+    for (wconn *c = w->conns; c; c = c->next) n += c->ready && !c->closed;
     wconn **cs = xcalloc((size_t)(n ? n : 1), sizeof *cs);
     n = 0;
     for (wconn *c = w->conns; c; c = c->next)
-        if (!c->closed) {
+        if (c->ready && !c->closed) {
             c->refs++;
             cs[n++] = c;
         }
@@ -931,6 +960,10 @@ int worker_port(const worker *w) { return w->port; }
 
 worker *worker_new(const worker_opts *o, engine *e, sched *s, store *st, blockio *bio)
 {
+    if (!o->key || !o->key->n) {
+        log_error("worker: no cluster key");
+        return NULL;
+    }
     worker *w = xcalloc(1, sizeof *w);
     w->o = *o;
     if (w->o.max_seqs <= 0) w->o.max_seqs = 16;

@@ -5,7 +5,9 @@
  *
  * DESIGN. An accept thread takes gateway connections on --listen; with --gateway a register
  * thread connects out (HELLO with REGISTER) and reconnects every second when that connection
- * drops. Each connection has a reader thread that decodes frames (a refused frame: one log
+ * drops. Every connection starts with the handshake of cluster/auth.h (the peer must prove it
+ * holds the cluster key, and so must we; then every frame is tagged); a peer that fails it is
+ * logged and closed before it sees a HELLO. Each connection has a reader thread that decodes frames (a refused frame: one log
  * line, ERROR MALFORMED, that connection closed; the others and the process go on) and one
  * send mutex (frames from several threads never interleave). Each job (PREFILL or DECODE) gets
  * a thread that submits it to the scheduler and turns its outputs into frames:
@@ -33,6 +35,7 @@
 #include <stdbool.h>
 
 #include "cache/store.h"
+#include "cluster/auth.h"
 #include "engine/blockio.h"
 #include "engine/engine.h"
 #include "engine/sched.h"
@@ -42,6 +45,7 @@ typedef struct {
     const char *listen;       /* "HOST:PORT" to accept the gateway on (port 0: any), or NULL */
     const char *gateway;      /* "HOST:PORT" to register with, or NULL */
     const char *name;         /* id in HELLO and logs; NULL: "worker" */
+    const auth_key *key;      /* the cluster secret (cluster/auth.h), required; outlives the worker */
     int heartbeat_ms;         /* <= 0: 500 */
     int max_seqs;             /* capacity reported in HELLO (the scheduler's) */
     int n_ctx;                /* the scheduler's context */
@@ -49,8 +53,8 @@ typedef struct {
 
 typedef struct worker worker;
 
-/* Starts the threads. e, s, (st, bio: the shared block store, may be NULL) must outlive the
- * worker. NULL when the listen address cannot be bound (logged). */
+/* Starts the threads. e, s, (st, bio: the shared block store, may be NULL) and o->key must
+ * outlive the worker. NULL when the listen address cannot be bound or there is no key (logged). */
 worker *worker_new(const worker_opts *o, engine *e, sched *s, store *st, blockio *bio);
 /* The bound listen port (-1 without --listen). */
 int worker_port(const worker *w);

@@ -10,6 +10,11 @@
 //   - a prefix prefilled on one prefill worker is a cache hit on the other;
 //   - malformed frames to a worker's port and to the gateway's registration port are refused,
 //     the processes stay up and keep serving;
+//   - strangers on the registration port without the cluster key (a replayed HELLO of the
+//     protocol before the handshake, a HELLO without it, a wrong key) are refused, never listed,
+//     never sent a request; the handshake and frame tags are spoken here from docs/protocol.md;
+//   - a decode worker stopped (SIGSTOP) mid-stream: its streams move; SIGINT drains a worker
+//     like SIGTERM, and a second signal ends it at once;
 //   - no worker of a role: the request waits, then a 503 in the API's shape;
 //   - thinking.budget_tokens through a gateway (its own DeepSeek-R1-templated generated model and
 //     workers) == `tokenmill serve`, also when the decode worker dies inside the think block.
@@ -21,6 +26,7 @@
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { execFileSync, spawn } from "node:child_process";
+import crypto from "node:crypto";
 import fs from "node:fs";
 import net from "node:net";
 import os from "node:os";
@@ -32,6 +38,9 @@ import { augment } from "../oracle/vocab_augment.mjs";
 const model = path.join(root, "models/stories260K.gguf");
 const procs = [];
 let gw, regPort, store, client;
+// XDG_CACHE_HOME of every process started here: their cluster key (none is given with
+// --cluster-key-file, so they share the one generated there) stays out of the user's cache dir
+let cacheHome;
 const workers = {};   // name -> { proc, port, addr }
 
 const killAll = () => { for (const p of procs) if (p.exitCode === null && p.signalCode === null) { try { p.kill("SIGKILL"); } catch {} } };
@@ -50,7 +59,7 @@ function waitLine(proc, re, what, ms = 20000) {
 }
 
 function spawnLogged(args, tag) {
-  const p = spawn(bin, args, { stdio: ["ignore", "ignore", "pipe"] });
+  const p = spawn(bin, args, { stdio: ["ignore", "ignore", "pipe"], env: { ...process.env, XDG_CACHE_HOME: cacheHome } });
   procs.push(p);
   if (process.env.TM_CLUSTER_LOG) p.stderr.on("data", (d) => fs.appendFileSync(process.env.TM_CLUSTER_LOG, `[${tag}] ${d}`));
   return p;
@@ -83,14 +92,16 @@ async function startWorker(role, name) {
     "--cache", `dir:${store}`, "--threads", "1", "--name", name, "--drain-timeout", "1"], name);
   // the two lines come from different threads, in either order
   const m = await waitLine(p, (log) => /registered with the gateway/.test(log) && /listening on port (\d+)/.exec(log), `worker ${name}`);
-  p.stderr.resume();
   const port = Number(m[1]);
-  workers[name] = { proc: p, port, addr: `127.0.0.1:${port}` };
+  workers[name] = { proc: p, port, addr: `127.0.0.1:${port}`, log: m.input };
+  p.stderr.on("data", (d) => { workers[name].log += d; });
   await until((a) => { const w = findW(a, name); return w && w.up && !w.draining; }, `worker ${name} in`);
   return workers[name];
 }
 
 const exited = (p) => p.exitCode !== null || p.signalCode !== null;
+// after a process exited: the rest of its stderr (its last lines may come after the exit event)
+const stderrEnd = (p) => new Promise((r) => (p.stderr.readableEnded ? r() : p.stderr.once("end", r)));
 const waitExit = (p, ms = 5000) => exited(p) ? Promise.resolve() : new Promise((resolve, reject) => {
   const t = setTimeout(() => reject(new Error("process did not exit")), ms);
   p.on("exit", () => { clearTimeout(t); resolve(); });
@@ -157,6 +168,7 @@ before(async () => {
   assert.ok(ref.every((r) => r.usage.completion_tokens > 20), "reference streams are long enough");
 
   store = fs.mkdtempSync(path.join(os.tmpdir(), "tm-cluster-"));
+  cacheHome = fs.mkdtempSync(path.join(os.tmpdir(), "tm-cluster-home-"));
   const g = await startGateway(["--register", "127.0.0.1:0", ...(process.env.TM_GW_V ? ["-v"] : [])], "gateway");
   regPort = Number(/register at [^:\s]+:(\d+)/.exec(g.log)[1]);
   gw = g.url;
@@ -167,6 +179,7 @@ after(async () => {
   killAll();
   await sleep(100);
   if (store) fs.rmSync(store, { recursive: true, force: true });
+  if (cacheHome) fs.rmSync(cacheHome, { recursive: true, force: true });
 });
 
 test("no worker: the request waits, then 503 in the API's shape", async () => {
@@ -290,6 +303,51 @@ test("SIGTERM of a decode worker under load: it finishes or moves its streams, e
   await startWorker("decode", victim);
 });
 
+// A stopped worker neither heartbeats nor makes progress: the gateway moves its streams (with the
+// tokens they have) to the other decode worker; once continued, it registers again and serves.
+test("a decode worker stopped (SIGSTOP) mid-stream: its streams move, every stream == serve", { timeout: 60000 }, async () => {
+  await until((a) => nLive(a, "decode") === 2 && nLive(a, "prefill") === 2, "4 workers");
+  const before = (await admin()).resumes;
+  const { runs, victim, other, busy } = await freezeDecode(late);
+  workers[other].proc.kill("SIGCONT");   // the victim stays stopped
+  assert.ok(busy > 0, "the stopped worker had streams running");
+  sameAsServe(await runs, "decode stopped");
+  assert.ok((await admin()).resumes >= before + busy, "every stream of the stopped worker moved");
+  workers[victim].proc.kill("SIGCONT");
+  await until((a) => { const w = findW(a, victim); return w && w.up && !w.draining; }, `${victim} back`, 20000);
+  sameAsServe(await all(), "after SIGCONT");
+});
+
+// SIGINT drains a worker like SIGTERM (it finishes what it can within --drain-timeout, hands the
+// rest back, exits 0); a second signal during the drain ends it at once (status 1). Streams
+// complete with serve's text either way.
+test("SIGINT of a decode worker mid-stream drains it; a second signal exits at once; streams complete", { timeout: 60000 }, async () => {
+  await until((a) => nLive(a, "decode") === 2, "2 decode workers");
+  const f = await freezeDecode(Math.floor(late / 2));
+  workers[f.victim].proc.kill("SIGINT");
+  for (const n of [f.victim, f.other]) workers[n].proc.kill("SIGCONT");
+  assert.ok(f.busy > 0, "the worker had streams running");
+  sameAsServe(await f.runs, "decode SIGINT");
+  await waitExit(workers[f.victim].proc, 10000);
+  await stderrEnd(workers[f.victim].proc);
+  assert.equal(workers[f.victim].proc.exitCode, 0);
+  assert.match(workers[f.victim].log, /SIGINT, draining/);
+  assert.match(workers[f.victim].log, /drained/);
+  await startWorker("decode", f.victim);
+  await until((a) => nLive(a, "decode") === 2, "2 decode workers");
+  const g = await freezeDecode(Math.floor(late / 2));
+  // both pending while it is stopped: the first starts the drain, the second ends it at once
+  workers[g.victim].proc.kill("SIGTERM");
+  workers[g.victim].proc.kill("SIGINT");
+  for (const n of [g.victim, g.other]) workers[n].proc.kill("SIGCONT");
+  sameAsServe(await g.runs, "decode second signal");
+  await waitExit(workers[g.victim].proc, 10000);
+  await stderrEnd(workers[g.victim].proc);
+  assert.equal(workers[g.victim].proc.exitCode, 1);
+  assert.match(workers[g.victim].log, /second signal/);
+  await startWorker("decode", g.victim);
+});
+
 test("a prefix prefilled on one prefill worker is a cache hit on the other", { timeout: 60000 }, async () => {
   await until((a) => nLive(a, "prefill") === 2, "2 prefill workers");
   const jobs = (a) => Object.fromEntries(["p1", "p2"].map((n) => [n, findW(a, n).jobs]));
@@ -316,6 +374,98 @@ test("a prefix prefilled on one prefill worker is a cache hit on the other", { t
   await startWorker("prefill", on);
 });
 
+function frame(type, id, payload, version = 2) {
+  const h = Buffer.alloc(24);
+  h.writeUInt32LE(0x50434d54, 0); h.writeUInt16LE(version, 4); h.writeUInt16LE(type, 6);
+  h.writeBigUInt64LE(BigInt(id), 12); h.writeUInt32LE(payload.length, 20);
+  return Buffer.concat([h, payload]);
+}
+const le = (n, v, f) => { const b = Buffer.alloc(n); b[f](v); return b; };
+const u8 = (v) => Buffer.from([v]), u32 = (v) => le(4, v >>> 0, "writeUInt32LE"), i32 = (v) => le(4, v, "writeInt32LE");
+const f32 = (v) => le(4, v, "writeFloatLE"), u64 = (v) => le(8, BigInt(v), "writeBigUInt64LE");
+const str = (t) => Buffer.concat([le(2, t.length, "writeUInt16LE"), Buffer.from(t)]);
+const ids = (a) => Buffer.concat([u32(a.length), ...a.map(i32)]);
+const params = (pen) => Buffer.concat([f32(0.8), i32(0), f32(1), f32(0), f32(1), f32(0), f32(0), i32(pen), u64(1), i32(4),
+  u8(0), u8(0), u8(0), u8(0), i32(0), str("")]);
+const helloPayload = (role, fp, name) => Buffer.concat([u8(role), u8(0), fp, u32(16), u32(64), u32(256), u32(512), u32(512),
+  str("127.0.0.1:1"), str(name)]);
+
+// ---- the cluster handshake and frame tags, written from docs/protocol.md (not from the C) ----
+const hmac = (key, ...parts) => crypto.createHmac("sha256", key).update(Buffer.concat(parts)).digest();
+const clusterKey = () => Buffer.from(fs.readFileSync(path.join(cacheHome, "tokenmill/cluster.key"), "utf8").replace(/\s+$/, ""));
+
+// A connection to a gateway's registration port or a worker's port playing `side` ("W" a worker,
+// "G" a gateway): handshake() proves key (false when refused), send() frames (tagged once
+// sealed), frames: what came in (tags checked), closed: a promise.
+function peer(port, key, side) {
+  const s = net.connect(port, "127.0.0.1");
+  const other = side === "W" ? "G" : "W";
+  const p = { frames: [], sealed: false, txSealed: false, badTag: false, txSeq: 0n, rxSeq: 0n, raw: Buffer.alloc(0) };
+  const nonce = crypto.randomBytes(32);
+  let buf = Buffer.alloc(0), waiters = [];
+  const wake = () => { for (const w of waiters.splice(0)) w(); };
+  p.closed = new Promise((r) => { s.on("close", () => { p.isClosed = true; wake(); r(); }); s.on("error", () => {}); });
+  s.on("data", (d) => {
+    p.raw = Buffer.concat([p.raw, d]);
+    buf = Buffer.concat([buf, d]);
+    for (;;) {
+      if (buf.length < 24) break;
+      const len = buf.readUInt32LE(20), tagged = p.sealed, n = 24 + len + (tagged ? 16 : 0);
+      if (buf.length < n) break;
+      const f = { type: buf.readUInt16LE(6), id: Number(buf.readBigUInt64LE(12)), payload: buf.subarray(24, 24 + len) };
+      if (tagged) {
+        const seq = Buffer.alloc(8); seq.writeBigUInt64LE(p.rxSeq++);
+        if (!hmac(p.rxKey, seq, buf.subarray(0, 24 + len)).subarray(0, 16).equals(buf.subarray(24 + len, n))) p.badTag = true;
+      }
+      buf = buf.subarray(n);
+      p.frames.push(f);
+      // the peer seals after its PROOF when ours was right
+      if (f.type === 12 && p.ng && f.payload.equals(hmac(key, Buffer.from("TMCP-PROOF"), Buffer.from(other), p.ng, nonce))) {
+        p.peerProved = true;
+        p.sealed = true;
+      }
+      if (f.type === 11) p.ng = Buffer.from(f.payload);
+    }
+    wake();
+  });
+  p.next = async (pred, ms = 10000) => {
+    const end = Date.now() + ms;
+    for (;;) {
+      const f = p.frames.find(pred);
+      if (f) { p.frames.splice(p.frames.indexOf(f), 1); return f; }
+      if (p.isClosed || Date.now() > end) return null;
+      await new Promise((r) => { waiters.push(r); setTimeout(r, 100); });
+    }
+  };
+  p.sendRaw = (b) => s.write(b);
+  p.send = (type, id, payload, flags = 0) => {
+    const f = frame(type, id, payload);
+    f.writeUInt32LE(flags, 8);
+    if (!p.txSealed) return s.write(f);
+    const seq = Buffer.alloc(8); seq.writeBigUInt64LE(p.txSeq++);
+    s.write(Buffer.concat([f, hmac(p.txKey, seq, f).subarray(0, 16)]));
+  };
+  p.handshake = async () => {
+    await new Promise((r) => s.once("connect", r));
+    p.send(11, 0, nonce);
+    const ch = await p.next((f) => f.type === 11 || f.type === 10);
+    if (!ch || ch.type !== 11) return false;
+    // the session keys before the peer's PROOF arrives: the frames right after it are tagged
+    p.txKey = hmac(key, Buffer.from("TMCP-KEY"), Buffer.from(side), nonce, p.ng);
+    p.rxKey = hmac(key, Buffer.from("TMCP-KEY"), Buffer.from(other), p.ng, nonce);
+    p.send(12, 0, hmac(key, Buffer.from("TMCP-PROOF"), Buffer.from(side), nonce, p.ng));
+    p.txSealed = true;   // what we send from now on is tagged (the peer's frames once its PROOF is right)
+    const pr = await p.next((f) => f.type === 12 || f.type === 10);
+    if (!pr || pr.type !== 12 || !p.peerProved) return false;
+    // the peer's verdict on our proof: an ERROR (untagged, it did not seal) or its tagged frames
+    const more = await p.next((f) => f.type !== 2, 3000);
+    if (more) p.frames.unshift(more);
+    return !p.isClosed && !p.badTag && !(more && more.type === 10 && more.payload.readUInt32LE(0) === 11);
+  };
+  p.end = () => s.destroy();
+  return p;
+}
+
 // Sends junk, returns whether the peer closed the connection (within 5 s) and what it sent.
 async function sendJunk(port, junk) {
   return new Promise((resolve) => {
@@ -328,39 +478,18 @@ async function sendJunk(port, junk) {
     setTimeout(() => end(false), 5000);
   });
 }
-// the ERROR frames (type 10) in what a peer sent: [code, message]
-function errors(data) {
-  const out = [];
-  for (let o = 0; o + 24 <= data.length; o += 24 + data.readUInt32LE(o + 20))
-    if (data.readUInt16LE(o + 6) === 10) out.push([data.readUInt32LE(o + 24), data.subarray(o + 30, o + 24 + data.readUInt32LE(o + 20)).toString()]);
-  return out;
-}
 const JUNK = [
   Buffer.from("GET / HTTP/1.1\r\nHost: x\r\n\r\n" + "x".repeat(40)),
   Buffer.alloc(64, 0xff),
-  (() => { const h = Buffer.alloc(24); h.writeUInt32LE(0x50434d54, 0); h.writeUInt16LE(1, 4); h.writeUInt16LE(1, 6); h.writeUInt32LE(0xfffffff0, 20); return h; })(), // oversized
-  (() => { const h = Buffer.alloc(32); h.writeUInt32LE(0x50434d54, 0); h.writeUInt16LE(1, 4); h.writeUInt16LE(3, 6); h.writeUInt32LE(8, 20); return h; })(),          // truncated PREFILL
+  (() => { const h = Buffer.alloc(24); h.writeUInt32LE(0x50434d54, 0); h.writeUInt16LE(2, 4); h.writeUInt16LE(1, 6); h.writeUInt32LE(0xfffffff0, 20); return h; })(), // oversized
+  (() => { const h = Buffer.alloc(32); h.writeUInt32LE(0x50434d54, 0); h.writeUInt16LE(2, 4); h.writeUInt16LE(3, 6); h.writeUInt32LE(8, 20); return h; })(),          // truncated PREFILL
 ];
-// well-formed frames after a valid HELLO whose values are out of range (docs/protocol.md):
-// a penalty window of INT_MAX (an allocation of INT_MAX + 1 entries crashed the worker) and a
-// DECODE replaying 2^31 sampler draws (it spun for minutes)
-function frame(type, id, payload) {
-  const h = Buffer.alloc(24);
-  h.writeUInt32LE(0x50434d54, 0); h.writeUInt16LE(1, 4); h.writeUInt16LE(type, 6);
-  h.writeBigUInt64LE(BigInt(id), 12); h.writeUInt32LE(payload.length, 20);
-  return Buffer.concat([h, payload]);
-}
-const le = (n, v, f) => { const b = Buffer.alloc(n); b[f](v); return b; };
-const u8 = (v) => Buffer.from([v]), u32 = (v) => le(4, v >>> 0, "writeUInt32LE"), i32 = (v) => le(4, v, "writeInt32LE");
-const f32 = (v) => le(4, v, "writeFloatLE"), u64 = (v) => le(8, BigInt(v), "writeBigUInt64LE");
-const str = (t) => Buffer.concat([le(2, t.length, "writeUInt16LE"), Buffer.from(t)]);
-const ids = (a) => Buffer.concat([u32(a.length), ...a.map(i32)]);
-const params = (pen) => Buffer.concat([f32(0.8), i32(0), f32(1), f32(0), f32(1), f32(0), f32(0), i32(pen), u64(1), i32(4),
-  u8(0), u8(0), u8(0), u8(0), i32(0), str("")]);
-const HELLO = frame(1, 0, Buffer.concat([u8(4), u8(0), Buffer.alloc(32), u32(0), u32(0), u32(0), u32(0), u32(0), str(""), str("junk")]));
+// well-formed frames (after the handshake and a valid HELLO) whose values are out of range
+// (docs/protocol.md): a penalty window of INT_MAX (an allocation of INT_MAX + 1 entries crashed
+// the worker) and a DECODE replaying 2^31 sampler draws (it spun for minutes)
 const WORKER_JUNK = [
-  Buffer.concat([HELLO, frame(3, 1, Buffer.concat([params(0x7fffffff), u32(0), ids([1, 200, 300])]))]),
-  Buffer.concat([HELLO, frame(5, 2, Buffer.concat([params(64), ids([1, 200, 300]), ids([301]), u32(0), u32(0x7fffffff)]))]),
+  [3, 1, Buffer.concat([params(0x7fffffff), u32(0), ids([1, 200, 300])])],
+  [5, 2, Buffer.concat([params(64), ids([1, 200, 300]), ids([301]), u32(0), u32(0x7fffffff)])],
 ];
 
 test("malformed frames to the workers and to the gateway are refused; everything stays up and serves", { timeout: 60000 }, async () => {
@@ -369,23 +498,25 @@ test("malformed frames to the workers and to the gateway are refused; everything
   for (const junk of JUNK) assert.ok((await sendJunk(regPort, junk)).closed, "the gateway closed the connection");
   const a = await admin();
   assert.ok(a.refused_connections >= before + JUNK.length, JSON.stringify(a));
-  // a worker that registers properly, then sends a broken frame: the gateway drops it, only it
-  const hello = frame(1, 0, Buffer.concat([u8(2), u8(0), Buffer.from(a.model_fingerprint, "hex"), u32(16), u32(64), u32(256),
-    u32(512), u32(512), str("127.0.0.1:1"), str("impostor")]));
-  hello.writeUInt32LE(1, 8);   // REGISTER
-  const imp = net.connect(regPort, "127.0.0.1", () => imp.write(hello));
-  const impClosed = new Promise((r) => { imp.on("close", r); imp.on("error", r); });
-  imp.on("data", () => {});
+  // a worker with the key that registers, then sends a broken frame: the gateway drops it, only it
+  const imp = peer(regPort, clusterKey(), "W");
+  assert.ok(await imp.handshake(), "the impostor holds the key");
+  imp.send(1, 0, helloPayload(2, Buffer.from(a.model_fingerprint, "hex"), "impostor"), 1);   // REGISTER
   await until((x) => x.workers.some((w) => w.name === "impostor" && w.up), "impostor in");
-  imp.write(Buffer.concat([frame(6, 0, Buffer.concat([u32(3), u32(1)])), Buffer.alloc(40, 0xee)]));   // TOKENS short of its count
-  await impClosed;
+  imp.send(6, 0, Buffer.concat([u32(3), u32(1)]));   // TOKENS short of its count (tagged right)
+  await imp.closed;
   await until((x) => !x.workers.some((w) => w.name === "impostor" && w.up), "impostor out");
   for (const n of ["p2", "d2"]) {
     for (const junk of JUNK) assert.ok((await sendJunk(workers[n].port, junk)).closed, `${n} closed the connection`);
-    for (const junk of WORKER_JUNK) {
-      const r = await sendJunk(workers[n].port, junk);
-      assert.ok(r.closed, `${n} closed the connection`);
-      assert.match(errors(r.data).map((e) => e[1]).join(), /malformed/, `${n} answered ERROR MALFORMED`);
+    for (const [type, id, payload] of WORKER_JUNK) {
+      const g = peer(workers[n].port, clusterKey(), "G");
+      assert.ok(await g.handshake(), `${n}: handshake`);
+      g.send(1, 0, helloPayload(4, Buffer.alloc(32), "junk"));
+      g.send(type, id, payload);
+      const e = await g.next((f) => f.type === 10);
+      await g.closed;
+      assert.ok(e && /malformed/.test(e.payload.subarray(6).toString()), `${n} answered ERROR MALFORMED`);
+      assert.ok(!g.badTag);
     }
   }
   for (const n of ["p1", "p2", "d1", "d2"]) assert.ok(!exited(workers[n].proc), `${n} is up`);
@@ -398,6 +529,84 @@ test("malformed frames to the workers and to the gateway are refused; everything
   assert.ok((await admin(g2.url)).workers.every((w) => w.jobs > 0));
   g2.proc.kill("SIGTERM");
   await waitExit(g2.proc, 10000);
+});
+
+// Strangers on the cluster port: one replays the frames a worker of the protocol before the
+// handshake sent (HELLO REGISTER, heartbeats), one sends a HELLO of this version with no
+// handshake, one does the handshake with a wrong key. None is listed as a worker or sent a
+// request (the 32 streams meanwhile all complete on the real workers); each is refused, counted
+// and logged. Then a worker with the key, on the same port, is listed.
+test("a stranger on the cluster port without the key is not a worker and gets no request", { timeout: 60000 }, async () => {
+  await until((a) => nLive(a, "prefill") === 2 && nLive(a, "decode") === 2, "4 workers");
+  const a0 = await admin();
+  const fp = Buffer.from(a0.model_fingerprint, "hex");
+  const hb = Buffer.concat([u32(0), u32(0), u64(0), u64(0), u32(64), u32(64), u8(0), ...Array(9).fill(u64(0))]);
+  const rogues = [];
+  for (const [i, version] of [[0, 1], [1, 2]]) {
+    const r = peer(regPort, Buffer.from("no key"), "W");
+    await new Promise((ok) => setTimeout(ok, 50));
+    const hello = frame(1, 0, helloPayload(2, fp, `rogue${i}`), version);
+    hello.writeUInt32LE(1, 8);   // REGISTER
+    r.sendRaw(Buffer.concat([hello, frame(2, 0, hb, version), frame(2, 0, hb, version)]));
+    rogues.push(r);
+  }
+  const wrong = peer(regPort, crypto.randomBytes(32), "W");
+  assert.equal(await wrong.handshake(), false, "a wrong key is refused");
+  wrong.send(1, 0, helloPayload(2, fp, "rogue2"), 1);
+  rogues.push(wrong);
+  const runs = all();
+  for (const r of rogues) await r.closed;
+  sameAsServe(await runs, "with strangers around");
+  const a = await admin();
+  assert.ok(!a.workers.some((w) => /^rogue/.test(w.name)), JSON.stringify(a.workers));
+  assert.ok(a.refused_handshakes >= a0.refused_handshakes + 3, JSON.stringify(a));
+  for (const r of rogues) assert.ok(!r.frames.some((f) => f.type === 3 || f.type === 5), "a stranger got a job");
+  // the key on the same port: listed
+  const ok = peer(regPort, clusterKey(), "W");
+  assert.ok(await ok.handshake());
+  ok.send(1, 0, helloPayload(2, fp, "friend"), 1);
+  await until((x) => x.workers.some((w) => w.name === "friend" && w.up), "friend in");
+  ok.end();
+  await until((x) => !x.workers.some((w) => w.name === "friend" && w.up), "friend out");
+});
+
+// A key file others can read (or an empty one, or a directory) is not a secret: the gateway and
+// the worker say so and refuse to start (status 2); a private one is used (the path is logged).
+test("a cluster key file that is not private, or empty, is refused at start", { timeout: 60000 }, async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "tm-cluster-key-"));
+  try {
+    const key = path.join(dir, "cluster.key"), empty = path.join(dir, "empty.key");
+    fs.writeFileSync(key, crypto.randomBytes(32).toString("hex") + "\n", { mode: 0o644 });
+    fs.chmodSync(key, 0o644);
+    fs.writeFileSync(empty, "\n", { mode: 0o600 });
+    const run = (args) => new Promise((resolve) => {
+      const p = spawn(bin, args, { stdio: ["ignore", "ignore", "pipe"], env: { ...process.env, XDG_CACHE_HOME: dir } });
+      let err = "";
+      p.stderr.on("data", (d) => { err += d; });
+      const t = setTimeout(() => p.kill("SIGKILL"), 20000);
+      p.on("close", (code) => { clearTimeout(t); resolve({ code, err }); });   // stderr read to its end
+    });
+    const gwArgs = (k) => ["gateway", "-m", model, "--listen", "127.0.0.1:0", "--cluster-key-file", k];
+    const wArgs = (k) => ["worker", "--role", "decode", "-m", model, "--listen", "127.0.0.1:0", "--cache", "off", "--cluster-key-file", k];
+    for (const args of [gwArgs(key), wArgs(key)]) {
+      const r = await run(args);
+      assert.equal(r.code, 2, r.err);
+      assert.match(r.err, /cluster\.key: readable or writable by other users/);
+    }
+    for (const args of [gwArgs(empty), wArgs(empty), gwArgs(dir)]) {
+      const r = await run(args);
+      assert.equal(r.code, 2, r.err);
+      assert.match(r.err, /is empty|not a regular file/);
+    }
+    fs.chmodSync(key, 0o600);
+    const p = spawnLogged(gwArgs(key), "keyed-gateway");
+    const m = await waitLine(p, /cluster key (\S+)[\s\S]*listening on http/, "keyed gateway");
+    assert.equal(m[1], key);
+    p.kill("SIGTERM");
+    await waitExit(p, 10000);
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
 });
 
 // The reasoning budget travels through the cluster protocol (PREFILL / DECODE flag THINK): on a

@@ -10,15 +10,25 @@
  *     the vocabulary, in HANDOFF and in TOKENS; an unknown request id; tail KV of another
  *     geometry; more tokens than max_tokens) has its connection closed, and its request is
  *     rerouted like a dead worker's: it completes on a real worker with exactly the reference
- *     tokens, the client never seeing a value of the refused frame.
+ *     tokens, the client never seeing a value of the refused frame;
+ *   - strangers on the registration port (no key, a wrong key, a replayed recording of a real
+ *     worker's session) are refused at the handshake and never listed; a worker doing the
+ *     handshake as docs/protocol.md writes it (HMACs computed here) is listed;
+ *   - a worker that stays connected and heartbeats but makes no progress on a request (after
+ *     two tokens of its decode; on its prefill) loses it after the progress deadline: it completes elsewhere
+ *     with exactly the reference tokens.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
+
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 
 #include "harness.h"
 #include "tinymodel.h"
@@ -35,6 +45,10 @@
 #define N_GEN 12
 
 static char tmpdir[] = "/tmp/tm-gateway-XXXXXX";
+static const auth_key g_key = { .secret = "gateway test cluster key 42", .n = 27 };
+/* the frame state of each fake worker's connection, by descriptor */
+static proto_conn g_conns[4096];
+static proto_conn *PC(int fd) { return &g_conns[fd >= 0 && fd < 4096 ? fd : 0]; }
 static char g_spec[300];
 static model *g_model;
 
@@ -68,7 +82,8 @@ static node node_new(bool with_store)
 /* Starts the node's worker, registering with the gateway at reg. */
 static void node_serve(node *v, int role, const char *reg, const char *name)
 {
-    worker_opts wo = { .role = role, .gateway = reg, .name = name, .heartbeat_ms = 50, .max_seqs = 4, .n_ctx = 1024 };
+    worker_opts wo = { .role = role, .gateway = reg, .name = name, .heartbeat_ms = 50, .max_seqs = 4, .n_ctx = 1024,
+                       .key = &g_key };
     v->w = worker_new(&wo, v->e, v->s, v->st, v->bio);
     CHECK(v->w != NULL);
 }
@@ -198,18 +213,23 @@ typedef struct {
     char reg[64];
 } gw_env;
 
-static gw_env gw_start(void)
+/* A gateway taking registrations on a free port; progress_s: its stall deadlines (first and next
+ * token), 0 for the defaults. */
+static gw_env gw_start_progress(double progress_s)
 {
     gw_env v;
     memset(&v, 0, sizeof v);
     gateway_opts o = { .model = g_model, .register_listen = "127.0.0.1:0", .n_ctx = 1024, .eos_ids = { -1, -1, -1, -1 },
-                       .heartbeat_timeout_s = 60, .wait_timeout_s = 60 };
+                       .heartbeat_timeout_s = 60, .wait_timeout_s = 60, .key = &g_key,
+                       .progress_first_s = progress_s, .progress_next_s = progress_s };
     char err[256];
     CHECK(gateway_new(&o, &v.g, err, sizeof err) == GATEWAY_OK);
     v.be = gateway_backend(v.g);
     snprintf(v.reg, sizeof v.reg, "127.0.0.1:%d", gateway_register_port(v.g));
     return v;
 }
+
+static gw_env gw_start(void) { return gw_start_progress(0); }
 
 TEST(test_split_run_and_handoff_metrics)
 {
@@ -254,28 +274,126 @@ TEST(test_split_run_and_handoff_metrics)
 
 /* ---- a fake worker ---- */
 
-static int fake_connect(const gw_env *G)
+static void fake_hello(proto_msg *m)
+{
+    memset(m, 0, sizeof *m);
+    m->hdr.type = PROTO_HELLO;
+    m->hdr.flags = PROTO_F_REGISTER;
+    m->u.hello.role = PROTO_ROLE_MIXED;
+    m->u.hello.kv_dtype = QTYPE_F32;
+    memcpy(m->u.hello.model_fp, g_model->fingerprint, 32);
+    m->u.hello.max_seqs = 4;
+    m->u.hello.kv_blocks = 32;
+    m->u.hello.max_batch_tokens = 128;
+    m->u.hello.n_ctx = 1024;
+    m->u.hello.n_vocab = N_VOCAB;
+    m->u.hello.listen = (char *)"127.0.0.1:1";
+    m->u.hello.name = (char *)"fake";
+}
+
+static void fake_close(int fd)
+{
+    proto_conn_free(PC(fd));
+    close(fd);
+}
+
+/* A fake worker: connects to the registration port, does the handshake with key (the gateway's
+ * own when NULL), and registers with HELLO when it succeeded. The descriptor (its frame state in
+ * PC(fd)), or -1 when the gateway refused the key. */
+static int fake_connect_key(const gw_env *G, const auth_key *key)
 {
     int fd = proto_connect(G->reg, 2000);
     CHECK(fd >= 0);
     if (fd < 0) return -1;
     struct timeval tv = { 30, 0 };   /* a bound on every wait, never a speed */
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    proto_conn_init(PC(fd), fd);
+    char why[160];
+    if (auth_handshake(PC(fd), key ? key : &g_key, AUTH_SIDE_WORKER, why, sizeof why) != AUTH_OK) {
+        fake_close(fd);
+        return -1;
+    }
     proto_msg m;
+    fake_hello(&m);
+    CHECK(proto_send_msg(PC(fd), &m) == PROTO_OK);
+    return fd;
+}
+
+static int fake_connect(const gw_env *G)
+{
+    int fd = fake_connect_key(G, NULL);
+    CHECK(fd >= 0);
+    return fd;
+}
+
+/* A rogue without the key: HELLO (REGISTER) straight away, no handshake. */
+static int fake_connect_nokey(const gw_env *G)
+{
+    int fd = proto_connect(G->reg, 2000);
+    CHECK(fd >= 0);
+    if (fd < 0) return -1;
+    struct timeval tv = { 30, 0 };   /* a bound on every wait, never a speed */
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    proto_conn_init(PC(fd), fd);
+    proto_msg m;
+    fake_hello(&m);
+    CHECK(proto_send_msg(PC(fd), &m) == PROTO_OK);
+    return fd;
+}
+
+/* HMAC-SHA256(key, label | side | n1 | n2), as docs/protocol.md writes the proofs and session
+ * keys: computed here independently of cluster/auth.c. */
+static void doc_hmac(const auth_key *k, const char *label, char side, const uint8_t *n1, const uint8_t *n2, uint8_t out[32])
+{
+    uint8_t buf[96];
+    size_t n = strlen(label);
+    memcpy(buf, label, n);
+    buf[n++] = (uint8_t)side;
+    memcpy(buf + n, n1, 32);
+    memcpy(buf + n + 32, n2, 32);
+    unsigned int len = 0;
+    HMAC(EVP_sha256(), k->secret, (int)k->n, buf, n + 64, out, &len);
+}
+
+/* A worker that does the handshake by the document (not with auth.c), registers, and records
+ * every byte it sent in rec: CHALLENGE, PROOF, the tagged HELLO. Checks the gateway's proof. */
+static int fake_connect_by_doc(const gw_env *G, proto_buf *rec)
+{
+    int fd = proto_connect(G->reg, 2000);
+    CHECK(fd >= 0);
+    if (fd < 0) return -1;
+    struct timeval tv = { 30, 0 };   /* a bound on every wait, never a speed */
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    proto_conn *c = PC(fd);
+    proto_conn_init(c, fd);
+    uint8_t nw[32], ng[32], mac[32];
+    for (int i = 0; i < 32; i++) nw[i] = (uint8_t)(i * 13 + 7);
+    proto_msg m, r;
     memset(&m, 0, sizeof m);
-    m.hdr.type = PROTO_HELLO;
-    m.hdr.flags = PROTO_F_REGISTER;
-    m.u.hello.role = PROTO_ROLE_MIXED;
-    m.u.hello.kv_dtype = QTYPE_F32;
-    memcpy(m.u.hello.model_fp, g_model->fingerprint, 32);
-    m.u.hello.max_seqs = 4;
-    m.u.hello.kv_blocks = 32;
-    m.u.hello.max_batch_tokens = 128;
-    m.u.hello.n_ctx = 1024;
-    m.u.hello.n_vocab = N_VOCAB;
-    m.u.hello.listen = (char *)"127.0.0.1:1";
-    m.u.hello.name = (char *)"fake";
-    CHECK(proto_send_msg(fd, &m) == PROTO_OK);
+    m.hdr.type = PROTO_CHALLENGE;
+    memcpy(m.u.challenge.nonce, nw, 32);
+    CHECK(proto_encode(rec, &m) == PROTO_OK);
+    CHECK(proto_send_msg(c, &m) == PROTO_OK);
+    CHECK(proto_recv(c, &r) == PROTO_OK && r.hdr.type == PROTO_CHALLENGE);
+    memcpy(ng, r.u.challenge.nonce, 32);
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_PROOF;
+    doc_hmac(&g_key, "TMCP-PROOF", 'W', nw, ng, m.u.proof.mac);
+    CHECK(proto_encode(rec, &m) == PROTO_OK);
+    CHECK(proto_send_msg(c, &m) == PROTO_OK);
+    CHECK(proto_recv(c, &r) == PROTO_OK && r.hdr.type == PROTO_PROOF);
+    doc_hmac(&g_key, "TMCP-PROOF", 'G', ng, nw, mac);
+    CHECK(!memcmp(mac, r.u.proof.mac, 32));   /* the gateway holds the key too */
+    doc_hmac(&g_key, "TMCP-KEY", 'W', nw, ng, c->tx.key);
+    doc_hmac(&g_key, "TMCP-KEY", 'G', ng, nw, c->rx.key);
+    c->sealed = true;
+    fake_hello(&m);
+    size_t at = rec->n;
+    CHECK(proto_encode(rec, &m) == PROTO_OK);
+    uint8_t tag[AUTH_TAG_SIZE];
+    CHECK(auth_dir_tag(&c->tx, rec->p + at, PROTO_HDR_SIZE, rec->p + at + PROTO_HDR_SIZE, rec->n - at - PROTO_HDR_SIZE, tag));
+    proto_put_bytes(rec, tag, sizeof tag);
+    CHECK(proto_send(fd, rec->p + at, rec->n - at) == PROTO_OK);
     return fd;
 }
 
@@ -283,7 +401,7 @@ static int fake_connect(const gw_env *G)
 static bool fake_expect(int fd, int want, proto_msg *m)
 {
     for (;;) {
-        if (proto_recv(fd, m) != PROTO_OK) return false;
+        if (proto_recv(PC(fd), m) != PROTO_OK) return false;
         if (m->hdr.type == want) return true;
         proto_msg_free(m);
     }
@@ -296,7 +414,7 @@ static bool fake_refused(int fd)
     bool told = false;
     for (;;) {
         proto_msg m;
-        proto_status st = proto_recv(fd, &m);
+        proto_status st = proto_recv(PC(fd), &m);
         if (st == PROTO_ERR_CLOSED) return told;
         if (st == PROTO_ERR_IO) return told && errno != EAGAIN && errno != EWOULDBLOCK;
         if (st != PROTO_OK) return false;
@@ -320,7 +438,7 @@ static void fake_handoff(int fd, uint64_t id, int n_prompt, int32_t first, const
         m.hdr.flags = PROTO_F_HAS_TAIL;
         m.u.handoff.kv = *kv;
     }
-    CHECK(proto_send_msg(fd, &m) == PROTO_OK);
+    CHECK(proto_send_msg(PC(fd), &m) == PROTO_OK);
 }
 
 static void fake_tokens(int fd, uint64_t id, const int32_t *toks, int n)
@@ -334,7 +452,7 @@ static void fake_tokens(int fd, uint64_t id, const int32_t *toks, int n)
     m.hdr.req_id = id;
     m.u.tokens.n = (uint32_t)n;
     m.u.tokens.toks = t;
-    CHECK(proto_send_msg(fd, &m) == PROTO_OK);
+    CHECK(proto_send_msg(PC(fd), &m) == PROTO_OK);
 }
 
 typedef enum {
@@ -405,7 +523,7 @@ TEST(test_bad_values_close_the_worker_and_reroute)
             break;
         }
         CHECKF(fake_refused(fd), "%s: no ERROR MALFORMED before the close", bad_name[c]);
-        close(fd);
+        fake_close(fd);
         CHECKF(metric(G.be, "tokenmill_gateway_refused_values_total ") == refused0 + 1, "%s: not counted", bad_name[c]);
         /* the request waits for a worker, then completes on a real one, exactly */
         node_serve(&R, PROTO_ROLE_MIXED, G.reg, "real");
@@ -436,14 +554,132 @@ TEST(test_malformed_frame_is_answered_and_closed)
     memset(junk, 0x5a, sizeof junk);
     CHECK(write(fd, junk, sizeof junk) == (ssize_t)sizeof junk);
     CHECK(fake_refused(fd));
-    close(fd);
+    fake_close(fd);
     CHECK(WAIT_UNTIL(workers_up(G.be) == 0, 30));
     CHECK(metric(G.be, "tokenmill_gateway_refused_connections_total ") == refused0 + 1);
     fd = fake_connect(&G);
     CHECK(WAIT_UNTIL(workers_up(G.be) == 1, 30));
-    close(fd);
+    fake_close(fd);
     gateway_shutdown(G.g);
     gateway_free(G.g);
+}
+
+/* Strangers on the registration port: one with no key (HELLO straight away), one with a wrong
+ * key, one replaying every byte a real worker sent in an earlier session. Each is refused at the
+ * handshake, counted, and never listed as a worker (so never sent a request); a worker with the
+ * key that follows the document byte for byte is listed. */
+TEST(test_rogue_workers_refused)
+{
+    gw_env G = gw_start();
+    double r0 = metric(G.be, "tokenmill_gateway_refused_handshakes_total ");
+    CHECK(r0 == 0);
+    /* no key */
+    int fd = fake_connect_nokey(&G);
+    CHECK(WAIT_UNTIL(metric(G.be, "tokenmill_gateway_refused_handshakes_total ") == r0 + 1, 30));
+    proto_msg m;
+    CHECK(!fake_expect(fd, PROTO_PREFILL, &m));   /* closed without a job */
+    fake_close(fd);
+    CHECK(workers_up(G.be) == 0);
+    /* a wrong key: refused both ways */
+    auth_key wrong = g_key;
+    wrong.secret[0] ^= 0x20;
+    CHECK(fake_connect_key(&G, &wrong) == -1);
+    CHECK(WAIT_UNTIL(metric(G.be, "tokenmill_gateway_refused_handshakes_total ") == r0 + 2, 30));
+    CHECK(workers_up(G.be) == 0);
+    /* the key, by the document: listed; its bytes recorded */
+    proto_buf rec;
+    proto_buf_init(&rec);
+    fd = fake_connect_by_doc(&G, &rec);
+    CHECK(WAIT_UNTIL(workers_up(G.be) == 1, 30));
+    fake_close(fd);
+    CHECK(WAIT_UNTIL(workers_up(G.be) == 0, 30));
+    /* the recording replayed on a new connection */
+    fd = proto_connect(G.reg, 2000);
+    CHECK(fd >= 0);
+    struct timeval tv = { 30, 0 };
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    proto_conn_init(PC(fd), fd);
+    CHECK(proto_send(fd, rec.p, rec.n) == PROTO_OK);
+    CHECK(WAIT_UNTIL(metric(G.be, "tokenmill_gateway_refused_handshakes_total ") == r0 + 3, 30));
+    CHECK(!fake_expect(fd, PROTO_PREFILL, &m));
+    fake_close(fd);
+    CHECK(workers_up(G.be) == 0);
+    proto_buf_free(&rec);
+    gateway_shutdown(G.g);
+    gateway_free(G.g);
+}
+
+/* Heartbeats for a fake worker that has stopped working but not stopped living. */
+typedef struct {
+    int fd;
+    int stop;                 /* __atomic */
+    pthread_t t;
+} hb_pump;
+
+static void *hb_pump_thread(void *p)
+{
+    hb_pump *h = p;
+    proto_msg m;
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_HEARTBEAT;
+    while (!__atomic_load_n(&h->stop, __ATOMIC_ACQUIRE)) {
+        if (proto_send_msg(PC(h->fd), &m) != PROTO_OK) break;
+        usleep(100 * 1000);
+    }
+    return NULL;
+}
+
+/* A worker that is up (connected, never silent long enough to be dropped) but makes no progress
+ * on a request is treated as dead for it: after the progress deadline the request moves to
+ * another worker with the tokens it has, and completes with exactly the reference tokens. Once
+ * stuck after two tokens of its decode (the next-token deadline), once on the prefill (the
+ * first-token deadline). */
+TEST(test_stalled_worker_rerouted)
+{
+    node ref = node_new(false), R = node_new(true);
+    gw_env G = gw_start_progress(2);
+    int n_prompt = 40;
+    int32_t prompt[40], want[N_GEN], got[N_GEN + 4];
+    make_prompt(prompt, n_prompt, 6);
+    CHECK(reference(&ref, prompt, n_prompt, want) == N_GEN);
+    for (int c = 0; c < 2; c++) {
+        const char *what = c ? "prefill stall" : "decode stall";
+        CHECK(WAIT_UNTIL(workers_up(G.be) == 0, 30));
+        int fd = fake_connect(&G);
+        CHECK(WAIT_UNTIL(workers_up(G.be) == 1, 30));
+        double stalls0 = metric(G.be, "tokenmill_gateway_stalls_total ");
+        sched_params sp = greedy(prompt, n_prompt);
+        sched_req *h = NULL;
+        CHECK(G.be->submit(G.be->ud, &sp, &h) == SCHED_OK);
+        proto_msg m;
+        CHECKF(fake_expect(fd, PROTO_PREFILL, &m), "%s: no PREFILL", what);
+        uint64_t id = m.hdr.req_id;
+        proto_msg_free(&m);
+        if (c == 0) {   /* the right first token and two more, then nothing */
+            fake_handoff(fd, id, n_prompt, want[0], NULL);
+            CHECKF(fake_expect(fd, PROTO_DECODE, &m), "%s: no DECODE", what);
+            proto_msg_free(&m);
+            fake_tokens(fd, id, want + 1, 2);
+        }
+        /* the fake goes on heartbeating (it is not dead) and a real worker comes */
+        hb_pump hb = { .fd = fd };
+        pthread_create(&hb.t, NULL, hb_pump_thread, &hb);
+        node_serve(&R, PROTO_ROLE_MIXED, G.reg, "real");
+        sched_finish fin;
+        int k = collect(G.be, h, got, N_GEN + 4, &fin);
+        G.be->release(G.be->ud, h);
+        CHECKF(k == N_GEN && fin == SCHED_FINISH_LENGTH, "%s: %d tokens, finish %d", what, k, fin);
+        CHECKF(k == N_GEN && !memcmp(want, got, sizeof want), "%s: tokens differ from the reference", what);
+        CHECKF(metric(G.be, "tokenmill_gateway_stalls_total ") >= stalls0 + 1, "%s: not counted", what);
+        node_stop(&R);
+        __atomic_store_n(&hb.stop, 1, __ATOMIC_RELEASE);
+        pthread_join(hb.t, NULL);
+        fake_close(fd);
+    }
+    gateway_shutdown(G.g);
+    gateway_free(G.g);
+    node_free(&ref);
+    node_free(&R);
 }
 
 int main(void)
@@ -459,6 +695,8 @@ int main(void)
     RUN(test_split_run_and_handoff_metrics);
     RUN(test_bad_values_close_the_worker_and_reroute);
     RUN(test_malformed_frame_is_answered_and_closed);
+    RUN(test_rogue_workers_refused);
+    RUN(test_stalled_worker_rerouted);
     model_free(g_model);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);

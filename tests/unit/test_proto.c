@@ -4,11 +4,17 @@
  * right status; the reasoning budget section (flag THINK) round-trips, leaves frames without it
  * unchanged and refuses values out of range; 100k random, truncated, bit-flipped and oversized
  * frames decode to a clean error or a valid message, never a crash (run under ASan/UBSan by make
- * san); frames over a socket pair.
+ * san); frames over a socket pair. The handshake: the same key seals both ends (a session key
+ * per direction); a wrong key, no handshake (a HELLO first) and a replayed recording of a whole
+ * session are refused; after it, an altered, repeated, reordered or reflected frame is refused.
+ * Key files: private regular files only, not empty; the generated default is 0600 and stable.
  */
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -452,7 +458,9 @@ TEST(test_header_checks)
     CHECK(proto_hdr_parse(p, sizeof p - 1, &h) == PROTO_ERR_SHORT);
     put_hdr(p, 0x12345678, PROTO_VERSION, PROTO_CANCEL, 0, 0);
     CHECK(proto_hdr_parse(p, sizeof p, &h) == PROTO_ERR_MAGIC);
-    put_hdr(p, PROTO_MAGIC, 2, PROTO_CANCEL, 0, 0);
+    put_hdr(p, PROTO_MAGIC, PROTO_VERSION + 1, PROTO_CANCEL, 0, 0);
+    CHECK(proto_hdr_parse(p, sizeof p, &h) == PROTO_ERR_VERSION);
+    put_hdr(p, PROTO_MAGIC, 1, PROTO_CANCEL, 0, 0);   /* before the handshake existed */
     CHECK(proto_hdr_parse(p, sizeof p, &h) == PROTO_ERR_VERSION);
     put_hdr(p, PROTO_MAGIC, PROTO_VERSION, 0, 0, 0);
     CHECK(proto_hdr_parse(p, sizeof p, &h) == PROTO_ERR_TYPE);
@@ -591,17 +599,20 @@ TEST(test_socketpair)
     m.hdr.req_id = 5;
     m.u.error.code = PROTO_E_ARG;
     m.u.error.msg = "bad";
-    CHECK(proto_send_msg(sv[0], &m) == PROTO_OK);
-    CHECK(proto_recv(sv[1], &o) == PROTO_OK);
+    proto_conn c0, c1;
+    proto_conn_init(&c0, sv[0]);
+    proto_conn_init(&c1, sv[1]);
+    CHECK(proto_send_msg(&c0, &m) == PROTO_OK);
+    CHECK(proto_recv(&c1, &o) == PROTO_OK);
     CHECK(o.hdr.type == PROTO_ERROR && o.hdr.req_id == 5 && !strcmp(o.u.error.msg, "bad"));
     proto_msg_free(&o);
     /* an oversized header is refused before any payload is read */
     uint8_t p[PROTO_HDR_SIZE];
     put_hdr(p, PROTO_MAGIC, PROTO_VERSION, PROTO_TOKENS, 0, 0xffffffffu);
     CHECK(proto_send(sv[0], p, sizeof p) == PROTO_OK);
-    CHECK(proto_recv(sv[1], &o) == PROTO_ERR_TOO_BIG);
+    CHECK(proto_recv(&c1, &o) == PROTO_ERR_TOO_BIG);
     close(sv[0]);
-    CHECK(proto_recv(sv[1], &o) == PROTO_ERR_CLOSED);
+    CHECK(proto_recv(&c1, &o) == PROTO_ERR_CLOSED);
     close(sv[1]);
 }
 
@@ -621,10 +632,348 @@ TEST(test_listen_connect)
     memset(&m, 0, sizeof m);
     m.hdr.type = PROTO_CANCEL;
     m.hdr.req_id = 77;
-    CHECK(proto_send_msg(c, &m) == PROTO_OK);
-    CHECK(proto_recv(a, &o) == PROTO_OK && o.hdr.req_id == 77);
+    proto_conn pc, pa;
+    proto_conn_init(&pc, c);
+    proto_conn_init(&pa, a);
+    CHECK(proto_send_msg(&pc, &m) == PROTO_OK);
+    CHECK(proto_recv(&pa, &o) == PROTO_OK && o.hdr.req_id == 77);
     close(a); close(c); close(lfd);
     CHECK(proto_role_parse("prefill") == PROTO_ROLE_PREFILL && proto_role_parse("x") == -1);
+}
+
+/* ---- the handshake and frame tags (cluster/auth.h) ---- */
+
+static const auth_key key_a = { .secret = "cluster secret A 0123456789", .n = 27 };
+static const auth_key key_b = { .secret = "cluster secret B 0123456789", .n = 27 };
+
+typedef struct {
+    proto_conn c;
+    const auth_key *k;
+    auth_side side;
+    auth_status st;
+    char why[160];
+} hs_end;
+
+static void *hs_thread(void *p)
+{
+    hs_end *e = p;
+    e->st = auth_handshake(&e->c, e->k, e->side, e->why, sizeof e->why);
+    return NULL;
+}
+
+static void bound_waits(int fd)
+{
+    struct timeval tv = { 30, 0 };   /* a bound on a hang, never a speed */
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+}
+
+/* A gateway end (g, key kg) and a worker end (w, key kw) on a socket pair, both handshaking. */
+static void hs_pair(hs_end *g, const auth_key *kg, hs_end *w, const auth_key *kw)
+{
+    int sv[2];
+    CHECK(!socketpair(AF_UNIX, SOCK_STREAM, 0, sv));
+    bound_waits(sv[0]);
+    bound_waits(sv[1]);
+    memset(g, 0, sizeof *g);
+    memset(w, 0, sizeof *w);
+    proto_conn_init(&g->c, sv[0]);
+    proto_conn_init(&w->c, sv[1]);
+    g->k = kg;
+    g->side = AUTH_SIDE_GATEWAY;
+    w->k = kw;
+    w->side = AUTH_SIDE_WORKER;
+    pthread_t t;
+    pthread_create(&t, NULL, hs_thread, w);
+    hs_thread(g);
+    pthread_join(t, NULL);
+}
+
+static void hs_close(hs_end *e)
+{
+    close(e->c.fd);
+    proto_conn_free(&e->c);
+}
+
+static void cancel_msg(proto_msg *m, uint64_t id)
+{
+    memset(m, 0, sizeof *m);
+    m->hdr.type = PROTO_CANCEL;
+    m->hdr.req_id = id;
+}
+
+TEST(test_handshake_ok)
+{
+    hs_end g, w;
+    hs_pair(&g, &key_a, &w, &key_a);
+    CHECKF(g.st == AUTH_OK && w.st == AUTH_OK, "%s / %s", g.why, w.why);
+    CHECK(g.c.sealed && w.c.sealed);
+    /* the directions have their own keys */
+    CHECK(memcmp(g.c.tx.key, g.c.rx.key, AUTH_MAC_SIZE) && !memcmp(g.c.tx.key, w.c.rx.key, AUTH_MAC_SIZE));
+    proto_msg m, o;
+    for (uint64_t i = 1; i <= 3; i++) {   /* tagged frames both ways, in sequence */
+        cancel_msg(&m, i);
+        CHECK(proto_send_msg(&g.c, &m) == PROTO_OK);
+        CHECK(proto_recv(&w.c, &o) == PROTO_OK && o.hdr.type == PROTO_CANCEL && o.hdr.req_id == i);
+        m.hdr.type = PROTO_ERROR;
+        m.u.error.code = PROTO_E_BUSY;
+        m.u.error.msg = "busy";
+        CHECK(proto_send_msg(&w.c, &m) == PROTO_OK);
+        CHECK(proto_recv(&g.c, &o) == PROTO_OK && o.hdr.req_id == i && !strcmp(o.u.error.msg, "busy"));
+        proto_msg_free(&o);
+    }
+    CHECK(g.c.tx.seq == 3 && w.c.rx.seq == 3);
+    hs_close(&g);
+    hs_close(&w);
+}
+
+/* Different keys: each side finds the other's proof wrong; neither is sealed. */
+TEST(test_handshake_wrong_key)
+{
+    hs_end g, w;
+    hs_pair(&g, &key_a, &w, &key_b);
+    CHECKF(g.st == AUTH_ERR_REFUSED && w.st == AUTH_ERR_REFUSED, "%s / %s", g.why, w.why);
+    CHECK(!g.c.sealed && !w.c.sealed);
+    hs_close(&g);
+    hs_close(&w);
+    /* a key that differs in its last byte only, and one that is a prefix of the other */
+    auth_key k1 = key_a, k2 = key_a;
+    k2.secret[26] ^= 1;
+    hs_pair(&g, &k1, &w, &k2);
+    CHECK(g.st == AUTH_ERR_REFUSED && w.st == AUTH_ERR_REFUSED);
+    hs_close(&g);
+    hs_close(&w);
+    k2 = key_a;
+    k2.n = 20;
+    hs_pair(&g, &k1, &w, &k2);
+    CHECK(g.st == AUTH_ERR_REFUSED && w.st == AUTH_ERR_REFUSED);
+    hs_close(&g);
+    hs_close(&w);
+}
+
+/* A peer without a key (it skips the handshake: a HELLO first, in this version or the last one)
+ * is refused before anything else is read. */
+TEST(test_handshake_no_key)
+{
+    for (int old = 0; old < 2; old++) {
+        int sv[2];
+        CHECK(!socketpair(AF_UNIX, SOCK_STREAM, 0, sv));
+        bound_waits(sv[0]);
+        hs_end g;
+        memset(&g, 0, sizeof g);
+        proto_conn_init(&g.c, sv[0]);
+        g.k = &key_a;
+        g.side = AUTH_SIDE_GATEWAY;
+        proto_buf b;
+        proto_buf_init(&b);
+        proto_msg m;
+        memset(&m, 0, sizeof m);
+        m.hdr.type = PROTO_HELLO;
+        m.hdr.flags = PROTO_F_REGISTER;
+        m.u.hello.role = PROTO_ROLE_DECODE;
+        CHECK(proto_encode(&b, &m) == PROTO_OK);
+        if (old) b.p[4] = 1;   /* version 1: the frames before the handshake existed */
+        CHECK(proto_send(sv[1], b.p, b.n) == PROTO_OK);
+        proto_buf_free(&b);
+        hs_thread(&g);
+        CHECKF(g.st == AUTH_ERR_PROTO && !g.c.sealed, "%d: %s", g.st, g.why);
+        hs_close(&g);
+        close(sv[1]);
+    }
+}
+
+/* Copies bytes from one socket to another until the first ends (recording them in rec when
+ * set), then ends the second's writing side. */
+typedef struct {
+    int from, to;
+    proto_buf *rec;
+} relay_arg;
+
+static void *relay_thread(void *p)
+{
+    relay_arg *a = p;
+    uint8_t buf[4096];
+    for (;;) {
+        ssize_t k = read(a->from, buf, sizeof buf);
+        if (k <= 0) break;
+        if (a->rec) proto_put_bytes(a->rec, buf, (size_t)k);
+        if (proto_send(a->to, buf, (size_t)k) != PROTO_OK) break;
+    }
+    shutdown(a->to, SHUT_WR);
+    return NULL;
+}
+
+static void *recv_one_thread(void *p)
+{
+    hs_end *e = p;
+    proto_msg m;
+    if (e->st == AUTH_OK && proto_recv(&e->c, &m) == PROTO_OK) proto_msg_free(&m);
+    return NULL;
+}
+
+/* Every byte a worker sent in a successful session (CHALLENGE, PROOF, a tagged HELLO), recorded
+ * on the wire and replayed to a gateway on a new connection: refused, since the gateway's nonce
+ * is new and the recorded proof is over the old one. */
+TEST(test_handshake_replayed)
+{
+    int ws[2], gs[2];   /* worker <-> relay, relay <-> gateway */
+    CHECK(!socketpair(AF_UNIX, SOCK_STREAM, 0, ws) && !socketpair(AF_UNIX, SOCK_STREAM, 0, gs));
+    for (int i = 0; i < 2; i++) { bound_waits(ws[i]); bound_waits(gs[i]); }
+    proto_buf rec;
+    proto_buf_init(&rec);
+    relay_arg up = { ws[1], gs[1], &rec }, down = { gs[1], ws[1], NULL };
+    pthread_t tu, td, tg;
+    pthread_create(&tu, NULL, relay_thread, &up);
+    pthread_create(&td, NULL, relay_thread, &down);
+    hs_end g, w;
+    memset(&g, 0, sizeof g);
+    memset(&w, 0, sizeof w);
+    proto_conn_init(&g.c, gs[0]);
+    proto_conn_init(&w.c, ws[0]);
+    g.k = w.k = &key_a;
+    g.side = AUTH_SIDE_GATEWAY;
+    w.side = AUTH_SIDE_WORKER;
+    pthread_create(&tg, NULL, hs_thread, &g);
+    hs_thread(&w);
+    pthread_join(tg, NULL);
+    CHECKF(g.st == AUTH_OK && w.st == AUTH_OK, "%s / %s", g.why, w.why);
+    proto_msg m;
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_HELLO;
+    m.hdr.flags = PROTO_F_REGISTER;
+    m.u.hello.role = PROTO_ROLE_DECODE;
+    pthread_create(&tg, NULL, recv_one_thread, &g);
+    CHECK(proto_send_msg(&w.c, &m) == PROTO_OK);
+    pthread_join(tg, NULL);
+    shutdown(ws[0], SHUT_WR);   /* the relays end */
+    shutdown(gs[0], SHUT_WR);
+    pthread_join(tu, NULL);
+    pthread_join(td, NULL);
+    hs_close(&g);
+    hs_close(&w);
+    close(ws[1]);
+    close(gs[1]);
+    CHECK(rec.n == 2 * (PROTO_HDR_SIZE + 32) + PROTO_HDR_SIZE + 0 + AUTH_TAG_SIZE + 1 + 1 + 32 + 5 * 4 + 2 + 2);
+    /* the replay */
+    int sv[2];
+    CHECK(!socketpair(AF_UNIX, SOCK_STREAM, 0, sv));
+    bound_waits(sv[0]);
+    hs_end g2;
+    memset(&g2, 0, sizeof g2);
+    proto_conn_init(&g2.c, sv[0]);
+    g2.k = &key_a;
+    g2.side = AUTH_SIDE_GATEWAY;
+    CHECK(proto_send(sv[1], rec.p, rec.n) == PROTO_OK);
+    hs_thread(&g2);
+    CHECKF(g2.st == AUTH_ERR_REFUSED && !g2.c.sealed, "%d: %s", g2.st, g2.why);
+    hs_close(&g2);
+    close(sv[1]);
+    proto_buf_free(&rec);
+}
+
+/* Frame bytes for m with the tag the sender's next sequence number gives (taken from its state). */
+static void tagged_frame(hs_end *from, const proto_msg *m, proto_buf *out)
+{
+    proto_buf_init(out);
+    CHECK(proto_encode(out, m) == PROTO_OK);
+    uint8_t tag[AUTH_TAG_SIZE];
+    CHECK(auth_dir_tag(&from->c.tx, out->p, PROTO_HDR_SIZE, out->p + PROTO_HDR_SIZE, out->n - PROTO_HDR_SIZE, tag));
+    proto_put_bytes(out, tag, sizeof tag);
+}
+
+/* After the handshake, a frame altered on the wire, a frame sent twice, frames out of order and a
+ * frame sent back the way it came are all refused (PROTO_ERR_AUTH) before they are decoded. */
+TEST(test_frames_tampered_replayed)
+{
+    proto_msg m, o;
+    proto_buf f1, f2;
+    for (int c = 0; c < 4; c++) {
+        hs_end g, w;
+        hs_pair(&g, &key_a, &w, &key_a);
+        CHECK(g.st == AUTH_OK && w.st == AUTH_OK);
+        cancel_msg(&m, 41);
+        tagged_frame(&g, &m, &f1);
+        cancel_msg(&m, 42);
+        tagged_frame(&g, &m, &f2);
+        switch (c) {
+        case 0:   /* altered: the request id */
+            f1.p[12] ^= 1;
+            CHECK(proto_send(g.c.fd, f1.p, f1.n) == PROTO_OK);
+            CHECK(proto_recv(&w.c, &o) == PROTO_ERR_AUTH);
+            break;
+        case 1:   /* the same frame twice */
+            CHECK(proto_send(g.c.fd, f1.p, f1.n) == PROTO_OK);
+            CHECK(proto_recv(&w.c, &o) == PROTO_OK && o.hdr.req_id == 41);
+            CHECK(proto_send(g.c.fd, f1.p, f1.n) == PROTO_OK);
+            CHECK(proto_recv(&w.c, &o) == PROTO_ERR_AUTH);
+            break;
+        case 2:   /* the second before the first */
+            CHECK(proto_send(g.c.fd, f2.p, f2.n) == PROTO_OK);
+            CHECK(proto_recv(&w.c, &o) == PROTO_ERR_AUTH);
+            break;
+        case 3: { /* a frame the worker sent, reflected back to it */
+            cancel_msg(&m, 43);
+            proto_buf f3;
+            tagged_frame(&w, &m, &f3);
+            CHECK(proto_send(g.c.fd, f3.p, f3.n) == PROTO_OK);
+            CHECK(proto_recv(&w.c, &o) == PROTO_ERR_AUTH);
+            proto_buf_free(&f3);
+            break;
+        }
+        }
+        proto_buf_free(&f1);
+        proto_buf_free(&f2);
+        hs_close(&g);
+        hs_close(&w);
+    }
+}
+
+/* Key files: a private regular file is read (trailing whitespace stripped, so a key written
+ * with echo and one copied without the newline agree); one readable by other users, a
+ * directory, an empty file and a missing one are refused with a message naming the file. With
+ * no file named, a key is generated once under $XDG_CACHE_HOME (mode 0600) and read back the
+ * same by the next process. */
+TEST(test_key_files)
+{
+    char dir[] = "/tmp/tm-keys-XXXXXX", path[300], err[512];
+    CHECK(mkdtemp(dir) != NULL);
+    auth_key k, k2;
+    snprintf(path, sizeof path, "%s/key", dir);
+    FILE *f = fopen(path, "w");
+    fputs("s3cret-key-with-some-length\n\n", f);
+    fclose(f);
+    chmod(path, 0600);
+    CHECK(auth_key_load(path, &k, err, sizeof err) == AUTH_OK && k.n == 27 && !memcmp(k.secret, "s3cret-key-with-some-length", 27));
+    chmod(path, 0644);
+    CHECK(auth_key_load(path, &k, err, sizeof err) == AUTH_ERR_FILE && strstr(err, path) && strstr(err, "other users"));
+    chmod(path, 0602);
+    CHECK(auth_key_load(path, &k, err, sizeof err) == AUTH_ERR_FILE);
+    chmod(path, 0640);   /* a group (the service's) may read it */
+    CHECK(auth_key_load(path, &k, err, sizeof err) == AUTH_OK);
+    f = fopen(path, "w");
+    fputs(" \n", f);
+    fclose(f);
+    chmod(path, 0600);
+    CHECK(auth_key_load(path, &k, err, sizeof err) == AUTH_ERR_FILE && strstr(err, "empty"));
+    CHECK(auth_key_load(dir, &k, err, sizeof err) == AUTH_ERR_FILE && strstr(err, "not a regular file"));
+    snprintf(path, sizeof path, "%s/missing", dir);
+    CHECK(auth_key_load(path, &k, err, sizeof err) == AUTH_ERR_FILE && strstr(err, path));
+    /* the generated default */
+    char *old = getenv("XDG_CACHE_HOME") ? strdup(getenv("XDG_CACHE_HOME")) : NULL;
+    snprintf(path, sizeof path, "%s/cache", dir);
+    setenv("XDG_CACHE_HOME", path, 1);
+    char used[4096], used2[4096];
+    CHECKF(auth_key_default(&k, used, sizeof used, err, sizeof err) == AUTH_OK, "%s", err);
+    CHECK(strstr(used, "/cache/tokenmill/cluster.key") != NULL && k.n == 64);
+    struct stat sb;
+    CHECK(!stat(used, &sb) && (sb.st_mode & 0777) == 0600);
+    CHECK(auth_key_default(&k2, used2, sizeof used2, err, sizeof err) == AUTH_OK);
+    CHECK(!strcmp(used, used2) && k2.n == k.n && !memcmp(k.secret, k2.secret, k.n));
+    if (old) setenv("XDG_CACHE_HOME", old, 1);
+    else unsetenv("XDG_CACHE_HOME");
+    free(old);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd)) {}
 }
 
 int main(void)
@@ -638,5 +987,11 @@ int main(void)
     RUN(test_fuzz);
     RUN(test_socketpair);
     RUN(test_listen_connect);
+    RUN(test_handshake_ok);
+    RUN(test_handshake_wrong_key);
+    RUN(test_handshake_no_key);
+    RUN(test_handshake_replayed);
+    RUN(test_frames_tampered_replayed);
+    RUN(test_key_files);
     HARNESS_END();
 }

@@ -8,12 +8,15 @@
  * tokens already streamed, no KV) continues exactly; a malformed frame closes only that
  * connection (ERROR MALFORMED first); a reasoning budget (flag THINK) forces the think end on
  * the same token split, or resumed before / at / after it, as in one scheduler; CANCEL ends a
- * decode with FINISH cancelled; drain refuses new jobs. Steps stay under 64 tokens (step_tokens
+ * decode with FINISH cancelled; drain refuses new jobs; a peer that does not prove the cluster
+ * key (no handshake, a wrong key) is closed without a HELLO or any job run. Steps stay under 64 tokens (step_tokens
  * 48), see test_sched.c for why.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -31,6 +34,7 @@ static char g_spec[300];
 static model *g_model;
 /* reasoning budget of the requests the helpers below build (think_budget 0: none) */
 static struct { int budget; int32_t start, end; bool open; } g_think;
+static const auth_key g_key = { .secret = "test cluster key 0123456789", .n = 27 };
 
 typedef struct {
     engine *e;
@@ -61,7 +65,7 @@ static node node_new(int role)
     CHECK(sched_new(v.e, &o, &v.s) == SCHED_OK);
     if (role) {
         worker_opts wo = { .role = role, .listen = "127.0.0.1:0", .name = "t", .heartbeat_ms = 50,
-                           .max_seqs = 4, .n_ctx = 1024 };
+                           .max_seqs = 4, .n_ctx = 1024, .key = &g_key };
         v.w = worker_new(&wo, v.e, v.s, v.st, v.bio);
         CHECK(v.w != NULL);
         if (v.w) snprintf(v.addr, sizeof v.addr, "127.0.0.1:%d", worker_port(v.w));
@@ -109,20 +113,34 @@ static int reference(node *v, const int32_t *prompt, int n, int n_gen, float tem
     return k;
 }
 
-/* The "gateway" side of a connection: connects, exchanges HELLO. */
+/* The frame state of each test connection, by descriptor. */
+static proto_conn g_conns[4096];
+static proto_conn *PC(int fd) { return &g_conns[fd >= 0 && fd < 4096 ? fd : 0]; }
+
+static void gw_close(int fd)
+{
+    proto_conn_free(PC(fd));
+    close(fd);
+}
+
+/* The "gateway" side of a connection: connects, proves the key (and checks the worker's
+ * proof), exchanges HELLO. */
 static int gw_connect(const node *v)
 {
     int fd = proto_connect(v->addr, 2000);
     CHECK(fd >= 0);
     if (fd < 0) return -1;
+    proto_conn_init(PC(fd), fd);
+    char why[160];
+    CHECKF(auth_handshake(PC(fd), &g_key, AUTH_SIDE_GATEWAY, why, sizeof why) == AUTH_OK, "%s", why);
     proto_msg m;
-    CHECK(proto_recv(fd, &m) == PROTO_OK && m.hdr.type == PROTO_HELLO);
+    CHECK(proto_recv(PC(fd), &m) == PROTO_OK && m.hdr.type == PROTO_HELLO);
     CHECK(!memcmp(m.u.hello.model_fp, g_model->fingerprint, 32));
     proto_msg_free(&m);
     memset(&m, 0, sizeof m);
     m.hdr.type = PROTO_HELLO;
     m.u.hello.role = PROTO_ROLE_GATEWAY;
-    CHECK(proto_send_msg(fd, &m) == PROTO_OK);
+    CHECK(proto_send_msg(PC(fd), &m) == PROTO_OK);
     return fd;
 }
 
@@ -130,7 +148,7 @@ static int gw_connect(const node *v)
 static proto_status gw_recv(int fd, proto_msg *m)
 {
     for (;;) {
-        proto_status st = proto_recv(fd, m);
+        proto_status st = proto_recv(PC(fd), m);
         if (st != PROTO_OK || m->hdr.type != PROTO_HEARTBEAT) return st;
     }
 }
@@ -169,7 +187,7 @@ static int gw_decode(int fd, uint64_t id, const int32_t *prompt, int n, const in
     m.u.decode.n_gen = (uint32_t)n_gen;
     m.u.decode.n_sampled = (uint32_t)n_sampled;
     if (kv && kv->data) m.u.decode.kv = *kv;
-    CHECK(proto_send_msg(fd, &m) == PROTO_OK);
+    CHECK(proto_send_msg(PC(fd), &m) == PROTO_OK);
     int k = 0;
     *reason = 0;
     for (;;) {
@@ -209,7 +227,7 @@ static int split_run(int pf, int df, uint64_t id, const int32_t *prompt, int n, 
     m.u.prefill.params = test_params(n_gen, temp);
     m.u.prefill.prompt = (int32_t *)prompt;
     m.u.prefill.n_prompt = (uint32_t)n;
-    CHECK(proto_send_msg(pf, &m) == PROTO_OK);
+    CHECK(proto_send_msg(PC(pf), &m) == PROTO_OK);
     proto_msg h;
     if (gw_recv(pf, &h) != PROTO_OK) return -1;
     CHECKF(h.hdr.type == PROTO_HANDOFF && h.hdr.req_id == id, "got %s", proto_type_name(h.hdr.type));
@@ -264,8 +282,8 @@ TEST(test_split_equals_one_process)
     proto_handoff ho;
     CHECK(split_run(pf, df, 200, prompt, 300, 8, 0, got, &ho) == 8);
     CHECK(ho.n_cached == 256);
-    close(pf);
-    close(df);
+    gw_close(pf);
+    gw_close(df);
     node_free(&ref);
     node_free(&P);
     node_free(&D);
@@ -288,8 +306,8 @@ TEST(test_resume_and_mixed)
     CHECK(k == 23 && reason == PROTO_FINISH_LENGTH);
     CHECK(!memcmp(want + 17, got, 23 * sizeof got[0]));
     /* a prefill-role worker refuses DECODE jobs */
-    close(mf);
-    close(df);
+    gw_close(mf);
+    gw_close(df);
     node_free(&ref);
     node_free(&M);
     node_free(&D);
@@ -352,8 +370,8 @@ TEST(test_think_budget_split_and_resume)
     memset(&g_think, 0, sizeof g_think);
     CHECK(gw_decode(df, 402, prompt, N, free_run, 2, 0, NULL, G, 0, PROTO_F_RESUME, got, &reason) == G - 2);
     CHECK(reason == PROTO_FINISH_LENGTH && !memcmp(free_run + 2, got, (G - 2) * sizeof got[0]));
-    close(pf);
-    close(df);
+    gw_close(pf);
+    gw_close(df);
     node_free(&ref);
     node_free(&P);
     node_free(&D);
@@ -372,7 +390,7 @@ TEST(test_malformed_closes_only_that_connection)
     CHECK(st == PROTO_OK && m.hdr.type == PROTO_ERROR && m.hdr.req_id == 0 && m.u.error.code == PROTO_E_MALFORMED);
     proto_msg_free(&m);
     CHECK(gw_recv(bad, &m) != PROTO_OK);   /* closed */
-    close(bad);
+    gw_close(bad);
     /* an oversized one, and a payload that does not decode */
     bad = gw_connect(&D);
     proto_buf b;
@@ -384,12 +402,12 @@ TEST(test_malformed_closes_only_that_connection)
     proto_put_u64(&b, 1);
     proto_put_u32(&b, 7);
     proto_put_bytes(&b, "garbage", 7);
-    CHECK(proto_send(bad, b.p, b.n) == PROTO_OK);
+    CHECK(proto_send_frame(PC(bad), b.p, b.n) == PROTO_OK);   /* tagged right, undecodable */
     st = gw_recv(bad, &m);
     CHECK(st == PROTO_OK && m.hdr.type == PROTO_ERROR && m.u.error.code == PROTO_E_MALFORMED);
     proto_msg_free(&m);
     CHECK(gw_recv(bad, &m) != PROTO_OK);
-    close(bad);
+    gw_close(bad);
     proto_buf_free(&b);
     /* the good connection still works: a resume from scratch */
     int32_t prompt[50], gen[1] = { 3 }, got[16];
@@ -404,7 +422,7 @@ TEST(test_malformed_closes_only_that_connection)
     m.u.prefill.params = test_params(4, 0);
     m.u.prefill.prompt = prompt;
     m.u.prefill.n_prompt = 50;
-    CHECK(proto_send_msg(good, &m) == PROTO_OK);
+    CHECK(proto_send_msg(PC(good), &m) == PROTO_OK);
     CHECK(gw_recv(good, &m) == PROTO_OK && m.hdr.type == PROTO_ERROR && m.hdr.req_id == 6 &&
           m.u.error.code == PROTO_E_ROLE);
     proto_msg_free(&m);
@@ -417,11 +435,11 @@ TEST(test_malformed_closes_only_that_connection)
     m.u.decode.n_prompt = 50;
     m.u.decode.gen = gen;
     m.u.decode.n_gen = 1;
-    CHECK(proto_send_msg(good, &m) == PROTO_OK);
+    CHECK(proto_send_msg(PC(good), &m) == PROTO_OK);
     memset(&m, 0, sizeof m);
     m.hdr.type = PROTO_CANCEL;
     m.hdr.req_id = 7;
-    CHECK(proto_send_msg(good, &m) == PROTO_OK);
+    CHECK(proto_send_msg(PC(good), &m) == PROTO_OK);
     int reason2 = 0;
     for (;;) {
         if (gw_recv(good, &m) != PROTO_OK) break;
@@ -449,8 +467,76 @@ TEST(test_malformed_closes_only_that_connection)
     CHECK(saw_drain && saw_done && worker_drained(D.w));
     CHECK(gw_decode(good, 8, prompt, 50, gen, 1, 0, NULL, 6, 0, PROTO_F_RESUME, got, &reason) == 0);
     CHECK(reason == -PROTO_E_DRAINING);
-    close(good);
+    gw_close(good);
     node_free(&D);
+}
+
+/* Reads what the worker sends on an unauthenticated connection until it closes: true when it
+ * closed without ever sending a HELLO or a job's frame (HANDOFF, TOKENS, FINISH). */
+static bool closed_without_service(proto_conn *c)
+{
+    for (int i = 0; i < 100; i++) {
+        proto_msg m;
+        proto_status st = proto_recv(c, &m);
+        if (st != PROTO_OK) return st == PROTO_ERR_CLOSED || st == PROTO_ERR_IO;
+        int t = m.hdr.type;
+        proto_msg_free(&m);
+        if (t == PROTO_HELLO || t == PROTO_HANDOFF || t == PROTO_TOKENS || t == PROTO_FINISH) return false;
+    }
+    return false;
+}
+
+/* A "gateway" that does not prove the cluster key gets nothing: with no handshake (HELLO and a
+ * PREFILL straight away, as a replayed recording of an old session would send) the worker sends
+ * its CHALLENGE and closes; with a wrong key the handshake is refused both ways (ERROR AUTH).
+ * The worker keeps serving a gateway with the key. */
+TEST(test_refuses_peer_without_key)
+{
+    node M = node_new(PROTO_ROLE_MIXED);
+    struct timeval tv = { 30, 0 };   /* a bound on every wait, never a speed */
+    int32_t prompt[40];
+    make_prompt(prompt, 40, 4);
+    /* no handshake */
+    int fd = proto_connect(M.addr, 2000);
+    CHECK(fd >= 0);
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    proto_conn c;
+    proto_conn_init(&c, fd);
+    proto_msg m;
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_HELLO;
+    m.u.hello.role = PROTO_ROLE_GATEWAY;
+    CHECK(proto_send_msg(&c, &m) == PROTO_OK);
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_PREFILL;
+    m.hdr.req_id = 1;
+    m.u.prefill.params = test_params(4, 0);
+    m.u.prefill.prompt = prompt;
+    m.u.prefill.n_prompt = 40;
+    CHECK(proto_send_msg(&c, &m) == PROTO_OK);
+    CHECK(proto_recv(&c, &m) == PROTO_OK && m.hdr.type == PROTO_CHALLENGE);   /* its first frame */
+    CHECK(closed_without_service(&c));
+    close(fd);
+    /* a wrong key */
+    fd = proto_connect(M.addr, 2000);
+    CHECK(fd >= 0);
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    proto_conn_init(&c, fd);
+    auth_key wrong = { .secret = "test cluster key 0123456780", .n = 27 };
+    char why[160];
+    CHECK(auth_handshake(&c, &wrong, AUTH_SIDE_GATEWAY, why, sizeof why) == AUTH_ERR_REFUSED);
+    CHECK(!c.sealed);
+    CHECK(closed_without_service(&c));
+    proto_conn_free(&c);
+    close(fd);
+    /* the key */
+    int good = gw_connect(&M);
+    int32_t gen[1] = { 3 }, got[16];
+    int reason;
+    CHECK(gw_decode(good, 5, prompt, 40, gen, 1, 0, NULL, 6, 0, PROTO_F_RESUME, got, &reason) == 5);
+    CHECK(reason == PROTO_FINISH_LENGTH);
+    gw_close(good);
+    node_free(&M);
 }
 
 int main(void)
@@ -467,6 +553,7 @@ int main(void)
     RUN(test_resume_and_mixed);
     RUN(test_think_budget_split_and_resume);
     RUN(test_malformed_closes_only_that_connection);
+    RUN(test_refuses_peer_without_key);
     model_free(g_model);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
