@@ -1341,9 +1341,12 @@ static json_t *gw_workers_json(gateway *g)
     return a;
 }
 
+/* The admin routes are behind the API keys, like the generating ones: they show the cluster's
+ * layout and one of them drains workers. */
 static void gw_route_workers(http_request *r, void *user)
 {
     gateway *g = user;
+    if (!api_openai_auth(r)) return;
     pthread_mutex_lock(&g->mu);
     json_t *v = json_pack("{s:o, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:s}", "workers", gw_workers_json(g), "requests",
                           (json_int_t)g->n_requests, "resumes", (json_int_t)g->n_resumes, "reprefills",
@@ -1358,9 +1361,22 @@ static void gw_route_workers(http_request *r, void *user)
 static void gw_route_drain(http_request *r, void *user)
 {
     gateway *g = user;
+    if (!api_openai_auth(r)) return;
     const char *who = http_request_query(r, "worker");
     const char *dl = http_request_query(r, "deadline_ms");
-    uint32_t deadline = dl ? (uint32_t)strtoul(dl, NULL, 10) : g->o.drain_deadline_ms;
+    uint32_t deadline = g->o.drain_deadline_ms;
+    if (dl) {
+        char *end = NULL;
+        errno = 0;
+        unsigned long v = *dl >= '0' && *dl <= '9' ? strtoul(dl, &end, 10) : 0;
+        if (!end || *end || errno || v > 86400000UL) {
+            api_openai_error(r, 400, "invalid_request_error",
+                             "Query parameter 'deadline_ms' must be a whole number of milliseconds in 0..86400000.",
+                             "deadline_ms", NULL);
+            return;
+        }
+        deadline = (uint32_t)v;
+    }
     if (!who || !*who) {
         api_openai_error(r, 400, "invalid_request_error", "Missing query parameter 'worker'.", "worker", NULL);
         return;
@@ -1400,6 +1416,7 @@ static json_t *gw_capacity_json(const char *role, const bal_capacity_in *in)
 static void gw_route_capacity(http_request *r, void *user)
 {
     gateway *g = user;
+    if (!api_openai_auth(r)) return;
     pthread_mutex_lock(&g->mu);
     int n_pre = 0, n_dec = 0, running = 0;
     double seqs = 0, tps = 0;

@@ -359,7 +359,7 @@ test("API keys: a wrong key is invalid, a missing one missing; /metrics needs th
   assert.match(await mp.text(), /tokenmill_requests_total/);
 });
 
-test("gateway: /metrics needs the key unless --metrics-public; the connection options are accepted", { timeout: 60000 }, async () => {
+test("gateway: /metrics and /admin/* need the key (/metrics unless --metrics-public); the connection options are accepted", { timeout: 60000 }, async () => {
   const gws = [];
   const start = async (extra) => {
     const p = spawn(bin, ["gateway", "-m", stories, "--listen", "127.0.0.1:0", "--cache", "off", "--api-key", "k",
@@ -383,6 +383,19 @@ test("gateway: /metrics needs the key unless --metrics-public; the connection op
     assert.equal((await fetch(`${g}/metrics`)).status, 401);
     assert.equal((await fetch(`${g}/metrics`, { headers: { "x-api-key": "k" } })).status, 200);
     assert.equal((await fetch(`${g}/health`)).status, 200);
+    for (const [method, path] of [["GET", "/admin/workers"], ["GET", "/admin/capacity"], ["POST", "/admin/drain?worker=x"]]) {
+      const no = await fetch(g + path, { method });
+      assert.equal(no.status, 401, `${method} ${path} without the key`);
+      assert.notEqual((await no.json()).error.code, "invalid_api_key", "a missing key is not reported as a wrong one");
+      const bad = await fetch(g + path, { method, headers: { authorization: "Bearer wrong" } });
+      assert.equal(bad.status, 401, `${method} ${path} with a wrong key`);
+      assert.equal((await bad.json()).error.code, "invalid_api_key");
+    }
+    assert.equal((await fetch(`${g}/admin/workers`, { headers: { "x-api-key": "k" } })).status, 200);
+    assert.equal((await fetch(`${g}/admin/capacity`, { headers: { "x-api-key": "k" } })).status, 200);
+    const dl = await fetch(`${g}/admin/drain?worker=x&deadline_ms=soon`, { method: "POST", headers: { "x-api-key": "k" } });
+    assert.equal(dl.status, 400);
+    assert.equal((await dl.json()).error.param, "deadline_ms");
     const gp = await start(["--metrics-public"]);
     assert.equal((await fetch(`${gp}/metrics`)).status, 200);
   } finally {
