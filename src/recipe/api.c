@@ -464,6 +464,28 @@ void api_error_json(api_kind kind, const api_error *e, jsonfmt_buf *out)
 bool api_json_load(api_kind kind, const char *body, size_t len, json_t **root, api_error *e)
 {
     *root = NULL;
+    /* Measured before anything recursive reads it (see jsonfmt_scan): past here no reader
+     * meets more than JSONFMT_MAX_DEPTH levels, whatever field the nesting sits in. */
+    int depth = 0;
+    jsonfmt_scan_status sc = jsonfmt_scan(body, len, JSONFMT_MAX_DEPTH, JSONFMT_MAX_VALUES, &depth, NULL);
+    if (sc == JSONFMT_SCAN_TOO_DEEP) {
+        if (kind == API_KIND_MESSAGES)
+            api_error_set(e, 400, NULL, NULL, "There was an error parsing the body: JSON nested more than %d levels deep "
+                          "(the limit is %d)", JSONFMT_MAX_DEPTH, JSONFMT_MAX_DEPTH);
+        else
+            api_error_set(e, 400, NULL, "json_too_deep", "The JSON body of your request nests arrays and objects more than "
+                          "%d levels deep; the limit is %d.", JSONFMT_MAX_DEPTH, JSONFMT_MAX_DEPTH);
+        return false;
+    }
+    if (sc == JSONFMT_SCAN_TOO_MANY) {
+        if (kind == API_KIND_MESSAGES)
+            api_error_set(e, 400, NULL, NULL, "There was an error parsing the body: more than %u JSON values (the limit "
+                          "is %u)", JSONFMT_MAX_VALUES, JSONFMT_MAX_VALUES);
+        else
+            api_error_set(e, 400, NULL, "json_too_large", "The JSON body of your request has more than %u values; the "
+                          "limit is %u.", JSONFMT_MAX_VALUES, JSONFMT_MAX_VALUES);
+        return false;
+    }
     if (!api_utf8_valid(body, len)) {
         api_error_set(e, 400, NULL, "invalid_utf8", "The request body is not valid UTF-8.");
         return false;
@@ -1372,7 +1394,7 @@ static void api_job_done(void *ctx, bool client_gone)
     api_job_free(ctx); /* releases, and so cancels, what still runs: its KV blocks are freed */
 }
 
-static void api_respond_error(http_request *r, api_kind kind, const api_error *e)
+void api_respond_error(http_request *r, api_kind kind, const api_error *e)
 {
     jsonfmt_buf b = {0};
     api_error_json(kind, e, &b);

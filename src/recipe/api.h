@@ -156,6 +156,7 @@ typedef enum {
     API_KIND_CHAT = 0,        /* POST /v1/chat/completions */
     API_KIND_RESPONSES,       /* POST /v1/responses */
     API_KIND_MESSAGES,        /* POST /v1/messages (and count_tokens) */
+    API_KIND_COMPLETIONS,     /* POST /v1/completions (OpenAI's shapes, a raw prompt) */
 } api_kind;
 
 typedef enum {
@@ -180,6 +181,8 @@ void api_error_set(api_error *e, int status, const char *param, const char *code
  * not_found_error, 413 request_too_large, 429 rate_limit_error, 500 api_error, 529
  * overloaded_error). */
 void api_error_json(api_kind kind, const api_error *e, jsonfmt_buf *out);
+/* Responds with e's status and body in kind's vendor shape. */
+void api_respond_error(http_request *r, api_kind kind, const api_error *e);
 
 /* Server facts the parsers check against. */
 typedef struct {

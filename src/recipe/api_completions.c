@@ -15,6 +15,7 @@
  * usage chunk when stream_options.include_usage, then "data: [DONE]".
  */
 #include "recipe/api.h"
+#include "recipe/api_int.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -400,22 +401,15 @@ static void compl_handle(http_request *r, void *user)
     if (!api_openai_auth(r)) return;
     size_t blen;
     const char *bz = http_request_body(r, &blen);
-    json_error_t jerr;
-    json_t *body = json_loadb(bz, blen, 0, &jerr);
-    if (!body) {
-        char msg[300];
-        snprintf(msg, sizeof msg, "We could not parse the JSON body of your request: %s (line %d, column %d)",
-                 jerr.text, jerr.line, jerr.column);
-        api_openai_error(r, 400, "invalid_request_error", msg, NULL, NULL);
+    json_t *body;
+    api_error le;
+    if (!api_json_load(API_KIND_COMPLETIONS, bz, blen, &body, &le)) {
+        api_respond_error(r, API_KIND_COMPLETIONS, &le);
         return;
     }
     compl_job *j = xcalloc(1, sizeof *j);
     j->c = c;
     j->logprobs = -1;
-    if (!json_is_object(body)) {
-        compl_bad(r, NULL, "the request body must be a JSON object");
-        goto out;
-    }
     const char *key;
     json_t *val;
     json_object_foreach(body, key, val) {

@@ -386,6 +386,40 @@ jsonfmt_prefix_status jsonfmt_prefix(jsonfmt_buf *out, const char *src, size_t l
     return r.eof ? JSONFMT_PREFIX_MORE : JSONFMT_PREFIX_BAD;
 }
 
+jsonfmt_scan_status jsonfmt_scan(const char *src, size_t len, int max_depth, size_t max_values, int *depth,
+                                 size_t *n_values)
+{
+    int d = 0, deepest = 0;
+    size_t n = len ? 1 : 0;
+    jsonfmt_scan_status st = JSONFMT_SCAN_OK;
+    for (size_t i = 0; i < len && st == JSONFMT_SCAN_OK; i++) {
+        switch (src[i]) {
+        case '"':  /* skip the string: its brackets and commas are text */
+            for (i++; i < len && src[i] != '"'; i++)
+                if (src[i] == '\\') i++;
+            break;
+        case '[':
+        case '{':
+            if (++d > deepest) deepest = d;
+            if (d > max_depth) st = JSONFMT_SCAN_TOO_DEEP;
+            else if (++n > max_values) st = JSONFMT_SCAN_TOO_MANY;
+            break;
+        case ']':
+        case '}':
+            if (d > 0) d--;
+            break;
+        case ',':
+        case ':':
+            if (++n > max_values) st = JSONFMT_SCAN_TOO_MANY;
+            break;
+        default: break;
+        }
+    }
+    if (depth) *depth = deepest;
+    if (n_values) *n_values = n;
+    return st;
+}
+
 bool jsonfmt_valid(const char *src, size_t len)
 {
     jsonfmt_rd r = { .s = src, .n = len };

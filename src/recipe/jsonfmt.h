@@ -10,6 +10,12 @@
  *
  * The reader is a recursive descent over the bytes, depth-limited (JSONFMT_MAX_DEPTH), with
  * no allocation besides the output buffer. Key order and duplicate keys are kept as written.
+ *
+ * Bounds: JSON from outside (request bodies) is measured by jsonfmt_scan, a loop with no
+ * recursion, before any recursive reader (jansson, this one, the template renderer) sees it.
+ * Its depth limit is the reader's own, so a value accepted at the door is never too deep for
+ * anything downstream, and the recursion of every reader stays far inside an HTTP thread's
+ * small stack.
  */
 #ifndef TM_JSONFMT_H
 #define TM_JSONFMT_H
@@ -17,7 +23,14 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+/* Nesting levels of arrays and objects (the outermost container is level 1). Tool schemas
+ * written by people and by generators stay far below this; OpenAI and vLLM accept deep ones,
+ * so the bound is generous. */
 #define JSONFMT_MAX_DEPTH 128
+/* Values (scalars and containers, object keys included) in one request body. A parsed value
+ * costs jansson some 50 bytes, so this bounds the memory a body can make the parser use
+ * (a 8 MiB body of "[0,0,..." would otherwise be four million values). */
+#define JSONFMT_MAX_VALUES (1u << 20)
 
 /* A growable byte string, always NUL-terminated once anything was appended. */
 typedef struct {
@@ -58,6 +71,19 @@ typedef enum {
  * of one text extend one another, and at DONE out holds exactly jsonfmt_write's output for
  * the value. Text after the value is not looked at. */
 jsonfmt_prefix_status jsonfmt_prefix(jsonfmt_buf *out, const char *src, size_t len, size_t *used);
+
+typedef enum {
+    JSONFMT_SCAN_OK = 0,      /* within both limits (the text may still be invalid JSON) */
+    JSONFMT_SCAN_TOO_DEEP,    /* arrays/objects nest deeper than max_depth */
+    JSONFMT_SCAN_TOO_MANY,    /* more than max_values values */
+} jsonfmt_scan_status;
+
+/* Measures the text src[0..len) without recursion and without judging its syntax: the
+ * deepest nesting of [ and { outside strings, and the number of values (containers, scalars
+ * and keys: every [ { , : plus one). Stops at the first limit passed. *depth and *n_values
+ * (either may be NULL) get the figures up to where the scan stopped. */
+jsonfmt_scan_status jsonfmt_scan(const char *src, size_t len, int max_depth, size_t max_values, int *depth,
+                                 size_t *n_values);
 
 /* True when src[0..len) is exactly one valid JSON value. */
 bool jsonfmt_valid(const char *src, size_t len);

@@ -900,6 +900,108 @@ TEST(messages_output)
     api_req_free(&r);
 }
 
+/* ---------------------------------------------------------------- bounded input */
+
+/* body_tpl with its one %s replaced by arrays nested so that the whole body nests `depth`
+ * levels (the template's own brackets before %s count; its strings hold none). */
+static char *nested_body(const char *tpl, int depth)
+{
+    const char *at = strstr(tpl, "%s");
+    int open = 0;
+    for (const char *q = tpl; q < at; q++) open += (*q == '[' || *q == '{') - (*q == ']' || *q == '}');
+    int k = depth - open;
+    size_t n = strlen(tpl) + 2 * (size_t)k + 8;
+    char *b = xmalloc(n), *w = b;
+    w += snprintf(w, n, "%.*s", (int)(at - tpl), tpl);
+    for (int i = 0; i < k; i++) *w++ = '[';
+    for (int i = 0; i < k; i++) *w++ = ']';
+    snprintf(w, n - (size_t)(w - b), "%s", at + 2);
+    return b;
+}
+
+TEST(jsonfmt_scan_bounds)
+{
+    int d;
+    size_t n;
+    CHECK(jsonfmt_scan("{\"a\":[1,2,{\"b\":null}]}", 22, 3, 100, &d, &n) == JSONFMT_SCAN_OK && d == 3 && n == 8);
+    CHECK(jsonfmt_scan("{\"a\":[1,2,{\"b\":null}]}", 22, 2, 100, &d, NULL) == JSONFMT_SCAN_TOO_DEEP);
+    CHECK(jsonfmt_scan("[1,2,3,4]", 9, 8, 4, NULL, &n) == JSONFMT_SCAN_TOO_MANY);
+    /* brackets, commas and escaped quotes inside strings are text */
+    CHECK(jsonfmt_scan("[\"[[[\\\"{{,,\"]", 13, 1, 2, &d, &n) == JSONFMT_SCAN_OK && d == 1 && n == 2);
+    /* a million opening brackets: measured without recursion */
+    size_t big = 1000000;
+    char *s = xmalloc(big);
+    memset(s, '[', big);
+    CHECK(jsonfmt_scan(s, big, JSONFMT_MAX_DEPTH, JSONFMT_MAX_VALUES, &d, NULL) == JSONFMT_SCAN_TOO_DEEP &&
+          d == JSONFMT_MAX_DEPTH + 1);
+    free(s);
+}
+
+TEST(nesting_limit_every_field)
+{
+    /* Every field that holds JSON of the client's shape, in every API: at the limit the depth
+     * is not what a rejection is about (most are accepted), one level past it is refused with
+     * a message that names the limit. */
+    static const struct { api_kind kind; const char *tpl; bool must_accept; } cases[] = {
+        {API_KIND_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\",\"function\":"
+                        "{\"name\":\"f\",\"parameters\":{\"type\":\"object\",\"x\":%s}}}]}", true},
+        {API_KIND_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"tool_calls\":[{\"id\":\"c\","
+                        "\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":{\"x\":%s}}}]}]}", true},
+        {API_KIND_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"functions\":[{\"name\":\"f\",\"parameters\":{\"x\":%s}}]}", true},
+        {API_KIND_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"metadata\":{\"x\":%s}}", false},
+        {API_KIND_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"text\",\"x\":%s}}", false},
+        {API_KIND_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":{\"type\":\"function\",\"x\":%s}}", false},
+        {API_KIND_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"chat_template_kwargs\":{\"x\":%s}}", false},
+        {API_KIND_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"x\",\"x\":%s}]}]}", false},
+        {API_KIND_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"user\":%s}", false},
+        {API_KIND_RESPONSES, "{\"input\":\"x\",\"metadata\":{\"x\":%s}}", false},
+        {API_KIND_RESPONSES, "{\"input\":\"x\",\"tools\":[{\"type\":\"function\",\"name\":\"f\",\"parameters\":{\"x\":%s}}]}", true},
+        {API_KIND_RESPONSES, "{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_text\",\"text\":\"x\",\"x\":%s}]}]}", false},
+        {API_KIND_RESPONSES, "{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"text\",\"x\":%s}}}", false},
+        {API_KIND_RESPONSES, "{\"input\":\"x\",\"reasoning\":{\"x\":%s}}", false},
+        {API_KIND_RESPONSES, "{\"input\":\"x\",\"include\":%s}", false},
+        {API_KIND_MESSAGES, "{\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"name\":\"f\","
+                            "\"input_schema\":{\"type\":\"object\",\"x\":%s}}]}", true},
+        {API_KIND_MESSAGES, "{\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\","
+                            "\"content\":[{\"type\":\"tool_use\",\"id\":\"t\",\"name\":\"f\",\"input\":{\"x\":%s}}]}]}", true},
+        {API_KIND_MESSAGES, "{\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"metadata\":{\"x\":%s}}", false},
+        {API_KIND_MESSAGES, "{\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"system\":[{\"type\":\"text\",\"text\":\"s\",\"x\":%s}]}", false},
+        {API_KIND_MESSAGES, "{\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"thinking\":{\"type\":\"disabled\",\"x\":%s}}", false},
+    };
+    for (size_t i = 0; i < TM_ARRAY_LEN(cases); i++) {
+        for (int depth = JSONFMT_MAX_DEPTH; depth <= JSONFMT_MAX_DEPTH + 1; depth++) {
+            char *body = nested_body(cases[i].tpl, depth);
+            api_req r;
+            api_error e;
+            api_status st = parse(cases[i].kind, body, &r, &e);
+            api_req_free(&r);
+            bool deep = st == API_ERR && strstr(e.message, "128") && strstr(e.message, "deep");
+            if (depth == JSONFMT_MAX_DEPTH)
+                CHECKF(!deep && (st == API_OK || !cases[i].must_accept), "case %zu at the limit: %s", i, e.message);
+            else
+                CHECKF(deep && e.status == 400, "case %zu past the limit: %s", i, st == API_OK ? "accepted" : e.message);
+            free(body);
+        }
+    }
+    /* count_tokens reads the same way */
+    char *body = nested_body("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"name\":\"f\",\"input_schema\":{\"x\":%s}}]}",
+                             JSONFMT_MAX_DEPTH + 1);
+    api_req r;
+    api_error e;
+    api_req_init(&r, API_KIND_MESSAGES);
+    CHECK(api_messages_count_parse(&cfg_plain, body, strlen(body), &r, &e) == API_ERR && strstr(e.message, "128"));
+    api_req_free(&r);
+    free(body);
+    /* too many values: a flat array of zeros past the count */
+    size_t nv = JSONFMT_MAX_VALUES + 2;
+    char *flat = xmalloc(2 * nv + 64), *w = flat;
+    w += sprintf(w, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"user\":[");
+    for (size_t k = 0; k < nv; k++) w += sprintf(w, k ? ",0" : "0");
+    sprintf(w, "]}");
+    REJECTS(API_KIND_CHAT, flat, 400, "values");
+    free(flat);
+}
+
 int main(void)
 {
     RUN(chat_parse_basic);
@@ -917,5 +1019,7 @@ int main(void)
     RUN(tool_arguments_stream_sse);
     RUN(store_bound);
     RUN(messages_output);
+    RUN(jsonfmt_scan_bounds);
+    RUN(nesting_limit_every_field);
     HARNESS_END();
 }
