@@ -27,6 +27,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "recipe/tokenizer.h"
+#include "recipe/unicode.h"
 #include "util/util.h"
 
 /* ------------------------------------------------------------------ serving helpers (api_completions.c too) */
@@ -212,38 +214,22 @@ json_t *api_json_text(const char *s, size_t n)
 {
     json_t *v = json_stringn(s, n);
     if (v) return v;
-    /* repair: copy valid sequences, U+FFFD for each bad byte */
     char *out = xmalloc(n * 3 + 1);
-    size_t o = 0;
-    const unsigned char *p = (const unsigned char *)s;
-    for (size_t i = 0; i < n;) {
-        unsigned c = p[i];
-        size_t k = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-        bool ok = k > 0 && i + k <= n && c != 0;
-        for (size_t j = 1; ok && j < k; j++) ok = (p[i + j] & 0xC0) == 0x80;
-        if (ok && k > 1) {
-            /* overlongs, surrogates, > U+10FFFF */
-            unsigned cp = k == 2 ? (c & 0x1F) : k == 3 ? (c & 0x0F) : (c & 0x07);
-            for (size_t j = 1; j < k; j++) cp = (cp << 6) | (p[i + j] & 0x3F);
-            ok = !((k == 2 && cp < 0x80) || (k == 3 && cp < 0x800) || (k == 4 && cp < 0x10000) ||
-                   (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF);
-        }
-        if (ok) {
-            memcpy(out + o, p + i, k);
-            o += k;
-            i += k;
-        } else if (c == 0) {
-            out[o++] = 0;  /* NUL is valid in JSON strings via json_stringn */
-            i++;
-        } else {
-            memcpy(out + o, "\xEF\xBF\xBD", 3);
-            o += 3;
-            i++;
-        }
-    }
-    v = json_stringn(out, o);
+    v = json_stringn(out, unicode_utf8_repair(s, n, out));
     free(out);
     return v ? v : json_string("");
+}
+
+void api_detok(tokenizer_stream *ts, int32_t token, jsonfmt_buf *scratch, jsonfmt_buf *out)
+{
+    scratch->len = 0;
+    size_t cap = tokenizer_max_piece(ts->tok) + 4;  /* always enough (tokenizer.h) */
+    jsonfmt_buf_reserve(scratch, cap);
+    size_t n = token < 0 ? tokenizer_stream_flush(ts, scratch->p, cap) : tokenizer_stream_push(ts, token, scratch->p, cap);
+    out->len = 0;
+    jsonfmt_buf_reserve(out, 3 * n);
+    out->len = unicode_utf8_repair(scratch->p, n, out->p);
+    out->p[out->len] = 0;
 }
 
 void api_sse_json(http_buf *b, json_t *v)
@@ -379,30 +365,6 @@ void api_sse_typed(jsonfmt_buf *b, const char *type, int seq, const char *fields
     jsonfmt_buf_free(&d);
 }
 
-bool api_utf8_valid(const char *s, size_t len)
-{
-    const unsigned char *p = (const unsigned char *)s, *end = p + len;
-    while (p < end) {
-        unsigned c = *p;
-        if (c < 0x80) { p++; continue; }
-        int n;
-        unsigned cp;
-        if (c >= 0xC2 && c <= 0xDF) { n = 1; cp = c & 0x1F; }
-        else if (c >= 0xE0 && c <= 0xEF) { n = 2; cp = c & 0x0F; }
-        else if (c >= 0xF0 && c <= 0xF4) { n = 3; cp = c & 0x07; }
-        else return false;
-        if (end - p <= n) return false;
-        for (int i = 1; i <= n; i++) {
-            if ((p[i] & 0xC0) != 0x80) return false;
-            cp = (cp << 6) | (p[i] & 0x3F);
-        }
-        if ((n == 2 && cp < 0x800) || (n == 3 && (cp < 0x10000 || cp > 0x10FFFF)) || (cp >= 0xD800 && cp <= 0xDFFF))
-            return false;
-        p += n + 1;
-    }
-    return true;
-}
-
 /* ------------------------------------------------------------------ errors */
 
 void api_error_set(api_error *e, int status, const char *param, const char *code, const char *fmt, ...)
@@ -486,7 +448,7 @@ bool api_json_load(api_kind kind, const char *body, size_t len, json_t **root, a
                           "limit is %u.", JSONFMT_MAX_VALUES, JSONFMT_MAX_VALUES);
         return false;
     }
-    if (!api_utf8_valid(body, len)) {
+    if (!unicode_utf8_valid(body, len)) {
         api_error_set(e, 400, NULL, "invalid_utf8", "The request body is not valid UTF-8.");
         return false;
     }
@@ -1089,13 +1051,13 @@ bool api_out_token(api_out *o, int i, int32_t token, const char *text, size_t le
         }
         api_lp_entry *en = &c->lps[c->n_lps++];
         memset(en, 0, sizeof *en);
-        size_t n = o->piece ? o->piece(o->piece_ud, lp->token, en->text, sizeof en->text - 1) : 0;
-        en->text[TM_MIN(n, sizeof en->text - 1)] = 0;
+        size_t n = o->piece ? o->piece(o->piece_ud, lp->token, en->text, sizeof en->text) : 0;
+        en->len = (uint8_t)TM_MIN(n, sizeof en->text);
         en->logprob = lp->logprob;
         en->n_top = TM_MIN(lp->n_top, o->req->top_logprobs);
         for (int k = 0; k < en->n_top; k++) {
-            n = o->piece ? o->piece(o->piece_ud, lp->top_token[k], en->top_text[k], 63) : 0;
-            en->top_text[k][TM_MIN(n, 63)] = 0;
+            n = o->piece ? o->piece(o->piece_ud, lp->top_token[k], en->top_text[k], sizeof en->top_text[k]) : 0;
+            en->top_len[k] = (uint8_t)TM_MIN(n, sizeof en->top_text[k]);
             en->top_logprob[k] = lp->top_logprob[k];
         }
     }
@@ -1266,7 +1228,8 @@ typedef struct {
     bool error;                         /* the engine failed a request */
     bool ended;                         /* the closing events / body were written */
     bool begun;                         /* streaming: the opening events were written */
-    char piece[1024];                   /* scratch: one token's text */
+    jsonfmt_buf raw;                    /* scratch: one token's bytes from the detokenizer */
+    jsonfmt_buf text;                   /* one token's text as the client gets it (api_detok) */
 } api_job;
 
 static void api_job_free(api_job *j)
@@ -1274,6 +1237,8 @@ static void api_job_free(api_job *j)
     for (int i = 0; i < j->n; i++)
         if (j->sreq[i]) api_be_release(j->c, j->sreq[i]);
     api_out_free(&j->out);
+    jsonfmt_buf_free(&j->raw);
+    jsonfmt_buf_free(&j->text);
     template_prompt_free(&j->prompt);
     api_req_free(&j->req);
     free(j);
@@ -1299,8 +1264,8 @@ static void api_job_apply(api_job *j, int i, const sched_output *so)
     }
     if (so->kind == SCHED_OUT_FINISH) {
         j->fin[i] = true;
-        size_t n = tokenizer_stream_flush(&j->ts[i], j->piece, sizeof j->piece);
-        if (n <= sizeof j->piece) api_out_text(o, i, j->piece, n);
+        api_detok(&j->ts[i], -1, &j->raw, &j->text);
+        api_out_text(o, i, j->text.p, j->text.len);
         if (so->finish == SCHED_FINISH_ERROR) j->error = true;
         if (i == 0)
             api_out_set_prompt(o, so->usage.prompt_tokens ? so->usage.prompt_tokens : (int)j->prompt.n_ids,
@@ -1312,12 +1277,7 @@ static void api_job_apply(api_job *j, int i, const sched_output *so)
         api_out_count_token(o, i);
         return;
     }
-    char *text = j->piece, *big = NULL;
-    size_t n = tokenizer_stream_push(&j->ts[i], so->token, text, sizeof j->piece);
-    if (n > sizeof j->piece) { /* a piece longer than the scratch: some vocabularies have them */
-        text = big = xmalloc(n);
-        n = tokenizer_stream_push(&j->ts[i], so->token, big, n);
-    }
+    api_detok(&j->ts[i], so->token, &j->raw, &j->text);
     api_logprob lp, *lpp = NULL;
     if (j->req.logprobs) {
         lp.token = so->token;
@@ -1329,8 +1289,7 @@ static void api_job_apply(api_job *j, int i, const sched_output *so)
         }
         lpp = &lp;
     }
-    bool stop = api_out_token(o, i, so->token, text, n, lpp);
-    free(big);
+    bool stop = api_out_token(o, i, so->token, j->text.p, j->text.len, lpp);
     if (stop && j->sreq[i]) api_be_cancel(j->c, j->sreq[i]);
 }
 

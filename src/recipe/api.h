@@ -147,6 +147,7 @@ const char *api_model_alias(const model *m, char *buf, size_t cap);
 #include "recipe/conv.h"
 #include "recipe/events.h"
 #include "recipe/jsonfmt.h"
+#include "recipe/tokenizer.h"
 
 #define API_MAX_STOP 16       /* stop sequences per request */
 #define API_MAX_N 16          /* choices per chat completion */
@@ -273,10 +274,13 @@ typedef struct {
 typedef size_t (*api_piece_fn)(void *ud, int32_t token, char *buf, size_t cap);
 
 typedef struct {
-    char text[64];            /* the token's text (cut at 63 bytes), NUL-terminated */
+    char text[64];            /* the token's raw bytes (cut at 64), maybe not UTF-8 on their own:
+                               * `bytes` gets them as they are, `token` repaired (U+FFFD) */
+    uint8_t len;              /* bytes of text */
     float logprob;
     int n_top;
-    char top_text[API_MAX_TOP_LOGPROBS][64];
+    char top_text[API_MAX_TOP_LOGPROBS][64]; /* as text, per alternative */
+    uint8_t top_len[API_MAX_TOP_LOGPROBS];
     float top_logprob[API_MAX_TOP_LOGPROBS];
 } api_lp_entry;
 
@@ -415,8 +419,13 @@ void api_sse(jsonfmt_buf *b, const char *name, const char *json, size_t len);
 /* Appends the SSE event "event: TYPE" with data {"type":TYPE[,"sequence_number":seq],FIELDS}
  * (fields: members without braces, may be empty; seq < 0: no sequence_number). */
 void api_sse_typed(jsonfmt_buf *b, const char *type, int seq, const char *fields, size_t flen);
-/* True when s[0..len) is valid UTF-8. */
-bool api_utf8_valid(const char *s, size_t len);
+/* The client's text of one generated token, or with token < 0 of the end of the output (what
+ * the detokenizer still holds): the detokenizer's ready bytes (an unfinished character waits
+ * for the token that completes it) with every byte sequence that can never be a character
+ * replaced by U+FFFD. Everything downstream (stop strings, the reasoning/answer/tool-call
+ * split, tool-call arguments, the JSON) sees this text. out is overwritten; scratch is the
+ * caller's reusable buffer for the raw bytes. */
+void api_detok(tokenizer_stream *ts, int32_t token, jsonfmt_buf *scratch, jsonfmt_buf *out);
 
 /* Per-API formatters used by api_out (api_chat.c, api_responses.c, api_messages.c): begin
  * (streaming only), on (each op of choice i; it is NULL for FINISH), end. They append to

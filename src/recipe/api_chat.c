@@ -481,13 +481,15 @@ static const char *api_chat_finish_name(events_finish_reason f)
     return f == EVENTS_FINISH_LENGTH ? "length" : f == EVENTS_FINISH_TOOL_CALLS ? "tool_calls" : "stop";
 }
 
-static void api_chat_lp_one(jsonfmt_buf *b, const char *text, float lp)
+/* `token` is the text (a piece that is not UTF-8 on its own, e.g. half a character, reads as
+ * U+FFFD), `bytes` the piece's raw bytes: joining the bytes of consecutive tokens gives the
+ * real text back, as OpenAI documents. */
+static void api_chat_lp_one(jsonfmt_buf *b, const char *text, size_t len, float lp)
 {
     jsonfmt_buf_puts(b, "{\"token\":");
-    api_buf_str(b, text);
+    api_buf_strn(b, text, len);
     api_buf_printf(b, ",\"logprob\":%.6g,\"bytes\":[", (double)lp);
-    for (const unsigned char *p = (const unsigned char *)text; *p; p++)
-        api_buf_printf(b, "%s%u", p == (const unsigned char *)text ? "" : ",", *p);
+    for (size_t k = 0; k < len; k++) api_buf_printf(b, "%s%u", k ? "," : "", (unsigned char)text[k]);
     jsonfmt_buf_putc(b, ']');
 }
 
@@ -498,11 +500,11 @@ static void api_chat_lps(jsonfmt_buf *b, const api_choice *c, int from, int to)
     for (int k = from; k < to; k++) {
         const api_lp_entry *en = &c->lps[k];
         if (k > from) jsonfmt_buf_putc(b, ',');
-        api_chat_lp_one(b, en->text, en->logprob);
+        api_chat_lp_one(b, en->text, en->len, en->logprob);
         jsonfmt_buf_puts(b, ",\"top_logprobs\":[");
         for (int t = 0; t < en->n_top; t++) {
             if (t) jsonfmt_buf_putc(b, ',');
-            api_chat_lp_one(b, en->top_text[t], en->top_logprob[t]);
+            api_chat_lp_one(b, en->top_text[t], en->top_len[t], en->top_logprob[t]);
             jsonfmt_buf_putc(b, '}');
         }
         jsonfmt_buf_puts(b, "]}");

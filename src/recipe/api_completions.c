@@ -59,7 +59,9 @@ typedef struct {
     bool done_sent;              /* [DONE] written */
     int n_prompt;
     int32_t *prompt;             /* (n_prompt) ids */
-    char piece[512];             /* scratch for one token's text */
+    char piece[512];             /* scratch for one token's text (log-probs) */
+    jsonfmt_buf raw;             /* scratch: one token's bytes from the detokenizer */
+    jsonfmt_buf tok_text;        /* one token's text as the client gets it (api_detok) */
 } compl_job;
 
 static void compl_job_free(compl_job *j)
@@ -75,6 +77,8 @@ static void compl_job_free(compl_job *j)
     }
     for (int i = 0; i < j->n_stops; i++) free(j->stops[i]);
     free(j->prompt);
+    jsonfmt_buf_free(&j->raw);
+    jsonfmt_buf_free(&j->tok_text);
     free(j);
 }
 
@@ -93,8 +97,8 @@ static void compl_apply(compl_job *j, compl_choice *ch, const sched_output *o)
         ch->finished = true;
         ch->usage = o->usage;
         if (!ch->stopped) {
-            size_t n = tokenizer_stream_flush(&ch->ts, j->piece, sizeof j->piece);
-            if (n <= sizeof j->piece) http_buf_append(&ch->text, j->piece, n);
+            api_detok(&ch->ts, -1, &j->raw, &j->tok_text);
+            http_buf_append(&ch->text, j->tok_text.p, j->tok_text.len);
         }
         switch (o->finish) {
         case SCHED_FINISH_LENGTH: ch->finish_reason = "length"; break;
@@ -106,15 +110,8 @@ static void compl_apply(compl_job *j, compl_choice *ch, const sched_output *o)
     }
     if (ch->stopped || o->is_stop) return;   /* the eos token has no text */
     size_t before = ch->text.len;
-    size_t n = tokenizer_stream_push(&ch->ts, o->token, j->piece, sizeof j->piece);
-    if (n <= sizeof j->piece) {
-        http_buf_append(&ch->text, j->piece, n);
-    } else { /* a piece longer than the scratch: some vocabularies have them */
-        char *big = xmalloc(n);
-        n = tokenizer_stream_push(&ch->ts, o->token, big, n);
-        http_buf_append(&ch->text, big, n);
-        free(big);
-    }
+    api_detok(&ch->ts, o->token, &j->raw, &j->tok_text);
+    http_buf_append(&ch->text, j->tok_text.p, j->tok_text.len);
     if (j->logprobs >= 0) {
         json_array_append_new(ch->lp_tokens, compl_token_text(j, o->token));
         json_array_append_new(ch->lp_logprobs, json_real(o->logprob));

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "recipe/unicode.h"
 #include "util/util.h"
 
 void jsonfmt_buf_free(jsonfmt_buf *b)
@@ -18,7 +19,7 @@ void jsonfmt_buf_free(jsonfmt_buf *b)
     b->len = b->cap = 0;
 }
 
-static void jsonfmt_buf_reserve(jsonfmt_buf *b, size_t extra)
+void jsonfmt_buf_reserve(jsonfmt_buf *b, size_t extra)
 {
     if (b->len + extra + 1 <= b->cap) return;
     size_t cap = b->cap ? b->cap : 64;
@@ -58,18 +59,6 @@ static bool jsonfmt_end(jsonfmt_rd *r)
     return false;
 }
 
-/* Bytes at the end of s[0..n) that start a UTF-8 sequence which is not complete yet. */
-static size_t jsonfmt_utf8_tail(const char *s, size_t n)
-{
-    for (size_t k = 1; k <= 3 && k <= n; k++) {
-        unsigned char c = (unsigned char)s[n - k];
-        if ((c & 0xC0) == 0x80) continue;  /* continuation byte: look further back */
-        size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
-        return need > k ? k : 0;
-    }
-    return 0;
-}
-
 static void jsonfmt_ws(jsonfmt_rd *r)
 {
     while (r->i < r->n && (r->s[r->i] == ' ' || r->s[r->i] == '\t' || r->s[r->i] == '\n' || r->s[r->i] == '\r'))
@@ -105,17 +94,7 @@ static int jsonfmt_hex4(const char *s)
 static void jsonfmt_put_utf8(jsonfmt_buf *b, uint32_t cp)
 {
     char u[4];
-    size_t n;
-    if (cp < 0x80) { u[0] = (char)cp; n = 1; }
-    else if (cp < 0x800) { u[0] = (char)(0xC0 | (cp >> 6)); u[1] = (char)(0x80 | (cp & 0x3F)); n = 2; }
-    else if (cp < 0x10000) {
-        u[0] = (char)(0xE0 | (cp >> 12)); u[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        u[2] = (char)(0x80 | (cp & 0x3F)); n = 3;
-    } else {
-        u[0] = (char)(0xF0 | (cp >> 18)); u[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-        u[2] = (char)(0x80 | ((cp >> 6) & 0x3F)); u[3] = (char)(0x80 | (cp & 0x3F)); n = 4;
-    }
-    jsonfmt_buf_append(b, u, n);
+    jsonfmt_buf_append(b, u, (size_t)unicode_encode(cp, u));
 }
 
 /* Escapes one decoded code point as JSON.stringify does (lone surrogates as \udxxx). */
@@ -162,7 +141,7 @@ static bool jsonfmt_string_rd(jsonfmt_rd *r, jsonfmt_buf *dec)
             size_t j = r->i;
             while (j < r->n && r->s[j] != '"' && r->s[j] != '\\' && (unsigned char)r->s[j] >= 0x20) j++;
             size_t keep = j - r->i;
-            if (r->partial && j == r->n) keep -= jsonfmt_utf8_tail(r->s + r->i, keep); /* whole characters only */
+            if (r->partial && j == r->n) keep -= unicode_utf8_tail(r->s + r->i, keep); /* whole characters only */
             if (o) jsonfmt_buf_append(o, r->s + r->i, keep);
             r->i = j;
             continue;
@@ -433,10 +412,21 @@ void jsonfmt_write_string(jsonfmt_buf *out, const char *s, size_t len)
     jsonfmt_buf_putc(out, '"');
     size_t i = 0;
     while (i < len) {
-        size_t j = i;
-        while (j < len && (unsigned char)s[j] >= 0x20 && s[j] != '"' && s[j] != '\\') j++;
+        size_t j = i;  /* a run of bytes that need nothing: printable ASCII but " and \ */
+        while (j < len && (unsigned char)s[j] >= 0x20 && (unsigned char)s[j] < 0x80 && s[j] != '"' && s[j] != '\\') j++;
         jsonfmt_buf_append(out, s + i, j - i);
-        if (j < len) jsonfmt_put_escaped_cp(out, (unsigned char)s[j++]);
+        if (j == len) break;
+        unsigned char c = (unsigned char)s[j];
+        if (c < 0x80) {
+            jsonfmt_put_escaped_cp(out, c);
+            j++;
+        } else {
+            bool ok;
+            size_t n = unicode_utf8_next(s + j, len - j, &ok, NULL);
+            if (ok) jsonfmt_buf_append(out, s + j, n);
+            else jsonfmt_put_utf8(out, UNICODE_REPLACEMENT);
+            j += n;
+        }
         i = j;
     }
     jsonfmt_buf_putc(out, '"');

@@ -40,6 +40,8 @@ typedef struct {
 } jsonfmt_buf;
 
 void jsonfmt_buf_free(jsonfmt_buf *b);
+/* Makes room for extra more bytes (and the NUL) past len. */
+void jsonfmt_buf_reserve(jsonfmt_buf *b, size_t extra);
 void jsonfmt_buf_append(jsonfmt_buf *b, const char *s, size_t len);
 void jsonfmt_buf_puts(jsonfmt_buf *b, const char *z);
 void jsonfmt_buf_putc(jsonfmt_buf *b, char c);
@@ -88,7 +90,9 @@ jsonfmt_scan_status jsonfmt_scan(const char *src, size_t len, int max_depth, siz
 /* True when src[0..len) is exactly one valid JSON value. */
 bool jsonfmt_valid(const char *src, size_t len);
 
-/* Appends s[0..len) (UTF-8) as a quoted JSON string, escaped as JSON.stringify does. */
+/* Appends s[0..len) as a quoted JSON string, escaped as JSON.stringify does. Whatever the
+ * bytes, the result is valid UTF-8: a sequence that is not is written as U+FFFD (see
+ * unicode_utf8_repair), so no client's strict parser ever sees a broken string. */
 void jsonfmt_write_string(jsonfmt_buf *out, const char *s, size_t len);
 
 /* Looks up a top-level member of the JSON object in src. On success *val and *val_len span the
