@@ -133,6 +133,12 @@ bool api_tenancy_of(http_request *r, const api_ctx *c, const char *cache_salt, c
     return true;
 }
 
+int api_ctx_n_vocab(const api_ctx *c)
+{
+    int n = tokenizer_n_vocab(c->tok);
+    return c->model && c->model->hp.n_vocab < n ? c->model->hp.n_vocab : n;
+}
+
 sched_status api_be_submit(const api_ctx *c, const sched_params *p, sched_req **out)
 {
     return c->backend ? c->backend->submit(c->backend->ud, p, out) : sched_submit(c->sched, p, out);
@@ -638,6 +644,82 @@ bool api_json_cache(api_kind kind, json_t *root, api_req *r, api_error *e)
     return true;
 }
 
+bool api_json_logit_bias(api_kind kind, json_t *root, int n_vocab, sample_params *sp, api_error *e)
+{
+    json_t *lb = json_object_get(root, "logit_bias");
+    sp->n_bias = 0;
+    if (!lb || json_is_null(lb)) return true;
+    if (!json_is_object(lb)) {
+        api_json_type_error(kind, e, "logit_bias", "an object", lb);
+        return false;
+    }
+    if (json_object_size(lb) > SAMPLE_MAX_BIAS) {
+        api_json_value_error(kind, e, "logit_bias", "at most %d tokens may be biased, got %zu.", SAMPLE_MAX_BIAS,
+                             json_object_size(lb));
+        return false;
+    }
+    const char *key;
+    json_t *v;
+    json_object_foreach(lb, key, v) {
+        char *end;
+        long long id = strtoll(key, &end, 10);
+        if (!*key || *end || id < 0 || id > INT32_MAX || (n_vocab > 0 && id >= n_vocab)) {
+            api_error_set(e, 400, "logit_bias", "invalid_value",
+                          "Invalid key in 'logit_bias': '%.40s'. Keys must be token ids of this model's vocabulary "
+                          "(integers from 0 to %d, as strings).", key, n_vocab > 0 ? n_vocab - 1 : INT32_MAX);
+            return false;
+        }
+        char path[80];
+        snprintf(path, sizeof path, "logit_bias.%s", key);
+        if (!json_is_number(v)) {
+            api_json_type_error(kind, e, path, "a number", v);
+            return false;
+        }
+        double b = json_number_value(v);
+        if (!(b >= -100 && b <= 100)) {
+            api_json_value_error(kind, e, path, "a bias must be between -100 and 100, got %g.", b);
+            return false;
+        }
+        sp->bias_id[sp->n_bias] = (int32_t)id;
+        sp->bias[sp->n_bias++] = (float)b;
+    }
+    return true;
+}
+
+bool api_json_user(api_kind kind, json_t *root, api_req *r, api_error *e)
+{
+    const char *z;
+    int st = api_json_str(kind, root, "user", &z, e);
+    if (st > 0) r->user = xstrdup(z);
+    return st >= 0;
+}
+
+bool api_json_stream_options(api_kind kind, json_t *root, api_req *r, api_error *e)
+{
+    json_t *so = json_object_get(root, "stream_options");
+    if (!so || json_is_null(so)) return true;
+    if (!json_is_object(so)) {
+        api_json_type_error(kind, e, "stream_options", "an object", so);
+        return false;
+    }
+    if (!r->stream) {
+        api_error_set(e, 400, "stream_options", "invalid_value",
+                      "The 'stream_options' parameter is only allowed when 'stream' is enabled.");
+        return false;
+    }
+    static const char *const known[] = {"include_usage", "include_obfuscation", NULL};
+    if (!api_json_known(kind, so, known, "stream_options", e)) return false;
+    char path[40] = "stream_options.include_usage";
+    bool b;
+    int st = api_json_bool(kind, so, "include_usage", &b, e);
+    if (st < 0) {
+        snprintf(e->param, sizeof e->param, "%s", path);
+        return false;
+    }
+    if (st) r->include_usage = b;
+    return api_json_bool(kind, so, "include_obfuscation", &b, e) >= 0;
+}
+
 bool api_json_model(const api_cfg *cfg, api_kind kind, json_t *root, api_req *r, api_error *e)
 {
     const char *m = NULL;
@@ -783,6 +865,9 @@ void api_req_free(api_req *r)
     free(r->metadata_json);
     free(r->cache_salt);
     free(r->cache_class);
+    free(r->user);
+    free(r->prompt_text);
+    free(r->prompt_ids);
     memset(r, 0, sizeof *r);
 }
 
@@ -791,6 +876,7 @@ api_status api_parse(const api_cfg *cfg, api_kind kind, const char *body, size_t
     switch (kind) {
     case API_KIND_CHAT: return api_chat_parse(cfg, body, len, r, e);
     case API_KIND_RESPONSES: return api_responses_parse(cfg, body, len, r, e);
+    case API_KIND_COMPLETIONS: return api_completions_parse(cfg, body, len, r, e);
     default: return api_messages_parse(cfg, body, len, r, e);
     }
 }
@@ -1376,7 +1462,7 @@ void api_serve(http_request *r, const api_ctx *c, api_kind kind, bool count_only
     api_req_init(&j->req, kind);
     api_error e;
     memset(&e, 0, sizeof e);
-    api_cfg cfg = {c->model_name, c->model_alias, store};
+    api_cfg cfg = {c->model_name, c->model_alias, store, api_ctx_n_vocab(c)};
     size_t blen;
     const char *body = http_request_body(r, &blen);
     api_status st = count_only ? api_messages_count_parse(&cfg, body, blen, &j->req, &e)

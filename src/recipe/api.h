@@ -85,6 +85,8 @@ typedef struct {
     const api_backend *backend; /* NULL: requests run on sched; else on this backend (sched NULL) */
 } api_ctx;
 
+/* Token ids a request may name: the tokenizer's and the model's output rows both. */
+int api_ctx_n_vocab(const api_ctx *c);
 /* The routes' calls into the backend: c->backend's, or sched_submit/poll/cancel/release. */
 sched_status api_be_submit(const api_ctx *c, const sched_params *p, sched_req **out);
 int api_be_poll(const api_ctx *c, sched_req *r, sched_output *out, int max, int timeout_ms);
@@ -190,6 +192,7 @@ typedef struct {
     const char *model_name;   /* the name requests must use ("model"); NULL accepts any */
     const char *model_alias;  /* a second accepted name (e.g. the GGUF file name), or NULL */
     struct api_store *store;  /* Responses kept for previous_response_id, or NULL */
+    int n_vocab;              /* token ids a request may name (logit_bias); 0: not checked */
 } api_cfg;
 
 /* One parsed request. */
@@ -221,6 +224,12 @@ typedef struct {
     double top_p_echo;            /* responses: top_p echoed */
     char *cache_salt;             /* extension (vLLM): tenant salt of the cached blocks (owned, NULL if none) */
     char *cache_class;            /* extension: traffic class of the cached blocks (owned, NULL if none) */
+    char *user;                   /* the end user's id (`user`), echoed nowhere (owned, NULL if none) */
+    char *prompt_text;            /* completions: the prompt as text (owned; NULL when given as ids) */
+    size_t prompt_len;            /* its bytes */
+    int32_t *prompt_ids;          /* completions: (n_prompt_ids) the prompt as token ids (owned) */
+    int n_prompt_ids;
+    bool ignore_eos;              /* completions (extension): do not stop at the end-of-text token */
 } api_req;
 
 void api_req_init(api_req *r, api_kind kind);
@@ -234,6 +243,11 @@ api_status api_messages_parse(const api_cfg *cfg, const char *body, size_t len, 
 /* /v1/messages/count_tokens: the same fields as a message request minus the sampling ones;
  * max_tokens is not required. */
 api_status api_messages_count_parse(const api_cfg *cfg, const char *body, size_t len, api_req *r, api_error *e);
+/* /v1/completions: prompt (a string, a one-string array or token ids below cfg->n_vocab),
+ * max_tokens (default 16, 0 allowed), logprobs N (top N alternatives, 0..5), the sampling
+ * fields, stop (at most 4), n, stream(+options), ignore_eos; echo, suffix and best_of != n
+ * are refused. */
+api_status api_completions_parse(const api_cfg *cfg, const char *body, size_t len, api_req *r, api_error *e);
 api_status api_parse(const api_cfg *cfg, api_kind kind, const char *body, size_t len, api_req *r, api_error *e);
 
 /* Token figures of a finished response (summed over choices). */

@@ -335,31 +335,10 @@ api_status api_chat_parse(const api_cfg *cfg, const char *body, size_t len, api_
         r->top_logprobs = (int)k;
     }
     if (api_json_bool(K, root, "return_token_ids", &r->return_token_ids, e) < 0) goto out;
-    json_t *so = json_object_get(root, "stream_options");
-    if (so && !json_is_null(so)) {
-        if (!json_is_object(so)) {
-            api_json_type_error(K, e, "stream_options", "an object", so);
-            goto out;
-        }
-        if (!r->stream) {
-            api_error_set(e, 400, "stream_options", "invalid_value",
-                          "The 'stream_options' parameter is only allowed when 'stream' is enabled.");
-            goto out;
-        }
-        if ((st = api_json_bool(K, so, "include_usage", &b, e)) < 0) goto out;
-        if (st) r->include_usage = b;
-    }
-    json_t *lb = json_object_get(root, "logit_bias");
-    if (lb && !json_is_null(lb)) {
-        if (!json_is_object(lb)) {
-            api_json_type_error(K, e, "logit_bias", "an object", lb);
-            goto out;
-        }
-        if (json_object_size(lb)) {
-            api_json_value_error(K, e, "logit_bias", "logit_bias is not supported by this server.");
-            goto out;
-        }
-    }
+    if (!api_json_stream_options(K, root, r, e)) goto out;
+    if (!api_json_user(K, root, r, e)) goto out;
+    if (api_json_bool(K, root, "parallel_tool_calls", &b, e) < 0) goto out;
+    if (!api_json_logit_bias(K, root, cfg ? cfg->n_vocab : 0, &r->sp, e)) goto out;
     json_t *rf = json_object_get(root, "response_format");
     if (rf && !json_is_null(rf)) {
         json_t *t = json_is_object(rf) ? json_object_get(rf, "type") : NULL;

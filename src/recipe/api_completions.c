@@ -26,8 +26,8 @@
 #include "recipe/tokenizer.h"
 #include "util/util.h"
 
-#define COMPL_MAX_N 16
-#define COMPL_MAX_STOPS 4
+#define COMPL_MAX_N API_MAX_N
+#define COMPL_MAX_STOPS API_MAX_STOP
 
 typedef struct {
     sched_req *req;              /* NULL once released */
@@ -265,251 +265,270 @@ static const char *const compl_known[] = {
     NULL,
 };
 
-static bool compl_bad(http_request *r, const char *param, const char *msg)
-{
-    api_openai_error(r, 400, "invalid_request_error", msg, param, NULL);
-    return false;
-}
+static const api_kind K = API_KIND_COMPLETIONS;
 
-static bool compl_num(http_request *r, json_t *body, const char *key, double lo, double hi, double *out)
+/* prompt: a string, a one-element array of strings, or an array of token ids. */
+static bool compl_parse_prompt(const api_cfg *cfg, json_t *root, api_req *r, api_error *e)
 {
-    json_t *v = json_object_get(body, key);
-    if (!v || json_is_null(v)) return true;
-    char msg[200];
-    if (!json_is_number(v)) {
-        snprintf(msg, sizeof msg, "'%s' must be a number", key);
-        return compl_bad(r, key, msg);
+    json_t *p = json_object_get(root, "prompt");
+    if (!p || json_is_null(p)) {
+        api_json_missing(K, e, "prompt");
+        return false;
     }
-    double d = json_number_value(v);
-    if (!(d >= lo && d <= hi)) {
-        snprintf(msg, sizeof msg, "'%s' must be between %g and %g, got %g", key, lo, hi, d);
-        return compl_bad(r, key, msg);
-    }
-    *out = d;
-    return true;
-}
-
-static bool compl_str(http_request *r, json_t *body, const char *key, const char **out)
-{
-    json_t *v = json_object_get(body, key);
-    if (!v || json_is_null(v)) return true;
-    if (!json_is_string(v)) {
-        char msg[200];
-        snprintf(msg, sizeof msg, "'%s' must be a string", key);
-        return compl_bad(r, key, msg);
-    }
-    *out = json_string_value(v);
-    return true;
-}
-
-static bool compl_int(http_request *r, json_t *body, const char *key, long long lo, long long hi, long long *out)
-{
-    json_t *v = json_object_get(body, key);
-    if (!v || json_is_null(v)) return true;
-    char msg[200];
-    if (!json_is_integer(v)) {
-        snprintf(msg, sizeof msg, "'%s' must be an integer", key);
-        return compl_bad(r, key, msg);
-    }
-    long long x = json_integer_value(v);
-    if (x < lo || x > hi) {
-        snprintf(msg, sizeof msg, "'%s' must be between %lld and %lld, got %lld", key, lo, hi, x);
-        return compl_bad(r, key, msg);
-    }
-    *out = x;
-    return true;
-}
-
-static bool compl_bool(http_request *r, json_t *body, const char *key, bool *out)
-{
-    json_t *v = json_object_get(body, key);
-    if (!v || json_is_null(v)) return true;
-    if (!json_is_boolean(v)) {
-        char msg[200];
-        snprintf(msg, sizeof msg, "'%s' must be a boolean", key);
-        return compl_bad(r, key, msg);
-    }
-    *out = json_is_true(v);
-    return true;
-}
-
-/* The prompt as token ids (j->prompt, j->n_prompt). */
-static bool compl_prompt(http_request *r, compl_job *j, json_t *body)
-{
-    json_t *p = json_object_get(body, "prompt");
-    if (!p || json_is_null(p)) return compl_bad(r, "prompt", "'prompt' is required");
     if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0))) p = json_array_get(p, 0);
     if (json_is_string(p)) {
-        const char *s = json_string_value(p);
-        size_t len = json_string_length(p);
-        int32_t cap = (int32_t)TM_MIN(len + 8, (size_t)INT32_MAX / 8);
+        r->prompt_len = json_string_length(p);
+        r->prompt_text = xmalloc(r->prompt_len + 1);
+        memcpy(r->prompt_text, json_string_value(p), r->prompt_len + 1);
+        return true;
+    }
+    if (json_is_array(p) && json_array_size(p) > 1 && json_is_string(json_array_get(p, 0))) {
+        api_json_value_error(K, e, "prompt", "only one prompt per request is supported.");
+        return false;
+    }
+    if (!json_is_array(p) || json_array_size(p) == 0) {
+        if (json_is_array(p)) api_json_value_error(K, e, "prompt", "the prompt is empty.");
+        else api_json_type_error(K, e, "prompt", "a string or an array of token ids", p);
+        return false;
+    }
+    size_t n = json_array_size(p);
+    r->prompt_ids = xmalloc(n * sizeof *r->prompt_ids);
+    for (size_t i = 0; i < n; i++) {
+        json_t *v = json_array_get(p, i);
+        long long id = json_is_integer(v) ? json_integer_value(v) : -1;
+        if (id < 0 || id > INT32_MAX || (cfg && cfg->n_vocab > 0 && id >= cfg->n_vocab)) {
+            char path[40];
+            api_path(path, sizeof path, "prompt", NULL, (int)i);
+            if (!json_is_integer(v)) api_json_type_error(K, e, path, "an integer (a token id)", v);
+            else
+                api_error_set(e, 400, "prompt", "invalid_value", "Invalid '%s': %lld is not a token id of this model "
+                              "(0 to %d).", path, id, cfg && cfg->n_vocab > 0 ? cfg->n_vocab - 1 : INT32_MAX);
+            return false;
+        }
+        r->prompt_ids[i] = (int32_t)id;
+    }
+    r->n_prompt_ids = (int)n;
+    return true;
+}
+
+/* Sampling: temperature .. seed, as chat reads them, plus logit_bias. */
+static bool compl_parse_sampling(const api_cfg *cfg, json_t *root, api_req *r, api_error *e)
+{
+    double x;
+    long long k;
+    int st;
+    if ((st = api_json_num(K, root, "temperature", 0, 2, &x, e)) < 0) return false;
+    if (st) r->sp.temp = (float)x;
+    if ((st = api_json_num(K, root, "top_p", 0, 1, &x, e)) < 0) return false;
+    if (st) r->sp.top_p = (float)x;
+    if ((st = api_json_int(K, root, "top_k", -1, 1 << 30, &k, e)) < 0) return false;
+    if (st) r->sp.top_k = (int)k;
+    if ((st = api_json_num(K, root, "min_p", 0, 1, &x, e)) < 0) return false;
+    if (st) r->sp.min_p = (float)x;
+    if ((st = api_json_num(K, root, "presence_penalty", -2, 2, &x, e)) < 0) return false;
+    if (st) r->sp.presence_penalty = (float)x;
+    if ((st = api_json_num(K, root, "frequency_penalty", -2, 2, &x, e)) < 0) return false;
+    if (st) r->sp.frequency_penalty = (float)x;
+    if ((st = api_json_num(K, root, "repeat_penalty", 0.01, 10, &x, e)) < 0) return false;
+    if (st) r->sp.repeat_penalty = (float)x;
+    if ((st = api_json_num(K, root, "repetition_penalty", 0.01, 10, &x, e)) < 0) return false;
+    if (st) r->sp.repeat_penalty = (float)x;
+    if (r->sp.presence_penalty != 0 || r->sp.frequency_penalty != 0 || r->sp.repeat_penalty != 1)
+        r->sp.penalty_last_n = 64;
+    if ((st = api_json_int(K, root, "seed", -(1LL << 62), 1LL << 62, &k, e)) < 0) return false;
+    if (st) {
+        r->sp.seed = (uint64_t)k;
+        r->seed_given = true;
+    }
+    return api_json_logit_bias(K, root, cfg ? cfg->n_vocab : 0, &r->sp, e);
+}
+
+api_status api_completions_parse(const api_cfg *cfg, const char *body, size_t len, api_req *r, api_error *e)
+{
+    json_t *root;
+    if (!api_json_load(K, body, len, &root, e)) return API_ERR;
+    api_status ret = API_ERR;
+    long long k;
+    int st;
+    bool b;
+    r->max_tokens = 16;  /* OpenAI's default for this endpoint */
+    if (!api_json_known(K, root, compl_known, "", e) || !api_json_model(cfg, K, root, r, e) ||
+        !api_json_cache(K, root, r, e) || !api_json_user(K, root, r, e))
+        goto out;
+    if (!compl_parse_prompt(cfg, root, r, e) || !compl_parse_sampling(cfg, root, r, e)) goto out;
+    if ((st = api_json_int(K, root, "max_tokens", 0, 1 << 30, &k, e)) < 0) goto out;
+    if (st) r->max_tokens = (int)k;
+    if ((st = api_json_int(K, root, "n", 1, API_MAX_N, &k, e)) < 0) goto out;
+    if (st) r->n = (int)k;
+    if ((st = api_json_int(K, root, "best_of", 1, API_MAX_N, &k, e)) < 0) goto out;
+    if (st && k != r->n) {
+        api_json_value_error(K, e, "best_of", "only best_of equal to n is supported by this server.");
+        goto out;
+    }
+    if ((st = api_json_int(K, root, "logprobs", 0, 5, &k, e)) < 0) goto out;
+    if (st) {
+        r->logprobs = true;
+        r->top_logprobs = (int)k;
+    }
+    b = false;
+    if (api_json_bool(K, root, "echo", &b, e) < 0) goto out;
+    if (b) {
+        api_json_value_error(K, e, "echo", "echo is not supported by this server.");
+        goto out;
+    }
+    const char *suffix = NULL;
+    if ((st = api_json_str(K, root, "suffix", &suffix, e)) < 0) goto out;
+    if (st) {
+        api_json_value_error(K, e, "suffix", "suffix is not supported by this server.");
+        goto out;
+    }
+    if (!api_json_stop(K, root, "stop", r, e)) goto out;
+    if (r->n_stop > 4) {
+        api_json_value_error(K, e, "stop", "at most 4 stop sequences are supported, got %d.", r->n_stop);
+        goto out;
+    }
+    if (api_json_bool(K, root, "stream", &r->stream, e) < 0 || api_json_bool(K, root, "ignore_eos", &r->ignore_eos, e) < 0 ||
+        !api_json_stream_options(K, root, r, e))
+        goto out;
+    ret = API_OK;
+out:
+    json_decref(root);
+    return ret;
+}
+
+/* The prompt's token ids into j->prompt: as given, or the text tokenised with the model's BOS
+ * and no control-token matching. */
+static bool compl_tokenize(compl_job *j, const api_req *q, api_error *e)
+{
+    if (q->prompt_ids) {
+        j->n_prompt = q->n_prompt_ids;
+        j->prompt = xmalloc((size_t)j->n_prompt * sizeof *j->prompt);
+        memcpy(j->prompt, q->prompt_ids, (size_t)j->n_prompt * sizeof *j->prompt);
+    } else {
+        int32_t cap = (int32_t)TM_MIN(q->prompt_len + 8, (size_t)INT32_MAX / 8);
         j->prompt = xmalloc((size_t)cap * sizeof(int32_t));
-        int32_t n = tokenizer_encode(j->c->tok, s, len, true, false, j->prompt, cap);
+        int32_t n = tokenizer_encode(j->c->tok, q->prompt_text, q->prompt_len, true, false, j->prompt, cap);
         if (n > cap) {
             j->prompt = xrealloc(j->prompt, (size_t)n * sizeof(int32_t));
-            n = tokenizer_encode(j->c->tok, s, len, true, false, j->prompt, n);
+            n = tokenizer_encode(j->c->tok, q->prompt_text, q->prompt_len, true, false, j->prompt, n);
         }
-        if (n < 0) return compl_bad(r, "prompt", "the prompt could not be tokenised");
+        if (n < 0) {
+            api_error_set(e, 400, "prompt", NULL, "The prompt could not be tokenised.");
+            return false;
+        }
         j->n_prompt = n;
-    } else if (json_is_array(p) && json_array_size(p) > 0 && json_is_integer(json_array_get(p, 0))) {
-        size_t n = json_array_size(p);
-        j->prompt = xmalloc(n * sizeof(int32_t));
-        for (size_t i = 0; i < n; i++) {
-            json_t *v = json_array_get(p, i);
-            long long id = json_is_integer(v) ? json_integer_value(v) : -1;
-            if (id < 0 || id >= tokenizer_n_vocab(j->c->tok) || id >= j->c->model->hp.n_vocab)
-                return compl_bad(r, "prompt", "'prompt' token ids must be integers within the vocabulary");
-            j->prompt[i] = (int32_t)id;
-        }
-        j->n_prompt = (int)n;
-    } else if (json_is_array(p) && json_array_size(p) > 1) {
-        return compl_bad(r, "prompt", "only one prompt per request is supported");
-    } else {
-        return compl_bad(r, "prompt", "'prompt' must be a string or an array of token ids");
     }
-    if (j->n_prompt == 0) return compl_bad(r, "prompt", "the prompt is empty");
+    if (j->n_prompt == 0) {
+        api_json_value_error(API_KIND_COMPLETIONS, e, "prompt", "the prompt is empty.");
+        return false;
+    }
     return true;
 }
 
-static bool compl_stops(http_request *r, compl_job *j, json_t *body)
+/* Submits the n choices (seeds seed, seed+1, ...); on failure answers the submit error. */
+static bool compl_submit(http_request *r, compl_job *j, const api_req *q, const api_tenancy *tn)
 {
-    json_t *s = json_object_get(body, "stop");
-    if (!s || json_is_null(s)) return true;
-    if (json_is_string(s)) {
-        if (json_string_length(s)) j->stops[j->n_stops++] = xstrdup(json_string_value(s));
-    } else if (json_is_array(s)) {
-        if (json_array_size(s) > COMPL_MAX_STOPS) return compl_bad(r, "stop", "at most 4 stop sequences");
-        size_t i;
-        json_t *v;
-        json_array_foreach(s, i, v) {
-            if (!json_is_string(v)) return compl_bad(r, "stop", "'stop' must be a string or an array of strings");
-            if (json_string_length(v)) j->stops[j->n_stops++] = xstrdup(json_string_value(v));
-        }
-    } else {
-        return compl_bad(r, "stop", "'stop' must be a string or an array of strings");
-    }
-    for (int i = 0; i < j->n_stops; i++) j->max_stop = TM_MAX(j->max_stop, strlen(j->stops[i]));
-    return true;
-}
-
-static void compl_handle(http_request *r, void *user)
-{
-    const api_ctx *c = user;
-    if (!api_openai_auth(r)) return;
-    size_t blen;
-    const char *bz = http_request_body(r, &blen);
-    json_t *body;
-    api_error le;
-    if (!api_json_load(API_KIND_COMPLETIONS, bz, blen, &body, &le)) {
-        api_respond_error(r, API_KIND_COMPLETIONS, &le);
-        return;
-    }
-    compl_job *j = xcalloc(1, sizeof *j);
-    j->c = c;
-    j->logprobs = -1;
-    const char *key;
-    json_t *val;
-    json_object_foreach(body, key, val) {
-        bool known = false;
-        for (int i = 0; compl_known[i]; i++) known |= !strcmp(key, compl_known[i]);
-        if (!known) {
-            char msg[200];
-            snprintf(msg, sizeof msg, "Unrecognized request argument supplied: %s", key);
-            compl_bad(r, key, msg);
-            goto out;
-        }
-    }
-    json_t *mv = json_object_get(body, "model");
-    if (mv && !json_is_null(mv) && !json_is_string(mv)) {
-        compl_bad(r, "model", "'model' must be a string");
-        goto out;
-    }
-    if (!api_model_ok(c, mv ? json_string_value(mv) : NULL)) {
-        char msg[300];
-        snprintf(msg, sizeof msg, "The model '%s' does not exist; this server serves '%s'.", json_string_value(mv), c->model_name);
-        api_openai_error(r, 404, "invalid_request_error", msg, "model", "model_not_found");
-        goto out;
-    }
-    double temp = 1, top_p = 1, pres = 0, freq = 0, min_p = 0, rep = 1;
-    long long max_tokens = 16, n = 1, seed = -1, top_k = 0, logprobs = -1, best_of = 1;
-    bool stream = false, echo = false, ignore_eos = false;
-    if (!compl_num(r, body, "temperature", 0, 2, &temp) || !compl_num(r, body, "top_p", 0, 1, &top_p) ||
-        !compl_num(r, body, "presence_penalty", -2, 2, &pres) || !compl_num(r, body, "frequency_penalty", -2, 2, &freq) ||
-        !compl_num(r, body, "min_p", 0, 1, &min_p) || !compl_num(r, body, "repeat_penalty", 0, 10, &rep) ||
-        !compl_num(r, body, "repetition_penalty", 0, 10, &rep) ||
-        !compl_int(r, body, "max_tokens", 0, INT32_MAX, &max_tokens) || !compl_int(r, body, "n", 1, COMPL_MAX_N, &n) ||
-        !compl_int(r, body, "seed", INT64_MIN, INT64_MAX, &seed) || !compl_int(r, body, "top_k", 0, 1 << 20, &top_k) ||
-        !compl_int(r, body, "logprobs", 0, 5, &logprobs) || !compl_int(r, body, "best_of", 1, COMPL_MAX_N, &best_of) ||
-        !compl_bool(r, body, "stream", &stream) || !compl_bool(r, body, "echo", &echo) ||
-        !compl_bool(r, body, "ignore_eos", &ignore_eos))
-        goto out;
-    if (echo) { compl_bad(r, "echo", "'echo' is not supported"); goto out; }
-    if (best_of != n && json_object_get(body, "best_of") && !json_is_null(json_object_get(body, "best_of"))) {
-        compl_bad(r, "best_of", "'best_of' other than n is not supported");
-        goto out;
-    }
-    json_t *suffix = json_object_get(body, "suffix");
-    if (suffix && !json_is_null(suffix)) { compl_bad(r, "suffix", "'suffix' is not supported"); goto out; }
-    json_t *so = json_object_get(body, "stream_options");
-    if (so && !json_is_null(so)) {
-        if (!json_is_object(so)) { compl_bad(r, "stream_options", "'stream_options' must be an object"); goto out; }
-        if (!stream) { compl_bad(r, "stream_options", "'stream_options' is only allowed when 'stream' is true"); goto out; }
-        json_t *iu = json_object_get(so, "include_usage");
-        if (iu && !json_is_boolean(iu)) { compl_bad(r, "stream_options.include_usage", "'include_usage' must be a boolean"); goto out; }
-        j->include_usage = iu && json_is_true(iu);
-    }
-    const char *salt = NULL, *cls = NULL;
-    if (!compl_str(r, body, "cache_salt", &salt) || !compl_str(r, body, "cache_class", &cls)) goto out;
-    api_tenancy tn;
-    api_error ae;
-    if (!api_tenancy_of(r, c, salt, cls, &tn, &ae)) {
-        api_openai_error(r, ae.status, ae.type, ae.message, ae.param[0] ? ae.param : NULL, ae.code[0] ? ae.code : NULL);
-        goto out;
-    }
-    if (!compl_stops(r, j, body) || !compl_prompt(r, j, body)) goto out;
-    j->stream = stream;
-    j->logprobs = (int)logprobs;
-    j->n = (int)n;
-    api_new_id(j->id, sizeof j->id, "cmpl-");
-
-    sched_params sp = { .prompt = j->prompt, .n_prompt = j->n_prompt, .max_tokens = (int)max_tokens };
-    sp.sample = sample_params_default();
-    sp.sample.temp = (float)temp;
-    sp.sample.top_p = (float)top_p;
-    sp.sample.top_k = (int)top_k;
-    sp.sample.min_p = (float)min_p;
-    sp.sample.presence_penalty = (float)pres;
-    sp.sample.frequency_penalty = (float)freq;
-    sp.sample.repeat_penalty = (float)rep;
-    sp.ignore_eos = ignore_eos;
-    sp.cache_salt = tn.salt;
-    sp.cache_class = tn.cls;
-    sp.logprobs = logprobs >= 0;
-    sp.top_logprobs = logprobs > 0 ? (int)logprobs : 0;
-    uint64_t base_seed = seed >= 0 ? (uint64_t)seed : (uint64_t)(util_now() * 1e6);
-    if (max_tokens == 0) {
+    const api_ctx *c = j->c;
+    sched_params sp = { .prompt = j->prompt, .n_prompt = j->n_prompt, .max_tokens = q->max_tokens, .sample = q->sp };
+    sp.ignore_eos = q->ignore_eos;
+    sp.cache_salt = tn->salt;
+    sp.cache_class = tn->cls;
+    sp.logprobs = q->logprobs;
+    sp.top_logprobs = q->top_logprobs;
+    if (q->max_tokens == 0) {
         /* nothing to generate: answer at once with the prompt's usage */
-        j->n = (int)n;
+        if (j->n_prompt >= c->n_ctx) {
+            api_openai_submit_error(r, c, SCHED_ERR_TOO_LONG, j->n_prompt, 0);
+            return false;
+        }
         for (int i = 0; i < j->n; i++) {
             j->ch[i].finished = true;
             j->ch[i].finish_reason = "length";
             j->ch[i].usage.prompt_tokens = j->n_prompt;
         }
-        if (j->n_prompt >= c->n_ctx) {
-            api_openai_submit_error(r, c, SCHED_ERR_TOO_LONG, j->n_prompt, 0);
-            goto out;
-        }
-    } else {
-        for (int i = 0; i < j->n; i++) {
-            sp.sample.seed = base_seed + (uint64_t)i;
-            sched_status st = api_be_submit(c, &sp, &j->ch[i].req);
-            if (st != SCHED_OK) {
-                j->n = i;  /* only the submitted ones are released */
-                api_openai_submit_error(r, c, st, j->n_prompt, (int)max_tokens);
-                goto out;
-            }
+        return true;
+    }
+    for (int i = 0; i < j->n; i++) {
+        sp.sample.seed = q->sp.seed + (uint64_t)i;
+        sched_status st = api_be_submit(c, &sp, &j->ch[i].req);
+        if (st != SCHED_OK) {
+            j->n = i;  /* only the submitted ones are released */
+            api_openai_submit_error(r, c, st, j->n_prompt, q->max_tokens);
+            return false;
         }
     }
+    return true;
+}
+
+/* Non-streaming: waits for every choice, checking for a disconnect every 50 ms; answers. */
+static void compl_wait_respond(http_request *r, compl_job *j, bool nothing_generated)
+{
+    double t_check = util_now();
+    while (!compl_all_finished(j)) {
+        compl_pump(j, 50);
+        double now = util_now();
+        if (now - t_check < 0.05) continue;
+        t_check = now;
+        if (http_request_client_gone(r)) {
+            http_respond(r, 499, "application/json", "{}", 2);
+            return;
+        }
+    }
+    for (int i = 0; i < j->n; i++)
+        if (j->ch[i].error) {
+            api_openai_error(r, 500, "server_error", "the request failed in the engine (KV cache too small?)", NULL, NULL);
+            return;
+        }
+    json_t *choices = json_array();
+    for (int i = 0; i < j->n; i++) {
+        compl_choice *ch = &j->ch[i];
+        json_array_append_new(choices, json_pack("{s:o, s:i, s:o, s:s}", "text", api_json_text(ch->text.data, ch->text.len),
+                                                 "index", i, "logprobs",
+                                                 j->logprobs >= 0 ? compl_logprobs_json(ch, 0) : json_null(),
+                                                 "finish_reason", ch->finish_reason));
+    }
+    json_t *resp = compl_envelope(j, choices);
+    if (nothing_generated)
+        for (int i = 0; i < j->n; i++) j->ch[i].usage.cached_tokens = 0;
+    json_object_set_new(resp, "usage", compl_usage_json(j));
+    api_respond_json(r, 200, resp);
+}
+
+/* POST /v1/completions, in steps: auth, parse, tenancy, prompt ids, submit, then the stream
+ * or the one JSON answer. */
+static void compl_handle(http_request *r, void *user)
+{
+    const api_ctx *c = user;
+    if (!api_openai_auth(r)) return;
+    const api_kind kind = API_KIND_COMPLETIONS;
+    api_req q;
+    api_req_init(&q, kind);
+    api_error e;
+    memset(&e, 0, sizeof e);
+    api_cfg cfg = {c->model_name, c->model_alias, NULL, api_ctx_n_vocab(c)};
+    size_t blen;
+    const char *body = http_request_body(r, &blen);
+    compl_job *j = xcalloc(1, sizeof *j);
+    j->c = c;
+    j->logprobs = -1;
+    api_tenancy tn;
+    if (api_completions_parse(&cfg, body, blen, &q, &e) != API_OK || !api_tenancy_of(r, c, q.cache_salt, q.cache_class, &tn, &e) ||
+        !compl_tokenize(j, &q, &e)) {
+        api_respond_error(r, kind, &e);
+        goto out;
+    }
+    for (int i = 0; i < q.n_stop; i++) {
+        j->stops[j->n_stops++] = q.stop[i];
+        j->max_stop = TM_MAX(j->max_stop, strlen(q.stop[i]));
+        q.stop[i] = NULL;
+    }
+    q.n_stop = 0;
+    j->stream = q.stream;
+    j->include_usage = q.include_usage;
+    j->logprobs = q.logprobs ? q.top_logprobs : -1;
+    j->n = q.n;
+    api_new_id(j->id, sizeof j->id, "cmpl-");
+    if (!compl_submit(r, j, &q, &tn)) goto out;
     for (int i = 0; i < j->n; i++) {
         compl_choice *ch = &j->ch[i];
         tokenizer_stream_init(&ch->ts, c->tok);
@@ -522,49 +541,15 @@ static void compl_handle(http_request *r, void *user)
             ch->lp_offset = json_array();
         }
     }
-    json_decref(body);
     if (j->stream) {
+        api_req_free(&q);
         http_add_header(r, "X-Accel-Buffering", "no");
         http_respond_stream(r, 200, "text/event-stream", compl_pull, compl_done, j);
         return;
     }
-    /* non-streaming: wait for every choice */
-    double t_check = util_now();
-    while (!compl_all_finished(j)) {
-        compl_pump(j, 50);
-        double now = util_now();
-        if (now - t_check < 0.05) continue;
-        t_check = now;
-        if (http_request_client_gone(r)) {
-            compl_job_free(j);
-            http_respond(r, 499, "application/json", "{}", 2);
-            return;
-        }
-    }
-    for (int i = 0; i < j->n; i++)
-        if (j->ch[i].error) {
-            api_openai_error(r, 500, "server_error", "the request failed in the engine (KV cache too small?)", NULL, NULL);
-            compl_job_free(j);
-            return;
-        }
-    json_t *choices = json_array();
-    for (int i = 0; i < j->n; i++) {
-        compl_choice *ch = &j->ch[i];
-        json_array_append_new(choices, json_pack("{s:o, s:i, s:o, s:s}", "text", api_json_text(ch->text.data, ch->text.len),
-                                                 "index", i, "logprobs",
-                                                 j->logprobs >= 0 ? compl_logprobs_json(ch, 0) : json_null(),
-                                                 "finish_reason", ch->finish_reason));
-    }
-    json_t *resp = compl_envelope(j, choices);
-    if (max_tokens == 0) {
-        for (int i = 0; i < j->n; i++) j->ch[i].usage.cached_tokens = 0;
-    }
-    json_object_set_new(resp, "usage", compl_usage_json(j));
-    api_respond_json(r, 200, resp);
-    compl_job_free(j);
-    return;
+    compl_wait_respond(r, j, q.max_tokens == 0);
 out:
-    json_decref(body);
+    api_req_free(&q);
     compl_job_free(j);
 }
 

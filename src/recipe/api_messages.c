@@ -9,7 +9,8 @@
  * `thinking` {type: enabled, budget_tokens} turns the template's thinking on and caps the
  * reasoning at budget_tokens (the scheduler closes the think block then); without it
  * thinking is off, as Anthropic's models answer without thinking unless asked. max_tokens is
- * required. Unknown fields are rejected ("Extra inputs are not permitted").
+ * required. Unknown fields are rejected ("Extra inputs are not permitted"). Extensions: seed,
+ * min_p, return_token_ids, cache_salt/cache_class, and logit_bias as OpenAI's chat reads it.
  *
  * Output: a message object with content blocks in output order (thinking, text, tool_use),
  * stop_reason end_turn / max_tokens / stop_sequence / tool_use, and usage where input_tokens
@@ -34,7 +35,7 @@ static const char *const api_messages_keys[] = {
     "model", "messages", "max_tokens", "system", "stop_sequences", "temperature", "top_p", "top_k", "stream", "tools",
     "tool_choice", "thinking", "metadata", "service_tier", "container", "mcp_servers", "context_management",
     /* extensions */
-    "seed", "min_p", "return_token_ids", "cache_salt", "cache_class", NULL};
+    "seed", "min_p", "return_token_ids", "cache_salt", "cache_class", "logit_bias", NULL};
 
 static const char *const api_messages_count_keys[] = {"model", "messages", "system", "tools", "tool_choice", "thinking",
                                                       "mcp_servers", "context_management", "return_token_ids", NULL};
@@ -300,6 +301,7 @@ api_status api_messages_parse(const api_cfg *cfg, const char *body, size_t len, 
     if (!api_json_known(K, root, api_messages_keys, "", e)) goto out;
     if (!api_json_cache(K, root, r, e)) goto out;
     if (!api_json_model(cfg, K, root, r, e)) goto out;
+    if (!api_json_logit_bias(K, root, cfg ? cfg->n_vocab : 0, &r->sp, e)) goto out;
     if ((st = api_json_int(K, root, "max_tokens", 1, 1 << 30, &k, e)) < 0) goto out;
     if (st == 0) {
         api_json_missing(K, e, "max_tokens");
@@ -328,6 +330,15 @@ api_status api_messages_parse(const api_cfg *cfg, const char *body, size_t len, 
     if (md && !json_is_null(md) && !json_is_object(md)) {
         api_json_type_error(K, e, "metadata", "a valid dictionary", md);
         goto out;
+    }
+    if (json_is_object(md)) {  /* Anthropic's metadata has one field, the end user's id */
+        static const char *const md_keys[] = {"user_id", NULL};
+        const char *uid;
+        if (!api_json_known(K, md, md_keys, "metadata", e)) goto out;
+        if (api_json_str(K, md, "user_id", &uid, e) < 0) {
+            api_json_type_error(K, e, "metadata.user_id", "a valid string", json_object_get(md, "user_id"));
+            goto out;
+        }
     }
     json_t *mcp = json_object_get(root, "mcp_servers");
     if (mcp && !json_is_null(mcp) && !(json_is_array(mcp) && json_array_size(mcp) == 0)) {

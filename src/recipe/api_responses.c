@@ -7,7 +7,8 @@
  * messages (role + string or input_text/output_text parts), function_call (assistant tool
  * call), function_call_output (tool result) and reasoning items. Consecutive assistant-side
  * items (reasoning, assistant message, function_call) form one assistant turn. Unknown
- * top-level fields are rejected ("Unknown parameter").
+ * top-level fields are rejected ("Unknown parameter"). Extensions: top_k, min_p, seed, stop,
+ * penalties, return_token_ids, and logit_bias as chat reads it.
  *
  * Output: a `response` object whose output items are, in order, reasoning items (rs_…),
  * messages (msg_…, one output_text part) and function_call items (fc_…). Streaming sends
@@ -31,7 +32,7 @@ static const char *const api_responses_keys[] = {
     "stream_options", "conversation", "prompt",
     /* extensions */
     "top_k", "min_p", "seed", "stop", "presence_penalty", "frequency_penalty", "return_token_ids",
-    "cache_salt", "cache_class", NULL};
+    "cache_salt", "cache_class", "logit_bias", NULL};
 
 static const api_kind K = API_KIND_RESPONSES;
 
@@ -218,6 +219,7 @@ api_status api_responses_parse(const api_cfg *cfg, const char *body, size_t len,
     if (!api_json_known(K, root, api_responses_keys, "", e)) goto out;
     if (!api_json_cache(K, root, r, e)) goto out;
     if (!api_json_model(cfg, K, root, r, e)) goto out;
+    if (!api_json_logit_bias(K, root, cfg ? cfg->n_vocab : 0, &r->sp, e)) goto out;
     if ((st = api_json_str(K, root, "instructions", &s, e)) < 0) goto out;
     if (st) {
         r->instructions = xstrdup(s);
@@ -270,6 +272,9 @@ api_status api_responses_parse(const api_cfg *cfg, const char *body, size_t len,
     if (api_json_bool(K, root, "stream", &r->stream, e) < 0) goto out;
     if (api_json_bool(K, root, "store", &r->store, e) < 0) goto out;
     if (api_json_bool(K, root, "return_token_ids", &r->return_token_ids, e) < 0) goto out;
+    if (!api_json_user(K, root, r, e)) goto out;
+    bool ptc;
+    if (api_json_bool(K, root, "parallel_tool_calls", &ptc, e) < 0) goto out;
     bool bg = false;
     if (api_json_bool(K, root, "background", &bg, e) < 0) goto out;
     if (bg) {

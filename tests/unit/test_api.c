@@ -14,7 +14,7 @@
 
 enum { THINK = 5000, UNTHINK, TC, UNTC, EOT };
 
-static const api_cfg cfg_plain = {"m", NULL, NULL};
+static const api_cfg cfg_plain = {"m", NULL, NULL, 0};
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -199,7 +199,6 @@ TEST(chat_bad_input)
     REJECTS(C, "{\"model\":\"m\",\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"id\":\"a\",\"function\":{\"name\":\"f\",\"arguments\":\"{bad\"}}]}]}", 400, "arguments");
     REJECTS(C, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\",\"function\":{}}]}", 400, "tools[0].function.name");
     REJECTS(C, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_schema\"}}", 400, "response_format");
-    REJECTS(C, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logit_bias\":{\"5\":1}}", 400, "logit_bias");
     /* invalid UTF-8 anywhere in the body */
     const char bad[] = "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\"}]}";
     CHECK(rejects(C, bad, sizeof bad - 1, 400, "UTF-8"));
@@ -620,7 +619,7 @@ TEST(chat_logprobs)
 TEST(responses_output)
 {
     api_store *store = api_store_new(2);
-    api_cfg cfg = {"m", NULL, store};
+    api_cfg cfg = {"m", NULL, store, 0};
     api_req r;
     api_error e;
     api_req_init(&r, API_KIND_RESPONSES);
@@ -1002,6 +1001,85 @@ TEST(nesting_limit_every_field)
     free(flat);
 }
 
+/* ---------------------------------------------------------------- one way to read a field */
+
+TEST(fields_checked_alike)
+{
+    /* logit_bias: the token-id map, in chat and completions, read by one reader */
+    static const char *const lb_bodies[] = {
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logit_bias\":%s}",
+        "{\"prompt\":\"x\",\"logit_bias\":%s}",
+    };
+    const api_kind lb_kinds[] = {API_KIND_CHAT, API_KIND_COMPLETIONS};
+    for (int k = 0; k < 2; k++) {
+        char body[256];
+        api_req r;
+        api_error e;
+        snprintf(body, sizeof body, lb_bodies[k], "{\"5\":100,\"77\":-100,\"9\":0.5}");
+        CHECK(parse(lb_kinds[k], body, &r, &e) == API_OK);
+        CHECK(r.sp.n_bias == 3 && r.sp.bias_id[0] == 5 && r.sp.bias[0] == 100 && r.sp.bias_id[1] == 77 &&
+              r.sp.bias[1] == -100 && r.sp.bias[2] == 0.5f);
+        api_req_free(&r);
+        static const struct { const char *v, *needle; } bad[] = {
+            {"[1]", "Invalid type for 'logit_bias'"}, {"{\"x\":1}", "Invalid key in 'logit_bias'"},
+            {"{\"-1\":1}", "Invalid key"}, {"{\"5\":101}", "between -100 and 100"},
+            {"{\"5\":\"a\"}", "Invalid type for 'logit_bias.5'"}, {"{\"5\":null}", "logit_bias.5"},
+        };
+        for (size_t i = 0; i < TM_ARRAY_LEN(bad); i++) {
+            snprintf(body, sizeof body, lb_bodies[k], bad[i].v);
+            REJECTS(lb_kinds[k], body, 400, bad[i].needle);
+        }
+        /* ids outside the vocabulary, when the server knows its size */
+        api_cfg small = {"m", NULL, NULL, 100};
+        snprintf(body, sizeof body, lb_bodies[k], "{\"100\":1}");
+        api_req_init(&r, lb_kinds[k]);
+        CHECK(api_parse(&small, lb_kinds[k], body, strlen(body), &r, &e) == API_ERR && strstr(e.message, "0 to 99"));
+        api_req_free(&r);
+    }
+    /* user and parallel_tool_calls: typed in every OpenAI API, as every other field */
+    REJECTS(API_KIND_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"user\":5}", 400, "Invalid type for 'user': expected a string, but got an integer instead.");
+    REJECTS(API_KIND_RESPONSES, "{\"input\":\"x\",\"user\":{}}", 400, "Invalid type for 'user': expected a string, but got an object instead.");
+    REJECTS(API_KIND_COMPLETIONS, "{\"prompt\":\"x\",\"user\":[1]}", 400, "Invalid type for 'user': expected a string, but got an array instead.");
+    REJECTS(API_KIND_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"parallel_tool_calls\":\"yes\"}", 400, "Invalid type for 'parallel_tool_calls': expected a boolean");
+    REJECTS(API_KIND_RESPONSES, "{\"input\":\"x\",\"parallel_tool_calls\":1}", 400, "Invalid type for 'parallel_tool_calls': expected a boolean");
+    REJECTS(API_KIND_MESSAGES, "{\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"metadata\":{\"user_id\":5}}", 400, "metadata.user_id: Input should be a valid string");
+    REJECTS(API_KIND_MESSAGES, "{\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"metadata\":{\"who\":\"a\"}}", 400, "metadata.who: Extra inputs are not permitted");
+    /* logit_bias as an extension of Responses and Messages, read by the same reader */
+    REJECTS(API_KIND_MESSAGES, "{\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logit_bias\":{\"1\":500}}", 400, "logit_bias.1: a bias must be between -100 and 100");
+    REJECTS(API_KIND_RESPONSES, "{\"input\":\"x\",\"logit_bias\":{\"a\":1}}", 400, "Invalid key in 'logit_bias'");
+    {
+        api_req q;
+        api_error qe;
+        CHECK(parse(API_KIND_MESSAGES, "{\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logit_bias\":{\"3\":-100},\"metadata\":{\"user_id\":\"u\"}}", &q, &qe) == API_OK && q.sp.n_bias == 1);
+        api_req_free(&q);
+        CHECK(parse(API_KIND_RESPONSES, "{\"input\":\"x\",\"logit_bias\":{\"3\":7}}", &q, &qe) == API_OK && q.sp.n_bias == 1 && q.sp.bias[0] == 7);
+        api_req_free(&q);
+    }
+    /* completions reads its fields with the same checks and words as chat */
+    const api_kind P = API_KIND_COMPLETIONS;
+    REJECTS(P, "{\"prompt\":\"x\",\"temperature\":\"hot\"}", 400, "Invalid type for 'temperature': expected a decimal, but got a string instead.");
+    REJECTS(P, "{\"prompt\":\"x\",\"max_tokens\":\"a\"}", 400, "Invalid type for 'max_tokens'");
+    REJECTS(P, "{\"prompt\":\"x\",\"n\":100}", 400, "integer above maximum value");
+    REJECTS(P, "{\"prompt\":\"x\",\"bogus\":1}", 400, "Unrecognized request argument supplied: bogus");
+    REJECTS(P, "{\"prompt\":5}", 400, "Invalid type for 'prompt'");
+    REJECTS(P, "{}", 400, "Missing required parameter: 'prompt'");
+    REJECTS(P, "{\"prompt\":[1,\"a\"]}", 400, "prompt[1]");
+    REJECTS(P, "{\"prompt\":\"x\",\"stream_options\":{\"include_usage\":true}}", 400, "stream");
+    REJECTS(P, "{\"prompt\":\"x\",\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", 400, "at most 4");
+    REJECTS(P, "{\"prompt\":\"x\",\"echo\":true}", 400, "echo");
+    REJECTS(P, "{\"prompt\":\"x\",\"model\":\"other\"}", 404, "does not exist");
+    api_req r;
+    api_error e;
+    CHECK(parse(P, "{\"prompt\":[1,2,3],\"logprobs\":2,\"stop\":\"S\",\"max_tokens\":0,\"stream\":true,"
+                   "\"stream_options\":{\"include_usage\":true},\"ignore_eos\":true,\"seed\":7}", &r, &e) == API_OK);
+    CHECK(r.n_prompt_ids == 3 && r.prompt_ids[2] == 3 && r.logprobs && r.top_logprobs == 2 && r.n_stop == 1);
+    CHECK(r.max_tokens == 0 && r.stream && r.include_usage && r.ignore_eos && r.sp.seed == 7);
+    api_req_free(&r);
+    CHECK(parse(P, "{\"prompt\":[\"hello\"]}", &r, &e) == API_OK && r.prompt_text && !strcmp(r.prompt_text, "hello") &&
+          r.max_tokens == 16);
+    api_req_free(&r);
+}
+
 int main(void)
 {
     RUN(chat_parse_basic);
@@ -1021,5 +1099,6 @@ int main(void)
     RUN(messages_output);
     RUN(jsonfmt_scan_bounds);
     RUN(nesting_limit_every_field);
+    RUN(fields_checked_alike);
     HARNESS_END();
 }
