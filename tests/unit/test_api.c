@@ -10,6 +10,7 @@
 #include <stdlib.h>
 
 #include "recipe/api.h"
+#include "recipe/unicode.h"
 #include "util/util.h"
 
 enum { THINK = 5000, UNTHINK, TC, UNTC, EOT };
@@ -1080,6 +1081,63 @@ TEST(fields_checked_alike)
     api_req_free(&r);
 }
 
+/* ---------------------------------------------------------------- UTF-8 out */
+
+static bool repaired_is(const char *in, size_t n, const char *want)
+{
+    char out[64];
+    size_t m = unicode_utf8_repair(in, n, out);
+    bool ok = m == strlen(want) && !memcmp(out, want, m);
+    if (!ok) fprintf(stderr, "  repair gave %.*s, want %s\n", (int)m, out, want);
+    return ok;
+}
+
+TEST(utf8_out)
+{
+    /* one U+FFFD per maximal subpart, as WHATWG decoders (and llama.cpp's server) do */
+    CHECK(repaired_is("\xE2\x82" "A", 3, "\xEF\xBF\xBD" "A"));
+    CHECK(repaired_is("\xE2" "ab", 3, "\xEF\xBF\xBD" "ab"));
+    CHECK(repaired_is("\xF0\x9D\x84\xF0\x9D\x84\x9E", 7, "\xEF\xBF\xBD" "\xF0\x9D\x84\x9E"));
+    CHECK(repaired_is("\xC0\x80", 2, "\xEF\xBF\xBD\xEF\xBF\xBD"));             /* overlong */
+    CHECK(repaired_is("\xED\xA0\x80", 3, "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD")); /* surrogate */
+    CHECK(repaired_is("\xF4\x90\x80\x80", 4, "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD")); /* > U+10FFFF */
+    CHECK(repaired_is("\x9E", 1, "\xEF\xBF\xBD"));
+    CHECK(repaired_is("h\xC3\xA9!", 4, "h\xC3\xA9!"));
+    /* what may still become a character, at the end */
+    CHECK(unicode_utf8_tail("ab\xE2\x82", 4) == 2 && unicode_utf8_tail("ab\xE2\x82\xAC", 5) == 0);
+    CHECK(unicode_utf8_tail("\xF0\x9D\x84", 3) == 3 && unicode_utf8_tail("\xC0", 1) == 0 && unicode_utf8_tail("\xF4\x90", 2) == 0);
+    CHECK(unicode_utf8_valid("\xF0\x9D\x84\x9E", 4) && !unicode_utf8_valid("\xF0\x9D\x84", 3) && !unicode_utf8_valid("\xE0\x80\x80", 3));
+    /* the JSON writer's guarantee: any bytes in, valid UTF-8 out */
+    jsonfmt_buf b = {0};
+    jsonfmt_write_string(&b, "a\xE2" "b\"\x01\xFF", 6);
+    CHECK(!strcmp(b.p, "\"a\xEF\xBF\xBD" "b\\\"\\u0001\xEF\xBF\xBD\""));
+    jsonfmt_buf_free(&b);
+    /* every formatter writes through it: tokens whose text is not UTF-8 on their own, in every
+     * API's body and stream */
+    for (int kind = API_KIND_CHAT; kind <= API_KIND_MESSAGES; kind++) {
+        for (int stream = 0; stream < 2; stream++) {
+            api_req r;
+            api_req_init(&r, (api_kind)kind);
+            r.stream = stream;
+            r.logprobs = kind == API_KIND_CHAT;
+            events_markers m;
+            events_markers_none(&m);
+            api_out o;
+            api_out_init(&o, &r, &m, 1, "m");
+            api_out_begin(&o);
+            api_logprob lp = {.token = 1, .logprob = -0.5f};
+            api_out_token(&o, 0, 1, "x\xE2", 2, &lp);
+            api_out_token(&o, 0, 2, "\x82" "ab", 3, &lp);
+            api_out_finish(&o, 0, EVENTS_FINISH_STOP);
+            api_out_end(&o);
+            CHECKF(unicode_utf8_valid(o.out.p, o.out.len), "kind %d stream %d: %s", kind, stream, o.out.p);
+            CHECK(strstr(o.out.p, "\xEF\xBF\xBD"));
+            api_out_free(&o);
+            api_req_free(&r);
+        }
+    }
+}
+
 int main(void)
 {
     RUN(chat_parse_basic);
@@ -1100,5 +1158,6 @@ int main(void)
     RUN(jsonfmt_scan_bounds);
     RUN(nesting_limit_every_field);
     RUN(fields_checked_alike);
+    RUN(utf8_out);
     HARNESS_END();
 }
