@@ -935,7 +935,8 @@ static void api_out_dispatch(api_out *o, int i, api_op op, api_item *it, const c
     switch (o->kind) {
     case API_KIND_CHAT: api_chat_on(o, i, op, it, d, len); break;
     case API_KIND_RESPONSES: api_responses_on(o, i, op, it, d, len); break;
-    default: api_messages_on(o, i, op, it, d, len); break;
+    case API_KIND_MESSAGES: api_messages_on(o, i, op, it, d, len); break;
+    case API_KIND_COMPLETIONS: api_completions_on(o, i, op, it, d, len); break;
     }
 }
 
@@ -1047,7 +1048,8 @@ void api_out_init(api_out *o, const api_req *req, const events_markers *m, uint6
     o->model = model_name ? model_name : (req->model ? req->model : "");
     o->created = (int64_t)time(NULL);
     api_new_id(o->id, sizeof o->id,
-                req->kind == API_KIND_CHAT ? "chatcmpl-" : req->kind == API_KIND_RESPONSES ? "resp_" : "msg_");
+                req->kind == API_KIND_CHAT ? "chatcmpl-" : req->kind == API_KIND_RESPONSES ? "resp_"
+                : req->kind == API_KIND_COMPLETIONS ? "cmpl-" : "msg_");
     o->n_choices = req->n > 0 ? req->n : 1;
     o->choices = xcalloc((size_t)o->n_choices, sizeof *o->choices);
     for (int i = 0; i < o->n_choices; i++) {
@@ -1097,7 +1099,8 @@ void api_out_begin(api_out *o)
     switch (o->kind) {
     case API_KIND_CHAT: api_chat_begin(o); break;
     case API_KIND_RESPONSES: api_responses_begin(o); break;
-    default: api_messages_begin(o); break;
+    case API_KIND_MESSAGES: api_messages_begin(o); break;
+    case API_KIND_COMPLETIONS: api_completions_begin(o); break;
     }
 }
 
@@ -1105,6 +1108,7 @@ void api_out_text(api_out *o, int i, const char *text, size_t len)
 {
     api_choice *c = &o->choices[i];
     if (c->finished || len == 0) return;
+    c->n_fed += len;
     events_feed(c->ev, -1, text, len);
 }
 
@@ -1139,6 +1143,7 @@ bool api_out_token(api_out *o, int i, int32_t token, const char *text, size_t le
         memset(en, 0, sizeof *en);
         size_t n = o->piece ? o->piece(o->piece_ud, lp->token, en->text, sizeof en->text) : 0;
         en->len = (uint8_t)TM_MIN(n, sizeof en->text);
+        en->offset = c->n_fed;
         en->logprob = lp->logprob;
         en->n_top = TM_MIN(lp->n_top, o->req->top_logprobs);
         for (int k = 0; k < en->n_top; k++) {
@@ -1147,6 +1152,7 @@ bool api_out_token(api_out *o, int i, int32_t token, const char *text, size_t le
             en->top_logprob[k] = lp->top_logprob[k];
         }
     }
+    c->n_fed += len;
     events_feed(c->ev, token, text, len);
     return c->stopped;
 }
@@ -1176,7 +1182,8 @@ void api_out_end(api_out *o)
     switch (o->kind) {
     case API_KIND_CHAT: api_chat_end(o); break;
     case API_KIND_RESPONSES: api_responses_end(o); break;
-    default: api_messages_end(o); break;
+    case API_KIND_MESSAGES: api_messages_end(o); break;
+    case API_KIND_COMPLETIONS: api_completions_end(o); break;
     }
 }
 
@@ -1452,101 +1459,134 @@ static void api_respond_buf(http_request *r, int status, const jsonfmt_buf *b)
     http_respond(r, status, "application/json", b->p ? b->p : "", b->len);
 }
 
-void api_serve(http_request *r, const api_ctx *c, api_kind kind, bool count_only, api_store *store)
+/* Step: the prompt's token ids into j->prompt. Chat APIs render the conversation with the
+ * chat template; completions take the ids as given, or tokenise the text with the model's
+ * BOS and no control-token matching. */
+static bool api_job_prompt(api_job *j, api_error *e)
 {
-    if (kind == API_KIND_MESSAGES ? !api_anthropic_auth(r) : !api_openai_auth(r)) return;
-    api_find_eog(c->tok);
-    api_job *j = xcalloc(1, sizeof *j);
-    j->c = c;
-    j->kind = kind;
-    api_req_init(&j->req, kind);
-    api_error e;
-    memset(&e, 0, sizeof e);
-    api_cfg cfg = {c->model_name, c->model_alias, store, api_ctx_n_vocab(c)};
-    size_t blen;
-    const char *body = http_request_body(r, &blen);
-    api_status st = count_only ? api_messages_count_parse(&cfg, body, blen, &j->req, &e)
-                               : api_parse(&cfg, kind, body, blen, &j->req, &e);
-    if (st != API_OK) {
-        api_respond_error(r, kind, &e);
-        api_job_free(j);
-        return;
+    const api_ctx *c = j->c;
+    const api_req *q = &j->req;
+    if (j->kind == API_KIND_COMPLETIONS) {
+        if (q->prompt_ids) {
+            j->prompt.ids = xmalloc((size_t)q->n_prompt_ids * sizeof *j->prompt.ids);
+            memcpy(j->prompt.ids, q->prompt_ids, (size_t)q->n_prompt_ids * sizeof *j->prompt.ids);
+            j->prompt.n_ids = (size_t)q->n_prompt_ids;
+            return true;
+        }
+        int32_t cap = (int32_t)TM_MIN(q->prompt_len + 8, (size_t)INT32_MAX / 8);
+        j->prompt.ids = xmalloc((size_t)cap * sizeof(int32_t));
+        int32_t n = tokenizer_encode(c->tok, q->prompt_text, q->prompt_len, true, false, j->prompt.ids, cap);
+        if (n > cap) {
+            j->prompt.ids = xrealloc(j->prompt.ids, (size_t)n * sizeof(int32_t));
+            n = tokenizer_encode(c->tok, q->prompt_text, q->prompt_len, true, false, j->prompt.ids, n);
+        }
+        if (n <= 0) {
+            if (n < 0) api_error_set(e, 500, "prompt", NULL, "The prompt could not be tokenised.");
+            else api_json_value_error(j->kind, e, "prompt", "the prompt is empty.");
+            return false;
+        }
+        j->prompt.n_ids = (size_t)n;
+        return true;
     }
     if (!c->tmpl) {
-        api_error_set(&e, 500, NULL, NULL, "This server has no chat template for its model.");
-        api_respond_error(r, kind, &e);
-        api_job_free(j);
-        return;
+        api_error_set(e, 500, NULL, NULL, "This server has no chat template for its model.");
+        return false;
     }
     char err[256] = "";
-    template_status ts = template_apply(c->tmpl, &j->req.conv, c->n_threads, &j->prompt, err, sizeof err);
+    template_status ts = template_apply(c->tmpl, &q->conv, c->n_threads, &j->prompt, err, sizeof err);
     if (ts != TEMPLATE_OK) {
-        api_error_set(&e, ts == TEMPLATE_ERR_TOKENIZE ? 500 : 400, "messages", NULL, "The conversation cannot be rendered: %s",
+        api_error_set(e, ts == TEMPLATE_ERR_TOKENIZE ? 500 : 400, "messages", NULL, "The conversation cannot be rendered: %s",
                       err[0] ? err : "template error");
-        api_respond_error(r, kind, &e);
-        api_job_free(j);
-        return;
+        return false;
     }
+    return true;
+}
+
+/* count_tokens: the prompt's size (and ids) without generating. */
+static void api_job_count(http_request *r, api_job *j)
+{
     int n_prompt = (int)j->prompt.n_ids;
     jsonfmt_buf b = {0};
-    if (count_only) {
-        api_buf_printf(&b, "{\"input_tokens\":%d", n_prompt);
-        if (j->req.return_token_ids) {
-            jsonfmt_buf_puts(&b, ",\"prompt_token_ids\":[");
-            for (int k = 0; k < n_prompt; k++) api_buf_printf(&b, "%s%d", k ? "," : "", j->prompt.ids[k]);
-            jsonfmt_buf_putc(&b, ']');
-        }
-        jsonfmt_buf_putc(&b, '}');
-        api_respond_buf(r, 200, &b);
-        jsonfmt_buf_free(&b);
-        api_job_free(j);
-        return;
+    api_buf_printf(&b, "{\"input_tokens\":%d", n_prompt);
+    if (j->req.return_token_ids) {
+        jsonfmt_buf_puts(&b, ",\"prompt_token_ids\":[");
+        for (int k = 0; k < n_prompt; k++) api_buf_printf(&b, "%s%d", k ? "," : "", j->prompt.ids[k]);
+        jsonfmt_buf_putc(&b, ']');
     }
-    if (n_prompt >= c->n_ctx) {
-        if (kind == API_KIND_MESSAGES) api_anthropic_submit_error(r, c, SCHED_ERR_TOO_LONG, n_prompt, 0);
-        else api_openai_submit_error(r, c, SCHED_ERR_TOO_LONG, n_prompt, 0);
-        api_job_free(j);
-        return;
-    }
-    api_tenancy tn;
-    if (!api_tenancy_of(r, c, j->req.cache_salt, j->req.cache_class, &tn, &e)) {
-        api_respond_error(r, kind, &e);
-        api_job_free(j);
-        return;
-    }
-    events_markers mk;
-    template_markers(c->tmpl, &j->req.conv, &mk);
-    api_out_init(&j->out, &j->req, &mk, j->req.sp.seed ^ 0x5DEECE66Dull, c->model_name);
+    jsonfmt_buf_putc(&b, '}');
+    api_respond_buf(r, 200, &b);
+    jsonfmt_buf_free(&b);
+}
+
+static void api_respond_submit_error(http_request *r, const api_job *j, sched_status st)
+{
+    int n_prompt = (int)j->prompt.n_ids, max_tokens = j->req.max_tokens > 0 ? j->req.max_tokens : 0;
+    if (j->kind == API_KIND_MESSAGES) api_anthropic_submit_error(r, j->c, st, n_prompt, max_tokens);
+    else api_openai_submit_error(r, j->c, st, n_prompt, max_tokens);
+}
+
+/* Step: the output state (the splitter's markers, ids, the prompt's figures). */
+static void api_job_output(api_job *j, events_markers *mk)
+{
+    const api_ctx *c = j->c;
+    if (j->kind == API_KIND_COMPLETIONS) events_markers_none(mk);  /* raw text: nothing to split */
+    else template_markers(c->tmpl, &j->req.conv, mk);
+    api_out_init(&j->out, &j->req, mk, j->req.sp.seed ^ 0x5DEECE66Dull, c->model_name);
+    if (c->model) snprintf(j->out.fingerprint, sizeof j->out.fingerprint, "fp_%.10s", c->model->fingerprint_hex);
     j->out.piece = api_job_piece;
     j->out.piece_ud = j;
-    api_out_set_prompt(&j->out, n_prompt, 0, j->prompt.ids, n_prompt);
+    api_out_set_prompt(&j->out, (int)j->prompt.n_ids, 0, j->prompt.ids, (int)j->prompt.n_ids);
+}
+
+/* Step: one scheduler request per choice (seeds seed, seed+1, ...). Completions' max_tokens 0
+ * generates nothing: every choice ends at once ("length"). On failure answers the error. */
+static bool api_job_submit(http_request *r, api_job *j, const api_tenancy *tn, const events_markers *mk)
+{
+    const api_ctx *c = j->c;
+    int n_prompt = (int)j->prompt.n_ids;
+    if (j->req.max_tokens == 0) {
+        j->n = j->out.n_choices;
+        for (int i = 0; i < j->n; i++) {
+            j->fin[i] = true;
+            api_out_finish(&j->out, i, EVENTS_FINISH_LENGTH);
+        }
+        return true;
+    }
     sched_params sp = {.prompt = j->prompt.ids, .n_prompt = n_prompt, .sample = j->req.sp, .max_tokens = j->req.max_tokens};
-    for (int k = 0; k < api_n_eog_ids; k++) sp.stop_ids[sp.n_stop_ids++] = api_eog_ids[k];
+    if (j->kind != API_KIND_COMPLETIONS)  /* chat turns also end at the vocabulary's other end-of-generation ids */
+        for (int k = 0; k < api_n_eog_ids; k++) sp.stop_ids[sp.n_stop_ids++] = api_eog_ids[k];
+    sp.ignore_eos = j->req.ignore_eos;
     sp.logprobs = j->req.logprobs;
     sp.top_logprobs = TM_MIN(j->req.top_logprobs, SCHED_MAX_TOP_LOGPROBS);
-    sp.cache_salt = tn.salt;
-    sp.cache_class = tn.cls;
-    if (j->req.thinking_budget > 0 && mk.think_end >= 0) {  /* enforced by the scheduler */
+    sp.cache_salt = tn->salt;
+    sp.cache_class = tn->cls;
+    if (j->req.thinking_budget > 0 && mk->think_end >= 0) {  /* enforced by the scheduler */
         sp.think_budget = j->req.thinking_budget;
-        sp.think_start = mk.think_start;
-        sp.think_end = mk.think_end;
-        sp.think_open = mk.starts_in_reasoning;
+        sp.think_start = mk->think_start;
+        sp.think_end = mk->think_end;
+        sp.think_open = mk->starts_in_reasoning;
     }
     for (int i = 0; i < j->out.n_choices; i++) {
         sp.sample.seed = j->req.sp.seed + (uint64_t)i;
         sched_status ss = api_be_submit(c, &sp, &j->sreq[i]);
         if (ss != SCHED_OK) {
-            if (kind == API_KIND_MESSAGES) api_anthropic_submit_error(r, c, ss, n_prompt, 0);
-            else api_openai_submit_error(r, c, ss, n_prompt, 0);
-            api_job_free(j);
-            return;
+            api_respond_submit_error(r, j, ss);
+            return false;
         }
         j->n = i + 1;
         tokenizer_stream_init(&j->ts[i], c->tok);
         j->ts[i].prev = j->prompt.ids[n_prompt - 1]; /* mid-text: no BOS space rule */
     }
+    return true;
+}
+
+/* Step: the answer. Streaming hands the job to the connection (api_job_pull / api_job_done
+ * own it from here); otherwise waits for every choice, checking the socket every 50 ms, also
+ * while tokens flow, and answers one body. Frees the job either way. */
+static void api_job_answer(http_request *r, api_job *j)
+{
     if (j->req.stream) {
-        if (kind != API_KIND_MESSAGES) {  /* Messages begins at the first record (api_job_apply) */
+        if (j->kind != API_KIND_MESSAGES) {  /* Messages begins at the first record (api_job_apply) */
             api_out_begin(&j->out);
             j->begun = true;
         }
@@ -1558,7 +1598,7 @@ void api_serve(http_request *r, const api_ctx *c, api_kind kind, bool count_only
     double t_check = util_now();
     while (!api_job_all_finished(j)) {
         api_job_pump(j, 50);
-        double now = util_now();  /* check the socket every 50 ms, also while tokens flow */
+        double now = util_now();
         if (now - t_check < 0.05) continue;
         t_check = now;
         if (http_request_client_gone(r)) {
@@ -1568,12 +1608,57 @@ void api_serve(http_request *r, const api_ctx *c, api_kind kind, bool count_only
         }
     }
     if (j->error) {
+        jsonfmt_buf b = {0};
         api_job_error_body(j, &b);
         http_respond(r, 500, "application/json", b.p, b.len);
+        jsonfmt_buf_free(&b);
     } else {
         api_out_end(&j->out);
         api_respond_buf(r, 200, &j->out.out);
     }
-    jsonfmt_buf_free(&b);
+    api_job_free(j);
+}
+
+void api_serve(http_request *r, const api_ctx *c, api_kind kind, bool count_only, api_store *store)
+{
+    if (kind == API_KIND_MESSAGES ? !api_anthropic_auth(r) : !api_openai_auth(r)) return;
+    api_find_eog(c->tok);
+    api_job *j = xcalloc(1, sizeof *j);
+    j->c = c;
+    j->kind = kind;
+    api_req_init(&j->req, kind);
+    api_error e;
+    memset(&e, 0, sizeof e);
+    /* parse, then the prompt's ids */
+    api_cfg cfg = {c->model_name, c->model_alias, store, api_ctx_n_vocab(c)};
+    size_t blen;
+    const char *body = http_request_body(r, &blen);
+    api_status st = count_only ? api_messages_count_parse(&cfg, body, blen, &j->req, &e)
+                               : api_parse(&cfg, kind, body, blen, &j->req, &e);
+    api_tenancy tn;
+    if (st != API_OK || !api_job_prompt(j, &e)) goto refuse;
+    if (count_only) {
+        api_job_count(r, j);
+        api_job_free(j);
+        return;
+    }
+    /* the context check and the tenant's place in the cache */
+    if ((int)j->prompt.n_ids >= c->n_ctx) {
+        api_respond_submit_error(r, j, SCHED_ERR_TOO_LONG);
+        api_job_free(j);
+        return;
+    }
+    if (!api_tenancy_of(r, c, j->req.cache_salt, j->req.cache_class, &tn, &e)) goto refuse;
+    /* output state, submission, answer */
+    events_markers mk;
+    api_job_output(j, &mk);
+    if (!api_job_submit(r, j, &tn, &mk)) {
+        api_job_free(j);
+        return;
+    }
+    api_job_answer(r, j);
+    return;
+refuse:
+    api_respond_error(r, kind, &e);
     api_job_free(j);
 }

@@ -291,6 +291,7 @@ typedef struct {
     char text[64];            /* the token's raw bytes (cut at 64), maybe not UTF-8 on their own:
                                * `bytes` gets them as they are, `token` repaired (U+FFFD) */
     uint8_t len;              /* bytes of text */
+    size_t offset;            /* bytes of the choice's text before this token (completions) */
     float logprob;
     int n_top;
     char top_text[API_MAX_TOP_LOGPROBS][64]; /* as text, per alternative */
@@ -334,6 +335,7 @@ typedef struct {
     bool finished;            /* FINISH seen */
     events_finish_reason finish;
     int stop_index;           /* the stop sequence that matched, -1 if none */
+    size_t n_fed;             /* bytes of text fed to the splitter so far */
     int n_tokens;             /* tokens generated */
     int n_reasoning_tokens;   /* of those, inside a think block (markers included) */
     bool in_think;            /* token-level: inside a think block */
@@ -350,7 +352,8 @@ typedef struct {
 typedef struct api_out {
     api_kind kind;
     const api_req *req;       /* borrowed; must outlive the api_out */
-    char id[48];              /* chatcmpl-… / resp_… / msg_… */
+    char id[48];              /* chatcmpl-… / resp_… / msg_… / cmpl-… */
+    char fingerprint[24];     /* system_fingerprint (completions): "fp_" + the model's, or "" */
     int64_t created;          /* unix seconds */
     const char *model;        /* name echoed in responses (borrowed) */
     api_choice *choices;      /* n_choices (= req->n) choices */
@@ -453,6 +456,9 @@ void api_responses_end(api_out *o);
 void api_messages_begin(api_out *o);
 void api_messages_on(api_out *o, int i, api_op op, api_item *it, const char *d, size_t len);
 void api_messages_end(api_out *o);
+void api_completions_begin(api_out *o);
+void api_completions_on(api_out *o, int i, api_op op, api_item *it, const char *d, size_t len);
+void api_completions_end(api_out *o);
 /* Usage JSON objects in each vendor's fields. */
 void api_chat_usage_json(const api_usage *u, jsonfmt_buf *b);
 /* The Anthropic count_tokens body. */
