@@ -32,6 +32,11 @@
 #include "util/util.h"
 
 /* ------------------------------------------------------------------ serving helpers (api_completions.c too) */
+void api_respond_buf(http_request *r, int status, const jsonfmt_buf *b)
+{
+    http_respond(r, status, "application/json", b->p ? b->p : "", b->len);
+}
+
 void api_respond_json(http_request *r, int status, json_t *v)
 {
     char *s = json_dumps(v, JSON_COMPACT);
@@ -47,16 +52,30 @@ void api_respond_json(http_request *r, int status, json_t *v)
 void api_openai_error(http_request *r, int status, const char *type, const char *message,
                       const char *param, const char *code)
 {
-    json_t *e = json_pack("{s:s, s:s, s:o, s:o}", "message", message, "type", type,
-                          "param", param ? json_string(param) : json_null(),
-                          "code", code ? json_string(code) : json_null());
-    api_respond_json(r, status, json_pack("{s:o}", "error", e));
+    jsonfmt_buf b = {0};
+    jsonfmt_buf_puts(&b, "{\"error\":{\"message\":");
+    api_buf_str(&b, message);
+    jsonfmt_buf_puts(&b, ",\"type\":");
+    api_buf_str(&b, type);
+    jsonfmt_buf_puts(&b, ",\"param\":");
+    api_buf_str(&b, param);
+    jsonfmt_buf_puts(&b, ",\"code\":");
+    api_buf_str(&b, code);
+    jsonfmt_buf_puts(&b, "}}");
+    api_respond_buf(r, status, &b);
+    jsonfmt_buf_free(&b);
 }
 
 void api_anthropic_error(http_request *r, int status, const char *type, const char *message)
 {
-    api_respond_json(r, status, json_pack("{s:s, s:{s:s, s:s}}", "type", "error", "error", "type", type,
-                                          "message", message));
+    jsonfmt_buf b = {0};
+    jsonfmt_buf_puts(&b, "{\"type\":\"error\",\"error\":{\"type\":");
+    api_buf_str(&b, type);
+    jsonfmt_buf_puts(&b, ",\"message\":");
+    api_buf_str(&b, message);
+    jsonfmt_buf_puts(&b, "}}");
+    api_respond_buf(r, status, &b);
+    jsonfmt_buf_free(&b);
 }
 
 bool api_openai_auth(http_request *r)
@@ -216,16 +235,6 @@ bool api_model_ok(const api_ctx *c, const char *name)
     return false;
 }
 
-json_t *api_json_text(const char *s, size_t n)
-{
-    json_t *v = json_stringn(s, n);
-    if (v) return v;
-    char *out = xmalloc(n * 3 + 1);
-    v = json_stringn(out, unicode_utf8_repair(s, n, out));
-    free(out);
-    return v ? v : json_string("");
-}
-
 void api_detok(tokenizer_stream *ts, int32_t token, jsonfmt_buf *scratch, jsonfmt_buf *out)
 {
     scratch->len = 0;
@@ -236,16 +245,6 @@ void api_detok(tokenizer_stream *ts, int32_t token, jsonfmt_buf *scratch, jsonfm
     jsonfmt_buf_reserve(out, 3 * n);
     out->len = unicode_utf8_repair(scratch->p, n, out->p);
     out->p[out->len] = 0;
-}
-
-void api_sse_json(http_buf *b, json_t *v)
-{
-    char *s = json_dumps(v, JSON_COMPACT);
-    json_decref(v);
-    http_buf_puts(b, "data: ");
-    if (s) http_buf_puts(b, s);
-    http_buf_puts(b, "\n\n");
-    free(s);
 }
 
 bool api_stop_find(const char *const *stops, int n_stops, const char *text, size_t len, size_t from,
@@ -355,6 +354,8 @@ void api_sse(jsonfmt_buf *b, const char *name, const char *json, size_t len)
     jsonfmt_buf_append(b, json, len);
     jsonfmt_buf_puts(b, "\n\n");
 }
+
+void api_sse_done(jsonfmt_buf *b) { jsonfmt_buf_puts(b, "data: [DONE]\n\n"); }
 
 void api_sse_typed(jsonfmt_buf *b, const char *type, int seq, const char *fields, size_t flen)
 {
@@ -1454,10 +1455,6 @@ void api_respond_error(http_request *r, api_kind kind, const api_error *e)
     jsonfmt_buf_free(&b);
 }
 
-static void api_respond_buf(http_request *r, int status, const jsonfmt_buf *b)
-{
-    http_respond(r, status, "application/json", b->p ? b->p : "", b->len);
-}
 
 /* Step: the prompt's token ids into j->prompt. Chat APIs render the conversation with the
  * chat template; completions take the ids as given, or tokenise the text with the model's

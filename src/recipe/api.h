@@ -114,13 +114,10 @@ void api_anthropic_submit_error(http_request *r, const api_ctx *c, sched_status 
  * Otherwise the route answers 404 (not_found_error / model_not_found). */
 bool api_model_ok(const api_ctx *c, const char *name);
 
-/* Responds with a JSON value (takes the reference). */
+/* Responds with a JSON value (takes the reference): for the gateway's admin routes, which
+ * build theirs with jansson. The API's own bodies are written with jsonfmt (api_respond_buf). */
 struct json_t;
 void api_respond_json(http_request *r, int status, struct json_t *v);
-/* A JSON string of s[0..n) with invalid UTF-8 replaced by U+FFFD (jansson refuses it). */
-struct json_t *api_json_text(const char *s, size_t n);
-/* Appends "data: <compact JSON>\n\n" to b (takes the reference). */
-void api_sse_json(http_buf *b, struct json_t *v);
 /* One Prometheus metric without labels (HELP, TYPE counter|gauge, value), for /metrics of the
  * server and of the gateway. */
 void api_metric(http_buf *b, const char *name, const char *type, const char *help, double v);
@@ -184,6 +181,8 @@ void api_error_set(api_error *e, int status, const char *param, const char *code
  * not_found_error, 413 request_too_large, 429 rate_limit_error, 500 api_error, 529
  * overloaded_error). */
 void api_error_json(api_kind kind, const api_error *e, jsonfmt_buf *out);
+/* Responds with a JSON body b (application/json). */
+void api_respond_buf(http_request *r, int status, const jsonfmt_buf *b);
 /* Responds with e's status and body in kind's vendor shape. */
 void api_respond_error(http_request *r, api_kind kind, const api_error *e);
 
@@ -433,6 +432,8 @@ void api_buf_str(jsonfmt_buf *b, const char *s);
 void api_buf_strn(jsonfmt_buf *b, const char *s, size_t len);
 /* Appends an SSE event: "event: NAME\n" (when name) + "data: JSON\n\n". */
 void api_sse(jsonfmt_buf *b, const char *name, const char *json, size_t len);
+/* Appends OpenAI's end of stream: "data: [DONE]". */
+void api_sse_done(jsonfmt_buf *b);
 /* Appends the SSE event "event: TYPE" with data {"type":TYPE[,"sequence_number":seq],FIELDS}
  * (fields: members without braces, may be empty; seq < 0: no sequence_number). */
 void api_sse_typed(jsonfmt_buf *b, const char *type, int seq, const char *fields, size_t flen);

@@ -582,7 +582,7 @@ void api_chat_end(api_out *o)
             api_sse(b, NULL, u.p, u.len);
             jsonfmt_buf_free(&u);
         }
-        jsonfmt_buf_puts(b, "data: [DONE]\n\n");
+        api_sse_done(b);
         return;
     }
     jsonfmt_buf_puts(b, "{\"id\":");

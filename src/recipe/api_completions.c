@@ -263,7 +263,7 @@ void api_completions_end(api_out *o)
             api_sse(b, NULL, u.p, u.len);
             jsonfmt_buf_free(&u);
         }
-        jsonfmt_buf_puts(b, "data: [DONE]\n\n");
+        api_sse_done(b);
         return;
     }
     compl_open(o, b);

@@ -6,7 +6,6 @@
  */
 #include "recipe/api.h"
 
-#include <jansson.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -14,10 +13,13 @@ static void misc_models(http_request *r, void *user)
 {
     const api_ctx *c = user;
     if (!api_openai_auth(r)) return;
-    json_t *m = json_pack("{s:s, s:s, s:I, s:s}", "id", c->model_name, "object", "model", "created",
-                          (json_int_t)c->created, "owned_by", "tokenmill");
-    json_object_set_new(m, "context_length", json_integer(c->n_ctx));
-    api_respond_json(r, 200, json_pack("{s:s, s:[o]}", "object", "list", "data", m));
+    jsonfmt_buf b = {0};
+    jsonfmt_buf_puts(&b, "{\"object\":\"list\",\"data\":[{\"id\":");
+    api_buf_str(&b, c->model_name);
+    api_buf_printf(&b, ",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"tokenmill\",\"context_length\":%d}]}",
+                   (long long)c->created, c->n_ctx);
+    api_respond_buf(r, 200, &b);
+    jsonfmt_buf_free(&b);
 }
 
 static void misc_health(http_request *r, void *user)
