@@ -1,34 +1,41 @@
 /*
- * api: what the three chat APIs (OpenAI Chat Completions in api_chat.c, OpenAI Responses in
- * api_responses.c, Anthropic Messages in api_messages.c) share.
+ * api: what the four generating APIs (OpenAI Chat Completions in api_chat.c, OpenAI
+ * Completions in api_completions.c, OpenAI Responses in api_responses.c, Anthropic Messages
+ * in api_messages.c) share.
  *
  * DESIGN. A request goes through three pure stages that know no socket and no engine, so
  * that the unit tests drive them with strings:
- *   1. parse: JSON body -> api_req (the shared conv, sampling parameters, limits, flags).
+ *   1. parse (api_json.c and each API's parser): JSON body -> api_req (the shared conv or
+ *      raw prompt, sampling parameters, limits, flags). The body is bounded where it enters
+ *      (nesting depth and value count, jsonfmt_scan) before anything recursive reads it.
  *      Every rejection is an api_error carrying the HTTP status and the vendor's fields;
  *      api_error_json writes it in the route's shape ({"error":{...}} for OpenAI routes,
  *      {"type":"error","error":{...}} for Anthropic).
- *   2. output: api_out turns generated tokens back into the vendor's JSON. Per choice it
- *      owns the output splitter (events.h) and the stop-sequence matcher (api_stop: answer
- *      text is held back while it may still be the start of a stop sequence, and cut at the
- *      first match). It accumulates the answer (text, reasoning, tool calls) for the final
- *      body and, when streaming, appends the vendor's SSE events to `out` as soon as they
- *      are decided. The caller drains `out` to the connection.
- *   3. serve (api.c, the api_serve_* part, with the scheduler and the HTTP router): the
- *      routes, the API key check, the chat template, the context-length check, the token
- *      loop (see SERVING below).
- * The API-specific parts are the api_chat_* / api_responses_* / api_messages_* functions
- * declared at the end; api_out dispatches to them by kind.
+ *   2. output (api_out.c and each API's formatter): api_out turns generated tokens back into
+ *      the vendor's JSON. Per choice it owns the output splitter (events.h) and the
+ *      stop-sequence matcher (api_stop: answer text is held back while it may still be the
+ *      start of a stop sequence, and cut at the first match). It accumulates the answer
+ *      (text, reasoning, tool calls) for the final body and, when streaming, appends the
+ *      vendor's SSE events to `out` as soon as they are decided. The caller drains `out` to
+ *      the connection. All JSON is written with jsonfmt, whose strings are always valid UTF-8.
+ *   3. serve (api.c): the routes, the API key check, the prompt (chat template or raw), the
+ *      context-length check, the token loop (see SERVING below). One path, api_serve, for
+ *      all four APIs.
+ * The API-specific parts are the api_chat_* / api_completions_* / api_responses_* /
+ * api_messages_* functions declared at the end; api_out dispatches to them by kind.
  *
  * Memory: an api_req owns its conv and strings (api_req_free); an api_out owns its buffers
  * (api_out_free). Neither is shared between threads.
  *
- * SERVING (shared with api_completions.c): what every HTTP API route of `tokenmill serve` shares: the serving context (the
- * scheduler, model, tokenizer, template, names and limits), the vendors' error shapes, and
- * the register functions that cmd_serve calls to add each API's routes.
+ * SERVING: what every HTTP API route of `tokenmill serve` (and of the gateway) shares: the
+ * serving context (the scheduler or a remote backend, model, tokenizer, template, names and
+ * limits), the vendors' error shapes, and the register functions that cmd_serve calls to add
+ * each API's routes.
  *
- * A route handler runs on its connection's thread (http.h). It parses the body with jansson,
- * builds the prompt token ids, calls sched_submit, and either waits for the FINISH record
+ * A route handler runs on its connection's thread (http.h), whose stack is small: nothing on
+ * it recurses deeper than JSONFMT_MAX_DEPTH. It parses the body, builds the prompt token ids,
+ * detokenises with api_detok (valid UTF-8 before anything else sees the text), calls
+ * sched_submit, and either waits for the FINISH record
  * (non-streaming) or answers with http_respond_stream whose pull function polls the request
  * (sched_poll with the timeout it is given), detokenises, and writes the API's own SSE
  * events; its done function calls sched_release (which cancels when still running, so a
@@ -138,7 +145,7 @@ char *api_model_default_name(const char *path);
 const char *api_model_alias(const model *m, char *buf, size_t cap);
 
 
-/* ======================================================================== the chat APIs */
+/* ======================================================================== the generating APIs */
 
 
 
