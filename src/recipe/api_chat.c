@@ -294,61 +294,50 @@ static bool api_chat_sampling(json_t *root, api_req *r, api_error *e)
     return true;
 }
 
-api_status api_chat_parse(const api_cfg *cfg, const char *body, size_t len, api_req *r, api_error *e)
+static const api_kind K = API_KIND_CHAT;
+
+/* Step: limits and output switches: max_tokens, n, stop, stream(+options), logprobs. */
+static bool api_chat_output_fields(json_t *root, api_req *r, api_error *e)
 {
-    const api_kind K = API_KIND_CHAT;
-    json_t *root;
-    if (!api_json_load(K, body, len, &root, e)) return API_ERR;
-    api_status ret = API_ERR;
-    double x;
     long long k;
     int st;
-    bool b;
-    if (!api_json_known(K, root, api_chat_keys, "", e)) goto out;
-    if (!api_json_cache(K, root, r, e)) goto out;
-    json_t *msgs = json_object_get(root, "messages");
-    if (!msgs) {
-        api_json_missing(K, e, "messages");
-        goto out;
-    }
-    if (!api_json_model(cfg, K, root, r, e)) goto out;
-    if (!api_chat_messages(r, msgs, e)) goto out;
-    if (!api_chat_sampling(root, r, e)) goto out;
-    (void)x;
-    if ((st = api_json_int(K, root, "max_tokens", 1, 1 << 30, &k, e)) < 0) goto out;
+    if ((st = api_json_int(K, root, "max_tokens", 1, 1 << 30, &k, e)) < 0) return false;
     if (st) r->max_tokens = (int)k;
-    if ((st = api_json_int(K, root, "max_completion_tokens", 1, 1 << 30, &k, e)) < 0) goto out;
+    if ((st = api_json_int(K, root, "max_completion_tokens", 1, 1 << 30, &k, e)) < 0) return false;
     if (st) r->max_tokens = (int)k;
-    if ((st = api_json_int(K, root, "n", 1, API_MAX_N, &k, e)) < 0) goto out;
+    if ((st = api_json_int(K, root, "n", 1, API_MAX_N, &k, e)) < 0) return false;
     if (st) r->n = (int)k;
-    if (!api_json_stop(K, root, "stop", r, e)) goto out;
-    if (api_json_bool(K, root, "stream", &r->stream, e) < 0) goto out;
-    if (api_json_bool(K, root, "logprobs", &r->logprobs, e) < 0) goto out;
-    if ((st = api_json_int(K, root, "top_logprobs", 0, API_MAX_TOP_LOGPROBS, &k, e)) < 0) goto out;
+    if (!api_json_stop(K, root, "stop", r, e)) return false;
+    if (api_json_bool(K, root, "stream", &r->stream, e) < 0) return false;
+    if (api_json_bool(K, root, "logprobs", &r->logprobs, e) < 0) return false;
+    if ((st = api_json_int(K, root, "top_logprobs", 0, API_MAX_TOP_LOGPROBS, &k, e)) < 0) return false;
     if (st) {
         if (!r->logprobs) {
             api_error_set(e, 400, "top_logprobs", "invalid_value",
                           "Invalid value for 'top_logprobs': 'logprobs' must be set to true when 'top_logprobs' is "
                           "used.");
-            goto out;
+            return false;
         }
         r->top_logprobs = (int)k;
     }
-    if (api_json_bool(K, root, "return_token_ids", &r->return_token_ids, e) < 0) goto out;
-    if (!api_json_stream_options(K, root, r, e)) goto out;
-    if (!api_json_user(K, root, r, e)) goto out;
-    if (api_json_bool(K, root, "parallel_tool_calls", &b, e) < 0) goto out;
-    if (!api_json_logit_bias(K, root, cfg ? cfg->n_vocab : 0, &r->sp, e)) goto out;
+    if (api_json_bool(K, root, "return_token_ids", &r->return_token_ids, e) < 0) return false;
+    return api_json_stream_options(K, root, r, e);
+}
+
+/* Step: what this server does not do, refused by name: response formats other than text,
+ * audio, predictions, web search, legacy function_call, non-text modalities. */
+static bool api_chat_unsupported(json_t *root, api_error *e)
+{
     json_t *rf = json_object_get(root, "response_format");
     if (rf && !json_is_null(rf)) {
         json_t *t = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
         if (!json_is_object(rf)) {
             api_json_type_error(K, e, "response_format", "an object", rf);
-            goto out;
+            return false;
         }
         if (!json_is_string(t) || strcmp(json_string_value(t), "text")) {
             api_json_value_error(K, e, "response_format.type", "only 'text' is supported by this server.");
-            goto out;
+            return false;
         }
     }
     static const char *const unsupported[] = {"audio", "prediction", "web_search_options", "function_call", NULL};
@@ -356,7 +345,7 @@ api_status api_chat_parse(const api_cfg *cfg, const char *body, size_t len, api_
         json_t *v = json_object_get(root, unsupported[i]);
         if (v && !json_is_null(v)) {
             api_json_value_error(K, e, unsupported[i], "this parameter is not supported by this server.");
-            goto out;
+            return false;
         }
     }
     json_t *mod = json_object_get(root, "modalities");
@@ -365,14 +354,21 @@ api_status api_chat_parse(const api_cfg *cfg, const char *body, size_t len, api_
         json_t *v;
         if (!json_is_array(mod)) {
             api_json_type_error(K, e, "modalities", "an array", mod);
-            goto out;
+            return false;
         }
         json_array_foreach(mod, i, v) if (!json_is_string(v) || strcmp(json_string_value(v), "text")) {
             api_json_value_error(K, e, "modalities", "only 'text' output is supported.");
-            goto out;
+            return false;
         }
     }
-    /* Tools, unless tool_choice is "none". */
+    return true;
+}
+
+/* Step: tools (and legacy functions) into the conversation, unless tool_choice is "none". */
+static bool api_chat_tool_fields(json_t *root, api_req *r, api_error *e)
+{
+    bool b;
+    if (api_json_bool(K, root, "parallel_tool_calls", &b, e) < 0) return false;
     json_t *tc = json_object_get(root, "tool_choice");
     bool tools_off = false;
     if (tc && !json_is_null(tc)) {
@@ -382,25 +378,29 @@ api_status api_chat_parse(const api_cfg *cfg, const char *body, size_t len, api_
             else if (strcmp(v, "auto") && strcmp(v, "required")) {
                 api_error_set(e, 400, "tool_choice", "invalid_value",
                               "Invalid value: '%s'. Supported values are: 'none', 'auto', and 'required'.", v);
-                goto out;
+                return false;
             }
         } else if (!json_is_object(tc)) {
             api_json_type_error(K, e, "tool_choice", "a string or an object", tc);
-            goto out;
+            return false;
         }
     }
     json_t *tools = json_object_get(root, "tools");
-    if (tools && !json_is_null(tools)) {
-        if (!api_chat_tools(&r->conv, tools, "tools", false, e)) goto out;
-    }
+    if (tools && !json_is_null(tools) && !api_chat_tools(&r->conv, tools, "tools", false, e)) return false;
     json_t *fns = json_object_get(root, "functions");
-    if (fns && !json_is_null(fns)) {
-        if (!api_chat_tools(&r->conv, fns, "functions", true, e)) goto out;
-    }
+    if (fns && !json_is_null(fns) && !api_chat_tools(&r->conv, fns, "functions", true, e)) return false;
     if (tools_off) r->conv.n_tools = 0;
-    /* Thinking switches: reasoning_effort, chat_template_kwargs.enable_thinking, thinking.type. */
+    return true;
+}
+
+/* Step: the thinking switches: reasoning_effort, chat_template_kwargs.enable_thinking, and
+ * thinking {type, budget_tokens}; the last one given wins. */
+static bool api_chat_thinking(json_t *root, api_req *r, api_error *e)
+{
     const char *effort = NULL;
-    if ((st = api_json_str(K, root, "reasoning_effort", &effort, e)) < 0) goto out;
+    bool b;
+    int st;
+    if ((st = api_json_str(K, root, "reasoning_effort", &effort, e)) < 0) return false;
     if (st) {
         if (!strcmp(effort, "none") || !strcmp(effort, "minimal")) r->conv.thinking = CONV_THINKING_OFF;
         else if (!strcmp(effort, "low") || !strcmp(effort, "medium") || !strcmp(effort, "high"))
@@ -409,16 +409,16 @@ api_status api_chat_parse(const api_cfg *cfg, const char *body, size_t len, api_
             api_error_set(e, 400, "reasoning_effort", "invalid_value",
                           "Invalid value: '%s'. Supported values are: 'none', 'minimal', 'low', 'medium', and 'high'.",
                           effort);
-            goto out;
+            return false;
         }
     }
     json_t *ctk = json_object_get(root, "chat_template_kwargs");
     if (ctk && !json_is_null(ctk)) {
         if (!json_is_object(ctk)) {
             api_json_type_error(K, e, "chat_template_kwargs", "an object", ctk);
-            goto out;
+            return false;
         }
-        if ((st = api_json_bool(K, ctk, "enable_thinking", &b, e)) < 0) goto out;
+        if ((st = api_json_bool(K, ctk, "enable_thinking", &b, e)) < 0) return false;
         if (st) r->conv.thinking = b ? CONV_THINKING_ON : CONV_THINKING_OFF;
     }
     json_t *th = json_object_get(root, "thinking");
@@ -426,16 +426,37 @@ api_status api_chat_parse(const api_cfg *cfg, const char *body, size_t len, api_
         json_t *t = json_is_object(th) ? json_object_get(th, "type") : NULL;
         if (!json_is_string(t) || (strcmp(json_string_value(t), "enabled") && strcmp(json_string_value(t), "disabled"))) {
             api_json_value_error(K, e, "thinking", "expected {\"type\": \"enabled\"} or {\"type\": \"disabled\"}.");
-            goto out;
+            return false;
         }
         r->conv.thinking = !strcmp(json_string_value(t), "enabled") ? CONV_THINKING_ON : CONV_THINKING_OFF;
         long long bt = 0;
         if ((st = api_json_int(K, th, "budget_tokens", 1, 1 << 30, &bt, e)) < 0) {
             snprintf(e->param, sizeof e->param, "thinking.budget_tokens");
-            goto out;
+            return false;
         }
         if (st && r->conv.thinking == CONV_THINKING_ON) r->thinking_budget = (int)bt;
     }
+    return true;
+}
+
+api_status api_chat_parse(const api_cfg *cfg, const char *body, size_t len, api_req *r, api_error *e)
+{
+    json_t *root;
+    if (!api_json_load(K, body, len, &root, e)) return API_ERR;
+    api_status ret = API_ERR;
+    /* what the request is: known fields, the model, the conversation */
+    if (!api_json_known(K, root, api_chat_keys, "", e) || !api_json_cache(K, root, r, e)) goto out;
+    json_t *msgs = json_object_get(root, "messages");
+    if (!msgs) {
+        api_json_missing(K, e, "messages");
+        goto out;
+    }
+    if (!api_json_model(cfg, K, root, r, e) || !api_chat_messages(r, msgs, e)) goto out;
+    /* how to generate, and what to send back */
+    if (!api_chat_sampling(root, r, e) || !api_json_logit_bias(K, root, cfg ? cfg->n_vocab : 0, &r->sp, e)) goto out;
+    if (!api_chat_output_fields(root, r, e) || !api_json_user(K, root, r, e) || !api_chat_unsupported(root, e)) goto out;
+    /* tools and thinking, which shape the prompt */
+    if (!api_chat_tool_fields(root, r, e) || !api_chat_thinking(root, r, e)) goto out;
     ret = API_OK;
 out:
     json_decref(root);
