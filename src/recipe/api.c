@@ -21,7 +21,7 @@
 #include "util/util.h"
 
 /* ------------------------------------------------------------------ serving helpers (api_completions.c too) */
-void api_respond_buf(http_request *r, int status, const jsonfmt_buf *b)
+void api_respond_buf(http_request *r, int status, const bytebuf *b)
 {
     http_respond(r, status, "application/json", b->p ? b->p : "", b->len);
 }
@@ -41,30 +41,30 @@ void api_respond_json(http_request *r, int status, json_t *v)
 void api_openai_error(http_request *r, int status, const char *type, const char *message,
                       const char *param, const char *code)
 {
-    jsonfmt_buf b = {0};
-    jsonfmt_buf_puts(&b, "{\"error\":{\"message\":");
+    bytebuf b = {0};
+    bytebuf_puts(&b, "{\"error\":{\"message\":");
     api_buf_str(&b, message);
-    jsonfmt_buf_puts(&b, ",\"type\":");
+    bytebuf_puts(&b, ",\"type\":");
     api_buf_str(&b, type);
-    jsonfmt_buf_puts(&b, ",\"param\":");
+    bytebuf_puts(&b, ",\"param\":");
     api_buf_str(&b, param);
-    jsonfmt_buf_puts(&b, ",\"code\":");
+    bytebuf_puts(&b, ",\"code\":");
     api_buf_str(&b, code);
-    jsonfmt_buf_puts(&b, "}}");
+    bytebuf_puts(&b, "}}");
     api_respond_buf(r, status, &b);
-    jsonfmt_buf_free(&b);
+    bytebuf_free(&b);
 }
 
 void api_anthropic_error(http_request *r, int status, const char *type, const char *message)
 {
-    jsonfmt_buf b = {0};
-    jsonfmt_buf_puts(&b, "{\"type\":\"error\",\"error\":{\"type\":");
+    bytebuf b = {0};
+    bytebuf_puts(&b, "{\"type\":\"error\",\"error\":{\"type\":");
     api_buf_str(&b, type);
-    jsonfmt_buf_puts(&b, ",\"message\":");
+    bytebuf_puts(&b, ",\"message\":");
     api_buf_str(&b, message);
-    jsonfmt_buf_puts(&b, "}}");
+    bytebuf_puts(&b, "}}");
     api_respond_buf(r, status, &b);
-    jsonfmt_buf_free(&b);
+    bytebuf_free(&b);
 }
 
 bool api_openai_auth(http_request *r)
@@ -224,14 +224,14 @@ bool api_model_ok(const api_ctx *c, const char *name)
     return false;
 }
 
-void api_detok(tokenizer_stream *ts, int32_t token, jsonfmt_buf *scratch, jsonfmt_buf *out)
+void api_detok(tokenizer_stream *ts, int32_t token, bytebuf *scratch, bytebuf *out)
 {
     scratch->len = 0;
     size_t cap = tokenizer_max_piece(ts->tok) + 4;  /* always enough (tokenizer.h) */
-    jsonfmt_buf_reserve(scratch, cap);
+    bytebuf_reserve(scratch, cap);
     size_t n = token < 0 ? tokenizer_stream_flush(ts, scratch->p, cap) : tokenizer_stream_push(ts, token, scratch->p, cap);
     out->len = 0;
-    jsonfmt_buf_reserve(out, 3 * n);
+    bytebuf_reserve(out, 3 * n);
     out->len = unicode_utf8_repair(scratch->p, n, out->p);
     out->p[out->len] = 0;
 }
@@ -306,8 +306,8 @@ typedef struct {
     bool error;                         /* the engine failed a request */
     bool ended;                         /* the closing events / body were written */
     bool begun;                         /* streaming: the opening events were written */
-    jsonfmt_buf raw;                    /* scratch: one token's bytes from the detokenizer */
-    jsonfmt_buf text;                   /* one token's text as the client gets it (api_detok) */
+    bytebuf raw;                    /* scratch: one token's bytes from the detokenizer */
+    bytebuf text;                   /* one token's text as the client gets it (api_detok) */
 } api_job;
 
 static void api_job_free(api_job *j)
@@ -315,8 +315,8 @@ static void api_job_free(api_job *j)
     for (int i = 0; i < j->n; i++)
         if (j->sreq[i]) api_be_release(j->c, j->sreq[i]);
     api_out_free(&j->out);
-    jsonfmt_buf_free(&j->raw);
-    jsonfmt_buf_free(&j->text);
+    bytebuf_free(&j->raw);
+    bytebuf_free(&j->text);
     template_prompt_free(&j->prompt);
     api_req_free(&j->req);
     free(j);
@@ -395,31 +395,31 @@ static bool api_job_pump(api_job *j, int timeout_ms)
     return any;
 }
 
-static void api_job_error_body(api_job *j, jsonfmt_buf *b)
+static void api_job_error_body(api_job *j, bytebuf *b)
 {
     api_error e;
     api_error_set(&e, 500, NULL, NULL, "The request failed in the engine (the KV cache may be too small for it).");
     api_error_json(j->kind, &e, b);
 }
 
-static bool api_job_pull(void *ctx, http_buf *outb, int timeout_ms)
+static bool api_job_pull(void *ctx, bytebuf *outb, int timeout_ms)
 {
     api_job *j = ctx;
     if (j->ended) return false;
     api_job_pump(j, timeout_ms);
     if (api_job_all_finished(j)) {
         if (j->error) {
-            jsonfmt_buf b = {0};
+            bytebuf b = {0};
             api_job_error_body(j, &b);
             api_sse(&j->out.out, j->kind == API_KIND_MESSAGES ? "error" : NULL, b.p, b.len);
-            jsonfmt_buf_free(&b);
+            bytebuf_free(&b);
         } else {
             api_out_end(&j->out);
         }
         j->ended = true;
     }
     if (j->out.out.len) {
-        http_buf_append(outb, j->out.out.p, j->out.out.len);
+        bytebuf_append(outb, j->out.out.p, j->out.out.len);
         j->out.out.len = 0;
     }
     return !j->ended;
@@ -433,10 +433,10 @@ static void api_job_done(void *ctx, bool client_gone)
 
 void api_respond_error(http_request *r, api_kind kind, const api_error *e)
 {
-    jsonfmt_buf b = {0};
+    bytebuf b = {0};
     api_error_json(kind, e, &b);
     http_respond(r, e->status, "application/json", b.p, b.len);
-    jsonfmt_buf_free(&b);
+    bytebuf_free(&b);
 }
 
 
@@ -487,16 +487,16 @@ static bool api_job_prompt(api_job *j, api_error *e)
 static void api_job_count(http_request *r, api_job *j)
 {
     int n_prompt = (int)j->prompt.n_ids;
-    jsonfmt_buf b = {0};
-    api_buf_printf(&b, "{\"input_tokens\":%d", n_prompt);
+    bytebuf b = {0};
+    bytebuf_printf(&b, "{\"input_tokens\":%d", n_prompt);
     if (j->req.return_token_ids) {
-        jsonfmt_buf_puts(&b, ",\"prompt_token_ids\":[");
-        for (int k = 0; k < n_prompt; k++) api_buf_printf(&b, "%s%d", k ? "," : "", j->prompt.ids[k]);
-        jsonfmt_buf_putc(&b, ']');
+        bytebuf_puts(&b, ",\"prompt_token_ids\":[");
+        for (int k = 0; k < n_prompt; k++) bytebuf_printf(&b, "%s%d", k ? "," : "", j->prompt.ids[k]);
+        bytebuf_putc(&b, ']');
     }
-    jsonfmt_buf_putc(&b, '}');
+    bytebuf_putc(&b, '}');
     api_respond_buf(r, 200, &b);
-    jsonfmt_buf_free(&b);
+    bytebuf_free(&b);
 }
 
 static void api_respond_submit_error(http_request *r, const api_job *j, sched_status st)
@@ -589,10 +589,10 @@ static void api_job_answer(http_request *r, api_job *j)
         }
     }
     if (j->error) {
-        jsonfmt_buf b = {0};
+        bytebuf b = {0};
         api_job_error_body(j, &b);
         http_respond(r, 500, "application/json", b.p, b.len);
-        jsonfmt_buf_free(&b);
+        bytebuf_free(&b);
     } else {
         api_out_end(&j->out);
         api_respond_buf(r, 200, &j->out.out);

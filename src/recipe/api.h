@@ -74,7 +74,7 @@ typedef struct api_backend {
     int (*poll)(void *ud, sched_req *r, sched_output *out, int max, int timeout_ms);
     void (*cancel)(void *ud, sched_req *r);
     void (*release)(void *ud, sched_req *r);
-    void (*metrics)(void *ud, http_buf *b);
+    void (*metrics)(void *ud, bytebuf *b);
 } api_backend;
 
 typedef struct {
@@ -127,7 +127,7 @@ struct json_t;
 void api_respond_json(http_request *r, int status, struct json_t *v);
 /* One Prometheus metric without labels (HELP, TYPE counter|gauge, value), for /metrics of the
  * server and of the gateway. */
-void api_metric(http_buf *b, const char *name, const char *type, const char *help, double v);
+void api_metric(bytebuf *b, const char *name, const char *type, const char *help, double v);
 
 /* Stop strings over generated text text[0..len): true when one occurs at or after byte
  * `from` (*cut = where the earliest starts: the answer ends there). Otherwise *safe = the
@@ -187,9 +187,9 @@ void api_error_set(api_error *e, int status, const char *param, const char *code
  * status (400 invalid_request_error, 401 authentication_error, 403 permission_error, 404
  * not_found_error, 413 request_too_large, 429 rate_limit_error, 500 api_error, 529
  * overloaded_error). */
-void api_error_json(api_kind kind, const api_error *e, jsonfmt_buf *out);
+void api_error_json(api_kind kind, const api_error *e, bytebuf *out);
 /* Responds with a JSON body b (application/json). */
-void api_respond_buf(http_request *r, int status, const jsonfmt_buf *b);
+void api_respond_buf(http_request *r, int status, const bytebuf *b);
 /* Responds with e's status and body in kind's vendor shape. */
 void api_respond_error(http_request *r, api_kind kind, const api_error *e);
 
@@ -268,7 +268,7 @@ typedef struct {
 typedef struct {
     char *const *stop;        /* n_stop sequences (borrowed) */
     int n_stop;
-    jsonfmt_buf hold;         /* text not yet released: it may start a stop sequence */
+    bytebuf hold;         /* text not yet released: it may start a stop sequence */
     int matched;              /* index of the matched sequence, -1 while none */
 } api_stop;
 
@@ -276,9 +276,9 @@ void api_stop_init(api_stop *s, char *const *stop, int n_stop);
 void api_stop_free(api_stop *s);
 /* Feeds text. Appends to `emit` the text that can be released now; returns true when a stop
  * sequence matched (emit then ends right before it; later text must not be fed). */
-bool api_stop_feed(api_stop *s, const char *text, size_t len, jsonfmt_buf *emit);
+bool api_stop_feed(api_stop *s, const char *text, size_t len, bytebuf *emit);
 /* End of output: releases what is held (no match can complete any more). */
-void api_stop_flush(api_stop *s, jsonfmt_buf *emit);
+void api_stop_flush(api_stop *s, bytebuf *emit);
 
 /* One output token's log-probability, for chat `logprobs`. */
 typedef struct {
@@ -314,7 +314,7 @@ typedef struct {
     char id[48];              /* vendor id set by the formatter at OPEN (msg_/rs_/fc_/toolu_) */
     char call_id[40];         /* TOOL: the splitter's "call_..." id */
     char *name;               /* TOOL: function name (owned) */
-    jsonfmt_buf text;         /* TEXT/REASONING: the text; TOOL: the arguments JSON */
+    bytebuf text;         /* TEXT/REASONING: the text; TOOL: the arguments JSON */
     int tool_index;           /* TOOL: 0-based index among the answer's calls */
 } api_item;
 
@@ -332,7 +332,7 @@ typedef struct {
     int index;                /* this choice's index */
     events *ev;               /* the output splitter */
     api_stop stop;            /* stop matcher on answer text */
-    jsonfmt_buf emit;         /* scratch: text released by the stop matcher */
+    bytebuf emit;         /* scratch: text released by the stop matcher */
     api_item *items;          /* n_items items in output order */
     int n_items, cap_items;
     bool open;                /* the last item is still open */
@@ -370,7 +370,7 @@ typedef struct api_out {
     int seq;                  /* responses: next sequence_number */
     api_piece_fn piece;       /* logprob token text (NULL: logprobs carry no text) */
     void *piece_ud;
-    jsonfmt_buf out;          /* bytes ready for the client (SSE events, or the final body) */
+    bytebuf out;          /* bytes ready for the client (SSE events, or the final body) */
 } api_out;
 
 /* Prepares the output of req: markers for the splitter, a seed for tool-call ids, the model
@@ -433,24 +433,23 @@ bool api_tenancy_of(http_request *r, const api_ctx *c, const char *cache_salt, c
 void api_serve(http_request *r, const api_ctx *c, api_kind kind, bool count_only, api_store *store);
 
 /* ---- helpers shared by the three files ---- */
-void api_buf_printf(jsonfmt_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Appends a JSON string literal (NULL -> null). */
-void api_buf_str(jsonfmt_buf *b, const char *s);
-void api_buf_strn(jsonfmt_buf *b, const char *s, size_t len);
+void api_buf_str(bytebuf *b, const char *s);
+void api_buf_strn(bytebuf *b, const char *s, size_t len);
 /* Appends an SSE event: "event: NAME\n" (when name) + "data: JSON\n\n". */
-void api_sse(jsonfmt_buf *b, const char *name, const char *json, size_t len);
+void api_sse(bytebuf *b, const char *name, const char *json, size_t len);
 /* Appends OpenAI's end of stream: "data: [DONE]". */
-void api_sse_done(jsonfmt_buf *b);
+void api_sse_done(bytebuf *b);
 /* Appends the SSE event "event: TYPE" with data {"type":TYPE[,"sequence_number":seq],FIELDS}
  * (fields: members without braces, may be empty; seq < 0: no sequence_number). */
-void api_sse_typed(jsonfmt_buf *b, const char *type, int seq, const char *fields, size_t flen);
+void api_sse_typed(bytebuf *b, const char *type, int seq, const char *fields, size_t flen);
 /* The client's text of one generated token, or with token < 0 of the end of the output (what
  * the detokenizer still holds): the detokenizer's ready bytes (an unfinished character waits
  * for the token that completes it) with every byte sequence that can never be a character
  * replaced by U+FFFD. Everything downstream (stop strings, the reasoning/answer/tool-call
  * split, tool-call arguments, the JSON) sees this text. out is overwritten; scratch is the
  * caller's reusable buffer for the raw bytes. */
-void api_detok(tokenizer_stream *ts, int32_t token, jsonfmt_buf *scratch, jsonfmt_buf *out);
+void api_detok(tokenizer_stream *ts, int32_t token, bytebuf *scratch, bytebuf *out);
 
 /* Per-API formatters used by api_out (api_chat.c, api_responses.c, api_messages.c): begin
  * (streaming only), on (each op of choice i; it is NULL for FINISH), end. They append to
@@ -468,8 +467,8 @@ void api_completions_begin(api_out *o);
 void api_completions_on(api_out *o, int i, api_op op, api_item *it, const char *d, size_t len);
 void api_completions_end(api_out *o);
 /* Usage JSON objects in each vendor's fields. */
-void api_chat_usage_json(const api_usage *u, jsonfmt_buf *b);
+void api_chat_usage_json(const api_usage *u, bytebuf *b);
 /* The Anthropic count_tokens body. */
-void api_messages_count_json(int input_tokens, jsonfmt_buf *out);
+void api_messages_count_json(int input_tokens, bytebuf *out);
 
 #endif

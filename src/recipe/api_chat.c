@@ -465,9 +465,9 @@ out:
 
 /* ------------------------------------------------------------------ output */
 
-void api_chat_usage_json(const api_usage *u, jsonfmt_buf *b)
+void api_chat_usage_json(const api_usage *u, bytebuf *b)
 {
-    api_buf_printf(b,
+    bytebuf_printf(b,
                    "{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d,"
                    "\"prompt_tokens_details\":{\"cached_tokens\":%d},"
                    "\"completion_tokens_details\":{\"reasoning_tokens\":%d},"
@@ -484,65 +484,65 @@ static const char *api_chat_finish_name(events_finish_reason f)
 /* `token` is the text (a piece that is not UTF-8 on its own, e.g. half a character, reads as
  * U+FFFD), `bytes` the piece's raw bytes: joining the bytes of consecutive tokens gives the
  * real text back, as OpenAI documents. */
-static void api_chat_lp_one(jsonfmt_buf *b, const char *text, size_t len, float lp)
+static void api_chat_lp_one(bytebuf *b, const char *text, size_t len, float lp)
 {
-    jsonfmt_buf_puts(b, "{\"token\":");
+    bytebuf_puts(b, "{\"token\":");
     api_buf_strn(b, text, len);
-    api_buf_printf(b, ",\"logprob\":%.6g,\"bytes\":[", (double)lp);
-    for (size_t k = 0; k < len; k++) api_buf_printf(b, "%s%u", k ? "," : "", (unsigned char)text[k]);
-    jsonfmt_buf_putc(b, ']');
+    bytebuf_printf(b, ",\"logprob\":%.6g,\"bytes\":[", (double)lp);
+    for (size_t k = 0; k < len; k++) bytebuf_printf(b, "%s%u", k ? "," : "", (unsigned char)text[k]);
+    bytebuf_putc(b, ']');
 }
 
 /* {"content":[...]} of entries [from, to) of choice c. */
-static void api_chat_lps(jsonfmt_buf *b, const api_choice *c, int from, int to)
+static void api_chat_lps(bytebuf *b, const api_choice *c, int from, int to)
 {
-    jsonfmt_buf_puts(b, "{\"content\":[");
+    bytebuf_puts(b, "{\"content\":[");
     for (int k = from; k < to; k++) {
         const api_lp_entry *en = &c->lps[k];
-        if (k > from) jsonfmt_buf_putc(b, ',');
+        if (k > from) bytebuf_putc(b, ',');
         api_chat_lp_one(b, en->text, en->len, en->logprob);
-        jsonfmt_buf_puts(b, ",\"top_logprobs\":[");
+        bytebuf_puts(b, ",\"top_logprobs\":[");
         for (int t = 0; t < en->n_top; t++) {
-            if (t) jsonfmt_buf_putc(b, ',');
+            if (t) bytebuf_putc(b, ',');
             api_chat_lp_one(b, en->top_text[t], en->top_len[t], en->top_logprob[t]);
-            jsonfmt_buf_putc(b, '}');
+            bytebuf_putc(b, '}');
         }
-        jsonfmt_buf_puts(b, "]}");
+        bytebuf_puts(b, "]}");
     }
-    jsonfmt_buf_puts(b, "],\"refusal\":null}");
+    bytebuf_puts(b, "],\"refusal\":null}");
 }
 
-static void api_chat_chunk_open(api_out *o, jsonfmt_buf *b)
+static void api_chat_chunk_open(api_out *o, bytebuf *b)
 {
-    jsonfmt_buf_puts(b, "{\"id\":");
+    bytebuf_puts(b, "{\"id\":");
     api_buf_str(b, o->id);
-    api_buf_printf(b, ",\"object\":\"chat.completion.chunk\",\"created\":%lld,\"model\":", (long long)o->created);
+    bytebuf_printf(b, ",\"object\":\"chat.completion.chunk\",\"created\":%lld,\"model\":", (long long)o->created);
     api_buf_str(b, o->model);
-    jsonfmt_buf_puts(b, ",\"system_fingerprint\":\"tokenmill\",\"choices\":[");
+    bytebuf_puts(b, ",\"system_fingerprint\":\"tokenmill\",\"choices\":[");
 }
 
 /* Sends one chunk for choice i: delta is the inside of the delta object, finish may be NULL. */
 static void api_chat_chunk(api_out *o, int i, const char *delta, size_t dlen, const char *finish)
 {
     api_choice *c = &o->choices[i];
-    jsonfmt_buf b = {0};
+    bytebuf b = {0};
     api_chat_chunk_open(o, &b);
-    api_buf_printf(&b, "{\"index\":%d,\"delta\":{", i);
-    jsonfmt_buf_append(&b, delta, dlen);
-    jsonfmt_buf_puts(&b, "},\"logprobs\":");
+    bytebuf_printf(&b, "{\"index\":%d,\"delta\":{", i);
+    bytebuf_append(&b, delta, dlen);
+    bytebuf_puts(&b, "},\"logprobs\":");
     if (o->req->logprobs && c->n_lps > c->n_lps_sent) {
         api_chat_lps(&b, c, c->n_lps_sent, c->n_lps);
         c->n_lps_sent = c->n_lps;
     } else {
-        jsonfmt_buf_puts(&b, "null");
+        bytebuf_puts(&b, "null");
     }
-    jsonfmt_buf_puts(&b, ",\"finish_reason\":");
+    bytebuf_puts(&b, ",\"finish_reason\":");
     api_buf_str(&b, finish);
-    jsonfmt_buf_puts(&b, "}]");
-    if (o->req->include_usage) jsonfmt_buf_puts(&b, ",\"usage\":null");
-    jsonfmt_buf_putc(&b, '}');
+    bytebuf_puts(&b, "}]");
+    if (o->req->include_usage) bytebuf_puts(&b, ",\"usage\":null");
+    bytebuf_putc(&b, '}');
     api_sse(&o->out, NULL, b.p, b.len);
-    jsonfmt_buf_free(&b);
+    bytebuf_free(&b);
 }
 
 void api_chat_begin(api_out *o)
@@ -556,23 +556,23 @@ void api_chat_begin(api_out *o)
 void api_chat_on(api_out *o, int i, api_op op, api_item *it, const char *d, size_t len)
 {
     if (!o->req->stream) return;
-    jsonfmt_buf delta = {0};
+    bytebuf delta = {0};
     if (op == API_OP_DELTA && it->kind == API_ITEM_TEXT) {
-        jsonfmt_buf_puts(&delta, "\"content\":");
+        bytebuf_puts(&delta, "\"content\":");
         api_buf_strn(&delta, d, len);
     } else if (op == API_OP_DELTA && it->kind == API_ITEM_REASONING) {
-        jsonfmt_buf_puts(&delta, "\"reasoning_content\":");
+        bytebuf_puts(&delta, "\"reasoning_content\":");
         api_buf_strn(&delta, d, len);
     } else if (op == API_OP_OPEN && it->kind == API_ITEM_TOOL) {
-        api_buf_printf(&delta, "\"tool_calls\":[{\"index\":%d,\"id\":", it->tool_index);
+        bytebuf_printf(&delta, "\"tool_calls\":[{\"index\":%d,\"id\":", it->tool_index);
         api_buf_str(&delta, it->call_id);
-        jsonfmt_buf_puts(&delta, ",\"type\":\"function\",\"function\":{\"name\":");
+        bytebuf_puts(&delta, ",\"type\":\"function\",\"function\":{\"name\":");
         api_buf_str(&delta, it->name);
-        jsonfmt_buf_puts(&delta, ",\"arguments\":\"\"}}]");
+        bytebuf_puts(&delta, ",\"arguments\":\"\"}}]");
     } else if (op == API_OP_DELTA && it->kind == API_ITEM_TOOL) {
-        api_buf_printf(&delta, "\"tool_calls\":[{\"index\":%d,\"function\":{\"arguments\":", it->tool_index);
+        bytebuf_printf(&delta, "\"tool_calls\":[{\"index\":%d,\"function\":{\"arguments\":", it->tool_index);
         api_buf_strn(&delta, d, len);
-        jsonfmt_buf_puts(&delta, "}}]");
+        bytebuf_puts(&delta, "}}]");
     } else if (op == API_OP_FINISH) {
         api_chat_chunk(o, i, "", 0, api_chat_finish_name(o->choices[i].finish));
         return;
@@ -580,97 +580,97 @@ void api_chat_on(api_out *o, int i, api_op op, api_item *it, const char *d, size
         return;
     }
     api_chat_chunk(o, i, delta.p, delta.len, NULL);
-    jsonfmt_buf_free(&delta);
+    bytebuf_free(&delta);
 }
 
-static void api_chat_ids(jsonfmt_buf *b, const int32_t *ids, int n)
+static void api_chat_ids(bytebuf *b, const int32_t *ids, int n)
 {
-    jsonfmt_buf_putc(b, '[');
-    for (int k = 0; k < n; k++) api_buf_printf(b, "%s%d", k ? "," : "", ids[k]);
-    jsonfmt_buf_putc(b, ']');
+    bytebuf_putc(b, '[');
+    for (int k = 0; k < n; k++) bytebuf_printf(b, "%s%d", k ? "," : "", ids[k]);
+    bytebuf_putc(b, ']');
 }
 
 void api_chat_end(api_out *o)
 {
-    jsonfmt_buf *b = &o->out;
+    bytebuf *b = &o->out;
     if (o->req->stream) {
         if (o->req->include_usage) {
-            jsonfmt_buf u = {0};
+            bytebuf u = {0};
             api_chat_chunk_open(o, &u);
-            jsonfmt_buf_puts(&u, "],\"usage\":");
+            bytebuf_puts(&u, "],\"usage\":");
             api_chat_usage_json(&o->usage, &u);
-            jsonfmt_buf_putc(&u, '}');
+            bytebuf_putc(&u, '}');
             api_sse(b, NULL, u.p, u.len);
-            jsonfmt_buf_free(&u);
+            bytebuf_free(&u);
         }
         api_sse_done(b);
         return;
     }
-    jsonfmt_buf_puts(b, "{\"id\":");
+    bytebuf_puts(b, "{\"id\":");
     api_buf_str(b, o->id);
-    api_buf_printf(b, ",\"object\":\"chat.completion\",\"created\":%lld,\"model\":", (long long)o->created);
+    bytebuf_printf(b, ",\"object\":\"chat.completion\",\"created\":%lld,\"model\":", (long long)o->created);
     api_buf_str(b, o->model);
-    jsonfmt_buf_puts(b, ",\"system_fingerprint\":\"tokenmill\",\"choices\":[");
+    bytebuf_puts(b, ",\"system_fingerprint\":\"tokenmill\",\"choices\":[");
     for (int i = 0; i < o->n_choices; i++) {
         const api_choice *c = &o->choices[i];
-        if (i) jsonfmt_buf_putc(b, ',');
-        api_buf_printf(b, "{\"index\":%d,\"message\":{\"role\":\"assistant\",\"content\":", i);
+        if (i) bytebuf_putc(b, ',');
+        bytebuf_printf(b, "{\"index\":%d,\"message\":{\"role\":\"assistant\",\"content\":", i);
         /* Text items joined; null when the answer is only tool calls. */
-        jsonfmt_buf text = {0}, reasoning = {0};
+        bytebuf text = {0}, reasoning = {0};
         bool has_text = false, has_reasoning = false;
         for (int k = 0; k < c->n_items; k++) {
             const api_item *it = &c->items[k];
             if (it->kind == API_ITEM_TEXT) {
                 has_text = true;
-                jsonfmt_buf_append(&text, it->text.p ? it->text.p : "", it->text.len);
+                bytebuf_append(&text, it->text.p ? it->text.p : "", it->text.len);
             } else if (it->kind == API_ITEM_REASONING) {
                 has_reasoning = true;
-                jsonfmt_buf_append(&reasoning, it->text.p ? it->text.p : "", it->text.len);
+                bytebuf_append(&reasoning, it->text.p ? it->text.p : "", it->text.len);
             }
         }
         if (has_text && !(c->n_calls && text.len == 0)) api_buf_strn(b, text.p ? text.p : "", text.len);
-        else jsonfmt_buf_puts(b, "null");
+        else bytebuf_puts(b, "null");
         if (has_reasoning) {
-            jsonfmt_buf_puts(b, ",\"reasoning_content\":");
+            bytebuf_puts(b, ",\"reasoning_content\":");
             api_buf_strn(b, reasoning.p, reasoning.len);
         }
-        jsonfmt_buf_free(&text);
-        jsonfmt_buf_free(&reasoning);
+        bytebuf_free(&text);
+        bytebuf_free(&reasoning);
         if (c->n_calls) {
-            jsonfmt_buf_puts(b, ",\"tool_calls\":[");
+            bytebuf_puts(b, ",\"tool_calls\":[");
             int n = 0;
             for (int k = 0; k < c->n_items; k++) {
                 const api_item *it = &c->items[k];
                 if (it->kind != API_ITEM_TOOL) continue;
-                if (n++) jsonfmt_buf_putc(b, ',');
-                jsonfmt_buf_puts(b, "{\"id\":");
+                if (n++) bytebuf_putc(b, ',');
+                bytebuf_puts(b, "{\"id\":");
                 api_buf_str(b, it->call_id);
-                jsonfmt_buf_puts(b, ",\"type\":\"function\",\"function\":{\"name\":");
+                bytebuf_puts(b, ",\"type\":\"function\",\"function\":{\"name\":");
                 api_buf_str(b, it->name);
-                jsonfmt_buf_puts(b, ",\"arguments\":");
+                bytebuf_puts(b, ",\"arguments\":");
                 api_buf_strn(b, it->text.p ? it->text.p : "{}", it->text.p ? it->text.len : 2);
-                jsonfmt_buf_puts(b, "}}");
+                bytebuf_puts(b, "}}");
             }
-            jsonfmt_buf_putc(b, ']');
+            bytebuf_putc(b, ']');
         }
-        jsonfmt_buf_puts(b, ",\"refusal\":null},\"logprobs\":");
+        bytebuf_puts(b, ",\"refusal\":null},\"logprobs\":");
         if (o->req->logprobs) api_chat_lps(b, c, 0, c->n_lps);
-        else jsonfmt_buf_puts(b, "null");
-        jsonfmt_buf_puts(b, ",\"finish_reason\":");
+        else bytebuf_puts(b, "null");
+        bytebuf_puts(b, ",\"finish_reason\":");
         api_buf_str(b, api_chat_finish_name(c->finish));
         if (o->req->return_token_ids) {
-            jsonfmt_buf_puts(b, ",\"token_ids\":");
+            bytebuf_puts(b, ",\"token_ids\":");
             api_chat_ids(b, c->token_ids, c->n_token_ids);
         }
-        jsonfmt_buf_putc(b, '}');
+        bytebuf_putc(b, '}');
     }
-    jsonfmt_buf_puts(b, "],\"usage\":");
+    bytebuf_puts(b, "],\"usage\":");
     api_chat_usage_json(&o->usage, b);
     if (o->req->return_token_ids) {
-        jsonfmt_buf_puts(b, ",\"prompt_token_ids\":");
+        bytebuf_puts(b, ",\"prompt_token_ids\":");
         api_chat_ids(b, o->prompt_ids, o->n_prompt_ids);
     }
-    jsonfmt_buf_putc(b, '}');
+    bytebuf_putc(b, '}');
 }
 
 /* ------------------------------------------------------------------ route */

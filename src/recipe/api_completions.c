@@ -169,76 +169,76 @@ out:
 static const char *compl_finish_name(events_finish_reason f) { return f == EVENTS_FINISH_LENGTH ? "length" : "stop"; }
 
 /* {"id":...,"object":"text_completion",...,"choices":[ */
-static void compl_open(const api_out *o, jsonfmt_buf *b)
+static void compl_open(const api_out *o, bytebuf *b)
 {
-    jsonfmt_buf_puts(b, "{\"id\":");
+    bytebuf_puts(b, "{\"id\":");
     api_buf_str(b, o->id);
-    api_buf_printf(b, ",\"object\":\"text_completion\",\"created\":%lld,\"model\":", (long long)o->created);
+    bytebuf_printf(b, ",\"object\":\"text_completion\",\"created\":%lld,\"model\":", (long long)o->created);
     api_buf_str(b, o->model);
-    jsonfmt_buf_puts(b, ",\"system_fingerprint\":");
+    bytebuf_puts(b, ",\"system_fingerprint\":");
     api_buf_str(b, o->fingerprint);
-    jsonfmt_buf_puts(b, ",\"choices\":[");
+    bytebuf_puts(b, ",\"choices\":[");
 }
 
-static void compl_usage(const api_out *o, jsonfmt_buf *b)
+static void compl_usage(const api_out *o, bytebuf *b)
 {
     const api_usage *u = &o->usage;
-    api_buf_printf(b, "{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d,"
+    bytebuf_printf(b, "{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d,"
                       "\"prompt_tokens_details\":{\"cached_tokens\":%d}}",
                    u->prompt_tokens, u->completion_tokens, u->prompt_tokens + u->completion_tokens, u->cached_tokens);
 }
 
 /* The log-probs of entries [from, to) of choice c in the completions shape. */
-static void compl_logprobs(jsonfmt_buf *b, const api_choice *c, int from, int to)
+static void compl_logprobs(bytebuf *b, const api_choice *c, int from, int to)
 {
-    jsonfmt_buf_puts(b, "{\"tokens\":[");
+    bytebuf_puts(b, "{\"tokens\":[");
     for (int k = from; k < to; k++) {
-        if (k > from) jsonfmt_buf_putc(b, ',');
+        if (k > from) bytebuf_putc(b, ',');
         api_buf_strn(b, c->lps[k].text, c->lps[k].len);
     }
-    jsonfmt_buf_puts(b, "],\"token_logprobs\":[");
-    for (int k = from; k < to; k++) api_buf_printf(b, "%s%.6g", k > from ? "," : "", (double)c->lps[k].logprob);
-    jsonfmt_buf_puts(b, "],\"top_logprobs\":[");
+    bytebuf_puts(b, "],\"token_logprobs\":[");
+    for (int k = from; k < to; k++) bytebuf_printf(b, "%s%.6g", k > from ? "," : "", (double)c->lps[k].logprob);
+    bytebuf_puts(b, "],\"top_logprobs\":[");
     for (int k = from; k < to; k++) {
         const api_lp_entry *en = &c->lps[k];
-        jsonfmt_buf_puts(b, k > from ? ",{" : "{");
+        bytebuf_puts(b, k > from ? ",{" : "{");
         int n = 0;
         for (int t = 0; t < en->n_top; t++) {
             bool dup = false;  /* an object: two alternatives with the same text keep the first */
             for (int u = 0; u < t && !dup; u++)
                 dup = en->top_len[u] == en->top_len[t] && !memcmp(en->top_text[u], en->top_text[t], en->top_len[t]);
             if (dup) continue;
-            if (n++) jsonfmt_buf_putc(b, ',');
+            if (n++) bytebuf_putc(b, ',');
             api_buf_strn(b, en->top_text[t], en->top_len[t]);
-            api_buf_printf(b, ":%.6g", (double)en->top_logprob[t]);
+            bytebuf_printf(b, ":%.6g", (double)en->top_logprob[t]);
         }
-        jsonfmt_buf_putc(b, '}');
+        bytebuf_putc(b, '}');
     }
-    jsonfmt_buf_puts(b, "],\"text_offset\":[");
-    for (int k = from; k < to; k++) api_buf_printf(b, "%s%zu", k > from ? "," : "", c->lps[k].offset);
-    jsonfmt_buf_puts(b, "]}");
+    bytebuf_puts(b, "],\"text_offset\":[");
+    for (int k = from; k < to; k++) bytebuf_printf(b, "%s%zu", k > from ? "," : "", c->lps[k].offset);
+    bytebuf_puts(b, "]}");
 }
 
 /* One streamed chunk of choice i: text d[0..len), its new log-prob entries, finish or NULL. */
 static void compl_chunk(api_out *o, int i, const char *d, size_t len, const char *finish)
 {
     api_choice *c = &o->choices[i];
-    jsonfmt_buf b = {0};
+    bytebuf b = {0};
     compl_open(o, &b);
-    jsonfmt_buf_puts(&b, "{\"text\":");
+    bytebuf_puts(&b, "{\"text\":");
     api_buf_strn(&b, d, len);
-    api_buf_printf(&b, ",\"index\":%d,\"logprobs\":", i);
+    bytebuf_printf(&b, ",\"index\":%d,\"logprobs\":", i);
     if (o->req->logprobs) {
         compl_logprobs(&b, c, c->n_lps_sent, c->n_lps);
         c->n_lps_sent = c->n_lps;
     } else {
-        jsonfmt_buf_puts(&b, "null");
+        bytebuf_puts(&b, "null");
     }
-    jsonfmt_buf_puts(&b, ",\"finish_reason\":");
+    bytebuf_puts(&b, ",\"finish_reason\":");
     api_buf_str(&b, finish);
-    jsonfmt_buf_puts(&b, "}]}");
+    bytebuf_puts(&b, "}]}");
     api_sse(&o->out, NULL, b.p, b.len);
-    jsonfmt_buf_free(&b);
+    bytebuf_free(&b);
 }
 
 void api_completions_begin(api_out *o) { (void)o; }
@@ -252,16 +252,16 @@ void api_completions_on(api_out *o, int i, api_op op, api_item *it, const char *
 
 void api_completions_end(api_out *o)
 {
-    jsonfmt_buf *b = &o->out;
+    bytebuf *b = &o->out;
     if (o->req->stream) {
         if (o->req->include_usage) {
-            jsonfmt_buf u = {0};
+            bytebuf u = {0};
             compl_open(o, &u);
-            jsonfmt_buf_puts(&u, "],\"usage\":");
+            bytebuf_puts(&u, "],\"usage\":");
             compl_usage(o, &u);
-            jsonfmt_buf_putc(&u, '}');
+            bytebuf_putc(&u, '}');
             api_sse(b, NULL, u.p, u.len);
-            jsonfmt_buf_free(&u);
+            bytebuf_free(&u);
         }
         api_sse_done(b);
         return;
@@ -269,22 +269,22 @@ void api_completions_end(api_out *o)
     compl_open(o, b);
     for (int i = 0; i < o->n_choices; i++) {
         const api_choice *c = &o->choices[i];
-        jsonfmt_buf text = {0};
+        bytebuf text = {0};
         for (int k = 0; k < c->n_items; k++)
-            if (c->items[k].kind == API_ITEM_TEXT) jsonfmt_buf_append(&text, c->items[k].text.p, c->items[k].text.len);
-        jsonfmt_buf_puts(b, i ? ",{\"text\":" : "{\"text\":");
+            if (c->items[k].kind == API_ITEM_TEXT) bytebuf_append(&text, c->items[k].text.p, c->items[k].text.len);
+        bytebuf_puts(b, i ? ",{\"text\":" : "{\"text\":");
         api_buf_strn(b, text.p, text.len);
-        jsonfmt_buf_free(&text);
-        api_buf_printf(b, ",\"index\":%d,\"logprobs\":", i);
+        bytebuf_free(&text);
+        bytebuf_printf(b, ",\"index\":%d,\"logprobs\":", i);
         if (o->req->logprobs) compl_logprobs(b, c, 0, c->n_lps);
-        else jsonfmt_buf_puts(b, "null");
-        jsonfmt_buf_puts(b, ",\"finish_reason\":");
+        else bytebuf_puts(b, "null");
+        bytebuf_puts(b, ",\"finish_reason\":");
         api_buf_str(b, compl_finish_name(c->finish));
-        jsonfmt_buf_putc(b, '}');
+        bytebuf_putc(b, '}');
     }
-    jsonfmt_buf_puts(b, "],\"usage\":");
+    bytebuf_puts(b, "],\"usage\":");
     compl_usage(o, b);
-    jsonfmt_buf_putc(b, '}');
+    bytebuf_putc(b, '}');
 }
 
 /* ---- route ---- */

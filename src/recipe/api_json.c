@@ -54,25 +54,25 @@ static const char *api_anthropic_type(int status)
     }
 }
 
-void api_error_json(api_kind kind, const api_error *e, jsonfmt_buf *out)
+void api_error_json(api_kind kind, const api_error *e, bytebuf *out)
 {
     if (kind == API_KIND_MESSAGES) {
-        jsonfmt_buf_puts(out, "{\"type\":\"error\",\"error\":{\"type\":");
+        bytebuf_puts(out, "{\"type\":\"error\",\"error\":{\"type\":");
         api_buf_str(out, api_anthropic_type(e->status));
-        jsonfmt_buf_puts(out, ",\"message\":");
+        bytebuf_puts(out, ",\"message\":");
         api_buf_str(out, e->message);
-        jsonfmt_buf_puts(out, "}}");
+        bytebuf_puts(out, "}}");
         return;
     }
-    jsonfmt_buf_puts(out, "{\"error\":{\"message\":");
+    bytebuf_puts(out, "{\"error\":{\"message\":");
     api_buf_str(out, e->message);
-    jsonfmt_buf_puts(out, ",\"type\":");
+    bytebuf_puts(out, ",\"type\":");
     api_buf_str(out, e->type[0] ? e->type : "invalid_request_error");
-    jsonfmt_buf_puts(out, ",\"param\":");
+    bytebuf_puts(out, ",\"param\":");
     api_buf_str(out, e->param[0] ? e->param : NULL);
-    jsonfmt_buf_puts(out, ",\"code\":");
+    bytebuf_puts(out, ",\"code\":");
     api_buf_str(out, e->code[0] ? e->code : NULL);
-    jsonfmt_buf_puts(out, "}}");
+    bytebuf_puts(out, "}}");
 }
 
 /* ------------------------------------------------------------------ JSON checks */
@@ -437,8 +437,8 @@ char *api_json_parts_text(api_kind kind, json_t *v, const char *path, const api_
         api_json_type_error(kind, e, path, w->want_value, v);
         return NULL;
     }
-    jsonfmt_buf all = {0};
-    jsonfmt_buf_puts(&all, "");
+    bytebuf all = {0};
+    bytebuf_puts(&all, "");
     size_t i;
     json_t *part;
     char p[128], q[160];
@@ -467,12 +467,12 @@ char *api_json_parts_text(api_kind kind, json_t *v, const char *path, const api_
             api_json_bad(kind, e, q, w->want_text, tx);
             goto fail;
         }
-        if (i) jsonfmt_buf_puts(&all, w->sep);
-        jsonfmt_buf_append(&all, json_string_value(tx), json_string_length(tx));
+        if (i) bytebuf_puts(&all, w->sep);
+        bytebuf_append(&all, json_string_value(tx), json_string_length(tx));
     }
     return all.p;
 fail:
-    jsonfmt_buf_free(&all);
+    bytebuf_free(&all);
     return NULL;
 }
 

@@ -27,61 +27,41 @@
 
 /* ------------------------------------------------------------------ helpers */
 
-void api_buf_printf(jsonfmt_buf *b, const char *fmt, ...)
+void api_buf_str(bytebuf *b, const char *s)
 {
-    char tmp[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (n < 0) return;
-    if ((size_t)n < sizeof tmp) {
-        jsonfmt_buf_append(b, tmp, (size_t)n);
-        return;
-    }
-    char *big = xmalloc((size_t)n + 1);
-    va_start(ap, fmt);
-    vsnprintf(big, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    jsonfmt_buf_append(b, big, (size_t)n);
-    free(big);
-}
-
-void api_buf_str(jsonfmt_buf *b, const char *s)
-{
-    if (!s) jsonfmt_buf_puts(b, "null");
+    if (!s) bytebuf_puts(b, "null");
     else jsonfmt_write_string(b, s, strlen(s));
 }
 
-void api_buf_strn(jsonfmt_buf *b, const char *s, size_t len) { jsonfmt_write_string(b, s ? s : "", s ? len : 0); }
+void api_buf_strn(bytebuf *b, const char *s, size_t len) { jsonfmt_write_string(b, s ? s : "", s ? len : 0); }
 
-void api_sse(jsonfmt_buf *b, const char *name, const char *json, size_t len)
+void api_sse(bytebuf *b, const char *name, const char *json, size_t len)
 {
     if (name) {
-        jsonfmt_buf_puts(b, "event: ");
-        jsonfmt_buf_puts(b, name);
-        jsonfmt_buf_putc(b, '\n');
+        bytebuf_puts(b, "event: ");
+        bytebuf_puts(b, name);
+        bytebuf_putc(b, '\n');
     }
-    jsonfmt_buf_puts(b, "data: ");
-    jsonfmt_buf_append(b, json, len);
-    jsonfmt_buf_puts(b, "\n\n");
+    bytebuf_puts(b, "data: ");
+    bytebuf_append(b, json, len);
+    bytebuf_puts(b, "\n\n");
 }
 
-void api_sse_done(jsonfmt_buf *b) { jsonfmt_buf_puts(b, "data: [DONE]\n\n"); }
+void api_sse_done(bytebuf *b) { bytebuf_puts(b, "data: [DONE]\n\n"); }
 
-void api_sse_typed(jsonfmt_buf *b, const char *type, int seq, const char *fields, size_t flen)
+void api_sse_typed(bytebuf *b, const char *type, int seq, const char *fields, size_t flen)
 {
-    jsonfmt_buf d = {0};
-    jsonfmt_buf_puts(&d, "{\"type\":");
+    bytebuf d = {0};
+    bytebuf_puts(&d, "{\"type\":");
     api_buf_str(&d, type);
-    if (seq >= 0) api_buf_printf(&d, ",\"sequence_number\":%d", seq);
+    if (seq >= 0) bytebuf_printf(&d, ",\"sequence_number\":%d", seq);
     if (flen) {
-        jsonfmt_buf_putc(&d, ',');
-        jsonfmt_buf_append(&d, fields, flen);
+        bytebuf_putc(&d, ',');
+        bytebuf_append(&d, fields, flen);
     }
-    jsonfmt_buf_putc(&d, '}');
+    bytebuf_putc(&d, '}');
     api_sse(b, type, d.p, d.len);
-    jsonfmt_buf_free(&d);
+    bytebuf_free(&d);
 }
 
 /* ------------------------------------------------------------------ stop matcher */
@@ -127,19 +107,19 @@ void api_stop_init(api_stop *s, char *const *stop, int n_stop)
     s->matched = -1;
 }
 
-void api_stop_free(api_stop *s) { jsonfmt_buf_free(&s->hold); }
+void api_stop_free(api_stop *s) { bytebuf_free(&s->hold); }
 
-bool api_stop_feed(api_stop *s, const char *text, size_t len, jsonfmt_buf *emit)
+bool api_stop_feed(api_stop *s, const char *text, size_t len, bytebuf *emit)
 {
     if (s->matched >= 0) return true;
     if (s->n_stop == 0) {
-        jsonfmt_buf_append(emit, text, len);
+        bytebuf_append(emit, text, len);
         return false;
     }
-    jsonfmt_buf_append(&s->hold, text, len);
+    bytebuf_append(&s->hold, text, len);
     size_t cut = 0, safe = 0;
     if (api_stop_find((const char *const *)s->stop, s->n_stop, s->hold.p, s->hold.len, 0, &cut, &safe)) {
-        jsonfmt_buf_append(emit, s->hold.p, cut);
+        bytebuf_append(emit, s->hold.p, cut);
         /* which sequence: the first listed that starts at cut */
         for (int i = 0; i < s->n_stop; i++)
             if (!strncmp(s->hold.p + cut, s->stop[i], strlen(s->stop[i]))) {
@@ -152,15 +132,15 @@ bool api_stop_feed(api_stop *s, const char *text, size_t len, jsonfmt_buf *emit)
     }
     /* The held tail starts where a stop sequence (valid UTF-8) would, so the released text
      * ends on a character boundary. */
-    jsonfmt_buf_append(emit, s->hold.p, safe);
+    bytebuf_append(emit, s->hold.p, safe);
     memmove(s->hold.p, s->hold.p + safe, s->hold.len - safe);
     s->hold.len -= safe;
     return false;
 }
 
-void api_stop_flush(api_stop *s, jsonfmt_buf *emit)
+void api_stop_flush(api_stop *s, bytebuf *emit)
 {
-    if (s->matched < 0 && s->hold.len) jsonfmt_buf_append(emit, s->hold.p, s->hold.len);
+    if (s->matched < 0 && s->hold.len) bytebuf_append(emit, s->hold.p, s->hold.len);
     s->hold.len = 0;
 }
 
@@ -206,7 +186,7 @@ static void api_add_text(api_out *o, api_choice *c, api_item_kind kind, const ch
         it = api_open_item(o, c, kind);
         api_out_dispatch(o, c->index, API_OP_OPEN, it, NULL, 0);
     }
-    jsonfmt_buf_append(&it->text, d, len);
+    bytebuf_append(&it->text, d, len);
     api_out_dispatch(o, c->index, API_OP_DELTA, it, d, len);
 }
 
@@ -243,15 +223,15 @@ static void api_on_event(void *ud, const events_event *e)
     case EVENTS_TOOL_ARGS: {
         if (!c->open || c->items[c->n_items - 1].kind != API_ITEM_TOOL) break;
         api_item *it = &c->items[c->n_items - 1];
-        jsonfmt_buf_append(&it->text, e->text, e->len);
+        bytebuf_append(&it->text, e->text, e->len);
         api_out_dispatch(o, c->index, API_OP_DELTA, it, e->text, e->len);
         break;
     }
     case EVENTS_TOOL_END:
         if (c->open && c->items[c->n_items - 1].kind == API_ITEM_TOOL) {
             api_item *it = &c->items[c->n_items - 1];
-            if (it->text.len == 0 && e->text) jsonfmt_buf_append(&it->text, e->text, e->len);
-            if (it->text.len == 0) jsonfmt_buf_puts(&it->text, "{}");
+            if (it->text.len == 0 && e->text) bytebuf_append(&it->text, e->text, e->len);
+            if (it->text.len == 0) bytebuf_puts(&it->text, "{}");
             api_close_item(o, c);
         }
         break;
@@ -264,7 +244,7 @@ static void api_on_event(void *ud, const events_event *e)
         if (c->n_items == 0) {
             /* Always answer with at least an (empty) text item. */
             api_item *it = api_open_item(o, c, API_ITEM_TEXT);
-            jsonfmt_buf_puts(&it->text, "");
+            bytebuf_puts(&it->text, "");
             api_out_dispatch(o, c->index, API_OP_OPEN, it, NULL, 0);
         }
         api_close_item(o, c);
@@ -307,17 +287,17 @@ void api_out_free(api_out *o)
         api_choice *c = &o->choices[i];
         events_free(c->ev);
         api_stop_free(&c->stop);
-        jsonfmt_buf_free(&c->emit);
+        bytebuf_free(&c->emit);
         for (int k = 0; k < c->n_items; k++) {
             free(c->items[k].name);
-            jsonfmt_buf_free(&c->items[k].text);
+            bytebuf_free(&c->items[k].text);
         }
         free(c->items);
         free(c->token_ids);
         free(c->lps);
     }
     free(o->choices);
-    jsonfmt_buf_free(&o->out);
+    bytebuf_free(&o->out);
     memset(o, 0, sizeof *o);
 }
 

@@ -41,7 +41,7 @@ static bool rejects(api_kind kind, const char *body, size_t len, int status, con
     }
     bool ok = e.status == status;
     if (needle && !strstr(e.message, needle)) ok = false;
-    jsonfmt_buf b = {0};
+    bytebuf b = {0};
     api_error_json(kind, &e, &b);
     json_t *j = json_loadb(b.p, b.len, 0, NULL);
     if (!j) ok = false;
@@ -57,7 +57,7 @@ static bool rejects(api_kind kind, const char *body, size_t len, int status, con
     }
     if (!ok) fprintf(stderr, "  status %d (want %d): %s\n  body %s\n", e.status, status, b.p ? b.p : "", body);
     json_decref(j);
-    jsonfmt_buf_free(&b);
+    bytebuf_free(&b);
     return ok;
 }
 #define REJECTS(kind, body, status, needle) CHECK(rejects(kind, body, strlen(body), status, needle))
@@ -70,7 +70,7 @@ static const char *part_text(const conv *c, int t, int p)
 
 /* With TM_API_DUMP=DIR, writes an output to DIR/name (the e2e test replays these SSE bodies
  * through the vendors' SDKs). */
-static void dump(const char *name, const jsonfmt_buf *b)
+static void dump(const char *name, const bytebuf *b)
 {
     const char *dir = getenv("TM_API_DUMP");
     if (!dir) return;
@@ -305,10 +305,10 @@ TEST(messages_parse)
     cb = "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":3}";
     CHECK(api_messages_count_parse(&cfg_plain, cb, strlen(cb), &r, &e) == API_ERR && e.status == 400);
     api_req_free(&r);
-    jsonfmt_buf b = {0};
+    bytebuf b = {0};
     api_messages_count_json(12, &b);
     CHECK(!strcmp(b.p, "{\"input_tokens\":12}"));
-    jsonfmt_buf_free(&b);
+    bytebuf_free(&b);
 }
 
 /* The text-part reader the three APIs share (api_json_parts_text): joined texts, and each
@@ -346,7 +346,7 @@ TEST(text_parts_shared)
 TEST(error_shapes)
 {
     api_error e;
-    jsonfmt_buf b = {0};
+    bytebuf b = {0};
     api_error_set(&e, 401, NULL, "invalid_api_key", "Incorrect API key provided.");
     api_error_json(API_KIND_CHAT, &e, &b);
     CHECK(!strcmp(b.p, "{\"error\":{\"message\":\"Incorrect API key provided.\",\"type\":\"invalid_request_error\",\"param\":null,\"code\":\"invalid_api_key\"}}"));
@@ -365,7 +365,7 @@ TEST(error_shapes)
     api_error_set(&e, 413, NULL, NULL, "big");
     api_error_json(API_KIND_MESSAGES, &e, &b);
     CHECK(strstr(b.p, "request_too_large") != NULL);
-    jsonfmt_buf_free(&b);
+    bytebuf_free(&b);
 }
 
 /* ---------------------------------------------------------------- stop matcher */
@@ -375,8 +375,8 @@ static const char *stop_run(const char **pieces, char **stops, int n_stop, int *
     static char out[256];
     api_stop s;
     api_stop_init(&s, stops, n_stop);
-    jsonfmt_buf emit = {0};
-    jsonfmt_buf_puts(&emit, "");
+    bytebuf emit = {0};
+    bytebuf_puts(&emit, "");
     bool hit = false;
     for (int i = 0; pieces[i] && !hit; i++) {
         size_t before = emit.len;
@@ -386,7 +386,7 @@ static const char *stop_run(const char **pieces, char **stops, int n_stop, int *
     if (!hit) api_stop_flush(&s, &emit);
     *matched = s.matched;
     snprintf(out, sizeof out, "%s", emit.p);
-    jsonfmt_buf_free(&emit);
+    bytebuf_free(&emit);
     api_stop_free(&s);
     return out;
 }
@@ -407,13 +407,13 @@ TEST(stop_matcher)
     CHECK(!strcmp(stop_run(p5, stops, 3, &m), "z") && m == 2);
     /* hold-back: nothing that may start a stop is released early */
     api_stop s;
-    jsonfmt_buf emit = {0};
+    bytebuf emit = {0};
     api_stop_init(&s, stops, 3);
     CHECK(!api_stop_feed(&s, "wait S", 6, &emit) && emit.len == 5 && !memcmp(emit.p, "wait ", 5));
     CHECK(!api_stop_feed(&s, "T", 1, &emit) && emit.len == 5);
     CHECK(api_stop_feed(&s, "OP", 2, &emit) && emit.len == 5);
     api_stop_free(&s);
-    jsonfmt_buf_free(&emit);
+    bytebuf_free(&emit);
     /* no stops: passthrough */
     const char *p6[] = {"a", "b", NULL};
     CHECK(!strcmp(stop_run(p6, NULL, 0, &m), "ab"));
@@ -757,8 +757,8 @@ TEST(tool_arguments_stream_sse)
         bool names_ok;
         json_t *ev = sse_parse(o.out.p, &names_ok);
         CHECK(names_ok);
-        jsonfmt_buf cat = {0};
-        jsonfmt_buf_puts(&cat, "");
+        bytebuf cat = {0};
+        bytebuf_puts(&cat, "");
         int n_deltas = 0;
         const char *done = NULL;
         for (size_t q = 0; q < json_array_size(ev); q++) {
@@ -779,14 +779,14 @@ TEST(tool_arguments_stream_sse)
             }
             if (frag) {
                 n_deltas++;
-                jsonfmt_buf_puts(&cat, frag);
+                bytebuf_puts(&cat, frag);
             }
         }
         CHECKF(n_deltas > 5, "%s: %d argument deltas", names[k], n_deltas);
         CHECKF(!strcmp(cat.p, long_args_want), "%s:\n   got  %s\n   want %s", names[k], cat.p, long_args_want);
         if (kind == API_KIND_RESPONSES) CHECK(done && !strcmp(done, long_args_want));
         if (kind == API_KIND_CHAT) CHECK(strstr(o.out.p, "\"finish_reason\":\"tool_calls\"") != NULL);
-        jsonfmt_buf_free(&cat);
+        bytebuf_free(&cat);
         json_decref(ev);
         api_out_free(&o);
         api_req_free(&r);
@@ -1108,10 +1108,10 @@ TEST(utf8_out)
     CHECK(unicode_utf8_tail("\xF0\x9D\x84", 3) == 3 && unicode_utf8_tail("\xC0", 1) == 0 && unicode_utf8_tail("\xF4\x90", 2) == 0);
     CHECK(unicode_utf8_valid("\xF0\x9D\x84\x9E", 4) && !unicode_utf8_valid("\xF0\x9D\x84", 3) && !unicode_utf8_valid("\xE0\x80\x80", 3));
     /* the JSON writer's guarantee: any bytes in, valid UTF-8 out */
-    jsonfmt_buf b = {0};
+    bytebuf b = {0};
     jsonfmt_write_string(&b, "a\xE2" "b\"\x01\xFF", 6);
     CHECK(!strcmp(b.p, "\"a\xEF\xBF\xBD" "b\\\"\\u0001\xEF\xBF\xBD\""));
-    jsonfmt_buf_free(&b);
+    bytebuf_free(&b);
     /* every formatter writes through it: tokens whose text is not UTF-8 on their own, in every
      * API's body and stream */
     for (int kind = API_KIND_CHAT; kind <= API_KIND_MESSAGES; kind++) {
