@@ -264,36 +264,6 @@ static bool api_chat_messages(api_req *r, json_t *msgs, api_error *e)
     return true;
 }
 
-/* Sampling fields common to chat: temperature .. seed. */
-static bool api_chat_sampling(json_t *root, api_req *r, api_error *e)
-{
-    double x;
-    long long k;
-    int st;
-    if ((st = api_json_num(API_KIND_CHAT, root, "temperature", 0, 2, &x, e)) < 0) return false;
-    if (st) r->sp.temp = (float)x;
-    if ((st = api_json_num(API_KIND_CHAT, root, "top_p", 0, 1, &x, e)) < 0) return false;
-    if (st) r->sp.top_p = (float)x;
-    if ((st = api_json_int(API_KIND_CHAT, root, "top_k", -1, 1 << 30, &k, e)) < 0) return false;
-    if (st) r->sp.top_k = (int)k;
-    if ((st = api_json_num(API_KIND_CHAT, root, "min_p", 0, 1, &x, e)) < 0) return false;
-    if (st) r->sp.min_p = (float)x;
-    if ((st = api_json_num(API_KIND_CHAT, root, "presence_penalty", -2, 2, &x, e)) < 0) return false;
-    if (st) r->sp.presence_penalty = (float)x;
-    if ((st = api_json_num(API_KIND_CHAT, root, "frequency_penalty", -2, 2, &x, e)) < 0) return false;
-    if (st) r->sp.frequency_penalty = (float)x;
-    if ((st = api_json_num(API_KIND_CHAT, root, "repetition_penalty", 0.01, 10, &x, e)) < 0) return false;
-    if (st) r->sp.repeat_penalty = (float)x;
-    if (r->sp.presence_penalty != 0 || r->sp.frequency_penalty != 0 || r->sp.repeat_penalty != 1)
-        r->sp.penalty_last_n = 64;
-    if ((st = api_json_int(API_KIND_CHAT, root, "seed", -(1LL << 62), 1LL << 62, &k, e)) < 0) return false;
-    if (st) {
-        r->sp.seed = (uint64_t)k;
-        r->seed_given = true;
-    }
-    return true;
-}
-
 static const api_kind K = API_KIND_CHAT;
 
 /* Step: limits and output switches: max_tokens, n, stop, stream(+options), logprobs. */
@@ -453,7 +423,7 @@ api_status api_chat_parse(const api_cfg *cfg, const char *body, size_t len, api_
     }
     if (!api_json_model(cfg, K, root, r, e) || !api_chat_messages(r, msgs, e)) goto out;
     /* how to generate, and what to send back */
-    if (!api_chat_sampling(root, r, e) || !api_json_logit_bias(K, root, cfg ? cfg->n_vocab : 0, &r->sp, e)) goto out;
+    if (!api_json_sampling(K, root, cfg, r, e)) goto out;
     if (!api_chat_output_fields(root, r, e) || !api_json_user(K, root, r, e) || !api_chat_unsupported(root, e)) goto out;
     /* tools and thinking, which shape the prompt */
     if (!api_chat_tool_fields(root, r, e) || !api_chat_thinking(root, r, e)) goto out;

@@ -79,38 +79,6 @@ static bool compl_parse_prompt(const api_cfg *cfg, json_t *root, api_req *r, api
     return true;
 }
 
-/* Sampling: temperature .. seed, as chat reads them, plus logit_bias. */
-static bool compl_parse_sampling(const api_cfg *cfg, json_t *root, api_req *r, api_error *e)
-{
-    double x;
-    long long k;
-    int st;
-    if ((st = api_json_num(K, root, "temperature", 0, 2, &x, e)) < 0) return false;
-    if (st) r->sp.temp = (float)x;
-    if ((st = api_json_num(K, root, "top_p", 0, 1, &x, e)) < 0) return false;
-    if (st) r->sp.top_p = (float)x;
-    if ((st = api_json_int(K, root, "top_k", -1, 1 << 30, &k, e)) < 0) return false;
-    if (st) r->sp.top_k = (int)k;
-    if ((st = api_json_num(K, root, "min_p", 0, 1, &x, e)) < 0) return false;
-    if (st) r->sp.min_p = (float)x;
-    if ((st = api_json_num(K, root, "presence_penalty", -2, 2, &x, e)) < 0) return false;
-    if (st) r->sp.presence_penalty = (float)x;
-    if ((st = api_json_num(K, root, "frequency_penalty", -2, 2, &x, e)) < 0) return false;
-    if (st) r->sp.frequency_penalty = (float)x;
-    if ((st = api_json_num(K, root, "repeat_penalty", 0.01, 10, &x, e)) < 0) return false;
-    if (st) r->sp.repeat_penalty = (float)x;
-    if ((st = api_json_num(K, root, "repetition_penalty", 0.01, 10, &x, e)) < 0) return false;
-    if (st) r->sp.repeat_penalty = (float)x;
-    if (r->sp.presence_penalty != 0 || r->sp.frequency_penalty != 0 || r->sp.repeat_penalty != 1)
-        r->sp.penalty_last_n = 64;
-    if ((st = api_json_int(K, root, "seed", -(1LL << 62), 1LL << 62, &k, e)) < 0) return false;
-    if (st) {
-        r->sp.seed = (uint64_t)k;
-        r->seed_given = true;
-    }
-    return api_json_logit_bias(K, root, cfg ? cfg->n_vocab : 0, &r->sp, e);
-}
-
 api_status api_completions_parse(const api_cfg *cfg, const char *body, size_t len, api_req *r, api_error *e)
 {
     json_t *root;
@@ -123,7 +91,7 @@ api_status api_completions_parse(const api_cfg *cfg, const char *body, size_t le
     if (!api_json_known(K, root, compl_known, "", e) || !api_json_model(cfg, K, root, r, e) ||
         !api_json_cache(K, root, r, e) || !api_json_user(K, root, r, e))
         goto out;
-    if (!compl_parse_prompt(cfg, root, r, e) || !compl_parse_sampling(cfg, root, r, e)) goto out;
+    if (!compl_parse_prompt(cfg, root, r, e) || !api_json_sampling(K, root, cfg, r, e)) goto out;
     if ((st = api_json_int(K, root, "max_tokens", 0, 1 << 30, &k, e)) < 0) goto out;
     if (st) r->max_tokens = (int)k;
     if ((st = api_json_int(K, root, "n", 1, API_MAX_N, &k, e)) < 0) goto out;

@@ -39,6 +39,9 @@ const char *api_path(char *buf, size_t cap, const char *base, const char *key, i
 bool api_json_model(const api_cfg *cfg, api_kind kind, json_t *root, api_req *r, api_error *e);
 /* stop / stop_sequences: a string or an array of strings. */
 bool api_json_stop(api_kind kind, json_t *root, const char *key, api_req *r, api_error *e);
+/* The OpenAI sampling fields (chat, completions): temperature, top_p, top_k, min_p, the
+ * penalties (repeat_penalty / repetition_penalty as extensions), seed and logit_bias. */
+bool api_json_sampling(api_kind kind, json_t *root, const api_cfg *cfg, api_req *r, api_error *e);
 /* logit_bias: an object mapping token ids (decimal strings, below n_vocab when that is > 0)
  * to biases in [-100, 100], at most SAMPLE_MAX_BIAS of them, into sp (OpenAI's chat and
  * completions field). */

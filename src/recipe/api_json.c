@@ -82,24 +82,18 @@ bool api_json_load(api_kind kind, const char *body, size_t len, json_t **root, a
     *root = NULL;
     /* Measured before anything recursive reads it (see jsonfmt_scan): past here no reader
      * meets more than JSONFMT_MAX_DEPTH levels, whatever field the nesting sits in. */
-    int depth = 0;
-    jsonfmt_scan_status sc = jsonfmt_scan(body, len, JSONFMT_MAX_DEPTH, JSONFMT_MAX_VALUES, &depth, NULL);
-    if (sc == JSONFMT_SCAN_TOO_DEEP) {
-        if (kind == API_KIND_MESSAGES)
-            api_error_set(e, 400, NULL, NULL, "There was an error parsing the body: JSON nested more than %d levels deep "
-                          "(the limit is %d)", JSONFMT_MAX_DEPTH, JSONFMT_MAX_DEPTH);
+    jsonfmt_scan_status sc = jsonfmt_scan(body, len, JSONFMT_MAX_DEPTH, JSONFMT_MAX_VALUES, NULL, NULL);
+    if (sc != JSONFMT_SCAN_OK) {
+        char what[96];
+        if (sc == JSONFMT_SCAN_TOO_DEEP)
+            snprintf(what, sizeof what, "nests arrays and objects more than %d levels deep", JSONFMT_MAX_DEPTH);
         else
-            api_error_set(e, 400, NULL, "json_too_deep", "The JSON body of your request nests arrays and objects more than "
-                          "%d levels deep; the limit is %d.", JSONFMT_MAX_DEPTH, JSONFMT_MAX_DEPTH);
-        return false;
-    }
-    if (sc == JSONFMT_SCAN_TOO_MANY) {
+            snprintf(what, sizeof what, "has more than %u values", JSONFMT_MAX_VALUES);
         if (kind == API_KIND_MESSAGES)
-            api_error_set(e, 400, NULL, NULL, "There was an error parsing the body: more than %u JSON values (the limit "
-                          "is %u)", JSONFMT_MAX_VALUES, JSONFMT_MAX_VALUES);
+            api_error_set(e, 400, NULL, NULL, "There was an error parsing the body: the JSON %s, the limit", what);
         else
-            api_error_set(e, 400, NULL, "json_too_large", "The JSON body of your request has more than %u values; the "
-                          "limit is %u.", JSONFMT_MAX_VALUES, JSONFMT_MAX_VALUES);
+            api_error_set(e, 400, NULL, sc == JSONFMT_SCAN_TOO_DEEP ? "json_too_deep" : "json_too_large",
+                          "The JSON body of your request %s, the limit.", what);
         return false;
     }
     if (!unicode_utf8_valid(body, len)) {
@@ -290,6 +284,39 @@ bool api_json_cache(api_kind kind, json_t *root, api_req *r, api_error *e)
     if ((st = api_json_str(kind, root, "cache_class", &z, e)) < 0) return false;
     if (st) r->cache_class = xstrdup(z);
     return true;
+}
+
+bool api_json_sampling(api_kind kind, json_t *root, const api_cfg *cfg, api_req *r, api_error *e)
+{
+    double x;
+    long long k;
+    int st;
+    if ((st = api_json_num(kind, root, "temperature", 0, 2, &x, e)) < 0) return false;
+    if (st) r->sp.temp = (float)x;
+    if ((st = api_json_num(kind, root, "top_p", 0, 1, &x, e)) < 0) return false;
+    if (st) r->sp.top_p = (float)x;
+    if ((st = api_json_int(kind, root, "top_k", -1, 1 << 30, &k, e)) < 0) return false;
+    if (st) r->sp.top_k = (int)k;
+    if ((st = api_json_num(kind, root, "min_p", 0, 1, &x, e)) < 0) return false;
+    if (st) r->sp.min_p = (float)x;
+    if ((st = api_json_num(kind, root, "presence_penalty", -2, 2, &x, e)) < 0) return false;
+    if (st) r->sp.presence_penalty = (float)x;
+    if ((st = api_json_num(kind, root, "frequency_penalty", -2, 2, &x, e)) < 0) return false;
+    if (st) r->sp.frequency_penalty = (float)x;
+    /* llama.cpp's name and vLLM's (the route's key list admits the ones it knows) */
+    static const char *const rep[] = {"repeat_penalty", "repetition_penalty"};
+    for (int i = 0; i < 2; i++) {
+        if ((st = api_json_num(kind, root, rep[i], 0.01, 10, &x, e)) < 0) return false;
+        if (st) r->sp.repeat_penalty = (float)x;
+    }
+    if (r->sp.presence_penalty != 0 || r->sp.frequency_penalty != 0 || r->sp.repeat_penalty != 1)
+        r->sp.penalty_last_n = 64;
+    if ((st = api_json_int(kind, root, "seed", -(1LL << 62), 1LL << 62, &k, e)) < 0) return false;
+    if (st) {
+        r->sp.seed = (uint64_t)k;
+        r->seed_given = true;
+    }
+    return api_json_logit_bias(kind, root, cfg ? cfg->n_vocab : 0, &r->sp, e);
 }
 
 bool api_json_logit_bias(api_kind kind, json_t *root, int n_vocab, sample_params *sp, api_error *e)
