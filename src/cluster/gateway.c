@@ -1227,7 +1227,7 @@ static double gw_prefill_rate(const gateway *g)
     return (double)(g->rate_v[newest] - g->rate_v[oldest]) / dt;
 }
 
-static void gw_metrics(void *ud, http_buf *b)
+static void gw_metrics(void *ud, bytebuf *b)
 {
     gateway *g = ud;
     pthread_mutex_lock(&g->mu);
@@ -1241,45 +1241,45 @@ static void gw_metrics(void *ud, http_buf *b)
     api_metric(b, "tokenmill_gateway_refused_connections_total", "counter", "Worker connections closed for a malformed frame or a bad value.", (double)g->n_bad_conns);
     api_metric(b, "tokenmill_gateway_refused_handshakes_total", "counter", "Connections refused because the peer could not prove it holds the cluster key.", (double)g->n_refused_auth);
     api_metric(b, "tokenmill_gateway_stalls_total", "counter", "Requests moved off a worker that made no progress on them in time.", (double)g->n_stalls);
-    http_buf_puts(b, "# HELP tokenmill_worker_up Worker connected and heartbeating (1), draining (0.5), out (0).\n"
+    bytebuf_puts(b, "# HELP tokenmill_worker_up Worker connected and heartbeating (1), draining (0.5), out (0).\n"
                      "# TYPE tokenmill_worker_up gauge\n");
     for (int i = 0; i < g->n_slots; i++) {
         gw_worker *w = &g->w[i];
         if (!w->used) continue;
         const char *role = proto_role_name(w->role);
-        http_buf_printf(b, "tokenmill_worker_up{worker=\"%s\",role=\"%s\"} %g\n", w->addr, role,
+        bytebuf_printf(b, "tokenmill_worker_up{worker=\"%s\",role=\"%s\"} %g\n", w->addr, role,
                         w->connected ? (w->draining ? 0.5 : 1) : 0);
-        http_buf_printf(b, "tokenmill_worker_prefill_queued_seconds{worker=\"%s\",role=\"%s\"} %.6f\n", w->addr, role, w->queued_s);
-        http_buf_printf(b, "tokenmill_worker_prefill_jobs{worker=\"%s\",role=\"%s\"} %d\n", w->addr, role, w->n_prefill);
-        http_buf_printf(b, "tokenmill_worker_running{worker=\"%s\",role=\"%s\"} %d\n", w->addr, role, w->n_decode);
-        http_buf_printf(b, "tokenmill_worker_cache_tokens{worker=\"%s\",role=\"%s\"} %lld\n", w->addr, role, (long long)w->sum_ctx);
-        http_buf_printf(b, "tokenmill_worker_reported_running{worker=\"%s\",role=\"%s\"} %u\n", w->addr, role, w->hb.n_running);
-        http_buf_printf(b, "tokenmill_worker_reported_queued{worker=\"%s\",role=\"%s\"} %u\n", w->addr, role, w->hb.n_queued);
-        http_buf_printf(b, "tokenmill_worker_kv_blocks_free{worker=\"%s\",role=\"%s\"} %u\n", w->addr, role, w->hb.kv_blocks_free);
-        http_buf_printf(b, "tokenmill_worker_jobs_total{worker=\"%s\",role=\"%s\"} %llu\n", w->addr, role, (unsigned long long)w->n_jobs);
+        bytebuf_printf(b, "tokenmill_worker_prefill_queued_seconds{worker=\"%s\",role=\"%s\"} %.6f\n", w->addr, role, w->queued_s);
+        bytebuf_printf(b, "tokenmill_worker_prefill_jobs{worker=\"%s\",role=\"%s\"} %d\n", w->addr, role, w->n_prefill);
+        bytebuf_printf(b, "tokenmill_worker_running{worker=\"%s\",role=\"%s\"} %d\n", w->addr, role, w->n_decode);
+        bytebuf_printf(b, "tokenmill_worker_cache_tokens{worker=\"%s\",role=\"%s\"} %lld\n", w->addr, role, (long long)w->sum_ctx);
+        bytebuf_printf(b, "tokenmill_worker_reported_running{worker=\"%s\",role=\"%s\"} %u\n", w->addr, role, w->hb.n_running);
+        bytebuf_printf(b, "tokenmill_worker_reported_queued{worker=\"%s\",role=\"%s\"} %u\n", w->addr, role, w->hb.n_queued);
+        bytebuf_printf(b, "tokenmill_worker_kv_blocks_free{worker=\"%s\",role=\"%s\"} %u\n", w->addr, role, w->hb.kv_blocks_free);
+        bytebuf_printf(b, "tokenmill_worker_jobs_total{worker=\"%s\",role=\"%s\"} %llu\n", w->addr, role, (unsigned long long)w->n_jobs);
     }
     /* prefill speed (learned) and KV handoff cost, from the workers' heartbeats (lifetime
      * counters of their current connections) */
-    http_buf_puts(b, "# HELP tokenmill_worker_prefill_tokens_per_second Prefill tokens per second of engine time, "
+    bytebuf_puts(b, "# HELP tokenmill_worker_prefill_tokens_per_second Prefill tokens per second of engine time, "
                      "learned from the heartbeats (the prefill balancer's speed).\n"
                      "# TYPE tokenmill_worker_prefill_tokens_per_second gauge\n");
     for (int i = 0; i < g->n_slots; i++) {
         gw_worker *w = &g->w[i];
         if (!w->used || !gw_can_prefill(w)) continue;
-        http_buf_printf(b, "tokenmill_worker_prefill_tokens_per_second{worker=\"%s\",role=\"%s\"} %.1f\n", w->addr,
+        bytebuf_printf(b, "tokenmill_worker_prefill_tokens_per_second{worker=\"%s\",role=\"%s\"} %.1f\n", w->addr,
                         proto_role_name(w->role), w->speed.tokens_per_s);
     }
-    http_buf_puts(b, "# TYPE tokenmill_worker_prefill_tokens_total counter\n# TYPE tokenmill_worker_busy_seconds_total counter\n");
+    bytebuf_puts(b, "# TYPE tokenmill_worker_prefill_tokens_total counter\n# TYPE tokenmill_worker_busy_seconds_total counter\n");
     for (int i = 0; i < g->n_slots; i++) {
         gw_worker *w = &g->w[i];
         if (!w->used) continue;
         const char *role = proto_role_name(w->role);
-        http_buf_printf(b, "tokenmill_worker_prefill_tokens_total{worker=\"%s\",role=\"%s\"} %llu\n", w->addr, role,
+        bytebuf_printf(b, "tokenmill_worker_prefill_tokens_total{worker=\"%s\",role=\"%s\"} %llu\n", w->addr, role,
                         (unsigned long long)w->hb.n_prefill_tokens);
-        http_buf_printf(b, "tokenmill_worker_busy_seconds_total{worker=\"%s\",role=\"%s\"} %.6f\n", w->addr, role,
+        bytebuf_printf(b, "tokenmill_worker_busy_seconds_total{worker=\"%s\",role=\"%s\"} %.6f\n", w->addr, role,
                         (double)w->hb.busy_us * 1e-6);
     }
-    http_buf_puts(b, "# HELP tokenmill_worker_handoff_seconds_total KV handoff time: side=send on the prefill worker "
+    bytebuf_puts(b, "# HELP tokenmill_worker_handoff_seconds_total KV handoff time: side=send on the prefill worker "
                      "(first token to HANDOFF sent), side=receive on the decode worker (DECODE received to KV in place).\n"
                      "# TYPE tokenmill_worker_handoff_seconds_total counter\n"
                      "# TYPE tokenmill_worker_handoff_tokens_total counter\n# TYPE tokenmill_worker_handoffs_total counter\n");
@@ -1295,11 +1295,11 @@ static void gw_metrics(void *ud, http_buf *b)
             uint64_t tok = side ? h->handoff_in_tokens : h->handoff_out_tokens;
             uint64_t us = side ? h->handoff_in_us : h->handoff_out_us;
             if (side ? !gw_can_decode(w) : !gw_can_prefill(w)) continue;
-            http_buf_printf(b, "tokenmill_worker_handoffs_total{worker=\"%s\",role=\"%s\",side=\"%s\"} %llu\n", w->addr,
+            bytebuf_printf(b, "tokenmill_worker_handoffs_total{worker=\"%s\",role=\"%s\",side=\"%s\"} %llu\n", w->addr,
                             role, sz, (unsigned long long)n);
-            http_buf_printf(b, "tokenmill_worker_handoff_tokens_total{worker=\"%s\",role=\"%s\",side=\"%s\"} %llu\n",
+            bytebuf_printf(b, "tokenmill_worker_handoff_tokens_total{worker=\"%s\",role=\"%s\",side=\"%s\"} %llu\n",
                             w->addr, role, sz, (unsigned long long)tok);
-            http_buf_printf(b, "tokenmill_worker_handoff_seconds_total{worker=\"%s\",role=\"%s\",side=\"%s\"} %.6f\n",
+            bytebuf_printf(b, "tokenmill_worker_handoff_seconds_total{worker=\"%s\",role=\"%s\",side=\"%s\"} %.6f\n",
                             w->addr, role, sz, (double)us * 1e-6);
         }
         out_s += (double)h->handoff_out_us * 1e-6;
@@ -1314,14 +1314,14 @@ static void gw_metrics(void *ud, http_buf *b)
     /* the cluster's figures: handoff seconds per handed-off token (both sides), and what
      * recomputing a token costs on the prefill workers (their engine seconds per prefill token) */
     double per_tok = (out_tok > 0 ? out_s / out_tok : 0) + (in_tok > 0 ? in_s / in_tok : 0);
-    http_buf_printf(b, "# HELP tokenmill_handoff_seconds_per_token KV handoff cost per token (send + receive side).\n"
+    bytebuf_printf(b, "# HELP tokenmill_handoff_seconds_per_token KV handoff cost per token (send + receive side).\n"
                        "# TYPE tokenmill_handoff_seconds_per_token gauge\ntokenmill_handoff_seconds_per_token %.9f\n", per_tok);
     if (pre_tok > 0)   /* only prefill-role workers: a mixed worker's engine time includes decodes */
-        http_buf_printf(b, "# HELP tokenmill_recompute_seconds_per_token Prefill engine seconds per token on the prefill "
+        bytebuf_printf(b, "# HELP tokenmill_recompute_seconds_per_token Prefill engine seconds per token on the prefill "
                            "workers (the time to recompute what a handoff moves).\n"
                            "# TYPE tokenmill_recompute_seconds_per_token gauge\ntokenmill_recompute_seconds_per_token %.9f\n",
                         pre_busy / pre_tok);
-    http_buf_printf(b, "# TYPE tokenmill_gateway_refused_values_total counter\ntokenmill_gateway_refused_values_total %llu\n",
+    bytebuf_printf(b, "# TYPE tokenmill_gateway_refused_values_total counter\ntokenmill_gateway_refused_values_total %llu\n",
                     (unsigned long long)g->n_bad_values);
     pthread_mutex_unlock(&g->mu);
 }

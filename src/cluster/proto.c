@@ -239,6 +239,7 @@ static bool proto_params_ok(const proto_params *p, bool think)
 {
     return p->n_stop_ids <= PROTO_MAX_STOP_IDS && p->top_logprobs <= PROTO_MAX_TOP &&
            p->sample.penalty_last_n >= 0 && p->sample.penalty_last_n <= PROTO_MAX_TOKENS &&
+           p->sample.n_bias >= 0 && p->sample.n_bias <= SAMPLE_MAX_BIAS &&
            p->ignore_eos <= 1 && p->logprobs <= 1 && (!p->salt || strlen(p->salt) <= PROTO_MAX_STR) &&
            (think ? proto_think_ok(p) : p->think_budget == 0);
 }
@@ -263,6 +264,11 @@ static void proto_put_params(proto_buf *b, const proto_params *p, bool think)
     proto_put_u8(b, p->top_logprobs);
     proto_put_u32(b, (uint32_t)p->cache_class);
     proto_put_str(b, p->salt);
+    proto_put_u8(b, (uint8_t)s->n_bias);  /* logit_bias: id, bias pairs */
+    for (int i = 0; i < s->n_bias; i++) {
+        proto_put_u32(b, (uint32_t)s->bias_id[i]);
+        proto_put_f32(b, s->bias[i]);
+    }
     if (think) {
         proto_put_u32(b, p->think_budget);
         proto_put_u32(b, (uint32_t)p->think_start);
@@ -298,6 +304,16 @@ static void proto_get_params(proto_rd *r, proto_params *p, bool think)
         return;
     }
     p->salt = proto_get_str(r);
+    s->n_bias = proto_get_u8(r);
+    if (s->n_bias > SAMPLE_MAX_BIAS) {
+        r->err = true;
+        return;
+    }
+    for (int i = 0; i < s->n_bias; i++) {
+        s->bias_id[i] = (int32_t)proto_get_u32(r);
+        s->bias[i] = proto_get_f32(r);
+        if (!(s->bias[i] >= -100 && s->bias[i] <= 100)) r->err = true;  /* NaN too */
+    }
     if (think && !r->err) {   /* else the think_* fields stay 0: no budget */
         p->think_budget = proto_get_u32(r);
         p->think_start = (int32_t)proto_get_u32(r);

@@ -141,11 +141,15 @@ static bool sample_has_penalties(const sampler *s)
                              s->prm.frequency_penalty != 0.0f);
 }
 
-/* Copies logits into val and penalises each distinct window token once. Returns val. */
+/* Copies logits into val, adds the logit biases, and penalises each distinct window token
+ * once (on the biased logit). Returns val. */
 static const float *sample_penalise(sampler *s, const float *logits)
 {
     const sample_params *p = &s->prm;
     memcpy(s->val, logits, (size_t)s->n_vocab * sizeof *s->val);
+    for (int i = 0; i < p->n_bias; i++)
+        if (p->bias_id[i] >= 0 && p->bias_id[i] < s->n_vocab) s->val[p->bias_id[i]] += p->bias[i];
+    logits = s->val;
     for (int i = 0; i < s->n_ring; i++) {
         int32_t t = s->ring[i];
         if (s->mark[t]) continue;
@@ -518,7 +522,7 @@ int32_t sample_token(sampler *s, const float *logits)
 {
     const sample_params *p = &s->prm;
     int n = s->n_vocab;
-    const float *v = sample_has_penalties(s) ? sample_penalise(s, logits) : logits;
+    const float *v = sample_has_penalties(s) || p->n_bias > 0 ? sample_penalise(s, logits) : logits;
     if (p->temp <= 0) {
         int best = sample_argmax(v, n);
         return best >= 0 ? best : sample_argmax_scalar(v, n);

@@ -16,6 +16,9 @@
 #include <stdint.h>
 #include <stdbool.h>
 
+/* Entries of a logit bias (OpenAI's logit_bias: token id -> a bias in [-100, 100]). */
+#define SAMPLE_MAX_BIAS 128
+
 typedef struct {
     float temp;               /* <= 0: greedy */
     int top_k;                /* <= 0: off */
@@ -26,6 +29,10 @@ typedef struct {
     float frequency_penalty;  /* subtracted per occurrence in the window */
     int penalty_last_n;       /* window length in tokens; 0: no penalties */
     uint64_t seed;
+    int n_bias;               /* entries of bias_id/bias, 0..SAMPLE_MAX_BIAS */
+    int32_t bias_id[SAMPLE_MAX_BIAS]; /* token ids (ids outside the vocabulary are ignored) */
+    float bias[SAMPLE_MAX_BIAS];      /* added to that token's logit before everything else:
+                                       * -100 bans it, +100 all but forces it */
 } sample_params;
 
 typedef struct sampler sampler;

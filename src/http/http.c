@@ -154,7 +154,7 @@ struct http_request {
     const char *method;          /* MHD's strings, valid for the request */
     const char *path;
     bool http11;                 /* HTTP/1.1 (may get an interim 1xx) */
-    http_buf body;               /* the request body, NUL-terminated */
+    bytebuf body;               /* the request body, NUL-terminated */
     bool too_large;              /* body over max_body: answer 413 */
     bool responded;              /* a response was queued */
     bool probed;                 /* a half-closed client was sent "102 Processing" */
@@ -169,61 +169,13 @@ typedef struct {
     http_pull_fn pull;
     http_done_fn done;
     void *ctx;
-    http_buf pend;               /* bytes pulled, not yet handed to MHD */
+    bytebuf pend;               /* bytes pulled, not yet handed to MHD */
     size_t pend_off;             /* bytes of pend already handed out */
     bool ended;                  /* pull returned false */
     bool complete;               /* END_OF_STREAM was returned: not a disconnect */
     bool sse;                    /* text/event-stream: a comment may probe a half-close */
     bool probed;                 /* the probe was sent */
 } http_stream;
-
-/* ---- buffers ---- */
-
-void http_buf_append(http_buf *b, const void *data, size_t len)
-{
-    if (b->len + len + 1 > b->cap) {
-        size_t ncap = b->cap ? b->cap : 256;
-        while (ncap < b->len + len + 1) ncap *= 2;
-        b->data = xrealloc(b->data, ncap);
-        b->cap = ncap;
-    }
-    if (len) memcpy(b->data + b->len, data, len);
-    b->len += len;
-    b->data[b->len] = 0;
-}
-
-void http_buf_puts(http_buf *b, const char *s) { http_buf_append(b, s, strlen(s)); }
-
-void http_buf_printf(http_buf *b, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    char tmp[512];
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (n < 0) return;
-    if ((size_t)n < sizeof tmp) {
-        http_buf_append(b, tmp, (size_t)n);
-        return;
-    }
-    http_buf_append(b, NULL, 0);  /* ensure data exists */
-    if (b->len + (size_t)n + 1 > b->cap) {
-        size_t ncap = b->cap;
-        while (ncap < b->len + (size_t)n + 1) ncap *= 2;
-        b->data = xrealloc(b->data, ncap);
-        b->cap = ncap;
-    }
-    va_start(ap, fmt);
-    vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    b->len += (size_t)n;
-}
-
-void http_buf_free(http_buf *b)
-{
-    free(b->data);
-    memset(b, 0, sizeof *b);
-}
 
 /* ---- statistics ---- */
 
@@ -397,7 +349,7 @@ static ssize_t http_stream_read(void *cls, uint64_t pos, char *buf, size_t max)
     for (;;) {
         if (st->pend_off < st->pend.len) {
             size_t n = TM_MIN(max, st->pend.len - st->pend_off);
-            memcpy(buf, st->pend.data + st->pend_off, n);
+            memcpy(buf, st->pend.p + st->pend_off, n);
             st->pend_off += n;
             if (st->pend_off == st->pend.len) st->pend_off = st->pend.len = 0;
             return (ssize_t)n;
@@ -414,7 +366,7 @@ static ssize_t http_stream_read(void *cls, uint64_t pos, char *buf, size_t max)
             if (ps == 2 || (ps == 1 && !st->sse)) return MHD_CONTENT_READER_END_WITH_ERROR;
             if (ps == 1 && !st->probed) {  /* see http_request_client_gone: an SSE comment probes */
                 st->probed = true;
-                http_buf_puts(&st->pend, ":\n\n");
+                bytebuf_puts(&st->pend, ":\n\n");
             }
         }
     }
@@ -432,7 +384,7 @@ static void http_stream_free(void *cls)
     st->h->st.n_streams--;
     pthread_mutex_unlock(&st->h->mu);
     st->done(st->ctx, !st->complete);
-    http_buf_free(&st->pend);
+    bytebuf_free(&st->pend);
     free(st);
 }
 
@@ -487,7 +439,7 @@ const char *http_request_header(const http_request *r, const char *name)
 const char *http_request_body(const http_request *r, size_t *len)
 {
     if (len) *len = r->body.len;
-    return r->body.data ? r->body.data : "";
+    return r->body.p ? r->body.p : "";
 }
 
 static void http_sha256(const char *z, unsigned char out[32])
@@ -545,7 +497,7 @@ const char *http_request_api_key(const http_request *r)
 static void http_request_free(http_request *r)
 {
     if (!r) return;
-    http_buf_free(&r->body);
+    bytebuf_free(&r->body);
     for (int i = 0; i < r->n_hdr; i++) {
         free(r->hdr_name[i]);
         free(r->hdr_value[i]);
@@ -636,9 +588,9 @@ static enum MHD_Result http_access(void *cls, struct MHD_Connection *conn, const
         if (!r->responded && !r->too_large) {
             if (r->body.len + *upload_data_size > h->o.max_body) {
                 r->too_large = true;
-                http_buf_free(&r->body);
+                bytebuf_free(&r->body);
             } else {
-                http_buf_append(&r->body, upload_data, *upload_data_size);
+                bytebuf_append(&r->body, upload_data, *upload_data_size);
             }
         }
         *upload_data_size = 0;
@@ -646,7 +598,7 @@ static enum MHD_Result http_access(void *cls, struct MHD_Connection *conn, const
     }
     if (r->responded) return MHD_YES;
     http_conn_phase(h, conn, HTTP_PHASE_HANDLER, NULL);
-    if (!r->body.data) http_buf_append(&r->body, NULL, 0);
+    if (!r->body.p) bytebuf_append(&r->body, NULL, 0);
     http_dispatch(r);
     return r->responded ? MHD_YES : MHD_NO;
 }

@@ -44,6 +44,7 @@
 
 #define HTTP_RETRY_AFTER "1"      /* Retry-After of a 503/429 (seconds, the header's text): the
                                    * layer's refusals and the API's (a draining server) */
+#include "util/bytebuf.h"
 
 typedef enum {
     HTTP_OK = 0,
@@ -68,24 +69,12 @@ typedef struct {
 typedef struct http_server http_server;
 typedef struct http_request http_request;
 
-/* A growable byte buffer (stream pulls append to one). */
-typedef struct {
-    char *data;              /* (cap) bytes, len used */
-    size_t len;
-    size_t cap;
-} http_buf;
-
-void http_buf_append(http_buf *b, const void *data, size_t len);
-void http_buf_puts(http_buf *b, const char *s);
-void http_buf_printf(http_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void http_buf_free(http_buf *b);
-
 typedef void (*http_handler)(http_request *req, void *user);
 
 /* Pull for a streaming response: append bytes to out (or nothing, if none are ready within
  * timeout_ms). Return true while more may come, false when the stream is complete (what was
  * appended in that call is still sent). */
-typedef bool (*http_pull_fn)(void *ctx, http_buf *out, int timeout_ms);
+typedef bool (*http_pull_fn)(void *ctx, bytebuf *out, int timeout_ms);
 /* Called exactly once when a stream ends: client_gone is true on a disconnect/error. */
 typedef void (*http_done_fn)(void *ctx, bool client_gone);
 

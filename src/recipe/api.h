@@ -1,34 +1,41 @@
 /*
- * api: what the three chat APIs (OpenAI Chat Completions in api_chat.c, OpenAI Responses in
- * api_responses.c, Anthropic Messages in api_messages.c) share.
+ * api: what the four generating APIs (OpenAI Chat Completions in api_chat.c, OpenAI
+ * Completions in api_completions.c, OpenAI Responses in api_responses.c, Anthropic Messages
+ * in api_messages.c) share.
  *
  * DESIGN. A request goes through three pure stages that know no socket and no engine, so
  * that the unit tests drive them with strings:
- *   1. parse: JSON body -> api_req (the shared conv, sampling parameters, limits, flags).
+ *   1. parse (api_json.c and each API's parser): JSON body -> api_req (the shared conv or
+ *      raw prompt, sampling parameters, limits, flags). The body is bounded where it enters
+ *      (nesting depth and value count, jsonfmt_scan) before anything recursive reads it.
  *      Every rejection is an api_error carrying the HTTP status and the vendor's fields;
  *      api_error_json writes it in the route's shape ({"error":{...}} for OpenAI routes,
  *      {"type":"error","error":{...}} for Anthropic).
- *   2. output: api_out turns generated tokens back into the vendor's JSON. Per choice it
- *      owns the output splitter (events.h) and the stop-sequence matcher (api_stop: answer
- *      text is held back while it may still be the start of a stop sequence, and cut at the
- *      first match). It accumulates the answer (text, reasoning, tool calls) for the final
- *      body and, when streaming, appends the vendor's SSE events to `out` as soon as they
- *      are decided. The caller drains `out` to the connection.
- *   3. serve (api.c, the api_serve_* part, with the scheduler and the HTTP router): the
- *      routes, the API key check, the chat template, the context-length check, the token
- *      loop (see SERVING below).
- * The API-specific parts are the api_chat_* / api_responses_* / api_messages_* functions
- * declared at the end; api_out dispatches to them by kind.
+ *   2. output (api_out.c and each API's formatter): api_out turns generated tokens back into
+ *      the vendor's JSON. Per choice it owns the output splitter (events.h) and the
+ *      stop-sequence matcher (api_stop: answer text is held back while it may still be the
+ *      start of a stop sequence, and cut at the first match). It accumulates the answer
+ *      (text, reasoning, tool calls) for the final body and, when streaming, appends the
+ *      vendor's SSE events to `out` as soon as they are decided. The caller drains `out` to
+ *      the connection. All JSON is written with jsonfmt, whose strings are always valid UTF-8.
+ *   3. serve (api.c): the routes, the API key check, the prompt (chat template or raw), the
+ *      context-length check, the token loop (see SERVING below). One path, api_serve, for
+ *      all four APIs.
+ * The API-specific parts are the api_chat_* / api_completions_* / api_responses_* /
+ * api_messages_* functions declared at the end; api_out dispatches to them by kind.
  *
  * Memory: an api_req owns its conv and strings (api_req_free); an api_out owns its buffers
  * (api_out_free). Neither is shared between threads.
  *
- * SERVING (shared with api_completions.c): what every HTTP API route of `tokenmill serve` shares: the serving context (the
- * scheduler, model, tokenizer, template, names and limits), the vendors' error shapes, and
- * the register functions that cmd_serve calls to add each API's routes.
+ * SERVING: what every HTTP API route of `tokenmill serve` (and of the gateway) shares: the
+ * serving context (the scheduler or a remote backend, model, tokenizer, template, names and
+ * limits), the vendors' error shapes, and the register functions that cmd_serve calls to add
+ * each API's routes.
  *
- * A route handler runs on its connection's thread (http.h). It parses the body with jansson,
- * builds the prompt token ids, calls sched_submit, and either waits for the FINISH record
+ * A route handler runs on its connection's thread (http.h), whose stack is small: nothing on
+ * it recurses deeper than JSONFMT_MAX_DEPTH. It parses the body, builds the prompt token ids,
+ * detokenises with api_detok (valid UTF-8 before anything else sees the text), calls
+ * sched_submit, and either waits for the FINISH record
  * (non-streaming) or answers with http_respond_stream whose pull function polls the request
  * (sched_poll with the timeout it is given), detokenises, and writes the API's own SSE
  * events; its done function calls sched_release (which cancels when still running, so a
@@ -72,7 +79,7 @@ typedef struct api_backend {
     int (*poll)(void *ud, sched_req *r, sched_output *out, int max, int timeout_ms);
     void (*cancel)(void *ud, sched_req *r);
     void (*release)(void *ud, sched_req *r);
-    void (*metrics)(void *ud, http_buf *b);
+    void (*metrics)(void *ud, bytebuf *b);
 } api_backend;
 
 typedef struct {
@@ -91,6 +98,8 @@ typedef struct {
     bool metrics_public;      /* /metrics without the API key (--metrics-public) */
 } api_ctx;
 
+/* Token ids a request may name: the tokenizer's and the model's output rows both. */
+int api_ctx_n_vocab(const api_ctx *c);
 /* The routes' calls into the backend: c->backend's, or sched_submit/poll/cancel/release. */
 sched_status api_be_submit(const api_ctx *c, const sched_params *p, sched_req **out);
 int api_be_poll(const api_ctx *c, sched_req *r, sched_output *out, int max, int timeout_ms);
@@ -118,16 +127,13 @@ void api_anthropic_submit_error(http_request *r, const api_ctx *c, sched_status 
  * Otherwise the route answers 404 (not_found_error / model_not_found). */
 bool api_model_ok(const api_ctx *c, const char *name);
 
-/* Responds with a JSON value (takes the reference). */
+/* Responds with a JSON value (takes the reference): for the gateway's admin routes, which
+ * build theirs with jansson. The API's own bodies are written with jsonfmt (api_respond_buf). */
 struct json_t;
 void api_respond_json(http_request *r, int status, struct json_t *v);
-/* A JSON string of s[0..n) with invalid UTF-8 replaced by U+FFFD (jansson refuses it). */
-struct json_t *api_json_text(const char *s, size_t n);
-/* Appends "data: <compact JSON>\n\n" to b (takes the reference). */
-void api_sse_json(http_buf *b, struct json_t *v);
 /* One Prometheus metric without labels (HELP, TYPE counter|gauge, value), for /metrics of the
  * server and of the gateway. */
-void api_metric(http_buf *b, const char *name, const char *type, const char *help, double v);
+void api_metric(bytebuf *b, const char *name, const char *type, const char *help, double v);
 
 /* Stop strings over generated text text[0..len): true when one occurs at or after byte
  * `from` (*cut = where the earliest starts: the answer ends there). Otherwise *safe = the
@@ -145,7 +151,7 @@ char *api_model_default_name(const char *path);
 const char *api_model_alias(const model *m, char *buf, size_t cap);
 
 
-/* ======================================================================== the chat APIs */
+/* ======================================================================== the generating APIs */
 
 
 
@@ -153,6 +159,7 @@ const char *api_model_alias(const model *m, char *buf, size_t cap);
 #include "recipe/conv.h"
 #include "recipe/events.h"
 #include "recipe/jsonfmt.h"
+#include "recipe/tokenizer.h"
 
 #define API_MAX_STOP 16       /* stop sequences per request */
 #define API_MAX_N 16          /* choices per chat completion */
@@ -162,6 +169,7 @@ typedef enum {
     API_KIND_CHAT = 0,        /* POST /v1/chat/completions */
     API_KIND_RESPONSES,       /* POST /v1/responses */
     API_KIND_MESSAGES,        /* POST /v1/messages (and count_tokens) */
+    API_KIND_COMPLETIONS,     /* POST /v1/completions (OpenAI's shapes, a raw prompt) */
 } api_kind;
 
 typedef enum {
@@ -185,13 +193,18 @@ void api_error_set(api_error *e, int status, const char *param, const char *code
  * status (400 invalid_request_error, 401 authentication_error, 403 permission_error, 404
  * not_found_error, 413 request_too_large, 429 rate_limit_error, 500 api_error, 529
  * overloaded_error). */
-void api_error_json(api_kind kind, const api_error *e, jsonfmt_buf *out);
+void api_error_json(api_kind kind, const api_error *e, bytebuf *out);
+/* Responds with a JSON body b (application/json). */
+void api_respond_buf(http_request *r, int status, const bytebuf *b);
+/* Responds with e's status and body in kind's vendor shape. */
+void api_respond_error(http_request *r, api_kind kind, const api_error *e);
 
 /* Server facts the parsers check against. */
 typedef struct {
     const char *model_name;   /* the name requests must use ("model"); NULL accepts any */
     const char *model_alias;  /* a second accepted name (e.g. the GGUF file name), or NULL */
     struct api_store *store;  /* Responses kept for previous_response_id, or NULL */
+    int n_vocab;              /* token ids a request may name (logit_bias); 0: not checked */
 } api_cfg;
 
 /* One parsed request. */
@@ -223,6 +236,12 @@ typedef struct {
     double top_p_echo;            /* responses: top_p echoed */
     char *cache_salt;             /* extension (vLLM): tenant salt of the cached blocks (owned, NULL if none) */
     char *cache_class;            /* extension: traffic class of the cached blocks (owned, NULL if none) */
+    char *user;                   /* the end user's id (`user`), echoed nowhere (owned, NULL if none) */
+    char *prompt_text;            /* completions: the prompt as text (owned; NULL when given as ids) */
+    size_t prompt_len;            /* its bytes */
+    int32_t *prompt_ids;          /* completions: (n_prompt_ids) the prompt as token ids (owned) */
+    int n_prompt_ids;
+    bool ignore_eos;              /* completions (extension): do not stop at the end-of-text token */
 } api_req;
 
 void api_req_init(api_req *r, api_kind kind);
@@ -236,6 +255,11 @@ api_status api_messages_parse(const api_cfg *cfg, const char *body, size_t len, 
 /* /v1/messages/count_tokens: the same fields as a message request minus the sampling ones;
  * max_tokens is not required. */
 api_status api_messages_count_parse(const api_cfg *cfg, const char *body, size_t len, api_req *r, api_error *e);
+/* /v1/completions: prompt (a string, a one-string array or token ids below cfg->n_vocab),
+ * max_tokens (default 16, 0 allowed), logprobs N (top N alternatives, 0..5), the sampling
+ * fields, stop (at most 4), n, stream(+options), ignore_eos; echo, suffix and best_of != n
+ * are refused. */
+api_status api_completions_parse(const api_cfg *cfg, const char *body, size_t len, api_req *r, api_error *e);
 api_status api_parse(const api_cfg *cfg, api_kind kind, const char *body, size_t len, api_req *r, api_error *e);
 
 /* Token figures of a finished response (summed over choices). */
@@ -250,7 +274,7 @@ typedef struct {
 typedef struct {
     char *const *stop;        /* n_stop sequences (borrowed) */
     int n_stop;
-    jsonfmt_buf hold;         /* text not yet released: it may start a stop sequence */
+    bytebuf hold;         /* text not yet released: it may start a stop sequence */
     int matched;              /* index of the matched sequence, -1 while none */
 } api_stop;
 
@@ -258,9 +282,9 @@ void api_stop_init(api_stop *s, char *const *stop, int n_stop);
 void api_stop_free(api_stop *s);
 /* Feeds text. Appends to `emit` the text that can be released now; returns true when a stop
  * sequence matched (emit then ends right before it; later text must not be fed). */
-bool api_stop_feed(api_stop *s, const char *text, size_t len, jsonfmt_buf *emit);
+bool api_stop_feed(api_stop *s, const char *text, size_t len, bytebuf *emit);
 /* End of output: releases what is held (no match can complete any more). */
-void api_stop_flush(api_stop *s, jsonfmt_buf *emit);
+void api_stop_flush(api_stop *s, bytebuf *emit);
 
 /* One output token's log-probability, for chat `logprobs`. */
 typedef struct {
@@ -276,10 +300,14 @@ typedef struct {
 typedef size_t (*api_piece_fn)(void *ud, int32_t token, char *buf, size_t cap);
 
 typedef struct {
-    char text[64];            /* the token's text (cut at 63 bytes), NUL-terminated */
+    char text[64];            /* the token's raw bytes (cut at 64), maybe not UTF-8 on their own:
+                               * `bytes` gets them as they are, `token` repaired (U+FFFD) */
+    uint8_t len;              /* bytes of text */
+    size_t offset;            /* bytes of the choice's text before this token (completions) */
     float logprob;
     int n_top;
-    char top_text[API_MAX_TOP_LOGPROBS][64];
+    char top_text[API_MAX_TOP_LOGPROBS][64]; /* as text, per alternative */
+    uint8_t top_len[API_MAX_TOP_LOGPROBS];
     float top_logprob[API_MAX_TOP_LOGPROBS];
 } api_lp_entry;
 
@@ -292,7 +320,7 @@ typedef struct {
     char id[48];              /* vendor id set by the formatter at OPEN (msg_/rs_/fc_/toolu_) */
     char call_id[40];         /* TOOL: the splitter's "call_..." id */
     char *name;               /* TOOL: function name (owned) */
-    jsonfmt_buf text;         /* TEXT/REASONING: the text; TOOL: the arguments JSON */
+    bytebuf text;         /* TEXT/REASONING: the text; TOOL: the arguments JSON */
     int tool_index;           /* TOOL: 0-based index among the answer's calls */
 } api_item;
 
@@ -310,7 +338,7 @@ typedef struct {
     int index;                /* this choice's index */
     events *ev;               /* the output splitter */
     api_stop stop;            /* stop matcher on answer text */
-    jsonfmt_buf emit;         /* scratch: text released by the stop matcher */
+    bytebuf emit;         /* scratch: text released by the stop matcher */
     api_item *items;          /* n_items items in output order */
     int n_items, cap_items;
     bool open;                /* the last item is still open */
@@ -319,6 +347,7 @@ typedef struct {
     bool finished;            /* FINISH seen */
     events_finish_reason finish;
     int stop_index;           /* the stop sequence that matched, -1 if none */
+    size_t n_fed;             /* bytes of text fed to the splitter so far */
     int n_tokens;             /* tokens generated */
     int n_reasoning_tokens;   /* of those, inside a think block (markers included) */
     bool in_think;            /* token-level: inside a think block */
@@ -335,7 +364,8 @@ typedef struct {
 typedef struct api_out {
     api_kind kind;
     const api_req *req;       /* borrowed; must outlive the api_out */
-    char id[48];              /* chatcmpl-… / resp_… / msg_… */
+    char id[48];              /* chatcmpl-… / resp_… / msg_… / cmpl-… */
+    char fingerprint[24];     /* system_fingerprint (completions): "fp_" + the model's, or "" */
     int64_t created;          /* unix seconds */
     const char *model;        /* name echoed in responses (borrowed) */
     api_choice *choices;      /* n_choices (= req->n) choices */
@@ -346,7 +376,7 @@ typedef struct api_out {
     int seq;                  /* responses: next sequence_number */
     api_piece_fn piece;       /* logprob token text (NULL: logprobs carry no text) */
     void *piece_ud;
-    jsonfmt_buf out;          /* bytes ready for the client (SSE events, or the final body) */
+    bytebuf out;          /* bytes ready for the client (SSE events, or the final body) */
 } api_out;
 
 /* Prepares the output of req: markers for the splitter, a seed for tool-call ids, the model
@@ -409,17 +439,23 @@ bool api_tenancy_of(http_request *r, const api_ctx *c, const char *cache_salt, c
 void api_serve(http_request *r, const api_ctx *c, api_kind kind, bool count_only, api_store *store);
 
 /* ---- helpers shared by the three files ---- */
-void api_buf_printf(jsonfmt_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Appends a JSON string literal (NULL -> null). */
-void api_buf_str(jsonfmt_buf *b, const char *s);
-void api_buf_strn(jsonfmt_buf *b, const char *s, size_t len);
+void api_buf_str(bytebuf *b, const char *s);
+void api_buf_strn(bytebuf *b, const char *s, size_t len);
 /* Appends an SSE event: "event: NAME\n" (when name) + "data: JSON\n\n". */
-void api_sse(jsonfmt_buf *b, const char *name, const char *json, size_t len);
+void api_sse(bytebuf *b, const char *name, const char *json, size_t len);
+/* Appends OpenAI's end of stream: "data: [DONE]". */
+void api_sse_done(bytebuf *b);
 /* Appends the SSE event "event: TYPE" with data {"type":TYPE[,"sequence_number":seq],FIELDS}
  * (fields: members without braces, may be empty; seq < 0: no sequence_number). */
-void api_sse_typed(jsonfmt_buf *b, const char *type, int seq, const char *fields, size_t flen);
-/* True when s[0..len) is valid UTF-8. */
-bool api_utf8_valid(const char *s, size_t len);
+void api_sse_typed(bytebuf *b, const char *type, int seq, const char *fields, size_t flen);
+/* The client's text of one generated token, or with token < 0 of the end of the output (what
+ * the detokenizer still holds): the detokenizer's ready bytes (an unfinished character waits
+ * for the token that completes it) with every byte sequence that can never be a character
+ * replaced by U+FFFD. Everything downstream (stop strings, the reasoning/answer/tool-call
+ * split, tool-call arguments, the JSON) sees this text. out is overwritten; scratch is the
+ * caller's reusable buffer for the raw bytes. */
+void api_detok(tokenizer_stream *ts, int32_t token, bytebuf *scratch, bytebuf *out);
 
 /* Per-API formatters used by api_out (api_chat.c, api_responses.c, api_messages.c): begin
  * (streaming only), on (each op of choice i; it is NULL for FINISH), end. They append to
@@ -433,9 +469,12 @@ void api_responses_end(api_out *o);
 void api_messages_begin(api_out *o);
 void api_messages_on(api_out *o, int i, api_op op, api_item *it, const char *d, size_t len);
 void api_messages_end(api_out *o);
+void api_completions_begin(api_out *o);
+void api_completions_on(api_out *o, int i, api_op op, api_item *it, const char *d, size_t len);
+void api_completions_end(api_out *o);
 /* Usage JSON objects in each vendor's fields. */
-void api_chat_usage_json(const api_usage *u, jsonfmt_buf *b);
+void api_chat_usage_json(const api_usage *u, bytebuf *b);
 /* The Anthropic count_tokens body. */
-void api_messages_count_json(int input_tokens, jsonfmt_buf *out);
+void api_messages_count_json(int input_tokens, bytebuf *out);
 
 #endif

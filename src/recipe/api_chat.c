@@ -264,112 +264,50 @@ static bool api_chat_messages(api_req *r, json_t *msgs, api_error *e)
     return true;
 }
 
-/* Sampling fields common to chat: temperature .. seed. */
-static bool api_chat_sampling(json_t *root, api_req *r, api_error *e)
-{
-    double x;
-    long long k;
-    int st;
-    if ((st = api_json_num(API_KIND_CHAT, root, "temperature", 0, 2, &x, e)) < 0) return false;
-    if (st) r->sp.temp = (float)x;
-    if ((st = api_json_num(API_KIND_CHAT, root, "top_p", 0, 1, &x, e)) < 0) return false;
-    if (st) r->sp.top_p = (float)x;
-    if ((st = api_json_int(API_KIND_CHAT, root, "top_k", -1, 1 << 30, &k, e)) < 0) return false;
-    if (st) r->sp.top_k = (int)k;
-    if ((st = api_json_num(API_KIND_CHAT, root, "min_p", 0, 1, &x, e)) < 0) return false;
-    if (st) r->sp.min_p = (float)x;
-    if ((st = api_json_num(API_KIND_CHAT, root, "presence_penalty", -2, 2, &x, e)) < 0) return false;
-    if (st) r->sp.presence_penalty = (float)x;
-    if ((st = api_json_num(API_KIND_CHAT, root, "frequency_penalty", -2, 2, &x, e)) < 0) return false;
-    if (st) r->sp.frequency_penalty = (float)x;
-    if ((st = api_json_num(API_KIND_CHAT, root, "repetition_penalty", 0.01, 10, &x, e)) < 0) return false;
-    if (st) r->sp.repeat_penalty = (float)x;
-    if (r->sp.presence_penalty != 0 || r->sp.frequency_penalty != 0 || r->sp.repeat_penalty != 1)
-        r->sp.penalty_last_n = 64;
-    if ((st = api_json_int(API_KIND_CHAT, root, "seed", -(1LL << 62), 1LL << 62, &k, e)) < 0) return false;
-    if (st) {
-        r->sp.seed = (uint64_t)k;
-        r->seed_given = true;
-    }
-    return true;
-}
+static const api_kind K = API_KIND_CHAT;
 
-api_status api_chat_parse(const api_cfg *cfg, const char *body, size_t len, api_req *r, api_error *e)
+/* Step: limits and output switches: max_tokens, n, stop, stream(+options), logprobs. */
+static bool api_chat_output_fields(json_t *root, api_req *r, api_error *e)
 {
-    const api_kind K = API_KIND_CHAT;
-    json_t *root;
-    if (!api_json_load(K, body, len, &root, e)) return API_ERR;
-    api_status ret = API_ERR;
-    double x;
     long long k;
     int st;
-    bool b;
-    if (!api_json_known(K, root, api_chat_keys, "", e)) goto out;
-    if (!api_json_cache(K, root, r, e)) goto out;
-    json_t *msgs = json_object_get(root, "messages");
-    if (!msgs) {
-        api_json_missing(K, e, "messages");
-        goto out;
-    }
-    if (!api_json_model(cfg, K, root, r, e)) goto out;
-    if (!api_chat_messages(r, msgs, e)) goto out;
-    if (!api_chat_sampling(root, r, e)) goto out;
-    (void)x;
-    if ((st = api_json_int(K, root, "max_tokens", 1, 1 << 30, &k, e)) < 0) goto out;
+    if ((st = api_json_int(K, root, "max_tokens", 1, 1 << 30, &k, e)) < 0) return false;
     if (st) r->max_tokens = (int)k;
-    if ((st = api_json_int(K, root, "max_completion_tokens", 1, 1 << 30, &k, e)) < 0) goto out;
+    if ((st = api_json_int(K, root, "max_completion_tokens", 1, 1 << 30, &k, e)) < 0) return false;
     if (st) r->max_tokens = (int)k;
-    if ((st = api_json_int(K, root, "n", 1, API_MAX_N, &k, e)) < 0) goto out;
+    if ((st = api_json_int(K, root, "n", 1, API_MAX_N, &k, e)) < 0) return false;
     if (st) r->n = (int)k;
-    if (!api_json_stop(K, root, "stop", r, e)) goto out;
-    if (api_json_bool(K, root, "stream", &r->stream, e) < 0) goto out;
-    if (api_json_bool(K, root, "logprobs", &r->logprobs, e) < 0) goto out;
-    if ((st = api_json_int(K, root, "top_logprobs", 0, API_MAX_TOP_LOGPROBS, &k, e)) < 0) goto out;
+    if (!api_json_stop(K, root, "stop", r, e)) return false;
+    if (api_json_bool(K, root, "stream", &r->stream, e) < 0) return false;
+    if (api_json_bool(K, root, "logprobs", &r->logprobs, e) < 0) return false;
+    if ((st = api_json_int(K, root, "top_logprobs", 0, API_MAX_TOP_LOGPROBS, &k, e)) < 0) return false;
     if (st) {
         if (!r->logprobs) {
             api_error_set(e, 400, "top_logprobs", "invalid_value",
                           "Invalid value for 'top_logprobs': 'logprobs' must be set to true when 'top_logprobs' is "
                           "used.");
-            goto out;
+            return false;
         }
         r->top_logprobs = (int)k;
     }
-    if (api_json_bool(K, root, "return_token_ids", &r->return_token_ids, e) < 0) goto out;
-    json_t *so = json_object_get(root, "stream_options");
-    if (so && !json_is_null(so)) {
-        if (!json_is_object(so)) {
-            api_json_type_error(K, e, "stream_options", "an object", so);
-            goto out;
-        }
-        if (!r->stream) {
-            api_error_set(e, 400, "stream_options", "invalid_value",
-                          "The 'stream_options' parameter is only allowed when 'stream' is enabled.");
-            goto out;
-        }
-        if ((st = api_json_bool(K, so, "include_usage", &b, e)) < 0) goto out;
-        if (st) r->include_usage = b;
-    }
-    json_t *lb = json_object_get(root, "logit_bias");
-    if (lb && !json_is_null(lb)) {
-        if (!json_is_object(lb)) {
-            api_json_type_error(K, e, "logit_bias", "an object", lb);
-            goto out;
-        }
-        if (json_object_size(lb)) {
-            api_json_value_error(K, e, "logit_bias", "logit_bias is not supported by this server.");
-            goto out;
-        }
-    }
+    if (api_json_bool(K, root, "return_token_ids", &r->return_token_ids, e) < 0) return false;
+    return api_json_stream_options(K, root, r, e);
+}
+
+/* Step: what this server does not do, refused by name: response formats other than text,
+ * audio, predictions, web search, legacy function_call, non-text modalities. */
+static bool api_chat_unsupported(json_t *root, api_error *e)
+{
     json_t *rf = json_object_get(root, "response_format");
     if (rf && !json_is_null(rf)) {
         json_t *t = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
         if (!json_is_object(rf)) {
             api_json_type_error(K, e, "response_format", "an object", rf);
-            goto out;
+            return false;
         }
         if (!json_is_string(t) || strcmp(json_string_value(t), "text")) {
             api_json_value_error(K, e, "response_format.type", "only 'text' is supported by this server.");
-            goto out;
+            return false;
         }
     }
     static const char *const unsupported[] = {"audio", "prediction", "web_search_options", "function_call", NULL};
@@ -377,7 +315,7 @@ api_status api_chat_parse(const api_cfg *cfg, const char *body, size_t len, api_
         json_t *v = json_object_get(root, unsupported[i]);
         if (v && !json_is_null(v)) {
             api_json_value_error(K, e, unsupported[i], "this parameter is not supported by this server.");
-            goto out;
+            return false;
         }
     }
     json_t *mod = json_object_get(root, "modalities");
@@ -386,14 +324,21 @@ api_status api_chat_parse(const api_cfg *cfg, const char *body, size_t len, api_
         json_t *v;
         if (!json_is_array(mod)) {
             api_json_type_error(K, e, "modalities", "an array", mod);
-            goto out;
+            return false;
         }
         json_array_foreach(mod, i, v) if (!json_is_string(v) || strcmp(json_string_value(v), "text")) {
             api_json_value_error(K, e, "modalities", "only 'text' output is supported.");
-            goto out;
+            return false;
         }
     }
-    /* Tools, unless tool_choice is "none". */
+    return true;
+}
+
+/* Step: tools (and legacy functions) into the conversation, unless tool_choice is "none". */
+static bool api_chat_tool_fields(json_t *root, api_req *r, api_error *e)
+{
+    bool b;
+    if (api_json_bool(K, root, "parallel_tool_calls", &b, e) < 0) return false;
     json_t *tc = json_object_get(root, "tool_choice");
     bool tools_off = false;
     if (tc && !json_is_null(tc)) {
@@ -403,25 +348,29 @@ api_status api_chat_parse(const api_cfg *cfg, const char *body, size_t len, api_
             else if (strcmp(v, "auto") && strcmp(v, "required")) {
                 api_error_set(e, 400, "tool_choice", "invalid_value",
                               "Invalid value: '%s'. Supported values are: 'none', 'auto', and 'required'.", v);
-                goto out;
+                return false;
             }
         } else if (!json_is_object(tc)) {
             api_json_type_error(K, e, "tool_choice", "a string or an object", tc);
-            goto out;
+            return false;
         }
     }
     json_t *tools = json_object_get(root, "tools");
-    if (tools && !json_is_null(tools)) {
-        if (!api_chat_tools(&r->conv, tools, "tools", false, e)) goto out;
-    }
+    if (tools && !json_is_null(tools) && !api_chat_tools(&r->conv, tools, "tools", false, e)) return false;
     json_t *fns = json_object_get(root, "functions");
-    if (fns && !json_is_null(fns)) {
-        if (!api_chat_tools(&r->conv, fns, "functions", true, e)) goto out;
-    }
+    if (fns && !json_is_null(fns) && !api_chat_tools(&r->conv, fns, "functions", true, e)) return false;
     if (tools_off) r->conv.n_tools = 0;
-    /* Thinking switches: reasoning_effort, chat_template_kwargs.enable_thinking, thinking.type. */
+    return true;
+}
+
+/* Step: the thinking switches: reasoning_effort, chat_template_kwargs.enable_thinking, and
+ * thinking {type, budget_tokens}; the last one given wins. */
+static bool api_chat_thinking(json_t *root, api_req *r, api_error *e)
+{
     const char *effort = NULL;
-    if ((st = api_json_str(K, root, "reasoning_effort", &effort, e)) < 0) goto out;
+    bool b;
+    int st;
+    if ((st = api_json_str(K, root, "reasoning_effort", &effort, e)) < 0) return false;
     if (st) {
         if (!strcmp(effort, "none") || !strcmp(effort, "minimal")) r->conv.thinking = CONV_THINKING_OFF;
         else if (!strcmp(effort, "low") || !strcmp(effort, "medium") || !strcmp(effort, "high"))
@@ -430,16 +379,16 @@ api_status api_chat_parse(const api_cfg *cfg, const char *body, size_t len, api_
             api_error_set(e, 400, "reasoning_effort", "invalid_value",
                           "Invalid value: '%s'. Supported values are: 'none', 'minimal', 'low', 'medium', and 'high'.",
                           effort);
-            goto out;
+            return false;
         }
     }
     json_t *ctk = json_object_get(root, "chat_template_kwargs");
     if (ctk && !json_is_null(ctk)) {
         if (!json_is_object(ctk)) {
             api_json_type_error(K, e, "chat_template_kwargs", "an object", ctk);
-            goto out;
+            return false;
         }
-        if ((st = api_json_bool(K, ctk, "enable_thinking", &b, e)) < 0) goto out;
+        if ((st = api_json_bool(K, ctk, "enable_thinking", &b, e)) < 0) return false;
         if (st) r->conv.thinking = b ? CONV_THINKING_ON : CONV_THINKING_OFF;
     }
     json_t *th = json_object_get(root, "thinking");
@@ -447,16 +396,37 @@ api_status api_chat_parse(const api_cfg *cfg, const char *body, size_t len, api_
         json_t *t = json_is_object(th) ? json_object_get(th, "type") : NULL;
         if (!json_is_string(t) || (strcmp(json_string_value(t), "enabled") && strcmp(json_string_value(t), "disabled"))) {
             api_json_value_error(K, e, "thinking", "expected {\"type\": \"enabled\"} or {\"type\": \"disabled\"}.");
-            goto out;
+            return false;
         }
         r->conv.thinking = !strcmp(json_string_value(t), "enabled") ? CONV_THINKING_ON : CONV_THINKING_OFF;
         long long bt = 0;
         if ((st = api_json_int(K, th, "budget_tokens", 1, 1 << 30, &bt, e)) < 0) {
             snprintf(e->param, sizeof e->param, "thinking.budget_tokens");
-            goto out;
+            return false;
         }
         if (st && r->conv.thinking == CONV_THINKING_ON) r->thinking_budget = (int)bt;
     }
+    return true;
+}
+
+api_status api_chat_parse(const api_cfg *cfg, const char *body, size_t len, api_req *r, api_error *e)
+{
+    json_t *root;
+    if (!api_json_load(K, body, len, &root, e)) return API_ERR;
+    api_status ret = API_ERR;
+    /* what the request is: known fields, the model, the conversation */
+    if (!api_json_known(K, root, api_chat_keys, "", e) || !api_json_cache(K, root, r, e)) goto out;
+    json_t *msgs = json_object_get(root, "messages");
+    if (!msgs) {
+        api_json_missing(K, e, "messages");
+        goto out;
+    }
+    if (!api_json_model(cfg, K, root, r, e) || !api_chat_messages(r, msgs, e)) goto out;
+    /* how to generate, and what to send back */
+    if (!api_json_sampling(K, root, cfg, r, e)) goto out;
+    if (!api_chat_output_fields(root, r, e) || !api_json_user(K, root, r, e) || !api_chat_unsupported(root, e)) goto out;
+    /* tools and thinking, which shape the prompt */
+    if (!api_chat_tool_fields(root, r, e) || !api_chat_thinking(root, r, e)) goto out;
     ret = API_OK;
 out:
     json_decref(root);
@@ -465,9 +435,9 @@ out:
 
 /* ------------------------------------------------------------------ output */
 
-void api_chat_usage_json(const api_usage *u, jsonfmt_buf *b)
+void api_chat_usage_json(const api_usage *u, bytebuf *b)
 {
-    api_buf_printf(b,
+    bytebuf_printf(b,
                    "{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d,"
                    "\"prompt_tokens_details\":{\"cached_tokens\":%d},"
                    "\"completion_tokens_details\":{\"reasoning_tokens\":%d},"
@@ -481,66 +451,68 @@ static const char *api_chat_finish_name(events_finish_reason f)
     return f == EVENTS_FINISH_LENGTH ? "length" : f == EVENTS_FINISH_TOOL_CALLS ? "tool_calls" : "stop";
 }
 
-static void api_chat_lp_one(jsonfmt_buf *b, const char *text, float lp)
+/* `token` is the text (a piece that is not UTF-8 on its own, e.g. half a character, reads as
+ * U+FFFD), `bytes` the piece's raw bytes: joining the bytes of consecutive tokens gives the
+ * real text back, as OpenAI documents. */
+static void api_chat_lp_one(bytebuf *b, const char *text, size_t len, float lp)
 {
-    jsonfmt_buf_puts(b, "{\"token\":");
-    api_buf_str(b, text);
-    api_buf_printf(b, ",\"logprob\":%.6g,\"bytes\":[", (double)lp);
-    for (const unsigned char *p = (const unsigned char *)text; *p; p++)
-        api_buf_printf(b, "%s%u", p == (const unsigned char *)text ? "" : ",", *p);
-    jsonfmt_buf_putc(b, ']');
+    bytebuf_puts(b, "{\"token\":");
+    api_buf_strn(b, text, len);
+    bytebuf_printf(b, ",\"logprob\":%.6g,\"bytes\":[", (double)lp);
+    for (size_t k = 0; k < len; k++) bytebuf_printf(b, "%s%u", k ? "," : "", (unsigned char)text[k]);
+    bytebuf_putc(b, ']');
 }
 
 /* {"content":[...]} of entries [from, to) of choice c. */
-static void api_chat_lps(jsonfmt_buf *b, const api_choice *c, int from, int to)
+static void api_chat_lps(bytebuf *b, const api_choice *c, int from, int to)
 {
-    jsonfmt_buf_puts(b, "{\"content\":[");
+    bytebuf_puts(b, "{\"content\":[");
     for (int k = from; k < to; k++) {
         const api_lp_entry *en = &c->lps[k];
-        if (k > from) jsonfmt_buf_putc(b, ',');
-        api_chat_lp_one(b, en->text, en->logprob);
-        jsonfmt_buf_puts(b, ",\"top_logprobs\":[");
+        if (k > from) bytebuf_putc(b, ',');
+        api_chat_lp_one(b, en->text, en->len, en->logprob);
+        bytebuf_puts(b, ",\"top_logprobs\":[");
         for (int t = 0; t < en->n_top; t++) {
-            if (t) jsonfmt_buf_putc(b, ',');
-            api_chat_lp_one(b, en->top_text[t], en->top_logprob[t]);
-            jsonfmt_buf_putc(b, '}');
+            if (t) bytebuf_putc(b, ',');
+            api_chat_lp_one(b, en->top_text[t], en->top_len[t], en->top_logprob[t]);
+            bytebuf_putc(b, '}');
         }
-        jsonfmt_buf_puts(b, "]}");
+        bytebuf_puts(b, "]}");
     }
-    jsonfmt_buf_puts(b, "],\"refusal\":null}");
+    bytebuf_puts(b, "],\"refusal\":null}");
 }
 
-static void api_chat_chunk_open(api_out *o, jsonfmt_buf *b)
+static void api_chat_chunk_open(api_out *o, bytebuf *b)
 {
-    jsonfmt_buf_puts(b, "{\"id\":");
+    bytebuf_puts(b, "{\"id\":");
     api_buf_str(b, o->id);
-    api_buf_printf(b, ",\"object\":\"chat.completion.chunk\",\"created\":%lld,\"model\":", (long long)o->created);
+    bytebuf_printf(b, ",\"object\":\"chat.completion.chunk\",\"created\":%lld,\"model\":", (long long)o->created);
     api_buf_str(b, o->model);
-    jsonfmt_buf_puts(b, ",\"system_fingerprint\":\"tokenmill\",\"choices\":[");
+    bytebuf_puts(b, ",\"system_fingerprint\":\"tokenmill\",\"choices\":[");
 }
 
 /* Sends one chunk for choice i: delta is the inside of the delta object, finish may be NULL. */
 static void api_chat_chunk(api_out *o, int i, const char *delta, size_t dlen, const char *finish)
 {
     api_choice *c = &o->choices[i];
-    jsonfmt_buf b = {0};
+    bytebuf b = {0};
     api_chat_chunk_open(o, &b);
-    api_buf_printf(&b, "{\"index\":%d,\"delta\":{", i);
-    jsonfmt_buf_append(&b, delta, dlen);
-    jsonfmt_buf_puts(&b, "},\"logprobs\":");
+    bytebuf_printf(&b, "{\"index\":%d,\"delta\":{", i);
+    bytebuf_append(&b, delta, dlen);
+    bytebuf_puts(&b, "},\"logprobs\":");
     if (o->req->logprobs && c->n_lps > c->n_lps_sent) {
         api_chat_lps(&b, c, c->n_lps_sent, c->n_lps);
         c->n_lps_sent = c->n_lps;
     } else {
-        jsonfmt_buf_puts(&b, "null");
+        bytebuf_puts(&b, "null");
     }
-    jsonfmt_buf_puts(&b, ",\"finish_reason\":");
+    bytebuf_puts(&b, ",\"finish_reason\":");
     api_buf_str(&b, finish);
-    jsonfmt_buf_puts(&b, "}]");
-    if (o->req->include_usage) jsonfmt_buf_puts(&b, ",\"usage\":null");
-    jsonfmt_buf_putc(&b, '}');
+    bytebuf_puts(&b, "}]");
+    if (o->req->include_usage) bytebuf_puts(&b, ",\"usage\":null");
+    bytebuf_putc(&b, '}');
     api_sse(&o->out, NULL, b.p, b.len);
-    jsonfmt_buf_free(&b);
+    bytebuf_free(&b);
 }
 
 void api_chat_begin(api_out *o)
@@ -554,23 +526,23 @@ void api_chat_begin(api_out *o)
 void api_chat_on(api_out *o, int i, api_op op, api_item *it, const char *d, size_t len)
 {
     if (!o->req->stream) return;
-    jsonfmt_buf delta = {0};
+    bytebuf delta = {0};
     if (op == API_OP_DELTA && it->kind == API_ITEM_TEXT) {
-        jsonfmt_buf_puts(&delta, "\"content\":");
+        bytebuf_puts(&delta, "\"content\":");
         api_buf_strn(&delta, d, len);
     } else if (op == API_OP_DELTA && it->kind == API_ITEM_REASONING) {
-        jsonfmt_buf_puts(&delta, "\"reasoning_content\":");
+        bytebuf_puts(&delta, "\"reasoning_content\":");
         api_buf_strn(&delta, d, len);
     } else if (op == API_OP_OPEN && it->kind == API_ITEM_TOOL) {
-        api_buf_printf(&delta, "\"tool_calls\":[{\"index\":%d,\"id\":", it->tool_index);
+        bytebuf_printf(&delta, "\"tool_calls\":[{\"index\":%d,\"id\":", it->tool_index);
         api_buf_str(&delta, it->call_id);
-        jsonfmt_buf_puts(&delta, ",\"type\":\"function\",\"function\":{\"name\":");
+        bytebuf_puts(&delta, ",\"type\":\"function\",\"function\":{\"name\":");
         api_buf_str(&delta, it->name);
-        jsonfmt_buf_puts(&delta, ",\"arguments\":\"\"}}]");
+        bytebuf_puts(&delta, ",\"arguments\":\"\"}}]");
     } else if (op == API_OP_DELTA && it->kind == API_ITEM_TOOL) {
-        api_buf_printf(&delta, "\"tool_calls\":[{\"index\":%d,\"function\":{\"arguments\":", it->tool_index);
+        bytebuf_printf(&delta, "\"tool_calls\":[{\"index\":%d,\"function\":{\"arguments\":", it->tool_index);
         api_buf_strn(&delta, d, len);
-        jsonfmt_buf_puts(&delta, "}}]");
+        bytebuf_puts(&delta, "}}]");
     } else if (op == API_OP_FINISH) {
         api_chat_chunk(o, i, "", 0, api_chat_finish_name(o->choices[i].finish));
         return;
@@ -578,97 +550,97 @@ void api_chat_on(api_out *o, int i, api_op op, api_item *it, const char *d, size
         return;
     }
     api_chat_chunk(o, i, delta.p, delta.len, NULL);
-    jsonfmt_buf_free(&delta);
+    bytebuf_free(&delta);
 }
 
-static void api_chat_ids(jsonfmt_buf *b, const int32_t *ids, int n)
+static void api_chat_ids(bytebuf *b, const int32_t *ids, int n)
 {
-    jsonfmt_buf_putc(b, '[');
-    for (int k = 0; k < n; k++) api_buf_printf(b, "%s%d", k ? "," : "", ids[k]);
-    jsonfmt_buf_putc(b, ']');
+    bytebuf_putc(b, '[');
+    for (int k = 0; k < n; k++) bytebuf_printf(b, "%s%d", k ? "," : "", ids[k]);
+    bytebuf_putc(b, ']');
 }
 
 void api_chat_end(api_out *o)
 {
-    jsonfmt_buf *b = &o->out;
+    bytebuf *b = &o->out;
     if (o->req->stream) {
         if (o->req->include_usage) {
-            jsonfmt_buf u = {0};
+            bytebuf u = {0};
             api_chat_chunk_open(o, &u);
-            jsonfmt_buf_puts(&u, "],\"usage\":");
+            bytebuf_puts(&u, "],\"usage\":");
             api_chat_usage_json(&o->usage, &u);
-            jsonfmt_buf_putc(&u, '}');
+            bytebuf_putc(&u, '}');
             api_sse(b, NULL, u.p, u.len);
-            jsonfmt_buf_free(&u);
+            bytebuf_free(&u);
         }
-        jsonfmt_buf_puts(b, "data: [DONE]\n\n");
+        api_sse_done(b);
         return;
     }
-    jsonfmt_buf_puts(b, "{\"id\":");
+    bytebuf_puts(b, "{\"id\":");
     api_buf_str(b, o->id);
-    api_buf_printf(b, ",\"object\":\"chat.completion\",\"created\":%lld,\"model\":", (long long)o->created);
+    bytebuf_printf(b, ",\"object\":\"chat.completion\",\"created\":%lld,\"model\":", (long long)o->created);
     api_buf_str(b, o->model);
-    jsonfmt_buf_puts(b, ",\"system_fingerprint\":\"tokenmill\",\"choices\":[");
+    bytebuf_puts(b, ",\"system_fingerprint\":\"tokenmill\",\"choices\":[");
     for (int i = 0; i < o->n_choices; i++) {
         const api_choice *c = &o->choices[i];
-        if (i) jsonfmt_buf_putc(b, ',');
-        api_buf_printf(b, "{\"index\":%d,\"message\":{\"role\":\"assistant\",\"content\":", i);
+        if (i) bytebuf_putc(b, ',');
+        bytebuf_printf(b, "{\"index\":%d,\"message\":{\"role\":\"assistant\",\"content\":", i);
         /* Text items joined; null when the answer is only tool calls. */
-        jsonfmt_buf text = {0}, reasoning = {0};
+        bytebuf text = {0}, reasoning = {0};
         bool has_text = false, has_reasoning = false;
         for (int k = 0; k < c->n_items; k++) {
             const api_item *it = &c->items[k];
             if (it->kind == API_ITEM_TEXT) {
                 has_text = true;
-                jsonfmt_buf_append(&text, it->text.p ? it->text.p : "", it->text.len);
+                bytebuf_append(&text, it->text.p ? it->text.p : "", it->text.len);
             } else if (it->kind == API_ITEM_REASONING) {
                 has_reasoning = true;
-                jsonfmt_buf_append(&reasoning, it->text.p ? it->text.p : "", it->text.len);
+                bytebuf_append(&reasoning, it->text.p ? it->text.p : "", it->text.len);
             }
         }
         if (has_text && !(c->n_calls && text.len == 0)) api_buf_strn(b, text.p ? text.p : "", text.len);
-        else jsonfmt_buf_puts(b, "null");
+        else bytebuf_puts(b, "null");
         if (has_reasoning) {
-            jsonfmt_buf_puts(b, ",\"reasoning_content\":");
+            bytebuf_puts(b, ",\"reasoning_content\":");
             api_buf_strn(b, reasoning.p, reasoning.len);
         }
-        jsonfmt_buf_free(&text);
-        jsonfmt_buf_free(&reasoning);
+        bytebuf_free(&text);
+        bytebuf_free(&reasoning);
         if (c->n_calls) {
-            jsonfmt_buf_puts(b, ",\"tool_calls\":[");
+            bytebuf_puts(b, ",\"tool_calls\":[");
             int n = 0;
             for (int k = 0; k < c->n_items; k++) {
                 const api_item *it = &c->items[k];
                 if (it->kind != API_ITEM_TOOL) continue;
-                if (n++) jsonfmt_buf_putc(b, ',');
-                jsonfmt_buf_puts(b, "{\"id\":");
+                if (n++) bytebuf_putc(b, ',');
+                bytebuf_puts(b, "{\"id\":");
                 api_buf_str(b, it->call_id);
-                jsonfmt_buf_puts(b, ",\"type\":\"function\",\"function\":{\"name\":");
+                bytebuf_puts(b, ",\"type\":\"function\",\"function\":{\"name\":");
                 api_buf_str(b, it->name);
-                jsonfmt_buf_puts(b, ",\"arguments\":");
+                bytebuf_puts(b, ",\"arguments\":");
                 api_buf_strn(b, it->text.p ? it->text.p : "{}", it->text.p ? it->text.len : 2);
-                jsonfmt_buf_puts(b, "}}");
+                bytebuf_puts(b, "}}");
             }
-            jsonfmt_buf_putc(b, ']');
+            bytebuf_putc(b, ']');
         }
-        jsonfmt_buf_puts(b, ",\"refusal\":null},\"logprobs\":");
+        bytebuf_puts(b, ",\"refusal\":null},\"logprobs\":");
         if (o->req->logprobs) api_chat_lps(b, c, 0, c->n_lps);
-        else jsonfmt_buf_puts(b, "null");
-        jsonfmt_buf_puts(b, ",\"finish_reason\":");
+        else bytebuf_puts(b, "null");
+        bytebuf_puts(b, ",\"finish_reason\":");
         api_buf_str(b, api_chat_finish_name(c->finish));
         if (o->req->return_token_ids) {
-            jsonfmt_buf_puts(b, ",\"token_ids\":");
+            bytebuf_puts(b, ",\"token_ids\":");
             api_chat_ids(b, c->token_ids, c->n_token_ids);
         }
-        jsonfmt_buf_putc(b, '}');
+        bytebuf_putc(b, '}');
     }
-    jsonfmt_buf_puts(b, "],\"usage\":");
+    bytebuf_puts(b, "],\"usage\":");
     api_chat_usage_json(&o->usage, b);
     if (o->req->return_token_ids) {
-        jsonfmt_buf_puts(b, ",\"prompt_token_ids\":");
+        bytebuf_puts(b, ",\"prompt_token_ids\":");
         api_chat_ids(b, o->prompt_ids, o->n_prompt_ids);
     }
-    jsonfmt_buf_putc(b, '}');
+    bytebuf_putc(b, '}');
 }
 
 /* ------------------------------------------------------------------ route */

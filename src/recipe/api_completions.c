@@ -1,263 +1,28 @@
 /*
  * api_completions: OpenAI's raw-prompt POST /v1/completions.
  *
- * The prompt (a string, a one-element array of strings, or an array of token ids) goes to
- * the scheduler as is: a string is tokenised with the model's BOS and no control-token
- * matching. `n` choices are n scheduler requests (seeds seed, seed+1, ...). Each choice
- * detokenises its tokens with a streaming detokenizer, matches the stop strings on the text
- * (holding back a tail that could still become one, cancelling the request when one
- * matches) and, when asked, collects per-token log-probs in the completions shape
- * ({tokens, token_logprobs, top_logprobs, text_offset}).
+ * The request runs the same path as the chat APIs (api_serve): parse into an api_req, the
+ * prompt as token ids, submit n choices (seeds seed, seed+1, ...), tokens through api_out
+ * (detokenised with api_detok, stop strings held back and cut by the shared matcher). What
+ * differs is only here: the prompt is not a conversation (a string is tokenised with the
+ * model's BOS and no control-token matching; token ids go as they are), the output splitter
+ * has no markers (raw text: no reasoning, no tool calls), the end-of-generation ids of the
+ * vocabulary do not stop it beyond the model's own end token (so ignore_eos works), and the
+ * answer's shape: "text_completion" objects whose log-probs are
+ * {tokens, token_logprobs, top_logprobs, text_offset}.
  *
- * Non-streaming: the handler waits for every choice's FINISH (checking for a disconnect now
- * and then) and answers one JSON object. Streaming: SSE chunks of "text_completion" objects,
- * one per batch of new text per choice, a last chunk per choice with finish_reason, the
- * usage chunk when stream_options.include_usage, then "data: [DONE]".
+ * Streaming: one chunk per text delta of a choice (with its new log-prob entries), a last
+ * chunk per choice with finish_reason, the usage chunk when stream_options.include_usage,
+ * then "data: [DONE]".
  */
 #include "recipe/api.h"
+#include "recipe/api_int.h"
 
-#include <jansson.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "recipe/tokenizer.h"
 #include "util/util.h"
-
-#define COMPL_MAX_N 16
-#define COMPL_MAX_STOPS 4
-
-typedef struct {
-    sched_req *req;              /* NULL once released */
-    tokenizer_stream ts;         /* detokenizer */
-    http_buf text;               /* all text generated so far (cut at a stop string) */
-    size_t sent;                 /* bytes of text already streamed */
-    bool stopped;                /* a stop string matched: text is final */
-    bool finished;               /* FINISH record seen */
-    const char *finish_reason;   /* "stop" / "length" */
-    bool error;                  /* the scheduler failed the request */
-    bool final_sent;             /* streaming: the chunk with finish_reason was written */
-    sched_usage usage;
-    /* log-probs (when asked): per token, collected in arrays */
-    json_t *lp_tokens, *lp_logprobs, *lp_top, *lp_offset;
-    size_t lp_streamed;          /* entries already streamed */
-} compl_choice;
-
-typedef struct {
-    const api_ctx *c;
-    char id[48];
-    int n;                       /* choices */
-    compl_choice ch[COMPL_MAX_N];
-    char *stops[COMPL_MAX_STOPS];
-    int n_stops;
-    size_t max_stop;             /* longest stop string, bytes */
-    int logprobs;                /* -1: off; else top alternatives */
-    bool stream;
-    bool include_usage;
-    bool done_sent;              /* [DONE] written */
-    int n_prompt;
-    int32_t *prompt;             /* (n_prompt) ids */
-    char piece[512];             /* scratch for one token's text */
-} compl_job;
-
-static void compl_job_free(compl_job *j)
-{
-    for (int i = 0; i < j->n; i++) {
-        compl_choice *ch = &j->ch[i];
-        if (ch->req) api_be_release(j->c, ch->req);
-        http_buf_free(&ch->text);
-        json_decref(ch->lp_tokens);
-        json_decref(ch->lp_logprobs);
-        json_decref(ch->lp_top);
-        json_decref(ch->lp_offset);
-    }
-    for (int i = 0; i < j->n_stops; i++) free(j->stops[i]);
-    free(j->prompt);
-    free(j);
-}
-
-/* The text of one token for the log-probs arrays (control tokens render their text). */
-static json_t *compl_token_text(compl_job *j, int32_t id)
-{
-    int n = tokenizer_token_to_piece(j->c->tok, id, j->piece, (int)sizeof j->piece, true);
-    if (n < 0 || n > (int)sizeof j->piece) n = 0;
-    return api_json_text(j->piece, (size_t)n);
-}
-
-/* Applies one scheduler output to a choice. */
-static void compl_apply(compl_job *j, compl_choice *ch, const sched_output *o)
-{
-    if (o->kind == SCHED_OUT_FINISH) {
-        ch->finished = true;
-        ch->usage = o->usage;
-        if (!ch->stopped) {
-            size_t n = tokenizer_stream_flush(&ch->ts, j->piece, sizeof j->piece);
-            if (n <= sizeof j->piece) http_buf_append(&ch->text, j->piece, n);
-        }
-        switch (o->finish) {
-        case SCHED_FINISH_LENGTH:
-        case SCHED_FINISH_ABORTED: ch->finish_reason = "length"; break;   /* cut short by a stopping server */
-        case SCHED_FINISH_ERROR: ch->finish_reason = "error"; ch->error = true; break;
-        default: ch->finish_reason = "stop"; break;  /* eos, or our stop-string cancel */
-        }
-        if (ch->stopped) ch->finish_reason = "stop";
-        return;
-    }
-    if (ch->stopped || o->is_stop) return;   /* the eos token has no text */
-    size_t before = ch->text.len;
-    size_t n = tokenizer_stream_push(&ch->ts, o->token, j->piece, sizeof j->piece);
-    if (n <= sizeof j->piece) {
-        http_buf_append(&ch->text, j->piece, n);
-    } else { /* a piece longer than the scratch: some vocabularies have them */
-        char *big = xmalloc(n);
-        n = tokenizer_stream_push(&ch->ts, o->token, big, n);
-        http_buf_append(&ch->text, big, n);
-        free(big);
-    }
-    if (j->logprobs >= 0) {
-        json_array_append_new(ch->lp_tokens, compl_token_text(j, o->token));
-        json_array_append_new(ch->lp_logprobs, json_real(o->logprob));
-        json_t *top = json_object();
-        for (int k = 0; k < o->n_top; k++) {
-            int m = tokenizer_token_to_piece(j->c->tok, o->top[k].token, j->piece, (int)sizeof j->piece, true);
-            if (m < 0 || m > (int)sizeof j->piece) m = 0;
-            json_t *key = api_json_text(j->piece, (size_t)m);
-            json_object_set_new(top, json_string_value(key), json_real(o->top[k].logprob));
-            json_decref(key);
-        }
-        json_array_append_new(ch->lp_top, top);
-        json_array_append_new(ch->lp_offset, json_integer((json_int_t)before));
-    }
-    if (j->n_stops) {
-        size_t cut, safe;
-        size_t from = before > j->max_stop ? before - j->max_stop : 0;
-        if (api_stop_find((const char *const *)j->stops, j->n_stops, ch->text.data, ch->text.len, from, &cut, &safe)) {
-            ch->text.len = cut;
-            ch->text.data[cut] = 0;
-            ch->stopped = true;
-            api_be_cancel(j->c, ch->req);
-        }
-    }
-}
-
-/* Bytes of a choice's text that may be sent now. */
-static size_t compl_sendable(const compl_job *j, const compl_choice *ch)
-{
-    if (ch->stopped || ch->finished || !j->n_stops) return ch->text.len;
-    size_t cut, safe;
-    if (api_stop_find((const char *const *)j->stops, j->n_stops, ch->text.data, ch->text.len, ch->text.len, &cut, &safe))
-        return cut;
-    return safe;
-}
-
-static json_t *compl_logprobs_json(compl_choice *ch, size_t from)
-{
-    size_t n = json_array_size(ch->lp_tokens);
-    json_t *t = json_array(), *l = json_array(), *top = json_array(), *off = json_array();
-    for (size_t i = from; i < n; i++) {
-        json_array_append(t, json_array_get(ch->lp_tokens, i));
-        json_array_append(l, json_array_get(ch->lp_logprobs, i));
-        json_array_append(top, json_array_get(ch->lp_top, i));
-        json_array_append(off, json_array_get(ch->lp_offset, i));
-    }
-    return json_pack("{s:o, s:o, s:o, s:o}", "tokens", t, "token_logprobs", l, "top_logprobs", top, "text_offset", off);
-}
-
-static json_t *compl_usage_json(const compl_job *j)
-{
-    int comp = 0, cached = j->n ? j->ch[0].usage.cached_tokens : 0;
-    for (int i = 0; i < j->n; i++) comp += j->ch[i].usage.completion_tokens;
-    return json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", j->n_prompt, "completion_tokens", comp,
-                     "total_tokens", j->n_prompt + comp, "prompt_tokens_details", "cached_tokens", cached);
-}
-
-static json_t *compl_envelope(const compl_job *j, json_t *choices)
-{
-    char fp[24];
-    snprintf(fp, sizeof fp, "fp_%.10s", j->c->model->fingerprint_hex);
-    return json_pack("{s:s, s:s, s:I, s:s, s:s, s:o}", "id", j->id, "object", "text_completion",
-                     "created", (json_int_t)j->c->created, "model", j->c->model_name, "system_fingerprint", fp,
-                     "choices", choices);
-}
-
-/* Polls every unfinished choice once; waits up to timeout_ms on the first if none had
- * output. Returns true if anything was applied. */
-static bool compl_pump(compl_job *j, int timeout_ms)
-{
-    sched_output out[32];
-    bool any = false;
-    for (int pass = 0; pass < 2 && !any; pass++) {
-        for (int i = 0; i < j->n; i++) {
-            compl_choice *ch = &j->ch[i];
-            if (ch->finished) continue;
-            int k = api_be_poll(j->c, ch->req, out, 32, pass ? timeout_ms : 0);
-            for (int q = 0; q < k; q++) compl_apply(j, ch, &out[q]);
-            if (k) any = true;
-            if (pass) break;  /* wait on one only */
-        }
-    }
-    return any;
-}
-
-static bool compl_all_finished(const compl_job *j)
-{
-    for (int i = 0; i < j->n; i++)
-        if (!j->ch[i].finished) return false;
-    return true;
-}
-
-/* ---- streaming ---- */
-
-static bool compl_pull(void *ctx, http_buf *out, int timeout_ms)
-{
-    compl_job *j = ctx;
-    if (j->done_sent) return false;
-    compl_pump(j, timeout_ms);
-    bool all = true;
-    for (int i = 0; i < j->n; i++) {
-        compl_choice *ch = &j->ch[i];
-        if (ch->final_sent) continue;
-        if (ch->finished && ch->error) {
-            api_sse_json(out, json_pack("{s:{s:s, s:s, s:n, s:n}}", "error", "message", "the request failed in the engine",
-                                        "type", "server_error", "param", "code"));
-            ch->final_sent = true;
-            continue;
-        }
-        size_t can = compl_sendable(j, ch);
-        bool last = ch->finished;
-        if (can > ch->sent || last) {
-            size_t upto = can > ch->sent ? can : ch->sent;
-            json_t *lp = json_null();
-            if (j->logprobs >= 0) {
-                lp = compl_logprobs_json(ch, ch->lp_streamed);
-                ch->lp_streamed = json_array_size(ch->lp_tokens);
-            }
-            json_t *choice = json_pack("{s:o, s:i, s:o, s:o}", "text", api_json_text(ch->text.data + ch->sent, upto - ch->sent),
-                                       "index", i, "logprobs", lp,
-                                       "finish_reason", last ? json_string(ch->finish_reason) : json_null());
-            ch->sent = upto;
-            ch->final_sent = last;
-            api_sse_json(out, compl_envelope(j, json_pack("[o]", choice)));
-        }
-        all &= ch->final_sent;
-    }
-    if (!all) return true;
-    if (j->include_usage) {
-        json_t *u = compl_envelope(j, json_array());
-        json_object_set_new(u, "usage", compl_usage_json(j));
-        api_sse_json(out, u);
-    }
-    http_buf_puts(out, "data: [DONE]\n\n");
-    j->done_sent = true;
-    return false;
-}
-
-static void compl_done(void *ctx, bool client_gone)
-{
-    (void)client_gone;
-    compl_job_free(ctx);   /* releases (and so cancels) every request still running */
-}
 
 /* ---- request parsing ---- */
 
@@ -268,317 +33,230 @@ static const char *const compl_known[] = {
     NULL,
 };
 
-static bool compl_bad(http_request *r, const char *param, const char *msg)
-{
-    api_openai_error(r, 400, "invalid_request_error", msg, param, NULL);
-    return false;
-}
+static const api_kind K = API_KIND_COMPLETIONS;
 
-static bool compl_num(http_request *r, json_t *body, const char *key, double lo, double hi, double *out)
+/* prompt: a string, a one-element array of strings, or an array of token ids. */
+static bool compl_parse_prompt(const api_cfg *cfg, json_t *root, api_req *r, api_error *e)
 {
-    json_t *v = json_object_get(body, key);
-    if (!v || json_is_null(v)) return true;
-    char msg[200];
-    if (!json_is_number(v)) {
-        snprintf(msg, sizeof msg, "'%s' must be a number", key);
-        return compl_bad(r, key, msg);
+    json_t *p = json_object_get(root, "prompt");
+    if (!p || json_is_null(p)) {
+        api_json_missing(K, e, "prompt");
+        return false;
     }
-    double d = json_number_value(v);
-    if (!(d >= lo && d <= hi)) {
-        snprintf(msg, sizeof msg, "'%s' must be between %g and %g, got %g", key, lo, hi, d);
-        return compl_bad(r, key, msg);
-    }
-    *out = d;
-    return true;
-}
-
-static bool compl_str(http_request *r, json_t *body, const char *key, const char **out)
-{
-    json_t *v = json_object_get(body, key);
-    if (!v || json_is_null(v)) return true;
-    if (!json_is_string(v)) {
-        char msg[200];
-        snprintf(msg, sizeof msg, "'%s' must be a string", key);
-        return compl_bad(r, key, msg);
-    }
-    *out = json_string_value(v);
-    return true;
-}
-
-static bool compl_int(http_request *r, json_t *body, const char *key, long long lo, long long hi, long long *out)
-{
-    json_t *v = json_object_get(body, key);
-    if (!v || json_is_null(v)) return true;
-    char msg[200];
-    if (!json_is_integer(v)) {
-        snprintf(msg, sizeof msg, "'%s' must be an integer", key);
-        return compl_bad(r, key, msg);
-    }
-    long long x = json_integer_value(v);
-    if (x < lo || x > hi) {
-        snprintf(msg, sizeof msg, "'%s' must be between %lld and %lld, got %lld", key, lo, hi, x);
-        return compl_bad(r, key, msg);
-    }
-    *out = x;
-    return true;
-}
-
-static bool compl_bool(http_request *r, json_t *body, const char *key, bool *out)
-{
-    json_t *v = json_object_get(body, key);
-    if (!v || json_is_null(v)) return true;
-    if (!json_is_boolean(v)) {
-        char msg[200];
-        snprintf(msg, sizeof msg, "'%s' must be a boolean", key);
-        return compl_bad(r, key, msg);
-    }
-    *out = json_is_true(v);
-    return true;
-}
-
-/* The prompt as token ids (j->prompt, j->n_prompt). */
-static bool compl_prompt(http_request *r, compl_job *j, json_t *body)
-{
-    json_t *p = json_object_get(body, "prompt");
-    if (!p || json_is_null(p)) return compl_bad(r, "prompt", "'prompt' is required");
     if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0))) p = json_array_get(p, 0);
     if (json_is_string(p)) {
-        const char *s = json_string_value(p);
-        size_t len = json_string_length(p);
-        int32_t cap = (int32_t)TM_MIN(len + 8, (size_t)INT32_MAX / 8);
-        j->prompt = xmalloc((size_t)cap * sizeof(int32_t));
-        int32_t n = tokenizer_encode(j->c->tok, s, len, true, false, j->prompt, cap);
-        if (n > cap) {
-            j->prompt = xrealloc(j->prompt, (size_t)n * sizeof(int32_t));
-            n = tokenizer_encode(j->c->tok, s, len, true, false, j->prompt, n);
-        }
-        if (n < 0) return compl_bad(r, "prompt", "the prompt could not be tokenised");
-        j->n_prompt = n;
-    } else if (json_is_array(p) && json_array_size(p) > 0 && json_is_integer(json_array_get(p, 0))) {
-        size_t n = json_array_size(p);
-        j->prompt = xmalloc(n * sizeof(int32_t));
-        for (size_t i = 0; i < n; i++) {
-            json_t *v = json_array_get(p, i);
-            long long id = json_is_integer(v) ? json_integer_value(v) : -1;
-            if (id < 0 || id >= tokenizer_n_vocab(j->c->tok) || id >= j->c->model->hp.n_vocab)
-                return compl_bad(r, "prompt", "'prompt' token ids must be integers within the vocabulary");
-            j->prompt[i] = (int32_t)id;
-        }
-        j->n_prompt = (int)n;
-    } else if (json_is_array(p) && json_array_size(p) > 1) {
-        return compl_bad(r, "prompt", "only one prompt per request is supported");
-    } else {
-        return compl_bad(r, "prompt", "'prompt' must be a string or an array of token ids");
+        r->prompt_len = json_string_length(p);
+        r->prompt_text = xmalloc(r->prompt_len + 1);
+        memcpy(r->prompt_text, json_string_value(p), r->prompt_len + 1);
+        return true;
     }
-    if (j->n_prompt == 0) return compl_bad(r, "prompt", "the prompt is empty");
+    if (json_is_array(p) && json_array_size(p) > 1 && json_is_string(json_array_get(p, 0))) {
+        api_json_value_error(K, e, "prompt", "only one prompt per request is supported.");
+        return false;
+    }
+    if (!json_is_array(p) || json_array_size(p) == 0) {
+        if (json_is_array(p)) api_json_value_error(K, e, "prompt", "the prompt is empty.");
+        else api_json_type_error(K, e, "prompt", "a string or an array of token ids", p);
+        return false;
+    }
+    size_t n = json_array_size(p);
+    r->prompt_ids = xmalloc(n * sizeof *r->prompt_ids);
+    for (size_t i = 0; i < n; i++) {
+        json_t *v = json_array_get(p, i);
+        long long id = json_is_integer(v) ? json_integer_value(v) : -1;
+        if (id < 0 || id > INT32_MAX || (cfg && cfg->n_vocab > 0 && id >= cfg->n_vocab)) {
+            char path[40];
+            api_path(path, sizeof path, "prompt", NULL, (int)i);
+            if (!json_is_integer(v)) api_json_type_error(K, e, path, "an integer (a token id)", v);
+            else
+                api_error_set(e, 400, "prompt", "invalid_value", "Invalid '%s': %lld is not a token id of this model "
+                              "(0 to %d).", path, id, cfg && cfg->n_vocab > 0 ? cfg->n_vocab - 1 : INT32_MAX);
+            return false;
+        }
+        r->prompt_ids[i] = (int32_t)id;
+    }
+    r->n_prompt_ids = (int)n;
     return true;
 }
 
-static bool compl_stops(http_request *r, compl_job *j, json_t *body)
+api_status api_completions_parse(const api_cfg *cfg, const char *body, size_t len, api_req *r, api_error *e)
 {
-    json_t *s = json_object_get(body, "stop");
-    if (!s || json_is_null(s)) return true;
-    if (json_is_string(s)) {
-        if (json_string_length(s)) j->stops[j->n_stops++] = xstrdup(json_string_value(s));
-    } else if (json_is_array(s)) {
-        if (json_array_size(s) > COMPL_MAX_STOPS) return compl_bad(r, "stop", "at most 4 stop sequences");
-        size_t i;
-        json_t *v;
-        json_array_foreach(s, i, v) {
-            if (!json_is_string(v)) return compl_bad(r, "stop", "'stop' must be a string or an array of strings");
-            if (json_string_length(v)) j->stops[j->n_stops++] = xstrdup(json_string_value(v));
-        }
-    } else {
-        return compl_bad(r, "stop", "'stop' must be a string or an array of strings");
-    }
-    for (int i = 0; i < j->n_stops; i++) j->max_stop = TM_MAX(j->max_stop, strlen(j->stops[i]));
-    return true;
-}
-
-static void compl_handle(http_request *r, void *user)
-{
-    const api_ctx *c = user;
-    if (!api_openai_auth(r)) return;
-    size_t blen;
-    const char *bz = http_request_body(r, &blen);
-    json_error_t jerr;
-    json_t *body = json_loadb(bz, blen, 0, &jerr);
-    if (!body) {
-        char msg[300];
-        snprintf(msg, sizeof msg, "We could not parse the JSON body of your request: %s (line %d, column %d)",
-                 jerr.text, jerr.line, jerr.column);
-        api_openai_error(r, 400, "invalid_request_error", msg, NULL, NULL);
-        return;
-    }
-    compl_job *j = xcalloc(1, sizeof *j);
-    j->c = c;
-    j->logprobs = -1;
-    if (!json_is_object(body)) {
-        compl_bad(r, NULL, "the request body must be a JSON object");
+    json_t *root;
+    if (!api_json_load(K, body, len, &root, e)) return API_ERR;
+    api_status ret = API_ERR;
+    long long k;
+    int st;
+    bool b;
+    r->max_tokens = 16;  /* OpenAI's default for this endpoint */
+    if (!api_json_known(K, root, compl_known, "", e) || !api_json_model(cfg, K, root, r, e) ||
+        !api_json_cache(K, root, r, e) || !api_json_user(K, root, r, e))
+        goto out;
+    if (!compl_parse_prompt(cfg, root, r, e) || !api_json_sampling(K, root, cfg, r, e)) goto out;
+    if ((st = api_json_int(K, root, "max_tokens", 0, 1 << 30, &k, e)) < 0) goto out;
+    if (st) r->max_tokens = (int)k;
+    if ((st = api_json_int(K, root, "n", 1, API_MAX_N, &k, e)) < 0) goto out;
+    if (st) r->n = (int)k;
+    if ((st = api_json_int(K, root, "best_of", 1, API_MAX_N, &k, e)) < 0) goto out;
+    if (st && k != r->n) {
+        api_json_value_error(K, e, "best_of", "only best_of equal to n is supported by this server.");
         goto out;
     }
-    const char *key;
-    json_t *val;
-    json_object_foreach(body, key, val) {
-        bool known = false;
-        for (int i = 0; compl_known[i]; i++) known |= !strcmp(key, compl_known[i]);
-        if (!known) {
-            char msg[200];
-            snprintf(msg, sizeof msg, "Unrecognized request argument supplied: %s", key);
-            compl_bad(r, key, msg);
-            goto out;
-        }
+    if ((st = api_json_int(K, root, "logprobs", 0, 5, &k, e)) < 0) goto out;
+    if (st) {
+        r->logprobs = true;
+        r->top_logprobs = (int)k;
     }
-    json_t *mv = json_object_get(body, "model");
-    if (mv && !json_is_null(mv) && !json_is_string(mv)) {
-        compl_bad(r, "model", "'model' must be a string");
+    b = false;
+    if (api_json_bool(K, root, "echo", &b, e) < 0) goto out;
+    if (b) {
+        api_json_value_error(K, e, "echo", "echo is not supported by this server.");
         goto out;
     }
-    if (!api_model_ok(c, mv ? json_string_value(mv) : NULL)) {
-        char msg[300];
-        snprintf(msg, sizeof msg, "The model '%s' does not exist; this server serves '%s'.", json_string_value(mv), c->model_name);
-        api_openai_error(r, 404, "invalid_request_error", msg, "model", "model_not_found");
+    const char *suffix = NULL;
+    if ((st = api_json_str(K, root, "suffix", &suffix, e)) < 0) goto out;
+    if (st) {
+        api_json_value_error(K, e, "suffix", "suffix is not supported by this server.");
         goto out;
     }
-    double temp = 1, top_p = 1, pres = 0, freq = 0, min_p = 0, rep = 1;
-    long long max_tokens = 16, n = 1, seed = -1, top_k = 0, logprobs = -1, best_of = 1;
-    bool stream = false, echo = false, ignore_eos = false;
-    if (!compl_num(r, body, "temperature", 0, 2, &temp) || !compl_num(r, body, "top_p", 0, 1, &top_p) ||
-        !compl_num(r, body, "presence_penalty", -2, 2, &pres) || !compl_num(r, body, "frequency_penalty", -2, 2, &freq) ||
-        !compl_num(r, body, "min_p", 0, 1, &min_p) || !compl_num(r, body, "repeat_penalty", 0, 10, &rep) ||
-        !compl_num(r, body, "repetition_penalty", 0, 10, &rep) ||
-        !compl_int(r, body, "max_tokens", 0, INT32_MAX, &max_tokens) || !compl_int(r, body, "n", 1, COMPL_MAX_N, &n) ||
-        !compl_int(r, body, "seed", INT64_MIN, INT64_MAX, &seed) || !compl_int(r, body, "top_k", 0, 1 << 20, &top_k) ||
-        !compl_int(r, body, "logprobs", 0, 5, &logprobs) || !compl_int(r, body, "best_of", 1, COMPL_MAX_N, &best_of) ||
-        !compl_bool(r, body, "stream", &stream) || !compl_bool(r, body, "echo", &echo) ||
-        !compl_bool(r, body, "ignore_eos", &ignore_eos))
-        goto out;
-    if (echo) { compl_bad(r, "echo", "'echo' is not supported"); goto out; }
-    if (best_of != n && json_object_get(body, "best_of") && !json_is_null(json_object_get(body, "best_of"))) {
-        compl_bad(r, "best_of", "'best_of' other than n is not supported");
+    if (!api_json_stop(K, root, "stop", r, e)) goto out;
+    if (r->n_stop > 4) {
+        api_json_value_error(K, e, "stop", "at most 4 stop sequences are supported, got %d.", r->n_stop);
         goto out;
     }
-    json_t *suffix = json_object_get(body, "suffix");
-    if (suffix && !json_is_null(suffix)) { compl_bad(r, "suffix", "'suffix' is not supported"); goto out; }
-    json_t *so = json_object_get(body, "stream_options");
-    if (so && !json_is_null(so)) {
-        if (!json_is_object(so)) { compl_bad(r, "stream_options", "'stream_options' must be an object"); goto out; }
-        if (!stream) { compl_bad(r, "stream_options", "'stream_options' is only allowed when 'stream' is true"); goto out; }
-        json_t *iu = json_object_get(so, "include_usage");
-        if (iu && !json_is_boolean(iu)) { compl_bad(r, "stream_options.include_usage", "'include_usage' must be a boolean"); goto out; }
-        j->include_usage = iu && json_is_true(iu);
-    }
-    const char *salt = NULL, *cls = NULL;
-    if (!compl_str(r, body, "cache_salt", &salt) || !compl_str(r, body, "cache_class", &cls)) goto out;
-    api_tenancy tn;
-    api_error ae;
-    if (!api_tenancy_of(r, c, salt, cls, &tn, &ae)) {
-        api_openai_error(r, ae.status, ae.type, ae.message, ae.param[0] ? ae.param : NULL, ae.code[0] ? ae.code : NULL);
+    if (api_json_bool(K, root, "stream", &r->stream, e) < 0 || api_json_bool(K, root, "ignore_eos", &r->ignore_eos, e) < 0 ||
+        !api_json_stream_options(K, root, r, e))
         goto out;
-    }
-    if (!compl_stops(r, j, body) || !compl_prompt(r, j, body)) goto out;
-    j->stream = stream;
-    j->logprobs = (int)logprobs;
-    j->n = (int)n;
-    api_new_id(j->id, sizeof j->id, "cmpl-");
-
-    sched_params sp = { .prompt = j->prompt, .n_prompt = j->n_prompt, .max_tokens = (int)max_tokens };
-    sp.sample = sample_params_default();
-    sp.sample.temp = (float)temp;
-    sp.sample.top_p = (float)top_p;
-    sp.sample.top_k = (int)top_k;
-    sp.sample.min_p = (float)min_p;
-    sp.sample.presence_penalty = (float)pres;
-    sp.sample.frequency_penalty = (float)freq;
-    sp.sample.repeat_penalty = (float)rep;
-    sp.ignore_eos = ignore_eos;
-    sp.cache_salt = tn.salt;
-    sp.cache_class = tn.cls;
-    sp.logprobs = logprobs >= 0;
-    sp.top_logprobs = logprobs > 0 ? (int)logprobs : 0;
-    uint64_t base_seed = seed >= 0 ? (uint64_t)seed : (uint64_t)(util_now() * 1e6);
-    if (max_tokens == 0) {
-        /* nothing to generate: answer at once with the prompt's usage */
-        j->n = (int)n;
-        for (int i = 0; i < j->n; i++) {
-            j->ch[i].finished = true;
-            j->ch[i].finish_reason = "length";
-            j->ch[i].usage.prompt_tokens = j->n_prompt;
-        }
-        if (j->n_prompt >= c->n_ctx) {
-            api_openai_submit_error(r, c, SCHED_ERR_TOO_LONG, j->n_prompt, 0);
-            goto out;
-        }
-    } else {
-        for (int i = 0; i < j->n; i++) {
-            sp.sample.seed = base_seed + (uint64_t)i;
-            sched_status st = api_be_submit(c, &sp, &j->ch[i].req);
-            if (st != SCHED_OK) {
-                j->n = i;  /* only the submitted ones are released */
-                api_openai_submit_error(r, c, st, j->n_prompt, (int)max_tokens);
-                goto out;
-            }
-        }
-    }
-    for (int i = 0; i < j->n; i++) {
-        compl_choice *ch = &j->ch[i];
-        tokenizer_stream_init(&ch->ts, c->tok);
-        ch->ts.prev = j->prompt[j->n_prompt - 1];  /* no BOS-space rule in mid-text */
-        http_buf_append(&ch->text, NULL, 0);
-        if (j->logprobs >= 0) {
-            ch->lp_tokens = json_array();
-            ch->lp_logprobs = json_array();
-            ch->lp_top = json_array();
-            ch->lp_offset = json_array();
-        }
-    }
-    json_decref(body);
-    if (j->stream) {
-        http_add_header(r, "X-Accel-Buffering", "no");
-        http_respond_stream(r, 200, "text/event-stream", compl_pull, compl_done, j);
-        return;
-    }
-    /* non-streaming: wait for every choice */
-    double t_check = util_now();
-    while (!compl_all_finished(j)) {
-        compl_pump(j, 50);
-        double now = util_now();
-        if (now - t_check < 0.05) continue;
-        t_check = now;
-        if (http_request_client_gone(r)) {
-            compl_job_free(j);
-            http_respond(r, 499, "application/json", "{}", 2);
-            return;
-        }
-    }
-    for (int i = 0; i < j->n; i++)
-        if (j->ch[i].error) {
-            api_openai_error(r, 500, "server_error", "the request failed in the engine (KV cache too small?)", NULL, NULL);
-            compl_job_free(j);
-            return;
-        }
-    json_t *choices = json_array();
-    for (int i = 0; i < j->n; i++) {
-        compl_choice *ch = &j->ch[i];
-        json_array_append_new(choices, json_pack("{s:o, s:i, s:o, s:s}", "text", api_json_text(ch->text.data, ch->text.len),
-                                                 "index", i, "logprobs",
-                                                 j->logprobs >= 0 ? compl_logprobs_json(ch, 0) : json_null(),
-                                                 "finish_reason", ch->finish_reason));
-    }
-    json_t *resp = compl_envelope(j, choices);
-    if (max_tokens == 0) {
-        for (int i = 0; i < j->n; i++) j->ch[i].usage.cached_tokens = 0;
-    }
-    json_object_set_new(resp, "usage", compl_usage_json(j));
-    api_respond_json(r, 200, resp);
-    compl_job_free(j);
-    return;
+    ret = API_OK;
 out:
-    json_decref(body);
-    compl_job_free(j);
+    json_decref(root);
+    return ret;
 }
 
-void api_completions_register(http_server *h, api_ctx *c)
+/* ---- output ---- */
+
+static const char *compl_finish_name(events_finish_reason f) { return f == EVENTS_FINISH_LENGTH ? "length" : "stop"; }
+
+/* {"id":...,"object":"text_completion",...,"choices":[ */
+static void compl_open(const api_out *o, bytebuf *b)
 {
-    http_route(h, "POST", "/v1/completions", compl_handle, c);
+    bytebuf_puts(b, "{\"id\":");
+    api_buf_str(b, o->id);
+    bytebuf_printf(b, ",\"object\":\"text_completion\",\"created\":%lld,\"model\":", (long long)o->created);
+    api_buf_str(b, o->model);
+    bytebuf_puts(b, ",\"system_fingerprint\":");
+    api_buf_str(b, o->fingerprint);
+    bytebuf_puts(b, ",\"choices\":[");
 }
+
+static void compl_usage(const api_out *o, bytebuf *b)
+{
+    const api_usage *u = &o->usage;
+    bytebuf_printf(b, "{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d,"
+                      "\"prompt_tokens_details\":{\"cached_tokens\":%d}}",
+                   u->prompt_tokens, u->completion_tokens, u->prompt_tokens + u->completion_tokens, u->cached_tokens);
+}
+
+/* The log-probs of entries [from, to) of choice c in the completions shape. */
+static void compl_logprobs(bytebuf *b, const api_choice *c, int from, int to)
+{
+    bytebuf_puts(b, "{\"tokens\":[");
+    for (int k = from; k < to; k++) {
+        if (k > from) bytebuf_putc(b, ',');
+        api_buf_strn(b, c->lps[k].text, c->lps[k].len);
+    }
+    bytebuf_puts(b, "],\"token_logprobs\":[");
+    for (int k = from; k < to; k++) bytebuf_printf(b, "%s%.6g", k > from ? "," : "", (double)c->lps[k].logprob);
+    bytebuf_puts(b, "],\"top_logprobs\":[");
+    for (int k = from; k < to; k++) {
+        const api_lp_entry *en = &c->lps[k];
+        bytebuf_puts(b, k > from ? ",{" : "{");
+        int n = 0;
+        for (int t = 0; t < en->n_top; t++) {
+            bool dup = false;  /* an object: two alternatives with the same text keep the first */
+            for (int u = 0; u < t && !dup; u++)
+                dup = en->top_len[u] == en->top_len[t] && !memcmp(en->top_text[u], en->top_text[t], en->top_len[t]);
+            if (dup) continue;
+            if (n++) bytebuf_putc(b, ',');
+            api_buf_strn(b, en->top_text[t], en->top_len[t]);
+            bytebuf_printf(b, ":%.6g", (double)en->top_logprob[t]);
+        }
+        bytebuf_putc(b, '}');
+    }
+    bytebuf_puts(b, "],\"text_offset\":[");
+    for (int k = from; k < to; k++) bytebuf_printf(b, "%s%zu", k > from ? "," : "", c->lps[k].offset);
+    bytebuf_puts(b, "]}");
+}
+
+/* One streamed chunk of choice i: text d[0..len), its new log-prob entries, finish or NULL. */
+static void compl_chunk(api_out *o, int i, const char *d, size_t len, const char *finish)
+{
+    api_choice *c = &o->choices[i];
+    bytebuf b = {0};
+    compl_open(o, &b);
+    bytebuf_puts(&b, "{\"text\":");
+    api_buf_strn(&b, d, len);
+    bytebuf_printf(&b, ",\"index\":%d,\"logprobs\":", i);
+    if (o->req->logprobs) {
+        compl_logprobs(&b, c, c->n_lps_sent, c->n_lps);
+        c->n_lps_sent = c->n_lps;
+    } else {
+        bytebuf_puts(&b, "null");
+    }
+    bytebuf_puts(&b, ",\"finish_reason\":");
+    api_buf_str(&b, finish);
+    bytebuf_puts(&b, "}]}");
+    api_sse(&o->out, NULL, b.p, b.len);
+    bytebuf_free(&b);
+}
+
+void api_completions_begin(api_out *o) { (void)o; }
+
+void api_completions_on(api_out *o, int i, api_op op, api_item *it, const char *d, size_t len)
+{
+    if (!o->req->stream) return;
+    if (op == API_OP_DELTA && it->kind == API_ITEM_TEXT) compl_chunk(o, i, d, len, NULL);
+    else if (op == API_OP_FINISH) compl_chunk(o, i, "", 0, compl_finish_name(o->choices[i].finish));
+}
+
+void api_completions_end(api_out *o)
+{
+    bytebuf *b = &o->out;
+    if (o->req->stream) {
+        if (o->req->include_usage) {
+            bytebuf u = {0};
+            compl_open(o, &u);
+            bytebuf_puts(&u, "],\"usage\":");
+            compl_usage(o, &u);
+            bytebuf_putc(&u, '}');
+            api_sse(b, NULL, u.p, u.len);
+            bytebuf_free(&u);
+        }
+        api_sse_done(b);
+        return;
+    }
+    compl_open(o, b);
+    for (int i = 0; i < o->n_choices; i++) {
+        const api_choice *c = &o->choices[i];
+        bytebuf text = {0};
+        for (int k = 0; k < c->n_items; k++)
+            if (c->items[k].kind == API_ITEM_TEXT) bytebuf_append(&text, c->items[k].text.p, c->items[k].text.len);
+        bytebuf_puts(b, i ? ",{\"text\":" : "{\"text\":");
+        api_buf_strn(b, text.p, text.len);
+        bytebuf_free(&text);
+        bytebuf_printf(b, ",\"index\":%d,\"logprobs\":", i);
+        if (o->req->logprobs) compl_logprobs(b, c, 0, c->n_lps);
+        else bytebuf_puts(b, "null");
+        bytebuf_puts(b, ",\"finish_reason\":");
+        api_buf_str(b, compl_finish_name(c->finish));
+        bytebuf_putc(b, '}');
+    }
+    bytebuf_puts(b, "],\"usage\":");
+    compl_usage(o, b);
+    bytebuf_putc(b, '}');
+}
+
+/* ---- route ---- */
+
+static void compl_handle(http_request *r, void *user) { api_serve(r, user, API_KIND_COMPLETIONS, false, NULL); }
+
+void api_completions_register(http_server *h, api_ctx *c) { http_route(h, "POST", "/v1/completions", compl_handle, c); }

@@ -39,6 +39,17 @@ const char *api_path(char *buf, size_t cap, const char *base, const char *key, i
 bool api_json_model(const api_cfg *cfg, api_kind kind, json_t *root, api_req *r, api_error *e);
 /* stop / stop_sequences: a string or an array of strings. */
 bool api_json_stop(api_kind kind, json_t *root, const char *key, api_req *r, api_error *e);
+/* The OpenAI sampling fields (chat, completions): temperature, top_p, top_k, min_p, the
+ * penalties (repeat_penalty / repetition_penalty as extensions), seed and logit_bias. */
+bool api_json_sampling(api_kind kind, json_t *root, const api_cfg *cfg, api_req *r, api_error *e);
+/* logit_bias: an object mapping token ids (decimal strings, below n_vocab when that is > 0)
+ * to biases in [-100, 100], at most SAMPLE_MAX_BIAS of them, into sp (OpenAI's chat and
+ * completions field). */
+bool api_json_logit_bias(api_kind kind, json_t *root, int n_vocab, sample_params *sp, api_error *e);
+/* user: the end user's id, a string (OpenAI routes), into r->user. */
+bool api_json_user(api_kind kind, json_t *root, api_req *r, api_error *e);
+/* stream_options {include_usage}: an object, allowed only when r->stream is set. */
+bool api_json_stream_options(api_kind kind, json_t *root, api_req *r, api_error *e);
 /* cache_salt and cache_class (strings, see TENANCY in api.h) into r. */
 bool api_json_cache(api_kind kind, json_t *root, api_req *r, api_error *e);
 /* The vendor's words for a content value made of text parts (api_json_parts_text). */

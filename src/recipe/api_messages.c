@@ -9,7 +9,8 @@
  * `thinking` {type: enabled, budget_tokens} turns the template's thinking on and caps the
  * reasoning at budget_tokens (the scheduler closes the think block then); without it
  * thinking is off, as Anthropic's models answer without thinking unless asked. max_tokens is
- * required. Unknown fields are rejected ("Extra inputs are not permitted").
+ * required. Unknown fields are rejected ("Extra inputs are not permitted"). Extensions: seed,
+ * min_p, return_token_ids, cache_salt/cache_class, and logit_bias as OpenAI's chat reads it.
  *
  * Output: a message object with content blocks in output order (thinking, text, tool_use),
  * stop_reason end_turn / max_tokens / stop_sequence / tool_use, and usage where input_tokens
@@ -34,7 +35,7 @@ static const char *const api_messages_keys[] = {
     "model", "messages", "max_tokens", "system", "stop_sequences", "temperature", "top_p", "top_k", "stream", "tools",
     "tool_choice", "thinking", "metadata", "service_tier", "container", "mcp_servers", "context_management",
     /* extensions */
-    "seed", "min_p", "return_token_ids", "cache_salt", "cache_class", NULL};
+    "seed", "min_p", "return_token_ids", "cache_salt", "cache_class", "logit_bias", NULL};
 
 static const char *const api_messages_count_keys[] = {"model", "messages", "system", "tools", "tool_choice", "thinking",
                                                       "mcp_servers", "context_management", "return_token_ids", NULL};
@@ -300,6 +301,7 @@ api_status api_messages_parse(const api_cfg *cfg, const char *body, size_t len, 
     if (!api_json_known(K, root, api_messages_keys, "", e)) goto out;
     if (!api_json_cache(K, root, r, e)) goto out;
     if (!api_json_model(cfg, K, root, r, e)) goto out;
+    if (!api_json_logit_bias(K, root, cfg ? cfg->n_vocab : 0, &r->sp, e)) goto out;
     if ((st = api_json_int(K, root, "max_tokens", 1, 1 << 30, &k, e)) < 0) goto out;
     if (st == 0) {
         api_json_missing(K, e, "max_tokens");
@@ -329,6 +331,15 @@ api_status api_messages_parse(const api_cfg *cfg, const char *body, size_t len, 
         api_json_type_error(K, e, "metadata", "a valid dictionary", md);
         goto out;
     }
+    if (json_is_object(md)) {  /* Anthropic's metadata has one field, the end user's id */
+        static const char *const md_keys[] = {"user_id", NULL};
+        const char *uid;
+        if (!api_json_known(K, md, md_keys, "metadata", e)) goto out;
+        if (api_json_str(K, md, "user_id", &uid, e) < 0) {
+            api_json_type_error(K, e, "metadata.user_id", "a valid string", json_object_get(md, "user_id"));
+            goto out;
+        }
+    }
     json_t *mcp = json_object_get(root, "mcp_servers");
     if (mcp && !json_is_null(mcp) && !(json_is_array(mcp) && json_array_size(mcp) == 0)) {
         api_json_value_error(K, e, "mcp_servers", "MCP servers are not supported by this server");
@@ -355,7 +366,7 @@ out:
     return ret;
 }
 
-void api_messages_count_json(int input_tokens, jsonfmt_buf *out) { api_buf_printf(out, "{\"input_tokens\":%d}", input_tokens); }
+void api_messages_count_json(int input_tokens, bytebuf *out) { bytebuf_printf(out, "{\"input_tokens\":%d}", input_tokens); }
 
 /* ------------------------------------------------------------------ output */
 
@@ -367,66 +378,66 @@ static const char *api_messages_stop_reason(const api_choice *c)
     return "end_turn";
 }
 
-static void api_messages_usage(const api_out *o, bool with_output, jsonfmt_buf *b)
+static void api_messages_usage(const api_out *o, bool with_output, bytebuf *b)
 {
     const api_usage *u = &o->usage;
-    api_buf_printf(b, "{\"input_tokens\":%d,\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":%d,\"output_tokens\":%d}",
+    bytebuf_printf(b, "{\"input_tokens\":%d,\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":%d,\"output_tokens\":%d}",
                    u->prompt_tokens - u->cached_tokens, u->cached_tokens, with_output ? u->completion_tokens : 0);
 }
 
-static void api_messages_block(const api_item *it, bool done, jsonfmt_buf *b)
+static void api_messages_block(const api_item *it, bool done, bytebuf *b)
 {
     const char *text = done && it->text.p ? it->text.p : "";
     size_t tlen = done ? it->text.len : 0;
     switch (it->kind) {
     case API_ITEM_TEXT:
-        jsonfmt_buf_puts(b, "{\"type\":\"text\",\"text\":");
+        bytebuf_puts(b, "{\"type\":\"text\",\"text\":");
         api_buf_strn(b, text, tlen);
-        jsonfmt_buf_putc(b, '}');
+        bytebuf_putc(b, '}');
         break;
     case API_ITEM_REASONING:
-        jsonfmt_buf_puts(b, "{\"type\":\"thinking\",\"thinking\":");
+        bytebuf_puts(b, "{\"type\":\"thinking\",\"thinking\":");
         api_buf_strn(b, text, tlen);
-        jsonfmt_buf_puts(b, ",\"signature\":\"\"}");
+        bytebuf_puts(b, ",\"signature\":\"\"}");
         break;
     case API_ITEM_TOOL:
-        jsonfmt_buf_puts(b, "{\"type\":\"tool_use\",\"id\":");
+        bytebuf_puts(b, "{\"type\":\"tool_use\",\"id\":");
         api_buf_str(b, it->id);
-        jsonfmt_buf_puts(b, ",\"name\":");
+        bytebuf_puts(b, ",\"name\":");
         api_buf_str(b, it->name);
-        jsonfmt_buf_puts(b, ",\"input\":");
-        if (done && tlen) jsonfmt_buf_append(b, text, tlen);
-        else jsonfmt_buf_puts(b, "{}");
-        jsonfmt_buf_putc(b, '}');
+        bytebuf_puts(b, ",\"input\":");
+        if (done && tlen) bytebuf_append(b, text, tlen);
+        else bytebuf_puts(b, "{}");
+        bytebuf_putc(b, '}');
         break;
     }
 }
 
-static void api_messages_message(api_out *o, bool final, jsonfmt_buf *b)
+static void api_messages_message(api_out *o, bool final, bytebuf *b)
 {
     const api_choice *c = &o->choices[0];
-    jsonfmt_buf_puts(b, "{\"id\":");
+    bytebuf_puts(b, "{\"id\":");
     api_buf_str(b, o->id);
-    jsonfmt_buf_puts(b, ",\"type\":\"message\",\"role\":\"assistant\",\"model\":");
+    bytebuf_puts(b, ",\"type\":\"message\",\"role\":\"assistant\",\"model\":");
     api_buf_str(b, o->model);
-    jsonfmt_buf_puts(b, ",\"content\":[");
+    bytebuf_puts(b, ",\"content\":[");
     if (final)
         for (int k = 0; k < c->n_items; k++) {
-            if (k) jsonfmt_buf_putc(b, ',');
+            if (k) bytebuf_putc(b, ',');
             api_messages_block(&c->items[k], true, b);
         }
-    jsonfmt_buf_puts(b, "],\"stop_reason\":");
+    bytebuf_puts(b, "],\"stop_reason\":");
     api_buf_str(b, final ? api_messages_stop_reason(c) : NULL);
-    jsonfmt_buf_puts(b, ",\"stop_sequence\":");
+    bytebuf_puts(b, ",\"stop_sequence\":");
     api_buf_str(b, final && c->stop_index >= 0 ? o->req->stop[c->stop_index] : NULL);
-    jsonfmt_buf_puts(b, ",\"usage\":");
+    bytebuf_puts(b, ",\"usage\":");
     api_messages_usage(o, final, b);
     if (final && o->req->return_token_ids) {
-        jsonfmt_buf_puts(b, ",\"prompt_token_ids\":[");
-        for (int k = 0; k < o->n_prompt_ids; k++) api_buf_printf(b, "%s%d", k ? "," : "", o->prompt_ids[k]);
-        jsonfmt_buf_putc(b, ']');
+        bytebuf_puts(b, ",\"prompt_token_ids\":[");
+        for (int k = 0; k < o->n_prompt_ids; k++) bytebuf_printf(b, "%s%d", k ? "," : "", o->prompt_ids[k]);
+        bytebuf_putc(b, ']');
     }
-    jsonfmt_buf_putc(b, '}');
+    bytebuf_putc(b, '}');
 }
 
 static void api_messages_event(api_out *o, const char *type, const char *fields, size_t flen)
@@ -436,12 +447,12 @@ static void api_messages_event(api_out *o, const char *type, const char *fields,
 
 void api_messages_begin(api_out *o)
 {
-    jsonfmt_buf f = {0};
-    jsonfmt_buf_puts(&f, "\"message\":");
+    bytebuf f = {0};
+    bytebuf_puts(&f, "\"message\":");
     api_messages_message(o, false, &f);
     api_messages_event(o, "message_start", f.p, f.len);
     api_messages_event(o, "ping", "", 0);
-    jsonfmt_buf_free(&f);
+    bytebuf_free(&f);
 }
 
 void api_messages_on(api_out *o, int i, api_op op, api_item *it, const char *d, size_t len)
@@ -455,34 +466,34 @@ void api_messages_on(api_out *o, int i, api_op op, api_item *it, const char *d, 
     }
     if (!o->req->stream || op == API_OP_FINISH) return;
     int bi = c->n_items - 1;
-    jsonfmt_buf f = {0};
+    bytebuf f = {0};
     switch (op) {
     case API_OP_OPEN:
-        api_buf_printf(&f, "\"index\":%d,\"content_block\":", bi);
+        bytebuf_printf(&f, "\"index\":%d,\"content_block\":", bi);
         api_messages_block(it, false, &f);
         api_messages_event(o, "content_block_start", f.p, f.len);
         break;
     case API_OP_DELTA:
-        api_buf_printf(&f, "\"index\":%d,\"delta\":{\"type\":", bi);
-        if (it->kind == API_ITEM_TEXT) jsonfmt_buf_puts(&f, "\"text_delta\",\"text\":");
-        else if (it->kind == API_ITEM_REASONING) jsonfmt_buf_puts(&f, "\"thinking_delta\",\"thinking\":");
-        else jsonfmt_buf_puts(&f, "\"input_json_delta\",\"partial_json\":");
+        bytebuf_printf(&f, "\"index\":%d,\"delta\":{\"type\":", bi);
+        if (it->kind == API_ITEM_TEXT) bytebuf_puts(&f, "\"text_delta\",\"text\":");
+        else if (it->kind == API_ITEM_REASONING) bytebuf_puts(&f, "\"thinking_delta\",\"thinking\":");
+        else bytebuf_puts(&f, "\"input_json_delta\",\"partial_json\":");
         api_buf_strn(&f, d, len);
-        jsonfmt_buf_putc(&f, '}');
+        bytebuf_putc(&f, '}');
         api_messages_event(o, "content_block_delta", f.p, f.len);
         break;
     case API_OP_CLOSE:
         if (it->kind == API_ITEM_REASONING) {
-            api_buf_printf(&f, "\"index\":%d,\"delta\":{\"type\":\"signature_delta\",\"signature\":\"\"}", bi);
+            bytebuf_printf(&f, "\"index\":%d,\"delta\":{\"type\":\"signature_delta\",\"signature\":\"\"}", bi);
             api_messages_event(o, "content_block_delta", f.p, f.len);
             f.len = 0;
         }
-        api_buf_printf(&f, "\"index\":%d", bi);
+        bytebuf_printf(&f, "\"index\":%d", bi);
         api_messages_event(o, "content_block_stop", f.p, f.len);
         break;
     default: break;
     }
-    jsonfmt_buf_free(&f);
+    bytebuf_free(&f);
 }
 
 void api_messages_end(api_out *o)
@@ -492,16 +503,16 @@ void api_messages_end(api_out *o)
         return;
     }
     const api_choice *c = &o->choices[0];
-    jsonfmt_buf f = {0};
-    jsonfmt_buf_puts(&f, "\"delta\":{\"stop_reason\":");
+    bytebuf f = {0};
+    bytebuf_puts(&f, "\"delta\":{\"stop_reason\":");
     api_buf_str(&f, api_messages_stop_reason(c));
-    jsonfmt_buf_puts(&f, ",\"stop_sequence\":");
+    bytebuf_puts(&f, ",\"stop_sequence\":");
     api_buf_str(&f, c->stop_index >= 0 ? o->req->stop[c->stop_index] : NULL);
-    jsonfmt_buf_puts(&f, "},\"usage\":");
+    bytebuf_puts(&f, "},\"usage\":");
     api_messages_usage(o, true, &f);
     api_messages_event(o, "message_delta", f.p, f.len);
     api_messages_event(o, "message_stop", "", 0);
-    jsonfmt_buf_free(&f);
+    bytebuf_free(&f);
 }
 
 /* ------------------------------------------------------------------ routes */

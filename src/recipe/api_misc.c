@@ -9,7 +9,6 @@
 #include "recipe/api.h"
 #include "recipe/template.h"
 
-#include <jansson.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -17,11 +16,18 @@ static void misc_models(http_request *r, void *user)
 {
     const api_ctx *c = user;
     if (!api_openai_auth(r)) return;
-    json_t *m = json_pack("{s:s, s:s, s:I, s:s}", "id", c->model_name, "object", "model", "created",
-                          (json_int_t)c->created, "owned_by", "tokenmill");
-    json_object_set_new(m, "context_length", json_integer(c->n_ctx));
-    if (c->tmpl) json_object_set_new(m, "template", json_string(template_name(c->tmpl)));
-    api_respond_json(r, 200, json_pack("{s:s, s:[o]}", "object", "list", "data", m));
+    bytebuf b = {0};
+    bytebuf_puts(&b, "{\"object\":\"list\",\"data\":[{\"id\":");
+    api_buf_str(&b, c->model_name);
+    bytebuf_printf(&b, ",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"tokenmill\",\"context_length\":%d",
+                   (long long)c->created, c->n_ctx);
+    if (c->tmpl) {
+        bytebuf_puts(&b, ",\"template\":");
+        api_buf_str(&b, template_name(c->tmpl));
+    }
+    bytebuf_puts(&b, "}]}");
+    api_respond_buf(r, 200, &b);
+    bytebuf_free(&b);
 }
 
 /* 503 while draining, so that load balancers stop sending requests here. */
@@ -29,28 +35,34 @@ static void misc_health(http_request *r, void *user)
 {
     const api_ctx *c = user;
     bool draining = c->sched && sched_draining(c->sched);
-    json_t *o = json_pack("{s:s}", "status", draining ? "draining" : "ok");
-    if (c->tmpl) json_object_set_new(o, "template", json_string(template_name(c->tmpl)));
+    bytebuf b = {0};
+    bytebuf_printf(&b, "{\"status\":\"%s\"", draining ? "draining" : "ok");
+    if (c->tmpl) {
+        bytebuf_puts(&b, ",\"template\":");
+        api_buf_str(&b, template_name(c->tmpl));
+    }
+    bytebuf_puts(&b, "}");
     if (draining) http_add_header(r, "Retry-After", HTTP_RETRY_AFTER);
-    api_respond_json(r, draining ? 503 : 200, o);
+    api_respond_buf(r, draining ? 503 : 200, &b);
+    bytebuf_free(&b);
 }
 
-static void misc_hist(http_buf *b, const char *name, const char *help, const sched_hist *h)
+static void misc_hist(bytebuf *b, const char *name, const char *help, const sched_hist *h)
 {
-    http_buf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    bytebuf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
     uint64_t cum = 0;
     for (int i = 0; i < SCHED_HIST_N; i++) {
         cum += h->counts[i];
-        http_buf_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, sched_hist_bounds[i], (unsigned long long)cum);
+        bytebuf_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, sched_hist_bounds[i], (unsigned long long)cum);
     }
     cum += h->counts[SCHED_HIST_N];
-    http_buf_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name, (unsigned long long)cum, name,
+    bytebuf_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name, (unsigned long long)cum, name,
                     h->sum, name, (unsigned long long)h->n);
 }
 
-void api_metric(http_buf *b, const char *name, const char *type, const char *help, double v)
+void api_metric(bytebuf *b, const char *name, const char *type, const char *help, double v)
 {
-    http_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
+    bytebuf_printf(b, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
 }
 
 static void misc_metrics(http_request *r, void *user)
@@ -61,27 +73,27 @@ static void misc_metrics(http_request *r, void *user)
     sched_hist ttft, itl, step, load_wait;
     http_stats hs;
     if (!c->sched) { /* a remote backend (the gateway): its own figures */
-        http_buf b = { 0 };
+        bytebuf b = { 0 };
         if (c->backend && c->backend->metrics) c->backend->metrics(c->backend->ud, &b);
-        http_respond(r, 200, "text/plain; version=0.0.4; charset=utf-8", b.data ? b.data : "", b.len);
-        http_buf_free(&b);
+        http_respond(r, 200, "text/plain; version=0.0.4; charset=utf-8", b.p ? b.p : "", b.len);
+        bytebuf_free(&b);
         return;
     }
     sched_get_stats(c->sched, &st);
     sched_get_hists(c->sched, &ttft, &itl, &step, &load_wait);
     http_get_stats(http_request_server(r), &hs);
-    http_buf b = { 0 };
+    bytebuf b = { 0 };
     api_metric(&b, "tokenmill_requests_total", "counter", "Generation requests accepted by the scheduler.", (double)st.n_requests);
     api_metric(&b, "tokenmill_requests_rejected_total", "counter", "Requests refused because the queue was full.", (double)st.n_rejected);
-    http_buf_puts(&b, "# HELP tokenmill_requests_finished_total Finished requests by reason.\n"
+    bytebuf_puts(&b, "# HELP tokenmill_requests_finished_total Finished requests by reason.\n"
                       "# TYPE tokenmill_requests_finished_total counter\n");
     for (int f = SCHED_FINISH_STOP; f <= SCHED_FINISH_ABORTED; f++)
-        http_buf_printf(&b, "tokenmill_requests_finished_total{reason=\"%s\"} %llu\n", sched_finish_name((sched_finish)f),
+        bytebuf_printf(&b, "tokenmill_requests_finished_total{reason=\"%s\"} %llu\n", sched_finish_name((sched_finish)f),
                         (unsigned long long)st.n_finished[f]);
-    http_buf_puts(&b, "# HELP tokenmill_http_requests_total HTTP responses by status class.\n"
+    bytebuf_puts(&b, "# HELP tokenmill_http_requests_total HTTP responses by status class.\n"
                       "# TYPE tokenmill_http_requests_total counter\n");
     for (int k = 1; k <= 5; k++)
-        http_buf_printf(&b, "tokenmill_http_requests_total{code=\"%dxx\"} %llu\n", k, (unsigned long long)hs.n_by_class[k]);
+        bytebuf_printf(&b, "tokenmill_http_requests_total{code=\"%dxx\"} %llu\n", k, (unsigned long long)hs.n_by_class[k]);
     api_metric(&b, "tokenmill_http_disconnects_total", "counter", "Streams ended by the client.", (double)hs.n_disconnects);
     api_metric(&b, "tokenmill_http_connections", "gauge", "Open HTTP connections (served, and waiting for their request head).", hs.n_connections);
     api_metric(&b, "tokenmill_http_refused_total", "counter", "Connections refused at the connection or per-client limit (503/429).", (double)hs.n_refused);
@@ -121,8 +133,8 @@ static void misc_metrics(http_request *r, void *user)
     misc_hist(&b, "tokenmill_engine_step_duration_seconds", "Duration of one engine step.", &step);
     misc_hist(&b, "tokenmill_cache_load_wait_seconds",
               "Seconds a request waited for its block store load before admission (part of its time to first token).", &load_wait);
-    http_respond(r, 200, "text/plain; version=0.0.4; charset=utf-8", b.data, b.len);
-    http_buf_free(&b);
+    http_respond(r, 200, "text/plain; version=0.0.4; charset=utf-8", b.p, b.len);
+    bytebuf_free(&b);
 }
 
 void api_misc_register(http_server *h, api_ctx *c)

@@ -7,7 +7,8 @@
  * messages (role + string or input_text/output_text parts), function_call (assistant tool
  * call), function_call_output (tool result) and reasoning items. Consecutive assistant-side
  * items (reasoning, assistant message, function_call) form one assistant turn. Unknown
- * top-level fields are rejected ("Unknown parameter").
+ * top-level fields are rejected ("Unknown parameter"). Extensions: top_k, min_p, seed, stop,
+ * penalties, return_token_ids, and logit_bias as chat reads it.
  *
  * Output: a `response` object whose output items are, in order, reasoning items (rs_…),
  * messages (msg_…, one output_text part) and function_call items (fc_…). Streaming sends
@@ -31,7 +32,7 @@ static const char *const api_responses_keys[] = {
     "stream_options", "conversation", "prompt",
     /* extensions */
     "top_k", "min_p", "seed", "stop", "presence_penalty", "frequency_penalty", "return_token_ids",
-    "cache_salt", "cache_class", NULL};
+    "cache_salt", "cache_class", "logit_bias", NULL};
 
 static const api_kind K = API_KIND_RESPONSES;
 
@@ -218,6 +219,7 @@ api_status api_responses_parse(const api_cfg *cfg, const char *body, size_t len,
     if (!api_json_known(K, root, api_responses_keys, "", e)) goto out;
     if (!api_json_cache(K, root, r, e)) goto out;
     if (!api_json_model(cfg, K, root, r, e)) goto out;
+    if (!api_json_logit_bias(K, root, cfg ? cfg->n_vocab : 0, &r->sp, e)) goto out;
     if ((st = api_json_str(K, root, "instructions", &s, e)) < 0) goto out;
     if (st) {
         r->instructions = xstrdup(s);
@@ -270,6 +272,9 @@ api_status api_responses_parse(const api_cfg *cfg, const char *body, size_t len,
     if (api_json_bool(K, root, "stream", &r->stream, e) < 0) goto out;
     if (api_json_bool(K, root, "store", &r->store, e) < 0) goto out;
     if (api_json_bool(K, root, "return_token_ids", &r->return_token_ids, e) < 0) goto out;
+    if (!api_json_user(K, root, r, e)) goto out;
+    bool ptc;
+    if (api_json_bool(K, root, "parallel_tool_calls", &ptc, e) < 0) goto out;
     bool bg = false;
     if (api_json_bool(K, root, "background", &bg, e) < 0) goto out;
     if (bg) {
@@ -341,9 +346,9 @@ out:
 
 /* ------------------------------------------------------------------ output */
 
-static void api_responses_usage(const api_usage *u, jsonfmt_buf *b)
+static void api_responses_usage(const api_usage *u, bytebuf *b)
 {
-    api_buf_printf(b,
+    bytebuf_printf(b,
                    "{\"input_tokens\":%d,\"input_tokens_details\":{\"cached_tokens\":%d},\"output_tokens\":%d,"
                    "\"output_tokens_details\":{\"reasoning_tokens\":%d},\"total_tokens\":%d}",
                    u->prompt_tokens, u->cached_tokens, u->completion_tokens, u->reasoning_tokens,
@@ -351,85 +356,85 @@ static void api_responses_usage(const api_usage *u, jsonfmt_buf *b)
 }
 
 /* One output item as JSON; done: completed form (else the in-progress one, text empty). */
-static void api_responses_item(const api_item *it, bool done, jsonfmt_buf *b)
+static void api_responses_item(const api_item *it, bool done, bytebuf *b)
 {
     const char *text = done && it->text.p ? it->text.p : "";
     size_t tlen = done ? it->text.len : 0;
-    jsonfmt_buf_puts(b, "{\"id\":");
+    bytebuf_puts(b, "{\"id\":");
     api_buf_str(b, it->id);
     switch (it->kind) {
     case API_ITEM_REASONING:
-        jsonfmt_buf_puts(b, ",\"type\":\"reasoning\",\"summary\":[],\"content\":[");
+        bytebuf_puts(b, ",\"type\":\"reasoning\",\"summary\":[],\"content\":[");
         if (done) {
-            jsonfmt_buf_puts(b, "{\"type\":\"reasoning_text\",\"text\":");
+            bytebuf_puts(b, "{\"type\":\"reasoning_text\",\"text\":");
             api_buf_strn(b, text, tlen);
-            jsonfmt_buf_putc(b, '}');
+            bytebuf_putc(b, '}');
         }
-        jsonfmt_buf_puts(b, "]}");
+        bytebuf_puts(b, "]}");
         break;
     case API_ITEM_TEXT:
-        api_buf_printf(b, ",\"type\":\"message\",\"status\":\"%s\",\"role\":\"assistant\",\"content\":[",
+        bytebuf_printf(b, ",\"type\":\"message\",\"status\":\"%s\",\"role\":\"assistant\",\"content\":[",
                        done ? "completed" : "in_progress");
         if (done) {
-            jsonfmt_buf_puts(b, "{\"type\":\"output_text\",\"text\":");
+            bytebuf_puts(b, "{\"type\":\"output_text\",\"text\":");
             api_buf_strn(b, text, tlen);
-            jsonfmt_buf_puts(b, ",\"annotations\":[],\"logprobs\":[]}");
+            bytebuf_puts(b, ",\"annotations\":[],\"logprobs\":[]}");
         }
-        jsonfmt_buf_puts(b, "]}");
+        bytebuf_puts(b, "]}");
         break;
     case API_ITEM_TOOL:
-        api_buf_printf(b, ",\"type\":\"function_call\",\"status\":\"%s\",\"call_id\":", done ? "completed" : "in_progress");
+        bytebuf_printf(b, ",\"type\":\"function_call\",\"status\":\"%s\",\"call_id\":", done ? "completed" : "in_progress");
         api_buf_str(b, it->call_id);
-        jsonfmt_buf_puts(b, ",\"name\":");
+        bytebuf_puts(b, ",\"name\":");
         api_buf_str(b, it->name);
-        jsonfmt_buf_puts(b, ",\"arguments\":");
+        bytebuf_puts(b, ",\"arguments\":");
         api_buf_strn(b, text, tlen);
-        jsonfmt_buf_putc(b, '}');
+        bytebuf_putc(b, '}');
         break;
     }
 }
 
 /* The response object; final: with output and usage. */
-static void api_responses_object(api_out *o, bool final, jsonfmt_buf *b)
+static void api_responses_object(api_out *o, bool final, bytebuf *b)
 {
     const api_req *r = o->req;
     bool trunc = final && api_out_truncated(o);
-    jsonfmt_buf_puts(b, "{\"id\":");
+    bytebuf_puts(b, "{\"id\":");
     api_buf_str(b, o->id);
-    api_buf_printf(b, ",\"object\":\"response\",\"created_at\":%lld,\"status\":\"%s\",\"background\":false,\"error\":null,",
+    bytebuf_printf(b, ",\"object\":\"response\",\"created_at\":%lld,\"status\":\"%s\",\"background\":false,\"error\":null,",
                    (long long)o->created, !final ? "in_progress" : trunc ? "incomplete" : "completed");
-    jsonfmt_buf_puts(b, trunc ? "\"incomplete_details\":{\"reason\":\"max_output_tokens\"}," : "\"incomplete_details\":null,");
-    jsonfmt_buf_puts(b, "\"instructions\":");
+    bytebuf_puts(b, trunc ? "\"incomplete_details\":{\"reason\":\"max_output_tokens\"}," : "\"incomplete_details\":null,");
+    bytebuf_puts(b, "\"instructions\":");
     api_buf_str(b, r->instructions);
-    if (r->max_tokens > 0) api_buf_printf(b, ",\"max_output_tokens\":%d", r->max_tokens);
-    else jsonfmt_buf_puts(b, ",\"max_output_tokens\":null");
-    jsonfmt_buf_puts(b, ",\"model\":");
+    if (r->max_tokens > 0) bytebuf_printf(b, ",\"max_output_tokens\":%d", r->max_tokens);
+    else bytebuf_puts(b, ",\"max_output_tokens\":null");
+    bytebuf_puts(b, ",\"model\":");
     api_buf_str(b, o->model);
-    jsonfmt_buf_puts(b, ",\"output\":[");
+    bytebuf_puts(b, ",\"output\":[");
     if (final) {
         const api_choice *c = &o->choices[0];
         for (int k = 0; k < c->n_items; k++) {
-            if (k) jsonfmt_buf_putc(b, ',');
+            if (k) bytebuf_putc(b, ',');
             api_responses_item(&c->items[k], true, b);
         }
     }
-    jsonfmt_buf_puts(b, "],\"parallel_tool_calls\":true,\"previous_response_id\":");
+    bytebuf_puts(b, "],\"parallel_tool_calls\":true,\"previous_response_id\":");
     api_buf_str(b, r->previous_response_id);
-    api_buf_printf(b, ",\"reasoning\":{\"effort\":null,\"summary\":null},\"store\":%s,\"temperature\":%g,",
+    bytebuf_printf(b, ",\"reasoning\":{\"effort\":null,\"summary\":null},\"store\":%s,\"temperature\":%g,",
                    r->store ? "true" : "false", r->temperature_echo);
-    jsonfmt_buf_puts(b, "\"text\":{\"format\":{\"type\":\"text\"}},\"tool_choice\":\"auto\",\"tools\":");
-    jsonfmt_buf_puts(b, r->tools_json ? r->tools_json : "[]");
-    api_buf_printf(b, ",\"top_p\":%g,\"truncation\":\"disabled\",\"usage\":", r->top_p_echo);
+    bytebuf_puts(b, "\"text\":{\"format\":{\"type\":\"text\"}},\"tool_choice\":\"auto\",\"tools\":");
+    bytebuf_puts(b, r->tools_json ? r->tools_json : "[]");
+    bytebuf_printf(b, ",\"top_p\":%g,\"truncation\":\"disabled\",\"usage\":", r->top_p_echo);
     if (final) api_responses_usage(&o->usage, b);
-    else jsonfmt_buf_puts(b, "null");
-    jsonfmt_buf_puts(b, ",\"user\":null,\"metadata\":");
-    jsonfmt_buf_puts(b, r->metadata_json ? r->metadata_json : "{}");
+    else bytebuf_puts(b, "null");
+    bytebuf_puts(b, ",\"user\":null,\"metadata\":");
+    bytebuf_puts(b, r->metadata_json ? r->metadata_json : "{}");
     if (final && r->return_token_ids) {
-        jsonfmt_buf_puts(b, ",\"prompt_token_ids\":[");
-        for (int k = 0; k < o->n_prompt_ids; k++) api_buf_printf(b, "%s%d", k ? "," : "", o->prompt_ids[k]);
-        jsonfmt_buf_putc(b, ']');
+        bytebuf_puts(b, ",\"prompt_token_ids\":[");
+        for (int k = 0; k < o->n_prompt_ids; k++) bytebuf_printf(b, "%s%d", k ? "," : "", o->prompt_ids[k]);
+        bytebuf_putc(b, ']');
     }
-    jsonfmt_buf_putc(b, '}');
+    bytebuf_putc(b, '}');
 }
 
 /* Sends `event: type` with data {"type":type,"sequence_number":n,<fields>} (fields without
@@ -441,12 +446,12 @@ static void api_responses_event(api_out *o, const char *type, const char *fields
 
 void api_responses_begin(api_out *o)
 {
-    jsonfmt_buf f = {0};
-    jsonfmt_buf_puts(&f, "\"response\":");
+    bytebuf f = {0};
+    bytebuf_puts(&f, "\"response\":");
     api_responses_object(o, false, &f);
     api_responses_event(o, "response.created", f.p, f.len);
     api_responses_event(o, "response.in_progress", f.p, f.len);
-    jsonfmt_buf_free(&f);
+    bytebuf_free(&f);
 }
 
 void api_responses_on(api_out *o, int i, api_op op, api_item *it, const char *d, size_t len)
@@ -458,30 +463,30 @@ void api_responses_on(api_out *o, int i, api_op op, api_item *it, const char *d,
                     it->kind == API_ITEM_TEXT ? "msg_" : it->kind == API_ITEM_REASONING ? "rs_" : "fc_");
     if (!o->req->stream || op == API_OP_FINISH) return;
     int oi = c->n_items - 1; /* the item concerned is always the last one */
-    jsonfmt_buf f = {0};
+    bytebuf f = {0};
     const char *part_type = it->kind == API_ITEM_TEXT ? "output_text" : "reasoning_text";
     switch (op) {
     case API_OP_OPEN:
-        api_buf_printf(&f, "\"output_index\":%d,\"item\":", oi);
+        bytebuf_printf(&f, "\"output_index\":%d,\"item\":", oi);
         api_responses_item(it, false, &f);
         api_responses_event(o, "response.output_item.added", f.p, f.len);
         if (it->kind != API_ITEM_TOOL) {
             f.len = 0;
-            jsonfmt_buf_puts(&f, "\"item_id\":");
+            bytebuf_puts(&f, "\"item_id\":");
             api_buf_str(&f, it->id);
-            api_buf_printf(&f, ",\"output_index\":%d,\"content_index\":0,\"part\":{\"type\":\"%s\",\"text\":\"\"%s}", oi,
+            bytebuf_printf(&f, ",\"output_index\":%d,\"content_index\":0,\"part\":{\"type\":\"%s\",\"text\":\"\"%s}", oi,
                            part_type, it->kind == API_ITEM_TEXT ? ",\"annotations\":[],\"logprobs\":[]" : "");
             api_responses_event(o, "response.content_part.added", f.p, f.len);
         }
         break;
     case API_OP_DELTA:
-        jsonfmt_buf_puts(&f, "\"item_id\":");
+        bytebuf_puts(&f, "\"item_id\":");
         api_buf_str(&f, it->id);
-        api_buf_printf(&f, ",\"output_index\":%d,", oi);
-        if (it->kind != API_ITEM_TOOL) jsonfmt_buf_puts(&f, "\"content_index\":0,");
-        jsonfmt_buf_puts(&f, "\"delta\":");
+        bytebuf_printf(&f, ",\"output_index\":%d,", oi);
+        if (it->kind != API_ITEM_TOOL) bytebuf_puts(&f, "\"content_index\":0,");
+        bytebuf_puts(&f, "\"delta\":");
         api_buf_strn(&f, d, len);
-        if (it->kind == API_ITEM_TEXT) jsonfmt_buf_puts(&f, ",\"logprobs\":[]");
+        if (it->kind == API_ITEM_TEXT) bytebuf_puts(&f, ",\"logprobs\":[]");
         api_responses_event(o,
                             it->kind == API_ITEM_TEXT        ? "response.output_text.delta"
                             : it->kind == API_ITEM_REASONING ? "response.reasoning_text.delta"
@@ -490,38 +495,38 @@ void api_responses_on(api_out *o, int i, api_op op, api_item *it, const char *d,
         break;
     case API_OP_CLOSE: {
         const char *text = it->text.p ? it->text.p : "";
-        jsonfmt_buf_puts(&f, "\"item_id\":");
+        bytebuf_puts(&f, "\"item_id\":");
         api_buf_str(&f, it->id);
-        api_buf_printf(&f, ",\"output_index\":%d,", oi);
+        bytebuf_printf(&f, ",\"output_index\":%d,", oi);
         if (it->kind == API_ITEM_TOOL) {
-            jsonfmt_buf_puts(&f, "\"name\":");
+            bytebuf_puts(&f, "\"name\":");
             api_buf_str(&f, it->name);
-            jsonfmt_buf_puts(&f, ",\"arguments\":");
+            bytebuf_puts(&f, ",\"arguments\":");
             api_buf_strn(&f, text, it->text.len);
             api_responses_event(o, "response.function_call_arguments.done", f.p, f.len);
         } else {
-            jsonfmt_buf_puts(&f, "\"content_index\":0,\"text\":");
+            bytebuf_puts(&f, "\"content_index\":0,\"text\":");
             api_buf_strn(&f, text, it->text.len);
-            if (it->kind == API_ITEM_TEXT) jsonfmt_buf_puts(&f, ",\"logprobs\":[]");
+            if (it->kind == API_ITEM_TEXT) bytebuf_puts(&f, ",\"logprobs\":[]");
             api_responses_event(o, it->kind == API_ITEM_TEXT ? "response.output_text.done" : "response.reasoning_text.done",
                                 f.p, f.len);
             f.len = 0;
-            jsonfmt_buf_puts(&f, "\"item_id\":");
+            bytebuf_puts(&f, "\"item_id\":");
             api_buf_str(&f, it->id);
-            api_buf_printf(&f, ",\"output_index\":%d,\"content_index\":0,\"part\":{\"type\":\"%s\",\"text\":", oi, part_type);
+            bytebuf_printf(&f, ",\"output_index\":%d,\"content_index\":0,\"part\":{\"type\":\"%s\",\"text\":", oi, part_type);
             api_buf_strn(&f, text, it->text.len);
-            jsonfmt_buf_puts(&f, it->kind == API_ITEM_TEXT ? ",\"annotations\":[],\"logprobs\":[]}" : "}");
+            bytebuf_puts(&f, it->kind == API_ITEM_TEXT ? ",\"annotations\":[],\"logprobs\":[]}" : "}");
             api_responses_event(o, "response.content_part.done", f.p, f.len);
         }
         f.len = 0;
-        api_buf_printf(&f, "\"output_index\":%d,\"item\":", oi);
+        bytebuf_printf(&f, "\"output_index\":%d,\"item\":", oi);
         api_responses_item(it, true, &f);
         api_responses_event(o, "response.output_item.done", f.p, f.len);
         break;
     }
     default: break;
     }
-    jsonfmt_buf_free(&f);
+    bytebuf_free(&f);
 }
 
 void api_responses_end(api_out *o)
@@ -531,11 +536,11 @@ void api_responses_end(api_out *o)
         api_responses_object(o, true, &o->out);
         return;
     }
-    jsonfmt_buf f = {0};
-    jsonfmt_buf_puts(&f, "\"response\":");
+    bytebuf f = {0};
+    bytebuf_puts(&f, "\"response\":");
     api_responses_object(o, true, &f);
     api_responses_event(o, api_out_truncated(o) ? "response.incomplete" : "response.completed", f.p, f.len);
-    jsonfmt_buf_free(&f);
+    bytebuf_free(&f);
 }
 
 /* ------------------------------------------------------------------ route */

@@ -46,15 +46,15 @@ struct events {
     bool args_over;        /* its arguments were read to their end, or went bad: no more fragments */
     size_t args_at;        /* committed: offset in body where the arguments object starts */
     int n_calls;           /* tool calls sent */
-    jsonfmt_buf hold;      /* held-back blank text */
-    jsonfmt_buf raw;       /* raw text of the call being read */
-    jsonfmt_buf name;      /* call name (decoded) */
-    jsonfmt_buf body;      /* call body text */
-    jsonfmt_buf args;      /* compact arguments */
-    jsonfmt_buf tmp;       /* scratch */
-    jsonfmt_buf cname;     /* committed call: its name */
-    jsonfmt_buf pre;       /* committed call: compact re-emission of the arguments read so far */
-    jsonfmt_buf sent;      /* committed call: the arguments fragments sent so far */
+    bytebuf hold;      /* held-back blank text */
+    bytebuf raw;       /* raw text of the call being read */
+    bytebuf name;      /* call name (decoded) */
+    bytebuf body;      /* call body text */
+    bytebuf args;      /* compact arguments */
+    bytebuf tmp;       /* scratch */
+    bytebuf cname;     /* committed call: its name */
+    bytebuf pre;       /* committed call: compact re-emission of the arguments read so far */
+    bytebuf sent;      /* committed call: the arguments fragments sent so far */
     char id[32];           /* current call id */
 };
 
@@ -67,7 +67,7 @@ void events_markers_none(events_markers *m)
 
 static bool events_blank(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
-static void events_clear(jsonfmt_buf *b)
+static void events_clear(bytebuf *b)
 {
     b->len = 0;
     if (b->p) b->p[0] = 0;
@@ -85,15 +85,15 @@ events *events_new(const events_markers *m, uint64_t seed, events_cb cb, void *u
 void events_free(events *ev)
 {
     if (!ev) return;
-    jsonfmt_buf_free(&ev->hold);
-    jsonfmt_buf_free(&ev->raw);
-    jsonfmt_buf_free(&ev->name);
-    jsonfmt_buf_free(&ev->body);
-    jsonfmt_buf_free(&ev->args);
-    jsonfmt_buf_free(&ev->tmp);
-    jsonfmt_buf_free(&ev->cname);
-    jsonfmt_buf_free(&ev->pre);
-    jsonfmt_buf_free(&ev->sent);
+    bytebuf_free(&ev->hold);
+    bytebuf_free(&ev->raw);
+    bytebuf_free(&ev->name);
+    bytebuf_free(&ev->body);
+    bytebuf_free(&ev->args);
+    bytebuf_free(&ev->tmp);
+    bytebuf_free(&ev->cname);
+    bytebuf_free(&ev->pre);
+    bytebuf_free(&ev->sent);
     free(ev);
 }
 
@@ -120,7 +120,7 @@ int events_n_tool_calls(const events *ev) { return ev->n_calls; }
 static void events_emit(events *ev, events_kind kind, const char *s, size_t n)
 {
     if (n == 0 && (kind == EVENTS_TEXT || kind == EVENTS_REASONING)) return;
-    const jsonfmt_buf *nm = ev->committed ? &ev->cname : &ev->name;
+    const bytebuf *nm = ev->committed ? &ev->cname : &ev->name;
     events_event e = { .kind = kind, .text = s, .len = n, .tool_index = ev->n_calls,
                        .tool_id = ev->id, .tool_name = nm->p ? nm->p : "" };
     ev->cb(ev->ud, &e);
@@ -137,7 +137,7 @@ static void events_section_text(events *ev, events_kind kind, const char *s, siz
     size_t last = n;
     while (last > 0 && events_blank(s[last - 1])) last--;
     if (last == 0) {
-        if (*started) jsonfmt_buf_append(&ev->hold, s, n);
+        if (*started) bytebuf_append(&ev->hold, s, n);
         return;
     }
     size_t i = 0;
@@ -149,7 +149,7 @@ static void events_section_text(events *ev, events_kind kind, const char *s, siz
     events_clear(&ev->hold);
     events_emit(ev, kind, s + i, last - i);
     *started = true;
-    jsonfmt_buf_append(&ev->hold, s + last, n - last);
+    bytebuf_append(&ev->hold, s + last, n - last);
 }
 
 /* A section ends (marker or finish): blanks held back are dropped. */
@@ -201,7 +201,7 @@ static bool events_parse_json_call(events *ev, const char *s, size_t n)
     if (jsonfmt_get_member(s, n, "arguments", &v, &vn) || jsonfmt_get_member(s, n, "parameters", &v, &vn))
         return events_norm_args(ev, v, vn);
     events_clear(&ev->args);
-    jsonfmt_buf_puts(&ev->args, "{}");
+    bytebuf_puts(&ev->args, "{}");
     return true;
 }
 
@@ -257,9 +257,9 @@ static bool events_parse_ds_call(events *ev)
     events_strip_fence(&a, &an);
     if (!events_norm_args(ev, a, an)) return false;
     events_clear(&ev->tmp);
-    jsonfmt_buf_append(&ev->tmp, nm, nn);
+    bytebuf_append(&ev->tmp, nm, nn);
     events_clear(&ev->name);
-    jsonfmt_buf_append(&ev->name, ev->tmp.p, ev->tmp.len);
+    bytebuf_append(&ev->name, ev->tmp.p, ev->tmp.len);
     return true;
 }
 
@@ -267,12 +267,12 @@ static void events_begin_call(events *ev, events_state st, const char *text, siz
 {
     /* blanks held before the marker go back into the text if the call turns out malformed */
     events_clear(&ev->raw);
-    if (ev->hold.len) jsonfmt_buf_append(&ev->raw, ev->hold.p, ev->hold.len);
+    if (ev->hold.len) bytebuf_append(&ev->raw, ev->hold.p, ev->hold.len);
     events_section_end(ev);
     ev->st = st;
     events_clear(&ev->name);
     events_clear(&ev->body);
-    jsonfmt_buf_append(&ev->raw, text, len);
+    bytebuf_append(&ev->raw, text, len);
     ev->committed = ev->no_stream = ev->args_over = false;
 }
 
@@ -348,7 +348,7 @@ static int events_ds_head(events *ev, const char *s, size_t n, size_t *at)
     int m = events_match(s, n, &i, "{");
     if (m <= 0) return m;
     events_clear(&ev->cname);
-    jsonfmt_buf_append(&ev->cname, nm, nn);
+    bytebuf_append(&ev->cname, nm, nn);
     *at = i - 1;
     return 1;
 }
@@ -357,7 +357,7 @@ static int events_ds_head(events *ev, const char *s, size_t n, size_t *at)
  * which it can be closed, i.e. not inside a key, an escape or a character, and not right
  * after a key, a ':' or a ','. When closer is given, it receives what closes s[0..cut): a
  * quote if the cut is inside a string value, then the open brackets in reverse. */
-static size_t events_json_cut(const char *s, size_t n, jsonfmt_buf *closer)
+static size_t events_json_cut(const char *s, size_t n, bytebuf *closer)
 {
     char stack[JSONFMT_MAX_DEPTH + 2];
     int depth = 0, cut_depth = 0;
@@ -412,8 +412,8 @@ static size_t events_json_cut(const char *s, size_t n, jsonfmt_buf *closer)
         }
     }
     if (closer) {
-        if (cut_in_str) jsonfmt_buf_putc(closer, '"');
-        for (int d = cut_depth - 1; d >= 0; d--) jsonfmt_buf_putc(closer, stack[d] == '{' ? '}' : ']');
+        if (cut_in_str) bytebuf_putc(closer, '"');
+        for (int d = cut_depth - 1; d >= 0; d--) bytebuf_putc(closer, stack[d] == '{' ? '}' : ']');
     }
     return cut;
 }
@@ -422,7 +422,7 @@ static size_t events_json_cut(const char *s, size_t n, jsonfmt_buf *closer)
 static void events_send_args(events *ev, const char *s, size_t n)
 {
     if (!n) return;
-    jsonfmt_buf_append(&ev->sent, s, n);
+    bytebuf_append(&ev->sent, s, n);
     events_emit(ev, EVENTS_TOOL_ARGS, s, n);
 }
 
@@ -580,7 +580,7 @@ void events_feed(events *ev, int32_t tok, const char *text, size_t len)
             ev->llama_checked = true;
             if (text[i] == '{') {
                 events_begin_call(ev, EVENTS_ST_LLAMA_JSON, text, len);
-                jsonfmt_buf_append(&ev->body, text + i, len - i);
+                bytebuf_append(&ev->body, text + i, len - i);
                 events_stream_args(ev);
                 events_llama_check(ev);
                 return;
@@ -599,17 +599,17 @@ void events_feed(events *ev, int32_t tok, const char *text, size_t len)
         events_section_text(ev, EVENTS_REASONING, text, len);
         return;
     case EVENTS_ST_QWEN_CALL:
-        jsonfmt_buf_append(&ev->raw, text, len);
+        bytebuf_append(&ev->raw, text, len);
         if (tok == m->tool_end && tok >= 0) {
             events_close_call(ev);
             return;
         }
-        jsonfmt_buf_append(&ev->body, text, len);
+        bytebuf_append(&ev->body, text, len);
         events_stream_args(ev);
         return;
     case EVENTS_ST_LLAMA_JSON:
-        jsonfmt_buf_append(&ev->raw, text, len);
-        jsonfmt_buf_append(&ev->body, text, len);
+        bytebuf_append(&ev->raw, text, len);
+        bytebuf_append(&ev->body, text, len);
         events_stream_args(ev);
         if (memchr(text, '}', len)) events_llama_check(ev);
         return;
@@ -625,7 +625,7 @@ void events_feed(events *ev, int32_t tok, const char *text, size_t len)
         }
         return; /* blanks between calls */
     case EVENTS_ST_DS_NAME:
-        jsonfmt_buf_append(&ev->raw, text, len);
+        bytebuf_append(&ev->raw, text, len);
         if (tok >= 0 && tok == m->tool_sep) {
             ev->st = EVENTS_ST_DS_ARGS;
             return;
@@ -634,15 +634,15 @@ void events_feed(events *ev, int32_t tok, const char *text, size_t len)
             events_close_call(ev);
             return;
         }
-        jsonfmt_buf_append(&ev->name, text, len);
+        bytebuf_append(&ev->name, text, len);
         return;
     case EVENTS_ST_DS_ARGS:
-        jsonfmt_buf_append(&ev->raw, text, len);
+        bytebuf_append(&ev->raw, text, len);
         if (tok >= 0 && tok == m->tool_end) {
             events_close_call(ev);
             return;
         }
-        jsonfmt_buf_append(&ev->body, text, len);
+        bytebuf_append(&ev->body, text, len);
         events_stream_args(ev);
         return;
     }

@@ -9,34 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "recipe/unicode.h"
 #include "util/util.h"
-
-void jsonfmt_buf_free(jsonfmt_buf *b)
-{
-    free(b->p);
-    b->p = NULL;
-    b->len = b->cap = 0;
-}
-
-static void jsonfmt_buf_reserve(jsonfmt_buf *b, size_t extra)
-{
-    if (b->len + extra + 1 <= b->cap) return;
-    size_t cap = b->cap ? b->cap : 64;
-    while (cap < b->len + extra + 1) cap *= 2;
-    b->p = xrealloc(b->p, cap);
-    b->cap = cap;
-}
-
-void jsonfmt_buf_append(jsonfmt_buf *b, const char *s, size_t len)
-{
-    jsonfmt_buf_reserve(b, len);
-    if (len) memcpy(b->p + b->len, s, len);
-    b->len += len;
-    b->p[b->len] = 0;
-}
-
-void jsonfmt_buf_puts(jsonfmt_buf *b, const char *z) { jsonfmt_buf_append(b, z, strlen(z)); }
-void jsonfmt_buf_putc(jsonfmt_buf *b, char c) { jsonfmt_buf_append(b, &c, 1); }
 
 /* ---- reader ---------------------------------------------------------------------------- */
 
@@ -44,7 +18,7 @@ typedef struct {
     const char *s;       /* input bytes */
     size_t n;            /* input length */
     size_t i;            /* read position */
-    jsonfmt_buf *out;    /* output, or NULL to validate only */
+    bytebuf *out;    /* output, or NULL to validate only */
     jsonfmt_style style; /* output layout */
     int indent;          /* spaces per level for JSONFMT_INDENT */
     bool partial;        /* jsonfmt_prefix: the input may continue; emit only what is final */
@@ -58,18 +32,6 @@ static bool jsonfmt_end(jsonfmt_rd *r)
     return false;
 }
 
-/* Bytes at the end of s[0..n) that start a UTF-8 sequence which is not complete yet. */
-static size_t jsonfmt_utf8_tail(const char *s, size_t n)
-{
-    for (size_t k = 1; k <= 3 && k <= n; k++) {
-        unsigned char c = (unsigned char)s[n - k];
-        if ((c & 0xC0) == 0x80) continue;  /* continuation byte: look further back */
-        size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
-        return need > k ? k : 0;
-    }
-    return 0;
-}
-
 static void jsonfmt_ws(jsonfmt_rd *r)
 {
     while (r->i < r->n && (r->s[r->i] == ' ' || r->s[r->i] == '\t' || r->s[r->i] == '\n' || r->s[r->i] == '\r'))
@@ -78,14 +40,14 @@ static void jsonfmt_ws(jsonfmt_rd *r)
 
 static void jsonfmt_emit(jsonfmt_rd *r, const char *s, size_t len)
 {
-    if (r->out) jsonfmt_buf_append(r->out, s, len);
+    if (r->out) bytebuf_append(r->out, s, len);
 }
 
 static void jsonfmt_newline(jsonfmt_rd *r, int level)
 {
     if (!r->out) return;
-    jsonfmt_buf_putc(r->out, '\n');
-    for (int k = 0; k < level * r->indent; k++) jsonfmt_buf_putc(r->out, ' ');
+    bytebuf_putc(r->out, '\n');
+    for (int k = 0; k < level * r->indent; k++) bytebuf_putc(r->out, ' ');
 }
 
 static int jsonfmt_hex4(const char *s)
@@ -102,39 +64,29 @@ static int jsonfmt_hex4(const char *s)
     return v;
 }
 
-static void jsonfmt_put_utf8(jsonfmt_buf *b, uint32_t cp)
+static void jsonfmt_put_utf8(bytebuf *b, uint32_t cp)
 {
     char u[4];
-    size_t n;
-    if (cp < 0x80) { u[0] = (char)cp; n = 1; }
-    else if (cp < 0x800) { u[0] = (char)(0xC0 | (cp >> 6)); u[1] = (char)(0x80 | (cp & 0x3F)); n = 2; }
-    else if (cp < 0x10000) {
-        u[0] = (char)(0xE0 | (cp >> 12)); u[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        u[2] = (char)(0x80 | (cp & 0x3F)); n = 3;
-    } else {
-        u[0] = (char)(0xF0 | (cp >> 18)); u[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-        u[2] = (char)(0x80 | ((cp >> 6) & 0x3F)); u[3] = (char)(0x80 | (cp & 0x3F)); n = 4;
-    }
-    jsonfmt_buf_append(b, u, n);
+    bytebuf_append(b, u, (size_t)unicode_encode(cp, u));
 }
 
 /* Escapes one decoded code point as JSON.stringify does (lone surrogates as \udxxx). */
-static void jsonfmt_put_escaped_cp(jsonfmt_buf *b, uint32_t cp)
+static void jsonfmt_put_escaped_cp(bytebuf *b, uint32_t cp)
 {
     char tmp[16];
     switch (cp) {
-    case '"': jsonfmt_buf_puts(b, "\\\""); return;
-    case '\\': jsonfmt_buf_puts(b, "\\\\"); return;
-    case '\b': jsonfmt_buf_puts(b, "\\b"); return;
-    case '\f': jsonfmt_buf_puts(b, "\\f"); return;
-    case '\n': jsonfmt_buf_puts(b, "\\n"); return;
-    case '\r': jsonfmt_buf_puts(b, "\\r"); return;
-    case '\t': jsonfmt_buf_puts(b, "\\t"); return;
+    case '"': bytebuf_puts(b, "\\\""); return;
+    case '\\': bytebuf_puts(b, "\\\\"); return;
+    case '\b': bytebuf_puts(b, "\\b"); return;
+    case '\f': bytebuf_puts(b, "\\f"); return;
+    case '\n': bytebuf_puts(b, "\\n"); return;
+    case '\r': bytebuf_puts(b, "\\r"); return;
+    case '\t': bytebuf_puts(b, "\\t"); return;
     default: break;
     }
     if (cp < 0x20 || (cp >= 0xD800 && cp <= 0xDFFF)) {
         snprintf(tmp, sizeof tmp, "\\u%04x", (unsigned)cp);
-        jsonfmt_buf_puts(b, tmp);
+        bytebuf_puts(b, tmp);
         return;
     }
     jsonfmt_put_utf8(b, cp);
@@ -142,18 +94,18 @@ static void jsonfmt_put_escaped_cp(jsonfmt_buf *b, uint32_t cp)
 
 /* Reads a string literal at r->i (the opening quote). mode 0: re-escape to r->out;
  * mode 1: decode raw UTF-8 into dec. */
-static bool jsonfmt_string_rd(jsonfmt_rd *r, jsonfmt_buf *dec)
+static bool jsonfmt_string_rd(jsonfmt_rd *r, bytebuf *dec)
 {
     if (r->i >= r->n) return jsonfmt_end(r);
     if (r->s[r->i] != '"') return false;
     r->i++;
-    if (r->out && !dec) jsonfmt_buf_putc(r->out, '"');
-    jsonfmt_buf *o = dec ? dec : r->out;
+    if (r->out && !dec) bytebuf_putc(r->out, '"');
+    bytebuf *o = dec ? dec : r->out;
     while (r->i < r->n) {
         unsigned char c = (unsigned char)r->s[r->i];
         if (c == '"') {
             r->i++;
-            if (r->out && !dec) jsonfmt_buf_putc(r->out, '"');
+            if (r->out && !dec) bytebuf_putc(r->out, '"');
             return true;
         }
         if (c < 0x20) return false;
@@ -162,8 +114,8 @@ static bool jsonfmt_string_rd(jsonfmt_rd *r, jsonfmt_buf *dec)
             size_t j = r->i;
             while (j < r->n && r->s[j] != '"' && r->s[j] != '\\' && (unsigned char)r->s[j] >= 0x20) j++;
             size_t keep = j - r->i;
-            if (r->partial && j == r->n) keep -= jsonfmt_utf8_tail(r->s + r->i, keep); /* whole characters only */
-            if (o) jsonfmt_buf_append(o, r->s + r->i, keep);
+            if (r->partial && j == r->n) keep -= unicode_utf8_tail(r->s + r->i, keep); /* whole characters only */
+            if (o) bytebuf_append(o, r->s + r->i, keep);
             r->i = j;
             continue;
         }
@@ -207,11 +159,11 @@ static bool jsonfmt_string_rd(jsonfmt_rd *r, jsonfmt_buf *dec)
 }
 
 /* Formats a double the way JavaScript's Number#toString does. */
-static void jsonfmt_put_jsnum(jsonfmt_buf *b, double v)
+static void jsonfmt_put_jsnum(bytebuf *b, double v)
 {
     char tmp[64];
-    if (v == 0) { jsonfmt_buf_putc(b, '0'); return; }
-    if (!isfinite(v)) { jsonfmt_buf_puts(b, "null"); return; }
+    if (v == 0) { bytebuf_putc(b, '0'); return; }
+    if (!isfinite(v)) { bytebuf_puts(b, "null"); return; }
     /* shortest round-trip digits */
     int prec;
     for (prec = 1; prec <= 17; prec++) {
@@ -228,27 +180,27 @@ static void jsonfmt_put_jsnum(jsonfmt_buf *b, double v)
     int e10 = atoi(p + 1);
     while (nd > 1 && digits[nd - 1] == '0') nd--;
     digits[nd] = 0;
-    if (neg) jsonfmt_buf_putc(b, '-');
+    if (neg) bytebuf_putc(b, '-');
     int n = e10 + 1; /* position of the decimal point relative to the digits */
     if (nd <= n && n <= 21) {
-        jsonfmt_buf_append(b, digits, (size_t)nd);
-        for (int k = nd; k < n; k++) jsonfmt_buf_putc(b, '0');
+        bytebuf_append(b, digits, (size_t)nd);
+        for (int k = nd; k < n; k++) bytebuf_putc(b, '0');
     } else if (0 < n && n <= 21) {
-        jsonfmt_buf_append(b, digits, (size_t)n);
-        jsonfmt_buf_putc(b, '.');
-        jsonfmt_buf_append(b, digits + n, (size_t)(nd - n));
+        bytebuf_append(b, digits, (size_t)n);
+        bytebuf_putc(b, '.');
+        bytebuf_append(b, digits + n, (size_t)(nd - n));
     } else if (-6 < n && n <= 0) {
-        jsonfmt_buf_puts(b, "0.");
-        for (int k = 0; k < -n; k++) jsonfmt_buf_putc(b, '0');
-        jsonfmt_buf_append(b, digits, (size_t)nd);
+        bytebuf_puts(b, "0.");
+        for (int k = 0; k < -n; k++) bytebuf_putc(b, '0');
+        bytebuf_append(b, digits, (size_t)nd);
     } else {
-        jsonfmt_buf_putc(b, digits[0]);
+        bytebuf_putc(b, digits[0]);
         if (nd > 1) {
-            jsonfmt_buf_putc(b, '.');
-            jsonfmt_buf_append(b, digits + 1, (size_t)(nd - 1));
+            bytebuf_putc(b, '.');
+            bytebuf_append(b, digits + 1, (size_t)(nd - 1));
         }
         snprintf(tmp, sizeof tmp, "e%c%d", n - 1 >= 0 ? '+' : '-', abs(n - 1));
-        jsonfmt_buf_puts(b, tmp);
+        bytebuf_puts(b, tmp);
     }
 }
 
@@ -359,7 +311,7 @@ static bool jsonfmt_value(jsonfmt_rd *r, int depth)
     return jsonfmt_number(r);
 }
 
-bool jsonfmt_write(jsonfmt_buf *out, const char *src, size_t len, jsonfmt_style style, int indent)
+bool jsonfmt_write(bytebuf *out, const char *src, size_t len, jsonfmt_style style, int indent)
 {
     size_t mark = out->len;
     jsonfmt_rd r = { .s = src, .n = len, .i = 0, .out = out, .style = style, .indent = indent };
@@ -375,15 +327,49 @@ bool jsonfmt_write(jsonfmt_buf *out, const char *src, size_t len, jsonfmt_style 
     return ok;
 }
 
-jsonfmt_prefix_status jsonfmt_prefix(jsonfmt_buf *out, const char *src, size_t len, size_t *used)
+jsonfmt_prefix_status jsonfmt_prefix(bytebuf *out, const char *src, size_t len, size_t *used)
 {
     jsonfmt_rd r = { .s = src, .n = len, .i = 0, .out = out, .style = JSONFMT_COMPACT, .partial = true };
-    jsonfmt_buf_reserve(out, 0);
+    bytebuf_reserve(out, 0);
     if (jsonfmt_value(&r, 0)) {
         if (used) *used = r.i;
         return JSONFMT_PREFIX_DONE;
     }
     return r.eof ? JSONFMT_PREFIX_MORE : JSONFMT_PREFIX_BAD;
+}
+
+jsonfmt_scan_status jsonfmt_scan(const char *src, size_t len, int max_depth, size_t max_values, int *depth,
+                                 size_t *n_values)
+{
+    int d = 0, deepest = 0;
+    size_t n = len ? 1 : 0;
+    jsonfmt_scan_status st = JSONFMT_SCAN_OK;
+    for (size_t i = 0; i < len && st == JSONFMT_SCAN_OK; i++) {
+        switch (src[i]) {
+        case '"':  /* skip the string: its brackets and commas are text */
+            for (i++; i < len && src[i] != '"'; i++)
+                if (src[i] == '\\') i++;
+            break;
+        case '[':
+        case '{':
+            if (++d > deepest) deepest = d;
+            if (d > max_depth) st = JSONFMT_SCAN_TOO_DEEP;
+            else if (++n > max_values) st = JSONFMT_SCAN_TOO_MANY;
+            break;
+        case ']':
+        case '}':
+            if (d > 0) d--;
+            break;
+        case ',':
+        case ':':
+            if (++n > max_values) st = JSONFMT_SCAN_TOO_MANY;
+            break;
+        default: break;
+        }
+    }
+    if (depth) *depth = deepest;
+    if (n_values) *n_values = n;
+    return st;
 }
 
 bool jsonfmt_valid(const char *src, size_t len)
@@ -394,18 +380,29 @@ bool jsonfmt_valid(const char *src, size_t len)
     return r.i == r.n;
 }
 
-void jsonfmt_write_string(jsonfmt_buf *out, const char *s, size_t len)
+void jsonfmt_write_string(bytebuf *out, const char *s, size_t len)
 {
-    jsonfmt_buf_putc(out, '"');
+    bytebuf_putc(out, '"');
     size_t i = 0;
     while (i < len) {
-        size_t j = i;
-        while (j < len && (unsigned char)s[j] >= 0x20 && s[j] != '"' && s[j] != '\\') j++;
-        jsonfmt_buf_append(out, s + i, j - i);
-        if (j < len) jsonfmt_put_escaped_cp(out, (unsigned char)s[j++]);
+        size_t j = i;  /* a run of bytes that need nothing: printable ASCII but " and \ */
+        while (j < len && (unsigned char)s[j] >= 0x20 && (unsigned char)s[j] < 0x80 && s[j] != '"' && s[j] != '\\') j++;
+        bytebuf_append(out, s + i, j - i);
+        if (j == len) break;
+        unsigned char c = (unsigned char)s[j];
+        if (c < 0x80) {
+            jsonfmt_put_escaped_cp(out, c);
+            j++;
+        } else {
+            bool ok;
+            size_t n = unicode_utf8_next(s + j, len - j, &ok, NULL);
+            if (ok) bytebuf_append(out, s + j, n);
+            else jsonfmt_put_utf8(out, UNICODE_REPLACEMENT);
+            j += n;
+        }
         i = j;
     }
-    jsonfmt_buf_putc(out, '"');
+    bytebuf_putc(out, '"');
 }
 
 bool jsonfmt_get_member(const char *src, size_t len, const char *key, const char **val, size_t *val_len)
@@ -415,7 +412,7 @@ bool jsonfmt_get_member(const char *src, size_t len, const char *key, const char
     jsonfmt_ws(&r);
     if (r.i >= r.n || r.s[r.i] != '{') return false;
     r.i++;
-    jsonfmt_buf k = { 0 };
+    bytebuf k = { 0 };
     bool found = false;
     for (;;) {
         jsonfmt_ws(&r);
@@ -437,15 +434,15 @@ bool jsonfmt_get_member(const char *src, size_t len, const char *key, const char
         if (r.s[r.i] == ',') r.i++;
         else break;
     }
-    jsonfmt_buf_free(&k);
+    bytebuf_free(&k);
     return found;
 }
 
-bool jsonfmt_decode_string(jsonfmt_buf *out, const char *src, size_t len)
+bool jsonfmt_decode_string(bytebuf *out, const char *src, size_t len)
 {
     jsonfmt_rd r = { .s = src, .n = len };
     size_t mark = out->len;
-    jsonfmt_buf_reserve(out, 0);
+    bytebuf_reserve(out, 0);
     if (!jsonfmt_string_rd(&r, out)) {
         out->len = mark;
         out->p[mark] = 0;

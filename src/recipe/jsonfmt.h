@@ -10,6 +10,12 @@
  *
  * The reader is a recursive descent over the bytes, depth-limited (JSONFMT_MAX_DEPTH), with
  * no allocation besides the output buffer. Key order and duplicate keys are kept as written.
+ *
+ * Bounds: JSON from outside (request bodies) is measured by jsonfmt_scan, a loop with no
+ * recursion, before any recursive reader (jansson, this one, the template renderer) sees it.
+ * Its depth limit is the reader's own, so a value accepted at the door is never too deep for
+ * anything downstream, and the recursion of every reader stays far inside an HTTP thread's
+ * small stack.
  */
 #ifndef TM_JSONFMT_H
 #define TM_JSONFMT_H
@@ -17,19 +23,16 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "util/bytebuf.h"
+
+/* Nesting levels of arrays and objects (the outermost container is level 1). Tool schemas
+ * written by people and by generators stay far below this; OpenAI and vLLM accept deep ones,
+ * so the bound is generous. */
 #define JSONFMT_MAX_DEPTH 128
-
-/* A growable byte string, always NUL-terminated once anything was appended. */
-typedef struct {
-    char *p;        /* bytes (NULL until the first append) */
-    size_t len;     /* bytes used, excluding the NUL */
-    size_t cap;     /* bytes allocated */
-} jsonfmt_buf;
-
-void jsonfmt_buf_free(jsonfmt_buf *b);
-void jsonfmt_buf_append(jsonfmt_buf *b, const char *s, size_t len);
-void jsonfmt_buf_puts(jsonfmt_buf *b, const char *z);
-void jsonfmt_buf_putc(jsonfmt_buf *b, char c);
+/* Values (scalars and containers, object keys included) in one request body. A parsed value
+ * costs jansson some 50 bytes, so this bounds the memory a body can make the parser use
+ * (a 8 MiB body of "[0,0,..." would otherwise be four million values). */
+#define JSONFMT_MAX_VALUES (1u << 20)
 
 typedef enum {
     JSONFMT_COMPACT = 0,  /* "," and ":" with no spaces: what clients receive */
@@ -40,7 +43,7 @@ typedef enum {
 /* Appends the JSON value in src[0..len) to out in `style` (indent: spaces per level, used by
  * JSONFMT_INDENT only). Whitespace around the value is allowed. Returns false, leaving out as
  * it was, when src is not exactly one valid JSON value. */
-bool jsonfmt_write(jsonfmt_buf *out, const char *src, size_t len, jsonfmt_style style, int indent);
+bool jsonfmt_write(bytebuf *out, const char *src, size_t len, jsonfmt_style style, int indent);
 
 typedef enum {
     JSONFMT_PREFIX_DONE = 0,  /* one whole value was read (*used: bytes up to its end) */
@@ -57,13 +60,28 @@ typedef enum {
  * literal once it has ended, punctuation as it is read. So the outputs for growing prefixes
  * of one text extend one another, and at DONE out holds exactly jsonfmt_write's output for
  * the value. Text after the value is not looked at. */
-jsonfmt_prefix_status jsonfmt_prefix(jsonfmt_buf *out, const char *src, size_t len, size_t *used);
+jsonfmt_prefix_status jsonfmt_prefix(bytebuf *out, const char *src, size_t len, size_t *used);
+
+typedef enum {
+    JSONFMT_SCAN_OK = 0,      /* within both limits (the text may still be invalid JSON) */
+    JSONFMT_SCAN_TOO_DEEP,    /* arrays/objects nest deeper than max_depth */
+    JSONFMT_SCAN_TOO_MANY,    /* more than max_values values */
+} jsonfmt_scan_status;
+
+/* Measures the text src[0..len) without recursion and without judging its syntax: the
+ * deepest nesting of [ and { outside strings, and the number of values (containers, scalars
+ * and keys: every [ { , : plus one). Stops at the first limit passed. *depth and *n_values
+ * (either may be NULL) get the figures up to where the scan stopped. */
+jsonfmt_scan_status jsonfmt_scan(const char *src, size_t len, int max_depth, size_t max_values, int *depth,
+                                 size_t *n_values);
 
 /* True when src[0..len) is exactly one valid JSON value. */
 bool jsonfmt_valid(const char *src, size_t len);
 
-/* Appends s[0..len) (UTF-8) as a quoted JSON string, escaped as JSON.stringify does. */
-void jsonfmt_write_string(jsonfmt_buf *out, const char *s, size_t len);
+/* Appends s[0..len) as a quoted JSON string, escaped as JSON.stringify does. Whatever the
+ * bytes, the result is valid UTF-8: a sequence that is not is written as U+FFFD (see
+ * unicode_utf8_repair), so no client's strict parser ever sees a broken string. */
+void jsonfmt_write_string(bytebuf *out, const char *s, size_t len);
 
 /* Looks up a top-level member of the JSON object in src. On success *val and *val_len span the
  * member's raw value text (for a string value: including its quotes). Returns false when src
@@ -72,6 +90,6 @@ bool jsonfmt_get_member(const char *src, size_t len, const char *key, const char
 
 /* Decodes the JSON string literal at src (which must start with '"') into out (UTF-8, no
  * quotes). Returns false if it is not a valid string literal. */
-bool jsonfmt_decode_string(jsonfmt_buf *out, const char *src, size_t len);
+bool jsonfmt_decode_string(bytebuf *out, const char *src, size_t len);
 
 #endif

@@ -322,11 +322,11 @@ typedef struct {
     const template *t;
     tmpl_seg *segs;        /* n_segs segments in order */
     size_t n_segs, cap_segs;
-    jsonfmt_buf runs;      /* bytes of all text runs */
-    jsonfmt_buf shown;     /* the rendered text */
-    jsonfmt_buf store;     /* per-turn contents (offsets in tmpl_msg) */
-    jsonfmt_buf json;      /* scratch for JSON output */
-    jsonfmt_buf json_src;  /* scratch for JSON input */
+    bytebuf runs;      /* bytes of all text runs */
+    bytebuf shown;     /* the rendered text */
+    bytebuf store;     /* per-turn contents (offsets in tmpl_msg) */
+    bytebuf json;      /* scratch for JSON output */
+    bytebuf json_src;  /* scratch for JSON input */
     bool rstrip_next;      /* the last special strips blanks to its right */
     template_status st;    /* first error */
     char *err;
@@ -350,7 +350,7 @@ static void tmpl_text(tmpl_b *b, const char *s, size_t n)
         if (n) b->rstrip_next = false;
     }
     if (!n) return;
-    jsonfmt_buf_append(&b->shown, s, n);
+    bytebuf_append(&b->shown, s, n);
     if (b->n_segs && b->segs[b->n_segs - 1].id < 0) {
         b->segs[b->n_segs - 1].len += n;
     } else {
@@ -359,7 +359,7 @@ static void tmpl_text(tmpl_b *b, const char *s, size_t n)
         g->off = b->runs.len;
         g->len = n;
     }
-    jsonfmt_buf_append(&b->runs, s, n);
+    bytebuf_append(&b->runs, s, n);
 }
 
 static void tmpl_special_id(tmpl_b *b, int32_t id)
@@ -376,7 +376,7 @@ static void tmpl_special_id(tmpl_b *b, int32_t id)
     g->off = g->len = 0;
     size_t len;
     const char *p = tokenizer_piece(b->t->tok, id, &len);
-    if (p) jsonfmt_buf_append(&b->shown, p, len);
+    if (p) bytebuf_append(&b->shown, p, len);
     b->rstrip_next = (a & TOKENIZER_ATTR_RSTRIP) != 0;
 }
 
@@ -426,19 +426,19 @@ static bool tmpl_json(tmpl_b *b, const char *src, size_t n, jsonfmt_style style,
 /* A tool definition as OpenAI shapes it: {"type": "function", "function": {...}}. */
 static bool tmpl_tool_json(tmpl_b *b, const conv_tool *tl, jsonfmt_style style, int indent)
 {
-    jsonfmt_buf *s = &b->json_src;
+    bytebuf *s = &b->json_src;
     s->len = 0;
-    jsonfmt_buf_puts(s, "{\"type\":\"function\",\"function\":{\"name\":");
+    bytebuf_puts(s, "{\"type\":\"function\",\"function\":{\"name\":");
     jsonfmt_write_string(s, tl->name, strlen(tl->name));
     if (tl->description) {
-        jsonfmt_buf_puts(s, ",\"description\":");
+        bytebuf_puts(s, ",\"description\":");
         jsonfmt_write_string(s, tl->description, strlen(tl->description));
     }
     if (tl->parameters) {
-        jsonfmt_buf_puts(s, ",\"parameters\":");
-        jsonfmt_buf_puts(s, tl->parameters);
+        bytebuf_puts(s, ",\"parameters\":");
+        bytebuf_puts(s, tl->parameters);
     }
-    jsonfmt_buf_puts(s, "}}");
+    bytebuf_puts(s, "}}");
     return tmpl_json(b, s->p, s->len, style, indent, "a tool's parameters");
 }
 
@@ -455,14 +455,14 @@ typedef struct {
     const char *reason;
 } tmpl_msg;
 
-static void tmpl_join(jsonfmt_buf *store, const conv_turn *t, conv_part_kind kind, size_t *off, size_t *len, bool *present)
+static void tmpl_join(bytebuf *store, const conv_turn *t, conv_part_kind kind, size_t *off, size_t *len, bool *present)
 {
     *off = store->len;
     *present = false;
     for (int i = 0; i < t->n_parts; i++) {
         if (t->parts[i].kind != kind) continue;
         *present = true;
-        jsonfmt_buf_append(store, t->parts[i].text, t->parts[i].len);
+        bytebuf_append(store, t->parts[i].text, t->parts[i].len);
     }
     *len = store->len - *off;
 }
@@ -471,7 +471,7 @@ static tmpl_msg *tmpl_msgs(tmpl_b *b, const conv *c)
 {
     tmpl_msg *m = xcalloc((size_t)(c->n_turns ? c->n_turns : 1), sizeof *m);
     b->store.len = 0;
-    jsonfmt_buf_putc(&b->store, 0);
+    bytebuf_putc(&b->store, 0);
     for (int i = 0; i < c->n_turns; i++) {
         const conv_turn *t = &c->turns[i];
         bool present;
@@ -481,9 +481,9 @@ static tmpl_msg *tmpl_msgs(tmpl_b *b, const conv *c)
             tmpl_join(&b->store, t, CONV_PART_TOOL_RESULT, &m[i].c_off, &m[i].c_len, &present);
         else
             tmpl_join(&b->store, t, CONV_PART_TEXT, &m[i].c_off, &m[i].c_len, &present);
-        jsonfmt_buf_putc(&b->store, 0);
+        bytebuf_putc(&b->store, 0);
         tmpl_join(&b->store, t, CONV_PART_REASONING, &m[i].r_off, &m[i].r_len, &m[i].has_reason);
-        jsonfmt_buf_putc(&b->store, 0);
+        bytebuf_putc(&b->store, 0);
         m[i].n_calls = conv_turn_count(t, CONV_PART_TOOL_CALL);
     }
     for (int i = 0; i < c->n_turns; i++) {
@@ -1013,11 +1013,11 @@ static bool tmpl_render(tmpl_b *b, const conv *c, bool *open_think)
 static void tmpl_b_free(tmpl_b *b)
 {
     free(b->segs);
-    jsonfmt_buf_free(&b->runs);
-    jsonfmt_buf_free(&b->shown);
-    jsonfmt_buf_free(&b->store);
-    jsonfmt_buf_free(&b->json);
-    jsonfmt_buf_free(&b->json_src);
+    bytebuf_free(&b->runs);
+    bytebuf_free(&b->shown);
+    bytebuf_free(&b->store);
+    bytebuf_free(&b->json);
+    bytebuf_free(&b->json_src);
 }
 
 /* ---- tokenising the runs --------------------------------------------------------------- */
@@ -1128,7 +1128,7 @@ template_status template_apply(const template *t, const conv *c, int n_threads, 
         template_prompt_free(out);
         return TEMPLATE_ERR_TOKENIZE;
     }
-    jsonfmt_buf_putc(&b.shown, 0);
+    bytebuf_putc(&b.shown, 0);
     out->text = b.shown.p;
     out->text_len = b.shown.len - 1;
     b.shown.p = NULL;

@@ -5,6 +5,7 @@
 #include "recipe/unicode.h"
 
 #include <stdbool.h>
+#include <string.h>
 
 uint32_t unicode_decode(const char *z, size_t len, size_t *pos)
 {
@@ -103,4 +104,81 @@ int unicode_cpt_to_byte(uint32_t c)
     if (n < 33) return (int)n;
     if (n < 67) return (int)(0x7F + n - 33);
     return 0xAD;
+}
+
+size_t unicode_utf8_next(const char *z, size_t len, bool *ok, bool *incomplete)
+{
+    const uint8_t *s = (const uint8_t *)z;
+    uint8_t b0 = s[0];
+    if (incomplete) *incomplete = false;
+    *ok = true;
+    if (b0 < 0x80) return 1;
+    size_t need;
+    uint8_t lo = 0x80, hi = 0xBF;  /* the range of the second byte; later ones are 80..BF */
+    if (b0 >= 0xC2 && b0 <= 0xDF) need = 2;
+    else if (b0 >= 0xE0 && b0 <= 0xEF) {
+        need = 3;
+        if (b0 == 0xE0) lo = 0xA0;        /* overlong */
+        else if (b0 == 0xED) hi = 0x9F;   /* surrogates */
+    } else if (b0 >= 0xF0 && b0 <= 0xF4) {
+        need = 4;
+        if (b0 == 0xF0) lo = 0x90;        /* overlong */
+        else if (b0 == 0xF4) hi = 0x8F;   /* above U+10FFFF */
+    } else {
+        *ok = false;                      /* 80..C1, F5..FF never start a character */
+        return 1;
+    }
+    for (size_t k = 1; k < need; k++) {
+        if (k >= len) {
+            *ok = false;
+            if (incomplete) *incomplete = true;
+            return k;
+        }
+        uint8_t c = s[k];
+        if (k == 1 ? (c < lo || c > hi) : (c & 0xC0) != 0x80) {
+            *ok = false;
+            return k;
+        }
+    }
+    return need;
+}
+
+bool unicode_utf8_valid(const char *s, size_t len)
+{
+    for (size_t i = 0; i < len;) {
+        bool ok;
+        i += unicode_utf8_next(s + i, len - i, &ok, NULL);
+        if (!ok) return false;
+    }
+    return true;
+}
+
+size_t unicode_utf8_tail(const char *s, size_t len)
+{
+    size_t from = len > 3 ? len - 3 : 0;
+    for (size_t i = from; i < len; i++) {
+        bool ok, inc;
+        size_t n = unicode_utf8_next(s + i, len - i, &ok, &inc);
+        if (!ok && inc) return len - i;
+        if (ok) i += n - 1;
+    }
+    return 0;
+}
+
+size_t unicode_utf8_repair(const char *s, size_t len, char *out)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < len;) {
+        bool ok;
+        size_t n = unicode_utf8_next(s + i, len - i, &ok, NULL);
+        if (ok) {
+            memcpy(out + o, s + i, n);
+            o += n;
+        } else {
+            memcpy(out + o, "\xEF\xBF\xBD", 3);
+            o += 3;
+        }
+        i += n;
+    }
+    return o;
 }

@@ -10,10 +10,16 @@
  *   is White_Space, from the generated table in unicode_data.c.
  * - The GPT-2 byte <-> code point map used by byte-level BPE vocabularies (bytes that are
  *   printable stand for themselves, the other 68 are moved to U+0100..U+0143).
+ * - Strict UTF-8 (RFC 3629: no overlong forms, no surrogates, nothing above U+10FFFF) for what
+ *   crosses the API: checking request bodies, and repairing what the model writes. A byte
+ *   sequence that can never become a character is replaced by U+FFFD, one per maximal subpart
+ *   (Unicode's recommended practice, as Python and WHATWG decoders do), so "\xE2\x82A" becomes
+ *   "\uFFFDA". llama.cpp's server also sends U+FFFD for such bytes.
  */
 #ifndef TM_UNICODE_H
 #define TM_UNICODE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -52,6 +58,19 @@ uint32_t unicode_flags(uint32_t cpt);
  * no byte). */
 uint32_t unicode_byte_to_cpt(uint8_t b);
 int unicode_cpt_to_byte(uint32_t cpt);
+
+/* Strict UTF-8. unicode_utf8_next reads at s[0] (len >= 1): returns the length of the valid
+ * character there (1..4) with *ok true, or with *ok false the length of the maximal subpart
+ * that cannot start a character (1..3); *incomplete (may be NULL) is set when that subpart is
+ * cut only by the end of the input, i.e. more bytes could still make it a character. */
+size_t unicode_utf8_next(const char *s, size_t len, bool *ok, bool *incomplete);
+/* True when s[0..len) is valid UTF-8. */
+bool unicode_utf8_valid(const char *s, size_t len);
+/* Bytes at the end of s[0..len) that are the start of a character not complete yet (0..3). */
+size_t unicode_utf8_tail(const char *s, size_t len);
+/* Copies s[0..len) to out with each maximal invalid subpart replaced by U+FFFD; out needs room
+ * for 3 * len bytes (a lone byte may become three). Returns the bytes written. */
+size_t unicode_utf8_repair(const char *s, size_t len, char *out);
 
 /* Generated data (unicode_data.c). */
 extern const uint32_t unicode_data_ranges[][2];

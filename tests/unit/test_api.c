@@ -10,11 +10,12 @@
 #include <stdlib.h>
 
 #include "recipe/api.h"
+#include "recipe/unicode.h"
 #include "util/util.h"
 
 enum { THINK = 5000, UNTHINK, TC, UNTC, EOT };
 
-static const api_cfg cfg_plain = {"m", NULL, NULL};
+static const api_cfg cfg_plain = {"m", NULL, NULL, 0};
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -40,7 +41,7 @@ static bool rejects(api_kind kind, const char *body, size_t len, int status, con
     }
     bool ok = e.status == status;
     if (needle && !strstr(e.message, needle)) ok = false;
-    jsonfmt_buf b = {0};
+    bytebuf b = {0};
     api_error_json(kind, &e, &b);
     json_t *j = json_loadb(b.p, b.len, 0, NULL);
     if (!j) ok = false;
@@ -56,7 +57,7 @@ static bool rejects(api_kind kind, const char *body, size_t len, int status, con
     }
     if (!ok) fprintf(stderr, "  status %d (want %d): %s\n  body %s\n", e.status, status, b.p ? b.p : "", body);
     json_decref(j);
-    jsonfmt_buf_free(&b);
+    bytebuf_free(&b);
     return ok;
 }
 #define REJECTS(kind, body, status, needle) CHECK(rejects(kind, body, strlen(body), status, needle))
@@ -69,7 +70,7 @@ static const char *part_text(const conv *c, int t, int p)
 
 /* With TM_API_DUMP=DIR, writes an output to DIR/name (the e2e test replays these SSE bodies
  * through the vendors' SDKs). */
-static void dump(const char *name, const jsonfmt_buf *b)
+static void dump(const char *name, const bytebuf *b)
 {
     const char *dir = getenv("TM_API_DUMP");
     if (!dir) return;
@@ -199,7 +200,6 @@ TEST(chat_bad_input)
     REJECTS(C, "{\"model\":\"m\",\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"id\":\"a\",\"function\":{\"name\":\"f\",\"arguments\":\"{bad\"}}]}]}", 400, "arguments");
     REJECTS(C, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\",\"function\":{}}]}", 400, "tools[0].function.name");
     REJECTS(C, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_schema\"}}", 400, "response_format");
-    REJECTS(C, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logit_bias\":{\"5\":1}}", 400, "logit_bias");
     /* invalid UTF-8 anywhere in the body */
     const char bad[] = "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\"}]}";
     CHECK(rejects(C, bad, sizeof bad - 1, 400, "UTF-8"));
@@ -305,10 +305,10 @@ TEST(messages_parse)
     cb = "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":3}";
     CHECK(api_messages_count_parse(&cfg_plain, cb, strlen(cb), &r, &e) == API_ERR && e.status == 400);
     api_req_free(&r);
-    jsonfmt_buf b = {0};
+    bytebuf b = {0};
     api_messages_count_json(12, &b);
     CHECK(!strcmp(b.p, "{\"input_tokens\":12}"));
-    jsonfmt_buf_free(&b);
+    bytebuf_free(&b);
 }
 
 /* The text-part reader the three APIs share (api_json_parts_text): joined texts, and each
@@ -346,7 +346,7 @@ TEST(text_parts_shared)
 TEST(error_shapes)
 {
     api_error e;
-    jsonfmt_buf b = {0};
+    bytebuf b = {0};
     api_error_set(&e, 401, NULL, "invalid_api_key", "Incorrect API key provided.");
     api_error_json(API_KIND_CHAT, &e, &b);
     CHECK(!strcmp(b.p, "{\"error\":{\"message\":\"Incorrect API key provided.\",\"type\":\"invalid_request_error\",\"param\":null,\"code\":\"invalid_api_key\"}}"));
@@ -365,7 +365,7 @@ TEST(error_shapes)
     api_error_set(&e, 413, NULL, NULL, "big");
     api_error_json(API_KIND_MESSAGES, &e, &b);
     CHECK(strstr(b.p, "request_too_large") != NULL);
-    jsonfmt_buf_free(&b);
+    bytebuf_free(&b);
 }
 
 /* ---------------------------------------------------------------- stop matcher */
@@ -375,8 +375,8 @@ static const char *stop_run(const char **pieces, char **stops, int n_stop, int *
     static char out[256];
     api_stop s;
     api_stop_init(&s, stops, n_stop);
-    jsonfmt_buf emit = {0};
-    jsonfmt_buf_puts(&emit, "");
+    bytebuf emit = {0};
+    bytebuf_puts(&emit, "");
     bool hit = false;
     for (int i = 0; pieces[i] && !hit; i++) {
         size_t before = emit.len;
@@ -386,7 +386,7 @@ static const char *stop_run(const char **pieces, char **stops, int n_stop, int *
     if (!hit) api_stop_flush(&s, &emit);
     *matched = s.matched;
     snprintf(out, sizeof out, "%s", emit.p);
-    jsonfmt_buf_free(&emit);
+    bytebuf_free(&emit);
     api_stop_free(&s);
     return out;
 }
@@ -407,13 +407,13 @@ TEST(stop_matcher)
     CHECK(!strcmp(stop_run(p5, stops, 3, &m), "z") && m == 2);
     /* hold-back: nothing that may start a stop is released early */
     api_stop s;
-    jsonfmt_buf emit = {0};
+    bytebuf emit = {0};
     api_stop_init(&s, stops, 3);
     CHECK(!api_stop_feed(&s, "wait S", 6, &emit) && emit.len == 5 && !memcmp(emit.p, "wait ", 5));
     CHECK(!api_stop_feed(&s, "T", 1, &emit) && emit.len == 5);
     CHECK(api_stop_feed(&s, "OP", 2, &emit) && emit.len == 5);
     api_stop_free(&s);
-    jsonfmt_buf_free(&emit);
+    bytebuf_free(&emit);
     /* no stops: passthrough */
     const char *p6[] = {"a", "b", NULL};
     CHECK(!strcmp(stop_run(p6, NULL, 0, &m), "ab"));
@@ -620,7 +620,7 @@ TEST(chat_logprobs)
 TEST(responses_output)
 {
     api_store *store = api_store_new(2);
-    api_cfg cfg = {"m", NULL, store};
+    api_cfg cfg = {"m", NULL, store, 0};
     api_req r;
     api_error e;
     api_req_init(&r, API_KIND_RESPONSES);
@@ -757,8 +757,8 @@ TEST(tool_arguments_stream_sse)
         bool names_ok;
         json_t *ev = sse_parse(o.out.p, &names_ok);
         CHECK(names_ok);
-        jsonfmt_buf cat = {0};
-        jsonfmt_buf_puts(&cat, "");
+        bytebuf cat = {0};
+        bytebuf_puts(&cat, "");
         int n_deltas = 0;
         const char *done = NULL;
         for (size_t q = 0; q < json_array_size(ev); q++) {
@@ -779,14 +779,14 @@ TEST(tool_arguments_stream_sse)
             }
             if (frag) {
                 n_deltas++;
-                jsonfmt_buf_puts(&cat, frag);
+                bytebuf_puts(&cat, frag);
             }
         }
         CHECKF(n_deltas > 5, "%s: %d argument deltas", names[k], n_deltas);
         CHECKF(!strcmp(cat.p, long_args_want), "%s:\n   got  %s\n   want %s", names[k], cat.p, long_args_want);
         if (kind == API_KIND_RESPONSES) CHECK(done && !strcmp(done, long_args_want));
         if (kind == API_KIND_CHAT) CHECK(strstr(o.out.p, "\"finish_reason\":\"tool_calls\"") != NULL);
-        jsonfmt_buf_free(&cat);
+        bytebuf_free(&cat);
         json_decref(ev);
         api_out_free(&o);
         api_req_free(&r);
@@ -900,6 +900,244 @@ TEST(messages_output)
     api_req_free(&r);
 }
 
+/* ---------------------------------------------------------------- bounded input */
+
+/* body_tpl with its one %s replaced by arrays nested so that the whole body nests `depth`
+ * levels (the template's own brackets before %s count; its strings hold none). */
+static char *nested_body(const char *tpl, int depth)
+{
+    const char *at = strstr(tpl, "%s");
+    int open = 0;
+    for (const char *q = tpl; q < at; q++) open += (*q == '[' || *q == '{') - (*q == ']' || *q == '}');
+    int k = depth - open;
+    size_t n = strlen(tpl) + 2 * (size_t)k + 8;
+    char *b = xmalloc(n), *w = b;
+    w += snprintf(w, n, "%.*s", (int)(at - tpl), tpl);
+    for (int i = 0; i < k; i++) *w++ = '[';
+    for (int i = 0; i < k; i++) *w++ = ']';
+    snprintf(w, n - (size_t)(w - b), "%s", at + 2);
+    return b;
+}
+
+TEST(jsonfmt_scan_bounds)
+{
+    int d;
+    size_t n;
+    CHECK(jsonfmt_scan("{\"a\":[1,2,{\"b\":null}]}", 22, 3, 100, &d, &n) == JSONFMT_SCAN_OK && d == 3 && n == 8);
+    CHECK(jsonfmt_scan("{\"a\":[1,2,{\"b\":null}]}", 22, 2, 100, &d, NULL) == JSONFMT_SCAN_TOO_DEEP);
+    CHECK(jsonfmt_scan("[1,2,3,4]", 9, 8, 4, NULL, &n) == JSONFMT_SCAN_TOO_MANY);
+    /* brackets, commas and escaped quotes inside strings are text */
+    CHECK(jsonfmt_scan("[\"[[[\\\"{{,,\"]", 13, 1, 2, &d, &n) == JSONFMT_SCAN_OK && d == 1 && n == 2);
+    /* a million opening brackets: measured without recursion */
+    size_t big = 1000000;
+    char *s = xmalloc(big);
+    memset(s, '[', big);
+    CHECK(jsonfmt_scan(s, big, JSONFMT_MAX_DEPTH, JSONFMT_MAX_VALUES, &d, NULL) == JSONFMT_SCAN_TOO_DEEP &&
+          d == JSONFMT_MAX_DEPTH + 1);
+    free(s);
+}
+
+TEST(nesting_limit_every_field)
+{
+    /* Every field that holds JSON of the client's shape, in every API: at the limit the depth
+     * is not what a rejection is about (most are accepted), one level past it is refused with
+     * a message that names the limit. */
+    static const struct { api_kind kind; const char *tpl; bool must_accept; } cases[] = {
+        {API_KIND_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\",\"function\":"
+                        "{\"name\":\"f\",\"parameters\":{\"type\":\"object\",\"x\":%s}}}]}", true},
+        {API_KIND_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"tool_calls\":[{\"id\":\"c\","
+                        "\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":{\"x\":%s}}}]}]}", true},
+        {API_KIND_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"functions\":[{\"name\":\"f\",\"parameters\":{\"x\":%s}}]}", true},
+        {API_KIND_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"metadata\":{\"x\":%s}}", false},
+        {API_KIND_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"text\",\"x\":%s}}", false},
+        {API_KIND_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":{\"type\":\"function\",\"x\":%s}}", false},
+        {API_KIND_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"chat_template_kwargs\":{\"x\":%s}}", false},
+        {API_KIND_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"x\",\"x\":%s}]}]}", false},
+        {API_KIND_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"user\":%s}", false},
+        {API_KIND_RESPONSES, "{\"input\":\"x\",\"metadata\":{\"x\":%s}}", false},
+        {API_KIND_RESPONSES, "{\"input\":\"x\",\"tools\":[{\"type\":\"function\",\"name\":\"f\",\"parameters\":{\"x\":%s}}]}", true},
+        {API_KIND_RESPONSES, "{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_text\",\"text\":\"x\",\"x\":%s}]}]}", false},
+        {API_KIND_RESPONSES, "{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"text\",\"x\":%s}}}", false},
+        {API_KIND_RESPONSES, "{\"input\":\"x\",\"reasoning\":{\"x\":%s}}", false},
+        {API_KIND_RESPONSES, "{\"input\":\"x\",\"include\":%s}", false},
+        {API_KIND_MESSAGES, "{\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"name\":\"f\","
+                            "\"input_schema\":{\"type\":\"object\",\"x\":%s}}]}", true},
+        {API_KIND_MESSAGES, "{\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\","
+                            "\"content\":[{\"type\":\"tool_use\",\"id\":\"t\",\"name\":\"f\",\"input\":{\"x\":%s}}]}]}", true},
+        {API_KIND_MESSAGES, "{\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"metadata\":{\"x\":%s}}", false},
+        {API_KIND_MESSAGES, "{\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"system\":[{\"type\":\"text\",\"text\":\"s\",\"x\":%s}]}", false},
+        {API_KIND_MESSAGES, "{\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"thinking\":{\"type\":\"disabled\",\"x\":%s}}", false},
+    };
+    for (size_t i = 0; i < TM_ARRAY_LEN(cases); i++) {
+        for (int depth = JSONFMT_MAX_DEPTH; depth <= JSONFMT_MAX_DEPTH + 1; depth++) {
+            char *body = nested_body(cases[i].tpl, depth);
+            api_req r;
+            api_error e;
+            api_status st = parse(cases[i].kind, body, &r, &e);
+            api_req_free(&r);
+            bool deep = st == API_ERR && strstr(e.message, "128") && strstr(e.message, "deep");
+            if (depth == JSONFMT_MAX_DEPTH)
+                CHECKF(!deep && (st == API_OK || !cases[i].must_accept), "case %zu at the limit: %s", i, e.message);
+            else
+                CHECKF(deep && e.status == 400, "case %zu past the limit: %s", i, st == API_OK ? "accepted" : e.message);
+            free(body);
+        }
+    }
+    /* count_tokens reads the same way */
+    char *body = nested_body("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"name\":\"f\",\"input_schema\":{\"x\":%s}}]}",
+                             JSONFMT_MAX_DEPTH + 1);
+    api_req r;
+    api_error e;
+    api_req_init(&r, API_KIND_MESSAGES);
+    CHECK(api_messages_count_parse(&cfg_plain, body, strlen(body), &r, &e) == API_ERR && strstr(e.message, "128"));
+    api_req_free(&r);
+    free(body);
+    /* too many values: a flat array of zeros past the count */
+    size_t nv = JSONFMT_MAX_VALUES + 2;
+    char *flat = xmalloc(2 * nv + 64), *w = flat;
+    w += sprintf(w, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"user\":[");
+    for (size_t k = 0; k < nv; k++) w += sprintf(w, k ? ",0" : "0");
+    sprintf(w, "]}");
+    REJECTS(API_KIND_CHAT, flat, 400, "values");
+    free(flat);
+}
+
+/* ---------------------------------------------------------------- one way to read a field */
+
+TEST(fields_checked_alike)
+{
+    /* logit_bias: the token-id map, in chat and completions, read by one reader */
+    static const char *const lb_bodies[] = {
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logit_bias\":%s}",
+        "{\"prompt\":\"x\",\"logit_bias\":%s}",
+    };
+    const api_kind lb_kinds[] = {API_KIND_CHAT, API_KIND_COMPLETIONS};
+    for (int k = 0; k < 2; k++) {
+        char body[256];
+        api_req r;
+        api_error e;
+        snprintf(body, sizeof body, lb_bodies[k], "{\"5\":100,\"77\":-100,\"9\":0.5}");
+        CHECK(parse(lb_kinds[k], body, &r, &e) == API_OK);
+        CHECK(r.sp.n_bias == 3 && r.sp.bias_id[0] == 5 && r.sp.bias[0] == 100 && r.sp.bias_id[1] == 77 &&
+              r.sp.bias[1] == -100 && r.sp.bias[2] == 0.5f);
+        api_req_free(&r);
+        static const struct { const char *v, *needle; } bad[] = {
+            {"[1]", "Invalid type for 'logit_bias'"}, {"{\"x\":1}", "Invalid key in 'logit_bias'"},
+            {"{\"-1\":1}", "Invalid key"}, {"{\"5\":101}", "between -100 and 100"},
+            {"{\"5\":\"a\"}", "Invalid type for 'logit_bias.5'"}, {"{\"5\":null}", "logit_bias.5"},
+        };
+        for (size_t i = 0; i < TM_ARRAY_LEN(bad); i++) {
+            snprintf(body, sizeof body, lb_bodies[k], bad[i].v);
+            REJECTS(lb_kinds[k], body, 400, bad[i].needle);
+        }
+        /* ids outside the vocabulary, when the server knows its size */
+        api_cfg small = {"m", NULL, NULL, 100};
+        snprintf(body, sizeof body, lb_bodies[k], "{\"100\":1}");
+        api_req_init(&r, lb_kinds[k]);
+        CHECK(api_parse(&small, lb_kinds[k], body, strlen(body), &r, &e) == API_ERR && strstr(e.message, "0 to 99"));
+        api_req_free(&r);
+    }
+    /* user and parallel_tool_calls: typed in every OpenAI API, as every other field */
+    REJECTS(API_KIND_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"user\":5}", 400, "Invalid type for 'user': expected a string, but got an integer instead.");
+    REJECTS(API_KIND_RESPONSES, "{\"input\":\"x\",\"user\":{}}", 400, "Invalid type for 'user': expected a string, but got an object instead.");
+    REJECTS(API_KIND_COMPLETIONS, "{\"prompt\":\"x\",\"user\":[1]}", 400, "Invalid type for 'user': expected a string, but got an array instead.");
+    REJECTS(API_KIND_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"parallel_tool_calls\":\"yes\"}", 400, "Invalid type for 'parallel_tool_calls': expected a boolean");
+    REJECTS(API_KIND_RESPONSES, "{\"input\":\"x\",\"parallel_tool_calls\":1}", 400, "Invalid type for 'parallel_tool_calls': expected a boolean");
+    REJECTS(API_KIND_MESSAGES, "{\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"metadata\":{\"user_id\":5}}", 400, "metadata.user_id: Input should be a valid string");
+    REJECTS(API_KIND_MESSAGES, "{\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"metadata\":{\"who\":\"a\"}}", 400, "metadata.who: Extra inputs are not permitted");
+    /* logit_bias as an extension of Responses and Messages, read by the same reader */
+    REJECTS(API_KIND_MESSAGES, "{\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logit_bias\":{\"1\":500}}", 400, "logit_bias.1: a bias must be between -100 and 100");
+    REJECTS(API_KIND_RESPONSES, "{\"input\":\"x\",\"logit_bias\":{\"a\":1}}", 400, "Invalid key in 'logit_bias'");
+    {
+        api_req q;
+        api_error qe;
+        CHECK(parse(API_KIND_MESSAGES, "{\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logit_bias\":{\"3\":-100},\"metadata\":{\"user_id\":\"u\"}}", &q, &qe) == API_OK && q.sp.n_bias == 1);
+        api_req_free(&q);
+        CHECK(parse(API_KIND_RESPONSES, "{\"input\":\"x\",\"logit_bias\":{\"3\":7}}", &q, &qe) == API_OK && q.sp.n_bias == 1 && q.sp.bias[0] == 7);
+        api_req_free(&q);
+    }
+    /* completions reads its fields with the same checks and words as chat */
+    const api_kind P = API_KIND_COMPLETIONS;
+    REJECTS(P, "{\"prompt\":\"x\",\"temperature\":\"hot\"}", 400, "Invalid type for 'temperature': expected a decimal, but got a string instead.");
+    REJECTS(P, "{\"prompt\":\"x\",\"max_tokens\":\"a\"}", 400, "Invalid type for 'max_tokens'");
+    REJECTS(P, "{\"prompt\":\"x\",\"n\":100}", 400, "integer above maximum value");
+    REJECTS(P, "{\"prompt\":\"x\",\"bogus\":1}", 400, "Unrecognized request argument supplied: bogus");
+    REJECTS(P, "{\"prompt\":5}", 400, "Invalid type for 'prompt'");
+    REJECTS(P, "{}", 400, "Missing required parameter: 'prompt'");
+    REJECTS(P, "{\"prompt\":[1,\"a\"]}", 400, "prompt[1]");
+    REJECTS(P, "{\"prompt\":\"x\",\"stream_options\":{\"include_usage\":true}}", 400, "stream");
+    REJECTS(P, "{\"prompt\":\"x\",\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", 400, "at most 4");
+    REJECTS(P, "{\"prompt\":\"x\",\"echo\":true}", 400, "echo");
+    REJECTS(P, "{\"prompt\":\"x\",\"model\":\"other\"}", 404, "does not exist");
+    api_req r;
+    api_error e;
+    CHECK(parse(P, "{\"prompt\":[1,2,3],\"logprobs\":2,\"stop\":\"S\",\"max_tokens\":0,\"stream\":true,"
+                   "\"stream_options\":{\"include_usage\":true},\"ignore_eos\":true,\"seed\":7}", &r, &e) == API_OK);
+    CHECK(r.n_prompt_ids == 3 && r.prompt_ids[2] == 3 && r.logprobs && r.top_logprobs == 2 && r.n_stop == 1);
+    CHECK(r.max_tokens == 0 && r.stream && r.include_usage && r.ignore_eos && r.sp.seed == 7);
+    api_req_free(&r);
+    CHECK(parse(P, "{\"prompt\":[\"hello\"]}", &r, &e) == API_OK && r.prompt_text && !strcmp(r.prompt_text, "hello") &&
+          r.max_tokens == 16);
+    api_req_free(&r);
+}
+
+/* ---------------------------------------------------------------- UTF-8 out */
+
+static bool repaired_is(const char *in, size_t n, const char *want)
+{
+    char out[64];
+    size_t m = unicode_utf8_repair(in, n, out);
+    bool ok = m == strlen(want) && !memcmp(out, want, m);
+    if (!ok) fprintf(stderr, "  repair gave %.*s, want %s\n", (int)m, out, want);
+    return ok;
+}
+
+TEST(utf8_out)
+{
+    /* one U+FFFD per maximal subpart, as WHATWG decoders (and llama.cpp's server) do */
+    CHECK(repaired_is("\xE2\x82" "A", 3, "\xEF\xBF\xBD" "A"));
+    CHECK(repaired_is("\xE2" "ab", 3, "\xEF\xBF\xBD" "ab"));
+    CHECK(repaired_is("\xF0\x9D\x84\xF0\x9D\x84\x9E", 7, "\xEF\xBF\xBD" "\xF0\x9D\x84\x9E"));
+    CHECK(repaired_is("\xC0\x80", 2, "\xEF\xBF\xBD\xEF\xBF\xBD"));             /* overlong */
+    CHECK(repaired_is("\xED\xA0\x80", 3, "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD")); /* surrogate */
+    CHECK(repaired_is("\xF4\x90\x80\x80", 4, "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD")); /* > U+10FFFF */
+    CHECK(repaired_is("\x9E", 1, "\xEF\xBF\xBD"));
+    CHECK(repaired_is("h\xC3\xA9!", 4, "h\xC3\xA9!"));
+    /* what may still become a character, at the end */
+    CHECK(unicode_utf8_tail("ab\xE2\x82", 4) == 2 && unicode_utf8_tail("ab\xE2\x82\xAC", 5) == 0);
+    CHECK(unicode_utf8_tail("\xF0\x9D\x84", 3) == 3 && unicode_utf8_tail("\xC0", 1) == 0 && unicode_utf8_tail("\xF4\x90", 2) == 0);
+    CHECK(unicode_utf8_valid("\xF0\x9D\x84\x9E", 4) && !unicode_utf8_valid("\xF0\x9D\x84", 3) && !unicode_utf8_valid("\xE0\x80\x80", 3));
+    /* the JSON writer's guarantee: any bytes in, valid UTF-8 out */
+    bytebuf b = {0};
+    jsonfmt_write_string(&b, "a\xE2" "b\"\x01\xFF", 6);
+    CHECK(!strcmp(b.p, "\"a\xEF\xBF\xBD" "b\\\"\\u0001\xEF\xBF\xBD\""));
+    bytebuf_free(&b);
+    /* every formatter writes through it: tokens whose text is not UTF-8 on their own, in every
+     * API's body and stream */
+    for (int kind = API_KIND_CHAT; kind <= API_KIND_MESSAGES; kind++) {
+        for (int stream = 0; stream < 2; stream++) {
+            api_req r;
+            api_req_init(&r, (api_kind)kind);
+            r.stream = stream;
+            r.logprobs = kind == API_KIND_CHAT;
+            events_markers m;
+            events_markers_none(&m);
+            api_out o;
+            api_out_init(&o, &r, &m, 1, "m");
+            api_out_begin(&o);
+            api_logprob lp = {.token = 1, .logprob = -0.5f};
+            api_out_token(&o, 0, 1, "x\xE2", 2, &lp);
+            api_out_token(&o, 0, 2, "\x82" "ab", 3, &lp);
+            api_out_finish(&o, 0, EVENTS_FINISH_STOP);
+            api_out_end(&o);
+            CHECKF(unicode_utf8_valid(o.out.p, o.out.len), "kind %d stream %d: %s", kind, stream, o.out.p);
+            CHECK(strstr(o.out.p, "\xEF\xBF\xBD"));
+            api_out_free(&o);
+            api_req_free(&r);
+        }
+    }
+}
+
 int main(void)
 {
     RUN(chat_parse_basic);
@@ -917,5 +1155,9 @@ int main(void)
     RUN(tool_arguments_stream_sse);
     RUN(store_bound);
     RUN(messages_output);
+    RUN(jsonfmt_scan_bounds);
+    RUN(nesting_limit_every_field);
+    RUN(fields_checked_alike);
+    RUN(utf8_out);
     HARNESS_END();
 }

@@ -18,10 +18,10 @@
 enum { THINK = 5000, UNTHINK, TC, UNTC, CALLS_B, CALLS_E, CALL_B, CALL_E, SEP, PYTAG };
 
 typedef struct {
-    jsonfmt_buf log;
+    bytebuf log;
     int last_kind;
     char ids[8][32];
-    jsonfmt_buf args;     /* fragments of the current call, concatenated */
+    bytebuf args;     /* fragments of the current call, concatenated */
     int n_frags[8];       /* TOOL_ARGS fragments per call */
     int bad_args;         /* calls whose fragments did not add up to valid final arguments */
 } rec;
@@ -34,29 +34,29 @@ static void rec_cb(void *ud, const events_event *e)
     case EVENTS_TEXT:
     case EVENTS_REASONING:
         if (r->last_kind != (int)e->kind) {
-            if (r->log.len) jsonfmt_buf_putc(&r->log, '|');
-            jsonfmt_buf_puts(&r->log, e->kind == EVENTS_TEXT ? "T:" : "R:");
+            if (r->log.len) bytebuf_putc(&r->log, '|');
+            bytebuf_puts(&r->log, e->kind == EVENTS_TEXT ? "T:" : "R:");
         }
-        jsonfmt_buf_append(&r->log, e->text, e->len);
+        bytebuf_append(&r->log, e->text, e->len);
         break;
     case EVENTS_TOOL_START:
         snprintf(tmp, sizeof tmp, "%sS%d:%s", r->log.len ? "|" : "", e->tool_index, e->tool_name);
-        jsonfmt_buf_puts(&r->log, tmp);
+        bytebuf_puts(&r->log, tmp);
         if (e->tool_index < 8) snprintf(r->ids[e->tool_index], 32, "%s", e->tool_id);
         break;
     case EVENTS_TOOL_ARGS:
         if (r->last_kind != (int)e->kind) {
             snprintf(tmp, sizeof tmp, "|A%d:", e->tool_index);
-            jsonfmt_buf_puts(&r->log, tmp);
+            bytebuf_puts(&r->log, tmp);
         }
-        jsonfmt_buf_append(&r->log, e->text, e->len);
-        jsonfmt_buf_append(&r->args, e->text, e->len);
+        bytebuf_append(&r->log, e->text, e->len);
+        bytebuf_append(&r->args, e->text, e->len);
         if (e->len == 0) r->bad_args++;
         if (e->tool_index < 8) r->n_frags[e->tool_index]++;
         break;
     case EVENTS_TOOL_END:
         snprintf(tmp, sizeof tmp, "|E%d", e->tool_index);
-        jsonfmt_buf_puts(&r->log, tmp);
+        bytebuf_puts(&r->log, tmp);
         if (e->len != r->args.len || memcmp(e->text, r->args.p ? r->args.p : "", e->len) || !jsonfmt_valid(e->text, e->len))
             r->bad_args++;
         r->args.len = 0;
@@ -64,7 +64,7 @@ static void rec_cb(void *ud, const events_event *e)
     case EVENTS_FINISH:
         snprintf(tmp, sizeof tmp, "%sF:%s", r->log.len ? "|" : "",
                  e->finish == EVENTS_FINISH_STOP ? "stop" : e->finish == EVENTS_FINISH_LENGTH ? "length" : "tool_calls");
-        jsonfmt_buf_puts(&r->log, tmp);
+        bytebuf_puts(&r->log, tmp);
         break;
     }
     r->last_kind = (int)e->kind;
@@ -90,10 +90,10 @@ static char *run(const events_markers *m, events_finish_reason why, const char *
     events_finish(ev, why);
     events_free(ev);
     CHECKF(r.bad_args == 0, "argument fragments do not add up to the final arguments: %s", r.log.p ? r.log.p : "");
-    jsonfmt_buf_free(&r.args);
+    bytebuf_free(&r.args);
     if (keep) *keep = r;
     char *s = strdup(r.log.p ? r.log.p : "");
-    if (!keep) jsonfmt_buf_free(&r.log);
+    if (!keep) bytebuf_free(&r.log);
     return s;
 }
 
@@ -168,7 +168,7 @@ TEST(qwen_several_tool_calls)
               "|S1:get_time|A1:{\"tz\":\"CET\"}|E1|F:tool_calls");
     CHECK(!strncmp(r.ids[0], "call_", 5) && strlen(r.ids[0]) == 29);
     CHECK(strcmp(r.ids[0], r.ids[1]) != 0);
-    jsonfmt_buf_free(&r.log);
+    bytebuf_free(&r.log);
 }
 
 TEST(qwen_arguments_as_string_and_missing)
@@ -305,7 +305,7 @@ static bool utf8_ok(const char *s, size_t n)
 typedef struct {
     int n_frags;
     bool frag_utf8;
-    jsonfmt_buf args, end;
+    bytebuf args, end;
 } frag_rec;
 
 static void frag_cb(void *ud, const events_event *e)
@@ -314,9 +314,9 @@ static void frag_cb(void *ud, const events_event *e)
     if (e->kind == EVENTS_TOOL_ARGS) {
         f->n_frags++;
         if (!utf8_ok(e->text, e->len)) f->frag_utf8 = false;
-        jsonfmt_buf_append(&f->args, e->text, e->len);
+        bytebuf_append(&f->args, e->text, e->len);
     } else if (e->kind == EVENTS_TOOL_END) {
-        jsonfmt_buf_append(&f->end, e->text, e->len);
+        bytebuf_append(&f->end, e->text, e->len);
     }
 }
 
@@ -332,10 +332,10 @@ static void stream_long(const events_markers *m, int32_t open, const char *ds_na
         events_feed(ev, 1, ds_name, strlen(ds_name));
         events_feed(ev, SEP, "", 0);
     }
-    jsonfmt_buf all = { 0 };
-    jsonfmt_buf_puts(&all, head);
-    jsonfmt_buf_puts(&all, long_args);
-    jsonfmt_buf_puts(&all, tail);
+    bytebuf all = { 0 };
+    bytebuf_puts(&all, head);
+    bytebuf_puts(&all, long_args);
+    bytebuf_puts(&all, tail);
     for (size_t i = 0; i < all.len; i += step) events_feed(ev, 1, all.p + i, TM_MIN(step, all.len - i));
     if (close >= 0) events_feed(ev, close, "", 0);
     events_finish(ev, EVENTS_FINISH_STOP);
@@ -344,14 +344,14 @@ static void stream_long(const events_markers *m, int32_t open, const char *ds_na
     CHECKF(f.args.p && !strcmp(f.args.p, want), "step %zu:\n   got  %s\n   want %s", step, f.args.p ? f.args.p : "", want);
     CHECK(f.end.p && !strcmp(f.end.p, want));
     events_free(ev);
-    jsonfmt_buf_free(&all);
-    jsonfmt_buf_free(&f.args);
-    jsonfmt_buf_free(&f.end);
+    bytebuf_free(&all);
+    bytebuf_free(&f.args);
+    bytebuf_free(&f.end);
 }
 
 TEST(tool_arguments_stream)
 {
-    jsonfmt_buf want = { 0 };
+    bytebuf want = { 0 };
     CHECK(jsonfmt_write(&want, long_args, strlen(long_args), JSONFMT_COMPACT, 0));
     events_markers q = qwen(), d = deepseek(), l = llama3();
     for (size_t step = 1; step <= 9; step++) {
@@ -373,9 +373,9 @@ TEST(tool_arguments_stream)
     events_finish(ev, EVENTS_FINISH_STOP);
     CHECK(f.n_frags > 3 && f.args.p && !strcmp(f.args.p, want.p) && f.end.p && !strcmp(f.end.p, want.p));
     events_free(ev);
-    jsonfmt_buf_free(&f.args);
-    jsonfmt_buf_free(&f.end);
-    jsonfmt_buf_free(&want);
+    bytebuf_free(&f.args);
+    bytebuf_free(&f.end);
+    bytebuf_free(&want);
 }
 
 /* jsonfmt_prefix: the output for every prefix of a text is a prefix of the output for the
@@ -385,7 +385,7 @@ TEST(jsonfmt_prefix_extends)
     const char *texts[] = { long_args, "[1, 2.0, \"\\ud83d\\ude00\", {\"k\": [true, null]}]", "\"\\u00e9\xc3\xa9\"", "{}", NULL };
     for (int t = 0; texts[t]; t++) {
         size_t n = strlen(texts[t]);
-        jsonfmt_buf full = { 0 }, b = { 0 };
+        bytebuf full = { 0 }, b = { 0 };
         CHECK(jsonfmt_write(&full, texts[t], n, JSONFMT_COMPACT, 0));
         for (size_t k = 0; k <= n; k++) {
             b.len = 0;
@@ -397,12 +397,12 @@ TEST(jsonfmt_prefix_extends)
             CHECK(utf8_ok(b.p ? b.p : "", b.len));
             if (st == JSONFMT_PREFIX_DONE) CHECK(b.len == full.len);
         }
-        jsonfmt_buf_free(&full);
-        jsonfmt_buf_free(&b);
+        bytebuf_free(&full);
+        bytebuf_free(&b);
     }
-    jsonfmt_buf b = { 0 };
+    bytebuf b = { 0 };
     CHECK(jsonfmt_prefix(&b, "{\"a\": 12x", 9, NULL) == JSONFMT_PREFIX_BAD && !strcmp(b.p, "{\"a\":12"));
-    jsonfmt_buf_free(&b);
+    bytebuf_free(&b);
 }
 
 TEST(reset_reuses)
@@ -419,12 +419,12 @@ TEST(reset_reuses)
     events_finish(ev, EVENTS_FINISH_STOP);
     CHECKF(!strcmp(r.log.p, "T:x|F:stop|T:y|F:stop"), "%s", r.log.p);
     events_free(ev);
-    jsonfmt_buf_free(&r.log);
+    bytebuf_free(&r.log);
 }
 
 TEST(jsonfmt_layouts)
 {
-    jsonfmt_buf b = { 0 };
+    bytebuf b = { 0 };
     const char *src = " {\"a\" : [1, 2.0, -0.5, 1e21, 1E-7, 12345678901234567890], \"b\":{}, \"c\":[], \"d\":\"\\u00e9\\n\\/\\ud83d\\ude00\\u0001\"} ";
     CHECK(jsonfmt_write(&b, src, strlen(src), JSONFMT_SPACED, 0));
     CHECKF(!strcmp(b.p, "{\"a\": [1, 2, -0.5, 1e+21, 1e-7, 12345678901234567000], \"b\": {}, \"c\": [], \"d\": \"\xc3\xa9\\n/\xf0\x9f\x98\x80\\u0001\"}"), "%s", b.p);
@@ -442,7 +442,7 @@ TEST(jsonfmt_layouts)
     size_t vn;
     CHECK(jsonfmt_get_member(s2, strlen(s2), "b", &v, &vn) && vn == 2 && !memcmp(v, "{}", 2));
     CHECK(!jsonfmt_get_member(s2, strlen(s2), "x", &v, &vn));
-    jsonfmt_buf_free(&b);
+    bytebuf_free(&b);
 }
 
 int main(void)

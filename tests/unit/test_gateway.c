@@ -161,10 +161,10 @@ static int collect(const api_backend *be, sched_req *h, int32_t *out, int cap, s
 
 static char *metrics_text(const api_backend *be)
 {
-    http_buf b = { 0 };
+    bytebuf b = { 0 };
     be->metrics(be->ud, &b);
-    http_buf_append(&b, "", 1);
-    return b.data;
+    bytebuf_append(&b, "", 1);
+    return b.p;
 }
 
 /* The value of the first metric line starting with prefix (labels included), or -1. */

@@ -138,6 +138,18 @@ TEST(test_roundtrip_jobs)
     CHECK(o.u.prefill.hit_len == 256 && o.u.prefill.n_prompt == 300);
     CHECK(!memcmp(o.u.prefill.prompt, prompt, sizeof prompt));
     proto_msg_free(&o);
+    /* logit_bias travels with the params; a bias out of [-100, 100] is malformed */
+    sample_params *sb = &m.u.prefill.params.sample;
+    sb->n_bias = 2;
+    sb->bias_id[0] = 5, sb->bias[0] = 100;
+    sb->bias_id[1] = 9, sb->bias[1] = -2.5f;
+    CHECK(roundtrip(&m, &o) == PROTO_OK);
+    CHECK(o.u.prefill.params.sample.n_bias == 2 && o.u.prefill.params.sample.bias_id[1] == 9 &&
+          o.u.prefill.params.sample.bias[0] == 100 && o.u.prefill.params.sample.bias[1] == -2.5f);
+    proto_msg_free(&o);
+    sb->bias[1] = 101;
+    CHECK(roundtrip(&m, &o) == PROTO_ERR_MALFORMED);
+    sb->n_bias = 0;
 
     uint8_t kvdata[8192];
     memset(&m, 0, sizeof m);
@@ -334,9 +346,9 @@ TEST(test_think_budget)
     CHECK(roundtrip(&m, &o) == PROTO_OK);
     proto_msg_free(&o);
     /* ... and by the decoder from a frame built by hand. The section sits right after the
-     * params: 60 bytes up to cache_class (with 2 stop ids) + salt "tenant-a" (2 + 8) = 70:
-     * u32 budget, i32 start, i32 end, u8 open */
-    enum { AT = 70 };
+     * params: 60 bytes up to cache_class (with 2 stop ids) + salt "tenant-a" (2 + 8) + u8 n_bias
+     * (no logit_bias) = 71: u32 budget, i32 start, i32 end, u8 open */
+    enum { AT = 71 };
     d->params.think_budget = 0x003bcdef;
     proto_buf_init(&b);
     CHECK(proto_encode(&b, &m) == PROTO_OK);

@@ -208,10 +208,10 @@ static int parse(api_kind kind, const char *body, api_req *r, json_t **ej)
     api_req_init(r, kind);
     *ej = NULL;
     if (api_parse(&cfg, kind, body, strlen(body), r, &e) == API_OK) return 0;
-    jsonfmt_buf b = { 0 };
+    bytebuf b = { 0 };
     api_error_json(kind, &e, &b);
     *ej = json_loadb(b.p, b.len, 0, NULL);
-    jsonfmt_buf_free(&b);
+    bytebuf_free(&b);
     return e.status;
 }
 

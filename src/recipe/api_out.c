@@ -1,0 +1,503 @@
+/*
+ * api_out: writing answers. The output state machine (api_out), the stop-sequence matcher,
+ * the JSON/SSE write helpers the formatters share, and the Responses store.
+ *
+ * api_out: per choice, tokens go to the output splitter (events.c); its events become items
+ * (a run of text, a run of reasoning, a tool call). Answer text passes the stop matcher
+ * first. Items are opened, grown and closed in output order, and each step is passed to the
+ * route's formatter (api_*_on), which appends SSE events when streaming; the items are kept
+ * for the final body (and the Responses store). Every string goes through jsonfmt's writer,
+ * so the output is valid UTF-8 whatever the model wrote.
+ *
+ * Stop matching: the matcher holds back the longest suffix of the text seen that is a proper
+ * prefix of some stop sequence; everything before it is released. On a match the text before
+ * the match is released and the rest dropped.
+ */
+#include "recipe/api.h"
+#include "recipe/api_int.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "util/util.h"
+
+/* ------------------------------------------------------------------ helpers */
+
+void api_buf_str(bytebuf *b, const char *s)
+{
+    if (!s) bytebuf_puts(b, "null");
+    else jsonfmt_write_string(b, s, strlen(s));
+}
+
+void api_buf_strn(bytebuf *b, const char *s, size_t len) { jsonfmt_write_string(b, s ? s : "", s ? len : 0); }
+
+void api_sse(bytebuf *b, const char *name, const char *json, size_t len)
+{
+    if (name) {
+        bytebuf_puts(b, "event: ");
+        bytebuf_puts(b, name);
+        bytebuf_putc(b, '\n');
+    }
+    bytebuf_puts(b, "data: ");
+    bytebuf_append(b, json, len);
+    bytebuf_puts(b, "\n\n");
+}
+
+void api_sse_done(bytebuf *b) { bytebuf_puts(b, "data: [DONE]\n\n"); }
+
+void api_sse_typed(bytebuf *b, const char *type, int seq, const char *fields, size_t flen)
+{
+    bytebuf d = {0};
+    bytebuf_puts(&d, "{\"type\":");
+    api_buf_str(&d, type);
+    if (seq >= 0) bytebuf_printf(&d, ",\"sequence_number\":%d", seq);
+    if (flen) {
+        bytebuf_putc(&d, ',');
+        bytebuf_append(&d, fields, flen);
+    }
+    bytebuf_putc(&d, '}');
+    api_sse(b, type, d.p, d.len);
+    bytebuf_free(&d);
+}
+
+/* ------------------------------------------------------------------ stop matcher */
+
+bool api_stop_find(const char *const *stops, int n_stops, const char *text, size_t len, size_t from,
+                   size_t *cut, size_t *safe)
+{
+    bool found = false;
+    size_t best = len;
+    for (int i = 0; i < n_stops; i++) {
+        size_t sl = strlen(stops[i]);
+        if (sl == 0 || sl > len) continue;
+        for (size_t p = from; p + sl <= len && p < best; p++)
+            if (!memcmp(text + p, stops[i], sl)) {
+                best = p;
+                found = true;
+                break;
+            }
+    }
+    if (found) {
+        *cut = best;
+        return true;
+    }
+    size_t hold = 0;
+    for (int i = 0; i < n_stops; i++) {
+        size_t sl = strlen(stops[i]);
+        for (size_t k = sl > 0 ? sl - 1 : 0; k > hold; k--)
+            if (k <= len && !memcmp(text + len - k, stops[i], k)) {
+                hold = k;
+                break;
+            }
+    }
+    *safe = len - hold;
+    return false;
+}
+
+
+void api_stop_init(api_stop *s, char *const *stop, int n_stop)
+{
+    memset(s, 0, sizeof *s);
+    s->stop = stop;
+    s->n_stop = n_stop;
+    s->matched = -1;
+}
+
+void api_stop_free(api_stop *s) { bytebuf_free(&s->hold); }
+
+bool api_stop_feed(api_stop *s, const char *text, size_t len, bytebuf *emit)
+{
+    if (s->matched >= 0) return true;
+    if (s->n_stop == 0) {
+        bytebuf_append(emit, text, len);
+        return false;
+    }
+    bytebuf_append(&s->hold, text, len);
+    size_t cut = 0, safe = 0;
+    if (api_stop_find((const char *const *)s->stop, s->n_stop, s->hold.p, s->hold.len, 0, &cut, &safe)) {
+        bytebuf_append(emit, s->hold.p, cut);
+        /* which sequence: the first listed that starts at cut */
+        for (int i = 0; i < s->n_stop; i++)
+            if (!strncmp(s->hold.p + cut, s->stop[i], strlen(s->stop[i]))) {
+                s->matched = i;
+                break;
+            }
+        if (s->matched < 0) s->matched = 0;
+        s->hold.len = 0;
+        return true;
+    }
+    /* The held tail starts where a stop sequence (valid UTF-8) would, so the released text
+     * ends on a character boundary. */
+    bytebuf_append(emit, s->hold.p, safe);
+    memmove(s->hold.p, s->hold.p + safe, s->hold.len - safe);
+    s->hold.len -= safe;
+    return false;
+}
+
+void api_stop_flush(api_stop *s, bytebuf *emit)
+{
+    if (s->matched < 0 && s->hold.len) bytebuf_append(emit, s->hold.p, s->hold.len);
+    s->hold.len = 0;
+}
+
+/* ------------------------------------------------------------------ output */
+
+static void api_out_dispatch(api_out *o, int i, api_op op, api_item *it, const char *d, size_t len)
+{
+    switch (o->kind) {
+    case API_KIND_CHAT: api_chat_on(o, i, op, it, d, len); break;
+    case API_KIND_RESPONSES: api_responses_on(o, i, op, it, d, len); break;
+    case API_KIND_MESSAGES: api_messages_on(o, i, op, it, d, len); break;
+    case API_KIND_COMPLETIONS: api_completions_on(o, i, op, it, d, len); break;
+    }
+}
+
+static void api_close_item(api_out *o, api_choice *c)
+{
+    if (!c->open) return;
+    c->open = false;
+    api_out_dispatch(o, c->index, API_OP_CLOSE, &c->items[c->n_items - 1], NULL, 0);
+}
+
+static api_item *api_open_item(api_out *o, api_choice *c, api_item_kind kind)
+{
+    api_close_item(o, c);
+    if (c->n_items == c->cap_items) {
+        c->cap_items = c->cap_items ? 2 * c->cap_items : 4;
+        c->items = xrealloc(c->items, (size_t)c->cap_items * sizeof *c->items);
+    }
+    api_item *it = &c->items[c->n_items++];
+    memset(it, 0, sizeof *it);
+    it->kind = kind;
+    c->open = true;
+    return it;
+}
+
+/* Appends text of a kind to the open item of that kind (opening one if needed). */
+static void api_add_text(api_out *o, api_choice *c, api_item_kind kind, const char *d, size_t len)
+{
+    if (len == 0) return;
+    api_item *it = (c->open && c->items[c->n_items - 1].kind == kind) ? &c->items[c->n_items - 1] : NULL;
+    if (!it) {
+        it = api_open_item(o, c, kind);
+        api_out_dispatch(o, c->index, API_OP_OPEN, it, NULL, 0);
+    }
+    bytebuf_append(&it->text, d, len);
+    api_out_dispatch(o, c->index, API_OP_DELTA, it, d, len);
+}
+
+static void api_on_event(void *ud, const events_event *e)
+{
+    api_choice *c = ud;
+    api_out *o = c->owner;
+    if (c->finished) return;
+    if (c->stopped && e->kind != EVENTS_FINISH) return;
+    switch (e->kind) {
+    case EVENTS_TEXT:
+        c->emit.len = 0;
+        if (api_stop_feed(&c->stop, e->text, e->len, &c->emit)) {
+            c->stopped = true;
+            c->stop_index = c->stop.matched;
+        }
+        api_add_text(o, c, API_ITEM_TEXT, c->emit.p, c->emit.len);
+        break;
+    case EVENTS_REASONING:
+        api_add_text(o, c, API_ITEM_REASONING, e->text, e->len);
+        break;
+    case EVENTS_TOOL_START: {
+        /* Text held by the stop matcher belongs before the call. */
+        c->emit.len = 0;
+        api_stop_flush(&c->stop, &c->emit);
+        api_add_text(o, c, API_ITEM_TEXT, c->emit.p, c->emit.len);
+        api_item *it = api_open_item(o, c, API_ITEM_TOOL);
+        snprintf(it->call_id, sizeof it->call_id, "%s", e->tool_id);
+        it->name = xstrdup(e->tool_name ? e->tool_name : "");
+        it->tool_index = c->n_calls++;
+        api_out_dispatch(o, c->index, API_OP_OPEN, it, NULL, 0);
+        break;
+    }
+    case EVENTS_TOOL_ARGS: {
+        if (!c->open || c->items[c->n_items - 1].kind != API_ITEM_TOOL) break;
+        api_item *it = &c->items[c->n_items - 1];
+        bytebuf_append(&it->text, e->text, e->len);
+        api_out_dispatch(o, c->index, API_OP_DELTA, it, e->text, e->len);
+        break;
+    }
+    case EVENTS_TOOL_END:
+        if (c->open && c->items[c->n_items - 1].kind == API_ITEM_TOOL) {
+            api_item *it = &c->items[c->n_items - 1];
+            if (it->text.len == 0 && e->text) bytebuf_append(&it->text, e->text, e->len);
+            if (it->text.len == 0) bytebuf_puts(&it->text, "{}");
+            api_close_item(o, c);
+        }
+        break;
+    case EVENTS_FINISH:
+        if (!c->stopped) {
+            c->emit.len = 0;
+            api_stop_flush(&c->stop, &c->emit);
+            api_add_text(o, c, API_ITEM_TEXT, c->emit.p, c->emit.len);
+        }
+        if (c->n_items == 0) {
+            /* Always answer with at least an (empty) text item. */
+            api_item *it = api_open_item(o, c, API_ITEM_TEXT);
+            bytebuf_puts(&it->text, "");
+            api_out_dispatch(o, c->index, API_OP_OPEN, it, NULL, 0);
+        }
+        api_close_item(o, c);
+        c->finished = true;
+        c->finish = e->finish;
+        if (c->stopped) c->finish = EVENTS_FINISH_STOP;
+        api_out_dispatch(o, c->index, API_OP_FINISH, NULL, NULL, 0);
+        break;
+    }
+}
+
+void api_out_init(api_out *o, const api_req *req, const events_markers *m, uint64_t seed, const char *model_name)
+{
+    memset(o, 0, sizeof *o);
+    o->kind = req->kind;
+    o->req = req;
+    o->model = model_name ? model_name : (req->model ? req->model : "");
+    o->created = (int64_t)time(NULL);
+    api_new_id(o->id, sizeof o->id,
+                req->kind == API_KIND_CHAT ? "chatcmpl-" : req->kind == API_KIND_RESPONSES ? "resp_"
+                : req->kind == API_KIND_COMPLETIONS ? "cmpl-" : "msg_");
+    o->n_choices = req->n > 0 ? req->n : 1;
+    o->choices = xcalloc((size_t)o->n_choices, sizeof *o->choices);
+    for (int i = 0; i < o->n_choices; i++) {
+        api_choice *c = &o->choices[i];
+        c->owner = o;
+        c->index = i;
+        c->ev = events_new(m, seed + (uint64_t)i * 7919u, api_on_event, c);
+        api_stop_init(&c->stop, req->stop, req->n_stop);
+        c->stop_index = -1;
+        c->think_start = m->think_start;
+        c->think_end = m->think_end;
+        c->in_think = m->starts_in_reasoning;
+    }
+}
+
+void api_out_free(api_out *o)
+{
+    for (int i = 0; i < o->n_choices; i++) {
+        api_choice *c = &o->choices[i];
+        events_free(c->ev);
+        api_stop_free(&c->stop);
+        bytebuf_free(&c->emit);
+        for (int k = 0; k < c->n_items; k++) {
+            free(c->items[k].name);
+            bytebuf_free(&c->items[k].text);
+        }
+        free(c->items);
+        free(c->token_ids);
+        free(c->lps);
+    }
+    free(o->choices);
+    bytebuf_free(&o->out);
+    memset(o, 0, sizeof *o);
+}
+
+void api_out_set_prompt(api_out *o, int prompt_tokens, int cached_tokens, const int32_t *ids, int n_ids)
+{
+    o->usage.prompt_tokens = prompt_tokens;
+    o->usage.cached_tokens = cached_tokens;
+    o->prompt_ids = ids;
+    o->n_prompt_ids = n_ids;
+}
+
+void api_out_begin(api_out *o)
+{
+    if (!o->req->stream) return;
+    switch (o->kind) {
+    case API_KIND_CHAT: api_chat_begin(o); break;
+    case API_KIND_RESPONSES: api_responses_begin(o); break;
+    case API_KIND_MESSAGES: api_messages_begin(o); break;
+    case API_KIND_COMPLETIONS: api_completions_begin(o); break;
+    }
+}
+
+void api_out_text(api_out *o, int i, const char *text, size_t len)
+{
+    api_choice *c = &o->choices[i];
+    if (c->finished || len == 0) return;
+    c->n_fed += len;
+    events_feed(c->ev, -1, text, len);
+}
+
+void api_out_count_token(api_out *o, int i)
+{
+    api_choice *c = &o->choices[i];
+    c->n_tokens++;
+    if (c->in_think) c->n_reasoning_tokens++;
+}
+
+bool api_out_token(api_out *o, int i, int32_t token, const char *text, size_t len, const api_logprob *lp)
+{
+    api_choice *c = &o->choices[i];
+    if (c->finished) return true;
+    c->n_tokens++;
+    if (token == c->think_start && token >= 0) c->in_think = true;
+    if (c->in_think) c->n_reasoning_tokens++;
+    if (token == c->think_end && token >= 0) c->in_think = false;
+    if (o->req->return_token_ids) {
+        if (c->n_token_ids == c->cap_token_ids) {
+            c->cap_token_ids = c->cap_token_ids ? 2 * c->cap_token_ids : 64;
+            c->token_ids = xrealloc(c->token_ids, (size_t)c->cap_token_ids * sizeof *c->token_ids);
+        }
+        c->token_ids[c->n_token_ids++] = token;
+    }
+    if (o->req->logprobs && lp && !c->stopped) {
+        if (c->n_lps == c->cap_lps) {
+            c->cap_lps = c->cap_lps ? 2 * c->cap_lps : 32;
+            c->lps = xrealloc(c->lps, (size_t)c->cap_lps * sizeof *c->lps);
+        }
+        api_lp_entry *en = &c->lps[c->n_lps++];
+        memset(en, 0, sizeof *en);
+        size_t n = o->piece ? o->piece(o->piece_ud, lp->token, en->text, sizeof en->text) : 0;
+        en->len = (uint8_t)TM_MIN(n, sizeof en->text);
+        en->offset = c->n_fed;
+        en->logprob = lp->logprob;
+        en->n_top = TM_MIN(lp->n_top, o->req->top_logprobs);
+        for (int k = 0; k < en->n_top; k++) {
+            n = o->piece ? o->piece(o->piece_ud, lp->top_token[k], en->top_text[k], sizeof en->top_text[k]) : 0;
+            en->top_len[k] = (uint8_t)TM_MIN(n, sizeof en->top_text[k]);
+            en->top_logprob[k] = lp->top_logprob[k];
+        }
+    }
+    c->n_fed += len;
+    events_feed(c->ev, token, text, len);
+    return c->stopped;
+}
+
+void api_out_finish(api_out *o, int i, events_finish_reason reason)
+{
+    api_choice *c = &o->choices[i];
+    if (c->finished) return;
+    events_finish(c->ev, c->stopped ? EVENTS_FINISH_STOP : reason);
+}
+
+bool api_out_truncated(const api_out *o)
+{
+    for (int i = 0; i < o->n_choices; i++)
+        if (o->choices[i].finish == EVENTS_FINISH_LENGTH) return true;
+    return false;
+}
+
+void api_out_end(api_out *o)
+{
+    o->usage.completion_tokens = 0;
+    o->usage.reasoning_tokens = 0;
+    for (int i = 0; i < o->n_choices; i++) {
+        o->usage.completion_tokens += o->choices[i].n_tokens;
+        o->usage.reasoning_tokens += o->choices[i].n_reasoning_tokens;
+    }
+    switch (o->kind) {
+    case API_KIND_CHAT: api_chat_end(o); break;
+    case API_KIND_RESPONSES: api_responses_end(o); break;
+    case API_KIND_MESSAGES: api_messages_end(o); break;
+    case API_KIND_COMPLETIONS: api_completions_end(o); break;
+    }
+}
+
+/* ------------------------------------------------------------------ responses store */
+
+typedef struct {
+    char id[48];              /* response id ("" = free slot) */
+    conv conv;                /* its conversation incl. the answer turn */
+    uint64_t age;             /* insertion counter */
+} api_store_entry;
+
+struct api_store {
+    pthread_mutex_t mu;       /* guards everything below */
+    api_store_entry *e;       /* cap entries */
+    int cap;
+    uint64_t clock;
+};
+
+api_store *api_store_new(int max_entries)
+{
+    api_store *s = xcalloc(1, sizeof *s);
+    pthread_mutex_init(&s->mu, NULL);
+    s->cap = max_entries > 0 ? max_entries : 1;
+    s->e = xcalloc((size_t)s->cap, sizeof *s->e);
+    for (int i = 0; i < s->cap; i++) conv_init(&s->e[i].conv);
+    return s;
+}
+
+void api_store_free(api_store *s)
+{
+    if (!s) return;
+    for (int i = 0; i < s->cap; i++) conv_free(&s->e[i].conv);
+    free(s->e);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
+
+/* Copies turns [from, src->n_turns) of src to the end of dst. */
+static void api_conv_copy(conv *dst, const conv *src, int from)
+{
+    for (int t = from; t < src->n_turns; t++) {
+        const conv_turn *ct = &src->turns[t];
+        conv_add_turn(dst, ct->role);
+        for (int k = 0; k < ct->n_parts; k++) {
+            const conv_part *p = &ct->parts[k];
+            switch (p->kind) {
+            case CONV_PART_TEXT: conv_add_text(dst, p->text, p->len); break;
+            case CONV_PART_REASONING: conv_add_reasoning(dst, p->text, p->len); break;
+            case CONV_PART_TOOL_CALL: conv_add_tool_call(dst, p->id, p->name, p->args, p->args_len); break;
+            case CONV_PART_TOOL_RESULT: conv_add_tool_result(dst, p->id, p->name, p->text, p->len); break;
+            }
+        }
+    }
+}
+
+void api_store_put(api_store *s, const char *id, const api_req *req, const api_out *o)
+{
+    pthread_mutex_lock(&s->mu);
+    int slot = 0;
+    for (int i = 0; i < s->cap; i++) {
+        if (!s->e[i].id[0]) { slot = i; break; }
+        if (s->e[i].age < s->e[slot].age) slot = i;
+    }
+    api_store_entry *en = &s->e[slot];
+    conv_free(&en->conv);
+    conv_init(&en->conv);
+    snprintf(en->id, sizeof en->id, "%s", id);
+    en->age = ++s->clock;
+    api_conv_copy(&en->conv, &req->conv, req->instructions ? 1 : 0);
+    /* The answer: reasoning, text and tool calls of choice 0 as one assistant turn. */
+    const api_choice *c = &o->choices[0];
+    conv_add_turn(&en->conv, CONV_ROLE_ASSISTANT);
+    for (int k = 0; k < c->n_items; k++) {
+        const api_item *it = &c->items[k];
+        if (it->kind == API_ITEM_REASONING) conv_add_reasoning(&en->conv, it->text.p ? it->text.p : "", it->text.len);
+    }
+    for (int k = 0; k < c->n_items; k++) {
+        const api_item *it = &c->items[k];
+        if (it->kind == API_ITEM_TEXT) conv_add_text(&en->conv, it->text.p ? it->text.p : "", it->text.len);
+    }
+    for (int k = 0; k < c->n_items; k++) {
+        const api_item *it = &c->items[k];
+        if (it->kind == API_ITEM_TOOL) conv_add_tool_call(&en->conv, it->call_id, it->name, it->text.p, it->text.len);
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+bool api_store_get(api_store *s, const char *id, conv *c)
+{
+    bool found = false;
+    pthread_mutex_lock(&s->mu);
+    for (int i = 0; i < s->cap; i++)
+        if (s->e[i].id[0] && !strcmp(s->e[i].id, id)) {
+            api_conv_copy(c, &s->e[i].conv, 0);
+            found = true;
+            break;
+        }
+    pthread_mutex_unlock(&s->mu);
+    return found;
+}
+
