@@ -323,7 +323,7 @@ void kvpool_seq_free(kvpool *p, kvpool_seq *s)
 
 int kvpool_seq_attach_prefix(kvpool *p, kvpool_seq *s, const int32_t *tokens, int n)
 {
-    if (s->n != 0) return 0;
+    if (s->n != s->n_keyed) return s->n_keyed * KVPOOL_BLOCK;   /* a block being written ends the chain */
     uint8_t key[32];
     while ((s->n + 1) * KVPOOL_BLOCK < n) {  /* strictly less: keep >= 1 token to compute */
         kvpool_block_key(p, s->last_key, tokens + (size_t)s->n * KVPOOL_BLOCK, key);

@@ -54,8 +54,14 @@ struct sched_req {
     int n_done;                  /* positions of tokens whose KV is in seq */
     bool in_think;               /* (sampling) the output is inside a think block (p.think_*) */
     int n_think;                 /* (sampling) tokens generated inside think blocks so far */
-    int n_cached;                /* prompt positions attached from the cache at first admission */
+    int n_cached;                /* prompt positions attached from the cache in its first run
+                                  * (at admission, and from prefixes computed in flight) */
     bool admitted_once;          /* has run before (a resume does not count cache hits again) */
+    bool first_run;              /* RUNNING for the first time: attached blocks count as hits */
+    uint8_t (*chain)[32];        /* (cap / 128) keys of the full blocks of tokens, from root:
+                                  * equal keys at block i = same tenant and tokens up to its end */
+    int n_chain;                 /* entries of chain computed so far (engine thread, lazily) */
+    bool share_wait;             /* this step: another request is computing its next block */
     blockio_load *load;          /* block store load in flight, or NULL (engine thread) */
     bool load_started;           /* a load was tried for this (re)admission */
     int load_retries;            /* loads restarted because the RAM tier changed */
@@ -161,6 +167,7 @@ static void sched_req_destroy(sched_req *r)
     if (r->load) blockio_load_free(r->s->o.bio, r->load);
     sample_free(r->smp);
     free(r->tokens);
+    free(r->chain);
     free(r->ring);
     pthread_cond_destroy(&r->cv);
     free(r);
@@ -237,6 +244,7 @@ static void sched_preempt_locked(sched *s, int i)
     r->seq = NULL;
     r->n_done = 0;
     r->state = REQ_QUEUED;
+    r->first_run = false;
     r->load_started = false;   /* the resume may load its blocks back from the store */
     sched_running_remove(s, i);
     sched_wait_push_front(s, r);
@@ -350,6 +358,7 @@ static void sched_admit_locked(sched *s)
         if (!r->admitted_once) {
             r->n_cached = TM_MIN(att, r->n_prompt);
             r->admitted_once = true;
+            r->first_run = true;
             s->st.n_prompt_tokens += (uint64_t)r->n_prompt;
             s->st.n_cached_tokens += (uint64_t)r->n_cached;
         }
@@ -359,12 +368,69 @@ static void sched_admit_locked(sched *s)
     }
 }
 
+/* Keys of r's first nb full blocks of tokens (nb * 128 <= n_tokens), computed once each: the
+ * tokens of a request never change, the generated ones included. */
+static const uint8_t *sched_chain_key(sched *s, sched_req *r, int bi)
+{
+    static const uint8_t zeros[32];
+    while (r->n_chain <= bi) {
+        const uint8_t *parent = r->n_chain ? r->chain[r->n_chain - 1] : r->salted ? r->root : zeros;
+        kvpool_block_key(s->pool, parent, r->tokens + (size_t)r->n_chain * KVPOOL_BLOCK, r->chain[r->n_chain]);
+        r->n_chain++;
+    }
+    return r->chain[bi];
+}
+
+/* Prefixes shared in flight, before each plan: every running request between prompt blocks
+ * first attaches the blocks others completed since (counted as cached in its first run), then
+ * waits this step (share_wait) when its next block is being computed by a request that is
+ * ahead of it: same block key, that block not complete yet, and either further on or, at the
+ * same position, admitted earlier. "Ahead" is a strict order, so the request at its top never
+ * waits and every wait ends when that block is committed (attached at the next plan) or when
+ * the computing request leaves the running set (cancelled, preempted, failed): then the
+ * waiting one computes the block itself, from its last attached block. */
+static void sched_share_locked(sched *s)
+{
+    for (int i = 0; i < s->n_running; i++) {
+        sched_req *r = s->running[i];
+        r->share_wait = false;
+        if (r->n_tokens - r->n_done <= 1 || r->n_done % KVPOOL_BLOCK != 0 ||
+            kvpool_seq_capacity(r->seq) != r->n_done || kvpool_seq_n_keyed(r->seq) != r->n_done)
+            continue;   /* decoding, or inside a block of its own */
+        int att = kvpool_seq_attach_prefix(s->pool, r->seq, r->tokens, r->n_tokens);
+        if (att > r->n_done) {
+            if (r->first_run) {
+                int hits = TM_MIN(att, r->n_prompt) - TM_MIN(r->n_done, r->n_prompt);
+                r->n_cached += hits;
+                s->st.n_cached_tokens += (uint64_t)hits;
+                s->st.n_shared_tokens += (uint64_t)hits;
+            }
+            r->n_done = att;
+        }
+        int end = r->n_done + KVPOOL_BLOCK;   /* the next block, attachable if it leaves a token */
+        if (r->n_tokens <= end) continue;
+        int bi = r->n_done / KVPOOL_BLOCK;
+        const uint8_t *key = NULL;
+        for (int j = 0; j < s->n_running; j++) {
+            sched_req *q = s->running[j];
+            if (q == r || q->n_tokens < end || q->n_done >= end) continue;
+            if (q->n_done < r->n_done || (q->n_done == r->n_done && q->admit_no > r->admit_no)) continue;
+            if (!key) key = sched_chain_key(s, r, bi);
+            if (!memcmp(sched_chain_key(s, q, bi), key, 32)) {
+                r->share_wait = true;
+                break;
+            }
+        }
+    }
+}
+
 /* Plans one step into s->batch. Returns the number of batch tokens (0: nothing to run).
  * Reserves KV for every planned position; preempts the newest request when the pool is
  * full. Under mu (preemption moves requests to the queue). */
 static int sched_plan_locked(sched *s, int *n_reqs)
 {
 replan:
+    sched_share_locked(s);
     *n_reqs = 0;
     int n_tok = 0, budget = s->o.step_tokens, n_rows = 0;
     /* two passes: decodes (one token left) first, then prefill chunks, admission order */
@@ -373,7 +439,7 @@ replan:
         for (int i = 0; i < s->n_running && budget > 0; i++) {
             sched_req *r = s->running[i];
             int left = r->n_tokens - r->n_done;
-            if ((pass == 0) != (left == 1)) continue;
+            if ((pass == 0) != (left == 1) || r->share_wait) continue;
             int chunk = TM_MIN(left, budget);
             if (kvpool_seq_reserve(s->pool, r->seq, r->n_done + chunk) != KVPOOL_OK) {
                 int v = sched_newest_running(s);
@@ -963,8 +1029,9 @@ sched_status sched_submit(sched *s, const sched_params *p, sched_req **out)
     r->max_gen = p->max_tokens > 0 ? TM_MIN(p->max_tokens, room) : room;
     r->cap = p->n_prompt + r->max_gen;
     r->tokens = malloc((size_t)r->cap * sizeof *r->tokens);
+    r->chain = malloc(((size_t)r->cap / KVPOOL_BLOCK + 1) * sizeof *r->chain);
     r->smp = sample_new(s->n_vocab, &p->sample);
-    if (!r->tokens || !r->smp) {
+    if (!r->tokens || !r->chain || !r->smp) {
         sched_req_destroy(r);
         return SCHED_ERR_NOMEM;
     }

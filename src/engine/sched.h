@@ -18,6 +18,14 @@
  * blocks that prefix its prompt (kvpool_seq_attach_prefix) and computes only the rest; those
  * attached positions are reported as cached prompt tokens.
  *
+ * Prefixes shared in flight: requests that arrive together with the same prefix (agents
+ * sharing a system prompt) do not each compute it. Before every step, a running request whose
+ * next prompt block is being computed right now by another one (same block key: tokens, salt)
+ * skips the step, and attaches that block as soon as it is committed, block after block; it
+ * computes only what is its own. It never waits on a request that left (cancelled,
+ * preempted, failed): it computes from its last attached block. Blocks attached this way count
+ * as cached prompt tokens too: they were computed once. See sched_share_locked.
+ *
  * The queue of waiting requests is bounded (max_queue: SCHED_ERR_QUEUE_FULL beyond it); at
  * most max_seqs run at once. KV exhaustion never fails a request: a waiting request stays
  * queued until blocks are free, and when a running one cannot get its next block the newest
@@ -138,7 +146,8 @@ typedef struct {
 
 typedef struct {
     int prompt_tokens;      /* tokens of the prompt */
-    int cached_tokens;      /* prompt tokens whose KV came from a cache tier (first admission) */
+    int cached_tokens;      /* prompt tokens whose KV came from a cache tier or from another
+                             * request computing the same prefix at the same time (first run) */
     int completion_tokens;  /* tokens generated, the stop token included when one ended it */
 } sched_usage;
 
@@ -171,6 +180,8 @@ typedef struct {
     uint64_t n_finished[SCHED_FINISH_ABORTED + 1]; /* by sched_finish value */
     uint64_t n_prompt_tokens;   /* prompt tokens of admitted requests */
     uint64_t n_cached_tokens;   /* of which attached from the cache */
+    uint64_t n_shared_tokens;   /* of those, attached while the request ran, from blocks another
+                                 * request computed meanwhile (a prefix shared in flight) */
     uint64_t n_prefill_tokens;  /* tokens computed as prefill (recomputes included) */
     uint64_t n_gen_tokens;      /* tokens generated */
     uint64_t n_preempted;       /* preemptions */
