@@ -338,6 +338,8 @@ int kvpool_seq_attach_prefix(kvpool *p, kvpool_seq *s, const int32_t *tokens, in
     return s->n * KVPOOL_BLOCK;
 }
 
+bool kvpool_key_cached(const kvpool *p, const uint8_t key[32]) { return kvpool_lookup(p, key) >= 0; }
+
 kvpool_status kvpool_seq_reserve(kvpool *p, kvpool_seq *s, int n_total)
 {
     if (n_total < 0) return KVPOOL_ERR_ARG;

@@ -95,6 +95,8 @@ void kvpool_seq_reset(kvpool *p, kvpool_seq *s);
  * now (a multiple of 128); the caller computes tokens from there. A sequence with a block not
  * yet keyed attaches nothing. */
 int kvpool_seq_attach_prefix(kvpool *p, kvpool_seq *s, const int32_t *tokens, int n);
+/* Whether a block with this key is in the pool (pinned or cached): attaching it costs nothing. */
+bool kvpool_key_cached(const kvpool *p, const uint8_t key[32]);
 /* Makes positions [0, n_total) writable/readable: allocates blocks as needed, reclaiming
  * cached blocks when the free list is empty. KVPOOL_ERR_FULL (not enough free + cached
  * blocks) changes nothing. */

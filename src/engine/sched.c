@@ -1,9 +1,21 @@
 /*
  * sched: continuous batching on one engine thread. See sched.h for the design.
  *
- * Request life: QUEUED (in s->waiting, FIFO; a preempted request goes back to the front)
- * -> RUNNING (in s->running, ordered by admission) -> FINISHED (FINISH record published,
- * KV released, dropped by the engine). The handle itself is freed by whoever lets go of it
+ * Request life: QUEUED (in s->waiting, in arrival order; a preempted request goes back to the
+ * front) -> RUNNING (in s->running, ordered by admission) -> FINISHED (FINISH record
+ * published, KV released, dropped by the engine).
+ *
+ * Admission by cache: when a slot is free, the waiting request admitted is the one with the
+ * most reusable full blocks (keyed in the pool, or among the known tokens of a running request:
+ * a prefix in flight, attached as it completes), among the SCHED_ADMIT_WINDOW oldest, the
+ * oldest on a tie (so with nothing to reuse it is first come, first served). Admitting one
+ * makes its prefix in flight, which puts the others sharing it first next: sharers are
+ * admitted together and compute the prefix once (SGLang's longest-prefix-first and in-batch
+ * sharing). The age bound: every admission that overtakes a waiting request counts a pass
+ * for it, and a request passed SCHED_ADMIT_MAX_PASSED times goes before any other (the oldest
+ * such first), so a stream of cache-friendly arrivals delays a cold request by at most that
+ * many admissions. KV still decides last: a pick that does not fit waits, and blocks the
+ * admissions behind it as the queue head did. The handle itself is freed by whoever lets go of it
  * last: the caller (sched_release) or the engine thread (when it drops a request the caller
  * has already released). `engine_held` and `released` decide that, under s->mu.
  *
@@ -62,6 +74,7 @@ struct sched_req {
                                   * equal keys at block i = same tenant and tokens up to its end */
     int n_chain;                 /* entries of chain computed so far (engine thread, lazily) */
     bool share_wait;             /* this step: another request is computing its next block */
+    int n_passed;                /* admissions that overtook it while it waited */
     blockio_load *load;          /* block store load in flight, or NULL (engine thread) */
     bool load_started;           /* a load was tried for this (re)admission */
     int load_retries;            /* loads restarted because the RAM tier changed */
@@ -261,6 +274,75 @@ static int sched_newest_running(const sched *s)
 
 static int sched_blocks_for(int n) { return (n + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK; }
 
+/* Key of r's full block bi of tokens ((bi + 1) * 128 <= n_tokens), computed once: the tokens
+ * of a request never change, the generated ones included. */
+static const uint8_t *sched_chain_key(sched *s, sched_req *r, int bi)
+{
+    static const uint8_t zeros[32];
+    while (r->n_chain <= bi) {
+        const uint8_t *parent = r->n_chain ? r->chain[r->n_chain - 1] : r->salted ? r->root : zeros;
+        kvpool_block_key(s->pool, parent, r->tokens + (size_t)r->n_chain * KVPOOL_BLOCK, r->chain[r->n_chain]);
+        r->n_chain++;
+    }
+    return r->chain[bi];
+}
+
+/* Whether a running request has block bi with this key among its known tokens: computed, or
+ * to be computed in its next steps (a prefix in flight). */
+static bool sched_in_flight(sched *s, int bi, const uint8_t key[32])
+{
+    for (int j = 0; j < s->n_running; j++) {
+        sched_req *q = s->running[j];
+        if (q->n_tokens >= (bi + 1) * KVPOOL_BLOCK && !memcmp(sched_chain_key(s, q, bi), key, 32)) return true;
+    }
+    return false;
+}
+
+/* Full blocks r would not compute if admitted now: cached in the RAM tier or in flight. */
+static int sched_reusable_blocks(sched *s, sched_req *r)
+{
+    int nb = 0;
+    while ((nb + 1) * KVPOOL_BLOCK < r->n_tokens) {   /* as attach: at least one token is computed */
+        const uint8_t *key = sched_chain_key(s, r, nb);
+        if (!kvpool_key_cached(s->pool, key) && !sched_in_flight(s, nb, key)) break;
+        nb++;
+    }
+    return nb;
+}
+
+/* The waiting request to admit next (see the admission policy in the file comment): the
+ * oldest one overtaken SCHED_ADMIT_MAX_PASSED times if any, else the one with the most
+ * reusable blocks among the first SCHED_ADMIT_WINDOW, the oldest of those on a tie. */
+static sched_req *sched_admit_pick(sched *s)
+{
+    sched_req *best = NULL;
+    int best_nb = -1, k = 0;
+    for (sched_req *r = s->wait_head; r && k < SCHED_ADMIT_WINDOW; r = r->next, k++) {
+        if (r->n_passed >= SCHED_ADMIT_MAX_PASSED) return r;
+        int nb = sched_reusable_blocks(s, r);
+        if (nb > best_nb) {
+            best = r;
+            best_nb = nb;
+        }
+    }
+    return best;
+}
+
+/* Takes r out of the waiting queue; every request it overtook counts one more pass. */
+static void sched_wait_take(sched *s, sched_req *r)
+{
+    sched_req **pp = &s->wait_head, *prev = NULL;
+    while (*pp != r) {
+        (*pp)->n_passed++;
+        prev = *pp;
+        pp = &(*pp)->next;
+    }
+    *pp = r->next;
+    if (s->wait_tail == r) s->wait_tail = prev;
+    r->next = NULL;
+    s->n_waiting--;
+}
+
 /* Cancels, admissions. Under mu. */
 static void sched_admit_locked(sched *s)
 {
@@ -299,9 +381,9 @@ static void sched_admit_locked(sched *s)
                 r->t_load = util_now();
                 r->t_load0 = r->load ? r->t_load : 0;
             }
-    /* admissions, oldest first, while KV allows */
+    /* admissions, by reusable prefix within the age bound, while KV allows */
     while (s->n_running < s->o.max_seqs && s->wait_head) {
-        sched_req *r = s->wait_head;
+        sched_req *r = sched_admit_pick(s);
         if (r->load && !blockio_load_ready(s->o.bio, r->load)) {
             if (util_now() - r->t_load < SCHED_LOAD_WAIT_S) break;   /* the store is slow: */
             blockio_load_free(s->o.bio, r->load);                    /* compute instead */
@@ -334,14 +416,15 @@ static void sched_admit_locked(sched *s)
             kvpool_seq_free(s->pool, seq);
             if (s->n_running == 0 && need > ks.n_free + ks.n_cached) {
                 /* nothing else holds blocks: it can never fit */
-                sched_wait_pop(s);
+                sched_wait_take(s, r);
                 sched_finish_locked(s, r, SCHED_FINISH_ERROR);
                 sched_drop_locked(r);
                 continue;
             }
             break;
         }
-        sched_wait_pop(s);
+        sched_wait_take(s, r);
+        r->n_passed = 0;
         if (r->t_load0 > 0) {   /* it waited for a load (finished, or given up for slowness) */
             sched_hist_add(&s->h_load_wait, util_now() - r->t_load0);
             r->t_load0 = 0;
@@ -366,19 +449,6 @@ static void sched_admit_locked(sched *s)
         r->admit_no = ++s->admit_counter;
         s->running[s->n_running++] = r;
     }
-}
-
-/* Keys of r's first nb full blocks of tokens (nb * 128 <= n_tokens), computed once each: the
- * tokens of a request never change, the generated ones included. */
-static const uint8_t *sched_chain_key(sched *s, sched_req *r, int bi)
-{
-    static const uint8_t zeros[32];
-    while (r->n_chain <= bi) {
-        const uint8_t *parent = r->n_chain ? r->chain[r->n_chain - 1] : r->salted ? r->root : zeros;
-        kvpool_block_key(s->pool, parent, r->tokens + (size_t)r->n_chain * KVPOOL_BLOCK, r->chain[r->n_chain]);
-        r->n_chain++;
-    }
-    return r->chain[bi];
 }
 
 /* Prefixes shared in flight, before each plan: every running request between prompt blocks

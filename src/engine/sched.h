@@ -88,6 +88,10 @@ typedef enum {
 #define SCHED_PREFILL_CHUNK 64
 /* Default budget of a step without decodes (prefill chunks only). */
 #define SCHED_PREFILL_STEP 512
+/* Admission by cache (sched.c): waiting requests scored for their reusable prefix, from the
+ * oldest, and admissions that may overtake a waiting request before it goes first. */
+#define SCHED_ADMIT_WINDOW 32
+#define SCHED_ADMIT_MAX_PASSED 8
 
 typedef struct {
     int max_seqs;           /* running sequences at once; <= 0: 16 */

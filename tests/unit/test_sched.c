@@ -12,6 +12,7 @@
  * row's arithmetic never depends on the step it is in: test_invariance.c); step_tokens 48
  * only keeps the steps small.
  */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -738,6 +739,71 @@ TEST(test_shared_prefix_leader_cancelled)
     CHECKF(mid, "the cancel never landed inside the prefix");
 }
 
+/* ---- admission by cache ---- */
+
+static int g_admitted[32];   /* request numbers in the order the engine admitted them */
+static int g_n_admitted;
+
+static int record_admission(void *arg, kvpool *pool, kvpool_seq *seq, int n_attached)
+{
+    if (g_n_admitted < 32) g_admitted[g_n_admitted++] = (int)(intptr_t)arg;
+    return n_attached;
+}
+
+/* One slot, held by a long decode while a cold request (0) and then NF requests whose prompt
+ * starts with a cached prefix (1..NF) queue up: the cached ones go first, in arrival order,
+ * until the cold one was overtaken SCHED_ADMIT_MAX_PASSED times; then it goes. Recorded by
+ * the order of admission, not by time. */
+TEST(test_admission_prefers_cache_within_age_bound)
+{
+    enum { NF = SCHED_ADMIT_MAX_PASSED + 4, P = 300 };
+    sched_opts so = { .max_seqs = 1, .max_queue = 32, .step_tokens = 48 };
+    rig g = rig_open(64, so, NULL);
+    static int32_t warm[P], cold[P], fr[NF + 1][P], blocker[10];
+    prompt_of(warm, P, 60);
+    prompt_of(cold, P, 61);
+    prompt_of(blocker, 10, 62);
+    sched_req *r;
+    sched_params p = greedy(warm, P, 1);
+    CHECK(sched_submit(g.s, &p, &r) == SCHED_OK);   /* warm: the first 256 tokens get cached */
+    drain(r, NULL, 0, NULL);
+    sched_release(r);
+    sched_req *d, *q[NF + 1];
+    p = greedy(blocker, 10, 0);
+    CHECK(sched_submit(g.s, &p, &d) == SCHED_OK);
+    sched_output out[1];
+    CHECK(sched_poll(d, out, 1, 30000) == 1);   /* it holds the only slot */
+    g_n_admitted = 0;
+    for (int i = 0; i <= NF; i++) {
+        if (i > 0) {
+            memcpy(fr[i], warm, 256 * sizeof warm[0]);
+            prompt_of(fr[i] + 256, P - 256, 70 + i);
+        }
+        p = greedy(i ? fr[i] : cold, P, 1);
+        p.kv_in = record_admission;
+        p.kv_arg = (void *)(intptr_t)i;
+        CHECK(sched_submit(g.s, &p, &q[i]) == SCHED_OK);
+    }
+    sched_cancel(d);
+    for (int i = 0; i <= NF; i++) {
+        sched_output fin = { 0 };
+        drain(q[i], NULL, 0, &fin);
+        CHECK(fin.finish == SCHED_FINISH_LENGTH);
+        CHECK(fin.usage.cached_tokens == (i ? 256 : 0));
+        sched_release(q[i]);
+    }
+    drain(d, NULL, 0, NULL);
+    sched_release(d);
+    CHECK(g_n_admitted == NF + 1);
+    int want[NF + 1], k = 0;
+    for (int i = 1; i <= SCHED_ADMIT_MAX_PASSED; i++) want[k++] = i;
+    want[k++] = 0;
+    for (int i = SCHED_ADMIT_MAX_PASSED + 1; i <= NF; i++) want[k++] = i;
+    for (int i = 0; i <= NF; i++)
+        CHECKF(g_admitted[i] == want[i], "admission %d: request %d, want %d", i, g_admitted[i], want[i]);
+    rig_free(&g);
+}
+
 int main(void)
 {
     if (!mkdtemp(tmpdir)) return 1;
@@ -756,6 +822,7 @@ int main(void)
     RUN(test_drain_then_abort);
     RUN(test_shared_prefix_computed_once);
     RUN(test_shared_prefix_leader_cancelled);
+    RUN(test_admission_prefers_cache_within_age_bound);
     model_free(g_model);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
