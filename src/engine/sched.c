@@ -41,6 +41,7 @@
 
 #include "cache/blockkey.h"
 #include "engine/blockio.h"
+#include "engine/steptime.h"
 #include "util/util.h"
 
 #define SCHED_LOAD_WAIT_S 2.0   /* longest a request waits at the queue head for a store load */
@@ -134,6 +135,9 @@ struct sched {
     sched_output *batch_out;     /* (max_seqs) sampled token + log-probs for each */
     float *logits;               /* (max_seqs, n_vocab) */
     int batch_n_reqs;            /* requests of the step being sampled */
+    steptime tm;                 /* learned step time (engine thread; its error sums are copied
+                                  * into st after each step) */
+    steptime_x plan_x;           /* make-up of the step planned last, for tm */
     /* sampling workers: the step's requests are split by ith/nth between the engine thread
      * (ith 0) and n_workers helpers (ith 1..), which sleep between steps */
     int n_workers;
@@ -503,14 +507,26 @@ replan:
     sched_share_locked(s);
     *n_reqs = 0;
     int n_tok = 0, budget = s->o.step_tokens, n_rows = 0;
+    steptime_x *x = &s->plan_x;
+    memset(x, 0, sizeof *x);
+    double target_s = s->o.step_ms / 1e3;
     /* two passes: decodes (one token left) first, then prefill chunks, admission order */
     for (int pass = 0; pass < 2; pass++) {
-        if (pass == 1 && n_tok == 0) budget = s->o.prefill_step_tokens;  /* no decode waits */
+        if (pass == 1 && n_tok == 0) {   /* no decode waits */
+            budget = s->o.prefill_step_tokens;
+            target_s = s->o.prefill_step_ms / 1e3;
+        }
         for (int i = 0; i < s->n_running && budget > 0; i++) {
             sched_req *r = s->running[i];
             int left = r->n_tokens - r->n_done;
             if ((pass == 0) != (left == 1) || r->share_wait) continue;
             int chunk = TM_MIN(left, budget);
+            if (pass == 1 && target_s > 0) {   /* the time target, once the model is warm */
+                int fit = steptime_fit_tokens(&s->tm, x, r->n_done + chunk / 2.0, target_s);
+                if (fit >= 0 && x->n_prefill == 0) fit = TM_MAX(fit, SCHED_TIME_MIN_CHUNK);   /* progress */
+                if (fit == 0) break;
+                if (fit > 0) chunk = TM_MIN(chunk, fit);
+            }
             if (kvpool_seq_reserve(s->pool, r->seq, r->n_done + chunk) != KVPOOL_OK) {
                 int v = sched_newest_running(s);
                 if (s->n_running == 1) {
@@ -531,6 +547,9 @@ replan:
                 t->seq = r->seq;
                 t->want_logits = last && k == chunk - 1;
             }
+            if (pass == 0) x->n_dec++;
+            else x->n_prefill += chunk;
+            x->depth += (double)chunk * r->n_done + (double)chunk * (chunk + 1) / 2;
             s->batch_req[*n_reqs] = r;
             s->batch_n[*n_reqs] = chunk;
             s->batch_row[*n_reqs] = last ? n_rows++ : -1;
@@ -735,6 +754,7 @@ static void sched_step_run(sched *s, sched_step *st)
     engine_batch b = { .n_tokens = st->n_tok, .toks = s->batch };
     st->est = engine_step(s->e, &b, s->logits);
     st->t1 = util_now();
+    if (st->est == ENGINE_OK) steptime_observe(&s->tm, &s->plan_x, st->t1 - st->t0);
     for (int i = 0; i < st->n_reqs && st->est == ENGINE_OK; i++) {
         sched_req *r = s->batch_req[i];
         r->n_done += s->batch_n[i];
@@ -765,6 +785,9 @@ static void sched_step_count_locked(sched *s, const sched_step *st)
         else pre = true;
     }
     if (dec && pre) s->st.n_mixed_steps++;
+    s->st.step_model_n = s->tm.n_err;
+    s->st.step_model_abs_err_s = s->tm.abs_err_s;
+    s->st.step_model_rel_err = s->tm.rel_err;
     s->st.step_s += st->t1 - st->t0;
     s->st.sample_s += st->t2 - st->t1;
     sched_hist_add(&s->h_step, st->t1 - st->t0);
@@ -926,10 +949,16 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
     if (o.max_seqs > o.step_tokens) o.max_seqs = o.step_tokens;
     if (o.prefill_step_tokens <= 0) o.prefill_step_tokens = SCHED_PREFILL_STEP;
     o.prefill_step_tokens = TM_MAX(o.step_tokens, TM_MIN(o.prefill_step_tokens, mb));
+    if (!(o.step_ms > 0)) o.step_ms = 0;
+    if (!(o.prefill_step_ms > 0)) o.prefill_step_ms = o.step_ms * SCHED_PREFILL_STEP_MS_FACTOR;
+    o.prefill_step_ms = TM_MAX(o.prefill_step_ms, o.step_ms);
     if (o.n_ctx <= 0) o.n_ctx = m->hp.n_ctx_train;
     s->o = o;
     s->st.step_tokens = o.step_tokens;
     s->st.prefill_step_tokens = o.prefill_step_tokens;
+    s->st.step_ms = o.step_ms;
+    s->st.prefill_step_ms = o.prefill_step_ms;
+    steptime_init(&s->tm);
     s->running = xcalloc((size_t)o.max_seqs, sizeof *s->running);
     s->batch = xcalloc((size_t)o.prefill_step_tokens, sizeof *s->batch);
     s->batch_req = xcalloc((size_t)o.max_seqs, sizeof *s->batch_req);

@@ -13,6 +13,7 @@
  * only keeps the steps small.
  */
 #include <stdint.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,7 @@
 #include "engine/blockio.h"
 #include "engine/engine.h"
 #include "engine/sched.h"
+#include "engine/steptime.h"
 #include "tinymodel.h"
 
 static char tmpdir[] = "/tmp/tm_test_sched_XXXXXX";
@@ -804,6 +806,43 @@ TEST(test_admission_prefers_cache_within_age_bound)
     rig_free(&g);
 }
 
+/* ---- steps sized in time ---- */
+
+/* With a time target no step can meet (1 us), once the step-time model is warm every step
+ * reading a prompt alone carries the least chunk (SCHED_TIME_MIN_CHUNK), not the prefill
+ * budget: the target, not the token cap, sized it. Before it is warm the caps decide. Counted
+ * in steps; the model's own error is reported. */
+TEST(test_step_time_target_sizes_prefill)
+{
+    enum { PW = 300, GW = 20, P = 600 };
+    sched_opts so = { .max_seqs = 2, .max_queue = 4, .step_tokens = 48, .step_ms = 0.001 };
+    rig g = rig_open(32, so, NULL);
+    sched_stats st;
+    sched_get_stats(g.s, &st);
+    CHECK(st.step_ms == 0.001 && st.prefill_step_ms == 0.001 * SCHED_PREFILL_STEP_MS_FACTOR);
+    static int32_t pw[PW], pr[P];
+    prompt_of(pw, PW, 80);
+    prompt_of(pr, P, 81);
+    sched_req *r;
+    sched_params p = greedy(pw, PW, GW);   /* warms the model: 3 capped prefill steps, 19 decodes */
+    CHECK(sched_submit(g.s, &p, &r) == SCHED_OK);
+    CHECK(drain(r, NULL, 0, NULL) == GW);
+    sched_release(r);
+    sched_get_stats(g.s, &st);
+    CHECK(st.n_steps == 3 + GW - 1 + 0 && st.n_steps >= STEPTIME_WARM);
+    uint64_t steps0 = st.n_steps;
+    p = greedy(pr, P, 1);
+    CHECK(sched_submit(g.s, &p, &r) == SCHED_OK);
+    CHECK(drain(r, NULL, 0, NULL) == 1);
+    sched_release(r);
+    sched_get_stats(g.s, &st);
+    int want = (P + SCHED_TIME_MIN_CHUNK - 1) / SCHED_TIME_MIN_CHUNK;
+    CHECKF(st.n_steps - steps0 == (uint64_t)want, "%d steps for %d tokens, want %d",
+           (int)(st.n_steps - steps0), P, want);
+    CHECK(st.step_model_n > 0 && st.step_model_abs_err_s > 0 && isfinite(st.step_model_rel_err));
+    rig_free(&g);
+}
+
 int main(void)
 {
     if (!mkdtemp(tmpdir)) return 1;
@@ -823,6 +862,7 @@ int main(void)
     RUN(test_shared_prefix_computed_once);
     RUN(test_shared_prefix_leader_cancelled);
     RUN(test_admission_prefers_cache_within_age_bound);
+    RUN(test_step_time_target_sizes_prefill);
     model_free(g_model);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
