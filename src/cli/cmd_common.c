@@ -73,6 +73,10 @@ bool cmd_common_engine_opt(const char *prog, const char *a, const char *v, cmd_e
 {
     long *dst;
     long lo = 1, hi;
+    if (!strcmp(a, "--step-ms") || !strcmp(a, "--prefill-step-ms")) {
+        *ok = cmd_common_num(prog, a, v, 0.01, 60000, a[2] == 's' ? &o->step_ms : &o->prefill_step_ms);
+        return true;
+    }
     if (!strcmp(a, "--threads") || !strcmp(a, "-t")) dst = &o->threads, lo = 0, hi = 1024;
     else if (!strcmp(a, "--ctx") || !strcmp(a, "-c")) dst = &o->ctx, lo = 0, hi = 1 << 24;
     else if (!strcmp(a, "--max-seqs")) dst = &o->max_seqs, hi = 4096;
@@ -99,6 +103,8 @@ engine *cmd_common_engine_new(const char *prog, model *m, cmd_engine_opts *o)
 {
     char err[256];
     if (o->ctx <= 0) o->ctx = TM_MIN(m->hp.n_ctx_train, 4096);
+    /* with a time target, the time sizes the steps: the token budget with decodes is only a cap */
+    if (o->step_tokens == 0 && o->step_ms > 0) o->step_tokens = o->prefill_step;
     if (o->step_tokens == 0) o->step_tokens = sched_default_step_tokens((int)o->max_seqs);   /* max-seqs + 64 */
     /* the engine batch holds the larger of the two step budgets (sched caps both at it) */
     engine_opts eo = { .n_threads = (int)o->threads, .max_batch_tokens = (int)TM_MAX(o->step_tokens, o->prefill_step) };
@@ -120,6 +126,7 @@ sched_opts cmd_common_sched_opts(const cmd_engine_opts *o, blockio *bio, const t
 {
     sched_opts so = { .bio = bio, .max_seqs = (int)o->max_seqs, .max_queue = (int)o->max_queue,
                       .step_tokens = (int)o->step_tokens, .prefill_step_tokens = (int)o->prefill_step,
+                      .step_ms = o->step_ms, .prefill_step_ms = o->prefill_step_ms,
                       .n_ctx = (int)o->ctx, .eos_ids = { -1, -1, -1, -1 } };
     so.eos_ids[0] = tokenizer_eos(tok);
     so.eos_ids[1] = tokenizer_eot(tok);

@@ -36,11 +36,13 @@ typedef struct {
     long max_queue;      /* requests waiting for admission */
     long step_tokens;    /* tokens per step with decodes, 0: sched_default_step_tokens */
     long prefill_step;   /* tokens per step without decodes */
+    double step_ms;      /* time target of a step with decodes, ms; 0: token budgets only */
+    double prefill_step_ms; /* time target of a step without decodes, ms; 0: 4 x step_ms */
 } cmd_engine_opts;
 #define CMD_ENGINE_OPTS_DEFAULT \
     { .max_seqs = 16, .kv_mib = 2048, .max_queue = 256, .prefill_step = SCHED_PREFILL_STEP }
 /* If option a is one of --threads/-t, --ctx/-c, --max-seqs, --kv-mib, --max-queue,
- * --step-tokens, --prefill-step-tokens: parses its value v into *o (*ok false after a message
+ * --step-tokens, --prefill-step-tokens, --step-ms, --prefill-step-ms: parses its value v into *o (*ok false after a message
  * when the value is bad) and returns true; otherwise returns false and leaves *ok alone. */
 bool cmd_common_engine_opt(const char *prog, const char *a, const char *v, cmd_engine_opts *o, bool *ok);
 /* If option a is one of --max-connections, --max-client-connections, --request-timeout (the

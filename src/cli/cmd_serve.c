@@ -113,6 +113,7 @@ static void cmd_serve_usage(void)
             "usage: tokenmill serve -m MODEL [--host 127.0.0.1] [--port 8080] [--threads N] [--ctx N]\n"
             "                       [--max-seqs N] [--api-key KEY ...] [--model-name NAME] [--template NAME]\n"
             "                       [--kv-mib N] [--max-queue N] [--step-tokens N] [--prefill-step-tokens N] [--max-body BYTES]\n"
+            "                       [--step-ms MS] [--prefill-step-ms MS]\n"
             "                       [--timeout SECONDS] [--drain-timeout SECONDS] [--cache SPEC|default|off] [--cache-dir DIR]\n"
             "                       [--cache-capacity SIZE] [--retention agent=72h,chat=7d]\n"
             "                       [--max-connections N] [--max-client-connections N] [--request-timeout S]\n"

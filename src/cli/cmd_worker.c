@@ -33,7 +33,8 @@ static void cmd_worker_usage(void)
     fprintf(stderr,
             "usage: tokenmill worker --role prefill|decode|mixed -m MODEL --listen HOST:PORT --cache SPEC|off\n"
             "                        [--gateway HOST:PORT] [--threads N] [--ctx N] [--max-seqs N] [--kv-mib N]\n"
-            "                        [--step-tokens N] [--prefill-step-tokens N] [--max-queue N] [--name NAME] [--drain-timeout SECONDS] [-v]\n");
+            "                        [--step-tokens N] [--prefill-step-tokens N] [--step-ms MS] [--prefill-step-ms MS]\n"
+            "                        [--max-queue N] [--name NAME] [--drain-timeout SECONDS] [-v]\n");
 }
 
 int cmd_worker(int argc, char **argv)
