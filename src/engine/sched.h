@@ -35,7 +35,8 @@
  * as cached prompt tokens too: they were computed once. See sched_share_locked.
  *
  * The queue of waiting requests is bounded (max_queue: SCHED_ERR_QUEUE_FULL beyond it); at
- * most max_seqs run at once. KV exhaustion never fails a request: a waiting request stays
+ * most max_seqs run at once; a free slot goes to the waiting request with the longest
+ * reusable prefix, within an age bound (the admission policy in sched.c). KV exhaustion never fails a request: a waiting request stays
  * queued until blocks are free, and when a running one cannot get its next block the newest
  * running request is preempted (its blocks released, its tokens so far kept) and later
  * resumed by recomputing prompt + generated tokens (usually attaching its own blocks again
