@@ -79,6 +79,8 @@ const cmd_opt *cmd_common_engine_table(cmd_engine_opts *o, cmd_opt out[CMD_ENGIN
         { "--max-queue", NULL, CMD_OPT_LONG, &o->max_queue, 1, 1 << 20, .arg = "N", .help = "requests waiting to run (default 256)" },
         { "--step-tokens", NULL, CMD_OPT_LONG, &o->step_tokens, 1, 1 << 16, .arg = "N", .help = "tokens of a step with decodes (default max-seqs + 64)" },
         { "--prefill-step-tokens", NULL, CMD_OPT_LONG, &o->prefill_step, 1, 1 << 16, .arg = "N", .help = "tokens of a step without decodes (default 512)" },
+        { "--step-ms", NULL, CMD_OPT_DOUBLE, &o->step_ms, 0.01, 60000, .arg = "MS", .help = "time target of a step with decodes (default: token budgets only)" },
+        { "--prefill-step-ms", NULL, CMD_OPT_DOUBLE, &o->prefill_step_ms, 0.01, 60000, .arg = "MS", .help = "time target of a step without decodes (default 4 x --step-ms)" },
         { 0 },
     };
     memcpy(out, t, sizeof t);
@@ -101,6 +103,8 @@ engine *cmd_common_engine_new(const char *prog, model *m, cmd_engine_opts *o)
 {
     char err[256];
     if (o->ctx <= 0) o->ctx = TM_MIN(m->hp.n_ctx_train, 4096);
+    /* with a time target, the time sizes the steps: the token budget with decodes is only a cap */
+    if (o->step_tokens == 0 && o->step_ms > 0) o->step_tokens = o->prefill_step;
     if (o->step_tokens == 0) o->step_tokens = sched_default_step_tokens((int)o->max_seqs);   /* max-seqs + 64 */
     /* the engine batch holds the larger of the two step budgets (sched caps both at it) */
     engine_opts eo = { .n_threads = (int)o->threads, .max_batch_tokens = (int)TM_MAX(o->step_tokens, o->prefill_step) };
@@ -122,6 +126,7 @@ sched_opts cmd_common_sched_opts(const cmd_engine_opts *o, blockio *bio, const t
 {
     sched_opts so = { .bio = bio, .max_seqs = (int)o->max_seqs, .max_queue = (int)o->max_queue,
                       .step_tokens = (int)o->step_tokens, .prefill_step_tokens = (int)o->prefill_step,
+                      .step_ms = o->step_ms, .prefill_step_ms = o->prefill_step_ms,
                       .n_ctx = (int)o->ctx, .eos_ids = { -1, -1, -1, -1 } };
     so.eos_ids[0] = tokenizer_eos(tok);
     so.eos_ids[1] = tokenizer_eot(tok);

@@ -37,13 +37,16 @@ typedef struct {
     long max_queue;      /* requests waiting for admission */
     long step_tokens;    /* tokens per step with decodes, 0: sched_default_step_tokens */
     long prefill_step;   /* tokens per step without decodes */
+    double step_ms;      /* time target of a step with decodes, ms; 0: token budgets only */
+    double prefill_step_ms; /* time target of a step without decodes, ms; 0: 4 x step_ms */
 } cmd_engine_opts;
 #define CMD_ENGINE_OPTS_DEFAULT \
     { .max_seqs = 16, .kv_mib = 2048, .max_queue = 256, .prefill_step = SCHED_PREFILL_STEP }
 /* The option table entries of the engine options (--threads/-t, --ctx/-c, --max-seqs,
- * --kv-mib, --max-queue, --step-tokens, --prefill-step-tokens) writing into *o, in out (a
- * table of its own, END-terminated): include it with { .kind = CMD_OPT_TABLE, .dst = out }. */
-#define CMD_ENGINE_TABLE_N 8
+ * --kv-mib, --max-queue, --step-tokens, --prefill-step-tokens, --step-ms, --prefill-step-ms)
+ * writing into *o, in out (a table of its own, END-terminated): include it with
+ * { .kind = CMD_OPT_TABLE, .dst = out }. */
+#define CMD_ENGINE_TABLE_N 10
 const cmd_opt *cmd_common_engine_table(cmd_engine_opts *o, cmd_opt out[CMD_ENGINE_TABLE_N]);
 /* The same for the HTTP layer's connection limits (http/http.h): --max-connections,
  * --max-client-connections, --request-timeout. */

@@ -323,7 +323,7 @@ void kvpool_seq_free(kvpool *p, kvpool_seq *s)
 
 int kvpool_seq_attach_prefix(kvpool *p, kvpool_seq *s, const int32_t *tokens, int n)
 {
-    if (s->n != 0) return 0;
+    if (s->n != s->n_keyed) return s->n_keyed * KVPOOL_BLOCK;   /* a block being written ends the chain */
     uint8_t key[32];
     while ((s->n + 1) * KVPOOL_BLOCK < n) {  /* strictly less: keep >= 1 token to compute */
         kvpool_block_key(p, s->last_key, tokens + (size_t)s->n * KVPOOL_BLOCK, key);
@@ -337,6 +337,8 @@ int kvpool_seq_attach_prefix(kvpool *p, kvpool_seq *s, const int32_t *tokens, in
     }
     return s->n * KVPOOL_BLOCK;
 }
+
+bool kvpool_key_cached(const kvpool *p, const uint8_t key[32]) { return kvpool_lookup(p, key) >= 0; }
 
 kvpool_status kvpool_seq_reserve(kvpool *p, kvpool_seq *s, int n_total)
 {

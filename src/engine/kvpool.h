@@ -87,10 +87,16 @@ void kvpool_seq_free(kvpool *p, kvpool_seq *s);
 /* Releases all blocks and makes the sequence empty again (keeps the handle). */
 void kvpool_seq_reset(kvpool *p, kvpool_seq *s);
 
-/* On an empty sequence: attaches the longest run of cached full blocks that prefixes
- * tokens[0..n), leaving at least one token to compute (so never all n). Returns the number
- * of positions attached (a multiple of 128); the caller computes tokens from there. */
+/* On a sequence whose blocks are all keyed (an empty one, or one whose blocks were attached or
+ * committed full, none reserved beyond them): attaches the longest run of cached full blocks
+ * that continues it over tokens[0..n) (the sequence's own tokens), leaving at least one token
+ * to compute (so never all n). Called again later, it attaches what other sequences have
+ * completed meanwhile (a prefix computed in flight). Returns the positions the sequence holds
+ * now (a multiple of 128); the caller computes tokens from there. A sequence with a block not
+ * yet keyed attaches nothing. */
 int kvpool_seq_attach_prefix(kvpool *p, kvpool_seq *s, const int32_t *tokens, int n);
+/* Whether a block with this key is in the pool (pinned or cached): attaching it costs nothing. */
+bool kvpool_key_cached(const kvpool *p, const uint8_t key[32]);
 /* Makes positions [0, n_total) writable/readable: allocates blocks as needed, reclaiming
  * cached blocks when the free list is empty. KVPOOL_ERR_FULL (not enough free + cached
  * blocks) changes nothing. */

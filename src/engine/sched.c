@@ -1,9 +1,21 @@
 /*
  * sched: continuous batching on one engine thread. See sched.h for the design.
  *
- * Request life: QUEUED (in s->waiting, FIFO; a preempted request goes back to the front)
- * -> RUNNING (in s->running, ordered by admission) -> FINISHED (FINISH record published,
- * KV released, dropped by the engine). The handle itself is freed by whoever lets go of it
+ * Request life: QUEUED (in s->waiting, in arrival order; a preempted request goes back to the
+ * front) -> RUNNING (in s->running, ordered by admission) -> FINISHED (FINISH record
+ * published, KV released, dropped by the engine).
+ *
+ * Admission by cache: when a slot is free, the waiting request admitted is the one with the
+ * most reusable full blocks (keyed in the pool, or among the known tokens of a running request:
+ * a prefix in flight, attached as it completes), among the SCHED_ADMIT_WINDOW oldest, the
+ * oldest on a tie (so with nothing to reuse it is first come, first served). Admitting one
+ * makes its prefix in flight, which puts the others sharing it first next: sharers are
+ * admitted together and compute the prefix once (SGLang's longest-prefix-first and in-batch
+ * sharing). The age bound: every admission that overtakes a waiting request counts a pass
+ * for it, and a request passed SCHED_ADMIT_MAX_PASSED times goes before any other (the oldest
+ * such first), so a stream of cache-friendly arrivals delays a cold request by at most that
+ * many admissions. KV still decides last: a pick that does not fit waits, and blocks the
+ * admissions behind it as the queue head did. The handle itself is freed by whoever lets go of it
  * last: the caller (sched_release) or the engine thread (when it drops a request the caller
  * has already released). `engine_held` and `released` decide that, under s->mu.
  *
@@ -29,6 +41,7 @@
 
 #include "cache/blockkey.h"
 #include "engine/blockio.h"
+#include "engine/steptime.h"
 #include "util/util.h"
 
 #define SCHED_LOAD_WAIT_S 2.0   /* longest a request waits at the queue head for a store load */
@@ -54,8 +67,15 @@ struct sched_req {
     int n_done;                  /* positions of tokens whose KV is in seq */
     bool in_think;               /* (sampling) the output is inside a think block (p.think_*) */
     int n_think;                 /* (sampling) tokens generated inside think blocks so far */
-    int n_cached;                /* prompt positions attached from the cache at first admission */
+    int n_cached;                /* prompt positions attached from the cache in its first run
+                                  * (at admission, and from prefixes computed in flight) */
     bool admitted_once;          /* has run before (a resume does not count cache hits again) */
+    bool first_run;              /* RUNNING for the first time: attached blocks count as hits */
+    uint8_t (*chain)[32];        /* (cap / 128) keys of the full blocks of tokens, from root:
+                                  * equal keys at block i = same tenant and tokens up to its end */
+    int n_chain;                 /* entries of chain computed so far (engine thread, lazily) */
+    bool share_wait;             /* this step: another request is computing its next block */
+    int n_passed;                /* admissions that overtook it while it waited */
     blockio_load *load;          /* block store load in flight, or NULL (engine thread) */
     bool load_started;           /* a load was tried for this (re)admission */
     int load_retries;            /* loads restarted because the RAM tier changed */
@@ -115,6 +135,9 @@ struct sched {
     sched_output *batch_out;     /* (max_seqs) sampled token + log-probs for each */
     float *logits;               /* (max_seqs, n_vocab) */
     int batch_n_reqs;            /* requests of the step being sampled */
+    steptime tm;                 /* learned step time (engine thread; its error sums are copied
+                                  * into st after each step) */
+    steptime_x plan_x;           /* make-up of the step planned last, for tm */
     /* sampling workers: the step's requests are split by ith/nth between the engine thread
      * (ith 0) and n_workers helpers (ith 1..), which sleep between steps */
     int n_workers;
@@ -161,6 +184,7 @@ static void sched_req_destroy(sched_req *r)
     if (r->load) blockio_load_free(r->s->o.bio, r->load);
     sample_free(r->smp);
     free(r->tokens);
+    free(r->chain);
     free(r->ring);
     pthread_cond_destroy(&r->cv);
     free(r);
@@ -237,6 +261,7 @@ static void sched_preempt_locked(sched *s, int i)
     r->seq = NULL;
     r->n_done = 0;
     r->state = REQ_QUEUED;
+    r->first_run = false;
     r->load_started = false;   /* the resume may load its blocks back from the store */
     sched_running_remove(s, i);
     sched_wait_push_front(s, r);
@@ -252,6 +277,75 @@ static int sched_newest_running(const sched *s)
 }
 
 static int sched_blocks_for(int n) { return (n + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK; }
+
+/* Key of r's full block bi of tokens ((bi + 1) * 128 <= n_tokens), computed once: the tokens
+ * of a request never change, the generated ones included. */
+static const uint8_t *sched_chain_key(sched *s, sched_req *r, int bi)
+{
+    static const uint8_t zeros[32];
+    while (r->n_chain <= bi) {
+        const uint8_t *parent = r->n_chain ? r->chain[r->n_chain - 1] : r->salted ? r->root : zeros;
+        kvpool_block_key(s->pool, parent, r->tokens + (size_t)r->n_chain * KVPOOL_BLOCK, r->chain[r->n_chain]);
+        r->n_chain++;
+    }
+    return r->chain[bi];
+}
+
+/* Whether a running request has block bi with this key among its known tokens: computed, or
+ * to be computed in its next steps (a prefix in flight). */
+static bool sched_in_flight(sched *s, int bi, const uint8_t key[32])
+{
+    for (int j = 0; j < s->n_running; j++) {
+        sched_req *q = s->running[j];
+        if (q->n_tokens >= (bi + 1) * KVPOOL_BLOCK && !memcmp(sched_chain_key(s, q, bi), key, 32)) return true;
+    }
+    return false;
+}
+
+/* Full blocks r would not compute if admitted now: cached in the RAM tier or in flight. */
+static int sched_reusable_blocks(sched *s, sched_req *r)
+{
+    int nb = 0;
+    while ((nb + 1) * KVPOOL_BLOCK < r->n_tokens) {   /* as attach: at least one token is computed */
+        const uint8_t *key = sched_chain_key(s, r, nb);
+        if (!kvpool_key_cached(s->pool, key) && !sched_in_flight(s, nb, key)) break;
+        nb++;
+    }
+    return nb;
+}
+
+/* The waiting request to admit next (see the admission policy in the file comment): the
+ * oldest one overtaken SCHED_ADMIT_MAX_PASSED times if any, else the one with the most
+ * reusable blocks among the first SCHED_ADMIT_WINDOW, the oldest of those on a tie. */
+static sched_req *sched_admit_pick(sched *s)
+{
+    sched_req *best = NULL;
+    int best_nb = -1, k = 0;
+    for (sched_req *r = s->wait_head; r && k < SCHED_ADMIT_WINDOW; r = r->next, k++) {
+        if (r->n_passed >= SCHED_ADMIT_MAX_PASSED) return r;
+        int nb = sched_reusable_blocks(s, r);
+        if (nb > best_nb) {
+            best = r;
+            best_nb = nb;
+        }
+    }
+    return best;
+}
+
+/* Takes r out of the waiting queue; every request it overtook counts one more pass. */
+static void sched_wait_take(sched *s, sched_req *r)
+{
+    sched_req **pp = &s->wait_head, *prev = NULL;
+    while (*pp != r) {
+        (*pp)->n_passed++;
+        prev = *pp;
+        pp = &(*pp)->next;
+    }
+    *pp = r->next;
+    if (s->wait_tail == r) s->wait_tail = prev;
+    r->next = NULL;
+    s->n_waiting--;
+}
 
 /* Cancels, admissions. Under mu. */
 static void sched_admit_locked(sched *s)
@@ -291,9 +385,9 @@ static void sched_admit_locked(sched *s)
                 r->t_load = util_now();
                 r->t_load0 = r->load ? r->t_load : 0;
             }
-    /* admissions, oldest first, while KV allows */
+    /* admissions, by reusable prefix within the age bound, while KV allows */
     while (s->n_running < s->o.max_seqs && s->wait_head) {
-        sched_req *r = s->wait_head;
+        sched_req *r = sched_admit_pick(s);
         if (r->load && !blockio_load_ready(s->o.bio, r->load)) {
             if (util_now() - r->t_load < SCHED_LOAD_WAIT_S) break;   /* the store is slow: */
             blockio_load_free(s->o.bio, r->load);                    /* compute instead */
@@ -326,14 +420,15 @@ static void sched_admit_locked(sched *s)
             kvpool_seq_free(s->pool, seq);
             if (s->n_running == 0 && need > ks.n_free + ks.n_cached) {
                 /* nothing else holds blocks: it can never fit */
-                sched_wait_pop(s);
+                sched_wait_take(s, r);
                 sched_finish_locked(s, r, SCHED_FINISH_ERROR);
                 sched_drop_locked(r);
                 continue;
             }
             break;
         }
-        sched_wait_pop(s);
+        sched_wait_take(s, r);
+        r->n_passed = 0;
         if (r->t_load0 > 0) {   /* it waited for a load (finished, or given up for slowness) */
             sched_hist_add(&s->h_load_wait, util_now() - r->t_load0);
             r->t_load0 = 0;
@@ -350,6 +445,7 @@ static void sched_admit_locked(sched *s)
         if (!r->admitted_once) {
             r->n_cached = TM_MIN(att, r->n_prompt);
             r->admitted_once = true;
+            r->first_run = true;
             s->st.n_prompt_tokens += (uint64_t)r->n_prompt;
             s->st.n_cached_tokens += (uint64_t)r->n_cached;
         }
@@ -359,22 +455,78 @@ static void sched_admit_locked(sched *s)
     }
 }
 
+/* Prefixes shared in flight, before each plan: every running request between prompt blocks
+ * first attaches the blocks others completed since (counted as cached in its first run), then
+ * waits this step (share_wait) when its next block is being computed by a request that is
+ * ahead of it: same block key, that block not complete yet, and either further on or, at the
+ * same position, admitted earlier. "Ahead" is a strict order, so the request at its top never
+ * waits and every wait ends when that block is committed (attached at the next plan) or when
+ * the computing request leaves the running set (cancelled, preempted, failed): then the
+ * waiting one computes the block itself, from its last attached block. */
+static void sched_share_locked(sched *s)
+{
+    for (int i = 0; i < s->n_running; i++) {
+        sched_req *r = s->running[i];
+        r->share_wait = false;
+        if (r->n_tokens - r->n_done <= 1 || r->n_done % KVPOOL_BLOCK != 0 ||
+            kvpool_seq_capacity(r->seq) != r->n_done || kvpool_seq_n_keyed(r->seq) != r->n_done)
+            continue;   /* decoding, or inside a block of its own */
+        int att = kvpool_seq_attach_prefix(s->pool, r->seq, r->tokens, r->n_tokens);
+        if (att > r->n_done) {
+            if (r->first_run) {
+                int hits = TM_MIN(att, r->n_prompt) - TM_MIN(r->n_done, r->n_prompt);
+                r->n_cached += hits;
+                s->st.n_cached_tokens += (uint64_t)hits;
+                s->st.n_shared_tokens += (uint64_t)hits;
+            }
+            r->n_done = att;
+        }
+        int end = r->n_done + KVPOOL_BLOCK;   /* the next block, attachable if it leaves a token */
+        if (r->n_tokens <= end) continue;
+        int bi = r->n_done / KVPOOL_BLOCK;
+        const uint8_t *key = NULL;
+        for (int j = 0; j < s->n_running; j++) {
+            sched_req *q = s->running[j];
+            if (q == r || q->n_tokens < end || q->n_done >= end) continue;
+            if (q->n_done < r->n_done || (q->n_done == r->n_done && q->admit_no > r->admit_no)) continue;
+            if (!key) key = sched_chain_key(s, r, bi);
+            if (!memcmp(sched_chain_key(s, q, bi), key, 32)) {
+                r->share_wait = true;
+                break;
+            }
+        }
+    }
+}
+
 /* Plans one step into s->batch. Returns the number of batch tokens (0: nothing to run).
  * Reserves KV for every planned position; preempts the newest request when the pool is
  * full. Under mu (preemption moves requests to the queue). */
 static int sched_plan_locked(sched *s, int *n_reqs)
 {
 replan:
+    sched_share_locked(s);
     *n_reqs = 0;
     int n_tok = 0, budget = s->o.step_tokens, n_rows = 0;
+    steptime_x *x = &s->plan_x;
+    memset(x, 0, sizeof *x);
+    double target_s = s->o.step_ms / 1e3;
     /* two passes: decodes (one token left) first, then prefill chunks, admission order */
     for (int pass = 0; pass < 2; pass++) {
-        if (pass == 1 && n_tok == 0) budget = s->o.prefill_step_tokens;  /* no decode waits */
+        if (pass == 1 && n_tok == 0) {   /* no decode waits */
+            budget = s->o.prefill_step_tokens;
+            target_s = s->o.prefill_step_ms / 1e3;
+        }
         for (int i = 0; i < s->n_running && budget > 0; i++) {
             sched_req *r = s->running[i];
             int left = r->n_tokens - r->n_done;
-            if ((pass == 0) != (left == 1)) continue;
+            if ((pass == 0) != (left == 1) || r->share_wait) continue;
             int chunk = TM_MIN(left, budget);
+            if (pass == 1 && target_s > 0) {   /* the time target, once the model is warm */
+                int fit = steptime_fit_tokens(&s->tm, x, r->n_done + chunk / 2.0, target_s);
+                if (fit >= 0 && x->n_prefill == 0) fit = TM_MAX(fit, SCHED_TIME_MIN_CHUNK);   /* progress */
+                if (fit == 0) break;
+                if (fit > 0) chunk = TM_MIN(chunk, fit);
+            }
             if (kvpool_seq_reserve(s->pool, r->seq, r->n_done + chunk) != KVPOOL_OK) {
                 int v = sched_newest_running(s);
                 if (s->n_running == 1) {
@@ -395,6 +547,9 @@ replan:
                 t->seq = r->seq;
                 t->want_logits = last && k == chunk - 1;
             }
+            if (pass == 0) x->n_dec++;
+            else x->n_prefill += chunk;
+            x->depth += (double)chunk * r->n_done + (double)chunk * (chunk + 1) / 2;
             s->batch_req[*n_reqs] = r;
             s->batch_n[*n_reqs] = chunk;
             s->batch_row[*n_reqs] = last ? n_rows++ : -1;
@@ -599,6 +754,7 @@ static void sched_step_run(sched *s, sched_step *st)
     engine_batch b = { .n_tokens = st->n_tok, .toks = s->batch };
     st->est = engine_step(s->e, &b, s->logits);
     st->t1 = util_now();
+    if (st->est == ENGINE_OK) steptime_observe(&s->tm, &s->plan_x, st->t1 - st->t0);
     for (int i = 0; i < st->n_reqs && st->est == ENGINE_OK; i++) {
         sched_req *r = s->batch_req[i];
         r->n_done += s->batch_n[i];
@@ -629,6 +785,9 @@ static void sched_step_count_locked(sched *s, const sched_step *st)
         else pre = true;
     }
     if (dec && pre) s->st.n_mixed_steps++;
+    s->st.step_model_n = s->tm.n_err;
+    s->st.step_model_abs_err_s = s->tm.abs_err_s;
+    s->st.step_model_rel_err = s->tm.rel_err;
     s->st.step_s += st->t1 - st->t0;
     s->st.sample_s += st->t2 - st->t1;
     sched_hist_add(&s->h_step, st->t1 - st->t0);
@@ -790,10 +949,16 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
     if (o.max_seqs > o.step_tokens) o.max_seqs = o.step_tokens;
     if (o.prefill_step_tokens <= 0) o.prefill_step_tokens = SCHED_PREFILL_STEP;
     o.prefill_step_tokens = TM_MAX(o.step_tokens, TM_MIN(o.prefill_step_tokens, mb));
+    if (!(o.step_ms > 0)) o.step_ms = 0;
+    if (!(o.prefill_step_ms > 0)) o.prefill_step_ms = o.step_ms * SCHED_PREFILL_STEP_MS_FACTOR;
+    o.prefill_step_ms = TM_MAX(o.prefill_step_ms, o.step_ms);
     if (o.n_ctx <= 0) o.n_ctx = m->hp.n_ctx_train;
     s->o = o;
     s->st.step_tokens = o.step_tokens;
     s->st.prefill_step_tokens = o.prefill_step_tokens;
+    s->st.step_ms = o.step_ms;
+    s->st.prefill_step_ms = o.prefill_step_ms;
+    steptime_init(&s->tm);
     s->running = xcalloc((size_t)o.max_seqs, sizeof *s->running);
     s->batch = xcalloc((size_t)o.prefill_step_tokens, sizeof *s->batch);
     s->batch_req = xcalloc((size_t)o.max_seqs, sizeof *s->batch_req);
@@ -963,8 +1128,9 @@ sched_status sched_submit(sched *s, const sched_params *p, sched_req **out)
     r->max_gen = p->max_tokens > 0 ? TM_MIN(p->max_tokens, room) : room;
     r->cap = p->n_prompt + r->max_gen;
     r->tokens = malloc((size_t)r->cap * sizeof *r->tokens);
+    r->chain = malloc(((size_t)r->cap / KVPOOL_BLOCK + 1) * sizeof *r->chain);
     r->smp = sample_new(s->n_vocab, &p->sample);
-    if (!r->tokens || !r->smp) {
+    if (!r->tokens || !r->chain || !r->smp) {
         sched_req_destroy(r);
         return SCHED_ERR_NOMEM;
     }

@@ -18,8 +18,25 @@
  * blocks that prefix its prompt (kvpool_seq_attach_prefix) and computes only the rest; those
  * attached positions are reported as cached prompt tokens.
  *
+ * Steps sized in time (sched_opts.step_ms): the scheduler learns the engine's step time from
+ * every real step (steptime.h: a constant, per decode, per prefill token, per attention
+ * depth) and, once the model is warm, gives a step's prefill chunks only the tokens that keep
+ * its predicted time within step_ms when it carries decodes (what a stream waits per token)
+ * or within prefill_step_ms when it does not; the token budgets above stay caps, and every
+ * step reading prompts still gets SCHED_TIME_MIN_CHUNK tokens. The model's prediction error is
+ * in the statistics (/metrics) whether a target is set or not.
+ *
+ * Prefixes shared in flight: requests that arrive together with the same prefix (agents
+ * sharing a system prompt) do not each compute it. Before every step, a running request whose
+ * next prompt block is being computed right now by another one (same block key: tokens, salt)
+ * skips the step, and attaches that block as soon as it is committed, block after block; it
+ * computes only what is its own. It never waits on a request that left (cancelled,
+ * preempted, failed): it computes from its last attached block. Blocks attached this way count
+ * as cached prompt tokens too: they were computed once. See sched_share_locked.
+ *
  * The queue of waiting requests is bounded (max_queue: SCHED_ERR_QUEUE_FULL beyond it); at
- * most max_seqs run at once. KV exhaustion never fails a request: a waiting request stays
+ * most max_seqs run at once; a free slot goes to the waiting request with the longest
+ * reusable prefix, within an age bound (the admission policy in sched.c). KV exhaustion never fails a request: a waiting request stays
  * queued until blocks are free, and when a running one cannot get its next block the newest
  * running request is preempted (its blocks released, its tokens so far kept) and later
  * resumed by recomputing prompt + generated tokens (usually attaching its own blocks again
@@ -80,6 +97,15 @@ typedef enum {
 #define SCHED_PREFILL_CHUNK 64
 /* Default budget of a step without decodes (prefill chunks only). */
 #define SCHED_PREFILL_STEP 512
+/* A step without decodes stalls no stream: its time target is this many times step_ms. */
+#define SCHED_PREFILL_STEP_MS_FACTOR 4
+/* Fewest prefill tokens a step with a time target gives the prompts being read (when decodes
+ * alone fill the target, prompts still progress). */
+#define SCHED_TIME_MIN_CHUNK 16
+/* Admission by cache (sched.c): waiting requests scored for their reusable prefix, from the
+ * oldest, and admissions that may overtake a waiting request before it goes first. */
+#define SCHED_ADMIT_WINDOW 32
+#define SCHED_ADMIT_MAX_PASSED 8
 
 typedef struct {
     int max_seqs;           /* running sequences at once; <= 0: 16 */
@@ -89,6 +115,10 @@ typedef struct {
                              * engine's max batch */
     int prefill_step_tokens; /* budget of a step with no decode in it; <= 0: SCHED_PREFILL_STEP;
                              * at least step_tokens, at most the engine's max batch */
+    double step_ms;         /* time target of a step that carries decodes (the stall a stream
+                             * sees per token), milliseconds; 0: token budgets only */
+    double prefill_step_ms; /* time target of a step without decodes; <= 0: step_ms *
+                             * SCHED_PREFILL_STEP_MS_FACTOR; at least step_ms */
     int n_ctx;              /* positions per sequence (prompt + generated); <= 0: model n_ctx_train */
     int32_t eos_ids[4];     /* end-of-generation ids for every request (-1 = unused) */
     struct blockio *bio;    /* block store tier (engine/blockio.h), or NULL: prefixes beyond the
@@ -138,7 +168,8 @@ typedef struct {
 
 typedef struct {
     int prompt_tokens;      /* tokens of the prompt */
-    int cached_tokens;      /* prompt tokens whose KV came from a cache tier (first admission) */
+    int cached_tokens;      /* prompt tokens whose KV came from a cache tier or from another
+                             * request computing the same prefix at the same time (first run) */
     int completion_tokens;  /* tokens generated, the stop token included when one ended it */
 } sched_usage;
 
@@ -171,6 +202,8 @@ typedef struct {
     uint64_t n_finished[SCHED_FINISH_ABORTED + 1]; /* by sched_finish value */
     uint64_t n_prompt_tokens;   /* prompt tokens of admitted requests */
     uint64_t n_cached_tokens;   /* of which attached from the cache */
+    uint64_t n_shared_tokens;   /* of those, attached while the request ran, from blocks another
+                                 * request computed meanwhile (a prefix shared in flight) */
     uint64_t n_prefill_tokens;  /* tokens computed as prefill (recomputes included) */
     uint64_t n_gen_tokens;      /* tokens generated */
     uint64_t n_preempted;       /* preemptions */
@@ -179,6 +212,11 @@ typedef struct {
     int step_tokens;            /* the token budget of a step (opts.step_tokens resolved) */
     int prefill_step_tokens;    /* the budget of a step without decodes (resolved) */
     int max_step_tokens;        /* most tokens any step carried so far */
+    double step_ms;             /* time target of a step with decodes (0: none), resolved */
+    double prefill_step_ms;     /* time target of a step without decodes, resolved */
+    uint64_t step_model_n;      /* steps whose time the learned model predicted (steptime.h) */
+    double step_model_abs_err_s; /* sum of |predicted - measured| seconds over those */
+    double step_model_rel_err;  /* sum of |predicted - measured| / measured over those */
     double step_s;              /* total seconds inside engine_step */
     double gap_s;               /* total seconds between consecutive steps while busy (sampling,
                                    publishing, planning): the kernels' idle time */

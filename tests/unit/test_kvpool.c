@@ -151,7 +151,9 @@ TEST(test_prefix_sharing)
     /* never the whole prompt: exactly 256 tokens attach only the first block */
     kvpool_seq *c = kvpool_seq_new(p);
     CHECK(kvpool_seq_attach_prefix(p, c, toks, 256) == 128);
-    CHECK(kvpool_seq_attach_prefix(p, c, toks, 400) == 0);  /* only on an empty sequence */
+    /* called again, it continues the chain with what is cached now */
+    CHECK(kvpool_seq_attach_prefix(p, c, toks, 400) == 256);
+    CHECK(kvpool_seq_block_id(c, 1) == a1 && kvpool_block_refcount(p, a1) == 3);
     kvpool_seq_free(p, c);
 
     /* a different second block: only the first is shared */
@@ -202,6 +204,36 @@ TEST(test_duplicate_commit)
     kvpool_seq_free(p, a);
     kvpool_get_stats(p, &st);
     CHECK(st.n_cached == 1 && st.n_free == 3);
+    kvpool_free(p);
+}
+
+/* A prefix computed in flight: b attaches each block of a's as soon as a commits it, and a
+ * sequence with a block of its own being written attaches nothing more. */
+TEST(test_attach_in_flight)
+{
+    kvpool *p = mkpool(8, QTYPE_F16);
+    int32_t toks[500];
+    fill_tokens(toks, 500, 7);
+    kvpool_seq *a = kvpool_seq_new(p), *b = kvpool_seq_new(p);
+    CHECK(kvpool_seq_attach_prefix(p, b, toks, 500) == 0);
+    CHECK(kvpool_seq_reserve(p, a, 100) == KVPOOL_OK);   /* a: first chunk, block 0 partial */
+    kvpool_seq_commit_full_blocks(p, a, toks, 100);
+    CHECK(kvpool_seq_attach_prefix(p, b, toks, 500) == 0);
+    CHECK(kvpool_seq_reserve(p, a, 200) == KVPOOL_OK);   /* block 0 complete */
+    kvpool_seq_commit_full_blocks(p, a, toks, 200);
+    CHECK(kvpool_seq_attach_prefix(p, b, toks, 500) == 128);
+    CHECK(kvpool_seq_reserve(p, a, 300) == KVPOOL_OK);   /* block 1 complete */
+    kvpool_seq_commit_full_blocks(p, a, toks, 300);
+    CHECK(kvpool_seq_attach_prefix(p, b, toks, 500) == 256);
+    CHECK(kvpool_seq_block_id(b, 1) == kvpool_seq_block_id(a, 1));
+    /* b writes a block of its own: the chain ends there even when a completes it later */
+    CHECK(kvpool_seq_reserve(p, b, 300) == KVPOOL_OK);
+    CHECK(kvpool_seq_reserve(p, a, 400) == KVPOOL_OK);
+    kvpool_seq_commit_full_blocks(p, a, toks, 400);
+    CHECK(kvpool_seq_attach_prefix(p, b, toks, 500) == 256);
+    CHECK(kvpool_seq_capacity(b) == 384);
+    kvpool_seq_free(p, a);
+    kvpool_seq_free(p, b);
     kvpool_free(p);
 }
 
@@ -343,6 +375,7 @@ int main(void)
     RUN(test_slab_layout);
     RUN(test_prefix_sharing);
     RUN(test_duplicate_commit);
+    RUN(test_attach_in_flight);
     RUN(test_lru_reclaim);
     RUN(test_key_chaining);
     RUN(test_async_fill);

@@ -12,14 +12,19 @@
  * row's arithmetic never depends on the step it is in: test_invariance.c); step_tokens 48
  * only keeps the steps small.
  */
+#include <stdint.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "harness.h"
+#include "cache/store.h"
+#include "engine/blockio.h"
 #include "engine/engine.h"
 #include "engine/sched.h"
+#include "engine/steptime.h"
 #include "tinymodel.h"
 
 static char tmpdir[] = "/tmp/tm_test_sched_XXXXXX";
@@ -39,24 +44,45 @@ static model *mk(uint64_t seed)
 
 typedef struct {
     engine *e;
+    store *st;      /* block store tier, or NULL */
+    blockio *bio;
     sched *s;
 } rig;
 
-static rig rig_new(int blocks, int max_seqs, int max_queue, int step_tokens)
+/* A scheduler with these options (n_ctx 1024, no eos) on a pool of `blocks`, with a block
+ * store in directory tmpdir/store_name when that is not NULL. */
+static rig rig_open(int blocks, sched_opts so, const char *store_name)
 {
     rig r = { 0 };
     engine_opts eo = { .n_threads = 2, .n_kv_blocks = blocks, .max_batch_tokens = 128 };  /* 2: one sampling worker */
     char err[256];
     if (engine_new(g_model, &eo, &r.e, err, sizeof err) != ENGINE_OK) fprintf(stderr, "%s\n", err);
-    sched_opts so = { .max_seqs = max_seqs, .max_queue = max_queue, .step_tokens = step_tokens,
-                      .n_ctx = 1024, .eos_ids = { -1, -1, -1, -1 } };
+    if (store_name) {
+        char spec[300];
+        snprintf(spec, sizeof spec, "dir:%s/%s", tmpdir, store_name);
+        store_opts sto = { 0 };
+        blockio_opts bo = { .n_write_slots = 64 };
+        if (store_open(spec, &sto, &r.st) == STORE_OK) r.bio = blockio_new(r.st, engine_kvpool(r.e), g_model, &bo);
+        if (!r.bio) fprintf(stderr, "no block store at %s\n", spec);
+    }
+    so.n_ctx = 1024;
+    for (int i = 0; i < 4; i++) so.eos_ids[i] = -1;
+    so.bio = r.bio;
     if (sched_new(r.e, &so, &r.s) != SCHED_OK) fprintf(stderr, "sched_new failed\n");
     return r;
+}
+
+static rig rig_new(int blocks, int max_seqs, int max_queue, int step_tokens)
+{
+    sched_opts so = { .max_seqs = max_seqs, .max_queue = max_queue, .step_tokens = step_tokens };
+    return rig_open(blocks, so, NULL);
 }
 
 static void rig_free(rig *r)
 {
     sched_free(r->s);
+    blockio_free(r->bio);
+    store_close(r->st);
     engine_free(r->e);
 }
 
@@ -567,6 +593,256 @@ TEST(test_drain_then_abort)
     rig_free(&g);
 }
 
+
+/* ---- prefixes shared in flight ---- */
+
+enum { SP_N = 5, SP_PREFIX = 1000, SP_LEN = 1020, SP_GEN = 3, SP_SHARED = 896 /* 7 full blocks */ };
+
+/* SP_N prompts: the same SP_PREFIX tokens, then SP_LEN - SP_PREFIX of their own. */
+static void share_prompts(int32_t p[SP_N][SP_LEN])
+{
+    for (int i = 0; i < SP_N; i++) {
+        prompt_of(p[i], SP_PREFIX, 40);
+        prompt_of(p[i] + SP_PREFIX, SP_LEN - SP_PREFIX, 50 + i);
+    }
+}
+
+typedef struct {
+    int step_tokens;   /* 48 (chunks across block boundaries), or 0: the default budget */
+    bool store;        /* with a block store tier */
+    bool staggered;    /* each request arrives once the engine has made progress since the last */
+    bool reversed;     /* requests arrive in the opposite order */
+} share_case;
+
+typedef struct {
+    uint64_t prefill;            /* tokens computed as prefill */
+    uint64_t shared;             /* tokens attached from prefixes in flight */
+    int cached;                  /* cached_tokens summed over the requests' usage */
+    int32_t toks[SP_N][SP_GEN];  /* greedy outputs */
+} share_run;
+
+/* Runs the SP_N requests one at a time (serial) or as the case says, on a fresh scheduler
+ * (4 running at once, so the fifth waits for a slot). */
+static void share_run_case(const share_case *c, bool serial, int run_no, share_run *out)
+{
+    static int32_t prompts[SP_N][SP_LEN];
+    share_prompts(prompts);
+    char store_name[32];
+    snprintf(store_name, sizeof store_name, "share-%d", run_no);
+    sched_opts so = { .max_seqs = 4, .max_queue = 16, .step_tokens = c->step_tokens };
+    rig g = rig_open(64, so, c->store ? store_name : NULL);
+    memset(out, 0, sizeof *out);
+    sched_req *r[SP_N] = { 0 };
+    for (int k = 0; k < SP_N; k++) {
+        int i = c->reversed ? SP_N - 1 - k : k;
+        sched_params p = greedy(prompts[i], SP_LEN, SP_GEN);
+        sched_stats st;
+        sched_get_stats(g.s, &st);
+        uint64_t before = st.n_prefill_tokens;
+        CHECK(sched_submit(g.s, &p, &r[i]) == SCHED_OK);
+        sched_output fin = { 0 };
+        if (serial) {
+            CHECK(drain(r[i], out->toks[i], SP_GEN, &fin) == SP_GEN);
+            out->cached += fin.usage.cached_tokens;
+        } else if (c->staggered) {   /* the next one arrives in the middle of this one's work */
+            WAIT_UNTIL((sched_get_stats(g.s, &st), st.n_prefill_tokens > before ||
+                        st.n_finished[SCHED_FINISH_LENGTH] == (uint64_t)k + 1), 30);
+        }
+    }
+    for (int i = 0; i < SP_N && !serial; i++) {
+        sched_output fin = { 0 };
+        CHECK(drain(r[i], out->toks[i], SP_GEN, &fin) == SP_GEN);
+        CHECK(fin.finish == SCHED_FINISH_LENGTH);
+        out->cached += fin.usage.cached_tokens;
+    }
+    for (int i = 0; i < SP_N; i++) sched_release(r[i]);
+    sched_stats st;
+    sched_get_stats(g.s, &st);
+    out->prefill = st.n_prefill_tokens;
+    out->shared = st.n_shared_tokens;
+    CHECK(st.n_cached_tokens == (uint64_t)out->cached);
+    CHECK(wait_blocks_used(g.s, 0));
+    rig_free(&g);
+}
+
+/* SP_N requests with a shared SP_PREFIX-token prefix, together: its full blocks are computed
+ * once (the engine computes exactly the tokens the same requests computed one at a time), the
+ * others attach them as they complete and report them as cached, and every greedy output is
+ * the one of the serial run. Whatever the arrival order, chunk size, and with the block store
+ * on and off. Counted in engine tokens. */
+TEST(test_shared_prefix_computed_once)
+{
+    const share_case cases[] = {
+        { .step_tokens = 48 },
+        { .step_tokens = 0 },
+        { .step_tokens = 48, .reversed = true },
+        { .step_tokens = 48, .staggered = true },
+        { .step_tokens = 0, .staggered = true, .reversed = true },
+        { .step_tokens = 48, .store = true },
+        { .step_tokens = 0, .store = true, .staggered = true },
+    };
+    int run_no = 0;
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const share_case *c = &cases[ci];
+        share_run ser, con;
+        share_run_case(c, true, run_no++, &ser);
+        share_run_case(c, false, run_no++, &con);
+        CHECKF(ser.cached == (SP_N - 1) * SP_SHARED, "case %zu: serial cached %d", ci, ser.cached);
+        CHECKF(con.prefill == ser.prefill, "case %zu: %llu prefill tokens together, %llu one at a time", ci,
+               (unsigned long long)con.prefill, (unsigned long long)ser.prefill);
+        CHECKF(con.cached == ser.cached, "case %zu: %d cached tokens together, %d one at a time", ci, con.cached,
+               ser.cached);
+        CHECKF(!memcmp(con.toks, ser.toks, sizeof con.toks), "case %zu: outputs differ from the serial run", ci);
+        if (!c->staggered) CHECKF(con.shared > 0, "case %zu: nothing attached in flight", ci);
+    }
+}
+
+/* The request computing a shared prefix is cancelled while another waits on it: the waiting
+ * one attaches every block completed before the cancel, computes the rest itself (no block is
+ * computed twice), and its greedy output is the one it has alone. Small steps give the cancel
+ * time to land inside the prefix; a round where A's prefix ended first proves less (the
+ * follower attached everything) and is rerun, a few times at most. */
+TEST(test_shared_prefix_leader_cancelled)
+{
+    static int32_t prompts[SP_N][SP_LEN];
+    share_prompts(prompts);
+    int32_t want[SP_GEN], got[SP_GEN];
+    CHECK(solo(prompts[1], SP_LEN, SP_GEN, want, SP_GEN) == SP_GEN);
+    bool mid = false;
+    for (int round = 0; round < 8 && !mid; round++) {
+        sched_opts so = { .max_seqs = 2, .max_queue = 4, .step_tokens = 16, .prefill_step_tokens = 16 };
+        rig g = rig_open(32, so, NULL);
+        sched_params pa = greedy(prompts[0], SP_LEN, 500), pb = greedy(prompts[1], SP_LEN, SP_GEN);
+        sched_req *a, *b;
+        CHECK(sched_submit(g.s, &pa, &a) == SCHED_OK);
+        CHECK(sched_submit(g.s, &pb, &b) == SCHED_OK);
+        sched_stats st;
+        WAIT_UNTIL((sched_get_stats(g.s, &st), st.n_prefill_tokens >= 300), 30);
+        sched_cancel(a);
+        sched_output fa = { 0 }, fb = { 0 };
+        drain(a, NULL, 0, &fa);
+        CHECK(fa.finish == SCHED_FINISH_CANCELLED);
+        CHECK(drain(b, got, SP_GEN, &fb) == SP_GEN);
+        CHECK(fb.finish == SCHED_FINISH_LENGTH);
+        CHECK(!memcmp(got, want, sizeof want));
+        sched_get_stats(g.s, &st);
+        /* B computed its prompt but the cached part and the token sampled with the last */
+        int b_computed = SP_LEN - fb.usage.cached_tokens - 1;
+        int a_computed = (int)st.n_prefill_tokens - b_computed;
+        int a_blocks = TM_MIN(a_computed, SP_SHARED) / KVPOOL_BLOCK * KVPOOL_BLOCK;
+        CHECKF(fb.usage.cached_tokens == a_blocks, "A computed %d tokens, B attached %d", a_computed,
+               fb.usage.cached_tokens);
+        mid = fa.usage.completion_tokens == 0 && a_computed < SP_SHARED;
+        sched_release(a);
+        sched_release(b);
+        CHECK(wait_blocks_used(g.s, 0));
+        rig_free(&g);
+    }
+    CHECKF(mid, "the cancel never landed inside the prefix");
+}
+
+/* ---- admission by cache ---- */
+
+static int g_admitted[32];   /* request numbers in the order the engine admitted them */
+static int g_n_admitted;
+
+static int record_admission(void *arg, kvpool *pool, kvpool_seq *seq, int n_attached)
+{
+    if (g_n_admitted < 32) g_admitted[g_n_admitted++] = (int)(intptr_t)arg;
+    return n_attached;
+}
+
+/* One slot, held by a long decode while a cold request (0) and then NF requests whose prompt
+ * starts with a cached prefix (1..NF) queue up: the cached ones go first, in arrival order,
+ * until the cold one was overtaken SCHED_ADMIT_MAX_PASSED times; then it goes. Recorded by
+ * the order of admission, not by time. */
+TEST(test_admission_prefers_cache_within_age_bound)
+{
+    enum { NF = SCHED_ADMIT_MAX_PASSED + 4, P = 300 };
+    sched_opts so = { .max_seqs = 1, .max_queue = 32, .step_tokens = 48 };
+    rig g = rig_open(64, so, NULL);
+    static int32_t warm[P], cold[P], fr[NF + 1][P], blocker[10];
+    prompt_of(warm, P, 60);
+    prompt_of(cold, P, 61);
+    prompt_of(blocker, 10, 62);
+    sched_req *r;
+    sched_params p = greedy(warm, P, 1);
+    CHECK(sched_submit(g.s, &p, &r) == SCHED_OK);   /* warm: the first 256 tokens get cached */
+    drain(r, NULL, 0, NULL);
+    sched_release(r);
+    sched_req *d, *q[NF + 1];
+    p = greedy(blocker, 10, 0);
+    CHECK(sched_submit(g.s, &p, &d) == SCHED_OK);
+    sched_output out[1];
+    CHECK(sched_poll(d, out, 1, 30000) == 1);   /* it holds the only slot */
+    g_n_admitted = 0;
+    for (int i = 0; i <= NF; i++) {
+        if (i > 0) {
+            memcpy(fr[i], warm, 256 * sizeof warm[0]);
+            prompt_of(fr[i] + 256, P - 256, 70 + i);
+        }
+        p = greedy(i ? fr[i] : cold, P, 1);
+        p.kv_in = record_admission;
+        p.kv_arg = (void *)(intptr_t)i;
+        CHECK(sched_submit(g.s, &p, &q[i]) == SCHED_OK);
+    }
+    sched_cancel(d);
+    for (int i = 0; i <= NF; i++) {
+        sched_output fin = { 0 };
+        drain(q[i], NULL, 0, &fin);
+        CHECK(fin.finish == SCHED_FINISH_LENGTH);
+        CHECK(fin.usage.cached_tokens == (i ? 256 : 0));
+        sched_release(q[i]);
+    }
+    drain(d, NULL, 0, NULL);
+    sched_release(d);
+    CHECK(g_n_admitted == NF + 1);
+    int want[NF + 1], k = 0;
+    for (int i = 1; i <= SCHED_ADMIT_MAX_PASSED; i++) want[k++] = i;
+    want[k++] = 0;
+    for (int i = SCHED_ADMIT_MAX_PASSED + 1; i <= NF; i++) want[k++] = i;
+    for (int i = 0; i <= NF; i++)
+        CHECKF(g_admitted[i] == want[i], "admission %d: request %d, want %d", i, g_admitted[i], want[i]);
+    rig_free(&g);
+}
+
+/* ---- steps sized in time ---- */
+
+/* With a time target no step can meet (1 us), once the step-time model is warm every step
+ * reading a prompt alone carries the least chunk (SCHED_TIME_MIN_CHUNK), not the prefill
+ * budget: the target, not the token cap, sized it. Before it is warm the caps decide. Counted
+ * in steps; the model's own error is reported. */
+TEST(test_step_time_target_sizes_prefill)
+{
+    enum { PW = 300, GW = 20, P = 600 };
+    sched_opts so = { .max_seqs = 2, .max_queue = 4, .step_tokens = 48, .step_ms = 0.001 };
+    rig g = rig_open(32, so, NULL);
+    sched_stats st;
+    sched_get_stats(g.s, &st);
+    CHECK(st.step_ms == 0.001 && st.prefill_step_ms == 0.001 * SCHED_PREFILL_STEP_MS_FACTOR);
+    static int32_t pw[PW], pr[P];
+    prompt_of(pw, PW, 80);
+    prompt_of(pr, P, 81);
+    sched_req *r;
+    sched_params p = greedy(pw, PW, GW);   /* warms the model: 3 capped prefill steps, 19 decodes */
+    CHECK(sched_submit(g.s, &p, &r) == SCHED_OK);
+    CHECK(drain(r, NULL, 0, NULL) == GW);
+    sched_release(r);
+    sched_get_stats(g.s, &st);
+    CHECK(st.n_steps == 3 + GW - 1 + 0 && st.n_steps >= STEPTIME_WARM);
+    uint64_t steps0 = st.n_steps;
+    p = greedy(pr, P, 1);
+    CHECK(sched_submit(g.s, &p, &r) == SCHED_OK);
+    CHECK(drain(r, NULL, 0, NULL) == 1);
+    sched_release(r);
+    sched_get_stats(g.s, &st);
+    int want = (P + SCHED_TIME_MIN_CHUNK - 1) / SCHED_TIME_MIN_CHUNK;
+    CHECKF(st.n_steps - steps0 == (uint64_t)want, "%d steps for %d tokens, want %d",
+           (int)(st.n_steps - steps0), P, want);
+    CHECK(st.step_model_n > 0 && st.step_model_abs_err_s > 0 && isfinite(st.step_model_rel_err));
+    rig_free(&g);
+}
+
 int main(void)
 {
     if (!mkdtemp(tmpdir)) return 1;
@@ -583,6 +859,10 @@ int main(void)
     RUN(test_prefill_alone_uses_prefill_budget);
     RUN(test_errors_and_shutdown);
     RUN(test_drain_then_abort);
+    RUN(test_shared_prefix_computed_once);
+    RUN(test_shared_prefix_leader_cancelled);
+    RUN(test_admission_prefers_cache_within_age_bound);
+    RUN(test_step_time_target_sizes_prefill);
     model_free(g_model);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);

@@ -1,0 +1,159 @@
+/*
+ * test_steptime: the learned step-time model on recorded curves: steps of a known cost
+ * curve (a constant per step, per decode, per prefill token and per 1024 positions of
+ * attention depth, with +-5 % noise) in the mix a server sees (decode-only, mixed, prefill
+ * alone at several depths). The fit predicts held-out steps within 10 %, sizes a step to a
+ * time target as the curve says, follows a machine that slows down, says nothing before it is
+ * warm, and stays finite when a feature never varies. No clock is read: the "seconds" are the
+ * curve's.
+ */
+#include <stdint.h>
+#include <stdio.h>
+
+#include "harness.h"
+#include "engine/steptime.h"
+
+typedef struct {
+    double c0, dec, pre, depth;   /* seconds: per step, per decode, per prefill token, per 1024 depth */
+} curve;
+
+static double curve_at(const curve *c, const steptime_x *x)
+{
+    return c->c0 + c->dec * x->n_dec + c->pre * x->n_prefill + c->depth * x->depth / 1024.0;
+}
+
+static uint64_t g_rng = 88172645463325252ull;
+static double noise(void)   /* uniform in [-1, 1) */
+{
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (double)(g_rng >> 11) / (double)(1ull << 52) - 1.0;
+}
+
+/* Step i of a server's mix: decodes of 1..16 streams at depth 200..4000, with or without a
+ * prefill chunk of 16..512 tokens, or a prefill alone. */
+static steptime_x mix_step(int i)
+{
+    steptime_x x = { 0 };
+    int kind = i % 3;
+    int n_dec = kind == 2 ? 0 : 1 + (i * 7) % 16;
+    double dec_depth = 200 + (i * 131) % 3800;
+    int chunk = kind == 0 ? 0 : 16 + (i * 37) % 497;
+    double chunk_at = (i * 53) % 3000;
+    x.n_dec = n_dec;
+    x.n_prefill = chunk;
+    x.depth = n_dec * dec_depth + chunk * chunk_at + (double)chunk * (chunk + 1) / 2;
+    return x;
+}
+
+static void feed(steptime *m, const curve *c, int from, int n, double noise_frac)
+{
+    for (int i = from; i < from + n; i++) {
+        steptime_x x = mix_step(i);
+        steptime_observe(m, &x, curve_at(c, &x) * (1 + noise_frac * noise()));
+    }
+}
+
+static double worst_rel_err(const steptime *m, const curve *c, int from, int n)
+{
+    double worst = 0;
+    for (int i = from; i < from + n; i++) {
+        steptime_x x = mix_step(i);
+        double want = curve_at(c, &x), got = steptime_predict(m, &x);
+        double e = fabs(got - want) / want;
+        if (e > worst) worst = e;
+    }
+    return worst;
+}
+
+/* A CPU-like curve: 4 ms per step (weights read), 0.3 ms per decode, 0.12 ms per prefill
+ * token, 0.02 ms per 1024 positions of depth. */
+static const curve g_cpu = { 4e-3, 0.3e-3, 0.12e-3, 0.02e-3 };
+
+TEST(test_fit_predicts_held_out_steps)
+{
+    steptime m;
+    steptime_init(&m);
+    steptime_x x = mix_step(1);
+    CHECK(!steptime_warm(&m) && steptime_predict(&m, &x) == 0);
+    CHECK(steptime_fit_tokens(&m, &x, 100, 0.05) == -1);   /* not warm: the caps decide */
+    feed(&m, &g_cpu, 0, STEPTIME_WARM - 1, 0.05);
+    CHECK(!steptime_warm(&m));
+    feed(&m, &g_cpu, STEPTIME_WARM - 1, 300, 0.05);
+    CHECK(steptime_warm(&m));
+    double e = worst_rel_err(&m, &g_cpu, 10000, 200);   /* steps it never saw */
+    CHECKF(e < 0.10, "worst relative error %.3f", e);
+    /* the error the model reports of itself: ~ the noise once it has learned */
+    CHECK(m.n_err == (uint64_t)(STEPTIME_WARM - 1 + 300 - STEPTIME_WARM));   /* scored once warm */
+    steptime m2 = m;
+    m2.n_err = 0;
+    m2.abs_err_s = m2.rel_err = 0;
+    feed(&m2, &g_cpu, 20000, 100, 0.05);
+    CHECKF(m2.n_err == 100 && m2.rel_err / 100 < 0.08, "mean relative error %.3f", m2.rel_err / 100);
+}
+
+TEST(test_fit_tokens_sizes_to_the_target)
+{
+    steptime m;
+    steptime_init(&m);
+    feed(&m, &g_cpu, 0, 300, 0.05);
+    /* 8 decodes at depth 1000, then prefill at depth ~500 under a 50 ms target */
+    steptime_x x = { .n_dec = 8, .depth = 8 * 1000 };
+    int n = steptime_fit_tokens(&m, &x, 500, 50e-3);
+    double per_tok = g_cpu.pre + g_cpu.depth * 500 / 1024.0;
+    double want = (50e-3 - curve_at(&g_cpu, &x)) / per_tok;
+    CHECKF(fabs(n - want) < 0.1 * want, "%d tokens, the curve says %.0f", n, want);
+    /* a step at its target already takes nothing more */
+    steptime_x full = { .n_dec = 16, .n_prefill = 400, .depth = 16 * 3000 + 400 * 1000 };
+    CHECK(steptime_fit_tokens(&m, &full, 1000, curve_at(&g_cpu, &full) * 0.9) == 0);
+    /* a larger target (a step without decodes) fits more */
+    steptime_x none = { 0 };
+    CHECK(steptime_fit_tokens(&m, &none, 500, 200e-3) > steptime_fit_tokens(&m, &none, 500, 50e-3));
+}
+
+/* The machine gets twice as slow (another process, a lower clock): the forgetting factor
+ * lets the fit follow within a few hundred steps. */
+TEST(test_follows_a_slower_machine)
+{
+    steptime m;
+    steptime_init(&m);
+    feed(&m, &g_cpu, 0, 300, 0.05);
+    curve slow = { 2 * g_cpu.c0, 2 * g_cpu.dec, 2 * g_cpu.pre, 2 * g_cpu.depth };
+    CHECK(worst_rel_err(&m, &slow, 10000, 100) > 0.3);
+    feed(&m, &slow, 300, 300, 0.05);
+    double e = worst_rel_err(&m, &slow, 10000, 200);
+    CHECKF(e < 0.10, "worst relative error after the change %.3f", e);
+}
+
+/* Only prefill steps at depth 0 (the decode and depth features never vary): predictions and
+ * sizes stay finite, negative or zero times are never predicted. Garbage times are ignored. */
+TEST(test_degenerate_mix_stays_finite)
+{
+    steptime m;
+    steptime_init(&m);
+    for (int i = 0; i < 50; i++) {
+        steptime_x x = { .n_prefill = 512 };
+        steptime_observe(&m, &x, 0.06);
+    }
+    steptime_x bad = { .n_prefill = 512 };
+    steptime_observe(&m, &bad, NAN);
+    steptime_observe(&m, &bad, -1);
+    CHECK(m.n_obs == 50);
+    steptime_x x = { .n_dec = 4, .n_prefill = 100, .depth = 4000 };
+    double t = steptime_predict(&m, &x);
+    CHECK(isfinite(t) && t >= 0);
+    int n = steptime_fit_tokens(&m, &x, 100, 0.1);
+    CHECK(n >= 0);
+    steptime_x p = { .n_prefill = 512 };
+    CHECKF(fabs(steptime_predict(&m, &p) - 0.06) < 0.006, "%.4f", steptime_predict(&m, &p));
+}
+
+int main(void)
+{
+    RUN(test_fit_predicts_held_out_steps);
+    RUN(test_fit_tokens_sizes_to_the_target);
+    RUN(test_follows_a_slower_machine);
+    RUN(test_degenerate_mix_stays_finite);
+    HARNESS_END();
+}
