@@ -1,0 +1,346 @@
+/*
+ * grammar_match: token-level matching of a byte grammar. See grammar.h.
+ *
+ * The vocabulary is a trie over token bytes, stored in depth-first order: node i has its
+ * byte, its depth and skip[i], the index after its subtree. Computing a mask walks the
+ * nodes in order, keeping one parser state per depth: node i's state is its parent's state
+ * stepped over byte[i]; when it is empty the whole subtree is skipped (no token with that
+ * prefix can be allowed), else the tokens ending at node i are allowed. The work is thus
+ * proportional to the number of allowed token prefixes, not to the vocabulary.
+ *
+ * A grammar keeps a direct-mapped cache of masks keyed by parser state (its exact stack
+ * set). Structured documents return to the same states over and over (inside a string, after
+ * a comma at the same depth), so after the first few tokens most steps are a lookup and a
+ * copy of n_vocab / 8 bytes. The cache is shared by every sequence using the grammar (under
+ * the grammar's mutex; a miss computes outside it).
+ */
+#include "grammar/grammar_int.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "recipe/tokenizer.h"
+#include "util/util.h"
+
+struct grammar_vocab {
+    int n_vocab;
+    int n_nodes;
+    uint8_t *byte;          /* (n_nodes) the byte leading to node i */
+    uint16_t *depth;        /* (n_nodes) 1 for children of the root */
+    uint32_t *skip;         /* (n_nodes) index after node i's subtree */
+    uint32_t *tok_off;      /* (n_nodes + 1) node i's tokens are toks[tok_off[i] .. tok_off[i+1]) */
+    int32_t *toks;          /* token ids ordered by node */
+    int max_depth;          /* longest token in bytes */
+    uint8_t *bytes;         /* all tokens' bytes, concatenated */
+    uint32_t *off;          /* (n_vocab + 1) token i's bytes are bytes[off[i] .. off[i+1]) */
+};
+
+struct grammar_match {
+    grammar *g;
+    const grammar_vocab *v;
+    grammar_set cur;        /* state after the accepted tokens */
+    grammar_set *lv;        /* (v->max_depth + 1) per-depth states of the trie walk */
+    grammar_set tmp;        /* accept's double buffer */
+    grammar_scratch sc;
+    uint32_t *mask;         /* (n_words) the last mask computed */
+    int n_words;
+    int n_allowed;
+    bool mask_valid;        /* mask is the one for cur */
+    int32_t *stop;          /* (n_stop) */
+    int n_stop;
+};
+
+/* ---- vocabulary trie ----------------------------------------------------------------- */
+
+static const grammar_vocab *grammar_sort_vocab;  /* qsort context (build time only) */
+
+static int grammar_cmp_tok(const void *a, const void *b)
+{
+    const grammar_vocab *v = grammar_sort_vocab;
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    uint32_t lx = v->off[x + 1] - v->off[x], ly = v->off[y + 1] - v->off[y];
+    int c = memcmp(v->bytes + v->off[x], v->bytes + v->off[y], TM_MIN(lx, ly));
+    if (c) return c;
+    if (lx != ly) return lx < ly ? -1 : 1;
+    return x < y ? -1 : 1;
+}
+
+grammar_vocab *grammar_vocab_new(int n_vocab, const char *const *bytes, const int *lens)
+{
+    static pthread_mutex_t sort_mu = PTHREAD_MUTEX_INITIALIZER;
+    grammar_vocab *v = xcalloc(1, sizeof *v);
+    v->n_vocab = n_vocab;
+    v->off = xmalloc((size_t)(n_vocab + 1) * sizeof *v->off);
+    size_t total = 0;
+    for (int i = 0; i < n_vocab; i++) total += (size_t)(lens[i] > 0 ? lens[i] : 0);
+    v->bytes = xmalloc(total + 1);
+    size_t k = 0;
+    int n_text = 0;
+    for (int i = 0; i < n_vocab; i++) {
+        v->off[i] = (uint32_t)k;
+        if (lens[i] > 0) {
+            memcpy(v->bytes + k, bytes[i], (size_t)lens[i]);
+            k += (size_t)lens[i];
+            n_text++;
+            v->max_depth = TM_MAX(v->max_depth, lens[i]);
+        }
+    }
+    v->off[n_vocab] = (uint32_t)k;
+    int32_t *ids = xmalloc((size_t)(n_text ? n_text : 1) * sizeof *ids);
+    int m = 0;
+    for (int i = 0; i < n_vocab; i++)
+        if (lens[i] > 0) ids[m++] = i;
+    pthread_mutex_lock(&sort_mu);
+    grammar_sort_vocab = v;
+    qsort(ids, (size_t)m, sizeof *ids, grammar_cmp_tok);
+    pthread_mutex_unlock(&sort_mu);
+    /* nodes: at most one per byte of the sorted tokens */
+    size_t cap = total + 1;
+    v->byte = xmalloc(cap);
+    v->depth = xmalloc(cap * sizeof *v->depth);
+    v->skip = xmalloc(cap * sizeof *v->skip);
+    v->tok_off = xmalloc((cap + 1) * sizeof *v->tok_off);
+    v->toks = ids;
+    uint32_t *path = xmalloc((size_t)(v->max_depth + 1) * sizeof *path);  /* node per depth */
+    uint32_t *cnt = xcalloc(cap + 1, sizeof *cnt);  /* tokens ending at each node */
+    int plen = 0, n = 0;
+    const uint8_t *prev = NULL;
+    uint32_t prev_len = 0;
+    for (int t = 0; t < m; t++) {
+        const uint8_t *b = v->bytes + v->off[ids[t]];
+        uint32_t len = v->off[ids[t] + 1] - v->off[ids[t]];
+        uint32_t common = 0;
+        while (prev && common < len && common < prev_len && b[common] == prev[common]) common++;
+        while ((uint32_t)plen > common) v->skip[path[--plen]] = (uint32_t)n;  /* close subtrees */
+        for (uint32_t d = common; d < len; d++) {
+            v->byte[n] = b[d];
+            v->depth[n] = (uint16_t)(d + 1);
+            path[plen++] = (uint32_t)n++;
+        }
+        cnt[path[len - 1]]++;
+        prev = b;
+        prev_len = len;
+    }
+    while (plen > 0) v->skip[path[--plen]] = (uint32_t)n;
+    v->n_nodes = n;
+    /* sorted order is the trie's preorder (a prefix sorts before its extensions), so the
+     * tokens of node i are the next cnt[i] entries of ids */
+    uint32_t acc = 0;
+    for (int i = 0; i < n; i++) {
+        v->tok_off[i] = acc;
+        acc += cnt[i];
+    }
+    v->tok_off[n] = acc;
+    free(cnt);
+    free(path);
+    return v;
+}
+
+grammar_vocab *grammar_vocab_from_tokenizer(const tokenizer *t)
+{
+    int n = tokenizer_n_vocab(t);
+    int cap = (int)tokenizer_max_piece(t) + 8;
+    char *buf = xmalloc((size_t)n * (size_t)cap);
+    char **bytes = xmalloc((size_t)n * sizeof *bytes);
+    int *lens = xmalloc((size_t)n * sizeof *lens);
+    for (int i = 0; i < n; i++) {
+        bytes[i] = buf + (size_t)i * (size_t)cap;
+        lens[i] = tokenizer_token_to_piece(t, i, bytes[i], cap, false);
+        if (lens[i] > cap) lens[i] = 0;
+    }
+    grammar_vocab *v = grammar_vocab_new(n, (const char *const *)bytes, lens);
+    free(buf);
+    free(bytes);
+    free(lens);
+    return v;
+}
+
+void grammar_vocab_free(grammar_vocab *v)
+{
+    if (!v) return;
+    free(v->byte);
+    free(v->depth);
+    free(v->skip);
+    free(v->tok_off);
+    free(v->toks);
+    free(v->bytes);
+    free(v->off);
+    free(v);
+}
+
+int grammar_vocab_n(const grammar_vocab *v)
+{
+    return v->n_vocab;
+}
+
+/* ---- matcher ------------------------------------------------------------------------- */
+
+grammar_match *grammar_match_new(grammar *g, const grammar_vocab *v, const int32_t *stop_ids,
+                                 int n_stop)
+{
+    grammar_match *m = xcalloc(1, sizeof *m);
+    m->g = grammar_ref(g);
+    m->v = v;
+    grammar_set_init(&m->cur);
+    grammar_set_init(&m->tmp);
+    grammar_set_copy(&m->cur, &g->start);
+    m->lv = xcalloc((size_t)v->max_depth + 1, sizeof *m->lv);
+    for (int i = 0; i <= v->max_depth; i++) grammar_set_init(&m->lv[i]);
+    m->n_words = (v->n_vocab + 31) / 32;
+    m->mask = xcalloc((size_t)m->n_words, sizeof *m->mask);
+    m->stop = xmalloc((size_t)(n_stop > 0 ? n_stop : 1) * sizeof *m->stop);
+    for (int i = 0; i < n_stop; i++)
+        if (stop_ids[i] >= 0 && stop_ids[i] < v->n_vocab) m->stop[m->n_stop++] = stop_ids[i];
+    return m;
+}
+
+void grammar_match_free(grammar_match *m)
+{
+    if (!m) return;
+    for (int i = 0; i <= m->v->max_depth; i++) grammar_set_free(&m->lv[i]);
+    free(m->lv);
+    grammar_set_free(&m->cur);
+    grammar_set_free(&m->tmp);
+    grammar_scratch_free(&m->sc);
+    free(m->mask);
+    free(m->stop);
+    grammar_free(m->g);
+    free(m);
+}
+
+bool grammar_match_complete(const grammar_match *m)
+{
+    return grammar_set_accepting(&m->cur);
+}
+
+/* The trie walk: allowed text tokens of state cur into mask (cleared first). */
+static int grammar_match_walk(grammar_match *m, uint32_t *mask)
+{
+    const grammar_vocab *v = m->v;
+    memset(mask, 0, (size_t)m->n_words * sizeof *mask);
+    int n_allowed = 0;
+    int i = 0;
+    while (i < v->n_nodes) {
+        int d = v->depth[i];
+        const grammar_set *from = d == 1 ? &m->cur : &m->lv[d - 1];
+        grammar_step(m->g, &m->sc, from, v->byte[i], &m->lv[d]);
+        if (m->lv[d].n_stacks == 0) {
+            i = (int)v->skip[i];
+            continue;
+        }
+        for (uint32_t k = v->tok_off[i]; k < v->tok_off[i + 1]; k++) {
+            int32_t t = v->toks[k];
+            mask[t >> 5] |= 1u << (t & 31);
+            n_allowed++;
+        }
+        i++;
+    }
+    return n_allowed;
+}
+
+static bool grammar_entry_is(const grammar_mask_entry *e, const grammar_set *s, uint64_t h,
+                             const void *vocab)
+{
+    return e->mask && e->hash == h && e->vocab == vocab && e->n_key == s->n_data &&
+           e->n_stacks == s->n_stacks && !memcmp(e->key, s->data, (size_t)s->n_data * sizeof *s->data);
+}
+
+int grammar_match_mask(grammar_match *m, uint32_t *mask)
+{
+    if (!m->mask_valid) {
+        grammar *g = m->g;
+        uint64_t h = grammar_set_hash(&m->cur);
+        grammar_mask_entry *e = &g->cache[h & (GRAMMAR_MASK_CACHE - 1)];
+        bool hit = false;
+        pthread_mutex_lock(&g->mu);
+        if (grammar_entry_is(e, &m->cur, h, m->v)) {
+            memcpy(m->mask, e->mask, (size_t)m->n_words * sizeof *m->mask);
+            m->n_allowed = e->n_allowed;
+            hit = true;
+            g->n_hit++;
+        }
+        pthread_mutex_unlock(&g->mu);
+        if (!hit) {
+            m->n_allowed = grammar_match_walk(m, m->mask);
+            pthread_mutex_lock(&g->mu);
+            g->n_computed++;
+            /* the entry's buffers are sized once per grammar slot (the first vocabulary);
+             * a different vocabulary size reallocates, which does not happen in a server */
+            if (!e->mask || e->vocab != m->v) {
+                free(e->mask);
+                e->mask = xmalloc((size_t)m->n_words * sizeof *e->mask);
+            }
+            if (e->n_key < m->cur.n_data || !e->key) {
+                free(e->key);
+                e->key = xmalloc((size_t)(m->cur.n_data + 1) * sizeof *e->key);
+            }
+            e->hash = h;
+            e->vocab = m->v;
+            e->n_key = m->cur.n_data;
+            e->n_stacks = m->cur.n_stacks;
+            memcpy(e->key, m->cur.data, (size_t)m->cur.n_data * sizeof *e->key);
+            memcpy(e->mask, m->mask, (size_t)m->n_words * sizeof *e->mask);
+            e->n_allowed = m->n_allowed;
+            pthread_mutex_unlock(&g->mu);
+        }
+        /* stop ids: exactly when the document may end here; also on a dead end */
+        bool complete = grammar_set_accepting(&m->cur);
+        if (complete || m->n_allowed == 0)
+            for (int i = 0; i < m->n_stop; i++) {
+                int32_t t = m->stop[i];
+                if (!(m->mask[t >> 5] >> (t & 31) & 1)) m->n_allowed++;
+                m->mask[t >> 5] |= 1u << (t & 31);
+            }
+        m->mask_valid = true;
+    }
+    if (mask && mask != m->mask) memcpy(mask, m->mask, (size_t)m->n_words * sizeof *mask);
+    return m->n_allowed;
+}
+
+void grammar_match_apply(grammar_match *m, float *logits)
+{
+    grammar_match_mask(m, NULL);
+    int n = m->v->n_vocab;
+    for (int w = 0; w < m->n_words; w++) {
+        uint32_t bits = m->mask[w];
+        if (bits == 0xFFFFFFFFu) continue;
+        int end = TM_MIN(n, 32 * w + 32);
+        for (int i = 32 * w; i < end; i++)
+            if (!(bits >> (i & 31) & 1)) logits[i] = -INFINITY;
+    }
+}
+
+bool grammar_match_accept(grammar_match *m, int32_t token)
+{
+    const grammar_vocab *v = m->v;
+    if (token < 0 || token >= v->n_vocab) return false;
+    for (int i = 0; i < m->n_stop; i++)
+        if (m->stop[i] == token) {
+            if (!grammar_set_accepting(&m->cur)) {
+                grammar_match_mask(m, NULL);  /* a dead end allows stops too */
+                if (!(m->mask[token >> 5] >> (token & 31) & 1)) return false;
+            }
+            return true;  /* the state stays: generation ends here */
+        }
+    uint32_t a = v->off[token], b = v->off[token + 1];
+    if (a == b) return false;
+    grammar_set_copy(&m->tmp, &m->cur);
+    for (uint32_t k = a; k < b; k++) {
+        grammar_step(m->g, &m->sc, &m->tmp, v->bytes[k], &m->lv[0]);
+        grammar_set_copy(&m->tmp, &m->lv[0]);
+        if (m->tmp.n_stacks == 0) return false;
+    }
+    grammar_set_copy(&m->cur, &m->tmp);
+    m->mask_valid = false;
+    return true;
+}
+
+void grammar_match_stats(const grammar *g, uint64_t *n_hit, uint64_t *n_computed)
+{
+    pthread_mutex_t *mu = (pthread_mutex_t *)&g->mu;
+    pthread_mutex_lock(mu);
+    *n_hit = g->n_hit;
+    *n_computed = g->n_computed;
+    pthread_mutex_unlock(mu);
+}
