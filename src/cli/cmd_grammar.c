@@ -63,6 +63,7 @@ static bool cmd_grammar_load(const cmd_grammar_src *o, grammar **g, char **gbnf_
     if (gbnf_out) {
         *gbnf_out = grammar_to_gbnf(kind, text, len, &st, err, sizeof err);
         if (!*gbnf_out) ok = false;
+        else fputs(*gbnf_out, stdout);  /* before compiling: shows what a compile error is about */
     }
     if (ok && grammar_compile(kind, text, len, g, err, sizeof err) != GRAMMAR_OK) ok = false;
     if (!ok) fprintf(stderr, "tokenmill grammar: %s\n", err);
@@ -241,10 +242,8 @@ int cmd_grammar(int argc, char **argv)
     char *gbnf = NULL;
     if (!cmd_grammar_load(&src, &g, is_print ? &gbnf : NULL)) return 1;
     int rc;
-    if (is_print) {
-        fputs(gbnf, stdout);
-        rc = 0;
-    } else if (is_check) rc = cmd_grammar_check(g, input);
+    if (is_print) rc = 0;  /* printed by cmd_grammar_load */
+    else if (is_check) rc = cmd_grammar_check(g, input);
     else rc = cmd_grammar_sample(g, model_path, prompt, n, max_tokens, &sp, &eo);
     free(gbnf);
     grammar_free(g);

@@ -142,6 +142,18 @@ static void sc_json_literal(jsonfmt_buf *o, const json_t *v)
 
 static void sc_visit_into(sc *c, json_t *s, const char *name);
 
+/* The UTF-8 character at s (n > 0 bytes); *len its length (1 for an invalid byte). */
+static uint32_t sc_utf8(const char *s, size_t n, int *len)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    int k = p[0] < 0x80 ? 0 : (p[0] & 0xE0) == 0xC0 ? 1 : (p[0] & 0xF0) == 0xE0 ? 2 : (p[0] & 0xF8) == 0xF0 ? 3 : 0;
+    if ((size_t)k >= n) k = 0;
+    uint32_t v = k ? p[0] & (0x3Fu >> k) : p[0];
+    for (int i = 1; i <= k; i++) v = v << 6 | (p[i] & 0x3F);
+    *len = k + 1;
+    return v;
+}
+
 static const char *sc_visit(sc *c, json_t *s, const char *hint)
 {
     char *name = sc_name(c, hint);
@@ -483,34 +495,44 @@ static void sc_object(sc *c, json_t *s, const char *name)
             size_t pl = strlen(pre[p]);
             bool is_word = false;
             for (int j = 0; j < n; j++) is_word |= !strcmp(keys[j], pre[p]);
-            /* children: distinct next bytes of keys extending this prefix */
-            unsigned char nxt[256];
-            int nn = 0;
-            for (int j = 0; j < n; j++) {
+            /* children: distinct next characters of keys extending this prefix */
+            uint32_t nxt[256];
+            int nlen[256], nn = 0;
+            for (int j = 0; j < n && nn < 256; j++) {
                 size_t kl = strlen(keys[j]);
                 if (kl <= pl || memcmp(keys[j], pre[p], pl)) continue;
-                unsigned char ch = (unsigned char)keys[j][pl];
+                int len;
+                uint32_t ch = sc_utf8(keys[j] + pl, kl - pl, &len);
                 if (ch == '"' || ch == '\\' || ch < 0x20) continue;  /* never written: keys have no escapes */
                 bool seen = false;
                 for (int q = 0; q < nn; q++) seen |= nxt[q] == ch;
-                if (!seen) nxt[nn++] = ch;
+                if (!seen) nxt[nn] = ch, nlen[nn++] = len;
             }
             grammar_printf(o, "%s-%d ::= ", keyr, p);
-            /* a byte that leaves every declared name: then anything */
+            /* a character that leaves every declared name: then anything */
             jsonfmt_buf_puts(o, "[^\"\\\\\\x7F\\x00-\\x1F");
-            for (int q = 0; q < nn; q++) grammar_printf(o, "\\x%02X", nxt[q]);
+            for (int q = 0; q < nn; q++) grammar_printf(o, "\\U%08X", nxt[q]);
             jsonfmt_buf_puts(o, "] keychar*");
             for (int q = 0; q < nn; q++) {
-                char *np = xmalloc(pl + 2);
+                char *np = xmalloc(pl + (size_t)nlen[q] + 1);
                 memcpy(np, pre[p], pl);
-                np[pl] = (char)nxt[q];
-                np[pl + 1] = 0;
+                size_t kj = 0;  /* the key this character came from */
+                for (int j = 0; j < n; j++) {
+                    int len;
+                    if (strlen(keys[j]) > pl && !memcmp(keys[j], pre[p], pl) &&
+                        sc_utf8(keys[j] + pl, strlen(keys[j]) - pl, &len) == nxt[q]) {
+                        kj = (size_t)j;
+                        break;
+                    }
+                }
+                memcpy(np + pl, keys[kj] + pl, (size_t)nlen[q]);
+                np[pl + (size_t)nlen[q]] = 0;
                 pre = xrealloc(pre, (size_t)(n_nodes + 1) * sizeof *pre);
                 pre[n_nodes] = np;
-                grammar_printf(o, " | \"\\x%02X\" %s-%d", nxt[q], keyr, n_nodes);
+                grammar_printf(o, " | \"\\U%08X\" %s-%d", nxt[q], keyr, n_nodes);
                 n_nodes++;
             }
-            if (!is_word) jsonfmt_buf_puts(o, " | ");  /* may end here: not a declared name */
+            if (!is_word) jsonfmt_buf_puts(o, " | \"\"");  /* may end here: not a declared name */
             jsonfmt_buf_putc(o, '\n');
         }
         for (int p = 0; p < n_nodes; p++) free(pre[p]);
