@@ -166,6 +166,14 @@ static int cmd_grammar_sample(grammar *g, const char *model_path, const char *pr
     }
     jsonfmt_buf_puts(&out, "]\n");
     fwrite(out.p, 1, out.len, stdout);
+    if (g) {
+        uint64_t n_hit, n_comp;
+        double walk_s;
+        grammar_match_stats(g, &n_hit, &n_comp, &walk_s);
+        fprintf(stderr, "masks: %llu from the cache, %llu computed (%.1f us each on average, %d tokens)\n",
+                (unsigned long long)n_hit, (unsigned long long)n_comp, n_comp ? walk_s / (double)n_comp * 1e6 : 0.0,
+                grammar_vocab_n(v));
+    }
     jsonfmt_buf_free(&out);
     jsonfmt_buf_free(&text);
     free(piece);

@@ -106,7 +106,8 @@ void grammar_match_apply(grammar_match *m, float *logits);
 bool grammar_match_accept(grammar_match *m, int32_t token);
 /* True when the bytes accepted so far form a complete document. */
 bool grammar_match_complete(const grammar_match *m);
-/* Mask cache statistics of the grammar (lookups that hit / computed). */
-void grammar_match_stats(const grammar *g, uint64_t *n_hit, uint64_t *n_computed);
+/* Mask cache statistics of the grammar: lookups that hit, masks computed, and the seconds
+ * the computed ones took (walk_s may be NULL). */
+void grammar_match_stats(const grammar *g, uint64_t *n_hit, uint64_t *n_computed, double *walk_s);
 
 #endif

@@ -64,6 +64,7 @@ struct grammar {
     pthread_mutex_t mu;         /* guards the mask cache */
     grammar_mask_entry cache[GRAMMAR_MASK_CACHE];
     uint64_t n_hit, n_computed; /* mask cache statistics */
+    double walk_s;              /* seconds spent computing masks (trie walks) */
 };
 
 /* Scratch for expanding stacks (grows as needed, kept between calls). */

@@ -49,7 +49,20 @@ struct grammar_match {
     bool mask_valid;        /* mask is the one for cur */
     int32_t *stop;          /* (n_stop) */
     int n_stop;
+    /* A memo of the byte-level automaton as a DFA: the parser states met in walks, interned,
+     * with their transitions filled in as they are taken. A walk then costs one table lookup
+     * per trie node once its states are known (inside a string, every character leads back
+     * to the same state). Reset when it grows past GRAMMAR_DFA_MAX states, at a walk's start;
+     * the sets keep their buffers, so a warm matcher allocates nothing. */
+    grammar_set *ds;        /* (cap_ds) interned states, n_ds used */
+    int n_ds, cap_ds;
+    int32_t *dt;            /* (cap_ds, 256) next state id, GRAMMAR_DFA_DEAD or _UNKNOWN */
+    uint32_t *dh;           /* (dh_cap) open addressing: state id + 1, 0 = empty */
+    int dh_cap;
+    int32_t *lvid;          /* (max_depth + 1) state id per trie depth during a walk */
 };
+
+enum { GRAMMAR_DFA_UNKNOWN = -1, GRAMMAR_DFA_DEAD = -2, GRAMMAR_DFA_MAX = 4096 };
 
 /* ---- vocabulary trie ----------------------------------------------------------------- */
 
@@ -186,6 +199,7 @@ grammar_match *grammar_match_new(grammar *g, const grammar_vocab *v, const int32
     grammar_set_init(&m->tmp);
     grammar_set_copy(&m->cur, &g->start);
     m->lv = xcalloc((size_t)v->max_depth + 1, sizeof *m->lv);
+    m->lvid = xcalloc((size_t)v->max_depth + 1, sizeof *m->lvid);
     for (int i = 0; i <= v->max_depth; i++) grammar_set_init(&m->lv[i]);
     m->n_words = (v->n_vocab + 31) / 32;
     m->mask = xcalloc((size_t)m->n_words, sizeof *m->mask);
@@ -200,6 +214,11 @@ void grammar_match_free(grammar_match *m)
     if (!m) return;
     for (int i = 0; i <= m->v->max_depth; i++) grammar_set_free(&m->lv[i]);
     free(m->lv);
+    free(m->lvid);
+    for (int i = 0; i < m->cap_ds; i++) grammar_set_free(&m->ds[i]);
+    free(m->ds);
+    free(m->dt);
+    free(m->dh);
     grammar_set_free(&m->cur);
     grammar_set_free(&m->tmp);
     grammar_scratch_free(&m->sc);
@@ -214,21 +233,73 @@ bool grammar_match_complete(const grammar_match *m)
     return grammar_set_accepting(&m->cur);
 }
 
+static bool grammar_set_equal(const grammar_set *a, const grammar_set *b)
+{
+    return a->n_stacks == b->n_stacks && a->n_data == b->n_data &&
+           !memcmp(a->data, b->data, (size_t)a->n_data * sizeof *a->data);
+}
+
+/* The id of state s in the DFA memo, adding it if new. */
+static int32_t grammar_dfa_intern(grammar_match *m, const grammar_set *s)
+{
+    if (2 * (m->n_ds + 1) > m->dh_cap) {
+        int cap = m->dh_cap ? 2 * m->dh_cap : 256;
+        free(m->dh);
+        m->dh = xcalloc((size_t)cap, sizeof *m->dh);
+        m->dh_cap = cap;
+        for (int i = 0; i < m->n_ds; i++) {
+            uint64_t h = grammar_set_hash(&m->ds[i]);
+            int j = (int)(h & (uint64_t)(cap - 1));
+            while (m->dh[j]) j = (j + 1) & (cap - 1);
+            m->dh[j] = (uint32_t)i + 1;
+        }
+    }
+    uint64_t h = grammar_set_hash(s);
+    int j = (int)(h & (uint64_t)(m->dh_cap - 1));
+    while (m->dh[j]) {
+        if (grammar_set_equal(&m->ds[m->dh[j] - 1], s)) return (int32_t)m->dh[j] - 1;
+        j = (j + 1) & (m->dh_cap - 1);
+    }
+    if (m->n_ds == m->cap_ds) {
+        int cap = m->cap_ds ? 2 * m->cap_ds : 64;
+        m->ds = xrealloc(m->ds, (size_t)cap * sizeof *m->ds);
+        for (int i = m->cap_ds; i < cap; i++) grammar_set_init(&m->ds[i]);
+        m->dt = xrealloc(m->dt, (size_t)cap * 256 * sizeof *m->dt);
+        m->cap_ds = cap;
+    }
+    int32_t id = m->n_ds++;
+    grammar_set_copy(&m->ds[id], s);
+    for (int b = 0; b < 256; b++) m->dt[(size_t)id * 256 + (size_t)b] = GRAMMAR_DFA_UNKNOWN;
+    m->dh[j] = (uint32_t)id + 1;
+    return id;
+}
+
 /* The trie walk: allowed text tokens of state cur into mask (cleared first). */
 static int grammar_match_walk(grammar_match *m, uint32_t *mask)
 {
     const grammar_vocab *v = m->v;
     memset(mask, 0, (size_t)m->n_words * sizeof *mask);
+    if (m->n_ds > GRAMMAR_DFA_MAX) {
+        m->n_ds = 0;
+        memset(m->dh, 0, (size_t)m->dh_cap * sizeof *m->dh);
+    }
+    m->lvid[0] = grammar_dfa_intern(m, &m->cur);
     int n_allowed = 0;
     int i = 0;
     while (i < v->n_nodes) {
         int d = v->depth[i];
-        const grammar_set *from = d == 1 ? &m->cur : &m->lv[d - 1];
-        grammar_step(m->g, &m->sc, from, v->byte[i], &m->lv[d]);
-        if (m->lv[d].n_stacks == 0) {
+        int32_t from = m->lvid[d - 1];
+        int32_t to = m->dt[(size_t)from * 256 + v->byte[i]];
+        if (to == GRAMMAR_DFA_UNKNOWN) {
+            grammar_step(m->g, &m->sc, &m->ds[from], v->byte[i], &m->tmp);
+            to = m->tmp.n_stacks ? grammar_dfa_intern(m, &m->tmp) : GRAMMAR_DFA_DEAD;
+            m->dt[(size_t)from * 256 + v->byte[i]] = to;  /* (dt may have moved) */
+        }
+        if (to == GRAMMAR_DFA_DEAD) {
             i = (int)v->skip[i];
             continue;
         }
+        m->lvid[d] = to;
         for (uint32_t k = v->tok_off[i]; k < v->tok_off[i + 1]; k++) {
             int32_t t = v->toks[k];
             mask[t >> 5] |= 1u << (t & 31);
@@ -262,9 +333,12 @@ int grammar_match_mask(grammar_match *m, uint32_t *mask)
         }
         pthread_mutex_unlock(&g->mu);
         if (!hit) {
+            double t0 = util_now();
             m->n_allowed = grammar_match_walk(m, m->mask);
+            double dt = util_now() - t0;
             pthread_mutex_lock(&g->mu);
             g->n_computed++;
+            g->walk_s += dt;
             /* the entry's buffers are sized once per grammar slot (the first vocabulary);
              * a different vocabulary size reallocates, which does not happen in a server */
             if (!e->mask || e->vocab != m->v) {
@@ -336,11 +410,12 @@ bool grammar_match_accept(grammar_match *m, int32_t token)
     return true;
 }
 
-void grammar_match_stats(const grammar *g, uint64_t *n_hit, uint64_t *n_computed)
+void grammar_match_stats(const grammar *g, uint64_t *n_hit, uint64_t *n_computed, double *walk_s)
 {
     pthread_mutex_t *mu = (pthread_mutex_t *)&g->mu;
     pthread_mutex_lock(mu);
     *n_hit = g->n_hit;
     *n_computed = g->n_computed;
+    if (walk_s) *walk_s = g->walk_s;
     pthread_mutex_unlock(mu);
 }

@@ -323,10 +323,10 @@ TEST(token_masks_match_brute_force)
     grammar_match_free(m);
     /* the mask cache: the same state again is a hit */
     uint64_t hit0, comp0, hit1, comp1;
-    grammar_match_stats(g, &hit0, &comp0);
+    grammar_match_stats(g, &hit0, &comp0, NULL);
     m = grammar_match_new(g, v, &stop, 1);
     grammar_match_mask(m, mask);
-    grammar_match_stats(g, &hit1, &comp1);
+    grammar_match_stats(g, &hit1, &comp1, NULL);
     CHECK(hit1 == hit0 + 1 && comp1 == comp0);
     grammar_match_free(m);
     grammar_vocab_free(v);
