@@ -66,7 +66,7 @@ typedef struct {
     char *name;
     gp_seq body;            /* alternatives separated by ALT, closed by END */
     bool defined;
-    int line;               /* where first referenced (undefined-rule messages) */
+    const char *ref_at;     /* where first referenced (undefined-rule messages) */
 } gp_rule;
 
 typedef struct {
@@ -75,6 +75,9 @@ typedef struct {
     int n_rules, cap_rules;
     uint32_t (*sets)[8];
     int n_sets, cap_sets;
+    uint32_t single[256];   /* set id + 1 of the one-byte set {b}, 0 before it exists */
+    uint32_t *names;        /* (cap_names) open addressing over user rule names: id + 1 */
+    int cap_names;
     char *err;
     size_t errsz;
     bool failed;
@@ -104,10 +107,16 @@ static void gp_fail(gp *p, const char *at, const char *fmt, ...)
     else snprintf(p->err, p->errsz, "%s", msg);
 }
 
-static int gp_rule_id(gp *p, const char *name, size_t len)
+static uint64_t gp_name_hash(const char *name, size_t len)
 {
-    for (int i = 0; i < p->n_rules; i++)
-        if (strlen(p->rules[i].name) == len && !memcmp(p->rules[i].name, name, len)) return i;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < len; i++) h = (h ^ (unsigned char)name[i]) * 1099511628211ull;
+    return h;
+}
+
+/* Appends a rule named name[0..len). */
+static int gp_add_rule(gp *p, const char *name, size_t len)
+{
     if (p->n_rules == p->cap_rules) {
         p->cap_rules = p->cap_rules ? 2 * p->cap_rules : 32;
         p->rules = xrealloc(p->rules, (size_t)p->cap_rules * sizeof *p->rules);
@@ -120,12 +129,42 @@ static int gp_rule_id(gp *p, const char *name, size_t len)
     return p->n_rules++;
 }
 
-/* A fresh helper rule named after its parent (name_N). */
+/* The rule a name in the text refers to, created on first use (hash table: grammars with
+ * many rules parse in linear time). */
+static int gp_rule_id(gp *p, const char *name, size_t len)
+{
+    if (2 * (p->n_rules + 1) > p->cap_names) {
+        int cap = p->cap_names ? 2 * p->cap_names : 64;
+        uint32_t *t = xcalloc((size_t)cap, sizeof *t);
+        for (int i = 0; i < p->cap_names; i++) {
+            if (!p->names[i]) continue;
+            const char *z = p->rules[p->names[i] - 1].name;
+            int j = (int)(gp_name_hash(z, strlen(z)) & (uint64_t)(cap - 1));
+            while (t[j]) j = (j + 1) & (cap - 1);
+            t[j] = p->names[i];
+        }
+        free(p->names);
+        p->names = t;
+        p->cap_names = cap;
+    }
+    int j = (int)(gp_name_hash(name, len) & (uint64_t)(p->cap_names - 1));
+    while (p->names[j]) {
+        const char *z = p->rules[p->names[j] - 1].name;
+        if (strlen(z) == len && !memcmp(z, name, len)) return (int)p->names[j] - 1;
+        j = (j + 1) & (p->cap_names - 1);
+    }
+    int id = gp_add_rule(p, name, len);
+    p->names[j] = (uint32_t)id + 1;
+    return id;
+}
+
+/* A fresh helper rule named after its parent (parent#N: '#' cannot appear in a user's rule
+ * name, so helpers never collide with them and need no lookup). */
 static int gp_new_rule(gp *p, int parent)
 {
     char buf[160];
-    snprintf(buf, sizeof buf, "%.120s_%d", p->rules[parent].name, p->n_rules);
-    return gp_rule_id(p, buf, strlen(buf));
+    snprintf(buf, sizeof buf, "%.120s#%d", p->rules[parent].name, p->n_rules);
+    return gp_add_rule(p, buf, strlen(buf));
 }
 
 static void gp_define(gp *p, int id, gp_seq *body)
@@ -151,9 +190,15 @@ static uint32_t gp_set_id(gp *p, const uint32_t set[8])
 
 static void gp_push_range(gp *p, gp_seq *s, unsigned lo, unsigned hi)
 {
+    if (lo == hi && p->single[lo]) {  /* literals: the common case, without a search */
+        gp_push(s, GRAMMAR_EL_BYTES, p->single[lo] - 1);
+        return;
+    }
     uint32_t set[8] = { 0 };
     for (unsigned b = lo; b <= hi; b++) set[b >> 5] |= 1u << (b & 31);
-    gp_push(s, GRAMMAR_EL_BYTES, gp_set_id(p, set));
+    uint32_t id = gp_set_id(p, set);
+    if (lo == hi) p->single[lo] = id + 1;
+    gp_push(s, GRAMMAR_EL_BYTES, id);
 }
 
 static bool gp_is_word(char c)
@@ -465,11 +510,7 @@ static const char *gp_sequence(gp *p, const char *s, int rule, gp_seq *out, bool
             const char *b = s;
             while (s < p->end && gp_is_word(*s)) s++;
             int id = gp_rule_id(p, b, (size_t)(s - b));
-            if (!p->rules[id].line) {
-                int line = 1;
-                for (const char *q = p->src; q < b; q++) line += *q == '\n';
-                p->rules[id].line = line;
-            }
+            if (!p->rules[id].ref_at) p->rules[id].ref_at = b;
             gp_push(out, GRAMMAR_EL_RULE, (uint32_t)id);
             s = gp_space(p, s, nested);
             last_start = start;
@@ -623,6 +664,7 @@ static void gp_free(gp *p)
     }
     free(p->rules);
     free(p->sets);
+    free(p->names);
 }
 
 static grammar_status gp_finish(gp *p, grammar **out)
@@ -630,7 +672,7 @@ static grammar_status gp_finish(gp *p, grammar **out)
     int root = -1;
     for (int i = 0; i < p->n_rules; i++) {
         if (!p->rules[i].defined) {
-            gp_fail(p, NULL, "line %d: undefined rule '%s'", p->rules[i].line, p->rules[i].name);
+            gp_fail(p, p->rules[i].ref_at, "undefined rule '%s'", p->rules[i].name);
             return GRAMMAR_ERR_INVALID;
         }
         if (!strcmp(p->rules[i].name, "root")) root = i;
