@@ -800,7 +800,7 @@ static void grammar_set_rehash(grammar_set *s, int cap)
 }
 
 /* Adds the stack stk[0..n) unless present. */
-static void grammar_set_add(grammar_set *s, const uint32_t *stk, int n)
+void grammar_set_add(grammar_set *s, const uint32_t *stk, int n)
 {
     if (2 * (s->n_stacks + 1) > s->ht_cap) grammar_set_rehash(s, s->ht_cap ? 2 * s->ht_cap : 16);
     uint64_t h = grammar_hash_words(stk, n);
@@ -956,6 +956,10 @@ grammar *grammar_ref(grammar *g)
 void grammar_free(grammar *g)
 {
     if (!g || __atomic_sub_fetch(&g->refs, 1, __ATOMIC_ACQ_REL) > 0) return;
+    for (int i = 0; i < GRAMMAR_CI_CACHE; i++) {
+        free(g->ci[i].mask);
+        free(g->ci[i].unc);
+    }
     for (int i = 0; i < GRAMMAR_MASK_CACHE; i++) {
         free(g->cache[i].key);
         free(g->cache[i].mask);

@@ -51,6 +51,25 @@ typedef struct {
 
 #define GRAMMAR_MASK_CACHE 256   /* entries per grammar (power of two) */
 
+/* How many top entries of a stack decide its context-independent tokens. */
+#define GRAMMAR_CI_DEPTH 3
+
+/* The tokens a single stack's top GRAMMAR_CI_DEPTH entries decide by themselves: mask holds
+ * those accepted whatever lies below; unc lists (as ranges of the vocabulary's node-ordered
+ * token ids) those whose fate depends on the entries below, because some path through their
+ * bytes pops past the top. Every other token is rejected whatever lies below. */
+typedef struct {
+    uint64_t hash;
+    const void *vocab;
+    uint32_t key[GRAMMAR_CI_DEPTH + 1];   /* the top entries, then 1 if the stack was longer */
+    int n_key;                            /* 0: empty slot */
+    uint32_t *mask;                       /* (n_vocab / 32 rounded up) */
+    uint32_t *unc;                        /* (2 * n_unc) [from, to) index ranges into toks */
+    int n_unc, cap_unc;
+} grammar_ci_entry;
+
+#define GRAMMAR_CI_CACHE 1024
+
 struct grammar {
     int refs;                   /* atomic */
     grammar_el *el;             /* (n_el) all rules */
@@ -63,8 +82,11 @@ struct grammar {
     grammar_set start;          /* the initial state */
     pthread_mutex_t mu;         /* guards the mask cache */
     grammar_mask_entry cache[GRAMMAR_MASK_CACHE];
-    uint64_t n_hit, n_computed; /* mask cache statistics */
-    double walk_s;              /* seconds spent computing masks (trie walks) */
+    grammar_ci_entry ci[GRAMMAR_CI_CACHE];   /* per top-of-stack, under mu */
+    uint64_t n_hit;             /* masks found in the whole-state cache */
+    uint64_t n_computed;        /* context-independent entries computed (trie walks) */
+    uint64_t n_composed;        /* masks composed from ci entries (whole-state cache misses) */
+    double walk_s;              /* seconds spent composing masks (walks included) */
 };
 
 /* Scratch for expanding stacks (grows as needed, kept between calls). */
@@ -78,6 +100,8 @@ void grammar_set_free(grammar_set *s);
 void grammar_set_clear(grammar_set *s);
 void grammar_set_copy(grammar_set *dst, const grammar_set *src);
 bool grammar_set_accepting(const grammar_set *s);
+/* Adds the stack stk[0..n) (bottom first) unless the set has it. */
+void grammar_set_add(grammar_set *s, const uint32_t *stk, int n);
 void grammar_scratch_free(grammar_scratch *sc);
 /* out = the states after reading byte b in every stack of in (out cleared first). */
 void grammar_step(const grammar *g, grammar_scratch *sc, const grammar_set *in, uint8_t b,

@@ -57,9 +57,14 @@ struct grammar_match {
     grammar_set *ds;        /* (cap_ds) interned states, n_ds used */
     int n_ds, cap_ds;
     int32_t *dt;            /* (cap_ds, 256) next state id, GRAMMAR_DFA_DEAD or _UNKNOWN */
+    uint8_t *dacc;          /* (cap_ds) the state holds an empty stack */
     uint32_t *dh;           /* (dh_cap) open addressing: state id + 1, 0 = empty */
     int dh_cap;
     int32_t *lvid;          /* (max_depth + 1) state id per trie depth during a walk */
+    uint8_t *lctx;          /* (max_depth + 1) some path below the walk's stack top so far */
+    grammar_set one;        /* a single (truncated) stack, for the context-independent walk */
+    uint32_t *unc;          /* (2 * n_unc) the current mask's undecided token ranges */
+    int n_unc, cap_unc;
 };
 
 enum { GRAMMAR_DFA_UNKNOWN = -1, GRAMMAR_DFA_DEAD = -2, GRAMMAR_DFA_MAX = 4096 };
@@ -200,6 +205,8 @@ grammar_match *grammar_match_new(grammar *g, const grammar_vocab *v, const int32
     grammar_set_copy(&m->cur, &g->start);
     m->lv = xcalloc((size_t)v->max_depth + 1, sizeof *m->lv);
     m->lvid = xcalloc((size_t)v->max_depth + 1, sizeof *m->lvid);
+    m->lctx = xcalloc((size_t)v->max_depth + 1, sizeof *m->lctx);
+    grammar_set_init(&m->one);
     for (int i = 0; i <= v->max_depth; i++) grammar_set_init(&m->lv[i]);
     m->n_words = (v->n_vocab + 31) / 32;
     m->mask = xcalloc((size_t)m->n_words, sizeof *m->mask);
@@ -215,6 +222,10 @@ void grammar_match_free(grammar_match *m)
     for (int i = 0; i <= m->v->max_depth; i++) grammar_set_free(&m->lv[i]);
     free(m->lv);
     free(m->lvid);
+    free(m->lctx);
+    free(m->dacc);
+    free(m->unc);
+    grammar_set_free(&m->one);
     for (int i = 0; i < m->cap_ds; i++) grammar_set_free(&m->ds[i]);
     free(m->ds);
     free(m->dt);
@@ -265,17 +276,35 @@ static int32_t grammar_dfa_intern(grammar_match *m, const grammar_set *s)
         m->ds = xrealloc(m->ds, (size_t)cap * sizeof *m->ds);
         for (int i = m->cap_ds; i < cap; i++) grammar_set_init(&m->ds[i]);
         m->dt = xrealloc(m->dt, (size_t)cap * 256 * sizeof *m->dt);
+        m->dacc = xrealloc(m->dacc, (size_t)cap);
         m->cap_ds = cap;
     }
     int32_t id = m->n_ds++;
     grammar_set_copy(&m->ds[id], s);
+    m->dacc[id] = grammar_set_accepting(s);
     for (int b = 0; b < 256; b++) m->dt[(size_t)id * 256 + (size_t)b] = GRAMMAR_DFA_UNKNOWN;
     m->dh[j] = (uint32_t)id + 1;
     return id;
 }
 
-/* The trie walk: allowed text tokens of state cur into mask (cleared first). */
-static int grammar_match_walk(grammar_match *m, uint32_t *mask)
+/* The state after byte b from state id (memoised). */
+static inline int32_t grammar_dfa_next(grammar_match *m, int32_t id, uint8_t b)
+{
+    int32_t to = m->dt[(size_t)id * 256 + b];
+    if (to == GRAMMAR_DFA_UNKNOWN) {
+        grammar_step(m->g, &m->sc, &m->ds[id], b, &m->tmp);
+        to = m->tmp.n_stacks ? grammar_dfa_intern(m, &m->tmp) : GRAMMAR_DFA_DEAD;
+        m->dt[(size_t)id * 256 + b] = to;  /* (after intern: dt may have moved) */
+    }
+    return to;
+}
+
+/* The trie walk from state set: the tokens it accepts into mask (cleared first). With
+ * truncated (set is the top of a longer stack), an empty stack means "continues below the
+ * top": a token rejected after some path got there is undecided and goes to *unc as a range
+ * of node-ordered token indices (a rejected subtree is contiguous there). */
+static int grammar_match_walk(grammar_match *m, const grammar_set *set, bool truncated, uint32_t *mask,
+                              uint32_t **unc, int *n_unc, int *cap_unc)
 {
     const grammar_vocab *v = m->v;
     memset(mask, 0, (size_t)m->n_words * sizeof *mask);
@@ -283,23 +312,29 @@ static int grammar_match_walk(grammar_match *m, uint32_t *mask)
         m->n_ds = 0;
         memset(m->dh, 0, (size_t)m->dh_cap * sizeof *m->dh);
     }
-    m->lvid[0] = grammar_dfa_intern(m, &m->cur);
+    m->lvid[0] = grammar_dfa_intern(m, set);
+    m->lctx[0] = truncated && m->dacc[m->lvid[0]];
+    *n_unc = 0;
     int n_allowed = 0;
     int i = 0;
     while (i < v->n_nodes) {
         int d = v->depth[i];
-        int32_t from = m->lvid[d - 1];
-        int32_t to = m->dt[(size_t)from * 256 + v->byte[i]];
-        if (to == GRAMMAR_DFA_UNKNOWN) {
-            grammar_step(m->g, &m->sc, &m->ds[from], v->byte[i], &m->tmp);
-            to = m->tmp.n_stacks ? grammar_dfa_intern(m, &m->tmp) : GRAMMAR_DFA_DEAD;
-            m->dt[(size_t)from * 256 + v->byte[i]] = to;  /* (dt may have moved) */
-        }
+        int32_t to = grammar_dfa_next(m, m->lvid[d - 1], v->byte[i]);
         if (to == GRAMMAR_DFA_DEAD) {
+            if (m->lctx[d - 1] && v->tok_off[i] < v->tok_off[v->skip[i]]) {
+                if (*n_unc == *cap_unc) {
+                    *cap_unc = *cap_unc ? 2 * *cap_unc : 64;
+                    *unc = xrealloc(*unc, (size_t)*cap_unc * 2 * sizeof **unc);
+                }
+                (*unc)[2 * *n_unc] = v->tok_off[i];
+                (*unc)[2 * *n_unc + 1] = v->tok_off[v->skip[i]];
+                (*n_unc)++;
+            }
             i = (int)v->skip[i];
             continue;
         }
         m->lvid[d] = to;
+        m->lctx[d] = m->lctx[d - 1] || (truncated && m->dacc[to]);
         for (uint32_t k = v->tok_off[i]; k < v->tok_off[i + 1]; k++) {
             int32_t t = v->toks[k];
             mask[t >> 5] |= 1u << (t & 31);
@@ -307,6 +342,81 @@ static int grammar_match_walk(grammar_match *m, uint32_t *mask)
         }
         i++;
     }
+    return n_allowed;
+}
+
+/* The mask of state cur from its stacks' context-independent entries (computed once per
+ * grammar and top of stack, shared) plus a check of their undecided tokens against cur.
+ * mask(cur) is the union over its stacks, since the stacks of a state are alternatives. */
+static int grammar_match_compose(grammar_match *m)
+{
+    grammar *g = m->g;
+    const grammar_vocab *v = m->v;
+    memset(m->mask, 0, (size_t)m->n_words * sizeof *m->mask);
+    m->n_unc = 0;
+    for (int si = 0; si < m->cur.n_stacks; si++) {
+        const uint32_t *w = m->cur.data + m->cur.off[si];
+        int n = (int)w[0];
+        if (n == 0) continue;  /* the end of the document: no token continues it */
+        int k = TM_MIN(n, GRAMMAR_CI_DEPTH);
+        uint32_t key[GRAMMAR_CI_DEPTH + 1];
+        memcpy(key, w + 1 + (n - k), (size_t)k * sizeof *key);
+        key[k] = n > k;
+        uint64_t h = 0x51ED270B27u;
+        for (int j = 0; j <= k; j++) h = (h ^ key[j]) * 0x100000001B3ull;
+        grammar_ci_entry *e = &g->ci[(h ^ h >> 29) & (GRAMMAR_CI_CACHE - 1)];
+        pthread_mutex_lock(&g->mu);
+        bool hit = e->n_key == k + 1 && e->hash == h && e->vocab == v && !memcmp(e->key, key, (size_t)(k + 1) * sizeof *key);
+        if (!hit) {
+            pthread_mutex_unlock(&g->mu);
+            /* compute outside the lock into the matcher's buffers, then publish */
+            grammar_set_clear(&m->one);
+            grammar_set_add(&m->one, key, k);
+            uint32_t *cm = xmalloc((size_t)m->n_words * sizeof *cm);
+            uint32_t *cu = NULL;
+            int cn = 0, ccap = 0;
+            grammar_match_walk(m, &m->one, key[k] != 0, cm, &cu, &cn, &ccap);
+            pthread_mutex_lock(&g->mu);
+            g->n_computed++;
+            free(e->mask);
+            free(e->unc);
+            e->mask = cm;
+            e->unc = cu;
+            e->n_unc = cn;
+            e->cap_unc = ccap;
+            e->hash = h;
+            e->vocab = v;
+            memcpy(e->key, key, (size_t)(k + 1) * sizeof *key);
+            e->n_key = k + 1;
+        }
+        for (int j = 0; j < m->n_words; j++) m->mask[j] |= e->mask[j];
+        if (m->n_unc + e->n_unc > m->cap_unc) {
+            m->cap_unc = TM_MAX(2 * m->cap_unc, m->n_unc + e->n_unc);
+            m->unc = xrealloc(m->unc, (size_t)m->cap_unc * 2 * sizeof *m->unc);
+        }
+        memcpy(m->unc + 2 * m->n_unc, e->unc, (size_t)e->n_unc * 2 * sizeof *m->unc);
+        m->n_unc += e->n_unc;
+        pthread_mutex_unlock(&g->mu);
+    }
+    /* the undecided tokens, byte by byte from the whole state */
+    if (m->n_unc) {
+        if (m->n_ds > GRAMMAR_DFA_MAX) {
+            m->n_ds = 0;
+            memset(m->dh, 0, (size_t)m->dh_cap * sizeof *m->dh);
+        }
+        int32_t sid = grammar_dfa_intern(m, &m->cur);
+        for (int r = 0; r < m->n_unc; r++)
+            for (uint32_t x = m->unc[2 * r]; x < m->unc[2 * r + 1]; x++) {
+                int32_t t = v->toks[x];
+                if (m->mask[t >> 5] >> (t & 31) & 1) continue;
+                int32_t st = sid;
+                for (uint32_t b = v->off[t]; b < v->off[t + 1] && st != GRAMMAR_DFA_DEAD; b++)
+                    st = grammar_dfa_next(m, st, v->bytes[b]);
+                if (st != GRAMMAR_DFA_DEAD) m->mask[t >> 5] |= 1u << (t & 31);
+            }
+    }
+    int n_allowed = 0;
+    for (int j = 0; j < m->n_words; j++) n_allowed += __builtin_popcount(m->mask[j]);
     return n_allowed;
 }
 
@@ -334,10 +444,10 @@ int grammar_match_mask(grammar_match *m, uint32_t *mask)
         pthread_mutex_unlock(&g->mu);
         if (!hit) {
             double t0 = util_now();
-            m->n_allowed = grammar_match_walk(m, m->mask);
+            m->n_allowed = grammar_match_compose(m);
             double dt = util_now() - t0;
             pthread_mutex_lock(&g->mu);
-            g->n_computed++;
+            g->n_composed++;
             g->walk_s += dt;
             /* the entry's buffers are sized once per grammar slot (the first vocabulary);
              * a different vocabulary size reallocates, which does not happen in a server */
@@ -415,7 +525,7 @@ void grammar_match_stats(const grammar *g, uint64_t *n_hit, uint64_t *n_computed
     pthread_mutex_t *mu = (pthread_mutex_t *)&g->mu;
     pthread_mutex_lock(mu);
     *n_hit = g->n_hit;
-    *n_computed = g->n_computed;
+    *n_computed = g->n_composed;
     if (walk_s) *walk_s = g->walk_s;
     pthread_mutex_unlock(mu);
 }
