@@ -305,6 +305,23 @@ TEST(token_masks_match_brute_force)
     };
     int n_path[] = { 0, 1, 1, 2, 2, 3, 3, 3, 4, 5 };
     for (size_t i = 0; i < TM_ARRAY_LEN(n_path); i++) check_mask_brute(g, v, paths[i], n_path[i]);
+    /* deep stacks (nested objects): masks composed from the stacks' tops plus the tokens whose
+     * bytes pop below them, against brute force */
+    grammar *gs = compile(GRAMMAR_KIND_SCHEMA,
+                          "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"ab\":"
+                          "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":\"string\"}},"
+                          "\"additionalProperties\":false}},\"additionalProperties\":false}", err);
+    CHECK(gs);
+    if (gs) {
+        int32_t deep[][8] = {
+            { OPENQ, AB, QCOLON }, { OPENQ, AB, QCOLON, OPENQ }, { OPENQ, AB, QCOLON, OPENQ, A, QCOLON },
+            { OPENQ, AB, QCOLON, OPENQ, A, QCOLON, TWELVE }, { OPENQ, AB, QCOLON, OPENQ, 8, 18, Q, A },
+            { OPENQ, AB, QCOLON, OPENQ, A, QCOLON, ONE, CLOSE }, { OPENQ, A, QCOLON, ONE, COMMA, Q },
+        };
+        int n_deep[] = { 3, 4, 6, 7, 8, 8, 6 };
+        for (size_t i = 0; i < TM_ARRAY_LEN(n_deep); i++) check_mask_brute(gs, v, deep[i], n_deep[i]);
+        grammar_free(gs);
+    }
     /* a token crossing terminals: "\"a\":1}" finishes the document in one go */
     int32_t stop = TV_EOS;
     grammar_match *m = grammar_match_new(g, v, &stop, 1);
