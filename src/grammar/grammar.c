@@ -709,7 +709,7 @@ static grammar_status gp_finish(gp *p, grammar **out)
     }
     g->n_sets = p->n_sets;
     g->sets = xmalloc((size_t)(g->n_sets ? g->n_sets : 1) * sizeof *g->sets);
-    memcpy(g->sets, p->sets, (size_t)g->n_sets * sizeof *g->sets);
+    if (g->n_sets) memcpy(g->sets, p->sets, (size_t)g->n_sets * sizeof *g->sets);
     g->root = root;
     pthread_mutex_init(&g->mu, NULL);
     /* the initial state: the root rule's alternatives */

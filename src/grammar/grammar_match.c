@@ -394,7 +394,7 @@ static int grammar_match_compose(grammar_match *m)
             m->cap_unc = TM_MAX(2 * m->cap_unc, m->n_unc + e->n_unc);
             m->unc = xrealloc(m->unc, (size_t)m->cap_unc * 2 * sizeof *m->unc);
         }
-        memcpy(m->unc + 2 * m->n_unc, e->unc, (size_t)e->n_unc * 2 * sizeof *m->unc);
+        if (e->n_unc) memcpy(m->unc + 2 * m->n_unc, e->unc, (size_t)e->n_unc * 2 * sizeof *m->unc);
         m->n_unc += e->n_unc;
         pthread_mutex_unlock(&g->mu);
     }

@@ -435,7 +435,7 @@ static void rx_seq(rx *x)
             /* wrap the atom in a group so the quantifier applies to it as a whole */
             size_t alen = x->out->len - at;
             char *atom = xmalloc(alen + 1);
-            memcpy(atom, x->out->p + at, alen);
+            if (alen) memcpy(atom, x->out->p + at, alen);
             x->out->len = at;
             jsonfmt_buf_putc(x->out, '(');
             jsonfmt_buf_append(x->out, atom, alen);
