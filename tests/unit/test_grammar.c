@@ -250,6 +250,49 @@ TEST(schema_unsupported_keywords_are_named)
     }
 }
 
+/* Random texts made of each syntax's own characters: every one compiles or is refused with a
+ * message, and a compiled one matches random documents without crashing (count-bounded). */
+TEST(random_inputs_never_crash)
+{
+    static const char *const alphabets[] = {
+        "ab(|)*+?{1,2}[^-]\\d.$^\"",                           /* regex */
+        "root::= \"a\"|()*+?[^b-c]{2,}\n#.x\\",              /* GBNF */
+        "{}[]:,\"typeobjectpropertiesitemsminItems0123-truenullanyOf$ref#/\"", /* schema */
+    };
+    util_rng rng;
+    util_rng_seed(&rng, 42);
+    int n_ok[3] = { 0 };
+    for (int kind = 0; kind < 3; kind++) {
+        const char *al = alphabets[kind];
+        size_t nal = strlen(al);
+        for (int it = 0; it < 1500; it++) {
+            char src[64], doc[24];
+            int len = (int)(util_rng_next(&rng) % 40);
+            if (kind == 1) {
+                memcpy(src, "root ::= ", 9);
+                for (int i = 9; i < 9 + len; i++) src[i] = al[util_rng_next(&rng) % nal];
+                len += 9;
+            } else
+                for (int i = 0; i < len; i++) src[i] = al[util_rng_next(&rng) % nal];
+            src[len] = 0;
+            grammar *g = NULL;
+            char err[256] = "";
+            grammar_kind k = kind == 0 ? GRAMMAR_KIND_REGEX : kind == 1 ? GRAMMAR_KIND_GBNF : GRAMMAR_KIND_SCHEMA;
+            grammar_status st = grammar_compile(k, src, (size_t)len, &g, err, sizeof err);
+            CHECKF((st == GRAMMAR_OK) == (g != NULL) && (st == GRAMMAR_OK || err[0]), "%s", src);
+            if (!g) continue;
+            n_ok[kind]++;
+            for (int d = 0; d < 8; d++) {
+                int dl = (int)(util_rng_next(&rng) % sizeof doc);
+                for (int i = 0; i < dl; i++) doc[i] = "ab\"{}[]:,0-1"[util_rng_next(&rng) % 13];
+                (void)grammar_accepts(g, doc, (size_t)dl);
+            }
+            grammar_free(g);
+        }
+    }
+    CHECK(n_ok[0] > 100 && n_ok[1] > 20);  /* the generator reaches the compilers' insides */
+}
+
 /* A small vocabulary with tokens that cross terminals and split characters. */
 static const char *const tv_tokens[] = {
     "<eos>", "{", "}", "\"", "{\"", "\":", "a", "ab", "b\"", "\"}", "1", "12", ",", " ", "\xC3", "\xA9",
@@ -552,6 +595,7 @@ int main(void)
     RUN(schema_objects_and_refs);
     RUN(schema_integer_ranges_exact);
     RUN(schema_unsupported_keywords_are_named);
+    RUN(random_inputs_never_crash);
     RUN(token_masks_match_brute_force);
     RUN(compile_cache_by_content);
     RUN(sched_constrains_sampling);
