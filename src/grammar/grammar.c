@@ -348,7 +348,7 @@ static int gp_cmp_range(const void *a, const void *b)
  * ASCII, else a reference to a helper rule of UTF-8 sequences. */
 static void gp_emit_class(gp *p, gp_seq *out, int rule, gp_range *r, int n, bool negated)
 {
-    qsort(r, (size_t)n, sizeof *r, gp_cmp_range);
+    if (n > 0) qsort(r, (size_t)n, sizeof *r, gp_cmp_range);
     /* merge, then complement if negated; surrogates are never characters */
     gp_range *m = xmalloc((size_t)(n + 2) * sizeof *m);
     int k = 0;

@@ -82,7 +82,7 @@ static int rx_cmp(const void *a, const void *b)
 /* Sorted, merged, complemented if negated: the set as disjoint ranges in r (cap >= n + 1). */
 static int rx_normalise(rx_range *r, int n, bool negated)
 {
-    qsort(r, (size_t)n, sizeof *r, rx_cmp);
+    if (n > 0) qsort(r, (size_t)n, sizeof *r, rx_cmp);
     int k = 0;
     for (int i = 0; i < n; i++) {
         if (k && r[i].lo <= r[k - 1].hi + 1) r[k - 1].hi = TM_MAX(r[k - 1].hi, r[i].hi);
