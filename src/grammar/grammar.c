@@ -1004,6 +1004,32 @@ char *grammar_to_gbnf(grammar_kind kind, const char *src, size_t len, grammar_st
     return NULL;
 }
 
+char *grammar_gbnf_prefix(const char *gbnf, size_t len, const char *prefix)
+{
+    jsonfmt_buf t = { 0 };
+    jsonfmt_buf_puts(&t, "");
+    const char *s = gbnf, *end = gbnf + len;
+    while (s < end) {
+        const char *b = s;
+        if (*s == '"' || *s == '[') {  /* a literal or class: copied, escapes included */
+            char close = *s == '"' ? '"' : ']';
+            s++;
+            while (s < end && *s != close) s += (*s == '\\' && s + 1 < end) ? 2 : 1;
+            if (s < end) s++;
+        } else if (*s == '#') {
+            while (s < end && *s != '\n') s++;
+        } else if (*s == '{') {
+            while (s < end && *s != '}') s++;
+            if (s < end) s++;
+        } else if (gp_is_word(*s)) {
+            while (s < end && gp_is_word(*s)) s++;
+            jsonfmt_buf_puts(&t, prefix);
+        } else s++;
+        jsonfmt_buf_append(&t, b, (size_t)(s - b));
+    }
+    return t.p;
+}
+
 grammar_status grammar_compile(grammar_kind kind, const char *src, size_t len, grammar **out,
                                char *err, size_t errsz)
 {

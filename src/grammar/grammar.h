@@ -52,6 +52,12 @@ grammar_status grammar_compile(grammar_kind kind, const char *src, size_t len, g
 char *grammar_to_gbnf(grammar_kind kind, const char *src, size_t len, grammar_status *st,
                       char *err, size_t errsz);
 
+/* GBNF text with every rule name prefixed (literals, classes, comments and repetition counts
+ * untouched), so that grammars can be combined: e.g. each tool's argument schema as
+ * "t1-root", "t2-root" under a root that writes the model family's tool-call syntax around
+ * them. malloc'd. */
+char *grammar_gbnf_prefix(const char *gbnf, size_t len, const char *prefix);
+
 grammar *grammar_ref(grammar *g);
 /* Drops a reference; the last one frees. NULL is ignored. */
 void grammar_free(grammar *g);

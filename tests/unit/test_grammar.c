@@ -17,6 +17,7 @@
 #include "engine/sched.h"
 #include "grammar/grammar.h"
 #include "model/model.h"
+#include "recipe/jsonfmt.h"
 
 static grammar *compile(grammar_kind kind, const char *src, char *err)
 {
@@ -393,6 +394,42 @@ TEST(token_masks_match_brute_force)
     grammar_free(g);
 }
 
+TEST(grammars_combine_by_prefix)
+{
+    /* two tools' argument schemas under one root, the way a forced tool call is written */
+    const char *sa = "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\",\"maxLength\":8}},"
+                     "\"required\":[\"city\"],\"additionalProperties\":false}";
+    const char *sb = "{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":9}},"
+                     "\"required\":[\"n\"],\"additionalProperties\":false}";
+    grammar_status st;
+    char err[256];
+    char *ga = grammar_to_gbnf(GRAMMAR_KIND_SCHEMA, sa, strlen(sa), &st, err, sizeof err);
+    char *gb = grammar_to_gbnf(GRAMMAR_KIND_SCHEMA, sb, strlen(sb), &st, err, sizeof err);
+    CHECK(ga && gb);
+    if (!ga || !gb) return;
+    char *pa = grammar_gbnf_prefix(ga, strlen(ga), "t1-"), *pb = grammar_gbnf_prefix(gb, strlen(gb), "t2-");
+    CHECK(strstr(pa, "t1-root ::= t1-schema") && strstr(pa, "[0-9a-fA-F]{4}") && !strstr(pa, "t1-0"));
+    jsonfmt_buf all = { 0 };
+    jsonfmt_buf_puts(&all, "root ::= \"<call>{\\\"name\\\": \\\"weather\\\", \\\"arguments\\\": \" t1-root \"}</call>\" | "
+                           "\"<call>{\\\"name\\\": \\\"dice\\\", \\\"arguments\\\": \" t2-root \"}</call>\"\n");
+    jsonfmt_buf_puts(&all, pa);
+    jsonfmt_buf_puts(&all, pb);
+    grammar *g = compile(GRAMMAR_KIND_GBNF, all.p, err);
+    CHECK(g);
+    if (g) {
+        CHECK(accepts(g, "<call>{\"name\": \"weather\", \"arguments\": {\"city\":\"Oslo\"}}</call>"));
+        CHECK(accepts(g, "<call>{\"name\": \"dice\", \"arguments\": {\"n\": 6}}</call>"));
+        CHECK(!accepts(g, "<call>{\"name\": \"dice\", \"arguments\": {\"city\":\"Oslo\"}}</call>"));
+        CHECK(!accepts(g, "<call>{\"name\": \"dice\", \"arguments\": {\"n\": 10}}</call>"));
+        grammar_free(g);
+    }
+    jsonfmt_buf_free(&all);
+    free(pa);
+    free(pb);
+    free(ga);
+    free(gb);
+}
+
 TEST(compile_cache_by_content)
 {
     grammar_cache *c = grammar_cache_new(2);
@@ -597,6 +634,7 @@ int main(void)
     RUN(schema_unsupported_keywords_are_named);
     RUN(random_inputs_never_crash);
     RUN(token_masks_match_brute_force);
+    RUN(grammars_combine_by_prefix);
     RUN(compile_cache_by_content);
     RUN(sched_constrains_sampling);
     RUN(sched_allow_all_grammar_changes_nothing);
