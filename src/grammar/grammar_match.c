@@ -52,7 +52,8 @@ struct grammar_match {
     /* A memo of the byte-level automaton as a DFA: the parser states met in walks, interned,
      * with their transitions filled in as they are taken. A walk then costs one table lookup
      * per trie node once its states are known (inside a string, every character leads back
-     * to the same state). Reset when it grows past GRAMMAR_DFA_MAX states, at a walk's start;
+     * to the same state). Reset when it grows past GRAMMAR_DFA_MAX states, at a walk's start,
+     * and never above GRAMMAR_DFA_HARD (a walk then goes on with plain sets);
      * the sets keep their buffers, so a warm matcher allocates nothing. */
     grammar_set *ds;        /* (cap_ds) interned states, n_ds used */
     int n_ds, cap_ds;
@@ -62,12 +63,17 @@ struct grammar_match {
     int dh_cap;
     int32_t *lvid;          /* (max_depth + 1) state id per trie depth during a walk */
     uint8_t *lctx;          /* (max_depth + 1) some path below the walk's stack top so far */
+    uint8_t *lraw;          /* (max_depth + 1) the state at this depth is lv[d], not lvid[d] */
     grammar_set one;        /* a single (truncated) stack, for the context-independent walk */
     uint32_t *unc;          /* (2 * n_unc) the current mask's undecided token ranges */
     int n_unc, cap_unc;
 };
 
-enum { GRAMMAR_DFA_UNKNOWN = -1, GRAMMAR_DFA_DEAD = -2, GRAMMAR_DFA_MAX = 4096 };
+/* MAX: reset at a walk's start beyond it; HARD: never more states (1 KiB of transitions
+ * each): past it a walk goes on with plain sets (GRAMMAR_DFA_FULL), for grammars whose
+ * states do not repeat. */
+enum { GRAMMAR_DFA_UNKNOWN = -1, GRAMMAR_DFA_DEAD = -2, GRAMMAR_DFA_FULL = -3, GRAMMAR_DFA_MAX = 2048,
+       GRAMMAR_DFA_HARD = 4096 };
 
 /* ---- vocabulary trie ----------------------------------------------------------------- */
 
@@ -203,11 +209,12 @@ grammar_match *grammar_match_new(grammar *g, const grammar_vocab *v, const int32
     grammar_set_init(&m->cur);
     grammar_set_init(&m->tmp);
     grammar_set_copy(&m->cur, &g->start);
-    m->lv = xcalloc((size_t)v->max_depth + 1, sizeof *m->lv);
+    m->lv = xcalloc((size_t)v->max_depth + 2, sizeof *m->lv);
     m->lvid = xcalloc((size_t)v->max_depth + 1, sizeof *m->lvid);
     m->lctx = xcalloc((size_t)v->max_depth + 1, sizeof *m->lctx);
+    m->lraw = xcalloc((size_t)v->max_depth + 2, sizeof *m->lraw);
     grammar_set_init(&m->one);
-    for (int i = 0; i <= v->max_depth; i++) grammar_set_init(&m->lv[i]);
+    for (int i = 0; i <= v->max_depth + 1; i++) grammar_set_init(&m->lv[i]);
     m->n_words = (v->n_vocab + 31) / 32;
     m->mask = xcalloc((size_t)m->n_words, sizeof *m->mask);
     m->stop = xmalloc((size_t)(n_stop > 0 ? n_stop : 1) * sizeof *m->stop);
@@ -219,10 +226,11 @@ grammar_match *grammar_match_new(grammar *g, const grammar_vocab *v, const int32
 void grammar_match_free(grammar_match *m)
 {
     if (!m) return;
-    for (int i = 0; i <= m->v->max_depth; i++) grammar_set_free(&m->lv[i]);
+    for (int i = 0; i <= m->v->max_depth + 1; i++) grammar_set_free(&m->lv[i]);
     free(m->lv);
     free(m->lvid);
     free(m->lctx);
+    free(m->lraw);
     free(m->dacc);
     free(m->unc);
     grammar_set_free(&m->one);
@@ -287,16 +295,42 @@ static int32_t grammar_dfa_intern(grammar_match *m, const grammar_set *s)
     return id;
 }
 
-/* The state after byte b from state id (memoised). */
+/* The state after byte b from state id (memoised); GRAMMAR_DFA_FULL when it is new and the
+ * memo is full: the state is then in m->tmp. */
 static inline int32_t grammar_dfa_next(grammar_match *m, int32_t id, uint8_t b)
 {
     int32_t to = m->dt[(size_t)id * 256 + b];
     if (to == GRAMMAR_DFA_UNKNOWN) {
         grammar_step(m->g, &m->sc, &m->ds[id], b, &m->tmp);
+        if (m->tmp.n_stacks && m->n_ds >= GRAMMAR_DFA_HARD) return GRAMMAR_DFA_FULL;
         to = m->tmp.n_stacks ? grammar_dfa_intern(m, &m->tmp) : GRAMMAR_DFA_DEAD;
         m->dt[(size_t)id * 256 + b] = to;  /* (after intern: dt may have moved) */
     }
     return to;
+}
+
+/* Whether token t's bytes continue state id. */
+static bool grammar_dfa_token(grammar_match *m, int32_t id, int32_t t)
+{
+    const grammar_vocab *v = m->v;
+    uint32_t b = v->off[t], e = v->off[t + 1];
+    for (; b < e; b++) {
+        id = grammar_dfa_next(m, id, v->bytes[b]);
+        if (id == GRAMMAR_DFA_DEAD) return false;
+        if (id == GRAMMAR_DFA_FULL) break;
+    }
+    if (b == e) return true;
+    /* the memo is full: the rest on plain sets */
+    grammar_set *cur = &m->lv[0], *nxt = &m->lv[1];
+    grammar_set_copy(cur, &m->tmp);
+    for (b++; b < e; b++) {
+        grammar_step(m->g, &m->sc, cur, v->bytes[b], nxt);
+        if (!nxt->n_stacks) return false;
+        grammar_set *x = cur;
+        cur = nxt;
+        nxt = x;
+    }
+    return true;
 }
 
 /* The trie walk from state set: the tokens it accepts into mask (cleared first). With
@@ -314,12 +348,21 @@ static int grammar_match_walk(grammar_match *m, const grammar_set *set, bool tru
     }
     m->lvid[0] = grammar_dfa_intern(m, set);
     m->lctx[0] = truncated && m->dacc[m->lvid[0]];
+    m->lraw[0] = 0;
     *n_unc = 0;
     int n_allowed = 0;
     int i = 0;
     while (i < v->n_nodes) {
         int d = v->depth[i];
-        int32_t to = grammar_dfa_next(m, m->lvid[d - 1], v->byte[i]);
+        int32_t to;
+        bool acc;
+        if (m->lraw[d - 1]) {  /* past the memo's capacity: plain sets */
+            grammar_step(m->g, &m->sc, &m->lv[d - 1], v->byte[i], &m->lv[d]);
+            to = m->lv[d].n_stacks ? GRAMMAR_DFA_FULL : GRAMMAR_DFA_DEAD;
+        } else {
+            to = grammar_dfa_next(m, m->lvid[d - 1], v->byte[i]);
+            if (to == GRAMMAR_DFA_FULL) grammar_set_copy(&m->lv[d], &m->tmp);
+        }
         if (to == GRAMMAR_DFA_DEAD) {
             if (m->lctx[d - 1] && v->tok_off[i] < v->tok_off[v->skip[i]]) {
                 if (*n_unc == *cap_unc) {
@@ -333,8 +376,13 @@ static int grammar_match_walk(grammar_match *m, const grammar_set *set, bool tru
             i = (int)v->skip[i];
             continue;
         }
-        m->lvid[d] = to;
-        m->lctx[d] = m->lctx[d - 1] || (truncated && m->dacc[to]);
+        m->lraw[d] = to == GRAMMAR_DFA_FULL;
+        if (m->lraw[d]) acc = grammar_set_accepting(&m->lv[d]);
+        else {
+            m->lvid[d] = to;
+            acc = m->dacc[to];
+        }
+        m->lctx[d] = m->lctx[d - 1] || (truncated && acc);
         for (uint32_t k = v->tok_off[i]; k < v->tok_off[i + 1]; k++) {
             int32_t t = v->toks[k];
             mask[t >> 5] |= 1u << (t & 31);
@@ -409,10 +457,7 @@ static int grammar_match_compose(grammar_match *m)
             for (uint32_t x = m->unc[2 * r]; x < m->unc[2 * r + 1]; x++) {
                 int32_t t = v->toks[x];
                 if (m->mask[t >> 5] >> (t & 31) & 1) continue;
-                int32_t st = sid;
-                for (uint32_t b = v->off[t]; b < v->off[t + 1] && st != GRAMMAR_DFA_DEAD; b++)
-                    st = grammar_dfa_next(m, st, v->bytes[b]);
-                if (st != GRAMMAR_DFA_DEAD) m->mask[t >> 5] |= 1u << (t & 31);
+                if (grammar_dfa_token(m, sid, t)) m->mask[t >> 5] |= 1u << (t & 31);
             }
     }
     int n_allowed = 0;
