@@ -33,7 +33,7 @@ typedef struct {
 
 /* Compiles the grammar the options name; *g NULL when none was given. Returns false after a
  * message. */
-static bool cmd_grammar_load(const cmd_grammar_src *o, grammar **g, char **gbnf_out)
+static bool cmd_grammar_load(const cmd_grammar_src *o, grammar **g, char **gbnf_out, bool stats)
 {
     *g = NULL;
     int n = !!o->schema + !!o->regex + !!o->gbnf + o->json;
@@ -65,7 +65,10 @@ static bool cmd_grammar_load(const cmd_grammar_src *o, grammar **g, char **gbnf_
         if (!*gbnf_out) ok = false;
         else fputs(*gbnf_out, stdout);  /* before compiling: shows what a compile error is about */
     }
+    double t0 = util_now();
     if (ok && grammar_compile(kind, text, len, g, err, sizeof err) != GRAMMAR_OK) ok = false;
+    if (ok && stats)
+        fprintf(stderr, "compiled in %.3f ms: %d rules\n", (util_now() - t0) * 1e3, grammar_n_rules(*g));
     if (!ok) fprintf(stderr, "tokenmill grammar: %s\n", err);
     free(text);
     return ok;
@@ -98,7 +101,7 @@ static int cmd_grammar_check(grammar *g, const char *input)
 }
 
 static int cmd_grammar_sample(grammar *g, const char *model_path, const char *prompt, long n,
-                              long max_tokens, const sample_params *sp, cmd_engine_opts *eo)
+                              long max_tokens, const sample_params *sp, cmd_engine_opts *eo, bool stats)
 {
     model *m = NULL;
     tokenizer *tok = NULL;
@@ -126,6 +129,7 @@ static int cmd_grammar_sample(grammar *g, const char *model_path, const char *pr
     }
     ptoks = xmalloc((size_t)np * sizeof *ptoks);
     tokenizer_encode(tok, prompt, plen, true, false, ptoks, np);
+    double t_start = util_now();
     for (long i = 0; i < n; i++) {
         sched_params p = { .prompt = ptoks, .n_prompt = np, .sample = *sp, .max_tokens = (int)max_tokens,
                            .grammar = g, .grammar_vocab = v };
@@ -138,6 +142,7 @@ static int cmd_grammar_sample(grammar *g, const char *model_path, const char *pr
     }
     jsonfmt_buf out = { 0 };
     jsonfmt_buf text = { 0 };
+    long long n_total = 0;
     int cap = (int)tokenizer_max_piece(tok) + 8;
     char *piece = xmalloc((size_t)cap);
     jsonfmt_buf_putc(&out, '[');
@@ -154,6 +159,7 @@ static int cmd_grammar_sample(grammar *g, const char *model_path, const char *pr
                     int len = tokenizer_token_to_piece(tok, o[j].token, piece, cap, false);
                     if (len > 0 && len <= cap) jsonfmt_buf_append(&text, piece, (size_t)len);
                     n_tok++;
+                    n_total++;
                 }
             }
         }
@@ -166,7 +172,8 @@ static int cmd_grammar_sample(grammar *g, const char *model_path, const char *pr
     }
     jsonfmt_buf_puts(&out, "]\n");
     fwrite(out.p, 1, out.len, stdout);
-    if (g) {
+    if (stats) fprintf(stderr, "decode: %lld tokens in %.3f s\n", n_total, util_now() - t_start);
+    if (g && stats) {
         uint64_t n_hit, n_comp;
         double walk_s;
         grammar_match_stats(g, &n_hit, &n_comp, &walk_s);
@@ -194,6 +201,7 @@ out:
 int cmd_grammar(int argc, char **argv)
 {
     cmd_grammar_src src = { 0 };
+    bool stats = false;
     const char *input = NULL, *model_path = NULL, *prompt = "";
     long n = 1, max_tokens = 256;
     cmd_opt_u64 seed = { 0 };
@@ -219,6 +227,7 @@ int cmd_grammar(int argc, char **argv)
         { "--seed", NULL, CMD_OPT_U64, &seed, .arg = "S", .help = "sample: seed of the first generation (+1 per next)" },
         { "--threads", "-t", CMD_OPT_LONG, &eo.threads, 1, 1024, .arg = "N", .help = "sample: kernel threads" },
         { "--ctx", "-c", CMD_OPT_LONG, &eo.ctx, 16, 1 << 20, .arg = "N", .help = "sample: context per sequence (default 2048)" },
+        { "--stats", NULL, CMD_OPT_FLAG, &stats, .help = "timings on stderr: compile; sample: decode and mask work" },
         { 0 },
     };
     const char *synopsis = "grammar print|check|sample (--schema F | --regex R | --gbnf F | --json) [options]";
@@ -248,11 +257,11 @@ int cmd_grammar(int argc, char **argv)
     sp.seed = seed.given ? seed.value : 0;
     grammar *g;
     char *gbnf = NULL;
-    if (!cmd_grammar_load(&src, &g, is_print ? &gbnf : NULL)) return 1;
+    if (!cmd_grammar_load(&src, &g, is_print ? &gbnf : NULL, stats)) return 1;
     int rc;
     if (is_print) rc = 0;  /* printed by cmd_grammar_load */
     else if (is_check) rc = cmd_grammar_check(g, input);
-    else rc = cmd_grammar_sample(g, model_path, prompt, n, max_tokens, &sp, &eo);
+    else rc = cmd_grammar_sample(g, model_path, prompt, n, max_tokens, &sp, &eo, stats);
     free(gbnf);
     grammar_free(g);
     return rc;
