@@ -217,7 +217,7 @@ int cmd_grammar(int argc, char **argv)
         { "--schema", NULL, CMD_OPT_STR, &src.schema, .arg = "FILE", .help = "a JSON Schema" },
         { "--regex", NULL, CMD_OPT_STR, &src.regex, .arg = "RE", .help = "a regular expression (matched in full)" },
         { "--gbnf", NULL, CMD_OPT_STR, &src.gbnf, .arg = "FILE", .help = "a GBNF grammar (llama.cpp syntax, start rule root)" },
-        { "--json", NULL, CMD_OPT_FLAG, &src.json, .help = "any JSON value" },
+        { "--json", NULL, CMD_OPT_FLAG, &src.json, .help = "a JSON object (response_format json_object)" },
         { "--input", NULL, CMD_OPT_STR, &input, .arg = "DOCS.json", .help = "check: a JSON array of documents (strings)" },
         { "--model", "-m", CMD_OPT_STR, &model_path, .arg = "MODEL", .help = "sample: the GGUF" },
         { "--prompt", "-p", CMD_OPT_STR, &prompt, .arg = "TEXT", .help = "sample: the prompt (default: empty, BOS only)" },

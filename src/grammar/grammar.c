@@ -974,9 +974,10 @@ void grammar_free(grammar *g)
 
 /* ---- front ends ---------------------------------------------------------------------- */
 
-/* Any JSON value, as llama.cpp's grammars/json.gbnf but with bounded whitespace. */
+/* A JSON object (OpenAI's json_object mode promises an object), as llama.cpp's
+ * grammars/json.gbnf but with bounded whitespace. */
 static const char grammar_json_gbnf[] =
-    "root ::= ws value\n"
+    "root ::= ws object\n"
     "value ::= object | array | string | number | (\"true\" | \"false\" | \"null\") ws\n"
     "object ::= \"{\" ws ( string \":\" ws value (\",\" ws string \":\" ws value)* )? \"}\" ws\n"
     "array ::= \"[\" ws ( value (\",\" ws value)* )? \"]\" ws\n"

@@ -36,7 +36,7 @@ typedef enum {
     GRAMMAR_KIND_GBNF = 0,     /* llama.cpp GBNF text, start rule "root" */
     GRAMMAR_KIND_REGEX,        /* a regular expression, matched in full */
     GRAMMAR_KIND_SCHEMA,       /* a JSON Schema (JSON text) */
-    GRAMMAR_KIND_JSON,         /* any JSON value (response_format json_object); src unused */
+    GRAMMAR_KIND_JSON,         /* a JSON object (response_format json_object); src unused */
 } grammar_kind;
 
 typedef struct grammar grammar;

@@ -132,6 +132,19 @@ TEST(llama_cpp_json_gbnf)
     grammar_free(g);
 }
 
+TEST(json_object_kind)
+{
+    char err[256];
+    grammar *g = compile(GRAMMAR_KIND_JSON, "", err);
+    CHECK(g);
+    if (!g) return;
+    CHECK(accepts(g, "{\"a\": [1, {\"b\": null}], \"c\": \"\\u00e9\"}"));
+    CHECK(accepts(g, " {}"));
+    CHECK(!accepts(g, "[1]"));  /* json_object mode promises an object */
+    CHECK(!accepts(g, "{\"a\": 01}"));
+    grammar_free(g);
+}
+
 TEST(regex_front_end)
 {
     char err[256];
@@ -628,6 +641,7 @@ int main(void)
     RUN(gbnf_errors_name_the_problem);
     RUN(utf8_classes_are_byte_sequences);
     RUN(llama_cpp_json_gbnf);
+    RUN(json_object_kind);
     RUN(regex_front_end);
     RUN(schema_objects_and_refs);
     RUN(schema_integer_ranges_exact);
