@@ -20,6 +20,7 @@ static const struct {
     { "mkmodel", cmd_mkmodel, "mkmodel --arch llama|qwen2|qwen3 [--preset P] [--vocab F] --type T --seed S -o OUT.gguf" },
     { "eval", cmd_eval, "eval -m MODEL --input FILE.json: top log-probs at every position (testing)" },
     { "template", cmd_template, "template -m MODEL [--template NAME] --input CONV.json: prompt ids as JSON (testing)" },
+    { "grammar", cmd_grammar, "grammar print|check|sample (--schema F | --regex R | --gbnf F | --json) [--input DOCS.json] [-m MODEL -n N]: structured output (testing)" },
     { "store", cmd_store, "store stat|ls|gc|fsck SPEC [--capacity SIZE] [--retention R]: block store maintenance" },
     { "worker", cmd_worker, "worker --role prefill|decode|mixed -m MODEL --listen HOST:PORT --cache SPEC [--gateway HOST:PORT]: cluster worker" },
     { "bench", cmd_bench, "bench -m MODEL [--pp N] [--tg N] [--seqs 1,4,16]: timings as JSON" },

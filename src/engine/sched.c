@@ -63,6 +63,7 @@ struct sched_req {
     int max_gen;                 /* generated tokens at most (<= cap - n_prompt) */
     sched_params p;              /* copy (prompt pointer not used after submit) */
     sampler *smp;                /* own sampler, seeded from p.sample */
+    grammar_match *gm;           /* (sampling) p.grammar's matcher, or NULL */
     kvpool_seq *seq;             /* KV while RUNNING, else NULL */
     int n_done;                  /* positions of tokens whose KV is in seq */
     bool in_think;               /* (sampling) the output is inside a think block (p.think_*) */
@@ -183,6 +184,7 @@ static void sched_req_destroy(sched_req *r)
     if (!r) return;
     if (r->load) blockio_load_free(r->s->o.bio, r->load);
     sample_free(r->smp);
+    grammar_match_free(r->gm);
     free(r->tokens);
     free(r->chain);
     free(r->ring);
@@ -602,11 +604,14 @@ static void sched_sample_part(sched *s, int ith, int nth)
         sched_req *r = s->batch_req[i];
         s->batch_tok[i] = -1;
         if (s->batch_row[i] < 0) continue;
-        const float *row = s->logits + (size_t)s->batch_row[i] * s->n_vocab;
+        float *row = s->logits + (size_t)s->batch_row[i] * s->n_vocab;
+        bool constrained = r->gm && !r->in_think;  /* reasoning stays free */
+        if (constrained) grammar_match_apply(r->gm, row);
         int32_t tok = sample_token(r->smp, row);
         if (r->in_think && r->p.think_budget > 0 && r->n_think >= r->p.think_budget && r->p.think_end >= 0)
             tok = r->p.think_end;  /* the reasoning budget is spent: close the block */
         sample_accept(r->smp, tok);
+        if (constrained) grammar_match_accept(r->gm, tok);
         sched_think_track(r, tok);
         s->batch_tok[i] = tok;
         sched_output *o = &s->batch_out[i];
@@ -1110,6 +1115,8 @@ sched_status sched_submit(sched *s, const sched_params *p, sched_req **out)
         if (p->gen[i] < 0 || p->gen[i] >= s->n_vocab) return SCHED_ERR_ARG;
     if (p->n_gen > 0 && p->n_prompt + p->n_gen >= s->o.n_ctx) return SCHED_ERR_TOO_LONG;
     if (p->n_gen > 0 && p->max_tokens > 0 && p->n_gen >= p->max_tokens) return SCHED_ERR_ARG;
+    if (p->grammar && (!p->grammar_vocab || grammar_vocab_n(p->grammar_vocab) != s->n_vocab))
+        return SCHED_ERR_ARG;
 
     sched_req *r = calloc(1, sizeof *r);
     if (!r) return SCHED_ERR_NOMEM;
@@ -1137,11 +1144,24 @@ sched_status sched_submit(sched *s, const sched_params *p, sched_req **out)
     memcpy(r->tokens, p->prompt, (size_t)p->n_prompt * sizeof *r->tokens);
     for (int i = 0; i < p->n_prompt; i++) sample_accept(r->smp, p->prompt[i]);
     r->in_think = p->think_open;
+    r->p.grammar = NULL;  /* the matcher holds the reference */
+    if (p->grammar) {
+        int32_t stops[4 + SCHED_MAX_STOP_IDS];
+        int n_stops = 0;
+        for (int i = 0; i < 4 && !p->ignore_eos; i++)
+            if (s->o.eos_ids[i] >= 0) stops[n_stops++] = s->o.eos_ids[i];
+        for (int i = 0; i < p->n_stop_ids; i++) stops[n_stops++] = p->stop_ids[i];
+        r->gm = grammar_match_new(p->grammar, p->grammar_vocab, stops, n_stops);
+    }
     if (p->n_gen > 0) {   /* continue a request generated elsewhere: same sampler state */
         memcpy(r->tokens + p->n_prompt, p->gen, (size_t)p->n_gen * sizeof *r->tokens);
         r->n_tokens += p->n_gen;
         for (int i = 0; i < p->n_gen; i++) {
             sample_accept(r->smp, p->gen[i]);
+            if (r->gm && !r->in_think && !grammar_match_accept(r->gm, p->gen[i])) {
+                sched_req_destroy(r);
+                return SCHED_ERR_ARG;  /* the tokens generated elsewhere leave the grammar */
+            }
             sched_think_track(r, p->gen[i]);
         }
         sample_skip_draws(r->smp, p->n_sampled);

@@ -69,6 +69,7 @@
 
 #include "engine/engine.h"
 #include "engine/sample.h"
+#include "grammar/grammar.h"
 
 typedef enum {
     SCHED_OK = 0,
@@ -164,6 +165,14 @@ typedef struct {
      * just before the KV is released: may copy it out. */
     void (*kv_out)(void *arg, const kvpool *pool, const kvpool_seq *seq, int n_done);
     void *kv_arg;           /* first argument of kv_in / kv_out */
+    /* Structured output: each generated token outside think blocks must continue a document
+     * of this grammar (the disallowed tokens are masked before sampling, grammar.h); the end
+     * of generation ids are allowed only where the document is complete, so the request ends
+     * with STOP at the end of a document or LENGTH when the budget runs out inside one.
+     * sched_submit takes its own reference; NULL = unconstrained (costs nothing). */
+    grammar *grammar;
+    const grammar_vocab *grammar_vocab; /* the model's token bytes; required with grammar,
+                                         * must outlive the request */
 } sched_params;
 
 typedef struct {

@@ -1,0 +1,119 @@
+/*
+ * grammar: structured output. One grammar form (llama.cpp's GBNF: rules of alternatives of
+ * literals, character classes, rule references and repetitions) that three front ends compile
+ * into: GBNF text itself (llama.cpp's grammars directory loads), regular expressions
+ * (grammar_regex.c) and JSON Schema (grammar_schema.c); the latter two emit GBNF text, so
+ * `tokenmill grammar print` shows what a schema became.
+ *
+ * A compiled grammar works on BYTES: character classes are expanded into UTF-8 byte-range
+ * sequences at compile time, so a token that ends in the middle of a character (byte-fallback
+ * and byte-level BPE tokens do) is matched as far as its bytes go. Matching is a pushdown
+ * automaton over those bytes (a set of stacks of grammar positions, llama.cpp's scheme at
+ * byte level); grammar_match.c lifts it to tokens with a trie over the vocabulary's token
+ * bytes (a token may cross any number of terminals) and caches the token mask of each parser
+ * state per grammar, so that the states a generation keeps returning to (inside a string,
+ * between members) cost one lookup.
+ *
+ * A grammar is immutable after compilation and reference counted; matchers (one per
+ * sequence) hold a reference. grammar_cache_* keys compiled grammars by the SHA-256 of their
+ * kind and source, so the same schema sent by many requests is compiled once.
+ */
+#ifndef TM_GRAMMAR_H
+#define TM_GRAMMAR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum {
+    GRAMMAR_OK = 0,
+    GRAMMAR_ERR_SYNTAX,        /* the GBNF / regex / JSON text does not parse */
+    GRAMMAR_ERR_UNSUPPORTED,   /* a JSON Schema keyword or regex feature the compiler refuses */
+    GRAMMAR_ERR_INVALID,       /* undefined rule, no root, left recursion, empty language */
+} grammar_status;
+
+typedef enum {
+    GRAMMAR_KIND_GBNF = 0,     /* llama.cpp GBNF text, start rule "root" */
+    GRAMMAR_KIND_REGEX,        /* a regular expression, matched in full */
+    GRAMMAR_KIND_SCHEMA,       /* a JSON Schema (JSON text) */
+    GRAMMAR_KIND_JSON,         /* a JSON object (response_format json_object); src unused */
+} grammar_kind;
+
+typedef struct grammar grammar;
+
+const char *grammar_status_name(grammar_status st);
+
+/* Compiles src[0..len) of the given kind. On error returns non-OK, *out NULL and a one-line
+ * message in err (naming the offending keyword / rule / position). */
+grammar_status grammar_compile(grammar_kind kind, const char *src, size_t len, grammar **out,
+                               char *err, size_t errsz);
+/* The GBNF text a regex / schema compiles to (GBNF and JSON kinds: the text itself / the JSON
+ * grammar). malloc'd, NULL on error with err set. */
+char *grammar_to_gbnf(grammar_kind kind, const char *src, size_t len, grammar_status *st,
+                      char *err, size_t errsz);
+
+/* GBNF text with every rule name prefixed (literals, classes, comments and repetition counts
+ * untouched), so that grammars can be combined: e.g. each tool's argument schema as
+ * "t1-root", "t2-root" under a root that writes the model family's tool-call syntax around
+ * them. malloc'd. */
+char *grammar_gbnf_prefix(const char *gbnf, size_t len, const char *prefix);
+
+grammar *grammar_ref(grammar *g);
+/* Drops a reference; the last one frees. NULL is ignored. */
+void grammar_free(grammar *g);
+/* Whether the whole of doc[0..len) is in the grammar's language. */
+bool grammar_accepts(const grammar *g, const char *doc, size_t len);
+/* Rules and byte sets after expansion (statistics, tests). */
+int grammar_n_rules(const grammar *g);
+
+/* ---- compile cache ------------------------------------------------------------------- */
+typedef struct grammar_cache grammar_cache;
+/* Keeps at most max_entries compiled grammars (least recently used dropped). Thread-safe. */
+grammar_cache *grammar_cache_new(int max_entries);
+void grammar_cache_free(grammar_cache *c);
+/* grammar_compile through the cache: a hit returns a new reference to the grammar compiled
+ * before for the same kind and bytes. Errors are not cached. */
+grammar_status grammar_cache_get(grammar_cache *c, grammar_kind kind, const char *src, size_t len,
+                                 grammar **out, char *err, size_t errsz);
+/* Compilations performed (misses) and hits, for tests and metrics. */
+void grammar_cache_stats(grammar_cache *c, uint64_t *n_compiled, uint64_t *n_hits);
+
+/* ---- token level (grammar_match.c) --------------------------------------------------- */
+/* The vocabulary as bytes: a trie over every token's decoded bytes. Tokens with no bytes
+ * (control tokens) are never allowed by a grammar, except the stop ids a matcher is given. */
+typedef struct grammar_vocab grammar_vocab;
+/* bytes[i] / lens[i]: token i's decoded bytes (copied). */
+grammar_vocab *grammar_vocab_new(int n_vocab, const char *const *bytes, const int *lens);
+/* The vocabulary of a model's tokenizer: each token's bytes as the detokenizer writes them
+ * (tokenizer_token_to_piece without special text: control tokens have none). */
+struct tokenizer;
+grammar_vocab *grammar_vocab_from_tokenizer(const struct tokenizer *t);
+void grammar_vocab_free(grammar_vocab *v);
+int grammar_vocab_n(const grammar_vocab *v);
+
+/* One sequence's position in a grammar. Everything a step needs is allocated here, so
+ * grammar_match_mask and grammar_match_accept allocate nothing once the buffers reached the
+ * sizes the grammar needs (they grow on the first steps of a deep document only). Not
+ * thread-safe: one thread at a time per matcher (different matchers of one grammar may run
+ * on different threads). */
+typedef struct grammar_match grammar_match;
+/* stop_ids: tokens that end generation; they are allowed exactly when the bytes so far are a
+ * complete document. Holds references to g; v must outlive the matcher. */
+grammar_match *grammar_match_new(grammar *g, const grammar_vocab *v, const int32_t *stop_ids,
+                                 int n_stop);
+void grammar_match_free(grammar_match *m);
+/* The allowed tokens now: bit i of mask[i / 32] (n_vocab bits). Returns the count allowed.
+ * When nothing can follow (a dead end the grammar let the model reach), the stop ids are
+ * allowed, so generation ends instead of hanging. */
+int grammar_match_mask(grammar_match *m, uint32_t *mask);
+/* Sets logits[i] = -INFINITY for every token the mask does not allow (n_vocab floats). */
+void grammar_match_apply(grammar_match *m, float *logits);
+/* Advances over a chosen token. Returns false (state unchanged) if the token is not allowed. */
+bool grammar_match_accept(grammar_match *m, int32_t token);
+/* True when the bytes accepted so far form a complete document. */
+bool grammar_match_complete(const grammar_match *m);
+/* Mask cache statistics of the grammar: lookups that hit, masks computed, and the seconds
+ * the computed ones took (walk_s may be NULL). */
+void grammar_match_stats(const grammar *g, uint64_t *n_hit, uint64_t *n_computed, double *walk_s);
+
+#endif

@@ -1,0 +1,122 @@
+/*
+ * grammar_int: what only src/grammar/grammar*.c see: the compiled form and the byte-level pushdown
+ * automaton that grammar.c implements and grammar_match.c drives over the token trie.
+ *
+ * Compiled form (llama.cpp's flat encoding, at byte level): every rule is a run of elements
+ * in el[], its alternatives separated by GRAMMAR_EL_ALT and closed by GRAMMAR_EL_END.
+ * Elements are byte sets (index into sets[]) and references to rules. A parser state is a
+ * SET of stacks; a stack is a list of element positions (bottom first), its top the next
+ * byte set to match; the positions below it are where to continue when the rule above ends.
+ * An empty stack means the document may end here. Stacks only ever hold positions of byte
+ * sets and rule references, and a set holds each distinct stack once.
+ */
+#ifndef TM_GRAMMAR_INT_H
+#define TM_GRAMMAR_INT_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "grammar/grammar.h"
+#include "recipe/jsonfmt.h"
+
+enum { GRAMMAR_EL_END = 0, GRAMMAR_EL_ALT, GRAMMAR_EL_RULE, GRAMMAR_EL_BYTES };
+
+typedef struct {
+    uint32_t type;          /* GRAMMAR_EL_* */
+    uint32_t v;             /* RULE: rule index; BYTES: index into sets */
+} grammar_el;
+
+/* A set of stacks. data holds, per stack, its length then its positions (bottom first). */
+typedef struct {
+    uint32_t *data;         /* (cap_data) */
+    int n_data, cap_data;
+    uint32_t *off;          /* (cap_stacks) offset of each stack's length word in data */
+    int n_stacks, cap_stacks;
+    uint32_t *ht;           /* (ht_cap) stack index + 1, 0 = empty slot; dedupe table */
+    uint32_t *ht_gen;       /* (ht_cap) generation of each slot; stale slots count as empty */
+    uint32_t gen;           /* current generation (bumped by grammar_set_clear) */
+    int ht_cap;             /* power of two */
+} grammar_set;
+
+/* A small direct-mapped cache of token masks per parser state, per grammar. */
+typedef struct {
+    uint64_t hash;          /* of the state's data */
+    const void *vocab;      /* the grammar_vocab the mask is for */
+    uint32_t *key;          /* (n_key) copy of the state's data words */
+    int n_key;
+    int n_stacks;
+    uint32_t *mask;         /* (n_vocab / 32 rounded up) */
+    int n_allowed;
+} grammar_mask_entry;
+
+#define GRAMMAR_MASK_CACHE 256   /* entries per grammar (power of two) */
+
+/* How many top entries of a stack decide its context-independent tokens. */
+#define GRAMMAR_CI_DEPTH 3
+
+/* The tokens a single stack's top GRAMMAR_CI_DEPTH entries decide by themselves: mask holds
+ * those accepted whatever lies below; unc lists (as ranges of the vocabulary's node-ordered
+ * token ids) those whose fate depends on the entries below, because some path through their
+ * bytes pops past the top. Every other token is rejected whatever lies below. */
+typedef struct {
+    uint64_t hash;
+    const void *vocab;
+    uint32_t key[GRAMMAR_CI_DEPTH + 1];   /* the top entries, then 1 if the stack was longer */
+    int n_key;                            /* 0: empty slot */
+    uint32_t *mask;                       /* (n_vocab / 32 rounded up) */
+    uint32_t *unc;                        /* (2 * n_unc) [from, to) index ranges into toks */
+    int n_unc, cap_unc;
+} grammar_ci_entry;
+
+#define GRAMMAR_CI_CACHE 1024
+
+struct grammar {
+    int refs;                   /* atomic */
+    grammar_el *el;             /* (n_el) all rules */
+    int n_el;
+    uint32_t *rule_start;       /* (n_rules) index in el of each rule's first element */
+    int n_rules;
+    uint32_t (*sets)[8];        /* (n_sets) 256-bit byte sets */
+    int n_sets;
+    int root;                   /* start rule */
+    grammar_set start;          /* the initial state */
+    pthread_mutex_t mu;         /* guards the mask cache */
+    grammar_mask_entry cache[GRAMMAR_MASK_CACHE];
+    grammar_ci_entry ci[GRAMMAR_CI_CACHE];   /* per top-of-stack, under mu */
+    uint64_t n_hit;             /* masks found in the whole-state cache */
+    uint64_t n_computed;        /* context-independent entries computed (trie walks) */
+    uint64_t n_composed;        /* masks composed from ci entries (whole-state cache misses) */
+    double walk_s;              /* seconds spent composing masks (walks included) */
+};
+
+/* Scratch for expanding stacks (grows as needed, kept between calls). */
+typedef struct {
+    uint32_t *p;
+    int n, cap;
+} grammar_scratch;
+
+void grammar_set_init(grammar_set *s);
+void grammar_set_free(grammar_set *s);
+void grammar_set_clear(grammar_set *s);
+void grammar_set_copy(grammar_set *dst, const grammar_set *src);
+bool grammar_set_accepting(const grammar_set *s);
+/* Adds the stack stk[0..n) (bottom first) unless the set has it. */
+void grammar_set_add(grammar_set *s, const uint32_t *stk, int n);
+void grammar_scratch_free(grammar_scratch *sc);
+/* out = the states after reading byte b in every stack of in (out cleared first). */
+void grammar_step(const grammar *g, grammar_scratch *sc, const grammar_set *in, uint8_t b,
+                  grammar_set *out);
+uint64_t grammar_set_hash(const grammar_set *s);
+
+/* Front ends (GBNF text into a malloc'd string; NULL on error with err set). */
+char *grammar_regex_to_gbnf(const char *re, size_t len, grammar_status *st, char *err, size_t errsz);
+char *grammar_schema_to_gbnf(const char *json, size_t len, grammar_status *st, char *err, size_t errsz);
+/* Appends to a GBNF text the rules of a regex as rule `name` (json_string: the regex describes
+ * the decoded content of a JSON string, written with JSON escapes; search: unanchored ends
+ * match anything, as JSON Schema's pattern does). Returns false with err set. */
+bool grammar_regex_rule(bytebuf *t, const char *name, const char *re, size_t len,
+                        bool json_string, bool search, grammar_status *st, char *err, size_t errsz);
+/* printf into a growable buffer. */
+void grammar_printf(bytebuf *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#endif
