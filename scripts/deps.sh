@@ -21,9 +21,12 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
 fi
 
 # npm: only the linux-x64 CPU build of node-llama-cpp is needed; skip the optional GPU builds.
+# The stamp holds the lock file's hash, not a time: a fresh checkout (newer files, same lock)
+# sharing node_modules must not reinstall it under another checkout's running tests.
 stamp=node_modules/.tokenmill-stamp
-if [ ! -f "$stamp" ] || [ package.json -nt "$stamp" ] || [ package-lock.json -nt "$stamp" ]; then
+want=$(sha256sum package.json package-lock.json | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "deps: installing npm packages (pinned in package-lock.json)"
   npm ci --omit=optional --ignore-scripts --no-audit --no-fund --loglevel=error >/dev/null
-  touch "$stamp"
+  echo "$want" > "$stamp"
 fi
