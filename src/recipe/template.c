@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "recipe/jsonfmt.h"
+#include "recipe/unicode.h"
 #include "util/util.h"
 
 #define TMPL_PARALLEL_MIN_BYTES (32 * 1024)  /* tokenise runs in threads above this much text */
@@ -178,11 +179,6 @@ static void tmpl_index(tmpl_special *v, int32_t n, int32_t *first)
     }
 }
 
-static size_t tmpl_utf8_len(unsigned char c)
-{
-    return c < 0x80 ? 1 : c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
-}
-
 template_status template_new(const tokenizer *tok, const gguf *g, const char *name, template **out,
                              char *err, size_t errsz)
 {
@@ -218,7 +214,7 @@ template_status template_new(const tokenizer *tok, const gguf *g, const char *na
         const char *p = tokenizer_piece(tok, id, &len);
         if (!p || !len) continue;
         if (a & (TOKENIZER_ATTR_CONTROL | TOKENIZER_ATTR_USER_DEFINED | TOKENIZER_ATTR_UNKNOWN)) ns++;
-        if ((a & TOKENIZER_ATTR_USER_DEFINED) && tmpl_utf8_len((unsigned char)p[0]) < len) nu++;
+        if ((a & TOKENIZER_ATTR_USER_DEFINED) && unicode_len_utf8((uint8_t)p[0]) < len) nu++;
     }
     t->specials = xmalloc((size_t)(ns ? ns : 1) * sizeof *t->specials);
     t->udef = xmalloc((size_t)(nu ? nu : 1) * sizeof *t->udef);
@@ -230,7 +226,7 @@ template_status template_new(const tokenizer *tok, const gguf *g, const char *na
         tmpl_special s = { id, p, (uint32_t)len };
         if (a & (TOKENIZER_ATTR_CONTROL | TOKENIZER_ATTR_USER_DEFINED | TOKENIZER_ATTR_UNKNOWN))
             t->specials[t->n_specials++] = s;
-        if ((a & TOKENIZER_ATTR_USER_DEFINED) && tmpl_utf8_len((unsigned char)p[0]) < len) t->udef[t->n_udef++] = s;
+        if ((a & TOKENIZER_ATTR_USER_DEFINED) && unicode_len_utf8((uint8_t)p[0]) < len) t->udef[t->n_udef++] = s;
     }
     tmpl_index(t->specials, t->n_specials, t->first);
     tmpl_index(t->udef, t->n_udef, t->udef_first);
@@ -295,7 +291,7 @@ int64_t template_tokenize_plain(const template *t, const char *s, size_t n, int3
                 unsigned char b = (unsigned char)s[i];
                 if (t->udef_first[b] == t->udef_first[b + 1]) continue;
                 if (tmpl_match(t->udef, t->udef_first, s + i, n - i) >= 0) {
-                    cut = i + tmpl_utf8_len(b);
+                    cut = i + unicode_len_utf8(b);
                     if (cut > n) cut = n;
                     break;
                 }

@@ -1549,20 +1549,6 @@ void tokenizer_stream_init(tokenizer_stream *s, const tokenizer *t)
     s->prev = -1;
 }
 
-/* Length of the prefix of b[0..n) that can be emitted now: everything except a trailing
- * sequence that is a valid but incomplete UTF-8 character. */
-static size_t tokenizer_utf8_ready(const uint8_t *b, size_t n)
-{
-    size_t back = n < 3 ? n : 3;
-    for (size_t k = 1; k <= back; k++) {
-        uint8_t c = b[n - k];
-        if ((c & 0xC0) == 0x80) continue;  /* continuation: keep looking for its lead */
-        size_t need = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 1;
-        return need > k ? n - k : n;
-    }
-    return n;
-}
-
 size_t tokenizer_stream_push(tokenizer_stream *s, int32_t id, char *out, size_t cap)
 {
     const tokenizer *t = s->tok;
@@ -1583,7 +1569,7 @@ size_t tokenizer_stream_push(tokenizer_stream *s, int32_t id, char *out, size_t 
         size_t idx = total - nt + i;
         tail[i] = idx < s->npend ? (uint8_t)s->pend[idx] : (uint8_t)p[idx - s->npend];
     }
-    ready = total - nt + tokenizer_utf8_ready(tail, nt);
+    ready = total - unicode_utf8_tail((const char *)tail, nt);   /* an unfinished character waits */
     if (ready > cap) return ready;
     for (size_t i = 0; i < ready; i++) out[i] = i < s->npend ? s->pend[i] : p[i - s->npend];
     char keep[4];
