@@ -8,7 +8,9 @@
  * top-level fields are rejected as OpenAI does ("Unrecognized request argument supplied").
  * Extensions accepted: top_k, min_p, repetition_penalty, chat_template_kwargs.enable_thinking,
  * thinking {type, budget_tokens} (as Anthropic's: the reasoning is closed after that many
- * tokens, see sched.h), return_token_ids.
+ * tokens, see sched.h), return_token_ids, and the structured-output fields of vLLM (guided_json,
+ * guided_regex, guided_choice, guided_grammar) and llama.cpp (json_schema, grammar) next to
+ * response_format (STRUCTURED OUTPUT in api.h).
  *
  * Output: a chat.completion object, or chat.completion.chunk SSE events: a role chunk per
  * choice, then content / reasoning_content / tool_calls deltas, a finish_reason chunk per

@@ -322,4 +322,16 @@ test("reasoning stays free: DeepSeek-R1's open think block, then a valid answer"
   assert.ok(c.message.reasoning_content.length > 0, "free reasoning");
   assert.equal(c.finish_reason, "stop");
   valid(person, JSON.parse(c.message.content), "after reasoning");
+  // without a budget: the model closes the block itself (a strong bias on </think> makes a
+  // random model do it at once), and the format applies from there (the scheduler follows
+  // think blocks for a grammar, not only for a budget)
+  const THINK_END = 100018;  // </think> in the augmented vocabulary
+  for (const seed of [1, 2]) {
+    const f = await o.chat.completions.create({
+      model: "ds", messages: user("A person."), temperature: 1, seed, max_tokens: MAX, thinking: { type: "enabled" },
+      logit_bias: { [THINK_END]: 40 }, response_format: { type: "json_schema", json_schema: { name: "person", schema: person } },
+    });
+    assert.equal(f.choices[0].finish_reason, "stop", JSON.stringify(f.choices[0].message));
+    valid(person, JSON.parse(f.choices[0].message.content), "after free reasoning");
+  }
 });
