@@ -244,6 +244,7 @@ typedef struct {
                                    * reasoning tokens (0: no limit); enforced by the scheduler */
     char *tools_json;             /* responses: the request's tools array, echoed (owned) */
     char *metadata_json;          /* responses: metadata object, echoed (owned) */
+    char *format_json;            /* responses: text.format, echoed (owned; NULL: text) */
     double temperature_echo;      /* responses: the temperature as the response echoes it */
     double top_p_echo;            /* responses: top_p echoed */
     char *cache_salt;             /* extension (vLLM): tenant salt of the cached blocks (owned, NULL if none) */

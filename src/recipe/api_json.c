@@ -536,6 +536,7 @@ void api_req_free(api_req *r)
     free(r->prompt_ids);
     free(r->fmt_src);
     free(r->tool_name);
+    free(r->format_json);
     memset(r, 0, sizeof *r);
 }
 

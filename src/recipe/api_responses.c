@@ -303,7 +303,9 @@ api_status api_responses_parse(const api_cfg *cfg, const char *body, size_t len,
             api_json_type_error(K, e, "text", "an object", tf);
             goto out;
         }
-        if (!api_json_format(K, json_object_get(tf, "format"), "text.format", true, r, e)) goto out;
+        json_t *fmt = json_object_get(tf, "format");
+        if (!api_json_format(K, fmt, "text.format", true, r, e)) goto out;
+        if (json_is_object(fmt)) r->format_json = api_json_dump(fmt);
     }
     json_t *rsn = json_object_get(root, "reasoning");
     if (rsn && !json_is_null(rsn)) {
@@ -433,7 +435,17 @@ static void api_responses_object(api_out *o, bool final, bytebuf *b)
     api_buf_str(b, r->previous_response_id);
     bytebuf_printf(b, ",\"reasoning\":{\"effort\":null,\"summary\":null},\"store\":%s,\"temperature\":%g,",
                    r->store ? "true" : "false", r->temperature_echo);
-    bytebuf_puts(b, "\"text\":{\"format\":{\"type\":\"text\"}},\"tool_choice\":\"auto\",\"tools\":");
+    bytebuf_puts(b, "\"text\":{\"format\":");  /* the request's format and tool_choice, as OpenAI echoes them */
+    bytebuf_puts(b, r->format_json ? r->format_json : "{\"type\":\"text\"}");
+    bytebuf_puts(b, "},\"tool_choice\":");
+    if (r->tools_mode == API_TOOLS_NAMED) {
+        bytebuf_puts(b, "{\"type\":\"function\",\"name\":");
+        api_buf_str(b, r->tool_name);
+        bytebuf_putc(b, '}');
+    } else {
+        api_buf_str(b, r->tools_mode == API_TOOLS_NONE ? "none" : r->tools_mode == API_TOOLS_REQUIRED ? "required" : "auto");
+    }
+    bytebuf_puts(b, ",\"tools\":");
     bytebuf_puts(b, r->tools_json ? r->tools_json : "[]");
     bytebuf_printf(b, ",\"top_p\":%g,\"truncation\":\"disabled\",\"usage\":", r->top_p_echo);
     if (final) api_responses_usage(&o->usage, b);

@@ -158,6 +158,7 @@ test("responses text.format json_schema (and streaming); json_object", async () 
     text: { format: { type: "json_schema", name: "person", schema: person, strict: true } },
   });
   assert.equal(r.status, "completed");
+  assert.equal(r.text.format.type, "json_schema");  // the response echoes the request's format
   valid(person, JSON.parse(r.output_text), "responses person");
   const s = await oai.responses.create({
     model: "q3", input: "An order.", temperature: 1, max_output_tokens: MAX, stream: true,
@@ -208,6 +209,7 @@ test("forced tool calls, responses: required and a named function (streaming)", 
   const r = await oai.responses.create({
     model: "q3", input: "Weather?", temperature: 1, max_output_tokens: MAX, tools: respTools, tool_choice: "required",
   });
+  assert.equal(r.tool_choice, "required");
   const calls = r.output.filter((o) => o.type === "function_call");
   assert.equal(calls.length, 1);
   checkCall(calls[0].name, calls[0].arguments, ["get_weather", "get_time"], "responses required");
