@@ -104,6 +104,8 @@ typedef struct {
     http_server *h;
     char *derived_name;          /* owned model name when --model-name is not given */
     char alias_buf[256];         /* storage of the model's alias */
+    grammar_cache *gcache;       /* structured output: compiled grammars, by content */
+    grammar_vocab *gvocab;       /* the tokenizer's token bytes, for the grammars' masks */
     api_ctx ac;                  /* what every route sees; outlives the HTTP server */
 } serve;
 
@@ -223,11 +225,13 @@ static int serve_routes(serve *sv)
     const serve_opts *o = &sv->o;
     char err[512];
     const char *name = o->name ? o->name : (sv->derived_name = api_model_default_name(o->path));
+    sv->gvocab = grammar_vocab_from_tokenizer(sv->tok);
+    sv->gcache = grammar_cache_new(256);
     sv->ac = (api_ctx){
         .sched = sv->s, .model = sv->m, .tok = sv->tok, .tmpl = sv->tmpl, .model_name = name,
         .model_alias = api_model_alias(sv->m, sv->alias_buf, sizeof sv->alias_buf), .n_ctx = (int)o->eng.ctx,
         .n_threads = engine_n_threads(sv->e), .created = (int64_t)time(NULL), .retention = &o->classes,
-        .metrics_public = o->metrics_public,
+        .metrics_public = o->metrics_public, .gcache = sv->gcache, .gvocab = sv->gvocab,
     };
     http_opts ho = o->http;
     ho.host = o->host;
@@ -343,6 +347,8 @@ static void serve_free(serve *sv)
     store_close(sv->cache);
     engine_free(sv->e);
     template_free(sv->tmpl);
+    grammar_cache_free(sv->gcache);
+    grammar_vocab_free(sv->gvocab);
     tokenizer_free(sv->tok);
     model_free(sv->m);
     free(sv->derived_name);

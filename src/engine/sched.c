@@ -587,10 +587,11 @@ static void sched_logprobs(const float *logits, int n_vocab, int32_t chosen, int
     o->n_top = n;
 }
 
-/* Follows think blocks in the output for the reasoning budget (p.think_*). */
+/* Follows think blocks in the output for the reasoning budget and the grammar, which leaves
+ * them free (p.think_*). */
 static void sched_think_track(sched_req *r, int32_t tok)
 {
-    if (r->p.think_budget <= 0) return;
+    if (r->p.think_budget <= 0 && !r->gm) return;
     if (!r->in_think && tok == r->p.think_start && tok >= 0) r->in_think = true;
     else if (r->in_think && tok == r->p.think_end && tok >= 0) r->in_think = false;
     else if (r->in_think) r->n_think++;

@@ -321,6 +321,7 @@ typedef struct {
     bool begun;                         /* streaming: the opening events were written */
     bytebuf raw;                    /* scratch: one token's bytes from the detokenizer */
     bytebuf text;                   /* one token's text as the client gets it (api_detok) */
+    grammar *g;                         /* the answer's format (compiled), or NULL */
 } api_job;
 
 static void api_job_free(api_job *j)
@@ -331,6 +332,7 @@ static void api_job_free(api_job *j)
     bytebuf_free(&j->raw);
     bytebuf_free(&j->text);
     template_prompt_free(&j->prompt);
+    grammar_free(j->g);
     api_req_free(&j->req);
     free(j);
 }
@@ -535,11 +537,65 @@ static void api_job_output(api_job *j, events_markers *mk)
     const api_ctx *c = j->c;
     if (j->kind == API_KIND_COMPLETIONS) events_markers_none(mk);  /* raw text: nothing to split */
     else template_markers(c->tmpl, &j->req.conv, mk);
+    if (j->req.tools_mode == API_TOOLS_NONE) mk->toolfmt = EVENTS_TOOLFMT_NONE;  /* no call, whatever is written */
     api_out_init(&j->out, &j->req, mk, j->req.sp.seed ^ 0x5DEECE66Dull, c->model_name);
     if (c->model) snprintf(j->out.fingerprint, sizeof j->out.fingerprint, "fp_%.10s", c->model->fingerprint_hex);
     j->out.piece = api_job_piece;
     j->out.piece_ud = j;
     api_out_set_prompt(&j->out, (int)j->prompt.n_ids, 0, j->prompt.ids, (int)j->prompt.n_ids);
+}
+
+/* Step: the answer's format (STRUCTURED OUTPUT in api.h), compiled through the cache here,
+ * on the connection's thread, so that a bad schema / regex / grammar is a 400 naming the
+ * problem before anything is queued. A forced call of a family with a grammar form wins over
+ * a response format (the answer is the call). */
+static bool api_job_grammar(api_job *j, const events_markers *mk, api_error *e)
+{
+    const api_ctx *c = j->c;
+    api_req *q = &j->req;
+    bool forced = q->tools_mode == API_TOOLS_REQUIRED || q->tools_mode == API_TOOLS_NAMED;
+    if (forced && q->conv.n_tools == 0) {
+        api_error_set(e, 400, "tool_choice", "invalid_value",
+                      "Invalid value for 'tool_choice': a tool call is required, but no tools were given.");
+        return false;
+    }
+    char err[512] = "";
+    char *tool_src = NULL;
+    if (forced) {
+        tool_src = api_tool_gbnf(&q->conv, mk->toolfmt, q->tools_mode == API_TOOLS_NAMED ? q->tool_name : NULL,
+                                 err, sizeof err);
+        if (!tool_src && err[0]) {
+            api_error_set(e, 400, q->tools_mode == API_TOOLS_NAMED ? "tool_choice" : "tools", "invalid_value",
+                          "Invalid tool call format: %s", err);
+            return false;
+        }
+        if (mk->toolfmt == EVENTS_TOOLFMT_QWEN && mk->tool_start < 0) {  /* no marker to announce it with */
+            free(tool_src);
+            tool_src = NULL;
+        }
+    }
+    if (!tool_src && q->fmt_kind < 0) return true;
+    const char *param = tool_src ? "tools" : q->fmt_param;
+    if (!c->gcache || !c->gvocab) {
+        free(tool_src);
+        api_error_set(e, 400, param, "invalid_value",
+                      "Structured output is not available on this server.");
+        return false;
+    }
+    grammar_status st;
+    if (tool_src) {  /* the schemas compiled in api_tool_gbnf: an error here is the combination's */
+        st = grammar_cache_get(c->gcache, GRAMMAR_KIND_GBNF, tool_src, strlen(tool_src), &j->g, err, sizeof err);
+        free(tool_src);
+        if (st == GRAMMAR_OK && mk->toolfmt == EVENTS_TOOLFMT_QWEN) j->out.call_marker = mk->tool_start;
+    } else {
+        st = grammar_cache_get(c->gcache, (grammar_kind)q->fmt_kind, q->fmt_src ? q->fmt_src : "", q->fmt_len, &j->g,
+                               err, sizeof err);
+    }
+    if (st != GRAMMAR_OK) {
+        api_error_set(e, 400, param, "invalid_value", "Invalid format in '%s': %s", param, err);
+        return false;
+    }
+    return true;
 }
 
 /* Step: one scheduler request per choice (seeds seed, seed+1, ...). Completions' max_tokens 0
@@ -564,12 +620,14 @@ static bool api_job_submit(http_request *r, api_job *j, const api_tenancy *tn, c
     sp.top_logprobs = TM_MIN(j->req.top_logprobs, SCHED_MAX_TOP_LOGPROBS);
     sp.cache_salt = tn->salt;
     sp.cache_class = tn->cls;
-    if (j->req.thinking_budget > 0 && mk->think_end >= 0) {  /* enforced by the scheduler */
+    if ((j->req.thinking_budget > 0 || j->g) && mk->think_end >= 0) {  /* enforced by the scheduler */
         sp.think_budget = j->req.thinking_budget;
         sp.think_start = mk->think_start;
         sp.think_end = mk->think_end;
         sp.think_open = mk->starts_in_reasoning;
     }
+    sp.grammar = j->g;  /* reasoning stays free: the format applies from the end of the think block */
+    sp.grammar_vocab = j->g ? c->gvocab : NULL;
     for (int i = 0; i < j->out.n_choices; i++) {
         sp.sample.seed = j->req.sp.seed + (uint64_t)i;
         sched_status ss = api_be_submit(c, &sp, &j->sreq[i]);
@@ -657,6 +715,7 @@ void api_serve(http_request *r, const api_ctx *c, api_kind kind, bool count_only
     /* output state, submission, answer */
     events_markers mk;
     api_job_output(j, &mk);
+    if (!api_job_grammar(j, &mk, &e)) goto refuse;
     if (!api_job_submit(r, j, &tn, &mk)) {
         api_job_free(j);
         return;

@@ -62,6 +62,7 @@
 
 #include "cache/gc.h"
 #include "engine/sched.h"
+#include "grammar/grammar.h"
 #include "http/http.h"
 #include "model/model.h"
 
@@ -96,6 +97,9 @@ typedef struct {
                                     * defaults), which cache_class may name; NULL: defaults */
     const api_backend *backend; /* NULL: requests run on sched; else on this backend (sched NULL) */
     bool metrics_public;      /* /metrics without the API key (--metrics-public) */
+    grammar_cache *gcache;    /* compiled structured-output grammars; NULL: such requests are
+                               * refused (400) */
+    const grammar_vocab *gvocab; /* the tokenizer's token bytes (grammar_vocab_from_tokenizer) */
 } api_ctx;
 
 /* Token ids a request may name: the tokenizer's and the model's output rows both. */
@@ -172,6 +176,14 @@ typedef enum {
     API_KIND_COMPLETIONS,     /* POST /v1/completions (OpenAI's shapes, a raw prompt) */
 } api_kind;
 
+/* tool_choice, the vendors' values mapped to one set. */
+typedef enum {
+    API_TOOLS_AUTO = 0,       /* the model decides (OpenAI "auto", Anthropic {type: auto}) */
+    API_TOOLS_NONE,           /* no call (the tools are not shown and no call is reported) */
+    API_TOOLS_REQUIRED,       /* exactly one call of any offered tool ("required", {type: any}) */
+    API_TOOLS_NAMED,          /* exactly one call of api_req.tool_name */
+} api_tools_mode;
+
 typedef enum {
     API_OK = 0,
     API_ERR,                  /* the request is rejected; see the api_error */
@@ -232,6 +244,7 @@ typedef struct {
                                    * reasoning tokens (0: no limit); enforced by the scheduler */
     char *tools_json;             /* responses: the request's tools array, echoed (owned) */
     char *metadata_json;          /* responses: metadata object, echoed (owned) */
+    char *format_json;            /* responses: text.format, echoed (owned; NULL: text) */
     double temperature_echo;      /* responses: the temperature as the response echoes it */
     double top_p_echo;            /* responses: top_p echoed */
     char *cache_salt;             /* extension (vLLM): tenant salt of the cached blocks (owned, NULL if none) */
@@ -242,6 +255,14 @@ typedef struct {
     int32_t *prompt_ids;          /* completions: (n_prompt_ids) the prompt as token ids (owned) */
     int n_prompt_ids;
     bool ignore_eos;              /* completions (extension): do not stop at the end-of-text token */
+    /* Structured output: the format the answer (after any reasoning) must follow, compiled by
+     * api_serve through the grammar cache before submission (see STRUCTURED OUTPUT below). */
+    int fmt_kind;                 /* grammar_kind of fmt_src, -1 when unconstrained */
+    char *fmt_src;                /* the schema / regex / GBNF text (owned; NULL for the JSON kind) */
+    size_t fmt_len;               /* bytes of fmt_src */
+    char fmt_param[48];           /* the request field it came from (param of a 400) */
+    api_tools_mode tools_mode;    /* tool_choice */
+    char *tool_name;              /* NAMED: the tool that must be called (owned) */
 } api_req;
 
 void api_req_init(api_req *r, api_kind kind);
@@ -261,6 +282,24 @@ api_status api_messages_count_parse(const api_cfg *cfg, const char *body, size_t
  * are refused. */
 api_status api_completions_parse(const api_cfg *cfg, const char *body, size_t len, api_req *r, api_error *e);
 api_status api_parse(const api_cfg *cfg, api_kind kind, const char *body, size_t len, api_req *r, api_error *e);
+
+/* STRUCTURED OUTPUT. response_format / text.format (json_object, json_schema), the vLLM and
+ * llama.cpp extensions (guided_json, guided_regex, guided_choice, guided_grammar, json_schema,
+ * grammar) and forced tool calls all become one grammar per request. A forced call (tool_choice
+ * required / any / a named tool) is the body of the model family's own call syntax, with the
+ * arguments bound by each tool's schema:
+ *   QWEN    {"name": N, "arguments": ARGS}, between <tool_call> markers;
+ *   LLAMA3  {"name": N, "parameters": ARGS} (the family has no marker token).
+ * Qwen's markers are control tokens, which a byte grammar cannot write and a marker spelled in
+ * pieces is text to the splitter (events.h), so the grammar writes the body and api_out tells
+ * the splitter that the call opened (api_out.call_marker) at the first answer token.
+ * DeepSeek's call syntax is made of control tokens between the name and the arguments; its
+ * forced calls are not constrained (the request runs as with tool_choice auto). */
+
+/* The GBNF text of a forced call for tool format fmt over c's tools (only the tool named
+ * `only` when not NULL): malloc'd, or NULL with a message in err (a tool's schema refused, or
+ * a format without a grammar form: NULL and err ""). */
+char *api_tool_gbnf(const conv *c, events_toolfmt fmt, const char *only, char *err, size_t errsz);
 
 /* Token figures of a finished response (summed over choices). */
 typedef struct {
@@ -351,6 +390,7 @@ typedef struct {
     int n_tokens;             /* tokens generated */
     int n_reasoning_tokens;   /* of those, inside a think block (markers included) */
     bool in_think;            /* token-level: inside a think block */
+    bool marker_fed;          /* api_out.call_marker was fed */
     int32_t think_start;      /* marker ids for the count above (-1 none) */
     int32_t think_end;
     int32_t *token_ids;       /* generated ids (return_token_ids) */
@@ -374,6 +414,8 @@ typedef struct api_out {
     const int32_t *prompt_ids;/* for return_token_ids (borrowed, may be NULL) */
     int n_prompt_ids;
     int seq;                  /* responses: next sequence_number */
+    int32_t call_marker;      /* a forced call's opening marker id, fed to each choice's splitter
+                               * (with no text) before its first answer token; -1: none */
     api_piece_fn piece;       /* logprob token text (NULL: logprobs carry no text) */
     void *piece_ud;
     bytebuf out;          /* bytes ready for the client (SSE events, or the final body) */

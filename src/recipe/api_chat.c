@@ -8,7 +8,9 @@
  * top-level fields are rejected as OpenAI does ("Unrecognized request argument supplied").
  * Extensions accepted: top_k, min_p, repetition_penalty, chat_template_kwargs.enable_thinking,
  * thinking {type, budget_tokens} (as Anthropic's: the reasoning is closed after that many
- * tokens, see sched.h), return_token_ids.
+ * tokens, see sched.h), return_token_ids, and the structured-output fields of vLLM (guided_json,
+ * guided_regex, guided_choice, guided_grammar) and llama.cpp (json_schema, grammar) next to
+ * response_format (STRUCTURED OUTPUT in api.h).
  *
  * Output: a chat.completion object, or chat.completion.chunk SSE events: a role chunk per
  * choice, then content / reasoning_content / tool_calls deltas, a finish_reason chunk per
@@ -30,7 +32,7 @@ static const char *const api_chat_keys[] = {
     "function_call", "safety_identifier", "prompt_cache_key", "verbosity",
     /* extensions (vLLM / llama.cpp / DeepSeek) */
     "top_k", "min_p", "repetition_penalty", "chat_template_kwargs", "thinking", "return_token_ids", "cache_salt",
-    "cache_class", NULL};
+    "cache_class", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "json_schema", "grammar", NULL};
 
 /* Appends the text of a content value (string or array of text parts, joined with nothing
  * between as the reference templates join them) to the last turn as one text part. Returns
@@ -294,22 +296,14 @@ static bool api_chat_output_fields(json_t *root, api_req *r, api_error *e)
     return api_json_stream_options(K, root, r, e);
 }
 
-/* Step: what this server does not do, refused by name: response formats other than text,
- * audio, predictions, web search, legacy function_call, non-text modalities. */
-static bool api_chat_unsupported(json_t *root, api_error *e)
+/* Step: the output format (response_format, or one of the extensions' fields) and what this
+ * server does not do, refused by name: audio, predictions, web search, legacy function_call,
+ * non-text modalities. */
+static bool api_chat_unsupported(json_t *root, api_req *r, api_error *e)
 {
-    json_t *rf = json_object_get(root, "response_format");
-    if (rf && !json_is_null(rf)) {
-        json_t *t = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
-        if (!json_is_object(rf)) {
-            api_json_type_error(K, e, "response_format", "an object", rf);
-            return false;
-        }
-        if (!json_is_string(t) || strcmp(json_string_value(t), "text")) {
-            api_json_value_error(K, e, "response_format.type", "only 'text' is supported by this server.");
-            return false;
-        }
-    }
+    if (!api_json_format(K, json_object_get(root, "response_format"), "response_format", false, r, e) ||
+        !api_json_guided(K, root, r, e))
+        return false;
     static const char *const unsupported[] = {"audio", "prediction", "web_search_options", "function_call", NULL};
     for (int i = 0; unsupported[i]; i++) {
         json_t *v = json_object_get(root, unsupported[i]);
@@ -340,17 +334,26 @@ static bool api_chat_tool_fields(json_t *root, api_req *r, api_error *e)
     bool b;
     if (api_json_bool(K, root, "parallel_tool_calls", &b, e) < 0) return false;
     json_t *tc = json_object_get(root, "tool_choice");
-    bool tools_off = false;
     if (tc && !json_is_null(tc)) {
         if (json_is_string(tc)) {
             const char *v = json_string_value(tc);
-            if (!strcmp(v, "none")) tools_off = true;
-            else if (strcmp(v, "auto") && strcmp(v, "required")) {
+            if (!strcmp(v, "none")) r->tools_mode = API_TOOLS_NONE;
+            else if (!strcmp(v, "required")) r->tools_mode = API_TOOLS_REQUIRED;
+            else if (strcmp(v, "auto")) {
                 api_error_set(e, 400, "tool_choice", "invalid_value",
                               "Invalid value: '%s'. Supported values are: 'none', 'auto', and 'required'.", v);
                 return false;
             }
-        } else if (!json_is_object(tc)) {
+        } else if (json_is_object(tc)) {
+            json_t *fn = json_object_get(tc, "function");
+            json_t *name = json_is_object(fn) ? json_object_get(fn, "name") : NULL;
+            if (!json_is_string(name)) {
+                api_json_bad(K, e, "tool_choice.function.name", "a string", name);
+                return false;
+            }
+            r->tools_mode = API_TOOLS_NAMED;
+            r->tool_name = xstrdup(json_string_value(name));
+        } else {
             api_json_type_error(K, e, "tool_choice", "a string or an object", tc);
             return false;
         }
@@ -359,7 +362,7 @@ static bool api_chat_tool_fields(json_t *root, api_req *r, api_error *e)
     if (tools && !json_is_null(tools) && !api_chat_tools(&r->conv, tools, "tools", false, e)) return false;
     json_t *fns = json_object_get(root, "functions");
     if (fns && !json_is_null(fns) && !api_chat_tools(&r->conv, fns, "functions", true, e)) return false;
-    if (tools_off) r->conv.n_tools = 0;
+    if (r->tools_mode == API_TOOLS_NONE) r->conv.n_tools = 0;
     return true;
 }
 
@@ -424,7 +427,7 @@ api_status api_chat_parse(const api_cfg *cfg, const char *body, size_t len, api_
     if (!api_json_model(cfg, K, root, r, e) || !api_chat_messages(r, msgs, e)) goto out;
     /* how to generate, and what to send back */
     if (!api_json_sampling(K, root, cfg, r, e)) goto out;
-    if (!api_chat_output_fields(root, r, e) || !api_json_user(K, root, r, e) || !api_chat_unsupported(root, e)) goto out;
+    if (!api_chat_output_fields(root, r, e) || !api_json_user(K, root, r, e) || !api_chat_unsupported(root, r, e)) goto out;
     /* tools and thinking, which shape the prompt */
     if (!api_chat_tool_fields(root, r, e) || !api_chat_thinking(root, r, e)) goto out;
     ret = API_OK;

@@ -30,7 +30,7 @@ static const char *const compl_known[] = {
     "model", "prompt", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "logprobs",
     "echo", "stop", "presence_penalty", "frequency_penalty", "best_of", "logit_bias", "user", "suffix",
     "seed", "top_k", "min_p", "repeat_penalty", "repetition_penalty", "ignore_eos", "cache_salt", "cache_class",
-    NULL,
+    "response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "json_schema", "grammar", NULL,
 };
 
 static const api_kind K = API_KIND_COMPLETIONS;
@@ -125,6 +125,9 @@ api_status api_completions_parse(const api_cfg *cfg, const char *body, size_t le
     }
     if (api_json_bool(K, root, "stream", &r->stream, e) < 0 || api_json_bool(K, root, "ignore_eos", &r->ignore_eos, e) < 0 ||
         !api_json_stream_options(K, root, r, e))
+        goto out;
+    if (!api_json_format(K, json_object_get(root, "response_format"), "response_format", false, r, e) ||
+        !api_json_guided(K, root, r, e))
         goto out;
     ret = API_OK;
 out:

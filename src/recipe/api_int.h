@@ -68,6 +68,13 @@ typedef struct {
 /* A content value that is a string or an array of text parts (`path` names it), as one string
  * (malloc'd), the parts joined with w->sep. NULL with e filled in the vendor's words. */
 char *api_json_parts_text(api_kind kind, json_t *v, const char *path, const api_parts_words *w, api_error *e);
+/* Reads a response format object at `path` (chat's response_format, where a json_schema
+ * format holds {name, schema, strict} in member json_schema; Responses' text.format, where
+ * name / schema / strict are the format's own members: flat) into r. Type "text" leaves r
+ * unconstrained. */
+bool api_json_format(api_kind kind, json_t *fmt, const char *path, bool flat, api_req *r, api_error *e);
+/* The extensions' fields of a chat or completions request (at most one of them). */
+bool api_json_guided(api_kind kind, json_t *root, api_req *r, api_error *e);
 /* The compact JSON text of a value (malloc'd). */
 char *api_json_dump(json_t *v);
 

@@ -515,6 +515,7 @@ void api_req_init(api_req *r, api_kind kind)
     r->store = true;
     r->temperature_echo = 1.0;
     r->top_p_echo = 1.0;
+    r->fmt_kind = -1;
     static uint64_t ctr;
     r->sp.seed = ((uint64_t)time(NULL) << 16) ^ (__atomic_add_fetch(&ctr, 0x9E3779B97F4A7C15ull, __ATOMIC_RELAXED));
 }
@@ -533,7 +534,214 @@ void api_req_free(api_req *r)
     free(r->user);
     free(r->prompt_text);
     free(r->prompt_ids);
+    free(r->fmt_src);
+    free(r->tool_name);
+    free(r->format_json);
     memset(r, 0, sizeof *r);
+}
+
+/* ------------------------------------------------------------------ structured output */
+
+/* Sets r's format; src is taken (malloc'd, or NULL for the JSON kind). */
+static void api_set_format(api_req *r, grammar_kind kind, char *src, size_t len, const char *param)
+{
+    free(r->fmt_src);
+    r->fmt_kind = (int)kind;
+    r->fmt_src = src;
+    r->fmt_len = len;
+    snprintf(r->fmt_param, sizeof r->fmt_param, "%.*s", (int)sizeof r->fmt_param - 1, param);
+}
+
+bool api_json_format(api_kind kind, json_t *fmt, const char *path, bool flat, api_req *r, api_error *e)
+{
+    char p[64];
+    if (!fmt || json_is_null(fmt)) return true;
+    if (!json_is_object(fmt)) {
+        api_json_type_error(kind, e, path, "an object", fmt);
+        return false;
+    }
+    json_t *t = json_object_get(fmt, "type");
+    snprintf(p, sizeof p, "%.40s.type", path);
+    if (!json_is_string(t)) {
+        api_json_bad(kind, e, p, "a string", t);
+        return false;
+    }
+    const char *ts = json_string_value(t);
+    if (!strcmp(ts, "text")) return true;
+    if (!strcmp(ts, "json_object")) {
+        /* llama.cpp's server also takes a schema here */
+        json_t *sc = json_object_get(fmt, "schema");
+        if (json_is_object(sc)) {
+            char *src = api_json_dump(sc);
+            api_set_format(r, GRAMMAR_KIND_SCHEMA, src, strlen(src), path);
+        } else {
+            api_set_format(r, GRAMMAR_KIND_JSON, NULL, 0, path);
+        }
+        return true;
+    }
+    if (strcmp(ts, "json_schema")) {
+        api_error_set(e, 400, p, "invalid_value",
+                      "Invalid value: '%.64s'. Supported values are: 'text', 'json_object', and 'json_schema'.", ts);
+        return false;
+    }
+    json_t *js = fmt;
+    const char *jpath = path;
+    char q[64], sp[80], nm[80];
+    if (!flat) {
+        js = json_object_get(fmt, "json_schema");
+        snprintf(q, sizeof q, "%.40s.json_schema", path);
+        jpath = q;
+        if (!json_is_object(js)) {
+            api_json_bad(kind, e, jpath, "an object", js);
+            return false;
+        }
+    }
+    json_t *sc = json_object_get(js, "schema");
+    snprintf(sp, sizeof sp, "%.60s.schema", jpath);
+    if (!json_is_object(sc) && !json_is_boolean(sc)) {
+        api_json_bad(kind, e, sp, "an object", sc);
+        return false;
+    }
+    json_t *name = json_object_get(js, "name");
+    if (name && !json_is_null(name) && !json_is_string(name)) {
+        snprintf(nm, sizeof nm, "%.60s.name", jpath);
+        api_json_type_error(kind, e, nm, "a string", name);
+        return false;
+    }
+    bool strict;
+    if (api_json_bool(kind, js, "strict", &strict, e) < 0) return false;
+    char *src = api_json_dump(sc);
+    api_set_format(r, GRAMMAR_KIND_SCHEMA, src, strlen(src), sp);
+    return true;
+}
+
+/* Appends s[0..len) as a GBNF string literal (llama.cpp's escapes). */
+static void api_gbnf_literal(bytebuf *b, const char *s, size_t len)
+{
+    bytebuf_putc(b, '"');
+    for (size_t i = 0; i < len; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        if (ch == '"' || ch == '\\') bytebuf_printf(b, "\\%c", ch);
+        else if (ch < 0x20 || ch == 0x7f) bytebuf_printf(b, "\\x%02X", ch);
+        else bytebuf_putc(b, (char)ch);
+    }
+    bytebuf_putc(b, '"');
+}
+
+bool api_json_guided(api_kind kind, json_t *root, api_req *r, api_error *e)
+{
+    static const char *const keys[] = {"guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                                       "json_schema", "grammar", NULL};
+    const char *given = NULL;
+    for (int i = 0; keys[i]; i++) {
+        json_t *v = json_object_get(root, keys[i]);
+        if (!v || json_is_null(v)) continue;
+        if (given || r->fmt_kind >= 0) {
+            api_json_value_error(kind, e, keys[i], "only one output format may be given (%s is set too).",
+                                 given ? given : r->fmt_param);
+            return false;
+        }
+        given = keys[i];
+        bool schema = !strcmp(keys[i], "guided_json") || !strcmp(keys[i], "json_schema");
+        if (schema && (json_is_object(v) || json_is_boolean(v))) {
+            char *src = api_json_dump(v);
+            api_set_format(r, GRAMMAR_KIND_SCHEMA, src, strlen(src), keys[i]);
+        } else if (!strcmp(keys[i], "guided_choice")) {
+            size_t k;
+            json_t *c;
+            if (!json_is_array(v) || json_array_size(v) == 0) {
+                api_json_value_error(kind, e, keys[i], "expected a non-empty array of strings.");
+                return false;
+            }
+            bytebuf b = {0};
+            bytebuf_puts(&b, "root ::= ");
+            json_array_foreach(v, k, c) {
+                if (!json_is_string(c)) {
+                    char q[64];
+                    snprintf(q, sizeof q, "%s[%d]", keys[i], (int)k);
+                    api_json_type_error(kind, e, q, "a string", c);
+                    bytebuf_free(&b);
+                    return false;
+                }
+                if (k) bytebuf_puts(&b, " | ");
+                api_gbnf_literal(&b, json_string_value(c), json_string_length(c));
+            }
+            bytebuf_putc(&b, '\n');
+            size_t n = b.len;
+            api_set_format(r, GRAMMAR_KIND_GBNF, b.p, n, keys[i]);
+        } else if (json_is_string(v)) {
+            /* a schema may come as JSON text (vLLM) */
+            grammar_kind gk = schema ? GRAMMAR_KIND_SCHEMA : !strcmp(keys[i], "guided_regex") ? GRAMMAR_KIND_REGEX
+                                                                                             : GRAMMAR_KIND_GBNF;
+            size_t n = json_string_length(v);
+            char *src = xmalloc(n + 1);
+            memcpy(src, json_string_value(v), n + 1);
+            api_set_format(r, gk, src, n, keys[i]);
+        } else {
+            api_json_type_error(kind, e, keys[i], schema ? "an object" : "a string", v);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* The tools of a forced call, one alternative per tool:
+ *   root ::= "{\"name\": \"N1\", \"arguments\": " t1-root "}" | ...
+ * followed by each tool's schema grammar, its rules prefixed t1-, t2-, ... */
+char *api_tool_gbnf(const conv *c, events_toolfmt fmt, const char *only, char *err, size_t errsz)
+{
+    err[0] = 0;
+    const char *args_key = fmt == EVENTS_TOOLFMT_QWEN ? "arguments" : fmt == EVENTS_TOOLFMT_LLAMA3 ? "parameters" : NULL;
+    if (!args_key) return NULL;
+    bytebuf root = {0}, rules = {0}, name = {0}, head = {0};
+    int n_alt = 0;
+    bool ok = true;
+    for (int i = 0; i < c->n_tools && ok; i++) {
+        const conv_tool *t = &c->tools[i];
+        if (only && strcmp(only, t->name)) continue;
+        grammar_status st;
+        char gerr[400] = "";
+        const char *ps = t->parameters;
+        char *g = ps ? grammar_to_gbnf(GRAMMAR_KIND_SCHEMA, ps, strlen(ps), &st, gerr, sizeof gerr)
+                     : grammar_to_gbnf(GRAMMAR_KIND_JSON, "", 0, &st, gerr, sizeof gerr);
+        if (!g) {
+            snprintf(err, errsz, "the parameters of tool '%.64s': %s", t->name, gerr);
+            ok = false;
+            break;
+        }
+        char prefix[24];
+        snprintf(prefix, sizeof prefix, "t%d-", i + 1);
+        char *pg = grammar_gbnf_prefix(g, strlen(g), prefix);
+        free(g);
+        bytebuf_puts(&rules, pg);
+        bytebuf_putc(&rules, '\n');
+        free(pg);
+        name.len = 0;
+        head.len = 0;
+        jsonfmt_write_string(&name, t->name, strlen(t->name));
+        bytebuf_puts(&head, "{\"name\": ");
+        bytebuf_append(&head, name.p, name.len);
+        bytebuf_printf(&head, ", \"%s\": ", args_key);
+        bytebuf_puts(&root, n_alt++ ? " | " : "root ::= ");
+        api_gbnf_literal(&root, head.p, head.len);
+        bytebuf_printf(&root, " %sroot \"}\"", prefix);
+    }
+    if (ok && !n_alt) {
+        snprintf(err, errsz, "'%.64s' is not one of the tools offered.", only ? only : "");
+        ok = false;
+    }
+    char *out = NULL;
+    if (ok) {
+        bytebuf_putc(&root, '\n');
+        bytebuf_append(&root, rules.p, rules.len);
+        out = root.p;
+        root.p = NULL;
+    }
+    bytebuf_free(&root);
+    bytebuf_free(&rules);
+    bytebuf_free(&name);
+    bytebuf_free(&head);
+    return out;
 }
 
 api_status api_parse(const api_cfg *cfg, api_kind kind, const char *body, size_t len, api_req *r, api_error *e)

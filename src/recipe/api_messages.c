@@ -257,7 +257,20 @@ static bool api_messages_common(json_t *root, api_req *r, long long max_tokens, 
             api_error_set(e, 400, "tool_choice", NULL, "tool_choice: Input should be an object with type 'auto', 'any', 'tool' or 'none'");
             return false;
         }
-        if (!strcmp(ts, "none")) r->conv.n_tools = 0;
+        if (!strcmp(ts, "none")) {
+            r->tools_mode = API_TOOLS_NONE;
+            r->conv.n_tools = 0;
+        } else if (!strcmp(ts, "any")) {
+            r->tools_mode = API_TOOLS_REQUIRED;
+        } else if (!strcmp(ts, "tool")) {
+            json_t *name = json_object_get(tc, "name");
+            if (!json_is_string(name)) {
+                api_json_bad(K, e, "tool_choice.tool.name", "a valid string", name);
+                return false;
+            }
+            r->tools_mode = API_TOOLS_NAMED;
+            r->tool_name = xstrdup(json_string_value(name));
+        }
     }
     r->conv.thinking = CONV_THINKING_OFF;
     json_t *th = json_object_get(root, "thinking");

@@ -299,16 +299,13 @@ api_status api_responses_parse(const api_cfg *cfg, const char *body, size_t len,
     }
     json_t *tf = json_object_get(root, "text");
     if (tf && !json_is_null(tf)) {
-        json_t *fmt = json_is_object(tf) ? json_object_get(tf, "format") : NULL;
-        json_t *ft = json_is_object(fmt) ? json_object_get(fmt, "type") : NULL;
         if (!json_is_object(tf)) {
             api_json_type_error(K, e, "text", "an object", tf);
             goto out;
         }
-        if (fmt && !json_is_null(fmt) && (!json_is_string(ft) || strcmp(json_string_value(ft), "text"))) {
-            api_json_value_error(K, e, "text.format", "only the 'text' format is supported by this server.");
-            goto out;
-        }
+        json_t *fmt = json_object_get(tf, "format");
+        if (!api_json_format(K, fmt, "text.format", true, r, e)) goto out;
+        if (json_is_object(fmt)) r->format_json = api_json_dump(fmt);
     }
     json_t *rsn = json_object_get(root, "reasoning");
     if (rsn && !json_is_null(rsn)) {
@@ -326,8 +323,24 @@ api_status api_responses_parse(const api_cfg *cfg, const char *body, size_t len,
         }
     }
     json_t *tc = json_object_get(root, "tool_choice");
-    bool tools_off = json_is_string(tc) && !strcmp(json_string_value(tc), "none");
-    if (tc && !json_is_null(tc) && !json_is_string(tc) && !json_is_object(tc)) {
+    if (json_is_string(tc)) {
+        const char *v = json_string_value(tc);
+        if (!strcmp(v, "none")) r->tools_mode = API_TOOLS_NONE;
+        else if (!strcmp(v, "required")) r->tools_mode = API_TOOLS_REQUIRED;
+        else if (strcmp(v, "auto")) {
+            api_error_set(e, 400, "tool_choice", "invalid_value",
+                          "Invalid value: '%.64s'. Supported values are: 'none', 'auto', and 'required'.", v);
+            goto out;
+        }
+    } else if (json_is_object(tc)) {
+        json_t *name = json_object_get(tc, "name");
+        if (!json_is_string(name)) {
+            api_json_bad(K, e, "tool_choice.name", "a string", name);
+            goto out;
+        }
+        r->tools_mode = API_TOOLS_NAMED;
+        r->tool_name = xstrdup(json_string_value(name));
+    } else if (tc && !json_is_null(tc)) {
         api_json_type_error(K, e, "tool_choice", "a string or an object", tc);
         goto out;
     }
@@ -336,7 +349,7 @@ api_status api_responses_parse(const api_cfg *cfg, const char *body, size_t len,
         if (!api_responses_tools(r, tools, e)) goto out;
         r->tools_json = api_json_dump(tools);
     }
-    if (tools_off) r->conv.n_tools = 0;
+    if (r->tools_mode == API_TOOLS_NONE) r->conv.n_tools = 0;
     if (r->store && cfg) r->store_to = cfg->store;
     ret = API_OK;
 out:
@@ -422,7 +435,17 @@ static void api_responses_object(api_out *o, bool final, bytebuf *b)
     api_buf_str(b, r->previous_response_id);
     bytebuf_printf(b, ",\"reasoning\":{\"effort\":null,\"summary\":null},\"store\":%s,\"temperature\":%g,",
                    r->store ? "true" : "false", r->temperature_echo);
-    bytebuf_puts(b, "\"text\":{\"format\":{\"type\":\"text\"}},\"tool_choice\":\"auto\",\"tools\":");
+    bytebuf_puts(b, "\"text\":{\"format\":");  /* the request's format and tool_choice, as OpenAI echoes them */
+    bytebuf_puts(b, r->format_json ? r->format_json : "{\"type\":\"text\"}");
+    bytebuf_puts(b, "},\"tool_choice\":");
+    if (r->tools_mode == API_TOOLS_NAMED) {
+        bytebuf_puts(b, "{\"type\":\"function\",\"name\":");
+        api_buf_str(b, r->tool_name);
+        bytebuf_putc(b, '}');
+    } else {
+        api_buf_str(b, r->tools_mode == API_TOOLS_NONE ? "none" : r->tools_mode == API_TOOLS_REQUIRED ? "required" : "auto");
+    }
+    bytebuf_puts(b, ",\"tools\":");
     bytebuf_puts(b, r->tools_json ? r->tools_json : "[]");
     bytebuf_printf(b, ",\"top_p\":%g,\"truncation\":\"disabled\",\"usage\":", r->top_p_echo);
     if (final) api_responses_usage(&o->usage, b);

@@ -1138,6 +1138,219 @@ TEST(utf8_out)
     }
 }
 
+/* ---------------------------------------------------------------- structured output */
+
+static const char chat_head[] = "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],";
+
+/* Parses chat_head + rest + "}" with kind's parser (rest must name every other member). */
+static int parse_with(api_kind kind, const char *head, const char *rest, api_req *r, api_error *e)
+{
+    char body[2048];
+    snprintf(body, sizeof body, "%s%s}", head, rest);
+    return parse(kind, body, r, e);
+}
+
+static bool rejects_with(api_kind kind, const char *head, const char *rest, const char *param, const char *needle)
+{
+    api_req r;
+    api_error e;
+    bool ok = parse_with(kind, head, rest, &r, &e) == API_ERR && e.status == 400 &&
+              (!param || !strcmp(e.param, param)) && (!needle || strstr(e.message, needle));
+    if (!ok) fprintf(stderr, "  want 400 %s: param '%s' message '%s' for %s\n", param ? param : "", e.param, e.message, rest);
+    api_req_free(&r);
+    return ok;
+}
+
+/* The format r holds, compiled, accepts doc. */
+static bool format_accepts(const api_req *r, const char *doc)
+{
+    grammar *g = NULL;
+    char err[256];
+    if (grammar_compile((grammar_kind)r->fmt_kind, r->fmt_src ? r->fmt_src : "", r->fmt_len, &g, err, sizeof err) !=
+        GRAMMAR_OK) {
+        fprintf(stderr, "  compile: %s\n", err);
+        return false;
+    }
+    bool ok = grammar_accepts(g, doc, strlen(doc));
+    grammar_free(g);
+    return ok;
+}
+
+TEST(structured_formats_parse)
+{
+    api_req r;
+    api_error e;
+    /* chat: json_schema nests {name, schema, strict} under json_schema */
+    CHECK(parse_with(API_KIND_CHAT, chat_head, "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"p\","
+                     "\"strict\":true,\"schema\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},"
+                     "\"required\":[\"a\"],\"additionalProperties\":false}}}", &r, &e) == API_OK);
+    CHECK(r.fmt_kind == GRAMMAR_KIND_SCHEMA && !strcmp(r.fmt_param, "response_format.json_schema.schema"));
+    CHECK(format_accepts(&r, "{\"a\": 12}") && !format_accepts(&r, "{\"a\": \"x\"}") && !format_accepts(&r, "{}"));
+    api_req_free(&r);
+    CHECK(parse_with(API_KIND_CHAT, chat_head, "\"response_format\":{\"type\":\"json_object\"}", &r, &e) == API_OK);
+    CHECK(r.fmt_kind == GRAMMAR_KIND_JSON && format_accepts(&r, "{\"k\": [1, null]}") && !format_accepts(&r, "[1]"));
+    api_req_free(&r);
+    CHECK(parse_with(API_KIND_CHAT, chat_head, "\"response_format\":{\"type\":\"text\"}", &r, &e) == API_OK);
+    CHECK(r.fmt_kind == -1);
+    api_req_free(&r);
+    /* Responses: the format's own members (flat) */
+    CHECK(parse_with(API_KIND_RESPONSES, "{\"model\":\"m\",\"input\":\"x\",", "\"text\":{\"format\":{\"type\":\"json_schema\","
+                     "\"name\":\"p\",\"schema\":{\"enum\":[\"a\",\"b\"]}}}", &r, &e) == API_OK);
+    CHECK(r.fmt_kind == GRAMMAR_KIND_SCHEMA && !strcmp(r.fmt_param, "text.format.schema"));
+    CHECK(format_accepts(&r, "\"b\"") && !format_accepts(&r, "\"c\""));
+    api_req_free(&r);
+    /* the extensions */
+    CHECK(parse_with(API_KIND_CHAT, chat_head, "\"guided_choice\":[\"yes\",\"maybe \\\"so\\\"\\n\"]", &r, &e) == API_OK);
+    CHECK(r.fmt_kind == GRAMMAR_KIND_GBNF && !strcmp(r.fmt_param, "guided_choice"));
+    CHECK(format_accepts(&r, "yes") && format_accepts(&r, "maybe \"so\"\n") && !format_accepts(&r, "no"));
+    api_req_free(&r);
+    CHECK(parse_with(API_KIND_CHAT, chat_head, "\"guided_regex\":\"[a-c]{2}\"", &r, &e) == API_OK);
+    CHECK(r.fmt_kind == GRAMMAR_KIND_REGEX && format_accepts(&r, "ab") && !format_accepts(&r, "abc"));
+    api_req_free(&r);
+    CHECK(parse_with(API_KIND_CHAT, chat_head, "\"guided_json\":\"{\\\"type\\\":\\\"boolean\\\"}\"", &r, &e) == API_OK);
+    CHECK(r.fmt_kind == GRAMMAR_KIND_SCHEMA && format_accepts(&r, "true"));
+    api_req_free(&r);
+    CHECK(parse_with(API_KIND_COMPLETIONS, "{\"model\":\"m\",\"prompt\":\"x\",", "\"grammar\":\"root ::= \\\"hi\\\"\"", &r,
+                     &e) == API_OK);
+    CHECK(r.fmt_kind == GRAMMAR_KIND_GBNF && format_accepts(&r, "hi"));
+    api_req_free(&r);
+    CHECK(parse_with(API_KIND_COMPLETIONS, "{\"model\":\"m\",\"prompt\":\"x\",", "\"json_schema\":{\"type\":\"null\"}", &r,
+                     &e) == API_OK);
+    CHECK(r.fmt_kind == GRAMMAR_KIND_SCHEMA && format_accepts(&r, "null"));
+    api_req_free(&r);
+    /* refused, naming the field */
+    CHECK(rejects_with(API_KIND_CHAT, chat_head, "\"response_format\":{\"type\":\"xml\"}", "response_format.type", "xml"));
+    CHECK(rejects_with(API_KIND_CHAT, chat_head, "\"response_format\":{\"type\":\"json_schema\"}",
+                       "response_format.json_schema", NULL));
+    CHECK(rejects_with(API_KIND_CHAT, chat_head, "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\"}}",
+                       "response_format.json_schema.schema", NULL));
+    CHECK(rejects_with(API_KIND_CHAT, chat_head, "\"response_format\":\"json\"", "response_format", NULL));
+    CHECK(rejects_with(API_KIND_CHAT, chat_head, "\"response_format\":{\"type\":\"json_object\"},\"guided_regex\":\"a\"",
+                       "guided_regex", "response_format"));
+    CHECK(rejects_with(API_KIND_CHAT, chat_head, "\"guided_regex\":\"a\",\"guided_choice\":[\"a\"]", "guided_choice", NULL));
+    CHECK(rejects_with(API_KIND_CHAT, chat_head, "\"guided_choice\":[]", "guided_choice", NULL));
+    CHECK(rejects_with(API_KIND_CHAT, chat_head, "\"guided_choice\":[\"a\",1]", "guided_choice[1]", NULL));
+    CHECK(rejects_with(API_KIND_CHAT, chat_head, "\"guided_regex\":3", "guided_regex", NULL));
+    CHECK(rejects_with(API_KIND_RESPONSES, "{\"model\":\"m\",\"input\":\"x\",", "\"text\":{\"format\":{\"type\":\"json_schema\"}}",
+                       "text.format.schema", NULL));
+}
+
+TEST(structured_tool_choice_parse)
+{
+    api_req r;
+    api_error e;
+    static const char tools[] = "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\"}}}],";
+    char rest[512];
+    snprintf(rest, sizeof rest, "%s\"tool_choice\":\"required\"", tools);
+    CHECK(parse_with(API_KIND_CHAT, chat_head, rest, &r, &e) == API_OK && r.tools_mode == API_TOOLS_REQUIRED);
+    api_req_free(&r);
+    snprintf(rest, sizeof rest, "%s\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}}", tools);
+    CHECK(parse_with(API_KIND_CHAT, chat_head, rest, &r, &e) == API_OK && r.tools_mode == API_TOOLS_NAMED &&
+          !strcmp(r.tool_name, "f"));
+    api_req_free(&r);
+    snprintf(rest, sizeof rest, "%s\"tool_choice\":\"none\"", tools);
+    CHECK(parse_with(API_KIND_CHAT, chat_head, rest, &r, &e) == API_OK && r.tools_mode == API_TOOLS_NONE && r.conv.n_tools == 0);
+    api_req_free(&r);
+    CHECK(rejects_with(API_KIND_CHAT, chat_head, "\"tool_choice\":{\"type\":\"function\"}", "tool_choice.function.name", NULL));
+    CHECK(parse_with(API_KIND_RESPONSES, "{\"model\":\"m\",\"input\":\"x\",",
+                     "\"tools\":[{\"type\":\"function\",\"name\":\"f\"}],\"tool_choice\":{\"type\":\"function\",\"name\":\"f\"}",
+                     &r, &e) == API_OK);
+    CHECK(r.tools_mode == API_TOOLS_NAMED && !strcmp(r.tool_name, "f"));
+    api_req_free(&r);
+    CHECK(parse_with(API_KIND_RESPONSES, "{\"model\":\"m\",\"input\":\"x\",", "\"tool_choice\":\"required\"", &r, &e) == API_OK);
+    CHECK(r.tools_mode == API_TOOLS_REQUIRED);
+    api_req_free(&r);
+    CHECK(rejects_with(API_KIND_RESPONSES, "{\"model\":\"m\",\"input\":\"x\",", "\"tool_choice\":\"always\"", "tool_choice", NULL));
+    static const char mhead[] = "{\"model\":\"m\",\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                                "\"tools\":[{\"name\":\"f\",\"input_schema\":{\"type\":\"object\"}}],";
+    CHECK(parse_with(API_KIND_MESSAGES, mhead, "\"tool_choice\":{\"type\":\"any\"}", &r, &e) == API_OK &&
+          r.tools_mode == API_TOOLS_REQUIRED);
+    api_req_free(&r);
+    CHECK(parse_with(API_KIND_MESSAGES, mhead, "\"tool_choice\":{\"type\":\"tool\",\"name\":\"f\"}", &r, &e) == API_OK &&
+          r.tools_mode == API_TOOLS_NAMED && !strcmp(r.tool_name, "f"));
+    api_req_free(&r);
+    CHECK(rejects_with(API_KIND_MESSAGES, mhead, "\"tool_choice\":{\"type\":\"tool\"}", "tool_choice.tool.name", NULL));
+}
+
+static bool gbnf_accepts(const char *gbnf, const char *doc)
+{
+    grammar *g = NULL;
+    char err[256];
+    if (grammar_compile(GRAMMAR_KIND_GBNF, gbnf, strlen(gbnf), &g, err, sizeof err) != GRAMMAR_OK) {
+        fprintf(stderr, "  compile: %s\n%s\n", err, gbnf);
+        return false;
+    }
+    bool ok = grammar_accepts(g, doc, strlen(doc));
+    grammar_free(g);
+    return ok;
+}
+
+TEST(structured_tool_gbnf)
+{
+    conv c;
+    conv_init(&c);
+    conv_add_tool(&c, "get_weather", NULL,
+                  "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"},\"unit\":{\"enum\":[\"c\",\"f\"]}},"
+                  "\"required\":[\"city\",\"unit\"],\"additionalProperties\":false}");
+    conv_add_tool(&c, "a\"b", NULL, NULL);  /* no parameters: any object; a name JSON must escape */
+    char err[256];
+    char *q = api_tool_gbnf(&c, EVENTS_TOOLFMT_QWEN, NULL, err, sizeof err);
+    CHECK(q != NULL);
+    if (q) {
+        CHECK(gbnf_accepts(q, "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\", \"unit\": \"c\"}}"));
+        CHECK(gbnf_accepts(q, "{\"name\": \"a\\\"b\", \"arguments\": {\"x\": [1]}}"));
+        CHECK(!gbnf_accepts(q, "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\", \"unit\": \"k\"}}"));
+        CHECK(!gbnf_accepts(q, "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}"));
+        CHECK(!gbnf_accepts(q, "{\"name\": \"other\", \"arguments\": {}}"));
+        CHECK(!gbnf_accepts(q, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\", \"unit\": \"c\"}}"));
+    }
+    free(q);
+    char *only = api_tool_gbnf(&c, EVENTS_TOOLFMT_QWEN, "a\"b", err, sizeof err);
+    CHECK(only && !gbnf_accepts(only, "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\", \"unit\": \"c\"}}"));
+    CHECK(only && gbnf_accepts(only, "{\"name\": \"a\\\"b\", \"arguments\": {}}"));
+    free(only);
+    char *l = api_tool_gbnf(&c, EVENTS_TOOLFMT_LLAMA3, "get_weather", err, sizeof err);
+    CHECK(l && gbnf_accepts(l, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"\", \"unit\": \"f\"}}"));
+    free(l);
+    /* a family whose call syntax has no grammar form: none, and no error */
+    CHECK(api_tool_gbnf(&c, EVENTS_TOOLFMT_DEEPSEEK, NULL, err, sizeof err) == NULL && err[0] == 0);
+    /* a tool not offered, a schema refused: the error names it */
+    CHECK(api_tool_gbnf(&c, EVENTS_TOOLFMT_QWEN, "nope", err, sizeof err) == NULL && strstr(err, "nope"));
+    conv_add_tool(&c, "bad", NULL, "{\"type\":\"object\",\"not\":{}}");
+    CHECK(api_tool_gbnf(&c, EVENTS_TOOLFMT_QWEN, NULL, err, sizeof err) == NULL && strstr(err, "bad") && strstr(err, "not"));
+    conv_free(&c);
+}
+
+/* A forced call's body, generated after the reasoning without its marker token, comes out as
+ * a tool call: api_out feeds the splitter the marker at the first answer token. */
+TEST(structured_forced_call_output)
+{
+    api_req r;
+    api_error e;
+    CHECK(parse(API_KIND_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", &r, &e) == API_OK);
+    events_markers mk = qwen_markers();
+    api_out o;
+    api_out_init(&o, &r, &mk, 7, "m");
+    o.call_marker = TC;
+    api_out_set_prompt(&o, 10, 0, NULL, 0);
+    const char *t[] = {"#5000", "free ", "thought", "#5001", "{\"name\": \"get\", ", "\"arguments\": {\"city\": \"Oslo\"}}", NULL};
+    feed(&o, 0, t);
+    api_out_finish(&o, 0, EVENTS_FINISH_STOP);
+    api_out_end(&o);
+    json_t *j = json_loadb(o.out.p, o.out.len, 0, NULL);
+    json_t *ch = json_array_get(json_object_get(j, "choices"), 0), *m = json_object_get(ch, "message");
+    json_t *fn = json_object_get(json_array_get(json_object_get(m, "tool_calls"), 0), "function");
+    CHECK(!strcmp(json_string_value(json_object_get(ch, "finish_reason")), "tool_calls"));
+    CHECK(json_is_string(json_object_get(fn, "name")) && !strcmp(json_string_value(json_object_get(fn, "name")), "get"));
+    CHECK(json_is_string(json_object_get(fn, "arguments")) &&
+          !strcmp(json_string_value(json_object_get(fn, "arguments")), "{\"city\":\"Oslo\"}"));
+    CHECK(json_is_string(json_object_get(m, "reasoning_content")) &&
+          !strcmp(json_string_value(json_object_get(m, "reasoning_content")), "free thought"));
+    json_decref(j);
+    api_out_free(&o);
+    api_req_free(&r);
+}
+
 int main(void)
 {
     RUN(chat_parse_basic);
@@ -1159,5 +1372,9 @@ int main(void)
     RUN(nesting_limit_every_field);
     RUN(fields_checked_alike);
     RUN(utf8_out);
+    RUN(structured_formats_parse);
+    RUN(structured_tool_choice_parse);
+    RUN(structured_tool_gbnf);
+    RUN(structured_forced_call_output);
     HARNESS_END();
 }
