@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "recipe/status.h"
 #include "recipe/tokenizer.h"
 #include "recipe/unicode.h"
 #include "util/util.h"
@@ -319,6 +320,8 @@ typedef struct {
     bool aborted;                       /* Messages: the server stopped a choice (sched_abort) */
     bool ended;                         /* the closing events / body were written */
     bool begun;                         /* streaming: the opening events were written */
+    int cls;                            /* traffic class (for the status page's note) */
+    double t_submit;                    /* util_now() at submission, seconds */
     bytebuf raw;                    /* scratch: one token's bytes from the detokenizer */
     bytebuf text;                   /* one token's text as the client gets it (api_detok) */
 } api_job;
@@ -342,6 +345,18 @@ static size_t api_job_piece(void *ud, int32_t token, char *buf, size_t cap)
     return n < 0 || (size_t)n > cap ? 0 : (size_t)n;
 }
 
+/* One finished choice into the status page's ring: its usage, time to first token and the
+ * user's decode speed (tokens after the first over the time after it). */
+static void api_job_note(const api_job *j, const sched_output *so)
+{
+    int n_gen = so->usage.completion_tokens;
+    double decode_s = util_now() - j->t_submit - so->ttft_s;
+    status_req rq = { .cls = j->cls, .n_prompt = so->usage.prompt_tokens, .n_cached = so->usage.cached_tokens,
+                      .n_gen = n_gen, .ttft_s = so->ttft_s,
+                      .decode_tps = so->ttft_s >= 0 && n_gen > 1 && decode_s > 0 ? (n_gen - 1) / decode_s : 0 };
+    status_note(j->c->status, gc_wall_now(), &rq);
+}
+
 static void api_job_apply(api_job *j, int i, const sched_output *so)
 {
     api_out *o = &j->out;
@@ -359,6 +374,7 @@ static void api_job_apply(api_job *j, int i, const sched_output *so)
         api_out_text(o, i, j->text.p, j->text.len);
         if (so->finish == SCHED_FINISH_ERROR) j->error = true;
         if (so->finish == SCHED_FINISH_ABORTED && j->kind == API_KIND_MESSAGES) j->aborted = true;
+        if (j->c->status) api_job_note(j, so);
         if (i == 0)
             api_out_set_prompt(o, so->usage.prompt_tokens ? so->usage.prompt_tokens : (int)j->prompt.n_ids,
                                so->usage.cached_tokens, j->prompt.ids, (int)j->prompt.n_ids);
@@ -564,6 +580,8 @@ static bool api_job_submit(http_request *r, api_job *j, const api_tenancy *tn, c
     sp.top_logprobs = TM_MIN(j->req.top_logprobs, SCHED_MAX_TOP_LOGPROBS);
     sp.cache_salt = tn->salt;
     sp.cache_class = tn->cls;
+    j->cls = tn->cls;
+    j->t_submit = util_now();
     if (j->req.thinking_budget > 0 && mk->think_end >= 0) {  /* enforced by the scheduler */
         sp.think_budget = j->req.thinking_budget;
         sp.think_start = mk->think_start;
