@@ -375,7 +375,8 @@ void status_page(status_ring *st, const status_page_in *in, bytebuf *b)
     bytebuf_puts(b, "</div>");
     if (in->store_spec) {
         double fill = in->store_capacity ? (double)in->store_bytes / (double)in->store_capacity : 0;
-        snprintf(txt[0], sizeof txt[0], "%.1f %%", 100 * fill);
+        if (in->store_capacity) snprintf(txt[0], sizeof txt[0], "%.1f %%", 100 * fill);
+        else snprintf(txt[0], sizeof txt[0], "no capacity set");
         labels[0] = "store";
         texts[0] = txt[0];
         vals[0] = fill;

@@ -1,0 +1,116 @@
+// status: the operator's page (GET /) of a real `tokenmill serve` (a generated qwen3 model)
+// in headless Chromium, while the real `openai` client sends agents' requests that share a
+// prefix: every chart has drawn, the page made no request but its own, the figures it shows
+// equal /metrics read at the same moment (the load finished: the counters stand still), the
+// cache-hit answer equals the cached tokens the responses reported, and a screenshot goes to
+// build/test-output/status-page.png. Behind the API key like /metrics.
+import { test, after } from "node:test";
+import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import OpenAI from "openai";
+import { root, bin, startServer, stopServers } from "./server.mjs";
+import { haveChromium, launch } from "./browser.mjs";
+
+after(stopServers);
+
+const KEY = "sk-status-test";
+
+async function metrics(url) {
+  const text = await (await fetch(`${url}/metrics`, { headers: { authorization: `Bearer ${KEY}` } })).text();
+  const m = {};
+  for (const line of text.split("\n")) {
+    if (!line || line.startsWith("#")) continue;
+    const i = line.lastIndexOf(" ");
+    m[line.slice(0, i)] = Number(line.slice(i + 1));
+  }
+  return m;
+}
+
+// What the page shows, read in the browser (the page itself runs no script).
+const READ = `JSON.stringify({
+  charts: [...document.querySelectorAll("svg.chart")].map((s) => {
+    const r = s.getBoundingClientRect();
+    const marks = [...s.querySelectorAll("rect")].filter((e) => { const b = e.getBBox(); return b.width > 0 && b.height > 0; });
+    return { id: s.dataset.chart, w: r.width, h: r.height, marks: marks.length };
+  }),
+  metrics: [...document.querySelectorAll("[data-metric]")].map((e) => [e.dataset.metric, Number(e.textContent)]),
+  hits5: (() => { const c = document.querySelector('td[data-window="5"][data-class="*"]'); return { cached: Number(c.dataset.cached), prompt: Number(c.dataset.prompt) }; })(),
+  ttftN5: [...document.querySelectorAll('td[data-window="5"][data-len]')].reduce((a, e) => a + Number(e.dataset.n), 0),
+  sections: [...document.querySelectorAll("section")].map((s) => s.id),
+})`;
+
+test("the status page in a real browser shows /metrics' figures, draws every chart, loads nothing else", { skip: !haveChromium && "no chromium (scripts/deps.sh installs it)" }, async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "tm-status-"));
+  const model = path.join(dir, "q3.gguf");
+  execFileSync(bin, ["mkmodel", "--arch", "qwen3", "--preset", "tiny", "--type", "f16", "--seed", "5", "-o", model], { stdio: "pipe" });
+  const S = await startServer(model, ["--model-name", "q3", "--ctx", "2048", "--api-key", KEY, "--cost-per-hour", "2.5",
+                                      "--retention", "agent=72h"]);
+  // behind the key, in OpenAI's error shape
+  const denied = await fetch(`${S.url}/`);
+  assert.equal(denied.status, 401);
+  assert.equal((await denied.json()).error.type, "invalid_request_error");
+
+  // a little load: agents sharing a 300-token prefix (two full blocks), in two waves
+  const client = new OpenAI({ baseURL: `${S.url}/v1`, apiKey: KEY, maxRetries: 0 });
+  const prefix = Array.from({ length: 300 }, (_, i) => (i * 11 + 5) % 1000);
+  const ask = (k) => client.completions.create({ model: "q3", prompt: [...prefix, ...Array.from({ length: 20 }, (_, i) => (k * 31 + i * 7) % 1000)],
+                                                 max_tokens: 12, temperature: 0, ignore_eos: true, cache_class: "agent" });
+  const reported = [];
+  const first = await ask(0);
+  reported.push(first);
+  const wave = Promise.all(Array.from({ length: 6 }, (_, k) => ask(k + 1))).then((rs) => reported.push(...rs));
+
+  const browser = await launch();
+  try {
+    await browser.open();
+    await browser.send("Network.setExtraHTTPHeaders", { headers: { authorization: `Bearer ${KEY}` } });
+    // under load
+    let from = browser.eventCount();
+    await browser.send("Page.navigate", { url: `${S.url}/` });
+    await browser.waitFor("Page.loadEventFired", from);
+    await wave;
+    // the load is over: the counters stand still, so the page and /metrics read the same moment
+    from = browser.eventCount();
+    await browser.send("Page.reload", {});
+    await browser.waitFor("Page.loadEventFired", from);
+    const { result } = await browser.send("Runtime.evaluate", { expression: READ, returnByValue: true });
+    const shown = JSON.parse(result.value);
+    const m = await metrics(S.url);
+
+    // every answer, and every chart drawn with its marks
+    for (const id of ["totals", "cache", "retention", "hits", "labour", "speed", "capacity", "cost"])
+      assert.ok(shown.sections.includes(id), `section ${id}`);
+    assert.deepEqual(shown.charts.map((c) => c.id).sort(), ["gen_per_minute", "hits", "store_fill", "ttft", "utilisation"]);
+    for (const c of shown.charts) {
+      assert.ok(c.w > 100 && c.h > 20, `chart ${c.id} has a size: ${JSON.stringify(c)}`);
+      assert.ok(c.marks >= 1, `chart ${c.id} has drawn marks`);
+    }
+    // the figures equal /metrics
+    assert.ok(shown.metrics.length >= 8);
+    for (const [name, v] of shown.metrics) assert.equal(v, m[name], name);
+    assert.equal(m.tokenmill_requests_total, 7);
+    // the hit answer: the sums of what the responses reported
+    const cachedReported = reported.reduce((a, r) => a + r.usage.prompt_tokens_details.cached_tokens, 0);
+    const promptReported = reported.reduce((a, r) => a + r.usage.prompt_tokens, 0);
+    assert.ok(cachedReported >= 6 * 256, `the wave hit the prefix: ${cachedReported}`);
+    assert.deepEqual(shown.hits5, { cached: cachedReported, prompt: promptReported });
+    assert.equal(shown.hits5.cached, m.tokenmill_cached_prompt_tokens_total);
+    assert.equal(shown.ttftN5, m.tokenmill_time_to_first_token_seconds_count);
+
+    // nothing but the page itself was requested
+    const urls = browser.events().filter((e) => e.method === "Network.requestWillBeSent").map((e) => e.params.request.url);
+    assert.ok(urls.length >= 2);
+    for (const u of urls) assert.ok(u === `${S.url}/`, `no other request: ${u}`);
+
+    const shot = await browser.send("Page.captureScreenshot", { format: "png", captureBeyondViewport: true });
+    const out = path.join(root, "build/test-output");
+    fs.mkdirSync(out, { recursive: true });
+    fs.writeFileSync(path.join(out, "status-page.png"), Buffer.from(shot.data, "base64"));
+  } finally {
+    await browser.close();
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
