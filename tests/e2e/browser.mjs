@@ -66,10 +66,15 @@ export async function launch({ width = 1000, height = 1400 } = {}) {
       }
     },
     eventCount: () => events.length,
+    // Browser.close lets Chromium end its helper processes (they write into userDir until
+    // then); SIGKILL if it does not exit in time.
     async close() {
-      proc.kill("SIGKILL");
-      await new Promise((r) => (proc.exitCode !== null || proc.signalCode !== null ? r() : proc.on("exit", r)));
-      fs.rmSync(userDir, { recursive: true, force: true });
+      const exited = new Promise((r) => (proc.exitCode !== null || proc.signalCode !== null ? r() : proc.on("exit", r)));
+      const t = setTimeout(() => proc.kill("SIGKILL"), 10000);
+      call("Browser.close").catch(() => {});
+      await exited;
+      clearTimeout(t);
+      fs.rmSync(userDir, { recursive: true, force: true, maxRetries: 10, retryDelay: 200 });
     },
   };
 }

@@ -114,3 +114,54 @@ test("the status page in a real browser shows /metrics' figures, draws every cha
     fs.rmSync(dir, { recursive: true, force: true });
   }
 });
+
+// The gateway's page: workers up by role, the cluster's counters equal to its /metrics, the
+// hit answer from the requests it ran.
+test("the gateway's status page shows its workers by role and the cluster's figures", async () => {
+  const { spawn } = await import("node:child_process");
+  const model = path.join(root, "models/stories260K.gguf");
+  const cacheHome = fs.mkdtempSync(path.join(os.tmpdir(), "tm-status-gw-"));
+  const store = path.join(cacheHome, "store");
+  fs.mkdirSync(store);
+  const procs = [];
+  const run = (args) => {
+    const p = spawn(bin, args, { stdio: ["ignore", "ignore", "pipe"], env: { ...process.env, XDG_CACHE_HOME: cacheHome } });
+    procs.push(p);
+    let log = "";
+    p.stderr.on("data", (d) => { log += d; });
+    return { p, line: (re) => new Promise((resolve, reject) => {
+      const give = setTimeout(() => { clearInterval(t); reject(new Error(`no ${re} in: ${log}`)); }, 30000);
+      const t = setInterval(() => { const m = re.exec(log); if (m) { clearInterval(t); clearTimeout(give); resolve(m); } }, 50);
+    }) };
+  };
+  try {
+    const gw = run(["gateway", "-m", model, "--listen", "127.0.0.1:0", "--register", "127.0.0.1:0", "--cache", `dir:${store}`,
+                    "--api-key", KEY, "--cost-per-hour", "10"]);
+    const url = `http://127.0.0.1:${(await gw.line(/listening on http:\/\/[^:]+:(\d+)/))[1]}`;
+    const reg = (await gw.line(/workers register at [^:]+:(\d+)/))[1];
+    for (const role of ["prefill", "decode"]) {
+      const w = run(["worker", "--role", role, "-m", model, "--listen", "127.0.0.1:0", "--gateway", `127.0.0.1:${reg}`,
+                     "--cache", `dir:${store}`, "--threads", "1"]);
+      await w.line(/registered with the gateway/);
+    }
+    const client = new OpenAI({ baseURL: `${url}/v1`, apiKey: KEY, maxRetries: 0 });
+    for (let k = 0; k < 3; k++)
+      await client.completions.create({ model: "stories260K", prompt: `Once upon a time there was a cat number ${k}`, max_tokens: 8, temperature: 0 });
+    assert.equal((await fetch(`${url}/status`)).status, 401);
+    const page = await (await fetch(`${url}/status`, { headers: { authorization: `Bearer ${KEY}` } })).text();
+    const m = await metrics(url);
+    assert.match(page, /data-role="prefill" data-up="1"/);
+    assert.match(page, /data-role="decode" data-up="1"/);
+    assert.match(page, /data-advice="decode"/);
+    const shown = [...page.matchAll(/data-metric="([a-z_]+)">([0-9.e+-]+)</g)].map((x) => [x[1], Number(x[2])]);
+    assert.ok(shown.some(([n]) => n === "tokenmill_gateway_requests_total"));
+    for (const [n, v] of shown) assert.equal(v, m[n], n);
+    assert.equal(m.tokenmill_gateway_requests_total, 3);
+    const all5 = /data-window="5" data-class="\*" data-cached="(\d+)" data-prompt="(\d+)"/.exec(page);
+    assert.equal(Number(all5[2]), m.tokenmill_prompt_tokens_total);
+    assert.match(page, /id="cost"/);
+  } finally {
+    for (const p of procs) if (p.exitCode === null && p.signalCode === null) p.kill("SIGKILL");
+    fs.rmSync(cacheHome, { recursive: true, force: true });
+  }
+});
