@@ -178,6 +178,7 @@ static void misc_status(http_request *r, void *user)
         in.store_bytes = ss.bytes_used;
         in.store_expired = ss.n_expired;
         in.store_evicted = ss.n_evicted;
+        in.store_oldest = ss.oldest_use;
     }
     bytebuf cl = { 0 };
     if (c->backend && c->backend->status) {

@@ -397,7 +397,11 @@ void status_page(status_ring *st, const status_page_in *in, bytebuf *b)
         page_duration(b, ret->ttl_s[c]);
         bytebuf_puts(b, "</td></tr>");
     }
-    bytebuf_printf(b, "</table><div class=\"figs\"><div class=\"fig\"><span class=\"v\">%llu</span><span class=\"l\">"
+    bytebuf_puts(b, "</table><div class=\"figs\"><div class=\"fig\"><span class=\"v\" data-oldest>");
+    if (in->store_oldest > 0) page_duration(b, TM_MAX(0.0, in->now - in->store_oldest));
+    else bytebuf_puts(b, "–");
+    bytebuf_printf(b, "</span><span class=\"l\">since the oldest block's last use</span></div>"
+                      "<div class=\"fig\"><span class=\"v\">%llu</span><span class=\"l\">"
                       "blocks expired (TTL)</span></div><div class=\"fig\"><span class=\"v\">%llu</span><span "
                       "class=\"l\">blocks evicted (capacity)</span></div></div></section>",
                    (unsigned long long)in->store_expired, (unsigned long long)in->store_evicted);

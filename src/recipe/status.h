@@ -101,6 +101,7 @@ typedef struct {
     uint64_t store_capacity;       /* per-target capacity; 0: unlimited */
     uint64_t store_expired;        /* blocks deleted for TTL */
     uint64_t store_evicted;        /* blocks deleted for capacity */
+    double store_oldest;           /* last use of its least recently used block, epoch s; 0: none */
     const gc_retention *retention; /* the traffic classes */
     double cost_per_hour;          /* the machine's price per hour; <= 0: not given */
     const char *cluster_html;      /* the gateway's block (workers by role, capacity advice,

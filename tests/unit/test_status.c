@@ -135,6 +135,7 @@ TEST(test_status_page)
     sched_stats ss = { .n_requests = 7, .n_prompt_tokens = 1234, .n_cached_tokens = 768, .n_gen_tokens = 55, .n_running = 2 };
     status_page_in in = { .model_name = "m<1>", .now = T0, .started = T0 - 600, .sched = &ss, .store_spec = "dir:/x",
                           .store_bytes = 1 << 20, .store_capacity = 4 << 20, .store_expired = 3, .store_evicted = 4,
+                          .store_oldest = T0 - 7200,
                           .retention = &ret, .cost_per_hour = 3.6, .role_text = "one process" };
     bytebuf b = { 0 };
     status_page(st, &in, &b);
@@ -147,6 +148,7 @@ TEST(test_status_page)
     CHECK(strstr(p, "<td>agent</td><td>3 d</td>") != NULL);
     CHECK(strstr(p, "<td>batch</td><td>30 min</td>") != NULL);
     CHECK(strstr(p, "<td>chat (default)</td><td>7 d</td>") != NULL);
+    CHECK(strstr(p, "<span class=\"v\" data-oldest>2 h<") != NULL);   /* the oldest block's age */
     /* hits of class agent in the 5 min window: 768 of 1000 */
     CHECK(strstr(p, "data-window=\"5\" data-class=\"agent\" data-cached=\"768\" data-prompt=\"1000\">76.8 %") != NULL);
     CHECK(strstr(p, "data-window=\"5\" data-class=\"chat\" data-cached=\"0\" data-prompt=\"0\">–") != NULL);
