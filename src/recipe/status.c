@@ -300,6 +300,44 @@ static void page_columns(bytebuf *b, const char *id, const char *title, int n, c
                       "text-anchor=\"end\">now (max %llu)</text></svg>", h - 2, n, w, h - 2, (unsigned long long)max);
 }
 
+void status_svg_line(bytebuf *b, const char *id, const char *title, const char *x_label, const char *y_label, int n,
+                     const double *x, const double *y)
+{
+    const int w = 420, h = 220, left = 56, right = 14, top = 24, bottom = 40;
+    double max = 0;
+    for (int i = 0; i < n; i++) max = TM_MAX(max, y[i]);
+    if (max <= 0) max = 1;
+    int pw = w - left - right, ph = h - top - bottom;
+    bytebuf_printf(b, "<svg class=\"chart\" data-chart=\"%s\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" "
+                      "xmlns=\"http://www.w3.org/2000/svg\" font-family=\"sans-serif\" role=\"img\"><title>", id, w, h, w, h);
+    status_html_esc(b, title);
+    bytebuf_puts(b, "</title><text x=\"0\" y=\"14\" font-size=\"12\" font-weight=\"600\">");
+    status_html_esc(b, title);
+    bytebuf_printf(b, "</text><line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"#999\"/>"
+                      "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"#999\"/>",
+                   left, top, left, top + ph, left, top + ph, left + pw, top + ph);
+    bytebuf_printf(b, "<text x=\"%d\" y=\"%d\" font-size=\"10\" text-anchor=\"end\">%.4g</text>"
+                      "<text x=\"%d\" y=\"%d\" font-size=\"10\" text-anchor=\"end\">0</text>",
+                   left - 4, top + 8, max, left - 4, top + ph);
+    bytebuf_printf(b, "<text x=\"%d\" y=\"%d\" font-size=\"11\" text-anchor=\"middle\">", left + pw / 2, h - 4);
+    status_html_esc(b, x_label);
+    bytebuf_printf(b, "</text><text x=\"12\" y=\"%d\" font-size=\"11\" text-anchor=\"middle\" transform=\"rotate(-90 12 %d)\">",
+                   top + ph / 2, top + ph / 2);
+    status_html_esc(b, y_label);
+    bytebuf_puts(b, "</text><polyline fill=\"none\" stroke=\"#3b7dd8\" stroke-width=\"2\" points=\"");
+    double dx = n > 1 ? (double)pw / (n - 1) : 0;
+    for (int i = 0; i < n; i++)
+        bytebuf_printf(b, "%s%.1f,%.1f", i ? " " : "", left + (n > 1 ? i * dx : pw / 2.0), top + ph - ph * TM_MAX(0.0, y[i]) / max);
+    bytebuf_puts(b, "\"/>");
+    for (int i = 0; i < n; i++) {
+        double cx = left + (n > 1 ? i * dx : pw / 2.0), cy = top + ph - ph * TM_MAX(0.0, y[i]) / max;
+        bytebuf_printf(b, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"#3b7dd8\"><title>%g: %.4g</title></circle>"
+                          "<text x=\"%.1f\" y=\"%d\" font-size=\"10\" text-anchor=\"middle\">%g</text>",
+                       cx, cy, x[i], y[i], cx, top + ph + 13, x[i]);
+    }
+    bytebuf_puts(b, "</svg>");
+}
+
 static void page_section(bytebuf *b, const char *id, const char *question, const char *why)
 {
     bytebuf_printf(b, "<section id=\"%s\"><h2>%s</h2><p class=\"why\">%s</p>", id, question, why);

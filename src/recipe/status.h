@@ -111,6 +111,11 @@ typedef struct {
 
 /* Appends the page (a full HTML document) for the ring's state at in->now. */
 void status_page(status_ring *st, const status_page_in *in, bytebuf *b);
+/* A standalone-or-inline SVG line chart of n points (x[i], y[i]), the x values evenly spaced
+ * in their order and labelled (sweeps are powers of two), y from 0 to the largest value: the
+ * page's charts and `tokenmill bench curves` draw with the same code. */
+void status_svg_line(bytebuf *b, const char *id, const char *title, const char *x_label, const char *y_label, int n,
+                     const double *x, const double *y);
 /* Appends z with &, <, >, " escaped (for the backend's HTML blocks too). */
 void status_html_esc(bytebuf *b, const char *z);
 
