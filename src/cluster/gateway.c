@@ -1227,6 +1227,8 @@ static double gw_prefill_rate(const gateway *g)
     return (double)(g->rate_v[newest] - g->rate_v[oldest]) / dt;
 }
 
+static void gw_capacity_in(const gateway *g, bal_capacity_in *pi, bal_capacity_in *di);
+
 static void gw_metrics(void *ud, bytebuf *b)
 {
     gateway *g = ud;
@@ -1323,6 +1325,14 @@ static void gw_metrics(void *ud, bytebuf *b)
                         pre_busy / pre_tok);
     bytebuf_printf(b, "# TYPE tokenmill_gateway_refused_values_total counter\ntokenmill_gateway_refused_values_total %llu\n",
                     (unsigned long long)g->n_bad_values);
+    /* the capacity rule's answer (/admin/capacity), for an autoscaler fed through Prometheus */
+    bal_capacity_in ci[2];
+    gw_capacity_in(g, &ci[0], &ci[1]);
+    bytebuf_puts(b, "# HELP tokenmill_capacity_recommended_workers Workers per role the capacity rule recommends.\n"
+                     "# TYPE tokenmill_capacity_recommended_workers gauge\n");
+    for (int k = 0; k < 2; k++)
+        bytebuf_printf(b, "tokenmill_capacity_recommended_workers{role=\"%s\"} %d\n", k ? "decode" : "prefill",
+                       bal_capacity(&ci[k]).recommended);
     pthread_mutex_unlock(&g->mu);
 }
 

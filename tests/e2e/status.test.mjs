@@ -153,6 +153,9 @@ test("the gateway's status page shows its workers by role and the cluster's figu
     assert.match(page, /data-role="prefill" data-up="1"/);
     assert.match(page, /data-role="decode" data-up="1"/);
     assert.match(page, /data-advice="decode"/);
+    // the same advice for an autoscaler, through Prometheus
+    const adv = /data-advice="decode">(\d+)</.exec(page);
+    assert.equal(m['tokenmill_capacity_recommended_workers{role="decode"}'], Number(adv[1]));
     const shown = [...page.matchAll(/data-metric="([a-z_]+)">([0-9.e+-]+)</g)].map((x) => [x[1], Number(x[2])]);
     assert.ok(shown.some(([n]) => n === "tokenmill_gateway_requests_total"));
     for (const [n, v] of shown) assert.equal(v, m[n], n);
