@@ -106,6 +106,7 @@ typedef struct {
     struct store *store;      /* the block store, for the page (NULL: none) */
     uint64_t store_capacity;  /* its per-target capacity in bytes (0: unlimited) */
     double cost_per_hour;     /* --cost-per-hour: the machine's price per hour (0: not shown) */
+    const struct status_curve *curve; /* --curves: the measured decode curve the page shows, or NULL */
 } api_ctx;
 
 /* Token ids a request may name: the tokenizer's and the model's output rows both. */

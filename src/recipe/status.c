@@ -6,6 +6,7 @@
  */
 #include "recipe/status.h"
 
+#include <jansson.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -181,6 +182,55 @@ double status_quantile(const uint64_t *counts, const double *bounds, int n_bound
         cum += (double)counts[i];
     }
     return bounds[n_bounds - 1];
+}
+
+/* ------------------------------------------------------------------ the decode curve */
+
+int status_curve_load(const char *path, status_curve *c, char *err, size_t errsz)
+{
+    memset(c, 0, sizeof *c);
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    if (!root) {
+        snprintf(err, errsz, "%s: %s", path, je.text);
+        return -1;
+    }
+    json_t *dec = json_object_get(root, "decode");
+    size_t i;
+    json_t *pt;
+    int rc = 0;
+    if (!json_is_array(dec) || !json_array_size(dec) || json_array_size(dec) > STATUS_CURVE_MAX) {
+        snprintf(err, errsz, "%s: want the JSON of `tokenmill bench curves` (1..%d \"decode\" points)", path, STATUS_CURVE_MAX);
+        rc = -1;
+    }
+    json_array_foreach(dec, i, pt) {
+        if (rc) break;
+        json_t *s = json_object_get(pt, "streams"), *t = json_object_get(pt, "tok_s"), *u = json_object_get(pt, "per_user_tok_s");
+        if (!json_is_number(s) || !json_is_number(t) || !json_is_number(u) || json_number_value(s) < 1 ||
+            (c->n && json_number_value(s) <= c->streams[c->n - 1])) {
+            snprintf(err, errsz, "%s: decode point %zu: want increasing streams >= 1, tok_s and per_user_tok_s", path, i);
+            rc = -1;
+            break;
+        }
+        c->streams[c->n] = json_number_value(s);
+        c->tok_s[c->n] = json_number_value(t);
+        c->user_tok_s[c->n] = json_number_value(u);
+        c->n++;
+    }
+    json_decref(root);
+    return rc;
+}
+
+double status_curve_user_at(const status_curve *c, double streams)
+{
+    if (c->n == 0) return -1;
+    if (streams <= c->streams[0]) return c->user_tok_s[0];
+    for (int i = 1; i < c->n; i++)
+        if (streams <= c->streams[i]) {
+            double f = (streams - c->streams[i - 1]) / (c->streams[i] - c->streams[i - 1]);
+            return c->user_tok_s[i - 1] + f * (c->user_tok_s[i] - c->user_tok_s[i - 1]);
+        }
+    return c->user_tok_s[c->n - 1];
 }
 
 /* ------------------------------------------------------------------ the page */
@@ -548,6 +598,14 @@ void status_page(status_ring *st, const status_page_in *in, bytebuf *b)
     uint64_t per_min[60];
     status_minutes_gen(st, in->now, 60, per_min);
     page_columns(b, "gen_per_minute", "Generated tokens per minute, last hour", 60, per_min);
+    if (in->curve && in->curve->n) {
+        int now_streams = ss ? ss->n_running : 0;
+        bytebuf_printf(b, "<p data-curve-at=\"%d\">On this machine's measured decode curve (<code>tokenmill bench curves</code>), "
+                          "%d concurrent stream%s get %.1f tokens/s each.</p>", now_streams, now_streams,
+                       now_streams == 1 ? "" : "s", status_curve_user_at(in->curve, TM_MAX(1, now_streams)));
+        status_svg_line(b, "decode_curve", "Measured: tokens/s per user against concurrent streams", "concurrent streams",
+                        "tokens/s per user", in->curve->n, in->curve->streams, in->curve->user_tok_s);
+    }
     bytebuf_puts(b, "</section>");
 
     /* 6. spare capacity */

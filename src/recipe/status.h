@@ -90,6 +90,21 @@ double status_quantile(const uint64_t *counts, const double *bounds, int n_bound
 /* The input-length bucket of a prompt of n tokens. */
 int status_len_bucket(int n);
 
+/* This machine's decode curve, from `tokenmill bench curves` (its "decode" points). */
+#define STATUS_CURVE_MAX 16
+typedef struct status_curve {
+    int n;                                  /* points, by increasing streams */
+    double streams[STATUS_CURVE_MAX];       /* concurrent decoding streams */
+    double tok_s[STATUS_CURVE_MAX];         /* aggregate tokens/s */
+    double user_tok_s[STATUS_CURVE_MAX];    /* tokens/s per stream */
+} status_curve;
+
+/* Reads the JSON `bench curves` wrote. 0, or -1 with err filled (unreadable, not that JSON,
+ * no decode points, streams not increasing). */
+int status_curve_load(const char *path, status_curve *c, char *err, size_t errsz);
+/* Per-user tokens/s the curve gives at `streams` (linear between points, clamped at the ends). */
+double status_curve_user_at(const status_curve *c, double streams);
+
 /* What the page shows beyond the ring. Pointers may be NULL when there is nothing to show. */
 typedef struct {
     const char *model_name;
@@ -107,6 +122,7 @@ typedef struct {
     const char *cluster_html;      /* the gateway's block (workers by role, capacity advice,
                                     * resumed requests), HTML, or NULL */
     const char *role_text;         /* one line on the division of labour */
+    const status_curve *curve;     /* this machine's measured decode curve, or NULL */
 } status_page_in;
 
 /* Appends the page (a full HTML document) for the ring's state at in->now. */

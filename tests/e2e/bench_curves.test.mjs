@@ -2,15 +2,17 @@
 // swept prefill step size and stream count, each with positive throughput and latency (no
 // timing is compared: the machine is shared), per-user tokens/s is the aggregate over the
 // streams, and --svg writes the four charts with a drawn line each. Bad lists exit 2.
-import { test } from "node:test";
+import { test, after } from "node:test";
 import assert from "node:assert/strict";
 import { execFileSync, spawnSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { bin } from "./server.mjs";
+import { bin, startServer, stopServers } from "./server.mjs";
 
-test("bench curves: one point per swept value, JSON and SVG", () => {
+after(stopServers);
+
+test("bench curves: one point per swept value, JSON and SVG; serve --curves shows the decode curve", async () => {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "tm-curves-"));
   try {
     const model = path.join(dir, "q3.gguf"), svg = path.join(dir, "curves.svg");
@@ -30,6 +32,16 @@ test("bench curves: one point per swept value, JSON and SVG", () => {
       assert.match(s, new RegExp(`data-chart="${id}"`));
     assert.equal((s.match(/<polyline /g) || []).length, 4);
     assert.equal((s.match(/<circle /g) || []).length, 12);
+    // the status page places its users on the stored curve
+    const json = path.join(dir, "curves.json");
+    fs.writeFileSync(json, out);
+    const S = await startServer(model, ["--curves", json]);
+    const page = await (await fetch(`${S.url}/`)).text();
+    assert.match(page, /data-chart="decode_curve"/);
+    assert.match(page, /data-curve-at="0"/);
+    const badCurves = spawnSync(bin, ["serve", "-m", model, "--port", "0", "--cache", "off", "--curves", svg], { encoding: "utf8" });
+    assert.equal(badCurves.status, 2);
+    assert.match(badCurves.stderr, /bad --curves/);
     // bad input: a clear message and exit 2
     for (const args of [["--streams", "0"], ["--prefill-steps", "16,x"], ["--streams", ""]]) {
       const bad = spawnSync(bin, ["bench", "curves", "-m", model, ...args], { encoding: "utf8" });

@@ -173,6 +173,45 @@ TEST(test_status_page)
     status_free(st);
 }
 
+static const char *write_tmp(const char *text)
+{
+    static char path[64];
+    snprintf(path, sizeof path, "/tmp/tm-test-status-%d.json", (int)getpid());
+    FILE *f = fopen(path, "w");
+    fputs(text, f);
+    fclose(f);
+    return path;
+}
+
+TEST(test_status_curve)
+{
+    status_curve c;
+    char err[256];
+    const char *p = write_tmp("{\"prefill\": [], \"decode\": [{\"streams\": 1, \"tok_s\": 30, \"per_user_tok_s\": 30, \"step_ms\": 33},"
+                              " {\"streams\": 4, \"tok_s\": 80, \"per_user_tok_s\": 20, \"step_ms\": 50}]}");
+    CHECK(status_curve_load(p, &c, err, sizeof err) == 0 && c.n == 2);
+    CHECK(near(status_curve_user_at(&c, 1), 30) && near(status_curve_user_at(&c, 2.5), 25) && near(status_curve_user_at(&c, 9), 20));
+    /* the page places the running streams on it */
+    status_ring *st = status_new(T0 - 60);
+    sched_stats ss = { .n_running = 2 };
+    status_page_in in = { .model_name = "m", .now = T0, .started = T0 - 60, .sched = &ss, .curve = &c };
+    bytebuf b = { 0 };
+    status_page(st, &in, &b);
+    CHECK(strstr(b.p, "data-chart=\"decode_curve\"") != NULL);
+    CHECK(strstr(b.p, "2 concurrent streams get 26.7 tokens/s each") != NULL);
+    bytebuf_free(&b);
+    status_free(st);
+    /* refused: not JSON, no decode points, streams not increasing */
+    p = write_tmp("{");
+    CHECK(status_curve_load(p, &c, err, sizeof err) == -1 && strstr(err, "tm-test-status"));
+    p = write_tmp("{\"decode\": []}");
+    CHECK(status_curve_load(p, &c, err, sizeof err) == -1 && strstr(err, "bench curves"));
+    p = write_tmp("{\"decode\": [{\"streams\": 4, \"tok_s\": 1, \"per_user_tok_s\": 1}, {\"streams\": 2, \"tok_s\": 1, \"per_user_tok_s\": 1}]}");
+    CHECK(status_curve_load(p, &c, err, sizeof err) == -1 && strstr(err, "increasing"));
+    CHECK(status_curve_load("/nonexistent/curves.json", &c, err, sizeof err) == -1);
+    unlink(p);
+}
+
 int main(void)
 {
     RUN(test_status_hits_by_window_and_class);
@@ -180,5 +219,6 @@ int main(void)
     RUN(test_status_utilisation);
     RUN(test_status_ring_recycles_after_a_day);
     RUN(test_status_page);
+    RUN(test_status_curve);
     HARNESS_END();
 }
