@@ -139,6 +139,15 @@ static void misc_metrics(http_request *r, void *user)
     api_metric(&b, "tokenmill_cpu_gap_seconds_total", "counter",
                  "Seconds between consecutive engine steps while busy (planning, sampling, publishing).", st.gap_s);
     api_metric(&b, "tokenmill_sampling_seconds_total", "counter", "Seconds of sampling between steps (part of the CPU gap).", st.sample_s);
+    if (c->store) {   /* the block store: what it holds and what it let go (the retention answer) */
+        store_stats ss;
+        store_get_stats(c->store, &ss);
+        api_metric(&b, "tokenmill_store_bytes", "gauge", "Bytes of the block store's files (this process' view).", (double)ss.bytes_used);
+        api_metric(&b, "tokenmill_store_capacity_bytes", "gauge", "Capacity of each block store target (0: none set).", (double)c->store_capacity);
+        api_metric(&b, "tokenmill_store_expired_total", "counter", "Stored blocks deleted because their traffic class' TTL ran out.", (double)ss.n_expired);
+        api_metric(&b, "tokenmill_store_evicted_total", "counter", "Stored blocks deleted to stay under capacity (least recently used first).", (double)ss.n_evicted);
+        api_metric(&b, "tokenmill_store_oldest_use_timestamp_seconds", "gauge", "Last use of the least recently used stored block (0: none).", ss.oldest_use);
+    }
     misc_hist(&b, "tokenmill_time_to_first_token_seconds", "Seconds from submission to the first generated token.", &ttft);
     misc_hist(&b, "tokenmill_inter_token_latency_seconds", "Seconds between consecutive tokens of a request.", &itl);
     misc_hist(&b, "tokenmill_engine_step_duration_seconds", "Duration of one engine step.", &step);
