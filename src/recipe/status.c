@@ -273,11 +273,19 @@ static void page_share(bytebuf *b, double num, double den)
     else bytebuf_puts(b, "–");
 }
 
+/* Seconds as "37 ms" / "1.25 s", "–" when negative (none). */
+static const char *page_fmt_secs(char *buf, size_t cap, double s)
+{
+    if (s < 0) snprintf(buf, cap, "–");
+    else if (s < 1) snprintf(buf, cap, "%.0f ms", s * 1e3);
+    else snprintf(buf, cap, "%.2f s", s);
+    return buf;
+}
+
 static void page_secs(bytebuf *b, double s)
 {
-    if (s < 0) bytebuf_puts(b, "–");
-    else if (s < 1) bytebuf_printf(b, "%.0f ms", s * 1e3);
-    else bytebuf_printf(b, "%.2f s", s);
+    char buf[32];
+    bytebuf_puts(b, page_fmt_secs(buf, sizeof buf, s));
 }
 
 /* A per-user speed quantile; the open-ended top bucket reads "at least". */
@@ -537,7 +545,7 @@ void status_page(status_ring *st, const status_page_in *in, bytebuf *b)
     /* 4. division of labour, TTFT */
     page_section(b, "labour", "4. Are prefill and decode separate? What does time to first token look like?",
                  in->role_text ? in->role_text : "");
-    if (in->cluster_html) bytebuf_puts(b, in->cluster_html);
+    if (in->cluster) in->cluster(in->cluster_ud, b);
     bytebuf_puts(b, "<table><tr><th>input tokens</th>");
     for (int k = 0; k < STATUS_WINDOWS; k++) bytebuf_printf(b, "<th>%s mean / P99</th>", status_window_names[k]);
     bytebuf_puts(b, "</tr>");
@@ -563,12 +571,7 @@ void status_page(status_ring *st, const status_page_in *in, bytebuf *b)
             for (int i = 0; i <= SCHED_HIST_N; i++) all[i] += win[k].ttft[l][i];
         double p99 = status_quantile(all, sched_hist_bounds, SCHED_HIST_N, 0.99);
         vals[k] = TM_MAX(0.0, p99);
-        txt[k][0] = 0;
-        bytebuf tb = { 0 };
-        page_secs(&tb, p99);
-        snprintf(txt[k], sizeof txt[k], "%s", tb.p);
-        bytebuf_free(&tb);
-        texts[k] = txt[k];
+        texts[k] = page_fmt_secs(txt[k], sizeof txt[k], p99);
         labels[k] = lab[k];
     }
     page_bars(b, "ttft", "P99 time to first token, all inputs", STATUS_WINDOWS, labels, vals, texts, 0, -1);

@@ -119,8 +119,9 @@ typedef struct {
     double store_oldest;           /* last use of its least recently used block, epoch s; 0: none */
     const gc_retention *retention; /* the traffic classes */
     double cost_per_hour;          /* the machine's price per hour; <= 0: not given */
-    const char *cluster_html;      /* the gateway's block (workers by role, capacity advice,
-                                    * resumed requests), HTML, or NULL */
+    void (*cluster)(void *ud, bytebuf *b); /* appends the gateway's block (workers by role,
+                                    * capacity advice, resumed requests) as HTML; NULL: none */
+    void *cluster_ud;
     const char *role_text;         /* one line on the division of labour */
     const status_curve *curve;     /* this machine's measured decode curve, or NULL */
 } status_page_in;

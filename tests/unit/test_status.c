@@ -123,6 +123,8 @@ static int count(const char *hay, const char *needle)
     return n;
 }
 
+static void cluster_block(void *ud, bytebuf *b) { bytebuf_puts(b, "<p id=\"cl\">x</p>"); }
+
 TEST(test_status_page)
 {
     status_ring *st = status_new(T0 - 600);
@@ -164,7 +166,7 @@ TEST(test_status_page)
     CHECK(strstr(p, "<script") == NULL && strstr(p, "src=") == NULL);
     bytebuf_free(&b);
     /* without a scheduler, a store or a price (the gateway's shape): no totals, no cost */
-    status_page_in gw = { .model_name = "g", .now = T0, .started = T0 - 600, .cluster_html = "<p id=\"cl\">x</p>" };
+    status_page_in gw = { .model_name = "g", .now = T0, .started = T0 - 600, .cluster = cluster_block };
     status_page(st, &gw, &b);
     CHECK(strstr(b.p, "data-metric=\"tokenmill_requests_total\"") == NULL);
     CHECK(strstr(b.p, "id=\"cost\"") == NULL && strstr(b.p, "<p id=\"cl\">x</p>") != NULL);
