@@ -321,6 +321,7 @@ typedef struct {
     bool ended;                         /* the closing events / body were written */
     bool begun;                         /* streaming: the opening events were written */
     int cls;                            /* traffic class (for the status page's note) */
+    int key_slot;                       /* 1 + index of the API key it carried, 0: none */
     double t_submit;                    /* util_now() at submission, seconds */
     bytebuf raw;                    /* scratch: one token's bytes from the detokenizer */
     bytebuf text;                   /* one token's text as the client gets it (api_detok) */
@@ -351,7 +352,7 @@ static void api_job_note(const api_job *j, const sched_output *so)
 {
     int n_gen = so->usage.completion_tokens;
     double decode_s = util_now() - j->t_submit - so->ttft_s;
-    status_req rq = { .cls = j->cls, .n_prompt = so->usage.prompt_tokens, .n_cached = so->usage.cached_tokens,
+    status_req rq = { .cls = j->cls, .key_slot = j->key_slot, .n_prompt = so->usage.prompt_tokens, .n_cached = so->usage.cached_tokens,
                       .n_gen = n_gen, .ttft_s = so->ttft_s,
                       .decode_tps = so->ttft_s >= 0 && n_gen > 1 && decode_s > 0 ? (n_gen - 1) / decode_s : 0 };
     status_note(j->c->status, gc_wall_now(), &rq);
@@ -649,6 +650,7 @@ void api_serve(http_request *r, const api_ctx *c, api_kind kind, bool count_only
     api_job *j = xcalloc(1, sizeof *j);
     j->c = c;
     j->kind = kind;
+    j->key_slot = http_request_key_index(r) + 1;
     api_req_init(&j->req, kind);
     api_error e;
     memset(&e, 0, sizeof e);

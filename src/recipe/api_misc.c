@@ -172,7 +172,8 @@ static void misc_status(http_request *r, void *user)
     sched_stats st;
     status_page_in in = { .model_name = c->model_name, .now = now, .started = (double)c->created,
                           .retention = c->retention, .cost_per_hour = c->cost_per_hour,
-                          .store_capacity = c->store_capacity, .curve = c->curve };
+                          .store_capacity = c->store_capacity, .curve = c->curve,
+                          .viewer_slot = http_request_key_index(r) + 1 };
     if (c->sched) {
         sched_get_stats(c->sched, &st);
         status_observe(c->status, now, st.step_s);

@@ -30,6 +30,8 @@ typedef struct {
     uint64_t n_prompt[GC_MAX_CLASSES];        /* prompt tokens by class */
     uint64_t n_cached[GC_MAX_CLASSES];        /* cached prompt tokens by class */
     uint64_t n_gen;                           /* generated tokens */
+    uint64_t key_prompt[STATUS_MAX_KEYS];     /* prompt tokens by API key index */
+    uint64_t key_cached[STATUS_MAX_KEYS];     /* cached prompt tokens by API key index */
     uint32_t ttft[STATUS_LEN_N][SCHED_HIST_N + 1]; /* TTFT counts by input length */
     double ttft_sum[STATUS_LEN_N];            /* seconds */
     uint32_t speed[STATUS_SPEED_N + 1];       /* per-user decode speed counts */
@@ -97,6 +99,10 @@ void status_note(status_ring *st, double now, const status_req *rq)
     b->n_prompt[cls] += (uint64_t)TM_MAX(rq->n_prompt, 0);
     b->n_cached[cls] += (uint64_t)TM_MAX(rq->n_cached, 0);
     b->n_gen += (uint64_t)TM_MAX(rq->n_gen, 0);
+    if (rq->key_slot > 0 && rq->key_slot <= STATUS_MAX_KEYS) {
+        b->key_prompt[rq->key_slot - 1] += (uint64_t)TM_MAX(rq->n_prompt, 0);
+        b->key_cached[rq->key_slot - 1] += (uint64_t)TM_MAX(rq->n_cached, 0);
+    }
     if (rq->ttft_s >= 0) {
         int l = status_len_bucket(rq->n_prompt);
         b->ttft[l][status_hist_index(sched_hist_bounds, SCHED_HIST_N, rq->ttft_s)]++;
@@ -141,6 +147,10 @@ void status_window_get(status_ring *st, double now, int minutes, status_window *
             w->n_cached[c] += b->n_cached[c];
         }
         w->n_gen += b->n_gen;
+        for (int key = 0; key < STATUS_MAX_KEYS; key++) {
+            w->key_prompt[key] += b->key_prompt[key];
+            w->key_cached[key] += b->key_cached[key];
+        }
         for (int l = 0; l < STATUS_LEN_N; l++) {
             for (int i = 0; i <= SCHED_HIST_N; i++) w->ttft[l][i] += b->ttft[l][i];
             w->ttft_sum[l] += b->ttft_sum[l];
@@ -535,6 +545,18 @@ void status_page(status_ring *st, const status_page_in *in, bytebuf *b)
                 labels[k] = lab[k];
                 texts[k] = txt[k];
             }
+        }
+        bytebuf_puts(b, "</tr>");
+    }
+    if (in->viewer_slot > 0 && in->viewer_slot <= STATUS_MAX_KEYS) {   /* this key's own, no other's */
+        int vk = in->viewer_slot - 1;
+        bytebuf_puts(b, "<tr><td>your API key</td>");
+        for (int k = 0; k < STATUS_WINDOWS; k++) {
+            uint64_t p = win[k].key_prompt[vk], h = win[k].key_cached[vk];
+            bytebuf_printf(b, "<td data-window=\"%d\" data-key-cached=\"%llu\" data-key-prompt=\"%llu\">",
+                           status_window_minutes[k], (unsigned long long)h, (unsigned long long)p);
+            page_share(b, (double)h, (double)p);
+            bytebuf_puts(b, "</td>");
         }
         bytebuf_puts(b, "</tr>");
     }

@@ -36,6 +36,7 @@
 #define STATUS_LEN_N 4                /* input-length buckets of the TTFT figures */
 #define STATUS_SPEED_N 20             /* per-user decode speed histogram bounds (tokens/s) */
 #define STATUS_WINDOWS 3              /* 5 min, 1 h, 24 h */
+#define STATUS_MAX_KEYS 16            /* API keys whose hits are kept apart (by their index) */
 
 extern const int status_window_minutes[STATUS_WINDOWS];       /* 5, 60, 1440 */
 extern const int status_len_bounds[STATUS_LEN_N - 1];         /* prompt tokens: 512, 2048, 8192 */
@@ -46,6 +47,8 @@ typedef struct status_ring status_ring;
 /* One finished request, as the routes saw it. */
 typedef struct {
     int cls;                  /* traffic class (index into the retention classes) */
+    int key_slot;             /* 1 + index of the API key it carried; 0: none (so that a zeroed
+                               * status_req names no key); past STATUS_MAX_KEYS: not kept apart */
     int n_prompt;             /* prompt tokens */
     int n_cached;             /* of which served from a cache tier */
     int n_gen;                /* tokens generated */
@@ -60,6 +63,8 @@ typedef struct {
     uint64_t n_prompt[GC_MAX_CLASSES];        /* their prompt tokens */
     uint64_t n_cached[GC_MAX_CLASSES];        /* of which cached */
     uint64_t n_gen;                           /* generated tokens */
+    uint64_t key_prompt[STATUS_MAX_KEYS];     /* prompt tokens by API key index */
+    uint64_t key_cached[STATUS_MAX_KEYS];     /* of which cached */
     uint64_t ttft[STATUS_LEN_N][SCHED_HIST_N + 1]; /* TTFT counts per input-length bucket, over
                                                     * sched_hist_bounds (+Inf last) */
     double ttft_sum[STATUS_LEN_N];            /* their seconds */
@@ -124,6 +129,8 @@ typedef struct {
     void *cluster_ud;
     const char *role_text;         /* one line on the division of labour */
     const status_curve *curve;     /* this machine's measured decode curve, or NULL */
+    int viewer_slot;               /* 1 + index of the API key the page's request carries: that
+                                    * key's own hit shares are shown (no other key's); 0: none */
 } status_page_in;
 
 /* Appends the page (a full HTML document) for the ring's state at in->now. */

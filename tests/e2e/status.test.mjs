@@ -16,7 +16,7 @@ import { haveChromium, launch } from "./browser.mjs";
 
 after(stopServers);
 
-const KEY = "sk-status-test";
+const KEY = "sk-status-test", KEY2 = "sk-status-other";
 
 async function metrics(url) {
   const text = await (await fetch(`${url}/metrics`, { headers: { authorization: `Bearer ${KEY}` } })).text();
@@ -46,7 +46,7 @@ test("the status page in a real browser shows /metrics' figures, draws every cha
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "tm-status-"));
   const model = path.join(dir, "q3.gguf");
   execFileSync(bin, ["mkmodel", "--arch", "qwen3", "--preset", "tiny", "--type", "f16", "--seed", "5", "-o", model], { stdio: "pipe" });
-  const S = await startServer(model, ["--model-name", "q3", "--ctx", "2048", "--api-key", KEY, "--cost-per-hour", "2.5",
+  const S = await startServer(model, ["--model-name", "q3", "--ctx", "2048", "--api-key", KEY, "--api-key", KEY2, "--cost-per-hour", "2.5",
                                       "--retention", "agent=72h"]);
   // behind the key, in OpenAI's error shape
   const denied = await fetch(`${S.url}/`);
@@ -99,6 +99,13 @@ test("the status page in a real browser shows /metrics' figures, draws every cha
     assert.deepEqual(shown.hits5, { cached: cachedReported, prompt: promptReported });
     assert.equal(shown.hits5.cached, m.tokenmill_cached_prompt_tokens_total);
     assert.equal(shown.ttftN5, m.tokenmill_time_to_first_token_seconds_count);
+    // each key sees its own share only: all the load came with KEY, none with KEY2
+    const own = async (key) => {
+      const page = await (await fetch(`${S.url}/`, { headers: { authorization: `Bearer ${key}` } })).text();
+      return [...page.matchAll(/data-window="5" data-key-cached="(\d+)" data-key-prompt="(\d+)"/g)].map((x) => [Number(x[1]), Number(x[2])]);
+    };
+    assert.deepEqual(await own(KEY), [[cachedReported, promptReported]]);
+    assert.deepEqual(await own(KEY2), [[0, 0]]);
 
     // nothing but the page itself was requested
     const urls = browser.events().filter((e) => e.method === "Network.requestWillBeSent").map((e) => e.params.request.url);

@@ -214,6 +214,30 @@ TEST(test_status_curve)
     unlink(p);
 }
 
+TEST(test_status_hits_per_key)
+{
+    status_ring *st = status_new(T0 - 600);
+    status_note(st, T0 - 20, &(status_req){ .key_slot = 1, .n_prompt = 400, .n_cached = 300 });   /* key 0 */
+    status_note(st, T0 - 10, &(status_req){ .key_slot = 2, .n_prompt = 100, .n_cached = 0 });     /* key 1 */
+    status_note(st, T0 - 5, &(status_req){ .n_prompt = 50, .n_cached = 50 });                     /* no key */
+    status_window w;
+    status_window_get(st, T0, 5, &w);
+    CHECK(w.key_prompt[0] == 400 && w.key_cached[0] == 300 && w.key_prompt[1] == 100 && w.key_cached[1] == 0);
+    CHECK(w.n_prompt[0] == 550 && w.n_cached[0] == 350);
+    status_page_in in = { .model_name = "m", .now = T0, .started = T0 - 600, .viewer_slot = 2 };
+    bytebuf b = { 0 };
+    status_page(st, &in, &b);
+    /* key 1 sees its own share, and nothing of key 0's */
+    CHECK(strstr(b.p, "data-window=\"5\" data-key-cached=\"0\" data-key-prompt=\"100\">0.0 %") != NULL);
+    CHECK(strstr(b.p, "data-key-prompt=\"400\"") == NULL);
+    bytebuf_free(&b);
+    in.viewer_slot = 0;   /* no key: no key row */
+    status_page(st, &in, &b);
+    CHECK(strstr(b.p, "data-key-prompt") == NULL && strstr(b.p, "your API key") == NULL);
+    bytebuf_free(&b);
+    status_free(st);
+}
+
 int main(void)
 {
     RUN(test_status_hits_by_window_and_class);
@@ -222,5 +246,6 @@ int main(void)
     RUN(test_status_ring_recycles_after_a_day);
     RUN(test_status_page);
     RUN(test_status_curve);
+    RUN(test_status_hits_per_key);
     HARNESS_END();
 }
