@@ -2,12 +2,14 @@
 # Installs what the build, tests and benchmarks need, only when it is missing:
 # Debian packages through apt-get (we run as root on the target machines) and the pinned npm
 # packages of package.json (llama.cpp through node-llama-cpp, the numeric oracle and speed peer).
+# chromium: the headless browser the status page test loads the page in; prometheus: the real
+# Prometheus that scrapes serve in an end-to-end test (with the recording rules of deploy/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_pkgs=()
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
-for p in build-essential pkg-config libpcre2-dev libssl-dev libjansson-dev libmicrohttpd-dev libisal-dev nodejs npm git; do
+for p in build-essential pkg-config libpcre2-dev libssl-dev libjansson-dev libmicrohttpd-dev libisal-dev nodejs npm git chromium prometheus; do
   if [ "$p" = nodejs ] || [ "$p" = npm ]; then
     command -v "${p/nodejs/node}" >/dev/null 2>&1 && continue
   fi

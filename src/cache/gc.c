@@ -370,6 +370,14 @@ void gc_view_totals(gc_view *v, uint64_t *n_entries, uint64_t *bytes)
     pthread_mutex_unlock(&v->mu);
 }
 
+double gc_view_oldest(gc_view *v)
+{
+    pthread_mutex_lock(&v->mu);
+    double t = v->lru_head >= 0 ? v->ent[v->lru_head].last_use : 0;
+    pthread_mutex_unlock(&v->mu);
+    return t;
+}
+
 void gc_view_scan_begin(gc_view *v)
 {
     pthread_mutex_lock(&v->mu);

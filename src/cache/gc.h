@@ -78,6 +78,8 @@ int gc_view_take_expired(gc_view *v, double now, uint8_t (*keys)[32], int max);
 /* Takes least-recently-used entries out until the total fits the capacity (at most max). */
 int gc_view_take_over_capacity(gc_view *v, uint8_t (*keys)[32], int max);
 void gc_view_totals(gc_view *v, uint64_t *n_entries, uint64_t *bytes);
+/* The last use (epoch seconds) of the least recently used entry; 0 when empty. */
+double gc_view_oldest(gc_view *v);
 /* A rescan: begin, merge every file found (no victims taken), end (drops entries whose files
  * were not found and were not added by this process during the scan). */
 void gc_view_scan_begin(gc_view *v);

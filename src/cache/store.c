@@ -374,6 +374,8 @@ void store_get_stats(store *s, store_stats *st)
         gc_view_totals(store_dir_view(s->live[i]), &nf, &nb);
         st->n_files += nf;
         st->bytes_used += nb;
+        double old = gc_view_oldest(store_dir_view(s->live[i]));
+        if (old > 0 && (!st->oldest_use || old < st->oldest_use)) st->oldest_use = old;
         st->n_io_err += c.n_io_err;
         st->n_evicted += c.n_evicted;
         st->n_expired += c.n_expired;

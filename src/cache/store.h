@@ -64,6 +64,7 @@ typedef struct {
     uint64_t bytes_written;    /* file bytes written, all targets */
     uint64_t n_files;          /* files in the gc views, all targets */
     uint64_t bytes_used;       /* their bytes */
+    double oldest_use;         /* last use of the least recently used file, epoch seconds; 0: none */
     int n_targets;
 } store_stats;
 

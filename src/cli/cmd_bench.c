@@ -15,6 +15,13 @@
  *
  * One untimed warm-up run of each kind precedes the repetitions (as llama-bench does).
  * Sequences are reset between runs, so the KV cache is empty at the start of each.
+ *
+ * `tokenmill bench curves -m MODEL [--prefill-steps 16,..] [--streams 1,..] [--tg N]
+ * [--svg PATH]`: the two curves that set a host's price, on this machine: (1) prefill tokens
+ * per engine step against prefill throughput and step latency (one sequence prefilled in
+ * chunks of that size, --steps of them), (2) concurrent decoding streams against aggregate and
+ * per-user tokens/s and step latency (each stream after a 32-token prompt). JSON on stdout;
+ * --svg writes the four charts (drawn with the status page's status_svg_line) as one SVG.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +32,9 @@
 #include "cli/cmd_opts.h"
 #include "engine/engine.h"
 #include "model/model.h"
+#include "recipe/jsonfmt.h"
+#include "recipe/status.h"
+#include "util/bytebuf.h"
 #include "util/util.h"
 
 #define CMD_BENCH_MAX_SEQS 64
@@ -97,8 +107,29 @@ static void cmd_bench_print_arr(const double *v, int n)
     putchar(']');
 }
 
+/* "a,b,c" into out (at most max values in [lo, hi]); the count, or -1 after a message. */
+static int cmd_bench_list(const char *opt, const char *z, int *out, int max, long lo, long hi)
+{
+    int n = 0;
+    for (const char *p = z; *p;) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < lo || v > hi || (*end && *end != ',') || n == max) {
+            fprintf(stderr, "tokenmill bench: %s wants at most %d numbers %ld..%ld separated by commas\n", opt, max, lo, hi);
+            return -1;
+        }
+        out[n++] = (int)v;
+        p = *end ? end + 1 : end;
+    }
+    if (!n) fprintf(stderr, "tokenmill bench: %s is empty\n", opt);
+    return n ? n : -1;
+}
+
+static int cmd_bench_curves(int argc, char **argv);
+
 int cmd_bench(int argc, char **argv)
 {
+    if (argc > 1 && !strcmp(argv[1], "curves")) return cmd_bench_curves(argc - 1, argv + 1);
     const char *model_path = NULL, *seqs_arg = "1,4,16";
     long threads = 0, pp = 512, tg = 128, reps = 3, maxb = 512, depth = 0;
     const cmd_opt opts[] = {
@@ -115,17 +146,9 @@ int cmd_bench(int argc, char **argv)
     const char *synopsis = "bench -m MODEL [options]: engine timings as JSON";
     cmd_opts_status ost = cmd_opts_parse("bench", synopsis, opts, argc, argv, 1, NULL, 0, NULL);
     if (ost != CMD_OPTS_OK) return cmd_opts_exit(ost);
-    int seqs[16], n_seqs = 0;
-    for (const char *p = seqs_arg; *p && n_seqs < 16;) {
-        char *end;
-        long v = strtol(p, &end, 10);
-        if (end == p || v < 1 || v > CMD_BENCH_MAX_SEQS || (*end && *end != ',')) {
-            fprintf(stderr, "tokenmill bench: --seqs wants numbers 1..%d separated by commas\n", CMD_BENCH_MAX_SEQS);
-            return 2;
-        }
-        seqs[n_seqs++] = (int)v;
-        p = *end ? end + 1 : end;
-    }
+    int seqs[16];
+    int n_seqs = cmd_bench_list("--seqs", seqs_arg, seqs, 16, 1, CMD_BENCH_MAX_SEQS);
+    if (n_seqs < 0) return 2;
     if (!model_path) {
         fprintf(stderr, "tokenmill bench: -m MODEL is required\n");
         cmd_opts_hint("bench", synopsis);
@@ -209,6 +232,134 @@ out:
     free(pp_r);
     free(tg_r);
     free(b_r);
+    free(c.logits);
+    free(c.bt);
+    engine_free(e);
+    model_free(m);
+    return rc;
+}
+
+/* The curves' engine and buffers for the largest point of each sweep. */
+static int cmd_bench_curves(int argc, char **argv)
+{
+    const char *model_path = NULL, *steps_arg = "16,32,64,128,256,512", *streams_arg = "1,2,4,8,16,32", *svg_path = NULL;
+    long threads = 0, tg = 32, n_steps = 4;
+    const cmd_opt opts[] = {
+        { "--model", "-m", CMD_OPT_STR, &model_path, .arg = "MODEL", .help = "the GGUF to measure (required)" },
+        { "--threads", "-t", CMD_OPT_LONG, &threads, 0, 1024, .arg = "N", .help = "kernel threads (default: one per core)" },
+        { "--prefill-steps", NULL, CMD_OPT_STR, &steps_arg, .arg = "P,P,..", .help = "prefill tokens per step to sweep (default 16,32,64,128,256,512)" },
+        { "--steps", NULL, CMD_OPT_LONG, &n_steps, 1, 1000, .arg = "K", .help = "prefill steps timed per point (default 4)" },
+        { "--streams", NULL, CMD_OPT_STR, &streams_arg, .arg = "S,S,..", .help = "concurrent decoding streams to sweep (default 1,2,4,8,16,32)" },
+        { "--tg", NULL, CMD_OPT_LONG, &tg, 1, 1 << 20, .arg = "N", .help = "decode steps timed per point (default 32)" },
+        { "--svg", NULL, CMD_OPT_STR, &svg_path, .arg = "PATH", .help = "also write the charts as one SVG file" },
+        { 0 },
+    };
+    const char *synopsis = "bench curves -m MODEL [options]: prefill step size and concurrent streams against throughput and latency, as JSON (and SVG)";
+    cmd_opts_status ost = cmd_opts_parse("bench curves", synopsis, opts, argc, argv, 1, NULL, 0, NULL);
+    if (ost != CMD_OPTS_OK) return cmd_opts_exit(ost);
+    int psz[16], ssz[16];
+    int n_p = cmd_bench_list("--prefill-steps", steps_arg, psz, 16, 1, 1 << 16);
+    int n_s = cmd_bench_list("--streams", streams_arg, ssz, 16, 1, CMD_BENCH_MAX_SEQS);
+    if (n_p < 0 || n_s < 0) return 2;
+    if (!model_path) {
+        fprintf(stderr, "tokenmill bench curves: -m MODEL is required\n");
+        cmd_opts_hint("bench curves", synopsis);
+        return 2;
+    }
+    char err[512];
+    model *m = NULL;
+    if (model_load(model_path, NULL, &m, err, sizeof err) != GGUF_OK) {
+        fprintf(stderr, "tokenmill bench curves: cannot load %s: %s\n", model_path, err);
+        return 1;
+    }
+    int max_p = 1, max_s = 1;
+    for (int i = 0; i < n_p; i++) max_p = TM_MAX(max_p, psz[i]);
+    for (int i = 0; i < n_s; i++) max_s = TM_MAX(max_s, ssz[i]);
+    int blk_p = (int)((max_p * n_steps + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK);
+    int blk_s = max_s * (int)((CMD_BENCH_PROMPT + tg + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK);
+    engine_opts eo = { .n_threads = threads, .max_batch_tokens = TM_MAX(max_p, TM_MAX(max_s, CMD_BENCH_PROMPT)),
+                       .n_kv_blocks = TM_MAX(blk_p, blk_s) };
+    engine *e = NULL;
+    if (engine_new(m, &eo, &e, err, sizeof err) != ENGINE_OK) {
+        fprintf(stderr, "tokenmill bench curves: %s\n", err);
+        model_free(m);
+        return 1;
+    }
+    cmd_bench_ctx c = { .e = e, .n_vocab = m->hp.n_vocab };
+    util_rng_seed(&c.rng, 1234);
+    c.logits = xmalloc((size_t)max_s * (size_t)m->hp.n_vocab * sizeof(float));
+    c.bt = xmalloc((size_t)engine_max_batch(e) * sizeof *c.bt);
+    kvpool_seq *sq[CMD_BENCH_MAX_SEQS];
+    for (int i = 0; i < max_s; i++) sq[i] = kvpool_seq_new(engine_kvpool(e));
+    double p_x[16], p_tps[16], p_ms[16], s_x[16], s_tps[16], s_user[16], s_ms[16];
+    int rc = 1;
+    /* (1) prefill: K steps of P tokens in one sequence, after an untimed warm-up of the same */
+    for (int i = 0; i < n_p; i++) {
+        int total = psz[i] * (int)n_steps;
+        double t = 0;
+        for (int rep = 0; rep < 2; rep++) {
+            kvpool_seq_reset(engine_kvpool(e), sq[0]);
+            double t0 = util_now();
+            for (int p0 = 0; p0 < total; p0 += psz[i]) {
+                for (int k = 0; k < psz[i]; k++)
+                    c.bt[k] = (engine_tok){ cmd_bench_tok(&c), p0 + k, sq[0], p0 + k == total - 1 };
+                if (!cmd_bench_step(&c, psz[i])) goto out;
+            }
+            t = util_now() - t0;
+        }
+        p_x[i] = psz[i];
+        p_tps[i] = t > 0 ? total / t : 0;
+        p_ms[i] = t * 1e3 / (double)n_steps;
+    }
+    /* (2) decode: S streams together, tg steps, after a warm-up of 4 */
+    for (int i = 0; i < n_s; i++) {
+        if (cmd_bench_decode(&c, sq, ssz[i], CMD_BENCH_PROMPT, 4) < 0) goto out;
+        double t = cmd_bench_decode(&c, sq, ssz[i], CMD_BENCH_PROMPT, (int)tg);
+        if (t < 0) goto out;
+        s_x[i] = ssz[i];
+        s_tps[i] = t > 0 ? (double)ssz[i] * (double)tg / t : 0;
+        s_user[i] = t > 0 ? (double)tg / t : 0;
+        s_ms[i] = t * 1e3 / (double)tg;
+    }
+    bytebuf b = { 0 };
+    bytebuf_printf(&b, "{\"model\": ");
+    jsonfmt_write_string(&b, model_path, strlen(model_path));
+    bytebuf_printf(&b, ", \"threads\": %d, \"simd\": \"%s\", \"prefill\": [", engine_n_threads(e), ops_level_name());
+    for (int i = 0; i < n_p; i++)
+        bytebuf_printf(&b, "%s{\"step_tokens\": %d, \"tok_s\": %.3f, \"step_ms\": %.4f}", i ? ", " : "", psz[i], p_tps[i], p_ms[i]);
+    bytebuf_puts(&b, "], \"decode\": [");
+    for (int i = 0; i < n_s; i++)
+        bytebuf_printf(&b, "%s{\"streams\": %d, \"tok_s\": %.3f, \"per_user_tok_s\": %.3f, \"step_ms\": %.4f}", i ? ", " : "",
+                       ssz[i], s_tps[i], s_user[i], s_ms[i]);
+    bytebuf_puts(&b, "]}\n");
+    fwrite(b.p, 1, b.len, stdout);
+    fflush(stdout);
+    if (svg_path) {
+        bytebuf v = { 0 };
+        bytebuf_puts(&v, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"840\" height=\"440\" viewBox=\"0 0 840 440\">"
+                         "<rect width=\"840\" height=\"440\" fill=\"#fff\"/><g>");
+        status_svg_line(&v, "prefill_throughput", "Prefill throughput", "prefill tokens per step", "tokens/s", n_p, p_x, p_tps);
+        bytebuf_puts(&v, "</g><g transform=\"translate(420 0)\">");
+        status_svg_line(&v, "prefill_latency", "Prefill step latency", "prefill tokens per step", "ms per step", n_p, p_x, p_ms);
+        bytebuf_puts(&v, "</g><g transform=\"translate(0 220)\">");
+        status_svg_line(&v, "decode_aggregate", "Decode: aggregate tokens/s", "concurrent streams", "tokens/s", n_s, s_x, s_tps);
+        bytebuf_puts(&v, "</g><g transform=\"translate(420 220)\">");
+        status_svg_line(&v, "decode_per_user", "Decode: tokens/s per user", "concurrent streams", "tokens/s", n_s, s_x, s_user);
+        bytebuf_puts(&v, "</g></svg>\n");
+        FILE *f = fopen(svg_path, "w");
+        bool ok = f && fwrite(v.p, 1, v.len, f) == v.len;
+        if (f && fclose(f)) ok = false;
+        bytebuf_free(&v);
+        if (!ok) {
+            fprintf(stderr, "tokenmill bench curves: cannot write %s\n", svg_path);
+            bytebuf_free(&b);
+            goto out;
+        }
+    }
+    bytebuf_free(&b);
+    rc = 0;
+out:
+    for (int i = 0; i < max_s; i++) kvpool_seq_free(engine_kvpool(e), sq[i]);
     free(c.logits);
     free(c.bt);
     engine_free(e);

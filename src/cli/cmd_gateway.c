@@ -30,6 +30,7 @@
 #include "http/http.h"
 #include "model/model.h"
 #include "recipe/api.h"
+#include "recipe/status.h"
 #include "recipe/template.h"
 #include "recipe/tokenizer.h"
 #include "util/util.h"
@@ -64,6 +65,7 @@ int cmd_gateway(int argc, char **argv)
     int n_pre = 0, n_dec = 0, n_keys = 0;
     long ctx = 0;
     double hb_timeout = 2, wait_timeout = 30, progress[2] = { 30, 10 };   /* progress: first, next */
+    double cost_per_hour = 0;
     http_opts ho = { 0 };       /* connection limits from the options; the rest below */
     bool metrics_public = false, verbose = false;
     const char *key_path = NULL;
@@ -83,7 +85,8 @@ int cmd_gateway(int argc, char **argv)
           .help = "move a request off a worker with no token for FIRST / NEXT s (default 30,10)" },
         { "--cluster-key-file", NULL, CMD_OPT_STR, &key_path, .arg = "PATH", .help = "the cluster secret (default: generated in ~/.cache/tokenmill)" },
         { "--api-key", NULL, CMD_OPT_LIST, &keys_l, .arg = "KEY", .help = "require this key (repeat for several)" },
-        { "--metrics-public", NULL, CMD_OPT_FLAG, &metrics_public, .help = "with --api-key, leave /metrics open" },
+        { "--metrics-public", NULL, CMD_OPT_FLAG, &metrics_public, .help = "with --api-key, leave /metrics and the status page open" },
+        { "--cost-per-hour", NULL, CMD_OPT_DOUBLE, &cost_per_hour, 0, 1e9, .arg = "PRICE", .help = "the cluster's price per hour: the status page shows cost per million tokens" },
         { .kind = CMD_OPT_TABLE, .dst = (void *)cmd_common_http_table(&ho, http) },
         { "--model-name", NULL, CMD_OPT_STR, &name, .arg = "NAME", .help = "the model's name in /v1/models (default: the file's)" },
         { "--template", NULL, CMD_OPT_STR, &tmpl_name, .arg = "NAME", .help = "chat template family (default: the file's, when recognised)" },
@@ -121,6 +124,7 @@ int cmd_gateway(int argc, char **argv)
     store *cache = NULL;
     gateway *g = NULL;
     http_server *h = NULL;
+    status_ring *st = NULL;
     char *derived = NULL;
     gc_retention classes;
     gc_retention_default(&classes);
@@ -168,7 +172,8 @@ int cmd_gateway(int argc, char **argv)
     const char *alias = api_model_alias(m, alias_buf, sizeof alias_buf);
     api_ctx ac = { .sched = NULL, .model = m, .tok = tok, .tmpl = tmpl, .model_name = name, .model_alias = alias,
                    .n_ctx = n_ctx, .n_threads = 1, .created = (int64_t)time(NULL), .retention = &classes,
-                   .backend = gateway_backend(g), .metrics_public = metrics_public };
+                   .backend = gateway_backend(g), .metrics_public = metrics_public,
+                   .status = st = status_new(gc_wall_now()), .store = cache, .cost_per_hour = cost_per_hour };
     ho.host = host;
     ho.port = (int)port;
     ho.api_keys = keys;
@@ -205,6 +210,7 @@ out:
     gateway_shutdown(g);
     http_server_free(h);
     gateway_free(g);
+    status_free(st);
     store_close(cache);
     template_free(tmpl);
     tokenizer_free(tok);

@@ -58,6 +58,7 @@
 #include "http/http.h"
 #include "model/model.h"
 #include "recipe/api.h"
+#include "recipe/status.h"
 #include "recipe/template.h"
 #include "recipe/tokenizer.h"
 #include "util/util.h"
@@ -85,6 +86,9 @@ typedef struct {
     http_opts http;              /* connection limits (--max-connections, ...); the rest is set
                                   * by serve_routes */
     bool metrics_public;         /* --metrics-public: /metrics without the API key */
+    double cost_per_hour;        /* --cost-per-hour: the machine's price per hour (0: none) */
+    const char *curves_path;     /* --curves: `bench curves` JSON for the status page, or NULL */
+    status_curve curve;          /* its decode points */
     const char *cache_spec;      /* store spec, "default", or NULL (off) */
     const char *retention;       /* --retention, or NULL */
     uint64_t cache_capacity;     /* bytes per target; 0: the store's default */
@@ -107,6 +111,7 @@ typedef struct {
     grammar_cache *gcache;       /* structured output: compiled grammars, by content */
     grammar_vocab *gvocab;       /* the tokenizer's token bytes, for the grammars' masks */
     api_ctx ac;                  /* what every route sees; outlives the HTTP server */
+    status_ring *status;         /* the status page's ring */
 } serve;
 
 /* Step: options. Returns 0, -1 after --help (exit 0), or the exit status after a message. */
@@ -126,7 +131,9 @@ static int serve_options(int argc, char **argv, serve_opts *o)
         { "--model-name", NULL, CMD_OPT_STR, &o->name, .arg = "NAME", .help = "the model's name in /v1/models (default: the file's)" },
         { "--template", NULL, CMD_OPT_STR, &o->tmpl_name, .arg = "NAME", .help = "chat template family (default: the file's, when recognised)" },
         { "--api-key", NULL, CMD_OPT_LIST, &keys, .arg = "KEY", .help = "require this key (repeat for several)" },
-        { "--metrics-public", NULL, CMD_OPT_FLAG, &o->metrics_public, .help = "with --api-key, leave /metrics open" },
+        { "--metrics-public", NULL, CMD_OPT_FLAG, &o->metrics_public, .help = "with --api-key, leave /metrics and the status page open" },
+        { "--curves", NULL, CMD_OPT_STR, &o->curves_path, .arg = "PATH", .help = "this machine's `tokenmill bench curves` JSON: the status page places its users on it" },
+        { "--cost-per-hour", NULL, CMD_OPT_DOUBLE, &o->cost_per_hour, 0, 1e9, .arg = "PRICE", .help = "the machine's price per hour: the status page (GET /) shows cost per million tokens" },
         { "--max-body", NULL, CMD_OPT_LONG, &o->max_body, 1024, 4294967296.0, .arg = "BYTES", .help = "largest request body (default 8 MiB)" },
         { "--timeout", NULL, CMD_OPT_LONG, &o->timeout, 1, 86400, .arg = "S", .help = "idle keep-alive connections close after S seconds (default 60)" },
         { .kind = CMD_OPT_TABLE, .dst = (void *)cmd_common_http_table(&o->http, http) },
@@ -155,6 +162,11 @@ static int serve_options(int argc, char **argv, serve_opts *o)
     gc_retention_default(&o->classes);
     if (o->retention && gc_retention_parse(&o->classes, o->retention)) {
         fprintf(stderr, "tokenmill serve: bad --retention '%s' (want e.g. agent=72h,chat=7d)\n", o->retention);
+        return 2;
+    }
+    char err[512];
+    if (o->curves_path && status_curve_load(o->curves_path, &o->curve, err, sizeof err)) {
+        fprintf(stderr, "tokenmill serve: bad --curves: %s\n", err);
         return 2;
     }
     if (o->cache_spec && !strcmp(o->cache_spec, "off")) o->cache_spec = NULL;
@@ -232,7 +244,11 @@ static int serve_routes(serve *sv)
         .model_alias = api_model_alias(sv->m, sv->alias_buf, sizeof sv->alias_buf), .n_ctx = (int)o->eng.ctx,
         .n_threads = engine_n_threads(sv->e), .created = (int64_t)time(NULL), .retention = &o->classes,
         .metrics_public = o->metrics_public, .gcache = sv->gcache, .gvocab = sv->gvocab,
+        .status = sv->status = status_new(gc_wall_now()),
+        .store = sv->bio ? sv->cache : NULL, .store_capacity = o->cache_capacity, .cost_per_hour = o->cost_per_hour,
+        .curve = o->curves_path ? &o->curve : NULL,
     };
+    status_observe(sv->status, gc_wall_now(), 0);   /* the engine's busy seconds start at 0 */
     http_opts ho = o->http;
     ho.host = o->host;
     ho.port = (int)o->port;
@@ -352,6 +368,7 @@ static void serve_free(serve *sv)
     tokenizer_free(sv->tok);
     model_free(sv->m);
     free(sv->derived_name);
+    status_free(sv->status);   /* after the HTTP server: no route draws it any more */
 }
 
 int cmd_serve(int argc, char **argv)

@@ -1227,6 +1227,8 @@ static double gw_prefill_rate(const gateway *g)
     return (double)(g->rate_v[newest] - g->rate_v[oldest]) / dt;
 }
 
+static void gw_capacity_in(const gateway *g, bal_capacity_in *pi, bal_capacity_in *di);
+
 static void gw_metrics(void *ud, bytebuf *b)
 {
     gateway *g = ud;
@@ -1323,6 +1325,14 @@ static void gw_metrics(void *ud, bytebuf *b)
                         pre_busy / pre_tok);
     bytebuf_printf(b, "# TYPE tokenmill_gateway_refused_values_total counter\ntokenmill_gateway_refused_values_total %llu\n",
                     (unsigned long long)g->n_bad_values);
+    /* the capacity rule's answer (/admin/capacity), for an autoscaler fed through Prometheus */
+    bal_capacity_in ci[2];
+    gw_capacity_in(g, &ci[0], &ci[1]);
+    bytebuf_puts(b, "# HELP tokenmill_capacity_recommended_workers Workers per role the capacity rule recommends.\n"
+                     "# TYPE tokenmill_capacity_recommended_workers gauge\n");
+    for (int k = 0; k < 2; k++)
+        bytebuf_printf(b, "tokenmill_capacity_recommended_workers{role=\"%s\"} %d\n", k ? "decode" : "prefill",
+                       bal_capacity(&ci[k]).recommended);
     pthread_mutex_unlock(&g->mu);
 }
 
@@ -1413,15 +1423,13 @@ static json_t *gw_capacity_json(const char *role, const bal_capacity_in *in)
                      "max", in->max_workers);
 }
 
-static void gw_route_capacity(http_request *r, void *user)
+/* The capacity rule's inputs for both roles (mu held): /admin/capacity and the status page. */
+static void gw_capacity_in(const gateway *g, bal_capacity_in *pi, bal_capacity_in *di)
 {
-    gateway *g = user;
-    if (!api_openai_auth(r)) return;
-    pthread_mutex_lock(&g->mu);
     int n_pre = 0, n_dec = 0, running = 0;
     double seqs = 0, tps = 0;
     for (int i = 0; i < g->n_slots; i++) {
-        gw_worker *w = &g->w[i];
+        const gw_worker *w = &g->w[i];
         if (!gw_usable(w)) continue;
         if (gw_can_prefill(w)) {
             n_pre++;
@@ -1434,13 +1442,70 @@ static void gw_route_capacity(http_request *r, void *user)
         }
     }
     /* one prefill worker's capacity: the mean of the learned speeds (the option until learned) */
-    bal_capacity_in pi = { .n_current = n_pre, .load = gw_prefill_rate(g), .per_worker = n_pre ? tps / n_pre : g->o.prefill_tokens_per_s,
-                           .target_util = 0.6, .min_workers = g->o.min_workers, .max_workers = g->o.max_workers };
-    bal_capacity_in di = { .n_current = n_dec, .load = running, .per_worker = n_dec ? seqs / n_dec : 16,
-                           .target_util = 0.6, .min_workers = g->o.min_workers, .max_workers = g->o.max_workers };
+    *pi = (bal_capacity_in){ .n_current = n_pre, .load = gw_prefill_rate(g), .per_worker = n_pre ? tps / n_pre : g->o.prefill_tokens_per_s,
+                             .target_util = 0.6, .min_workers = g->o.min_workers, .max_workers = g->o.max_workers };
+    *di = (bal_capacity_in){ .n_current = n_dec, .load = running, .per_worker = n_dec ? seqs / n_dec : 16,
+                             .target_util = 0.6, .min_workers = g->o.min_workers, .max_workers = g->o.max_workers };
+}
+
+static void gw_route_capacity(http_request *r, void *user)
+{
+    gateway *g = user;
+    if (!api_openai_auth(r)) return;
+    bal_capacity_in pi, di;
+    pthread_mutex_lock(&g->mu);
+    gw_capacity_in(g, &pi, &di);
     pthread_mutex_unlock(&g->mu);
     api_respond_json(r, 200, json_pack("{s:o, s:o}", "prefill", gw_capacity_json("prefill", &pi), "decode",
                                        gw_capacity_json("decode", &di)));
+}
+
+/* The status page's block on the cluster: workers up by role, the capacity advice per role,
+ * the requests moved after worker failures. Figures /metrics has carry data-metric. */
+static void gw_status(void *ud, bytebuf *b)
+{
+    gateway *g = ud;
+    static const int roles[3] = { PROTO_ROLE_PREFILL, PROTO_ROLE_DECODE, PROTO_ROLE_MIXED };
+    int up[3] = { 0 }, draining[3] = { 0 }, out[3] = { 0 }, streams = 0;
+    bal_capacity_in in[2];
+    pthread_mutex_lock(&g->mu);
+    for (int i = 0; i < g->n_slots; i++) {
+        const gw_worker *w = &g->w[i];
+        if (!w->used) continue;
+        for (int k = 0; k < 3; k++)
+            if (w->role == roles[k]) {
+                if (!w->connected) out[k]++;
+                else if (w->draining) draining[k]++;
+                else up[k]++;
+            }
+        if (w->connected) streams += w->n_decode;
+    }
+    gw_capacity_in(g, &in[0], &in[1]);
+    uint64_t n_req = g->n_requests, n_resumes = g->n_resumes, n_reprefills = g->n_reprefills, n_stalls = g->n_stalls;
+    pthread_mutex_unlock(&g->mu);
+    bytebuf_puts(b, "<table><tr><th>role</th><th>up</th><th>draining</th><th>out</th></tr>");
+    for (int k = 0; k < 3; k++)
+        bytebuf_printf(b, "<tr><td>%s</td><td data-role=\"%s\" data-up=\"%d\">%d</td><td>%d</td><td>%d</td></tr>",
+                       proto_role_name(roles[k]), proto_role_name(roles[k]), up[k], up[k], draining[k], out[k]);
+    bytebuf_puts(b, "</table><div class=\"figs\">");
+    bytebuf_printf(b, "<div class=\"fig\"><span class=\"v\" data-metric=\"tokenmill_gateway_requests_total\">%llu</span>"
+                      "<span class=\"l\">requests</span></div>", (unsigned long long)n_req);
+    bytebuf_printf(b, "<div class=\"fig\"><span class=\"v\">%d</span><span class=\"l\">concurrent streams (decode "
+                      "jobs)</span></div>", streams);
+    bytebuf_printf(b, "<div class=\"fig\"><span class=\"v\" data-metric=\"tokenmill_gateway_resumes_total\">%llu</span>"
+                      "<span class=\"l\">decodes resumed after a worker failed</span></div>", (unsigned long long)n_resumes);
+    bytebuf_printf(b, "<div class=\"fig\"><span class=\"v\" data-metric=\"tokenmill_gateway_reprefills_total\">%llu</span>"
+                      "<span class=\"l\">prefills re-sent</span></div>", (unsigned long long)n_reprefills);
+    bytebuf_printf(b, "<div class=\"fig\"><span class=\"v\" data-metric=\"tokenmill_gateway_stalls_total\">%llu</span>"
+                      "<span class=\"l\">requests moved off a stalled worker</span></div></div>", (unsigned long long)n_stalls);
+    bytebuf_puts(b, "<table><tr><th>capacity advice</th><th>workers</th><th>recommended</th><th>utilisation</th></tr>");
+    for (int k = 0; k < 2; k++) {
+        bal_capacity_out o = bal_capacity(&in[k]);
+        bytebuf_printf(b, "<tr><td>%s</td><td>%d</td><td data-advice=\"%s\">%d</td><td>%.0f %%</td></tr>",
+                       k ? "decode" : "prefill", in[k].n_current, k ? "decode" : "prefill", o.recommended,
+                       100 * TM_MIN(o.utilisation, 1e6));
+    }
+    bytebuf_puts(b, "</table>");
 }
 
 void gateway_routes(gateway *g, http_server *h)
@@ -1500,7 +1565,8 @@ gateway_status gateway_new(const gateway_opts *o, gateway **out, char *err, size
         }
     }
     g->be = (api_backend){ .ud = g, .submit = gw_submit, .poll = gw_poll, .cancel = gw_cancel, .release = gw_release,
-                           .metrics = gw_metrics };
+                           .metrics = gw_metrics, .status = gw_status,
+                           .role_text = "Yes: prefill workers compute prompts, decode workers generate; the gateway hands each request's KV from one to the other." };
     /* first connections now, so that a cluster started in order serves at once */
     for (int i = 0; i < g->n_slots; i++) gw_connect_static(g, i);
     pthread_create(&g->disp, NULL, gw_dispatcher, g);

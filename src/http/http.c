@@ -462,7 +462,7 @@ static int http_key_find(const http_server *h, const char *z)
 }
 
 /* The key index the request carries (>= 0), -1 when it carries none, -2 a wrong one. */
-static int http_request_key_index(const http_request *r)
+int http_request_key_index(const http_request *r)
 {
     const char *auth = http_request_header(r, "Authorization");
     const char *xkey = http_request_header(r, "x-api-key");

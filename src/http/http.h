@@ -116,6 +116,8 @@ bool http_request_authorized(const http_request *r);
 /* The server's key that the request carries (as above), or NULL when the server has no keys
  * or the request none of them: the tenant's identity (e.g. for cache salts). */
 const char *http_request_api_key(const http_request *r);
+/* Its index in http_opts.api_keys, or -1 (no keys, or none carried). */
+int http_request_key_index(const http_request *r);
 
 /* True when the client has gone (a handler that waits for a whole answer checks it now and
  * then and cancels its work). A client that only half-closed (shut down its sending side,

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "recipe/status.h"
 #include "recipe/tokenizer.h"
 #include "recipe/unicode.h"
 #include "util/util.h"
@@ -319,6 +320,9 @@ typedef struct {
     bool aborted;                       /* Messages: the server stopped a choice (sched_abort) */
     bool ended;                         /* the closing events / body were written */
     bool begun;                         /* streaming: the opening events were written */
+    int cls;                            /* traffic class (for the status page's note) */
+    int key_slot;                       /* 1 + index of the API key it carried, 0: none */
+    double t_submit;                    /* util_now() at submission, seconds */
     bytebuf raw;                    /* scratch: one token's bytes from the detokenizer */
     bytebuf text;                   /* one token's text as the client gets it (api_detok) */
     grammar *g;                         /* the answer's format (compiled), or NULL */
@@ -344,6 +348,18 @@ static size_t api_job_piece(void *ud, int32_t token, char *buf, size_t cap)
     return n < 0 || (size_t)n > cap ? 0 : (size_t)n;
 }
 
+/* One finished choice into the status page's ring: its usage, time to first token and the
+ * user's decode speed (tokens after the first over the time after it). */
+static void api_job_note(const api_job *j, const sched_output *so)
+{
+    int n_gen = so->usage.completion_tokens;
+    double decode_s = util_now() - j->t_submit - so->ttft_s;
+    status_req rq = { .cls = j->cls, .key_slot = j->key_slot, .n_prompt = so->usage.prompt_tokens, .n_cached = so->usage.cached_tokens,
+                      .n_gen = n_gen, .ttft_s = so->ttft_s,
+                      .decode_tps = so->ttft_s >= 0 && n_gen > 1 && decode_s > 0 ? (n_gen - 1) / decode_s : 0 };
+    status_note(j->c->status, gc_wall_now(), &rq);
+}
+
 static void api_job_apply(api_job *j, int i, const sched_output *so)
 {
     api_out *o = &j->out;
@@ -361,6 +377,7 @@ static void api_job_apply(api_job *j, int i, const sched_output *so)
         api_out_text(o, i, j->text.p, j->text.len);
         if (so->finish == SCHED_FINISH_ERROR) j->error = true;
         if (so->finish == SCHED_FINISH_ABORTED && j->kind == API_KIND_MESSAGES) j->aborted = true;
+        if (j->c->status) api_job_note(j, so);
         if (i == 0)
             api_out_set_prompt(o, so->usage.prompt_tokens ? so->usage.prompt_tokens : (int)j->prompt.n_ids,
                                so->usage.cached_tokens, j->prompt.ids, (int)j->prompt.n_ids);
@@ -620,6 +637,8 @@ static bool api_job_submit(http_request *r, api_job *j, const api_tenancy *tn, c
     sp.top_logprobs = TM_MIN(j->req.top_logprobs, SCHED_MAX_TOP_LOGPROBS);
     sp.cache_salt = tn->salt;
     sp.cache_class = tn->cls;
+    j->cls = tn->cls;
+    j->t_submit = util_now();
     if ((j->req.thinking_budget > 0 || j->g) && mk->think_end >= 0) {  /* enforced by the scheduler */
         sp.think_budget = j->req.thinking_budget;
         sp.think_start = mk->think_start;
@@ -689,6 +708,7 @@ void api_serve(http_request *r, const api_ctx *c, api_kind kind, bool count_only
     api_job *j = xcalloc(1, sizeof *j);
     j->c = c;
     j->kind = kind;
+    j->key_slot = http_request_key_index(r) + 1;
     api_req_init(&j->req, kind);
     api_error e;
     memset(&e, 0, sizeof e);

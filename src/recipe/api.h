@@ -81,6 +81,11 @@ typedef struct api_backend {
     void (*cancel)(void *ud, sched_req *r);
     void (*release)(void *ud, sched_req *r);
     void (*metrics)(void *ud, bytebuf *b);
+    /* status (may be NULL) appends the status page's HTML block on the backend's workers
+     * (up by role, capacity advice, resumed requests); role_text is its one-line answer on
+     * the division of labour. */
+    void (*status)(void *ud, bytebuf *b);
+    const char *role_text;
 } api_backend;
 
 typedef struct {
@@ -100,6 +105,12 @@ typedef struct {
     grammar_cache *gcache;    /* compiled structured-output grammars; NULL: such requests are
                                * refused (400) */
     const grammar_vocab *gvocab; /* the tokenizer's token bytes (grammar_vocab_from_tokenizer) */
+    struct status_ring *status; /* the status page's per-minute ring (recipe/status.h), or NULL:
+                               * finished requests are noted there; GET / and /status draw it */
+    struct store *store;      /* the block store, for the page (NULL: none) */
+    uint64_t store_capacity;  /* its per-target capacity in bytes (0: unlimited) */
+    double cost_per_hour;     /* --cost-per-hour: the machine's price per hour (0: not shown) */
+    const struct status_curve *curve; /* --curves: the measured decode curve the page shows, or NULL */
 } api_ctx;
 
 /* Token ids a request may name: the tokenizer's and the model's output rows both. */
@@ -111,7 +122,7 @@ void api_be_cancel(const api_ctx *c, sched_req *r);
 void api_be_release(const api_ctx *c, sched_req *r);
 
 /* Routes of each API; cmd_serve calls every one that is linked in. */
-void api_misc_register(http_server *h, api_ctx *c);          /* GET /v1/models, /health, /metrics */
+void api_misc_register(http_server *h, api_ctx *c);          /* GET /v1/models, /health, /metrics, / and /status */
 void api_completions_register(http_server *h, api_ctx *c);   /* POST /v1/completions */
 void api_chat_register(http_server *h, api_ctx *c);          /* POST /v1/chat/completions */
 void api_responses_register(http_server *h, api_ctx *c);     /* POST /v1/responses */

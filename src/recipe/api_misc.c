@@ -4,10 +4,15 @@
  * a 503 "draining" once the scheduler refuses new work, so that load balancers move away), and
  * GET /metrics (Prometheus text exposition format 0.0.4) from the scheduler's and the HTTP
  * layer's counters (a remote backend without a scheduler: the backend's metrics hook): requests, tokens in/out, cached tokens, TTFT / inter-token latency /
- * engine step histograms, queue depth, running sequences, KV blocks, CPU gap between steps.
+ * engine step histograms, queue depth, running sequences, KV blocks, CPU gap between steps;
+ * and GET / and /status, the operator's page (recipe/status.h), behind the same key check.
  */
 #include "recipe/api.h"
+#include "recipe/status.h"
 #include "recipe/template.h"
+
+#include "cache/store.h"
+#include "cache/gc.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -80,6 +85,7 @@ static void misc_metrics(http_request *r, void *user)
         return;
     }
     sched_get_stats(c->sched, &st);
+    if (c->status) status_observe(c->status, gc_wall_now(), st.step_s);  /* scrapes sample utilisation */
     sched_get_hists(c->sched, &ttft, &itl, &step, &load_wait);
     http_get_stats(http_request_server(r), &hs);
     bytebuf b = { 0 };
@@ -133,6 +139,15 @@ static void misc_metrics(http_request *r, void *user)
     api_metric(&b, "tokenmill_cpu_gap_seconds_total", "counter",
                  "Seconds between consecutive engine steps while busy (planning, sampling, publishing).", st.gap_s);
     api_metric(&b, "tokenmill_sampling_seconds_total", "counter", "Seconds of sampling between steps (part of the CPU gap).", st.sample_s);
+    if (c->store) {   /* the block store: what it holds and what it let go (the retention answer) */
+        store_stats ss;
+        store_get_stats(c->store, &ss);
+        api_metric(&b, "tokenmill_store_bytes", "gauge", "Bytes of the block store's files (this process' view).", (double)ss.bytes_used);
+        api_metric(&b, "tokenmill_store_capacity_bytes", "gauge", "Capacity of each block store target (0: none set).", (double)c->store_capacity);
+        api_metric(&b, "tokenmill_store_expired_total", "counter", "Stored blocks deleted because their traffic class' TTL ran out.", (double)ss.n_expired);
+        api_metric(&b, "tokenmill_store_evicted_total", "counter", "Stored blocks deleted to stay under capacity (least recently used first).", (double)ss.n_evicted);
+        api_metric(&b, "tokenmill_store_oldest_use_timestamp_seconds", "gauge", "Last use of the least recently used stored block (0: none).", ss.oldest_use);
+    }
     misc_hist(&b, "tokenmill_time_to_first_token_seconds", "Seconds from submission to the first generated token.", &ttft);
     misc_hist(&b, "tokenmill_inter_token_latency_seconds", "Seconds between consecutive tokens of a request.", &itl);
     misc_hist(&b, "tokenmill_engine_step_duration_seconds", "Duration of one engine step.", &step);
@@ -142,8 +157,56 @@ static void misc_metrics(http_request *r, void *user)
     bytebuf_free(&b);
 }
 
+/* The operator's page. It names tenants' traffic and load, so it is behind the key like
+ * /metrics. The CSP forbids every load but the page's own inline style: it works offline and
+ * makes no request of its own. */
+static void misc_status(http_request *r, void *user)
+{
+    const api_ctx *c = user;
+    if (!c->metrics_public && !api_openai_auth(r)) return;
+    if (!c->status) {
+        api_openai_error(r, 404, "invalid_request_error", "no status page on this server", NULL, "not_found");
+        return;
+    }
+    double now = gc_wall_now();
+    sched_stats st;
+    status_page_in in = { .model_name = c->model_name, .now = now, .started = (double)c->created,
+                          .retention = c->retention, .cost_per_hour = c->cost_per_hour,
+                          .store_capacity = c->store_capacity, .curve = c->curve,
+                          .viewer_slot = http_request_key_index(r) + 1 };
+    if (c->sched) {
+        sched_get_stats(c->sched, &st);
+        status_observe(c->status, now, st.step_s);
+        in.sched = &st;
+        in.role_text = "One process does both: prefill chunks and decodes share each engine step (split them with "
+                       "`tokenmill gateway` and prefill / decode workers).";
+    }
+    if (c->store) {
+        store_stats ss;
+        store_get_stats(c->store, &ss);
+        in.store_spec = store_spec(c->store);
+        in.store_bytes = ss.bytes_used;
+        in.store_expired = ss.n_expired;
+        in.store_evicted = ss.n_evicted;
+        in.store_oldest = ss.oldest_use;
+    }
+    if (c->backend && c->backend->status) {   /* written into the page where answer 4 wants it */
+        in.cluster = c->backend->status;
+        in.cluster_ud = c->backend->ud;
+        in.role_text = c->backend->role_text;
+    }
+    bytebuf b = { 0 };
+    status_page(c->status, &in, &b);
+    http_add_header(r, "Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'");
+    http_add_header(r, "Cache-Control", "no-store");
+    http_respond(r, 200, "text/html; charset=utf-8", b.p, b.len);
+    bytebuf_free(&b);
+}
+
 void api_misc_register(http_server *h, api_ctx *c)
 {
+    http_route_ops(h, "GET", "/", misc_status, c);
+    http_route_ops(h, "GET", "/status", misc_status, c);
     http_route(h, "GET", "/v1/models", misc_models, c);
     http_route_ops(h, "GET", "/health", misc_health, c);   /* answered while the API is saturated */
     http_route_ops(h, "GET", "/metrics", misc_metrics, c);

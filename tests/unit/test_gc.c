@@ -47,6 +47,7 @@ TEST(test_view_lru_and_capacity)
     uint64_t n, bytes;
     gc_view_totals(v, &n, &bytes);
     CHECK(n == 2 && bytes == 200);
+    CHECK(gc_view_oldest(v) == 40);            /* 0 (used at 40) is now the least recent */
     /* an entry bigger than the rest: everything else goes, never itself */
     CHECK(gc_view_add(v, k[4], 250, 60, 1000, victims, 8) == 2);
     gc_view_totals(v, &n, &bytes);
