@@ -88,6 +88,7 @@ typedef struct gw_req {
     int avoid_slot;           /* worker this request stalled on (-1 none): others first */
     uint64_t avoid_gen;       /* that worker's connection */
     double t_first;           /* first token (0 none) */
+    bool added_seen;          /* its added latency is counted (h_added) */
     pthread_cond_t cv;
 } gw_req;
 
@@ -123,6 +124,8 @@ struct gateway {
     uint64_t n_bad_values;        /* of which: well-formed frames with values out of range */
     uint64_t n_refused_auth;      /* connections that failed the handshake (no / wrong key) */
     uint64_t n_stalls;            /* requests moved off a worker that made no progress */
+    sched_hist h_added;           /* per request: seconds to its first token here minus the
+                                   * worker's own (gw_count_added) */
     double rate_t[GW_RATE_SLOTS]; /* ring: time and n_uncached_tokens once a second */
     uint64_t rate_v[GW_RATE_SLOTS];
     int rate_i;
@@ -229,6 +232,19 @@ static void gw_push_token(gateway *g, gw_req *r, const proto_tok *t, bool with_l
         r->ctx_counted++;
     }
     pthread_cond_broadcast(&r->cv);
+}
+
+/* The gateway's share of a request's latency: from submit to its first token here, less the
+ * worker's own time from receiving the job to producing that token (the HANDOFF's prefill_us,
+ * or a one-token request's FINISH ttft_us). What is left is the gateway's queueing and
+ * dispatch, the frames' trips over the cluster connections and the relay back: everything
+ * the cluster path adds to what `serve` would do. Counted once per request. */
+static void gw_count_added(gateway *g, gw_req *r, double worker_s)
+{
+    if (r->added_seen || !r->t_first || worker_s < 0) return;
+    r->added_seen = true;
+    double v = r->t_first - r->t_submit - worker_s;
+    sched_hist_add(&g->h_added, v > 0 ? v : 0);
 }
 
 static void gw_free_tail(gw_req *r)
@@ -428,6 +444,7 @@ static bool gw_on_msg(gateway *g, int slot, proto_msg *m, const char **refused)
         r->n_cached = (int)m->u.handoff.n_cached;
         r->n_sampled = m->u.handoff.n_sampled;
         gw_push_token(g, r, &m->u.handoff.first, r->params.logprobs);
+        gw_count_added(g, r, m->u.handoff.prefill_us * 1e-6);
         if (m->hdr.flags & PROTO_F_HAS_TAIL) {
             gw_free_tail(r);
             r->tail = m->u.handoff.kv;
@@ -455,6 +472,7 @@ static bool gw_on_msg(gateway *g, int slot, proto_msg *m, const char **refused)
             break;
         }
         if (r->state == GW_PREFILL && m->u.finish.cached_tokens) r->n_cached = (int)m->u.finish.cached_tokens;
+        if (r->state == GW_PREFILL && m->u.finish.ttft_us) gw_count_added(g, r, m->u.finish.ttft_us * 1e-6);
         if (m->u.finish.reason == PROTO_FINISH_ERROR)
             log_warn("gateway: req %llu failed on %s (%s) after %d tokens: the worker reports an engine error",
                      (unsigned long long)id, w->addr, r->state == GW_PREFILL ? "prefill" : "decode", r->n_gen);
@@ -788,7 +806,7 @@ static void *gw_acceptor(void *arg)
         if (stop) break;
         struct pollfd p = { .fd = g->listen_fd, .events = POLLIN };
         if (poll(&p, 1, 200) <= 0) continue;
-        int fd = accept(g->listen_fd, NULL, NULL);
+        int fd = proto_accept(g->listen_fd);
         if (fd < 0) continue;
         pthread_mutex_lock(&g->mu);
         int i = -1;
@@ -1241,6 +1259,10 @@ static void gw_metrics(void *ud, bytebuf *b)
     api_metric(b, "tokenmill_gateway_refused_connections_total", "counter", "Worker connections closed for a malformed frame or a bad value.", (double)g->n_bad_conns);
     api_metric(b, "tokenmill_gateway_refused_handshakes_total", "counter", "Connections refused because the peer could not prove it holds the cluster key.", (double)g->n_refused_auth);
     api_metric(b, "tokenmill_gateway_stalls_total", "counter", "Requests moved off a worker that made no progress on them in time.", (double)g->n_stalls);
+    api_metric_hist(b, "tokenmill_gateway_added_seconds",
+                    "Per request: seconds from its arrival to its first token through the gateway, less the "
+                    "worker's own time to that token (the gateway's dispatch and the cluster connections).",
+                    &g->h_added);
     bytebuf_puts(b, "# HELP tokenmill_worker_up Worker connected and heartbeating (1), draining (0.5), out (0).\n"
                      "# TYPE tokenmill_worker_up gauge\n");
     for (int i = 0; i < g->n_slots; i++) {

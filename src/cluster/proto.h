@@ -364,6 +364,9 @@ size_t proto_kv_bytes(int dtype, int n_layers, int n_kv_heads, int head_dim, int
 /* TCP helpers: "HOST:PORT" (HOST may be empty or "*" for any). Return a socket or -1 (errno). */
 int proto_listen(const char *hostport, int backlog);
 int proto_connect(const char *hostport, int timeout_ms);
+/* accept(2) for a cluster listening socket: the connection (close-on-exec, TCP_NODELAY like
+ * proto_connect's: every cluster socket comes from one of the two), or -1 (errno). */
+int proto_accept(int listen_fd);
 /* The port a listening socket is bound to (for tests binding port 0). */
 int proto_local_port(int fd);
 

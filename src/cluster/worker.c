@@ -754,7 +754,7 @@ static void *worker_accept_thread(void *arg)
 {
     worker *w = arg;
     for (;;) {
-        int fd = accept(w->listen_fd, NULL, NULL);
+        int fd = proto_accept(w->listen_fd);
         pthread_mutex_lock(&w->mu);
         bool stop = w->stop;
         pthread_mutex_unlock(&w->mu);

@@ -153,7 +153,7 @@ struct sched {
 
 /* ---- histograms and outputs (under mu) ---- */
 
-static void sched_hist_add(sched_hist *h, double v)
+void sched_hist_add(sched_hist *h, double v)
 {
     int i = 0;
     while (i < SCHED_HIST_N && v > sched_hist_bounds[i]) i++;

@@ -257,6 +257,8 @@ typedef struct {
     uint64_t n;                         /* observations */
     double sum;                         /* seconds */
 } sched_hist;
+/* Counts one observation of v seconds (the caller holds whatever lock guards h). */
+void sched_hist_add(sched_hist *h, double v);
 
 typedef struct sched sched;
 typedef struct sched_req sched_req;
