@@ -16,9 +16,16 @@
  *     handshake as docs/protocol.md writes it (HMACs computed here) is listed;
  *   - a worker that stays connected and heartbeats but makes no progress on a request (after
  *     two tokens of its decode; on its prefill) loses it after the progress deadline: it completes elsewhere
- *     with exactly the reference tokens.
+ *     with exactly the reference tokens;
+ *   - every cluster connection sends small frames at once: each connected TCP socket of the
+ *     process (gateway and worker, the side that connected and the side that accepted, with a
+ *     registered worker and a static one) has TCP_NODELAY set; and the gateway's share of each
+ *     request's latency is counted in tokenmill_gateway_added_seconds (a one-token request,
+ *     ended by the worker's FINISH, and a handed-off one; the values are not asserted).
  */
 #include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -682,6 +689,96 @@ TEST(test_stalled_worker_rerouted)
     node_free(&R);
 }
 
+/* Connected TCP sockets of this process: how many, and how many lack TCP_NODELAY. Listening
+ * sockets and other descriptors are skipped. */
+static int tcp_sockets(int *without_nodelay)
+{
+    int n = 0;
+    *without_nodelay = 0;
+    for (int fd = 0; fd < 4096; fd++) {
+        int type = 0, acc = 0, nd = 0;
+        socklen_t l = sizeof type;
+        if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &l) || type != SOCK_STREAM) continue;
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof ss;
+        if (getsockname(fd, (struct sockaddr *)&ss, &sl) || (ss.ss_family != AF_INET && ss.ss_family != AF_INET6)) continue;
+        l = sizeof acc;
+        if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &acc, &l) || acc) continue;
+        sl = sizeof ss;
+        if (getpeername(fd, (struct sockaddr *)&ss, &sl)) continue;
+        l = sizeof nd;
+        if (getsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &nd, &l)) continue;
+        n++;
+        if (!nd) ++*without_nodelay;
+    }
+    return n;
+}
+
+/* One greedy request of max_tokens through the gateway: its token count (tokens in out, at most
+ * cap), or -1 when it did not end at its length. */
+static int run_one(const api_backend *be, const int32_t *prompt, int n, int max_tokens, int32_t *out, int cap)
+{
+    sched_params sp = greedy(prompt, n);
+    sp.max_tokens = max_tokens;
+    sched_req *h = NULL;
+    if (be->submit(be->ud, &sp, &h) != SCHED_OK) return -1;
+    sched_finish fin;
+    int k = collect(be, h, out, cap, &fin);
+    be->release(be->ud, h);
+    return fin == SCHED_FINISH_LENGTH ? k : -1;
+}
+
+TEST(test_sockets_nodelay_and_added_latency)
+{
+    node ref = node_new(false), R = node_new(true), S = node_new(true);
+    gw_env G = gw_start();
+    /* R registers with G; S listens and a second gateway connects to it (--prefill / --decode) */
+    node_serve(&R, PROTO_ROLE_MIXED, G.reg, "registered");
+    worker_opts wo = { .role = PROTO_ROLE_MIXED, .listen = "127.0.0.1:0", .name = "static", .heartbeat_ms = 50,
+                       .max_seqs = 4, .n_ctx = 1024, .key = &g_key };
+    S.w = worker_new(&wo, S.e, S.s, S.st, S.bio);
+    CHECK(S.w != NULL);
+    char saddr[64];
+    snprintf(saddr, sizeof saddr, "127.0.0.1:%d", S.w ? worker_port(S.w) : 1);
+    const char *const addrs[1] = { saddr };
+    gateway_opts o = { .model = g_model, .prefill = addrs, .n_prefill = 1, .decode = addrs, .n_decode = 1, .n_ctx = 1024,
+                       .eos_ids = { -1, -1, -1, -1 }, .heartbeat_timeout_s = 60, .wait_timeout_s = 60, .key = &g_key };
+    gateway *g2 = NULL;
+    char err[256];
+    CHECK(gateway_new(&o, &g2, err, sizeof err) == GATEWAY_OK);
+    const api_backend *be2 = g2 ? gateway_backend(g2) : NULL;
+    CHECK(WAIT_UNTIL(workers_up(G.be) == 1, 30));
+    CHECK(be2 && WAIT_UNTIL(workers_up(be2) == 2, 30));   /* one slot per list, the same worker */
+
+    int32_t prompt[40], want[N_GEN], got[N_GEN + 4];
+    make_prompt(prompt, 40, 9);
+    CHECK(reference(&ref, prompt, 40, want) == N_GEN);
+    const api_backend *bes[2] = { G.be, be2 };
+    for (int i = 0; i < 2 && be2; i++) {
+        /* a one-token request (TOKENS + FINISH from the prefill) and a handed-off one */
+        CHECKF(run_one(bes[i], prompt, 40, 1, got, N_GEN + 4) == 1 && got[0] == want[0], "gateway %d: one token", i);
+        CHECKF(run_one(bes[i], prompt, 40, N_GEN, got, N_GEN + 4) == N_GEN && !memcmp(got, want, sizeof want),
+               "gateway %d: split run", i);
+        CHECKF(metric(bes[i], "tokenmill_gateway_added_seconds_count ") == 2, "gateway %d: %g requests counted", i,
+               metric(bes[i], "tokenmill_gateway_added_seconds_count "));
+        CHECK(metrics_has(bes[i], "# TYPE tokenmill_gateway_added_seconds histogram\n"));
+        CHECK(metric(bes[i], "tokenmill_gateway_added_seconds_bucket{le=\"+Inf\"} ") == 2);
+        CHECK(metric(bes[i], "tokenmill_gateway_added_seconds_sum ") >= 0);
+    }
+    /* both ends of G <-> R (R connected) and of g2 <-> S (g2 connected, S accepted) */
+    int without = 0, n = tcp_sockets(&without);
+    CHECKF(n >= 4 && without == 0, "%d connected TCP sockets, %d without TCP_NODELAY", n, without);
+    node_stop(&R);
+    node_stop(&S);
+    gateway_shutdown(g2);
+    gateway_free(g2);
+    gateway_shutdown(G.g);
+    gateway_free(G.g);
+    node_free(&ref);
+    node_free(&R);
+    node_free(&S);
+}
+
 int main(void)
 {
     util_log_level = LOG_LEVEL_ERROR;
@@ -697,6 +794,7 @@ int main(void)
     RUN(test_malformed_frame_is_answered_and_closed);
     RUN(test_rogue_workers_refused);
     RUN(test_stalled_worker_rerouted);
+    RUN(test_sockets_nodelay_and_added_latency);
     model_free(g_model);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
