@@ -76,20 +76,31 @@ bal_prefill_choice bal_prefill_pick(const bal_cost *c, const bal_prefill_worker 
     bal_prefill_choice ch = { .worker = -1, .bucket = bal_bucket(n_prompt) };
     int64_t n_new = n_prompt - n_cached;
     if (n_new < 1) n_new = 1; /* the last prompt token is always computed (its logits) */
-    ch.cost_s = bal_prefill_cost(c, n_new, n_prompt - n_new);
     int64_t chunk = bal_chunk_tokens(c, n_prompt);
-    ch.steps = (n_new + chunk - 1) / chunk;
-    double own = ch.cost_s;   /* one step: shared with the queued work (balance.h) */
-    if (ch.steps > 1 && own < (double)ch.steps * c->step_budget_s) own = (double)ch.steps * c->step_budget_s;
     for (int i = 0; i < n_workers; i++) {
         if (!w[i].up) continue;
+        int64_t shared = w[i].inflight_tokens > 0 ? w[i].inflight_tokens : 0;
+        if (shared > n_new - 1) shared = n_new - 1;
+        int64_t mine = n_new - shared;
+        double cost = bal_prefill_cost(c, mine, n_prompt - mine);
+        int64_t steps = (mine + chunk - 1) / chunk;
+        double own = cost;   /* one step: shared with the queued work (balance.h) */
+        if (steps > 1 && own < (double)steps * c->step_budget_s) own = (double)steps * c->step_budget_s;
         double speed = w[i].speed > 0 ? w[i].speed : 1;
         double fin = (w[i].queued_s + own) / speed;
-        if (ch.worker < 0 || fin < ch.finish_s - 1e-12 ||
-            (fabs(fin - ch.finish_s) <= 1e-12 && w[i].n_queued < w[ch.worker].n_queued)) {
+        bool tie = ch.worker >= 0 && fabs(fin - ch.finish_s) <= 1e-12;
+        if (ch.worker < 0 || fin < ch.finish_s - 1e-12 || (tie && shared > ch.shared_tokens) ||
+            (tie && shared == ch.shared_tokens && w[i].n_queued < w[ch.worker].n_queued)) {
             ch.worker = i;
             ch.finish_s = fin;
+            ch.cost_s = cost;
+            ch.steps = steps;
+            ch.shared_tokens = shared;
         }
+    }
+    if (ch.worker < 0) {   /* no worker: the figures of the whole prompt, for the caller's log */
+        ch.cost_s = bal_prefill_cost(c, n_new, n_prompt - n_new);
+        ch.steps = (n_new + chunk - 1) / chunk;
     }
     return ch;
 }

@@ -20,7 +20,19 @@
  * (which would make every short prompt weigh as much as a full step and, with unequal
  * speeds, send them all to the faster worker); a longer one finishes no sooner than its
  * steps allow. Ties: fewer queued jobs,
- * then the lower index. speed is the worker's relative speed, learned from its heartbeats
+ * then the lower index.
+ *
+ * SHARED IN FLIGHT. A worker may be computing right now the leading blocks this prompt needs
+ * (another request's prefill with the same block keys: same tokens, salt and tenant); its
+ * scheduler then attaches them as they complete instead of computing them again. The gateway
+ * tells the balancer, per worker, how many of the prompt's tokens beyond the stored prefix
+ * are in flight there (inflight_tokens); on that worker the request's own work is only the
+ * rest: cost(n_new - shared, n_cached + shared). The earliest-finish rule above then decides:
+ * the worker computing the prefix wins unless its queue costs more time than sharing saves,
+ * and a tie goes to the worker that shares more (the cluster computes less). The last prompt
+ * token is always computed (its logits), so at most n_new - 1 tokens are shared.
+ *
+ * speed is the worker's relative speed, learned from its heartbeats
  * (bal_speed): the prefill tokens it computed per second inside engine steps, both lifetime
  * counters, taken by difference once at least BAL_SPEED_MIN_TOKENS more were computed and
  * exponentially averaged (weight BAL_SPEED_ALPHA per sample); a new worker starts from a
@@ -89,13 +101,17 @@ typedef struct {
     int n_queued;             /* jobs sent and not yet done */
     double speed;             /* relative speed (1 = the cost model's machine, bal_speed_rel);
                                * <= 0 taken as 1 */
+    int64_t inflight_tokens;  /* tokens of this prompt past its stored prefix that a job on
+                               * this worker is computing now (a shared pending prefix), 0 none */
 } bal_prefill_worker;
 
 typedef struct {
     int worker;               /* chosen index, -1 when no worker is up */
     int bucket;               /* the prompt's length bucket */
-    double cost_s;            /* the request's cost (cost model) */
-    int64_t steps;            /* prefill steps it takes */
+    double cost_s;            /* the request's cost on the chosen worker (cost model; less the
+                               * tokens it shares in flight there) */
+    int64_t steps;            /* prefill steps it takes there */
+    int64_t shared_tokens;    /* tokens it attaches from a computation in flight there */
     double finish_s;          /* estimated seconds until the chosen worker finishes it */
 } bal_prefill_choice;
 

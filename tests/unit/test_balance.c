@@ -158,6 +158,54 @@ TEST(prefill_pick_uses_learned_speed)
     CHECK(bal_prefill_pick(&c, w, 2, 1000, 0).worker == 0);   /* 0.6 < 0.7 */
 }
 
+TEST(prefill_shares_in_flight)
+{
+    bal_cost c = { .linear_s = 1e-4, .attn_s = 1e-8, .step_budget_s = 0.1 };
+    /* equal workers, worker 1 computing 1024 of this 1100-token prompt: it goes there (by
+     * index it would go to 0), and its cost there is that of its own 76 tokens */
+    bal_prefill_worker w[2] = {
+        { .up = true, .queued_s = 0.1, .n_queued = 1 },
+        { .up = true, .queued_s = 0.1, .n_queued = 1, .inflight_tokens = 1024 },
+    };
+    bal_prefill_choice ch = bal_prefill_pick(&c, w, 2, 1100, 0);
+    CHECK(ch.worker == 1 && ch.shared_tokens == 1024);
+    CHECK(fabs(ch.cost_s - bal_prefill_cost(&c, 76, 1024)) < 1e-12);
+    CHECK(ch.cost_s < bal_prefill_cost(&c, 1100, 0));
+    /* the same without the pending prefix: the lower index */
+    w[1].inflight_tokens = 0;
+    ch = bal_prefill_pick(&c, w, 2, 1100, 0);
+    CHECK(ch.worker == 0 && ch.shared_tokens == 0);
+    CHECK(fabs(ch.cost_s - bal_prefill_cost(&c, 1100, 0)) < 1e-12);
+    /* sharing saves ~0.1 s; a queue 1 s longer there costs more than that: elsewhere */
+    w[1].inflight_tokens = 1024;
+    w[1].queued_s = 1.1;
+    ch = bal_prefill_pick(&c, w, 2, 1100, 0);
+    CHECK(ch.worker == 0 && ch.shared_tokens == 0);
+    /* a queue longer by less than the saving: still the sharing worker */
+    w[1].queued_s = 0.15;
+    ch = bal_prefill_pick(&c, w, 2, 1100, 0);
+    CHECK(ch.worker == 1 && ch.shared_tokens == 1024);
+    /* with a slower worker, the saving is weighed at its speed: 4x slower loses */
+    w[1].queued_s = 0.1;
+    w[1].speed = 0.25;
+    ch = bal_prefill_pick(&c, w, 2, 1100, 0);
+    CHECK(ch.worker == 0);
+    /* the whole prompt in flight there: the last token is still computed (its logits) */
+    w[1].speed = 1;
+    w[1].inflight_tokens = 5000;
+    ch = bal_prefill_pick(&c, w, 2, 1100, 0);
+    CHECK(ch.worker == 1 && ch.shared_tokens == 1099 && ch.steps == 1);
+    /* stored prefix: in-flight tokens count past it (the gateway passes them so) */
+    w[1].inflight_tokens = 512;
+    ch = bal_prefill_pick(&c, w, 2, 1100, 256);
+    CHECK(ch.worker == 1 && ch.shared_tokens == 512);
+    CHECK(fabs(ch.cost_s - bal_prefill_cost(&c, 1100 - 256 - 512, 256 + 512)) < 1e-12);
+    /* a worker that is down is never chosen, shared prefix or not */
+    w[1].up = false;
+    ch = bal_prefill_pick(&c, w, 2, 1100, 0);
+    CHECK(ch.worker == 0 && ch.shared_tokens == 0);
+}
+
 TEST(decode_short_and_long)
 {
     /* worker 0: few requests, long total cache; worker 1: many short requests */
@@ -233,6 +281,7 @@ int main(void)
     RUN(prefill_earliest_finish);
     RUN(speed_learned_from_reports);
     RUN(prefill_pick_uses_learned_speed);
+    RUN(prefill_shares_in_flight);
     RUN(decode_short_and_long);
     RUN(capacity_rule);
     HARNESS_END();
