@@ -77,6 +77,10 @@ bal_prefill_choice bal_prefill_pick(const bal_cost *c, const bal_prefill_worker 
     int64_t n_new = n_prompt - n_cached;
     if (n_new < 1) n_new = 1; /* the last prompt token is always computed (its logits) */
     int64_t chunk = bal_chunk_tokens(c, n_prompt);
+    /* best: the earliest finish; share: the earliest among the workers computing a prefix of
+     * it, taken instead when the time it adds is at most the compute it saves */
+    bal_prefill_choice best = ch, share = ch;
+    double best_work = 0, share_work = 0;   /* the request's own compute there, seconds */
     for (int i = 0; i < n_workers; i++) {
         if (!w[i].up) continue;
         int64_t shared = w[i].inflight_tokens > 0 ? w[i].inflight_tokens : 0;
@@ -88,16 +92,20 @@ bal_prefill_choice bal_prefill_pick(const bal_cost *c, const bal_prefill_worker 
         if (steps > 1 && own < (double)steps * c->step_budget_s) own = (double)steps * c->step_budget_s;
         double speed = w[i].speed > 0 ? w[i].speed : 1;
         double fin = (w[i].queued_s + own) / speed;
-        bool tie = ch.worker >= 0 && fabs(fin - ch.finish_s) <= 1e-12;
-        if (ch.worker < 0 || fin < ch.finish_s - 1e-12 || (tie && shared > ch.shared_tokens) ||
-            (tie && shared == ch.shared_tokens && w[i].n_queued < w[ch.worker].n_queued)) {
-            ch.worker = i;
-            ch.finish_s = fin;
-            ch.cost_s = cost;
-            ch.steps = steps;
-            ch.shared_tokens = shared;
+        bal_prefill_choice *k = shared > 0 ? &share : &best;
+        for (int pass = 0; pass < (shared > 0 ? 2 : 1); pass++, k = &best) {
+            bool tie = k->worker >= 0 && fabs(fin - k->finish_s) <= 1e-12;
+            if (k->worker < 0 || fin < k->finish_s - 1e-12 || (tie && shared > k->shared_tokens) ||
+                (tie && shared == k->shared_tokens && w[i].n_queued < w[k->worker].n_queued)) {
+                *k = (bal_prefill_choice){ .worker = i, .bucket = ch.bucket, .cost_s = cost, .steps = steps,
+                                           .shared_tokens = shared, .finish_s = fin };
+                *(k == &share ? &share_work : &best_work) = cost / speed;
+            }
         }
     }
+    ch = best;
+    if (share.worker >= 0 && share.worker != best.worker && share.finish_s - best.finish_s <= best_work - share_work)
+        ch = share;
     if (ch.worker < 0) {   /* no worker: the figures of the whole prompt, for the caller's log */
         ch.cost_s = bal_prefill_cost(c, n_new, n_prompt - n_new);
         ch.steps = (n_new + chunk - 1) / chunk;

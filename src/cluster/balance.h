@@ -27,10 +27,15 @@
  * scheduler then attaches them as they complete instead of computing them again. The gateway
  * tells the balancer, per worker, how many of the prompt's tokens beyond the stored prefix
  * are in flight there (inflight_tokens); on that worker the request's own work is only the
- * rest: cost(n_new - shared, n_cached + shared). The earliest-finish rule above then decides:
- * the worker computing the prefix wins unless its queue costs more time than sharing saves,
- * and a tie goes to the worker that shares more (the cluster computes less). The last prompt
- * token is always computed (its logits), so at most n_new - 1 tokens are shared.
+ * rest: cost(n_new - shared, n_cached + shared). The request goes there when the time that
+ * adds to it is at most the compute it saves: with best the earliest finish over all workers
+ * and share the earliest among those computing a prefix of it,
+ *     share  when  finish(share) - finish(best) <= work(best) - work(share),
+ * work being the request's own cost there / speed (a worker busy with the very prefix has
+ * that prefix in its queue, so an idle worker always finishes first: the rule trades a little
+ * latency for the cluster's compute, which agents starting together with one system prompt
+ * need). Ties go to the worker that shares more. The last prompt token is always computed
+ * (its logits), so at most n_new - 1 tokens are shared.
  *
  * speed is the worker's relative speed, learned from its heartbeats
  * (bal_speed): the prefill tokens it computed per second inside engine steps, both lifetime

@@ -66,6 +66,10 @@ typedef struct gw_req {
     proto_params params;      /* params.salt owned */
     int64_t expect_len;       /* prompt + max new tokens (decode balancer) */
     int hit_len;              /* stored prefix at submit, tokens */
+    uint8_t (*keys)[32];      /* (n_keys) block keys of the prompt's full blocks but the one
+                               * holding its last token (gw_keys): the store lookup and the
+                               * in-flight prefixes (gw_inflight) */
+    int n_keys;
     int32_t *gen;             /* (n_gen) tokens streamed to the client, cap_gen allocated */
     int n_gen, cap_gen;
     int n_cached;             /* prompt tokens cached (the HANDOFF's, else hit_len) */
@@ -124,6 +128,8 @@ struct gateway {
     uint64_t n_bad_values;        /* of which: well-formed frames with values out of range */
     uint64_t n_refused_auth;      /* connections that failed the handshake (no / wrong key) */
     uint64_t n_stalls;            /* requests moved off a worker that made no progress */
+    uint64_t n_inflight_routed;   /* prefill jobs sent where a prefix of theirs was in flight */
+    uint64_t n_inflight_tokens;   /* the tokens they share there, lifetime */
     sched_hist h_added;           /* per request: seconds to its first token here minus the
                                    * worker's own (gw_count_added) */
     double rate_t[GW_RATE_SLOTS]; /* ring: time and n_uncached_tokens once a second */
@@ -880,6 +886,22 @@ static void gw_check_progress(gateway *g, gw_req *r, double now)
     gw_requeue(g, r, true);
 }
 
+/* Tokens of r's prompt past its stored prefix that the prefill in flight on slot computes
+ * now: the longest run of leading block keys r shares with a request in prefill there (the
+ * keys chain the salt and every token before, so equal keys are an equal prefix). */
+static int64_t gw_inflight(const gateway *g, const gw_req *r, int slot)
+{
+    int best = 0;
+    for (const gw_req *q = g->reqs; q; q = q->next) {
+        if (q == r || q->state != GW_PREFILL || q->worker != slot || q->finished) continue;
+        int n = TM_MIN(q->n_keys, r->n_keys), k = 0;
+        while (k < n && !memcmp(q->keys[k], r->keys[k], 32)) k++;
+        if (k > best) best = k;
+    }
+    int64_t t = (int64_t)best * BLOCKKEY_TOKENS - r->hit_len;
+    return t > 0 ? t : 0;
+}
+
 static void gw_send_prefill(gateway *g, gw_req *r)
 {
     bal_prefill_worker bw[GW_MAX_WORKERS];
@@ -890,17 +912,21 @@ static void gw_send_prefill(gateway *g, gw_req *r)
         gw_worker *w = &g->w[i];
         if (!gw_usable(w) || !gw_can_prefill(w) || gw_avoided(g, r, i, true)) continue;
         bw[n] = (bal_prefill_worker){ .up = true, .queued_s = w->queued_s, .n_queued = w->n_prefill,
-                                      .speed = bal_speed_rel(&w->speed, &c) };
+                                      .speed = bal_speed_rel(&w->speed, &c), .inflight_tokens = gw_inflight(g, r, i) };
         map[n++] = i;
     }
     bal_prefill_choice ch = bal_prefill_pick(&c, bw, n, r->n_prompt, r->hit_len);
     if (ch.worker < 0) return;
     int slot = map[ch.worker];
     gw_worker *w = &g->w[slot];
-    log_debug("gateway: prefill req %llu (%d tokens, %d cached, bucket %d, cost %.4f s, %lld steps) -> %s "
-              "(queued %.4f s, %d jobs, %.0f tokens/s learned; finish in %.4f s; %d candidates)",
-              (unsigned long long)r->id, r->n_prompt, r->hit_len, ch.bucket, ch.cost_s, (long long)ch.steps, w->addr,
-              w->queued_s, w->n_prefill, w->speed.tokens_per_s, ch.finish_s, n);
+    log_debug("gateway: prefill req %llu (%d tokens, %d cached, %lld shared in flight, bucket %d, cost %.4f s, "
+              "%lld steps) -> %s (queued %.4f s, %d jobs, %.0f tokens/s learned; finish in %.4f s; %d candidates)",
+              (unsigned long long)r->id, r->n_prompt, r->hit_len, (long long)ch.shared_tokens, ch.bucket, ch.cost_s,
+              (long long)ch.steps, w->addr, w->queued_s, w->n_prefill, w->speed.tokens_per_s, ch.finish_s, n);
+    if (ch.shared_tokens > 0) {
+        g->n_inflight_routed++;
+        g->n_inflight_tokens += (uint64_t)ch.shared_tokens;
+    }
     proto_msg m;
     memset(&m, 0, sizeof m);
     m.hdr.type = PROTO_PREFILL;
@@ -1066,20 +1092,28 @@ static bool gw_has_role(const gateway *g, bool prefill)
     return false;
 }
 
-static int gw_hit(gateway *g, const sched_params *p, int kv_dtype)
+/* The block keys of the prompt's full blocks, the block of its last token excepted (that
+ * token is always computed): *n_keys of them, malloc'd (NULL when none). kv_dtype < 0 (no
+ * worker has said its KV type yet): keys of the F32 pool, good for comparing prompts here. */
+static uint8_t (*gw_keys(gateway *g, const sched_params *p, int kv_dtype, int *n_keys))[32]
 {
-    if (!g->o.cache || kv_dtype < 0) return 0;
     int nb = (p->n_prompt - 1) / BLOCKKEY_TOKENS;
-    if (nb <= 0) return 0;
+    *n_keys = nb > 0 ? nb : 0;
+    if (nb <= 0) return NULL;
     uint8_t root[32], fp[32];
     if (p->cache_salt && *p->cache_salt) blockkey_root(p->cache_salt, strlen(p->cache_salt), root);
     else blockkey_root(NULL, 0, root);
-    blockkey_pool_fp(g->o.model->fingerprint, kv_dtype, fp);
+    blockkey_pool_fp(g->o.model->fingerprint, kv_dtype >= 0 ? kv_dtype : QTYPE_F32, fp);
     uint8_t (*keys)[32] = xmalloc((size_t)nb * 32);
     blockkey_chain(root, p->prompt, nb, fp, keys);
-    int k = store_exists(g->o.cache, (const uint8_t(*)[32])keys, nb);
-    free(keys);
-    return k * BLOCKKEY_TOKENS;
+    return keys;
+}
+
+/* Leading tokens of the prompt whose blocks are in the store (the entry point's hit). */
+static int gw_hit(gateway *g, const uint8_t (*keys)[32], int n_keys, int kv_dtype)
+{
+    if (!g->o.cache || kv_dtype < 0 || n_keys <= 0) return 0;
+    return store_exists(g->o.cache, keys, n_keys) * BLOCKKEY_TOKENS;
 }
 
 static sched_status gw_submit(void *ud, const sched_params *p, sched_req **out)
@@ -1113,9 +1147,13 @@ static sched_status gw_submit(void *ud, const sched_params *p, sched_req **out)
     int kv_dtype = g->kv_dtype;
     pthread_mutex_unlock(&g->mu);
 
-    int hit = gw_hit(g, p, kv_dtype);   /* store I/O: outside the lock */
+    int n_keys = 0;
+    uint8_t (*keys)[32] = gw_keys(g, p, kv_dtype, &n_keys);
+    int hit = gw_hit(g, (const uint8_t(*)[32])keys, n_keys, kv_dtype);   /* store I/O: outside the lock */
 
     gw_req *r = xcalloc(1, sizeof *r);
+    r->keys = keys;
+    r->n_keys = n_keys;
     r->prompt = xmalloc((size_t)p->n_prompt * sizeof *r->prompt);
     memcpy(r->prompt, p->prompt, (size_t)p->n_prompt * sizeof *r->prompt);
     r->n_prompt = p->n_prompt;
@@ -1152,6 +1190,7 @@ static sched_status gw_submit(void *ud, const sched_params *p, sched_req **out)
         pthread_cond_destroy(&r->cv);
         free(r->params.salt);
         free(r->prompt);
+        free(r->keys);
         free(r);
         return SCHED_ERR_STOPPED;
     }
@@ -1229,6 +1268,7 @@ static void gw_release(void *ud, sched_req *h)
     gw_free_tail(r);
     free(r->params.salt);
     free(r->prompt);
+    free(r->keys);
     free(r->gen);
     free(r->outs);
     free(r);
@@ -1258,6 +1298,8 @@ static void gw_metrics(void *ud, bytebuf *b)
     api_metric(b, "tokenmill_gateway_resumes_total", "counter", "Decodes resumed on another worker after theirs was lost.", (double)g->n_resumes);
     api_metric(b, "tokenmill_gateway_refused_connections_total", "counter", "Worker connections closed for a malformed frame or a bad value.", (double)g->n_bad_conns);
     api_metric(b, "tokenmill_gateway_refused_handshakes_total", "counter", "Connections refused because the peer could not prove it holds the cluster key.", (double)g->n_refused_auth);
+    api_metric(b, "tokenmill_gateway_inflight_routed_total", "counter", "Prefill jobs sent to the worker computing a prefix of theirs at the time (it attaches those blocks instead of computing them).", (double)g->n_inflight_routed);
+    api_metric(b, "tokenmill_gateway_inflight_shared_tokens_total", "counter", "Prompt tokens of those jobs that were in flight on their worker.", (double)g->n_inflight_tokens);
     api_metric(b, "tokenmill_gateway_stalls_total", "counter", "Requests moved off a worker that made no progress on them in time.", (double)g->n_stalls);
     api_metric_hist(b, "tokenmill_gateway_added_seconds",
                     "Per request: seconds from its arrival to its first token through the gateway, less the "

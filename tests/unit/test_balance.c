@@ -176,8 +176,16 @@ TEST(prefill_shares_in_flight)
     ch = bal_prefill_pick(&c, w, 2, 1100, 0);
     CHECK(ch.worker == 0 && ch.shared_tokens == 0);
     CHECK(fabs(ch.cost_s - bal_prefill_cost(&c, 1100, 0)) < 1e-12);
-    /* sharing saves ~0.1 s; a queue 1 s longer there costs more than that: elsewhere */
+    /* the worker computing the prefix has it in its queue (0.11 s): an idle one finishes
+     * first, but going there adds less time (~2 ms) than it saves (~108 ms): worker 1 */
     w[1].inflight_tokens = 1024;
+    w[0].queued_s = 0;
+    w[1].queued_s = 0.11;
+    ch = bal_prefill_pick(&c, w, 2, 1100, 0);
+    CHECK(ch.worker == 1 && ch.shared_tokens == 1024);
+    CHECK(ch.finish_s > bal_prefill_cost(&c, 1100, 0));   /* later than on the idle one */
+    w[0].queued_s = 0.1;
+    /* sharing saves ~0.1 s; a queue 1 s longer there costs more than that: elsewhere */
     w[1].queued_s = 1.1;
     ch = bal_prefill_pick(&c, w, 2, 1100, 0);
     CHECK(ch.worker == 0 && ch.shared_tokens == 0);
@@ -185,9 +193,9 @@ TEST(prefill_shares_in_flight)
     w[1].queued_s = 0.15;
     ch = bal_prefill_pick(&c, w, 2, 1100, 0);
     CHECK(ch.worker == 1 && ch.shared_tokens == 1024);
-    /* with a slower worker, the saving is weighed at its speed: 4x slower loses */
+    /* with a much slower worker (10x), the time it adds is more than it saves: elsewhere */
     w[1].queued_s = 0.1;
-    w[1].speed = 0.25;
+    w[1].speed = 0.1;
     ch = bal_prefill_pick(&c, w, 2, 1100, 0);
     CHECK(ch.worker == 0);
     /* the whole prompt in flight there: the last token is still computed (its logits) */

@@ -21,11 +21,15 @@
  *     process (gateway and worker, the side that connected and the side that accepted, with a
  *     registered worker and a static one) has TCP_NODELAY set; and the gateway's share of each
  *     request's latency is counted in tokenmill_gateway_added_seconds (a one-token request,
- *     ended by the worker's FINISH, and a handed-off one; the values are not asserted).
+ *     ended by the worker's FINISH, and a handed-off one; the values are not asserted);
+ *   - with two idle fake workers, a request whose first blocks another request is prefilling
+ *     on one of them goes to that one (not to the idle one), counted as shared in flight; an
+ *     unrelated prompt then goes to the idle one.
  */
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -779,6 +783,61 @@ TEST(test_sockets_nodelay_and_added_latency)
     node_free(&S);
 }
 
+/* Which of the n fake workers gets a PREFILL next (its index, the frame in *m), -1 none. */
+static int fake_which_prefill(const int *fd, int n, proto_msg *m)
+{
+    struct pollfd p[4];
+    for (int i = 0; i < n; i++) p[i] = (struct pollfd){ .fd = fd[i], .events = POLLIN };
+    if (poll(p, (nfds_t)n, 30000) <= 0) return -1;   /* a bound, not a speed */
+    for (int i = 0; i < n; i++)
+        if (p[i].revents & POLLIN) return fake_expect(fd[i], PROTO_PREFILL, m) ? i : -1;
+    return -1;
+}
+
+TEST(test_prefill_goes_where_its_prefix_is_in_flight)
+{
+    gw_env G = gw_start();
+    int fd[2] = { fake_connect(&G), fake_connect(&G) };
+    CHECK(WAIT_UNTIL(workers_up(G.be) == 2, 30));
+    /* A and B share their first two blocks (256 tokens) and differ after; C is unrelated */
+    int32_t a[300], b[300], c[300];
+    make_prompt(a, 300, 3);
+    memcpy(b, a, sizeof b);
+    b[280] = (b[280] + 1) % N_VOCAB;
+    make_prompt(c, 300, 4);
+    sched_params pa = greedy(a, 300), pb = greedy(b, 300), pc = greedy(c, 300);
+    sched_req *ha = NULL, *hb = NULL, *hc = NULL;
+    proto_msg m;
+    CHECK(G.be->submit(G.be->ud, &pa, &ha) == SCHED_OK);
+    int wa = fake_which_prefill(fd, 2, &m);
+    CHECK(wa >= 0);
+    if (wa >= 0) proto_msg_free(&m);
+    /* A is still prefilling (the fake does not answer): B goes to the same worker, although
+     * the other one is idle */
+    CHECK(G.be->submit(G.be->ud, &pb, &hb) == SCHED_OK);
+    int wb = fake_which_prefill(fd, 2, &m);
+    CHECKF(wb == wa, "B went to worker %d, A is on %d", wb, wa);
+    if (wb >= 0) {
+        CHECK(m.u.prefill.n_prompt == 300);
+        proto_msg_free(&m);
+    }
+    CHECK(metric(G.be, "tokenmill_gateway_inflight_routed_total ") == 1);
+    CHECK(metric(G.be, "tokenmill_gateway_inflight_shared_tokens_total ") == 256);
+    /* nothing of C's is in flight: the idle worker */
+    CHECK(G.be->submit(G.be->ud, &pc, &hc) == SCHED_OK);
+    int wc = fake_which_prefill(fd, 2, &m);
+    CHECKF(wc >= 0 && wc != wa, "C went to worker %d, A is on %d", wc, wa);
+    if (wc >= 0) proto_msg_free(&m);
+    CHECK(metric(G.be, "tokenmill_gateway_inflight_routed_total ") == 1);
+    G.be->release(G.be->ud, ha);
+    G.be->release(G.be->ud, hb);
+    G.be->release(G.be->ud, hc);
+    gateway_shutdown(G.g);
+    gateway_free(G.g);
+    fake_close(fd[0]);
+    fake_close(fd[1]);
+}
+
 int main(void)
 {
     util_log_level = LOG_LEVEL_ERROR;
@@ -795,6 +854,7 @@ int main(void)
     RUN(test_rogue_workers_refused);
     RUN(test_stalled_worker_rerouted);
     RUN(test_sockets_nodelay_and_added_latency);
+    RUN(test_prefill_goes_where_its_prefix_is_in_flight);
     model_free(g_model);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
