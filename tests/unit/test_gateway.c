@@ -799,6 +799,11 @@ TEST(test_prefill_goes_where_its_prefix_is_in_flight)
     gw_env G = gw_start();
     int fd[2] = { fake_connect(&G), fake_connect(&G) };
     CHECK(WAIT_UNTIL(workers_up(G.be) == 2, 30));
+    proto_msg m;
+    for (int i = 0; i < 2; i++) {   /* the gateway's HELLO first: then a readable fake has a job */
+        CHECK(fake_expect(fd[i], PROTO_HELLO, &m));
+        proto_msg_free(&m);
+    }
     /* A and B share their first two blocks (256 tokens) and differ after; C is unrelated */
     int32_t a[300], b[300], c[300];
     make_prompt(a, 300, 3);
@@ -807,7 +812,6 @@ TEST(test_prefill_goes_where_its_prefix_is_in_flight)
     make_prompt(c, 300, 4);
     sched_params pa = greedy(a, 300), pb = greedy(b, 300), pc = greedy(c, 300);
     sched_req *ha = NULL, *hb = NULL, *hc = NULL;
-    proto_msg m;
     CHECK(G.be->submit(G.be->ud, &pa, &ha) == SCHED_OK);
     int wa = fake_which_prefill(fd, 2, &m);
     CHECK(wa >= 0);
