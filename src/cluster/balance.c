@@ -40,6 +40,14 @@ int64_t bal_chunk_tokens(const bal_cost *c, int64_t n_prompt)
     return (int64_t)chunk;
 }
 
+double bal_curve_prefill_s(const double w[4], int64_t n_new, int64_t n_cached, int64_t chunk)
+{
+    if (n_new <= 0) return 0;
+    double steps = ceil((double)n_new / (double)(chunk > 0 ? chunk : 1));
+    double depth = (double)n_new * ((double)n_cached + (double)n_new / 2);
+    return steps * w[0] + (double)n_new * w[2] + w[3] * depth / 1024;
+}
+
 void bal_speed_init(bal_speed *s, double default_tokens_per_s)
 {
     s->tokens_per_s = default_tokens_per_s > 0 ? default_tokens_per_s : 20000;
@@ -91,6 +99,11 @@ bal_prefill_choice bal_prefill_pick(const bal_cost *c, const bal_prefill_worker 
         double own = cost;   /* one step: shared with the queued work (balance.h) */
         if (steps > 1 && own < (double)steps * c->step_budget_s) own = (double)steps * c->step_budget_s;
         double speed = w[i].speed > 0 ? w[i].speed : 1;
+        double curve = w[i].has_curve ? bal_curve_prefill_s(w[i].curve, mine, n_prompt - mine, chunk) : 0;
+        if (curve > 0) {   /* the worker's own seconds (LEARNED CURVE) */
+            cost = own = curve;
+            speed = 1;
+        }
         double fin = (w[i].queued_s + own) / speed;
         bal_prefill_choice *k = shared > 0 ? &share : &best;
         for (int pass = 0; pass < (shared > 0 ? 2 : 1); pass++, k = &best) {

@@ -37,6 +37,14 @@
  * need). Ties go to the worker that shares more. The last prompt token is always computed
  * (its logits), so at most n_new - 1 tokens are shared.
  *
+ * LEARNED CURVE. A worker whose scheduler has learned its step time (steptime.h: seconds =
+ * w . (1, decodes, prefill tokens, depth / 1024)) reports the weights in its heartbeats; on it
+ * the request's own time is that curve's, not the cost model's:
+ *     curve(n_new, n_cached) = steps * w0 + n_new * w2 + w3 * n_new * (n_cached + n_new / 2) / 1024
+ * with steps = ceil(n_new / chunk), in that worker's real seconds, so its speed is taken as 1
+ * (the jobs it was sent since count in its queued_s in the same seconds). A curve that gives
+ * no positive time (a fit not settled yet) is ignored: the cost model and the learned speed.
+ *
  * speed is the worker's relative speed, learned from its heartbeats
  * (bal_speed): the prefill tokens it computed per second inside engine steps, both lifetime
  * counters, taken by difference once at least BAL_SPEED_MIN_TOKENS more were computed and
@@ -80,6 +88,9 @@ int bal_bucket(int64_t n_tokens);
 double bal_prefill_cost(const bal_cost *c, int64_t n_new, int64_t n_cached);
 /* Tokens per step for prompts of the bucket of n_prompt (>= 1). */
 int64_t bal_chunk_tokens(const bal_cost *c, int64_t n_prompt);
+/* Seconds of prefill of n_new tokens after n_cached on a worker whose step time is the learned
+ * curve w, in steps of chunk tokens (see LEARNED CURVE); <= 0: the curve is not to be used. */
+double bal_curve_prefill_s(const double w[4], int64_t n_new, int64_t n_cached, int64_t chunk);
 
 /* A worker's learned prefill rate. */
 #define BAL_SPEED_MIN_TOKENS 64   /* prefill tokens between two samples at least */
@@ -108,6 +119,9 @@ typedef struct {
                                * <= 0 taken as 1 */
     int64_t inflight_tokens;  /* tokens of this prompt past its stored prefix that a job on
                                * this worker is computing now (a shared pending prefix), 0 none */
+    bool has_curve;           /* the worker reported its learned step-time curve */
+    double curve[4];          /* its weights, seconds per unit of (1, decodes, prefill tokens,
+                               * depth / 1024) (steptime.h) */
 } bal_prefill_worker;
 
 typedef struct {

@@ -47,6 +47,7 @@ typedef struct {
     double last_hb;           /* util_now() of the last frame received */
     double next_connect;      /* static: next reconnect attempt */
     proto_heartbeat hb;       /* its last load report (zeros until the first) */
+    bool has_curve;           /* hb.step_w holds its learned step-time curve (PROTO_F_STEPTIME) */
     bal_speed speed;          /* prefill tokens/s learned from the reports (balance.h) */
     uint32_t max_seqs;        /* HELLO */
     int kv_dtype;             /* HELLO */
@@ -314,6 +315,7 @@ static void gw_worker_lost_how(gateway *g, int slot, const char *why, bool keep_
     w->n_prefill = w->n_decode = 0;
     w->sum_ctx = 0;
     memset(&w->hb, 0, sizeof w->hb);
+    w->has_curve = false;
     w->next_connect = util_now() + 0.5;
     if (!w->is_static) w->used = w->reader_live; /* a registered slot is freed once its reader is gone */
     pthread_cond_broadcast(&g->cv_workers);
@@ -436,6 +438,7 @@ static bool gw_on_msg(gateway *g, int slot, proto_msg *m, const char **refused)
     switch (m->hdr.type) {
     case PROTO_HEARTBEAT:
         w->hb = m->u.heartbeat;
+        w->has_curve = (m->hdr.flags & PROTO_F_STEPTIME) != 0;
         if (bal_speed_report(&w->speed, w->hb.n_prefill_tokens, w->hb.busy_us))
             log_debug("gateway: worker %s prefill speed %.0f tokens/s (%d samples)", w->addr, w->speed.tokens_per_s,
                       w->speed.n_samples);
@@ -707,6 +710,7 @@ static void gw_attach(gateway *g, int slot, proto_conn *pc, const proto_hello *h
     w->n_prefill = w->n_decode = 0;
     w->sum_ctx = 0;
     memset(&w->hb, 0, sizeof w->hb);
+    w->has_curve = false;
     bal_speed_init(&w->speed, g->o.prefill_tokens_per_s);
     gw_reader_arg *a = xmalloc(sizeof *a);
     *a = (gw_reader_arg){ g, slot, w->gen, fd, pc };
@@ -912,7 +916,9 @@ static void gw_send_prefill(gateway *g, gw_req *r)
         gw_worker *w = &g->w[i];
         if (!gw_usable(w) || !gw_can_prefill(w) || gw_avoided(g, r, i, true)) continue;
         bw[n] = (bal_prefill_worker){ .up = true, .queued_s = w->queued_s, .n_queued = w->n_prefill,
-                                      .speed = bal_speed_rel(&w->speed, &c), .inflight_tokens = gw_inflight(g, r, i) };
+                                      .speed = bal_speed_rel(&w->speed, &c), .inflight_tokens = gw_inflight(g, r, i),
+                                      .has_curve = w->has_curve };
+        for (int k = 0; k < 4; k++) bw[n].curve[k] = w->hb.step_w[k];
         map[n++] = i;
     }
     bal_prefill_choice ch = bal_prefill_pick(&c, bw, n, r->n_prompt, r->hit_len);
@@ -920,9 +926,10 @@ static void gw_send_prefill(gateway *g, gw_req *r)
     int slot = map[ch.worker];
     gw_worker *w = &g->w[slot];
     log_debug("gateway: prefill req %llu (%d tokens, %d cached, %lld shared in flight, bucket %d, cost %.4f s, "
-              "%lld steps) -> %s (queued %.4f s, %d jobs, %.0f tokens/s learned; finish in %.4f s; %d candidates)",
+              "%lld steps) -> %s (queued %.4f s, %d jobs, %s; finish in %.4f s; %d candidates)",
               (unsigned long long)r->id, r->n_prompt, r->hit_len, (long long)ch.shared_tokens, ch.bucket, ch.cost_s,
-              (long long)ch.steps, w->addr, w->queued_s, w->n_prefill, w->speed.tokens_per_s, ch.finish_s, n);
+              (long long)ch.steps, w->addr, w->queued_s, w->n_prefill,
+              w->has_curve ? "its learned step-time curve" : "the cost model at its learned speed", ch.finish_s, n);
     if (ch.shared_tokens > 0) {
         g->n_inflight_routed++;
         g->n_inflight_tokens += (uint64_t)ch.shared_tokens;
@@ -1332,6 +1339,18 @@ static void gw_metrics(void *ud, bytebuf *b)
         if (!w->used || !gw_can_prefill(w)) continue;
         bytebuf_printf(b, "tokenmill_worker_prefill_tokens_per_second{worker=\"%s\",role=\"%s\"} %.1f\n", w->addr,
                         proto_role_name(w->role), w->speed.tokens_per_s);
+    }
+    bytebuf_puts(b, "# HELP tokenmill_worker_step_curve_seconds The worker's learned engine step time, seconds per "
+                     "unit of each term (a step, a decode row, a prefill token, 1024 positions attended), from its "
+                     "heartbeats (the prefill balancer's cost on it).\n"
+                     "# TYPE tokenmill_worker_step_curve_seconds gauge\n");
+    static const char *const terms[4] = { "step", "decode", "prefill_token", "depth_1k" };
+    for (int i = 0; i < g->n_slots; i++) {
+        gw_worker *w = &g->w[i];
+        if (!w->used || !w->has_curve) continue;
+        for (int k = 0; k < 4; k++)
+            bytebuf_printf(b, "tokenmill_worker_step_curve_seconds{worker=\"%s\",role=\"%s\",term=\"%s\"} %.9g\n",
+                            w->addr, proto_role_name(w->role), terms[k], (double)w->hb.step_w[k]);
     }
     bytebuf_puts(b, "# TYPE tokenmill_worker_prefill_tokens_total counter\n# TYPE tokenmill_worker_busy_seconds_total counter\n");
     for (int i = 0; i < g->n_slots; i++) {

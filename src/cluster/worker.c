@@ -871,6 +871,10 @@ static void *worker_hb_thread(void *arg)
         h->n_prefill_tokens = ss.n_prefill_tokens;
         h->n_gen_tokens = ss.n_gen_tokens;
         h->busy_us = (uint64_t)(ss.step_s * 1e6);
+        if (ss.step_model_warm) {   /* the gateway's prefill cost model uses it (balance.h) */
+            m.hdr.flags |= PROTO_F_STEPTIME;
+            for (int i = 0; i < 4; i++) h->step_w[i] = (float)ss.step_model_w[i];
+        }
         pthread_mutex_lock(&w->mu);
         h->draining = w->draining;
         h->n_handoffs_out = w->n_handoffs_out;

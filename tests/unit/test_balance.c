@@ -214,6 +214,41 @@ TEST(prefill_shares_in_flight)
     CHECK(ch.worker == 0 && ch.shared_tokens == 0);
 }
 
+TEST(prefill_uses_learned_curve)
+{
+    bal_cost c = { .linear_s = 1e-4, .attn_s = 0, .step_budget_s = 1 };
+    /* the curve: 10 ms a step, 1 ms per prefill token, 2 ms per 1024 positions attended */
+    double cv[4] = { 0.01, 0.0005, 0.001, 0.002 };
+    /* 1000 tokens after 24 cached in steps of 400: 3 steps, depth 1000 * (24 + 500) */
+    double want = 3 * 0.01 + 1000 * 0.001 + 0.002 * 1000.0 * 524 / 1024;
+    CHECK(fabs(bal_curve_prefill_s(cv, 1000, 24, 400) - want) < 1e-12);
+    CHECK(bal_curve_prefill_s(cv, 0, 24, 400) == 0);
+    /* equal queues and no learned speed: by the cost model worker 0 (the lower index); its
+     * curve says it takes ~2 s where the model gives 0.1 s: worker 1 */
+    bal_prefill_worker w[2] = {
+        { .up = true, .has_curve = true, .curve = { 0.01, 0.0005, 0.001, 0.002 } },
+        { .up = true },
+    };
+    bal_prefill_choice ch = bal_prefill_pick(&c, w, 2, 1024, 24);
+    CHECK(ch.worker == 1);
+    /* a fast curve (10 us a token) beats the model's 100 us: worker 0, its cost in its seconds */
+    double fast[4] = { 0.001, 0, 1e-5, 0 };
+    for (int k = 0; k < 4; k++) w[0].curve[k] = fast[k];
+    ch = bal_prefill_pick(&c, w, 2, 1024, 24);
+    CHECK(ch.worker == 0);
+    CHECK(fabs(ch.cost_s - bal_curve_prefill_s(fast, 1000, 24, bal_chunk_tokens(&c, 1024))) < 1e-12);
+    /* its queue is in the same seconds: 0.2 s queued there, nothing on worker 1 -> worker 1 */
+    w[0].queued_s = 0.2;
+    ch = bal_prefill_pick(&c, w, 2, 1024, 24);
+    CHECK(ch.worker == 1);
+    /* a curve that gives no positive time is not used: the model, the lower index */
+    w[0].queued_s = 0;
+    double bad[4] = { -1, 0, 0, 0 };
+    for (int k = 0; k < 4; k++) w[0].curve[k] = bad[k];
+    ch = bal_prefill_pick(&c, w, 2, 1024, 24);
+    CHECK(ch.worker == 0 && fabs(ch.cost_s - bal_prefill_cost(&c, 1000, 24)) < 1e-12);
+}
+
 TEST(decode_short_and_long)
 {
     /* worker 0: few requests, long total cache; worker 1: many short requests */
@@ -290,6 +325,7 @@ int main(void)
     RUN(speed_learned_from_reports);
     RUN(prefill_pick_uses_learned_speed);
     RUN(prefill_shares_in_flight);
+    RUN(prefill_uses_learned_curve);
     RUN(decode_short_and_long);
     RUN(capacity_rule);
     HARNESS_END();

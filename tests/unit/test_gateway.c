@@ -5,7 +5,8 @@
  * with a shared temp dir: store. Checked:
  *   - a split run through the gateway gives the tokens of one scheduler alone, and /metrics
  *     then reports the learned prefill speed and the KV handoff cost (send and receive side,
- *     both populated; no timing is asserted);
+ *     both populated; no timing is asserted), and the learned step-time curve a warm worker
+ *     reports in its heartbeats;
  *   - a registered worker that sends a well-formed frame with a bad value (a token id beyond
  *     the vocabulary, in HANDOFF and in TOKENS; an unknown request id; tail KV of another
  *     geometry; more tokens than max_tokens) has its connection closed, and its request is
@@ -274,6 +275,10 @@ TEST(test_split_run_and_handoff_metrics)
     /* 300 computed tokens: the speed was learned (no longer the 20000 tokens/s default) */
     CHECK(WAIT_UNTIL(metric(G.be, "tokenmill_worker_prefill_tokens_per_second{") != 20000, 30));
     CHECK(metric(G.be, "tokenmill_worker_prefill_tokens_per_second{") > 0);
+    /* the decode worker has run more steps than its step-time model needs to warm up: its
+     * heartbeats carry the learned curve (the prefill balancer's cost for a worker that has one) */
+    CHECK(WAIT_UNTIL(metrics_has(G.be, "tokenmill_worker_step_curve_seconds{worker="), 30));
+    CHECK(metrics_has(G.be, "role=\"decode\",term=\"prefill_token\"}"));
     node_stop(&P);
     node_stop(&D);
     gateway_shutdown(G.g);
