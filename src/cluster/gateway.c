@@ -115,6 +115,7 @@ struct gateway {
     gw_req *reqs;             /* live requests */
     uint64_t next_id;
     gw_msg *out_head, *out_tail;
+    bool flushing;            /* a thread is writing the queued frames (gw_flush) */
     bool stop, shut;
     int listen_fd;
     pthread_t disp, acc;
@@ -322,6 +323,8 @@ static void gw_worker_lost_how(gateway *g, int slot, const char *why, bool keep_
 }
 
 static void gw_worker_lost(gateway *g, int slot, const char *why) { gw_worker_lost_how(g, slot, why, false); }
+static void gw_send_decode(gateway *g, gw_req *r);
+static void gw_flush(gateway *g);
 
 /* ------------------------------------------------------------------ frames from workers */
 
@@ -466,6 +469,8 @@ static bool gw_on_msg(gateway *g, int slot, proto_msg *m, const char **refused)
         log_debug("gateway: req %llu handoff from %s: %u cached, %u computed, %u stored, %u us",
                   (unsigned long long)id, w->addr, m->u.handoff.n_cached, m->u.handoff.n_computed,
                   m->u.handoff.n_stored, m->u.handoff.prefill_us);
+        gw_send_decode(g, r);   /* at once (the reader writes it, gw_flush); no decode worker
+                                 * up: it waits, and the dispatcher sends it when one is */
         pthread_cond_signal(&g->cv_disp);
         break;
     case PROTO_TOKENS:
@@ -576,6 +581,7 @@ static void *gw_reader(void *arg)
             break;
         }
         bool ok = !current || gw_on_msg(g, a.slot, &m, &refused);
+        if (ok) gw_flush(g);   /* the frames this one caused (a HANDOFF's DECODE) */
         pthread_mutex_unlock(&g->mu);
         proto_msg_free(&m);
         if (!ok) break;
@@ -1013,6 +1019,42 @@ static void gw_send_simple(gateway *g, int slot, int type, uint64_t id)
     gw_queue_msg(g, slot, &m);
 }
 
+/* Writes the queued frames in order, from the calling thread, as soon as they are queued: the
+ * thread that made them (the HTTP thread at submit, a worker's reader at HANDOFF) sends them
+ * itself instead of waking the dispatcher, one thread switch less on every hop. mu held;
+ * released while a frame is written. One writer at a time: a thread that finds another
+ * writing leaves its frames to it (it writes until the queue is empty), so the frames of a
+ * connection keep their order. A frame for a connection that is gone is dropped. */
+static void gw_flush(gateway *g)
+{
+    if (g->flushing) return;
+    g->flushing = true;
+    while (g->out_head) {
+        gw_msg *q = g->out_head;
+        g->out_head = g->out_tail = NULL;
+        while (q) {
+            gw_msg *nx = q->next;
+            gw_worker *w = &g->w[q->slot];
+            if (w->connected && w->gen == q->gen) {
+                int fd = w->fd;
+                uint64_t gen = q->gen;
+                pthread_mutex_unlock(&g->mu);
+                pthread_mutex_lock(&w->send_mu);   /* the reader may be closing fd meanwhile */
+                proto_status st = w->send_fd == fd && w->send_gen == gen && w->send_conn
+                                      ? proto_send_frame(w->send_conn, q->buf.p, q->buf.n)
+                                      : PROTO_ERR_CLOSED;
+                pthread_mutex_unlock(&w->send_mu);
+                pthread_mutex_lock(&g->mu);
+                if (st != PROTO_OK && w->gen == gen) gw_worker_lost(g, q->slot, "send failed");
+            }
+            proto_buf_free(&q->buf);
+            free(q);
+            q = nx;
+        }
+    }
+    g->flushing = false;
+}
+
 static void *gw_dispatcher(void *arg)
 {
     gateway *g = arg;
@@ -1042,8 +1084,7 @@ static void *gw_dispatcher(void *arg)
             g->rate_t[g->rate_i] = now;
             g->rate_v[g->rate_i] = g->n_uncached_tokens;
         }
-        gw_msg *q = g->out_head;
-        g->out_head = g->out_tail = NULL;
+        gw_flush(g);   /* what the loop above queued (moves, resumes, cancels) */
         int reconnect[GW_MAX_WORKERS], n_rc = 0;
         for (int i = 0; i < g->n_slots; i++) {
             gw_worker *w = &g->w[i];
@@ -1052,33 +1093,15 @@ static void *gw_dispatcher(void *arg)
                 reconnect[n_rc++] = i;
             }
         }
-        if (!q && !n_rc) {
+        if (!n_rc) {
+            /* woken by every queued frame and state change; the timeout only paces the
+             * heartbeat, progress and wait deadlines above */
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
             ts.tv_nsec += 50 * 1000000L;
             if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
             pthread_cond_timedwait(&g->cv_disp, &g->mu, &ts);
             continue;
-        }
-        /* send outside the lock; a frame for a connection that is gone is dropped */
-        while (q) {
-            gw_msg *nx = q->next;
-            gw_worker *w = &g->w[q->slot];
-            if (w->connected && w->gen == q->gen) {
-                int fd = w->fd;
-                uint64_t gen = q->gen;
-                pthread_mutex_unlock(&g->mu);
-                pthread_mutex_lock(&w->send_mu);   /* the reader may be closing fd meanwhile */
-                proto_status st = w->send_fd == fd && w->send_gen == gen && w->send_conn
-                                      ? proto_send_frame(w->send_conn, q->buf.p, q->buf.n)
-                                      : PROTO_ERR_CLOSED;
-                pthread_mutex_unlock(&w->send_mu);
-                pthread_mutex_lock(&g->mu);
-                if (st != PROTO_OK && w->gen == gen) gw_worker_lost(g, q->slot, "send failed");
-            }
-            proto_buf_free(&q->buf);
-            free(q);
-            q = nx;
         }
         pthread_mutex_unlock(&g->mu);
         for (int k = 0; k < n_rc; k++) gw_connect_static(g, reconnect[k]);
@@ -1211,7 +1234,7 @@ static sched_status gw_submit(void *ud, const sched_params *p, sched_req **out)
     g->n_uncached_tokens += (uint64_t)(p->n_prompt - hit);
     log_debug("gateway: req %llu: %d prompt tokens, %d stored (entry point)", (unsigned long long)r->id, p->n_prompt, hit);
     gw_send_prefill(g, r);
-    pthread_cond_signal(&g->cv_disp);
+    gw_flush(g);   /* the PREFILL goes out from this thread, now */
     pthread_mutex_unlock(&g->mu);
     *out = (sched_req *)r;
     return SCHED_OK;
