@@ -343,16 +343,7 @@ static int worker_stored_prefix(worker *w, const proto_prefill_job *p)
 {
     int n_full = (int)p->n_prompt / KVPOOL_BLOCK;
     if (!w->st || !w->bio || n_full == 0) return 0;
-    blockio_stats bs;
-    blockio_get_stats(w->bio, &bs);
-    uint64_t target = bs.n_write_queued;
-    double t0 = util_now();
-    while (util_now() - t0 < WORKER_FLUSH_WAIT_S) {
-        blockio_get_stats(w->bio, &bs);
-        if (bs.n_written + bs.n_write_failed >= target) break;
-        struct timespec ts = { 0, 500000 };
-        nanosleep(&ts, NULL);
-    }
+    (void)blockio_wait_writes(w->bio, (int)(WORKER_FLUSH_WAIT_S * 1000));
     uint8_t root[32] = { 0 };
     if (p->params.salt && *p->params.salt) blockkey_root(p->params.salt, strlen(p->params.salt), root);
     uint8_t (*keys)[32] = malloc((size_t)n_full * 32);
