@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// bench/cluster: disaggregated serving under a mixed workload (issue 5). Long prompts arrive
+// bench/cluster: disaggregated serving under a mixed workload. Long prompts arrive
 // while many sequences decode; three set-ups of the same model on the same machine, run one
 // after the other in one run:
 //   disagg  `tokenmill gateway` + one `worker --role prefill` + one `worker --role decode`
