@@ -1280,6 +1280,7 @@ static void gw_cancel(void *ud, sched_req *h)
     gateway *g = ud;
     pthread_mutex_lock(&g->mu);
     gw_cancel_locked(g, (gw_req *)h);
+    gw_flush(g);   /* the CANCEL frees the worker's slot now */
     pthread_mutex_unlock(&g->mu);
 }
 
@@ -1290,6 +1291,7 @@ static void gw_release(void *ud, sched_req *h)
     if (!r) return;
     pthread_mutex_lock(&g->mu);
     gw_cancel_locked(g, r);
+    gw_flush(g);   /* the CANCEL of a request still running goes out now */
     if (r->prev) r->prev->next = r->next;
     else g->reqs = r->next;
     if (r->next) r->next->prev = r->prev;
