@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// bench/cluster: disaggregated serving under a mixed workload (issue 5). Long prompts arrive
+// bench/cluster: disaggregated serving under a mixed workload. Long prompts arrive
 // while many sequences decode; three set-ups of the same model on the same machine, run one
 // after the other in one run:
 //   disagg  `tokenmill gateway` + one `worker --role prefill` + one `worker --role decode`
@@ -30,6 +30,16 @@
 // DECODE received to KV in place), against the prefill worker's engine milliseconds per
 // prefill token (what recomputing those tokens costs). Without -m a small random qwen3 model
 // (bench/serve's) is generated under tests/data/gen/.
+//
+//   bench/cluster --latency 200 [-m models/stories260K.gguf] [--stream-tokens 64] [--bin PATH]
+//
+// The gateway's added latency instead of the workload: `serve` and `gateway` + one mixed worker
+// of the same model (default the bundled stories260K), one thread each, idle; --latency N
+// sequential one-token completions (non-streaming, greedy) through each, then N/10 streams of
+// --stream-tokens tokens. Printed: the one-token completion's P50 / P90 / P99 through both and
+// their difference at P50 (the gateway's added latency), the streams' inter-token gaps (P50 /
+// P99 / max) through both and the difference of the max gaps, and the gateway's own
+// tokenmill_gateway_added_seconds histogram (mean). --bin runs another build (before / after).
 import { spawn, execFileSync } from "node:child_process";
 import fs from "node:fs";
 import http from "node:http";
@@ -38,8 +48,8 @@ import path from "node:path";
 import { onSseJson } from "./sse.mjs";
 
 const root = path.resolve(import.meta.dirname, "..");
-const bin = path.join(root, "build/tokenmill");
-const o = { decoders: 16, decodePrompt: 64, long: 6, longPrompt: 1536, longEvery: 1.5, longTokens: 8, quiet: 1.5,
+let bin = path.join(root, "build/tokenmill");
+const o = { streamTokens: 64, decoders: 16, decodePrompt: 64, long: 6, longPrompt: 1536, longEvery: 1.5, longTokens: 8, quiet: 1.5,
   setups: ["disagg", "mixed", "serve"], rounds: 3, threads: os.availableParallelism?.() ?? os.cpus().length };
 const argv = process.argv.slice(2);
 for (let i = 0; i < argv.length; i++) {
@@ -56,8 +66,12 @@ for (let i = 0; i < argv.length; i++) {
   else if (a === "--threads") o.threads = Number(v());
   else if (a === "--rounds") o.rounds = Number(v());
   else if (a === "--json") o.json = v();
+  else if (a === "--latency") o.latency = Number(v());
+  else if (a === "--stream-tokens") o.streamTokens = Number(v());
+  else if (a === "--bin") bin = path.resolve(v());
   else { console.error(`bench/cluster: unknown argument ${a}`); process.exit(2); }
 }
+if (!o.model && o.latency) o.model = path.join(root, "models/stories260K.gguf");
 if (!o.model) {
   o.model = path.join(root, "tests/data/gen/bench-serve-qwen3-small-q8_0.gguf");
   if (!fs.existsSync(o.model)) {
@@ -161,6 +175,77 @@ function stream(url, prompt, maxTokens, seed) {
   });
   r.stop = () => { r.cut = true; req.destroy(); };
   return r;
+}
+
+// ---- the gateway's added latency (--latency) ----
+function complete(url, prompt) {
+  const body = JSON.stringify({ prompt, max_tokens: 1, temperature: 0, ignore_eos: true });
+  const t0 = performance.now();
+  return new Promise((resolve, reject) => {
+    const req = http.request(url + "/v1/completions", { method: "POST", agent, headers: { "content-type": "application/json" } }, (res) => {
+      res.resume();
+      res.on("end", () => (res.statusCode === 200 ? resolve(performance.now() - t0) : reject(new Error(`HTTP ${res.statusCode}`))));
+    });
+    req.on("error", reject);
+    req.end(body);
+  });
+}
+
+async function latencyOne(kind) {
+  const store = fs.mkdtempSync(path.join(os.tmpdir(), `tm-bench-cluster-lat-${kind}-`));
+  try {
+    const common = ["-m", o.model, "--threads", "1", "--ctx", "512"];
+    let url;
+    if (kind === "serve") {
+      const s = await start(["serve", ...common, "--port", "0"], /listening on http:\/\/[^:]+:(\d+)/, "serve");
+      url = `http://127.0.0.1:${s.m[1]}`;
+    } else {
+      const w = await start(["worker", "--role", "mixed", ...common, "--listen", "127.0.0.1:0", "--cache", `dir:${store}`],
+        /listening on port (\d+)/, "worker");
+      const addr = `127.0.0.1:${w.m[1]}`;
+      const g = await start(["gateway", "-m", o.model, "--ctx", "512", "--listen", "127.0.0.1:0", "--prefill", addr, "--decode", addr,
+        "--cache", `dir:${store}`], /listening on http:\/\/[^:]+:(\d+)/, "gateway");
+      url = `http://127.0.0.1:${g.m[1]}`;
+      for (let t = Date.now(); ; await sleep(50)) {
+        const a = JSON.parse(await get(url, "/admin/workers"));
+        if (a.workers.filter((x) => x.up).length >= 1) break;
+        if (Date.now() - t > 30000) throw new Error("worker not up");
+      }
+    }
+    const prompt = promptOf(7, 16).map((x) => x % 500);
+    for (let i = 0; i < 10; i++) await complete(url, prompt);   // warm-up
+    const one = [];
+    for (let i = 0; i < o.latency; i++) one.push(await complete(url, prompt));
+    const gaps = [];
+    for (let i = 0; i < Math.max(1, Math.round(o.latency / 10)); i++) {
+      const r = await stream(url, prompt, o.streamTokens, 1).finished;
+      for (let k = 1; k < r.chunks.length; k++) gaps.push(r.chunks[k] - r.chunks[k - 1]);
+    }
+    const m = kind === "serve" ? {} : await metrics(url);
+    const n = m["tokenmill_gateway_added_seconds_count"], sum = m["tokenmill_gateway_added_seconds_sum"];
+    return { setup: kind, one_p50_ms: pct(one, 0.5), one_p90_ms: pct(one, 0.9), one_p99_ms: pct(one, 0.99),
+      gap_p50_ms: pct(gaps, 0.5), gap_p99_ms: pct(gaps, 0.99), gap_max_ms: Math.max(...gaps), n_gaps: gaps.length,
+      added_metric_mean_ms: n ? (sum / n) * 1e3 : NaN, added_metric_count: n ?? NaN };
+  } finally {
+    await stopAll();
+    fs.rmSync(store, { recursive: true, force: true });
+  }
+}
+
+if (o.latency) {
+  const s = await latencyOne("serve"), g = await latencyOne("gateway");
+  const f = (x, d = 2) => (x === undefined || Number.isNaN(x) ? "-" : x.toFixed(d));
+  console.log(`model ${path.basename(o.model)}; ${o.latency} one-token completions, then ${s.n_gaps / (o.streamTokens - 1) | 0} streams ` +
+    `of ${o.streamTokens} tokens, sequential, loopback, one thread per process`);
+  console.log("setup   | one-token completion P50 / P90 / P99 ms | stream inter-token gap P50 / P99 / max ms");
+  for (const r of [s, g])
+    console.log(`${r.setup.padEnd(7)} | ${f(r.one_p50_ms, 3)} / ${f(r.one_p90_ms, 3)} / ${f(r.one_p99_ms, 3)} | ` +
+      `${f(r.gap_p50_ms, 3)} / ${f(r.gap_p99_ms, 3)} / ${f(r.gap_max_ms, 3)}`);
+  console.log(`gateway added latency: P50 ${f(g.one_p50_ms - s.one_p50_ms, 3)} ms (one-token completion, gateway - serve); ` +
+    `inter-token gap P99 ${f(g.gap_p99_ms - s.gap_p99_ms, 3)} ms and max ${f(g.gap_max_ms - s.gap_max_ms, 3)} ms above serve's; ` +
+    `tokenmill_gateway_added_seconds mean ${f(g.added_metric_mean_ms, 3)} ms over ${g.added_metric_count} requests`);
+  if (o.json) fs.writeFileSync(o.json, JSON.stringify({ model: o.model, requests: o.latency, serve: s, gateway: g }, null, 2));
+  process.exit(0);
 }
 
 async function runOne(kind) {

@@ -40,6 +40,14 @@ int64_t bal_chunk_tokens(const bal_cost *c, int64_t n_prompt)
     return (int64_t)chunk;
 }
 
+double bal_curve_prefill_s(const double w[4], int64_t n_new, int64_t n_cached, int64_t chunk)
+{
+    if (n_new <= 0) return 0;
+    double steps = ceil((double)n_new / (double)(chunk > 0 ? chunk : 1));
+    double depth = (double)n_new * ((double)n_cached + (double)n_new / 2);
+    return steps * w[0] + (double)n_new * w[2] + w[3] * depth / 1024;
+}
+
 void bal_speed_init(bal_speed *s, double default_tokens_per_s)
 {
     s->tokens_per_s = default_tokens_per_s > 0 ? default_tokens_per_s : 20000;
@@ -76,20 +84,44 @@ bal_prefill_choice bal_prefill_pick(const bal_cost *c, const bal_prefill_worker 
     bal_prefill_choice ch = { .worker = -1, .bucket = bal_bucket(n_prompt) };
     int64_t n_new = n_prompt - n_cached;
     if (n_new < 1) n_new = 1; /* the last prompt token is always computed (its logits) */
-    ch.cost_s = bal_prefill_cost(c, n_new, n_prompt - n_new);
     int64_t chunk = bal_chunk_tokens(c, n_prompt);
-    ch.steps = (n_new + chunk - 1) / chunk;
-    double own = ch.cost_s;   /* one step: shared with the queued work (balance.h) */
-    if (ch.steps > 1 && own < (double)ch.steps * c->step_budget_s) own = (double)ch.steps * c->step_budget_s;
+    /* best: the earliest finish; share: the earliest among the workers computing a prefix of
+     * it, taken instead when the time it adds is at most the compute it saves */
+    bal_prefill_choice best = ch, share = ch;
+    double best_work = 0, share_work = 0;   /* the request's own compute there, seconds */
     for (int i = 0; i < n_workers; i++) {
         if (!w[i].up) continue;
+        int64_t shared = w[i].inflight_tokens > 0 ? w[i].inflight_tokens : 0;
+        if (shared > n_new - 1) shared = n_new - 1;
+        int64_t mine = n_new - shared;
+        double cost = bal_prefill_cost(c, mine, n_prompt - mine);
+        int64_t steps = (mine + chunk - 1) / chunk;
+        double own = cost;   /* one step: shared with the queued work (balance.h) */
+        if (steps > 1 && own < (double)steps * c->step_budget_s) own = (double)steps * c->step_budget_s;
         double speed = w[i].speed > 0 ? w[i].speed : 1;
-        double fin = (w[i].queued_s + own) / speed;
-        if (ch.worker < 0 || fin < ch.finish_s - 1e-12 ||
-            (fabs(fin - ch.finish_s) <= 1e-12 && w[i].n_queued < w[ch.worker].n_queued)) {
-            ch.worker = i;
-            ch.finish_s = fin;
+        double curve = w[i].has_curve ? bal_curve_prefill_s(w[i].curve, mine, n_prompt - mine, chunk) : 0;
+        if (curve > 0) {   /* the worker's own seconds (LEARNED CURVE) */
+            cost = own = curve;
+            speed = 1;
         }
+        double fin = (w[i].queued_s + own) / speed;
+        bal_prefill_choice *k = shared > 0 ? &share : &best;
+        for (int pass = 0; pass < (shared > 0 ? 2 : 1); pass++, k = &best) {
+            bool tie = k->worker >= 0 && fabs(fin - k->finish_s) <= 1e-12;
+            if (k->worker < 0 || fin < k->finish_s - 1e-12 || (tie && shared > k->shared_tokens) ||
+                (tie && shared == k->shared_tokens && w[i].n_queued < w[k->worker].n_queued)) {
+                *k = (bal_prefill_choice){ .worker = i, .bucket = ch.bucket, .cost_s = cost, .steps = steps,
+                                           .shared_tokens = shared, .finish_s = fin };
+                *(k == &share ? &share_work : &best_work) = cost / speed;
+            }
+        }
+    }
+    ch = best;
+    if (share.worker >= 0 && share.worker != best.worker && share.finish_s - best.finish_s <= best_work - share_work)
+        ch = share;
+    if (ch.worker < 0) {   /* no worker: the figures of the whole prompt, for the caller's log */
+        ch.cost_s = bal_prefill_cost(c, n_new, n_prompt - n_new);
+        ch.steps = (n_new + chunk - 1) / chunk;
     }
     return ch;
 }

@@ -20,7 +20,32 @@
  * (which would make every short prompt weigh as much as a full step and, with unequal
  * speeds, send them all to the faster worker); a longer one finishes no sooner than its
  * steps allow. Ties: fewer queued jobs,
- * then the lower index. speed is the worker's relative speed, learned from its heartbeats
+ * then the lower index.
+ *
+ * SHARED IN FLIGHT. A worker may be computing right now the leading blocks this prompt needs
+ * (another request's prefill with the same block keys: same tokens, salt and tenant); its
+ * scheduler then attaches them as they complete instead of computing them again. The gateway
+ * tells the balancer, per worker, how many of the prompt's tokens beyond the stored prefix
+ * are in flight there (inflight_tokens); on that worker the request's own work is only the
+ * rest: cost(n_new - shared, n_cached + shared). The request goes there when the time that
+ * adds to it is at most the compute it saves: with best the earliest finish over all workers
+ * and share the earliest among those computing a prefix of it,
+ *     share  when  finish(share) - finish(best) <= work(best) - work(share),
+ * work being the request's own cost there / speed (a worker busy with the very prefix has
+ * that prefix in its queue, so an idle worker always finishes first: the rule trades a little
+ * latency for the cluster's compute, which agents starting together with one system prompt
+ * need). Ties go to the worker that shares more. The last prompt token is always computed
+ * (its logits), so at most n_new - 1 tokens are shared.
+ *
+ * LEARNED CURVE. A worker whose scheduler has learned its step time (steptime.h: seconds =
+ * w . (1, decodes, prefill tokens, depth / 1024)) reports the weights in its heartbeats; on it
+ * the request's own time is that curve's, not the cost model's:
+ *     curve(n_new, n_cached) = steps * w0 + n_new * w2 + w3 * n_new * (n_cached + n_new / 2) / 1024
+ * with steps = ceil(n_new / chunk), in that worker's real seconds, so its speed is taken as 1
+ * (the jobs it was sent since count in its queued_s in the same seconds). A curve that gives
+ * no positive time (a fit not settled yet) is ignored: the cost model and the learned speed.
+ *
+ * speed is the worker's relative speed, learned from its heartbeats
  * (bal_speed): the prefill tokens it computed per second inside engine steps, both lifetime
  * counters, taken by difference once at least BAL_SPEED_MIN_TOKENS more were computed and
  * exponentially averaged (weight BAL_SPEED_ALPHA per sample); a new worker starts from a
@@ -63,6 +88,9 @@ int bal_bucket(int64_t n_tokens);
 double bal_prefill_cost(const bal_cost *c, int64_t n_new, int64_t n_cached);
 /* Tokens per step for prompts of the bucket of n_prompt (>= 1). */
 int64_t bal_chunk_tokens(const bal_cost *c, int64_t n_prompt);
+/* Seconds of prefill of n_new tokens after n_cached on a worker whose step time is the learned
+ * curve w, in steps of chunk tokens (see LEARNED CURVE); <= 0: the curve is not to be used. */
+double bal_curve_prefill_s(const double w[4], int64_t n_new, int64_t n_cached, int64_t chunk);
 
 /* A worker's learned prefill rate. */
 #define BAL_SPEED_MIN_TOKENS 64   /* prefill tokens between two samples at least */
@@ -89,13 +117,20 @@ typedef struct {
     int n_queued;             /* jobs sent and not yet done */
     double speed;             /* relative speed (1 = the cost model's machine, bal_speed_rel);
                                * <= 0 taken as 1 */
+    int64_t inflight_tokens;  /* tokens of this prompt past its stored prefix that a job on
+                               * this worker is computing now (a shared pending prefix), 0 none */
+    bool has_curve;           /* the worker reported its learned step-time curve */
+    double curve[4];          /* its weights, seconds per unit of (1, decodes, prefill tokens,
+                               * depth / 1024) (steptime.h) */
 } bal_prefill_worker;
 
 typedef struct {
     int worker;               /* chosen index, -1 when no worker is up */
     int bucket;               /* the prompt's length bucket */
-    double cost_s;            /* the request's cost (cost model) */
-    int64_t steps;            /* prefill steps it takes */
+    double cost_s;            /* the request's cost on the chosen worker (cost model; less the
+                               * tokens it shares in flight there) */
+    int64_t steps;            /* prefill steps it takes there */
+    int64_t shared_tokens;    /* tokens it attaches from a computation in flight there */
     double finish_s;          /* estimated seconds until the chosen worker finishes it */
 } bal_prefill_choice;
 

@@ -47,6 +47,7 @@ typedef struct {
     double last_hb;           /* util_now() of the last frame received */
     double next_connect;      /* static: next reconnect attempt */
     proto_heartbeat hb;       /* its last load report (zeros until the first) */
+    bool has_curve;           /* hb.step_w holds its learned step-time curve (PROTO_F_STEPTIME) */
     bal_speed speed;          /* prefill tokens/s learned from the reports (balance.h) */
     uint32_t max_seqs;        /* HELLO */
     int kv_dtype;             /* HELLO */
@@ -66,6 +67,10 @@ typedef struct gw_req {
     proto_params params;      /* params.salt owned */
     int64_t expect_len;       /* prompt + max new tokens (decode balancer) */
     int hit_len;              /* stored prefix at submit, tokens */
+    uint8_t (*keys)[32];      /* (n_keys) block keys of the prompt's full blocks but the one
+                               * holding its last token (gw_keys): the store lookup and the
+                               * in-flight prefixes (gw_inflight) */
+    int n_keys;
     int32_t *gen;             /* (n_gen) tokens streamed to the client, cap_gen allocated */
     int n_gen, cap_gen;
     int n_cached;             /* prompt tokens cached (the HANDOFF's, else hit_len) */
@@ -88,6 +93,7 @@ typedef struct gw_req {
     int avoid_slot;           /* worker this request stalled on (-1 none): others first */
     uint64_t avoid_gen;       /* that worker's connection */
     double t_first;           /* first token (0 none) */
+    bool added_seen;          /* its added latency is counted (h_added) */
     pthread_cond_t cv;
 } gw_req;
 
@@ -109,6 +115,7 @@ struct gateway {
     gw_req *reqs;             /* live requests */
     uint64_t next_id;
     gw_msg *out_head, *out_tail;
+    bool flushing;            /* a thread is writing the queued frames (gw_flush) */
     bool stop, shut;
     int listen_fd;
     pthread_t disp, acc;
@@ -123,6 +130,10 @@ struct gateway {
     uint64_t n_bad_values;        /* of which: well-formed frames with values out of range */
     uint64_t n_refused_auth;      /* connections that failed the handshake (no / wrong key) */
     uint64_t n_stalls;            /* requests moved off a worker that made no progress */
+    uint64_t n_inflight_routed;   /* prefill jobs sent where a prefix of theirs was in flight */
+    uint64_t n_inflight_tokens;   /* the tokens they share there, lifetime */
+    sched_hist h_added;           /* per request: seconds to its first token here minus the
+                                   * worker's own (gw_count_added) */
     double rate_t[GW_RATE_SLOTS]; /* ring: time and n_uncached_tokens once a second */
     uint64_t rate_v[GW_RATE_SLOTS];
     int rate_i;
@@ -231,6 +242,19 @@ static void gw_push_token(gateway *g, gw_req *r, const proto_tok *t, bool with_l
     pthread_cond_broadcast(&r->cv);
 }
 
+/* The gateway's share of a request's latency: from submit to its first token here, less the
+ * worker's own time from receiving the job to producing that token (the HANDOFF's prefill_us,
+ * or a one-token request's FINISH ttft_us). What is left is the gateway's queueing and
+ * dispatch, the frames' trips over the cluster connections and the relay back: everything
+ * the cluster path adds to what `serve` would do. Counted once per request. */
+static void gw_count_added(gateway *g, gw_req *r, double worker_s)
+{
+    if (r->added_seen || !r->t_first || worker_s < 0) return;
+    r->added_seen = true;
+    double v = r->t_first - r->t_submit - worker_s;
+    sched_hist_add(&g->h_added, v > 0 ? v : 0);
+}
+
 static void gw_free_tail(gw_req *r)
 {
     free(r->tail.data);
@@ -292,12 +316,15 @@ static void gw_worker_lost_how(gateway *g, int slot, const char *why, bool keep_
     w->n_prefill = w->n_decode = 0;
     w->sum_ctx = 0;
     memset(&w->hb, 0, sizeof w->hb);
+    w->has_curve = false;
     w->next_connect = util_now() + 0.5;
     if (!w->is_static) w->used = w->reader_live; /* a registered slot is freed once its reader is gone */
     pthread_cond_broadcast(&g->cv_workers);
 }
 
 static void gw_worker_lost(gateway *g, int slot, const char *why) { gw_worker_lost_how(g, slot, why, false); }
+static void gw_send_decode(gateway *g, gw_req *r);
+static void gw_flush(gateway *g);
 
 /* ------------------------------------------------------------------ frames from workers */
 
@@ -414,6 +441,7 @@ static bool gw_on_msg(gateway *g, int slot, proto_msg *m, const char **refused)
     switch (m->hdr.type) {
     case PROTO_HEARTBEAT:
         w->hb = m->u.heartbeat;
+        w->has_curve = (m->hdr.flags & PROTO_F_STEPTIME) != 0;
         if (bal_speed_report(&w->speed, w->hb.n_prefill_tokens, w->hb.busy_us))
             log_debug("gateway: worker %s prefill speed %.0f tokens/s (%d samples)", w->addr, w->speed.tokens_per_s,
                       w->speed.n_samples);
@@ -428,6 +456,7 @@ static bool gw_on_msg(gateway *g, int slot, proto_msg *m, const char **refused)
         r->n_cached = (int)m->u.handoff.n_cached;
         r->n_sampled = m->u.handoff.n_sampled;
         gw_push_token(g, r, &m->u.handoff.first, r->params.logprobs);
+        gw_count_added(g, r, m->u.handoff.prefill_us * 1e-6);
         if (m->hdr.flags & PROTO_F_HAS_TAIL) {
             gw_free_tail(r);
             r->tail = m->u.handoff.kv;
@@ -440,6 +469,8 @@ static bool gw_on_msg(gateway *g, int slot, proto_msg *m, const char **refused)
         log_debug("gateway: req %llu handoff from %s: %u cached, %u computed, %u stored, %u us",
                   (unsigned long long)id, w->addr, m->u.handoff.n_cached, m->u.handoff.n_computed,
                   m->u.handoff.n_stored, m->u.handoff.prefill_us);
+        gw_send_decode(g, r);   /* at once (the reader writes it, gw_flush); no decode worker
+                                 * up: it waits, and the dispatcher sends it when one is */
         pthread_cond_signal(&g->cv_disp);
         break;
     case PROTO_TOKENS:
@@ -455,6 +486,7 @@ static bool gw_on_msg(gateway *g, int slot, proto_msg *m, const char **refused)
             break;
         }
         if (r->state == GW_PREFILL && m->u.finish.cached_tokens) r->n_cached = (int)m->u.finish.cached_tokens;
+        if (r->state == GW_PREFILL && m->u.finish.ttft_us) gw_count_added(g, r, m->u.finish.ttft_us * 1e-6);
         if (m->u.finish.reason == PROTO_FINISH_ERROR)
             log_warn("gateway: req %llu failed on %s (%s) after %d tokens: the worker reports an engine error",
                      (unsigned long long)id, w->addr, r->state == GW_PREFILL ? "prefill" : "decode", r->n_gen);
@@ -549,6 +581,7 @@ static void *gw_reader(void *arg)
             break;
         }
         bool ok = !current || gw_on_msg(g, a.slot, &m, &refused);
+        if (ok) gw_flush(g);   /* the frames this one caused (a HANDOFF's DECODE) */
         pthread_mutex_unlock(&g->mu);
         proto_msg_free(&m);
         if (!ok) break;
@@ -683,6 +716,7 @@ static void gw_attach(gateway *g, int slot, proto_conn *pc, const proto_hello *h
     w->n_prefill = w->n_decode = 0;
     w->sum_ctx = 0;
     memset(&w->hb, 0, sizeof w->hb);
+    w->has_curve = false;
     bal_speed_init(&w->speed, g->o.prefill_tokens_per_s);
     gw_reader_arg *a = xmalloc(sizeof *a);
     *a = (gw_reader_arg){ g, slot, w->gen, fd, pc };
@@ -788,7 +822,7 @@ static void *gw_acceptor(void *arg)
         if (stop) break;
         struct pollfd p = { .fd = g->listen_fd, .events = POLLIN };
         if (poll(&p, 1, 200) <= 0) continue;
-        int fd = accept(g->listen_fd, NULL, NULL);
+        int fd = proto_accept(g->listen_fd);
         if (fd < 0) continue;
         pthread_mutex_lock(&g->mu);
         int i = -1;
@@ -862,6 +896,22 @@ static void gw_check_progress(gateway *g, gw_req *r, double now)
     gw_requeue(g, r, true);
 }
 
+/* Tokens of r's prompt past its stored prefix that the prefill in flight on slot computes
+ * now: the longest run of leading block keys r shares with a request in prefill there (the
+ * keys chain the salt and every token before, so equal keys are an equal prefix). */
+static int64_t gw_inflight(const gateway *g, const gw_req *r, int slot)
+{
+    int best = 0;
+    for (const gw_req *q = g->reqs; q; q = q->next) {
+        if (q == r || q->state != GW_PREFILL || q->worker != slot || q->finished) continue;
+        int n = TM_MIN(q->n_keys, r->n_keys), k = 0;
+        while (k < n && !memcmp(q->keys[k], r->keys[k], 32)) k++;
+        if (k > best) best = k;
+    }
+    int64_t t = (int64_t)best * BLOCKKEY_TOKENS - r->hit_len;
+    return t > 0 ? t : 0;
+}
+
 static void gw_send_prefill(gateway *g, gw_req *r)
 {
     bal_prefill_worker bw[GW_MAX_WORKERS];
@@ -872,17 +922,24 @@ static void gw_send_prefill(gateway *g, gw_req *r)
         gw_worker *w = &g->w[i];
         if (!gw_usable(w) || !gw_can_prefill(w) || gw_avoided(g, r, i, true)) continue;
         bw[n] = (bal_prefill_worker){ .up = true, .queued_s = w->queued_s, .n_queued = w->n_prefill,
-                                      .speed = bal_speed_rel(&w->speed, &c) };
+                                      .speed = bal_speed_rel(&w->speed, &c), .inflight_tokens = gw_inflight(g, r, i),
+                                      .has_curve = w->has_curve };
+        for (int k = 0; k < 4; k++) bw[n].curve[k] = w->hb.step_w[k];
         map[n++] = i;
     }
     bal_prefill_choice ch = bal_prefill_pick(&c, bw, n, r->n_prompt, r->hit_len);
     if (ch.worker < 0) return;
     int slot = map[ch.worker];
     gw_worker *w = &g->w[slot];
-    log_debug("gateway: prefill req %llu (%d tokens, %d cached, bucket %d, cost %.4f s, %lld steps) -> %s "
-              "(queued %.4f s, %d jobs, %.0f tokens/s learned; finish in %.4f s; %d candidates)",
-              (unsigned long long)r->id, r->n_prompt, r->hit_len, ch.bucket, ch.cost_s, (long long)ch.steps, w->addr,
-              w->queued_s, w->n_prefill, w->speed.tokens_per_s, ch.finish_s, n);
+    log_debug("gateway: prefill req %llu (%d tokens, %d cached, %lld shared in flight, bucket %d, cost %.4f s, "
+              "%lld steps) -> %s (queued %.4f s, %d jobs, %s; finish in %.4f s; %d candidates)",
+              (unsigned long long)r->id, r->n_prompt, r->hit_len, (long long)ch.shared_tokens, ch.bucket, ch.cost_s,
+              (long long)ch.steps, w->addr, w->queued_s, w->n_prefill,
+              w->has_curve ? "its learned step-time curve" : "the cost model at its learned speed", ch.finish_s, n);
+    if (ch.shared_tokens > 0) {
+        g->n_inflight_routed++;
+        g->n_inflight_tokens += (uint64_t)ch.shared_tokens;
+    }
     proto_msg m;
     memset(&m, 0, sizeof m);
     m.hdr.type = PROTO_PREFILL;
@@ -962,6 +1019,42 @@ static void gw_send_simple(gateway *g, int slot, int type, uint64_t id)
     gw_queue_msg(g, slot, &m);
 }
 
+/* Writes the queued frames in order, from the calling thread, as soon as they are queued: the
+ * thread that made them (the HTTP thread at submit, a worker's reader at HANDOFF) sends them
+ * itself instead of waking the dispatcher, one thread switch less on every hop. mu held;
+ * released while a frame is written. One writer at a time: a thread that finds another
+ * writing leaves its frames to it (it writes until the queue is empty), so the frames of a
+ * connection keep their order. A frame for a connection that is gone is dropped. */
+static void gw_flush(gateway *g)
+{
+    if (g->flushing) return;
+    g->flushing = true;
+    while (g->out_head) {
+        gw_msg *q = g->out_head;
+        g->out_head = g->out_tail = NULL;
+        while (q) {
+            gw_msg *nx = q->next;
+            gw_worker *w = &g->w[q->slot];
+            if (w->connected && w->gen == q->gen) {
+                int fd = w->fd;
+                uint64_t gen = q->gen;
+                pthread_mutex_unlock(&g->mu);
+                pthread_mutex_lock(&w->send_mu);   /* the reader may be closing fd meanwhile */
+                proto_status st = w->send_fd == fd && w->send_gen == gen && w->send_conn
+                                      ? proto_send_frame(w->send_conn, q->buf.p, q->buf.n)
+                                      : PROTO_ERR_CLOSED;
+                pthread_mutex_unlock(&w->send_mu);
+                pthread_mutex_lock(&g->mu);
+                if (st != PROTO_OK && w->gen == gen) gw_worker_lost(g, q->slot, "send failed");
+            }
+            proto_buf_free(&q->buf);
+            free(q);
+            q = nx;
+        }
+    }
+    g->flushing = false;
+}
+
 static void *gw_dispatcher(void *arg)
 {
     gateway *g = arg;
@@ -991,8 +1084,7 @@ static void *gw_dispatcher(void *arg)
             g->rate_t[g->rate_i] = now;
             g->rate_v[g->rate_i] = g->n_uncached_tokens;
         }
-        gw_msg *q = g->out_head;
-        g->out_head = g->out_tail = NULL;
+        gw_flush(g);   /* what the loop above queued (moves, resumes, cancels) */
         int reconnect[GW_MAX_WORKERS], n_rc = 0;
         for (int i = 0; i < g->n_slots; i++) {
             gw_worker *w = &g->w[i];
@@ -1001,33 +1093,15 @@ static void *gw_dispatcher(void *arg)
                 reconnect[n_rc++] = i;
             }
         }
-        if (!q && !n_rc) {
+        if (!n_rc) {
+            /* woken by every queued frame and state change; the timeout only paces the
+             * heartbeat, progress and wait deadlines above */
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
             ts.tv_nsec += 50 * 1000000L;
             if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
             pthread_cond_timedwait(&g->cv_disp, &g->mu, &ts);
             continue;
-        }
-        /* send outside the lock; a frame for a connection that is gone is dropped */
-        while (q) {
-            gw_msg *nx = q->next;
-            gw_worker *w = &g->w[q->slot];
-            if (w->connected && w->gen == q->gen) {
-                int fd = w->fd;
-                uint64_t gen = q->gen;
-                pthread_mutex_unlock(&g->mu);
-                pthread_mutex_lock(&w->send_mu);   /* the reader may be closing fd meanwhile */
-                proto_status st = w->send_fd == fd && w->send_gen == gen && w->send_conn
-                                      ? proto_send_frame(w->send_conn, q->buf.p, q->buf.n)
-                                      : PROTO_ERR_CLOSED;
-                pthread_mutex_unlock(&w->send_mu);
-                pthread_mutex_lock(&g->mu);
-                if (st != PROTO_OK && w->gen == gen) gw_worker_lost(g, q->slot, "send failed");
-            }
-            proto_buf_free(&q->buf);
-            free(q);
-            q = nx;
         }
         pthread_mutex_unlock(&g->mu);
         for (int k = 0; k < n_rc; k++) gw_connect_static(g, reconnect[k]);
@@ -1048,20 +1122,28 @@ static bool gw_has_role(const gateway *g, bool prefill)
     return false;
 }
 
-static int gw_hit(gateway *g, const sched_params *p, int kv_dtype)
+/* The block keys of the prompt's full blocks, the block of its last token excepted (that
+ * token is always computed): *n_keys of them, malloc'd (NULL when none). kv_dtype < 0 (no
+ * worker has said its KV type yet): keys of the F32 pool, good for comparing prompts here. */
+static uint8_t (*gw_keys(gateway *g, const sched_params *p, int kv_dtype, int *n_keys))[32]
 {
-    if (!g->o.cache || kv_dtype < 0) return 0;
     int nb = (p->n_prompt - 1) / BLOCKKEY_TOKENS;
-    if (nb <= 0) return 0;
+    *n_keys = nb > 0 ? nb : 0;
+    if (nb <= 0) return NULL;
     uint8_t root[32], fp[32];
     if (p->cache_salt && *p->cache_salt) blockkey_root(p->cache_salt, strlen(p->cache_salt), root);
     else blockkey_root(NULL, 0, root);
-    blockkey_pool_fp(g->o.model->fingerprint, kv_dtype, fp);
+    blockkey_pool_fp(g->o.model->fingerprint, kv_dtype >= 0 ? kv_dtype : QTYPE_F32, fp);
     uint8_t (*keys)[32] = xmalloc((size_t)nb * 32);
     blockkey_chain(root, p->prompt, nb, fp, keys);
-    int k = store_exists(g->o.cache, (const uint8_t(*)[32])keys, nb);
-    free(keys);
-    return k * BLOCKKEY_TOKENS;
+    return keys;
+}
+
+/* Leading tokens of the prompt whose blocks are in the store (the entry point's hit). */
+static int gw_hit(gateway *g, const uint8_t (*keys)[32], int n_keys, int kv_dtype)
+{
+    if (!g->o.cache || kv_dtype < 0 || n_keys <= 0) return 0;
+    return store_exists(g->o.cache, keys, n_keys) * BLOCKKEY_TOKENS;
 }
 
 static sched_status gw_submit(void *ud, const sched_params *p, sched_req **out)
@@ -1095,9 +1177,13 @@ static sched_status gw_submit(void *ud, const sched_params *p, sched_req **out)
     int kv_dtype = g->kv_dtype;
     pthread_mutex_unlock(&g->mu);
 
-    int hit = gw_hit(g, p, kv_dtype);   /* store I/O: outside the lock */
+    int n_keys = 0;
+    uint8_t (*keys)[32] = gw_keys(g, p, kv_dtype, &n_keys);
+    int hit = gw_hit(g, (const uint8_t(*)[32])keys, n_keys, kv_dtype);   /* store I/O: outside the lock */
 
     gw_req *r = xcalloc(1, sizeof *r);
+    r->keys = keys;
+    r->n_keys = n_keys;
     r->prompt = xmalloc((size_t)p->n_prompt * sizeof *r->prompt);
     memcpy(r->prompt, p->prompt, (size_t)p->n_prompt * sizeof *r->prompt);
     r->n_prompt = p->n_prompt;
@@ -1134,6 +1220,7 @@ static sched_status gw_submit(void *ud, const sched_params *p, sched_req **out)
         pthread_cond_destroy(&r->cv);
         free(r->params.salt);
         free(r->prompt);
+        free(r->keys);
         free(r);
         return SCHED_ERR_STOPPED;
     }
@@ -1147,7 +1234,7 @@ static sched_status gw_submit(void *ud, const sched_params *p, sched_req **out)
     g->n_uncached_tokens += (uint64_t)(p->n_prompt - hit);
     log_debug("gateway: req %llu: %d prompt tokens, %d stored (entry point)", (unsigned long long)r->id, p->n_prompt, hit);
     gw_send_prefill(g, r);
-    pthread_cond_signal(&g->cv_disp);
+    gw_flush(g);   /* the PREFILL goes out from this thread, now */
     pthread_mutex_unlock(&g->mu);
     *out = (sched_req *)r;
     return SCHED_OK;
@@ -1193,6 +1280,7 @@ static void gw_cancel(void *ud, sched_req *h)
     gateway *g = ud;
     pthread_mutex_lock(&g->mu);
     gw_cancel_locked(g, (gw_req *)h);
+    gw_flush(g);   /* the CANCEL frees the worker's slot now */
     pthread_mutex_unlock(&g->mu);
 }
 
@@ -1203,6 +1291,7 @@ static void gw_release(void *ud, sched_req *h)
     if (!r) return;
     pthread_mutex_lock(&g->mu);
     gw_cancel_locked(g, r);
+    gw_flush(g);   /* the CANCEL of a request still running goes out now */
     if (r->prev) r->prev->next = r->next;
     else g->reqs = r->next;
     if (r->next) r->next->prev = r->prev;
@@ -1211,6 +1300,7 @@ static void gw_release(void *ud, sched_req *h)
     gw_free_tail(r);
     free(r->params.salt);
     free(r->prompt);
+    free(r->keys);
     free(r->gen);
     free(r->outs);
     free(r);
@@ -1242,7 +1332,13 @@ static void gw_metrics(void *ud, bytebuf *b)
     api_metric(b, "tokenmill_gateway_resumes_total", "counter", "Decodes resumed on another worker after theirs was lost.", (double)g->n_resumes);
     api_metric(b, "tokenmill_gateway_refused_connections_total", "counter", "Worker connections closed for a malformed frame or a bad value.", (double)g->n_bad_conns);
     api_metric(b, "tokenmill_gateway_refused_handshakes_total", "counter", "Connections refused because the peer could not prove it holds the cluster key.", (double)g->n_refused_auth);
+    api_metric(b, "tokenmill_gateway_inflight_routed_total", "counter", "Prefill jobs sent to the worker computing a prefix of theirs at the time (it attaches those blocks instead of computing them).", (double)g->n_inflight_routed);
+    api_metric(b, "tokenmill_gateway_inflight_shared_tokens_total", "counter", "Prompt tokens of those jobs that were in flight on their worker.", (double)g->n_inflight_tokens);
     api_metric(b, "tokenmill_gateway_stalls_total", "counter", "Requests moved off a worker that made no progress on them in time.", (double)g->n_stalls);
+    api_metric_hist(b, "tokenmill_gateway_added_seconds",
+                    "Per request: seconds from its arrival to its first token through the gateway, less the "
+                    "worker's own time to that token (the gateway's dispatch and the cluster connections).",
+                    &g->h_added);
     bytebuf_puts(b, "# HELP tokenmill_worker_up Worker connected and heartbeating (1), draining (0.5), out (0).\n"
                      "# TYPE tokenmill_worker_up gauge\n");
     for (int i = 0; i < g->n_slots; i++) {
@@ -1270,6 +1366,18 @@ static void gw_metrics(void *ud, bytebuf *b)
         if (!w->used || !gw_can_prefill(w)) continue;
         bytebuf_printf(b, "tokenmill_worker_prefill_tokens_per_second{worker=\"%s\",role=\"%s\"} %.1f\n", w->addr,
                         proto_role_name(w->role), w->speed.tokens_per_s);
+    }
+    bytebuf_puts(b, "# HELP tokenmill_worker_step_curve_seconds The worker's learned engine step time, seconds per "
+                     "unit of each term (a step, a decode row, a prefill token, 1024 positions attended), from its "
+                     "heartbeats (the prefill balancer's cost on it).\n"
+                     "# TYPE tokenmill_worker_step_curve_seconds gauge\n");
+    static const char *const terms[4] = { "step", "decode", "prefill_token", "depth_1k" };
+    for (int i = 0; i < g->n_slots; i++) {
+        gw_worker *w = &g->w[i];
+        if (!w->used || !w->has_curve) continue;
+        for (int k = 0; k < 4; k++)
+            bytebuf_printf(b, "tokenmill_worker_step_curve_seconds{worker=\"%s\",role=\"%s\",term=\"%s\"} %.9g\n",
+                            w->addr, proto_role_name(w->role), terms[k], (double)w->hb.step_w[k]);
     }
     bytebuf_puts(b, "# TYPE tokenmill_worker_prefill_tokens_total counter\n# TYPE tokenmill_worker_busy_seconds_total counter\n");
     for (int i = 0; i < g->n_slots; i++) {

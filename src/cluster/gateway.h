@@ -6,17 +6,26 @@
  * DESIGN. One mutex guards the worker table and every request. Threads:
  *   - one reader per worker connection: decodes frames (HEARTBEAT, HANDOFF, TOKENS, FINISH,
  *     ERROR, DRAIN) and applies them to the requests under the mutex;
- *   - the dispatcher: places waiting requests with the balancers (cluster/balance.h), sends
- *     every queued frame (only it writes to worker sockets, outside the mutex), drops workers
- *     that missed heartbeats (heartbeat_timeout_s), reconnects the static ones;
+ *   - the dispatcher: places the requests still waiting for a worker with the balancers
+ *     (cluster/balance.h), drops workers that missed heartbeats (heartbeat_timeout_s),
+ *     enforces the progress and wait deadlines, reconnects the static ones;
  *   - the acceptor (when register_listen is set): workers started with --gateway connect here
  *     and, each in a thread of its own (at most 32 at once, so that a peer slow in its
  *     handshake holds up nobody else), do the handshake and say HELLO with
  *     PROTO_F_REGISTER; they join the live list.
- * A request's life: submit computes its entry point (the longest stored prefix of its block
- * keys, store_exists) and queues it; the dispatcher sends PREFILL to the prefill worker that
- * finishes it earliest; the HANDOFF's first token is streamed at once and the request goes to
- * a decode worker (DECODE with the tail KV), whose TOKENS are streamed until FINISH. Every
+ * Nothing on a request's path waits on a timer: frames are queued under the mutex and written
+ * at once by the thread that made them (gw_flush, one writer at a time so that each
+ * connection's frames keep their order; the mutex is released while writing), every cluster
+ * socket has TCP_NODELAY (proto.h), and the API thread sleeps on the request's condition
+ * variable until a token or the end arrives. /metrics' tokenmill_gateway_added_seconds is
+ * each request's time to first token here less the worker's own: what this path adds.
+ * A request's life: submit computes its block keys and entry point (the longest stored prefix,
+ * store_exists) and sends PREFILL from the submitting thread to the prefill worker that
+ * finishes it earliest, or to the one prefilling a prefix of it right now when waiting for
+ * that costs less than it saves (balance.h, SHARED IN FLIGHT; a worker's learned step-time
+ * curve, reported in its heartbeats, is its cost model); the HANDOFF's first token is
+ * streamed at once and the reader sends the request to a decode worker (DECODE with the tail
+ * KV), whose TOKENS are streamed until FINISH. Every
  * generated token is kept, so when a decode worker dies (connection lost or heartbeats
  * missed) or drains (FINISH MOVED) the request resumes on another one from exactly the tokens
  * already streamed (DECODE with PROTO_F_RESUME: prompt + those tokens; the new worker loads

@@ -17,6 +17,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -195,6 +196,7 @@ static uint32_t proto_allowed_flags(int type)
     case PROTO_PREFILL: return PROTO_F_THINK;
     case PROTO_DECODE: return PROTO_F_HAS_TAIL | PROTO_F_RESUME | PROTO_F_THINK;
     case PROTO_TOKENS: return PROTO_F_LOGPROBS;
+    case PROTO_HEARTBEAT: return PROTO_F_STEPTIME;
     default: return 0;
     }
 }
@@ -429,7 +431,10 @@ static bool proto_msg_ok(const proto_msg *m)
         return (!m->u.hello.listen || strlen(m->u.hello.listen) <= PROTO_MAX_STR) &&
                (!m->u.hello.name || strlen(m->u.hello.name) <= PROTO_MAX_STR) &&
                m->u.hello.role >= PROTO_ROLE_PREFILL && m->u.hello.role <= PROTO_ROLE_GATEWAY;
-    case PROTO_HEARTBEAT: return m->u.heartbeat.draining <= 1;
+    case PROTO_HEARTBEAT:
+        for (int i = 0; i < 4 && (m->hdr.flags & PROTO_F_STEPTIME); i++)
+            if (!isfinite(m->u.heartbeat.step_w[i])) return false;
+        return m->u.heartbeat.draining <= 1;
     case PROTO_PREFILL:
         return proto_params_ok(&m->u.prefill.params, m->hdr.flags & PROTO_F_THINK) && m->u.prefill.n_prompt >= 1 &&
                m->u.prefill.n_prompt <= PROTO_MAX_TOKENS;
@@ -504,6 +509,7 @@ proto_status proto_encode(proto_buf *b, const proto_msg *m)
         proto_put_u64(b, x->n_handoffs_in);
         proto_put_u64(b, x->handoff_in_tokens);
         proto_put_u64(b, x->handoff_in_us);
+        for (int i = 0; i < 4 && (h->flags & PROTO_F_STEPTIME); i++) proto_put_f32(b, x->step_w[i]);
         break;
     }
     case PROTO_PREFILL: {
@@ -622,6 +628,10 @@ proto_status proto_decode(const proto_hdr *h, const uint8_t *payload, proto_msg 
         x->n_handoffs_in = proto_get_u64(r);
         x->handoff_in_tokens = proto_get_u64(r);
         x->handoff_in_us = proto_get_u64(r);
+        for (int i = 0; i < 4 && (h->flags & PROTO_F_STEPTIME); i++) {
+            x->step_w[i] = proto_get_f32(r);
+            if (!isfinite(x->step_w[i])) r->err = true;
+        }
         if (x->draining > 1) r->err = true;
         break;
     }
@@ -897,6 +907,24 @@ int proto_listen(const char *hostport, int backlog)
     return fd;
 }
 
+/* Every cluster socket sends each frame the moment it is written: frames are small (a TOKENS
+ * frame is a few dozen bytes) and written whole, so Nagle's algorithm would only hold the
+ * second of two frames (TOKENS then FINISH) until the peer's delayed ACK, ~40 ms. */
+static void proto_nodelay(int fd)
+{
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+int proto_accept(int listen_fd)
+{
+    int fd = accept(listen_fd, NULL, NULL);
+    if (fd < 0) return -1;
+    fcntl(fd, F_SETFD, FD_CLOEXEC);
+    proto_nodelay(fd);
+    return fd;
+}
+
 int proto_connect(const char *hostport, int timeout_ms)
 {
     char host[256], port[32];
@@ -925,8 +953,7 @@ int proto_connect(const char *hostport, int timeout_ms)
         }
         if (rc == 0) {
             fcntl(fd, F_SETFL, fl);
-            int one = 1;
-            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+            proto_nodelay(fd);
             break;
         }
         close(fd);

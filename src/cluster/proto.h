@@ -83,6 +83,8 @@ typedef enum {
 #define PROTO_F_RESUME 0x2u       /* DECODE: a resume of a request whose decode worker died or
                                    * drained (no handoff; tokens already streamed included) */
 #define PROTO_F_LOGPROBS 0x1u     /* TOKENS: each token carries logprob + alternatives */
+#define PROTO_F_STEPTIME 0x1u     /* HEARTBEAT: the worker's learned step-time curve follows the
+                                   * counters (a frame without it is what it was before) */
 #define PROTO_F_THINK 0x4u        /* PREFILL / DECODE: a reasoning budget section follows the
                                    * params (added within version 1: a frame without the flag
                                    * is byte-for-byte what it was before; see docs/protocol.md) */
@@ -158,6 +160,9 @@ typedef struct {
     uint64_t handoff_in_tokens; /* positions brought in (store blocks + installed tail) */
     uint64_t handoff_in_us;     /* microseconds from DECODE receipt to that KV in place
                                  * (admission wait, store loads, tail install) */
+    float step_w[4];            /* with PROTO_F_STEPTIME: the worker's engine step time, seconds
+                                 * per unit of (1, decodes, prefill tokens, depth / 1024), depth
+                                 * = the positions the step's tokens attend to (steptime.h); finite */
 } proto_heartbeat;
 
 typedef struct {
@@ -364,6 +369,9 @@ size_t proto_kv_bytes(int dtype, int n_layers, int n_kv_heads, int head_dim, int
 /* TCP helpers: "HOST:PORT" (HOST may be empty or "*" for any). Return a socket or -1 (errno). */
 int proto_listen(const char *hostport, int backlog);
 int proto_connect(const char *hostport, int timeout_ms);
+/* accept(2) for a cluster listening socket: the connection (close-on-exec, TCP_NODELAY like
+ * proto_connect's: every cluster socket comes from one of the two), or -1 (errno). */
+int proto_accept(int listen_fd);
 /* The port a listening socket is bound to (for tests binding port 0). */
 int proto_local_port(int fd);
 

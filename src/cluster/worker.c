@@ -343,16 +343,7 @@ static int worker_stored_prefix(worker *w, const proto_prefill_job *p)
 {
     int n_full = (int)p->n_prompt / KVPOOL_BLOCK;
     if (!w->st || !w->bio || n_full == 0) return 0;
-    blockio_stats bs;
-    blockio_get_stats(w->bio, &bs);
-    uint64_t target = bs.n_write_queued;
-    double t0 = util_now();
-    while (util_now() - t0 < WORKER_FLUSH_WAIT_S) {
-        blockio_get_stats(w->bio, &bs);
-        if (bs.n_written + bs.n_write_failed >= target) break;
-        struct timespec ts = { 0, 500000 };
-        nanosleep(&ts, NULL);
-    }
+    (void)blockio_wait_writes(w->bio, (int)(WORKER_FLUSH_WAIT_S * 1000));
     uint8_t root[32] = { 0 };
     if (p->params.salt && *p->params.salt) blockkey_root(p->params.salt, strlen(p->params.salt), root);
     uint8_t (*keys)[32] = malloc((size_t)n_full * 32);
@@ -754,7 +745,7 @@ static void *worker_accept_thread(void *arg)
 {
     worker *w = arg;
     for (;;) {
-        int fd = accept(w->listen_fd, NULL, NULL);
+        int fd = proto_accept(w->listen_fd);
         pthread_mutex_lock(&w->mu);
         bool stop = w->stop;
         pthread_mutex_unlock(&w->mu);
@@ -871,6 +862,10 @@ static void *worker_hb_thread(void *arg)
         h->n_prefill_tokens = ss.n_prefill_tokens;
         h->n_gen_tokens = ss.n_gen_tokens;
         h->busy_us = (uint64_t)(ss.step_s * 1e6);
+        if (ss.step_model_warm) {   /* the gateway's prefill cost model uses it (balance.h) */
+            m.hdr.flags |= PROTO_F_STEPTIME;
+            for (int i = 0; i < 4; i++) h->step_w[i] = (float)ss.step_model_w[i];
+        }
         pthread_mutex_lock(&w->mu);
         h->draining = w->draining;
         h->n_handoffs_out = w->n_handoffs_out;

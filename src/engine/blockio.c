@@ -118,7 +118,7 @@ struct blockio {
     pthread_cond_t cv;       /* work or stop */
     pthread_cond_t ent_cv;   /* an entry left READING */
     pthread_cond_t fill_cv;  /* fill_done moved */
-    pthread_cond_t flush_cv; /* the last queued or running write ended (blockio_flush) */
+    pthread_cond_t flush_cv; /* a write ended (blockio_flush, blockio_wait_writes) */
     bool stop;
     bool abandon;            /* blockio_flush gave up: queued writes and touches are dropped */
     int n_writing;           /* writes taken off wq, in store_put now */
@@ -386,7 +386,8 @@ static void *blockio_thread(void *arg)
             if (st == STORE_OK) b->s.n_written++;
             else b->s.n_write_failed++;
             b->free_slots[b->n_free++] = si;
-            if (--b->n_writing == 0 && !b->wq_n) pthread_cond_broadcast(&b->flush_cv);
+            b->n_writing--;
+            pthread_cond_broadcast(&b->flush_cv);
             continue;
         }
         if (b->tq_n) {
@@ -592,6 +593,19 @@ int blockio_flush(blockio *b, int timeout_ms)
     }
     pthread_mutex_unlock(&b->mu);
     return left;
+}
+
+bool blockio_wait_writes(blockio *b, int timeout_ms)
+{
+    struct timespec ts;
+    util_deadline(&ts, CLOCK_MONOTONIC, timeout_ms);
+    pthread_mutex_lock(&b->mu);
+    uint64_t target = b->s.n_write_queued;
+    while (b->s.n_written + b->s.n_write_failed < target)
+        if (pthread_cond_timedwait(&b->flush_cv, &b->mu, &ts) == ETIMEDOUT) break;
+    bool done = b->s.n_written + b->s.n_write_failed >= target;
+    pthread_mutex_unlock(&b->mu);
+    return done;
 }
 
 void blockio_get_stats(blockio *b, blockio_stats *st)

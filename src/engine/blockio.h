@@ -112,6 +112,10 @@ void blockio_free(blockio *b);
  * still queued are dropped (n_write_dropped), so that blockio_free does not wait for a stuck
  * store beyond the writes already in progress. */
 int blockio_flush(blockio *b, int timeout_ms);
+/* Waits, on the writers' completions (no polling), up to timeout_ms for every block queued for
+ * write-behind so far to be stored or to have failed; drops nothing. True when they have (a
+ * prefill worker before it counts the stored blocks of a handoff). */
+bool blockio_wait_writes(blockio *b, int timeout_ms);
 void blockio_get_stats(blockio *b, blockio_stats *st);
 
 /* Engine thread: the traffic class (store_class) of the blocks the pool's keyed hook hands

@@ -153,7 +153,7 @@ struct sched {
 
 /* ---- histograms and outputs (under mu) ---- */
 
-static void sched_hist_add(sched_hist *h, double v)
+void sched_hist_add(sched_hist *h, double v)
 {
     int i = 0;
     while (i < SCHED_HIST_N && v > sched_hist_bounds[i]) i++;
@@ -794,6 +794,8 @@ static void sched_step_count_locked(sched *s, const sched_step *st)
     s->st.step_model_n = s->tm.n_err;
     s->st.step_model_abs_err_s = s->tm.abs_err_s;
     s->st.step_model_rel_err = s->tm.rel_err;
+    s->st.step_model_warm = steptime_warm(&s->tm);
+    memcpy(s->st.step_model_w, s->tm.w, sizeof s->st.step_model_w);
     s->st.step_s += st->t1 - st->t0;
     s->st.sample_s += st->t2 - st->t1;
     sched_hist_add(&s->h_step, st->t1 - st->t0);

@@ -226,6 +226,9 @@ typedef struct {
     uint64_t step_model_n;      /* steps whose time the learned model predicted (steptime.h) */
     double step_model_abs_err_s; /* sum of |predicted - measured| seconds over those */
     double step_model_rel_err;  /* sum of |predicted - measured| / measured over those */
+    bool step_model_warm;       /* the model has seen enough steps to predict */
+    double step_model_w[4];     /* its fitted seconds per unit of (1, decodes, prefill tokens,
+                                 * depth / 1024): steptime.h's w, for a worker's heartbeat */
     double step_s;              /* total seconds inside engine_step */
     double gap_s;               /* total seconds between consecutive steps while busy (sampling,
                                    publishing, planning): the kernels' idle time */
@@ -257,6 +260,8 @@ typedef struct {
     uint64_t n;                         /* observations */
     double sum;                         /* seconds */
 } sched_hist;
+/* Counts one observation of v seconds (the caller holds whatever lock guards h). */
+void sched_hist_add(sched_hist *h, double v);
 
 typedef struct sched sched;
 typedef struct sched_req sched_req;

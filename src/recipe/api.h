@@ -149,6 +149,8 @@ void api_respond_json(http_request *r, int status, struct json_t *v);
 /* One Prometheus metric without labels (HELP, TYPE counter|gauge, value), for /metrics of the
  * server and of the gateway. */
 void api_metric(bytebuf *b, const char *name, const char *type, const char *help, double v);
+/* One histogram in the Prometheus text format (cumulative buckets, _sum, _count). */
+void api_metric_hist(bytebuf *b, const char *name, const char *help, const sched_hist *h);
 
 /* Stop strings over generated text text[0..len): true when one occurs at or after byte
  * `from` (*cut = where the earliest starts: the answer ends there). Otherwise *safe = the

@@ -52,7 +52,7 @@ static void misc_health(http_request *r, void *user)
     bytebuf_free(&b);
 }
 
-static void misc_hist(bytebuf *b, const char *name, const char *help, const sched_hist *h)
+void api_metric_hist(bytebuf *b, const char *name, const char *help, const sched_hist *h)
 {
     bytebuf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
     uint64_t cum = 0;
@@ -148,10 +148,10 @@ static void misc_metrics(http_request *r, void *user)
         api_metric(&b, "tokenmill_store_evicted_total", "counter", "Stored blocks deleted to stay under capacity (least recently used first).", (double)ss.n_evicted);
         api_metric(&b, "tokenmill_store_oldest_use_timestamp_seconds", "gauge", "Last use of the least recently used stored block (0: none).", ss.oldest_use);
     }
-    misc_hist(&b, "tokenmill_time_to_first_token_seconds", "Seconds from submission to the first generated token.", &ttft);
-    misc_hist(&b, "tokenmill_inter_token_latency_seconds", "Seconds between consecutive tokens of a request.", &itl);
-    misc_hist(&b, "tokenmill_engine_step_duration_seconds", "Duration of one engine step.", &step);
-    misc_hist(&b, "tokenmill_cache_load_wait_seconds",
+    api_metric_hist(&b, "tokenmill_time_to_first_token_seconds", "Seconds from submission to the first generated token.", &ttft);
+    api_metric_hist(&b, "tokenmill_inter_token_latency_seconds", "Seconds between consecutive tokens of a request.", &itl);
+    api_metric_hist(&b, "tokenmill_engine_step_duration_seconds", "Duration of one engine step.", &step);
+    api_metric_hist(&b, "tokenmill_cache_load_wait_seconds",
               "Seconds a request waited for its block store load before admission (part of its time to first token).", &load_wait);
     http_respond(r, 200, "text/plain; version=0.0.4; charset=utf-8", b.p, b.len);
     bytebuf_free(&b);

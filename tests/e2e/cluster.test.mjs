@@ -200,6 +200,12 @@ test("32 concurrent greedy streams through 2 prefill + 2 decode workers == token
   assert.ok(a.workers.every((w) => w.jobs > 0), JSON.stringify(a.workers)); // both of each role were used
   const metrics = await (await fetch(gw + "/metrics")).text();
   assert.match(metrics, new RegExp(`tokenmill_worker_running\\{worker="${workers.d1.addr}",role="decode"\\}`));
+  // the gateway's own share of each request's latency: one observation per request (at least
+  // these 32; no value is asserted)
+  assert.match(metrics, /^# TYPE tokenmill_gateway_added_seconds histogram$/m);
+  const added = Number(/^tokenmill_gateway_added_seconds_count (\S+)$/m.exec(metrics)?.[1]);
+  assert.ok(added >= 32, `tokenmill_gateway_added_seconds_count ${added}`);
+  assert.match(metrics, /^tokenmill_gateway_added_seconds_bucket\{le="\+Inf"\} \d+$/m);
   // the KV handoff cost reaches the gateway with the heartbeats: both sides populated, and the
   // prefill workers' speed (no timing is asserted, only that the figures are there)
   const sum = (t, re) => [...t.matchAll(re)].reduce((n, m) => n + Number(m[1]), 0);

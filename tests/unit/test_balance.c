@@ -158,6 +158,97 @@ TEST(prefill_pick_uses_learned_speed)
     CHECK(bal_prefill_pick(&c, w, 2, 1000, 0).worker == 0);   /* 0.6 < 0.7 */
 }
 
+TEST(prefill_shares_in_flight)
+{
+    bal_cost c = { .linear_s = 1e-4, .attn_s = 1e-8, .step_budget_s = 0.1 };
+    /* equal workers, worker 1 computing 1024 of this 1100-token prompt: it goes there (by
+     * index it would go to 0), and its cost there is that of its own 76 tokens */
+    bal_prefill_worker w[2] = {
+        { .up = true, .queued_s = 0.1, .n_queued = 1 },
+        { .up = true, .queued_s = 0.1, .n_queued = 1, .inflight_tokens = 1024 },
+    };
+    bal_prefill_choice ch = bal_prefill_pick(&c, w, 2, 1100, 0);
+    CHECK(ch.worker == 1 && ch.shared_tokens == 1024);
+    CHECK(fabs(ch.cost_s - bal_prefill_cost(&c, 76, 1024)) < 1e-12);
+    CHECK(ch.cost_s < bal_prefill_cost(&c, 1100, 0));
+    /* the same without the pending prefix: the lower index */
+    w[1].inflight_tokens = 0;
+    ch = bal_prefill_pick(&c, w, 2, 1100, 0);
+    CHECK(ch.worker == 0 && ch.shared_tokens == 0);
+    CHECK(fabs(ch.cost_s - bal_prefill_cost(&c, 1100, 0)) < 1e-12);
+    /* the worker computing the prefix has it in its queue (0.11 s): an idle one finishes
+     * first, but going there adds less time (~2 ms) than it saves (~108 ms): worker 1 */
+    w[1].inflight_tokens = 1024;
+    w[0].queued_s = 0;
+    w[1].queued_s = 0.11;
+    ch = bal_prefill_pick(&c, w, 2, 1100, 0);
+    CHECK(ch.worker == 1 && ch.shared_tokens == 1024);
+    CHECK(ch.finish_s > bal_prefill_cost(&c, 1100, 0));   /* later than on the idle one */
+    w[0].queued_s = 0.1;
+    /* sharing saves ~0.1 s; a queue 1 s longer there costs more than that: elsewhere */
+    w[1].queued_s = 1.1;
+    ch = bal_prefill_pick(&c, w, 2, 1100, 0);
+    CHECK(ch.worker == 0 && ch.shared_tokens == 0);
+    /* a queue longer by less than the saving: still the sharing worker */
+    w[1].queued_s = 0.15;
+    ch = bal_prefill_pick(&c, w, 2, 1100, 0);
+    CHECK(ch.worker == 1 && ch.shared_tokens == 1024);
+    /* with a much slower worker (10x), the time it adds is more than it saves: elsewhere */
+    w[1].queued_s = 0.1;
+    w[1].speed = 0.1;
+    ch = bal_prefill_pick(&c, w, 2, 1100, 0);
+    CHECK(ch.worker == 0);
+    /* the whole prompt in flight there: the last token is still computed (its logits) */
+    w[1].speed = 1;
+    w[1].inflight_tokens = 5000;
+    ch = bal_prefill_pick(&c, w, 2, 1100, 0);
+    CHECK(ch.worker == 1 && ch.shared_tokens == 1099 && ch.steps == 1);
+    /* stored prefix: in-flight tokens count past it (the gateway passes them so) */
+    w[1].inflight_tokens = 512;
+    ch = bal_prefill_pick(&c, w, 2, 1100, 256);
+    CHECK(ch.worker == 1 && ch.shared_tokens == 512);
+    CHECK(fabs(ch.cost_s - bal_prefill_cost(&c, 1100 - 256 - 512, 256 + 512)) < 1e-12);
+    /* a worker that is down is never chosen, shared prefix or not */
+    w[1].up = false;
+    ch = bal_prefill_pick(&c, w, 2, 1100, 0);
+    CHECK(ch.worker == 0 && ch.shared_tokens == 0);
+}
+
+TEST(prefill_uses_learned_curve)
+{
+    bal_cost c = { .linear_s = 1e-4, .attn_s = 0, .step_budget_s = 1 };
+    /* the curve: 10 ms a step, 1 ms per prefill token, 2 ms per 1024 positions attended */
+    double cv[4] = { 0.01, 0.0005, 0.001, 0.002 };
+    /* 1000 tokens after 24 cached in steps of 400: 3 steps, depth 1000 * (24 + 500) */
+    double want = 3 * 0.01 + 1000 * 0.001 + 0.002 * 1000.0 * 524 / 1024;
+    CHECK(fabs(bal_curve_prefill_s(cv, 1000, 24, 400) - want) < 1e-12);
+    CHECK(bal_curve_prefill_s(cv, 0, 24, 400) == 0);
+    /* equal queues and no learned speed: by the cost model worker 0 (the lower index); its
+     * curve says it takes ~2 s where the model gives 0.1 s: worker 1 */
+    bal_prefill_worker w[2] = {
+        { .up = true, .has_curve = true, .curve = { 0.01, 0.0005, 0.001, 0.002 } },
+        { .up = true },
+    };
+    bal_prefill_choice ch = bal_prefill_pick(&c, w, 2, 1024, 24);
+    CHECK(ch.worker == 1);
+    /* a fast curve (10 us a token) beats the model's 100 us: worker 0, its cost in its seconds */
+    double fast[4] = { 0.001, 0, 1e-5, 0 };
+    for (int k = 0; k < 4; k++) w[0].curve[k] = fast[k];
+    ch = bal_prefill_pick(&c, w, 2, 1024, 24);
+    CHECK(ch.worker == 0);
+    CHECK(fabs(ch.cost_s - bal_curve_prefill_s(fast, 1000, 24, bal_chunk_tokens(&c, 1024))) < 1e-12);
+    /* its queue is in the same seconds: 0.2 s queued there, nothing on worker 1 -> worker 1 */
+    w[0].queued_s = 0.2;
+    ch = bal_prefill_pick(&c, w, 2, 1024, 24);
+    CHECK(ch.worker == 1);
+    /* a curve that gives no positive time is not used: the model, the lower index */
+    w[0].queued_s = 0;
+    double bad[4] = { -1, 0, 0, 0 };
+    for (int k = 0; k < 4; k++) w[0].curve[k] = bad[k];
+    ch = bal_prefill_pick(&c, w, 2, 1024, 24);
+    CHECK(ch.worker == 0 && fabs(ch.cost_s - bal_prefill_cost(&c, 1000, 24)) < 1e-12);
+}
+
 TEST(decode_short_and_long)
 {
     /* worker 0: few requests, long total cache; worker 1: many short requests */
@@ -233,6 +324,8 @@ int main(void)
     RUN(prefill_earliest_finish);
     RUN(speed_learned_from_reports);
     RUN(prefill_pick_uses_learned_speed);
+    RUN(prefill_shares_in_flight);
+    RUN(prefill_uses_learned_curve);
     RUN(decode_short_and_long);
     RUN(capacity_rule);
     HARNESS_END();

@@ -5,7 +5,8 @@
  * with a shared temp dir: store. Checked:
  *   - a split run through the gateway gives the tokens of one scheduler alone, and /metrics
  *     then reports the learned prefill speed and the KV handoff cost (send and receive side,
- *     both populated; no timing is asserted);
+ *     both populated; no timing is asserted), and the learned step-time curve a warm worker
+ *     reports in its heartbeats;
  *   - a registered worker that sends a well-formed frame with a bad value (a token id beyond
  *     the vocabulary, in HANDOFF and in TOKENS; an unknown request id; tail KV of another
  *     geometry; more tokens than max_tokens) has its connection closed, and its request is
@@ -16,9 +17,20 @@
  *     handshake as docs/protocol.md writes it (HMACs computed here) is listed;
  *   - a worker that stays connected and heartbeats but makes no progress on a request (after
  *     two tokens of its decode; on its prefill) loses it after the progress deadline: it completes elsewhere
- *     with exactly the reference tokens.
+ *     with exactly the reference tokens;
+ *   - every cluster connection sends small frames at once: each connected TCP socket of the
+ *     process (gateway and worker, the side that connected and the side that accepted, with a
+ *     registered worker and a static one) has TCP_NODELAY set; and the gateway's share of each
+ *     request's latency is counted in tokenmill_gateway_added_seconds (a one-token request,
+ *     ended by the worker's FINISH, and a handed-off one; the values are not asserted);
+ *   - with two idle fake workers, a request whose first blocks another request is prefilling
+ *     on one of them goes to that one (not to the idle one), counted as shared in flight; an
+ *     unrelated prompt then goes to the idle one.
  */
 #include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -263,6 +275,10 @@ TEST(test_split_run_and_handoff_metrics)
     /* 300 computed tokens: the speed was learned (no longer the 20000 tokens/s default) */
     CHECK(WAIT_UNTIL(metric(G.be, "tokenmill_worker_prefill_tokens_per_second{") != 20000, 30));
     CHECK(metric(G.be, "tokenmill_worker_prefill_tokens_per_second{") > 0);
+    /* the decode worker has run more steps than its step-time model needs to warm up: its
+     * heartbeats carry the learned curve (the prefill balancer's cost for a worker that has one) */
+    CHECK(WAIT_UNTIL(metrics_has(G.be, "tokenmill_worker_step_curve_seconds{worker="), 30));
+    CHECK(metrics_has(G.be, "role=\"decode\",term=\"prefill_token\"}"));
     node_stop(&P);
     node_stop(&D);
     gateway_shutdown(G.g);
@@ -682,6 +698,155 @@ TEST(test_stalled_worker_rerouted)
     node_free(&R);
 }
 
+/* Connected TCP sockets of this process: how many, and how many lack TCP_NODELAY. Listening
+ * sockets and other descriptors are skipped. */
+static int tcp_sockets(int *without_nodelay)
+{
+    int n = 0;
+    *without_nodelay = 0;
+    for (int fd = 0; fd < 4096; fd++) {
+        int type = 0, acc = 0, nd = 0;
+        socklen_t l = sizeof type;
+        if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &l) || type != SOCK_STREAM) continue;
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof ss;
+        if (getsockname(fd, (struct sockaddr *)&ss, &sl) || (ss.ss_family != AF_INET && ss.ss_family != AF_INET6)) continue;
+        l = sizeof acc;
+        if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &acc, &l) || acc) continue;
+        sl = sizeof ss;
+        if (getpeername(fd, (struct sockaddr *)&ss, &sl)) continue;
+        l = sizeof nd;
+        if (getsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &nd, &l)) continue;
+        n++;
+        if (!nd) ++*without_nodelay;
+    }
+    return n;
+}
+
+/* One greedy request of max_tokens through the gateway: its token count (tokens in out, at most
+ * cap), or -1 when it did not end at its length. */
+static int run_one(const api_backend *be, const int32_t *prompt, int n, int max_tokens, int32_t *out, int cap)
+{
+    sched_params sp = greedy(prompt, n);
+    sp.max_tokens = max_tokens;
+    sched_req *h = NULL;
+    if (be->submit(be->ud, &sp, &h) != SCHED_OK) return -1;
+    sched_finish fin;
+    int k = collect(be, h, out, cap, &fin);
+    be->release(be->ud, h);
+    return fin == SCHED_FINISH_LENGTH ? k : -1;
+}
+
+TEST(test_sockets_nodelay_and_added_latency)
+{
+    node ref = node_new(false), R = node_new(true), S = node_new(true);
+    gw_env G = gw_start();
+    /* R registers with G; S listens and a second gateway connects to it (--prefill / --decode) */
+    node_serve(&R, PROTO_ROLE_MIXED, G.reg, "registered");
+    worker_opts wo = { .role = PROTO_ROLE_MIXED, .listen = "127.0.0.1:0", .name = "static", .heartbeat_ms = 50,
+                       .max_seqs = 4, .n_ctx = 1024, .key = &g_key };
+    S.w = worker_new(&wo, S.e, S.s, S.st, S.bio);
+    CHECK(S.w != NULL);
+    char saddr[64];
+    snprintf(saddr, sizeof saddr, "127.0.0.1:%d", S.w ? worker_port(S.w) : 1);
+    const char *const addrs[1] = { saddr };
+    gateway_opts o = { .model = g_model, .prefill = addrs, .n_prefill = 1, .decode = addrs, .n_decode = 1, .n_ctx = 1024,
+                       .eos_ids = { -1, -1, -1, -1 }, .heartbeat_timeout_s = 60, .wait_timeout_s = 60, .key = &g_key };
+    gateway *g2 = NULL;
+    char err[256];
+    CHECK(gateway_new(&o, &g2, err, sizeof err) == GATEWAY_OK);
+    const api_backend *be2 = g2 ? gateway_backend(g2) : NULL;
+    CHECK(WAIT_UNTIL(workers_up(G.be) == 1, 30));
+    CHECK(be2 && WAIT_UNTIL(workers_up(be2) == 2, 30));   /* one slot per list, the same worker */
+
+    int32_t prompt[40], want[N_GEN], got[N_GEN + 4];
+    make_prompt(prompt, 40, 9);
+    CHECK(reference(&ref, prompt, 40, want) == N_GEN);
+    const api_backend *bes[2] = { G.be, be2 };
+    for (int i = 0; i < 2 && be2; i++) {
+        /* a one-token request (TOKENS + FINISH from the prefill) and a handed-off one */
+        CHECKF(run_one(bes[i], prompt, 40, 1, got, N_GEN + 4) == 1 && got[0] == want[0], "gateway %d: one token", i);
+        CHECKF(run_one(bes[i], prompt, 40, N_GEN, got, N_GEN + 4) == N_GEN && !memcmp(got, want, sizeof want),
+               "gateway %d: split run", i);
+        CHECKF(metric(bes[i], "tokenmill_gateway_added_seconds_count ") == 2, "gateway %d: %g requests counted", i,
+               metric(bes[i], "tokenmill_gateway_added_seconds_count "));
+        CHECK(metrics_has(bes[i], "# TYPE tokenmill_gateway_added_seconds histogram\n"));
+        CHECK(metric(bes[i], "tokenmill_gateway_added_seconds_bucket{le=\"+Inf\"} ") == 2);
+        CHECK(metric(bes[i], "tokenmill_gateway_added_seconds_sum ") >= 0);
+    }
+    /* both ends of G <-> R (R connected) and of g2 <-> S (g2 connected, S accepted) */
+    int without = 0, n = tcp_sockets(&without);
+    CHECKF(n >= 4 && without == 0, "%d connected TCP sockets, %d without TCP_NODELAY", n, without);
+    node_stop(&R);
+    node_stop(&S);
+    gateway_shutdown(g2);
+    gateway_free(g2);
+    gateway_shutdown(G.g);
+    gateway_free(G.g);
+    node_free(&ref);
+    node_free(&R);
+    node_free(&S);
+}
+
+/* Which of the n fake workers gets a PREFILL next (its index, the frame in *m), -1 none. */
+static int fake_which_prefill(const int *fd, int n, proto_msg *m)
+{
+    struct pollfd p[4];
+    for (int i = 0; i < n; i++) p[i] = (struct pollfd){ .fd = fd[i], .events = POLLIN };
+    if (poll(p, (nfds_t)n, 30000) <= 0) return -1;   /* a bound, not a speed */
+    for (int i = 0; i < n; i++)
+        if (p[i].revents & POLLIN) return fake_expect(fd[i], PROTO_PREFILL, m) ? i : -1;
+    return -1;
+}
+
+TEST(test_prefill_goes_where_its_prefix_is_in_flight)
+{
+    gw_env G = gw_start();
+    int fd[2] = { fake_connect(&G), fake_connect(&G) };
+    CHECK(WAIT_UNTIL(workers_up(G.be) == 2, 30));
+    proto_msg m;
+    for (int i = 0; i < 2; i++) {   /* the gateway's HELLO first: then a readable fake has a job */
+        CHECK(fake_expect(fd[i], PROTO_HELLO, &m));
+        proto_msg_free(&m);
+    }
+    /* A and B share their first two blocks (256 tokens) and differ after; C is unrelated */
+    int32_t a[300], b[300], c[300];
+    make_prompt(a, 300, 3);
+    memcpy(b, a, sizeof b);
+    b[280] = (b[280] + 1) % N_VOCAB;
+    make_prompt(c, 300, 4);
+    sched_params pa = greedy(a, 300), pb = greedy(b, 300), pc = greedy(c, 300);
+    sched_req *ha = NULL, *hb = NULL, *hc = NULL;
+    CHECK(G.be->submit(G.be->ud, &pa, &ha) == SCHED_OK);
+    int wa = fake_which_prefill(fd, 2, &m);
+    CHECK(wa >= 0);
+    if (wa >= 0) proto_msg_free(&m);
+    /* A is still prefilling (the fake does not answer): B goes to the same worker, although
+     * the other one is idle */
+    CHECK(G.be->submit(G.be->ud, &pb, &hb) == SCHED_OK);
+    int wb = fake_which_prefill(fd, 2, &m);
+    CHECKF(wb == wa, "B went to worker %d, A is on %d", wb, wa);
+    if (wb >= 0) {
+        CHECK(m.u.prefill.n_prompt == 300);
+        proto_msg_free(&m);
+    }
+    CHECK(metric(G.be, "tokenmill_gateway_inflight_routed_total ") == 1);
+    CHECK(metric(G.be, "tokenmill_gateway_inflight_shared_tokens_total ") == 256);
+    /* nothing of C's is in flight: the idle worker */
+    CHECK(G.be->submit(G.be->ud, &pc, &hc) == SCHED_OK);
+    int wc = fake_which_prefill(fd, 2, &m);
+    CHECKF(wc >= 0 && wc != wa, "C went to worker %d, A is on %d", wc, wa);
+    if (wc >= 0) proto_msg_free(&m);
+    CHECK(metric(G.be, "tokenmill_gateway_inflight_routed_total ") == 1);
+    G.be->release(G.be->ud, ha);
+    G.be->release(G.be->ud, hb);
+    G.be->release(G.be->ud, hc);
+    gateway_shutdown(G.g);
+    gateway_free(G.g);
+    fake_close(fd[0]);
+    fake_close(fd[1]);
+}
+
 int main(void)
 {
     util_log_level = LOG_LEVEL_ERROR;
@@ -697,6 +862,8 @@ int main(void)
     RUN(test_malformed_frame_is_answered_and_closed);
     RUN(test_rogue_workers_refused);
     RUN(test_stalled_worker_rerouted);
+    RUN(test_sockets_nodelay_and_added_latency);
+    RUN(test_prefill_goes_where_its_prefix_is_in_flight);
     model_free(g_model);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);

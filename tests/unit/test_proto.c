@@ -9,6 +9,9 @@
  * session are refused; after it, an altered, repeated, reordered or reflected frame is refused.
  * Key files: private regular files only, not empty; the generated default is 0600 and stable.
  */
+#include <math.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdlib.h>
 #include <string.h>
 #include <pthread.h>
@@ -118,6 +121,30 @@ TEST(test_roundtrip_hello_heartbeat)
           o.u.heartbeat.sum_cache_len == (1ull << 40) && o.u.heartbeat.draining == 1 &&
           o.u.heartbeat.n_prefill_tokens == 123456789012ull && o.u.heartbeat.n_gen_tokens == 42));
     proto_msg_free(&o);
+
+    /* the learned step-time curve travels only with PROTO_F_STEPTIME, 16 bytes more; a value
+     * that is not finite is refused */
+    proto_buf without, with;
+    proto_buf_init(&without);
+    proto_buf_init(&with);
+    CHECK(proto_encode(&without, &m) == PROTO_OK);
+    float cv[4] = { 0.0125f, 3e-5f, 7.5e-6f, -1e-7f };
+    memcpy(b->step_w, cv, sizeof cv);
+    m.hdr.flags = PROTO_F_STEPTIME;
+    CHECK(proto_encode(&with, &m) == PROTO_OK);
+    CHECK(with.n == without.n + 16);
+    CHECK(roundtrip(&m, &o) == PROTO_OK && (o.hdr.flags & PROTO_F_STEPTIME) && !memcmp(o.u.heartbeat.step_w, cv, sizeof cv));
+    proto_msg_free(&o);
+    m.hdr.flags = 0;   /* without the flag the curve is not sent: zeros at the other end */
+    CHECK(roundtrip(&m, &o) == PROTO_OK && o.u.heartbeat.step_w[0] == 0 && o.u.heartbeat.step_w[2] == 0);
+    proto_msg_free(&o);
+    m.hdr.flags = PROTO_F_STEPTIME;
+    b->step_w[2] = NAN;
+    proto_buf_free(&with);
+    proto_buf_init(&with);
+    CHECK(proto_encode(&with, &m) == PROTO_ERR_MALFORMED);
+    proto_buf_free(&with);
+    proto_buf_free(&without);
 }
 
 TEST(test_roundtrip_jobs)
@@ -638,8 +665,14 @@ TEST(test_listen_connect)
     snprintf(hp, sizeof hp, "127.0.0.1:%d", port);
     int c = proto_connect(hp, 1000);
     CHECK(c >= 0);
-    int a = accept(lfd, NULL, NULL);
+    int a = proto_accept(lfd);
     CHECK(a >= 0);
+    /* both ends send each frame at once (no Nagle wait for the peer's delayed ACK) */
+    int nd_c = 0, nd_a = 0;
+    socklen_t l = sizeof nd_c;
+    CHECK(!getsockopt(c, IPPROTO_TCP, TCP_NODELAY, &nd_c, &l) && nd_c == 1);
+    l = sizeof nd_a;
+    CHECK(!getsockopt(a, IPPROTO_TCP, TCP_NODELAY, &nd_a, &l) && nd_a == 1);
     proto_msg m, o;
     memset(&m, 0, sizeof m);
     m.hdr.type = PROTO_CANCEL;
