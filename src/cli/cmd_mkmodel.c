@@ -2,12 +2,14 @@
  * cmd_mkmodel: writes a random-weight GGUF model of a real architecture and shape, which
  * llama.cpp also loads: the test and benchmark models of tokenmill.
  *
- *   tokenmill mkmodel --arch llama|qwen2|qwen3 [--preset NAME] [shape options] [--vocab FILE]
+ *   tokenmill mkmodel --arch llama|qwen2|qwen3|qwen3moe [--preset NAME] [shape options] [--vocab FILE]
  *                     --type T --seed S [--tied|--untied] [--rope-scaling llama3] -o OUT.gguf
  *
  * Tensors and metadata follow llama.cpp's converters: `llama` (rope_freqs.weight when
  * --rope-scaling llama3), `qwen2` (q/k/v biases), `qwen3` (per-head q/k RMSNorm weights,
- * key/value_length = head_dim). Norms, biases and rope factors stay F32; every matrix gets
+ * key/value_length = head_dim), `qwen3moe` (qwen3 attention; per layer an F32 router
+ * ffn_gate_inp and the experts as 3-D ffn_{gate,up,down}_exps tensors, with expert_count,
+ * expert_used_count and expert_feed_forward_length). Norms, biases and rope factors stay F32; every matrix gets
  * --type, or for q4_k_m the Q4_K/Q6_K mix of llama.cpp's Q4_K_M (output or tied embedding,
  * and attn_v/ffn_down of "more bits" layers, in Q6_K). A matrix whose rows do not fit the
  * block size falls back to Q8_0, then F16, as llama.cpp's quantiser does.
@@ -47,19 +49,22 @@ typedef struct {
     double rope_base;       /* 0: the arch default */
     bool tied;
     bool rope_llama3;
+    int n_expert, n_expert_used, expert_ffn;  /* MoE presets */
 } mk_preset;
 
 static const mk_preset mk_presets[] = {
-    { "tiny", NULL, 2, 256, 512, 4, 2, 64, 2048, 1024, 0, true, false },
-    { "small", NULL, 4, 512, 1536, 8, 4, 64, 4096, 4096, 0, true, false },
-    { "qwen3-0.6b", "qwen3", 28, 1024, 3072, 16, 8, 128, 40960, 151936, 1e6, true, false },
-    { "qwen2-0.5b", "qwen2", 24, 896, 4864, 14, 2, 64, 32768, 151936, 1e6, true, false },
-    { "llama3.2-1b", "llama", 16, 2048, 8192, 32, 8, 64, 131072, 128256, 500000, true, true },
+    { "tiny", NULL, 2, 256, 512, 4, 2, 64, 2048, 1024, 0, true, false, 0, 0, 0 },
+    { "small", NULL, 4, 512, 1536, 8, 4, 64, 4096, 4096, 0, true, false, 0, 0, 0 },
+    { "qwen3-0.6b", "qwen3", 28, 1024, 3072, 16, 8, 128, 40960, 151936, 1e6, true, false, 0, 0, 0 },
+    { "qwen2-0.5b", "qwen2", 24, 896, 4864, 14, 2, 64, 32768, 151936, 1e6, true, false, 0, 0, 0 },
+    { "llama3.2-1b", "llama", 16, 2048, 8192, 32, 8, 64, 131072, 128256, 500000, true, true, 0, 0, 0 },
+    { "qwen3-30b-a3b", "qwen3moe", 48, 2048, 6144, 32, 4, 128, 40960, 151936, 1e6, false, false, 128, 8, 768 },
 };
 
 typedef struct {
-    const char *arch;       /* "llama", "qwen2", "qwen3" */
+    const char *arch;       /* "llama", "qwen2", "qwen3", "qwen3moe" */
     int n_layers, dim, ffn, n_heads, n_kv_heads, head_dim, ctx;
+    int n_expert, n_expert_used, expert_ffn;  /* qwen3moe */
     int n_vocab;            /* requested (generated vocab size, or pad target) */
     double rope_base;
     double eps;
@@ -452,7 +457,9 @@ typedef struct {
     bool k_m;               /* q4_k_m mix */
 } mk_model;
 
-static void mk_add(mk_model *m, const char *name, mk_init init, float std, qtype type, int n_dims, int64_t ne0, int64_t ne1)
+/* A tensor of 1..3 dims (ne2 > 1: 3-D, a stack of ne2 matrices of ne1 rows). */
+static void mk_add3(mk_model *m, const char *name, mk_init init, float std, qtype type, int n_dims, int64_t ne0,
+                    int64_t ne1, int64_t ne2)
 {
     if (m->n == m->cap) {
         /* descriptors are referenced by the writer: allocate once, large enough */
@@ -460,11 +467,16 @@ static void mk_add(mk_model *m, const char *name, mk_init init, float std, qtype
         abort();
     }
     mk_tensor *t = &m->ts[m->n++];
-    int64_t ne[2] = { ne0, ne1 };
-    if (n_dims == 2) type = mk_fit_type(type, ne0);
+    int64_t ne[3] = { ne0, ne1, ne2 };
+    if (n_dims >= 2) type = mk_fit_type(type, ne0);
     *t = (mk_tensor){ .seed = mk_hash(0xcbf29ce484222325ULL ^ m->o->seed * 0x9E3779B97F4A7C15ULL, name), .init = init,
-                      .std = std, .type = type, .ne0 = ne0, .nrows = n_dims == 2 ? ne1 : 1, .o = m->o };
+                      .std = std, .type = type, .ne0 = ne0, .nrows = n_dims >= 2 ? ne1 * ne2 : 1, .o = m->o };
     gguf_writer_add_tensor_fill(m->w, name, type, n_dims, ne, mk_fill, t);
+}
+
+static void mk_add(mk_model *m, const char *name, mk_init init, float std, qtype type, int n_dims, int64_t ne0, int64_t ne1)
+{
+    mk_add3(m, name, init, std, type, n_dims, ne0, ne1, 1);
 }
 
 static bool mk_parse_type(const char *s, qtype *base, bool *k_m, uint32_t *ftype)
@@ -512,6 +524,12 @@ static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *
     gguf_writer_set_u32(w, MK_KEY("attention.value_length"), (uint32_t)o->head_dim);
     gguf_writer_set_u32(w, MK_KEY("rope.dimension_count"), (uint32_t)o->head_dim);
     gguf_writer_set_u32(w, MK_KEY("vocab_size"), (uint32_t)V);
+    bool moe = o->n_expert > 0;
+    if (moe) {
+        gguf_writer_set_u32(w, MK_KEY("expert_count"), (uint32_t)o->n_expert);
+        gguf_writer_set_u32(w, MK_KEY("expert_used_count"), (uint32_t)o->n_expert_used);
+        gguf_writer_set_u32(w, MK_KEY("expert_feed_forward_length"), (uint32_t)o->expert_ffn);
+    }
 #undef MK_KEY
     mk_vocab_write(v, w);
 
@@ -527,7 +545,7 @@ static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *
     mk_add(&m, "output_norm.weight", MK_INIT_NORM, 20.0f, QTYPE_F32, 1, dim, 1);
     if (!o->tied) mk_add(&m, "output.weight", MK_INIT_NOISE, emb_std, out_type, 2, dim, V);
     if (o->rope_llama3) mk_add(&m, "rope_freqs.weight", MK_INIT_ROPE_FREQS, 0, QTYPE_F32, 1, o->head_dim / 2, 1);
-    bool qwen2 = !strcmp(A, "qwen2"), qwen3 = !strcmp(A, "qwen3");
+    bool qwen2 = !strcmp(A, "qwen2"), qwen3 = !strcmp(A, "qwen3") || !strcmp(A, "qwen3moe");
     for (int l = 0; l < o->n_layers; l++) {
         qtype more = k_m && mk_use_more_bits(l, o->n_layers) ? QTYPE_Q6_K : base;
 #define MK_T(suffix) (snprintf(name, sizeof name, "blk.%d." suffix, l), name)
@@ -546,6 +564,16 @@ static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *
         }
         mk_add(&m, MK_T("attn_output.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)q_dim), base, 2, q_dim, dim);
         mk_add(&m, MK_T("ffn_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, dim, 1);
+        if (moe) {
+            /* the router stays F32 (llama.cpp's converter and quantiser keep it so); its
+             * logits have a standard deviation near 2, so that routing is rarely a near-tie */
+            int64_t ne = o->n_expert, ef = o->expert_ffn;
+            mk_add(&m, MK_T("ffn_gate_inp.weight"), MK_INIT_NOISE, 2.0f / sqrtf((float)dim), QTYPE_F32, 2, dim, ne);
+            mk_add3(&m, MK_T("ffn_gate_exps.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 3, dim, ef, ne);
+            mk_add3(&m, MK_T("ffn_up_exps.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 3, dim, ef, ne);
+            mk_add3(&m, MK_T("ffn_down_exps.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)ef), more, 3, ef, dim, ne);
+            continue;
+        }
         mk_add(&m, MK_T("ffn_gate.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 2, dim, ffn);
         mk_add(&m, MK_T("ffn_up.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 2, dim, ffn);
         mk_add(&m, MK_T("ffn_down.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)ffn), more, 2, ffn, dim);
@@ -557,9 +585,11 @@ static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *
     if (isatty(2)) fprintf(stderr, "\n");
     if (st != GGUF_OK) fprintf(stderr, "tokenmill mkmodel: %s\n", err);
     else
-        fprintf(stderr, "tokenmill mkmodel: wrote %s: %s, %d layers, dim %d, ffn %d, heads %d/%d x %d, vocab %lld, %s, %s output (%.1f s)\n",
+        fprintf(stderr, "tokenmill mkmodel: wrote %s: %s, %d layers, dim %d, ffn %d, heads %d/%d x %d, vocab %lld, %s, %s output"
+                "%s%.0d%s%.0d%s%.0d (%.1f s)\n",
                 out, A, o->n_layers, o->dim, o->ffn, o->n_heads, o->n_kv_heads, o->head_dim, (long long)V, o->type,
-                o->tied ? "tied" : "untied", util_now() - t0);
+                o->tied ? "tied" : "untied", moe ? ", experts " : "", o->n_expert, moe ? " (" : "", o->n_expert_used,
+                moe ? " used) x ffn " : "", o->expert_ffn, util_now() - t0);
     gguf_writer_free(w);
     free(m.ts);
     return st == GGUF_OK ? 0 : 1;
@@ -571,6 +601,7 @@ int cmd_mkmodel(int argc, char **argv)
     const char *preset = NULL, *vocab = NULL, *out = NULL, *rope_scaling = NULL;
     /* shape options: 0 (as if not given) takes the preset's value */
     long layers = 0, dim = 0, ffn = 0, heads = 0, kv = 0, hd = 0, ctx = 0, nv = 0, threads = 0;
+    long experts = 0, experts_used = 0, expert_ffn = 0;
     int tied = -1;
     double rope_base = 0, eps = 0;   /* 0: the preset's or the arch's */
     cmd_opt_u64 seed = { 0 };
@@ -579,7 +610,7 @@ int cmd_mkmodel(int argc, char **argv)
     for (size_t i = 0; i < TM_ARRAY_LEN(mk_presets) && ph < sizeof preset_help; i++)
         ph += (size_t)snprintf(preset_help + ph, sizeof preset_help - ph, " %s", mk_presets[i].name);
     const cmd_opt opts[] = {
-        { "--arch", NULL, CMD_OPT_STR, &o.arch, .arg = "llama|qwen2|qwen3", .help = "architecture (or the preset's)" },
+        { "--arch", NULL, CMD_OPT_STR, &o.arch, .arg = "llama|qwen2|qwen3|qwen3moe", .help = "architecture (or the preset's)" },
         { "--preset", NULL, CMD_OPT_STR, &preset, .arg = "NAME", .help = preset_help },
         { "--layers", NULL, CMD_OPT_LONG, &layers, 0, 4096, .arg = "N", .help = "shape options override the preset's" },
         { "--dim", NULL, CMD_OPT_LONG, &dim, 0, 1 << 20, .arg = "N", .help = "hidden size" },
@@ -587,6 +618,9 @@ int cmd_mkmodel(int argc, char **argv)
         { "--heads", NULL, CMD_OPT_LONG, &heads, 0, 4096, .arg = "N", .help = "query heads" },
         { "--kv-heads", NULL, CMD_OPT_LONG, &kv, 0, 4096, .arg = "N", .help = "key/value heads" },
         { "--head-dim", NULL, CMD_OPT_LONG, &hd, 0, 1 << 16, .arg = "N", .help = "per head (default dim / heads)" },
+        { "--experts", NULL, CMD_OPT_LONG, &experts, 0, 1024, .arg = "N", .help = "qwen3moe: experts per layer" },
+        { "--experts-used", NULL, CMD_OPT_LONG, &experts_used, 0, 1024, .arg = "K", .help = "qwen3moe: experts per token" },
+        { "--expert-ffn", NULL, CMD_OPT_LONG, &expert_ffn, 0, 1 << 20, .arg = "N", .help = "qwen3moe: an expert's hidden size" },
         { "--ctx", NULL, CMD_OPT_LONG, &ctx, 0, 1 << 24, .arg = "N", .help = "training context" },
         { "--vocab-size", NULL, CMD_OPT_LONG, &nv, 0, 1 << 24, .arg = "N", .help = "without --vocab: a synthetic vocabulary" },
         { "--vocab", NULL, CMD_OPT_STR, &vocab, .arg = "FILE.gguf|tokenizer.json", .help = "a real vocabulary" },
@@ -625,8 +659,8 @@ int cmd_mkmodel(int argc, char **argv)
         cmd_opts_hint("mkmodel", synopsis);
         return 2;
     }
-    if (strcmp(o.arch, "llama") && strcmp(o.arch, "qwen2") && strcmp(o.arch, "qwen3")) {
-        fprintf(stderr, "tokenmill mkmodel: unknown arch '%s' (llama, qwen2, qwen3)\n", o.arch);
+    if (strcmp(o.arch, "llama") && strcmp(o.arch, "qwen2") && strcmp(o.arch, "qwen3") && strcmp(o.arch, "qwen3moe")) {
+        fprintf(stderr, "tokenmill mkmodel: unknown arch '%s' (llama, qwen2, qwen3, qwen3moe)\n", o.arch);
         return 2;
     }
     if (!mk_parse_type(o.type, &qt, &km, &ft)) {
@@ -642,6 +676,19 @@ int cmd_mkmodel(int argc, char **argv)
     o.n_kv_heads = kv ? kv : (heads ? heads : p->n_kv_heads);
     o.head_dim = hd ? hd : (dim || heads ? o.dim / o.n_heads : p->head_dim);
     o.ctx = ctx ? ctx : p->ctx;
+    if (!strcmp(o.arch, "qwen3moe")) {
+        /* a dense preset under --arch qwen3moe: 8 experts, 2 per token, each of the ffn size */
+        o.n_expert = experts ? experts : p->n_expert ? p->n_expert : 8;
+        o.n_expert_used = experts_used ? experts_used : p->n_expert_used ? p->n_expert_used : 2;
+        o.expert_ffn = expert_ffn ? expert_ffn : p->expert_ffn ? p->expert_ffn : o.ffn;
+        if (o.n_expert_used > o.n_expert) {
+            fprintf(stderr, "tokenmill mkmodel: --experts-used %d is more than --experts %d\n", o.n_expert_used, o.n_expert);
+            return 2;
+        }
+    } else if (experts || experts_used || expert_ffn) {
+        fprintf(stderr, "tokenmill mkmodel: --experts, --experts-used and --expert-ffn are for --arch qwen3moe\n");
+        return 2;
+    }
     o.n_vocab = nv ? nv : p->n_vocab;
     o.rope_base = rope_base > 0 ? rope_base : p->rope_base > 0 ? p->rope_base : qwen ? 1e6 : 10000;
     o.eps = eps > 0 ? eps : qwen ? 1e-6 : 1e-5;

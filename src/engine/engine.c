@@ -6,11 +6,13 @@
 #include "engine/engine.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "model/moe.h"
 #include "model/ops.h"
 #include "util/util.h"
 
@@ -27,6 +29,73 @@
 #define ENGINE_ATT_GQA_MAX 1024  /* query heads per kv head at most (a tile has >= 1 position) */
 #define ENGINE_ATT_TILE_MAX 128
 #define ENGINE_ATT_TILE_MIN 16
+
+/* Expert load statistics: the tokens each expert of each layer received, per step, for the
+ * last ENGINE_MOE_WINDOW steps (a ring; their sum kept as the window's), and since the start.
+ * The step thread updates them once per layer under mu; readers (/metrics, bench) copy under
+ * it. No allocation after engine_new. */
+#define ENGINE_MOE_WINDOW 128
+
+typedef struct engine_moe_stats {
+    int n_layers, n_expert, window;
+    uint32_t *ring;          /* (window, n_layers, n_expert) tokens of each of the last steps */
+    uint64_t *win;           /* (n_layers, n_expert) sum over the ring */
+    uint64_t *total;         /* (n_layers, n_expert) since the start */
+    int64_t n_steps;         /* steps recorded; the ring's slot is n_steps % window */
+    pthread_mutex_t mu;
+} engine_moe_stats;
+
+static engine_moe_stats *engine_moe_stats_new(int n_layers, int n_expert, int window)
+{
+    engine_moe_stats *st = calloc(1, sizeof *st);
+    if (!st) return NULL;
+    size_t le = (size_t)n_layers * (size_t)n_expert;
+    st->n_layers = n_layers, st->n_expert = n_expert, st->window = window;
+    st->ring = calloc((size_t)window * le, sizeof *st->ring);
+    st->win = calloc(le, sizeof *st->win);
+    st->total = calloc(le, sizeof *st->total);
+    pthread_mutex_init(&st->mu, NULL);
+    if (!st->ring || !st->win || !st->total) {
+        free(st->ring), free(st->win), free(st->total);
+        pthread_mutex_destroy(&st->mu);
+        free(st);
+        return NULL;
+    }
+    return st;
+}
+
+static void engine_moe_stats_free(engine_moe_stats *st)
+{
+    if (!st) return;
+    free(st->ring);
+    free(st->win);
+    free(st->total);
+    pthread_mutex_destroy(&st->mu);
+    free(st);
+}
+
+/* Records layer il of the current step: off (n_expert + 1) row offsets, expert x got
+ * off[x+1] - off[x] tokens. */
+static void engine_moe_stats_layer(engine_moe_stats *st, int il, const int32_t *off)
+{
+    pthread_mutex_lock(&st->mu);
+    size_t le = (size_t)st->n_layers * (size_t)st->n_expert, base = (size_t)il * (size_t)st->n_expert;
+    uint32_t *slot = st->ring + (size_t)(st->n_steps % st->window) * le + base;
+    for (int x = 0; x < st->n_expert; x++) {
+        uint32_t n = (uint32_t)(off[x + 1] - off[x]);
+        st->win[base + x] += (uint64_t)n - slot[x];
+        st->total[base + x] += n;
+        slot[x] = n;
+    }
+    pthread_mutex_unlock(&st->mu);
+}
+
+static void engine_moe_stats_step(engine_moe_stats *st)
+{
+    pthread_mutex_lock(&st->mu);
+    st->n_steps++;
+    pthread_mutex_unlock(&st->mu);
+}
 
 struct engine {
     model *m;
@@ -52,6 +121,18 @@ struct engine {
     int32_t *tile_start;     /* (T + 1) first batch entry of each attention tile */
     int n_tiles;
     int att_tile;            /* positions per attention tile at most (ENGINE_ATT_* bounds) */
+    /* mixture of experts (NULL for a dense model); k = n_expert_used, E = n_expert */
+    float *r_logits;         /* (T, E) router logits */
+    float *r_probs;          /* (n_threads, E) softmax scratch */
+    int32_t *r_idx;          /* (n_threads, E) argsort scratch */
+    int32_t *r_sel;          /* (T, k) experts of each token, best first */
+    float *r_w;              /* (T, k) their weights */
+    int32_t *x_off;          /* (E + 1) first row of each expert in xg / ye */
+    int32_t *x_row;          /* (T, k) row in xg / ye of each (token, slot) */
+    int32_t *x_tok;          /* (T * k) token of each row of xg */
+    float *xg;               /* (T * k, dim) inputs grouped by expert */
+    float *ye;               /* (T * k, dim) expert outputs, same rows */
+    engine_moe_stats *stats; /* expert load windows */
 };
 
 typedef struct {
@@ -98,6 +179,17 @@ void engine_free(engine *e)
     free(e->mm_scratch);
     free(e->att_scratch);
     free(e->tile_start);
+    free(e->r_logits);
+    free(e->r_probs);
+    free(e->r_idx);
+    free(e->r_sel);
+    free(e->r_w);
+    free(e->x_off);
+    free(e->x_row);
+    free(e->x_tok);
+    free(e->xg);
+    free(e->ye);
+    engine_moe_stats_free(e->stats);
     free(e);
 }
 
@@ -154,8 +246,9 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
     e->k = util_aligned_alloc(T * kvd * sizeof(float));
     e->v = util_aligned_alloc(T * kvd * sizeof(float));
     e->att = util_aligned_alloc(T * qd * sizeof(float));
-    e->ffa = util_aligned_alloc(T * hp->ffn_dim * sizeof(float));
-    e->ffb = util_aligned_alloc(T * hp->ffn_dim * sizeof(float));
+    size_t ffn = (size_t)TM_MAX(hp->ffn_dim, hp->expert_ffn);
+    e->ffa = util_aligned_alloc(T * ffn * sizeof(float));
+    e->ffb = util_aligned_alloc(T * ffn * sizeof(float));
     e->xo = util_aligned_alloc(T * hp->dim * sizeof(float));
     e->pos = util_aligned_alloc(T * sizeof(int32_t));
 
@@ -163,11 +256,22 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
     size_t sc = 0;
     for (int il = 0; il < hp->n_layers; il++) {
         const model_layer *L = &m->layers[il];
-        const ops_weight *qkv[3] = { &L->wq, &L->wk, &L->wv }, *gu[2] = { &L->gate, &L->up };
-        size_t a = ops_matmul_multi_scratch_bytes(3, qkv, Ti), b = ops_matmul_multi_scratch_bytes(2, gu, Ti);
-        sc = TM_MAX(sc, TM_MAX(a, b));
+        const ops_weight *qkv[3] = { &L->wq, &L->wk, &L->wv };
+        sc = TM_MAX(sc, ops_matmul_multi_scratch_bytes(3, qkv, Ti));
         sc = engine_scratch_need(&L->wo, Ti, sc);
-        sc = engine_scratch_need(&L->down, Ti, sc);
+        if (hp->n_expert > 0) {
+            /* an expert sees at most every token of the step once */
+            ops_weight g = model_expert(&L->gate_exps, hp->n_expert, 0), u = model_expert(&L->up_exps, hp->n_expert, 0);
+            ops_weight d = model_expert(&L->down_exps, hp->n_expert, 0);
+            const ops_weight *gu[2] = { &g, &u };
+            sc = TM_MAX(sc, ops_matmul_multi_scratch_bytes(2, gu, Ti));
+            sc = engine_scratch_need(&d, Ti, sc);
+            sc = engine_scratch_need(&L->gate_inp, Ti, sc);
+        } else {
+            const ops_weight *gu[2] = { &L->gate, &L->up };
+            sc = TM_MAX(sc, ops_matmul_multi_scratch_bytes(2, gu, Ti));
+            sc = engine_scratch_need(&L->down, Ti, sc);
+        }
     }
     sc = engine_scratch_need(&m->output, Ti, sc);
     e->mm_scratch = util_aligned_alloc(sc + 64);
@@ -186,6 +290,26 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
         snprintf(err, errsz, "out of memory for activations of %d tokens", Ti);
         engine_free(e);
         return ENGINE_ERR_NOMEM;
+    }
+    if (hp->n_expert > 0) {
+        size_t E = (size_t)hp->n_expert, Tk = T * (size_t)hp->n_expert_used;
+        e->r_logits = util_aligned_alloc(T * E * sizeof(float));
+        e->r_probs = util_aligned_alloc((size_t)o.n_threads * E * sizeof(float));
+        e->r_idx = util_aligned_alloc((size_t)o.n_threads * E * sizeof(int32_t));
+        e->r_sel = util_aligned_alloc(Tk * sizeof(int32_t));
+        e->r_w = util_aligned_alloc(Tk * sizeof(float));
+        e->x_off = util_aligned_alloc((E + 1) * sizeof(int32_t));
+        e->x_row = util_aligned_alloc(Tk * sizeof(int32_t));
+        e->x_tok = util_aligned_alloc(Tk * sizeof(int32_t));
+        e->xg = util_aligned_alloc(Tk * (size_t)hp->dim * sizeof(float));
+        e->ye = util_aligned_alloc(Tk * (size_t)hp->dim * sizeof(float));
+        e->stats = engine_moe_stats_new(hp->n_layers, hp->n_expert, ENGINE_MOE_WINDOW);
+        if (!e->r_logits || !e->r_probs || !e->r_idx || !e->r_sel || !e->r_w || !e->x_off || !e->x_row ||
+            !e->x_tok || !e->xg || !e->ye || !e->stats) {
+            snprintf(err, errsz, "out of memory for the expert buffers of %d tokens", Ti);
+            engine_free(e);
+            return ENGINE_ERR_NOMEM;
+        }
     }
     *out = e;
     return ENGINE_OK;
@@ -434,6 +558,136 @@ static void engine_job_attention(void *ctx, int ith, int nth)
     }
 }
 
+/* ---- mixture of experts -----------------------------------------------------------------
+ * A MoE FFN in four stages: the router matmul for the whole step, routing token by token
+ * (moe.h: llama.cpp's softmax, argsort and renormalisation), the (token, slot) pairs grouped
+ * by expert (counting sort: ascending expert, then batch order) with their inputs gathered
+ * into xg, then per active expert one gate/up matmul over its rows, SwiGLU and the down
+ * matmul into ye (its weights are read once per step, only for the experts some token
+ * chose), and the sum per token of weight * output in slot order (llama.cpp's order: e0*w0,
+ * then + e1*w1, ...). Every output row depends only on its own token's input: the matmuls
+ * compute a row's dots alike whatever the rows beside it, so batch and thread-count
+ * invariance hold as for the dense FFN. */
+static void engine_job_route(void *ctx, int ith, int nth)
+{
+    engine_job *j = ctx;
+    engine *e = j->e;
+    const model_hparams *hp = &e->m->hp;
+    const int T = j->b->n_tokens, E = hp->n_expert, k = hp->n_expert_used;
+    const int t0 = (int)((int64_t)T * ith / nth), t1 = (int)((int64_t)T * (ith + 1) / nth);
+    float *probs = e->r_probs + (size_t)ith * E;
+    int32_t *idx = e->r_idx + (size_t)ith * E;
+    for (int t = t0; t < t1; t++)
+        moe_route_softmax(e->r_logits + (size_t)t * E, E, k, true, probs, idx, e->r_sel + (size_t)t * k,
+                          e->r_w + (size_t)t * k);
+}
+
+/* x_off, x_row, x_tok from r_sel (the caller's thread; T * k entries). */
+static void engine_moe_group(engine *e, int T)
+{
+    const int E = e->m->hp.n_expert, k = e->m->hp.n_expert_used, n = T * k;
+    int32_t *off = e->x_off, *cur = e->r_idx;   /* cur: E cursors (r_idx is free here) */
+    memset(off, 0, (size_t)(E + 1) * sizeof *off);
+    for (int i = 0; i < n; i++) off[e->r_sel[i] + 1]++;
+    for (int x = 0; x < E; x++) off[x + 1] += off[x];
+    memcpy(cur, off, (size_t)E * sizeof *cur);
+    for (int i = 0; i < n; i++) {
+        int row = cur[e->r_sel[i]]++;
+        e->x_row[i] = row;
+        e->x_tok[row] = i / k;
+    }
+}
+
+static void engine_job_moe_gather(void *ctx, int ith, int nth)
+{
+    engine_job *j = ctx;
+    engine *e = j->e;
+    const int dim = e->m->hp.dim, n = j->b->n_tokens * e->m->hp.n_expert_used;
+    const int r0 = (int)((int64_t)n * ith / nth), r1 = (int)((int64_t)n * (ith + 1) / nth);
+    for (int r = r0; r < r1; r++)
+        memcpy(e->xg + (size_t)r * dim, e->xn + (size_t)e->x_tok[r] * dim, (size_t)dim * sizeof(float));
+}
+
+/* xn[t] = sum over slots s of w[t][s] * ye[row(t, s)], each product rounded before the add
+ * (ggml_mul then ggml_add): no contraction into FMAs. */
+__attribute__((optimize("fp-contract=off")))
+static void engine_job_moe_sum(void *ctx, int ith, int nth)
+{
+    engine_job *j = ctx;
+    engine *e = j->e;
+    const int T = j->b->n_tokens, dim = e->m->hp.dim, k = e->m->hp.n_expert_used;
+    const int t0 = (int)((int64_t)T * ith / nth), t1 = (int)((int64_t)T * (ith + 1) / nth);
+    for (int t = t0; t < t1; t++) {
+        float *o = e->xn + (size_t)t * dim;
+        const float *y = e->ye + (size_t)e->x_row[(size_t)t * k] * dim;
+        float w = e->r_w[(size_t)t * k];
+        for (int d = 0; d < dim; d++) o[d] = y[d] * w;
+        for (int s = 1; s < k; s++) {
+            y = e->ye + (size_t)e->x_row[(size_t)t * k + s] * dim;
+            w = e->r_w[(size_t)t * k + s];
+            for (int d = 0; d < dim; d++) {
+                float p = y[d] * w;
+                o[d] = o[d] + p;
+            }
+        }
+    }
+}
+
+/* The MoE FFN of layer il: xn (T, dim) in, the FFN output in xn. */
+static void engine_moe_ffn(engine *e, engine_job *job, int il, int T)
+{
+    const model_hparams *hp = &e->m->hp;
+    const model_layer *L = &e->m->layers[il];
+    threadpool *tp = e->tp;
+    const int E = hp->n_expert, dim = hp->dim;
+    ops_matmul(tp, &L->gate_inp, e->xn, T, e->r_logits, e->mm_scratch);
+    threadpool_run(tp, engine_job_route, job);
+    engine_moe_group(e, T);
+    engine_moe_stats_layer(e->stats, il, e->x_off);
+    threadpool_run(tp, engine_job_moe_gather, job);
+    for (int x = 0; x < E; x++) {
+        int r0 = e->x_off[x], n = e->x_off[x + 1] - r0;
+        if (n == 0) continue;
+        ops_weight g = model_expert(&L->gate_exps, E, x), u = model_expert(&L->up_exps, E, x);
+        ops_weight d = model_expert(&L->down_exps, E, x);
+        const ops_weight *gu[2] = { &g, &u };
+        float *gu_out[2] = { e->ffa, e->ffb };
+        ops_matmul_multi(tp, 2, gu, e->xg + (size_t)r0 * dim, n, gu_out, e->mm_scratch);
+        ops_swiglu(tp, e->ffa, e->ffa, e->ffb, n, hp->expert_ffn);
+        ops_matmul(tp, &d, e->ffa, n, e->ye + (size_t)r0 * dim, e->mm_scratch);
+    }
+    threadpool_run(tp, engine_job_moe_sum, job);
+}
+
+bool engine_moe_load(engine *e, int layer, uint64_t *window, uint64_t *total, int64_t *n_steps)
+{
+    engine_moe_stats *st = e->stats;
+    if (!st || layer < 0 || layer >= st->n_layers) return false;
+    size_t base = (size_t)layer * (size_t)st->n_expert;
+    pthread_mutex_lock(&st->mu);
+    if (window) memcpy(window, st->win + base, (size_t)st->n_expert * sizeof *window);
+    if (total) memcpy(total, st->total + base, (size_t)st->n_expert * sizeof *total);
+    if (n_steps) *n_steps = TM_MIN(st->n_steps, (int64_t)st->window);
+    pthread_mutex_unlock(&st->mu);
+    return true;
+}
+
+double engine_moe_imbalance(const uint64_t *counts, int n_expert, int n_groups)
+{
+    if (n_groups <= 0 || n_expert <= 0) return 0;
+    if (n_groups > n_expert) n_groups = n_expert;
+    uint64_t all = 0, max = 0;
+    for (int g = 0; g < n_groups; g++) {
+        /* expert parallelism places experts in contiguous ranges */
+        int x0 = (int)((int64_t)n_expert * g / n_groups), x1 = (int)((int64_t)n_expert * (g + 1) / n_groups);
+        uint64_t load = 0;
+        for (int x = x0; x < x1; x++) load += counts[x];
+        all += load;
+        if (load > max) max = load;
+    }
+    return all ? (double)max * n_groups / (double)all : 0;
+}
+
 engine_status engine_step(engine *e, const engine_batch *b, float *logits)
 {
     const model *m = e->m;
@@ -480,14 +734,19 @@ engine_status engine_step(engine *e, const engine_batch *b, float *logits)
         ops_matmul(tp, &L->wo, e->att, T, e->xn, e->mm_scratch);
         job.norm = L->ffn_norm;
         threadpool_run(tp, engine_job_add_norm, &job);   /* x += attention; xn = ffn input */
-        const ops_weight *gu[2] = { &L->gate, &L->up };
-        float *gu_out[2] = { e->ffa, e->ffb };
-        ops_matmul_multi(tp, 2, gu, e->xn, T, gu_out, e->mm_scratch);
-        ops_swiglu(tp, e->ffa, e->ffa, e->ffb, T, hp->ffn_dim);
-        ops_matmul(tp, &L->down, e->ffa, T, e->xn, e->mm_scratch);
+        if (hp->n_expert > 0) {
+            engine_moe_ffn(e, &job, il, T);
+        } else {
+            const ops_weight *gu[2] = { &L->gate, &L->up };
+            float *gu_out[2] = { e->ffa, e->ffb };
+            ops_matmul_multi(tp, 2, gu, e->xn, T, gu_out, e->mm_scratch);
+            ops_swiglu(tp, e->ffa, e->ffa, e->ffb, T, hp->ffn_dim);
+            ops_matmul(tp, &L->down, e->ffa, T, e->xn, e->mm_scratch);
+        }
         job.norm = il + 1 < hp->n_layers ? m->layers[il + 1].attn_norm : NULL;
         threadpool_run(tp, engine_job_add_norm, &job);   /* x += ffn; xn = next layer's input */
     }
+    if (e->stats) engine_moe_stats_step(e->stats);
     if (n_out == 0) return ENGINE_OK;
     int r = 0;
     for (int t = 0; t < T; t++)

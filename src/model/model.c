@@ -1,5 +1,5 @@
 /*
- * model: hyper-parameters and weight views of llama / qwen2 / qwen3 GGUF files. See model.h
+ * model: hyper-parameters and weight views of llama / qwen2 / qwen3 / qwen3moe GGUF files. See model.h
  * for the design; this file is the loading and validation, one tensor at a time, each error
  * naming what is wrong.
  */
@@ -119,6 +119,29 @@ static bool model_matrix(model_ld *ld, const char *name, int64_t cols, int64_t r
     return true;
 }
 
+/* A stacked expert tensor: 3-D [cols, rows, n_expert] as llama.cpp writes `*_exps`, viewed as
+ * one matrix of n_expert * rows rows (model_expert slices it). */
+static bool model_experts(model_ld *ld, const char *name, int64_t cols, int64_t rows, int n_expert, ops_weight *w)
+{
+    const gguf_tensor *t = gguf_find_tensor(ld->m->g, name);
+    if (!t) {
+        model_fail(ld, GGUF_ERR_MISSING, "missing tensor %s", name);
+        return false;
+    }
+    if (t->n_dims != 3 || t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != n_expert || t->ne[3] != 1) {
+        model_fail(ld, GGUF_ERR_SHAPE, "tensor %s has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld, %d]",
+                   name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], (long long)t->ne[3],
+                   (long long)cols, (long long)rows, n_expert);
+        return false;
+    }
+    if (!quant_type_supported(t->type) || t->type == QTYPE_Q8_K) {
+        model_fail(ld, GGUF_ERR_TYPE, "tensor %s has unsupported type %d", name, (int)t->type);
+        return false;
+    }
+    *w = (ops_weight){ t->type, rows * n_expert, cols, t->data };
+    return true;
+}
+
 /* A 1-D tensor of n elements, converted to an owned f32 array. Returns NULL if absent
  * (error recorded only if required) or wrong. */
 static const float *model_vector(model_ld *ld, const char *name, bool required, int64_t n)
@@ -167,7 +190,23 @@ static bool model_read_hparams(model_ld *ld, const char *an)
     hp->n_heads = (int)v;
     if (!model_key_int(ld, KEY("attention.head_count_kv"), false, hp->n_heads, &v)) return false;
     hp->n_kv_heads = (int)v;
-    if (!model_key_int(ld, KEY("feed_forward_length"), true, 0, &v)) return false;
+    bool moe = hp->arch == MODEL_ARCH_QWEN3MOE;
+    if (moe) {
+        if (!model_key_int(ld, KEY("expert_count"), true, 0, &v)) return false;
+        hp->n_expert = (int)v;
+        if (!model_key_int(ld, KEY("expert_used_count"), true, 0, &v)) return false;
+        hp->n_expert_used = (int)v;
+        if (!model_key_int(ld, KEY("expert_feed_forward_length"), true, 0, &v)) return false;
+        hp->expert_ffn = (int)v;
+        if (hp->n_expert <= 0 || hp->n_expert > MODEL_MAX_EXPERTS || hp->n_expert_used <= 0 ||
+            hp->n_expert_used > hp->n_expert || hp->expert_ffn <= 0 || hp->expert_ffn > (1 << 22)) {
+            model_fail(ld, GGUF_ERR_FORMAT, "bad expert hyper-parameters: %d experts (at most %d), %d used, expert ffn %d",
+                       hp->n_expert, MODEL_MAX_EXPERTS, hp->n_expert_used, hp->expert_ffn);
+            return false;
+        }
+    }
+    /* a MoE model's dense FFN size is informational only */
+    if (!model_key_int(ld, KEY("feed_forward_length"), !moe, hp->expert_ffn, &v)) return false;
     hp->ffn_dim = (int)v;
     if (!model_key_int(ld, KEY("context_length"), false, 2048, &v)) return false;
     hp->n_ctx_train = (int)v;
@@ -277,6 +316,10 @@ static bool model_fingerprint(model *m, const model_opts *opts)
                        hp->head_dim, hp->ffn_dim, hp->n_rot, hp->rope_neox };
     float fl[] = { hp->rms_eps, hp->rope_base, hp->rope_freq_scale };
     ok = ok && model_sha_update(c, ints, sizeof ints) && model_sha_update(c, fl, sizeof fl);
+    if (hp->n_expert > 0) {
+        int32_t moe[] = { hp->n_expert, hp->n_expert_used, hp->expert_ffn };
+        ok = ok && model_sha_update(c, moe, sizeof moe);
+    }
     ok = ok && model_sha_update(c, hp->rope_inv_freq, sizeof(float) * (size_t)(hp->n_rot / 2));
     uint64_t fsz = gguf_file_size(m->g);
     ok = ok && model_sha_update(c, &fsz, sizeof fsz);
@@ -303,7 +346,8 @@ static bool model_fingerprint(model *m, const model_opts *opts)
     return ok;
 }
 
-/* The matrices a decode step multiplies with (output first), n_layers * 7 + 1 of them. */
+/* The matrices a decode step multiplies with (output first), n_layers * 7 + 1 of them at most;
+ * a MoE layer's router and experts are not among them (never repacked: see model.h). */
 static int model_matrices(model *m, ops_weight **ws)
 {
     int n = 0;
@@ -311,7 +355,7 @@ static int model_matrices(model *m, ops_weight **ws)
     for (int il = 0; il < m->hp.n_layers; il++) {
         model_layer *L = &m->layers[il];
         ws[n++] = &L->wq, ws[n++] = &L->wk, ws[n++] = &L->wv, ws[n++] = &L->wo;
-        ws[n++] = &L->gate, ws[n++] = &L->up, ws[n++] = &L->down;
+        if (m->hp.n_expert == 0) ws[n++] = &L->gate, ws[n++] = &L->up, ws[n++] = &L->down;
     }
     return n;
 }
@@ -394,8 +438,10 @@ gguf_status model_load(const char *path, const model_opts *opts, model **out, ch
         hp->arch = MODEL_ARCH_QWEN2, hp->arch_name = "qwen2", hp->rope_neox = true;
     } else if (an_len == 5 && !memcmp(an, "qwen3", 5)) {
         hp->arch = MODEL_ARCH_QWEN3, hp->arch_name = "qwen3", hp->rope_neox = true;
+    } else if (an_len == 8 && !memcmp(an, "qwen3moe", 8)) {
+        hp->arch = MODEL_ARCH_QWEN3MOE, hp->arch_name = "qwen3moe", hp->rope_neox = true;
     } else {
-        model_fail(&ld, GGUF_ERR_TYPE, "%s: unsupported architecture '%.*s' (supported: llama, qwen2, qwen3)",
+        model_fail(&ld, GGUF_ERR_TYPE, "%s: unsupported architecture '%.*s' (supported: llama, qwen2, qwen3, qwen3moe)",
                    path, (int)TM_MIN(an_len, 64), an);
         goto fail;
     }
@@ -438,11 +484,19 @@ gguf_status model_load(const char *path, const model_opts *opts, model **out, ch
             if (!(L->bk = model_vector(&ld, TN("attn_k.bias"), true, kv_dim))) goto fail;
             if (!(L->bv = model_vector(&ld, TN("attn_v.bias"), true, kv_dim))) goto fail;
         }
-        if (hp->arch == MODEL_ARCH_QWEN3) {
+        if (hp->arch == MODEL_ARCH_QWEN3 || hp->arch == MODEL_ARCH_QWEN3MOE) {
             if (!(L->q_norm = model_vector(&ld, TN("attn_q_norm.weight"), true, hp->head_dim))) goto fail;
             if (!(L->k_norm = model_vector(&ld, TN("attn_k_norm.weight"), true, hp->head_dim))) goto fail;
         }
         if (!(L->ffn_norm = model_vector(&ld, TN("ffn_norm.weight"), true, hp->dim))) goto fail;
+        if (hp->n_expert > 0) {
+            int ne = hp->n_expert, ef = hp->expert_ffn;
+            if (!model_matrix(&ld, TN("ffn_gate_inp.weight"), hp->dim, ne, &L->gate_inp)) goto fail;
+            if (!model_experts(&ld, TN("ffn_gate_exps.weight"), hp->dim, ef, ne, &L->gate_exps)) goto fail;
+            if (!model_experts(&ld, TN("ffn_up_exps.weight"), hp->dim, ef, ne, &L->up_exps)) goto fail;
+            if (!model_experts(&ld, TN("ffn_down_exps.weight"), ef, hp->dim, ne, &L->down_exps)) goto fail;
+            continue;
+        }
         if (!model_matrix(&ld, TN("ffn_gate.weight"), hp->dim, hp->ffn_dim, &L->gate)) goto fail;
         if (!model_matrix(&ld, TN("ffn_up.weight"), hp->dim, hp->ffn_dim, &L->up)) goto fail;
         if (!model_matrix(&ld, TN("ffn_down.weight"), hp->ffn_dim, hp->dim, &L->down)) goto fail;
@@ -488,14 +542,30 @@ static size_t model_w_bytes(const ops_weight *w)
     return quant_row_bytes(w->type, w->cols) * (size_t)w->rows;
 }
 
-size_t model_weight_bytes(const model *m)
+ops_weight model_expert(const ops_weight *w, int n_expert, int e)
+{
+    int64_t rows = w->rows / n_expert;
+    size_t off = quant_row_bytes(w->type, w->cols) * (size_t)rows * (size_t)e;
+    return (ops_weight){ w->type, rows, w->cols, (const char *)w->data + off };
+}
+
+/* experts_used: how many experts per layer to count (n_expert for all of them) */
+static size_t model_bytes(const model *m, int experts_used)
 {
     size_t n = model_w_bytes(&m->output);
-    for (int il = 0; il < m->hp.n_layers; il++) {
+    const model_hparams *hp = &m->hp;
+    for (int il = 0; il < hp->n_layers; il++) {
         const model_layer *L = &m->layers[il];
-        n += model_w_bytes(&L->wq) + model_w_bytes(&L->wk) + model_w_bytes(&L->wv) +
-             model_w_bytes(&L->wo) + model_w_bytes(&L->gate) + model_w_bytes(&L->up) +
-             model_w_bytes(&L->down);
+        n += model_w_bytes(&L->wq) + model_w_bytes(&L->wk) + model_w_bytes(&L->wv) + model_w_bytes(&L->wo);
+        if (hp->n_expert == 0) {
+            n += model_w_bytes(&L->gate) + model_w_bytes(&L->up) + model_w_bytes(&L->down);
+            continue;
+        }
+        size_t all = model_w_bytes(&L->gate_exps) + model_w_bytes(&L->up_exps) + model_w_bytes(&L->down_exps);
+        n += model_w_bytes(&L->gate_inp) + all / (size_t)hp->n_expert * (size_t)experts_used;
     }
     return n;
 }
+
+size_t model_weight_bytes(const model *m) { return model_bytes(m, m->hp.n_expert); }
+size_t model_active_weight_bytes(const model *m) { return model_bytes(m, m->hp.n_expert_used); }

@@ -73,6 +73,9 @@ const ARCHS = {
   llama: {vocab: 'ggml-vocab-llama-bpe.gguf', extra: ['--rope-scaling', 'llama3', '--untied'], batchedType: 'q4_k'},
   qwen2: {vocab: 'ggml-vocab-qwen2.gguf', extra: ['--tied'], batchedType: 'f16'},
   qwen3: {vocab: 'ggml-vocab-qwen2.gguf', extra: ['--head-dim', '128', '--tied'], batchedType: 'q8_0'},
+  // Qwen3-30B-A3B's layer in small: 16 experts, 4 per token, untied output
+  qwen3moe: {vocab: 'ggml-vocab-qwen2.gguf', extra: ['--head-dim', '128', '--experts', '16', '--experts-used', '4',
+    '--expert-ffn', '256', '--untied'], batchedType: 'q4_k'},
 };
 const TYPES = ['f32', 'f16', 'q8_0', 'q4_k'];
 
