@@ -35,6 +35,7 @@
  * The step thread updates them once per layer under mu; readers (/metrics, bench) copy under
  * it. No allocation after engine_new. */
 #define ENGINE_MOE_WINDOW 128
+#define ENGINE_MOE_ROWS 64       /* output rows of an expert per work item */
 
 typedef struct engine_moe_stats {
     int n_layers, n_expert, window;
@@ -130,8 +131,13 @@ struct engine {
     int32_t *x_off;          /* (E + 1) first row of each expert in xg / ye */
     int32_t *x_row;          /* (T, k) row in xg / ye of each (token, slot) */
     int32_t *x_tok;          /* (T * k) token of each row of xg */
+    int32_t *x_act;          /* (E) experts with rows this layer, ascending */
+    int n_act;
     float *xg;               /* (T * k, dim) inputs grouped by expert */
+    float *fe;               /* (T * k, expert_ffn) SwiGLU of the experts, same rows */
     float *ye;               /* (T * k, dim) expert outputs, same rows */
+    float *moe_tmp;          /* (n_threads, moe_tmp_stride) chunk outputs and matmul scratch */
+    size_t moe_tmp_stride;   /* floats per thread */
     engine_moe_stats *stats; /* expert load windows */
 };
 
@@ -141,7 +147,8 @@ typedef struct {
     int layer;
     const float *norm;       /* add + norm: the norm's weights (NULL: the sum only) */
     int n_items;             /* attention: T * n_heads */
-    int next;                /* attention: shared item counter (atomic) */
+    int next;                /* attention, experts: shared item counter (atomic) */
+    int next2;               /* experts: the down projection's item counter (atomic) */
     bool q16;                /* attention: the per-key path (f16 Q, f16 V accumulator) */
 } engine_job;
 
@@ -187,8 +194,11 @@ void engine_free(engine *e)
     free(e->x_off);
     free(e->x_row);
     free(e->x_tok);
+    free(e->x_act);
     free(e->xg);
+    free(e->fe);
     free(e->ye);
+    free(e->moe_tmp);
     engine_moe_stats_free(e->stats);
     free(e);
 }
@@ -246,7 +256,7 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
     e->k = util_aligned_alloc(T * kvd * sizeof(float));
     e->v = util_aligned_alloc(T * kvd * sizeof(float));
     e->att = util_aligned_alloc(T * qd * sizeof(float));
-    size_t ffn = (size_t)TM_MAX(hp->ffn_dim, hp->expert_ffn);
+    size_t ffn = hp->n_expert > 0 ? 1 : (size_t)hp->ffn_dim;   /* a MoE layer uses fe instead */
     e->ffa = util_aligned_alloc(T * ffn * sizeof(float));
     e->ffb = util_aligned_alloc(T * ffn * sizeof(float));
     e->xo = util_aligned_alloc(T * hp->dim * sizeof(float));
@@ -260,13 +270,7 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
         sc = TM_MAX(sc, ops_matmul_multi_scratch_bytes(3, qkv, Ti));
         sc = engine_scratch_need(&L->wo, Ti, sc);
         if (hp->n_expert > 0) {
-            /* an expert sees at most every token of the step once */
-            ops_weight g = model_expert(&L->gate_exps, hp->n_expert, 0), u = model_expert(&L->up_exps, hp->n_expert, 0);
-            ops_weight d = model_expert(&L->down_exps, hp->n_expert, 0);
-            const ops_weight *gu[2] = { &g, &u };
-            sc = TM_MAX(sc, ops_matmul_multi_scratch_bytes(2, gu, Ti));
-            sc = engine_scratch_need(&d, Ti, sc);
-            sc = engine_scratch_need(&L->gate_inp, Ti, sc);
+            sc = engine_scratch_need(&L->gate_inp, Ti, sc);   /* the experts' own: moe_tmp */
         } else {
             const ops_weight *gu[2] = { &L->gate, &L->up };
             sc = TM_MAX(sc, ops_matmul_multi_scratch_bytes(2, gu, Ti));
@@ -301,11 +305,26 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
         e->x_off = util_aligned_alloc((E + 1) * sizeof(int32_t));
         e->x_row = util_aligned_alloc(Tk * sizeof(int32_t));
         e->x_tok = util_aligned_alloc(Tk * sizeof(int32_t));
+        e->x_act = util_aligned_alloc(E * sizeof(int32_t));
         e->xg = util_aligned_alloc(Tk * (size_t)hp->dim * sizeof(float));
+        e->fe = util_aligned_alloc(Tk * (size_t)hp->expert_ffn * sizeof(float));
         e->ye = util_aligned_alloc(Tk * (size_t)hp->dim * sizeof(float));
+        /* per thread: gate and up of a chunk (T, ENGINE_MOE_ROWS), then the activation
+         * scratch of a chunk's matmul (a view of any rows needs what the whole expert does) */
+        size_t msc = 0;
+        for (int il = 0; il < hp->n_layers; il++) {
+            const model_layer *L = &m->layers[il];
+            ops_weight g = model_expert(&L->gate_exps, hp->n_expert, 0), u = model_expert(&L->up_exps, hp->n_expert, 0);
+            ops_weight d = model_expert(&L->down_exps, hp->n_expert, 0);
+            const ops_weight *gu[2] = { &g, &u };
+            msc = TM_MAX(msc, ops_matmul_multi_scratch_bytes(2, gu, Ti));
+            msc = engine_scratch_need(&d, Ti, msc);
+        }
+        e->moe_tmp_stride = TM_ALIGN_UP(2 * T * ENGINE_MOE_ROWS + (msc + 64) / sizeof(float), 16);
+        e->moe_tmp = util_aligned_alloc((size_t)o.n_threads * e->moe_tmp_stride * sizeof(float));
         e->stats = engine_moe_stats_new(hp->n_layers, hp->n_expert, ENGINE_MOE_WINDOW);
         if (!e->r_logits || !e->r_probs || !e->r_idx || !e->r_sel || !e->r_w || !e->x_off || !e->x_row ||
-            !e->x_tok || !e->xg || !e->ye || !e->stats) {
+            !e->x_tok || !e->x_act || !e->xg || !e->fe || !e->ye || !e->moe_tmp || !e->stats) {
             snprintf(err, errsz, "out of memory for the expert buffers of %d tokens", Ti);
             engine_free(e);
             return ENGINE_ERR_NOMEM;
@@ -582,7 +601,8 @@ static void engine_job_route(void *ctx, int ith, int nth)
                           e->r_w + (size_t)t * k);
 }
 
-/* x_off, x_row, x_tok from r_sel (the caller's thread; T * k entries). */
+/* x_off, x_row, x_tok and the active experts x_act from r_sel (the caller's thread; T * k
+ * entries). */
 static void engine_moe_group(engine *e, int T)
 {
     const int E = e->m->hp.n_expert, k = e->m->hp.n_expert_used, n = T * k;
@@ -596,6 +616,9 @@ static void engine_moe_group(engine *e, int T)
         e->x_row[i] = row;
         e->x_tok[row] = i / k;
     }
+    e->n_act = 0;
+    for (int x = 0; x < E; x++)
+        if (off[x + 1] > off[x]) e->x_act[e->n_act++] = x;
 }
 
 static void engine_job_moe_gather(void *ctx, int ith, int nth)
@@ -633,29 +656,66 @@ static void engine_job_moe_sum(void *ctx, int ith, int nth)
     }
 }
 
+/* The experts' matmuls of a step in one pool round: work items are (active expert, chunk of
+ * ENGINE_MOE_ROWS output rows), taken from a shared counter; phase 1 computes gate and up for
+ * a chunk of the expert's hidden rows over all of its tokens and SwiGLU into fe, then after a
+ * barrier phase 2 the down projection for a chunk of its output rows into ye. A chunk's
+ * results are its rows of the whole-matrix products (a row's dots do not depend on the rows
+ * beside it), so the split changes no bit; one round instead of three per active expert keeps
+ * a decode step's threads from meeting at 3k barriers per layer. */
+static void engine_job_moe_experts(void *ctx, int ith, int nth)
+{
+    engine_job *j = ctx;
+    engine *e = j->e;
+    const model_hparams *hp = &e->m->hp;
+    const model_layer *L = &e->m->layers[j->layer];
+    const int E = hp->n_expert, dim = hp->dim, ef = hp->expert_ffn, R = ENGINE_MOE_ROWS;
+    const int cg = (ef + R - 1) / R, cd = (dim + R - 1) / R;
+    float *tg = e->moe_tmp + (size_t)ith * e->moe_tmp_stride, *tu = tg + (size_t)e->max_tokens * R;
+    void *scratch = tu + (size_t)e->max_tokens * R;
+    (void)nth;
+    for (;;) {
+        int it = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
+        if (it >= e->n_act * cg) break;
+        int x = e->x_act[it / cg], c0 = it % cg * R, nr = TM_MIN(R, ef - c0);
+        int r0 = e->x_off[x], n = e->x_off[x + 1] - r0;
+        ops_weight g = model_expert(&L->gate_exps, E, x), u = model_expert(&L->up_exps, E, x);
+        size_t rb = quant_row_bytes(g.type, g.cols);
+        g = (ops_weight){ g.type, nr, g.cols, (const char *)g.data + rb * (size_t)c0 };
+        u = (ops_weight){ u.type, nr, u.cols, (const char *)u.data + rb * (size_t)c0 };
+        const ops_weight *gu[2] = { &g, &u };
+        float *out[2] = { tg, tu };
+        ops_matmul_multi(NULL, 2, gu, e->xg + (size_t)r0 * dim, n, out, scratch);
+        ops_swiglu(NULL, tg, tg, tu, n, nr);
+        for (int t = 0; t < n; t++)
+            memcpy(e->fe + (size_t)(r0 + t) * ef + c0, tg + (size_t)t * nr, (size_t)nr * sizeof(float));
+    }
+    threadpool_barrier(e->tp);
+    for (;;) {
+        int it = __atomic_fetch_add(&j->next2, 1, __ATOMIC_RELAXED);
+        if (it >= e->n_act * cd) break;
+        int x = e->x_act[it / cd], c0 = it % cd * R, nr = TM_MIN(R, dim - c0);
+        int r0 = e->x_off[x], n = e->x_off[x + 1] - r0;
+        ops_weight d = model_expert(&L->down_exps, E, x);
+        d = (ops_weight){ d.type, nr, d.cols, (const char *)d.data + quant_row_bytes(d.type, d.cols) * (size_t)c0 };
+        ops_matmul(NULL, &d, e->fe + (size_t)r0 * ef, n, tg, scratch);
+        for (int t = 0; t < n; t++)
+            memcpy(e->ye + (size_t)(r0 + t) * dim + c0, tg + (size_t)t * nr, (size_t)nr * sizeof(float));
+    }
+}
+
 /* The MoE FFN of layer il: xn (T, dim) in, the FFN output in xn. */
 static void engine_moe_ffn(engine *e, engine_job *job, int il, int T)
 {
-    const model_hparams *hp = &e->m->hp;
     const model_layer *L = &e->m->layers[il];
     threadpool *tp = e->tp;
-    const int E = hp->n_expert, dim = hp->dim;
     ops_matmul(tp, &L->gate_inp, e->xn, T, e->r_logits, e->mm_scratch);
     threadpool_run(tp, engine_job_route, job);
     engine_moe_group(e, T);
     engine_moe_stats_layer(e->stats, il, e->x_off);
     threadpool_run(tp, engine_job_moe_gather, job);
-    for (int x = 0; x < E; x++) {
-        int r0 = e->x_off[x], n = e->x_off[x + 1] - r0;
-        if (n == 0) continue;
-        ops_weight g = model_expert(&L->gate_exps, E, x), u = model_expert(&L->up_exps, E, x);
-        ops_weight d = model_expert(&L->down_exps, E, x);
-        const ops_weight *gu[2] = { &g, &u };
-        float *gu_out[2] = { e->ffa, e->ffb };
-        ops_matmul_multi(tp, 2, gu, e->xg + (size_t)r0 * dim, n, gu_out, e->mm_scratch);
-        ops_swiglu(tp, e->ffa, e->ffa, e->ffb, n, hp->expert_ffn);
-        ops_matmul(tp, &d, e->ffa, n, e->ye + (size_t)r0 * dim, e->mm_scratch);
-    }
+    job->next = job->next2 = 0;
+    threadpool_run(tp, engine_job_moe_experts, job);
     threadpool_run(tp, engine_job_moe_sum, job);
 }
 
