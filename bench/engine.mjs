@@ -214,7 +214,7 @@ const f2 = (x) => (x == null ? '—' : x.toFixed(2));
 const pc = (x) => (x == null ? '' : `${(100 * x).toFixed(0)} %`);
 const typeName = {q8_0: 'Q8_0', q4_k_m: 'Q4_K_M', q4_k: 'Q4_K', f16: 'F16', f32: 'F32'};
 const lines = [];
-lines.push(`Qwen3-0.6B-shaped random-weight models (tokenmill mkmodel), ${o.threads} threads, median of ${o.reps} ` +
+lines.push(`${o.modelFile ? path.basename(o.modelFile) : `${o.preset}-shaped random-weight models (tokenmill mkmodel)`}, ${o.threads} threads, median of ${o.reps} ` +
   `alternating runs; memory read bandwidth ${bw.read_gb_s.toFixed(1)} GB/s (bench/membw.c).`);
 lines.push('');
 lines.push('| model | test | tokenmill tok/s | llama.cpp tok/s | tokenmill / llama.cpp | decode share of BW limit: tokenmill | llama.cpp |');
