@@ -8,6 +8,7 @@
 
 #include <unistd.h>
 
+#include "cli/cmd.h"
 #include "engine/engine.h"
 #include "model/model.h"
 #include "model/moe.h"
@@ -169,6 +170,33 @@ TEST(test_engine_against_reference)
     model_free(m);
 }
 
+/* mkmodel's qwen3-30b-a3b preset keeps the real per-layer geometry when cut (fewer layers,
+ * experts and vocabulary here, to stay small). */
+TEST(test_mkmodel_preset)
+{
+    char path[256], err[256];
+    snprintf(path, sizeof path, "%s/a3b.gguf", tmpdir);
+    char *argv[] = { "mkmodel", "--preset", "qwen3-30b-a3b", "--layers", "1", "--experts", "8", "--vocab-size", "300",
+                     "--type", "q8_0", "--seed", "1", "--threads", "2", "-o", path, NULL };
+    CHECK(cmd_mkmodel(17, argv) == 0);
+    model *m = NULL;
+    CHECKF(model_load(path, NULL, &m, err, sizeof err) == GGUF_OK, "%s", err);
+    unlink(path);
+    if (!m) return;
+    const model_hparams *hp = &m->hp;
+    CHECK(hp->arch == MODEL_ARCH_QWEN3MOE && hp->n_layers == 1 && hp->dim == 2048 && hp->n_heads == 32 &&
+          hp->n_kv_heads == 4 && hp->head_dim == 128 && hp->n_expert == 8 && hp->n_expert_used == 8 &&
+          hp->expert_ffn == 768 && hp->ffn_dim == 6144 && hp->n_ctx_train == 40960 && hp->rope_base == 1e6f &&
+          hp->n_vocab == 300 && !m->tied_output);
+    CHECK(m->layers[0].gate_inp.type == QTYPE_F32 && m->layers[0].gate_exps.type == QTYPE_Q8_0);
+    model_free(m);
+    /* fewer experts than the preset's 8 per token is refused */
+    char *bad[] = { "mkmodel", "--preset", "qwen3-30b-a3b", "--layers", "1", "--experts", "4", "--type", "q8_0",
+                    "--seed", "1", "-o", path, NULL };
+    CHECK(cmd_mkmodel(13, bad) == 2);
+    CHECK(access(path, F_OK) != 0);
+}
+
 TEST(test_imbalance)
 {
     const uint64_t even[8] = { 5, 5, 5, 5, 5, 5, 5, 5 }, skew[8] = { 10, 10, 0, 0, 2, 2, 4, 4 };
@@ -187,6 +215,7 @@ int main(void)
     RUN(test_route_ties_and_weights);
     RUN(test_load);
     RUN(test_engine_against_reference);
+    RUN(test_mkmodel_preset);
     RUN(test_imbalance);
     rmdir(tmpdir);
     HARNESS_END();
