@@ -124,8 +124,9 @@ struct engine {
     int att_tile;            /* positions per attention tile at most (ENGINE_ATT_* bounds) */
     /* mixture of experts (NULL for a dense model); k = n_expert_used, E = n_expert */
     float *r_logits;         /* (T, E) router logits */
-    float *r_probs;          /* (n_threads, E) softmax scratch */
-    int32_t *r_idx;          /* (n_threads, E) argsort scratch */
+    moe_router router;       /* the model's routing (model/moe.h) */
+    float *r_probs;          /* (n_threads, MOE_SCRATCH(E)) routing scratch */
+    int32_t *r_idx;          /* (n_threads, MOE_SCRATCH(E)) routing scratch */
     int32_t *r_sel;          /* (T, k) experts of each token, best first */
     float *r_w;              /* (T, k) their weights */
     int32_t *x_off;          /* (E + 1) first row of each expert in xg / ye */
@@ -298,8 +299,10 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
     if (hp->n_expert > 0) {
         size_t E = (size_t)hp->n_expert, Tk = T * (size_t)hp->n_expert_used;
         e->r_logits = util_aligned_alloc(T * E * sizeof(float));
-        e->r_probs = util_aligned_alloc((size_t)o.n_threads * E * sizeof(float));
-        e->r_idx = util_aligned_alloc((size_t)o.n_threads * E * sizeof(int32_t));
+        e->router = (moe_router){ .gate = MOE_GATE_SOFTMAX, .n_expert = hp->n_expert, .k = hp->n_expert_used,
+                                  .norm_w = true };   /* qwen3moe */
+        e->r_probs = util_aligned_alloc((size_t)o.n_threads * MOE_SCRATCH(E) * sizeof(float));
+        e->r_idx = util_aligned_alloc((size_t)o.n_threads * MOE_SCRATCH(E) * sizeof(int32_t));
         e->r_sel = util_aligned_alloc(Tk * sizeof(int32_t));
         e->r_w = util_aligned_alloc(Tk * sizeof(float));
         e->x_off = util_aligned_alloc((E + 1) * sizeof(int32_t));
@@ -594,11 +597,10 @@ static void engine_job_route(void *ctx, int ith, int nth)
     const model_hparams *hp = &e->m->hp;
     const int T = j->b->n_tokens, E = hp->n_expert, k = hp->n_expert_used;
     const int t0 = (int)((int64_t)T * ith / nth), t1 = (int)((int64_t)T * (ith + 1) / nth);
-    float *probs = e->r_probs + (size_t)ith * E;
-    int32_t *idx = e->r_idx + (size_t)ith * E;
+    float *fs = e->r_probs + (size_t)ith * MOE_SCRATCH(E);
+    int32_t *is = e->r_idx + (size_t)ith * MOE_SCRATCH(E);
     for (int t = t0; t < t1; t++)
-        moe_route_softmax(e->r_logits + (size_t)t * E, E, k, true, probs, idx, e->r_sel + (size_t)t * k,
-                          e->r_w + (size_t)t * k);
+        moe_route(&e->router, e->r_logits + (size_t)t * E, NULL, fs, is, e->r_sel + (size_t)t * k, e->r_w + (size_t)t * k);
 }
 
 /* x_off, x_row, x_tok and the active experts x_act from r_sel (the caller's thread; T * k

@@ -150,29 +150,61 @@ void moe_sort_desc(int32_t *idx, int n, const float *v)
     }
 }
 
-void moe_route_softmax(const float *logits, int n_expert, int k, bool norm_w, float *probs, int32_t *idx,
-                       int32_t *sel, float *w)
+void moe_route(const moe_router *r, const float *logits, const float *bias, float *fs, int32_t *is, int32_t *sel,
+               float *w)
 {
-    float max = -INFINITY;
-    for (int i = 0; i < n_expert; i++) {
-        probs[i] = logits[i];
-        max = logits[i] > max ? logits[i] : max;
+    const int n = r->n_expert, k = r->k;
+    float *probs = fs, *score = fs + n, *gscore = fs + 2 * n;
+    int32_t *idx = is, *gidx = is + n, *lidx = is + 2 * n;
+    if (r->gate == MOE_GATE_SIGMOID) {
+        for (int i = 0; i < n; i++) probs[i] = 1.f / (1.f + expf(-logits[i]));
+    } else {
+        float max = -INFINITY;
+        for (int i = 0; i < n; i++) {
+            probs[i] = logits[i];
+            max = logits[i] > max ? logits[i] : max;
+        }
+        ops_vec_softmax_exp(n, probs, max);
+        double sum = 0;
+        for (int i = 0; i < n; i++) sum += probs[i];
+        const float inv = (float)(1.0 / sum);
+        for (int i = 0; i < n; i++) probs[i] *= inv;
     }
-    ops_vec_softmax_exp(n_expert, probs, max);
-    double sum = 0;
-    for (int i = 0; i < n_expert; i++) sum += probs[i];
-    const float inv = (float)(1.0 / sum);
-    for (int i = 0; i < n_expert; i++) probs[i] *= inv;
-    for (int i = 0; i < n_expert; i++) idx[i] = i;
-    moe_sort_desc(idx, n_expert, probs);
+    const float *sc = probs;
+    if (bias || r->n_groups > 1) {
+        for (int i = 0; i < n; i++) score[i] = bias ? probs[i] + bias[i] : probs[i];
+        sc = score;
+    }
+    if (r->n_groups > 1) {
+        /* a group's score: its two best (ggml_argsort_top_k(group, 2), get_rows, sum_rows) */
+        const int G = r->n_groups, per = n / G;
+        for (int g = 0; g < G; g++) {
+            for (int i = 0; i < per; i++) lidx[i] = i;
+            moe_sort_desc(lidx, per, score + (size_t)g * per);
+            gscore[g] = (float)((double)score[g * per + lidx[0]] + (double)score[g * per + lidx[1]]);
+            gidx[g] = g;
+        }
+        moe_sort_desc(gidx, G, gscore);
+        /* the other groups' scores -inf (ggml_fill, then set_rows of the kept groups) */
+        for (int i = 0; i < n; i++) lidx[i] = 0;
+        for (int u = 0; u < r->n_groups_used; u++)
+            for (int i = 0; i < per; i++) lidx[gidx[u] * per + i] = 1;
+        for (int i = 0; i < n; i++)
+            if (!lidx[i]) score[i] = -INFINITY;
+    }
+    for (int i = 0; i < n; i++) idx[i] = i;
+    moe_sort_desc(idx, n, sc);
     double ws = 0;
     for (int s = 0; s < k; s++) {
         sel[s] = idx[s];
         w[s] = probs[idx[s]];
         ws += w[s];
     }
-    if (!norm_w) return;
-    float d = (float)ws;
-    if (!(d >= 6.103515625e-5f)) d = 6.103515625e-5f;   /* ggml_clamp(sum, 2^-14, inf) */
-    for (int s = 0; s < k; s++) w[s] /= d;
+    if (r->norm_w) {
+        float d = (float)ws;
+        if (!(d >= 6.103515625e-5f)) d = 6.103515625e-5f;   /* ggml_clamp(sum, 2^-14, inf) */
+        for (int s = 0; s < k; s++) w[s] /= d;
+    }
+    if (r->w_scale != 0.0f && r->w_scale != 1.0f)
+        for (int s = 0; s < k; s++) w[s] *= r->w_scale;
 }

@@ -1,7 +1,7 @@
 /*
  * test_moe: mixture-of-experts models (qwen3moe). The router against llama.cpp's arithmetic
  * (softmax, argsort with libstdc++'s std::sort tie order, renormalised weights), loading of
- * the 3-D expert tensors and the errors for bad ones, the engine's grouped-by-expert FFN
+ * (and DeepSeek V3's sigmoid router with bias and groups), the 3-D expert tensors and the errors for bad ones, the engine's grouped-by-expert FFN
  * against a plain reference forward pass, and the expert load statistics.
  */
 #include "harness.h"
@@ -41,23 +41,49 @@ TEST(test_route_ties_and_weights)
 {
     /* 128 equal scores (a router of zeros): llama.cpp picks these 8, in this order */
     static const int32_t want[8] = { 80, 95, 94, 93, 92, 91, 90, 89 };
-    float lg[128], probs[128], w[8];
-    int32_t idx[128], sel[8];
+    float lg[128], fs[MOE_SCRATCH(128)], w[8];
+    int32_t is[MOE_SCRATCH(128)], sel[8];
+    const float *probs = fs;
     for (int i = 0; i < 128; i++) lg[i] = 0.5f;
-    moe_route_softmax(lg, 128, 8, true, probs, idx, sel, w);
+    moe_router r = { .gate = MOE_GATE_SOFTMAX, .n_expert = 128, .k = 8, .norm_w = true };
+    moe_route(&r, lg, NULL, fs, is, sel, w);
     CHECK(!memcmp(sel, want, sizeof want));
     for (int s = 0; s < 8; s++) CHECKF(w[s] == 0.125f, "w[%d] = %g", s, w[s]);
     /* distinct scores: top 2 of 4, softmax then renormalised */
     const float l4[4] = { 1.0f, 3.0f, 2.0f, -1.0f };
-    moe_route_softmax(l4, 4, 2, true, probs, idx, sel, w);
+    r = (moe_router){ .gate = MOE_GATE_SOFTMAX, .n_expert = 4, .k = 2, .norm_w = true };
+    moe_route(&r, l4, NULL, fs, is, sel, w);
     CHECK(sel[0] == 1 && sel[1] == 2);
     double e1 = exp(0.0), e2 = exp(-1.0);
     CHECKF(fabs(w[0] - e1 / (e1 + e2)) < 1e-6 && fabs(w[1] - e2 / (e1 + e2)) < 1e-6, "w %g %g", w[0], w[1]);
     double z = exp(-2.0) + 1 + exp(-1.0) + exp(-4.0);
     CHECKF(fabs(probs[1] - 1 / z) < 1e-6, "p %g", probs[1]);
-    /* without renormalisation the weights are the probabilities */
-    moe_route_softmax(l4, 4, 2, false, probs, idx, sel, w);
-    CHECK(w[0] == probs[1] && w[1] == probs[2]);
+    /* without renormalisation the weights are the probabilities, times the routed scale */
+    r.norm_w = false, r.w_scale = 3.0f;
+    moe_route(&r, l4, NULL, fs, is, sel, w);
+    CHECK(w[0] == probs[1] * 3.0f && w[1] == probs[2] * 3.0f);
+}
+
+/* DeepSeek V3's router: sigmoid scores, the selection bias, groups (the sum of each group's
+ * two best; tied groups in std::sort's order), weights from the unbiased scores, renormalised
+ * and scaled. */
+TEST(test_route_sigmoid_groups)
+{
+    /* logits 0 (sigmoid 0.5); the biases make the selection scores, in groups of 2:
+     * {0.75, 0.25} = 1.0, {0.625, 0.625} = 1.25, {0.875, 0} = 0.875, {0.5, 0.5} = 1.0 */
+    const float lg[8] = { 0 }, bias[8] = { 0.25f, -0.25f, 0.125f, 0.125f, 0.375f, -0.5f, 0, 0 };
+    float fs[MOE_SCRATCH(8)], w[2];
+    int32_t is[MOE_SCRATCH(8)], sel[2];
+    moe_router r = { .gate = MOE_GATE_SIGMOID, .n_expert = 8, .k = 2, .norm_w = true, .w_scale = 2.5f };
+    moe_route(&r, lg, bias, fs, is, sel, w);
+    CHECKF(sel[0] == 4 && sel[1] == 0, "no groups: %d %d", sel[0], sel[1]);
+    /* 2 of 4 groups: group 1, then of the tied groups 0 and 3 the first; expert 4's group is
+     * out, and of experts 2 and 3 (tied) the first */
+    r.n_groups = 4, r.n_groups_used = 2;
+    moe_route(&r, lg, bias, fs, is, sel, w);
+    CHECKF(sel[0] == 0 && sel[1] == 2, "groups: %d %d", sel[0], sel[1]);
+    CHECKF(w[0] == 1.25f && w[1] == 1.25f, "w %g %g", w[0], w[1]);   /* 0.5 / 1.0 * 2.5 */
+    CHECK(fs[0] == 0.5f);   /* the unbiased sigmoid */
 }
 
 static tiny_cfg moe_cfg(uint64_t seed)
@@ -213,6 +239,7 @@ int main(void)
     if (!mkdtemp(tmpdir)) return 1;
     RUN(test_sort_ties_like_std_sort);
     RUN(test_route_ties_and_weights);
+    RUN(test_route_sigmoid_groups);
     RUN(test_load);
     RUN(test_engine_against_reference);
     RUN(test_mkmodel_preset);
