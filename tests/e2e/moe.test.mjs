@@ -1,7 +1,8 @@
 // moe: a mixture-of-experts model (qwen3moe: 16 experts, 4 per token, the Qwen2 vocabulary)
 // through the real `tokenmill serve` process and the openai SDK: greedy answers that do not
 // depend on what else the step carries, the expert load on /metrics, `tokenmill bench`'s
-// expert figures, and mkmodel's refusals of bad expert options.
+// expert figures, KV blocks of a MoE model served from the block store after a restart, and
+// mkmodel's refusals of bad expert options.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { execFileSync, spawnSync } from "node:child_process";
@@ -86,4 +87,24 @@ test("mkmodel: bad expert options are refused with a message", { skip: !fs.exist
   assert.equal(r.status, 2);
   assert.match(r.stderr, /for --arch qwen3moe/);
   assert.ok(!fs.existsSync(path.join(tmp, "x.gguf")));
+});
+
+// last: it stops the shared server
+test("cache: after a restart, a MoE model's prompt blocks come from the block store, same answer", { skip }, async () => {
+  const dir = fs.mkdtempSync(path.join(tmp, "store-"));
+  const args = ["--ctx", "1024", "--threads", "2", "--model-name", NAME, "--cache-dir", dir];
+  const long = "Experts route tokens by a learned gate, each token to a few of them. ".repeat(30);
+  const once = async () => {
+    const srv = await startServer(model, args);
+    const c = new OpenAI({ baseURL: `${srv.url}/v1`, apiKey: "unused", maxRetries: 0 });
+    const r = await c.chat.completions.create({ model: NAME, messages: [{ role: "user", content: long }], max_tokens: 8,
+      temperature: 0 });
+    await stopServers();   // a clean shutdown finishes the write-behind
+    return r;
+  };
+  const cold = await once(), warm = await once();
+  assert.ok(cold.usage.prompt_tokens > 256, `prompt of ${cold.usage.prompt_tokens} tokens`);
+  assert.equal(cold.usage.prompt_tokens_details?.cached_tokens ?? 0, 0);
+  assert.ok(warm.usage.prompt_tokens_details.cached_tokens >= 256, `cached ${warm.usage.prompt_tokens_details.cached_tokens}`);
+  assert.equal(warm.choices[0].message.content, cold.choices[0].message.content);
 });
