@@ -140,6 +140,13 @@ struct engine {
     float *moe_tmp;          /* (n_threads, moe_tmp_stride) chunk outputs and matmul scratch */
     size_t moe_tmp_stride;   /* floats per thread */
     engine_moe_stats *stats; /* expert load windows */
+    /* multi-head latent attention (NULL otherwise); H = n_heads, kq = nope + rope */
+    float *qa;               /* (T, q_lora) query low-rank activations */
+    float *qraw;             /* (T, H * kq) queries before absorption */
+    float *att_v;            /* (T, H * v_dim) per-head values after attn_v_b */
+    float *mla_tmp;          /* (n_threads, mla_tmp_stride) per-head gather/scatter and scratch */
+    size_t mla_tmp_stride;   /* floats per thread */
+    float *shx;              /* (T, dim) shared experts' output */
 };
 
 typedef struct {
@@ -200,6 +207,11 @@ void engine_free(engine *e)
     free(e->fe);
     free(e->ye);
     free(e->moe_tmp);
+    free(e->qa);
+    free(e->qraw);
+    free(e->att_v);
+    free(e->mla_tmp);
+    free(e->shx);
     engine_moe_stats_free(e->stats);
     free(e);
 }
@@ -257,7 +269,9 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
     e->k = util_aligned_alloc(T * kvd * sizeof(float));
     e->v = util_aligned_alloc(T * kvd * sizeof(float));
     e->att = util_aligned_alloc(T * qd * sizeof(float));
-    size_t ffn = hp->n_expert > 0 ? 1 : (size_t)hp->ffn_dim;   /* a MoE layer uses fe instead */
+    /* dense layers: ffn_dim; shared experts: n_shared * expert_ffn; routed experts use fe */
+    size_t ffn = hp->n_expert > 0 && hp->n_dense_lead == 0 ? 1 : (size_t)hp->ffn_dim;
+    ffn = TM_MAX(ffn, (size_t)hp->n_shared * (size_t)hp->expert_ffn);
     e->ffa = util_aligned_alloc(T * ffn * sizeof(float));
     e->ffb = util_aligned_alloc(T * ffn * sizeof(float));
     e->xo = util_aligned_alloc(T * hp->dim * sizeof(float));
@@ -267,10 +281,21 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
     size_t sc = 0;
     for (int il = 0; il < hp->n_layers; il++) {
         const model_layer *L = &m->layers[il];
-        const ops_weight *qkv[3] = { &L->wq, &L->wk, &L->wv };
-        sc = TM_MAX(sc, ops_matmul_multi_scratch_bytes(3, qkv, Ti));
+        if (hp->mla) {
+            const ops_weight *qk[2] = { L->wq_a.data ? &L->wq_a : &L->wq, &L->wkv_a };
+            sc = TM_MAX(sc, ops_matmul_multi_scratch_bytes(2, qk, Ti));
+            if (L->wq_b.data) sc = engine_scratch_need(&L->wq_b, Ti, sc);
+        } else {
+            const ops_weight *qkv[3] = { &L->wq, &L->wk, &L->wv };
+            sc = TM_MAX(sc, ops_matmul_multi_scratch_bytes(3, qkv, Ti));
+        }
         sc = engine_scratch_need(&L->wo, Ti, sc);
-        if (hp->n_expert > 0) {
+        if (L->gate_shexp.data) {
+            const ops_weight *gu[2] = { &L->gate_shexp, &L->up_shexp };
+            sc = TM_MAX(sc, ops_matmul_multi_scratch_bytes(2, gu, Ti));
+            sc = engine_scratch_need(&L->down_shexp, Ti, sc);
+        }
+        if (L->gate_inp.data) {
             sc = engine_scratch_need(&L->gate_inp, Ti, sc);   /* the experts' own: moe_tmp */
         } else {
             const ops_weight *gu[2] = { &L->gate, &L->up };
@@ -299,8 +324,10 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
     if (hp->n_expert > 0) {
         size_t E = (size_t)hp->n_expert, Tk = T * (size_t)hp->n_expert_used;
         e->r_logits = util_aligned_alloc(T * E * sizeof(float));
-        e->router = (moe_router){ .gate = MOE_GATE_SOFTMAX, .n_expert = hp->n_expert, .k = hp->n_expert_used,
-                                  .norm_w = true };   /* qwen3moe */
+        e->router = (moe_router){ .gate = hp->router_sigmoid ? MOE_GATE_SIGMOID : MOE_GATE_SOFTMAX,
+                                  .n_expert = hp->n_expert, .k = hp->n_expert_used, .norm_w = hp->router_norm,
+                                  .w_scale = hp->router_scale, .n_groups = hp->n_groups,
+                                  .n_groups_used = hp->n_groups_used };
         e->r_probs = util_aligned_alloc((size_t)o.n_threads * MOE_SCRATCH(E) * sizeof(float));
         e->r_idx = util_aligned_alloc((size_t)o.n_threads * MOE_SCRATCH(E) * sizeof(int32_t));
         e->r_sel = util_aligned_alloc(Tk * sizeof(int32_t));
@@ -315,7 +342,7 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
         /* per thread: gate and up of a chunk (T, ENGINE_MOE_ROWS), then the activation
          * scratch of a chunk's matmul (a view of any rows needs what the whole expert does) */
         size_t msc = 0;
-        for (int il = 0; il < hp->n_layers; il++) {
+        for (int il = hp->n_dense_lead; il < hp->n_layers; il++) {
             const model_layer *L = &m->layers[il];
             ops_weight g = model_expert(&L->gate_exps, hp->n_expert, 0), u = model_expert(&L->up_exps, hp->n_expert, 0);
             ops_weight d = model_expert(&L->down_exps, hp->n_expert, 0);
@@ -332,6 +359,31 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
             engine_free(e);
             return ENGINE_ERR_NOMEM;
         }
+    }
+    if (hp->mla) {
+        size_t H = (size_t)hp->n_heads, kq = (size_t)(hp->nope_dim + hp->n_rot), lr = (size_t)hp->kv_lora;
+        e->qa = util_aligned_alloc(T * (size_t)TM_MAX(hp->q_lora, 1) * sizeof(float));
+        e->qraw = util_aligned_alloc(T * H * kq * sizeof(float));
+        e->att_v = util_aligned_alloc(T * H * (size_t)hp->v_dim * sizeof(float));
+        e->shx = util_aligned_alloc(T * (size_t)hp->dim * sizeof(float));
+        /* per thread: a head's input rows (T, max(nope, kv_lora)), its output rows (T,
+         * max(kv_lora, v_dim)), then the activation scratch of its matmul */
+        size_t msc = 0;
+        for (int il = 0; il < hp->n_layers; il++) {
+            ops_weight kb = model_expert(&m->layers[il].wk_b, hp->n_heads, 0);
+            ops_weight vb = model_expert(&m->layers[il].wv_b, hp->n_heads, 0);
+            msc = engine_scratch_need(&kb, Ti, engine_scratch_need(&vb, Ti, msc));
+        }
+        e->mla_tmp_stride = TM_ALIGN_UP(T * TM_MAX((size_t)hp->nope_dim, lr) + T * TM_MAX(lr, (size_t)hp->v_dim) +
+                                        (msc + 64) / sizeof(float), 16);
+        e->mla_tmp = util_aligned_alloc((size_t)o.n_threads * e->mla_tmp_stride * sizeof(float));
+        if (!e->qa || !e->qraw || !e->att_v || !e->shx || !e->mla_tmp) {
+            snprintf(err, errsz, "out of memory for the latent attention buffers of %d tokens", Ti);
+            engine_free(e);
+            return ENGINE_ERR_NOMEM;
+        }
+    } else if (hp->n_shared > 0) {
+        e->shx = util_aligned_alloc(T * (size_t)hp->dim * sizeof(float));
     }
     *out = e;
     return ENGINE_OK;
@@ -416,7 +468,7 @@ static void engine_att_per_key(engine_job *j, float *sc, int t0, int nt, int kvh
     const model_hparams *hp = &e->m->hp;
     const int hd = hp->head_dim, gqa = hp->n_heads / hp->n_kv_heads, qd = hp->n_heads * hd;
     const int nq = nt * gqa, nqmax = e->att_tile * gqa;
-    const float scale = 1.0f / sqrtf((float)hd);
+    const float scale = hp->att_scale;
     const engine_tok *tk0 = &j->b->toks[t0];
     float *acc = sc;                               /* (nq, hd) accumulators, f16 values */
     float *MS = acc + (size_t)nqmax * hd;          /* (nq, 2) running max and sum */
@@ -500,7 +552,7 @@ static void engine_att_tiled(engine_job *j, float *sc, int t0, int nt, int kvh)
     }
     memset(acc, 0, (size_t)nq * hd * sizeof(float));
     int n_ctx = tk0->pos + nt;  /* positions the last row sees */
-    ops_att_block_args a = { .hd = hd, .nq = nq, .nqp = nqp, .scale = 1.0f / sqrtf((float)hd), .qt = qt,
+    ops_att_block_args a = { .hd = hd, .nq = nq, .nqp = nqp, .scale = hp->att_scale, .qt = qt,
                              .lim = lim, .st = st, .m = M, .s = S, .acc = acc, .kt = kt };
     for (int bi = 0; bi * KVPOOL_BLOCK < n_ctx; bi++) {
         int nb = TM_MIN(KVPOOL_BLOCK, n_ctx - bi * KVPOOL_BLOCK);
@@ -599,8 +651,9 @@ static void engine_job_route(void *ctx, int ith, int nth)
     const int t0 = (int)((int64_t)T * ith / nth), t1 = (int)((int64_t)T * (ith + 1) / nth);
     float *fs = e->r_probs + (size_t)ith * MOE_SCRATCH(E);
     int32_t *is = e->r_idx + (size_t)ith * MOE_SCRATCH(E);
+    const float *bias = e->m->layers[j->layer].exp_probs_b;
     for (int t = t0; t < t1; t++)
-        moe_route(&e->router, e->r_logits + (size_t)t * E, NULL, fs, is, e->r_sel + (size_t)t * k, e->r_w + (size_t)t * k);
+        moe_route(&e->router, e->r_logits + (size_t)t * E, bias, fs, is, e->r_sel + (size_t)t * k, e->r_w + (size_t)t * k);
 }
 
 /* x_off, x_row, x_tok and the active experts x_act from r_sel (the caller's thread; T * k
@@ -750,6 +803,101 @@ double engine_moe_imbalance(const uint64_t *counts, int n_expert, int n_groups)
     return all ? (double)max * n_groups / (double)all : 0;
 }
 
+/* ---- multi-head latent attention ------------------------------------------------------
+ * llama.cpp's MLA with the up-projections absorbed (deepseek2 with split attn_k_b/attn_v_b):
+ * the latent c = norm(kv_a[:kv_lora]) and the roped key part k_pe = rope(kv_a[kv_lora:]) are
+ * one kv head of kv_lora + rope values (stored as K, and as V: attention reads the first
+ * kv_lora values of the same row as the value); each query head is (q_nope @ k_b[h], rope(q_pe))
+ * so that Q K^T equals the decompressed scores; the attention output of a head (kv_lora) goes
+ * through v_b[h] to v_dim values, then attn_output. */
+
+/* After the projections, row by row: norm the latent, rope the key part and each head's query
+ * part (copied into q's RoPE slot), and store the row in the pool as K and V. */
+static void engine_job_mla_post(void *ctx, int ith, int nth)
+{
+    engine_job *j = ctx;
+    engine *e = j->e;
+    const model_hparams *hp = &e->m->hp;
+    const model_layer *L = &e->m->layers[j->layer];
+    const int T = j->b->n_tokens, H = hp->n_heads, hd = hp->head_dim, lr = hp->kv_lora, kq = hp->nope_dim + hp->n_rot;
+    const int t0 = (int)((int64_t)T * ith / nth), t1 = (int)((int64_t)T * (ith + 1) / nth);
+    for (int t = t0; t < t1; t++) {
+        float *k = e->k + (size_t)t * hd, *qr = e->qraw + (size_t)t * H * kq;
+        ops_rmsnorm(NULL, k, k, L->kv_a_norm, 1, lr, hp->rms_eps);
+        ops_rope_ggml(NULL, k + lr, e->pos + t, 1, 1, hp->n_rot, hp->n_rot, hp->rope_neox, hp->rope_theta_scale,
+                      hp->rope_freq_scale, hp->rope_freq_factors, 1.0f);
+        /* head h's RoPE part starts at nope_dim within its kq values */
+        ops_rope_ggml(NULL, qr + hp->nope_dim, e->pos + t, 1, H, kq, hp->n_rot, hp->rope_neox, hp->rope_theta_scale,
+                      hp->rope_freq_scale, hp->rope_freq_factors, 1.0f);
+        for (int h = 0; h < H; h++)
+            memcpy(e->q + ((size_t)t * H + h) * hd + lr, qr + (size_t)h * kq + hp->nope_dim, (size_t)hp->n_rot * sizeof(float));
+        const engine_tok *tk = &j->b->toks[t];
+        kvpool_seq_store(e->kv, tk->seq, tk->pos, j->layer, 0, k, k);
+    }
+}
+
+/* Per head (items from a shared counter): gather the head's rows, one matmul with its slice
+ * of a per-head tensor, scatter the results. j->q16 false: q_nope (qraw) through k_b into q's
+ * latent slot; true: the attention output's latent part (att) through v_b into att_v. */
+static void engine_job_mla_heads(void *ctx, int ith, int nth)
+{
+    engine_job *j = ctx;
+    engine *e = j->e;
+    const model_hparams *hp = &e->m->hp;
+    const model_layer *L = &e->m->layers[j->layer];
+    const int T = j->b->n_tokens, H = hp->n_heads, hd = hp->head_dim, lr = hp->kv_lora, kq = hp->nope_dim + hp->n_rot;
+    const bool out_v = j->q16;
+    const int n_in = out_v ? lr : hp->nope_dim, n_out = out_v ? hp->v_dim : lr;
+    const size_t in_stride = out_v ? (size_t)H * hd : (size_t)H * kq, in_head = out_v ? (size_t)hd : (size_t)kq;
+    const size_t out_stride = out_v ? (size_t)H * hp->v_dim : (size_t)H * hd, out_head = out_v ? (size_t)hp->v_dim : (size_t)hd;
+    const float *in = out_v ? e->att : e->qraw;
+    float *out = out_v ? e->att_v : e->q;
+    float *xin = e->mla_tmp + (size_t)ith * e->mla_tmp_stride;
+    float *yout = xin + (size_t)e->max_tokens * TM_MAX(hp->nope_dim, lr);
+    void *scratch = yout + (size_t)e->max_tokens * TM_MAX(lr, hp->v_dim);
+    (void)nth;
+    for (;;) {
+        int h = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
+        if (h >= H) break;
+        ops_weight w = model_expert(out_v ? &L->wv_b : &L->wk_b, H, h);
+        for (int t = 0; t < T; t++)
+            memcpy(xin + (size_t)t * n_in, in + t * in_stride + h * in_head, (size_t)n_in * sizeof(float));
+        ops_matmul(NULL, &w, xin, T, yout, scratch);
+        for (int t = 0; t < T; t++)
+            memcpy(out + t * out_stride + h * out_head, yout + (size_t)t * n_out, (size_t)n_out * sizeof(float));
+    }
+}
+
+/* Q (T, H * head_dim) and the pool rows of layer il from xn. */
+static void engine_mla_qkv(engine *e, engine_job *job, int il, int T)
+{
+    const model_hparams *hp = &e->m->hp;
+    const model_layer *L = &e->m->layers[il];
+    threadpool *tp = e->tp;
+    if (L->wq_a.data) {
+        const ops_weight *ws[2] = { &L->wq_a, &L->wkv_a };
+        float *ys[2] = { e->qa, e->k };
+        ops_matmul_multi(tp, 2, ws, e->xn, T, ys, e->mm_scratch);
+        ops_rmsnorm(tp, e->qa, e->qa, L->q_a_norm, T, hp->q_lora, hp->rms_eps);
+        ops_matmul(tp, &L->wq_b, e->qa, T, e->qraw, e->mm_scratch);
+    } else {
+        const ops_weight *ws[2] = { &L->wq, &L->wkv_a };
+        float *ys[2] = { e->qraw, e->k };
+        ops_matmul_multi(tp, 2, ws, e->xn, T, ys, e->mm_scratch);
+    }
+    threadpool_run(tp, engine_job_mla_post, job);
+    job->next = 0, job->q16 = false;
+    threadpool_run(tp, engine_job_mla_heads, job);
+}
+
+/* The attention output (att) through v_b and attn_output into xn. */
+static void engine_mla_out(engine *e, engine_job *job, int il, int T)
+{
+    job->next = 0, job->q16 = true;
+    threadpool_run(e->tp, engine_job_mla_heads, job);
+    ops_matmul(e->tp, &e->m->layers[il].wo, e->att_v, T, e->xn, e->mm_scratch);
+}
+
 engine_status engine_step(engine *e, const engine_batch *b, float *logits)
 {
     const model *m = e->m;
@@ -784,20 +932,33 @@ engine_status engine_step(engine *e, const engine_batch *b, float *logits)
     for (int il = 0; il < hp->n_layers; il++) {
         const model_layer *L = &m->layers[il];
         job.layer = il;
-        const ops_weight *qkv[3] = { &L->wq, &L->wk, &L->wv };
-        float *qkv_out[3] = { e->q, e->k, e->v };
-        ops_matmul_multi(tp, 3, qkv, e->xn, T, qkv_out, e->mm_scratch);
-        threadpool_run(tp, engine_job_qkv_post, &job);
+        if (hp->mla) {
+            engine_mla_qkv(e, &job, il, T);
+        } else {
+            const ops_weight *qkv[3] = { &L->wq, &L->wk, &L->wv };
+            float *qkv_out[3] = { e->q, e->k, e->v };
+            ops_matmul_multi(tp, 3, qkv, e->xn, T, qkv_out, e->mm_scratch);
+            threadpool_run(tp, engine_job_qkv_post, &job);
+        }
         job.n_items = e->n_tiles * hp->n_kv_heads;
         job.next = 0;
         job.q16 = kvpool_dtype(e->kv) == QTYPE_F16 && hd % 16 != 0;
         kvpool_fill_wait(e->kv, il);   /* layer il of blocks still loading from the store */
         threadpool_run(tp, engine_job_attention, &job);
-        ops_matmul(tp, &L->wo, e->att, T, e->xn, e->mm_scratch);
+        if (hp->mla) engine_mla_out(e, &job, il, T);
+        else ops_matmul(tp, &L->wo, e->att, T, e->xn, e->mm_scratch);
         job.norm = L->ffn_norm;
         threadpool_run(tp, engine_job_add_norm, &job);   /* x += attention; xn = ffn input */
-        if (hp->n_expert > 0) {
+        if (L->gate_inp.data) {
+            if (L->gate_shexp.data) {   /* shared experts: a dense FFN on the same input */
+                const ops_weight *gu[2] = { &L->gate_shexp, &L->up_shexp };
+                float *gu_out[2] = { e->ffa, e->ffb };
+                ops_matmul_multi(tp, 2, gu, e->xn, T, gu_out, e->mm_scratch);
+                ops_swiglu(tp, e->ffa, e->ffa, e->ffb, T, (int)L->gate_shexp.rows);
+                ops_matmul(tp, &L->down_shexp, e->ffa, T, e->shx, e->mm_scratch);
+            }
             engine_moe_ffn(e, &job, il, T);
+            if (L->gate_shexp.data) ops_add(tp, e->xn, e->shx, (int64_t)T * dim);   /* routed + shared */
         } else {
             const ops_weight *gu[2] = { &L->gate, &L->up };
             float *gu_out[2] = { e->ffa, e->ffb };

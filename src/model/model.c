@@ -165,6 +165,30 @@ static const float *model_vector(model_ld *ld, const char *name, bool required, 
     return v;
 }
 
+/* Layer il's multi-head latent attention tensors (deepseek2). */
+static bool model_load_mla(model_ld *ld, int il)
+{
+    const model_hparams *hp = &ld->m->hp;
+    model_layer *L = &ld->m->layers[il];
+    const int64_t H = hp->n_heads, kq = hp->nope_dim + hp->n_rot;
+    char nm[96];
+#define TN(suffix) (snprintf(nm, sizeof nm, "blk.%d.%s", il, suffix), nm)
+    if (hp->q_lora > 0) {
+        if (!model_matrix(ld, TN("attn_q_a.weight"), hp->dim, hp->q_lora, &L->wq_a)) return false;
+        if (!(L->q_a_norm = model_vector(ld, TN("attn_q_a_norm.weight"), true, hp->q_lora))) return false;
+        if (!model_matrix(ld, TN("attn_q_b.weight"), hp->q_lora, H * kq, &L->wq_b)) return false;
+    } else if (!model_matrix(ld, TN("attn_q.weight"), hp->dim, H * kq, &L->wq)) {
+        return false;
+    }
+    if (!model_matrix(ld, TN("attn_kv_a_mqa.weight"), hp->dim, hp->kv_lora + hp->n_rot, &L->wkv_a)) return false;
+    if (!(L->kv_a_norm = model_vector(ld, TN("attn_kv_a_norm.weight"), true, hp->kv_lora))) return false;
+    if (!model_experts(ld, TN("attn_k_b.weight"), hp->nope_dim, hp->kv_lora, hp->n_heads, &L->wk_b)) return false;
+    if (!model_experts(ld, TN("attn_v_b.weight"), hp->kv_lora, hp->v_dim, hp->n_heads, &L->wv_b)) return false;
+    if (!model_matrix(ld, TN("attn_output.weight"), H * hp->v_dim, hp->dim, &L->wo)) return false;
+#undef TN
+    return true;
+}
+
 static float *model_own(model *m, size_t n)
 {
     float *v = xcalloc(n, sizeof(float));
@@ -190,7 +214,8 @@ static bool model_read_hparams(model_ld *ld, const char *an)
     hp->n_heads = (int)v;
     if (!model_key_int(ld, KEY("attention.head_count_kv"), false, hp->n_heads, &v)) return false;
     hp->n_kv_heads = (int)v;
-    bool moe = hp->arch == MODEL_ARCH_QWEN3MOE;
+    bool moe = hp->arch == MODEL_ARCH_QWEN3MOE || hp->arch == MODEL_ARCH_DEEPSEEK2;
+    hp->mla = hp->arch == MODEL_ARCH_DEEPSEEK2;
     if (moe) {
         if (!model_key_int(ld, KEY("expert_count"), true, 0, &v)) return false;
         hp->n_expert = (int)v;
@@ -205,9 +230,48 @@ static bool model_read_hparams(model_ld *ld, const char *an)
             return false;
         }
     }
-    /* a MoE model's dense FFN size is informational only */
+    /* a MoE model's dense FFN size is informational only, unless it has dense layers */
     if (!model_key_int(ld, KEY("feed_forward_length"), !moe, hp->expert_ffn, &v)) return false;
     hp->ffn_dim = (int)v;
+    hp->router_norm = hp->arch == MODEL_ARCH_QWEN3MOE;
+    if (hp->mla) {
+        bool b;
+        if (!model_key_int(ld, KEY("leading_dense_block_count"), false, 0, &v)) return false;
+        hp->n_dense_lead = (int)v;
+        if (!model_key_int(ld, KEY("expert_shared_count"), false, 0, &v)) return false;
+        hp->n_shared = (int)v;
+        if (!model_key_int(ld, KEY("expert_gating_func"), false, 1, &v)) return false;
+        hp->router_sigmoid = v == 2;
+        if (v != 1 && v != 2) {
+            model_fail(ld, GGUF_ERR_FORMAT, "unsupported %s %lld (1 softmax, 2 sigmoid)", key, (long long)v);
+            return false;
+        }
+        hp->router_norm = gguf_get_bool(ld->m->g, KEY("expert_weights_norm"), &b) && b;
+        if (!model_key_float(ld, KEY("expert_weights_scale"), 0.0, &f)) return false;
+        hp->router_scale = (float)f;
+        if (!model_key_int(ld, KEY("expert_group_count"), false, 0, &v)) return false;
+        hp->n_groups = (int)v;
+        if (!model_key_int(ld, KEY("expert_group_used_count"), false, 0, &v)) return false;
+        hp->n_groups_used = (int)v;
+        if (!model_key_int(ld, KEY("attention.q_lora_rank"), false, 0, &v)) return false;
+        hp->q_lora = (int)v;
+        if (!model_key_int(ld, KEY("attention.kv_lora_rank"), true, 0, &v)) return false;
+        hp->kv_lora = (int)v;
+        int64_t kmla, vmla;
+        if (!model_key_int(ld, KEY("attention.key_length_mla"), true, 0, &kmla)) return false;
+        if (!model_key_int(ld, KEY("attention.value_length_mla"), true, 0, &vmla)) return false;
+        hp->v_dim = (int)vmla;
+        hp->nope_dim = (int)kmla;   /* minus n_rot below */
+        if (hp->n_dense_lead < 0 || hp->n_dense_lead > hp->n_layers || hp->n_shared < 0 || hp->n_shared > 64 ||
+            hp->q_lora < 0 || hp->q_lora > (1 << 16) || hp->kv_lora <= 0 || hp->kv_lora > (1 << 16) || vmla <= 0 ||
+            vmla > 4096 || kmla <= 0 || kmla > 4096 ||
+            (hp->n_groups > 1 && (hp->n_expert % hp->n_groups || hp->n_groups_used < 1 || hp->n_groups_used > hp->n_groups))) {
+            model_fail(ld, GGUF_ERR_FORMAT, "bad deepseek2 hyper-parameters: dense layers %d, shared %d, q_lora %d, "
+                       "kv_lora %d, key/value_length_mla %lld/%lld, groups %d/%d", hp->n_dense_lead, hp->n_shared,
+                       hp->q_lora, hp->kv_lora, (long long)kmla, (long long)vmla, hp->n_groups, hp->n_groups_used);
+            return false;
+        }
+    }
     if (!model_key_int(ld, KEY("context_length"), false, 2048, &v)) return false;
     hp->n_ctx_train = (int)v;
     if (hp->dim <= 0 || hp->n_layers <= 0 || hp->n_heads <= 0 || hp->n_kv_heads <= 0 ||
@@ -228,7 +292,9 @@ static bool model_read_hparams(model_ld *ld, const char *an)
     hp->head_dim = (int)v;
     int64_t vlen;
     if (!model_key_int(ld, KEY("attention.value_length"), false, hp->head_dim, &vlen)) return false;
-    if (hp->head_dim <= 0 || hp->head_dim > 1024 || hp->head_dim % 2 != 0 || vlen != hp->head_dim) {
+    /* MLA: the value is the latent, the key the latent plus the RoPE part */
+    bool vlen_ok = hp->mla ? vlen == hp->kv_lora && hp->n_kv_heads == 1 : vlen == hp->head_dim;
+    if (hp->head_dim <= 0 || hp->head_dim > 1024 || hp->head_dim % 2 != 0 || !vlen_ok) {
         model_fail(ld, GGUF_ERR_FORMAT, "unsupported head size: key_length %d, value_length %lld",
                    hp->head_dim, (long long)vlen);
         return false;
@@ -239,6 +305,14 @@ static bool model_read_hparams(model_ld *ld, const char *an)
     hp->rope_base = (float)f;
     if (!model_key_int(ld, KEY("rope.dimension_count"), false, hp->head_dim, &v)) return false;
     hp->n_rot = (int)v;
+    if (hp->mla) {
+        hp->nope_dim -= hp->n_rot;
+        if (hp->nope_dim <= 0 || hp->head_dim != hp->kv_lora + hp->n_rot) {
+            model_fail(ld, GGUF_ERR_FORMAT, "MLA key_length %d is not kv_lora_rank %d + rope dims %d, or no no-RoPE part",
+                       hp->head_dim, hp->kv_lora, hp->n_rot);
+            return false;
+        }
+    }
     if (hp->n_rot <= 0 || hp->n_rot > hp->head_dim || hp->n_rot % 2 != 0) {
         model_fail(ld, GGUF_ERR_FORMAT, "bad rope.dimension_count %d (head size %d)", hp->n_rot,
                    hp->head_dim);
@@ -294,6 +368,8 @@ static bool model_read_hparams(model_ld *ld, const char *an)
     hp->rope_inv_freq = inv;
     hp->rope_freq_factors = ff ? ff : factors;
     hp->rope_theta_scale = powf(hp->rope_base, -2.0f / (float)hp->n_rot);
+    /* llama.cpp's kq_scale (YaRN's mscale is 1: no YaRN here) */
+    hp->att_scale = 1.0f / sqrtf((float)(hp->mla ? hp->nope_dim + hp->n_rot : hp->head_dim));
 #undef KEY
     return true;
 }
@@ -346,17 +422,26 @@ static bool model_fingerprint(model *m, const model_opts *opts)
     return ok;
 }
 
-/* The matrices a decode step multiplies with (output first), n_layers * 7 + 1 of them at most;
- * a MoE layer's router and experts are not among them (never repacked: see model.h). */
+/* The 2-D matrices of a layer that exist (data set), at most MODEL_LAYER_MATS. */
+#define MODEL_LAYER_MATS 13
+static int model_layer_matrices(model_layer *L, ops_weight **ws)
+{
+    ops_weight *all[MODEL_LAYER_MATS] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down,
+                                          &L->gate_shexp, &L->up_shexp, &L->down_shexp, &L->wq_a, &L->wq_b, &L->wkv_a };
+    int n = 0;
+    for (int i = 0; i < MODEL_LAYER_MATS; i++)
+        if (all[i]->data) ws[n++] = all[i];
+    return n;
+}
+
+/* The matrices a decode step multiplies with (output first), n_layers * MODEL_LAYER_MATS + 1
+ * of them at most; a MoE layer's router, its experts and MLA's per-head tensors are not among
+ * them (never repacked: see model.h). */
 static int model_matrices(model *m, ops_weight **ws)
 {
     int n = 0;
     ws[n++] = &m->output;
-    for (int il = 0; il < m->hp.n_layers; il++) {
-        model_layer *L = &m->layers[il];
-        ws[n++] = &L->wq, ws[n++] = &L->wk, ws[n++] = &L->wv, ws[n++] = &L->wo;
-        if (m->hp.n_expert == 0) ws[n++] = &L->gate, ws[n++] = &L->up, ws[n++] = &L->down;
-    }
+    for (int il = 0; il < m->hp.n_layers; il++) n += model_layer_matrices(&m->layers[il], ws + n);
     return n;
 }
 
@@ -365,7 +450,7 @@ static int model_matrices(model *m, ops_weight **ws)
  * originals from this process. Returns false when out of memory (nothing changed). */
 static bool model_repack(model *m)
 {
-    ops_weight **ws = xcalloc((size_t)m->hp.n_layers * 7 + 1, sizeof *ws);
+    ops_weight **ws = xcalloc((size_t)m->hp.n_layers * MODEL_LAYER_MATS + 1, sizeof *ws);
     int n = model_matrices(m, ws);
     size_t total = 0;
     for (int i = 0; i < n; i++) {
@@ -440,8 +525,10 @@ gguf_status model_load(const char *path, const model_opts *opts, model **out, ch
         hp->arch = MODEL_ARCH_QWEN3, hp->arch_name = "qwen3", hp->rope_neox = true;
     } else if (an_len == 8 && !memcmp(an, "qwen3moe", 8)) {
         hp->arch = MODEL_ARCH_QWEN3MOE, hp->arch_name = "qwen3moe", hp->rope_neox = true;
+    } else if (an_len == 9 && !memcmp(an, "deepseek2", 9)) {
+        hp->arch = MODEL_ARCH_DEEPSEEK2, hp->arch_name = "deepseek2", hp->rope_neox = false;
     } else {
-        model_fail(&ld, GGUF_ERR_TYPE, "%s: unsupported architecture '%.*s' (supported: llama, qwen2, qwen3, qwen3moe)",
+        model_fail(&ld, GGUF_ERR_TYPE, "%s: unsupported architecture '%.*s' (supported: llama, qwen2, qwen3, qwen3moe, deepseek2)",
                    path, (int)TM_MIN(an_len, 64), an);
         goto fail;
     }
@@ -475,6 +562,10 @@ gguf_status model_load(const char *path, const model_opts *opts, model **out, ch
         char nm[96];
 #define TN(suffix) (snprintf(nm, sizeof nm, "blk.%d.%s", il, suffix), nm)
         if (!(L->attn_norm = model_vector(&ld, TN("attn_norm.weight"), true, hp->dim))) goto fail;
+        if (hp->mla) {
+            if (!model_load_mla(&ld, il)) goto fail;
+            goto ffn;
+        }
         if (!model_matrix(&ld, TN("attn_q.weight"), hp->dim, q_dim, &L->wq)) goto fail;
         if (!model_matrix(&ld, TN("attn_k.weight"), hp->dim, kv_dim, &L->wk)) goto fail;
         if (!model_matrix(&ld, TN("attn_v.weight"), hp->dim, kv_dim, &L->wv)) goto fail;
@@ -488,13 +579,22 @@ gguf_status model_load(const char *path, const model_opts *opts, model **out, ch
             if (!(L->q_norm = model_vector(&ld, TN("attn_q_norm.weight"), true, hp->head_dim))) goto fail;
             if (!(L->k_norm = model_vector(&ld, TN("attn_k_norm.weight"), true, hp->head_dim))) goto fail;
         }
+    ffn:
         if (!(L->ffn_norm = model_vector(&ld, TN("ffn_norm.weight"), true, hp->dim))) goto fail;
-        if (hp->n_expert > 0) {
+        if (hp->n_expert > 0 && il >= hp->n_dense_lead) {
             int ne = hp->n_expert, ef = hp->expert_ffn;
             if (!model_matrix(&ld, TN("ffn_gate_inp.weight"), hp->dim, ne, &L->gate_inp)) goto fail;
             if (!model_experts(&ld, TN("ffn_gate_exps.weight"), hp->dim, ef, ne, &L->gate_exps)) goto fail;
             if (!model_experts(&ld, TN("ffn_up_exps.weight"), hp->dim, ef, ne, &L->up_exps)) goto fail;
             if (!model_experts(&ld, TN("ffn_down_exps.weight"), ef, hp->dim, ne, &L->down_exps)) goto fail;
+            L->exp_probs_b = model_vector(&ld, TN("exp_probs_b.bias"), false, ne);
+            if (ld.st != GGUF_OK) goto fail;
+            if (hp->n_shared > 0) {
+                int64_t sh = (int64_t)ef * hp->n_shared;
+                if (!model_matrix(&ld, TN("ffn_gate_shexp.weight"), hp->dim, sh, &L->gate_shexp)) goto fail;
+                if (!model_matrix(&ld, TN("ffn_up_shexp.weight"), hp->dim, sh, &L->up_shexp)) goto fail;
+                if (!model_matrix(&ld, TN("ffn_down_shexp.weight"), sh, hp->dim, &L->down_shexp)) goto fail;
+            }
             continue;
         }
         if (!model_matrix(&ld, TN("ffn_gate.weight"), hp->dim, hp->ffn_dim, &L->gate)) goto fail;
@@ -555,12 +655,12 @@ static size_t model_bytes(const model *m, int experts_used)
     size_t n = model_w_bytes(&m->output);
     const model_hparams *hp = &m->hp;
     for (int il = 0; il < hp->n_layers; il++) {
-        const model_layer *L = &m->layers[il];
-        n += model_w_bytes(&L->wq) + model_w_bytes(&L->wk) + model_w_bytes(&L->wv) + model_w_bytes(&L->wo);
-        if (hp->n_expert == 0) {
-            n += model_w_bytes(&L->gate) + model_w_bytes(&L->up) + model_w_bytes(&L->down);
-            continue;
-        }
+        model_layer *L = &m->layers[il];
+        ops_weight *ws[MODEL_LAYER_MATS];
+        int nw = model_layer_matrices(L, ws);
+        for (int i = 0; i < nw; i++) n += model_w_bytes(ws[i]);
+        n += model_w_bytes(&L->wk_b) + model_w_bytes(&L->wv_b);
+        if (!L->gate_inp.data) continue;
         size_t all = model_w_bytes(&L->gate_exps) + model_w_bytes(&L->up_exps) + model_w_bytes(&L->down_exps);
         n += model_w_bytes(&L->gate_inp) + all / (size_t)hp->n_expert * (size_t)experts_used;
     }

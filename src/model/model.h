@@ -24,6 +24,10 @@
  * 30 B parameters stays in the shared page cache and a decode step touches only the pages of
  * the experts its tokens were routed to.
  *
+ * Multi-head latent attention (`deepseek2`, as llama.cpp's converter writes it with split
+ * `attn_k_b` / `attn_v_b`): hp.head_dim is the latent plus the RoPE part (one kv head),
+ * hp.mla says so; see engine.h for how it is computed.
+ *
  * RoPE: llama uses the interleaved ("normal") form, qwen2/qwen3 the NEOX (half-split) form.
  * The inverse frequencies inv_freq[i] = freq_scale * base^(-2i/n_rot) / factor[i] are
  * precomputed, where factor comes from the `rope_freqs.weight` tensor (llama3 scaling, as
@@ -52,6 +56,8 @@ typedef enum {
     MODEL_ARCH_QWEN2,
     MODEL_ARCH_QWEN3,
     MODEL_ARCH_QWEN3MOE,     /* qwen3 attention, routed experts (no shared expert) */
+    MODEL_ARCH_DEEPSEEK2,    /* multi-head latent attention, leading dense layers, routed and
+                              * shared experts */
 } model_arch;
 
 typedef struct {
@@ -74,6 +80,18 @@ typedef struct {
     ops_weight gate_exps;    /* (n_expert * expert_ffn, dim), expert e at rows e*expert_ffn.. */
     ops_weight up_exps;      /* (n_expert * expert_ffn, dim) */
     ops_weight down_exps;    /* (n_expert * dim, expert_ffn) */
+    const float *exp_probs_b;/* (n_expert) f32 selection bias (DeepSeek V3), else NULL */
+    ops_weight gate_shexp;   /* (n_shared * expert_ffn, dim) shared experts (deepseek2), or empty */
+    ops_weight up_shexp;     /* (n_shared * expert_ffn, dim) */
+    ops_weight down_shexp;   /* (dim, n_shared * expert_ffn) */
+    /* multi-head latent attention (deepseek2; wq/wk/wv unused, wq set without q-LoRA) */
+    ops_weight wq_a;         /* (q_lora, dim), or empty without q-LoRA */
+    const float *q_a_norm;   /* (q_lora) f32 */
+    ops_weight wq_b;         /* (n_heads * (nope + rope), q_lora) */
+    ops_weight wkv_a;        /* (kv_lora + rope, dim): the latent and the RoPE key */
+    const float *kv_a_norm;  /* (kv_lora) f32 */
+    ops_weight wk_b;         /* (n_heads * kv_lora, nope): per head, q_nope -> latent space */
+    ops_weight wv_b;         /* (n_heads * v_dim, kv_lora): per head, latent -> value */
 } model_layer;
 
 typedef struct {
@@ -89,6 +107,21 @@ typedef struct {
     int n_expert;            /* {arch}.expert_count; 0 for a dense model */
     int n_expert_used;       /* {arch}.expert_used_count: experts per token (top-k) */
     int expert_ffn;          /* {arch}.expert_feed_forward_length: an expert's hidden size */
+    int n_shared;            /* {arch}.expert_shared_count (deepseek2) */
+    int n_dense_lead;        /* {arch}.leading_dense_block_count: dense FFN layers first */
+    bool router_sigmoid;     /* {arch}.expert_gating_func 2 (V3) instead of softmax */
+    bool router_norm;        /* renormalise the chosen experts' weights */
+    float router_scale;      /* {arch}.expert_weights_scale, 0 or 1: none */
+    int n_groups, n_groups_used; /* group-limited routing (V3), n_groups 0 or 1: none */
+    /* multi-head latent attention (deepseek2): the pool holds ONE kv head of head_dim =
+     * kv_lora + n_rot values per token (the normed latent, then the roped key part), which is
+     * also the value (its first kv_lora values) */
+    bool mla;
+    int q_lora;              /* 0: no query low-rank projection */
+    int kv_lora;             /* latent size */
+    int nope_dim;            /* per-head query dims without RoPE (key_length_mla - n_rot) */
+    int v_dim;               /* per-head value dims (value_length_mla) */
+    float att_scale;         /* score scale: 1/sqrt(head_dim), MLA 1/sqrt(nope_dim + n_rot) */
     int n_ctx_train;         /* {arch}.context_length */
     float rms_eps;           /* {arch}.attention.layer_norm_rms_epsilon */
     float rope_base;         /* {arch}.rope.freq_base, default 10000 */
