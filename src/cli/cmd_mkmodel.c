@@ -88,6 +88,7 @@ typedef struct {
     double eps;
     bool tied;
     bool rope_llama3;
+    bool rope_yarn;         /* YaRN: factor 40 from 4096 positions, DeepSeek's settings */
     const char *type;       /* --type */
     uint64_t seed;
     int n_threads;
@@ -589,13 +590,20 @@ static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *
         gguf_writer_set_u32(w, MK_KEY("attention.key_length_mla"), (uint32_t)(o->nope_dim + o->rope_dim));
         gguf_writer_set_u32(w, MK_KEY("attention.value_length_mla"), (uint32_t)o->v_dim);
         gguf_writer_set_u32(w, MK_KEY("rope.dimension_count"), (uint32_t)o->rope_dim);
-        if (o->q_lora) gguf_writer_set_u32(w, MK_KEY("attention.q_lora_rank"), (uint32_t)o->q_lora);
+        /* 0 without q-LoRA: llama.cpp reads the key for every depth but V2-Lite's */
+        gguf_writer_set_u32(w, MK_KEY("attention.q_lora_rank"), (uint32_t)o->q_lora);
         gguf_writer_set_u32(w, MK_KEY("attention.kv_lora_rank"), (uint32_t)o->kv_lora);
         gguf_writer_set_u32(w, MK_KEY("leading_dense_block_count"), (uint32_t)o->n_dense);
         gguf_writer_set_u32(w, MK_KEY("expert_shared_count"), (uint32_t)o->n_shared);
         gguf_writer_set_f32(w, MK_KEY("expert_weights_scale"), (float)o->w_scale);
         gguf_writer_set_bool(w, MK_KEY("expert_weights_norm"), o->w_norm);
         gguf_writer_set_u32(w, MK_KEY("expert_gating_func"), o->sigmoid ? 2u : 1u);
+        if (o->rope_yarn) {   /* DeepSeek-V2-Lite's: factor 40, mscale_all_dim 0.707 (written x 0.1) */
+            gguf_writer_set_str(w, MK_KEY("rope.scaling.type"), "yarn");
+            gguf_writer_set_f32(w, MK_KEY("rope.scaling.factor"), 40.0f);
+            gguf_writer_set_u32(w, MK_KEY("rope.scaling.original_context_length"), 4096);
+            gguf_writer_set_f32(w, MK_KEY("rope.scaling.yarn_log_multiplier"), 0.0707f);
+        }
         if (o->n_groups > 1) {
             gguf_writer_set_u32(w, MK_KEY("expert_group_count"), (uint32_t)o->n_groups);
             gguf_writer_set_u32(w, MK_KEY("expert_group_used_count"), (uint32_t)o->n_groups_used);
@@ -729,7 +737,7 @@ int cmd_mkmodel(int argc, char **argv)
         { "--tied", NULL, CMD_OPT_SET, &tied, .set = 1, .help = "output head shares the embedding" },
         { "--untied", NULL, CMD_OPT_SET, &tied, .set = 0, .help = "output head of its own" },
         { "--rope-base", NULL, CMD_OPT_DOUBLE, &rope_base, 0, 1e12, .arg = "F", .help = "RoPE frequency base" },
-        { "--rope-scaling", NULL, CMD_OPT_STR, &rope_scaling, .arg = "llama3|none", .help = "Llama 3 RoPE scaling" },
+        { "--rope-scaling", NULL, CMD_OPT_STR, &rope_scaling, .arg = "llama3|yarn|none", .help = "Llama 3 or (deepseek2) YaRN RoPE scaling" },
         { "--eps", NULL, CMD_OPT_DOUBLE, &eps, 0, 1, .arg = "F", .help = "RMS norm epsilon" },
         { "--threads", NULL, CMD_OPT_LONG, &threads, 0, 1024, .arg = "N", .help = "threads for quantising" },
         { "--output", "-o", CMD_OPT_STR, &out, .arg = "OUT.gguf", .help = "the GGUF to write (required)" },
@@ -827,11 +835,13 @@ int cmd_mkmodel(int argc, char **argv)
     o.eps = eps > 0 ? eps : qwen ? 1e-6 : 1e-5;
     o.tied = tied >= 0 ? tied == 1 : p->tied;
     o.rope_llama3 = p->rope_llama3 && !strcmp(o.arch, "llama");
+    o.rope_yarn = mla && p->arch && !strcmp(p->arch, "deepseek2");   /* the DeepSeek presets' */
     if (rope_scaling) {
         if (!strcmp(rope_scaling, "llama3")) o.rope_llama3 = true;
-        else if (!strcmp(rope_scaling, "none")) o.rope_llama3 = false;
+        else if (!strcmp(rope_scaling, "yarn") && mla) o.rope_yarn = true;
+        else if (!strcmp(rope_scaling, "none")) o.rope_llama3 = o.rope_yarn = false;
         else {
-            fprintf(stderr, "tokenmill mkmodel: --rope-scaling takes llama3 or none\n");
+            fprintf(stderr, "tokenmill mkmodel: --rope-scaling takes llama3, yarn (deepseek2) or none\n");
             return 2;
         }
     }

@@ -158,6 +158,7 @@ typedef struct {
     int next;                /* attention, experts: shared item counter (atomic) */
     int next2;               /* experts: the down projection's item counter (atomic) */
     bool q16;                /* attention: the per-key path (f16 Q, f16 V accumulator) */
+    bool mla_v;              /* MLA heads: values through v_b (else queries through k_b) */
 } engine_job;
 
 const char *engine_status_name(engine_status st)
@@ -415,9 +416,9 @@ static void engine_job_qkv_post(void *ctx, int ith, int nth)
         ops_rmsnorm(NULL, k, k, L->k_norm, n * hp->n_kv_heads, hd, hp->rms_eps);
     }
     ops_rope_ggml(NULL, q, e->pos + t0, n, hp->n_heads, hd, hp->n_rot, hp->rope_neox, hp->rope_theta_scale,
-                  hp->rope_freq_scale, hp->rope_freq_factors, 1.0f);
+                  hp->rope_freq_scale, hp->rope_freq_factors, hp->rope_attn_factor, hp->rope_yarn[0] != 0 ? hp->rope_yarn : NULL);
     ops_rope_ggml(NULL, k, e->pos + t0, n, hp->n_kv_heads, hd, hp->n_rot, hp->rope_neox, hp->rope_theta_scale,
-                  hp->rope_freq_scale, hp->rope_freq_factors, 1.0f);
+                  hp->rope_freq_scale, hp->rope_freq_factors, hp->rope_attn_factor, hp->rope_yarn[0] != 0 ? hp->rope_yarn : NULL);
     for (int t = t0; t < t1; t++) {
         const engine_tok *tk = &j->b->toks[t];
         for (int h = 0; h < hp->n_kv_heads; h++)
@@ -825,10 +826,10 @@ static void engine_job_mla_post(void *ctx, int ith, int nth)
         float *k = e->k + (size_t)t * hd, *qr = e->qraw + (size_t)t * H * kq;
         ops_rmsnorm(NULL, k, k, L->kv_a_norm, 1, lr, hp->rms_eps);
         ops_rope_ggml(NULL, k + lr, e->pos + t, 1, 1, hp->n_rot, hp->n_rot, hp->rope_neox, hp->rope_theta_scale,
-                      hp->rope_freq_scale, hp->rope_freq_factors, 1.0f);
+                      hp->rope_freq_scale, hp->rope_freq_factors, hp->rope_attn_factor, hp->rope_yarn[0] != 0 ? hp->rope_yarn : NULL);
         /* head h's RoPE part starts at nope_dim within its kq values */
         ops_rope_ggml(NULL, qr + hp->nope_dim, e->pos + t, 1, H, kq, hp->n_rot, hp->rope_neox, hp->rope_theta_scale,
-                      hp->rope_freq_scale, hp->rope_freq_factors, 1.0f);
+                      hp->rope_freq_scale, hp->rope_freq_factors, hp->rope_attn_factor, hp->rope_yarn[0] != 0 ? hp->rope_yarn : NULL);
         for (int h = 0; h < H; h++)
             memcpy(e->q + ((size_t)t * H + h) * hd + lr, qr + (size_t)h * kq + hp->nope_dim, (size_t)hp->n_rot * sizeof(float));
         const engine_tok *tk = &j->b->toks[t];
@@ -837,8 +838,8 @@ static void engine_job_mla_post(void *ctx, int ith, int nth)
 }
 
 /* Per head (items from a shared counter): gather the head's rows, one matmul with its slice
- * of a per-head tensor, scatter the results. j->q16 false: q_nope (qraw) through k_b into q's
- * latent slot; true: the attention output's latent part (att) through v_b into att_v. */
+ * of a per-head tensor, scatter the results. j->mla_v false: q_nope (qraw) through k_b into
+ * q's latent slot; true: the attention output's latent part (att) through v_b into att_v. */
 static void engine_job_mla_heads(void *ctx, int ith, int nth)
 {
     engine_job *j = ctx;
@@ -846,7 +847,7 @@ static void engine_job_mla_heads(void *ctx, int ith, int nth)
     const model_hparams *hp = &e->m->hp;
     const model_layer *L = &e->m->layers[j->layer];
     const int T = j->b->n_tokens, H = hp->n_heads, hd = hp->head_dim, lr = hp->kv_lora, kq = hp->nope_dim + hp->n_rot;
-    const bool out_v = j->q16;
+    const bool out_v = j->mla_v;
     const int n_in = out_v ? lr : hp->nope_dim, n_out = out_v ? hp->v_dim : lr;
     const size_t in_stride = out_v ? (size_t)H * hd : (size_t)H * kq, in_head = out_v ? (size_t)hd : (size_t)kq;
     const size_t out_stride = out_v ? (size_t)H * hp->v_dim : (size_t)H * hd, out_head = out_v ? (size_t)hp->v_dim : (size_t)hd;
@@ -886,14 +887,14 @@ static void engine_mla_qkv(engine *e, engine_job *job, int il, int T)
         ops_matmul_multi(tp, 2, ws, e->xn, T, ys, e->mm_scratch);
     }
     threadpool_run(tp, engine_job_mla_post, job);
-    job->next = 0, job->q16 = false;
+    job->next = 0, job->mla_v = false;
     threadpool_run(tp, engine_job_mla_heads, job);
 }
 
 /* The attention output (att) through v_b and attn_output into xn. */
 static void engine_mla_out(engine *e, engine_job *job, int il, int T)
 {
-    job->next = 0, job->q16 = true;
+    job->next = 0, job->mla_v = true;
     threadpool_run(e->tp, engine_job_mla_heads, job);
     ops_matmul(e->tp, &e->m->layers[il].wo, e->att_v, T, e->xn, e->mm_scratch);
 }

@@ -328,11 +328,43 @@ static bool model_read_hparams(model_ld *ld, const char *an)
     bool is_linear = has_type ? (stype_len == 6 && !memcmp(stype, "linear", 6)) : factor != 0;
     bool is_llama3 = has_type && stype_len == 6 && !memcmp(stype, "llama3", 6);
     bool is_none = has_type && stype_len == 4 && !memcmp(stype, "none", 4);
-    if (has_type && !is_linear && !is_llama3 && !is_none) {
+    bool is_yarn = has_type && stype_len == 4 && !memcmp(stype, "yarn", 4);
+    if (has_type && !is_linear && !is_llama3 && !is_none && !is_yarn) {
         model_fail(ld, GGUF_ERR_FORMAT, "unsupported rope scaling type '%.*s'", (int)stype_len, stype);
         return false;
     }
     if (is_linear && factor != 0) hp->rope_freq_scale = (float)(1.0 / factor);
+    /* YaRN as llama.cpp sets it up (llama_context's yarn_attn_factor, ggml's corr dims, beta
+     * fast 32 and slow 1), with deepseek2's log multiplier (its converter writes 0.1 x it) */
+    hp->rope_attn_factor = 1.0f;
+    float yarn_log_mul = 0.0f;
+    if (is_yarn && factor != 0) {
+        hp->rope_freq_scale = 1.0f / (float)factor;
+        double orig_ctx, lm, af;
+        if (!model_key_float(ld, KEY("rope.scaling.original_context_length"), hp->n_ctx_train, &orig_ctx)) return false;
+        if (!model_key_float(ld, KEY("rope.scaling.yarn_log_multiplier"), 0.0, &lm)) return false;
+        if (!model_key_float(ld, KEY("rope.scaling.attn_factor"), 1.0, &af)) return false;
+        yarn_log_mul = (float)lm;
+        if (hp->mla && yarn_log_mul != 0.0f) yarn_log_mul /= 0.1f;
+        const float fac = 1.0f / hp->rope_freq_scale;
+#define MODEL_YARN_MSCALE(sc, ms) ((sc) <= 1.0f ? 1.0f : (0.1f * (ms) * logf(sc) + 1.0f))
+        float attn;
+        if (yarn_log_mul != 0.0f) {
+            float ms = hp->mla && yarn_log_mul != 1.0f ? yarn_log_mul : 1.0f;
+            attn = MODEL_YARN_MSCALE(fac, ms) / MODEL_YARN_MSCALE(fac, yarn_log_mul);
+        } else {
+            attn = MODEL_YARN_MSCALE(fac, 1.0f);
+        }
+#undef MODEL_YARN_MSCALE
+        attn *= 1.0f / (1.0f + 0.1f * logf(fac));
+        hp->rope_attn_factor = attn * (float)af;
+        float n_dims = (float)hp->n_rot, oc = (float)orig_ctx, base = hp->rope_base;
+        float start = floorf(n_dims * logf(oc / (32.0f * 2 * (float)M_PI)) / (2 * logf(base)));
+        float end = ceilf(n_dims * logf(oc / (1.0f * 2 * (float)M_PI)) / (2 * logf(base)));
+        hp->rope_yarn[0] = 1.0f;
+        hp->rope_yarn[1] = start > 0 ? start : 0;
+        hp->rope_yarn[2] = end < n_dims - 1 ? end : n_dims - 1;
+    }
 
     /* inverse frequencies, with per-pair factors from rope_freqs.weight or llama3 keys */
     float *inv = model_own(ld->m, (size_t)hp->n_rot / 2);
@@ -368,8 +400,13 @@ static bool model_read_hparams(model_ld *ld, const char *an)
     hp->rope_inv_freq = inv;
     hp->rope_freq_factors = ff ? ff : factors;
     hp->rope_theta_scale = powf(hp->rope_base, -2.0f / (float)hp->n_rot);
-    /* llama.cpp's kq_scale (YaRN's mscale is 1: no YaRN here) */
+    /* llama.cpp's kq_scale; MLA's with YaRN's mscale folded in (deepseek2's graph) */
     hp->att_scale = 1.0f / sqrtf((float)(hp->mla ? hp->nope_dim + hp->n_rot : hp->head_dim));
+    if (hp->mla && hp->rope_yarn[0] != 0.0f) {
+        float org = hp->rope_attn_factor * (1.0f + 0.1f * logf(1.0f / hp->rope_freq_scale));
+        float ms = org * (1.0f + 0.1f * yarn_log_mul * logf(1.0f / hp->rope_freq_scale));
+        hp->att_scale = 1.0f * ms * ms / sqrtf((float)(hp->nope_dim + hp->n_rot));
+    }
 #undef KEY
     return true;
 }

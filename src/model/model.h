@@ -131,6 +131,8 @@ typedef struct {
     const float *rope_inv_freq; /* (n_rot/2) radians per position, scaling folded in */
     float rope_theta_scale;  /* powf(rope_base, -2/n_rot), ggml's per-pair angle step */
     const float *rope_freq_factors; /* (n_rot/2) divisors per pair (llama3 scaling) or NULL */
+    float rope_attn_factor;  /* llama.cpp's attn_factor: cos/sin multiplier, 1 unless YaRN */
+    float rope_yarn[3];      /* YaRN: ext_factor (0: none), the ramp's corr dims (ggml's) */
 } model_hparams;
 
 typedef struct model {

@@ -2,7 +2,9 @@
 // driven by tests/oracle/llama_eval.mjs), on random-weight models that `tokenmill mkmodel`
 // writes in real shapes with real vocabularies: llama (Llama 3 vocabulary and RoPE scaling,
 // untied output), qwen2 (q/k/v biases, tied), qwen3 (per-head q/k norms, head_dim*heads != dim,
-// tied), qwen3moe (16 experts, 4 per token, untied), each in F32, F16, Q8_0 and Q4_K.
+// tied), qwen3moe (16 experts, 4 per token, untied), each in F32, F16, Q8_0 and Q4_K; and
+// deepseek2 (multi-head latent attention) in a V3-like and a V2-Lite-like form (their
+// comments below), in fewer types.
 //
 // Mixture of experts: a rounding flip (below) can also move a token to another expert at some
 // layer, which changes its later logits by far more than a flip in a dense model. llama.cpp
@@ -82,6 +84,19 @@ const ARCHS = {
   // Qwen3-30B-A3B's layer in small: 16 experts, 4 per token, untied output
   qwen3moe: {vocab: 'ggml-vocab-qwen2.gguf', extra: ['--head-dim', '128', '--experts', '16', '--experts-used', '4',
     '--expert-ffn', '256', '--untied'], batchedType: 'q4_k'},
+  // DeepSeek-V3-like: q-LoRA, multi-head latent attention, a leading dense layer, the sigmoid
+  // router with its selection bias, 4 groups of which 2 are kept, routed scaling, a shared expert
+  'deepseek2-v3': {arch: 'deepseek2', vocab: 'ggml-vocab-deepseek-llm.gguf', extra: ['--q-lora', '128', '--kv-lora', '256',
+    '--nope-dim', '64', '--rope-dim', '32', '--v-dim', '64', '--experts', '16', '--experts-used', '4', '--expert-ffn', '256',
+    '--shared-experts', '1', '--dense-layers', '1', '--router', 'sigmoid', '--expert-groups', '4', '--groups-used', '2',
+    '--routed-scale', '2.5', '--untied'], types: ['f32', 'q8_0', 'q4_k'], batchedType: 'q4_k'},
+  // DeepSeek-V2-Lite-like: no q-LoRA, the softmax router without renormalisation, 2 shared
+  // experts, YaRN RoPE scaling (factor 40, as the released files)
+  'deepseek2-v2': {arch: 'deepseek2', vocab: 'ggml-vocab-deepseek-llm.gguf', extra: ['--q-lora', '0', '--kv-lora', '256',
+    '--nope-dim', '64', '--rope-dim', '32', '--v-dim', '64', '--experts', '16', '--experts-used', '4', '--expert-ffn', '128',
+    '--shared-experts', '2', '--dense-layers', '1', '--router', 'softmax', '--expert-groups', '0', '--rope-scaling', 'yarn',
+    '--untied'],
+  types: ['f32', 'f16'], batchedType: 'f16'},
 };
 const TYPES = ['f32', 'f16', 'q8_0', 'q4_k'];
 
@@ -117,7 +132,7 @@ const SRC = srcHash();
 
 function model(arch, type) {
   const a = ARCHS[arch];
-  const args = ['mkmodel', '--arch', arch, ...SHAPE, ...a.extra, '--vocab', path.join(vocabDir, a.vocab),
+  const args = ['mkmodel', '--arch', a.arch ?? arch, ...SHAPE, ...a.extra, '--vocab', path.join(vocabDir, a.vocab),
     '--type', type, '--seed', '1'];
   const key = crypto.createHash('sha256').update(JSON.stringify([args.map((x) => x.replace(root, '')), SRC]))
     .digest('hex').slice(0, 12);
@@ -287,7 +302,7 @@ const haveVocab = fs.existsSync(path.join(vocabDir, 'ggml-vocab-qwen2.gguf'));
 const skip = !haveBin ? 'build/tokenmill not built' : !haveVocab ? 'no tests/data/llama.cpp (scripts/fetch-testdata.sh)' : false;
 
 for (const arch of Object.keys(ARCHS)) {
-  for (const type of TYPES) {
+  for (const type of ARCHS[arch].types ?? TYPES) {
     if (!selected(arch, type, 'single')) continue;
     test(`oracle ${arch} ${type}: 300-token prompt top-${TOP} logprobs and greedy ${GREEDY} match llama.cpp`,
       {skip}, () => check(arch, type, false));
