@@ -2,7 +2,8 @@
  * test_moe: mixture-of-experts models (qwen3moe). The router against llama.cpp's arithmetic
  * (softmax, argsort with libstdc++'s std::sort tie order, renormalised weights), loading of
  * (and DeepSeek V3's sigmoid router with bias and groups), the 3-D expert tensors and the errors for bad ones, the engine's grouped-by-expert FFN
- * against a plain reference forward pass, and the expert load statistics.
+ * against a plain reference forward pass, the expert load statistics, and mkmodel's presets
+ * (Qwen3-30B-A3B, DeepSeek-V2-Lite with latent attention and YaRN).
  */
 #include "harness.h"
 
@@ -223,6 +224,35 @@ TEST(test_mkmodel_preset)
     CHECK(access(path, F_OK) != 0);
 }
 
+/* mkmodel's deepseek-v2-lite preset, cut: latent attention hyper-parameters as llama.cpp
+ * reads them (one kv head of latent + RoPE dims), its router and YaRN. */
+TEST(test_mkmodel_deepseek_preset)
+{
+    char path[256], err[256];
+    snprintf(path, sizeof path, "%s/v2lite.gguf", tmpdir);
+    char *argv[] = { "mkmodel", "--preset", "deepseek-v2-lite", "--layers", "2", "--experts", "8", "--vocab-size", "300",
+                     "--type", "q8_0", "--seed", "1", "--threads", "2", "-o", path, NULL };
+    CHECK(cmd_mkmodel((int)TM_ARRAY_LEN(argv) - 1, argv) == 0);
+    model *m = NULL;
+    CHECKF(model_load(path, NULL, &m, err, sizeof err) == GGUF_OK, "%s", err);
+    unlink(path);
+    if (!m) return;
+    const model_hparams *hp = &m->hp;
+    CHECK(hp->arch == MODEL_ARCH_DEEPSEEK2 && hp->mla && hp->dim == 2048 && hp->n_heads == 16 && hp->n_kv_heads == 1);
+    CHECK(hp->q_lora == 0 && hp->kv_lora == 512 && hp->nope_dim == 128 && hp->n_rot == 64 && hp->v_dim == 128 &&
+          hp->head_dim == 576 && !hp->rope_neox);
+    CHECK(hp->n_expert == 8 && hp->n_expert_used == 6 && hp->expert_ffn == 1408 && hp->n_shared == 2 &&
+          hp->n_dense_lead == 1 && !hp->router_sigmoid && !hp->router_norm && hp->n_groups == 0);
+    /* YaRN (factor 40): the ramp is on, and the score scale carries mscale^2 > 1 */
+    CHECK(hp->rope_yarn[0] == 1.0f && hp->rope_freq_scale == 1.0f / 40.0f);
+    CHECK(hp->att_scale > 1.0f / sqrtf(192.0f) * 1.5f);
+    const model_layer *L0 = &m->layers[0], *L1 = &m->layers[1];
+    CHECK(L0->gate.data && !L0->gate_inp.data && L1->gate_inp.data && L1->gate_shexp.rows == 2 * 1408);
+    CHECK(L1->wq.data && !L1->wq_a.data && L1->wk_b.rows == 16 * 512 && L1->wk_b.cols == 128 &&
+          L1->wv_b.rows == 16 * 128 && L1->wv_b.cols == 512 && L1->wkv_a.rows == 576);
+    model_free(m);
+}
+
 TEST(test_imbalance)
 {
     const uint64_t even[8] = { 5, 5, 5, 5, 5, 5, 5, 5 }, skew[8] = { 10, 10, 0, 0, 2, 2, 4, 4 };
@@ -243,6 +273,7 @@ int main(void)
     RUN(test_load);
     RUN(test_engine_against_reference);
     RUN(test_mkmodel_preset);
+    RUN(test_mkmodel_deepseek_preset);
     RUN(test_imbalance);
     rmdir(tmpdir);
     HARNESS_END();
