@@ -1,4 +1,5 @@
-// moe: a mixture-of-experts model (qwen3moe: 16 experts, 4 per token, the Qwen2 vocabulary)
+// moe: mixture-of-experts models (qwen3moe: 16 experts, 4 per token, the Qwen2 vocabulary;
+// deepseek2 with latent attention for the block store)
 // through the real `tokenmill serve` process and the openai SDK: greedy answers that do not
 // depend on what else the step carries, the expert load on /metrics, `tokenmill bench`'s
 // expert figures, KV blocks of a MoE model served from the block store after a restart, and
@@ -107,4 +108,29 @@ test("cache: after a restart, a MoE model's prompt blocks come from the block st
   assert.equal(cold.usage.prompt_tokens_details?.cached_tokens ?? 0, 0);
   assert.ok(warm.usage.prompt_tokens_details.cached_tokens >= 256, `cached ${warm.usage.prompt_tokens_details.cached_tokens}`);
   assert.equal(warm.choices[0].message.content, cold.choices[0].message.content);
+});
+
+// the block store with latent attention: a pool row is the latent plus the RoPE key, one per
+// token and layer; blocks written by one server are read back by the next
+test("cache: a deepseek2 (latent attention) model's blocks come back from the store after a restart", { skip: !fs.existsSync(bin) && "build/tokenmill not built" }, async () => {
+  const ds = path.join(tmp, "ds.gguf");
+  execFileSync(bin, ["mkmodel", "--arch", "deepseek2", "--preset", "tiny", "--q-lora", "64", "--kv-lora", "128",
+    "--nope-dim", "32", "--rope-dim", "32", "--v-dim", "32", "--experts", "8", "--experts-used", "2", "--expert-ffn", "256",
+    "--shared-experts", "1", "--dense-layers", "1", "--router", "sigmoid", "--expert-groups", "4", "--groups-used", "2",
+    "--rope-scaling", "yarn", "--type", "q8_0", "--seed", "3", "-o", ds], { stdio: "pipe" });
+  const dir = fs.mkdtempSync(path.join(tmp, "store-ds-"));
+  const prompt = "the quick brown fox jumps over the lazy dog and runs away ".repeat(20);
+  const once = async () => {
+    const srv = await startServer(ds, ["--ctx", "1024", "--threads", "2", "--model-name", "ds", "--cache-dir", dir]);
+    const c = new OpenAI({ baseURL: `${srv.url}/v1`, apiKey: "unused", maxRetries: 0 });
+    const r = await c.completions.create({ model: "ds", prompt, max_tokens: 8, temperature: 0 });
+    await stopServers();
+    return r;
+  };
+  const cold = await once(), warm = await once();
+  assert.ok(cold.usage.prompt_tokens > 256, `prompt of ${cold.usage.prompt_tokens} tokens`);
+  const cached = (u) => u.prompt_tokens_details?.cached_tokens ?? 0;
+  assert.equal(cached(cold.usage), 0);
+  assert.ok(cached(warm.usage) >= 256, `cached ${cached(warm.usage)}`);
+  assert.equal(warm.choices[0].text, cold.choices[0].text);
 });
