@@ -3,8 +3,10 @@
 //
 //   bench/engine [--threads N] [--reps R] [--models q8_0,q4_k_m] [--pp 512] [--tg 128]
 //                [--seqs 1,4,16] [--only tokenmill|llama] [--quick] [--model-file GGUF] [--wait-quiet S]
+//                [--preset qwen3-0.6b|llama3.2-1b|qwen3-30b-a3b]
 //
-// 1. Builds the models with `tokenmill mkmodel` (Qwen3-0.6B-shaped, random weights, seed 1),
+// 1. Builds the models with `tokenmill mkmodel` (--preset's shape, by default Qwen3-0.6B;
+//    qwen3-30b-a3b: the MoE model's layers, 4 of them; random weights, seed 1),
 //    cached in bench/out/ under a name made of their arguments (a .args file beside each
 //    records the full command; a changed command or mkmodel source rebuilds).
 // 2. Measures the machine's memory read bandwidth with bench/membw.c (built here, cc -O2).
@@ -14,7 +16,8 @@
 // 4. Prints a table of the medians with the ratio tokenmill/llama.cpp per row and decode's
 //    share of the memory-bandwidth limit (bytes read per decode step × steps/s ÷ read
 //    bandwidth; a step reads every weight once, the token embedding table only when it is
-//    also the output matrix), and writes everything to bench/out/engine.json.
+//    also the output matrix, and of a MoE model's expert tensors the share of the experts a
+//    token uses), and writes everything to bench/out/engine.json.
 import {spawnSync} from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
@@ -30,11 +33,11 @@ fs.mkdirSync(outDir, {recursive: true});
 function usage(msg) {
   if (msg) process.stderr.write(`bench/engine: ${msg}\n`);
   process.stderr.write('usage: bench/engine [--threads N] [--reps R] [--models q8_0,q4_k_m] [--pp N] [--tg N] ' +
-    '[--seqs 1,4,16] [--only tokenmill|llama] [--quick] [--model-file GGUF] [--wait-quiet S]\n');
+    '[--seqs 1,4,16] [--only tokenmill|llama] [--quick] [--model-file GGUF] [--wait-quiet S] [--preset P]\n');
   process.exit(2);
 }
 const o = {threads: os.availableParallelism?.() ?? os.cpus().length, reps: 3, models: ['q8_0', 'q4_k_m'],
-  pp: 512, tg: 128, seqs: '1,4,16', only: null, tokenmill: 'build/tokenmill', waitQuiet: 60};
+  pp: 512, tg: 128, seqs: '1,4,16', only: null, tokenmill: 'build/tokenmill', waitQuiet: 60, preset: 'qwen3-0.6b'};
 const argv = process.argv.slice(2);
 for (let i = 0; i < argv.length; i++) {
   const a = argv[i], v = () => (i + 1 < argv.length ? argv[++i] : usage(`${a} needs a value`));
@@ -48,6 +51,7 @@ for (let i = 0; i < argv.length; i++) {
   else if (a === '--tokenmill') o.tokenmill = v();
   else if (a === '--model-file') o.modelFile = v(); // an existing GGUF instead of mkmodel's
   else if (a === '--wait-quiet') o.waitQuiet = parseFloat(v());
+  else if (a === '--preset') o.preset = v();
   else if (a === '--quick') Object.assign(o, {reps: 1, pp: 128, tg: 32});
   else usage(`unknown argument ${a}`);
 }
@@ -66,7 +70,7 @@ function run(cmd, args, {env} = {}) {
 const lastJson = (s) => JSON.parse(s.trim().split('\n').filter((l) => l.startsWith('{')).pop());
 
 // ---- models (bench/models.mjs) ----------------------------------------------------------
-const buildModel = (type) => benchModel('qwen3-0.6b', type, {tokenmill: o.tokenmill, log: (l) => log(`bench: ${l}`)});
+const buildModel = (type) => benchModel(o.preset, type, {tokenmill: o.tokenmill, log: (l) => log(`bench: ${l}`)});
 
 // Bytes of one ggml block and the number of weights it holds, for the types we write.
 const typeSizes = {0: [4, 1], 1: [2, 1], 30: [2, 1], 8: [34, 32], 2: [18, 32], 12: [144, 256], 14: [210, 256],
@@ -76,6 +80,9 @@ async function weightInfo(file) {
   const info = await readGgufFileInfo(file, {readTensorInfo: true});
   let total = 0, perStep = 0;
   const names = new Set(info.fullTensorInfo?.map((t) => t.name) ?? info.tensorInfo.map((t) => t.name));
+  // a MoE model: a token reads expert_used_count of the expert_count experts of each layer
+  const arch = info.metadata?.general?.architecture, am = info.metadata?.[arch] ?? {};
+  const expertShare = am.expert_count ? Number(am.expert_used_count) / Number(am.expert_count) : 1;
   const types = {};
   for (const t of info.fullTensorInfo ?? info.tensorInfo) {
     const n = t.dimensions.reduce((a, b) => a * Number(b), 1);
@@ -84,7 +91,7 @@ async function weightInfo(file) {
     total += bytes;
     types[t.ggmlType] = (types[t.ggmlType] ?? 0) + bytes;
     const embOnly = t.name === 'token_embd.weight' && names.has('output.weight');
-    perStep += embOnly ? bytes / Number(t.dimensions[1]) : bytes;
+    perStep += embOnly ? bytes / Number(t.dimensions[1]) : /_exps\.weight$/.test(t.name) ? bytes * expertShare : bytes;
   }
   return {weight_bytes: total, bytes_per_decode_step: perStep, bytes_by_ggml_type: types};
 }
@@ -207,7 +214,7 @@ const f2 = (x) => (x == null ? '—' : x.toFixed(2));
 const pc = (x) => (x == null ? '' : `${(100 * x).toFixed(0)} %`);
 const typeName = {q8_0: 'Q8_0', q4_k_m: 'Q4_K_M', q4_k: 'Q4_K', f16: 'F16', f32: 'F32'};
 const lines = [];
-lines.push(`Qwen3-0.6B-shaped random-weight models (tokenmill mkmodel), ${o.threads} threads, median of ${o.reps} ` +
+lines.push(`${o.modelFile ? path.basename(o.modelFile) : `${o.preset}-shaped random-weight models (tokenmill mkmodel)`}, ${o.threads} threads, median of ${o.reps} ` +
   `alternating runs; memory read bandwidth ${bw.read_gb_s.toFixed(1)} GB/s (bench/membw.c).`);
 lines.push('');
 lines.push('| model | test | tokenmill tok/s | llama.cpp tok/s | tokenmill / llama.cpp | decode share of BW limit: tokenmill | llama.cpp |');

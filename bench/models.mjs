@@ -9,10 +9,13 @@ import path from 'node:path';
 
 const root = path.resolve(import.meta.dirname, '..');
 
-// preset name -> architecture and the vocabulary of the model family
+// preset name -> architecture, the vocabulary of the model family and mkmodel arguments
+// beyond the preset (a MoE model cut in depth to fit this machine: Qwen3-30B-A3B's layers,
+// 4 of its 48)
 export const benchPresets = {
   'qwen3-0.6b': {arch: 'qwen3', vocab: 'ggml-vocab-qwen2.gguf'},
   'llama3.2-1b': {arch: 'llama', vocab: 'ggml-vocab-llama-bpe.gguf'},
+  'qwen3-30b-a3b': {arch: 'qwen3moe', vocab: 'ggml-vocab-qwen2.gguf', extra: ['--layers', '4']},
 };
 
 function mkmodelSourceHash() {
@@ -38,7 +41,7 @@ export function benchModel(preset, type, {tokenmill = path.join(root, 'build/tok
   fs.mkdirSync(outDir, {recursive: true});
   const vocab = path.join('tests/data/llama.cpp/models', p.vocab);
   const file = path.join('bench/out', `${preset}-${type}-s1.gguf`);
-  const args = ['mkmodel', '--arch', p.arch, '--preset', preset, '--type', type, '--seed', '1'];
+  const args = ['mkmodel', '--arch', p.arch, '--preset', preset, ...(p.extra ?? []), '--type', type, '--seed', '1'];
   if (fs.existsSync(path.join(root, vocab))) args.push('--vocab', vocab);
   args.push('-o', file);
   const key = JSON.stringify({args, src: mkmodelSourceHash()});

@@ -127,11 +127,32 @@ static int cmd_bench_list(const char *opt, const char *z, int *out, int max, lon
 
 static int cmd_bench_curves(int argc, char **argv);
 
+/* A MoE model's expert figures: the weight bytes one token reads (the active experts), and
+ * per layer the imbalance over G contiguous expert groups of the tokens routed during the
+ * whole run (its random prompts), with their mean and max over the layers. */
+static void cmd_bench_moe(engine *e, int groups)
+{
+    const model *m = engine_model(e);
+    const model_hparams *hp = &m->hp;
+    if (hp->n_expert == 0) return;
+    uint64_t tot[MODEL_MAX_EXPERTS];
+    double sum = 0, max = 0;
+    printf(", \"moe\": {\"experts\": %d, \"used\": %d, \"active_weight_bytes\": %zu, \"groups\": %d, \"imbalance\": [",
+           hp->n_expert, hp->n_expert_used, model_active_weight_bytes(m), TM_MIN(groups, hp->n_expert));
+    for (int il = 0; il < hp->n_layers && engine_moe_load(e, il, NULL, tot, NULL); il++) {
+        double im = engine_moe_imbalance(tot, hp->n_expert, groups);
+        printf("%s%.4f", il ? ", " : "", im);
+        sum += im;
+        max = im > max ? im : max;
+    }
+    printf("], \"imbalance_mean\": %.4f, \"imbalance_max\": %.4f}", sum / hp->n_layers, max);
+}
+
 int cmd_bench(int argc, char **argv)
 {
     if (argc > 1 && !strcmp(argv[1], "curves")) return cmd_bench_curves(argc - 1, argv + 1);
     const char *model_path = NULL, *seqs_arg = "1,4,16";
-    long threads = 0, pp = 512, tg = 128, reps = 3, maxb = 512, depth = 0;
+    long threads = 0, pp = 512, tg = 128, reps = 3, maxb = 512, depth = 0, groups = 8;
     const cmd_opt opts[] = {
         { "--model", "-m", CMD_OPT_STR, &model_path, .arg = "MODEL", .help = "the GGUF to time (required)" },
         { "--threads", "-t", CMD_OPT_LONG, &threads, 0, 1024, .arg = "N", .help = "kernel threads (default: one per core)" },
@@ -140,6 +161,7 @@ int cmd_bench(int argc, char **argv)
         { "--seqs", NULL, CMD_OPT_STR, &seqs_arg, .arg = "S,S,..", .help = "batched decode sequence counts (default 1,4,16)" },
         { "--reps", NULL, CMD_OPT_LONG, &reps, 1, 100, .arg = "R", .help = "repetitions of each run (default 3)" },
         { "--batch", NULL, CMD_OPT_LONG, &maxb, 1, 1 << 16, .arg = "N", .help = "engine batch in tokens (default 512)" },
+        { "--groups", NULL, CMD_OPT_LONG, &groups, 1, 1024, .arg = "G", .help = "MoE: expert groups of the imbalance figure (default 8)" },
         { "--depth", "-d", CMD_OPT_LONG, &depth, 0, 1 << 24, .arg = "D", .help = "tokens already in the sequence before pp and tg (default 0)" },
         { 0 },
     };
@@ -224,7 +246,9 @@ int cmd_bench(int argc, char **argv)
         cmd_bench_print_arr(b_r + i * reps, tg > 0 ? reps : 0);
         putchar('}');
     }
-    printf("], \"weight_bytes\": %zu}\n", model_weight_bytes(m));
+    printf("], \"weight_bytes\": %zu", model_weight_bytes(m));
+    cmd_bench_moe(e, (int)groups);
+    printf("}\n");
     fflush(stdout);
     rc = 0;
 out:

@@ -2,12 +2,14 @@
  * cmd_mkmodel: writes a random-weight GGUF model of a real architecture and shape, which
  * llama.cpp also loads: the test and benchmark models of tokenmill.
  *
- *   tokenmill mkmodel --arch llama|qwen2|qwen3 [--preset NAME] [shape options] [--vocab FILE]
+ *   tokenmill mkmodel --arch llama|qwen2|qwen3|qwen3moe [--preset NAME] [shape options] [--vocab FILE]
  *                     --type T --seed S [--tied|--untied] [--rope-scaling llama3] -o OUT.gguf
  *
  * Tensors and metadata follow llama.cpp's converters: `llama` (rope_freqs.weight when
  * --rope-scaling llama3), `qwen2` (q/k/v biases), `qwen3` (per-head q/k RMSNorm weights,
- * key/value_length = head_dim). Norms, biases and rope factors stay F32; every matrix gets
+ * key/value_length = head_dim), `qwen3moe` (qwen3 attention; per layer an F32 router
+ * ffn_gate_inp and the experts as 3-D ffn_{gate,up,down}_exps tensors, with expert_count,
+ * expert_used_count and expert_feed_forward_length). Norms, biases and rope factors stay F32; every matrix gets
  * --type, or for q4_k_m the Q4_K/Q6_K mix of llama.cpp's Q4_K_M (output or tied embedding,
  * and attn_v/ffn_down of "more bits" layers, in Q6_K). A matrix whose rows do not fit the
  * block size falls back to Q8_0, then F16, as llama.cpp's quantiser does.
@@ -47,24 +49,46 @@ typedef struct {
     double rope_base;       /* 0: the arch default */
     bool tied;
     bool rope_llama3;
+    int n_expert, n_expert_used, expert_ffn;  /* MoE presets */
+    /* deepseek2: multi-head latent attention and its MoE */
+    int q_lora, kv_lora, nope_dim, rope_dim, v_dim, n_shared, n_dense;
+    bool sigmoid, w_norm;
+    double w_scale;
+    int n_groups, n_groups_used;
 } mk_preset;
 
 static const mk_preset mk_presets[] = {
-    { "tiny", NULL, 2, 256, 512, 4, 2, 64, 2048, 1024, 0, true, false },
-    { "small", NULL, 4, 512, 1536, 8, 4, 64, 4096, 4096, 0, true, false },
-    { "qwen3-0.6b", "qwen3", 28, 1024, 3072, 16, 8, 128, 40960, 151936, 1e6, true, false },
-    { "qwen2-0.5b", "qwen2", 24, 896, 4864, 14, 2, 64, 32768, 151936, 1e6, true, false },
-    { "llama3.2-1b", "llama", 16, 2048, 8192, 32, 8, 64, 131072, 128256, 500000, true, true },
+    { "tiny", NULL, 2, 256, 512, 4, 2, 64, 2048, 1024, 0, true, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0 },
+    { "small", NULL, 4, 512, 1536, 8, 4, 64, 4096, 4096, 0, true, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0 },
+    { "qwen3-0.6b", "qwen3", 28, 1024, 3072, 16, 8, 128, 40960, 151936, 1e6, true, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0 },
+    { "qwen2-0.5b", "qwen2", 24, 896, 4864, 14, 2, 64, 32768, 151936, 1e6, true, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0 },
+    { "llama3.2-1b", "llama", 16, 2048, 8192, 32, 8, 64, 131072, 128256, 500000, true, true, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0 },
+    { "qwen3-30b-a3b", "qwen3moe", 48, 2048, 6144, 32, 4, 128, 40960, 151936, 1e6, false, false, 128, 8, 768, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0 },
+    { .name = "deepseek-v2-lite", .arch = "deepseek2", .n_layers = 27, .dim = 2048, .ffn = 10944, .n_heads = 16,
+      .n_kv_heads = 1, .head_dim = 192, .ctx = 163840, .n_vocab = 102400, .rope_base = 10000, .n_expert = 64,
+      .n_expert_used = 6, .expert_ffn = 1408, .kv_lora = 512, .nope_dim = 128, .rope_dim = 64, .v_dim = 128,
+      .n_shared = 2, .n_dense = 1, .w_scale = 1.0 },
+    { .name = "deepseek-v3", .arch = "deepseek2", .n_layers = 61, .dim = 7168, .ffn = 18432, .n_heads = 128,
+      .n_kv_heads = 1, .head_dim = 192, .ctx = 163840, .n_vocab = 129280, .rope_base = 10000, .n_expert = 256,
+      .n_expert_used = 8, .expert_ffn = 2048, .q_lora = 1536, .kv_lora = 512, .nope_dim = 128, .rope_dim = 64,
+      .v_dim = 128, .n_shared = 1, .n_dense = 3, .sigmoid = true, .w_norm = true, .w_scale = 2.5, .n_groups = 8,
+      .n_groups_used = 4 },
 };
 
 typedef struct {
-    const char *arch;       /* "llama", "qwen2", "qwen3" */
+    const char *arch;       /* "llama", "qwen2", "qwen3", "qwen3moe" */
     int n_layers, dim, ffn, n_heads, n_kv_heads, head_dim, ctx;
+    int n_expert, n_expert_used, expert_ffn;  /* qwen3moe, deepseek2 */
+    int q_lora, kv_lora, nope_dim, rope_dim, v_dim, n_shared, n_dense;   /* deepseek2 */
+    bool sigmoid, w_norm;
+    double w_scale;
+    int n_groups, n_groups_used;
     int n_vocab;            /* requested (generated vocab size, or pad target) */
     double rope_base;
     double eps;
     bool tied;
     bool rope_llama3;
+    bool rope_yarn;         /* YaRN: factor 40 from 4096 positions, DeepSeek's settings */
     const char *type;       /* --type */
     uint64_t seed;
     int n_threads;
@@ -452,7 +476,9 @@ typedef struct {
     bool k_m;               /* q4_k_m mix */
 } mk_model;
 
-static void mk_add(mk_model *m, const char *name, mk_init init, float std, qtype type, int n_dims, int64_t ne0, int64_t ne1)
+/* A tensor of 1..3 dims (ne2 > 1: 3-D, a stack of ne2 matrices of ne1 rows). */
+static void mk_add3(mk_model *m, const char *name, mk_init init, float std, qtype type, int n_dims, int64_t ne0,
+                    int64_t ne1, int64_t ne2)
 {
     if (m->n == m->cap) {
         /* descriptors are referenced by the writer: allocate once, large enough */
@@ -460,11 +486,59 @@ static void mk_add(mk_model *m, const char *name, mk_init init, float std, qtype
         abort();
     }
     mk_tensor *t = &m->ts[m->n++];
-    int64_t ne[2] = { ne0, ne1 };
-    if (n_dims == 2) type = mk_fit_type(type, ne0);
+    int64_t ne[3] = { ne0, ne1, ne2 };
+    if (n_dims >= 2) type = mk_fit_type(type, ne0);
     *t = (mk_tensor){ .seed = mk_hash(0xcbf29ce484222325ULL ^ m->o->seed * 0x9E3779B97F4A7C15ULL, name), .init = init,
-                      .std = std, .type = type, .ne0 = ne0, .nrows = n_dims == 2 ? ne1 : 1, .o = m->o };
+                      .std = std, .type = type, .ne0 = ne0, .nrows = n_dims >= 2 ? ne1 * ne2 : 1, .o = m->o };
     gguf_writer_add_tensor_fill(m->w, name, type, n_dims, ne, mk_fill, t);
+}
+
+static void mk_add(mk_model *m, const char *name, mk_init init, float std, qtype type, int n_dims, int64_t ne0, int64_t ne1)
+{
+    mk_add3(m, name, init, std, type, n_dims, ne0, ne1, 1);
+}
+
+/* One deepseek2 layer after its attn_norm: multi-head latent attention with the split
+ * attn_k_b / attn_v_b (3-D, one matrix per head) of llama.cpp's current converter, then a
+ * dense FFN (the first n_dense layers) or routed experts, the selection bias (sigmoid
+ * routers) and the shared experts. */
+static void mk_mla_layer(mk_model *m, int l, qtype more)
+{
+    const mk_opts *o = m->o;
+    const qtype base = m->base;
+    const int64_t dim = o->dim, H = o->n_heads, kq = o->nope_dim + o->rope_dim, lr = o->kv_lora;
+    char name[128];
+    const float s_in = 1.0f / sqrtf((float)dim);
+#define MK_T(suffix) (snprintf(name, sizeof name, "blk.%d." suffix, l), name)
+    if (o->q_lora) {
+        mk_add(m, MK_T("attn_q_a.weight"), MK_INIT_NOISE, s_in, base, 2, dim, o->q_lora);
+        mk_add(m, MK_T("attn_q_a_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, o->q_lora, 1);
+        mk_add(m, MK_T("attn_q_b.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)o->q_lora), base, 2, o->q_lora, H * kq);
+    } else {
+        mk_add(m, MK_T("attn_q.weight"), MK_INIT_NOISE, s_in, base, 2, dim, H * kq);
+    }
+    mk_add(m, MK_T("attn_kv_a_mqa.weight"), MK_INIT_NOISE, s_in, base, 2, dim, lr + o->rope_dim);
+    mk_add(m, MK_T("attn_kv_a_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, lr, 1);
+    mk_add3(m, MK_T("attn_k_b.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)o->nope_dim), base, 3, o->nope_dim, lr, H);
+    mk_add3(m, MK_T("attn_v_b.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)lr), more, 3, lr, o->v_dim, H);
+    mk_add(m, MK_T("attn_output.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)(H * o->v_dim)), base, 2, H * o->v_dim, dim);
+    mk_add(m, MK_T("ffn_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, dim, 1);
+    if (l < o->n_dense) {
+        mk_add(m, MK_T("ffn_gate.weight"), MK_INIT_NOISE, s_in, base, 2, dim, o->ffn);
+        mk_add(m, MK_T("ffn_up.weight"), MK_INIT_NOISE, s_in, base, 2, dim, o->ffn);
+        mk_add(m, MK_T("ffn_down.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)o->ffn), more, 2, o->ffn, dim);
+        return;
+    }
+    int64_t ne = o->n_expert, ef = o->expert_ffn, sh = ef * o->n_shared;
+    mk_add(m, MK_T("ffn_gate_inp.weight"), MK_INIT_NOISE, 2.0f * s_in, QTYPE_F32, 2, dim, ne);
+    if (o->sigmoid) mk_add(m, MK_T("exp_probs_b.bias"), MK_INIT_NOISE, 0.05f, QTYPE_F32, 1, ne, 1);
+    mk_add3(m, MK_T("ffn_gate_exps.weight"), MK_INIT_NOISE, s_in, base, 3, dim, ef, ne);
+    mk_add3(m, MK_T("ffn_up_exps.weight"), MK_INIT_NOISE, s_in, base, 3, dim, ef, ne);
+    mk_add3(m, MK_T("ffn_down_exps.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)ef), more, 3, ef, dim, ne);
+    mk_add(m, MK_T("ffn_gate_shexp.weight"), MK_INIT_NOISE, s_in, base, 2, dim, sh);
+    mk_add(m, MK_T("ffn_up_shexp.weight"), MK_INIT_NOISE, s_in, base, 2, dim, sh);
+    mk_add(m, MK_T("ffn_down_shexp.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)sh), more, 2, sh, dim);
+#undef MK_T
 }
 
 static bool mk_parse_type(const char *s, qtype *base, bool *k_m, uint32_t *ftype)
@@ -505,17 +579,51 @@ static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *
     gguf_writer_set_u32(w, MK_KEY("embedding_length"), (uint32_t)o->dim);
     gguf_writer_set_u32(w, MK_KEY("feed_forward_length"), (uint32_t)o->ffn);
     gguf_writer_set_u32(w, MK_KEY("attention.head_count"), (uint32_t)o->n_heads);
-    gguf_writer_set_u32(w, MK_KEY("attention.head_count_kv"), (uint32_t)o->n_kv_heads);
+    bool mla = !strcmp(A, "deepseek2");
+    gguf_writer_set_u32(w, MK_KEY("attention.head_count_kv"), mla ? 1u : (uint32_t)o->n_kv_heads);
     gguf_writer_set_f32(w, MK_KEY("rope.freq_base"), (float)o->rope_base);
     gguf_writer_set_f32(w, MK_KEY("attention.layer_norm_rms_epsilon"), (float)o->eps);
-    gguf_writer_set_u32(w, MK_KEY("attention.key_length"), (uint32_t)o->head_dim);
-    gguf_writer_set_u32(w, MK_KEY("attention.value_length"), (uint32_t)o->head_dim);
-    gguf_writer_set_u32(w, MK_KEY("rope.dimension_count"), (uint32_t)o->head_dim);
+    if (mla) {
+        /* as llama.cpp's converter writes MLA: one kv head of the latent plus the RoPE key */
+        gguf_writer_set_u32(w, MK_KEY("attention.key_length"), (uint32_t)(o->kv_lora + o->rope_dim));
+        gguf_writer_set_u32(w, MK_KEY("attention.value_length"), (uint32_t)o->kv_lora);
+        gguf_writer_set_u32(w, MK_KEY("attention.key_length_mla"), (uint32_t)(o->nope_dim + o->rope_dim));
+        gguf_writer_set_u32(w, MK_KEY("attention.value_length_mla"), (uint32_t)o->v_dim);
+        gguf_writer_set_u32(w, MK_KEY("rope.dimension_count"), (uint32_t)o->rope_dim);
+        /* 0 without q-LoRA: llama.cpp reads the key for every depth but V2-Lite's */
+        gguf_writer_set_u32(w, MK_KEY("attention.q_lora_rank"), (uint32_t)o->q_lora);
+        gguf_writer_set_u32(w, MK_KEY("attention.kv_lora_rank"), (uint32_t)o->kv_lora);
+        gguf_writer_set_u32(w, MK_KEY("leading_dense_block_count"), (uint32_t)o->n_dense);
+        gguf_writer_set_u32(w, MK_KEY("expert_shared_count"), (uint32_t)o->n_shared);
+        gguf_writer_set_f32(w, MK_KEY("expert_weights_scale"), (float)o->w_scale);
+        gguf_writer_set_bool(w, MK_KEY("expert_weights_norm"), o->w_norm);
+        gguf_writer_set_u32(w, MK_KEY("expert_gating_func"), o->sigmoid ? 2u : 1u);
+        if (o->rope_yarn) {   /* DeepSeek-V2-Lite's: factor 40, mscale_all_dim 0.707 (written x 0.1) */
+            gguf_writer_set_str(w, MK_KEY("rope.scaling.type"), "yarn");
+            gguf_writer_set_f32(w, MK_KEY("rope.scaling.factor"), 40.0f);
+            gguf_writer_set_u32(w, MK_KEY("rope.scaling.original_context_length"), 4096);
+            gguf_writer_set_f32(w, MK_KEY("rope.scaling.yarn_log_multiplier"), 0.0707f);
+        }
+        if (o->n_groups > 1) {
+            gguf_writer_set_u32(w, MK_KEY("expert_group_count"), (uint32_t)o->n_groups);
+            gguf_writer_set_u32(w, MK_KEY("expert_group_used_count"), (uint32_t)o->n_groups_used);
+        }
+    } else {
+        gguf_writer_set_u32(w, MK_KEY("attention.key_length"), (uint32_t)o->head_dim);
+        gguf_writer_set_u32(w, MK_KEY("attention.value_length"), (uint32_t)o->head_dim);
+        gguf_writer_set_u32(w, MK_KEY("rope.dimension_count"), (uint32_t)o->head_dim);
+    }
     gguf_writer_set_u32(w, MK_KEY("vocab_size"), (uint32_t)V);
+    bool moe = o->n_expert > 0;
+    if (moe) {
+        gguf_writer_set_u32(w, MK_KEY("expert_count"), (uint32_t)o->n_expert);
+        gguf_writer_set_u32(w, MK_KEY("expert_used_count"), (uint32_t)o->n_expert_used);
+        gguf_writer_set_u32(w, MK_KEY("expert_feed_forward_length"), (uint32_t)o->expert_ffn);
+    }
 #undef MK_KEY
     mk_vocab_write(v, w);
 
-    mk_model m = { .w = w, .o = o, .base = base, .k_m = k_m, .cap = 8 + 16 * o->n_layers };
+    mk_model m = { .w = w, .o = o, .base = base, .k_m = k_m, .cap = 8 + 20 * o->n_layers };
     m.ts = xcalloc((size_t)m.cap, sizeof *m.ts);
     /* Embeddings are small (0.5/sqrt(dim)) so that, with a tied output, the input token's own
      * embedding in the residual stream does not dominate the logits (random models otherwise
@@ -527,11 +635,15 @@ static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *
     mk_add(&m, "output_norm.weight", MK_INIT_NORM, 20.0f, QTYPE_F32, 1, dim, 1);
     if (!o->tied) mk_add(&m, "output.weight", MK_INIT_NOISE, emb_std, out_type, 2, dim, V);
     if (o->rope_llama3) mk_add(&m, "rope_freqs.weight", MK_INIT_ROPE_FREQS, 0, QTYPE_F32, 1, o->head_dim / 2, 1);
-    bool qwen2 = !strcmp(A, "qwen2"), qwen3 = !strcmp(A, "qwen3");
+    bool qwen2 = !strcmp(A, "qwen2"), qwen3 = !strcmp(A, "qwen3") || !strcmp(A, "qwen3moe");
     for (int l = 0; l < o->n_layers; l++) {
         qtype more = k_m && mk_use_more_bits(l, o->n_layers) ? QTYPE_Q6_K : base;
 #define MK_T(suffix) (snprintf(name, sizeof name, "blk.%d." suffix, l), name)
         mk_add(&m, MK_T("attn_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, dim, 1);
+        if (mla) {
+            mk_mla_layer(&m, l, more);
+            continue;
+        }
         mk_add(&m, MK_T("attn_q.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 2, dim, q_dim);
         mk_add(&m, MK_T("attn_k.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 2, dim, kv_dim);
         mk_add(&m, MK_T("attn_v.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), more, 2, dim, kv_dim);
@@ -546,6 +658,16 @@ static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *
         }
         mk_add(&m, MK_T("attn_output.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)q_dim), base, 2, q_dim, dim);
         mk_add(&m, MK_T("ffn_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, dim, 1);
+        if (moe) {
+            /* the router stays F32 (llama.cpp's converter and quantiser keep it so); its
+             * logits have a standard deviation near 2, so that routing is rarely a near-tie */
+            int64_t ne = o->n_expert, ef = o->expert_ffn;
+            mk_add(&m, MK_T("ffn_gate_inp.weight"), MK_INIT_NOISE, 2.0f / sqrtf((float)dim), QTYPE_F32, 2, dim, ne);
+            mk_add3(&m, MK_T("ffn_gate_exps.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 3, dim, ef, ne);
+            mk_add3(&m, MK_T("ffn_up_exps.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 3, dim, ef, ne);
+            mk_add3(&m, MK_T("ffn_down_exps.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)ef), more, 3, ef, dim, ne);
+            continue;
+        }
         mk_add(&m, MK_T("ffn_gate.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 2, dim, ffn);
         mk_add(&m, MK_T("ffn_up.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 2, dim, ffn);
         mk_add(&m, MK_T("ffn_down.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)ffn), more, 2, ffn, dim);
@@ -557,9 +679,11 @@ static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *
     if (isatty(2)) fprintf(stderr, "\n");
     if (st != GGUF_OK) fprintf(stderr, "tokenmill mkmodel: %s\n", err);
     else
-        fprintf(stderr, "tokenmill mkmodel: wrote %s: %s, %d layers, dim %d, ffn %d, heads %d/%d x %d, vocab %lld, %s, %s output (%.1f s)\n",
+        fprintf(stderr, "tokenmill mkmodel: wrote %s: %s, %d layers, dim %d, ffn %d, heads %d/%d x %d, vocab %lld, %s, %s output"
+                "%s%.0d%s%.0d%s%.0d (%.1f s)\n",
                 out, A, o->n_layers, o->dim, o->ffn, o->n_heads, o->n_kv_heads, o->head_dim, (long long)V, o->type,
-                o->tied ? "tied" : "untied", util_now() - t0);
+                o->tied ? "tied" : "untied", moe ? ", experts " : "", o->n_expert, moe ? " (" : "", o->n_expert_used,
+                moe ? " used) x ffn " : "", o->expert_ffn, util_now() - t0);
     gguf_writer_free(w);
     free(m.ts);
     return st == GGUF_OK ? 0 : 1;
@@ -571,6 +695,10 @@ int cmd_mkmodel(int argc, char **argv)
     const char *preset = NULL, *vocab = NULL, *out = NULL, *rope_scaling = NULL;
     /* shape options: 0 (as if not given) takes the preset's value */
     long layers = 0, dim = 0, ffn = 0, heads = 0, kv = 0, hd = 0, ctx = 0, nv = 0, threads = 0;
+    long experts = 0, experts_used = 0, expert_ffn = 0;
+    long q_lora = -1, kv_lora = 0, rope_dim = 0, nope_dim = 0, v_dim = 0, shared = -1, dense = -1, groups = -1, groups_used = 0;
+    double routed_scale = 0;
+    const char *router = NULL;
     int tied = -1;
     double rope_base = 0, eps = 0;   /* 0: the preset's or the arch's */
     cmd_opt_u64 seed = { 0 };
@@ -579,7 +707,7 @@ int cmd_mkmodel(int argc, char **argv)
     for (size_t i = 0; i < TM_ARRAY_LEN(mk_presets) && ph < sizeof preset_help; i++)
         ph += (size_t)snprintf(preset_help + ph, sizeof preset_help - ph, " %s", mk_presets[i].name);
     const cmd_opt opts[] = {
-        { "--arch", NULL, CMD_OPT_STR, &o.arch, .arg = "llama|qwen2|qwen3", .help = "architecture (or the preset's)" },
+        { "--arch", NULL, CMD_OPT_STR, &o.arch, .arg = "llama|qwen2|qwen3|qwen3moe", .help = "architecture (or the preset's)" },
         { "--preset", NULL, CMD_OPT_STR, &preset, .arg = "NAME", .help = preset_help },
         { "--layers", NULL, CMD_OPT_LONG, &layers, 0, 4096, .arg = "N", .help = "shape options override the preset's" },
         { "--dim", NULL, CMD_OPT_LONG, &dim, 0, 1 << 20, .arg = "N", .help = "hidden size" },
@@ -587,6 +715,20 @@ int cmd_mkmodel(int argc, char **argv)
         { "--heads", NULL, CMD_OPT_LONG, &heads, 0, 4096, .arg = "N", .help = "query heads" },
         { "--kv-heads", NULL, CMD_OPT_LONG, &kv, 0, 4096, .arg = "N", .help = "key/value heads" },
         { "--head-dim", NULL, CMD_OPT_LONG, &hd, 0, 1 << 16, .arg = "N", .help = "per head (default dim / heads)" },
+        { "--experts", NULL, CMD_OPT_LONG, &experts, 0, 1024, .arg = "N", .help = "qwen3moe: experts per layer" },
+        { "--experts-used", NULL, CMD_OPT_LONG, &experts_used, 0, 1024, .arg = "K", .help = "qwen3moe: experts per token" },
+        { "--expert-ffn", NULL, CMD_OPT_LONG, &expert_ffn, 0, 1 << 20, .arg = "N", .help = "qwen3moe: an expert's hidden size" },
+        { "--q-lora", NULL, CMD_OPT_LONG, &q_lora, 0, 1 << 16, .arg = "N", .help = "deepseek2: query low-rank size (0: none)" },
+        { "--kv-lora", NULL, CMD_OPT_LONG, &kv_lora, 0, 1 << 16, .arg = "N", .help = "deepseek2: latent (compressed KV) size" },
+        { "--nope-dim", NULL, CMD_OPT_LONG, &nope_dim, 0, 1 << 12, .arg = "N", .help = "deepseek2: per-head query/key dims without RoPE" },
+        { "--rope-dim", NULL, CMD_OPT_LONG, &rope_dim, 0, 1 << 12, .arg = "N", .help = "deepseek2: per-head RoPE dims" },
+        { "--v-dim", NULL, CMD_OPT_LONG, &v_dim, 0, 1 << 12, .arg = "N", .help = "deepseek2: per-head value dims" },
+        { "--shared-experts", NULL, CMD_OPT_LONG, &shared, 0, 64, .arg = "N", .help = "deepseek2: shared experts" },
+        { "--dense-layers", NULL, CMD_OPT_LONG, &dense, 0, 4096, .arg = "N", .help = "deepseek2: leading dense layers" },
+        { "--router", NULL, CMD_OPT_STR, &router, .arg = "softmax|sigmoid", .help = "deepseek2: V2's or V3's router" },
+        { "--expert-groups", NULL, CMD_OPT_LONG, &groups, 0, 1024, .arg = "G", .help = "deepseek2: group-limited routing" },
+        { "--groups-used", NULL, CMD_OPT_LONG, &groups_used, 0, 1024, .arg = "N", .help = "deepseek2: groups kept per token" },
+        { "--routed-scale", NULL, CMD_OPT_DOUBLE, &routed_scale, 0, 1000, .arg = "F", .help = "deepseek2: routed experts' weight scale" },
         { "--ctx", NULL, CMD_OPT_LONG, &ctx, 0, 1 << 24, .arg = "N", .help = "training context" },
         { "--vocab-size", NULL, CMD_OPT_LONG, &nv, 0, 1 << 24, .arg = "N", .help = "without --vocab: a synthetic vocabulary" },
         { "--vocab", NULL, CMD_OPT_STR, &vocab, .arg = "FILE.gguf|tokenizer.json", .help = "a real vocabulary" },
@@ -595,7 +737,7 @@ int cmd_mkmodel(int argc, char **argv)
         { "--tied", NULL, CMD_OPT_SET, &tied, .set = 1, .help = "output head shares the embedding" },
         { "--untied", NULL, CMD_OPT_SET, &tied, .set = 0, .help = "output head of its own" },
         { "--rope-base", NULL, CMD_OPT_DOUBLE, &rope_base, 0, 1e12, .arg = "F", .help = "RoPE frequency base" },
-        { "--rope-scaling", NULL, CMD_OPT_STR, &rope_scaling, .arg = "llama3|none", .help = "Llama 3 RoPE scaling" },
+        { "--rope-scaling", NULL, CMD_OPT_STR, &rope_scaling, .arg = "llama3|yarn|none", .help = "Llama 3 or (deepseek2) YaRN RoPE scaling" },
         { "--eps", NULL, CMD_OPT_DOUBLE, &eps, 0, 1, .arg = "F", .help = "RMS norm epsilon" },
         { "--threads", NULL, CMD_OPT_LONG, &threads, 0, 1024, .arg = "N", .help = "threads for quantising" },
         { "--output", "-o", CMD_OPT_STR, &out, .arg = "OUT.gguf", .help = "the GGUF to write (required)" },
@@ -625,8 +767,9 @@ int cmd_mkmodel(int argc, char **argv)
         cmd_opts_hint("mkmodel", synopsis);
         return 2;
     }
-    if (strcmp(o.arch, "llama") && strcmp(o.arch, "qwen2") && strcmp(o.arch, "qwen3")) {
-        fprintf(stderr, "tokenmill mkmodel: unknown arch '%s' (llama, qwen2, qwen3)\n", o.arch);
+    if (strcmp(o.arch, "llama") && strcmp(o.arch, "qwen2") && strcmp(o.arch, "qwen3") && strcmp(o.arch, "qwen3moe") &&
+        strcmp(o.arch, "deepseek2")) {
+        fprintf(stderr, "tokenmill mkmodel: unknown arch '%s' (llama, qwen2, qwen3, qwen3moe, deepseek2)\n", o.arch);
         return 2;
     }
     if (!mk_parse_type(o.type, &qt, &km, &ft)) {
@@ -642,16 +785,63 @@ int cmd_mkmodel(int argc, char **argv)
     o.n_kv_heads = kv ? kv : (heads ? heads : p->n_kv_heads);
     o.head_dim = hd ? hd : (dim || heads ? o.dim / o.n_heads : p->head_dim);
     o.ctx = ctx ? ctx : p->ctx;
+    bool mla = !strcmp(o.arch, "deepseek2");
+    if (mla) {
+        /* a dense preset under --arch deepseek2: V2-Lite's attention and router on its width */
+        const mk_preset *d = !strcmp(p->arch ? p->arch : "", "deepseek2") ? p : &mk_presets[TM_ARRAY_LEN(mk_presets) - 2];
+        o.q_lora = q_lora >= 0 ? (int)q_lora : d->q_lora;
+        o.kv_lora = kv_lora ? (int)kv_lora : d->kv_lora;
+        o.nope_dim = nope_dim ? (int)nope_dim : d->nope_dim;
+        o.rope_dim = rope_dim ? (int)rope_dim : d->rope_dim;
+        o.v_dim = v_dim ? (int)v_dim : d->v_dim;
+        o.n_shared = shared >= 0 ? (int)shared : d->n_shared;
+        o.n_dense = dense >= 0 ? (int)dense : d->n_dense;
+        o.sigmoid = router ? !strcmp(router, "sigmoid") : d->sigmoid;
+        o.w_norm = o.sigmoid ? true : d->w_norm;
+        o.w_scale = routed_scale > 0 ? routed_scale : d->w_scale;
+        o.n_groups = groups >= 0 ? (int)groups : d->n_groups;
+        o.n_groups_used = groups_used ? (int)groups_used : d->n_groups_used;
+        o.n_expert = experts ? experts : d->n_expert;
+        o.n_expert_used = experts_used ? experts_used : d->n_expert_used;
+        o.expert_ffn = expert_ffn ? expert_ffn : d->expert_ffn;
+        o.head_dim = o.nope_dim + o.rope_dim;
+        o.n_kv_heads = o.n_heads;
+        if ((router && strcmp(router, "softmax") && strcmp(router, "sigmoid")) || o.n_expert_used > o.n_expert ||
+            o.kv_lora <= 0 || o.rope_dim <= 0 || o.rope_dim % 2 || o.nope_dim <= 0 || o.v_dim <= 0 ||
+            (o.n_groups > 1 && (o.n_expert % o.n_groups || o.n_groups_used < 1 || o.n_groups_used > o.n_groups))) {
+            fprintf(stderr, "tokenmill mkmodel: bad deepseek2 options (router softmax|sigmoid, experts-used <= experts, "
+                            "positive latent/rope/nope/v dims, experts a multiple of the groups, groups-used in 1..groups)\n");
+            return 2;
+        }
+    } else if (q_lora >= 0 || kv_lora || rope_dim || nope_dim || v_dim || shared >= 0 || dense >= 0 || router ||
+               groups >= 0 || groups_used || routed_scale > 0) {
+        fprintf(stderr, "tokenmill mkmodel: the MLA and shared-expert options are for --arch deepseek2\n");
+        return 2;
+    } else if (!strcmp(o.arch, "qwen3moe")) {
+        /* a dense preset under --arch qwen3moe: 8 experts, 2 per token, each of the ffn size */
+        o.n_expert = experts ? experts : p->n_expert ? p->n_expert : 8;
+        o.n_expert_used = experts_used ? experts_used : p->n_expert_used ? p->n_expert_used : 2;
+        o.expert_ffn = expert_ffn ? expert_ffn : p->expert_ffn ? p->expert_ffn : o.ffn;
+        if (o.n_expert_used > o.n_expert) {
+            fprintf(stderr, "tokenmill mkmodel: --experts-used %d is more than --experts %d\n", o.n_expert_used, o.n_expert);
+            return 2;
+        }
+    } else if (!mla && (experts || experts_used || expert_ffn)) {
+        fprintf(stderr, "tokenmill mkmodel: --experts, --experts-used and --expert-ffn are for --arch qwen3moe or deepseek2\n");
+        return 2;
+    }
     o.n_vocab = nv ? nv : p->n_vocab;
     o.rope_base = rope_base > 0 ? rope_base : p->rope_base > 0 ? p->rope_base : qwen ? 1e6 : 10000;
     o.eps = eps > 0 ? eps : qwen ? 1e-6 : 1e-5;
     o.tied = tied >= 0 ? tied == 1 : p->tied;
     o.rope_llama3 = p->rope_llama3 && !strcmp(o.arch, "llama");
+    o.rope_yarn = mla && p->arch && !strcmp(p->arch, "deepseek2");   /* the DeepSeek presets' */
     if (rope_scaling) {
         if (!strcmp(rope_scaling, "llama3")) o.rope_llama3 = true;
-        else if (!strcmp(rope_scaling, "none")) o.rope_llama3 = false;
+        else if (!strcmp(rope_scaling, "yarn") && mla) o.rope_yarn = true;
+        else if (!strcmp(rope_scaling, "none")) o.rope_llama3 = o.rope_yarn = false;
         else {
-            fprintf(stderr, "tokenmill mkmodel: --rope-scaling takes llama3 or none\n");
+            fprintf(stderr, "tokenmill mkmodel: --rope-scaling takes llama3, yarn (deepseek2) or none\n");
             return 2;
         }
     }

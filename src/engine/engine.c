@@ -6,11 +6,13 @@
 #include "engine/engine.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "model/moe.h"
 #include "model/ops.h"
 #include "util/util.h"
 
@@ -27,6 +29,74 @@
 #define ENGINE_ATT_GQA_MAX 1024  /* query heads per kv head at most (a tile has >= 1 position) */
 #define ENGINE_ATT_TILE_MAX 128
 #define ENGINE_ATT_TILE_MIN 16
+
+/* Expert load statistics: the tokens each expert of each layer received, per step, for the
+ * last ENGINE_MOE_WINDOW steps (a ring; their sum kept as the window's), and since the start.
+ * The step thread updates them once per layer under mu; readers (/metrics, bench) copy under
+ * it. No allocation after engine_new. */
+#define ENGINE_MOE_WINDOW 128
+#define ENGINE_MOE_ROWS 64       /* output rows of an expert per work item */
+
+typedef struct engine_moe_stats {
+    int n_layers, n_expert, window;
+    uint32_t *ring;          /* (window, n_layers, n_expert) tokens of each of the last steps */
+    uint64_t *win;           /* (n_layers, n_expert) sum over the ring */
+    uint64_t *total;         /* (n_layers, n_expert) since the start */
+    int64_t n_steps;         /* steps recorded; the ring's slot is n_steps % window */
+    pthread_mutex_t mu;
+} engine_moe_stats;
+
+static engine_moe_stats *engine_moe_stats_new(int n_layers, int n_expert, int window)
+{
+    engine_moe_stats *st = calloc(1, sizeof *st);
+    if (!st) return NULL;
+    size_t le = (size_t)n_layers * (size_t)n_expert;
+    st->n_layers = n_layers, st->n_expert = n_expert, st->window = window;
+    st->ring = calloc((size_t)window * le, sizeof *st->ring);
+    st->win = calloc(le, sizeof *st->win);
+    st->total = calloc(le, sizeof *st->total);
+    pthread_mutex_init(&st->mu, NULL);
+    if (!st->ring || !st->win || !st->total) {
+        free(st->ring), free(st->win), free(st->total);
+        pthread_mutex_destroy(&st->mu);
+        free(st);
+        return NULL;
+    }
+    return st;
+}
+
+static void engine_moe_stats_free(engine_moe_stats *st)
+{
+    if (!st) return;
+    free(st->ring);
+    free(st->win);
+    free(st->total);
+    pthread_mutex_destroy(&st->mu);
+    free(st);
+}
+
+/* Records layer il of the current step: off (n_expert + 1) row offsets, expert x got
+ * off[x+1] - off[x] tokens. */
+static void engine_moe_stats_layer(engine_moe_stats *st, int il, const int32_t *off)
+{
+    pthread_mutex_lock(&st->mu);
+    size_t le = (size_t)st->n_layers * (size_t)st->n_expert, base = (size_t)il * (size_t)st->n_expert;
+    uint32_t *slot = st->ring + (size_t)(st->n_steps % st->window) * le + base;
+    for (int x = 0; x < st->n_expert; x++) {
+        uint32_t n = (uint32_t)(off[x + 1] - off[x]);
+        st->win[base + x] += (uint64_t)n - slot[x];
+        st->total[base + x] += n;
+        slot[x] = n;
+    }
+    pthread_mutex_unlock(&st->mu);
+}
+
+static void engine_moe_stats_step(engine_moe_stats *st)
+{
+    pthread_mutex_lock(&st->mu);
+    st->n_steps++;
+    pthread_mutex_unlock(&st->mu);
+}
 
 struct engine {
     model *m;
@@ -52,6 +122,31 @@ struct engine {
     int32_t *tile_start;     /* (T + 1) first batch entry of each attention tile */
     int n_tiles;
     int att_tile;            /* positions per attention tile at most (ENGINE_ATT_* bounds) */
+    /* mixture of experts (NULL for a dense model); k = n_expert_used, E = n_expert */
+    float *r_logits;         /* (T, E) router logits */
+    moe_router router;       /* the model's routing (model/moe.h) */
+    float *r_probs;          /* (n_threads, MOE_SCRATCH(E)) routing scratch */
+    int32_t *r_idx;          /* (n_threads, MOE_SCRATCH(E)) routing scratch */
+    int32_t *r_sel;          /* (T, k) experts of each token, best first */
+    float *r_w;              /* (T, k) their weights */
+    int32_t *x_off;          /* (E + 1) first row of each expert in xg / ye */
+    int32_t *x_row;          /* (T, k) row in xg / ye of each (token, slot) */
+    int32_t *x_tok;          /* (T * k) token of each row of xg */
+    int32_t *x_act;          /* (E) experts with rows this layer, ascending */
+    int n_act;
+    float *xg;               /* (T * k, dim) inputs grouped by expert */
+    float *fe;               /* (T * k, expert_ffn) SwiGLU of the experts, same rows */
+    float *ye;               /* (T * k, dim) expert outputs, same rows */
+    float *moe_tmp;          /* (n_threads, moe_tmp_stride) chunk outputs and matmul scratch */
+    size_t moe_tmp_stride;   /* floats per thread */
+    engine_moe_stats *stats; /* expert load windows */
+    /* multi-head latent attention (NULL otherwise); H = n_heads, kq = nope + rope */
+    float *qa;               /* (T, q_lora) query low-rank activations */
+    float *qraw;             /* (T, H * kq) queries before absorption */
+    float *att_v;            /* (T, H * v_dim) per-head values after attn_v_b */
+    float *mla_tmp;          /* (n_threads, mla_tmp_stride) per-head gather/scatter and scratch */
+    size_t mla_tmp_stride;   /* floats per thread */
+    float *shx;              /* (T, dim) shared experts' output */
 };
 
 typedef struct {
@@ -60,8 +155,10 @@ typedef struct {
     int layer;
     const float *norm;       /* add + norm: the norm's weights (NULL: the sum only) */
     int n_items;             /* attention: T * n_heads */
-    int next;                /* attention: shared item counter (atomic) */
+    int next;                /* attention, experts: shared item counter (atomic) */
+    int next2;               /* experts: the down projection's item counter (atomic) */
     bool q16;                /* attention: the per-key path (f16 Q, f16 V accumulator) */
+    bool mla_v;              /* MLA heads: values through v_b (else queries through k_b) */
 } engine_job;
 
 const char *engine_status_name(engine_status st)
@@ -98,6 +195,25 @@ void engine_free(engine *e)
     free(e->mm_scratch);
     free(e->att_scratch);
     free(e->tile_start);
+    free(e->r_logits);
+    free(e->r_probs);
+    free(e->r_idx);
+    free(e->r_sel);
+    free(e->r_w);
+    free(e->x_off);
+    free(e->x_row);
+    free(e->x_tok);
+    free(e->x_act);
+    free(e->xg);
+    free(e->fe);
+    free(e->ye);
+    free(e->moe_tmp);
+    free(e->qa);
+    free(e->qraw);
+    free(e->att_v);
+    free(e->mla_tmp);
+    free(e->shx);
+    engine_moe_stats_free(e->stats);
     free(e);
 }
 
@@ -154,8 +270,11 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
     e->k = util_aligned_alloc(T * kvd * sizeof(float));
     e->v = util_aligned_alloc(T * kvd * sizeof(float));
     e->att = util_aligned_alloc(T * qd * sizeof(float));
-    e->ffa = util_aligned_alloc(T * hp->ffn_dim * sizeof(float));
-    e->ffb = util_aligned_alloc(T * hp->ffn_dim * sizeof(float));
+    /* dense layers: ffn_dim; shared experts: n_shared * expert_ffn; routed experts use fe */
+    size_t ffn = hp->n_expert > 0 && hp->n_dense_lead == 0 ? 1 : (size_t)hp->ffn_dim;
+    ffn = TM_MAX(ffn, (size_t)hp->n_shared * (size_t)hp->expert_ffn);
+    e->ffa = util_aligned_alloc(T * ffn * sizeof(float));
+    e->ffb = util_aligned_alloc(T * ffn * sizeof(float));
     e->xo = util_aligned_alloc(T * hp->dim * sizeof(float));
     e->pos = util_aligned_alloc(T * sizeof(int32_t));
 
@@ -163,11 +282,27 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
     size_t sc = 0;
     for (int il = 0; il < hp->n_layers; il++) {
         const model_layer *L = &m->layers[il];
-        const ops_weight *qkv[3] = { &L->wq, &L->wk, &L->wv }, *gu[2] = { &L->gate, &L->up };
-        size_t a = ops_matmul_multi_scratch_bytes(3, qkv, Ti), b = ops_matmul_multi_scratch_bytes(2, gu, Ti);
-        sc = TM_MAX(sc, TM_MAX(a, b));
+        if (hp->mla) {
+            const ops_weight *qk[2] = { L->wq_a.data ? &L->wq_a : &L->wq, &L->wkv_a };
+            sc = TM_MAX(sc, ops_matmul_multi_scratch_bytes(2, qk, Ti));
+            if (L->wq_b.data) sc = engine_scratch_need(&L->wq_b, Ti, sc);
+        } else {
+            const ops_weight *qkv[3] = { &L->wq, &L->wk, &L->wv };
+            sc = TM_MAX(sc, ops_matmul_multi_scratch_bytes(3, qkv, Ti));
+        }
         sc = engine_scratch_need(&L->wo, Ti, sc);
-        sc = engine_scratch_need(&L->down, Ti, sc);
+        if (L->gate_shexp.data) {
+            const ops_weight *gu[2] = { &L->gate_shexp, &L->up_shexp };
+            sc = TM_MAX(sc, ops_matmul_multi_scratch_bytes(2, gu, Ti));
+            sc = engine_scratch_need(&L->down_shexp, Ti, sc);
+        }
+        if (L->gate_inp.data) {
+            sc = engine_scratch_need(&L->gate_inp, Ti, sc);   /* the experts' own: moe_tmp */
+        } else {
+            const ops_weight *gu[2] = { &L->gate, &L->up };
+            sc = TM_MAX(sc, ops_matmul_multi_scratch_bytes(2, gu, Ti));
+            sc = engine_scratch_need(&L->down, Ti, sc);
+        }
     }
     sc = engine_scratch_need(&m->output, Ti, sc);
     e->mm_scratch = util_aligned_alloc(sc + 64);
@@ -186,6 +321,70 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
         snprintf(err, errsz, "out of memory for activations of %d tokens", Ti);
         engine_free(e);
         return ENGINE_ERR_NOMEM;
+    }
+    if (hp->n_expert > 0) {
+        size_t E = (size_t)hp->n_expert, Tk = T * (size_t)hp->n_expert_used;
+        e->r_logits = util_aligned_alloc(T * E * sizeof(float));
+        e->router = (moe_router){ .gate = hp->router_sigmoid ? MOE_GATE_SIGMOID : MOE_GATE_SOFTMAX,
+                                  .n_expert = hp->n_expert, .k = hp->n_expert_used, .norm_w = hp->router_norm,
+                                  .w_scale = hp->router_scale, .n_groups = hp->n_groups,
+                                  .n_groups_used = hp->n_groups_used };
+        e->r_probs = util_aligned_alloc((size_t)o.n_threads * MOE_SCRATCH(E) * sizeof(float));
+        e->r_idx = util_aligned_alloc((size_t)o.n_threads * MOE_SCRATCH(E) * sizeof(int32_t));
+        e->r_sel = util_aligned_alloc(Tk * sizeof(int32_t));
+        e->r_w = util_aligned_alloc(Tk * sizeof(float));
+        e->x_off = util_aligned_alloc((E + 1) * sizeof(int32_t));
+        e->x_row = util_aligned_alloc(Tk * sizeof(int32_t));
+        e->x_tok = util_aligned_alloc(Tk * sizeof(int32_t));
+        e->x_act = util_aligned_alloc(E * sizeof(int32_t));
+        e->xg = util_aligned_alloc(Tk * (size_t)hp->dim * sizeof(float));
+        e->fe = util_aligned_alloc(Tk * (size_t)hp->expert_ffn * sizeof(float));
+        e->ye = util_aligned_alloc(Tk * (size_t)hp->dim * sizeof(float));
+        /* per thread: gate and up of a chunk (T, ENGINE_MOE_ROWS), then the activation
+         * scratch of a chunk's matmul (a view of any rows needs what the whole expert does) */
+        size_t msc = 0;
+        for (int il = hp->n_dense_lead; il < hp->n_layers; il++) {
+            const model_layer *L = &m->layers[il];
+            ops_weight g = model_expert(&L->gate_exps, hp->n_expert, 0), u = model_expert(&L->up_exps, hp->n_expert, 0);
+            ops_weight d = model_expert(&L->down_exps, hp->n_expert, 0);
+            const ops_weight *gu[2] = { &g, &u };
+            msc = TM_MAX(msc, ops_matmul_multi_scratch_bytes(2, gu, Ti));
+            msc = engine_scratch_need(&d, Ti, msc);
+        }
+        e->moe_tmp_stride = TM_ALIGN_UP(2 * T * ENGINE_MOE_ROWS + (msc + 64) / sizeof(float), 16);
+        e->moe_tmp = util_aligned_alloc((size_t)o.n_threads * e->moe_tmp_stride * sizeof(float));
+        e->stats = engine_moe_stats_new(hp->n_layers, hp->n_expert, ENGINE_MOE_WINDOW);
+        if (!e->r_logits || !e->r_probs || !e->r_idx || !e->r_sel || !e->r_w || !e->x_off || !e->x_row ||
+            !e->x_tok || !e->x_act || !e->xg || !e->fe || !e->ye || !e->moe_tmp || !e->stats) {
+            snprintf(err, errsz, "out of memory for the expert buffers of %d tokens", Ti);
+            engine_free(e);
+            return ENGINE_ERR_NOMEM;
+        }
+    }
+    if (hp->mla) {
+        size_t H = (size_t)hp->n_heads, kq = (size_t)(hp->nope_dim + hp->n_rot), lr = (size_t)hp->kv_lora;
+        e->qa = util_aligned_alloc(T * (size_t)TM_MAX(hp->q_lora, 1) * sizeof(float));
+        e->qraw = util_aligned_alloc(T * H * kq * sizeof(float));
+        e->att_v = util_aligned_alloc(T * H * (size_t)hp->v_dim * sizeof(float));
+        e->shx = util_aligned_alloc(T * (size_t)hp->dim * sizeof(float));
+        /* per thread: a head's input rows (T, max(nope, kv_lora)), its output rows (T,
+         * max(kv_lora, v_dim)), then the activation scratch of its matmul */
+        size_t msc = 0;
+        for (int il = 0; il < hp->n_layers; il++) {
+            ops_weight kb = model_expert(&m->layers[il].wk_b, hp->n_heads, 0);
+            ops_weight vb = model_expert(&m->layers[il].wv_b, hp->n_heads, 0);
+            msc = engine_scratch_need(&kb, Ti, engine_scratch_need(&vb, Ti, msc));
+        }
+        e->mla_tmp_stride = TM_ALIGN_UP(T * TM_MAX((size_t)hp->nope_dim, lr) + T * TM_MAX(lr, (size_t)hp->v_dim) +
+                                        (msc + 64) / sizeof(float), 16);
+        e->mla_tmp = util_aligned_alloc((size_t)o.n_threads * e->mla_tmp_stride * sizeof(float));
+        if (!e->qa || !e->qraw || !e->att_v || !e->shx || !e->mla_tmp) {
+            snprintf(err, errsz, "out of memory for the latent attention buffers of %d tokens", Ti);
+            engine_free(e);
+            return ENGINE_ERR_NOMEM;
+        }
+    } else if (hp->n_shared > 0) {
+        e->shx = util_aligned_alloc(T * (size_t)hp->dim * sizeof(float));
     }
     *out = e;
     return ENGINE_OK;
@@ -217,9 +416,9 @@ static void engine_job_qkv_post(void *ctx, int ith, int nth)
         ops_rmsnorm(NULL, k, k, L->k_norm, n * hp->n_kv_heads, hd, hp->rms_eps);
     }
     ops_rope_ggml(NULL, q, e->pos + t0, n, hp->n_heads, hd, hp->n_rot, hp->rope_neox, hp->rope_theta_scale,
-                  hp->rope_freq_scale, hp->rope_freq_factors, 1.0f);
+                  hp->rope_freq_scale, hp->rope_freq_factors, hp->rope_attn_factor, hp->rope_yarn[0] != 0 ? hp->rope_yarn : NULL);
     ops_rope_ggml(NULL, k, e->pos + t0, n, hp->n_kv_heads, hd, hp->n_rot, hp->rope_neox, hp->rope_theta_scale,
-                  hp->rope_freq_scale, hp->rope_freq_factors, 1.0f);
+                  hp->rope_freq_scale, hp->rope_freq_factors, hp->rope_attn_factor, hp->rope_yarn[0] != 0 ? hp->rope_yarn : NULL);
     for (int t = t0; t < t1; t++) {
         const engine_tok *tk = &j->b->toks[t];
         for (int h = 0; h < hp->n_kv_heads; h++)
@@ -270,7 +469,7 @@ static void engine_att_per_key(engine_job *j, float *sc, int t0, int nt, int kvh
     const model_hparams *hp = &e->m->hp;
     const int hd = hp->head_dim, gqa = hp->n_heads / hp->n_kv_heads, qd = hp->n_heads * hd;
     const int nq = nt * gqa, nqmax = e->att_tile * gqa;
-    const float scale = 1.0f / sqrtf((float)hd);
+    const float scale = hp->att_scale;
     const engine_tok *tk0 = &j->b->toks[t0];
     float *acc = sc;                               /* (nq, hd) accumulators, f16 values */
     float *MS = acc + (size_t)nqmax * hd;          /* (nq, 2) running max and sum */
@@ -354,7 +553,7 @@ static void engine_att_tiled(engine_job *j, float *sc, int t0, int nt, int kvh)
     }
     memset(acc, 0, (size_t)nq * hd * sizeof(float));
     int n_ctx = tk0->pos + nt;  /* positions the last row sees */
-    ops_att_block_args a = { .hd = hd, .nq = nq, .nqp = nqp, .scale = 1.0f / sqrtf((float)hd), .qt = qt,
+    ops_att_block_args a = { .hd = hd, .nq = nq, .nqp = nqp, .scale = hp->att_scale, .qt = qt,
                              .lim = lim, .st = st, .m = M, .s = S, .acc = acc, .kt = kt };
     for (int bi = 0; bi * KVPOOL_BLOCK < n_ctx; bi++) {
         int nb = TM_MIN(KVPOOL_BLOCK, n_ctx - bi * KVPOOL_BLOCK);
@@ -434,6 +633,272 @@ static void engine_job_attention(void *ctx, int ith, int nth)
     }
 }
 
+/* ---- mixture of experts -----------------------------------------------------------------
+ * A MoE FFN in four stages: the router matmul for the whole step, routing token by token
+ * (moe.h: llama.cpp's softmax, argsort and renormalisation), the (token, slot) pairs grouped
+ * by expert (counting sort: ascending expert, then batch order) with their inputs gathered
+ * into xg, then per active expert one gate/up matmul over its rows, SwiGLU and the down
+ * matmul into ye (its weights are read once per step, only for the experts some token
+ * chose), and the sum per token of weight * output in slot order (llama.cpp's order: e0*w0,
+ * then + e1*w1, ...). Every output row depends only on its own token's input: the matmuls
+ * compute a row's dots alike whatever the rows beside it, so batch and thread-count
+ * invariance hold as for the dense FFN. */
+static void engine_job_route(void *ctx, int ith, int nth)
+{
+    engine_job *j = ctx;
+    engine *e = j->e;
+    const model_hparams *hp = &e->m->hp;
+    const int T = j->b->n_tokens, E = hp->n_expert, k = hp->n_expert_used;
+    const int t0 = (int)((int64_t)T * ith / nth), t1 = (int)((int64_t)T * (ith + 1) / nth);
+    float *fs = e->r_probs + (size_t)ith * MOE_SCRATCH(E);
+    int32_t *is = e->r_idx + (size_t)ith * MOE_SCRATCH(E);
+    const float *bias = e->m->layers[j->layer].exp_probs_b;
+    for (int t = t0; t < t1; t++)
+        moe_route(&e->router, e->r_logits + (size_t)t * E, bias, fs, is, e->r_sel + (size_t)t * k, e->r_w + (size_t)t * k);
+}
+
+/* x_off, x_row, x_tok and the active experts x_act from r_sel (the caller's thread; T * k
+ * entries). */
+static void engine_moe_group(engine *e, int T)
+{
+    const int E = e->m->hp.n_expert, k = e->m->hp.n_expert_used, n = T * k;
+    int32_t *off = e->x_off, *cur = e->r_idx;   /* cur: E cursors (r_idx is free here) */
+    memset(off, 0, (size_t)(E + 1) * sizeof *off);
+    for (int i = 0; i < n; i++) off[e->r_sel[i] + 1]++;
+    for (int x = 0; x < E; x++) off[x + 1] += off[x];
+    memcpy(cur, off, (size_t)E * sizeof *cur);
+    for (int i = 0; i < n; i++) {
+        int row = cur[e->r_sel[i]]++;
+        e->x_row[i] = row;
+        e->x_tok[row] = i / k;
+    }
+    e->n_act = 0;
+    for (int x = 0; x < E; x++)
+        if (off[x + 1] > off[x]) e->x_act[e->n_act++] = x;
+}
+
+static void engine_job_moe_gather(void *ctx, int ith, int nth)
+{
+    engine_job *j = ctx;
+    engine *e = j->e;
+    const int dim = e->m->hp.dim, n = j->b->n_tokens * e->m->hp.n_expert_used;
+    const int r0 = (int)((int64_t)n * ith / nth), r1 = (int)((int64_t)n * (ith + 1) / nth);
+    for (int r = r0; r < r1; r++)
+        memcpy(e->xg + (size_t)r * dim, e->xn + (size_t)e->x_tok[r] * dim, (size_t)dim * sizeof(float));
+}
+
+/* xn[t] = sum over slots s of w[t][s] * ye[row(t, s)], each product rounded before the add
+ * (ggml_mul then ggml_add): no contraction into FMAs. */
+__attribute__((optimize("fp-contract=off")))
+static void engine_job_moe_sum(void *ctx, int ith, int nth)
+{
+    engine_job *j = ctx;
+    engine *e = j->e;
+    const int T = j->b->n_tokens, dim = e->m->hp.dim, k = e->m->hp.n_expert_used;
+    const int t0 = (int)((int64_t)T * ith / nth), t1 = (int)((int64_t)T * (ith + 1) / nth);
+    for (int t = t0; t < t1; t++) {
+        float *o = e->xn + (size_t)t * dim;
+        const float *y = e->ye + (size_t)e->x_row[(size_t)t * k] * dim;
+        float w = e->r_w[(size_t)t * k];
+        for (int d = 0; d < dim; d++) o[d] = y[d] * w;
+        for (int s = 1; s < k; s++) {
+            y = e->ye + (size_t)e->x_row[(size_t)t * k + s] * dim;
+            w = e->r_w[(size_t)t * k + s];
+            for (int d = 0; d < dim; d++) {
+                float p = y[d] * w;
+                o[d] = o[d] + p;
+            }
+        }
+    }
+}
+
+/* The experts' matmuls of a step in one pool round: work items are (active expert, chunk of
+ * ENGINE_MOE_ROWS output rows), taken from a shared counter; phase 1 computes gate and up for
+ * a chunk of the expert's hidden rows over all of its tokens and SwiGLU into fe, then after a
+ * barrier phase 2 the down projection for a chunk of its output rows into ye. A chunk's
+ * results are its rows of the whole-matrix products (a row's dots do not depend on the rows
+ * beside it), so the split changes no bit; one round instead of three per active expert keeps
+ * a decode step's threads from meeting at 3k barriers per layer. */
+static void engine_job_moe_experts(void *ctx, int ith, int nth)
+{
+    engine_job *j = ctx;
+    engine *e = j->e;
+    const model_hparams *hp = &e->m->hp;
+    const model_layer *L = &e->m->layers[j->layer];
+    const int E = hp->n_expert, dim = hp->dim, ef = hp->expert_ffn, R = ENGINE_MOE_ROWS;
+    const int cg = (ef + R - 1) / R, cd = (dim + R - 1) / R;
+    float *tg = e->moe_tmp + (size_t)ith * e->moe_tmp_stride, *tu = tg + (size_t)e->max_tokens * R;
+    void *scratch = tu + (size_t)e->max_tokens * R;
+    (void)nth;
+    for (;;) {
+        int it = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
+        if (it >= e->n_act * cg) break;
+        int x = e->x_act[it / cg], c0 = it % cg * R, nr = TM_MIN(R, ef - c0);
+        int r0 = e->x_off[x], n = e->x_off[x + 1] - r0;
+        ops_weight g = model_expert(&L->gate_exps, E, x), u = model_expert(&L->up_exps, E, x);
+        size_t rb = quant_row_bytes(g.type, g.cols);
+        g = (ops_weight){ g.type, nr, g.cols, (const char *)g.data + rb * (size_t)c0 };
+        u = (ops_weight){ u.type, nr, u.cols, (const char *)u.data + rb * (size_t)c0 };
+        const ops_weight *gu[2] = { &g, &u };
+        float *out[2] = { tg, tu };
+        ops_matmul_multi(NULL, 2, gu, e->xg + (size_t)r0 * dim, n, out, scratch);
+        ops_swiglu(NULL, tg, tg, tu, n, nr);
+        for (int t = 0; t < n; t++)
+            memcpy(e->fe + (size_t)(r0 + t) * ef + c0, tg + (size_t)t * nr, (size_t)nr * sizeof(float));
+    }
+    threadpool_barrier(e->tp);
+    for (;;) {
+        int it = __atomic_fetch_add(&j->next2, 1, __ATOMIC_RELAXED);
+        if (it >= e->n_act * cd) break;
+        int x = e->x_act[it / cd], c0 = it % cd * R, nr = TM_MIN(R, dim - c0);
+        int r0 = e->x_off[x], n = e->x_off[x + 1] - r0;
+        ops_weight d = model_expert(&L->down_exps, E, x);
+        d = (ops_weight){ d.type, nr, d.cols, (const char *)d.data + quant_row_bytes(d.type, d.cols) * (size_t)c0 };
+        ops_matmul(NULL, &d, e->fe + (size_t)r0 * ef, n, tg, scratch);
+        for (int t = 0; t < n; t++)
+            memcpy(e->ye + (size_t)(r0 + t) * dim + c0, tg + (size_t)t * nr, (size_t)nr * sizeof(float));
+    }
+}
+
+/* The MoE FFN of layer il: xn (T, dim) in, the FFN output in xn. */
+static void engine_moe_ffn(engine *e, engine_job *job, int il, int T)
+{
+    const model_layer *L = &e->m->layers[il];
+    threadpool *tp = e->tp;
+    ops_matmul(tp, &L->gate_inp, e->xn, T, e->r_logits, e->mm_scratch);
+    threadpool_run(tp, engine_job_route, job);
+    engine_moe_group(e, T);
+    engine_moe_stats_layer(e->stats, il, e->x_off);
+    threadpool_run(tp, engine_job_moe_gather, job);
+    job->next = job->next2 = 0;
+    threadpool_run(tp, engine_job_moe_experts, job);
+    threadpool_run(tp, engine_job_moe_sum, job);
+}
+
+bool engine_moe_load(engine *e, int layer, uint64_t *window, uint64_t *total, int64_t *n_steps)
+{
+    engine_moe_stats *st = e->stats;
+    if (!st || layer < 0 || layer >= st->n_layers) return false;
+    size_t base = (size_t)layer * (size_t)st->n_expert;
+    pthread_mutex_lock(&st->mu);
+    if (window) memcpy(window, st->win + base, (size_t)st->n_expert * sizeof *window);
+    if (total) memcpy(total, st->total + base, (size_t)st->n_expert * sizeof *total);
+    if (n_steps) *n_steps = TM_MIN(st->n_steps, (int64_t)st->window);
+    pthread_mutex_unlock(&st->mu);
+    return true;
+}
+
+double engine_moe_imbalance(const uint64_t *counts, int n_expert, int n_groups)
+{
+    if (n_groups <= 0 || n_expert <= 0) return 0;
+    if (n_groups > n_expert) n_groups = n_expert;
+    uint64_t all = 0, max = 0;
+    for (int g = 0; g < n_groups; g++) {
+        /* expert parallelism places experts in contiguous ranges */
+        int x0 = (int)((int64_t)n_expert * g / n_groups), x1 = (int)((int64_t)n_expert * (g + 1) / n_groups);
+        uint64_t load = 0;
+        for (int x = x0; x < x1; x++) load += counts[x];
+        all += load;
+        if (load > max) max = load;
+    }
+    return all ? (double)max * n_groups / (double)all : 0;
+}
+
+/* ---- multi-head latent attention ------------------------------------------------------
+ * llama.cpp's MLA with the up-projections absorbed (deepseek2 with split attn_k_b/attn_v_b):
+ * the latent c = norm(kv_a[:kv_lora]) and the roped key part k_pe = rope(kv_a[kv_lora:]) are
+ * one kv head of kv_lora + rope values (stored as K, and as V: attention reads the first
+ * kv_lora values of the same row as the value); each query head is (q_nope @ k_b[h], rope(q_pe))
+ * so that Q K^T equals the decompressed scores; the attention output of a head (kv_lora) goes
+ * through v_b[h] to v_dim values, then attn_output. */
+
+/* After the projections, row by row: norm the latent, rope the key part and each head's query
+ * part (copied into q's RoPE slot), and store the row in the pool as K and V. */
+static void engine_job_mla_post(void *ctx, int ith, int nth)
+{
+    engine_job *j = ctx;
+    engine *e = j->e;
+    const model_hparams *hp = &e->m->hp;
+    const model_layer *L = &e->m->layers[j->layer];
+    const int T = j->b->n_tokens, H = hp->n_heads, hd = hp->head_dim, lr = hp->kv_lora, kq = hp->nope_dim + hp->n_rot;
+    const int t0 = (int)((int64_t)T * ith / nth), t1 = (int)((int64_t)T * (ith + 1) / nth);
+    for (int t = t0; t < t1; t++) {
+        float *k = e->k + (size_t)t * hd, *qr = e->qraw + (size_t)t * H * kq;
+        ops_rmsnorm(NULL, k, k, L->kv_a_norm, 1, lr, hp->rms_eps);
+        ops_rope_ggml(NULL, k + lr, e->pos + t, 1, 1, hp->n_rot, hp->n_rot, hp->rope_neox, hp->rope_theta_scale,
+                      hp->rope_freq_scale, hp->rope_freq_factors, hp->rope_attn_factor, hp->rope_yarn[0] != 0 ? hp->rope_yarn : NULL);
+        /* head h's RoPE part starts at nope_dim within its kq values */
+        ops_rope_ggml(NULL, qr + hp->nope_dim, e->pos + t, 1, H, kq, hp->n_rot, hp->rope_neox, hp->rope_theta_scale,
+                      hp->rope_freq_scale, hp->rope_freq_factors, hp->rope_attn_factor, hp->rope_yarn[0] != 0 ? hp->rope_yarn : NULL);
+        for (int h = 0; h < H; h++)
+            memcpy(e->q + ((size_t)t * H + h) * hd + lr, qr + (size_t)h * kq + hp->nope_dim, (size_t)hp->n_rot * sizeof(float));
+        const engine_tok *tk = &j->b->toks[t];
+        kvpool_seq_store(e->kv, tk->seq, tk->pos, j->layer, 0, k, k);
+    }
+}
+
+/* Per head (items from a shared counter): gather the head's rows, one matmul with its slice
+ * of a per-head tensor, scatter the results. j->mla_v false: q_nope (qraw) through k_b into
+ * q's latent slot; true: the attention output's latent part (att) through v_b into att_v. */
+static void engine_job_mla_heads(void *ctx, int ith, int nth)
+{
+    engine_job *j = ctx;
+    engine *e = j->e;
+    const model_hparams *hp = &e->m->hp;
+    const model_layer *L = &e->m->layers[j->layer];
+    const int T = j->b->n_tokens, H = hp->n_heads, hd = hp->head_dim, lr = hp->kv_lora, kq = hp->nope_dim + hp->n_rot;
+    const bool out_v = j->mla_v;
+    const int n_in = out_v ? lr : hp->nope_dim, n_out = out_v ? hp->v_dim : lr;
+    const size_t in_stride = out_v ? (size_t)H * hd : (size_t)H * kq, in_head = out_v ? (size_t)hd : (size_t)kq;
+    const size_t out_stride = out_v ? (size_t)H * hp->v_dim : (size_t)H * hd, out_head = out_v ? (size_t)hp->v_dim : (size_t)hd;
+    const float *in = out_v ? e->att : e->qraw;
+    float *out = out_v ? e->att_v : e->q;
+    float *xin = e->mla_tmp + (size_t)ith * e->mla_tmp_stride;
+    float *yout = xin + (size_t)e->max_tokens * TM_MAX(hp->nope_dim, lr);
+    void *scratch = yout + (size_t)e->max_tokens * TM_MAX(lr, hp->v_dim);
+    (void)nth;
+    for (;;) {
+        int h = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
+        if (h >= H) break;
+        ops_weight w = model_expert(out_v ? &L->wv_b : &L->wk_b, H, h);
+        for (int t = 0; t < T; t++)
+            memcpy(xin + (size_t)t * n_in, in + t * in_stride + h * in_head, (size_t)n_in * sizeof(float));
+        ops_matmul(NULL, &w, xin, T, yout, scratch);
+        for (int t = 0; t < T; t++)
+            memcpy(out + t * out_stride + h * out_head, yout + (size_t)t * n_out, (size_t)n_out * sizeof(float));
+    }
+}
+
+/* Q (T, H * head_dim) and the pool rows of layer il from xn. */
+static void engine_mla_qkv(engine *e, engine_job *job, int il, int T)
+{
+    const model_hparams *hp = &e->m->hp;
+    const model_layer *L = &e->m->layers[il];
+    threadpool *tp = e->tp;
+    if (L->wq_a.data) {
+        const ops_weight *ws[2] = { &L->wq_a, &L->wkv_a };
+        float *ys[2] = { e->qa, e->k };
+        ops_matmul_multi(tp, 2, ws, e->xn, T, ys, e->mm_scratch);
+        ops_rmsnorm(tp, e->qa, e->qa, L->q_a_norm, T, hp->q_lora, hp->rms_eps);
+        ops_matmul(tp, &L->wq_b, e->qa, T, e->qraw, e->mm_scratch);
+    } else {
+        const ops_weight *ws[2] = { &L->wq, &L->wkv_a };
+        float *ys[2] = { e->qraw, e->k };
+        ops_matmul_multi(tp, 2, ws, e->xn, T, ys, e->mm_scratch);
+    }
+    threadpool_run(tp, engine_job_mla_post, job);
+    job->next = 0, job->mla_v = false;
+    threadpool_run(tp, engine_job_mla_heads, job);
+}
+
+/* The attention output (att) through v_b and attn_output into xn. */
+static void engine_mla_out(engine *e, engine_job *job, int il, int T)
+{
+    job->next = 0, job->mla_v = true;
+    threadpool_run(e->tp, engine_job_mla_heads, job);
+    ops_matmul(e->tp, &e->m->layers[il].wo, e->att_v, T, e->xn, e->mm_scratch);
+}
+
 engine_status engine_step(engine *e, const engine_batch *b, float *logits)
 {
     const model *m = e->m;
@@ -468,26 +933,44 @@ engine_status engine_step(engine *e, const engine_batch *b, float *logits)
     for (int il = 0; il < hp->n_layers; il++) {
         const model_layer *L = &m->layers[il];
         job.layer = il;
-        const ops_weight *qkv[3] = { &L->wq, &L->wk, &L->wv };
-        float *qkv_out[3] = { e->q, e->k, e->v };
-        ops_matmul_multi(tp, 3, qkv, e->xn, T, qkv_out, e->mm_scratch);
-        threadpool_run(tp, engine_job_qkv_post, &job);
+        if (hp->mla) {
+            engine_mla_qkv(e, &job, il, T);
+        } else {
+            const ops_weight *qkv[3] = { &L->wq, &L->wk, &L->wv };
+            float *qkv_out[3] = { e->q, e->k, e->v };
+            ops_matmul_multi(tp, 3, qkv, e->xn, T, qkv_out, e->mm_scratch);
+            threadpool_run(tp, engine_job_qkv_post, &job);
+        }
         job.n_items = e->n_tiles * hp->n_kv_heads;
         job.next = 0;
         job.q16 = kvpool_dtype(e->kv) == QTYPE_F16 && hd % 16 != 0;
         kvpool_fill_wait(e->kv, il);   /* layer il of blocks still loading from the store */
         threadpool_run(tp, engine_job_attention, &job);
-        ops_matmul(tp, &L->wo, e->att, T, e->xn, e->mm_scratch);
+        if (hp->mla) engine_mla_out(e, &job, il, T);
+        else ops_matmul(tp, &L->wo, e->att, T, e->xn, e->mm_scratch);
         job.norm = L->ffn_norm;
         threadpool_run(tp, engine_job_add_norm, &job);   /* x += attention; xn = ffn input */
-        const ops_weight *gu[2] = { &L->gate, &L->up };
-        float *gu_out[2] = { e->ffa, e->ffb };
-        ops_matmul_multi(tp, 2, gu, e->xn, T, gu_out, e->mm_scratch);
-        ops_swiglu(tp, e->ffa, e->ffa, e->ffb, T, hp->ffn_dim);
-        ops_matmul(tp, &L->down, e->ffa, T, e->xn, e->mm_scratch);
+        if (L->gate_inp.data) {
+            if (L->gate_shexp.data) {   /* shared experts: a dense FFN on the same input */
+                const ops_weight *gu[2] = { &L->gate_shexp, &L->up_shexp };
+                float *gu_out[2] = { e->ffa, e->ffb };
+                ops_matmul_multi(tp, 2, gu, e->xn, T, gu_out, e->mm_scratch);
+                ops_swiglu(tp, e->ffa, e->ffa, e->ffb, T, (int)L->gate_shexp.rows);
+                ops_matmul(tp, &L->down_shexp, e->ffa, T, e->shx, e->mm_scratch);
+            }
+            engine_moe_ffn(e, &job, il, T);
+            if (L->gate_shexp.data) ops_add(tp, e->xn, e->shx, (int64_t)T * dim);   /* routed + shared */
+        } else {
+            const ops_weight *gu[2] = { &L->gate, &L->up };
+            float *gu_out[2] = { e->ffa, e->ffb };
+            ops_matmul_multi(tp, 2, gu, e->xn, T, gu_out, e->mm_scratch);
+            ops_swiglu(tp, e->ffa, e->ffa, e->ffb, T, hp->ffn_dim);
+            ops_matmul(tp, &L->down, e->ffa, T, e->xn, e->mm_scratch);
+        }
         job.norm = il + 1 < hp->n_layers ? m->layers[il + 1].attn_norm : NULL;
         threadpool_run(tp, engine_job_add_norm, &job);   /* x += ffn; xn = next layer's input */
     }
+    if (e->stats) engine_moe_stats_step(e->stats);
     if (n_out == 0) return ENGINE_OK;
     int r = 0;
     for (int t = 0; t < T; t++)

@@ -28,6 +28,12 @@
  * where ggml has only the one-query path, that path is used for every step (without ggml's
  * split of long single-token steps over threads). Scores are scaled by 1/sqrt(head_dim).
  *
+ * Mixture of experts (qwen3moe): the FFN of a step routes each token (llama.cpp's router
+ * arithmetic, model/moe.h), groups the step's tokens by expert and runs each active expert
+ * once over its tokens, so an expert's weights are read once per step and only if some token
+ * chose it; outputs are summed per token in a fixed order (engine.c). Per-expert token counts
+ * are kept for /metrics and bench (engine_moe_load).
+ *
  * Memory: all scratch (activations for max_batch_tokens, matmul scratch, per-thread
  * attention buffers) is allocated in engine_new; engine_step allocates nothing.
  *
@@ -86,6 +92,16 @@ kvpool *engine_kvpool(engine *e);
 const model *engine_model(const engine *e);
 int engine_max_batch(const engine *e);
 int engine_n_threads(const engine *e);
+
+/* Expert load of a MoE model's layer (false for a dense model or a bad layer): window
+ * (n_expert) the tokens each expert received over the last *n_steps steps (at most 128: a
+ * sliding window), total (n_expert) since the engine started; either may be NULL. Safe to
+ * call from any thread while steps run. */
+bool engine_moe_load(engine *e, int layer, uint64_t *window, uint64_t *total, int64_t *n_steps);
+/* The imbalance DeepSeek reports for expert parallelism: the experts cut into n_groups
+ * contiguous groups (as G devices would hold them), the busiest group's load over the mean
+ * group load; 1 is perfect balance, 0 when nothing was counted. */
+double engine_moe_imbalance(const uint64_t *counts, int n_expert, int n_groups);
 
 /* Runs one forward step. logits receives (n_out, n_vocab) floats, one row per entry with
  * want_logits, in batch order; it may be NULL when no entry wants logits. */

@@ -1259,6 +1259,8 @@ void sched_release(sched_req *r)
     sched_req_destroy(r);
 }
 
+engine *sched_engine(sched *s) { return s->e; }
+
 void sched_get_stats(sched *s, sched_stats *st)
 {
     pthread_mutex_lock(&s->mu);

@@ -312,6 +312,8 @@ void sched_cancel(sched_req *r);
 void sched_release(sched_req *r);
 
 void sched_get_stats(sched *s, sched_stats *st);
+/* The engine it runs (for its thread-safe readers, such as engine_moe_load). */
+engine *sched_engine(sched *s);
 /* Copies the time-to-first-token, inter-token latency, step duration and store load wait
  * (seconds from the start of a request's block store load to its admission: the part of its
  * time to first token spent getting its blocks, before any compute) histograms; NULL skips. */

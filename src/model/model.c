@@ -1,5 +1,5 @@
 /*
- * model: hyper-parameters and weight views of llama / qwen2 / qwen3 GGUF files. See model.h
+ * model: hyper-parameters and weight views of llama / qwen2 / qwen3 / qwen3moe GGUF files. See model.h
  * for the design; this file is the loading and validation, one tensor at a time, each error
  * naming what is wrong.
  */
@@ -119,6 +119,29 @@ static bool model_matrix(model_ld *ld, const char *name, int64_t cols, int64_t r
     return true;
 }
 
+/* A stacked expert tensor: 3-D [cols, rows, n_expert] as llama.cpp writes `*_exps`, viewed as
+ * one matrix of n_expert * rows rows (model_expert slices it). */
+static bool model_experts(model_ld *ld, const char *name, int64_t cols, int64_t rows, int n_expert, ops_weight *w)
+{
+    const gguf_tensor *t = gguf_find_tensor(ld->m->g, name);
+    if (!t) {
+        model_fail(ld, GGUF_ERR_MISSING, "missing tensor %s", name);
+        return false;
+    }
+    if (t->n_dims != 3 || t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != n_expert || t->ne[3] != 1) {
+        model_fail(ld, GGUF_ERR_SHAPE, "tensor %s has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld, %d]",
+                   name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], (long long)t->ne[3],
+                   (long long)cols, (long long)rows, n_expert);
+        return false;
+    }
+    if (!quant_type_supported(t->type) || t->type == QTYPE_Q8_K) {
+        model_fail(ld, GGUF_ERR_TYPE, "tensor %s has unsupported type %d", name, (int)t->type);
+        return false;
+    }
+    *w = (ops_weight){ t->type, rows * n_expert, cols, t->data };
+    return true;
+}
+
 /* A 1-D tensor of n elements, converted to an owned f32 array. Returns NULL if absent
  * (error recorded only if required) or wrong. */
 static const float *model_vector(model_ld *ld, const char *name, bool required, int64_t n)
@@ -140,6 +163,30 @@ static const float *model_vector(model_ld *ld, const char *name, bool required, 
     m->owned = xrealloc(m->owned, (size_t)(m->n_owned + 1) * sizeof(float *));
     m->owned[m->n_owned++] = v;
     return v;
+}
+
+/* Layer il's multi-head latent attention tensors (deepseek2). */
+static bool model_load_mla(model_ld *ld, int il)
+{
+    const model_hparams *hp = &ld->m->hp;
+    model_layer *L = &ld->m->layers[il];
+    const int64_t H = hp->n_heads, kq = hp->nope_dim + hp->n_rot;
+    char nm[96];
+#define TN(suffix) (snprintf(nm, sizeof nm, "blk.%d.%s", il, suffix), nm)
+    if (hp->q_lora > 0) {
+        if (!model_matrix(ld, TN("attn_q_a.weight"), hp->dim, hp->q_lora, &L->wq_a)) return false;
+        if (!(L->q_a_norm = model_vector(ld, TN("attn_q_a_norm.weight"), true, hp->q_lora))) return false;
+        if (!model_matrix(ld, TN("attn_q_b.weight"), hp->q_lora, H * kq, &L->wq_b)) return false;
+    } else if (!model_matrix(ld, TN("attn_q.weight"), hp->dim, H * kq, &L->wq)) {
+        return false;
+    }
+    if (!model_matrix(ld, TN("attn_kv_a_mqa.weight"), hp->dim, hp->kv_lora + hp->n_rot, &L->wkv_a)) return false;
+    if (!(L->kv_a_norm = model_vector(ld, TN("attn_kv_a_norm.weight"), true, hp->kv_lora))) return false;
+    if (!model_experts(ld, TN("attn_k_b.weight"), hp->nope_dim, hp->kv_lora, hp->n_heads, &L->wk_b)) return false;
+    if (!model_experts(ld, TN("attn_v_b.weight"), hp->kv_lora, hp->v_dim, hp->n_heads, &L->wv_b)) return false;
+    if (!model_matrix(ld, TN("attn_output.weight"), H * hp->v_dim, hp->dim, &L->wo)) return false;
+#undef TN
+    return true;
 }
 
 static float *model_own(model *m, size_t n)
@@ -167,8 +214,64 @@ static bool model_read_hparams(model_ld *ld, const char *an)
     hp->n_heads = (int)v;
     if (!model_key_int(ld, KEY("attention.head_count_kv"), false, hp->n_heads, &v)) return false;
     hp->n_kv_heads = (int)v;
-    if (!model_key_int(ld, KEY("feed_forward_length"), true, 0, &v)) return false;
+    bool moe = hp->arch == MODEL_ARCH_QWEN3MOE || hp->arch == MODEL_ARCH_DEEPSEEK2;
+    hp->mla = hp->arch == MODEL_ARCH_DEEPSEEK2;
+    if (moe) {
+        if (!model_key_int(ld, KEY("expert_count"), true, 0, &v)) return false;
+        hp->n_expert = (int)v;
+        if (!model_key_int(ld, KEY("expert_used_count"), true, 0, &v)) return false;
+        hp->n_expert_used = (int)v;
+        if (!model_key_int(ld, KEY("expert_feed_forward_length"), true, 0, &v)) return false;
+        hp->expert_ffn = (int)v;
+        if (hp->n_expert <= 0 || hp->n_expert > MODEL_MAX_EXPERTS || hp->n_expert_used <= 0 ||
+            hp->n_expert_used > hp->n_expert || hp->expert_ffn <= 0 || hp->expert_ffn > (1 << 22)) {
+            model_fail(ld, GGUF_ERR_FORMAT, "bad expert hyper-parameters: %d experts (at most %d), %d used, expert ffn %d",
+                       hp->n_expert, MODEL_MAX_EXPERTS, hp->n_expert_used, hp->expert_ffn);
+            return false;
+        }
+    }
+    /* a MoE model's dense FFN size is informational only, unless it has dense layers */
+    if (!model_key_int(ld, KEY("feed_forward_length"), !moe, hp->expert_ffn, &v)) return false;
     hp->ffn_dim = (int)v;
+    hp->router_norm = hp->arch == MODEL_ARCH_QWEN3MOE;
+    if (hp->mla) {
+        bool b;
+        if (!model_key_int(ld, KEY("leading_dense_block_count"), false, 0, &v)) return false;
+        hp->n_dense_lead = (int)v;
+        if (!model_key_int(ld, KEY("expert_shared_count"), false, 0, &v)) return false;
+        hp->n_shared = (int)v;
+        if (!model_key_int(ld, KEY("expert_gating_func"), false, 1, &v)) return false;
+        hp->router_sigmoid = v == 2;
+        if (v != 1 && v != 2) {
+            model_fail(ld, GGUF_ERR_FORMAT, "unsupported %s %lld (1 softmax, 2 sigmoid)", key, (long long)v);
+            return false;
+        }
+        hp->router_norm = gguf_get_bool(ld->m->g, KEY("expert_weights_norm"), &b) && b;
+        if (!model_key_float(ld, KEY("expert_weights_scale"), 0.0, &f)) return false;
+        hp->router_scale = (float)f;
+        if (!model_key_int(ld, KEY("expert_group_count"), false, 0, &v)) return false;
+        hp->n_groups = (int)v;
+        if (!model_key_int(ld, KEY("expert_group_used_count"), false, 0, &v)) return false;
+        hp->n_groups_used = (int)v;
+        if (!model_key_int(ld, KEY("attention.q_lora_rank"), false, 0, &v)) return false;
+        hp->q_lora = (int)v;
+        if (!model_key_int(ld, KEY("attention.kv_lora_rank"), true, 0, &v)) return false;
+        hp->kv_lora = (int)v;
+        int64_t kmla, vmla;
+        if (!model_key_int(ld, KEY("attention.key_length_mla"), true, 0, &kmla)) return false;
+        if (!model_key_int(ld, KEY("attention.value_length_mla"), true, 0, &vmla)) return false;
+        hp->v_dim = (int)vmla;
+        hp->nope_dim = (int)kmla;   /* minus n_rot below */
+        if (hp->n_dense_lead < 0 || hp->n_dense_lead > hp->n_layers || hp->n_shared < 0 || hp->n_shared > 64 ||
+            hp->q_lora < 0 || hp->q_lora > (1 << 16) || hp->kv_lora <= 0 || hp->kv_lora > (1 << 16) || vmla <= 0 ||
+            vmla > 4096 || kmla <= 0 || kmla > 4096 ||
+            (hp->n_groups > 1 && (hp->n_expert % hp->n_groups || hp->n_groups_used < 1 || hp->n_groups_used > hp->n_groups))) {
+            model_fail(ld, GGUF_ERR_FORMAT, "bad deepseek2 hyper-parameters: dense layers %d, shared %d, q_lora %d, "
+                       "kv_lora %d, key/value_length_mla %lld/%lld, groups %d/%d", hp->n_dense_lead, hp->n_shared,
+                       hp->q_lora, hp->kv_lora, (long long)kmla, (long long)vmla, hp->n_groups, hp->n_groups_used);
+            return false;
+        }
+    }
     if (!model_key_int(ld, KEY("context_length"), false, 2048, &v)) return false;
     hp->n_ctx_train = (int)v;
     if (hp->dim <= 0 || hp->n_layers <= 0 || hp->n_heads <= 0 || hp->n_kv_heads <= 0 ||
@@ -189,7 +292,9 @@ static bool model_read_hparams(model_ld *ld, const char *an)
     hp->head_dim = (int)v;
     int64_t vlen;
     if (!model_key_int(ld, KEY("attention.value_length"), false, hp->head_dim, &vlen)) return false;
-    if (hp->head_dim <= 0 || hp->head_dim > 1024 || hp->head_dim % 2 != 0 || vlen != hp->head_dim) {
+    /* MLA: the value is the latent, the key the latent plus the RoPE part */
+    bool vlen_ok = hp->mla ? vlen == hp->kv_lora && hp->n_kv_heads == 1 : vlen == hp->head_dim;
+    if (hp->head_dim <= 0 || hp->head_dim > 1024 || hp->head_dim % 2 != 0 || !vlen_ok) {
         model_fail(ld, GGUF_ERR_FORMAT, "unsupported head size: key_length %d, value_length %lld",
                    hp->head_dim, (long long)vlen);
         return false;
@@ -200,6 +305,14 @@ static bool model_read_hparams(model_ld *ld, const char *an)
     hp->rope_base = (float)f;
     if (!model_key_int(ld, KEY("rope.dimension_count"), false, hp->head_dim, &v)) return false;
     hp->n_rot = (int)v;
+    if (hp->mla) {
+        hp->nope_dim -= hp->n_rot;
+        if (hp->nope_dim <= 0 || hp->head_dim != hp->kv_lora + hp->n_rot) {
+            model_fail(ld, GGUF_ERR_FORMAT, "MLA key_length %d is not kv_lora_rank %d + rope dims %d, or no no-RoPE part",
+                       hp->head_dim, hp->kv_lora, hp->n_rot);
+            return false;
+        }
+    }
     if (hp->n_rot <= 0 || hp->n_rot > hp->head_dim || hp->n_rot % 2 != 0) {
         model_fail(ld, GGUF_ERR_FORMAT, "bad rope.dimension_count %d (head size %d)", hp->n_rot,
                    hp->head_dim);
@@ -215,11 +328,43 @@ static bool model_read_hparams(model_ld *ld, const char *an)
     bool is_linear = has_type ? (stype_len == 6 && !memcmp(stype, "linear", 6)) : factor != 0;
     bool is_llama3 = has_type && stype_len == 6 && !memcmp(stype, "llama3", 6);
     bool is_none = has_type && stype_len == 4 && !memcmp(stype, "none", 4);
-    if (has_type && !is_linear && !is_llama3 && !is_none) {
+    bool is_yarn = has_type && stype_len == 4 && !memcmp(stype, "yarn", 4);
+    if (has_type && !is_linear && !is_llama3 && !is_none && !is_yarn) {
         model_fail(ld, GGUF_ERR_FORMAT, "unsupported rope scaling type '%.*s'", (int)stype_len, stype);
         return false;
     }
     if (is_linear && factor != 0) hp->rope_freq_scale = (float)(1.0 / factor);
+    /* YaRN as llama.cpp sets it up (llama_context's yarn_attn_factor, ggml's corr dims, beta
+     * fast 32 and slow 1), with deepseek2's log multiplier (its converter writes 0.1 x it) */
+    hp->rope_attn_factor = 1.0f;
+    float yarn_log_mul = 0.0f;
+    if (is_yarn && factor != 0) {
+        hp->rope_freq_scale = 1.0f / (float)factor;
+        double orig_ctx, lm, af;
+        if (!model_key_float(ld, KEY("rope.scaling.original_context_length"), hp->n_ctx_train, &orig_ctx)) return false;
+        if (!model_key_float(ld, KEY("rope.scaling.yarn_log_multiplier"), 0.0, &lm)) return false;
+        if (!model_key_float(ld, KEY("rope.scaling.attn_factor"), 1.0, &af)) return false;
+        yarn_log_mul = (float)lm;
+        if (hp->mla && yarn_log_mul != 0.0f) yarn_log_mul /= 0.1f;
+        const float fac = 1.0f / hp->rope_freq_scale;
+#define MODEL_YARN_MSCALE(sc, ms) ((sc) <= 1.0f ? 1.0f : (0.1f * (ms) * logf(sc) + 1.0f))
+        float attn;
+        if (yarn_log_mul != 0.0f) {
+            float ms = hp->mla && yarn_log_mul != 1.0f ? yarn_log_mul : 1.0f;
+            attn = MODEL_YARN_MSCALE(fac, ms) / MODEL_YARN_MSCALE(fac, yarn_log_mul);
+        } else {
+            attn = MODEL_YARN_MSCALE(fac, 1.0f);
+        }
+#undef MODEL_YARN_MSCALE
+        attn *= 1.0f / (1.0f + 0.1f * logf(fac));
+        hp->rope_attn_factor = attn * (float)af;
+        float n_dims = (float)hp->n_rot, oc = (float)orig_ctx, base = hp->rope_base;
+        float start = floorf(n_dims * logf(oc / (32.0f * 2 * (float)M_PI)) / (2 * logf(base)));
+        float end = ceilf(n_dims * logf(oc / (1.0f * 2 * (float)M_PI)) / (2 * logf(base)));
+        hp->rope_yarn[0] = 1.0f;
+        hp->rope_yarn[1] = start > 0 ? start : 0;
+        hp->rope_yarn[2] = end < n_dims - 1 ? end : n_dims - 1;
+    }
 
     /* inverse frequencies, with per-pair factors from rope_freqs.weight or llama3 keys */
     float *inv = model_own(ld->m, (size_t)hp->n_rot / 2);
@@ -255,6 +400,13 @@ static bool model_read_hparams(model_ld *ld, const char *an)
     hp->rope_inv_freq = inv;
     hp->rope_freq_factors = ff ? ff : factors;
     hp->rope_theta_scale = powf(hp->rope_base, -2.0f / (float)hp->n_rot);
+    /* llama.cpp's kq_scale; MLA's with YaRN's mscale folded in (deepseek2's graph) */
+    hp->att_scale = 1.0f / sqrtf((float)(hp->mla ? hp->nope_dim + hp->n_rot : hp->head_dim));
+    if (hp->mla && hp->rope_yarn[0] != 0.0f) {
+        float org = hp->rope_attn_factor * (1.0f + 0.1f * logf(1.0f / hp->rope_freq_scale));
+        float ms = org * (1.0f + 0.1f * yarn_log_mul * logf(1.0f / hp->rope_freq_scale));
+        hp->att_scale = 1.0f * ms * ms / sqrtf((float)(hp->nope_dim + hp->n_rot));
+    }
 #undef KEY
     return true;
 }
@@ -277,6 +429,10 @@ static bool model_fingerprint(model *m, const model_opts *opts)
                        hp->head_dim, hp->ffn_dim, hp->n_rot, hp->rope_neox };
     float fl[] = { hp->rms_eps, hp->rope_base, hp->rope_freq_scale };
     ok = ok && model_sha_update(c, ints, sizeof ints) && model_sha_update(c, fl, sizeof fl);
+    if (hp->n_expert > 0) {
+        int32_t moe[] = { hp->n_expert, hp->n_expert_used, hp->expert_ffn };
+        ok = ok && model_sha_update(c, moe, sizeof moe);
+    }
     ok = ok && model_sha_update(c, hp->rope_inv_freq, sizeof(float) * (size_t)(hp->n_rot / 2));
     uint64_t fsz = gguf_file_size(m->g);
     ok = ok && model_sha_update(c, &fsz, sizeof fsz);
@@ -303,16 +459,26 @@ static bool model_fingerprint(model *m, const model_opts *opts)
     return ok;
 }
 
-/* The matrices a decode step multiplies with (output first), n_layers * 7 + 1 of them. */
+/* The 2-D matrices of a layer that exist (data set), at most MODEL_LAYER_MATS. */
+#define MODEL_LAYER_MATS 13
+static int model_layer_matrices(model_layer *L, ops_weight **ws)
+{
+    ops_weight *all[MODEL_LAYER_MATS] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down,
+                                          &L->gate_shexp, &L->up_shexp, &L->down_shexp, &L->wq_a, &L->wq_b, &L->wkv_a };
+    int n = 0;
+    for (int i = 0; i < MODEL_LAYER_MATS; i++)
+        if (all[i]->data) ws[n++] = all[i];
+    return n;
+}
+
+/* The matrices a decode step multiplies with (output first), n_layers * MODEL_LAYER_MATS + 1
+ * of them at most; a MoE layer's router, its experts and MLA's per-head tensors are not among
+ * them (never repacked: see model.h). */
 static int model_matrices(model *m, ops_weight **ws)
 {
     int n = 0;
     ws[n++] = &m->output;
-    for (int il = 0; il < m->hp.n_layers; il++) {
-        model_layer *L = &m->layers[il];
-        ws[n++] = &L->wq, ws[n++] = &L->wk, ws[n++] = &L->wv, ws[n++] = &L->wo;
-        ws[n++] = &L->gate, ws[n++] = &L->up, ws[n++] = &L->down;
-    }
+    for (int il = 0; il < m->hp.n_layers; il++) n += model_layer_matrices(&m->layers[il], ws + n);
     return n;
 }
 
@@ -321,7 +487,7 @@ static int model_matrices(model *m, ops_weight **ws)
  * originals from this process. Returns false when out of memory (nothing changed). */
 static bool model_repack(model *m)
 {
-    ops_weight **ws = xcalloc((size_t)m->hp.n_layers * 7 + 1, sizeof *ws);
+    ops_weight **ws = xcalloc((size_t)m->hp.n_layers * MODEL_LAYER_MATS + 1, sizeof *ws);
     int n = model_matrices(m, ws);
     size_t total = 0;
     for (int i = 0; i < n; i++) {
@@ -394,8 +560,12 @@ gguf_status model_load(const char *path, const model_opts *opts, model **out, ch
         hp->arch = MODEL_ARCH_QWEN2, hp->arch_name = "qwen2", hp->rope_neox = true;
     } else if (an_len == 5 && !memcmp(an, "qwen3", 5)) {
         hp->arch = MODEL_ARCH_QWEN3, hp->arch_name = "qwen3", hp->rope_neox = true;
+    } else if (an_len == 8 && !memcmp(an, "qwen3moe", 8)) {
+        hp->arch = MODEL_ARCH_QWEN3MOE, hp->arch_name = "qwen3moe", hp->rope_neox = true;
+    } else if (an_len == 9 && !memcmp(an, "deepseek2", 9)) {
+        hp->arch = MODEL_ARCH_DEEPSEEK2, hp->arch_name = "deepseek2", hp->rope_neox = false;
     } else {
-        model_fail(&ld, GGUF_ERR_TYPE, "%s: unsupported architecture '%.*s' (supported: llama, qwen2, qwen3)",
+        model_fail(&ld, GGUF_ERR_TYPE, "%s: unsupported architecture '%.*s' (supported: llama, qwen2, qwen3, qwen3moe, deepseek2)",
                    path, (int)TM_MIN(an_len, 64), an);
         goto fail;
     }
@@ -429,6 +599,10 @@ gguf_status model_load(const char *path, const model_opts *opts, model **out, ch
         char nm[96];
 #define TN(suffix) (snprintf(nm, sizeof nm, "blk.%d.%s", il, suffix), nm)
         if (!(L->attn_norm = model_vector(&ld, TN("attn_norm.weight"), true, hp->dim))) goto fail;
+        if (hp->mla) {
+            if (!model_load_mla(&ld, il)) goto fail;
+            goto ffn;
+        }
         if (!model_matrix(&ld, TN("attn_q.weight"), hp->dim, q_dim, &L->wq)) goto fail;
         if (!model_matrix(&ld, TN("attn_k.weight"), hp->dim, kv_dim, &L->wk)) goto fail;
         if (!model_matrix(&ld, TN("attn_v.weight"), hp->dim, kv_dim, &L->wv)) goto fail;
@@ -438,11 +612,28 @@ gguf_status model_load(const char *path, const model_opts *opts, model **out, ch
             if (!(L->bk = model_vector(&ld, TN("attn_k.bias"), true, kv_dim))) goto fail;
             if (!(L->bv = model_vector(&ld, TN("attn_v.bias"), true, kv_dim))) goto fail;
         }
-        if (hp->arch == MODEL_ARCH_QWEN3) {
+        if (hp->arch == MODEL_ARCH_QWEN3 || hp->arch == MODEL_ARCH_QWEN3MOE) {
             if (!(L->q_norm = model_vector(&ld, TN("attn_q_norm.weight"), true, hp->head_dim))) goto fail;
             if (!(L->k_norm = model_vector(&ld, TN("attn_k_norm.weight"), true, hp->head_dim))) goto fail;
         }
+    ffn:
         if (!(L->ffn_norm = model_vector(&ld, TN("ffn_norm.weight"), true, hp->dim))) goto fail;
+        if (hp->n_expert > 0 && il >= hp->n_dense_lead) {
+            int ne = hp->n_expert, ef = hp->expert_ffn;
+            if (!model_matrix(&ld, TN("ffn_gate_inp.weight"), hp->dim, ne, &L->gate_inp)) goto fail;
+            if (!model_experts(&ld, TN("ffn_gate_exps.weight"), hp->dim, ef, ne, &L->gate_exps)) goto fail;
+            if (!model_experts(&ld, TN("ffn_up_exps.weight"), hp->dim, ef, ne, &L->up_exps)) goto fail;
+            if (!model_experts(&ld, TN("ffn_down_exps.weight"), ef, hp->dim, ne, &L->down_exps)) goto fail;
+            L->exp_probs_b = model_vector(&ld, TN("exp_probs_b.bias"), false, ne);
+            if (ld.st != GGUF_OK) goto fail;
+            if (hp->n_shared > 0) {
+                int64_t sh = (int64_t)ef * hp->n_shared;
+                if (!model_matrix(&ld, TN("ffn_gate_shexp.weight"), hp->dim, sh, &L->gate_shexp)) goto fail;
+                if (!model_matrix(&ld, TN("ffn_up_shexp.weight"), hp->dim, sh, &L->up_shexp)) goto fail;
+                if (!model_matrix(&ld, TN("ffn_down_shexp.weight"), sh, hp->dim, &L->down_shexp)) goto fail;
+            }
+            continue;
+        }
         if (!model_matrix(&ld, TN("ffn_gate.weight"), hp->dim, hp->ffn_dim, &L->gate)) goto fail;
         if (!model_matrix(&ld, TN("ffn_up.weight"), hp->dim, hp->ffn_dim, &L->up)) goto fail;
         if (!model_matrix(&ld, TN("ffn_down.weight"), hp->ffn_dim, hp->dim, &L->down)) goto fail;
@@ -488,14 +679,30 @@ static size_t model_w_bytes(const ops_weight *w)
     return quant_row_bytes(w->type, w->cols) * (size_t)w->rows;
 }
 
-size_t model_weight_bytes(const model *m)
+ops_weight model_expert(const ops_weight *w, int n_expert, int e)
+{
+    int64_t rows = w->rows / n_expert;
+    size_t off = quant_row_bytes(w->type, w->cols) * (size_t)rows * (size_t)e;
+    return (ops_weight){ w->type, rows, w->cols, (const char *)w->data + off };
+}
+
+/* experts_used: how many experts per layer to count (n_expert for all of them) */
+static size_t model_bytes(const model *m, int experts_used)
 {
     size_t n = model_w_bytes(&m->output);
-    for (int il = 0; il < m->hp.n_layers; il++) {
-        const model_layer *L = &m->layers[il];
-        n += model_w_bytes(&L->wq) + model_w_bytes(&L->wk) + model_w_bytes(&L->wv) +
-             model_w_bytes(&L->wo) + model_w_bytes(&L->gate) + model_w_bytes(&L->up) +
-             model_w_bytes(&L->down);
+    const model_hparams *hp = &m->hp;
+    for (int il = 0; il < hp->n_layers; il++) {
+        model_layer *L = &m->layers[il];
+        ops_weight *ws[MODEL_LAYER_MATS];
+        int nw = model_layer_matrices(L, ws);
+        for (int i = 0; i < nw; i++) n += model_w_bytes(ws[i]);
+        n += model_w_bytes(&L->wk_b) + model_w_bytes(&L->wv_b);
+        if (!L->gate_inp.data) continue;
+        size_t all = model_w_bytes(&L->gate_exps) + model_w_bytes(&L->up_exps) + model_w_bytes(&L->down_exps);
+        n += model_w_bytes(&L->gate_inp) + all / (size_t)hp->n_expert * (size_t)experts_used;
     }
     return n;
 }
+
+size_t model_weight_bytes(const model *m) { return model_bytes(m, m->hp.n_expert); }
+size_t model_active_weight_bytes(const model *m) { return model_bytes(m, m->hp.n_expert_used); }

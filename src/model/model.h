@@ -1,6 +1,7 @@
 /*
  * model: a decoder-only transformer described by a GGUF file: the hyper-parameters and the
- * weights of the architectures we run (`llama`, `qwen2`, `qwen3`), ready for the engine.
+ * weights of the architectures we run (`llama`, `qwen2`, `qwen3`, `qwen3moe`), ready for the
+ * engine.
  *
  * model_load opens the GGUF (gguf.c: read-only shared mmap) and keeps it open for the
  * model's lifetime: matrices are used in place from the mapping as ops_weight views, except
@@ -13,6 +14,19 @@
  * 1-D tensors (norm weights, biases) are converted once to owned f32 arrays, whatever their
  * stored type, so that the kernels see one layout. Every required tensor is checked for
  * presence, type support and shape before the load succeeds; a failure names the tensor.
+ *
+ * Mixture of experts (`qwen3moe`): Qwen3 attention, and instead of the dense FFN a router
+ * (`ffn_gate_inp`, (n_expert, dim), F32 in llama.cpp's files) and n_expert experts stored as
+ * three 3-D tensors (`ffn_gate_exps`/`ffn_up_exps` [dim, expert_ffn, n_expert],
+ * `ffn_down_exps` [expert_ffn, dim, n_expert]). Each is kept as ONE ops_weight over the
+ * mapping, the experts stacked row-wise (rows = n_expert * rows per expert); model_expert
+ * gives expert e's slice as a view. Expert tensors are never copied or repacked: a model of
+ * 30 B parameters stays in the shared page cache and a decode step touches only the pages of
+ * the experts its tokens were routed to.
+ *
+ * Multi-head latent attention (`deepseek2`, as llama.cpp's converter writes it with split
+ * `attn_k_b` / `attn_v_b`): hp.head_dim is the latent plus the RoPE part (one kv head),
+ * hp.mla says so; see engine.h for how it is computed.
  *
  * RoPE: llama uses the interleaved ("normal") form, qwen2/qwen3 the NEOX (half-split) form.
  * The inverse frequencies inv_freq[i] = freq_scale * base^(-2i/n_rot) / factor[i] are
@@ -35,10 +49,15 @@
 #include "model/gguf.h"
 #include "model/ops.h"
 
+#define MODEL_MAX_EXPERTS 1024   /* experts per layer at most */
+
 typedef enum {
     MODEL_ARCH_LLAMA = 0,
     MODEL_ARCH_QWEN2,
     MODEL_ARCH_QWEN3,
+    MODEL_ARCH_QWEN3MOE,     /* qwen3 attention, routed experts (no shared expert) */
+    MODEL_ARCH_DEEPSEEK2,    /* multi-head latent attention, leading dense layers, routed and
+                              * shared experts */
 } model_arch;
 
 typedef struct {
@@ -56,18 +75,53 @@ typedef struct {
     ops_weight gate;         /* (ffn_dim, dim) */
     ops_weight up;           /* (ffn_dim, dim) */
     ops_weight down;         /* (dim, ffn_dim) */
+    /* mixture of experts (n_expert > 0; gate/up/down above unused) */
+    ops_weight gate_inp;     /* (n_expert, dim) router */
+    ops_weight gate_exps;    /* (n_expert * expert_ffn, dim), expert e at rows e*expert_ffn.. */
+    ops_weight up_exps;      /* (n_expert * expert_ffn, dim) */
+    ops_weight down_exps;    /* (n_expert * dim, expert_ffn) */
+    const float *exp_probs_b;/* (n_expert) f32 selection bias (DeepSeek V3), else NULL */
+    ops_weight gate_shexp;   /* (n_shared * expert_ffn, dim) shared experts (deepseek2), or empty */
+    ops_weight up_shexp;     /* (n_shared * expert_ffn, dim) */
+    ops_weight down_shexp;   /* (dim, n_shared * expert_ffn) */
+    /* multi-head latent attention (deepseek2; wq/wk/wv unused, wq set without q-LoRA) */
+    ops_weight wq_a;         /* (q_lora, dim), or empty without q-LoRA */
+    const float *q_a_norm;   /* (q_lora) f32 */
+    ops_weight wq_b;         /* (n_heads * (nope + rope), q_lora) */
+    ops_weight wkv_a;        /* (kv_lora + rope, dim): the latent and the RoPE key */
+    const float *kv_a_norm;  /* (kv_lora) f32 */
+    ops_weight wk_b;         /* (n_heads * kv_lora, nope): per head, q_nope -> latent space */
+    ops_weight wv_b;         /* (n_heads * v_dim, kv_lora): per head, latent -> value */
 } model_layer;
 
 typedef struct {
     model_arch arch;
-    const char *arch_name;   /* "llama", "qwen2", "qwen3" */
+    const char *arch_name;   /* "llama", "qwen2", "qwen3", "qwen3moe" */
     int n_vocab;             /* rows of token_embd */
     int dim;                 /* embedding width */
     int n_layers;
     int n_heads;
     int n_kv_heads;          /* n_heads is a multiple of it (GQA) */
     int head_dim;            /* {arch}.attention.key_length, default dim/n_heads */
-    int ffn_dim;             /* {arch}.feed_forward_length */
+    int ffn_dim;             /* {arch}.feed_forward_length (MoE: the expert's when absent) */
+    int n_expert;            /* {arch}.expert_count; 0 for a dense model */
+    int n_expert_used;       /* {arch}.expert_used_count: experts per token (top-k) */
+    int expert_ffn;          /* {arch}.expert_feed_forward_length: an expert's hidden size */
+    int n_shared;            /* {arch}.expert_shared_count (deepseek2) */
+    int n_dense_lead;        /* {arch}.leading_dense_block_count: dense FFN layers first */
+    bool router_sigmoid;     /* {arch}.expert_gating_func 2 (V3) instead of softmax */
+    bool router_norm;        /* renormalise the chosen experts' weights */
+    float router_scale;      /* {arch}.expert_weights_scale, 0 or 1: none */
+    int n_groups, n_groups_used; /* group-limited routing (V3), n_groups 0 or 1: none */
+    /* multi-head latent attention (deepseek2): the pool holds ONE kv head of head_dim =
+     * kv_lora + n_rot values per token (the normed latent, then the roped key part), which is
+     * also the value (its first kv_lora values) */
+    bool mla;
+    int q_lora;              /* 0: no query low-rank projection */
+    int kv_lora;             /* latent size */
+    int nope_dim;            /* per-head query dims without RoPE (key_length_mla - n_rot) */
+    int v_dim;               /* per-head value dims (value_length_mla) */
+    float att_scale;         /* score scale: 1/sqrt(head_dim), MLA 1/sqrt(nope_dim + n_rot) */
     int n_ctx_train;         /* {arch}.context_length */
     float rms_eps;           /* {arch}.attention.layer_norm_rms_epsilon */
     float rope_base;         /* {arch}.rope.freq_base, default 10000 */
@@ -77,6 +131,8 @@ typedef struct {
     const float *rope_inv_freq; /* (n_rot/2) radians per position, scaling folded in */
     float rope_theta_scale;  /* powf(rope_base, -2/n_rot), ggml's per-pair angle step */
     const float *rope_freq_factors; /* (n_rot/2) divisors per pair (llama3 scaling) or NULL */
+    float rope_attn_factor;  /* llama.cpp's attn_factor: cos/sin multiplier, 1 unless YaRN */
+    float rope_yarn[3];      /* YaRN: ext_factor (0: none), the ramp's corr dims (ggml's) */
 } model_hparams;
 
 typedef struct model {
@@ -111,7 +167,15 @@ void model_free(model *m);
 /* Dequantises row `token` of the embedding into out (dim floats). token must be in range. */
 void model_embed_row(const model *m, int32_t token, float *out);
 
-/* Bytes of all weight matrices (what one decode step reads from memory). */
+/* Expert e's slice of a stacked expert tensor (gate_exps, up_exps, down_exps): a view of
+ * w->rows / n_expert rows. */
+ops_weight model_expert(const ops_weight *w, int n_expert, int e);
+
+/* Bytes of all weight matrices (every expert included). */
 size_t model_weight_bytes(const model *m);
+/* Bytes of the weight matrices that one token reads: for a MoE model the router and
+ * n_expert_used experts per layer instead of all of them (the same as model_weight_bytes for
+ * a dense model). */
+size_t model_active_weight_bytes(const model *m);
 
 #endif

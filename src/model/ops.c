@@ -729,6 +729,8 @@ typedef struct {
     const float *inv_freq;      /* (n_rot/2) or NULL for the ggml variant */
     float theta_scale, freq_scale, mscale; /* ggml variant */
     const float *freq_factors;  /* (n_rot/2) or NULL */
+    float ext_factor;           /* YaRN: 0 none */
+    float corr0, corr1;         /* YaRN: the ramp's dims */
 } ops_rope_ctx;
 
 static void ops_rope_cache(const ops_rope_ctx *c, int32_t p, float *cs)
@@ -745,9 +747,15 @@ static void ops_rope_cache(const ops_rope_ctx *c, int32_t p, float *cs)
     float theta = (float)p;
     for (int i = 0; i < half; i++) {
         float ff = c->freq_factors ? c->freq_factors[i] : 1.0f;
-        float th = c->freq_scale * (theta / ff);
-        cs[2 * i] = cosf(th) * c->mscale;
-        cs[2 * i + 1] = sinf(th) * c->mscale;
+        float extrap = theta / ff, th = c->freq_scale * extrap, ms = c->mscale;
+        if (c->ext_factor != 0.0f) {   /* ggml's rope_yarn */
+            float y = ((float)i - c->corr0) / fmaxf(0.001f, c->corr1 - c->corr0);
+            float mix = (1 - fminf(1, fmaxf(0, y))) * c->ext_factor;
+            th = th * (1 - mix) + extrap * mix;
+            ms *= 1.0f + 0.1f * logf(1.0f / c->freq_scale);
+        }
+        cs[2 * i] = cosf(th) * ms;
+        cs[2 * i + 1] = sinf(th) * ms;
         theta *= c->theta_scale;
     }
 }
@@ -793,16 +801,17 @@ static void ops_rope_go(threadpool *tp, ops_rope_ctx *c)
 void ops_rope(threadpool *tp, float *x, const int32_t *pos, int rows, int n_heads, int head_dim,
               int n_rot, int neox, const float *inv_freq)
 {
-    ops_rope_ctx c = {x, pos, rows, n_heads, head_dim, n_rot, neox, inv_freq, 0, 0, 0, NULL};
+    ops_rope_ctx c = {x, pos, rows, n_heads, head_dim, n_rot, neox, inv_freq, 0, 0, 0, NULL, 0, 0, 0};
     ops_rope_go(tp, &c);
 }
 
 void ops_rope_ggml(threadpool *tp, float *x, const int32_t *pos, int rows, int n_heads,
                    int head_dim, int n_rot, int neox, float theta_scale, float freq_scale,
-                   const float *freq_factors, float mscale)
+                   const float *freq_factors, float mscale, const float *yarn)
 {
     ops_rope_ctx c = {x,           pos,        rows,   n_heads,     head_dim, n_rot, neox,
-                      NULL,        theta_scale, freq_scale, mscale, freq_factors};
+                      NULL,        theta_scale, freq_scale, mscale, freq_factors,
+                      yarn ? yarn[0] : 0, yarn ? yarn[1] : 0, yarn ? yarn[2] : 0};
     ops_rope_go(tp, &c);
 }
 

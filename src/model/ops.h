@@ -79,10 +79,13 @@ void ops_rope(threadpool *tp, float *x, const int32_t *pos, int rows, int n_head
 /* The same with ggml's exact angle arithmetic: theta starts at (float)pos and is multiplied by
  * theta_scale (= powf(freq_base, -2.0f/n_rot)) once per pair; each pair's angle is
  * freq_scale * theta / freq_factors[i] (freq_factors (n_rot/2) or NULL); cos and sin are
- * multiplied by mscale (llama.cpp's attn_factor, normally 1). */
+ * multiplied by mscale (llama.cpp's attn_factor, normally 1). yarn: NULL, or {ext_factor,
+ * corr_dims[0], corr_dims[1]} for ggml's YaRN (rope_yarn: pair i's angle mixes the
+ * interpolated and the extrapolated one by the ramp over the corr dims, and mscale is
+ * multiplied by 1 + 0.1 ln(1/freq_scale)). */
 void ops_rope_ggml(threadpool *tp, float *x, const int32_t *pos, int rows, int n_heads,
                    int head_dim, int n_rot, int neox, float theta_scale, float freq_scale,
-                   const float *freq_factors, float mscale);
+                   const float *freq_factors, float mscale, const float *yarn);
 
 /* Vector helpers for attention (single-threaded, SIMD). */
 float ops_vec_dot_f16_f32(int n, const fp16_t *a, const float *b);

@@ -70,6 +70,31 @@ void api_metric(bytebuf *b, const char *name, const char *type, const char *help
     bytebuf_printf(b, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
 }
 
+/* A MoE model's expert load: per layer, the tokens each expert received over the engine's
+ * sliding window of steps, and the imbalance over 8 groups (expert parallelism's figure:
+ * the busiest group's load over the mean). Nothing for a dense model. */
+static void misc_moe_metrics(bytebuf *b, engine *e)
+{
+    const model_hparams *hp = &engine_model(e)->hp;
+    if (hp->n_expert == 0) return;
+    uint64_t win[MODEL_MAX_EXPERTS];
+    int64_t steps = 0;
+    int groups = hp->n_expert < 8 ? hp->n_expert : 8;
+    engine_moe_load(e, 0, NULL, NULL, &steps);
+    api_metric(b, "tokenmill_moe_window_steps", "gauge", "Engine steps in the expert load window.", (double)steps);
+    bytebuf_puts(b, "# HELP tokenmill_moe_expert_tokens Tokens routed to each expert of each layer over the window.\n"
+                     "# TYPE tokenmill_moe_expert_tokens gauge\n");
+    for (int il = 0; il < hp->n_layers && engine_moe_load(e, il, win, NULL, NULL); il++)
+        for (int x = 0; x < hp->n_expert; x++)
+            bytebuf_printf(b, "tokenmill_moe_expert_tokens{layer=\"%d\",expert=\"%d\"} %llu\n", il, x,
+                            (unsigned long long)win[x]);
+    bytebuf_puts(b, "# HELP tokenmill_moe_imbalance Busiest expert group's load over the mean, experts in contiguous groups, over the window.\n"
+                     "# TYPE tokenmill_moe_imbalance gauge\n");
+    for (int il = 0; il < hp->n_layers && engine_moe_load(e, il, win, NULL, NULL); il++)
+        bytebuf_printf(b, "tokenmill_moe_imbalance{layer=\"%d\",groups=\"%d\"} %.6g\n", il, groups,
+                        engine_moe_imbalance(win, hp->n_expert, groups));
+}
+
 static void misc_metrics(http_request *r, void *user)
 {
     const api_ctx *c = user;
@@ -153,6 +178,7 @@ static void misc_metrics(http_request *r, void *user)
     api_metric_hist(&b, "tokenmill_engine_step_duration_seconds", "Duration of one engine step.", &step);
     api_metric_hist(&b, "tokenmill_cache_load_wait_seconds",
               "Seconds a request waited for its block store load before admission (part of its time to first token).", &load_wait);
+    misc_moe_metrics(&b, sched_engine(c->sched));
     http_respond(r, 200, "text/plain; version=0.0.4; charset=utf-8", b.p, b.len);
     bytebuf_free(&b);
 }

@@ -2,7 +2,19 @@
 // driven by tests/oracle/llama_eval.mjs), on random-weight models that `tokenmill mkmodel`
 // writes in real shapes with real vocabularies: llama (Llama 3 vocabulary and RoPE scaling,
 // untied output), qwen2 (q/k/v biases, tied), qwen3 (per-head q/k norms, head_dim*heads != dim,
-// tied), each in F32, F16, Q8_0 and Q4_K.
+// tied), qwen3moe (16 experts, 4 per token, untied), each in F32, F16, Q8_0 and Q4_K; and
+// deepseek2 (multi-head latent attention) in a V3-like and a V2-Lite-like form (their
+// comments below), in fewer types. The V3-like router (sigmoid scores plus a bias, the best
+// groups, then the best experts) moves tokens between experts on the smallest difference, so
+// its quantised types are compared on the one-token sequences only (a 300-token prompt there
+// differs from llama.cpp about as much as llama.cpp differs from itself, ~10 logprob units,
+// and greedy parts on its first steps); F32 is compared everywhere, batched too.
+//
+// Mixture of experts: a rounding flip (below) can also move a token to another expert at some
+// layer, which changes its later logits by far more than a flip in a dense model. llama.cpp
+// against itself then differs by several units of logprob on a 300-token prompt, and the
+// tolerance derived from that is loose for the quantised qwen3moe types; the tight checks
+// there are F32 (1e-3, no flips) and the one-token medians.
 //
 // For every model: a 300-token prompt of seeded random ids; at every position the top-10
 // log-probabilities of both engines must agree within the type's tolerance (the max |Δ| is
@@ -73,6 +85,22 @@ const ARCHS = {
   llama: {vocab: 'ggml-vocab-llama-bpe.gguf', extra: ['--rope-scaling', 'llama3', '--untied'], batchedType: 'q4_k'},
   qwen2: {vocab: 'ggml-vocab-qwen2.gguf', extra: ['--tied'], batchedType: 'f16'},
   qwen3: {vocab: 'ggml-vocab-qwen2.gguf', extra: ['--head-dim', '128', '--tied'], batchedType: 'q8_0'},
+  // Qwen3-30B-A3B's layer in small: 16 experts, 4 per token, untied output
+  qwen3moe: {vocab: 'ggml-vocab-qwen2.gguf', extra: ['--head-dim', '128', '--experts', '16', '--experts-used', '4',
+    '--expert-ffn', '256', '--untied'], batchedType: 'q4_k'},
+  // DeepSeek-V3-like: q-LoRA, multi-head latent attention, a leading dense layer, the sigmoid
+  // router with its selection bias, 4 groups of which 2 are kept, routed scaling, a shared expert
+  'deepseek2-v3': {arch: 'deepseek2', vocab: 'ggml-vocab-deepseek-llm.gguf', extra: ['--q-lora', '128', '--kv-lora', '256',
+    '--nope-dim', '64', '--rope-dim', '32', '--v-dim', '64', '--experts', '16', '--experts-used', '4', '--expert-ffn', '256',
+    '--shared-experts', '1', '--dense-layers', '1', '--router', 'sigmoid', '--expert-groups', '4', '--groups-used', '2',
+    '--routed-scale', '2.5', '--untied'], types: ['f32'], singlesTypes: ['q8_0', 'q4_k'], batchedType: 'f32'},
+  // DeepSeek-V2-Lite-like: no q-LoRA, the softmax router without renormalisation, 2 shared
+  // experts, YaRN RoPE scaling (factor 40, as the released files)
+  'deepseek2-v2': {arch: 'deepseek2', vocab: 'ggml-vocab-deepseek-llm.gguf', extra: ['--q-lora', '0', '--kv-lora', '256',
+    '--nope-dim', '64', '--rope-dim', '32', '--v-dim', '64', '--experts', '16', '--experts-used', '4', '--expert-ffn', '128',
+    '--shared-experts', '2', '--dense-layers', '1', '--router', 'softmax', '--expert-groups', '0', '--rope-scaling', 'yarn',
+    '--untied'],
+  types: ['f32', 'f16'], batchedType: 'f16'},
 };
 const TYPES = ['f32', 'f16', 'q8_0', 'q4_k'];
 
@@ -108,7 +136,7 @@ const SRC = srcHash();
 
 function model(arch, type) {
   const a = ARCHS[arch];
-  const args = ['mkmodel', '--arch', arch, ...SHAPE, ...a.extra, '--vocab', path.join(vocabDir, a.vocab),
+  const args = ['mkmodel', '--arch', a.arch ?? arch, ...SHAPE, ...a.extra, '--vocab', path.join(vocabDir, a.vocab),
     '--type', type, '--seed', '1'];
   const key = crypto.createHash('sha256').update(JSON.stringify([args.map((x) => x.replace(root, '')), SRC]))
     .digest('hex').slice(0, 12);
@@ -278,13 +306,16 @@ const haveVocab = fs.existsSync(path.join(vocabDir, 'ggml-vocab-qwen2.gguf'));
 const skip = !haveBin ? 'build/tokenmill not built' : !haveVocab ? 'no tests/data/llama.cpp (scripts/fetch-testdata.sh)' : false;
 
 for (const arch of Object.keys(ARCHS)) {
-  for (const type of TYPES) {
+  for (const type of ARCHS[arch].types ?? TYPES) {
     if (!selected(arch, type, 'single')) continue;
     test(`oracle ${arch} ${type}: 300-token prompt top-${TOP} logprobs and greedy ${GREEDY} match llama.cpp`,
       {skip}, () => check(arch, type, false));
     if (type !== 'f32')
       test(`oracle ${arch} ${type}: ${N_SINGLES} one-token sequences match llama.cpp`, {skip}, () => checkSingles(arch, type));
   }
+  for (const type of ARCHS[arch].singlesTypes ?? [])
+    if (selected(arch, type, 'single'))
+      test(`oracle ${arch} ${type}: ${N_SINGLES} one-token sequences match llama.cpp`, {skip}, () => checkSingles(arch, type));
   const bt = ARCHS[arch].batchedType;
   if (selected(arch, bt, 'batched'))
     test(`oracle ${arch} ${bt}: 8 sequences batched in one step match llama.cpp`, {skip}, () => check(arch, bt, true));

@@ -6,7 +6,10 @@
  * lengths (prefill chunks and decode tokens mixed, the sequence in the middle of the batch),
  * and whatever the thread count. Checked on llama and qwen3 tiny models with F32, F16, Q8_0,
  * Q4_K and Q6_K weights, F16 and F32 KV caches, both attention paths (head size 64 and 24),
- * at every SIMD level the CPU has.
+ * at every SIMD level the CPU has; and on a qwen3moe model (16 experts, 4 per token), whose
+ * steps group their tokens by expert, so an expert's matmul sees different rows beside a
+ * token's in every batch shape; and on a deepseek2 model (latent attention: one wide kv head,
+ * per-head absorbed projections).
  *
  * Greedy decoding of a served request must not depend on what else the server is running;
  * these random-weight models amplify last-bit differences, so anything short of bit
@@ -16,12 +19,13 @@
 
 #include <unistd.h>
 
+#include "cli/cmd.h"
 #include "engine/engine.h"
 #include "model/model.h"
 #include "model/ops.h"
 #include "tinymodel.h"
 
-enum { N = 140, V = 100, MAXB = 256, OTHERS = 15 };
+enum { N = 140, V = 300, MAXB = 256, OTHERS = 15 };
 
 /* Under the sanitizers (which look for memory errors, not numbers) a lighter matrix: one
  * model per weight type and fewer batch shapes; the optimised build runs all of it. */
@@ -33,11 +37,35 @@ enum { N = 140, V = 100, MAXB = 256, OTHERS = 15 };
 
 static char tmpdir[] = "/tmp/tm_test_invariance_XXXXXX";
 
+/* deepseek2 (V3-like: q-LoRA, latent attention, a dense layer, sigmoid router with groups,
+ * a shared expert) from mkmodel, which writes what llama.cpp reads */
+static model *mk_deepseek2(qtype wt)
+{
+    char path[256], err[256];
+    snprintf(path, sizeof path, "%s/deepseek2-%s.gguf", tmpdir, quant_type_name(wt));
+    char vs[16];
+    snprintf(vs, sizeof vs, "%d", V);
+    char *argv[] = { "mkmodel", "--arch", "deepseek2", "--layers", "2", "--dim", "256", "--ffn", "256", "--heads", "4",
+                     "--q-lora", "256", "--kv-lora", "256", "--nope-dim", "64", "--rope-dim", "32", "--v-dim", "64",
+                     "--experts", "8", "--experts-used", "2", "--expert-ffn", "256", "--shared-experts", "1",
+                     "--dense-layers", "1", "--router", "sigmoid", "--expert-groups", "4", "--groups-used", "2",
+                     "--routed-scale", "2.5", "--vocab-size", vs, "--type", (char *)quant_type_name(wt), "--seed", "3",
+                     "--threads", "2", "-o", path, NULL };
+    if (cmd_mkmodel((int)TM_ARRAY_LEN(argv) - 1, argv) != 0) return NULL;
+    model *m = NULL;
+    if (model_load(path, NULL, &m, err, sizeof err) != GGUF_OK) fprintf(stderr, "%s\n", err);
+    unlink(path);
+    return m;
+}
+
 static model *mk(const char *arch, qtype wt, int hd)
 {
+    if (!strcmp(arch, "deepseek2")) return mk_deepseek2(wt);
     /* every matrix has 256 columns (hd 64), so the k-quants (256-element blocks) apply */
+    bool moe = !strcmp(arch, "qwen3moe");
     tiny_cfg c = { .arch = arch, .dim = 256, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2,
-                   .head_dim = hd, .ffn = 256, .vocab = V, .seed = 5 + (uint64_t)wt, .wtype = wt };
+                   .head_dim = hd, .ffn = 256, .vocab = V, .seed = 5 + (uint64_t)wt, .wtype = wt,
+                   .n_expert = moe ? 16 : 0, .n_expert_used = moe ? 4 : 0 };
     char path[256], err[256];
     snprintf(path, sizeof path, "%s/%s-%s.gguf", tmpdir, arch, quant_type_name(wt));
     if (tiny_write(&c, path)) return NULL;
@@ -181,6 +209,8 @@ TEST(test_invariance_f16) { check_model("qwen3", QTYPE_F16, false, 64); if (!LIG
 TEST(test_invariance_q8_0) { check_model("llama", QTYPE_Q8_0, false, 64); if (!LIGHT) check_model("qwen3", QTYPE_Q8_0, false, 64); }
 TEST(test_invariance_q4_K) { check_model("qwen3", QTYPE_Q4_K, false, 64); if (!LIGHT) check_model("llama", QTYPE_Q4_K, true, 64); }
 TEST(test_invariance_q6_K) { check_model("llama", QTYPE_Q6_K, false, 64); if (!LIGHT) check_model("qwen3", QTYPE_Q6_K, false, 64); }
+TEST(test_invariance_mla) { check_model("deepseek2", QTYPE_Q8_0, false, 0); if (!LIGHT) check_model("deepseek2", QTYPE_F32, true, 0); }
+TEST(test_invariance_moe) { check_model("qwen3moe", QTYPE_Q4_K, false, 64); if (!LIGHT) check_model("qwen3moe", QTYPE_Q8_0, true, 64); }
 /* a head size that is not a multiple of 16: the per-key attention path with an F16 cache */
 TEST(test_invariance_odd_head) { check_model("qwen3", QTYPE_F32, false, 24); }
 
@@ -193,6 +223,8 @@ int main(void)
     RUN(test_invariance_q4_K);
     RUN(test_invariance_q6_K);
     RUN(test_invariance_odd_head);
+    RUN(test_invariance_moe);
+    RUN(test_invariance_mla);
     rmdir(tmpdir);
     HARNESS_END();
 }

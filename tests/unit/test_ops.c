@@ -430,11 +430,11 @@ TEST(test_rope)
             CHECKF(bad == 0, "neox %d n_rot %d: %d", neox, n_rot, bad);
             /* ggml flavour, thread counts identical, close to the inv_freq flavour */
             memcpy(b, x, N * 4);
-            ops_rope_ggml(pools[0], b, pos, rows, nh, hd, n_rot, neox, ts, 1.0f, NULL, 1.0f);
+            ops_rope_ggml(pools[0], b, pos, rows, nh, hd, n_rot, neox, ts, 1.0f, NULL, 1.0f, NULL);
             float *c = malloc(N * 4);
             for (int t = 1; t < 3; t++) {
                 memcpy(c, x, N * 4);
-                ops_rope_ggml(pools[t], c, pos, rows, nh, hd, n_rot, neox, ts, 1.0f, NULL, 1.0f);
+                ops_rope_ggml(pools[t], c, pos, rows, nh, hd, n_rot, neox, ts, 1.0f, NULL, 1.0f, NULL);
                 CHECK(!memcmp(b, c, N * 4));
             }
             free(c);

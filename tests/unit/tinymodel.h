@@ -1,5 +1,5 @@
 /*
- * tinymodel: tiny random-weight llama / qwen2 / qwen3 GGUF files for the model and engine
+ * tinymodel: tiny random-weight llama / qwen2 / qwen3 / qwen3moe GGUF files for the model and engine
  * unit tests, plus a plain reference forward pass (f32, double accumulation, one token at a
  * time) to check the engine against. Header-only (static functions) so each test binary
  * carries its own copy.
@@ -17,8 +17,9 @@
 #include "util/util.h"
 
 typedef struct {
-    const char *arch;   /* "llama", "qwen2", "qwen3" */
+    const char *arch;   /* "llama", "qwen2", "qwen3", "qwen3moe" */
     int dim, n_layers, n_heads, n_kv_heads, head_dim, ffn, vocab;
+    int n_expert, n_expert_used; /* qwen3moe: experts of ffn hidden units each */
     bool tied;          /* no output.weight */
     uint64_t seed;
     const char *skip;   /* tensor name to leave out (error tests) */
@@ -47,11 +48,15 @@ static inline void tiny_free_buf(tiny_buf *b)
     free(b->data);
 }
 
-static inline void tiny_add(gguf_writer *w, const tiny_cfg *c, const char *name, const float *d, int64_t cols, int64_t rows)
+/* A tensor of `rows` rows of `cols`, or with n_mat > 1 a 3-D stack of n_mat such matrices. */
+static inline void tiny_add3(gguf_writer *w, const tiny_cfg *c, const char *name, const float *d, int64_t cols,
+                             int64_t rows, int64_t n_mat)
 {
     if (c->skip && !strcmp(c->skip, name)) return;
     if (c->bad_shape && !strcmp(c->bad_shape, name)) rows -= 1;  /* data has enough bytes */
-    int64_t ne[2] = { cols, rows };
+    int64_t ne[3] = { cols, rows, n_mat };
+    int nd = n_mat > 1 ? 3 : rows > 1 ? 2 : 1;
+    rows *= n_mat;
     if (c->wtype != QTYPE_F32 && rows > 1 && strcmp(name, "token_embd.weight")) {
         /* quantised in place (the writer keeps the pointer; the rows shrink, so row r's
          * output never reaches rows not yet read) */
@@ -62,10 +67,15 @@ static inline void tiny_add(gguf_writer *w, const tiny_cfg *c, const char *name,
             memcpy(q + (size_t)r * rb, tmp, rb);
         }
         free(tmp);
-        gguf_writer_add_tensor(w, name, c->wtype, 2, ne, q, rb * (size_t)rows);
+        gguf_writer_add_tensor(w, name, c->wtype, nd, ne, q, rb * (size_t)rows);
         return;
     }
-    gguf_writer_add_tensor(w, name, QTYPE_F32, rows > 1 ? 2 : 1, ne, d, (size_t)(cols * rows) * 4);
+    gguf_writer_add_tensor(w, name, QTYPE_F32, nd, ne, d, (size_t)(cols * rows) * 4);
+}
+
+static inline void tiny_add(gguf_writer *w, const tiny_cfg *c, const char *name, const float *d, int64_t cols, int64_t rows)
+{
+    tiny_add3(w, c, name, d, cols, rows, 1);
 }
 
 /* Writes the model to path; returns 0 on success. */
@@ -86,6 +96,12 @@ static inline int tiny_write(const tiny_cfg *c, const char *path)
     KEYU("attention.value_length", c->head_dim);
     KEYU("feed_forward_length", c->ffn);
     KEYU("context_length", 1024);
+    bool moe = !strcmp(c->arch, "qwen3moe");
+    if (moe) {
+        KEYU("expert_count", c->n_expert);
+        KEYU("expert_used_count", c->n_expert_used);
+        KEYU("expert_feed_forward_length", c->ffn);
+    }
 #undef KEYU
     snprintf(k, sizeof k, "%s.attention.layer_norm_rms_epsilon", c->arch);
     gguf_writer_set_f32(w, k, 1e-6f);
@@ -110,11 +126,23 @@ static inline int tiny_write(const tiny_cfg *c, const char *path)
             tiny_add(w, c, T("attn_k.bias"), tiny_rand(&r, (size_t)kvd, 0.5f, 0, &all), kvd, 1);
             tiny_add(w, c, T("attn_v.bias"), tiny_rand(&r, (size_t)kvd, 0.5f, 0, &all), kvd, 1);
         }
-        if (!strcmp(c->arch, "qwen3")) {
+        if (!strcmp(c->arch, "qwen3") || moe) {
             tiny_add(w, c, T("attn_q_norm.weight"), tiny_rand(&r, (size_t)c->head_dim, 0.3f, 1.0f, &all), c->head_dim, 1);
             tiny_add(w, c, T("attn_k_norm.weight"), tiny_rand(&r, (size_t)c->head_dim, 0.3f, 1.0f, &all), c->head_dim, 1);
         }
         tiny_add(w, c, T("ffn_norm.weight"), tiny_rand(&r, (size_t)c->dim, 0.2f, 1.0f, &all), c->dim, 1);
+        if (moe) {
+            /* the router stays F32, as in llama.cpp's files */
+            tiny_cfg cr = *c;
+            cr.wtype = QTYPE_F32;
+            size_t ne = (size_t)c->n_expert, nf = (size_t)c->ffn * c->dim * ne;
+            tiny_add(w, &cr, T("ffn_gate_inp.weight"), tiny_rand(&r, ne * c->dim, s_in * 3, 0, &all), c->dim, c->n_expert);
+            tiny_add3(w, c, T("ffn_gate_exps.weight"), tiny_rand(&r, nf, s_in * 2, 0, &all), c->dim, c->ffn, c->n_expert);
+            tiny_add3(w, c, T("ffn_up_exps.weight"), tiny_rand(&r, nf, s_in * 2, 0, &all), c->dim, c->ffn, c->n_expert);
+            tiny_add3(w, c, T("ffn_down_exps.weight"), tiny_rand(&r, nf, 1.0f / sqrtf((float)c->ffn), 0, &all), c->ffn,
+                      c->dim, c->n_expert);
+            continue;
+        }
         tiny_add(w, c, T("ffn_gate.weight"), tiny_rand(&r, (size_t)c->ffn * c->dim, s_in * 2, 0, &all), c->dim, c->ffn);
         tiny_add(w, c, T("ffn_up.weight"), tiny_rand(&r, (size_t)c->ffn * c->dim, s_in * 2, 0, &all), c->dim, c->ffn);
         tiny_add(w, c, T("ffn_down.weight"), tiny_rand(&r, (size_t)c->dim * c->ffn, 1.0f / sqrtf((float)c->ffn), 0, &all), c->ffn, c->dim);
@@ -188,7 +216,8 @@ static inline void tiny_ref_forward(tiny_ref *r, int32_t token, int pos, float *
 {
     const model *m = r->m;
     const model_hparams *hp = &m->hp;
-    int D = hp->dim, hd = hp->head_dim, qd = hp->n_heads * hd, kvd = hp->n_kv_heads * hd, F = hp->ffn_dim;
+    int D = hp->dim, hd = hp->head_dim, qd = hp->n_heads * hd, kvd = hp->n_kv_heads * hd;
+    int F = TM_MAX(hp->ffn_dim, hp->expert_ffn);
     float *x = xmalloc(D * 4), *xn = xmalloc(D * 4), *q = xmalloc(qd * 4), *att = xmalloc(qd * 4);
     float *g = xmalloc(F * 4), *u = xmalloc(F * 4), *tmp = xmalloc((size_t)TM_MAX(D, hp->n_vocab) * 4);
     double *sc = xmalloc((size_t)(pos + 1) * sizeof(double));
@@ -230,6 +259,36 @@ static inline void tiny_ref_forward(tiny_ref *r, int32_t token, int pos, float *
         tiny_matvec(&L->wo, att, tmp);
         for (int i = 0; i < D; i++) x[i] += tmp[i];
         tiny_rms(x, L->ffn_norm, xn, D, hp->rms_eps);
+        if (hp->n_expert > 0) {
+            /* softmax over the router, the top k (first index on ties), weights renormalised,
+             * the experts' outputs summed in double */
+            int E = hp->n_expert, K = hp->n_expert_used, Fe = hp->expert_ffn;
+            float *lg = xmalloc((size_t)E * 4);
+            double *acc = xcalloc((size_t)D, sizeof(double)), pr[MODEL_MAX_EXPERTS], mx = -1e300, sum = 0, wsum = 0;
+            int sel[MODEL_MAX_EXPERTS];
+            bool used[MODEL_MAX_EXPERTS] = { 0 };
+            tiny_matvec(&L->gate_inp, xn, lg);
+            for (int i = 0; i < E; i++) mx = lg[i] > mx ? lg[i] : mx;
+            for (int i = 0; i < E; i++) sum += pr[i] = exp(lg[i] - mx);
+            for (int s = 0; s < K; s++) {
+                int b = -1;
+                for (int i = 0; i < E; i++)
+                    if (!used[i] && (b < 0 || pr[i] > pr[b])) b = i;
+                used[b] = true, sel[s] = b, wsum += pr[b] / sum;
+            }
+            for (int s = 0; s < K; s++) {
+                ops_weight gw = model_expert(&L->gate_exps, E, sel[s]), uw = model_expert(&L->up_exps, E, sel[s]);
+                ops_weight dw = model_expert(&L->down_exps, E, sel[s]);
+                tiny_matvec(&gw, xn, g);
+                tiny_matvec(&uw, xn, u);
+                for (int i = 0; i < Fe; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+                tiny_matvec(&dw, g, tmp);
+                for (int i = 0; i < D; i++) acc[i] += pr[sel[s]] / sum / wsum * tmp[i];
+            }
+            for (int i = 0; i < D; i++) x[i] += (float)acc[i];
+            free(lg), free(acc);
+            continue;
+        }
         tiny_matvec(&L->gate, xn, g);
         tiny_matvec(&L->up, xn, u);
         for (int i = 0; i < F; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
