@@ -100,6 +100,25 @@ static double cmd_bench_decode(cmd_bench_ctx *c, kvpool_seq **seqs, int S, int p
     return util_now() - t0;
 }
 
+/* The engine for a run, its scratch (logits for max_s sequences, one batch) and max_s
+ * sequences; false after "tokenmill PROG: why" on stderr. */
+static bool cmd_bench_start(const char *prog, model *m, const engine_opts *eo, int max_s, cmd_bench_ctx *c,
+                            kvpool_seq **sq)
+{
+    char err[512];
+    engine *e = NULL;
+    if (engine_new(m, eo, &e, err, sizeof err) != ENGINE_OK) {
+        fprintf(stderr, "tokenmill %s: %s\n", prog, err);
+        return false;
+    }
+    *c = (cmd_bench_ctx){ .e = e, .n_vocab = m->hp.n_vocab };
+    util_rng_seed(&c->rng, 1234);
+    c->logits = xmalloc((size_t)max_s * (size_t)m->hp.n_vocab * sizeof(float));
+    c->bt = xmalloc((size_t)engine_max_batch(e) * sizeof *c->bt);
+    for (int i = 0; i < max_s; i++) sq[i] = kvpool_seq_new(engine_kvpool(e));
+    return true;
+}
+
 static void cmd_bench_print_arr(const double *v, int n)
 {
     putchar('[');
@@ -190,18 +209,13 @@ int cmd_bench(int argc, char **argv)
     int blk_b = max_s * ((prompt_b + tg + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK);
     engine_opts eo = { .n_threads = threads, .max_batch_tokens = TM_MAX(maxb, max_s),
                        .n_kv_blocks = TM_MAX(1, TM_MAX(blk_pp, TM_MAX(blk_tg, blk_b))) };
-    engine *e = NULL;
-    if (engine_new(m, &eo, &e, err, sizeof err) != ENGINE_OK) {
-        fprintf(stderr, "tokenmill bench: %s\n", err);
+    cmd_bench_ctx c;
+    kvpool_seq *sq[CMD_BENCH_MAX_SEQS];
+    if (!cmd_bench_start("bench", m, &eo, max_s, &c, sq)) {
         model_free(m);
         return 1;
     }
-    cmd_bench_ctx c = { .e = e, .n_vocab = m->hp.n_vocab };
-    util_rng_seed(&c.rng, 1234);
-    c.logits = xmalloc((size_t)max_s * (size_t)m->hp.n_vocab * sizeof(float));
-    c.bt = xmalloc((size_t)engine_max_batch(e) * sizeof *c.bt);
-    kvpool_seq *sq[CMD_BENCH_MAX_SEQS];
-    for (int i = 0; i < max_s; i++) sq[i] = kvpool_seq_new(engine_kvpool(e));
+    engine *e = c.e;
     double *pp_r = xcalloc((size_t)reps, sizeof(double)), *tg_r = xcalloc((size_t)reps, sizeof(double));
     double *b_r = xcalloc((size_t)reps * (size_t)n_seqs, sizeof(double));
     int rc = 1;
@@ -303,18 +317,13 @@ static int cmd_bench_curves(int argc, char **argv)
     int blk_s = max_s * (int)((CMD_BENCH_PROMPT + tg + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK);
     engine_opts eo = { .n_threads = threads, .max_batch_tokens = TM_MAX(max_p, TM_MAX(max_s, CMD_BENCH_PROMPT)),
                        .n_kv_blocks = TM_MAX(blk_p, blk_s) };
-    engine *e = NULL;
-    if (engine_new(m, &eo, &e, err, sizeof err) != ENGINE_OK) {
-        fprintf(stderr, "tokenmill bench curves: %s\n", err);
+    cmd_bench_ctx c;
+    kvpool_seq *sq[CMD_BENCH_MAX_SEQS];
+    if (!cmd_bench_start("bench curves", m, &eo, max_s, &c, sq)) {
         model_free(m);
         return 1;
     }
-    cmd_bench_ctx c = { .e = e, .n_vocab = m->hp.n_vocab };
-    util_rng_seed(&c.rng, 1234);
-    c.logits = xmalloc((size_t)max_s * (size_t)m->hp.n_vocab * sizeof(float));
-    c.bt = xmalloc((size_t)engine_max_batch(e) * sizeof *c.bt);
-    kvpool_seq *sq[CMD_BENCH_MAX_SEQS];
-    for (int i = 0; i < max_s; i++) sq[i] = kvpool_seq_new(engine_kvpool(e));
+    engine *e = c.e;
     double p_x[16], p_tps[16], p_ms[16], s_x[16], s_tps[16], s_user[16], s_ms[16];
     int rc = 1;
     /* (1) prefill: K steps of P tokens in one sequence, after an untimed warm-up of the same */

@@ -336,14 +336,7 @@ static bool api_chat_tool_fields(json_t *root, api_req *r, api_error *e)
     json_t *tc = json_object_get(root, "tool_choice");
     if (tc && !json_is_null(tc)) {
         if (json_is_string(tc)) {
-            const char *v = json_string_value(tc);
-            if (!strcmp(v, "none")) r->tools_mode = API_TOOLS_NONE;
-            else if (!strcmp(v, "required")) r->tools_mode = API_TOOLS_REQUIRED;
-            else if (strcmp(v, "auto")) {
-                api_error_set(e, 400, "tool_choice", "invalid_value",
-                              "Invalid value: '%s'. Supported values are: 'none', 'auto', and 'required'.", v);
-                return false;
-            }
+            if (!api_json_tool_choice_word(json_string_value(tc), r, e)) return false;
         } else if (json_is_object(tc)) {
             json_t *fn = json_object_get(tc, "function");
             json_t *name = json_is_object(fn) ? json_object_get(fn, "name") : NULL;

@@ -52,6 +52,9 @@ bool api_json_user(api_kind kind, json_t *root, api_req *r, api_error *e);
 bool api_json_stream_options(api_kind kind, json_t *root, api_req *r, api_error *e);
 /* cache_salt and cache_class (strings, see TENANCY in api.h) into r. */
 bool api_json_cache(api_kind kind, json_t *root, api_req *r, api_error *e);
+/* OpenAI's tool_choice word ("none", "auto", "required") into r->tools_mode; false with e
+ * filled for any other word. */
+bool api_json_tool_choice_word(const char *v, api_req *r, api_error *e);
 /* The vendor's words for a content value made of text parts (api_json_parts_text). */
 typedef struct {
     const char *want_value;     /* expected type of the value: "a string or an array of content parts" */

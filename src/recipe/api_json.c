@@ -265,6 +265,19 @@ int api_json_str(api_kind kind, json_t *obj, const char *key, const char **out, 
     return 1;
 }
 
+bool api_json_tool_choice_word(const char *v, api_req *r, api_error *e)
+{
+    if (!strcmp(v, "none")) r->tools_mode = API_TOOLS_NONE;
+    else if (!strcmp(v, "required")) r->tools_mode = API_TOOLS_REQUIRED;
+    else if (!strcmp(v, "auto")) r->tools_mode = API_TOOLS_AUTO;
+    else {
+        api_error_set(e, 400, "tool_choice", "invalid_value",
+                      "Invalid value: '%.64s'. Supported values are: 'none', 'auto', and 'required'.", v);
+        return false;
+    }
+    return true;
+}
+
 bool api_json_cache(api_kind kind, json_t *root, api_req *r, api_error *e)
 {
     const char *z;

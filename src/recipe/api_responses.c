@@ -324,14 +324,7 @@ api_status api_responses_parse(const api_cfg *cfg, const char *body, size_t len,
     }
     json_t *tc = json_object_get(root, "tool_choice");
     if (json_is_string(tc)) {
-        const char *v = json_string_value(tc);
-        if (!strcmp(v, "none")) r->tools_mode = API_TOOLS_NONE;
-        else if (!strcmp(v, "required")) r->tools_mode = API_TOOLS_REQUIRED;
-        else if (strcmp(v, "auto")) {
-            api_error_set(e, 400, "tool_choice", "invalid_value",
-                          "Invalid value: '%.64s'. Supported values are: 'none', 'auto', and 'required'.", v);
-            goto out;
-        }
+        if (!api_json_tool_choice_word(json_string_value(tc), r, e)) goto out;
     } else if (json_is_object(tc)) {
         json_t *name = json_object_get(tc, "name");
         if (!json_is_string(name)) {
