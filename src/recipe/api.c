@@ -381,25 +381,8 @@ void api_sse_typed(jsonfmt_buf *b, const char *type, int seq, const char *fields
 
 bool api_utf8_valid(const char *s, size_t len)
 {
-    const unsigned char *p = (const unsigned char *)s, *end = p + len;
-    while (p < end) {
-        unsigned c = *p;
-        if (c < 0x80) { p++; continue; }
-        int n;
-        unsigned cp;
-        if (c >= 0xC2 && c <= 0xDF) { n = 1; cp = c & 0x1F; }
-        else if (c >= 0xE0 && c <= 0xEF) { n = 2; cp = c & 0x0F; }
-        else if (c >= 0xF0 && c <= 0xF4) { n = 3; cp = c & 0x07; }
-        else return false;
-        if (end - p <= n) return false;
-        for (int i = 1; i <= n; i++) {
-            if ((p[i] & 0xC0) != 0x80) return false;
-            cp = (cp << 6) | (p[i] & 0x3F);
-        }
-        if ((n == 2 && cp < 0x800) || (n == 3 && (cp < 0x10000 || cp > 0x10FFFF)) || (cp >= 0xD800 && cp <= 0xDFFF))
-            return false;
-        p += n + 1;
-    }
+    for (size_t i = 0, k; i < len; i += k)
+        if ((k = jsonfmt_utf8_char(s + i, len - i)) == 0) return false;
     return true;
 }
 

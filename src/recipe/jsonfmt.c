@@ -394,15 +394,47 @@ bool jsonfmt_valid(const char *src, size_t len)
     return r.i == r.n;
 }
 
+size_t jsonfmt_utf8_char(const char *z, size_t n)
+{
+    const unsigned char *s = (const unsigned char *)z;
+    if (n == 0) return 0;
+    unsigned c = s[0];
+    if (c < 0x80) return 1;
+    size_t k;
+    uint32_t cp;
+    if (c >= 0xC2 && c <= 0xDF) k = 2, cp = c & 0x1F;
+    else if (c >= 0xE0 && c <= 0xEF) k = 3, cp = c & 0x0F;
+    else if (c >= 0xF0 && c <= 0xF4) k = 4, cp = c & 0x07;
+    else return 0;
+    if (n < k) return 0;
+    for (size_t i = 1; i < k; i++) {
+        if ((s[i] & 0xC0) != 0x80) return 0;
+        cp = (cp << 6) | (s[i] & 0x3F);
+    }
+    if ((k == 3 && cp < 0x800) || (k == 4 && (cp < 0x10000 || cp > 0x10FFFF)) || (cp >= 0xD800 && cp <= 0xDFFF))
+        return 0;
+    return k;
+}
+
 void jsonfmt_write_string(jsonfmt_buf *out, const char *s, size_t len)
 {
     jsonfmt_buf_putc(out, '"');
     size_t i = 0;
     while (i < len) {
         size_t j = i;
-        while (j < len && (unsigned char)s[j] >= 0x20 && s[j] != '"' && s[j] != '\\') j++;
+        while (j < len && (unsigned char)s[j] >= 0x20 && (unsigned char)s[j] < 0x80 && s[j] != '"' && s[j] != '\\') j++;
         jsonfmt_buf_append(out, s + i, j - i);
-        if (j < len) jsonfmt_put_escaped_cp(out, (unsigned char)s[j++]);
+        if (j == len) break;
+        if ((unsigned char)s[j] < 0x80) {
+            jsonfmt_put_escaped_cp(out, (unsigned char)s[j++]);
+        } else {
+            /* what is not UTF-8 (text cut inside a character, a stray byte) becomes U+FFFD, one
+             * per byte, so that the output is always valid JSON for strict parsers */
+            size_t k = jsonfmt_utf8_char(s + j, len - j);
+            if (k) jsonfmt_buf_append(out, s + j, k);
+            else jsonfmt_buf_append(out, "\xEF\xBF\xBD", 3);
+            j += k ? k : 1;
+        }
         i = j;
     }
     jsonfmt_buf_putc(out, '"');

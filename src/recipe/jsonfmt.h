@@ -62,7 +62,13 @@ jsonfmt_prefix_status jsonfmt_prefix(jsonfmt_buf *out, const char *src, size_t l
 /* True when src[0..len) is exactly one valid JSON value. */
 bool jsonfmt_valid(const char *src, size_t len);
 
-/* Appends s[0..len) (UTF-8) as a quoted JSON string, escaped as JSON.stringify does. */
+/* Bytes (1..4) of the valid UTF-8 character at the start of s[0..n), or 0 when s does not
+ * start with one (a stray or missing continuation byte, an overlong form, a surrogate, a code
+ * point past U+10FFFF, n = 0). */
+size_t jsonfmt_utf8_char(const char *s, size_t n);
+
+/* Appends s[0..len) (UTF-8) as a quoted JSON string, escaped as JSON.stringify does. Bytes that
+ * are not UTF-8 are written as U+FFFD each: the output is valid UTF-8 whatever s holds. */
 void jsonfmt_write_string(jsonfmt_buf *out, const char *s, size_t len);
 
 /* Looks up a top-level member of the JSON object in src. On success *val and *val_len span the

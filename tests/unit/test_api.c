@@ -368,6 +368,22 @@ TEST(error_shapes)
     jsonfmt_buf_free(&b);
 }
 
+/* An error message that quotes the client's text stays valid UTF-8 JSON when the quote ends
+ * inside a character (jansson quotes the bytes read up to the error: here half of U+07A0), and
+ * the string writer turns any byte that is not UTF-8 into U+FFFD. Found by fuzz_api_chat. */
+TEST(error_quoting_split_character)
+{
+    static const char body[] = "\"\\\xde\xa0\"";
+    for (int k = 0; k < 3; k++) CHECK(rejects((api_kind)k, body, sizeof body - 1, 400, NULL));
+    jsonfmt_buf b = {0};
+    jsonfmt_write_string(&b, "a\xde\xa0\xde-\xc0\xaf\xed\xa0\x80\xf4\x90\x80\x80\xe2\x82", 16);
+#define R "\xef\xbf\xbd"
+    CHECK(!strcmp(b.p, "\"a\xde\xa0" R "-" R R R R R R R R R R R "\""));
+#undef R
+    CHECK(api_utf8_valid("a\xde\xa0\xf0\x9f\x99\x82", 7) && !api_utf8_valid("\xde", 1) && !api_utf8_valid("\xed\xa0\x80", 3));
+    jsonfmt_buf_free(&b);
+}
+
 /* ---------------------------------------------------------------- stop matcher */
 
 static const char *stop_run(const char **pieces, char **stops, int n_stop, int *matched)
@@ -905,6 +921,7 @@ int main(void)
     RUN(chat_parse_basic);
     RUN(chat_parse_tools);
     RUN(chat_bad_input);
+    RUN(error_quoting_split_character);
     RUN(responses_parse);
     RUN(messages_parse);
     RUN(text_parts_shared);
