@@ -42,19 +42,49 @@ void api_respond_json(http_request *r, int status, json_t *v)
     free(s);
 }
 
+/* The error body in the OpenAI ({"error":{message,type,param,code}}) or the Anthropic
+ * ({"type":"error","error":{type,message}}) shape; param and code may be NULL (null). Written
+ * with the JSON string writer, so a message quoting the client's bytes is always valid JSON. */
+static void api_error_body(jsonfmt_buf *out, bool anthropic, const char *type, const char *message,
+                           const char *param, const char *code)
+{
+    if (anthropic) {
+        jsonfmt_buf_puts(out, "{\"type\":\"error\",\"error\":{\"type\":");
+        api_buf_str(out, type);
+        jsonfmt_buf_puts(out, ",\"message\":");
+        api_buf_str(out, message);
+        jsonfmt_buf_puts(out, "}}");
+        return;
+    }
+    jsonfmt_buf_puts(out, "{\"error\":{\"message\":");
+    api_buf_str(out, message);
+    jsonfmt_buf_puts(out, ",\"type\":");
+    api_buf_str(out, type);
+    jsonfmt_buf_puts(out, ",\"param\":");
+    api_buf_str(out, param);
+    jsonfmt_buf_puts(out, ",\"code\":");
+    api_buf_str(out, code);
+    jsonfmt_buf_puts(out, "}}");
+}
+
+static void api_error_respond(http_request *r, int status, bool anthropic, const char *type, const char *message,
+                              const char *param, const char *code)
+{
+    jsonfmt_buf b = {0};
+    api_error_body(&b, anthropic, type, message, param, code);
+    http_respond(r, status, "application/json", b.p, b.len);
+    jsonfmt_buf_free(&b);
+}
+
 void api_openai_error(http_request *r, int status, const char *type, const char *message,
                       const char *param, const char *code)
 {
-    json_t *e = json_pack("{s:s, s:s, s:o, s:o}", "message", message, "type", type,
-                          "param", param ? json_string(param) : json_null(),
-                          "code", code ? json_string(code) : json_null());
-    api_respond_json(r, status, json_pack("{s:o}", "error", e));
+    api_error_respond(r, status, false, type, message, param, code);
 }
 
 void api_anthropic_error(http_request *r, int status, const char *type, const char *message)
 {
-    api_respond_json(r, status, json_pack("{s:s, s:{s:s, s:s}}", "type", "error", "error", "type", type,
-                                          "message", message));
+    api_error_respond(r, status, true, type, message, NULL, NULL);
 }
 
 bool api_openai_auth(http_request *r)
@@ -423,23 +453,9 @@ static const char *api_anthropic_type(int status)
 
 void api_error_json(api_kind kind, const api_error *e, jsonfmt_buf *out)
 {
-    if (kind == API_KIND_MESSAGES) {
-        jsonfmt_buf_puts(out, "{\"type\":\"error\",\"error\":{\"type\":");
-        api_buf_str(out, api_anthropic_type(e->status));
-        jsonfmt_buf_puts(out, ",\"message\":");
-        api_buf_str(out, e->message);
-        jsonfmt_buf_puts(out, "}}");
-        return;
-    }
-    jsonfmt_buf_puts(out, "{\"error\":{\"message\":");
-    api_buf_str(out, e->message);
-    jsonfmt_buf_puts(out, ",\"type\":");
-    api_buf_str(out, e->type[0] ? e->type : "invalid_request_error");
-    jsonfmt_buf_puts(out, ",\"param\":");
-    api_buf_str(out, e->param[0] ? e->param : NULL);
-    jsonfmt_buf_puts(out, ",\"code\":");
-    api_buf_str(out, e->code[0] ? e->code : NULL);
-    jsonfmt_buf_puts(out, "}}");
+    if (kind == API_KIND_MESSAGES) api_error_body(out, true, api_anthropic_type(e->status), e->message, NULL, NULL);
+    else api_error_body(out, false, e->type[0] ? e->type : "invalid_request_error", e->message,
+                        e->param[0] ? e->param : NULL, e->code[0] ? e->code : NULL);
 }
 
 /* ------------------------------------------------------------------ JSON checks */
