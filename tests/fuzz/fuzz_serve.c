@@ -10,7 +10,8 @@
  * Input: byte 0 picks the route (completions, chat, responses, messages, count_tokens), the
  * rest is the body. The harness sends one request per input on a fresh connection and reads
  * the answer to the end; a server that does not answer with an HTTP status line within
- * REPLY_TIMEOUT_S is a hang.
+ * REPLY_TIMEOUT_S is a hang, and a 5xx status is a failure (the backend never fails, so every
+ * request is answered 2xx or 4xx).
  */
 #include "fuzz.h"
 
@@ -136,6 +137,7 @@ static void send_all(int fd, const void *p, size_t n)
 {
     while (n > 0) {
         ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
+        if (k < 0 && errno == EINTR) continue;   /* libFuzzer's timeout alarm */
         if (k <= 0) return;   /* the server may answer (413, 400) before reading it all */
         p = (const char *)p + k;
         n -= (size_t)k;
@@ -160,13 +162,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     send_all(fd, data + 1, size - 1);
     char buf[4096], first[16] = "";
     size_t n_first = 0;
+    int err = 0;
     for (;;) {
         ssize_t k = recv(fd, buf, sizeof buf, 0);
+        if (k < 0 && errno == EINTR) continue;   /* libFuzzer's timeout alarm */
         if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) fuzz_die("no answer within the timeout", path);
+        if (k < 0) err = errno;
         if (k <= 0) break;
         for (ssize_t i = 0; i < k && n_first < sizeof first - 1; i++) first[n_first++] = buf[i];
     }
     close(fd);
-    if (strncmp(first, "HTTP/1.1 ", 9) != 0) fuzz_die("no HTTP status line in the answer", path);
+    if (strncmp(first, "HTTP/1.1 ", 9) != 0) {
+        fprintf(stderr, "fuzz_serve: %s answered %zu bytes (%s)\n", path, n_first, err ? strerror(err) : "closed");
+        fuzz_die("no HTTP status line in the answer", path);
+    }
+    /* the stand-in backend never fails, so a 5xx is the server's own fault */
+    if (first[9] == '5') fuzz_die("a 5xx answer to a request", first);
     return 0;
 }
