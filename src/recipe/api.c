@@ -18,6 +18,7 @@
 #include "recipe/api_int.h"
 
 #include <jansson.h>
+#include <limits.h>
 #include <openssl/evp.h>
 
 #include <pthread.h>
@@ -597,21 +598,25 @@ int api_json_int(api_kind kind, json_t *obj, const char *key, long long lo, long
     json_t *v = json_object_get(obj, key);
     if (!v || json_is_null(v)) return 0;
     long long x;
+    bool beyond = false;   /* a whole number past long long's range (converting it is undefined) */
+    double d = json_is_real(v) ? json_real_value(v) : 0;
     if (json_is_integer(v)) x = json_integer_value(v);
-    else if (json_is_real(v) && json_real_value(v) == (double)(long long)json_real_value(v)) x = (long long)json_real_value(v);
+    else if (json_is_real(v) && d >= -0x1p63 && d < 0x1p63 && d == (double)(long long)d) x = (long long)d;
+    else if (json_is_real(v) && (d < -0x1p63 || d >= 0x1p63)) x = d < 0 ? LLONG_MIN : LLONG_MAX, beyond = true;
     else {
         api_json_type_error(kind, e, key, kind == API_KIND_MESSAGES ? "a valid integer" : "an integer", v);
         return -1;
     }
-    if (x < lo || x > hi) {
+    if (beyond || x < lo || x > hi) {
+        bool below = beyond ? d < 0 : x < lo;
         if (kind == API_KIND_MESSAGES)
-            api_error_set(e, 400, key, NULL, "%s: Input should be %s %lld", key, x < lo ? "greater than or equal to" : "less than or equal to",
-                          x < lo ? lo : hi);
+            api_error_set(e, 400, key, NULL, "%s: Input should be %s %lld", key, below ? "greater than or equal to" : "less than or equal to",
+                          below ? lo : hi);
         else
-            api_error_set(e, 400, key, x < lo ? "integer_below_min_value" : "integer_above_max_value",
+            api_error_set(e, 400, key, below ? "integer_below_min_value" : "integer_above_max_value",
                           "Invalid '%s': integer %s %s value. Expected a value %s %lld, but got %lld instead.", key,
-                          x < lo ? "below" : "above", x < lo ? "minimum" : "maximum", x < lo ? ">=" : "<=",
-                          x < lo ? lo : hi, x);
+                          below ? "below" : "above", below ? "minimum" : "maximum", below ? ">=" : "<=",
+                          below ? lo : hi, x);
         return -1;
     }
     *out = x;

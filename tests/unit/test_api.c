@@ -384,6 +384,21 @@ TEST(error_quoting_split_character)
     jsonfmt_buf_free(&b);
 }
 
+/* A whole number written as a real past long long's range is refused as out of range (it was
+ * converted to long long first: undefined, and on x86 it read as the minimum). Found by
+ * fuzz_api_messages under UBSan. */
+TEST(integer_fields_beyond_long_long)
+{
+    static const char chat[] = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":5e26}";
+    static const char chat_seed[] = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"seed\":-1e30}";
+    static const char msgs[] = "{\"max_tokens\":500000000000000000000000000.2,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}";
+    static const char resp[] = "{\"input\":\"hi\",\"max_output_tokens\":1e300}";
+    CHECK(rejects(API_KIND_CHAT, chat, sizeof chat - 1, 400, "integer above maximum value"));
+    CHECK(rejects(API_KIND_CHAT, chat_seed, sizeof chat_seed - 1, 400, "integer below minimum value"));
+    CHECK(rejects(API_KIND_MESSAGES, msgs, sizeof msgs - 1, 400, "less than or equal to"));
+    CHECK(rejects(API_KIND_RESPONSES, resp, sizeof resp - 1, 400, "integer above maximum value"));
+}
+
 /* ---------------------------------------------------------------- stop matcher */
 
 static const char *stop_run(const char **pieces, char **stops, int n_stop, int *matched)
@@ -922,6 +937,7 @@ int main(void)
     RUN(chat_parse_tools);
     RUN(chat_bad_input);
     RUN(error_quoting_split_character);
+    RUN(integer_fields_beyond_long_long);
     RUN(responses_parse);
     RUN(messages_parse);
     RUN(text_parts_shared);
