@@ -148,12 +148,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1) return 0;
     const char *path = routes[data[0] % (sizeof routes / sizeof routes[0])];
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     struct timeval tv = { .tv_sec = REPLY_TIMEOUT_S };
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0) fuzz_die("connect", strerror(errno));
+    int fd = -1;
+    for (int tries = 0; fd < 0 && tries < 100; tries++) {
+        fd = socket(AF_INET, SOCK_STREAM, 0);
+        if (fd < 0) fuzz_die("socket", strerror(errno));
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0) break;
+        if (errno != EINTR) fuzz_die("connect", strerror(errno));
+        close(fd);   /* interrupted by libFuzzer's timeout alarm: a fresh socket */
+        fd = -1;
+    }
+    if (fd < 0) fuzz_die("connect", "interrupted 100 times");
     char head[256];
     int hn = snprintf(head, sizeof head,
                       "POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
