@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <ftw.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -55,13 +56,25 @@ static inline void fuzz_file_set(fuzz_file *f, const uint8_t *data, size_t size)
         fuzz_die("memfd write", f->path);
 }
 
-/* A scratch directory for the target's life (under /dev/shm when it exists: RAM). */
+static char fuzz_tmpdir_path[64];
+
+static inline int fuzz_tmpdir_rm(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    remove(path);   /* keep going: remove what can be removed */
+    return 0;
+}
+
+static inline void fuzz_tmpdir_remove(void) { nftw(fuzz_tmpdir_path, fuzz_tmpdir_rm, 16, FTW_DEPTH | FTW_PHYS); }
+
+/* A scratch directory for the target's life (under /dev/shm when it exists: RAM), removed with
+ * what it holds when the target exits. */
 static inline const char *fuzz_tmpdir(void)
 {
-    static char dir[64];
+    char *dir = fuzz_tmpdir_path;
     if (dir[0]) return dir;
-    snprintf(dir, sizeof dir, "%s/tmfuzz.XXXXXX", access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp");
+    snprintf(dir, sizeof fuzz_tmpdir_path, "%s/tmfuzz.XXXXXX", access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp");
     if (!mkdtemp(dir)) fuzz_die("mkdtemp", dir);
+    atexit(fuzz_tmpdir_remove);
     return dir;
 }
 
