@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Runs every test: the C unit tests in the optimised build and again under ASan+UBSan, then
-# the end-to-end/oracle tests (tests/e2e/*.test.mjs, node's test runner) against the real
-# binary. Prints one closing line "N passed, N failed" over all of them; exits non-zero on
+# Runs every test: the C unit tests in the optimised build and again under ASan+UBSan, a
+# brief pass of every fuzz target (build/fuzz, `make fuzz-build`: its seed corpus plus
+# FUZZ_TEST_RUNS mutations, each target one test), then the end-to-end/oracle tests
+# (tests/e2e/*.test.mjs, node's test runner) against the real binary. Prints one closing line "N passed, N failed" over all of them; exits non-zero on
 # any failure. TESTS_FILTER=substring limits which test files run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -35,6 +36,25 @@ for t in build/san/tests/test_*; do
   run_unit "$t" "san/$(basename "$t")"
 done
 unset ASAN_OPTIONS UBSAN_OPTIONS
+
+# Fuzz targets: the seeds, then a bounded number of mutations (a count, not a time, so a slow
+# machine runs the same inputs). New inputs go to a scratch dir, never into the committed
+# seeds; a crash, leak, hang or UB report is one failed test, its input kept under build/fuzz.
+fuzz_runs="${FUZZ_TEST_RUNS:-2000}"
+for t in build/fuzz/fuzz_*; do
+  [ -x "$t" ] && [ -f "$t" ] || continue
+  case "$t" in *.d) continue ;; esac
+  name=${t#build/fuzz/fuzz_}
+  case "fuzz_$name" in *"$filter"*) ;; *) continue ;; esac
+  scratch=$(mktemp -d)
+  out=$("$t" -runs="$fuzz_runs" -seed=1 -timeout=60 -rss_limit_mb=4096 -artifact_prefix="build/fuzz/crash-$name-" \
+        "$scratch" "tests/fuzz/corpus/$name" 2>&1); rc=$?
+  rm -rf "$scratch"
+  if [ $rc -eq 0 ]; then pass=$((pass + 1)); else
+    fail=$((fail + 1)); echo "[fuzz_$name] found a failing input (exit $rc):"
+    printf '%s\n' "$out" | grep -E '^(==[0-9]+==ERROR|SUMMARY|fuzz: |[a-z]+: |    #[0-9] |artifact_prefix|Test unit written)' | head -30
+  fi
+done
 
 e2e=$(ls tests/e2e/*.test.mjs 2>/dev/null | grep -- "$filter" || true)
 if [ -n "$e2e" ]; then

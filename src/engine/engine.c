@@ -687,9 +687,18 @@ static void engine_job_moe_gather(void *ctx, int ith, int nth)
         memcpy(e->xg + (size_t)r * dim, e->xn + (size_t)e->x_tok[r] * dim, (size_t)dim * sizeof(float));
 }
 
+/* GCC in GNU mode fuses a product and a later add into an FMA even across statements; clang
+ * fuses only within one expression (its default -ffp-contract=on), and knows no optimize
+ * attribute. */
+#if defined(__clang__)
+#define ENGINE_NO_FP_CONTRACT
+#else
+#define ENGINE_NO_FP_CONTRACT __attribute__((optimize("fp-contract=off")))
+#endif
+
 /* xn[t] = sum over slots s of w[t][s] * ye[row(t, s)], each product rounded before the add
  * (ggml_mul then ggml_add): no contraction into FMAs. */
-__attribute__((optimize("fp-contract=off")))
+ENGINE_NO_FP_CONTRACT
 static void engine_job_moe_sum(void *ctx, int ith, int nth)
 {
     engine_job *j = ctx;

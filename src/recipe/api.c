@@ -9,6 +9,7 @@
 #include "recipe/api_int.h"
 
 #include <jansson.h>
+#include <limits.h>
 #include <openssl/evp.h>
 
 #include <pthread.h>
@@ -39,33 +40,24 @@ void api_respond_json(http_request *r, int status, json_t *v)
     free(s);
 }
 
-void api_openai_error(http_request *r, int status, const char *type, const char *message,
-                      const char *param, const char *code)
+static void api_error_respond(http_request *r, int status, bool anthropic, const char *type, const char *message,
+                              const char *param, const char *code)
 {
     bytebuf b = {0};
-    bytebuf_puts(&b, "{\"error\":{\"message\":");
-    api_buf_str(&b, message);
-    bytebuf_puts(&b, ",\"type\":");
-    api_buf_str(&b, type);
-    bytebuf_puts(&b, ",\"param\":");
-    api_buf_str(&b, param);
-    bytebuf_puts(&b, ",\"code\":");
-    api_buf_str(&b, code);
-    bytebuf_puts(&b, "}}");
+    api_error_body(&b, anthropic, type, message, param, code);
     api_respond_buf(r, status, &b);
     bytebuf_free(&b);
 }
 
+void api_openai_error(http_request *r, int status, const char *type, const char *message,
+                      const char *param, const char *code)
+{
+    api_error_respond(r, status, false, type, message, param, code);
+}
+
 void api_anthropic_error(http_request *r, int status, const char *type, const char *message)
 {
-    bytebuf b = {0};
-    bytebuf_puts(&b, "{\"type\":\"error\",\"error\":{\"type\":");
-    api_buf_str(&b, type);
-    bytebuf_puts(&b, ",\"message\":");
-    api_buf_str(&b, message);
-    bytebuf_puts(&b, "}}");
-    api_respond_buf(r, status, &b);
-    bytebuf_free(&b);
+    api_error_respond(r, status, true, type, message, NULL, NULL);
 }
 
 /* A missing key and a wrong one get different messages (as the vendors' own APIs do), and

@@ -15,6 +15,11 @@
 
 #include "recipe/api.h"
 
+/* The error body in the OpenAI ({"error":{message,type,param,code}}) or the Anthropic
+ * ({"type":"error","error":{type,message}}) shape; param and code may be NULL (null). Written
+ * with the JSON string writer, so a message quoting the client's bytes is always valid JSON. */
+void api_error_body(bytebuf *out, bool anthropic, const char *type, const char *message, const char *param,
+                    const char *code);
 /* Checks UTF-8, parses, requires a top-level object. */
 bool api_json_load(api_kind kind, const char *body, size_t len, json_t **root, api_error *e);
 /* Rejects members of obj not in allowed (NULL-terminated), as the vendor words it. */

@@ -10,6 +10,7 @@
 
 #include <jansson.h>
 
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,25 +45,34 @@ void api_error_set(api_error *e, int status, const char *param, const char *code
 /* One table of Anthropic error types for the HTTP layer and the routes. */
 static const char *api_anthropic_type(int status) { return http_error_type(HTTP_VENDOR_ANTHROPIC, status); }
 
-void api_error_json(api_kind kind, const api_error *e, bytebuf *out)
+void api_error_body(bytebuf *out, bool anthropic, const char *type, const char *message, const char *param,
+                    const char *code)
 {
-    if (kind == API_KIND_MESSAGES) {
+    if (anthropic) {
         bytebuf_puts(out, "{\"type\":\"error\",\"error\":{\"type\":");
-        api_buf_str(out, api_anthropic_type(e->status));
+        api_buf_str(out, type);
         bytebuf_puts(out, ",\"message\":");
-        api_buf_str(out, e->message);
+        api_buf_str(out, message);
         bytebuf_puts(out, "}}");
         return;
     }
     bytebuf_puts(out, "{\"error\":{\"message\":");
-    api_buf_str(out, e->message);
+    api_buf_str(out, message);
     bytebuf_puts(out, ",\"type\":");
-    api_buf_str(out, e->type[0] ? e->type : "invalid_request_error");
+    api_buf_str(out, type);
     bytebuf_puts(out, ",\"param\":");
-    api_buf_str(out, e->param[0] ? e->param : NULL);
+    api_buf_str(out, param);
     bytebuf_puts(out, ",\"code\":");
-    api_buf_str(out, e->code[0] ? e->code : NULL);
+    api_buf_str(out, code);
     bytebuf_puts(out, "}}");
+}
+
+void api_error_json(api_kind kind, const api_error *e, bytebuf *out)
+{
+    if (kind == API_KIND_MESSAGES) api_error_body(out, true, api_anthropic_type(e->status), e->message, NULL, NULL);
+    else
+        api_error_body(out, false, e->type[0] ? e->type : "invalid_request_error", e->message,
+                       e->param[0] ? e->param : NULL, e->code[0] ? e->code : NULL);
 }
 
 /* ------------------------------------------------------------------ JSON checks */
@@ -220,13 +230,16 @@ int api_json_int(api_kind kind, json_t *obj, const char *key, long long lo, long
     json_t *v = json_object_get(obj, key);
     if (!v || json_is_null(v)) return 0;
     long long x;
+    bool beyond = false;   /* a whole number past long long's range (converting it is undefined) */
+    double d = json_is_real(v) ? json_real_value(v) : 0;
     if (json_is_integer(v)) x = json_integer_value(v);
-    else if (json_is_real(v) && json_real_value(v) == (double)(long long)json_real_value(v)) x = (long long)json_real_value(v);
+    else if (json_is_real(v) && d >= -0x1p63 && d < 0x1p63 && d == (double)(long long)d) x = (long long)d;
+    else if (json_is_real(v) && (d < -0x1p63 || d >= 0x1p63) && d == d) x = d < 0 ? LLONG_MIN : LLONG_MAX, beyond = true;
     else {
         api_json_type_error(kind, e, key, kind == API_KIND_MESSAGES ? "a valid integer" : "an integer", v);
         return -1;
     }
-    if (x < lo || x > hi) {
+    if (beyond || x < lo || x > hi) {
         if (kind == API_KIND_MESSAGES)
             api_error_set(e, 400, key, NULL, "%s: Input should be %s %lld", key, x < lo ? "greater than or equal to" : "less than or equal to",
                           x < lo ? lo : hi);

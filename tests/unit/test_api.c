@@ -368,6 +368,38 @@ TEST(error_shapes)
     bytebuf_free(&b);
 }
 
+/* An error message that quotes the client's text stays valid UTF-8 JSON when the quote ends
+ * inside a character (jansson quotes the bytes read up to the error: here half of U+07A0), and
+ * the string writer turns bytes that are not UTF-8 into U+FFFD. Found by fuzz_api_chat. */
+TEST(error_quoting_split_character)
+{
+    static const char body[] = "\"\\\xde\xa0\"";
+    for (int k = 0; k < 3; k++) CHECK(rejects((api_kind)k, body, sizeof body - 1, 400, NULL));
+    bytebuf b = {0};
+    jsonfmt_write_string(&b, "a\xde\xa0\xde-\xc0\xaf\xed\xa0\x80\xf4\x90\x80\x80\xe2\x82", 16);
+#define R "\xef\xbf\xbd"
+    /* one U+FFFD per maximal invalid subpart: the cut \xe2\x82 at the end is one */
+    CHECK(!strcmp(b.p, "\"a\xde\xa0" R "-" R R R R R R R R R R "\""));
+#undef R
+    CHECK(unicode_utf8_valid("a\xde\xa0\xf0\x9f\x99\x82", 7) && !unicode_utf8_valid("\xde", 1) && !unicode_utf8_valid("\xed\xa0\x80", 3));
+    bytebuf_free(&b);
+}
+
+/* A whole number written as a real past long long's range is refused as out of range (it was
+ * converted to long long first: undefined, and on x86 it read as the minimum). Found by
+ * fuzz_api_messages under UBSan. */
+TEST(integer_fields_beyond_long_long)
+{
+    static const char chat[] = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":5e26}";
+    static const char chat_seed[] = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"seed\":-1e30}";
+    static const char msgs[] = "{\"max_tokens\":500000000000000000000000000.2,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}";
+    static const char resp[] = "{\"input\":\"hi\",\"max_output_tokens\":1e300}";
+    CHECK(rejects(API_KIND_CHAT, chat, sizeof chat - 1, 400, "integer above maximum value"));
+    CHECK(rejects(API_KIND_CHAT, chat_seed, sizeof chat_seed - 1, 400, "integer below minimum value"));
+    CHECK(rejects(API_KIND_MESSAGES, msgs, sizeof msgs - 1, 400, "less than or equal to"));
+    CHECK(rejects(API_KIND_RESPONSES, resp, sizeof resp - 1, 400, "integer above maximum value"));
+}
+
 /* ---------------------------------------------------------------- stop matcher */
 
 static const char *stop_run(const char **pieces, char **stops, int n_stop, int *matched)
@@ -1356,6 +1388,8 @@ int main(void)
     RUN(chat_parse_basic);
     RUN(chat_parse_tools);
     RUN(chat_bad_input);
+    RUN(error_quoting_split_character);
+    RUN(integer_fields_beyond_long_long);
     RUN(responses_parse);
     RUN(messages_parse);
     RUN(text_parts_shared);
