@@ -5,7 +5,7 @@
 #include "cluster/gateway.h"
 
 #include <errno.h>
-#include <jansson.h>
+#include <math.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -1444,19 +1444,35 @@ static void gw_metrics(void *ud, bytebuf *b)
     pthread_mutex_unlock(&g->mu);
 }
 
-static json_t *gw_workers_json(gateway *g)
+/* A number for the admin bodies: JSON has no inf or NaN, so those (an unlearned speed) are 0. */
+static void gw_json_num(bytebuf *b, const char *name, double v)
 {
-    json_t *a = json_array();
+    bytebuf_printf(b, ",\"%s\":%.17g", name, isfinite(v) ? v : 0.0);
+}
+
+/* The workers' array of /admin/workers (mu held). */
+static void gw_workers_json(gateway *g, bytebuf *b)
+{
+    bytebuf_putc(b, '[');
+    bool first = true;
     for (int i = 0; i < g->n_slots; i++) {
         gw_worker *w = &g->w[i];
         if (!w->used) continue;
-        json_array_append_new(a, json_pack("{s:s, s:s, s:s, s:b, s:b, s:f, s:i, s:i, s:I, s:I, s:f}", "addr", w->addr, "name",
-                                           w->name, "role", proto_role_name(w->role), "up", w->connected, "draining",
-                                           w->draining, "prefill_queued_s", w->queued_s, "prefill_jobs", w->n_prefill,
-                                           "running", w->n_decode, "cache_tokens", (json_int_t)w->sum_ctx, "jobs",
-                                           (json_int_t)w->n_jobs, "prefill_tokens_per_s", w->speed.tokens_per_s));
+        bytebuf_puts(b, first ? "{\"addr\":" : ",{\"addr\":");
+        first = false;
+        api_buf_str(b, w->addr);
+        bytebuf_puts(b, ",\"name\":");
+        api_buf_str(b, w->name);
+        bytebuf_puts(b, ",\"role\":");
+        api_buf_str(b, proto_role_name(w->role));
+        bytebuf_printf(b, ",\"up\":%s,\"draining\":%s", w->connected ? "true" : "false", w->draining ? "true" : "false");
+        gw_json_num(b, "prefill_queued_s", w->queued_s);
+        bytebuf_printf(b, ",\"prefill_jobs\":%d,\"running\":%d,\"cache_tokens\":%lld,\"jobs\":%lld", w->n_prefill,
+                       w->n_decode, (long long)w->sum_ctx, (long long)w->n_jobs);
+        gw_json_num(b, "prefill_tokens_per_s", w->speed.tokens_per_s);
+        bytebuf_putc(b, '}');
     }
-    return a;
+    bytebuf_putc(b, ']');
 }
 
 /* The admin routes are behind the API keys, like the generating ones: they show the cluster's
@@ -1465,15 +1481,20 @@ static void gw_route_workers(http_request *r, void *user)
 {
     gateway *g = user;
     if (!api_openai_auth(r)) return;
+    bytebuf b = {0};
+    bytebuf_puts(&b, "{\"workers\":");
     pthread_mutex_lock(&g->mu);
-    json_t *v = json_pack("{s:o, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:s}", "workers", gw_workers_json(g), "requests",
-                          (json_int_t)g->n_requests, "resumes", (json_int_t)g->n_resumes, "reprefills",
-                          (json_int_t)g->n_reprefills, "refused_connections", (json_int_t)g->n_bad_conns,
-                          "refused_values", (json_int_t)g->n_bad_values, "refused_handshakes",
-                          (json_int_t)g->n_refused_auth, "stalls", (json_int_t)g->n_stalls, "model_fingerprint",
-                          g->o.model->fingerprint_hex);
+    gw_workers_json(g, &b);
+    bytebuf_printf(&b, ",\"requests\":%llu,\"resumes\":%llu,\"reprefills\":%llu,\"refused_connections\":%llu,"
+                       "\"refused_values\":%llu,\"refused_handshakes\":%llu,\"stalls\":%llu,\"model_fingerprint\":",
+                   (unsigned long long)g->n_requests, (unsigned long long)g->n_resumes, (unsigned long long)g->n_reprefills,
+                   (unsigned long long)g->n_bad_conns, (unsigned long long)g->n_bad_values,
+                   (unsigned long long)g->n_refused_auth, (unsigned long long)g->n_stalls);
+    api_buf_str(&b, g->o.model->fingerprint_hex);
     pthread_mutex_unlock(&g->mu);
-    api_respond_json(r, 200, v);
+    bytebuf_putc(&b, '}');
+    api_respond_buf(r, 200, &b);
+    bytebuf_free(&b);
 }
 
 static void gw_route_drain(http_request *r, void *user)
@@ -1519,16 +1540,23 @@ static void gw_route_drain(http_request *r, void *user)
         api_openai_error(r, 404, "invalid_request_error", "No such worker connected.", "worker", NULL);
         return;
     }
-    api_respond_json(r, 200, json_pack("{s:s, s:s, s:i}", "status", "draining", "worker", who, "deadline_ms", (int)deadline));
+    bytebuf b = {0};
+    bytebuf_puts(&b, "{\"status\":\"draining\",\"worker\":");
+    api_buf_str(&b, who);
+    bytebuf_printf(&b, ",\"deadline_ms\":%u}", (unsigned)deadline);
+    api_respond_buf(r, 200, &b);
+    bytebuf_free(&b);
 }
 
-static json_t *gw_capacity_json(const char *role, const bal_capacity_in *in)
+/* One role's entry of /admin/capacity. */
+static void gw_capacity_json(bytebuf *b, const char *role, const bal_capacity_in *in)
 {
     bal_capacity_out o = bal_capacity(in);
-    return json_pack("{s:s, s:i, s:i, s:f, s:f, s:f, s:b, s:i, s:i}", "role", role, "current", in->n_current, "recommended",
-                     o.recommended, "load", in->load, "per_worker", in->per_worker,
-                     "utilisation", o.utilisation > 1e9 ? 1e9 : o.utilisation, "held", o.held, "min", in->min_workers,
-                     "max", in->max_workers);
+    bytebuf_printf(b, "{\"role\":\"%s\",\"current\":%d,\"recommended\":%d", role, in->n_current, o.recommended);
+    gw_json_num(b, "load", in->load);
+    gw_json_num(b, "per_worker", in->per_worker);
+    gw_json_num(b, "utilisation", o.utilisation > 1e9 ? 1e9 : o.utilisation);
+    bytebuf_printf(b, ",\"held\":%s,\"min\":%d,\"max\":%d}", o.held ? "true" : "false", in->min_workers, in->max_workers);
 }
 
 /* The capacity rule's inputs for both roles (mu held): /admin/capacity and the status page. */
@@ -1564,8 +1592,14 @@ static void gw_route_capacity(http_request *r, void *user)
     pthread_mutex_lock(&g->mu);
     gw_capacity_in(g, &pi, &di);
     pthread_mutex_unlock(&g->mu);
-    api_respond_json(r, 200, json_pack("{s:o, s:o}", "prefill", gw_capacity_json("prefill", &pi), "decode",
-                                       gw_capacity_json("decode", &di)));
+    bytebuf b = {0};
+    bytebuf_puts(&b, "{\"prefill\":");
+    gw_capacity_json(&b, "prefill", &pi);
+    bytebuf_puts(&b, ",\"decode\":");
+    gw_capacity_json(&b, "decode", &di);
+    bytebuf_putc(&b, '}');
+    api_respond_buf(r, 200, &b);
+    bytebuf_free(&b);
 }
 
 /* The status page's block on the cluster: workers up by role, the capacity advice per role,

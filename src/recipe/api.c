@@ -28,18 +28,6 @@ void api_respond_buf(http_request *r, int status, const bytebuf *b)
     http_respond(r, status, "application/json", b->p ? b->p : "", b->len);
 }
 
-void api_respond_json(http_request *r, int status, json_t *v)
-{
-    char *s = json_dumps(v, JSON_COMPACT);
-    json_decref(v);
-    if (!s) {
-        http_respond(r, 500, "application/json", "{\"error\":{\"message\":\"encoding failed\"}}", 40);
-        return;
-    }
-    http_respond(r, status, "application/json", s, strlen(s));
-    free(s);
-}
-
 static void api_error_respond(http_request *r, int status, bool anthropic, const char *type, const char *message,
                               const char *param, const char *code)
 {

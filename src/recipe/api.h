@@ -142,10 +142,6 @@ void api_anthropic_submit_error(http_request *r, const api_ctx *c, sched_status 
  * Otherwise the route answers 404 (not_found_error / model_not_found). */
 bool api_model_ok(const api_ctx *c, const char *name);
 
-/* Responds with a JSON value (takes the reference): for the gateway's admin routes, which
- * build theirs with jansson. The API's own bodies are written with jsonfmt (api_respond_buf). */
-struct json_t;
-void api_respond_json(http_request *r, int status, struct json_t *v);
 /* One Prometheus metric without labels (HELP, TYPE counter|gauge, value), for /metrics of the
  * server and of the gateway. */
 void api_metric(bytebuf *b, const char *name, const char *type, const char *help, double v);
