@@ -930,13 +930,16 @@ static void *http_gate_main(void *arg)
             log_error("http: epoll_wait: %s", strerror(errno));
             break;
         }
-        bool stop = false;
+        bool stop = false, accept = false;
         for (int i = 0; i < n; i++) {
             void *ptr = evs[i].data.ptr;
-            if (ptr == &h->lfd) http_gate_accept(h);
+            if (ptr == &h->lfd) accept = true;
             else if (ptr == &h->stopfd) stop = true;
             else http_pend_ready(h, ptr, (evs[i].events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0);
         }
+        /* accepting last: a full gate frees its oldest waiting connection to make room, and
+         * that one's event may still be further on in this batch */
+        if (accept) http_gate_accept(h);
         if (stop) break;
         double now = util_now();
         if (now - t_scan >= HTTP_GATE_TICK_MS / 1000.0) {

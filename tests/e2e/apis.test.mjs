@@ -17,7 +17,7 @@ import path from "node:path";
 import OpenAI from "openai";
 import Anthropic from "@anthropic-ai/sdk";
 
-import { root, bin, startServer as startServerOf, stopServers } from "./server.mjs";
+import { root, bin, startServer as startServerOf, stopServers, fetchMetrics } from "./server.mjs";
 import { augment } from "../oracle/vocab_augment.mjs";
 const vocab = path.join(root, "tests/data/llama.cpp/models/ggml-vocab-qwen2.gguf");
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "tm-apis-"));
@@ -397,15 +397,7 @@ test("API keys: 401 in each shape without the key, served with it", async () => 
 
 // ------------------------------------------------------------------ disconnects and fuzz
 
-async function metrics() {
-  const m = {};
-  for (const line of (await (await fetch(`${S.url}/metrics`)).text()).split("\n")) {
-    if (!line || line.startsWith("#")) continue;
-    const i = line.lastIndexOf(" ");
-    m[line.slice(0, i)] = Number(line.slice(i + 1));
-  }
-  return m;
-}
+const metrics = () => fetchMetrics(S.url);
 
 test("a client leaving a stream mid-way frees its KV blocks, on every chat route", async () => {
   const streams = [

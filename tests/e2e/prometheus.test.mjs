@@ -12,7 +12,7 @@ import net from "node:net";
 import os from "node:os";
 import path from "node:path";
 import OpenAI from "openai";
-import { root, bin, startServer, stopServers } from "./server.mjs";
+import { root, bin, startServer, stopServers, fetchMetrics } from "./server.mjs";
 
 after(stopServers);
 const promBin = process.env.TM_PROMETHEUS || "/usr/bin/prometheus";
@@ -27,15 +27,7 @@ async function freePort() {
   return port;
 }
 
-async function metrics(url) {
-  const m = {};
-  for (const line of (await (await fetch(`${url}/metrics`)).text()).split("\n")) {
-    if (!line || line.startsWith("#")) continue;
-    const i = line.lastIndexOf(" ");
-    m[line.slice(0, i)] = Number(line.slice(i + 1));
-  }
-  return m;
-}
+const metrics = (url) => fetchMetrics(url);
 
 test("the dashboard plots only recorded series", () => {
   const recorded = new Set([...fs.readFileSync(rules, "utf8").matchAll(/- record: (\S+)/g)].map((m) => m[1]));

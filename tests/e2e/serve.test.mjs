@@ -14,20 +14,11 @@ import os from "node:os";
 import path from "node:path";
 import OpenAI from "openai";
 
-import { root, bin, startServer, stopServers } from "./server.mjs";
+import { root, bin, startServer, stopServers, fetchMetrics } from "./server.mjs";
 const stories = path.join(root, "models/stories260K.gguf");
 
 
-async function metrics(url) {
-  const text = await (await fetch(`${url}/metrics`)).text();
-  const m = {};
-  for (const line of text.split("\n")) {
-    if (!line || line.startsWith("#")) continue;
-    const i = line.lastIndexOf(" ");
-    m[line.slice(0, i)] = Number(line.slice(i + 1));
-  }
-  return m;
-}
+const metrics = (url) => fetchMetrics(url);
 
 async function waitFor(fn, ms = 5000) {
   const t0 = Date.now();

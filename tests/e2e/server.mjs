@@ -48,3 +48,16 @@ export async function stopServers() {
   })));
   for (const d of dirs.splice(0)) fs.rmSync(d, { recursive: true, force: true });
 }
+
+// /metrics as { "name{labels}": value } (key: the API key, when the server has keys).
+export async function fetchMetrics(url, key) {
+  const headers = key ? { authorization: `Bearer ${key}` } : {};
+  const text = await (await fetch(`${url}/metrics`, { headers })).text();
+  const m = {};
+  for (const line of text.split("\n")) {
+    if (!line || line.startsWith("#")) continue;
+    const i = line.lastIndexOf(" ");
+    m[line.slice(0, i)] = Number(line.slice(i + 1));
+  }
+  return m;
+}

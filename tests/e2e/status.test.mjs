@@ -11,23 +11,14 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import OpenAI from "openai";
-import { root, bin, startServer, stopServers } from "./server.mjs";
+import { root, bin, startServer, stopServers, fetchMetrics } from "./server.mjs";
 import { haveChromium, launch } from "./browser.mjs";
 
 after(stopServers);
 
 const KEY = "sk-status-test", KEY2 = "sk-status-other";
 
-async function metrics(url) {
-  const text = await (await fetch(`${url}/metrics`, { headers: { authorization: `Bearer ${KEY}` } })).text();
-  const m = {};
-  for (const line of text.split("\n")) {
-    if (!line || line.startsWith("#")) continue;
-    const i = line.lastIndexOf(" ");
-    m[line.slice(0, i)] = Number(line.slice(i + 1));
-  }
-  return m;
-}
+const metrics = (url) => fetchMetrics(url, KEY);
 
 // What the page shows, read in the browser (the page itself runs no script).
 const READ = `JSON.stringify({

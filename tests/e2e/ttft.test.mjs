@@ -11,20 +11,11 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import OpenAI from "openai";
-import { root, bin, startServer, stopServers } from "./server.mjs";
+import { root, bin, startServer, stopServers, fetchMetrics } from "./server.mjs";
 
 after(stopServers);
 
-async function metrics(url) {
-  const text = await (await fetch(`${url}/metrics`)).text();
-  const m = {};
-  for (const line of text.split("\n")) {
-    if (!line || line.startsWith("#")) continue;
-    const i = line.lastIndexOf(" ");
-    m[line.slice(0, i)] = Number(line.slice(i + 1));
-  }
-  return m;
-}
+const metrics = (url) => fetchMetrics(url);
 
 const N = 6, PREFIX = 1000, SHARED = 896;   // 7 full 128-token blocks of the prefix
 const prefix = Array.from({ length: PREFIX }, (_, i) => (i * 7 + 3) % 1000);
