@@ -682,6 +682,7 @@ TEST(test_shared_prefix_computed_once)
         { .step_tokens = 0, .store = true, .staggered = true },
     };
     int run_no = 0;
+    uint64_t shared_together = 0;   /* attached in flight, over the cases that submit at once */
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const share_case *c = &cases[ci];
         share_run ser, con;
@@ -693,8 +694,12 @@ TEST(test_shared_prefix_computed_once)
         CHECKF(con.cached == ser.cached, "case %zu: %d cached tokens together, %d one at a time", ci, con.cached,
                ser.cached);
         CHECKF(!memcmp(con.toks, ser.toks, sizeof con.toks), "case %zu: outputs differ from the serial run", ci);
-        if (!c->staggered) CHECKF(con.shared > 0, "case %zu: nothing attached in flight", ci);
+        if (!c->staggered) shared_together += con.shared;
     }
+    /* Whether a given run attaches in flight or from the finished prefix depends on when the
+     * engine thread admits the others (a loaded machine may finish the prefix first); over
+     * the four runs that submit at once, some of it is attached in flight. */
+    CHECKF(shared_together > 0, "nothing attached in flight in any run that submits at once");
 }
 
 /* The request computing a shared prefix is cancelled while another waits on it: the waiting
