@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// bench/cache_agents: the multi-turn agent workload of issue 4 against `tokenmill serve` and
+// bench/cache_agents: the multi-turn agent workload (agents resending a growing conversation) against `tokenmill serve` and
 // llama.cpp's per-slot prompt caching (a benchmark, not a test). A shared system prompt
 // (--system 1500 tokens), --agents 8 agents, --turns 4 turns each; every turn appends --tool
 // 250 tokens of "tool output" and asks for --answer 24 tokens (greedy, no EOS stop); the

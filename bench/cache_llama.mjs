@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// bench/cache_llama: the llama.cpp side of bench/cache_agents (issue 4; a benchmark, not a
+// bench/cache_llama: the llama.cpp side of bench/cache_agents (a benchmark, not a
 // test). Runs the same multi-turn agent workload (the same token ids, read from --workload)
 // through node-llama-cpp@3.21.1's prebuilt CPU llama.cpp, driven the way llama.cpp's
 // server drives its slots, and prints one JSON line with the same figures as the tokenmill

@@ -1,4 +1,4 @@
-// Tokenizer against llama.cpp (issue 2, test 3).
+// Tokenizer against llama.cpp: its test vectors and random strings, token for token.
 //  1. llama.cpp's own tokenizer vectors (models/ggml-vocab-*.gguf + .inp/.out from the llama.cpp
 //     sources fetched by scripts/fetch-testdata.sh). test-tokenizer-0 made them with
 //     add_special = false, parse_special = false, i.e. `tokenmill tokenize --no-bos`.
