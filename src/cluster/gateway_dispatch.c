@@ -1,0 +1,302 @@
+/*
+ * gateway_dispatch: placing jobs and sending frames. The dispatcher thread places the
+ * requests still waiting for a worker with the balancers (cluster/balance.h), drops workers
+ * that missed heartbeats, enforces the progress and wait deadlines and reconnects the static
+ * workers; it sleeps on gateway.cv_disp, woken by every state change (its timeout only paces
+ * the deadlines). Frames to workers are queued under gateway.mu (gw_queue_msg) and written at
+ * once by the thread that made them (gw_flush, one writer at a time, mu released while
+ * writing), so that no frame waits on the dispatcher or on a timer.
+ */
+#include <errno.h>
+#include <math.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cache/blockkey.h"
+#include "cluster/balance.h"
+#include "cluster/gateway_int.h"
+#include "cluster/proto.h"
+#include "util/util.h"
+
+/* ------------------------------------------------------------------ dispatcher */
+
+void gw_queue_msg(gateway *g, int slot, const proto_msg *m)
+{
+    gw_msg *q = xcalloc(1, sizeof *q);
+    q->slot = slot;
+    q->gen = g->w[slot].gen;
+    proto_buf_init(&q->buf);
+    if (proto_encode(&q->buf, m) != PROTO_OK) {
+        log_error("gateway: cannot encode a %s frame", proto_type_name(m->hdr.type));
+        proto_buf_free(&q->buf);
+        free(q);
+        return;
+    }
+    if (g->out_tail) g->out_tail->next = q;
+    else g->out_head = q;
+    g->out_tail = q;
+    pthread_cond_signal(&g->cv_disp);
+}
+
+
+static void gw_params_copy(proto_params *dst, const proto_params *src)
+{
+    *dst = *src;
+}
+
+/* Whether slot is the worker r stalled on while another usable worker of the role is up
+ * (then that one is chosen; with none other, the stalled one gets it back). */
+static bool gw_avoided(const gateway *g, const gw_req *r, int slot, bool prefill)
+{
+    if (r->avoid_slot != slot || g->w[slot].gen != r->avoid_gen) return false;
+    for (int i = 0; i < g->n_slots; i++)
+        if (i != slot && gw_usable(&g->w[i]) && (prefill ? gw_can_prefill(&g->w[i]) : gw_can_decode(&g->w[i])))
+            return true;
+    return false;
+}
+
+
+/* A running job whose worker made no progress in time (no first token within
+ * progress_first_s of the job, no next one within progress_next_s): the worker is treated as
+ * dead for this request (CANCEL, in case it wakes up; the request moves with its tokens so far,
+ * as after a kill). Its late frames for the request are ignored like a dead worker's. */
+static void gw_check_progress(gateway *g, gw_req *r, double now)
+{
+    if ((r->state != GW_PREFILL && r->state != GW_DECODE) || r->worker < 0) return;
+    double limit = r->job_tokens ? g->o.progress_next_s : g->o.progress_first_s;
+    if (now - r->t_job <= limit) return;
+    int slot = r->worker;
+    log_warn("gateway: req %llu: no %s token from %s in %.0f s: moved elsewhere after %d tokens",
+             (unsigned long long)r->id, r->job_tokens ? "next" : "first", g->w[slot].addr, limit, r->n_gen);
+    gw_send_simple(g, slot, PROTO_CANCEL, r->id);
+    /* a new id: the worker may still hold the old job when the request comes back to it (no
+     * other worker of the role), and its late frames for the old id are then simply unknown */
+    r->id = ++g->next_id;
+    r->avoid_slot = slot;
+    r->avoid_gen = g->w[slot].gen;
+    g->n_stalls++;
+    gw_requeue(g, r, true);
+}
+
+/* Tokens of r's prompt past its stored prefix that the prefill in flight on slot computes
+ * now: the longest run of leading block keys r shares with a request in prefill there (the
+ * keys chain the salt and every token before, so equal keys are an equal prefix). */
+static int64_t gw_inflight(const gateway *g, const gw_req *r, int slot)
+{
+    int best = 0;
+    for (const gw_req *q = g->reqs; q; q = q->next) {
+        if (q == r || q->state != GW_PREFILL || q->worker != slot || q->finished) continue;
+        int n = TM_MIN(q->n_keys, r->n_keys), k = 0;
+        while (k < n && !memcmp(q->keys[k], r->keys[k], 32)) k++;
+        if (k > best) best = k;
+    }
+    int64_t t = (int64_t)best * BLOCKKEY_TOKENS - r->hit_len;
+    return t > 0 ? t : 0;
+}
+
+void gw_send_prefill(gateway *g, gw_req *r)
+{
+    bal_prefill_worker bw[GW_MAX_WORKERS];
+    int map[GW_MAX_WORKERS], n = 0;
+    bal_cost c;
+    bal_cost_default(&c);
+    for (int i = 0; i < g->n_slots; i++) {
+        gw_worker *w = &g->w[i];
+        if (!gw_usable(w) || !gw_can_prefill(w) || gw_avoided(g, r, i, true)) continue;
+        bw[n] = (bal_prefill_worker){ .up = true, .queued_s = w->queued_s, .n_queued = w->n_prefill,
+                                      .speed = bal_speed_rel(&w->speed, &c), .inflight_tokens = gw_inflight(g, r, i),
+                                      .has_curve = w->has_curve };
+        for (int k = 0; k < 4; k++) bw[n].curve[k] = w->hb.step_w[k];
+        map[n++] = i;
+    }
+    bal_prefill_choice ch = bal_prefill_pick(&c, bw, n, r->n_prompt, r->hit_len);
+    if (ch.worker < 0) return;
+    int slot = map[ch.worker];
+    gw_worker *w = &g->w[slot];
+    log_debug("gateway: prefill req %llu (%d tokens, %d cached, %lld shared in flight, bucket %d, cost %.4f s, "
+              "%lld steps) -> %s (queued %.4f s, %d jobs, %s; finish in %.4f s; %d candidates)",
+              (unsigned long long)r->id, r->n_prompt, r->hit_len, (long long)ch.shared_tokens, ch.bucket, ch.cost_s,
+              (long long)ch.steps, w->addr, w->queued_s, w->n_prefill,
+              w->has_curve ? "its learned step-time curve" : "the cost model at its learned speed", ch.finish_s, n);
+    if (ch.shared_tokens > 0) {
+        g->n_inflight_routed++;
+        g->n_inflight_tokens += (uint64_t)ch.shared_tokens;
+    }
+    proto_msg m;
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_PREFILL;
+    m.hdr.req_id = r->id;
+    gw_params_copy(&m.u.prefill.params, &r->params);
+    if (r->params.think_budget) m.hdr.flags |= PROTO_F_THINK;
+    m.u.prefill.hit_len = (uint32_t)r->hit_len;
+    m.u.prefill.n_prompt = (uint32_t)r->n_prompt;
+    m.u.prefill.prompt = r->prompt;
+    gw_queue_msg(g, slot, &m);
+    r->state = GW_PREFILL;
+    r->worker = slot;
+    r->t_job = util_now();
+    r->job_tokens = 0;
+    r->cost_s = ch.cost_s;
+    w->queued_s += ch.cost_s;
+    w->n_prefill++;
+    w->n_jobs++;
+}
+
+void gw_send_decode(gateway *g, gw_req *r)
+{
+    bal_decode_worker bw[GW_MAX_WORKERS];
+    int map[GW_MAX_WORKERS], n = 0;
+    for (int i = 0; i < g->n_slots; i++) {
+        gw_worker *w = &g->w[i];
+        if (!gw_usable(w) || !gw_can_decode(w) || gw_avoided(g, r, i, false)) continue;
+        bw[n] = (bal_decode_worker){ .up = true, .n_running = w->n_decode, .sum_ctx = w->sum_ctx, .max_running = (int)w->max_seqs };
+        map[n++] = i;
+    }
+    bal_decode_choice ch = bal_decode_pick(bw, n, r->expect_len, 2048);
+    if (ch.worker < 0) return;
+    int slot = map[ch.worker];
+    gw_worker *w = &g->w[slot];
+    log_debug("gateway: decode req %llu (expected %lld tokens, %s, mean %lld) -> %s (running %d, total cache %lld; "
+              "%d candidates)%s",
+              (unsigned long long)r->id, (long long)r->expect_len, ch.is_long ? "long" : "short", (long long)ch.mean_len,
+              w->addr, w->n_decode, (long long)w->sum_ctx, n, r->resume ? " resume" : "");
+    proto_msg m;
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_DECODE;
+    m.hdr.req_id = r->id;
+    gw_params_copy(&m.u.decode.params, &r->params);
+    /* the same budget on a resume: the worker replays the reasoning count and whether the
+     * block is open from think_open + gen (every token of gen was streamed), so the forced
+     * end lands where an undisturbed run puts it */
+    if (r->params.think_budget) m.hdr.flags |= PROTO_F_THINK;
+    m.u.decode.n_prompt = (uint32_t)r->n_prompt;
+    m.u.decode.prompt = r->prompt;
+    m.u.decode.n_gen = (uint32_t)r->n_gen;
+    m.u.decode.gen = r->gen;
+    m.u.decode.n_cached = (uint32_t)r->n_cached;
+    m.u.decode.n_sampled = r->resume ? (r->params.sample.temp > 0 ? (uint32_t)r->n_gen : 0) : r->n_sampled;
+    if (r->resume) m.hdr.flags |= PROTO_F_RESUME;
+    else if (r->has_tail) {
+        m.hdr.flags |= PROTO_F_HAS_TAIL;
+        m.u.decode.kv = r->tail;
+    }
+    gw_queue_msg(g, slot, &m);
+    gw_free_tail(r);
+    r->state = GW_DECODE;
+    r->worker = slot;
+    r->t_job = util_now();
+    r->job_tokens = 0;
+    r->ctx_counted = r->n_prompt + r->n_gen;
+    w->n_decode++;
+    w->sum_ctx += r->ctx_counted;
+    w->n_jobs++;
+}
+
+void gw_send_simple(gateway *g, int slot, int type, uint64_t id)
+{
+    proto_msg m;
+    memset(&m, 0, sizeof m);
+    m.hdr.type = (uint16_t)type;
+    m.hdr.req_id = id;
+    gw_queue_msg(g, slot, &m);
+}
+
+/* Writes the queued frames in order, from the calling thread, as soon as they are queued: the
+ * thread that made them (the HTTP thread at submit, a worker's reader at HANDOFF) sends them
+ * itself instead of waking the dispatcher, one thread switch less on every hop. mu held;
+ * released while a frame is written. One writer at a time: a thread that finds another
+ * writing leaves its frames to it (it writes until the queue is empty), so the frames of a
+ * connection keep their order. A frame for a connection that is gone is dropped. */
+void gw_flush(gateway *g)
+{
+    if (g->flushing) return;
+    g->flushing = true;
+    while (g->out_head) {
+        gw_msg *q = g->out_head;
+        g->out_head = g->out_tail = NULL;
+        while (q) {
+            gw_msg *nx = q->next;
+            gw_worker *w = &g->w[q->slot];
+            if (w->connected && w->gen == q->gen) {
+                int fd = w->fd;
+                uint64_t gen = q->gen;
+                pthread_mutex_unlock(&g->mu);
+                pthread_mutex_lock(&w->send_mu);   /* the reader may be closing fd meanwhile */
+                proto_status st = w->send_fd == fd && w->send_gen == gen && w->send_conn
+                                      ? proto_send_frame(w->send_conn, q->buf.p, q->buf.n)
+                                      : PROTO_ERR_CLOSED;
+                pthread_mutex_unlock(&w->send_mu);
+                pthread_mutex_lock(&g->mu);
+                if (st != PROTO_OK && w->gen == gen) gw_worker_lost(g, q->slot, "send failed");
+            }
+            proto_buf_free(&q->buf);
+            free(q);
+            q = nx;
+        }
+    }
+    g->flushing = false;
+}
+
+void *gw_dispatcher(void *arg)
+{
+    gateway *g = arg;
+    double last_rate = 0;
+    pthread_mutex_lock(&g->mu);
+    while (!g->stop) {
+        double now = util_now();
+        for (int i = 0; i < g->n_slots; i++) {
+            gw_worker *w = &g->w[i];
+            if (w->used && w->connected && now - w->last_hb > g->o.heartbeat_timeout_s)
+                gw_worker_lost(g, i, "missed heartbeats");
+        }
+        for (gw_req *r = g->reqs; r; r = r->next) {
+            if (r->finished) continue;
+            gw_check_progress(g, r, now);
+            if (r->state == GW_WAIT_PREFILL) gw_send_prefill(g, r);
+            else if (r->state == GW_WAIT_DECODE) gw_send_decode(g, r);
+            if ((r->state == GW_WAIT_PREFILL || r->state == GW_WAIT_DECODE) && now - r->t_wait > g->o.wait_timeout_s) {
+                log_warn("gateway: req %llu waited %.0f s for a %s worker: failed", (unsigned long long)r->id,
+                         g->o.wait_timeout_s, r->state == GW_WAIT_PREFILL ? "prefill" : "decode");
+                gw_finish(g, r, SCHED_FINISH_ERROR);
+            }
+        }
+        if (now - last_rate >= 1) {
+            last_rate = now;
+            g->rate_i = (g->rate_i + 1) % GW_RATE_SLOTS;
+            g->rate_t[g->rate_i] = now;
+            g->rate_v[g->rate_i] = g->n_uncached_tokens;
+        }
+        gw_flush(g);   /* what the loop above queued (moves, resumes, cancels) */
+        int reconnect[GW_MAX_WORKERS], n_rc = 0;
+        for (int i = 0; i < g->n_slots; i++) {
+            gw_worker *w = &g->w[i];
+            if (w->is_static && !w->connected && !w->reader_live && now >= w->next_connect) {
+                w->next_connect = now + 1.0;
+                reconnect[n_rc++] = i;
+            }
+        }
+        if (!n_rc) {
+            /* woken by every queued frame and state change; the timeout only paces the
+             * heartbeat, progress and wait deadlines above */
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 50 * 1000000L;
+            if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+            pthread_cond_timedwait(&g->cv_disp, &g->mu, &ts);
+            continue;
+        }
+        pthread_mutex_unlock(&g->mu);
+        for (int k = 0; k < n_rc; k++) gw_connect_static(g, reconnect[k]);
+        pthread_mutex_lock(&g->mu);
+    }
+    pthread_mutex_unlock(&g->mu);
+    return NULL;
+}
+

@@ -1,0 +1,174 @@
+/*
+ * gateway_int: what only the gateway's files (gateway*.c) may see: the worker table, the
+ * request tracker's records, the gateway itself, and the functions one of those files calls
+ * in another. The design and the locking are in gateway.h; everything here is guarded by
+ * gateway.mu unless a field says otherwise.
+ *
+ *   gateway.c           the request tracker: the api_backend (submit, poll, cancel,
+ *                       release), the frames from workers applied to requests, life
+ *   gateway_dispatch.c  the dispatcher thread, the balancers' placement of jobs, the frames
+ *                       to workers and their writer (gw_flush)
+ *   gateway_conn.c      connections: handshake and HELLO, a reader thread per worker, the
+ *                       static workers' (re)connects, the registration acceptor
+ *   gateway_admin.c     /metrics, the status page's block, /admin/workers, /admin/drain,
+ *                       /admin/capacity
+ */
+#ifndef TM_GATEWAY_INT_H
+#define TM_GATEWAY_INT_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cluster/balance.h"
+#include "cluster/gateway.h"
+#include "cluster/proto.h"
+
+#define GW_MAX_WORKERS 64
+#define GW_MAX_RETRIES 8      /* re-sends of one request after BUSY / DRAINING answers */
+#define GW_RATE_SLOTS 10      /* seconds of history for the prefill token rate */
+#define GW_MAX_GREETING 32    /* registration handshakes in progress at once */
+
+typedef enum { GW_WAIT_PREFILL = 0, GW_PREFILL, GW_WAIT_DECODE, GW_DECODE, GW_DONE } gw_state;
+
+typedef struct {
+    bool used;                /* slot taken (static address, or a registered worker) */
+    bool connected;           /* a connection is open and its reader runs */
+    bool reader_live;         /* the reader thread has not exited yet */
+    bool draining;            /* takes no new work */
+    bool is_static;           /* from --prefill/--decode: reconnect when down */
+    char addr[128];           /* "HOST:PORT" (static or the HELLO's listen), or the peer */
+    char name[64];            /* HELLO name, for logs */
+    int role;                 /* proto_role from HELLO (static ones before: the list's role) */
+    int fd;                   /* the connection, -1 when none */
+    pthread_mutex_t send_mu;  /* held while a frame is written to the connection and while
+                               * its reader closes it: no write reaches a closed (or reused) fd */
+    int send_fd;              /* the connection writers may use (under send_mu), -1 once closed */
+    proto_conn *send_conn;    /* its frame tags (under send_mu; the reader's, freed as it closes) */
+    uint64_t send_gen;        /* its gen (under send_mu) */
+    uint64_t gen;             /* bumped at each connection loss: stale readers are ignored */
+    double last_hb;           /* util_now() of the last frame received */
+    double next_connect;      /* static: next reconnect attempt */
+    proto_heartbeat hb;       /* its last load report (zeros until the first) */
+    bool has_curve;           /* hb.step_w holds its learned step-time curve (PROTO_F_STEPTIME) */
+    bal_speed speed;          /* prefill tokens/s learned from the reports (balance.h) */
+    uint32_t max_seqs;        /* HELLO */
+    int kv_dtype;             /* HELLO */
+    /* the gateway's own load figures (what it sent and has not seen finish) */
+    double queued_s;          /* prefill: cost-model seconds queued */
+    int n_prefill;            /* prefill jobs out */
+    int n_decode;             /* decode requests running */
+    int64_t sum_ctx;          /* their cache lengths, tokens */
+    uint64_t n_jobs;          /* lifetime jobs sent */
+} gw_worker;
+
+typedef struct gw_req {
+    struct gw_req *prev, *next;  /* the gateway's list of live requests */
+    uint64_t id;              /* protocol req_id */
+    int32_t *prompt;          /* (n_prompt) */
+    int n_prompt;
+    proto_params params;      /* params.salt owned */
+    int64_t expect_len;       /* prompt + max new tokens (decode balancer) */
+    int hit_len;              /* stored prefix at submit, tokens */
+    uint8_t (*keys)[32];      /* (n_keys) block keys of the prompt's full blocks but the one
+                               * holding its last token (gw_keys): the store lookup and the
+                               * in-flight prefixes (gw_inflight) */
+    int n_keys;
+    int32_t *gen;             /* (n_gen) tokens streamed to the client, cap_gen allocated */
+    int n_gen, cap_gen;
+    int n_cached;             /* prompt tokens cached (the HANDOFF's, else hit_len) */
+    uint32_t n_sampled;       /* sampler draws done (HANDOFF) */
+    gw_state state;
+    bool resume;              /* the next DECODE resumes (no handoff tail) */
+    int worker;               /* slot it is on (PREFILL / DECODE), else -1 */
+    double cost_s;            /* prefill cost counted in the worker's queued_s */
+    int64_t ctx_counted;      /* tokens counted in the decode worker's sum_ctx */
+    proto_kv tail;            /* handoff tail KV (tail.data owned) until the DECODE is sent */
+    bool has_tail;
+    sched_output *outs;       /* queued outputs [out_head, n_out) */
+    int n_out, cap_out, out_head;
+    bool finished;            /* FINISH queued */
+    bool done;                /* FINISH polled */
+    int retries;
+    double t_submit, t_wait;  /* util_now(): submit, entering the current wait */
+    double t_job;             /* util_now(): the current job sent, or its last token (stall check) */
+    int job_tokens;           /* tokens the current job has produced */
+    int avoid_slot;           /* worker this request stalled on (-1 none): others first */
+    uint64_t avoid_gen;       /* that worker's connection */
+    double t_first;           /* first token (0 none) */
+    bool added_seen;          /* its added latency is counted (h_added) */
+    pthread_cond_t cv;
+} gw_req;
+
+typedef struct gw_msg {      /* a frame waiting for the dispatcher to send it */
+    struct gw_msg *next;
+    int slot;
+    uint64_t gen;             /* sent only while the worker's connection is this one */
+    proto_buf buf;
+} gw_msg;
+
+struct gateway {
+    gateway_opts o;
+    api_backend be;
+    pthread_mutex_t mu;
+    pthread_cond_t cv_disp;   /* wakes the dispatcher */
+    pthread_cond_t cv_workers;/* a worker came up / a reader exited */
+    gw_worker w[GW_MAX_WORKERS];
+    int n_slots;
+    gw_req *reqs;             /* live requests */
+    uint64_t next_id;
+    gw_msg *out_head, *out_tail;
+    bool flushing;            /* a thread is writing the queued frames (gw_flush) */
+    bool stop, shut;
+    int listen_fd;
+    pthread_t disp, acc;
+    bool acc_started;
+    int greeting_fd[GW_MAX_GREETING]; /* connections in their handshake (-1 free), under mu */
+    int n_greeting;           /* their threads still running, under mu */
+    int kv_dtype;             /* the workers' KV type (pool fingerprint of block keys), -1 unknown */
+    /* counters */
+    uint64_t n_requests, n_rejected, n_reprefills, n_resumes, n_prompt_tokens, n_hit_tokens, n_gen_tokens;
+    uint64_t n_uncached_tokens;   /* prompt tokens not found in the store, lifetime */
+    uint64_t n_bad_conns;         /* connections refused (malformed HELLO / frames) */
+    uint64_t n_bad_values;        /* of which: well-formed frames with values out of range */
+    uint64_t n_refused_auth;      /* connections that failed the handshake (no / wrong key) */
+    uint64_t n_stalls;            /* requests moved off a worker that made no progress */
+    uint64_t n_inflight_routed;   /* prefill jobs sent where a prefix of theirs was in flight */
+    uint64_t n_inflight_tokens;   /* the tokens they share there, lifetime */
+    sched_hist h_added;           /* per request: seconds to its first token here minus the
+                                   * worker's own (gw_count_added) */
+    double rate_t[GW_RATE_SLOTS]; /* ring: time and n_uncached_tokens once a second */
+    uint64_t rate_v[GW_RATE_SLOTS];
+    int rate_i;
+};
+
+static inline bool gw_can_prefill(const gw_worker *w) { return w->role == PROTO_ROLE_PREFILL || w->role == PROTO_ROLE_MIXED; }
+static inline bool gw_can_decode(const gw_worker *w) { return w->role == PROTO_ROLE_DECODE || w->role == PROTO_ROLE_MIXED; }
+static inline bool gw_usable(const gw_worker *w) { return w->used && w->connected && !w->draining; }
+
+/* gateway.c */
+void gw_worker_lost_how(gateway *g, int slot, const char *why, bool keep_write);
+void gw_worker_lost(gateway *g, int slot, const char *why);
+bool gw_on_msg(gateway *g, int slot, proto_msg *m, const char **refused);
+void gw_requeue(gateway *g, gw_req *r, bool count);
+void gw_finish(gateway *g, gw_req *r, sched_finish f);
+void gw_free_tail(gw_req *r);
+void gw_cancel_locked(gateway *g, gw_req *r);
+
+/* gateway_dispatch.c */
+void *gw_dispatcher(void *arg);
+void gw_send_prefill(gateway *g, gw_req *r);
+void gw_send_decode(gateway *g, gw_req *r);
+void gw_send_simple(gateway *g, int slot, int type, uint64_t id);
+void gw_queue_msg(gateway *g, int slot, const proto_msg *m);
+void gw_flush(gateway *g);
+
+/* gateway_conn.c */
+void gw_connect_static(gateway *g, int slot);
+void *gw_acceptor(void *arg);
+
+/* gateway_admin.c */
+void gw_metrics(void *ud, bytebuf *b);
+void gw_status(void *ud, bytebuf *b);
+
+#endif
