@@ -8,14 +8,11 @@
 #include "cluster/gateway.h"
 
 #include <errno.h>
-#include <math.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
 

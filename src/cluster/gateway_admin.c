@@ -6,17 +6,11 @@
  */
 #include <errno.h>
 #include <math.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/time.h>
-#include <time.h>
-#include <unistd.h>
 
-#include "cache/blockkey.h"
 #include "cluster/balance.h"
 #include "cluster/gateway_int.h"
 #include "cluster/proto.h"

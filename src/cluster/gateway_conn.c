@@ -9,7 +9,6 @@
  * that a peer slow or silent in its handshake holds up nobody else.
  */
 #include <errno.h>
-#include <math.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -17,10 +16,8 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/time.h>
-#include <time.h>
 #include <unistd.h>
 
-#include "cache/blockkey.h"
 #include "cluster/balance.h"
 #include "cluster/gateway_int.h"
 #include "cluster/proto.h"

@@ -8,16 +8,11 @@
  * writing), so that no frame waits on the dispatcher or on a timer.
  */
 #include <errno.h>
-#include <math.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/time.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "cache/blockkey.h"
 #include "cluster/balance.h"
