@@ -2,10 +2,11 @@
  * worker: serving the cluster protocol on one engine + scheduler. See worker.h for the
  * design; the frames are in docs/protocol.md.
  *
- * Thread life: the accept, heartbeat and register threads are joined by worker_free; reader
- * and job threads are detached and counted in w->n_active (worker_free waits for zero after
- * closing every connection, which cancels their jobs). A connection is freed (its fd closed)
- * when its last reference goes: the reader holds one, each of its jobs one.
+ * Thread life: the accept, heartbeat, register and pump threads are joined by worker_free;
+ * reader threads are detached and counted in w->n_active (worker_free waits for zero, and for
+ * no job left, after closing every connection, which cancels their jobs). A connection is
+ * freed (its fd closed) when its last reference goes: the reader holds one, each of its jobs
+ * one.
  */
 #include "cluster/worker.h"
 
@@ -25,6 +26,10 @@
 
 #define WORKER_FLUSH_WAIT_S 5.0   /* longest a prefill waits for its blocks' write-behind */
 #define WORKER_HANDSHAKE_S 5      /* longest wait for each handshake frame of a new peer */
+#define WORKER_PUMPS 2            /* threads that submit jobs and turn their outputs into frames:
+                                   * one is enough to keep up with the engine; the second keeps
+                                   * the streams going while the other waits for a prefill's
+                                   * store writes or a slow socket */
 
 typedef struct wconn wconn;
 typedef struct wjob wjob;
@@ -65,6 +70,15 @@ struct wjob {
     int kv_in_pos;               /* positions valid then (store blocks + installed tail) */
     bool linked;                 /* in c->jobs (under w->mu); unlinked before the last frame */
     wjob *next;                  /* c->jobs */
+    /* the pump serving it (worker_pump_thread) */
+    bool started;                /* submitted (or refused); the pump's only */
+    bool counted;                /* decode: its handoff cost is counted (or it is a resume) */
+    sched_output first, fin;     /* prefill: its token (token -1: none yet) and FINISH */
+    bool got_fin;                /* prefill: fin holds the FINISH */
+    bool queued;                 /* in the ready queue (under pump_mu) */
+    bool busy;                   /* a pump serves it now (under pump_mu) */
+    bool again;                  /* outputs came meanwhile: serve it again (under pump_mu) */
+    wjob *rnext;                 /* ready queue (under pump_mu) */
 };
 
 struct worker {
@@ -82,9 +96,15 @@ struct worker {
     bool draining, drained;
     int drain_deadline_ms;
     wconn *conns;
-    int n_active;                /* detached reader + job threads */
+    int n_active;                /* detached reader threads */
     int n_jobs;
     pthread_t accept_thr, hb_thr, reg_thr, drain_thr;
+    pthread_t pumps[WORKER_PUMPS];
+    int n_pumps;                 /* pump threads started */
+    pthread_mutex_t pump_mu;     /* the ready queue; never held while calling sched_* or taking mu */
+    pthread_cond_t pump_cv;      /* a job was queued, or pump_stop */
+    wjob *ready_head, *ready_tail; /* jobs with something to do (a new job, new outputs) */
+    bool pump_stop;              /* no job left: the pumps exit (under pump_mu) */
     bool has_accept, has_hb, has_reg, has_drain;
     uint8_t pool_fp[32];         /* blockkey_pool_fp(model, kv dtype) */
     /* handoff cost, lifetime (heartbeat), under mu */
@@ -354,9 +374,13 @@ static int worker_stored_prefix(worker *w, const proto_prefill_job *p)
     return n * KVPOOL_BLOCK;
 }
 
+static void worker_job_ready(void *arg);
+
 /* Submits, records the handle, applies a cancel that came first. */
-static sched_status worker_submit(wjob *j, const sched_params *sp)
+static sched_status worker_submit(wjob *j, sched_params *sp)
 {
+    sp->on_output = worker_job_ready;   /* the engine thread wakes a pump for each output */
+    sp->out_arg = j;
     sched_req *r = NULL;
     sched_status st = sched_submit(j->w->s, sp, &r);
     if (st != SCHED_OK) return st;
@@ -367,31 +391,48 @@ static sched_status worker_submit(wjob *j, const sched_params *sp)
     return SCHED_OK;
 }
 
-static void worker_run_prefill(wjob *j)
+/* Submits the job to the scheduler; false (ERROR sent) when it is refused. */
+static bool worker_job_start(wjob *j)
 {
     worker *w = j->w;
-    const proto_prefill_job *p = &j->msg.u.prefill;
     sched_params sp;
-    bool ok = worker_params(w, &p->params, &sp);
-    sp.prompt = p->prompt;
-    sp.n_prompt = (int)p->n_prompt;
-    sp.max_tokens = 1;
-    sp.kv_out = worker_kv_out;
+    bool ok;
+    if (j->msg.hdr.type == PROTO_PREFILL) {
+        const proto_prefill_job *p = &j->msg.u.prefill;
+        ok = worker_params(w, &p->params, &sp);
+        sp.prompt = p->prompt;
+        sp.n_prompt = (int)p->n_prompt;
+        sp.max_tokens = 1;
+        sp.kv_out = worker_kv_out;
+    } else {
+        const proto_decode_job *d = &j->msg.u.decode;
+        ok = worker_params(w, &d->params, &sp);
+        sp.prompt = d->prompt;
+        sp.n_prompt = (int)d->n_prompt;
+        sp.gen = d->gen;
+        sp.n_gen = (int)d->n_gen;
+        sp.n_sampled = (int)d->n_sampled;
+        sp.kv_in = worker_kv_in;   /* installs the tail (HAS_TAIL); times the KV's arrival always */
+        j->counted = (j->msg.hdr.flags & PROTO_F_RESUME) != 0;   /* a resume is no handoff */
+        j->ctx_len = (int)(d->n_prompt + d->n_gen);
+    }
     sp.kv_arg = j;
     sched_status st = ok ? worker_submit(j, &sp) : SCHED_ERR_ARG;
     if (st != SCHED_OK) {
         worker_job_unlink(j);
         worker_send_error(j->c, j->id, worker_sched_error(st), sched_status_name(st));
-        return;
+        return false;
     }
-    sched_output outs[4], first = { .token = -1 }, fin = { .kind = SCHED_OUT_TOKEN };
-    while (!sched_done(j->req)) {
-        int n = sched_poll(j->req, outs, 4, 200);
-        for (int i = 0; i < n; i++) {
-            if (outs[i].kind == SCHED_OUT_TOKEN) first = outs[i];
-            else fin = outs[i];
-        }
-    }
+    return true;
+}
+
+/* A prefill whose request ended (its one token, or cancelled / failed): HANDOFF, or the
+ * token and FINISH when the request ends there. */
+static void worker_prefill_done(wjob *j)
+{
+    worker *w = j->w;
+    const proto_prefill_job *p = &j->msg.u.prefill;
+    const sched_output first = j->first, fin = j->fin;
     double t_first = util_now();
     pthread_mutex_lock(&w->mu);
     j->first_done = true;
@@ -451,37 +492,41 @@ static void worker_run_prefill(wjob *j)
               (t1 - t_first) * 1e6);
 }
 
-static void worker_run_decode(wjob *j)
+/* Takes a prefill's outputs; true once it ended (and was answered). */
+static bool worker_prefill_step(wjob *j)
+{
+    sched_output outs[4];
+    int n;
+    while ((n = sched_poll(j->req, outs, 4, 0)) > 0)
+        for (int i = 0; i < n; i++) {
+            if (outs[i].kind == SCHED_OUT_TOKEN) j->first = outs[i];
+            else {
+                j->fin = outs[i];
+                j->got_fin = true;
+            }
+        }
+    if (!j->got_fin) return false;
+    worker_prefill_done(j);
+    return true;
+}
+
+/* Sends a decode's new tokens (one TOKENS frame per batch taken) and its FINISH; true once
+ * it ended. */
+static bool worker_decode_step(wjob *j)
 {
     worker *w = j->w;
     const proto_decode_job *d = &j->msg.u.decode;
-    sched_params sp;
-    bool ok = worker_params(w, &d->params, &sp);
-    sp.prompt = d->prompt;
-    sp.n_prompt = (int)d->n_prompt;
-    sp.gen = d->gen;
-    sp.n_gen = (int)d->n_gen;
-    sp.n_sampled = (int)d->n_sampled;
-    sp.kv_in = worker_kv_in;   /* installs the tail (HAS_TAIL); times the KV's arrival always */
-    sp.kv_arg = j;
-    bool counted = (j->msg.hdr.flags & PROTO_F_RESUME) != 0;   /* a resume is no handoff */
-    sched_status st = ok ? worker_submit(j, &sp) : SCHED_ERR_ARG;
-    if (st != SCHED_OK) {
-        worker_job_unlink(j);
-        worker_send_error(j->c, j->id, worker_sched_error(st), sched_status_name(st));
-        return;
-    }
     sched_output outs[64];
     proto_tok toks[64];
-    int ctx = (int)(d->n_prompt + d->n_gen);
-    while (!sched_done(j->req)) {
-        int n = sched_poll(j->req, outs, 64, 200);
+    bool ended = false;
+    int n;
+    while (!ended && (n = sched_poll(j->req, outs, 64, 0)) > 0) {
         int nt = 0;
         for (int i = 0; i < n; i++)
             if (outs[i].kind == SCHED_OUT_TOKEN) worker_tok(&outs[i], &toks[nt++]);
-        if (nt && !counted) {
+        if (nt && !j->counted) {
             /* the first token came after the admission, so the kv_in hook has run */
-            counted = true;
+            j->counted = true;
             if (j->kv_in_seen && j->kv_in_pos > 0) {
                 pthread_mutex_lock(&w->mu);
                 w->n_handoffs_in++;
@@ -499,41 +544,105 @@ static void worker_run_decode(wjob *j)
             m.u.tokens.n = (uint32_t)nt;
             m.u.tokens.toks = toks;
             worker_send(j->c, &m);
-            ctx += nt;
             pthread_mutex_lock(&w->mu);
-            j->ctx_len = ctx;
+            j->ctx_len += nt;
             pthread_mutex_unlock(&w->mu);
         }
         for (int i = 0; i < n; i++)
-            if (outs[i].kind == SCHED_OUT_FINISH)
+            if (outs[i].kind == SCHED_OUT_FINISH) {
                 worker_send_finish(j, worker_finish_reason(j, outs[i].finish), (int)d->n_prompt, (int)d->n_cached,
                                    outs[i].usage.completion_tokens, outs[i].ttft_s);
+                ended = true;
+            }
     }
+    return ended;
 }
 
-static void *worker_job_thread(void *arg)
+/* The job's last frame went out (or it was refused): off its connection, freed. */
+static void worker_job_end(wjob *j)
 {
-    wjob *j = arg;
     worker *w = j->w;
-    if (j->msg.hdr.type == PROTO_PREFILL) worker_run_prefill(j);
-    else worker_run_decode(j);
     worker_job_unlink(j);
     pthread_mutex_lock(&w->mu);
     sched_req *r = j->req;
     j->req = NULL;
     worker_conn_unref_locked(w, j->c);
     w->n_jobs--;
-    w->n_active--;
     pthread_cond_broadcast(&w->cv);
     pthread_mutex_unlock(&w->mu);
     if (r) sched_release(r);
     proto_msg_free(&j->msg);
     free(j->tail);
     free(j);
+}
+
+/* Queues j for a pump; a job being served is marked to be served again instead, so that one
+ * pump at a time serves a job (its frames keep their order). Called by the engine thread
+ * under the scheduler's lock (sched_params.on_output) and by the reader: takes pump_mu only,
+ * which nobody holds while calling sched_* or taking w->mu. */
+static void worker_job_ready(void *arg)
+{
+    wjob *j = arg;
+    worker *w = j->w;
+    pthread_mutex_lock(&w->pump_mu);
+    if (j->busy) {
+        j->again = true;
+    } else if (!j->queued) {
+        j->queued = true;
+        j->rnext = NULL;
+        if (w->ready_tail) w->ready_tail->rnext = j;
+        else w->ready_head = j;
+        w->ready_tail = j;
+        pthread_cond_signal(&w->pump_cv);
+    }
+    pthread_mutex_unlock(&w->pump_mu);
+}
+
+/* A pump: serves the jobs that have something to do, until worker_free stops it with none
+ * left. After a job's FINISH was taken the scheduler queues nothing more for it, so a job that
+ * ended is in no queue and may be freed. */
+static void *worker_pump_thread(void *arg)
+{
+    worker *w = arg;
+    pthread_mutex_lock(&w->pump_mu);
+    for (;;) {
+        while (!w->ready_head && !w->pump_stop) pthread_cond_wait(&w->pump_cv, &w->pump_mu);
+        wjob *j = w->ready_head;
+        if (!j) break;
+        w->ready_head = j->rnext;
+        if (!w->ready_head) w->ready_tail = NULL;
+        j->queued = false;
+        j->busy = true;
+        j->again = false;
+        pthread_mutex_unlock(&w->pump_mu);
+        bool ended;
+        if (!j->started) {
+            j->started = true;
+            ended = !worker_job_start(j);
+        } else {
+            ended = j->msg.hdr.type == PROTO_PREFILL ? worker_prefill_step(j) : worker_decode_step(j);
+        }
+        if (ended) {
+            worker_job_end(j);
+            pthread_mutex_lock(&w->pump_mu);
+            continue;
+        }
+        pthread_mutex_lock(&w->pump_mu);
+        j->busy = false;
+        if (j->again) {
+            j->queued = true;
+            j->rnext = NULL;
+            if (w->ready_tail) w->ready_tail->rnext = j;
+            else w->ready_head = j;
+            w->ready_tail = j;
+        }
+    }
+    pthread_mutex_unlock(&w->pump_mu);
     return NULL;
 }
 
-/* Takes ownership of m (a PREFILL or DECODE). */
+/* Takes ownership of m (a PREFILL or DECODE): checks it, lists it on its connection and hands
+ * it to the pumps, which submit it. */
 static void worker_start_job(worker *w, wconn *c, proto_msg *m)
 {
     int t = m->hdr.type;
@@ -563,30 +672,15 @@ static void worker_start_job(worker *w, wconn *c, proto_msg *m)
     j->msg = *m;
     j->t_recv = util_now();
     j->ctx_len = t == PROTO_PREFILL ? (int)m->u.prefill.n_prompt : (int)(m->u.decode.n_prompt + m->u.decode.n_gen);
+    j->first.token = -1;
+    j->fin.kind = SCHED_OUT_TOKEN;   /* no FINISH yet */
     c->refs++;
     j->next = c->jobs;
     c->jobs = j;
     j->linked = true;
     w->n_jobs++;
-    w->n_active++;
-    pthread_attr_t at;
-    pthread_attr_init(&at);
-    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-    pthread_t th;
-    int rc = pthread_create(&th, &at, worker_job_thread, j);
-    pthread_attr_destroy(&at);
-    if (rc != 0) {
-        c->jobs = j->next;
-        c->refs--;
-        w->n_jobs--;
-        w->n_active--;
-        pthread_mutex_unlock(&w->mu);
-        proto_msg_free(&j->msg);
-        free(j);
-        worker_send_error(c, id, PROTO_E_INTERNAL, "cannot start a job thread");
-        return;
-    }
     pthread_mutex_unlock(&w->mu);
+    worker_job_ready(j);
 }
 
 /* ---- connection reader ---- */
@@ -973,6 +1067,15 @@ worker *worker_new(const worker_opts *o, engine *e, sched *s, store *st, blockio
     blockkey_pool_fp(w->m->fingerprint, (int32_t)kvpool_dtype(engine_kvpool(e)), w->pool_fp);
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
+    pthread_mutex_init(&w->pump_mu, NULL);
+    pthread_cond_init(&w->pump_cv, NULL);
+    for (int i = 0; i < WORKER_PUMPS; i++)
+        if (pthread_create(&w->pumps[w->n_pumps], NULL, worker_pump_thread, w) == 0) w->n_pumps++;
+    if (!w->n_pumps) {
+        log_error("worker: cannot start a pump thread");
+        worker_free(w);
+        return NULL;
+    }
     if (o->listen) {
         w->listen_fd = proto_listen(o->listen, 64);
         if (w->listen_fd < 0) {
@@ -1008,13 +1111,20 @@ void worker_free(worker *w)
     if (w->has_hb) pthread_join(w->hb_thr, NULL);
     if (w->has_drain) pthread_join(w->drain_thr, NULL);
     pthread_mutex_lock(&w->mu);
-    while (w->n_active > 0) {
+    while (w->n_active > 0 || w->n_jobs > 0) {
         for (wconn *c = w->conns; c; c = c->next) shutdown(c->fd, SHUT_RDWR);
         pthread_cond_wait(&w->cv, &w->mu);
     }
     pthread_mutex_unlock(&w->mu);
+    pthread_mutex_lock(&w->pump_mu);
+    w->pump_stop = true;
+    pthread_cond_broadcast(&w->pump_cv);
+    pthread_mutex_unlock(&w->pump_mu);
+    for (int i = 0; i < w->n_pumps; i++) pthread_join(w->pumps[i], NULL);
     if (w->listen_fd >= 0) close(w->listen_fd);
     pthread_mutex_destroy(&w->mu);
     pthread_cond_destroy(&w->cv);
+    pthread_mutex_destroy(&w->pump_mu);
+    pthread_cond_destroy(&w->pump_cv);
     free(w);
 }

@@ -9,8 +9,11 @@
  * holds the cluster key, and so must we; then every frame is tagged); a peer that fails it is
  * logged and closed before it sees a HELLO. Each connection has a reader thread that decodes frames (a refused frame: one log
  * line, ERROR MALFORMED, that connection closed; the others and the process go on) and one
- * send mutex (frames from several threads never interleave). Each job (PREFILL or DECODE) gets
- * a thread that submits it to the scheduler and turns its outputs into frames:
+ * send mutex (frames from several threads never interleave). Jobs (PREFILL or DECODE) take no
+ * thread of their own: a fixed pair of pump threads submits each job the reader hands them and
+ * turns its outputs into frames as they come (the scheduler's on_output hook queues a job for
+ * the pumps whenever it has outputs; one pump at a time serves a job, so its frames keep their
+ * order), so concurrent requests cost no thread creation and no timer sits on their path:
  *   - PREFILL: sched with max_tokens 1; the kv_out hook copies the partial tail block out of
  *     the pool before it is released; then the worker waits for the block store's write-behind
  *     to have taken the prompt's full blocks, counts how many are stored (store_exists), and

@@ -219,6 +219,7 @@ static void sched_finish_locked(sched *s, sched_req *r, sched_finish why)
         r->finished = true;
         s->st.n_finished[why]++;
         pthread_cond_broadcast(&r->cv);
+        if (r->p.on_output) r->p.on_output(r->p.out_arg);
     }
 }
 
@@ -835,6 +836,7 @@ static void sched_publish_token_locked(sched *s, int i, double now)
     }
     r->t_last = now;
     pthread_cond_broadcast(&r->cv);
+    if (r->p.on_output) r->p.on_output(r->p.out_arg);
     if (stop) sched_end_running_locked(s, r, SCHED_FINISH_STOP);
     else if (r->n_tokens - r->n_prompt >= r->max_gen || r->n_tokens >= r->cap)
         sched_end_running_locked(s, r, SCHED_FINISH_LENGTH);

@@ -165,6 +165,12 @@ typedef struct {
      * just before the KV is released: may copy it out. */
     void (*kv_out)(void *arg, const kvpool *pool, const kvpool_seq *seq, int n_done);
     void *kv_arg;           /* first argument of kv_in / kv_out */
+    /* Engine thread, under the scheduler's lock, each time outputs were queued for the
+     * request (a token, its FINISH): may only wake whoever polls it (no sched_* call, no
+     * lock that is held while calling sched_*), so that a few threads can serve many
+     * requests (the cluster worker) instead of one sched_poll each. NULL = none. */
+    void (*on_output)(void *arg);
+    void *out_arg;          /* its argument */
     /* Structured output: each generated token outside think blocks must continue a document
      * of this grammar (the disallowed tokens are masked before sampling, grammar.h); the end
      * of generation ids are allowed only where the document is complete, so the request ends

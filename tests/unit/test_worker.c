@@ -12,6 +12,7 @@
  * key (no handshake, a wrong key) is closed without a HELLO or any job run. Steps stay under 64 tokens (step_tokens
  * 48), see test_sched.c for why.
  */
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -539,6 +540,109 @@ TEST(test_refuses_peer_without_key)
     node_free(&M);
 }
 
+/* Threads of process pid now. */
+static int count_tasks_of(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+    DIR *d = opendir(path);
+    if (!d) return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+/* Jobs take no thread of their own: with twelve jobs on one connection (four running, eight
+ * queued in the scheduler) the process has no more threads than before they came, and
+ * concurrent jobs multiplexed on the pumps stream exactly the tokens each gets alone, every
+ * job's frames in order and ended by its own FINISH (CANCEL ends the long ones). */
+TEST(test_concurrent_jobs_take_no_threads)
+{
+    node ref = node_new(0), M = node_new(PROTO_ROLE_MIXED);
+    int fd = gw_connect(&M);
+    int base = count_tasks_of(getpid());
+    CHECK(base > 0);
+    enum { N = 12, N_SHORT = 6, SHORT = 10 };
+    int32_t prompts[N][24], got[N][SHORT];
+    int n_got[N] = { 0 }, reason[N] = { 0 }, n_done = 0, n_started = 0, during = -1;
+    for (int i = 0; i < N; i++) make_prompt(prompts[i], 24, 40 + i);
+    for (int i = 0; i < N; i++) {
+        proto_msg m;
+        memset(&m, 0, sizeof m);
+        m.hdr.type = PROTO_DECODE;   /* prompt[0..23), then prompt[23] as if generated */
+        m.hdr.req_id = (uint64_t)(i + 1);
+        m.u.decode.params = test_params(i < N_SHORT ? SHORT : 900, 0);
+        m.u.decode.prompt = prompts[i];
+        m.u.decode.n_prompt = 23;
+        m.u.decode.gen = &prompts[i][23];
+        m.u.decode.n_gen = 1;
+        CHECK(proto_send_msg(PC(fd), &m) == PROTO_OK);
+    }
+    for (int k = 0; k < 100000 && n_done < N; k++) {
+        proto_msg r;
+        if (gw_recv(fd, &r) != PROTO_OK) break;
+        int i = (int)r.hdr.req_id - 1;
+        CHECKF(i >= 0 && i < N, "id %llu", (unsigned long long)r.hdr.req_id);
+        if (i < 0 || i >= N) {
+            proto_msg_free(&r);
+            break;
+        }
+        if (r.hdr.type == PROTO_TOKENS) {
+            CHECKF(!reason[i], "tokens of job %d after its FINISH", i);
+            if (n_got[i] == 0) n_started++;
+            for (uint32_t t = 0; t < r.u.tokens.n; t++)
+                if (n_got[i] < SHORT) got[i][n_got[i]++] = r.u.tokens.toks[t].token;
+            if (during < 0 && n_started >= 4) {
+                /* four jobs running, the rest queued: count now, then cancel the long ones */
+                during = count_tasks_of(getpid());
+                for (int c = N_SHORT; c < N; c++) {
+                    proto_msg x;
+                    memset(&x, 0, sizeof x);
+                    x.hdr.type = PROTO_CANCEL;
+                    x.hdr.req_id = (uint64_t)(c + 1);
+                    CHECK(proto_send_msg(PC(fd), &x) == PROTO_OK);
+                }
+            }
+        } else if (r.hdr.type == PROTO_FINISH) {
+            CHECKF(!reason[i], "a second FINISH for job %d", i);
+            reason[i] = r.u.finish.reason;
+            n_done++;
+        } else {
+            CHECKF(0, "unexpected %s for job %d", proto_type_name(r.hdr.type), i);
+        }
+        proto_msg_free(&r);
+    }
+    CHECK(n_done == N);
+    CHECKF(during >= 0 && during <= base + 1, "%d threads with %d jobs in, %d before", during, N, base);
+    for (int i = 0; i < N; i++)
+        CHECKF(reason[i] == (i < N_SHORT ? PROTO_FINISH_LENGTH : PROTO_FINISH_CANCELLED), "job %d: finish %d", i,
+               reason[i]);
+    /* job i continues prompt[0..23) after the token prompt[23]: one scheduler, same context */
+    for (int i = 0; i < N_SHORT; i++) {
+        int32_t alone[SHORT];
+        sched_params p = { .prompt = prompts[i], .n_prompt = 23, .max_tokens = SHORT, .ignore_eos = true,
+                           .gen = &prompts[i][23], .n_gen = 1 };
+        p.sample = test_sample(0);
+        sched_req *r;
+        CHECK(sched_submit(ref.s, &p, &r) == SCHED_OK);
+        int k = 0;
+        sched_output o[16];
+        for (int it = 0; it < 1000 && !sched_done(r); it++) {
+            int m = sched_poll(r, o, 16, 10000);
+            for (int t = 0; t < m; t++)
+                if (o[t].kind == SCHED_OUT_TOKEN && k < SHORT) alone[k++] = o[t].token;
+        }
+        sched_release(r);
+        CHECKF(k == SHORT - 1 && n_got[i] == SHORT - 1 && !memcmp(alone, got[i], (size_t)k * sizeof alone[0]),
+               "job %d: %d tokens, %d alone", i, n_got[i], k);
+    }
+    gw_close(fd);
+    node_free(&ref);
+    node_free(&M);
+}
+
 int main(void)
 {
     util_log_level = LOG_LEVEL_ERROR;
@@ -554,6 +658,7 @@ int main(void)
     RUN(test_think_budget_split_and_resume);
     RUN(test_malformed_closes_only_that_connection);
     RUN(test_refuses_peer_without_key);
+    RUN(test_concurrent_jobs_take_no_threads);
     model_free(g_model);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
