@@ -27,6 +27,7 @@
 #include "cli/cmd_common.h"
 #include "cluster/auth.h"
 #include "cluster/gateway.h"
+#include "grammar/grammar.h"
 #include "http/http.h"
 #include "model/model.h"
 #include "recipe/api.h"
@@ -126,6 +127,8 @@ int cmd_gateway(int argc, char **argv)
     http_server *h = NULL;
     status_ring *st = NULL;
     char *derived = NULL;
+    grammar_vocab *gvocab = NULL;
+    grammar_cache *gcache = NULL;
     gc_retention classes;
     gc_retention_default(&classes);
     /* SIGINT/SIGTERM are blocked before any thread exists, so every thread inherits the mask
@@ -170,9 +173,13 @@ int cmd_gateway(int argc, char **argv)
     if (!name) name = derived = api_model_default_name(path);
     char alias_buf[256];
     const char *alias = api_model_alias(m, alias_buf, sizeof alias_buf);
+    /* structured output: the API layer compiles each grammar here first (a bad one is a 400
+     * at once, and the gateway sends only sources that compile); the workers compile it again */
+    gvocab = grammar_vocab_from_tokenizer(tok);
+    gcache = grammar_cache_new(256);
     api_ctx ac = { .sched = NULL, .model = m, .tok = tok, .tmpl = tmpl, .model_name = name, .model_alias = alias,
                    .n_ctx = n_ctx, .n_threads = 1, .created = (int64_t)time(NULL), .retention = &classes,
-                   .backend = gateway_backend(g), .metrics_public = metrics_public,
+                   .backend = gateway_backend(g), .metrics_public = metrics_public, .gcache = gcache, .gvocab = gvocab,
                    .status = st = status_new(gc_wall_now()), .store = cache, .cost_per_hour = cost_per_hour };
     ho.host = host;
     ho.port = (int)port;
@@ -211,6 +218,8 @@ out:
     http_server_free(h);
     gateway_free(g);
     status_free(st);
+    grammar_cache_free(gcache);
+    grammar_vocab_free(gvocab);
     store_close(cache);
     template_free(tmpl);
     tokenizer_free(tok);

@@ -32,6 +32,7 @@
 #include "engine/sched.h"
 #include "model/model.h"
 #include "recipe/tokenizer.h"
+#include "grammar/grammar.h"
 #include "util/util.h"
 
 /* --role into an int: PROTO_ROLE_PREFILL / DECODE / MIXED */
@@ -94,6 +95,7 @@ int cmd_worker(int argc, char **argv)
     store *cache = NULL;
     blockio *bio = NULL;
     worker *w = NULL;
+    grammar_vocab *gvocab = NULL;
     static auth_key key;   /* 4 KiB: off the stack */
     char key_file[4096], err[512];
     auth_status ast = key_path ? auth_key_load(key_path, &key, err, sizeof err)
@@ -124,8 +126,9 @@ int cmd_worker(int argc, char **argv)
         goto out;
     }
 
+    gvocab = grammar_vocab_from_tokenizer(tok);   /* the jobs' structured-output grammars */
     worker_opts wo = { .role = role, .listen = listen, .gateway = gateway, .name = name, .key = &key,
-                       .max_seqs = (int)eng.max_seqs, .n_ctx = n_ctx };
+                       .max_seqs = (int)eng.max_seqs, .n_ctx = n_ctx, .gvocab = gvocab };
     w = worker_new(&wo, e, s, cache, bio);
     if (!w) goto out;
     kvpool_stats kv_stats;
@@ -164,6 +167,7 @@ out:
     blockio_free(bio);
     store_close(cache);
     engine_free(e);
+    grammar_vocab_free(gvocab);
     tokenizer_free(tok);
     model_free(m);
     return rc;

@@ -426,6 +426,11 @@ static sched_status gw_submit(void *ud, const sched_params *p, sched_req **out)
     if (p->think_budget < 0 || (p->think_budget > 0 && (p->think_end >= g->o.model->hp.n_vocab ||
                                                         p->think_start >= g->o.model->hp.n_vocab)))
         return SCHED_ERR_ARG;   /* as sched_submit */
+    /* a grammar travels as its source, which the worker compiles (the API layer compiled it
+     * here first, so a bad one was a 400 before this) */
+    if (p->grammar && (!p->grammar_src || p->grammar_kind < 0 || p->grammar_kind >= PROTO_GRAMMAR_KINDS ||
+                       p->grammar_len > PROTO_MAX_GRAMMAR || memchr(p->grammar_src, 0, p->grammar_len)))
+        return SCHED_ERR_ARG;
     pthread_mutex_lock(&g->mu);
     double deadline = util_now() + g->o.wait_timeout_s;
     while (!g->shut && !(gw_has_role(g, true) && gw_has_role(g, false))) {
@@ -468,12 +473,22 @@ static sched_status gw_submit(void *ud, const sched_params *p, sched_req **out)
     pp->salt = xstrdup(p->cache_salt ? p->cache_salt : "");
     int max_new = p->max_tokens > 0 ? TM_MIN(p->max_tokens, g->o.n_ctx - p->n_prompt) : g->o.n_ctx - p->n_prompt;
     pp->max_tokens = max_new;   /* explicit: a worker with a longer context stops where we do */
-    if (p->think_budget > 0 && p->think_end >= 0) {   /* sent with PROTO_F_THINK; no end id: no budget */
-        /* a budget of max_new or more never forces anything: the same within the wire's range */
-        pp->think_budget = (uint32_t)TM_MIN(TM_MIN(p->think_budget, max_new), PROTO_MAX_THINK);
+    /* sent with PROTO_F_THINK; no end id: no budget. A grammar applies from the end of the
+     * think block, so its request sends the markers even without a budget: as a budget of
+     * max_new, which never forces anything (nor does any budget of max_new or more) */
+    if ((p->think_budget > 0 || p->grammar) && p->think_end >= 0) {
+        int budget = p->think_budget > 0 ? p->think_budget : max_new;
+        pp->think_budget = (uint32_t)TM_MIN(TM_MIN(budget, max_new), PROTO_MAX_THINK);
         pp->think_start = p->think_start >= 0 ? p->think_start : -1;
         pp->think_end = p->think_end;
         pp->think_open = p->think_open;
+    }
+    if (p->grammar) {
+        pp->grammar_kind = (uint8_t)p->grammar_kind;
+        pp->grammar_len = (uint32_t)p->grammar_len;
+        pp->grammar = xmalloc(p->grammar_len + 1);
+        memcpy(pp->grammar, p->grammar_src, p->grammar_len);
+        pp->grammar[p->grammar_len] = 0;
     }
     r->expect_len = p->n_prompt + max_new;
     r->hit_len = hit;
@@ -488,6 +503,7 @@ static sched_status gw_submit(void *ud, const sched_params *p, sched_req **out)
         pthread_mutex_unlock(&g->mu);
         pthread_cond_destroy(&r->cv);
         free(r->params.salt);
+        free(r->params.grammar);
         free(r->prompt);
         free(r->keys);
         free(r);
@@ -568,6 +584,7 @@ static void gw_release(void *ud, sched_req *h)
     pthread_cond_destroy(&r->cv);
     gw_free_tail(r);
     free(r->params.salt);
+    free(r->params.grammar);
     free(r->prompt);
     free(r->keys);
     free(r->gen);

@@ -130,6 +130,7 @@ void gw_send_prefill(gateway *g, gw_req *r)
     m.hdr.req_id = r->id;
     gw_params_copy(&m.u.prefill.params, &r->params);
     if (r->params.think_budget) m.hdr.flags |= PROTO_F_THINK;
+    if (r->params.grammar) m.hdr.flags |= PROTO_F_GRAMMAR;
     m.u.prefill.hit_len = (uint32_t)r->hit_len;
     m.u.prefill.n_prompt = (uint32_t)r->n_prompt;
     m.u.prefill.prompt = r->prompt;
@@ -171,6 +172,8 @@ void gw_send_decode(gateway *g, gw_req *r)
      * block is open from think_open + gen (every token of gen was streamed), so the forced
      * end lands where an undisturbed run puts it */
     if (r->params.think_budget) m.hdr.flags |= PROTO_F_THINK;
+    /* the worker replays gen through the grammar's automaton (as sched_submit does) */
+    if (r->params.grammar) m.hdr.flags |= PROTO_F_GRAMMAR;
     m.u.decode.n_prompt = (uint32_t)r->n_prompt;
     m.u.decode.prompt = r->prompt;
     m.u.decode.n_gen = (uint32_t)r->n_gen;

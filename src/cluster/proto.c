@@ -193,8 +193,8 @@ static uint32_t proto_allowed_flags(int type)
     switch (type) {
     case PROTO_HELLO: return PROTO_F_REGISTER;
     case PROTO_HANDOFF: return PROTO_F_HAS_TAIL;
-    case PROTO_PREFILL: return PROTO_F_THINK;
-    case PROTO_DECODE: return PROTO_F_HAS_TAIL | PROTO_F_RESUME | PROTO_F_THINK;
+    case PROTO_PREFILL: return PROTO_F_THINK | PROTO_F_GRAMMAR;
+    case PROTO_DECODE: return PROTO_F_HAS_TAIL | PROTO_F_RESUME | PROTO_F_THINK | PROTO_F_GRAMMAR;
     case PROTO_TOKENS: return PROTO_F_LOGPROBS;
     case PROTO_HEARTBEAT: return PROTO_F_STEPTIME;
     default: return 0;
@@ -236,9 +236,19 @@ static bool proto_think_ok(const proto_params *p)
            p->think_end >= 0 && p->think_open <= 1;
 }
 
-/* think: the frame has PROTO_F_THINK; a budget without the flag would be dropped silently. */
-static bool proto_params_ok(const proto_params *p, bool think)
+/* The grammar section's ranges: a known kind, at most PROTO_MAX_GRAMMAR bytes without a NUL
+ * (none for the JSON kind, which has no source). */
+static bool proto_grammar_ok(const proto_params *p)
 {
+    return p->grammar && p->grammar_kind < PROTO_GRAMMAR_KINDS && p->grammar_len <= PROTO_MAX_GRAMMAR &&
+           !memchr(p->grammar, 0, p->grammar_len);
+}
+
+/* flags: the frame's; a budget or a grammar without its flag would be dropped silently. */
+static bool proto_params_ok(const proto_params *p, uint32_t flags)
+{
+    bool think = flags & PROTO_F_THINK;
+    if (!((flags & PROTO_F_GRAMMAR) ? proto_grammar_ok(p) : !p->grammar)) return false;
     return p->n_stop_ids <= PROTO_MAX_STOP_IDS && p->top_logprobs <= PROTO_MAX_TOP &&
            p->sample.penalty_last_n >= 0 && p->sample.penalty_last_n <= PROTO_MAX_TOKENS &&
            p->sample.n_bias >= 0 && p->sample.n_bias <= SAMPLE_MAX_BIAS &&
@@ -246,8 +256,9 @@ static bool proto_params_ok(const proto_params *p, bool think)
            (think ? proto_think_ok(p) : p->think_budget == 0);
 }
 
-static void proto_put_params(proto_buf *b, const proto_params *p, bool think)
+static void proto_put_params(proto_buf *b, const proto_params *p, uint32_t flags)
 {
+    bool think = flags & PROTO_F_THINK;
     const sample_params *s = &p->sample;
     proto_put_f32(b, s->temp);
     proto_put_u32(b, (uint32_t)s->top_k);
@@ -277,10 +288,16 @@ static void proto_put_params(proto_buf *b, const proto_params *p, bool think)
         proto_put_u32(b, (uint32_t)p->think_end);
         proto_put_u8(b, p->think_open);
     }
+    if (flags & PROTO_F_GRAMMAR) {
+        proto_put_u8(b, p->grammar_kind);
+        proto_put_u32(b, p->grammar_len);
+        proto_put_bytes(b, p->grammar, p->grammar_len);
+    }
 }
 
-static void proto_get_params(proto_rd *r, proto_params *p, bool think)
+static void proto_get_params(proto_rd *r, proto_params *p, uint32_t flags)
 {
+    bool think = flags & PROTO_F_THINK;
     sample_params *s = &p->sample;
     s->temp = proto_get_f32(r);
     s->top_k = (int)proto_get_u32(r);
@@ -322,6 +339,19 @@ static void proto_get_params(proto_rd *r, proto_params *p, bool think)
         p->think_end = (int32_t)proto_get_u32(r);
         p->think_open = proto_get_u8(r);
         if (!proto_think_ok(p)) r->err = true;
+    }
+    if ((flags & PROTO_F_GRAMMAR) && !r->err) {   /* the length is checked before any allocation */
+        p->grammar_kind = proto_get_u8(r);
+        uint32_t n = proto_get_u32(r);
+        const uint8_t *src = n <= PROTO_MAX_GRAMMAR ? proto_get_bytes(r, n) : NULL;
+        if (!src || p->grammar_kind >= PROTO_GRAMMAR_KINDS || memchr(src, 0, n)) {
+            r->err = true;
+            return;
+        }
+        p->grammar = xmalloc(n + 1);
+        memcpy(p->grammar, src, n);
+        p->grammar[n] = 0;
+        p->grammar_len = n;
     }
 }
 
@@ -436,13 +466,13 @@ static bool proto_msg_ok(const proto_msg *m)
             if (!isfinite(m->u.heartbeat.step_w[i])) return false;
         return m->u.heartbeat.draining <= 1;
     case PROTO_PREFILL:
-        return proto_params_ok(&m->u.prefill.params, m->hdr.flags & PROTO_F_THINK) && m->u.prefill.n_prompt >= 1 &&
+        return proto_params_ok(&m->u.prefill.params, m->hdr.flags) && m->u.prefill.n_prompt >= 1 &&
                m->u.prefill.n_prompt <= PROTO_MAX_TOKENS;
     case PROTO_HANDOFF:
         return m->u.handoff.first.n_top <= PROTO_MAX_TOP && m->u.handoff.n_sampled <= 1 &&
                (!(m->hdr.flags & PROTO_F_HAS_TAIL) || proto_kv_ok(&m->u.handoff.kv));
     case PROTO_DECODE:
-        return proto_params_ok(&m->u.decode.params, m->hdr.flags & PROTO_F_THINK) && m->u.decode.n_prompt >= 1 &&
+        return proto_params_ok(&m->u.decode.params, m->hdr.flags) && m->u.decode.n_prompt >= 1 &&
                m->u.decode.n_prompt <= PROTO_MAX_TOKENS && m->u.decode.n_gen >= 1 &&
                m->u.decode.n_gen <= PROTO_MAX_TOKENS && m->u.decode.n_sampled <= m->u.decode.n_gen &&
                (!(m->hdr.flags & PROTO_F_HAS_TAIL) || proto_kv_ok(&m->u.decode.kv));
@@ -514,7 +544,7 @@ proto_status proto_encode(proto_buf *b, const proto_msg *m)
     }
     case PROTO_PREFILL: {
         const proto_prefill_job *x = &m->u.prefill;
-        proto_put_params(b, &x->params, h->flags & PROTO_F_THINK);
+        proto_put_params(b, &x->params, h->flags);
         proto_put_u32(b, x->hit_len);
         proto_put_ids(b, x->prompt, x->n_prompt);
         break;
@@ -533,7 +563,7 @@ proto_status proto_encode(proto_buf *b, const proto_msg *m)
     }
     case PROTO_DECODE: {
         const proto_decode_job *x = &m->u.decode;
-        proto_put_params(b, &x->params, h->flags & PROTO_F_THINK);
+        proto_put_params(b, &x->params, h->flags);
         proto_put_ids(b, x->prompt, x->n_prompt);
         proto_put_ids(b, x->gen, x->n_gen);
         proto_put_u32(b, x->n_cached);
@@ -637,7 +667,7 @@ proto_status proto_decode(const proto_hdr *h, const uint8_t *payload, proto_msg 
     }
     case PROTO_PREFILL: {
         proto_prefill_job *x = &m->u.prefill;
-        proto_get_params(r, &x->params, h->flags & PROTO_F_THINK);
+        proto_get_params(r, &x->params, h->flags);
         x->hit_len = proto_get_u32(r);
         if (!r->err) x->prompt = proto_get_ids(r, &x->n_prompt, false);
         break;
@@ -658,7 +688,7 @@ proto_status proto_decode(const proto_hdr *h, const uint8_t *payload, proto_msg 
     }
     case PROTO_DECODE: {
         proto_decode_job *x = &m->u.decode;
-        proto_get_params(r, &x->params, h->flags & PROTO_F_THINK);
+        proto_get_params(r, &x->params, h->flags);
         if (!r->err) x->prompt = proto_get_ids(r, &x->n_prompt, false);
         if (!r->err) x->gen = proto_get_ids(r, &x->n_gen, false);
         x->n_cached = proto_get_u32(r);
@@ -729,10 +759,15 @@ void proto_msg_free(proto_msg *m)
     if (!m) return;
     switch (m->hdr.type) {
     case PROTO_HELLO: free(m->u.hello.listen); free(m->u.hello.name); break;
-    case PROTO_PREFILL: free(m->u.prefill.params.salt); free(m->u.prefill.prompt); break;
+    case PROTO_PREFILL:
+        free(m->u.prefill.params.salt);
+        free(m->u.prefill.params.grammar);
+        free(m->u.prefill.prompt);
+        break;
     case PROTO_HANDOFF: free(m->u.handoff.kv.data); break;
     case PROTO_DECODE:
         free(m->u.decode.params.salt);
+        free(m->u.decode.params.grammar);
         free(m->u.decode.prompt);
         free(m->u.decode.gen);
         free(m->u.decode.kv.data);

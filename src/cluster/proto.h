@@ -43,6 +43,8 @@
 #define PROTO_MAX_STOP_IDS 8             /* = SCHED_MAX_STOP_IDS */
 #define PROTO_MAX_TOP 20                 /* = SCHED_MAX_TOP_LOGPROBS */
 #define PROTO_MAX_THINK PROTO_MAX_TOKENS /* largest reasoning budget, tokens */
+#define PROTO_MAX_GRAMMAR (1u << 20)     /* longest grammar source (schema / regex / GBNF), bytes */
+#define PROTO_GRAMMAR_KINDS 4            /* grammar kinds on the wire: grammar_kind 0..3 */
 
 typedef enum {
     PROTO_OK = 0,
@@ -88,7 +90,9 @@ typedef enum {
 #define PROTO_F_THINK 0x4u        /* PREFILL / DECODE: a reasoning budget section follows the
                                    * params (added within version 1: a frame without the flag
                                    * is byte-for-byte what it was before; see docs/protocol.md) */
-
+#define PROTO_F_GRAMMAR 0x8u      /* PREFILL / DECODE: the structured-output grammar's source
+                                   * follows the params (and the THINK section); the worker
+                                   * compiles it (added within version 2, like THINK) */
 typedef enum {
     PROTO_ROLE_PREFILL = 1,
     PROTO_ROLE_DECODE = 2,
@@ -184,6 +188,14 @@ typedef struct {
     int32_t think_start;    /* id that opens a think block, -1 = none */
     int32_t think_end;      /* id that closes it, >= 0 (below the model's vocabulary) */
     uint8_t think_open;     /* 0/1: the prompt ends inside an open think block */
+    /* structured output, on the wire only with PROTO_F_GRAMMAR, which the sender sets exactly
+     * when grammar is not NULL: the source the request's grammar was compiled from (the
+     * receiver compiles it again, through its cache keyed by kind and bytes). The matcher's
+     * state of a continued request is not sent: the receiver replays the generated tokens
+     * through the automaton (outside think blocks), as it replays the sampler's. */
+    uint8_t grammar_kind;   /* grammar_kind (grammar.h), < PROTO_GRAMMAR_KINDS */
+    char *grammar;          /* (grammar_len) bytes, no NUL among them, NUL-terminated in memory */
+    uint32_t grammar_len;   /* 0..PROTO_MAX_GRAMMAR (0: the JSON kind, which has no source) */
 } proto_params;
 
 typedef struct {            /* KV of positions [start, start + n) of one sequence */

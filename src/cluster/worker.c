@@ -105,6 +105,7 @@ struct worker {
     pthread_cond_t pump_cv;      /* a job was queued, or pump_stop */
     wjob *ready_head, *ready_tail; /* jobs with something to do (a new job, new outputs) */
     bool pump_stop;              /* no job left: the pumps exit (under pump_mu) */
+    grammar_cache *gcache;       /* the jobs' compiled grammars, by kind and source (thread-safe) */
     bool has_accept, has_hb, has_reg, has_drain;
     uint8_t pool_fp[32];         /* blockkey_pool_fp(model, kv dtype) */
     /* handoff cost, lifetime (heartbeat), under mu */
@@ -417,7 +418,28 @@ static bool worker_job_start(wjob *j)
         j->ctx_len = (int)(d->n_prompt + d->n_gen);
     }
     sp.kv_arg = j;
+    const proto_params *pp = j->msg.hdr.type == PROTO_PREFILL ? &j->msg.u.prefill.params : &j->msg.u.decode.params;
+    grammar *g = NULL;
+    if (ok && pp->grammar) {
+        /* compiled here, on the pump, through the cache: the gateway compiled the same source,
+         * so this fails only when the builds differ; then the job is refused naming why */
+        char err[PROTO_MAX_STR - 32] = "no vocabulary for grammars on this worker";
+        grammar_status gs = w->o.gvocab ? grammar_cache_get(w->gcache, (grammar_kind)pp->grammar_kind, pp->grammar,
+                                                            pp->grammar_len, &g, err, sizeof err)
+                                        : GRAMMAR_ERR_INVALID;
+        if (gs != GRAMMAR_OK) {
+            char msg[PROTO_MAX_STR];
+            snprintf(msg, sizeof msg, "grammar: %s", err);
+            log_info("worker: req %llu refused: %s", (unsigned long long)j->id, msg);
+            worker_job_unlink(j);
+            worker_send_error(j->c, j->id, PROTO_E_ARG, msg);
+            return false;
+        }
+        sp.grammar = g;
+        sp.grammar_vocab = w->o.gvocab;
+    }
     sched_status st = ok ? worker_submit(j, &sp) : SCHED_ERR_ARG;
+    grammar_free(g);   /* sched_submit took its own reference */
     if (st != SCHED_OK) {
         worker_job_unlink(j);
         worker_send_error(j->c, j->id, worker_sched_error(st), sched_status_name(st));
@@ -1069,6 +1091,7 @@ worker *worker_new(const worker_opts *o, engine *e, sched *s, store *st, blockio
     pthread_cond_init(&w->cv, NULL);
     pthread_mutex_init(&w->pump_mu, NULL);
     pthread_cond_init(&w->pump_cv, NULL);
+    w->gcache = grammar_cache_new(256);
     for (int i = 0; i < WORKER_PUMPS; i++)
         if (pthread_create(&w->pumps[w->n_pumps], NULL, worker_pump_thread, w) == 0) w->n_pumps++;
     if (!w->n_pumps) {
@@ -1126,5 +1149,6 @@ void worker_free(worker *w)
     pthread_cond_destroy(&w->cv);
     pthread_mutex_destroy(&w->pump_mu);
     pthread_cond_destroy(&w->pump_cv);
+    grammar_cache_free(w->gcache);
     free(w);
 }

@@ -21,6 +21,11 @@
  *   - DECODE: sched with the generated tokens (sched_params.gen, n_sampled); the kv_in hook
  *     installs the handoff's tail right after the store's blocks were attached (when it starts
  *     exactly there; else the tail is recomputed); TOKENS as they come, then FINISH.
+ * A job with a grammar (PROTO_F_GRAMMAR) has it compiled by its pump through the worker's
+ * grammar cache (keyed by kind and source, so a schema many requests send is compiled once);
+ * one that does not compile is answered ERROR ARG naming the problem. A DECODE's generated
+ * tokens are replayed through the automaton by sched_submit, so the matcher's state is never
+ * sent.
  * A heartbeat thread sends the load report to every connection every 500 ms. Drain: no new
  * jobs (ERROR DRAINING), DRAIN sent to every connection; at the deadline the jobs left are
  * cancelled and reported FINISH MOVED; then DRAIN done. The handoff cost is counted both
@@ -42,6 +47,7 @@
 #include "engine/blockio.h"
 #include "engine/engine.h"
 #include "engine/sched.h"
+#include "grammar/grammar.h"
 
 typedef struct {
     int role;                 /* proto_role: PREFILL, DECODE or MIXED */
@@ -52,6 +58,9 @@ typedef struct {
     int heartbeat_ms;         /* <= 0: 500 */
     int max_seqs;             /* capacity reported in HELLO (the scheduler's) */
     int n_ctx;                /* the scheduler's context */
+    const grammar_vocab *gvocab; /* the model's token bytes for the jobs' grammars (grammar.h),
+                              * or NULL: a job with a grammar is refused (ERROR ARG); outlives
+                              * the worker */
 } worker_opts;
 
 typedef struct worker worker;

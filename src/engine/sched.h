@@ -179,6 +179,12 @@ typedef struct {
     grammar *grammar;
     const grammar_vocab *grammar_vocab; /* the model's token bytes; required with grammar,
                                          * must outlive the request */
+    /* The source grammar was compiled from, for a backend that runs the request in another
+     * process (the cluster gateway sends it to a worker, which compiles it there); the
+     * scheduler ignores it. NULL = none. */
+    int grammar_kind;       /* grammar_kind (grammar.h) of grammar_src */
+    const char *grammar_src; /* (grammar_len) bytes; must live until submit returns */
+    size_t grammar_len;
 } sched_params;
 
 typedef struct {

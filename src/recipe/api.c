@@ -306,6 +306,10 @@ typedef struct {
     bytebuf raw;                    /* scratch: one token's bytes from the detokenizer */
     bytebuf text;                   /* one token's text as the client gets it (api_detok) */
     grammar *g;                         /* the answer's format (compiled), or NULL */
+    int g_kind;                         /* its source, for a backend in another process */
+    const char *g_src;                  /* (g_len) req.fmt_src or g_tool */
+    size_t g_len;
+    char *g_tool;                       /* a forced call's grammar text (owned), or NULL */
 } api_job;
 
 static void api_job_free(api_job *j)
@@ -317,6 +321,7 @@ static void api_job_free(api_job *j)
     bytebuf_free(&j->text);
     template_prompt_free(&j->prompt);
     grammar_free(j->g);
+    free(j->g_tool);
     api_req_free(&j->req);
     free(j);
 }
@@ -582,11 +587,17 @@ static bool api_job_grammar(api_job *j, const events_markers *mk, api_error *e)
     grammar_status st;
     if (tool_src) {  /* the schemas compiled in api_tool_gbnf: an error here is the combination's */
         st = grammar_cache_get(c->gcache, GRAMMAR_KIND_GBNF, tool_src, strlen(tool_src), &j->g, err, sizeof err);
-        free(tool_src);
+        j->g_tool = tool_src;
+        j->g_kind = GRAMMAR_KIND_GBNF;
+        j->g_src = tool_src;
+        j->g_len = strlen(tool_src);
         if (st == GRAMMAR_OK && mk->toolfmt == EVENTS_TOOLFMT_QWEN) j->out.call_marker = mk->tool_start;
     } else {
         st = grammar_cache_get(c->gcache, (grammar_kind)q->fmt_kind, q->fmt_src ? q->fmt_src : "", q->fmt_len, &j->g,
                                err, sizeof err);
+        j->g_kind = q->fmt_kind;
+        j->g_src = q->fmt_src ? q->fmt_src : "";
+        j->g_len = q->fmt_len;
     }
     if (st != GRAMMAR_OK) {
         api_error_set(e, 400, param, "invalid_value", "Invalid format in '%s': %s", param, err);
@@ -627,6 +638,11 @@ static bool api_job_submit(http_request *r, api_job *j, const api_tenancy *tn, c
     }
     sp.grammar = j->g;  /* reasoning stays free: the format applies from the end of the think block */
     sp.grammar_vocab = j->g ? c->gvocab : NULL;
+    if (j->g) {
+        sp.grammar_kind = j->g_kind;
+        sp.grammar_src = j->g_src;
+        sp.grammar_len = j->g_len;
+    }
     for (int i = 0; i < j->out.n_choices; i++) {
         sp.sample.seed = j->req.sp.seed + (uint64_t)i;
         sched_status ss = api_be_submit(c, &sp, &j->sreq[i]);

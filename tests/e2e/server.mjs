@@ -3,7 +3,8 @@
 // the caller names a block store (--cache / --cache-dir), gets a fresh empty one in a temporary
 // directory, so that every run starts cold and nothing leaks into the user's cache directory.
 // stopServers() sends SIGTERM (a clean shutdown is part of what is tested), SIGKILL if a server
-// hangs, and removes the temporary stores.
+// hangs, and removes the temporary stores. startCluster does the same for a gateway and its
+// workers.
 import { spawn } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
@@ -60,4 +61,57 @@ export async function fetchMetrics(url, key) {
     m[line.slice(0, i)] = Number(line.slice(i + 1));
   }
   return m;
+}
+
+// Spawns `tokenmill args...` (tracked: stopServers stops it) and waits for a stderr line
+// matching re; resolves to the match.
+function spawnUntil(args, re, env, what, timeoutMs) {
+  const proc = spawn(bin, args, { stdio: ["ignore", "ignore", "pipe"], env });
+  procs.push(proc);
+  let log = "";
+  return new Promise((resolve, reject) => {
+    const t = setTimeout(() => reject(new Error(`${what} did not start: ${log}`)), timeoutMs);
+    const on = (d) => {
+      log += d;
+      const m = re.exec(log);
+      if (!m) return;
+      clearTimeout(t);
+      proc.removeAllListeners("exit");
+      proc.stderr.removeListener("data", on);
+      if (process.env.TM_SERVE_LOG) proc.stderr.on("data", (x) => fs.appendFileSync(process.env.TM_SERVE_LOG, `[${what}] ${x}`));
+      else proc.stderr.resume();
+      resolve(m);
+    };
+    proc.stderr.on("data", on);
+    proc.on("exit", (code) => { clearTimeout(t); reject(new Error(`${what} exited ${code}: ${log}`)); });
+  });
+}
+
+// A cluster on loopback: one `tokenmill worker` per entry of roles ("prefill", "decode",
+// "mixed"), then a `tokenmill gateway` that connects to them (--prefill / --decode; a mixed
+// worker is named as a prefill one and says its role in HELLO), all on one fresh block store
+// and one cluster key (a temporary XDG_CACHE_HOME, so nothing reaches the user's cache dir).
+// Resolves once the gateway lists every worker up; stopServers stops them all.
+export async function startCluster(model, roles = ["prefill", "decode"], { gatewayArgs = [], workerArgs = [], timeoutMs = 30000 } = {}) {
+  const d = fs.mkdtempSync(path.join(os.tmpdir(), "tm-cluster-"));
+  dirs.push(d);
+  const env = { ...process.env, XDG_CACHE_HOME: path.join(d, "xdg") };
+  const cache = `dir:${path.join(d, "store")}`;
+  const addrs = { prefill: [], decode: [] };
+  for (const [i, role] of roles.entries()) {   // one after another: the first makes the key
+    const m = await spawnUntil(["worker", "--role", role, "-m", model, "--listen", "127.0.0.1:0", "--cache", cache,
+      "--threads", "1", "--name", `${role}${i}`, ...workerArgs], /listening on port (\d+)/, env, `worker ${role}${i}`, timeoutMs);
+    addrs[role === "decode" ? "decode" : "prefill"].push(`127.0.0.1:${m[1]}`);
+  }
+  const lists = [];
+  for (const r of ["prefill", "decode"]) if (addrs[r].length) lists.push(`--${r}`, addrs[r].join(","));
+  const m = await spawnUntil(["gateway", "-m", model, "--listen", "127.0.0.1:0", "--cache", cache, ...lists, ...gatewayArgs],
+    /listening on http:\/\/[^:]+:(\d+)/, env, "gateway", timeoutMs);
+  const url = `http://127.0.0.1:${m[1]}`;
+  for (let k = 0; k < timeoutMs / 20; k++) {
+    const a = await (await fetch(`${url}/admin/workers`)).json();
+    if (a.workers.filter((w) => w.up).length === roles.length) return { url };
+    await new Promise((r) => setTimeout(r, 20));
+  }
+  throw new Error(`the gateway ${url} did not list ${roles.length} workers up`);
 }

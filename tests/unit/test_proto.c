@@ -1,8 +1,8 @@
 /*
  * test_proto: the gateway <-> worker protocol (src/cluster/proto.h): every message survives
  * encode -> header parse -> decode unchanged; headers with a wrong field are refused with the
- * right status; the reasoning budget section (flag THINK) round-trips, leaves frames without it
- * unchanged and refuses values out of range; 100k random, truncated, bit-flipped and oversized
+ * right status; the reasoning budget section (flag THINK) and the grammar section (flag
+ * GRAMMAR) round-trip, leave frames without them unchanged and refuse values out of range; 100k random, truncated, bit-flipped and oversized
  * frames decode to a clean error or a valid message, never a crash (run under ASan/UBSan by make
  * san); frames over a socket pair. The handshake: the same key seals both ends (a session key
  * per direction); a wrong key, no handshake (a HELLO first) and a replayed recording of a whole
@@ -50,6 +50,9 @@ static bool params_eq(const proto_params *a, const proto_params *b)
            a->ignore_eos == b->ignore_eos && a->logprobs == b->logprobs &&
            a->top_logprobs == b->top_logprobs && a->cache_class == b->cache_class &&
            !strcmp(a->salt ? a->salt : "", b->salt ? b->salt : "") && a->think_budget == b->think_budget &&
+           !a->grammar == !b->grammar && (!a->grammar || (a->grammar_kind == b->grammar_kind &&
+                                                         a->grammar_len == b->grammar_len &&
+                                                         !memcmp(a->grammar, b->grammar, a->grammar_len))) &&
            (!a->think_budget || (a->think_start == b->think_start && a->think_end == b->think_end &&
                                  a->think_open == b->think_open));
 }
@@ -413,6 +416,96 @@ TEST(test_think_budget)
     CHECK(proto_hdr_parse(hdr, sizeof hdr, &h) == PROTO_ERR_FLAGS);
 }
 
+/* The grammar section (flag GRAMMAR on PREFILL / DECODE): kind and source survive, after the
+ * THINK section when both are there; a frame without the flag is the same bytes as before;
+ * the encoder refuses a grammar without its flag (it would be dropped silently) and the
+ * decoder an unknown kind, a length beyond PROTO_MAX_GRAMMAR or beyond the payload (before
+ * allocating), and a NUL in the source. */
+TEST(test_grammar_section)
+{
+    int32_t prompt[3] = { 1, 200, 300 }, gen[2] = { 301, 302 };
+    static const char src[] = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}}";
+    proto_msg m, o;
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_PREFILL;
+    m.hdr.req_id = 5;
+    m.u.prefill.params = test_params();
+    m.u.prefill.n_prompt = 3;
+    m.u.prefill.prompt = prompt;
+    proto_buf plain, b;
+    proto_buf_init(&plain);
+    CHECK(proto_encode(&plain, &m) == PROTO_OK);
+    proto_params *pp = &m.u.prefill.params;
+    pp->grammar_kind = 2;   /* GRAMMAR_KIND_SCHEMA */
+    pp->grammar = (char *)src;
+    pp->grammar_len = (uint32_t)strlen(src);
+    CHECK(roundtrip(&m, &o) == PROTO_ERR_MALFORMED);   /* no flag: refused by the encoder */
+    m.hdr.flags = PROTO_F_GRAMMAR;
+    CHECK(roundtrip(&m, &o) == PROTO_OK);
+    CHECK(o.hdr.flags == PROTO_F_GRAMMAR && params_eq(&o.u.prefill.params, pp));
+    CHECK(o.u.prefill.params.grammar_kind == 2 && o.u.prefill.params.grammar_len == strlen(src) &&
+          !strcmp(o.u.prefill.params.grammar, src));
+    CHECK(o.u.prefill.n_prompt == 3 && o.u.prefill.prompt[2] == 300);
+    proto_msg_free(&o);
+    /* 5 bytes (u8 kind, u32 length) + the source after the params; nothing else changes */
+    proto_buf_init(&b);
+    CHECK(proto_encode(&b, &m) == PROTO_OK && b.n == plain.n + 5 + strlen(src));
+    proto_buf_free(&b);
+    /* the JSON kind has no source */
+    pp->grammar_kind = 3;
+    pp->grammar = (char *)"";
+    pp->grammar_len = 0;
+    CHECK(roundtrip(&m, &o) == PROTO_OK && o.u.prefill.params.grammar && o.u.prefill.params.grammar_len == 0 &&
+          o.u.prefill.params.grammar_kind == 3);
+    proto_msg_free(&o);
+    pp->grammar_kind = PROTO_GRAMMAR_KINDS;   /* unknown kind: refused by the encoder */
+    CHECK(roundtrip(&m, &o) == PROTO_ERR_MALFORMED);
+    m.hdr.flags = 0;
+    pp->grammar = NULL;
+    proto_buf_init(&b);
+    CHECK(proto_encode(&b, &m) == PROTO_OK && b.n == plain.n && !memcmp(b.p, plain.p, b.n));
+    proto_buf_free(&b);
+    proto_buf_free(&plain);
+    /* a DECODE with THINK and GRAMMAR: the grammar after the budget */
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_DECODE;
+    m.hdr.flags = PROTO_F_THINK | PROTO_F_GRAMMAR;
+    m.hdr.req_id = 6;
+    proto_decode_job *d = &m.u.decode;
+    d->params = test_params();
+    d->params.think_budget = 9; d->params.think_start = 4; d->params.think_end = 7;
+    d->params.grammar_kind = 1;   /* a regex */
+    d->params.grammar = (char *)"[a-z]{2,6}";
+    d->params.grammar_len = 10;
+    d->n_prompt = 3; d->prompt = prompt;
+    d->n_gen = 2; d->gen = gen;
+    CHECK(roundtrip(&m, &o) == PROTO_OK);
+    CHECK(params_eq(&o.u.decode.params, &d->params) && o.u.decode.params.think_budget == 9 &&
+          o.u.decode.params.grammar_kind == 1 && !strcmp(o.u.decode.params.grammar, "[a-z]{2,6}"));
+    CHECK(o.u.decode.n_gen == 2 && o.u.decode.gen[1] == 302);
+    proto_msg_free(&o);
+    /* by hand: the section sits after the params (71 bytes, test_think_budget) and the THINK
+     * section (13): u8 kind at 84, u32 length at 85 */
+    enum { AT = 84 };
+    CHECK(patched(&m, AT + 1, 10) == PROTO_OK);
+    CHECK(patched(&m, AT + 1, PROTO_MAX_GRAMMAR + 1) == PROTO_ERR_MALFORMED);
+    CHECK(patched(&m, AT + 1, 0xffffffffu) == PROTO_ERR_MALFORMED);
+    CHECK(patched(&m, AT + 1, 11) == PROTO_ERR_MALFORMED);   /* eats a byte of the prompt's count */
+    CHECK(patched(&m, AT, 0x00000a09u) == PROTO_ERR_MALFORMED);   /* kind 9, length 10 as before */
+    CHECK(patched(&m, AT, 0x00000a01u) == PROTO_OK);
+    CHECK(patched(&m, AT + 5, 0x00002d61u) == PROTO_ERR_MALFORMED);   /* a NUL in the source */
+    /* GRAMMAR on a frame type without it */
+    uint8_t hdr[PROTO_HDR_SIZE];
+    proto_buf hb;
+    proto_buf_init(&hb);
+    proto_put_u32(&hb, PROTO_MAGIC); proto_put_u16(&hb, PROTO_VERSION); proto_put_u16(&hb, PROTO_TOKENS);
+    proto_put_u32(&hb, PROTO_F_GRAMMAR); proto_put_u64(&hb, 1); proto_put_u32(&hb, 0);
+    memcpy(hdr, hb.p, sizeof hdr);
+    proto_buf_free(&hb);
+    proto_hdr h;
+    CHECK(proto_hdr_parse(hdr, sizeof hdr, &h) == PROTO_ERR_FLAGS);
+}
+
 TEST(test_roundtrip_small)
 {
     proto_tok toks[3];
@@ -507,7 +600,7 @@ TEST(test_header_checks)
     CHECK(proto_hdr_parse(p, sizeof p, &h) == PROTO_ERR_TYPE);
     put_hdr(p, PROTO_MAGIC, PROTO_VERSION, PROTO_CANCEL, 1, 0);
     CHECK(proto_hdr_parse(p, sizeof p, &h) == PROTO_ERR_FLAGS);
-    put_hdr(p, PROTO_MAGIC, PROTO_VERSION, PROTO_DECODE, 8, 0);
+    put_hdr(p, PROTO_MAGIC, PROTO_VERSION, PROTO_DECODE, 16, 0);   /* 0x8 is GRAMMAR */
     CHECK(proto_hdr_parse(p, sizeof p, &h) == PROTO_ERR_FLAGS);
     put_hdr(p, PROTO_MAGIC, PROTO_VERSION, PROTO_TOKENS, 0, PROTO_MAX_PAYLOAD + 1);
     CHECK(proto_hdr_parse(p, sizeof p, &h) == PROTO_ERR_TOO_BIG);
@@ -535,7 +628,9 @@ static int seed_frames(proto_buf *bufs)
         static proto_tok toks[2] = { { .token = 1, .n_top = 1 }, { .token = 2, .n_top = 0 } };
         switch (t) {
         case PROTO_HELLO: m.u.hello.role = 1; m.u.hello.listen = "a:1"; m.u.hello.name = "n"; break;
-        case PROTO_PREFILL: m.u.prefill.params = test_params(); m.u.prefill.n_prompt = 200;
+        case PROTO_PREFILL: m.hdr.flags = PROTO_F_GRAMMAR; m.u.prefill.params = test_params();
+            m.u.prefill.params.grammar_kind = 0; m.u.prefill.params.grammar = "root ::= [a-z]+";
+            m.u.prefill.params.grammar_len = 15; m.u.prefill.n_prompt = 200;
             m.u.prefill.prompt = prompt; break;
         case PROTO_HANDOFF: m.hdr.flags = PROTO_F_HAS_TAIL; m.u.handoff.n_prompt = 300;
             m.u.handoff.n_stored = 256; m.u.handoff.kv = test_kv(kvdata, 44); break;
@@ -1026,6 +1121,7 @@ int main(void)
     RUN(test_roundtrip_hello_heartbeat);
     RUN(test_roundtrip_jobs);
     RUN(test_decoder_ranges);
+    RUN(test_grammar_section);
     RUN(test_think_budget);
     RUN(test_roundtrip_small);
     RUN(test_header_checks);

@@ -29,6 +29,7 @@
 #include "engine/blockio.h"
 #include "engine/engine.h"
 #include "engine/sched.h"
+#include "grammar/grammar.h"
 
 static char tmpdir[] = "/tmp/tm-worker-XXXXXX";
 static char g_spec[300];
@@ -36,6 +37,13 @@ static model *g_model;
 /* reasoning budget of the requests the helpers below build (think_budget 0: none) */
 static struct { int budget; int32_t start, end; bool open; } g_think;
 static const auth_key g_key = { .secret = "test cluster key 0123456789", .n = 27 };
+/* structured output of the requests the helpers build (src NULL: none): token i < 26 is the
+ * letter 'a' + i, token 26..98 the two letters 'a' + i % 26, 'a' + i / 26 (a token may end
+ * inside the document's next terminal), token 99 has no bytes and is the requests' stop id */
+static struct { int kind; const char *src; } g_gram;
+static char g_pieces[100][2];
+static grammar_vocab *g_vocab;
+enum { GRAM_STOP = 99 };
 
 typedef struct {
     engine *e;
@@ -66,7 +74,7 @@ static node node_new(int role)
     CHECK(sched_new(v.e, &o, &v.s) == SCHED_OK);
     if (role) {
         worker_opts wo = { .role = role, .listen = "127.0.0.1:0", .name = "t", .heartbeat_ms = 50,
-                           .max_seqs = 4, .n_ctx = 1024, .key = &g_key };
+                           .max_seqs = 4, .n_ctx = 1024, .key = &g_key, .gvocab = g_vocab };
         v.w = worker_new(&wo, v.e, v.s, v.st, v.bio);
         CHECK(v.w != NULL);
         if (v.w) snprintf(v.addr, sizeof v.addr, "127.0.0.1:%d", worker_port(v.w));
@@ -97,11 +105,22 @@ static int reference(node *v, const int32_t *prompt, int n, int n_gen, float tem
     sched_params p = { .prompt = prompt, .n_prompt = n, .max_tokens = n_gen, .ignore_eos = true };
     p.sample = test_sample(temp);
     p.think_budget = g_think.budget;
-    p.think_start = g_think.start;
-    p.think_end = g_think.end;
+    p.think_start = g_think.budget > 0 ? g_think.start : -1;   /* a grammar follows think blocks too */
+    p.think_end = g_think.budget > 0 ? g_think.end : -1;
     p.think_open = g_think.open;
+    grammar *g = NULL;
+    char err[256];
+    if (g_gram.src) {
+        if (grammar_compile((grammar_kind)g_gram.kind, g_gram.src, strlen(g_gram.src), &g, err, sizeof err)) return -1;
+        p.grammar = g;
+        p.grammar_vocab = g_vocab;
+        p.n_stop_ids = 1;
+        p.stop_ids[0] = GRAM_STOP;
+    }
     sched_req *r;
-    if (sched_submit(v->s, &p, &r) != SCHED_OK) return -1;
+    sched_status st = sched_submit(v->s, &p, &r);
+    grammar_free(g);
+    if (st != SCHED_OK) return -1;
     sched_output o[16];
     int k = 0;
     while (!sched_done(r)) {
@@ -167,10 +186,21 @@ static proto_params test_params(int max_tokens, float temp)
         p.think_end = g_think.end;
         p.think_open = g_think.open;
     }
+    if (g_gram.src) {   /* sent with PROTO_F_GRAMMAR (think_flag too) */
+        p.grammar_kind = (uint8_t)g_gram.kind;
+        p.grammar = (char *)g_gram.src;
+        p.grammar_len = (uint32_t)strlen(g_gram.src);
+        p.n_stop_ids = 1;
+        p.stop_ids[0] = GRAM_STOP;
+    }
     return p;
 }
 
-static uint32_t think_flag(void) { return g_think.budget > 0 ? PROTO_F_THINK : 0; }
+/* The flags of the optional sections test_params fills. */
+static uint32_t think_flag(void)
+{
+    return (g_think.budget > 0 ? PROTO_F_THINK : 0) | (g_gram.src ? PROTO_F_GRAMMAR : 0);
+}
 
 /* Sends DECODE and collects the streamed tokens after gen into out; returns their count. */
 static int gw_decode(int fd, uint64_t id, const int32_t *prompt, int n, const int32_t *gen, int n_gen, int n_sampled,
@@ -241,7 +271,7 @@ static int split_run(int pf, int df, uint64_t id, const int32_t *prompt, int n, 
     int reason;
     int k = gw_decode(df, id, prompt, n, out, 1, (int)h.u.handoff.n_sampled,
                       (h.hdr.flags & PROTO_F_HAS_TAIL) ? &h.u.handoff.kv : NULL, n_gen, temp, 0, out + 1, &reason);
-    CHECK(reason == PROTO_FINISH_LENGTH);
+    CHECK(reason == (g_gram.src ? PROTO_FINISH_STOP : PROTO_FINISH_LENGTH));
     proto_msg_free(&h);
     ho->kv.data = NULL;
     return 1 + k;
@@ -540,6 +570,80 @@ TEST(test_refuses_peer_without_key)
     node_free(&M);
 }
 
+/* A grammar travels with the jobs as its source: the prefill worker samples the first token
+ * under it, the decode worker replays that token through the automaton and goes on, so a split
+ * run (sampled, seeded) gives exactly the tokens of one scheduler with the same grammar, a
+ * document of the language ended by the stop id; so does a resume. A source that does not
+ * compile, and generated tokens that leave the grammar, are refused with ERROR ARG (the
+ * connection stays). */
+TEST(test_grammar_split_equals_one_process)
+{
+    node ref = node_new(0), P = node_new(PROTO_ROLE_PREFILL), D = node_new(PROTO_ROLE_DECODE);
+    int pf = gw_connect(&P), df = gw_connect(&D);
+    enum { N = 200, G = 16 };
+    int32_t prompt[N], want[G], got[G];
+    make_prompt(prompt, N, 33);
+    g_gram.kind = GRAMMAR_KIND_REGEX;
+    g_gram.src = "[a-c]{2,6}";
+    for (int t = 0; t < 3; t++) {
+        float temp = t ? 1.0f : 0;
+        int nw = reference(&ref, prompt, N, G, temp, want);
+        char doc[2 * G + 1];
+        int nd = 0;
+        bool stopped = nw >= 2 && want[nw - 1] == GRAM_STOP;
+        for (int i = 0; i < nw - stopped; i++) {
+            doc[nd++] = g_pieces[want[i]][0];
+            if (want[i] >= 26) doc[nd++] = g_pieces[want[i]][1];
+        }
+        doc[nd] = 0;
+        CHECKF(stopped && nd >= 2 && nd <= 6 && strspn(doc, "abc") == (size_t)nd, "t %d: reference %d tokens, \"%s\"",
+               t, nw, doc);
+        proto_handoff ho;
+        memset(&ho, 0, sizeof ho);
+        memset(got, 0xff, sizeof got);
+        int n = split_run(pf, df, 500 + (uint64_t)t, prompt, N, G, temp, got, &ho);
+        CHECKF(n == nw && !memcmp(want, got, (size_t)nw * sizeof want[0]), "t %d: split run gives %d tokens, %d alone",
+               t, n, nw);
+        /* a decode worker "died" after 2 streamed tokens: resumed elsewhere, the grammar replayed */
+        int reason;
+        n = gw_decode(df, 510 + (uint64_t)t, prompt, N, want, 2, temp > 0 ? 2 : 0, NULL, G, temp, PROTO_F_RESUME, got,
+                      &reason);
+        CHECKF(n == nw - 2 && reason == PROTO_FINISH_STOP && !memcmp(want + 2, got, (size_t)n * sizeof got[0]),
+               "t %d: resume gives %d tokens, reason %d", t, n, reason);
+    }
+    /* a regex that does not compile: ERROR ARG naming the grammar, on either job type */
+    int reason;
+    g_gram.src = "(ab";
+    proto_msg m;
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_PREFILL;
+    m.hdr.req_id = 520;
+    m.hdr.flags = think_flag();
+    m.u.prefill.params = test_params(G, 0);
+    m.u.prefill.prompt = prompt;
+    m.u.prefill.n_prompt = N;
+    CHECK(proto_send_msg(PC(pf), &m) == PROTO_OK);
+    proto_msg e;
+    CHECK(gw_recv(pf, &e) == PROTO_OK);
+    CHECKF(e.hdr.type == PROTO_ERROR && e.hdr.req_id == 520 && e.u.error.code == PROTO_E_ARG && e.u.error.msg &&
+           !strncmp(e.u.error.msg, "grammar: ", 9), "got %s %s", proto_type_name(e.hdr.type),
+           e.hdr.type == PROTO_ERROR && e.u.error.msg ? e.u.error.msg : "");
+    proto_msg_free(&e);
+    CHECK(gw_decode(df, 521, prompt, N, want, 1, 0, NULL, G, 0, 0, got, &reason) == 0 && reason == -PROTO_E_ARG);
+    /* tokens generated elsewhere that leave the grammar (token 25 is "z") */
+    g_gram.src = "[a-c]{2,6}";
+    int32_t off[1] = { 25 };
+    CHECK(gw_decode(df, 522, prompt, N, off, 1, 0, NULL, G, 0, 0, got, &reason) == 0 && reason == -PROTO_E_ARG);
+    /* the connections still serve */
+    CHECK(gw_decode(df, 523, prompt, N, want, 2, 0, NULL, G, 0, PROTO_F_RESUME, got, &reason) >= 1);
+    memset(&g_gram, 0, sizeof g_gram);
+    gw_close(pf);
+    gw_close(df);
+    node_free(&ref);
+    node_free(&P);
+    node_free(&D);
+}
+
 /* Threads of process pid now. */
 static int count_tasks_of(pid_t pid)
 {
@@ -653,13 +757,24 @@ int main(void)
     snprintf(path, sizeof path, "%s/llama.gguf", tmpdir);
     snprintf(g_spec, sizeof g_spec, "dir:%s/store", tmpdir);
     if (tiny_write(&c, path) || model_load(path, NULL, &g_model, err, sizeof err) != GGUF_OK) return 1;
+    const char *bytes[100];
+    int lens[100];
+    for (int i = 0; i < 100; i++) {
+        g_pieces[i][0] = (char)('a' + i % 26);
+        g_pieces[i][1] = (char)('a' + i / 26);
+        bytes[i] = g_pieces[i];
+        lens[i] = i == GRAM_STOP ? 0 : i < 26 ? 1 : 2;
+    }
+    g_vocab = grammar_vocab_new(100, bytes, lens);
     RUN(test_split_equals_one_process);
     RUN(test_resume_and_mixed);
     RUN(test_think_budget_split_and_resume);
     RUN(test_malformed_closes_only_that_connection);
     RUN(test_refuses_peer_without_key);
     RUN(test_concurrent_jobs_take_no_threads);
+    RUN(test_grammar_split_equals_one_process);
     model_free(g_model);
+    grammar_vocab_free(g_vocab);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
     if (system(cmd)) {}
