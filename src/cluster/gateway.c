@@ -368,7 +368,9 @@ bool gw_on_msg(gateway *g, int slot, proto_msg *m, const char **refused)
         } else {
             log_warn("gateway: req %llu failed on %s: error %u: %s", (unsigned long long)id, w->addr, m->u.error.code,
                      m->u.error.msg ? m->u.error.msg : "");
-            gw_finish(g, r, SCHED_FINISH_ERROR);
+            /* ARG: the worker refused what the request asks (its grammar did not compile there):
+             * the client's fault as that worker sees it, a 400 in the client's API shape */
+            gw_finish(g, r, m->u.error.code == PROTO_E_ARG ? SCHED_FINISH_REFUSED : SCHED_FINISH_ERROR);
         }
         break;
     case PROTO_DRAIN:

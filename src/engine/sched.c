@@ -924,6 +924,7 @@ const char *sched_finish_name(sched_finish f)
     case SCHED_FINISH_CANCELLED: return "cancelled";
     case SCHED_FINISH_ERROR: return "error";
     case SCHED_FINISH_ABORTED: return "aborted";
+    case SCHED_FINISH_REFUSED: return "refused";
     }
     return "?";
 }

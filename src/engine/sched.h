@@ -87,6 +87,9 @@ typedef enum {
     SCHED_FINISH_CANCELLED, /* sched_cancel (disconnect, stop string matched by the caller) */
     SCHED_FINISH_ERROR,     /* the request could not run (e.g. larger than the whole KV pool) */
     SCHED_FINISH_ABORTED,   /* sched_abort: the server stopped before it ended (output cut short) */
+    SCHED_FINISH_REFUSED,   /* never from the scheduler: a backend in another process refused the
+                             * request's arguments there (a cluster worker that could not compile
+                             * its grammar): HTTP 400 */
 } sched_finish;
 
 #define SCHED_MAX_TOP_LOGPROBS 20   /* most alternatives per token (OpenAI allows 20) */
@@ -305,7 +308,7 @@ int sched_wait_idle(sched *s, int timeout_ms);
 void sched_abort(sched *s);
 
 const char *sched_status_name(sched_status st);
-const char *sched_finish_name(sched_finish f);   /* "stop", "length", "cancelled", "error", "aborted" */
+const char *sched_finish_name(sched_finish f);   /* "stop", "length", "cancelled", "error", "aborted", "refused" */
 int sched_n_ctx(const sched *s);
 
 /* Queues a request. On SCHED_OK *out is a handle the caller polls and must release. */

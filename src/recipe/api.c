@@ -297,6 +297,7 @@ typedef struct {
     bool fin[API_MAX_N];                /* FINISH seen */
     int n;                              /* choices submitted */
     bool error;                         /* the engine failed a request */
+    bool refused;                       /* a remote backend refused its arguments (400) */
     bool aborted;                       /* Messages: the server stopped a choice (sched_abort) */
     bool ended;                         /* the closing events / body were written */
     bool begun;                         /* streaming: the opening events were written */
@@ -361,6 +362,7 @@ static void api_job_apply(api_job *j, int i, const sched_output *so)
         api_detok(&j->ts[i], -1, &j->raw, &j->text);
         api_out_text(o, i, j->text.p, j->text.len);
         if (so->finish == SCHED_FINISH_ERROR) j->error = true;
+        if (so->finish == SCHED_FINISH_REFUSED) j->refused = true;
         if (so->finish == SCHED_FINISH_ABORTED && j->kind == API_KIND_MESSAGES) j->aborted = true;
         if (j->c->status) api_job_note(j, so);
         if (i == 0)
@@ -416,12 +418,16 @@ static bool api_job_pump(api_job *j, int timeout_ms)
     return any;
 }
 
-/* The error that ends a failed (500) or, for Messages, a server-stopped (503) request;
- * returns its status. */
+/* The error that ends a failed (500), a refused (400: a cluster worker could not take its
+ * format) or, for Messages, a server-stopped (503) request; returns its status. */
 static int api_job_error_body(api_job *j, bytebuf *b)
 {
     api_error e;
-    if (j->error)
+    if (j->refused)
+        api_error_set(&e, 400, NULL, "invalid_value",
+                      "The worker the request ran on refused its format (it could not compile it there; the "
+                      "gateway and its workers may run different builds).");
+    else if (j->error)
         api_error_set(&e, 500, NULL, NULL, "The request failed in the engine (the KV cache may be too small for it).");
     else
         api_error_set(&e, 503, NULL, NULL, "The server is shutting down: the answer was cut short. Retry the request.");
@@ -435,7 +441,7 @@ static bool api_job_pull(void *ctx, bytebuf *outb, int timeout_ms)
     if (j->ended) return false;
     api_job_pump(j, timeout_ms);
     if (api_job_all_finished(j)) {
-        if (j->error || j->aborted) {
+        if (j->error || j->refused || j->aborted) {
             bytebuf b = {0};
             api_job_error_body(j, &b);
             api_sse(&j->out.out, j->kind == API_KIND_MESSAGES ? "error" : NULL, b.p, b.len);
@@ -684,7 +690,7 @@ static void api_job_answer(http_request *r, api_job *j)
             return;
         }
     }
-    if (j->error || j->aborted) {
+    if (j->error || j->refused || j->aborted) {
         bytebuf b = {0};
         int status = api_job_error_body(j, &b);
         if (status == 503) api_retry_after(r);

@@ -25,7 +25,9 @@
  *     ended by the worker's FINISH, and a handed-off one; the values are not asserted);
  *   - with two idle fake workers, a request whose first blocks another request is prefilling
  *     on one of them goes to that one (not to the idle one), counted as shared in flight; an
- *     unrelated prompt then goes to the idle one.
+ *     unrelated prompt then goes to the idle one;
+ *   - a request's grammar travels as its source (flag GRAMMAR), and a worker's refusal of it
+ *     (ERROR ARG) ends the request REFUSED, not as an engine error.
  */
 #include <errno.h>
 #include <netinet/in.h>
@@ -48,6 +50,7 @@
 #include "cache/store.h"
 #include "cluster/gateway.h"
 #include "cluster/proto.h"
+#include "grammar/grammar.h"
 #include "cluster/worker.h"
 #include "engine/blockio.h"
 #include "engine/engine.h"
@@ -847,6 +850,61 @@ TEST(test_prefill_goes_where_its_prefix_is_in_flight)
     fake_close(fd[1]);
 }
 
+/* A request with a grammar sends its source and kind in the PREFILL (flag GRAMMAR), and the
+ * think markers as a budget that never forces (max_tokens) when it has no budget of its own,
+ * so the worker knows where reasoning ends; a grammar without its source is refused at
+ * submit. A worker that refuses the job's arguments (ERROR ARG: it could not compile the
+ * grammar) ends the request REFUSED (a 400 in the client's shape), not as an engine error. */
+TEST(test_grammar_travels_and_worker_refusal)
+{
+    gw_env G = gw_start();
+    int fd = fake_connect(&G);
+    CHECK(WAIT_UNTIL(workers_up(G.be) == 1, 30));
+    proto_msg m;
+    CHECK(fake_expect(fd, PROTO_HELLO, &m));
+    proto_msg_free(&m);
+    static const char src[] = "[a-c]{2,6}";
+    grammar *gr = NULL;
+    char err[256];
+    CHECK(grammar_compile(GRAMMAR_KIND_REGEX, src, strlen(src), &gr, err, sizeof err) == GRAMMAR_OK);
+    int32_t prompt[40];
+    make_prompt(prompt, 40, 11);
+    sched_params p = greedy(prompt, 40);
+    p.max_tokens = 20;
+    p.grammar = gr;
+    sched_req *h = NULL;
+    CHECK(G.be->submit(G.be->ud, &p, &h) == SCHED_ERR_ARG);   /* no source to send */
+    p.grammar_kind = GRAMMAR_KIND_REGEX;
+    p.grammar_src = src;
+    p.grammar_len = strlen(src);
+    p.think_start = 4;
+    p.think_end = 5;
+    CHECK(G.be->submit(G.be->ud, &p, &h) == SCHED_OK);
+    CHECK(fake_expect(fd, PROTO_PREFILL, &m));
+    const proto_params *pp = &m.u.prefill.params;
+    CHECKF((m.hdr.flags & PROTO_F_GRAMMAR) && (m.hdr.flags & PROTO_F_THINK), "flags %#x", m.hdr.flags);
+    CHECK(pp->grammar_kind == GRAMMAR_KIND_REGEX && pp->grammar_len == strlen(src) && pp->grammar &&
+          !strcmp(pp->grammar, src));
+    CHECK(pp->think_budget == 20 && pp->think_start == 4 && pp->think_end == 5);
+    uint64_t id = m.hdr.req_id;
+    proto_msg_free(&m);
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_ERROR;
+    m.hdr.req_id = id;
+    m.u.error.code = PROTO_E_ARG;
+    m.u.error.msg = (char *)"grammar: not compiled here";
+    CHECK(proto_send_msg(PC(fd), &m) == PROTO_OK);
+    int32_t out[4];
+    sched_finish fin;
+    CHECK(collect(G.be, h, out, 4, &fin) == 0);
+    CHECKF(fin == SCHED_FINISH_REFUSED, "finish %s", sched_finish_name(fin));
+    G.be->release(G.be->ud, h);
+    grammar_free(gr);
+    gateway_shutdown(G.g);
+    gateway_free(G.g);
+    fake_close(fd);
+}
+
 int main(void)
 {
     util_log_level = LOG_LEVEL_ERROR;
@@ -864,6 +922,7 @@ int main(void)
     RUN(test_stalled_worker_rerouted);
     RUN(test_sockets_nodelay_and_added_latency);
     RUN(test_prefill_goes_where_its_prefix_is_in_flight);
+    RUN(test_grammar_travels_and_worker_refusal);
     model_free(g_model);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
