@@ -598,6 +598,17 @@ static void worker_job_end(wjob *j)
     free(j);
 }
 
+/* Appends j to the ready queue and wakes a pump (pump_mu held). */
+static void worker_ready_push_locked(worker *w, wjob *j)
+{
+    j->queued = true;
+    j->rnext = NULL;
+    if (w->ready_tail) w->ready_tail->rnext = j;
+    else w->ready_head = j;
+    w->ready_tail = j;
+    pthread_cond_signal(&w->pump_cv);
+}
+
 /* Queues j for a pump; a job being served is marked to be served again instead, so that one
  * pump at a time serves a job (its frames keep their order). Called by the engine thread
  * under the scheduler's lock (sched_params.on_output) and by the reader: takes pump_mu only,
@@ -607,16 +618,8 @@ static void worker_job_ready(void *arg)
     wjob *j = arg;
     worker *w = j->w;
     pthread_mutex_lock(&w->pump_mu);
-    if (j->busy) {
-        j->again = true;
-    } else if (!j->queued) {
-        j->queued = true;
-        j->rnext = NULL;
-        if (w->ready_tail) w->ready_tail->rnext = j;
-        else w->ready_head = j;
-        w->ready_tail = j;
-        pthread_cond_signal(&w->pump_cv);
-    }
+    if (j->busy) j->again = true;
+    else if (!j->queued) worker_ready_push_locked(w, j);
     pthread_mutex_unlock(&w->pump_mu);
 }
 
@@ -651,13 +654,7 @@ static void *worker_pump_thread(void *arg)
         }
         pthread_mutex_lock(&w->pump_mu);
         j->busy = false;
-        if (j->again) {
-            j->queued = true;
-            j->rnext = NULL;
-            if (w->ready_tail) w->ready_tail->rnext = j;
-            else w->ready_head = j;
-            w->ready_tail = j;
-        }
+        if (j->again) worker_ready_push_locked(w, j);
     }
     pthread_mutex_unlock(&w->pump_mu);
     return NULL;
