@@ -150,3 +150,39 @@ export async function badFormatCase({ oai, ant, model }) {
   }), (e) => e.status === 400 && e.error?.type === "error" && e.error?.error?.type === "invalid_request_error" &&
     /dependencies/.test(e.error.error.message));
 }
+
+// Responses text.format json_schema, streamed.
+export async function responsesCase({ oai, model }) {
+  const s = await oai.responses.create({
+    model, input: "An order.", temperature: 1, max_output_tokens: MAX, stream: true,
+    text: { format: { type: "json_schema", name: "order", schema: order } },
+  });
+  let text = "", done = null;
+  for await (const ev of s) {
+    if (ev.type === "response.output_text.delta") text += ev.delta;
+    if (ev.type === "response.completed") done = ev.response;
+  }
+  assert.ok(done, "completed");
+  valid(order, JSON.parse(text), "streamed responses order");
+}
+
+// Reasoning stays free on a DeepSeek-R1-templated model (the prompt opens the think block):
+// with a budget, and without one (a strong bias on </think>, id thinkEnd, makes a random
+// model close the block itself); the answer after the block validates.
+export async function reasoningCase({ oai, model }, thinkEnd) {
+  const r = await oai.chat.completions.create({
+    model, messages: user("A person."), temperature: 1, seed: 1, max_tokens: MAX,
+    thinking: { type: "enabled", budget_tokens: 12 },
+    response_format: { type: "json_schema", json_schema: { name: "person", schema: person } },
+  });
+  const c = r.choices[0];
+  assert.ok(r.usage.completion_tokens_details.reasoning_tokens > 0 && c.message.reasoning_content.length > 0, "free reasoning");
+  assert.equal(c.finish_reason, "stop");
+  valid(person, JSON.parse(c.message.content), "after reasoning");
+  const f = await oai.chat.completions.create({
+    model, messages: user("A person."), temperature: 1, seed: 2, max_tokens: MAX, thinking: { type: "enabled" },
+    logit_bias: { [thinkEnd]: 40 }, response_format: { type: "json_schema", json_schema: { name: "person", schema: person } },
+  });
+  assert.equal(f.choices[0].finish_reason, "stop", JSON.stringify(f.choices[0].message));
+  valid(person, JSON.parse(f.choices[0].message.content), "after free reasoning");
+}

@@ -6,6 +6,9 @@
 // answer still parses and validates, forced tool calls are valid calls in the chat and
 // Anthropic shapes, and a budget ending inside a document is "length". The gateway compiles
 // each grammar first: a bad one is a 400 in the route's shape before any worker sees it.
+// Reasoning stays free on a DeepSeek-R1-templated cluster, with a budget and without one (the
+// think markers then travel as a budget that never forces, so the worker knows where the
+// format starts).
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
@@ -16,7 +19,8 @@ import OpenAI from "openai";
 import Anthropic from "@anthropic-ai/sdk";
 import { startCluster, stopServers, fetchMetrics, bin } from "./server.mjs";
 import { augment } from "../oracle/vocab_augment.mjs";
-import { jsonSchemaCase, extensionsCase, forcedCallCase, lengthCase, badFormatCase } from "./structured_cases.mjs";
+import { jsonSchemaCase, extensionsCase, forcedCallCase, lengthCase, badFormatCase, responsesCase, reasoningCase }
+  from "./structured_cases.mjs";
 
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "tm-structured-cluster-"));
 let ctx, url;
@@ -54,8 +58,9 @@ test("json_schema through gateway + workers: every sample (n, streamed) ends, pa
   assert.ok(handoffs >= 3, `handoffs ${handoffs}`);
 });
 
-test("regex, choice and GBNF extensions through gateway + workers", async () => {
+test("regex, choice and GBNF extensions, and a Responses json_schema stream, through gateway + workers", async () => {
   await extensionsCase(ctx);
+  await responsesCase(ctx);
 });
 
 test("forced tool calls through gateway + workers (chat required, Anthropic tool streamed)", async () => {
@@ -65,4 +70,17 @@ test("forced tool calls through gateway + workers (chat required, Anthropic tool
 test("through gateway + workers: the budget ending inside a document is length; bad formats are a 400 in the route's shape", async () => {
   await lengthCase(ctx);
   await badFormatCase(ctx);
+});
+
+test("reasoning stays free through gateway + workers (DeepSeek-R1 template, with and without a budget)", async () => {
+  const vocab = path.join(tmp, "vocab-ds.gguf"), model = path.join(tmp, "ds.gguf");
+  augment("deepseek3", vocab);
+  execFileSync(bin, ["mkmodel", "--arch", "llama", "--preset", "tiny", "--vocab", vocab, "--type", "q8_0", "--seed", "5",
+    "-o", model], { stdio: "pipe" });
+  const D = await startCluster(model, ["prefill", "decode"], {
+    gatewayArgs: ["--ctx", "4096", "--template", "deepseek-r1", "--model-name", "ds"], workerArgs: ["--ctx", "4096"],
+  });
+  const THINK_END = 100018;  // </think> in the augmented vocabulary
+  await reasoningCase({ model: "ds", oai: new OpenAI({ baseURL: `${D.url}/v1`, apiKey: "x", maxRetries: 0, timeout: 600000 }) },
+    THINK_END);
 });
