@@ -127,6 +127,12 @@ static void proto_seeds(void)
     m.u.prefill.params.think_end = 4;
     proto_seed(&b, "prefill-think", &m);
     proto_buf_reset(&b);
+    m.hdr.flags = PROTO_F_THINK | PROTO_F_GRAMMAR;   /* a grammar's source after the budget */
+    m.u.prefill.params.grammar_kind = 2;
+    m.u.prefill.params.grammar = "{\"type\":\"object\",\"properties\":{\"a\":{\"enum\":[1,2]}}}";
+    m.u.prefill.params.grammar_len = (uint32_t)strlen(m.u.prefill.params.grammar);
+    proto_seed(&b, "prefill-think-grammar", &m);
+    proto_buf_reset(&b);
     m = (proto_msg){ .hdr = { .type = PROTO_HANDOFF, .flags = PROTO_F_HAS_TAIL, .req_id = 1 },
                      .u.handoff = { .first = toks[0], .n_prompt = 2, .n_computed = 2, .kv = tail } };
     proto_seed(&b, "handoff", &m);
