@@ -28,8 +28,9 @@
 #define WORKER_HANDSHAKE_S 5      /* longest wait for each handshake frame of a new peer */
 #define WORKER_PUMPS 2            /* threads that submit jobs and turn their outputs into frames:
                                    * one is enough to keep up with the engine; the second keeps
-                                   * the streams going while the other waits for a prefill's
-                                   * store writes or a slow socket */
+                                   * the streams going while the other compiles a grammar or
+                                   * writes to a slow socket (a prefill's wait for its store
+                                   * writes is the handoff thread's, never a pump's) */
 
 typedef struct wconn wconn;
 typedef struct wjob wjob;
@@ -104,7 +105,11 @@ struct worker {
     pthread_mutex_t pump_mu;     /* the ready queue; never held while calling sched_* or taking mu */
     pthread_cond_t pump_cv;      /* a job was queued, or pump_stop */
     wjob *ready_head, *ready_tail; /* jobs with something to do (a new job, new outputs) */
-    bool pump_stop;              /* no job left: the pumps exit (under pump_mu) */
+    bool pump_stop;              /* no job left: the pumps and the handoff thread exit (under pump_mu) */
+    pthread_t handoff_thr;       /* answers the prefills that ended (worker_handoff_thread) */
+    bool has_handoff;
+    pthread_cond_t handoff_cv;   /* a prefill ended, or pump_stop */
+    wjob *ho_head, *ho_tail;     /* prefills that ended, to answer (under pump_mu; rnext) */
     grammar_cache *gcache;       /* the jobs' compiled grammars, by kind and source (thread-safe) */
     bool has_accept, has_hb, has_reg, has_drain;
     uint8_t pool_fp[32];         /* blockkey_pool_fp(model, kv dtype) */
@@ -514,7 +519,7 @@ static void worker_prefill_done(wjob *j)
               (t1 - t_first) * 1e6);
 }
 
-/* Takes a prefill's outputs; true once it ended (and was answered). */
+/* Takes a prefill's outputs; true once it ended (worker_prefill_done answers it). */
 static bool worker_prefill_step(wjob *j)
 {
     sched_output outs[4];
@@ -527,9 +532,7 @@ static bool worker_prefill_step(wjob *j)
                 j->got_fin = true;
             }
         }
-    if (!j->got_fin) return false;
-    worker_prefill_done(j);
-    return true;
+    return j->got_fin;
 }
 
 /* Sends a decode's new tokens (one TOKENS frame per batch taken) and its FINISH; true once
@@ -647,6 +650,15 @@ static void *worker_pump_thread(void *arg)
         } else {
             ended = j->msg.hdr.type == PROTO_PREFILL ? worker_prefill_step(j) : worker_decode_step(j);
         }
+        if (ended && j->got_fin) {   /* a prefill's answer waits for its store writes: not here */
+            pthread_mutex_lock(&w->pump_mu);
+            j->rnext = NULL;
+            if (w->ho_tail) w->ho_tail->rnext = j;
+            else w->ho_head = j;
+            w->ho_tail = j;
+            pthread_cond_signal(&w->handoff_cv);
+            continue;
+        }
         if (ended) {
             worker_job_end(j);
             pthread_mutex_lock(&w->pump_mu);
@@ -655,6 +667,28 @@ static void *worker_pump_thread(void *arg)
         pthread_mutex_lock(&w->pump_mu);
         j->busy = false;
         if (j->again) worker_ready_push_locked(w, j);
+    }
+    pthread_mutex_unlock(&w->pump_mu);
+    return NULL;
+}
+
+/* Answers the prefills that ended, in order (HANDOFF after the prompt's full blocks are in
+ * the store, or the token and FINISH), so that the pumps never wait on the store; a wait
+ * covers the writes queued until then, so the prefills behind it mostly find theirs done. */
+static void *worker_handoff_thread(void *arg)
+{
+    worker *w = arg;
+    pthread_mutex_lock(&w->pump_mu);
+    for (;;) {
+        while (!w->ho_head && !w->pump_stop) pthread_cond_wait(&w->handoff_cv, &w->pump_mu);
+        wjob *j = w->ho_head;
+        if (!j) break;
+        w->ho_head = j->rnext;
+        if (!w->ho_head) w->ho_tail = NULL;
+        pthread_mutex_unlock(&w->pump_mu);
+        worker_prefill_done(j);
+        worker_job_end(j);
+        pthread_mutex_lock(&w->pump_mu);
     }
     pthread_mutex_unlock(&w->pump_mu);
     return NULL;
@@ -1089,10 +1123,12 @@ worker *worker_new(const worker_opts *o, engine *e, sched *s, store *st, blockio
     pthread_mutex_init(&w->pump_mu, NULL);
     pthread_cond_init(&w->pump_cv, NULL);
     w->gcache = grammar_cache_new(256);
+    pthread_cond_init(&w->handoff_cv, NULL);
     for (int i = 0; i < WORKER_PUMPS; i++)
         if (pthread_create(&w->pumps[w->n_pumps], NULL, worker_pump_thread, w) == 0) w->n_pumps++;
-    if (!w->n_pumps) {
-        log_error("worker: cannot start a pump thread");
+    w->has_handoff = pthread_create(&w->handoff_thr, NULL, worker_handoff_thread, w) == 0;
+    if (!w->n_pumps || !w->has_handoff) {
+        log_error("worker: cannot start the job threads");
         worker_free(w);
         return NULL;
     }
@@ -1139,13 +1175,16 @@ void worker_free(worker *w)
     pthread_mutex_lock(&w->pump_mu);
     w->pump_stop = true;
     pthread_cond_broadcast(&w->pump_cv);
+    pthread_cond_broadcast(&w->handoff_cv);
     pthread_mutex_unlock(&w->pump_mu);
     for (int i = 0; i < w->n_pumps; i++) pthread_join(w->pumps[i], NULL);
+    if (w->has_handoff) pthread_join(w->handoff_thr, NULL);
     if (w->listen_fd >= 0) close(w->listen_fd);
     pthread_mutex_destroy(&w->mu);
     pthread_cond_destroy(&w->cv);
     pthread_mutex_destroy(&w->pump_mu);
     pthread_cond_destroy(&w->pump_cv);
+    pthread_cond_destroy(&w->handoff_cv);
     grammar_cache_free(w->gcache);
     free(w);
 }
