@@ -519,6 +519,17 @@ static void worker_prefill_done(wjob *j)
               (t1 - t_first) * 1e6);
 }
 
+/* Whether answering the prefill that ended waits for the store: it hands off (the request goes
+ * on) and the prompt has full blocks the write-behind must have taken first. */
+static bool worker_prefill_waits(const wjob *j)
+{
+    const worker *w = j->w;
+    const proto_prefill_job *p = &j->msg.u.prefill;
+    bool goes_on = j->first.token >= 0 && j->fin.finish == SCHED_FINISH_LENGTH && !j->first.is_stop &&
+                   p->params.max_tokens != 1 && (int)p->n_prompt + 1 < w->o.n_ctx;
+    return goes_on && w->st && w->bio && p->n_prompt >= KVPOOL_BLOCK;
+}
+
 /* Takes a prefill's outputs; true once it ended (worker_prefill_done answers it). */
 static bool worker_prefill_step(wjob *j)
 {
@@ -650,7 +661,7 @@ static void *worker_pump_thread(void *arg)
         } else {
             ended = j->msg.hdr.type == PROTO_PREFILL ? worker_prefill_step(j) : worker_decode_step(j);
         }
-        if (ended && j->got_fin) {   /* a prefill's answer waits for its store writes: not here */
+        if (ended && j->got_fin && worker_prefill_waits(j)) {   /* not on a pump: the handoff thread */
             pthread_mutex_lock(&w->pump_mu);
             j->rnext = NULL;
             if (w->ho_tail) w->ho_tail->rnext = j;
@@ -660,6 +671,7 @@ static void *worker_pump_thread(void *arg)
             continue;
         }
         if (ended) {
+            if (j->got_fin) worker_prefill_done(j);
             worker_job_end(j);
             pthread_mutex_lock(&w->pump_mu);
             continue;
@@ -672,9 +684,9 @@ static void *worker_pump_thread(void *arg)
     return NULL;
 }
 
-/* Answers the prefills that ended, in order (HANDOFF after the prompt's full blocks are in
- * the store, or the token and FINISH), so that the pumps never wait on the store; a wait
- * covers the writes queued until then, so the prefills behind it mostly find theirs done. */
+/* Sends the HANDOFFs that wait for the prompt's full blocks to be in the store
+ * (worker_prefill_waits), in order, so that the pumps never wait on the store; a wait covers
+ * the writes queued until then, so the prefills behind it mostly find theirs done. */
 static void *worker_handoff_thread(void *arg)
 {
     worker *w = arg;

@@ -13,9 +13,9 @@
  * thread of their own: a fixed pair of pump threads submits each job the reader hands them and
  * turns its outputs into frames as they come (the scheduler's on_output hook queues a job for
  * the pumps whenever it has outputs; one pump at a time serves a job, so its frames keep their
- * order), and a handoff thread answers the prefills that ended (it waits for their store
- * writes, so the pumps never do); concurrent requests cost no thread creation and no timer
- * sits on their path:
+ * order), and a handoff thread sends the HANDOFFs that must wait for the prompt's blocks to
+ * reach the store (so the pumps never wait on it); concurrent requests cost no thread
+ * creation and no timer sits on their path:
  *   - PREFILL: sched with max_tokens 1; the kv_out hook copies the partial tail block out of
  *     the pool before it is released; then the worker waits for the block store's write-behind
  *     to have taken the prompt's full blocks, counts how many are stored (store_exists), and
