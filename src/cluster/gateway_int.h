@@ -146,28 +146,41 @@ static inline bool gw_can_prefill(const gw_worker *w) { return w->role == PROTO_
 static inline bool gw_can_decode(const gw_worker *w) { return w->role == PROTO_ROLE_DECODE || w->role == PROTO_ROLE_MIXED; }
 static inline bool gw_usable(const gw_worker *w) { return w->used && w->connected && !w->draining; }
 
-/* gateway.c */
+/* gateway.c (all with mu held) */
+/* The worker's connection is gone or it is declared dead: its requests move elsewhere (keep_write:
+ * its reader, refusing a frame, still says why before closing). */
 void gw_worker_lost_how(gateway *g, int slot, const char *why, bool keep_write);
 void gw_worker_lost(gateway *g, int slot, const char *why);
+/* Applies a worker's frame to the requests; false (with *refused, a static reason) when a value
+ * in it is out of range: the caller then closes that worker's connection. */
 bool gw_on_msg(gateway *g, int slot, proto_msg *m, const char **refused);
+/* Back to waiting for a worker of the role its state needs (count: a failure, for /metrics). */
 void gw_requeue(gateway *g, gw_req *r, bool count);
+/* Queues the request's FINISH with reason f and takes it off its worker (idempotent). */
 void gw_finish(gateway *g, gw_req *r, sched_finish f);
 void gw_free_tail(gw_req *r);
+/* CANCEL to its worker when it runs on one, then FINISH cancelled. */
 void gw_cancel_locked(gateway *g, gw_req *r);
 
-/* gateway_dispatch.c */
+/* gateway_dispatch.c (mu held, but gw_dispatcher, a thread) */
 void *gw_dispatcher(void *arg);
+/* Place r on the worker the balancer picks and queue its PREFILL / DECODE (nothing when no
+ * worker of the role is usable: r keeps waiting). */
 void gw_send_prefill(gateway *g, gw_req *r);
 void gw_send_decode(gateway *g, gw_req *r);
+/* Queues an empty-payload frame (CANCEL) for slot. */
 void gw_send_simple(gateway *g, int slot, int type, uint64_t id);
+/* Encodes m for slot's current connection into the send queue. */
 void gw_queue_msg(gateway *g, int slot, const proto_msg *m);
+/* Writes the queued frames now, from the calling thread (mu released while writing). */
 void gw_flush(gateway *g);
 
 /* gateway_conn.c */
+/* Connects, greets and attaches a static worker (mu not held; takes it). */
 void gw_connect_static(gateway *g, int slot);
 void *gw_acceptor(void *arg);
 
-/* gateway_admin.c */
+/* gateway_admin.c: the api_backend's metrics and status hooks (they take mu) */
 void gw_metrics(void *ud, bytebuf *b);
 void gw_status(void *ud, bytebuf *b);
 
