@@ -164,7 +164,7 @@ void gw_cancel_locked(gateway *g, gw_req *r);
 
 /* gateway_dispatch.c (mu held, but gw_dispatcher, a thread) */
 void *gw_dispatcher(void *arg);
-/* Place r on the worker the balancer picks and queue its PREFILL / DECODE (nothing when no
+/* Places r on the worker the balancer picks and queue its PREFILL / DECODE (nothing when no
  * worker of the role is usable: r keeps waiting). */
 void gw_send_prefill(gateway *g, gw_req *r);
 void gw_send_decode(gateway *g, gw_req *r);
