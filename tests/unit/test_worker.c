@@ -9,8 +9,11 @@
  * connection (ERROR MALFORMED first); a reasoning budget (flag THINK) forces the think end on
  * the same token split, or resumed before / at / after it, as in one scheduler; CANCEL ends a
  * decode with FINISH cancelled; drain refuses new jobs; a peer that does not prove the cluster
- * key (no handshake, a wrong key) is closed without a HELLO or any job run. Steps stay under 64 tokens (step_tokens
- * 48), see test_sched.c for why.
+ * key (no handshake, a wrong key) is closed without a HELLO or any job run; twelve concurrent
+ * jobs add no thread to the process and each streams what it gets alone; a grammar sent with
+ * the jobs (flag GRAMMAR) gives a split (and a resumed) run the tokens of one scheduler with
+ * that grammar, and one that does not compile is ERROR ARG. Steps stay under 64 tokens
+ * (step_tokens 48), see test_sched.c for why.
  */
 #include <dirent.h>
 #include <stdio.h>
