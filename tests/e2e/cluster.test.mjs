@@ -17,7 +17,8 @@
 //     like SIGTERM, and a second signal ends it at once;
 //   - no worker of a role: the request waits, then a 503 in the API's shape;
 //   - thinking.budget_tokens through a gateway (its own DeepSeek-R1-templated generated model and
-//     workers) == `tokenmill serve`, also when the decode worker dies inside the think block.
+//     workers) == `tokenmill serve`, also when the decode worker dies inside the think block;
+//   - a worker that refuses a request's grammar (ERROR ARG) makes it a 400 in the client's shape.
 // "Mid-stream" is made certain, not left to timing: the decode workers are stopped (SIGSTOP)
 // the moment the clients have 60% of the tokens, then the busier one is killed or drained; a
 // prefill worker is stopped before the requests come and killed once it holds jobs. Every
@@ -705,5 +706,49 @@ test("thinking.budget_tokens through the gateway == tokenmill serve, also across
     for (const w of [wp, other]) w.proc.kill("SIGKILL");
   } finally {
     fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+// A worker that cannot compile a request's grammar (a stand-in speaking the protocol as
+// docs/protocol.md writes it, which answers every job ERROR ARG as a worker of another build
+// would): the job carried the grammar's source (flag GRAMMAR), and the client gets a 400 in its
+// API's shape, not a 500.
+test("a worker's refusal of a request's grammar is a 400 in the client's API shape", { timeout: 60000 }, async () => {
+  const g = await startGateway(["--register", "127.0.0.1:0"], "gateway-refusal");
+  const port = Number(/register at [^:\s]+:(\d+)/.exec(g.log)[1]);
+  const fp = Buffer.from((await admin(g.url)).model_fingerprint, "hex");
+  const w = peer(port, clusterKey(), "W");
+  assert.ok(await w.handshake(), "the stand-in holds the key");
+  w.send(1, 0, helloPayload(3, fp, "nocompile"), 1);   // mixed, REGISTER
+  const hb = Buffer.concat([u32(0), u32(0), u64(0), u64(0), u32(64), u32(64), u8(0), ...Array(9).fill(u64(0))]);
+  const beat = setInterval(() => w.send(2, 0, hb), 300);
+  try {
+    await until((x) => x.workers.some((v) => v.name === "nocompile" && v.up), "stand-in in", 10000, g.url);
+    const re = "[a-c]{2,6}";
+    const jobs = [];
+    const refuse = (async () => {
+      for (let k = 0; k < 4; k++) {
+        const f = await w.next((x) => x.type === 3 || x.type === 5, 20000);
+        if (!f) return;
+        jobs.push(f);
+        w.send(10, f.id, Buffer.concat([u32(6), str("grammar: not compiled here")]));   // ERROR ARG
+      }
+    })();
+    const res = await fetch(`${g.url}/v1/chat/completions`, {
+      method: "POST", headers: { "content-type": "application/json" },
+      body: JSON.stringify({ model: "stories260K", messages: [{ role: "user", content: "x" }], max_tokens: 8, guided_regex: re }),
+    });
+    const body = await res.json();
+    assert.equal(res.status, 400, JSON.stringify(body));
+    assert.equal(body.error?.type, "invalid_request_error", JSON.stringify(body));
+    assert.match(body.error.message, /refused its format/);
+    assert.equal(jobs.length, 1, "one PREFILL, not retried elsewhere");
+    assert.ok(jobs[0].payload.includes(Buffer.from(re)), "the PREFILL carried the regex");
+    w.end();
+    await refuse;
+  } finally {
+    clearInterval(beat);
+    g.proc.kill("SIGTERM");
+    await waitExit(g.proc, 10000);
   }
 });
