@@ -336,6 +336,7 @@ TEST(only_reference_texts_are_recognised)
         { "meta-llama-Llama-3.3-70B-Instruct.jinja", TEMPLATE_LLAMA3 },
         { "deepseek-ai-DeepSeek-V3.1.jinja", TEMPLATE_DEEPSEEK3 },
         { "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", TEMPLATE_DEEPSEEK_R1 },
+        { "openai-gpt-oss-120b.jinja", TEMPLATE_HARMONY },
     };
     int n_files = 0, n_known = 0;
     struct dirent *e;
@@ -355,7 +356,7 @@ TEST(only_reference_texts_are_recognised)
         free(text);
     }
     closedir(d);
-    CHECKF(n_files >= 50 && n_known == 6, "%d files, %d known", n_files, n_known);
+    CHECKF(n_files >= 50 && n_known == 7, "%d files, %d known", n_files, n_known);
     /* the vocabulary's own template (Qwen2's) */
     CHECK(template_detect(f.tok, f.g) == TEMPLATE_QWEN2);
     /* ChatML: llama.cpp's test template; surrounding blanks do not matter, anything else does */
@@ -383,7 +384,7 @@ TEST(unrecognised_template_needs_a_name)
     template *t = NULL;
     CHECK(template_new(f.tok, g, NULL, &t, err, sizeof err) == TEMPLATE_ERR_UNRECOGNISED && !t);
     /* the message names the option, every family, and the family the text resembles */
-    CHECKF(strstr(err, "--template NAME") && strstr(err, "plain, chatml, qwen2, qwen2.5, qwen3, llama3, deepseek3, deepseek-r1") &&
+    CHECKF(strstr(err, "--template NAME") && strstr(err, "plain, chatml, qwen2, qwen2.5, qwen3, llama3, deepseek3, deepseek-r1, harmony") &&
            strstr(err, "resembles qwen3"), "%s", err);
     CHECK(template_new(f.tok, g, "qwen3", &t, err, sizeof err) == TEMPLATE_OK && template_get_family(t) == TEMPLATE_QWEN3);
     template_free(t);
