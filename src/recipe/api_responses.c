@@ -317,6 +317,8 @@ api_status api_responses_parse(const api_cfg *cfg, const char *body, size_t len,
         if (json_is_string(eff)) {
             const char *v = json_string_value(eff);
             r->conv.thinking = (!strcmp(v, "none") || !strcmp(v, "minimal")) ? CONV_THINKING_OFF : CONV_THINKING_ON;
+            r->conv.effort = !strcmp(v, "low") ? CONV_EFFORT_LOW : !strcmp(v, "medium") ? CONV_EFFORT_MEDIUM
+                             : !strcmp(v, "high") ? CONV_EFFORT_HIGH : CONV_EFFORT_DEFAULT;
         } else if (eff && !json_is_null(eff)) {
             api_json_type_error(K, e, "reasoning.effort", "a string", eff);
             goto out;

@@ -1539,6 +1539,15 @@ void template_markers(const template *t, const conv *c, events_markers *m)
         break;
     }
     case TEMPLATE_HARMONY:
+        m->toolfmt = EVENTS_TOOLFMT_HARMONY;
+        m->h_start = tmpl_find(tok, "<|start|>");
+        m->h_channel = tmpl_find(tok, "<|channel|>");
+        m->h_message = tmpl_find(tok, "<|message|>");
+        m->h_constrain = tmpl_find(tok, "<|constrain|>");
+        m->h_end = tmpl_find(tok, "<|end|>");
+        m->h_call = tmpl_find(tok, "<|call|>");
+        m->h_return = tmpl_find(tok, "<|return|>");
+        break;
     case TEMPLATE_PLAIN:
         break;
     }
