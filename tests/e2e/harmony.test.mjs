@@ -87,3 +87,14 @@ test("Responses and Messages prompts are the harmony rendering", { skip: !have &
   const am = await ant.messages.create({ model: "goss", max_tokens: 2, messages: [{ role: "user", content: input }] });
   assert.equal(am.usage.input_tokens, want);
 });
+
+test("a tool result with no call before it is a 400 in the route's shape", { skip: !have && "npm package missing" }, async () => {
+  const r = await fetch(`${S.url}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" },
+    body: JSON.stringify({ model: "goss", max_tokens: 2, messages: [{ role: "user", content: "hi" }, { role: "tool", tool_call_id: "x", content: "42" }] }) });
+  assert.equal(r.status, 400);
+  const j = await r.json();
+  assert.match(j.error.message, /tool result must follow an assistant tool call/);
+  // the server is still up
+  const ok = await oai.chat.completions.create({ model: "goss", messages: [{ role: "user", content: "hi" }], max_tokens: 1 });
+  assert.equal(ok.choices.length, 1);
+});
