@@ -442,6 +442,21 @@ TEST(jsonfmt_layouts)
     size_t vn;
     CHECK(jsonfmt_get_member(s2, strlen(s2), "b", &v, &vn) && vn == 2 && !memcmp(v, "{}", 2));
     CHECK(!jsonfmt_get_member(s2, strlen(s2), "x", &v, &vn));
+    /* walking a container: members in order with decoded keys, array elements (strings too) */
+    const char *o = " { \"k\\u00e9\" : [1, \"a\", {}] , \"b\":\"x:y\" } ";
+    size_t pos = 0;
+    b.len = 0;
+    CHECK(jsonfmt_next(o, strlen(o), &pos, &b, &v, &vn) && !strcmp(b.p, "k\xc3\xa9") && vn == 12 && !memcmp(v, "[1, \"a\", {}]", 12));
+    const char *arr = v;
+    size_t arrn = vn;
+    CHECK(jsonfmt_next(o, strlen(o), &pos, &b, &v, &vn) && !strcmp(b.p, "b") && vn == 5 && !memcmp(v, "\"x:y\"", 5));
+    CHECK(!jsonfmt_next(o, strlen(o), &pos, &b, &v, &vn));
+    size_t apos = 0;
+    int n_el = 0;
+    while (jsonfmt_next(arr, arrn, &apos, NULL, &v, &vn)) n_el++;
+    CHECK(n_el == 3);
+    apos = 0;
+    CHECK(!jsonfmt_next("[]", 2, &apos, NULL, &v, &vn) && !jsonfmt_next("5", 1, &apos, NULL, &v, &vn));
     bytebuf_free(&b);
 }
 
