@@ -428,8 +428,10 @@ static void api_responses_object(api_out *o, bool final, bytebuf *b)
     }
     bytebuf_puts(b, "],\"parallel_tool_calls\":true,\"previous_response_id\":");
     api_buf_str(b, r->previous_response_id);
-    bytebuf_printf(b, ",\"reasoning\":{\"effort\":null,\"summary\":null},\"store\":%s,\"temperature\":%g,",
-                   r->store ? "true" : "false", r->temperature_echo);
+    /* the effort asked for, as OpenAI echoes it */
+    static const char *const efforts[] = { "null", "\"low\"", "\"medium\"", "\"high\"" };
+    bytebuf_printf(b, ",\"reasoning\":{\"effort\":%s,\"summary\":null},\"store\":%s,\"temperature\":%g,",
+                   efforts[r->conv.effort], r->store ? "true" : "false", r->temperature_echo);
     bytebuf_puts(b, "\"text\":{\"format\":");  /* the request's format and tool_choice, as OpenAI echoes them */
     bytebuf_puts(b, r->format_json ? r->format_json : "{\"type\":\"text\"}");
     bytebuf_puts(b, "},\"tool_choice\":");

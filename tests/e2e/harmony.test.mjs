@@ -84,6 +84,7 @@ test("Responses and Messages prompts are the harmony rendering", { skip: !have &
   const want = rendered({ messages: [{ role: "user", content: input }], reasoning_effort: "high" }).ids.length;
   const rr = await oai.responses.create({ model: "goss", input, reasoning: { effort: "high" }, max_output_tokens: 2, temperature: 0 });
   assert.equal(rr.usage.input_tokens, want);
+  assert.equal(rr.reasoning.effort, "high");  // echoed as OpenAI does
   const am = await ant.messages.create({ model: "goss", max_tokens: 2, messages: [{ role: "user", content: input }] });
   assert.equal(am.usage.input_tokens, want);
 });
