@@ -555,6 +555,33 @@ TEST(harmony_text_is_text)
     EXPECT(run(&m, EVENTS_FINISH_STOP, u, NULL), "T:AB|F:stop");
 }
 
+/* Random mixes of markers, header words and argument pieces: the splitter never loses its
+ * footing (run() checks every call's fragments add up to valid arguments; always a finish),
+ * and the end markers never show up as text. */
+TEST(harmony_random_sequences)
+{
+    events_markers m = harmony();
+    static const char *const pieces[] = {
+        "#6000:<|start|>", "#6001:<|channel|>", "#6002:<|message|>", "#6003:<|constrain|>", "#6004:<|end|>",
+        "#6005:<|call|>", "#6006:<|return|>", "assistant", "analysis", "final", "commentary", " to=functions.f",
+        "to=", " json", "{", "}", "\"a\"", ":", "1", ",", "[", "]", "\"", "\\", " ", "\n", "word", "\xc3\xa9",
+    };
+    uint64_t x = 12345;
+    const char *seq[41];
+    for (int run_i = 0; run_i < 3000; run_i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        int n = 1 + (int)((x >> 33) % 40);
+        for (int k = 0; k < n; k++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            seq[k] = pieces[(x >> 33) % (sizeof pieces / sizeof pieces[0])];
+        }
+        seq[n] = NULL;
+        char *got = run(&m, (run_i & 1) ? EVENTS_FINISH_LENGTH : EVENTS_FINISH_STOP, seq, NULL);
+        CHECKF(strstr(got, "F:") && !strstr(got, "<|end|>") && !strstr(got, "<|call|>") && !strstr(got, "<|return|>"), "%s", got);
+        free(got);
+    }
+}
+
 int main(void)
 {
     RUN(plain_text);
@@ -575,5 +602,6 @@ int main(void)
     RUN(harmony_tool_calls);
     RUN(harmony_truncated);
     RUN(harmony_text_is_text);
+    RUN(harmony_random_sequences);
     HARNESS_END();
 }
