@@ -495,6 +495,10 @@ static bool api_job_prompt(api_job *j, api_error *e)
         api_error_set(e, 500, NULL, NULL, "This server has no chat template for its model.");
         return false;
     }
+    /* a call forced to one tool: families whose prompt can open it (harmony) do */
+    api_req *qm = &j->req;
+    if (qm->tools_mode == API_TOOLS_NAMED) qm->conv.forced_call = qm->tool_name;
+    else if (qm->tools_mode == API_TOOLS_REQUIRED && qm->conv.n_tools == 1) qm->conv.forced_call = qm->conv.tools[0].name;
     char err[256] = "";
     template_status ts = template_apply(c->tmpl, &q->conv, c->n_threads, &j->prompt, err, sizeof err);
     if (ts != TEMPLATE_OK) {

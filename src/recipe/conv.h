@@ -92,6 +92,8 @@ typedef struct {
     conv_effort effort;          /* reasoning effort (reasoning_effort, reasoning.effort) */
     const char *date;            /* "YYYY-MM-DD" for templates that print the current date;
                                     NULL: today's UTC date (tests fix it) */
+    const char *forced_call;     /* the tool the answer must call, when it is one (NULL: none);
+                                    templates that can open the call in the prompt do (harmony) */
     conv_chunk *arena;           /* string storage (list of chunks, newest first) */
 } conv;
 

@@ -123,6 +123,10 @@ void events_reset(events *ev, const events_markers *m, uint64_t seed)
     events_clear(&ev->body);
     events_clear(&ev->args);
     ev->id[0] = 0;
+    if (m->toolfmt == EVENTS_TOOLFMT_HARMONY && m->h_forced) {  /* the prompt opened a call */
+        bytebuf_puts(&ev->name, m->h_forced);
+        ev->st = EVENTS_ST_H_CALL;
+    }
 }
 
 int events_n_tool_calls(const events *ev) { return ev->n_calls; }

@@ -91,6 +91,8 @@ typedef struct {
     int32_t h_end;             /* HARMONY <|end|> (a message ends, more may follow) */
     int32_t h_call;            /* HARMONY <|call|> (a tool call ends the output) */
     int32_t h_return;          /* HARMONY <|return|> (the answer ends the output) */
+    const char *h_forced;      /* HARMONY: the prompt opened a call to this function (its
+                                  arguments come first); NULL if not. Must outlive the splitter */
     bool starts_in_reasoning;  /* the prompt ended inside an open think block */
     bool tools_enabled;        /* tools were offered (LLAMA3 detection only looks then) */
     bool trim;                 /* drop blank text at section edges (chat families) */

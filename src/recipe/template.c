@@ -1334,6 +1334,12 @@ static void tmpl_render_harmony(tmpl_b *b, const conv *c, const tmpl_msg *m)
         /* a system or developer message after the first is not written (as the reference) */
     }
     if (c->add_generation_prompt) tmpl_scaffold(b, "<|start|>assistant");
+    if (c->add_generation_prompt && c->forced_call) {
+        /* a forced call: its header as gpt-oss writes it, the grammar writes the arguments */
+        tmpl_scaffold(b, "<|channel|>commentary to=functions.");
+        tmpl_text(b, c->forced_call, strlen(c->forced_call));
+        tmpl_scaffold(b, " <|constrain|>json<|message|>");
+    }
 }
 
 static void tmpl_render_plain(tmpl_b *b, const conv *c, const tmpl_msg *m)
@@ -1547,6 +1553,7 @@ void template_markers(const template *t, const conv *c, events_markers *m)
         m->h_end = tmpl_find(tok, "<|end|>");
         m->h_call = tmpl_find(tok, "<|call|>");
         m->h_return = tmpl_find(tok, "<|return|>");
+        if (c->add_generation_prompt) m->h_forced = c->forced_call;
         break;
     case TEMPLATE_PLAIN:
         break;

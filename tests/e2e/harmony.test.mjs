@@ -99,3 +99,32 @@ test("a tool result with no call before it is a 400 in the route's shape", { ski
   const ok = await oai.chat.completions.create({ model: "goss", messages: [{ role: "user", content: "hi" }], max_tokens: 1 });
   assert.equal(ok.choices.length, 1);
 });
+
+// A call forced to one tool: the prompt opens it (its header, as gpt-oss writes one) and the
+// grammar writes the arguments, so even random weights call the tool with valid arguments.
+test("a forced call: the prompt opens it, the answer is the call in every API", { skip: !have && "npm package missing" }, async () => {
+  const unit = { type: "function", function: { name: "set_unit", description: "Set the unit.",
+    parameters: { type: "object", properties: { unit: { type: "string", enum: ["c", "f"] } }, required: ["unit"], additionalProperties: false } } };
+  const r = await oai.chat.completions.create({ model: "goss", messages: [{ role: "user", content: "Celsius please" }], tools: [unit, weather],
+    tool_choice: { type: "function", function: { name: "set_unit" } }, max_tokens: 40, temperature: 0, return_token_ids: true });
+  const tail = r.prompt_token_ids.slice(-3);
+  assert.equal(tail[tail.length - 1], 200008, "the prompt ends with <|message|>");
+  assert.ok(r.prompt_token_ids.includes(200003), "<|constrain|> in the opened header");
+  // (random weights may pad the finished arguments with blanks up to the token limit)
+  assert.ok(["tool_calls", "length"].includes(r.choices[0].finish_reason));
+  const call = r.choices[0].message.tool_calls[0];
+  assert.equal(call.function.name, "set_unit");
+  assert.ok(["c", "f"].includes(JSON.parse(call.function.arguments).unit), call.function.arguments);
+  // Responses: required with one tool offered
+  const rr = await oai.responses.create({ model: "goss", input: "Celsius please", tools: [{ type: "function", ...unit.function }],
+    tool_choice: "required", max_output_tokens: 40, temperature: 0 });
+  const fc = rr.output.find((x) => x.type === "function_call");
+  assert.equal(fc.name, "set_unit");
+  assert.ok(["c", "f"].includes(JSON.parse(fc.arguments).unit));
+  // Messages: a named tool
+  const am = await ant.messages.create({ model: "goss", max_tokens: 40, temperature: 0, messages: [{ role: "user", content: "Celsius please" }],
+    tools: [{ name: "set_unit", description: "Set the unit.", input_schema: unit.function.parameters }], tool_choice: { type: "tool", name: "set_unit" } });
+  assert.deepEqual(am.content.map((b) => b.type), ["tool_use"]);
+  const tu = am.content.find((b) => b.type === "tool_use");
+  assert.ok(["c", "f"].includes(tu.input.unit));
+});

@@ -555,6 +555,17 @@ TEST(harmony_text_is_text)
     EXPECT(run(&m, EVENTS_FINISH_STOP, u, NULL), "T:AB|F:stop");
 }
 
+TEST(harmony_forced_call)
+{
+    /* the prompt ended with the call's header: the output starts with the arguments */
+    events_markers m = harmony();
+    m.h_forced = "get_weather";
+    const char *p[] = { "{\"city\"", ": \"Rome\"}", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, p, NULL), "S0:get_weather|A0:{\"city\":\"Rome\"}|E0|F:tool_calls");
+    const char *q[] = { "{\"city\"", ": \"Ro", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_LENGTH, q, NULL), "S0:get_weather|A0:{\"city\":\"Ro\"}|E0|F:length");
+}
+
 /* Random mixes of markers, header words and argument pieces: the splitter never loses its
  * footing (run() checks every call's fragments add up to valid arguments; always a finish),
  * and the end markers never show up as text. */
@@ -603,5 +614,6 @@ int main(void)
     RUN(harmony_truncated);
     RUN(harmony_text_is_text);
     RUN(harmony_random_sequences);
+    RUN(harmony_forced_call);
     HARNESS_END();
 }
