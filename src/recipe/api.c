@@ -628,6 +628,13 @@ static bool api_job_submit(http_request *r, api_job *j, const api_tenancy *tn, c
         sp.think_start = mk->think_start;
         sp.think_end = mk->think_end;
         sp.think_open = mk->starts_in_reasoning;
+    } else if ((j->req.thinking_budget > 0 || j->g) && mk->toolfmt == EVENTS_TOOLFMT_HARMONY && !mk->h_forced &&
+               mk->h_end >= 0) {
+        /* harmony: the output opens with its analysis message, which <|end|> closes */
+        sp.think_budget = j->req.thinking_budget;
+        sp.think_start = -1;
+        sp.think_end = mk->h_end;
+        sp.think_open = true;
     }
     sp.grammar = j->g;  /* reasoning stays free: the format applies from the end of the think block */
     sp.grammar_vocab = j->g ? c->gvocab : NULL;
