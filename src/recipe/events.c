@@ -12,6 +12,7 @@
  * point where it could be closed (events_json_cut: not inside a key, not after a ':' or ',')
  * that was not sent yet goes out as a TOOL_ARGS fragment; `sent` holds what was sent.
  */
+#define _GNU_SOURCE /* memrchr */
 #include "recipe/events.h"
 
 #include <stdlib.h>
@@ -608,13 +609,16 @@ static void events_h_open(events *ev)
 {
     const char *s = ev->head.p ? ev->head.p : "";
     size_t n = ev->head.len;
+    /* the recipient: the first "to=" word that is not "assistant" (gpt-oss sometimes writes a
+       stray "<|channel|>commentary to=assistant" before its real channel) */
     const char *to = NULL;
-    for (size_t i = 0; i + 3 <= n; i++)
+    for (size_t i = 0; !to && i + 3 <= n; i++)
         if (!memcmp(s + i, "to=", 3) && (i == 0 || events_blank(s[i - 1]) || s[i - 1] == '\x01')) {
-            to = s + i + 3;
-            break;
+            size_t wn = events_h_word(s, n, i + 3);
+            if (!(wn == 9 && !memcmp(s + i + 3, "assistant", 9))) to = s + i + 3;
         }
-    const char *ch = memchr(s, '\x01', n);
+    /* the channel: the word after the last <|channel|> */
+    const char *ch = memrchr(s, '\x01', n);
     size_t chn = 0;
     if (ch) {
         size_t i = (size_t)(ch + 1 - s);

@@ -21,8 +21,9 @@
  *
  *   HARMONY   gpt-oss: the output is a list of messages. Each has a header, read up to
  *             <|message|>: the role (the prompt already wrote "<|start|>assistant" for the
- *             first), <|channel|> and the channel name, optionally a recipient
- *             "to=functions.NAME" (in the role part or after the channel) and
+ *             first), <|channel|> and the channel name (the last one counts), optionally a
+ *             recipient "to=functions.NAME" (in the role part or after the channel; not
+ *             "to=assistant") and
  *             "<|constrain|>json"; then the body, ended by <|end|> (another message follows
  *             after <|start|>), <|call|> or <|return|> (both end generation: the caller stops
  *             and calls events_finish). A body with a recipient is a tool call whose

@@ -492,6 +492,11 @@ TEST(harmony_analysis_then_final)
     const char *q[] = { "#6001:<|channel|>", "comment", "ary", "#6002:<|message|>", "Looking", " it up.", "#6004:<|end|>",
                         "#6000:<|start|>", "assistant", "#6001:<|channel|>", "final", "#6002:<|message|>", " Done", "#6006:<|return|>", NULL };
     EXPECT(run(&m, EVENTS_FINISH_STOP, q, NULL), "T:Looking it up.Done|F:stop");
+    /* a stray "<|channel|>commentary to=assistant" before the real channel (gpt-oss-20b) */
+    const char *r[] = { "#6001:<|channel|>", "commentary to=assistant", "#6001:<|channel|>", "analysis", "#6002:<|message|>", "hm",
+                        "#6004:<|end|>", "#6000:<|start|>", "assistant", "#6001:<|channel|>", "commentary", " to=assistant",
+                        "#6001:<|channel|>", "final", "#6002:<|message|>", "ok", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, r, NULL), "R:hm|T:ok|F:stop");
 }
 
 TEST(harmony_tool_calls)
