@@ -314,6 +314,17 @@ static bool mk_vocab_tokenizer_json(mk_vocab *v, const char *path, int pad_to)
         if (!strcmp(v->tok[k], "<|endoftext|>")) v->bos = v->eos = v->pad = k;
     v->add_bos = false;
     v->pre = "qwen2";
+    /* o200k (gpt-oss): the gpt-4o pre-tokenizer (its split regex is the one with the
+       cased-letter classes), and the ids its tokenizer_config.json names */
+    char *pre = json_dumps(json_object_get(root, "pre_tokenizer"), JSON_COMPACT);
+    if (pre && strstr(pre, "p{Lu}") && strstr(pre, "p{Ll}") && strstr(pre, "p{N}{1,3}")) {
+        v->pre = "gpt-4o";
+        for (int k = 0; k < v->n; k++) {
+            if (!strcmp(v->tok[k], "<|startoftext|>")) v->bos = k;
+            if (!strcmp(v->tok[k], "<|return|>")) v->eos = k;
+        }
+    }
+    free(pre);
     ok = true;
 out:
     json_decref(root);

@@ -15,7 +15,8 @@
  *                  "tool_call_id": string, "name": string}],         (tool)
  *    "tools": [{"type": "function", "function": {"name", "description", "parameters"}}],
  *    "add_generation_prompt": bool (default true), "enable_thinking": bool (default: the
- *    family's)}
+ *    family's), "reasoning_effort": "low"|"medium"|"high", "date": "YYYY-MM-DD" (templates
+ *    that print the current date; default today, UTC)}
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,6 +64,10 @@ static bool cmd_template_parse(conv *c, json_t *root, char *err, size_t errsz)
     if (agp) c->add_generation_prompt = json_is_true(agp);
     json_t *th = json_object_get(root, "enable_thinking");
     if (th) c->thinking = json_is_true(th) ? CONV_THINKING_ON : CONV_THINKING_OFF;
+    const char *eff = json_string_value(json_object_get(root, "reasoning_effort"));
+    if (eff) c->effort = !strcmp(eff, "low") ? CONV_EFFORT_LOW : !strcmp(eff, "high") ? CONV_EFFORT_HIGH : CONV_EFFORT_MEDIUM;
+    const char *date = json_string_value(json_object_get(root, "date"));
+    if (date) c->date = conv_strdup(c, date, strlen(date));
     size_t i;
     json_t *m;
     json_array_foreach(msgs, i, m) {

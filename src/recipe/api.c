@@ -506,6 +506,10 @@ static bool api_job_prompt(api_job *j, api_error *e)
         api_error_set(e, 500, NULL, NULL, "This server has no chat template for its model.");
         return false;
     }
+    /* a call forced to one tool: families whose prompt can open it (harmony) do */
+    api_req *qm = &j->req;
+    if (qm->tools_mode == API_TOOLS_NAMED) qm->conv.forced_call = qm->tool_name;
+    else if (qm->tools_mode == API_TOOLS_REQUIRED && qm->conv.n_tools == 1) qm->conv.forced_call = qm->conv.tools[0].name;
     char err[256] = "";
     template_status ts = template_apply(c->tmpl, &q->conv, c->n_threads, &j->prompt, err, sizeof err);
     if (ts != TEMPLATE_OK) {
@@ -641,6 +645,13 @@ static bool api_job_submit(http_request *r, api_job *j, const api_tenancy *tn, c
         sp.think_start = mk->think_start;
         sp.think_end = mk->think_end;
         sp.think_open = mk->starts_in_reasoning;
+    } else if ((j->req.thinking_budget > 0 || j->g) && mk->toolfmt == EVENTS_TOOLFMT_HARMONY && !mk->h_forced &&
+               mk->h_end >= 0) {
+        /* harmony: the output opens with its analysis message, which <|end|> closes */
+        sp.think_budget = j->req.thinking_budget;
+        sp.think_start = -1;
+        sp.think_end = mk->h_end;
+        sp.think_open = true;
     }
     sp.grammar = j->g;  /* reasoning stays free: the format applies from the end of the think block */
     sp.grammar_vocab = j->g ? c->gvocab : NULL;

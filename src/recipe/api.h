@@ -303,7 +303,11 @@ api_status api_parse(const api_cfg *cfg, api_kind kind, const char *body, size_t
  * pieces is text to the splitter (events.h), so the grammar writes the body and api_out tells
  * the splitter that the call opened (api_out.call_marker) at the first answer token.
  * DeepSeek's call syntax is made of control tokens between the name and the arguments; its
- * forced calls are not constrained (the request runs as with tool_choice auto). */
+ * forced calls are not constrained (the request runs as with tool_choice auto).
+ *   HARMONY a call forced to one tool (named, or required with one tool offered) is opened
+ *           by the prompt itself (conv.forced_call: the template writes the call's header),
+ *           so the grammar is that tool's arguments alone and the splitter starts inside the
+ *           call; required with several tools is not constrained. */
 
 /* The GBNF text of a forced call for tool format fmt over c's tools (only the tool named
  * `only` when not NULL): malloc'd, or NULL with a message in err (a tool's schema refused, or

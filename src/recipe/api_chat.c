@@ -369,8 +369,10 @@ static bool api_chat_thinking(json_t *root, api_req *r, api_error *e)
     if ((st = api_json_str(K, root, "reasoning_effort", &effort, e)) < 0) return false;
     if (st) {
         if (!strcmp(effort, "none") || !strcmp(effort, "minimal")) r->conv.thinking = CONV_THINKING_OFF;
-        else if (!strcmp(effort, "low") || !strcmp(effort, "medium") || !strcmp(effort, "high"))
+        else if (!strcmp(effort, "low") || !strcmp(effort, "medium") || !strcmp(effort, "high")) {
             r->conv.thinking = CONV_THINKING_ON;
+            r->conv.effort = effort[0] == 'l' ? CONV_EFFORT_LOW : effort[0] == 'm' ? CONV_EFFORT_MEDIUM : CONV_EFFORT_HIGH;
+        }
         else {
             api_error_set(e, 400, "reasoning_effort", "invalid_value",
                           "Invalid value: '%s'. Supported values are: 'none', 'minimal', 'low', 'medium', and 'high'.",

@@ -717,6 +717,21 @@ bool api_json_guided(api_kind kind, json_t *root, api_req *r, api_error *e)
 char *api_tool_gbnf(const conv *c, events_toolfmt fmt, const char *only, char *err, size_t errsz)
 {
     err[0] = 0;
+    if (fmt == EVENTS_TOOLFMT_HARMONY) {  /* the prompt opened the call: its arguments alone */
+        for (int i = 0; c->forced_call && i < c->n_tools; i++) {
+            const conv_tool *t = &c->tools[i];
+            if (strcmp(t->name, c->forced_call)) continue;
+            grammar_status st;
+            char gerr[400] = "";
+            const char *ps = t->parameters;
+            char *g = ps ? grammar_to_gbnf(GRAMMAR_KIND_SCHEMA, ps, strlen(ps), &st, gerr, sizeof gerr)
+                         : grammar_to_gbnf(GRAMMAR_KIND_JSON, "", 0, &st, gerr, sizeof gerr);
+            if (!g) snprintf(err, errsz, "the parameters of tool '%.64s': %s", t->name, gerr);
+            return g;
+        }
+        if (c->forced_call) snprintf(err, errsz, "'%.64s' is not one of the tools offered.", c->forced_call);
+        return NULL;
+    }
     const char *args_key = fmt == EVENTS_TOOLFMT_QWEN ? "arguments" : fmt == EVENTS_TOOLFMT_LLAMA3 ? "parameters" : NULL;
     if (!args_key) return NULL;
     bytebuf root = {0}, rules = {0}, name = {0}, head = {0};

@@ -297,6 +297,8 @@ static bool api_messages_common(json_t *root, api_req *r, long long max_tokens, 
                 return false;
             }
             r->thinking_budget = (int)bt;
+            /* families that take an effort (harmony): a budget of 8k tokens or more is "high" */
+            r->conv.effort = bt >= 8192 ? CONV_EFFORT_HIGH : CONV_EFFORT_MEDIUM;
         }
         if (strcmp(ts, "disabled")) r->conv.thinking = CONV_THINKING_ON;
     }

@@ -329,11 +329,18 @@ void api_out_text(api_out *o, int i, const char *text, size_t len)
     events_feed(c->ev, -1, text, len);
 }
 
+/* Is the next token reasoning? By the think markers; families without them (harmony's
+ * analysis channel) by the splitter's state. */
+static bool api_choice_reasoning(const api_choice *c)
+{
+    return c->in_think || (c->think_start < 0 && events_in_reasoning(c->ev));
+}
+
 void api_out_count_token(api_out *o, int i)
 {
     api_choice *c = &o->choices[i];
     c->n_tokens++;
-    if (c->in_think) c->n_reasoning_tokens++;
+    if (api_choice_reasoning(c)) c->n_reasoning_tokens++;
 }
 
 bool api_out_token(api_out *o, int i, int32_t token, const char *text, size_t len, const api_logprob *lp)
@@ -342,7 +349,7 @@ bool api_out_token(api_out *o, int i, int32_t token, const char *text, size_t le
     if (c->finished) return true;
     c->n_tokens++;
     if (token == c->think_start && token >= 0) c->in_think = true;
-    if (c->in_think) c->n_reasoning_tokens++;
+    if (api_choice_reasoning(c)) c->n_reasoning_tokens++;
     if (token == c->think_end && token >= 0) c->in_think = false;
     if (o->req->return_token_ids) {
         if (c->n_token_ids == c->cap_token_ids) {

@@ -317,6 +317,8 @@ api_status api_responses_parse(const api_cfg *cfg, const char *body, size_t len,
         if (json_is_string(eff)) {
             const char *v = json_string_value(eff);
             r->conv.thinking = (!strcmp(v, "none") || !strcmp(v, "minimal")) ? CONV_THINKING_OFF : CONV_THINKING_ON;
+            r->conv.effort = !strcmp(v, "low") ? CONV_EFFORT_LOW : !strcmp(v, "medium") ? CONV_EFFORT_MEDIUM
+                             : !strcmp(v, "high") ? CONV_EFFORT_HIGH : CONV_EFFORT_DEFAULT;
         } else if (eff && !json_is_null(eff)) {
             api_json_type_error(K, e, "reasoning.effort", "a string", eff);
             goto out;
@@ -426,8 +428,10 @@ static void api_responses_object(api_out *o, bool final, bytebuf *b)
     }
     bytebuf_puts(b, "],\"parallel_tool_calls\":true,\"previous_response_id\":");
     api_buf_str(b, r->previous_response_id);
-    bytebuf_printf(b, ",\"reasoning\":{\"effort\":null,\"summary\":null},\"store\":%s,\"temperature\":%g,",
-                   r->store ? "true" : "false", r->temperature_echo);
+    /* the effort asked for, as OpenAI echoes it */
+    static const char *const efforts[] = { "null", "\"low\"", "\"medium\"", "\"high\"" };
+    bytebuf_printf(b, ",\"reasoning\":{\"effort\":%s,\"summary\":null},\"store\":%s,\"temperature\":%g,",
+                   efforts[r->conv.effort], r->store ? "true" : "false", r->temperature_echo);
     bytebuf_puts(b, "\"text\":{\"format\":");  /* the request's format and tool_choice, as OpenAI echoes them */
     bytebuf_puts(b, r->format_json ? r->format_json : "{\"type\":\"text\"}");
     bytebuf_puts(b, "},\"tool_choice\":");

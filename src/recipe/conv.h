@@ -69,6 +69,15 @@ typedef enum {
     CONV_THINKING_ON,
 } conv_thinking;
 
+/* How hard the model should think, for families whose prompt says it (harmony's "Reasoning:
+ * low|medium|high" line); DEFAULT lets the family derive it from `thinking`. */
+typedef enum {
+    CONV_EFFORT_DEFAULT = 0,
+    CONV_EFFORT_LOW,
+    CONV_EFFORT_MEDIUM,
+    CONV_EFFORT_HIGH,
+} conv_effort;
+
 typedef struct conv_chunk conv_chunk;
 
 typedef struct {
@@ -80,6 +89,11 @@ typedef struct {
     int cap_tools;
     bool add_generation_prompt;  /* end with the opening of an assistant turn (default true) */
     conv_thinking thinking;      /* enable_thinking as the templates know it */
+    conv_effort effort;          /* reasoning effort (reasoning_effort, reasoning.effort) */
+    const char *date;            /* "YYYY-MM-DD" for templates that print the current date;
+                                    NULL: today's UTC date (tests fix it) */
+    const char *forced_call;     /* the tool the answer must call, when it is one (NULL: none);
+                                    templates that can open the call in the prompt do (harmony) */
     conv_chunk *arena;           /* string storage (list of chunks, newest first) */
 } conv;
 

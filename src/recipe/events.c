@@ -12,6 +12,7 @@
  * point where it could be closed (events_json_cut: not inside a key, not after a ':' or ',')
  * that was not sent yet goes out as a TOOL_ARGS fragment; `sent` holds what was sent.
  */
+#define _GNU_SOURCE /* memrchr */
 #include "recipe/events.h"
 
 #include <stdlib.h>
@@ -28,6 +29,9 @@ typedef enum {
     EVENTS_ST_DS_NAME,     /* after <｜tool▁call▁begin｜>, reading the name */
     EVENTS_ST_DS_ARGS,     /* after <｜tool▁sep｜>, reading the arguments */
     EVENTS_ST_LLAMA_JSON,  /* holding a JSON answer that may be a tool call */
+    EVENTS_ST_H_HEAD,      /* HARMONY: reading a message header (up to <|message|>) */
+    EVENTS_ST_H_CALL,      /* HARMONY: reading the arguments of a call message */
+    EVENTS_ST_H_AFTER,     /* HARMONY: between messages (after <|end|>) */
     EVENTS_ST_DONE,
 } events_state;
 
@@ -44,6 +48,7 @@ struct events {
     bool committed;        /* the call being read was announced (TOOL_START sent) */
     bool no_stream;        /* its head does not have the streamable shape: decided at its end */
     bool args_over;        /* its arguments were read to their end, or went bad: no more fragments */
+    bool h_channel;        /* HARMONY: the header being read has its <|channel|> marker */
     size_t args_at;        /* committed: offset in body where the arguments object starts */
     int n_calls;           /* tool calls sent */
     bytebuf hold;      /* held-back blank text */
@@ -55,6 +60,7 @@ struct events {
     bytebuf cname;     /* committed call: its name */
     bytebuf pre;       /* committed call: compact re-emission of the arguments read so far */
     bytebuf sent;      /* committed call: the arguments fragments sent so far */
+    bytebuf head;      /* HARMONY: the header being read; \x01 stands for <|channel|>, \x02 for <|constrain|> */
     char id[32];           /* current call id */
 };
 
@@ -63,6 +69,7 @@ void events_markers_none(events_markers *m)
     memset(m, 0, sizeof *m);
     m->think_start = m->think_end = -1;
     m->tool_start = m->tool_end = m->tools_begin = m->tools_end = m->tool_sep = -1;
+    m->h_start = m->h_channel = m->h_message = m->h_constrain = m->h_end = m->h_call = m->h_return = -1;
 }
 
 static bool events_blank(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
@@ -94,6 +101,7 @@ void events_free(events *ev)
     bytebuf_free(&ev->cname);
     bytebuf_free(&ev->pre);
     bytebuf_free(&ev->sent);
+    bytebuf_free(&ev->head);
     free(ev);
 }
 
@@ -102,6 +110,9 @@ void events_reset(events *ev, const events_markers *m, uint64_t seed)
     ev->m = *m;
     util_rng_seed(&ev->rng, seed);
     ev->st = m->starts_in_reasoning ? EVENTS_ST_REASONING : EVENTS_ST_TEXT;
+    if (m->toolfmt == EVENTS_TOOLFMT_HARMONY) ev->st = EVENTS_ST_H_HEAD;  /* after "<|start|>assistant" */
+    ev->h_channel = false;
+    events_clear(&ev->head);
     ev->text_started = ev->reason_started = false;
     ev->llama_checked = false;
     ev->ds_block = false;
@@ -113,9 +124,15 @@ void events_reset(events *ev, const events_markers *m, uint64_t seed)
     events_clear(&ev->body);
     events_clear(&ev->args);
     ev->id[0] = 0;
+    if (m->toolfmt == EVENTS_TOOLFMT_HARMONY && m->h_forced) {  /* the prompt opened a call */
+        bytebuf_puts(&ev->name, m->h_forced);
+        ev->st = EVENTS_ST_H_CALL;
+    }
 }
 
 int events_n_tool_calls(const events *ev) { return ev->n_calls; }
+
+bool events_in_reasoning(const events *ev) { return ev->st == EVENTS_ST_REASONING; }
 
 static void events_emit(events *ev, events_kind kind, const char *s, size_t n)
 {
@@ -353,6 +370,19 @@ static int events_ds_head(events *ev, const char *s, size_t n, size_t *at)
     return 1;
 }
 
+/* HARMONY head: the body is the arguments object itself (the name came in the header). */
+static int events_h_head(events *ev, const char *s, size_t n, size_t *at)
+{
+    size_t i = 0;
+    while (i < n && events_blank(s[i])) i++;
+    if (i == n) return 0;
+    if (s[i] != '{' || ev->name.len == 0) return -1;
+    events_clear(&ev->cname);
+    bytebuf_append(&ev->cname, ev->name.p, ev->name.len);
+    *at = i;
+    return 1;
+}
+
 /* For compact JSON text s[0..n) (a prefix of jsonfmt_prefix's output): the largest cut at
  * which it can be closed, i.e. not inside a key, an escape or a character, and not right
  * after a key, a ':' or a ','. When closer is given, it receives what closes s[0..cut): a
@@ -435,7 +465,8 @@ static void events_stream_args(events *ev)
     size_t n = ev->body.len;
     if (!ev->committed) {
         size_t at = 0;
-        int h = ev->st == EVENTS_ST_DS_ARGS ? events_ds_head(ev, s, n, &at) : events_json_head(ev, s, n, &at);
+        int h = ev->st == EVENTS_ST_DS_ARGS ? events_ds_head(ev, s, n, &at)
+                : ev->st == EVENTS_ST_H_CALL ? events_h_head(ev, s, n, &at) : events_json_head(ev, s, n, &at);
         if (h == 0) return;
         if (h < 0) {
             ev->no_stream = true;
@@ -501,6 +532,10 @@ static void events_close_call(events *ev)
         ok = ev->st == EVENTS_ST_DS_ARGS && events_parse_ds_call(ev);
         if (ev->ds_block) next = EVENTS_ST_DS_CALLS;
         break;
+    case EVENTS_ST_H_CALL:
+        ok = ev->name.len > 0 && events_norm_args(ev, ev->body.p ? ev->body.p : "", ev->body.len);
+        next = EVENTS_ST_H_AFTER;
+        break;
     default:
         return;
     }
@@ -538,11 +573,151 @@ static void events_llama_check(events *ev)
     }
 }
 
+/* ---- harmony ---- */
+
+#define EVENTS_H_MAX_HEAD 256  /* bytes: a header longer than this is not one */
+
+static void events_h_begin(events *ev)
+{
+    ev->st = EVENTS_ST_H_HEAD;
+    ev->h_channel = false;
+    events_clear(&ev->head);
+    events_clear(&ev->raw);
+}
+
+/* A header that is not one: its raw text (markers included) becomes answer text, and so
+ * does what follows until the next message. */
+static void events_h_bad_head(events *ev, events_state next)
+{
+    ev->st = EVENTS_ST_TEXT;
+    ev->text_started = true;
+    events_call_as_text(ev);
+    events_clear(&ev->raw);
+    ev->st = next;
+}
+
+/* The word of s[0..n) that starts at i (ends at a blank or a marker stand-in). */
+static size_t events_h_word(const char *s, size_t n, size_t i)
+{
+    size_t j = i;
+    while (j < n && !events_blank(s[j]) && s[j] != '\x01' && s[j] != '\x02') j++;
+    return j - i;
+}
+
+/* <|message|> ended the header: decide what the body is. */
+static void events_h_open(events *ev)
+{
+    const char *s = ev->head.p ? ev->head.p : "";
+    size_t n = ev->head.len;
+    /* the recipient: the first "to=" word that is not "assistant" (gpt-oss sometimes writes a
+       stray "<|channel|>commentary to=assistant" before its real channel) */
+    const char *to = NULL;
+    for (size_t i = 0; !to && i + 3 <= n; i++)
+        if (!memcmp(s + i, "to=", 3) && (i == 0 || events_blank(s[i - 1]) || s[i - 1] == '\x01')) {
+            size_t wn = events_h_word(s, n, i + 3);
+            if (!(wn == 9 && !memcmp(s + i + 3, "assistant", 9))) to = s + i + 3;
+        }
+    /* the channel: the word after the last <|channel|> */
+    const char *ch = memrchr(s, '\x01', n);
+    size_t chn = 0;
+    if (ch) {
+        size_t i = (size_t)(ch + 1 - s);
+        while (i < n && events_blank(s[i])) i++;
+        ch = s + i;
+        chn = events_h_word(s, n, i);
+    }
+    if (to) {
+        size_t tn = events_h_word(s, n, (size_t)(to - s));
+        if (tn > 10 && !memcmp(to, "functions.", 10)) {
+            to += 10;
+            tn -= 10;
+        }
+        events_clear(&ev->name);
+        bytebuf_append(&ev->name, to, tn);
+        events_clear(&ev->body);
+        ev->committed = ev->no_stream = ev->args_over = false;
+        ev->st = EVENTS_ST_H_CALL;
+        return;  /* raw keeps the message's text for the malformed rule */
+    }
+    events_clear(&ev->raw);
+    if (chn == 8 && !memcmp(ch, "analysis", 8)) {
+        ev->st = EVENTS_ST_REASONING;
+        ev->reason_started = false;
+    } else {
+        ev->st = EVENTS_ST_TEXT;
+    }
+}
+
+static void events_h_feed(events *ev, int32_t tok, const char *text, size_t len)
+{
+    const events_markers *m = &ev->m;
+    bool marker = tok >= 0 && (tok == m->h_start || tok == m->h_channel || tok == m->h_message ||
+                               tok == m->h_constrain || tok == m->h_end || tok == m->h_call || tok == m->h_return);
+    bool ends = marker && (tok == m->h_end || tok == m->h_call || tok == m->h_return);
+    switch (ev->st) {
+    case EVENTS_ST_H_HEAD:
+        if (!ends) bytebuf_append(&ev->raw, text, len);
+        if (!marker) {
+            bytebuf_append(&ev->head, text, len);
+            if (ev->head.len > EVENTS_H_MAX_HEAD) events_h_bad_head(ev, EVENTS_ST_TEXT);
+        } else if (tok == m->h_message) {
+            events_h_open(ev);
+        } else if (tok == m->h_channel) {
+            bytebuf_putc(&ev->head, '\x01');
+            ev->h_channel = true;
+        } else if (tok == m->h_constrain) {
+            bytebuf_putc(&ev->head, '\x02');
+        } else if (tok == m->h_start) {
+            events_h_begin(ev);  /* the header starts again */
+        } else {
+            events_h_bad_head(ev, EVENTS_ST_H_AFTER);  /* the message ended inside its header */
+        }
+        return;
+    case EVENTS_ST_TEXT:
+    case EVENTS_ST_REASONING:
+    case EVENTS_ST_H_AFTER:
+        if (ends) {
+            events_section_end(ev);
+            ev->st = EVENTS_ST_H_AFTER;
+            ev->text_started = false;
+        } else if (marker && (tok == m->h_start || tok == m->h_channel)) {
+            /* a new message (<|end|> left out, or <|start|>assistant left out) */
+            events_section_end(ev);
+            events_h_begin(ev);
+            bytebuf_append(&ev->raw, text, len);
+            if (tok == m->h_channel) {
+                bytebuf_putc(&ev->head, '\x01');
+                ev->h_channel = true;
+            }
+        } else if (!marker) {
+            events_section_text(ev, ev->st == EVENTS_ST_REASONING ? EVENTS_REASONING : EVENTS_TEXT, text, len);
+        }
+        return;
+    case EVENTS_ST_H_CALL:
+        if (ends || (marker && tok == m->h_start)) {  /* the end marker is not part of the text */
+            events_close_call(ev);
+            if (tok == m->h_start) events_h_begin(ev);
+            return;
+        }
+        bytebuf_append(&ev->raw, text, len);
+        if (marker) return;  /* <|channel|>, <|constrain|>, <|message|> inside a body are not arguments */
+        bytebuf_append(&ev->body, text, len);
+        events_stream_args(ev);
+        return;
+    default:
+        return;
+    }
+}
+
 void events_feed(events *ev, int32_t tok, const char *text, size_t len)
 {
     const events_markers *m = &ev->m;
     if (!text) len = 0;
     if (!text) text = "";
+    if (m->toolfmt == EVENTS_TOOLFMT_HARMONY && ev->st != EVENTS_ST_DONE) {
+        events_h_feed(ev, tok, text, len);
+        return;
+    }
     switch (ev->st) {
     case EVENTS_ST_DONE:
         return;
@@ -645,6 +820,10 @@ void events_feed(events *ev, int32_t tok, const char *text, size_t len)
         bytebuf_append(&ev->body, text, len);
         events_stream_args(ev);
         return;
+    case EVENTS_ST_H_HEAD:
+    case EVENTS_ST_H_CALL:
+    case EVENTS_ST_H_AFTER:
+        return;  /* harmony states are fed by events_h_feed */
     }
 }
 
@@ -664,6 +843,9 @@ void events_finish(events *ev, events_finish_reason reason)
             ev->text_started = true;
             events_call_as_text(ev);
         }
+    } else if (ev->st == EVENTS_ST_H_HEAD) {
+        /* cut inside a header: a real one (it has its channel) is dropped, other text kept */
+        if (!ev->h_channel) events_h_bad_head(ev, EVENTS_ST_H_AFTER);
     } else {
         events_close_call(ev);
     }

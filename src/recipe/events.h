@@ -19,6 +19,21 @@
  *             this is decided on text: when tools were offered and the answer's first
  *             non-blank character is '{', the text is held until the JSON value is complete.
  *
+ *   HARMONY   gpt-oss: the output is a list of messages. Each has a header, read up to
+ *             <|message|>: the role (the prompt already wrote "<|start|>assistant" for the
+ *             first), <|channel|> and the channel name (the last one counts), optionally a
+ *             recipient "to=functions.NAME" (in the role part or after the channel; not
+ *             "to=assistant") and
+ *             "<|constrain|>json"; then the body, ended by <|end|> (another message follows
+ *             after <|start|>), <|call|> or <|return|> (both end generation: the caller stops
+ *             and calls events_finish). A body with a recipient is a tool call whose
+ *             arguments are the body (JSON; the name is the recipient without "functions.");
+ *             otherwise channel "analysis" is reasoning and every other channel ("final", a
+ *             "commentary" preamble) answer text. A header that never reaches <|message|> is
+ *             dropped when it was cut by the end of the output after a <|channel|> marker,
+ *             and emitted as text otherwise (or when longer than any real header); text
+ *             outside any message is answer text.
+ *
  * Tool calls stream as they are generated, as vLLM's parsers do: once a call's head has
  * arrived (QWEN/LLAMA3: {"name": N, "arguments"|"parameters": {; DEEPSEEK: the name, the
  * separator, an optional ```json fence line, then {) the call is committed: TOOL_START (index,
@@ -57,6 +72,7 @@ typedef enum {
     EVENTS_TOOLFMT_QWEN,
     EVENTS_TOOLFMT_DEEPSEEK,
     EVENTS_TOOLFMT_LLAMA3,
+    EVENTS_TOOLFMT_HARMONY,
 } events_toolfmt;
 
 /* Token ids of the markers; -1 where the vocabulary has none. */
@@ -69,6 +85,15 @@ typedef struct {
     int32_t tools_begin;       /* DEEPSEEK <｜tool▁calls▁begin｜> */
     int32_t tools_end;         /* DEEPSEEK <｜tool▁calls▁end｜> */
     int32_t tool_sep;          /* DEEPSEEK <｜tool▁sep｜> */
+    int32_t h_start;           /* HARMONY <|start|> */
+    int32_t h_channel;         /* HARMONY <|channel|> */
+    int32_t h_message;         /* HARMONY <|message|> */
+    int32_t h_constrain;       /* HARMONY <|constrain|> */
+    int32_t h_end;             /* HARMONY <|end|> (a message ends, more may follow) */
+    int32_t h_call;            /* HARMONY <|call|> (a tool call ends the output) */
+    int32_t h_return;          /* HARMONY <|return|> (the answer ends the output) */
+    const char *h_forced;      /* HARMONY: the prompt opened a call to this function (its
+                                  arguments come first); NULL if not. Must outlive the splitter */
     bool starts_in_reasoning;  /* the prompt ended inside an open think block */
     bool tools_enabled;        /* tools were offered (LLAMA3 detection only looks then) */
     bool trim;                 /* drop blank text at section edges (chat families) */
@@ -120,5 +145,7 @@ void events_finish(events *ev, events_finish_reason reason);
 
 /* Tool calls sent so far in this response. */
 int events_n_tool_calls(const events *ev);
+/* Whether the splitter is inside reasoning (the next token's text would be reasoning). */
+bool events_in_reasoning(const events *ev);
 
 #endif

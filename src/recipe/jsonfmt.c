@@ -438,6 +438,51 @@ bool jsonfmt_get_member(const char *src, size_t len, const char *key, const char
     return found;
 }
 
+bool jsonfmt_next(const char *src, size_t len, size_t *pos, bytebuf *key, const char **val, size_t *val_len)
+{
+    jsonfmt_rd r = { .s = src, .n = len, .i = *pos };
+    if (r.i == 0) { /* first call: step into the container */
+        jsonfmt_ws(&r);
+        if (r.i >= r.n || (r.s[r.i] != '{' && r.s[r.i] != '[')) return false;
+        r.i++;
+    } else {
+        jsonfmt_ws(&r);
+        if (r.i >= r.n || r.s[r.i] != ',') return false;
+        r.i++;
+    }
+    jsonfmt_ws(&r);
+    if (r.i >= r.n || r.s[r.i] == '}' || r.s[r.i] == ']') return false;
+    /* an object member starts with its key, then ':' */
+    size_t st = r.i;
+    if (r.s[r.i] == '"') {
+        bytebuf dummy = { 0 };
+        bytebuf *k = key ? key : &dummy;
+        if (key) {
+            key->len = 0;
+        }
+        size_t at = r.i;
+        if (!jsonfmt_string_rd(&r, k)) {
+            bytebuf_free(&dummy);
+            return false;
+        }
+        jsonfmt_ws(&r);
+        if (r.i < r.n && r.s[r.i] == ':') {
+            r.i++;
+            jsonfmt_ws(&r);
+            st = r.i;
+        } else {
+            r.i = at;  /* an array element that is a string */
+            if (key) key->len = 0;
+        }
+        bytebuf_free(&dummy);
+    }
+    if (!jsonfmt_value(&r, 1)) return false;
+    *val = src + st;
+    *val_len = r.i - st;
+    *pos = r.i;
+    return true;
+}
+
 bool jsonfmt_decode_string(bytebuf *out, const char *src, size_t len)
 {
     jsonfmt_rd r = { .s = src, .n = len };

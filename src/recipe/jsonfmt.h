@@ -88,6 +88,12 @@ void jsonfmt_write_string(bytebuf *out, const char *s, size_t len);
  * is not a valid object or has no such key (the first occurrence wins). */
 bool jsonfmt_get_member(const char *src, size_t len, const char *key, const char **val, size_t *val_len);
 
+/* Walks the members of the object, or the elements of the array, that src[0..len) holds (a
+ * valid JSON text: check with jsonfmt_valid first). Start with *pos = 0; each call gives the
+ * next entry: its raw value text in val and val_len and, for an object, its decoded key in key
+ * (replaced; may be NULL). Returns false after the last entry or if src is neither. */
+bool jsonfmt_next(const char *src, size_t len, size_t *pos, bytebuf *key, const char **val, size_t *val_len);
+
 /* Decodes the JSON string literal at src (which must start with '"') into out (UTF-8, no
  * quotes). Returns false if it is not a valid string literal. */
 bool jsonfmt_decode_string(bytebuf *out, const char *src, size_t len);

@@ -14,10 +14,15 @@
  *   deepseek3  DeepSeek V3.1: <｜User｜>/<｜Assistant｜>, <think> and the tool-call tokens.
  *   deepseek-r1  DeepSeek R1 (and its distills): "<｜Assistant｜><think>\n" generation prompt,
  *              reasoning dropped from history, "function<｜tool▁sep｜>NAME\n```json" calls.
+ *   harmony    gpt-oss (alias gpt-oss): <|start|>ROLE<|channel|>CHANNEL<|message|>...<|end|>; a
+ *              system message with the date and "Reasoning: low|medium|high", the developer
+ *              message with the instructions and the tools as a TypeScript namespace, calls as
+ *              "assistant to=functions.NAME" commentary messages ending in <|call|>, the
+ *              analysis (reasoning) of earlier turns dropped.
  *   plain      base models (stories260K): BOS (if the vocabulary asks for it) and the text.
  * Each mirrors, turn for turn, the reference Jinja template of its family in llama.cpp's
  * models/templates (Qwen-Qwen3-0.6B, Qwen-Qwen2.5-7B-Instruct,
- * meta-llama-Llama-3.1-8B-Instruct, deepseek-ai-DeepSeek-V3.1, deepseek-ai-DeepSeek-R1-Distill-Qwen-32B
+ * meta-llama-Llama-3.1-8B-Instruct, deepseek-ai-DeepSeek-V3.1, openai-gpt-oss-120b, deepseek-ai-DeepSeek-R1-Distill-Qwen-32B
  * (llama.cpp's copy, whose thinking defaults to off); qwen2: the chat_template of
  * llama.cpp's ggml-vocab-qwen2.gguf; chatml: llama.cpp's ChatML test template), with Python
  * Jinja semantics, tools included: DeepSeek's references write tool calls and results but
@@ -71,6 +76,7 @@ typedef enum {
     TEMPLATE_LLAMA3,
     TEMPLATE_DEEPSEEK3,
     TEMPLATE_DEEPSEEK_R1,
+    TEMPLATE_HARMONY,
 } template_family;
 
 typedef struct template template;

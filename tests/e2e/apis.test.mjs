@@ -471,7 +471,8 @@ async function replayServer() {
     let body = "";
     req.on("data", (d) => { body += d; });
     req.on("end", () => {
-      const kind = JSON.parse(body).model === "long" ? "longargs" : "tools";
+      const m = JSON.parse(body).model;
+      const kind = m === "long" ? "longargs" : m === "harmony" ? "harmony" : "tools";
       const api = req.url.includes("chat") ? "chat" : req.url.includes("responses") ? "responses" : "messages";
       res.writeHead(200, { "content-type": "text/event-stream" });
       res.end(files[`${api}_${kind}.sse`]);
@@ -507,6 +508,41 @@ test("reasoning and tool-call events parse in the SDKs' stream helpers", async (
     assert.equal(am.content[0].thinking, "deep");
     assert.deepEqual(am.content[1].input, { q: 'a"b' });
     assert.equal(am.stop_reason, "stop_sequence");
+  } finally {
+    srv.close();
+  }
+});
+
+// gpt-oss's harmony output (an analysis message, then a call message addressed to
+// functions.get_weather with <|constrain|>json), split by token id and formatted by each API,
+// as the SDKs' stream helpers assemble it.
+test("harmony output: reasoning and a tool call in the SDKs' stream helpers", async () => {
+  const { srv, url } = await replayServer();
+  try {
+    const o = new OpenAI({ baseURL: `${url}/v1`, apiKey: "x", maxRetries: 0 });
+    // (the SDK's accumulator keeps only the last reasoning_content delta: add them up here)
+    let reasoning = "";
+    const cs = o.chat.completions.stream({ model: "harmony", messages: user("x") });
+    cs.on("chunk", (ch) => { reasoning += ch.choices[0]?.delta?.reasoning_content ?? ""; });
+    const cc = await cs.finalChatCompletion();
+    const msg = cc.choices[0].message;
+    assert.equal(reasoning, "deep thought");
+    assert.equal(msg.tool_calls.length, 1);
+    assert.equal(msg.tool_calls[0].function.name, "get_weather");
+    assert.deepEqual(JSON.parse(msg.tool_calls[0].function.arguments), { city: "Oslo" });
+    assert.equal(cc.choices[0].finish_reason, "tool_calls");
+    const rr = await o.responses.stream({ model: "harmony", input: "x" }).finalResponse();
+    assert.deepEqual(rr.output.map((x) => x.type), ["reasoning", "function_call"]);
+    assert.equal(rr.output[0].content[0].text, "deep thought");
+    assert.equal(rr.output[1].name, "get_weather");
+    assert.deepEqual(JSON.parse(rr.output[1].arguments), { city: "Oslo" });
+    const a = new Anthropic({ baseURL: url, apiKey: "x", maxRetries: 0 });
+    const am = await a.messages.stream({ model: "harmony", max_tokens: 50, messages: user("x") }).finalMessage();
+    assert.deepEqual(am.content.map((b) => b.type), ["thinking", "tool_use"]);
+    assert.equal(am.content[0].thinking, "deep thought");
+    assert.equal(am.content[1].name, "get_weather");
+    assert.deepEqual(am.content[1].input, { city: "Oslo" });
+    assert.equal(am.stop_reason, "tool_use");
   } finally {
     srv.close();
   }

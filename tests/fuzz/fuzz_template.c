@@ -38,6 +38,7 @@ static const struct {
     { VOCABS "llama-bpe.gguf", "llama3" },
     { VOCABS "deepseek-llm.gguf", "deepseek3" },
     { VOCABS "deepseek-llm.gguf", "deepseek-r1" },
+    { "tests/data/gen/vocab-gptoss.gguf", "harmony" },  /* made by the template e2e test */
 };
 #define N_FAMILIES (int)(sizeof families / sizeof families[0])
 

@@ -15,6 +15,8 @@ export function jinjaContext(conv, bosText, eosText) {
     // null stays null only with tool calls (templates that test "content is not none")
     o.content = c === null && m.tool_calls && m.tool_calls.length ? null : c ?? "";
     if (m.reasoning_content !== undefined) o.reasoning_content = m.reasoning_content;
+    // llama.cpp's server hands the reasoning to the gpt-oss template as "thinking" too
+    if (m.reasoning_content !== undefined) o.thinking = m.reasoning_content;
     if (m.tool_calls && m.tool_calls.length) {
       o.tool_calls = m.tool_calls.map((tc) => ({
         id: tc.id,
@@ -37,11 +39,15 @@ export function jinjaContext(conv, bosText, eosText) {
   };
   if (conv.tools && conv.tools.length) ctx.tools = conv.tools;
   if (conv.enable_thinking !== undefined) ctx.enable_thinking = conv.enable_thinking;
+  if (conv.reasoning_effort !== undefined) ctx.reasoning_effort = conv.reasoning_effort;
   return ctx;
 }
 
 // templateText: the Jinja source.
+// conv.date ("YYYY-MM-DD") stands in for today's date where the template prints it (the
+// built-in strftime_now cannot be replaced).
 export function renderTemplate(templateText, conv, bosText, eosText) {
+  if (conv.date !== undefined) templateText = templateText.replaceAll('strftime_now("%Y-%m-%d")', JSON.stringify(conv.date));
   const tmpl = new Template(templateText);
   return tmpl.render(jinjaContext(conv, bosText, eosText));
 }

@@ -767,6 +767,116 @@ static void feed_long_call(api_out *o)
     api_out_end(o);
 }
 
+/* Harmony (gpt-oss) output through the real splitter and each API's formatter: an analysis
+ * message, then a call message with its recipient and <|constrain|>json. Non-streaming bodies
+ * are checked here; the streams are written for the e2e replay through the SDKs
+ * (*_harmony.sse). */
+enum { HM_START = 6000, HM_CHANNEL, HM_MESSAGE, HM_CONSTRAIN, HM_END, HM_CALL, HM_RETURN };
+
+static void feed_harmony(api_out *o, bool call)
+{
+    struct { int32_t id; const char *text; } toks[] = {
+        { HM_CHANNEL, "<|channel|>" }, { 1, "analysis" }, { HM_MESSAGE, "<|message|>" }, { 1, "deep" }, { 1, " thought" },
+        { HM_END, "<|end|>" }, { HM_START, "<|start|>" }, { 1, "assistant" }, { 1, call ? " to=functions.get_weather" : "" },
+        { HM_CHANNEL, "<|channel|>" }, { 1, call ? "commentary " : "final" }, { call ? HM_CONSTRAIN : 1, call ? "<|constrain|>" : "" },
+        { 1, call ? "json" : "" }, { HM_MESSAGE, "<|message|>" }, { 1, call ? "{\"city\": " : "Answer" }, { 1, call ? "\"Oslo\"}" : " here" },
+    };
+    for (size_t i = 0; i < sizeof toks / sizeof toks[0]; i++) api_out_token(o, 0, toks[i].id, toks[i].text, strlen(toks[i].text), NULL);
+    api_out_finish(o, 0, EVENTS_FINISH_STOP);  /* <|call|> / <|return|> end generation: not fed */
+    api_out_end(o);
+}
+
+/* The reasoning effort each API's field maps to (harmony's "Reasoning:" line). */
+TEST(reasoning_effort_fields)
+{
+    static const struct { api_kind kind; const char *body; conv_effort want; } cases[] = {
+        { API_KIND_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", CONV_EFFORT_DEFAULT },
+        { API_KIND_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"reasoning_effort\":\"low\"}", CONV_EFFORT_LOW },
+        { API_KIND_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"reasoning_effort\":\"high\"}", CONV_EFFORT_HIGH },
+        { API_KIND_RESPONSES, "{\"model\":\"m\",\"input\":\"x\",\"reasoning\":{\"effort\":\"medium\"}}", CONV_EFFORT_MEDIUM },
+        { API_KIND_RESPONSES, "{\"model\":\"m\",\"input\":\"x\",\"reasoning\":{\"effort\":\"high\"}}", CONV_EFFORT_HIGH },
+        { API_KIND_MESSAGES, "{\"model\":\"m\",\"max_tokens\":9000,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", CONV_EFFORT_DEFAULT },
+        { API_KIND_MESSAGES, "{\"model\":\"m\",\"max_tokens\":9000,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                             "\"thinking\":{\"type\":\"enabled\",\"budget_tokens\":2048}}", CONV_EFFORT_MEDIUM },
+        { API_KIND_MESSAGES, "{\"model\":\"m\",\"max_tokens\":9000,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                             "\"thinking\":{\"type\":\"enabled\",\"budget_tokens\":8192}}", CONV_EFFORT_HIGH },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        api_req r;
+        api_error e;
+        CHECKF(parse(cases[i].kind, cases[i].body, &r, &e) == API_OK, "%s: %s", cases[i].body, e.message);
+        CHECKF(r.conv.effort == cases[i].want, "%s: effort %d", cases[i].body, (int)r.conv.effort);
+        api_req_free(&r);
+    }
+}
+
+TEST(harmony_outputs)
+{
+    const char *bodies[3] = {
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]%s}",
+        "{\"model\":\"m\",\"input\":\"x\",\"store\":false%s}",
+        "{\"model\":\"m\",\"max_tokens\":500,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]%s}"};
+    const char *names[3] = {"chat_harmony.sse", "responses_harmony.sse", "messages_harmony.sse"};
+    events_markers mk;
+    events_markers_none(&mk);
+    mk.toolfmt = EVENTS_TOOLFMT_HARMONY;
+    mk.h_start = HM_START, mk.h_channel = HM_CHANNEL, mk.h_message = HM_MESSAGE, mk.h_constrain = HM_CONSTRAIN;
+    mk.h_end = HM_END, mk.h_call = HM_CALL, mk.h_return = HM_RETURN;
+    mk.tools_enabled = mk.trim = true;
+    for (int k = 0; k < 3; k++) {
+        api_kind kind = k == 0 ? API_KIND_CHAT : k == 1 ? API_KIND_RESPONSES : API_KIND_MESSAGES;
+        for (int variant = 0; variant < 3; variant++) {  /* call, answer, call streamed */
+            bool call = variant != 1, stream = variant == 2;
+            char body[512];
+            snprintf(body, sizeof body, bodies[k], stream ? ",\"stream\":true" : "");
+            api_req r;
+            api_error e;
+            CHECK(parse(kind, body, &r, &e) == API_OK);
+            api_out o;
+            api_out_init(&o, &r, &mk, 5, "m");
+            api_out_set_prompt(&o, 10, 0, NULL, 0);
+            api_out_begin(&o);
+            feed_harmony(&o, call);
+            if (stream) {
+                dump(names[k], &o.out);
+                bool names_ok;
+                json_t *ev = sse_parse(o.out.p, &names_ok);
+                CHECK(names_ok && json_array_size(ev) > 3);
+                CHECKF(strstr(o.out.p, "get_weather") && strstr(o.out.p, "\"deep\"") && !strstr(o.out.p, "<|") && !strstr(o.out.p, "commentary"), "%s", o.out.p);
+                json_decref(ev);
+            } else {
+                json_error_t je;
+                json_t *j = json_loadb(o.out.p, o.out.len, 0, &je);
+                CHECKF(j != NULL, "%s", o.out.p);
+                char *d = json_dumps(j, JSON_COMPACT);
+                if (kind == API_KIND_CHAT) {
+                    json_t *c0 = json_array_get(json_object_get(j, "choices"), 0), *msg = json_object_get(c0, "message");
+                    CHECKF(!strcmp(json_string_value(json_object_get(msg, "reasoning_content")), "deep thought"), "%s", d);
+                    CHECKF(!strcmp(json_string_value(json_object_get(c0, "finish_reason")), call ? "tool_calls" : "stop"), "%s", d);
+                    if (call) {
+                        json_t *f = json_object_get(json_array_get(json_object_get(msg, "tool_calls"), 0), "function");
+                        CHECKF(!strcmp(json_string_value(json_object_get(f, "name")), "get_weather") &&
+                               !strcmp(json_string_value(json_object_get(f, "arguments")), "{\"city\":\"Oslo\"}"), "%s", d);
+                    } else {
+                        CHECKF(!strcmp(json_string_value(json_object_get(msg, "content")), "Answer here"), "%s", d);
+                    }
+                    /* the analysis body and its end marker count as reasoning */
+                    json_t *det = json_object_get(json_object_get(j, "usage"), "completion_tokens_details");
+                    CHECKF(json_integer_value(json_object_get(det, "reasoning_tokens")) == 3, "%s", d);
+                } else {
+                    CHECKF(strstr(d, "deep thought") && strstr(d, call ? "get_weather" : "Answer here") &&
+                           !strstr(d, "<|") && !strstr(d, "analysis") && !strstr(d, "commentary") && !strstr(d, "json\""), "%s", d);
+                    if (kind == API_KIND_MESSAGES) CHECKF(strstr(d, call ? "\"stop_reason\":\"tool_use\"" : "\"stop_reason\":\"end_turn\""), "%s", d);
+                }
+                free(d);
+                json_decref(j);
+            }
+            api_out_free(&o);
+            api_req_free(&r);
+        }
+    }
+}
+
 TEST(tool_arguments_stream_sse)
 {
     const char *bodies[3] = {
@@ -1400,6 +1510,8 @@ int main(void)
     RUN(chat_logprobs);
     RUN(responses_output);
     RUN(tool_arguments_stream_sse);
+    RUN(harmony_outputs);
+    RUN(reasoning_effort_fields);
     RUN(store_bound);
     RUN(messages_output);
     RUN(jsonfmt_scan_bounds);

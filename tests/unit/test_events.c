@@ -442,7 +442,160 @@ TEST(jsonfmt_layouts)
     size_t vn;
     CHECK(jsonfmt_get_member(s2, strlen(s2), "b", &v, &vn) && vn == 2 && !memcmp(v, "{}", 2));
     CHECK(!jsonfmt_get_member(s2, strlen(s2), "x", &v, &vn));
+    /* walking a container: members in order with decoded keys, array elements (strings too) */
+    const char *o = " { \"k\\u00e9\" : [1, \"a\", {}] , \"b\":\"x:y\" } ";
+    size_t pos = 0;
+    b.len = 0;
+    CHECK(jsonfmt_next(o, strlen(o), &pos, &b, &v, &vn) && !strcmp(b.p, "k\xc3\xa9") && vn == 12 && !memcmp(v, "[1, \"a\", {}]", 12));
+    const char *arr = v;
+    size_t arrn = vn;
+    CHECK(jsonfmt_next(o, strlen(o), &pos, &b, &v, &vn) && !strcmp(b.p, "b") && vn == 5 && !memcmp(v, "\"x:y\"", 5));
+    CHECK(!jsonfmt_next(o, strlen(o), &pos, &b, &v, &vn));
+    size_t apos = 0;
+    int n_el = 0;
+    while (jsonfmt_next(arr, arrn, &apos, NULL, &v, &vn)) n_el++;
+    CHECK(n_el == 3);
+    apos = 0;
+    CHECK(!jsonfmt_next("[]", 2, &apos, NULL, &v, &vn) && !jsonfmt_next("5", 1, &apos, NULL, &v, &vn));
     bytebuf_free(&b);
+}
+
+/* ---- harmony (gpt-oss) ---- */
+
+enum { H_START = 6000, H_CHANNEL, H_MESSAGE, H_CONSTRAIN, H_END, H_CALL, H_RETURN };
+
+static events_markers harmony(void)
+{
+    events_markers m;
+    events_markers_none(&m);
+    m.toolfmt = EVENTS_TOOLFMT_HARMONY;
+    m.h_start = H_START;
+    m.h_channel = H_CHANNEL;
+    m.h_message = H_MESSAGE;
+    m.h_constrain = H_CONSTRAIN;
+    m.h_end = H_END;
+    m.h_call = H_CALL;
+    m.h_return = H_RETURN;
+    m.tools_enabled = true;
+    m.trim = true;
+    return m;
+}
+
+TEST(harmony_analysis_then_final)
+{
+    events_markers m = harmony();
+    /* the prompt ended with "<|start|>assistant"; the caller stops on <|return|> */
+    const char *p[] = { "#6001:<|channel|>", "analysis", "#6002:<|message|>", "Let me", " think.", "#6004:<|end|>",
+                        "#6000:<|start|>", "assistant", "#6001:<|channel|>", "final", "#6002:<|message|>", "The", " answer", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, p, NULL), "R:Let me think.|T:The answer|F:stop");
+    /* <|return|> fed anyway; a commentary message without recipient is a preamble (text) */
+    const char *q[] = { "#6001:<|channel|>", "comment", "ary", "#6002:<|message|>", "Looking", " it up.", "#6004:<|end|>",
+                        "#6000:<|start|>", "assistant", "#6001:<|channel|>", "final", "#6002:<|message|>", " Done", "#6006:<|return|>", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, q, NULL), "T:Looking it up.Done|F:stop");
+    /* a stray "<|channel|>commentary to=assistant" before the real channel (gpt-oss-20b) */
+    const char *r[] = { "#6001:<|channel|>", "commentary to=assistant", "#6001:<|channel|>", "analysis", "#6002:<|message|>", "hm",
+                        "#6004:<|end|>", "#6000:<|start|>", "assistant", "#6001:<|channel|>", "commentary", " to=assistant",
+                        "#6001:<|channel|>", "final", "#6002:<|message|>", "ok", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, r, NULL), "R:hm|T:ok|F:stop");
+}
+
+TEST(harmony_tool_calls)
+{
+    events_markers m = harmony();
+    rec r;
+    /* recipient in the role part, <|constrain|>json, arguments split across tokens */
+    const char *p[] = { "#6001:<|channel|>", "analysis", "#6002:<|message|>", "need weather", "#6004:<|end|>",
+                        "#6000:<|start|>", "assistant", " to", "=functions", ".get", "_weather", "#6001:<|channel|>", "comment", "ary", " ",
+                        "#6003:<|constrain|>", "json", "#6002:<|message|>", "{\"city\"", ": \"Par", "is\", \"unit\": \"c\"}", NULL };
+    char *s = run(&m, EVENTS_FINISH_STOP, p, &r);
+    EXPECT(s, "R:need weather|S0:get_weather|A0:{\"city\":\"Paris\",\"unit\":\"c\"}|E0|F:tool_calls");
+    CHECK(r.n_frags[0] >= 2);  /* streamed while generated */
+    CHECK(!strncmp(r.ids[0], "call_", 5));
+    bytebuf_free(&r.log);
+    /* recipient after the channel, <|call|> fed, empty arguments */
+    const char *q[] = { "#6001:<|channel|>", "commentary to=functions.get_time json", "#6002:<|message|>", "{}", "#6005:<|call|>", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, q, NULL), "S0:get_time|A0:{}|E0|F:tool_calls");
+    /* a name without the functions. namespace is kept whole */
+    const char *w[] = { "#6001:<|channel|>", "commentary to=browser.search", "#6002:<|message|>", "{\"q\": 1}", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, w, NULL), "S0:browser.search|A0:{\"q\":1}|E0|F:tool_calls");
+}
+
+TEST(harmony_truncated)
+{
+    events_markers m = harmony();
+    const char *h[] = { "#6001:<|channel|>", "analy", NULL };  /* cut inside the header */
+    EXPECT(run(&m, EVENTS_FINISH_LENGTH, h, NULL), "F:length");
+    const char *a[] = { "#6001:<|channel|>", "analysis", "#6002:<|message|>", "half a", " thought ", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_LENGTH, a, NULL), "R:half a thought|F:length");
+    /* a call cut inside its arguments: what was sent is closed into valid JSON */
+    const char *c[] = { "#6001:<|channel|>", "commentary to=functions.get_weather", "#6002:<|message|>", "{\"city\": \"Par", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_LENGTH, c, NULL), "S0:get_weather|A0:{\"city\":\"Par\"}|E0|F:length");
+    /* cut before the body */
+    const char *d[] = { "#6001:<|channel|>", "commentary to=functions.get_weather", "#6002:<|message|>", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_LENGTH, d, NULL), "T:<|channel|>commentary to=functions.get_weather<|message|>|F:length");
+}
+
+TEST(harmony_text_is_text)
+{
+    events_markers m = harmony();
+    /* marker spellings from ordinary tokens inside a final message are text */
+    const char *p[] = { "#6001:<|channel|>", "final", "#6002:<|message|>", "say ", "<|channel|>", "analysis", "<|message|>", " or ",
+                        "<|call|>", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, p, NULL), "T:say <|channel|>analysis<|message|> or <|call|>|F:stop");
+    /* output with no harmony structure at all (a base model): the text is kept */
+    const char *q[] = { "Hello", " world", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, q, NULL), "T:Hello world|F:stop");
+    /* a header that runs on is not one */
+    const char *r[] = { "#6001:<|channel|>",
+        "final xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx",
+        "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx", " tail", NULL };
+    char *s = run(&m, EVENTS_FINISH_STOP, r, NULL);
+    CHECKF(!strncmp(s, "T:<|channel|>final xxx", 22) && strstr(s, "x tail|F:stop"), "%s", s);
+    free(s);
+    /* malformed arguments: the whole message is text, nothing is dropped */
+    const char *t[] = { "#6001:<|channel|>", "commentary to=functions.f", "#6002:<|message|>", "not json", "#6005:<|call|>", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, t, NULL), "T:<|channel|>commentary to=functions.f<|message|>not json|F:stop");
+    /* text between messages is answer text */
+    const char *u[] = { "#6001:<|channel|>", "final", "#6002:<|message|>", "A", "#6004:<|end|>", "\n", "B", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, u, NULL), "T:AB|F:stop");
+}
+
+TEST(harmony_forced_call)
+{
+    /* the prompt ended with the call's header: the output starts with the arguments */
+    events_markers m = harmony();
+    m.h_forced = "get_weather";
+    const char *p[] = { "{\"city\"", ": \"Rome\"}", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, p, NULL), "S0:get_weather|A0:{\"city\":\"Rome\"}|E0|F:tool_calls");
+    const char *q[] = { "{\"city\"", ": \"Ro", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_LENGTH, q, NULL), "S0:get_weather|A0:{\"city\":\"Ro\"}|E0|F:length");
+}
+
+/* Random mixes of markers, header words and argument pieces: the splitter never loses its
+ * footing (run() checks every call's fragments add up to valid arguments; always a finish),
+ * and the end markers never show up as text. */
+TEST(harmony_random_sequences)
+{
+    events_markers m = harmony();
+    static const char *const pieces[] = {
+        "#6000:<|start|>", "#6001:<|channel|>", "#6002:<|message|>", "#6003:<|constrain|>", "#6004:<|end|>",
+        "#6005:<|call|>", "#6006:<|return|>", "assistant", "analysis", "final", "commentary", " to=functions.f",
+        "to=", " json", "{", "}", "\"a\"", ":", "1", ",", "[", "]", "\"", "\\", " ", "\n", "word", "\xc3\xa9",
+    };
+    uint64_t x = 12345;
+    const char *seq[41];
+    for (int run_i = 0; run_i < 3000; run_i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        int n = 1 + (int)((x >> 33) % 40);
+        for (int k = 0; k < n; k++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            seq[k] = pieces[(x >> 33) % (sizeof pieces / sizeof pieces[0])];
+        }
+        seq[n] = NULL;
+        char *got = run(&m, (run_i & 1) ? EVENTS_FINISH_LENGTH : EVENTS_FINISH_STOP, seq, NULL);
+        CHECKF(strstr(got, "F:") && !strstr(got, "<|end|>") && !strstr(got, "<|call|>") && !strstr(got, "<|return|>"), "%s", got);
+        free(got);
+    }
 }
 
 int main(void)
@@ -461,5 +614,11 @@ int main(void)
     RUN(jsonfmt_prefix_extends);
     RUN(reset_reuses);
     RUN(jsonfmt_layouts);
+    RUN(harmony_analysis_then_final);
+    RUN(harmony_tool_calls);
+    RUN(harmony_truncated);
+    RUN(harmony_text_is_text);
+    RUN(harmony_random_sequences);
+    RUN(harmony_forced_call);
     HARNESS_END();
 }

@@ -16,6 +16,7 @@
 
 #include "recipe/conv.h"
 #include "recipe/template.h"
+#include "util/bytebuf.h"
 #include "recipe/tokenizer.h"
 
 #define VOCABS "tests/data/llama.cpp/models/"
@@ -336,6 +337,7 @@ TEST(only_reference_texts_are_recognised)
         { "meta-llama-Llama-3.3-70B-Instruct.jinja", TEMPLATE_LLAMA3 },
         { "deepseek-ai-DeepSeek-V3.1.jinja", TEMPLATE_DEEPSEEK3 },
         { "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", TEMPLATE_DEEPSEEK_R1 },
+        { "openai-gpt-oss-120b.jinja", TEMPLATE_HARMONY },
     };
     int n_files = 0, n_known = 0;
     struct dirent *e;
@@ -355,7 +357,7 @@ TEST(only_reference_texts_are_recognised)
         free(text);
     }
     closedir(d);
-    CHECKF(n_files >= 50 && n_known == 6, "%d files, %d known", n_files, n_known);
+    CHECKF(n_files >= 50 && n_known == 7, "%d files, %d known", n_files, n_known);
     /* the vocabulary's own template (Qwen2's) */
     CHECK(template_detect(f.tok, f.g) == TEMPLATE_QWEN2);
     /* ChatML: llama.cpp's test template; surrounding blanks do not matter, anything else does */
@@ -383,12 +385,64 @@ TEST(unrecognised_template_needs_a_name)
     template *t = NULL;
     CHECK(template_new(f.tok, g, NULL, &t, err, sizeof err) == TEMPLATE_ERR_UNRECOGNISED && !t);
     /* the message names the option, every family, and the family the text resembles */
-    CHECKF(strstr(err, "--template NAME") && strstr(err, "plain, chatml, qwen2, qwen2.5, qwen3, llama3, deepseek3, deepseek-r1") &&
+    CHECKF(strstr(err, "--template NAME") && strstr(err, "plain, chatml, qwen2, qwen2.5, qwen3, llama3, deepseek3, deepseek-r1, harmony") &&
            strstr(err, "resembles qwen3"), "%s", err);
     CHECK(template_new(f.tok, g, "qwen3", &t, err, sizeof err) == TEMPLATE_OK && template_get_family(t) == TEMPLATE_QWEN3);
     template_free(t);
     gguf_with_template_close(g, path);
     free(text);
+    fx_close(&f);
+}
+
+/* Harmony writes tool schemas as TypeScript by walking them; schemas of any odd shape (the
+ * keys with other types than JSON Schema's, deep nesting, huge enums) render without a
+ * crash (ASan) into the expected text, and the forced-call header follows the generation
+ * prompt. Any vocabulary will do: without harmony's tokens the markers are text. */
+TEST(harmony_odd_schemas)
+{
+    fixture f;
+    if (!fx_open(&f, VOCABS "ggml-vocab-qwen2.gguf", "harmony")) return;
+    static const char *const schemas[] = {
+        "{\"type\":\"object\",\"properties\":[1,2],\"required\":\"a\"}",
+        "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":7,\"enum\":{},\"items\":\"x\"},\"b\":{\"type\":\"string\",\"enum\":[1,null,{\"x\":[]},\"q\\\"\"]}}}",
+        "{\"type\":\"object\",\"properties\":{\"a\":{\"oneOf\":\"x\"},\"b\":{\"oneOf\":[1,{\"type\":\"object\"}],\"default\":[1]},\"c\":{\"type\":[]},\"d\":{\"type\":[null,3]},\"e\":{\"type\":\"array\",\"items\":[1],\"nullable\":0}}}",
+        "[]", "\"text\"", "null", "{\"properties\":{}}", "{\"type\":\"object\",\"properties\":{\"\":{\"default\":1e400}}}",
+    };
+    for (size_t k = 0; k < sizeof schemas / sizeof schemas[0]; k++) {
+        conv c;
+        conv_init(&c);
+        c.date = "2026-01-01";
+        conv_add_tool(&c, "t", "d", schemas[k]);
+        conv_add_message(&c, CONV_ROLE_USER, "hi");
+        template_prompt p;
+        char err[256] = "";
+        CHECKF(template_apply(f.t, &c, 1, &p, err, sizeof err) == TEMPLATE_OK, "schema %zu: %s", k, err);
+        CHECKF(strstr(p.text, "type t = "), "schema %zu: %s", k, p.text);
+        template_prompt_free(&p);
+        conv_free(&c);
+    }
+    /* 100 levels of arrays, and a forced call */
+    bytebuf deep = { 0 };
+    bytebuf_puts(&deep, "{\"type\":\"object\",\"properties\":{\"a\":");
+    for (int i = 0; i < 100; i++) bytebuf_puts(&deep, "{\"type\":\"array\",\"items\":");
+    bytebuf_puts(&deep, "{\"type\":\"object\"}");
+    for (int i = 0; i < 100; i++) bytebuf_putc(&deep, '}');
+    bytebuf_puts(&deep, "}}");
+    conv c;
+    conv_init(&c);
+    c.date = "2026-01-01";
+    conv_add_tool(&c, "deep", NULL, deep.p);
+    conv_add_message(&c, CONV_ROLE_USER, "hi");
+    c.forced_call = "deep";
+    template_prompt p;
+    char err[256] = "";
+    CHECK(template_apply(f.t, &c, 1, &p, err, sizeof err) == TEMPLATE_OK);
+    CHECKF(strstr(p.text, "a?: any[]"), "%s", p.text);  /* a long inner type becomes "any[]" */
+    size_t tl = strlen(p.text), hl = strlen("<|start|>assistant<|channel|>commentary to=functions.deep <|constrain|>json<|message|>");
+    CHECKF(tl > hl && !strcmp(p.text + tl - hl, "<|start|>assistant<|channel|>commentary to=functions.deep <|constrain|>json<|message|>"), "%s", p.text);
+    template_prompt_free(&p);
+    conv_free(&c);
+    bytebuf_free(&deep);
     fx_close(&f);
 }
 
@@ -412,5 +466,6 @@ int main(void)
     RUN(only_reference_texts_are_recognised);
     RUN(unrecognised_template_needs_a_name);
     RUN(names);
+    RUN(harmony_odd_schemas);
     HARNESS_END();
 }
