@@ -406,6 +406,11 @@ static int grammar_match_compose(grammar_match *m)
         const uint32_t *w = m->cur.data + m->cur.off[si];
         int n = (int)w[0];
         if (n == 0) continue;  /* the end of the document: no token continues it */
+        const grammar_el *top = &g->el[w[n]];
+        if (top->type == GRAMMAR_EL_TOKEN) {  /* exactly that id, whatever lies below */
+            if (top->v < (uint32_t)v->n_vocab) m->mask[top->v >> 5] |= 1u << (top->v & 31);
+            continue;
+        }
         int k = TM_MIN(n, GRAMMAR_CI_DEPTH);
         uint32_t key[GRAMMAR_CI_DEPTH + 1];
         memcpy(key, w + 1 + (n - k), (size_t)k * sizeof *key);
@@ -552,17 +557,38 @@ bool grammar_match_accept(grammar_match *m, int32_t token)
             }
             return true;  /* the state stays: generation ends here */
         }
+    /* as a token terminal (into lv[1]) and over its bytes (into tmp); the new state is both */
+    grammar_step_token(m->g, &m->sc, &m->cur, token, &m->lv[1]);
     uint32_t a = v->off[token], b = v->off[token + 1];
-    if (a == b) return false;
-    grammar_set_copy(&m->tmp, &m->cur);
-    for (uint32_t k = a; k < b; k++) {
-        grammar_step(m->g, &m->sc, &m->tmp, v->bytes[k], &m->lv[0]);
-        grammar_set_copy(&m->tmp, &m->lv[0]);
-        if (m->tmp.n_stacks == 0) return false;
+    grammar_set_clear(&m->tmp);
+    if (a < b) {
+        grammar_set_copy(&m->tmp, &m->cur);
+        for (uint32_t k = a; k < b && m->tmp.n_stacks; k++) {
+            grammar_step(m->g, &m->sc, &m->tmp, v->bytes[k], &m->lv[0]);
+            grammar_set_copy(&m->tmp, &m->lv[0]);
+        }
     }
+    for (int i = 0; i < m->lv[1].n_stacks; i++) {
+        const uint32_t *w = m->lv[1].data + m->lv[1].off[i];
+        grammar_set_add(&m->tmp, w + 1, (int)w[0]);
+    }
+    if (m->tmp.n_stacks == 0) return false;
     grammar_set_copy(&m->cur, &m->tmp);
     m->mask_valid = false;
     return true;
+}
+
+bool grammar_match_done(const grammar_match *m)
+{
+    for (int i = 0; i < m->cur.n_stacks; i++)
+        if (m->cur.data[m->cur.off[i]] != 0) return false;
+    return m->cur.n_stacks > 0;
+}
+
+void grammar_match_reset(grammar_match *m)
+{
+    grammar_set_copy(&m->cur, &m->g->start);
+    m->mask_valid = false;
 }
 
 void grammar_match_stats(const grammar *g, uint64_t *n_hit, uint64_t *n_computed, double *walk_s)

@@ -407,6 +407,87 @@ TEST(token_masks_match_brute_force)
     grammar_free(g);
 }
 
+/* Token terminals: <[ID]> matches that token id only, never its bytes spelled by other tokens
+ * (nor by the token itself through a byte path), and composes with byte paths. */
+TEST(token_terminals)
+{
+    char err[256];
+    enum { OPEN = 1, CLOSE = 2, A = 6, ONE = 10, X = 17 };
+    grammar_vocab *v = tv_vocab();
+    int32_t stop = TV_EOS;
+    /* a control token (no bytes) around a body, as a family's tool-call markers are */
+    grammar *g = compile(GRAMMAR_KIND_GBNF, "root ::= <[23]> \"{\" \"a\"* \"}\" <[23]>\n", err);
+    CHECK(g);
+    if (!g) return;
+    CHECK(grammar_max_token(g) == TV_CTL);
+    CHECK(!accepts(g, "{a}"));  /* bytes never match a token terminal */
+    grammar_match *m = grammar_match_new(g, v, &stop, 1);
+    uint32_t mask[1];
+    CHECK(grammar_match_mask(m, mask) == 1 && mask[0] == 1u << TV_CTL);
+    CHECK(!grammar_match_accept(m, OPEN));
+    CHECK(grammar_match_accept(m, TV_CTL));
+    CHECK(!grammar_match_accept(m, TV_CTL));
+    CHECK(grammar_match_accept(m, OPEN) && grammar_match_accept(m, A) && grammar_match_accept(m, CLOSE));
+    CHECK(!grammar_match_complete(m) && !grammar_match_done(m));
+    CHECK(grammar_match_mask(m, mask) == 1 && mask[0] == 1u << TV_CTL);
+    CHECK(grammar_match_accept(m, TV_CTL));
+    CHECK(grammar_match_complete(m) && grammar_match_done(m));
+    grammar_match_reset(m);
+    CHECK(!grammar_match_done(m) && grammar_match_accept(m, TV_CTL));
+    grammar_match_free(m);
+    int32_t paths[][3] = { { 0 }, { TV_CTL }, { TV_CTL, OPEN }, { TV_CTL, OPEN, A } };
+    int n_path[] = { 0, 1, 2, 3 };
+    for (size_t i = 0; i < TM_ARRAY_LEN(n_path); i++) check_mask_brute(g, v, paths[i], n_path[i]);
+    grammar_free(g);
+    /* an ordinary token as a terminal: "x" the token, or "x" the byte followed by "1"; the
+     * token "x" takes both paths at once, and a document is only done when no path goes on */
+    g = compile(GRAMMAR_KIND_GBNF, "root ::= \"x1\" | <[17]> \"}\" | <[17]>\n", err);
+    CHECK(g);
+    if (g) {
+        CHECK(accepts(g, "x1") && !accepts(g, "x}"));
+        m = grammar_match_new(g, v, &stop, 1);
+        CHECK(grammar_match_accept(m, X));
+        CHECK(grammar_match_complete(m) && !grammar_match_done(m));
+        CHECK(grammar_match_mask(m, mask) == 3 && mask[0] == (1u << ONE | 1u << CLOSE | 1u << TV_EOS));
+        grammar_match_free(m);
+        int32_t p2[][2] = { { 0 }, { X }, { X, CLOSE } };
+        int n2[] = { 0, 1, 2 };
+        for (size_t i = 0; i < TM_ARRAY_LEN(n2); i++) check_mask_brute(g, v, p2[i], n2[i]);
+        grammar_free(g);
+    }
+    /* under a deep stack (composed masks): a token terminal between nested rules */
+    g = compile(GRAMMAR_KIND_GBNF,
+                "root ::= \"{\" inner \"}\"\ninner ::= \"{\" (<[23]> | \"a\") \"}\" | \"1\"\n", err);
+    CHECK(g);
+    if (g) {
+        int32_t p3[][3] = { { OPEN }, { OPEN, OPEN }, { OPEN, OPEN, TV_CTL } };
+        int n3[] = { 1, 2, 3 };
+        for (size_t i = 0; i < TM_ARRAY_LEN(n3); i++) check_mask_brute(g, v, p3[i], n3[i]);
+        grammar_free(g);
+    }
+    /* ids beyond the vocabulary are never allowed (a dead end: the stops end it) */
+    g = compile(GRAMMAR_KIND_GBNF, "root ::= <[4000000000]>\n", err);
+    CHECK(!g && strstr(err, "token terminal"));
+    g = compile(GRAMMAR_KIND_GBNF, "root ::= <[1000]>\n", err);
+    CHECK(g && grammar_max_token(g) == 1000);
+    if (g) {
+        m = grammar_match_new(g, v, &stop, 1);
+        CHECK(grammar_match_mask(m, mask) == 1 && mask[0] == 1u << TV_EOS);
+        grammar_match_free(m);
+        grammar_free(g);
+    }
+    /* syntax: tokens by text need a vocabulary the compiler does not have */
+    CHECK(!compile(GRAMMAR_KIND_GBNF, "root ::= <think>\n", err) && strstr(err, "line 1") && strstr(err, "<["));
+    CHECK(!compile(GRAMMAR_KIND_GBNF, "root ::= <[12\n", err) && strstr(err, "token terminal"));
+    CHECK(!compile(GRAMMAR_KIND_GBNF, "root ::= <[]>\n", err));
+    /* a token terminal survives the rule-name prefixing that combines grammars */
+    const char *src = "root ::= <[23]> x\nx ::= \"a\"\n";
+    char *pg = grammar_gbnf_prefix(src, strlen(src), "t1-");
+    CHECK(pg && !strcmp(pg, "t1-root ::= <[23]> t1-x\nt1-x ::= \"a\"\n"));
+    free(pg);
+    grammar_vocab_free(v);
+}
+
 TEST(grammars_combine_by_prefix)
 {
     /* two tools' argument schemas under one root, the way a forced tool call is written */
@@ -648,6 +729,7 @@ int main(void)
     RUN(schema_unsupported_keywords_are_named);
     RUN(random_inputs_never_crash);
     RUN(token_masks_match_brute_force);
+    RUN(token_terminals);
     RUN(grammars_combine_by_prefix);
     RUN(compile_cache_by_content);
     RUN(sched_constrains_sampling);
