@@ -67,6 +67,8 @@ struct sched_req {
     kvpool_seq *seq;             /* KV while RUNNING, else NULL */
     int n_done;                  /* positions of tokens whose KV is in seq */
     bool in_think;               /* (sampling) the output is inside a think block (p.think_*) */
+    bool g_on;                   /* (sampling) gm binds the next token (off: before a lazy
+                                  * grammar's trigger, or after its document ended) */
     int n_think;                 /* (sampling) tokens generated inside think blocks so far */
     int n_cached;                /* prompt positions attached from the cache in its first run
                                   * (at admission, and from prefixes computed in flight) */
@@ -597,6 +599,25 @@ static void sched_think_track(sched_req *r, int32_t tok)
     else if (r->in_think) r->n_think++;
 }
 
+/* Feeds a generated token to the request's grammar: outside think blocks, a bound token
+ * advances the matcher (false: the grammar does not allow it) and ends a lazy grammar's
+ * document when nothing can follow; a free one may be a lazy grammar's trigger. Before
+ * sched_think_track (the token's own think state is the one before it). */
+static bool sched_grammar_track(sched_req *r, int32_t tok)
+{
+    if (!r->gm || r->in_think) return true;
+    if (r->g_on) {
+        if (!grammar_match_accept(r->gm, tok)) return false;
+        if (r->p.grammar_lazy && grammar_match_done(r->gm)) {
+            grammar_match_reset(r->gm);
+            r->g_on = false;
+        }
+    } else if (r->p.grammar_lazy && tok == r->p.grammar_trigger) {
+        r->g_on = true;
+    }
+    return true;
+}
+
 /* Samples requests ith, ith+nth, ... of the step (each request's sampler is its own, so the
  * split does not change any result). */
 static void sched_sample_part(sched *s, int ith, int nth)
@@ -606,13 +627,13 @@ static void sched_sample_part(sched *s, int ith, int nth)
         s->batch_tok[i] = -1;
         if (s->batch_row[i] < 0) continue;
         float *row = s->logits + (size_t)s->batch_row[i] * s->n_vocab;
-        bool constrained = r->gm && !r->in_think;  /* reasoning stays free */
+        bool constrained = r->gm && r->g_on && !r->in_think;  /* reasoning stays free */
         if (constrained) grammar_match_apply(r->gm, row);
         int32_t tok = sample_token(r->smp, row);
         if (r->in_think && r->p.think_budget > 0 && r->n_think >= r->p.think_budget && r->p.think_end >= 0)
             tok = r->p.think_end;  /* the reasoning budget is spent: close the block */
         sample_accept(r->smp, tok);
-        if (constrained) grammar_match_accept(r->gm, tok);
+        sched_grammar_track(r, tok);
         sched_think_track(r, tok);
         s->batch_tok[i] = tok;
         sched_output *o = &s->batch_out[i];
@@ -1118,7 +1139,9 @@ sched_status sched_submit(sched *s, const sched_params *p, sched_req **out)
         if (p->gen[i] < 0 || p->gen[i] >= s->n_vocab) return SCHED_ERR_ARG;
     if (p->n_gen > 0 && p->n_prompt + p->n_gen >= s->o.n_ctx) return SCHED_ERR_TOO_LONG;
     if (p->n_gen > 0 && p->max_tokens > 0 && p->n_gen >= p->max_tokens) return SCHED_ERR_ARG;
-    if (p->grammar && (!p->grammar_vocab || grammar_vocab_n(p->grammar_vocab) != s->n_vocab))
+    if (p->grammar && (!p->grammar_vocab || grammar_vocab_n(p->grammar_vocab) != s->n_vocab ||
+                       grammar_max_token(p->grammar) >= s->n_vocab ||
+                       (p->grammar_lazy && (p->grammar_trigger < 0 || p->grammar_trigger >= s->n_vocab))))
         return SCHED_ERR_ARG;
 
     sched_req *r = calloc(1, sizeof *r);
@@ -1155,13 +1178,14 @@ sched_status sched_submit(sched *s, const sched_params *p, sched_req **out)
             if (s->o.eos_ids[i] >= 0) stops[n_stops++] = s->o.eos_ids[i];
         for (int i = 0; i < p->n_stop_ids; i++) stops[n_stops++] = p->stop_ids[i];
         r->gm = grammar_match_new(p->grammar, p->grammar_vocab, stops, n_stops);
+        r->g_on = !p->grammar_lazy;
     }
     if (p->n_gen > 0) {   /* continue a request generated elsewhere: same sampler state */
         memcpy(r->tokens + p->n_prompt, p->gen, (size_t)p->n_gen * sizeof *r->tokens);
         r->n_tokens += p->n_gen;
         for (int i = 0; i < p->n_gen; i++) {
             sample_accept(r->smp, p->gen[i]);
-            if (r->gm && !r->in_think && !grammar_match_accept(r->gm, p->gen[i])) {
+            if (!sched_grammar_track(r, p->gen[i])) {
                 sched_req_destroy(r);
                 return SCHED_ERR_ARG;  /* the tokens generated elsewhere leave the grammar */
             }

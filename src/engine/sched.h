@@ -173,6 +173,12 @@ typedef struct {
     grammar *grammar;
     const grammar_vocab *grammar_vocab; /* the model's token bytes; required with grammar,
                                          * must outlive the request */
+    /* A lazy grammar (strict tools while the model may also answer in text): the output is
+     * free until it generates grammar_trigger outside think blocks; the tokens after it must
+     * form a document of the grammar, after which the output is free again (the next trigger
+     * starts another document). */
+    bool grammar_lazy;
+    int32_t grammar_trigger;
 } sched_params;
 
 typedef struct {

@@ -306,6 +306,8 @@ typedef struct {
     bytebuf raw;                    /* scratch: one token's bytes from the detokenizer */
     bytebuf text;                   /* one token's text as the client gets it (api_detok) */
     grammar *g;                         /* the answer's format (compiled), or NULL */
+    int32_t g_trigger;                  /* g binds only what follows this token (strict tools
+                                         * under auto); -1: g binds the whole answer */
 } api_job;
 
 static void api_job_free(api_job *j)
@@ -545,30 +547,32 @@ static void api_job_output(api_job *j, events_markers *mk)
 /* Step: the answer's format (STRUCTURED OUTPUT in api.h), compiled through the cache here,
  * on the connection's thread, so that a bad schema / regex / grammar is a 400 naming the
  * problem before anything is queued. A forced call of a family with a grammar form wins over
- * a response format (the answer is the call). */
+ * a response format (the answer is the call); strict tools under auto bind calls only, and
+ * only when no response format binds the answer. */
 static bool api_job_grammar(api_job *j, const events_markers *mk, api_error *e)
 {
     const api_ctx *c = j->c;
     api_req *q = &j->req;
+    j->g_trigger = -1;
     bool forced = q->tools_mode == API_TOOLS_REQUIRED || q->tools_mode == API_TOOLS_NAMED;
     if (forced && q->conv.n_tools == 0) {
         api_error_set(e, 400, "tool_choice", "invalid_value",
                       "Invalid value for 'tool_choice': a tool call is required, but no tools were given.");
         return false;
     }
+    bool strict = false;
+    for (int i = 0; i < q->conv.n_tools; i++) strict |= q->conv.tools[i].strict;
+    bool lazy = !forced && strict && q->tools_mode == API_TOOLS_AUTO && q->fmt_kind < 0;
     char err[512] = "";
     char *tool_src = NULL;
-    if (forced) {
-        tool_src = api_tool_gbnf(&q->conv, mk->toolfmt, q->tools_mode == API_TOOLS_NAMED ? q->tool_name : NULL,
+    int32_t trigger = -1;
+    if (forced || lazy) {
+        tool_src = api_tool_gbnf(&q->conv, mk, q->tools_mode == API_TOOLS_NAMED ? q->tool_name : NULL, lazy, &trigger,
                                  err, sizeof err);
         if (!tool_src && err[0]) {
             api_error_set(e, 400, q->tools_mode == API_TOOLS_NAMED ? "tool_choice" : "tools", "invalid_value",
                           "Invalid tool call format: %s", err);
             return false;
-        }
-        if (mk->toolfmt == EVENTS_TOOLFMT_QWEN && mk->tool_start < 0) {  /* no marker to announce it with */
-            free(tool_src);
-            tool_src = NULL;
         }
     }
     if (!tool_src && q->fmt_kind < 0) return true;
@@ -583,13 +587,18 @@ static bool api_job_grammar(api_job *j, const events_markers *mk, api_error *e)
     if (tool_src) {  /* the schemas compiled in api_tool_gbnf: an error here is the combination's */
         st = grammar_cache_get(c->gcache, GRAMMAR_KIND_GBNF, tool_src, strlen(tool_src), &j->g, err, sizeof err);
         free(tool_src);
-        if (st == GRAMMAR_OK && mk->toolfmt == EVENTS_TOOLFMT_QWEN) j->out.call_marker = mk->tool_start;
+        if (lazy) j->g_trigger = trigger;
     } else {
         st = grammar_cache_get(c->gcache, (grammar_kind)q->fmt_kind, q->fmt_src ? q->fmt_src : "", q->fmt_len, &j->g,
                                err, sizeof err);
     }
     if (st != GRAMMAR_OK) {
         api_error_set(e, 400, param, "invalid_value", "Invalid format in '%s': %s", param, err);
+        return false;
+    }
+    if (grammar_max_token(j->g) >= grammar_vocab_n(c->gvocab)) {  /* a GBNF <[ID]> the model does not have */
+        api_error_set(e, 400, param, "invalid_value", "Invalid format in '%s': token id %d is not in the model's vocabulary (%d tokens).",
+                      param, (int)grammar_max_token(j->g), grammar_vocab_n(c->gvocab));
         return false;
     }
     return true;
@@ -627,6 +636,8 @@ static bool api_job_submit(http_request *r, api_job *j, const api_tenancy *tn, c
     }
     sp.grammar = j->g;  /* reasoning stays free: the format applies from the end of the think block */
     sp.grammar_vocab = j->g ? c->gvocab : NULL;
+    sp.grammar_lazy = j->g && j->g_trigger >= 0;
+    sp.grammar_trigger = j->g_trigger;
     for (int i = 0; i < j->out.n_choices; i++) {
         sp.sample.seed = j->req.sp.seed + (uint64_t)i;
         sched_status ss = api_be_submit(c, &sp, &j->sreq[i]);

@@ -295,20 +295,25 @@ api_status api_parse(const api_cfg *cfg, api_kind kind, const char *body, size_t
 /* STRUCTURED OUTPUT. response_format / text.format (json_object, json_schema), the vLLM and
  * llama.cpp extensions (guided_json, guided_regex, guided_choice, guided_grammar, json_schema,
  * grammar) and forced tool calls all become one grammar per request. A forced call (tool_choice
- * required / any / a named tool) is the body of the model family's own call syntax, with the
- * arguments bound by each tool's schema:
- *   QWEN    {"name": N, "arguments": ARGS}, between <tool_call> markers;
- *   LLAMA3  {"name": N, "parameters": ARGS} (the family has no marker token).
- * Qwen's markers are control tokens, which a byte grammar cannot write and a marker spelled in
- * pieces is text to the splitter (events.h), so the grammar writes the body and api_out tells
- * the splitter that the call opened (api_out.call_marker) at the first answer token.
- * DeepSeek's call syntax is made of control tokens between the name and the arguments; its
- * forced calls are not constrained (the request runs as with tool_choice auto). */
+ * required / any / a named tool) is written in the model family's own call syntax, its control
+ * tokens as token terminals (so the splitter, events.h, sees them by id), with the arguments
+ * bound by each tool's schema:
+ *   QWEN      <tool_call>\n{"name": N, "arguments": ARGS}\n</tool_call>;
+ *   LLAMA3    {"name": N, "parameters": ARGS} (the family has no marker token);
+ *   DEEPSEEK  <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>N<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>
+ *             <｜tool▁calls▁end｜> (V3.1's form).
+ * Strict tools under tool_choice auto: the answer is free until the model writes the token
+ * that opens calls (the trigger: <tool_call>, <｜tool▁calls▁begin｜>), then the call is bound
+ * (strict tools by their schema, the others to a JSON object) until it closes. LLAMA3 has no
+ * such token, so its auto calls stay free. */
 
-/* The GBNF text of a forced call for tool format fmt over c's tools (only the tool named
- * `only` when not NULL): malloc'd, or NULL with a message in err (a tool's schema refused, or
- * a format without a grammar form: NULL and err ""). */
-char *api_tool_gbnf(const conv *c, events_toolfmt fmt, const char *only, char *err, size_t errsz);
+/* The GBNF text of the calls for the family of mk over c's tools (only the tool named `only`
+ * when not NULL). lazy = false: a forced call, the whole answer; lazy = true: what follows
+ * *trigger (the family's opening token; NULL when the family has none). malloc'd, or NULL with
+ * a message in err (a tool's schema refused), or NULL and err "" (the family has no call
+ * syntax, or lacks one of its tokens). *trigger: the opening token, -1 if none. */
+char *api_tool_gbnf(const conv *c, const events_markers *mk, const char *only, bool lazy, int32_t *trigger, char *err,
+                    size_t errsz);
 
 /* Token figures of a finished response (summed over choices). */
 typedef struct {
@@ -399,7 +404,6 @@ typedef struct {
     int n_tokens;             /* tokens generated */
     int n_reasoning_tokens;   /* of those, inside a think block (markers included) */
     bool in_think;            /* token-level: inside a think block */
-    bool marker_fed;          /* api_out.call_marker was fed */
     int32_t think_start;      /* marker ids for the count above (-1 none) */
     int32_t think_end;
     int32_t *token_ids;       /* generated ids (return_token_ids) */
@@ -423,8 +427,6 @@ typedef struct api_out {
     const int32_t *prompt_ids;/* for return_token_ids (borrowed, may be NULL) */
     int n_prompt_ids;
     int seq;                  /* responses: next sequence_number */
-    int32_t call_marker;      /* a forced call's opening marker id, fed to each choice's splitter
-                               * (with no text) before its first answer token; -1: none */
     api_piece_fn piece;       /* logprob token text (NULL: logprobs carry no text) */
     void *piece_ud;
     bytebuf out;          /* bytes ready for the client (SSE events, or the final body) */

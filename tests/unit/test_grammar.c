@@ -672,6 +672,85 @@ TEST(sched_constrains_sampling)
     grammar_vocab_free(v);
 }
 
+/* A lazy grammar (strict tools under tool_choice auto): free text until the trigger token,
+ * then a document of the grammar closed by its own end token, then free again. */
+TEST(sched_lazy_grammar)
+{
+    if (!tiny_setup()) {
+        CHECK(false);
+        return;
+    }
+    enum { TRIG = 250, CLOSE = 251 };
+    sched_opts so = { .max_seqs = 4, .n_ctx = 256, .eos_ids = { 0, -1, -1, -1 } };
+    sched *s;
+    CHECK(sched_new(tm_engine, &so, &s) == SCHED_OK);
+    /* bytes 1..255 except the trigger and the closing token (control tokens: no bytes) */
+    char store[256];
+    const char *bytes[256];
+    int lens[256];
+    for (int i = 0; i < 256; i++) {
+        store[i] = (char)i;
+        bytes[i] = store + i;
+        lens[i] = i == 0 || i == TRIG || i == CLOSE ? 0 : 1;
+    }
+    grammar_vocab *v = grammar_vocab_new(256, bytes, lens);
+    char err[256];
+    grammar *g = compile(GRAMMAR_KIND_GBNF, "root ::= \"{\" [a-c]{1,3} \"}\" <[251]>\n", err);
+    CHECK(g);
+    if (!g) return;
+    int32_t prompt[] = { 1, 2, 3 };
+    int n_docs = 0, n_free_other = 0;
+    for (int seed = 0; seed < 8; seed++) {
+        sched_params p = { .prompt = prompt, .n_prompt = 3, .sample = sample_params_default(), .max_tokens = 48,
+                           .grammar = g, .grammar_vocab = v, .grammar_lazy = true, .grammar_trigger = TRIG };
+        p.sample.temp = 1.0f;
+        p.sample.top_k = 0;
+        p.sample.top_p = 1.0f;
+        p.sample.min_p = 0.0f;
+        p.sample.seed = (uint64_t)seed;
+        p.sample.n_bias = 1;
+        p.sample.bias_id[0] = TRIG;  /* a random model would rarely open a call by itself */
+        p.sample.bias[0] = 6.0f;
+        int32_t out[64];
+        sched_finish fin = SCHED_FINISH_NONE;
+        int n = run_req(s, &p, out, 64, &fin);
+        CHECK(n > 0);
+        grammar_match *m = grammar_match_new(g, v, NULL, 0);
+        bool on = false;
+        for (int i = 0; i < n; i++) {
+            if (!on) {
+                if (out[i] == TRIG) on = true;
+                else n_free_other += !strchr("{}abc", out[i]);
+                continue;
+            }
+            CHECKF(grammar_match_accept(m, out[i]), "seed %d: token %d at %d leaves the grammar", seed, out[i], i);
+            if (grammar_match_done(m)) {
+                n_docs++;
+                grammar_match_reset(m);
+                on = false;
+            }
+        }
+        if (on) CHECK(fin == SCHED_FINISH_LENGTH);  /* never ends inside a document */
+        grammar_match_free(m);
+    }
+    CHECK(n_docs >= 4);         /* documents were opened and closed ... */
+    CHECK(n_free_other >= 10);  /* ... between free text */
+    /* a lazy grammar needs a trigger in the vocabulary */
+    sched_params p = { .prompt = prompt, .n_prompt = 3, .sample = sample_params_default(), .max_tokens = 4,
+                       .grammar = g, .grammar_vocab = v, .grammar_lazy = true, .grammar_trigger = 256 };
+    sched_req *r;
+    CHECK(sched_submit(s, &p, &r) == SCHED_ERR_ARG);
+    grammar_free(g);
+    /* nor may a grammar name a token the model does not have */
+    g = compile(GRAMMAR_KIND_GBNF, "root ::= <[300]>\n", err);
+    p.grammar = g;
+    p.grammar_lazy = false;
+    CHECK(g && sched_submit(s, &p, &r) == SCHED_ERR_ARG);
+    grammar_free(g);
+    sched_free(s);
+    grammar_vocab_free(v);
+}
+
 TEST(sched_allow_all_grammar_changes_nothing)
 {
     if (!tiny_setup()) {
@@ -733,6 +812,7 @@ int main(void)
     RUN(grammars_combine_by_prefix);
     RUN(compile_cache_by_content);
     RUN(sched_constrains_sampling);
+    RUN(sched_lazy_grammar);
     RUN(sched_allow_all_grammar_changes_nothing);
     engine_free(tm_engine);
     model_free(tm_model);
