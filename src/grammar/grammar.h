@@ -91,7 +91,8 @@ typedef struct grammar_vocab grammar_vocab;
 /* bytes[i] / lens[i]: token i's decoded bytes (copied). */
 grammar_vocab *grammar_vocab_new(int n_vocab, const char *const *bytes, const int *lens);
 /* The vocabulary of a model's tokenizer: each token's bytes as the detokenizer writes them
- * (tokenizer_token_to_piece without special text: control tokens have none). */
+ * (tokenizer_token_to_piece without special text); added tokens (control, user-defined,
+ * unknown) have none: the marker tokens a grammar writes are its token terminals. */
 struct tokenizer;
 grammar_vocab *grammar_vocab_from_tokenizer(const struct tokenizer *t);
 void grammar_vocab_free(grammar_vocab *v);

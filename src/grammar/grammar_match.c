@@ -171,7 +171,12 @@ grammar_vocab *grammar_vocab_from_tokenizer(const tokenizer *t)
     for (int i = 0; i < n; i++) {
         bytes[i] = buf + (size_t)i * (size_t)cap;
         lens[i] = tokenizer_token_to_piece(t, i, bytes[i], cap, false);
-        if (lens[i] > cap) lens[i] = 0;
+        /* added tokens (control and user-defined: <think>, <tool_call>, ...) mean something
+         * to the output splitter and the scheduler by id, so a grammar never writes text with
+         * them: they match token terminals only */
+        if (lens[i] > cap || tokenizer_attr(t, i) & (TOKENIZER_ATTR_CONTROL | TOKENIZER_ATTR_USER_DEFINED |
+                                                     TOKENIZER_ATTR_UNKNOWN))
+            lens[i] = 0;
     }
     grammar_vocab *v = grammar_vocab_new(n, (const char *const *)bytes, lens);
     free(buf);
