@@ -998,10 +998,12 @@ grammar *grammar_ref(grammar *g)
 void grammar_free(grammar *g)
 {
     if (!g || __atomic_sub_fetch(&g->refs, 1, __ATOMIC_ACQ_REL) > 0) return;
-    for (int i = 0; i < GRAMMAR_CI_CACHE; i++) {
+    for (int i = 0; i < g->ci_cap; i++) {
         free(g->ci[i].mask);
+        free(g->ci[i].ids);
         free(g->ci[i].unc);
     }
+    free(g->ci);
     for (int i = 0; i < GRAMMAR_MASK_CACHE; i++) {
         free(g->cache[i].key);
         free(g->cache[i].mask);

@@ -57,21 +57,26 @@ typedef struct {
 /* How many top entries of a stack decide its context-independent tokens. */
 #define GRAMMAR_CI_DEPTH 3
 
-/* The tokens a single stack's top GRAMMAR_CI_DEPTH entries decide by themselves: mask holds
- * those accepted whatever lies below; unc lists (as ranges of the vocabulary's node-ordered
- * token ids) those whose fate depends on the entries below, because some path through their
- * bytes pops past the top. Every other token is rejected whatever lies below. */
+/* The tokens a single stack's top GRAMMAR_CI_DEPTH entries decide by themselves: those
+ * accepted whatever lies below, and unc: those whose fate depends on the entries below,
+ * because some path through their bytes pops past the top (as ranges of the vocabulary's
+ * node-ordered token ids). Every other token is rejected whatever lies below. Most entries
+ * accept few tokens (punctuation, keys, digits), so the accepted set is a list of ids when
+ * that is smaller than a bitmask. */
 typedef struct {
     uint64_t hash;
-    const void *vocab;
     uint32_t key[GRAMMAR_CI_DEPTH + 1];   /* the top entries, then 1 if the stack was longer */
     int n_key;                            /* 0: empty slot */
-    uint32_t *mask;                       /* (n_vocab / 32 rounded up) */
+    uint32_t *mask;                       /* dense: (n_vocab / 32 rounded up) bits; or NULL */
+    int32_t *ids;                         /* sparse: (n_ids) accepted token ids */
+    int n_ids;
     uint32_t *unc;                        /* (2 * n_unc) [from, to) index ranges into toks */
-    int n_unc, cap_unc;
+    int n_unc;
 } grammar_ci_entry;
 
-#define GRAMMAR_CI_CACHE 1024
+/* The table of entries per grammar grows (open addressing) up to this many bytes of masks,
+ * lists and ranges; past it, it starts over (a grammar whose stack tops never repeat). */
+#define GRAMMAR_CI_BYTES (48u << 20)
 
 struct grammar {
     int refs;                   /* atomic */
@@ -86,7 +91,10 @@ struct grammar {
     grammar_set start;          /* the initial state */
     pthread_mutex_t mu;         /* guards the mask cache */
     grammar_mask_entry cache[GRAMMAR_MASK_CACHE];
-    grammar_ci_entry ci[GRAMMAR_CI_CACHE];   /* per top-of-stack, under mu */
+    grammar_ci_entry *ci;       /* (ci_cap) per top of stack, open addressing, under mu */
+    int ci_cap, ci_n;           /* slots (power of two, 0 before the first), used */
+    size_t ci_bytes;            /* bytes held by the entries' masks, lists and ranges */
+    const void *ci_vocab;       /* the grammar_vocab the entries are for */
     uint64_t n_hit;             /* masks found in the whole-state cache */
     uint64_t n_computed;        /* context-independent entries computed (trie walks) */
     uint64_t n_composed;        /* masks composed from ci entries (whole-state cache misses) */
