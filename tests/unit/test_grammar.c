@@ -16,6 +16,7 @@
 #include "engine/engine.h"
 #include "engine/sched.h"
 #include "grammar/grammar.h"
+#include "grammar/grammar_int.h"  /* the context-independent entries, to see both storages used */
 #include "model/model.h"
 #include "recipe/jsonfmt.h"
 
@@ -405,6 +406,80 @@ TEST(token_masks_match_brute_force)
     grammar_match_free(m);
     grammar_vocab_free(v);
     grammar_free(g);
+}
+
+/* Masks on a larger vocabulary (every string of 1 to 4 characters over a JSON-ish alphabet:
+ * the context-independent entries are stored both as id lists and as bitmasks there) against
+ * brute force, along random documents. */
+TEST(token_masks_large_vocab_brute_force)
+{
+    static const char alpha[] = "{}\":,ab1 ";
+    enum { NA = sizeof alpha - 1, NV = 1 + NA + NA * NA + NA * NA * NA + NA * NA * NA * NA };
+    char(*store)[5] = xcalloc(NV, sizeof *store);
+    const char **bytes = xmalloc(NV * sizeof *bytes);
+    int *lens = xmalloc(NV * sizeof *lens);
+    int n = 0;
+    lens[n] = 0;  /* id 0: the end of generation */
+    bytes[n++] = store[0];
+    for (int len = 1; len <= 4; len++) {
+        int total = 1;
+        for (int i = 0; i < len; i++) total *= NA;
+        for (int x = 0; x < total; x++) {
+            for (int i = 0, y = x; i < len; i++, y /= NA) store[n][i] = alpha[y % NA];
+            bytes[n] = store[n];
+            lens[n++] = len;
+        }
+    }
+    grammar_vocab *v = grammar_vocab_new(NV, bytes, lens);
+    char err[256];
+    grammar *g = compile(GRAMMAR_KIND_SCHEMA,
+                         "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"ab\":"
+                         "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":\"string\",\"maxLength\":3}},"
+                         "\"additionalProperties\":false}},\"additionalProperties\":false}", err);
+    CHECK(g);
+    uint32_t *mask = xmalloc((NV + 31) / 32 * sizeof *mask);
+    util_rng rng;
+    util_rng_seed(&rng, 5);
+    int32_t stop = 0, path[24];
+    int n_checked = 0, n_sparse = 0;  /* steps checked; entries stored as id lists */
+    for (int doc = 0; g && doc < 8; doc++) {
+        grammar_match *m = grammar_match_new(g, v, &stop, 1);
+        for (int k = 0; k < 24; k++) {
+            int n_allowed = grammar_match_mask(m, mask);
+            int count = 0;
+            for (int t = 0; t < NV; t++) {
+                grammar_match *m2 = grammar_match_new(g, v, &stop, 1);
+                for (int i = 0; i < k; i++) grammar_match_accept(m2, path[i]);
+                bool ok = t == stop ? grammar_match_complete(m2) : grammar_match_accept(m2, t);
+                grammar_match_free(m2);
+                bool bit = mask[t >> 5] >> (t & 31) & 1;
+                count += bit;
+                CHECKF(bit == ok, "doc %d step %d token %d '%.4s': mask %d, accept %d", doc, k, t, store[t], bit, ok);
+            }
+            CHECK(count == n_allowed);
+            n_checked++;
+            if (n_allowed == 0 || (mask[0] & 1)) break;  /* a dead end, or a complete document */
+            int pick = (int)(util_rng_uniform(&rng) * n_allowed), t = 0;
+            for (;; t++)
+                if ((mask[t >> 5] >> (t & 31) & 1) && pick-- == 0) break;
+            path[k] = t;
+            CHECK(grammar_match_accept(m, t));
+        }
+        grammar_match_free(m);
+    }
+    /* both storages of the entries were used */
+    int n_dense = 0;
+    for (int i = 0; g && i < g->ci_cap; i++) {
+        n_sparse += g->ci[i].n_key && !g->ci[i].mask;
+        n_dense += g->ci[i].n_key && g->ci[i].mask;
+    }
+    CHECKF(n_checked >= 30 && n_sparse >= 3 && n_dense >= 2, "%d steps, %d sparse, %d dense", n_checked, n_sparse, n_dense);
+    free(mask);
+    grammar_free(g);
+    grammar_vocab_free(v);
+    free(store);
+    free(bytes);
+    free(lens);
 }
 
 /* Token terminals: <[ID]> matches that token id only, never its bytes spelled by other tokens
@@ -808,6 +883,7 @@ int main(void)
     RUN(schema_unsupported_keywords_are_named);
     RUN(random_inputs_never_crash);
     RUN(token_masks_match_brute_force);
+    RUN(token_masks_large_vocab_brute_force);
     RUN(token_terminals);
     RUN(grammars_combine_by_prefix);
     RUN(compile_cache_by_content);
