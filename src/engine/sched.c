@@ -142,14 +142,18 @@ struct sched {
                                   * into st after each step) */
     steptime_x plan_x;           /* make-up of the step planned last, for tm */
     /* sampling workers: the step's requests are split by ith/nth between the engine thread
-     * (ith 0) and n_workers helpers (ith 1..), which sleep between steps */
+     * (ith 0) and n_workers helpers (ith 1..), which sleep between steps. While the engine
+     * computes a step, the helpers compute the grammar masks its constrained sequences will
+     * need (their matchers' states are known before the step), so sampling finds them ready */
     int n_workers;
     pthread_t *workers;          /* (n_workers) */
     pthread_mutex_t pool_mu;
     pthread_cond_t pool_go;      /* job_gen advanced or pool_stop */
     pthread_cond_t pool_done;    /* job_left reached 0 */
-    uint64_t job_gen;            /* sampling job number */
-    int job_left;                /* workers still sampling the current job */
+    uint64_t job_gen;            /* job number */
+    int job_left;                /* workers still on the current job */
+    bool job_masks;              /* the job is the batch's grammar masks (during the engine
+                                  * step, workers only), not sampling */
     bool pool_stop;
 };
 
@@ -643,6 +647,16 @@ static void sched_sample_part(sched *s, int ith, int nth)
     }
 }
 
+/* The next-token masks of the step's constrained requests ith, ith+nth, ... (the matcher keeps
+ * its mask until it accepts a token, so sampling then only applies it). */
+static void sched_mask_part(sched *s, int ith, int nth)
+{
+    for (int i = ith; i < s->batch_n_reqs; i += nth) {
+        sched_req *r = s->batch_req[i];
+        if (s->batch_row[i] >= 0 && r->gm && r->g_on && !r->in_think) grammar_match_mask(r->gm, NULL);
+    }
+}
+
 typedef struct {
     sched *s;
     int ith;
@@ -660,13 +674,46 @@ static void *sched_worker(void *arg)
         while (s->job_gen == seen && !s->pool_stop) pthread_cond_wait(&s->pool_go, &s->pool_mu);
         if (s->pool_stop) break;
         seen = s->job_gen;
+        bool masks = s->job_masks;
         pthread_mutex_unlock(&s->pool_mu);
-        sched_sample_part(s, ith, s->n_workers + 1);
+        if (masks) sched_mask_part(s, ith - 1, s->n_workers);
+        else sched_sample_part(s, ith, s->n_workers + 1);
         pthread_mutex_lock(&s->pool_mu);
         if (--s->job_left == 0) pthread_cond_signal(&s->pool_done);
     }
     pthread_mutex_unlock(&s->pool_mu);
     return NULL;
+}
+
+static void sched_pool_start(sched *s, bool masks)
+{
+    pthread_mutex_lock(&s->pool_mu);
+    s->job_masks = masks;
+    s->job_left = s->n_workers;
+    s->job_gen++;
+    pthread_cond_broadcast(&s->pool_go);
+    pthread_mutex_unlock(&s->pool_mu);
+}
+
+static void sched_pool_wait(sched *s)
+{
+    pthread_mutex_lock(&s->pool_mu);
+    while (s->job_left > 0) pthread_cond_wait(&s->pool_done, &s->pool_mu);
+    pthread_mutex_unlock(&s->pool_mu);
+}
+
+/* Starts the masks of the step's constrained requests on the workers, to run during the
+ * engine step; false when there is none to compute or no worker (sampling computes them). */
+static bool sched_masks_start(sched *s, int n_reqs)
+{
+    if (s->n_workers == 0) return false;
+    bool any = false;
+    for (int i = 0; i < n_reqs && !any; i++)
+        any = s->batch_row[i] >= 0 && s->batch_req[i]->gm && s->batch_req[i]->g_on && !s->batch_req[i]->in_think;
+    if (!any) return false;
+    s->batch_n_reqs = n_reqs;
+    sched_pool_start(s, true);
+    return true;
 }
 
 /* Samples every request of the step that wants a token, on the workers when it pays. */
@@ -679,15 +726,9 @@ static void sched_sample_step(sched *s, int n_reqs)
         sched_sample_part(s, 0, 1);
         return;
     }
-    pthread_mutex_lock(&s->pool_mu);
-    s->job_left = s->n_workers;
-    s->job_gen++;
-    pthread_cond_broadcast(&s->pool_go);
-    pthread_mutex_unlock(&s->pool_mu);
+    sched_pool_start(s, false);
     sched_sample_part(s, 0, s->n_workers + 1);
-    pthread_mutex_lock(&s->pool_mu);
-    while (s->job_left > 0) pthread_cond_wait(&s->pool_done, &s->pool_mu);
-    pthread_mutex_unlock(&s->pool_mu);
+    sched_pool_wait(s);
 }
 
 static bool sched_is_stop(const sched *s, const sched_req *r, int32_t tok)
@@ -779,8 +820,10 @@ static void sched_step_run(sched *s, sched_step *st)
         pthread_mutex_unlock(&s->mu);
     }
     engine_batch b = { .n_tokens = st->n_tok, .toks = s->batch };
+    bool masks = sched_masks_start(s, st->n_reqs);  /* overlapped with the step */
     st->est = engine_step(s->e, &b, s->logits);
     st->t1 = util_now();
+    if (masks) sched_pool_wait(s);
     if (st->est == ENGINE_OK) steptime_observe(&s->tm, &s->plan_x, st->t1 - st->t0);
     for (int i = 0; i < st->n_reqs && st->est == ENGINE_OK; i++) {
         sched_req *r = s->batch_req[i];

@@ -826,6 +826,66 @@ TEST(sched_lazy_grammar)
     grammar_vocab_free(v);
 }
 
+/* With sampling workers, the masks of a step's constrained sequences are computed on them
+ * while the engine computes the step: the same documents as computing them at sampling (the
+ * one-thread engine, no workers), and valid ones. */
+TEST(sched_masks_overlap_step)
+{
+    if (!tiny_setup()) {
+        CHECK(false);
+        return;
+    }
+    char err[256];
+    engine *e2 = NULL;
+    engine_opts eo = { .n_threads = 3, .n_kv_blocks = 16 };
+    CHECK(engine_new(tm_model, &eo, &e2, err, sizeof err) == ENGINE_OK);
+    if (!e2) return;
+    grammar_vocab *v = byte_vocab(256);
+    grammar *g = compile(GRAMMAR_KIND_REGEX, "\\{\"[a-z]{1,6}\": ([0-9]{1,3}|\"[a-c]*\")\\}", err);
+    int32_t prompt[] = { 1, 2, 3 };
+    enum { N = 4 };
+    int32_t out[2][N][48];
+    int n_out[2][N];
+    for (int run = 0; run < 2; run++) {
+        sched_opts so = { .max_seqs = N, .n_ctx = 256, .eos_ids = { 0, -1, -1, -1 } };
+        sched *s;
+        CHECK(sched_new(run ? e2 : tm_engine, &so, &s) == SCHED_OK);
+        sched_req *r[N];
+        for (int i = 0; i < N; i++) {  /* all in flight at once: one batch */
+            sched_params p = { .prompt = prompt, .n_prompt = 3, .sample = sample_params_default(), .max_tokens = 40,
+                               .grammar = g, .grammar_vocab = v };
+            p.sample.temp = 1.0f;
+            p.sample.top_k = 0;
+            p.sample.top_p = 1.0f;
+            p.sample.min_p = 0.0f;
+            p.sample.seed = (uint64_t)(100 + i);
+            CHECK(sched_submit(s, &p, &r[i]) == SCHED_OK);
+        }
+        for (int i = 0; i < N; i++) {
+            n_out[run][i] = 0;
+            sched_output o[8];
+            while (!sched_done(r[i])) {
+                int k = sched_poll(r[i], o, 8, 10000);
+                for (int j = 0; j < k; j++)
+                    if (o[j].kind != SCHED_OUT_FINISH && !o[j].is_stop && n_out[run][i] < 48)
+                        out[run][i][n_out[run][i]++] = o[j].token;
+            }
+            sched_release(r[i]);
+            char text[49];
+            for (int j = 0; j < n_out[run][i]; j++) text[j] = (char)out[run][i][j];
+            text[n_out[run][i]] = 0;
+            CHECKF(accepts(g, text), "run %d seq %d: '%s'", run, i, text);
+        }
+        sched_free(s);
+    }
+    for (int i = 0; i < N; i++)
+        CHECKF(n_out[0][i] == n_out[1][i] && !memcmp(out[0][i], out[1][i], (size_t)n_out[0][i] * sizeof(int32_t)),
+               "seq %d differs between 1 and 3 threads", i);
+    grammar_free(g);
+    grammar_vocab_free(v);
+    engine_free(e2);
+}
+
 TEST(sched_allow_all_grammar_changes_nothing)
 {
     if (!tiny_setup()) {
@@ -889,6 +949,7 @@ int main(void)
     RUN(compile_cache_by_content);
     RUN(sched_constrains_sampling);
     RUN(sched_lazy_grammar);
+    RUN(sched_masks_overlap_step);
     RUN(sched_allow_all_grammar_changes_nothing);
     engine_free(tm_engine);
     model_free(tm_model);
