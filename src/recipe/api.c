@@ -562,7 +562,8 @@ static bool api_job_grammar(api_job *j, const events_markers *mk, api_error *e)
     }
     bool strict = false;
     for (int i = 0; i < q->conv.n_tools; i++) strict |= q->conv.tools[i].strict;
-    bool lazy = !forced && strict && q->tools_mode == API_TOOLS_AUTO && q->fmt_kind < 0;
+    /* (a server without the grammar machinery, the gateway, leaves such calls free as before) */
+    bool lazy = !forced && strict && q->tools_mode == API_TOOLS_AUTO && q->fmt_kind < 0 && c->gcache && c->gvocab;
     char err[512] = "";
     char *tool_src = NULL;
     int32_t trigger = -1;

@@ -308,10 +308,12 @@ api_status api_parse(const api_cfg *cfg, api_kind kind, const char *body, size_t
  * such token, so its auto calls stay free. */
 
 /* The GBNF text of the calls for the family of mk over c's tools (only the tool named `only`
- * when not NULL). lazy = false: a forced call, the whole answer; lazy = true: what follows
- * *trigger (the family's opening token; NULL when the family has none). malloc'd, or NULL with
- * a message in err (a tool's schema refused), or NULL and err "" (the family has no call
- * syntax, or lacks one of its tokens). *trigger: the opening token, -1 if none. */
+ * when not NULL). lazy = false: a forced call, the whole answer, every tool bound by its
+ * schema; lazy = true: what follows *trigger, the family's call-opening token (strict tools
+ * bound by their schema, the others to a JSON object). malloc'd, or NULL with a message in err
+ * (a tool's schema refused), or NULL and err "" (the family has no call syntax, lacks one of
+ * its tokens, or has no opening token for a lazy grammar). *trigger: the opening token, -1 if
+ * none. */
 char *api_tool_gbnf(const conv *c, const events_markers *mk, const char *only, bool lazy, int32_t *trigger, char *err,
                     size_t errsz);
 

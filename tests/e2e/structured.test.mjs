@@ -94,6 +94,20 @@ function checkCall(name, args, allowed, what) {
   valid(schemaOf[name], typeof args === "string" ? JSON.parse(args) : args, `${what} ${name}`);
 }
 
+// The tool calls of a streamed chat completion, by index, and its finish reason.
+async function streamedCalls(stream) {
+  const calls = [];
+  let finish = null;
+  for await (const ch of stream) {
+    for (const tc of ch.choices[0]?.delta?.tool_calls ?? []) {
+      if (tc.function?.name) calls[tc.index] = { name: tc.function.name, args: "" };
+      calls[tc.index].args += tc.function?.arguments ?? "";
+    }
+    finish = ch.choices[0]?.finish_reason ?? finish;
+  }
+  return { calls, finish };
+}
+
 let Q, oai, ant;
 before(async () => {
   const vocab = path.join(tmp, "vocab-q3.gguf"), model = path.join(tmp, "q3.gguf");
@@ -197,16 +211,10 @@ test("forced tool calls, chat: required (n) and a named function (streaming) giv
       model: "q3", messages: user("Time?"), temperature: 1, seed, max_tokens: MAX, stream: true,
       tools: chatTools, tool_choice: { type: "function", function: { name: "get_time" } },
     });
-    let name = null, args = "", finish = null;
-    for await (const ch of s) {
-      for (const tc of ch.choices[0]?.delta?.tool_calls ?? []) {
-        if (tc.function?.name) name = tc.function.name;
-        args += tc.function?.arguments ?? "";
-      }
-      finish = ch.choices[0]?.finish_reason ?? finish;
-    }
+    const { calls, finish } = await streamedCalls(s);
     assert.equal(finish, "tool_calls");
-    checkCall(name, args, ["get_time"], "chat named stream");
+    assert.equal(calls.length, 1);
+    checkCall(calls[0].name, calls[0].args, ["get_time"], "chat named stream");
   }
 });
 
@@ -378,15 +386,7 @@ test("strict tools under auto (Qwen3): free until <tool_call>, then every call i
     model: "q3", messages: user("Time?"), temperature: 1, seed: 12, max_tokens: 100, stream: true, tools: chatTools,
     tool_choice: "auto", logit_bias: bias,
   });
-  const calls = [];
-  let finish = null;
-  for await (const ch of s) {
-    for (const tc of ch.choices[0]?.delta?.tool_calls ?? []) {
-      if (tc.function?.name) calls[tc.index] = { name: tc.function.name, args: "" };
-      calls[tc.index].args += tc.function?.arguments ?? "";
-    }
-    finish = ch.choices[0]?.finish_reason ?? finish;
-  }
+  const { calls, finish } = await streamedCalls(s);
   const done = finish === "length" ? calls.slice(0, -1) : calls;
   assert.ok(done.length >= 1, `${done.length} complete streamed calls`);
   for (const c of done) checkCall(c.name, c.args, ["get_weather", "get_time"], "chat auto strict stream");
@@ -437,16 +437,10 @@ test("DeepSeek V3.1: forced calls in its control-token syntax in every API (stre
     model: "ds3", messages: user("Time?"), temperature: 1, seed: 4, max_tokens: MAX, stream: true, tools: chatTools,
     tool_choice: { type: "function", function: { name: "get_time" } },
   });
-  let name = null, args = "", finish = null;
-  for await (const ch of s) {
-    for (const tc of ch.choices[0]?.delta?.tool_calls ?? []) {
-      if (tc.function?.name) name = tc.function.name;
-      args += tc.function?.arguments ?? "";
-    }
-    finish = ch.choices[0]?.finish_reason ?? finish;
-  }
+  const { calls, finish } = await streamedCalls(s);
   assert.equal(finish, "tool_calls");
-  checkCall(name, args, ["get_time"], "ds chat named stream");
+  assert.equal(calls.length, 1);
+  checkCall(calls[0].name, calls[0].args, ["get_time"], "ds chat named stream");
   const p = await o.responses.create({ model: "ds3", input: "Weather?", temperature: 1, max_output_tokens: MAX, tools: respTools, tool_choice: "required" });
   const pc = p.output.filter((x) => x.type === "function_call");
   assert.equal(pc.length, 1);
