@@ -76,7 +76,7 @@ typedef struct {
 
 /* The table of entries per grammar grows (open addressing) up to this many bytes of masks,
  * lists and ranges; past it, it starts over (a grammar whose stack tops never repeat). */
-#define GRAMMAR_CI_BYTES (48u << 20)
+#define GRAMMAR_CI_BYTES (32u << 20)
 
 struct grammar {
     int refs;                   /* atomic */

@@ -474,6 +474,13 @@ TEST(token_masks_large_vocab_brute_force)
         n_dense += g->ci[i].n_key && g->ci[i].mask;
     }
     CHECKF(n_checked >= 30 && n_sparse >= 3 && n_dense >= 2, "%d steps, %d sparse, %d dense", n_checked, n_sparse, n_dense);
+    /* the same grammar on another vocabulary: its entries start over, masks stay exact */
+    grammar_vocab *tv = tv_vocab();
+    enum { OPENQ = 4, A = 6, QCOLON = 5, ONE = 10, COMMA = 12 };
+    int32_t p2[] = { OPENQ, A, QCOLON, ONE, COMMA };
+    for (int k = 0; g && k <= 5; k++) check_mask_brute(g, tv, p2, k);
+    CHECK(!g || (g->ci_vocab == tv && g->ci_n > 0 && g->ci_n < 20));
+    grammar_vocab_free(tv);
     free(mask);
     grammar_free(g);
     grammar_vocab_free(v);
