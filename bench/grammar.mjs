@@ -8,8 +8,9 @@
 //  - compile time (`tokenmill grammar check --stats`: schema -> GBNF -> byte automaton);
 //  - mask work alone (`tokenmill grammar bench`: D documents one after another, tokens drawn
 //    uniformly from the allowed ones, no model compute): microseconds per token, mean and
-//    p99, over all documents, the first (cold: the grammar's memos empty) and the second half
-//    (warm: what a server sees once a schema has been used);
+//    p99, by the wall clock and in CPU time (the work, on a shared machine), over all
+//    documents, the first (cold: the grammar's memos empty) and the second half (warm: what a
+//    server sees once a schema has been used);
 //  - decode tokens/s at 1 and 16 streams, unconstrained and constrained, T tokens each, at
 //    temperature 1 (`grammar sample --stats`);
 //  - the same model and schemas through llama.cpp's grammar sampler (node-llama-cpp,
@@ -65,7 +66,8 @@ for (const [name, schema] of Object.entries(schemas)) {
   const [compileMs] = stats(c.stderr, /compiled in ([0-9.]+) ms/) ?? [NaN];
   const mb = JSON.parse(execFileSync(bin, ['grammar', 'bench', '-m', vocab, '--schema', f, '-n', String(o.docs),
     '--max-tokens', String(o.tokens), '--seed', '1'], {encoding: 'utf8'}));
-  masks.push({schema: name, tokens: mb.tokens, all: mb.mask, cold: mb.mask_first_document, warm: mb.mask_second_half});
+  masks.push({schema: name, tokens: mb.tokens, all: mb.mask, cold: mb.mask_first_document, warm: mb.mask_second_half,
+    cpu: mb.cpu, cpu_cold: mb.cpu_first_document, cpu_warm: mb.cpu_second_half});
   for (const streams of o.streams.split(',').map(Number)) {
     const run = (constrained) => {
       const r = spawnSync(bin, ['grammar', 'sample', '-m', model, ...(constrained ? ['--schema', f] : []), '-n', String(streams),
@@ -95,11 +97,13 @@ if (o.llama) {
 }
 fs.writeFileSync(path.join(out, 'grammar.json'), JSON.stringify({decode: rows, masks, llama: peer}, null, 2));
 const f1 = (x, w) => (Number.isFinite(x) ? x.toFixed(1) : '-').padStart(w);
-console.log('mask work alone (tokenmill grammar bench), us per token');
-console.log('schema   tokens   mean  p99   cold mean  cold p99   warm mean  warm p99');
+console.log('mask work alone (tokenmill grammar bench), us per token, wall clock / CPU time');
+console.log('schema   tokens            mean             p99       cold mean       warm mean        warm p99');
+const wc = (a, b) => `${f1(a.mean_us, 7)} /${f1(b.mean_us, 7)}`;
 for (const m of masks)
-  console.log(`${m.schema.padEnd(7)} ${String(m.tokens).padStart(7)} ${f1(m.all.mean_us, 6)} ${f1(m.all.p99_us, 6)} ` +
-    `${f1(m.cold.mean_us, 10)} ${f1(m.cold.p99_us, 9)} ${f1(m.warm.mean_us, 11)} ${f1(m.warm.p99_us, 9)}`);
+  console.log(`${m.schema.padEnd(7)} ${String(m.tokens).padStart(7)} ${wc(m.all, m.cpu)} ` +
+    `${f1(m.all.p99_us, 7)} /${f1(m.cpu.p99_us, 7)} ${wc(m.cold, m.cpu_cold)} ${wc(m.warm, m.cpu_warm)} ` +
+    `${f1(m.warm.p99_us, 7)} /${f1(m.cpu_warm.p99_us, 7)}`);
 console.log('\ndecode (tokenmill grammar sample)');
 console.log('schema  compile ms  streams  free tok/s  constrained tok/s  masks cached/composed  composed us  us/token');
 for (const r of rows)

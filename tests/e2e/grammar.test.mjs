@@ -300,7 +300,7 @@ test("grammar bench: the matcher alone on a vocabulary, mask times per token as 
   assert.equal(out.n_vocab, 151936);
   assert.equal(out.documents, 3);
   assert.ok(out.completed <= 3 && out.tokens >= 6 && out.tokens <= 3 * 40, JSON.stringify(out));
-  for (const k of ["mask", "mask_first_document", "mask_second_half"])
+  for (const k of ["mask", "mask_first_document", "mask_second_half", "cpu", "cpu_first_document", "cpu_second_half"])
     for (const q of ["mean_us", "p50_us", "p99_us", "max_us"]) assert.ok(Number.isFinite(out[k][q]) && out[k][q] >= 0, `${k}.${q}`);
   assert.ok(out.mask.p50_us <= out.mask.p99_us && out.mask.p99_us <= out.mask.max_us);
 });
