@@ -271,7 +271,7 @@ TEST(random_inputs_never_crash)
 {
     static const char *const alphabets[] = {
         "ab(|)*+?{1,2}[^-]\\d.$^\"",                           /* regex */
-        "root::= \"a\"|()*+?[^b-c]{2,}\n#.x\\",              /* GBNF */
+        "root::= \"a\"|()*+?[^b-c]{2,}\n#.x\\<[9]>",         /* GBNF (token terminals too) */
         "{}[]:,\"typeobjectpropertiesitemsminItems0123-truenullanyOf$ref#/\"", /* schema */
     };
     util_rng rng;
