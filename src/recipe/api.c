@@ -602,6 +602,26 @@ static bool api_job_grammar(api_job *j, const events_markers *mk, api_error *e)
                       param, (int)grammar_max_token(j->g), grammar_vocab_n(c->gvocab));
         return false;
     }
+    if (!tool_src && q->tools_mode == API_TOOLS_AUTO && q->conv.n_tools > 0) {
+        /* the format checked alone above (its errors name its field); the answer may still
+         * be a call instead, as with no format */
+        tool_src = api_format_calls_gbnf(&q->conv, mk, q->fmt_kind, q->fmt_src, q->fmt_len, err, sizeof err);
+        if (!tool_src && err[0]) {
+            api_error_set(e, 400, "tools", "invalid_value", "Invalid tool call format: %s", err);
+            return false;
+        }
+        if (tool_src) {
+            grammar *both = NULL;
+            st = grammar_cache_get(c->gcache, GRAMMAR_KIND_GBNF, tool_src, strlen(tool_src), &both, err, sizeof err);
+            free(tool_src);
+            if (st != GRAMMAR_OK) {
+                api_error_set(e, 400, "tools", "invalid_value", "Invalid format in 'tools': %s", err);
+                return false;
+            }
+            grammar_free(j->g);
+            j->g = both;
+        }
+    }
     return true;
 }
 

@@ -305,7 +305,8 @@ api_status api_parse(const api_cfg *cfg, api_kind kind, const char *body, size_t
  * Strict tools under tool_choice auto: the answer is free until the model writes the token
  * that opens calls (the trigger: <tool_call>, <｜tool▁calls▁begin｜>), then the call is bound
  * (strict tools by their schema, the others to a JSON object) until it closes. LLAMA3 has no
- * such token, so its auto calls stay free. */
+ * such token, so its auto calls stay free. With a response format and tools under auto, the
+ * answer is either a document of the format or (from the trigger) a call. */
 
 /* The GBNF text of the calls for the family of mk over c's tools (only the tool named `only`
  * when not NULL). lazy = false: a forced call, the whole answer, every tool bound by its
@@ -316,6 +317,15 @@ api_status api_parse(const api_cfg *cfg, api_kind kind, const char *body, size_t
  * none. */
 char *api_tool_gbnf(const conv *c, const events_markers *mk, const char *only, bool lazy, int32_t *trigger, char *err,
                     size_t errsz);
+
+/* A response format (kind, src[0..len): api_req.fmt_*) that the answer may take, or else a
+ * call of c's tools opened by the family's call-opening token (tool_choice auto with a format):
+ *   root ::= f-root | <[trigger]> c-root
+ * (the format's rules prefixed f-, the lazy call grammar's c-). malloc'd; NULL and err "" when
+ * the family has no opening token (the format alone binds the answer), NULL with err set when
+ * a tool's schema or the format is refused. */
+char *api_format_calls_gbnf(const conv *c, const events_markers *mk, int kind, const char *src, size_t len, char *err,
+                            size_t errsz);
 
 /* Token figures of a finished response (summed over choices). */
 typedef struct {

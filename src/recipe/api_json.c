@@ -846,6 +846,31 @@ char *api_tool_gbnf(const conv *c, const events_markers *mk, const char *only, b
     return out;
 }
 
+char *api_format_calls_gbnf(const conv *c, const events_markers *mk, int kind, const char *src, size_t len, char *err,
+                            size_t errsz)
+{
+    int32_t trigger;
+    char *calls = api_tool_gbnf(c, mk, NULL, true, &trigger, err, errsz);
+    if (!calls) return NULL;
+    grammar_status st;
+    char *fg = grammar_to_gbnf((grammar_kind)kind, src ? src : "", len, &st, err, errsz);
+    if (!fg) {
+        free(calls);
+        return NULL;
+    }
+    char *pf = grammar_gbnf_prefix(fg, strlen(fg), "f-"), *pc = grammar_gbnf_prefix(calls, strlen(calls), "c-");
+    bytebuf g = {0};
+    bytebuf_printf(&g, "root ::= f-root | <[%d]> c-root\n", trigger);
+    bytebuf_puts(&g, pf);
+    bytebuf_putc(&g, '\n');
+    bytebuf_puts(&g, pc);
+    free(pf);
+    free(pc);
+    free(fg);
+    free(calls);
+    return g.p;
+}
+
 api_status api_parse(const api_cfg *cfg, api_kind kind, const char *body, size_t len, api_req *r, api_error *e)
 {
     switch (kind) {

@@ -13,7 +13,8 @@
 //    arguments (token terminals in the grammar), returned as a tool call in every API.
 //  - Strict tools under tool_choice "auto" (Qwen3 and DeepSeek): the answer is free until the
 //    model opens a call (a logit_bias on the family's opening token makes a random model do
-//    it), then the call is bound: every call that closed parses and validates.
+//    it), then the call is bound: every call that closed parses and validates. With a
+//    response format too, the answer is a document of the format or a valid call.
 //  - A bad schema / regex / grammar / tool is a 400 in the route's vendor shape naming it;
 //    an answer cut by max_tokens inside the document ends with "length".
 import { test, before, after } from "node:test";
@@ -410,6 +411,28 @@ test("strict tools under auto (Qwen3): free until <tool_call>, then every call i
   });
   assert.ok(f.choices[0].message.content.length > 0 && !f.choices[0].message.tool_calls?.length);
   assert.ok(!/^\s*\{/.test(f.choices[0].message.content), f.choices[0].message.content);
+});
+
+test("a response format with tools under auto: a document of the format, or (from <tool_call>) a valid call", async () => {
+  const model = path.join(tmp, "q3.gguf"), TC = tokenId(model, "<tool_call>");
+  const rf = { type: "json_schema", json_schema: { name: "person", schema: person, strict: true } };
+  const doc = await oai.chat.completions.create({
+    model: "q3", messages: user("Who?"), temperature: 1, seed: 21, n: 2, max_tokens: MAX, tools: chatTools,
+    tool_choice: "auto", response_format: rf, logit_bias: { [TC]: -100 },  // this random model favours <tool_call>
+  });
+  for (const c of doc.choices) {
+    assert.equal(c.finish_reason, "stop", JSON.stringify(c.message));
+    valid(person, JSON.parse(c.message.content), "format with tools");
+  }
+  const call = await oai.chat.completions.create({
+    model: "q3", messages: user("Weather?"), temperature: 1, seed: 22, n: 2, max_tokens: MAX, tools: chatTools,
+    tool_choice: "auto", response_format: rf, logit_bias: { [TC]: 100 },
+  });
+  for (const c of call.choices) {
+    assert.equal(c.finish_reason, "tool_calls", JSON.stringify(c.message));
+    assert.equal(c.message.tool_calls.length, 1);
+    checkCall(c.message.tool_calls[0].function.name, c.message.tool_calls[0].function.arguments, ["get_weather", "get_time"], "format or call");
+  }
 });
 
 test("DeepSeek V3.1: forced calls in its control-token syntax in every API (streaming and not); strict tools under auto", async () => {

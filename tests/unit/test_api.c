@@ -1455,6 +1455,43 @@ TEST(structured_tool_gbnf)
     conv_free(&c);
 }
 
+/* A response format with tools under auto: the answer is a document of the format, or a call
+ * opened by the family's token; never a mix. */
+TEST(structured_format_or_calls_gbnf)
+{
+    conv c;
+    conv_init(&c);
+    conv_add_tool(&c, "n", NULL, "{\"type\":\"object\",\"properties\":{\"k\":{\"type\":\"integer\"}},\"required\":[\"k\"],"
+                                 "\"additionalProperties\":false}");
+    c.tools[0].strict = true;
+    const char *schema = "{\"type\":\"object\",\"properties\":{\"x\":{\"enum\":[1,2]}},\"required\":[\"x\"],\"additionalProperties\":false}";
+    char err[256];
+    events_markers qm = qwen_markers(), lm;
+    events_markers_none(&lm);
+    lm.toolfmt = EVENTS_TOOLFMT_LLAMA3;
+    char *g = api_format_calls_gbnf(&c, &qm, GRAMMAR_KIND_SCHEMA, schema, strlen(schema), err, sizeof err);
+    CHECK(g != NULL);
+    if (g) {
+        const char *doc[] = {"{\"x\": 2}", NULL};
+        const char *bad_doc[] = {"{\"x\": 3}", NULL};
+        const char *call[] = {"#5002", "\n{\"name\": \"n\", \"arguments\": {\"k\": 7}}\n", "#5003", NULL};
+        const char *bad_call[] = {"#5002", "\n{\"name\": \"n\", \"arguments\": {\"k\": \"7\"}}\n", "#5003", NULL};
+        const char *mix[] = {"{\"x\": 2}", "#5002", "\n{\"name\": \"n\", \"arguments\": {\"k\": 7}}\n", "#5003", NULL};
+        CHECK(tokens_accepted(g, doc) && tokens_accepted(g, call));
+        CHECK(!tokens_accepted(g, bad_doc) && !tokens_accepted(g, bad_call) && !tokens_accepted(g, mix));
+    }
+    free(g);
+    /* the JSON kind (no source) and a family without an opening token */
+    g = api_format_calls_gbnf(&c, &qm, GRAMMAR_KIND_JSON, NULL, 0, err, sizeof err);
+    const char *obj[] = {"{\"a\": [true]}", NULL};
+    CHECK(g && tokens_accepted(g, obj));
+    free(g);
+    CHECK(api_format_calls_gbnf(&c, &lm, GRAMMAR_KIND_SCHEMA, schema, strlen(schema), err, sizeof err) == NULL && !err[0]);
+    /* a refused format or tool schema is an error */
+    CHECK(api_format_calls_gbnf(&c, &qm, GRAMMAR_KIND_SCHEMA, "{\"not\":{}}", 10, err, sizeof err) == NULL && strstr(err, "not"));
+    conv_free(&c);
+}
+
 TEST(structured_tool_strict_parse)
 {
     api_req r;
@@ -1537,6 +1574,7 @@ int main(void)
     RUN(structured_formats_parse);
     RUN(structured_tool_choice_parse);
     RUN(structured_tool_gbnf);
+    RUN(structured_format_or_calls_gbnf);
     RUN(structured_tool_strict_parse);
     RUN(structured_forced_call_output);
     HARNESS_END();
