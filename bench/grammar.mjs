@@ -1,17 +1,22 @@
 #!/usr/bin/env node
-// bench/grammar: what structured output costs in tokenmill.
+// bench/grammar: what structured output costs in tokenmill, side by side with llama.cpp.
 //
-//   bench/grammar [--threads N] [--tokens T] [--streams 1,16]
+//   bench/grammar [--threads N] [--tokens T] [--streams 1,16] [--docs D] [--no-llama]
 //
 // On a random-weight tiny Qwen3 with the 151,936-token Qwen2 vocabulary (tests/data, run
 // scripts/fetch-testdata.sh first), for a typical tool schema and a larger nested one:
 //  - compile time (`tokenmill grammar check --stats`: schema -> GBNF -> byte automaton);
+//  - mask work alone (`tokenmill grammar bench`: D documents one after another, tokens drawn
+//    uniformly from the allowed ones, no model compute): microseconds per token, mean and
+//    p99, by the wall clock and in CPU time (the work, on a shared machine), over all
+//    documents, the first (cold: the grammar's memos empty) and the second half (warm: what a
+//    server sees once a schema has been used);
 //  - decode tokens/s at 1 and 16 streams, unconstrained and constrained, T tokens each, at
 //    temperature 1 (`grammar sample --stats`);
-//  - mask work: masks served from the whole-state cache, masks composed, and the mean time of
-//    a composed one (the per-token mean is composed time / all masks).
-// Prints a table and writes bench/out/grammar.json. The comparison with llama.cpp's grammar
-// sampler that the design calls for is not here yet.
+//  - the same model and schemas through llama.cpp's grammar sampler (node-llama-cpp,
+//    llama.createGrammarForJsonSchema; bench/grammar_llama.mjs), one sequence, and for both
+//    engines the grammar's cost per generated token: constrained s/token - free s/token.
+// Prints tables and writes bench/out/grammar.json.
 import {execFileSync, spawnSync} from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
@@ -20,14 +25,16 @@ import {fileURLToPath} from 'node:url';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 process.chdir(root);
-const o = {threads: os.availableParallelism?.() ?? os.cpus().length, tokens: 256, streams: '1,16'};
+const o = {threads: os.availableParallelism?.() ?? os.cpus().length, tokens: 256, streams: '1,16', docs: 64, llama: true};
 const argv = process.argv.slice(2);
 for (let i = 0; i < argv.length; i++) {
   const a = argv[i], v = argv[++i];
   if (a === '--threads') o.threads = Number(v);
   else if (a === '--tokens') o.tokens = Number(v);
   else if (a === '--streams') o.streams = v;
-  else { process.stderr.write('usage: bench/grammar [--threads N] [--tokens T] [--streams 1,16]\n'); process.exit(2); }
+  else if (a === '--docs') o.docs = Number(v);
+  else if (a === '--no-llama') { o.llama = false; i--; }
+  else { process.stderr.write('usage: bench/grammar [--threads N] [--tokens T] [--streams 1,16] [--docs D] [--no-llama]\n'); process.exit(2); }
 }
 const bin = 'build/tokenmill', out = 'bench/out';
 fs.mkdirSync(out, {recursive: true});
@@ -50,13 +57,17 @@ const schemas = {
 };
 
 function stats(text, re) { const m = text.match(re); return m ? m.slice(1).map(Number) : null; }
-const rows = [];
+const rows = [], masks = [];
 for (const [name, schema] of Object.entries(schemas)) {
   const f = path.join(out, `grammar-${name}.json`), docs = path.join(out, 'grammar-empty.json');
   fs.writeFileSync(f, JSON.stringify(schema));
   fs.writeFileSync(docs, '[]');
   const c = spawnSync(bin, ['grammar', 'check', '--schema', f, '--input', docs, '--stats'], {encoding: 'utf8'});
   const [compileMs] = stats(c.stderr, /compiled in ([0-9.]+) ms/) ?? [NaN];
+  const mb = JSON.parse(execFileSync(bin, ['grammar', 'bench', '-m', vocab, '--schema', f, '-n', String(o.docs),
+    '--max-tokens', String(o.tokens), '--seed', '1'], {encoding: 'utf8'}));
+  masks.push({schema: name, tokens: mb.tokens, all: mb.mask, cold: mb.mask_first_document, warm: mb.mask_second_half,
+    cpu: mb.cpu, cpu_cold: mb.cpu_first_document, cpu_warm: mb.cpu_second_half});
   for (const streams of o.streams.split(',').map(Number)) {
     const run = (constrained) => {
       const r = spawnSync(bin, ['grammar', 'sample', '-m', model, ...(constrained ? ['--schema', f] : []), '-n', String(streams),
@@ -74,9 +85,40 @@ for (const [name, schema] of Object.entries(schemas)) {
       mask_us_per_token: perToken});
   }
 }
-fs.writeFileSync(path.join(out, 'grammar.json'), JSON.stringify(rows, null, 2));
+// llama.cpp side by side, one sequence (tokenmill's 1-stream rows), the same model and length
+let peer = [];
+if (o.llama) {
+  const sf = path.join(out, 'grammar-schemas.json');
+  fs.writeFileSync(sf, JSON.stringify(schemas));
+  const r = spawnSync(process.execPath, ['bench/grammar_llama.mjs', '-m', model, '--schemas', sf, '--threads', String(o.threads),
+    '--tokens', String(o.tokens), '--docs', '1'], {encoding: 'utf8'});
+  if (r.status !== 0) throw new Error(r.stderr);
+  peer = JSON.parse(r.stdout);
+}
+fs.writeFileSync(path.join(out, 'grammar.json'), JSON.stringify({decode: rows, masks, llama: peer}, null, 2));
+const f1 = (x, w) => (Number.isFinite(x) ? x.toFixed(1) : '-').padStart(w);
+console.log('mask work alone (tokenmill grammar bench), us per token, wall clock / CPU time');
+console.log('schema   tokens            mean             p99       cold mean       warm mean        warm p99');
+const wc = (a, b) => `${f1(a.mean_us, 7)} /${f1(b.mean_us, 7)}`;
+for (const m of masks)
+  console.log(`${m.schema.padEnd(7)} ${String(m.tokens).padStart(7)} ${wc(m.all, m.cpu)} ` +
+    `${f1(m.all.p99_us, 7)} /${f1(m.cpu.p99_us, 7)} ${wc(m.cold, m.cpu_cold)} ${wc(m.warm, m.cpu_warm)} ` +
+    `${f1(m.warm.p99_us, 7)} /${f1(m.cpu_warm.p99_us, 7)}`);
+console.log('\ndecode (tokenmill grammar sample)');
 console.log('schema  compile ms  streams  free tok/s  constrained tok/s  masks cached/composed  composed us  us/token');
 for (const r of rows)
   console.log(`${r.schema.padEnd(7)} ${r.compile_ms.toFixed(2).padStart(10)} ${String(r.streams).padStart(8)} ` +
     `${r.free_tok_s.toFixed(1).padStart(11)} ${r.constrained_tok_s.toFixed(1).padStart(18)} ` +
     `${`${r.masks_cached}/${r.masks_composed}`.padStart(22)} ${r.composed_us.toFixed(0).padStart(12)} ${r.mask_us_per_token.toFixed(0).padStart(9)}`);
+if (peer.length) {
+  console.log('\nside by side, one sequence: tok/s free / constrained, grammar ms per token (constrained - free)');
+  console.log('schema   tokenmill free  constrained  ms/token   llama.cpp free  constrained  ms/token   compile ms tm / llama');
+  for (const p of peer) {
+    const t = rows.find((r) => r.schema === p.schema && r.streams === 1);
+    if (!t) continue;
+    const lf = p.free.tokens / p.free.s, lc = p.constrained.tokens / p.constrained.s;
+    const tmMs = (1 / t.constrained_tok_s - 1 / t.free_tok_s) * 1e3, llMs = (1 / lc - 1 / lf) * 1e3;
+    console.log(`${p.schema.padEnd(7)} ${f1(t.free_tok_s, 15)} ${f1(t.constrained_tok_s, 12)} ${f1(tmMs, 9)} ` +
+      `${f1(lf, 16)} ${f1(lc, 12)} ${f1(llMs, 9)}   ${t.compile_ms.toFixed(1)} / ${p.grammar_ms.toFixed(1)}`);
+  }
+}

@@ -9,12 +9,20 @@
  *                  N constrained generations through the scheduler, all in flight at once;
  *                  prints a JSON array of {"text", "finish", "tokens"}. Without a grammar
  *                  option the generations are unconstrained (to compare).
+ *   grammar bench  -m MODEL|VOCAB (...) [-n DOCS] [--max-tokens T] [--seed S]
+ *                  the matcher alone (no model compute): DOCS documents one after another,
+ *                  each token drawn uniformly from the allowed ones (as a random-weight model
+ *                  at temperature 1 does), the time of each mask; prints JSON: per-token mask
+ *                  microseconds (mean, p50, p99, max) overall, for the first document (cold
+ *                  memos) and for the second half of the documents (warm), by the wall clock
+ *                  (mask*) and in CPU time (cpu*), tokens, documents completed.
  *
  * A grammar that does not compile is exit status 1 with "tokenmill grammar: <why>".
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <jansson.h>
 
@@ -23,6 +31,7 @@
 #include "cli/cmd_opts.h"
 #include "engine/sched.h"
 #include "grammar/grammar.h"
+#include "model/gguf.h"
 #include "recipe/jsonfmt.h"
 #include "util/util.h"
 
@@ -198,6 +207,115 @@ out:
     return rc;
 }
 
+static int cmd_grammar_cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Mean, p50, p99 and max of v[0..n) in microseconds as JSON fields (v is sorted). */
+static void cmd_grammar_dist(bytebuf *b, const char *name, double *v, long n)
+{
+    double sum = 0;
+    for (long i = 0; i < n; i++) sum += v[i];
+    qsort(v, (size_t)n, sizeof *v, cmd_grammar_cmp_double);
+    bytebuf_printf(b, "\"%s\":{\"mean_us\":%.2f,\"p50_us\":%.2f,\"p99_us\":%.2f,\"max_us\":%.2f}", name,
+                   n ? sum / (double)n * 1e6 : 0.0, n ? v[n / 2] * 1e6 : 0.0, n ? v[(n * 99) / 100] * 1e6 : 0.0,
+                   n ? v[n - 1] * 1e6 : 0.0);
+}
+
+/* This thread's CPU seconds: on a shared machine the work a mask took, where the wall
+ * clock also counts the time other processes held the core. */
+static double cmd_grammar_cpu_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmd_grammar_bench(grammar *g, const char *vocab_path, long n_docs, long max_tokens, uint64_t seed)
+{
+    char err[512];
+    gguf *gf;
+    if (gguf_open(vocab_path, &gf, err, sizeof err) != GGUF_OK) {
+        fprintf(stderr, "tokenmill grammar: %s\n", err);
+        return 1;
+    }
+    tokenizer *tok;
+    tokenizer_status ts = tokenizer_load(gf, &tok, err, sizeof err);
+    gguf_close(gf);
+    if (ts != TOKENIZER_OK) {
+        fprintf(stderr, "tokenmill grammar: %s: %s\n", vocab_path, err);
+        return 1;
+    }
+    double t0 = util_now();
+    grammar_vocab *v = grammar_vocab_from_tokenizer(tok);
+    double vocab_s = util_now() - t0;
+    int n_vocab = grammar_vocab_n(v);
+    int32_t stop = tokenizer_eos(tok);
+    uint32_t *mask = xmalloc(((size_t)n_vocab + 31) / 32 * sizeof *mask);
+    double *dt = xmalloc((size_t)(n_docs * max_tokens) * sizeof *dt);
+    double *dc = xmalloc((size_t)(n_docs * max_tokens) * sizeof *dc);  /* CPU seconds */
+    long n = 0, n_first = 0, n_half = 0, n_complete = 0;
+    util_rng rng;
+    util_rng_seed(&rng, seed);
+    for (long d = 0; d < n_docs; d++) {
+        grammar_match *m = grammar_match_new(g, v, &stop, stop >= 0);
+        for (long k = 0; k < max_tokens; k++) {
+            double a = util_now(), ac = cmd_grammar_cpu_now();
+            int n_allowed = grammar_match_mask(m, mask);
+            dc[n] = cmd_grammar_cpu_now() - ac;
+            dt[n++] = util_now() - a;
+            if (n_allowed <= 0) break;
+            long pick = (long)(util_rng_uniform(&rng) * n_allowed), t = -1;
+            for (int w = 0; t < 0; w++) {  /* the pick-th allowed token */
+                int c = __builtin_popcount(mask[w]);
+                if (pick >= c) {
+                    pick -= c;
+                    continue;
+                }
+                uint32_t bits = mask[w];
+                while (pick--) bits &= bits - 1;
+                t = 32L * w + __builtin_ctz(bits);
+            }
+            if (t == stop) {
+                n_complete++;
+                break;
+            }
+            grammar_match_accept(m, (int32_t)t);
+        }
+        grammar_match_free(m);
+        if (d == 0) n_first = n;
+        if (d == (n_docs - 1) / 2) n_half = n;
+    }
+    double *part = xmalloc((size_t)(n ? n : 1) * sizeof *part);
+    bytebuf b = {0};
+    bytebuf_printf(&b, "{\"n_vocab\":%d,\"vocab_ms\":%.1f,\"documents\":%ld,\"completed\":%ld,\"tokens\":%ld,", n_vocab,
+                   vocab_s * 1e3, n_docs, n_complete, n);
+    /* wall clock, then CPU time; all documents, the first (cold), the second half (warm) */
+    const char *names[2][3] = { { "mask", "mask_first_document", "mask_second_half" },
+                                { "cpu", "cpu_first_document", "cpu_second_half" } };
+    for (int c = 0; c < 2; c++) {
+        const double *src = c ? dc : dt;
+        long from[3] = { 0, 0, n_half }, to[3] = { n, n_first, n };
+        for (int k = 0; k < 3; k++) {
+            memcpy(part, src + from[k], (size_t)(to[k] - from[k]) * sizeof *part);
+            if (c || k) bytebuf_putc(&b, ',');
+            cmd_grammar_dist(&b, names[c][k], part, to[k] - from[k]);
+        }
+    }
+    bytebuf_puts(&b, "}\n");
+    fwrite(b.p, 1, b.len, stdout);
+    bytebuf_free(&b);
+    free(part);
+    free(dc);
+    free(dt);
+    free(mask);
+    grammar_vocab_free(v);
+    tokenizer_free(tok);
+    return 0;
+}
+
 int cmd_grammar(int argc, char **argv)
 {
     cmd_grammar_src src = { 0 };
@@ -219,9 +337,9 @@ int cmd_grammar(int argc, char **argv)
         { "--gbnf", NULL, CMD_OPT_STR, &src.gbnf, .arg = "FILE", .help = "a GBNF grammar (llama.cpp syntax, start rule root)" },
         { "--json", NULL, CMD_OPT_FLAG, &src.json, .help = "a JSON object (response_format json_object)" },
         { "--input", NULL, CMD_OPT_STR, &input, .arg = "DOCS.json", .help = "check: a JSON array of documents (strings)" },
-        { "--model", "-m", CMD_OPT_STR, &model_path, .arg = "MODEL", .help = "sample: the GGUF" },
+        { "--model", "-m", CMD_OPT_STR, &model_path, .arg = "MODEL", .help = "sample: the GGUF; bench: a GGUF with the vocabulary" },
         { "--prompt", "-p", CMD_OPT_STR, &prompt, .arg = "TEXT", .help = "sample: the prompt (default: empty, BOS only)" },
-        { "--samples", "-n", CMD_OPT_LONG, &n, 1, 1024, .arg = "N", .help = "sample: generations (default 1)" },
+        { "--samples", "-n", CMD_OPT_LONG, &n, 1, 1024, .arg = "N", .help = "sample: generations; bench: documents (default 1)" },
         { "--max-tokens", NULL, CMD_OPT_LONG, &max_tokens, 1, 1 << 20, .arg = "N", .help = "sample: tokens per generation (default 256)" },
         { "--temp", NULL, CMD_OPT_FLOAT, &sp.temp, 0, 1e9, .arg = "T", .help = "sample: temperature (default 1; 0 greedy; no top-k/p, min-p)" },
         { "--seed", NULL, CMD_OPT_U64, &seed, .arg = "S", .help = "sample: seed of the first generation (+1 per next)" },
@@ -230,15 +348,16 @@ int cmd_grammar(int argc, char **argv)
         { "--stats", NULL, CMD_OPT_FLAG, &stats, .help = "timings on stderr: compile; sample: decode and mask work" },
         { 0 },
     };
-    const char *synopsis = "grammar print|check|sample (--schema F | --regex R | --gbnf F | --json) [options]";
+    const char *synopsis = "grammar print|check|sample|bench (--schema F | --regex R | --gbnf F | --json) [options]";
     const char *pos[1];
     int n_pos = 0;
     cmd_opts_status ost = cmd_opts_parse("grammar", synopsis, opts, argc, argv, 1, pos, 1, &n_pos);
     if (ost != CMD_OPTS_OK) return cmd_opts_exit(ost);
     const char *what = n_pos ? pos[0] : "";
     bool is_print = !strcmp(what, "print"), is_check = !strcmp(what, "check"), is_sample = !strcmp(what, "sample");
-    if (!is_print && !is_check && !is_sample) {
-        fprintf(stderr, "tokenmill grammar: say print, check or sample\n");
+    bool is_bench = !strcmp(what, "bench");
+    if (!is_print && !is_check && !is_sample && !is_bench) {
+        fprintf(stderr, "tokenmill grammar: say print, check, sample or bench\n");
         cmd_opts_hint("grammar", synopsis);
         return 2;
     }
@@ -246,8 +365,8 @@ int cmd_grammar(int argc, char **argv)
         fprintf(stderr, "tokenmill grammar: check needs --input DOCS.json\n");
         return 2;
     }
-    if (is_sample && !model_path) {
-        fprintf(stderr, "tokenmill grammar: sample needs -m MODEL\n");
+    if ((is_sample || is_bench) && !model_path) {
+        fprintf(stderr, "tokenmill grammar: %s needs -m MODEL\n", what);
         return 2;
     }
     if (!is_sample && !src.schema && !src.regex && !src.gbnf && !src.json) {
@@ -261,6 +380,7 @@ int cmd_grammar(int argc, char **argv)
     int rc;
     if (is_print) rc = 0;  /* printed by cmd_grammar_load */
     else if (is_check) rc = cmd_grammar_check(g, input);
+    else if (is_bench) rc = g ? cmd_grammar_bench(g, model_path, n, max_tokens, sp.seed) : 2;
     else rc = cmd_grammar_sample(g, model_path, prompt, n, max_tokens, &sp, &eo, stats);
     free(gbnf);
     grammar_free(g);

@@ -67,6 +67,8 @@ struct sched_req {
     kvpool_seq *seq;             /* KV while RUNNING, else NULL */
     int n_done;                  /* positions of tokens whose KV is in seq */
     bool in_think;               /* (sampling) the output is inside a think block (p.think_*) */
+    bool g_on;                   /* (sampling) gm binds the next token (off: before a lazy
+                                  * grammar's trigger, or after its document ended) */
     int n_think;                 /* (sampling) tokens generated inside think blocks so far */
     int n_cached;                /* prompt positions attached from the cache in its first run
                                   * (at admission, and from prefixes computed in flight) */
@@ -140,14 +142,18 @@ struct sched {
                                   * into st after each step) */
     steptime_x plan_x;           /* make-up of the step planned last, for tm */
     /* sampling workers: the step's requests are split by ith/nth between the engine thread
-     * (ith 0) and n_workers helpers (ith 1..), which sleep between steps */
+     * (ith 0) and n_workers helpers (ith 1..), which sleep between steps. While the engine
+     * computes a step, the helpers compute the grammar masks its constrained sequences will
+     * need (their matchers' states are known before the step), so sampling finds them ready */
     int n_workers;
     pthread_t *workers;          /* (n_workers) */
     pthread_mutex_t pool_mu;
     pthread_cond_t pool_go;      /* job_gen advanced or pool_stop */
     pthread_cond_t pool_done;    /* job_left reached 0 */
-    uint64_t job_gen;            /* sampling job number */
-    int job_left;                /* workers still sampling the current job */
+    uint64_t job_gen;            /* job number */
+    int job_left;                /* workers still on the current job */
+    bool job_masks;              /* the job is the batch's grammar masks (during the engine
+                                  * step, workers only), not sampling */
     bool pool_stop;
 };
 
@@ -598,6 +604,25 @@ static void sched_think_track(sched_req *r, int32_t tok)
     else if (r->in_think) r->n_think++;
 }
 
+/* Feeds a generated token to the request's grammar: outside think blocks, a bound token
+ * advances the matcher (false: the grammar does not allow it) and ends a lazy grammar's
+ * document when nothing can follow; a free one may be a lazy grammar's trigger. Before
+ * sched_think_track (the token's own think state is the one before it). */
+static bool sched_grammar_track(sched_req *r, int32_t tok)
+{
+    if (!r->gm || r->in_think) return true;
+    if (r->g_on) {
+        if (!grammar_match_accept(r->gm, tok)) return false;
+        if (r->p.grammar_lazy && grammar_match_done(r->gm)) {
+            grammar_match_reset(r->gm);
+            r->g_on = false;
+        }
+    } else if (r->p.grammar_lazy && tok == r->p.grammar_trigger) {
+        r->g_on = true;
+    }
+    return true;
+}
+
 /* Samples requests ith, ith+nth, ... of the step (each request's sampler is its own, so the
  * split does not change any result). */
 static void sched_sample_part(sched *s, int ith, int nth)
@@ -607,19 +632,29 @@ static void sched_sample_part(sched *s, int ith, int nth)
         s->batch_tok[i] = -1;
         if (s->batch_row[i] < 0) continue;
         float *row = s->logits + (size_t)s->batch_row[i] * s->n_vocab;
-        bool constrained = r->gm && !r->in_think;  /* reasoning stays free */
+        bool constrained = r->gm && r->g_on && !r->in_think;  /* reasoning stays free */
         if (constrained) grammar_match_apply(r->gm, row);
         int32_t tok = sample_token(r->smp, row);
         if (r->in_think && r->p.think_budget > 0 && r->n_think >= r->p.think_budget && r->p.think_end >= 0)
             tok = r->p.think_end;  /* the reasoning budget is spent: close the block */
         sample_accept(r->smp, tok);
-        if (constrained) grammar_match_accept(r->gm, tok);
+        sched_grammar_track(r, tok);
         sched_think_track(r, tok);
         s->batch_tok[i] = tok;
         sched_output *o = &s->batch_out[i];
         o->n_top = 0;
         o->logprob = 0;
         if (r->p.logprobs) sched_logprobs(row, s->n_vocab, tok, r->p.top_logprobs, o);
+    }
+}
+
+/* The next-token masks of the step's constrained requests ith, ith+nth, ... (the matcher keeps
+ * its mask until it accepts a token, so sampling then only applies it). */
+static void sched_mask_part(sched *s, int ith, int nth)
+{
+    for (int i = ith; i < s->batch_n_reqs; i += nth) {
+        sched_req *r = s->batch_req[i];
+        if (s->batch_row[i] >= 0 && r->gm && r->g_on && !r->in_think) grammar_match_mask(r->gm, NULL);
     }
 }
 
@@ -640,13 +675,46 @@ static void *sched_worker(void *arg)
         while (s->job_gen == seen && !s->pool_stop) pthread_cond_wait(&s->pool_go, &s->pool_mu);
         if (s->pool_stop) break;
         seen = s->job_gen;
+        bool masks = s->job_masks;
         pthread_mutex_unlock(&s->pool_mu);
-        sched_sample_part(s, ith, s->n_workers + 1);
+        if (masks) sched_mask_part(s, ith - 1, s->n_workers);
+        else sched_sample_part(s, ith, s->n_workers + 1);
         pthread_mutex_lock(&s->pool_mu);
         if (--s->job_left == 0) pthread_cond_signal(&s->pool_done);
     }
     pthread_mutex_unlock(&s->pool_mu);
     return NULL;
+}
+
+static void sched_pool_start(sched *s, bool masks)
+{
+    pthread_mutex_lock(&s->pool_mu);
+    s->job_masks = masks;
+    s->job_left = s->n_workers;
+    s->job_gen++;
+    pthread_cond_broadcast(&s->pool_go);
+    pthread_mutex_unlock(&s->pool_mu);
+}
+
+static void sched_pool_wait(sched *s)
+{
+    pthread_mutex_lock(&s->pool_mu);
+    while (s->job_left > 0) pthread_cond_wait(&s->pool_done, &s->pool_mu);
+    pthread_mutex_unlock(&s->pool_mu);
+}
+
+/* Starts the masks of the step's constrained requests on the workers, to run during the
+ * engine step; false when there is none to compute or no worker (sampling computes them). */
+static bool sched_masks_start(sched *s, int n_reqs)
+{
+    if (s->n_workers == 0) return false;
+    bool any = false;
+    for (int i = 0; i < n_reqs && !any; i++)
+        any = s->batch_row[i] >= 0 && s->batch_req[i]->gm && s->batch_req[i]->g_on && !s->batch_req[i]->in_think;
+    if (!any) return false;
+    s->batch_n_reqs = n_reqs;
+    sched_pool_start(s, true);
+    return true;
 }
 
 /* Samples every request of the step that wants a token, on the workers when it pays. */
@@ -659,15 +727,9 @@ static void sched_sample_step(sched *s, int n_reqs)
         sched_sample_part(s, 0, 1);
         return;
     }
-    pthread_mutex_lock(&s->pool_mu);
-    s->job_left = s->n_workers;
-    s->job_gen++;
-    pthread_cond_broadcast(&s->pool_go);
-    pthread_mutex_unlock(&s->pool_mu);
+    sched_pool_start(s, false);
     sched_sample_part(s, 0, s->n_workers + 1);
-    pthread_mutex_lock(&s->pool_mu);
-    while (s->job_left > 0) pthread_cond_wait(&s->pool_done, &s->pool_mu);
-    pthread_mutex_unlock(&s->pool_mu);
+    sched_pool_wait(s);
 }
 
 static bool sched_is_stop(const sched *s, const sched_req *r, int32_t tok)
@@ -759,8 +821,10 @@ static void sched_step_run(sched *s, sched_step *st)
         pthread_mutex_unlock(&s->mu);
     }
     engine_batch b = { .n_tokens = st->n_tok, .toks = s->batch };
+    bool masks = sched_masks_start(s, st->n_reqs);  /* overlapped with the step */
     st->est = engine_step(s->e, &b, s->logits);
     st->t1 = util_now();
+    if (masks) sched_pool_wait(s);
     if (st->est == ENGINE_OK) steptime_observe(&s->tm, &s->plan_x, st->t1 - st->t0);
     for (int i = 0; i < st->n_reqs && st->est == ENGINE_OK; i++) {
         sched_req *r = s->batch_req[i];
@@ -1121,7 +1185,9 @@ sched_status sched_submit(sched *s, const sched_params *p, sched_req **out)
         if (p->gen[i] < 0 || p->gen[i] >= s->n_vocab) return SCHED_ERR_ARG;
     if (p->n_gen > 0 && p->n_prompt + p->n_gen >= s->o.n_ctx) return SCHED_ERR_TOO_LONG;
     if (p->n_gen > 0 && p->max_tokens > 0 && p->n_gen >= p->max_tokens) return SCHED_ERR_ARG;
-    if (p->grammar && (!p->grammar_vocab || grammar_vocab_n(p->grammar_vocab) != s->n_vocab))
+    if (p->grammar && (!p->grammar_vocab || grammar_vocab_n(p->grammar_vocab) != s->n_vocab ||
+                       grammar_max_token(p->grammar) >= s->n_vocab ||
+                       (p->grammar_lazy && (p->grammar_trigger < 0 || p->grammar_trigger >= s->n_vocab))))
         return SCHED_ERR_ARG;
 
     sched_req *r = calloc(1, sizeof *r);
@@ -1158,13 +1224,14 @@ sched_status sched_submit(sched *s, const sched_params *p, sched_req **out)
             if (s->o.eos_ids[i] >= 0) stops[n_stops++] = s->o.eos_ids[i];
         for (int i = 0; i < p->n_stop_ids; i++) stops[n_stops++] = p->stop_ids[i];
         r->gm = grammar_match_new(p->grammar, p->grammar_vocab, stops, n_stops);
+        r->g_on = !p->grammar_lazy;
     }
     if (p->n_gen > 0) {   /* continue a request generated elsewhere: same sampler state */
         memcpy(r->tokens + p->n_prompt, p->gen, (size_t)p->n_gen * sizeof *r->tokens);
         r->n_tokens += p->n_gen;
         for (int i = 0; i < p->n_gen; i++) {
             sample_accept(r->smp, p->gen[i]);
-            if (r->gm && !r->in_think && !grammar_match_accept(r->gm, p->gen[i])) {
+            if (!sched_grammar_track(r, p->gen[i])) {
                 sched_req_destroy(r);
                 return SCHED_ERR_ARG;  /* the tokens generated elsewhere leave the grammar */
             }

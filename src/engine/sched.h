@@ -188,6 +188,12 @@ typedef struct {
     int grammar_kind;       /* grammar_kind (grammar.h) of grammar_src */
     const char *grammar_src; /* (grammar_len) bytes; must live until submit returns */
     size_t grammar_len;
+    /* A lazy grammar (strict tools while the model may also answer in text): the output is
+     * free until it generates grammar_trigger outside think blocks; the tokens after it must
+     * form a document of the grammar, after which the output is free again (the next trigger
+     * starts another document). */
+    bool grammar_lazy;
+    int32_t grammar_trigger;
 } sched_params;
 
 typedef struct {

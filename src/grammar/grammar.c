@@ -78,6 +78,7 @@ typedef struct {
     uint32_t single[256];   /* set id + 1 of the one-byte set {b}, 0 before it exists */
     uint32_t *names;        /* (cap_names) open addressing over user rule names: id + 1 */
     int cap_names;
+    int32_t max_token;      /* largest token terminal id, -1: none */
     char *err;
     size_t errsz;
     bool failed;
@@ -506,6 +507,25 @@ static const char *gp_sequence(gp *p, const char *s, int rule, gp_seq *out, bool
             free(r);
             s = gp_space(p, s, nested);
             last_start = start;
+        } else if (*s == '<') {
+            /* a token terminal, llama.cpp's <[ID]>: that token id, never the same bytes */
+            const char *b = s;
+            if (s + 1 >= p->end || s[1] != '[') {
+                gp_fail(p, s, "expecting '<[' and a token id (tokens by text are not supported)");
+                break;
+            }
+            long id = 0;
+            s += 2;
+            const char *d = s;
+            while (s < p->end && isdigit((unsigned char)*s) && id <= INT32_MAX) id = id * 10 + (*s++ - '0');
+            if (s == d || id > INT32_MAX || s + 1 >= p->end || s[0] != ']' || s[1] != '>') {
+                gp_fail(p, b, "a token terminal is '<[' token id ']>'");
+                break;
+            }
+            gp_push(out, GRAMMAR_EL_TOKEN, (uint32_t)id);
+            p->max_token = TM_MAX(p->max_token, (int32_t)id);
+            s = gp_space(p, s + 2, nested);
+            last_start = start;
         } else if (gp_is_word(*s)) {
             const char *b = s;
             while (s < p->end && gp_is_word(*s)) s++;
@@ -623,7 +643,7 @@ static void gp_nullable(const gp *p, bool *nul)
                         break;
                     }
                     alt_ok = true;
-                } else if (e->type == GRAMMAR_EL_BYTES || !nul[e->v]) alt_ok = false;
+                } else if (e->type != GRAMMAR_EL_RULE || !nul[e->v]) alt_ok = false;
             }
         }
     }
@@ -644,7 +664,7 @@ static int gp_left_rec(const gp *p, const bool *nul, uint8_t *mark, int r)
             continue;
         }
         if (!at_start) continue;
-        if (e->type == GRAMMAR_EL_BYTES) {
+        if (e->type != GRAMMAR_EL_RULE) {
             at_start = false;
             continue;
         }
@@ -711,6 +731,7 @@ static grammar_status gp_finish(gp *p, grammar **out)
     g->sets = xmalloc((size_t)(g->n_sets ? g->n_sets : 1) * sizeof *g->sets);
     if (g->n_sets) memcpy(g->sets, p->sets, (size_t)g->n_sets * sizeof *g->sets);
     g->root = root;
+    g->max_token = p->max_token;
     pthread_mutex_init(&g->mu, NULL);
     /* the initial state: the root rule's alternatives */
     grammar_set_init(&g->start);
@@ -731,7 +752,7 @@ static grammar_status gp_finish(gp *p, grammar **out)
 static grammar_status grammar_from_gbnf(const char *src, size_t len, grammar **out, char *err,
                                         size_t errsz)
 {
-    gp p = { .src = src, .end = src + len, .err = err, .errsz = errsz };
+    gp p = { .src = src, .end = src + len, .err = err, .errsz = errsz, .max_token = -1 };
     gp_parse(&p);
     grammar_status st = p.failed ? GRAMMAR_ERR_SYNTAX : gp_finish(&p, out);
     if (p.failed && st == GRAMMAR_OK) st = GRAMMAR_ERR_SYNTAX;
@@ -871,7 +892,7 @@ static bool grammar_el_ends(const grammar *g, uint32_t pos)
 static void grammar_expand_into(const grammar *g, grammar_scratch *sc, grammar_set *out, const uint32_t *stk,
                          int n)
 {
-    if (n == 0 || g->el[stk[n - 1]].type == GRAMMAR_EL_BYTES) {
+    if (n == 0 || g->el[stk[n - 1]].type != GRAMMAR_EL_RULE) {  /* a terminal on top */
         grammar_set_add(out, stk, n);
         return;
     }
@@ -899,8 +920,10 @@ static void grammar_expand_into(const grammar *g, grammar_scratch *sc, grammar_s
     sc->n = base;
 }
 
-void grammar_step(const grammar *g, grammar_scratch *sc, const grammar_set *in, uint8_t b,
-                  grammar_set *out)
+/* out = the stacks of in whose top terminal matches (byte x of a byte set, or token x of a
+ * token terminal), advanced past it and expanded. */
+static void grammar_advance(const grammar *g, grammar_scratch *sc, const grammar_set *in, uint32_t type, uint32_t x,
+                            grammar_set *out)
 {
     grammar_set_clear(out);
     for (int i = 0; i < in->n_stacks; i++) {
@@ -909,7 +932,8 @@ void grammar_step(const grammar *g, grammar_scratch *sc, const grammar_set *in, 
         if (n == 0) continue;
         uint32_t pos = w[n];
         const grammar_el *e = &g->el[pos];
-        if (!(g->sets[e->v][b >> 5] >> (b & 31) & 1)) continue;
+        if (e->type != type) continue;
+        if (type == GRAMMAR_EL_BYTES ? !(g->sets[e->v][x >> 5] >> (x & 31) & 1) : e->v != x) continue;
         int base = sc->n;
         uint32_t *t = grammar_scratch_push(sc, n);
         w = in->data + in->off[i];
@@ -919,6 +943,19 @@ void grammar_step(const grammar *g, grammar_scratch *sc, const grammar_set *in, 
         grammar_expand_into(g, sc, out, sc->p + base, k);
         sc->n = base;
     }
+}
+
+void grammar_step(const grammar *g, grammar_scratch *sc, const grammar_set *in, uint8_t b,
+                  grammar_set *out)
+{
+    grammar_advance(g, sc, in, GRAMMAR_EL_BYTES, b, out);
+}
+
+void grammar_step_token(const grammar *g, grammar_scratch *sc, const grammar_set *in, int32_t token,
+                        grammar_set *out)
+{
+    if (token < 0) grammar_set_clear(out);
+    else grammar_advance(g, sc, in, GRAMMAR_EL_TOKEN, (uint32_t)token, out);
 }
 
 bool grammar_accepts(const grammar *g, const char *doc, size_t len)
@@ -947,6 +984,11 @@ int grammar_n_rules(const grammar *g)
     return g->n_rules;
 }
 
+int32_t grammar_max_token(const grammar *g)
+{
+    return g->max_token;
+}
+
 grammar *grammar_ref(grammar *g)
 {
     if (g) __atomic_add_fetch(&g->refs, 1, __ATOMIC_RELAXED);
@@ -956,10 +998,12 @@ grammar *grammar_ref(grammar *g)
 void grammar_free(grammar *g)
 {
     if (!g || __atomic_sub_fetch(&g->refs, 1, __ATOMIC_ACQ_REL) > 0) return;
-    for (int i = 0; i < GRAMMAR_CI_CACHE; i++) {
+    for (int i = 0; i < g->ci_cap; i++) {
         free(g->ci[i].mask);
+        free(g->ci[i].ids);
         free(g->ci[i].unc);
     }
+    free(g->ci);
     for (int i = 0; i < GRAMMAR_MASK_CACHE; i++) {
         free(g->cache[i].key);
         free(g->cache[i].mask);

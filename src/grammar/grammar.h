@@ -7,7 +7,9 @@
  *
  * A compiled grammar works on BYTES: character classes are expanded into UTF-8 byte-range
  * sequences at compile time, so a token that ends in the middle of a character (byte-fallback
- * and byte-level BPE tokens do) is matched as far as its bytes go. Matching is a pushdown
+ * and byte-level BPE tokens do) is matched as far as its bytes go. Token terminals (`<[ID]>`,
+ * llama.cpp's syntax) match one token id and never bytes: a family's control tokens (tool-call
+ * markers) are written by id, and ordinary tokens spelling the same text do not match them. Matching is a pushdown
  * automaton over those bytes (a set of stacks of grammar positions, llama.cpp's scheme at
  * byte level); grammar_match.c lifts it to tokens with a trie over the vocabulary's token
  * bytes (a token may cross any number of terminals) and caches the token mask of each parser
@@ -65,6 +67,9 @@ void grammar_free(grammar *g);
 bool grammar_accepts(const grammar *g, const char *doc, size_t len);
 /* Rules and byte sets after expansion (statistics, tests). */
 int grammar_n_rules(const grammar *g);
+/* The largest token id a token terminal (<[ID]>) of the grammar names; -1 when it has none.
+ * A grammar for a vocabulary must name only ids below its size (the caller checks). */
+int32_t grammar_max_token(const grammar *g);
 
 /* ---- compile cache ------------------------------------------------------------------- */
 typedef struct grammar_cache grammar_cache;
@@ -80,12 +85,14 @@ void grammar_cache_stats(grammar_cache *c, uint64_t *n_compiled, uint64_t *n_hit
 
 /* ---- token level (grammar_match.c) --------------------------------------------------- */
 /* The vocabulary as bytes: a trie over every token's decoded bytes. Tokens with no bytes
- * (control tokens) are never allowed by a grammar, except the stop ids a matcher is given. */
+ * (control tokens) are allowed only by the grammar's token terminals and as the stop ids a
+ * matcher is given. */
 typedef struct grammar_vocab grammar_vocab;
 /* bytes[i] / lens[i]: token i's decoded bytes (copied). */
 grammar_vocab *grammar_vocab_new(int n_vocab, const char *const *bytes, const int *lens);
 /* The vocabulary of a model's tokenizer: each token's bytes as the detokenizer writes them
- * (tokenizer_token_to_piece without special text: control tokens have none). */
+ * (tokenizer_token_to_piece without special text); added tokens (control, user-defined,
+ * unknown) have none: the marker tokens a grammar writes are its token terminals. */
 struct tokenizer;
 grammar_vocab *grammar_vocab_from_tokenizer(const struct tokenizer *t);
 void grammar_vocab_free(grammar_vocab *v);
@@ -108,10 +115,15 @@ void grammar_match_free(grammar_match *m);
 int grammar_match_mask(grammar_match *m, uint32_t *mask);
 /* Sets logits[i] = -INFINITY for every token the mask does not allow (n_vocab floats). */
 void grammar_match_apply(grammar_match *m, float *logits);
-/* Advances over a chosen token. Returns false (state unchanged) if the token is not allowed. */
+/* Advances over a chosen token (over its bytes, or as a token terminal, or both where both
+ * paths exist). Returns false (state unchanged) if the token is not allowed. */
 bool grammar_match_accept(grammar_match *m, int32_t token);
 /* True when the bytes accepted so far form a complete document. */
 bool grammar_match_complete(const grammar_match *m);
+/* True when the document is complete and nothing can continue it (every path ended). */
+bool grammar_match_done(const grammar_match *m);
+/* Back to the grammar's start, for the next document (the memos are kept). */
+void grammar_match_reset(grammar_match *m);
 /* Mask cache statistics of the grammar: lookups that hit, masks computed, and the seconds
  * the computed ones took (walk_s may be NULL). */
 void grammar_match_stats(const grammar *g, uint64_t *n_hit, uint64_t *n_computed, double *walk_s);

@@ -4,11 +4,12 @@
  *
  * Compiled form (llama.cpp's flat encoding, at byte level): every rule is a run of elements
  * in el[], its alternatives separated by GRAMMAR_EL_ALT and closed by GRAMMAR_EL_END.
- * Elements are byte sets (index into sets[]) and references to rules. A parser state is a
- * SET of stacks; a stack is a list of element positions (bottom first), its top the next
- * byte set to match; the positions below it are where to continue when the rule above ends.
- * An empty stack means the document may end here. Stacks only ever hold positions of byte
- * sets and rule references, and a set holds each distinct stack once.
+ * Elements are byte sets (index into sets[]), token terminals and references to rules. A
+ * parser state is a SET of stacks; a stack is a list of element positions (bottom first), its
+ * top the next terminal to match (a byte set or a token); the positions below it are where to
+ * continue when the rule above ends. An empty stack means the document may end here. Stacks
+ * only ever hold positions of terminals and rule references, and a set holds each distinct
+ * stack once.
  */
 #ifndef TM_GRAMMAR_INT_H
 #define TM_GRAMMAR_INT_H
@@ -19,11 +20,13 @@
 #include "grammar/grammar.h"
 #include "recipe/jsonfmt.h"
 
-enum { GRAMMAR_EL_END = 0, GRAMMAR_EL_ALT, GRAMMAR_EL_RULE, GRAMMAR_EL_BYTES };
+/* TOKEN: a token terminal, matched by one token id and never by bytes (control tokens such
+ * as a family's tool-call markers, which ordinary tokens could spell out as text). */
+enum { GRAMMAR_EL_END = 0, GRAMMAR_EL_ALT, GRAMMAR_EL_RULE, GRAMMAR_EL_BYTES, GRAMMAR_EL_TOKEN };
 
 typedef struct {
     uint32_t type;          /* GRAMMAR_EL_* */
-    uint32_t v;             /* RULE: rule index; BYTES: index into sets */
+    uint32_t v;             /* RULE: rule index; BYTES: index into sets; TOKEN: token id */
 } grammar_el;
 
 /* A set of stacks. data holds, per stack, its length then its positions (bottom first). */
@@ -54,21 +57,26 @@ typedef struct {
 /* How many top entries of a stack decide its context-independent tokens. */
 #define GRAMMAR_CI_DEPTH 3
 
-/* The tokens a single stack's top GRAMMAR_CI_DEPTH entries decide by themselves: mask holds
- * those accepted whatever lies below; unc lists (as ranges of the vocabulary's node-ordered
- * token ids) those whose fate depends on the entries below, because some path through their
- * bytes pops past the top. Every other token is rejected whatever lies below. */
+/* The tokens a single stack's top GRAMMAR_CI_DEPTH entries decide by themselves: those
+ * accepted whatever lies below, and unc: those whose fate depends on the entries below,
+ * because some path through their bytes pops past the top (as ranges of the vocabulary's
+ * node-ordered token ids). Every other token is rejected whatever lies below. Most entries
+ * accept few tokens (punctuation, keys, digits), so the accepted set is a list of ids when
+ * that is smaller than a bitmask. */
 typedef struct {
     uint64_t hash;
-    const void *vocab;
     uint32_t key[GRAMMAR_CI_DEPTH + 1];   /* the top entries, then 1 if the stack was longer */
     int n_key;                            /* 0: empty slot */
-    uint32_t *mask;                       /* (n_vocab / 32 rounded up) */
+    uint32_t *mask;                       /* dense: (n_vocab / 32 rounded up) bits; or NULL */
+    int32_t *ids;                         /* sparse: (n_ids) accepted token ids */
+    int n_ids;
     uint32_t *unc;                        /* (2 * n_unc) [from, to) index ranges into toks */
-    int n_unc, cap_unc;
+    int n_unc;
 } grammar_ci_entry;
 
-#define GRAMMAR_CI_CACHE 1024
+/* The table of entries per grammar grows (open addressing) up to this many bytes of masks,
+ * lists and ranges; past it, it starts over (a grammar whose stack tops never repeat). */
+#define GRAMMAR_CI_BYTES (32u << 20)
 
 struct grammar {
     int refs;                   /* atomic */
@@ -79,10 +87,14 @@ struct grammar {
     uint32_t (*sets)[8];        /* (n_sets) 256-bit byte sets */
     int n_sets;
     int root;                   /* start rule */
+    int32_t max_token;          /* largest token id a token terminal names; -1: none */
     grammar_set start;          /* the initial state */
     pthread_mutex_t mu;         /* guards the mask cache */
     grammar_mask_entry cache[GRAMMAR_MASK_CACHE];
-    grammar_ci_entry ci[GRAMMAR_CI_CACHE];   /* per top-of-stack, under mu */
+    grammar_ci_entry *ci;       /* (ci_cap) per top of stack, open addressing, under mu */
+    int ci_cap, ci_n;           /* slots (power of two, 0 before the first), used */
+    size_t ci_bytes;            /* bytes held by the entries' masks, lists and ranges */
+    const void *ci_vocab;       /* the grammar_vocab the entries are for */
     uint64_t n_hit;             /* masks found in the whole-state cache */
     uint64_t n_computed;        /* context-independent entries computed (trie walks) */
     uint64_t n_composed;        /* masks composed from ci entries (whole-state cache misses) */
@@ -106,6 +118,10 @@ void grammar_scratch_free(grammar_scratch *sc);
 /* out = the states after reading byte b in every stack of in (out cleared first). */
 void grammar_step(const grammar *g, grammar_scratch *sc, const grammar_set *in, uint8_t b,
                   grammar_set *out);
+/* out = the states after token terminal `token` in every stack of in (out cleared first);
+ * stacks whose top is a byte set or another token die. */
+void grammar_step_token(const grammar *g, grammar_scratch *sc, const grammar_set *in, int32_t token,
+                        grammar_set *out);
 uint64_t grammar_set_hash(const grammar_set *s);
 
 /* Front ends (GBNF text into a malloc'd string; NULL on error with err set). */

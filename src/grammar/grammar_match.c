@@ -171,7 +171,12 @@ grammar_vocab *grammar_vocab_from_tokenizer(const tokenizer *t)
     for (int i = 0; i < n; i++) {
         bytes[i] = buf + (size_t)i * (size_t)cap;
         lens[i] = tokenizer_token_to_piece(t, i, bytes[i], cap, false);
-        if (lens[i] > cap) lens[i] = 0;
+        /* added tokens (control and user-defined: <think>, <tool_call>, ...) mean something
+         * to the output splitter and the scheduler by id, so a grammar never writes text with
+         * them: they match token terminals only */
+        if (lens[i] > cap || tokenizer_attr(t, i) & (TOKENIZER_ATTR_CONTROL | TOKENIZER_ATTR_USER_DEFINED |
+                                                     TOKENIZER_ATTR_UNKNOWN))
+            lens[i] = 0;
     }
     grammar_vocab *v = grammar_vocab_new(n, (const char *const *)bytes, lens);
     free(buf);
@@ -256,6 +261,24 @@ static bool grammar_set_equal(const grammar_set *a, const grammar_set *b)
 {
     return a->n_stacks == b->n_stacks && a->n_data == b->n_data &&
            !memcmp(a->data, b->data, (size_t)a->n_data * sizeof *a->data);
+}
+
+/* Bits set in w[0..n). By hand (SWAR, 64 bits at a time): without -mpopcnt the builtin is a
+ * library call per word, which dominated a mask over a 150k vocabulary. */
+static int grammar_popcount(const uint32_t *w, int n)
+{
+    int total = 0, i = 0;
+    for (; i + 1 < n; i += 2) {
+        uint64_t x = (uint64_t)w[i] | (uint64_t)w[i + 1] << 32;
+        if (!x) continue;
+        x -= (x >> 1) & 0x5555555555555555ull;
+        x = (x & 0x3333333333333333ull) + ((x >> 2) & 0x3333333333333333ull);
+        x = (x + (x >> 4)) & 0x0F0F0F0F0F0F0F0Full;
+        total += (int)((x * 0x0101010101010101ull) >> 56);
+    }
+    for (; i < n; i++)
+        for (uint32_t x = w[i]; x; x &= x - 1) total++;
+    return total;
 }
 
 /* The id of state s in the DFA memo, adding it if new. */
@@ -393,6 +416,61 @@ static int grammar_match_walk(grammar_match *m, const grammar_set *set, bool tru
     return n_allowed;
 }
 
+/* The entry of key[0..n) (hash h) in g's table, or the empty slot where it goes. Under g->mu. */
+static grammar_ci_entry *grammar_ci_find(grammar *g, const uint32_t *key, int n, uint64_t h)
+{
+    int j = (int)(h & (uint64_t)(g->ci_cap - 1));
+    for (;;) {
+        grammar_ci_entry *e = &g->ci[j];
+        if (!e->n_key || (e->n_key == n && e->hash == h && !memcmp(e->key, key, (size_t)n * sizeof *key))) return e;
+        j = (j + 1) & (g->ci_cap - 1);
+    }
+}
+
+static void grammar_ci_clear(grammar *g)
+{
+    for (int i = 0; i < g->ci_cap; i++) {
+        free(g->ci[i].mask);
+        free(g->ci[i].ids);
+        free(g->ci[i].unc);
+    }
+    memset(g->ci, 0, (size_t)g->ci_cap * sizeof *g->ci);
+    g->ci_n = 0;
+    g->ci_bytes = 0;
+}
+
+/* Stores a computed entry (taking its buffers) unless another thread stored it meanwhile;
+ * returns the one in the table. Under g->mu. */
+static grammar_ci_entry *grammar_ci_put(grammar *g, const grammar_vocab *v, grammar_ci_entry *x)
+{
+    if (g->ci_vocab != v || g->ci_bytes > GRAMMAR_CI_BYTES) {
+        if (g->ci) grammar_ci_clear(g);
+        g->ci_vocab = v;
+    }
+    if (2 * (g->ci_n + 1) > g->ci_cap) {  /* grow and rehash */
+        int cap = g->ci_cap ? 2 * g->ci_cap : 256;
+        grammar_ci_entry *old = g->ci;
+        int old_cap = g->ci_cap;
+        g->ci = xcalloc((size_t)cap, sizeof *g->ci);
+        g->ci_cap = cap;
+        for (int i = 0; i < old_cap; i++)
+            if (old[i].n_key) *grammar_ci_find(g, old[i].key, old[i].n_key, old[i].hash) = old[i];
+        free(old);
+    }
+    grammar_ci_entry *e = grammar_ci_find(g, x->key, x->n_key, x->hash);
+    if (e->n_key) {  /* computed twice at once: keep the first */
+        free(x->mask);
+        free(x->ids);
+        free(x->unc);
+        return e;
+    }
+    *e = *x;
+    g->ci_n++;
+    g->ci_bytes += (e->mask ? ((size_t)v->n_vocab + 31) / 32 * 4 : 0) + (size_t)e->n_ids * 4 + (size_t)e->n_unc * 8 +
+                   sizeof *e;
+    return e;
+}
+
 /* The mask of state cur from its stacks' context-independent entries (computed once per
  * grammar and top of stack, shared) plus a check of their undecided tokens against cur.
  * mask(cur) is the union over its stacks, since the stacks of a state are alternatives. */
@@ -406,38 +484,45 @@ static int grammar_match_compose(grammar_match *m)
         const uint32_t *w = m->cur.data + m->cur.off[si];
         int n = (int)w[0];
         if (n == 0) continue;  /* the end of the document: no token continues it */
+        const grammar_el *top = &g->el[w[n]];
+        if (top->type == GRAMMAR_EL_TOKEN) {  /* exactly that id, whatever lies below */
+            if (top->v < (uint32_t)v->n_vocab) m->mask[top->v >> 5] |= 1u << (top->v & 31);
+            continue;
+        }
         int k = TM_MIN(n, GRAMMAR_CI_DEPTH);
-        uint32_t key[GRAMMAR_CI_DEPTH + 1];
-        memcpy(key, w + 1 + (n - k), (size_t)k * sizeof *key);
-        key[k] = n > k;
+        grammar_ci_entry x = {0};
+        memcpy(x.key, w + 1 + (n - k), (size_t)k * sizeof *x.key);
+        x.key[k] = n > k;
+        x.n_key = k + 1;
         uint64_t h = 0x51ED270B27u;
-        for (int j = 0; j <= k; j++) h = (h ^ key[j]) * 0x100000001B3ull;
-        grammar_ci_entry *e = &g->ci[(h ^ h >> 29) & (GRAMMAR_CI_CACHE - 1)];
+        for (int j = 0; j <= k; j++) h = (h ^ x.key[j]) * 0x100000001B3ull;
+        x.hash = h ^ h >> 29;
         pthread_mutex_lock(&g->mu);
-        bool hit = e->n_key == k + 1 && e->hash == h && e->vocab == v && !memcmp(e->key, key, (size_t)(k + 1) * sizeof *key);
-        if (!hit) {
+        grammar_ci_entry *e = g->ci_cap && g->ci_vocab == v ? grammar_ci_find(g, x.key, x.n_key, x.hash) : NULL;
+        if (!e || !e->n_key) {
             pthread_mutex_unlock(&g->mu);
-            /* compute outside the lock into the matcher's buffers, then publish */
+            /* compute outside the lock, then publish */
             grammar_set_clear(&m->one);
-            grammar_set_add(&m->one, key, k);
+            grammar_set_add(&m->one, x.key, k);
             uint32_t *cm = xmalloc((size_t)m->n_words * sizeof *cm);
-            uint32_t *cu = NULL;
-            int cn = 0, ccap = 0;
-            grammar_match_walk(m, &m->one, key[k] != 0, cm, &cu, &cn, &ccap);
+            int cap_unc = 0;
+            int n_acc = grammar_match_walk(m, &m->one, x.key[k] != 0, cm, &x.unc, &x.n_unc, &cap_unc);
+            if ((size_t)n_acc * 32 < (size_t)m->n_words * 16) {  /* a list is under half the bitmask */
+                x.ids = xmalloc((size_t)(n_acc ? n_acc : 1) * sizeof *x.ids);
+                for (int wi = 0; wi < m->n_words; wi++)
+                    for (uint32_t bits = cm[wi]; bits; bits &= bits - 1) x.ids[x.n_ids++] = 32 * wi + __builtin_ctz(bits);
+                free(cm);
+            } else {
+                x.mask = cm;
+            }
             pthread_mutex_lock(&g->mu);
             g->n_computed++;
-            free(e->mask);
-            free(e->unc);
-            e->mask = cm;
-            e->unc = cu;
-            e->n_unc = cn;
-            e->cap_unc = ccap;
-            e->hash = h;
-            e->vocab = v;
-            memcpy(e->key, key, (size_t)(k + 1) * sizeof *key);
-            e->n_key = k + 1;
+            e = grammar_ci_put(g, v, &x);
         }
-        for (int j = 0; j < m->n_words; j++) m->mask[j] |= e->mask[j];
+        if (e->mask)
+            for (int j = 0; j < m->n_words; j++) m->mask[j] |= e->mask[j];
+        else
+            for (int j = 0; j < e->n_ids; j++) m->mask[e->ids[j] >> 5] |= 1u << (e->ids[j] & 31);
         if (m->n_unc + e->n_unc > m->cap_unc) {
             m->cap_unc = TM_MAX(2 * m->cap_unc, m->n_unc + e->n_unc);
             m->unc = xrealloc(m->unc, (size_t)m->cap_unc * 2 * sizeof *m->unc);
@@ -460,9 +545,7 @@ static int grammar_match_compose(grammar_match *m)
                 if (grammar_dfa_token(m, sid, t)) m->mask[t >> 5] |= 1u << (t & 31);
             }
     }
-    int n_allowed = 0;
-    for (int j = 0; j < m->n_words; j++) n_allowed += __builtin_popcount(m->mask[j]);
-    return n_allowed;
+    return grammar_popcount(m->mask, m->n_words);
 }
 
 static bool grammar_entry_is(const grammar_mask_entry *e, const grammar_set *s, uint64_t h,
@@ -552,17 +635,38 @@ bool grammar_match_accept(grammar_match *m, int32_t token)
             }
             return true;  /* the state stays: generation ends here */
         }
+    /* as a token terminal (into lv[1]) and over its bytes (into tmp); the new state is both */
+    grammar_step_token(m->g, &m->sc, &m->cur, token, &m->lv[1]);
     uint32_t a = v->off[token], b = v->off[token + 1];
-    if (a == b) return false;
-    grammar_set_copy(&m->tmp, &m->cur);
-    for (uint32_t k = a; k < b; k++) {
-        grammar_step(m->g, &m->sc, &m->tmp, v->bytes[k], &m->lv[0]);
-        grammar_set_copy(&m->tmp, &m->lv[0]);
-        if (m->tmp.n_stacks == 0) return false;
+    grammar_set_clear(&m->tmp);
+    if (a < b) {
+        grammar_set_copy(&m->tmp, &m->cur);
+        for (uint32_t k = a; k < b && m->tmp.n_stacks; k++) {
+            grammar_step(m->g, &m->sc, &m->tmp, v->bytes[k], &m->lv[0]);
+            grammar_set_copy(&m->tmp, &m->lv[0]);
+        }
     }
+    for (int i = 0; i < m->lv[1].n_stacks; i++) {
+        const uint32_t *w = m->lv[1].data + m->lv[1].off[i];
+        grammar_set_add(&m->tmp, w + 1, (int)w[0]);
+    }
+    if (m->tmp.n_stacks == 0) return false;
     grammar_set_copy(&m->cur, &m->tmp);
     m->mask_valid = false;
     return true;
+}
+
+bool grammar_match_done(const grammar_match *m)
+{
+    for (int i = 0; i < m->cur.n_stacks; i++)
+        if (m->cur.data[m->cur.off[i]] != 0) return false;
+    return m->cur.n_stacks > 0;
+}
+
+void grammar_match_reset(grammar_match *m)
+{
+    grammar_set_copy(&m->cur, &m->g->start);
+    m->mask_valid = false;
 }
 
 void grammar_match_stats(const grammar *g, uint64_t *n_hit, uint64_t *n_computed, double *walk_s)

@@ -310,7 +310,9 @@ typedef struct {
     int g_kind;                         /* its source, for a backend in another process */
     const char *g_src;                  /* (g_len) req.fmt_src or g_tool */
     size_t g_len;
-    char *g_tool;                       /* a forced call's grammar text (owned), or NULL */
+    char *g_tool;                       /* the calls' grammar text (owned), or NULL */
+    int32_t g_trigger;                  /* g binds only what follows this token (strict tools
+                                         * under auto); -1: g binds the whole answer */
 } api_job;
 
 static void api_job_free(api_job *j)
@@ -560,30 +562,33 @@ static void api_job_output(api_job *j, events_markers *mk)
 /* Step: the answer's format (STRUCTURED OUTPUT in api.h), compiled through the cache here,
  * on the connection's thread, so that a bad schema / regex / grammar is a 400 naming the
  * problem before anything is queued. A forced call of a family with a grammar form wins over
- * a response format (the answer is the call). */
+ * a response format (the answer is the call); strict tools under auto bind calls only, and
+ * only when no response format binds the answer. */
 static bool api_job_grammar(api_job *j, const events_markers *mk, api_error *e)
 {
     const api_ctx *c = j->c;
     api_req *q = &j->req;
+    j->g_trigger = -1;
     bool forced = q->tools_mode == API_TOOLS_REQUIRED || q->tools_mode == API_TOOLS_NAMED;
     if (forced && q->conv.n_tools == 0) {
         api_error_set(e, 400, "tool_choice", "invalid_value",
                       "Invalid value for 'tool_choice': a tool call is required, but no tools were given.");
         return false;
     }
+    bool strict = false;
+    for (int i = 0; i < q->conv.n_tools; i++) strict |= q->conv.tools[i].strict;
+    /* (a server without the grammar machinery, the gateway, leaves such calls free as before) */
+    bool lazy = !forced && strict && q->tools_mode == API_TOOLS_AUTO && q->fmt_kind < 0 && c->gcache && c->gvocab;
     char err[512] = "";
     char *tool_src = NULL;
-    if (forced) {
-        tool_src = api_tool_gbnf(&q->conv, mk->toolfmt, q->tools_mode == API_TOOLS_NAMED ? q->tool_name : NULL,
+    int32_t trigger = -1;
+    if (forced || lazy) {
+        tool_src = api_tool_gbnf(&q->conv, mk, q->tools_mode == API_TOOLS_NAMED ? q->tool_name : NULL, lazy, &trigger,
                                  err, sizeof err);
         if (!tool_src && err[0]) {
             api_error_set(e, 400, q->tools_mode == API_TOOLS_NAMED ? "tool_choice" : "tools", "invalid_value",
                           "Invalid tool call format: %s", err);
             return false;
-        }
-        if (mk->toolfmt == EVENTS_TOOLFMT_QWEN && mk->tool_start < 0) {  /* no marker to announce it with */
-            free(tool_src);
-            tool_src = NULL;
         }
     }
     if (!tool_src && q->fmt_kind < 0) return true;
@@ -601,7 +606,7 @@ static bool api_job_grammar(api_job *j, const events_markers *mk, api_error *e)
         j->g_kind = GRAMMAR_KIND_GBNF;
         j->g_src = tool_src;
         j->g_len = strlen(tool_src);
-        if (st == GRAMMAR_OK && mk->toolfmt == EVENTS_TOOLFMT_QWEN) j->out.call_marker = mk->tool_start;
+        if (lazy) j->g_trigger = trigger;
     } else {
         st = grammar_cache_get(c->gcache, (grammar_kind)q->fmt_kind, q->fmt_src ? q->fmt_src : "", q->fmt_len, &j->g,
                                err, sizeof err);
@@ -612,6 +617,35 @@ static bool api_job_grammar(api_job *j, const events_markers *mk, api_error *e)
     if (st != GRAMMAR_OK) {
         api_error_set(e, 400, param, "invalid_value", "Invalid format in '%s': %s", param, err);
         return false;
+    }
+    if (grammar_max_token(j->g) >= grammar_vocab_n(c->gvocab)) {  /* a GBNF <[ID]> the model does not have */
+        api_error_set(e, 400, param, "invalid_value", "Invalid format in '%s': token id %d is not in the model's vocabulary (%d tokens).",
+                      param, (int)grammar_max_token(j->g), grammar_vocab_n(c->gvocab));
+        return false;
+    }
+    if (!tool_src && q->tools_mode == API_TOOLS_AUTO && q->conv.n_tools > 0) {
+        /* the format checked alone above (its errors name its field); the answer may still
+         * be a call instead, as with no format */
+        tool_src = api_format_calls_gbnf(&q->conv, mk, q->fmt_kind, q->fmt_src, q->fmt_len, err, sizeof err);
+        if (!tool_src && err[0]) {
+            api_error_set(e, 400, "tools", "invalid_value", "Invalid tool call format: %s", err);
+            return false;
+        }
+        if (tool_src) {
+            grammar *both = NULL;
+            st = grammar_cache_get(c->gcache, GRAMMAR_KIND_GBNF, tool_src, strlen(tool_src), &both, err, sizeof err);
+            if (st != GRAMMAR_OK) {
+                free(tool_src);
+                api_error_set(e, 400, "tools", "invalid_value", "Invalid format in 'tools': %s", err);
+                return false;
+            }
+            grammar_free(j->g);
+            j->g = both;
+            j->g_tool = tool_src;
+            j->g_kind = GRAMMAR_KIND_GBNF;
+            j->g_src = tool_src;
+            j->g_len = strlen(tool_src);
+        }
     }
     return true;
 }
@@ -660,6 +694,8 @@ static bool api_job_submit(http_request *r, api_job *j, const api_tenancy *tn, c
         sp.grammar_src = j->g_src;
         sp.grammar_len = j->g_len;
     }
+    sp.grammar_lazy = j->g && j->g_trigger >= 0;
+    sp.grammar_trigger = j->g_trigger;
     for (int i = 0; i < j->out.n_choices; i++) {
         sp.sample.seed = j->req.sp.seed + (uint64_t)i;
         sched_status ss = api_be_submit(c, &sp, &j->sreq[i]);

@@ -295,24 +295,42 @@ api_status api_parse(const api_cfg *cfg, api_kind kind, const char *body, size_t
 /* STRUCTURED OUTPUT. response_format / text.format (json_object, json_schema), the vLLM and
  * llama.cpp extensions (guided_json, guided_regex, guided_choice, guided_grammar, json_schema,
  * grammar) and forced tool calls all become one grammar per request. A forced call (tool_choice
- * required / any / a named tool) is the body of the model family's own call syntax, with the
- * arguments bound by each tool's schema:
- *   QWEN    {"name": N, "arguments": ARGS}, between <tool_call> markers;
- *   LLAMA3  {"name": N, "parameters": ARGS} (the family has no marker token).
- * Qwen's markers are control tokens, which a byte grammar cannot write and a marker spelled in
- * pieces is text to the splitter (events.h), so the grammar writes the body and api_out tells
- * the splitter that the call opened (api_out.call_marker) at the first answer token.
- * DeepSeek's call syntax is made of control tokens between the name and the arguments; its
- * forced calls are not constrained (the request runs as with tool_choice auto).
- *   HARMONY a call forced to one tool (named, or required with one tool offered) is opened
- *           by the prompt itself (conv.forced_call: the template writes the call's header),
- *           so the grammar is that tool's arguments alone and the splitter starts inside the
- *           call; required with several tools is not constrained. */
+ * required / any / a named tool) is written in the model family's own call syntax, its control
+ * tokens as token terminals (so the splitter, events.h, sees them by id), with the arguments
+ * bound by each tool's schema:
+ *   QWEN      <tool_call>\n{"name": N, "arguments": ARGS}\n</tool_call>;
+ *   LLAMA3    {"name": N, "parameters": ARGS} (the family has no marker token);
+ *   DEEPSEEK  <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>N<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>
+ *             <｜tool▁calls▁end｜> (V3.1's form).
+ * Strict tools under tool_choice auto: the answer is free until the model writes the token
+ * that opens calls (the trigger: <tool_call>, <｜tool▁calls▁begin｜>), then the call is bound
+ * (strict tools by their schema, the others to a JSON object) until it closes. LLAMA3 has no
+ * such token, so its auto calls stay free. With a response format and tools under auto, the
+ * answer is either a document of the format or (from the trigger) a call.
+ *   HARMONY   a call forced to one tool (named, or required with one tool offered) is opened
+ *             by the prompt itself (conv.forced_call: the template writes the call's header),
+ *             so the grammar is that tool's arguments alone and the splitter starts inside
+ *             the call; required with several tools, and strict tools under auto, are not
+ *             constrained. */
 
-/* The GBNF text of a forced call for tool format fmt over c's tools (only the tool named
- * `only` when not NULL): malloc'd, or NULL with a message in err (a tool's schema refused, or
- * a format without a grammar form: NULL and err ""). */
-char *api_tool_gbnf(const conv *c, events_toolfmt fmt, const char *only, char *err, size_t errsz);
+/* The GBNF text of the calls for the family of mk over c's tools (only the tool named `only`
+ * when not NULL). lazy = false: a forced call, the whole answer, every tool bound by its
+ * schema; lazy = true: what follows *trigger, the family's call-opening token (strict tools
+ * bound by their schema, the others to a JSON object). malloc'd, or NULL with a message in err
+ * (a tool's schema refused), or NULL and err "" (the family has no call syntax, lacks one of
+ * its tokens, or has no opening token for a lazy grammar). *trigger: the opening token, -1 if
+ * none. */
+char *api_tool_gbnf(const conv *c, const events_markers *mk, const char *only, bool lazy, int32_t *trigger, char *err,
+                    size_t errsz);
+
+/* A response format (kind, src[0..len): api_req.fmt_*) that the answer may take, or else a
+ * call of c's tools opened by the family's call-opening token (tool_choice auto with a format):
+ *   root ::= f-root | <[trigger]> c-root
+ * (the format's rules prefixed f-, the lazy call grammar's c-). malloc'd; NULL and err "" when
+ * the family has no opening token (the format alone binds the answer), NULL with err set when
+ * a tool's schema or the format is refused. */
+char *api_format_calls_gbnf(const conv *c, const events_markers *mk, int kind, const char *src, size_t len, char *err,
+                            size_t errsz);
 
 /* Token figures of a finished response (summed over choices). */
 typedef struct {
@@ -403,7 +421,6 @@ typedef struct {
     int n_tokens;             /* tokens generated */
     int n_reasoning_tokens;   /* of those, inside a think block (markers included) */
     bool in_think;            /* token-level: inside a think block */
-    bool marker_fed;          /* api_out.call_marker was fed */
     int32_t think_start;      /* marker ids for the count above (-1 none) */
     int32_t think_end;
     int32_t *token_ids;       /* generated ids (return_token_ids) */
@@ -427,8 +444,6 @@ typedef struct api_out {
     const int32_t *prompt_ids;/* for return_token_ids (borrowed, may be NULL) */
     int n_prompt_ids;
     int seq;                  /* responses: next sequence_number */
-    int32_t call_marker;      /* a forced call's opening marker id, fed to each choice's splitter
-                               * (with no text) before its first answer token; -1: none */
     api_piece_fn piece;       /* logprob token text (NULL: logprobs carry no text) */
     void *piece_ud;
     bytebuf out;          /* bytes ready for the client (SSE events, or the final body) */

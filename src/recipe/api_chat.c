@@ -157,8 +157,15 @@ static bool api_chat_tools(conv *c, json_t *tools, const char *key, bool legacy,
             api_json_type_error(API_KIND_CHAT, e, q, "an object", params);
             return false;
         }
+        json_t *strict = json_object_get(fn, "strict");
+        if (strict && !json_is_null(strict) && !json_is_boolean(strict)) {
+            api_path(q, sizeof q, p, legacy ? "strict" : "function.strict", -1);
+            api_json_type_error(API_KIND_CHAT, e, q, "a boolean", strict);
+            return false;
+        }
         char *pj = params && json_is_object(params) ? api_json_dump(params) : NULL;
         conv_add_tool(c, json_string_value(name), json_is_string(desc) ? json_string_value(desc) : NULL, pj);
+        c->tools[c->n_tools - 1].strict = json_is_true(strict);
         free(pj);
     }
     return true;

@@ -711,13 +711,90 @@ bool api_json_guided(api_kind kind, json_t *root, api_req *r, api_error *e)
     return true;
 }
 
-/* The tools of a forced call, one alternative per tool:
- *   root ::= "{\"name\": \"N1\", \"arguments\": " t1-root "}" | ...
- * followed by each tool's schema grammar, its rules prefixed t1-, t2-, ... */
-char *api_tool_gbnf(const conv *c, events_toolfmt fmt, const char *only, char *err, size_t errsz)
+/* ---- tool-call syntax per model family ----
+ * Each family with tool calls has one syntax function: it writes rule `calls`, the text that
+ * follows the token opening the calls (*trigger; -1 when the family's calls are plain text
+ * with no opening token), from the tools' names and the rules of their arguments. A family
+ * added later (harmony) adds one function and one row in api_tool_syntaxes. */
+typedef struct {
+    const char *name;          /* the tool's name (raw) */
+    const char *args;          /* its arguments' rule, e.g. "t1-root" */
+} api_tool_alt;
+
+typedef bool (*api_tool_syntax_fn)(bytebuf *g, const events_markers *mk, const api_tool_alt *t, int n, bool many,
+                                   int32_t *trigger);
+
+/* "{\"name\": N, \"KEY\": " ARGS "}" per tool, as alternatives of rule `call` */
+static void api_tool_json_calls(bytebuf *g, const api_tool_alt *t, int n, const char *key)
+{
+    bytebuf head = {0};
+    bytebuf_puts(g, "call ::= ");
+    for (int i = 0; i < n; i++) {
+        head.len = 0;
+        bytebuf_puts(&head, "{\"name\": ");
+        jsonfmt_write_string(&head, t[i].name, strlen(t[i].name));
+        bytebuf_printf(&head, ", \"%s\": ", key);
+        if (i) bytebuf_puts(g, " | ");
+        api_gbnf_literal(g, head.p, head.len);
+        bytebuf_printf(g, " %s \"}\"", t[i].args);
+    }
+    bytebuf_putc(g, '\n');
+    bytebuf_free(&head);
+}
+
+/* <tool_call>\n{"name": N, "arguments": ARGS}\n</tool_call>: one call per opening marker */
+static bool api_tool_syntax_qwen(bytebuf *g, const events_markers *mk, const api_tool_alt *t, int n, bool many,
+                                 int32_t *trigger)
+{
+    if (mk->tool_start < 0 || mk->tool_end < 0) return false;
+    *trigger = mk->tool_start;
+    bytebuf_printf(g, "calls ::= \"\\n\" call \"\\n\" <[%d]>\n", mk->tool_end);
+    api_tool_json_calls(g, t, n, "arguments");
+    return true;
+}
+
+/* {"name": N, "parameters": ARGS} as the whole answer (no marker token) */
+static bool api_tool_syntax_llama3(bytebuf *g, const events_markers *mk, const api_tool_alt *t, int n, bool many,
+                                   int32_t *trigger)
+{
+    *trigger = -1;
+    bytebuf_puts(g, "calls ::= call\n");
+    api_tool_json_calls(g, t, n, "parameters");
+    return true;
+}
+
+/* <｜tool▁calls▁begin｜> (<｜tool▁call▁begin｜> N <｜tool▁sep｜> ARGS <｜tool▁call▁end｜>)+
+ * <｜tool▁calls▁end｜>, V3.1's form (the name as raw text, markers by id) */
+static bool api_tool_syntax_deepseek(bytebuf *g, const events_markers *mk, const api_tool_alt *t, int n, bool many,
+                                     int32_t *trigger)
+{
+    if (mk->tools_begin < 0 || mk->tools_end < 0 || mk->tool_start < 0 || mk->tool_end < 0 || mk->tool_sep < 0)
+        return false;
+    *trigger = mk->tools_begin;
+    bytebuf_printf(g, "calls ::= call%s <[%d]>\n", many ? "+" : "", mk->tools_end);
+    bytebuf_printf(g, "call ::= <[%d]> (", mk->tool_start);
+    for (int i = 0; i < n; i++) {
+        if (i) bytebuf_puts(g, " | ");
+        api_gbnf_literal(g, t[i].name, strlen(t[i].name));
+        bytebuf_printf(g, " <[%d]> %s", mk->tool_sep, t[i].args);
+    }
+    bytebuf_printf(g, ") <[%d]>\n", mk->tool_end);
+    return true;
+}
+
+static const api_tool_syntax_fn api_tool_syntaxes[] = {
+    [EVENTS_TOOLFMT_QWEN] = api_tool_syntax_qwen,
+    [EVENTS_TOOLFMT_LLAMA3] = api_tool_syntax_llama3,
+    [EVENTS_TOOLFMT_DEEPSEEK] = api_tool_syntax_deepseek,
+};
+
+char *api_tool_gbnf(const conv *c, const events_markers *mk, const char *only, bool lazy, int32_t *trigger, char *err,
+                    size_t errsz)
 {
     err[0] = 0;
-    if (fmt == EVENTS_TOOLFMT_HARMONY) {  /* the prompt opened the call: its arguments alone */
+    *trigger = -1;
+    if (mk->toolfmt == EVENTS_TOOLFMT_HARMONY) {  /* the prompt opened the call: its arguments alone */
+        if (lazy) return NULL;
         for (int i = 0; c->forced_call && i < c->n_tools; i++) {
             const conv_tool *t = &c->tools[i];
             if (strcmp(t->name, c->forced_call)) continue;
@@ -732,9 +809,12 @@ char *api_tool_gbnf(const conv *c, events_toolfmt fmt, const char *only, char *e
         if (c->forced_call) snprintf(err, errsz, "'%.64s' is not one of the tools offered.", c->forced_call);
         return NULL;
     }
-    const char *args_key = fmt == EVENTS_TOOLFMT_QWEN ? "arguments" : fmt == EVENTS_TOOLFMT_LLAMA3 ? "parameters" : NULL;
-    if (!args_key) return NULL;
-    bytebuf root = {0}, rules = {0}, name = {0}, head = {0};
+    unsigned fmt = (unsigned)mk->toolfmt;
+    api_tool_syntax_fn syntax = fmt < TM_ARRAY_LEN(api_tool_syntaxes) ? api_tool_syntaxes[fmt] : NULL;
+    if (!syntax) return NULL;
+    bytebuf rules = {0}, g = {0};
+    api_tool_alt *alts = xcalloc((size_t)(c->n_tools ? c->n_tools : 1), sizeof *alts);
+    char (*prefix)[24] = xcalloc((size_t)(c->n_tools ? c->n_tools : 1), sizeof *prefix);
     int n_alt = 0;
     bool ok = true;
     for (int i = 0; i < c->n_tools && ok; i++) {
@@ -742,47 +822,69 @@ char *api_tool_gbnf(const conv *c, events_toolfmt fmt, const char *only, char *e
         if (only && strcmp(only, t->name)) continue;
         grammar_status st;
         char gerr[400] = "";
-        const char *ps = t->parameters;
-        char *g = ps ? grammar_to_gbnf(GRAMMAR_KIND_SCHEMA, ps, strlen(ps), &st, gerr, sizeof gerr)
-                     : grammar_to_gbnf(GRAMMAR_KIND_JSON, "", 0, &st, gerr, sizeof gerr);
-        if (!g) {
+        /* the schema binds a forced call's arguments, and a strict tool's; others: any object */
+        const char *ps = lazy && !t->strict ? NULL : t->parameters;
+        char *tg = ps ? grammar_to_gbnf(GRAMMAR_KIND_SCHEMA, ps, strlen(ps), &st, gerr, sizeof gerr)
+                      : grammar_to_gbnf(GRAMMAR_KIND_JSON, "", 0, &st, gerr, sizeof gerr);
+        if (!tg) {
             snprintf(err, errsz, "the parameters of tool '%.64s': %s", t->name, gerr);
             ok = false;
             break;
         }
-        char prefix[24];
-        snprintf(prefix, sizeof prefix, "t%d-", i + 1);
-        char *pg = grammar_gbnf_prefix(g, strlen(g), prefix);
-        free(g);
+        snprintf(prefix[n_alt], sizeof prefix[n_alt], "t%d-", i + 1);
+        char *pg = grammar_gbnf_prefix(tg, strlen(tg), prefix[n_alt]);
+        free(tg);
         bytebuf_puts(&rules, pg);
         bytebuf_putc(&rules, '\n');
         free(pg);
-        name.len = 0;
-        head.len = 0;
-        jsonfmt_write_string(&name, t->name, strlen(t->name));
-        bytebuf_puts(&head, "{\"name\": ");
-        bytebuf_append(&head, name.p, name.len);
-        bytebuf_printf(&head, ", \"%s\": ", args_key);
-        bytebuf_puts(&root, n_alt++ ? " | " : "root ::= ");
-        api_gbnf_literal(&root, head.p, head.len);
-        bytebuf_printf(&root, " %sroot \"}\"", prefix);
+        strcat(prefix[n_alt], "root");
+        alts[n_alt].name = t->name;
+        alts[n_alt].args = prefix[n_alt];
+        n_alt++;
     }
     if (ok && !n_alt) {
         snprintf(err, errsz, "'%.64s' is not one of the tools offered.", only ? only : "");
         ok = false;
     }
     char *out = NULL;
-    if (ok) {
-        bytebuf_putc(&root, '\n');
-        bytebuf_append(&root, rules.p, rules.len);
-        out = root.p;
-        root.p = NULL;
-    }
-    bytebuf_free(&root);
+    if (ok && syntax(&g, mk, alts, n_alt, lazy, trigger) && (!lazy || *trigger >= 0)) {
+        /* forced: the answer opens the calls itself; lazy: the grammar starts after the opening */
+        if (lazy || *trigger < 0) bytebuf_puts(&g, "root ::= calls\n");
+        else bytebuf_printf(&g, "root ::= <[%d]> calls\n", *trigger);
+        bytebuf_append(&g, rules.p, rules.len);
+        out = g.p;
+        g.p = NULL;
+    } else *trigger = -1;
+    bytebuf_free(&g);
     bytebuf_free(&rules);
-    bytebuf_free(&name);
-    bytebuf_free(&head);
+    free(alts);
+    free(prefix);
     return out;
+}
+
+char *api_format_calls_gbnf(const conv *c, const events_markers *mk, int kind, const char *src, size_t len, char *err,
+                            size_t errsz)
+{
+    int32_t trigger;
+    char *calls = api_tool_gbnf(c, mk, NULL, true, &trigger, err, errsz);
+    if (!calls) return NULL;
+    grammar_status st;
+    char *fg = grammar_to_gbnf((grammar_kind)kind, src ? src : "", len, &st, err, errsz);
+    if (!fg) {
+        free(calls);
+        return NULL;
+    }
+    char *pf = grammar_gbnf_prefix(fg, strlen(fg), "f-"), *pc = grammar_gbnf_prefix(calls, strlen(calls), "c-");
+    bytebuf g = {0};
+    bytebuf_printf(&g, "root ::= f-root | <[%d]> c-root\n", trigger);
+    bytebuf_puts(&g, pf);
+    bytebuf_putc(&g, '\n');
+    bytebuf_puts(&g, pc);
+    free(pf);
+    free(pc);
+    free(fg);
+    free(calls);
+    return g.p;
 }
 
 api_status api_parse(const api_cfg *cfg, api_kind kind, const char *body, size_t len, api_req *r, api_error *e)

@@ -228,8 +228,14 @@ static bool api_messages_tools(api_req *r, json_t *tools, api_error *e)
             api_json_bad(K, e, q, "a valid dictionary", schema);
             return false;
         }
+        json_t *strict = json_object_get(t, "strict");
+        if (strict && !json_is_null(strict) && !json_is_boolean(strict)) {
+            api_json_type_error(K, e, api_path(q, sizeof q, p, "strict", -1), "a valid boolean", strict);
+            return false;
+        }
         char *pj = api_json_dump(schema);
         conv_add_tool(&r->conv, json_string_value(name), json_is_string(desc) ? json_string_value(desc) : NULL, pj);
+        r->conv.tools[r->conv.n_tools - 1].strict = json_is_true(strict);
         free(pj);
     }
     return true;

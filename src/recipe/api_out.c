@@ -267,7 +267,6 @@ void api_out_init(api_out *o, const api_req *req, const events_markers *m, uint6
                 req->kind == API_KIND_CHAT ? "chatcmpl-" : req->kind == API_KIND_RESPONSES ? "resp_"
                 : req->kind == API_KIND_COMPLETIONS ? "cmpl-" : "msg_");
     o->n_choices = req->n > 0 ? req->n : 1;
-    o->call_marker = -1;
     o->choices = xcalloc((size_t)o->n_choices, sizeof *o->choices);
     for (int i = 0; i < o->n_choices; i++) {
         api_choice *c = &o->choices[i];
@@ -375,10 +374,6 @@ bool api_out_token(api_out *o, int i, int32_t token, const char *text, size_t le
             en->top_len[k] = (uint8_t)TM_MIN(n, sizeof en->top_text[k]);
             en->top_logprob[k] = lp->top_logprob[k];
         }
-    }
-    if (o->call_marker >= 0 && !c->marker_fed && !c->in_think && token != c->think_end) {
-        c->marker_fed = true;  /* a forced call's body starts here (STRUCTURED OUTPUT in api.h) */
-        events_feed(c->ev, o->call_marker, "", 0);
     }
     c->n_fed += len;
     events_feed(c->ev, token, text, len);

@@ -145,6 +145,7 @@ void conv_add_tool(conv *c, const char *name, const char *description, const cha
     t->name = conv_strdup(c, name ? name : "", name ? strlen(name) : 0);
     t->description = description ? conv_strdup(c, description, strlen(description)) : NULL;
     t->parameters = parameters ? conv_strdup(c, parameters, strlen(parameters)) : NULL;
+    t->strict = false;
 }
 
 void conv_add_message(conv *c, conv_role role, const char *text)

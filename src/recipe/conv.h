@@ -61,6 +61,8 @@ typedef struct {
     const char *name;        /* function name */
     const char *description; /* NULL when the API gave none */
     const char *parameters;  /* JSON-schema object as JSON text, NULL when none */
+    bool strict;             /* calls must validate against parameters (OpenAI / Anthropic
+                              * `strict: true`); set by the API parsers, false by default */
 } conv_tool;
 
 typedef enum {

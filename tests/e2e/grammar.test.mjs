@@ -282,9 +282,25 @@ test("bad grammars and bad usage are clear errors", () => {
   assert.equal(r.status, 1);
   assert.match(r.stderr, /undefined rule 'item'/);
   for (const args of [["grammar"], ["grammar", "frobnicate", "--json"], ["grammar", "check", "--json"],
-                      ["grammar", "sample", "--json"], ["grammar", "print", "--json", "--regex", "a"]]) {
+                      ["grammar", "sample", "--json"], ["grammar", "print", "--json", "--regex", "a"],
+                      ["grammar", "bench", "--json"], ["grammar", "bench", "-m", qwenVocab],
+                      ["grammar", "bench", "-m", path.join(tmp, "missing.gguf"), "--json"]]) {
     const u = spawnSync(bin, args, { encoding: "utf8" });
     assert.ok(u.status === 2 || u.status === 1, `${args}: ${u.status} ${u.stderr}`);
     assert.match(u.stderr, /tokenmill grammar: /);
   }
+});
+
+test("grammar bench: the matcher alone on a vocabulary, mask times per token as JSON", () => {
+  const f = path.join(tmp, "bench-schema.json");
+  fs.writeFileSync(f, JSON.stringify({ type: "object", properties: { n: { type: "integer" }, s: { enum: ["a", "b"] } },
+    required: ["n", "s"], additionalProperties: false }));
+  const out = JSON.parse(execFileSync(bin, ["grammar", "bench", "-m", qwenVocab, "--schema", f, "-n", "3", "--max-tokens", "40",
+    "--seed", "2"], { encoding: "utf8" }));
+  assert.equal(out.n_vocab, 151936);
+  assert.equal(out.documents, 3);
+  assert.ok(out.completed <= 3 && out.tokens >= 6 && out.tokens <= 3 * 40, JSON.stringify(out));
+  for (const k of ["mask", "mask_first_document", "mask_second_half", "cpu", "cpu_first_document", "cpu_second_half"])
+    for (const q of ["mean_us", "p50_us", "p99_us", "max_us"]) assert.ok(Number.isFinite(out[k][q]) && out[k][q] >= 0, `${k}.${q}`);
+  assert.ok(out.mask.p50_us <= out.mask.p99_us && out.mask.p99_us <= out.mask.max_us);
 });

@@ -9,6 +9,12 @@
 //    arguments validate against that tool's schema. tool_choice "none" never gives a call.
 //  - Reasoning stays free: with a DeepSeek-R1 template (the prompt opens the think block) the
 //    reasoning is unconstrained text and the answer after it validates.
+//  - DeepSeek V3.1's forced calls: its call syntax is control tokens around the name and the
+//    arguments (token terminals in the grammar), returned as a tool call in every API.
+//  - Strict tools under tool_choice "auto" (Qwen3 and DeepSeek): the answer is free until the
+//    model opens a call (a logit_bias on the family's opening token makes a random model do
+//    it), then the call is bound: every call that closed parses and validates. With a
+//    response format too, the answer is a document of the format or a valid call.
 //  - A bad schema / regex / grammar / tool is a 400 in the route's vendor shape naming it;
 //    an answer cut by max_tokens inside the document ends with "length".
 import { test, before, after } from "node:test";
@@ -87,6 +93,20 @@ function valid(schema, doc, what) {
 function checkCall(name, args, allowed, what) {
   assert.ok(allowed.includes(name), `${what}: tool ${name} not in ${allowed}`);
   valid(schemaOf[name], typeof args === "string" ? JSON.parse(args) : args, `${what} ${name}`);
+}
+
+// The tool calls of a streamed chat completion, by index, and its finish reason.
+async function streamedCalls(stream) {
+  const calls = [];
+  let finish = null;
+  for await (const ch of stream) {
+    for (const tc of ch.choices[0]?.delta?.tool_calls ?? []) {
+      if (tc.function?.name) calls[tc.index] = { name: tc.function.name, args: "" };
+      calls[tc.index].args += tc.function?.arguments ?? "";
+    }
+    finish = ch.choices[0]?.finish_reason ?? finish;
+  }
+  return { calls, finish };
 }
 
 let Q, oai, ant;
@@ -192,16 +212,10 @@ test("forced tool calls, chat: required (n) and a named function (streaming) giv
       model: "q3", messages: user("Time?"), temperature: 1, seed, max_tokens: MAX, stream: true,
       tools: chatTools, tool_choice: { type: "function", function: { name: "get_time" } },
     });
-    let name = null, args = "", finish = null;
-    for await (const ch of s) {
-      for (const tc of ch.choices[0]?.delta?.tool_calls ?? []) {
-        if (tc.function?.name) name = tc.function.name;
-        args += tc.function?.arguments ?? "";
-      }
-      finish = ch.choices[0]?.finish_reason ?? finish;
-    }
+    const { calls, finish } = await streamedCalls(s);
     assert.equal(finish, "tool_calls");
-    checkCall(name, args, ["get_time"], "chat named stream");
+    assert.equal(calls.length, 1);
+    checkCall(calls[0].name, calls[0].args, ["get_time"], "chat named stream");
   }
 });
 
@@ -274,6 +288,8 @@ test("bad formats are a 400 in the vendor's shape naming the problem", async () 
     (e) => bad()(e) && e.param === "guided_regex");
   await assert.rejects(oai.chat.completions.create({ model: "q3", messages: user("x"), guided_grammar: "root ::= undefined-rule" }),
     (e) => bad()(e) && e.param === "guided_grammar");
+  await assert.rejects(oai.chat.completions.create({ model: "q3", messages: user("x"), guided_grammar: "root ::= <[999999]>" }),
+    (e) => bad()(e) && e.param === "guided_grammar" && /999999/.test(e.message));
   await assert.rejects(oai.chat.completions.create({ model: "q3", messages: user("x"), response_format: { type: "xml" } }),
     (e) => bad()(e) && e.param === "response_format.type");
   await assert.rejects(oai.chat.completions.create({
@@ -336,4 +352,135 @@ test("reasoning stays free: DeepSeek-R1's open think block, then a valid answer"
     assert.equal(f.choices[0].finish_reason, "stop", JSON.stringify(f.choices[0].message));
     valid(person, JSON.parse(f.choices[0].message.content), "after free reasoning");
   }
+});
+
+// Token ids of a marker text in a model's vocabulary.
+const tokenId = (model, text) => {
+  const ids = JSON.parse(execFileSync(bin, ["tokenize", "-m", model, "--special", "--no-bos", text], { encoding: "utf8" }));
+  assert.equal(ids.length, 1, `${text} is one token`);
+  return ids[0];
+};
+
+// Calls of a non-streamed chat choice: all validate but a last one cut by the budget.
+function checkCalls(c, allowed, what) {
+  const calls = c.message.tool_calls ?? [];
+  const n = Math.max(0, c.finish_reason === "length" ? calls.length - 1 : calls.length);
+  for (let i = 0; i < n; i++) {
+    checkCall(calls[i].function.name, calls[i].function.arguments, allowed, `${what} #${i}`);
+    // the pushed marker token is never text inside a bound call (added tokens match by id only)
+    assert.ok(!/<tool_call>|tool▁calls▁begin/.test(calls[i].function.arguments), calls[i].function.arguments);
+  }
+  return n;
+}
+
+test("strict tools under auto (Qwen3): free until <tool_call>, then every call is bound (chat n + stream, responses, messages)", async () => {
+  const model = path.join(tmp, "q3.gguf"), TC = tokenId(model, "<tool_call>");
+  const bias = { [TC]: 100 };  // a random model opens calls only when pushed; it is free otherwise
+  const r = await oai.chat.completions.create({
+    model: "q3", messages: user("Weather?"), temperature: 1, seed: 11, n: 2, max_tokens: 150, tools: chatTools,
+    tool_choice: "auto", logit_bias: bias,
+  });
+  let n = 0;
+  for (const c of r.choices) n += checkCalls(c, ["get_weather", "get_time"], "chat auto strict");
+  assert.ok(n >= 3, `${n} complete calls`);
+  const s = await oai.chat.completions.create({
+    model: "q3", messages: user("Time?"), temperature: 1, seed: 12, max_tokens: 100, stream: true, tools: chatTools,
+    tool_choice: "auto", logit_bias: bias,
+  });
+  const { calls, finish } = await streamedCalls(s);
+  const done = finish === "length" ? calls.slice(0, -1) : calls;
+  assert.ok(done.length >= 1, `${done.length} complete streamed calls`);
+  for (const c of done) checkCall(c.name, c.args, ["get_weather", "get_time"], "chat auto strict stream");
+  // responses and messages read strict too (logit_bias as the extension both accept)
+  const p = await oai.responses.create({
+    model: "q3", input: "Weather?", temperature: 1, max_output_tokens: 120, tools: respTools, tool_choice: "auto", logit_bias: bias,
+  });
+  const pc = p.output.filter((o) => o.type === "function_call");
+  assert.ok(pc.length >= 2, `${pc.length} responses calls`);
+  for (const c of pc.slice(0, p.status === "incomplete" ? -1 : undefined)) checkCall(c.name, c.arguments, ["get_weather", "get_time"], "responses auto strict");
+  const m = await ant.messages.create({
+    model: "q3", max_tokens: 120, temperature: 1, messages: user("Weather?"), logit_bias: bias, tool_choice: { type: "auto" },
+    tools: antTools.map((t) => ({ ...t, strict: true })),
+  });
+  const mu = m.content.filter((b) => b.type === "tool_use");
+  assert.ok(mu.length >= 2, `${mu.length} messages calls`);
+  for (const u of mu.slice(0, m.stop_reason === "max_tokens" ? -1 : undefined)) checkCall(u.name, u.input, ["get_weather", "get_time"], "messages auto strict");
+  // without the push the model answers in text: the format does not bind the answer itself
+  const f = await oai.chat.completions.create({
+    model: "q3", messages: user("Hi"), temperature: 1, seed: 3, max_tokens: 24, tools: chatTools, tool_choice: "auto",
+  });
+  assert.ok(f.choices[0].message.content.length > 0 && !f.choices[0].message.tool_calls?.length);
+  assert.ok(!/^\s*\{/.test(f.choices[0].message.content), f.choices[0].message.content);
+});
+
+test("a response format with tools under auto: a document of the format, or (from <tool_call>) a valid call", async () => {
+  const model = path.join(tmp, "q3.gguf"), TC = tokenId(model, "<tool_call>");
+  const rf = { type: "json_schema", json_schema: { name: "person", schema: person, strict: true } };
+  const doc = await oai.chat.completions.create({
+    model: "q3", messages: user("Who?"), temperature: 1, seed: 21, n: 2, max_tokens: MAX, tools: chatTools,
+    tool_choice: "auto", response_format: rf, logit_bias: { [TC]: -100 },  // this random model favours <tool_call>
+  });
+  for (const c of doc.choices) {
+    assert.equal(c.finish_reason, "stop", JSON.stringify(c.message));
+    valid(person, JSON.parse(c.message.content), "format with tools");
+  }
+  const call = await oai.chat.completions.create({
+    model: "q3", messages: user("Weather?"), temperature: 1, seed: 22, n: 2, max_tokens: MAX, tools: chatTools,
+    tool_choice: "auto", response_format: rf, logit_bias: { [TC]: 100 },
+  });
+  for (const c of call.choices) {
+    assert.equal(c.finish_reason, "tool_calls", JSON.stringify(c.message));
+    assert.equal(c.message.tool_calls.length, 1);
+    checkCall(c.message.tool_calls[0].function.name, c.message.tool_calls[0].function.arguments, ["get_weather", "get_time"], "format or call");
+  }
+});
+
+test("DeepSeek V3.1: forced calls in its control-token syntax in every API (streaming and not); strict tools under auto", async () => {
+  const vocab = path.join(tmp, "vocab-ds3.gguf"), model = path.join(tmp, "ds3.gguf");
+  augment("deepseek3", vocab);
+  execFileSync(bin, ["mkmodel", "--arch", "llama", "--preset", "tiny", "--vocab", vocab, "--type", "q8_0", "--seed", "7",
+    "-o", model], { stdio: "pipe" });
+  const D = await startServer(model, ["--ctx", "4096", "--template", "deepseek3", "--model-name", "ds3"]);
+  const o = new OpenAI({ baseURL: `${D.url}/v1`, apiKey: "x", maxRetries: 0, timeout: 600000 });
+  const a = new Anthropic({ baseURL: D.url, apiKey: "x", maxRetries: 0, timeout: 600000 });
+  const r = await o.chat.completions.create({
+    model: "ds3", messages: user("Weather or time?"), temperature: 1, seed: 3, n: 3, max_tokens: MAX, tools: chatTools,
+    tool_choice: "required", return_token_ids: true,
+  });
+  const BEGIN = tokenId(model, "<｜tool▁calls▁begin｜>"), SEP = tokenId(model, "<｜tool▁sep｜>");
+  for (const c of r.choices) {
+    assert.equal(c.finish_reason, "tool_calls", JSON.stringify(c.message));
+    assert.equal(c.message.tool_calls.length, 1);
+    checkCall(c.message.tool_calls[0].function.name, c.message.tool_calls[0].function.arguments, ["get_weather", "get_time"], "ds chat");
+    // the markers are the family's own tokens
+    assert.equal(c.token_ids[0], BEGIN);
+    assert.ok(c.token_ids.includes(SEP));
+  }
+  const s = await o.chat.completions.create({
+    model: "ds3", messages: user("Time?"), temperature: 1, seed: 4, max_tokens: MAX, stream: true, tools: chatTools,
+    tool_choice: { type: "function", function: { name: "get_time" } },
+  });
+  const { calls, finish } = await streamedCalls(s);
+  assert.equal(finish, "tool_calls");
+  assert.equal(calls.length, 1);
+  checkCall(calls[0].name, calls[0].args, ["get_time"], "ds chat named stream");
+  const p = await o.responses.create({ model: "ds3", input: "Weather?", temperature: 1, max_output_tokens: MAX, tools: respTools, tool_choice: "required" });
+  const pc = p.output.filter((x) => x.type === "function_call");
+  assert.equal(pc.length, 1);
+  checkCall(pc[0].name, pc[0].arguments, ["get_weather", "get_time"], "ds responses");
+  const ms = a.messages.stream({
+    model: "ds3", max_tokens: MAX, temperature: 1, messages: user("Weather?"), tools: antTools, tool_choice: { type: "tool", name: "get_weather" },
+  });
+  const fin = await ms.finalMessage();
+  assert.equal(fin.stop_reason, "tool_use");
+  const u = fin.content.find((b) => b.type === "tool_use");
+  checkCall(u.name, u.input, ["get_weather"], "ds messages stream");
+  // strict tools under auto: bound from <｜tool▁calls▁begin｜> on
+  const auto = await o.chat.completions.create({
+    model: "ds3", messages: user("Weather?"), temperature: 1, seed: 5, n: 2, max_tokens: 150, tools: chatTools,
+    tool_choice: "auto", logit_bias: { [BEGIN]: 100 },
+  });
+  let n = 0;
+  for (const c of auto.choices) n += checkCalls(c, ["get_weather", "get_time"], "ds auto strict");
+  assert.ok(n >= 2, `${n} complete calls`);
 });

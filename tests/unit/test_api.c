@@ -1414,17 +1414,57 @@ TEST(structured_tool_choice_parse)
     CHECK(rejects_with(API_KIND_MESSAGES, mhead, "\"tool_choice\":{\"type\":\"tool\"}", "tool_choice.tool.name", NULL));
 }
 
-static bool gbnf_accepts(const char *gbnf, const char *doc)
+/* Whether the tokens of pieces form a complete document of gbnf: "#ID" is token ID (a
+ * control token: no bytes), any other piece is text fed one byte-token at a time. */
+static bool tokens_accepted(const char *gbnf, const char *const *pieces)
 {
+    enum { NV = 5200 };
+    static char bytes[256];
+    static const char *tb[NV];
+    static int lens[NV];
+    for (int i = 0; i < NV; i++) {
+        bytes[i & 255] = (char)(i & 255);
+        tb[i] = &bytes[i & 255];
+        lens[i] = i < 256;  /* 0..255: one byte each; the rest: control tokens */
+    }
     grammar *g = NULL;
     char err[256];
     if (grammar_compile(GRAMMAR_KIND_GBNF, gbnf, strlen(gbnf), &g, err, sizeof err) != GRAMMAR_OK) {
         fprintf(stderr, "  compile: %s\n%s\n", err, gbnf);
         return false;
     }
-    bool ok = grammar_accepts(g, doc, strlen(doc));
+    grammar_vocab *v = grammar_vocab_new(NV, tb, lens);
+    grammar_match *m = grammar_match_new(g, v, NULL, 0);
+    bool ok = true;
+    for (int k = 0; pieces[k] && ok; k++) {
+        if (pieces[k][0] == '#') ok = grammar_match_accept(m, atoi(pieces[k] + 1));
+        else
+            for (const char *c = pieces[k]; *c && ok; c++) ok = grammar_match_accept(m, (unsigned char)*c);
+    }
+    ok = ok && grammar_match_complete(m);
+    grammar_match_free(m);
+    grammar_vocab_free(v);
     grammar_free(g);
     return ok;
+}
+
+enum { DS_CALLS = 5100, DS_CALLS_END, DS_CALL, DS_CALL_END, DS_SEP };
+
+static events_markers ds_markers(void)
+{
+    events_markers m;
+    events_markers_none(&m);
+    m.think_start = THINK;
+    m.think_end = UNTHINK;
+    m.toolfmt = EVENTS_TOOLFMT_DEEPSEEK;
+    m.tools_begin = DS_CALLS;
+    m.tools_end = DS_CALLS_END;
+    m.tool_start = DS_CALL;
+    m.tool_end = DS_CALL_END;
+    m.tool_sep = DS_SEP;
+    m.tools_enabled = true;
+    m.trim = true;
+    return m;
 }
 
 TEST(structured_tool_gbnf)
@@ -1436,60 +1476,185 @@ TEST(structured_tool_gbnf)
                   "\"required\":[\"city\",\"unit\"],\"additionalProperties\":false}");
     conv_add_tool(&c, "a\"b", NULL, NULL);  /* no parameters: any object; a name JSON must escape */
     char err[256];
-    char *q = api_tool_gbnf(&c, EVENTS_TOOLFMT_QWEN, NULL, err, sizeof err);
-    CHECK(q != NULL);
+    int32_t trig;
+    events_markers qm = qwen_markers(), dm = ds_markers(), lm;
+    events_markers_none(&lm);
+    lm.toolfmt = EVENTS_TOOLFMT_LLAMA3;
+    /* Qwen: the markers are token terminals around the JSON body */
+    char *q = api_tool_gbnf(&c, &qm, NULL, false, &trig, err, sizeof err);
+    CHECK(q != NULL && trig == TC);
     if (q) {
-        CHECK(gbnf_accepts(q, "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\", \"unit\": \"c\"}}"));
-        CHECK(gbnf_accepts(q, "{\"name\": \"a\\\"b\", \"arguments\": {\"x\": [1]}}"));
-        CHECK(!gbnf_accepts(q, "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\", \"unit\": \"k\"}}"));
-        CHECK(!gbnf_accepts(q, "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}"));
-        CHECK(!gbnf_accepts(q, "{\"name\": \"other\", \"arguments\": {}}"));
-        CHECK(!gbnf_accepts(q, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\", \"unit\": \"c\"}}"));
+        const char *ok1[] = {"#5002", "\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\", \"unit\": \"c\"}}\n", "#5003", NULL};
+        const char *ok2[] = {"#5002", "\n{\"name\": \"a\\\"b\", \"arguments\": {\"x\": [1]}}\n", "#5003", NULL};
+        const char *bad_unit[] = {"#5002", "\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\", \"unit\": \"k\"}}\n", "#5003", NULL};
+        const char *missing[] = {"#5002", "\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n", "#5003", NULL};
+        const char *other[] = {"#5002", "\n{\"name\": \"other\", \"arguments\": {}}\n", "#5003", NULL};
+        const char *spelled[] = {"<tool_call>\n{\"name\": \"a\\\"b\", \"arguments\": {}}\n</tool_call>", NULL};
+        const char *unclosed[] = {"#5002", "\n{\"name\": \"a\\\"b\", \"arguments\": {}}\n", NULL};
+        CHECK(tokens_accepted(q, ok1) && tokens_accepted(q, ok2));
+        CHECK(!tokens_accepted(q, bad_unit) && !tokens_accepted(q, missing) && !tokens_accepted(q, other));
+        CHECK(!tokens_accepted(q, spelled));  /* markers by id only, never their text */
+        CHECK(!tokens_accepted(q, unclosed));
     }
     free(q);
-    char *only = api_tool_gbnf(&c, EVENTS_TOOLFMT_QWEN, "a\"b", err, sizeof err);
-    CHECK(only && !gbnf_accepts(only, "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\", \"unit\": \"c\"}}"));
-    CHECK(only && gbnf_accepts(only, "{\"name\": \"a\\\"b\", \"arguments\": {}}"));
+    char *only = api_tool_gbnf(&c, &qm, "a\"b", false, &trig, err, sizeof err);
+    const char *named_other[] = {"#5002", "\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\", \"unit\": \"c\"}}\n", "#5003", NULL};
+    const char *named[] = {"#5002", "\n{\"name\": \"a\\\"b\", \"arguments\": {}}\n", "#5003", NULL};
+    CHECK(only && !tokens_accepted(only, named_other) && tokens_accepted(only, named));
     free(only);
-    char *l = api_tool_gbnf(&c, EVENTS_TOOLFMT_LLAMA3, "get_weather", err, sizeof err);
-    CHECK(l && gbnf_accepts(l, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"\", \"unit\": \"f\"}}"));
+    /* Llama 3: no marker token, the answer is the JSON object */
+    char *l = api_tool_gbnf(&c, &lm, "get_weather", false, &trig, err, sizeof err);
+    const char *ll[] = {"{\"name\": \"get_weather\", \"parameters\": {\"city\": \"\", \"unit\": \"f\"}}", NULL};
+    CHECK(l && trig == -1 && tokens_accepted(l, ll));
     free(l);
-    /* a family whose call syntax has no grammar form: none, and no error */
-    CHECK(api_tool_gbnf(&c, EVENTS_TOOLFMT_DEEPSEEK, NULL, err, sizeof err) == NULL && err[0] == 0);
+    /* ... so strict tools under auto cannot be bound there: no grammar, no error */
+    CHECK(api_tool_gbnf(&c, &lm, NULL, true, &trig, err, sizeof err) == NULL && err[0] == 0 && trig == -1);
+    /* DeepSeek V3.1: every marker a control token, the name as text between them */
+    char *d = api_tool_gbnf(&c, &dm, NULL, false, &trig, err, sizeof err);
+    CHECK(d && trig == DS_CALLS);
+    if (d) {
+        const char *ok[] = {"#5100", "#5102", "get_weather", "#5104", "{\"city\": \"Oslo\", \"unit\": \"f\"}", "#5103", "#5101", NULL};
+        const char *bad[] = {"#5100", "#5102", "get_weather", "#5104", "{\"city\": \"Oslo\"}", "#5103", "#5101", NULL};
+        const char *two[] = {"#5100", "#5102", "a\"b", "#5104", "{}", "#5103", "#5102", "a\"b", "#5104", "{}", "#5103", "#5101", NULL};
+        const char *nosep[] = {"#5100", "#5102", "get_weather", "{\"city\": \"Oslo\", \"unit\": \"f\"}", "#5103", "#5101", NULL};
+        CHECK(tokens_accepted(d, ok) && !tokens_accepted(d, bad) && !tokens_accepted(d, nosep));
+        CHECK(!tokens_accepted(d, two));  /* a forced call is one call */
+    }
+    free(d);
+    /* DeepSeek, lazy (strict tools under auto): what follows the trigger, several calls */
+    c.tools[0].strict = true;
+    d = api_tool_gbnf(&c, &dm, NULL, true, &trig, err, sizeof err);
+    CHECK(d && trig == DS_CALLS);
+    if (d) {
+        const char *two[] = {"#5102", "a\"b", "#5104", "{}", "#5103", "#5102", "get_weather", "#5104",
+                             "{\"city\": \"x\", \"unit\": \"c\"}", "#5103", "#5101", NULL};
+        const char *bad[] = {"#5102", "get_weather", "#5104", "{\"city\": 1, \"unit\": \"c\"}", "#5103", "#5101", NULL};
+        const char *with_trigger[] = {"#5100", "#5102", "a\"b", "#5104", "{}", "#5103", "#5101", NULL};
+        CHECK(tokens_accepted(d, two) && !tokens_accepted(d, bad) && !tokens_accepted(d, with_trigger));
+    }
+    free(d);
+    /* lazy Qwen: a strict tool by its schema, a non-strict one any object (even one its
+     * schema would refuse) */
+    c.tools[0].strict = false;
+    conv_add_tool(&c, "s", NULL, "{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"integer\"}},\"required\":[\"n\"],"
+                                 "\"additionalProperties\":false}");
+    c.tools[2].strict = true;
+    q = api_tool_gbnf(&c, &qm, NULL, true, &trig, err, sizeof err);
+    CHECK(q && trig == TC);
+    if (q) {
+        const char *loose[] = {"\n{\"name\": \"get_weather\", \"arguments\": {\"city\": 3}}\n", "#5003", NULL};
+        const char *strict_ok[] = {"\n{\"name\": \"s\", \"arguments\": {\"n\": 42}}\n", "#5003", NULL};
+        const char *strict_bad[] = {"\n{\"name\": \"s\", \"arguments\": {\"n\": \"42\"}}\n", "#5003", NULL};
+        CHECK(tokens_accepted(q, loose) && tokens_accepted(q, strict_ok) && !tokens_accepted(q, strict_bad));
+    }
+    free(q);
+    /* a family lacking one of its tokens, or with no call syntax: none, and no error */
+    dm.tool_sep = -1;
+    CHECK(api_tool_gbnf(&c, &dm, NULL, false, &trig, err, sizeof err) == NULL && err[0] == 0);
+    events_markers nm;
+    events_markers_none(&nm);
+    CHECK(api_tool_gbnf(&c, &nm, NULL, false, &trig, err, sizeof err) == NULL && err[0] == 0);
     /* a tool not offered, a schema refused: the error names it */
-    CHECK(api_tool_gbnf(&c, EVENTS_TOOLFMT_QWEN, "nope", err, sizeof err) == NULL && strstr(err, "nope"));
+    CHECK(api_tool_gbnf(&c, &qm, "nope", false, &trig, err, sizeof err) == NULL && strstr(err, "nope"));
     conv_add_tool(&c, "bad", NULL, "{\"type\":\"object\",\"not\":{}}");
-    CHECK(api_tool_gbnf(&c, EVENTS_TOOLFMT_QWEN, NULL, err, sizeof err) == NULL && strstr(err, "bad") && strstr(err, "not"));
+    CHECK(api_tool_gbnf(&c, &qm, NULL, false, &trig, err, sizeof err) == NULL && strstr(err, "bad") && strstr(err, "not"));
+    /* ... but not when it is not strict and the call is lazy (its schema is not used) */
+    q = api_tool_gbnf(&c, &qm, NULL, true, &trig, err, sizeof err);
+    CHECK(q != NULL);
+    free(q);
     conv_free(&c);
 }
 
-/* A forced call's body, generated after the reasoning without its marker token, comes out as
- * a tool call: api_out feeds the splitter the marker at the first answer token. */
+/* A response format with tools under auto: the answer is a document of the format, or a call
+ * opened by the family's token; never a mix. */
+TEST(structured_format_or_calls_gbnf)
+{
+    conv c;
+    conv_init(&c);
+    conv_add_tool(&c, "n", NULL, "{\"type\":\"object\",\"properties\":{\"k\":{\"type\":\"integer\"}},\"required\":[\"k\"],"
+                                 "\"additionalProperties\":false}");
+    c.tools[0].strict = true;
+    const char *schema = "{\"type\":\"object\",\"properties\":{\"x\":{\"enum\":[1,2]}},\"required\":[\"x\"],\"additionalProperties\":false}";
+    char err[256];
+    events_markers qm = qwen_markers(), lm;
+    events_markers_none(&lm);
+    lm.toolfmt = EVENTS_TOOLFMT_LLAMA3;
+    char *g = api_format_calls_gbnf(&c, &qm, GRAMMAR_KIND_SCHEMA, schema, strlen(schema), err, sizeof err);
+    CHECK(g != NULL);
+    if (g) {
+        const char *doc[] = {"{\"x\": 2}", NULL};
+        const char *bad_doc[] = {"{\"x\": 3}", NULL};
+        const char *call[] = {"#5002", "\n{\"name\": \"n\", \"arguments\": {\"k\": 7}}\n", "#5003", NULL};
+        const char *bad_call[] = {"#5002", "\n{\"name\": \"n\", \"arguments\": {\"k\": \"7\"}}\n", "#5003", NULL};
+        const char *mix[] = {"{\"x\": 2}", "#5002", "\n{\"name\": \"n\", \"arguments\": {\"k\": 7}}\n", "#5003", NULL};
+        CHECK(tokens_accepted(g, doc) && tokens_accepted(g, call));
+        CHECK(!tokens_accepted(g, bad_doc) && !tokens_accepted(g, bad_call) && !tokens_accepted(g, mix));
+    }
+    free(g);
+    /* the JSON kind (no source) and a family without an opening token */
+    g = api_format_calls_gbnf(&c, &qm, GRAMMAR_KIND_JSON, NULL, 0, err, sizeof err);
+    const char *obj[] = {"{\"a\": [true]}", NULL};
+    CHECK(g && tokens_accepted(g, obj));
+    free(g);
+    CHECK(api_format_calls_gbnf(&c, &lm, GRAMMAR_KIND_SCHEMA, schema, strlen(schema), err, sizeof err) == NULL && !err[0]);
+    /* a refused format or tool schema is an error */
+    CHECK(api_format_calls_gbnf(&c, &qm, GRAMMAR_KIND_SCHEMA, "{\"not\":{}}", 10, err, sizeof err) == NULL && strstr(err, "not"));
+    conv_free(&c);
+}
+
+TEST(structured_tool_strict_parse)
+{
+    api_req r;
+    api_error e;
+    CHECK(parse_with(API_KIND_CHAT, chat_head,
+                     "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"strict\":true}},"
+                     "{\"type\":\"function\",\"function\":{\"name\":\"g\"}}]", &r, &e) == API_OK);
+    CHECK(r.conv.n_tools == 2 && r.conv.tools[0].strict && !r.conv.tools[1].strict);
+    api_req_free(&r);
+    CHECK(parse_with(API_KIND_RESPONSES, "{\"model\":\"m\",\"input\":\"x\",",
+                     "\"tools\":[{\"type\":\"function\",\"name\":\"f\",\"strict\":true}]", &r, &e) == API_OK);
+    CHECK(r.conv.n_tools == 1 && r.conv.tools[0].strict);
+    api_req_free(&r);
+    CHECK(parse_with(API_KIND_MESSAGES, "{\"model\":\"m\",\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],",
+                     "\"tools\":[{\"name\":\"f\",\"strict\":true,\"input_schema\":{\"type\":\"object\"}}]", &r, &e) == API_OK);
+    CHECK(r.conv.n_tools == 1 && r.conv.tools[0].strict);
+    api_req_free(&r);
+    CHECK(rejects_with(API_KIND_CHAT, chat_head, "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"strict\":1}}]",
+                       "tools[0].function.strict", NULL));
+}
+
+/* A forced call after free reasoning comes out as a tool call: the grammar makes the model
+ * write the family's markers by id, which the splitter reads as a call (Qwen, DeepSeek). */
 TEST(structured_forced_call_output)
 {
     api_req r;
     api_error e;
     CHECK(parse(API_KIND_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", &r, &e) == API_OK);
-    events_markers mk = qwen_markers();
-    api_out o;
-    api_out_init(&o, &r, &mk, 7, "m");
-    o.call_marker = TC;
-    api_out_set_prompt(&o, 10, 0, NULL, 0);
-    const char *t[] = {"#5000", "free ", "thought", "#5001", "{\"name\": \"get\", ", "\"arguments\": {\"city\": \"Oslo\"}}", NULL};
-    feed(&o, 0, t);
-    api_out_finish(&o, 0, EVENTS_FINISH_STOP);
-    api_out_end(&o);
-    json_t *j = json_loadb(o.out.p, o.out.len, 0, NULL);
-    json_t *ch = json_array_get(json_object_get(j, "choices"), 0), *m = json_object_get(ch, "message");
-    json_t *fn = json_object_get(json_array_get(json_object_get(m, "tool_calls"), 0), "function");
-    CHECK(!strcmp(json_string_value(json_object_get(ch, "finish_reason")), "tool_calls"));
-    CHECK(json_is_string(json_object_get(fn, "name")) && !strcmp(json_string_value(json_object_get(fn, "name")), "get"));
-    CHECK(json_is_string(json_object_get(fn, "arguments")) &&
-          !strcmp(json_string_value(json_object_get(fn, "arguments")), "{\"city\":\"Oslo\"}"));
-    CHECK(json_is_string(json_object_get(m, "reasoning_content")) &&
-          !strcmp(json_string_value(json_object_get(m, "reasoning_content")), "free thought"));
-    json_decref(j);
-    api_out_free(&o);
+    for (int fam = 0; fam < 2; fam++) {
+        events_markers mk = fam ? ds_markers() : qwen_markers();
+        api_out o;
+        api_out_init(&o, &r, &mk, 7, "m");
+        api_out_set_prompt(&o, 10, 0, NULL, 0);
+        const char *tq[] = {"#5000", "free ", "thought", "#5001", "#5002", "\n{\"name\": \"get\", ",
+                            "\"arguments\": {\"city\": \"Oslo\"}}\n", "#5003", NULL};
+        const char *td[] = {"#5000", "free ", "thought", "#5001", "#5100", "#5102", "get", "#5104",
+                            "{\"city\": \"Oslo\"}", "#5103", "#5101", NULL};
+        feed(&o, 0, fam ? td : tq);
+        api_out_finish(&o, 0, EVENTS_FINISH_STOP);
+        api_out_end(&o);
+        json_t *j = json_loadb(o.out.p, o.out.len, 0, NULL);
+        json_t *ch = json_array_get(json_object_get(j, "choices"), 0), *m = json_object_get(ch, "message");
+        json_t *fn = json_object_get(json_array_get(json_object_get(m, "tool_calls"), 0), "function");
+        CHECKF(json_is_string(json_object_get(ch, "finish_reason")) &&
+               !strcmp(json_string_value(json_object_get(ch, "finish_reason")), "tool_calls"), "family %d", fam);
+        CHECK(json_is_string(json_object_get(fn, "name")) && !strcmp(json_string_value(json_object_get(fn, "name")), "get"));
+        CHECK(json_is_string(json_object_get(fn, "arguments")) &&
+              !strcmp(json_string_value(json_object_get(fn, "arguments")), "{\"city\":\"Oslo\"}"));
+        CHECK(json_is_string(json_object_get(m, "reasoning_content")) &&
+              !strcmp(json_string_value(json_object_get(m, "reasoning_content")), "free thought"));
+        json_decref(j);
+        api_out_free(&o);
+    }
     api_req_free(&r);
 }
 
@@ -1521,6 +1686,8 @@ int main(void)
     RUN(structured_formats_parse);
     RUN(structured_tool_choice_parse);
     RUN(structured_tool_gbnf);
+    RUN(structured_format_or_calls_gbnf);
+    RUN(structured_tool_strict_parse);
     RUN(structured_forced_call_output);
     HARNESS_END();
 }

@@ -16,6 +16,7 @@
 #include "engine/engine.h"
 #include "engine/sched.h"
 #include "grammar/grammar.h"
+#include "grammar/grammar_int.h"  /* the context-independent entries, to see both storages used */
 #include "model/model.h"
 #include "recipe/jsonfmt.h"
 
@@ -270,7 +271,7 @@ TEST(random_inputs_never_crash)
 {
     static const char *const alphabets[] = {
         "ab(|)*+?{1,2}[^-]\\d.$^\"",                           /* regex */
-        "root::= \"a\"|()*+?[^b-c]{2,}\n#.x\\",              /* GBNF */
+        "root::= \"a\"|()*+?[^b-c]{2,}\n#.x\\<[9]>",         /* GBNF (token terminals too) */
         "{}[]:,\"typeobjectpropertiesitemsminItems0123-truenullanyOf$ref#/\"", /* schema */
     };
     util_rng rng;
@@ -405,6 +406,168 @@ TEST(token_masks_match_brute_force)
     grammar_match_free(m);
     grammar_vocab_free(v);
     grammar_free(g);
+}
+
+/* Masks on a larger vocabulary (every string of 1 to 4 characters over a JSON-ish alphabet:
+ * the context-independent entries are stored both as id lists and as bitmasks there) against
+ * brute force, along random documents. */
+TEST(token_masks_large_vocab_brute_force)
+{
+    static const char alpha[] = "{}\":,ab1 ";
+    enum { NA = sizeof alpha - 1, NV = 1 + NA + NA * NA + NA * NA * NA + NA * NA * NA * NA };
+    char(*store)[5] = xcalloc(NV, sizeof *store);
+    const char **bytes = xmalloc(NV * sizeof *bytes);
+    int *lens = xmalloc(NV * sizeof *lens);
+    int n = 0;
+    lens[n] = 0;  /* id 0: the end of generation */
+    bytes[n++] = store[0];
+    for (int len = 1; len <= 4; len++) {
+        int total = 1;
+        for (int i = 0; i < len; i++) total *= NA;
+        for (int x = 0; x < total; x++) {
+            for (int i = 0, y = x; i < len; i++, y /= NA) store[n][i] = alpha[y % NA];
+            bytes[n] = store[n];
+            lens[n++] = len;
+        }
+    }
+    grammar_vocab *v = grammar_vocab_new(NV, bytes, lens);
+    char err[256];
+    grammar *g = compile(GRAMMAR_KIND_SCHEMA,
+                         "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"ab\":"
+                         "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":\"string\",\"maxLength\":3}},"
+                         "\"additionalProperties\":false}},\"additionalProperties\":false}", err);
+    CHECK(g);
+    uint32_t *mask = xmalloc((NV + 31) / 32 * sizeof *mask);
+    util_rng rng;
+    util_rng_seed(&rng, 5);
+    int32_t stop = 0, path[24];
+    int n_checked = 0, n_sparse = 0;  /* steps checked; entries stored as id lists */
+    for (int doc = 0; g && doc < 8; doc++) {
+        grammar_match *m = grammar_match_new(g, v, &stop, 1);
+        for (int k = 0; k < 24; k++) {
+            int n_allowed = grammar_match_mask(m, mask);
+            int count = 0;
+            for (int t = 0; t < NV; t++) {
+                grammar_match *m2 = grammar_match_new(g, v, &stop, 1);
+                for (int i = 0; i < k; i++) grammar_match_accept(m2, path[i]);
+                bool ok = t == stop ? grammar_match_complete(m2) : grammar_match_accept(m2, t);
+                grammar_match_free(m2);
+                bool bit = mask[t >> 5] >> (t & 31) & 1;
+                count += bit;
+                CHECKF(bit == ok, "doc %d step %d token %d '%.4s': mask %d, accept %d", doc, k, t, store[t], bit, ok);
+            }
+            CHECK(count == n_allowed);
+            n_checked++;
+            if (n_allowed == 0 || (mask[0] & 1)) break;  /* a dead end, or a complete document */
+            int pick = (int)(util_rng_uniform(&rng) * n_allowed), t = 0;
+            for (;; t++)
+                if ((mask[t >> 5] >> (t & 31) & 1) && pick-- == 0) break;
+            path[k] = t;
+            CHECK(grammar_match_accept(m, t));
+        }
+        grammar_match_free(m);
+    }
+    /* both storages of the entries were used */
+    int n_dense = 0;
+    for (int i = 0; g && i < g->ci_cap; i++) {
+        n_sparse += g->ci[i].n_key && !g->ci[i].mask;
+        n_dense += g->ci[i].n_key && g->ci[i].mask;
+    }
+    CHECKF(n_checked >= 30 && n_sparse >= 3 && n_dense >= 2, "%d steps, %d sparse, %d dense", n_checked, n_sparse, n_dense);
+    /* the same grammar on another vocabulary: its entries start over, masks stay exact */
+    grammar_vocab *tv = tv_vocab();
+    enum { OPENQ = 4, A = 6, QCOLON = 5, ONE = 10, COMMA = 12 };
+    int32_t p2[] = { OPENQ, A, QCOLON, ONE, COMMA };
+    for (int k = 0; g && k <= 5; k++) check_mask_brute(g, tv, p2, k);
+    CHECK(!g || (g->ci_vocab == tv && g->ci_n > 0 && g->ci_n < 20));
+    grammar_vocab_free(tv);
+    free(mask);
+    grammar_free(g);
+    grammar_vocab_free(v);
+    free(store);
+    free(bytes);
+    free(lens);
+}
+
+/* Token terminals: <[ID]> matches that token id only, never its bytes spelled by other tokens
+ * (nor by the token itself through a byte path), and composes with byte paths. */
+TEST(token_terminals)
+{
+    char err[256];
+    enum { OPEN = 1, CLOSE = 2, A = 6, ONE = 10, X = 17 };
+    grammar_vocab *v = tv_vocab();
+    int32_t stop = TV_EOS;
+    /* a control token (no bytes) around a body, as a family's tool-call markers are */
+    grammar *g = compile(GRAMMAR_KIND_GBNF, "root ::= <[23]> \"{\" \"a\"* \"}\" <[23]>\n", err);
+    CHECK(g);
+    if (!g) return;
+    CHECK(grammar_max_token(g) == TV_CTL);
+    CHECK(!accepts(g, "{a}"));  /* bytes never match a token terminal */
+    grammar_match *m = grammar_match_new(g, v, &stop, 1);
+    uint32_t mask[1];
+    CHECK(grammar_match_mask(m, mask) == 1 && mask[0] == 1u << TV_CTL);
+    CHECK(!grammar_match_accept(m, OPEN));
+    CHECK(grammar_match_accept(m, TV_CTL));
+    CHECK(!grammar_match_accept(m, TV_CTL));
+    CHECK(grammar_match_accept(m, OPEN) && grammar_match_accept(m, A) && grammar_match_accept(m, CLOSE));
+    CHECK(!grammar_match_complete(m) && !grammar_match_done(m));
+    CHECK(grammar_match_mask(m, mask) == 1 && mask[0] == 1u << TV_CTL);
+    CHECK(grammar_match_accept(m, TV_CTL));
+    CHECK(grammar_match_complete(m) && grammar_match_done(m));
+    grammar_match_reset(m);
+    CHECK(!grammar_match_done(m) && grammar_match_accept(m, TV_CTL));
+    grammar_match_free(m);
+    int32_t paths[][3] = { { 0 }, { TV_CTL }, { TV_CTL, OPEN }, { TV_CTL, OPEN, A } };
+    int n_path[] = { 0, 1, 2, 3 };
+    for (size_t i = 0; i < TM_ARRAY_LEN(n_path); i++) check_mask_brute(g, v, paths[i], n_path[i]);
+    grammar_free(g);
+    /* an ordinary token as a terminal: "x" the token, or "x" the byte followed by "1"; the
+     * token "x" takes both paths at once, and a document is only done when no path goes on */
+    g = compile(GRAMMAR_KIND_GBNF, "root ::= \"x1\" | <[17]> \"}\" | <[17]>\n", err);
+    CHECK(g);
+    if (g) {
+        CHECK(accepts(g, "x1") && !accepts(g, "x}"));
+        m = grammar_match_new(g, v, &stop, 1);
+        CHECK(grammar_match_accept(m, X));
+        CHECK(grammar_match_complete(m) && !grammar_match_done(m));
+        CHECK(grammar_match_mask(m, mask) == 3 && mask[0] == (1u << ONE | 1u << CLOSE | 1u << TV_EOS));
+        grammar_match_free(m);
+        int32_t p2[][2] = { { 0 }, { X }, { X, CLOSE } };
+        int n2[] = { 0, 1, 2 };
+        for (size_t i = 0; i < TM_ARRAY_LEN(n2); i++) check_mask_brute(g, v, p2[i], n2[i]);
+        grammar_free(g);
+    }
+    /* under a deep stack (composed masks): a token terminal between nested rules */
+    g = compile(GRAMMAR_KIND_GBNF,
+                "root ::= \"{\" inner \"}\"\ninner ::= \"{\" (<[23]> | \"a\") \"}\" | \"1\"\n", err);
+    CHECK(g);
+    if (g) {
+        int32_t p3[][3] = { { OPEN }, { OPEN, OPEN }, { OPEN, OPEN, TV_CTL } };
+        int n3[] = { 1, 2, 3 };
+        for (size_t i = 0; i < TM_ARRAY_LEN(n3); i++) check_mask_brute(g, v, p3[i], n3[i]);
+        grammar_free(g);
+    }
+    /* ids beyond the vocabulary are never allowed (a dead end: the stops end it) */
+    g = compile(GRAMMAR_KIND_GBNF, "root ::= <[4000000000]>\n", err);
+    CHECK(!g && strstr(err, "token terminal"));
+    g = compile(GRAMMAR_KIND_GBNF, "root ::= <[1000]>\n", err);
+    CHECK(g && grammar_max_token(g) == 1000);
+    if (g) {
+        m = grammar_match_new(g, v, &stop, 1);
+        CHECK(grammar_match_mask(m, mask) == 1 && mask[0] == 1u << TV_EOS);
+        grammar_match_free(m);
+        grammar_free(g);
+    }
+    /* syntax: tokens by text need a vocabulary the compiler does not have */
+    CHECK(!compile(GRAMMAR_KIND_GBNF, "root ::= <think>\n", err) && strstr(err, "line 1") && strstr(err, "<["));
+    CHECK(!compile(GRAMMAR_KIND_GBNF, "root ::= <[12\n", err) && strstr(err, "token terminal"));
+    CHECK(!compile(GRAMMAR_KIND_GBNF, "root ::= <[]>\n", err));
+    /* a token terminal survives the rule-name prefixing that combines grammars */
+    const char *src = "root ::= <[23]> x\nx ::= \"a\"\n";
+    char *pg = grammar_gbnf_prefix(src, strlen(src), "t1-");
+    CHECK(pg && !strcmp(pg, "t1-root ::= <[23]> t1-x\nt1-x ::= \"a\"\n"));
+    free(pg);
+    grammar_vocab_free(v);
 }
 
 TEST(grammars_combine_by_prefix)
@@ -591,6 +754,145 @@ TEST(sched_constrains_sampling)
     grammar_vocab_free(v);
 }
 
+/* A lazy grammar (strict tools under tool_choice auto): free text until the trigger token,
+ * then a document of the grammar closed by its own end token, then free again. */
+TEST(sched_lazy_grammar)
+{
+    if (!tiny_setup()) {
+        CHECK(false);
+        return;
+    }
+    enum { TRIG = 250, CLOSE = 251 };
+    sched_opts so = { .max_seqs = 4, .n_ctx = 256, .eos_ids = { 0, -1, -1, -1 } };
+    sched *s;
+    CHECK(sched_new(tm_engine, &so, &s) == SCHED_OK);
+    /* bytes 1..255 except the trigger and the closing token (control tokens: no bytes) */
+    char store[256];
+    const char *bytes[256];
+    int lens[256];
+    for (int i = 0; i < 256; i++) {
+        store[i] = (char)i;
+        bytes[i] = store + i;
+        lens[i] = i == 0 || i == TRIG || i == CLOSE ? 0 : 1;
+    }
+    grammar_vocab *v = grammar_vocab_new(256, bytes, lens);
+    char err[256];
+    grammar *g = compile(GRAMMAR_KIND_GBNF, "root ::= \"{\" [a-c]{1,3} \"}\" <[251]>\n", err);
+    CHECK(g);
+    if (!g) return;
+    int32_t prompt[] = { 1, 2, 3 };
+    int n_docs = 0, n_free_other = 0;
+    for (int seed = 0; seed < 8; seed++) {
+        sched_params p = { .prompt = prompt, .n_prompt = 3, .sample = sample_params_default(), .max_tokens = 48,
+                           .grammar = g, .grammar_vocab = v, .grammar_lazy = true, .grammar_trigger = TRIG };
+        p.sample.temp = 1.0f;
+        p.sample.top_k = 0;
+        p.sample.top_p = 1.0f;
+        p.sample.min_p = 0.0f;
+        p.sample.seed = (uint64_t)seed;
+        p.sample.n_bias = 1;
+        p.sample.bias_id[0] = TRIG;  /* a random model would rarely open a call by itself */
+        p.sample.bias[0] = 6.0f;
+        int32_t out[64];
+        sched_finish fin = SCHED_FINISH_NONE;
+        int n = run_req(s, &p, out, 64, &fin);
+        CHECK(n > 0);
+        grammar_match *m = grammar_match_new(g, v, NULL, 0);
+        bool on = false;
+        for (int i = 0; i < n; i++) {
+            if (!on) {
+                if (out[i] == TRIG) on = true;
+                else n_free_other += !strchr("{}abc", out[i]);
+                continue;
+            }
+            CHECKF(grammar_match_accept(m, out[i]), "seed %d: token %d at %d leaves the grammar", seed, out[i], i);
+            if (grammar_match_done(m)) {
+                n_docs++;
+                grammar_match_reset(m);
+                on = false;
+            }
+        }
+        if (on) CHECK(fin == SCHED_FINISH_LENGTH);  /* never ends inside a document */
+        grammar_match_free(m);
+    }
+    CHECK(n_docs >= 4);         /* documents were opened and closed ... */
+    CHECK(n_free_other >= 10);  /* ... between free text */
+    /* a lazy grammar needs a trigger in the vocabulary */
+    sched_params p = { .prompt = prompt, .n_prompt = 3, .sample = sample_params_default(), .max_tokens = 4,
+                       .grammar = g, .grammar_vocab = v, .grammar_lazy = true, .grammar_trigger = 256 };
+    sched_req *r;
+    CHECK(sched_submit(s, &p, &r) == SCHED_ERR_ARG);
+    grammar_free(g);
+    /* nor may a grammar name a token the model does not have */
+    g = compile(GRAMMAR_KIND_GBNF, "root ::= <[300]>\n", err);
+    p.grammar = g;
+    p.grammar_lazy = false;
+    CHECK(g && sched_submit(s, &p, &r) == SCHED_ERR_ARG);
+    grammar_free(g);
+    sched_free(s);
+    grammar_vocab_free(v);
+}
+
+/* With sampling workers, the masks of a step's constrained sequences are computed on them
+ * while the engine computes the step: the same documents as computing them at sampling (the
+ * one-thread engine, no workers), and valid ones. */
+TEST(sched_masks_overlap_step)
+{
+    if (!tiny_setup()) {
+        CHECK(false);
+        return;
+    }
+    char err[256];
+    engine *e2 = NULL;
+    engine_opts eo = { .n_threads = 3, .n_kv_blocks = 16 };
+    CHECK(engine_new(tm_model, &eo, &e2, err, sizeof err) == ENGINE_OK);
+    if (!e2) return;
+    grammar_vocab *v = byte_vocab(256);
+    grammar *g = compile(GRAMMAR_KIND_REGEX, "\\{\"[a-z]{1,6}\": ([0-9]{1,3}|\"[a-c]*\")\\}", err);
+    int32_t prompt[] = { 1, 2, 3 };
+    enum { N = 4 };
+    int32_t out[2][N][48];
+    int n_out[2][N];
+    for (int run = 0; run < 2; run++) {
+        sched_opts so = { .max_seqs = N, .n_ctx = 256, .eos_ids = { 0, -1, -1, -1 } };
+        sched *s;
+        CHECK(sched_new(run ? e2 : tm_engine, &so, &s) == SCHED_OK);
+        sched_req *r[N];
+        for (int i = 0; i < N; i++) {  /* all in flight at once: one batch */
+            sched_params p = { .prompt = prompt, .n_prompt = 3, .sample = sample_params_default(), .max_tokens = 40,
+                               .grammar = g, .grammar_vocab = v };
+            p.sample.temp = 1.0f;
+            p.sample.top_k = 0;
+            p.sample.top_p = 1.0f;
+            p.sample.min_p = 0.0f;
+            p.sample.seed = (uint64_t)(100 + i);
+            CHECK(sched_submit(s, &p, &r[i]) == SCHED_OK);
+        }
+        for (int i = 0; i < N; i++) {
+            n_out[run][i] = 0;
+            sched_output o[8];
+            while (!sched_done(r[i])) {
+                int k = sched_poll(r[i], o, 8, 10000);
+                for (int j = 0; j < k; j++)
+                    if (o[j].kind != SCHED_OUT_FINISH && !o[j].is_stop && n_out[run][i] < 48)
+                        out[run][i][n_out[run][i]++] = o[j].token;
+            }
+            sched_release(r[i]);
+            char text[49];
+            for (int j = 0; j < n_out[run][i]; j++) text[j] = (char)out[run][i][j];
+            text[n_out[run][i]] = 0;
+            CHECKF(accepts(g, text), "run %d seq %d: '%s'", run, i, text);
+        }
+        sched_free(s);
+    }
+    for (int i = 0; i < N; i++)
+        CHECKF(n_out[0][i] == n_out[1][i] && !memcmp(out[0][i], out[1][i], (size_t)n_out[0][i] * sizeof(int32_t)),
+               "seq %d differs between 1 and 3 threads", i);
+    grammar_free(g);
+    grammar_vocab_free(v);
+    engine_free(e2);
+}
+
 TEST(sched_allow_all_grammar_changes_nothing)
 {
     if (!tiny_setup()) {
@@ -648,9 +950,13 @@ int main(void)
     RUN(schema_unsupported_keywords_are_named);
     RUN(random_inputs_never_crash);
     RUN(token_masks_match_brute_force);
+    RUN(token_masks_large_vocab_brute_force);
+    RUN(token_terminals);
     RUN(grammars_combine_by_prefix);
     RUN(compile_cache_by_content);
     RUN(sched_constrains_sampling);
+    RUN(sched_lazy_grammar);
+    RUN(sched_masks_overlap_step);
     RUN(sched_allow_all_grammar_changes_nothing);
     engine_free(tm_engine);
     model_free(tm_model);

@@ -1,0 +1,68 @@
+#!/usr/bin/env node
+// llama.cpp side of bench/grammar: decode speed with and without a JSON-schema grammar through
+// node-llama-cpp@3.21.1's prebuilt CPU library (llama.createGrammarForJsonSchema, llama.cpp's
+// grammar sampler), on the same model and schemas as tokenmill's columns.
+//
+//   node bench/grammar_llama.mjs -m MODEL --schemas F.json [--threads N] [--tokens T] [--docs D]
+//   F.json: {"name": schema, ...}  →  [{"schema": name, "docs": D, "free": {"tokens", "s"},
+//                                      "constrained": {"tokens", "s"}, "grammar_ms": compile}]
+//
+// Each run generates D completions of "JSON:" of at most T tokens at temperature 1 (seeds
+// 1..D), one sequence at a time; the time covers generation only (the model and the context
+// are made before). Constrained runs end at the end of their documents, free ones at T.
+import fs from 'node:fs';
+import os from 'node:os';
+import {getLlama, LlamaLogLevel} from '../tests/oracle/llama_node.mjs';
+import {LlamaCompletion} from 'node-llama-cpp';
+
+function usage(msg) {
+  if (msg) process.stderr.write(`grammar_llama: ${msg}\n`);
+  process.stderr.write('usage: grammar_llama.mjs -m MODEL --schemas F.json [--threads N] [--tokens T] [--docs D]\n');
+  process.exit(2);
+}
+const o = {threads: os.availableParallelism?.() ?? os.cpus().length, tokens: 128, docs: 4};
+const argv = process.argv.slice(2);
+for (let i = 0; i < argv.length; i++) {
+  const a = argv[i], v = () => (i + 1 < argv.length ? argv[++i] : usage(`${a} needs a value`));
+  if (a === '-m' || a === '--model') o.model = v();
+  else if (a === '--schemas') o.schemas = v();
+  else if (a === '--threads' || a === '-t') o.threads = parseInt(v(), 10);
+  else if (a === '--tokens') o.tokens = parseInt(v(), 10);
+  else if (a === '--docs') o.docs = parseInt(v(), 10);
+  else usage(`unknown argument ${a}`);
+}
+if (!o.model || !o.schemas) usage('-m and --schemas are required');
+const schemas = JSON.parse(fs.readFileSync(o.schemas, 'utf8'));
+
+const llama = await getLlama({gpu: false, build: 'never', logLevel: LlamaLogLevel.error, maxThreads: 0, progressLogs: false});
+const model = await llama.loadModel({modelPath: o.model, gpuLayers: 0, useMmap: true});
+const ctx = await model.createContext({contextSize: o.tokens + 64, threads: o.threads, failedCreationRemedy: false,
+  ignoreMemorySafetyChecks: true});
+const seq = ctx.getSequence();
+const completion = new LlamaCompletion({contextSequence: seq});
+
+async function run(grammar) {
+  let tokens = 0, s = 0;
+  for (let d = 0; d < o.docs; d++) {
+    await seq.clearHistory();
+    const t0 = performance.now();
+    const r = await completion.generateCompletionWithMeta('JSON:', {maxTokens: o.tokens, temperature: 1, topK: 0, topP: 1,
+      minP: 0, seed: d + 1, grammar, onToken: (t) => { tokens += t.length; }});
+    s += (performance.now() - t0) / 1000;
+    if (grammar && r.metadata.stopReason === 'eogToken') JSON.parse(r.response);  // a document, or this throws
+  }
+  return {tokens, s};
+}
+
+const out = [];
+await run(undefined);  // warm-up
+for (const [name, schema] of Object.entries(schemas)) {
+  const t0 = performance.now();
+  const grammar = await llama.createGrammarForJsonSchema(schema);
+  const grammarMs = performance.now() - t0;
+  out.push({schema: name, docs: o.docs, free: await run(undefined), constrained: await run(grammar), grammar_ms: grammarMs});
+}
+process.stdout.write(JSON.stringify(out) + '\n');
+await ctx.dispose();
+await model.dispose();
+await llama.dispose();
