@@ -431,7 +431,8 @@ static sched_status gw_submit(void *ud, const sched_params *p, sched_req **out)
     /* a grammar travels as its source, which the worker compiles (the API layer compiled it
      * here first, so a bad one was a 400 before this) */
     if (p->grammar && (!p->grammar_src || p->grammar_kind < 0 || p->grammar_kind >= PROTO_GRAMMAR_KINDS ||
-                       p->grammar_len > PROTO_MAX_GRAMMAR || memchr(p->grammar_src, 0, p->grammar_len)))
+                       p->grammar_len > PROTO_MAX_GRAMMAR || memchr(p->grammar_src, 0, p->grammar_len) ||
+                       (p->grammar_lazy && (p->grammar_trigger < 0 || p->grammar_trigger >= g->o.model->hp.n_vocab))))
         return SCHED_ERR_ARG;
     pthread_mutex_lock(&g->mu);
     double deadline = util_now() + g->o.wait_timeout_s;
@@ -491,6 +492,8 @@ static sched_status gw_submit(void *ud, const sched_params *p, sched_req **out)
         pp->grammar = xmalloc(p->grammar_len + 1);
         memcpy(pp->grammar, p->grammar_src, p->grammar_len);
         pp->grammar[p->grammar_len] = 0;
+        pp->grammar_lazy = p->grammar_lazy;
+        pp->grammar_trigger = p->grammar_lazy ? p->grammar_trigger : 0;
     }
     r->expect_len = p->n_prompt + max_new;
     r->hit_len = hit;

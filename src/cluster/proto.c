@@ -241,6 +241,7 @@ static bool proto_think_ok(const proto_params *p)
 static bool proto_grammar_ok(const proto_params *p)
 {
     return p->grammar && p->grammar_kind < PROTO_GRAMMAR_KINDS && p->grammar_len <= PROTO_MAX_GRAMMAR &&
+           p->grammar_lazy <= 1 && p->grammar_trigger >= 0 && (p->grammar_lazy || !p->grammar_trigger) &&
            !memchr(p->grammar, 0, p->grammar_len);
 }
 
@@ -292,6 +293,8 @@ static void proto_put_params(proto_buf *b, const proto_params *p, uint32_t flags
         proto_put_u8(b, p->grammar_kind);
         proto_put_u32(b, p->grammar_len);
         proto_put_bytes(b, p->grammar, p->grammar_len);
+        proto_put_u8(b, p->grammar_lazy);
+        proto_put_u32(b, (uint32_t)p->grammar_trigger);
     }
 }
 
@@ -345,6 +348,12 @@ static void proto_get_params(proto_rd *r, proto_params *p, uint32_t flags)
         uint32_t n = proto_get_u32(r);
         const uint8_t *src = n <= PROTO_MAX_GRAMMAR ? proto_get_bytes(r, n) : NULL;
         if (!src || p->grammar_kind >= PROTO_GRAMMAR_KINDS || memchr(src, 0, n)) {
+            r->err = true;
+            return;
+        }
+        p->grammar_lazy = proto_get_u8(r);
+        p->grammar_trigger = (int32_t)proto_get_u32(r);   /* the worker checks it against its vocabulary */
+        if (r->err || p->grammar_lazy > 1 || p->grammar_trigger < 0 || (!p->grammar_lazy && p->grammar_trigger)) {
             r->err = true;
             return;
         }

@@ -196,6 +196,10 @@ typedef struct {
     uint8_t grammar_kind;   /* grammar_kind (grammar.h), < PROTO_GRAMMAR_KINDS */
     char *grammar;          /* (grammar_len) bytes, no NUL among them, NUL-terminated in memory */
     uint32_t grammar_len;   /* 0..PROTO_MAX_GRAMMAR (0: the JSON kind, which has no source) */
+    uint8_t grammar_lazy;   /* 0: the grammar binds the whole answer; 1: a lazy grammar (strict
+                             * tools under auto): free until grammar_trigger, then bound */
+    int32_t grammar_trigger; /* with grammar_lazy: the token id that opens a bound document (the
+                              * receiver checks it against its vocabulary); else 0 */
 } proto_params;
 
 typedef struct {            /* KV of positions [start, start + n) of one sequence */

@@ -442,6 +442,8 @@ static bool worker_job_start(wjob *j)
         }
         sp.grammar = g;
         sp.grammar_vocab = w->o.gvocab;
+        sp.grammar_lazy = pp->grammar_lazy;   /* sched_submit checks the trigger is in the vocabulary */
+        sp.grammar_trigger = pp->grammar_trigger;
     }
     sched_status st = ok ? worker_submit(j, &sp) : SCHED_ERR_ARG;
     grammar_free(g);   /* sched_submit took its own reference */

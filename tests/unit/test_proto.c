@@ -52,6 +52,8 @@ static bool params_eq(const proto_params *a, const proto_params *b)
            !strcmp(a->salt ? a->salt : "", b->salt ? b->salt : "") && a->think_budget == b->think_budget &&
            !a->grammar == !b->grammar && (!a->grammar || (a->grammar_kind == b->grammar_kind &&
                                                          a->grammar_len == b->grammar_len &&
+                                                         a->grammar_lazy == b->grammar_lazy &&
+                                                         a->grammar_trigger == b->grammar_trigger &&
                                                          !memcmp(a->grammar, b->grammar, a->grammar_len))) &&
            (!a->think_budget || (a->think_start == b->think_start && a->think_end == b->think_end &&
                                  a->think_open == b->think_open));
@@ -447,10 +449,26 @@ TEST(test_grammar_section)
           !strcmp(o.u.prefill.params.grammar, src));
     CHECK(o.u.prefill.n_prompt == 3 && o.u.prefill.prompt[2] == 300);
     proto_msg_free(&o);
-    /* 5 bytes (u8 kind, u32 length) + the source after the params; nothing else changes */
+    /* 10 bytes (u8 kind, u32 length, u8 lazy, u32 trigger) + the source after the params;
+     * nothing else changes */
     proto_buf_init(&b);
-    CHECK(proto_encode(&b, &m) == PROTO_OK && b.n == plain.n + 5 + strlen(src));
+    CHECK(proto_encode(&b, &m) == PROTO_OK && b.n == plain.n + 10 + strlen(src));
     proto_buf_free(&b);
+    /* a lazy grammar's trigger travels; a trigger without lazy, or lazy past 1, is malformed */
+    pp->grammar_lazy = 1;
+    pp->grammar_trigger = 151657;
+    CHECK(roundtrip(&m, &o) == PROTO_OK && o.u.prefill.params.grammar_lazy == 1 &&
+          o.u.prefill.params.grammar_trigger == 151657);
+    proto_msg_free(&o);
+    pp->grammar_lazy = 0;
+    CHECK(roundtrip(&m, &o) == PROTO_ERR_MALFORMED);
+    pp->grammar_lazy = 2;
+    CHECK(roundtrip(&m, &o) == PROTO_ERR_MALFORMED);
+    pp->grammar_lazy = 1;
+    pp->grammar_trigger = -1;
+    CHECK(roundtrip(&m, &o) == PROTO_ERR_MALFORMED);
+    pp->grammar_lazy = 0;
+    pp->grammar_trigger = 0;
     /* the JSON kind has no source */
     pp->grammar_kind = 3;
     pp->grammar = (char *)"";
