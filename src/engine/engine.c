@@ -217,6 +217,15 @@ void engine_free(engine *e)
     free(e);
 }
 
+kvpool_opts engine_kv_geometry(const model *m, bool kv_f32)
+{
+    const model_hparams *hp = &m->hp;
+    kvpool_opts ko = { .n_layers = hp->n_layers, .n_kv_heads = hp->n_kv_heads, .head_dim = hp->head_dim,
+                       .v_is_k = hp->mla, .dtype = kv_f32 ? QTYPE_F32 : QTYPE_F16 };
+    memcpy(ko.model_fp, m->fingerprint, 32);
+    return ko;
+}
+
 static size_t engine_scratch_need(const ops_weight *w, int T, size_t cur)
 {
     size_t n = ops_matmul_scratch_bytes(w->type, w->cols, T);
@@ -249,9 +258,7 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
         return ENGINE_ERR_NOMEM;
     }
 
-    kvpool_opts ko = { .n_layers = hp->n_layers, .n_kv_heads = hp->n_kv_heads,
-                       .head_dim = hp->head_dim, .dtype = o.kv_f32 ? QTYPE_F32 : QTYPE_F16 };
-    memcpy(ko.model_fp, m->fingerprint, 32);
+    kvpool_opts ko = engine_kv_geometry(m, o.kv_f32);
     if (o.n_kv_blocks > 0) ko.n_blocks = o.n_kv_blocks;
     else if (o.kv_bytes > 0) ko.n_blocks = kvpool_blocks_for_bytes(&ko, o.kv_bytes);
     else ko.n_blocks = 4096 / KVPOOL_BLOCK;
@@ -563,9 +570,9 @@ static void engine_att_tiled(engine_job *j, float *sc, int t0, int nt, int kvh)
         a.v = V;
         if (f16) {
             ops_fp16_to_fp32_row(K, Kf, (int64_t)nb * hd);
-            ops_fp16_to_fp32_row(V, Vf, (int64_t)nb * hd);
+            if (V != K) ops_fp16_to_fp32_row(V, Vf, (int64_t)nb * hd);   /* a latent pool: V is K */
             a.k = Kf;
-            a.v = Vf;
+            a.v = V != K ? Vf : Kf;
         }
         a.nb = nb;
         for (int r = 0; r < nq; r++)

@@ -72,6 +72,27 @@ TEST(test_block_format)
     f[0] = 'X';
     CHECK(block_verify(f, n, key, NULL) == BLOCK_ERR_MAGIC);
     free(f);
+
+    /* a latent block (V is K) has one row per (layer, kv head, token): half the payload, and
+     * its header says so; a file written before the field existed (zeros) reads as K and V */
+    uint8_t fp[32] = { 7 };
+    block_header_init(&h, key, fp, 1, 2, 3, 1, 24, 1);
+    CHECK(h.payload_bytes == 3 * 128 * 24 * 2);
+    f = block_alloc(&h);
+    block_seal(&h, f);
+    block_header g;
+    CHECK(block_verify(f, block_file_bytes(&h), key, &g) == BLOCK_OK && g.n_parts == 1 && g.layer_bytes == 128 * 24 * 2);
+    free(f);
+    f = storetest_block(key, 3, 1, &n);
+    memset(f + 120, 0, 4);
+    uint32_t crc = block_crc32c(f, 252);
+    memcpy(f + 252, &crc, 4);
+    CHECK(block_verify(f, n, key, &g) == BLOCK_OK && g.n_parts == 2);
+    f[120] = 3;   /* more parts than K and V */
+    crc = block_crc32c(f, 252);
+    memcpy(f + 252, &crc, 4);
+    CHECK(block_verify(f, n, key, NULL) == BLOCK_ERR_HEADER);
+    free(f);
 }
 
 static store *open_dir(const char *dir, uint64_t cap)
