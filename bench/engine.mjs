@@ -3,10 +3,11 @@
 //
 //   bench/engine [--threads N] [--reps R] [--models q8_0,q4_k_m] [--pp 512] [--tg 128]
 //                [--seqs 1,4,16] [--only tokenmill|llama] [--quick] [--model-file GGUF] [--wait-quiet S]
-//                [--preset qwen3-0.6b|llama3.2-1b|qwen3-30b-a3b]
+//                [--preset qwen3-0.6b|llama3.2-1b|qwen3-30b-a3b|deepseek-v2-lite]
 //
 // 1. Builds the models with `tokenmill mkmodel` (--preset's shape, by default Qwen3-0.6B;
-//    qwen3-30b-a3b: the MoE model's layers, 4 of them; random weights, seed 1),
+//    qwen3-30b-a3b and deepseek-v2-lite: the MoE models' layers, 4 of them; random weights,
+//    seed 1),
 //    cached in bench/out/ under a name made of their arguments (a .args file beside each
 //    records the full command; a changed command or mkmodel source rebuilds).
 // 2. Measures the machine's memory read bandwidth with bench/membw.c (built here, cc -O2).
