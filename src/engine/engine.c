@@ -823,13 +823,13 @@ double engine_moe_imbalance(const uint64_t *counts, int n_expert, int n_groups)
 /* ---- multi-head latent attention ------------------------------------------------------
  * llama.cpp's MLA with the up-projections absorbed (deepseek2 with split attn_k_b/attn_v_b):
  * the latent c = norm(kv_a[:kv_lora]) and the roped key part k_pe = rope(kv_a[kv_lora:]) are
- * one kv head of kv_lora + rope values (stored as K, and as V: attention reads the first
- * kv_lora values of the same row as the value); each query head is (q_nope @ k_b[h], rope(q_pe))
+ * one kv head of kv_lora + rope values, stored once (a "V is K" pool: attention reads the
+ * first kv_lora values of the key row as the value); each query head is (q_nope @ k_b[h], rope(q_pe))
  * so that Q K^T equals the decompressed scores; the attention output of a head (kv_lora) goes
  * through v_b[h] to v_dim values, then attn_output. */
 
 /* After the projections, row by row: norm the latent, rope the key part and each head's query
- * part (copied into q's RoPE slot), and store the row in the pool as K and V. */
+ * part (copied into q's RoPE slot), and store the row in the pool (as K; V is K). */
 static void engine_job_mla_post(void *ctx, int ith, int nth)
 {
     engine_job *j = ctx;

@@ -66,9 +66,10 @@ test("metrics: tokens per expert of every layer over the window, and the imbalan
   }
 });
 
-test("bench: the expert figures of a MoE model", { skip }, () => {
+test("bench: the expert figures of a MoE model, also over a file of real prompts", { skip }, () => {
+  const prompts = path.join(root, "bench/moe_prompts.txt");
   const out = execFileSync(bin, ["bench", "-m", model, "--pp", "32", "--tg", "4", "--seqs", "2", "--reps", "1",
-    "--threads", "1", "--groups", "4"], { encoding: "utf8" });
+    "--threads", "1", "--groups", "4", "--prompts", prompts], { encoding: "utf8" });
   const j = JSON.parse(out);
   assert.equal(j.moe.experts, 16);
   assert.equal(j.moe.used, 4);
@@ -76,6 +77,22 @@ test("bench: the expert figures of a MoE model", { skip }, () => {
   assert.equal(j.moe.imbalance.length, 2);
   assert.ok(j.moe.imbalance.every((x) => x >= 1 && x <= 4));
   assert.ok(j.moe.active_weight_bytes < j.weight_bytes);
+  // the real prompts: every non-empty line prefilled once, its tokens' routing alone
+  const lines = fs.readFileSync(prompts, "utf8").split("\n").filter((l) => l.trim()).length;
+  const p = j.moe_prompts;
+  assert.equal(p.prompts, lines);
+  assert.ok(p.tokens > 4 * lines, `${p.tokens} tokens`);
+  assert.equal(p.groups, 4);
+  assert.equal(p.imbalance.length, 2);
+  assert.ok(p.imbalance.every((x) => x >= 1 && x <= 4), JSON.stringify(p));
+  assert.ok(p.imbalance_overall >= 1 && p.imbalance_overall <= p.imbalance_max + 1e-9);
+  assert.notDeepEqual(p.imbalance, j.moe.imbalance, "counted over the prompts only");
+  // a file without a prompt is refused with a message
+  const empty = path.join(tmp, "empty.txt");
+  fs.writeFileSync(empty, "\n  \n");
+  const r = spawnSync(bin, ["bench", "-m", model, "--pp", "0", "--tg", "0", "--prompts", empty], { encoding: "utf8" });
+  assert.equal(r.status, 1);
+  assert.match(r.stderr, /has no prompt/);
 });
 
 test("mkmodel: bad expert options are refused with a message", { skip: !fs.existsSync(bin) && "build/tokenmill not built" }, () => {
