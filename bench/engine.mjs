@@ -213,7 +213,7 @@ for (const type of o.models) {
 const f1 = (x) => (x == null ? '—' : x.toFixed(1));
 const f2 = (x) => (x == null ? '—' : x.toFixed(2));
 const pc = (x) => (x == null ? '' : `${(100 * x).toFixed(0)} %`);
-const typeName = {q8_0: 'Q8_0', q4_k_m: 'Q4_K_M', q4_k: 'Q4_K', f16: 'F16', f32: 'F32'};
+const typeName = {q8_0: 'Q8_0', q4_k_m: 'Q4_K_M', q4_k: 'Q4_K', q5_k_m: 'Q5_K_M', q5_k: 'Q5_K', f16: 'F16', f32: 'F32'};
 const lines = [];
 lines.push(`${o.modelFile ? path.basename(o.modelFile) : `${o.preset}-shaped random-weight models (tokenmill mkmodel)`}, ${o.threads} threads, median of ${o.reps} ` +
   `alternating runs; memory read bandwidth ${bw.read_gb_s.toFixed(1)} GB/s (bench/membw.c).`);
