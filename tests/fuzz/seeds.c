@@ -105,7 +105,7 @@ static void proto_seeds(void)
     proto_tok toks[2] = { { .token = 7, .logprob = -0.5f, .n_top = 1, .top_ids = { 8 }, .top_lps = { -1 } }, { .token = 9 } };
     proto_params params = { .sample = sample_params_default(), .max_tokens = 16, .stop_ids = { 2 }, .n_stop_ids = 1,
                             .logprobs = 1, .top_logprobs = 1, .salt = "salt" };
-    proto_kv tail = { .dtype = QTYPE_F16, .n_layers = 1, .n_kv_heads = 1, .head_dim = 4, .start = 0, .n = 2,
+    proto_kv tail = { .dtype = QTYPE_F16, .n_parts = 2, .n_layers = 1, .n_kv_heads = 1, .head_dim = 4, .start = 0, .n = 2,
                       .n_bytes = sizeof kv, .data = kv };
     proto_buf b;
     proto_buf_init(&b);
