@@ -125,7 +125,7 @@ int main(int argc, char **argv)
         blockkey_compute(parent, toks, fp, keys[b]);
         memcpy(parent, keys[b], 32);
         block_header h;
-        block_header_init(&h, keys[b], fp, 1, 2, n_layers, 8, 128);
+        block_header_init(&h, keys[b], fp, 1, 2, n_layers, 8, 128, 2);
         files[b] = block_alloc(&h);
         uint64_t *p = block_payload(files[b]);
         for (size_t i = 0; i < h.payload_bytes / 8; i++) p[i] = util_rng_next(&r);

@@ -3,10 +3,11 @@
 //
 //   bench/engine [--threads N] [--reps R] [--models q8_0,q4_k_m] [--pp 512] [--tg 128]
 //                [--seqs 1,4,16] [--only tokenmill|llama] [--quick] [--model-file GGUF] [--wait-quiet S]
-//                [--preset qwen3-0.6b|llama3.2-1b|qwen3-30b-a3b]
+//                [--preset qwen3-0.6b|llama3.2-1b|qwen3-30b-a3b|deepseek-v2-lite]
 //
 // 1. Builds the models with `tokenmill mkmodel` (--preset's shape, by default Qwen3-0.6B;
-//    qwen3-30b-a3b: the MoE model's layers, 4 of them; random weights, seed 1),
+//    qwen3-30b-a3b and deepseek-v2-lite: the MoE models' layers, 4 of them; random weights,
+//    seed 1),
 //    cached in bench/out/ under a name made of their arguments (a .args file beside each
 //    records the full command; a changed command or mkmodel source rebuilds).
 // 2. Measures the machine's memory read bandwidth with bench/membw.c (built here, cc -O2).
@@ -212,7 +213,7 @@ for (const type of o.models) {
 const f1 = (x) => (x == null ? '—' : x.toFixed(1));
 const f2 = (x) => (x == null ? '—' : x.toFixed(2));
 const pc = (x) => (x == null ? '' : `${(100 * x).toFixed(0)} %`);
-const typeName = {q8_0: 'Q8_0', q4_k_m: 'Q4_K_M', q4_k: 'Q4_K', f16: 'F16', f32: 'F32'};
+const typeName = {q8_0: 'Q8_0', q4_k_m: 'Q4_K_M', q4_k: 'Q4_K', q5_k_m: 'Q5_K_M', q5_k: 'Q5_K', f16: 'F16', f32: 'F32'};
 const lines = [];
 lines.push(`${o.modelFile ? path.basename(o.modelFile) : `${o.preset}-shaped random-weight models (tokenmill mkmodel)`}, ${o.threads} threads, median of ${o.reps} ` +
   `alternating runs; memory read bandwidth ${bw.read_gb_s.toFixed(1)} GB/s (bench/membw.c).`);

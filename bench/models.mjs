@@ -11,11 +11,13 @@ const root = path.resolve(import.meta.dirname, '..');
 
 // preset name -> architecture, the vocabulary of the model family and mkmodel arguments
 // beyond the preset (a MoE model cut in depth to fit this machine: Qwen3-30B-A3B's layers,
-// 4 of its 48)
+// 4 of its 48; DeepSeek-V2-Lite's, 4 of its 27: the leading dense layer and 3 MoE layers with
+// latent attention)
 export const benchPresets = {
   'qwen3-0.6b': {arch: 'qwen3', vocab: 'ggml-vocab-qwen2.gguf'},
   'llama3.2-1b': {arch: 'llama', vocab: 'ggml-vocab-llama-bpe.gguf'},
   'qwen3-30b-a3b': {arch: 'qwen3moe', vocab: 'ggml-vocab-qwen2.gguf', extra: ['--layers', '4']},
+  'deepseek-v2-lite': {arch: 'deepseek2', vocab: 'ggml-vocab-deepseek-llm.gguf', extra: ['--layers', '4']},
 };
 
 function mkmodelSourceHash() {

@@ -47,7 +47,7 @@ uint32_t block_crc32c(const void *p, size_t n)
 }
 
 void block_header_init(block_header *h, const uint8_t key[32], const uint8_t fp[32], uint32_t dtype,
-                       int elt_bytes, int n_layers, int n_kv_heads, int head_dim)
+                       int elt_bytes, int n_layers, int n_kv_heads, int head_dim, int n_parts)
 {
     memset(h, 0, sizeof *h);
     memcpy(h->key, key, 32);
@@ -57,7 +57,8 @@ void block_header_init(block_header *h, const uint8_t key[32], const uint8_t fp[
     h->n_kv_heads = (uint32_t)n_kv_heads;
     h->head_dim = (uint32_t)head_dim;
     h->n_tokens = 128;
-    h->layer_bytes = (uint32_t)(2u * (uint32_t)n_kv_heads * 128u * (uint32_t)head_dim * (uint32_t)elt_bytes);
+    h->n_parts = (uint32_t)n_parts;
+    h->layer_bytes = (uint32_t)((uint32_t)n_parts * (uint32_t)n_kv_heads * 128u * (uint32_t)head_dim * (uint32_t)elt_bytes);
     h->payload_bytes = (uint64_t)h->n_layers * h->layer_bytes;
 }
 
@@ -97,6 +98,7 @@ void block_seal(block_header *h, void *file)
     block_put32(b + 100, h->layer_bytes);
     block_put64(b + 104, h->payload_bytes);
     block_put64(b + 112, h->payload_crc);
+    block_put32(b + 120, h->n_parts);
     block_put32(b + 252, block_crc32c(b, 252));
 }
 
@@ -119,9 +121,11 @@ block_status block_parse_header(const void *file, size_t n, block_header *h)
     t.layer_bytes = block_get32(b + 100);
     t.payload_bytes = block_get64(b + 104);
     t.payload_crc = block_get64(b + 112);
+    t.n_parts = block_get32(b + 120);
+    if (t.n_parts == 0) t.n_parts = 2;   /* written before the field existed */
     if (t.payload_bytes != (uint64_t)t.n_layers * t.layer_bytes) return BLOCK_ERR_HEADER;
-    if (t.n_kv_heads == 0 || t.head_dim == 0 || t.n_tokens == 0 ||
-        t.layer_bytes % (2ull * t.n_kv_heads * t.n_tokens * t.head_dim) != 0)
+    if (t.n_kv_heads == 0 || t.head_dim == 0 || t.n_tokens == 0 || t.n_parts > 2 ||
+        t.layer_bytes % ((uint64_t)t.n_parts * t.n_kv_heads * t.n_tokens * t.head_dim) != 0)
         return BLOCK_ERR_HEADER;
     if (h) *h = t;
     return BLOCK_OK;

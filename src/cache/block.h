@@ -3,7 +3,8 @@
  *
  * DESIGN. A block file is a 256-byte header followed by the payload. The payload is the K and
  * V of every layer for the block's tokens, laid out [layer][k|v][kv_head][token][head_dim]
- * (the kvpool block layout), so layer l is the contiguous range
+ * (the kvpool block layout; [layer][kv_head][token][head_dim] when one row serves as K and V,
+ * multi-head latent attention's, n_parts 1), so layer l is the contiguous range
  * [l * layer_bytes, (l + 1) * layer_bytes) and a loader can hand layers to compute one by one.
  * Header (little-endian):
  *     0  magic "TMKVBLK\0"          8 bytes
@@ -16,7 +17,8 @@
  *   100  layer_bytes                u32 (K and V of one layer)
  *   104  payload_bytes              u64 (= n_layers * layer_bytes)
  *   112  payload checksum           u64 (CRC-64/ECMA, reflected; ISA-L)
- *   120  zeros up to 252
+ *   120  n_parts                    u32 (2: K and V; 1: V is K; 0 in older files means 2)
+ *   124  zeros up to 252
  *   252  header checksum            u32 (CRC-32C of bytes [0, 252))
  * A block is immutable once written: its bytes are a function of its key. Every reader checks
  * magic, version, header checksum, shape consistency, the key it asked for, the file size and
@@ -49,6 +51,7 @@ typedef struct {
     uint32_t n_kv_heads;
     uint32_t head_dim;
     uint32_t n_tokens;       /* 128 */
+    uint32_t n_parts;        /* rows per (layer, kv head, token): 2 (K, V) or 1 (V is K) */
     uint32_t layer_bytes;    /* bytes of K and V of one layer */
     uint64_t payload_bytes;  /* n_layers * layer_bytes */
     uint64_t payload_crc;    /* CRC-64/ECMA-refl of the payload */
@@ -56,9 +59,10 @@ typedef struct {
 
 const char *block_status_name(block_status st);
 
-/* Fills the shape fields of h (key and fp are the caller's) for elements of elt_bytes bytes. */
+/* Fills the shape fields of h (key and fp are the caller's) for elements of elt_bytes bytes and
+ * n_parts (2: K and V, 1: V is K) rows per (layer, kv head, token). */
 void block_header_init(block_header *h, const uint8_t key[32], const uint8_t fp[32], uint32_t dtype,
-                       int elt_bytes, int n_layers, int n_kv_heads, int head_dim);
+                       int elt_bytes, int n_layers, int n_kv_heads, int head_dim, int n_parts);
 /* Total file bytes (header + payload). */
 size_t block_file_bytes(const block_header *h);
 /* A zeroed, 64-byte aligned buffer of block_file_bytes(h) bytes (free with free()), payload at

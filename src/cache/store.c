@@ -431,6 +431,15 @@ void store_geometry(const store *s, int *k, int *m)
     *m = s->m;
 }
 
+store_status store_peek_header(store *s, const uint8_t key[32], block_header *h)
+{
+    uint8_t b[BLOCK_HEADER_BYTES];
+    store_status st = s->dir ? store_dir_peek(s->dir, key, b, sizeof b) : store_ec_peek(s->ec, key, b, sizeof b);
+    if (st != STORE_OK) return st;
+    if (block_parse_header(b, sizeof b, h) != BLOCK_OK || memcmp(h->key, key, 32)) return STORE_CORRUPT;
+    return STORE_OK;
+}
+
 typedef struct {
     store_ls_fn fn;
     void *arg;

@@ -20,6 +20,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cache/block.h"
+
 typedef enum {
     STORE_OK = 0,
     STORE_MISS,        /* not stored (or, for ec, fewer than K good fragments) */
@@ -124,6 +126,11 @@ typedef struct {
 void store_fsck(store *s, store_fsck_result *r);
 /* One collector pass over every target now: expired blocks, then LRU down to capacity. */
 void store_gc(store *s, uint64_t *n_expired, uint64_t *n_evicted);
+
+/* Reads only the header of key's block (no payload check, no touch, no counters): what
+ * `store stat` reports of a store's blocks without the model. STORE_MISS when absent or
+ * unreadable (ec: data fragment 0 absent or damaged), STORE_CORRUPT for a bad header. */
+store_status store_peek_header(store *s, const uint8_t key[32], block_header *h);
 
 typedef void (*store_ls_fn)(void *arg, int target, const uint8_t key[32], uint64_t bytes,
                             double last_use, double expiry);

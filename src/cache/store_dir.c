@@ -73,6 +73,17 @@ void store_dir_path(const store_dir *d, const uint8_t key[32], char *buf, size_t
     snprintf(buf, n, "%s/%.2s/%.2s/%s.%s", d->root, hex, hex + 2, hex, d->ext);
 }
 
+store_status store_dir_peek(store_dir *d, const uint8_t key[32], void *buf, size_t n)
+{
+    char path[PATH_MAX];
+    store_dir_path(d, key, path, sizeof path);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return STORE_MISS;
+    ssize_t r = pread(fd, buf, n, 0);
+    close(fd);
+    return r == (ssize_t)n ? STORE_OK : STORE_MISS;
+}
+
 static int store_dir_mkdirs(const char *path)
 {
     char buf[PATH_MAX];

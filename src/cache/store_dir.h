@@ -117,5 +117,8 @@ void store_dir_rebuild(store_dir *d);
 void store_dir_get_counters(store_dir *d, store_dir_counters *c);
 /* Path of key's file into buf (PATH_MAX). */
 void store_dir_path(const store_dir *d, const uint8_t key[32], char *buf, size_t n);
+/* The first n bytes of key's file into buf, without verifying, touching or counting anything
+ * (inspection: a block's header). STORE_MISS when absent or shorter than n. */
+store_status store_dir_peek(store_dir *d, const uint8_t key[32], void *buf, size_t n);
 
 #endif

@@ -118,6 +118,19 @@ bool store_ec_frag_verify(const store_ec *e, const void *p, size_t n, const uint
     return true;
 }
 
+store_status store_ec_peek(store_ec *e, const uint8_t key[32], void *buf, size_t n)
+{
+    store_dir *d = store_ec_target(e, store_ec_frag_target(e, key, 0));
+    if (!d || n > 4096) return STORE_MISS;
+    uint8_t b[STORE_EC_FRAG_HEADER + 4096];
+    if (store_dir_peek(d, key, b, STORE_EC_FRAG_HEADER + n) != STORE_OK) return STORE_MISS;
+    if (memcmp(b, ec_magic, 8) || ec_get32(b + 8) != 1 || ec_get32(b + 124) != block_crc32c(b, 124) ||
+        ec_get32(b + 20) != 0 || memcmp(b + 40, key, 32) || ec_get64(b + 32) < n)
+        return STORE_MISS;
+    memcpy(buf, b + STORE_EC_FRAG_HEADER, n);
+    return STORE_OK;
+}
+
 /* ---- contexts and workers ---- */
 
 static ec_ctx *ec_ctx_new(void)

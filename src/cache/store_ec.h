@@ -53,6 +53,10 @@ store_status store_ec_get(store_ec *e, const uint8_t key[32], double ttl_s, void
 bool store_ec_exists(store_ec *e, const uint8_t key[32]);
 /* Deletes all fragments; STORE_MISS when none existed. */
 store_status store_ec_delete(store_ec *e, const uint8_t key[32]);
+/* The first n bytes of key's block file into buf, from data fragment 0 (its fragment header
+ * checked, the fragment not), without touching or counting anything: inspection of a block's
+ * header. STORE_MISS when that fragment is absent, damaged or shorter than n. */
+store_status store_ec_peek(store_ec *e, const uint8_t key[32], void *buf, size_t n);
 int store_ec_n_targets(const store_ec *e);
 /* Target i, or NULL when it could not be opened. */
 store_dir *store_ec_target(store_ec *e, int i);

@@ -16,6 +16,11 @@
  * One untimed warm-up run of each kind precedes the repetitions (as llama-bench does).
  * Sequences are reset between runs, so the KV cache is empty at the start of each.
  *
+ * MoE models: "moe" has the expert imbalance over the run's random tokens; with --prompts FILE
+ * (real text, one prompt per line, e.g. bench/moe_prompts.txt) each prompt is also prefilled
+ * once, untimed, and "moe_prompts" has the imbalance over those tokens only: what a real
+ * distribution of tokens does to the experts' load, per layer and over all MoE layers.
+ *
  * `tokenmill bench curves -m MODEL [--prefill-steps 16,..] [--streams 1,..] [--tg N]
  * [--svg PATH]`: the two curves that set a host's price, on this machine: (1) prefill tokens
  * per engine step against prefill throughput and step latency (one sequence prefilled in
@@ -32,6 +37,7 @@
 #include "cli/cmd_opts.h"
 #include "engine/engine.h"
 #include "model/model.h"
+#include "recipe/tokenizer.h"
 #include "recipe/jsonfmt.h"
 #include "recipe/status.h"
 #include "util/bytebuf.h"
@@ -39,6 +45,8 @@
 
 #define CMD_BENCH_MAX_SEQS 64
 #define CMD_BENCH_PROMPT 32
+#define CMD_BENCH_MAX_PROMPTS 1024   /* --prompts: lines used at most */
+#define CMD_BENCH_PROMPT_MAX_TOK 2048 /* --prompts: tokens per prompt at most (the rest is cut) */
 
 typedef struct {
     engine *e;
@@ -61,17 +69,23 @@ static bool cmd_bench_step(cmd_bench_ctx *c, int n)
     return st == ENGINE_OK;
 }
 
-/* prefill positions [from, to) of s in chunks of the engine batch; false on error */
-static bool cmd_bench_fill(cmd_bench_ctx *c, kvpool_seq *s, int from, int to)
+/* prefill positions [from, to) of s in chunks of the engine batch with random tokens, or
+ * with toks[from..to) when toks is not NULL; false on error */
+static bool cmd_bench_fill_toks(cmd_bench_ctx *c, kvpool_seq *s, const int32_t *toks, int from, int to)
 {
     int maxb = engine_max_batch(c->e);
     for (int p0 = from; p0 < to; p0 += maxb) {
         int m = TM_MIN(maxb, to - p0);
         for (int i = 0; i < m; i++)
-            c->bt[i] = (engine_tok){ cmd_bench_tok(c), p0 + i, s, p0 + i == to - 1 };
+            c->bt[i] = (engine_tok){ toks ? toks[p0 + i] : cmd_bench_tok(c), p0 + i, s, p0 + i == to - 1 };
         if (!cmd_bench_step(c, m)) return false;
     }
     return true;
+}
+
+static bool cmd_bench_fill(cmd_bench_ctx *c, kvpool_seq *s, int from, int to)
+{
+    return cmd_bench_fill_toks(c, s, NULL, from, to);
 }
 
 /* prefill positions [depth, depth + n) of s, whose first `depth` positions are already
@@ -146,31 +160,152 @@ static int cmd_bench_list(const char *opt, const char *z, int *out, int max, lon
 
 static int cmd_bench_curves(int argc, char **argv);
 
+/* Tokens each expert of each layer received since the engine started: (n_layers, n_expert). */
+static void cmd_bench_moe_totals(engine *e, uint64_t *tot)
+{
+    const model_hparams *hp = &engine_model(e)->hp;
+    for (int il = 0; il < hp->n_layers; il++)
+        if (!engine_moe_load(e, il, NULL, tot + (size_t)il * hp->n_expert, NULL))
+            memset(tot + (size_t)il * hp->n_expert, 0, (size_t)hp->n_expert * sizeof *tot);
+}
+
+/* The imbalance fields of counts (n_layers, n_expert) over G contiguous expert groups: per
+ * layer (0 for a dense layer: nothing routed), the mean and max over the routed layers, and
+ * "overall": the same figure for each group's load summed over the layers (G devices each
+ * holding one group of every layer). */
+static void cmd_bench_moe_imbalance(const model_hparams *hp, const uint64_t *counts, int groups)
+{
+    uint64_t sum_x[MODEL_MAX_EXPERTS] = { 0 };
+    double sum = 0, max = 0;
+    int n_routed = 0;
+    printf("\"groups\": %d, \"imbalance\": [", TM_MIN(groups, hp->n_expert));
+    for (int il = 0; il < hp->n_layers; il++) {
+        const uint64_t *c = counts + (size_t)il * hp->n_expert;
+        double im = engine_moe_imbalance(c, hp->n_expert, groups);
+        printf("%s%.4f", il ? ", " : "", im);
+        for (int x = 0; x < hp->n_expert; x++) sum_x[x] += c[x];
+        if (im > 0) n_routed++, sum += im;
+        max = im > max ? im : max;
+    }
+    printf("], \"imbalance_mean\": %.4f, \"imbalance_max\": %.4f, \"imbalance_overall\": %.4f",
+           n_routed ? sum / n_routed : 0.0, max, engine_moe_imbalance(sum_x, hp->n_expert, groups));
+}
+
 /* A MoE model's expert figures: the weight bytes one token reads (the active experts), and
- * per layer the imbalance over G contiguous expert groups of the tokens routed during the
- * whole run (its random prompts), with their mean and max over the layers. */
+ * the imbalance of the tokens routed during the whole run (its random prompts). */
 static void cmd_bench_moe(engine *e, int groups)
 {
     const model *m = engine_model(e);
     const model_hparams *hp = &m->hp;
     if (hp->n_expert == 0) return;
-    uint64_t tot[MODEL_MAX_EXPERTS];
-    double sum = 0, max = 0;
-    printf(", \"moe\": {\"experts\": %d, \"used\": %d, \"active_weight_bytes\": %zu, \"groups\": %d, \"imbalance\": [",
-           hp->n_expert, hp->n_expert_used, model_active_weight_bytes(m), TM_MIN(groups, hp->n_expert));
-    for (int il = 0; il < hp->n_layers && engine_moe_load(e, il, NULL, tot, NULL); il++) {
-        double im = engine_moe_imbalance(tot, hp->n_expert, groups);
-        printf("%s%.4f", il ? ", " : "", im);
-        sum += im;
-        max = im > max ? im : max;
+    uint64_t *tot = xmalloc((size_t)hp->n_layers * (size_t)hp->n_expert * sizeof *tot);
+    cmd_bench_moe_totals(e, tot);
+    printf(", \"moe\": {\"experts\": %d, \"used\": %d, \"active_weight_bytes\": %zu, ", hp->n_expert,
+           hp->n_expert_used, model_active_weight_bytes(m));
+    cmd_bench_moe_imbalance(hp, tot, groups);
+    putchar('}');
+    free(tot);
+}
+
+/* --prompts: the file's non-empty lines (at most CMD_BENCH_MAX_PROMPTS), tokenised with the
+ * model's own tokenizer and cut at CMD_BENCH_PROMPT_MAX_TOK tokens. */
+typedef struct {
+    int32_t *toks;               /* (n_tok) all prompts' tokens, one after the other */
+    int *off;                    /* (n + 1) prompt i is toks[off[i] .. off[i + 1]) */
+    int n;                       /* prompts */
+    int n_tok;                   /* tokens in all */
+    int max_len;                 /* tokens of the longest prompt */
+} cmd_bench_prompts;
+
+static void cmd_bench_prompts_free(cmd_bench_prompts *p)
+{
+    free(p->toks);
+    free(p->off);
+}
+
+/* false after a message on stderr (unreadable file, no tokenizer, no prompt). */
+static bool cmd_bench_prompts_load(const model *m, const char *path, cmd_bench_prompts *p)
+{
+    memset(p, 0, sizeof *p);
+    size_t len;
+    char *text = util_read_file(path, &len), err[256];
+    if (!text) {
+        fprintf(stderr, "tokenmill bench: cannot read --prompts %s\n", path);
+        return false;
     }
-    printf("], \"imbalance_mean\": %.4f, \"imbalance_max\": %.4f}", sum / hp->n_layers, max);
+    tokenizer *tok = NULL;
+    if (tokenizer_load(m->g, &tok, err, sizeof err) != TOKENIZER_OK) {
+        fprintf(stderr, "tokenmill bench: --prompts needs the model's tokenizer: %s\n", err);
+        free(text);
+        return false;
+    }
+    int cap = 0;
+    p->off = xmalloc((CMD_BENCH_MAX_PROMPTS + 1) * sizeof *p->off);
+    p->off[0] = 0;
+    for (size_t i = 0; i < len && p->n < CMD_BENCH_MAX_PROMPTS;) {
+        size_t j = i;
+        while (j < len && text[j] != '\n') j++;
+        size_t e = j;
+        while (e > i && (text[e - 1] == '\r' || text[e - 1] == ' ' || text[e - 1] == '\t')) e--;
+        if (e > i) {
+            if (cap - p->n_tok < CMD_BENCH_PROMPT_MAX_TOK) {
+                cap = TM_MAX(2 * cap, p->n_tok + CMD_BENCH_PROMPT_MAX_TOK);
+                p->toks = xrealloc(p->toks, (size_t)cap * sizeof *p->toks);
+            }
+            int32_t n = tokenizer_encode(tok, text + i, e - i, true, false, p->toks + p->n_tok,
+                                         CMD_BENCH_PROMPT_MAX_TOK);
+            if (n > 0) {
+                n = TM_MIN(n, CMD_BENCH_PROMPT_MAX_TOK);
+                p->n_tok += n;
+                p->max_len = TM_MAX(p->max_len, n);
+                p->off[++p->n] = p->n_tok;
+            }
+        }
+        i = j + 1;
+    }
+    tokenizer_free(tok);
+    free(text);
+    if (!p->n) {
+        fprintf(stderr, "tokenmill bench: --prompts %s has no prompt (one per line)\n", path);
+        cmd_bench_prompts_free(p);
+        return false;
+    }
+    return true;
+}
+
+/* Prefills every prompt once (untimed) and prints "moe_prompts": the imbalance of the tokens
+ * they routed (the totals' difference over the run). false on an engine error. */
+static bool cmd_bench_moe_prompts(cmd_bench_ctx *c, kvpool_seq *s, const cmd_bench_prompts *p, const char *path,
+                                  int groups)
+{
+    const model_hparams *hp = &engine_model(c->e)->hp;
+    size_t nc = (size_t)hp->n_layers * (size_t)hp->n_expert;
+    uint64_t *before = xmalloc(nc * sizeof *before), *after = xmalloc(nc * sizeof *after);
+    cmd_bench_moe_totals(c->e, before);
+    bool ok = true;
+    for (int i = 0; i < p->n && ok; i++) {
+        kvpool_seq_reset(engine_kvpool(c->e), s);
+        ok = cmd_bench_fill_toks(c, s, p->toks + p->off[i], 0, p->off[i + 1] - p->off[i]);
+    }
+    if (ok) {
+        cmd_bench_moe_totals(c->e, after);
+        for (size_t k = 0; k < nc; k++) after[k] -= before[k];
+        bytebuf b = { 0 };
+        jsonfmt_write_string(&b, path, strlen(path));
+        printf(", \"moe_prompts\": {\"file\": %s, \"prompts\": %d, \"tokens\": %d, ", b.p, p->n, p->n_tok);
+        bytebuf_free(&b);
+        cmd_bench_moe_imbalance(hp, after, groups);
+        putchar('}');
+    }
+    free(before);
+    free(after);
+    return ok;
 }
 
 int cmd_bench(int argc, char **argv)
 {
     if (argc > 1 && !strcmp(argv[1], "curves")) return cmd_bench_curves(argc - 1, argv + 1);
-    const char *model_path = NULL, *seqs_arg = "1,4,16";
+    const char *model_path = NULL, *seqs_arg = "1,4,16", *prompts_path = NULL;
     long threads = 0, pp = 512, tg = 128, reps = 3, maxb = 512, depth = 0, groups = 8;
     const cmd_opt opts[] = {
         { "--model", "-m", CMD_OPT_STR, &model_path, .arg = "MODEL", .help = "the GGUF to time (required)" },
@@ -181,6 +316,7 @@ int cmd_bench(int argc, char **argv)
         { "--reps", NULL, CMD_OPT_LONG, &reps, 1, 100, .arg = "R", .help = "repetitions of each run (default 3)" },
         { "--batch", NULL, CMD_OPT_LONG, &maxb, 1, 1 << 16, .arg = "N", .help = "engine batch in tokens (default 512)" },
         { "--groups", NULL, CMD_OPT_LONG, &groups, 1, 1024, .arg = "G", .help = "MoE: expert groups of the imbalance figure (default 8)" },
+        { "--prompts", NULL, CMD_OPT_STR, &prompts_path, .arg = "FILE", .help = "MoE: real prompts, one per line (bench/moe_prompts.txt): the imbalance over their tokens too" },
         { "--depth", "-d", CMD_OPT_LONG, &depth, 0, 1 << 24, .arg = "D", .help = "tokens already in the sequence before pp and tg (default 0)" },
         { 0 },
     };
@@ -201,6 +337,11 @@ int cmd_bench(int argc, char **argv)
         fprintf(stderr, "tokenmill bench: cannot load %s: %s\n", model_path, err);
         return 1;
     }
+    cmd_bench_prompts prompts = { 0 };
+    if (prompts_path && m->hp.n_expert > 0 && !cmd_bench_prompts_load(m, prompts_path, &prompts)) {
+        model_free(m);
+        return 1;
+    }
     int max_s = 1;
     for (int i = 0; i < n_seqs; i++) max_s = TM_MAX(max_s, seqs[i]);
     int prompt_b = TM_MAX(CMD_BENCH_PROMPT, depth);  /* batched: each sequence's prompt */
@@ -209,9 +350,11 @@ int cmd_bench(int argc, char **argv)
     int blk_b = max_s * ((prompt_b + tg + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK);
     engine_opts eo = { .n_threads = threads, .max_batch_tokens = TM_MAX(maxb, max_s),
                        .n_kv_blocks = TM_MAX(1, TM_MAX(blk_pp, TM_MAX(blk_tg, blk_b))) };
+    eo.n_kv_blocks = TM_MAX(eo.n_kv_blocks, (prompts.max_len + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK);
     cmd_bench_ctx c;
     kvpool_seq *sq[CMD_BENCH_MAX_SEQS];
     if (!cmd_bench_start("bench", m, &eo, max_s, &c, sq)) {
+        cmd_bench_prompts_free(&prompts);
         model_free(m);
         return 1;
     }
@@ -262,6 +405,7 @@ int cmd_bench(int argc, char **argv)
     }
     printf("], \"weight_bytes\": %zu", model_weight_bytes(m));
     cmd_bench_moe(e, (int)groups);
+    if (prompts.n && !cmd_bench_moe_prompts(&c, sq[0], &prompts, prompts_path, (int)groups)) goto out;
     printf("}\n");
     fflush(stdout);
     rc = 0;
@@ -270,6 +414,7 @@ out:
     free(pp_r);
     free(tg_r);
     free(b_r);
+    cmd_bench_prompts_free(&prompts);
     free(c.logits);
     free(c.bt);
     engine_free(e);

@@ -108,10 +108,10 @@ engine *cmd_common_engine_new(const char *prog, model *m, cmd_engine_opts *o)
     if (o->step_tokens == 0) o->step_tokens = sched_default_step_tokens((int)o->max_seqs);   /* max-seqs + 64 */
     /* the engine batch holds the larger of the two step budgets (sched caps both at it) */
     engine_opts eo = { .n_threads = (int)o->threads, .max_batch_tokens = (int)TM_MAX(o->step_tokens, o->prefill_step) };
-    size_t per_tok = (size_t)m->hp.n_layers * (size_t)m->hp.n_kv_heads * (size_t)m->hp.head_dim * 2 * 2;
+    kvpool_opts ko = engine_kv_geometry(m, false);
     size_t ctx_blocks = (size_t)(o->ctx + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK;
     size_t want_blocks = (size_t)o->max_seqs * ctx_blocks;
-    size_t cap_blocks = ((size_t)o->kv_mib << 20) / (per_tok * KVPOOL_BLOCK);
+    size_t cap_blocks = (size_t)kvpool_blocks_for_bytes(&ko, (size_t)o->kv_mib << 20);
     eo.n_kv_blocks = (int)TM_MAX(TM_MIN(want_blocks, cap_blocks), ctx_blocks + 1);
     engine *e = NULL;
     if (engine_new(m, &eo, &e, err, sizeof err) != ENGINE_OK) {
@@ -120,6 +120,15 @@ engine *cmd_common_engine_new(const char *prog, model *m, cmd_engine_opts *o)
     }
     kvpool_prefault(engine_kvpool(e));
     return e;
+}
+
+void cmd_common_kv_desc(engine *e, char *buf, size_t n)
+{
+    kvpool *p = engine_kvpool(e);
+    kvpool_stats st;
+    kvpool_get_stats(p, &st);
+    snprintf(buf, n, "KV %d blocks of %.1f KiB per 128 tokens%s", st.n_blocks, (double)kvpool_block_bytes(p) / 1024.0,
+             kvpool_n_parts(p) == 1 ? ", latent: V is K" : "");
 }
 
 sched_opts cmd_common_sched_opts(const cmd_engine_opts *o, blockio *bio, const tokenizer *tok)

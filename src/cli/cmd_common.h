@@ -57,6 +57,9 @@ const cmd_opt *cmd_common_http_table(http_opts *o, cmd_opt out[CMD_HTTP_TABLE_N]
  * least one context), faulted in now so that the first steps and store fills take no page
  * faults. NULL after "tokenmill PROG: why" on stderr. */
 engine *cmd_common_engine_new(const char *prog, model *m, cmd_engine_opts *o);
+/* The start-up line's KV part: "KV N blocks of X KiB per 128 tokens" (", latent: V is K" for
+ * a pool of one row per position), the size of a block in the pool, the store and a handoff. */
+void cmd_common_kv_desc(engine *e, char *buf, size_t n);
 /* The scheduler options for an engine made by cmd_common_engine_new (bio may be NULL). */
 sched_opts cmd_common_sched_opts(const cmd_engine_opts *o, blockio *bio, const tokenizer *tok);
 

@@ -10,7 +10,7 @@
  * key/value_length = head_dim), `qwen3moe` (qwen3 attention; per layer an F32 router
  * ffn_gate_inp and the experts as 3-D ffn_{gate,up,down}_exps tensors, with expert_count,
  * expert_used_count and expert_feed_forward_length). Norms, biases and rope factors stay F32; every matrix gets
- * --type, or for q4_k_m the Q4_K/Q6_K mix of llama.cpp's Q4_K_M (output or tied embedding,
+ * --type, or for q4_k_m / q5_k_m the Q4_K (Q5_K) / Q6_K mix of llama.cpp's Q4_K_M / Q5_K_M (output or tied embedding,
  * and attn_v/ffn_down of "more bits" layers, in Q6_K). A matrix whose rows do not fit the
  * block size falls back to Q8_0, then F16, as llama.cpp's quantiser does.
  *
@@ -484,7 +484,7 @@ typedef struct {
     int n, cap;
     const mk_opts *o;
     qtype base;             /* type of ordinary matrices */
-    bool k_m;               /* q4_k_m mix */
+    bool k_m;               /* q4_k_m / q5_k_m mix */
 } mk_model;
 
 /* A tensor of 1..3 dims (ne2 > 1: 3-D, a stack of ne2 matrices of ne1 rows). */
@@ -557,7 +557,8 @@ static bool mk_parse_type(const char *s, qtype *base, bool *k_m, uint32_t *ftype
     static const struct { const char *name; qtype t; bool k_m; uint32_t ftype; } types[] = {
         { "f32", QTYPE_F32, false, 0 }, { "f16", QTYPE_F16, false, 1 }, { "bf16", QTYPE_BF16, false, 32 },
         { "q8_0", QTYPE_Q8_0, false, 7 }, { "q4_0", QTYPE_Q4_0, false, 2 }, { "q4_k", QTYPE_Q4_K, false, 14 },
-        { "q4_k_m", QTYPE_Q4_K, true, 15 }, { "q6_k", QTYPE_Q6_K, false, 18 },
+        { "q4_k_m", QTYPE_Q4_K, true, 15 }, { "q5_k", QTYPE_Q5_K, false, 16 }, { "q5_k_m", QTYPE_Q5_K, true, 17 },
+        { "q6_k", QTYPE_Q6_K, false, 18 },
     };
     for (size_t i = 0; i < TM_ARRAY_LEN(types); i++) {
         if (!strcasecmp(s, types[i].name)) {
@@ -743,7 +744,7 @@ int cmd_mkmodel(int argc, char **argv)
         { "--ctx", NULL, CMD_OPT_LONG, &ctx, 0, 1 << 24, .arg = "N", .help = "training context" },
         { "--vocab-size", NULL, CMD_OPT_LONG, &nv, 0, 1 << 24, .arg = "N", .help = "without --vocab: a synthetic vocabulary" },
         { "--vocab", NULL, CMD_OPT_STR, &vocab, .arg = "FILE.gguf|tokenizer.json", .help = "a real vocabulary" },
-        { "--type", NULL, CMD_OPT_STR, &o.type, .arg = "T", .help = "f32|f16|bf16|q8_0|q4_0|q4_k|q4_k_m|q6_k (required)" },
+        { "--type", NULL, CMD_OPT_STR, &o.type, .arg = "T", .help = "f32|f16|bf16|q8_0|q4_0|q4_k|q4_k_m|q5_k|q5_k_m|q6_k (required)" },
         { "--seed", NULL, CMD_OPT_U64, &seed, .arg = "S", .help = "weights' seed (required)" },
         { "--tied", NULL, CMD_OPT_SET, &tied, .set = 1, .help = "output head shares the embedding" },
         { "--untied", NULL, CMD_OPT_SET, &tied, .set = 0, .help = "output head of its own" },

@@ -269,10 +269,10 @@ static int serve_routes(serve *sv)
         fprintf(stderr, "tokenmill serve: %s\n", err);
         return 1;
     }
-    kvpool_stats kv_stats;
-    kvpool_get_stats(engine_kvpool(sv->e), &kv_stats);
-    fprintf(stderr, "tokenmill serve: model %s (%s, %d layers, ctx %d, KV %d blocks, %d threads, template %s)\n", name,
-            sv->m->hp.arch_name, sv->m->hp.n_layers, (int)o->eng.ctx, kv_stats.n_blocks, engine_n_threads(sv->e),
+    char kvd[128];
+    cmd_common_kv_desc(sv->e, kvd, sizeof kvd);
+    fprintf(stderr, "tokenmill serve: model %s (%s, %d layers, ctx %d, %s, %d threads, template %s)\n", name,
+            sv->m->hp.arch_name, sv->m->hp.n_layers, (int)o->eng.ctx, kvd, engine_n_threads(sv->e),
             template_name(sv->tmpl));
     if (sv->bio) fprintf(stderr, "tokenmill serve: block store %s\n", store_spec(sv->cache));
     fprintf(stderr, "tokenmill serve: listening on http://%s:%d\n", o->host, http_server_port(sv->h));

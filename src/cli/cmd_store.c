@@ -11,6 +11,7 @@
 #include "cache/store.h"
 #include "cli/cmd.h"
 #include "cli/cmd_opts.h"
+#include "model/quant.h"
 #include "util/util.h"
 
 #define CMD_STORE_AGES 6
@@ -25,7 +26,17 @@ typedef struct {
     uint64_t age_bytes[CMD_STORE_AGES];
     uint64_t n_expired;          /* expiry already passed (gc will remove) */
     double oldest;               /* largest age seen, seconds */
+    uint8_t (*keys)[32];         /* (n_keys, cap_keys) every key listed (ec: once per fragment) */
+    size_t n_keys, cap_keys;
 } cmd_store_stat_acc;
+
+/* Blocks of one geometry among the headers read (stat's block size lines). */
+#define CMD_STORE_GEOMS 8
+#define CMD_STORE_PEEK_MAX 1024   /* headers read at most (spread over the keys) */
+typedef struct {
+    block_header h;              /* shape fields of the first block of this geometry */
+    uint64_t n;                  /* headers read with it */
+} cmd_store_geom;
 
 static void cmd_store_stat_cb(void *arg, int target, const uint8_t key[32], uint64_t bytes, double last_use,
                               double expiry)
@@ -42,6 +53,53 @@ static void cmd_store_stat_cb(void *arg, int target, const uint8_t key[32], uint
     a->age_bytes[b] += bytes;
     if (expiry <= a->now) a->n_expired++;
     if (age > a->oldest) a->oldest = age;
+    if (a->n_keys == a->cap_keys) {
+        a->cap_keys = a->cap_keys ? 2 * a->cap_keys : 256;
+        a->keys = xrealloc(a->keys, a->cap_keys * sizeof *a->keys);
+    }
+    memcpy(a->keys[a->n_keys++], key, 32);
+}
+
+static int cmd_store_key_cmp(const void *x, const void *y) { return memcmp(x, y, 32); }
+
+/* The size of a 128-token block, from the blocks' own headers (no model needed): one line per
+ * geometry among at most CMD_STORE_PEEK_MAX blocks spread over the store. */
+static void cmd_store_stat_geometry(store *s, cmd_store_stat_acc *a)
+{
+    size_t n = 0;
+    qsort(a->keys, a->n_keys, 32, cmd_store_key_cmp);
+    for (size_t i = 0; i < a->n_keys; i++)
+        if (!n || memcmp(a->keys[n - 1], a->keys[i], 32)) memcpy(a->keys[n++], a->keys[i], 32);
+    if (!n) return;
+    cmd_store_geom g[CMD_STORE_GEOMS];
+    int n_g = 0;
+    uint64_t n_read = 0, n_other = 0;
+    size_t step = n > CMD_STORE_PEEK_MAX ? n / CMD_STORE_PEEK_MAX : 1;
+    for (size_t i = 0; i < n; i += step) {
+        block_header h;
+        if (store_peek_header(s, a->keys[i], &h) != STORE_OK) continue;
+        n_read++;
+        int j = 0;
+        while (j < n_g && (g[j].h.payload_bytes != h.payload_bytes || g[j].h.n_layers != h.n_layers ||
+                           g[j].h.n_kv_heads != h.n_kv_heads || g[j].h.head_dim != h.head_dim ||
+                           g[j].h.n_parts != h.n_parts || g[j].h.dtype != h.dtype))
+            j++;
+        if (j == n_g && n_g == CMD_STORE_GEOMS) {
+            n_other++;
+            continue;
+        }
+        if (j == n_g) g[n_g++] = (cmd_store_geom){ h, 0 };
+        g[j].n++;
+    }
+    printf("block size per 128 tokens (headers of %llu of %zu blocks):\n", (unsigned long long)n_read, n);
+    for (int j = 0; j < n_g; j++) {
+        const block_header *h = &g[j].h;
+        printf("  %.1f KiB: %u layers x %u kv head%s x %u, %s, %s: %llu blocks\n", (double)h->payload_bytes / 1024.0,
+               h->n_layers, h->n_kv_heads, h->n_kv_heads == 1 ? "" : "s", h->head_dim,
+               h->n_parts == 1 ? "V is K (latent)" : "K and V", quant_type_name((qtype)h->dtype),
+               (unsigned long long)g[j].n);
+    }
+    if (n_other) printf("  other geometries: %llu blocks\n", (unsigned long long)n_other);
 }
 
 static void cmd_store_ls_cb(void *arg, int target, const uint8_t key[32], uint64_t bytes, double last_use,
@@ -101,6 +159,8 @@ static int cmd_store_stat(store *s)
     if (m)
         printf("  fragments missing %llu corrupt %llu, decodes %llu\n", (unsigned long long)c.n_frag_missing,
                (unsigned long long)c.n_frag_corrupt, (unsigned long long)c.n_decode);
+    cmd_store_stat_geometry(s, &a);
+    free(a.keys);
     return 0;
 }
 

@@ -131,10 +131,10 @@ int cmd_worker(int argc, char **argv)
                        .max_seqs = (int)eng.max_seqs, .n_ctx = n_ctx, .gvocab = gvocab };
     w = worker_new(&wo, e, s, cache, bio);
     if (!w) goto out;
-    kvpool_stats kv_stats;
-    kvpool_get_stats(engine_kvpool(e), &kv_stats);
-    fprintf(stderr, "tokenmill worker: %s, model %s (%d layers, ctx %d, KV %d blocks, %d threads)%s%s\n",
-            proto_role_name(role), m->hp.arch_name, m->hp.n_layers, n_ctx, kv_stats.n_blocks, engine_n_threads(e),
+    char kvd[128];
+    cmd_common_kv_desc(e, kvd, sizeof kvd);
+    fprintf(stderr, "tokenmill worker: %s, model %s (%d layers, ctx %d, %s, %d threads)%s%s\n",
+            proto_role_name(role), m->hp.arch_name, m->hp.n_layers, n_ctx, kvd, engine_n_threads(e),
             bio ? ", block store " : "", bio ? store_spec(cache) : "");
     if (listen) fprintf(stderr, "tokenmill worker: listening on port %d\n", worker_port(w));
     fflush(stderr);

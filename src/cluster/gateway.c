@@ -250,8 +250,8 @@ static const char *gw_check_msg(const gateway *g, const gw_worker *w, const prot
         if (r->params.max_tokens == 1) return "HANDOFF of a request that ended";
         if (m->hdr.flags & PROTO_F_HAS_TAIL) {
             const proto_kv *kv = &h->kv;
-            if (kv->dtype != w->kv_dtype || kv->n_layers != hp->n_layers || kv->n_kv_heads != hp->n_kv_heads ||
-                kv->head_dim != hp->head_dim)
+            if (kv->dtype != w->kv_dtype || kv->n_parts != (hp->mla ? 1 : 2) || kv->n_layers != hp->n_layers ||
+                kv->n_kv_heads != hp->n_kv_heads || kv->head_dim != hp->head_dim)
                 return "HANDOFF: tail KV of another geometry";
             if (kv->start != h->n_stored || kv->start + kv->n != h->n_prompt) return "HANDOFF: tail KV at the wrong positions";
         }

@@ -192,9 +192,9 @@ static uint32_t proto_allowed_flags(int type)
 {
     switch (type) {
     case PROTO_HELLO: return PROTO_F_REGISTER;
-    case PROTO_HANDOFF: return PROTO_F_HAS_TAIL;
+    case PROTO_HANDOFF: return PROTO_F_HAS_TAIL | PROTO_F_KV_LATENT;
     case PROTO_PREFILL: return PROTO_F_THINK | PROTO_F_GRAMMAR;
-    case PROTO_DECODE: return PROTO_F_HAS_TAIL | PROTO_F_RESUME | PROTO_F_THINK | PROTO_F_GRAMMAR;
+    case PROTO_DECODE: return PROTO_F_HAS_TAIL | PROTO_F_RESUME | PROTO_F_THINK | PROTO_F_GRAMMAR | PROTO_F_KV_LATENT;
     case PROTO_TOKENS: return PROTO_F_LOGPROBS;
     case PROTO_HEARTBEAT: return PROTO_F_STEPTIME;
     default: return 0;
@@ -222,11 +222,12 @@ proto_status proto_hdr_parse(const uint8_t *p, size_t n, proto_hdr *h)
 
 /* ---- message bodies ---- */
 
-size_t proto_kv_bytes(int dtype, int n_layers, int n_kv_heads, int head_dim, int n)
+size_t proto_kv_bytes(int dtype, int n_parts, int n_layers, int n_kv_heads, int head_dim, int n)
 {
     size_t esz = dtype == QTYPE_F16 ? 2 : dtype == QTYPE_F32 ? 4 : 0;
-    if (!esz || n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 || n < 0 || n >= 128) return 0;
-    return (size_t)n_layers * 2 * (size_t)n_kv_heads * (size_t)n * (size_t)head_dim * esz;
+    if (!esz || n_parts < 1 || n_parts > 2 || n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 || n < 0 || n >= 128)
+        return 0;
+    return (size_t)n_layers * (size_t)n_parts * (size_t)n_kv_heads * (size_t)n * (size_t)head_dim * esz;
 }
 
 /* The reasoning budget section's ranges (the vocabulary is the worker's check). */
@@ -422,7 +423,7 @@ static void proto_get_tok(proto_rd *r, proto_tok *t, bool lp)
 static bool proto_kv_ok(const proto_kv *kv)
 {
     return kv->start % 128 == 0 &&
-           kv->n_bytes == proto_kv_bytes(kv->dtype, kv->n_layers, kv->n_kv_heads, kv->head_dim, (int)kv->n) &&
+           kv->n_bytes == proto_kv_bytes(kv->dtype, kv->n_parts, kv->n_layers, kv->n_kv_heads, kv->head_dim, (int)kv->n) &&
            (kv->n == 0 || kv->n_bytes > 0) && (kv->n_bytes == 0 || kv->data);
 }
 
@@ -438,9 +439,10 @@ static void proto_put_kv(proto_buf *b, const proto_kv *kv)
     proto_put_bytes(b, kv->data, kv->n_bytes);
 }
 
-static void proto_get_kv(proto_rd *r, proto_kv *kv)
+static void proto_get_kv(proto_rd *r, proto_kv *kv, uint32_t flags)
 {
     kv->dtype = proto_get_u8(r);
+    kv->n_parts = flags & PROTO_F_KV_LATENT ? 1 : 2;
     kv->n_layers = proto_get_u16(r);
     kv->n_kv_heads = proto_get_u16(r);
     kv->head_dim = proto_get_u16(r);
@@ -449,7 +451,7 @@ static void proto_get_kv(proto_rd *r, proto_kv *kv)
     kv->n_bytes = proto_get_u32(r);
     kv->data = NULL;
     if (r->err || kv->start % 128 || kv->n >= 128 ||
-        kv->n_bytes != proto_kv_bytes(kv->dtype, kv->n_layers, kv->n_kv_heads, kv->head_dim, (int)kv->n) ||
+        kv->n_bytes != proto_kv_bytes(kv->dtype, kv->n_parts, kv->n_layers, kv->n_kv_heads, kv->head_dim, (int)kv->n) ||
         (kv->n > 0 && kv->n_bytes == 0)) {
         r->err = true;
         return;
@@ -501,6 +503,16 @@ static bool proto_msg_ok(const proto_msg *m)
     }
 }
 
+/* The header's flags as sent: KV_LATENT follows the tail's n_parts (one source of truth). */
+static uint32_t proto_wire_flags(const proto_msg *m)
+{
+    uint32_t f = m->hdr.flags & ~PROTO_F_KV_LATENT;
+    const proto_kv *kv = m->hdr.type == PROTO_HANDOFF ? &m->u.handoff.kv
+                         : m->hdr.type == PROTO_DECODE ? &m->u.decode.kv : NULL;
+    if (kv && (f & PROTO_F_HAS_TAIL) && kv->n_parts == 1) f |= PROTO_F_KV_LATENT;
+    return f;
+}
+
 proto_status proto_encode(proto_buf *b, const proto_msg *m)
 {
     const proto_hdr *h = &m->hdr;
@@ -512,7 +524,7 @@ proto_status proto_encode(proto_buf *b, const proto_msg *m)
     proto_put_u32(b, PROTO_MAGIC);
     proto_put_u16(b, PROTO_VERSION);
     proto_put_u16(b, h->type);
-    proto_put_u32(b, h->flags);
+    proto_put_u32(b, proto_wire_flags(m));
     proto_put_u64(b, h->req_id);
     proto_put_u32(b, 0);   /* length, patched below */
     switch (h->type) {
@@ -692,7 +704,8 @@ proto_status proto_decode(const proto_hdr *h, const uint8_t *payload, proto_msg 
         x->prefill_us = proto_get_u32(r);
         if (x->n_cached > x->n_prompt || x->n_stored > x->n_prompt || x->n_stored % 128 || x->n_sampled > 1)
             r->err = true;
-        if (!r->err && (h->flags & PROTO_F_HAS_TAIL)) proto_get_kv(r, &x->kv);
+        if ((h->flags & PROTO_F_KV_LATENT) && !(h->flags & PROTO_F_HAS_TAIL)) r->err = true;
+        if (!r->err && (h->flags & PROTO_F_HAS_TAIL)) proto_get_kv(r, &x->kv, h->flags);
         break;
     }
     case PROTO_DECODE: {
@@ -704,8 +717,9 @@ proto_status proto_decode(const proto_hdr *h, const uint8_t *payload, proto_msg 
         x->n_sampled = proto_get_u32(r);
         /* at most one draw per generated token: the receiver replays n_sampled draws */
         if (x->n_cached > x->n_prompt || x->n_sampled > x->n_gen) r->err = true;
+        if ((h->flags & PROTO_F_KV_LATENT) && !(h->flags & PROTO_F_HAS_TAIL)) r->err = true;
         if (!r->err && (h->flags & PROTO_F_HAS_TAIL)) {
-            proto_get_kv(r, &x->kv);
+            proto_get_kv(r, &x->kv, h->flags);
             /* the tail lies inside the context whose KV exists (all but the last token) */
             if ((uint64_t)x->kv.start + x->kv.n > (uint64_t)x->n_prompt + x->n_gen - 1) r->err = true;
         }

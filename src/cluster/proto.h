@@ -87,6 +87,9 @@ typedef enum {
 #define PROTO_F_LOGPROBS 0x1u     /* TOKENS: each token carries logprob + alternatives */
 #define PROTO_F_STEPTIME 0x1u     /* HEARTBEAT: the worker's learned step-time curve follows the
                                    * counters (a frame without it is what it was before) */
+#define PROTO_F_KV_LATENT 0x10u   /* HANDOFF / DECODE with HAS_TAIL: the tail KV has one row per
+                                   * (layer, kv head, position), V is K (latent attention; added
+                                   * within version 2). proto_encode sets it from kv.n_parts. */
 #define PROTO_F_THINK 0x4u        /* PREFILL / DECODE: a reasoning budget section follows the
                                    * params (added within version 1: a frame without the flag
                                    * is byte-for-byte what it was before; see docs/protocol.md) */
@@ -204,13 +207,15 @@ typedef struct {
 
 typedef struct {            /* KV of positions [start, start + n) of one sequence */
     uint8_t dtype;          /* qtype (F16 / F32), the pool's */
+    uint8_t n_parts;        /* rows per (layer, kv head, position): 2 (K, V) or 1 (V is K: MLA);
+                             * on the wire as PROTO_F_KV_LATENT */
     uint16_t n_layers;
     uint16_t n_kv_heads;
     uint16_t head_dim;
     uint32_t start;         /* first position: a multiple of 128 (the tail block's start) */
     uint32_t n;             /* positions, 0..127 */
-    uint32_t n_bytes;       /* n_layers * 2 * n_kv_heads * n * head_dim * sizeof(dtype) */
-    uint8_t *data;          /* layout [layer][k|v][kv_head][pos][head_dim] */
+    uint32_t n_bytes;       /* n_layers * n_parts * n_kv_heads * n * head_dim * sizeof(dtype) */
+    uint8_t *data;          /* layout [layer][k|v][kv_head][pos][head_dim] (k only: n_parts 1) */
 } proto_kv;
 
 typedef struct {
@@ -380,7 +385,7 @@ proto_status proto_send_msg(proto_conn *c, const proto_msg *m);
 proto_status proto_recv(proto_conn *c, proto_msg *m);
 
 /* Bytes of a tail KV block for the given geometry (0 when out of range). */
-size_t proto_kv_bytes(int dtype, int n_layers, int n_kv_heads, int head_dim, int n);
+size_t proto_kv_bytes(int dtype, int n_parts, int n_layers, int n_kv_heads, int head_dim, int n);
 
 /* TCP helpers: "HOST:PORT" (HOST may be empty or "*" for any). Return a socket or -1 (errno). */
 int proto_listen(const char *hostport, int backlog);

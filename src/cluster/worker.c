@@ -62,7 +62,8 @@ struct wjob {
     int ctx_len;                 /* context positions now (heartbeat), under w->mu */
     double t_recv;               /* util_now() at receipt */
     /* tail KV: prefill exports it (kv_out hook), decode installs it (kv_in hook) */
-    uint8_t *tail;               /* (tail_bytes) [layer][k|v][kv_head][pos][head_dim], pool dtype */
+    uint8_t *tail;               /* (tail_bytes) [layer][k|v][kv_head][pos][head_dim], pool dtype
+                                  * (k only in a pool where V is K) */
     size_t tail_bytes;
     int tail_start, tail_n;      /* positions [tail_start, tail_start + tail_n) */
     bool tail_used;              /* decode: the handoff's tail was installed */
@@ -202,12 +203,13 @@ static void worker_kv_out(void *arg, const kvpool *pool, const kvpool_seq *seq, 
     int start = n_done / KVPOOL_BLOCK * KVPOOL_BLOCK, n = n_done - start;
     if (n <= 0 || j->tail) return;
     size_t esz = worker_esz(pool), row = (size_t)m->hp.head_dim * esz;
-    size_t bytes = (size_t)m->hp.n_layers * 2 * (size_t)m->hp.n_kv_heads * (size_t)n * row;
+    int parts = kvpool_n_parts(pool);
+    size_t bytes = (size_t)m->hp.n_layers * (size_t)parts * (size_t)m->hp.n_kv_heads * (size_t)n * row;
     uint8_t *buf = malloc(bytes);
     if (!buf) return;
     uint8_t *p = buf;
     for (int l = 0; l < m->hp.n_layers; l++)
-        for (int kv = 0; kv < 2; kv++)
+        for (int kv = 0; kv < parts; kv++)
             for (int h = 0; h < m->hp.n_kv_heads; h++) {
                 const uint8_t *slab = kvpool_seq_slab(pool, seq, start / KVPOOL_BLOCK, l, kv, h);
                 memcpy(p, slab, (size_t)n * row);
@@ -231,7 +233,8 @@ static int worker_kv_in(void *arg, kvpool *pool, kvpool_seq *seq, int n_attached
         j->kv_in_pos = n_attached;
     }
     if (j->tail_used || !kv->data || kv->n == 0) return n_attached;
-    if ((int)kv->start != n_attached || kv->dtype != kvpool_dtype(pool) || kv->n_layers != m->hp.n_layers ||
+    if ((int)kv->start != n_attached || kv->dtype != kvpool_dtype(pool) || kv->n_parts != kvpool_n_parts(pool) ||
+        kv->n_layers != m->hp.n_layers ||
         kv->n_kv_heads != m->hp.n_kv_heads || kv->head_dim != m->hp.head_dim) {
         log_debug("worker: req %llu: tail KV at %u not used (attached %d): recomputed",
                   (unsigned long long)j->id, kv->start, n_attached);
@@ -242,7 +245,7 @@ static int worker_kv_in(void *arg, kvpool *pool, kvpool_seq *seq, int n_attached
     size_t row = (size_t)m->hp.head_dim * worker_esz(pool);
     const uint8_t *p = kv->data;
     for (int l = 0; l < m->hp.n_layers; l++)
-        for (int k = 0; k < 2; k++)
+        for (int k = 0; k < kv->n_parts; k++)
             for (int h = 0; h < m->hp.n_kv_heads; h++) {
                 uint8_t *slab = kvpool_seq_slab(pool, seq, (int)kv->start / KVPOOL_BLOCK, l, k, h);
                 memcpy(slab, p, (size_t)kv->n * row);
@@ -496,6 +499,7 @@ static void worker_prefill_done(wjob *j)
         kvpool *pool = engine_kvpool(w->e);
         m.hdr.flags = PROTO_F_HAS_TAIL;
         h->kv.dtype = (uint8_t)kvpool_dtype(pool);
+        h->kv.n_parts = (uint8_t)kvpool_n_parts(pool);
         h->kv.n_layers = (uint16_t)w->m->hp.n_layers;
         h->kv.n_kv_heads = (uint16_t)w->m->hp.n_kv_heads;
         h->kv.head_dim = (uint16_t)w->m->hp.head_dim;

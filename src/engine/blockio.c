@@ -225,7 +225,7 @@ static bool blockio_geometry_ok(const blockio *b, const void *file, size_t n)
 {
     block_header h;
     return n == b->file_bytes && block_parse_header(file, n, &h) == BLOCK_OK && h.payload_bytes == b->block_bytes &&
-           !memcmp(h.fp, b->proto.fp, 32);
+           h.n_parts == b->proto.n_parts && !memcmp(h.fp, b->proto.fp, 32);
 }
 
 /* Reads key's block into buf (file_bytes) with a geometry check. False on a miss. */
@@ -472,7 +472,8 @@ blockio *blockio_new(store *st, kvpool *pool, const model *m, const blockio_opts
     int esz = dt == QTYPE_F32 ? 4 : 2;
     uint8_t fp[32], zero[32] = { 0 };
     blockkey_pool_fp(m->fingerprint, (int32_t)dt, fp);
-    block_header_init(&b->proto, zero, fp, (uint32_t)dt, esz, m->hp.n_layers, m->hp.n_kv_heads, m->hp.head_dim);
+    block_header_init(&b->proto, zero, fp, (uint32_t)dt, esz, m->hp.n_layers, m->hp.n_kv_heads, m->hp.head_dim,
+                      kvpool_n_parts(pool));
     b->block_bytes = kvpool_block_bytes(pool);
     if (b->proto.payload_bytes != b->block_bytes) {
         log_error("blockio: KV pool blocks (%zu bytes) do not match the model geometry (%llu bytes)", b->block_bytes,

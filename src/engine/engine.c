@@ -217,6 +217,15 @@ void engine_free(engine *e)
     free(e);
 }
 
+kvpool_opts engine_kv_geometry(const model *m, bool kv_f32)
+{
+    const model_hparams *hp = &m->hp;
+    kvpool_opts ko = { .n_layers = hp->n_layers, .n_kv_heads = hp->n_kv_heads, .head_dim = hp->head_dim,
+                       .v_is_k = hp->mla, .dtype = kv_f32 ? QTYPE_F32 : QTYPE_F16 };
+    memcpy(ko.model_fp, m->fingerprint, 32);
+    return ko;
+}
+
 static size_t engine_scratch_need(const ops_weight *w, int T, size_t cur)
 {
     size_t n = ops_matmul_scratch_bytes(w->type, w->cols, T);
@@ -249,9 +258,7 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
         return ENGINE_ERR_NOMEM;
     }
 
-    kvpool_opts ko = { .n_layers = hp->n_layers, .n_kv_heads = hp->n_kv_heads,
-                       .head_dim = hp->head_dim, .dtype = o.kv_f32 ? QTYPE_F32 : QTYPE_F16 };
-    memcpy(ko.model_fp, m->fingerprint, 32);
+    kvpool_opts ko = engine_kv_geometry(m, o.kv_f32);
     if (o.n_kv_blocks > 0) ko.n_blocks = o.n_kv_blocks;
     else if (o.kv_bytes > 0) ko.n_blocks = kvpool_blocks_for_bytes(&ko, o.kv_bytes);
     else ko.n_blocks = 4096 / KVPOOL_BLOCK;
@@ -563,9 +570,9 @@ static void engine_att_tiled(engine_job *j, float *sc, int t0, int nt, int kvh)
         a.v = V;
         if (f16) {
             ops_fp16_to_fp32_row(K, Kf, (int64_t)nb * hd);
-            ops_fp16_to_fp32_row(V, Vf, (int64_t)nb * hd);
+            if (V != K) ops_fp16_to_fp32_row(V, Vf, (int64_t)nb * hd);   /* a latent pool: V is K */
             a.k = Kf;
-            a.v = Vf;
+            a.v = V != K ? Vf : Kf;
         }
         a.nb = nb;
         for (int r = 0; r < nq; r++)
@@ -816,13 +823,13 @@ double engine_moe_imbalance(const uint64_t *counts, int n_expert, int n_groups)
 /* ---- multi-head latent attention ------------------------------------------------------
  * llama.cpp's MLA with the up-projections absorbed (deepseek2 with split attn_k_b/attn_v_b):
  * the latent c = norm(kv_a[:kv_lora]) and the roped key part k_pe = rope(kv_a[kv_lora:]) are
- * one kv head of kv_lora + rope values (stored as K, and as V: attention reads the first
- * kv_lora values of the same row as the value); each query head is (q_nope @ k_b[h], rope(q_pe))
+ * one kv head of kv_lora + rope values, stored once (a "V is K" pool: attention reads the
+ * first kv_lora values of the key row as the value); each query head is (q_nope @ k_b[h], rope(q_pe))
  * so that Q K^T equals the decompressed scores; the attention output of a head (kv_lora) goes
  * through v_b[h] to v_dim values, then attn_output. */
 
 /* After the projections, row by row: norm the latent, rope the key part and each head's query
- * part (copied into q's RoPE slot), and store the row in the pool as K and V. */
+ * part (copied into q's RoPE slot), and store the row in the pool (as K; V is K). */
 static void engine_job_mla_post(void *ctx, int ith, int nth)
 {
     engine_job *j = ctx;

@@ -89,6 +89,9 @@ void engine_free(engine *e);            /* does not free the model */
 const char *engine_status_name(engine_status st);
 
 kvpool *engine_kvpool(engine *e);
+/* The KV pool geometry engine_new gives a model (n_blocks 0): for sizing the pool before
+ * the engine exists (kvpool_geom_block_bytes). MLA models store one latent row per position. */
+kvpool_opts engine_kv_geometry(const model *m, bool kv_f32);
 const model *engine_model(const engine *e);
 int engine_max_batch(const engine *e);
 int engine_n_threads(const engine *e);

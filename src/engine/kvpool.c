@@ -38,7 +38,8 @@ struct kvpool {
     kvpool_opts o;
     size_t esz;                  /* bytes per element: 2 (f16) or 4 (f32) */
     size_t slab_bytes;           /* 128 * head_dim * esz */
-    size_t block_bytes;          /* n_layers * 2 * n_kv_heads * slab_bytes */
+    int n_parts;                 /* slabs per (layer, kv head): 2 (K, V) or 1 (v_is_k) */
+    size_t block_bytes;          /* n_layers * n_parts * n_kv_heads * slab_bytes */
     uint8_t *data;               /* (n_blocks, block_bytes), 64-byte aligned */
     kvpool_blk *blk;             /* (n_blocks) */
     int32_t free_head;           /* free list, -1 if empty */
@@ -75,10 +76,10 @@ const char *kvpool_status_name(kvpool_status st)
     return "?";
 }
 
-static size_t kvpool_geom_block_bytes(const kvpool_opts *o)
+size_t kvpool_geom_block_bytes(const kvpool_opts *o)
 {
-    size_t esz = o->dtype == QTYPE_F32 ? 4 : 2;
-    return (size_t)o->n_layers * 2 * (size_t)o->n_kv_heads * KVPOOL_BLOCK * (size_t)o->head_dim * esz;
+    size_t esz = o->dtype == QTYPE_F32 ? 4 : 2, parts = o->v_is_k ? 1 : 2;
+    return (size_t)o->n_layers * parts * (size_t)o->n_kv_heads * KVPOOL_BLOCK * (size_t)o->head_dim * esz;
 }
 
 int kvpool_blocks_for_bytes(const kvpool_opts *o, size_t bytes)
@@ -99,6 +100,7 @@ kvpool_status kvpool_new(const kvpool_opts *opts, kvpool **out)
     kvpool *p = xcalloc(1, sizeof *p);
     p->o = *opts;
     p->esz = opts->dtype == QTYPE_F32 ? 4 : 2;
+    p->n_parts = opts->v_is_k ? 1 : 2;
     p->slab_bytes = (size_t)KVPOOL_BLOCK * (size_t)opts->head_dim * p->esz;
     p->block_bytes = kvpool_geom_block_bytes(opts);
     size_t total = p->block_bytes * (size_t)opts->n_blocks;
@@ -181,6 +183,7 @@ void kvpool_free(kvpool *p)
 }
 
 size_t kvpool_block_bytes(const kvpool *p) { return p->block_bytes; }
+int kvpool_n_parts(const kvpool *p) { return p->n_parts; }
 qtype kvpool_dtype(const kvpool *p) { return p->o.dtype; }
 void kvpool_get_stats(const kvpool *p, kvpool_stats *st) { *st = p->st; }
 
@@ -477,7 +480,8 @@ int kvpool_block_refcount(const kvpool *p, int id) { return p->blk[id].refcnt; }
 
 void *kvpool_seq_slab(const kvpool *p, const kvpool_seq *s, int bi, int layer, int kv, int kv_head)
 {
-    size_t slab = ((size_t)layer * 2 + (size_t)kv) * (size_t)p->o.n_kv_heads + (size_t)kv_head;
+    if (p->n_parts == 1) kv = 0;   /* V is K */
+    size_t slab = ((size_t)layer * (size_t)p->n_parts + (size_t)kv) * (size_t)p->o.n_kv_heads + (size_t)kv_head;
     return kvpool_blk_bytes(p, s->table[bi]) + slab * p->slab_bytes;
 }
 
@@ -490,10 +494,10 @@ void kvpool_seq_store(const kvpool *p, const kvpool_seq *s, int pos, int layer, 
     uint8_t *vr = (uint8_t *)kvpool_seq_slab(p, s, pos / KVPOOL_BLOCK, layer, 1, kv_head) + off;
     if (p->o.dtype == QTYPE_F16) {
         ops_fp32_to_fp16_row(k, (fp16_t *)kr, hd);
-        ops_fp32_to_fp16_row(v, (fp16_t *)vr, hd);
+        if (vr != kr) ops_fp32_to_fp16_row(v, (fp16_t *)vr, hd);
     } else {
         memcpy(kr, k, (size_t)hd * sizeof(float));
-        memcpy(vr, v, (size_t)hd * sizeof(float));
+        if (vr != kr) memcpy(vr, v, (size_t)hd * sizeof(float));
     }
 }
 

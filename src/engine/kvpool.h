@@ -5,6 +5,10 @@
  * positions. A block holds K and V of every layer for its 128 positions, laid out
  * [layer][k|v][kv_head][token][head_dim]: attention for one (layer, kv head) walks one
  * contiguous (128, head_dim) slab of K and one of V. Elements are F16 (default) or F32.
+ * A pool for multi-head latent attention (v_is_k) stores each row once: the value is a prefix
+ * of the key row (the latent), so a block is [layer][kv_head][token][head_dim] and the V slab
+ * of a (layer, kv head) is its K slab: half the memory, and half the bytes a stored or
+ * handed-off block carries.
  *
  * A sequence (kvpool_seq) owns a block table: position p lives in table[p / 128] at row
  * p % 128. Blocks are reference-counted: a full block whose 128 tokens are known gets a key,
@@ -47,6 +51,7 @@ typedef struct {
     int n_layers;
     int n_kv_heads;
     int head_dim;
+    bool v_is_k;                 /* one row per position serves as K and V (MLA's latent) */
     qtype dtype;                 /* QTYPE_F16 or QTYPE_F32 */
     int n_blocks;                /* pool size in blocks */
     uint8_t model_fp[32];        /* model fingerprint (model.h) */
@@ -74,6 +79,10 @@ void kvpool_free(kvpool *p);
 void kvpool_prefault(kvpool *p);
 const char *kvpool_status_name(kvpool_status st);
 size_t kvpool_block_bytes(const kvpool *p);
+/* Bytes of one 128-position block for the given geometry (no pool needed: start-up sizing). */
+size_t kvpool_geom_block_bytes(const kvpool_opts *opts);
+/* Slabs per (layer, kv head) in a block: 2 (K and V) or 1 (v_is_k). */
+int kvpool_n_parts(const kvpool *p);
 /* Blocks that fit in `bytes` for the given geometry (at least 1). */
 int kvpool_blocks_for_bytes(const kvpool_opts *opts, size_t bytes);
 void kvpool_get_stats(const kvpool *p, kvpool_stats *st);
@@ -114,13 +123,14 @@ const uint8_t *kvpool_seq_last_key(const kvpool_seq *s);
 
 /* Slab of K (kv = 0) or V (kv = 1) for (layer, kv_head) in the sequence's block bi:
  * (128, head_dim) elements of the pool dtype, row r = position bi*128 + r. bi must be below
- * capacity/128. */
+ * capacity/128. In a v_is_k pool both are the same slab. */
 void *kvpool_seq_slab(const kvpool *p, const kvpool_seq *s, int bi, int layer, int kv, int kv_head);
 /* Writes K and V (head_dim floats each) of position pos for (layer, kv_head), converted to
- * the pool dtype. pos must be below capacity. Thread-safe for distinct positions. */
+ * the pool dtype. pos must be below capacity. Thread-safe for distinct positions. A v_is_k
+ * pool stores k only (v is not read; NULL allowed). */
 void kvpool_seq_store(const kvpool *p, const kvpool_seq *s, int pos, int layer, int kv_head,
                       const float *k, const float *v);
-/* Reads them back as floats (tests, block export). */
+/* Reads them back as floats (tests, block export); a v_is_k pool gives the K row as v. */
 void kvpool_seq_load(const kvpool *p, const kvpool_seq *s, int pos, int layer, int kv_head,
                      float *k, float *v);
 

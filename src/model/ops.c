@@ -18,6 +18,7 @@
 #include "util/util.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,27 +61,47 @@ static float ops_dot_q4_0_q8_0(int64_t n, const block_q4_0 *w, const block_q8_0 
     return sumf;
 }
 
-/* Per super-block: d_x*d_w * sum_j sc_j * dot_j  -  d_x*dmin_w * sum_j m_j * bsum_j. */
-static float ops_dot_q4_K_q8_K(int64_t n, const block_q4_K *w, const block_q8_K *x)
+/* Q4_K, and with `five` Q5_K (the same block prefix d, dmin, scales; the fifth bit of column
+ * 32j + l is bit j of qh[l]). Per super-block:
+ * d_x*d_w * sum_j sc_j * dot_j  -  d_x*dmin_w * sum_j m_j * bsum_j. */
+static inline float ops_dot_kmin_q8_K(int64_t n, const void *w, bool five, const block_q8_K *x)
 {
+    const size_t bsz = five ? sizeof(block_q5_K) : sizeof(block_q4_K);
+    const size_t o_qs = five ? offsetof(block_q5_K, qs) : offsetof(block_q4_K, qs);
     float sumf = 0;
     for (int64_t b = 0; b < n / QK_K; b++) {
+        const block_q4_K *wb = (const block_q4_K *)((const char *)w + (size_t)b * bsz);
+        const uint8_t *qs = (const uint8_t *)wb + o_qs, *qh = five ? ((const block_q5_K *)wb)->qh : NULL;
         int isum = 0, imin = 0;
         for (int j = 0; j < QK_K / 32; j++) {
             uint8_t sc, m;
-            quant_q4_K_scale_min(j, w[b].scales, &sc, &m);
-            const uint8_t *q = w[b].qs + (j / 2) * 32;
+            quant_q4_K_scale_min(j, wb->scales, &sc, &m);
+            const uint8_t *q = qs + (j / 2) * 32;
             const int8_t *y = x[b].qs + j * 32;
             int dot = 0;
-            for (int l = 0; l < 32; l++) dot += ((j & 1) ? (q[l] >> 4) : (q[l] & 0xF)) * y[l];
+            for (int l = 0; l < 32; l++) {
+                int v = (j & 1) ? (q[l] >> 4) : (q[l] & 0xF);
+                if (five) v |= ((qh[l] >> j) & 1) << 4;
+                dot += v * y[l];
+            }
             isum += sc * dot;
             imin += m * (x[b].bsums[2 * j] + x[b].bsums[2 * j + 1]);
         }
-        float d = x[b].d * quant_fp16_to_fp32(w[b].d);
-        float dmin = x[b].d * quant_fp16_to_fp32(w[b].dmin);
+        float d = x[b].d * quant_fp16_to_fp32(wb->d);
+        float dmin = x[b].d * quant_fp16_to_fp32(wb->dmin);
         sumf += d * (float)isum - dmin * (float)imin;
     }
     return sumf;
+}
+
+static float ops_dot_q4_K_q8_K(int64_t n, const block_q4_K *w, const block_q8_K *x)
+{
+    return ops_dot_kmin_q8_K(n, w, false, x);
+}
+
+static float ops_dot_q5_K_q8_K(int64_t n, const block_q5_K *w, const block_q8_K *x)
+{
+    return ops_dot_kmin_q8_K(n, w, true, x);
 }
 
 /* Per super-block: d_x*d_w * sum over 16 groups of sc_g * sum (q - 32) * y. */
@@ -194,6 +215,7 @@ static float ops_dot_bf16_ref(int64_t n, const bf16_t *a, const bf16_t *b)
 OPS_GEMM_FROM_DOT(ops_gemm_q8_0_ref, ops_dot_q8_0_q8_0, block_q8_0, block_q8_0)
 OPS_GEMM_FROM_DOT(ops_gemm_q4_0_ref, ops_dot_q4_0_q8_0, block_q4_0, block_q8_0)
 OPS_GEMM_FROM_DOT(ops_gemm_q4_K_ref, ops_dot_q4_K_q8_K, block_q4_K, block_q8_K)
+OPS_GEMM_FROM_DOT(ops_gemm_q5_K_ref, ops_dot_q5_K_q8_K, block_q5_K, block_q8_K)
 OPS_GEMM_FROM_DOT(ops_gemm_q6_K_ref, ops_dot_q6_K_q8_K, block_q6_K, block_q8_K)
 OPS_GEMM_FROM_DOT(ops_gemm_f32_ref, ops_dot_f32_ref, float, float)
 
@@ -348,6 +370,7 @@ void ops_kernels_init_scalar(ops_kernels *k)
     k->gemm[QTYPE_Q4_0] = ops_gemm_q4_0_ref;
     k->gemm[QTYPE_Q8_0] = ops_gemm_q8_0_ref;
     k->gemm[QTYPE_Q4_K] = ops_gemm_q4_K_ref;
+    k->gemm[QTYPE_Q5_K] = ops_gemm_q5_K_ref;
     k->gemm[QTYPE_Q6_K] = ops_gemm_q6_K_ref;
     k->gemm[QTYPE_Q4_K_X16] = ops_gemm_q4_Kx16_ref;
     k->gemm[QTYPE_Q6_K_X16] = ops_gemm_q6_Kx16_ref;

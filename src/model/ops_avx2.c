@@ -10,6 +10,7 @@
 #include "model/ops_int.h"
 
 #include <immintrin.h>
+#include <stddef.h>
 #include <math.h>
 #include <string.h>
 
@@ -228,28 +229,39 @@ A2_INLINE void a2_q4_K_scales(const uint8_t *s, uint8_t out[16])
     memcpy(out, u, 16);
 }
 
-A2_INLINE void a2_tile_q4_K(int R, int T, int64_t cols, const char *w, size_t ws, const char *x,
+/* Q4_K, and with `five` Q5_K: the same block prefix (d, dmin, scales), 4-bit values in qs, and
+ * for Q5_K their fifth bit in qh (bit j of byte l: column 32j + l), or'ed in per sub-block. */
+A2_INLINE void a2_tile_kmin(int R, int T, bool five, int64_t cols, const char *w, size_t ws, const char *x,
                             size_t xs, float *y, size_t ys)
 {
     const int64_t nb = cols / QK_K;
+    const size_t bsz = five ? sizeof(block_q5_K) : sizeof(block_q4_K);
+    const size_t o_qs = five ? offsetof(block_q5_K, qs) : offsetof(block_q4_K, qs);
+    const __m256i one = _mm256_set1_epi8(1);
     __m256 acc[2][2];
     _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
         _Pragma("GCC unroll 2") for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     for (int64_t b = 0; b < nb; b++) {
         uint8_t sm[2][16];
-        __m256i isum[2][2];
+        __m256i isum[2][2], qh[2];
         _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
-            a2_q4_K_scales(((const block_q4_K *)(w + (size_t)r * ws) + b)->scales, sm[r]);
+            const block_q4_K *wb = (const block_q4_K *)(w + (size_t)r * ws + (size_t)b * bsz);
+            a2_q4_K_scales(wb->scales, sm[r]);
+            if (five) qh[r] = _mm256_loadu_si256((const __m256i *)((const block_q5_K *)wb)->qh);
             _Pragma("GCC unroll 2") for (int t = 0; t < T; t++) isum[r][t] = _mm256_setzero_si256();
         }
         for (int j = 0; j < 8; j++) {
             __m256i q[2], sc[2];
             _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
-                const block_q4_K *wb = (const block_q4_K *)(w + (size_t)r * ws) + b;
-                if (!(j & 1)) _mm_prefetch((const char *)wb + 32 * j + A2_PF, _MM_HINT_T0);
-                __m256i v = _mm256_loadu_si256((const __m256i *)(wb->qs + 32 * (j >> 1)));
+                const char *wb = w + (size_t)r * ws + (size_t)b * bsz;
+                if (!(j & 1)) _mm_prefetch(wb + 32 * j + A2_PF, _MM_HINT_T0);
+                __m256i v = _mm256_loadu_si256((const __m256i *)(wb + o_qs + 32 * (j >> 1)));
                 q[r] = _mm256_and_si256((j & 1) ? _mm256_srli_epi16(v, 4) : v, m4);
+                if (five) {
+                    __m256i hb = _mm256_and_si256(_mm256_srl_epi16(qh[r], _mm_cvtsi32_si128(j)), one);
+                    q[r] = _mm256_or_si256(q[r], _mm256_slli_epi16(hb, 4));
+                }
                 sc[r] = _mm256_set1_epi16(sm[r][j]);
             }
             _Pragma("GCC unroll 2") for (int t = 0; t < T; t++) {
@@ -260,7 +272,7 @@ A2_INLINE void a2_tile_q4_K(int R, int T, int64_t cols, const char *w, size_t ws
             }
         }
         _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
-            const block_q4_K *wb = (const block_q4_K *)(w + (size_t)r * ws) + b;
+            const block_q4_K *wb = (const block_q4_K *)(w + (size_t)r * ws + (size_t)b * bsz);
             float dw = _cvtsh_ss(wb->d), dmw = _cvtsh_ss(wb->dmin);
             __m128i m8 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(sm[r] + 8)));
             /* m_j for bsums 2j and 2j+1 */
@@ -279,6 +291,18 @@ A2_INLINE void a2_tile_q4_K(int R, int T, int64_t cols, const char *w, size_t ws
     _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
         _Pragma("GCC unroll 2") for (int t = 0; t < T; t++)
             y[(size_t)t * ys + r] = a2_hsum(acc[r][t]);
+}
+
+A2_INLINE void a2_tile_q4_K(int R, int T, int64_t cols, const char *w, size_t ws, const char *x,
+                            size_t xs, float *y, size_t ys)
+{
+    a2_tile_kmin(R, T, false, cols, w, ws, x, xs, y, ys);
+}
+
+A2_INLINE void a2_tile_q5_K(int R, int T, int64_t cols, const char *w, size_t ws, const char *x,
+                            size_t xs, float *y, size_t ys)
+{
+    a2_tile_kmin(R, T, true, cols, w, ws, x, xs, y, ys);
 }
 
 A2_INLINE void a2_tile_q6_K(int R, int T, int64_t cols, const char *w, size_t ws, const char *x,
@@ -339,6 +363,11 @@ static void a2_gemm_q4_K(int64_t cols, const void *w, size_t ws, int nr, const v
                          size_t xs, int nt, float *y, size_t ys)
 {
     A2_TILES(2, 2, a2_tile_q4_K)
+}
+static void a2_gemm_q5_K(int64_t cols, const void *w, size_t ws, int nr, const void *x,
+                         size_t xs, int nt, float *y, size_t ys)
+{
+    A2_TILES(2, 2, a2_tile_q5_K)
 }
 static void a2_gemm_q6_K(int64_t cols, const void *w, size_t ws, int nr, const void *x,
                          size_t xs, int nt, float *y, size_t ys)
@@ -701,6 +730,7 @@ void ops_kernels_init_avx2(ops_kernels *k)
     k->gemm[QTYPE_Q8_0] = a2_gemm_q8_0;
     k->gemm[QTYPE_Q4_0] = a2_gemm_q4_0;
     k->gemm[QTYPE_Q4_K] = a2_gemm_q4_K;
+    k->gemm[QTYPE_Q5_K] = a2_gemm_q5_K;
     k->gemm[QTYPE_Q6_K] = a2_gemm_q6_K;
     k->gemm[QTYPE_F32] = a2_gemm_f32;
     k->gemm[QTYPE_F16] = a2_gemm_f16;

@@ -12,7 +12,7 @@
  *   vpdpbusd can multiply them with signed weights), then cols/32 floats: the block scales,
  *   already rounded through fp16 as ggml stores them. Weight side: dpbusd(q+128, w) =
  *   sum(q*w) + 128*sum(w), so each tile starts from -128*sum(w) (one dpbusd per weight pair).
- * - Q8_K consumers (Q4_K, Q6_K): plain block_q8_K; weights are unpacked to unsigned bytes and
+ * - Q8_K consumers (Q4_K, Q5_K, Q6_K): plain block_q8_K; weights are unpacked to unsigned bytes and
  *   multiplied with vpmaddubsw, then scaled per sub-block with vpdpwssd. The 16-row repacked
  *   layouts (block_q4_Kx16, block_q6_Kx16, what model_load uses on this level) have their own
  *   kernels: one int32 lane per row, vpdpbusd against broadcast activation bytes, integer
@@ -24,6 +24,7 @@
 
 #include <immintrin.h>
 #include <math.h>
+#include <stddef.h>
 #include <string.h>
 
 #define A512_INLINE static inline __attribute__((always_inline))
@@ -284,14 +285,18 @@ A512_INLINE __m256i a512_q4_K_scales(const uint8_t *s)
     return _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)u));
 }
 
-/* Q4_K: tile of R rows x T tokens. Per 64-column chunk c (sub-blocks 2c, 2c+1), the weight
- * nibbles become 64 unsigned bytes, vpmaddubsw with the activations gives int16 pairs, and
- * vpdpwssd multiplies by the sub-block scale while summing into int32. Per super-block:
+/* Q4_K (and with `five` Q5_K): tile of R rows x T tokens. Per 64-column chunk c (sub-blocks 2c,
+ * 2c+1), the weight nibbles become 64 unsigned bytes (Q5_K: their fifth bit, bit 2c or 2c+1 of
+ * qh, or'ed in as 16), vpmaddubsw with the activations gives int16 pairs, and vpdpwssd
+ * multiplies by the sub-block scale while summing into int32. Per super-block:
  * y += d_x*d_w * isum - d_x*dmin_w * sum_j m_j * bsum_j. */
-A512_INLINE void a512_tile_q4_K(int R, int T, int64_t cols, const char *w, size_t ws,
+A512_INLINE void a512_tile_kmin(int R, int T, bool five, int64_t cols, const char *w, size_t ws,
                                 const char *x, size_t xs, float *y, size_t ys)
 {
     const int64_t nb = cols / QK_K;
+    const size_t bsz = five ? sizeof(block_q5_K) : sizeof(block_q4_K);
+    const size_t o_qs = five ? offsetof(block_q5_K, qs) : offsetof(block_q4_K, qs);
+    const __m512i one = _mm512_set1_epi8(1);
     __m512 acc[4][4];
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
         _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
@@ -302,11 +307,12 @@ A512_INLINE void a512_tile_q4_K(int R, int T, int64_t cols, const char *w, size_
     const __m256i midx = _mm256_set_epi16(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9,
                                           8, 8);
     for (int64_t b = 0; b < nb; b++) {
-        __m512i sc[4];
+        __m512i sc[4], qh[4];
         __m256i mr[4];
         float dw[4], dmw[4];
         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
-            const block_q4_K *wb = (const block_q4_K *)(w + (size_t)r * ws) + b;
+            const block_q4_K *wb = (const block_q4_K *)(w + (size_t)r * ws + (size_t)b * bsz);
+            if (five) qh[r] = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)((const block_q5_K *)wb)->qh));
             __m256i s16 = a512_q4_K_scales(wb->scales);
             sc[r] = _mm512_castsi256_si512(s16);
             mr[r] = _mm256_permutexvar_epi16(midx, s16);
@@ -319,13 +325,19 @@ A512_INLINE void a512_tile_q4_K(int R, int T, int64_t cols, const char *w, size_
         for (int c = 0; c < 4; c++) {
             __m512i q[4], s[4];
             __m512i idx = _mm512_add_epi16(idx0, _mm512_set1_epi16((short)(2 * c)));
+            /* Q5_K: the low half takes bit 2c of qh, the high half bit 2c + 1 */
+            const __m512i hsh = _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * c)), _mm256_set1_epi16((short)(2 * c + 1)), 1);
             _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
-                const block_q4_K *wb = (const block_q4_K *)(w + (size_t)r * ws) + b;
-                _mm_prefetch((const char *)wb + 64 * c + A512_PF, _MM_HINT_T0);
-                __m256i v = _mm256_loadu_si256((const __m256i *)(wb->qs + 32 * c));
+                const char *wb = w + (size_t)r * ws + (size_t)b * bsz;
+                _mm_prefetch(wb + 64 * c + A512_PF, _MM_HINT_T0);
+                __m256i v = _mm256_loadu_si256((const __m256i *)(wb + o_qs + 32 * c));
                 __m512i vv = _mm512_inserti64x4(_mm512_castsi256_si512(v),
                                                 _mm256_srli_epi16(v, 4), 1);
                 q[r] = _mm512_and_si512(vv, m4);
+                if (five) {
+                    __m512i hb = _mm512_and_si512(_mm512_srlv_epi16(qh[r], hsh), one);
+                    q[r] = _mm512_or_si512(q[r], _mm512_slli_epi16(hb, 4));
+                }
                 s[r] = _mm512_permutexvar_epi16(idx, sc[r]);
             }
             _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
@@ -351,10 +363,28 @@ A512_INLINE void a512_tile_q4_K(int R, int T, int64_t cols, const char *w, size_
             y[(size_t)t * ys + r] = _mm512_reduce_add_ps(acc[r][t]);
 }
 
+A512_INLINE void a512_tile_q4_K(int R, int T, int64_t cols, const char *w, size_t ws,
+                                const char *x, size_t xs, float *y, size_t ys)
+{
+    a512_tile_kmin(R, T, false, cols, w, ws, x, xs, y, ys);
+}
+
+A512_INLINE void a512_tile_q5_K(int R, int T, int64_t cols, const char *w, size_t ws,
+                                const char *x, size_t xs, float *y, size_t ys)
+{
+    a512_tile_kmin(R, T, true, cols, w, ws, x, xs, y, ys);
+}
+
 static void a512_gemm_q4_K(int64_t cols, const void *w, size_t ws, int nr, const void *x,
                            size_t xs, int nt, float *y, size_t ys)
 {
     A512_TILES(4, 4, a512_tile_q4_K)
+}
+
+static void a512_gemm_q5_K(int64_t cols, const void *w, size_t ws, int nr, const void *x,
+                           size_t xs, int nt, float *y, size_t ys)
+{
+    A512_TILES(4, 4, a512_tile_q5_K)
 }
 
 /* Q6_K: 6-bit unsigned q (0..63) with vpmaddubsw, scales per 16 columns with vpdpwssd; the
@@ -1093,6 +1123,7 @@ void ops_kernels_init_avx512(ops_kernels *k)
     k->gemm[QTYPE_Q4_0] = a512_gemm_q4_0;
     k->quant_q8_K = a512_quant_q8_K;
     k->gemm[QTYPE_Q4_K] = a512_gemm_q4_K;
+    k->gemm[QTYPE_Q5_K] = a512_gemm_q5_K;
     k->gemm[QTYPE_Q6_K] = a512_gemm_q6_K;
     k->gemm[QTYPE_Q4_K_X16] = a512_gemm_q4_Kx16;
     k->gemm[QTYPE_Q6_K_X16] = a512_gemm_q6_Kx16;

@@ -30,6 +30,7 @@ static const quant_traits *quant_get_traits(int t)
     static const quant_traits tr_q4_0 = {"q4_0", QK4_0, sizeof(block_q4_0), QTYPE_Q8_0};
     static const quant_traits tr_q8_0 = {"q8_0", QK8_0, sizeof(block_q8_0), QTYPE_Q8_0};
     static const quant_traits tr_q4_k = {"q4_K", QK_K, sizeof(block_q4_K), QTYPE_Q8_K};
+    static const quant_traits tr_q5_k = {"q5_K", QK_K, sizeof(block_q5_K), QTYPE_Q8_K};
     static const quant_traits tr_q6_k = {"q6_K", QK_K, sizeof(block_q6_K), QTYPE_Q8_K};
     static const quant_traits tr_q8_k = {"q8_K", QK_K, sizeof(block_q8_K), QTYPE_Q8_K};
     static const quant_traits tr_q4_kx16 = {"q4_Kx16", QK_K, sizeof(block_q4_Kx16) / 16,
@@ -43,6 +44,7 @@ static const quant_traits *quant_get_traits(int t)
     case QTYPE_Q4_0: return &tr_q4_0;
     case QTYPE_Q8_0: return &tr_q8_0;
     case QTYPE_Q4_K: return &tr_q4_k;
+    case QTYPE_Q5_K: return &tr_q5_k;
     case QTYPE_Q6_K: return &tr_q6_k;
     case QTYPE_Q8_K: return &tr_q8_k;
     case QTYPE_Q4_K_X16: return &tr_q4_kx16;
@@ -54,6 +56,7 @@ static const quant_traits *quant_get_traits(int t)
 _Static_assert(sizeof(block_q8_0) == 34, "block_q8_0 layout");
 _Static_assert(sizeof(block_q4_0) == 18, "block_q4_0 layout");
 _Static_assert(sizeof(block_q4_K) == 144, "block_q4_K layout");
+_Static_assert(sizeof(block_q5_K) == 176, "block_q5_K layout");
 _Static_assert(sizeof(block_q6_K) == 210, "block_q6_K layout");
 _Static_assert(sizeof(block_q8_K) == 292, "block_q8_K layout");
 _Static_assert(sizeof(block_q4_Kx16) == 2368, "block_q4_Kx16 layout");
@@ -205,6 +208,26 @@ static void quant_dequant_q4_K(const block_q4_K *x, float *y, int64_t n)
     }
 }
 
+static void quant_dequant_q5_K(const block_q5_K *x, float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const uint8_t *q = x[i].qs, *qh = x[i].qh;
+        float d = quant_fp16_to_fp32(x[i].d), min = quant_fp16_to_fp32(x[i].dmin);
+        uint8_t sc, m, u1 = 1, u2 = 2;
+        for (int j = 0, is = 0; j < QK_K; j += 64, is += 2) {
+            quant_q4_K_scale_min(is + 0, x[i].scales, &sc, &m);
+            float d1 = d * sc, m1 = min * m;
+            quant_q4_K_scale_min(is + 1, x[i].scales, &sc, &m);
+            float d2 = d * sc, m2 = min * m;
+            for (int l = 0; l < 32; l++) *y++ = d1 * ((q[l] & 0xF) + (qh[l] & u1 ? 16 : 0)) - m1;
+            for (int l = 0; l < 32; l++) *y++ = d2 * ((q[l] >> 4) + (qh[l] & u2 ? 16 : 0)) - m2;
+            q += 32;
+            u1 <<= 2;
+            u2 <<= 2;
+        }
+    }
+}
+
 static void quant_dequant_q6_K(const block_q6_K *x, float *y, int64_t n)
 {
     for (int64_t i = 0; i < n / QK_K; i++) {
@@ -250,6 +273,7 @@ void quant_dequantize_row(qtype t, const void *src, float *dst, int64_t n)
     case QTYPE_Q4_0: quant_dequant_q4_0(src, dst, n); break;
     case QTYPE_Q8_0: quant_dequant_q8_0(src, dst, n); break;
     case QTYPE_Q4_K: quant_dequant_q4_K(src, dst, n); break;
+    case QTYPE_Q5_K: quant_dequant_q5_K(src, dst, n); break;
     case QTYPE_Q6_K: quant_dequant_q6_K(src, dst, n); break;
     case QTYPE_Q8_K: quant_dequant_q8_K(src, dst, n); break;
     default: assert(!"unsupported type"); break;
@@ -368,56 +392,88 @@ static float quant_make_qkx2(int n, int nmax, const float *x, const float *weigh
     return scale;
 }
 
+/* One super-block of the k-quants with a min (Q4_K: nmax 15, Q5_K: 31), as ggml's
+ * quantize_row_q{4,5}_K_ref: per 32-column sub-block a weighted scale and min
+ * (quant_make_qkx2), both 6-bit against the super-block's d and dmin, then each value's level
+ * 0..nmax against the rounded scale and min into L. */
+static void quant_ref_kmin(const float *x, int nmax, float rmin, int nstep, uint8_t scales12[12], fp16_t *d_out,
+                           fp16_t *dmin_out, uint8_t L[QK_K])
+{
+    uint8_t Laux[32];
+    float weights[32], mins[QK_K / 32], scales[QK_K / 32];
+    float max_scale = 0, max_min = 0;
+    for (int j = 0; j < QK_K / 32; j++) {
+        float sum_x2 = 0;
+        for (int l = 0; l < 32; l++) sum_x2 += x[32 * j + l] * x[32 * j + l];
+        float av_x = sqrtf(sum_x2 / 32);
+        for (int l = 0; l < 32; l++) weights[l] = av_x + fabsf(x[32 * j + l]);
+        scales[j] = quant_make_qkx2(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, rmin, 0.1f, nstep);
+        if (scales[j] > max_scale) max_scale = scales[j];
+        if (mins[j] > max_min) max_min = mins[j];
+    }
+    float inv_scale = max_scale > 0 ? 63.f / max_scale : 0.f;
+    float inv_min = max_min > 0 ? 63.f / max_min : 0.f;
+    memset(scales12, 0, 12);
+    for (int j = 0; j < QK_K / 32; j++) {
+        uint8_t ls = (uint8_t)quant_nearest_int(inv_scale * scales[j]);
+        uint8_t lm = (uint8_t)quant_nearest_int(inv_min * mins[j]);
+        if (ls > 63) ls = 63;
+        if (lm > 63) lm = 63;
+        if (j < 4) {
+            scales12[j] = ls;
+            scales12[j + 4] = lm;
+        } else {
+            scales12[j + 4] = (uint8_t)((ls & 0xF) | ((lm & 0xF) << 4));
+            scales12[j - 4] |= (uint8_t)((ls >> 4) << 6);
+            scales12[j - 0] |= (uint8_t)((lm >> 4) << 6);
+        }
+    }
+    *d_out = quant_fp32_to_fp16(max_scale / 63.f);
+    *dmin_out = quant_fp32_to_fp16(max_min / 63.f);
+    for (int j = 0; j < QK_K / 32; j++) {
+        uint8_t sc, m;
+        quant_q4_K_scale_min(j, scales12, &sc, &m);
+        float d = quant_fp16_to_fp32(*d_out) * sc;
+        if (!d) continue;
+        float dm = quant_fp16_to_fp32(*dmin_out) * m;
+        for (int ii = 0; ii < 32; ii++) {
+            int l = quant_nearest_int((x[32 * j + ii] + dm) / d);
+            L[32 * j + ii] = (uint8_t)(l < 0 ? 0 : l > nmax ? nmax : l);
+        }
+    }
+}
+
 static void quant_ref_q4_K(const float *x, block_q4_K *y, int64_t n)
 {
-    uint8_t L[QK_K], Laux[32];
-    float weights[32], mins[QK_K / 32], scales[QK_K / 32];
+    uint8_t L[QK_K];
     for (int64_t i = 0; i < n / QK_K; i++) {
-        float max_scale = 0, max_min = 0;
-        for (int j = 0; j < QK_K / 32; j++) {
-            float sum_x2 = 0;
-            for (int l = 0; l < 32; l++) sum_x2 += x[32 * j + l] * x[32 * j + l];
-            float av_x = sqrtf(sum_x2 / 32);
-            for (int l = 0; l < 32; l++) weights[l] = av_x + fabsf(x[32 * j + l]);
-            scales[j] = quant_make_qkx2(32, 15, x + 32 * j, weights, L + 32 * j, &mins[j], Laux,
-                                        -1.f, 0.1f, 20);
-            if (scales[j] > max_scale) max_scale = scales[j];
-            if (mins[j] > max_min) max_min = mins[j];
-        }
-        float inv_scale = max_scale > 0 ? 63.f / max_scale : 0.f;
-        float inv_min = max_min > 0 ? 63.f / max_min : 0.f;
-        memset(y[i].scales, 0, sizeof y[i].scales);
-        for (int j = 0; j < QK_K / 32; j++) {
-            uint8_t ls = (uint8_t)quant_nearest_int(inv_scale * scales[j]);
-            uint8_t lm = (uint8_t)quant_nearest_int(inv_min * mins[j]);
-            if (ls > 63) ls = 63;
-            if (lm > 63) lm = 63;
-            if (j < 4) {
-                y[i].scales[j] = ls;
-                y[i].scales[j + 4] = lm;
-            } else {
-                y[i].scales[j + 4] = (uint8_t)((ls & 0xF) | ((lm & 0xF) << 4));
-                y[i].scales[j - 4] |= (uint8_t)((ls >> 4) << 6);
-                y[i].scales[j - 0] |= (uint8_t)((lm >> 4) << 6);
-            }
-        }
-        y[i].d = quant_fp32_to_fp16(max_scale / 63.f);
-        y[i].dmin = quant_fp32_to_fp16(max_min / 63.f);
-        for (int j = 0; j < QK_K / 32; j++) {
-            uint8_t sc, m;
-            quant_q4_K_scale_min(j, y[i].scales, &sc, &m);
-            float d = quant_fp16_to_fp32(y[i].d) * sc;
-            if (!d) continue;
-            float dm = quant_fp16_to_fp32(y[i].dmin) * m;
-            for (int ii = 0; ii < 32; ii++) {
-                int l = quant_nearest_int((x[32 * j + ii] + dm) / d);
-                L[32 * j + ii] = (uint8_t)(l < 0 ? 0 : l > 15 ? 15 : l);
-            }
-        }
+        quant_ref_kmin(x, 15, -1.f, 20, y[i].scales, &y[i].d, &y[i].dmin, L);
         uint8_t *q = y[i].qs;
         for (int j = 0; j < QK_K; j += 64) {
             for (int l = 0; l < 32; l++) q[l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 4));
             q += 32;
+        }
+        x += QK_K;
+    }
+}
+
+static void quant_ref_q5_K(const float *x, block_q5_K *y, int64_t n)
+{
+    uint8_t L[QK_K];
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        quant_ref_kmin(x, 31, -0.5f, 15, y[i].scales, &y[i].d, &y[i].dmin, L);
+        uint8_t *q = y[i].qs, *qh = y[i].qh, m1 = 1, m2 = 2;
+        memset(qh, 0, QK_K / 8);
+        for (int j = 0; j < QK_K; j += 64) {
+            for (int l = 0; l < 32; l++) {
+                int l1 = L[j + l], l2 = L[j + l + 32];
+                if (l1 > 15) l1 -= 16, qh[l] |= m1;
+                if (l2 > 15) l2 -= 16, qh[l] |= m2;
+                q[l] = (uint8_t)(l1 | (l2 << 4));
+            }
+            q += 32;
+            m1 <<= 2;
+            m2 <<= 2;
         }
         x += QK_K;
     }
@@ -587,6 +643,7 @@ void quant_quantize_row(qtype t, const float *src, void *dst, int64_t n)
     case QTYPE_Q4_0: quant_ref_q4_0(src, dst, n); break;
     case QTYPE_Q8_0: quant_ref_q8_0(src, dst, n); break;
     case QTYPE_Q4_K: quant_ref_q4_K(src, dst, n); break;
+    case QTYPE_Q5_K: quant_ref_q5_K(src, dst, n); break;
     case QTYPE_Q6_K: quant_ref_q6_K(src, dst, n); break;
     case QTYPE_Q8_K: quant_act_q8_K(src, dst, n); break;
     default: assert(!"unsupported type"); break;

@@ -4,7 +4,7 @@
  *
  * A quantised row of n elements is n / block_elems blocks of block_bytes each. Weight rows are
  * multiplied against activations quantised to the weight type's "vec dot type" (Q8_0 for
- * Q4_0/Q8_0, Q8_K for Q4_K/Q6_K, F16 for F16, BF16 for BF16, F32 for F32), as llama.cpp's CPU
+ * Q4_0/Q8_0, Q8_K for Q4_K/Q5_K/Q6_K, F16 for F16, BF16 for BF16, F32 for F32), as llama.cpp's CPU
  * backend does, so that our results agree with it to rounding.
  */
 #ifndef TM_QUANT_H
@@ -20,6 +20,7 @@ typedef enum {
     QTYPE_Q4_0 = 2,
     QTYPE_Q8_0 = 8,
     QTYPE_Q4_K = 12,
+    QTYPE_Q5_K = 13,
     QTYPE_Q6_K = 14,
     QTYPE_Q8_K = 15,
     QTYPE_BF16 = 30,
@@ -39,6 +40,9 @@ typedef uint16_t bf16_t;  /* bfloat16, bit pattern */
 typedef struct { fp16_t d; int8_t qs[QK8_0]; } block_q8_0;                       /* 34 bytes */
 typedef struct { fp16_t d; uint8_t qs[QK4_0 / 2]; } block_q4_0;                  /* 18 bytes */
 typedef struct { fp16_t d, dmin; uint8_t scales[12]; uint8_t qs[QK_K / 2]; } block_q4_K; /* 144 */
+/* Q5_K: Q4_K's scales and mins, the low 4 bits of each value in qs (as Q4_K's), and its fifth
+ * bit in qh: bit j of qh[l] is the high bit of column 32j + l (sub-block j). */
+typedef struct { fp16_t d, dmin; uint8_t scales[12]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2]; } block_q5_K; /* 176 */
 typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; fp16_t d; } block_q6_K; /* 210 */
 typedef struct { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; } block_q8_K; /* 292 */
 
@@ -100,7 +104,7 @@ void quant_act_q8_K(const float *x, block_q8_K *y, int64_t n);
 qtype quant_repack_type(qtype t);   /* the repacked type of t, or t when there is none */
 void quant_repack(qtype t, const void *src, void *dst, int64_t cols, int64_t r0, int64_t r1);
 
-/* Q4_K's packed 6-bit scale and min of sub-block j (0..7) from block_q4_K.scales. */
+/* Q4_K's (and Q5_K's) packed 6-bit scale and min of sub-block j (0..7) from .scales. */
 void quant_q4_K_scale_min(int j, const uint8_t *scales, uint8_t *d, uint8_t *m);
 
 #endif

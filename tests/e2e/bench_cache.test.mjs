@@ -54,5 +54,5 @@ test("bench/cache_agents: an unknown --preset is refused", () => {
     execFileSync(process.execPath, [path.join(root, "bench/cache_agents.mjs"), "--preset", "nope"], { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] });
   } catch (e) { err = e; }
   assert.ok(err && err.status === 2, "exit status 2");
-  assert.match(err.stderr, /unknown bench model preset 'nope' \(qwen3-0\.6b, llama3\.2-1b, qwen3-30b-a3b\)/);
+  assert.match(err.stderr, /unknown bench model preset 'nope' \(qwen3-0\.6b, llama3\.2-1b, qwen3-30b-a3b, deepseek-v2-lite\)/);
 });

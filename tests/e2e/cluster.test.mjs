@@ -752,3 +752,67 @@ test("a worker's refusal of a request's grammar is a 400 in the client's API sha
     await waitExit(g.proc, 10000);
   }
 });
+
+// latent attention (deepseek2) through the cluster: the KV of a position is one latent row
+// (V is K). A prompt's full 128-token blocks reach the decode worker through the shared store,
+// the rest as the handoff's latent tail (KV_LATENT frames); the decode worker installs both, so
+// it brings in every prompt position (its handoff counters on the gateway's /metrics say so:
+// a tail it could not use would be recomputed and not counted), and the greedy text equals
+// `tokenmill serve`'s.
+test("a deepseek2 (latent KV) model through gateway + prefill + decode workers == tokenmill serve", { timeout: 120000 }, async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "tm-cluster-mla-"));
+  try {
+    const modelMla = path.join(dir, "mla.gguf");
+    execFileSync(bin, ["mkmodel", "--arch", "deepseek2", "--preset", "tiny", "--q-lora", "0", "--kv-lora", "64",
+      "--nope-dim", "16", "--rope-dim", "16", "--v-dim", "16", "--experts", "4", "--experts-used", "2", "--expert-ffn", "64",
+      "--shared-experts", "1", "--dense-layers", "1", "--type", "q8_0", "--seed", "9", "-o", modelMla], { stdio: "pipe" });
+    const CTX = ["--ctx", "1024"];
+    const long = "the quick brown fox jumps over the lazy dog and runs away ".repeat(14);
+    const prompts = [long + "once", long + "twice", "a short prompt", "another short one here"];
+    const ask = async (c) => Promise.all(prompts.map((prompt) =>
+      c.completions.create({ model: "mla", prompt, max_tokens: 12, temperature: 0 })));
+
+    const srv = await startServer(modelMla, [...CTX, "--model-name", "mla", "--cache", "off"]);
+    const ref = await ask(new OpenAI({ apiKey: "x", baseURL: srv.url + "/v1", maxRetries: 0 }));
+    await stopServers();
+    assert.ok(ref[0].usage.prompt_tokens > 128 && ref[0].usage.prompt_tokens % 128 !== 0, `${ref[0].usage.prompt_tokens} tokens`);
+
+    const cache = ["--cache", `dir:${path.join(dir, "store")}`];
+    const startStatic = async (role, name) => {
+      const p = spawnLogged(["worker", "--role", role, "-m", modelMla, "--listen", "127.0.0.1:0", ...cache, ...CTX,
+        "--threads", "1", "--name", name], name);
+      const m = await waitLine(p, /listening on port (\d+)/, `worker ${name}`);
+      p.stderr.resume();
+      return { proc: p, addr: `127.0.0.1:${m[1]}`, log: m.input };
+    };
+    const wp = await startStatic("prefill", "mla-p"), wd = await startStatic("decode", "mla-d");
+    assert.match(wd.log, /KV \d+ blocks of 40\.0 KiB per 128 tokens, latent: V is K/, "2 layers x (64 + 16) x f16 x 128");
+    const p = spawnLogged(["gateway", "-m", modelMla, "--listen", "127.0.0.1:0", ...cache, ...CTX, "--model-name", "mla",
+      "--prefill", wp.addr, "--decode", wd.addr], "mla-gateway");
+    const url = `http://127.0.0.1:${(await waitLine(p, /listening on http:\/\/[^:]+:(\d+)/, "mla gateway"))[1]}`;
+    p.stderr.resume();
+    await until((a) => live(a).length === 2, "mla workers", 10000, url);
+
+    const got = await ask(new OpenAI({ apiKey: "x", baseURL: url + "/v1", maxRetries: 0, timeout: 60000 }));
+    got.forEach((r, i) => {
+      assert.equal(r.choices[0].text, ref[i].choices[0].text, `prompt ${i}`);
+      assert.equal(r.usage.completion_tokens, ref[i].usage.completion_tokens, `prompt ${i} tokens`);
+    });
+    // every prompt position came in: full blocks from the store, the rest as the latent tail
+    const want = ref.reduce((n, r) => n + r.usage.prompt_tokens, 0);
+    const inTokens = async () => {
+      const m = /^tokenmill_worker_handoff_tokens_total\{worker="[^"]+",role="decode",side="receive"\} (\d+)$/m
+        .exec(await (await fetch(url + "/metrics")).text());
+      return m ? Number(m[1]) : -1;
+    };
+    const end = Date.now() + 10000;
+    let n;
+    while ((n = await inTokens()) !== want && Date.now() < end) await sleep(50);
+    assert.equal(n, want, "positions brought in by the decode worker");
+    p.kill("SIGTERM");
+    await waitExit(p, 10000);
+    for (const w of [wp, wd]) w.proc.kill("SIGKILL");
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});

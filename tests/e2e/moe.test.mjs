@@ -66,9 +66,10 @@ test("metrics: tokens per expert of every layer over the window, and the imbalan
   }
 });
 
-test("bench: the expert figures of a MoE model", { skip }, () => {
+test("bench: the expert figures of a MoE model, also over a file of real prompts", { skip }, () => {
+  const prompts = path.join(root, "bench/moe_prompts.txt");
   const out = execFileSync(bin, ["bench", "-m", model, "--pp", "32", "--tg", "4", "--seqs", "2", "--reps", "1",
-    "--threads", "1", "--groups", "4"], { encoding: "utf8" });
+    "--threads", "1", "--groups", "4", "--prompts", prompts], { encoding: "utf8" });
   const j = JSON.parse(out);
   assert.equal(j.moe.experts, 16);
   assert.equal(j.moe.used, 4);
@@ -76,6 +77,22 @@ test("bench: the expert figures of a MoE model", { skip }, () => {
   assert.equal(j.moe.imbalance.length, 2);
   assert.ok(j.moe.imbalance.every((x) => x >= 1 && x <= 4));
   assert.ok(j.moe.active_weight_bytes < j.weight_bytes);
+  // the real prompts: every non-empty line prefilled once, its tokens' routing alone
+  const lines = fs.readFileSync(prompts, "utf8").split("\n").filter((l) => l.trim()).length;
+  const p = j.moe_prompts;
+  assert.equal(p.prompts, lines);
+  assert.ok(p.tokens > 4 * lines, `${p.tokens} tokens`);
+  assert.equal(p.groups, 4);
+  assert.equal(p.imbalance.length, 2);
+  assert.ok(p.imbalance.every((x) => x >= 1 && x <= 4), JSON.stringify(p));
+  assert.ok(p.imbalance_overall >= 1 && p.imbalance_overall <= p.imbalance_max + 1e-9);
+  assert.notDeepEqual(p.imbalance, j.moe.imbalance, "counted over the prompts only");
+  // a file without a prompt is refused with a message
+  const empty = path.join(tmp, "empty.txt");
+  fs.writeFileSync(empty, "\n  \n");
+  const r = spawnSync(bin, ["bench", "-m", model, "--pp", "0", "--tg", "0", "--prompts", empty], { encoding: "utf8" });
+  assert.equal(r.status, 1);
+  assert.match(r.stderr, /has no prompt/);
 });
 
 test("mkmodel: bad expert options are refused with a message", { skip: !fs.existsSync(bin) && "build/tokenmill not built" }, () => {
@@ -111,26 +128,39 @@ test("cache: after a restart, a MoE model's prompt blocks come from the block st
 });
 
 // the block store with latent attention: a pool row is the latent plus the RoPE key, one per
-// token and layer; blocks written by one server are read back by the next
-test("cache: a deepseek2 (latent attention) model's blocks come back from the store after a restart", { skip: !fs.existsSync(bin) && "build/tokenmill not built" }, async () => {
+// token and layer, stored once (V is K); blocks written by one server are read back by the
+// next, from a directory store and from an erasure-coded one, and `store stat` reads their size
+// from the blocks' headers (no model)
+test("cache: a deepseek2 (latent attention) model's blocks come back from the store after a restart (dir and ec)", { skip: !fs.existsSync(bin) && "build/tokenmill not built" }, async () => {
   const ds = path.join(tmp, "ds.gguf");
   execFileSync(bin, ["mkmodel", "--arch", "deepseek2", "--preset", "tiny", "--q-lora", "64", "--kv-lora", "128",
     "--nope-dim", "32", "--rope-dim", "32", "--v-dim", "32", "--experts", "8", "--experts-used", "2", "--expert-ffn", "256",
     "--shared-experts", "1", "--dense-layers", "1", "--router", "sigmoid", "--expert-groups", "4", "--groups-used", "2",
     "--rope-scaling", "yarn", "--type", "q8_0", "--seed", "3", "-o", ds], { stdio: "pipe" });
-  const dir = fs.mkdtempSync(path.join(tmp, "store-ds-"));
+  // 2 layers x (kv_lora 128 + rope 32) x f16 x 128 tokens, once: 80 KiB (K and V would be 160)
+  const kib = "80.0";
   const prompt = "the quick brown fox jumps over the lazy dog and runs away ".repeat(20);
-  const once = async () => {
-    const srv = await startServer(ds, ["--ctx", "1024", "--threads", "2", "--model-name", "ds", "--cache-dir", dir]);
+  const once = async (cache) => {
+    const srv = await startServer(ds, ["--ctx", "1024", "--threads", "2", "--model-name", "ds", "--cache", cache]);
+    assert.match(srv.log, new RegExp(`KV \\d+ blocks of ${kib} KiB per 128 tokens, latent: V is K`));
     const c = new OpenAI({ baseURL: `${srv.url}/v1`, apiKey: "unused", maxRetries: 0 });
     const r = await c.completions.create({ model: "ds", prompt, max_tokens: 8, temperature: 0 });
     await stopServers();
     return r;
   };
-  const cold = await once(), warm = await once();
-  assert.ok(cold.usage.prompt_tokens > 256, `prompt of ${cold.usage.prompt_tokens} tokens`);
   const cached = (u) => u.prompt_tokens_details?.cached_tokens ?? 0;
-  assert.equal(cached(cold.usage), 0);
-  assert.ok(cached(warm.usage) >= 256, `cached ${cached(warm.usage)}`);
-  assert.equal(warm.choices[0].text, cold.choices[0].text);
+  const dir = fs.mkdtempSync(path.join(tmp, "store-ds-"));
+  const ec = `ec:2+1:${[0, 1, 2].map((i) => fs.mkdtempSync(path.join(tmp, `store-ds-ec${i}-`))).join(",")}`;
+  let first;
+  for (const spec of [`dir:${dir}`, ec]) {
+    const cold = await once(spec), warm = await once(spec);
+    assert.ok(cold.usage.prompt_tokens > 256, `prompt of ${cold.usage.prompt_tokens} tokens`);
+    assert.equal(cached(cold.usage), 0, spec);
+    assert.ok(cached(warm.usage) >= 256, `${spec}: cached ${cached(warm.usage)}`);
+    assert.equal(warm.choices[0].text, cold.choices[0].text, spec);
+    first ??= cold.choices[0].text;
+    assert.equal(cold.choices[0].text, first, "the same answer from either store");
+    const stat = execFileSync(bin, ["store", "stat", spec], { encoding: "utf8" });
+    assert.match(stat, new RegExp(`^  ${kib} KiB: 2 layers x 1 kv head x 160, V is K \\(latent\\), f16: \\d+ blocks$`, "m"), stat);
+  }
 });

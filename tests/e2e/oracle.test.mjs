@@ -2,7 +2,8 @@
 // driven by tests/oracle/llama_eval.mjs), on random-weight models that `tokenmill mkmodel`
 // writes in real shapes with real vocabularies: llama (Llama 3 vocabulary and RoPE scaling,
 // untied output), qwen2 (q/k/v biases, tied), qwen3 (per-head q/k norms, head_dim*heads != dim,
-// tied), qwen3moe (16 experts, 4 per token, untied), each in F32, F16, Q8_0 and Q4_K; and
+// tied), qwen3moe (16 experts, 4 per token, untied), each in F32, F16, Q8_0 and Q4_K (llama's
+// one-token sequences also in Q5_K_M); and
 // deepseek2 (multi-head latent attention) in a V3-like and a V2-Lite-like form (their
 // comments below), in fewer types. The V3-like router (sigmoid scores plus a bias, the best
 // groups, then the best experts) moves tokens between experts on the smallest difference, so
@@ -74,15 +75,18 @@ const BATCH_LENS = [1, 9, 33, 64, 100, 129, 150, 200];
 
 // Tolerance on |Δ logprob| of the top-10 tokens, per weight type (see the calibration notes
 // in the report at the end of this file's output; measured values are printed every run).
-const TOL = {f32: 1e-3, f16: 0.05, q8_0: 0.05, q4_k: 0.08};
+const TOL = {f32: 1e-3, f16: 0.05, q8_0: 0.05, q4_k: 0.08, q5_k_m: 0.08};
 const NOISE_FACTOR = 1.5;
 const MEDIAN_TOL = 2e-3;
 const N_SINGLES = 32;
-const KV = {f32: 'f32', f16: 'f16', q8_0: 'f16', q4_k: 'f16'};
+const KV = {f32: 'f32', f16: 'f16', q8_0: 'f16', q4_k: 'f16', q5_k_m: 'f16'};
 
 const SHAPE = ['--layers', '4', '--dim', '256', '--ffn', '512', '--heads', '4', '--kv-heads', '2'];
 const ARCHS = {
-  llama: {vocab: 'ggml-vocab-llama-bpe.gguf', extra: ['--rope-scaling', 'llama3', '--untied'], batchedType: 'q4_k'},
+  // also Q5_K_M (Q5_K matrices, Q6_K output and the "more bits" layers' attn_v / ffn_down), on
+  // the one-token sequences: the kernels' check (a long prompt adds only the noise above)
+  llama: {vocab: 'ggml-vocab-llama-bpe.gguf', extra: ['--rope-scaling', 'llama3', '--untied'], batchedType: 'q4_k',
+    singlesTypes: ['q5_k_m']},
   qwen2: {vocab: 'ggml-vocab-qwen2.gguf', extra: ['--tied'], batchedType: 'f16'},
   qwen3: {vocab: 'ggml-vocab-qwen2.gguf', extra: ['--head-dim', '128', '--tied'], batchedType: 'q8_0'},
   // Qwen3-30B-A3B's layer in small: 16 experts, 4 per token, untied output

@@ -105,7 +105,7 @@ static void proto_seeds(void)
     proto_tok toks[2] = { { .token = 7, .logprob = -0.5f, .n_top = 1, .top_ids = { 8 }, .top_lps = { -1 } }, { .token = 9 } };
     proto_params params = { .sample = sample_params_default(), .max_tokens = 16, .stop_ids = { 2 }, .n_stop_ids = 1,
                             .logprobs = 1, .top_logprobs = 1, .salt = "salt" };
-    proto_kv tail = { .dtype = QTYPE_F16, .n_layers = 1, .n_kv_heads = 1, .head_dim = 4, .start = 0, .n = 2,
+    proto_kv tail = { .dtype = QTYPE_F16, .n_parts = 2, .n_layers = 1, .n_kv_heads = 1, .head_dim = 4, .start = 0, .n = 2,
                       .n_bytes = sizeof kv, .data = kv };
     proto_buf b;
     proto_buf_init(&b);
@@ -166,7 +166,7 @@ static void block_seeds(void)
     uint8_t key[32], fp[32];
     for (int i = 0; i < 32; i++) key[i] = (uint8_t)i, fp[i] = (uint8_t)(255 - i);
     block_header h;
-    block_header_init(&h, key, fp, QTYPE_F16, 2, 1, 1, 2);
+    block_header_init(&h, key, fp, QTYPE_F16, 2, 1, 1, 2, 2);
     uint8_t *file = block_alloc(&h);
     for (size_t i = 0; i < h.payload_bytes; i++) ((uint8_t *)block_payload(file))[i] = (uint8_t)i;
     block_seal(&h, file);

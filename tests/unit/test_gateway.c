@@ -516,9 +516,9 @@ TEST(test_bad_values_close_the_worker_and_reroute)
             break;
         case BAD_TAIL_GEOMETRY: {
             const model_hparams *hp = &g_model->hp;
-            proto_kv kv = { .dtype = QTYPE_F32, .n_layers = (uint16_t)(hp->n_layers + 1), .n_kv_heads = (uint16_t)hp->n_kv_heads,
+            proto_kv kv = { .dtype = QTYPE_F32, .n_parts = 2, .n_layers = (uint16_t)(hp->n_layers + 1), .n_kv_heads = (uint16_t)hp->n_kv_heads,
                             .head_dim = (uint16_t)hp->head_dim, .start = 0, .n = (uint32_t)n_prompt };
-            kv.n_bytes = (uint32_t)proto_kv_bytes(QTYPE_F32, kv.n_layers, kv.n_kv_heads, kv.head_dim, n_prompt);
+            kv.n_bytes = (uint32_t)proto_kv_bytes(QTYPE_F32, 2, kv.n_layers, kv.n_kv_heads, kv.head_dim, n_prompt);
             kv.data = calloc(1, kv.n_bytes);
             fake_handoff(fd, id, n_prompt, want[0], &kv);
             free(kv.data);

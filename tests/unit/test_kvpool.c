@@ -129,6 +129,42 @@ TEST(test_slab_layout)
     }
 }
 
+/* A latent pool (V is K): one row per (layer, kv head, position), the V slab is the K slab,
+ * the block is half a K-and-V block's bytes, and a load gives the stored row as both. */
+TEST(test_v_is_k_layout)
+{
+    kvpool_opts o = { .n_layers = 3, .n_kv_heads = 1, .head_dim = 12, .v_is_k = true, .dtype = QTYPE_F16, .n_blocks = 2 };
+    kvpool *p = NULL;
+    CHECK(kvpool_new(&o, &p) == KVPOOL_OK);
+    if (!p) return;
+    CHECK(kvpool_n_parts(p) == 1 && kvpool_block_bytes(p) == 3 * 128 * 12 * 2);
+    CHECK(kvpool_geom_block_bytes(&o) == kvpool_block_bytes(p));
+    o.v_is_k = false;
+    CHECK(kvpool_geom_block_bytes(&o) == 2 * kvpool_block_bytes(p));
+    kvpool_seq *a = kvpool_seq_new(p);
+    CHECK(kvpool_seq_reserve(p, a, 256) == KVPOOL_OK);
+    for (int l = 0; l < 3; l++) {
+        char *k = kvpool_seq_slab(p, a, 1, l, 0, 0);
+        CHECK(kvpool_seq_slab(p, a, 1, l, 1, 0) == k);
+        CHECK(l == 0 || (size_t)(k - (char *)kvpool_seq_slab(p, a, 1, l - 1, 0, 0)) == 128 * 12 * 2);
+    }
+    float kr[12], kb[12], vb[12];
+    int bad = 0;
+    for (int pos = 0; pos < 256; pos++)
+        for (int l = 0; l < 3; l++) {
+            for (int d = 0; d < 12; d++) kr[d] = (float)((pos + l * 7) % 100) + d * 0.25f;
+            kvpool_seq_store(p, a, pos, l, 0, kr, NULL);
+        }
+    for (int pos = 0; pos < 256; pos++)
+        for (int l = 0; l < 3; l++) {
+            kvpool_seq_load(p, a, pos, l, 0, kb, vb);
+            for (int d = 0; d < 12; d++) bad += kb[d] != (float)((pos + l * 7) % 100) + d * 0.25f || vb[d] != kb[d];
+        }
+    CHECK(bad == 0);
+    kvpool_seq_free(p, a);
+    kvpool_free(p);
+}
+
 TEST(test_prefix_sharing)
 {
     kvpool *p = mkpool(8, QTYPE_F16);
@@ -373,6 +409,7 @@ int main(void)
     RUN(test_reserve_and_exhaustion);
     RUN(test_prefault_zeroes_every_block);
     RUN(test_slab_layout);
+    RUN(test_v_is_k_layout);
     RUN(test_prefix_sharing);
     RUN(test_duplicate_commit);
     RUN(test_attach_in_flight);

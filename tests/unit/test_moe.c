@@ -250,6 +250,17 @@ TEST(test_mkmodel_deepseek_preset)
     CHECK(L0->gate.data && !L0->gate_inp.data && L1->gate_inp.data && L1->gate_shexp.rows == 2 * 1408);
     CHECK(L1->wq.data && !L1->wq_a.data && L1->wk_b.rows == 16 * 512 && L1->wk_b.cols == 128 &&
           L1->wv_b.rows == 16 * 128 && L1->wv_b.cols == 512 && L1->wkv_a.rows == 576);
+    /* the KV pool holds the latent and the RoPE key once per token and layer (V is K):
+     * layers x (kv_lora + n_rot) x 2 bytes (f16) per token */
+    engine_opts eo = { .n_threads = 1, .n_kv_blocks = 2, .max_batch_tokens = 8 };
+    engine *e = NULL;
+    CHECKF(engine_new(m, &eo, &e, err, sizeof err) == ENGINE_OK, "%s", err);
+    if (e) {
+        CHECK(kvpool_block_bytes(engine_kvpool(e)) == (size_t)128 * 2 * (512 + 64) * 2);
+        kvpool_opts ko = engine_kv_geometry(m, true);
+        CHECK(ko.v_is_k && kvpool_geom_block_bytes(&ko) == (size_t)128 * 2 * (512 + 64) * 4);
+        engine_free(e);
+    }
     model_free(m);
 }
 

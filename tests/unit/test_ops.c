@@ -18,7 +18,7 @@
 #include "util/util.h"
 
 static const qtype mm_types[] = {QTYPE_F32, QTYPE_F16, QTYPE_BF16, QTYPE_Q4_0,
-                                 QTYPE_Q8_0, QTYPE_Q4_K, QTYPE_Q6_K};
+                                 QTYPE_Q8_0, QTYPE_Q4_K, QTYPE_Q5_K, QTYPE_Q6_K};
 
 static void fill_normal(float *x, int64_t n, uint64_t seed, float scale)
 {

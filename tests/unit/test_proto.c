@@ -81,9 +81,9 @@ static proto_status roundtrip(const proto_msg *m, proto_msg *out)
 
 static proto_kv test_kv(uint8_t *data, int n)
 {
-    proto_kv kv = { .dtype = QTYPE_F16, .n_layers = 2, .n_kv_heads = 2, .head_dim = 8,
+    proto_kv kv = { .dtype = QTYPE_F16, .n_parts = 2, .n_layers = 2, .n_kv_heads = 2, .head_dim = 8,
                     .start = 256, .n = (uint32_t)n };
-    kv.n_bytes = (uint32_t)proto_kv_bytes(kv.dtype, 2, 2, 8, n);
+    kv.n_bytes = (uint32_t)proto_kv_bytes(kv.dtype, 2, 2, 2, 8, n);
     for (uint32_t i = 0; i < kv.n_bytes; i++) data[i] = (uint8_t)(i * 7 + 1);
     kv.data = data;
     return kv;
@@ -202,8 +202,39 @@ TEST(test_roundtrip_jobs)
     CHECK(y->n_prompt == 300 && y->n_cached == 128 && y->n_computed == 172 && y->n_stored == 256);
     CHECK(y->n_sampled == 1 && y->prefill_us == 1234);
     CHECK(y->kv.n == 44 && y->kv.start == 256 && y->kv.n_bytes == x->kv.n_bytes);
-    CHECK(y->kv.data && !memcmp(y->kv.data, kvdata, x->kv.n_bytes));
+    CHECK(y->kv.data && !memcmp(y->kv.data, kvdata, x->kv.n_bytes) && y->kv.n_parts == 2);
     proto_msg_free(&o);
+    CHECK(!(o.hdr.flags & PROTO_F_KV_LATENT));
+    /* a latent tail (V is K: one row per position) is half the bytes; the header flag that says
+     * so comes from n_parts */
+    x->kv.n_parts = 1;
+    x->kv.n_bytes = (uint32_t)proto_kv_bytes(QTYPE_F16, 1, 2, 2, 8, 44);
+    CHECK(x->kv.n_bytes * 2 == (uint32_t)proto_kv_bytes(QTYPE_F16, 2, 2, 2, 8, 44));
+    CHECK(roundtrip(&m, &o) == PROTO_ERR_MALFORMED);   /* the header went out with the flag */
+    m.hdr.flags = PROTO_F_HAS_TAIL | PROTO_F_KV_LATENT;
+    CHECK(roundtrip(&m, &o) == PROTO_OK);
+    CHECK(o.u.handoff.kv.n_parts == 1 && o.u.handoff.kv.n_bytes == x->kv.n_bytes && (o.hdr.flags & PROTO_F_KV_LATENT));
+    CHECK(!memcmp(o.u.handoff.kv.data, kvdata, x->kv.n_bytes));
+    proto_msg_free(&o);
+    /* the flag without a tail is refused by the decoder */
+    m.hdr.flags = PROTO_F_KV_LATENT;
+    {
+        proto_buf b;
+        proto_buf_init(&b);
+        CHECK(proto_encode(&b, &m) == PROTO_OK);   /* the encoder drops it: no tail */
+        CHECK(!(b.p[8] & PROTO_F_KV_LATENT));
+        b.p[8] |= PROTO_F_KV_LATENT;
+        proto_hdr hh;
+        CHECK(proto_hdr_parse(b.p, PROTO_HDR_SIZE, &hh) == PROTO_OK);
+        CHECK(proto_decode(&hh, b.p + PROTO_HDR_SIZE, &o) == PROTO_ERR_MALFORMED);
+        proto_buf_free(&b);
+    }
+    m.hdr.flags = PROTO_F_HAS_TAIL;
+    /* other part counts are refused */
+    x->kv.n_parts = 3;
+    CHECK(proto_kv_bytes(QTYPE_F16, 3, 2, 2, 8, 44) == 0 && proto_kv_bytes(QTYPE_F16, 0, 2, 2, 8, 44) == 0);
+    CHECK(roundtrip(&m, &o) == PROTO_ERR_MALFORMED);
+    x->kv = test_kv(kvdata, 44);
     /* without the tail */
     m.hdr.flags = 0;
     CHECK(roundtrip(&m, &o) == PROTO_OK);
@@ -618,7 +649,9 @@ TEST(test_header_checks)
     CHECK(proto_hdr_parse(p, sizeof p, &h) == PROTO_ERR_TYPE);
     put_hdr(p, PROTO_MAGIC, PROTO_VERSION, PROTO_CANCEL, 1, 0);
     CHECK(proto_hdr_parse(p, sizeof p, &h) == PROTO_ERR_FLAGS);
-    put_hdr(p, PROTO_MAGIC, PROTO_VERSION, PROTO_DECODE, 16, 0);   /* 0x8 is GRAMMAR */
+    put_hdr(p, PROTO_MAGIC, PROTO_VERSION, PROTO_DECODE, 32, 0);   /* 0x8 GRAMMAR, 0x10 KV_LATENT */
+    CHECK(proto_hdr_parse(p, sizeof p, &h) == PROTO_ERR_FLAGS);
+    put_hdr(p, PROTO_MAGIC, PROTO_VERSION, PROTO_PREFILL, PROTO_F_KV_LATENT, 0);
     CHECK(proto_hdr_parse(p, sizeof p, &h) == PROTO_ERR_FLAGS);
     put_hdr(p, PROTO_MAGIC, PROTO_VERSION, PROTO_TOKENS, 0, PROTO_MAX_PAYLOAD + 1);
     CHECK(proto_hdr_parse(p, sizeof p, &h) == PROTO_ERR_TOO_BIG);

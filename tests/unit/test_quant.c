@@ -47,25 +47,28 @@ static float f_of(uint32_t u)
 TEST(test_type_table)
 {
     CHECK(QTYPE_F32 == 0 && QTYPE_F16 == 1 && QTYPE_Q4_0 == 2 && QTYPE_Q8_0 == 8);
-    CHECK(QTYPE_Q4_K == 12 && QTYPE_Q6_K == 14 && QTYPE_Q8_K == 15 && QTYPE_BF16 == 30);
+    CHECK(QTYPE_Q4_K == 12 && QTYPE_Q5_K == 13 && QTYPE_Q6_K == 14 && QTYPE_Q8_K == 15 && QTYPE_BF16 == 30);
     CHECK(quant_block_elems(QTYPE_F32) == 1 && quant_block_bytes(QTYPE_F32) == 4);
     CHECK(quant_block_elems(QTYPE_F16) == 1 && quant_block_bytes(QTYPE_F16) == 2);
     CHECK(quant_block_elems(QTYPE_BF16) == 1 && quant_block_bytes(QTYPE_BF16) == 2);
     CHECK(quant_block_elems(QTYPE_Q4_0) == 32 && quant_block_bytes(QTYPE_Q4_0) == 18);
     CHECK(quant_block_elems(QTYPE_Q8_0) == 32 && quant_block_bytes(QTYPE_Q8_0) == 34);
     CHECK(quant_block_elems(QTYPE_Q4_K) == 256 && quant_block_bytes(QTYPE_Q4_K) == 144);
+    CHECK(quant_block_elems(QTYPE_Q5_K) == 256 && quant_block_bytes(QTYPE_Q5_K) == 176);
     CHECK(quant_block_elems(QTYPE_Q6_K) == 256 && quant_block_bytes(QTYPE_Q6_K) == 210);
     CHECK(quant_block_elems(QTYPE_Q8_K) == 256 && quant_block_bytes(QTYPE_Q8_K) == 292);
     CHECK(quant_row_bytes(QTYPE_Q4_K, 1024) == 4 * 144);
     CHECK(quant_vec_dot_type(QTYPE_Q4_0) == QTYPE_Q8_0);
     CHECK(quant_vec_dot_type(QTYPE_Q8_0) == QTYPE_Q8_0);
     CHECK(quant_vec_dot_type(QTYPE_Q4_K) == QTYPE_Q8_K);
+    CHECK(quant_vec_dot_type(QTYPE_Q5_K) == QTYPE_Q8_K);
     CHECK(quant_vec_dot_type(QTYPE_Q6_K) == QTYPE_Q8_K);
     CHECK(quant_vec_dot_type(QTYPE_F16) == QTYPE_F16);
     CHECK(quant_vec_dot_type(QTYPE_BF16) == QTYPE_BF16);
     CHECK(quant_vec_dot_type(QTYPE_F32) == QTYPE_F32);
-    CHECK(!quant_type_supported(3) && !quant_type_supported(13) && !quant_type_supported(63));
-    CHECK(quant_type_supported(QTYPE_Q6_K));
+    CHECK(!quant_type_supported(3) && !quant_type_supported(11) && !quant_type_supported(63));
+    CHECK(quant_type_supported(QTYPE_Q6_K) && quant_type_supported(QTYPE_Q5_K));
+    CHECK(!strcmp(quant_type_name(QTYPE_Q5_K), "q5_K"));
     CHECK(!strcmp(quant_type_name(QTYPE_Q4_K), "q4_K") && !strcmp(quant_type_name(99), "?"));
 }
 
@@ -128,6 +131,7 @@ TEST(test_ref_quantisers_match_ggml)
         {QTYPE_Q4_0, {0x968efcb10884fd45ull, 0xc4c3b64bcd1d25eaull, 0x73a65bf02a2cee1eull}},
         {QTYPE_Q8_0, {0x77329ea65cbe16c4ull, 0xc59be6a092b1422cull, 0x03b3c68955e9cad9ull}},
         {QTYPE_Q4_K, {0x56e81c440e452518ull, 0xb693236b343df30aull, 0xe3cfe4a4d7a6b045ull}},
+        {QTYPE_Q5_K, {0xf1570ea99fbc02b1ull, 0x39585be1ee83e43dull, 0x31bafd0832648eb5ull}},
         {QTYPE_Q6_K, {0xac7076fbb20015fbull, 0x8ff5f76c75de9efcull, 0xa2ebff1f3ee3e71aull}},
         {QTYPE_Q8_K, {0xaed80593bafc6e04ull, 0x97768d815d47ca57ull, 0x5c4e259aaef3a90eull}},
     };
@@ -157,7 +161,7 @@ TEST(test_round_trip_error)
         double max_rel_rmse;
     } cases[] = {
         {QTYPE_F32, 0},         {QTYPE_F16, 1e-3},      {QTYPE_BF16, 5e-3},
-        {QTYPE_Q8_0, 0.01},     {QTYPE_Q4_0, 0.15},     {QTYPE_Q4_K, 0.12},
+        {QTYPE_Q8_0, 0.01},     {QTYPE_Q4_0, 0.15},     {QTYPE_Q4_K, 0.12},     {QTYPE_Q5_K, 0.06},
         {QTYPE_Q6_K, 0.03},     {QTYPE_Q8_K, 0.01},
     };
     int64_t n = 256 * 16;

@@ -72,6 +72,27 @@ TEST(test_block_format)
     f[0] = 'X';
     CHECK(block_verify(f, n, key, NULL) == BLOCK_ERR_MAGIC);
     free(f);
+
+    /* a latent block (V is K) has one row per (layer, kv head, token): half the payload, and
+     * its header says so; a file written before the field existed (zeros) reads as K and V */
+    uint8_t fp[32] = { 7 };
+    block_header_init(&h, key, fp, 1, 2, 3, 1, 24, 1);
+    CHECK(h.payload_bytes == 3 * 128 * 24 * 2);
+    f = block_alloc(&h);
+    block_seal(&h, f);
+    block_header g;
+    CHECK(block_verify(f, block_file_bytes(&h), key, &g) == BLOCK_OK && g.n_parts == 1 && g.layer_bytes == 128 * 24 * 2);
+    free(f);
+    f = storetest_block(key, 3, 1, &n);
+    memset(f + 120, 0, 4);
+    uint32_t crc = block_crc32c(f, 252);
+    memcpy(f + 252, &crc, 4);
+    CHECK(block_verify(f, n, key, &g) == BLOCK_OK && g.n_parts == 2);
+    f[120] = 3;   /* more parts than K and V */
+    crc = block_crc32c(f, 252);
+    memcpy(f + 252, &crc, 4);
+    CHECK(block_verify(f, n, key, NULL) == BLOCK_ERR_HEADER);
+    free(f);
 }
 
 static store *open_dir(const char *dir, uint64_t cap)
@@ -615,6 +636,46 @@ TEST(test_dir_fsck)
     storetest_rmrf(dir);
 }
 
+/* store_peek_header: a stored block's header without reading its payload, from a dir: store
+ * and from an ec: store's first data fragment; an absent key is a miss, a damaged header a
+ * corruption (what `store stat` reports block sizes from). */
+TEST(test_peek_header)
+{
+    uint8_t key[32], other[32];
+    storetest_key(900, key);
+    storetest_key(901, other);
+    size_t n;
+    void *f = storetest_block(key, 3, 5, &n);
+    for (int ec = 0; ec < 2; ec++) {
+        char dir[64], spec[300];
+        storetest_tmpdir(dir, sizeof dir, "store");
+        if (ec) snprintf(spec, sizeof spec, "ec:2+1:%s/a,%s/b,%s/c", dir, dir, dir);
+        else snprintf(spec, sizeof spec, "dir:%s", dir);
+        store *s = NULL;
+        store_opts o = { 0 };
+        CHECK(store_open(spec, &o, &s) == STORE_OK);
+        if (!s) continue;
+        CHECK(store_put(s, key, f, n, 0) == STORE_OK);
+        block_header h;
+        CHECKF(store_peek_header(s, key, &h) == STORE_OK, "%s", spec);
+        CHECK(!memcmp(h.key, key, 32) && h.n_layers == 3 && h.n_kv_heads == 2 && h.head_dim == 16 && h.n_parts == 2 &&
+              h.payload_bytes == n - BLOCK_HEADER_BYTES);
+        CHECK(store_peek_header(s, other, &h) == STORE_MISS);
+        store_stats st;
+        store_get_stats(s, &st);
+        CHECK(st.n_get == 0 && st.n_hit == 0);   /* inspection: no counters */
+        if (!ec) {
+            char path[512];
+            block_path(dir, key, path, sizeof path);
+            CHECK(storetest_flip(path, 90) == 0);
+            CHECK(store_peek_header(s, key, &h) == STORE_CORRUPT);
+        }
+        store_close(s);
+        storetest_rmrf(dir);
+    }
+    free(f);
+}
+
 TEST(test_cli_store_commands)
 {
     char dir[64], spec[300];
@@ -680,6 +741,7 @@ int main(void)
     RUN(test_dir_unwritable_and_missing_targets);
     RUN(test_dir_disk_full);
     RUN(test_dir_fsck);
+    RUN(test_peek_header);
     RUN(test_cli_store_commands);
     HARNESS_END();
 }
