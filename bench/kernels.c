@@ -1,7 +1,9 @@
 /*
  * bench/kernels: micro-benchmark of ops_matmul on Qwen3-0.6B-shaped layers (a benchmark, not a
  * test: it prints timings). Build after `make`:
- *   cc -O2 -Isrc -o build/bench_kernels bench/kernels.c build/src/model/ops*.o build/src/model/quant.o build/src/model/threadpool.o build/src/util/*.o -lm -pthread
+ *   cc -O2 -Isrc -o build/bench_kernels bench/kernels.c build/src/model/ops.o build/src/model/ops_avx2.o \
+ *      build/src/model/ops_avx512.o build/src/model/quant.o build/src/model/threadpool.o build/src/util/util.o \
+ *      build/src/util/cpu.o build/src/util/bytebuf.o -lm -pthread
  * Run: build/bench_kernels [threads] [layers]   (TOKENMILL_SIMD=scalar|avx2|avx512 caps the ISA)
  * Prints, per weight type and batch size, the time of one pass over `layers` layers, the
  * weight bytes streamed per second, and multiply-accumulates per second, next to the
