@@ -18,7 +18,7 @@
 #include "util/util.h"
 
 static const qtype mm_types[] = {QTYPE_F32, QTYPE_F16, QTYPE_BF16, QTYPE_Q4_0,
-                                 QTYPE_Q8_0, QTYPE_Q4_K, QTYPE_Q6_K};
+                                 QTYPE_Q8_0, QTYPE_Q4_K, QTYPE_Q6_K, QTYPE_MXFP4};
 
 static void fill_normal(float *x, int64_t n, uint64_t seed, float scale)
 {
@@ -170,7 +170,7 @@ TEST(test_matmul_all_types)
 TEST(test_matmul_odd_cols)
 {
     /* types with small blocks accept any multiple of their block size */
-    static const qtype t32[] = {QTYPE_Q4_0, QTYPE_Q8_0};
+    static const qtype t32[] = {QTYPE_Q4_0, QTYPE_Q8_0, QTYPE_MXFP4};
     for (size_t i = 0; i < TM_ARRAY_LEN(t32); i++) {
         CHECK(check_mm(t32[i], 5, 32, 2, pools) == 0);
         CHECK(check_mm(t32[i], 19, 96, 7, pools) == 0);
@@ -229,7 +229,7 @@ TEST(test_matmul_batch_invariant)
         CHECKF(check_mm_invariant(mm_types[ti], 37, 512) == 0, "%s", quant_type_name(mm_types[ti]));
         CHECKF(check_mm_invariant(mm_types[ti], 5, 256) == 0, "%s", quant_type_name(mm_types[ti]));
     }
-    static const qtype t32[] = {QTYPE_Q4_0, QTYPE_Q8_0};
+    static const qtype t32[] = {QTYPE_Q4_0, QTYPE_Q8_0, QTYPE_MXFP4};
     for (size_t i = 0; i < TM_ARRAY_LEN(t32); i++) CHECK(check_mm_invariant(t32[i], 19, 96) == 0);
     static const qtype tf[] = {QTYPE_F32, QTYPE_F16, QTYPE_BF16};
     for (size_t i = 0; i < TM_ARRAY_LEN(tf); i++) CHECK(check_mm_invariant(tf[i], 9, 37) == 0);
