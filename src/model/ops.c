@@ -720,6 +720,16 @@ void ops_swiglu(threadpool *tp, float *out, const float *gate, const float *up, 
     threadpool_run(tp, ops_swiglu_thread, &c);
 }
 
+void ops_swiglu_oai(float *out, const float *gate, const float *up, int64_t n, float alpha, float limit)
+{
+    for (int64_t i = 0; i < n; i++) {
+        const float x = gate[i] < limit ? gate[i] : limit;   /* std::min(gate, limit) */
+        const float y = up[i] < -limit ? -limit : up[i] > limit ? limit : up[i];
+        const float glu = x / (1.f + expf(alpha * (-x)));
+        out[i] = glu * (y + 1.f);
+    }
+}
+
 static void ops_add_thread(void *arg, int ith, int nth)
 {
     ops_flat_ctx *c = arg;
