@@ -2,14 +2,17 @@
  * cmd_mkmodel: writes a random-weight GGUF model of a real architecture and shape, which
  * llama.cpp also loads: the test and benchmark models of tokenmill.
  *
- *   tokenmill mkmodel --arch llama|qwen2|qwen3|qwen3moe [--preset NAME] [shape options] [--vocab FILE]
+ *   tokenmill mkmodel --arch llama|qwen2|qwen3|qwen3moe|deepseek2|gpt-oss [--preset NAME] [shape options] [--vocab FILE]
  *                     --type T --seed S [--tied|--untied] [--rope-scaling llama3] -o OUT.gguf
  *
  * Tensors and metadata follow llama.cpp's converters: `llama` (rope_freqs.weight when
  * --rope-scaling llama3), `qwen2` (q/k/v biases), `qwen3` (per-head q/k RMSNorm weights,
  * key/value_length = head_dim), `qwen3moe` (qwen3 attention; per layer an F32 router
  * ffn_gate_inp and the experts as 3-D ffn_{gate,up,down}_exps tensors, with expert_count,
- * expert_used_count and expert_feed_forward_length). Norms, biases and rope factors stay F32; every matrix gets
+ * expert_used_count and expert_feed_forward_length), `gpt-oss` (q/k/v/o biases, attn_sinks,
+ * post_attention_norm, a router bias, expert biases, attention.sliding_window, YaRN factor 32;
+ * --type mxfp4 is llama.cpp's MXFP4_MOE: experts in MXFP4, other matrices in Q8_0). Norms, biases and rope
+ * factors stay F32; every matrix gets
  * --type, or for q4_k_m / q5_k_m the Q4_K (Q5_K) / Q6_K mix of llama.cpp's Q4_K_M / Q5_K_M (output or tied embedding,
  * and attn_v/ffn_down of "more bits" layers, in Q6_K). A matrix whose rows do not fit the
  * block size falls back to Q8_0, then F16, as llama.cpp's quantiser does.
@@ -55,15 +58,16 @@ typedef struct {
     bool sigmoid, w_norm;
     double w_scale;
     int n_groups, n_groups_used;
+    int n_swa;              /* gpt-oss: sliding window (every other layer) */
 } mk_preset;
 
 static const mk_preset mk_presets[] = {
-    { "tiny", NULL, 2, 256, 512, 4, 2, 64, 2048, 1024, 0, true, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0 },
-    { "small", NULL, 4, 512, 1536, 8, 4, 64, 4096, 4096, 0, true, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0 },
-    { "qwen3-0.6b", "qwen3", 28, 1024, 3072, 16, 8, 128, 40960, 151936, 1e6, true, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0 },
-    { "qwen2-0.5b", "qwen2", 24, 896, 4864, 14, 2, 64, 32768, 151936, 1e6, true, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0 },
-    { "llama3.2-1b", "llama", 16, 2048, 8192, 32, 8, 64, 131072, 128256, 500000, true, true, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0 },
-    { "qwen3-30b-a3b", "qwen3moe", 48, 2048, 6144, 32, 4, 128, 40960, 151936, 1e6, false, false, 128, 8, 768, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0 },
+    { "tiny", NULL, 2, 256, 512, 4, 2, 64, 2048, 1024, 0, true, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0, 0 },
+    { "small", NULL, 4, 512, 1536, 8, 4, 64, 4096, 4096, 0, true, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0, 0 },
+    { "qwen3-0.6b", "qwen3", 28, 1024, 3072, 16, 8, 128, 40960, 151936, 1e6, true, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0, 0 },
+    { "qwen2-0.5b", "qwen2", 24, 896, 4864, 14, 2, 64, 32768, 151936, 1e6, true, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0, 0 },
+    { "llama3.2-1b", "llama", 16, 2048, 8192, 32, 8, 64, 131072, 128256, 500000, true, true, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0, 0 },
+    { "qwen3-30b-a3b", "qwen3moe", 48, 2048, 6144, 32, 4, 128, 40960, 151936, 1e6, false, false, 128, 8, 768, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0, 0 },
     { .name = "deepseek-v2-lite", .arch = "deepseek2", .n_layers = 27, .dim = 2048, .ffn = 10944, .n_heads = 16,
       .n_kv_heads = 1, .head_dim = 192, .ctx = 163840, .n_vocab = 102400, .rope_base = 10000, .n_expert = 64,
       .n_expert_used = 6, .expert_ffn = 1408, .kv_lora = 512, .nope_dim = 128, .rope_dim = 64, .v_dim = 128,
@@ -73,6 +77,14 @@ static const mk_preset mk_presets[] = {
       .n_expert_used = 8, .expert_ffn = 2048, .q_lora = 1536, .kv_lora = 512, .nope_dim = 128, .rope_dim = 64,
       .v_dim = 128, .n_shared = 1, .n_dense = 3, .sigmoid = true, .w_norm = true, .w_scale = 2.5, .n_groups = 8,
       .n_groups_used = 4 },
+    /* gpt-oss: 64 query heads of 64 over 8 kv heads, a 128-token window on even layers,
+     * YaRN from 4096 positions (factor 32), the o200k vocabulary padded to 201088 */
+    { .name = "gpt-oss-20b", .arch = "gpt-oss", .n_layers = 24, .dim = 2880, .ffn = 2880, .n_heads = 64,
+      .n_kv_heads = 8, .head_dim = 64, .ctx = 131072, .n_vocab = 201088, .rope_base = 150000, .n_expert = 32,
+      .n_expert_used = 4, .expert_ffn = 2880, .n_swa = 128 },
+    { .name = "gpt-oss-120b", .arch = "gpt-oss", .n_layers = 36, .dim = 2880, .ffn = 2880, .n_heads = 64,
+      .n_kv_heads = 8, .head_dim = 64, .ctx = 131072, .n_vocab = 201088, .rope_base = 150000, .n_expert = 128,
+      .n_expert_used = 4, .expert_ffn = 2880, .n_swa = 128 },
 };
 
 typedef struct {
@@ -88,7 +100,10 @@ typedef struct {
     double eps;
     bool tied;
     bool rope_llama3;
-    bool rope_yarn;         /* YaRN: factor 40 from 4096 positions, DeepSeek's settings */
+    bool rope_yarn;         /* YaRN: factor 40 from 4096 positions, DeepSeek's settings (gpt-oss:
+                             * factor 32, its own) */
+    int n_swa;              /* gpt-oss: sliding window */
+    qtype exps_type;        /* the experts' type (mxfp4: MXFP4, else the base type) */
     const char *type;       /* --type */
     uint64_t seed;
     int n_threads;
@@ -258,7 +273,7 @@ static bool mk_vocab_builtin(mk_vocab *v, const char *arch, int n)
 }
 
 /* A Hugging Face tokenizer.json with a BPE model (Qwen2/3 style). */
-static bool mk_vocab_tokenizer_json(mk_vocab *v, const char *path, int pad_to)
+static bool mk_vocab_tokenizer_json(mk_vocab *v, const char *path, int pad_to, const char *arch)
 {
     json_error_t jerr;
     json_t *root = json_load_file(path, 0, &jerr);
@@ -310,21 +325,23 @@ static bool mk_vocab_tokenizer_json(mk_vocab *v, const char *path, int pad_to)
     }
     mk_vocab_pad(v, pad_to);
     v->bos = v->eos = v->pad = -1;
-    for (int k = 0; k < v->n; k++)
-        if (!strcmp(v->tok[k], "<|endoftext|>")) v->bos = v->eos = v->pad = k;
     v->add_bos = false;
-    v->pre = "qwen2";
-    /* o200k (gpt-oss): the gpt-4o pre-tokenizer (its split regex is the one with the
-       cased-letter classes), and the ids its tokenizer_config.json names */
+    /* o200k (gpt-oss) as llama.cpp's converter writes it: the gpt-4o pre-tokenizer (its split
+       regex is the one with the cased-letter classes), bos <|startoftext|>, eos <|return|>,
+       pad <|endoftext|>; the Qwen vocabularies: <|endoftext|> for all three */
     char *pre = json_dumps(json_object_get(root, "pre_tokenizer"), JSON_COMPACT);
-    if (pre && strstr(pre, "p{Lu}") && strstr(pre, "p{Ll}") && strstr(pre, "p{N}{1,3}")) {
-        v->pre = "gpt-4o";
-        for (int k = 0; k < v->n; k++) {
+    bool o200k = pre && strstr(pre, "p{Lu}") && strstr(pre, "p{Ll}") && strstr(pre, "p{N}{1,3}");
+    free(pre);
+    v->pre = o200k ? "gpt-4o" : "qwen2";
+    for (int k = 0; k < v->n; k++) {
+        if (o200k) {
             if (!strcmp(v->tok[k], "<|startoftext|>")) v->bos = k;
             if (!strcmp(v->tok[k], "<|return|>")) v->eos = k;
+            if (!strcmp(v->tok[k], "<|endoftext|>")) v->pad = k;
+        } else if (!strcmp(v->tok[k], "<|endoftext|>")) {
+            v->bos = v->eos = v->pad = k;
         }
     }
-    free(pre);
     ok = true;
 out:
     json_decref(root);
@@ -351,7 +368,7 @@ static bool mk_vocab_load(mk_vocab *v, const char *path, const mk_opts *o, int p
         v->n = (int)n;
         return true;
     }
-    return mk_vocab_tokenizer_json(v, path, pad_to);
+    return mk_vocab_tokenizer_json(v, path, pad_to, o->arch);
 }
 
 static void mk_vocab_write(mk_vocab *v, gguf_writer *w)
@@ -552,6 +569,39 @@ static void mk_mla_layer(mk_model *m, int l, qtype more)
 #undef MK_T
 }
 
+/* One gpt-oss layer after its attn_norm (llama.cpp's LLM_ARCH_OPENAI_MOE tensors): q/k/v/o
+ * with biases, the sinks (a logit per head, F32, of the order of the scores so that they
+ * matter), post_attention_norm, the router with its bias (F32), the experts in the experts'
+ * type with their biases (F32, 2-D: one row per expert). */
+static void mk_gptoss_layer(mk_model *m, int l)
+{
+    const mk_opts *o = m->o;
+    const int64_t dim = o->dim, q_dim = (int64_t)o->n_heads * o->head_dim, kv_dim = (int64_t)o->n_kv_heads * o->head_dim;
+    const int64_t ne = o->n_expert, ef = o->expert_ffn;
+    const float s_in = 1.0f / sqrtf((float)dim);
+    char name[128];
+#define MK_T(suffix) (snprintf(name, sizeof name, "blk.%d." suffix, l), name)
+    mk_add(m, MK_T("attn_q.weight"), MK_INIT_NOISE, s_in, m->base, 2, dim, q_dim);
+    mk_add(m, MK_T("attn_q.bias"), MK_INIT_NOISE, 0.3f, QTYPE_F32, 1, q_dim, 1);
+    mk_add(m, MK_T("attn_k.weight"), MK_INIT_NOISE, s_in, m->base, 2, dim, kv_dim);
+    mk_add(m, MK_T("attn_k.bias"), MK_INIT_NOISE, 0.3f, QTYPE_F32, 1, kv_dim, 1);
+    mk_add(m, MK_T("attn_v.weight"), MK_INIT_NOISE, s_in, m->base, 2, dim, kv_dim);
+    mk_add(m, MK_T("attn_v.bias"), MK_INIT_NOISE, 0.3f, QTYPE_F32, 1, kv_dim, 1);
+    mk_add(m, MK_T("attn_output.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)q_dim), m->base, 2, q_dim, dim);
+    mk_add(m, MK_T("attn_output.bias"), MK_INIT_NOISE, 0.1f, QTYPE_F32, 1, dim, 1);
+    mk_add(m, MK_T("attn_sinks.weight"), MK_INIT_NOISE, 1.0f, QTYPE_F32, 1, o->n_heads, 1);
+    mk_add(m, MK_T("post_attention_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, dim, 1);
+    mk_add(m, MK_T("ffn_gate_inp.weight"), MK_INIT_NOISE, 2.0f * s_in, QTYPE_F32, 2, dim, ne);
+    mk_add(m, MK_T("ffn_gate_inp.bias"), MK_INIT_NOISE, 0.3f, QTYPE_F32, 1, ne, 1);
+    mk_add3(m, MK_T("ffn_gate_exps.weight"), MK_INIT_NOISE, s_in, o->exps_type, 3, dim, ef, ne);
+    mk_add(m, MK_T("ffn_gate_exps.bias"), MK_INIT_NOISE, 0.3f, QTYPE_F32, 2, ef, ne);
+    mk_add3(m, MK_T("ffn_up_exps.weight"), MK_INIT_NOISE, s_in, o->exps_type, 3, dim, ef, ne);
+    mk_add(m, MK_T("ffn_up_exps.bias"), MK_INIT_NOISE, 0.3f, QTYPE_F32, 2, ef, ne);
+    mk_add3(m, MK_T("ffn_down_exps.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)ef), o->exps_type, 3, ef, dim, ne);
+    mk_add(m, MK_T("ffn_down_exps.bias"), MK_INIT_NOISE, 0.1f, QTYPE_F32, 2, dim, ne);
+#undef MK_T
+}
+
 static bool mk_parse_type(const char *s, qtype *base, bool *k_m, uint32_t *ftype)
 {
     static const struct { const char *name; qtype t; bool k_m; uint32_t ftype; } types[] = {
@@ -559,6 +609,8 @@ static bool mk_parse_type(const char *s, qtype *base, bool *k_m, uint32_t *ftype
         { "q8_0", QTYPE_Q8_0, false, 7 }, { "q4_0", QTYPE_Q4_0, false, 2 }, { "q4_k", QTYPE_Q4_K, false, 14 },
         { "q4_k_m", QTYPE_Q4_K, true, 15 }, { "q5_k", QTYPE_Q5_K, false, 16 }, { "q5_k_m", QTYPE_Q5_K, true, 17 },
         { "q6_k", QTYPE_Q6_K, false, 18 },
+        /* llama.cpp's MXFP4_MOE: experts in MXFP4, every other matrix in Q8_0 */
+        { "mxfp4", QTYPE_Q8_0, false, 38 },
     };
     for (size_t i = 0; i < TM_ARRAY_LEN(types); i++) {
         if (!strcasecmp(s, types[i].name)) {
@@ -625,6 +677,12 @@ static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *
         gguf_writer_set_u32(w, MK_KEY("attention.value_length"), (uint32_t)o->head_dim);
         gguf_writer_set_u32(w, MK_KEY("rope.dimension_count"), (uint32_t)o->head_dim);
     }
+    if (o->n_swa > 0) {   /* gpt-oss, as its converter writes it (the layer pattern: llama.cpp's default 2) */
+        gguf_writer_set_u32(w, MK_KEY("attention.sliding_window"), (uint32_t)o->n_swa);
+        gguf_writer_set_str(w, MK_KEY("rope.scaling.type"), "yarn");
+        gguf_writer_set_f32(w, MK_KEY("rope.scaling.factor"), 32.0f);
+        gguf_writer_set_u32(w, MK_KEY("rope.scaling.original_context_length"), 4096);
+    }
     gguf_writer_set_u32(w, MK_KEY("vocab_size"), (uint32_t)V);
     bool moe = o->n_expert > 0;
     if (moe) {
@@ -654,6 +712,10 @@ static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *
         mk_add(&m, MK_T("attn_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, dim, 1);
         if (mla) {
             mk_mla_layer(&m, l, more);
+            continue;
+        }
+        if (o->n_swa > 0) {
+            mk_gptoss_layer(&m, l);
             continue;
         }
         mk_add(&m, MK_T("attn_q.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 2, dim, q_dim);
@@ -707,7 +769,7 @@ int cmd_mkmodel(int argc, char **argv)
     const char *preset = NULL, *vocab = NULL, *out = NULL, *rope_scaling = NULL;
     /* shape options: 0 (as if not given) takes the preset's value */
     long layers = 0, dim = 0, ffn = 0, heads = 0, kv = 0, hd = 0, ctx = 0, nv = 0, threads = 0;
-    long experts = 0, experts_used = 0, expert_ffn = 0;
+    long experts = 0, experts_used = 0, expert_ffn = 0, window = 0;
     long q_lora = -1, kv_lora = 0, rope_dim = 0, nope_dim = 0, v_dim = 0, shared = -1, dense = -1, groups = -1, groups_used = 0;
     double routed_scale = 0;
     const char *router = NULL;
@@ -719,7 +781,7 @@ int cmd_mkmodel(int argc, char **argv)
     for (size_t i = 0; i < TM_ARRAY_LEN(mk_presets) && ph < sizeof preset_help; i++)
         ph += (size_t)snprintf(preset_help + ph, sizeof preset_help - ph, " %s", mk_presets[i].name);
     const cmd_opt opts[] = {
-        { "--arch", NULL, CMD_OPT_STR, &o.arch, .arg = "llama|qwen2|qwen3|qwen3moe", .help = "architecture (or the preset's)" },
+        { "--arch", NULL, CMD_OPT_STR, &o.arch, .arg = "llama|qwen2|qwen3|qwen3moe|deepseek2|gpt-oss", .help = "architecture (or the preset's)" },
         { "--preset", NULL, CMD_OPT_STR, &preset, .arg = "NAME", .help = preset_help },
         { "--layers", NULL, CMD_OPT_LONG, &layers, 0, 4096, .arg = "N", .help = "shape options override the preset's" },
         { "--dim", NULL, CMD_OPT_LONG, &dim, 0, 1 << 20, .arg = "N", .help = "hidden size" },
@@ -741,10 +803,11 @@ int cmd_mkmodel(int argc, char **argv)
         { "--expert-groups", NULL, CMD_OPT_LONG, &groups, 0, 1024, .arg = "G", .help = "deepseek2: group-limited routing" },
         { "--groups-used", NULL, CMD_OPT_LONG, &groups_used, 0, 1024, .arg = "N", .help = "deepseek2: groups kept per token" },
         { "--routed-scale", NULL, CMD_OPT_DOUBLE, &routed_scale, 0, 1000, .arg = "F", .help = "deepseek2: routed experts' weight scale" },
+        { "--window", NULL, CMD_OPT_LONG, &window, 0, 1 << 24, .arg = "N", .help = "gpt-oss: sliding window of the even layers" },
         { "--ctx", NULL, CMD_OPT_LONG, &ctx, 0, 1 << 24, .arg = "N", .help = "training context" },
         { "--vocab-size", NULL, CMD_OPT_LONG, &nv, 0, 1 << 24, .arg = "N", .help = "without --vocab: a synthetic vocabulary" },
         { "--vocab", NULL, CMD_OPT_STR, &vocab, .arg = "FILE.gguf|tokenizer.json", .help = "a real vocabulary" },
-        { "--type", NULL, CMD_OPT_STR, &o.type, .arg = "T", .help = "f32|f16|bf16|q8_0|q4_0|q4_k|q4_k_m|q5_k|q5_k_m|q6_k (required)" },
+        { "--type", NULL, CMD_OPT_STR, &o.type, .arg = "T", .help = "f32|f16|bf16|q8_0|q4_0|q4_k|q4_k_m|q5_k|q5_k_m|q6_k|mxfp4 (required; mxfp4: gpt-oss experts, the rest q8_0)" },
         { "--seed", NULL, CMD_OPT_U64, &seed, .arg = "S", .help = "weights' seed (required)" },
         { "--tied", NULL, CMD_OPT_SET, &tied, .set = 1, .help = "output head shares the embedding" },
         { "--untied", NULL, CMD_OPT_SET, &tied, .set = 0, .help = "output head of its own" },
@@ -780,10 +843,11 @@ int cmd_mkmodel(int argc, char **argv)
         return 2;
     }
     if (strcmp(o.arch, "llama") && strcmp(o.arch, "qwen2") && strcmp(o.arch, "qwen3") && strcmp(o.arch, "qwen3moe") &&
-        strcmp(o.arch, "deepseek2")) {
-        fprintf(stderr, "tokenmill mkmodel: unknown arch '%s' (llama, qwen2, qwen3, qwen3moe, deepseek2)\n", o.arch);
+        strcmp(o.arch, "deepseek2") && strcmp(o.arch, "gpt-oss")) {
+        fprintf(stderr, "tokenmill mkmodel: unknown arch '%s' (llama, qwen2, qwen3, qwen3moe, deepseek2, gpt-oss)\n", o.arch);
         return 2;
     }
+    bool gptoss = !strcmp(o.arch, "gpt-oss");
     if (!mk_parse_type(o.type, &qt, &km, &ft)) {
         fprintf(stderr, "tokenmill mkmodel: unknown type '%s'\n", o.type);
         cmd_opts_hint("mkmodel", synopsis);
@@ -829,6 +893,17 @@ int cmd_mkmodel(int argc, char **argv)
                groups >= 0 || groups_used || routed_scale > 0) {
         fprintf(stderr, "tokenmill mkmodel: the MLA and shared-expert options are for --arch deepseek2\n");
         return 2;
+    } else if (gptoss) {
+        /* a dense preset under --arch gpt-oss: 32 experts, 4 per token, each of the ffn size;
+         * a 128-token window */
+        o.n_expert = experts ? experts : p->n_expert ? p->n_expert : 32;
+        o.n_expert_used = experts_used ? experts_used : p->n_expert_used ? p->n_expert_used : 4;
+        o.expert_ffn = expert_ffn ? expert_ffn : p->expert_ffn ? p->expert_ffn : o.ffn;
+        o.n_swa = window ? (int)window : p->n_swa ? p->n_swa : 128;
+        if (o.n_expert_used > o.n_expert) {
+            fprintf(stderr, "tokenmill mkmodel: --experts-used %d is more than --experts %d\n", o.n_expert_used, o.n_expert);
+            return 2;
+        }
     } else if (!strcmp(o.arch, "qwen3moe")) {
         /* a dense preset under --arch qwen3moe: 8 experts, 2 per token, each of the ffn size */
         o.n_expert = experts ? experts : p->n_expert ? p->n_expert : 8;
@@ -839,13 +914,25 @@ int cmd_mkmodel(int argc, char **argv)
             return 2;
         }
     } else if (!mla && (experts || experts_used || expert_ffn)) {
-        fprintf(stderr, "tokenmill mkmodel: --experts, --experts-used and --expert-ffn are for --arch qwen3moe or deepseek2\n");
+        fprintf(stderr, "tokenmill mkmodel: --experts, --experts-used and --expert-ffn are for --arch qwen3moe, deepseek2 or gpt-oss\n");
         return 2;
     }
+    if (!gptoss && (window || !strcasecmp(o.type, "mxfp4"))) {
+        fprintf(stderr, "tokenmill mkmodel: --window and --type mxfp4 are for --arch gpt-oss\n");
+        return 2;
+    }
+    o.exps_type = !strcasecmp(o.type, "mxfp4") ? QTYPE_MXFP4 : qt;
     o.n_vocab = nv ? nv : p->n_vocab;
-    o.rope_base = rope_base > 0 ? rope_base : p->rope_base > 0 ? p->rope_base : qwen ? 1e6 : 10000;
-    o.eps = eps > 0 ? eps : qwen ? 1e-6 : 1e-5;
+    o.rope_base = rope_base > 0 ? rope_base : p->rope_base > 0 ? p->rope_base : gptoss ? 150000 : qwen ? 1e6 : 10000;
+    o.eps = eps > 0 ? eps : qwen && !gptoss ? 1e-6 : 1e-5;
     o.tied = tied >= 0 ? tied == 1 : p->tied;
+    if (gptoss && o.tied) {   /* llama.cpp's gpt-oss requires output.weight */
+        if (tied == 1) {
+            fprintf(stderr, "tokenmill mkmodel: gpt-oss has no tied output (--untied)\n");
+            return 2;
+        }
+        o.tied = false;
+    }
     o.rope_llama3 = p->rope_llama3 && !strcmp(o.arch, "llama");
     o.rope_yarn = mla && p->arch && !strcmp(p->arch, "deepseek2");   /* the DeepSeek presets' */
     if (rope_scaling) {

@@ -154,10 +154,12 @@ typedef struct {
     const engine_batch *b;
     int layer;
     const float *norm;       /* add + norm: the norm's weights (NULL: the sum only) */
+    const float *bias;       /* add + norm: (dim) added to xn first (attention output bias), or NULL */
     int n_items;             /* attention: T * n_heads */
     int next;                /* attention, experts: shared item counter (atomic) */
     int next2;               /* experts: the down projection's item counter (atomic) */
     bool q16;                /* attention: the per-key path (f16 Q, f16 V accumulator) */
+    bool win;                /* attention: a window layer, one item per (batch entry, kv head) */
     bool mla_v;              /* MLA heads: values through v_b (else queries through k_b) */
 } engine_job;
 
@@ -332,7 +334,8 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
     if (hp->n_expert > 0) {
         size_t E = (size_t)hp->n_expert, Tk = T * (size_t)hp->n_expert_used;
         e->r_logits = util_aligned_alloc(T * E * sizeof(float));
-        e->router = (moe_router){ .gate = hp->router_sigmoid ? MOE_GATE_SIGMOID : MOE_GATE_SOFTMAX,
+        e->router = (moe_router){ .gate = hp->router_sigmoid ? MOE_GATE_SIGMOID
+                                          : hp->router_logit_topk ? MOE_GATE_SOFTMAX_WEIGHT : MOE_GATE_SOFTMAX,
                                   .n_expert = hp->n_expert, .k = hp->n_expert_used, .norm_w = hp->router_norm,
                                   .w_scale = hp->router_scale, .n_groups = hp->n_groups,
                                   .n_groups_used = hp->n_groups_used };
@@ -434,8 +437,8 @@ static void engine_job_qkv_post(void *ctx, int ith, int nth)
     }
 }
 
-/* x += xn, then (j->norm) xn = rmsnorm(x) * j->norm, the next sublayer's input, row by row
- * in one pool round. */
+/* x += xn (xn += j->bias first, if any), then (j->norm) xn = rmsnorm(x) * j->norm, the next
+ * sublayer's input, row by row in one pool round. */
 static void engine_job_add_norm(void *ctx, int ith, int nth)
 {
     engine_job *j = ctx;
@@ -444,6 +447,8 @@ static void engine_job_add_norm(void *ctx, int ith, int nth)
     const int t0 = (int)((int64_t)T * ith / nth), t1 = (int)((int64_t)T * (ith + 1) / nth);
     if (t1 <= t0) return;
     float *x = e->x + (size_t)t0 * dim, *xn = e->xn + (size_t)t0 * dim;
+    if (j->bias)   /* ggml: (W x + b), then the residual add */
+        for (int t = 0; t < t1 - t0; t++) ops_add(NULL, xn + (size_t)t * dim, j->bias, dim);
     ops_add(NULL, x, xn, (int64_t)(t1 - t0) * dim);
     if (j->norm) ops_rmsnorm(NULL, xn, x, j->norm, t1 - t0, dim, e->m->hp.rms_eps);
 }
@@ -470,6 +475,37 @@ static void engine_job_add_norm(void *ctx, int ith, int nth)
  *    an f16 accumulator (rounded after every update), divided by the sum at the end. ggml's
  *    split of the keys over its threads for long single-token steps is not mirrored (it
  *    would make a query's result depend on the step and the thread count). */
+/* The first key that the rows of an item (nt positions from pos) see: 0, or for a window
+ * layer (whose items are single positions) the start of the window. */
+static int engine_att_lo(const engine_job *j, int pos, int nt)
+{
+    int w = model_layer_window(j->e->m, j->layer);
+    return w > 0 ? TM_MAX(0, pos + nt - w) : 0;
+}
+
+/* Attention sinks (gpt-oss): one more logit per head in the softmax denominator, with no
+ * value, applied after the keys as ggml's flash attention does: a sink above the running max
+ * rescales the accumulator and the sum. Rows r of kv head kvh are query heads
+ * kvh * gqa + r % gqa. */
+static void engine_att_sinks(const engine_job *j, int kvh, int nq, float *M, float *S, float *acc)
+{
+    const model_hparams *hp = &j->e->m->hp;
+    const float *sinks = j->e->m->layers[j->layer].sinks;
+    if (!sinks) return;
+    const int gqa = hp->n_heads / hp->n_kv_heads, hd = hp->head_dim;
+    for (int r = 0; r < nq; r++) {
+        float s = sinks[kvh * gqa + r % gqa], ms = 1.0f, vs = 1.0f;
+        if (s > M[r]) {
+            ms = expf(M[r] - s);
+            M[r] = s;
+            ops_vec_scale_f32(hd, acc + (size_t)r * hd, ms);
+        } else {
+            vs = expf(s - M[r]);
+        }
+        S[r] = S[r] * ms + vs;
+    }
+}
+
 static void engine_att_per_key(engine_job *j, float *sc, int t0, int nt, int kvh)
 {
     engine *e = j->e;
@@ -494,7 +530,7 @@ static void engine_att_per_key(engine_job *j, float *sc, int t0, int nt, int kvh
         MS[2 * r + 1] = 0.0f;
     }
     memset(acc, 0, (size_t)nq * hd * sizeof(float));
-    for (int pk = 0; pk < n_ctx; pk++) {
+    for (int pk = engine_att_lo(j, tk0->pos, nt); pk < n_ctx; pk++) {
         const fp16_t *K = kvpool_seq_slab(e->kv, tk0->seq, pk / KVPOOL_BLOCK, j->layer, 0, kvh);
         const fp16_t *V = kvpool_seq_slab(e->kv, tk0->seq, pk / KVPOOL_BLOCK, j->layer, 1, kvh);
         const fp16_t *kr = K + (size_t)(pk % KVPOOL_BLOCK) * hd, *vr = V + (size_t)(pk % KVPOOL_BLOCK) * hd;
@@ -515,6 +551,19 @@ static void engine_att_per_key(engine_job *j, float *sc, int t0, int nt, int kvh
             ops_vec_mad_f16(hd, a, vr, vs);
             ops_fp32_to_fp16_row(a, tmp, hd);
             ops_fp16_to_fp32_row(tmp, a, hd);
+            MS[2 * r + 1] = MS[2 * r + 1] * ms + vs;
+        }
+    }
+    if (e->m->layers[j->layer].sinks) {
+        const float *sinks = e->m->layers[j->layer].sinks;
+        for (int r = 0; r < nq; r++) {   /* ggml's one-query path: after the f16 accumulator */
+            float s = sinks[kvh * gqa + r % gqa], M = MS[2 * r], ms = 1.0f, vs = 1.0f;
+            if (s > M) {
+                ms = expf(M - s);
+                ops_vec_scale_f32(hd, acc + (size_t)r * hd, ms);
+            } else {
+                vs = expf(s - M);
+            }
             MS[2 * r + 1] = MS[2 * r + 1] * ms + vs;
         }
     }
@@ -560,12 +609,18 @@ static void engine_att_tiled(engine_job *j, float *sc, int t0, int nt, int kvh)
     }
     memset(acc, 0, (size_t)nq * hd * sizeof(float));
     int n_ctx = tk0->pos + nt;  /* positions the last row sees */
+    /* a window layer's item is one position (engine_job_attention): its first key lo, and each
+     * block's keys from there on (skipped keys would only add exact zeros) */
+    const int lo = engine_att_lo(j, tk0->pos, nt);
     ops_att_block_args a = { .hd = hd, .nq = nq, .nqp = nqp, .scale = hp->att_scale, .qt = qt,
                              .lim = lim, .st = st, .m = M, .s = S, .acc = acc, .kt = kt };
-    for (int bi = 0; bi * KVPOOL_BLOCK < n_ctx; bi++) {
-        int nb = TM_MIN(KVPOOL_BLOCK, n_ctx - bi * KVPOOL_BLOCK);
+    for (int bi = lo / KVPOOL_BLOCK; bi * KVPOOL_BLOCK < n_ctx; bi++) {
+        int k0 = TM_MAX(0, lo - bi * KVPOOL_BLOCK), nb = TM_MIN(KVPOOL_BLOCK, n_ctx - bi * KVPOOL_BLOCK) - k0;
         const void *K = kvpool_seq_slab(e->kv, tk0->seq, bi, j->layer, 0, kvh);
         const void *V = kvpool_seq_slab(e->kv, tk0->seq, bi, j->layer, 1, kvh);
+        size_t esz = f16 ? sizeof(fp16_t) : sizeof(float);
+        K = (const char *)K + (size_t)k0 * hd * esz;
+        V = (const char *)V + (size_t)k0 * hd * esz;
         a.k = K;
         a.v = V;
         if (f16) {
@@ -576,9 +631,10 @@ static void engine_att_tiled(engine_job *j, float *sc, int t0, int nt, int kvh)
         }
         a.nb = nb;
         for (int r = 0; r < nq; r++)
-            lim[r] = TM_MAX(0, TM_MIN(nb, tk0->pos + r / gqa + 1 - bi * KVPOOL_BLOCK));
+            lim[r] = TM_MAX(0, TM_MIN(nb, tk0->pos + r / gqa + 1 - bi * KVPOOL_BLOCK - k0));
         ops_att_block(&a);
     }
+    engine_att_sinks(j, kvh, nq, M, S, acc);
     for (int r = 0; r < nq; r++) {
         int jt = r / gqa, g = r % gqa;
         float *o = e->att + (size_t)(t0 + jt) * qd + (size_t)(kvh * gqa + g) * hd;
@@ -634,7 +690,8 @@ static void engine_job_attention(void *ctx, int ith, int nth)
         int it = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
         if (it >= j->n_items) break;
         int tile = it / nkv, kvh = it % nkv;
-        int t0 = e->tile_start[tile], nt = e->tile_start[tile + 1] - t0;
+        /* a window layer's items are single positions (each has its own first key) */
+        int t0 = j->win ? tile : e->tile_start[tile], nt = j->win ? 1 : e->tile_start[tile + 1] - t0;
         if (j->q16) engine_att_per_key(j, sc, t0, nt, kvh);
         else engine_att_tiled(j, sc, t0, nt, kvh);
     }
@@ -659,7 +716,9 @@ static void engine_job_route(void *ctx, int ith, int nth)
     const int t0 = (int)((int64_t)T * ith / nth), t1 = (int)((int64_t)T * (ith + 1) / nth);
     float *fs = e->r_probs + (size_t)ith * MOE_SCRATCH(E);
     int32_t *is = e->r_idx + (size_t)ith * MOE_SCRATCH(E);
-    const float *bias = e->m->layers[j->layer].exp_probs_b;
+    const float *bias = e->m->layers[j->layer].exp_probs_b, *lb = e->m->layers[j->layer].gate_inp_b;
+    if (lb)   /* the router's own bias on its logits (gpt-oss) */
+        for (int t = t0; t < t1; t++) ops_add(NULL, e->r_logits + (size_t)t * E, lb, E);
     for (int t = t0; t < t1; t++)
         moe_route(&e->router, e->r_logits + (size_t)t * E, bias, fs, is, e->r_sel + (size_t)t * k, e->r_w + (size_t)t * k);
 }
@@ -758,7 +817,15 @@ static void engine_job_moe_experts(void *ctx, int ith, int nth)
         const ops_weight *gu[2] = { &g, &u };
         float *out[2] = { tg, tu };
         ops_matmul_multi(NULL, 2, gu, e->xg + (size_t)r0 * dim, n, out, scratch);
-        ops_swiglu(NULL, tg, tg, tu, n, nr);
+        if (L->gate_exps_b) {   /* expert biases (gpt-oss) */
+            const float *gb = L->gate_exps_b + (size_t)x * ef + c0, *ub = L->up_exps_b + (size_t)x * ef + c0;
+            for (int t = 0; t < n; t++) {
+                ops_add(NULL, tg + (size_t)t * nr, gb, nr);
+                ops_add(NULL, tu + (size_t)t * nr, ub, nr);
+            }
+        }
+        if (hp->swiglu_limit > 0) ops_swiglu_oai(tg, tg, tu, (int64_t)n * nr, 1.702f, hp->swiglu_limit);
+        else ops_swiglu(NULL, tg, tg, tu, n, nr);
         for (int t = 0; t < n; t++)
             memcpy(e->fe + (size_t)(r0 + t) * ef + c0, tg + (size_t)t * nr, (size_t)nr * sizeof(float));
     }
@@ -771,6 +838,8 @@ static void engine_job_moe_experts(void *ctx, int ith, int nth)
         ops_weight d = model_expert(&L->down_exps, E, x);
         d = (ops_weight){ d.type, nr, d.cols, (const char *)d.data + quant_row_bytes(d.type, d.cols) * (size_t)c0 };
         ops_matmul(NULL, &d, e->fe + (size_t)r0 * ef, n, tg, scratch);
+        if (L->down_exps_b)
+            for (int t = 0; t < n; t++) ops_add(NULL, tg + (size_t)t * nr, L->down_exps_b + (size_t)x * dim + c0, nr);
         for (int t = 0; t < n; t++)
             memcpy(e->ye + (size_t)(r0 + t) * dim + c0, tg + (size_t)t * nr, (size_t)nr * sizeof(float));
     }
@@ -957,7 +1026,8 @@ engine_status engine_step(engine *e, const engine_batch *b, float *logits)
             ops_matmul_multi(tp, 3, qkv, e->xn, T, qkv_out, e->mm_scratch);
             threadpool_run(tp, engine_job_qkv_post, &job);
         }
-        job.n_items = e->n_tiles * hp->n_kv_heads;
+        job.win = model_layer_window(m, il) > 0;
+        job.n_items = (job.win ? T : e->n_tiles) * hp->n_kv_heads;
         job.next = 0;
         job.q16 = kvpool_dtype(e->kv) == QTYPE_F16 && hd % 16 != 0;
         kvpool_fill_wait(e->kv, il);   /* layer il of blocks still loading from the store */
@@ -965,7 +1035,9 @@ engine_status engine_step(engine *e, const engine_batch *b, float *logits)
         if (hp->mla) engine_mla_out(e, &job, il, T);
         else ops_matmul(tp, &L->wo, e->att, T, e->xn, e->mm_scratch);
         job.norm = L->ffn_norm;
+        job.bias = L->bo;
         threadpool_run(tp, engine_job_add_norm, &job);   /* x += attention; xn = ffn input */
+        job.bias = NULL;
         if (L->gate_inp.data) {
             if (L->gate_shexp.data) {   /* shared experts: a dense FFN on the same input */
                 const ops_weight *gu[2] = { &L->gate_shexp, &L->up_shexp };

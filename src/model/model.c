@@ -1,5 +1,6 @@
 /*
- * model: hyper-parameters and weight views of llama / qwen2 / qwen3 / qwen3moe GGUF files. See model.h
+ * model: hyper-parameters and weight views of llama / qwen2 / qwen3 / qwen3moe / deepseek2 /
+ * gpt-oss GGUF files. See model.h
  * for the design; this file is the loading and validation, one tensor at a time, each error
  * naming what is wrong.
  */
@@ -142,27 +143,34 @@ static bool model_experts(model_ld *ld, const char *name, int64_t cols, int64_t 
     return true;
 }
 
-/* A 1-D tensor of n elements, converted to an owned f32 array. Returns NULL if absent
- * (error recorded only if required) or wrong. */
-static const float *model_vector(model_ld *ld, const char *name, bool required, int64_t n)
+/* A 1-D tensor of n elements (rows == 1), or a 2-D one of (rows, n), converted to an owned
+ * f32 array. Returns NULL if absent (error recorded only if required) or wrong. */
+static const float *model_floats(model_ld *ld, const char *name, bool required, int64_t n, int64_t rows)
 {
-    const gguf_tensor *t = model_tensor(ld, name, required, 1, n, 1);
+    const gguf_tensor *t = model_tensor(ld, name, required, rows > 1 ? 2 : 1, n, rows);
     if (!t) return NULL;
     if (n % quant_block_elems(t->type) != 0) {
         model_fail(ld, GGUF_ERR_SHAPE, "tensor %s: %lld elements is not a whole number of blocks",
                    name, (long long)n);
         return NULL;
     }
-    float *v = malloc((size_t)n * sizeof(float));
+    float *v = malloc((size_t)n * (size_t)rows * sizeof(float));
     if (!v) {
         model_fail(ld, GGUF_ERR_NOMEM, "out of memory for tensor %s", name);
         return NULL;
     }
-    quant_dequantize_row(t->type, t->data, v, n);
+    size_t rb = quant_row_bytes(t->type, n);
+    for (int64_t r = 0; r < rows; r++)
+        quant_dequantize_row(t->type, (const uint8_t *)t->data + (size_t)r * rb, v + (size_t)r * (size_t)n, n);
     model *m = ld->m;
     m->owned = xrealloc(m->owned, (size_t)(m->n_owned + 1) * sizeof(float *));
     m->owned[m->n_owned++] = v;
     return v;
+}
+
+static const float *model_vector(model_ld *ld, const char *name, bool required, int64_t n)
+{
+    return model_floats(ld, name, required, n, 1);
 }
 
 /* Layer il's multi-head latent attention tensors (deepseek2). */
@@ -214,7 +222,7 @@ static bool model_read_hparams(model_ld *ld, const char *an)
     hp->n_heads = (int)v;
     if (!model_key_int(ld, KEY("attention.head_count_kv"), false, hp->n_heads, &v)) return false;
     hp->n_kv_heads = (int)v;
-    bool moe = hp->arch == MODEL_ARCH_QWEN3MOE || hp->arch == MODEL_ARCH_DEEPSEEK2;
+    bool moe = hp->arch == MODEL_ARCH_QWEN3MOE || hp->arch == MODEL_ARCH_DEEPSEEK2 || hp->arch == MODEL_ARCH_GPTOSS;
     hp->mla = hp->arch == MODEL_ARCH_DEEPSEEK2;
     if (moe) {
         if (!model_key_int(ld, KEY("expert_count"), true, 0, &v)) return false;
@@ -234,6 +242,25 @@ static bool model_read_hparams(model_ld *ld, const char *an)
     if (!model_key_int(ld, KEY("feed_forward_length"), !moe, hp->expert_ffn, &v)) return false;
     hp->ffn_dim = (int)v;
     hp->router_norm = hp->arch == MODEL_ARCH_QWEN3MOE;
+    if (hp->arch == MODEL_ARCH_GPTOSS) {
+        /* llama.cpp's gpt-oss: the window and its layer pattern (default 2: even layers
+         * windowed), the router's softmax over the chosen logits, SwiGLU clamped at 7 */
+        hp->router_logit_topk = true;
+        hp->swiglu_limit = 7.0f;
+        if (!model_key_int(ld, KEY("attention.sliding_window"), true, 0, &v)) return false;
+        hp->n_swa = (int)TM_MAX(TM_MIN(v, (int64_t)INT32_MAX), (int64_t)-1);
+        if (!model_key_int(ld, KEY("attention.sliding_window_pattern"), false, 2, &v)) return false;
+        hp->swa_pattern = (int)TM_MAX(TM_MIN(v, (int64_t)INT32_MAX), (int64_t)-1);
+        double fb, fbs;
+        if (!model_key_float(ld, KEY("rope.freq_base"), 10000.0, &fb)) return false;
+        if (!model_key_float(ld, KEY("rope.freq_base_swa"), fb, &fbs)) return false;
+        if (hp->n_swa <= 0 || hp->n_swa > (1 << 24) || hp->swa_pattern < 0 || hp->swa_pattern > 4096 || fbs != fb) {
+            model_fail(ld, GGUF_ERR_FORMAT, "bad gpt-oss hyper-parameters: sliding_window %d (1..%d), "
+                       "sliding_window_pattern %d (0..4096), rope.freq_base_swa %g (only the rope.freq_base %g)",
+                       hp->n_swa, 1 << 24, hp->swa_pattern, fbs, fb);
+            return false;
+        }
+    }
     if (hp->mla) {
         bool b;
         if (!model_key_int(ld, KEY("leading_dense_block_count"), false, 0, &v)) return false;
@@ -433,6 +460,10 @@ static bool model_fingerprint(model *m, const model_opts *opts)
         int32_t moe[] = { hp->n_expert, hp->n_expert_used, hp->expert_ffn };
         ok = ok && model_sha_update(c, moe, sizeof moe);
     }
+    if (hp->n_swa > 0) {
+        int32_t swa[] = { hp->n_swa, hp->swa_pattern };
+        ok = ok && model_sha_update(c, swa, sizeof swa);
+    }
     ok = ok && model_sha_update(c, hp->rope_inv_freq, sizeof(float) * (size_t)(hp->n_rot / 2));
     uint64_t fsz = gguf_file_size(m->g);
     ok = ok && model_sha_update(c, &fsz, sizeof fsz);
@@ -564,8 +595,10 @@ gguf_status model_load(const char *path, const model_opts *opts, model **out, ch
         hp->arch = MODEL_ARCH_QWEN3MOE, hp->arch_name = "qwen3moe", hp->rope_neox = true;
     } else if (an_len == 9 && !memcmp(an, "deepseek2", 9)) {
         hp->arch = MODEL_ARCH_DEEPSEEK2, hp->arch_name = "deepseek2", hp->rope_neox = false;
+    } else if (an_len == 7 && !memcmp(an, "gpt-oss", 7)) {
+        hp->arch = MODEL_ARCH_GPTOSS, hp->arch_name = "gpt-oss", hp->rope_neox = true;
     } else {
-        model_fail(&ld, GGUF_ERR_TYPE, "%s: unsupported architecture '%.*s' (supported: llama, qwen2, qwen3, qwen3moe, deepseek2)",
+        model_fail(&ld, GGUF_ERR_TYPE, "%s: unsupported architecture '%.*s' (supported: llama, qwen2, qwen3, qwen3moe, deepseek2, gpt-oss)",
                    path, (int)TM_MIN(an_len, 64), an);
         goto fail;
     }
@@ -596,6 +629,7 @@ gguf_status model_load(const char *path, const model_opts *opts, model **out, ch
     m->layers = xcalloc((size_t)hp->n_layers, sizeof *m->layers);
     for (int il = 0; il < hp->n_layers; il++) {
         model_layer *L = &m->layers[il];
+        const bool gptoss = hp->arch == MODEL_ARCH_GPTOSS;
         char nm[96];
 #define TN(suffix) (snprintf(nm, sizeof nm, "blk.%d.%s", il, suffix), nm)
         if (!(L->attn_norm = model_vector(&ld, TN("attn_norm.weight"), true, hp->dim))) goto fail;
@@ -616,8 +650,18 @@ gguf_status model_load(const char *path, const model_opts *opts, model **out, ch
             if (!(L->q_norm = model_vector(&ld, TN("attn_q_norm.weight"), true, hp->head_dim))) goto fail;
             if (!(L->k_norm = model_vector(&ld, TN("attn_k_norm.weight"), true, hp->head_dim))) goto fail;
         }
+        if (gptoss) {
+            if (!(L->bq = model_vector(&ld, TN("attn_q.bias"), true, q_dim))) goto fail;
+            if (!(L->bk = model_vector(&ld, TN("attn_k.bias"), true, kv_dim))) goto fail;
+            if (!(L->bv = model_vector(&ld, TN("attn_v.bias"), true, kv_dim))) goto fail;
+            if (!(L->bo = model_vector(&ld, TN("attn_output.bias"), true, hp->dim))) goto fail;
+            if (!(L->sinks = model_vector(&ld, TN("attn_sinks.weight"), true, hp->n_heads))) goto fail;
+            int pat = hp->swa_pattern;
+            L->window = pat == 0 || il % pat < pat - 1 ? hp->n_swa : 0;
+        }
     ffn:
-        if (!(L->ffn_norm = model_vector(&ld, TN("ffn_norm.weight"), true, hp->dim))) goto fail;
+        if (!(L->ffn_norm = model_vector(&ld, TN(gptoss ? "post_attention_norm.weight" : "ffn_norm.weight"), true, hp->dim)))
+            goto fail;
         if (hp->n_expert > 0 && il >= hp->n_dense_lead) {
             int ne = hp->n_expert, ef = hp->expert_ffn;
             if (!model_matrix(&ld, TN("ffn_gate_inp.weight"), hp->dim, ne, &L->gate_inp)) goto fail;
@@ -626,6 +670,12 @@ gguf_status model_load(const char *path, const model_opts *opts, model **out, ch
             if (!model_experts(&ld, TN("ffn_down_exps.weight"), ef, hp->dim, ne, &L->down_exps)) goto fail;
             L->exp_probs_b = model_vector(&ld, TN("exp_probs_b.bias"), false, ne);
             if (ld.st != GGUF_OK) goto fail;
+            if (gptoss) {
+                if (!(L->gate_inp_b = model_vector(&ld, TN("ffn_gate_inp.bias"), true, ne))) goto fail;
+                if (!(L->gate_exps_b = model_floats(&ld, TN("ffn_gate_exps.bias"), true, ef, ne))) goto fail;
+                if (!(L->up_exps_b = model_floats(&ld, TN("ffn_up_exps.bias"), true, ef, ne))) goto fail;
+                if (!(L->down_exps_b = model_floats(&ld, TN("ffn_down_exps.bias"), true, hp->dim, ne))) goto fail;
+            }
             if (hp->n_shared > 0) {
                 int64_t sh = (int64_t)ef * hp->n_shared;
                 if (!model_matrix(&ld, TN("ffn_gate_shexp.weight"), hp->dim, sh, &L->gate_shexp)) goto fail;

@@ -1,7 +1,7 @@
 /*
  * model: a decoder-only transformer described by a GGUF file: the hyper-parameters and the
- * weights of the architectures we run (`llama`, `qwen2`, `qwen3`, `qwen3moe`), ready for the
- * engine.
+ * weights of the architectures we run (`llama`, `qwen2`, `qwen3`, `qwen3moe`, `deepseek2`,
+ * `gpt-oss`), ready for the engine.
  *
  * model_load opens the GGUF (gguf.c: read-only shared mmap) and keeps it open for the
  * model's lifetime: matrices are used in place from the mapping as ops_weight views, except
@@ -23,6 +23,14 @@
  * gives expert e's slice as a view. Expert tensors are never copied or repacked: a model of
  * 30 B parameters stays in the shared page cache and a decode step touches only the pages of
  * the experts its tokens were routed to.
+ *
+ * gpt-oss (llama.cpp's `gpt-oss`, LLM_ARCH_OPENAI_MOE): attention with q/k/v/o biases and a
+ * learned sink logit per head (`attn_sinks`), NEOX RoPE with YaRN; every layer but the last of
+ * each `sliding_window_pattern` (default 2: even layers) attends only to the last
+ * `sliding_window` positions (model_layer_window), the others to the whole context; the FFN
+ * input norm is `post_attention_norm`; the router has a bias, picks the top k on its logits and
+ * weights them by a softmax over those k; experts have biases and the clamped SwiGLU
+ * (ops_swiglu_oai). Expert weights are usually MXFP4.
  *
  * Multi-head latent attention (`deepseek2`, as llama.cpp's converter writes it with split
  * `attn_k_b` / `attn_v_b`): hp.head_dim is the latent plus the RoPE part (one kv head),
@@ -58,6 +66,8 @@ typedef enum {
     MODEL_ARCH_QWEN3MOE,     /* qwen3 attention, routed experts (no shared expert) */
     MODEL_ARCH_DEEPSEEK2,    /* multi-head latent attention, leading dense layers, routed and
                               * shared experts */
+    MODEL_ARCH_GPTOSS,       /* sliding-window and full layers, attention sinks, biases, routed
+                              * experts with biases and the clamped SwiGLU */
 } model_arch;
 
 typedef struct {
@@ -69,6 +79,11 @@ typedef struct {
     const float *bq;         /* (n_heads*head_dim) f32, qwen2 only, else NULL */
     const float *bk;         /* (n_kv_heads*head_dim) f32, qwen2 only, else NULL */
     const float *bv;         /* (n_kv_heads*head_dim) f32, qwen2 only, else NULL */
+    const float *bo;         /* (dim) f32 attention output bias (gpt-oss), else NULL */
+    const float *sinks;      /* (n_heads) f32 attention sink logits (gpt-oss), else NULL: one
+                              * more term exp(sink) per head in the softmax denominator */
+    int window;              /* sliding-window attention: a query at p sees keys p-window+1..p;
+                              * 0: every earlier key (see model_layer_window) */
     const float *q_norm;     /* (head_dim) f32, qwen3 only, else NULL */
     const float *k_norm;     /* (head_dim) f32, qwen3 only, else NULL */
     const float *ffn_norm;   /* (dim) f32 */
@@ -81,6 +96,10 @@ typedef struct {
     ops_weight up_exps;      /* (n_expert * expert_ffn, dim) */
     ops_weight down_exps;    /* (n_expert * dim, expert_ffn) */
     const float *exp_probs_b;/* (n_expert) f32 selection bias (DeepSeek V3), else NULL */
+    const float *gate_inp_b; /* (n_expert) f32 router logit bias (gpt-oss), else NULL */
+    const float *gate_exps_b;/* (n_expert, expert_ffn) f32 expert biases (gpt-oss), else NULL */
+    const float *up_exps_b;  /* (n_expert, expert_ffn) f32 */
+    const float *down_exps_b;/* (n_expert, dim) f32 */
     ops_weight gate_shexp;   /* (n_shared * expert_ffn, dim) shared experts (deepseek2), or empty */
     ops_weight up_shexp;     /* (n_shared * expert_ffn, dim) */
     ops_weight down_shexp;   /* (dim, n_shared * expert_ffn) */
@@ -111,6 +130,13 @@ typedef struct {
     int n_dense_lead;        /* {arch}.leading_dense_block_count: dense FFN layers first */
     bool router_sigmoid;     /* {arch}.expert_gating_func 2 (V3) instead of softmax */
     bool router_norm;        /* renormalise the chosen experts' weights */
+    bool router_logit_topk;  /* gpt-oss: experts chosen on the logits, their weights the
+                              * softmax over the chosen ones' logits */
+    float swiglu_limit;      /* gpt-oss's clamped SwiGLU (alpha 1.702, this limit), 0: plain */
+    int n_swa;               /* {arch}.attention.sliding_window (gpt-oss), 0: none */
+    int swa_pattern;         /* {arch}.attention.sliding_window_pattern: of each swa_pattern
+                              * layers all but the last are windowed (llama.cpp's set_swa_pattern;
+                              * 0: every layer) */
     float router_scale;      /* {arch}.expert_weights_scale, 0 or 1: none */
     int n_groups, n_groups_used; /* group-limited routing (V3), n_groups 0 or 1: none */
     /* multi-head latent attention (deepseek2): the pool holds ONE kv head of head_dim =
@@ -166,6 +192,10 @@ void model_free(model *m);
 
 /* Dequantises row `token` of the embedding into out (dim floats). token must be in range. */
 void model_embed_row(const model *m, int32_t token, float *out);
+
+/* The attention window of layer il: a query at position p sees keys p - w + 1 .. p, where w is
+ * the result; 0 for a layer of full (causal) attention. The engine and the KV pool read it. */
+static inline int model_layer_window(const model *m, int il) { return m->layers[il].window; }
 
 /* Expert e's slice of a stacked expert tensor (gate_exps, up_exps, down_exps): a view of
  * w->rows / n_expert rows. */

@@ -158,6 +158,8 @@ void moe_route(const moe_router *r, const float *logits, const float *bias, floa
     int32_t *idx = is, *gidx = is + n, *lidx = is + 2 * n;
     if (r->gate == MOE_GATE_SIGMOID) {
         for (int i = 0; i < n; i++) probs[i] = 1.f / (1.f + expf(-logits[i]));
+    } else if (r->gate == MOE_GATE_SOFTMAX_WEIGHT) {
+        for (int i = 0; i < n; i++) probs[i] = logits[i];
     } else {
         float max = -INFINITY;
         for (int i = 0; i < n; i++) {
@@ -199,6 +201,19 @@ void moe_route(const moe_router *r, const float *logits, const float *bias, floa
         sel[s] = idx[s];
         w[s] = probs[idx[s]];
         ws += w[s];
+    }
+    if (r->gate == MOE_GATE_SOFTMAX_WEIGHT) {
+        float max = -INFINITY;
+        for (int s = 0; s < k; s++) max = w[s] > max ? w[s] : max;
+        ops_vec_softmax_exp(k, w, max);
+        double sum = 0;
+        for (int s = 0; s < k; s++) sum += w[s];
+        const float inv = (float)(1.0 / sum);
+        ws = 0;
+        for (int s = 0; s < k; s++) {
+            w[s] *= inv;
+            ws += w[s];
+        }
     }
     if (r->norm_w) {
         float d = (float)ws;

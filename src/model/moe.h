@@ -22,6 +22,10 @@
  *             the sum in double as ggml_sum_rows; then times w_scale (ggml_scale) when it is
  *             not 0 or 1
  *
+ *   gpt-oss (MOE_GATE_SOFTMAX_WEIGHT): probs = logits (biased by the caller), the top k as
+ *             above, weights = softmax over the k selected logits (ggml_soft_max: max, exp,
+ *             the sum in double, times (float)(1 / sum)); no renormalisation, no scaling
+ *
  * The caller multiplies each selected expert's output by its weight and adds the products in
  * slot order (ggml: moe_out = e0*w0, then moe_out + e1*w1, ...). Pure functions of one
  * token's logits: routing never depends on the batch or the thread count.
@@ -39,6 +43,8 @@ void moe_sort_desc(int32_t *idx, int n, const float *v);
 typedef enum {
     MOE_GATE_SOFTMAX = 0,    /* qwen3moe, DeepSeek V2 */
     MOE_GATE_SIGMOID,        /* DeepSeek V3 */
+    MOE_GATE_SOFTMAX_WEIGHT, /* gpt-oss: the top k of the logits themselves, weighted by a
+                              * softmax over those k logits (llama.cpp's SOFTMAX_WEIGHT) */
 } moe_gate;
 
 /* A router's configuration (one per model). */

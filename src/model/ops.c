@@ -61,6 +61,22 @@ static float ops_dot_q4_0_q8_0(int64_t n, const block_q4_0 *w, const block_q8_0 
     return sumf;
 }
 
+/* ggml's vec_dot_mxfp4_q8_0: per block d = fp16(d_x) * e8m0_half(e) times the integer dot of
+ * the doubled E2M1 values with the activations. */
+static float ops_dot_mxfp4_q8_0(int64_t n, const block_mxfp4 *w, const block_q8_0 *x)
+{
+    float sumf = 0;
+    for (int64_t b = 0; b < n / QK_MXFP4; b++) {
+        int sumi = 0;
+        for (int j = 0; j < QK_MXFP4 / 2; j++) {
+            sumi += quant_kvalues_mxfp4[w[b].qs[j] & 0x0F] * x[b].qs[j];
+            sumi += quant_kvalues_mxfp4[w[b].qs[j] >> 4] * x[b].qs[j + QK_MXFP4 / 2];
+        }
+        sumf += (float)sumi * (quant_e8m0_half(w[b].e) * quant_fp16_to_fp32(x[b].d));
+    }
+    return sumf;
+}
+
 /* Q4_K, and with `five` Q5_K (the same block prefix d, dmin, scales; the fifth bit of column
  * 32j + l is bit j of qh[l]). Per super-block:
  * d_x*d_w * sum_j sc_j * dot_j  -  d_x*dmin_w * sum_j m_j * bsum_j. */
@@ -214,6 +230,7 @@ static float ops_dot_bf16_ref(int64_t n, const bf16_t *a, const bf16_t *b)
     }
 OPS_GEMM_FROM_DOT(ops_gemm_q8_0_ref, ops_dot_q8_0_q8_0, block_q8_0, block_q8_0)
 OPS_GEMM_FROM_DOT(ops_gemm_q4_0_ref, ops_dot_q4_0_q8_0, block_q4_0, block_q8_0)
+OPS_GEMM_FROM_DOT(ops_gemm_mxfp4_ref, ops_dot_mxfp4_q8_0, block_mxfp4, block_q8_0)
 OPS_GEMM_FROM_DOT(ops_gemm_q4_K_ref, ops_dot_q4_K_q8_K, block_q4_K, block_q8_K)
 OPS_GEMM_FROM_DOT(ops_gemm_q5_K_ref, ops_dot_q5_K_q8_K, block_q5_K, block_q8_K)
 OPS_GEMM_FROM_DOT(ops_gemm_q6_K_ref, ops_dot_q6_K_q8_K, block_q6_K, block_q8_K)
@@ -369,6 +386,7 @@ void ops_kernels_init_scalar(ops_kernels *k)
     k->gemm[QTYPE_BF16] = ops_gemm_bf16_ref;
     k->gemm[QTYPE_Q4_0] = ops_gemm_q4_0_ref;
     k->gemm[QTYPE_Q8_0] = ops_gemm_q8_0_ref;
+    k->gemm[QTYPE_MXFP4] = ops_gemm_mxfp4_ref;
     k->gemm[QTYPE_Q4_K] = ops_gemm_q4_K_ref;
     k->gemm[QTYPE_Q5_K] = ops_gemm_q5_K_ref;
     k->gemm[QTYPE_Q6_K] = ops_gemm_q6_K_ref;
@@ -723,6 +741,16 @@ void ops_swiglu(threadpool *tp, float *out, const float *gate, const float *up, 
         return;
     }
     threadpool_run(tp, ops_swiglu_thread, &c);
+}
+
+void ops_swiglu_oai(float *out, const float *gate, const float *up, int64_t n, float alpha, float limit)
+{
+    for (int64_t i = 0; i < n; i++) {
+        const float x = gate[i] < limit ? gate[i] : limit;   /* std::min(gate, limit) */
+        const float y = up[i] < -limit ? -limit : up[i] > limit ? limit : up[i];
+        const float glu = x / (1.f + expf(alpha * (-x)));
+        out[i] = glu * (y + 1.f);
+    }
 }
 
 static void ops_add_thread(void *arg, int ith, int nth)

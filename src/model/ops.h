@@ -68,6 +68,11 @@ void ops_rmsnorm(threadpool *tp, float *out, const float *x, const float *w, int
                  float eps);
 /* out = silu(gate) * up, (rows, n); out may equal gate or up. */
 void ops_swiglu(threadpool *tp, float *out, const float *gate, const float *up, int rows, int n);
+/* gpt-oss's clamped SwiGLU, as ggml's swiglu_oai computes it (scalar there too, so one
+ * scalar version here): x = min(gate, limit), y = clamp(up, -limit, limit),
+ * out = x / (1 + exp(-alpha x)) * (y + 1), n floats, on the caller's thread; out may equal
+ * gate or up. */
+void ops_swiglu_oai(float *out, const float *gate, const float *up, int64_t n, float alpha, float limit);
 /* y += x, n floats. */
 void ops_add(threadpool *tp, float *y, const float *x, int64_t n);
 

@@ -148,7 +148,7 @@ static void a2_from_f16(const fp16_t *x, float *y, int64_t n)
                    xs, y + (size_t)t0 * ys + r0, ys);                                      \
         break;
 
-/* ---- Q8_0 / Q4_0 weights x Q8_0 activations ------------------------------------------- */
+/* ---- Q8_0 / Q4_0 / MXFP4 weights x Q8_0 activations ----------------------------------- */
 
 A2_INLINE __m256i a2_w_q8_0(const void *b)
 {
@@ -161,7 +161,18 @@ A2_INLINE __m256i a2_w_q4_0(const void *b)
     return _mm256_sub_epi8(_mm256_and_si256(q, _mm256_set1_epi8(0x0F)), _mm256_set1_epi8(8));
 }
 
-#define A2_Q80_KERNEL(NAME, BLOCK, LOADW)                                                   \
+/* MXFP4: the codes looked up in the doubled E2M1 table (pshufb), low nibbles first */
+A2_INLINE __m256i a2_w_mxfp4(const void *b)
+{
+    const __m128i tab = _mm_loadu_si128((const __m128i *)quant_kvalues_mxfp4), m4 = _mm_set1_epi8(0x0F);
+    __m128i v = _mm_loadu_si128((const __m128i *)((const block_mxfp4 *)b)->qs);
+    return _mm256_set_m128i(_mm_shuffle_epi8(tab, _mm_and_si128(_mm_srli_epi16(v, 4), m4)),
+                            _mm_shuffle_epi8(tab, _mm_and_si128(v, m4)));
+}
+#define A2_D_F16(wb) _cvtsh_ss((wb)->d)
+#define A2_D_E8M0(wb) quant_e8m0_half((wb)->e)
+
+#define A2_Q80_KERNEL(NAME, BLOCK, LOADW, SCALEW)                                                 \
     A2_INLINE void NAME(int R, int T, int64_t cols, const char *w, size_t ws, const char *x, \
                         size_t xs, float *y, size_t ys)                                     \
     {                                                                                       \
@@ -178,7 +189,7 @@ A2_INLINE __m256i a2_w_q4_0(const void *b)
                 _mm_prefetch((const char *)wb + A2_PF, _MM_HINT_T0);                        \
                 wq[r] = LOADW(wb);                                                          \
                 aw[r] = _mm256_sign_epi8(wq[r], wq[r]);                                     \
-                dw[r] = _cvtsh_ss(wb->d);                                                   \
+                dw[r] = SCALEW(wb);                                                         \
             }                                                                               \
             _Pragma("GCC unroll 3") for (int t = 0; t < T; t++) {                           \
                 const block_q8_0 *xb = (const block_q8_0 *)(x + (size_t)t * xs) + b;        \
@@ -196,8 +207,9 @@ A2_INLINE __m256i a2_w_q4_0(const void *b)
                 y[(size_t)t * ys + r] = a2_hsum(acc[r][t]);                                 \
     }
 
-A2_Q80_KERNEL(a2_tile_q8_0, block_q8_0, a2_w_q8_0)
-A2_Q80_KERNEL(a2_tile_q4_0, block_q4_0, a2_w_q4_0)
+A2_Q80_KERNEL(a2_tile_q8_0, block_q8_0, a2_w_q8_0, A2_D_F16)
+A2_Q80_KERNEL(a2_tile_q4_0, block_q4_0, a2_w_q4_0, A2_D_F16)
+A2_Q80_KERNEL(a2_tile_mxfp4, block_mxfp4, a2_w_mxfp4, A2_D_E8M0)
 
 #define RMAX_ 3
 #define TMAX_ 3
@@ -210,6 +222,11 @@ static void a2_gemm_q4_0(int64_t cols, const void *w, size_t ws, int nr, const v
                          size_t xs, int nt, float *y, size_t ys)
 {
     A2_TILES(3, 3, a2_tile_q4_0)
+}
+static void a2_gemm_mxfp4(int64_t cols, const void *w, size_t ws, int nr, const void *x,
+                          size_t xs, int nt, float *y, size_t ys)
+{
+    A2_TILES(3, 3, a2_tile_mxfp4)
 }
 #undef RMAX_
 #undef TMAX_
@@ -729,6 +746,7 @@ void ops_kernels_init_avx2(ops_kernels *k)
     k->quant_q8_K = a2_quant_q8_K;
     k->gemm[QTYPE_Q8_0] = a2_gemm_q8_0;
     k->gemm[QTYPE_Q4_0] = a2_gemm_q4_0;
+    k->gemm[QTYPE_MXFP4] = a2_gemm_mxfp4;
     k->gemm[QTYPE_Q4_K] = a2_gemm_q4_K;
     k->gemm[QTYPE_Q5_K] = a2_gemm_q5_K;
     k->gemm[QTYPE_Q6_K] = a2_gemm_q6_K;

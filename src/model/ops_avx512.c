@@ -8,7 +8,7 @@
  *
  * Activation formats at this level (produced by this file's quantisers, consumed only by this
  * file's kernels; ops_matmul_scratch_bytes covers them):
- * - Q8_0 consumers (Q8_0, Q4_0 weights): per token, cols bytes of q + 128 (unsigned, so that
+ * - Q8_0 consumers (Q8_0, Q4_0, MXFP4 weights): per token, cols bytes of q + 128 (unsigned, so that
  *   vpdpbusd can multiply them with signed weights), then cols/32 floats: the block scales,
  *   already rounded through fp16 as ggml stores them. Weight side: dpbusd(q+128, w) =
  *   sum(q*w) + 128*sum(w), so each tile starts from -128*sum(w) (one dpbusd per weight pair).
@@ -208,6 +208,27 @@ A512_INLINE void a512_load_w_q4_0(const block_q4_0 *b, int one, __m512i *q, __m5
     }
 }
 
+/* MXFP4: the codes looked up in the doubled E2M1 table (pshufb), the scale 2^(e - 128) */
+A512_INLINE __m256i a512_mxfp4_codes(const block_mxfp4 *b)
+{
+    const __m128i tab = _mm_loadu_si128((const __m128i *)quant_kvalues_mxfp4), m4 = _mm_set1_epi8(0x0F);
+    __m128i v = _mm_loadu_si128((const __m128i *)b->qs);
+    return _mm256_set_m128i(_mm_shuffle_epi8(tab, _mm_and_si128(_mm_srli_epi16(v, 4), m4)),
+                            _mm_shuffle_epi8(tab, _mm_and_si128(v, m4)));
+}
+
+A512_INLINE void a512_load_w_mxfp4(const block_mxfp4 *b, int one, __m512i *q, __m512 *d)
+{
+    __m256i v0 = a512_mxfp4_codes(b);
+    if (one) {
+        *q = _mm512_zextsi256_si512(v0);
+        *d = _mm512_zextps256_ps512(_mm256_set1_ps(quant_e8m0_half(b[0].e)));
+    } else {
+        *q = _mm512_inserti64x4(_mm512_castsi256_si512(v0), a512_mxfp4_codes(b + 1), 1);
+        *d = _mm512_insertf32x8(_mm512_set1_ps(quant_e8m0_half(b[0].e)), _mm256_set1_ps(quant_e8m0_half(b[1].e)), 1);
+    }
+}
+
 #define A512_Q80_KERNEL(NAME, BLOCK, LOADW)                                                  \
     A512_INLINE void NAME(int R, int T, int64_t cols, const char *w, size_t ws,             \
                           const char *x, size_t xs, float *y, size_t ys)                    \
@@ -256,6 +277,7 @@ A512_INLINE void a512_load_w_q4_0(const block_q4_0 *b, int one, __m512i *q, __m5
 
 A512_Q80_KERNEL(a512_tile_q8_0, block_q8_0, a512_load_w_q8_0)
 A512_Q80_KERNEL(a512_tile_q4_0, block_q4_0, a512_load_w_q4_0)
+A512_Q80_KERNEL(a512_tile_mxfp4, block_mxfp4, a512_load_w_mxfp4)
 
 static void a512_gemm_q8_0(int64_t cols, const void *w, size_t ws, int nr, const void *x,
                            size_t xs, int nt, float *y, size_t ys)
@@ -267,6 +289,12 @@ static void a512_gemm_q4_0(int64_t cols, const void *w, size_t ws, int nr, const
                            size_t xs, int nt, float *y, size_t ys)
 {
     A512_TILES(4, 4, a512_tile_q4_0)
+}
+
+static void a512_gemm_mxfp4(int64_t cols, const void *w, size_t ws, int nr, const void *x,
+                            size_t xs, int nt, float *y, size_t ys)
+{
+    A512_TILES(4, 4, a512_tile_mxfp4)
 }
 
 /* ---- Q4_K / Q6_K weights x Q8_K activations ------------------------------------------- */
@@ -1121,6 +1149,7 @@ void ops_kernels_init_avx512(ops_kernels *k)
     k->quant_q8_0 = a512_quant_q8_0;
     k->gemm[QTYPE_Q8_0] = a512_gemm_q8_0;
     k->gemm[QTYPE_Q4_0] = a512_gemm_q4_0;
+    k->gemm[QTYPE_MXFP4] = a512_gemm_mxfp4;
     k->quant_q8_K = a512_quant_q8_K;
     k->gemm[QTYPE_Q4_K] = a512_gemm_q4_K;
     k->gemm[QTYPE_Q5_K] = a512_gemm_q5_K;

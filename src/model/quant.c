@@ -29,6 +29,7 @@ static const quant_traits *quant_get_traits(int t)
     static const quant_traits tr_bf16 = {"bf16", 1, 2, QTYPE_BF16};
     static const quant_traits tr_q4_0 = {"q4_0", QK4_0, sizeof(block_q4_0), QTYPE_Q8_0};
     static const quant_traits tr_q8_0 = {"q8_0", QK8_0, sizeof(block_q8_0), QTYPE_Q8_0};
+    static const quant_traits tr_mxfp4 = {"mxfp4", QK_MXFP4, sizeof(block_mxfp4), QTYPE_Q8_0};
     static const quant_traits tr_q4_k = {"q4_K", QK_K, sizeof(block_q4_K), QTYPE_Q8_K};
     static const quant_traits tr_q5_k = {"q5_K", QK_K, sizeof(block_q5_K), QTYPE_Q8_K};
     static const quant_traits tr_q6_k = {"q6_K", QK_K, sizeof(block_q6_K), QTYPE_Q8_K};
@@ -43,6 +44,7 @@ static const quant_traits *quant_get_traits(int t)
     case QTYPE_BF16: return &tr_bf16;
     case QTYPE_Q4_0: return &tr_q4_0;
     case QTYPE_Q8_0: return &tr_q8_0;
+    case QTYPE_MXFP4: return &tr_mxfp4;
     case QTYPE_Q4_K: return &tr_q4_k;
     case QTYPE_Q5_K: return &tr_q5_k;
     case QTYPE_Q6_K: return &tr_q6_k;
@@ -55,6 +57,17 @@ static const quant_traits *quant_get_traits(int t)
 
 _Static_assert(sizeof(block_q8_0) == 34, "block_q8_0 layout");
 _Static_assert(sizeof(block_q4_0) == 18, "block_q4_0 layout");
+_Static_assert(sizeof(block_mxfp4) == 17, "block_mxfp4 layout");
+
+const int8_t quant_kvalues_mxfp4[16] = { 0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12 };
+
+float quant_e8m0_half(uint8_t e)
+{
+    uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
 _Static_assert(sizeof(block_q4_K) == 144, "block_q4_K layout");
 _Static_assert(sizeof(block_q5_K) == 176, "block_q5_K layout");
 _Static_assert(sizeof(block_q6_K) == 210, "block_q6_K layout");
@@ -180,6 +193,17 @@ static void quant_dequant_q4_0(const block_q4_0 *x, float *y, int64_t n)
     }
 }
 
+static void quant_dequant_mxfp4(const block_mxfp4 *x, float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n / QK_MXFP4; i++) {
+        float d = quant_e8m0_half(x[i].e);
+        for (int j = 0; j < QK_MXFP4 / 2; j++) {
+            y[i * QK_MXFP4 + j] = (float)quant_kvalues_mxfp4[x[i].qs[j] & 0x0F] * d;
+            y[i * QK_MXFP4 + j + QK_MXFP4 / 2] = (float)quant_kvalues_mxfp4[x[i].qs[j] >> 4] * d;
+        }
+    }
+}
+
 static void quant_dequant_q8_0(const block_q8_0 *x, float *y, int64_t n)
 {
     for (int64_t i = 0; i < n / QK8_0; i++) {
@@ -272,6 +296,7 @@ void quant_dequantize_row(qtype t, const void *src, float *dst, int64_t n)
         break;
     case QTYPE_Q4_0: quant_dequant_q4_0(src, dst, n); break;
     case QTYPE_Q8_0: quant_dequant_q8_0(src, dst, n); break;
+    case QTYPE_MXFP4: quant_dequant_mxfp4(src, dst, n); break;
     case QTYPE_Q4_K: quant_dequant_q4_K(src, dst, n); break;
     case QTYPE_Q5_K: quant_dequant_q5_K(src, dst, n); break;
     case QTYPE_Q6_K: quant_dequant_q6_K(src, dst, n); break;
@@ -316,6 +341,36 @@ static void quant_ref_q8_0(const float *x, block_q8_0 *y, int64_t n)
         float id = d ? 1.0f / d : 0.0f;
         y[i].d = quant_fp32_to_fp16(d);
         for (int j = 0; j < QK8_0; j++) y[i].qs[j] = (int8_t)roundf(x[i * QK8_0 + j] * id);
+    }
+}
+
+/* ggml's quantize_row_mxfp4_ref: e = floor(log2(amax)) - 2 + 127, each value the nearest
+ * doubled E2M1 level times 2^(e - 128) (the first of equally near ones). */
+static int quant_mxfp4_best(float x, float d)
+{
+    int best = 0;
+    float err = fabsf(quant_kvalues_mxfp4[0] * d - x);
+    for (int i = 1; i < 16; i++) {
+        float e = fabsf(quant_kvalues_mxfp4[i] * d - x);
+        if (e < err) best = i, err = e;
+    }
+    return best;
+}
+
+static void quant_ref_mxfp4(const float *x, block_mxfp4 *y, int64_t n)
+{
+    for (int64_t i = 0; i < n / QK_MXFP4; i++) {
+        float amax = 0.0f;
+        for (int j = 0; j < QK_MXFP4; j++)
+            if (amax < fabsf(x[i * QK_MXFP4 + j])) amax = fabsf(x[i * QK_MXFP4 + j]);
+        const uint8_t e = amax > 0.0f ? (uint8_t)(floorf(log2f(amax)) - 2 + 127) : 0;
+        const float d = quant_e8m0_half(e);
+        y[i].e = e;
+        for (int j = 0; j < QK_MXFP4 / 2; j++) {
+            int x0 = quant_mxfp4_best(x[i * QK_MXFP4 + j], d);
+            int x1 = quant_mxfp4_best(x[i * QK_MXFP4 + QK_MXFP4 / 2 + j], d);
+            y[i].qs[j] = (uint8_t)(x0 | (x1 << 4));
+        }
     }
 }
 
@@ -642,6 +697,7 @@ void quant_quantize_row(qtype t, const float *src, void *dst, int64_t n)
         break;
     case QTYPE_Q4_0: quant_ref_q4_0(src, dst, n); break;
     case QTYPE_Q8_0: quant_ref_q8_0(src, dst, n); break;
+    case QTYPE_MXFP4: quant_ref_mxfp4(src, dst, n); break;
     case QTYPE_Q4_K: quant_ref_q4_K(src, dst, n); break;
     case QTYPE_Q5_K: quant_ref_q5_K(src, dst, n); break;
     case QTYPE_Q6_K: quant_ref_q6_K(src, dst, n); break;

@@ -4,7 +4,7 @@
  *
  * A quantised row of n elements is n / block_elems blocks of block_bytes each. Weight rows are
  * multiplied against activations quantised to the weight type's "vec dot type" (Q8_0 for
- * Q4_0/Q8_0, Q8_K for Q4_K/Q5_K/Q6_K, F16 for F16, BF16 for BF16, F32 for F32), as llama.cpp's CPU
+ * Q4_0/Q8_0/MXFP4, Q8_K for Q4_K/Q5_K/Q6_K, F16 for F16, BF16 for BF16, F32 for F32), as llama.cpp's CPU
  * backend does, so that our results agree with it to rounding.
  */
 #ifndef TM_QUANT_H
@@ -24,6 +24,7 @@ typedef enum {
     QTYPE_Q6_K = 14,
     QTYPE_Q8_K = 15,
     QTYPE_BF16 = 30,
+    QTYPE_MXFP4 = 39,     /* OCP microscaling FP4: E2M1 values, an E8M0 scale per 32 */
     /* repacked layouts (quant_repack; in memory only, never read from a file) */
     QTYPE_Q4_K_X16 = 62,
     QTYPE_Q6_K_X16 = 63,
@@ -36,9 +37,15 @@ typedef uint16_t bf16_t;  /* bfloat16, bit pattern */
 #define QK8_0 32
 #define QK4_0 32
 #define QK_K 256
+#define QK_MXFP4 32
 
 typedef struct { fp16_t d; int8_t qs[QK8_0]; } block_q8_0;                       /* 34 bytes */
 typedef struct { fp16_t d; uint8_t qs[QK4_0 / 2]; } block_q4_0;                  /* 18 bytes */
+/* MXFP4 (ggml's layout): e is the block's E8M0 exponent, qs the 4-bit E2M1 codes, element j
+ * in the low nibble of qs[j] and element j + 16 in the high one. ggml stores the values
+ * doubled (quant_kvalues_mxfp4: 0, 1, 2, 3, 4, 6, 8, 12 and their negatives, so they are
+ * integers) and halves the scale to match: value = kvalues[code] * 2^(e - 128). */
+typedef struct { uint8_t e; uint8_t qs[QK_MXFP4 / 2]; } block_mxfp4;            /* 17 bytes */
 typedef struct { fp16_t d, dmin; uint8_t scales[12]; uint8_t qs[QK_K / 2]; } block_q4_K; /* 144 */
 /* Q5_K: Q4_K's scales and mins, the low 4 bits of each value in qs (as Q4_K's), and its fifth
  * bit in qh: bit j of qh[l] is the high bit of column 32j + l (sub-block j). */
@@ -79,6 +86,11 @@ int64_t quant_block_elems(qtype t);       /* elements per block (1 for f32/f16/b
 size_t quant_block_bytes(qtype t);        /* bytes per block */
 size_t quant_row_bytes(qtype t, int64_t n); /* n must be a multiple of quant_block_elems */
 qtype quant_vec_dot_type(qtype weights);
+
+/* MXFP4: the doubled E2M1 values by code, and the halved scale 2^(e - 128) of an E8M0
+ * exponent (ggml_e8m0_to_fp32_half: e 0 and 1 are the subnormals 2^-128 and 2^-127). */
+extern const int8_t quant_kvalues_mxfp4[16];
+float quant_e8m0_half(uint8_t e);
 
 float quant_fp16_to_fp32(fp16_t h);
 fp16_t quant_fp32_to_fp16(float f);      /* round to nearest even, like F16C */

@@ -58,9 +58,29 @@ static model *mk_deepseek2(qtype wt)
     return m;
 }
 
+/* gpt-oss from mkmodel: a 16-token window on layer 0 (so windows start inside and across KV
+ * blocks), sinks, biases, 8 experts of which 2 per token; "mxfp4" is MXFP4 experts with Q8_0
+ * elsewhere */
+static model *mk_gptoss(qtype wt)
+{
+    char path[256], err[256], vs[16];
+    snprintf(path, sizeof path, "%s/gpt-oss-%s.gguf", tmpdir, quant_type_name(wt));
+    snprintf(vs, sizeof vs, "%d", V);
+    char *argv[] = { "mkmodel", "--arch", "gpt-oss", "--layers", "2", "--dim", "256", "--ffn", "256", "--heads", "4",
+                     "--kv-heads", "2", "--head-dim", "64", "--experts", "8", "--experts-used", "2", "--expert-ffn", "256",
+                     "--window", "16", "--vocab-size", vs, "--type", (char *)quant_type_name(wt), "--seed", "4",
+                     "--threads", "2", "-o", path, NULL };
+    if (cmd_mkmodel((int)TM_ARRAY_LEN(argv) - 1, argv) != 0) return NULL;
+    model *m = NULL;
+    if (model_load(path, NULL, &m, err, sizeof err) != GGUF_OK) fprintf(stderr, "%s\n", err);
+    unlink(path);
+    return m;
+}
+
 static model *mk(const char *arch, qtype wt, int hd)
 {
     if (!strcmp(arch, "deepseek2")) return mk_deepseek2(wt);
+    if (!strcmp(arch, "gpt-oss")) return mk_gptoss(wt);
     /* every matrix has 256 columns (hd 64), so the k-quants (256-element blocks) apply */
     bool moe = !strcmp(arch, "qwen3moe");
     tiny_cfg c = { .arch = arch, .dim = 256, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2,
@@ -210,6 +230,7 @@ TEST(test_invariance_q8_0) { check_model("llama", QTYPE_Q8_0, false, 64); if (!L
 TEST(test_invariance_q4_K) { check_model("qwen3", QTYPE_Q4_K, false, 64); if (!LIGHT) check_model("llama", QTYPE_Q4_K, true, 64); }
 TEST(test_invariance_q6_K) { check_model("llama", QTYPE_Q6_K, false, 64); if (!LIGHT) check_model("qwen3", QTYPE_Q6_K, false, 64); }
 TEST(test_invariance_mla) { check_model("deepseek2", QTYPE_Q8_0, false, 0); if (!LIGHT) check_model("deepseek2", QTYPE_F32, true, 0); }
+TEST(test_invariance_gptoss) { check_model("gpt-oss", QTYPE_MXFP4, false, 64); if (!LIGHT) check_model("gpt-oss", QTYPE_F32, true, 64); }
 TEST(test_invariance_moe) { check_model("qwen3moe", QTYPE_Q4_K, false, 64); if (!LIGHT) check_model("qwen3moe", QTYPE_Q8_0, true, 64); }
 /* a head size that is not a multiple of 16: the per-key attention path with an F16 cache */
 TEST(test_invariance_odd_head) { check_model("qwen3", QTYPE_F32, false, 24); }
@@ -225,6 +246,7 @@ int main(void)
     RUN(test_invariance_odd_head);
     RUN(test_invariance_moe);
     RUN(test_invariance_mla);
+    RUN(test_invariance_gptoss);
     rmdir(tmpdir);
     HARNESS_END();
 }

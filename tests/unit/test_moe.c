@@ -3,7 +3,8 @@
  * (softmax, argsort with libstdc++'s std::sort tie order, renormalised weights), loading of
  * (and DeepSeek V3's sigmoid router with bias and groups), the 3-D expert tensors and the errors for bad ones, the engine's grouped-by-expert FFN
  * against a plain reference forward pass, the expert load statistics, and mkmodel's presets
- * (Qwen3-30B-A3B, DeepSeek-V2-Lite with latent attention and YaRN).
+ * (Qwen3-30B-A3B, DeepSeek-V2-Lite with latent attention and YaRN, gpt-oss-20b) and the
+ * refusal of bad gpt-oss files.
  */
 #include "harness.h"
 
@@ -85,6 +86,25 @@ TEST(test_route_sigmoid_groups)
     CHECKF(sel[0] == 0 && sel[1] == 2, "groups: %d %d", sel[0], sel[1]);
     CHECKF(w[0] == 1.25f && w[1] == 1.25f, "w %g %g", w[0], w[1]);   /* 0.5 / 1.0 * 2.5 */
     CHECK(fs[0] == 0.5f);   /* the unbiased sigmoid */
+}
+
+/* gpt-oss's router (llama.cpp's SOFTMAX_WEIGHT): the top k of the logits themselves, their
+ * weights a softmax over those k only; the probabilities it reports are the logits. */
+TEST(test_route_softmax_weight)
+{
+    const float l4[4] = { 1.0f, 3.0f, 2.0f, -1.0f };
+    float fs[MOE_SCRATCH(4)], w[2];
+    int32_t is[MOE_SCRATCH(4)], sel[2];
+    moe_router r = { .gate = MOE_GATE_SOFTMAX_WEIGHT, .n_expert = 4, .k = 2 };
+    moe_route(&r, l4, NULL, fs, is, sel, w);
+    CHECK(sel[0] == 1 && sel[1] == 2);
+    double e = exp(-1.0);
+    CHECKF(fabs(w[0] - 1 / (1 + e)) < 1e-6 && fabs(w[1] - e / (1 + e)) < 1e-6, "w %g %g", w[0], w[1]);
+    CHECK(fs[0] == 1.0f && fs[3] == -1.0f);
+    /* a single expert per token gets weight 1 whatever its logit */
+    r.k = 1;
+    moe_route(&r, l4, NULL, fs, is, sel, w);
+    CHECK(sel[0] == 1 && w[0] == 1.0f);
 }
 
 static tiny_cfg moe_cfg(uint64_t seed)
@@ -224,6 +244,91 @@ TEST(test_mkmodel_preset)
     CHECK(access(path, F_OK) != 0);
 }
 
+/* mkmodel's gpt-oss-20b preset, cut (2 layers, 4 small experts, a small vocabulary): the real
+ * attention geometry, the window on even layers, sinks and biases, YaRN, MXFP4 experts with
+ * Q8_0 elsewhere under --type mxfp4. */
+TEST(test_mkmodel_gptoss_preset)
+{
+    char path[256], err[256];
+    snprintf(path, sizeof path, "%s/gptoss.gguf", tmpdir);
+    char *argv[] = { "mkmodel", "--preset", "gpt-oss-20b", "--layers", "2", "--experts", "4", "--expert-ffn", "64",
+                     "--vocab-size", "300", "--type", "mxfp4", "--seed", "1", "--threads", "2", "-o", path, NULL };
+    CHECK(cmd_mkmodel((int)TM_ARRAY_LEN(argv) - 1, argv) == 0);
+    model *m = NULL;
+    CHECKF(model_load(path, NULL, &m, err, sizeof err) == GGUF_OK, "%s", err);
+    unlink(path);
+    if (!m) return;
+    const model_hparams *hp = &m->hp;
+    CHECK(hp->arch == MODEL_ARCH_GPTOSS && !strcmp(hp->arch_name, "gpt-oss") && hp->n_layers == 2 && hp->dim == 2880 &&
+          hp->n_heads == 64 && hp->n_kv_heads == 8 && hp->head_dim == 64 && hp->n_expert == 4 && hp->n_expert_used == 4 &&
+          hp->expert_ffn == 64 && hp->n_ctx_train == 131072 && hp->rope_base == 150000.0f && hp->rope_neox &&
+          hp->rope_yarn[0] == 1.0f && hp->rope_freq_scale == 1.0f / 32 && hp->n_vocab == 300 && !m->tied_output);
+    CHECK(hp->router_logit_topk && hp->swiglu_limit == 7.0f && !hp->router_norm && hp->n_swa == 128);
+    CHECK(model_layer_window(m, 0) == 128 && model_layer_window(m, 1) == 0);
+    const model_layer *L = &m->layers[0];
+    CHECK(L->gate_exps.type == QTYPE_MXFP4 && L->down_exps.type == QTYPE_MXFP4 && L->wq.type == QTYPE_Q8_0 &&
+          L->gate_inp.type == QTYPE_F32 && m->output.type == QTYPE_Q8_0);
+    CHECK(L->sinks && L->bq && L->bk && L->bv && L->bo && L->gate_inp_b && L->gate_exps_b && L->up_exps_b && L->down_exps_b);
+    model_free(m);
+    /* the window and mxfp4 belong to gpt-oss; a tied output does not */
+    char *bad1[] = { "mkmodel", "--arch", "qwen3moe", "--preset", "tiny", "--window", "16", "--type", "q8_0", "--seed", "1",
+                     "-o", path, NULL };
+    CHECK(cmd_mkmodel((int)TM_ARRAY_LEN(bad1) - 1, bad1) == 2);
+    char *bad2[] = { "mkmodel", "--arch", "qwen3", "--preset", "tiny", "--type", "mxfp4", "--seed", "1", "-o", path, NULL };
+    CHECK(cmd_mkmodel((int)TM_ARRAY_LEN(bad2) - 1, bad2) == 2);
+    char *bad3[] = { "mkmodel", "--arch", "gpt-oss", "--preset", "tiny", "--tied", "--type", "q8_0", "--seed", "1", "-o",
+                     path, NULL };
+    CHECK(cmd_mkmodel((int)TM_ARRAY_LEN(bad3) - 1, bad3) == 2);
+    CHECK(access(path, F_OK) != 0);
+}
+
+/* Overwrites the first occurrence of `what` (len bytes) in the file with `with` (same length),
+ * or, when value is >= 0, the u32 that follows the key `what` and its u32 type tag. */
+static bool patch_file(const char *path, const char *what, const char *with, int64_t value)
+{
+    FILE *f = fopen(path, "r+b");
+    if (!f) return false;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    char *buf = malloc((size_t)n);
+    fseek(f, 0, SEEK_SET);
+    bool ok = fread(buf, 1, (size_t)n, f) == (size_t)n;
+    size_t wl = strlen(what);
+    char *hit = NULL;
+    for (long i = 0; ok && i + (long)wl <= n && !hit; i++)
+        if (!memcmp(buf + i, what, wl)) hit = buf + i;
+    ok = ok && hit;
+    if (ok) {
+        long at = (long)(hit - buf);
+        fseek(f, value >= 0 ? at + (long)wl + 4 : at, SEEK_SET);
+        uint32_t v = (uint32_t)value;
+        ok = value >= 0 ? fwrite(&v, 4, 1, f) == 1 : fwrite(with, wl, 1, f) == 1;
+    }
+    free(buf);
+    fclose(f);
+    return ok;
+}
+
+/* A gpt-oss file with a bad window or without a layer's sinks is refused, naming the problem. */
+TEST(test_gptoss_bad_files)
+{
+    char path[256], err[256];
+    snprintf(path, sizeof path, "%s/oss-bad.gguf", tmpdir);
+    char *argv[] = { "mkmodel", "--arch", "gpt-oss", "--preset", "tiny", "--vocab-size", "300", "--experts", "4",
+                     "--experts-used", "2", "--expert-ffn", "64", "--window", "16", "--type", "q8_0", "--seed", "1",
+                     "--threads", "2", "-o", path, NULL };
+    model *m = NULL;
+    CHECK(cmd_mkmodel((int)TM_ARRAY_LEN(argv) - 1, argv) == 0);
+    CHECK(patch_file(path, "gpt-oss.attention.sliding_window", NULL, 0));
+    CHECK(model_load(path, NULL, &m, err, sizeof err) == GGUF_ERR_FORMAT && !m);
+    CHECKF(strstr(err, "sliding_window 0"), "%s", err);
+    CHECK(cmd_mkmodel((int)TM_ARRAY_LEN(argv) - 1, argv) == 0);
+    CHECK(patch_file(path, "blk.1.attn_sinks", "blk.1.attn_sinkz", -1));
+    CHECK(model_load(path, NULL, &m, err, sizeof err) == GGUF_ERR_MISSING && !m);
+    CHECKF(strstr(err, "blk.1.attn_sinks.weight"), "%s", err);
+    unlink(path);
+}
+
 /* mkmodel's deepseek-v2-lite preset, cut: latent attention hyper-parameters as llama.cpp
  * reads them (one kv head of latent + RoPE dims), its router and YaRN. */
 TEST(test_mkmodel_deepseek_preset)
@@ -281,10 +386,13 @@ int main(void)
     RUN(test_sort_ties_like_std_sort);
     RUN(test_route_ties_and_weights);
     RUN(test_route_sigmoid_groups);
+    RUN(test_route_softmax_weight);
     RUN(test_load);
     RUN(test_engine_against_reference);
     RUN(test_mkmodel_preset);
     RUN(test_mkmodel_deepseek_preset);
+    RUN(test_mkmodel_gptoss_preset);
+    RUN(test_gptoss_bad_files);
     RUN(test_imbalance);
     rmdir(tmpdir);
     HARNESS_END();

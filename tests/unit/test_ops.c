@@ -18,7 +18,7 @@
 #include "util/util.h"
 
 static const qtype mm_types[] = {QTYPE_F32, QTYPE_F16, QTYPE_BF16, QTYPE_Q4_0,
-                                 QTYPE_Q8_0, QTYPE_Q4_K, QTYPE_Q5_K, QTYPE_Q6_K};
+                                 QTYPE_Q8_0, QTYPE_Q4_K, QTYPE_Q5_K, QTYPE_Q6_K, QTYPE_MXFP4};
 
 static void fill_normal(float *x, int64_t n, uint64_t seed, float scale)
 {
@@ -170,7 +170,7 @@ TEST(test_matmul_all_types)
 TEST(test_matmul_odd_cols)
 {
     /* types with small blocks accept any multiple of their block size */
-    static const qtype t32[] = {QTYPE_Q4_0, QTYPE_Q8_0};
+    static const qtype t32[] = {QTYPE_Q4_0, QTYPE_Q8_0, QTYPE_MXFP4};
     for (size_t i = 0; i < TM_ARRAY_LEN(t32); i++) {
         CHECK(check_mm(t32[i], 5, 32, 2, pools) == 0);
         CHECK(check_mm(t32[i], 19, 96, 7, pools) == 0);
@@ -229,7 +229,7 @@ TEST(test_matmul_batch_invariant)
         CHECKF(check_mm_invariant(mm_types[ti], 37, 512) == 0, "%s", quant_type_name(mm_types[ti]));
         CHECKF(check_mm_invariant(mm_types[ti], 5, 256) == 0, "%s", quant_type_name(mm_types[ti]));
     }
-    static const qtype t32[] = {QTYPE_Q4_0, QTYPE_Q8_0};
+    static const qtype t32[] = {QTYPE_Q4_0, QTYPE_Q8_0, QTYPE_MXFP4};
     for (size_t i = 0; i < TM_ARRAY_LEN(t32); i++) CHECK(check_mm_invariant(t32[i], 19, 96) == 0);
     static const qtype tf[] = {QTYPE_F32, QTYPE_F16, QTYPE_BF16};
     for (size_t i = 0; i < TM_ARRAY_LEN(tf); i++) CHECK(check_mm_invariant(tf[i], 9, 37) == 0);
@@ -392,6 +392,20 @@ TEST(test_elementwise)
     free(w);
     free(ref);
     free(out);
+}
+
+/* gpt-oss's clamped SwiGLU as ggml's swiglu_oai: the gate capped at 7 from above only, the
+ * up clamped to [-7, 7], x * sigmoid(1.702 x) * (up + 1). */
+TEST(test_swiglu_oai)
+{
+    const float g[5] = { 10.0f, -20.0f, 0.5f, 7.0f, -3.0f }, u[5] = { 10.0f, -10.0f, 0.25f, -7.5f, 1.0f };
+    float out[5];
+    ops_swiglu_oai(out, g, u, 5, 1.702f, 7.0f);
+    for (int i = 0; i < 5; i++) {
+        double x = g[i] < 7 ? g[i] : 7, y = u[i] < -7 ? -7 : u[i] > 7 ? 7 : u[i];
+        double want = x / (1 + exp(-1.702 * x)) * (y + 1);
+        CHECKF(fabs(out[i] - want) <= 1e-6 * fmax(1, fabs(want)), "%d: %g, want %g", i, out[i], want);
+    }
 }
 
 TEST(test_rope)
@@ -684,6 +698,7 @@ int main(void)
     RUN(test_matmul_repacked);
     RUN(test_matmul_multi);
     RUN(test_elementwise);
+    RUN(test_swiglu_oai);
     RUN(test_rope);
     RUN(test_vec_helpers);
     RUN(test_att_block);

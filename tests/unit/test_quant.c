@@ -153,6 +153,33 @@ TEST(test_ref_quantisers_match_ggml)
     free(q);
 }
 
+/* MXFP4 as ggml lays it out: E8M0 scale byte, element j in the low nibble of qs[j] and
+ * j + 16 in the high one, doubled E2M1 values times 2^(e - 128) (ggml_e8m0_to_fp32_half,
+ * subnormal for e 0 and 1), and the reference quantiser's exponent floor(log2(amax)) - 2. */
+TEST(test_mxfp4_layout)
+{
+    CHECK(quant_block_elems(QTYPE_MXFP4) == 32 && quant_block_bytes(QTYPE_MXFP4) == 17);
+    CHECK(quant_vec_dot_type(QTYPE_MXFP4) == QTYPE_Q8_0 && quant_type_supported(39));
+    CHECK(quant_e8m0_half(128) == 1.0f && quant_e8m0_half(127) == 0.5f && quant_e8m0_half(130) == 4.0f);
+    CHECK(quant_e8m0_half(1) == 0x1p-127f && quant_e8m0_half(0) == 0x1p-128f);
+    block_mxfp4 b = {.e = 129};
+    for (int j = 0; j < 16; j++) b.qs[j] = (uint8_t)(j | ((15 - j) << 4));
+    float y[32];
+    quant_dequantize_row(QTYPE_MXFP4, &b, y, 32);
+    static const float e2m1[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, 0, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+    for (int j = 0; j < 16; j++) {
+        CHECKF(y[j] == 4 * e2m1[j], "element %d: %g", j, y[j]);           /* scale 2^(129-127) */
+        CHECKF(y[j + 16] == 4 * e2m1[15 - j], "element %d: %g", j + 16, y[j + 16]);
+    }
+    /* amax 5.9: e = floor(log2 5.9) - 2 + 127 = 127, values on the grid come back exactly */
+    float x[32] = {5.9f, -3.0f, 1.5f, 0.5f, 0.24f};
+    block_mxfp4 q;
+    quant_quantize_row(QTYPE_MXFP4, x, &q, 32);
+    CHECK(q.e == 127);
+    quant_dequantize_row(QTYPE_MXFP4, &q, y, 32);
+    CHECK(y[0] == 6.0f && y[1] == -3.0f && y[2] == 1.5f && y[3] == 0.5f && y[4] == 0.0f && y[31] == 0.0f);
+}
+
 /* Quantise then dequantise: relative RMS error within what each format allows. */
 TEST(test_round_trip_error)
 {
@@ -162,7 +189,7 @@ TEST(test_round_trip_error)
     } cases[] = {
         {QTYPE_F32, 0},         {QTYPE_F16, 1e-3},      {QTYPE_BF16, 5e-3},
         {QTYPE_Q8_0, 0.01},     {QTYPE_Q4_0, 0.15},     {QTYPE_Q4_K, 0.12},     {QTYPE_Q5_K, 0.06},
-        {QTYPE_Q6_K, 0.03},     {QTYPE_Q8_K, 0.01},
+        {QTYPE_Q6_K, 0.03},     {QTYPE_Q8_K, 0.01},     {QTYPE_MXFP4, 0.2},
     };
     int64_t n = 256 * 16;
     float *x = malloc((size_t)n * 4), *y = malloc((size_t)n * 4);
@@ -261,6 +288,7 @@ int main(void)
     RUN(test_fp16_known);
     RUN(test_bf16_known);
     RUN(test_ref_quantisers_match_ggml);
+    RUN(test_mxfp4_layout);
     RUN(test_round_trip_error);
     RUN(test_q8_0_known_block);
     RUN(test_q8_K_act);
