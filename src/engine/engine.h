@@ -103,6 +103,19 @@ bool engine_moe_load(engine *e, int layer, uint64_t *window, uint64_t *total, in
  * group load; 1 is perfect balance, 0 when nothing was counted. */
 double engine_moe_imbalance(const uint64_t *counts, int n_expert, int n_groups);
 
+/* A window layers' state captured by a step (models with sliding-window layers): the state
+ * of seq at end (a multiple of 128 its step crossed, where the state is exact), in the layout
+ * of kvpool_seq_window_save. */
+typedef struct {
+    kvpool_seq *seq;
+    int end;                  /* positions [end - window, end) */
+    const void *state;        /* kvpool_window_state_bytes; valid until the next engine_step */
+} engine_window_state;
+/* The states captured by the last engine_step (0 for a model without window layers). A step
+ * runs one run of consecutive positions per sequence at most when the model has window layers
+ * (else ENGINE_ERR_ARG): its ring holds what precedes the run. */
+int engine_window_states(const engine *e, const engine_window_state **out);
+
 /* Runs one forward step. logits receives (n_out, n_vocab) floats, one row per entry with
  * want_logits, in batch order; it may be NULL when no entry wants logits. */
 engine_status engine_step(engine *e, const engine_batch *b, float *logits);
