@@ -168,6 +168,7 @@ typedef struct {
     int next;                /* attention, experts: shared item counter (atomic) */
     int next2;               /* experts: the down projection's item counter (atomic) */
     bool q16;                /* attention: the per-key path (f16 Q, f16 V accumulator) */
+    bool win;                /* attention: a window layer, one item per (batch entry, kv head) */
     bool mla_v;              /* MLA heads: values through v_b (else queries through k_b) */
 } engine_job;
 
@@ -839,13 +840,10 @@ static void engine_job_attention(void *ctx, int ith, int nth)
         int it = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
         if (it >= j->n_items) break;
         int tile = it / nkv, kvh = it % nkv;
-        int t0 = e->tile_start[tile], nt = e->tile_start[tile + 1] - t0;
-        /* a window layer computes the tile one position at a time: each has its own first key */
-        int step = model_layer_window(e->m, j->layer) > 0 ? 1 : nt;
-        for (int t = t0; t < t0 + nt; t += step) {
-            if (j->q16) engine_att_per_key(j, sc, t, step, kvh);
-            else engine_att_tiled(j, sc, t, step, kvh);
-        }
+        /* a window layer's items are single positions (each has its own first key) */
+        int t0 = j->win ? tile : e->tile_start[tile], nt = j->win ? 1 : e->tile_start[tile + 1] - t0;
+        if (j->q16) engine_att_per_key(j, sc, t0, nt, kvh);
+        else engine_att_tiled(j, sc, t0, nt, kvh);
     }
 }
 
@@ -1179,7 +1177,8 @@ engine_status engine_step(engine *e, const engine_batch *b, float *logits)
             ops_matmul_multi(tp, 3, qkv, e->xn, T, qkv_out, e->mm_scratch);
             threadpool_run(tp, engine_job_qkv_post, &job);
         }
-        job.n_items = e->n_tiles * hp->n_kv_heads;
+        job.win = model_layer_window(m, il) > 0;
+        job.n_items = (job.win ? T : e->n_tiles) * hp->n_kv_heads;
         job.next = 0;
         job.q16 = kvpool_dtype(e->kv) == QTYPE_F16 && hd % 16 != 0;
         int bl = kvpool_layer_block_index(e->kv, il);

@@ -87,6 +87,25 @@ TEST(test_route_sigmoid_groups)
     CHECK(fs[0] == 0.5f);   /* the unbiased sigmoid */
 }
 
+/* gpt-oss's router (llama.cpp's SOFTMAX_WEIGHT): the top k of the logits themselves, their
+ * weights a softmax over those k only; the probabilities it reports are the logits. */
+TEST(test_route_softmax_weight)
+{
+    const float l4[4] = { 1.0f, 3.0f, 2.0f, -1.0f };
+    float fs[MOE_SCRATCH(4)], w[2];
+    int32_t is[MOE_SCRATCH(4)], sel[2];
+    moe_router r = { .gate = MOE_GATE_SOFTMAX_WEIGHT, .n_expert = 4, .k = 2 };
+    moe_route(&r, l4, NULL, fs, is, sel, w);
+    CHECK(sel[0] == 1 && sel[1] == 2);
+    double e = exp(-1.0);
+    CHECKF(fabs(w[0] - 1 / (1 + e)) < 1e-6 && fabs(w[1] - e / (1 + e)) < 1e-6, "w %g %g", w[0], w[1]);
+    CHECK(fs[0] == 1.0f && fs[3] == -1.0f);
+    /* a single expert per token gets weight 1 whatever its logit */
+    r.k = 1;
+    moe_route(&r, l4, NULL, fs, is, sel, w);
+    CHECK(sel[0] == 1 && w[0] == 1.0f);
+}
+
 static tiny_cfg moe_cfg(uint64_t seed)
 {
     return (tiny_cfg){ .arch = "qwen3moe", .dim = 64, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .head_dim = 16,
@@ -224,6 +243,44 @@ TEST(test_mkmodel_preset)
     CHECK(access(path, F_OK) != 0);
 }
 
+/* mkmodel's gpt-oss-20b preset, cut (2 layers, 4 small experts, a small vocabulary): the real
+ * attention geometry, the window on even layers, sinks and biases, YaRN, MXFP4 experts with
+ * Q8_0 elsewhere under --type mxfp4. */
+TEST(test_mkmodel_gptoss_preset)
+{
+    char path[256], err[256];
+    snprintf(path, sizeof path, "%s/gptoss.gguf", tmpdir);
+    char *argv[] = { "mkmodel", "--preset", "gpt-oss-20b", "--layers", "2", "--experts", "4", "--expert-ffn", "64",
+                     "--vocab-size", "300", "--type", "mxfp4", "--seed", "1", "--threads", "2", "-o", path, NULL };
+    CHECK(cmd_mkmodel((int)TM_ARRAY_LEN(argv) - 1, argv) == 0);
+    model *m = NULL;
+    CHECKF(model_load(path, NULL, &m, err, sizeof err) == GGUF_OK, "%s", err);
+    unlink(path);
+    if (!m) return;
+    const model_hparams *hp = &m->hp;
+    CHECK(hp->arch == MODEL_ARCH_GPTOSS && !strcmp(hp->arch_name, "gpt-oss") && hp->n_layers == 2 && hp->dim == 2880 &&
+          hp->n_heads == 64 && hp->n_kv_heads == 8 && hp->head_dim == 64 && hp->n_expert == 4 && hp->n_expert_used == 4 &&
+          hp->expert_ffn == 64 && hp->n_ctx_train == 131072 && hp->rope_base == 150000.0f && hp->rope_neox &&
+          hp->rope_yarn[0] == 1.0f && hp->rope_freq_scale == 1.0f / 32 && hp->n_vocab == 300 && !m->tied_output);
+    CHECK(hp->router_logit_topk && hp->swiglu_limit == 7.0f && !hp->router_norm && hp->n_swa == 128);
+    CHECK(model_layer_window(m, 0) == 128 && model_layer_window(m, 1) == 0);
+    const model_layer *L = &m->layers[0];
+    CHECK(L->gate_exps.type == QTYPE_MXFP4 && L->down_exps.type == QTYPE_MXFP4 && L->wq.type == QTYPE_Q8_0 &&
+          L->gate_inp.type == QTYPE_F32 && m->output.type == QTYPE_Q8_0);
+    CHECK(L->sinks && L->bq && L->bk && L->bv && L->bo && L->gate_inp_b && L->gate_exps_b && L->up_exps_b && L->down_exps_b);
+    model_free(m);
+    /* the window and mxfp4 belong to gpt-oss; a tied output does not */
+    char *bad1[] = { "mkmodel", "--arch", "qwen3moe", "--preset", "tiny", "--window", "16", "--type", "q8_0", "--seed", "1",
+                     "-o", path, NULL };
+    CHECK(cmd_mkmodel((int)TM_ARRAY_LEN(bad1) - 1, bad1) == 2);
+    char *bad2[] = { "mkmodel", "--arch", "qwen3", "--preset", "tiny", "--type", "mxfp4", "--seed", "1", "-o", path, NULL };
+    CHECK(cmd_mkmodel((int)TM_ARRAY_LEN(bad2) - 1, bad2) == 2);
+    char *bad3[] = { "mkmodel", "--arch", "gpt-oss", "--preset", "tiny", "--tied", "--type", "q8_0", "--seed", "1", "-o",
+                     path, NULL };
+    CHECK(cmd_mkmodel((int)TM_ARRAY_LEN(bad3) - 1, bad3) == 2);
+    CHECK(access(path, F_OK) != 0);
+}
+
 /* mkmodel's deepseek-v2-lite preset, cut: latent attention hyper-parameters as llama.cpp
  * reads them (one kv head of latent + RoPE dims), its router and YaRN. */
 TEST(test_mkmodel_deepseek_preset)
@@ -270,10 +327,12 @@ int main(void)
     RUN(test_sort_ties_like_std_sort);
     RUN(test_route_ties_and_weights);
     RUN(test_route_sigmoid_groups);
+    RUN(test_route_softmax_weight);
     RUN(test_load);
     RUN(test_engine_against_reference);
     RUN(test_mkmodel_preset);
     RUN(test_mkmodel_deepseek_preset);
+    RUN(test_mkmodel_gptoss_preset);
     RUN(test_imbalance);
     rmdir(tmpdir);
     HARNESS_END();

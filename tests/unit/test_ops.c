@@ -394,6 +394,20 @@ TEST(test_elementwise)
     free(out);
 }
 
+/* gpt-oss's clamped SwiGLU as ggml's swiglu_oai: the gate capped at 7 from above only, the
+ * up clamped to [-7, 7], x * sigmoid(1.702 x) * (up + 1). */
+TEST(test_swiglu_oai)
+{
+    const float g[5] = { 10.0f, -20.0f, 0.5f, 7.0f, -3.0f }, u[5] = { 10.0f, -10.0f, 0.25f, -7.5f, 1.0f };
+    float out[5];
+    ops_swiglu_oai(out, g, u, 5, 1.702f, 7.0f);
+    for (int i = 0; i < 5; i++) {
+        double x = g[i] < 7 ? g[i] : 7, y = u[i] < -7 ? -7 : u[i] > 7 ? 7 : u[i];
+        double want = x / (1 + exp(-1.702 * x)) * (y + 1);
+        CHECKF(fabs(out[i] - want) <= 1e-6 * fmax(1, fabs(want)), "%d: %g, want %g", i, out[i], want);
+    }
+}
+
 TEST(test_rope)
 {
     int rows = 5, nh = 3, hd = 64;
@@ -684,6 +698,7 @@ int main(void)
     RUN(test_matmul_repacked);
     RUN(test_matmul_multi);
     RUN(test_elementwise);
+    RUN(test_swiglu_oai);
     RUN(test_rope);
     RUN(test_vec_helpers);
     RUN(test_att_block);
