@@ -152,7 +152,10 @@ struct engine {
     uint8_t *wstage;         /* (T, 2, n_kv_heads, head_dim) pool dtype, K then V of an entry */
     size_t wrow;             /* bytes of one staged row: head_dim * pool element size */
     int32_t *run0;           /* (T) first batch entry of each entry's run (engine_run_end) */
+    int32_t *prev_run;       /* (T) at a run's first entry: the first entry of the same
+                              * sequence's previous run in this step, -1 if none */
     engine_window_state *wsnap; /* (n_wsnap_max) states captured this step */
+    int32_t *wsnap_t;        /* (n_wsnap_max) a batch entry of the run that crossed each end */
     uint8_t *wsnap_data;     /* (n_wsnap_max, kvpool_window_state_bytes) their bytes */
     int n_wsnap, n_wsnap_max;
     uint64_t n_wsnap_dropped; /* states not captured for want of a slot, lifetime */
@@ -226,6 +229,8 @@ void engine_free(engine *e)
     free(e->shx);
     free(e->wstage);
     free(e->run0);
+    free(e->prev_run);
+    free(e->wsnap_t);
     free(e->wsnap);
     free(e->wsnap_data);
     engine_moe_stats_free(e->stats);
@@ -300,8 +305,10 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
         e->wrow = (size_t)hp->head_dim * (o.kv_f32 ? 4 : 2);
         e->wstage = util_aligned_alloc(T * 2 * (size_t)hp->n_kv_heads * e->wrow);
         e->run0 = xmalloc(T * sizeof *e->run0);
+        e->prev_run = xmalloc(T * sizeof *e->prev_run);
         e->n_wsnap_max = (int)(T / KVPOOL_BLOCK) + 16;
         e->wsnap = xcalloc((size_t)e->n_wsnap_max, sizeof *e->wsnap);
+        e->wsnap_t = xcalloc((size_t)e->n_wsnap_max, sizeof *e->wsnap_t);
         /* faulted in as states are captured: most steps cross no block boundary */
         e->wsnap_data = calloc((size_t)e->n_wsnap_max, kvpool_window_state_bytes(e->kv));
         if (!e->wstage || !e->wsnap_data) {
@@ -486,9 +493,12 @@ static int engine_run_end(const engine_batch *b, int t);
  * rows into the rings. So a ring needs the window only, however long a prefill chunk. */
 static const uint8_t *engine_win_row(const engine *e, const engine_batch *b, int layer, int t, int pk, int kv, int kvh)
 {
-    int t0 = e->run0[t], p0 = b->toks[t0].pos;
-    if (pk >= p0)
-        return e->wstage + (((size_t)(t0 + pk - p0) * 2 + (size_t)kv) * (size_t)e->m->hp.n_kv_heads + (size_t)kvh) * e->wrow;
+    for (int r0 = e->run0[t];; r0 = e->prev_run[r0]) {   /* this run, then the sequence's earlier ones */
+        int p0 = b->toks[r0].pos;
+        if (pk >= p0)
+            return e->wstage + (((size_t)(r0 + pk - p0) * 2 + (size_t)kv) * (size_t)e->m->hp.n_kv_heads + (size_t)kvh) * e->wrow;
+        if (e->prev_run[r0] < 0) break;
+    }
     return kvpool_seq_ring_row(e->kv, b->toks[t].seq, layer, kv, kvh, pk);
 }
 
@@ -503,8 +513,7 @@ static void engine_window_commit(engine *e, const engine_batch *b, int layer)
     const size_t sb = kvpool_window_state_bytes(kv), lb = sb / (size_t)kvpool_n_window_layers(kv);
     for (int i = 0; i < e->n_wsnap; i++) {
         const engine_window_state *ws = &e->wsnap[i];
-        int t = 0;
-        while (b->toks[t].seq != ws->seq) t++;
+        int t = e->wsnap_t[i];
         uint8_t *dst = e->wsnap_data + (size_t)i * sb + (size_t)wl * lb;
         for (int k = 0; k < 2; k++)
             for (int h = 0; h < nkv; h++)
@@ -522,10 +531,11 @@ static void engine_window_commit(engine *e, const engine_batch *b, int layer)
     }
 }
 
-/* Before a step of a model with window layers: the runs (run0), each sequence in one run only
- * (the ring holds what precedes it), and the states to capture: every block end the run
- * crosses at which the window state is exact (kvpool_seq_exact_from). false: a sequence in
- * two runs. */
+/* Before a step of a model with window layers: the runs (run0) and each sequence's chain of
+ * runs (prev_run): a sequence may come in several runs, in batch order at consecutive
+ * positions (the ring holds what precedes the first); and the states to capture: every block
+ * end a run crosses at which the window state is exact (kvpool_seq_exact_from). false: a
+ * sequence's runs out of order or with a gap. */
 static bool engine_window_plan(engine *e, const engine_batch *b)
 {
     const int W = kvpool_window(e->kv);
@@ -534,14 +544,20 @@ static bool engine_window_plan(engine *e, const engine_batch *b)
         int r = engine_run_end(b, t), p0 = b->toks[t].pos, p1 = b->toks[r - 1].pos;
         kvpool_seq *sq = b->toks[t].seq;
         for (int u = t; u < r; u++) e->run0[u] = t;
-        for (int u = 0; u < t; u++)
-            if (b->toks[u].seq == sq) return false;
+        e->prev_run[t] = -1;
+        for (int u = t - 1; u >= 0; u--)
+            if (b->toks[u].seq == sq) {   /* the end of the sequence's previous run */
+                if (b->toks[u].pos != p0 - 1) return false;
+                e->prev_run[t] = e->run0[u];
+                break;
+            }
         for (int end = (p0 / KVPOOL_BLOCK + 1) * KVPOOL_BLOCK; end <= p1 + 1; end += KVPOOL_BLOCK) {
             if (end < W || end < kvpool_seq_exact_from(sq)) continue;
             if (e->n_wsnap == e->n_wsnap_max) {
                 e->n_wsnap_dropped++;
                 continue;
             }
+            e->wsnap_t[e->n_wsnap] = t;
             e->wsnap[e->n_wsnap] = (engine_window_state){ .seq = sq, .end = end,
                 .state = e->wsnap_data + (size_t)e->n_wsnap * kvpool_window_state_bytes(e->kv) };
             e->n_wsnap++;

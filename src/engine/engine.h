@@ -111,9 +111,10 @@ typedef struct {
     int end;                  /* positions [end - window, end) */
     const void *state;        /* kvpool_window_state_bytes; valid until the next engine_step */
 } engine_window_state;
-/* The states captured by the last engine_step (0 for a model without window layers). A step
- * runs one run of consecutive positions per sequence at most when the model has window layers
- * (else ENGINE_ERR_ARG): its ring holds what precedes the run. */
+/* The states captured by the last engine_step (0 for a model without window layers). On a
+ * model with window layers a sequence's entries in one step must be at consecutive positions
+ * in batch order (runs of it may have other sequences' entries between them), else
+ * ENGINE_ERR_ARG: its ring holds what precedes the step. */
 int engine_window_states(const engine *e, const engine_window_state **out);
 
 /* Runs one forward step. logits receives (n_out, n_vocab) floats, one row per entry with

@@ -177,12 +177,27 @@ TEST(test_window_restore_and_replay)
     CHECK(first_diff(ref, got, 256) < 0);
     kvpool_seq_free(kv, r2);
 
-    /* a sequence twice in one step is refused on a window model (its ring holds one run) */
-    kvpool_seq *x = kvpool_seq_new(kv);
-    engine_tok two[2] = { { toks[0], 0, x, false }, { toks[5], 5, x, false } };
-    engine_batch tb = { 2, two };
+    /* a sequence in two runs of one step (another sequence between them) reads the first run's
+     * keys from the step; a gap in its positions is refused (its ring holds what precedes) */
+    kvpool_seq *x = kvpool_seq_new(kv), *y = kvpool_seq_new(kv);
+    static engine_tok split[N + 1];
+    int ns = 0;
+    for (int p = 0; p < 50; p++) split[ns++] = (engine_tok){ toks[p], p, x, true };
+    split[ns++] = (engine_tok){ toks[0], 0, y, true };
+    for (int p = 50; p < 99; p++) split[ns++] = (engine_tok){ toks[p], p, x, true };
+    static float lsplit[(N + 1) * V];
+    engine_batch sb2 = { ns, split };
+    CHECK(engine_step(e, &sb2, lsplit) == ENGINE_OK);
+    bool same = true;
+    for (int k = 0; k < ns; k++)
+        if (split[k].seq == x) same &= !memcmp(lsplit + (size_t)k * V, ref + (size_t)split[k].pos * V, V * sizeof(float));
+    CHECKF(same, "a sequence split in two runs of one step differs from computing it alone");
+    kvpool_seq_reset(kv, x);
+    engine_tok gap[2] = { { toks[0], 0, x, false }, { toks[5], 5, x, false } };
+    engine_batch tb = { 2, gap };
     CHECK(engine_step(e, &tb, NULL) == ENGINE_ERR_ARG);
     kvpool_seq_free(kv, x);
+    kvpool_seq_free(kv, y);
 
     kvpool_seq_free(kv, a);
     free(states[0]);
