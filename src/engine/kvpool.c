@@ -115,8 +115,6 @@ kvpool_status kvpool_new(const kvpool_opts *opts, kvpool **out)
     if (opts->n_layers <= 0 || opts->n_kv_heads <= 0 || opts->head_dim <= 0 || opts->n_blocks <= 0 ||
         (opts->dtype != QTYPE_F16 && opts->dtype != QTYPE_F32) || kvpool_geom_blk_layers(opts) == 0)
         return KVPOOL_ERR_ARG;
-    for (int l = 0; opts->layer_window && l < opts->n_layers; l++)
-        if (opts->layer_window[l] > KVPOOL_WINDOW_MAX) return KVPOOL_ERR_ARG;
     kvpool *p = xcalloc(1, sizeof *p);
     p->o = *opts;
     p->o.layer_window = NULL;    /* the caller's array need not outlive the call: slot says it all */
@@ -131,6 +129,9 @@ kvpool_status kvpool_new(const kvpool_opts *opts, kvpool **out)
             p->slot[l] = p->n_blk_layers++;
         }
     }
+    /* a sequence never holds more positions than the pool: a wider window (an odd GGUF) needs
+     * no wider ring */
+    p->window = (int)TM_MIN((int64_t)p->window, (int64_t)opts->n_blocks * KVPOOL_BLOCK);
     p->ring_len = p->n_win_layers ? p->window + KVPOOL_RING_SPARE : 0;
     p->ring_bytes = (size_t)p->n_win_layers * 2 * (size_t)opts->n_kv_heads * (size_t)p->ring_len *
                     (size_t)opts->head_dim * p->esz;

@@ -37,7 +37,6 @@
 #define KVPOOL_BLOCK 128
 /* Ring slots per sequence beyond the window (room for a few speculative tokens to roll back). */
 #define KVPOOL_RING_SPARE 6
-#define KVPOOL_WINDOW_MAX (1 << 20)
 
 typedef enum {
     KVPOOL_OK = 0,

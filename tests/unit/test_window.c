@@ -98,6 +98,12 @@ TEST(test_window_restore_and_replay)
     CHECK(kvpool_ring_bytes(kv) == (size_t)3 * 2 * 1 * (W + KVPOOL_RING_SPARE) * 64 * 2);
     CHECK(kvpool_window_state_bytes(kv) == (size_t)3 * 2 * 1 * W * 64 * 2);
     CHECK(kvpool_window_exact_span(kv) == W + 2 * (W - 1));
+    /* a window wider than the pool (an odd GGUF) gets a ring of the pool's positions only */
+    int32_t wide[3] = { 1 << 30, 0, 1 << 30 };
+    kvpool_opts ko = { .n_layers = 3, .n_kv_heads = 1, .head_dim = 64, .dtype = QTYPE_F16, .n_blocks = 2, .layer_window = wide };
+    kvpool *wp = NULL;
+    CHECK(kvpool_new(&ko, &wp) == KVPOOL_OK && kvpool_window(wp) == 256 && kvpool_n_block_layers(wp) == 1);
+    kvpool_free(wp);
 
     int32_t toks[N];
     toks_of(toks, N);
