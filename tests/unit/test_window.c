@@ -123,6 +123,12 @@ TEST(test_window_restore_and_replay)
         engine_tok bt = { toks[p], p, t, false };
         engine_batch b = { 1, &bt };
         CHECK(engine_step(e, &b, NULL) == ENGINE_OK);
+        const engine_window_state *ws;   /* a decode step that ends a block captures it too */
+        int ns = engine_window_states(e, &ws);
+        CHECK(ns == ((p + 1) % 128 == 0));
+        if (p == 255 && ns == 1)
+            CHECKF(ws[0].seq == t && ws[0].end == 256 && !memcmp(ws[0].state, states[1], sb),
+                   "the state captured by a one-token step differs");
     }
     uint8_t *saved = malloc(sb);
     kvpool_seq_window_save(kv, t, 256, saved);
