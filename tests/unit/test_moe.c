@@ -3,7 +3,8 @@
  * (softmax, argsort with libstdc++'s std::sort tie order, renormalised weights), loading of
  * (and DeepSeek V3's sigmoid router with bias and groups), the 3-D expert tensors and the errors for bad ones, the engine's grouped-by-expert FFN
  * against a plain reference forward pass, the expert load statistics, and mkmodel's presets
- * (Qwen3-30B-A3B, DeepSeek-V2-Lite with latent attention and YaRN).
+ * (Qwen3-30B-A3B, DeepSeek-V2-Lite with latent attention and YaRN, gpt-oss-20b) and the
+ * refusal of bad gpt-oss files.
  */
 #include "harness.h"
 
@@ -281,6 +282,53 @@ TEST(test_mkmodel_gptoss_preset)
     CHECK(access(path, F_OK) != 0);
 }
 
+/* Overwrites the first occurrence of `what` (len bytes) in the file with `with` (same length),
+ * or, when value is >= 0, the u32 that follows the key `what` and its u32 type tag. */
+static bool patch_file(const char *path, const char *what, const char *with, int64_t value)
+{
+    FILE *f = fopen(path, "r+b");
+    if (!f) return false;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    char *buf = malloc((size_t)n);
+    fseek(f, 0, SEEK_SET);
+    bool ok = fread(buf, 1, (size_t)n, f) == (size_t)n;
+    size_t wl = strlen(what);
+    char *hit = NULL;
+    for (long i = 0; ok && i + (long)wl <= n && !hit; i++)
+        if (!memcmp(buf + i, what, wl)) hit = buf + i;
+    ok = ok && hit;
+    if (ok) {
+        long at = (long)(hit - buf);
+        fseek(f, value >= 0 ? at + (long)wl + 4 : at, SEEK_SET);
+        uint32_t v = (uint32_t)value;
+        ok = value >= 0 ? fwrite(&v, 4, 1, f) == 1 : fwrite(with, wl, 1, f) == 1;
+    }
+    free(buf);
+    fclose(f);
+    return ok;
+}
+
+/* A gpt-oss file with a bad window or without a layer's sinks is refused, naming the problem. */
+TEST(test_gptoss_bad_files)
+{
+    char path[256], err[256];
+    snprintf(path, sizeof path, "%s/oss-bad.gguf", tmpdir);
+    char *argv[] = { "mkmodel", "--arch", "gpt-oss", "--preset", "tiny", "--vocab-size", "300", "--experts", "4",
+                     "--experts-used", "2", "--expert-ffn", "64", "--window", "16", "--type", "q8_0", "--seed", "1",
+                     "--threads", "2", "-o", path, NULL };
+    model *m = NULL;
+    CHECK(cmd_mkmodel((int)TM_ARRAY_LEN(argv) - 1, argv) == 0);
+    CHECK(patch_file(path, "gpt-oss.attention.sliding_window", NULL, 0));
+    CHECK(model_load(path, NULL, &m, err, sizeof err) == GGUF_ERR_FORMAT && !m);
+    CHECKF(strstr(err, "sliding_window 0"), "%s", err);
+    CHECK(cmd_mkmodel((int)TM_ARRAY_LEN(argv) - 1, argv) == 0);
+    CHECK(patch_file(path, "blk.1.attn_sinks", "blk.1.attn_sinkz", -1));
+    CHECK(model_load(path, NULL, &m, err, sizeof err) == GGUF_ERR_MISSING && !m);
+    CHECKF(strstr(err, "blk.1.attn_sinks.weight"), "%s", err);
+    unlink(path);
+}
+
 /* mkmodel's deepseek-v2-lite preset, cut: latent attention hyper-parameters as llama.cpp
  * reads them (one kv head of latent + RoPE dims), its router and YaRN. */
 TEST(test_mkmodel_deepseek_preset)
@@ -333,6 +381,7 @@ int main(void)
     RUN(test_mkmodel_preset);
     RUN(test_mkmodel_deepseek_preset);
     RUN(test_mkmodel_gptoss_preset);
+    RUN(test_gptoss_bad_files);
     RUN(test_imbalance);
     rmdir(tmpdir);
     HARNESS_END();
