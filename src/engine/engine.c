@@ -527,6 +527,7 @@ static void engine_window_commit(engine *e, const engine_batch *b, int layer)
                 for (int h = 0; h < nkv; h++)
                     memcpy(kvpool_seq_ring_row(kv, b->toks[t].seq, layer, k, h, pk), engine_win_row(e, b, layer, t, pk, k, h),
                            e->wrow);
+        if (wl == kvpool_n_window_layers(kv) - 1) kvpool_seq_set_ring_next(b->toks[t].seq, p1 + 1);
         t = r;
     }
 }
@@ -551,6 +552,9 @@ static bool engine_window_plan(engine *e, const engine_batch *b)
                 e->prev_run[t] = e->run0[u];
                 break;
             }
+        /* its first run may go back a few positions (a rejected draft), not further: the ring
+         * has moved on */
+        if (e->prev_run[t] < 0 && p0 + KVPOOL_RING_SPARE < kvpool_seq_ring_next(sq)) return false;
         for (int end = (p0 / KVPOOL_BLOCK + 1) * KVPOOL_BLOCK; end <= p1 + 1; end += KVPOOL_BLOCK) {
             if (end < W || end < kvpool_seq_exact_from(sq)) continue;
             if (e->n_wsnap == e->n_wsnap_max) {

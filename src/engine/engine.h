@@ -113,8 +113,9 @@ typedef struct {
 } engine_window_state;
 /* The states captured by the last engine_step (0 for a model without window layers). On a
  * model with window layers a sequence's entries in one step must be at consecutive positions
- * in batch order (runs of it may have other sequences' entries between them), else
- * ENGINE_ERR_ARG: its ring holds what precedes the step. */
+ * in batch order (runs of it may have other sequences' entries between them), starting at
+ * most KVPOOL_RING_SPARE positions before kvpool_seq_ring_next, else ENGINE_ERR_ARG: its
+ * ring holds what precedes the step. */
 int engine_window_states(const engine *e, const engine_window_state **out);
 
 /* Runs one forward step. logits receives (n_out, n_vocab) floats, one row per entry with

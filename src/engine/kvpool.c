@@ -74,6 +74,8 @@ struct kvpool_seq {
     int win_lo;                  /* window layers see no key below this position */
     int full_from;               /* full layers' KV below this position is already in the blocks */
     int exact_from;              /* window state at positions >= this equals a run without cache */
+    int ring_next;               /* window layers' positions below it are written; the ring holds
+                                  * the last ring_len of them */
 };
 
 const char *kvpool_status_name(kvpool_status st)
@@ -339,7 +341,7 @@ kvpool_seq *kvpool_seq_new(kvpool *p)
 {
     kvpool_seq *s = xcalloc(1, sizeof *s);
     s->table = xmalloc((size_t)p->o.n_blocks * sizeof *s->table);
-    if (p->ring_bytes) s->ring = xmalloc(p->ring_bytes);
+    if (p->ring_bytes) s->ring = xcalloc(1, p->ring_bytes);   /* never garbage, even if misused */
     return s;
 }
 
@@ -348,7 +350,7 @@ void kvpool_seq_reset(kvpool *p, kvpool_seq *s)
     for (int i = s->n - 1; i >= 0; i--) kvpool_unref(p, s->table[i]);
     s->n = 0;
     s->n_keyed = 0;
-    s->win_lo = s->full_from = s->exact_from = 0;
+    s->win_lo = s->full_from = s->exact_from = s->ring_next = 0;
     memset(s->last_key, 0, sizeof s->last_key);
 }
 
@@ -586,6 +588,8 @@ int kvpool_window_exact_span(const kvpool *p)
 int kvpool_seq_win_lo(const kvpool_seq *s) { return s->win_lo; }
 int kvpool_seq_full_from(const kvpool_seq *s) { return s->full_from; }
 int kvpool_seq_exact_from(const kvpool_seq *s) { return s->exact_from; }
+int kvpool_seq_ring_next(const kvpool_seq *s) { return s->ring_next; }
+void kvpool_seq_set_ring_next(kvpool_seq *s, int pos) { s->ring_next = pos; }
 
 /* Rows [end - window, end) of every window layer, in the ring or in dst's order
  * (n_win_layers, 2, n_kv_heads, window, head_dim): one memcpy per (layer, kv, head) and ring
@@ -616,6 +620,7 @@ void kvpool_seq_window_restore(const kvpool *p, kvpool_seq *s, int end, const vo
     s->win_lo = end - p->window;
     s->full_from = end;
     s->exact_from = 0;
+    s->ring_next = end;
 }
 
 int kvpool_seq_window_replay(const kvpool *p, kvpool_seq *s, int end, bool exact)
@@ -626,6 +631,7 @@ int kvpool_seq_window_replay(const kvpool *p, kvpool_seq *s, int end, bool exact
     from = TM_MAX(0, from);
     s->win_lo = from;
     s->full_from = end;
+    s->ring_next = from;
     /* computing from `from` with nothing below it: the state equals the full computation's
      * once every window layer's dependencies lie above it (the exact span) */
     s->exact_from = from > 0 ? from + kvpool_window_exact_span(p) : 0;

@@ -207,6 +207,11 @@ void *kvpool_seq_ring_row(const kvpool *p, const kvpool_seq *s, int layer, int k
 int kvpool_seq_win_lo(const kvpool_seq *s);         /* window layers see no key below it */
 int kvpool_seq_full_from(const kvpool_seq *s);      /* full layers' KV below it is in blocks */
 int kvpool_seq_exact_from(const kvpool_seq *s);     /* window state exact at positions >= it */
+/* Window layers' positions below it have been written (the engine advances it): a step may
+ * go back at most KVPOOL_RING_SPARE positions from it (a rejected draft); further back the
+ * ring no longer holds what it needs (reset the sequence, or restore / replay). */
+int kvpool_seq_ring_next(const kvpool_seq *s);
+void kvpool_seq_set_ring_next(kvpool_seq *s, int pos);
 /* The window state at end (positions [end - window, end), which the ring must hold) into dst
  * (kvpool_window_state_bytes). */
 void kvpool_seq_window_save(const kvpool *p, const kvpool_seq *s, int end, void *dst);

@@ -211,6 +211,14 @@ TEST(test_window_restore_and_replay)
     kvpool_seq_free(kv, x);
     kvpool_seq_free(kv, y);
 
+    /* going back: a few positions (a rejected draft) recompute exactly, further is refused */
+    CHECK(kvpool_seq_ring_next(a) == N);
+    engine_tok back = { toks[N - 6], N - 6, a, true };
+    engine_batch bb = { 1, &back };
+    CHECK(engine_step(e, &bb, got) == ENGINE_OK && !memcmp(got, ref + (size_t)(N - 6) * V, V * sizeof(float)));
+    back = (engine_tok){ toks[10], 10, a, true };
+    CHECK(engine_step(e, &bb, got) == ENGINE_ERR_ARG);
+
     kvpool_seq_free(kv, a);
     free(states[0]);
     free(states[1]);
