@@ -81,6 +81,9 @@ const cmd_opt *cmd_common_engine_table(cmd_engine_opts *o, cmd_opt out[CMD_ENGIN
         { "--prefill-step-tokens", NULL, CMD_OPT_LONG, &o->prefill_step, 1, 1 << 16, .arg = "N", .help = "tokens of a step without decodes (default 512)" },
         { "--step-ms", NULL, CMD_OPT_DOUBLE, &o->step_ms, 0.01, 60000, .arg = "MS", .help = "time target of a step with decodes (default: token budgets only)" },
         { "--prefill-step-ms", NULL, CMD_OPT_DOUBLE, &o->prefill_step_ms, 0.01, 60000, .arg = "MS", .help = "time target of a step without decodes (default 4 x --step-ms)" },
+        { "--window-mib", NULL, CMD_OPT_DOUBLE, &o->window_mib, 0, 1 << 24, .arg = "N", .help = "sliding-window models: RAM for the window cache in MiB (default 1024; 0: keep none)" },
+        { "--window-ttl", NULL, CMD_OPT_DOUBLE, &o->window_ttl, 0.001, 1e7, .arg = "S", .help = "seconds a window state is kept (default 180)" },
+        { "--window-replay", NULL, CMD_OPT_CHOICE, &o->window_replay, .choices = "bounded|exact", .help = "a missing window state: recompute the last block (default) or exactly" },
         { 0 },
     };
     memcpy(out, t, sizeof t);
@@ -108,17 +111,26 @@ engine *cmd_common_engine_new(const char *prog, model *m, cmd_engine_opts *o)
     if (o->step_tokens == 0) o->step_tokens = sched_default_step_tokens((int)o->max_seqs);   /* max-seqs + 64 */
     /* the engine batch holds the larger of the two step budgets (sched caps both at it) */
     engine_opts eo = { .n_threads = (int)o->threads, .max_batch_tokens = (int)TM_MAX(o->step_tokens, o->prefill_step) };
-    kvpool_opts ko = engine_kv_geometry(m, false);
+    int32_t *lw = xcalloc((size_t)m->hp.n_layers, sizeof *lw);   /* window layers keep no KV in blocks */
+    kvpool_opts ko = engine_kv_geometry(m, false, lw);
     size_t ctx_blocks = (size_t)(o->ctx + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK;
     size_t want_blocks = (size_t)o->max_seqs * ctx_blocks;
     size_t cap_blocks = (size_t)kvpool_blocks_for_bytes(&ko, (size_t)o->kv_mib << 20);
+    free(lw);
     eo.n_kv_blocks = (int)TM_MAX(TM_MIN(want_blocks, cap_blocks), ctx_blocks + 1);
     engine *e = NULL;
     if (engine_new(m, &eo, &e, err, sizeof err) != ENGINE_OK) {
         fprintf(stderr, "tokenmill %s: %s\n", prog, err);
         return NULL;
     }
-    kvpool_prefault(engine_kvpool(e));
+    kvpool *kv = engine_kvpool(e);
+    kvpool_prefault(kv);
+    if (kvpool_n_window_layers(kv) > 0)
+        log_info("%s: %d window layers (window %d) keep a ring of %d positions per sequence: %.2f MiB each; "
+                 "%d full layers in %zu-byte blocks; window states of %.2f MiB",
+                 prog, kvpool_n_window_layers(kv), kvpool_window(kv), kvpool_window(kv) + KVPOOL_RING_SPARE,
+                 kvpool_ring_bytes(kv) / 1048576.0, kvpool_n_block_layers(kv), kvpool_block_bytes(kv),
+                 kvpool_window_state_bytes(kv) / 1048576.0);
     return e;
 }
 
@@ -136,7 +148,9 @@ sched_opts cmd_common_sched_opts(const cmd_engine_opts *o, blockio *bio, const t
     sched_opts so = { .bio = bio, .max_seqs = (int)o->max_seqs, .max_queue = (int)o->max_queue,
                       .step_tokens = (int)o->step_tokens, .prefill_step_tokens = (int)o->prefill_step,
                       .step_ms = o->step_ms, .prefill_step_ms = o->prefill_step_ms,
-                      .n_ctx = (int)o->ctx, .eos_ids = { -1, -1, -1, -1 } };
+                      .n_ctx = (int)o->ctx, .eos_ids = { -1, -1, -1, -1 },
+                      .window_mib = o->window_mib > 0 ? o->window_mib : -1, .window_ttl_s = o->window_ttl,
+                      .window_exact = o->window_replay == 1 };
     so.eos_ids[0] = tokenizer_eos(tok);
     so.eos_ids[1] = tokenizer_eot(tok);
     return so;

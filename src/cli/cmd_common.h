@@ -39,14 +39,19 @@ typedef struct {
     long prefill_step;   /* tokens per step without decodes */
     double step_ms;      /* time target of a step with decodes, ms; 0: token budgets only */
     double prefill_step_ms; /* time target of a step without decodes, ms; 0: 4 x step_ms */
+    double window_mib;   /* window cache RAM, MiB (models with sliding-window layers); 0: none */
+    double window_ttl;   /* seconds a window state is kept */
+    int window_replay;   /* 0: bounded, 1: exact (a missing window state) */
 } cmd_engine_opts;
 #define CMD_ENGINE_OPTS_DEFAULT \
-    { .max_seqs = 16, .kv_mib = 2048, .max_queue = 256, .prefill_step = SCHED_PREFILL_STEP }
+    { .max_seqs = 16, .kv_mib = 2048, .max_queue = 256, .prefill_step = SCHED_PREFILL_STEP, \
+      .window_mib = 1024, .window_ttl = 180 }
 /* The option table entries of the engine options (--threads/-t, --ctx/-c, --max-seqs,
- * --kv-mib, --max-queue, --step-tokens, --prefill-step-tokens, --step-ms, --prefill-step-ms)
+ * --kv-mib, --max-queue, --step-tokens, --prefill-step-tokens, --step-ms, --prefill-step-ms,
+ * --window-mib, --window-ttl, --window-replay)
  * writing into *o, in out (a table of its own, END-terminated): include it with
  * { .kind = CMD_OPT_TABLE, .dst = out }. */
-#define CMD_ENGINE_TABLE_N 10
+#define CMD_ENGINE_TABLE_N 13
 const cmd_opt *cmd_common_engine_table(cmd_engine_opts *o, cmd_opt out[CMD_ENGINE_TABLE_N]);
 /* The same for the HTTP layer's connection limits (http/http.h): --max-connections,
  * --max-client-connections, --request-timeout. */

@@ -472,8 +472,8 @@ blockio *blockio_new(store *st, kvpool *pool, const model *m, const blockio_opts
     int esz = dt == QTYPE_F32 ? 4 : 2;
     uint8_t fp[32], zero[32] = { 0 };
     blockkey_pool_fp(m->fingerprint, (int32_t)dt, fp);
-    block_header_init(&b->proto, zero, fp, (uint32_t)dt, esz, m->hp.n_layers, m->hp.n_kv_heads, m->hp.head_dim,
-                      kvpool_n_parts(pool));
+    block_header_init(&b->proto, zero, fp, (uint32_t)dt, esz, kvpool_n_block_layers(pool), m->hp.n_kv_heads,
+                      m->hp.head_dim, kvpool_n_parts(pool));
     b->block_bytes = kvpool_block_bytes(pool);
     if (b->proto.payload_bytes != b->block_bytes) {
         log_error("blockio: KV pool blocks (%zu bytes) do not match the model geometry (%llu bytes)", b->block_bytes,
@@ -481,7 +481,7 @@ blockio *blockio_new(store *st, kvpool *pool, const model *m, const blockio_opts
         free(b);
         return NULL;
     }
-    b->n_layers = m->hp.n_layers;
+    b->n_layers = kvpool_n_block_layers(pool);   /* window layers never enter a block */
     b->layer_bytes = b->proto.layer_bytes;
     b->file_bytes = BLOCK_HEADER_BYTES + b->block_bytes;
     pthread_mutex_init(&b->mu, NULL);

@@ -147,6 +147,18 @@ struct engine {
     float *mla_tmp;          /* (n_threads, mla_tmp_stride) per-head gather/scatter and scratch */
     size_t mla_tmp_stride;   /* floats per thread */
     float *shx;              /* (T, dim) shared experts' output */
+    /* window layers (NULL for a model without): their K/V of a step is staged here, read by
+     * attention for the step's own positions, and moved into each sequence's ring after */
+    uint8_t *wstage;         /* (T, 2, n_kv_heads, head_dim) pool dtype, K then V of an entry */
+    size_t wrow;             /* bytes of one staged row: head_dim * pool element size */
+    int32_t *run0;           /* (T) first batch entry of each entry's run (engine_run_end) */
+    int32_t *prev_run;       /* (T) at a run's first entry: the first entry of the same
+                              * sequence's previous run in this step, -1 if none */
+    engine_window_state *wsnap; /* (n_wsnap_max) states captured this step */
+    int32_t *wsnap_t;        /* (n_wsnap_max) a batch entry of the run that crossed each end */
+    uint8_t *wsnap_data;     /* (n_wsnap_max, kvpool_window_state_bytes) their bytes */
+    int n_wsnap, n_wsnap_max;
+    uint64_t n_wsnap_dropped; /* states not captured for want of a slot, lifetime */
 };
 
 typedef struct {
@@ -215,15 +227,22 @@ void engine_free(engine *e)
     free(e->att_v);
     free(e->mla_tmp);
     free(e->shx);
+    free(e->wstage);
+    free(e->run0);
+    free(e->prev_run);
+    free(e->wsnap_t);
+    free(e->wsnap);
+    free(e->wsnap_data);
     engine_moe_stats_free(e->stats);
     free(e);
 }
 
-kvpool_opts engine_kv_geometry(const model *m, bool kv_f32)
+kvpool_opts engine_kv_geometry(const model *m, bool kv_f32, int32_t *layer_window)
 {
     const model_hparams *hp = &m->hp;
+    for (int il = 0; il < hp->n_layers; il++) layer_window[il] = model_layer_window(m, il);
     kvpool_opts ko = { .n_layers = hp->n_layers, .n_kv_heads = hp->n_kv_heads, .head_dim = hp->head_dim,
-                       .v_is_k = hp->mla, .dtype = kv_f32 ? QTYPE_F32 : QTYPE_F16 };
+                       .v_is_k = hp->mla, .dtype = kv_f32 ? QTYPE_F32 : QTYPE_F16, .layer_window = layer_window };
     memcpy(ko.model_fp, m->fingerprint, 32);
     return ko;
 }
@@ -260,11 +279,13 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
         return ENGINE_ERR_NOMEM;
     }
 
-    kvpool_opts ko = engine_kv_geometry(m, o.kv_f32);
+    int32_t *lw = xcalloc((size_t)hp->n_layers, sizeof *lw);
+    kvpool_opts ko = engine_kv_geometry(m, o.kv_f32, lw);
     if (o.n_kv_blocks > 0) ko.n_blocks = o.n_kv_blocks;
     else if (o.kv_bytes > 0) ko.n_blocks = kvpool_blocks_for_bytes(&ko, o.kv_bytes);
     else ko.n_blocks = 4096 / KVPOOL_BLOCK;
     kvpool_status ks = kvpool_new(&ko, &e->kv);
+    free(lw);
     if (ks != KVPOOL_OK) {
         snprintf(err, errsz, "KV cache of %d blocks: %s", ko.n_blocks, kvpool_status_name(ks));
         engine_free(e);
@@ -286,6 +307,23 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
     e->ffb = util_aligned_alloc(T * ffn * sizeof(float));
     e->xo = util_aligned_alloc(T * hp->dim * sizeof(float));
     e->pos = util_aligned_alloc(T * sizeof(int32_t));
+
+    if (kvpool_n_window_layers(e->kv) > 0) {
+        e->wrow = (size_t)hp->head_dim * (o.kv_f32 ? 4 : 2);
+        e->wstage = util_aligned_alloc(T * 2 * (size_t)hp->n_kv_heads * e->wrow);
+        e->run0 = xmalloc(T * sizeof *e->run0);
+        e->prev_run = xmalloc(T * sizeof *e->prev_run);
+        e->n_wsnap_max = (int)(T / KVPOOL_BLOCK) + 16;
+        e->wsnap = xcalloc((size_t)e->n_wsnap_max, sizeof *e->wsnap);
+        e->wsnap_t = xcalloc((size_t)e->n_wsnap_max, sizeof *e->wsnap_t);
+        /* faulted in as states are captured: most steps cross no block boundary */
+        e->wsnap_data = calloc((size_t)e->n_wsnap_max, kvpool_window_state_bytes(e->kv));
+        if (!e->wstage || !e->wsnap_data) {
+            snprintf(err, errsz, "out of memory for the window layers' staging of %zu tokens", T);
+            engine_free(e);
+            return ENGINE_ERR_NOMEM;
+        }
+    }
 
     int Ti = (int)T;
     size_t sc = 0;
@@ -429,12 +467,121 @@ static void engine_job_qkv_post(void *ctx, int ith, int nth)
                   hp->rope_freq_scale, hp->rope_freq_factors, hp->rope_attn_factor, hp->rope_yarn[0] != 0 ? hp->rope_yarn : NULL);
     ops_rope_ggml(NULL, k, e->pos + t0, n, hp->n_kv_heads, hd, hp->n_rot, hp->rope_neox, hp->rope_theta_scale,
                   hp->rope_freq_scale, hp->rope_freq_factors, hp->rope_attn_factor, hp->rope_yarn[0] != 0 ? hp->rope_yarn : NULL);
+    if (kvpool_layer_block_index(e->kv, j->layer) < 0) {   /* a window layer: staged (engine_window_commit) */
+        const bool f16 = kvpool_dtype(e->kv) == QTYPE_F16;
+        for (int t = t0; t < t1; t++) {
+            uint8_t *dk = e->wstage + (size_t)t * 2 * kvd * (e->wrow / hd), *dv = dk + kvd * (e->wrow / hd);
+            if (f16) {
+                ops_fp32_to_fp16_row(e->k + (size_t)t * kvd, (fp16_t *)dk, kvd);
+                ops_fp32_to_fp16_row(e->v + (size_t)t * kvd, (fp16_t *)dv, kvd);
+            } else {
+                memcpy(dk, e->k + (size_t)t * kvd, (size_t)kvd * sizeof(float));
+                memcpy(dv, e->v + (size_t)t * kvd, (size_t)kvd * sizeof(float));
+            }
+        }
+        return;
+    }
     for (int t = t0; t < t1; t++) {
         const engine_tok *tk = &j->b->toks[t];
+        if (tk->pos < kvpool_seq_full_from(tk->seq)) continue;   /* replayed: its blocks hold it */
         for (int h = 0; h < hp->n_kv_heads; h++)
             kvpool_seq_store(e->kv, tk->seq, tk->pos, j->layer, h, e->k + (size_t)t * kvd + (size_t)h * hd,
                              e->v + (size_t)t * kvd + (size_t)h * hd);
     }
+}
+
+static int engine_run_end(const engine_batch *b, int t);
+
+/* ---- window layers ----------------------------------------------------------------------
+ * A window layer's K/V of a step are staged (engine_job_qkv_post); a query of entry t reads a
+ * key at pk from the staging when pk is in its own run (the step's positions of its sequence),
+ * else from the sequence's ring, which holds the positions before the run. After the layer's
+ * attention, engine_window_commit captures the states this step crossed and moves the staged
+ * rows into the rings. So a ring needs the window only, however long a prefill chunk. */
+static const uint8_t *engine_win_row(const engine *e, const engine_batch *b, int layer, int t, int pk, int kv, int kvh)
+{
+    for (int r0 = e->run0[t];; r0 = e->prev_run[r0]) {   /* this run, then the sequence's earlier ones */
+        int p0 = b->toks[r0].pos;
+        if (pk >= p0)
+            return e->wstage + (((size_t)(r0 + pk - p0) * 2 + (size_t)kv) * (size_t)e->m->hp.n_kv_heads + (size_t)kvh) * e->wrow;
+        if (e->prev_run[r0] < 0) break;
+    }
+    return kvpool_seq_ring_row(e->kv, b->toks[t].seq, layer, kv, kvh, pk);
+}
+
+/* After a window layer's attention (the caller's thread): first the states at the block ends
+ * planned for this step (engine_window_plan), from staging or ring, then the run's last ring_len
+ * staged rows into the ring. */
+static void engine_window_commit(engine *e, const engine_batch *b, int layer)
+{
+    const kvpool *kv = e->kv;
+    const int nkv = e->m->hp.n_kv_heads, W = kvpool_window(kv), wl = -1 - kvpool_layer_block_index(kv, layer);
+    const int R = W + KVPOOL_RING_SPARE;
+    const size_t sb = kvpool_window_state_bytes(kv), lb = sb / (size_t)kvpool_n_window_layers(kv);
+    for (int i = 0; i < e->n_wsnap; i++) {
+        const engine_window_state *ws = &e->wsnap[i];
+        int t = e->wsnap_t[i];
+        uint8_t *dst = e->wsnap_data + (size_t)i * sb + (size_t)wl * lb;
+        for (int k = 0; k < 2; k++)
+            for (int h = 0; h < nkv; h++)
+                for (int r = 0; r < W; r++, dst += e->wrow)
+                    memcpy(dst, engine_win_row(e, b, layer, t, ws->end - W + r, k, h), e->wrow);
+    }
+    for (int t = 0; t < b->n_tokens;) {
+        int r = engine_run_end(b, t), p0 = b->toks[t].pos, p1 = b->toks[r - 1].pos;
+        for (int pk = TM_MAX(p0, p1 + 1 - R); pk <= p1; pk++)
+            for (int k = 0; k < 2; k++)
+                for (int h = 0; h < nkv; h++)
+                    memcpy(kvpool_seq_ring_row(kv, b->toks[t].seq, layer, k, h, pk), engine_win_row(e, b, layer, t, pk, k, h),
+                           e->wrow);
+        if (wl == kvpool_n_window_layers(kv) - 1) kvpool_seq_set_ring_next(b->toks[t].seq, p1 + 1);
+        t = r;
+    }
+}
+
+/* Before a step of a model with window layers: the runs (run0) and each sequence's chain of
+ * runs (prev_run): a sequence may come in several runs, in batch order at consecutive
+ * positions (the ring holds what precedes the first); and the states to capture: every block
+ * end a run crosses at which the window state is exact (kvpool_seq_exact_from). false: a
+ * sequence's runs out of order or with a gap. */
+static bool engine_window_plan(engine *e, const engine_batch *b)
+{
+    const int W = kvpool_window(e->kv);
+    e->n_wsnap = 0;
+    for (int t = 0; t < b->n_tokens;) {
+        int r = engine_run_end(b, t), p0 = b->toks[t].pos, p1 = b->toks[r - 1].pos;
+        kvpool_seq *sq = b->toks[t].seq;
+        for (int u = t; u < r; u++) e->run0[u] = t;
+        e->prev_run[t] = -1;
+        for (int u = t - 1; u >= 0; u--)
+            if (b->toks[u].seq == sq) {   /* the end of the sequence's previous run */
+                if (b->toks[u].pos != p0 - 1) return false;
+                e->prev_run[t] = e->run0[u];
+                break;
+            }
+        /* its first run may go back a few positions (a rejected draft), not further: the ring
+         * has moved on */
+        if (e->prev_run[t] < 0 && p0 + KVPOOL_RING_SPARE < kvpool_seq_ring_next(sq)) return false;
+        for (int end = (p0 / KVPOOL_BLOCK + 1) * KVPOOL_BLOCK; end <= p1 + 1; end += KVPOOL_BLOCK) {
+            if (end < W || end < kvpool_seq_exact_from(sq)) continue;
+            if (e->n_wsnap == e->n_wsnap_max) {
+                e->n_wsnap_dropped++;
+                continue;
+            }
+            e->wsnap_t[e->n_wsnap] = t;
+            e->wsnap[e->n_wsnap] = (engine_window_state){ .seq = sq, .end = end,
+                .state = e->wsnap_data + (size_t)e->n_wsnap * kvpool_window_state_bytes(e->kv) };
+            e->n_wsnap++;
+        }
+        t = r;
+    }
+    return true;
+}
+
+int engine_window_states(const engine *e, const engine_window_state **out)
+{
+    *out = e->wsnap;
+    return e->wsnap ? e->n_wsnap : 0;
 }
 
 /* x += xn (xn += j->bias first, if any), then (j->norm) xn = rmsnorm(x) * j->norm, the next
@@ -477,10 +624,10 @@ static void engine_job_add_norm(void *ctx, int ith, int nth)
  *    would make a query's result depend on the step and the thread count). */
 /* The first key that the rows of an item (nt positions from pos) see: 0, or for a window
  * layer (whose items are single positions) the start of the window. */
-static int engine_att_lo(const engine_job *j, int pos, int nt)
+static int engine_att_lo(const engine_job *j, int pos, int nt, const kvpool_seq *seq)
 {
     int w = model_layer_window(j->e->m, j->layer);
-    return w > 0 ? TM_MAX(0, pos + nt - w) : 0;
+    return w > 0 ? TM_MAX(kvpool_seq_win_lo(seq), pos + nt - w) : 0;
 }
 
 /* Attention sinks (gpt-oss): one more logit per head in the softmax denominator, with no
@@ -530,10 +677,18 @@ static void engine_att_per_key(engine_job *j, float *sc, int t0, int nt, int kvh
         MS[2 * r + 1] = 0.0f;
     }
     memset(acc, 0, (size_t)nq * hd * sizeof(float));
-    for (int pk = engine_att_lo(j, tk0->pos, nt); pk < n_ctx; pk++) {
-        const fp16_t *K = kvpool_seq_slab(e->kv, tk0->seq, pk / KVPOOL_BLOCK, j->layer, 0, kvh);
-        const fp16_t *V = kvpool_seq_slab(e->kv, tk0->seq, pk / KVPOOL_BLOCK, j->layer, 1, kvh);
-        const fp16_t *kr = K + (size_t)(pk % KVPOOL_BLOCK) * hd, *vr = V + (size_t)(pk % KVPOOL_BLOCK) * hd;
+    const bool win = e->wstage && kvpool_layer_block_index(e->kv, j->layer) < 0;
+    for (int pk = engine_att_lo(j, tk0->pos, nt, tk0->seq); pk < n_ctx; pk++) {
+        const fp16_t *kr, *vr;
+        if (win) {
+            kr = (const fp16_t *)engine_win_row(e, j->b, j->layer, t0, pk, 0, kvh);
+            vr = (const fp16_t *)engine_win_row(e, j->b, j->layer, t0, pk, 1, kvh);
+        } else {
+            const fp16_t *K = kvpool_seq_slab(e->kv, tk0->seq, pk / KVPOOL_BLOCK, j->layer, 0, kvh);
+            const fp16_t *V = kvpool_seq_slab(e->kv, tk0->seq, pk / KVPOOL_BLOCK, j->layer, 1, kvh);
+            kr = K + (size_t)(pk % KVPOOL_BLOCK) * hd;
+            vr = V + (size_t)(pk % KVPOOL_BLOCK) * hd;
+        }
         for (int r = 0; r < nq; r++) {
             if (pk > tk0->pos + r / gqa) continue;  /* causal */
             float *a = acc + (size_t)r * hd;
@@ -611,11 +766,33 @@ static void engine_att_tiled(engine_job *j, float *sc, int t0, int nt, int kvh)
     int n_ctx = tk0->pos + nt;  /* positions the last row sees */
     /* a window layer's item is one position (engine_job_attention): its first key lo, and each
      * block's keys from there on (skipped keys would only add exact zeros) */
-    const int lo = engine_att_lo(j, tk0->pos, nt);
+    const int lo = engine_att_lo(j, tk0->pos, nt, tk0->seq);
+    const bool win = e->wstage && kvpool_layer_block_index(e->kv, j->layer) < 0;
     ops_att_block_args a = { .hd = hd, .nq = nq, .nqp = nqp, .scale = hp->att_scale, .qt = qt,
                              .lim = lim, .st = st, .m = M, .s = S, .acc = acc, .kt = kt };
     for (int bi = lo / KVPOOL_BLOCK; bi * KVPOOL_BLOCK < n_ctx; bi++) {
         int k0 = TM_MAX(0, lo - bi * KVPOOL_BLOCK), nb = TM_MIN(KVPOOL_BLOCK, n_ctx - bi * KVPOOL_BLOCK) - k0;
+        if (win) {   /* the same keys and blocks as if in the pool, gathered from staging and ring */
+            for (int r = 0; r < nb; r++) {
+                int pk = bi * KVPOOL_BLOCK + k0 + r;
+                const void *kr = engine_win_row(e, j->b, j->layer, t0, pk, 0, kvh);
+                const void *vr = engine_win_row(e, j->b, j->layer, t0, pk, 1, kvh);
+                if (f16) {
+                    ops_fp16_to_fp32_row(kr, Kf + (size_t)r * hd, hd);
+                    ops_fp16_to_fp32_row(vr, Vf + (size_t)r * hd, hd);
+                } else {
+                    memcpy(Kf + (size_t)r * hd, kr, (size_t)hd * sizeof(float));
+                    memcpy(Vf + (size_t)r * hd, vr, (size_t)hd * sizeof(float));
+                }
+            }
+            a.k = Kf;
+            a.v = Vf;
+            a.nb = nb;
+            for (int r = 0; r < nq; r++)
+                lim[r] = TM_MAX(0, TM_MIN(nb, tk0->pos + r / gqa + 1 - bi * KVPOOL_BLOCK - k0));
+            ops_att_block(&a);
+            continue;
+        }
         const void *K = kvpool_seq_slab(e->kv, tk0->seq, bi, j->layer, 0, kvh);
         const void *V = kvpool_seq_slab(e->kv, tk0->seq, bi, j->layer, 1, kvh);
         size_t esz = f16 ? sizeof(fp16_t) : sizeof(float);
@@ -1004,6 +1181,7 @@ engine_status engine_step(engine *e, const engine_batch *b, float *logits)
         if (kvpool_seq_reserve(e->kv, tk->seq, tk->pos + 1) != KVPOOL_OK) return ENGINE_ERR_KV_FULL;
     }
 
+    if (e->wstage && !engine_window_plan(e, b)) return ENGINE_ERR_ARG;
     engine_plan_tiles(e, b);
 
     threadpool *tp = e->tp;
@@ -1030,8 +1208,10 @@ engine_status engine_step(engine *e, const engine_batch *b, float *logits)
         job.n_items = (job.win ? T : e->n_tiles) * hp->n_kv_heads;
         job.next = 0;
         job.q16 = kvpool_dtype(e->kv) == QTYPE_F16 && hd % 16 != 0;
-        kvpool_fill_wait(e->kv, il);   /* layer il of blocks still loading from the store */
+        int bl = kvpool_layer_block_index(e->kv, il);
+        if (bl >= 0) kvpool_fill_wait(e->kv, bl);   /* layer il of blocks still loading from the store */
         threadpool_run(tp, engine_job_attention, &job);
+        if (bl < 0) engine_window_commit(e, b, il);
         if (hp->mla) engine_mla_out(e, &job, il, T);
         else ops_matmul(tp, &L->wo, e->att, T, e->xn, e->mm_scratch);
         job.norm = L->ffn_norm;

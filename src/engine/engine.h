@@ -90,8 +90,10 @@ const char *engine_status_name(engine_status st);
 
 kvpool *engine_kvpool(engine *e);
 /* The KV pool geometry engine_new gives a model (n_blocks 0): for sizing the pool before
- * the engine exists (kvpool_geom_block_bytes). MLA models store one latent row per position. */
-kvpool_opts engine_kv_geometry(const model *m, bool kv_f32);
+ * the engine exists (kvpool_geom_block_bytes). MLA models store one latent row per position;
+ * window layers keep no KV in blocks. layer_window: (n_layers) the caller's array, which the
+ * result points to (filled with model_layer_window). */
+kvpool_opts engine_kv_geometry(const model *m, bool kv_f32, int32_t *layer_window);
 const model *engine_model(const engine *e);
 int engine_max_batch(const engine *e);
 int engine_n_threads(const engine *e);
@@ -105,6 +107,21 @@ bool engine_moe_load(engine *e, int layer, uint64_t *window, uint64_t *total, in
  * contiguous groups (as G devices would hold them), the busiest group's load over the mean
  * group load; 1 is perfect balance, 0 when nothing was counted. */
 double engine_moe_imbalance(const uint64_t *counts, int n_expert, int n_groups);
+
+/* A window layers' state captured by a step (models with sliding-window layers): the state
+ * of seq at end (a multiple of 128 its step crossed, where the state is exact), in the layout
+ * of kvpool_seq_window_save. */
+typedef struct {
+    kvpool_seq *seq;
+    int end;                  /* positions [end - window, end) */
+    const void *state;        /* kvpool_window_state_bytes; valid until the next engine_step */
+} engine_window_state;
+/* The states captured by the last engine_step (0 for a model without window layers). On a
+ * model with window layers a sequence's entries in one step must be at consecutive positions
+ * in batch order (runs of it may have other sequences' entries between them), starting at
+ * most KVPOOL_RING_SPARE positions before kvpool_seq_ring_next, else ENGINE_ERR_ARG: its
+ * ring holds what precedes the step. */
+int engine_window_states(const engine *e, const engine_window_state **out);
 
 /* Runs one forward step. logits receives (n_out, n_vocab) floats, one row per entry with
  * want_logits, in batch order; it may be NULL when no entry wants logits. */

@@ -39,7 +39,7 @@ struct kvpool {
     size_t esz;                  /* bytes per element: 2 (f16) or 4 (f32) */
     size_t slab_bytes;           /* 128 * head_dim * esz */
     int n_parts;                 /* slabs per (layer, kv head): 2 (K, V) or 1 (v_is_k) */
-    size_t block_bytes;          /* n_layers * n_parts * n_kv_heads * slab_bytes */
+    size_t block_bytes;          /* n_blk_layers * n_parts * n_kv_heads * slab_bytes */
     uint8_t *data;               /* (n_blocks, block_bytes), 64-byte aligned */
     kvpool_blk *blk;             /* (n_blocks) */
     int32_t free_head;           /* free list, -1 if empty */
@@ -56,6 +56,13 @@ struct kvpool {
     int n_filling;
     kvpool_release_fn release_fn; /* lets go of a block's external bytes (blockio), or NULL */
     void *release_arg;
+    int32_t *slot;               /* (n_layers) a full layer's index in a block (>= 0), or a
+                                  * window layer's in the ring as -1 - index */
+    int n_blk_layers;            /* full layers: the layers a block holds */
+    int n_win_layers;            /* window layers: the layers the rings hold */
+    int window;                  /* positions a window layer's query sees (the largest window) */
+    int ring_len;                /* ring slots per sequence: window + KVPOOL_RING_SPARE */
+    size_t ring_bytes;           /* n_win_layers * 2 * n_kv_heads * ring_len * head_dim * esz */
 };
 
 struct kvpool_seq {
@@ -63,6 +70,13 @@ struct kvpool_seq {
     int n;                       /* blocks in the table */
     int n_keyed;                 /* leading blocks whose key is known */
     uint8_t last_key[32];        /* key of block n_keyed-1, zeros if none */
+    uint8_t *ring;               /* (n_win_layers, 2, n_kv_heads, ring_len, head_dim) window
+                                  * layers' K/V, position p at slot p % ring_len; NULL if none */
+    int win_lo;                  /* window layers see no key below this position */
+    int full_from;               /* full layers' KV below this position is already in the blocks */
+    int exact_from;              /* window state at positions >= this equals a run without cache */
+    int ring_next;               /* window layers' positions below it are written; the ring holds
+                                  * the last ring_len of them */
 };
 
 const char *kvpool_status_name(kvpool_status st)
@@ -76,10 +90,17 @@ const char *kvpool_status_name(kvpool_status st)
     return "?";
 }
 
+static int kvpool_geom_blk_layers(const kvpool_opts *o)
+{
+    int n = 0;
+    for (int l = 0; l < o->n_layers; l++) n += !o->layer_window || o->layer_window[l] <= 0;
+    return n;
+}
+
 size_t kvpool_geom_block_bytes(const kvpool_opts *o)
 {
     size_t esz = o->dtype == QTYPE_F32 ? 4 : 2, parts = o->v_is_k ? 1 : 2;
-    return (size_t)o->n_layers * parts * (size_t)o->n_kv_heads * KVPOOL_BLOCK * (size_t)o->head_dim * esz;
+    return (size_t)kvpool_geom_blk_layers(o) * parts * (size_t)o->n_kv_heads * KVPOOL_BLOCK * (size_t)o->head_dim * esz;
 }
 
 int kvpool_blocks_for_bytes(const kvpool_opts *o, size_t bytes)
@@ -95,12 +116,31 @@ kvpool_status kvpool_new(const kvpool_opts *opts, kvpool **out)
 {
     *out = NULL;
     if (opts->n_layers <= 0 || opts->n_kv_heads <= 0 || opts->head_dim <= 0 || opts->n_blocks <= 0 ||
-        (opts->dtype != QTYPE_F16 && opts->dtype != QTYPE_F32))
+        (opts->dtype != QTYPE_F16 && opts->dtype != QTYPE_F32) || kvpool_geom_blk_layers(opts) == 0)
         return KVPOOL_ERR_ARG;
+    /* no model family has both; the rings keep K and V apart */
+    if (opts->v_is_k && kvpool_geom_blk_layers(opts) != opts->n_layers) return KVPOOL_ERR_ARG;
     kvpool *p = xcalloc(1, sizeof *p);
     p->o = *opts;
+    p->o.layer_window = NULL;    /* the caller's array need not outlive the call: slot says it all */
     p->esz = opts->dtype == QTYPE_F32 ? 4 : 2;
     p->n_parts = opts->v_is_k ? 1 : 2;
+    p->slot = xmalloc((size_t)opts->n_layers * sizeof *p->slot);
+    for (int l = 0; l < opts->n_layers; l++) {
+        int w = opts->layer_window ? opts->layer_window[l] : 0;
+        if (w > 0) {
+            p->slot[l] = -1 - p->n_win_layers++;
+            p->window = TM_MAX(p->window, w);
+        } else {
+            p->slot[l] = p->n_blk_layers++;
+        }
+    }
+    /* a sequence never holds more positions than the pool: a wider window (an odd GGUF) needs
+     * no wider ring */
+    p->window = (int)TM_MIN((int64_t)p->window, (int64_t)opts->n_blocks * KVPOOL_BLOCK);
+    p->ring_len = p->n_win_layers ? p->window + KVPOOL_RING_SPARE : 0;
+    p->ring_bytes = (size_t)p->n_win_layers * 2 * (size_t)opts->n_kv_heads * (size_t)p->ring_len *
+                    (size_t)opts->head_dim * p->esz;
     p->slab_bytes = (size_t)KVPOOL_BLOCK * (size_t)opts->head_dim * p->esz;
     p->block_bytes = kvpool_geom_block_bytes(opts);
     size_t total = p->block_bytes * (size_t)opts->n_blocks;
@@ -179,6 +219,7 @@ void kvpool_free(kvpool *p)
     free(p->blk);
     free(p->bucket);
     free(p->filling);
+    free(p->slot);
     free(p);
 }
 
@@ -305,6 +346,7 @@ kvpool_seq *kvpool_seq_new(kvpool *p)
 {
     kvpool_seq *s = xcalloc(1, sizeof *s);
     s->table = xmalloc((size_t)p->o.n_blocks * sizeof *s->table);
+    if (p->ring_bytes) s->ring = xcalloc(1, p->ring_bytes);   /* never garbage, even if misused */
     return s;
 }
 
@@ -313,6 +355,7 @@ void kvpool_seq_reset(kvpool *p, kvpool_seq *s)
     for (int i = s->n - 1; i >= 0; i--) kvpool_unref(p, s->table[i]);
     s->n = 0;
     s->n_keyed = 0;
+    s->win_lo = s->full_from = s->exact_from = s->ring_next = 0;
     memset(s->last_key, 0, sizeof s->last_key);
 }
 
@@ -320,6 +363,7 @@ void kvpool_seq_free(kvpool *p, kvpool_seq *s)
 {
     if (!s) return;
     kvpool_seq_reset(p, s);
+    free(s->ring);
     free(s->table);
     free(s);
 }
@@ -461,7 +505,7 @@ void kvpool_fill_wait(kvpool *p, int layer)
 {
     if (!p->n_filling) return;
     if (p->fill_fn) p->fill_fn(p->fill_arg, layer);
-    if (layer < 0 || layer >= p->o.n_layers - 1) {   /* fills copy layers in order: all done */
+    if (layer < 0 || layer >= p->n_blk_layers - 1) {   /* fills copy layers in order: all done */
         for (int i = 0; i < p->n_filling; i++) p->blk[p->filling[i]].filling = false;
         p->n_filling = 0;
     }
@@ -480,18 +524,34 @@ int kvpool_block_refcount(const kvpool *p, int id) { return p->blk[id].refcnt; }
 
 void *kvpool_seq_slab(const kvpool *p, const kvpool_seq *s, int bi, int layer, int kv, int kv_head)
 {
+    int bl = p->slot[layer];
+    if (bl < 0) return NULL;   /* a window layer: its KV is in the ring */
     if (p->n_parts == 1) kv = 0;   /* V is K */
-    size_t slab = ((size_t)layer * (size_t)p->n_parts + (size_t)kv) * (size_t)p->o.n_kv_heads + (size_t)kv_head;
+    size_t slab = ((size_t)bl * (size_t)p->n_parts + (size_t)kv) * (size_t)p->o.n_kv_heads + (size_t)kv_head;
     return kvpool_blk_bytes(p, s->table[bi]) + slab * p->slab_bytes;
+}
+
+void *kvpool_seq_ring_row(const kvpool *p, const kvpool_seq *s, int layer, int kv, int kv_head, int pos)
+{
+    int wl = -1 - p->slot[layer];
+    size_t row = (((size_t)wl * 2 + (size_t)kv) * (size_t)p->o.n_kv_heads + (size_t)kv_head) * (size_t)p->ring_len +
+                 (size_t)(pos % p->ring_len);
+    return s->ring + row * (size_t)p->o.head_dim * p->esz;
+}
+
+/* Row of position pos of (layer, kv, kv_head): in its block, or a window layer's ring slot. */
+static uint8_t *kvpool_seq_row(const kvpool *p, const kvpool_seq *s, int pos, int layer, int kv, int kv_head)
+{
+    if (p->slot[layer] < 0) return kvpool_seq_ring_row(p, s, layer, kv, kv_head, pos);
+    size_t off = (size_t)(pos % KVPOOL_BLOCK) * (size_t)p->o.head_dim * p->esz;
+    return (uint8_t *)kvpool_seq_slab(p, s, pos / KVPOOL_BLOCK, layer, kv, kv_head) + off;
 }
 
 void kvpool_seq_store(const kvpool *p, const kvpool_seq *s, int pos, int layer, int kv_head,
                       const float *k, const float *v)
 {
     int hd = p->o.head_dim;
-    size_t off = (size_t)(pos % KVPOOL_BLOCK) * (size_t)hd * p->esz;
-    uint8_t *kr = (uint8_t *)kvpool_seq_slab(p, s, pos / KVPOOL_BLOCK, layer, 0, kv_head) + off;
-    uint8_t *vr = (uint8_t *)kvpool_seq_slab(p, s, pos / KVPOOL_BLOCK, layer, 1, kv_head) + off;
+    uint8_t *kr = kvpool_seq_row(p, s, pos, layer, 0, kv_head), *vr = kvpool_seq_row(p, s, pos, layer, 1, kv_head);
     if (p->o.dtype == QTYPE_F16) {
         ops_fp32_to_fp16_row(k, (fp16_t *)kr, hd);
         if (vr != kr) ops_fp32_to_fp16_row(v, (fp16_t *)vr, hd);
@@ -505,9 +565,7 @@ void kvpool_seq_load(const kvpool *p, const kvpool_seq *s, int pos, int layer, i
                      float *k, float *v)
 {
     int hd = p->o.head_dim;
-    size_t off = (size_t)(pos % KVPOOL_BLOCK) * (size_t)hd * p->esz;
-    const uint8_t *kr = (const uint8_t *)kvpool_seq_slab(p, s, pos / KVPOOL_BLOCK, layer, 0, kv_head) + off;
-    const uint8_t *vr = (const uint8_t *)kvpool_seq_slab(p, s, pos / KVPOOL_BLOCK, layer, 1, kv_head) + off;
+    const uint8_t *kr = kvpool_seq_row(p, s, pos, layer, 0, kv_head), *vr = kvpool_seq_row(p, s, pos, layer, 1, kv_head);
     if (p->o.dtype == QTYPE_F16) {
         ops_fp16_to_fp32_row((const fp16_t *)kr, k, hd);
         ops_fp16_to_fp32_row((const fp16_t *)vr, v, hd);
@@ -515,4 +573,73 @@ void kvpool_seq_load(const kvpool *p, const kvpool_seq *s, int pos, int layer, i
         memcpy(k, kr, (size_t)hd * sizeof(float));
         memcpy(v, vr, (size_t)hd * sizeof(float));
     }
+}
+
+/* ---- window layers ---- */
+int kvpool_layer_block_index(const kvpool *p, int layer) { return p->slot[layer]; }
+int kvpool_n_block_layers(const kvpool *p) { return p->n_blk_layers; }
+int kvpool_n_window_layers(const kvpool *p) { return p->n_win_layers; }
+int kvpool_window(const kvpool *p) { return p->window; }
+size_t kvpool_ring_bytes(const kvpool *p) { return p->ring_bytes; }
+size_t kvpool_window_state_bytes(const kvpool *p)
+{
+    return p->ring_len ? p->ring_bytes / (size_t)p->ring_len * (size_t)p->window : 0;
+}
+
+int kvpool_window_exact_span(const kvpool *p)
+{
+    return p->n_win_layers ? p->window + (p->n_win_layers - 1) * (p->window - 1) : 0;
+}
+
+int kvpool_seq_win_lo(const kvpool_seq *s) { return s->win_lo; }
+int kvpool_seq_full_from(const kvpool_seq *s) { return s->full_from; }
+int kvpool_seq_exact_from(const kvpool_seq *s) { return s->exact_from; }
+int kvpool_seq_ring_next(const kvpool_seq *s) { return s->ring_next; }
+void kvpool_seq_set_ring_next(kvpool_seq *s, int pos) { s->ring_next = pos; }
+
+/* Rows [end - window, end) of every window layer, in the ring or in dst's order
+ * (n_win_layers, 2, n_kv_heads, window, head_dim): one memcpy per (layer, kv, head) and ring
+ * wrap. to_ring copies src into the ring, else the ring into dst. */
+static void kvpool_seq_window_copy(const kvpool *p, kvpool_seq *s, int end, uint8_t *buf, bool to_ring)
+{
+    const size_t row = (size_t)p->o.head_dim * p->esz;
+    const int W = p->window, R = p->ring_len, n = p->n_win_layers * 2 * p->o.n_kv_heads;
+    for (int i = 0; i < n; i++) {
+        uint8_t *ring = s->ring + (size_t)i * R * row, *state = buf + (size_t)i * W * row;
+        for (int k = 0; k < W;) {
+            int pos = end - W + k, slot = pos % R, run = TM_MIN(W - k, R - slot);
+            if (to_ring) memcpy(ring + (size_t)slot * row, state + (size_t)k * row, (size_t)run * row);
+            else memcpy(state + (size_t)k * row, ring + (size_t)slot * row, (size_t)run * row);
+            k += run;
+        }
+    }
+}
+
+void kvpool_seq_window_save(const kvpool *p, const kvpool_seq *s, int end, void *dst)
+{
+    kvpool_seq_window_copy(p, (kvpool_seq *)s, end, dst, false);
+}
+
+void kvpool_seq_window_restore(const kvpool *p, kvpool_seq *s, int end, const void *src)
+{
+    kvpool_seq_window_copy(p, s, end, (uint8_t *)src, true);
+    s->win_lo = end - p->window;
+    s->full_from = end;
+    s->exact_from = 0;
+    s->ring_next = end;
+}
+
+int kvpool_seq_window_replay(const kvpool *p, kvpool_seq *s, int end, bool exact)
+{
+    /* bounded: the last block, or less when the exact span is shorter (then exact too) */
+    int span = kvpool_window_exact_span(p);
+    int from = end - (exact ? span : TM_MIN(span, KVPOOL_BLOCK));
+    from = TM_MAX(0, from);
+    s->win_lo = from;
+    s->full_from = end;
+    s->ring_next = from;
+    /* computing from `from` with nothing below it: the state equals the full computation's
+     * once every window layer's dependencies lie above it (the exact span) */
+    s->exact_from = from > 0 ? from + kvpool_window_exact_span(p) : 0;
+    return from;
 }

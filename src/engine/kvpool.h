@@ -39,6 +39,8 @@
 #include "model/quant.h"
 
 #define KVPOOL_BLOCK 128
+/* Ring slots per sequence beyond the window (room for a few speculative tokens to roll back). */
+#define KVPOOL_RING_SPARE 6
 
 typedef enum {
     KVPOOL_OK = 0,
@@ -55,6 +57,9 @@ typedef struct {
     qtype dtype;                 /* QTYPE_F16 or QTYPE_F32 */
     int n_blocks;                /* pool size in blocks */
     uint8_t model_fp[32];        /* model fingerprint (model.h) */
+    const int32_t *layer_window; /* (n_layers) sliding window of each layer in positions, 0 =
+                                  * full attention; NULL: every layer full. Only read by
+                                  * kvpool_new */
 } kvpool_opts;
 
 typedef struct kvpool kvpool;
@@ -123,11 +128,12 @@ const uint8_t *kvpool_seq_last_key(const kvpool_seq *s);
 
 /* Slab of K (kv = 0) or V (kv = 1) for (layer, kv_head) in the sequence's block bi:
  * (128, head_dim) elements of the pool dtype, row r = position bi*128 + r. bi must be below
- * capacity/128. In a v_is_k pool both are the same slab. */
+ * capacity/128. In a v_is_k pool both are the same slab. NULL for a window layer (its KV is in
+ * the sequence's ring). */
 void *kvpool_seq_slab(const kvpool *p, const kvpool_seq *s, int bi, int layer, int kv, int kv_head);
 /* Writes K and V (head_dim floats each) of position pos for (layer, kv_head), converted to
- * the pool dtype. pos must be below capacity. Thread-safe for distinct positions. A v_is_k
- * pool stores k only (v is not read; NULL allowed). */
+ * the pool dtype (a window layer: into its ring slot). pos must be below capacity.
+ * Thread-safe for distinct positions. A v_is_k pool stores k only (v is not read; NULL allowed). */
 void kvpool_seq_store(const kvpool *p, const kvpool_seq *s, int pos, int layer, int kv_head,
                       const float *k, const float *v);
 /* Reads them back as floats (tests, block export); a v_is_k pool gives the K row as v. */
@@ -181,6 +187,53 @@ void kvpool_set_fill_hook(kvpool *p, kvpool_fill_wait_fn fn, void *arg);
 void kvpool_fill_wait(kvpool *p, int layer);
 /* Key of the sequence's block bi (NULL unless bi < kvpool_seq_n_keyed / 128). */
 const uint8_t *kvpool_seq_block_key(const kvpool *p, const kvpool_seq *s, int bi);
+
+/* ---- window layers ----
+ * Layers with a sliding window keep no KV in blocks: a block holds only the full layers (in
+ * layer order; kvpool_layer_block_index), so blocks, their keys' payload and the block store
+ * hold full layers only. Each sequence has a ring of window + KVPOOL_RING_SPARE slots per window
+ * layer (position p at slot p % ring_len): memory per sequence bounded by the window, not the
+ * context. The engine writes the ring after attention (it reads a step's own keys from its
+ * staging rows), so the ring needs no room for a whole prefill chunk.
+ *
+ * A sequence that attaches a prefix of P positions from blocks has the full layers' KV but not
+ * the window layers' state: either kvpool_seq_window_restore copies the state at P (the window
+ * cache), or kvpool_seq_window_replay says from where to recompute; positions below
+ * kvpool_seq_full_from are then computed for the window layers only (the full layers' KV is
+ * in the blocks already and is never written again). */
+/* A full layer's index within a block (>= 0), or -1 - its index among the window layers. */
+int kvpool_layer_block_index(const kvpool *p, int layer);
+int kvpool_n_block_layers(const kvpool *p);
+int kvpool_n_window_layers(const kvpool *p);
+int kvpool_window(const kvpool *p);                 /* the largest window, 0 if none */
+size_t kvpool_ring_bytes(const kvpool *p);          /* ring bytes per sequence */
+/* Bytes of a window state: (n_window_layers, 2, n_kv_heads, window, head_dim) pool dtype. */
+size_t kvpool_window_state_bytes(const kvpool *p);
+/* Positions to recompute before P so that the window layers' state at P is exactly that of
+ * the full computation: window + (n_window_layers - 1) * (window - 1). */
+int kvpool_window_exact_span(const kvpool *p);
+/* Row (head_dim elements) of window layer `layer`'s ring for position pos. */
+void *kvpool_seq_ring_row(const kvpool *p, const kvpool_seq *s, int layer, int kv, int kv_head, int pos);
+int kvpool_seq_win_lo(const kvpool_seq *s);         /* window layers see no key below it */
+int kvpool_seq_full_from(const kvpool_seq *s);      /* full layers' KV below it is in blocks */
+int kvpool_seq_exact_from(const kvpool_seq *s);     /* window state exact at positions >= it */
+/* Window layers' positions below it have been written (the engine advances it): a step may
+ * go back at most KVPOOL_RING_SPARE positions from it (a rejected draft); further back the
+ * ring no longer holds what it needs (reset the sequence, or restore / replay). */
+int kvpool_seq_ring_next(const kvpool_seq *s);
+void kvpool_seq_set_ring_next(kvpool_seq *s, int pos);
+/* The window state at end (positions [end - window, end), which the ring must hold) into dst
+ * (kvpool_window_state_bytes). */
+void kvpool_seq_window_save(const kvpool *p, const kvpool_seq *s, int end, void *dst);
+/* Puts a saved state at end into the ring: the sequence continues at end exactly as if it had
+ * computed every position (end: its attached positions). */
+void kvpool_seq_window_restore(const kvpool *p, kvpool_seq *s, int end, const void *src);
+/* No saved state at end: returns the position to recompute from (window layers only up to
+ * end; window attention sees no key below it). exact: far enough back (the exact span) that
+ * the state at end is the full computation's; else only the last block (DeepSeek's bounded
+ * replay: an approximation whose cost does not grow with depth), or the exact span when that
+ * is shorter. States the sequence crosses before it is exact again are not captured. */
+int kvpool_seq_window_replay(const kvpool *p, kvpool_seq *s, int end, bool exact);
 
 /* Debug/test: block id at table index bi, and the refcount of a block id. */
 int kvpool_seq_block_id(const kvpool_seq *s, int bi);

@@ -42,6 +42,7 @@
 #include "cache/blockkey.h"
 #include "engine/blockio.h"
 #include "engine/steptime.h"
+#include "engine/wincache.h"
 #include "util/util.h"
 
 #define SCHED_LOAD_WAIT_S 2.0   /* longest a request waits at the queue head for a store load */
@@ -108,6 +109,8 @@ struct sched_req {
 struct sched {
     engine *e;
     kvpool *pool;
+    wincache *wc;                /* window states, NULL for a model without window layers */
+    uint8_t *wstate;             /* (kvpool_window_state_bytes) a state taken out of wc */
     int n_vocab;
     sched_opts o;                /* resolved options */
     pthread_t thread;
@@ -311,6 +314,45 @@ static bool sched_in_flight(sched *s, int bi, const uint8_t key[32])
     return false;
 }
 
+/* Cached tokens as usage counts them: on a model with window layers at most L - 134 of a
+ * prompt of L. */
+static int sched_cached_cap(const sched *s, const sched_req *r, int n)
+{
+    if (!s->wc) return n;
+    return TM_MAX(0, TM_MIN(n, r->n_prompt - SCHED_WINDOW_UNCACHED));
+}
+
+/* After r's sequence attached blocks up to att (a multiple of 128, or 0): the window layers'
+ * state at att from the window cache, else a replay. Returns the position to compute from. */
+static int sched_window_attach(sched *s, sched_req *r, int att)
+{
+    if (!s->wc || att <= 0 || att % KVPOOL_BLOCK) return att;
+    if (wincache_get(s->wc, sched_chain_key(s, r, att / KVPOOL_BLOCK - 1), s->wstate, util_now())) {
+        kvpool_seq_window_restore(s->pool, r->seq, att, s->wstate);
+        return att;
+    }
+    int from = kvpool_seq_window_replay(s->pool, r->seq, att, s->o.window_exact);
+    wincache_count_replay(s->wc, s->o.window_exact, att - from);
+    return from;
+}
+
+/* After a step: the window states its sequences crossed, into the window cache under the key
+ * of the block each ends. */
+static void sched_window_put(sched *s, int n_reqs)
+{
+    const engine_window_state *ws;
+    int n = engine_window_states(s->e, &ws);
+    double now = util_now();
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < n_reqs; k++) {
+            sched_req *r = s->batch_req[k];
+            if (r->seq != ws[i].seq) continue;
+            if (ws[i].end <= r->n_tokens)
+                wincache_put(s->wc, sched_chain_key(s, r, ws[i].end / KVPOOL_BLOCK - 1), ws[i].state, now);
+            break;
+        }
+}
+
 /* Full blocks r would not compute if admitted now: cached in the RAM tier or in flight. */
 static int sched_reusable_blocks(sched *s, sched_req *r)
 {
@@ -450,9 +492,9 @@ static void sched_admit_locked(sched *s)
         }
         if (r->p.kv_in) att = r->p.kv_in(r->p.kv_arg, s->pool, seq, att);
         r->seq = seq;
-        r->n_done = att;
+        r->n_done = sched_window_attach(s, r, att);
         if (!r->admitted_once) {
-            r->n_cached = TM_MIN(att, r->n_prompt);
+            r->n_cached = sched_cached_cap(s, r, TM_MIN(att, r->n_prompt));
             r->admitted_once = true;
             r->first_run = true;
             s->st.n_prompt_tokens += (uint64_t)r->n_prompt;
@@ -483,13 +525,15 @@ static void sched_share_locked(sched *s)
         int att = kvpool_seq_attach_prefix(s->pool, r->seq, r->tokens, r->n_tokens);
         if (att > r->n_done) {
             if (r->first_run) {
-                int hits = TM_MIN(att, r->n_prompt) - TM_MIN(r->n_done, r->n_prompt);
+                int hits = sched_cached_cap(s, r, TM_MIN(att, r->n_prompt)) - r->n_cached;
+                hits = TM_MAX(0, hits);
                 r->n_cached += hits;
                 s->st.n_cached_tokens += (uint64_t)hits;
                 s->st.n_shared_tokens += (uint64_t)hits;
             }
-            r->n_done = att;
+            r->n_done = sched_window_attach(s, r, att);
         }
+        if (r->n_done < kvpool_seq_n_keyed(r->seq)) continue;   /* replaying window layers */
         int end = r->n_done + KVPOOL_BLOCK;   /* the next block, attachable if it leaves a token */
         if (r->n_tokens <= end) continue;
         int bi = r->n_done / KVPOOL_BLOCK;
@@ -832,6 +876,7 @@ static void sched_step_run(sched *s, sched_step *st)
         if (s->o.bio) blockio_set_write_class(s->o.bio, r->p.cache_class);   /* its blocks' TTL */
         kvpool_seq_commit_full_blocks(s->pool, r->seq, r->tokens, r->n_done);
     }
+    if (st->est == ENGINE_OK && s->wc) sched_window_put(s, st->n_reqs);
     if (st->est == ENGINE_OK) sched_sample_step(s, st->n_reqs);
     st->t2 = util_now();
 }
@@ -1029,6 +1074,20 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
     o.prefill_step_ms = TM_MAX(o.prefill_step_ms, o.step_ms);
     if (o.n_ctx <= 0) o.n_ctx = m->hp.n_ctx_train;
     s->o = o;
+    if (kvpool_n_window_layers(s->pool) > 0) {
+        size_t sb = kvpool_window_state_bytes(s->pool);
+        wincache_opts wo = { .entry_bytes = sb, .ttl_s = o.window_ttl_s,
+                             .max_bytes = (size_t)(o.window_mib < 0 ? 0 : (o.window_mib == 0 ? 1024 : o.window_mib) * 1048576.0) };
+        s->wc = wincache_new(&wo);
+        s->wstate = malloc(sb);
+        if (!s->wc || !s->wstate) {
+            wincache_free(s->wc);
+            free(s->wstate);
+            free(s);
+            return SCHED_ERR_NOMEM;
+        }
+        s->st.window = true;
+    }
     s->st.step_tokens = o.step_tokens;
     s->st.prefill_step_tokens = o.prefill_step_tokens;
     s->st.step_ms = o.step_ms;
@@ -1165,6 +1224,8 @@ void sched_free(sched *s)
     free(s->batch_tok);
     free(s->batch_out);
     free(s->logits);
+    wincache_free(s->wc);
+    free(s->wstate);
     free(s);
 }
 
@@ -1349,6 +1410,21 @@ void sched_get_stats(sched *s, sched_stats *st)
         st->store_touches = bs.n_touched;
         st->store_load_s = bs.load_s;
         st->store_fill_wait_s = bs.fill_wait_s;
+    }
+    if (s->wc) {
+        wincache_stats ws;
+        wincache_get_stats(s->wc, &ws);
+        st->window_entries = ws.n_entries;
+        st->window_bytes = ws.bytes;
+        st->window_puts = ws.n_puts;
+        st->window_hits = ws.n_hits;
+        st->window_misses = ws.n_misses;
+        st->window_expired = ws.n_expired;
+        st->window_evicted = ws.n_evicted;
+        st->window_replay_exact = ws.n_replay_exact;
+        st->window_replay_bounded = ws.n_replay_bounded;
+        st->window_replay_tokens = ws.n_replay_tokens;
+        st->window_fetches = ws.n_fetches;
     }
 }
 

@@ -127,7 +127,15 @@ typedef struct {
     int32_t eos_ids[4];     /* end-of-generation ids for every request (-1 = unused) */
     struct blockio *bio;    /* block store tier (engine/blockio.h), or NULL: prefixes beyond the
                              * RAM tier are loaded from the store before admission */
+    /* models with sliding-window layers: the window cache (engine/wincache.h) */
+    double window_mib;      /* RAM for window states; 0: 1024; < 0: none kept (always replay) */
+    double window_ttl_s;    /* seconds a window state is kept; <= 0: 180 */
+    bool window_exact;      /* replay a missing state exactly (else bounded: the last block) */
 } sched_opts;
+
+/* A request of L prompt tokens on a model with window layers counts at most L - this many as
+ * cached: the last block and 6 spare positions are always computed (DeepSeek's accounting). */
+#define SCHED_WINDOW_UNCACHED 134
 
 typedef struct {
     const int32_t *prompt;  /* (n_prompt) token ids; copied by sched_submit */
@@ -271,6 +279,11 @@ typedef struct {
     double store_load_s;            /* seconds the I/O threads spent reading + verifying blocks */
     double store_fill_wait_s;       /* seconds engine steps waited for loaded blocks' layers to reach
                                      * the KV pool (copies the engine thread did itself included) */
+    /* window cache (zeros for a model without window layers; engine/wincache.h) */
+    bool window;                    /* the model has window layers */
+    uint64_t window_entries, window_bytes, window_puts, window_hits, window_misses, window_expired,
+             window_evicted, window_replay_exact, window_replay_bounded, window_replay_tokens,
+             window_fetches;
 } sched_stats;
 
 /* Latency histograms, seconds; SCHED_HIST_N bucket upper bounds (+Inf implied). */

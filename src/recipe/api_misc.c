@@ -150,6 +150,19 @@ static void misc_metrics(http_request *r, void *user)
     api_metric(&b, "tokenmill_kv_blocks_used", "gauge", "KV blocks held by running sequences.", st.kv_blocks_used);
     api_metric(&b, "tokenmill_kv_blocks_cached", "gauge", "Unreferenced KV blocks kept for prefix reuse (reclaimable).", st.kv_blocks_cached);
     api_metric(&b, "tokenmill_kv_blocks_free", "gauge", "KV blocks on the free list.", st.kv_blocks_free);
+    if (st.window) {   /* models with sliding-window layers: the window cache */
+        api_metric(&b, "tokenmill_window_entries", "gauge", "Window-layer states held in the window cache.", (double)st.window_entries);
+        api_metric(&b, "tokenmill_window_bytes", "gauge", "Bytes of window-layer states held.", (double)st.window_bytes);
+        api_metric(&b, "tokenmill_window_puts_total", "counter", "Window-layer states kept at block ends.", (double)st.window_puts);
+        api_metric(&b, "tokenmill_window_hits_total", "counter", "Attached prefixes whose window-layer state was in the window cache.", (double)st.window_hits);
+        api_metric(&b, "tokenmill_window_misses_total", "counter", "Attached prefixes whose window-layer state was not (replayed).", (double)st.window_misses);
+        api_metric(&b, "tokenmill_window_expired_total", "counter", "Window-layer states dropped for age (--window-ttl).", (double)st.window_expired);
+        api_metric(&b, "tokenmill_window_evicted_total", "counter", "Window-layer states dropped for room (--window-mib).", (double)st.window_evicted);
+        api_metric(&b, "tokenmill_window_replays_exact_total", "counter", "Missing window states recomputed exactly.", (double)st.window_replay_exact);
+        api_metric(&b, "tokenmill_window_replays_bounded_total", "counter", "Missing window states recomputed over the last block only (bounded replay).", (double)st.window_replay_bounded);
+        api_metric(&b, "tokenmill_window_replay_tokens_total", "counter", "Positions recomputed by window replays.", (double)st.window_replay_tokens);
+        api_metric(&b, "tokenmill_window_fetches_total", "counter", "Window states fetched from another process.", (double)st.window_fetches);
+    }
     api_metric(&b, "tokenmill_engine_steps_total", "counter", "Engine forward steps.", (double)st.n_steps);
     api_metric(&b, "tokenmill_engine_mixed_steps_total", "counter", "Engine steps that carried decodes and prefill chunks together.", (double)st.n_mixed_steps);
     api_metric(&b, "tokenmill_step_tokens_budget", "gauge", "Token budget of one step (decodes + prefill chunks, --step-tokens).", st.step_tokens);

@@ -477,6 +477,12 @@ void status_page(status_ring *st, const status_page_in *in, bytebuf *b)
     if (ss) {
         page_metric(b, "KV blocks cached in RAM", "tokenmill_kv_blocks_cached", ss->kv_blocks_cached);
         page_metric(b, "KV blocks in RAM", "tokenmill_kv_blocks_total", ss->kv_blocks_total);
+        if (ss->window) {   /* sliding-window models: the window cache */
+            page_metric(b, "window states held", "tokenmill_window_entries", (double)ss->window_entries);
+            page_metric(b, "window hits", "tokenmill_window_hits_total", (double)ss->window_hits);
+            page_metric(b, "window replays (bounded)", "tokenmill_window_replays_bounded_total", (double)ss->window_replay_bounded);
+            page_metric(b, "window replays (exact)", "tokenmill_window_replays_exact_total", (double)ss->window_replay_exact);
+        }
     }
     bytebuf_puts(b, "</div>");
     if (in->store_spec) {

@@ -362,7 +362,8 @@ TEST(test_mkmodel_deepseek_preset)
     CHECKF(engine_new(m, &eo, &e, err, sizeof err) == ENGINE_OK, "%s", err);
     if (e) {
         CHECK(kvpool_block_bytes(engine_kvpool(e)) == (size_t)128 * 2 * (512 + 64) * 2);
-        kvpool_opts ko = engine_kv_geometry(m, true);
+        int32_t lw[2];
+        kvpool_opts ko = engine_kv_geometry(m, true, lw);
         CHECK(ko.v_is_k && kvpool_geom_block_bytes(&ko) == (size_t)128 * 2 * (512 + 64) * 4);
         engine_free(e);
     }

@@ -1,0 +1,285 @@
+/*
+ * test_window: sliding-window layers' KV outside the blocks, and the window cache.
+ *
+ * On a generated gpt-oss model (6 layers, of which 0, 2, 4 attend to a 48-token window, so the
+ * exact replay span is 48 + 2 * 47 = 142 positions, more than one block): blocks hold the full
+ * layers only and the ring is bounded by the window; a sequence that attaches a prefix of
+ * blocks and restores the window state captured at its end computes logits bit-identical to
+ * the sequence that computed everything; so does an exact replay; a bounded replay recomputes
+ * only the last block and is an approximation. The window cache itself: put/get, TTL expiry,
+ * LRU eviction, the byte bound.
+ */
+#include "harness.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "cli/cmd.h"
+#include "engine/engine.h"
+#include "engine/wincache.h"
+#include "model/model.h"
+#include "util/util.h"
+
+enum { N = 300, V = 300, W = 48, LAYERS = 6, CHUNK = 100 };
+
+static char tmpdir[] = "/tmp/tm_test_window_XXXXXX";
+
+static model *mk_model(void)
+{
+    char path[256], err[256], vs[16], ws[16], ls[16];
+    snprintf(path, sizeof path, "%s/gpt-oss.gguf", tmpdir);
+    snprintf(vs, sizeof vs, "%d", V);
+    snprintf(ws, sizeof ws, "%d", W);
+    snprintf(ls, sizeof ls, "%d", LAYERS);
+    char *argv[] = { "mkmodel", "--arch", "gpt-oss", "--layers", ls, "--dim", "128", "--ffn", "128", "--heads", "2",
+                     "--kv-heads", "1", "--head-dim", "64", "--experts", "4", "--experts-used", "2", "--expert-ffn", "128",
+                     "--window", ws, "--vocab-size", vs, "--type", "q8_0", "--seed", "7", "--threads", "2", "-o", path, NULL };
+    if (cmd_mkmodel((int)TM_ARRAY_LEN(argv) - 1, argv) != 0) return NULL;
+    model *m = NULL;
+    if (model_load(path, NULL, &m, err, sizeof err) != GGUF_OK) fprintf(stderr, "%s\n", err);
+    unlink(path);
+    return m;
+}
+
+static void toks_of(int32_t *t, int n)
+{
+    for (int i = 0; i < n; i++) t[i] = (i * 37 + i * i / 3 + 5) % V;
+}
+
+/* Computes positions [from, N) of seq in steps of CHUNK, logits of every position into
+ * out (N, V) at its position; after each step the full blocks are committed and the window
+ * states captured at 128 and 256 copied into states[end / 128 - 1] (when states is set). */
+static bool run_from(engine *e, kvpool_seq *s, const int32_t *toks, int from, float *out, uint8_t *states[2])
+{
+    kvpool *kv = engine_kvpool(e);
+    engine_tok bt[CHUNK];
+    for (int p = from; p < N;) {
+        int n = TM_MIN(CHUNK, N - p);
+        for (int k = 0; k < n; k++) bt[k] = (engine_tok){ toks[p + k], p + k, s, true };
+        engine_batch b = { n, bt };
+        if (engine_step(e, &b, out + (size_t)p * V) != ENGINE_OK) return false;
+        p += n;
+        kvpool_seq_commit_full_blocks(kv, s, toks, p);
+        const engine_window_state *ws;
+        int ns = engine_window_states(e, &ws);
+        for (int i = 0; i < ns && states; i++)
+            if (ws[i].seq == s && ws[i].end / 128 - 1 < 2)
+                memcpy(states[ws[i].end / 128 - 1], ws[i].state, kvpool_window_state_bytes(kv));
+    }
+    return true;
+}
+
+static int first_diff(const float *a, const float *b, int from)
+{
+    for (int p = from; p < N; p++)
+        if (memcmp(a + (size_t)p * V, b + (size_t)p * V, V * sizeof(float))) return p;
+    return -1;
+}
+
+TEST(test_window_restore_and_replay)
+{
+    model *m = mk_model();
+    CHECK(m != NULL);
+    if (!m) return;
+    engine_opts eo = { .n_threads = 2, .n_kv_blocks = 16, .max_batch_tokens = CHUNK };
+    engine *e = NULL;
+    char err[256];
+    CHECK(engine_new(m, &eo, &e, err, sizeof err) == ENGINE_OK);
+    if (!e) {
+        model_free(m);
+        return;
+    }
+    kvpool *kv = engine_kvpool(e);
+    /* the geometry: blocks of the 3 full layers only, rings of window + 6 for the 3 others */
+    CHECK(kvpool_n_window_layers(kv) == 3 && kvpool_n_block_layers(kv) == 3 && kvpool_window(kv) == W);
+    CHECK(kvpool_layer_block_index(kv, 0) < 0 && kvpool_layer_block_index(kv, 1) == 0);
+    CHECK(kvpool_block_bytes(kv) == (size_t)3 * 2 * 1 * 128 * 64 * 2);
+    CHECK(kvpool_ring_bytes(kv) == (size_t)3 * 2 * 1 * (W + KVPOOL_RING_SPARE) * 64 * 2);
+    CHECK(kvpool_window_state_bytes(kv) == (size_t)3 * 2 * 1 * W * 64 * 2);
+    CHECK(kvpool_window_exact_span(kv) == W + 2 * (W - 1));
+    /* a window wider than the pool (an odd GGUF) gets a ring of the pool's positions only */
+    int32_t wide[3] = { 1 << 30, 0, 1 << 30 };
+    kvpool_opts ko = { .n_layers = 3, .n_kv_heads = 1, .head_dim = 64, .dtype = QTYPE_F16, .n_blocks = 2, .layer_window = wide };
+    kvpool *wp = NULL;
+    CHECK(kvpool_new(&ko, &wp) == KVPOOL_OK && kvpool_window(wp) == 256 && kvpool_n_block_layers(wp) == 1);
+    kvpool_free(wp);
+
+    int32_t toks[N];
+    toks_of(toks, N);
+    static float ref[N * V], got[N * V];
+    size_t sb = kvpool_window_state_bytes(kv);
+    uint8_t *states[2] = { malloc(sb), malloc(sb) };
+    memset(states[0], 0xff, sb);
+    memset(states[1], 0xff, sb);
+
+    /* the reference computes everything, in chunks that cross both block ends */
+    kvpool_seq *a = kvpool_seq_new(kv);
+    CHECK(run_from(e, a, toks, 0, ref, states));
+    /* the state at 256 is what a sequence that computed everything holds there: the same
+     * sequence token by token up to 256 (a different step shape) saves the same bytes */
+    kvpool_seq *t = kvpool_seq_new(kv);
+    for (int p = 0; p < 256; p++) {
+        engine_tok bt = { toks[p], p, t, false };
+        engine_batch b = { 1, &bt };
+        CHECK(engine_step(e, &b, NULL) == ENGINE_OK);
+        const engine_window_state *ws;   /* a decode step that ends a block captures it too */
+        int ns = engine_window_states(e, &ws);
+        CHECK(ns == ((p + 1) % 128 == 0));
+        if (p == 255 && ns == 1)
+            CHECKF(ws[0].seq == t && ws[0].end == 256 && !memcmp(ws[0].state, states[1], sb),
+                   "the state captured by a one-token step differs");
+    }
+    uint8_t *saved = malloc(sb);
+    kvpool_seq_window_save(kv, t, 256, saved);
+    CHECKF(!memcmp(saved, states[1], sb), "the state captured inside a 100-token step differs from the ring's");
+    kvpool_seq_free(kv, t);
+    free(saved);
+
+    /* attach the 2 blocks, restore the state at 256: identical logits from 256 on */
+    kvpool_seq *b = kvpool_seq_new(kv);
+    int att = kvpool_seq_attach_prefix(kv, b, toks, N);
+    CHECK(att == 256);
+    kvpool_seq_window_restore(kv, b, att, states[1]);
+    memset(got, 0, sizeof got);
+    CHECK(run_from(e, b, toks, att, got, NULL));
+    int d = first_diff(ref, got, att);
+    CHECKF(d < 0, "with the window state restored, position %d differs from computing everything", d);
+    kvpool_seq_free(kv, b);
+
+    /* without the state: garbage in the ring would show (what the restore fixes) */
+    kvpool_seq *g = kvpool_seq_new(kv);
+    CHECK(kvpool_seq_attach_prefix(kv, g, toks, N) == 256);
+    kvpool_seq_window_restore(kv, g, 256, states[0]);   /* the state of another position */
+    CHECK(run_from(e, g, toks, 256, got, NULL));
+    CHECKF(first_diff(ref, got, 256) == 256, "a wrong window state must change the logits");
+    kvpool_seq_free(kv, g);
+
+    /* exact replay: from 256 - 142, window layers only below 256; identical */
+    kvpool_seq *c = kvpool_seq_new(kv);
+    CHECK(kvpool_seq_attach_prefix(kv, c, toks, N) == 256);
+    int from = kvpool_seq_window_replay(kv, c, 256, true);
+    CHECK(from == 256 - kvpool_window_exact_span(kv));
+    CHECK(kvpool_seq_full_from(c) == 256 && kvpool_seq_exact_from(c) == 256);
+    CHECK(run_from(e, c, toks, from, got, NULL));
+    d = first_diff(ref, got, 256);
+    CHECKF(d < 0, "exact replay: position %d differs from computing everything", d);
+    /* the replayed prefix's blocks were not written: the reference still agrees on them */
+    kvpool_seq_free(kv, c);
+
+    /* bounded replay: the last block only, an approximation (the span is 142 > 128) */
+    kvpool_seq *bd = kvpool_seq_new(kv);
+    CHECK(kvpool_seq_attach_prefix(kv, bd, toks, N) == 256);
+    from = kvpool_seq_window_replay(kv, bd, 256, false);
+    CHECK(from == 128 && kvpool_seq_win_lo(bd) == 128);
+    CHECK(kvpool_seq_exact_from(bd) == 128 + kvpool_window_exact_span(kv));
+    CHECK(run_from(e, bd, toks, from, got, NULL));
+    d = first_diff(ref, got, 256);
+    CHECKF(d == 256, "bounded replay should differ at 256 (first diff %d)", d);
+    bool finite = true;
+    for (int i = 256 * V; i < N * V; i++) finite &= isfinite(got[i]);
+    CHECK(finite);
+    kvpool_seq_free(kv, bd);
+
+    /* the reference's own blocks are unchanged by the replays (never written again) */
+    kvpool_seq *r2 = kvpool_seq_new(kv);
+    CHECK(kvpool_seq_attach_prefix(kv, r2, toks, N) == 256);
+    kvpool_seq_window_restore(kv, r2, 256, states[1]);
+    CHECK(run_from(e, r2, toks, 256, got, NULL));
+    CHECK(first_diff(ref, got, 256) < 0);
+    kvpool_seq_free(kv, r2);
+
+    /* a sequence in two runs of one step (another sequence between them) reads the first run's
+     * keys from the step; a gap in its positions is refused (its ring holds what precedes) */
+    kvpool_seq *x = kvpool_seq_new(kv), *y = kvpool_seq_new(kv);
+    static engine_tok split[N + 1];
+    int ns = 0;
+    for (int p = 0; p < 50; p++) split[ns++] = (engine_tok){ toks[p], p, x, true };
+    split[ns++] = (engine_tok){ toks[0], 0, y, true };
+    for (int p = 50; p < 99; p++) split[ns++] = (engine_tok){ toks[p], p, x, true };
+    static float lsplit[(N + 1) * V];
+    engine_batch sb2 = { ns, split };
+    CHECK(engine_step(e, &sb2, lsplit) == ENGINE_OK);
+    bool same = true;
+    for (int k = 0; k < ns; k++)
+        if (split[k].seq == x) same &= !memcmp(lsplit + (size_t)k * V, ref + (size_t)split[k].pos * V, V * sizeof(float));
+    CHECKF(same, "a sequence split in two runs of one step differs from computing it alone");
+    kvpool_seq_reset(kv, x);
+    engine_tok gap[2] = { { toks[0], 0, x, false }, { toks[5], 5, x, false } };
+    engine_batch tb = { 2, gap };
+    CHECK(engine_step(e, &tb, NULL) == ENGINE_ERR_ARG);
+    kvpool_seq_free(kv, x);
+    kvpool_seq_free(kv, y);
+
+    /* going back: a few positions (a rejected draft) recompute exactly, further is refused */
+    CHECK(kvpool_seq_ring_next(a) == N);
+    engine_tok back = { toks[N - 6], N - 6, a, true };
+    engine_batch bb = { 1, &back };
+    CHECK(engine_step(e, &bb, got) == ENGINE_OK && !memcmp(got, ref + (size_t)(N - 6) * V, V * sizeof(float)));
+    back = (engine_tok){ toks[10], 10, a, true };
+    CHECK(engine_step(e, &bb, got) == ENGINE_ERR_ARG);
+
+    kvpool_seq_free(kv, a);
+    free(states[0]);
+    free(states[1]);
+    engine_free(e);
+    model_free(m);
+}
+
+TEST(test_wincache_ttl_lru)
+{
+    enum { EB = 64 };
+    wincache_opts o = { .entry_bytes = EB, .max_bytes = 3 * EB + 10, .ttl_s = 10 };
+    wincache *c = wincache_new(&o);
+    CHECK(c != NULL);
+    if (!c) return;
+    uint8_t key[4][32] = { { 1 }, { 2 }, { 3 }, { 4 } }, st[EB], got[EB];
+    for (int i = 0; i < 4; i++) key[i][5] = (uint8_t)(i * 7);
+    for (int i = 0; i < 3; i++) {
+        memset(st, i + 1, EB);
+        wincache_put(c, key[i], st, 100.0 + i);
+    }
+    wincache_stats s;
+    wincache_get_stats(c, &s);
+    CHECK(s.n_entries == 3 && s.bytes == 3 * EB && s.n_puts == 3);
+    CHECK(wincache_get(c, key[0], got, 105) && got[0] == 1 && got[EB - 1] == 1);   /* key 0 most recent now */
+    memset(st, 9, EB);
+    wincache_put(c, key[3], st, 106);   /* full: the least recently used (key 1) goes */
+    CHECK(!wincache_get(c, key[1], got, 106));
+    CHECK(wincache_get(c, key[0], got, 106) && wincache_get(c, key[3], got, 106) && got[0] == 9);
+    wincache_get_stats(c, &s);
+    CHECK(s.n_evicted == 1 && s.n_entries == 3 && s.n_misses == 1 && s.n_hits == 3);
+    /* TTL: key 2 was put at 102; at 112.5 it has expired, key 3 (106) has not */
+    CHECK(!wincache_get(c, key[2], got, 112.5));
+    CHECK(wincache_get(c, key[3], got, 112.5));
+    wincache_get_stats(c, &s);
+    CHECK(s.n_expired == 1 && s.n_entries == 2);
+    /* a put replaces an entry of the same key */
+    memset(st, 4, EB);
+    wincache_put(c, key[3], st, 113);
+    CHECK(wincache_get(c, key[3], got, 113) && got[0] == 4);
+    wincache_get_stats(c, &s);
+    CHECK(s.n_entries == 2);
+    wincache_count_replay(c, false, 128);
+    wincache_count_replay(c, true, 142);
+    wincache_get_stats(c, &s);
+    CHECK(s.n_replay_bounded == 1 && s.n_replay_exact == 1 && s.n_replay_tokens == 270);
+    wincache_free(c);
+
+    /* less room than one entry: nothing is kept, replays are still counted */
+    o.max_bytes = EB - 1;
+    c = wincache_new(&o);
+    CHECK(c != NULL);
+    wincache_put(c, key[0], st, 1);
+    CHECK(!wincache_get(c, key[0], got, 1));
+    wincache_free(c);
+}
+
+int main(void)
+{
+    if (!mkdtemp(tmpdir)) return 1;
+    RUN(test_wincache_ttl_lru);
+    RUN(test_window_restore_and_replay);
+    rmdir(tmpdir);
+    HARNESS_END();
+}
