@@ -246,16 +246,19 @@ export function answer(x) {
   return x;
 }
 
+// The first request of strictAutoCase (two seeded choices that open calls), for comparisons.
+export const strictAutoChat = (model, tc) => ({
+  model, messages: user("Weather?"), temperature: 1, seed: 11, n: 2, max_tokens: 150, tools: chatTools,
+  tool_choice: "auto", logit_bias: { [tc]: 100 }, return_token_ids: true,
+});
+
 // Strict tools under tool_choice auto on a Qwen-templated model: the answer is free until the
 // model opens a call (a logit_bias on <tool_call>, id tc, makes a random model do it), then
 // every call is bound: chat (n and streamed), responses and messages (logit_bias as the
 // extension both accept); without the push the answer is text. Returns the answers.
 export async function strictAutoCase({ oai, ant, model }, tc) {
   const bias = { [tc]: 100 };
-  const r = await oai.chat.completions.create({
-    model, messages: user("Weather?"), temperature: 1, seed: 11, n: 2, max_tokens: 150, tools: chatTools,
-    tool_choice: "auto", logit_bias: bias, return_token_ids: true,
-  });
+  const r = await oai.chat.completions.create(strictAutoChat(model, tc));
   let n = 0;
   for (const c of r.choices) n += checkCalls(c, ["get_weather", "get_time"], "chat auto strict");
   assert.ok(n >= 3, `${n} complete calls`);
@@ -329,10 +332,11 @@ export async function noneCase({ oai, ant, model }) {
 }
 
 // json_object (chat n, responses): an open object never has to end (random keys), so an answer
-// that ended is an object and one cut by the budget is the start of one. Returns the answers.
-export async function jsonObjectCase({ oai, model }) {
+// that ended is an object and one cut by the budget (max tokens) is the start of one. Returns
+// the answers.
+export async function jsonObjectCase({ oai, model }, max = 200) {
   const o = await oai.chat.completions.create({
-    model, messages: user("x"), temperature: 1, max_tokens: 200, seed: 1, n: 2, response_format: { type: "json_object" },
+    model, messages: user("x"), temperature: 1, max_tokens: max, seed: 1, n: 2, response_format: { type: "json_object" },
   });
   for (const c of o.choices) {
     assert.match(c.message.content, /^\s*\{/);
@@ -340,11 +344,22 @@ export async function jsonObjectCase({ oai, model }) {
     const v = JSON.parse(c.message.content);
     assert.ok(v && typeof v === "object" && !Array.isArray(v), c.message.content);
   }
-  const p = await oai.responses.create({ model, input: "x", seed: 2, max_output_tokens: 200, text: { format: { type: "json_object" } } });
+  const p = await oai.responses.create({ model, input: "x", seed: 2, max_output_tokens: max, text: { format: { type: "json_object" } } });
   assert.match(p.output_text, /^\s*\{/);
   if (p.status === "completed") assert.equal(typeof JSON.parse(p.output_text), "object");
   return [answer(o), answer(p)];
 }
+
+// The first request of deepseekCallsCase (three seeded forced calls), and its strict tools under
+// auto (begin: <｜tool▁calls▁begin｜>'s id), for comparisons.
+export const deepseekForcedChat = (model) => ({
+  model, messages: user("Weather or time?"), temperature: 1, seed: 3, n: 3, max_tokens: MAX, tools: chatTools,
+  tool_choice: "required", return_token_ids: true,
+});
+export const deepseekAutoChat = (model, begin) => ({
+  model, messages: user("Weather?"), temperature: 1, seed: 5, n: 2, max_tokens: 150, tools: chatTools,
+  tool_choice: "auto", logit_bias: { [begin]: 100 }, return_token_ids: true,
+});
 
 // DeepSeek V3.1's forced calls, its control tokens around the name and the arguments (token
 // terminals), in every API, streaming and not; then strict tools under auto, bound from
@@ -352,10 +367,7 @@ export async function jsonObjectCase({ oai, model }) {
 // Returns the answers.
 export async function deepseekCallsCase({ oai, ant, model }, gguf) {
   const BEGIN = tokenId(gguf, "<｜tool▁calls▁begin｜>"), SEP = tokenId(gguf, "<｜tool▁sep｜>");
-  const r = await oai.chat.completions.create({
-    model, messages: user("Weather or time?"), temperature: 1, seed: 3, n: 3, max_tokens: MAX, tools: chatTools,
-    tool_choice: "required", return_token_ids: true,
-  });
+  const r = await oai.chat.completions.create(deepseekForcedChat(model));
   for (const c of r.choices) {
     assert.equal(c.finish_reason, "tool_calls", JSON.stringify(c.message));
     assert.equal(c.message.tool_calls.length, 1);
@@ -384,10 +396,7 @@ export async function deepseekCallsCase({ oai, ant, model }, gguf) {
   assert.equal(fin.stop_reason, "tool_use");
   const u = fin.content.find((b) => b.type === "tool_use");
   checkCall(u.name, u.input, ["get_weather"], "ds messages stream");
-  const auto = await oai.chat.completions.create({
-    model, messages: user("Weather?"), temperature: 1, seed: 5, n: 2, max_tokens: 150, tools: chatTools,
-    tool_choice: "auto", logit_bias: { [BEGIN]: 100 }, return_token_ids: true,
-  });
+  const auto = await oai.chat.completions.create(deepseekAutoChat(model, BEGIN));
   let n = 0;
   for (const c of auto.choices) n += checkCalls(c, ["get_weather", "get_time"], "ds auto strict");
   assert.ok(n >= 2, `${n} complete calls`);
