@@ -28,7 +28,7 @@ import Anthropic from "@anthropic-ai/sdk";
 import { startServer, stopServers, bin } from "./server.mjs";
 import { augment } from "../oracle/vocab_augment.mjs";
 import { person, order, chatTools, respTools, antTools, user, MAX, valid, checkCall, tokenId, streamedCalls, jsonObjectCase,
-  noneCase, llama3CallCase, reasoningCase, strictAutoCase, formatOrCallCase, deepseekCallsCase } from "./structured_cases.mjs";
+  noneCase, llama3CallCase, reasoningCase, strictAutoCase, formatOrCallCase, deepseekCallsCase, logprobsCase } from "./structured_cases.mjs";
 
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "tm-structured-"));
 // the schemas (realistic, closed: additionalProperties false, so that random output ends),
@@ -236,6 +236,10 @@ test("reasoning stays free: DeepSeek-R1's open think block, then a valid answer"
 
 test("strict tools under auto (Qwen3): free until <tool_call>, then every call is bound (chat n + stream, responses, messages)", async () => {
   await strictAutoCase({ oai, ant, model: "q3" }, tokenId(path.join(tmp, "q3.gguf"), "<tool_call>"));
+});
+
+test("log-probs under a grammar are the masked distribution's: allowed alternatives only, all finite", async () => {
+  await logprobsCase({ oai, model: "q3" }, tokenId(path.join(tmp, "q3.gguf"), "<tool_call>"));
 });
 
 test("a response format with tools under auto: a document of the format, or (from <tool_call>) a valid call", async () => {

@@ -416,3 +416,27 @@ export async function llama3CallCase({ oai, model }) {
   }
   return answer(r);
 }
+
+// Log-probs under a grammar are those of the masked distribution: the alternatives listed are
+// tokens the grammar allowed (never a -inf, which is no JSON number), every value finite and
+// at most 0; a strict call under auto (free, then bound from tc) and a forced one. Returns the
+// log-probs, for comparisons.
+export async function logprobsCase({ oai, model }, tc) {
+  const out = [];
+  for (const extra of [{ tool_choice: "auto", logit_bias: { [tc]: 100 } }, { tool_choice: "required" }]) {
+    const r = await oai.chat.completions.create({
+      model, messages: user("Weather?"), temperature: 1, seed: 8, max_tokens: 30, tools: chatTools, logprobs: true, top_logprobs: 3,
+      ...extra,
+    });
+    const lps = r.choices[0].logprobs.content;
+    assert.ok(lps.length > 0);
+    let one = 0;  // tokens the grammar left alone: the answer's only possible token
+    for (const t of lps) {
+      for (const x of [t, ...t.top_logprobs]) assert.ok(Number.isFinite(x.logprob) && x.logprob <= 0, JSON.stringify(t));
+      if (t.top_logprobs.length === 1) one++, assert.equal(t.top_logprobs[0].token, t.token);
+    }
+    assert.ok(one > 0, "the grammar left only one token somewhere");  // e.g. after <tool_call>: "\n"
+    out.push(lps);
+  }
+  return out;
+}

@@ -9,7 +9,8 @@
 // Per family (each its own cluster, the template being the gateway's):
 //  - Qwen3: strict tools under tool_choice auto (a lazy grammar with its trigger token: the
 //    answer is free until <tool_call>, then each call is bound) give the answer `serve` gives
-//    for the same seed; a format with tools under auto; tool_choice none; json_object.
+//    for the same seed, with the same log-probs (those of the masked distribution); a format
+//    with tools under auto; tool_choice none; json_object.
 //  - DeepSeek V3.1: forced calls in its control-token syntax and strict tools under auto, both
 //    as `serve` answers them; reasoning stays free, with a budget and without one (the think
 //    markers then travel as a budget that never forces, so the worker knows where the format
@@ -30,7 +31,7 @@ import { startCluster, startServer, stopServers, fetchMetrics, bin } from "./ser
 import { augment } from "../oracle/vocab_augment.mjs";
 import { jsonSchemaCase, extensionsCase, forcedCallCase, lengthCase, badFormatCase, responsesCase, reasoningCase, tokenId,
   strictAutoCase, strictAutoChat, formatOrCallCase, noneCase, jsonObjectCase, deepseekCallsCase, deepseekForcedChat, deepseekAutoChat,
-  llama3CallCase, answer } from "./structured_cases.mjs";
+  llama3CallCase, logprobsCase, answer } from "./structured_cases.mjs";
 import * as harmony from "./harmony_cases.mjs";
 
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "tm-structured-cluster-"));
@@ -118,6 +119,8 @@ test("strict tools under auto (Qwen3) through gateway + workers: every call boun
   const [chat] = await strictAutoCase(ctx, tc);
   assert.deepEqual(chat, answer(await sctx.oai.chat.completions.create(strictAutoChat("q3", tc))));
   await formatOrCallCase(ctx, tc);
+  // log-probs under the grammar: the masked distribution's (workers send no -inf), as serve's
+  assert.deepEqual(await logprobsCase(ctx, tc), await logprobsCase(sctx, tc));
 });
 
 test("tool_choice none and json_object through gateway + workers", async () => {
