@@ -246,11 +246,18 @@ export function answer(x) {
   return x;
 }
 
-// The first request of strictAutoCase (two seeded choices that open calls), for comparisons.
-export const strictAutoChat = (model, tc) => ({
-  model, messages: user("Weather?"), temperature: 1, seed: 11, n: 2, max_tokens: 150, tools: chatTools,
-  tool_choice: "auto", logit_bias: { [tc]: 100 }, return_token_ids: true,
-});
+// The first part of strictAutoCase: two seeded chat choices pushed to open calls (tc: the
+// call-opening token), every call that closed bound. Returns the answer, for comparisons.
+export async function strictAutoChatCase({ oai, model }, tc) {
+  const r = await oai.chat.completions.create({
+    model, messages: user("Weather?"), temperature: 1, seed: 11, n: 2, max_tokens: 150, tools: chatTools,
+    tool_choice: "auto", logit_bias: { [tc]: 100 }, return_token_ids: true,
+  });
+  let n = 0;
+  for (const c of r.choices) n += checkCalls(c, ["get_weather", "get_time"], "chat auto strict");
+  assert.ok(n >= 3, `${n} complete calls`);
+  return answer(r);
+}
 
 // Strict tools under tool_choice auto on a Qwen-templated model: the answer is free until the
 // model opens a call (a logit_bias on <tool_call>, id tc, makes a random model do it), then
@@ -258,10 +265,7 @@ export const strictAutoChat = (model, tc) => ({
 // extension both accept); without the push the answer is text. Returns the answers.
 export async function strictAutoCase({ oai, ant, model }, tc) {
   const bias = { [tc]: 100 };
-  const r = await oai.chat.completions.create(strictAutoChat(model, tc));
-  let n = 0;
-  for (const c of r.choices) n += checkCalls(c, ["get_weather", "get_time"], "chat auto strict");
-  assert.ok(n >= 3, `${n} complete calls`);
+  const chat = await strictAutoChatCase({ oai, model }, tc);
   const s = await streamedCalls(await oai.chat.completions.create({
     model, messages: user("Time?"), temperature: 1, seed: 12, max_tokens: 100, stream: true, tools: chatTools,
     tool_choice: "auto", logit_bias: bias,
@@ -288,7 +292,7 @@ export async function strictAutoCase({ oai, ant, model }, tc) {
   });
   assert.ok(f.choices[0].message.content.length > 0 && !f.choices[0].message.tool_calls?.length);
   assert.ok(!/^\s*\{/.test(f.choices[0].message.content), f.choices[0].message.content);
-  return [answer(r), s, answer(p), answer(m), answer(f)];
+  return [chat, s, answer(p), answer(m), answer(f)];
 }
 
 // A response format with tools under auto (Qwen): a document of the format (the call-opening
@@ -350,32 +354,41 @@ export async function jsonObjectCase({ oai, model }, max = 200) {
   return [answer(o), answer(p)];
 }
 
-// The first request of deepseekCallsCase (three seeded forced calls), and its strict tools under
-// auto (begin: <｜tool▁calls▁begin｜>'s id), for comparisons.
-export const deepseekForcedChat = (model) => ({
-  model, messages: user("Weather or time?"), temperature: 1, seed: 3, n: 3, max_tokens: MAX, tools: chatTools,
-  tool_choice: "required", return_token_ids: true,
-});
-export const deepseekAutoChat = (model, begin) => ({
-  model, messages: user("Weather?"), temperature: 1, seed: 5, n: 2, max_tokens: 150, tools: chatTools,
-  tool_choice: "auto", logit_bias: { [begin]: 100 }, return_token_ids: true,
-});
+// The chat parts of deepseekCallsCase, for comparisons: three seeded forced calls whose
+// markers are the family's own tokens (gguf: the model's file), and strict tools under auto,
+// two seeded choices pushed to open calls. Each returns the answer.
+export async function deepseekForcedChatCase({ oai, model }, gguf) {
+  const BEGIN = tokenId(gguf, "<｜tool▁calls▁begin｜>"), SEP = tokenId(gguf, "<｜tool▁sep｜>");
+  const r = await oai.chat.completions.create({
+    model, messages: user("Weather or time?"), temperature: 1, seed: 3, n: 3, max_tokens: MAX, tools: chatTools,
+    tool_choice: "required", return_token_ids: true,
+  });
+  for (const c of r.choices) {
+    assert.equal(c.finish_reason, "tool_calls", JSON.stringify(c.message));
+    assert.equal(c.message.tool_calls.length, 1);
+    checkCall(c.message.tool_calls[0].function.name, c.message.tool_calls[0].function.arguments, ["get_weather", "get_time"], "ds chat");
+    assert.equal(c.token_ids[0], BEGIN);
+    assert.ok(c.token_ids.includes(SEP));
+  }
+  return answer(r);
+}
+export async function deepseekAutoChatCase({ oai, model }, gguf) {
+  const auto = await oai.chat.completions.create({
+    model, messages: user("Weather?"), temperature: 1, seed: 5, n: 2, max_tokens: 150, tools: chatTools,
+    tool_choice: "auto", logit_bias: { [tokenId(gguf, "<｜tool▁calls▁begin｜>")]: 100 }, return_token_ids: true,
+  });
+  let n = 0;
+  for (const c of auto.choices) n += checkCalls(c, ["get_weather", "get_time"], "ds auto strict");
+  assert.ok(n >= 2, `${n} complete calls`);
+  return answer(auto);
+}
 
 // DeepSeek V3.1's forced calls, its control tokens around the name and the arguments (token
 // terminals), in every API, streaming and not; then strict tools under auto, bound from
 // <｜tool▁calls▁begin｜> on (pushed by a logit_bias). gguf: the model's file (its marker ids).
 // Returns the answers.
 export async function deepseekCallsCase({ oai, ant, model }, gguf) {
-  const BEGIN = tokenId(gguf, "<｜tool▁calls▁begin｜>"), SEP = tokenId(gguf, "<｜tool▁sep｜>");
-  const r = await oai.chat.completions.create(deepseekForcedChat(model));
-  for (const c of r.choices) {
-    assert.equal(c.finish_reason, "tool_calls", JSON.stringify(c.message));
-    assert.equal(c.message.tool_calls.length, 1);
-    checkCall(c.message.tool_calls[0].function.name, c.message.tool_calls[0].function.arguments, ["get_weather", "get_time"], "ds chat");
-    // the markers are the family's own tokens
-    assert.equal(c.token_ids[0], BEGIN);
-    assert.ok(c.token_ids.includes(SEP));
-  }
+  const forced = await deepseekForcedChatCase({ oai, model }, gguf);
   const s = await streamedCalls(await oai.chat.completions.create({
     model, messages: user("Time?"), temperature: 1, seed: 4, max_tokens: MAX, stream: true, tools: chatTools,
     tool_choice: { type: "function", function: { name: "get_time" } },
@@ -396,11 +409,8 @@ export async function deepseekCallsCase({ oai, ant, model }, gguf) {
   assert.equal(fin.stop_reason, "tool_use");
   const u = fin.content.find((b) => b.type === "tool_use");
   checkCall(u.name, u.input, ["get_weather"], "ds messages stream");
-  const auto = await oai.chat.completions.create(deepseekAutoChat(model, BEGIN));
-  let n = 0;
-  for (const c of auto.choices) n += checkCalls(c, ["get_weather", "get_time"], "ds auto strict");
-  assert.ok(n >= 2, `${n} complete calls`);
-  return [answer(r), s, answer(p), answer(fin), answer(auto)];
+  const auto = await deepseekAutoChatCase({ oai, model }, gguf);
+  return [forced, s, answer(p), answer(fin), auto];
 }
 
 // Llama 3 (no marker token): forced calls are its JSON call ({"name", "parameters"}) and
