@@ -27,14 +27,15 @@ import OpenAI from "openai";
 import Anthropic from "@anthropic-ai/sdk";
 import { startServer, stopServers, bin } from "./server.mjs";
 import { augment } from "../oracle/vocab_augment.mjs";
-import { person, order, chatTools, respTools, antTools, user, MAX, valid, checkCall, tokenId, streamedCalls, jsonObjectCase,
-  noneCase, llama3CallCase, reasoningCase, strictAutoCase, formatOrCallCase, deepseekCallsCase, logprobsCase } from "./structured_cases.mjs";
+import { person, order, chatTools, respTools, antTools, user, MAX, valid, checkCall, tokenId, streamedCalls, jsonSchemaCase,
+  extensionsCase, forcedCallCase, lengthCase, badFormatCase, responsesCase, jsonObjectCase, noneCase, llama3CallCase, reasoningCase,
+  strictAutoCase, formatOrCallCase, deepseekCallsCase, logprobsCase } from "./structured_cases.mjs";
 
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "tm-structured-"));
 // the schemas (realistic, closed: additionalProperties false, so that random output ends),
 // tools and checks are structured_cases.mjs's, which the cluster tests share
 
-let Q, oai, ant;
+let Q, oai, ant, ctx;
 before(async () => {
   const vocab = path.join(tmp, "vocab-q3.gguf"), model = path.join(tmp, "q3.gguf");
   augment("qwen3", vocab);
@@ -43,6 +44,7 @@ before(async () => {
   Q = await startServer(model, ["--ctx", "4096", "--template", "qwen3", "--model-name", "q3"]);
   oai = new OpenAI({ baseURL: `${Q.url}/v1`, apiKey: "x", maxRetries: 0, timeout: 600000 });
   ant = new Anthropic({ baseURL: Q.url, apiKey: "x", maxRetries: 0, timeout: 600000 });
+  ctx = { oai, ant, model: "q3" };
 });
 after(async () => {
   await stopServers();
@@ -50,42 +52,23 @@ after(async () => {
 });
 
 test("chat response_format json_schema: every sample ends, parses and validates (n, and streaming)", async () => {
-  for (const [name, schema] of [["person", person], ["order", order]]) {
-    const r = await oai.chat.completions.create({
-      model: "q3", messages: user("Give me one."), temperature: 1, seed: 3, n: 3, max_tokens: MAX,
-      response_format: { type: "json_schema", json_schema: { name, schema, strict: true } },
-    });
-    assert.equal(r.choices.length, 3);
-    for (const c of r.choices) {
-      assert.equal(c.finish_reason, "stop", c.message.content);
-      valid(schema, JSON.parse(c.message.content), name);
-    }
-  }
-  const s = await oai.chat.completions.create({
-    model: "q3", messages: user("One order."), temperature: 1, seed: 4, max_tokens: MAX, stream: true,
-    response_format: { type: "json_schema", json_schema: { name: "order", schema: order } },
+  await jsonSchemaCase(ctx, 3);   // person (n), a streamed order
+  const r = await oai.chat.completions.create({
+    model: "q3", messages: user("Give me one."), temperature: 1, seed: 3, n: 3, max_tokens: MAX,
+    response_format: { type: "json_schema", json_schema: { name: "order", schema: order, strict: true } },
   });
-  let text = "", finish = null;
-  for await (const ch of s) {
-    text += ch.choices[0]?.delta?.content ?? "";
-    finish = ch.choices[0]?.finish_reason ?? finish;
+  assert.equal(r.choices.length, 3);
+  for (const c of r.choices) {
+    assert.equal(c.finish_reason, "stop", c.message.content);
+    valid(order, JSON.parse(c.message.content), "order");
   }
-  assert.equal(finish, "stop");
-  valid(order, JSON.parse(text), "streamed order");
 });
 
 test("chat json_object, guided_regex, guided_choice, guided_grammar, llama.cpp json_schema", async () => {
-  const base = { model: "q3", messages: user("x"), temperature: 1, max_tokens: MAX };
-  await jsonObjectCase({ oai, model: "q3" });
-  const re = "[a-z]{2,6}@[a-z]{2,6}\\.(com|org)";
-  const g = await oai.chat.completions.create({ ...base, seed: 2, n: 3, guided_regex: re });
-  for (const c of g.choices) assert.match(c.message.content, new RegExp(`^(?:${re})$`));
-  const choices = ["yes", "no", "maybe \"so\""];
-  const ch = await oai.chat.completions.create({ ...base, seed: 3, n: 4, guided_choice: choices });
-  for (const c of ch.choices) assert.ok(choices.includes(c.message.content), c.message.content);
-  const gb = await oai.chat.completions.create({ ...base, seed: 4, n: 2, guided_grammar: 'root ::= "A" [0-9] [0-9]? "!"' });
-  for (const c of gb.choices) assert.match(c.message.content, /^A[0-9][0-9]?!$/);
-  const js = await oai.chat.completions.create({ ...base, seed: 5, n: 2, json_schema: person });
+  await jsonObjectCase(ctx);
+  await extensionsCase(ctx, 4);
+  const js = await oai.chat.completions.create({ model: "q3", messages: user("x"), temperature: 1, max_tokens: MAX, seed: 5, n: 2,
+    json_schema: person });
   for (const c of js.choices) valid(person, JSON.parse(c.message.content), "json_schema extension");
 });
 
@@ -97,31 +80,12 @@ test("responses text.format json_schema (and streaming); json_object", async () 
   assert.equal(r.status, "completed");
   assert.equal(r.text.format.type, "json_schema");  // the response echoes the request's format
   valid(person, JSON.parse(r.output_text), "responses person");
-  const s = await oai.responses.create({
-    model: "q3", input: "An order.", temperature: 1, max_output_tokens: MAX, stream: true,
-    text: { format: { type: "json_schema", name: "order", schema: order } },
-  });
-  let text = "", done = null;
-  for await (const ev of s) {
-    if (ev.type === "response.output_text.delta") text += ev.delta;
-    if (ev.type === "response.completed") done = ev.response;
-  }
-  assert.ok(done, "completed");
-  valid(order, JSON.parse(text), "streamed responses order");
+  await responsesCase(ctx);   // an order, streamed
   // json_object in Responses: jsonObjectCase (in the chat test above)
 });
 
-test("forced tool calls, chat: required (n) and a named function (streaming) give valid calls", async () => {
-  const r = await oai.chat.completions.create({
-    model: "q3", messages: user("Weather or time?"), temperature: 1, seed: 7, n: 4, max_tokens: MAX,
-    tools: chatTools, tool_choice: "required",
-  });
-  for (const c of r.choices) {
-    assert.equal(c.finish_reason, "tool_calls");
-    assert.equal(c.message.tool_calls.length, 1);
-    const f = c.message.tool_calls[0].function;
-    checkCall(f.name, f.arguments, ["get_weather", "get_time"], "chat required");
-  }
+test("forced tool calls: chat required (n) and a named function (streaming), messages {type: tool} (streaming)", async () => {
+  await forcedCallCase(ctx, 4);   // chat required, n; messages {type: tool}, streamed
   for (let seed = 1; seed <= 2; seed++) {
     const s = await oai.chat.completions.create({
       model: "q3", messages: user("Time?"), temperature: 1, seed, max_tokens: MAX, stream: true,
@@ -152,7 +116,7 @@ test("forced tool calls, responses: required and a named function (streaming)", 
   checkCall(item.name, item.arguments, ["get_weather"], "responses named stream");
 });
 
-test("forced tool calls, messages: {type: any} and {type: tool} (streaming)", async () => {
+test("forced tool calls, messages: {type: any}", async () => {
   const m = await ant.messages.create({
     model: "q3", max_tokens: MAX, temperature: 1, messages: user("Weather?"), tools: antTools, tool_choice: { type: "any" },
   });
@@ -160,25 +124,14 @@ test("forced tool calls, messages: {type: any} and {type: tool} (streaming)", as
   const uses = m.content.filter((b) => b.type === "tool_use");
   assert.equal(uses.length, 1);
   checkCall(uses[0].name, uses[0].input, ["get_weather", "get_time"], "messages any");
-  const s = ant.messages.stream({
-    model: "q3", max_tokens: MAX, temperature: 1, messages: user("Time?"), tools: antTools,
-    tool_choice: { type: "tool", name: "get_time" },
-  });
-  const fin = await s.finalMessage();
-  assert.equal(fin.stop_reason, "tool_use");
-  const u = fin.content.find((b) => b.type === "tool_use");
-  checkCall(u.name, u.input, ["get_time"], "messages tool stream");
 });
 
 test("tool_choice none never gives a call (chat, responses, messages)", async () => {
-  await noneCase({ oai, ant, model: "q3" });
+  await noneCase(ctx);
 });
 
 test("the budget ending inside a document is finish_reason length", async () => {
-  const r = await oai.chat.completions.create({
-    model: "q3", messages: user("x"), max_tokens: 3, response_format: { type: "json_schema", json_schema: { name: "o", schema: order } },
-  });
-  assert.equal(r.choices[0].finish_reason, "length");
+  await lengthCase(ctx);
   const p = await oai.responses.create({
     model: "q3", input: "x", max_output_tokens: 3, text: { format: { type: "json_schema", name: "o", schema: order } },
   });
@@ -186,31 +139,22 @@ test("the budget ending inside a document is finish_reason length", async () => 
 });
 
 test("bad formats are a 400 in the vendor's shape naming the problem", async () => {
-  const bad = (p) => (e) => e.status === 400 && e.type === "invalid_request_error";
-  await assert.rejects(oai.chat.completions.create({
-    model: "q3", messages: user("x"), response_format: { type: "json_schema", json_schema: { name: "b", schema: { type: "object", not: {} } } },
-  }), (e) => bad()(e) && /not/.test(e.message) && e.param === "response_format.json_schema.schema");
-  await assert.rejects(oai.chat.completions.create({ model: "q3", messages: user("x"), guided_regex: "(ab" }),
-    (e) => bad()(e) && e.param === "guided_regex");
+  await badFormatCase(ctx);   // a schema keyword, a regex, an Anthropic tool's schema
+  const bad = (e) => e.status === 400 && e.type === "invalid_request_error";
   await assert.rejects(oai.chat.completions.create({ model: "q3", messages: user("x"), guided_grammar: "root ::= undefined-rule" }),
-    (e) => bad()(e) && e.param === "guided_grammar");
+    (e) => bad(e) && e.param === "guided_grammar");
   await assert.rejects(oai.chat.completions.create({ model: "q3", messages: user("x"), guided_grammar: "root ::= <[999999]>" }),
-    (e) => bad()(e) && e.param === "guided_grammar" && /999999/.test(e.message));
+    (e) => bad(e) && e.param === "guided_grammar" && /999999/.test(e.message));
   await assert.rejects(oai.chat.completions.create({ model: "q3", messages: user("x"), response_format: { type: "xml" } }),
-    (e) => bad()(e) && e.param === "response_format.type");
+    (e) => bad(e) && e.param === "response_format.type");
   await assert.rejects(oai.chat.completions.create({
     model: "q3", messages: user("x"), tools: chatTools, tool_choice: { type: "function", function: { name: "nope" } },
-  }), (e) => bad()(e) && /nope/.test(e.message));
+  }), (e) => bad(e) && /nope/.test(e.message));
   await assert.rejects(oai.chat.completions.create({ model: "q3", messages: user("x"), tool_choice: "required" }),
-    (e) => bad()(e) && e.param === "tool_choice");
+    (e) => bad(e) && e.param === "tool_choice");
   await assert.rejects(oai.responses.create({
     model: "q3", input: "x", text: { format: { type: "json_schema", name: "b", schema: { type: "object", patternProperties: { a: {} } } } },
-  }), (e) => bad()(e) && /patternProperties/.test(e.message) && e.param === "text.format.schema");
-  await assert.rejects(ant.messages.create({
-    model: "q3", max_tokens: 10, messages: user("x"), tool_choice: { type: "any" },
-    tools: [{ name: "t", input_schema: { type: "object", properties: { a: { type: "string" } }, dependencies: { a: ["b"] } } }],
-  }), (e) => e.status === 400 && e.error?.type === "error" && e.error?.error?.type === "invalid_request_error" &&
-    /dependencies/.test(e.error.error.message));
+  }), (e) => bad(e) && /patternProperties/.test(e.message) && e.param === "text.format.schema");
 });
 
 test("Llama 3 (no marker token): forced calls are its JSON call and validate", async () => {
@@ -235,15 +179,15 @@ test("reasoning stays free: DeepSeek-R1's open think block, then a valid answer"
 });
 
 test("strict tools under auto (Qwen3): free until <tool_call>, then every call is bound (chat n + stream, responses, messages)", async () => {
-  await strictAutoCase({ oai, ant, model: "q3" }, tokenId(path.join(tmp, "q3.gguf"), "<tool_call>"));
+  await strictAutoCase(ctx, tokenId(path.join(tmp, "q3.gguf"), "<tool_call>"));
 });
 
 test("log-probs under a grammar are the masked distribution's: allowed alternatives only, all finite", async () => {
-  await logprobsCase({ oai, model: "q3" }, tokenId(path.join(tmp, "q3.gguf"), "<tool_call>"));
+  await logprobsCase(ctx, tokenId(path.join(tmp, "q3.gguf"), "<tool_call>"));
 });
 
 test("a response format with tools under auto: a document of the format, or (from <tool_call>) a valid call", async () => {
-  await formatOrCallCase({ oai, model: "q3" }, tokenId(path.join(tmp, "q3.gguf"), "<tool_call>"));
+  await formatOrCallCase(ctx, tokenId(path.join(tmp, "q3.gguf"), "<tool_call>"));
 });
 
 test("DeepSeek V3.1: forced calls in its control-token syntax in every API (streaming and not); strict tools under auto", async () => {

@@ -131,14 +131,14 @@ export async function jsonSchemaCase({ oai, model }, n = 2) {
   valid(order, JSON.parse(text), "streamed order");
 }
 
-// The llama.cpp / vLLM extensions: a regex, a choice list, a GBNF grammar.
-export async function extensionsCase({ oai, model }) {
+// The llama.cpp / vLLM extensions: a regex, a choice list (n samples each), a GBNF grammar.
+export async function extensionsCase({ oai, model }, n = 2) {
   const base = { model, messages: user("x"), temperature: 1, max_tokens: MAX };
   const re = "[a-z]{2,6}@[a-z]{2,6}\\.(com|org)";
-  const g = await oai.chat.completions.create({ ...base, seed: 2, n: 2, guided_regex: re });
+  const g = await oai.chat.completions.create({ ...base, seed: 2, n, guided_regex: re });
   for (const c of g.choices) assert.match(c.message.content, new RegExp(`^(?:${re})$`));
   const choices = ["yes", "no", "maybe \"so\""];
-  const ch = await oai.chat.completions.create({ ...base, seed: 3, n: 2, guided_choice: choices });
+  const ch = await oai.chat.completions.create({ ...base, seed: 3, n, guided_choice: choices });
   for (const c of ch.choices) assert.ok(choices.includes(c.message.content), c.message.content);
   const gb = await oai.chat.completions.create({ ...base, seed: 4, n: 2, guided_grammar: 'root ::= "A" [0-9] [0-9]? "!"' });
   for (const c of gb.choices) assert.match(c.message.content, /^A[0-9][0-9]?!$/);
