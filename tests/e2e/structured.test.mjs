@@ -19,32 +19,23 @@
 //    an answer cut by max_tokens inside the document ends with "length".
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { execFileSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import OpenAI from "openai";
-import Anthropic from "@anthropic-ai/sdk";
-import { startServer, stopServers, bin } from "./server.mjs";
-import { augment } from "../oracle/vocab_augment.mjs";
+import { startServer, stopServers } from "./server.mjs";
 import { person, order, chatTools, respTools, antTools, user, MAX, valid, checkCall, tokenId, streamedCalls, jsonSchemaCase,
   extensionsCase, forcedCallCase, lengthCase, badFormatCase, responsesCase, jsonObjectCase, noneCase, llama3CallCase, reasoningCase,
-  strictAutoCase, formatOrCallCase, deepseekCallsCase, logprobsCase } from "./structured_cases.mjs";
+  strictAutoCase, formatOrCallCase, deepseekCallsCase, logprobsCase, genModel, clients } from "./structured_cases.mjs";
 
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "tm-structured-"));
 // the schemas (realistic, closed: additionalProperties false, so that random output ends),
 // tools and checks are structured_cases.mjs's, which the cluster tests share
 
-let Q, oai, ant, ctx;
+let oai, ant, ctx;
 before(async () => {
-  const vocab = path.join(tmp, "vocab-q3.gguf"), model = path.join(tmp, "q3.gguf");
-  augment("qwen3", vocab);
-  execFileSync(bin, ["mkmodel", "--arch", "qwen3", "--preset", "tiny", "--vocab", vocab, "--type", "q8_0", "--seed", "5",
-    "-o", model], { stdio: "pipe" });
-  Q = await startServer(model, ["--ctx", "4096", "--template", "qwen3", "--model-name", "q3"]);
-  oai = new OpenAI({ baseURL: `${Q.url}/v1`, apiKey: "x", maxRetries: 0, timeout: 600000 });
-  ant = new Anthropic({ baseURL: Q.url, apiKey: "x", maxRetries: 0, timeout: 600000 });
-  ctx = { oai, ant, model: "q3" };
+  const Q = await startServer(await genModel(tmp, "q3", "qwen3", "qwen3", 5), ["--ctx", "4096", "--template", "qwen3", "--model-name", "q3"]);
+  ctx = clients(Q.url, "q3");
+  ({ oai, ant } = ctx);
 });
 after(async () => {
   await stopServers();
@@ -158,24 +149,16 @@ test("bad formats are a 400 in the vendor's shape naming the problem", async () 
 });
 
 test("Llama 3 (no marker token): forced calls are its JSON call and validate", async () => {
-  const vocab = path.join(tmp, "vocab-l3.gguf"), model = path.join(tmp, "l3.gguf");
-  augment("llama31", vocab);
-  execFileSync(bin, ["mkmodel", "--arch", "llama", "--preset", "tiny", "--vocab", vocab, "--type", "q8_0", "--seed", "6",
-    "-o", model], { stdio: "pipe" });
-  const L = await startServer(model, ["--ctx", "4096", "--template", "llama3", "--model-name", "l3"]);
-  await llama3CallCase({ model: "l3", oai: new OpenAI({ baseURL: `${L.url}/v1`, apiKey: "x", maxRetries: 0, timeout: 600000 }) });
+  const L = await startServer(await genModel(tmp, "l3", "llama", "llama31", 6), ["--ctx", "4096", "--template", "llama3", "--model-name", "l3"]);
+  await llama3CallCase(clients(L.url, "l3"));
 });
 
 test("reasoning stays free: DeepSeek-R1's open think block, then a valid answer", async () => {
-  const vocab = path.join(tmp, "vocab-ds.gguf"), model = path.join(tmp, "ds.gguf");
-  augment("deepseek3", vocab);
-  execFileSync(bin, ["mkmodel", "--arch", "llama", "--preset", "tiny", "--vocab", vocab, "--type", "q8_0", "--seed", "5",
-    "-o", model], { stdio: "pipe" });
+  const model = await genModel(tmp, "ds", "llama", "deepseek3", 5);
   const D = await startServer(model, ["--ctx", "4096", "--template", "deepseek-r1", "--model-name", "ds"]);
   // without a budget the model closes the block itself (the scheduler follows think blocks
   // for a grammar, not only for a budget)
-  await reasoningCase({ model: "ds", oai: new OpenAI({ baseURL: `${D.url}/v1`, apiKey: "x", maxRetries: 0, timeout: 600000 }) },
-    tokenId(model, "</think>"), [1, 2]);
+  await reasoningCase(clients(D.url, "ds"), tokenId(model, "</think>"), [1, 2]);
 });
 
 test("strict tools under auto (Qwen3): free until <tool_call>, then every call is bound (chat n + stream, responses, messages)", async () => {
@@ -191,11 +174,7 @@ test("a response format with tools under auto: a document of the format, or (fro
 });
 
 test("DeepSeek V3.1: forced calls in its control-token syntax in every API (streaming and not); strict tools under auto", async () => {
-  const vocab = path.join(tmp, "vocab-ds3.gguf"), model = path.join(tmp, "ds3.gguf");
-  augment("deepseek3", vocab);
-  execFileSync(bin, ["mkmodel", "--arch", "llama", "--preset", "tiny", "--vocab", vocab, "--type", "q8_0", "--seed", "7",
-    "-o", model], { stdio: "pipe" });
+  const model = await genModel(tmp, "ds3", "llama", "deepseek3", 7);
   const D = await startServer(model, ["--ctx", "4096", "--template", "deepseek3", "--model-name", "ds3"]);
-  await deepseekCallsCase({ model: "ds3", oai: new OpenAI({ baseURL: `${D.url}/v1`, apiKey: "x", maxRetries: 0, timeout: 600000 }),
-    ant: new Anthropic({ baseURL: D.url, apiKey: "x", maxRetries: 0, timeout: 600000 }) }, model);
+  await deepseekCallsCase(clients(D.url, "ds3"), model);
 });

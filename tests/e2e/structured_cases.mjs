@@ -5,9 +5,14 @@
 // vendor's shape, a budget ending inside a document is "length". Each case takes
 // { oai, ant, model } (OpenAI and Anthropic clients of the front, the model name).
 import assert from "node:assert/strict";
-import { execFileSync } from "node:child_process";
+import { execFile, execFileSync } from "node:child_process";
+import path from "node:path";
+import { promisify } from "node:util";
 import AjvModule from "ajv";
+import OpenAI from "openai";
+import Anthropic from "@anthropic-ai/sdk";
 import { bin } from "./server.mjs";
+import { augment } from "../oracle/vocab_augment.mjs";
 
 const Ajv = AjvModule.default ?? AjvModule;
 const ajv = new Ajv({ strict: false });
@@ -61,6 +66,23 @@ export const respTools = Object.entries(schemaOf).map(([name, parameters]) =>
 export const antTools = Object.entries(schemaOf).map(([name, input_schema]) => ({ name, description: `tool ${name}`, input_schema }));
 
 export const user = (text) => [{ role: "user", content: text }];
+
+// A generated model (mkmodel --preset tiny of arch, seeded) on the augmented vocabulary of
+// family (vocab_augment.mjs), written as dir/NAME.gguf: resolves to its path.
+export async function genModel(dir, name, arch, family, seed) {
+  const vocab = path.join(dir, `vocab-${name}.gguf`), gguf = path.join(dir, `${name}.gguf`);
+  augment(family, vocab);
+  await promisify(execFile)(bin, ["mkmodel", "--arch", arch, "--preset", "tiny", "--vocab", vocab, "--type", "q8_0",
+    "--seed", String(seed), "-o", gguf]);
+  return gguf;
+}
+
+// The SDK clients of a front (a server or a gateway) at url for model name: a case's ctx.
+export const clients = (url, model) => ({
+  model,
+  oai: new OpenAI({ baseURL: `${url}/v1`, apiKey: "x", maxRetries: 0, timeout: 600000 }),
+  ant: new Anthropic({ baseURL: url, apiKey: "x", maxRetries: 0, timeout: 600000 }),
+});
 export const MAX = 1500;
 
 export function valid(schema, doc, what) {

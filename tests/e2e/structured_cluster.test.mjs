@@ -22,37 +22,22 @@
 // (structured.test.mjs, harmony.test.mjs); here what travels to the workers is what counts.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { execFile } from "node:child_process";
-import { promisify } from "node:util";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import OpenAI from "openai";
-import Anthropic from "@anthropic-ai/sdk";
-import { startCluster, startServer, stopServers, fetchMetrics, bin } from "./server.mjs";
-import { augment } from "../oracle/vocab_augment.mjs";
+import { startCluster, startServer, stopServers, fetchMetrics } from "./server.mjs";
 import { jsonSchemaCase, extensionsCase, forcedCallCase, lengthCase, badFormatCase, responsesCase, reasoningCase, tokenId,
-  strictAutoChatCase, noneCase, jsonObjectCase, deepseekForcedChatCase, deepseekAutoChatCase, llama3CallCase, logprobsCase }
-  from "./structured_cases.mjs";
+  strictAutoChatCase, noneCase, jsonObjectCase, deepseekForcedChatCase, deepseekAutoChatCase, llama3CallCase, logprobsCase, genModel,
+  clients } from "./structured_cases.mjs";
 import * as harmony from "./harmony_cases.mjs";
 
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "tm-structured-cluster-"));
 let ctx, sctx, url;
 
-// The SDK clients of a front (a gateway or a server) at url, for model name.
-const clients = (url, model) => ({
-  model,
-  oai: new OpenAI({ baseURL: `${url}/v1`, apiKey: "x", maxRetries: 0, timeout: 600000 }),
-  ant: new Anthropic({ baseURL: url, apiKey: "x", maxRetries: 0, timeout: 600000 }),
-});
-
-// A generated model of arch on the augmented vocabulary of family, with its cluster and (serve)
-// a `serve` of the same file and arguments, the reference for answers: { gguf, url, ctx, sctx }.
+// A generated model (genModel) with its cluster and (serve) a `serve` of the same file and
+// arguments, the reference for answers: { gguf, url, ctx, sctx }.
 async function pair(name, arch, family, seed, args, serve = true) {
-  const vocab = path.join(tmp, `vocab-${name}.gguf`), gguf = path.join(tmp, `${name}.gguf`);
-  augment(family, vocab);
-  await promisify(execFile)(bin, ["mkmodel", "--arch", arch, "--preset", "tiny", "--vocab", vocab, "--type", "q8_0",
-    "--seed", String(seed), "-o", gguf]);
+  const gguf = await genModel(tmp, name, arch, family, seed);
   const all = ["--ctx", "4096", "--model-name", name, ...args];
   const [c, s] = await Promise.all([
     startCluster(gguf, ["prefill", "decode"], { gatewayArgs: all, workerArgs: ["--ctx", "4096"] }),
