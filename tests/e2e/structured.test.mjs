@@ -15,8 +15,12 @@
 //    model opens a call (a logit_bias on the family's opening token makes a random model do
 //    it), then the call is bound: every call that closed parses and validates. With a
 //    response format too, the answer is a document of the format or a valid call.
+//  - Log-probs under a grammar are those of the masked distribution: the alternatives listed
+//    are tokens the grammar allowed, every value finite (a -inf is no JSON number).
 //  - A bad schema / regex / grammar / tool is a 400 in the route's vendor shape naming it;
 //    an answer cut by max_tokens inside the document ends with "length".
+// The schemas, tools, checks and most cases are structured_cases.mjs's, which
+// structured_cluster.test.mjs runs through a gateway and its workers.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import fs from "node:fs";
