@@ -405,6 +405,9 @@ static void proto_put_tok(proto_buf *b, const proto_tok *t, bool lp)
     }
 }
 
+/* The log-probs go out as JSON numbers: the sampled token's must be finite (else malformed);
+ * an alternative whose log-prob is not finite (a token a grammar ruled out, as older workers
+ * listed them) is no alternative and is dropped. */
 static void proto_get_tok(proto_rd *r, proto_tok *t, bool lp)
 {
     memset(t, 0, sizeof *t);
@@ -412,12 +415,15 @@ static void proto_get_tok(proto_rd *r, proto_tok *t, bool lp)
     if (t->token < 0) r->err = true;
     if (!lp) return;
     t->logprob = proto_get_f32(r);
-    t->n_top = proto_get_u8(r);
-    if (t->n_top > PROTO_MAX_TOP) { r->err = true; return; }
-    for (int i = 0; i < t->n_top; i++) {
-        t->top_ids[i] = (int32_t)proto_get_u32(r);
-        t->top_lps[i] = proto_get_f32(r);
+    if (!isfinite(t->logprob)) r->err = true;
+    int n_top = proto_get_u8(r), n = 0;
+    if (n_top > PROTO_MAX_TOP) { r->err = true; return; }
+    for (int i = 0; i < n_top; i++) {
+        t->top_ids[n] = (int32_t)proto_get_u32(r);
+        t->top_lps[n] = proto_get_f32(r);
+        if (isfinite(t->top_lps[n])) n++;
     }
+    t->n_top = (uint8_t)n;
 }
 
 static bool proto_kv_ok(const proto_kv *kv)

@@ -613,7 +613,9 @@ replan:
     return n_tok;
 }
 
-/* log-softmax of the raw logits: the chosen token's log-prob and the top k alternatives. */
+/* log-softmax of the raw logits: the chosen token's log-prob and the top k alternatives. Tokens
+ * a grammar masked (-inf) are impossible, not alternatives: fewer than k may be listed, and
+ * every listed log-prob is finite (JSON has no infinity). */
 static void sched_logprobs(const float *logits, int n_vocab, int32_t chosen, int k, sched_output *o)
 {
     float mx = -INFINITY;
@@ -625,6 +627,7 @@ static void sched_logprobs(const float *logits, int n_vocab, int32_t chosen, int
     int n = 0;
     for (int i = 0; i < n_vocab && k > 0; i++) {
         float v = logits[i];
+        if (!(v > -INFINITY)) continue;
         if (n == k && v <= o->top[n - 1].logprob) continue;
         int j = n < k ? n++ : k - 1;
         while (j > 0 && o->top[j - 1].logprob < v) {

@@ -4,9 +4,11 @@
  * by number, unsupported keywords named), token masks against a brute-force check of every
  * token, tokens that cross terminals or end inside a character, stop ids only at the end of
  * a document, the mask cache and the compile cache, and the scheduler: a grammar-constrained
- * request on a tiny model only produces documents of the grammar, and an allow-all grammar
- * changes no greedy token.
+ * request on a tiny model only produces documents of the grammar, its log-probs are those of
+ * the masked distribution (no -inf alternatives), and an allow-all grammar changes no greedy
+ * token.
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -937,6 +939,46 @@ TEST(sched_allow_all_grammar_changes_nothing)
     grammar_vocab_free(v);
 }
 
+/* Log-probs of a constrained request are those of the masked distribution: the tokens the
+ * grammar rules out are no alternatives (a -inf log-prob is no JSON number), so the top list
+ * holds only allowed tokens, all finite. */
+TEST(sched_logprobs_masked)
+{
+    if (!tiny_setup()) {
+        CHECK(false);
+        return;
+    }
+    sched_opts so = { .max_seqs = 2, .n_ctx = 256, .eos_ids = { 0, -1, -1, -1 } };
+    sched *s;
+    CHECK(sched_new(tm_engine, &so, &s) == SCHED_OK);
+    grammar_vocab *v = byte_vocab(256);
+    char err[256];
+    grammar *g = compile(GRAMMAR_KIND_REGEX, "x{3}[ab]", err);   /* one token, then two, then the end */
+    int32_t prompt[] = { 1, 2, 3 };
+    sched_params p = { .prompt = prompt, .n_prompt = 3, .sample = sample_params_default(), .max_tokens = 8,
+                       .grammar = g, .grammar_vocab = v, .logprobs = true, .top_logprobs = 5 };
+    p.sample.temp = 1.0f;
+    p.sample.seed = 7;
+    sched_req *r;
+    CHECK(sched_submit(s, &p, &r) == SCHED_OK);
+    sched_output o[16];
+    int n = 0, k;
+    while (!sched_done(r) && (k = sched_poll(r, o + n, 16 - n, 10000)) > 0) n += k;
+    sched_release(r);
+    CHECK(n == 6 && o[5].kind == SCHED_OUT_FINISH && o[5].finish == SCHED_FINISH_STOP);
+    static const int allowed[5] = { 1, 1, 1, 2, 1 };  /* x x x [ab] end */
+    for (int i = 0; i < n && i < 5; i++) {
+        CHECKF(o[i].n_top == allowed[i], "token %d: %d alternatives", i, o[i].n_top);
+        CHECK(isfinite(o[i].logprob) && o[i].logprob <= 0);
+        for (int j = 0; j < o[i].n_top; j++) CHECK(isfinite(o[i].top[j].logprob) && o[i].top[j].logprob <= 0);
+        if (allowed[i] == 1) CHECK(o[i].top[0].token == o[i].token && o[i].logprob == 0);
+    }
+    CHECK(o[0].token == 'x' && (o[3].token == 'a' || o[3].token == 'b') && o[4].token == 0 && o[4].is_stop);
+    grammar_free(g);
+    sched_free(s);
+    grammar_vocab_free(v);
+}
+
 int main(void)
 {
     RUN(gbnf_basics);
@@ -958,6 +1000,7 @@ int main(void)
     RUN(sched_lazy_grammar);
     RUN(sched_masks_overlap_step);
     RUN(sched_allow_all_grammar_changes_nothing);
+    RUN(sched_logprobs_masked);
     engine_free(tm_engine);
     model_free(tm_model);
     printf("%d passed, %d failed\n", harness_passed, harness_failed);

@@ -579,6 +579,23 @@ TEST(test_roundtrip_small)
         CHECK(o.u.tokens.toks[i].n_top == i);
     }
     proto_msg_free(&o);
+    /* log-probs become JSON numbers: an alternative that is not finite (a token a grammar
+     * ruled out) is dropped, a sampled token's that is not finite is malformed */
+    toks[2].top_lps[0] = -INFINITY;
+    CHECK(roundtrip(&m, &o) == PROTO_OK);
+    CHECK(o.u.tokens.n == 3 && o.u.tokens.toks[2].n_top == 1 && o.u.tokens.toks[2].top_ids[0] == 1 &&
+          o.u.tokens.toks[2].top_lps[0] == -1.0f);
+    proto_msg_free(&o);
+    toks[2].top_lps[0] = NAN;
+    toks[2].top_lps[1] = INFINITY;
+    CHECK(roundtrip(&m, &o) == PROTO_OK);
+    CHECK(o.u.tokens.n == 3 && o.u.tokens.toks[2].n_top == 0 && o.u.tokens.toks[1].n_top == 1);
+    proto_msg_free(&o);
+    toks[1].logprob = -INFINITY;
+    CHECK(roundtrip(&m, &o) == PROTO_ERR_MALFORMED);
+    toks[1].logprob = NAN;
+    CHECK(roundtrip(&m, &o) == PROTO_ERR_MALFORMED);
+    toks[1].logprob = -0.25f;
     m.hdr.flags = 0;   /* ids only */
     CHECK(roundtrip(&m, &o) == PROTO_OK);
     CHECK(o.u.tokens.n == 3 && o.u.tokens.toks[2].token == 102 && o.u.tokens.toks[2].n_top == 0);
