@@ -81,6 +81,9 @@ const cmd_opt *cmd_common_engine_table(cmd_engine_opts *o, cmd_opt out[CMD_ENGIN
         { "--prefill-step-tokens", NULL, CMD_OPT_LONG, &o->prefill_step, 1, 1 << 16, .arg = "N", .help = "tokens of a step without decodes (default 512)" },
         { "--step-ms", NULL, CMD_OPT_DOUBLE, &o->step_ms, 0.01, 60000, .arg = "MS", .help = "time target of a step with decodes (default: token budgets only)" },
         { "--prefill-step-ms", NULL, CMD_OPT_DOUBLE, &o->prefill_step_ms, 0.01, 60000, .arg = "MS", .help = "time target of a step without decodes (default 4 x --step-ms)" },
+        { "--spec", NULL, CMD_OPT_CHOICE, &o->spec, .choices = "off|ngram", .arg = "SRC", .help = "speculative decoding: ngram drafts by prompt lookup (default off)" },
+        { "--spec-max", NULL, CMD_OPT_LONG, &o->spec_max, 1, SPEC_MAX_K, .arg = "K", .help = "most drafted tokens a sequence verifies per step (default 5)" },
+        { "--spec-fixed", NULL, CMD_OPT_LONG, &o->spec_fixed, 1, SPEC_MAX_K, .arg = "K", .help = "always verify K drafted tokens (default: chosen per step from the step time)" },
         { 0 },
     };
     memcpy(out, t, sizeof t);
@@ -102,10 +105,22 @@ const cmd_opt *cmd_common_http_table(http_opts *o, cmd_opt out[CMD_HTTP_TABLE_N]
 engine *cmd_common_engine_new(const char *prog, model *m, cmd_engine_opts *o)
 {
     char err[256];
+    if (o->spec_fixed > 0 && !o->spec) {
+        fprintf(stderr, "tokenmill %s: --spec-fixed needs --spec\n", prog);
+        return NULL;
+    }
+    if (o->spec_fixed > o->spec_max) {
+        fprintf(stderr, "tokenmill %s: --spec-fixed %ld is above --spec-max %ld\n", prog, o->spec_fixed, o->spec_max);
+        return NULL;
+    }
     if (o->ctx <= 0) o->ctx = TM_MIN(m->hp.n_ctx_train, 4096);
     /* with a time target, the time sizes the steps: the token budget with decodes is only a cap */
     if (o->step_tokens == 0 && o->step_ms > 0) o->step_tokens = o->prefill_step;
-    if (o->step_tokens == 0) o->step_tokens = sched_default_step_tokens((int)o->max_seqs);   /* max-seqs + 64 */
+    if (o->step_tokens == 0) {
+        o->step_tokens = sched_default_step_tokens((int)o->max_seqs);   /* max-seqs + 64 */
+        /* a speculating decode carries its drafts too: room for every one's verify rows */
+        if (o->spec) o->step_tokens += o->max_seqs * o->spec_max;
+    }
     /* the engine batch holds the larger of the two step budgets (sched caps both at it) */
     engine_opts eo = { .n_threads = (int)o->threads, .max_batch_tokens = (int)TM_MAX(o->step_tokens, o->prefill_step) };
     size_t per_tok = (size_t)m->hp.n_layers * (size_t)m->hp.n_kv_heads * (size_t)m->hp.head_dim * 2 * 2;
@@ -127,7 +142,9 @@ sched_opts cmd_common_sched_opts(const cmd_engine_opts *o, blockio *bio, const t
     sched_opts so = { .bio = bio, .max_seqs = (int)o->max_seqs, .max_queue = (int)o->max_queue,
                       .step_tokens = (int)o->step_tokens, .prefill_step_tokens = (int)o->prefill_step,
                       .step_ms = o->step_ms, .prefill_step_ms = o->prefill_step_ms,
-                      .n_ctx = (int)o->ctx, .eos_ids = { -1, -1, -1, -1 } };
+                      .n_ctx = (int)o->ctx, .eos_ids = { -1, -1, -1, -1 },
+                      .spec_sources = o->spec == 1 ? SPEC_SRC_NGRAM : 0, .spec_max = (int)o->spec_max,
+                      .spec_fixed = (int)o->spec_fixed };
     so.eos_ids[0] = tokenizer_eos(tok);
     so.eos_ids[1] = tokenizer_eot(tok);
     return so;

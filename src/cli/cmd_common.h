@@ -39,14 +39,19 @@ typedef struct {
     long prefill_step;   /* tokens per step without decodes */
     double step_ms;      /* time target of a step with decodes, ms; 0: token budgets only */
     double prefill_step_ms; /* time target of a step without decodes, ms; 0: 4 x step_ms */
+    int spec;            /* --spec: 0 off, 1 ngram (prompt lookup) */
+    long spec_max;       /* most drafted tokens verified per sequence and step */
+    long spec_fixed;     /* 0: the count is chosen per step; else always this many */
 } cmd_engine_opts;
 #define CMD_ENGINE_OPTS_DEFAULT \
-    { .max_seqs = 16, .kv_mib = 2048, .max_queue = 256, .prefill_step = SCHED_PREFILL_STEP }
+    { .max_seqs = 16, .kv_mib = 2048, .max_queue = 256, .prefill_step = SCHED_PREFILL_STEP, \
+      .spec_max = SPEC_DEFAULT_MAX }
 /* The option table entries of the engine options (--threads/-t, --ctx/-c, --max-seqs,
- * --kv-mib, --max-queue, --step-tokens, --prefill-step-tokens, --step-ms, --prefill-step-ms)
+ * --kv-mib, --max-queue, --step-tokens, --prefill-step-tokens, --step-ms, --prefill-step-ms,
+ * --spec, --spec-max, --spec-fixed)
  * writing into *o, in out (a table of its own, END-terminated): include it with
  * { .kind = CMD_OPT_TABLE, .dst = out }. */
-#define CMD_ENGINE_TABLE_N 10
+#define CMD_ENGINE_TABLE_N 13
 const cmd_opt *cmd_common_engine_table(cmd_engine_opts *o, cmd_opt out[CMD_ENGINE_TABLE_N]);
 /* The same for the HTTP layer's connection limits (http/http.h): --max-connections,
  * --max-client-connections, --request-timeout. */

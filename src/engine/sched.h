@@ -69,6 +69,7 @@
 
 #include "engine/engine.h"
 #include "engine/sample.h"
+#include "engine/spec.h"
 #include "grammar/grammar.h"
 
 typedef enum {
@@ -124,6 +125,15 @@ typedef struct {
     int32_t eos_ids[4];     /* end-of-generation ids for every request (-1 = unused) */
     struct blockio *bio;    /* block store tier (engine/blockio.h), or NULL: prefixes beyond the
                              * RAM tier are loaded from the store before admission */
+    /* speculative decoding (engine/spec.h): a decoding sequence's drafted tokens are verified
+     * in its step, all of them wanting logits, and it emits every token sampled up to the
+     * first one that differs from the draft (included) */
+    int spec_sources;       /* SPEC_SRC_* bits: where drafts come from; 0: no speculation */
+    int spec_max;           /* most drafted tokens one sequence verifies per step; <= 0:
+                             * SPEC_DEFAULT_MAX; at most SPEC_MAX_K */
+    int spec_fixed;         /* > 0: verify that many (fewer when fewer were drafted or the step
+                             * budget is spent) instead of the count chosen from the learned step
+                             * time and the acceptance estimates */
 } sched_opts;
 
 typedef struct {
@@ -218,6 +228,11 @@ typedef struct {
     uint64_t n_preempted;       /* preemptions */
     uint64_t n_steps;           /* engine steps */
     uint64_t n_mixed_steps;     /* of which steps that carried decodes and prefill chunks */
+    uint64_t spec_drafted;      /* tokens drafted for decoding sequences */
+    uint64_t spec_verified;     /* of which put into steps to be verified */
+    uint64_t spec_accepted;     /* of those, accepted: emitted without a step of their own */
+    uint64_t spec_verifies;     /* sequence-steps that verified at least one drafted token */
+    uint64_t spec_k_hist[SPEC_MAX_K + 1]; /* decodes that had drafts, by the count verified */
     int step_tokens;            /* the token budget of a step (opts.step_tokens resolved) */
     int prefill_step_tokens;    /* the budget of a step without decodes (resolved) */
     int max_step_tokens;        /* most tokens any step carried so far */
