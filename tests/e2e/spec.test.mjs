@@ -1,0 +1,93 @@
+// spec: speculative decoding through the server. A random-weight qwen3 Q8_0 model (its
+// last-bit sensitivity shows any difference in arithmetic as different text) answers the
+// same completions on a server without speculation and on servers drafting by prompt lookup
+// (`--spec ngram`, the verify count adaptive and fixed): greedy answers, alone and four at
+// once, and a seeded sampled answer must be the same text, while /metrics shows drafts
+// verified, accepted and rejected. Bad speculation options are refused at start.
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+
+import { bin, fetchMetrics, startServer, stopServers } from "./server.mjs";
+
+let dir, model, plain, adaptive, fixed;
+const N = 4;
+// prompts that quote themselves, as an agent quoting tool output does: prompt lookup drafts
+const prompt = (c) => `tool output ${c}: ` + "alpha beta gamma delta ".repeat(4 + c) + "\nquote: alpha beta";
+
+before(async () => {
+  dir = fs.mkdtempSync(path.join(os.tmpdir(), "tm-spec-"));
+  model = path.join(dir, "q3.gguf");
+  const r = spawnSync(bin, ["mkmodel", "--arch", "qwen3", "--layers", "4", "--dim", "256", "--ffn", "512",
+    "--heads", "4", "--kv-heads", "2", "--type", "q8_0", "--seed", "3", "-o", model], { encoding: "utf8" });
+  assert.equal(r.status, 0, r.stderr);
+  const common = ["--threads", "2", "--max-seqs", "8", "--cache", "off"];
+  [plain, adaptive, fixed] = await Promise.all([
+    startServer(model, common),
+    startServer(model, [...common, "--spec", "ngram"]),
+    startServer(model, [...common, "--spec", "ngram", "--spec-max", "4", "--spec-fixed", "3"]),
+  ]);
+});
+
+after(async () => {
+  await stopServers();
+  if (dir) fs.rmSync(dir, { recursive: true, force: true });
+});
+
+async function complete(S, c, extra = { temperature: 0 }) {
+  const res = await fetch(`${S.url}/v1/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ model: "q3", prompt: prompt(c), max_tokens: 48, ...extra }),
+  });
+  const j = await res.json();
+  assert.equal(res.status, 200, JSON.stringify(j));
+  assert.equal(j.usage.completion_tokens, 48);
+  return j.choices[0].text;
+}
+
+test("greedy answers with prompt-lookup drafts equal those without, alone and concurrent", async () => {
+  const want = [];
+  for (let c = 0; c < N; c++) want.push(await complete(plain, c));
+  for (const [name, S] of [["adaptive", adaptive], ["fixed K 3", fixed]]) {
+    for (let c = 0; c < N; c++) assert.equal(await complete(S, c), want[c], `${name}, prompt ${c} alone`);
+    const together = await Promise.all(Array.from({ length: N }, (_, c) => complete(S, c)));
+    together.forEach((t, c) => assert.equal(t, want[c], `${name}, prompt ${c} concurrent`));
+    const m = await fetchMetrics(S.url);
+    assert.ok(m.tokenmill_spec_verified_tokens_total > 0, `${name}: no draft verified`);
+    assert.ok(m.tokenmill_spec_accepted_tokens_total > 0, `${name}: no draft accepted`);
+    assert.ok(m.tokenmill_spec_drafted_tokens_total >= m.tokenmill_spec_verified_tokens_total);
+    assert.ok(m.tokenmill_spec_mean_accepted_length > 0);
+    // accepted drafts took no step of their own
+    assert.ok(m.tokenmill_engine_steps_total < m.tokenmill_generated_tokens_total, JSON.stringify(m));
+  }
+  const f = await fetchMetrics(fixed.url);
+  assert.equal(f['tokenmill_spec_verify_count_total{k="4"}'], 0, "fixed K 3 verified 4");
+  assert.ok(f['tokenmill_spec_verify_count_total{k="3"}'] > 0);
+  const p = await fetchMetrics(plain.url);
+  assert.equal(p.tokenmill_spec_drafted_tokens_total, 0);
+});
+
+test("a seeded sampled answer is the same with speculation", async () => {
+  const extra = { temperature: 0.9, top_p: 0.95, seed: 11, presence_penalty: 0.3 };
+  for (let c = 0; c < 2; c++) {
+    const want = await complete(plain, c, extra);
+    assert.equal(await complete(adaptive, c, extra), want, `prompt ${c}`);
+  }
+});
+
+test("bad speculation options are refused at start", () => {
+  for (const [args, msg] of [
+    [["--spec-fixed", "3"], /--spec-fixed needs --spec/],
+    [["--spec", "ngram", "--spec-max", "2", "--spec-fixed", "3"], /above --spec-max/],
+    [["--spec", "bogus"], /--spec/],
+    [["--spec", "ngram", "--spec-max", "99"], /--spec-max/],
+  ]) {
+    const r = spawnSync(bin, ["serve", "-m", model, "--port", "0", "--cache", "off", ...args], { encoding: "utf8", timeout: 30000 });
+    assert.notEqual(r.status, 0, args.join(" "));
+    assert.match(r.stderr, msg);
+  }
+});
