@@ -41,6 +41,7 @@
 
 #include "cache/blockkey.h"
 #include "engine/blockio.h"
+#include "engine/specdraft.h"
 #include "engine/steptime.h"
 #include "util/util.h"
 
@@ -86,10 +87,15 @@ struct sched_req {
     bool salted;                 /* root holds the key chain's root (cache_salt) */
     uint8_t root[32];            /* blockkey_root(cache_salt) */
     uint64_t admit_no;           /* order of (re)admission: the newest is preempted first */
-    spec_seq spec;               /* (speculation) the running acceptance of its drafts */
-    int32_t draft[SPEC_MAX_K];   /* (speculation) drafted continuation, planned this step */
+    spec_seq spec[SPEC_N_SRC];   /* (speculation) the running acceptance of each source's drafts */
+    int32_t draft[SPEC_MAX_K];   /* (speculation) drafted continuation of tokens[0..draft_at) */
+    float draft_prob[SPEC_MAX_K]; /* the draft model's probability of each (model drafts) */
     int n_draft;                 /* entries of draft */
+    int draft_at;                /* n_tokens the draft continues (stale unless equal), -1: none */
+    int draft_src;               /* index of the source that drafted it */
     int n_verify;                /* of which verified in this step (its decode carries 1 + that) */
+    kvpool_seq *dseq;            /* (draft model) its KV in the draft engine's pool, or NULL */
+    int d_done;                  /* positions of dseq whose tokens are final */
     req_state state;
     double t_submit;             /* util_now() at submit */
     double t_last;               /* time of the last token, 0 before the first */
@@ -150,6 +156,10 @@ struct sched {
     int *spec_nd;                /* (max_seqs) drafts of each decode, for the chooser */
     int *spec_k;                 /* (max_seqs) the chooser's answer */
     sched_req **spec_req;        /* (max_seqs) the decodes those rows belong to */
+    specdraft *drafter;          /* (draft model) drafts on o.draft */
+    specdraft_seq *dq;           /* (max_seqs) a drafting round's sequences */
+    sched_req **dq_req;          /* (max_seqs) their requests */
+    uint64_t drafted_run;        /* tokens drafted since the statistics were last updated */
     int batch_n_reqs;            /* requests of the step being sampled */
     steptime tm;                 /* learned step time (engine thread; its error sums are copied
                                   * into st after each step) */
@@ -209,6 +219,16 @@ static void sched_req_destroy(sched_req *r)
 
 /* ---- engine thread ---- */
 
+/* Lets go of r's draft KV and draft (it ends, or is preempted and recomputes from scratch). */
+static void sched_draft_release(sched *s, sched_req *r)
+{
+    if (r->dseq) kvpool_seq_free(engine_kvpool(s->o.draft), r->dseq);
+    r->dseq = NULL;
+    r->d_done = 0;
+    r->n_draft = 0;
+    r->draft_at = -1;
+}
+
 /* Publishes FINISH (under mu), releases KV (engine thread). Caller holds mu. */
 static void sched_finish_locked(sched *s, sched_req *r, sched_finish why)
 {
@@ -220,6 +240,7 @@ static void sched_finish_locked(sched *s, sched_req *r, sched_finish why)
         kvpool_seq_free(s->pool, r->seq);
         r->seq = NULL;
     }
+    sched_draft_release(s, r);
     r->state = REQ_FINISHED;
     if (!r->finished) {
         if (--s->n_live == 0) pthread_cond_broadcast(&s->idle_cv);
@@ -277,6 +298,7 @@ static void sched_preempt_locked(sched *s, int i)
     kvpool_seq_free(s->pool, r->seq);
     r->seq = NULL;
     r->n_done = 0;
+    sched_draft_release(s, r);
     r->state = REQ_QUEUED;
     r->first_run = false;
     r->load_started = false;   /* the resume may load its blocks back from the store */
@@ -532,11 +554,11 @@ static double sched_spec_time(void *arg, int n_extra)
     return steptime_predict(c->tm, &x);
 }
 
-/* Speculation, before a step is planned: drafts a continuation for every decoding request
- * and sets how many of its drafts each verifies (n_verify), at most max_extra in all: the
- * fixed count, the most while the step time is not learned yet, else spec_choose's count.
- * A draft never runs past what the request may still emit (its last token is sampled from
- * the last verified row). Under mu (the drafted count is a statistic). */
+/* Speculation, before a step is planned: sets how many of its drafts every decoding request
+ * verifies (n_verify), at most max_extra in all: the fixed count, the most while the step
+ * time is not learned yet, else spec_choose's count. Drafts were made after the step that
+ * sampled the request's last token (sched_spec_draft); one made for another context (the
+ * request was preempted since) is not used. */
 static void sched_spec_plan_locked(sched *s, int max_extra)
 {
     int n = 0;
@@ -544,18 +566,14 @@ static void sched_spec_plan_locked(sched *s, int max_extra)
     for (int i = 0; i < s->n_running; i++) {
         sched_req *r = s->running[i];
         r->n_verify = 0;
-        r->n_draft = 0;
         if (r->n_tokens - r->n_done != 1 || r->share_wait) continue;
-        int room = TM_MIN(r->max_gen - (r->n_tokens - r->n_prompt), r->cap - r->n_tokens) - 1;
-        int kmax = TM_MIN(s->o.spec_max, room);
-        if (kmax > 0 && (s->o.spec_sources & SPEC_SRC_NGRAM))
-            r->n_draft = spec_ngram_draft(r->tokens, r->n_tokens, SPEC_NGRAM_MAX, SPEC_NGRAM_MIN, kmax, r->draft);
-        s->st.spec_drafted += (uint64_t)r->n_draft;
+        if (r->draft_at != r->n_tokens) r->n_draft = 0;
         cv.x.n_dec++;
         cv.x.depth += r->n_done + 1;
         s->spec_req[n] = r;
         s->spec_nd[n] = r->n_draft;
-        spec_seq_gains(&r->spec, r->n_draft, s->spec_gains + (size_t)n * SPEC_MAX_K);
+        spec_seq_gains(&r->spec[r->draft_src], r->draft_src == 1 ? r->draft_prob : NULL, r->n_draft,
+                       s->spec_gains + (size_t)n * SPEC_MAX_K);
         n++;
     }
     if (n == 0 || max_extra <= 0) return;
@@ -736,7 +754,7 @@ static void sched_sample_part(sched *s, int ith, int nth)
             int gen = r->n_tokens + j + 1;   /* the request ends at this token: drafts after it are moot */
             if (sched_is_stop(s, r, tok) || gen - r->n_prompt >= r->max_gen || gen >= r->cap) break;
         }
-        if (k > 0) spec_seq_observe(&r->spec, s->batch_acc[i], rejected);
+        if (k > 0) spec_seq_observe(&r->spec[r->draft_src], s->batch_acc[i], rejected);
     }
 }
 
@@ -869,6 +887,66 @@ static void sched_idle_wait_locked(sched *s)
     pthread_cond_timedwait(&s->work_cv, &s->mu, &ts);
 }
 
+/* Speculation, after a step was sampled: drafts the continuation of every request of the
+ * step that goes on decoding, from the source with the better running acceptance for it
+ * (prompt lookup first on a tie: it costs nothing; the other source when the first drafts
+ * nothing). A draft never runs past what the request may still emit (its last token is
+ * sampled from the last verified row). The draft KV is first cut back to the positions whose
+ * tokens are final (n_done): the rows of rejected or unverified drafts are recomputed.
+ * Engine thread, without mu. */
+static void sched_spec_draft(sched *s, int n_reqs)
+{
+    int nq = 0;
+    bool ngram = s->o.spec_sources & SPEC_SRC_NGRAM, dmodel = s->drafter != NULL;
+    for (int i = 0; i < n_reqs; i++) {
+        sched_req *r = s->batch_req[i];
+        int ntok = s->batch_ntok[i];
+        if (r->dseq) r->d_done = TM_MIN(r->d_done, r->n_done);
+        r->n_draft = 0;
+        r->draft_at = -1;
+        if (ntok == 0) continue;
+        int nt = r->n_tokens + ntok;   /* tokens once this step is published */
+        int room = TM_MIN(r->max_gen - (nt - r->n_prompt), r->cap - nt) - 1;
+        if (room <= 0 || sched_is_stop(s, r, r->tokens[nt - 1])) continue;   /* it ends */
+        int kmax = TM_MIN(s->o.spec_max, room);
+        if (ngram && (!dmodel || r->spec[0].rate >= r->spec[1].rate)) {
+            r->n_draft = spec_ngram_draft(r->tokens, nt, SPEC_NGRAM_MAX, SPEC_NGRAM_MIN, kmax, r->draft);
+            r->draft_src = 0;
+            if (r->n_draft > 0 || !dmodel) {
+                r->draft_at = nt;
+                s->drafted_run += (uint64_t)r->n_draft;
+                continue;
+            }
+        }
+        if (!dmodel) continue;
+        if (!r->dseq) r->dseq = kvpool_seq_new(engine_kvpool(s->o.draft));
+        specdraft_seq *q = &s->dq[nq];
+        q->seq = r->dseq;
+        q->tokens = r->tokens;
+        q->n_tokens = nt;
+        q->n_done = r->d_done;
+        q->k_max = kmax;
+        s->dq_req[nq++] = r;
+    }
+    if (nq == 0) return;
+    specdraft_run(s->drafter, s->dq, nq);
+    for (int j = 0; j < nq; j++) {
+        sched_req *r = s->dq_req[j];
+        specdraft_seq *q = &s->dq[j];
+        r->d_done = q->n_done;
+        r->draft_at = q->n_tokens;
+        r->draft_src = 1;
+        r->n_draft = q->n_draft;
+        memcpy(r->draft, q->draft, (size_t)q->n_draft * sizeof *r->draft);
+        memcpy(r->draft_prob, q->prob, (size_t)q->n_draft * sizeof *r->draft_prob);
+        if (r->n_draft == 0 && ngram && r->spec[0].rate < r->spec[1].rate) {   /* it was not tried first */
+            r->n_draft = spec_ngram_draft(r->tokens, q->n_tokens, SPEC_NGRAM_MAX, SPEC_NGRAM_MIN, q->k_max, r->draft);
+            r->draft_src = 0;
+        }
+        s->drafted_run += (uint64_t)r->n_draft;
+    }
+}
+
 /* Step 2, without mu: the engine step, then the requests' committed blocks and sampling
  * (engine-thread state only). */
 static void sched_step_run(sched *s, sched_step *st)
@@ -897,13 +975,16 @@ static void sched_step_run(sched *s, sched_step *st)
      * only positions below n_done, whose tokens are final, complete blocks. */
     for (int i = 0; i < st->n_reqs && st->est == ENGINE_OK; i++) {
         sched_req *r = s->batch_req[i];
-        if (s->batch_k[i] == 0) continue;
         int n = s->batch_ntok[i];
-        memcpy(r->tokens + r->n_tokens, s->batch_tok + (size_t)i * s->tok_stride, (size_t)(n - 1) * sizeof *r->tokens);
+        /* the sampled tokens go into tokens now, beyond n_tokens until publishing counts them,
+         * for the commit below and the drafts */
+        memcpy(r->tokens + r->n_tokens, s->batch_tok + (size_t)i * s->tok_stride, (size_t)n * sizeof *r->tokens);
+        if (s->batch_k[i] == 0) continue;
         r->n_done += n;
         if (s->o.bio) blockio_set_write_class(s->o.bio, r->p.cache_class);
         kvpool_seq_commit_full_blocks(s->pool, r->seq, r->tokens, r->n_done);
     }
+    if (st->est == ENGINE_OK && s->o.spec_sources) sched_spec_draft(s, st->n_reqs);
     st->t2 = util_now();
 }
 
@@ -933,6 +1014,8 @@ static void sched_step_count_locked(sched *s, const sched_step *st)
         }
     }
     if (dec && pre) s->st.n_mixed_steps++;
+    s->st.spec_drafted += s->drafted_run;
+    s->drafted_run = 0;
     s->st.step_model_n = s->tm.n_err;
     s->st.step_model_abs_err_s = s->tm.abs_err_s;
     s->st.step_model_rel_err = s->tm.rel_err;
@@ -1117,6 +1200,11 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
     if (o.spec_max <= 0) o.spec_max = SPEC_DEFAULT_MAX;
     o.spec_max = TM_MIN(o.spec_max, SPEC_MAX_K);
     o.spec_fixed = TM_MIN(TM_MAX(o.spec_fixed, 0), o.spec_max);
+    if (!o.draft) o.spec_sources &= ~SPEC_SRC_MODEL;
+    if (o.draft && engine_model(o.draft)->hp.n_vocab != m->hp.n_vocab) {   /* its ids are the target's */
+        free(s);
+        return SCHED_ERR_ARG;
+    }
     s->o = o;
     s->st.step_tokens = o.step_tokens;
     s->st.prefill_step_tokens = o.prefill_step_tokens;
@@ -1137,13 +1225,18 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
     s->batch_out = xcalloc((size_t)o.max_seqs * s->tok_stride, sizeof *s->batch_out);
     if (o.spec_sources) {
         s->chooser = spec_chooser_new(o.max_seqs);
+        if (o.spec_sources & SPEC_SRC_MODEL) {
+            s->drafter = specdraft_new(o.draft, o.max_seqs);
+            s->dq = xcalloc((size_t)o.max_seqs, sizeof *s->dq);
+            s->dq_req = xcalloc((size_t)o.max_seqs, sizeof *s->dq_req);
+        }
         s->spec_gains = xcalloc((size_t)o.max_seqs * SPEC_MAX_K, sizeof *s->spec_gains);
         s->spec_nd = xcalloc((size_t)o.max_seqs, sizeof *s->spec_nd);
         s->spec_k = xcalloc((size_t)o.max_seqs, sizeof *s->spec_k);
         s->spec_req = xcalloc((size_t)o.max_seqs, sizeof *s->spec_req);
     }
     s->logits = malloc((size_t)o.max_seqs * s->tok_stride * (size_t)s->n_vocab * sizeof(float));
-    if (!s->logits || (o.spec_sources && !s->chooser)) {
+    if (!s->logits || (o.spec_sources && !s->chooser) || ((o.spec_sources & SPEC_SRC_MODEL) && !s->drafter)) {
         sched_free(s);
         return SCHED_ERR_NOMEM;
     }
@@ -1275,6 +1368,9 @@ void sched_free(sched *s)
     free(s->batch_out);
     free(s->logits);
     spec_chooser_free(s->chooser);
+    specdraft_free(s->drafter);
+    free(s->dq);
+    free(s->dq_req);
     free(s->spec_gains);
     free(s->spec_nd);
     free(s->spec_k);
@@ -1351,7 +1447,8 @@ sched_status sched_submit(sched *s, const sched_params *p, sched_req **out)
         sample_skip_draws(r->smp, p->n_sampled);
     }
     r->ttft = -1;
-    spec_seq_init(&r->spec);
+    for (int i = 0; i < SPEC_N_SRC; i++) spec_seq_init(&r->spec[i]);
+    r->draft_at = -1;
     r->t_submit = util_now();
     r->engine_held = true;
     pthread_condattr_t ca;

@@ -134,6 +134,8 @@ typedef struct {
     int spec_fixed;         /* > 0: verify that many (fewer when fewer were drafted or the step
                              * budget is spent) instead of the count chosen from the learned step
                              * time and the acceptance estimates */
+    engine *draft;          /* with SPEC_SRC_MODEL: the draft model's engine (same vocabulary,
+                             * its own KV pool; engine/specdraft.h); must outlive the scheduler */
 } sched_opts;
 
 typedef struct {

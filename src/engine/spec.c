@@ -43,11 +43,11 @@ void spec_seq_observe(spec_seq *q, int n_accepted, bool rejected)
     q->n_accepted += (uint64_t)n_accepted;
 }
 
-void spec_seq_gains(const spec_seq *q, int n, double *out)
+void spec_seq_gains(const spec_seq *q, const float *prob, int n, double *out)
 {
     double g = 1;
     for (int k = 0; k < n; k++) {
-        g *= q->rate;
+        g *= prob ? 0.5 * (q->rate + prob[k]) : q->rate;
         out[k] = g;
     }
 }

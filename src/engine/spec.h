@@ -48,7 +48,9 @@
 /* Draft sources (bits of sched_opts.spec_sources). */
 typedef enum {
     SPEC_SRC_NGRAM = 1,         /* prompt lookup over the sequence's own tokens */
+    SPEC_SRC_MODEL = 2,         /* a draft model (specdraft.h) */
 } spec_source;
+#define SPEC_N_SRC 2            /* sources; source i is bit 1 << i */
 
 /* Prompt lookup: drafts up to k_max tokens into out for the sequence toks[0..n) (see the
  * design). Returns the count drafted, 0 when no suffix of n_min..n_max tokens recurs. */
@@ -66,9 +68,10 @@ void spec_seq_init(spec_seq *q);
  * rejected is true (the others were not tested: their predecessor was rejected, or the
  * request ended first). */
 void spec_seq_observe(spec_seq *q, int n_accepted, bool rejected);
-/* Expected gain of each of n drafted tokens (the chance it is accepted with all before it):
- * out[k] = rate^(k+1), non-increasing. */
-void spec_seq_gains(const spec_seq *q, int n, double *out);
+/* Expected gain of each of n drafted tokens (the chance it is accepted with all before it),
+ * non-increasing: the product of the per-token estimates up to it, each the request's rate,
+ * or with the draft's own probabilities prob (n; NULL: none) the mean of the two. */
+void spec_seq_gains(const spec_seq *q, const float *prob, int n, double *out);
 
 /* Predicted seconds of the step with n_extra verify tokens added to it (monotone in n_extra;
  * <= 0 when unknown). */

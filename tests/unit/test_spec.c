@@ -61,7 +61,7 @@ TEST(test_acceptance_estimate)
     spec_seq_init(&q);
     CHECK(q.rate == SPEC_ACCEPT_PRIOR);
     double g[4];
-    spec_seq_gains(&q, 4, g);
+    spec_seq_gains(&q, NULL, 4, g);
     CHECK(fabs(g[0] - 0.5) < 1e-12 && fabs(g[3] - 0.0625) < 1e-12);
     for (int i = 0; i < 20; i++) spec_seq_observe(&q, 4, false);
     CHECK(q.rate > 0.99 && q.n_tested == 80 && q.n_accepted == 80);
@@ -156,7 +156,7 @@ TEST(test_choose_on_recorded_curves)
         for (int i = 0; i < n; i++) {
             spec_seq q = { .rate = util_rng_uniform(&rng) };
             nd[i] = (int)(util_rng_next(&rng) % 6);
-            spec_seq_gains(&q, nd[i], gains + i * SPEC_MAX_K);
+            spec_seq_gains(&q, NULL, nd[i], gains + i * SPEC_MAX_K);
         }
         int max_extra = trial % 5 == 0 ? 3 : 64;
         int sum = spec_choose(ch, n, gains, nd, n, max_extra, curve_time, &c, k);
@@ -180,13 +180,13 @@ TEST(test_choose_on_recorded_curves)
     for (int i = 0; i < 4; i++) {
         spec_seq q = { .rate = 0.95 };
         nd[i] = 3;
-        spec_seq_gains(&q, 3, gains + i * SPEC_MAX_K);
+        spec_seq_gains(&q, NULL, 3, gains + i * SPEC_MAX_K);
     }
     CHECK(spec_choose(ch, 4, gains, nd, 4, 64, curve_time, &flat, k) == 12);
     for (int i = 0; i < 4; i++) CHECK(k[i] == 3);
     for (int i = 0; i < 4; i++) {
         spec_seq q = { .rate = 0.05 };
-        spec_seq_gains(&q, 3, gains + i * SPEC_MAX_K);
+        spec_seq_gains(&q, NULL, 3, gains + i * SPEC_MAX_K);
     }
     CHECK(spec_choose(ch, 4, gains, nd, 4, 64, curve_time, &steep, k) == 0);
     for (int i = 0; i < 4; i++) CHECK(k[i] == 0);
@@ -229,8 +229,8 @@ TEST(test_choose_on_learned_step_time)
     double gains[2 * SPEC_MAX_K];
     for (double rate = 0.0; rate <= 1.0; rate += 0.1) {
         spec_seq q = { .rate = rate };
-        spec_seq_gains(&q, 5, gains);
-        spec_seq_gains(&q, 5, gains + SPEC_MAX_K);
+        spec_seq_gains(&q, NULL, 5, gains);
+        spec_seq_gains(&q, NULL, 5, gains + SPEC_MAX_K);
         int sum = spec_choose(ch, 2, gains, nd, 2, 64, learned_time, &l, k);
         CHECKF(sum >= prev, "rate %.1f: %d after %d", rate, sum, prev);
         prev = sum;
@@ -332,8 +332,14 @@ static model *mk(uint64_t seed)
 
 typedef struct {
     engine *e;
+    model *draft_model;         /* the model cut to its first layers (self-speculation) */
+    engine *draft;
     sched *s;
 } rig;
+
+/* Layers of the draft model of the next runs with SPEC_SRC_MODEL (all of them: the draft is
+ * the target itself). */
+static int g_draft_layers;
 
 static rig rig_new(int spec_sources, int spec_max, int spec_fixed)
 {
@@ -343,6 +349,13 @@ static rig rig_new(int spec_sources, int spec_max, int spec_fixed)
     if (engine_new(g_model, &eo, &r.e, err, sizeof err) != ENGINE_OK) fprintf(stderr, "%s\n", err);
     sched_opts so = { .max_seqs = 4, .max_queue = 16, .step_tokens = 96, .n_ctx = 1024,
                       .spec_sources = spec_sources, .spec_max = spec_max, .spec_fixed = spec_fixed };
+    if (spec_sources & SPEC_SRC_MODEL) {
+        r.draft_model = xmalloc(sizeof *r.draft_model);
+        *r.draft_model = *g_model;   /* shares the weights: the engine reads only hp.n_layers of them */
+        r.draft_model->hp.n_layers = g_draft_layers;
+        if (engine_new(r.draft_model, &eo, &r.draft, err, sizeof err) != ENGINE_OK) fprintf(stderr, "%s\n", err);
+        so.draft = r.draft;
+    }
     for (int i = 0; i < 4; i++) so.eos_ids[i] = -1;
     if (sched_new(r.e, &so, &r.s) != SCHED_OK) fprintf(stderr, "sched_new failed\n");
     return r;
@@ -351,6 +364,8 @@ static rig rig_new(int spec_sources, int spec_max, int spec_fixed)
 static void rig_free(rig *r)
 {
     sched_free(r->s);
+    engine_free(r->draft);
+    free(r->draft_model);
     engine_free(r->e);
 }
 
@@ -448,7 +463,7 @@ static bool same_kv(const kv_dump *a, const kv_dump *b)
            !memcmp(a->kv, b->kv, (size_t)a->n_done * per * sizeof(float));
 }
 
-static void compare(const run_out *want, const run_out *got, int n_req, const char *what)
+static void compare_ex(const run_out *want, const run_out *got, int n_req, const char *what, bool all_accepted)
 {
     for (int i = 0; i < n_req; i++) {
         CHECKF(got->n[i] == GEN && want->n[i] == GEN, "%s: request %d: %d and %d tokens", what, i, got->n[i], want->n[i]);
@@ -462,7 +477,8 @@ static void compare(const run_out *want, const run_out *got, int n_req, const ch
     }
     /* drafts were verified, some accepted and some rejected: both paths ran */
     const sched_stats *st = &got->st;
-    CHECKF(st->spec_verified > 0 && st->spec_accepted > 0 && st->spec_accepted < st->spec_verified,
+    CHECKF(st->spec_verified > 0 && st->spec_accepted > 0 &&
+           (all_accepted ? st->spec_accepted == st->spec_verified : st->spec_accepted < st->spec_verified),
            "%s: drafted %llu verified %llu accepted %llu", what, (unsigned long long)st->spec_drafted,
            (unsigned long long)st->spec_verified, (unsigned long long)st->spec_accepted);
     CHECKF(st->spec_drafted >= st->spec_verified && st->spec_verifies > 0, "%s", what);
@@ -473,6 +489,11 @@ static void compare(const run_out *want, const run_out *got, int n_req, const ch
                 (unsigned long long)st->n_steps);
     /* fewer steps than tokens: the accepted drafts took none of their own */
     CHECKF(st->n_gen_tokens == (uint64_t)(n_req * GEN), "%s: %llu tokens", what, (unsigned long long)st->n_gen_tokens);
+}
+
+static void compare(const run_out *want, const run_out *got, int n_req, const char *what)
+{
+    compare_ex(want, got, n_req, what, false);
 }
 
 TEST(test_greedy_identity_and_rollback)
@@ -507,6 +528,49 @@ TEST(test_sampled_identity)
     run_free(&spec);
 }
 
+TEST(test_draft_model)
+{
+    static run_out base, spec;
+    run(0, 0, 0, NREQ, 0, &base);
+    /* the draft is the target itself: every greedy draft is accepted */
+    g_draft_layers = g_model->hp.n_layers;
+    run(SPEC_SRC_MODEL, 4, 0, NREQ, 0, &spec);
+    compare_ex(&base, &spec, NREQ, "draft model = target, greedy", true);
+    run_free(&spec);
+    /* self-speculation on the first layer: drafts accepted and rejected, alone and batched */
+    g_draft_layers = 1;
+    run(SPEC_SRC_MODEL, 4, 0, NREQ, 0, &spec);
+    compare(&base, &spec, NREQ, "first layer drafts, greedy, batched");
+    run_free(&spec);
+    run(SPEC_SRC_MODEL, 3, 3, 1, 0, &spec);
+    compare(&base, &spec, 1, "first layer drafts, greedy, alone");
+    run_free(&spec);
+    /* both sources on: each request drafts from the one it accepts more of */
+    run(SPEC_SRC_MODEL | SPEC_SRC_NGRAM, 4, 0, NREQ, 0, &spec);
+    compare(&base, &spec, NREQ, "prompt lookup + first layer drafts, greedy");
+    run_free(&spec);
+    run_free(&base);
+    /* sampled: greedy drafts are deterministic (q one-hot), the law and the tokens are kept */
+    run(0, 0, 0, NREQ, 0.8f, &base);
+    run(SPEC_SRC_MODEL, 4, 2, NREQ, 0.8f, &spec);
+    compare(&base, &spec, NREQ, "first layer drafts, sampled");
+    run_free(&spec);
+    run_free(&base);
+    /* a draft of another vocabulary is refused */
+    model other = *g_model;
+    other.hp.n_vocab = g_model->hp.n_vocab - 1;
+    engine_opts eo = { .n_threads = 1, .n_kv_blocks = 8, .max_batch_tokens = 32 };
+    engine *e = NULL, *d = NULL;
+    char err[256];
+    CHECK(engine_new(g_model, &eo, &e, err, sizeof err) == ENGINE_OK);
+    CHECK(engine_new(&other, &eo, &d, err, sizeof err) == ENGINE_OK);
+    sched_opts so = { .spec_sources = SPEC_SRC_MODEL, .draft = d };
+    sched *s = NULL;
+    CHECK(sched_new(e, &so, &s) == SCHED_ERR_ARG && s == NULL);
+    engine_free(d);
+    engine_free(e);
+}
+
 int main(void)
 {
     RUN(test_ngram_draft);
@@ -525,6 +589,7 @@ int main(void)
     }
     RUN(test_greedy_identity_and_rollback);
     RUN(test_sampled_identity);
+    RUN(test_draft_model);
     model_free(g_model);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
