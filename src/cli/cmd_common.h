@@ -42,16 +42,22 @@ typedef struct {
     int spec;            /* --spec: 0 off, 1 ngram (prompt lookup) */
     long spec_max;       /* most drafted tokens verified per sequence and step */
     long spec_fixed;     /* 0: the count is chosen per step; else always this many */
+    const char *draft;   /* --draft: a draft model's GGUF, or NULL */
+    long draft_layers;   /* --draft-layers: self-speculation on the first N layers, 0: off */
+    /* made by cmd_common_engine_new with --draft / --draft-layers; cmd_common_draft_free */
+    model *draft_model;  /* the draft (with --draft-layers a view of the model's weights) */
+    engine *draft_engine;
+    bool draft_shares;   /* draft_model shares the model's weights (free the view only) */
 } cmd_engine_opts;
 #define CMD_ENGINE_OPTS_DEFAULT \
     { .max_seqs = 16, .kv_mib = 2048, .max_queue = 256, .prefill_step = SCHED_PREFILL_STEP, \
       .spec_max = SPEC_DEFAULT_MAX }
 /* The option table entries of the engine options (--threads/-t, --ctx/-c, --max-seqs,
  * --kv-mib, --max-queue, --step-tokens, --prefill-step-tokens, --step-ms, --prefill-step-ms,
- * --spec, --spec-max, --spec-fixed)
+ * --spec, --spec-max, --spec-fixed, --draft, --draft-layers)
  * writing into *o, in out (a table of its own, END-terminated): include it with
  * { .kind = CMD_OPT_TABLE, .dst = out }. */
-#define CMD_ENGINE_TABLE_N 13
+#define CMD_ENGINE_TABLE_N 15
 const cmd_opt *cmd_common_engine_table(cmd_engine_opts *o, cmd_opt out[CMD_ENGINE_TABLE_N]);
 /* The same for the HTTP layer's connection limits (http/http.h): --max-connections,
  * --max-client-connections, --request-timeout. */
@@ -62,6 +68,8 @@ const cmd_opt *cmd_common_http_table(http_opts *o, cmd_opt out[CMD_HTTP_TABLE_N]
  * least one context), faulted in now so that the first steps and store fills take no page
  * faults. NULL after "tokenmill PROG: why" on stderr. */
 engine *cmd_common_engine_new(const char *prog, model *m, cmd_engine_opts *o);
+/* Frees the draft model and engine cmd_common_engine_new made (after the scheduler). */
+void cmd_common_draft_free(cmd_engine_opts *o);
 /* The scheduler options for an engine made by cmd_common_engine_new (bio may be NULL). */
 sched_opts cmd_common_sched_opts(const cmd_engine_opts *o, blockio *bio, const tokenizer *tok);
 

@@ -164,6 +164,7 @@ out:
     blockio_free(bio);
     store_close(cache);
     engine_free(e);
+    cmd_common_draft_free(&eng);
     tokenizer_free(tok);
     model_free(m);
     return rc;
