@@ -65,6 +65,7 @@ struct sched_req {
     sched_params p;              /* copy (prompt pointer not used after submit) */
     sampler *smp;                /* own sampler, seeded from p.sample */
     grammar_match *gm;           /* (sampling) p.grammar's matcher, or NULL */
+    grammar_match *gm_draft;     /* (speculation) a copy that drafted tokens are checked on */
     kvpool_seq *seq;             /* KV while RUNNING, else NULL */
     int n_done;                  /* positions of tokens whose KV is in seq */
     bool in_think;               /* (sampling) the output is inside a think block (p.think_*) */
@@ -210,6 +211,7 @@ static void sched_req_destroy(sched_req *r)
     if (r->load) blockio_load_free(r->s->o.bio, r->load);
     sample_free(r->smp);
     grammar_match_free(r->gm);
+    grammar_match_free(r->gm_draft);
     free(r->tokens);
     free(r->chain);
     free(r->ring);
@@ -887,6 +889,23 @@ static void sched_idle_wait_locked(sched *s)
     pthread_cond_timedwait(&s->work_cv, &s->mu, &ts);
 }
 
+/* The drafted tokens of a grammar-constrained request that its automaton allows, in order:
+ * checked on a copy of its matcher (the request's own moves only with emitted tokens). A stop
+ * id ends the draft after it (the request ends there); a think block's start or end ends the
+ * checking (the grammar leaves reasoning free). Returns the drafts kept. */
+static int sched_spec_grammar_cut(sched_req *r)
+{
+    if (!r->gm_draft) r->gm_draft = grammar_match_clone(r->gm);
+    else grammar_match_copy_state(r->gm_draft, r->gm);
+    for (int j = 0; j < r->n_draft; j++) {
+        int32_t tok = r->draft[j];
+        if ((tok == r->p.think_start || tok == r->p.think_end) && tok >= 0) return r->n_draft;
+        if (!grammar_match_accept(r->gm_draft, tok)) return j;
+        if (sched_is_stop(r->s, r, tok)) return j + 1;
+    }
+    return r->n_draft;
+}
+
 /* Speculation, after a step was sampled: drafts the continuation of every request of the
  * step that goes on decoding, from the source with the better running acceptance for it
  * (prompt lookup first on a tie: it costs nothing; the other source when the first drafts
@@ -928,8 +947,7 @@ static void sched_spec_draft(sched *s, int n_reqs)
         q->k_max = kmax;
         s->dq_req[nq++] = r;
     }
-    if (nq == 0) return;
-    specdraft_run(s->drafter, s->dq, nq);
+    if (nq > 0) specdraft_run(s->drafter, s->dq, nq);
     for (int j = 0; j < nq; j++) {
         sched_req *r = s->dq_req[j];
         specdraft_seq *q = &s->dq[j];
@@ -944,6 +962,10 @@ static void sched_spec_draft(sched *s, int n_reqs)
             r->draft_src = 0;
         }
         s->drafted_run += (uint64_t)r->n_draft;
+    }
+    for (int i = 0; i < n_reqs; i++) {
+        sched_req *r = s->batch_req[i];
+        if (r->gm && r->n_draft > 0 && !r->in_think) r->n_draft = sched_spec_grammar_cut(r);
     }
 }
 

@@ -21,6 +21,7 @@
 #include "engine/sched.h"
 #include "engine/spec.h"
 #include "engine/steptime.h"
+#include "grammar/grammar.h"
 #include "tinymodel.h"
 
 /* ---- prompt lookup ---- */
@@ -410,6 +411,10 @@ static void prompt_of(int32_t *t, int n, int seed)
     for (int i = 0; i < n; i++) t[i] = (seed * 13 + (i % 11) * 7 + (i % 3)) % 100;
 }
 
+/* The grammar and vocabulary of the next runs (NULL: unconstrained). */
+static grammar *g_grammar;
+static grammar_vocab *g_gvocab;
+
 /* Runs n_req requests at once (sampled with a seed when temp > 0) and collects tokens and KV. */
 static void run(int spec_sources, int spec_max, int spec_fixed, int n_req, float temp, run_out *o)
 {
@@ -430,6 +435,9 @@ static void run(int spec_sources, int spec_max, int spec_fixed, int n_req, float
             p.sample.bias_id[0] = 5;
             p.sample.bias[0] = 2.0f;
         }
+        p.think_start = p.think_end = -1;
+        p.grammar = g_grammar;
+        p.grammar_vocab = g_gvocab;
         p.kv_out = dump_kv;
         p.kv_arg = &o->kv[i];
         if (sched_submit(g.s, &p, &r[i]) != SCHED_OK) r[i] = NULL;
@@ -571,6 +579,39 @@ TEST(test_draft_model)
     engine_free(e);
 }
 
+TEST(test_grammar_drafts)
+{
+    /* tokens 0..9 are the digits, the others letters; the output must be digits: drafts the
+     * grammar forbids (prompt lookup finds letters in the prompt) are cut before verification */
+    char bytes[100][4];
+    const char *pb[100];
+    int lens[100];
+    for (int i = 0; i < 100; i++) {
+        if (i < 10) snprintf(bytes[i], sizeof bytes[i], "%c", '0' + i);
+        else snprintf(bytes[i], sizeof bytes[i], "%c%c", 'a' + i % 26, 'a' + i / 26);
+        pb[i] = bytes[i];
+        lens[i] = (int)strlen(bytes[i]);
+    }
+    char err[256];
+    g_gvocab = grammar_vocab_new(100, pb, lens);
+    CHECK(grammar_compile(GRAMMAR_KIND_REGEX, "[0-9]+", 6, &g_grammar, err, sizeof err) == GRAMMAR_OK);
+    static run_out base, spec;
+    run(0, 0, 0, NREQ, 0, &base);
+    for (int i = 0; i < NREQ; i++)
+        for (int j = 0; j < base.n[i]; j++) CHECK(base.toks[i][j] < 10);
+    /* a fixed K of 3 at most 3 drafted: every draft is verified unless the grammar cut it */
+    run(SPEC_SRC_NGRAM, 3, 3, NREQ, 0, &spec);
+    compare(&base, &spec, NREQ, "greedy under a grammar");
+    CHECKF(spec.st.spec_verified < spec.st.spec_drafted, "drafted %llu verified %llu",
+           (unsigned long long)spec.st.spec_drafted, (unsigned long long)spec.st.spec_verified);
+    run_free(&spec);
+    run_free(&base);
+    grammar_free(g_grammar);
+    grammar_vocab_free(g_gvocab);
+    g_grammar = NULL;
+    g_gvocab = NULL;
+}
+
 int main(void)
 {
     RUN(test_ngram_draft);
@@ -590,6 +631,7 @@ int main(void)
     RUN(test_greedy_identity_and_rollback);
     RUN(test_sampled_identity);
     RUN(test_draft_model);
+    RUN(test_grammar_drafts);
     model_free(g_model);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
