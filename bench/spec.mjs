@@ -6,7 +6,7 @@
 //              [--threads N] [--draft-layers 7] [--no-llama] [--json OUT.json]
 //
 // The workload quotes, as an agent does when it repeats tool output, a file or an earlier
-// answer: each prompt is a tool result (a listing of 60 pseudo-random lines, different per
+// answer: each prompt is a tool result (a listing of 20 pseudo-random lines, different per
 // stream) followed by "Repeat the tool output exactly:" and its first line. Each of c streams
 // sends its prompt at once (streaming /v1/completions, greedy, exactly --tokens tokens).
 // Per-user tokens/s: (tokens - 1) / first-to-last-token span, the mean over the streams;
@@ -61,13 +61,13 @@ if (!fs.existsSync(draft)) {
   if (r.status !== 0) throw new Error(r.stderr);
 }
 
-// A tool result of 60 lines, different per stream, then the request to quote it.
+// A tool result of 20 lines, different per stream, then the request to quote it.
 function prompt(stream) {
   let x = 12345 + stream * 7919;
   const rnd = () => (x = (x * 1103515245 + 12345) % 2147483648) / 2147483648;
   const words = ["src", "lib", "main", "index", "util", "test", "config", "build", "docs", "cache", "engine", "http", "model"];
   const lines = [];
-  for (let i = 0; i < 60; i++)
+  for (let i = 0; i < 20; i++)
     lines.push(`${["-rw-r--r--", "drwxr-xr-x"][i % 2]} ${Math.floor(rnd() * 90000 + 1000)} ${words[Math.floor(rnd() * words.length)]}/${words[Math.floor(rnd() * words.length)]}_${i}.c`);
   return `Tool output:\n${lines.join("\n")}\n\nRepeat the tool output exactly:\n${lines[0]}\n`;
 }
@@ -86,15 +86,22 @@ async function startServer(args) {
   });
   proc.removeAllListeners("exit");
   proc.stderr.resume();
-  return { proc, port };
+  const name = (await (await fetch(`http://127.0.0.1:${port}/v1/models`)).json()).data[0].id;
+  return { proc, port, name };
 }
 
-function stream(port, p) {
+function stream(S, p) {
+  const port = S.port;
   return new Promise((resolve, reject) => {
-    const body = JSON.stringify({ model: "m", prompt: p, max_tokens: o.tokens, temperature: 0, ignore_eos: true, stream: true });
+    const body = JSON.stringify({ model: S.name, prompt: p, max_tokens: o.tokens, temperature: 0, ignore_eos: true, stream: true });
     const times = [];
     const req = http.request({ host: "127.0.0.1", port, path: "/v1/completions", method: "POST",
       headers: { "content-type": "application/json", "content-length": Buffer.byteLength(body) } }, (res) => {
+      if (res.statusCode !== 200) {
+        res.resume();
+        reject(new Error(`HTTP ${res.statusCode}`));
+        return;
+      }
       onSseJson(res, (j, now) => { if (j.choices?.[0]?.text !== undefined) times.push(now); }, () => resolve(times));
       res.on("error", reject);
     });
@@ -114,11 +121,11 @@ async function runConfig(name, args) {
   const S = await startServer(args);
   const rows = [];
   try {
-    await stream(S.port, "warm up " + prompt(99));
+    await stream(S, "warm up " + prompt(99));
     for (const c of o.streams) {
       const m0 = await metrics(S.port);
       const t0 = performance.now();
-      const all = await Promise.all(Array.from({ length: c }, (_, i) => stream(S.port, prompt(i + 100 * c))));
+      const all = await Promise.all(Array.from({ length: c }, (_, i) => stream(S, prompt(i + 100 * c))));
       const wall = (performance.now() - t0) / 1000;
       const m1 = await metrics(S.port);
       const d = (k) => (m1[k] ?? 0) - (m0[k] ?? 0);
