@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/sample.h"
 #include "util/util.h"
 
 struct specdraft {
@@ -19,6 +20,7 @@ struct specdraft {
     int *row;                   /* (max_seqs) logits row of each sequence in the step, or -1 */
     int *adv;                   /* (max_seqs) positions the catch-up step computes for each */
     float *logits;              /* (max_seqs, n_vocab) */
+    sampler *greedy;            /* temperature 0, no penalties: the argmax as requests take it */
 };
 
 specdraft *specdraft_new(engine *d, int max_seqs)
@@ -34,7 +36,11 @@ specdraft *specdraft_new(engine *d, int max_seqs)
     sd->row = xcalloc((size_t)max_seqs, sizeof *sd->row);
     sd->adv = xcalloc((size_t)max_seqs, sizeof *sd->adv);
     sd->logits = malloc((size_t)max_seqs * (size_t)sd->n_vocab * sizeof(float));
-    if (!sd->logits) {
+    sample_params gp = sample_params_default();
+    gp.temp = 0;
+    gp.penalty_last_n = 0;
+    sd->greedy = sample_new(sd->n_vocab, &gp);
+    if (!sd->logits || !sd->greedy) {
         specdraft_free(sd);
         return NULL;
     }
@@ -48,18 +54,16 @@ void specdraft_free(specdraft *sd)
     free(sd->row);
     free(sd->adv);
     free(sd->logits);
+    sample_free(sd->greedy);
     free(sd);
 }
 
-/* The argmax of a logits row (the lowest id on a tie, as greedy sampling) and its softmax
- * probability. */
-static int32_t specdraft_argmax(const float *l, int n, float *prob)
+/* The greedy token of a logits row and its softmax probability. */
+static int32_t specdraft_argmax(specdraft *sd, const float *l, float *prob)
 {
-    int32_t best = 0;
-    for (int i = 1; i < n; i++)
-        if (l[i] > l[best]) best = i;
+    int32_t best = sample_token(sd->greedy, l);
     double sum = 0;
-    for (int i = 0; i < n; i++) sum += exp((double)(l[i] - l[best]));
+    for (int i = 0; i < sd->n_vocab; i++) sum += exp((double)(l[i] - l[best]));
     *prob = (float)(1.0 / sum);
     return best;
 }
@@ -97,7 +101,7 @@ void specdraft_run(specdraft *sd, specdraft_seq *seqs, int n)
         specdraft_seq *q = &seqs[i];
         q->n_done += sd->adv[i];
         if (sd->row[i] < 0) continue;
-        q->draft[0] = specdraft_argmax(sd->logits + (size_t)sd->row[i] * sd->n_vocab, sd->n_vocab, &q->prob[0]);
+        q->draft[0] = specdraft_argmax(sd, sd->logits + (size_t)sd->row[i] * sd->n_vocab, &q->prob[0]);
         q->n_draft = 1;
     }
     /* steps 1..: each sequence still drafting feeds its last drafted token */
@@ -121,7 +125,7 @@ void specdraft_run(specdraft *sd, specdraft_seq *seqs, int n)
             specdraft_seq *q = &seqs[i];
             if (sd->row[i] < 0) continue;
             q->n_done = q->n_tokens + k;
-            q->draft[k] = specdraft_argmax(sd->logits + (size_t)sd->row[i] * sd->n_vocab, sd->n_vocab, &q->prob[k]);
+            q->draft[k] = specdraft_argmax(sd, sd->logits + (size_t)sd->row[i] * sd->n_vocab, &q->prob[k]);
             q->n_draft = k + 1;
         }
     }
