@@ -4,8 +4,9 @@
 // (`--spec ngram`, the verify count adaptive and fixed), by its own first layers
 // (`--draft-layers`) and by a one-layer draft model of the same vocabulary (`--draft`):
 // greedy answers, alone and four at once, and a seeded sampled answer must be the same text,
-// while /metrics shows drafts verified and accepted. Bad speculation options, a draft of
-// another vocabulary among them, are refused at start.
+// while /metrics shows drafts verified and accepted. After rejections the blocks written to
+// the block store (keys and bytes) are those of a run without speculation. Bad speculation
+// options, a draft of another vocabulary among them, are refused at start.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
@@ -104,6 +105,48 @@ test("a seeded sampled answer is the same with speculation", async () => {
     assert.equal(await complete(adaptive, c, extra), want, `prompt ${c}`);
     assert.equal(await complete(selfSpec, c, extra), want, `prompt ${c}, --draft-layers`);
   }
+});
+
+// Block files (name: key) and their bytes under a store directory.
+function storeBlocks(d) {
+  const out = {};
+  const walk = (p) => {
+    for (const e of fs.readdirSync(p, { withFileTypes: true })) {
+      const f = path.join(p, e.name);
+      if (e.isDirectory()) walk(f);
+      else if (/^[0-9a-f]{64}\./.test(e.name)) out[e.name] = fs.readFileSync(f).toString("base64");
+    }
+  };
+  walk(d);
+  return out;
+}
+
+test("the blocks stored after rejections equal those of a run without speculation", async () => {
+  const dirs = [path.join(dir, "store-plain"), path.join(dir, "store-spec")];
+  const servers = await Promise.all([
+    startServer(model, ["--threads", "2", "--cache-dir", dirs[0]]),
+    startServer(model, ["--threads", "2", "--cache-dir", dirs[1], "--spec", "ngram", "--spec-fixed", "4"]),
+  ]);
+  const body = { model: "q3", prompt: "tool output: " + "alpha beta gamma delta ".repeat(16), max_tokens: 96, temperature: 0 };
+  const texts = [];
+  for (const S of servers) {
+    const res = await fetch(`${S.url}/v1/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
+    const j = await res.json();
+    assert.equal(res.status, 200, JSON.stringify(j));
+    // a full block holds generated tokens: drafts were verified inside it
+    const u = j.usage;
+    assert.ok(Math.floor(u.prompt_tokens / 128) < Math.floor((u.prompt_tokens + u.completion_tokens - 1) / 128), JSON.stringify(u));
+    texts.push(j.choices[0].text);
+  }
+  assert.equal(texts[1], texts[0]);
+  const m = await fetchMetrics(servers[1].url);
+  assert.ok(m.tokenmill_spec_accepted_tokens_total < m.tokenmill_spec_verified_tokens_total, "no draft was rejected");
+  // a clean stop writes what is queued
+  await Promise.all(servers.map((S) => new Promise((resolve) => { S.proc.on("exit", resolve); S.proc.kill("SIGTERM"); })));
+  const [a, b] = dirs.map(storeBlocks);
+  assert.ok(Object.keys(a).length >= 1, "no block stored");
+  assert.deepEqual(Object.keys(b).sort(), Object.keys(a).sort(), "block keys differ");
+  for (const k of Object.keys(a)) assert.equal(b[k], a[k], `block ${k} differs`);
 });
 
 test("bad speculation options are refused at start", () => {
