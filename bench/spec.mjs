@@ -74,7 +74,7 @@ function prompt(stream) {
 
 async function startServer(args) {
   const proc = spawn(bin, ["serve", "-m", model, "--port", "0", "--threads", String(o.threads), "--cache", "off",
-    "--max-seqs", String(Math.max(...o.streams)), ...args], { stdio: ["ignore", "ignore", "pipe"] });
+    "--timeout", "3600", "--max-seqs", String(Math.max(...o.streams)), ...args], { stdio: ["ignore", "ignore", "pipe"] });
   let logText = "";
   const port = await new Promise((resolve, reject) => {
     proc.stderr.on("data", (d) => {

@@ -906,6 +906,13 @@ static int sched_spec_grammar_cut(sched_req *r)
     return r->n_draft;
 }
 
+/* Most tokens r may draft once it holds nt tokens: spec_max, within what it may still emit
+ * after the token its last verified row gives (<= 0: it ends, or has one token left). */
+static int sched_spec_kmax(const sched *s, const sched_req *r, int nt)
+{
+    return TM_MIN(s->o.spec_max, TM_MIN(r->max_gen - (nt - r->n_prompt), r->cap - nt) - 1);
+}
+
 /* Speculation, after a step was sampled: drafts the continuation of every request of the
  * step that goes on decoding, from the source with the better running acceptance for it
  * (prompt lookup first on a tie: it costs nothing; the other source when the first drafts
@@ -925,9 +932,8 @@ static void sched_spec_draft(sched *s, int n_reqs)
         r->draft_at = -1;
         if (ntok == 0) continue;
         int nt = r->n_tokens + ntok;   /* tokens once this step is published */
-        int room = TM_MIN(r->max_gen - (nt - r->n_prompt), r->cap - nt) - 1;
-        if (room <= 0 || sched_is_stop(s, r, r->tokens[nt - 1])) continue;   /* it ends */
-        int kmax = TM_MIN(s->o.spec_max, room);
+        int kmax = sched_spec_kmax(s, r, nt);
+        if (kmax <= 0 || sched_is_stop(s, r, r->tokens[nt - 1])) continue;   /* it ends */
         if (ngram && (!dmodel || r->spec[0].rate >= r->spec[1].rate)) {
             r->n_draft = spec_ngram_draft(r->tokens, nt, SPEC_NGRAM_MAX, SPEC_NGRAM_MIN, kmax, r->draft);
             r->draft_src = 0;
@@ -944,7 +950,7 @@ static void sched_spec_draft(sched *s, int n_reqs)
         q->tokens = r->tokens;
         q->n_tokens = nt;
         q->n_done = r->d_done;
-        q->k_max = kmax;
+        q->k_max = s->o.spec_fixed > 0 ? kmax : spec_seq_draft_len(&r->spec[1], kmax);
         s->dq_req[nq++] = r;
     }
     if (nq > 0) specdraft_run(s->drafter, s->dq, nq);
@@ -958,7 +964,8 @@ static void sched_spec_draft(sched *s, int n_reqs)
         memcpy(r->draft, q->draft, (size_t)q->n_draft * sizeof *r->draft);
         memcpy(r->draft_prob, q->prob, (size_t)q->n_draft * sizeof *r->draft_prob);
         if (r->n_draft == 0 && ngram && r->spec[0].rate < r->spec[1].rate) {   /* it was not tried first */
-            r->n_draft = spec_ngram_draft(r->tokens, q->n_tokens, SPEC_NGRAM_MAX, SPEC_NGRAM_MIN, q->k_max, r->draft);
+            r->n_draft = spec_ngram_draft(r->tokens, q->n_tokens, SPEC_NGRAM_MAX, SPEC_NGRAM_MIN,
+                                          sched_spec_kmax(s, r, q->n_tokens), r->draft);
             r->draft_src = 0;
         }
         s->drafted_run += (uint64_t)r->n_draft;

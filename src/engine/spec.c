@@ -52,6 +52,14 @@ void spec_seq_gains(const spec_seq *q, const float *prob, int n, double *out)
     }
 }
 
+int spec_seq_draft_len(const spec_seq *q, int k_max)
+{
+    int n = 1;
+    double g = q->rate;
+    while (n < k_max && (g *= q->rate) >= SPEC_MIN_GAIN) n++;
+    return k_max < 1 ? 0 : n;
+}
+
 struct spec_chooser {
     int max_seqs;
     int *heap;                  /* (max_seqs) sequence ids, max-heap by their next draft's gain */
