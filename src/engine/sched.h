@@ -55,6 +55,13 @@
  * batch, see engine.h). Log-probabilities, when asked, are log-softmax of the raw logits
  * (before penalties and temperature), as OpenAI reports them.
  *
+ * Speculative decoding (sched_opts.spec_*, engine/spec.h): after each step, every request that
+ * goes on decoding gets a draft (prompt lookup, or a draft model's engine); the next step
+ * carries its last token and the drafts chosen for verification, all wanting logits; the rows
+ * are sampled in order while the sampled token equals the draft, so a request emits the tokens
+ * it would have without speculation, several per step. Rejected rows stay beyond n_done and no
+ * block is keyed from them. See docs/spec.md.
+ *
  * Threads and locks: one mutex guards the queue, every request's output ring and state
  * flags; the engine thread holds it only to take new requests, publish outputs and apply
  * cancels, never while the kernels run. Callers of sched_poll wait on the request's
