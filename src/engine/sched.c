@@ -161,6 +161,8 @@ struct sched {
     specdraft_seq *dq;           /* (max_seqs) a drafting round's sequences */
     sched_req **dq_req;          /* (max_seqs) their requests */
     uint64_t drafted_run;        /* tokens drafted since the statistics were last updated */
+    double draft_step_s;         /* running mean seconds of one draft engine step, 0: none yet */
+    double main_step_s;          /* running mean seconds of one engine step of the target */
     int batch_n_reqs;            /* requests of the step being sampled */
     steptime tm;                 /* learned step time (engine thread; its error sums are copied
                                   * into st after each step) */
@@ -950,10 +952,18 @@ static void sched_spec_draft(sched *s, int n_reqs)
         q->tokens = r->tokens;
         q->n_tokens = nt;
         q->n_done = r->d_done;
-        q->k_max = s->o.spec_fixed > 0 ? kmax : spec_seq_draft_len(&r->spec[1], kmax);
+        double min_gain = s->draft_step_s > 0 && s->main_step_s > 0 ? s->draft_step_s / s->main_step_s : SPEC_MIN_GAIN;
+        q->k_max = s->o.spec_fixed > 0 ? kmax : spec_seq_draft_len(&r->spec[1], kmax, min_gain);
         s->dq_req[nq++] = r;
     }
-    if (nq > 0) specdraft_run(s->drafter, s->dq, nq);
+    if (nq > 0) {   /* its steps' cost against the target's decides how far the next drafts go */
+        double t0 = util_now();
+        int n_steps = specdraft_run(s->drafter, s->dq, nq);
+        if (n_steps > 0) {
+            double per = (util_now() - t0) / n_steps;
+            s->draft_step_s = s->draft_step_s > 0 ? 0.9 * s->draft_step_s + 0.1 * per : per;
+        }
+    }
     for (int j = 0; j < nq; j++) {
         sched_req *r = s->dq_req[j];
         specdraft_seq *q = &s->dq[j];
@@ -990,6 +1000,8 @@ static void sched_step_run(sched *s, sched_step *st)
     st->est = engine_step(s->e, &b, s->logits);
     st->t1 = util_now();
     if (st->est == ENGINE_OK) steptime_observe(&s->tm, &s->plan_x, st->t1 - st->t0);
+    if (st->est == ENGINE_OK)
+        s->main_step_s = s->main_step_s > 0 ? 0.9 * s->main_step_s + 0.1 * (st->t1 - st->t0) : st->t1 - st->t0;
     for (int i = 0; i < st->n_reqs && st->est == ENGINE_OK; i++) {
         sched_req *r = s->batch_req[i];
         if (s->batch_k[i] > 0) continue;   /* verified below */

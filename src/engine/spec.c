@@ -52,11 +52,11 @@ void spec_seq_gains(const spec_seq *q, const float *prob, int n, double *out)
     }
 }
 
-int spec_seq_draft_len(const spec_seq *q, int k_max)
+int spec_seq_draft_len(const spec_seq *q, int k_max, double min_gain)
 {
     int n = 1;
     double g = q->rate;
-    while (n < k_max && (g *= q->rate) >= SPEC_MIN_GAIN) n++;
+    while (n < k_max && (g *= q->rate) >= min_gain) n++;
     return k_max < 1 ? 0 : n;
 }
 

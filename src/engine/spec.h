@@ -44,7 +44,7 @@
 #define SPEC_NGRAM_WINDOW 8192  /* tokens searched back from the end (bounds the lookup's cost) */
 #define SPEC_ACCEPT_PRIOR 0.5   /* acceptance estimate of a request before any draft was tested */
 #define SPEC_ACCEPT_DECAY 0.85  /* weight kept by the running rate per tested draft */
-#define SPEC_MIN_GAIN 0.05      /* a costly draft (a model's) stops where its expected gain is below */
+#define SPEC_MIN_GAIN 0.05      /* spec_seq_draft_len's threshold before draft steps were timed */
 
 /* Draft sources (bits of sched_opts.spec_sources). */
 typedef enum {
@@ -75,9 +75,10 @@ void spec_seq_observe(spec_seq *q, int n_accepted, bool rejected);
 void spec_seq_gains(const spec_seq *q, const float *prob, int n, double *out);
 
 /* How many tokens a costly source should draft, at most k_max: those whose expected gain by
- * the running rate alone is at least SPEC_MIN_GAIN, and at least one (the rate must go on
- * being measured). Poor drafts then cost one draft step instead of k_max. */
-int spec_seq_draft_len(const spec_seq *q, int k_max);
+ * the running rate alone is at least min_gain (what one draft step costs as a fraction of a
+ * target step: a drafted token is worth its step when it saves more), and at least one (the
+ * rate must go on being measured). Poor drafts then cost one draft step instead of k_max. */
+int spec_seq_draft_len(const spec_seq *q, int k_max, double min_gain);
 
 /* Predicted seconds of the step with n_extra verify tokens added to it (monotone in n_extra;
  * <= 0 when unknown). */

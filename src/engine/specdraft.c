@@ -68,7 +68,7 @@ static int32_t specdraft_argmax(specdraft *sd, const float *l, float *prob)
     return best;
 }
 
-void specdraft_run(specdraft *sd, specdraft_seq *seqs, int n)
+int specdraft_run(specdraft *sd, specdraft_seq *seqs, int n)
 {
     n = TM_MIN(n, sd->max_seqs);
     /* step 0: what each sequence's draft KV has not seen, the last token wanting logits */
@@ -94,9 +94,10 @@ void specdraft_run(specdraft *sd, specdraft_seq *seqs, int n)
         sd->adv[i] = take;
         if (full) sd->row[i] = nr++;
     }
-    if (nt == 0) return;
+    if (nt == 0) return 0;
     engine_batch b = { .n_tokens = nt, .toks = sd->batch };
-    if (engine_step(sd->e, &b, sd->logits) != ENGINE_OK) return;
+    if (engine_step(sd->e, &b, sd->logits) != ENGINE_OK) return 1;
+    int n_steps = 1;
     for (int i = 0; i < n; i++) {
         specdraft_seq *q = &seqs[i];
         q->n_done += sd->adv[i];
@@ -118,9 +119,10 @@ void specdraft_run(specdraft *sd, specdraft_seq *seqs, int n)
             t->want_logits = true;
             sd->row[i] = nt++;
         }
-        if (nt == 0) return;
+        if (nt == 0) return n_steps;
         b.n_tokens = nt;
-        if (engine_step(sd->e, &b, sd->logits) != ENGINE_OK) return;   /* keep the drafts so far */
+        n_steps++;
+        if (engine_step(sd->e, &b, sd->logits) != ENGINE_OK) return n_steps;   /* keep the drafts so far */
         for (int i = 0; i < n; i++) {
             specdraft_seq *q = &seqs[i];
             if (sd->row[i] < 0) continue;
@@ -129,4 +131,5 @@ void specdraft_run(specdraft *sd, specdraft_seq *seqs, int n)
             q->n_draft = k + 1;
         }
     }
+    return n_steps;
 }

@@ -45,7 +45,8 @@ typedef struct specdraft specdraft;
 specdraft *specdraft_new(engine *d, int max_seqs);
 void specdraft_free(specdraft *sd);
 /* Drafts for seqs[0..n) (n <= max_seqs). A sequence whose KV cannot be reserved in the draft
- * pool drafts nothing (its n_done unchanged); a failed engine step drafts nothing for any. */
-void specdraft_run(specdraft *sd, specdraft_seq *seqs, int n);
+ * pool drafts nothing (its n_done unchanged); a failed engine step drafts nothing for any.
+ * Returns the draft engine steps run. */
+int specdraft_run(specdraft *sd, specdraft_seq *seqs, int n);
 
 #endif

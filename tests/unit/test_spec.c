@@ -72,12 +72,13 @@ TEST(test_acceptance_estimate)
     CHECK(q.n_tested == 103 && q.n_accepted == 82);
     /* a costly source drafts while the expected gain is worth it, one token at least */
     spec_seq r = { .rate = 0.9 };
-    CHECK(spec_seq_draft_len(&r, 5) == 5);
+    CHECK(spec_seq_draft_len(&r, 5, 0.05) == 5);
     r.rate = 0.5;   /* 0.5 0.25 0.125 0.0625 0.03 */
-    CHECK(spec_seq_draft_len(&r, 8) == 4);
+    CHECK(spec_seq_draft_len(&r, 8, 0.05) == 4);
+    CHECK(spec_seq_draft_len(&r, 8, 0.2) == 2);   /* a dearer draft step: fewer */
     r.rate = 0.01;
-    CHECK(spec_seq_draft_len(&r, 8) == 1);
-    CHECK(spec_seq_draft_len(&r, 0) == 0);
+    CHECK(spec_seq_draft_len(&r, 8, 0.05) == 1);
+    CHECK(spec_seq_draft_len(&r, 0, 0.05) == 0);
 }
 
 /* ---- the verify count on step-time curves ---- */
