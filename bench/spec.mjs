@@ -19,9 +19,10 @@
 // acceptance, and the speed-up, depend on the model; the table prints the acceptance beside
 // each figure (/metrics: accepted / verified drafts, mean accepted length).
 //
-// llama.cpp (1 stream): a context sequence evaluated greedily without a predictor, with
-// node-llama-cpp's InputLookupTokenPredictor (prompt lookup) and with its
-// DraftSequenceTokenPredictor on the same draft model file.
+// llama.cpp (1 stream): LlamaCompletion on a context sequence, greedy, without a predictor,
+// with node-llama-cpp's InputLookupTokenPredictor (prompt lookup) and with its
+// DraftSequenceTokenPredictor on the same draft model file (LlamaCompletion is where
+// node-llama-cpp verifies predictions; a bare sequence.evaluate verifies none).
 import { spawn, spawnSync } from "node:child_process";
 import fs from "node:fs";
 import http from "node:http";
@@ -155,7 +156,7 @@ for (const [name, args] of configs) rows.push(...await runConfig(name, args));
 
 const llama = [];
 if (o.llama) {
-  const { getLlama, InputLookupTokenPredictor, DraftSequenceTokenPredictor } = await import("node-llama-cpp");
+  const { getLlama, LlamaCompletion, InputLookupTokenPredictor, DraftSequenceTokenPredictor } = await import("node-llama-cpp");
   const L = await getLlama({ gpu: false, logLevel: "error" });
   const target = await L.loadModel({ modelPath: model });
   const dm = await L.loadModel({ modelPath: draft });
@@ -164,13 +165,11 @@ if (o.llama) {
     const ctx = await target.createContext({ contextSize: ctxSize, threads: o.threads, sequences: 1 });
     const dctx = name.includes("draft") ? await dm.createContext({ contextSize: ctxSize, threads: o.threads, sequences: 1 }) : null;
     const seq = ctx.getSequence({ tokenPredictor: mkPredictor(dctx) });
-    const toks = target.tokenize(prompt(100));
     const times = [];
-    for await (const t of seq.evaluate(toks, { temperature: 0 })) {
-      times.push(performance.now());
-      if (times.length >= o.tokens) break;
-      void t;
-    }
+    await new LlamaCompletion({ contextSequence: seq }).generateCompletion(prompt(100), {
+      maxTokens: o.tokens, temperature: 0,
+      onToken: (toks) => { const now = performance.now(); for (let i = 0; i < toks.length; i++) times.push(now); },
+    });
     const perUser = (times.length - 1) / ((times[times.length - 1] - times[0]) / 1000);
     const st = seq.tokenPredictions;
     llama.push({ config: name, streams: 1, per_user_tok_s: perUser, validated: st?.validated ?? 0, refuted: st?.refuted ?? 0 });
