@@ -33,11 +33,12 @@ void spec_seq_init(spec_seq *q)
     q->rate = SPEC_ACCEPT_PRIOR;
 }
 
-void spec_seq_observe(spec_seq *q, int n_accepted, bool rejected)
+void spec_seq_observe(spec_seq *q, int n_accepted, bool rejected, const float *prob)
 {
     for (int i = 0; i < n_accepted + (rejected ? 1 : 0); i++) {
         double hit = i < n_accepted ? 1.0 : 0.0;
         q->rate = SPEC_ACCEPT_DECAY * q->rate + (1 - SPEC_ACCEPT_DECAY) * hit;
+        if (prob) q->mean_prob = q->mean_prob > 0 ? SPEC_ACCEPT_DECAY * q->mean_prob + (1 - SPEC_ACCEPT_DECAY) * prob[i] : prob[i];
     }
     q->n_tested += (uint64_t)(n_accepted + (rejected ? 1 : 0));
     q->n_accepted += (uint64_t)n_accepted;
@@ -47,7 +48,9 @@ void spec_seq_gains(const spec_seq *q, const float *prob, int n, double *out)
 {
     double g = 1;
     for (int k = 0; k < n; k++) {
-        g *= prob ? 0.5 * (q->rate + prob[k]) : q->rate;
+        double a = q->rate;
+        if (prob && q->mean_prob > 0) a = TM_MIN(1.0, q->rate * prob[k] / q->mean_prob);
+        g *= a;
         out[k] = g;
     }
 }

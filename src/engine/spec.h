@@ -60,6 +60,8 @@ int spec_ngram_draft(const int32_t *toks, int n, int n_max, int n_min, int k_max
 /* A request's running acceptance of its drafts. */
 typedef struct {
     double rate;                /* estimated probability that a tested draft is accepted */
+    double mean_prob;           /* running mean of the draft's own probability of the tested
+                                 * drafts (a model's), 0 before any */
     uint64_t n_tested;          /* drafted tokens whose verification decided something */
     uint64_t n_accepted;        /* of those, accepted */
 } spec_seq;
@@ -67,11 +69,14 @@ typedef struct {
 void spec_seq_init(spec_seq *q);
 /* One verification: n_accepted drafts were accepted in a row, then one was rejected when
  * rejected is true (the others were not tested: their predecessor was rejected, or the
- * request ended first). */
-void spec_seq_observe(spec_seq *q, int n_accepted, bool rejected);
+ * request ended first); prob (NULL: none) the draft's probabilities of those drafts. */
+void spec_seq_observe(spec_seq *q, int n_accepted, bool rejected, const float *prob);
 /* Expected gain of each of n drafted tokens (the chance it is accepted with all before it),
  * non-increasing: the product of the per-token estimates up to it, each the request's rate,
- * or with the draft's own probabilities prob (n; NULL: none) the mean of the two. */
+ * or with the draft's own probabilities prob (n; NULL: none) the rate scaled by how the
+ * token's probability compares with the mean probability of the drafts tested so far (at most
+ * 1): calibrated by the request's own outcomes, so a confident draft counts more, and nothing
+ * once the request has seen its drafts rejected, however confident. */
 void spec_seq_gains(const spec_seq *q, const float *prob, int n, double *out);
 
 /* How many tokens a costly source should draft, at most k_max: those whose expected gain by

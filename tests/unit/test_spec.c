@@ -64,11 +64,26 @@ TEST(test_acceptance_estimate)
     double g[4];
     spec_seq_gains(&q, NULL, 4, g);
     CHECK(fabs(g[0] - 0.5) < 1e-12 && fabs(g[3] - 0.0625) < 1e-12);
-    for (int i = 0; i < 20; i++) spec_seq_observe(&q, 4, false);
+    /* a draft model's own probabilities, calibrated by the request's outcomes: drafts of
+     * probability 0.2 always accepted make a 0.2 draft a sure one and a 0.1 draft a 50 %
+     * one; a request whose drafts were all rejected expects nothing however confident */
+    const float prob[2] = { 0.2f, 0.1f }, seen[4] = { 0.2f, 0.2f, 0.2f, 0.2f };
+    spec_seq c;
+    spec_seq_init(&c);
+    spec_seq_gains(&c, prob, 2, g);   /* nothing tested yet: the rate alone */
+    CHECK(fabs(g[0] - 0.5) < 1e-12);
+    for (int i = 0; i < 40; i++) spec_seq_observe(&c, 4, false, seen);
+    CHECK(fabs(c.mean_prob - 0.2) < 1e-6);
+    spec_seq_gains(&c, prob, 2, g);
+    CHECK(g[0] > 0.99 && fabs(g[1] - g[0] * 0.5) < 1e-3);
+    spec_seq z = { .rate = 0, .mean_prob = 0.2 };
+    spec_seq_gains(&z, prob, 2, g);
+    CHECK(g[0] == 0 && g[1] == 0);
+    for (int i = 0; i < 20; i++) spec_seq_observe(&q, 4, false, NULL);
     CHECK(q.rate > 0.99 && q.n_tested == 80 && q.n_accepted == 80);
-    for (int i = 0; i < 20; i++) spec_seq_observe(&q, 0, true);
+    for (int i = 0; i < 20; i++) spec_seq_observe(&q, 0, true, NULL);
     CHECK(q.rate < 0.05 && q.n_tested == 100 && q.n_accepted == 80);
-    spec_seq_observe(&q, 2, true);   /* two accepted, then the third rejected */
+    spec_seq_observe(&q, 2, true, NULL);   /* two accepted, then the third rejected */
     CHECK(q.n_tested == 103 && q.n_accepted == 82);
     /* a costly source drafts while the expected gain is worth it, one token at least */
     spec_seq r = { .rate = 0.9 };
