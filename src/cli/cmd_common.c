@@ -84,6 +84,11 @@ const cmd_opt *cmd_common_engine_table(cmd_engine_opts *o, cmd_opt out[CMD_ENGIN
         { "--window-mib", NULL, CMD_OPT_DOUBLE, &o->window_mib, 0, 1 << 24, .arg = "N", .help = "sliding-window models: RAM for the window cache in MiB (default 1024; 0: keep none)" },
         { "--window-ttl", NULL, CMD_OPT_DOUBLE, &o->window_ttl, 0.001, 1e7, .arg = "S", .help = "seconds a window state is kept (default 180)" },
         { "--window-replay", NULL, CMD_OPT_CHOICE, &o->window_replay, .choices = "bounded|exact", .help = "a missing window state: recompute the last block (default) or exactly" },
+        { "--spec", NULL, CMD_OPT_CHOICE, &o->spec, .choices = "off|ngram", .arg = "SRC", .help = "speculative decoding: ngram drafts by prompt lookup (default off)" },
+        { "--spec-max", NULL, CMD_OPT_LONG, &o->spec_max, 1, SPEC_MAX_K, .arg = "K", .help = "most drafted tokens a sequence verifies per step (default 5)" },
+        { "--spec-fixed", NULL, CMD_OPT_LONG, &o->spec_fixed, 1, SPEC_MAX_K, .arg = "K", .help = "always verify K drafted tokens (default: chosen per step from the step time)" },
+        { "--draft", NULL, CMD_OPT_STR, &o->draft, .arg = "FILE", .help = "speculative decoding with a draft model of the same vocabulary" },
+        { "--draft-layers", NULL, CMD_OPT_LONG, &o->draft_layers, 1, 4096, .arg = "N", .help = "speculative decoding drafted by the model's first N layers" },
         { 0 },
     };
     memcpy(out, t, sizeof t);
@@ -102,25 +107,127 @@ const cmd_opt *cmd_common_http_table(http_opts *o, cmd_opt out[CMD_HTTP_TABLE_N]
     return out;
 }
 
-engine *cmd_common_engine_new(const char *prog, model *m, cmd_engine_opts *o)
+/* KV pool blocks for m: max_seqs full contexts, capped by kv_mib, at least one context. */
+static int cmd_common_kv_blocks(const model *m, const cmd_engine_opts *o)
 {
-    char err[256];
-    if (o->ctx <= 0) o->ctx = TM_MIN(m->hp.n_ctx_train, 4096);
-    /* with a time target, the time sizes the steps: the token budget with decodes is only a cap */
-    if (o->step_tokens == 0 && o->step_ms > 0) o->step_tokens = o->prefill_step;
-    if (o->step_tokens == 0) o->step_tokens = sched_default_step_tokens((int)o->max_seqs);   /* max-seqs + 64 */
-    /* the engine batch holds the larger of the two step budgets (sched caps both at it) */
-    engine_opts eo = { .n_threads = (int)o->threads, .max_batch_tokens = (int)TM_MAX(o->step_tokens, o->prefill_step) };
     int32_t *lw = xcalloc((size_t)m->hp.n_layers, sizeof *lw);   /* window layers keep no KV in blocks */
     kvpool_opts ko = engine_kv_geometry(m, false, lw);
     size_t ctx_blocks = (size_t)(o->ctx + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK;
     size_t want_blocks = (size_t)o->max_seqs * ctx_blocks;
     size_t cap_blocks = (size_t)kvpool_blocks_for_bytes(&ko, (size_t)o->kv_mib << 20);
     free(lw);
-    eo.n_kv_blocks = (int)TM_MAX(TM_MIN(want_blocks, cap_blocks), ctx_blocks + 1);
+    return (int)TM_MAX(TM_MIN(want_blocks, cap_blocks), ctx_blocks + 1);
+}
+
+/* Whether two tokenizers have the same vocabulary: every id the same bytes (control tokens'
+ * text included). A first difference is described in why. */
+static bool cmd_common_same_vocab(const tokenizer *a, const tokenizer *b, char *why, size_t whysz)
+{
+    int n = tokenizer_n_vocab(a);
+    if (n != tokenizer_n_vocab(b)) {
+        snprintf(why, whysz, "%d tokens, the model has %d", tokenizer_n_vocab(b), n);
+        return false;
+    }
+    char pa[256], pb[256];
+    for (int32_t id = 0; id < n; id++) {
+        int la = tokenizer_token_to_piece(a, id, pa, sizeof pa, true);
+        int lb = tokenizer_token_to_piece(b, id, pb, sizeof pb, true);
+        if (la != lb || (la > 0 && memcmp(pa, pb, (size_t)TM_MIN(la, (int)sizeof pa)))) {
+            snprintf(why, whysz, "token %d differs", id);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* The draft model of speculative decoding (--draft FILE or --draft-layers N) and its engine,
+ * into o->draft_model / o->draft_engine. */
+static bool cmd_common_draft_new(const char *prog, model *m, cmd_engine_opts *o, const engine_opts *main_eo)
+{
+    char err[256];
+    model *dm = NULL;
+    if (o->draft && o->draft_layers > 0) {
+        fprintf(stderr, "tokenmill %s: give --draft or --draft-layers, not both\n", prog);
+        return false;
+    }
+    if (o->draft_layers > 0) {
+        if (o->draft_layers >= m->hp.n_layers) {
+            fprintf(stderr, "tokenmill %s: --draft-layers %ld: the model has %d layers, a draft needs fewer\n", prog,
+                    o->draft_layers, m->hp.n_layers);
+            return false;
+        }
+        /* self-speculation: the same weights, the engine runs the first layers, then the
+         * output norm and head (a view: nothing is loaded or copied) */
+        dm = xmalloc(sizeof *dm);
+        *dm = *m;
+        dm->hp.n_layers = (int)o->draft_layers;
+        o->draft_shares = true;
+    } else {
+        tokenizer *dtok = NULL, *ttok = NULL;
+        if (!cmd_common_load_model(prog, o->draft, &dm, &dtok)) return false;
+        bool same = tokenizer_load(m->g, &ttok, err, sizeof err) == TOKENIZER_OK;
+        char why[128] = "the model's tokenizer";
+        same = same && cmd_common_same_vocab(ttok, dtok, why, sizeof why) && dm->hp.n_vocab == m->hp.n_vocab;
+        tokenizer_free(dtok);
+        tokenizer_free(ttok);
+        if (!same) {
+            fprintf(stderr, "tokenmill %s: --draft %s: not the model's vocabulary (%s)\n", prog, o->draft, why);
+            model_free(dm);
+            return false;
+        }
+        o->draft_shares = false;
+    }
+    engine_opts eo = *main_eo;
+    eo.n_kv_blocks = cmd_common_kv_blocks(dm, o);
+    if (engine_new(dm, &eo, &o->draft_engine, err, sizeof err) != ENGINE_OK) {
+        fprintf(stderr, "tokenmill %s: draft model: %s\n", prog, err);
+        if (o->draft_shares) free(dm);
+        else model_free(dm);
+        return false;
+    }
+    o->draft_model = dm;
+    return true;
+}
+
+void cmd_common_draft_free(cmd_engine_opts *o)
+{
+    engine_free(o->draft_engine);
+    if (o->draft_shares) free(o->draft_model);
+    else model_free(o->draft_model);
+    o->draft_engine = NULL;
+    o->draft_model = NULL;
+}
+
+engine *cmd_common_engine_new(const char *prog, model *m, cmd_engine_opts *o)
+{
+    char err[256];
+    bool drafted = o->draft || o->draft_layers > 0;
+    if (o->spec_fixed > 0 && !o->spec && !drafted) {
+        fprintf(stderr, "tokenmill %s: --spec-fixed needs --spec, --draft or --draft-layers\n", prog);
+        return NULL;
+    }
+    if (o->spec_fixed > o->spec_max) {
+        fprintf(stderr, "tokenmill %s: --spec-fixed %ld is above --spec-max %ld\n", prog, o->spec_fixed, o->spec_max);
+        return NULL;
+    }
+    if (o->ctx <= 0) o->ctx = TM_MIN(m->hp.n_ctx_train, 4096);
+    /* with a time target, the time sizes the steps: the token budget with decodes is only a cap */
+    if (o->step_tokens == 0 && o->step_ms > 0) o->step_tokens = o->prefill_step;
+    if (o->step_tokens == 0) {
+        o->step_tokens = sched_default_step_tokens((int)o->max_seqs);   /* max-seqs + 64 */
+        /* a speculating decode carries its drafts too: room for every one's verify rows */
+        if (o->spec || drafted) o->step_tokens += o->max_seqs * o->spec_max;
+    }
+    /* the engine batch holds the larger of the two step budgets (sched caps both at it) */
+    engine_opts eo = { .n_threads = (int)o->threads, .max_batch_tokens = (int)TM_MAX(o->step_tokens, o->prefill_step) };
+    eo.n_kv_blocks = cmd_common_kv_blocks(m, o);
     engine *e = NULL;
     if (engine_new(m, &eo, &e, err, sizeof err) != ENGINE_OK) {
         fprintf(stderr, "tokenmill %s: %s\n", prog, err);
+        return NULL;
+    }
+    if (drafted && !cmd_common_draft_new(prog, m, o, &eo)) {
+        engine_free(e);
         return NULL;
     }
     kvpool *kv = engine_kvpool(e);
@@ -150,7 +257,9 @@ sched_opts cmd_common_sched_opts(const cmd_engine_opts *o, blockio *bio, const t
                       .step_ms = o->step_ms, .prefill_step_ms = o->prefill_step_ms,
                       .n_ctx = (int)o->ctx, .eos_ids = { -1, -1, -1, -1 },
                       .window_mib = o->window_mib > 0 ? o->window_mib : -1, .window_ttl_s = o->window_ttl,
-                      .window_exact = o->window_replay == 1 };
+                      .window_exact = o->window_replay == 1,
+                      .spec_sources = (o->spec == 1 ? SPEC_SRC_NGRAM : 0) | (o->draft_engine ? SPEC_SRC_MODEL : 0),
+                      .spec_max = (int)o->spec_max, .spec_fixed = (int)o->spec_fixed, .draft = o->draft_engine };
     so.eos_ids[0] = tokenizer_eos(tok);
     so.eos_ids[1] = tokenizer_eot(tok);
     return so;

@@ -42,16 +42,26 @@ typedef struct {
     double window_mib;   /* window cache RAM, MiB (models with sliding-window layers); 0: none */
     double window_ttl;   /* seconds a window state is kept */
     int window_replay;   /* 0: bounded, 1: exact (a missing window state) */
+    int spec;            /* --spec: 0 off, 1 ngram (prompt lookup) */
+    long spec_max;       /* most drafted tokens verified per sequence and step */
+    long spec_fixed;     /* 0: the count is chosen per step; else always this many */
+    const char *draft;   /* --draft: a draft model's GGUF, or NULL */
+    long draft_layers;   /* --draft-layers: self-speculation on the first N layers, 0: off */
+    /* made by cmd_common_engine_new with --draft / --draft-layers; cmd_common_draft_free */
+    model *draft_model;  /* the draft (with --draft-layers a view of the model's weights) */
+    engine *draft_engine;
+    bool draft_shares;   /* draft_model shares the model's weights (free the view only) */
 } cmd_engine_opts;
 #define CMD_ENGINE_OPTS_DEFAULT \
     { .max_seqs = 16, .kv_mib = 2048, .max_queue = 256, .prefill_step = SCHED_PREFILL_STEP, \
-      .window_mib = 1024, .window_ttl = 180 }
+      .window_mib = 1024, .window_ttl = 180, .spec_max = SPEC_DEFAULT_MAX }
 /* The option table entries of the engine options (--threads/-t, --ctx/-c, --max-seqs,
  * --kv-mib, --max-queue, --step-tokens, --prefill-step-tokens, --step-ms, --prefill-step-ms,
- * --window-mib, --window-ttl, --window-replay)
+ * --window-mib, --window-ttl, --window-replay, --spec, --spec-max, --spec-fixed, --draft,
+ * --draft-layers)
  * writing into *o, in out (a table of its own, END-terminated): include it with
  * { .kind = CMD_OPT_TABLE, .dst = out }. */
-#define CMD_ENGINE_TABLE_N 13
+#define CMD_ENGINE_TABLE_N 18
 const cmd_opt *cmd_common_engine_table(cmd_engine_opts *o, cmd_opt out[CMD_ENGINE_TABLE_N]);
 /* The same for the HTTP layer's connection limits (http/http.h): --max-connections,
  * --max-client-connections, --request-timeout. */
@@ -65,6 +75,8 @@ engine *cmd_common_engine_new(const char *prog, model *m, cmd_engine_opts *o);
 /* The start-up line's KV part: "KV N blocks of X KiB per 128 tokens" (", latent: V is K" for
  * a pool of one row per position), the size of a block in the pool, the store and a handoff. */
 void cmd_common_kv_desc(engine *e, char *buf, size_t n);
+/* Frees the draft model and engine cmd_common_engine_new made (after the scheduler). */
+void cmd_common_draft_free(cmd_engine_opts *o);
 /* The scheduler options for an engine made by cmd_common_engine_new (bio may be NULL). */
 sched_opts cmd_common_sched_opts(const cmd_engine_opts *o, blockio *bio, const tokenizer *tok);
 

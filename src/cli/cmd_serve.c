@@ -362,6 +362,7 @@ static void serve_free(serve *sv)
     blockio_free(sv->bio);   /* writes what is queued; before the pool goes */
     store_close(sv->cache);
     engine_free(sv->e);
+    cmd_common_draft_free(&sv->o.eng);
     template_free(sv->tmpl);
     grammar_cache_free(sv->gcache);
     grammar_vocab_free(sv->gvocab);

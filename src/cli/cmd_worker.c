@@ -168,6 +168,7 @@ out:
     store_close(cache);
     engine_free(e);
     grammar_vocab_free(gvocab);
+    cmd_common_draft_free(&eng);
     tokenizer_free(tok);
     model_free(m);
     return rc;

@@ -41,6 +41,7 @@
 
 #include "cache/blockkey.h"
 #include "engine/blockio.h"
+#include "engine/specdraft.h"
 #include "engine/steptime.h"
 #include "engine/wincache.h"
 #include "util/util.h"
@@ -65,6 +66,7 @@ struct sched_req {
     sched_params p;              /* copy (prompt pointer not used after submit) */
     sampler *smp;                /* own sampler, seeded from p.sample */
     grammar_match *gm;           /* (sampling) p.grammar's matcher, or NULL */
+    grammar_match *gm_draft;     /* (speculation) a copy that drafted tokens are checked on */
     kvpool_seq *seq;             /* KV while RUNNING, else NULL */
     int n_done;                  /* positions of tokens whose KV is in seq */
     bool in_think;               /* (sampling) the output is inside a think block (p.think_*) */
@@ -89,6 +91,15 @@ struct sched_req {
     bool salted;                 /* root holds the key chain's root (cache_salt) */
     uint8_t root[32];            /* blockkey_root(cache_salt) */
     uint64_t admit_no;           /* order of (re)admission: the newest is preempted first */
+    spec_seq spec[SPEC_N_SRC];   /* (speculation) the running acceptance of each source's drafts */
+    int32_t draft[SPEC_MAX_K];   /* (speculation) drafted continuation of tokens[0..draft_at) */
+    float draft_prob[SPEC_MAX_K]; /* the draft model's probability of each (model drafts) */
+    int n_draft;                 /* entries of draft */
+    int draft_at;                /* n_tokens the draft continues (stale unless equal), -1: none */
+    int draft_src;               /* index of the source that drafted it */
+    int n_verify;                /* of which verified in this step (its decode carries 1 + that) */
+    kvpool_seq *dseq;            /* (draft model) its KV in the draft engine's pool, or NULL */
+    int d_done;                  /* positions of dseq whose tokens are final */
     req_state state;
     double t_submit;             /* util_now() at submit */
     double t_last;               /* time of the last token, 0 before the first */
@@ -137,9 +148,26 @@ struct sched {
     sched_req **batch_req;       /* (max_seqs) requests in this step */
     int *batch_n;                /* (max_seqs) tokens of each in this step */
     int *batch_row;              /* (max_seqs) logits row or -1 */
-    int32_t *batch_tok;          /* (max_seqs) token sampled for each, or -1 */
-    sched_output *batch_out;     /* (max_seqs) sampled token + log-probs for each */
-    float *logits;               /* (max_seqs, n_vocab) */
+    int *batch_k;                /* (max_seqs) drafted tokens each verifies (0: none) */
+    int *batch_nd;               /* (max_seqs) tokens drafted for each (its K was chosen among) */
+    int *batch_ntok;             /* (max_seqs) tokens sampled for each: 1 + accepted drafts, 0
+                                  * for a prefill chunk that wanted no logits */
+    int *batch_acc;              /* (max_seqs) drafted tokens accepted */
+    int32_t *batch_tok;          /* (max_seqs, tok_stride) tokens sampled for each */
+    sched_output *batch_out;     /* (max_seqs, tok_stride) their log-probs */
+    int tok_stride;              /* 1 + spec_max: most tokens one request emits per step */
+    float *logits;               /* (max_seqs * tok_stride, n_vocab) */
+    spec_chooser *chooser;       /* the verify counts of a step (speculation on) */
+    double *spec_gains;          /* (max_seqs, SPEC_MAX_K) expected gains of the decodes' drafts */
+    int *spec_nd;                /* (max_seqs) drafts of each decode, for the chooser */
+    int *spec_k;                 /* (max_seqs) the chooser's answer */
+    sched_req **spec_req;        /* (max_seqs) the decodes those rows belong to */
+    specdraft *drafter;          /* (draft model) drafts on o.draft */
+    specdraft_seq *dq;           /* (max_seqs) a drafting round's sequences */
+    sched_req **dq_req;          /* (max_seqs) their requests */
+    uint64_t drafted_run;        /* tokens drafted since the statistics were last updated */
+    double draft_step_s;         /* running mean seconds of one draft engine step, 0: none yet */
+    double main_step_s;          /* running mean seconds of one engine step of the target */
     int batch_n_reqs;            /* requests of the step being sampled */
     steptime tm;                 /* learned step time (engine thread; its error sums are copied
                                   * into st after each step) */
@@ -194,6 +222,7 @@ static void sched_req_destroy(sched_req *r)
     if (r->load) blockio_load_free(r->s->o.bio, r->load);
     sample_free(r->smp);
     grammar_match_free(r->gm);
+    grammar_match_free(r->gm_draft);
     free(r->tokens);
     free(r->chain);
     free(r->ring);
@@ -202,6 +231,16 @@ static void sched_req_destroy(sched_req *r)
 }
 
 /* ---- engine thread ---- */
+
+/* Lets go of r's draft KV and draft (it ends, or is preempted and recomputes from scratch). */
+static void sched_draft_release(sched *s, sched_req *r)
+{
+    if (r->dseq) kvpool_seq_free(engine_kvpool(s->o.draft), r->dseq);
+    r->dseq = NULL;
+    r->d_done = 0;
+    r->n_draft = 0;
+    r->draft_at = -1;
+}
 
 /* Publishes FINISH (under mu), releases KV (engine thread). Caller holds mu. */
 static void sched_finish_locked(sched *s, sched_req *r, sched_finish why)
@@ -214,6 +253,7 @@ static void sched_finish_locked(sched *s, sched_req *r, sched_finish why)
         kvpool_seq_free(s->pool, r->seq);
         r->seq = NULL;
     }
+    sched_draft_release(s, r);
     r->state = REQ_FINISHED;
     if (!r->finished) {
         if (--s->n_live == 0) pthread_cond_broadcast(&s->idle_cv);
@@ -272,6 +312,7 @@ static void sched_preempt_locked(sched *s, int i)
     kvpool_seq_free(s->pool, r->seq);
     r->seq = NULL;
     r->n_done = 0;
+    sched_draft_release(s, r);
     r->state = REQ_QUEUED;
     r->first_run = false;
     r->load_started = false;   /* the resume may load its blocks back from the store */
@@ -551,6 +592,59 @@ static void sched_share_locked(sched *s)
     }
 }
 
+/* The step-time curve the chooser sees: the decodes planned so far plus n_extra verify rows,
+ * each attending about depth_per_tok positions. */
+typedef struct {
+    const steptime *tm;
+    steptime_x x;                /* the step's decodes */
+    double depth_per_tok;
+} sched_spec_curve;
+
+static double sched_spec_time(void *arg, int n_extra)
+{
+    const sched_spec_curve *c = arg;
+    steptime_x x = c->x;
+    x.n_dec += n_extra;          /* a verify row costs what a decode row does: it wants logits */
+    x.depth += n_extra * c->depth_per_tok;
+    return steptime_predict(c->tm, &x);
+}
+
+/* Speculation, before a step is planned: sets how many of its drafts every decoding request
+ * verifies (n_verify), at most max_extra in all: the fixed count, the most while the step
+ * time is not learned yet, else spec_choose's count. Drafts were made after the step that
+ * sampled the request's last token (sched_spec_draft); one made for another context (the
+ * request was preempted since) is not used. */
+static void sched_spec_plan_locked(sched *s, int max_extra)
+{
+    int n = 0;
+    sched_spec_curve cv = { .tm = &s->tm };
+    for (int i = 0; i < s->n_running; i++) {
+        sched_req *r = s->running[i];
+        r->n_verify = 0;
+        if (r->n_tokens - r->n_done != 1 || r->share_wait) continue;
+        if (r->draft_at != r->n_tokens) r->n_draft = 0;
+        cv.x.n_dec++;
+        cv.x.depth += r->n_done + 1;
+        s->spec_req[n] = r;
+        s->spec_nd[n] = r->n_draft;
+        spec_seq_gains(&r->spec[r->draft_src], r->draft_src == 1 ? r->draft_prob : NULL, r->n_draft,
+                       s->spec_gains + (size_t)n * SPEC_MAX_K);
+        n++;
+    }
+    if (n == 0 || max_extra <= 0) return;
+    cv.depth_per_tok = cv.x.depth / n;
+    bool chosen = false;
+    if (s->o.spec_fixed <= 0 && steptime_warm(&s->tm))
+        chosen = spec_choose(s->chooser, n, s->spec_gains, s->spec_nd, n, max_extra, sched_spec_time, &cv,
+                             s->spec_k) >= 0;
+    for (int j = 0; j < n; j++) {
+        int k = chosen ? s->spec_k[j] : TM_MIN(s->spec_nd[j], s->o.spec_fixed > 0 ? s->o.spec_fixed : s->o.spec_max);
+        k = TM_MIN(k, max_extra);
+        s->spec_req[j]->n_verify = k;
+        max_extra -= k;
+    }
+}
+
 /* Plans one step into s->batch. Returns the number of batch tokens (0: nothing to run).
  * Reserves KV for every planned position; preempts the newest request when the pool is
  * full. Under mu (preemption moves requests to the queue). */
@@ -563,6 +657,18 @@ replan:
     steptime_x *x = &s->plan_x;
     memset(x, 0, sizeof *x);
     double target_s = s->o.step_ms / 1e3;
+    if (s->o.spec_sources) {
+        /* verify rows come out of the budget the decodes leave, a minimal chunk kept for the
+         * prompts being read */
+        int n_dec = 0;
+        bool prefill = false;
+        for (int i = 0; i < s->n_running; i++) {
+            int left = s->running[i]->n_tokens - s->running[i]->n_done;
+            n_dec += left == 1;
+            prefill |= left > 1 && !s->running[i]->share_wait;
+        }
+        sched_spec_plan_locked(s, budget - n_dec - (prefill ? SCHED_TIME_MIN_CHUNK : 0));
+    }
     /* two passes: decodes (one token left) first, then prefill chunks, admission order */
     for (int pass = 0; pass < 2; pass++) {
         if (pass == 1 && n_tok == 0) {   /* no decode waits */
@@ -574,13 +680,21 @@ replan:
             int left = r->n_tokens - r->n_done;
             if ((pass == 0) != (left == 1) || r->share_wait) continue;
             int chunk = TM_MIN(left, budget);
+            int k = pass == 0 && s->o.spec_sources ? TM_MIN(r->n_verify, budget - 1) : 0;
+            if (pass == 0) chunk = 1 + k;
             if (pass == 1 && target_s > 0) {   /* the time target, once the model is warm */
                 int fit = steptime_fit_tokens(&s->tm, x, r->n_done + chunk / 2.0, target_s);
                 if (fit >= 0 && x->n_prefill == 0) fit = TM_MAX(fit, SCHED_TIME_MIN_CHUNK);   /* progress */
                 if (fit == 0) break;
                 if (fit > 0) chunk = TM_MIN(chunk, fit);
             }
-            if (kvpool_seq_reserve(s->pool, r->seq, r->n_done + chunk) != KVPOOL_OK) {
+            kvpool_status ks = kvpool_seq_reserve(s->pool, r->seq, r->n_done + chunk);
+            if (ks != KVPOOL_OK && k > 0) {   /* no room for the drafts: decode plainly */
+                k = 0;
+                chunk = 1;
+                ks = kvpool_seq_reserve(s->pool, r->seq, r->n_done + chunk);
+            }
+            if (ks != KVPOOL_OK) {
                 int v = sched_newest_running(s);
                 if (s->n_running == 1) {
                     /* alone and still no room: the pool is too small for this request */
@@ -592,20 +706,23 @@ replan:
                 }
                 goto replan;
             }
-            bool last = chunk == left;
-            for (int k = 0; k < chunk; k++) {
+            bool last = pass == 0 || chunk == left;
+            for (int j = 0; j < chunk; j++) {
                 engine_tok *t = &s->batch[n_tok++];
-                t->token = r->tokens[r->n_done + k];
-                t->pos = r->n_done + k;
+                t->token = j == 0 || pass == 1 ? r->tokens[r->n_done + j] : r->draft[j - 1];
+                t->pos = r->n_done + j;
                 t->seq = r->seq;
-                t->want_logits = last && k == chunk - 1;
+                t->want_logits = last && j >= chunk - 1 - k;   /* a decode's verify rows all do */
             }
-            if (pass == 0) x->n_dec++;
+            if (pass == 0) x->n_dec += chunk;
             else x->n_prefill += chunk;
             x->depth += (double)chunk * r->n_done + (double)chunk * (chunk + 1) / 2;
             s->batch_req[*n_reqs] = r;
             s->batch_n[*n_reqs] = chunk;
-            s->batch_row[*n_reqs] = last ? n_rows++ : -1;
+            s->batch_row[*n_reqs] = last ? n_rows : -1;
+            s->batch_k[*n_reqs] = k;
+            s->batch_nd[*n_reqs] = pass == 0 ? r->n_draft : 0;
+            n_rows += last ? 1 + k : 0;
             (*n_reqs)++;
             budget -= chunk;
         }
@@ -670,28 +787,51 @@ static bool sched_grammar_track(sched_req *r, int32_t tok)
     return true;
 }
 
+static bool sched_is_stop(const sched *s, const sched_req *r, int32_t tok);
+
 /* Samples requests ith, ith+nth, ... of the step (each request's sampler is its own, so the
- * split does not change any result). */
+ * split does not change any result). A request verifying K drafts samples its rows in order,
+ * each exactly as its own decode step would have (penalty window, grammar, think budget and
+ * generator advanced by the tokens before it), and goes on to the next row only while the
+ * token sampled equals the draft token the row was computed with and the request goes on: so
+ * it emits the tokens a run without speculation emits, the seeded draws included (for a
+ * deterministic draft this is the acceptance rule of speculative sampling, spec.h). */
 static void sched_sample_part(sched *s, int ith, int nth)
 {
     for (int i = ith; i < s->batch_n_reqs; i += nth) {
         sched_req *r = s->batch_req[i];
-        s->batch_tok[i] = -1;
+        s->batch_ntok[i] = 0;
+        s->batch_acc[i] = 0;
         if (s->batch_row[i] < 0) continue;
-        float *row = s->logits + (size_t)s->batch_row[i] * s->n_vocab;
-        bool constrained = r->gm && r->g_on && !r->in_think;  /* reasoning stays free */
-        if (constrained) grammar_match_apply(r->gm, row);
-        int32_t tok = sample_token(r->smp, row);
-        if (r->in_think && r->p.think_budget > 0 && r->n_think >= r->p.think_budget && r->p.think_end >= 0)
-            tok = r->p.think_end;  /* the reasoning budget is spent: close the block */
-        sample_accept(r->smp, tok);
-        sched_grammar_track(r, tok);
-        sched_think_track(r, tok);
-        s->batch_tok[i] = tok;
-        sched_output *o = &s->batch_out[i];
-        o->n_top = 0;
-        o->logprob = 0;
-        if (r->p.logprobs) sched_logprobs(row, s->n_vocab, tok, r->p.top_logprobs, o);
+        int k = s->batch_k[i];
+        bool rejected = false;
+        for (int j = 0; j <= k; j++) {
+            float *row = s->logits + (size_t)(s->batch_row[i] + j) * s->n_vocab;
+            bool constrained = r->gm && r->g_on && !r->in_think;  /* reasoning stays free */
+            if (constrained) grammar_match_apply(r->gm, row);
+            int32_t tok = sample_token(r->smp, row);
+            if (r->in_think && r->p.think_budget > 0 && r->n_think >= r->p.think_budget && r->p.think_end >= 0)
+                tok = r->p.think_end;  /* the reasoning budget is spent: close the block */
+            sample_accept(r->smp, tok);
+            sched_grammar_track(r, tok);
+            sched_think_track(r, tok);
+            size_t at = (size_t)i * s->tok_stride + j;
+            s->batch_tok[at] = tok;
+            sched_output *o = &s->batch_out[at];
+            o->n_top = 0;
+            o->logprob = 0;
+            if (r->p.logprobs) sched_logprobs(row, s->n_vocab, tok, r->p.top_logprobs, o);
+            s->batch_ntok[i] = j + 1;
+            if (j == k) break;
+            if (tok != r->draft[j]) {
+                rejected = true;
+                break;
+            }
+            s->batch_acc[i]++;
+            int gen = r->n_tokens + j + 1;   /* the request ends at this token: drafts after it are moot */
+            if (sched_is_stop(s, r, tok) || gen - r->n_prompt >= r->max_gen || gen >= r->cap) break;
+        }
+        if (k > 0) spec_seq_observe(&r->spec[r->draft_src], s->batch_acc[i], rejected, r->draft_src == 1 ? r->draft_prob : NULL);
     }
 }
 
@@ -796,10 +936,13 @@ static bool sched_is_stop(const sched *s, const sched_req *r, int32_t tok)
 static void sched_log_step(const sched *s, int n_reqs, int n_tok, double ta, double tc, double t0, double t1,
                            double t2, double t3)
 {
-    int n_dec = 0, n_chunks = 0, max_chunk = 0;
+    int n_dec = 0, n_chunks = 0, max_chunk = 0, n_drafted = 0, n_verified = 0, n_accepted = 0;
     for (int i = 0; i < n_reqs; i++) {
-        if (s->batch_n[i] == 1 && s->batch_row[i] >= 0) {
+        if (s->batch_n[i] - s->batch_k[i] == 1 && s->batch_row[i] >= 0) {
             n_dec++;
+            n_drafted += s->batch_nd[i];
+            n_verified += s->batch_k[i];
+            n_accepted += s->batch_acc[i];
         } else {
             n_chunks++;
             max_chunk = TM_MAX(max_chunk, s->batch_n[i]);
@@ -807,9 +950,10 @@ static void sched_log_step(const sched *s, int n_reqs, int n_tok, double ta, dou
     }
     double t4 = util_now();
     log_debug("sched: step %d tokens (budget %d): %d decodes, %d prefill chunks (largest %d); running %d, "
-              "waiting %d; ms: plan %.2f step %.2f sample %.2f lock %.2f publish %.2f", n_tok, s->o.step_tokens,
-              n_dec, n_chunks, max_chunk, s->n_running, s->n_waiting, (tc - ta) * 1e3, (t1 - t0) * 1e3,
-              (t2 - t1) * 1e3, (t3 - t2) * 1e3, (t4 - t3) * 1e3);
+              "waiting %d; drafts %d verified %d accepted %d; ms: plan %.2f step %.2f sample %.2f lock %.2f "
+              "publish %.2f", n_tok, s->o.step_tokens, n_dec, n_chunks, max_chunk, s->n_running, s->n_waiting,
+              n_drafted, n_verified, n_accepted, (tc - ta) * 1e3, (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3,
+              (t4 - t3) * 1e3);
 }
 
 /* One step's make-up and timings (util_now() seconds), from planning to publishing. */
@@ -857,6 +1001,111 @@ static void sched_idle_wait_locked(sched *s)
     pthread_cond_timedwait(&s->work_cv, &s->mu, &ts);
 }
 
+/* The drafted tokens of a grammar-constrained request that its automaton allows, in order:
+ * checked on a copy of its matcher (the request's own moves only with emitted tokens). A stop
+ * id ends the draft after it (the request ends there); a think block's start or end ends the
+ * checking (the grammar leaves reasoning free). Returns the drafts kept. */
+static int sched_spec_grammar_cut(sched_req *r)
+{
+    if (r->in_think) return r->n_draft;
+    if (!r->gm_draft) r->gm_draft = grammar_match_clone(r->gm);
+    else grammar_match_copy_state(r->gm_draft, r->gm);
+    bool on = r->g_on;   /* a lazy grammar binds from its trigger to the end of a document */
+    for (int j = 0; j < r->n_draft; j++) {
+        int32_t tok = r->draft[j];
+        if ((tok == r->p.think_start || tok == r->p.think_end) && tok >= 0) return r->n_draft;
+        if (on) {
+            if (!grammar_match_accept(r->gm_draft, tok)) return j;
+            if (r->p.grammar_lazy && grammar_match_done(r->gm_draft)) {
+                grammar_match_reset(r->gm_draft);
+                on = false;
+            }
+        } else if (r->p.grammar_lazy && tok == r->p.grammar_trigger) {
+            on = true;
+        }
+        if (sched_is_stop(r->s, r, tok)) return j + 1;
+    }
+    return r->n_draft;
+}
+
+/* Most tokens r may draft once it holds nt tokens: spec_max, within what it may still emit
+ * after the token its last verified row gives (<= 0: it ends, or has one token left). */
+static int sched_spec_kmax(const sched *s, const sched_req *r, int nt)
+{
+    return TM_MIN(s->o.spec_max, TM_MIN(r->max_gen - (nt - r->n_prompt), r->cap - nt) - 1);
+}
+
+/* Speculation, after a step was sampled: drafts the continuation of every request of the
+ * step that goes on decoding, from the source with the better running acceptance for it
+ * (prompt lookup first on a tie: it costs nothing; the other source when the first drafts
+ * nothing). A draft never runs past what the request may still emit (its last token is
+ * sampled from the last verified row). The draft KV is first cut back to the positions whose
+ * tokens are final (n_done): the rows of rejected or unverified drafts are recomputed.
+ * Engine thread, without mu. */
+static void sched_spec_draft(sched *s, int n_reqs)
+{
+    int nq = 0;
+    bool ngram = s->o.spec_sources & SPEC_SRC_NGRAM, dmodel = s->drafter != NULL;
+    for (int i = 0; i < n_reqs; i++) {
+        sched_req *r = s->batch_req[i];
+        int ntok = s->batch_ntok[i];
+        if (r->dseq) r->d_done = TM_MIN(r->d_done, r->n_done);
+        r->n_draft = 0;
+        r->draft_at = -1;
+        if (ntok == 0) continue;
+        int nt = r->n_tokens + ntok;   /* tokens once this step is published */
+        int kmax = sched_spec_kmax(s, r, nt);
+        if (kmax <= 0 || sched_is_stop(s, r, r->tokens[nt - 1])) continue;   /* it ends */
+        if (ngram && (!dmodel || r->spec[0].rate >= r->spec[1].rate)) {
+            r->n_draft = spec_ngram_draft(r->tokens, nt, SPEC_NGRAM_MAX, SPEC_NGRAM_MIN, kmax, r->draft);
+            r->draft_src = 0;
+            if (r->n_draft > 0 || !dmodel) {
+                r->draft_at = nt;
+                s->drafted_run += (uint64_t)r->n_draft;
+                continue;
+            }
+        }
+        if (!dmodel) continue;
+        if (!r->dseq) r->dseq = kvpool_seq_new(engine_kvpool(s->o.draft));
+        specdraft_seq *q = &s->dq[nq];
+        q->seq = r->dseq;
+        q->tokens = r->tokens;
+        q->n_tokens = nt;
+        q->n_done = r->d_done;
+        double min_gain = s->draft_step_s > 0 && s->main_step_s > 0 ? s->draft_step_s / s->main_step_s : SPEC_MIN_GAIN;
+        q->k_max = s->o.spec_fixed > 0 ? kmax : spec_seq_draft_len(&r->spec[1], kmax, min_gain);
+        s->dq_req[nq++] = r;
+    }
+    if (nq > 0) {   /* its steps' cost against the target's decides how far the next drafts go */
+        double t0 = util_now();
+        int n_steps = specdraft_run(s->drafter, s->dq, nq);
+        if (n_steps > 0) {
+            double per = (util_now() - t0) / n_steps;
+            s->draft_step_s = s->draft_step_s > 0 ? 0.9 * s->draft_step_s + 0.1 * per : per;
+        }
+    }
+    for (int j = 0; j < nq; j++) {
+        sched_req *r = s->dq_req[j];
+        specdraft_seq *q = &s->dq[j];
+        r->d_done = q->n_done;
+        r->draft_at = q->n_tokens;
+        r->draft_src = 1;
+        r->n_draft = q->n_draft;
+        memcpy(r->draft, q->draft, (size_t)q->n_draft * sizeof *r->draft);
+        memcpy(r->draft_prob, q->prob, (size_t)q->n_draft * sizeof *r->draft_prob);
+        if (r->n_draft == 0 && ngram && r->spec[0].rate < r->spec[1].rate) {   /* it was not tried first */
+            r->n_draft = spec_ngram_draft(r->tokens, q->n_tokens, SPEC_NGRAM_MAX, SPEC_NGRAM_MIN,
+                                          sched_spec_kmax(s, r, q->n_tokens), r->draft);
+            r->draft_src = 0;
+        }
+        s->drafted_run += (uint64_t)r->n_draft;
+    }
+    for (int i = 0; i < n_reqs; i++) {
+        sched_req *r = s->batch_req[i];
+        if (r->gm && r->n_draft > 0 && !r->in_think) r->n_draft = sched_spec_grammar_cut(r);
+    }
+}
+
 /* Step 2, without mu: the engine step, then the requests' committed blocks and sampling
  * (engine-thread state only). */
 static void sched_step_run(sched *s, sched_step *st)
@@ -873,14 +1122,33 @@ static void sched_step_run(sched *s, sched_step *st)
     st->t1 = util_now();
     if (masks) sched_pool_wait(s);
     if (st->est == ENGINE_OK) steptime_observe(&s->tm, &s->plan_x, st->t1 - st->t0);
+    if (st->est == ENGINE_OK)
+        s->main_step_s = s->main_step_s > 0 ? 0.9 * s->main_step_s + 0.1 * (st->t1 - st->t0) : st->t1 - st->t0;
     for (int i = 0; i < st->n_reqs && st->est == ENGINE_OK; i++) {
         sched_req *r = s->batch_req[i];
+        if (s->batch_k[i] > 0) continue;   /* verified below */
         r->n_done += s->batch_n[i];
         if (s->o.bio) blockio_set_write_class(s->o.bio, r->p.cache_class);   /* its blocks' TTL */
         kvpool_seq_commit_full_blocks(s->pool, r->seq, r->tokens, r->n_done);
     }
     if (st->est == ENGINE_OK && s->wc) sched_window_put(s, st->n_reqs);
     if (st->est == ENGINE_OK) sched_sample_step(s, st->n_reqs);
+    /* Rollback of rejected drafts: a verifying request keeps the KV of its last token and of
+     * the drafts accepted (the tokens before its last sampled one); the rows of rejected drafts
+     * stay beyond n_done, where the next steps overwrite them, and no block is keyed from them:
+     * only positions below n_done, whose tokens are final, complete blocks. */
+    for (int i = 0; i < st->n_reqs && st->est == ENGINE_OK; i++) {
+        sched_req *r = s->batch_req[i];
+        int n = s->batch_ntok[i];
+        /* the sampled tokens go into tokens now, beyond n_tokens until publishing counts them,
+         * for the commit below and the drafts */
+        memcpy(r->tokens + r->n_tokens, s->batch_tok + (size_t)i * s->tok_stride, (size_t)n * sizeof *r->tokens);
+        if (s->batch_k[i] == 0) continue;
+        r->n_done += n;
+        if (s->o.bio) blockio_set_write_class(s->o.bio, r->p.cache_class);
+        kvpool_seq_commit_full_blocks(s->pool, r->seq, r->tokens, r->n_done);
+    }
+    if (st->est == ENGINE_OK && s->o.spec_sources) sched_spec_draft(s, st->n_reqs);
     st->t2 = util_now();
 }
 
@@ -900,10 +1168,18 @@ static void sched_step_count_locked(sched *s, const sched_step *st)
     s->st.max_step_tokens = TM_MAX(s->st.max_step_tokens, st->n_tok);
     bool dec = false, pre = false;
     for (int i = 0; i < st->n_reqs; i++) {
-        if (s->batch_n[i] == 1 && s->batch_row[i] >= 0) dec = true;
+        if (s->batch_n[i] - s->batch_k[i] == 1 && s->batch_row[i] >= 0) dec = true;
         else pre = true;
+        if (s->batch_nd[i] > 0) s->st.spec_k_hist[s->batch_k[i]]++;
+        if (s->batch_k[i] > 0 && st->est == ENGINE_OK) {
+            s->st.spec_verified += (uint64_t)s->batch_k[i];
+            s->st.spec_accepted += (uint64_t)s->batch_acc[i];
+            s->st.spec_verifies++;
+        }
     }
     if (dec && pre) s->st.n_mixed_steps++;
+    s->st.spec_drafted += s->drafted_run;
+    s->drafted_run = 0;
     s->st.step_model_n = s->tm.n_err;
     s->st.step_model_abs_err_s = s->tm.abs_err_s;
     s->st.step_model_rel_err = s->tm.rel_err;
@@ -914,18 +1190,29 @@ static void sched_step_count_locked(sched *s, const sched_step *st)
     sched_hist_add(&s->h_step, st->t1 - st->t0);
 }
 
-/* Step 3b, under mu: request i of the step gets its sampled token (a prefill chunk that
- * wanted no logits only counts), and ends when it was the last one. */
-static void sched_publish_token_locked(sched *s, int i, double now)
+static void sched_publish_token_locked(sched *s, sched_req *r, int32_t tok, const sched_output *so, double now);
+
+/* Step 3b, under mu: request i of the step gets its sampled tokens (one, or with verified
+ * drafts the accepted ones and the one after them; a prefill chunk that wanted no logits only
+ * counts), and ends when one was its last. */
+static void sched_publish_tokens_locked(sched *s, int i, double now)
 {
     sched_req *r = s->batch_req[i];
     if (r->state != REQ_RUNNING) return;
-    int32_t tok = s->batch_tok[i];
-    if (tok < 0) {
+    if (s->batch_ntok[i] == 0) {
         s->st.n_prefill_tokens += (uint64_t)s->batch_n[i];
         return;
     }
-    s->st.n_prefill_tokens += (uint64_t)(s->batch_n[i] - 1);
+    s->st.n_prefill_tokens += (uint64_t)(s->batch_n[i] - 1 - s->batch_k[i]);
+    for (int j = 0; j < s->batch_ntok[i] && r->state == REQ_RUNNING; j++) {
+        size_t at = (size_t)i * s->tok_stride + j;
+        sched_publish_token_locked(s, r, s->batch_tok[at], &s->batch_out[at], now);
+    }
+}
+
+/* Publishes one sampled token of r (with its log-probs in so), ending r when it was the last. */
+static void sched_publish_token_locked(sched *s, sched_req *r, int32_t tok, const sched_output *so, double now)
+{
     r->tokens[r->n_tokens++] = tok;
     s->st.n_gen_tokens++;
     bool stop = sched_is_stop(s, r, tok);
@@ -936,9 +1223,9 @@ static void sched_publish_token_locked(sched *s, int i, double now)
     o->usage.prompt_tokens = r->n_prompt;
     o->usage.cached_tokens = r->n_cached;
     if (r->p.logprobs) {
-        o->logprob = s->batch_out[i].logprob;
-        o->n_top = s->batch_out[i].n_top;
-        memcpy(o->top, s->batch_out[i].top, (size_t)o->n_top * sizeof o->top[0]);
+        o->logprob = so->logprob;
+        o->n_top = so->n_top;
+        memcpy(o->top, so->top, (size_t)o->n_top * sizeof o->top[0]);
     }
     if (r->ttft < 0) {
         r->ttft = now - r->t_submit;
@@ -967,7 +1254,7 @@ static void sched_step_publish_locked(sched *s, sched_step *st)
         return;
     }
     double now = util_now();
-    for (int i = 0; i < st->n_reqs; i++) sched_publish_token_locked(s, i, now);
+    for (int i = 0; i < st->n_reqs; i++) sched_publish_tokens_locked(s, i, now);
     s->t_prev_end = st->t1;  /* the gap: sampling, publishing, planning the next step */
     if (util_log_level <= LOG_LEVEL_DEBUG)
         sched_log_step(s, st->n_reqs, st->n_tok, st->ta, st->tc, st->t0, st->t1, st->t2, st->t3);
@@ -1076,6 +1363,17 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
     if (!(o.prefill_step_ms > 0)) o.prefill_step_ms = o.step_ms * SCHED_PREFILL_STEP_MS_FACTOR;
     o.prefill_step_ms = TM_MAX(o.prefill_step_ms, o.step_ms);
     if (o.n_ctx <= 0) o.n_ctx = m->hp.n_ctx_train;
+    if (o.spec_max <= 0) o.spec_max = SPEC_DEFAULT_MAX;
+    o.spec_max = TM_MIN(o.spec_max, SPEC_MAX_K);
+    /* window layers keep KVPOOL_RING_SPARE slots beyond the window: a step goes back at most
+     * that many positions, which is K when all K drafts are rejected */
+    if (kvpool_n_window_layers(engine_kvpool(e)) > 0) o.spec_max = TM_MIN(o.spec_max, KVPOOL_RING_SPARE);
+    o.spec_fixed = TM_MIN(TM_MAX(o.spec_fixed, 0), o.spec_max);
+    if (!o.draft) o.spec_sources &= ~SPEC_SRC_MODEL;
+    if (o.draft && engine_model(o.draft)->hp.n_vocab != m->hp.n_vocab) {   /* its ids are the target's */
+        free(s);
+        return SCHED_ERR_ARG;
+    }
     s->o = o;
     if (kvpool_n_window_layers(s->pool) > 0) {
         size_t sb = kvpool_window_state_bytes(s->pool);
@@ -1101,10 +1399,27 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
     s->batch_req = xcalloc((size_t)o.max_seqs, sizeof *s->batch_req);
     s->batch_n = xcalloc((size_t)o.max_seqs, sizeof *s->batch_n);
     s->batch_row = xcalloc((size_t)o.max_seqs, sizeof *s->batch_row);
-    s->batch_tok = xcalloc((size_t)o.max_seqs, sizeof *s->batch_tok);
-    s->batch_out = xcalloc((size_t)o.max_seqs, sizeof *s->batch_out);
-    s->logits = malloc((size_t)o.max_seqs * (size_t)s->n_vocab * sizeof(float));
-    if (!s->logits) {
+    s->tok_stride = o.spec_sources ? 1 + o.spec_max : 1;
+    s->batch_k = xcalloc((size_t)o.max_seqs, sizeof *s->batch_k);
+    s->batch_nd = xcalloc((size_t)o.max_seqs, sizeof *s->batch_nd);
+    s->batch_ntok = xcalloc((size_t)o.max_seqs, sizeof *s->batch_ntok);
+    s->batch_acc = xcalloc((size_t)o.max_seqs, sizeof *s->batch_acc);
+    s->batch_tok = xcalloc((size_t)o.max_seqs * s->tok_stride, sizeof *s->batch_tok);
+    s->batch_out = xcalloc((size_t)o.max_seqs * s->tok_stride, sizeof *s->batch_out);
+    if (o.spec_sources) {
+        s->chooser = spec_chooser_new(o.max_seqs);
+        if (o.spec_sources & SPEC_SRC_MODEL) {
+            s->drafter = specdraft_new(o.draft, o.max_seqs);
+            s->dq = xcalloc((size_t)o.max_seqs, sizeof *s->dq);
+            s->dq_req = xcalloc((size_t)o.max_seqs, sizeof *s->dq_req);
+        }
+        s->spec_gains = xcalloc((size_t)o.max_seqs * SPEC_MAX_K, sizeof *s->spec_gains);
+        s->spec_nd = xcalloc((size_t)o.max_seqs, sizeof *s->spec_nd);
+        s->spec_k = xcalloc((size_t)o.max_seqs, sizeof *s->spec_k);
+        s->spec_req = xcalloc((size_t)o.max_seqs, sizeof *s->spec_req);
+    }
+    s->logits = malloc((size_t)o.max_seqs * s->tok_stride * (size_t)s->n_vocab * sizeof(float));
+    if (!s->logits || (o.spec_sources && !s->chooser) || ((o.spec_sources & SPEC_SRC_MODEL) && !s->drafter)) {
         sched_free(s);
         return SCHED_ERR_NOMEM;
     }
@@ -1119,8 +1434,12 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
         pthread_mutex_destroy(&s->mu);
         pthread_cond_destroy(&s->work_cv);
         pthread_cond_destroy(&s->idle_cv);
-        free(s->running); free(s->batch); free(s->batch_req); free(s->batch_n); free(s->batch_row);
-        free(s->batch_tok); free(s->batch_out); free(s->logits); free(s);
+        pthread_mutex_destroy(&s->mu);
+        pthread_cond_destroy(&s->work_cv);
+        pthread_cond_destroy(&s->idle_cv);
+        free(s->logits);
+        s->logits = NULL;   /* no thread to stop */
+        sched_free(s);
         return SCHED_ERR_NOMEM;
     }
     pthread_mutex_init(&s->pool_mu, NULL);
@@ -1224,11 +1543,23 @@ void sched_free(sched *s)
     free(s->batch_req);
     free(s->batch_n);
     free(s->batch_row);
+    free(s->batch_k);
+    free(s->batch_nd);
+    free(s->batch_ntok);
+    free(s->batch_acc);
     free(s->batch_tok);
     free(s->batch_out);
     free(s->logits);
     wincache_free(s->wc);
     free(s->wstate);
+    spec_chooser_free(s->chooser);
+    specdraft_free(s->drafter);
+    free(s->dq);
+    free(s->dq_req);
+    free(s->spec_gains);
+    free(s->spec_nd);
+    free(s->spec_k);
+    free(s->spec_req);
     free(s);
 }
 
@@ -1304,6 +1635,8 @@ sched_status sched_submit(sched *s, const sched_params *p, sched_req **out)
         sample_skip_draws(r->smp, p->n_sampled);
     }
     r->ttft = -1;
+    for (int i = 0; i < SPEC_N_SRC; i++) spec_seq_init(&r->spec[i]);
+    r->draft_at = -1;
     r->t_submit = util_now();
     r->engine_held = true;
     pthread_condattr_t ca;

@@ -55,6 +55,13 @@
  * batch, see engine.h). Log-probabilities, when asked, are log-softmax of the raw logits
  * (before penalties and temperature), as OpenAI reports them.
  *
+ * Speculative decoding (sched_opts.spec_*, engine/spec.h): after each step, every request that
+ * goes on decoding gets a draft (prompt lookup, or a draft model's engine); the next step
+ * carries its last token and the drafts chosen for verification, all wanting logits; the rows
+ * are sampled in order while the sampled token equals the draft, so a request emits the tokens
+ * it would have without speculation, several per step. Rejected rows stay beyond n_done and no
+ * block is keyed from them. See docs/spec.md.
+ *
  * Threads and locks: one mutex guards the queue, every request's output ring and state
  * flags; the engine thread holds it only to take new requests, publish outputs and apply
  * cancels, never while the kernels run. Callers of sched_poll wait on the request's
@@ -69,6 +76,7 @@
 
 #include "engine/engine.h"
 #include "engine/sample.h"
+#include "engine/spec.h"
 #include "grammar/grammar.h"
 
 typedef enum {
@@ -131,6 +139,17 @@ typedef struct {
     double window_mib;      /* RAM for window states; 0: 1024; < 0: none kept (always replay) */
     double window_ttl_s;    /* seconds a window state is kept; <= 0: 180 */
     bool window_exact;      /* replay a missing state exactly (else bounded: the last block) */
+    /* speculative decoding (engine/spec.h): a decoding sequence's drafted tokens are verified
+     * in its step, all of them wanting logits, and it emits every token sampled up to the
+     * first one that differs from the draft (included) */
+    int spec_sources;       /* SPEC_SRC_* bits: where drafts come from; 0: no speculation */
+    int spec_max;           /* most drafted tokens one sequence verifies per step; <= 0:
+                             * SPEC_DEFAULT_MAX; at most SPEC_MAX_K */
+    int spec_fixed;         /* > 0: verify that many (fewer when fewer were drafted or the step
+                             * budget is spent) instead of the count chosen from the learned step
+                             * time and the acceptance estimates */
+    engine *draft;          /* with SPEC_SRC_MODEL: the draft model's engine (same vocabulary,
+                             * its own KV pool; engine/specdraft.h); must outlive the scheduler */
 } sched_opts;
 
 /* A request of L prompt tokens on a model with window layers counts at most L - this many as
@@ -247,6 +266,11 @@ typedef struct {
     uint64_t n_preempted;       /* preemptions */
     uint64_t n_steps;           /* engine steps */
     uint64_t n_mixed_steps;     /* of which steps that carried decodes and prefill chunks */
+    uint64_t spec_drafted;      /* tokens drafted for decoding sequences */
+    uint64_t spec_verified;     /* of which put into steps to be verified */
+    uint64_t spec_accepted;     /* of those, accepted: emitted without a step of their own */
+    uint64_t spec_verifies;     /* sequence-steps that verified at least one drafted token */
+    uint64_t spec_k_hist[SPEC_MAX_K + 1]; /* decodes that had drafts, by the count verified */
     int step_tokens;            /* the token budget of a step (opts.step_tokens resolved) */
     int prefill_step_tokens;    /* the budget of a step without decodes (resolved) */
     int max_step_tokens;        /* most tokens any step carried so far */

@@ -118,6 +118,11 @@ void grammar_match_apply(grammar_match *m, float *logits);
 /* Advances over a chosen token (over its bytes, or as a token terminal, or both where both
  * paths exist). Returns false (state unchanged) if the token is not allowed. */
 bool grammar_match_accept(grammar_match *m, int32_t token);
+/* A new matcher of m's grammar, vocabulary and stop ids at m's position (speculative
+ * decoding checks drafted tokens on it without moving m). */
+grammar_match *grammar_match_clone(const grammar_match *m);
+/* Moves dst, a matcher of the same grammar and vocabulary, to src's position. */
+void grammar_match_copy_state(grammar_match *dst, const grammar_match *src);
 /* True when the bytes accepted so far form a complete document. */
 bool grammar_match_complete(const grammar_match *m);
 /* True when the document is complete and nothing can continue it (every path ended). */

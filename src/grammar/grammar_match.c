@@ -623,6 +623,19 @@ void grammar_match_apply(grammar_match *m, float *logits)
     }
 }
 
+grammar_match *grammar_match_clone(const grammar_match *m)
+{
+    grammar_match *c = grammar_match_new(m->g, m->v, m->stop, m->n_stop);
+    grammar_match_copy_state(c, m);
+    return c;
+}
+
+void grammar_match_copy_state(grammar_match *dst, const grammar_match *src)
+{
+    grammar_set_copy(&dst->cur, &src->cur);
+    dst->mask_valid = false;   /* the memo of automaton states stays valid: it is per grammar */
+}
+
 bool grammar_match_accept(grammar_match *m, int32_t token)
 {
     const grammar_vocab *v = m->v;

@@ -177,6 +177,16 @@ static void misc_metrics(http_request *r, void *user)
     api_metric(&b, "tokenmill_cpu_gap_seconds_total", "counter",
                  "Seconds between consecutive engine steps while busy (planning, sampling, publishing).", st.gap_s);
     api_metric(&b, "tokenmill_sampling_seconds_total", "counter", "Seconds of sampling between steps (part of the CPU gap).", st.sample_s);
+    api_metric(&b, "tokenmill_spec_drafted_tokens_total", "counter", "Tokens drafted for speculative decoding (--spec).", (double)st.spec_drafted);
+    api_metric(&b, "tokenmill_spec_verified_tokens_total", "counter", "Drafted tokens put into engine steps to be verified.", (double)st.spec_verified);
+    api_metric(&b, "tokenmill_spec_accepted_tokens_total", "counter", "Verified drafted tokens accepted (emitted without a step of their own).", (double)st.spec_accepted);
+    api_metric(&b, "tokenmill_spec_verifies_total", "counter", "Sequence-steps that verified drafted tokens.", (double)st.spec_verifies);
+    api_metric(&b, "tokenmill_spec_mean_accepted_length", "gauge", "Drafted tokens accepted per verifying sequence-step (0: none yet).",
+               st.spec_verifies ? (double)st.spec_accepted / (double)st.spec_verifies : 0);
+    bytebuf_puts(&b, "# HELP tokenmill_spec_verify_count_total Decodes that had drafts, by the count of drafted tokens verified.\n"
+                      "# TYPE tokenmill_spec_verify_count_total counter\n");
+    for (int k = 0; k <= SPEC_MAX_K; k++)
+        bytebuf_printf(&b, "tokenmill_spec_verify_count_total{k=\"%d\"} %llu\n", k, (unsigned long long)st.spec_k_hist[k]);
     if (c->store) {   /* the block store: what it holds and what it let go (the retention answer) */
         store_stats ss;
         store_get_stats(c->store, &ss);

@@ -1,0 +1,197 @@
+#!/usr/bin/env node
+// bench/spec: speculative decoding in `tokenmill serve`, side by side with llama.cpp's token
+// predictors (node-llama-cpp 3.21.1) where node-llama-cpp drives them.
+//
+//   bench/spec [--preset qwen3-0.6b] [--type q8_0] [--streams 1,4,16] [--tokens 64]
+//              [--threads N] [--draft-layers 7] [--no-llama] [--json OUT.json]
+//
+// The workload quotes, as an agent does when it repeats tool output, a file or an earlier
+// answer: each prompt is a tool result (a listing of 20 pseudo-random lines, different per
+// stream) followed by "Repeat the tool output exactly:" and its first line. Each of c streams
+// sends its prompt at once (streaming /v1/completions, greedy, exactly --tokens tokens).
+// Per-user tokens/s: (tokens - 1) / first-to-last-token span, the mean over the streams;
+// aggregate: all tokens / wall time of the run. Configurations, one server each, run one
+// after the other on the same model and thread count: no speculation; --spec ngram with
+// --spec-fixed K for K = 1..5 and adaptive; self-speculation (--draft-layers N) and a draft
+// model (the preset cut to 2 layers, same vocabulary, other random weights: drafts a target
+// rarely accepts, which shows what poor drafts cost). The random-weight model does not know
+// how to quote: what prompt lookup finds is whatever its own output repeats, so the
+// acceptance, and the speed-up, depend on the model; the table prints the acceptance beside
+// each figure (/metrics: accepted / verified drafts, mean accepted length).
+//
+// llama.cpp (1 stream): LlamaCompletion on a context sequence, greedy, without a predictor,
+// with node-llama-cpp's InputLookupTokenPredictor (prompt lookup) and with its
+// DraftSequenceTokenPredictor on the same draft model file (LlamaCompletion is where
+// node-llama-cpp verifies predictions; a bare sequence.evaluate verifies none).
+import { spawn, spawnSync } from "node:child_process";
+import fs from "node:fs";
+import http from "node:http";
+import path from "node:path";
+import { benchModel } from "./models.mjs";
+import { onSseJson } from "./sse.mjs";
+
+if (process.env.UV_THREADPOOL_SIZE !== "1") {  // llama.cpp's best speed on 2 cores: see bench/llama_bench.mjs
+  const r = spawnSync(process.execPath, [...process.execArgv, ...process.argv.slice(1)], { stdio: "inherit", env: { ...process.env, UV_THREADPOOL_SIZE: "1" } });
+  process.exit(r.status ?? 1);
+}
+
+const root = path.resolve(import.meta.dirname, "..");
+const bin = path.join(root, "build/tokenmill");
+const o = { preset: "qwen3-0.6b", type: "q8_0", streams: [1, 4, 16], tokens: 64, threads: 2, draftLayers: 7, llama: true, json: null };
+for (let i = 2; i < process.argv.length; i++) {
+  const a = process.argv[i], v = () => process.argv[++i];
+  if (a === "--preset") o.preset = v();
+  else if (a === "--type") o.type = v();
+  else if (a === "--streams") o.streams = v().split(",").map(Number);
+  else if (a === "--tokens") o.tokens = Number(v());
+  else if (a === "--threads") o.threads = Number(v());
+  else if (a === "--draft-layers") o.draftLayers = Number(v());
+  else if (a === "--no-llama") o.llama = false;
+  else if (a === "--json") o.json = v();
+  else { console.error(`bench/spec: unknown option ${a}`); process.exit(2); }
+}
+const log = (s) => console.error(`bench/spec: ${s}`);
+
+const model = benchModel(o.preset, o.type, { log });
+const draft = path.join(root, "bench/out", `${o.preset}-${o.type}-2layers-s2.gguf`);
+if (!fs.existsSync(draft)) {
+  const vocab = fs.readFileSync(model + ".args", "utf8").match(/"--vocab","([^"]+)"/)?.[1];
+  const args = ["mkmodel", "--preset", o.preset, "--layers", "2", "--type", o.type, "--seed", "2", ...(vocab ? ["--vocab", vocab] : []), "-o", draft];
+  log(`${bin} ${args.join(" ")}`);
+  const r = spawnSync(bin, args, { cwd: root, encoding: "utf8" });
+  if (r.status !== 0) throw new Error(r.stderr);
+}
+
+// A tool result of 20 lines, different per stream, then the request to quote it.
+function prompt(stream) {
+  let x = 12345 + stream * 7919;
+  const rnd = () => (x = (x * 1103515245 + 12345) % 2147483648) / 2147483648;
+  const words = ["src", "lib", "main", "index", "util", "test", "config", "build", "docs", "cache", "engine", "http", "model"];
+  const lines = [];
+  for (let i = 0; i < 20; i++)
+    lines.push(`${["-rw-r--r--", "drwxr-xr-x"][i % 2]} ${Math.floor(rnd() * 90000 + 1000)} ${words[Math.floor(rnd() * words.length)]}/${words[Math.floor(rnd() * words.length)]}_${i}.c`);
+  return `Tool output:\n${lines.join("\n")}\n\nRepeat the tool output exactly:\n${lines[0]}\n`;
+}
+
+async function startServer(args) {
+  const proc = spawn(bin, ["serve", "-m", model, "--port", "0", "--threads", String(o.threads), "--cache", "off",
+    "--timeout", "3600", "--max-seqs", String(Math.max(...o.streams)), ...args], { stdio: ["ignore", "ignore", "pipe"] });
+  let logText = "";
+  const port = await new Promise((resolve, reject) => {
+    proc.stderr.on("data", (d) => {
+      logText += d;
+      const m = /listening on http:\/\/[^:]+:(\d+)/.exec(logText);
+      if (m) resolve(Number(m[1]));
+    });
+    proc.on("exit", (c) => reject(new Error(`server exited ${c}: ${logText}`)));
+  });
+  proc.removeAllListeners("exit");
+  proc.stderr.resume();
+  const name = (await (await fetch(`http://127.0.0.1:${port}/v1/models`)).json()).data[0].id;
+  return { proc, port, name };
+}
+
+function stream(S, p) {
+  const port = S.port;
+  return new Promise((resolve, reject) => {
+    const body = JSON.stringify({ model: S.name, prompt: p, max_tokens: o.tokens, temperature: 0, ignore_eos: true, stream: true });
+    const times = [];
+    const req = http.request({ host: "127.0.0.1", port, path: "/v1/completions", method: "POST",
+      headers: { "content-type": "application/json", "content-length": Buffer.byteLength(body) } }, (res) => {
+      if (res.statusCode !== 200) {
+        res.resume();
+        reject(new Error(`HTTP ${res.statusCode}`));
+        return;
+      }
+      onSseJson(res, (j, now) => { if (j.choices?.[0]?.text !== undefined) times.push(now); }, () => resolve(times));
+      res.on("error", reject);
+    });
+    req.on("error", reject);
+    req.end(body);
+  });
+}
+
+async function metrics(port) {
+  const text = await (await fetch(`http://127.0.0.1:${port}/metrics`)).text();
+  const m = {};
+  for (const l of text.split("\n")) if (l && !l.startsWith("#")) m[l.slice(0, l.lastIndexOf(" "))] = Number(l.slice(l.lastIndexOf(" ") + 1));
+  return m;
+}
+
+async function runConfig(name, args) {
+  const S = await startServer(args);
+  const rows = [];
+  try {
+    await stream(S, "warm up " + prompt(99));
+    for (const c of o.streams) {
+      const m0 = await metrics(S.port);
+      const t0 = performance.now();
+      const all = await Promise.all(Array.from({ length: c }, (_, i) => stream(S, prompt(i + 100 * c))));
+      const wall = (performance.now() - t0) / 1000;
+      const m1 = await metrics(S.port);
+      const d = (k) => (m1[k] ?? 0) - (m0[k] ?? 0);
+      const perUser = all.map((t) => (t.length - 1) / ((t[t.length - 1] - t[0]) / 1000)).reduce((a, b) => a + b, 0) / c;
+      const tokens = all.reduce((a, t) => a + t.length, 0);
+      const verified = d("tokenmill_spec_verified_tokens_total"), accepted = d("tokenmill_spec_accepted_tokens_total");
+      rows.push({ config: name, streams: c, per_user_tok_s: perUser, aggregate_tok_s: tokens / wall,
+        verified, accepted, acceptance: verified ? accepted / verified : 0,
+        mean_accepted: d("tokenmill_spec_verifies_total") ? accepted / d("tokenmill_spec_verifies_total") : 0,
+        steps: d("tokenmill_engine_steps_total") });
+      log(`${name}, ${c} streams: ${perUser.toFixed(1)} tok/s per user, ${(tokens / wall).toFixed(1)} aggregate, acceptance ${verified ? (accepted / verified).toFixed(2) : "-"}`);
+    }
+  } finally {
+    S.proc.kill("SIGTERM");
+    await new Promise((r) => S.proc.on("exit", r));
+  }
+  return rows;
+}
+
+const configs = [["none", []]];
+for (let k = 1; k <= 5; k++) configs.push([`ngram K=${k}`, ["--spec", "ngram", "--spec-fixed", String(k)]]);
+configs.push(["ngram adaptive", ["--spec", "ngram"]]);
+configs.push([`self --draft-layers ${o.draftLayers}`, ["--draft-layers", String(o.draftLayers)]]);
+configs.push(["draft model (2 layers)", ["--draft", draft]]);
+const rows = [];
+for (const [name, args] of configs) rows.push(...await runConfig(name, args));
+
+const llama = [];
+if (o.llama) {
+  const { getLlama, LlamaCompletion, InputLookupTokenPredictor, DraftSequenceTokenPredictor } = await import("node-llama-cpp");
+  const L = await getLlama({ gpu: false, logLevel: "error" });
+  const target = await L.loadModel({ modelPath: model });
+  const dm = await L.loadModel({ modelPath: draft });
+  const ctxSize = 2048;
+  async function once(name, mkPredictor) {
+    const ctx = await target.createContext({ contextSize: ctxSize, threads: o.threads, sequences: 1 });
+    const dctx = name.includes("draft") ? await dm.createContext({ contextSize: ctxSize, threads: o.threads, sequences: 1 }) : null;
+    const seq = ctx.getSequence({ tokenPredictor: mkPredictor(dctx) });
+    const times = [];
+    await new LlamaCompletion({ contextSequence: seq }).generateCompletion(prompt(100), {
+      maxTokens: o.tokens, temperature: 0,
+      onToken: (toks) => { const now = performance.now(); for (let i = 0; i < toks.length; i++) times.push(now); },
+    });
+    const perUser = (times.length - 1) / ((times[times.length - 1] - times[0]) / 1000);
+    const st = seq.tokenPredictions;
+    llama.push({ config: name, streams: 1, per_user_tok_s: perUser, validated: st?.validated ?? 0, refuted: st?.refuted ?? 0 });
+    log(`llama.cpp ${name}: ${perUser.toFixed(1)} tok/s`);
+    await ctx.dispose();
+    if (dctx) await dctx.dispose();
+  }
+  await once("none", () => undefined);
+  await once("prompt lookup", () => new InputLookupTokenPredictor());
+  await once("draft model (2 layers)", (dctx) => new DraftSequenceTokenPredictor(dctx.getSequence()));
+}
+
+const base = Object.fromEntries(rows.filter((r) => r.config === "none").map((r) => [r.streams, r]));
+console.log(`\n${o.preset} ${o.type}, ${o.threads} threads, ${o.tokens} tokens per stream, greedy; quoting workload\n`);
+console.log("| configuration | streams | tok/s per user | aggregate tok/s | vs none (per user) | drafts accepted / verified | mean accepted |");
+console.log("|---|---:|---:|---:|---:|---:|---:|");
+for (const r of rows)
+  console.log(`| ${r.config} | ${r.streams} | ${r.per_user_tok_s.toFixed(1)} | ${r.aggregate_tok_s.toFixed(1)} | ${(r.per_user_tok_s / base[r.streams].per_user_tok_s).toFixed(2)} | ${r.verified ? `${r.accepted} / ${r.verified}` : "-"} | ${r.mean_accepted ? r.mean_accepted.toFixed(2) : "-"} |`);
+if (llama.length) {
+  console.log("\n| llama.cpp (node-llama-cpp 3.21.1) | streams | tok/s per user | vs none | predictions validated / refuted |");
+  console.log("|---|---:|---:|---:|---:|");
+  for (const r of llama)
+    console.log(`| ${r.config} | 1 | ${r.per_user_tok_s.toFixed(1)} | ${(r.per_user_tok_s / llama[0].per_user_tok_s).toFixed(2)} | ${r.validated} / ${r.refuted} |`);
+}
+if (o.json) fs.writeFileSync(o.json, JSON.stringify({ options: o, tokenmill: rows, llama }, null, 2));

@@ -1,0 +1,112 @@
+/*
+ * spec: speculative decoding's pure parts: drafting by prompt lookup, the acceptance
+ * estimate of a request, the choice of how many drafted tokens each sequence verifies, and
+ * the acceptance rule of speculative sampling. The scheduler (sched.c) puts a sequence's last
+ * token and its K verified drafts into one engine step as K + 1 positions that all want
+ * logits; this module knows no engine, no KV and no request.
+ *
+ * DESIGN.
+ * - Prompt lookup (llama.cpp's n-gram drafting): the last n tokens of the sequence are looked
+ *   up in its earlier tokens, n from n_max down to n_min, the most recent match first; the
+ *   tokens that followed the match are the draft. Free to make, and exactly what an agent
+ *   quoting tool output, files or earlier answers repeats.
+ * - Acceptance estimate: each request keeps a running rate of its drafted tokens accepted
+ *   (an exponential average over the drafts that were tested, SPEC_ACCEPT_PRIOR at first);
+ *   the k-th drafted token of a step is accepted only if all before it were, so its expected
+ *   gain is the product of the per-token estimates up to it.
+ * - The verify count (spec_choose): a step's cost depends on its total token count (the step
+ *   time curve, learned online by steptime.c), its yield is the decodes' tokens plus the
+ *   expected accepted drafts. For a given number j of extra tokens the best drafts to verify
+ *   are the j with the largest expected gain (gains fall along each sequence's draft, so the
+ *   j best are prefixes); spec_choose walks j up from 0, merging the sequences' drafts by
+ *   gain with a heap, and keeps the j with the most expected tokens per predicted second.
+ *   Any monotone step-time curve works, the linear model's or a recorded one.
+ * - Acceptance rule (spec_verify_token, Leviathan et al. / Chen et al.): a drafted token d
+ *   drawn from the draft's distribution q is kept with probability min(1, p(d) / q(d)) under
+ *   the target's distribution p, otherwise the output is drawn from norm(max(0, p - q)); the
+ *   output is then distributed exactly as p. For a deterministic draft (prompt lookup) q is
+ *   one-hot, the rule keeps d with probability p(d) and otherwise draws from p without d:
+ *   the same law as drawing from p and comparing with d, which is what the scheduler does (it
+ *   keeps the sampler's draws, and so a seeded request's tokens, as without speculation).
+ *
+ * Nothing here allocates after spec_chooser_new. Not thread-safe: one caller per object.
+ */
+#ifndef TM_SPEC_H
+#define TM_SPEC_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define SPEC_MAX_K 8            /* most drafted tokens one sequence verifies in a step */
+#define SPEC_DEFAULT_MAX 5      /* --spec-max default (DeepSeek drafts 5) */
+#define SPEC_NGRAM_MAX 3        /* longest suffix looked up by prompt lookup */
+#define SPEC_NGRAM_MIN 1        /* shortest */
+#define SPEC_NGRAM_WINDOW 8192  /* tokens searched back from the end (bounds the lookup's cost) */
+#define SPEC_ACCEPT_PRIOR 0.5   /* acceptance estimate of a request before any draft was tested */
+#define SPEC_ACCEPT_DECAY 0.85  /* weight kept by the running rate per tested draft */
+#define SPEC_MIN_GAIN 0.05      /* spec_seq_draft_len's threshold before draft steps were timed */
+
+/* Draft sources (bits of sched_opts.spec_sources). */
+typedef enum {
+    SPEC_SRC_NGRAM = 1,         /* prompt lookup over the sequence's own tokens */
+    SPEC_SRC_MODEL = 2,         /* a draft model (specdraft.h) */
+} spec_source;
+#define SPEC_N_SRC 2            /* sources; source i is bit 1 << i */
+
+/* Prompt lookup: drafts up to k_max tokens into out for the sequence toks[0..n) (see the
+ * design). Returns the count drafted, 0 when no suffix of n_min..n_max tokens recurs. */
+int spec_ngram_draft(const int32_t *toks, int n, int n_max, int n_min, int k_max, int32_t *out);
+
+/* A request's running acceptance of its drafts. */
+typedef struct {
+    double rate;                /* estimated probability that a tested draft is accepted */
+    double mean_prob;           /* running mean of the draft's own probability of the tested
+                                 * drafts (a model's), 0 before any */
+    uint64_t n_tested;          /* drafted tokens whose verification decided something */
+    uint64_t n_accepted;        /* of those, accepted */
+} spec_seq;
+
+void spec_seq_init(spec_seq *q);
+/* One verification: n_accepted drafts were accepted in a row, then one was rejected when
+ * rejected is true (the others were not tested: their predecessor was rejected, or the
+ * request ended first); prob (NULL: none) the draft's probabilities of those drafts. */
+void spec_seq_observe(spec_seq *q, int n_accepted, bool rejected, const float *prob);
+/* Expected gain of each of n drafted tokens (the chance it is accepted with all before it),
+ * non-increasing: the product of the per-token estimates up to it, each the request's rate,
+ * or with the draft's own probabilities prob (n; NULL: none) the rate scaled by how the
+ * token's probability compares with the mean probability of the drafts tested so far (at most
+ * 1): calibrated by the request's own outcomes, so a confident draft counts more, and nothing
+ * once the request has seen its drafts rejected, however confident. */
+void spec_seq_gains(const spec_seq *q, const float *prob, int n, double *out);
+
+/* How many tokens a costly source should draft, at most k_max: those whose expected gain by
+ * the running rate alone is at least min_gain (what one draft step costs as a fraction of a
+ * target step: a drafted token is worth its step when it saves more), and at least one (the
+ * rate must go on being measured). Poor drafts then cost one draft step instead of k_max. */
+int spec_seq_draft_len(const spec_seq *q, int k_max, double min_gain);
+
+/* Predicted seconds of the step with n_extra verify tokens added to it (monotone in n_extra;
+ * <= 0 when unknown). */
+typedef double (*spec_time_fn)(void *arg, int n_extra);
+
+typedef struct spec_chooser spec_chooser;
+/* A chooser for at most max_seqs sequences per step (allocates its heap and order arrays). */
+spec_chooser *spec_chooser_new(int max_seqs);
+void spec_chooser_free(spec_chooser *c);
+/* The verify count of each of n_seqs sequences of a step: gains (n_seqs, SPEC_MAX_K) row i
+ * holding the expected gains of sequence i's n_draft[i] drafts (non-increasing along the
+ * row), base_tokens the tokens the step yields without drafts (its decodes), at most
+ * max_extra drafted tokens in all. Writes k (n_seqs) and returns their sum, the number of
+ * extra tokens that maximises (base_tokens + sum of chosen gains) / time(sum); ties go to the
+ * fewer tokens. Returns -1 (k untouched) when n_seqs is out of range or the time is unknown. */
+int spec_choose(spec_chooser *c, int n_seqs, const double *gains, const int *n_draft, double base_tokens,
+                int max_extra, spec_time_fn time, void *time_arg, int *k);
+
+/* Speculative sampling of one position: p and q (n) are the target's and the draft's
+ * probabilities (each summing to 1; q(d) > 0), d the drafted token, u_accept and u_resample
+ * two independent uniform draws in [0, 1). Returns the output token and sets *accepted when
+ * it is d; -1 when d is not in 0..n-1. */
+int32_t spec_verify_token(const float *p, const float *q, int n, int32_t d, double u_accept, double u_resample,
+                          bool *accepted);
+
+#endif

@@ -1,0 +1,135 @@
+/*
+ * specdraft: greedy drafting with a draft model's engine. See specdraft.h for the design.
+ */
+#include "engine/specdraft.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/sample.h"
+#include "util/util.h"
+
+struct specdraft {
+    engine *e;                  /* the draft model's engine (not owned) */
+    kvpool *pool;               /* its KV pool */
+    int n_vocab;
+    int max_seqs;
+    int max_batch;              /* tokens per draft step */
+    engine_tok *batch;          /* (max_batch) */
+    int *row;                   /* (max_seqs) logits row of each sequence in the step, or -1 */
+    int *adv;                   /* (max_seqs) positions the catch-up step computes for each */
+    float *logits;              /* (max_seqs, n_vocab) */
+    sampler *greedy;            /* temperature 0, no penalties: the argmax as requests take it */
+};
+
+specdraft *specdraft_new(engine *d, int max_seqs)
+{
+    if (!d || max_seqs < 1) return NULL;
+    specdraft *sd = xcalloc(1, sizeof *sd);
+    sd->e = d;
+    sd->pool = engine_kvpool(d);
+    sd->n_vocab = engine_model(d)->hp.n_vocab;
+    sd->max_seqs = max_seqs;
+    sd->max_batch = engine_max_batch(d);
+    sd->batch = xcalloc((size_t)sd->max_batch, sizeof *sd->batch);
+    sd->row = xcalloc((size_t)max_seqs, sizeof *sd->row);
+    sd->adv = xcalloc((size_t)max_seqs, sizeof *sd->adv);
+    sd->logits = malloc((size_t)max_seqs * (size_t)sd->n_vocab * sizeof(float));
+    sample_params gp = sample_params_default();
+    gp.temp = 0;
+    gp.penalty_last_n = 0;
+    sd->greedy = sample_new(sd->n_vocab, &gp);
+    if (!sd->logits || !sd->greedy) {
+        specdraft_free(sd);
+        return NULL;
+    }
+    return sd;
+}
+
+void specdraft_free(specdraft *sd)
+{
+    if (!sd) return;
+    free(sd->batch);
+    free(sd->row);
+    free(sd->adv);
+    free(sd->logits);
+    sample_free(sd->greedy);
+    free(sd);
+}
+
+/* The greedy token of a logits row and its softmax probability. */
+static int32_t specdraft_argmax(specdraft *sd, const float *l, float *prob)
+{
+    int32_t best = sample_token(sd->greedy, l);
+    double sum = 0;
+    for (int i = 0; i < sd->n_vocab; i++) sum += exp((double)(l[i] - l[best]));
+    *prob = (float)(1.0 / sum);
+    return best;
+}
+
+int specdraft_run(specdraft *sd, specdraft_seq *seqs, int n)
+{
+    n = TM_MIN(n, sd->max_seqs);
+    /* step 0: what each sequence's draft KV has not seen, the last token wanting logits */
+    int nt = 0, nr = 0;
+    for (int i = 0; i < n; i++) {
+        specdraft_seq *q = &seqs[i];
+        q->n_draft = 0;
+        sd->row[i] = -1;
+        sd->adv[i] = 0;
+        int c = q->n_tokens - q->n_done, room = sd->max_batch - nt;
+        if (c <= 0 || room <= 0 || q->k_max < 0) continue;
+        int take = TM_MIN(c, room);
+        bool full = take == c && q->k_max > 0;
+        int need = q->n_done + take + (full ? TM_MIN(q->k_max, SPEC_MAX_K) - 1 : 0);
+        if (kvpool_seq_reserve(sd->pool, q->seq, need) != KVPOOL_OK) continue;
+        for (int j = 0; j < take; j++) {
+            engine_tok *t = &sd->batch[nt++];
+            t->token = q->tokens[q->n_done + j];
+            t->pos = q->n_done + j;
+            t->seq = q->seq;
+            t->want_logits = full && j == take - 1;
+        }
+        sd->adv[i] = take;
+        if (full) sd->row[i] = nr++;
+    }
+    if (nt == 0) return 0;
+    engine_batch b = { .n_tokens = nt, .toks = sd->batch };
+    if (engine_step(sd->e, &b, sd->logits) != ENGINE_OK) return 1;
+    int n_steps = 1;
+    for (int i = 0; i < n; i++) {
+        specdraft_seq *q = &seqs[i];
+        q->n_done += sd->adv[i];
+        if (sd->row[i] < 0) continue;
+        q->draft[0] = specdraft_argmax(sd, sd->logits + (size_t)sd->row[i] * sd->n_vocab, &q->prob[0]);
+        q->n_draft = 1;
+    }
+    /* steps 1..: each sequence still drafting feeds its last drafted token */
+    for (int k = 1; k < SPEC_MAX_K; k++) {
+        nt = 0;
+        for (int i = 0; i < n; i++) {
+            specdraft_seq *q = &seqs[i];
+            sd->row[i] = -1;
+            if (q->n_draft != k || k >= q->k_max) continue;
+            engine_tok *t = &sd->batch[nt];
+            t->token = q->draft[k - 1];
+            t->pos = q->n_tokens + k - 1;
+            t->seq = q->seq;
+            t->want_logits = true;
+            sd->row[i] = nt++;
+        }
+        if (nt == 0) return n_steps;
+        b.n_tokens = nt;
+        n_steps++;
+        if (engine_step(sd->e, &b, sd->logits) != ENGINE_OK) return n_steps;   /* keep the drafts so far */
+        for (int i = 0; i < n; i++) {
+            specdraft_seq *q = &seqs[i];
+            if (sd->row[i] < 0) continue;
+            q->n_done = q->n_tokens + k;
+            q->draft[k] = specdraft_argmax(sd, sd->logits + (size_t)sd->row[i] * sd->n_vocab, &q->prob[k]);
+            q->n_draft = k + 1;
+        }
+    }
+    return n_steps;
+}

@@ -1,0 +1,52 @@
+/*
+ * specdraft: drafting with a model: a smaller model of the same vocabulary (--draft), or the
+ * served model cut to its first layers (--draft-layers, self-speculation), run on an engine
+ * of its own with its own KV pool, for many sequences at once.
+ *
+ * DESIGN. A round drafts up to k_max tokens for each sequence greedily (the argmax; its
+ * softmax probability goes with it as the acceptance estimate's input), in k_max batched
+ * engine steps: the first carries every sequence's tokens the draft KV has not seen yet (the
+ * newly sampled ones, or the prompt when a sequence first drafts: caught up in pieces within
+ * the draft engine's batch when long, drafting only once it is complete), the others one
+ * drafted token per sequence still drafting. Greedy drafts are a deterministic function of
+ * the context, so the acceptance rule is the one-hot case of speculative sampling (spec.h)
+ * and the scheduler's sample-and-compare keeps the target's distribution exactly.
+ *
+ * The draft KV follows accept/reject by the caller's n_done alone: after verification the
+ * caller lowers it to the positions whose tokens are final (the rejected drafts' rows lie
+ * beyond it and are overwritten by the next round). Its blocks are never keyed (nothing of a
+ * draft reaches the prefix cache or the block store).
+ *
+ * Engine thread only, like the engine it drives; nothing allocates after specdraft_new.
+ */
+#ifndef TM_SPECDRAFT_H
+#define TM_SPECDRAFT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/engine.h"
+#include "engine/spec.h"
+
+typedef struct {
+    kvpool_seq *seq;            /* the sequence's KV in the draft engine's pool */
+    const int32_t *tokens;      /* (n_tokens) its tokens so far: the draft continues them */
+    int n_tokens;
+    int n_done;                 /* in/out: positions of tokens whose draft KV is in seq */
+    int k_max;                  /* tokens to draft, 1..SPEC_MAX_K (0: catch up only) */
+    int32_t draft[SPEC_MAX_K];  /* out: the drafted tokens */
+    float prob[SPEC_MAX_K];     /* out: the draft's probability of each */
+    int n_draft;                /* out: drafted (0: still catching up, or no KV room) */
+} specdraft_seq;
+
+typedef struct specdraft specdraft;
+
+/* A drafter for at most max_seqs sequences a round on engine d (which it does not own). */
+specdraft *specdraft_new(engine *d, int max_seqs);
+void specdraft_free(specdraft *sd);
+/* Drafts for seqs[0..n) (n <= max_seqs). A sequence whose KV cannot be reserved in the draft
+ * pool drafts nothing (its n_done unchanged); a failed engine step drafts nothing for any.
+ * Returns the draft engine steps run. */
+int specdraft_run(specdraft *sd, specdraft_seq *seqs, int n);
+
+#endif

@@ -1,0 +1,664 @@
+/*
+ * test_spec: speculative decoding. The pure parts (engine/spec.h): prompt lookup drafts, the
+ * acceptance estimate, the verify count chosen on step-time curves (checked against a brute
+ * force over every count vector) and the acceptance rule of speculative sampling (a
+ * chi-square test on a small vocabulary that passes for the rule and fails for a biased one).
+ * Then the scheduler on a tiny random llama model: with prompt-lookup drafts, greedy and
+ * seeded sampled output equal a run without speculation token for token, alone and batched,
+ * with fixed and adaptive verify counts, while drafts are both accepted and rejected; and the
+ * KV left after rejections (every position's K and V, every block key) equals the run's
+ * without speculation.
+ */
+#include <stdint.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "engine/engine.h"
+#include "engine/sched.h"
+#include "engine/spec.h"
+#include "engine/steptime.h"
+#include "grammar/grammar.h"
+#include "tinymodel.h"
+
+/* ---- prompt lookup ---- */
+
+TEST(test_ngram_draft)
+{
+    int32_t out[SPEC_MAX_K];
+    /* ... 1 2 3 4 5 ... 9 1 2 3 -> the 3-gram "1 2 3" recurs: draft 4 5 6 */
+    int32_t a[] = { 7, 1, 2, 3, 4, 5, 6, 9, 1, 2, 3 };
+    int n = spec_ngram_draft(a, 11, 3, 1, 3, out);
+    CHECK(n == 3 && out[0] == 4 && out[1] == 5 && out[2] == 6);
+    /* the most recent occurrence wins: "2 3" after 1 and after 8 */
+    int32_t b[] = { 1, 2, 3, 10, 8, 2, 3, 11, 2, 3 };
+    n = spec_ngram_draft(b, 10, 2, 1, 4, out);
+    CHECK(n == 3 && out[0] == 11 && out[1] == 2 && out[2] == 3);   /* up to the end */
+    /* longest n first: the 3-gram "5 6 7" (-> 8) beats the more recent 1-gram "7" (-> 9) */
+    int32_t c[] = { 5, 6, 7, 8, 0, 7, 9, 5, 6, 7 };
+    n = spec_ngram_draft(c, 10, 3, 1, 1, out);
+    CHECK(n == 1 && out[0] == 8);
+    /* n_min bounds the shortest suffix: with 2 the lone recurring "7" does not draft */
+    int32_t d[] = { 7, 1, 2, 7 };
+    CHECK(spec_ngram_draft(d, 4, 3, 2, 2, out) == 0);
+    CHECK(spec_ngram_draft(d, 4, 3, 1, 2, out) == 2 && out[0] == 1 && out[1] == 2);
+    /* no recurrence, too short, k_max 0 */
+    int32_t e[] = { 1, 2, 3, 4 };
+    CHECK(spec_ngram_draft(e, 4, 3, 1, 4, out) == 0);
+    CHECK(spec_ngram_draft(e, 1, 3, 1, 4, out) == 0);
+    CHECK(spec_ngram_draft(a, 11, 3, 1, 0, out) == 0);
+    /* the draft stops at the end of the sequence */
+    int32_t f[] = { 4, 4, 4 };
+    n = spec_ngram_draft(f, 3, 3, 1, 5, out);
+    CHECK(n == 1 && out[0] == 4);
+}
+
+TEST(test_acceptance_estimate)
+{
+    spec_seq q;
+    spec_seq_init(&q);
+    CHECK(q.rate == SPEC_ACCEPT_PRIOR);
+    double g[4];
+    spec_seq_gains(&q, NULL, 4, g);
+    CHECK(fabs(g[0] - 0.5) < 1e-12 && fabs(g[3] - 0.0625) < 1e-12);
+    /* a draft model's own probabilities, calibrated by the request's outcomes: drafts of
+     * probability 0.2 always accepted make a 0.2 draft a sure one and a 0.1 draft a 50 %
+     * one; a request whose drafts were all rejected expects nothing however confident */
+    const float prob[2] = { 0.2f, 0.1f }, seen[4] = { 0.2f, 0.2f, 0.2f, 0.2f };
+    spec_seq c;
+    spec_seq_init(&c);
+    spec_seq_gains(&c, prob, 2, g);   /* nothing tested yet: the rate alone */
+    CHECK(fabs(g[0] - 0.5) < 1e-12);
+    for (int i = 0; i < 40; i++) spec_seq_observe(&c, 4, false, seen);
+    CHECK(fabs(c.mean_prob - 0.2) < 1e-6);
+    spec_seq_gains(&c, prob, 2, g);
+    CHECK(g[0] > 0.99 && fabs(g[1] - g[0] * 0.5) < 1e-3);
+    spec_seq z = { .rate = 0, .mean_prob = 0.2 };
+    spec_seq_gains(&z, prob, 2, g);
+    CHECK(g[0] == 0 && g[1] == 0);
+    for (int i = 0; i < 20; i++) spec_seq_observe(&q, 4, false, NULL);
+    CHECK(q.rate > 0.99 && q.n_tested == 80 && q.n_accepted == 80);
+    for (int i = 0; i < 20; i++) spec_seq_observe(&q, 0, true, NULL);
+    CHECK(q.rate < 0.05 && q.n_tested == 100 && q.n_accepted == 80);
+    spec_seq_observe(&q, 2, true, NULL);   /* two accepted, then the third rejected */
+    CHECK(q.n_tested == 103 && q.n_accepted == 82);
+    /* a costly source drafts while the expected gain is worth it, one token at least */
+    spec_seq r = { .rate = 0.9 };
+    CHECK(spec_seq_draft_len(&r, 5, 0.05) == 5);
+    r.rate = 0.5;   /* 0.5 0.25 0.125 0.0625 0.03 */
+    CHECK(spec_seq_draft_len(&r, 8, 0.05) == 4);
+    CHECK(spec_seq_draft_len(&r, 8, 0.2) == 2);   /* a dearer draft step: fewer */
+    r.rate = 0.01;
+    CHECK(spec_seq_draft_len(&r, 8, 0.05) == 1);
+    CHECK(spec_seq_draft_len(&r, 0, 0.05) == 0);
+}
+
+/* ---- the verify count on step-time curves ---- */
+
+typedef struct {
+    int base;                   /* tokens of the step without drafts */
+    const double *ms;           /* (n_pts) recorded step ms at tokens[i] */
+    const int *tokens;
+    int n_pts;
+} curve;
+
+/* Piecewise-linear interpolation of a recorded curve at base + n_extra tokens. */
+static double curve_time(void *arg, int n_extra)
+{
+    const curve *c = arg;
+    double x = c->base + n_extra;
+    if (x <= c->tokens[0]) return c->ms[0] / 1e3;
+    for (int i = 1; i < c->n_pts; i++)
+        if (x <= c->tokens[i]) {
+            double f = (x - c->tokens[i - 1]) / (c->tokens[i] - c->tokens[i - 1]);
+            return (c->ms[i - 1] + f * (c->ms[i] - c->ms[i - 1])) / 1e3;
+        }
+    int i = c->n_pts - 1;
+    double slope = (c->ms[i] - c->ms[i - 1]) / (c->tokens[i] - c->tokens[i - 1]);
+    return (c->ms[i] + slope * (x - c->tokens[i])) / 1e3;
+}
+
+/* The best ratio over every count vector (k_i in 0..n_draft[i], sum <= max_extra), and the
+ * fewest tokens reaching it. */
+static double brute_best(int n, const double *gains, const int *nd, int max_extra, curve *c, int *best_sum)
+{
+    int k[8] = { 0 };
+    double best = -1;
+    *best_sum = 0;
+    for (;;) {
+        int sum = 0;
+        double e = c->base;
+        for (int i = 0; i < n; i++) {
+            sum += k[i];
+            for (int j = 0; j < k[i]; j++) e += gains[i * SPEC_MAX_K + j];
+        }
+        if (sum <= max_extra) {
+            double r = e / curve_time(c, sum);
+            if (r > best * (1 + 1e-9) || (fabs(r - best) <= best * 1e-9 && sum < *best_sum)) {
+                if (r > best * (1 + 1e-9)) *best_sum = sum;
+                else *best_sum = TM_MIN(*best_sum, sum);
+                best = TM_MAX(best, r);
+            }
+        }
+        int i = 0;
+        while (i < n && k[i] == nd[i]) k[i++] = 0;
+        if (i == n) break;
+        k[i]++;
+    }
+    return best;
+}
+
+static double ratio_of(int n, const double *gains, const int *k, curve *c)
+{
+    int sum = 0;
+    double e = c->base;
+    for (int i = 0; i < n; i++) {
+        sum += k[i];
+        for (int j = 0; j < k[i]; j++) e += gains[i * SPEC_MAX_K + j];
+    }
+    return e / curve_time(c, sum);
+}
+
+TEST(test_choose_on_recorded_curves)
+{
+    /* a memory-bound CPU step: flat while the weights' reading dominates, then each token's
+     * FLOPs show (the knee); and a compute-bound one: every token costs its share at once */
+    static const int pts[] = { 1, 8, 16, 32, 64 };
+    static const double flat_ms[] = { 20.0, 20.4, 21.0, 27.0, 45.0 };
+    static const double steep_ms[] = { 2.0, 16.0, 32.0, 64.0, 128.0 };
+    spec_chooser *ch = spec_chooser_new(8);
+    CHECK(ch != NULL);
+    util_rng rng;
+    util_rng_seed(&rng, 7);
+    double gains[8 * SPEC_MAX_K];
+    int nd[8], k[8];
+    for (int trial = 0; trial < 300; trial++) {
+        int n = 1 + trial % 4;
+        curve c = { .base = n, .ms = trial % 2 ? steep_ms : flat_ms, .tokens = pts, .n_pts = 5 };
+        for (int i = 0; i < n; i++) {
+            spec_seq q = { .rate = util_rng_uniform(&rng) };
+            nd[i] = (int)(util_rng_next(&rng) % 6);
+            spec_seq_gains(&q, NULL, nd[i], gains + i * SPEC_MAX_K);
+        }
+        int max_extra = trial % 5 == 0 ? 3 : 64;
+        int sum = spec_choose(ch, n, gains, nd, n, max_extra, curve_time, &c, k);
+        int want_sum;
+        double want = brute_best(n, gains, nd, max_extra, &c, &want_sum);
+        int ksum = 0;
+        bool in_range = true;
+        for (int i = 0; i < n; i++) {
+            ksum += k[i];
+            in_range &= k[i] >= 0 && k[i] <= nd[i];
+        }
+        CHECKF(in_range && ksum == sum && sum <= max_extra, "trial %d", trial);
+        double got = ratio_of(n, gains, k, &c);
+        CHECKF(fabs(got - want) <= want * 1e-9 && sum == want_sum, "trial %d: ratio %g want %g, sum %d want %d", trial,
+               got, want, sum, want_sum);
+    }
+    /* the plain cases: sure drafts on the flat curve verify everything; poor drafts on the
+     * steep curve verify nothing; no drafts, nothing */
+    curve flat = { .base = 4, .ms = flat_ms, .tokens = pts, .n_pts = 5 };
+    curve steep = { .base = 4, .ms = steep_ms, .tokens = pts, .n_pts = 5 };
+    for (int i = 0; i < 4; i++) {
+        spec_seq q = { .rate = 0.95 };
+        nd[i] = 3;
+        spec_seq_gains(&q, NULL, 3, gains + i * SPEC_MAX_K);
+    }
+    CHECK(spec_choose(ch, 4, gains, nd, 4, 64, curve_time, &flat, k) == 12);
+    for (int i = 0; i < 4; i++) CHECK(k[i] == 3);
+    for (int i = 0; i < 4; i++) {
+        spec_seq q = { .rate = 0.05 };
+        spec_seq_gains(&q, NULL, 3, gains + i * SPEC_MAX_K);
+    }
+    CHECK(spec_choose(ch, 4, gains, nd, 4, 64, curve_time, &steep, k) == 0);
+    for (int i = 0; i < 4; i++) CHECK(k[i] == 0);
+    for (int i = 0; i < 4; i++) nd[i] = 0;
+    CHECK(spec_choose(ch, 4, gains, nd, 4, 64, curve_time, &flat, k) == 0);
+    /* unknown time, too many sequences */
+    curve none = { .base = 1, .ms = (const double[]){ 0, 0 }, .tokens = (const int[]){ 1, 2 }, .n_pts = 2 };
+    CHECK(spec_choose(ch, 1, gains, nd, 1, 4, curve_time, &none, k) == -1);
+    CHECK(spec_choose(ch, 9, gains, nd, 9, 4, curve_time, &flat, k) == -1);
+    spec_chooser_free(ch);
+}
+
+/* The verify count from the learned step time (steptime.h), as the scheduler feeds it: the
+ * steps of a linear curve learned, K grows with the acceptance estimate. */
+typedef struct {
+    steptime *tm;
+    int n_dec;
+} learned;
+
+static double learned_time(void *arg, int n_extra)
+{
+    const learned *l = arg;
+    steptime_x x = { .n_dec = l->n_dec + n_extra, .depth = (l->n_dec + n_extra) * 200.0 };
+    return steptime_predict(l->tm, &x);
+}
+
+TEST(test_choose_on_learned_step_time)
+{
+    steptime tm;
+    steptime_init(&tm);
+    for (int i = 0; i < 64; i++) {   /* 20 ms a step + 0.5 ms a row */
+        int rows = 1 + i % 24;
+        steptime_x x = { .n_dec = rows, .depth = rows * 200.0 };
+        steptime_observe(&tm, &x, 0.020 + 0.0005 * rows);
+    }
+    CHECK(steptime_warm(&tm));
+    spec_chooser *ch = spec_chooser_new(2);
+    learned l = { .tm = &tm, .n_dec = 2 };
+    int nd[2] = { 5, 5 }, k[2], prev = -1;
+    double gains[2 * SPEC_MAX_K];
+    for (double rate = 0.0; rate <= 1.0; rate += 0.1) {
+        spec_seq q = { .rate = rate };
+        spec_seq_gains(&q, NULL, 5, gains);
+        spec_seq_gains(&q, NULL, 5, gains + SPEC_MAX_K);
+        int sum = spec_choose(ch, 2, gains, nd, 2, 64, learned_time, &l, k);
+        CHECKF(sum >= prev, "rate %.1f: %d after %d", rate, sum, prev);
+        prev = sum;
+    }
+    CHECK(prev == 10);   /* sure drafts at 0.5 ms a row next to a 20 ms step: all of them */
+    spec_chooser_free(ch);
+}
+
+/* ---- the acceptance rule ---- */
+
+#define CHI_N 6
+#define CHI_SAMPLES 200000
+
+/* The chi-square statistic of counts against probabilities p over CHI_N outcomes. */
+static double chi_square(const long *counts, const float *p, long n)
+{
+    double x2 = 0;
+    for (int i = 0; i < CHI_N; i++) {
+        double e = p[i] * (double)n;
+        x2 += (counts[i] - e) * (counts[i] - e) / e;
+    }
+    return x2;
+}
+
+/* Draws from probabilities w (CHI_N) with u. */
+static int draw(const float *w, double u)
+{
+    double acc = 0;
+    for (int i = 0; i < CHI_N; i++) {
+        acc += w[i];
+        if (u < acc) return i;
+    }
+    return CHI_N - 1;
+}
+
+/* A plausible but wrong rule: on rejection, draw from the target itself instead of the
+ * residual max(0, p - q): the draft's mass is counted twice. */
+static int32_t biased_verify(const float *p, const float *q, int32_t d, double ua, double ur, bool *acc)
+{
+    *acc = ua < p[d] / q[d];
+    return *acc ? d : draw(p, ur);
+}
+
+TEST(test_speculative_sampling_keeps_distribution)
+{
+    /* target and draft disagree a lot (the draft favours what the target rarely picks) */
+    const float p[CHI_N] = { 0.30f, 0.25f, 0.20f, 0.15f, 0.07f, 0.03f };
+    const float q[CHI_N] = { 0.05f, 0.10f, 0.15f, 0.20f, 0.20f, 0.30f };
+    const float onehot[CHI_N] = { 0, 0, 1, 0, 0, 0 };
+    /* 5 degrees of freedom: 20.5 is the 0.1 % critical value; the seeds are fixed, so the
+     * statistics below are the same on every run */
+    const double crit = 20.5;
+    util_rng rng;
+    util_rng_seed(&rng, 1234);
+    long good[CHI_N] = { 0 }, bad[CHI_N] = { 0 }, hot[CHI_N] = { 0 }, n_acc = 0;
+    for (long s = 0; s < CHI_SAMPLES; s++) {
+        int32_t d = draw(q, util_rng_uniform(&rng));
+        double ua = util_rng_uniform(&rng), ur = util_rng_uniform(&rng);
+        bool acc;
+        int32_t t = spec_verify_token(p, q, CHI_N, d, ua, ur, &acc);
+        CHECK(t >= 0 && t < CHI_N && acc == (t == d && ua < p[d] / q[d]));
+        good[t]++;
+        n_acc += acc;
+        bool bacc;
+        bad[biased_verify(p, q, d, ua, ur, &bacc)]++;
+        /* a deterministic draft (prompt lookup): q one-hot on token 2 */
+        hot[spec_verify_token(p, onehot, CHI_N, 2, ua, ur, &acc)]++;
+    }
+    double x_good = chi_square(good, p, CHI_SAMPLES), x_bad = chi_square(bad, p, CHI_SAMPLES);
+    double x_hot = chi_square(hot, p, CHI_SAMPLES);
+    CHECKF(x_good < crit, "chi-square %.2f", x_good);
+    CHECKF(x_hot < crit, "one-hot chi-square %.2f", x_hot);
+    CHECKF(x_bad > 10 * crit, "the biased rule's chi-square %.2f should fail the bound", x_bad);
+    /* the acceptance rate is sum min(p, q) = 0.05 + 0.10 + 0.15 + 0.15 + 0.07 + 0.03 = 0.55 */
+    double rate = (double)n_acc / CHI_SAMPLES;
+    CHECKF(fabs(rate - 0.55) < 0.01, "acceptance %.4f", rate);
+    bool acc;
+    CHECK(spec_verify_token(p, q, CHI_N, CHI_N, 0.5, 0.5, &acc) == -1);
+    /* p == q: always accepted */
+    CHECK(spec_verify_token(p, p, CHI_N, 5, 0.999, 0.5, &acc) == 5 && acc);
+}
+
+/* ---- the scheduler: output and KV equal a run without speculation ---- */
+
+static char tmpdir[] = "/tmp/tm_test_spec_XXXXXX";
+static model *g_model;
+
+static model *mk(uint64_t seed)
+{
+    tiny_cfg c = { .arch = "llama", .dim = 64, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2,
+                   .head_dim = 16, .ffn = 96, .vocab = 100, .seed = seed };
+    char path[256], err[256];
+    snprintf(path, sizeof path, "%s/llama.gguf", tmpdir);
+    if (tiny_write(&c, path)) return NULL;
+    model *m = NULL;
+    if (model_load(path, NULL, &m, err, sizeof err) != GGUF_OK) fprintf(stderr, "%s\n", err);
+    return m;
+}
+
+typedef struct {
+    engine *e;
+    model *draft_model;         /* the model cut to its first layers (self-speculation) */
+    engine *draft;
+    sched *s;
+} rig;
+
+/* Layers of the draft model of the next runs with SPEC_SRC_MODEL (all of them: the draft is
+ * the target itself). */
+static int g_draft_layers;
+
+static rig rig_new(int spec_sources, int spec_max, int spec_fixed)
+{
+    rig r = { 0 };
+    engine_opts eo = { .n_threads = 2, .n_kv_blocks = 64, .max_batch_tokens = 128 };
+    char err[256];
+    if (engine_new(g_model, &eo, &r.e, err, sizeof err) != ENGINE_OK) fprintf(stderr, "%s\n", err);
+    sched_opts so = { .max_seqs = 4, .max_queue = 16, .step_tokens = 96, .n_ctx = 1024,
+                      .spec_sources = spec_sources, .spec_max = spec_max, .spec_fixed = spec_fixed };
+    if (spec_sources & SPEC_SRC_MODEL) {
+        r.draft_model = xmalloc(sizeof *r.draft_model);
+        *r.draft_model = *g_model;   /* shares the weights: the engine reads only hp.n_layers of them */
+        r.draft_model->hp.n_layers = g_draft_layers;
+        if (engine_new(r.draft_model, &eo, &r.draft, err, sizeof err) != ENGINE_OK) fprintf(stderr, "%s\n", err);
+        so.draft = r.draft;
+    }
+    for (int i = 0; i < 4; i++) so.eos_ids[i] = -1;
+    if (sched_new(r.e, &so, &r.s) != SCHED_OK) fprintf(stderr, "sched_new failed\n");
+    return r;
+}
+
+static void rig_free(rig *r)
+{
+    sched_free(r->s);
+    engine_free(r->draft);
+    free(r->draft_model);
+    engine_free(r->e);
+}
+
+/* What a request left in the KV pool when it finished (the kv_out hook). */
+typedef struct {
+    int n_done;                 /* positions valid */
+    float *kv;                  /* (n_done, layers, kv heads, 2, head_dim) */
+    int n_keyed;                /* keyed blocks */
+    uint8_t keys[8][32];
+} kv_dump;
+
+static void dump_kv(void *arg, const kvpool *pool, const kvpool_seq *seq, int n_done)
+{
+    kv_dump *d = arg;
+    const model_hparams *hp = &g_model->hp;
+    int hd = hp->head_dim, per = hp->n_layers * hp->n_kv_heads * 2 * hd;
+    d->n_done = n_done;
+    d->kv = xmalloc((size_t)n_done * per * sizeof(float));
+    for (int pos = 0; pos < n_done; pos++)
+        for (int l = 0; l < hp->n_layers; l++)
+            for (int h = 0; h < hp->n_kv_heads; h++) {
+                float *k = d->kv + (size_t)pos * per + ((size_t)l * hp->n_kv_heads + h) * 2 * hd;
+                kvpool_seq_load(pool, seq, pos, l, h, k, k + hd);
+            }
+    d->n_keyed = kvpool_seq_n_keyed(seq) / KVPOOL_BLOCK;
+    for (int b = 0; b < d->n_keyed && b < 8; b++) memcpy(d->keys[b], kvpool_seq_block_key(pool, seq, b), 32);
+}
+
+#define NREQ 4
+#define GEN 150
+
+typedef struct {
+    int32_t toks[NREQ][GEN];
+    int n[NREQ];
+    kv_dump kv[NREQ];
+    sched_stats st;
+} run_out;
+
+/* A prompt that repeats itself (what prompt lookup drafts from), different per request. */
+static void prompt_of(int32_t *t, int n, int seed)
+{
+    for (int i = 0; i < n; i++) t[i] = (seed * 13 + (i % 11) * 7 + (i % 3)) % 100;
+}
+
+/* The grammar and vocabulary of the next runs (NULL: unconstrained). */
+static grammar *g_grammar;
+static grammar_vocab *g_gvocab;
+
+/* Runs n_req requests at once (sampled with a seed when temp > 0) and collects tokens and KV. */
+static void run(int spec_sources, int spec_max, int spec_fixed, int n_req, float temp, run_out *o)
+{
+    memset(o, 0, sizeof *o);
+    rig g = rig_new(spec_sources, spec_max, spec_fixed);
+    static int32_t prompts[NREQ][120];
+    sched_req *r[NREQ];
+    for (int i = 0; i < n_req; i++) {
+        prompt_of(prompts[i], 90 + 10 * i, i);
+        sched_params p = { .prompt = prompts[i], .n_prompt = 90 + 10 * i, .max_tokens = GEN };
+        p.sample = sample_params_default();
+        p.sample.temp = temp;
+        p.sample.seed = 100 + (uint64_t)i;
+        if (temp > 0) {   /* the whole chain: penalties and a bias as well */
+            p.sample.repeat_penalty = 1.1f;
+            p.sample.presence_penalty = 0.2f;
+            p.sample.n_bias = 1;
+            p.sample.bias_id[0] = 5;
+            p.sample.bias[0] = 2.0f;
+        }
+        p.think_start = p.think_end = -1;
+        p.grammar = g_grammar;
+        p.grammar_vocab = g_gvocab;
+        p.kv_out = dump_kv;
+        p.kv_arg = &o->kv[i];
+        if (sched_submit(g.s, &p, &r[i]) != SCHED_OK) r[i] = NULL;
+    }
+    for (int i = 0; i < n_req; i++) {
+        if (!r[i]) continue;
+        sched_output out[16];
+        while (!sched_done(r[i])) {
+            int k = sched_poll(r[i], out, 16, 30000);
+            if (k == 0) break;
+            for (int j = 0; j < k; j++)
+                if (out[j].kind == SCHED_OUT_TOKEN && o->n[i] < GEN) o->toks[i][o->n[i]++] = out[j].token;
+        }
+        sched_release(r[i]);
+    }
+    sched_get_stats(g.s, &o->st);
+    rig_free(&g);
+}
+
+static void run_free(run_out *o)
+{
+    for (int i = 0; i < NREQ; i++) free(o->kv[i].kv);
+}
+
+static bool same_kv(const kv_dump *a, const kv_dump *b)
+{
+    const model_hparams *hp = &g_model->hp;
+    size_t per = (size_t)hp->n_layers * hp->n_kv_heads * 2 * hp->head_dim;
+    return a->n_done == b->n_done && a->n_keyed == b->n_keyed &&
+           !memcmp(a->keys, b->keys, (size_t)TM_MIN(a->n_keyed, 8) * 32) &&
+           !memcmp(a->kv, b->kv, (size_t)a->n_done * per * sizeof(float));
+}
+
+static void compare_ex(const run_out *want, const run_out *got, int n_req, const char *what, bool all_accepted)
+{
+    for (int i = 0; i < n_req; i++) {
+        CHECKF(got->n[i] == GEN && want->n[i] == GEN, "%s: request %d: %d and %d tokens", what, i, got->n[i], want->n[i]);
+        int diff = -1;
+        for (int j = 0; j < GEN && diff < 0; j++)
+            if (got->toks[i][j] != want->toks[i][j]) diff = j;
+        CHECKF(diff < 0, "%s: request %d differs at token %d", what, i, diff);
+        CHECKF(same_kv(&want->kv[i], &got->kv[i]), "%s: request %d: KV after rejections differs (%d / %d positions, "
+               "%d / %d blocks keyed)", what, i, got->kv[i].n_done, want->kv[i].n_done, got->kv[i].n_keyed,
+               want->kv[i].n_keyed);
+    }
+    /* drafts were verified, some accepted and some rejected: both paths ran */
+    const sched_stats *st = &got->st;
+    CHECKF(st->spec_verified > 0 && st->spec_accepted > 0 &&
+           (all_accepted ? st->spec_accepted == st->spec_verified : st->spec_accepted < st->spec_verified),
+           "%s: drafted %llu verified %llu accepted %llu", what, (unsigned long long)st->spec_drafted,
+           (unsigned long long)st->spec_verified, (unsigned long long)st->spec_accepted);
+    CHECKF(st->spec_drafted >= st->spec_verified && st->spec_verifies > 0, "%s", what);
+    if (getenv("TEST_SPEC_VERBOSE"))
+        fprintf(stderr, "  %s: drafted %llu verified %llu accepted %llu in %llu verifies, %llu steps\n", what,
+                (unsigned long long)st->spec_drafted, (unsigned long long)st->spec_verified,
+                (unsigned long long)st->spec_accepted, (unsigned long long)st->spec_verifies,
+                (unsigned long long)st->n_steps);
+    /* fewer steps than tokens: the accepted drafts took none of their own */
+    CHECKF(st->n_gen_tokens == (uint64_t)(n_req * GEN), "%s: %llu tokens", what, (unsigned long long)st->n_gen_tokens);
+}
+
+static void compare(const run_out *want, const run_out *got, int n_req, const char *what)
+{
+    compare_ex(want, got, n_req, what, false);
+}
+
+TEST(test_greedy_identity_and_rollback)
+{
+    static run_out base, fixed, adaptive;
+    for (int n_req = 1; n_req <= NREQ; n_req += NREQ - 1) {
+        run(0, 0, 0, n_req, 0, &base);
+        CHECK(base.st.spec_drafted == 0 && base.st.spec_verified == 0);
+        run(SPEC_SRC_NGRAM, 5, 3, n_req, 0, &fixed);
+        compare(&base, &fixed, n_req, n_req == 1 ? "greedy, K 3, alone" : "greedy, K 3, batched");
+        uint64_t k_hist = 0;
+        for (int k = 0; k <= SPEC_MAX_K; k++) k_hist += fixed.st.spec_k_hist[k];
+        CHECK(k_hist > 0 && fixed.st.spec_k_hist[4] == 0 && fixed.st.spec_k_hist[5] == 0);   /* never above 3 */
+        run(SPEC_SRC_NGRAM, 5, 0, n_req, 0, &adaptive);
+        compare(&base, &adaptive, n_req, n_req == 1 ? "greedy, adaptive, alone" : "greedy, adaptive, batched");
+        run_free(&base);
+        run_free(&fixed);
+        run_free(&adaptive);
+    }
+}
+
+TEST(test_sampled_identity)
+{
+    /* seeded sampling with temperature, top-k/p, min-p, penalties and a bias: the scheduler
+     * samples every row as its own decode would, so the tokens equal the run's without
+     * speculation (the law is kept as well: test_speculative_sampling_keeps_distribution) */
+    static run_out base, spec;
+    run(0, 0, 0, NREQ, 0.8f, &base);
+    run(SPEC_SRC_NGRAM, 4, 2, NREQ, 0.8f, &spec);
+    compare(&base, &spec, NREQ, "sampled, K 2, batched");
+    run_free(&base);
+    run_free(&spec);
+}
+
+TEST(test_draft_model)
+{
+    static run_out base, spec;
+    run(0, 0, 0, NREQ, 0, &base);
+    /* the draft is the target itself: every greedy draft is accepted */
+    g_draft_layers = g_model->hp.n_layers;
+    run(SPEC_SRC_MODEL, 4, 0, NREQ, 0, &spec);
+    compare_ex(&base, &spec, NREQ, "draft model = target, greedy", true);
+    run_free(&spec);
+    /* self-speculation on the first layer: drafts accepted and rejected, alone and batched */
+    g_draft_layers = 1;
+    run(SPEC_SRC_MODEL, 4, 0, NREQ, 0, &spec);
+    compare(&base, &spec, NREQ, "first layer drafts, greedy, batched");
+    run_free(&spec);
+    run(SPEC_SRC_MODEL, 3, 3, 1, 0, &spec);
+    compare(&base, &spec, 1, "first layer drafts, greedy, alone");
+    run_free(&spec);
+    /* both sources on: each request drafts from the one it accepts more of */
+    run(SPEC_SRC_MODEL | SPEC_SRC_NGRAM, 4, 0, NREQ, 0, &spec);
+    compare(&base, &spec, NREQ, "prompt lookup + first layer drafts, greedy");
+    run_free(&spec);
+    run_free(&base);
+    /* sampled: greedy drafts are deterministic (q one-hot), the law and the tokens are kept */
+    run(0, 0, 0, NREQ, 0.8f, &base);
+    run(SPEC_SRC_MODEL, 4, 2, NREQ, 0.8f, &spec);
+    compare(&base, &spec, NREQ, "first layer drafts, sampled");
+    run_free(&spec);
+    run_free(&base);
+    /* a draft of another vocabulary is refused */
+    model other = *g_model;
+    other.hp.n_vocab = g_model->hp.n_vocab - 1;
+    engine_opts eo = { .n_threads = 1, .n_kv_blocks = 8, .max_batch_tokens = 32 };
+    engine *e = NULL, *d = NULL;
+    char err[256];
+    CHECK(engine_new(g_model, &eo, &e, err, sizeof err) == ENGINE_OK);
+    CHECK(engine_new(&other, &eo, &d, err, sizeof err) == ENGINE_OK);
+    sched_opts so = { .spec_sources = SPEC_SRC_MODEL, .draft = d };
+    sched *s = NULL;
+    CHECK(sched_new(e, &so, &s) == SCHED_ERR_ARG && s == NULL);
+    engine_free(d);
+    engine_free(e);
+}
+
+TEST(test_grammar_drafts)
+{
+    /* tokens 0..9 are the digits, the others letters; the output must be digits: drafts the
+     * grammar forbids (prompt lookup finds letters in the prompt) are cut before verification */
+    char bytes[100][4];
+    const char *pb[100];
+    int lens[100];
+    for (int i = 0; i < 100; i++) {
+        if (i < 10) snprintf(bytes[i], sizeof bytes[i], "%c", '0' + i);
+        else snprintf(bytes[i], sizeof bytes[i], "%c%c", 'a' + i % 26, 'a' + i / 26);
+        pb[i] = bytes[i];
+        lens[i] = (int)strlen(bytes[i]);
+    }
+    char err[256];
+    g_gvocab = grammar_vocab_new(100, pb, lens);
+    CHECK(grammar_compile(GRAMMAR_KIND_REGEX, "[0-9]+", 6, &g_grammar, err, sizeof err) == GRAMMAR_OK);
+    static run_out base, spec;
+    run(0, 0, 0, NREQ, 0, &base);
+    for (int i = 0; i < NREQ; i++)
+        for (int j = 0; j < base.n[i]; j++) CHECK(base.toks[i][j] < 10);
+    /* a fixed K of 3 at most 3 drafted: every draft is verified unless the grammar cut it */
+    run(SPEC_SRC_NGRAM, 3, 3, NREQ, 0, &spec);
+    compare(&base, &spec, NREQ, "greedy under a grammar");
+    CHECKF(spec.st.spec_verified < spec.st.spec_drafted, "drafted %llu verified %llu",
+           (unsigned long long)spec.st.spec_drafted, (unsigned long long)spec.st.spec_verified);
+    run_free(&spec);
+    run_free(&base);
+    grammar_free(g_grammar);
+    grammar_vocab_free(g_gvocab);
+    g_grammar = NULL;
+    g_gvocab = NULL;
+}
+
+int main(void)
+{
+    RUN(test_ngram_draft);
+    RUN(test_acceptance_estimate);
+    RUN(test_choose_on_recorded_curves);
+    RUN(test_choose_on_learned_step_time);
+    RUN(test_speculative_sampling_keeps_distribution);
+    if (!mkdtemp(tmpdir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    g_model = mk(3);
+    if (!g_model) {
+        fprintf(stderr, "no model\n");
+        return 1;
+    }
+    RUN(test_greedy_identity_and_rollback);
+    RUN(test_sampled_identity);
+    RUN(test_draft_model);
+    RUN(test_grammar_drafts);
+    model_free(g_model);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+    if (system(cmd)) {}
+    HARNESS_END();
+}
