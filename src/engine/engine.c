@@ -147,7 +147,66 @@ struct engine {
     float *mla_tmp;          /* (n_threads, mla_tmp_stride) per-head gather/scatter and scratch */
     size_t mla_tmp_stride;   /* floats per thread */
     float *shx;              /* (T, dim) shared experts' output */
+    /* profile (engine_profile): cells NULL until first enabled */
+    engine_prof_cell *prof;  /* (n_layers + 1, ENGINE_PROF_N) */
+    bool prof_on;            /* counting */
+    int64_t prof_steps;      /* steps counted */
+    double prof_t;           /* util_now() at the last mark */
+    double prof_quant;       /* ops' activation-quantisation seconds since the last mark */
+    threadpool_stats prof_tp;/* the pool's counters at the last mark */
 };
+
+const char *engine_prof_op_name(engine_prof_op op)
+{
+    static const char *const names[ENGINE_PROF_N] = {
+        "embed", "qkv", "qkv_post", "attention", "wo", "add_norm", "ffn_up", "swiglu",
+        "ffn_down", "moe", "act_quant", "out_norm", "output",
+    };
+    return (unsigned)op < ENGINE_PROF_N ? names[op] : "?";
+}
+
+bool engine_profile(engine *e, bool on)
+{
+    size_t n = (size_t)(e->m->hp.n_layers + 1) * ENGINE_PROF_N;
+    if (on && !e->prof && !(e->prof = calloc(n, sizeof *e->prof))) return false;
+    if (on) {
+        memset(e->prof, 0, n * sizeof *e->prof);
+        e->prof_steps = 0;
+    }
+    threadpool_profile(e->tp, on);
+    e->prof_on = on;
+    return true;
+}
+
+const engine_prof_cell *engine_profile_cells(const engine *e, int64_t *n_steps)
+{
+    if (n_steps) *n_steps = e->prof_steps;
+    return e->prof;
+}
+
+/* Ends a stage: the time since the last mark goes to (il, op), the quantisation the step
+ * thread did meanwhile to (il, ENGINE_PROF_ACT_QUANT). */
+static void engine_prof_mark(engine *e, int il, engine_prof_op op)
+{
+    if (!e->prof_on) return;
+    double now = util_now(), q = e->prof_quant;
+    threadpool_stats ts;
+    threadpool_stats_get(e->tp, &ts);
+    engine_prof_cell *c = &e->prof[(size_t)il * ENGINE_PROF_N + op];
+    c->s += now - e->prof_t - q;
+    c->work_s += (double)(ts.work_ns - e->prof_tp.work_ns) * 1e-9;
+    c->wake_s += (double)(ts.wake_ns - e->prof_tp.wake_ns) * 1e-9;
+    c->barrier_s += (double)(ts.barrier_ns - e->prof_tp.barrier_ns) * 1e-9;
+    c->rounds += ts.rounds - e->prof_tp.rounds;
+    c->calls++;
+    if (q > 0) {
+        e->prof[(size_t)il * ENGINE_PROF_N + ENGINE_PROF_ACT_QUANT].s += q;
+        e->prof[(size_t)il * ENGINE_PROF_N + ENGINE_PROF_ACT_QUANT].calls++;
+    }
+    e->prof_quant = 0;
+    e->prof_t = now;
+    e->prof_tp = ts;
+}
 
 typedef struct {
     engine *e;
@@ -182,6 +241,7 @@ void engine_free(engine *e)
     if (!e) return;
     threadpool_free(e->tp);
     kvpool_free(e->kv);
+    free(e->prof);
     free(e->x);
     free(e->xn);
     free(e->q);
@@ -929,6 +989,14 @@ engine_status engine_step(engine *e, const engine_batch *b, float *logits)
     }
 
     engine_plan_tiles(e, b);
+    const int il_out = hp->n_layers;   /* the profile's row of the stages outside the layers */
+    if (e->prof_on) {
+        e->prof_steps++;
+        e->prof_t = util_now();
+        e->prof_quant = 0;
+        threadpool_stats_get(e->tp, &e->prof_tp);
+        ops_profile_attach(&e->prof_quant);
+    }
 
     threadpool *tp = e->tp;
     const int dim = hp->dim, hd = hp->head_dim;
@@ -939,26 +1007,33 @@ engine_status engine_step(engine *e, const engine_batch *b, float *logits)
     }
     engine_job job = { .e = e, .b = b };
     ops_rmsnorm(tp, e->xn, e->x, m->layers[0].attn_norm, T, dim, eps);
+    engine_prof_mark(e, il_out, ENGINE_PROF_EMBED);
     for (int il = 0; il < hp->n_layers; il++) {
         const model_layer *L = &m->layers[il];
         job.layer = il;
         if (hp->mla) {
             engine_mla_qkv(e, &job, il, T);
+            engine_prof_mark(e, il, ENGINE_PROF_QKV);
         } else {
             const ops_weight *qkv[3] = { &L->wq, &L->wk, &L->wv };
             float *qkv_out[3] = { e->q, e->k, e->v };
             ops_matmul_multi(tp, 3, qkv, e->xn, T, qkv_out, e->mm_scratch);
+            engine_prof_mark(e, il, ENGINE_PROF_QKV);
             threadpool_run(tp, engine_job_qkv_post, &job);
+            engine_prof_mark(e, il, ENGINE_PROF_QKV_POST);
         }
         job.n_items = e->n_tiles * hp->n_kv_heads;
         job.next = 0;
         job.q16 = kvpool_dtype(e->kv) == QTYPE_F16 && hd % 16 != 0;
         kvpool_fill_wait(e->kv, il);   /* layer il of blocks still loading from the store */
         threadpool_run(tp, engine_job_attention, &job);
+        engine_prof_mark(e, il, ENGINE_PROF_ATTENTION);
         if (hp->mla) engine_mla_out(e, &job, il, T);
         else ops_matmul(tp, &L->wo, e->att, T, e->xn, e->mm_scratch);
+        engine_prof_mark(e, il, ENGINE_PROF_WO);
         job.norm = L->ffn_norm;
         threadpool_run(tp, engine_job_add_norm, &job);   /* x += attention; xn = ffn input */
+        engine_prof_mark(e, il, ENGINE_PROF_ADD_NORM);
         if (L->gate_inp.data) {
             if (L->gate_shexp.data) {   /* shared experts: a dense FFN on the same input */
                 const ops_weight *gu[2] = { &L->gate_shexp, &L->up_shexp };
@@ -969,23 +1044,32 @@ engine_status engine_step(engine *e, const engine_batch *b, float *logits)
             }
             engine_moe_ffn(e, &job, il, T);
             if (L->gate_shexp.data) ops_add(tp, e->xn, e->shx, (int64_t)T * dim);   /* routed + shared */
+            engine_prof_mark(e, il, ENGINE_PROF_MOE);
         } else {
             const ops_weight *gu[2] = { &L->gate, &L->up };
             float *gu_out[2] = { e->ffa, e->ffb };
             ops_matmul_multi(tp, 2, gu, e->xn, T, gu_out, e->mm_scratch);
+            engine_prof_mark(e, il, ENGINE_PROF_FFN_UP);
             ops_swiglu(tp, e->ffa, e->ffa, e->ffb, T, hp->ffn_dim);
+            engine_prof_mark(e, il, ENGINE_PROF_SWIGLU);
             ops_matmul(tp, &L->down, e->ffa, T, e->xn, e->mm_scratch);
+            engine_prof_mark(e, il, ENGINE_PROF_FFN_DOWN);
         }
         job.norm = il + 1 < hp->n_layers ? m->layers[il + 1].attn_norm : NULL;
         threadpool_run(tp, engine_job_add_norm, &job);   /* x += ffn; xn = next layer's input */
+        engine_prof_mark(e, il, ENGINE_PROF_ADD_NORM);
     }
     if (e->stats) engine_moe_stats_step(e->stats);
-    if (n_out == 0) return ENGINE_OK;
-    int r = 0;
-    for (int t = 0; t < T; t++)
-        if (b->toks[t].want_logits)
-            memcpy(e->xo + (size_t)r++ * dim, e->x + (size_t)t * dim, (size_t)dim * sizeof(float));
-    ops_rmsnorm(tp, e->xo, e->xo, m->output_norm, n_out, dim, eps);
-    ops_matmul(tp, &m->output, e->xo, n_out, logits, e->mm_scratch);
+    if (n_out > 0) {
+        int r = 0;
+        for (int t = 0; t < T; t++)
+            if (b->toks[t].want_logits)
+                memcpy(e->xo + (size_t)r++ * dim, e->x + (size_t)t * dim, (size_t)dim * sizeof(float));
+        ops_rmsnorm(tp, e->xo, e->xo, m->output_norm, n_out, dim, eps);
+        engine_prof_mark(e, il_out, ENGINE_PROF_OUT_NORM);
+        ops_matmul(tp, &m->output, e->xo, n_out, logits, e->mm_scratch);
+        engine_prof_mark(e, il_out, ENGINE_PROF_OUTPUT);
+    }
+    if (e->prof_on) ops_profile_attach(NULL);
     return ENGINE_OK;
 }

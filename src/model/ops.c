@@ -32,6 +32,9 @@
 
 static ops_kernels ops_k;
 static cpu_level ops_level = (cpu_level)-1;
+static _Thread_local double *ops_prof_quant; /* ops_profile_attach's counter, or NULL */
+
+void ops_profile_attach(double *quant_s) { ops_prof_quant = quant_s; }
 
 /* ---- scalar reference kernels --------------------------------------------------------- */
 
@@ -565,7 +568,9 @@ static void ops_mm_run(threadpool *tp, int n_w, const ops_weight *const *ws, con
     atomic_init(&c.next, 0);
     c.pre_quantised = false;
     if (nth == 1 || (int64_t)n_tokens * c.cols <= OPS_PREQUANT_MAX) {
+        double t0 = ops_prof_quant ? util_now() : 0;
         ops_mm_quantise(&c, 0, 1);
+        if (ops_prof_quant) *ops_prof_quant += util_now() - t0;
         c.pre_quantised = true;
     }
     int64_t macs = 0;
