@@ -527,8 +527,9 @@ static int cmd_bench_profile(int argc, char **argv)
         for (int il = 0; il <= nl; il++) {
             double ls = 0;
             for (int op = 0; op < ENGINE_PROF_N; op++) ls += cells[(size_t)il * ENGINE_PROF_N + op].s;
-            bytebuf_printf(&b, "%s{\"layer\": %s%d%s, \"ms\": %.4f, \"ops\": {", il ? ", " : "", il == nl ? "\"" : "",
-                           il == nl ? -1 : il, il == nl ? "\"" : "", ls * 1e3 * per);
+            if (il < nl) bytebuf_printf(&b, "%s{\"layer\": %d", il ? ", " : "", il);
+            else bytebuf_puts(&b, ", {\"layer\": \"outside\"");
+            bytebuf_printf(&b, ", \"ms\": %.4f, \"ops\": {", ls * 1e3 * per);
             first = true;
             for (int op = 0; op < ENGINE_PROF_N; op++) {
                 const engine_prof_cell *x = &cells[(size_t)il * ENGINE_PROF_N + op];

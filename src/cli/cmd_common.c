@@ -10,8 +10,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "engine/kvpool.h"
+#include "model/threadpool.h"
 #include "util/util.h"
 
 bool cmd_common_int(const char *prog, const char *opt, const char *z, long lo, long hi, long *out)
@@ -120,6 +123,23 @@ engine *cmd_common_engine_new(const char *prog, model *m, cmd_engine_opts *o)
     }
     kvpool_prefault(engine_kvpool(e));
     return e;
+}
+
+void cmd_common_resident(const char *prog, model *m, int n_threads)
+{
+    const char *gate = getenv("TOKENMILL_TEST_RESIDENT_GATE");
+    for (int i = 0; gate && *gate && i < 6000 && access(gate, F_OK) != 0; i++) {
+        struct timespec nap = { 0, 10 * 1000 * 1000 };
+        nanosleep(&nap, NULL);
+    }
+    threadpool *tp = threadpool_new(n_threads);   /* NULL: the caller alone */
+    model_resident_info ri;
+    model_resident(m, tp, &ri);
+    threadpool_free(tp);
+    fprintf(stderr, "tokenmill %s: weights resident: %.1f MiB mapped%s, %.1f MiB repacked, in %.2f s (%s)\n", prog,
+            (double)ri.file_bytes / (1 << 20), ri.huge ? " (huge pages asked)" : "", (double)ri.anon_bytes / (1 << 20),
+            ri.seconds, ri.populate ? "populated" : "pages touched");
+    fflush(stderr);
 }
 
 sched_opts cmd_common_sched_opts(const cmd_engine_opts *o, blockio *bio, const tokenizer *tok)

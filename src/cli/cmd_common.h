@@ -57,6 +57,11 @@ const cmd_opt *cmd_common_http_table(http_opts *o, cmd_opt out[CMD_HTTP_TABLE_N]
  * least one context), faulted in now so that the first steps and store fills take no page
  * faults. NULL after "tokenmill PROG: why" on stderr. */
 engine *cmd_common_engine_new(const char *prog, model *m, cmd_engine_opts *o);
+/* Faults the model's mapped weights in (model_resident) over n_threads temporary threads
+ * and logs "tokenmill PROG: weights resident: ..." with the time it took. For tests, the
+ * environment variable TOKENMILL_TEST_RESIDENT_GATE=FILE holds it back until FILE exists
+ * (polled every 10 ms, at most 6000 times), so that a test can observe the server before. */
+void cmd_common_resident(const char *prog, model *m, int n_threads);
 /* The scheduler options for an engine made by cmd_common_engine_new (bio may be NULL). */
 sched_opts cmd_common_sched_opts(const cmd_engine_opts *o, blockio *bio, const tokenizer *tok);
 

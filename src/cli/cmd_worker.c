@@ -106,6 +106,7 @@ int cmd_worker(int argc, char **argv)
     fprintf(stderr, "tokenmill worker: cluster key %s\n", key_path ? key_path : key_file);
     if (!cmd_common_load_model("worker", path, &m, &tok)) goto out;
     if (!(e = cmd_common_engine_new("worker", m, &eng))) goto out;
+    cmd_common_resident("worker", m, engine_n_threads(e));   /* before the gateway may send work */
     int n_ctx = (int)eng.ctx;
     if (cache_spec) {
         store_opts sto = { .capacity_bytes = (uint64_t)16 << 30, .gc_thread = true };

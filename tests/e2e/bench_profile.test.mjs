@@ -1,0 +1,48 @@
+// bench_profile: `tokenmill bench profile` on a generated qwen3 model: the JSON names every
+// stage of a dense layer with its share of the step (the shares add up to one), counts the
+// profiled steps and has one row per layer plus the stages outside the layers; the table form
+// prints the same stages. No timing is compared (the machine is shared). Bad options exit 2.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { execFileSync, spawnSync } from "node:child_process";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { bin } from "./server.mjs";
+
+test("bench profile: per-stage and per-layer decode time as JSON and as a table", () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "tm-profile-"));
+  try {
+    const model = path.join(dir, "q3.gguf");
+    execFileSync(bin, ["mkmodel", "--arch", "qwen3", "--preset", "tiny", "--type", "q8_0", "--seed", "3", "-o", model], { stdio: "pipe" });
+    const r = JSON.parse(execFileSync(bin, ["bench", "profile", "-m", model, "-t", "2", "--tg", "4", "--depth", "8", "--json"], { encoding: "utf8" }));
+    assert.equal(r.steps, 4);
+    assert.equal(r.threads, 2);
+    const ops = Object.fromEntries(r.ops.map((o) => [o.op, o]));
+    for (const op of ["embed", "qkv", "qkv_post", "attention", "wo", "add_norm", "ffn_up", "swiglu", "ffn_down", "out_norm", "output"])
+      assert.ok(ops[op], `stage ${op} missing: ${JSON.stringify(r.ops)}`);
+    assert.ok(!ops.moe, "a dense model has no MoE stage");
+    const share = r.ops.reduce((s, o) => s + o.share, 0);
+    assert.ok(Math.abs(share - 1) < 1e-3, `shares add up to ${share}`);
+    assert.ok(ops.qkv.bytes > 0 && ops.output.bytes > 0 && ops.attention.bytes === 0);
+    assert.ok(ops.attention.rounds >= 1, "attention runs on the pool");
+    assert.ok(r.step_ms > 0 && r.staged_ms > 0 && r.staged_ms <= r.step_ms * 1.001);
+    const layers = r.layers.filter((l) => l.layer !== "outside");
+    assert.equal(r.layers.length, layers.length + 1);
+    assert.ok(r.layers.at(-1).ops.output > 0 && r.layers.at(-1).ops.embed >= 0);
+    assert.ok(layers.length >= 1 && layers.every((l, i) => l.layer === i && l.ops.qkv >= 0 && l.ops.attention >= 0));
+    const table = execFileSync(bin, ["bench", "profile", "-m", model, "-t", "1", "--tg", "2"], { encoding: "utf8" });
+    assert.match(table, /^stage +ms\/token +share/m);
+    assert.match(table, /^attention /m);
+    assert.match(table, /per layer, ms\/token:/);
+    for (const args of [["--tg", "0"], ["--depth", "x"], ["--bogus"]]) {
+      const bad = spawnSync(bin, ["bench", "profile", "-m", model, ...args], { encoding: "utf8" });
+      assert.equal(bad.status, 2, args.join(" "));
+      assert.match(bad.stderr, /tokenmill bench profile/);
+    }
+    const none = spawnSync(bin, ["bench", "profile"], { encoding: "utf8" });
+    assert.equal(none.status, 2);
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
