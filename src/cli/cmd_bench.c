@@ -1,5 +1,5 @@
 /*
- * cmd_bench: `tokenmill bench -m MODEL [--threads N] [--pp 512] [--tg 128] [--seqs 1,4,16]
+ * cmd_bench: `tokenmill bench -m MODEL [--threads N] [--cpus LIST] [--pp 512] [--tg 128] [--seqs 1,4,16]
  * [--reps R] [--batch N] [--depth D]`: engine timings as one JSON object on stdout, for
  * bench/engine.
  *
@@ -23,7 +23,7 @@
  * per-user tokens/s and step latency (each stream after a 32-token prompt). JSON on stdout;
  * --svg writes the four charts (drawn with the status page's status_svg_line) as one SVG.
  *
- * `tokenmill bench profile -m MODEL [--threads N] [--tg N] [--depth D] [--json]`: where a
+ * `tokenmill bench profile -m MODEL [--threads N] [--cpus LIST] [--tg N] [--depth D] [--json]`: where a
  * single-sequence decode step spends its time: --tg steps (default 64) after an untimed
  * prompt of D tokens (default 32) with the engine's profile on (engine_profile), printed per
  * stage (ms per token, share of the step, GB/s of the stage's weights, pool rounds, and the
@@ -43,6 +43,7 @@
 #include "recipe/jsonfmt.h"
 #include "recipe/status.h"
 #include "util/bytebuf.h"
+#include "util/topo.h"
 #include "util/util.h"
 
 #define CMD_BENCH_MAX_SEQS 64
@@ -180,11 +181,12 @@ int cmd_bench(int argc, char **argv)
 {
     if (argc > 1 && !strcmp(argv[1], "curves")) return cmd_bench_curves(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "profile")) return cmd_bench_profile(argc - 1, argv + 1);
-    const char *model_path = NULL, *seqs_arg = "1,4,16";
+    const char *model_path = NULL, *seqs_arg = "1,4,16", *cpus_list = NULL;
     long threads = 0, pp = 512, tg = 128, reps = 3, maxb = 512, depth = 0, groups = 8;
     const cmd_opt opts[] = {
         { "--model", "-m", CMD_OPT_STR, &model_path, .arg = "MODEL", .help = "the GGUF to time (required)" },
-        { "--threads", "-t", CMD_OPT_LONG, &threads, 0, 1024, .arg = "N", .help = "kernel threads (default: one per core)" },
+        { "--threads", "-t", CMD_OPT_LONG, &threads, 0, 1024, .arg = "N", .help = "kernel threads (default: one per physical core)" },
+        { "--cpus", NULL, CMD_OPT_STR, &cpus_list, .arg = "LIST", .help = "CPUs the kernel threads run on (default: all allowed)" },
         { "--pp", NULL, CMD_OPT_LONG, &pp, 0, 1 << 24, .arg = "N", .help = "prompt tokens to prefill (default 512)" },
         { "--tg", NULL, CMD_OPT_LONG, &tg, 0, 1 << 24, .arg = "N", .help = "tokens to decode (default 128)" },
         { "--seqs", NULL, CMD_OPT_STR, &seqs_arg, .arg = "S,S,..", .help = "batched decode sequence counts (default 1,4,16)" },
@@ -217,7 +219,14 @@ int cmd_bench(int argc, char **argv)
     int blk_pp = (depth + pp + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK;
     int blk_tg = (depth + tg + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK;
     int blk_b = max_s * ((prompt_b + tg + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK);
-    engine_opts eo = { .n_threads = threads, .max_batch_tokens = TM_MAX(maxb, max_s),
+    static int cpus[TOPO_MAX_CPUS];
+    int n_threads;
+    bool pinned;
+    if (!cmd_common_place("bench", threads, cpus_list, &n_threads, cpus, &pinned)) {
+        model_free(m);
+        return 2;
+    }
+    engine_opts eo = { .n_threads = n_threads, .cpus = pinned ? cpus : NULL, .max_batch_tokens = TM_MAX(maxb, max_s),
                        .n_kv_blocks = TM_MAX(1, TM_MAX(blk_pp, TM_MAX(blk_tg, blk_b))) };
     cmd_bench_ctx c;
     kvpool_seq *sq[CMD_BENCH_MAX_SEQS];
@@ -434,12 +443,13 @@ static size_t cmd_bench_op_bytes(const model *m, int il, engine_prof_op op)
 
 static int cmd_bench_profile(int argc, char **argv)
 {
-    const char *model_path = NULL;
+    const char *model_path = NULL, *cpus_list = NULL;
     long threads = 0, tg = 64, depth = 32;
     bool json = false;
     const cmd_opt opts[] = {
         { "--model", "-m", CMD_OPT_STR, &model_path, .arg = "MODEL", .help = "the GGUF to profile (required)" },
-        { "--threads", "-t", CMD_OPT_LONG, &threads, 0, 1024, .arg = "N", .help = "kernel threads (default: one per core)" },
+        { "--threads", "-t", CMD_OPT_LONG, &threads, 0, 1024, .arg = "N", .help = "kernel threads (default: one per physical core)" },
+        { "--cpus", NULL, CMD_OPT_STR, &cpus_list, .arg = "LIST", .help = "CPUs the kernel threads run on (default: all allowed)" },
         { "--tg", NULL, CMD_OPT_LONG, &tg, 1, 1 << 20, .arg = "N", .help = "decode steps profiled (default 64)" },
         { "--depth", "-d", CMD_OPT_LONG, &depth, 0, 1 << 20, .arg = "D", .help = "prompt tokens before them (default 32)" },
         { "--json", NULL, CMD_OPT_FLAG, &json, .help = "print JSON instead of the table" },
@@ -460,7 +470,14 @@ static int cmd_bench_profile(int argc, char **argv)
         return 1;
     }
     const int nl = m->hp.n_layers;
-    engine_opts eo = { .n_threads = threads, .max_batch_tokens = 512,
+    static int cpus[TOPO_MAX_CPUS];
+    int n_threads;
+    bool pinned;
+    if (!cmd_common_place("bench profile", threads, cpus_list, &n_threads, cpus, &pinned)) {
+        model_free(m);
+        return 2;
+    }
+    engine_opts eo = { .n_threads = n_threads, .cpus = pinned ? cpus : NULL, .max_batch_tokens = 512,
                        .n_kv_blocks = (int)((depth + tg + 16 + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK) };
     cmd_bench_ctx c;
     kvpool_seq *sq[1];

@@ -39,20 +39,29 @@ typedef struct {
     long prefill_step;   /* tokens per step without decodes */
     double step_ms;      /* time target of a step with decodes, ms; 0: token budgets only */
     double prefill_step_ms; /* time target of a step without decodes, ms; 0: 4 x step_ms */
+    const char *cpus;    /* --cpus LIST: the CPUs the kernel threads may run on, or NULL: all allowed */
 } cmd_engine_opts;
 #define CMD_ENGINE_OPTS_DEFAULT \
     { .max_seqs = 16, .kv_mib = 2048, .max_queue = 256, .prefill_step = SCHED_PREFILL_STEP }
-/* The option table entries of the engine options (--threads/-t, --ctx/-c, --max-seqs,
+/* The option table entries of the engine options (--threads/-t, --cpus, --ctx/-c, --max-seqs,
  * --kv-mib, --max-queue, --step-tokens, --prefill-step-tokens, --step-ms, --prefill-step-ms)
  * writing into *o, in out (a table of its own, END-terminated): include it with
  * { .kind = CMD_OPT_TABLE, .dst = out }. */
-#define CMD_ENGINE_TABLE_N 10
+#define CMD_ENGINE_TABLE_N 11
 const cmd_opt *cmd_common_engine_table(cmd_engine_opts *o, cmd_opt out[CMD_ENGINE_TABLE_N]);
 /* The same for the HTTP layer's connection limits (http/http.h): --max-connections,
  * --max-client-connections, --request-timeout. */
 #define CMD_HTTP_TABLE_N 4
 const cmd_opt *cmd_common_http_table(http_opts *o, cmd_opt out[CMD_HTTP_TABLE_N]);
-/* Starts the engine for m: the context and step budgets resolved into *o (ctx, step_tokens),
+/* The kernel threads' placement (util/topo.h) for --threads (0: one per usable physical
+ * core) and --cpus (NULL: every allowed CPU): the thread count in *n and, when the topology
+ * could be read, each thread's CPU in cpus (TOPO_MAX_CPUS entries) and *pinned true; logs
+ * "tokenmill PROG: threads: ...". Without a readable /sys and without --cpus the threads are
+ * not pinned (*n: threads, or the online CPUs). false after a message (a bad or unusable
+ * --cpus list). */
+bool cmd_common_place(const char *prog, long threads, const char *cpus_list, int *n, int *cpus, bool *pinned);
+
+/* Starts the engine for m: its threads placed (cmd_common_place), the context and step budgets resolved into *o (ctx, step_tokens),
  * a batch for the larger budget, a KV pool of max_seqs full contexts capped by kv_mib (at
  * least one context), faulted in now so that the first steps and store fills take no page
  * faults. NULL after "tokenmill PROG: why" on stderr. */

@@ -291,6 +291,7 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
     if (o.n_threads <= 0) {
         long nc = sysconf(_SC_NPROCESSORS_ONLN);
         o.n_threads = nc > 0 ? (int)nc : 1;
+        o.cpus = NULL;
     }
     if (o.max_batch_tokens <= 0) o.max_batch_tokens = 512;
     if (hp->n_heads / hp->n_kv_heads > ENGINE_ATT_GQA_MAX) {
@@ -302,7 +303,7 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
     e->m = m;
     e->max_tokens = o.max_batch_tokens;
     e->n_threads = o.n_threads;
-    e->tp = threadpool_new(o.n_threads);
+    e->tp = threadpool_new_pinned(o.n_threads, o.cpus);
     if (!e->tp) {
         snprintf(err, errsz, "cannot start %d kernel threads", o.n_threads);
         engine_free(e);

@@ -68,6 +68,8 @@ typedef struct {
     size_t kv_bytes;          /* KV pool size in bytes when n_kv_blocks is 0; 0: 4096 tokens */
     int max_batch_tokens;     /* most tokens per engine_step; <= 0: 512 */
     bool kv_f32;              /* F32 KV cache instead of F16 */
+    const int *cpus;          /* (n_threads) the CPU of each kernel thread (util/topo.h's
+                               * topo_place), or NULL: not pinned; needs n_threads > 0 */
 } engine_opts;
 
 typedef struct {

@@ -16,6 +16,7 @@
  * run, so that threadpool_barrier needs no ith. A worker's writes happen before its n_done
  * increment (release), so the caller reads them safely once the run returned.
  */
+#define _GNU_SOURCE
 #include "model/threadpool.h"
 
 #include <errno.h>
@@ -62,7 +63,20 @@ struct threadpool {
     uint64_t t_run;                       /* ns (CLOCK_MONOTONIC) the current run started */
     uint64_t rounds;                      /* runs since the counters were zeroed */
     threadpool_counter *cnt;              /* (n) per-thread counters, [0] the caller */
+    int *cpus;                            /* (n) CPU of each thread, or NULL: not pinned */
+    pthread_t pinned_caller;              /* the last caller pinned to cpus[0] */
+    bool caller_pinned;                   /* pinned_caller is set */
 };
+
+/* Pins thread th to cpu; false if the system refused. */
+static bool threadpool_pin(pthread_t th, int cpu)
+{
+    if (cpu < 0 || cpu >= CPU_SETSIZE) return false;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    return pthread_setaffinity_np(th, sizeof set, &set) == 0;
+}
 
 static _Thread_local threadpool_counter *threadpool_self; /* this thread's counters */
 
@@ -133,12 +147,18 @@ static void *threadpool_main(void *arg)
     return NULL;
 }
 
-threadpool *threadpool_new(int n_threads)
+threadpool *threadpool_new(int n_threads) { return threadpool_new_pinned(n_threads, NULL); }
+
+threadpool *threadpool_new_pinned(int n_threads, const int *cpus)
 {
     if (n_threads < 1) n_threads = 1;
     threadpool *tp = calloc(1, sizeof *tp);
     if (!tp) return NULL;
     tp->n = n_threads;
+    if (cpus) {
+        if (!(tp->cpus = malloc((size_t)n_threads * sizeof *tp->cpus))) goto err;
+        memcpy(tp->cpus, cpus, (size_t)n_threads * sizeof *tp->cpus);
+    }
     tp->cnt = aligned_alloc(64, (size_t)n_threads * sizeof *tp->cnt);
     if (!tp->cnt) goto err;
     memset(tp->cnt, 0, (size_t)n_threads * sizeof *tp->cnt);
@@ -151,6 +171,7 @@ threadpool *threadpool_new(int n_threads)
             if (pthread_create(&tp->workers[i].thread, NULL, threadpool_main, &tp->workers[i]))
                 goto err;
             tp->n_started++;
+            if (tp->cpus) threadpool_pin(tp->workers[i].thread, tp->cpus[i + 1]);
         }
     }
     return tp;
@@ -168,6 +189,7 @@ void threadpool_free(threadpool *tp)
     for (int i = 0; i < tp->n_started; i++) pthread_join(tp->workers[i].thread, NULL);
     free(tp->workers);
     free(tp->cnt);
+    free(tp->cpus);
     free(tp);
 }
 
@@ -175,6 +197,11 @@ int threadpool_size(const threadpool *tp) { return tp ? tp->n : 1; }
 
 void threadpool_run(threadpool *tp, void (*fn)(void *ctx, int ith, int nth), void *ctx)
 {
+    if (tp && tp->cpus && (!tp->caller_pinned || !pthread_equal(tp->pinned_caller, pthread_self()))) {
+        threadpool_pin(pthread_self(), tp->cpus[0]);
+        tp->pinned_caller = pthread_self();
+        tp->caller_pinned = true;
+    }
     if (!tp || tp->n == 1) {
         fn(ctx, 0, 1);
         return;

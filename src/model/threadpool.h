@@ -26,6 +26,11 @@ typedef struct threadpool threadpool;
 
 /* n_threads >= 1 counts the caller. Returns NULL if threads cannot be started. */
 threadpool *threadpool_new(int n_threads);
+/* The same with thread ith pinned to CPU cpus[ith] (n_threads entries; NULL: not pinned):
+ * workers from their start, the calling thread of threadpool_run when a run finds a caller it
+ * has not pinned yet (that thread stays pinned to cpus[0]). A CPU the process may not use
+ * leaves that thread unpinned. */
+threadpool *threadpool_new_pinned(int n_threads, const int *cpus);
 void threadpool_free(threadpool *tp);          /* joins the workers; NULL is fine */
 int threadpool_size(const threadpool *tp);     /* n_threads; 1 for a NULL pool */
 

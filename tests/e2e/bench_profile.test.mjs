@@ -42,6 +42,32 @@ test("bench profile: per-stage and per-layer decode time as JSON and as a table"
     }
     const none = spawnSync(bin, ["bench", "profile"], { encoding: "utf8" });
     assert.equal(none.status, 2);
+    // thread placement: --cpus pins to the listed CPUs; a list the process cannot use is refused
+    const one = spawnSync(bin, ["bench", "profile", "-m", model, "--cpus", "0", "--tg", "1", "--json"], { encoding: "utf8" });
+    assert.equal(one.status, 0, one.stderr);
+    assert.match(one.stderr, /threads: 1 thread on CPU 0: 1 of 1 physical cores, 0 SMT siblings, 1 of 1 NUMA node/);
+    assert.equal(JSON.parse(one.stdout).threads, 1);
+    for (const cpus of ["1000", "0-x", ""]) {
+      const bad = spawnSync(bin, ["bench", "profile", "-m", model, "--cpus", cpus, "--tg", "1"], { encoding: "utf8" });
+      assert.equal(bad.status, 2, cpus);
+      assert.match(bad.stderr, /--cpus: /);
+    }
+    // the default is one thread per physical core: on a tree where CPUs 0 and 1 are SMT
+    // siblings of one core (and both allowed here), one thread
+    const sys = path.join(dir, "sys");
+    fs.mkdirSync(path.join(sys, "devices/system/cpu"), { recursive: true });
+    fs.writeFileSync(path.join(sys, "devices/system/cpu/online"), "0-1\n");
+    for (const c of [0, 1]) {
+      fs.mkdirSync(path.join(sys, `devices/system/cpu/cpu${c}/topology`), { recursive: true });
+      fs.writeFileSync(path.join(sys, `devices/system/cpu/cpu${c}/topology/thread_siblings_list`), "0-1\n");
+    }
+    const smt = spawnSync(bin, ["bench", "profile", "-m", model, "--tg", "1", "--json"],
+      { encoding: "utf8", env: { ...process.env, TOKENMILL_TEST_SYSFS: sys } });
+    assert.equal(smt.status, 0, smt.stderr);
+    if (os.availableParallelism() >= 2 && /^0-1|^0,1/.test(fs.readFileSync("/proc/self/status", "utf8").match(/Cpus_allowed_list:\s*(\S+)/)[1])) {
+      assert.match(smt.stderr, /threads: 1 thread on CPU 0: 1 of 1 physical cores/);
+      assert.equal(JSON.parse(smt.stdout).threads, 1);
+    }
   } finally {
     fs.rmSync(dir, { recursive: true, force: true });
   }
