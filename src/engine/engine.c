@@ -488,6 +488,17 @@ static void engine_job_qkv_post(void *ctx, int ith, int nth)
     }
 }
 
+/* A row-by-row job (each thread takes a contiguous share of the batch rows, the arithmetic of
+ * a row does not depend on the share) over `elems` floats of work: on the step thread alone
+ * when that is below ENGINE_INLINE_ELEMS, where waking the pool and meeting at its end costs
+ * more than the work (a decode step's few rows), else as a pool round. Same bits either way. */
+#define ENGINE_INLINE_ELEMS 8192
+static void engine_run_rows(engine *e, void (*fn)(void *, int, int), engine_job *job, int64_t elems)
+{
+    if (elems <= ENGINE_INLINE_ELEMS) fn(job, 0, 1);
+    else threadpool_run(e->tp, fn, job);
+}
+
 /* x += xn, then (j->norm) xn = rmsnorm(x) * j->norm, the next sublayer's input, row by row
  * in one pool round. */
 static void engine_job_add_norm(void *ctx, int ith, int nth)
@@ -1020,7 +1031,7 @@ engine_status engine_step(engine *e, const engine_batch *b, float *logits)
             float *qkv_out[3] = { e->q, e->k, e->v };
             ops_matmul_multi(tp, 3, qkv, e->xn, T, qkv_out, e->mm_scratch);
             engine_prof_mark(e, il, ENGINE_PROF_QKV);
-            threadpool_run(tp, engine_job_qkv_post, &job);
+            engine_run_rows(e, engine_job_qkv_post, &job, (int64_t)T * (hp->n_heads + 2 * hp->n_kv_heads) * hd);
             engine_prof_mark(e, il, ENGINE_PROF_QKV_POST);
         }
         job.n_items = e->n_tiles * hp->n_kv_heads;
@@ -1033,7 +1044,7 @@ engine_status engine_step(engine *e, const engine_batch *b, float *logits)
         else ops_matmul(tp, &L->wo, e->att, T, e->xn, e->mm_scratch);
         engine_prof_mark(e, il, ENGINE_PROF_WO);
         job.norm = L->ffn_norm;
-        threadpool_run(tp, engine_job_add_norm, &job);   /* x += attention; xn = ffn input */
+        engine_run_rows(e, engine_job_add_norm, &job, (int64_t)T * dim);   /* x += attention; xn = ffn input */
         engine_prof_mark(e, il, ENGINE_PROF_ADD_NORM);
         if (L->gate_inp.data) {
             if (L->gate_shexp.data) {   /* shared experts: a dense FFN on the same input */
@@ -1057,7 +1068,7 @@ engine_status engine_step(engine *e, const engine_batch *b, float *logits)
             engine_prof_mark(e, il, ENGINE_PROF_FFN_DOWN);
         }
         job.norm = il + 1 < hp->n_layers ? m->layers[il + 1].attn_norm : NULL;
-        threadpool_run(tp, engine_job_add_norm, &job);   /* x += ffn; xn = next layer's input */
+        engine_run_rows(e, engine_job_add_norm, &job, (int64_t)T * dim);   /* x += ffn; xn = next layer's input */
         engine_prof_mark(e, il, ENGINE_PROF_ADD_NORM);
     }
     if (e->stats) engine_moe_stats_step(e->stats);

@@ -233,8 +233,8 @@ TEST(test_errors)
     model_free(m);
 }
 
-/* The profile counts every stage of every step it saw, with pool rounds where the pool ran,
- * and changes no result. */
+/* The profile counts every stage of every step it saw, with pool rounds where the pool ran
+ * (a decode step's row-wise stages run without one), and changes no result. */
 TEST(test_profile)
 {
     enum { V = 100, P = 20, D = 3 };
@@ -262,7 +262,10 @@ TEST(test_profile)
                        r[ENGINE_PROF_ADD_NORM].calls == 2 * D && r[ENGINE_PROF_FFN_DOWN].calls == D &&
                        r[ENGINE_PROF_MOE].calls == 0, "layer %d", il);
                 CHECK(r[ENGINE_PROF_ATTENTION].rounds == D && r[ENGINE_PROF_ATTENTION].work_s > 0);
-                CHECK(r[ENGINE_PROF_ADD_NORM].rounds == 2 * D && r[ENGINE_PROF_QKV].s > 0);
+                /* a decode step's few rows: the adds, norms and RoPE run on the step thread, no
+                 * pool round (attention is the only round of this tiny model's layer) */
+                CHECK(r[ENGINE_PROF_ADD_NORM].rounds == 0 && r[ENGINE_PROF_QKV_POST].rounds == 0);
+                CHECK(r[ENGINE_PROF_QKV].s > 0);
             }
             const engine_prof_cell *o = c ? c + (size_t)nl * ENGINE_PROF_N : NULL;
             CHECK(o && o[ENGINE_PROF_EMBED].calls == D && o[ENGINE_PROF_OUTPUT].calls == D &&
