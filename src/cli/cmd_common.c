@@ -165,6 +165,11 @@ bool cmd_common_place(const char *prog, long threads, const char *cpus_list, int
     if (*n > t->n) {
         /* two pinned threads on one CPU would spin against each other at every barrier */
         fprintf(stderr, "tokenmill %s: threads: %d, more than the %d usable CPUs: not pinned\n", prog, *n, t->n);
+    } else if (!cpus_list && *n < t->n_cores) {
+        /* fewer threads than cores and no --cpus: other processes (several servers, tests)
+         * may share the machine, and every one of them would pin to the same first cores */
+        fprintf(stderr, "tokenmill %s: threads: %d on %d usable physical cores, not pinned (--cpus pins them)\n", prog,
+                *n, t->n_cores);
     } else {
         *pinned = true;
         topo_describe(t, cpus, *n, line, sizeof line);

@@ -54,11 +54,13 @@ const cmd_opt *cmd_common_engine_table(cmd_engine_opts *o, cmd_opt out[CMD_ENGIN
 #define CMD_HTTP_TABLE_N 4
 const cmd_opt *cmd_common_http_table(http_opts *o, cmd_opt out[CMD_HTTP_TABLE_N]);
 /* The kernel threads' placement (util/topo.h) for --threads (0: one per usable physical
- * core) and --cpus (NULL: every allowed CPU): the thread count in *n and, when the topology
- * could be read, each thread's CPU in cpus (TOPO_MAX_CPUS entries) and *pinned true; logs
- * "tokenmill PROG: threads: ...". Without a readable /sys and without --cpus the threads are
- * not pinned (*n: threads, or the online CPUs). false after a message (a bad or unusable
- * --cpus list). */
+ * core) and --cpus (NULL: every allowed CPU): the thread count in *n and, when the threads
+ * are pinned, each one's CPU in cpus (TOPO_MAX_CPUS entries) and *pinned true; logs
+ * "tokenmill PROG: threads: ...". Pinned: with --cpus, or when the threads take every usable
+ * physical core (the default); not pinned: fewer threads than cores without --cpus (other
+ * processes would pin to the same first cores), more threads than CPUs, or no readable
+ * /sys without --cpus (*n: threads, or the online CPUs). false after a message (a bad or
+ * unusable --cpus list). */
 bool cmd_common_place(const char *prog, long threads, const char *cpus_list, int *n, int *cpus, bool *pinned);
 
 /* Starts the engine for m: its threads placed (cmd_common_place), the context and step budgets resolved into *o (ctx, step_tokens),

@@ -67,6 +67,14 @@ test("bench profile: per-stage and per-layer decode time as JSON and as a table"
     if (os.availableParallelism() >= 2 && /^0-1|^0,1/.test(fs.readFileSync("/proc/self/status", "utf8").match(/Cpus_allowed_list:\s*(\S+)/)[1])) {
       assert.match(smt.stderr, /threads: 1 thread on CPU 0: 1 of 1 physical cores/);
       assert.equal(JSON.parse(smt.stdout).threads, 1);
+      // two separate cores: one thread without --cpus is left unpinned (other processes
+      // would pin theirs to the same first core)
+      for (const c of [0, 1])
+        fs.writeFileSync(path.join(sys, `devices/system/cpu/cpu${c}/topology/thread_siblings_list`), `${c}\n`);
+      const few = spawnSync(bin, ["bench", "profile", "-m", model, "-t", "1", "--tg", "1", "--json"],
+        { encoding: "utf8", env: { ...process.env, TOKENMILL_TEST_SYSFS: sys } });
+      assert.equal(few.status, 0, few.stderr);
+      assert.match(few.stderr, /threads: 1 on 2 usable physical cores, not pinned/);
     }
   } finally {
     fs.rmSync(dir, { recursive: true, force: true });
