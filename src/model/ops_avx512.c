@@ -213,8 +213,7 @@ A512_INLINE void a512_load_w_q4_0(const block_q4_0 *b, int one, __m512i *q, __m5
         __m256i v1 = _mm256_set_m128i(_mm_srli_epi16(b1, 4), b1);
         v1 = _mm256_sub_epi8(_mm256_and_si256(v1, m4), off);
         *q = _mm512_inserti64x4(_mm512_castsi256_si512(v0), v1, 1);
-        *d = _mm512_insertf32x8(_mm512_set1_ps(_cvtsh_ss(b[0].d)), _mm256_set1_ps(_cvtsh_ss(b[1].d)),
-                                1);
+        *d = a512_pair_scales(b[0].d, b[1].d);
     }
 }
 
