@@ -3,7 +3,7 @@
 //
 //   bench/engine [--threads N] [--reps R] [--models q8_0,q4_k_m] [--pp 512] [--tg 128]
 //                [--seqs 1,4,16] [--only tokenmill|llama] [--quick] [--model-file GGUF] [--wait-quiet S]
-//                [--preset qwen3-0.6b|llama3.2-1b|qwen3-30b-a3b|deepseek-v2-lite]
+//                [--preset qwen3-0.6b|llama3.2-1b|qwen3-30b-a3b|deepseek-v2-lite] [--baseline BIN]
 //
 // 1. Builds the models with `tokenmill mkmodel` (--preset's shape, by default Qwen3-0.6B;
 //    qwen3-30b-a3b and deepseek-v2-lite: the MoE models' layers, 4 of them; random weights,
@@ -14,6 +14,9 @@
 // 3. For each model, R rounds of: `tokenmill bench --reps 1`, then bench/llama_bench.mjs
 //    --reps 1 (node-llama-cpp's prebuilt llama.cpp), alternating so that drift in machine
 //    state hits both alike. Each prints {"pp": {"tok_s": [..]}, "tg": .., "batched": [..]}.
+//    With --baseline BIN (another build of tokenmill, e.g. of the commit before a change),
+//    each round runs it too, just before the current build: the before/after ratio of a
+//    change measured side by side, in the same machine state.
 // 4. Prints a table of the medians with the ratio tokenmill/llama.cpp per row and decode's
 //    share of the memory-bandwidth limit (bytes read per decode step × steps/s ÷ read
 //    bandwidth; a step reads every weight once, the token embedding table only when it is
@@ -34,7 +37,7 @@ fs.mkdirSync(outDir, {recursive: true});
 function usage(msg) {
   if (msg) process.stderr.write(`bench/engine: ${msg}\n`);
   process.stderr.write('usage: bench/engine [--threads N] [--reps R] [--models q8_0,q4_k_m] [--pp N] [--tg N] ' +
-    '[--seqs 1,4,16] [--only tokenmill|llama] [--quick] [--model-file GGUF] [--wait-quiet S] [--preset P]\n');
+    '[--seqs 1,4,16] [--only tokenmill|llama] [--quick] [--model-file GGUF] [--wait-quiet S] [--preset P] [--baseline BIN]\n');
   process.exit(2);
 }
 const o = {threads: os.availableParallelism?.() ?? os.cpus().length, reps: 3, models: ['q8_0', 'q4_k_m'],
@@ -53,6 +56,7 @@ for (let i = 0; i < argv.length; i++) {
   else if (a === '--model-file') o.modelFile = v(); // an existing GGUF instead of mkmodel's
   else if (a === '--wait-quiet') o.waitQuiet = parseFloat(v());
   else if (a === '--preset') o.preset = v();
+  else if (a === '--baseline') o.baseline = v();
   else if (a === '--quick') Object.assign(o, {reps: 1, pp: 128, tg: 32});
   else usage(`unknown argument ${a}`);
 }
@@ -112,8 +116,8 @@ function memBandwidth() {
 // ---- runs ---------------------------------------------------------------------------------
 const common = ['--threads', String(o.threads), '--pp', String(o.pp), '--tg', String(o.tg), '--seqs', o.seqs,
   '--reps', '1'];
-function benchTokenmill(file) {
-  const r = run(o.tokenmill, ['bench', '-m', file, ...common]);
+function benchTokenmill(file, bin = o.tokenmill) {
+  const r = run(bin, ['bench', '-m', file, ...common]);
   if (!r.ok) return {error: `tokenmill bench failed (${r.status}): ${r.err.trim().split('\n').slice(-3).join(' | ')}`};
   try { return lastJson(r.out); } catch (e) { return {error: `tokenmill bench printed no JSON: ${r.out.slice(0, 200)}`}; }
 }
@@ -164,7 +168,7 @@ const bw = memBandwidth();
 log(`bench: memory read bandwidth ${bw.read_gb_s.toFixed(1)} GB/s with ${o.threads} threads`);
 const haveTokenmill = fs.existsSync(o.tokenmill);
 const report = {date: new Date().toISOString(), host: {cpus: os.cpus()[0]?.model, n_cpus: os.cpus().length},
-  threads: o.threads, reps: o.reps, membw: bw, models: []};
+  threads: o.threads, reps: o.reps, membw: bw, baseline: o.baseline ?? null, models: []};
 
 for (const type of o.models) {
   let file;
@@ -174,8 +178,15 @@ for (const type of o.models) {
     continue;
   }
   const wi = await weightInfo(file);
-  const m = {type, file, ...wi, tokenmill: [], llama: []};
+  const m = {type, file, ...wi, tokenmill: [], llama: [], baseline: []};
   for (let r = 0; r < o.reps; r++) {
+    if (o.baseline && o.only !== 'llama') {
+      const busy = waitQuiet();
+      const j = benchTokenmill(file, o.baseline);
+      j.busy_before = busy;
+      m.baseline.push(j);
+      if (j.error) log(`bench: baseline: ${j.error}`);
+    }
     if (o.only !== 'llama' && haveTokenmill) {
       const busy = waitQuiet();
       const j = benchTokenmill(file);
@@ -197,14 +208,16 @@ for (const type of o.models) {
     for (const j of runs) for (const [k, v] of Object.entries(rowsOf(j))) (acc[k] ??= []).push(...v);
     return acc;
   };
-  const tm = collect(m.tokenmill), ll = collect(m.llama);
+  const tm = collect(m.tokenmill), ll = collect(m.llama), bl = collect(m.baseline);
   const names = [...new Set([...Object.keys(ll), ...Object.keys(tm)])];
   m.rows = names.map((name) => {
     const tms = median(tm[name] ?? []), lls = median(ll[name] ?? []);
     const seqs = name.startsWith('batched x') ? parseInt(name.slice(9), 10) : name.startsWith('tg') ? 1 : 0;
     const share = (tps) => (seqs && tps ? wi.bytes_per_decode_step * (tps / seqs) / (bw.read_gb_s * 1e9) : null);
+    const bls = median(bl[name] ?? []);
     return {name, tokenmill_tok_s: tms, llama_tok_s: lls, ratio: tms && lls ? tms / lls : null,
-      tokenmill_bw_share: share(tms), llama_bw_share: share(lls)};
+      tokenmill_bw_share: share(tms), llama_bw_share: share(lls),
+      ...(o.baseline ? {baseline_tok_s: bls, vs_baseline: tms && bls ? tms / bls : null} : {})};
   });
   report.models.push(m);
 }
@@ -218,16 +231,18 @@ const lines = [];
 lines.push(`${o.modelFile ? path.basename(o.modelFile) : `${o.preset}-shaped random-weight models (tokenmill mkmodel)`}, ${o.threads} threads, median of ${o.reps} ` +
   `alternating runs; memory read bandwidth ${bw.read_gb_s.toFixed(1)} GB/s (bench/membw.c).`);
 lines.push('');
-lines.push('| model | test | tokenmill tok/s | llama.cpp tok/s | tokenmill / llama.cpp | decode share of BW limit: tokenmill | llama.cpp |');
-lines.push('|---|---|---:|---:|---:|---:|---:|');
+const bcol = o.baseline ? ' baseline tok/s | tokenmill / baseline |' : '';
+lines.push(`| model | test | tokenmill tok/s | llama.cpp tok/s | tokenmill / llama.cpp | decode share of BW limit: tokenmill | llama.cpp |${bcol}`);
+lines.push('|---|---|---:|---:|---:|---:|---:|' + (o.baseline ? '---:|---:|' : ''));
 for (const m of report.models) {
   const label = `${typeName[m.type] ?? m.type}` + (m.weight_bytes ? ` (${(m.weight_bytes / 1e6).toFixed(0)} MB)` : '');
   if (m.error) { lines.push(`| ${label} | (no model: ${m.error.slice(0, 80)}) | | | | | |`); continue; }
   for (const r of m.rows)
     lines.push(`| ${label} | ${r.name} | ${f1(r.tokenmill_tok_s)} | ${f1(r.llama_tok_s)} | ${f2(r.ratio)} | ` +
-      `${pc(r.tokenmill_bw_share)} | ${pc(r.llama_bw_share)} |`);
+      `${pc(r.tokenmill_bw_share)} | ${pc(r.llama_bw_share)} |` +
+      (o.baseline ? ` ${f1(r.baseline_tok_s)} | ${f2(r.vs_baseline)} |` : ''));
 }
-const busiest = Math.max(0, ...report.models.flatMap((m) => [...(m.tokenmill ?? []), ...(m.llama ?? [])].map((j) => j.busy_before ?? 0)));
+const busiest = Math.max(0, ...report.models.flatMap((m) => [...(m.tokenmill ?? []), ...(m.llama ?? []), ...(m.baseline ?? [])].map((j) => j.busy_before ?? 0)));
 report.busiest_before_run = busiest;
 if (busiest > 0.15) lines.push('', `(machine busy: up to ${(100 * busiest).toFixed(0)} % CPU used by other processes just before a run; numbers unreliable)`);
 const tmErr = report.models.flatMap((m) => (m.tokenmill ?? []).filter((j) => j.error).map((j) => j.error));

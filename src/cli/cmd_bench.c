@@ -1,5 +1,5 @@
 /*
- * cmd_bench: `tokenmill bench -m MODEL [--threads N] [--pp 512] [--tg 128] [--seqs 1,4,16]
+ * cmd_bench: `tokenmill bench -m MODEL [--threads N] [--cpus LIST] [--pp 512] [--tg 128] [--seqs 1,4,16]
  * [--reps R] [--batch N] [--depth D]`: engine timings as one JSON object on stdout, for
  * bench/engine.
  *
@@ -27,6 +27,14 @@
  * chunks of that size, --steps of them), (2) concurrent decoding streams against aggregate and
  * per-user tokens/s and step latency (each stream after a 32-token prompt). JSON on stdout;
  * --svg writes the four charts (drawn with the status page's status_svg_line) as one SVG.
+ *
+ * `tokenmill bench profile -m MODEL [--threads N] [--cpus LIST] [--tg N] [--depth D] [--json]`: where a
+ * single-sequence decode step spends its time: --tg steps (default 64) after an untimed
+ * prompt of D tokens (default 32) with the engine's profile on (engine_profile), printed per
+ * stage (ms per token, share of the step, GB/s of the stage's weights, pool rounds, and the
+ * pool's thread-time split into work, wake-up and barrier waits; the rest is threads idle
+ * while the stage runs, e.g. the tail of an uneven round or a stage run by the step thread
+ * alone), then per layer. --json prints the same as one JSON object instead of the table.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,6 +49,7 @@
 #include "recipe/jsonfmt.h"
 #include "recipe/status.h"
 #include "util/bytebuf.h"
+#include "util/topo.h"
 #include "util/util.h"
 
 #define CMD_BENCH_MAX_SEQS 64
@@ -164,6 +173,7 @@ static int cmd_bench_list(const char *opt, const char *z, int *out, int max, lon
 }
 
 static int cmd_bench_curves(int argc, char **argv);
+static int cmd_bench_profile(int argc, char **argv);
 
 /* Tokens each expert of each layer received since the engine started: (n_layers, n_expert). */
 static void cmd_bench_moe_totals(engine *e, uint64_t *tot)
@@ -310,11 +320,13 @@ static bool cmd_bench_moe_prompts(cmd_bench_ctx *c, kvpool_seq *s, const cmd_ben
 int cmd_bench(int argc, char **argv)
 {
     if (argc > 1 && !strcmp(argv[1], "curves")) return cmd_bench_curves(argc - 1, argv + 1);
-    const char *model_path = NULL, *seqs_arg = "1,4,16", *prompts_path = NULL;
+    if (argc > 1 && !strcmp(argv[1], "profile")) return cmd_bench_profile(argc - 1, argv + 1);
+    const char *model_path = NULL, *seqs_arg = "1,4,16", *prompts_path = NULL, *cpus_list = NULL;
     long threads = 0, pp = 512, tg = 128, reps = 3, maxb = 512, depth = 0, groups = 8;
     const cmd_opt opts[] = {
         { "--model", "-m", CMD_OPT_STR, &model_path, .arg = "MODEL", .help = "the GGUF to time (required)" },
-        { "--threads", "-t", CMD_OPT_LONG, &threads, 0, 1024, .arg = "N", .help = "kernel threads (default: one per core)" },
+        { "--threads", "-t", CMD_OPT_LONG, &threads, 0, 1024, .arg = "N", .help = "kernel threads (default: one per physical core)" },
+        { "--cpus", NULL, CMD_OPT_STR, &cpus_list, .arg = "LIST", .help = "CPUs the kernel threads run on (default: all allowed)" },
         { "--pp", NULL, CMD_OPT_LONG, &pp, 0, 1 << 24, .arg = "N", .help = "prompt tokens to prefill (default 512)" },
         { "--tg", NULL, CMD_OPT_LONG, &tg, 0, 1 << 24, .arg = "N", .help = "tokens to decode (default 128)" },
         { "--seqs", NULL, CMD_OPT_STR, &seqs_arg, .arg = "S,S,..", .help = "batched decode sequence counts (default 1,4,16)" },
@@ -353,7 +365,14 @@ int cmd_bench(int argc, char **argv)
     int blk_pp = (depth + pp + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK;
     int blk_tg = (depth + tg + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK;
     int blk_b = max_s * ((prompt_b + tg + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK);
-    engine_opts eo = { .n_threads = threads, .max_batch_tokens = TM_MAX(maxb, max_s),
+    static int cpus[TOPO_MAX_CPUS];
+    int n_threads;
+    bool pinned;
+    if (!cmd_common_place("bench", threads, cpus_list, &n_threads, cpus, &pinned)) {
+        model_free(m);
+        return 2;
+    }
+    engine_opts eo = { .n_threads = n_threads, .cpus = pinned ? cpus : NULL, .max_batch_tokens = TM_MAX(maxb, max_s),
                        .n_kv_blocks = TM_MAX(1, TM_MAX(blk_pp, TM_MAX(blk_tg, blk_b))) };
     eo.n_kv_blocks = TM_MAX(eo.n_kv_blocks, (prompts.max_len + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK);
     cmd_bench_ctx c;
@@ -543,6 +562,185 @@ static int cmd_bench_curves(int argc, char **argv)
     rc = 0;
 out:
     for (int i = 0; i < max_s; i++) kvpool_seq_free(engine_kvpool(e), sq[i]);
+    free(c.logits);
+    free(c.bt);
+    engine_free(e);
+    model_free(m);
+    return rc;
+}
+
+static size_t cmd_bench_wbytes(const ops_weight *w)
+{
+    return w->data ? quant_row_bytes(w->type, w->cols) * (size_t)w->rows : 0;
+}
+
+/* Weight bytes a decode token reads in stage op of layer il (il == n_layers: outside). */
+static size_t cmd_bench_op_bytes(const model *m, int il, engine_prof_op op)
+{
+    if (il == m->hp.n_layers) return op == ENGINE_PROF_OUTPUT ? cmd_bench_wbytes(&m->output) : 0;
+    const model_layer *L = &m->layers[il];
+    switch (op) {
+    case ENGINE_PROF_QKV:
+        return cmd_bench_wbytes(&L->wq) + cmd_bench_wbytes(&L->wk) + cmd_bench_wbytes(&L->wv) +
+               cmd_bench_wbytes(&L->wq_a) + cmd_bench_wbytes(&L->wq_b) + cmd_bench_wbytes(&L->wkv_a) +
+               cmd_bench_wbytes(&L->wk_b);
+    case ENGINE_PROF_WO: return cmd_bench_wbytes(&L->wo) + cmd_bench_wbytes(&L->wv_b);
+    case ENGINE_PROF_FFN_UP: return cmd_bench_wbytes(&L->gate) + cmd_bench_wbytes(&L->up);
+    case ENGINE_PROF_FFN_DOWN: return cmd_bench_wbytes(&L->down);
+    default: return 0;
+    }
+}
+
+static int cmd_bench_profile(int argc, char **argv)
+{
+    const char *model_path = NULL, *cpus_list = NULL;
+    long threads = 0, tg = 64, depth = 32;
+    bool json = false;
+    const cmd_opt opts[] = {
+        { "--model", "-m", CMD_OPT_STR, &model_path, .arg = "MODEL", .help = "the GGUF to profile (required)" },
+        { "--threads", "-t", CMD_OPT_LONG, &threads, 0, 1024, .arg = "N", .help = "kernel threads (default: one per physical core)" },
+        { "--cpus", NULL, CMD_OPT_STR, &cpus_list, .arg = "LIST", .help = "CPUs the kernel threads run on (default: all allowed)" },
+        { "--tg", NULL, CMD_OPT_LONG, &tg, 1, 1 << 20, .arg = "N", .help = "decode steps profiled (default 64)" },
+        { "--depth", "-d", CMD_OPT_LONG, &depth, 0, 1 << 20, .arg = "D", .help = "prompt tokens before them (default 32)" },
+        { "--json", NULL, CMD_OPT_FLAG, &json, .help = "print JSON instead of the table" },
+        { 0 },
+    };
+    const char *synopsis = "bench profile -m MODEL [options]: where a single-sequence decode step spends its time";
+    cmd_opts_status ost = cmd_opts_parse("bench profile", synopsis, opts, argc, argv, 1, NULL, 0, NULL);
+    if (ost != CMD_OPTS_OK) return cmd_opts_exit(ost);
+    if (!model_path) {
+        fprintf(stderr, "tokenmill bench profile: -m MODEL is required\n");
+        cmd_opts_hint("bench profile", synopsis);
+        return 2;
+    }
+    char err[512];
+    model *m = NULL;
+    if (model_load(model_path, NULL, &m, err, sizeof err) != GGUF_OK) {
+        fprintf(stderr, "tokenmill bench profile: cannot load %s: %s\n", model_path, err);
+        return 1;
+    }
+    const int nl = m->hp.n_layers;
+    static int cpus[TOPO_MAX_CPUS];
+    int n_threads;
+    bool pinned;
+    if (!cmd_common_place("bench profile", threads, cpus_list, &n_threads, cpus, &pinned)) {
+        model_free(m);
+        return 2;
+    }
+    engine_opts eo = { .n_threads = n_threads, .cpus = pinned ? cpus : NULL, .max_batch_tokens = 512,
+                       .n_kv_blocks = (int)((depth + tg + 16 + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK) };
+    cmd_bench_ctx c;
+    kvpool_seq *sq[1];
+    if (!cmd_bench_start("bench profile", m, &eo, 1, &c, sq)) {
+        model_free(m);
+        return 1;
+    }
+    engine *e = c.e;
+    int rc = 1;
+    double wall = 0;
+    /* an untimed warm-up of 16 steps, then the prompt again and the profiled steps */
+    if (cmd_bench_decode(&c, sq, 1, (int)depth, 16) < 0) goto out;
+    kvpool_seq_reset(engine_kvpool(e), sq[0]);
+    if (!cmd_bench_fill(&c, sq[0], 0, (int)depth)) goto out;
+    if (!engine_profile(e, true)) {
+        fprintf(stderr, "tokenmill bench profile: out of memory\n");
+        goto out;
+    }
+    double t0 = util_now();
+    for (int k = 0; k < tg; k++) {
+        c.bt[0] = (engine_tok){ cmd_bench_tok(&c), (int)depth + k, sq[0], true };
+        if (!cmd_bench_step(&c, 1)) goto out;
+    }
+    wall = util_now() - t0;
+    engine_profile(e, false);
+
+    int64_t n_steps;
+    const engine_prof_cell *cells = engine_profile_cells(e, &n_steps);
+    const int nth = engine_n_threads(e);
+    engine_prof_cell tot[ENGINE_PROF_N] = { 0 };
+    size_t bytes[ENGINE_PROF_N] = { 0 };
+    double sum_s = 0;
+    for (int il = 0; il <= nl; il++)
+        for (int op = 0; op < ENGINE_PROF_N; op++) {
+            const engine_prof_cell *x = &cells[(size_t)il * ENGINE_PROF_N + op];
+            tot[op].s += x->s, tot[op].work_s += x->work_s, tot[op].wake_s += x->wake_s;
+            tot[op].barrier_s += x->barrier_s, tot[op].rounds += x->rounds, tot[op].calls += x->calls;
+            bytes[op] += cmd_bench_op_bytes(m, il, op);
+            sum_s += x->s;
+        }
+    const double per = 1.0 / (double)n_steps;
+    size_t wb = model_active_weight_bytes(m);
+    bytebuf b = { 0 };
+    if (json) {
+        bytebuf_puts(&b, "{\"model\": ");
+        jsonfmt_write_string(&b, model_path, strlen(model_path));
+        bytebuf_printf(&b, ", \"threads\": %d, \"simd\": \"%s\", \"depth\": %ld, \"steps\": %lld, \"step_ms\": %.4f, "
+                       "\"staged_ms\": %.4f, \"weight_bytes\": %zu, \"ops\": [",
+                       nth, ops_level_name(), depth, (long long)n_steps, wall * 1e3 / tg, sum_s * 1e3 * per, wb);
+        bool first = true;
+        for (int op = 0; op < ENGINE_PROF_N; op++) {
+            const engine_prof_cell *x = &tot[op];
+            if (!x->calls) continue;
+            double ts = x->s * nth;
+            bytebuf_printf(&b, "%s{\"op\": \"%s\", \"ms\": %.4f, \"share\": %.4f, \"rounds\": %.2f, \"bytes\": %zu, "
+                           "\"gb_s\": %.3f, \"work\": %.4f, \"wake\": %.4f, \"barrier\": %.4f}",
+                           first ? "" : ", ", engine_prof_op_name(op), x->s * 1e3 * per, sum_s > 0 ? x->s / sum_s : 0,
+                           (double)x->rounds * per, bytes[op], x->s > 0 ? (double)bytes[op] / (x->s * per) * 1e-9 : 0,
+                           ts > 0 ? (x->rounds ? x->work_s - x->barrier_s : x->s) / ts : 0, ts > 0 ? x->wake_s / ts : 0,
+                           ts > 0 ? x->barrier_s / ts : 0);
+            first = false;
+        }
+        bytebuf_puts(&b, "], \"layers\": [");
+        for (int il = 0; il <= nl; il++) {
+            double ls = 0;
+            for (int op = 0; op < ENGINE_PROF_N; op++) ls += cells[(size_t)il * ENGINE_PROF_N + op].s;
+            if (il < nl) bytebuf_printf(&b, "%s{\"layer\": %d", il ? ", " : "", il);
+            else bytebuf_puts(&b, ", {\"layer\": \"outside\"");
+            bytebuf_printf(&b, ", \"ms\": %.4f, \"ops\": {", ls * 1e3 * per);
+            first = true;
+            for (int op = 0; op < ENGINE_PROF_N; op++) {
+                const engine_prof_cell *x = &cells[(size_t)il * ENGINE_PROF_N + op];
+                if (!x->calls) continue;
+                bytebuf_printf(&b, "%s\"%s\": %.4f", first ? "" : ", ", engine_prof_op_name(op), x->s * 1e3 * per);
+                first = false;
+            }
+            bytebuf_puts(&b, "}}");
+        }
+        bytebuf_puts(&b, "]}\n");
+    } else {
+        bytebuf_printf(&b, "%s: %d threads, %s, %lld decode steps after %ld tokens: %.3f ms/token (%.1f tokens/s), "
+                       "%.3f ms in the stages\n",
+                       model_path, nth, ops_level_name(), (long long)n_steps, depth, wall * 1e3 / tg, tg / wall,
+                       sum_s * 1e3 * per);
+        bytebuf_printf(&b, "weights read per token: %.1f MB, %.2f GB/s over the whole step\n\n", wb * 1e-6,
+                       (double)wb / (wall / tg) * 1e-9);
+        bytebuf_puts(&b, "stage        ms/token  share  rounds   GB/s   work   wake  barrier  idle\n");
+        for (int op = 0; op < ENGINE_PROF_N; op++) {
+            const engine_prof_cell *x = &tot[op];
+            if (!x->calls) continue;
+            double ts = x->s * nth, work = ts > 0 ? (x->rounds ? x->work_s - x->barrier_s : x->s) / ts : 0;
+            double wake = ts > 0 ? x->wake_s / ts : 0, bar = ts > 0 ? x->barrier_s / ts : 0;
+            bytebuf_printf(&b, "%-12s %8.3f %5.1f%% %7.1f ", engine_prof_op_name(op), x->s * 1e3 * per,
+                           sum_s > 0 ? 100 * x->s / sum_s : 0, (double)x->rounds * per);
+            if (bytes[op]) bytebuf_printf(&b, "%6.1f ", (double)bytes[op] / (x->s * per) * 1e-9);
+            else bytebuf_puts(&b, "     - ");
+            bytebuf_printf(&b, "%5.1f%% %5.1f%% %6.1f%% %5.1f%%\n", 100 * work, 100 * wake, 100 * bar,
+                           100 * TM_MAX(0.0, 1 - work - wake - bar));
+        }
+        bytebuf_puts(&b, "\nper layer, ms/token:");
+        for (int il = 0; il < nl; il++) {
+            double ls = 0;
+            for (int op = 0; op < ENGINE_PROF_N; op++) ls += cells[(size_t)il * ENGINE_PROF_N + op].s;
+            bytebuf_printf(&b, "%s%d: %.3f", il % 8 ? "  " : "\n  ", il, ls * 1e3 * per);
+        }
+        bytebuf_puts(&b, "\n");
+    }
+    fwrite(b.p, 1, b.len, stdout);
+    fflush(stdout);
+    bytebuf_free(&b);
+    rc = 0;
+out:
+    kvpool_seq_free(engine_kvpool(e), sq[0]);
     free(c.logits);
     free(c.bt);
     engine_free(e);

@@ -10,8 +10,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "engine/kvpool.h"
+#include "model/threadpool.h"
+#include "util/topo.h"
 #include "util/util.h"
 
 bool cmd_common_int(const char *prog, const char *opt, const char *z, long lo, long hi, long *out)
@@ -72,7 +76,8 @@ bool cmd_common_load_model(const char *prog, const char *path, model **m, tokeni
 const cmd_opt *cmd_common_engine_table(cmd_engine_opts *o, cmd_opt out[CMD_ENGINE_TABLE_N])
 {
     const cmd_opt t[CMD_ENGINE_TABLE_N] = {
-        { "--threads", "-t", CMD_OPT_LONG, &o->threads, 0, 1024, .arg = "N", .help = "kernel threads (default: one per core)" },
+        { "--threads", "-t", CMD_OPT_LONG, &o->threads, 0, 1024, .arg = "N", .help = "kernel threads (default: one per physical core)" },
+        { "--cpus", NULL, CMD_OPT_STR, &o->cpus, .arg = "LIST", .help = "CPUs the kernel threads run on, e.g. 0-15,32-47 (default: all allowed)" },
         { "--ctx", "-c", CMD_OPT_LONG, &o->ctx, 0, 1 << 24, .arg = "N", .help = "tokens per sequence (default: the model's, at most 4096)" },
         { "--max-seqs", NULL, CMD_OPT_LONG, &o->max_seqs, 1, 4096, .arg = "N", .help = "sequences running at once (default 16)" },
         { "--kv-mib", NULL, CMD_OPT_LONG, &o->kv_mib, 1, 1 << 24, .arg = "N", .help = "cap of the KV pool in MiB (default 2048)" },
@@ -219,7 +224,12 @@ engine *cmd_common_engine_new(const char *prog, model *m, cmd_engine_opts *o)
         if (o->spec || drafted) o->step_tokens += o->max_seqs * o->spec_max;
     }
     /* the engine batch holds the larger of the two step budgets (sched caps both at it) */
-    engine_opts eo = { .n_threads = (int)o->threads, .max_batch_tokens = (int)TM_MAX(o->step_tokens, o->prefill_step) };
+    static int cpus[TOPO_MAX_CPUS];   /* one engine per process */
+    int n_threads;
+    bool pinned;
+    if (!cmd_common_place(prog, o->threads, o->cpus, &n_threads, cpus, &pinned)) return NULL;
+    engine_opts eo = { .n_threads = n_threads, .cpus = pinned ? cpus : NULL,
+                       .max_batch_tokens = (int)TM_MAX(o->step_tokens, o->prefill_step) };
     eo.n_kv_blocks = cmd_common_kv_blocks(m, o);
     engine *e = NULL;
     if (engine_new(m, &eo, &e, err, sizeof err) != ENGINE_OK) {
@@ -248,6 +258,74 @@ void cmd_common_kv_desc(engine *e, char *buf, size_t n)
     kvpool_get_stats(p, &st);
     snprintf(buf, n, "KV %d blocks of %.1f KiB per 128 tokens%s", st.n_blocks, (double)kvpool_block_bytes(p) / 1024.0,
              kvpool_n_parts(p) == 1 ? ", latent: V is K" : "");
+}
+
+bool cmd_common_place(const char *prog, long threads, const char *cpus_list, int *n, int *cpus, bool *pinned)
+{
+    char err[256], line[512];
+    bool *only = NULL, *allowed = calloc(TOPO_MAX_CPUS, sizeof *allowed);
+    topo *t = malloc(sizeof *t);
+    bool ok = false;
+    *pinned = false;
+    if (!allowed || !t) goto out;
+    if (cpus_list) {
+        only = calloc(TOPO_MAX_CPUS, sizeof *only);
+        if (!only) goto out;
+        if (topo_parse_list(cpus_list, only, err, sizeof err) != TOPO_OK) {
+            fprintf(stderr, "tokenmill %s: --cpus: %s\n", prog, err);
+            goto out;
+        }
+    }
+    const char *root = getenv("TOKENMILL_TEST_SYSFS");   /* tests: a synthetic tree */
+    topo_status st = topo_read(root && *root ? root : "/sys", topo_allowed(allowed) ? allowed : NULL, only, t, err, sizeof err);
+    if (st == TOPO_ERR_IO && !cpus_list) {
+        long nc = sysconf(_SC_NPROCESSORS_ONLN);
+        *n = threads > 0 ? (int)threads : nc > 0 ? (int)nc : 1;
+        fprintf(stderr, "tokenmill %s: threads: %d, not pinned (%s)\n", prog, *n, err);
+        ok = true;
+        goto out;
+    }
+    if (st != TOPO_OK) {
+        fprintf(stderr, "tokenmill %s: %s%s\n", prog, cpus_list ? "--cpus: " : "", err);
+        goto out;
+    }
+    *n = topo_place(t, (int)TM_MIN(threads, TOPO_MAX_CPUS), cpus);
+    if (*n > t->n) {
+        /* two pinned threads on one CPU would spin against each other at every barrier */
+        fprintf(stderr, "tokenmill %s: threads: %d, more than the %d usable CPUs: not pinned\n", prog, *n, t->n);
+    } else if (!cpus_list && *n < t->n_cores) {
+        /* fewer threads than cores and no --cpus: other processes (several servers, tests)
+         * may share the machine, and every one of them would pin to the same first cores */
+        fprintf(stderr, "tokenmill %s: threads: %d on %d usable physical cores, not pinned (--cpus pins them)\n", prog,
+                *n, t->n_cores);
+    } else {
+        *pinned = true;
+        topo_describe(t, cpus, *n, line, sizeof line);
+        fprintf(stderr, "tokenmill %s: threads: %s\n", prog, line);
+    }
+    ok = true;
+out:
+    free(only);
+    free(allowed);
+    free(t);
+    return ok;
+}
+
+void cmd_common_resident(const char *prog, model *m, int n_threads)
+{
+    const char *gate = getenv("TOKENMILL_TEST_RESIDENT_GATE");
+    for (int i = 0; gate && *gate && i < 6000 && access(gate, F_OK) != 0; i++) {
+        struct timespec nap = { 0, 10 * 1000 * 1000 };
+        nanosleep(&nap, NULL);
+    }
+    threadpool *tp = threadpool_new(n_threads);   /* NULL: the caller alone */
+    model_resident_info ri;
+    model_resident(m, tp, &ri);
+    threadpool_free(tp);
+    fprintf(stderr, "tokenmill %s: weights resident: %.1f MiB mapped%s, %.1f MiB repacked, in %.2f s (%s)\n", prog,
+            (double)ri.file_bytes / (1 << 20), ri.huge ? " (huge pages asked)" : "", (double)ri.anon_bytes / (1 << 20),
+            ri.seconds, ri.populate ? "populated" : "pages touched");
+    fflush(stderr);
 }
 
 sched_opts cmd_common_sched_opts(const cmd_engine_opts *o, blockio *bio, const tokenizer *tok)

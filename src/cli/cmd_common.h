@@ -51,23 +51,34 @@ typedef struct {
     model *draft_model;  /* the draft (with --draft-layers a view of the model's weights) */
     engine *draft_engine;
     bool draft_shares;   /* draft_model shares the model's weights (free the view only) */
+    const char *cpus;    /* --cpus LIST: the CPUs the kernel threads may run on, or NULL: all allowed */
 } cmd_engine_opts;
 #define CMD_ENGINE_OPTS_DEFAULT \
     { .max_seqs = 16, .kv_mib = 2048, .max_queue = 256, .prefill_step = SCHED_PREFILL_STEP, \
       .window_mib = 1024, .window_ttl = 180, .spec_max = SPEC_DEFAULT_MAX }
-/* The option table entries of the engine options (--threads/-t, --ctx/-c, --max-seqs,
+/* The option table entries of the engine options (--threads/-t, --cpus, --ctx/-c, --max-seqs,
  * --kv-mib, --max-queue, --step-tokens, --prefill-step-tokens, --step-ms, --prefill-step-ms,
  * --window-mib, --window-ttl, --window-replay, --spec, --spec-max, --spec-fixed, --draft,
  * --draft-layers)
  * writing into *o, in out (a table of its own, END-terminated): include it with
  * { .kind = CMD_OPT_TABLE, .dst = out }. */
-#define CMD_ENGINE_TABLE_N 18
+#define CMD_ENGINE_TABLE_N 19
 const cmd_opt *cmd_common_engine_table(cmd_engine_opts *o, cmd_opt out[CMD_ENGINE_TABLE_N]);
 /* The same for the HTTP layer's connection limits (http/http.h): --max-connections,
  * --max-client-connections, --request-timeout. */
 #define CMD_HTTP_TABLE_N 4
 const cmd_opt *cmd_common_http_table(http_opts *o, cmd_opt out[CMD_HTTP_TABLE_N]);
-/* Starts the engine for m: the context and step budgets resolved into *o (ctx, step_tokens),
+/* The kernel threads' placement (util/topo.h) for --threads (0: one per usable physical
+ * core) and --cpus (NULL: every allowed CPU): the thread count in *n and, when the threads
+ * are pinned, each one's CPU in cpus (TOPO_MAX_CPUS entries) and *pinned true; logs
+ * "tokenmill PROG: threads: ...". Pinned: with --cpus, or when the threads take every usable
+ * physical core (the default); not pinned: fewer threads than cores without --cpus (other
+ * processes would pin to the same first cores), more threads than CPUs, or no readable
+ * /sys without --cpus (*n: threads, or the online CPUs). false after a message (a bad or
+ * unusable --cpus list). */
+bool cmd_common_place(const char *prog, long threads, const char *cpus_list, int *n, int *cpus, bool *pinned);
+
+/* Starts the engine for m: its threads placed (cmd_common_place), the context and step budgets resolved into *o (ctx, step_tokens),
  * a batch for the larger budget, a KV pool of max_seqs full contexts capped by kv_mib (at
  * least one context), faulted in now so that the first steps and store fills take no page
  * faults. NULL after "tokenmill PROG: why" on stderr. */
@@ -77,6 +88,11 @@ engine *cmd_common_engine_new(const char *prog, model *m, cmd_engine_opts *o);
 void cmd_common_kv_desc(engine *e, char *buf, size_t n);
 /* Frees the draft model and engine cmd_common_engine_new made (after the scheduler). */
 void cmd_common_draft_free(cmd_engine_opts *o);
+/* Faults the model's mapped weights in (model_resident) over n_threads temporary threads
+ * and logs "tokenmill PROG: weights resident: ..." with the time it took. For tests, the
+ * environment variable TOKENMILL_TEST_RESIDENT_GATE=FILE holds it back until FILE exists
+ * (polled every 10 ms, at most 6000 times), so that a test can observe the server before. */
+void cmd_common_resident(const char *prog, model *m, int n_threads);
 /* The scheduler options for an engine made by cmd_common_engine_new (bio may be NULL). */
 sched_opts cmd_common_sched_opts(const cmd_engine_opts *o, blockio *bio, const tokenizer *tok);
 

@@ -1,5 +1,5 @@
 /*
- * cmd_serve: `tokenmill serve -m MODEL [--host 127.0.0.1] [--port 8080] [--threads N]
+ * cmd_serve: `tokenmill serve -m MODEL [--host 127.0.0.1] [--port 8080] [--threads N] [--cpus LIST]
  * [--ctx N] [--max-seqs N] [--api-key KEY ...] [--model-name NAME] [--template NAME]
  * [--kv-mib N] [--max-queue N] [--step-tokens N] [--prefill-step-tokens N] [--max-body BYTES] [--timeout S]
  * [--max-connections N] [--max-client-connections N] [--request-timeout S] [--metrics-public]
@@ -20,7 +20,9 @@
  * once with status 128 + the signal number; a completed shutdown exits 0.
  *
  * The line "tokenmill serve: listening on http://HOST:PORT" goes to stderr once the port
- * is bound (with --port 0 the system picks a free port: tests read it from that line).
+ * is bound (with --port 0 the system picks a free port: tests read it from that line). Then
+ * the weights are faulted in (cmd_common_resident) while /health answers 503 "loading", and
+ * "tokenmill serve: ready" follows: the first requests then take no page faults.
  *
  * KV pool: max-seqs sequences of the full context, capped at --kv-mib MiB (default 2048),
  * faulted in at start (kvpool_prefault): that much memory is taken at once.
@@ -246,7 +248,7 @@ static int serve_routes(serve *sv)
         .metrics_public = o->metrics_public, .gcache = sv->gcache, .gvocab = sv->gvocab,
         .status = sv->status = status_new(gc_wall_now()),
         .store = sv->bio ? sv->cache : NULL, .store_capacity = o->cache_capacity, .cost_per_hour = o->cost_per_hour,
-        .curve = o->curves_path ? &o->curve : NULL,
+        .curve = o->curves_path ? &o->curve : NULL, .loading = true,
     };
     status_observe(sv->status, gc_wall_now(), 0);   /* the engine's busy seconds start at 0 */
     http_opts ho = o->http;
@@ -276,6 +278,16 @@ static int serve_routes(serve *sv)
             template_name(sv->tmpl));
     if (sv->bio) fprintf(stderr, "tokenmill serve: block store %s\n", store_spec(sv->cache));
     fprintf(stderr, "tokenmill serve: listening on http://%s:%d\n", o->host, http_server_port(sv->h));
+    fflush(stderr);
+    return 0;
+}
+
+/* Step: the weights faulted in while /health says "loading"; then ready. */
+static int serve_resident(serve *sv)
+{
+    cmd_common_resident("serve", sv->m, engine_n_threads(sv->e));
+    atomic_store(&sv->ac.loading, false);
+    fprintf(stderr, "tokenmill serve: ready\n");
     fflush(stderr);
     return 0;
 }
@@ -386,6 +398,7 @@ int cmd_serve(int argc, char **argv)
     if (!rc) rc = serve_store(sv);
     if (!rc) rc = serve_scheduler(sv);
     if (!rc) rc = serve_routes(sv);
+    if (!rc) rc = serve_resident(sv);
     if (!rc) serve_shutdown(sv, serve_run(&stop_signals));
     serve_free(sv);
     free(sv);

@@ -1,11 +1,12 @@
 /*
  * cmd_worker: `tokenmill worker --role prefill|decode|mixed -m MODEL --listen HOST:PORT
- * --cache SPEC [--gateway HOST:PORT] [--threads N] [--ctx N] [--max-seqs N] [--kv-mib N]
+ * --cache SPEC [--gateway HOST:PORT] [--threads N] [--cpus LIST] [--ctx N] [--max-seqs N] [--kv-mib N]
  * [--step-tokens N] [--prefill-step-tokens N] [--max-queue N] [--name NAME] [--drain-timeout SECONDS]
  * [--cluster-key-file PATH] [-v]`: one worker of the disaggregated server (src/cluster/worker.h,
  * docs/protocol.md).
  *
- * The engine, scheduler and block store are set up as `tokenmill serve` does; every worker
+ * The engine, scheduler and block store are set up as `tokenmill serve` does (the weights
+ * made resident before the worker listens or registers); every worker
  * and the gateway must name the same --cache store (full KV blocks travel through it) and hold
  * the same cluster key (--cluster-key-file, by default the key generated in the cache dir:
  * cluster/auth.h). SIGTERM or SIGINT drains: the gateway is told (DRAIN) and sends no new work,
@@ -108,6 +109,7 @@ int cmd_worker(int argc, char **argv)
     fprintf(stderr, "tokenmill worker: cluster key %s\n", key_path ? key_path : key_file);
     if (!cmd_common_load_model("worker", path, &m, &tok)) goto out;
     if (!(e = cmd_common_engine_new("worker", m, &eng))) goto out;
+    cmd_common_resident("worker", m, engine_n_threads(e));   /* before the gateway may send work */
     int n_ctx = (int)eng.ctx;
     if (cache_spec) {
         store_opts sto = { .capacity_bytes = (uint64_t)16 << 30, .gc_thread = true };

@@ -159,7 +159,66 @@ struct engine {
     uint8_t *wsnap_data;     /* (n_wsnap_max, kvpool_window_state_bytes) their bytes */
     int n_wsnap, n_wsnap_max;
     uint64_t n_wsnap_dropped; /* states not captured for want of a slot, lifetime */
+    /* profile (engine_profile): cells NULL until first enabled */
+    engine_prof_cell *prof;  /* (n_layers + 1, ENGINE_PROF_N) */
+    bool prof_on;            /* counting */
+    int64_t prof_steps;      /* steps counted */
+    double prof_t;           /* util_now() at the last mark */
+    double prof_quant;       /* ops' activation-quantisation seconds since the last mark */
+    threadpool_stats prof_tp;/* the pool's counters at the last mark */
 };
+
+const char *engine_prof_op_name(engine_prof_op op)
+{
+    static const char *const names[ENGINE_PROF_N] = {
+        "embed", "qkv", "qkv_post", "attention", "wo", "add_norm", "ffn_up", "swiglu",
+        "ffn_down", "moe", "act_quant", "out_norm", "output",
+    };
+    return (unsigned)op < ENGINE_PROF_N ? names[op] : "?";
+}
+
+bool engine_profile(engine *e, bool on)
+{
+    size_t n = (size_t)(e->m->hp.n_layers + 1) * ENGINE_PROF_N;
+    if (on && !e->prof && !(e->prof = calloc(n, sizeof *e->prof))) return false;
+    if (on) {
+        memset(e->prof, 0, n * sizeof *e->prof);
+        e->prof_steps = 0;
+    }
+    threadpool_profile(e->tp, on);
+    e->prof_on = on;
+    return true;
+}
+
+const engine_prof_cell *engine_profile_cells(const engine *e, int64_t *n_steps)
+{
+    if (n_steps) *n_steps = e->prof_steps;
+    return e->prof;
+}
+
+/* Ends a stage: the time since the last mark goes to (il, op), the quantisation the step
+ * thread did meanwhile to (il, ENGINE_PROF_ACT_QUANT). */
+static void engine_prof_mark(engine *e, int il, engine_prof_op op)
+{
+    if (!e->prof_on) return;
+    double now = util_now(), q = e->prof_quant;
+    threadpool_stats ts;
+    threadpool_stats_get(e->tp, &ts);
+    engine_prof_cell *c = &e->prof[(size_t)il * ENGINE_PROF_N + op];
+    c->s += now - e->prof_t - q;
+    c->work_s += (double)(ts.work_ns - e->prof_tp.work_ns) * 1e-9;
+    c->wake_s += (double)(ts.wake_ns - e->prof_tp.wake_ns) * 1e-9;
+    c->barrier_s += (double)(ts.barrier_ns - e->prof_tp.barrier_ns) * 1e-9;
+    c->rounds += ts.rounds - e->prof_tp.rounds;
+    c->calls++;
+    if (q > 0) {
+        e->prof[(size_t)il * ENGINE_PROF_N + ENGINE_PROF_ACT_QUANT].s += q;
+        e->prof[(size_t)il * ENGINE_PROF_N + ENGINE_PROF_ACT_QUANT].calls++;
+    }
+    e->prof_quant = 0;
+    e->prof_t = now;
+    e->prof_tp = ts;
+}
 
 typedef struct {
     engine *e;
@@ -196,6 +255,7 @@ void engine_free(engine *e)
     if (!e) return;
     threadpool_free(e->tp);
     kvpool_free(e->kv);
+    free(e->prof);
     free(e->x);
     free(e->xn);
     free(e->q);
@@ -261,6 +321,7 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
     if (o.n_threads <= 0) {
         long nc = sysconf(_SC_NPROCESSORS_ONLN);
         o.n_threads = nc > 0 ? (int)nc : 1;
+        o.cpus = NULL;
     }
     if (o.max_batch_tokens <= 0) o.max_batch_tokens = 512;
     if (hp->n_heads / hp->n_kv_heads > ENGINE_ATT_GQA_MAX) {
@@ -272,7 +333,7 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
     e->m = m;
     e->max_tokens = o.max_batch_tokens;
     e->n_threads = o.n_threads;
-    e->tp = threadpool_new(o.n_threads);
+    e->tp = threadpool_new_pinned(o.n_threads, o.cpus);
     if (!e->tp) {
         snprintf(err, errsz, "cannot start %d kernel threads", o.n_threads);
         engine_free(e);
@@ -584,8 +645,19 @@ int engine_window_states(const engine *e, const engine_window_state **out)
     return e->wsnap ? e->n_wsnap : 0;
 }
 
+/* A row-by-row job (each thread takes a contiguous share of the batch rows, the arithmetic of
+ * a row does not depend on the share) over `elems` floats of work: on the step thread alone
+ * when that is below ENGINE_INLINE_ELEMS, where waking the pool and meeting at its end costs
+ * more than the work (a decode step's few rows), else as a pool round. Same bits either way. */
+#define ENGINE_INLINE_ELEMS 8192
+static void engine_run_rows(engine *e, void (*fn)(void *, int, int), engine_job *job, int64_t elems)
+{
+    if (elems <= ENGINE_INLINE_ELEMS) fn(job, 0, 1);
+    else threadpool_run(e->tp, fn, job);
+}
+
 /* x += xn (xn += j->bias first, if any), then (j->norm) xn = rmsnorm(x) * j->norm, the next
- * sublayer's input, row by row in one pool round. */
+ * sublayer's input, row by row (engine_run_rows). */
 static void engine_job_add_norm(void *ctx, int ith, int nth)
 {
     engine_job *j = ctx;
@@ -1183,6 +1255,14 @@ engine_status engine_step(engine *e, const engine_batch *b, float *logits)
 
     if (e->wstage && !engine_window_plan(e, b)) return ENGINE_ERR_ARG;
     engine_plan_tiles(e, b);
+    const int il_out = hp->n_layers;   /* the profile's row of the stages outside the layers */
+    if (e->prof_on) {
+        e->prof_steps++;
+        e->prof_t = util_now();
+        e->prof_quant = 0;
+        threadpool_stats_get(e->tp, &e->prof_tp);
+        ops_profile_attach(&e->prof_quant);
+    }
 
     threadpool *tp = e->tp;
     const int dim = hp->dim, hd = hp->head_dim;
@@ -1193,16 +1273,20 @@ engine_status engine_step(engine *e, const engine_batch *b, float *logits)
     }
     engine_job job = { .e = e, .b = b };
     ops_rmsnorm(tp, e->xn, e->x, m->layers[0].attn_norm, T, dim, eps);
+    engine_prof_mark(e, il_out, ENGINE_PROF_EMBED);
     for (int il = 0; il < hp->n_layers; il++) {
         const model_layer *L = &m->layers[il];
         job.layer = il;
         if (hp->mla) {
             engine_mla_qkv(e, &job, il, T);
+            engine_prof_mark(e, il, ENGINE_PROF_QKV);
         } else {
             const ops_weight *qkv[3] = { &L->wq, &L->wk, &L->wv };
             float *qkv_out[3] = { e->q, e->k, e->v };
             ops_matmul_multi(tp, 3, qkv, e->xn, T, qkv_out, e->mm_scratch);
-            threadpool_run(tp, engine_job_qkv_post, &job);
+            engine_prof_mark(e, il, ENGINE_PROF_QKV);
+            engine_run_rows(e, engine_job_qkv_post, &job, (int64_t)T * (hp->n_heads + 2 * hp->n_kv_heads) * hd);
+            engine_prof_mark(e, il, ENGINE_PROF_QKV_POST);
         }
         job.win = model_layer_window(m, il) > 0;
         job.n_items = (job.win ? T : e->n_tiles) * hp->n_kv_heads;
@@ -1212,12 +1296,15 @@ engine_status engine_step(engine *e, const engine_batch *b, float *logits)
         if (bl >= 0) kvpool_fill_wait(e->kv, bl);   /* layer il of blocks still loading from the store */
         threadpool_run(tp, engine_job_attention, &job);
         if (bl < 0) engine_window_commit(e, b, il);
+        engine_prof_mark(e, il, ENGINE_PROF_ATTENTION);
         if (hp->mla) engine_mla_out(e, &job, il, T);
         else ops_matmul(tp, &L->wo, e->att, T, e->xn, e->mm_scratch);
+        engine_prof_mark(e, il, ENGINE_PROF_WO);
         job.norm = L->ffn_norm;
         job.bias = L->bo;
-        threadpool_run(tp, engine_job_add_norm, &job);   /* x += attention; xn = ffn input */
+        engine_run_rows(e, engine_job_add_norm, &job, (int64_t)T * dim);   /* x += attention; xn = ffn input */
         job.bias = NULL;
+        engine_prof_mark(e, il, ENGINE_PROF_ADD_NORM);
         if (L->gate_inp.data) {
             if (L->gate_shexp.data) {   /* shared experts: a dense FFN on the same input */
                 const ops_weight *gu[2] = { &L->gate_shexp, &L->up_shexp };
@@ -1228,23 +1315,32 @@ engine_status engine_step(engine *e, const engine_batch *b, float *logits)
             }
             engine_moe_ffn(e, &job, il, T);
             if (L->gate_shexp.data) ops_add(tp, e->xn, e->shx, (int64_t)T * dim);   /* routed + shared */
+            engine_prof_mark(e, il, ENGINE_PROF_MOE);
         } else {
             const ops_weight *gu[2] = { &L->gate, &L->up };
             float *gu_out[2] = { e->ffa, e->ffb };
             ops_matmul_multi(tp, 2, gu, e->xn, T, gu_out, e->mm_scratch);
+            engine_prof_mark(e, il, ENGINE_PROF_FFN_UP);
             ops_swiglu(tp, e->ffa, e->ffa, e->ffb, T, hp->ffn_dim);
+            engine_prof_mark(e, il, ENGINE_PROF_SWIGLU);
             ops_matmul(tp, &L->down, e->ffa, T, e->xn, e->mm_scratch);
+            engine_prof_mark(e, il, ENGINE_PROF_FFN_DOWN);
         }
         job.norm = il + 1 < hp->n_layers ? m->layers[il + 1].attn_norm : NULL;
-        threadpool_run(tp, engine_job_add_norm, &job);   /* x += ffn; xn = next layer's input */
+        engine_run_rows(e, engine_job_add_norm, &job, (int64_t)T * dim);   /* x += ffn; xn = next layer's input */
+        engine_prof_mark(e, il, ENGINE_PROF_ADD_NORM);
     }
     if (e->stats) engine_moe_stats_step(e->stats);
-    if (n_out == 0) return ENGINE_OK;
-    int r = 0;
-    for (int t = 0; t < T; t++)
-        if (b->toks[t].want_logits)
-            memcpy(e->xo + (size_t)r++ * dim, e->x + (size_t)t * dim, (size_t)dim * sizeof(float));
-    ops_rmsnorm(tp, e->xo, e->xo, m->output_norm, n_out, dim, eps);
-    ops_matmul(tp, &m->output, e->xo, n_out, logits, e->mm_scratch);
+    if (n_out > 0) {
+        int r = 0;
+        for (int t = 0; t < T; t++)
+            if (b->toks[t].want_logits)
+                memcpy(e->xo + (size_t)r++ * dim, e->x + (size_t)t * dim, (size_t)dim * sizeof(float));
+        ops_rmsnorm(tp, e->xo, e->xo, m->output_norm, n_out, dim, eps);
+        engine_prof_mark(e, il_out, ENGINE_PROF_OUT_NORM);
+        ops_matmul(tp, &m->output, e->xo, n_out, logits, e->mm_scratch);
+        engine_prof_mark(e, il_out, ENGINE_PROF_OUTPUT);
+    }
+    if (e->prof_on) ops_profile_attach(NULL);
     return ENGINE_OK;
 }

@@ -68,6 +68,8 @@ typedef struct {
     size_t kv_bytes;          /* KV pool size in bytes when n_kv_blocks is 0; 0: 4096 tokens */
     int max_batch_tokens;     /* most tokens per engine_step; <= 0: 512 */
     bool kv_f32;              /* F32 KV cache instead of F16 */
+    const int *cpus;          /* (n_threads) the CPU of each kernel thread (util/topo.h's
+                               * topo_place), or NULL: not pinned; needs n_threads > 0 */
 } engine_opts;
 
 typedef struct {
@@ -122,6 +124,45 @@ typedef struct {
  * most KVPOOL_RING_SPARE positions before kvpool_seq_ring_next, else ENGINE_ERR_ARG: its
  * ring holds what precedes the step. */
 int engine_window_states(const engine *e, const engine_window_state **out);
+
+/* Profile of the steps (off by default; bench profile): the step thread reads the clock
+ * after each stage of each layer and adds the interval to the stage's cell, with the pool's
+ * counters over the interval (threadpool_stats) and the activation quantisation done on the
+ * step thread carved out into ENGINE_PROF_ACT_QUANT. A few clock reads per stage; nothing
+ * when off. */
+typedef enum {
+    ENGINE_PROF_EMBED = 0,   /* embedding rows and the first norm (outside the layers) */
+    ENGINE_PROF_QKV,         /* Q/K/V projections (MLA: the latent projections and heads) */
+    ENGINE_PROF_QKV_POST,    /* biases, Q/K norms, RoPE, K/V into the pool */
+    ENGINE_PROF_ATTENTION,   /* attention over the pool */
+    ENGINE_PROF_WO,          /* attention output projection (MLA: v_b heads too) */
+    ENGINE_PROF_ADD_NORM,    /* residual adds and the next sublayer's norm */
+    ENGINE_PROF_FFN_UP,      /* gate and up projections */
+    ENGINE_PROF_SWIGLU,      /* silu(gate) * up */
+    ENGINE_PROF_FFN_DOWN,    /* down projection */
+    ENGINE_PROF_MOE,         /* router, routed and shared experts */
+    ENGINE_PROF_ACT_QUANT,   /* activations quantised by the step thread before matmuls */
+    ENGINE_PROF_OUT_NORM,    /* the final norm of the rows that want logits */
+    ENGINE_PROF_OUTPUT,      /* the output head (vocabulary logits) */
+    ENGINE_PROF_N
+} engine_prof_op;
+
+typedef struct {
+    double s;                /* seconds on the step thread (wall time of the stage) */
+    double work_s;           /* thread-seconds inside the pool's rounds (all threads) */
+    double wake_s;           /* thread-seconds workers took to enter the rounds */
+    double barrier_s;        /* thread-seconds waiting at barriers inside the rounds */
+    uint64_t rounds;         /* pool rounds */
+    uint64_t calls;          /* times the stage ran */
+} engine_prof_cell;
+
+/* on: allocates (first time), zeroes the cells and starts counting; false when out of
+ * memory. off: stops counting, the cells stay readable. Not during a step. */
+bool engine_profile(engine *e, bool on);
+/* The cells, (n_layers + 1, ENGINE_PROF_N): row il < n_layers for layer il, row n_layers
+ * for the stages outside the layers; NULL before engine_profile. *n_steps: steps counted. */
+const engine_prof_cell *engine_profile_cells(const engine *e, int64_t *n_steps);
+const char *engine_prof_op_name(engine_prof_op op);
 
 /* Runs one forward step. logits receives (n_out, n_vocab) floats, one row per entry with
  * want_logits, in batch order; it may be NULL when no entry wants logits. */

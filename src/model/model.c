@@ -10,6 +10,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include <sys/mman.h>
@@ -513,6 +514,108 @@ static int model_matrices(model *m, ops_weight **ws)
     return n;
 }
 
+/* ---- residency ------------------------------------------------------------------------ */
+
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22    /* Linux 5.14; older kernels answer EINVAL: pages are touched */
+#endif
+#define MODEL_RESIDENT_PIECE (4u << 20)      /* bytes per populate call: a thread's unit */
+#define MODEL_HUGE_PAGE ((size_t)2 << 20)   /* x86-64 huge page */
+
+typedef struct {
+    uintptr_t a, e;          /* page-aligned [a, e) */
+} model_range;
+
+typedef struct {
+    const model_range *r;    /* (n) sorted, disjoint */
+    int n;
+    size_t total;            /* bytes over all ranges */
+    _Atomic int n_touch;     /* threads that fell back to touching pages */
+} model_resident_job;
+
+static int model_range_cmp(const void *x, const void *y)
+{
+    const model_range *a = x, *b = y;
+    return a->a < b->a ? -1 : a->a > b->a;
+}
+
+/* Thread ith's share: bytes [total * ith / nth, total * (ith + 1) / nth) of the ranges laid
+ * end to end, in pieces. */
+static void model_resident_thread(void *ctx, int ith, int nth)
+{
+    model_resident_job *j = ctx;
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t b0 = j->total / (size_t)nth * (size_t)ith / page * page;
+    size_t b1 = ith == nth - 1 ? j->total : j->total / (size_t)nth * (size_t)(ith + 1) / page * page;
+    size_t base = 0;
+    bool touched = false;
+    for (int i = 0; i < j->n && base < b1; i++) {
+        size_t len = j->r[i].e - j->r[i].a;
+        size_t s0 = TM_MAX(b0, base), s1 = TM_MIN(b1, base + len);
+        for (size_t o = s0; o < s1; o += MODEL_RESIDENT_PIECE) {
+            char *p = (char *)(j->r[i].a + (o - base));
+            size_t n = TM_MIN((size_t)MODEL_RESIDENT_PIECE, s1 - o);
+            if (!touched && madvise(p, n, MADV_POPULATE_READ) == 0) continue;
+            touched = true;
+            volatile const char *q = p;
+            char sum = 0;
+            for (size_t k = 0; k < n; k += page) sum ^= q[k];
+            (void)sum;
+        }
+        base += len;
+    }
+    if (touched) atomic_fetch_add(&j->n_touch, 1);
+}
+
+static void model_resident_add(model_range *r, int *n, const model *m, const ops_weight *w, uintptr_t page)
+{
+    if (!w->data) return;
+    uintptr_t a = (uintptr_t)w->data, e = a + quant_row_bytes(w->type, w->cols) * (size_t)w->rows;
+    uintptr_t ra = (uintptr_t)m->repacked;
+    if (m->repacked && a >= ra && a < ra + m->repacked_bytes) return;   /* owned, resident */
+    r[(*n)++] = (model_range){ a & ~(page - 1), TM_ALIGN_UP(e, page) };
+}
+
+void model_resident(model *m, threadpool *tp, model_resident_info *info)
+{
+    double t0 = util_now();
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    model_range *r = xcalloc((size_t)m->hp.n_layers * 19 + 2, sizeof *r);
+    int n = 0;
+    model_resident_add(r, &n, m, &m->tok_embd, page);
+    model_resident_add(r, &n, m, &m->output, page);
+    for (int il = 0; il < m->hp.n_layers; il++) {
+        const model_layer *L = &m->layers[il];
+        const ops_weight *all[] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down, &L->gate_inp,
+                                    &L->gate_exps, &L->up_exps, &L->down_exps, &L->gate_shexp, &L->up_shexp,
+                                    &L->down_shexp, &L->wq_a, &L->wq_b, &L->wkv_a, &L->wk_b, &L->wv_b };
+        _Static_assert(sizeof all / sizeof all[0] == 19, "the range array holds 19 per layer");
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) model_resident_add(r, &n, m, all[i], page);
+    }
+    /* sort and merge: a tied output is the embedding, neighbours share pages */
+    qsort(r, (size_t)n, sizeof *r, model_range_cmp);
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        if (k > 0 && r[i].a <= r[k - 1].e) r[k - 1].e = TM_MAX(r[k - 1].e, r[i].e);
+        else r[k++] = r[i];
+    }
+    model_resident_job j = { .r = r, .n = k };
+    bool huge = k > 0;
+    for (int i = 0; i < k; i++) {
+        size_t len = r[i].e - r[i].a;
+        if (madvise((void *)r[i].a, len, MADV_HUGEPAGE)) huge = false;
+        (void)madvise((void *)r[i].a, len, MADV_WILLNEED);
+        j.total += len;
+    }
+    atomic_init(&j.n_touch, 0);
+    if (j.total) threadpool_run(tp, model_resident_thread, &j);
+    if (info)
+        *info = (model_resident_info){ .file_bytes = j.total, .anon_bytes = m->repacked_bytes,
+                                       .seconds = util_now() - t0, .populate = atomic_load(&j.n_touch) == 0,
+                                       .huge = huge };
+    free(r);
+}
+
 /* Repacks every matrix that ops_repack_type wants in another layout (see model.h) into
  * m->repacked, with a temporary pool of one thread per CPU, and drops the file pages of the
  * originals from this process. Returns false when out of memory (nothing changed). */
@@ -530,11 +633,14 @@ static bool model_repack(model *m)
         free(ws);
         return true;
     }
-    char *buf = aligned_alloc(64, total);
+    /* 2 MiB aligned, with huge pages asked for: a decode step streams all of it, and TLB
+     * misses on 4 KiB pages cost it */
+    char *buf = aligned_alloc(MODEL_HUGE_PAGE, TM_ALIGN_UP(total, MODEL_HUGE_PAGE));
     if (!buf) {
         free(ws);
         return false;
     }
+    (void)madvise(buf, TM_ALIGN_UP(total, MODEL_HUGE_PAGE), MADV_HUGEPAGE);
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     threadpool *tp = threadpool_new(ncpu > 1 ? (int)TM_MIN(ncpu, 64) : 1);
     size_t off = 0, page = (size_t)sysconf(_SC_PAGESIZE);

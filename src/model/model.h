@@ -201,6 +201,23 @@ static inline int model_layer_window(const model *m, int il) { return m->layers[
  * w->rows / n_expert rows. */
 ops_weight model_expert(const ops_weight *w, int n_expert, int e);
 
+/* What model_resident did. */
+typedef struct {
+    size_t file_bytes;       /* bytes of the file mapping faulted in (page-rounded) */
+    size_t anon_bytes;       /* bytes of repacked (owned) weights, resident since the load */
+    double seconds;          /* wall time of the call */
+    bool populate;           /* MADV_POPULATE_READ did it (else a touch of every page) */
+    bool huge;               /* the kernel accepted MADV_HUGEPAGE on the mapped weights */
+} model_resident_info;
+
+/* Faults every weight that the model reads from the file mapping into this process (the
+ * token embedding, every matrix, router and expert; not the repacked ones, which live in
+ * owned memory), split over the pool's threads (NULL: the caller), after asking for huge
+ * pages and read-ahead (MADV_HUGEPAGE, MADV_WILLNEED: advice the file system may ignore), so
+ * that the first requests do not pay for page faults. Pages may still be evicted later under
+ * memory pressure, like any page cache. info may be NULL. */
+void model_resident(model *m, threadpool *tp, model_resident_info *info);
+
 /* Bytes of all weight matrices (every expert included). */
 size_t model_weight_bytes(const model *m);
 /* Bytes of the weight matrices that one token reads: for a MoE model the router and

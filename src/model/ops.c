@@ -26,6 +26,7 @@
 #define OPS_TOKEN_CHUNK 128  /* tokens per matmul chunk */
 #define OPS_ROW_ALIGN 16     /* row chunks are multiples of this (kernel tile rows) */
 #define OPS_MAX_MULTI 8      /* weights per ops_matmul_multi call */
+#define OPS_OWN_MAX 64       /* threads with their own chunk range; more share the last ranges */
 #define OPS_ROPE_MAX_DIM 1024
 #define OPS_PREQUANT_MAX 32768 /* activations quantised by the caller up to this many floats */
 #define OPS_INLINE_MACS (1 << 18) /* matmuls below this many multiply-adds skip the pool: waking
@@ -33,6 +34,9 @@
 
 static ops_kernels ops_k;
 static cpu_level ops_level = (cpu_level)-1;
+static _Thread_local double *ops_prof_quant; /* ops_profile_attach's counter, or NULL */
+
+void ops_profile_attach(double *quant_s) { ops_prof_quant = quant_s; }
 
 /* ---- scalar reference kernels --------------------------------------------------------- */
 
@@ -461,6 +465,13 @@ size_t ops_matmul_scratch_bytes(qtype wtype, int64_t cols, int n_tokens)
     return TM_ALIGN_UP(rb, 64) * (size_t)n_tokens + 64;
 }
 
+/* A thread's own range of chunks, claimed from `next` by it and, once it has finished its
+ * own, by the others (one cache line each). */
+typedef struct {
+    _Alignas(64) _Atomic int next;       /* next unclaimed chunk */
+    int end;                             /* one past the range */
+} ops_mm_cursor;
+
 typedef struct {
     qtype vt;           /* vec-dot type */
     char *buf;          /* (n_tokens, stride) quantised x; NULL for f32 (x itself) */
@@ -484,7 +495,8 @@ typedef struct {
     int chunk_first[OPS_MAX_MULTI + 1];  /* prefix sums of row_chunks */
     int n_tok_chunks;                    /* token ranges */
     bool pre_quantised;                  /* the caller quantised x already */
-    _Atomic int next;                    /* next chunk to hand out */
+    int n_own;                           /* threads with their own chunk range (<= OPS_OWN_MAX) */
+    ops_mm_cursor own[OPS_OWN_MAX];      /* (n_own) thread i's chunks [next, end) */
 } ops_mm_ctx;
 
 /* Quantises elements [e0, e1) of one token's row x into its buffer dst. */
@@ -534,10 +546,17 @@ static void ops_mm_thread(void *arg, int ith, int nth)
     if (!c->pre_quantised && ops_mm_quantise(c, ith, nth) && nth > 1) threadpool_barrier(c->tp);
 
     int per_tok = c->chunk_first[c->n_w];
-    int total = per_tok * c->n_tok_chunks;
-    for (;;) {
-        int ci = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
-        if (ci >= total) break;
+    /* own range first, then the others' leftovers in ring order */
+    int home = ith * c->n_own / nth;
+    for (int v = 0; v < c->n_own;) {
+        ops_mm_cursor *cur = &c->own[(home + v) % c->n_own];
+        int ci = atomic_load_explicit(&cur->next, memory_order_relaxed) < cur->end
+                     ? atomic_fetch_add_explicit(&cur->next, 1, memory_order_relaxed)
+                     : cur->end;
+        if (ci >= cur->end) {
+            v++;
+            continue;
+        }
         int tc = ci / per_tok, rc = ci % per_tok;
         int wi = 0;
         while (rc >= c->chunk_first[wi + 1]) wi++;
@@ -603,10 +622,21 @@ static void ops_mm_run(threadpool *tp, int n_w, const ops_weight *const *ws, con
         c.chunk_first[i + 1] = c.chunk_first[i] + c.row_chunks[i];
     }
     c.n_tok_chunks = (n_tokens + OPS_TOKEN_CHUNK - 1) / OPS_TOKEN_CHUNK;
-    atomic_init(&c.next, 0);
+    /* each thread owns a contiguous range of the chunks: the same rows of every matrix at
+     * every step (its core's caches, its NUMA node's pages); a thread that finishes early
+     * takes chunks from the others' ranges, so one that lost its core delays nobody. Every
+     * chunk is computed once, by whichever thread claims it, with the same arithmetic. */
+    int total = c.chunk_first[n_w] * c.n_tok_chunks;
+    c.n_own = TM_MIN(nth, OPS_OWN_MAX);
+    for (int i = 0; i < c.n_own; i++) {
+        atomic_init(&c.own[i].next, (int)((int64_t)total * i / c.n_own));
+        c.own[i].end = (int)((int64_t)total * (i + 1) / c.n_own);
+    }
     c.pre_quantised = false;
     if (nth == 1 || (int64_t)n_tokens * c.cols <= OPS_PREQUANT_MAX) {
+        double t0 = ops_prof_quant ? util_now() : 0;
         ops_mm_quantise(&c, 0, 1);
+        if (ops_prof_quant) *ops_prof_quant += util_now() - t0;
         c.pre_quantised = true;
     }
     int64_t macs = 0;

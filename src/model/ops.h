@@ -137,6 +137,11 @@ typedef struct {
 #define OPS_ATT_KT_KEYS 128   /* kt's row stride: the most keys in one block */
 void ops_att_block(const ops_att_block_args *a);
 
+/* Profiling: while a counter is attached on this thread, ops_matmul adds to it the seconds
+ * this thread spends quantising activations before a pool round (the decode-sized batches,
+ * which the caller quantises alone). NULL detaches. */
+void ops_profile_attach(double *quant_s);
+
 /* Active instruction set ("scalar", "avx2", "avx512"). */
 const char *ops_level_name(void);
 cpu_level ops_get_level(void);

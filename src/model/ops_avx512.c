@@ -10,8 +10,11 @@
  * file's kernels; ops_matmul_scratch_bytes covers them):
  * - Q8_0 consumers (Q8_0, Q4_0, MXFP4 weights): per token, cols bytes of q + 128 (unsigned, so that
  *   vpdpbusd can multiply them with signed weights), then cols/32 floats: the block scales,
- *   already rounded through fp16 as ggml stores them. Weight side: dpbusd(q+128, w) =
- *   sum(q*w) + 128*sum(w), so each tile starts from -128*sum(w) (one dpbusd per weight pair).
+ *   already rounded through fp16 as ggml stores them. The Q8_0/Q4_0 kernels flip both sides:
+ *   dpbusd(w+128, q) = sum(q*w) + 128*sum(q), starting from -128*sum(q), which depends on the
+ *   activations only, so it costs one dpbusd per token and block pair, shared by the tile's
+ *   rows, instead of one per weight row (a decode step's tile has one token and 4 rows); the
+ *   integer sums, so the results, are the same.
  * - Q8_K consumers (Q4_K, Q5_K, Q6_K): plain block_q8_K; weights are unpacked to unsigned bytes and
  *   multiplied with vpmaddubsw, then scaled per sub-block with vpdpwssd. The 16-row repacked
  *   layouts (block_q4_Kx16, block_q6_Kx16, what model_load uses on this level) have their own
@@ -175,6 +178,15 @@ static void a512_to_bf16(const float *x, bf16_t *y, int64_t n)
 
 /* Loads blocks 2p and 2p+1 (only 2p if `one`) of a Q8_0 row: 64 signed bytes and the
  * matching scale vector (lanes 0-7 block 2p, 8-15 block 2p+1). */
+/* The scales of blocks b[0] and b[1] in lanes 0-7 and 8-15: both fp16 values converted by
+ * one vcvtph2ps and spread by one permute. */
+A512_INLINE __m512 a512_pair_scales(fp16_t d0, fp16_t d1)
+{
+    __m128i h = _mm_insert_epi16(_mm_cvtsi32_si128(d0), d1, 1);
+    const __m512i idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_cvtph_ps(h)));
+}
+
 A512_INLINE void a512_load_w_q8_0(const block_q8_0 *b, int one, __m512i *q, __m512 *d)
 {
     __m256i lo = _mm256_loadu_si256((const __m256i *)b[0].qs);
@@ -184,8 +196,7 @@ A512_INLINE void a512_load_w_q8_0(const block_q8_0 *b, int one, __m512i *q, __m5
     } else {
         *q = _mm512_inserti64x4(_mm512_castsi256_si512(lo),
                                 _mm256_loadu_si256((const __m256i *)b[1].qs), 1);
-        *d = _mm512_insertf32x8(_mm512_set1_ps(_cvtsh_ss(b[0].d)), _mm256_set1_ps(_cvtsh_ss(b[1].d)),
-                                1);
+        *d = a512_pair_scales(b[0].d, b[1].d);
     }
 }
 
@@ -203,8 +214,7 @@ A512_INLINE void a512_load_w_q4_0(const block_q4_0 *b, int one, __m512i *q, __m5
         __m256i v1 = _mm256_set_m128i(_mm_srli_epi16(b1, 4), b1);
         v1 = _mm256_sub_epi8(_mm256_and_si256(v1, m4), off);
         *q = _mm512_inserti64x4(_mm512_castsi256_si512(v0), v1, 1);
-        *d = _mm512_insertf32x8(_mm512_set1_ps(_cvtsh_ss(b[0].d)), _mm256_set1_ps(_cvtsh_ss(b[1].d)),
-                                1);
+        *d = a512_pair_scales(b[0].d, b[1].d);
     }
 }
 
@@ -243,13 +253,13 @@ A512_INLINE void a512_load_w_mxfp4(const block_mxfp4 *b, int one, __m512i *q, __
         const __m512i bias = _mm512_set1_epi8((char)0x80);                                  \
         for (int64_t b = 0; b < nb; b += 2) {                                               \
             int one = b + 1 >= nb;                                                          \
-            __m512i wq[4], nc[4];                                                           \
+            __m512i wu[4];                                                                  \
             __m512 wd[4];                                                                   \
             _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                           \
-                LOADW((const BLOCK *)(w + (size_t)r * ws) + b, one, &wq[r], &wd[r]);        \
+                __m512i wq;                                                                 \
+                LOADW((const BLOCK *)(w + (size_t)r * ws) + b, one, &wq, &wd[r]);           \
                 _mm_prefetch((const char *)((const BLOCK *)(w + (size_t)r * ws) + b) + A512_PF, _MM_HINT_T0); \
-                nc[r] = _mm512_sub_epi32(_mm512_setzero_si512(),                            \
-                                         _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, wq[r])); \
+                wu[r] = _mm512_xor_si512(wq, bias);   /* w + 128, unsigned */                \
             }                                                                               \
             _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {                           \
                 const uint8_t *xq = (const uint8_t *)(x + (size_t)t * xs) + b * 32;         \
@@ -263,8 +273,11 @@ A512_INLINE void a512_load_w_mxfp4(const block_mxfp4 *b, int one, __m512i *q, __
                     dx = _mm512_insertf32x8(_mm512_set1_ps(xd[t][b]),                       \
                                             _mm256_set1_ps(xd[t][b + 1]), 1);               \
                 }                                                                           \
+                xv = _mm512_xor_si512(xv, bias);   /* q, signed */                          \
+                const __m512i nc = _mm512_sub_epi32(_mm512_setzero_si512(),                 \
+                                                    _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, xv)); \
                 _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                       \
-                    __m512i s = _mm512_dpbusd_epi32(nc[r], xv, wq[r]);                      \
+                    __m512i s = _mm512_dpbusd_epi32(nc, wu[r], xv);                         \
                     acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s),                      \
                                                 _mm512_mul_ps(wd[r], dx), acc[r][t]);       \
                 }                                                                           \

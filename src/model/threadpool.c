@@ -10,7 +10,13 @@
  *
  * The barrier is a counter with a generation (sense reversal): the last thread to arrive
  * resets the counter and bumps bar_gen; the others spin on bar_gen, then sleep on it.
+ *
+ * Profile counters live in one cache line per thread (cnt[ith]); a thread finds its own
+ * through a thread-local pointer, set by a worker when it starts and by the caller in each
+ * run, so that threadpool_barrier needs no ith. A worker's writes happen before its n_done
+ * increment (release), so the caller reads them safely once the run returned.
  */
+#define _GNU_SOURCE
 #include "model/threadpool.h"
 
 #include <errno.h>
@@ -21,10 +27,18 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #define THREADPOOL_SPIN 4000 /* pause iterations before sleeping (~100 us) */
+
+typedef struct {
+    _Alignas(64) uint64_t work_ns;  /* inside fn */
+    uint64_t wake_ns;               /* round started -> entered fn */
+    uint64_t barrier_ns;            /* waiting at barriers */
+} threadpool_counter;
 
 struct threadpool_worker {
     struct threadpool *tp; /* owner */
@@ -45,7 +59,33 @@ struct threadpool {
     _Alignas(64) _Atomic int bar_count;   /* threads arrived at the current barrier */
     _Atomic uint32_t bar_gen;             /* futex word: bumped when a barrier opens */
     _Atomic int bar_sleeping;             /* threads sleeping on bar_gen */
+    bool prof;                            /* profile counters on */
+    uint64_t t_run;                       /* ns (CLOCK_MONOTONIC) the current run started */
+    uint64_t rounds;                      /* runs since the counters were zeroed */
+    threadpool_counter *cnt;              /* (n) per-thread counters, [0] the caller */
+    int *cpus;                            /* (n) CPU of each thread, or NULL: not pinned */
+    pthread_t pinned_caller;              /* the last caller pinned to cpus[0] */
+    bool caller_pinned;                   /* pinned_caller is set */
 };
+
+/* Pins thread th to cpu; false if the system refused. */
+static bool threadpool_pin(pthread_t th, int cpu)
+{
+    if (cpu < 0 || cpu >= CPU_SETSIZE) return false;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    return pthread_setaffinity_np(th, sizeof set, &set) == 0;
+}
+
+static _Thread_local threadpool_counter *threadpool_self; /* this thread's counters */
+
+static uint64_t threadpool_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
 
 static void threadpool_pause(void)
 {
@@ -88,22 +128,40 @@ static void *threadpool_main(void *arg)
 {
     struct threadpool_worker *w = arg;
     struct threadpool *tp = w->tp;
+    threadpool_counter *cnt = &tp->cnt[w->ith];
+    threadpool_self = cnt;
     uint32_t seen = 0;
     for (;;) {
         seen = threadpool_wait_change(&tp->gen, seen, &tp->n_sleeping);
         if (atomic_load_explicit(&tp->stop, memory_order_acquire)) break;
-        tp->fn(tp->ctx, w->ith, tp->n);
+        if (tp->prof) {
+            uint64_t t0 = threadpool_ns();
+            cnt->wake_ns += t0 - tp->t_run;
+            tp->fn(tp->ctx, w->ith, tp->n);
+            cnt->work_ns += threadpool_ns() - t0;
+        } else {
+            tp->fn(tp->ctx, w->ith, tp->n);
+        }
         atomic_fetch_add_explicit(&tp->n_done, 1, memory_order_release);
     }
     return NULL;
 }
 
-threadpool *threadpool_new(int n_threads)
+threadpool *threadpool_new(int n_threads) { return threadpool_new_pinned(n_threads, NULL); }
+
+threadpool *threadpool_new_pinned(int n_threads, const int *cpus)
 {
     if (n_threads < 1) n_threads = 1;
     threadpool *tp = calloc(1, sizeof *tp);
     if (!tp) return NULL;
     tp->n = n_threads;
+    if (cpus) {
+        if (!(tp->cpus = malloc((size_t)n_threads * sizeof *tp->cpus))) goto err;
+        memcpy(tp->cpus, cpus, (size_t)n_threads * sizeof *tp->cpus);
+    }
+    tp->cnt = aligned_alloc(64, (size_t)n_threads * sizeof *tp->cnt);
+    if (!tp->cnt) goto err;
+    memset(tp->cnt, 0, (size_t)n_threads * sizeof *tp->cnt);
     if (n_threads > 1) {
         tp->workers = calloc((size_t)n_threads - 1, sizeof *tp->workers);
         if (!tp->workers) goto err;
@@ -113,6 +171,7 @@ threadpool *threadpool_new(int n_threads)
             if (pthread_create(&tp->workers[i].thread, NULL, threadpool_main, &tp->workers[i]))
                 goto err;
             tp->n_started++;
+            if (tp->cpus) threadpool_pin(tp->workers[i].thread, tp->cpus[i + 1]);
         }
     }
     return tp;
@@ -129,6 +188,8 @@ void threadpool_free(threadpool *tp)
     threadpool_futex_wake(&tp->gen);
     for (int i = 0; i < tp->n_started; i++) pthread_join(tp->workers[i].thread, NULL);
     free(tp->workers);
+    free(tp->cnt);
+    free(tp->cpus);
     free(tp);
 }
 
@@ -136,6 +197,11 @@ int threadpool_size(const threadpool *tp) { return tp ? tp->n : 1; }
 
 void threadpool_run(threadpool *tp, void (*fn)(void *ctx, int ith, int nth), void *ctx)
 {
+    if (tp && tp->cpus && (!tp->caller_pinned || !pthread_equal(tp->pinned_caller, pthread_self()))) {
+        threadpool_pin(pthread_self(), tp->cpus[0]);
+        tp->pinned_caller = pthread_self();
+        tp->caller_pinned = true;
+    }
     if (!tp || tp->n == 1) {
         fn(ctx, 0, 1);
         return;
@@ -143,13 +209,40 @@ void threadpool_run(threadpool *tp, void (*fn)(void *ctx, int ith, int nth), voi
     tp->fn = fn;
     tp->ctx = ctx;
     atomic_store_explicit(&tp->n_done, 0, memory_order_relaxed);
+    uint64_t t0 = 0;
+    if (tp->prof) {
+        threadpool_self = &tp->cnt[0];
+        tp->t_run = t0 = threadpool_ns();
+        tp->rounds++;
+    }
     atomic_fetch_add(&tp->gen, 1); /* seq_cst: publishes fn/ctx, orders against n_sleeping */
     if (atomic_load(&tp->n_sleeping) > 0) threadpool_futex_wake(&tp->gen);
     fn(ctx, 0, tp->n);
+    if (tp->prof) tp->cnt[0].work_ns += threadpool_ns() - t0;
     int want = tp->n - 1;
     for (int i = 0; atomic_load_explicit(&tp->n_done, memory_order_acquire) != want; i++) {
         if (i < THREADPOOL_SPIN) threadpool_pause();
         else sched_yield(); /* a worker may have lost its core to another process */
+    }
+}
+
+void threadpool_profile(threadpool *tp, bool on)
+{
+    if (!tp) return;
+    memset(tp->cnt, 0, (size_t)tp->n * sizeof *tp->cnt);
+    tp->rounds = 0;
+    tp->prof = on;
+}
+
+void threadpool_stats_get(const threadpool *tp, threadpool_stats *out)
+{
+    *out = (threadpool_stats){ 0 };
+    if (!tp) return;
+    out->rounds = tp->rounds;
+    for (int i = 0; i < tp->n; i++) {
+        out->work_ns += tp->cnt[i].work_ns;
+        out->wake_ns += tp->cnt[i].wake_ns;
+        out->barrier_ns += tp->cnt[i].barrier_ns;
     }
 }
 
@@ -161,6 +254,12 @@ void threadpool_barrier(threadpool *tp)
         atomic_store_explicit(&tp->bar_count, 0, memory_order_relaxed);
         atomic_fetch_add(&tp->bar_gen, 1);
         if (atomic_load(&tp->bar_sleeping) > 0) threadpool_futex_wake(&tp->bar_gen);
+        return;
+    }
+    if (tp->prof) {
+        uint64_t t0 = threadpool_ns();
+        threadpool_wait_change(&tp->bar_gen, g, &tp->bar_sleeping);
+        threadpool_self->barrier_ns += threadpool_ns() - t0;
         return;
     }
     threadpool_wait_change(&tp->bar_gen, g, &tp->bar_sleeping);

@@ -9,14 +9,28 @@
  *
  * One caller at a time: threadpool_run must not be called concurrently on the same pool, nor
  * from inside fn.
+ *
+ * Profiling (threadpool_profile, off by default): each thread adds up, in its own counters,
+ * the time it spent inside fn (work), waiting for a round to reach it after the caller
+ * started it (wake: the spin or futex sleep of a worker, the caller's own 0), and waiting at
+ * barriers inside fn; two clock reads per round and per barrier, none when off. The caller
+ * reads the sums between rounds (threadpool_stats_get), when no worker writes them.
  */
 #ifndef TM_THREADPOOL_H
 #define TM_THREADPOOL_H
+
+#include <stdbool.h>
+#include <stdint.h>
 
 typedef struct threadpool threadpool;
 
 /* n_threads >= 1 counts the caller. Returns NULL if threads cannot be started. */
 threadpool *threadpool_new(int n_threads);
+/* The same with thread ith pinned to CPU cpus[ith] (n_threads entries; NULL: not pinned):
+ * workers from their start, the calling thread of threadpool_run when a run finds a caller it
+ * has not pinned yet (that thread stays pinned to cpus[0]). A CPU the process may not use
+ * leaves that thread unpinned. */
+threadpool *threadpool_new_pinned(int n_threads, const int *cpus);
 void threadpool_free(threadpool *tp);          /* joins the workers; NULL is fine */
 int threadpool_size(const threadpool *tp);     /* n_threads; 1 for a NULL pool */
 
@@ -27,5 +41,18 @@ void threadpool_run(threadpool *tp, void (*fn)(void *ctx, int ith, int nth), voi
 /* Inside fn: waits until every thread of the pool has reached the barrier. All threads must
  * call it the same number of times. No-op for a NULL or one-thread pool. */
 void threadpool_barrier(threadpool *tp);
+
+/* Sums over every thread of the pool since threadpool_profile(tp, true). */
+typedef struct {
+    uint64_t rounds;          /* threadpool_run calls that used the pool */
+    uint64_t work_ns;         /* thread-time inside fn, barrier waits included */
+    uint64_t wake_ns;         /* thread-time from a round's start until a worker entered fn */
+    uint64_t barrier_ns;      /* thread-time waiting at threadpool_barrier */
+} threadpool_stats;
+
+/* Turns the counters on (zeroed) or off. Not during a run. */
+void threadpool_profile(threadpool *tp, bool on);
+/* The counters so far (zeros when off or for a NULL pool). Not during a run. */
+void threadpool_stats_get(const threadpool *tp, threadpool_stats *out);
 
 #endif

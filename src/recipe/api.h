@@ -57,6 +57,8 @@
 #define TM_API_H
 
 #include <stdbool.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -111,6 +113,8 @@ typedef struct {
     uint64_t store_capacity;  /* its per-target capacity in bytes (0: unlimited) */
     double cost_per_hour;     /* --cost-per-hour: the machine's price per hour (0: not shown) */
     const struct status_curve *curve; /* --curves: the measured decode curve the page shows, or NULL */
+    _Atomic bool loading;     /* the weights are still being faulted in: /health answers 503
+                               * "loading" (requests are served, slower) until it is cleared */
 } api_ctx;
 
 /* Token ids a request may name: the tokenizer's and the model's output rows both. */

@@ -35,20 +35,23 @@ static void misc_models(http_request *r, void *user)
     bytebuf_free(&b);
 }
 
-/* 503 while draining, so that load balancers stop sending requests here. */
+/* 503 while draining, so that load balancers stop sending requests here, and while the
+ * weights are still being faulted in ("loading"), so that they send none yet. */
 static void misc_health(http_request *r, void *user)
 {
-    const api_ctx *c = user;
+    api_ctx *c = user;
     bool draining = c->sched && sched_draining(c->sched);
+    bool loading = atomic_load(&c->loading);
+    bool down = draining || loading;
     bytebuf b = {0};
-    bytebuf_printf(&b, "{\"status\":\"%s\"", draining ? "draining" : "ok");
+    bytebuf_printf(&b, "{\"status\":\"%s\"", draining ? "draining" : loading ? "loading" : "ok");
     if (c->tmpl) {
         bytebuf_puts(&b, ",\"template\":");
         api_buf_str(&b, template_name(c->tmpl));
     }
     bytebuf_puts(&b, "}");
-    if (draining) http_add_header(r, "Retry-After", HTTP_RETRY_AFTER);
-    api_respond_buf(r, draining ? 503 : 200, &b);
+    if (down) http_add_header(r, "Retry-After", HTTP_RETRY_AFTER);
+    api_respond_buf(r, down ? 503 : 200, &b);
     bytebuf_free(&b);
 }
 

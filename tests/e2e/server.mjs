@@ -15,7 +15,9 @@ export const bin = process.env.TM_BIN || path.join(root, "build/tokenmill");
 const procs = [];
 const dirs = [];
 
-export async function startServer(model, args = [], { timeoutMs = 30000 } = {}) {
+// Resolves once the server said "ready" (its weights resident), or with { ready: false } as
+// soon as it listens (env: extra environment variables).
+export async function startServer(model, args = [], { timeoutMs = 30000, ready = true, env } = {}) {
   const extra = [];
   if (!args.includes("--cache") && !args.includes("--cache-dir")) {
     const d = fs.mkdtempSync(path.join(os.tmpdir(), "tm-store-"));
@@ -23,7 +25,7 @@ export async function startServer(model, args = [], { timeoutMs = 30000 } = {}) 
     extra.push("--cache-dir", d);
   }
   const proc = spawn(bin, ["serve", "-m", model, "--port", "0", "--threads", "1", ...extra, ...args],
-    { stdio: ["ignore", "ignore", "pipe"] });
+    { stdio: ["ignore", "ignore", "pipe"], env: env ? { ...process.env, ...env } : process.env });
   procs.push(proc);
   let log = "";
   const port = await new Promise((resolve, reject) => {
@@ -31,7 +33,7 @@ export async function startServer(model, args = [], { timeoutMs = 30000 } = {}) 
     proc.stderr.on("data", (d) => {
       log += d;
       const m = /listening on http:\/\/[^:]+:(\d+)/.exec(log);
-      if (m) { clearTimeout(t); resolve(Number(m[1])); }
+      if (m && (!ready || /: ready\n/.test(log))) { clearTimeout(t); resolve(Number(m[1])); }
     });
     proc.on("exit", (code) => { clearTimeout(t); reject(new Error(`server exited ${code}: ${log}`)); });
   });

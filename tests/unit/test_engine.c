@@ -233,6 +233,58 @@ TEST(test_errors)
     model_free(m);
 }
 
+/* The profile counts every stage of every step it saw, with pool rounds where the pool ran
+ * (a decode step's row-wise stages run without one), and changes no result. */
+TEST(test_profile)
+{
+    enum { V = 100, P = 20, D = 3 };
+    static float a[(P + D) * V], b[(P + D) * V];
+    int32_t toks[P + D];
+    toks_of(toks, P + D, 6);
+    model *m = mk("qwen3", 6);
+    const int nl = m->hp.n_layers;
+    for (int on = 0; on < 2; on++) {
+        float *out = on ? b : a;
+        engine *e = mk_engine(m, 2, false, 4, 64);
+        kvpool_seq *s = kvpool_seq_new(engine_kvpool(e));
+        CHECK(engine_profile_cells(e, NULL) == NULL);
+        CHECK(prefill(e, s, toks, 0, P, P, out));
+        if (on) CHECK(engine_profile(e, true));
+        CHECK(prefill(e, s, toks + P, P, D, 1, out + (size_t)P * V));   /* D decode steps */
+        if (on) {
+            CHECK(engine_profile(e, false));
+            int64_t steps = 0;
+            const engine_prof_cell *c = engine_profile_cells(e, &steps);
+            CHECK(c && steps == D);
+            for (int il = 0; c && il < nl; il++) {
+                const engine_prof_cell *r = c + (size_t)il * ENGINE_PROF_N;
+                CHECKF(r[ENGINE_PROF_QKV].calls == D && r[ENGINE_PROF_ATTENTION].calls == D &&
+                       r[ENGINE_PROF_ADD_NORM].calls == 2 * D && r[ENGINE_PROF_FFN_DOWN].calls == D &&
+                       r[ENGINE_PROF_MOE].calls == 0, "layer %d", il);
+                CHECK(r[ENGINE_PROF_ATTENTION].rounds == D && r[ENGINE_PROF_ATTENTION].work_s > 0);
+                /* a decode step's few rows: the adds, norms and RoPE run on the step thread, no
+                 * pool round (attention is the only round of this tiny model's layer) */
+                CHECK(r[ENGINE_PROF_ADD_NORM].rounds == 0 && r[ENGINE_PROF_QKV_POST].rounds == 0);
+                CHECK(r[ENGINE_PROF_QKV].s > 0);
+            }
+            const engine_prof_cell *o = c ? c + (size_t)nl * ENGINE_PROF_N : NULL;
+            CHECK(o && o[ENGINE_PROF_EMBED].calls == D && o[ENGINE_PROF_OUTPUT].calls == D &&
+                  o[ENGINE_PROF_QKV].calls == 0);
+            CHECK(!strcmp(engine_prof_op_name(ENGINE_PROF_OUTPUT), "output"));
+            /* off: later steps are not counted */
+            engine_tok t = { 1, P + D, s, true };
+            engine_batch bt = { 1, &t };
+            float lg[V];
+            CHECK(engine_step(e, &bt, lg) == ENGINE_OK);
+            CHECK(engine_profile_cells(e, &steps) && steps == D);
+        }
+        kvpool_seq_free(engine_kvpool(e), s);
+        engine_free(e);
+    }
+    CHECK(maxdiff(a, b, (P + D) * V) == 0.0f);
+    model_free(m);
+}
+
 int main(void)
 {
     if (!mkdtemp(tmpdir)) return 1;
@@ -241,6 +293,7 @@ int main(void)
     RUN(test_mixed_batch);
     RUN(test_prefix_cache_and_threads);
     RUN(test_errors);
+    RUN(test_profile);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
     if (system(cmd) != 0) return 1;
