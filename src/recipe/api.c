@@ -583,8 +583,8 @@ static bool api_job_grammar(api_job *j, const events_markers *mk, api_error *e)
     char *tool_src = NULL;
     int32_t trigger = -1;
     if (forced || lazy) {
-        tool_src = api_tool_gbnf(&q->conv, mk, q->tools_mode == API_TOOLS_NAMED ? q->tool_name : NULL, lazy, &trigger,
-                                 err, sizeof err);
+        tool_src = api_tool_gbnf(&q->conv, mk, q->tools_mode == API_TOOLS_NAMED ? q->tool_name : NULL, lazy, q->one_call,
+                                 &trigger, err, sizeof err);
         if (!tool_src && err[0]) {
             api_error_set(e, 400, q->tools_mode == API_TOOLS_NAMED ? "tool_choice" : "tools", "invalid_value",
                           "Invalid tool call format: %s", err);
@@ -626,7 +626,8 @@ static bool api_job_grammar(api_job *j, const events_markers *mk, api_error *e)
     if (!tool_src && q->tools_mode == API_TOOLS_AUTO && q->conv.n_tools > 0) {
         /* the format checked alone above (its errors name its field); the answer may still
          * be a call instead, as with no format */
-        tool_src = api_format_calls_gbnf(&q->conv, mk, q->fmt_kind, q->fmt_src, q->fmt_len, err, sizeof err);
+        tool_src = api_format_calls_gbnf(&q->conv, mk, q->fmt_kind, q->fmt_src, q->fmt_len, q->one_call, err,
+                                         sizeof err);
         if (!tool_src && err[0]) {
             api_error_set(e, 400, "tools", "invalid_value", "Invalid tool call format: %s", err);
             return false;

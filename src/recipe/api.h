@@ -276,6 +276,8 @@ typedef struct {
     char fmt_param[48];           /* the request field it came from (param of a 400) */
     api_tools_mode tools_mode;    /* tool_choice */
     char *tool_name;              /* NAMED: the tool that must be called (owned) */
+    bool one_call;                /* at most one call per answer (parallel_tool_calls false,
+                                     Anthropic disable_parallel_tool_use) */
 } api_req;
 
 void api_req_init(api_req *r, api_kind kind);
@@ -314,18 +316,23 @@ api_status api_parse(const api_cfg *cfg, api_kind kind, const char *body, size_t
  *   HARMONY   a call forced to one tool (named, or required with one tool offered) is opened
  *             by the prompt itself (conv.forced_call: the template writes the call's header),
  *             so the grammar is that tool's arguments alone and the splitter starts inside
- *             the call; required with several tools, and strict tools under auto, are not
- *             constrained. */
+ *             the call. Required / any with several tools: the analysis is free up to its
+ *             <|end|>, then <|start|>assistant<|channel|>commentary to=functions.N
+ *             <|constrain|>json<|message|>ARGS<|call|>. Strict tools under auto: the trigger
+ *             is <|start|> (no token opens calls alone) and the grammar binds the message it
+ *             opens, a call or a free message. With a response format the format alone binds.
+ * parallel_tool_calls false (api_req.one_call): DEEPSEEK's block holds one call, and a lazy
+ * grammar ends in free text where no call marker is allowed, so the answer has one call. */
 
 /* The GBNF text of the calls for the family of mk over c's tools (only the tool named `only`
  * when not NULL). lazy = false: a forced call, the whole answer, every tool bound by its
  * schema; lazy = true: what follows *trigger, the family's call-opening token (strict tools
- * bound by their schema, the others to a JSON object). malloc'd, or NULL with a message in err
+ * bound by their schema, the others to a JSON object). one: at most one call (see above). malloc'd, or NULL with a message in err
  * (a tool's schema refused), or NULL and err "" (the family has no call syntax, lacks one of
  * its tokens, or has no opening token for a lazy grammar). *trigger: the opening token, -1 if
  * none. */
-char *api_tool_gbnf(const conv *c, const events_markers *mk, const char *only, bool lazy, int32_t *trigger, char *err,
-                    size_t errsz);
+char *api_tool_gbnf(const conv *c, const events_markers *mk, const char *only, bool lazy, bool one, int32_t *trigger,
+                    char *err, size_t errsz);
 
 /* A response format (kind, src[0..len): api_req.fmt_*) that the answer may take, or else a
  * call of c's tools opened by the family's call-opening token (tool_choice auto with a format):
@@ -333,8 +340,8 @@ char *api_tool_gbnf(const conv *c, const events_markers *mk, const char *only, b
  * (the format's rules prefixed f-, the lazy call grammar's c-). malloc'd; NULL and err "" when
  * the family has no opening token (the format alone binds the answer), NULL with err set when
  * a tool's schema or the format is refused. */
-char *api_format_calls_gbnf(const conv *c, const events_markers *mk, int kind, const char *src, size_t len, char *err,
-                            size_t errsz);
+char *api_format_calls_gbnf(const conv *c, const events_markers *mk, int kind, const char *src, size_t len, bool one,
+                            char *err, size_t errsz);
 
 /* Token figures of a finished response (summed over choices). */
 typedef struct {

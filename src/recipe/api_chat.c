@@ -338,8 +338,9 @@ static bool api_chat_unsupported(json_t *root, api_req *r, api_error *e)
 /* Step: tools (and legacy functions) into the conversation, unless tool_choice is "none". */
 static bool api_chat_tool_fields(json_t *root, api_req *r, api_error *e)
 {
-    bool b;
+    bool b = true;
     if (api_json_bool(K, root, "parallel_tool_calls", &b, e) < 0) return false;
+    r->one_call = !b;
     json_t *tc = json_object_get(root, "tool_choice");
     if (tc && !json_is_null(tc)) {
         if (json_is_string(tc)) {

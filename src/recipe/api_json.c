@@ -714,15 +714,22 @@ bool api_json_guided(api_kind kind, json_t *root, api_req *r, api_error *e)
 /* ---- tool-call syntax per model family ----
  * Each family with tool calls has one syntax function: it writes rule `calls`, the text that
  * follows the token opening the calls (*trigger; -1 when the family's calls are plain text
- * with no opening token), from the tools' names and the rules of their arguments. A family
- * added later (harmony) adds one function and one row in api_tool_syntaxes. */
+ * with no opening token), from the tools' names and the rules of their arguments. `lazy`: the
+ * grammar binds what follows the trigger under tool_choice auto (several calls may follow in
+ * turn); `one`: at most one call in the answer (parallel tool calls off), so a lazy grammar
+ * ends in free text that no call marker can follow (the document never completes, the
+ * grammar stays bound and masks the next opening). */
 typedef struct {
     const char *name;          /* the tool's name (raw) */
     const char *args;          /* its arguments' rule, e.g. "t1-root" */
 } api_tool_alt;
 
-typedef bool (*api_tool_syntax_fn)(bytebuf *g, const events_markers *mk, const api_tool_alt *t, int n, bool many,
-                                   int32_t *trigger);
+typedef bool (*api_tool_syntax_fn)(bytebuf *g, const events_markers *mk, const api_tool_alt *t, int n, bool lazy,
+                                   bool one, int32_t *trigger);
+
+/* Any text: every code point, so every token with bytes (a marker token has none, and is
+ * allowed only where a rule names it by id). */
+#define API_GBNF_TEXT "text ::= [^\\x00]*\n"
 
 /* "{\"name\": N, \"KEY\": " ARGS "}" per tool, as alternatives of rule `call` */
 static void api_tool_json_calls(bytebuf *g, const api_tool_alt *t, int n, const char *key)
@@ -743,20 +750,22 @@ static void api_tool_json_calls(bytebuf *g, const api_tool_alt *t, int n, const 
 }
 
 /* <tool_call>\n{"name": N, "arguments": ARGS}\n</tool_call>: one call per opening marker */
-static bool api_tool_syntax_qwen(bytebuf *g, const events_markers *mk, const api_tool_alt *t, int n, bool many,
-                                 int32_t *trigger)
+static bool api_tool_syntax_qwen(bytebuf *g, const events_markers *mk, const api_tool_alt *t, int n, bool lazy,
+                                 bool one, int32_t *trigger)
 {
     if (mk->tool_start < 0 || mk->tool_end < 0) return false;
     *trigger = mk->tool_start;
-    bytebuf_printf(g, "calls ::= \"\\n\" call \"\\n\" <[%d]>\n", mk->tool_end);
+    bytebuf_printf(g, "calls ::= \"\\n\" call \"\\n\" <[%d]>%s\n", mk->tool_end, lazy && one ? " text" : "");
     api_tool_json_calls(g, t, n, "arguments");
+    if (lazy && one) bytebuf_puts(g, API_GBNF_TEXT);
     return true;
 }
 
 /* {"name": N, "parameters": ARGS} as the whole answer (no marker token) */
-static bool api_tool_syntax_llama3(bytebuf *g, const events_markers *mk, const api_tool_alt *t, int n, bool many,
-                                   int32_t *trigger)
+static bool api_tool_syntax_llama3(bytebuf *g, const events_markers *mk, const api_tool_alt *t, int n, bool lazy,
+                                   bool one, int32_t *trigger)
 {
+    (void)lazy, (void)one;
     *trigger = -1;
     bytebuf_puts(g, "calls ::= call\n");
     api_tool_json_calls(g, t, n, "parameters");
@@ -765,13 +774,13 @@ static bool api_tool_syntax_llama3(bytebuf *g, const events_markers *mk, const a
 
 /* <｜tool▁calls▁begin｜> (<｜tool▁call▁begin｜> N <｜tool▁sep｜> ARGS <｜tool▁call▁end｜>)+
  * <｜tool▁calls▁end｜>, V3.1's form (the name as raw text, markers by id) */
-static bool api_tool_syntax_deepseek(bytebuf *g, const events_markers *mk, const api_tool_alt *t, int n, bool many,
-                                     int32_t *trigger)
+static bool api_tool_syntax_deepseek(bytebuf *g, const events_markers *mk, const api_tool_alt *t, int n, bool lazy,
+                                     bool one, int32_t *trigger)
 {
     if (mk->tools_begin < 0 || mk->tools_end < 0 || mk->tool_start < 0 || mk->tool_end < 0 || mk->tool_sep < 0)
         return false;
     *trigger = mk->tools_begin;
-    bytebuf_printf(g, "calls ::= call%s <[%d]>\n", many ? "+" : "", mk->tools_end);
+    bytebuf_printf(g, "calls ::= call%s <[%d]>%s\n", lazy && !one ? "+" : "", mk->tools_end, lazy && one ? " text" : "");
     bytebuf_printf(g, "call ::= <[%d]> (", mk->tool_start);
     for (int i = 0; i < n; i++) {
         if (i) bytebuf_puts(g, " | ");
@@ -779,6 +788,38 @@ static bool api_tool_syntax_deepseek(bytebuf *g, const events_markers *mk, const
         bytebuf_printf(g, " <[%d]> %s", mk->tool_sep, t[i].args);
     }
     bytebuf_printf(g, ") <[%d]>\n", mk->tool_end);
+    if (lazy && one) bytebuf_puts(g, API_GBNF_TEXT);
+    return true;
+}
+
+/* <|start|>assistant<|channel|>commentary to=functions.N <|constrain|>json<|message|>ARGS<|call|>,
+ * the call message as gpt-oss writes it after its analysis (the scheduler leaves the analysis
+ * free up to its <|end|>, see api_job_submit). <|call|> ends generation, so an answer holds
+ * one call whatever `one` says. Lazy (strict tools under auto): no token opens calls alone
+ * (<|start|> opens every message, ` to` is text), so the trigger is <|start|> and the grammar
+ * binds the message it opens: a call, or any other message with free text, which ends the
+ * document (at <|end|>; <|return|> ends generation). */
+static bool api_tool_syntax_harmony(bytebuf *g, const events_markers *mk, const api_tool_alt *t, int n, bool lazy,
+                                    bool one, int32_t *trigger)
+{
+    (void)one;
+    if (mk->h_start < 0 || mk->h_channel < 0 || mk->h_message < 0 || mk->h_constrain < 0 || mk->h_call < 0 ||
+        mk->h_end < 0 || mk->h_return < 0)
+        return false;
+    *trigger = mk->h_start;
+    if (lazy)
+        bytebuf_printf(g,
+                       "calls ::= \"assistant\" <[%d]> (call | (\"analysis\" | \"commentary\") <[%d]> text <[%d]> | "
+                       "\"final\" <[%d]> text (<[%d]> | <[%d]>))\n" API_GBNF_TEXT,
+                       mk->h_channel, mk->h_message, mk->h_end, mk->h_message, mk->h_end, mk->h_return);
+    else bytebuf_printf(g, "calls ::= \"assistant\" <[%d]> call\n", mk->h_channel);
+    bytebuf_puts(g, "call ::= \"commentary to=functions.\" (");
+    for (int i = 0; i < n; i++) {
+        if (i) bytebuf_puts(g, " | ");
+        api_gbnf_literal(g, t[i].name, strlen(t[i].name));
+        bytebuf_printf(g, " \" \" <[%d]> \"json\" <[%d]> %s", mk->h_constrain, mk->h_message, t[i].args);
+    }
+    bytebuf_printf(g, ") <[%d]>\n", mk->h_call);
     return true;
 }
 
@@ -786,16 +827,17 @@ static const api_tool_syntax_fn api_tool_syntaxes[] = {
     [EVENTS_TOOLFMT_QWEN] = api_tool_syntax_qwen,
     [EVENTS_TOOLFMT_LLAMA3] = api_tool_syntax_llama3,
     [EVENTS_TOOLFMT_DEEPSEEK] = api_tool_syntax_deepseek,
+    [EVENTS_TOOLFMT_HARMONY] = api_tool_syntax_harmony,
 };
 
-char *api_tool_gbnf(const conv *c, const events_markers *mk, const char *only, bool lazy, int32_t *trigger, char *err,
-                    size_t errsz)
+char *api_tool_gbnf(const conv *c, const events_markers *mk, const char *only, bool lazy, bool one, int32_t *trigger,
+                    char *err, size_t errsz)
 {
     err[0] = 0;
     *trigger = -1;
-    if (mk->toolfmt == EVENTS_TOOLFMT_HARMONY) {  /* the prompt opened the call: its arguments alone */
-        if (lazy) return NULL;
-        for (int i = 0; c->forced_call && i < c->n_tools; i++) {
+    if (mk->toolfmt == EVENTS_TOOLFMT_HARMONY && c->forced_call && !lazy) {
+        /* the prompt opened the call to one tool: its arguments alone */
+        for (int i = 0; i < c->n_tools; i++) {
             const conv_tool *t = &c->tools[i];
             if (strcmp(t->name, c->forced_call)) continue;
             grammar_status st;
@@ -806,7 +848,7 @@ char *api_tool_gbnf(const conv *c, const events_markers *mk, const char *only, b
             if (!g) snprintf(err, errsz, "the parameters of tool '%.64s': %s", t->name, gerr);
             return g;
         }
-        if (c->forced_call) snprintf(err, errsz, "'%.64s' is not one of the tools offered.", c->forced_call);
+        snprintf(err, errsz, "'%.64s' is not one of the tools offered.", c->forced_call);
         return NULL;
     }
     unsigned fmt = (unsigned)mk->toolfmt;
@@ -847,7 +889,7 @@ char *api_tool_gbnf(const conv *c, const events_markers *mk, const char *only, b
         ok = false;
     }
     char *out = NULL;
-    if (ok && syntax(&g, mk, alts, n_alt, lazy, trigger) && (!lazy || *trigger >= 0)) {
+    if (ok && syntax(&g, mk, alts, n_alt, lazy, one, trigger) && (!lazy || *trigger >= 0)) {
         /* forced: the answer opens the calls itself; lazy: the grammar starts after the opening */
         if (lazy || *trigger < 0) bytebuf_puts(&g, "root ::= calls\n");
         else bytebuf_printf(&g, "root ::= <[%d]> calls\n", *trigger);
@@ -862,11 +904,15 @@ char *api_tool_gbnf(const conv *c, const events_markers *mk, const char *only, b
     return out;
 }
 
-char *api_format_calls_gbnf(const conv *c, const events_markers *mk, int kind, const char *src, size_t len, char *err,
-                            size_t errsz)
+char *api_format_calls_gbnf(const conv *c, const events_markers *mk, int kind, const char *src, size_t len, bool one,
+                            char *err, size_t errsz)
 {
     int32_t trigger;
-    char *calls = api_tool_gbnf(c, mk, NULL, true, &trigger, err, errsz);
+    err[0] = 0;
+    /* harmony's lazy grammar binds every message <|start|> opens, answers too: the format
+     * alone binds the answer there */
+    if (mk->toolfmt == EVENTS_TOOLFMT_HARMONY) return NULL;
+    char *calls = api_tool_gbnf(c, mk, NULL, true, one, &trigger, err, errsz);
     if (!calls) return NULL;
     grammar_status st;
     char *fg = grammar_to_gbnf((grammar_kind)kind, src ? src : "", len, &st, err, errsz);

@@ -277,6 +277,9 @@ static bool api_messages_common(json_t *root, api_req *r, long long max_tokens, 
             r->tools_mode = API_TOOLS_NAMED;
             r->tool_name = xstrdup(json_string_value(name));
         }
+        bool dp = false;
+        if (strcmp(ts, "none") && api_json_bool(K, tc, "disable_parallel_tool_use", &dp, e) < 0) return false;
+        r->one_call = dp;
     }
     r->conv.thinking = CONV_THINKING_OFF;
     json_t *th = json_object_get(root, "thinking");

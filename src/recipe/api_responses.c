@@ -279,8 +279,9 @@ api_status api_responses_parse(const api_cfg *cfg, const char *body, size_t len,
     if (api_json_bool(K, root, "store", &r->store, e) < 0) goto out;
     if (api_json_bool(K, root, "return_token_ids", &r->return_token_ids, e) < 0) goto out;
     if (!api_json_user(K, root, r, e)) goto out;
-    bool ptc;
+    bool ptc = true;
     if (api_json_bool(K, root, "parallel_tool_calls", &ptc, e) < 0) goto out;
+    r->one_call = !ptc;
     bool bg = false;
     if (api_json_bool(K, root, "background", &bg, e) < 0) goto out;
     if (bg) {
@@ -432,7 +433,7 @@ static void api_responses_object(api_out *o, bool final, bytebuf *b)
             api_responses_item(&c->items[k], true, b);
         }
     }
-    bytebuf_puts(b, "],\"parallel_tool_calls\":true,\"previous_response_id\":");
+    bytebuf_printf(b, "],\"parallel_tool_calls\":%s,\"previous_response_id\":", r->one_call ? "false" : "true");
     api_buf_str(b, r->previous_response_id);
     /* the effort asked for, as OpenAI echoes it */
     static const char *const efforts[] = { "null", "\"low\"", "\"medium\"", "\"high\"" };

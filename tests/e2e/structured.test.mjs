@@ -173,6 +173,24 @@ test("log-probs under a grammar are the masked distribution's: allowed alternati
   await logprobsCase(ctx, tokenId(path.join(tmp, "q3.gguf"), "<tool_call>"));
 });
 
+// parallel_tool_calls false / disable_parallel_tool_use: after the first call the grammar stays
+// bound to free text in which <tool_call> is masked, so even pushed the model calls once.
+test("parallel tool calls off (Qwen3, strict tools under auto): one call, pushed or not", async () => {
+  const TC = tokenId(path.join(tmp, "q3.gguf"), "<tool_call>");
+  const body = { model: "q3", messages: user("Weather?"), temperature: 1, seed: 11, max_tokens: 80, tools: chatTools,
+    tool_choice: "auto", logit_bias: { [TC]: 100 }, return_token_ids: true };
+  const many = await oai.chat.completions.create(body);
+  assert.ok(many.choices[0].token_ids.filter((id) => id === TC).length >= 2, "pushed, the model opens several calls");
+  const one = await oai.chat.completions.create({ ...body, parallel_tool_calls: false });
+  assert.deepEqual(one.choices[0].token_ids.filter((id) => id === TC), [TC]);
+  assert.equal(one.choices[0].message.tool_calls.length, 1);
+  checkCall(one.choices[0].message.tool_calls[0].function.name, one.choices[0].message.tool_calls[0].function.arguments,
+    ["get_weather", "get_time"], "one call");
+  const m = await ant.messages.create({ model: "q3", max_tokens: 80, temperature: 1, messages: user("Weather?"), logit_bias: { [TC]: 100 },
+    tool_choice: { type: "auto", disable_parallel_tool_use: true }, tools: antTools.map((t) => ({ ...t, strict: true })) });
+  assert.equal(m.content.filter((b) => b.type === "tool_use").length, 1);
+});
+
 test("a response format with tools under auto: a document of the format, or (from <tool_call>) a valid call", async () => {
   await formatOrCallCase(ctx, tokenId(path.join(tmp, "q3.gguf"), "<tool_call>"));
 });

@@ -1418,7 +1418,7 @@ TEST(structured_tool_choice_parse)
  * control token: no bytes), any other piece is text fed one byte-token at a time. */
 static bool tokens_accepted(const char *gbnf, const char *const *pieces)
 {
-    enum { NV = 5200 };
+    enum { NV = 6100 };  /* to the harmony markers */
     static char bytes[256];
     static const char *tb[NV];
     static int lens[NV];
@@ -1481,7 +1481,7 @@ TEST(structured_tool_gbnf)
     events_markers_none(&lm);
     lm.toolfmt = EVENTS_TOOLFMT_LLAMA3;
     /* Qwen: the markers are token terminals around the JSON body */
-    char *q = api_tool_gbnf(&c, &qm, NULL, false, &trig, err, sizeof err);
+    char *q = api_tool_gbnf(&c, &qm, NULL, false, false, &trig, err, sizeof err);
     CHECK(q != NULL && trig == TC);
     if (q) {
         const char *ok1[] = {"#5002", "\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\", \"unit\": \"c\"}}\n", "#5003", NULL};
@@ -1497,20 +1497,20 @@ TEST(structured_tool_gbnf)
         CHECK(!tokens_accepted(q, unclosed));
     }
     free(q);
-    char *only = api_tool_gbnf(&c, &qm, "a\"b", false, &trig, err, sizeof err);
+    char *only = api_tool_gbnf(&c, &qm, "a\"b", false, false, &trig, err, sizeof err);
     const char *named_other[] = {"#5002", "\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\", \"unit\": \"c\"}}\n", "#5003", NULL};
     const char *named[] = {"#5002", "\n{\"name\": \"a\\\"b\", \"arguments\": {}}\n", "#5003", NULL};
     CHECK(only && !tokens_accepted(only, named_other) && tokens_accepted(only, named));
     free(only);
     /* Llama 3: no marker token, the answer is the JSON object */
-    char *l = api_tool_gbnf(&c, &lm, "get_weather", false, &trig, err, sizeof err);
+    char *l = api_tool_gbnf(&c, &lm, "get_weather", false, false, &trig, err, sizeof err);
     const char *ll[] = {"{\"name\": \"get_weather\", \"parameters\": {\"city\": \"\", \"unit\": \"f\"}}", NULL};
     CHECK(l && trig == -1 && tokens_accepted(l, ll));
     free(l);
     /* ... so strict tools under auto cannot be bound there: no grammar, no error */
-    CHECK(api_tool_gbnf(&c, &lm, NULL, true, &trig, err, sizeof err) == NULL && err[0] == 0 && trig == -1);
+    CHECK(api_tool_gbnf(&c, &lm, NULL, true, false, &trig, err, sizeof err) == NULL && err[0] == 0 && trig == -1);
     /* DeepSeek V3.1: every marker a control token, the name as text between them */
-    char *d = api_tool_gbnf(&c, &dm, NULL, false, &trig, err, sizeof err);
+    char *d = api_tool_gbnf(&c, &dm, NULL, false, false, &trig, err, sizeof err);
     CHECK(d && trig == DS_CALLS);
     if (d) {
         const char *ok[] = {"#5100", "#5102", "get_weather", "#5104", "{\"city\": \"Oslo\", \"unit\": \"f\"}", "#5103", "#5101", NULL};
@@ -1523,7 +1523,7 @@ TEST(structured_tool_gbnf)
     free(d);
     /* DeepSeek, lazy (strict tools under auto): what follows the trigger, several calls */
     c.tools[0].strict = true;
-    d = api_tool_gbnf(&c, &dm, NULL, true, &trig, err, sizeof err);
+    d = api_tool_gbnf(&c, &dm, NULL, true, false, &trig, err, sizeof err);
     CHECK(d && trig == DS_CALLS);
     if (d) {
         const char *two[] = {"#5102", "a\"b", "#5104", "{}", "#5103", "#5102", "get_weather", "#5104",
@@ -1539,7 +1539,7 @@ TEST(structured_tool_gbnf)
     conv_add_tool(&c, "s", NULL, "{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"integer\"}},\"required\":[\"n\"],"
                                  "\"additionalProperties\":false}");
     c.tools[2].strict = true;
-    q = api_tool_gbnf(&c, &qm, NULL, true, &trig, err, sizeof err);
+    q = api_tool_gbnf(&c, &qm, NULL, true, false, &trig, err, sizeof err);
     CHECK(q && trig == TC);
     if (q) {
         const char *loose[] = {"\n{\"name\": \"get_weather\", \"arguments\": {\"city\": 3}}\n", "#5003", NULL};
@@ -1550,16 +1550,16 @@ TEST(structured_tool_gbnf)
     free(q);
     /* a family lacking one of its tokens, or with no call syntax: none, and no error */
     dm.tool_sep = -1;
-    CHECK(api_tool_gbnf(&c, &dm, NULL, false, &trig, err, sizeof err) == NULL && err[0] == 0);
+    CHECK(api_tool_gbnf(&c, &dm, NULL, false, false, &trig, err, sizeof err) == NULL && err[0] == 0);
     events_markers nm;
     events_markers_none(&nm);
-    CHECK(api_tool_gbnf(&c, &nm, NULL, false, &trig, err, sizeof err) == NULL && err[0] == 0);
+    CHECK(api_tool_gbnf(&c, &nm, NULL, false, false, &trig, err, sizeof err) == NULL && err[0] == 0);
     /* a tool not offered, a schema refused: the error names it */
-    CHECK(api_tool_gbnf(&c, &qm, "nope", false, &trig, err, sizeof err) == NULL && strstr(err, "nope"));
+    CHECK(api_tool_gbnf(&c, &qm, "nope", false, false, &trig, err, sizeof err) == NULL && strstr(err, "nope"));
     conv_add_tool(&c, "bad", NULL, "{\"type\":\"object\",\"not\":{}}");
-    CHECK(api_tool_gbnf(&c, &qm, NULL, false, &trig, err, sizeof err) == NULL && strstr(err, "bad") && strstr(err, "not"));
+    CHECK(api_tool_gbnf(&c, &qm, NULL, false, false, &trig, err, sizeof err) == NULL && strstr(err, "bad") && strstr(err, "not"));
     /* ... but not when it is not strict and the call is lazy (its schema is not used) */
-    q = api_tool_gbnf(&c, &qm, NULL, true, &trig, err, sizeof err);
+    q = api_tool_gbnf(&c, &qm, NULL, true, false, &trig, err, sizeof err);
     CHECK(q != NULL);
     free(q);
     conv_free(&c);
@@ -1579,7 +1579,7 @@ TEST(structured_format_or_calls_gbnf)
     events_markers qm = qwen_markers(), lm;
     events_markers_none(&lm);
     lm.toolfmt = EVENTS_TOOLFMT_LLAMA3;
-    char *g = api_format_calls_gbnf(&c, &qm, GRAMMAR_KIND_SCHEMA, schema, strlen(schema), err, sizeof err);
+    char *g = api_format_calls_gbnf(&c, &qm, GRAMMAR_KIND_SCHEMA, schema, strlen(schema), false, err, sizeof err);
     CHECK(g != NULL);
     if (g) {
         const char *doc[] = {"{\"x\": 2}", NULL};
@@ -1592,14 +1592,146 @@ TEST(structured_format_or_calls_gbnf)
     }
     free(g);
     /* the JSON kind (no source) and a family without an opening token */
-    g = api_format_calls_gbnf(&c, &qm, GRAMMAR_KIND_JSON, NULL, 0, err, sizeof err);
+    g = api_format_calls_gbnf(&c, &qm, GRAMMAR_KIND_JSON, NULL, 0, false, err, sizeof err);
     const char *obj[] = {"{\"a\": [true]}", NULL};
     CHECK(g && tokens_accepted(g, obj));
     free(g);
-    CHECK(api_format_calls_gbnf(&c, &lm, GRAMMAR_KIND_SCHEMA, schema, strlen(schema), err, sizeof err) == NULL && !err[0]);
+    CHECK(api_format_calls_gbnf(&c, &lm, GRAMMAR_KIND_SCHEMA, schema, strlen(schema), false, err, sizeof err) == NULL && !err[0]);
     /* a refused format or tool schema is an error */
-    CHECK(api_format_calls_gbnf(&c, &qm, GRAMMAR_KIND_SCHEMA, "{\"not\":{}}", 10, err, sizeof err) == NULL && strstr(err, "not"));
+    CHECK(api_format_calls_gbnf(&c, &qm, GRAMMAR_KIND_SCHEMA, "{\"not\":{}}", 10, false, err, sizeof err) == NULL && strstr(err, "not"));
     conv_free(&c);
+}
+
+/* harmony: the call message after the analysis, every marker by id; under auto the trigger
+ * is <|start|> and the message it opens is a call or a free message */
+TEST(structured_tool_gbnf_harmony)
+{
+    conv c;
+    conv_init(&c);
+    conv_add_tool(&c, "get_weather", NULL,
+                  "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"],"
+                  "\"additionalProperties\":false}");
+    conv_add_tool(&c, "noop", NULL, NULL);
+    events_markers hm;
+    events_markers_none(&hm);
+    hm.toolfmt = EVENTS_TOOLFMT_HARMONY;
+    hm.h_start = HM_START, hm.h_channel = HM_CHANNEL, hm.h_message = HM_MESSAGE, hm.h_constrain = HM_CONSTRAIN;
+    hm.h_end = HM_END, hm.h_call = HM_CALL, hm.h_return = HM_RETURN;
+    char err[256];
+    int32_t trig;
+    /* required with several tools: <|start|>assistant<|channel|>commentary to=functions.N ... */
+    char *g = api_tool_gbnf(&c, &hm, NULL, false, false, &trig, err, sizeof err);
+    CHECK(g && trig == HM_START);
+    if (g) {
+        const char *ok[] = {"#6000", "assistant", "#6001", "commentary to=functions.get_weather ", "#6003", "json", "#6002",
+                            "{\"city\": \"Oslo\"}", "#6005", NULL};
+        const char *ok2[] = {"#6000", "assistant", "#6001", "commentary to=functions.noop ", "#6003", "json", "#6002",
+                             "{\"a\": 1}", "#6005", NULL};
+        const char *bad_args[] = {"#6000", "assistant", "#6001", "commentary to=functions.get_weather ", "#6003", "json",
+                                  "#6002", "{\"town\": \"Oslo\"}", "#6005", NULL};
+        const char *other[] = {"#6000", "assistant", "#6001", "commentary to=functions.set ", "#6003", "json", "#6002",
+                               "{}", "#6005", NULL};
+        const char *answer[] = {"#6000", "assistant", "#6001", "final", "#6002", "hi", "#6006", NULL};
+        const char *spelled[] = {"<|start|>assistant<|channel|>commentary to=functions.noop <|constrain|>json<|message|>{}",
+                                 "#6005", NULL};
+        const char *unended[] = {"#6000", "assistant", "#6001", "commentary to=functions.noop ", "#6003", "json", "#6002",
+                                 "{}", NULL};
+        CHECK(tokens_accepted(g, ok) && tokens_accepted(g, ok2));
+        CHECK(!tokens_accepted(g, bad_args) && !tokens_accepted(g, other) && !tokens_accepted(g, answer));
+        CHECK(!tokens_accepted(g, spelled) && !tokens_accepted(g, unended));
+    }
+    free(g);
+    /* a call forced to one tool (named, or required with one tool): the prompt opened it */
+    c.forced_call = "get_weather";
+    g = api_tool_gbnf(&c, &hm, "get_weather", false, false, &trig, err, sizeof err);
+    const char *args[] = {"{\"city\": \"x\"}", NULL};
+    CHECK(g && trig == -1 && tokens_accepted(g, args));
+    free(g);
+    c.forced_call = NULL;
+    /* auto with a strict tool: what follows <|start|> */
+    c.tools[0].strict = true;
+    g = api_tool_gbnf(&c, &hm, NULL, true, false, &trig, err, sizeof err);
+    CHECK(g && trig == HM_START);
+    if (g) {
+        const char *call[] = {"assistant", "#6001", "commentary to=functions.get_weather ", "#6003", "json", "#6002",
+                              "{\"city\": \"Oslo\"}", "#6005", NULL};
+        const char *loose[] = {"assistant", "#6001", "commentary to=functions.noop ", "#6003", "json", "#6002",
+                               "{\"z\": [1]}", "#6005", NULL};
+        const char *strict_bad[] = {"assistant", "#6001", "commentary to=functions.get_weather ", "#6003", "json", "#6002",
+                                    "{\"city\": 3}", "#6005", NULL};
+        const char *final[] = {"assistant", "#6001", "final", "#6002", "any text {", "#6006", NULL};
+        const char *analysis[] = {"assistant", "#6001", "analysis", "#6002", "think", "#6004", NULL};
+        const char *preamble[] = {"assistant", "#6001", "commentary", "#6002", "on it", "#6004", NULL};
+        const char *marker_in_text[] = {"assistant", "#6001", "final", "#6002", "a", "#6001", "#6006", NULL};
+        CHECK(tokens_accepted(g, call) && tokens_accepted(g, loose) && !tokens_accepted(g, strict_bad));
+        CHECK(tokens_accepted(g, final) && tokens_accepted(g, analysis) && tokens_accepted(g, preamble));
+        CHECK(!tokens_accepted(g, marker_in_text));
+    }
+    free(g);
+    /* with a response format the format alone binds the answer (no error) */
+    CHECK(api_format_calls_gbnf(&c, &hm, GRAMMAR_KIND_JSON, NULL, 0, false, err, sizeof err) == NULL && !err[0]);
+    /* a vocabulary without one of the markers: no grammar, no error */
+    hm.h_constrain = -1;
+    CHECK(api_tool_gbnf(&c, &hm, NULL, false, false, &trig, err, sizeof err) == NULL && !err[0]);
+    conv_free(&c);
+}
+
+/* parallel tool calls off: one call per block (DeepSeek), and after a lazy call free text in
+ * which no call may open (Qwen, DeepSeek) */
+TEST(structured_tool_gbnf_one_call)
+{
+    conv c;
+    conv_init(&c);
+    conv_add_tool(&c, "f", NULL, NULL);
+    c.tools[0].strict = true;
+    char err[256];
+    int32_t trig;
+    events_markers qm = qwen_markers(), dm = ds_markers();
+    const char *q_two[] = {"\n{\"name\": \"f\", \"arguments\": {}}\n", "#5003", "then ", "#5002", NULL};
+    const char *q_one[] = {"\n{\"name\": \"f\", \"arguments\": {}}\n", "#5003", "then text", NULL};
+    char *many = api_tool_gbnf(&c, &qm, NULL, true, false, &trig, err, sizeof err);
+    char *one = api_tool_gbnf(&c, &qm, NULL, true, true, &trig, err, sizeof err);
+    CHECK(many && one && trig == TC);
+    CHECK(one && tokens_accepted(one, q_one) && !tokens_accepted(one, q_two));
+    /* (several calls: the lazy grammar ends at </tool_call>, the next <tool_call> opens another) */
+    const char *q_end[] = {"\n{\"name\": \"f\", \"arguments\": {}}\n", "#5003", "x", NULL};
+    CHECK(many && !tokens_accepted(many, q_end));
+    free(many);
+    free(one);
+    const char *d_two[] = {"#5102", "f", "#5104", "{}", "#5103", "#5102", "f", "#5104", "{}", "#5103", "#5101", NULL};
+    const char *d_one[] = {"#5102", "f", "#5104", "{}", "#5103", "#5101", "done", NULL};
+    const char *d_again[] = {"#5102", "f", "#5104", "{}", "#5103", "#5101", "#5100", NULL};
+    many = api_tool_gbnf(&c, &dm, NULL, true, false, &trig, err, sizeof err);
+    one = api_tool_gbnf(&c, &dm, NULL, true, true, &trig, err, sizeof err);
+    CHECK(many && tokens_accepted(many, d_two));
+    CHECK(one && !tokens_accepted(one, d_two) && tokens_accepted(one, d_one) && !tokens_accepted(one, d_again));
+    free(many);
+    free(one);
+    /* with a response format: one call in the block */
+    char *g = api_format_calls_gbnf(&c, &dm, GRAMMAR_KIND_JSON, NULL, 0, true, err, sizeof err);
+    const char *fd_two[] = {"#5100", "#5102", "f", "#5104", "{}", "#5103", "#5102", "f", "#5104", "{}", "#5103", "#5101", NULL};
+    CHECK(g && !tokens_accepted(g, fd_two));
+    free(g);
+    conv_free(&c);
+}
+
+/* parallel_tool_calls false (Chat, Responses), disable_parallel_tool_use (Messages) */
+TEST(structured_one_call_parse)
+{
+    api_req r;
+    api_error e;
+    CHECK(parse_with(API_KIND_CHAT, chat_head, "\"parallel_tool_calls\":false", &r, &e) == API_OK && r.one_call);
+    api_req_free(&r);
+    CHECK(parse_with(API_KIND_CHAT, chat_head, "\"parallel_tool_calls\":true", &r, &e) == API_OK && !r.one_call);
+    api_req_free(&r);
+    CHECK(parse_with(API_KIND_RESPONSES, "{\"model\":\"m\",\"input\":\"x\",", "\"parallel_tool_calls\":false", &r, &e) ==
+              API_OK && r.one_call);
+    api_req_free(&r);
+    CHECK(parse_with(API_KIND_MESSAGES, "{\"model\":\"m\",\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],",
+                     "\"tool_choice\":{\"type\":\"any\",\"disable_parallel_tool_use\":true}", &r, &e) == API_OK && r.one_call);
+    api_req_free(&r);
+    CHECK(rejects_with(API_KIND_MESSAGES, "{\"model\":\"m\",\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],",
+                       "\"tool_choice\":{\"type\":\"auto\",\"disable_parallel_tool_use\":1}", "disable_parallel_tool_use", NULL));
 }
 
 TEST(structured_tool_strict_parse)
@@ -1687,6 +1819,9 @@ int main(void)
     RUN(structured_tool_choice_parse);
     RUN(structured_tool_gbnf);
     RUN(structured_format_or_calls_gbnf);
+    RUN(structured_tool_gbnf_harmony);
+    RUN(structured_tool_gbnf_one_call);
+    RUN(structured_one_call_parse);
     RUN(structured_tool_strict_parse);
     RUN(structured_forced_call_output);
     HARNESS_END();
