@@ -60,18 +60,23 @@ static void tokenizer_map_free(tokenizer_map *m)
     free(m->hash);
 }
 
-int32_t tokenizer_find(const tokenizer *t, const char *s, size_t len)
+/* The slot of tok_map holding the token whose text is s[0..len) (h its hash), or the empty
+ * slot where it would go. */
+static uint64_t tokenizer_token_slot(const tokenizer *t, const char *s, size_t len, uint64_t h)
 {
-    if (len > t->max_token_len) return -1;
-    uint64_t h = tokenizer_hash(0, s, len);
     uint32_t hh = (uint32_t)(h >> 32);
     for (uint64_t i = h & t->tok_map.mask;; i = (i + 1) & t->tok_map.mask) {
         int32_t v = t->tok_map.slot[i];
-        if (v == 0) return -1;
-        if (t->tok_map.hash[i] != hh) continue;
-        int32_t id = v - 1;
-        if (t->tok_len[id] == len && memcmp(t->arena + t->tok_off[id], s, len) == 0) return id;
+        if (v == 0 || (t->tok_map.hash[i] == hh && t->tok_len[v - 1] == len &&
+                       memcmp(t->arena + t->tok_off[v - 1], s, len) == 0))
+            return i;
     }
+}
+
+int32_t tokenizer_find(const tokenizer *t, const char *s, size_t len)
+{
+    if (len > t->max_token_len) return -1;
+    return t->tok_map.slot[tokenizer_token_slot(t, s, len, tokenizer_hash(0, s, len))] - 1;
 }
 
 /* Inserts id under its text; a later duplicate replaces the earlier id (llama.cpp's
@@ -81,20 +86,9 @@ static void tokenizer_map_put_token(tokenizer *t, int32_t id)
     size_t len;
     const char *s = tokenizer_text(t, id, &len);
     uint64_t h = tokenizer_hash(0, s, len);
-    uint32_t hh = (uint32_t)(h >> 32);
-    for (uint64_t i = h & t->tok_map.mask;; i = (i + 1) & t->tok_map.mask) {
-        int32_t v = t->tok_map.slot[i];
-        if (v == 0) {
-            t->tok_map.slot[i] = id + 1;
-            t->tok_map.hash[i] = hh;
-            return;
-        }
-        if (t->tok_map.hash[i] == hh && t->tok_len[v - 1] == len &&
-            memcmp(t->arena + t->tok_off[v - 1], s, len) == 0) {
-            t->tok_map.slot[i] = id + 1;
-            return;
-        }
-    }
+    uint64_t i = tokenizer_token_slot(t, s, len, h);
+    t->tok_map.slot[i] = id + 1;
+    t->tok_map.hash[i] = (uint32_t)(h >> 32);
 }
 
 static uint64_t tokenizer_merge_hash(const char *a, size_t na, const char *b, size_t nb)
@@ -110,16 +104,21 @@ static bool tokenizer_merge_eq(const tokenizer *t, int32_t r, const char *a, siz
            memcmp(t->arena + t->merge_off[2 * r + 1], b, nb) == 0;
 }
 
-int32_t tokenizer_merge_rank(const tokenizer *t, const char *a, size_t na, const char *b,
-                                    size_t nb)
+/* The slot of merge_map holding the merge (a, b) (h its hash), or the empty slot where it
+ * would go. */
+static uint64_t tokenizer_merge_slot(const tokenizer *t, const char *a, size_t na, const char *b,
+                                     size_t nb, uint64_t h)
 {
-    uint64_t h = tokenizer_merge_hash(a, na, b, nb);
     uint32_t hh = (uint32_t)(h >> 32);
     for (uint64_t i = h & t->merge_map.mask;; i = (i + 1) & t->merge_map.mask) {
         int32_t v = t->merge_map.slot[i];
-        if (v == 0) return -1;
-        if (t->merge_map.hash[i] == hh && tokenizer_merge_eq(t, v - 1, a, na, b, nb)) return v - 1;
+        if (v == 0 || (t->merge_map.hash[i] == hh && tokenizer_merge_eq(t, v - 1, a, na, b, nb))) return i;
     }
+}
+
+int32_t tokenizer_merge_rank(const tokenizer *t, const char *a, size_t na, const char *b, size_t nb)
+{
+    return t->merge_map.slot[tokenizer_merge_slot(t, a, na, b, nb, tokenizer_merge_hash(a, na, b, nb))] - 1;
 }
 
 /* Inserts merge r unless an equal pair exists (llama.cpp's bpe_ranks.emplace keeps the first). */
@@ -128,36 +127,18 @@ static void tokenizer_map_put_merge(tokenizer *t, int32_t r)
     const char *a = t->arena + t->merge_off[2 * r], *b = t->arena + t->merge_off[2 * r + 1];
     size_t na = t->merge_len[2 * r], nb = t->merge_len[2 * r + 1];
     uint64_t h = tokenizer_merge_hash(a, na, b, nb);
-    uint32_t hh = (uint32_t)(h >> 32);
-    for (uint64_t i = h & t->merge_map.mask;; i = (i + 1) & t->merge_map.mask) {
-        int32_t v = t->merge_map.slot[i];
-        if (v == 0) {
-            t->merge_map.slot[i] = r + 1;
-            t->merge_map.hash[i] = hh;
-            return;
-        }
-        if (t->merge_map.hash[i] == hh && tokenizer_merge_eq(t, v - 1, a, na, b, nb)) return;
-    }
+    uint64_t i = tokenizer_merge_slot(t, a, na, b, nb, h);
+    if (t->merge_map.slot[i] != 0) return;
+    t->merge_map.slot[i] = r + 1;
+    t->merge_map.hash[i] = (uint32_t)(h >> 32);
 }
 
 /* ---------------------------------------------------------------------------------------- */
 /* growable buffers used while loading and encoding                                          */
 
-static bool tokenizer_buf_reserve(tokenizer_buf *b, size_t extra)
-{
-    if (b->n + extra <= b->cap) return true;
-    size_t cap = b->cap ? b->cap : 256;
-    while (cap < b->n + extra) cap *= 2;
-    char *p = realloc(b->p, cap);
-    if (!p) return false;
-    b->p = p;
-    b->cap = cap;
-    return true;
-}
-
 bool tokenizer_buf_add(tokenizer_buf *b, const void *s, size_t n)
 {
-    if (!tokenizer_buf_reserve(b, n)) return false;
+    if (!tokenizer_grow((void **)&b->p, &b->cap, b->n + n, 1)) return false;
     memcpy(b->p + b->n, s, n);
     b->n += n;
     return true;
@@ -365,21 +346,41 @@ static tokenizer_status tokenizer_load_kind(tokenizer *t, const gguf *g, char *e
     return TOKENIZER_OK;
 }
 
+/* The string array under key: its length (at most 2^30, at least 1 if nonempty) in *n. When
+ * it is absent the message says "<key> missing" followed by why_needed. */
+static tokenizer_status tokenizer_load_strings(const gguf *g, const char *key, bool nonempty,
+                                               const char *why_needed, uint64_t *n, char *err,
+                                               size_t errsz)
+{
+    gguf_vtype elt;
+    const void *data;
+    if (!gguf_get_arr(g, key, &elt, n, &data)) {
+        tokenizer_err(err, errsz, "%s missing%s", key, why_needed);
+        return TOKENIZER_ERR_MISSING;
+    }
+    if (elt != GGUF_VT_STRING || (nonempty && *n == 0) || *n > (1u << 30)) {
+        tokenizer_err(err, errsz, "%s: expected a %sstring array", key, nonempty ? "non-empty " : "");
+        return TOKENIZER_ERR_FORMAT;
+    }
+    return TOKENIZER_OK;
+}
+
+/* Element i of the string array under key (checked by tokenizer_load_strings). */
+static tokenizer_status tokenizer_load_string(const gguf *g, const char *key, uint64_t i,
+                                              const char **s, size_t *len, char *err, size_t errsz)
+{
+    if (gguf_arr_str(g, key, i, s, len)) return TOKENIZER_OK;
+    tokenizer_err(err, errsz, "%s[%llu] unreadable", key, (unsigned long long)i);
+    return TOKENIZER_ERR_FORMAT;
+}
+
 /* tokenizer.ggml.tokens into the arena; sizes the per-token arrays (every token normal until
  * its type is read). */
 static tokenizer_status tokenizer_load_tokens(tokenizer *t, const gguf *g, char *err, size_t errsz)
 {
-    gguf_vtype elt;
     uint64_t n;
-    const void *data;
-    if (!gguf_get_arr(g, "tokenizer.ggml.tokens", &elt, &n, &data)) {
-        tokenizer_err(err, errsz, "tokenizer.ggml.tokens missing");
-        return TOKENIZER_ERR_MISSING;
-    }
-    if (elt != GGUF_VT_STRING || n == 0 || n > (1u << 30)) {
-        tokenizer_err(err, errsz, "tokenizer.ggml.tokens: expected a non-empty string array");
-        return TOKENIZER_ERR_FORMAT;
-    }
+    tokenizer_status st = tokenizer_load_strings(g, "tokenizer.ggml.tokens", true, "", &n, err, errsz);
+    if (st != TOKENIZER_OK) return st;
     t->n_vocab = (int32_t)n;
     t->tok_off = calloc(n, sizeof *t->tok_off);
     t->tok_len = calloc(n, sizeof *t->tok_len);
@@ -394,10 +395,7 @@ static tokenizer_status tokenizer_load_tokens(tokenizer *t, const gguf *g, char 
         const char *s;
         size_t len;
         char empty[32];
-        if (!gguf_arr_str(g, "tokenizer.ggml.tokens", i, &s, &len)) {
-            tokenizer_err(err, errsz, "tokenizer.ggml.tokens[%llu] unreadable", (unsigned long long)i);
-            return TOKENIZER_ERR_FORMAT;
-        }
+        if ((st = tokenizer_load_string(g, "tokenizer.ggml.tokens", i, &s, &len, err, errsz)) != TOKENIZER_OK) return st;
         if (len == 0) {  /* llama.cpp renames empty tokens */
             len = (size_t)snprintf(empty, sizeof empty, "[EMPTY_%llu]", (unsigned long long)i);
             s = empty;
@@ -457,17 +455,10 @@ static tokenizer_status tokenizer_load_scores_types(tokenizer *t, const gguf *g,
  * (left, right) -> rank map. */
 static tokenizer_status tokenizer_load_merges(tokenizer *t, const gguf *g, char *err, size_t errsz)
 {
-    gguf_vtype elt;
     uint64_t n;
-    const void *data;
-    if (!gguf_get_arr(g, "tokenizer.ggml.merges", &elt, &n, &data)) {
-        tokenizer_err(err, errsz, "tokenizer.ggml.merges missing (required by gpt2 vocabularies)");
-        return TOKENIZER_ERR_MISSING;
-    }
-    if (elt != GGUF_VT_STRING || n > (1u << 30)) {
-        tokenizer_err(err, errsz, "tokenizer.ggml.merges: expected a string array");
-        return TOKENIZER_ERR_FORMAT;
-    }
+    tokenizer_status st = tokenizer_load_strings(g, "tokenizer.ggml.merges", false,
+                                                 " (required by gpt2 vocabularies)", &n, err, errsz);
+    if (st != TOKENIZER_OK) return st;
     t->n_merges = (int32_t)n;
     t->merge_off = calloc(2 * n + 2, sizeof *t->merge_off);
     t->merge_len = calloc(2 * n + 2, sizeof *t->merge_len);
@@ -475,10 +466,7 @@ static tokenizer_status tokenizer_load_merges(tokenizer *t, const gguf *g, char 
     for (uint64_t i = 0; i < n; i++) {
         const char *s;
         size_t len;
-        if (!gguf_arr_str(g, "tokenizer.ggml.merges", i, &s, &len)) {
-            tokenizer_err(err, errsz, "tokenizer.ggml.merges[%llu] unreadable", (unsigned long long)i);
-            return TOKENIZER_ERR_FORMAT;
-        }
+        if ((st = tokenizer_load_string(g, "tokenizer.ggml.merges", i, &s, &len, err, errsz)) != TOKENIZER_OK) return st;
         /* split at the first space after position 0; none -> ("", "") as in llama.cpp */
         const char *sp = len > 1 ? memchr(s + 1, ' ', len - 1) : NULL;
         size_t n1 = sp ? (size_t)(sp - s) : 0, n2 = sp ? len - n1 - 1 : 0;

@@ -77,7 +77,7 @@ static void tokenizer_try_pair(const tokenizer *t, tokenizer_scratch *s, const c
 
 /* Splits text[0..n) into one symbol per UTF-8 character and merges pairs until none applies.
  * Leaves the symbol chain in s->sym (0 is the first, -1 ends it). */
-bool tokenizer_merge(const tokenizer *t, tokenizer_scratch *s, const char *text, size_t n)
+static bool tokenizer_merge(const tokenizer *t, tokenizer_scratch *s, const char *text, size_t n)
 {
     if (!tokenizer_grow((void **)&s->sym, &s->cap_sym, n + 1, sizeof *s->sym)) return false;
     int32_t ns = 0;
@@ -102,6 +102,33 @@ bool tokenizer_merge(const tokenizer *t, tokenizer_scratch *s, const char *text,
         tokenizer_try_pair(t, s, text, bg.left, l->next);
     }
     return !s->oom;
+}
+
+/* The token a byte of a merged symbol that is no token falls back to, -1 if none: SPM's
+ * <0xXX> byte token, else the unknown token; BPE's one-byte token of that byte's text
+ * (llama.cpp drops the byte when there is none). */
+static int32_t tokenizer_byte_fallback(const tokenizer *t, const char *c)
+{
+    if (t->kind == TOKENIZER_KIND_BPE) return tokenizer_find(t, c, 1);
+    int32_t b = t->byte_tok[(uint8_t)*c];
+    return b >= 0 ? b : t->unk;
+}
+
+void tokenizer_merge_emit(const tokenizer *t, tokenizer_scratch *s, const char *text, size_t n)
+{
+    if (n == 0 || !tokenizer_merge(t, s, text, n)) return;
+    for (int32_t i = 0; i != -1; i = s->sym[i].next) {
+        const tokenizer_sym *y = &s->sym[i];
+        int32_t id = tokenizer_find(t, text + y->start, y->n);
+        if (id >= 0) {
+            tokenizer_emit(s, id);
+            continue;
+        }
+        for (uint32_t j = 0; j < y->n; j++) {
+            int32_t b = tokenizer_byte_fallback(t, text + y->start + j);
+            if (b >= 0) tokenizer_emit(s, b);
+        }
+    }
 }
 
 /* BPE on one pre-tokenized word of code points. */
@@ -129,19 +156,7 @@ static void tokenizer_bpe_word(const tokenizer *t, tokenizer_scratch *s, const u
             return;
         }
     }
-    if (!tokenizer_merge(t, s, w, wn)) return;
-    for (int32_t i = 0; i != -1; i = s->sym[i].next) {
-        const tokenizer_sym *y = &s->sym[i];
-        int32_t id = tokenizer_find(t, w + y->start, y->n);
-        if (id >= 0) {
-            tokenizer_emit(s, id);
-            continue;
-        }
-        for (uint32_t j = 0; j < y->n; j++) {  /* llama.cpp: each raw byte as a 1-byte token */
-            int32_t b = tokenizer_find(t, w + y->start + j, 1);
-            if (b >= 0) tokenizer_emit(s, b);
-        }
-    }
+    tokenizer_merge_emit(t, s, w, wn);
 }
 
 static void tokenizer_bpe(const tokenizer *t, tokenizer_scratch *s, const char *text, size_t len)

@@ -31,29 +31,11 @@ static void tokenizer_scratch_free(tokenizer_scratch *s)
 
 void tokenizer_emit(tokenizer_scratch *s, int32_t id)
 {
-    if (s->n_out == s->cap_out) {
-        size_t cap = s->cap_out ? s->cap_out * 2 : 256;
-        int32_t *o = realloc(s->out, cap * sizeof *o);
-        if (!o) {
-            s->oom = true;
-            return;
-        }
-        s->out = o;
-        s->cap_out = cap;
+    if (!tokenizer_grow((void **)&s->out, &s->cap_out, s->n_out + 1, sizeof *s->out)) {
+        s->oom = true;
+        return;
     }
     s->out[s->n_out++] = id;
-}
-
-bool tokenizer_grow(void **p, size_t *cap, size_t need, size_t elt)
-{
-    if (need <= *cap) return true;
-    size_t c = *cap ? *cap : 64;
-    while (c < need) c *= 2;
-    void *q = realloc(*p, c * elt);
-    if (!q) return false;
-    *p = q;
-    *cap = c;
-    return true;
 }
 
 /* ---------------------------------------------------------------------------------------- */

@@ -14,6 +14,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "recipe/tokenizer.h"
 
@@ -129,6 +130,21 @@ typedef struct {
     size_t n, cap;
 } tokenizer_frags;
 
+/* Grows *p (of *cap elements of elt bytes) to hold need elements, doubling; false if out of
+ * memory (*p and *cap then unchanged). The one growth rule of every tokenizer array; inline
+ * because the encoder calls it for every token and heap entry. */
+static inline bool tokenizer_grow(void **p, size_t *cap, size_t need, size_t elt)
+{
+    if (need <= *cap) return true;
+    size_t c = *cap ? *cap : 64;
+    while (c < need) c *= 2;
+    void *q = realloc(*p, c * elt);
+    if (!q) return false;
+    *p = q;
+    *cap = c;
+    return true;
+}
+
 /* tokenizer.c: the vocabulary */
 bool tokenizer_buf_add(tokenizer_buf *b, const void *s, size_t n);
 void tokenizer_err(char *err, size_t errsz, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -143,14 +159,14 @@ tokenizer_status tokenizer_load_pre(tokenizer *t, const gguf *g, char *err, size
 bool tokenizer_pretokenize(const tokenizer *t, tokenizer_scratch *s, const uint32_t *cpts, size_t n);
 
 /* tokenizer_encode.c: the per-call scratch */
+/* Appends id to the output; sets s->oom if out of memory. */
 void tokenizer_emit(tokenizer_scratch *s, int32_t id);
-/* Grows *p (of *cap elements of elt bytes) to hold need elements; false if out of memory. */
-bool tokenizer_grow(void **p, size_t *cap, size_t need, size_t elt);
 
 /* tokenizer_bpe.c */
-/* Splits text[0..n) into one symbol per UTF-8 character and merges pairs until none applies.
- * Leaves the symbol chain in s->sym (0 is the first, -1 ends it). */
-bool tokenizer_merge(const tokenizer *t, tokenizer_scratch *s, const char *text, size_t n);
+/* Merges text[0..n) (one symbol per UTF-8 character, pairs merged by score or rank until none
+ * applies) and emits the symbols: each that is a token as that token, the others byte by byte
+ * as the kind falls back (SPM: <0xXX> tokens, else unknown; BPE: one-byte tokens). */
+void tokenizer_merge_emit(const tokenizer *t, tokenizer_scratch *s, const char *text, size_t n);
 /* Byte-level BPE of the fragments of text into s's output. */
 void tokenizer_bpe_encode(const tokenizer *t, tokenizer_scratch *s, const char *text, const tokenizer_frags *frags);
 

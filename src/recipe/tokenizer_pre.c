@@ -172,21 +172,19 @@ static bool tokenizer_regex_compile(tokenizer_regex *r, const char *re, char *er
     }
     tokenizer_buf pat = { 0 };
     uint32_t opts = PCRE2_DOLLAR_ENDONLY;
+    bool ok;
     if (tokenizer_regex_uses_ucat(re)) {
         r->mode = TOKENIZER_RE_COLLAPSED;
-        if (!tokenizer_collapse_regex(re, &pat)) {
-            free(pat.p);
-            snprintf(err, errsz, "out of memory");
-            return false;
-        }
+        ok = tokenizer_collapse_regex(re, &pat);
     } else {
         r->mode = TOKENIZER_RE_WIDE;
         opts |= PCRE2_UTF;
-        if (!tokenizer_buf_add(&pat, re, strlen(re))) {
-            free(pat.p);
-            snprintf(err, errsz, "out of memory");
-            return false;
-        }
+        ok = tokenizer_buf_add(&pat, re, strlen(re));
+    }
+    if (!ok) {
+        free(pat.p);
+        snprintf(err, errsz, "out of memory");
+        return false;
     }
     int ec;
     PCRE2_SIZE eo;
@@ -205,13 +203,7 @@ static bool tokenizer_regex_compile(tokenizer_regex *r, const char *re, char *er
 static bool tokenizer_segs_push(tokenizer_segs *s, uint32_t start, uint32_t n)
 {
     if (n == 0) return true;
-    if (s->n == s->cap) {
-        size_t cap = s->cap ? s->cap * 2 : 64;
-        tokenizer_seg *v = realloc(s->v, cap * sizeof *v);
-        if (!v) return false;
-        s->v = v;
-        s->cap = cap;
-    }
+    if (!tokenizer_grow((void **)&s->v, &s->cap, s->n + 1, sizeof *s->v)) return false;
     s->v[s->n++] = (tokenizer_seg){ start, n };
     return true;
 }

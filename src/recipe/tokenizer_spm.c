@@ -2,29 +2,10 @@
  * tokenizer_spm: SentencePiece-style BPE by scores (llama.cpp's llm_tokenizer_spm). Spaces
  * become U+2581 and a space is prefixed at the start and after each special token (when the
  * vocabulary asks, tokenizer.ggml.add_space_prefix); the escaped text is merged best score
- * first (tokenizer_merge); a merged symbol that is no token falls back to <0xXX> byte tokens,
- * else to the unknown token.
+ * first (tokenizer_merge_emit, in tokenizer_bpe.c); a merged symbol that is no token falls back
+ * to <0xXX> byte tokens, else to the unknown token.
  */
 #include "recipe/tokenizer_int.h"
-
-/* SPM on an already escaped text: merged symbols that are tokens, else byte tokens. */
-static void tokenizer_spm(const tokenizer *t, tokenizer_scratch *s, const char *text, size_t n)
-{
-    if (n == 0 || !tokenizer_merge(t, s, text, n)) return;
-    for (int32_t i = 0; i != -1; i = s->sym[i].next) {
-        const tokenizer_sym *y = &s->sym[i];
-        int32_t id = tokenizer_find(t, text + y->start, y->n);
-        if (id >= 0) {
-            tokenizer_emit(s, id);
-            continue;
-        }
-        for (uint32_t j = 0; j < y->n; j++) {
-            int32_t b = t->byte_tok[(uint8_t)text[y->start + j]];
-            if (b >= 0) tokenizer_emit(s, b);
-            else if (t->unk >= 0) tokenizer_emit(s, t->unk);
-        }
-    }
-}
 
 void tokenizer_spm_encode(const tokenizer *t, tokenizer_scratch *s, const char *text, const tokenizer_frags *frags)
 {
@@ -44,7 +25,7 @@ void tokenizer_spm_encode(const tokenizer *t, tokenizer_scratch *s, const char *
             if (!ok) s->oom = true;
         }
         if (s->oom) break;
-        tokenizer_spm(t, s, s->word.p, s->word.n);
+        tokenizer_merge_emit(t, s, s->word.p, s->word.n);
         prev_special = false;
     }
 }
