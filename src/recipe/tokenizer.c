@@ -493,7 +493,7 @@ static tokenizer_status tokenizer_load_specials(tokenizer *t, const gguf *g, int
         t->add_space_prefix = true;
     } else {
         t->bos = 11, t->eos = 11;
-        tokenizer_status st = tokenizer_load_pre(t, g, err, errsz);
+        tokenizer_status st = tokenizer_pre_load(t, g, err, errsz);
         if (st == TOKENIZER_OK) st = tokenizer_load_merges(t, g, err, errsz);
         if (st != TOKENIZER_OK) return st;
     }

@@ -114,19 +114,19 @@ static int32_t tokenizer_byte_fallback(const tokenizer *t, const char *c)
     return b >= 0 ? b : t->unk;
 }
 
-void tokenizer_merge_emit(const tokenizer *t, tokenizer_scratch *s, const char *text, size_t n)
+void tokenizer_bpe_merge(const tokenizer *t, tokenizer_scratch *s, const char *text, size_t n)
 {
     if (n == 0 || !tokenizer_merge(t, s, text, n)) return;
     for (int32_t i = 0; i != -1; i = s->sym[i].next) {
         const tokenizer_sym *y = &s->sym[i];
         int32_t id = tokenizer_find(t, text + y->start, y->n);
         if (id >= 0) {
-            tokenizer_emit(s, id);
+            tokenizer_encode_emit(s, id);
             continue;
         }
         for (uint32_t j = 0; j < y->n; j++) {
             int32_t b = tokenizer_byte_fallback(t, text + y->start + j);
-            if (b >= 0) tokenizer_emit(s, b);
+            if (b >= 0) tokenizer_encode_emit(s, b);
         }
     }
 }
@@ -152,11 +152,11 @@ static void tokenizer_bpe_word(const tokenizer *t, tokenizer_scratch *s, const u
     if (t->ignore_merges) {
         int32_t id = tokenizer_find(t, w, wn);
         if (id >= 0) {
-            tokenizer_emit(s, id);
+            tokenizer_encode_emit(s, id);
             return;
         }
     }
-    tokenizer_merge_emit(t, s, w, wn);
+    tokenizer_bpe_merge(t, s, w, wn);
 }
 
 static void tokenizer_bpe(const tokenizer *t, tokenizer_scratch *s, const char *text, size_t len)
@@ -172,7 +172,7 @@ static void tokenizer_bpe(const tokenizer *t, tokenizer_scratch *s, const char *
     free(s->wide_off);
     s->coll = s->wide = NULL;
     s->wide_off = NULL;
-    if (!tokenizer_pretokenize(t, s, s->cpts, n)) {
+    if (!tokenizer_pre_split(t, s, s->cpts, n)) {
         s->oom = true;
         return;
     }
@@ -184,7 +184,7 @@ void tokenizer_bpe_encode(const tokenizer *t, tokenizer_scratch *s, const char *
 {
     for (size_t i = 0; i < frags->n && !s->oom; i++) {
         tokenizer_frag f = frags->v[i];
-        if (f.tok >= 0) tokenizer_emit(s, f.tok);
+        if (f.tok >= 0) tokenizer_encode_emit(s, f.tok);
         else tokenizer_bpe(t, s, text + f.off, f.len);
     }
 }

@@ -29,7 +29,7 @@ static void tokenizer_scratch_free(tokenizer_scratch *s)
     if (s->jstack) pcre2_jit_stack_free(s->jstack);
 }
 
-void tokenizer_emit(tokenizer_scratch *s, int32_t id)
+void tokenizer_encode_emit(tokenizer_scratch *s, int32_t id)
 {
     if (!tokenizer_grow((void **)&s->out, &s->cap_out, s->n_out + 1, sizeof *s->out)) {
         s->oom = true;
@@ -122,10 +122,10 @@ int32_t tokenizer_encode(const tokenizer *t, const char *text, size_t len, bool 
     s.mctx = pcre2_match_context_create(NULL);
     if (!s.md || !s.mctx || !tokenizer_partition(t, text, len, parse_special, &frags)) goto done;
 
-    if (add_special && t->add_bos && t->bos >= 0) tokenizer_emit(&s, t->bos);
+    if (add_special && t->add_bos && t->bos >= 0) tokenizer_encode_emit(&s, t->bos);
     if (t->kind == TOKENIZER_KIND_SPM) tokenizer_spm_encode(t, &s, text, &frags);
     else tokenizer_bpe_encode(t, &s, text, &frags);
-    if (add_special && t->add_eos && t->eos >= 0) tokenizer_emit(&s, t->eos);
+    if (add_special && t->add_eos && t->eos >= 0) tokenizer_encode_emit(&s, t->eos);
     if (s.oom) goto done;
     if (s.n_out > (size_t)INT32_MAX) goto done;
     if (cap > 0 && s.n_out > 0) memcpy(out, s.out, TM_MIN(s.n_out, (size_t)cap) * sizeof *out);

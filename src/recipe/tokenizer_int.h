@@ -154,19 +154,19 @@ int32_t tokenizer_merge_rank(const tokenizer *t, const char *a, size_t na, const
 /* tokenizer_pre.c */
 /* BPE: tokenizer.ggml.pre chooses the pre-tokenizer (its regexes, BOS handling, whether
  * whole-token words skip merging). */
-tokenizer_status tokenizer_load_pre(tokenizer *t, const gguf *g, char *err, size_t errsz);
+tokenizer_status tokenizer_pre_load(tokenizer *t, const gguf *g, char *err, size_t errsz);
 /* Splits code points cpts[0..n) into words (s->segs) with the tokenizer's regex list. */
-bool tokenizer_pretokenize(const tokenizer *t, tokenizer_scratch *s, const uint32_t *cpts, size_t n);
+bool tokenizer_pre_split(const tokenizer *t, tokenizer_scratch *s, const uint32_t *cpts, size_t n);
 
 /* tokenizer_encode.c: the per-call scratch */
 /* Appends id to the output; sets s->oom if out of memory. */
-void tokenizer_emit(tokenizer_scratch *s, int32_t id);
+void tokenizer_encode_emit(tokenizer_scratch *s, int32_t id);
 
 /* tokenizer_bpe.c */
 /* Merges text[0..n) (one symbol per UTF-8 character, pairs merged by score or rank until none
  * applies) and emits the symbols: each that is a token as that token, the others byte by byte
  * as the kind falls back (SPM: <0xXX> tokens, else unknown; BPE: one-byte tokens). */
-void tokenizer_merge_emit(const tokenizer *t, tokenizer_scratch *s, const char *text, size_t n);
+void tokenizer_bpe_merge(const tokenizer *t, tokenizer_scratch *s, const char *text, size_t n);
 /* Byte-level BPE of the fragments of text into s's output. */
 void tokenizer_bpe_encode(const tokenizer *t, tokenizer_scratch *s, const char *text, const tokenizer_frags *frags);
 

@@ -250,7 +250,7 @@ static bool tokenizer_regex_run(const tokenizer_regex *r, tokenizer_scratch *s, 
 }
 
 /* Splits code points cpts[0..n) into words with the tokenizer's regex list. */
-bool tokenizer_pretokenize(const tokenizer *t, tokenizer_scratch *s, const uint32_t *cpts, size_t n)
+bool tokenizer_pre_split(const tokenizer *t, tokenizer_scratch *s, const uint32_t *cpts, size_t n)
 {
     s->segs.n = 0;
     if (!tokenizer_segs_push(&s->segs, 0, (uint32_t)n)) return false;
@@ -334,7 +334,7 @@ bool tokenizer_pretokenize(const tokenizer *t, tokenizer_scratch *s, const uint3
 
 /* BPE: tokenizer.ggml.pre chooses the pre-tokenizer (its regexes, BOS handling, whether
  * whole-token words skip merging). */
-tokenizer_status tokenizer_load_pre(tokenizer *t, const gguf *g, char *err, size_t errsz)
+tokenizer_status tokenizer_pre_load(tokenizer *t, const gguf *g, char *err, size_t errsz)
 {
     const char *pre = NULL;
     size_t npre = 0;

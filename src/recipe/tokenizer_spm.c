@@ -2,7 +2,7 @@
  * tokenizer_spm: SentencePiece-style BPE by scores (llama.cpp's llm_tokenizer_spm). Spaces
  * become U+2581 and a space is prefixed at the start and after each special token (when the
  * vocabulary asks, tokenizer.ggml.add_space_prefix); the escaped text is merged best score
- * first (tokenizer_merge_emit, in tokenizer_bpe.c); a merged symbol that is no token falls back
+ * first (tokenizer_bpe_merge, in tokenizer_bpe.c); a merged symbol that is no token falls back
  * to <0xXX> byte tokens, else to the unknown token.
  */
 #include "recipe/tokenizer_int.h"
@@ -13,7 +13,7 @@ void tokenizer_spm_encode(const tokenizer *t, tokenizer_scratch *s, const char *
     for (size_t i = 0; i < frags->n && !s->oom; i++) {
         tokenizer_frag f = frags->v[i];
         if (f.tok >= 0) {
-            tokenizer_emit(s, f.tok);
+            tokenizer_encode_emit(s, f.tok);
             prev_special = true;
             continue;
         }
@@ -25,7 +25,7 @@ void tokenizer_spm_encode(const tokenizer *t, tokenizer_scratch *s, const char *
             if (!ok) s->oom = true;
         }
         if (s->oom) break;
-        tokenizer_merge_emit(t, s, s->word.p, s->word.n);
+        tokenizer_bpe_merge(t, s, s->word.p, s->word.n);
         prev_special = false;
     }
 }
