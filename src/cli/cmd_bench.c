@@ -324,7 +324,7 @@ int cmd_bench(int argc, char **argv)
     const char *model_path = NULL, *seqs_arg = "1,4,16", *prompts_path = NULL, *cpus_list = NULL;
     long threads = 0, pp = 512, tg = 128, reps = 3, maxb = 512, depth = 0, groups = 8;
     const cmd_opt opts[] = {
-        { "--model", "-m", CMD_OPT_STR, &model_path, .arg = "MODEL", .help = "the GGUF to time (required)" },
+        { "--model", "-m", CMD_OPT_STR, &model_path, .arg = "MODEL", .help = "the GGUF to time (required)", .required = true },
         { "--threads", "-t", CMD_OPT_LONG, &threads, 0, 1024, .arg = "N", .help = "kernel threads (default: one per physical core)" },
         { "--cpus", NULL, CMD_OPT_STR, &cpus_list, .arg = "LIST", .help = "CPUs the kernel threads run on (default: all allowed)" },
         { "--pp", NULL, CMD_OPT_LONG, &pp, 0, 1 << 24, .arg = "N", .help = "prompt tokens to prefill (default 512)" },
@@ -343,11 +343,6 @@ int cmd_bench(int argc, char **argv)
     int seqs[16];
     int n_seqs = cmd_bench_list("--seqs", seqs_arg, seqs, 16, 1, CMD_BENCH_MAX_SEQS);
     if (n_seqs < 0) return 2;
-    if (!model_path) {
-        fprintf(stderr, "tokenmill bench: -m MODEL is required\n");
-        cmd_opts_hint("bench", synopsis);
-        return 2;
-    }
     char err[512];
     model *m = NULL;
     if (model_load(model_path, NULL, &m, err, sizeof err) != GGUF_OK) {
@@ -452,7 +447,7 @@ static int cmd_bench_curves(int argc, char **argv)
     const char *model_path = NULL, *steps_arg = "16,32,64,128,256,512", *streams_arg = "1,2,4,8,16,32", *svg_path = NULL;
     long threads = 0, tg = 32, n_steps = 4;
     const cmd_opt opts[] = {
-        { "--model", "-m", CMD_OPT_STR, &model_path, .arg = "MODEL", .help = "the GGUF to measure (required)" },
+        { "--model", "-m", CMD_OPT_STR, &model_path, .arg = "MODEL", .help = "the GGUF to measure (required)", .required = true },
         { "--threads", "-t", CMD_OPT_LONG, &threads, 0, 1024, .arg = "N", .help = "kernel threads (default: one per core)" },
         { "--prefill-steps", NULL, CMD_OPT_STR, &steps_arg, .arg = "P,P,..", .help = "prefill tokens per step to sweep (default 16,32,64,128,256,512)" },
         { "--steps", NULL, CMD_OPT_LONG, &n_steps, 1, 1000, .arg = "K", .help = "prefill steps timed per point (default 4)" },
@@ -468,11 +463,6 @@ static int cmd_bench_curves(int argc, char **argv)
     int n_p = cmd_bench_list("--prefill-steps", steps_arg, psz, 16, 1, 1 << 16);
     int n_s = cmd_bench_list("--streams", streams_arg, ssz, 16, 1, CMD_BENCH_MAX_SEQS);
     if (n_p < 0 || n_s < 0) return 2;
-    if (!model_path) {
-        fprintf(stderr, "tokenmill bench curves: -m MODEL is required\n");
-        cmd_opts_hint("bench curves", synopsis);
-        return 2;
-    }
     char err[512];
     model *m = NULL;
     if (model_load(model_path, NULL, &m, err, sizeof err) != GGUF_OK) {
@@ -597,7 +587,7 @@ static int cmd_bench_profile(int argc, char **argv)
     long threads = 0, tg = 64, depth = 32;
     bool json = false;
     const cmd_opt opts[] = {
-        { "--model", "-m", CMD_OPT_STR, &model_path, .arg = "MODEL", .help = "the GGUF to profile (required)" },
+        { "--model", "-m", CMD_OPT_STR, &model_path, .arg = "MODEL", .help = "the GGUF to profile (required)", .required = true },
         { "--threads", "-t", CMD_OPT_LONG, &threads, 0, 1024, .arg = "N", .help = "kernel threads (default: one per physical core)" },
         { "--cpus", NULL, CMD_OPT_STR, &cpus_list, .arg = "LIST", .help = "CPUs the kernel threads run on (default: all allowed)" },
         { "--tg", NULL, CMD_OPT_LONG, &tg, 1, 1 << 20, .arg = "N", .help = "decode steps profiled (default 64)" },
@@ -608,11 +598,6 @@ static int cmd_bench_profile(int argc, char **argv)
     const char *synopsis = "bench profile -m MODEL [options]: where a single-sequence decode step spends its time";
     cmd_opts_status ost = cmd_opts_parse("bench profile", synopsis, opts, argc, argv, 1, NULL, 0, NULL);
     if (ost != CMD_OPTS_OK) return cmd_opts_exit(ost);
-    if (!model_path) {
-        fprintf(stderr, "tokenmill bench profile: -m MODEL is required\n");
-        cmd_opts_hint("bench profile", synopsis);
-        return 2;
-    }
     char err[512];
     model *m = NULL;
     if (model_load(model_path, NULL, &m, err, sizeof err) != GGUF_OK) {

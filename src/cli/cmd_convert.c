@@ -270,16 +270,16 @@ int cmd_convert(int argc, char **argv)
     const char *pos[3] = { 0 }, *out = NULL, *name = NULL;
     int npos = 0;
     const cmd_opt opts[] = {
-        { "--output", "-o", CMD_OPT_STR, &out, .arg = "OUT.gguf", .help = "the GGUF to write (required)" },
+        { "--output", "-o", CMD_OPT_STR, &out, .arg = "OUT.gguf", .help = "the GGUF to write (required)", .required = true },
         { "--name", NULL, CMD_OPT_STR, &name, .arg = "NAME", .help = "general.name of the model" },
         { 0 },
     };
     const char *synopsis = "convert llama2c WEIGHTS.bin TOKENIZER.bin -o OUT.gguf [--name NAME]";
     cmd_opts_status ost = cmd_opts_parse("convert", synopsis, opts, argc, argv, 1, pos, 3, &npos);
     if (ost != CMD_OPTS_OK) return cmd_opts_exit(ost);
-    if (npos != 3 || !out || strcmp(pos[0], "llama2c") != 0) {
+    if (npos != 3 || strcmp(pos[0], "llama2c") != 0) {
         fprintf(stderr, "tokenmill convert: %s\n", npos > 0 && strcmp(pos[0], "llama2c") ? "the only input format is llama2c"
-                                                   : !out ? "-o OUT.gguf is required" : "needs WEIGHTS.bin and TOKENIZER.bin");
+                                                                                    : "needs WEIGHTS.bin and TOKENIZER.bin");
         cmd_opts_hint("convert", synopsis);
         return 2;
     }

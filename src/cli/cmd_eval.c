@@ -157,8 +157,8 @@ int cmd_eval(int argc, char **argv)
     long threads = 0, maxb = 512;
     int kv_f32 = 0;
     const cmd_opt opts[] = {
-        { "--model", "-m", CMD_OPT_STR, &model_path, .arg = "MODEL", .help = "the GGUF (required)" },
-        { "--input", NULL, CMD_OPT_STR, &input, .arg = "IN.json", .help = "sequences, top-K and greedy length (required)" },
+        { "--model", "-m", CMD_OPT_STR, &model_path, .arg = "MODEL", .help = "the GGUF (required)", .required = true },
+        { "--input", NULL, CMD_OPT_STR, &input, .arg = "IN.json", .help = "sequences, top-K and greedy length (required)", .required = true },
         { "--threads", "-t", CMD_OPT_LONG, &threads, 0, 1024, .arg = "N", .help = "kernel threads (default: one per core)" },
         { "--batch", NULL, CMD_OPT_LONG, &maxb, 1, 1 << 16, .arg = "N", .help = "engine batch in tokens (default 512)" },
         { "--kv", NULL, CMD_OPT_CHOICE, &kv_f32, .choices = "f16|f32", .help = "KV cache type (default f16)" },
@@ -167,11 +167,6 @@ int cmd_eval(int argc, char **argv)
     const char *synopsis = "eval -m MODEL --input IN.json [options]: top log-probs at every position as JSON";
     cmd_opts_status ost = cmd_opts_parse("eval", synopsis, opts, argc, argv, 1, NULL, 0, NULL);
     if (ost != CMD_OPTS_OK) return cmd_opts_exit(ost);
-    if (!model_path || !input) {
-        fprintf(stderr, "tokenmill eval: %s is required\n", !model_path ? "-m MODEL" : "--input IN.json");
-        cmd_opts_hint("eval", synopsis);
-        return 2;
-    }
     json_error_t jerr;
     json_t *root = json_load_file(input, 0, &jerr);
     if (!root) {

@@ -134,10 +134,32 @@ static bool cmd_opts_store(const char *prog, const cmd_opt *o, const char *typed
     return false;
 }
 
+static bool cmd_opts_seen(const cmd_opt *o, const cmd_opt *const *seen, int n_seen)
+{
+    for (int k = 0; k < n_seen; k++)
+        if (seen[k] == o) return true;
+    return false;
+}
+
+/* The first required entry of opts (or an included table) not among seen[0..n_seen). */
+static const cmd_opt *cmd_opts_missing(const cmd_opt *opts, const cmd_opt *const *seen, int n_seen)
+{
+    for (const cmd_opt *o = opts; o->kind != CMD_OPT_END; o++) {
+        if (o->kind == CMD_OPT_TABLE) {
+            const cmd_opt *in = cmd_opts_missing(o->dst, seen, n_seen);
+            if (in) return in;
+            continue;
+        }
+        if (o->required && !cmd_opts_seen(o, seen, n_seen)) return o;
+    }
+    return NULL;
+}
+
 cmd_opts_status cmd_opts_parse(const char *prog, const char *synopsis, const cmd_opt *opts, int argc,
                                char **argv, int first, const char **pos, int max_pos, int *n_pos)
 {
-    int np = 0;
+    int np = 0, n_seen = 0;
+    const cmd_opt *seen[CMD_OPTS_MAX_REQUIRED];   /* required entries given so far */
     bool only_pos = false;
     if (n_pos) *n_pos = 0;
     for (int i = first; i < argc; i++) {
@@ -182,6 +204,13 @@ cmd_opts_status cmd_opts_parse(const char *prog, const char *synopsis, const cmd
         char typed[64];
         snprintf(typed, sizeof typed, "%.*s", (int)len, a);
         if (!cmd_opts_store(prog, o, typed, value)) goto err;
+        if (o->required && n_seen < CMD_OPTS_MAX_REQUIRED && !cmd_opts_seen(o, seen, n_seen)) seen[n_seen++] = o;
+    }
+    const cmd_opt *miss = cmd_opts_missing(opts, seen, n_seen);
+    if (miss) {
+        fprintf(stderr, "tokenmill %s: %s%s%s is required\n", prog, miss->alias ? miss->alias : "", miss->alias ? "/" : "",
+                miss->name);
+        goto err;
     }
     return CMD_OPTS_OK;
 err:

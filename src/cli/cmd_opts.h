@@ -8,7 +8,9 @@
  * `--help` asks for the usage. Numbers go through cmd_common_int / cmd_common_num: the whole
  * string a number, no overflow, within the entry's range. Every error prints one line
  *   tokenmill PROG: <what is wrong>
- * to stderr and the synopsis after it (cmd_opts_hint), with a pointer to --help.
+ * to stderr and the synopsis after it (cmd_opts_hint), with a pointer to --help. An entry
+ * marked required that is not on the command line is such an error too:
+ *   tokenmill PROG: -m/--model is required
  */
 #ifndef TM_CMD_OPTS_H
 #define TM_CMD_OPTS_H
@@ -60,7 +62,11 @@ struct cmd_opt {
     bool (*fn)(const char *prog, const char *name, const char *value, void *dst);
     const char *arg;       /* the value's name in the usage ("N", "FILE"); NULL: "VALUE" */
     const char *help;      /* one line for the usage, or NULL to leave the option out of it */
+    bool required;         /* parsing fails unless the option is given (at most
+                            * CMD_OPTS_MAX_REQUIRED such entries in a table and those it includes) */
 };
+
+#define CMD_OPTS_MAX_REQUIRED 16
 
 typedef enum {
     CMD_OPTS_OK = 0,       /* parsed; positional arguments in pos[0..*n_pos) */
@@ -69,7 +75,8 @@ typedef enum {
 } cmd_opts_status;
 
 /* Parses argv[first..argc). Arguments that are not options are stored in pos (at most
- * max_pos of them; one more is an error); pos may be NULL when the command takes none.
+ * max_pos of them; one more is an error); pos may be NULL when the command takes none. After
+ * the last argument, the first required entry (in table order) that was not given is an error.
  * synopsis is the first usage line after "usage: tokenmill ", e.g. "bench -m MODEL [options]". */
 cmd_opts_status cmd_opts_parse(const char *prog, const char *synopsis, const cmd_opt *opts, int argc,
                                char **argv, int first, const char **pos, int max_pos, int *n_pos);

@@ -34,8 +34,8 @@ int cmd_run(int argc, char **argv)
     cmd_opt_u64 seed = { 0 };
     sample_params sp = sample_params_default();
     const cmd_opt opts[] = {
-        { "--model", "-m", CMD_OPT_STR, &model_path, .arg = "MODEL", .help = "the GGUF (required)" },
-        { "--prompt", "-p", CMD_OPT_STR, &prompt, .arg = "PROMPT", .help = "the text to continue (required; \"\" starts from BOS)" },
+        { "--model", "-m", CMD_OPT_STR, &model_path, .arg = "MODEL", .help = "the GGUF (required)", .required = true },
+        { "--prompt", "-p", CMD_OPT_STR, &prompt, .arg = "PROMPT", .help = "the text to continue (required; \"\" starts from BOS)", .required = true },
         { "--n-predict", "-n", CMD_OPT_LONG, &n_gen, 0, 1e9, .arg = "N", .help = "tokens to generate (default 256; the prompt is not counted)" },
         { "--temp", NULL, CMD_OPT_FLOAT, &sp.temp, 0, 1e9, .arg = "T", .help = "temperature, 0 = greedy (default 0.8)" },
         { "--top-k", NULL, CMD_OPT_INT, &sp.top_k, 0, 1e9, .arg = "K", .help = "default 40" },
@@ -53,11 +53,6 @@ int cmd_run(int argc, char **argv)
     const char *synopsis = "run -m MODEL -p PROMPT [options]: generate text";
     cmd_opts_status ost = cmd_opts_parse("run", synopsis, opts, argc, argv, 1, NULL, 0, NULL);
     if (ost != CMD_OPTS_OK) return cmd_opts_exit(ost);
-    if (!model_path || !prompt) {
-        fprintf(stderr, "tokenmill run: %s\n", !model_path ? "-m MODEL is required" : "-p PROMPT is required");
-        cmd_opts_hint("run", synopsis);
-        return 2;
-    }
     sp.seed = seed.given ? seed.value : (uint64_t)(util_now() * 1e9);
 
     char err[512];

@@ -126,7 +126,7 @@ static int serve_options(int argc, char **argv, serve_opts *o)
     const char *cache_dir = NULL;
     bool verbose = false;
     const cmd_opt opts[] = {
-        { "--model", "-m", CMD_OPT_STR, &o->path, .arg = "MODEL", .help = "the GGUF to serve (required)" },
+        { "--model", "-m", CMD_OPT_STR, &o->path, .arg = "MODEL", .help = "the GGUF to serve (required)", .required = true },
         { "--host", NULL, CMD_OPT_STR, &o->host, .arg = "ADDR", .help = "listen address (default 127.0.0.1)" },
         { "--port", NULL, CMD_OPT_LONG, &o->port, 0, 65535, .arg = "PORT", .help = "listen port (default 8080; 0: any free one)" },
         { .kind = CMD_OPT_TABLE, .dst = (void *)cmd_common_engine_table(&o->eng, eng) },
@@ -150,11 +150,6 @@ static int serve_options(int argc, char **argv, serve_opts *o)
     const char *synopsis = "serve -m MODEL [options]: the HTTP API server (OpenAI and Anthropic APIs)";
     cmd_opts_status ost = cmd_opts_parse("serve", synopsis, opts, argc, argv, 1, NULL, 0, NULL);
     if (ost != CMD_OPTS_OK) return ost == CMD_OPTS_HELP ? -1 : 2;
-    if (!o->path) {
-        fprintf(stderr, "tokenmill serve: -m MODEL is required\n");
-        cmd_opts_hint("serve", synopsis);
-        return 2;
-    }
     o->n_keys = keys.n;
     if (verbose) util_log_level = LOG_LEVEL_DEBUG;
     if (cache_dir) {

@@ -179,20 +179,15 @@ int cmd_template(int argc, char **argv)
     const char *model_path = NULL, *name = NULL, *input = NULL;
     long threads = 1;
     const cmd_opt opts[] = {
-        { "--model", "-m", CMD_OPT_STR, &model_path, .arg = "MODEL", .help = "the GGUF whose vocabulary and template to use (required)" },
+        { "--model", "-m", CMD_OPT_STR, &model_path, .arg = "MODEL", .help = "the GGUF whose vocabulary and template to use (required)", .required = true },
         { "--template", NULL, CMD_OPT_STR, &name, .arg = "NAME", .help = "chat template family (default: the file's, when recognised)" },
-        { "--input", NULL, CMD_OPT_STR, &input, .arg = "CONV.json", .help = "the conversation (required)" },
+        { "--input", NULL, CMD_OPT_STR, &input, .arg = "CONV.json", .help = "the conversation (required)", .required = true },
         { "--threads", NULL, CMD_OPT_LONG, &threads, 0, 1024, .arg = "N", .help = "tokenise a long prompt's text runs on N threads (default 1)" },
         { 0 },
     };
     const char *synopsis = "template -m MODEL --input CONV.json [options]: the prompt's token ids as JSON";
     cmd_opts_status ost = cmd_opts_parse("template", synopsis, opts, argc, argv, 1, NULL, 0, NULL);
     if (ost != CMD_OPTS_OK) return cmd_opts_exit(ost);
-    if (!model_path || !input) {
-        fprintf(stderr, "tokenmill template: %s is required\n", !model_path ? "-m MODEL" : "--input CONV.json");
-        cmd_opts_hint("template", synopsis);
-        return 2;
-    }
 
     int rc = 1;
     char err[512] = "";

@@ -91,7 +91,7 @@ int cmd_tokenize(int argc, char **argv)
     const char *model = NULL, *file = NULL, *batch = NULL, *text = NULL;
     bool special = false, pieces = false, no_bos = false;
     const cmd_opt opts[] = {
-        { "--model", "-m", CMD_OPT_STR, &model, .arg = "MODEL", .help = "the GGUF whose vocabulary to use (required)" },
+        { "--model", "-m", CMD_OPT_STR, &model, .arg = "MODEL", .help = "the GGUF whose vocabulary to use (required)", .required = true },
         { "--file", NULL, CMD_OPT_STR, &file, .arg = "F", .help = "tokenize the bytes of file F" },
         { "--batch", NULL, CMD_OPT_STR, &batch, .arg = "F.json", .help = "tokenize each string of a JSON array" },
         { "--special", NULL, CMD_OPT_FLAG, &special, .help = "control-token text becomes control tokens" },
@@ -104,8 +104,8 @@ int cmd_tokenize(int argc, char **argv)
     cmd_opts_status ost = cmd_opts_parse("tokenize", synopsis, opts, argc, argv, 1, &text, 1, &n_pos);
     if (ost != CMD_OPTS_OK) return cmd_opts_exit(ost);
     bool add_special = !no_bos;
-    if (!model || (!!file + !!batch + !!text) != 1) {
-        fprintf(stderr, "tokenmill tokenize: %s\n", !model ? "-m MODEL is required" : "give exactly one of --file, --batch and TEXT");
+    if ((!!file + !!batch + !!text) != 1) {
+        fprintf(stderr, "tokenmill tokenize: give exactly one of --file, --batch and TEXT\n");
         cmd_opts_hint("tokenize", synopsis);
         return 2;
     }

@@ -57,8 +57,8 @@ int cmd_worker(int argc, char **argv)
     bool verbose = false;
     cmd_opt eng_t[CMD_ENGINE_TABLE_N];
     const cmd_opt opts[] = {
-        { "--role", NULL, CMD_OPT_FN, &role, .fn = cmd_worker_role, .arg = "prefill|decode|mixed", .help = "what this worker does (required)" },
-        { "--model", "-m", CMD_OPT_STR, &path, .arg = "MODEL", .help = "the GGUF (required)" },
+        { "--role", NULL, CMD_OPT_FN, &role, .fn = cmd_worker_role, .arg = "prefill|decode|mixed", .help = "what this worker does (required)", .required = true },
+        { "--model", "-m", CMD_OPT_STR, &path, .arg = "MODEL", .help = "the GGUF (required)", .required = true },
         { "--listen", NULL, CMD_OPT_STR, &listen, .arg = "HOST:PORT", .help = "where the gateway connects (this or --gateway)" },
         { "--gateway", NULL, CMD_OPT_STR, &gateway, .arg = "HOST:PORT", .help = "register at a gateway's --register address" },
         { "--cache", NULL, CMD_OPT_STR, &cache_spec, .arg = "SPEC|off", .help = "the block store every worker shares" },
@@ -72,9 +72,8 @@ int cmd_worker(int argc, char **argv)
     const char *synopsis = "worker --role prefill|decode|mixed -m MODEL --listen HOST:PORT|--gateway HOST:PORT --cache SPEC [options]";
     cmd_opts_status ost = cmd_opts_parse("worker", synopsis, opts, argc, argv, 1, NULL, 0, NULL);
     if (ost != CMD_OPTS_OK) return cmd_opts_exit(ost);
-    if (!path || role < 0 || (!listen && !gateway)) {
-        fprintf(stderr, "tokenmill worker: %s\n", !path ? "-m MODEL is required" : role < 0 ? "--role is required"
-                                                                     : "--listen or --gateway is required");
+    if (!listen && !gateway) {
+        fprintf(stderr, "tokenmill worker: --listen or --gateway is required\n");
         cmd_opts_hint("worker", synopsis);
         return 2;
     }
