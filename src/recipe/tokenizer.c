@@ -68,7 +68,7 @@ static uint64_t tokenizer_token_slot(const tokenizer *t, const char *s, size_t l
     for (uint64_t i = h & t->tok_map.mask;; i = (i + 1) & t->tok_map.mask) {
         int32_t v = t->tok_map.slot[i];
         if (v == 0 || (t->tok_map.hash[i] == hh && t->tok_len[v - 1] == len &&
-                       memcmp(t->arena + t->tok_off[v - 1], s, len) == 0))
+                       memcmp(t->arena.p + t->tok_off[v - 1], s, len) == 0))
             return i;
     }
 }
@@ -100,8 +100,8 @@ static bool tokenizer_merge_eq(const tokenizer *t, int32_t r, const char *a, siz
                                const char *b, size_t nb)
 {
     return t->merge_len[2 * r] == na && t->merge_len[2 * r + 1] == nb &&
-           memcmp(t->arena + t->merge_off[2 * r], a, na) == 0 &&
-           memcmp(t->arena + t->merge_off[2 * r + 1], b, nb) == 0;
+           memcmp(t->arena.p + t->merge_off[2 * r], a, na) == 0 &&
+           memcmp(t->arena.p + t->merge_off[2 * r + 1], b, nb) == 0;
 }
 
 /* The slot of merge_map holding the merge (a, b) (h its hash), or the empty slot where it
@@ -124,7 +124,7 @@ int32_t tokenizer_merge_rank(const tokenizer *t, const char *a, size_t na, const
 /* Inserts merge r unless an equal pair exists (llama.cpp's bpe_ranks.emplace keeps the first). */
 static void tokenizer_map_put_merge(tokenizer *t, int32_t r)
 {
-    const char *a = t->arena + t->merge_off[2 * r], *b = t->arena + t->merge_off[2 * r + 1];
+    const char *a = t->arena.p + t->merge_off[2 * r], *b = t->arena.p + t->merge_off[2 * r + 1];
     size_t na = t->merge_len[2 * r], nb = t->merge_len[2 * r + 1];
     uint64_t h = tokenizer_merge_hash(a, na, b, nb);
     uint64_t i = tokenizer_merge_slot(t, a, na, b, nb, h);
@@ -133,27 +133,11 @@ static void tokenizer_map_put_merge(tokenizer *t, int32_t r)
     t->merge_map.hash[i] = (uint32_t)(h >> 32);
 }
 
-/* ---------------------------------------------------------------------------------------- */
-/* growable buffers used while loading and encoding                                          */
-
-bool tokenizer_buf_add(tokenizer_buf *b, const void *s, size_t n)
-{
-    if (!tokenizer_grow((void **)&b->p, &b->cap, b->n + n, 1)) return false;
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    return true;
-}
-
 /* Appends bytes to the arena, returns their offset or UINT64_MAX on failure. */
 static uint64_t tokenizer_arena_add(tokenizer *t, const void *s, size_t n)
 {
-    tokenizer_buf b = { t->arena, t->arena_len, t->arena_cap };
-    if (!tokenizer_buf_add(&b, s, n)) return UINT64_MAX;
-    t->arena = b.p;
-    t->arena_cap = b.cap;
-    uint64_t off = t->arena_len;
-    t->arena_len = b.n;
-    return off;
+    uint64_t off = t->arena.len;
+    return bytebuf_try_append(&t->arena, s, n) ? off : UINT64_MAX;
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -548,18 +532,18 @@ static tokenizer_status tokenizer_build_tables(tokenizer *t, char *err, size_t e
         }
     }
 
-    tokenizer_buf piece = { 0 };
+    bytebuf piece = { 0 };
     for (int32_t i = 0; i < t->n_vocab; i++) {
-        uint64_t off = tokenizer_decode_piece(t, i, &piece) ? tokenizer_arena_add(t, piece.p ? piece.p : "", piece.n) : UINT64_MAX;
+        uint64_t off = tokenizer_decode_piece(t, i, &piece) ? tokenizer_arena_add(t, piece.p ? piece.p : "", piece.len) : UINT64_MAX;
         if (off == UINT64_MAX) {
-            free(piece.p);
+            bytebuf_free(&piece);
             return tokenizer_nomem(err, errsz);
         }
         t->piece_off[i] = off;
-        t->piece_len[i] = (uint32_t)piece.n;
-        if (piece.n > t->max_piece_len) t->max_piece_len = piece.n;
+        t->piece_len[i] = (uint32_t)piece.len;
+        if (piece.len > t->max_piece_len) t->max_piece_len = piece.len;
     }
-    free(piece.p);
+    bytebuf_free(&piece);
     return TOKENIZER_OK;
 }
 
@@ -590,7 +574,7 @@ void tokenizer_free(tokenizer *t)
         if (t->regex[i].code) pcre2_code_free(t->regex[i].code);
     tokenizer_map_free(&t->tok_map);
     tokenizer_map_free(&t->merge_map);
-    free(t->arena);
+    bytebuf_free(&t->arena);
     free(t->tok_off);
     free(t->tok_len);
     free(t->piece_off);

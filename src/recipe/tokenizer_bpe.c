@@ -134,21 +134,21 @@ void tokenizer_bpe_merge(const tokenizer *t, tokenizer_scratch *s, const char *t
 /* BPE on one pre-tokenized word of code points. */
 static void tokenizer_bpe_word(const tokenizer *t, tokenizer_scratch *s, const uint32_t *cpts, size_t n)
 {
-    s->word.n = 0;
+    s->word.len = 0;
     for (size_t i = 0; i < n; i++) {
         char u[4];
         int nu = unicode_encode(cpts[i], u);
         for (int k = 0; k < nu; k++) {
             char m[4];
             int nm = unicode_encode(unicode_byte_to_cpt((uint8_t)u[k]), m);
-            if (!tokenizer_buf_add(&s->word, m, (size_t)nm)) {
+            if (!bytebuf_try_append(&s->word, m, (size_t)nm)) {
                 s->oom = true;
                 return;
             }
         }
     }
     const char *w = s->word.p;
-    size_t wn = s->word.n;
+    size_t wn = s->word.len;
     if (t->ignore_merges) {
         int32_t id = tokenizer_find(t, w, wn);
         if (id >= 0) {

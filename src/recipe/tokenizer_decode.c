@@ -13,22 +13,22 @@
 #include <string.h>
 
 /* Decoded bytes of a token rendered with special = true (llama.cpp's token_to_piece cache). */
-bool tokenizer_decode_piece(const tokenizer *t, int32_t id, tokenizer_buf *b)
+bool tokenizer_decode_piece(const tokenizer *t, int32_t id, bytebuf *b)
 {
     size_t n;
     const char *s = tokenizer_text(t, id, &n);
     uint32_t a = t->attr[id];
-    b->n = 0;
+    b->len = 0;
     if (a & (TOKENIZER_ATTR_UNKNOWN | TOKENIZER_ATTR_CONTROL | TOKENIZER_ATTR_USER_DEFINED))
-        return tokenizer_buf_add(b, s, n);
+        return bytebuf_try_append(b, s, n);
     if (a & TOKENIZER_ATTR_NORMAL) {
         if (t->kind == TOKENIZER_KIND_SPM) {
             for (size_t i = 0; i < n;) {
                 if (i + 3 <= n && !memcmp(s + i, "\xe2\x96\x81", 3)) {
-                    if (!tokenizer_buf_add(b, " ", 1)) return false;
+                    if (!bytebuf_try_append(b, " ", 1)) return false;
                     i += 3;
                 } else {
-                    if (!tokenizer_buf_add(b, s + i, 1)) return false;
+                    if (!bytebuf_try_append(b, s + i, 1)) return false;
                     i++;
                 }
             }
@@ -40,17 +40,17 @@ bool tokenizer_decode_piece(const tokenizer *t, int32_t id, tokenizer_buf *b)
             int byte = unicode_cpt_to_byte(c);
             if (byte >= 0) {
                 char ch = (char)byte;
-                if (!tokenizer_buf_add(b, &ch, 1)) return false;
+                if (!bytebuf_try_append(b, &ch, 1)) return false;
             } else {  /* llama.cpp's "[UNK_BYTE_0x..<text>]" */
                 char u[4], hex[16];
                 int nu = unicode_encode(c, u);
                 (void)p0;
-                if (!tokenizer_buf_add(b, "[UNK_BYTE_0x", 12)) return false;
+                if (!bytebuf_try_append(b, "[UNK_BYTE_0x", 12)) return false;
                 for (int k = 0; k < nu; k++) {
                     snprintf(hex, sizeof hex, "%02x", (uint8_t)u[k]);
-                    if (!tokenizer_buf_add(b, hex, 2)) return false;
+                    if (!bytebuf_try_append(b, hex, 2)) return false;
                 }
-                if (!tokenizer_buf_add(b, s, n) || !tokenizer_buf_add(b, "]", 1)) return false;
+                if (!bytebuf_try_append(b, s, n) || !bytebuf_try_append(b, "]", 1)) return false;
             }
         }
         return true;
@@ -58,7 +58,7 @@ bool tokenizer_decode_piece(const tokenizer *t, int32_t id, tokenizer_buf *b)
     if (a & TOKENIZER_ATTR_BYTE) {
         char hex[3] = { n > 3 ? s[3] : 0, n > 4 ? s[4] : 0, 0 };
         char ch = (char)strtol(hex, NULL, 16);
-        return tokenizer_buf_add(b, &ch, 1);
+        return bytebuf_try_append(b, &ch, 1);
     }
     return true;
 }
@@ -72,7 +72,7 @@ static const char *tokenizer_decoded(const tokenizer *t, int32_t id, bool specia
         return "";
     }
     *len = t->piece_len[id];
-    return t->arena + t->piece_off[id];
+    return t->arena.p + t->piece_off[id];
 }
 
 int tokenizer_token_to_piece(const tokenizer *t, int32_t id, char *buf, int cap, bool special)

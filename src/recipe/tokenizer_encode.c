@@ -21,7 +21,7 @@ static void tokenizer_scratch_free(tokenizer_scratch *s)
     free(s->wide_off);
     free(s->segs.v);
     free(s->segs2.v);
-    free(s->word.p);
+    bytebuf_free(&s->word);
     free(s->sym);
     free(s->heap);
     if (s->md) pcre2_match_data_free(s->md);

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 
 #include "recipe/tokenizer.h"
+#include "util/bytebuf.h"
 
 #define TOKENIZER_MAX_REGEX 8
 
@@ -42,8 +43,7 @@ typedef struct {
 struct tokenizer {
     tokenizer_kind kind;
     int32_t n_vocab;
-    char *arena;                 /* token texts, then merge halves, then decoded pieces */
-    size_t arena_len, arena_cap; /* bytes used / allocated */
+    bytebuf arena;               /* token texts, then merge halves, then decoded pieces */
     uint64_t *tok_off;           /* (n_vocab) offset of each token text in arena */
     uint32_t *tok_len;           /* (n_vocab) its length in bytes */
     uint64_t *piece_off;         /* (n_vocab) decoded piece (special = true rendering) */
@@ -76,14 +76,8 @@ struct tokenizer {
 static inline const char *tokenizer_text(const tokenizer *t, int32_t id, size_t *len)
 {
     *len = t->tok_len[id];
-    return t->arena + t->tok_off[id];
+    return t->arena.p + t->tok_off[id];
 }
-
-/* Growable bytes used while loading and encoding; false from an append means out of memory. */
-typedef struct {
-    char *p;                     /* (cap) bytes, NULL until the first append */
-    size_t n, cap;               /* bytes used / allocated */
-} tokenizer_buf;
 
 /* One word (or gap) of the pre-tokenizer: code points [start, start + n). */
 typedef struct {
@@ -105,7 +99,7 @@ typedef struct {
     char *wide;                  /* UTF-8 text for plain regexes, NULL until needed */
     uint32_t *wide_off;          /* (n_cpts + 1) byte offset of each code point in wide */
     tokenizer_segs segs, segs2;  /* pre-tokenizer output, double-buffered */
-    tokenizer_buf word;          /* the byte-encoded word / the escaped SPM text */
+    bytebuf word;          /* the byte-encoded word / the escaped SPM text */
     struct tokenizer_sym { int32_t prev, next; uint32_t start, n; } *sym;
     size_t cap_sym;
     struct tokenizer_bigram { float key; int32_t left, right; uint32_t size; } *heap;
@@ -146,7 +140,6 @@ static inline bool tokenizer_grow(void **p, size_t *cap, size_t need, size_t elt
 }
 
 /* tokenizer.c: the vocabulary */
-bool tokenizer_buf_add(tokenizer_buf *b, const void *s, size_t n);
 void tokenizer_err(char *err, size_t errsz, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Rank of the merge (a, b), -1 if none. */
 int32_t tokenizer_merge_rank(const tokenizer *t, const char *a, size_t na, const char *b, size_t nb);
@@ -176,6 +169,6 @@ void tokenizer_spm_encode(const tokenizer *t, tokenizer_scratch *s, const char *
 
 /* tokenizer_decode.c */
 /* Decoded bytes of a token rendered with special = true (llama.cpp's token_to_piece cache). */
-bool tokenizer_decode_piece(const tokenizer *t, int32_t id, tokenizer_buf *b);
+bool tokenizer_decode_piece(const tokenizer *t, int32_t id, bytebuf *b);
 
 #endif

@@ -119,19 +119,19 @@ static const char *tokenizer_collapsed_ascii(uint32_t flag)
 }
 
 /* Rewrites a regex using \p{..} for the collapsed text, exactly as llama.cpp does. */
-static bool tokenizer_collapse_regex(const char *re, tokenizer_buf *out)
+static bool tokenizer_collapse_regex(const char *re, bytebuf *out)
 {
     size_t n = strlen(re);
     bool inside = false;
     for (size_t i = 0; i < n; i++) {
         if (re[i] == '[' && (i == 0 || re[i - 1] != '\\')) {
             inside = true;
-            if (!tokenizer_buf_add(out, "[", 1)) return false;
+            if (!bytebuf_try_append(out, "[", 1)) return false;
             continue;
         }
         if (inside && re[i] == ']' && re[i - 1] != '\\') {
             inside = false;
-            if (!tokenizer_buf_add(out, "]", 1)) return false;
+            if (!bytebuf_try_append(out, "]", 1)) return false;
             continue;
         }
         if (re[i] == '\\' && i + 3 < n && re[i + 1] == 'p' && re[i + 2] == '{') {
@@ -142,16 +142,16 @@ static bool tokenizer_collapse_regex(const char *re, tokenizer_buf *out)
                     if (strlen(tokenizer_ucat[k].name) == plen && !memcmp(re + i, tokenizer_ucat[k].name, plen)) {
                         uint8_t cb = tokenizer_collapsed_byte(tokenizer_ucat[k].flag);
                         const char *ascii = tokenizer_collapsed_ascii(tokenizer_ucat[k].flag);
-                        if (!inside && !tokenizer_buf_add(out, "[", 1)) return false;
-                        if (!tokenizer_buf_add(out, &cb, 1) || !tokenizer_buf_add(out, ascii, strlen(ascii))) return false;
-                        if (!inside && !tokenizer_buf_add(out, "]", 1)) return false;
+                        if (!inside && !bytebuf_try_append(out, "[", 1)) return false;
+                        if (!bytebuf_try_append(out, &cb, 1) || !bytebuf_try_append(out, ascii, strlen(ascii))) return false;
+                        if (!inside && !bytebuf_try_append(out, "]", 1)) return false;
                         i = (size_t)(close - re);
                         goto next;
                     }
                 }
             }
         }
-        if (!tokenizer_buf_add(out, re + i, 1)) return false;
+        if (!bytebuf_try_append(out, re + i, 1)) return false;
     next:;
     }
     return true;
@@ -170,7 +170,7 @@ static bool tokenizer_regex_compile(tokenizer_regex *r, const char *re, char *er
         r->mode = TOKENIZER_RE_TRAILING_SPACE;
         return true;
     }
-    tokenizer_buf pat = { 0 };
+    bytebuf pat = { 0 };
     uint32_t opts = PCRE2_DOLLAR_ENDONLY;
     bool ok;
     if (tokenizer_regex_uses_ucat(re)) {
@@ -179,17 +179,17 @@ static bool tokenizer_regex_compile(tokenizer_regex *r, const char *re, char *er
     } else {
         r->mode = TOKENIZER_RE_WIDE;
         opts |= PCRE2_UTF;
-        ok = tokenizer_buf_add(&pat, re, strlen(re));
+        ok = bytebuf_try_append(&pat, re, strlen(re));
     }
     if (!ok) {
-        free(pat.p);
+        bytebuf_free(&pat);
         snprintf(err, errsz, "out of memory");
         return false;
     }
     int ec;
     PCRE2_SIZE eo;
-    r->code = pcre2_compile((PCRE2_SPTR)pat.p, pat.n, opts, &ec, &eo, NULL);
-    free(pat.p);
+    r->code = pcre2_compile((PCRE2_SPTR)pat.p, pat.len, opts, &ec, &eo, NULL);
+    bytebuf_free(&pat);
     if (!r->code) {
         PCRE2_UCHAR msg[128];
         pcre2_get_error_message(ec, msg, sizeof msg);

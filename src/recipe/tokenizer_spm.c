@@ -17,15 +17,15 @@ void tokenizer_spm_encode(const tokenizer *t, tokenizer_scratch *s, const char *
             prev_special = true;
             continue;
         }
-        s->word.n = 0;
-        if (t->add_space_prefix && prev_special && !tokenizer_buf_add(&s->word, "\xe2\x96\x81", 3)) s->oom = true;
+        s->word.len = 0;
+        if (t->add_space_prefix && prev_special && !bytebuf_try_append(&s->word, "\xe2\x96\x81", 3)) s->oom = true;
         for (size_t j = 0; j < f.len && !s->oom; j++) {
-            bool ok = text[f.off + j] == ' ' ? tokenizer_buf_add(&s->word, "\xe2\x96\x81", 3)
-                                             : tokenizer_buf_add(&s->word, text + f.off + j, 1);
+            bool ok = text[f.off + j] == ' ' ? bytebuf_try_append(&s->word, "\xe2\x96\x81", 3)
+                                             : bytebuf_try_append(&s->word, text + f.off + j, 1);
             if (!ok) s->oom = true;
         }
         if (s->oom) break;
-        tokenizer_bpe_merge(t, s, s->word.p, s->word.n);
+        tokenizer_bpe_merge(t, s, s->word.p, s->word.len);
         prev_special = false;
     }
 }

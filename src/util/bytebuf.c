@@ -4,6 +4,7 @@
 #include "util/bytebuf.h"
 
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,21 +18,49 @@ void bytebuf_free(bytebuf *b)
     b->len = b->cap = 0;
 }
 
+bool bytebuf_try_reserve(bytebuf *b, size_t extra)
+{
+    if (extra > SIZE_MAX - 1 - b->len) return false;
+    size_t need = b->len + extra + 1;
+    if (need <= b->cap) return true;
+    size_t cap = b->cap ? b->cap : 64;
+    while (cap < need) {
+        if (cap > SIZE_MAX / 2) {
+            cap = need;
+            break;
+        }
+        cap *= 2;
+    }
+    char *p = realloc(b->p, cap);
+    if (!p) return false;
+    b->p = p;
+    b->cap = cap;
+    return true;
+}
+
+/* The plain calls' end when the try ones fail: the size asked for, then abort. */
+static void bytebuf_oom(const bytebuf *b, size_t extra)
+{
+    util_oom(extra > SIZE_MAX - 1 - b->len ? SIZE_MAX : b->len + extra + 1);
+}
+
 void bytebuf_reserve(bytebuf *b, size_t extra)
 {
-    if (b->len + extra + 1 <= b->cap) return;
-    size_t cap = b->cap ? b->cap : 64;
-    while (cap < b->len + extra + 1) cap *= 2;
-    b->p = xrealloc(b->p, cap);
-    b->cap = cap;
+    if (!bytebuf_try_reserve(b, extra)) bytebuf_oom(b, extra);
+}
+
+bool bytebuf_try_append(bytebuf *b, const void *s, size_t len)
+{
+    if (!bytebuf_try_reserve(b, len)) return false;
+    if (len) memcpy(b->p + b->len, s, len);
+    b->len += len;
+    b->p[b->len] = 0;
+    return true;
 }
 
 void bytebuf_append(bytebuf *b, const void *s, size_t len)
 {
-    bytebuf_reserve(b, len);
-    if (len) memcpy(b->p + b->len, s, len);
-    b->len += len;
-    b->p[b->len] = 0;
+    if (!bytebuf_try_append(b, s, len)) bytebuf_oom(b, len);
 }
 
 void bytebuf_puts(bytebuf *b, const char *z) { bytebuf_append(b, z, strlen(z)); }

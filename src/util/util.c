@@ -14,7 +14,7 @@
 
 log_level util_log_level = LOG_LEVEL_INFO;
 
-static void util_oom(size_t sz)
+void util_oom(size_t sz)
 {
     fprintf(stderr, "tokenmill: out of memory allocating %zu bytes\n", sz);
     abort();

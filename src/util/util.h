@@ -26,6 +26,8 @@ void *xmalloc(size_t sz);
 void *xcalloc(size_t n, size_t sz);
 void *xrealloc(void *p, size_t sz);
 char *xstrdup(const char *z);
+/* The xmalloc family's end: "out of memory allocating SZ bytes" on stderr, then abort. */
+void util_oom(size_t sz) __attribute__((noreturn));
 /* 64-byte aligned allocation for SIMD buffers; free with free(). Returns NULL on failure. */
 void *util_aligned_alloc(size_t sz);
 
