@@ -25,22 +25,10 @@
 #include "engine/engine.h"
 #include "engine/sched.h"
 #include "engine/steptime.h"
-#include "tinymodel.h"
+#include "schedtest.h"
 
 static char tmpdir[] = "/tmp/tm_test_sched_XXXXXX";
 static model *g_model;
-
-static model *mk(uint64_t seed)
-{
-    tiny_cfg c = { .arch = "llama", .dim = 64, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2,
-                   .head_dim = 16, .ffn = 96, .vocab = 100, .seed = seed };
-    char path[256], err[256];
-    snprintf(path, sizeof path, "%s/llama.gguf", tmpdir);
-    if (tiny_write(&c, path)) return NULL;
-    model *m = NULL;
-    if (model_load(path, NULL, &m, err, sizeof err) != GGUF_OK) fprintf(stderr, "%s\n", err);
-    return m;
-}
 
 typedef struct {
     engine *e;
@@ -99,26 +87,6 @@ static sched_params greedy(const int32_t *prompt, int n, int max_tokens)
     return p;
 }
 
-/* Polls r to its FINISH record; writes the tokens into toks (up to cap), returns the count. */
-static int drain(sched_req *r, int32_t *toks, int cap, sched_output *fin)
-{
-    sched_output out[16];
-    int n = 0;
-    while (!sched_done(r)) {
-        int k = sched_poll(r, out, 16, 30000);
-        if (k == 0) break;  /* 30 s without output: a bug */
-        for (int i = 0; i < k; i++) {
-            if (out[i].kind == SCHED_OUT_TOKEN) {
-                if (n < cap) toks[n] = out[i].token;
-                n++;
-            } else if (fin) {
-                *fin = out[i];
-            }
-        }
-    }
-    return n;
-}
-
 static bool wait_blocks_used(sched *s, int want)
 {
     sched_stats st;
@@ -136,7 +104,7 @@ static int solo(const int32_t *prompt, int n, int max_tokens, int32_t *toks, int
     sched_req *r;
     int k = -1;
     if (sched_submit(g.s, &p, &r) == SCHED_OK) {
-        k = drain(r, toks, cap, NULL);
+        k = schedtest_drain(r, toks, cap, NULL);
         sched_release(r);
     }
     rig_free(&g);
@@ -161,7 +129,7 @@ TEST(test_batch_equals_alone)
     }
     for (int i = 0; i < NR; i++) {
         sched_output fin = { 0 };
-        CHECK(drain(r[i], got[i], GEN, &fin) == GEN);
+        CHECK(schedtest_drain(r[i], got[i], GEN, &fin) == GEN);
         CHECK(fin.kind == SCHED_OUT_FINISH && fin.finish == SCHED_FINISH_LENGTH);
         CHECK(fin.usage.prompt_tokens == lens[i] && fin.usage.completion_tokens == GEN);
         CHECKF(!memcmp(got[i], want[i], sizeof want[i]), "request %d differs when batched", i);
@@ -198,7 +166,7 @@ TEST(test_cancel_frees_blocks)
     CHECK(st.kv_blocks_used >= 3);
     sched_cancel(r);
     sched_output fin = { 0 };
-    drain(r, NULL, 0, &fin);
+    schedtest_drain(r, NULL, 0, &fin);
     CHECK(fin.finish == SCHED_FINISH_CANCELLED);
     CHECK(fin.usage.completion_tokens >= 3 && fin.usage.completion_tokens < 500);
     CHECK(wait_blocks_used(g.s, 0));
@@ -229,7 +197,7 @@ TEST(test_queue_full)
     CHECK(full >= 10 - 3 - 1 && ok + full == 10);  /* 1 running + 2 queued (+1 being admitted) */
     int32_t first[200], t[200];
     for (int i = 0; i < ok; i++) {
-        CHECK(drain(r[i], i ? t : first, 200, NULL) == 200);
+        CHECK(schedtest_drain(r[i], i ? t : first, 200, NULL) == 200);
         if (i) CHECK(!memcmp(t, first, sizeof t));
         sched_release(r[i]);
     }
@@ -258,7 +226,7 @@ TEST(test_kv_exhaustion_preempts_and_completes)
     }
     for (int i = 0; i < NR; i++) {
         sched_output fin = { 0 };
-        CHECK(drain(r[i], got[i], GEN, &fin) == GEN);
+        CHECK(schedtest_drain(r[i], got[i], GEN, &fin) == GEN);
         CHECK(fin.finish == SCHED_FINISH_LENGTH);
         CHECKF(!memcmp(got[i], want[i], sizeof want[i]), "request %d differs after preemption", i);
         sched_release(r[i]);
@@ -274,7 +242,7 @@ TEST(test_kv_exhaustion_preempts_and_completes)
     sched_req *rb;
     CHECK(sched_submit(g.s, &p, &rb) == SCHED_OK);
     sched_output fin = { 0 };
-    drain(rb, NULL, 0, &fin);
+    schedtest_drain(rb, NULL, 0, &fin);
     CHECK(fin.finish == SCHED_FINISH_ERROR);
     sched_release(rb);
     rig_free(&g);
@@ -290,12 +258,12 @@ TEST(test_prefix_cache_hits)
     sched_output fin = { 0 };
     int32_t a[5], b[5];
     CHECK(sched_submit(g.s, &p, &r) == SCHED_OK);
-    drain(r, a, 5, &fin);
+    schedtest_drain(r, a, 5, &fin);
     CHECK(fin.usage.cached_tokens == 0);
     sched_release(r);
     prompt[299] = (prompt[299] + 1) % 100;  /* same first 256, different tail */
     CHECK(sched_submit(g.s, &p, &r) == SCHED_OK);
-    drain(r, b, 5, &fin);
+    schedtest_drain(r, b, 5, &fin);
     CHECK(fin.usage.cached_tokens == 256 && fin.usage.prompt_tokens == 300);
     sched_release(r);
     sched_stats st;
@@ -313,7 +281,7 @@ TEST(test_stop_ids_logprobs_seed)
     sched_params p = greedy(prompt, 10, 20);
     sched_req *r;
     CHECK(sched_submit(g.s, &p, &r) == SCHED_OK);
-    CHECK(drain(r, ref, 20, NULL) == 20);
+    CHECK(schedtest_drain(r, ref, 20, NULL) == 20);
     sched_release(r);
     /* the 5th greedy token as a stop id: 5 tokens, the last flagged, finish STOP */
     p.stop_ids[0] = ref[4];
@@ -351,7 +319,8 @@ TEST(test_stop_ids_logprobs_seed)
     CHECK(sched_submit(g.s, &q, &r2) == SCHED_OK);
     q.sample.seed = 99;
     CHECK(sched_submit(g.s, &q, &r3) == SCHED_OK);
-    CHECK(drain(r1, t1, 20, NULL) == 20 && drain(r2, t2, 20, NULL) == 20 && drain(r3, t3, 20, NULL) == 20);
+    CHECK(schedtest_drain(r1, t1, 20, NULL) == 20 && schedtest_drain(r2, t2, 20, NULL) == 20 &&
+          schedtest_drain(r3, t3, 20, NULL) == 20);
     CHECK(!memcmp(t1, t2, sizeof t1));
     CHECK(memcmp(t1, t3, sizeof t1) != 0);
     sched_release(r1);
@@ -371,7 +340,7 @@ TEST(test_think_budget)
     sched_params p = greedy(prompt, 10, 24);
     sched_req *r;
     CHECK(sched_submit(g.s, &p, &r) == SCHED_OK);
-    CHECK(drain(r, ref, 24, NULL) == 24);
+    CHECK(schedtest_drain(r, ref, 24, NULL) == 24);
     sched_release(r);
     /* an id the greedy run never produced stands for </think> */
     int32_t end = 0;
@@ -383,7 +352,7 @@ TEST(test_think_budget)
     p.think_end = end;
     p.think_open = true;
     CHECK(sched_submit(g.s, &p, &r) == SCHED_OK);
-    CHECK(drain(r, got, 24, NULL) == 24);
+    CHECK(schedtest_drain(r, got, 24, NULL) == 24);
     sched_release(r);
     CHECK(!memcmp(got, ref, 4 * sizeof got[0]));
     CHECKF(got[4] == end, "token 4 is %d, want %d", got[4], end);
@@ -397,14 +366,14 @@ TEST(test_think_budget)
     int first = 0;
     while (ref[first] != ref[1]) first++;  /* where the "<think>" appears first */
     CHECK(sched_submit(g.s, &p, &r) == SCHED_OK);
-    CHECK(drain(r, got, 24, NULL) == 24);
+    CHECK(schedtest_drain(r, got, 24, NULL) == 24);
     sched_release(r);
     CHECK(!memcmp(got, ref, (size_t)(first + 4) * sizeof got[0]));
     CHECKF(got[first + 4] == end, "token %d is %d, want %d", first + 4, got[first + 4], end);
     /* no budget: the same as without */
     p.think_budget = 0;
     CHECK(sched_submit(g.s, &p, &r) == SCHED_OK);
-    CHECK(drain(r, got, 24, NULL) == 24 && !memcmp(got, ref, sizeof ref));
+    CHECK(schedtest_drain(r, got, 24, NULL) == 24 && !memcmp(got, ref, sizeof ref));
     sched_release(r);
     /* a think-end id outside the vocabulary is refused */
     p.think_budget = 2;
@@ -438,11 +407,11 @@ static int chunked_round(int *mixed, int *max_tok, int *budget)
     p = greedy(pb, PB, 1);
     if (sched_submit(g.s, &p, &b) != SCHED_OK) goto out_a;
     int32_t tb[1];
-    rc = drain(b, tb, 1, NULL) == 1 ? 0 : -1;
+    rc = schedtest_drain(b, tb, 1, NULL) == 1 ? 0 : -1;
     sched_cancel(a);
     sched_output fin = { 0 };
     int32_t ta[16];
-    drain(a, ta, 16, &fin);
+    schedtest_drain(a, ta, 16, &fin);
     if (rc == 0 && fin.finish != SCHED_FINISH_CANCELLED) rc = 1;   /* A ended first: rerun */
     sched_get_stats(g.s, &st);
     *mixed = (int)st.n_mixed_steps;
@@ -486,7 +455,7 @@ TEST(test_prefill_alone_uses_prefill_budget)
     sched_params p = greedy(pr, P, 2);
     sched_req *r;
     CHECK(sched_submit(g.s, &p, &r) == SCHED_OK);
-    CHECK(drain(r, out, 4, NULL) == 2);
+    CHECK(schedtest_drain(r, out, 4, NULL) == 2);
     sched_release(r);
     sched_get_stats(g.s, &st);
     CHECKF(st.n_steps == 3 + 1, "%d steps for a %d-token prompt and one decode", (int)st.n_steps, P);
@@ -514,7 +483,7 @@ TEST(test_errors_and_shutdown)
     p.max_tokens = 0;
     CHECK(sched_submit(g.s, &p, &r) == SCHED_OK);
     sched_output fin = { 0 };
-    CHECK(drain(r, NULL, 0, &fin) == 24);
+    CHECK(schedtest_drain(r, NULL, 0, &fin) == 24);
     CHECK(fin.finish == SCHED_FINISH_LENGTH);
     sched_release(r);
     /* shutdown cancels what runs and refuses new work */
@@ -522,7 +491,7 @@ TEST(test_errors_and_shutdown)
     p.max_tokens = 1000;
     CHECK(sched_submit(g.s, &p, &r) == SCHED_OK);
     sched_shutdown(g.s);
-    drain(r, NULL, 0, &fin);
+    schedtest_drain(r, NULL, 0, &fin);
     CHECK(fin.finish == SCHED_FINISH_CANCELLED);
     sched_release(r);
     CHECK(sched_submit(g.s, &p, &r) == SCHED_ERR_STOPPED);
@@ -552,9 +521,9 @@ TEST(test_drain_then_abort)
     CHECK(sched_submit(g.s, &p, &c) == SCHED_ERR_STOPPED && !c);
     CHECK(sched_wait_idle(g.s, 30000) == 0);
     sched_output fin = { 0 };
-    CHECK(drain(a, out, GEN + 1, &fin) == GEN);
+    CHECK(schedtest_drain(a, out, GEN + 1, &fin) == GEN);
     CHECK(fin.finish == SCHED_FINISH_LENGTH);
-    CHECK(drain(b, out, GEN + 1, &fin) == GEN);
+    CHECK(schedtest_drain(b, out, GEN + 1, &fin) == GEN);
     CHECK(fin.finish == SCHED_FINISH_LENGTH);
     sched_release(a);
     sched_release(b);
@@ -577,10 +546,10 @@ TEST(test_drain_then_abort)
     sched_cancel(b);
     sched_abort(g.s);
     CHECK(sched_wait_idle(g.s, 30000) == 0);
-    int n_a = drain(a, NULL, 0, &fin);
+    int n_a = schedtest_drain(a, NULL, 0, &fin);
     CHECK(fin.kind == SCHED_OUT_FINISH && fin.finish == SCHED_FINISH_ABORTED);
     CHECK(fin.usage.completion_tokens == got + n_a && fin.usage.completion_tokens < 1000);
-    drain(b, NULL, 0, &fin);
+    schedtest_drain(b, NULL, 0, &fin);
     CHECK(fin.finish == SCHED_FINISH_CANCELLED);
     CHECK(!strcmp(sched_finish_name(SCHED_FINISH_ABORTED), "aborted"));
     sched_stats st;
@@ -642,7 +611,7 @@ static void share_run_case(const share_case *c, bool serial, int run_no, share_r
         CHECK(sched_submit(g.s, &p, &r[i]) == SCHED_OK);
         sched_output fin = { 0 };
         if (serial) {
-            CHECK(drain(r[i], out->toks[i], SP_GEN, &fin) == SP_GEN);
+            CHECK(schedtest_drain(r[i], out->toks[i], SP_GEN, &fin) == SP_GEN);
             out->cached += fin.usage.cached_tokens;
         } else if (c->staggered) {   /* the next one arrives in the middle of this one's work */
             WAIT_UNTIL((sched_get_stats(g.s, &st), st.n_prefill_tokens > before ||
@@ -651,7 +620,7 @@ static void share_run_case(const share_case *c, bool serial, int run_no, share_r
     }
     for (int i = 0; i < SP_N && !serial; i++) {
         sched_output fin = { 0 };
-        CHECK(drain(r[i], out->toks[i], SP_GEN, &fin) == SP_GEN);
+        CHECK(schedtest_drain(r[i], out->toks[i], SP_GEN, &fin) == SP_GEN);
         CHECK(fin.finish == SCHED_FINISH_LENGTH);
         out->cached += fin.usage.cached_tokens;
     }
@@ -725,9 +694,9 @@ TEST(test_shared_prefix_leader_cancelled)
         WAIT_UNTIL((sched_get_stats(g.s, &st), st.n_prefill_tokens >= 300), 30);
         sched_cancel(a);
         sched_output fa = { 0 }, fb = { 0 };
-        drain(a, NULL, 0, &fa);
+        schedtest_drain(a, NULL, 0, &fa);
         CHECK(fa.finish == SCHED_FINISH_CANCELLED);
-        CHECK(drain(b, got, SP_GEN, &fb) == SP_GEN);
+        CHECK(schedtest_drain(b, got, SP_GEN, &fb) == SP_GEN);
         CHECK(fb.finish == SCHED_FINISH_LENGTH);
         CHECK(!memcmp(got, want, sizeof want));
         sched_get_stats(g.s, &st);
@@ -773,7 +742,7 @@ TEST(test_admission_prefers_cache_within_age_bound)
     sched_req *r;
     sched_params p = greedy(warm, P, 1);
     CHECK(sched_submit(g.s, &p, &r) == SCHED_OK);   /* warm: the first 256 tokens get cached */
-    drain(r, NULL, 0, NULL);
+    schedtest_drain(r, NULL, 0, NULL);
     sched_release(r);
     sched_req *d, *q[NF + 1];
     p = greedy(blocker, 10, 0);
@@ -794,12 +763,12 @@ TEST(test_admission_prefers_cache_within_age_bound)
     sched_cancel(d);
     for (int i = 0; i <= NF; i++) {
         sched_output fin = { 0 };
-        drain(q[i], NULL, 0, &fin);
+        schedtest_drain(q[i], NULL, 0, &fin);
         CHECK(fin.finish == SCHED_FINISH_LENGTH);
         CHECK(fin.usage.cached_tokens == (i ? 256 : 0));
         sched_release(q[i]);
     }
-    drain(d, NULL, 0, NULL);
+    schedtest_drain(d, NULL, 0, NULL);
     sched_release(d);
     CHECK(g_n_admitted == NF + 1);
     int want[NF + 1], k = 0;
@@ -831,14 +800,14 @@ TEST(test_step_time_target_sizes_prefill)
     sched_req *r;
     sched_params p = greedy(pw, PW, GW);   /* warms the model: 3 capped prefill steps, 19 decodes */
     CHECK(sched_submit(g.s, &p, &r) == SCHED_OK);
-    CHECK(drain(r, NULL, 0, NULL) == GW);
+    CHECK(schedtest_drain(r, NULL, 0, NULL) == GW);
     sched_release(r);
     sched_get_stats(g.s, &st);
     CHECK(st.n_steps == 3 + GW - 1 + 0 && st.n_steps >= STEPTIME_WARM);
     uint64_t steps0 = st.n_steps;
     p = greedy(pr, P, 1);
     CHECK(sched_submit(g.s, &p, &r) == SCHED_OK);
-    CHECK(drain(r, NULL, 0, NULL) == 1);
+    CHECK(schedtest_drain(r, NULL, 0, NULL) == 1);
     sched_release(r);
     sched_get_stats(g.s, &st);
     int want = (P + SCHED_TIME_MIN_CHUNK - 1) / SCHED_TIME_MIN_CHUNK;
@@ -850,8 +819,7 @@ TEST(test_step_time_target_sizes_prefill)
 
 int main(void)
 {
-    if (!mkdtemp(tmpdir)) return 1;
-    g_model = mk(7);
+    g_model = schedtest_open(tmpdir, 7);
     if (!g_model) return 1;
     RUN(test_batch_equals_alone);
     RUN(test_cancel_frees_blocks);
@@ -868,9 +836,6 @@ int main(void)
     RUN(test_shared_prefix_leader_cancelled);
     RUN(test_admission_prefers_cache_within_age_bound);
     RUN(test_step_time_target_sizes_prefill);
-    model_free(g_model);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-    if (system(cmd)) {}
+    schedtest_close(tmpdir, g_model);
     HARNESS_END();
 }

@@ -22,7 +22,7 @@
 #include "engine/spec.h"
 #include "engine/steptime.h"
 #include "grammar/grammar.h"
-#include "tinymodel.h"
+#include "schedtest.h"
 
 /* ---- prompt lookup ---- */
 
@@ -343,18 +343,6 @@ TEST(test_speculative_sampling_keeps_distribution)
 static char tmpdir[] = "/tmp/tm_test_spec_XXXXXX";
 static model *g_model;
 
-static model *mk(uint64_t seed)
-{
-    tiny_cfg c = { .arch = "llama", .dim = 64, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2,
-                   .head_dim = 16, .ffn = 96, .vocab = 100, .seed = seed };
-    char path[256], err[256];
-    snprintf(path, sizeof path, "%s/llama.gguf", tmpdir);
-    if (tiny_write(&c, path)) return NULL;
-    model *m = NULL;
-    if (model_load(path, NULL, &m, err, sizeof err) != GGUF_OK) fprintf(stderr, "%s\n", err);
-    return m;
-}
-
 typedef struct {
     engine *e;
     model *draft_model;         /* the model cut to its first layers (self-speculation) */
@@ -468,13 +456,7 @@ static void run(int spec_sources, int spec_max, int spec_fixed, int n_req, float
     }
     for (int i = 0; i < n_req; i++) {
         if (!r[i]) continue;
-        sched_output out[16];
-        while (!sched_done(r[i])) {
-            int k = sched_poll(r[i], out, 16, 30000);
-            if (k == 0) break;
-            for (int j = 0; j < k; j++)
-                if (out[j].kind == SCHED_OUT_TOKEN && o->n[i] < GEN) o->toks[i][o->n[i]++] = out[j].token;
-        }
+        o->n[i] = TM_MIN(schedtest_drain(r[i], o->toks[i], GEN, NULL), GEN);
         sched_release(r[i]);
     }
     sched_get_stats(g.s, &o->st);
@@ -643,11 +625,7 @@ int main(void)
     RUN(test_choose_on_recorded_curves);
     RUN(test_choose_on_learned_step_time);
     RUN(test_speculative_sampling_keeps_distribution);
-    if (!mkdtemp(tmpdir)) {
-        perror("mkdtemp");
-        return 1;
-    }
-    g_model = mk(3);
+    g_model = schedtest_open(tmpdir, 3);
     if (!g_model) {
         fprintf(stderr, "no model\n");
         return 1;
@@ -656,9 +634,6 @@ int main(void)
     RUN(test_sampled_identity);
     RUN(test_draft_model);
     RUN(test_grammar_drafts);
-    model_free(g_model);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-    if (system(cmd)) {}
+    schedtest_close(tmpdir, g_model);
     HARNESS_END();
 }
