@@ -324,7 +324,7 @@ int cmd_bench(int argc, char **argv)
     const char *model_path = NULL, *seqs_arg = "1,4,16", *prompts_path = NULL, *cpus_list = NULL;
     long threads = 0, pp = 512, tg = 128, reps = 3, maxb = 512, depth = 0, groups = 8;
     const cmd_opt opts[] = {
-        { "--model", "-m", CMD_OPT_STR, &model_path, .arg = "MODEL", .help = "the GGUF to time (required)", .required = true },
+        { "--model", "-m", CMD_OPT_STR, &model_path, .arg = "MODEL", .help = "the GGUF to time", .required = true },
         { "--threads", "-t", CMD_OPT_LONG, &threads, 0, 1024, .arg = "N", .help = "kernel threads (default: one per physical core)" },
         { "--cpus", NULL, CMD_OPT_STR, &cpus_list, .arg = "LIST", .help = "CPUs the kernel threads run on (default: all allowed)" },
         { "--pp", NULL, CMD_OPT_LONG, &pp, 0, 1 << 24, .arg = "N", .help = "prompt tokens to prefill (default 512)" },
@@ -447,7 +447,7 @@ static int cmd_bench_curves(int argc, char **argv)
     const char *model_path = NULL, *steps_arg = "16,32,64,128,256,512", *streams_arg = "1,2,4,8,16,32", *svg_path = NULL;
     long threads = 0, tg = 32, n_steps = 4;
     const cmd_opt opts[] = {
-        { "--model", "-m", CMD_OPT_STR, &model_path, .arg = "MODEL", .help = "the GGUF to measure (required)", .required = true },
+        { "--model", "-m", CMD_OPT_STR, &model_path, .arg = "MODEL", .help = "the GGUF to measure", .required = true },
         { "--threads", "-t", CMD_OPT_LONG, &threads, 0, 1024, .arg = "N", .help = "kernel threads (default: one per core)" },
         { "--prefill-steps", NULL, CMD_OPT_STR, &steps_arg, .arg = "P,P,..", .help = "prefill tokens per step to sweep (default 16,32,64,128,256,512)" },
         { "--steps", NULL, CMD_OPT_LONG, &n_steps, 1, 1000, .arg = "K", .help = "prefill steps timed per point (default 4)" },
@@ -587,7 +587,7 @@ static int cmd_bench_profile(int argc, char **argv)
     long threads = 0, tg = 64, depth = 32;
     bool json = false;
     const cmd_opt opts[] = {
-        { "--model", "-m", CMD_OPT_STR, &model_path, .arg = "MODEL", .help = "the GGUF to profile (required)", .required = true },
+        { "--model", "-m", CMD_OPT_STR, &model_path, .arg = "MODEL", .help = "the GGUF to profile", .required = true },
         { "--threads", "-t", CMD_OPT_LONG, &threads, 0, 1024, .arg = "N", .help = "kernel threads (default: one per physical core)" },
         { "--cpus", NULL, CMD_OPT_STR, &cpus_list, .arg = "LIST", .help = "CPUs the kernel threads run on (default: all allowed)" },
         { "--tg", NULL, CMD_OPT_LONG, &tg, 1, 1 << 20, .arg = "N", .help = "decode steps profiled (default 64)" },

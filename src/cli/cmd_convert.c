@@ -270,7 +270,7 @@ int cmd_convert(int argc, char **argv)
     const char *pos[3] = { 0 }, *out = NULL, *name = NULL;
     int npos = 0;
     const cmd_opt opts[] = {
-        { "--output", "-o", CMD_OPT_STR, &out, .arg = "OUT.gguf", .help = "the GGUF to write (required)", .required = true },
+        { "--output", "-o", CMD_OPT_STR, &out, .arg = "OUT.gguf", .help = "the GGUF to write", .required = true },
         { "--name", NULL, CMD_OPT_STR, &name, .arg = "NAME", .help = "general.name of the model" },
         { 0 },
     };

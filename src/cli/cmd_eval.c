@@ -157,8 +157,8 @@ int cmd_eval(int argc, char **argv)
     long threads = 0, maxb = 512;
     int kv_f32 = 0;
     const cmd_opt opts[] = {
-        { "--model", "-m", CMD_OPT_STR, &model_path, .arg = "MODEL", .help = "the GGUF (required)", .required = true },
-        { "--input", NULL, CMD_OPT_STR, &input, .arg = "IN.json", .help = "sequences, top-K and greedy length (required)", .required = true },
+        { "--model", "-m", CMD_OPT_STR, &model_path, .arg = "MODEL", .help = "the GGUF", .required = true },
+        { "--input", NULL, CMD_OPT_STR, &input, .arg = "IN.json", .help = "sequences, top-K and greedy length", .required = true },
         { "--threads", "-t", CMD_OPT_LONG, &threads, 0, 1024, .arg = "N", .help = "kernel threads (default: one per core)" },
         { "--batch", NULL, CMD_OPT_LONG, &maxb, 1, 1 << 16, .arg = "N", .help = "engine batch in tokens (default 512)" },
         { "--kv", NULL, CMD_OPT_CHOICE, &kv_f32, .choices = "f16|f32", .help = "KV cache type (default f16)" },

@@ -73,7 +73,7 @@ int cmd_gateway(int argc, char **argv)
     cmd_opt_list pre_l = { pre, 0, GWC_MAX }, dec_l = { dec, 0, GWC_MAX }, keys_l = { keys, 0, 16 };
     cmd_opt http[CMD_HTTP_TABLE_N];
     const cmd_opt opts[] = {
-        { "--model", "-m", CMD_OPT_STR, &path, .arg = "MODEL", .help = "the GGUF (tokenizer, template, fingerprint; required)", .required = true },
+        { "--model", "-m", CMD_OPT_STR, &path, .arg = "MODEL", .help = "the GGUF (tokenizer, template, fingerprint)", .required = true },
         { "--listen", NULL, CMD_OPT_STR, &listen, .arg = "HOST:PORT", .help = "the HTTP API (default 127.0.0.1:8080)" },
         { "--prefill", NULL, CMD_OPT_LIST, &pre_l, .set = 1, .arg = "HOST:PORT,...", .help = "prefill workers to connect to" },
         { "--decode", NULL, CMD_OPT_LIST, &dec_l, .set = 1, .arg = "HOST:PORT,...", .help = "decode (or mixed) workers to connect to" },

@@ -807,15 +807,15 @@ int cmd_mkmodel(int argc, char **argv)
         { "--ctx", NULL, CMD_OPT_LONG, &ctx, 0, 1 << 24, .arg = "N", .help = "training context" },
         { "--vocab-size", NULL, CMD_OPT_LONG, &nv, 0, 1 << 24, .arg = "N", .help = "without --vocab: a synthetic vocabulary" },
         { "--vocab", NULL, CMD_OPT_STR, &vocab, .arg = "FILE.gguf|tokenizer.json", .help = "a real vocabulary" },
-        { "--type", NULL, CMD_OPT_STR, &o.type, .arg = "T", .help = "f32|f16|bf16|q8_0|q4_0|q4_k|q4_k_m|q5_k|q5_k_m|q6_k|mxfp4 (required; mxfp4: gpt-oss experts, the rest q8_0)", .required = true },
-        { "--seed", NULL, CMD_OPT_U64, &seed, .arg = "S", .help = "weights' seed (required)", .required = true },
+        { "--type", NULL, CMD_OPT_STR, &o.type, .arg = "T", .help = "f32|f16|bf16|q8_0|q4_0|q4_k|q4_k_m|q5_k|q5_k_m|q6_k|mxfp4 (mxfp4: gpt-oss experts, the rest q8_0)", .required = true },
+        { "--seed", NULL, CMD_OPT_U64, &seed, .arg = "S", .help = "weights' seed", .required = true },
         { "--tied", NULL, CMD_OPT_SET, &tied, .set = 1, .help = "output head shares the embedding" },
         { "--untied", NULL, CMD_OPT_SET, &tied, .set = 0, .help = "output head of its own" },
         { "--rope-base", NULL, CMD_OPT_DOUBLE, &rope_base, 0, 1e12, .arg = "F", .help = "RoPE frequency base" },
         { "--rope-scaling", NULL, CMD_OPT_STR, &rope_scaling, .arg = "llama3|yarn|none", .help = "Llama 3 or (deepseek2) YaRN RoPE scaling" },
         { "--eps", NULL, CMD_OPT_DOUBLE, &eps, 0, 1, .arg = "F", .help = "RMS norm epsilon" },
         { "--threads", NULL, CMD_OPT_LONG, &threads, 0, 1024, .arg = "N", .help = "threads for quantising" },
-        { "--output", "-o", CMD_OPT_STR, &out, .arg = "OUT.gguf", .help = "the GGUF to write (required)", .required = true },
+        { "--output", "-o", CMD_OPT_STR, &out, .arg = "OUT.gguf", .help = "the GGUF to write", .required = true },
         { 0 },
     };
     const char *synopsis = "mkmodel --arch A|--preset P --type T --seed S -o OUT.gguf [options]: a random-weight GGUF";

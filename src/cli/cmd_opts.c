@@ -231,7 +231,7 @@ static void cmd_opts_usage_lines(FILE *f, const cmd_opt *opts)
         if (cmd_opts_takes_value(o->kind) && n > 0 && (size_t)n < sizeof head)
             snprintf(head + n, sizeof head - (size_t)n, " %s",
                      o->arg ? o->arg : o->kind == CMD_OPT_CHOICE ? o->choices : "VALUE");
-        fprintf(f, "  %-28s %s\n", head, o->help);
+        fprintf(f, "  %-28s %s%s\n", head, o->help, o->required ? " (required)" : "");
     }
 }
 

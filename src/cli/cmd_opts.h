@@ -80,7 +80,8 @@ typedef enum {
  * synopsis is the first usage line after "usage: tokenmill ", e.g. "bench -m MODEL [options]". */
 cmd_opts_status cmd_opts_parse(const char *prog, const char *synopsis, const cmd_opt *opts, int argc,
                                char **argv, int first, const char **pos, int max_pos, int *n_pos);
-/* Prints "usage: tokenmill SYNOPSIS" and one line per option with help. */
+/* Prints "usage: tokenmill SYNOPSIS" and one line per option with help ("(required)" after
+ * a required one's). */
 void cmd_opts_usage(FILE *f, const char *synopsis, const cmd_opt *opts);
 /* After a usage error: the synopsis and a pointer to --help, on stderr. */
 void cmd_opts_hint(const char *prog, const char *synopsis);

@@ -34,8 +34,8 @@ int cmd_run(int argc, char **argv)
     cmd_opt_u64 seed = { 0 };
     sample_params sp = sample_params_default();
     const cmd_opt opts[] = {
-        { "--model", "-m", CMD_OPT_STR, &model_path, .arg = "MODEL", .help = "the GGUF (required)", .required = true },
-        { "--prompt", "-p", CMD_OPT_STR, &prompt, .arg = "PROMPT", .help = "the text to continue (required; \"\" starts from BOS)", .required = true },
+        { "--model", "-m", CMD_OPT_STR, &model_path, .arg = "MODEL", .help = "the GGUF", .required = true },
+        { "--prompt", "-p", CMD_OPT_STR, &prompt, .arg = "PROMPT", .help = "the text to continue (\"\" starts from BOS)", .required = true },
         { "--n-predict", "-n", CMD_OPT_LONG, &n_gen, 0, 1e9, .arg = "N", .help = "tokens to generate (default 256; the prompt is not counted)" },
         { "--temp", NULL, CMD_OPT_FLOAT, &sp.temp, 0, 1e9, .arg = "T", .help = "temperature, 0 = greedy (default 0.8)" },
         { "--top-k", NULL, CMD_OPT_INT, &sp.top_k, 0, 1e9, .arg = "K", .help = "default 40" },

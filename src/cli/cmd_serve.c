@@ -126,7 +126,7 @@ static int serve_options(int argc, char **argv, serve_opts *o)
     const char *cache_dir = NULL;
     bool verbose = false;
     const cmd_opt opts[] = {
-        { "--model", "-m", CMD_OPT_STR, &o->path, .arg = "MODEL", .help = "the GGUF to serve (required)", .required = true },
+        { "--model", "-m", CMD_OPT_STR, &o->path, .arg = "MODEL", .help = "the GGUF to serve", .required = true },
         { "--host", NULL, CMD_OPT_STR, &o->host, .arg = "ADDR", .help = "listen address (default 127.0.0.1)" },
         { "--port", NULL, CMD_OPT_LONG, &o->port, 0, 65535, .arg = "PORT", .help = "listen port (default 8080; 0: any free one)" },
         { .kind = CMD_OPT_TABLE, .dst = (void *)cmd_common_engine_table(&o->eng, eng) },

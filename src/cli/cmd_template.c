@@ -179,9 +179,9 @@ int cmd_template(int argc, char **argv)
     const char *model_path = NULL, *name = NULL, *input = NULL;
     long threads = 1;
     const cmd_opt opts[] = {
-        { "--model", "-m", CMD_OPT_STR, &model_path, .arg = "MODEL", .help = "the GGUF whose vocabulary and template to use (required)", .required = true },
+        { "--model", "-m", CMD_OPT_STR, &model_path, .arg = "MODEL", .help = "the GGUF whose vocabulary and template to use", .required = true },
         { "--template", NULL, CMD_OPT_STR, &name, .arg = "NAME", .help = "chat template family (default: the file's, when recognised)" },
-        { "--input", NULL, CMD_OPT_STR, &input, .arg = "CONV.json", .help = "the conversation (required)", .required = true },
+        { "--input", NULL, CMD_OPT_STR, &input, .arg = "CONV.json", .help = "the conversation", .required = true },
         { "--threads", NULL, CMD_OPT_LONG, &threads, 0, 1024, .arg = "N", .help = "tokenise a long prompt's text runs on N threads (default 1)" },
         { 0 },
     };

@@ -91,7 +91,7 @@ int cmd_tokenize(int argc, char **argv)
     const char *model = NULL, *file = NULL, *batch = NULL, *text = NULL;
     bool special = false, pieces = false, no_bos = false;
     const cmd_opt opts[] = {
-        { "--model", "-m", CMD_OPT_STR, &model, .arg = "MODEL", .help = "the GGUF whose vocabulary to use (required)", .required = true },
+        { "--model", "-m", CMD_OPT_STR, &model, .arg = "MODEL", .help = "the GGUF whose vocabulary to use", .required = true },
         { "--file", NULL, CMD_OPT_STR, &file, .arg = "F", .help = "tokenize the bytes of file F" },
         { "--batch", NULL, CMD_OPT_STR, &batch, .arg = "F.json", .help = "tokenize each string of a JSON array" },
         { "--special", NULL, CMD_OPT_FLAG, &special, .help = "control-token text becomes control tokens" },

@@ -57,8 +57,8 @@ int cmd_worker(int argc, char **argv)
     bool verbose = false;
     cmd_opt eng_t[CMD_ENGINE_TABLE_N];
     const cmd_opt opts[] = {
-        { "--role", NULL, CMD_OPT_FN, &role, .fn = cmd_worker_role, .arg = "prefill|decode|mixed", .help = "what this worker does (required)", .required = true },
-        { "--model", "-m", CMD_OPT_STR, &path, .arg = "MODEL", .help = "the GGUF (required)", .required = true },
+        { "--role", NULL, CMD_OPT_FN, &role, .fn = cmd_worker_role, .arg = "prefill|decode|mixed", .help = "what this worker does", .required = true },
+        { "--model", "-m", CMD_OPT_STR, &path, .arg = "MODEL", .help = "the GGUF", .required = true },
         { "--listen", NULL, CMD_OPT_STR, &listen, .arg = "HOST:PORT", .help = "where the gateway connects (this or --gateway)" },
         { "--gateway", NULL, CMD_OPT_STR, &gateway, .arg = "HOST:PORT", .help = "register at a gateway's --register address" },
         { "--cache", NULL, CMD_OPT_STR, &cache_spec, .arg = "SPEC|off", .help = "the block store every worker shares" },

@@ -87,9 +87,28 @@ TEST(required_flag_and_fn)
     CHECK(parse(opts, a2, err, sizeof err) == CMD_OPTS_OK && f);
 }
 
+/* The usage marks the required entries from the same flag the parser checks. */
+TEST(usage_marks_required)
+{
+    const char *model = NULL;
+    long n = 0;
+    const cmd_opt opts[] = {
+        { "--model", "-m", CMD_OPT_STR, &model, .arg = "MODEL", .help = "the GGUF", .required = true },
+        { "--n", NULL, CMD_OPT_LONG, &n, 0, 100, .arg = "N", .help = "a count" },
+        { 0 },
+    };
+    char buf[1024] = { 0 };
+    FILE *f = fmemopen(buf, sizeof buf - 1, "w");
+    cmd_opts_usage(f, "demo -m MODEL", opts);
+    fclose(f);
+    CHECKF(strstr(buf, "the GGUF (required)\n") != NULL, "%s", buf);
+    CHECKF(strstr(buf, "a count\n") != NULL && !strstr(buf, "a count (required)"), "%s", buf);
+}
+
 int main(void)
 {
     RUN(required_missing_and_given);
     RUN(required_flag_and_fn);
+    RUN(usage_marks_required);
     HARNESS_END();
 }
