@@ -1,0 +1,219 @@
+/*
+ * test_mtp: multi-token prediction layers (DeepSeek-V3's MTP, llama.cpp's "nextn" layers) on a
+ * tiny deepseek2 file from mkmodel --nextn 1: the model loads them apart and computes the same
+ * logits as the file without them; the MTP forward (engine_step_mtp over model_mtp_view) equals
+ * a reference that builds the layer input eh_proj([enorm(e); hnorm(h)]) by hand (double) and
+ * runs the MTP block as an ordinary one-layer model whose embedding rows are those inputs; and
+ * specdraft's MTP drafts are the argmax of that forward, chained on the layer's own hidden state.
+ */
+#include "harness.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "cli/cmd.h"
+#include "engine/engine.h"
+#include "engine/specdraft.h"
+#include "model/model.h"
+#include "util/util.h"
+
+static char tmpdir[] = "/tmp/tm_test_mtp_XXXXXX";
+static char plain_path[256], mtp_path[256];
+
+#define T 12      /* MTP entries checked */
+
+/* A V3-like deepseek2 in small: q-LoRA, a dense layer then MoE with a shared expert and the
+ * sigmoid router with groups; f32 so that the reference's arithmetic is plain. */
+static bool mtp_write(const char *path, bool nextn)
+{
+    char *argv[] = { "mkmodel", "--arch", "deepseek2", "--layers", "2", "--dim", "64", "--ffn", "128", "--heads", "2",
+                     "--q-lora", "32", "--kv-lora", "32", "--nope-dim", "16", "--rope-dim", "16", "--v-dim", "16",
+                     "--experts", "4", "--experts-used", "2", "--expert-ffn", "32", "--shared-experts", "1",
+                     "--dense-layers", "1", "--router", "sigmoid", "--expert-groups", "2", "--groups-used", "1",
+                     "--vocab-size", "300", "--untied", "--type", "f32", "--seed", "5", "--threads", "1", "-o",
+                     (char *)path, nextn ? "--nextn" : NULL, "1", NULL };
+    int argc = 0;
+    while (argv[argc]) argc++;
+    return cmd_mkmodel(argc, argv) == 0;
+}
+
+static const int32_t toks[T + 1] = { 1, 17, 42, 99, 5, 250, 7, 7, 61, 130, 8, 201, 33 };
+
+TEST(test_load_apart)
+{
+    char err[256];
+    model *a = NULL, *b = NULL;
+    CHECKF(model_load(plain_path, NULL, &a, err, sizeof err) == GGUF_OK, "%s", err);
+    CHECKF(model_load(mtp_path, NULL, &b, err, sizeof err) == GGUF_OK, "%s", err);
+    if (!a || !b) goto out;
+    CHECK(a->hp.n_layers == 2 && a->hp.n_nextn == 0 && !a->mtp);
+    CHECK(b->hp.n_layers == 2 && b->hp.n_nextn == 1 && b->mtp == b->layers + 2);
+    const model_layer *L = &b->mtp[0];
+    CHECK(L->eh_proj.rows == 64 && L->eh_proj.cols == 128 && L->enorm && L->hnorm && L->head_norm);
+    CHECK(L->embed.rows == 300 && L->head.rows == 300 && L->gate_inp.data && L->gate_shexp.data && L->wq_a.data);
+    /* the model's logits: those of the file without the MTP layer, bit for bit */
+    float la[T * 300], lb[T * 300];
+    model *ms[2] = { a, b };
+    float *out[2] = { la, lb };
+    for (int k = 0; k < 2; k++) {
+        engine_opts o = { .n_threads = 2, .n_kv_blocks = 2, .max_batch_tokens = 32 };
+        engine *e = NULL;
+        CHECK(engine_new(ms[k], &o, &e, err, sizeof err) == ENGINE_OK);
+        if (!e) goto out;
+        kvpool_seq *s = kvpool_seq_new(engine_kvpool(e));
+        engine_tok bt[T];
+        for (int i = 0; i < T; i++) bt[i] = (engine_tok){ toks[i], i, s, true };
+        engine_batch bb = { T, bt };
+        CHECK(engine_step(e, &bb, out[k]) == ENGINE_OK);
+        CHECK(engine_step_mtp(e, &bb, la, out[k]) == ENGINE_ERR_ARG);   /* not an MTP view */
+        kvpool_seq_free(engine_kvpool(e), s);
+        engine_free(e);
+    }
+    CHECK(!memcmp(la, lb, sizeof la));
+out:
+    model_free(a);
+    model_free(b);
+}
+
+/* rmsnorm(x) * w in double, into out (n). */
+static void ref_norm(const float *x, const float *w, int n, float eps, double *out)
+{
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    double sc = 1.0 / sqrt(ss / n + eps);
+    for (int i = 0; i < n; i++) out[i] = x[i] * sc * w[i];
+}
+
+static int argmax(const float *l, int n)
+{
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (l[i] > l[b]) b = i;
+    return b;
+}
+
+TEST(test_forward_and_drafts)
+{
+    char err[256];
+    model *m = NULL;
+    CHECKF(model_load(mtp_path, NULL, &m, err, sizeof err) == GGUF_OK, "%s", err);
+    if (!m) return;
+    const int dim = m->hp.dim, V = m->hp.n_vocab;
+    engine_opts o = { .n_threads = 2, .kv_f32 = true, .n_kv_blocks = 4, .max_batch_tokens = 32 };
+    /* the model's hidden states h_0..h_{T-1}: h_j predicted toks[j + 1] */
+    static float h[(T + 1) * 64], lg[(T + 1) * 300];
+    engine *e = NULL;
+    CHECK(engine_new(m, &o, &e, err, sizeof err) == ENGINE_OK);
+    if (!e) goto out;
+    kvpool_seq *s = kvpool_seq_new(engine_kvpool(e));
+    engine_tok bt[T + 1];
+    for (int i = 0; i < T; i++) bt[i] = (engine_tok){ toks[i], i, s, false };
+    engine_batch bb = { T, bt };
+    CHECK(engine_step(e, &bb, NULL) == ENGINE_OK);
+    memset(h, 0, sizeof h);   /* entry 0 has no state before it: zeros */
+    memcpy(h + dim, engine_hidden(e), (size_t)T * dim * sizeof(float));
+    kvpool_seq_free(engine_kvpool(e), s);
+    engine_free(e);
+
+    /* the MTP forward: entry p is toks[p] with h_{p-1} */
+    model *view = xmalloc(sizeof *view);
+    model_mtp_view(m, 0, view);
+    CHECK(view->hp.n_layers == 1 && view->mtp_view && view->output.data == m->mtp[0].head.data);
+    CHECK(memcmp(view->fingerprint, m->fingerprint, 32) != 0);
+    engine *d = NULL;
+    CHECK(engine_new(view, &o, &d, err, sizeof err) == ENGINE_OK);
+    if (!d) goto out_view;
+    kvpool_seq *ds = kvpool_seq_new(engine_kvpool(d));
+    for (int i = 0; i <= T; i++) bt[i] = (engine_tok){ toks[i], i, ds, true };
+    engine_batch db = { T + 1, bt };
+    CHECK(engine_step(d, &db, lg) == ENGINE_ERR_ARG);   /* an MTP view needs hidden states */
+    CHECK(engine_step_mtp(d, &db, h, lg) == ENGINE_OK);
+    static float hmtp[(T + 1) * 64];
+    memcpy(hmtp, engine_hidden(d), sizeof hmtp);
+
+    /* the reference: the layer input by hand, then the block as a plain one-layer model whose
+     * embedding row p is that input */
+    static float x0[(T + 1) * 64], want[(T + 1) * 300];
+    const model_layer *L = &m->mtp[0];
+    for (int p = 0; p <= T; p++) {
+        float emb[64];
+        double cat[128];
+        model_embed_row(view, toks[p], emb);
+        ref_norm(emb, L->enorm, dim, m->hp.rms_eps, cat);
+        ref_norm(h + (size_t)p * dim, L->hnorm, dim, m->hp.rms_eps, cat + dim);
+        const float *W = L->eh_proj.data;   /* f32 (dim, 2 dim) */
+        for (int r = 0; r < dim; r++) {
+            double acc = 0;
+            for (int c = 0; c < 2 * dim; c++) acc += (double)W[(size_t)r * 2 * dim + c] * cat[c];
+            x0[(size_t)p * dim + r] = (float)acc;
+        }
+    }
+    model *ref = xmalloc(sizeof *ref);
+    *ref = *view;
+    ref->mtp_view = false;
+    ref->tok_embd = (ops_weight){ QTYPE_F32, T + 1, dim, x0 };
+    engine *re = NULL;
+    CHECK(engine_new(ref, &o, &re, err, sizeof err) == ENGINE_OK);
+    if (re) {
+        kvpool_seq *rs = kvpool_seq_new(engine_kvpool(re));
+        engine_tok rt[T + 1];
+        for (int i = 0; i <= T; i++) rt[i] = (engine_tok){ i, i, rs, true };
+        engine_batch rb = { T + 1, rt };
+        CHECK(engine_step(re, &rb, want) == ENGINE_OK);
+        float worst = 0, worst_h = 0;
+        for (int i = 0; i < (T + 1) * V; i++) worst = fmaxf(worst, fabsf(want[i] - lg[i]));
+        for (int i = 0; i < (T + 1) * dim; i++) worst_h = fmaxf(worst_h, fabsf(engine_hidden(re)[i] - hmtp[i]));
+        CHECKF(worst < 2e-3f && worst_h < 2e-3f, "max |logit diff| %g, |hidden diff| %g", worst, worst_h);
+        kvpool_seq_free(engine_kvpool(re), rs);
+        engine_free(re);
+    }
+    free(ref);
+
+    /* the chained entry: toks[T + 1] would be argmax(row T); the entry after continues the
+     * layer's own hidden state of entry T */
+    int32_t d1 = argmax(lg + (size_t)T * V, V);
+    engine_tok ct = { d1, T + 1, ds, true };
+    engine_batch cb = { 1, &ct };
+    float lg2[300];
+    CHECK(engine_step_mtp(d, &cb, hmtp + (size_t)T * dim, lg2) == ENGINE_OK);
+    int32_t d2 = argmax(lg2, V);
+    kvpool_seq_free(engine_kvpool(d), ds);
+
+    /* specdraft: the same drafts from the same states, its KV left at the entries computed
+     * from the model's states */
+    specdraft *sd = specdraft_new(d, 2);
+    CHECK(sd && specdraft_is_mtp(sd));
+    if (sd) {
+        specdraft_seq q = { .seq = kvpool_seq_new(engine_kvpool(d)), .tokens = toks, .n_tokens = T + 1, .n_done = 0,
+                            .k_max = 2, .hid = h + dim, .hid_pos = 0, .n_hid = T };
+        CHECK(specdraft_run(sd, &q, 1) == 2);
+        CHECKF(q.n_draft == 2 && q.draft[0] == d1 && q.draft[1] == d2, "drafts %d: %d %d, want %d %d", q.n_draft,
+               q.draft[0], q.draft[1], d1, d2);
+        CHECK(q.n_done == T + 1);
+        kvpool_seq_free(engine_kvpool(d), q.seq);
+        specdraft_free(sd);
+    }
+    engine_free(d);
+out_view:
+    free(view);
+out:
+    model_free(m);
+}
+
+int main(void)
+{
+    if (!mkdtemp(tmpdir)) return 1;
+    snprintf(plain_path, sizeof plain_path, "%s/plain.gguf", tmpdir);
+    snprintf(mtp_path, sizeof mtp_path, "%s/mtp.gguf", tmpdir);
+    if (!mtp_write(plain_path, false) || !mtp_write(mtp_path, true)) {
+        fprintf(stderr, "mkmodel failed\n");
+        return 1;
+    }
+    RUN(test_load_apart);
+    RUN(test_forward_and_drafts);
+    unlink(plain_path);
+    unlink(mtp_path);
+    rmdir(tmpdir);
+    HARNESS_END();
+}
