@@ -4,7 +4,8 @@
  * logits as the file without them; the MTP forward (engine_step_mtp over model_mtp_view) equals
  * a reference that builds the layer input eh_proj([enorm(e); hnorm(h)]) by hand (double) and
  * runs the MTP block as an ordinary one-layer model whose embedding rows are those inputs; and
- * specdraft's MTP drafts are the argmax of that forward, chained on the layer's own hidden state.
+ * specdraft's MTP drafts are the argmax of that forward, chained on the layer's own hidden state;
+ * broken MTP blocks are refused with a message.
  */
 #include "harness.h"
 
@@ -201,6 +202,49 @@ out:
     model_free(m);
 }
 
+/* Writes a copy of the MTP file with the bytes after the first occurrence of what patched (at
+ * offset at from it, n bytes): a broken file of the same layout. */
+static bool mtp_patch(const char *out, const char *what, size_t at, const void *bytes, size_t n)
+{
+    FILE *f = fopen(mtp_path, "rb");
+    if (!f) return false;
+    static char buf[4 << 20];
+    size_t len = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    size_t wl = strlen(what);
+    char *p = NULL;
+    for (size_t i = 0; !p && i + wl <= len; i++)
+        if (!memcmp(buf + i, what, wl)) p = buf + i;
+    if (!p || p + at + n > buf + len) return false;
+    memcpy(p + at, bytes, n);
+    f = fopen(out, "wb");
+    if (!f) return false;
+    bool ok = fwrite(buf, 1, len, f) == len;
+    return fclose(f) == 0 && ok;
+}
+
+/* A broken MTP block is refused with a message naming it, not read out of bounds. */
+TEST(test_bad_files)
+{
+    char path[300], err[256];
+    snprintf(path, sizeof path, "%s/bad.gguf", tmpdir);
+    const uint32_t three = 3;     /* nextn_predict_layers = block_count: no layer left */
+    const uint64_t half = 32;     /* hnorm of 32 values, not dim */
+    const struct { const char *what; size_t at; const void *bytes; size_t n; gguf_status st; const char *msg; } cases[] = {
+        { "deepseek2.nextn_predict_layers", 30 + 4, &three, 4, GGUF_ERR_FORMAT, "nextn_predict_layers" },
+        { "blk.2.nextn.eh_proj.weight", 15, "X", 1, GGUF_ERR_MISSING, "blk.2.nextn.eh_proj.weight" },
+        { "blk.2.nextn.hnorm.weight", 24 + 4, &half, 8, GGUF_ERR_SHAPE, "blk.2.nextn.hnorm.weight" },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        CHECK(mtp_patch(path, cases[i].what, cases[i].at, cases[i].bytes, cases[i].n));
+        model *m = NULL;
+        gguf_status st = model_load(path, NULL, &m, err, sizeof err);
+        CHECKF(st == cases[i].st && !m && strstr(err, cases[i].msg), "case %zu: status %d, %s", i, (int)st, err);
+        model_free(m);
+    }
+    unlink(path);
+}
+
 int main(void)
 {
     if (!mkdtemp(tmpdir)) return 1;
@@ -212,6 +256,7 @@ int main(void)
     }
     RUN(test_load_apart);
     RUN(test_forward_and_drafts);
+    RUN(test_bad_files);
     unlink(plain_path);
     unlink(mtp_path);
     rmdir(tmpdir);
