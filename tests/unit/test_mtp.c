@@ -5,7 +5,7 @@
  * a reference that builds the layer input eh_proj([enorm(e); hnorm(h)]) by hand (double) and
  * runs the MTP block as an ordinary one-layer model whose embedding rows are those inputs; and
  * specdraft's MTP drafts are the argmax of that forward, chained on the layer's own hidden state;
- * broken MTP blocks are refused with a message.
+ * broken MTP blocks are refused with a message, and mkmodel --nextn on another architecture.
  */
 #include "harness.h"
 
@@ -243,6 +243,11 @@ TEST(test_bad_files)
         model_free(m);
     }
     unlink(path);
+    /* mkmodel writes MTP layers for deepseek2 only */
+    char *argv[] = { "mkmodel", "--arch", "qwen3", "--preset", "tiny", "--nextn", "1", "--type", "f32", "--seed", "1",
+                     "-o", path, NULL };
+    CHECK(cmd_mkmodel((int)(sizeof argv / sizeof argv[0]) - 1, argv) == 2);
+    CHECK(access(path, F_OK) != 0);
 }
 
 int main(void)
