@@ -35,9 +35,10 @@
  * are kept for /metrics and bench (engine_moe_load).
  *
  * Multi-token prediction: an engine over an MTP view (model_mtp_view) makes each entry's input
- * eh_proj([rmsnorm(embedding) * enorm; rmsnorm(hidden) * hnorm]) from the batch's hidden
- * states, then runs the view's one layer, head norm and head as any model (engine_step_mtp); engine_hidden gives
- * every step's hidden states (the model's, for the MTP draft; the view's, to chain it).
+ * eh_proj([rmsnorm(embedding) * enorm; rmsnorm(hidden) * hnorm]) from the hidden states given
+ * to engine_step_mtp, then runs the view's one layer, head norm and head as any model;
+ * engine_hidden gives every step's hidden states (the model's, which the MTP draft continues;
+ * the view's, to chain it), read in place: nothing is copied on the model's step.
  *
  * Memory: all scratch (activations for max_batch_tokens, matmul scratch, per-thread
  * attention buffers) is allocated in engine_new; engine_step allocates nothing.
