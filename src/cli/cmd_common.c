@@ -89,7 +89,7 @@ const cmd_opt *cmd_common_engine_table(cmd_engine_opts *o, cmd_opt out[CMD_ENGIN
         { "--window-mib", NULL, CMD_OPT_DOUBLE, &o->window_mib, 0, 1 << 24, .arg = "N", .help = "sliding-window models: RAM for the window cache in MiB (default 1024; 0: keep none)" },
         { "--window-ttl", NULL, CMD_OPT_DOUBLE, &o->window_ttl, 0.001, 1e7, .arg = "S", .help = "seconds a window state is kept (default 180)" },
         { "--window-replay", NULL, CMD_OPT_CHOICE, &o->window_replay, .choices = "bounded|exact", .help = "a missing window state: recompute the last block (default) or exactly" },
-        { "--spec", NULL, CMD_OPT_CHOICE, &o->spec, .choices = "off|ngram", .arg = "SRC", .help = "speculative decoding: ngram drafts by prompt lookup (default off)" },
+        { "--spec", NULL, CMD_OPT_CHOICE, &o->spec, .choices = "off|ngram|mtp", .arg = "SRC", .help = "speculative decoding: ngram drafts by prompt lookup (with the model's MTP layers too, if it has them), mtp by its MTP layers (default off)" },
         { "--spec-max", NULL, CMD_OPT_LONG, &o->spec_max, 1, SPEC_MAX_K, .arg = "K", .help = "most drafted tokens a sequence verifies per step (default 5)" },
         { "--spec-fixed", NULL, CMD_OPT_LONG, &o->spec_fixed, 1, SPEC_MAX_K, .arg = "K", .help = "always verify K drafted tokens (default: chosen per step from the step time)" },
         { "--draft", NULL, CMD_OPT_STR, &o->draft, .arg = "FILE", .help = "speculative decoding with a draft model of the same vocabulary" },
@@ -155,7 +155,13 @@ static bool cmd_common_draft_new(const char *prog, model *m, cmd_engine_opts *o,
         fprintf(stderr, "tokenmill %s: give --draft or --draft-layers, not both\n", prog);
         return false;
     }
-    if (o->draft_layers > 0) {
+    if (!o->draft && o->draft_layers <= 0) {
+        /* the model's first MTP layer, on an engine of its own whose steps also carry the
+         * catch-up of every step's positions (a prefill chunk's included) */
+        dm = xmalloc(sizeof *dm);
+        model_mtp_view(m, 0, dm);
+        o->draft_shares = true;
+    } else if (o->draft_layers > 0) {
         if (o->draft_layers >= m->hp.n_layers) {
             fprintf(stderr, "tokenmill %s: --draft-layers %ld: the model has %d layers, a draft needs fewer\n", prog,
                     o->draft_layers, m->hp.n_layers);
@@ -184,6 +190,7 @@ static bool cmd_common_draft_new(const char *prog, model *m, cmd_engine_opts *o,
     }
     engine_opts eo = *main_eo;
     eo.n_kv_blocks = cmd_common_kv_blocks(dm, o);
+    if (dm->mtp_view) eo.max_batch_tokens += (int)o->max_seqs;   /* a step's rows and each new sequence's first */
     if (engine_new(dm, &eo, &o->draft_engine, err, sizeof err) != ENGINE_OK) {
         fprintf(stderr, "tokenmill %s: draft model: %s\n", prog, err);
         if (o->draft_shares) free(dm);
@@ -191,6 +198,9 @@ static bool cmd_common_draft_new(const char *prog, model *m, cmd_engine_opts *o,
         return false;
     }
     o->draft_model = dm;
+    if (dm->mtp_view)
+        log_info("%s: speculative drafts by the model's MTP layer (blk.%d of %d, %s head)", prog, m->hp.n_layers,
+                 m->hp.n_layers + m->hp.n_nextn, m->mtp[0].head.data ? "its own" : "the model's");
     return true;
 }
 
@@ -206,7 +216,18 @@ void cmd_common_draft_free(cmd_engine_opts *o)
 engine *cmd_common_engine_new(const char *prog, model *m, cmd_engine_opts *o)
 {
     char err[256];
-    bool drafted = o->draft || o->draft_layers > 0;
+    if (o->spec == 2 && m->hp.n_nextn == 0) {
+        fprintf(stderr, "tokenmill %s: --spec mtp: the model has no MTP layers (%s.nextn_predict_layers)\n", prog,
+                m->hp.arch_name);
+        return NULL;
+    }
+    if (o->spec == 2 && (o->draft || o->draft_layers > 0)) {
+        fprintf(stderr, "tokenmill %s: --spec mtp drafts with the model's MTP layers: not with --draft or --draft-layers\n", prog);
+        return NULL;
+    }
+    /* with prompt lookup on, a model's MTP layers draft too unless a draft model is given */
+    bool mtp = o->spec && m->hp.n_nextn > 0 && !o->draft && o->draft_layers <= 0;
+    bool drafted = o->draft || o->draft_layers > 0 || mtp;
     if (o->spec_fixed > 0 && !o->spec && !drafted) {
         fprintf(stderr, "tokenmill %s: --spec-fixed needs --spec, --draft or --draft-layers\n", prog);
         return NULL;

@@ -42,13 +42,14 @@ typedef struct {
     double window_mib;   /* window cache RAM, MiB (models with sliding-window layers); 0: none */
     double window_ttl;   /* seconds a window state is kept */
     int window_replay;   /* 0: bounded, 1: exact (a missing window state) */
-    int spec;            /* --spec: 0 off, 1 ngram (prompt lookup) */
+    int spec;            /* --spec: 0 off, 1 ngram (prompt lookup; and the model's MTP layers
+                          * if it has them), 2 mtp (the model's MTP layers only) */
     long spec_max;       /* most drafted tokens verified per sequence and step */
     long spec_fixed;     /* 0: the count is chosen per step; else always this many */
     const char *draft;   /* --draft: a draft model's GGUF, or NULL */
     long draft_layers;   /* --draft-layers: self-speculation on the first N layers, 0: off */
     /* made by cmd_common_engine_new with --draft / --draft-layers; cmd_common_draft_free */
-    model *draft_model;  /* the draft (with --draft-layers a view of the model's weights) */
+    model *draft_model;  /* the draft (with --draft-layers or MTP a view of the model's weights) */
     engine *draft_engine;
     bool draft_shares;   /* draft_model shares the model's weights (free the view only) */
     const char *cpus;    /* --cpus LIST: the CPUs the kernel threads may run on, or NULL: all allowed */

@@ -24,6 +24,13 @@
  * is the same for a seed whatever the thread count. Tensors are generated and quantised at
  * write time (gguf_writer_add_tensor_fill), rows split across threads.
  *
+ * `--nextn N` (deepseek2) appends N multi-token prediction layers as llama.cpp's converter
+ * writes DeepSeek-V3's: block_count counts them, nextn_predict_layers = N, and each is a whole
+ * layer (MoE, as V3's) plus nextn.eh_proj [2 dim, dim], nextn.enorm, nextn.hnorm,
+ * nextn.shared_head_norm, nextn.embed_tokens and nextn.shared_head_head (copies of the
+ * model's embedding and output head, as V3's checkpoint holds them). The model's own tensors
+ * are the same bytes with and without them (seeds come from tensor names).
+ *
  * Vocabulary: --vocab copies every tokenizer.* key of a GGUF, or reads a Hugging Face
  * tokenizer.json (BPE); without it a small byte-level BPE vocabulary is generated.
  */
@@ -103,6 +110,7 @@ typedef struct {
     bool rope_yarn;         /* YaRN: factor 40 from 4096 positions, DeepSeek's settings (gpt-oss:
                              * factor 32, its own) */
     int n_swa;              /* gpt-oss: sliding window */
+    int n_nextn;            /* deepseek2: MTP layers after the n_layers */
     qtype exps_type;        /* the experts' type (mxfp4: MXFP4, else the base type) */
     const char *type;       /* --type */
     uint64_t seed;
@@ -638,7 +646,8 @@ static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *
     gguf_writer_set_u32(w, "general.file_type", ftype);
     if (base != QTYPE_F32 && base != QTYPE_F16 && base != QTYPE_BF16) gguf_writer_set_u32(w, "general.quantization_version", 2);
 #define MK_KEY(suffix) (snprintf(k, sizeof k, "%s." suffix, A), k)
-    gguf_writer_set_u32(w, MK_KEY("block_count"), (uint32_t)o->n_layers);
+    gguf_writer_set_u32(w, MK_KEY("block_count"), (uint32_t)(o->n_layers + o->n_nextn));
+    if (o->n_nextn > 0) gguf_writer_set_u32(w, MK_KEY("nextn_predict_layers"), (uint32_t)o->n_nextn);
     gguf_writer_set_u32(w, MK_KEY("context_length"), (uint32_t)o->ctx);
     gguf_writer_set_u32(w, MK_KEY("embedding_length"), (uint32_t)o->dim);
     gguf_writer_set_u32(w, MK_KEY("feed_forward_length"), (uint32_t)o->ffn);
@@ -693,7 +702,7 @@ static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *
 #undef MK_KEY
     mk_vocab_write(v, w);
 
-    mk_model m = { .w = w, .o = o, .base = base, .k_m = k_m, .cap = 8 + 20 * o->n_layers };
+    mk_model m = { .w = w, .o = o, .base = base, .k_m = k_m, .cap = 8 + 28 * (o->n_layers + o->n_nextn) };
     m.ts = xcalloc((size_t)m.cap, sizeof *m.ts);
     /* Embeddings are small (0.5/sqrt(dim)) so that, with a tied output, the input token's own
      * embedding in the residual stream does not dominate the logits (random models otherwise
@@ -706,12 +715,24 @@ static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *
     if (!o->tied) mk_add(&m, "output.weight", MK_INIT_NOISE, emb_std, out_type, 2, dim, V);
     if (o->rope_llama3) mk_add(&m, "rope_freqs.weight", MK_INIT_ROPE_FREQS, 0, QTYPE_F32, 1, o->head_dim / 2, 1);
     bool qwen2 = !strcmp(A, "qwen2"), qwen3 = !strcmp(A, "qwen3") || !strcmp(A, "qwen3moe");
-    for (int l = 0; l < o->n_layers; l++) {
-        qtype more = k_m && mk_use_more_bits(l, o->n_layers) ? QTYPE_Q6_K : base;
+    for (int l = 0; l < o->n_layers + o->n_nextn; l++) {   /* the MTP layers last */
+        qtype more = k_m && l < o->n_layers && mk_use_more_bits(l, o->n_layers) ? QTYPE_Q6_K : base;
 #define MK_T(suffix) (snprintf(name, sizeof name, "blk.%d." suffix, l), name)
         mk_add(&m, MK_T("attn_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, dim, 1);
         if (mla) {
             mk_mla_layer(&m, l, more);
+            if (l >= o->n_layers) {
+                mk_add(&m, MK_T("nextn.eh_proj.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)(2 * dim)), base, 2, 2 * dim, dim);
+                mk_add(&m, MK_T("nextn.enorm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, dim, 1);
+                mk_add(&m, MK_T("nextn.hnorm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, dim, 1);
+                mk_add(&m, MK_T("nextn.shared_head_norm.weight"), MK_INIT_NORM, 20.0f, QTYPE_F32, 1, dim, 1);
+                /* V3's MTP layer holds copies of the embedding and the head: the same seeds */
+                mk_add(&m, MK_T("nextn.embed_tokens.weight"), MK_INIT_NOISE, emb_std, o->tied ? out_type : base, 2, dim, V);
+                m.ts[m.n - 1].seed = mk_hash(0xcbf29ce484222325ULL ^ o->seed * 0x9E3779B97F4A7C15ULL, "token_embd.weight");
+                mk_add(&m, MK_T("nextn.shared_head_head.weight"), MK_INIT_NOISE, emb_std, out_type, 2, dim, V);
+                m.ts[m.n - 1].seed = mk_hash(0xcbf29ce484222325ULL ^ o->seed * 0x9E3779B97F4A7C15ULL,
+                                             o->tied ? "token_embd.weight" : "output.weight");
+            }
             continue;
         }
         if (o->n_swa > 0) {
@@ -769,7 +790,7 @@ int cmd_mkmodel(int argc, char **argv)
     const char *preset = NULL, *vocab = NULL, *out = NULL, *rope_scaling = NULL;
     /* shape options: 0 (as if not given) takes the preset's value */
     long layers = 0, dim = 0, ffn = 0, heads = 0, kv = 0, hd = 0, ctx = 0, nv = 0, threads = 0;
-    long experts = 0, experts_used = 0, expert_ffn = 0, window = 0;
+    long experts = 0, experts_used = 0, expert_ffn = 0, window = 0, nextn = 0;
     long q_lora = -1, kv_lora = 0, rope_dim = 0, nope_dim = 0, v_dim = 0, shared = -1, dense = -1, groups = -1, groups_used = 0;
     double routed_scale = 0;
     const char *router = NULL;
@@ -803,6 +824,7 @@ int cmd_mkmodel(int argc, char **argv)
         { "--expert-groups", NULL, CMD_OPT_LONG, &groups, 0, 1024, .arg = "G", .help = "deepseek2: group-limited routing" },
         { "--groups-used", NULL, CMD_OPT_LONG, &groups_used, 0, 1024, .arg = "N", .help = "deepseek2: groups kept per token" },
         { "--routed-scale", NULL, CMD_OPT_DOUBLE, &routed_scale, 0, 1000, .arg = "F", .help = "deepseek2: routed experts' weight scale" },
+        { "--nextn", NULL, CMD_OPT_LONG, &nextn, 0, 16, .arg = "N", .help = "deepseek2: N multi-token prediction (MTP) layers after the model's" },
         { "--window", NULL, CMD_OPT_LONG, &window, 0, 1 << 24, .arg = "N", .help = "gpt-oss: sliding window of the even layers" },
         { "--ctx", NULL, CMD_OPT_LONG, &ctx, 0, 1 << 24, .arg = "N", .help = "training context" },
         { "--vocab-size", NULL, CMD_OPT_LONG, &nv, 0, 1 << 24, .arg = "N", .help = "without --vocab: a synthetic vocabulary" },
@@ -881,6 +903,7 @@ int cmd_mkmodel(int argc, char **argv)
         o.n_expert_used = experts_used ? experts_used : d->n_expert_used;
         o.expert_ffn = expert_ffn ? expert_ffn : d->expert_ffn;
         o.head_dim = o.nope_dim + o.rope_dim;
+        o.n_nextn = (int)nextn;
         o.n_kv_heads = o.n_heads;
         if ((router && strcmp(router, "softmax") && strcmp(router, "sigmoid")) || o.n_expert_used > o.n_expert ||
             o.kv_lora <= 0 || o.rope_dim <= 0 || o.rope_dim % 2 || o.nope_dim <= 0 || o.v_dim <= 0 ||
@@ -890,8 +913,8 @@ int cmd_mkmodel(int argc, char **argv)
             return 2;
         }
     } else if (q_lora >= 0 || kv_lora || rope_dim || nope_dim || v_dim || shared >= 0 || dense >= 0 || router ||
-               groups >= 0 || groups_used || routed_scale > 0) {
-        fprintf(stderr, "tokenmill mkmodel: the MLA and shared-expert options are for --arch deepseek2\n");
+               groups >= 0 || groups_used || routed_scale > 0 || nextn) {
+        fprintf(stderr, "tokenmill mkmodel: the MLA, shared-expert and --nextn options are for --arch deepseek2\n");
         return 2;
     } else if (gptoss) {
         /* a dense preset under --arch gpt-oss: 32 experts, 4 per token, each of the ffn size;

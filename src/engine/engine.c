@@ -147,6 +147,7 @@ struct engine {
     float *mla_tmp;          /* (n_threads, mla_tmp_stride) per-head gather/scatter and scratch */
     size_t mla_tmp_stride;   /* floats per thread */
     float *shx;              /* (T, dim) shared experts' output */
+    float *mtp_cat;          /* (T, 2 * dim) an MTP view's normed embedding and hidden state */
     /* window layers (NULL for a model without): their K/V of a step is staged here, read by
      * attention for the step's own positions, and moved into each sequence's ring after */
     uint8_t *wstage;         /* (T, 2, n_kv_heads, head_dim) pool dtype, K then V of an entry */
@@ -287,6 +288,7 @@ void engine_free(engine *e)
     free(e->att_v);
     free(e->mla_tmp);
     free(e->shx);
+    free(e->mtp_cat);
     free(e->wstage);
     free(e->run0);
     free(e->prev_run);
@@ -413,6 +415,15 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
         }
     }
     sc = engine_scratch_need(&m->output, Ti, sc);
+    if (m->mtp_view) {
+        sc = engine_scratch_need(&m->layers[0].eh_proj, Ti, sc);
+        e->mtp_cat = util_aligned_alloc(T * 2 * (size_t)hp->dim * sizeof(float));
+        if (!e->mtp_cat) {
+            snprintf(err, errsz, "out of memory for the MTP input of %d tokens", Ti);
+            engine_free(e);
+            return ENGINE_ERR_NOMEM;
+        }
+    }
     e->mm_scratch = util_aligned_alloc(sc + 64);
     /* per thread: K and V block in f32 and K transposed (3 * 128 * hd), and for the tile's
      * query rows (att_tile * gqa, rounded up to 16): queries transposed and accumulators (hd
@@ -1233,7 +1244,30 @@ static void engine_mla_out(engine *e, engine_job *job, int il, int T)
     ops_matmul(e->tp, &e->m->layers[il].wo, e->att_v, T, e->xn, e->mm_scratch);
 }
 
+const float *engine_hidden(const engine *e) { return e->x; }
+
+/* An MTP view's layer input (engine.h), in place of the embeddings in x: x = eh_proj([enorm
+ * of the embedding; hnorm of the hidden state]). */
+static void engine_mtp_input(engine *e, const engine_batch *b, const float *hidden)
+{
+    const model_layer *L = &e->m->layers[0];
+    const int T = b->n_tokens, dim = e->m->hp.dim;
+    const float eps = e->m->hp.rms_eps;
+    ops_rmsnorm(e->tp, e->xn, e->x, L->enorm, T, dim, eps);
+    for (int t = 0; t < T; t++)
+        memcpy(e->mtp_cat + (size_t)t * 2 * dim, e->xn + (size_t)t * dim, (size_t)dim * sizeof(float));
+    ops_rmsnorm(e->tp, e->xn, hidden, L->hnorm, T, dim, eps);
+    for (int t = 0; t < T; t++)
+        memcpy(e->mtp_cat + (size_t)t * 2 * dim + dim, e->xn + (size_t)t * dim, (size_t)dim * sizeof(float));
+    ops_matmul(e->tp, &L->eh_proj, e->mtp_cat, T, e->x, e->mm_scratch);
+}
+
 engine_status engine_step(engine *e, const engine_batch *b, float *logits)
+{
+    return engine_step_mtp(e, b, NULL, logits);
+}
+
+engine_status engine_step_mtp(engine *e, const engine_batch *b, const float *hidden, float *logits)
 {
     const model *m = e->m;
     const model_hparams *hp = &m->hp;
@@ -1247,7 +1281,7 @@ engine_status engine_step(engine *e, const engine_batch *b, float *logits)
             return ENGINE_ERR_ARG;
         n_out += tk->want_logits;
     }
-    if (n_out > 0 && !logits) return ENGINE_ERR_ARG;
+    if ((n_out > 0 && !logits) || m->mtp_view != (hidden != NULL)) return ENGINE_ERR_ARG;
     for (int t = 0; t < T; t++) {
         const engine_tok *tk = &b->toks[t];
         if (kvpool_seq_reserve(e->kv, tk->seq, tk->pos + 1) != KVPOOL_OK) return ENGINE_ERR_KV_FULL;
@@ -1272,6 +1306,7 @@ engine_status engine_step(engine *e, const engine_batch *b, float *logits)
         e->pos[t] = b->toks[t].pos;
     }
     engine_job job = { .e = e, .b = b };
+    if (m->mtp_view) engine_mtp_input(e, b, hidden);
     ops_rmsnorm(tp, e->xn, e->x, m->layers[0].attn_norm, T, dim, eps);
     engine_prof_mark(e, il_out, ENGINE_PROF_EMBED);
     for (int il = 0; il < hp->n_layers; il++) {

@@ -34,6 +34,12 @@
  * chose it; outputs are summed per token in a fixed order (engine.c). Per-expert token counts
  * are kept for /metrics and bench (engine_moe_load).
  *
+ * Multi-token prediction: an engine over an MTP view (model_mtp_view) makes each entry's input
+ * eh_proj([rmsnorm(embedding) * enorm; rmsnorm(hidden) * hnorm]) from the hidden states given
+ * to engine_step_mtp, then runs the view's one layer, head norm and head as any model;
+ * engine_hidden gives every step's hidden states (the model's, which the MTP draft continues;
+ * the view's, to chain it), read in place: nothing is copied on the model's step.
+ *
  * Memory: all scratch (activations for max_batch_tokens, matmul scratch, per-thread
  * attention buffers) is allocated in engine_new; engine_step allocates nothing.
  *
@@ -164,8 +170,16 @@ bool engine_profile(engine *e, bool on);
 const engine_prof_cell *engine_profile_cells(const engine *e, int64_t *n_steps);
 const char *engine_prof_op_name(engine_prof_op op);
 
+/* The hidden states of the last engine_step's entries, (n_tokens, dim) in batch order: the
+ * residual stream after the last layer, before the output norm (what an MTP layer continues
+ * from). Valid until the next engine_step. */
+const float *engine_hidden(const engine *e);
+
 /* Runs one forward step. logits receives (n_out, n_vocab) floats, one row per entry with
  * want_logits, in batch order; it may be NULL when no entry wants logits. */
 engine_status engine_step(engine *e, const engine_batch *b, float *logits);
+/* engine_step on an engine over an MTP view (model_mtp_view; engine_step refuses it), hidden
+ * (n_tokens, dim) being the hidden state each entry continues. */
+engine_status engine_step_mtp(engine *e, const engine_batch *b, const float *hidden, float *logits);
 
 #endif

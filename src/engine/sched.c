@@ -123,6 +123,7 @@ struct sched {
     wincache *wc;                /* window states, NULL for a model without window layers */
     uint8_t *wstate;             /* (kvpool_window_state_bytes) a state taken out of wc */
     int n_vocab;
+    int e_dim;                   /* the model's hidden state width */
     sched_opts o;                /* resolved options */
     pthread_t thread;
     pthread_mutex_t mu;
@@ -1044,25 +1045,30 @@ static int sched_spec_kmax(const sched *s, const sched_req *r, int nt)
  * Engine thread, without mu. */
 static void sched_spec_draft(sched *s, int n_reqs)
 {
-    int nq = 0;
+    int nq = 0, row0 = 0;
     bool ngram = s->o.spec_sources & SPEC_SRC_NGRAM, dmodel = s->drafter != NULL;
+    /* an MTP draft continues the model's hidden states: it catches up on every step's rows
+     * (prefill chunks, and steps where prompt lookup drafts), catching up only (k_max 0) */
+    bool mtp = dmodel && specdraft_is_mtp(s->drafter);
     for (int i = 0; i < n_reqs; i++) {
         sched_req *r = s->batch_req[i];
-        int ntok = s->batch_ntok[i];
+        int ntok = s->batch_ntok[i], first = row0;
+        row0 += s->batch_n[i];
         if (r->dseq) r->d_done = TM_MIN(r->d_done, r->n_done);
         r->n_draft = 0;
         r->draft_at = -1;
-        if (ntok == 0) continue;
-        int nt = r->n_tokens + ntok;   /* tokens once this step is published */
-        int kmax = sched_spec_kmax(s, r, nt);
-        if (kmax <= 0 || sched_is_stop(s, r, r->tokens[nt - 1])) continue;   /* it ends */
-        if (ngram && (!dmodel || r->spec[0].rate >= r->spec[1].rate)) {
+        if (ntok == 0 && !mtp) continue;
+        int nt = ntok ? r->n_tokens + ntok : r->n_done + 1;   /* tokens once this step is published */
+        int kmax = ntok ? sched_spec_kmax(s, r, nt) : 0;
+        if (ntok && (kmax <= 0 || sched_is_stop(s, r, r->tokens[nt - 1]))) continue;   /* it ends */
+        if (ntok && ngram && (!dmodel || r->spec[0].rate >= r->spec[1].rate)) {
             r->n_draft = spec_ngram_draft(r->tokens, nt, SPEC_NGRAM_MAX, SPEC_NGRAM_MIN, kmax, r->draft);
             r->draft_src = 0;
             if (r->n_draft > 0 || !dmodel) {
                 r->draft_at = nt;
                 s->drafted_run += (uint64_t)r->n_draft;
-                continue;
+                if (!mtp) continue;
+                kmax = 0;
             }
         }
         if (!dmodel) continue;
@@ -1073,7 +1079,10 @@ static void sched_spec_draft(sched *s, int n_reqs)
         q->n_tokens = nt;
         q->n_done = r->d_done;
         double min_gain = s->draft_step_s > 0 && s->main_step_s > 0 ? s->draft_step_s / s->main_step_s : SPEC_MIN_GAIN;
-        q->k_max = s->o.spec_fixed > 0 ? kmax : spec_seq_draft_len(&r->spec[1], kmax, min_gain);
+        q->k_max = kmax <= 0 ? 0 : s->o.spec_fixed > 0 ? kmax : spec_seq_draft_len(&r->spec[1], kmax, min_gain);
+        q->hid = mtp ? engine_hidden(s->e) + (size_t)first * s->e_dim : NULL;
+        q->hid_pos = s->batch[first].pos;
+        q->n_hid = s->batch_n[i];
         s->dq_req[nq++] = r;
     }
     if (nq > 0) {   /* its steps' cost against the target's decides how far the next drafts go */
@@ -1088,6 +1097,7 @@ static void sched_spec_draft(sched *s, int n_reqs)
         sched_req *r = s->dq_req[j];
         specdraft_seq *q = &s->dq[j];
         r->d_done = q->n_done;
+        if (q->k_max == 0) continue;   /* caught up only */
         r->draft_at = q->n_tokens;
         r->draft_src = 1;
         r->n_draft = q->n_draft;
@@ -1350,6 +1360,7 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
     s->pool = engine_kvpool(e);
     const model *m = engine_model(e);
     s->n_vocab = m->hp.n_vocab;
+    s->e_dim = m->hp.dim;
     sched_opts o = opts ? *opts : (sched_opts){ .eos_ids = { -1, -1, -1, -1 } };
     if (o.max_seqs <= 0) o.max_seqs = 16;
     if (o.max_queue <= 0) o.max_queue = 256;

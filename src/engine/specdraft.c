@@ -21,6 +21,10 @@ struct specdraft {
     int *adv;                   /* (max_seqs) positions the catch-up step computes for each */
     float *logits;              /* (max_seqs, n_vocab) */
     sampler *greedy;            /* temperature 0, no penalties: the argmax as requests take it */
+    bool mtp;                   /* the engine is an MTP view's: steps take hidden states */
+    int dim;                    /* hidden state width */
+    float *hin;                 /* (max_batch, dim) MTP: the hidden state of each step entry */
+    int *last;                  /* (max_seqs) MTP: batch entry of each sequence's logits row */
 };
 
 specdraft *specdraft_new(engine *d, int max_seqs)
@@ -40,7 +44,13 @@ specdraft *specdraft_new(engine *d, int max_seqs)
     gp.temp = 0;
     gp.penalty_last_n = 0;
     sd->greedy = sample_new(sd->n_vocab, &gp);
-    if (!sd->logits || !sd->greedy) {
+    sd->mtp = engine_model(d)->mtp_view;
+    sd->dim = engine_model(d)->hp.dim;
+    if (sd->mtp) {
+        sd->hin = malloc((size_t)sd->max_batch * (size_t)sd->dim * sizeof(float));
+        sd->last = xcalloc((size_t)max_seqs, sizeof *sd->last);
+    }
+    if (!sd->logits || !sd->greedy || (sd->mtp && !sd->hin)) {
         specdraft_free(sd);
         return NULL;
     }
@@ -55,7 +65,21 @@ void specdraft_free(specdraft *sd)
     free(sd->adv);
     free(sd->logits);
     sample_free(sd->greedy);
+    free(sd->hin);
+    free(sd->last);
     free(sd);
+}
+
+bool specdraft_is_mtp(const specdraft *sd) { return sd->mtp; }
+
+/* MTP: into row nt of hin, the model's hidden state of position p - 1 for entry p of q, or
+ * zeros when the caller did not pass it. */
+static void specdraft_mtp_state(specdraft *sd, const specdraft_seq *q, int nt, int p)
+{
+    float *dst = sd->hin + (size_t)nt * sd->dim;
+    int i = p - 1 - q->hid_pos;
+    if (q->hid && i >= 0 && i < q->n_hid) memcpy(dst, q->hid + (size_t)i * sd->dim, (size_t)sd->dim * sizeof(float));
+    else memset(dst, 0, (size_t)sd->dim * sizeof(float));
 }
 
 /* The greedy token of a logits row and its softmax probability. */
@@ -90,13 +114,16 @@ int specdraft_run(specdraft *sd, specdraft_seq *seqs, int n)
             t->pos = q->n_done + j;
             t->seq = q->seq;
             t->want_logits = full && j == take - 1;
+            if (sd->mtp) specdraft_mtp_state(sd, q, nt - 1, t->pos);
         }
+        if (sd->mtp) sd->last[i] = nt - 1;
         sd->adv[i] = take;
         if (full) sd->row[i] = nr++;
     }
     if (nt == 0) return 0;
     engine_batch b = { .n_tokens = nt, .toks = sd->batch };
-    if (engine_step(sd->e, &b, sd->logits) != ENGINE_OK) return 1;
+    const float *hin = sd->mtp ? sd->hin : NULL;
+    if (engine_step_mtp(sd->e, &b, hin, sd->logits) != ENGINE_OK) return 1;
     int n_steps = 1;
     for (int i = 0; i < n; i++) {
         specdraft_seq *q = &seqs[i];
@@ -117,16 +144,21 @@ int specdraft_run(specdraft *sd, specdraft_seq *seqs, int n)
             t->pos = q->n_tokens + k - 1;
             t->seq = q->seq;
             t->want_logits = true;
+            if (sd->mtp) {   /* the layer's own state of the entry before: copied before the step overwrites it */
+                memcpy(sd->hin + (size_t)nt * sd->dim, engine_hidden(sd->e) + (size_t)sd->last[i] * sd->dim,
+                       (size_t)sd->dim * sizeof(float));
+                sd->last[i] = nt;
+            }
             sd->row[i] = nt++;
         }
         if (nt == 0) return n_steps;
         b.n_tokens = nt;
         n_steps++;
-        if (engine_step(sd->e, &b, sd->logits) != ENGINE_OK) return n_steps;   /* keep the drafts so far */
+        if (engine_step_mtp(sd->e, &b, hin, sd->logits) != ENGINE_OK) return n_steps;   /* keep the drafts so far */
         for (int i = 0; i < n; i++) {
             specdraft_seq *q = &seqs[i];
             if (sd->row[i] < 0) continue;
-            q->n_done = q->n_tokens + k;
+            if (!sd->mtp) q->n_done = q->n_tokens + k;   /* MTP: drafted entries are never final */
             q->draft[k] = specdraft_argmax(sd, sd->logits + (size_t)sd->row[i] * sd->n_vocab, &q->prob[k]);
             q->n_draft = k + 1;
         }

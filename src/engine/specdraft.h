@@ -17,6 +17,15 @@
  * beyond it and are overwritten by the next round). Its blocks are never keyed (nothing of a
  * draft reaches the prefix cache or the block store).
  *
+ * MTP (DeepSeek-V3's multi-token prediction, on an engine over model_mtp_view): the same
+ * rounds, where draft entry p is the token t_p with the model's hidden state of position p - 1
+ * (the state that predicted t_p), and predicts t_{p+1}. The caller passes the model's hidden
+ * states of the step it just ran (engine_hidden); entries whose state is not among them (the
+ * first position, a prefix taken from the cache, a backlog caught up in pieces) take a zero
+ * state (hnorm of zero is zero: the entry sees its token alone). Drafted entries continue the
+ * MTP layer's own hidden state of the entry before and are never final: n_done stays at the
+ * last entry computed from the model's states, so they are recomputed once those exist.
+ *
  * Engine thread only, like the engine it drives; nothing allocates after specdraft_new.
  */
 #ifndef TM_SPECDRAFT_H
@@ -37,6 +46,9 @@ typedef struct {
     int32_t draft[SPEC_MAX_K];  /* out: the drafted tokens */
     float prob[SPEC_MAX_K];     /* out: the draft's probability of each */
     int n_draft;                /* out: drafted (0: still catching up, or no KV room) */
+    const float *hid;           /* (n_hid, dim) MTP: the model's hidden states of positions
+                                 * hid_pos.. (engine_hidden rows), or NULL */
+    int hid_pos, n_hid;
 } specdraft_seq;
 
 typedef struct specdraft specdraft;
@@ -44,6 +56,9 @@ typedef struct specdraft specdraft;
 /* A drafter for at most max_seqs sequences a round on engine d (which it does not own). */
 specdraft *specdraft_new(engine *d, int max_seqs);
 void specdraft_free(specdraft *sd);
+/* Whether sd drafts with an MTP layer (its engine is over model_mtp_view): its sequences need
+ * the model's hidden states (specdraft_seq.hid) and catch up on every step's positions. */
+bool specdraft_is_mtp(const specdraft *sd);
 /* Drafts for seqs[0..n) (n <= max_seqs). A sequence whose KV cannot be reserved in the draft
  * pool drafts nothing (its n_done unchanged); a failed engine step drafts nothing for any.
  * Returns the draft engine steps run. */

@@ -198,6 +198,57 @@ static bool model_load_mla(model_ld *ld, int il)
     return true;
 }
 
+/* The MTP tensors of the layers after the model's (model.h): m->mtp. */
+static bool model_load_nextn(model_ld *ld)
+{
+    model *m = ld->m;
+    const model_hparams *hp = &m->hp;
+    m->mtp = m->layers + hp->n_layers;
+    for (int i = 0; i < hp->n_nextn; i++) {
+        model_layer *L = &m->mtp[i];
+        char nm[96];
+#define TN(suffix) (snprintf(nm, sizeof nm, "blk.%d.nextn.%s", hp->n_layers + i, suffix), nm)
+        if (!model_matrix(ld, TN("eh_proj.weight"), 2 * (int64_t)hp->dim, hp->dim, &L->eh_proj)) return false;
+        if (!(L->enorm = model_vector(ld, TN("enorm.weight"), true, hp->dim))) return false;
+        if (!(L->hnorm = model_vector(ld, TN("hnorm.weight"), true, hp->dim))) return false;
+        L->head_norm = model_vector(ld, TN("shared_head_norm.weight"), false, hp->dim);
+        if (ld->st != GGUF_OK) return false;
+        if (gguf_find_tensor(m->g, TN("embed_tokens.weight")) &&
+            !model_matrix(ld, nm, hp->dim, hp->n_vocab, &L->embed))
+            return false;
+        if (gguf_find_tensor(m->g, TN("shared_head_head.weight")) &&
+            !model_matrix(ld, nm, hp->dim, hp->n_vocab, &L->head))
+            return false;
+#undef TN
+    }
+    return true;
+}
+
+void model_mtp_view(const model *m, int i, model *out)
+{
+    const model_layer *L = &m->mtp[i];
+    *out = *m;
+    out->hp.n_layers = 1;
+    out->hp.n_nextn = 0;
+    out->hp.n_dense_lead = L->gate_inp.data ? 0 : 1;
+    out->layers = &m->mtp[i];
+    out->mtp = NULL;
+    out->mtp_view = true;
+    if (L->embed.data) out->tok_embd = L->embed;
+    if (L->head_norm) out->output_norm = L->head_norm;
+    if (L->head.data) {
+        out->output = L->head;
+        out->tied_output = false;
+    }
+    out->owned = NULL;
+    out->n_owned = 0;
+    out->repacked = NULL;
+    out->repacked_bytes = 0;
+    out->fingerprint[0] ^= 0x80;   /* its KV is another model's */
+    out->fingerprint[31] ^= (uint8_t)(i + 1);
+    for (int k = 0; k < 32; k++) snprintf(out->fingerprint_hex + 2 * k, 3, "%02x", out->fingerprint[k]);
+}
+
 static float *model_own(model *m, size_t n)
 {
     float *v = xcalloc(n, sizeof(float));
@@ -219,6 +270,14 @@ static bool model_read_hparams(model_ld *ld, const char *an)
     hp->dim = (int)v;
     if (!model_key_int(ld, KEY("block_count"), true, 0, &v)) return false;
     hp->n_layers = (int)v;
+    /* MTP layers are counted in block_count and stored after the model's */
+    if (!model_key_int(ld, KEY("nextn_predict_layers"), false, 0, &v)) return false;
+    if (v < 0 || v > 16 || v >= hp->n_layers) {
+        model_fail(ld, GGUF_ERR_FORMAT, "bad %s %lld (block_count %d)", key, (long long)v, hp->n_layers);
+        return false;
+    }
+    hp->n_nextn = (int)v;
+    hp->n_layers -= hp->n_nextn;
     if (!model_key_int(ld, KEY("attention.head_count"), true, 0, &v)) return false;
     hp->n_heads = (int)v;
     if (!model_key_int(ld, KEY("attention.head_count_kv"), false, hp->n_heads, &v)) return false;
@@ -732,8 +791,8 @@ gguf_status model_load(const char *path, const model_opts *opts, model **out, ch
     }
 
     int q_dim = hp->n_heads * hp->head_dim, kv_dim = hp->n_kv_heads * hp->head_dim;
-    m->layers = xcalloc((size_t)hp->n_layers, sizeof *m->layers);
-    for (int il = 0; il < hp->n_layers; il++) {
+    m->layers = xcalloc((size_t)(hp->n_layers + hp->n_nextn), sizeof *m->layers);
+    for (int il = 0; il < hp->n_layers + hp->n_nextn; il++) {   /* the MTP layers last */
         model_layer *L = &m->layers[il];
         const bool gptoss = hp->arch == MODEL_ARCH_GPTOSS;
         char nm[96];
@@ -795,6 +854,7 @@ gguf_status model_load(const char *path, const model_opts *opts, model **out, ch
         if (!model_matrix(&ld, TN("ffn_down.weight"), hp->ffn_dim, hp->dim, &L->down)) goto fail;
 #undef TN
     }
+    if (hp->n_nextn > 0 && !model_load_nextn(&ld)) goto fail;
     if (!model_fingerprint(m, opts)) {
         model_fail(&ld, GGUF_ERR_NOMEM, "SHA-256 (libcrypto) failed while fingerprinting");
         goto fail;

@@ -36,6 +36,14 @@
  * `attn_k_b` / `attn_v_b`): hp.head_dim is the latent plus the RoPE part (one kv head),
  * hp.mla says so; see engine.h for how it is computed.
  *
+ * Multi-token prediction (DeepSeek-V3's MTP, llama.cpp's "nextn" layers): a file with
+ * `{arch}.nextn_predict_layers` = n stores n more blocks after the model's (block_count counts
+ * them, as llama.cpp's converter writes it): each the usual layer tensors plus
+ * `nextn.eh_proj`, `nextn.enorm`, `nextn.hnorm` and the optional `nextn.shared_head_norm`,
+ * `nextn.embed_tokens`, `nextn.shared_head_head`. hp.n_layers excludes them (the model runs
+ * as without them, as llama.cpp's does); they are loaded into model.mtp for the MTP draft
+ * (model_mtp_view; engine/specdraft.h). They are not repacked.
+ *
  * RoPE: llama uses the interleaved ("normal") form, qwen2/qwen3 the NEOX (half-split) form.
  * The inverse frequencies inv_freq[i] = freq_scale * base^(-2i/n_rot) / factor[i] are
  * precomputed, where factor comes from the `rope_freqs.weight` tensor (llama3 scaling, as
@@ -111,6 +119,14 @@ typedef struct {
     const float *kv_a_norm;  /* (kv_lora) f32 */
     ops_weight wk_b;         /* (n_heads * kv_lora, nope): per head, q_nope -> latent space */
     ops_weight wv_b;         /* (n_heads * v_dim, kv_lora): per head, latent -> value */
+    /* multi-token prediction (the nextn layers after the model's own, model.mtp): the layer's
+     * input is eh_proj([enorm(embedding); hnorm(hidden)]) */
+    ops_weight eh_proj;      /* (dim, 2 * dim) */
+    const float *enorm;      /* (dim) f32 */
+    const float *hnorm;      /* (dim) f32 */
+    const float *head_norm;  /* (dim) f32 shared_head_norm, or NULL: the model's output_norm */
+    ops_weight embed;        /* (n_vocab, dim) its own embedding, or empty: the model's */
+    ops_weight head;         /* (n_vocab, dim) its own output head, or empty: the model's */
 } model_layer;
 
 typedef struct {
@@ -118,7 +134,8 @@ typedef struct {
     const char *arch_name;   /* "llama", "qwen2", "qwen3", "qwen3moe" */
     int n_vocab;             /* rows of token_embd */
     int dim;                 /* embedding width */
-    int n_layers;
+    int n_layers;            /* the model's layers: block_count less the MTP layers */
+    int n_nextn;             /* {arch}.nextn_predict_layers: MTP layers stored after them */
     int n_heads;
     int n_kv_heads;          /* n_heads is a multiple of it (GQA) */
     int head_dim;            /* {arch}.attention.key_length, default dim/n_heads */
@@ -168,7 +185,10 @@ typedef struct model {
     const float *output_norm;/* (dim) f32 */
     ops_weight output;       /* (n_vocab, dim); the token_embd view when tied */
     bool tied_output;        /* output is token_embd */
-    model_layer *layers;     /* (n_layers) */
+    model_layer *layers;     /* (n_layers + n_nextn): the MTP layers follow the model's */
+    model_layer *mtp;        /* (n_nextn) layers + n_layers, or NULL: no MTP layers */
+    bool mtp_view;           /* a view of one MTP layer (model_mtp_view): its steps take the
+                              * model's hidden states (engine_batch.hidden) */
     uint8_t fingerprint[32]; /* SHA-256, see the file comment */
     char fingerprint_hex[65];
     /* owned f32 copies of the 1-D tensors, freed with the model */
@@ -189,6 +209,12 @@ typedef struct {
  * with a one-line message naming the problem in err, and *out = NULL. opts may be NULL. */
 gguf_status model_load(const char *path, const model_opts *opts, model **out, char *err, size_t errsz);
 void model_free(model *m);
+
+/* A view of m's MTP layer i (< hp.n_nextn) as a one-layer model for an engine of its own
+ * (the draft of speculative decoding): that layer, its head norm and head (or m's), its
+ * embedding (or m's), m's hyper-parameters; it shares m's weights and must not outlive m or
+ * be passed to model_free (free() the struct). The fingerprint differs from m's. */
+void model_mtp_view(const model *m, int i, model *out);
 
 /* Dequantises row `token` of the embedding into out (dim floats). token must be in range. */
 void model_embed_row(const model *m, int32_t token, float *out);
