@@ -811,6 +811,131 @@ TEST(test_admission_prefers_cache_within_age_bound)
     rig_free(&g);
 }
 
+/* Two requests wait for the only slot, held by a decode: an older one whose prompt is a short
+ * cached prefix and little to compute, and a newer one with a longer cached prefix but more to
+ * compute (an agent's next turn beside another agent's earlier one). The one with the fewest
+ * blocks left to compute goes first, so later turns do not overtake earlier ones. Recorded by
+ * the order of admission. */
+TEST(test_admission_fewest_blocks_to_compute_first)
+{
+    enum { PX = 300, PY = 700 };
+    sched_opts so = { .max_seqs = 1, .max_queue = 8, .step_tokens = 48 };
+    rig g = rig_open(64, so, NULL);
+    static int32_t px[PX], py[PY], blocker[10];
+    prompt_of(px, PX, 63);
+    prompt_of(py, PY, 64);
+    prompt_of(blocker, 10, 65);
+    sched_req *r, *d, *q[2];
+    sched_params p = greedy(px, 256 + 1, 1);   /* X's first 2 blocks cached */
+    CHECK(sched_submit(g.s, &p, &r) == SCHED_OK);
+    drain(r, NULL, 0, NULL);
+    sched_release(r);
+    p = greedy(py, 512 + 1, 1);                /* Y's first 4 blocks cached */
+    CHECK(sched_submit(g.s, &p, &r) == SCHED_OK);
+    drain(r, NULL, 0, NULL);
+    sched_release(r);
+    p = greedy(blocker, 10, 0);
+    CHECK(sched_submit(g.s, &p, &d) == SCHED_OK);
+    sched_output out[1];
+    CHECK(sched_poll(d, out, 1, 30000) == 1);   /* it holds the only slot */
+    g_n_admitted = 0;
+    for (int i = 0; i < 2; i++) {   /* X: 1 block left to compute; Y, newer: 2 */
+        p = greedy(i ? py : px, i ? PY : PX, 1);
+        p.kv_in = record_admission;
+        p.kv_arg = (void *)(intptr_t)i;
+        CHECK(sched_submit(g.s, &p, &q[i]) == SCHED_OK);
+    }
+    sched_cancel(d);
+    for (int i = 0; i < 2; i++) {
+        sched_output fin = { 0 };
+        drain(q[i], NULL, 0, &fin);
+        CHECK(fin.usage.cached_tokens == (i ? 512 : 256));
+        sched_release(q[i]);
+    }
+    drain(d, NULL, 0, NULL);
+    sched_release(d);
+    CHECK(g_n_admitted == 2);
+    CHECKF(g_admitted[0] == 0 && g_admitted[1] == 1, "admitted %d then %d, want 0 then 1", g_admitted[0],
+           g_admitted[1]);
+    rig_free(&g);
+}
+
+/* Holds the decode that keeps the only slot at its last token until the block store has read
+ * `want` blocks (or 10 s passed): the waiting requests' loads are settled before admission. */
+typedef struct {
+    blockio *bio;
+    int n_out;       /* outputs queued so far */
+    int last;        /* the output to hold at */
+    uint64_t want;   /* blocks read from the store */
+} hold_arg;
+
+static void hold_at_last(void *arg)
+{
+    hold_arg *h = arg;
+    if (++h->n_out != h->last) return;
+    blockio_stats bs;
+    WAIT_UNTIL((blockio_get_stats(h->bio, &bs), bs.n_load_blocks >= h->want), 10);
+}
+
+/* A waiting request whose prefix the RAM tier reclaims while it waits (a decode grows into
+ * those blocks) loads it back from the block store, and admission counts the loaded blocks as
+ * reusable: it goes before a newer request with as little to compute, instead of being passed
+ * over as if it had to compute its whole prompt. Recorded by the order of admission. */
+TEST(test_admission_counts_blocks_reloaded_from_store)
+{
+    enum { PX = 512 + 44, PY = 256 + 44, GD = 950 };
+    sched_opts so = { .max_seqs = 1, .max_queue = 8, .step_tokens = 48 };
+    rig g = rig_open(10, so, "reload");   /* 10 blocks: A's 4 + B's 2 cached, 4 free */
+    CHECK(g.bio != NULL);
+    static int32_t px[PX], py[PY], blocker[10];
+    prompt_of(px, PX, 66);
+    prompt_of(py, PY, 67);
+    prompt_of(blocker, 10, 68);
+    sched_req *r, *d, *q[2];
+    sched_params p = greedy(px, PX, 1);   /* A: X's 4 full blocks, into RAM and the store */
+    CHECK(sched_submit(g.s, &p, &r) == SCHED_OK);
+    drain(r, NULL, 0, NULL);
+    sched_release(r);
+    blockio_stats bs;
+    CHECK(WAIT_UNTIL((blockio_get_stats(g.bio, &bs), bs.n_written >= 4), 30));
+    p = greedy(py, PY, 1);                /* B: Y's 2 full blocks, released after A's */
+    CHECK(sched_submit(g.s, &p, &r) == SCHED_OK);
+    drain(r, NULL, 0, NULL);
+    sched_release(r);
+    /* D grows to 8 blocks: the 4 free ones, then A's (least recently released) */
+    hold_arg h = { .bio = g.bio, .last = GD, .want = 4 };
+    p = greedy(blocker, 10, GD);
+    p.on_output = hold_at_last;
+    p.out_arg = &h;
+    CHECK(sched_submit(g.s, &p, &d) == SCHED_OK);
+    sched_output out[1];
+    CHECK(sched_poll(d, out, 1, 30000) == 1);   /* it holds the only slot */
+    g_n_admitted = 0;
+    for (int i = 0; i < 2; i++) {   /* each has one block to compute; X is older */
+        p = greedy(i ? py : px, i ? PY : PX, 1);
+        p.kv_in = record_admission;
+        p.kv_arg = (void *)(intptr_t)i;
+        CHECK(sched_submit(g.s, &p, &q[i]) == SCHED_OK);
+    }
+    sched_output fin = { 0 };
+    drain(d, NULL, 0, &fin);
+    CHECK(fin.finish == SCHED_FINISH_LENGTH);
+    sched_release(d);
+    for (int i = 0; i < 2; i++) {
+        drain(q[i], NULL, 0, &fin);
+        CHECK(fin.finish == SCHED_FINISH_LENGTH);
+        CHECKF(fin.usage.cached_tokens == (i ? 256 : 512), "request %d: %d cached", i, fin.usage.cached_tokens);
+        sched_release(q[i]);
+    }
+    CHECK(g_n_admitted == 2);
+    CHECKF(g_admitted[0] == 0 && g_admitted[1] == 1, "admitted %d then %d, want 0 then 1", g_admitted[0],
+           g_admitted[1]);
+    sched_stats st;
+    sched_get_stats(g.s, &st);
+    CHECKF(st.store_blocks_hit >= 4, "%llu blocks from the store", (unsigned long long)st.store_blocks_hit);
+    rig_free(&g);
+}
+
 /* ---- steps sized in time ---- */
 
 /* With a time target no step can meet (1 us), once the step-time model is warm every step
@@ -867,6 +992,8 @@ int main(void)
     RUN(test_shared_prefix_computed_once);
     RUN(test_shared_prefix_leader_cancelled);
     RUN(test_admission_prefers_cache_within_age_bound);
+    RUN(test_admission_fewest_blocks_to_compute_first);
+    RUN(test_admission_counts_blocks_reloaded_from_store);
     RUN(test_step_time_target_sizes_prefill);
     model_free(g_model);
     char cmd[300];
