@@ -53,6 +53,7 @@
 #include "util/util.h"
 
 #define SCHED_LOAD_WAIT_S 2.0   /* longest a request waits at the queue head for a store load */
+#define SCHED_SHARE_MIN_ROWS 16 /* fewest rows of a block shared in flight below its boundary */
 #define SCHED_LOAD_RETRIES 8    /* most loads restarted per request because the RAM tier lost
                                  * blocks of its prefix while it waited */
 
@@ -622,6 +623,56 @@ static bool sched_ahead(const sched_req *q, const sched_req *r)
     return q->n_done > r->n_done || (q->n_done == r->n_done && q->admit_no < r->admit_no);
 }
 
+/* Prefixes shared in flight below a block boundary: r, at the start of its block bi with no
+ * full block to wait for, takes the leading rows of that block from a running request q that
+ * has the same tokens there (same chain of blocks before bi, same ids from bi * 128 on): the
+ * K and V of those positions are the same (the engine is batch invariant), so they are copied
+ * when q has computed them, or r waits while q, ahead of it, computes them. A system prompt
+ * shared by agents rarely ends on a block boundary: without this each would compute the tail
+ * of its last block itself. Counted as cached, as attached blocks are. Not on a model with
+ * window layers (their state is in each sequence's ring). */
+static void sched_share_rows(sched *s, sched_req *r, int bi)
+{
+    int base = bi * KVPOOL_BLOCK;
+    int lim = TM_MIN(KVPOOL_BLOCK, r->n_tokens - 1 - base);   /* leave a token to compute */
+    if (lim < SCHED_SHARE_MIN_ROWS) return;
+    const uint8_t *pk = bi ? sched_chain_key(s, r, bi - 1) : NULL;
+    sched_req *best = NULL;
+    int best_n = 0;
+    bool best_ready = false;
+    for (int j = 0; j < s->n_running; j++) {
+        sched_req *q = s->running[j];
+        if (q == r || q->n_tokens <= base) continue;
+        if (pk ? memcmp(sched_chain_key(s, q, bi - 1), pk, 32) != 0
+               : q->salted != r->salted || (r->salted && memcmp(q->root, r->root, 32) != 0))
+            continue;   /* another prefix or tenant */
+        int n = 0, m = TM_MIN(lim, q->n_tokens - base);
+        while (n < m && q->tokens[base + n] == r->tokens[base + n]) n++;
+        bool ready = q->n_done >= base + n;
+        if (n < SCHED_SHARE_MIN_ROWS || (!ready && !sched_ahead(q, r))) continue;
+        if (n > best_n || (n == best_n && ready && !best_ready)) {
+            best = q;
+            best_n = n;
+            best_ready = ready;
+        }
+    }
+    if (!best) return;
+    if (!best_ready) {   /* q computes them in its next steps */
+        r->share_wait = true;
+        return;
+    }
+    if (kvpool_seq_reserve(s->pool, r->seq, base + best_n) != KVPOOL_OK) return;   /* compute them */
+    if (kvpool_seq_n_keyed(best->seq) > base) kvpool_fill_wait(s->pool, -1);   /* a loaded block */
+    kvpool_seq_copy_rows(s->pool, r->seq, best->seq, base, base + best_n);
+    if (r->first_run) {
+        int hits = TM_MIN(base + best_n, r->n_prompt) - TM_MIN(base, r->n_prompt);
+        r->n_cached += hits;
+        s->st.n_cached_tokens += (uint64_t)hits;
+        s->st.n_shared_tokens += (uint64_t)hits;
+    }
+    r->n_done = base + best_n;
+}
+
 /* Prefixes shared in flight, before each plan: every running request between prompt blocks
  * first attaches the blocks others completed since (counted as cached in its first run), then
  * waits this step (share_wait) when its next block is being computed by a request that is
@@ -653,8 +704,7 @@ static void sched_share_locked(sched *s)
         int end = r->n_done + KVPOOL_BLOCK;   /* the next block, attachable if it leaves a token */
         int bi = r->n_done / KVPOOL_BLOCK;
         const uint8_t *key = NULL;
-        if (r->n_tokens <= end) continue;
-        for (int j = 0; j < s->n_running; j++) {
+        for (int j = 0; j < s->n_running && r->n_tokens > end; j++) {
             sched_req *q = s->running[j];
             if (q == r || q->n_tokens < end || q->n_done >= end) continue;
             if (!sched_ahead(q, r)) continue;
@@ -664,6 +714,7 @@ static void sched_share_locked(sched *s)
                 break;
             }
         }
+        if (!r->share_wait && !s->wc) sched_share_rows(s, r, bi);
     }
 }
 
