@@ -31,8 +31,10 @@
  * next prompt block is being computed right now by another one (same block key: tokens, salt)
  * skips the step, and attaches that block as soon as it is committed, block after block; it
  * computes only what is its own. It never waits on a request that left (cancelled,
- * preempted, failed): it computes from its last attached block. Blocks attached this way count
- * as cached prompt tokens too: they were computed once. See sched_share_locked.
+ * preempted, failed): it computes from its last attached block. Below a block boundary (a
+ * shared prefix ending inside a block), the rows of the block the requests have in common are
+ * copied from one that computed them. Blocks attached and rows copied this way count as
+ * cached prompt tokens too: they were computed once. See sched_share_locked.
  *
  * The queue of waiting requests is bounded (max_queue: SCHED_ERR_QUEUE_FULL beyond it); at
  * most max_seqs run at once; a free slot goes to the waiting request with the fewest blocks
