@@ -526,10 +526,12 @@ static void sched_admit_locked(sched *s)
     }
     /* block store: load what follows each waiting request's RAM-tier prefix, and again from
      * where it ends now when the RAM tier reclaimed some of it meanwhile (so that what the
-     * request can reuse stays known to admission, which it would otherwise pass over) */
+     * request can reuse stays known to admission, which it would otherwise pass over; only
+     * for the requests admission scores) */
+    int k = 0;
     if (s->o.bio)
-        for (sched_req *r = s->wait_head; r; r = r->next)
-            if (!r->load_started || sched_load_stale(s, r)) {
+        for (sched_req *r = s->wait_head; r; r = r->next, k++)
+            if (!r->load_started || (k < SCHED_ADMIT_WINDOW && sched_load_stale(s, r))) {
                 if (r->load_started) r->load_retries++;
                 r->load_started = true;
                 blockio_load_free(s->o.bio, r->load);
