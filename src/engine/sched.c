@@ -21,9 +21,11 @@
  * decides last: a pick that does not fit waits, and blocks the admissions behind it as the
  * queue head did. A waiting request's store load follows its RAM-tier prefix: when the pool
  * reclaims blocks of that prefix while it waits (KV pressure), the load starts again from
- * where the prefix ends now, so its reusable blocks stay counted. The handle itself is freed by whoever lets go of it
- * last: the caller (sched_release) or the engine thread (when it drops a request the caller
- * has already released). `engine_held` and `released` decide that, under s->mu.
+ * where the prefix ends now, so its reusable blocks stay counted.
+ *
+ * The handle itself is freed by whoever lets go of it last: the caller (sched_release) or the
+ * engine thread (when it drops a request the caller has already released). `engine_held` and
+ * `released` decide that, under s->mu.
  *
  * What the engine thread alone touches (no lock): the kvpool, the samplers, every request's
  * token array beyond n_prompt, seq, n_done, and the running array (which it changes only
@@ -1114,9 +1116,10 @@ static void sched_trace_plan(sched *s, int n_reqs, int n_tok)
 static void sched_trace_log(const sched *s, const sched_req *r)
 {
     const sched_trace *t = &r->tr;
-    log_debug("sched: req %llu first token at step %llu, %.1f ms after submit: prompt %d, cached %d (shared in flight %d), computed %d; "
-              "steps since submit %llu: queued %llu, waited on a shared prefix %d, own chunks %d (%d with decodes), "
-              "left out by the budget %d; tokens in those steps %llu (%llu decode rows)",
+    log_debug("sched: req %llu first token at step %llu, %.1f ms after submit: prompt %d, cached %d "
+              "(shared in flight %d), computed %d; steps since submit %llu: queued %llu, waited on a shared "
+              "prefix %d, own chunks %d (%d with decodes), left out by the budget %d; tokens in those steps "
+              "%llu (%llu decode rows)",
               (unsigned long long)r->id, (unsigned long long)s->n_planned, r->ttft * 1e3, r->n_prompt, r->n_cached,
               r->n_cached - TM_MIN(r->n_cached, t->n_cached_at_admit), t->n_computed,
               (unsigned long long)(s->n_planned - t->step0), (unsigned long long)(t->admit_step - t->step0),
