@@ -698,6 +698,14 @@ blockio_load *blockio_load_start_class(blockio *b, const uint8_t *root, const in
 
 int blockio_load_first_block(const blockio_load *l) { return l->first_block; }
 
+int blockio_load_end_block(blockio *b, blockio_load *l)
+{
+    pthread_mutex_lock(&b->mu);
+    int end = l->first_block + (l->done ? l->n_ok : 0);
+    pthread_mutex_unlock(&b->mu);
+    return end;
+}
+
 bool blockio_load_ready(blockio *b, blockio_load *l)
 {
     pthread_mutex_lock(&b->mu);

@@ -142,6 +142,9 @@ blockio_load *blockio_load_start_class(blockio *b, const uint8_t *root, const in
 int blockio_load_first_block(const blockio_load *l);
 /* True once the I/O thread is done with it. */
 bool blockio_load_ready(blockio *b, blockio_load *l);
+/* Block index just past the blocks it holds once ready (first block + blocks loaded), the
+ * first block before: what admission may count as reusable. */
+int blockio_load_end_block(blockio *b, blockio_load *l);
 /* Engine thread, l ready: appends the loaded blocks that continue seq (which holds its
  * RAM-tier prefix, all keyed) and frees l. Returns the positions appended (a multiple of 128).
  * Their KV is copied into the pool asynchronously: engine_step waits for it layer by layer. */

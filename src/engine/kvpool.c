@@ -531,6 +531,17 @@ void *kvpool_seq_slab(const kvpool *p, const kvpool_seq *s, int bi, int layer, i
     return kvpool_blk_bytes(p, s->table[bi]) + slab * p->slab_bytes;
 }
 
+void kvpool_seq_copy_rows(const kvpool *p, const kvpool_seq *dst, const kvpool_seq *src, int from, int to)
+{
+    if (from >= to) return;
+    int bi = from / KVPOOL_BLOCK;
+    size_t row = (size_t)p->o.head_dim * p->esz, off = (size_t)(from % KVPOOL_BLOCK) * row;
+    size_t n = (size_t)(to - from) * row, n_slabs = (size_t)p->n_blk_layers * (size_t)p->n_parts * (size_t)p->o.n_kv_heads;
+    uint8_t *d = kvpool_blk_bytes(p, dst->table[bi]);
+    const uint8_t *sb = kvpool_blk_bytes(p, src->table[bi]);
+    for (size_t k = 0; k < n_slabs; k++) memcpy(d + k * p->slab_bytes + off, sb + k * p->slab_bytes + off, n);
+}
+
 void *kvpool_seq_ring_row(const kvpool *p, const kvpool_seq *s, int layer, int kv, int kv_head, int pos)
 {
     int wl = -1 - p->slot[layer];

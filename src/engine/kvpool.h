@@ -131,6 +131,11 @@ const uint8_t *kvpool_seq_last_key(const kvpool_seq *s);
  * capacity/128. In a v_is_k pool both are the same slab. NULL for a window layer (its KV is in
  * the sequence's ring). */
 void *kvpool_seq_slab(const kvpool *p, const kvpool_seq *s, int bi, int layer, int kv, int kv_head);
+/* Copies the full layers' K and V of positions [from, to), all in one block, from src to dst
+ * (another sequence holding the same tokens there: a prefix shared below a block boundary).
+ * Both must hold those positions (below their capacity), dst's block must be its own (not
+ * keyed), src's rows must be written (its fills done). Window layers are not copied. */
+void kvpool_seq_copy_rows(const kvpool *p, const kvpool_seq *dst, const kvpool_seq *src, int from, int to);
 /* Writes K and V (head_dim floats each) of position pos for (layer, kv_head), converted to
  * the pool dtype (a window layer: into its ring slot). pos must be below capacity.
  * Thread-safe for distinct positions. A v_is_k pool stores k only (v is not read; NULL allowed). */

@@ -6,18 +6,26 @@
  * published, KV released, dropped by the engine).
  *
  * Admission by cache: when a slot is free, the waiting request admitted is the one with the
- * most reusable full blocks (keyed in the pool, or among the known tokens of a running request:
- * a prefix in flight, attached as it completes), among the SCHED_ADMIT_WINDOW oldest, the
+ * fewest blocks left to compute once its reusable prefix is attached (blocks keyed in the pool;
+ * among the known tokens of a running request: a prefix in flight, attached as it completes;
+ * or loaded from the block store while it waited), among the SCHED_ADMIT_WINDOW oldest, the
  * oldest on a tie (so with nothing to reuse it is first come, first served). Admitting one
  * makes its prefix in flight, which puts the others sharing it first next: sharers are
  * admitted together and compute the prefix once (SGLang's longest-prefix-first and in-batch
- * sharing). The age bound: every admission that overtakes a waiting request counts a pass
- * for it, and a request passed SCHED_ADMIT_MAX_PASSED times goes before any other (the oldest
- * such first), so a stream of cache-friendly arrivals delays a cold request by at most that
- * many admissions. KV still decides last: a pick that does not fit waits, and blocks the
- * admissions behind it as the queue head did. The handle itself is freed by whoever lets go of it
- * last: the caller (sched_release) or the engine thread (when it drops a request the caller
- * has already released). `engine_held` and `released` decide that, under s->mu.
+ * sharing). Counting what is left rather than what is reused keeps a conversation's later
+ * turns, whose cached prefix is longer every turn, from overtaking other conversations'
+ * earlier turns that have as much or less to compute. The age bound: every admission that
+ * overtakes a waiting request counts a pass for it, and a request passed
+ * SCHED_ADMIT_MAX_PASSED times goes before any other (the oldest such first), so a stream of
+ * cache-friendly arrivals delays a cold request by at most that many admissions. KV still
+ * decides last: a pick that does not fit waits, and blocks the admissions behind it as the
+ * queue head did. A waiting request's store load follows its RAM-tier prefix: when the pool
+ * reclaims blocks of that prefix while it waits (KV pressure), the load starts again from
+ * where the prefix ends now, so its reusable blocks stay counted.
+ *
+ * The handle itself is freed by whoever lets go of it last: the caller (sched_release) or the
+ * engine thread (when it drops a request the caller has already released). `engine_held` and
+ * `released` decide that, under s->mu.
  *
  * What the engine thread alone touches (no lock): the kvpool, the samplers, every request's
  * token array beyond n_prompt, seq, n_done, and the running array (which it changes only
@@ -47,12 +55,30 @@
 #include "util/util.h"
 
 #define SCHED_LOAD_WAIT_S 2.0   /* longest a request waits at the queue head for a store load */
+#define SCHED_SHARE_MIN_ROWS 16 /* fewest rows of a block shared in flight below its boundary */
+#define SCHED_LOAD_RETRIES 8    /* most loads restarted per request because the RAM tier lost
+                                 * blocks of its prefix while it waited */
 
 const double sched_hist_bounds[SCHED_HIST_N] = {
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 };
 
 typedef enum { REQ_QUEUED = 0, REQ_RUNNING, REQ_FINISHED } req_state;
+
+/* Where a request's time to first token went, in steps and tokens (clocks are noisy on a
+ * shared machine, counts are not): logged with -v at its first token. A few additions per
+ * running request and step. */
+typedef struct {
+    uint64_t step0;              /* s->n_planned at submit */
+    uint64_t tok0, dec0;         /* s->tok_planned, s->dec_planned at submit */
+    uint64_t admit_step;         /* s->n_planned when it was first admitted */
+    int n_share;                 /* steps it sat out waiting on a prefix in flight */
+    int n_chunk;                 /* steps that carried a prefill chunk of it */
+    int n_starved;               /* steps it had prompt left, no wait, and got no tokens (budget) */
+    int n_mixed;                 /* of its chunk steps, those that also carried decodes */
+    int n_computed;              /* tokens it computed (prefill chunks, its first decode row) */
+    int n_cached_at_admit;       /* cached tokens attached at admission */
+} sched_trace;
 
 struct sched_req {
     sched *s;                    /* owner */
@@ -85,6 +111,7 @@ struct sched_req {
     blockio_load *load;          /* block store load in flight, or NULL (engine thread) */
     bool load_started;           /* a load was tried for this (re)admission */
     int load_retries;            /* loads restarted because the RAM tier changed */
+    int load_ram;                /* full blocks prefixing it in the RAM tier when its load started */
     double t_load;               /* util_now() when it started */
     double t_load0;              /* util_now() when the first load of this (re)admission
                                   * started, 0 when none: admission observes the wait */
@@ -104,6 +131,7 @@ struct sched_req {
     double t_submit;             /* util_now() at submit */
     double t_last;               /* time of the last token, 0 before the first */
     double ttft;                 /* seconds to the first token, -1 before it */
+    sched_trace tr;              /* counts until its first token, for the -v line */
     /* guarded by s->mu */
     sched_output *ring;          /* (ring_cap) pending outputs, ring_n from ring_head */
     int ring_cap, ring_head, ring_n;
@@ -143,6 +171,9 @@ struct sched {
     sched_req **running;         /* (max_seqs) in admission order */
     int n_running;
     uint64_t admit_counter;
+    uint64_t n_planned;          /* steps planned (the trace's clock) */
+    uint64_t tok_planned;        /* tokens of those steps */
+    uint64_t dec_planned;        /* of which decode rows */
     double t_prev_end;           /* util_now() at the end of the previous step when no idle
                                   * wait followed, else -1: the CPU gap between steps */
     engine_tok *batch;           /* (prefill_step_tokens >= step_tokens) */
@@ -395,11 +426,38 @@ static void sched_window_put(sched *s, int n_reqs)
         }
 }
 
-/* Full blocks r would not compute if admitted now: cached in the RAM tier or in flight. */
-static int sched_reusable_blocks(sched *s, sched_req *r)
+/* Leading full blocks of r's tokens in the RAM tier (pinned or cached), at most max, at most
+ * those that leave a token to compute (as attach). */
+static int sched_ram_blocks(sched *s, sched_req *r, int max)
 {
     int nb = 0;
+    while (nb < max && (nb + 1) * KVPOOL_BLOCK < r->n_tokens && kvpool_key_cached(s->pool, sched_chain_key(s, r, nb)))
+        nb++;
+    return nb;
+}
+
+/* Whether waiting r's store load (finished, or none: nothing was left to look up) no longer
+ * continues its RAM-tier prefix: blocks were reclaimed since it started. */
+static bool sched_load_stale(sched *s, sched_req *r)
+{
+    if (r->load_retries >= SCHED_LOAD_RETRIES || (r->load && !blockio_load_ready(s->o.bio, r->load))) return false;
+    return sched_ram_blocks(s, r, r->load_ram) < r->load_ram;
+}
+
+/* Full blocks r would not compute if admitted now: cached in the RAM tier, in flight, or held
+ * by its finished store load where that continues them. */
+static int sched_reusable_blocks(sched *s, sched_req *r)
+{
+    int nb = 0, l0 = 0, l1 = 0;
+    if (r->load) {
+        l0 = blockio_load_first_block(r->load);
+        l1 = blockio_load_end_block(s->o.bio, r->load);
+    }
     while ((nb + 1) * KVPOOL_BLOCK < r->n_tokens) {   /* as attach: at least one token is computed */
+        if (nb >= l0 && nb < l1) {   /* loaded, and the blocks before it reusable: no gap */
+            nb++;
+            continue;
+        }
         const uint8_t *key = sched_chain_key(s, r, nb);
         if (!kvpool_key_cached(s->pool, key) && !sched_in_flight(s, nb, key)) break;
         nb++;
@@ -408,18 +466,19 @@ static int sched_reusable_blocks(sched *s, sched_req *r)
 }
 
 /* The waiting request to admit next (see the admission policy in the file comment): the
- * oldest one overtaken SCHED_ADMIT_MAX_PASSED times if any, else the one with the most
- * reusable blocks among the first SCHED_ADMIT_WINDOW, the oldest of those on a tie. */
+ * oldest one overtaken SCHED_ADMIT_MAX_PASSED times if any, else the one with the fewest
+ * blocks left to compute once its reusable prefix is attached, among the first
+ * SCHED_ADMIT_WINDOW, the oldest of those on a tie. */
 static sched_req *sched_admit_pick(sched *s)
 {
     sched_req *best = NULL;
-    int best_nb = -1, k = 0;
+    int best_nc = 0, k = 0;
     for (sched_req *r = s->wait_head; r && k < SCHED_ADMIT_WINDOW; r = r->next, k++) {
         if (r->n_passed >= SCHED_ADMIT_MAX_PASSED) return r;
-        int nb = sched_reusable_blocks(s, r);
-        if (nb > best_nb) {
+        int nc = sched_blocks_for(r->n_tokens) - sched_reusable_blocks(s, r);
+        if (!best || nc < best_nc) {
             best = r;
-            best_nb = nb;
+            best_nc = nc;
         }
     }
     return best;
@@ -468,17 +527,24 @@ static void sched_admit_locked(sched *s)
             pp = &r->next;
         }
     }
-    /* block store: start loading what follows each waiting request's RAM-tier prefix */
+    /* block store: load what follows each waiting request's RAM-tier prefix, and again from
+     * where it ends now when the RAM tier reclaimed some of it meanwhile (so that what the
+     * request can reuse stays known to admission, which it would otherwise pass over; only
+     * for the requests admission scores) */
+    int k = 0;
     if (s->o.bio)
-        for (sched_req *r = s->wait_head; r; r = r->next)
-            if (!r->load_started) {
+        for (sched_req *r = s->wait_head; r; r = r->next, k++)
+            if (!r->load_started || (k < SCHED_ADMIT_WINDOW && sched_load_stale(s, r))) {
+                if (r->load_started) r->load_retries++;
                 r->load_started = true;
+                blockio_load_free(s->o.bio, r->load);
+                r->load_ram = sched_ram_blocks(s, r, r->n_tokens);
                 r->load = blockio_load_start_class(s->o.bio, r->salted ? r->root : NULL, r->tokens, r->n_tokens,
                                                   r->p.cache_class);
                 r->t_load = util_now();
-                r->t_load0 = r->load ? r->t_load : 0;
+                if (r->t_load0 == 0 && r->load) r->t_load0 = r->t_load;
             }
-    /* admissions, by reusable prefix within the age bound, while KV allows */
+    /* admissions, fewest blocks to compute first within the age bound, while KV allows */
     while (s->n_running < s->o.max_seqs && s->wait_head) {
         sched_req *r = sched_admit_pick(s);
         if (r->load && !blockio_load_ready(s->o.bio, r->load)) {
@@ -494,7 +560,7 @@ static void sched_admit_locked(sched *s)
              * ends now (a few times at most), then compute what is missing */
             blockio_load_free(s->o.bio, r->load);
             r->load = NULL;
-            if (r->load_retries++ < 3) {
+            if (r->load_retries++ < SCHED_LOAD_RETRIES) {
                 r->load = blockio_load_start_class(s->o.bio, r->salted ? r->root : NULL, r->tokens, r->n_tokens,
                                                   r->p.cache_class);
                 r->t_load = util_now();
@@ -521,7 +587,6 @@ static void sched_admit_locked(sched *s)
             break;
         }
         sched_wait_take(s, r);
-        r->n_passed = 0;
         if (r->t_load0 > 0) {   /* it waited for a load (finished, or given up for slowness) */
             sched_hist_add(&s->h_load_wait, util_now() - r->t_load0);
             r->t_load0 = 0;
@@ -536,16 +601,81 @@ static void sched_admit_locked(sched *s)
         r->seq = seq;
         r->n_done = sched_window_attach(s, r, att);
         if (!r->admitted_once) {
+            r->tr.admit_step = s->n_planned;
             r->n_cached = sched_cached_cap(s, r, TM_MIN(att, r->n_prompt));
+            r->tr.n_cached_at_admit = r->n_cached;
+            log_debug("sched: req %llu admitted at step %llu: submitted at step %llu, prompt %d, %d positions "
+                      "attached, %d running, %d waiting, passed %d times", (unsigned long long)r->id,
+                      (unsigned long long)s->n_planned, (unsigned long long)r->tr.step0, r->n_prompt, att,
+                      s->n_running, s->n_waiting, r->n_passed);
             r->admitted_once = true;
             r->first_run = true;
             s->st.n_prompt_tokens += (uint64_t)r->n_prompt;
             s->st.n_cached_tokens += (uint64_t)r->n_cached;
         }
+        r->n_passed = 0;
         r->state = REQ_RUNNING;
         r->admit_no = ++s->admit_counter;
         s->running[s->n_running++] = r;
     }
+}
+
+/* Whether running q is ahead of r in the order that decides who waits for whom on a prefix
+ * in flight: further on, or at the same position and admitted earlier. A strict order, so the
+ * request at its top never waits. */
+static bool sched_ahead(const sched_req *q, const sched_req *r)
+{
+    return q->n_done > r->n_done || (q->n_done == r->n_done && q->admit_no < r->admit_no);
+}
+
+/* Prefixes shared in flight below a block boundary: r, at the start of its block bi with no
+ * full block to wait for, takes the leading rows of that block from a running request q that
+ * has the same tokens there (same chain of blocks before bi, same ids from bi * 128 on): the
+ * K and V of those positions are the same (the engine is batch invariant), so they are copied
+ * when q has computed them, or r waits while q, ahead of it, computes them. A system prompt
+ * shared by agents rarely ends on a block boundary: without this each would compute the tail
+ * of its last block itself. Counted as cached, as attached blocks are. Not on a model with
+ * window layers (their state is in each sequence's ring). */
+static void sched_share_rows(sched *s, sched_req *r, int bi)
+{
+    int base = bi * KVPOOL_BLOCK;
+    int lim = TM_MIN(KVPOOL_BLOCK, r->n_tokens - 1 - base);   /* leave a token to compute */
+    if (lim < SCHED_SHARE_MIN_ROWS) return;
+    const uint8_t *pk = bi ? sched_chain_key(s, r, bi - 1) : NULL;
+    sched_req *best = NULL;
+    int best_n = 0;
+    bool best_ready = false;
+    for (int j = 0; j < s->n_running; j++) {
+        sched_req *q = s->running[j];
+        if (q == r || q->n_tokens <= base) continue;
+        if (pk ? memcmp(sched_chain_key(s, q, bi - 1), pk, 32) != 0
+               : q->salted != r->salted || (r->salted && memcmp(q->root, r->root, 32) != 0))
+            continue;   /* another prefix or tenant */
+        int n = 0, m = TM_MIN(lim, q->n_tokens - base);
+        while (n < m && q->tokens[base + n] == r->tokens[base + n]) n++;
+        bool ready = q->n_done >= base + n;
+        if (n < SCHED_SHARE_MIN_ROWS || (!ready && !sched_ahead(q, r))) continue;
+        if (n > best_n || (n == best_n && ready && !best_ready)) {
+            best = q;
+            best_n = n;
+            best_ready = ready;
+        }
+    }
+    if (!best) return;
+    if (!best_ready) {   /* q computes them in its next steps */
+        r->share_wait = true;
+        return;
+    }
+    if (kvpool_seq_reserve(s->pool, r->seq, base + best_n) != KVPOOL_OK) return;   /* compute them */
+    if (kvpool_seq_n_keyed(best->seq) > base) kvpool_fill_wait(s->pool, -1);   /* a loaded block */
+    kvpool_seq_copy_rows(s->pool, r->seq, best->seq, base, base + best_n);
+    if (r->first_run) {
+        int hits = TM_MIN(base + best_n, r->n_prompt) - TM_MIN(base, r->n_prompt);
+        r->n_cached += hits;
+        s->st.n_cached_tokens += (uint64_t)hits;
+        s->st.n_shared_tokens += (uint64_t)hits;
+    }
+    r->n_done = base + best_n;
 }
 
 /* Prefixes shared in flight, before each plan: every running request between prompt blocks
@@ -577,19 +707,19 @@ static void sched_share_locked(sched *s)
         }
         if (r->n_done < kvpool_seq_n_keyed(r->seq)) continue;   /* replaying window layers */
         int end = r->n_done + KVPOOL_BLOCK;   /* the next block, attachable if it leaves a token */
-        if (r->n_tokens <= end) continue;
         int bi = r->n_done / KVPOOL_BLOCK;
         const uint8_t *key = NULL;
-        for (int j = 0; j < s->n_running; j++) {
+        for (int j = 0; j < s->n_running && r->n_tokens > end; j++) {
             sched_req *q = s->running[j];
             if (q == r || q->n_tokens < end || q->n_done >= end) continue;
-            if (q->n_done < r->n_done || (q->n_done == r->n_done && q->admit_no > r->admit_no)) continue;
+            if (!sched_ahead(q, r)) continue;
             if (!key) key = sched_chain_key(s, r, bi);
             if (!memcmp(sched_chain_key(s, q, bi), key, 32)) {
                 r->share_wait = true;
                 break;
             }
         }
+        if (!r->share_wait && !s->wc) sched_share_rows(s, r, bi);
     }
 }
 
@@ -957,6 +1087,47 @@ static void sched_log_step(const sched *s, int n_reqs, int n_tok, double ta, dou
               (t4 - t3) * 1e3);
 }
 
+/* The trace of a planned step: the step clock, and what each running request that has not
+ * had its first token did in it. Under mu. */
+static void sched_trace_plan(sched *s, int n_reqs, int n_tok)
+{
+    int n_dec = 0;
+    for (int i = 0; i < n_reqs; i++) n_dec += s->batch_n[i] - s->batch_k[i] == 1 && s->batch_row[i] >= 0;
+    s->n_planned++;
+    s->tok_planned += (uint64_t)n_tok;
+    s->dec_planned += (uint64_t)n_dec;
+    for (int i = 0; i < s->n_running; i++) {
+        sched_req *r = s->running[i];
+        if (r->ttft >= 0) continue;
+        int k = 0;
+        while (k < n_reqs && s->batch_req[k] != r) k++;
+        if (k < n_reqs) {
+            r->tr.n_chunk++;
+            r->tr.n_mixed += n_dec > 0;
+            r->tr.n_computed += s->batch_n[k];
+        } else if (r->share_wait) {
+            r->tr.n_share++;
+        } else {
+            r->tr.n_starved++;
+        }
+    }
+}
+
+/* -v: r's first token; where its time went, in steps and tokens. Under mu. */
+static void sched_trace_log(const sched *s, const sched_req *r)
+{
+    const sched_trace *t = &r->tr;
+    log_debug("sched: req %llu first token at step %llu, %.1f ms after submit: prompt %d, cached %d "
+              "(shared in flight %d), computed %d; steps since submit %llu: queued %llu, waited on a shared "
+              "prefix %d, own chunks %d (%d with decodes), left out by the budget %d; tokens in those steps "
+              "%llu (%llu decode rows)",
+              (unsigned long long)r->id, (unsigned long long)s->n_planned, r->ttft * 1e3, r->n_prompt, r->n_cached,
+              r->n_cached - TM_MIN(r->n_cached, t->n_cached_at_admit), t->n_computed,
+              (unsigned long long)(s->n_planned - t->step0), (unsigned long long)(t->admit_step - t->step0),
+              t->n_share, t->n_chunk, t->n_mixed, t->n_starved, (unsigned long long)(s->tok_planned - t->tok0),
+              (unsigned long long)(s->dec_planned - t->dec0));
+}
+
 /* One step's make-up and timings (util_now() seconds), from planning to publishing. */
 typedef struct {
     int n_reqs;                  /* requests in the batch (s->batch_req ...) */
@@ -976,6 +1147,7 @@ static void sched_step_plan_locked(sched *s, sched_step *st)
     sched_admit_locked(s);
     st->n_reqs = 0;
     st->n_tok = s->n_running ? sched_plan_locked(s, &st->n_reqs) : 0;
+    if (st->n_tok) sched_trace_plan(s, st->n_reqs, st->n_tok);
     st->tc = util_now();
     kvpool_stats ks;
     kvpool_get_stats(s->pool, &ks);
@@ -1240,6 +1412,7 @@ static void sched_publish_token_locked(sched *s, sched_req *r, int32_t tok, cons
     if (r->ttft < 0) {
         r->ttft = now - r->t_submit;
         sched_hist_add(&s->h_ttft, r->ttft);
+        if (util_log_level <= LOG_LEVEL_DEBUG) sched_trace_log(s, r);
     } else {
         sched_hist_add(&s->h_itl, now - r->t_last);
     }
@@ -1670,6 +1843,9 @@ sched_status sched_submit(sched *s, const sched_params *p, sched_req **out)
     }
     r->id = ++s->next_id;
     r->state = REQ_QUEUED;
+    r->tr.step0 = s->n_planned;
+    r->tr.tok0 = s->tok_planned;
+    r->tr.dec0 = s->dec_planned;
     if (s->wait_tail) s->wait_tail->next = r; else s->wait_head = r;
     s->wait_tail = r;
     s->n_waiting++;

@@ -31,12 +31,16 @@
  * next prompt block is being computed right now by another one (same block key: tokens, salt)
  * skips the step, and attaches that block as soon as it is committed, block after block; it
  * computes only what is its own. It never waits on a request that left (cancelled,
- * preempted, failed): it computes from its last attached block. Blocks attached this way count
- * as cached prompt tokens too: they were computed once. See sched_share_locked.
+ * preempted, failed): it computes from its last attached block. Below a block boundary (a
+ * shared prefix ending inside a block), the rows of the block the requests have in common are
+ * copied from one that computed them. Blocks attached and rows copied this way count as
+ * cached prompt tokens too: they were computed once. See sched_share_locked.
  *
  * The queue of waiting requests is bounded (max_queue: SCHED_ERR_QUEUE_FULL beyond it); at
- * most max_seqs run at once; a free slot goes to the waiting request with the longest
- * reusable prefix, within an age bound (the admission policy in sched.c). KV exhaustion never fails a request: a waiting request stays
+ * most max_seqs run at once; a free slot goes to the waiting request with the fewest blocks
+ * left to compute once its reusable prefix (cached, in flight, or loaded from the block store)
+ * is attached, within an age bound (the admission policy in sched.c). KV exhaustion never
+ * fails a request: a waiting request stays
  * queued until blocks are free, and when a running one cannot get its next block the newest
  * running request is preempted (its blocks released, its tokens so far kept) and later
  * resumed by recomputing prompt + generated tokens (usually attaching its own blocks again
@@ -114,8 +118,9 @@ typedef enum {
 /* Fewest prefill tokens a step with a time target gives the prompts being read (when decodes
  * alone fill the target, prompts still progress). */
 #define SCHED_TIME_MIN_CHUNK 16
-/* Admission by cache (sched.c): waiting requests scored for their reusable prefix, from the
- * oldest, and admissions that may overtake a waiting request before it goes first. */
+/* Admission by cache (sched.c): waiting requests scored for what their reusable prefix leaves to
+ * compute, from the oldest, and admissions that may overtake a waiting request before it goes
+ * first. */
 #define SCHED_ADMIT_WINDOW 32
 #define SCHED_ADMIT_MAX_PASSED 8
 

@@ -390,7 +390,8 @@ TEST(test_concurrent_loads_read_each_block_once)
     CHECK(sched_submit(v.s, &p2, &b) == SCHED_OK);
     int32_t oa[6], ob[6];
     CHECK(drain(a, 6, oa) == 896);
-    CHECK(drain(b, 6, ob) == 896);
+    int cb = drain(b, 6, ob);   /* + the rows of the prefix's partial block when a had them */
+    CHECKF(cb == 896 || cb == 1000, "b cached %d", cb);
     CHECK(!memcmp(oa, ra, sizeof ra) && !memcmp(ob, rb, sizeof rb));
     blockio_get_stats(v.bio, &st);
     CHECKF(st.n_load_blocks == 7, "read %llu", (unsigned long long)st.n_load_blocks);

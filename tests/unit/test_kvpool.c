@@ -165,6 +165,50 @@ TEST(test_v_is_k_layout)
     kvpool_free(p);
 }
 
+/* kvpool_seq_copy_rows: positions [from, to) of one block, every layer, K and V of every
+ * head, go from one sequence to the other, and nothing else of the destination changes (F16
+ * and F32; a v_is_k pool has one slab per head). */
+TEST(test_copy_rows)
+{
+    for (int vk = 0; vk < 2; vk++) {
+        kvpool_opts o = { .n_layers = 2, .n_kv_heads = 2, .head_dim = 8, .v_is_k = vk, .dtype = vk ? QTYPE_F16 : QTYPE_F32,
+                          .n_blocks = 4 };
+        kvpool *p = NULL;
+        CHECK(kvpool_new(&o, &p) == KVPOOL_OK);
+        if (!p) return;
+        kvpool_seq *a = kvpool_seq_new(p), *b = kvpool_seq_new(p);
+        CHECK(kvpool_seq_reserve(p, a, 256) == KVPOOL_OK && kvpool_seq_reserve(p, b, 256) == KVPOOL_OK);
+        float k[8], v[8], kb[8], vb[8];
+        for (int pos = 0; pos < 256; pos++)
+            for (int l = 0; l < 2; l++)
+                for (int h = 0; h < 2; h++) {
+                    for (int d = 0; d < 8; d++) {
+                        k[d] = (float)(pos * 4 + l * 2 + h) + d * 0.5f;
+                        v[d] = -k[d];
+                    }
+                    kvpool_seq_store(p, a, pos, l, h, k, v);
+                    for (int d = 0; d < 8; d++) k[d] = v[d] = 7.0f;
+                    kvpool_seq_store(p, b, pos, l, h, k, v);
+                }
+        kvpool_seq_copy_rows(p, b, a, 128 + 5, 128 + 97);
+        int bad = 0;
+        for (int pos = 0; pos < 256; pos++)
+            for (int l = 0; l < 2; l++)
+                for (int h = 0; h < 2; h++) {
+                    kvpool_seq_load(p, b, pos, l, h, kb, vb);
+                    bool in = pos >= 128 + 5 && pos < 128 + 97;
+                    for (int d = 0; d < 8; d++) {
+                        float want = in ? (float)(pos * 4 + l * 2 + h) + d * 0.5f : 7.0f;
+                        bad += kb[d] != want || vb[d] != (in && !vk ? -want : want);
+                    }
+                }
+        CHECKF(bad == 0, "v_is_k %d: %d values wrong", vk, bad);
+        kvpool_seq_free(p, a);
+        kvpool_seq_free(p, b);
+        kvpool_free(p);
+    }
+}
+
 TEST(test_prefix_sharing)
 {
     kvpool *p = mkpool(8, QTYPE_F16);
@@ -410,6 +454,7 @@ int main(void)
     RUN(test_prefault_zeroes_every_block);
     RUN(test_slab_layout);
     RUN(test_v_is_k_layout);
+    RUN(test_copy_rows);
     RUN(test_prefix_sharing);
     RUN(test_duplicate_commit);
     RUN(test_attach_in_flight);

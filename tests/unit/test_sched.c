@@ -635,10 +635,11 @@ static void share_run_case(const share_case *c, bool serial, int run_no, share_r
 }
 
 /* SP_N requests with a shared SP_PREFIX-token prefix, together: its full blocks are computed
- * once (the engine computes exactly the tokens the same requests computed one at a time), the
- * others attach them as they complete and report them as cached, and every greedy output is
- * the one of the serial run. Whatever the arrival order, chunk size, and with the block store
- * on and off. Counted in engine tokens. */
+ * once (the engine computes the tokens the same requests computed one at a time, less the rows
+ * of the prefix's last, partial block that a request copies from another that holds them: 104
+ * each, all of them cached), the others attach them as they complete and report them as
+ * cached, and every greedy output is the one of the serial run. Whatever the arrival order,
+ * chunk size, and with the block store on and off. Counted in engine tokens. */
 TEST(test_shared_prefix_computed_once)
 {
     const share_case cases[] = {
@@ -652,23 +653,30 @@ TEST(test_shared_prefix_computed_once)
     };
     int run_no = 0;
     uint64_t shared_together = 0;   /* attached in flight, over the cases that submit at once */
+    int rows_together = 0;          /* of those, rows copied below a block boundary */
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const share_case *c = &cases[ci];
         share_run ser, con;
         share_run_case(c, true, run_no++, &ser);
         share_run_case(c, false, run_no++, &con);
         CHECKF(ser.cached == (SP_N - 1) * SP_SHARED, "case %zu: serial cached %d", ci, ser.cached);
-        CHECKF(con.prefill == ser.prefill, "case %zu: %llu prefill tokens together, %llu one at a time", ci,
-               (unsigned long long)con.prefill, (unsigned long long)ser.prefill);
-        CHECKF(con.cached == ser.cached, "case %zu: %d cached tokens together, %d one at a time", ci, con.cached,
-               ser.cached);
+        int rows = con.cached - ser.cached;   /* shared below the prefix's last block boundary */
+        CHECKF(rows >= 0 && rows % (SP_PREFIX - SP_SHARED) == 0 && rows <= (SP_N - 1) * (SP_PREFIX - SP_SHARED),
+               "case %zu: %d cached tokens together, %d one at a time", ci, con.cached, ser.cached);
+        CHECKF(con.prefill + (uint64_t)rows == ser.prefill, "case %zu: %llu prefill tokens together (%d rows "
+               "copied), %llu one at a time", ci, (unsigned long long)con.prefill, rows,
+               (unsigned long long)ser.prefill);
         CHECKF(!memcmp(con.toks, ser.toks, sizeof con.toks), "case %zu: outputs differ from the serial run", ci);
-        if (!c->staggered) shared_together += con.shared;
+        if (!c->staggered) {
+            shared_together += con.shared;
+            rows_together += rows;
+        }
     }
     /* Whether a given run attaches in flight or from the finished prefix depends on when the
      * engine thread admits the others (a loaded machine may finish the prefix first); over
      * the four runs that submit at once, some of it is attached in flight. */
     CHECKF(shared_together > 0, "nothing attached in flight in any run that submits at once");
+    CHECKF(rows_together > 0, "no rows of the prefix's partial block shared in any run that submits at once");
 }
 
 /* The request computing a shared prefix is cancelled while another waits on it: the waiting
@@ -704,7 +712,9 @@ TEST(test_shared_prefix_leader_cancelled)
         int b_computed = SP_LEN - fb.usage.cached_tokens - 1;
         int a_computed = (int)st.n_prefill_tokens - b_computed;
         int a_blocks = TM_MIN(a_computed, SP_SHARED) / KVPOOL_BLOCK * KVPOOL_BLOCK;
-        CHECKF(fb.usage.cached_tokens == a_blocks, "A computed %d tokens, B attached %d", a_computed,
+        /* past the prefix, A also had the rows of its partial last block for B to copy */
+        bool rows = a_computed >= SP_PREFIX && fb.usage.cached_tokens == SP_PREFIX;
+        CHECKF(fb.usage.cached_tokens == a_blocks || rows, "A computed %d tokens, B attached %d", a_computed,
                fb.usage.cached_tokens);
         mid = fa.usage.completion_tokens == 0 && a_computed < SP_SHARED;
         sched_release(a);
@@ -780,6 +790,131 @@ TEST(test_admission_prefers_cache_within_age_bound)
     rig_free(&g);
 }
 
+/* Two requests wait for the only slot, held by a decode: an older one whose prompt is a short
+ * cached prefix and little to compute, and a newer one with a longer cached prefix but more to
+ * compute (an agent's next turn beside another agent's earlier one). The one with the fewest
+ * blocks left to compute goes first, so later turns do not overtake earlier ones. Recorded by
+ * the order of admission. */
+TEST(test_admission_fewest_blocks_to_compute_first)
+{
+    enum { PX = 300, PY = 700 };
+    sched_opts so = { .max_seqs = 1, .max_queue = 8, .step_tokens = 48 };
+    rig g = rig_open(64, so, NULL);
+    static int32_t px[PX], py[PY], blocker[10];
+    prompt_of(px, PX, 63);
+    prompt_of(py, PY, 64);
+    prompt_of(blocker, 10, 65);
+    sched_req *r, *d, *q[2];
+    sched_params p = greedy(px, 256 + 1, 1);   /* X's first 2 blocks cached */
+    CHECK(sched_submit(g.s, &p, &r) == SCHED_OK);
+    drain(r, NULL, 0, NULL);
+    sched_release(r);
+    p = greedy(py, 512 + 1, 1);                /* Y's first 4 blocks cached */
+    CHECK(sched_submit(g.s, &p, &r) == SCHED_OK);
+    drain(r, NULL, 0, NULL);
+    sched_release(r);
+    p = greedy(blocker, 10, 0);
+    CHECK(sched_submit(g.s, &p, &d) == SCHED_OK);
+    sched_output out[1];
+    CHECK(sched_poll(d, out, 1, 30000) == 1);   /* it holds the only slot */
+    g_n_admitted = 0;
+    for (int i = 0; i < 2; i++) {   /* X: 1 block left to compute; Y, newer: 2 */
+        p = greedy(i ? py : px, i ? PY : PX, 1);
+        p.kv_in = record_admission;
+        p.kv_arg = (void *)(intptr_t)i;
+        CHECK(sched_submit(g.s, &p, &q[i]) == SCHED_OK);
+    }
+    sched_cancel(d);
+    for (int i = 0; i < 2; i++) {
+        sched_output fin = { 0 };
+        drain(q[i], NULL, 0, &fin);
+        CHECK(fin.usage.cached_tokens == (i ? 512 : 256));
+        sched_release(q[i]);
+    }
+    drain(d, NULL, 0, NULL);
+    sched_release(d);
+    CHECK(g_n_admitted == 2);
+    CHECKF(g_admitted[0] == 0 && g_admitted[1] == 1, "admitted %d then %d, want 0 then 1", g_admitted[0],
+           g_admitted[1]);
+    rig_free(&g);
+}
+
+/* Holds the decode that keeps the only slot at its last token until the block store has read
+ * `want` blocks (or 10 s passed): the waiting requests' loads are settled before admission. */
+typedef struct {
+    blockio *bio;
+    int n_out;       /* outputs queued so far */
+    int last;        /* the output to hold at */
+    uint64_t want;   /* blocks read from the store */
+} hold_arg;
+
+static void hold_at_last(void *arg)
+{
+    hold_arg *h = arg;
+    if (++h->n_out != h->last) return;
+    blockio_stats bs;
+    WAIT_UNTIL((blockio_get_stats(h->bio, &bs), bs.n_load_blocks >= h->want), 10);
+}
+
+/* A waiting request whose prefix the RAM tier reclaims while it waits (a decode grows into
+ * those blocks) loads it back from the block store, and admission counts the loaded blocks as
+ * reusable: it goes before a newer request with as little to compute, instead of being passed
+ * over as if it had to compute its whole prompt. Recorded by the order of admission. */
+TEST(test_admission_counts_blocks_reloaded_from_store)
+{
+    enum { PX = 512 + 44, PY = 256 + 44, GD = 950 };
+    sched_opts so = { .max_seqs = 1, .max_queue = 8, .step_tokens = 48 };
+    rig g = rig_open(10, so, "reload");   /* 10 blocks: A's 4 + B's 2 cached, 4 free */
+    CHECK(g.bio != NULL);
+    static int32_t px[PX], py[PY], blocker[10];
+    prompt_of(px, PX, 66);
+    prompt_of(py, PY, 67);
+    prompt_of(blocker, 10, 68);
+    sched_req *r, *d, *q[2];
+    sched_params p = greedy(px, PX, 1);   /* A: X's 4 full blocks, into RAM and the store */
+    CHECK(sched_submit(g.s, &p, &r) == SCHED_OK);
+    drain(r, NULL, 0, NULL);
+    sched_release(r);
+    blockio_stats bs;
+    CHECK(WAIT_UNTIL((blockio_get_stats(g.bio, &bs), bs.n_written >= 4), 30));
+    p = greedy(py, PY, 1);                /* B: Y's 2 full blocks, released after A's */
+    CHECK(sched_submit(g.s, &p, &r) == SCHED_OK);
+    drain(r, NULL, 0, NULL);
+    sched_release(r);
+    /* D grows to 8 blocks: the 4 free ones, then A's (least recently released) */
+    hold_arg h = { .bio = g.bio, .last = GD, .want = 4 };
+    p = greedy(blocker, 10, GD);
+    p.on_output = hold_at_last;
+    p.out_arg = &h;
+    CHECK(sched_submit(g.s, &p, &d) == SCHED_OK);
+    sched_output out[1];
+    CHECK(sched_poll(d, out, 1, 30000) == 1);   /* it holds the only slot */
+    g_n_admitted = 0;
+    for (int i = 0; i < 2; i++) {   /* each has one block to compute; X is older */
+        p = greedy(i ? py : px, i ? PY : PX, 1);
+        p.kv_in = record_admission;
+        p.kv_arg = (void *)(intptr_t)i;
+        CHECK(sched_submit(g.s, &p, &q[i]) == SCHED_OK);
+    }
+    sched_output fin = { 0 };
+    drain(d, NULL, 0, &fin);
+    CHECK(fin.finish == SCHED_FINISH_LENGTH);
+    sched_release(d);
+    for (int i = 0; i < 2; i++) {
+        drain(q[i], NULL, 0, &fin);
+        CHECK(fin.finish == SCHED_FINISH_LENGTH);
+        CHECKF(fin.usage.cached_tokens == (i ? 256 : 512), "request %d: %d cached", i, fin.usage.cached_tokens);
+        sched_release(q[i]);
+    }
+    CHECK(g_n_admitted == 2);
+    CHECKF(g_admitted[0] == 0 && g_admitted[1] == 1, "admitted %d then %d, want 0 then 1", g_admitted[0],
+           g_admitted[1]);
+    sched_stats st;
+    sched_get_stats(g.s, &st);
+    CHECKF(st.store_blocks_hit >= 4, "%llu blocks from the store", (unsigned long long)st.store_blocks_hit);
+    rig_free(&g);
+}
+
 /* ---- steps sized in time ---- */
 
 /* With a time target no step can meet (1 us), once the step-time model is warm every step
@@ -835,6 +970,8 @@ int main(void)
     RUN(test_shared_prefix_computed_once);
     RUN(test_shared_prefix_leader_cancelled);
     RUN(test_admission_prefers_cache_within_age_bound);
+    RUN(test_admission_fewest_blocks_to_compute_first);
+    RUN(test_admission_counts_blocks_reloaded_from_store);
     RUN(test_step_time_target_sizes_prefill);
     schedtest_close(tmpdir, g_model);
     HARNESS_END();
