@@ -807,11 +807,11 @@ TEST(test_admission_fewest_blocks_to_compute_first)
     sched_req *r, *d, *q[2];
     sched_params p = greedy(px, 256 + 1, 1);   /* X's first 2 blocks cached */
     CHECK(sched_submit(g.s, &p, &r) == SCHED_OK);
-    drain(r, NULL, 0, NULL);
+    schedtest_drain(r, NULL, 0, NULL);
     sched_release(r);
     p = greedy(py, 512 + 1, 1);                /* Y's first 4 blocks cached */
     CHECK(sched_submit(g.s, &p, &r) == SCHED_OK);
-    drain(r, NULL, 0, NULL);
+    schedtest_drain(r, NULL, 0, NULL);
     sched_release(r);
     p = greedy(blocker, 10, 0);
     CHECK(sched_submit(g.s, &p, &d) == SCHED_OK);
@@ -827,11 +827,11 @@ TEST(test_admission_fewest_blocks_to_compute_first)
     sched_cancel(d);
     for (int i = 0; i < 2; i++) {
         sched_output fin = { 0 };
-        drain(q[i], NULL, 0, &fin);
+        schedtest_drain(q[i], NULL, 0, &fin);
         CHECK(fin.usage.cached_tokens == (i ? 512 : 256));
         sched_release(q[i]);
     }
-    drain(d, NULL, 0, NULL);
+    schedtest_drain(d, NULL, 0, NULL);
     sched_release(d);
     CHECK(g_n_admitted == 2);
     CHECKF(g_admitted[0] == 0 && g_admitted[1] == 1, "admitted %d then %d, want 0 then 1", g_admitted[0],
@@ -873,13 +873,13 @@ TEST(test_admission_counts_blocks_reloaded_from_store)
     sched_req *r, *d, *q[2];
     sched_params p = greedy(px, PX, 1);   /* A: X's 4 full blocks, into RAM and the store */
     CHECK(sched_submit(g.s, &p, &r) == SCHED_OK);
-    drain(r, NULL, 0, NULL);
+    schedtest_drain(r, NULL, 0, NULL);
     sched_release(r);
     blockio_stats bs;
     CHECK(WAIT_UNTIL((blockio_get_stats(g.bio, &bs), bs.n_written >= 4), 30));
     p = greedy(py, PY, 1);                /* B: Y's 2 full blocks, released after A's */
     CHECK(sched_submit(g.s, &p, &r) == SCHED_OK);
-    drain(r, NULL, 0, NULL);
+    schedtest_drain(r, NULL, 0, NULL);
     sched_release(r);
     /* D grows to 8 blocks: the 4 free ones, then A's (least recently released) */
     hold_arg h = { .bio = g.bio, .last = GD, .want = 4 };
@@ -897,11 +897,11 @@ TEST(test_admission_counts_blocks_reloaded_from_store)
         CHECK(sched_submit(g.s, &p, &q[i]) == SCHED_OK);
     }
     sched_output fin = { 0 };
-    drain(d, NULL, 0, &fin);
+    schedtest_drain(d, NULL, 0, &fin);
     CHECK(fin.finish == SCHED_FINISH_LENGTH);
     sched_release(d);
     for (int i = 0; i < 2; i++) {
-        drain(q[i], NULL, 0, &fin);
+        schedtest_drain(q[i], NULL, 0, &fin);
         CHECK(fin.finish == SCHED_FINISH_LENGTH);
         CHECKF(fin.usage.cached_tokens == (i ? 256 : 512), "request %d: %d cached", i, fin.usage.cached_tokens);
         sched_release(q[i]);
