@@ -31,6 +31,7 @@
  * requests until their FINISH is published; sched_wait_idle waits for it to reach 0.
  */
 #include "engine/sched.h"
+#include "engine/sched_int.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -50,142 +51,6 @@
 
 const double sched_hist_bounds[SCHED_HIST_N] = {
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
-};
-
-typedef enum { REQ_QUEUED = 0, REQ_RUNNING, REQ_FINISHED } req_state;
-
-struct sched_req {
-    sched *s;                    /* owner */
-    uint64_t id;                 /* admission order tie-breaker (submit order) */
-    /* set at submit, then engine thread only */
-    int32_t *tokens;             /* (cap) prompt then generated ids */
-    int n_prompt;                /* prompt tokens */
-    int n_tokens;                /* prompt + generated so far */
-    int cap;                     /* entries of tokens: most positions this request can use */
-    int max_gen;                 /* generated tokens at most (<= cap - n_prompt) */
-    sched_params p;              /* copy (prompt pointer not used after submit) */
-    sampler *smp;                /* own sampler, seeded from p.sample */
-    grammar_match *gm;           /* (sampling) p.grammar's matcher, or NULL */
-    grammar_match *gm_draft;     /* (speculation) a copy that drafted tokens are checked on */
-    kvpool_seq *seq;             /* KV while RUNNING, else NULL */
-    int n_done;                  /* positions of tokens whose KV is in seq */
-    bool in_think;               /* (sampling) the output is inside a think block (p.think_*) */
-    bool g_on;                   /* (sampling) gm binds the next token (off: before a lazy
-                                  * grammar's trigger, or after its document ended) */
-    int n_think;                 /* (sampling) tokens generated inside think blocks so far */
-    int n_cached;                /* prompt positions attached from the cache in its first run
-                                  * (at admission, and from prefixes computed in flight) */
-    bool admitted_once;          /* has run before (a resume does not count cache hits again) */
-    bool first_run;              /* RUNNING for the first time: attached blocks count as hits */
-    uint8_t (*chain)[32];        /* (cap / 128) keys of the full blocks of tokens, from root:
-                                  * equal keys at block i = same tenant and tokens up to its end */
-    int n_chain;                 /* entries of chain computed so far (engine thread, lazily) */
-    bool share_wait;             /* this step: another request is computing its next block */
-    int n_passed;                /* admissions that overtook it while it waited */
-    blockio_load *load;          /* block store load in flight, or NULL (engine thread) */
-    bool load_started;           /* a load was tried for this (re)admission */
-    int load_retries;            /* loads restarted because the RAM tier changed */
-    double t_load;               /* util_now() when it started */
-    double t_load0;              /* util_now() when the first load of this (re)admission
-                                  * started, 0 when none: admission observes the wait */
-    bool salted;                 /* root holds the key chain's root (cache_salt) */
-    uint8_t root[32];            /* blockkey_root(cache_salt) */
-    uint64_t admit_no;           /* order of (re)admission: the newest is preempted first */
-    spec_seq spec[SPEC_N_SRC];   /* (speculation) the running acceptance of each source's drafts */
-    int32_t draft[SPEC_MAX_K];   /* (speculation) drafted continuation of tokens[0..draft_at) */
-    float draft_prob[SPEC_MAX_K]; /* the draft model's probability of each (model drafts) */
-    int n_draft;                 /* entries of draft */
-    int draft_at;                /* n_tokens the draft continues (stale unless equal), -1: none */
-    int draft_src;               /* index of the source that drafted it */
-    int n_verify;                /* of which verified in this step (its decode carries 1 + that) */
-    kvpool_seq *dseq;            /* (draft model) its KV in the draft engine's pool, or NULL */
-    int d_done;                  /* positions of dseq whose tokens are final */
-    req_state state;
-    double t_submit;             /* util_now() at submit */
-    double t_last;               /* time of the last token, 0 before the first */
-    double ttft;                 /* seconds to the first token, -1 before it */
-    /* guarded by s->mu */
-    sched_output *ring;          /* (ring_cap) pending outputs, ring_n from ring_head */
-    int ring_cap, ring_head, ring_n;
-    bool cancel;                 /* sched_cancel or sched_abort was called */
-    sched_finish cancel_why;     /* what the cancel ends it with: CANCELLED, or ABORTED */
-    bool finished;               /* FINISH record pushed */
-    bool finish_returned;        /* FINISH record handed to the caller */
-    bool released;               /* the caller let go of the handle */
-    bool engine_held;            /* the engine thread still references it */
-    pthread_cond_t cv;           /* signalled when outputs are pushed */
-    sched_req *next;             /* waiting queue link */
-};
-
-struct sched {
-    engine *e;
-    kvpool *pool;
-    wincache *wc;                /* window states, NULL for a model without window layers */
-    uint8_t *wstate;             /* (kvpool_window_state_bytes) a state taken out of wc */
-    int n_vocab;
-    sched_opts o;                /* resolved options */
-    pthread_t thread;
-    pthread_mutex_t mu;
-    pthread_cond_t work_cv;      /* new work or stop for the engine thread */
-    bool stop;                   /* sched_free: the thread exits */
-    bool shutdown;               /* sched_drain/abort/shutdown: no new submissions */
-    /* under mu */
-    int n_live;                  /* accepted requests whose FINISH is not published yet */
-    pthread_cond_t idle_cv;      /* n_live reached 0 (sched_wait_idle) */
-    sched_req *wait_head, *wait_tail;  /* waiting FIFO */
-    int n_waiting;
-    uint64_t next_id;
-    sched_stats st;
-    sched_hist h_ttft, h_itl, h_step;
-    sched_hist h_load_wait;      /* seconds a request waited for its store load before admission */
-    /* engine thread only */
-    sched_req **running;         /* (max_seqs) in admission order */
-    int n_running;
-    uint64_t admit_counter;
-    double t_prev_end;           /* util_now() at the end of the previous step when no idle
-                                  * wait followed, else -1: the CPU gap between steps */
-    engine_tok *batch;           /* (prefill_step_tokens >= step_tokens) */
-    sched_req **batch_req;       /* (max_seqs) requests in this step */
-    int *batch_n;                /* (max_seqs) tokens of each in this step */
-    int *batch_row;              /* (max_seqs) logits row or -1 */
-    int *batch_k;                /* (max_seqs) drafted tokens each verifies (0: none) */
-    int *batch_nd;               /* (max_seqs) tokens drafted for each (its K was chosen among) */
-    int *batch_ntok;             /* (max_seqs) tokens sampled for each: 1 + accepted drafts, 0
-                                  * for a prefill chunk that wanted no logits */
-    int *batch_acc;              /* (max_seqs) drafted tokens accepted */
-    int32_t *batch_tok;          /* (max_seqs, tok_stride) tokens sampled for each */
-    sched_output *batch_out;     /* (max_seqs, tok_stride) their log-probs */
-    int tok_stride;              /* 1 + spec_max: most tokens one request emits per step */
-    float *logits;               /* (max_seqs * tok_stride, n_vocab) */
-    spec_chooser *chooser;       /* the verify counts of a step (speculation on) */
-    double *spec_gains;          /* (max_seqs, SPEC_MAX_K) expected gains of the decodes' drafts */
-    int *spec_nd;                /* (max_seqs) drafts of each decode, for the chooser */
-    int *spec_k;                 /* (max_seqs) the chooser's answer */
-    sched_req **spec_req;        /* (max_seqs) the decodes those rows belong to */
-    specdraft *drafter;          /* (draft model) drafts on o.draft */
-    specdraft_seq *dq;           /* (max_seqs) a drafting round's sequences */
-    sched_req **dq_req;          /* (max_seqs) their requests */
-    uint64_t drafted_run;        /* tokens drafted since the statistics were last updated */
-    double draft_step_s;         /* running mean seconds of one draft engine step, 0: none yet */
-    double main_step_s;          /* running mean seconds of one engine step of the target */
-    int batch_n_reqs;            /* requests of the step being sampled */
-    steptime tm;                 /* learned step time (engine thread; its error sums are copied
-                                  * into st after each step) */
-    steptime_x plan_x;           /* make-up of the step planned last, for tm */
-    /* sampling workers: the step's requests are split by ith/nth between the engine thread
-     * (ith 0) and n_workers helpers (ith 1..), which sleep between steps. While the engine
-     * computes a step, the helpers compute the grammar masks its constrained sequences will
-     * need (their matchers' states are known before the step), so sampling finds them ready */
-    int n_workers;
-    pthread_t *workers;          /* (n_workers) */
-    pthread_mutex_t pool_mu;
-    pthread_cond_t pool_go;      /* job_gen advanced or pool_stop */
-    pthread_cond_t pool_done;    /* job_left reached 0 */
-    uint64_t job_gen;            /* job number */
-    int job_left;                /* workers still on the current job */
-    bool job_masks;              /* the job is the batch's grammar masks (during the engine
-                                  * step, workers only), not sampling */
-    bool pool_stop;
 };
 
 /* ---- histograms and outputs (under mu) ---- */
@@ -232,16 +97,6 @@ static void sched_req_destroy(sched_req *r)
 
 /* ---- engine thread ---- */
 
-/* Lets go of r's draft KV and draft (it ends, or is preempted and recomputes from scratch). */
-static void sched_draft_release(sched *s, sched_req *r)
-{
-    if (r->dseq) kvpool_seq_free(engine_kvpool(s->o.draft), r->dseq);
-    r->dseq = NULL;
-    r->d_done = 0;
-    r->n_draft = 0;
-    r->draft_at = -1;
-}
-
 /* Publishes FINISH (under mu), releases KV (engine thread). Caller holds mu. */
 static void sched_finish_locked(sched *s, sched_req *r, sched_finish why)
 {
@@ -253,7 +108,7 @@ static void sched_finish_locked(sched *s, sched_req *r, sched_finish why)
         kvpool_seq_free(s->pool, r->seq);
         r->seq = NULL;
     }
-    sched_draft_release(s, r);
+    sched_spec_release(s, r);
     r->state = REQ_FINISHED;
     if (!r->finished) {
         if (--s->n_live == 0) pthread_cond_broadcast(&s->idle_cv);
@@ -312,7 +167,7 @@ static void sched_preempt_locked(sched *s, int i)
     kvpool_seq_free(s->pool, r->seq);
     r->seq = NULL;
     r->n_done = 0;
-    sched_draft_release(s, r);
+    sched_spec_release(s, r);
     r->state = REQ_QUEUED;
     r->first_run = false;
     r->load_started = false;   /* the resume may load its blocks back from the store */
@@ -592,59 +447,6 @@ static void sched_share_locked(sched *s)
     }
 }
 
-/* The step-time curve the chooser sees: the decodes planned so far plus n_extra verify rows,
- * each attending about depth_per_tok positions. */
-typedef struct {
-    const steptime *tm;
-    steptime_x x;                /* the step's decodes */
-    double depth_per_tok;
-} sched_spec_curve;
-
-static double sched_spec_time(void *arg, int n_extra)
-{
-    const sched_spec_curve *c = arg;
-    steptime_x x = c->x;
-    x.n_dec += n_extra;          /* a verify row costs what a decode row does: it wants logits */
-    x.depth += n_extra * c->depth_per_tok;
-    return steptime_predict(c->tm, &x);
-}
-
-/* Speculation, before a step is planned: sets how many of its drafts every decoding request
- * verifies (n_verify), at most max_extra in all: the fixed count, the most while the step
- * time is not learned yet, else spec_choose's count. Drafts were made after the step that
- * sampled the request's last token (sched_spec_draft); one made for another context (the
- * request was preempted since) is not used. */
-static void sched_spec_plan_locked(sched *s, int max_extra)
-{
-    int n = 0;
-    sched_spec_curve cv = { .tm = &s->tm };
-    for (int i = 0; i < s->n_running; i++) {
-        sched_req *r = s->running[i];
-        r->n_verify = 0;
-        if (r->n_tokens - r->n_done != 1 || r->share_wait) continue;
-        if (r->draft_at != r->n_tokens) r->n_draft = 0;
-        cv.x.n_dec++;
-        cv.x.depth += r->n_done + 1;
-        s->spec_req[n] = r;
-        s->spec_nd[n] = r->n_draft;
-        spec_seq_gains(&r->spec[r->draft_src], r->draft_src == 1 ? r->draft_prob : NULL, r->n_draft,
-                       s->spec_gains + (size_t)n * SPEC_MAX_K);
-        n++;
-    }
-    if (n == 0 || max_extra <= 0) return;
-    cv.depth_per_tok = cv.x.depth / n;
-    bool chosen = false;
-    if (s->o.spec_fixed <= 0 && steptime_warm(&s->tm))
-        chosen = spec_choose(s->chooser, n, s->spec_gains, s->spec_nd, n, max_extra, sched_spec_time, &cv,
-                             s->spec_k) >= 0;
-    for (int j = 0; j < n; j++) {
-        int k = chosen ? s->spec_k[j] : TM_MIN(s->spec_nd[j], s->o.spec_fixed > 0 ? s->o.spec_fixed : s->o.spec_max);
-        k = TM_MIN(k, max_extra);
-        s->spec_req[j]->n_verify = k;
-        max_extra -= k;
-    }
-}
-
 /* Plans one step into s->batch. Returns the number of batch tokens (0: nothing to run).
  * Reserves KV for every planned position; preempts the newest request when the pool is
  * full. Under mu (preemption moves requests to the queue). */
@@ -787,8 +589,6 @@ static bool sched_grammar_track(sched_req *r, int32_t tok)
     return true;
 }
 
-static bool sched_is_stop(const sched *s, const sched_req *r, int32_t tok);
-
 /* Samples requests ith, ith+nth, ... of the step (each request's sampler is its own, so the
  * split does not change any result). A request verifying K drafts samples its rows in order,
  * each exactly as its own decode step would have (penalty window, grammar, think budget and
@@ -919,7 +719,7 @@ static void sched_sample_step(sched *s, int n_reqs)
     sched_pool_wait(s);
 }
 
-static bool sched_is_stop(const sched *s, const sched_req *r, int32_t tok)
+bool sched_is_stop(const sched *s, const sched_req *r, int32_t tok)
 {
     if (!r->p.ignore_eos)
         for (int i = 0; i < 4; i++)
@@ -999,111 +799,6 @@ static void sched_idle_wait_locked(sched *s)
     struct timespec ts;
     util_deadline(&ts, CLOCK_REALTIME, 2);
     pthread_cond_timedwait(&s->work_cv, &s->mu, &ts);
-}
-
-/* The drafted tokens of a grammar-constrained request that its automaton allows, in order:
- * checked on a copy of its matcher (the request's own moves only with emitted tokens). A stop
- * id ends the draft after it (the request ends there); a think block's start or end ends the
- * checking (the grammar leaves reasoning free). Returns the drafts kept. */
-static int sched_spec_grammar_cut(sched_req *r)
-{
-    if (r->in_think) return r->n_draft;
-    if (!r->gm_draft) r->gm_draft = grammar_match_clone(r->gm);
-    else grammar_match_copy_state(r->gm_draft, r->gm);
-    bool on = r->g_on;   /* a lazy grammar binds from its trigger to the end of a document */
-    for (int j = 0; j < r->n_draft; j++) {
-        int32_t tok = r->draft[j];
-        if ((tok == r->p.think_start || tok == r->p.think_end) && tok >= 0) return r->n_draft;
-        if (on) {
-            if (!grammar_match_accept(r->gm_draft, tok)) return j;
-            if (r->p.grammar_lazy && grammar_match_done(r->gm_draft)) {
-                grammar_match_reset(r->gm_draft);
-                on = false;
-            }
-        } else if (r->p.grammar_lazy && tok == r->p.grammar_trigger) {
-            on = true;
-        }
-        if (sched_is_stop(r->s, r, tok)) return j + 1;
-    }
-    return r->n_draft;
-}
-
-/* Most tokens r may draft once it holds nt tokens: spec_max, within what it may still emit
- * after the token its last verified row gives (<= 0: it ends, or has one token left). */
-static int sched_spec_kmax(const sched *s, const sched_req *r, int nt)
-{
-    return TM_MIN(s->o.spec_max, TM_MIN(r->max_gen - (nt - r->n_prompt), r->cap - nt) - 1);
-}
-
-/* Speculation, after a step was sampled: drafts the continuation of every request of the
- * step that goes on decoding, from the source with the better running acceptance for it
- * (prompt lookup first on a tie: it costs nothing; the other source when the first drafts
- * nothing). A draft never runs past what the request may still emit (its last token is
- * sampled from the last verified row). The draft KV is first cut back to the positions whose
- * tokens are final (n_done): the rows of rejected or unverified drafts are recomputed.
- * Engine thread, without mu. */
-static void sched_spec_draft(sched *s, int n_reqs)
-{
-    int nq = 0;
-    bool ngram = s->o.spec_sources & SPEC_SRC_NGRAM, dmodel = s->drafter != NULL;
-    for (int i = 0; i < n_reqs; i++) {
-        sched_req *r = s->batch_req[i];
-        int ntok = s->batch_ntok[i];
-        if (r->dseq) r->d_done = TM_MIN(r->d_done, r->n_done);
-        r->n_draft = 0;
-        r->draft_at = -1;
-        if (ntok == 0) continue;
-        int nt = r->n_tokens + ntok;   /* tokens once this step is published */
-        int kmax = sched_spec_kmax(s, r, nt);
-        if (kmax <= 0 || sched_is_stop(s, r, r->tokens[nt - 1])) continue;   /* it ends */
-        if (ngram && (!dmodel || r->spec[0].rate >= r->spec[1].rate)) {
-            r->n_draft = spec_ngram_draft(r->tokens, nt, SPEC_NGRAM_MAX, SPEC_NGRAM_MIN, kmax, r->draft);
-            r->draft_src = 0;
-            if (r->n_draft > 0 || !dmodel) {
-                r->draft_at = nt;
-                s->drafted_run += (uint64_t)r->n_draft;
-                continue;
-            }
-        }
-        if (!dmodel) continue;
-        if (!r->dseq) r->dseq = kvpool_seq_new(engine_kvpool(s->o.draft));
-        specdraft_seq *q = &s->dq[nq];
-        q->seq = r->dseq;
-        q->tokens = r->tokens;
-        q->n_tokens = nt;
-        q->n_done = r->d_done;
-        double min_gain = s->draft_step_s > 0 && s->main_step_s > 0 ? s->draft_step_s / s->main_step_s : SPEC_MIN_GAIN;
-        q->k_max = s->o.spec_fixed > 0 ? kmax : spec_seq_draft_len(&r->spec[1], kmax, min_gain);
-        s->dq_req[nq++] = r;
-    }
-    if (nq > 0) {   /* its steps' cost against the target's decides how far the next drafts go */
-        double t0 = util_now();
-        int n_steps = specdraft_run(s->drafter, s->dq, nq);
-        if (n_steps > 0) {
-            double per = (util_now() - t0) / n_steps;
-            s->draft_step_s = s->draft_step_s > 0 ? 0.9 * s->draft_step_s + 0.1 * per : per;
-        }
-    }
-    for (int j = 0; j < nq; j++) {
-        sched_req *r = s->dq_req[j];
-        specdraft_seq *q = &s->dq[j];
-        r->d_done = q->n_done;
-        r->draft_at = q->n_tokens;
-        r->draft_src = 1;
-        r->n_draft = q->n_draft;
-        memcpy(r->draft, q->draft, (size_t)q->n_draft * sizeof *r->draft);
-        memcpy(r->draft_prob, q->prob, (size_t)q->n_draft * sizeof *r->draft_prob);
-        if (r->n_draft == 0 && ngram && r->spec[0].rate < r->spec[1].rate) {   /* it was not tried first */
-            r->n_draft = spec_ngram_draft(r->tokens, q->n_tokens, SPEC_NGRAM_MAX, SPEC_NGRAM_MIN,
-                                          sched_spec_kmax(s, r, q->n_tokens), r->draft);
-            r->draft_src = 0;
-        }
-        s->drafted_run += (uint64_t)r->n_draft;
-    }
-    for (int i = 0; i < n_reqs; i++) {
-        sched_req *r = s->batch_req[i];
-        if (r->gm && r->n_draft > 0 && !r->in_think) r->n_draft = sched_spec_grammar_cut(r);
-    }
 }
 
 /* Step 2, without mu: the engine step, then the requests' committed blocks and sampling
