@@ -1315,6 +1315,8 @@ sched_status sched_submit(sched *s, const sched_params *p, sched_req **out)
         for (int i = 0; i < p->n_stop_ids; i++) stops[n_stops++] = p->stop_ids[i];
         r->gm = grammar_match_new(p->grammar, p->grammar_vocab, stops, n_stops);
         r->g_on = !p->grammar_lazy;
+        /* the copy drafts are checked on, made here: the engine thread allocates nothing */
+        if (s->o.spec_sources) r->gm_draft = grammar_match_clone(r->gm);
     }
     if (p->n_gen > 0) {   /* continue a request generated elsewhere: same sampler state */
         memcpy(r->tokens + p->n_prompt, p->gen, (size_t)p->n_gen * sizeof *r->tokens);

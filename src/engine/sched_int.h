@@ -35,7 +35,8 @@ struct sched_req {
     sched_params p;              /* copy (prompt pointer not used after submit) */
     sampler *smp;                /* own sampler, seeded from p.sample */
     grammar_match *gm;           /* (sampling) p.grammar's matcher, or NULL */
-    grammar_match *gm_draft;     /* (speculation) a copy that drafted tokens are checked on */
+    grammar_match *gm_draft;     /* (speculation) a copy that drafted tokens are checked on,
+                                  * made at submit when gm is and speculation is on */
     kvpool_seq *seq;             /* KV while RUNNING, else NULL */
     int n_done;                  /* positions of tokens whose KV is in seq */
     bool in_think;               /* (sampling) the output is inside a think block (p.think_*) */

@@ -84,8 +84,7 @@ void sched_spec_plan_locked(sched *s, int max_extra)
 static int sched_spec_grammar_cut(sched_req *r)
 {
     if (r->in_think) return r->n_draft;
-    if (!r->gm_draft) r->gm_draft = grammar_match_clone(r->gm);
-    else grammar_match_copy_state(r->gm_draft, r->gm);
+    grammar_match_copy_state(r->gm_draft, r->gm);
     bool on = r->g_on;   /* a lazy grammar binds from its trigger to the end of a document */
     for (int j = 0; j < r->n_draft; j++) {
         int32_t tok = r->draft[j];
