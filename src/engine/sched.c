@@ -48,6 +48,10 @@
 #include "util/util.h"
 
 #define SCHED_LOAD_WAIT_S 2.0   /* longest a request waits at the queue head for a store load */
+/* Fewest logits (rows x vocabulary) a step's sampling splits over the sampling workers:
+ * below it, waking them costs more than the rows (a small vocabulary's argmax takes
+ * microseconds; a wake-up as long, and far longer when other processes hold the cores) */
+#define SCHED_SAMPLE_SPLIT_MIN (1 << 18)
 
 const double sched_hist_bounds[SCHED_HIST_N] = {
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
@@ -97,8 +101,8 @@ static void sched_req_destroy(sched_req *r)
 
 /* ---- engine thread ---- */
 
-/* Publishes FINISH (under mu), releases KV (engine thread). Caller holds mu. */
-static void sched_finish_locked(sched *s, sched_req *r, sched_finish why)
+/* Releases r's KV (engine thread): it ends. */
+static void sched_finish_release(sched *s, sched_req *r)
 {
     if (r->seq && r->p.kv_out) {
         kvpool_fill_wait(s->pool, -1);   /* blocks loaded from the store are in the pool */
@@ -110,6 +114,11 @@ static void sched_finish_locked(sched *s, sched_req *r, sched_finish why)
     }
     sched_spec_release(s, r);
     r->state = REQ_FINISHED;
+}
+
+/* Publishes r's FINISH record with why, unless it has one. Under mu. */
+static void sched_finish_push_locked(sched *s, sched_req *r, sched_finish why)
+{
     if (!r->finished) {
         if (--s->n_live == 0) pthread_cond_broadcast(&s->idle_cv);
         sched_output *o = sched_push(r);
@@ -132,6 +141,17 @@ static void sched_drop_locked(sched_req *r)
 {
     r->engine_held = false;
     if (r->released) sched_req_destroy(r);
+}
+
+static void sched_pub_flush_locked(sched *s);
+
+/* Ends r with why: releases its KV (engine thread), then publishes FINISH after the outputs
+ * of the last step still waiting to be published (some may be r's). Caller holds mu. */
+static void sched_finish_locked(sched *s, sched_req *r, sched_finish why)
+{
+    sched_finish_release(s, r);
+    sched_pub_flush_locked(s);
+    sched_finish_push_locked(s, r, why);
 }
 
 static void sched_running_remove(sched *s, int i)
@@ -709,8 +729,8 @@ static void sched_sample_step(sched *s, int n_reqs)
 {
     s->batch_n_reqs = n_reqs;
     int n_rows = 0;
-    for (int i = 0; i < n_reqs; i++) n_rows += s->batch_row[i] >= 0;
-    if (s->n_workers == 0 || n_rows < 2) {
+    for (int i = 0; i < n_reqs; i++) n_rows += s->batch_row[i] >= 0 ? 1 + s->batch_k[i] : 0;
+    if (s->n_workers == 0 || n_rows < 2 || (double)n_rows * s->n_vocab < SCHED_SAMPLE_SPLIT_MIN) {
         sched_sample_part(s, 0, 1);
         return;
     }
@@ -809,6 +829,7 @@ static void sched_step_run(sched *s, sched_step *st)
     if (s->t_prev_end >= 0) {
         pthread_mutex_lock(&s->mu);
         s->st.gap_s += st->t0 - s->t_prev_end;
+        s->st.plan_s += st->tc - st->ta;
         pthread_mutex_unlock(&s->mu);
     }
     engine_batch b = { .n_tokens = st->n_tok, .toks = s->batch };
@@ -885,36 +906,14 @@ static void sched_step_count_locked(sched *s, const sched_step *st)
     sched_hist_add(&s->h_step, st->t1 - st->t0);
 }
 
-static void sched_publish_token_locked(sched *s, sched_req *r, int32_t tok, const sched_output *so, double now);
-
-/* Step 3b, under mu: request i of the step gets its sampled tokens (one, or with verified
- * drafts the accepted ones and the one after them; a prefill chunk that wanted no logits only
- * counts), and ends when one was its last. */
-static void sched_publish_tokens_locked(sched *s, int i, double now)
+/* Publishes one sampled token of r (with its log-probs in so) sampled at time t. Under mu. */
+static void sched_publish_token_locked(sched *s, sched_req *r, int32_t tok, const sched_output *so, double t)
 {
-    sched_req *r = s->batch_req[i];
-    if (r->state != REQ_RUNNING) return;
-    if (s->batch_ntok[i] == 0) {
-        s->st.n_prefill_tokens += (uint64_t)s->batch_n[i];
-        return;
-    }
-    s->st.n_prefill_tokens += (uint64_t)(s->batch_n[i] - 1 - s->batch_k[i]);
-    for (int j = 0; j < s->batch_ntok[i] && r->state == REQ_RUNNING; j++) {
-        size_t at = (size_t)i * s->tok_stride + j;
-        sched_publish_token_locked(s, r, s->batch_tok[at], &s->batch_out[at], now);
-    }
-}
-
-/* Publishes one sampled token of r (with its log-probs in so), ending r when it was the last. */
-static void sched_publish_token_locked(sched *s, sched_req *r, int32_t tok, const sched_output *so, double now)
-{
-    r->tokens[r->n_tokens++] = tok;
     s->st.n_gen_tokens++;
-    bool stop = sched_is_stop(s, r, tok);
     sched_output *o = sched_push(r);
     o->kind = SCHED_OUT_TOKEN;
     o->token = tok;
-    o->is_stop = stop;
+    o->is_stop = sched_is_stop(s, r, tok);   /* only a request's last token can be one */
     o->usage.prompt_tokens = r->n_prompt;
     o->usage.cached_tokens = r->n_cached;
     if (r->p.logprobs) {
@@ -923,21 +922,59 @@ static void sched_publish_token_locked(sched *s, sched_req *r, int32_t tok, cons
         memcpy(o->top, so->top, (size_t)o->n_top * sizeof o->top[0]);
     }
     if (r->ttft < 0) {
-        r->ttft = now - r->t_submit;
+        r->ttft = t - r->t_submit;
         sched_hist_add(&s->h_ttft, r->ttft);
     } else {
-        sched_hist_add(&s->h_itl, now - r->t_last);
+        sched_hist_add(&s->h_itl, t - r->t_last);
     }
-    r->t_last = now;
+    r->t_last = t;
     pthread_cond_broadcast(&r->cv);
     if (r->p.on_output) r->p.on_output(r->p.out_arg);
-    if (stop) sched_end_running_locked(s, r, SCHED_FINISH_STOP);
-    else if (r->n_tokens - r->n_prompt >= r->max_gen || r->n_tokens >= r->cap)
-        sched_end_running_locked(s, r, SCHED_FINISH_LENGTH);
 }
 
-/* Step 3, under mu: counters, then every request's token; a failed engine step ends all of
- * the step's requests with ERROR. */
+/* Publishes the step's outputs waiting in pub_* (nothing when none waits): every request's
+ * tokens, then the FINISH of those their last token ended. The publisher thread calls it while
+ * the next step computes, the engine thread whenever it must publish first. Under mu. */
+static void sched_pub_flush_locked(sched *s)
+{
+    if (!s->pub_pending) return;
+    s->pub_pending = false;
+    for (int i = 0; i < s->pub_n_reqs; i++) {
+        sched_req *r = s->pub_req[i];
+        s->st.n_prefill_tokens += (uint64_t)s->pub_prefill[i];
+        for (int j = 0; j < s->pub_ntok[i]; j++) {
+            size_t at = (size_t)i * s->tok_stride + j;
+            sched_publish_token_locked(s, r, s->pub_tok[at], &s->pub_out[at], s->pub_t);
+        }
+        if (s->pub_end[i] != SCHED_FINISH_NONE) {
+            sched_finish_push_locked(s, r, s->pub_end[i]);
+            sched_drop_locked(r);
+        }
+    }
+    s->pub_n_reqs = 0;
+}
+
+/* The publisher thread: publishes each step's outputs while the engine computes the next. */
+static void *sched_publisher(void *arg)
+{
+    sched *s = arg;
+    pthread_mutex_lock(&s->mu);
+    while (!s->pub_stop) {
+        if (!s->pub_pending) {
+            pthread_cond_wait(&s->pub_cv, &s->mu);
+            continue;
+        }
+        sched_pub_flush_locked(s);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* Step 3, under mu: counters, then the step's outputs handed to publishing. Every request
+ * that got tokens counts them now (n_tokens) and, when its last one ends it (a stop id, its
+ * length), leaves the running set and releases its KV now, so the next plan sees exactly what
+ * it would have seen had everything been published first; its records and FINISH follow in
+ * sched_pub_flush_locked. A failed engine step ends all of the step's requests with ERROR. */
 static void sched_step_publish_locked(sched *s, sched_step *st)
 {
     st->t3 = util_now();
@@ -948,9 +985,38 @@ static void sched_step_publish_locked(sched *s, sched_step *st)
         s->t_prev_end = -1;
         return;
     }
-    double now = util_now();
-    for (int i = 0; i < st->n_reqs; i++) sched_publish_tokens_locked(s, i, now);
-    s->t_prev_end = st->t1;  /* the gap: sampling, publishing, planning the next step */
+    sched_pub_flush_locked(s);   /* the previous step's, if the publisher has not got to them */
+    for (int i = 0; i < st->n_reqs; i++) {
+        sched_req *r = s->batch_req[i];
+        int n = s->batch_ntok[i];
+        s->pub_req[i] = r;
+        s->pub_ntok[i] = n;
+        s->pub_prefill[i] = n == 0 ? s->batch_n[i] : s->batch_n[i] - 1 - s->batch_k[i];
+        s->pub_end[i] = SCHED_FINISH_NONE;
+        if (n == 0) continue;
+        r->n_tokens += n;   /* its tokens are in r->tokens already (sched_step_run) */
+        if (sched_is_stop(s, r, r->tokens[r->n_tokens - 1])) s->pub_end[i] = SCHED_FINISH_STOP;
+        else if (r->n_tokens - r->n_prompt >= r->max_gen || r->n_tokens >= r->cap) s->pub_end[i] = SCHED_FINISH_LENGTH;
+        if (s->pub_end[i] != SCHED_FINISH_NONE) {
+            for (int j = 0; j < s->n_running; j++)
+                if (s->running[j] == r) { sched_running_remove(s, j); break; }
+            sched_finish_release(s, r);
+        }
+    }
+    /* the step's tokens and log-probs change hands: the next step samples into the others */
+    int32_t *tok = s->pub_tok;
+    s->pub_tok = s->batch_tok;
+    s->batch_tok = tok;
+    sched_output *out = s->pub_out;
+    s->pub_out = s->batch_out;
+    s->batch_out = out;
+    s->pub_n_reqs = st->n_reqs;
+    s->pub_t = util_now();
+    s->pub_pending = true;
+    if (s->o.no_overlap) sched_pub_flush_locked(s);
+    else pthread_cond_signal(&s->pub_cv);
+    s->t_prev_end = st->t1;  /* the gap: sampling, handing over, planning the next step */
+    s->st.publish_s += util_now() - st->t2;
     if (util_log_level <= LOG_LEVEL_DEBUG)
         sched_log_step(s, st->n_reqs, st->n_tok, st->ta, st->tc, st->t0, st->t1, st->t2, st->t3);
 }
@@ -989,6 +1055,7 @@ static void *sched_thread(void *arg)
         pthread_mutex_lock(&s->mu);
         sched_step_publish_locked(s, &st);
     }
+    sched_pub_flush_locked(s);
     sched_end_remaining_locked(s);
     pthread_mutex_unlock(&s->mu);
     return NULL;
@@ -1026,6 +1093,21 @@ const char *sched_finish_name(sched_finish f)
 int sched_default_step_tokens(int max_seqs)
 {
     return (max_seqs > 0 ? max_seqs : 16) + SCHED_PREFILL_CHUNK;
+}
+
+/* Stops and joins the publisher thread (everything was published: the engine thread has
+ * exited, or never started), and destroys its condition variable. */
+static void sched_pub_stop(sched *s)
+{
+    if (s->pub_started) {
+        pthread_mutex_lock(&s->mu);
+        s->pub_stop = true;
+        pthread_cond_signal(&s->pub_cv);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->publisher, NULL);
+        s->pub_started = false;
+    }
+    pthread_cond_destroy(&s->pub_cv);
 }
 
 /* blockio's ready hook (an I/O thread): a store load finished, admission may proceed. */
@@ -1101,6 +1183,12 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
     s->batch_acc = xcalloc((size_t)o.max_seqs, sizeof *s->batch_acc);
     s->batch_tok = xcalloc((size_t)o.max_seqs * s->tok_stride, sizeof *s->batch_tok);
     s->batch_out = xcalloc((size_t)o.max_seqs * s->tok_stride, sizeof *s->batch_out);
+    s->pub_req = xcalloc((size_t)o.max_seqs, sizeof *s->pub_req);
+    s->pub_ntok = xcalloc((size_t)o.max_seqs, sizeof *s->pub_ntok);
+    s->pub_prefill = xcalloc((size_t)o.max_seqs, sizeof *s->pub_prefill);
+    s->pub_end = xcalloc((size_t)o.max_seqs, sizeof *s->pub_end);
+    s->pub_tok = xcalloc((size_t)o.max_seqs * s->tok_stride, sizeof *s->pub_tok);
+    s->pub_out = xcalloc((size_t)o.max_seqs * s->tok_stride, sizeof *s->pub_out);
     if (o.spec_sources) {
         s->chooser = spec_chooser_new(o.max_seqs);
         if (o.spec_sources & SPEC_SRC_MODEL) {
@@ -1125,10 +1213,11 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&s->idle_cv, &ca);
     pthread_condattr_destroy(&ca);
+    pthread_cond_init(&s->pub_cv, NULL);
+    if (!o.no_overlap) s->pub_started = pthread_create(&s->publisher, NULL, sched_publisher, s) == 0;
+    if (!s->pub_started) s->o.no_overlap = true;   /* no thread: the engine thread publishes */
     if (pthread_create(&s->thread, NULL, sched_thread, s) != 0) {
-        pthread_mutex_destroy(&s->mu);
-        pthread_cond_destroy(&s->work_cv);
-        pthread_cond_destroy(&s->idle_cv);
+        sched_pub_stop(s);
         pthread_mutex_destroy(&s->mu);
         pthread_cond_destroy(&s->work_cv);
         pthread_cond_destroy(&s->idle_cv);
@@ -1220,6 +1309,7 @@ void sched_free(sched *s)
         pthread_cond_signal(&s->work_cv);
         pthread_mutex_unlock(&s->mu);
         pthread_join(s->thread, NULL);
+        sched_pub_stop(s);
         pthread_mutex_destroy(&s->mu);
         pthread_cond_destroy(&s->work_cv);
         pthread_cond_destroy(&s->idle_cv);
@@ -1244,6 +1334,12 @@ void sched_free(sched *s)
     free(s->batch_acc);
     free(s->batch_tok);
     free(s->batch_out);
+    free(s->pub_req);
+    free(s->pub_ntok);
+    free(s->pub_prefill);
+    free(s->pub_end);
+    free(s->pub_tok);
+    free(s->pub_out);
     free(s->logits);
     wincache_free(s->wc);
     free(s->wstate);

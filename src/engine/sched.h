@@ -150,6 +150,9 @@ typedef struct {
                              * time and the acceptance estimates */
     engine *draft;          /* with SPEC_SRC_MODEL: the draft model's engine (same vocabulary,
                              * its own KV pool; engine/specdraft.h); must outlive the scheduler */
+    bool no_overlap;        /* publish a step's outputs on the engine thread before planning
+                             * the next, instead of on the publisher thread while it computes
+                             * (the same outputs either way; for comparisons and tests) */
 } sched_opts;
 
 /* A request of L prompt tokens on a model with window layers counts at most L - this many as
@@ -285,7 +288,11 @@ typedef struct {
     double step_s;              /* total seconds inside engine_step */
     double gap_s;               /* total seconds between consecutive steps while busy (sampling,
                                    publishing, planning): the kernels' idle time */
-    double sample_s;            /* of which sampling (split over the sampling workers) */
+    double sample_s;            /* of which sampling and drafting (split over the sampling
+                                 * workers) */
+    double plan_s;              /* of which planning the next step (cancels, admissions, batch) */
+    double publish_s;           /* of which publishing the outputs (waiting for the lock
+                                 * included) */
     int n_queued;               /* waiting now (incl. preempted) */
     int n_running;              /* running now */
     int kv_blocks_total;        /* pool size */

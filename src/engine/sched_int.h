@@ -156,6 +156,23 @@ struct sched {
     bool job_masks;              /* the job is the batch's grammar masks (during the engine
                                   * step, workers only), not sampling */
     bool pool_stop;
+    /* publishing: a step's outputs wait in pub_* until published (sched_pub_flush_locked), by
+     * the publisher thread while the next step computes, or by the engine thread when it must
+     * publish first (a FINISH, the next step's outputs, o.no_overlap). pub_pending and the
+     * buffers while pending are guarded by mu */
+    pthread_t publisher;
+    bool pub_started;            /* the publisher thread runs */
+    bool pub_stop;               /* sched_free: the publisher exits */
+    pthread_cond_t pub_cv;       /* pub_pending was set, or pub_stop */
+    bool pub_pending;            /* pub_* hold a step's outputs not published yet */
+    int pub_n_reqs;              /* requests of that step */
+    sched_req **pub_req;         /* (max_seqs) its requests */
+    int *pub_ntok;               /* (max_seqs) tokens each gets (0: a prefill chunk) */
+    int *pub_prefill;            /* (max_seqs) positions each computed as prefill */
+    sched_finish *pub_end;       /* (max_seqs) how its last token ended it, or NONE */
+    int32_t *pub_tok;            /* (max_seqs, tok_stride) the tokens (batch_tok's twin) */
+    sched_output *pub_out;       /* (max_seqs, tok_stride) their log-probs (batch_out's twin) */
+    double pub_t;                /* util_now() when they were handed over */
 };
 
 /* sched.c: whether tok ends r (an end-of-generation id unless ignore_eos, or a stop id). */
