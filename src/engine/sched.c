@@ -25,6 +25,12 @@
  * queue, each request's output ring and flags (cancel, released, engine_held,
  * finish_returned), the count of unfinished requests, the statistics and histograms.
  *
+ * Publishing (sched.h, the step loop): a step's outputs wait in pub_* from the handoff
+ * (sched_step_publish_locked) until sched_pub_flush_locked pushes them, on the publisher
+ * thread or on the engine thread (before the next handoff, before any FINISH, with
+ * no_overlap). A request ended at the handoff is out of the running set with its KV released
+ * but keeps engine_held until its FINISH is pushed, so the handle outlives its records.
+ *
  * Stopping: sched_drain refuses new submissions; sched_abort and sched_shutdown also mark
  * every request cancelled, with the finish it must end with (ABORTED or CANCELLED), and the
  * engine thread ends them at its next admission pass, like any cancel. n_live counts accepted

@@ -62,10 +62,21 @@
  * it would have without speculation, several per step. Rejected rows stay beyond n_done and no
  * block is keyed from them. See docs/spec.md.
  *
+ * The step loop overlaps (unless sched_opts.no_overlap): after sampling a step, the engine
+ * thread only counts each request's new tokens and ends those whose last token ends them (a
+ * stop id, the length), releasing their KV, so the next step is planned exactly as if
+ * everything had been published; the records themselves (tokens, log-probs, FINISH, the
+ * latency histograms, on_output) are pushed by a publisher thread while the next step
+ * computes. A cancel (a disconnect, a stop string matched on an HTTP thread) takes effect at
+ * the next plan, as without overlap: tokens sampled meanwhile are published before the FINISH
+ * CANCELLED and the API layer drops what follows a stop string. Whoever publishes a FINISH
+ * first publishes the outputs still pending, so a request's records stay in order.
+ *
  * Threads and locks: one mutex guards the queue, every request's output ring and state
- * flags; the engine thread holds it only to take new requests, publish outputs and apply
- * cancels, never while the kernels run. Callers of sched_poll wait on the request's
- * condition variable. The engine thread alone touches the kvpool, the engine and samplers.
+ * flags; the engine thread holds it only to take new requests, hand over outputs and apply
+ * cancels, the publisher thread to push outputs, never while the kernels run. Callers of
+ * sched_poll wait on the request's condition variable. The engine thread alone touches the
+ * kvpool, the engine and samplers.
  */
 #ifndef TM_SCHED_H
 #define TM_SCHED_H
@@ -198,8 +209,8 @@ typedef struct {
      * just before the KV is released: may copy it out. */
     void (*kv_out)(void *arg, const kvpool *pool, const kvpool_seq *seq, int n_done);
     void *kv_arg;           /* first argument of kv_in / kv_out */
-    /* Engine thread, under the scheduler's lock, each time outputs were queued for the
-     * request (a token, its FINISH): may only wake whoever polls it (no sched_* call, no
+    /* The engine or the publisher thread, under the scheduler's lock, each time outputs were
+     * queued for the request (a token, its FINISH): may only wake whoever polls it (no sched_* call, no
      * lock that is held while calling sched_*), so that a few threads can serve many
      * requests (the cluster worker) instead of one sched_poll each. NULL = none. */
     void (*on_output)(void *arg);
