@@ -137,6 +137,8 @@ struct sched {
     sched_req **dq_req;          /* (max_seqs) their requests */
     uint64_t drafted_run;        /* tokens drafted since the statistics were last updated */
     double draft_step_s;         /* running mean seconds of one draft engine step, 0: none yet */
+    double draft_round_s;        /* running mean seconds of a drafting round that ran the draft
+                                  * model (all its steps), 0: none yet */
     double main_step_s;          /* running mean seconds of one engine step of the target */
     int batch_n_reqs;            /* requests of the step being sampled */
     steptime tm;                 /* learned step time (engine thread; its error sums are copied

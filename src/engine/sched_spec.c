@@ -43,7 +43,8 @@ static double sched_spec_time(void *arg, int n_extra)
 
 /* Speculation, before a step is planned: sets how many of its drafts every decoding request
  * verifies (n_verify), at most max_extra in all: the fixed count, the most while the step
- * time is not learned yet, else spec_choose's count. Drafts were made after the step that
+ * time is not learned yet, else spec_choose's count (a round's time: the predicted step plus
+ * the draft model's measured round). Drafts were made after the step that
  * sampled the request's last token (sched_spec_draft); one made for another context (the
  * request was preempted since) is not used. */
 void sched_spec_plan_locked(sched *s, int max_extra)
@@ -68,7 +69,7 @@ void sched_spec_plan_locked(sched *s, int max_extra)
     bool chosen = false;
     if (s->o.spec_fixed <= 0 && steptime_warm(&s->tm))
         chosen = spec_choose(s->chooser, n, s->spec_gains, s->spec_nd, n, max_extra, sched_spec_time, &cv,
-                             s->spec_k) >= 0;
+                             s->drafter ? s->draft_round_s : 0, s->spec_k) >= 0;
     for (int j = 0; j < n; j++) {
         int k = chosen ? s->spec_k[j] : TM_MIN(s->spec_nd[j], s->o.spec_fixed > 0 ? s->o.spec_fixed : s->o.spec_max);
         k = TM_MIN(k, max_extra);
@@ -155,8 +156,9 @@ void sched_spec_draft(sched *s, int n_reqs)
         double t0 = util_now();
         int n_steps = specdraft_run(s->drafter, s->dq, nq);
         if (n_steps > 0) {
-            double per = (util_now() - t0) / n_steps;
+            double all = util_now() - t0, per = all / n_steps;
             s->draft_step_s = s->draft_step_s > 0 ? 0.9 * s->draft_step_s + 0.1 * per : per;
+            s->draft_round_s = s->draft_round_s > 0 ? 0.9 * s->draft_round_s + 0.1 * all : all;
         }
     }
     for (int j = 0; j < nq; j++) {
