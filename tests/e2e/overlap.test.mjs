@@ -3,7 +3,8 @@
 // three chat APIs streamed by the vendors' SDKs (four at once), stop strings (held-back text
 // never leaks, the same finish), seeded sampling, with and without prompt-lookup drafts; and
 // a client leaving a stream mid-way on every route frees its KV blocks, after which the
-// answers are still the same. The model is generated (qwen3, random weights, the Qwen2
+// answers are still the same; the blocks written to the block store (keys and bytes, drafts
+// rejected among them) are the same. The model is generated (qwen3, random weights, the Qwen2
 // vocabulary), so texts are gibberish but deterministic.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
@@ -14,7 +15,7 @@ import path from "node:path";
 import OpenAI from "openai";
 import Anthropic from "@anthropic-ai/sdk";
 
-import { root, bin, startServer, stopServers, fetchMetrics } from "./server.mjs";
+import { root, bin, startServer, stopServers, fetchMetrics, storeBlocks } from "./server.mjs";
 
 const vocab = path.join(root, "tests/data/llama.cpp/models/ggml-vocab-qwen2.gguf");
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "tm-overlap-"));
@@ -142,4 +143,30 @@ test("a client leaving a stream mid-way frees its blocks on every route, with ov
     }
     assert.deepEqual(await answers(S[i], 0), want, `${CONFIGS[i][0]}: after the cancels`);
   }
+});
+
+test("the blocks stored with overlap equal those without, drafts rejected among them", async () => {
+  const dirs = ["store-no-overlap", "store-overlap"].map((d) => path.join(tmp, d));
+  const servers = await Promise.all([["--no-overlap"], []].map((a, i) => startServer(model, ["--ctx", "512",
+    "--threads", "2", "--cache-dir", dirs[i], "--spec", "ngram", "--spec-fixed", "4", "--model-name", NAME, ...a])));
+  const body = { model: NAME, prompt: "tool output: " + "alpha beta gamma delta ".repeat(40), max_tokens: 120,
+    temperature: 0 };
+  const texts = await Promise.all(servers.map(async (x) => {
+    const res = await fetch(`${x.url}/v1/completions`, { method: "POST", headers: { "content-type": "application/json" },
+      body: JSON.stringify(body) });
+    const j = await res.json();
+    assert.equal(res.status, 200, JSON.stringify(j));
+    const u = j.usage;   // a full block holds generated tokens
+    assert.ok(Math.floor(u.prompt_tokens / 128) < Math.floor((u.prompt_tokens + u.completion_tokens - 1) / 128), JSON.stringify(u));
+    return j.choices[0].text;
+  }));
+  assert.equal(texts[1], texts[0]);
+  const m = await fetchMetrics(servers[1].url);
+  assert.ok(m.tokenmill_spec_accepted_tokens_total < m.tokenmill_spec_verified_tokens_total, "no draft was rejected");
+  // a clean stop writes what is queued
+  await Promise.all(servers.map((x) => new Promise((resolve) => { x.proc.on("exit", resolve); x.proc.kill("SIGTERM"); })));
+  const [a, b] = dirs.map(storeBlocks);
+  assert.ok(Object.keys(a).length >= 2, "blocks stored");
+  assert.deepEqual(Object.keys(b).sort(), Object.keys(a).sort(), "block keys differ");
+  for (const k of Object.keys(a)) assert.equal(b[k], a[k], `block ${k} differs`);
 });
