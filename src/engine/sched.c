@@ -1043,7 +1043,8 @@ static void sched_end_remaining_locked(sched *s)
     }
 }
 
-/* The engine thread: plan (under mu), run (without it), publish (under mu), until stop. */
+/* The engine thread: plan (under mu), run (without it), hand over (under mu), until stop;
+ * then whatever is pending is published and what is left ends CANCELLED. */
 static void *sched_thread(void *arg)
 {
     sched *s = arg;

@@ -2,7 +2,7 @@
  * sched: continuous batching of many requests on one engine.
  *
  * DESIGN. One engine thread (started by sched_new) loops: plan a batch, engine_step, sample,
- * publish. Requests join and leave between steps. Each step has a token budget
+ * hand the outputs to the publisher thread (the step loop, below). Requests join and leave between steps. Each step has a token budget
  * (step_tokens, vLLM's max_num_batched_tokens): every running decode gets its one token first,
  * and what is left of the budget is given to prefill chunks (oldest request first), so a long
  * prompt is read a chunk per step while the decodes keep producing. A running decode waits for
