@@ -757,7 +757,8 @@ bool sched_is_stop(const sched *s, const sched_req *r, int32_t tok)
 
 /* -v: one line per step with its make-up and where its time went (milliseconds): planning
  * (admissions + batch, under mu), the engine step, bookkeeping + sampling, waiting for mu,
- * publishing. A decode waits for a whole step, so `step` with prefill chunks next to the
+ * handing the outputs over (publishing them too when the publisher has not, or with
+ * no_overlap). A decode waits for a whole step, so `step` with prefill chunks next to the
  * decode-only steps is what a long prompt costs the running streams. */
 static void sched_log_step(const sched *s, int n_reqs, int n_tok, double ta, double tc, double t0, double t1,
                            double t2, double t3)
@@ -777,7 +778,7 @@ static void sched_log_step(const sched *s, int n_reqs, int n_tok, double ta, dou
     double t4 = util_now();
     log_debug("sched: step %d tokens (budget %d): %d decodes, %d prefill chunks (largest %d); running %d, "
               "waiting %d; drafts %d verified %d accepted %d; ms: plan %.2f step %.2f sample %.2f lock %.2f "
-              "publish %.2f", n_tok, s->o.step_tokens, n_dec, n_chunks, max_chunk, s->n_running, s->n_waiting,
+              "handover %.2f", n_tok, s->o.step_tokens, n_dec, n_chunks, max_chunk, s->n_running, s->n_waiting,
               n_drafted, n_verified, n_accepted, (tc - ta) * 1e3, (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3,
               (t4 - t3) * 1e3);
 }
