@@ -645,8 +645,7 @@ static void sched_sample_part(sched *s, int ith, int nth)
             s->batch_tok[at] = tok;
             sched_output *o = &s->batch_out[at];
             o->n_top = 0;
-            o->logprob = 0;
-            if (r->p.logprobs) sched_logprobs(row, s->n_vocab, tok, r->p.top_logprobs, o);
+            o->logprob = 0;   /* the log-probs are post-processing: sched_pub_logprobs */
             s->batch_ntok[i] = j + 1;
             if (j == k) break;
             if (tok != r->draft[j]) {
@@ -939,12 +938,49 @@ static void sched_publish_token_locked(sched *s, sched_req *r, int32_t tok, cons
     if (r->p.on_output) r->p.on_output(r->p.out_arg);
 }
 
+/* The log-probs of the pending step's tokens that asked for them, from the logits they were
+ * sampled from, into pub_out. No lock: the caller is the only one at it (lp_busy). */
+static void sched_pub_logprobs(sched *s)
+{
+    for (int i = 0; i < s->pub_n_reqs; i++) {
+        const sched_req *r = s->pub_req[i];
+        if (!r->p.logprobs) continue;
+        for (int j = 0; j < s->pub_ntok[i]; j++) {
+            size_t at = (size_t)i * s->tok_stride + j;
+            sched_logprobs(s->pub_lg + (size_t)(s->pub_row[i] + j) * s->n_vocab, s->n_vocab, s->pub_tok[at],
+                           r->p.top_logprobs, &s->pub_out[at]);
+        }
+    }
+}
+
+enum { SCHED_LP_TODO = 0, SCHED_LP_BUSY, SCHED_LP_DONE };
+
+/* Moves lp_state from `from` (-1: any) to `to`; returns whether it did. */
+static bool sched_pub_lp_move(sched *s, int from, int to)
+{
+    pthread_mutex_lock(&s->lp_mu);
+    bool ok = from < 0 || s->lp_state == from;
+    if (ok) s->lp_state = to;
+    if (ok && to == SCHED_LP_DONE) pthread_cond_broadcast(&s->lp_cv);
+    pthread_mutex_unlock(&s->lp_mu);
+    return ok;
+}
+
 /* Publishes the step's outputs waiting in pub_* (nothing when none waits): every request's
  * tokens, then the FINISH of those their last token ended. The publisher thread calls it while
- * the next step computes, the engine thread whenever it must publish first. Under mu. */
+ * the next step computes, the engine thread whenever it must publish first (then it finishes
+ * the log-probs: waits for the publisher's, or computes them). Under mu, which it keeps. */
 static void sched_pub_flush_locked(sched *s)
 {
     if (!s->pub_pending) return;
+    if (sched_pub_lp_move(s, SCHED_LP_TODO, SCHED_LP_BUSY)) {
+        sched_pub_logprobs(s);
+        sched_pub_lp_move(s, -1, SCHED_LP_DONE);
+    } else {   /* done, or the publisher is at them */
+        pthread_mutex_lock(&s->lp_mu);
+        while (s->lp_state != SCHED_LP_DONE) pthread_cond_wait(&s->lp_cv, &s->lp_mu);
+        pthread_mutex_unlock(&s->lp_mu);
+    }
     s->pub_pending = false;
     for (int i = 0; i < s->pub_n_reqs; i++) {
         sched_req *r = s->pub_req[i];
@@ -961,7 +997,8 @@ static void sched_pub_flush_locked(sched *s)
     s->pub_n_reqs = 0;
 }
 
-/* The publisher thread: publishes each step's outputs while the engine computes the next. */
+/* The publisher thread: publishes each step's outputs while the engine computes the next,
+ * their log-probs first, without mu (readers and the engine thread go on meanwhile). */
 static void *sched_publisher(void *arg)
 {
     sched *s = arg;
@@ -970,6 +1007,13 @@ static void *sched_publisher(void *arg)
         if (!s->pub_pending) {
             pthread_cond_wait(&s->pub_cv, &s->mu);
             continue;
+        }
+        if (sched_pub_lp_move(s, SCHED_LP_TODO, SCHED_LP_BUSY)) {
+            pthread_mutex_unlock(&s->mu);
+            sched_pub_logprobs(s);
+            sched_pub_lp_move(s, -1, SCHED_LP_DONE);
+            pthread_mutex_lock(&s->mu);
+            continue;   /* the engine thread may have published them meanwhile */
         }
         sched_pub_flush_locked(s);
     }
@@ -993,11 +1037,14 @@ static void sched_step_publish_locked(sched *s, sched_step *st)
         return;
     }
     sched_pub_flush_locked(s);   /* the previous step's, if the publisher has not got to them */
+    bool any_lp = false;
     for (int i = 0; i < st->n_reqs; i++) {
         sched_req *r = s->batch_req[i];
+        any_lp |= r->p.logprobs && s->batch_ntok[i] > 0;
         int n = s->batch_ntok[i];
         s->pub_req[i] = r;
         s->pub_ntok[i] = n;
+        s->pub_row[i] = s->batch_row[i];
         s->pub_prefill[i] = n == 0 ? s->batch_n[i] : s->batch_n[i] - 1 - s->batch_k[i];
         s->pub_end[i] = SCHED_FINISH_NONE;
         if (n == 0) continue;
@@ -1017,6 +1064,12 @@ static void sched_step_publish_locked(sched *s, sched_step *st)
     sched_output *out = s->pub_out;
     s->pub_out = s->batch_out;
     s->batch_out = out;
+    s->pub_lg = s->logits;
+    if (!s->o.no_overlap) {   /* the next step computes into the twin */
+        s->logits = s->logits_twin;
+        s->logits_twin = (float *)s->pub_lg;
+    }
+    sched_pub_lp_move(s, -1, any_lp ? SCHED_LP_TODO : SCHED_LP_DONE);
     s->pub_n_reqs = st->n_reqs;
     s->pub_t = util_now();
     s->pub_pending = true;
@@ -1116,6 +1169,8 @@ static void sched_pub_stop(sched *s)
         s->pub_started = false;
     }
     pthread_cond_destroy(&s->pub_cv);
+    pthread_mutex_destroy(&s->lp_mu);
+    pthread_cond_destroy(&s->lp_cv);
 }
 
 /* blockio's ready hook (an I/O thread): a store load finished, admission may proceed. */
@@ -1197,6 +1252,7 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
     s->pub_end = xcalloc((size_t)o.max_seqs, sizeof *s->pub_end);
     s->pub_tok = xcalloc((size_t)o.max_seqs * s->tok_stride, sizeof *s->pub_tok);
     s->pub_out = xcalloc((size_t)o.max_seqs * s->tok_stride, sizeof *s->pub_out);
+    s->pub_row = xcalloc((size_t)o.max_seqs, sizeof *s->pub_row);
     if (o.spec_sources) {
         s->chooser = spec_chooser_new(o.max_seqs);
         if (o.spec_sources & SPEC_SRC_MODEL) {
@@ -1209,8 +1265,11 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
         s->spec_k = xcalloc((size_t)o.max_seqs, sizeof *s->spec_k);
         s->spec_req = xcalloc((size_t)o.max_seqs, sizeof *s->spec_req);
     }
-    s->logits = malloc((size_t)o.max_seqs * s->tok_stride * (size_t)s->n_vocab * sizeof(float));
-    if (!s->logits || (o.spec_sources && !s->chooser) || ((o.spec_sources & SPEC_SRC_MODEL) && !s->drafter)) {
+    size_t logits_sz = (size_t)o.max_seqs * s->tok_stride * (size_t)s->n_vocab * sizeof(float);
+    s->logits = malloc(logits_sz);
+    if (!o.no_overlap) s->logits_twin = malloc(logits_sz);
+    if (!s->logits || (!o.no_overlap && !s->logits_twin) || (o.spec_sources && !s->chooser) ||
+        ((o.spec_sources & SPEC_SRC_MODEL) && !s->drafter)) {
         sched_free(s);
         return SCHED_ERR_NOMEM;
     }
@@ -1222,6 +1281,8 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
     pthread_cond_init(&s->idle_cv, &ca);
     pthread_condattr_destroy(&ca);
     pthread_cond_init(&s->pub_cv, NULL);
+    pthread_mutex_init(&s->lp_mu, NULL);
+    pthread_cond_init(&s->lp_cv, NULL);
     if (!o.no_overlap) s->pub_started = pthread_create(&s->publisher, NULL, sched_publisher, s) == 0;
     if (!s->pub_started) s->o.no_overlap = true;   /* no thread: the engine thread publishes */
     if (pthread_create(&s->thread, NULL, sched_thread, s) != 0) {
@@ -1348,6 +1409,8 @@ void sched_free(sched *s)
     free(s->pub_end);
     free(s->pub_tok);
     free(s->pub_out);
+    free(s->pub_row);
+    free(s->logits_twin);
     free(s->logits);
     wincache_free(s->wc);
     free(s->wstate);

@@ -126,7 +126,9 @@ struct sched {
     int32_t *batch_tok;          /* (max_seqs, tok_stride) tokens sampled for each */
     sched_output *batch_out;     /* (max_seqs, tok_stride) their log-probs */
     int tok_stride;              /* 1 + spec_max: most tokens one request emits per step */
-    float *logits;               /* (max_seqs * tok_stride, n_vocab) */
+    float *logits;               /* (max_seqs * tok_stride, n_vocab) the next step's */
+    float *logits_twin;          /* the same shape, overlap only: the logits of the step being
+                                  * published, whose log-probs the publisher computes */
     spec_chooser *chooser;       /* the verify counts of a step (speculation on) */
     double *spec_gains;          /* (max_seqs, SPEC_MAX_K) expected gains of the decodes' drafts */
     int *spec_nd;                /* (max_seqs) drafts of each decode, for the chooser */
@@ -174,7 +176,16 @@ struct sched {
     sched_finish *pub_end;       /* (max_seqs) how its last token ended it, or NONE */
     int32_t *pub_tok;            /* (max_seqs, tok_stride) the tokens (batch_tok's twin) */
     sched_output *pub_out;       /* (max_seqs, tok_stride) their log-probs (batch_out's twin) */
+    int *pub_row;                /* (max_seqs) first logits row of each in pub_lg, or -1 */
+    const float *pub_lg;         /* the logits they were sampled from (logits_twin, or with
+                                  * no_overlap logits) */
     double pub_t;                /* util_now() when they were handed over */
+    /* the log-probs of the pending step: computed by the publisher outside mu, or by whoever
+     * publishes when the publisher has not started them; one that must publish while the
+     * publisher is at them waits on lp_cv (the publisher needs no mu to finish) */
+    pthread_mutex_t lp_mu;
+    pthread_cond_t lp_cv;        /* lp_state became SCHED_LP_DONE */
+    int lp_state;                /* under lp_mu: SCHED_LP_TODO, _BUSY (the publisher), _DONE */
 };
 
 /* sched.c: whether tok ends r (an end-of-generation id unless ignore_eos, or a stop id). */
