@@ -65,9 +65,10 @@
  * The step loop overlaps (unless sched_opts.no_overlap): after sampling a step, the engine
  * thread only counts each request's new tokens and ends those whose last token ends them (a
  * stop id, the length), releasing their KV, so the next step is planned exactly as if
- * everything had been published; the records themselves (tokens, log-probs, FINISH, the
- * latency histograms, on_output) are pushed by a publisher thread while the next step
- * computes. A cancel (a disconnect, a stop string matched on an HTTP thread) takes effect at
+ * everything had been published; the records themselves (tokens, FINISH, the latency
+ * histograms, on_output) are pushed by a publisher thread while the next step computes,
+ * which also computes the log-probs asked for from the step's logits (the next step writes
+ * into a second logits buffer). A cancel (a disconnect, a stop string matched on an HTTP thread) takes effect at
  * the next plan, as without overlap: tokens sampled meanwhile are published before the FINISH
  * CANCELLED and the API layer drops what follows a stop string. Whoever publishes a FINISH
  * first publishes the outputs still pending, so a request's records stay in order.
