@@ -4,11 +4,11 @@
 // loop overlapped and with --no-overlap, side by side in one run, alternating.
 //
 //   node bench/gap.mjs [-m MODEL] [--clients 16] [--tokens 128] [--reps 3] [--threads N]
-//                      [--bin A,B] [--args "EXTRA SERVE ARGS"]
+//                      [--logprobs K] [--bin A,B] [--args "EXTRA SERVE ARGS"]
 //
 // One run: `tokenmill serve` (--cache off, --max-seqs = clients), that many clients at once,
 // each a streaming /v1/completions of --tokens tokens (greedy, EOS ignored) after a 32-token
-// prompt; then /metrics: tokenmill_cpu_gap_seconds_total and its parts (sampling, planning,
+// prompt (--logprobs K: with the log-probs of each token and K alternatives); then /metrics: tokenmill_cpu_gap_seconds_total and its parts (sampling, planning,
 // publishing) as a percentage of tokenmill_engine_step_seconds_total. Per configuration the
 // table shows the median over the reps [range]. --bin A,B compares two builds instead (the
 // first with overlap, e.g. an older build/tokenmill; builds without the parts' series show
@@ -20,7 +20,7 @@ import http from "node:http";
 import path from "node:path";
 
 const root = path.resolve(import.meta.dirname, "..");
-const o = { clients: 16, tokens: 128, reps: 3, threads: 0, args: "", bins: null };
+const o = { clients: 16, tokens: 128, reps: 3, threads: 0, args: "", bins: null, logprobs: -1 };
 const argv = process.argv.slice(2);
 for (let i = 0; i < argv.length; i++) {
   const a = argv[i], v = () => argv[++i];
@@ -30,6 +30,7 @@ for (let i = 0; i < argv.length; i++) {
   else if (a === "--reps") o.reps = Number(v());
   else if (a === "--threads") o.threads = Number(v());
   else if (a === "--args") o.args = v();
+  else if (a === "--logprobs") o.logprobs = Number(v());
   else if (a === "--bin") o.bins = v().split(",");
   else { console.error(`bench/gap: unknown argument ${a}`); process.exit(2); }
 }
@@ -69,7 +70,8 @@ async function run(cfg, rep) {
     }
     const prompt = (c) => Array.from({ length: 32 }, (_, j) => 10 + ((rep * 101 + c * 37 + j * 11) % 900));
     await Promise.all(Array.from({ length: o.clients }, (_, c) =>
-      complete(port, { prompt: prompt(c), max_tokens: o.tokens, temperature: 0, ignore_eos: true, stream: true })));
+      complete(port, { prompt: prompt(c), max_tokens: o.tokens, temperature: 0, ignore_eos: true, stream: true,
+        ...(o.logprobs >= 0 ? { logprobs: o.logprobs } : {}) })));
     const m = (await get(port, "/metrics")).body;
     const g = (n) => { const x = m.match(new RegExp(`^tokenmill_${n} (\\S+)$`, "m")); return x ? Number(x[1]) : NaN; };
     const step = g("engine_step_seconds_total"), steps = g("engine_steps_total");
@@ -90,7 +92,8 @@ for (let rep = 0; rep < o.reps; rep++) {
 const med = (a) => { const s = [...a].sort((x, y) => x - y); return s[s.length >> 1]; };
 const fmt = (rs, k, d = 1) => rs.some((r) => Number.isNaN(r[k])) ? "-" :
   `${med(rs.map((r) => r[k])).toFixed(d)} [${Math.min(...rs.map((r) => r[k])).toFixed(d)}-${Math.max(...rs.map((r) => r[k])).toFixed(d)}]`;
-console.log(`${path.basename(o.model)}, ${o.clients} clients x ${o.tokens} tokens, ${o.reps} reps; % of step time`);
+console.log(`${path.basename(o.model)}, ${o.clients} clients x ${o.tokens} tokens${o.logprobs >= 0 ? `, logprobs ${o.logprobs}` : ""}, ` +
+  `${o.reps} reps; % of step time`);
 console.log("| configuration | step ms | gap % | sampling % | planning % | publishing % |");
 console.log("|---|---|---|---|---|---|");
 configs.forEach((c, i) => console.log(`| ${c.name} | ${fmt(res[i], "stepMs", 2)} | ${fmt(res[i], "gap")} | ` +
