@@ -852,7 +852,7 @@ TEST(test_step_time_target_sizes_prefill)
 /* One run of the overlap comparison: every request's records, in order, and the stats. */
 typedef struct {
     int n[6];                        /* records of request i, FINISH included */
-    sched_output out[6][80];
+    sched_output out[6][640];
     sched_stats st;
 } overlap_run;
 
@@ -868,7 +868,7 @@ static void overlap_run_once(bool no_overlap, bool spec, const int32_t *stop_tok
     sched_req *r[6];
     for (int i = 0; i < 6; i++) {
         for (int j = 0; j < 60; j++) prompts[i][j] = (j % 12) * 7 % 100 + i;   /* repeats: drafts hit */
-        sched_params p = greedy(prompts[i], 20 + 8 * i, 30 + 5 * i);
+        sched_params p = greedy(prompts[i], 20 + 8 * i, i == 5 ? 600 : 30 + 5 * i);   /* 5: cancelled */
         if (i % 3 == 1) {
             p.sample.temp = 0.8f;
             p.sample.seed = 77 + i;
@@ -881,13 +881,14 @@ static void overlap_run_once(bool no_overlap, bool spec, const int32_t *stop_tok
         }
         CHECK(sched_submit(g.s, &p, &r[i]) == SCHED_OK);
     }
-    for (int i = 0; i < 6; i++) {
+    for (int q = 0; q < 6; q++) {   /* the cancelled one first: it must still run then */
+        int i = (q + 5) % 6;
         o->n[i] = 0;
         sched_output tmp[8];
-        while (!sched_done(r[i]) && o->n[i] < 80) {
+        while (!sched_done(r[i]) && o->n[i] < 640) {
             int k = sched_poll(r[i], tmp, 8, 30000);
             if (k == 0) break;
-            for (int j = 0; j < k && o->n[i] < 80; j++) o->out[i][o->n[i]++] = tmp[j];
+            for (int j = 0; j < k && o->n[i] < 640; j++) o->out[i][o->n[i]++] = tmp[j];
             if (i == 5 && o->n[i] >= 4) sched_cancel(r[i]);   /* mid-stream */
         }
         sched_release(r[i]);
@@ -918,8 +919,11 @@ TEST(test_overlap_same_outputs)
             CHECK(fa->kind == SCHED_OUT_FINISH && fb->kind == SCHED_OUT_FINISH);
             for (int j = 0; j < a.n[i] - 1; j++) CHECK(a.out[i][j].kind == SCHED_OUT_TOKEN);
             for (int j = 0; j < b.n[i] - 1; j++) CHECK(b.out[i][j].kind == SCHED_OUT_TOKEN);
-            if (i == 5) {
-                CHECK(fa->finish == SCHED_FINISH_CANCELLED && fb->finish == SCHED_FINISH_CANCELLED);
+            if (i == 5) {   /* cancelled, unless this thread was away for all its 600 tokens */
+                CHECKF((fa->finish == SCHED_FINISH_CANCELLED || a.n[i] == 601) &&
+                       (fb->finish == SCHED_FINISH_CANCELLED || b.n[i] == 601),
+                       "spec %d: %d records, finish %d without overlap; %d, finish %d with", spec, a.n[i], fa->finish,
+                       b.n[i], fb->finish);
                 continue;
             }
             CHECKF(a.n[i] == b.n[i], "spec %d request %d: %d records without overlap, %d with", spec, i, a.n[i], b.n[i]);
@@ -933,7 +937,6 @@ TEST(test_overlap_same_outputs)
             }
         }
         CHECK(a.st.n_finished[SCHED_FINISH_STOP] == b.st.n_finished[SCHED_FINISH_STOP]);
-        CHECK(a.st.n_finished[SCHED_FINISH_LENGTH] == b.st.n_finished[SCHED_FINISH_LENGTH]);
         CHECK(a.st.n_prompt_tokens == b.st.n_prompt_tokens);
     }
 }
