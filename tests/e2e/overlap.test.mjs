@@ -122,9 +122,9 @@ test("a client leaving a stream mid-way frees its blocks on every route, with ov
   for (const i of [1, 3]) {
     const { oai, ant, srv } = S[i];
     const streams = [
-      () => oai.chat.completions.create({ model: NAME, messages: user("Go on and on"), max_tokens: 300, stream: true }),
-      () => oai.responses.create({ model: NAME, input: "Go on and on", max_output_tokens: 300, stream: true }),
-      () => ant.messages.create({ model: NAME, max_tokens: 300, messages: user("Go on and on"), stream: true }),
+      () => oai.chat.completions.create({ model: NAME, messages: user("Go on and on"), max_tokens: 400, stream: true }),
+      () => oai.responses.create({ model: NAME, input: "Go on and on", max_output_tokens: 400, stream: true }),
+      () => ant.messages.create({ model: NAME, max_tokens: 400, messages: user("Go on and on"), stream: true }),
     ];
     for (const open of i === 1 ? streams : streams.slice(0, 1)) {
       const before = await fetchMetrics(srv.url);
