@@ -72,8 +72,9 @@ struct sched_req {
     int d_done;                  /* positions of dseq whose tokens are final */
     req_state state;
     double t_submit;             /* util_now() at submit */
-    double t_last;               /* time of the last token, 0 before the first */
-    double ttft;                 /* seconds to the first token, -1 before it */
+    double t_last;               /* time of the last token, 0 before the first (under mu:
+                                  * set by whoever publishes) */
+    double ttft;                 /* seconds to the first token, -1 before it (the same) */
     /* guarded by s->mu */
     sched_output *ring;          /* (ring_cap) pending outputs, ring_n from ring_head */
     int ring_cap, ring_head, ring_n;
