@@ -94,6 +94,7 @@ const cmd_opt *cmd_common_engine_table(cmd_engine_opts *o, cmd_opt out[CMD_ENGIN
         { "--spec-fixed", NULL, CMD_OPT_LONG, &o->spec_fixed, 1, SPEC_MAX_K, .arg = "K", .help = "always verify K drafted tokens (default: chosen per step from the step time)" },
         { "--draft", NULL, CMD_OPT_STR, &o->draft, .arg = "FILE", .help = "speculative decoding with a draft model of the same vocabulary" },
         { "--draft-layers", NULL, CMD_OPT_LONG, &o->draft_layers, 1, 4096, .arg = "N", .help = "speculative decoding drafted by the model's first N layers" },
+        { "--no-overlap", NULL, CMD_OPT_FLAG, &o->no_overlap, .help = "publish each step's outputs before planning the next, not while it computes (same outputs)" },
         { 0 },
     };
     memcpy(out, t, sizeof t);
@@ -358,7 +359,8 @@ sched_opts cmd_common_sched_opts(const cmd_engine_opts *o, blockio *bio, const t
                       .window_mib = o->window_mib > 0 ? o->window_mib : -1, .window_ttl_s = o->window_ttl,
                       .window_exact = o->window_replay == 1,
                       .spec_sources = (o->spec == 1 ? SPEC_SRC_NGRAM : 0) | (o->draft_engine ? SPEC_SRC_MODEL : 0),
-                      .spec_max = (int)o->spec_max, .spec_fixed = (int)o->spec_fixed, .draft = o->draft_engine };
+                      .spec_max = (int)o->spec_max, .spec_fixed = (int)o->spec_fixed, .draft = o->draft_engine,
+                      .no_overlap = o->no_overlap };
     so.eos_ids[0] = tokenizer_eos(tok);
     so.eos_ids[1] = tokenizer_eot(tok);
     return so;

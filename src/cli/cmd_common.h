@@ -53,6 +53,7 @@ typedef struct {
     engine *draft_engine;
     bool draft_shares;   /* draft_model shares the model's weights (free the view only) */
     const char *cpus;    /* --cpus LIST: the CPUs the kernel threads may run on, or NULL: all allowed */
+    bool no_overlap;     /* --no-overlap: outputs published before the next step is planned */
 } cmd_engine_opts;
 #define CMD_ENGINE_OPTS_DEFAULT \
     { .max_seqs = 16, .kv_mib = 2048, .max_queue = 256, .prefill_step = SCHED_PREFILL_STEP, \
@@ -60,10 +61,10 @@ typedef struct {
 /* The option table entries of the engine options (--threads/-t, --cpus, --ctx/-c, --max-seqs,
  * --kv-mib, --max-queue, --step-tokens, --prefill-step-tokens, --step-ms, --prefill-step-ms,
  * --window-mib, --window-ttl, --window-replay, --spec, --spec-max, --spec-fixed, --draft,
- * --draft-layers)
+ * --draft-layers, --no-overlap)
  * writing into *o, in out (a table of its own, END-terminated): include it with
  * { .kind = CMD_OPT_TABLE, .dst = out }. */
-#define CMD_ENGINE_TABLE_N 19
+#define CMD_ENGINE_TABLE_N 20
 const cmd_opt *cmd_common_engine_table(cmd_engine_opts *o, cmd_opt out[CMD_ENGINE_TABLE_N]);
 /* The same for the HTTP layer's connection limits (http/http.h): --max-connections,
  * --max-client-connections, --request-timeout. */

@@ -33,12 +33,19 @@
  * queue, each request's output ring and flags (cancel, released, engine_held,
  * finish_returned), the count of unfinished requests, the statistics and histograms.
  *
+ * Publishing (sched.h, the step loop): a step's outputs wait in pub_* from the handoff
+ * (sched_step_publish_locked) until sched_pub_flush_locked pushes them, on the publisher
+ * thread or on the engine thread (before the next handoff, before any FINISH, with
+ * no_overlap). A request ended at the handoff is out of the running set with its KV released
+ * but keeps engine_held until its FINISH is pushed, so the handle outlives its records.
+ *
  * Stopping: sched_drain refuses new submissions; sched_abort and sched_shutdown also mark
  * every request cancelled, with the finish it must end with (ABORTED or CANCELLED), and the
  * engine thread ends them at its next admission pass, like any cancel. n_live counts accepted
  * requests until their FINISH is published; sched_wait_idle waits for it to reach 0.
  */
 #include "engine/sched.h"
+#include "engine/sched_int.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -58,166 +65,13 @@
 #define SCHED_SHARE_MIN_ROWS 16 /* fewest rows of a block shared in flight below its boundary */
 #define SCHED_LOAD_RETRIES 8    /* most loads restarted per request because the RAM tier lost
                                  * blocks of its prefix while it waited */
+/* Fewest logits (rows x vocabulary) a step's sampling splits over the sampling workers:
+ * below it, waking them costs more than the rows (a small vocabulary's argmax takes
+ * microseconds; a wake-up as long, and far longer when other processes hold the cores) */
+#define SCHED_SAMPLE_SPLIT_MIN (1 << 18)
 
 const double sched_hist_bounds[SCHED_HIST_N] = {
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
-};
-
-typedef enum { REQ_QUEUED = 0, REQ_RUNNING, REQ_FINISHED } req_state;
-
-/* Where a request's time to first token went, in steps and tokens (clocks are noisy on a
- * shared machine, counts are not): logged with -v at its first token. A few additions per
- * running request and step. */
-typedef struct {
-    uint64_t step0;              /* s->n_planned at submit */
-    uint64_t tok0, dec0;         /* s->tok_planned, s->dec_planned at submit */
-    uint64_t admit_step;         /* s->n_planned when it was first admitted */
-    int n_share;                 /* steps it sat out waiting on a prefix in flight */
-    int n_chunk;                 /* steps that carried a prefill chunk of it */
-    int n_starved;               /* steps it had prompt left, no wait, and got no tokens (budget) */
-    int n_mixed;                 /* of its chunk steps, those that also carried decodes */
-    int n_computed;              /* tokens it computed (prefill chunks, its first decode row) */
-    int n_cached_at_admit;       /* cached tokens attached at admission */
-} sched_trace;
-
-struct sched_req {
-    sched *s;                    /* owner */
-    uint64_t id;                 /* admission order tie-breaker (submit order) */
-    /* set at submit, then engine thread only */
-    int32_t *tokens;             /* (cap) prompt then generated ids */
-    int n_prompt;                /* prompt tokens */
-    int n_tokens;                /* prompt + generated so far */
-    int cap;                     /* entries of tokens: most positions this request can use */
-    int max_gen;                 /* generated tokens at most (<= cap - n_prompt) */
-    sched_params p;              /* copy (prompt pointer not used after submit) */
-    sampler *smp;                /* own sampler, seeded from p.sample */
-    grammar_match *gm;           /* (sampling) p.grammar's matcher, or NULL */
-    grammar_match *gm_draft;     /* (speculation) a copy that drafted tokens are checked on */
-    kvpool_seq *seq;             /* KV while RUNNING, else NULL */
-    int n_done;                  /* positions of tokens whose KV is in seq */
-    bool in_think;               /* (sampling) the output is inside a think block (p.think_*) */
-    bool g_on;                   /* (sampling) gm binds the next token (off: before a lazy
-                                  * grammar's trigger, or after its document ended) */
-    int n_think;                 /* (sampling) tokens generated inside think blocks so far */
-    int n_cached;                /* prompt positions attached from the cache in its first run
-                                  * (at admission, and from prefixes computed in flight) */
-    bool admitted_once;          /* has run before (a resume does not count cache hits again) */
-    bool first_run;              /* RUNNING for the first time: attached blocks count as hits */
-    uint8_t (*chain)[32];        /* (cap / 128) keys of the full blocks of tokens, from root:
-                                  * equal keys at block i = same tenant and tokens up to its end */
-    int n_chain;                 /* entries of chain computed so far (engine thread, lazily) */
-    bool share_wait;             /* this step: another request is computing its next block */
-    int n_passed;                /* admissions that overtook it while it waited */
-    blockio_load *load;          /* block store load in flight, or NULL (engine thread) */
-    bool load_started;           /* a load was tried for this (re)admission */
-    int load_retries;            /* loads restarted because the RAM tier changed */
-    int load_ram;                /* full blocks prefixing it in the RAM tier when its load started */
-    double t_load;               /* util_now() when it started */
-    double t_load0;              /* util_now() when the first load of this (re)admission
-                                  * started, 0 when none: admission observes the wait */
-    bool salted;                 /* root holds the key chain's root (cache_salt) */
-    uint8_t root[32];            /* blockkey_root(cache_salt) */
-    uint64_t admit_no;           /* order of (re)admission: the newest is preempted first */
-    spec_seq spec[SPEC_N_SRC];   /* (speculation) the running acceptance of each source's drafts */
-    int32_t draft[SPEC_MAX_K];   /* (speculation) drafted continuation of tokens[0..draft_at) */
-    float draft_prob[SPEC_MAX_K]; /* the draft model's probability of each (model drafts) */
-    int n_draft;                 /* entries of draft */
-    int draft_at;                /* n_tokens the draft continues (stale unless equal), -1: none */
-    int draft_src;               /* index of the source that drafted it */
-    int n_verify;                /* of which verified in this step (its decode carries 1 + that) */
-    kvpool_seq *dseq;            /* (draft model) its KV in the draft engine's pool, or NULL */
-    int d_done;                  /* positions of dseq whose tokens are final */
-    req_state state;
-    double t_submit;             /* util_now() at submit */
-    double t_last;               /* time of the last token, 0 before the first */
-    double ttft;                 /* seconds to the first token, -1 before it */
-    sched_trace tr;              /* counts until its first token, for the -v line */
-    /* guarded by s->mu */
-    sched_output *ring;          /* (ring_cap) pending outputs, ring_n from ring_head */
-    int ring_cap, ring_head, ring_n;
-    bool cancel;                 /* sched_cancel or sched_abort was called */
-    sched_finish cancel_why;     /* what the cancel ends it with: CANCELLED, or ABORTED */
-    bool finished;               /* FINISH record pushed */
-    bool finish_returned;        /* FINISH record handed to the caller */
-    bool released;               /* the caller let go of the handle */
-    bool engine_held;            /* the engine thread still references it */
-    pthread_cond_t cv;           /* signalled when outputs are pushed */
-    sched_req *next;             /* waiting queue link */
-};
-
-struct sched {
-    engine *e;
-    kvpool *pool;
-    wincache *wc;                /* window states, NULL for a model without window layers */
-    uint8_t *wstate;             /* (kvpool_window_state_bytes) a state taken out of wc */
-    int n_vocab;
-    int e_dim;                   /* the model's hidden state width */
-    sched_opts o;                /* resolved options */
-    pthread_t thread;
-    pthread_mutex_t mu;
-    pthread_cond_t work_cv;      /* new work or stop for the engine thread */
-    bool stop;                   /* sched_free: the thread exits */
-    bool shutdown;               /* sched_drain/abort/shutdown: no new submissions */
-    /* under mu */
-    int n_live;                  /* accepted requests whose FINISH is not published yet */
-    pthread_cond_t idle_cv;      /* n_live reached 0 (sched_wait_idle) */
-    sched_req *wait_head, *wait_tail;  /* waiting FIFO */
-    int n_waiting;
-    uint64_t next_id;
-    sched_stats st;
-    sched_hist h_ttft, h_itl, h_step;
-    sched_hist h_load_wait;      /* seconds a request waited for its store load before admission */
-    /* engine thread only */
-    sched_req **running;         /* (max_seqs) in admission order */
-    int n_running;
-    uint64_t admit_counter;
-    uint64_t n_planned;          /* steps planned (the trace's clock) */
-    uint64_t tok_planned;        /* tokens of those steps */
-    uint64_t dec_planned;        /* of which decode rows */
-    double t_prev_end;           /* util_now() at the end of the previous step when no idle
-                                  * wait followed, else -1: the CPU gap between steps */
-    engine_tok *batch;           /* (prefill_step_tokens >= step_tokens) */
-    sched_req **batch_req;       /* (max_seqs) requests in this step */
-    int *batch_n;                /* (max_seqs) tokens of each in this step */
-    int *batch_row;              /* (max_seqs) logits row or -1 */
-    int *batch_k;                /* (max_seqs) drafted tokens each verifies (0: none) */
-    int *batch_nd;               /* (max_seqs) tokens drafted for each (its K was chosen among) */
-    int *batch_ntok;             /* (max_seqs) tokens sampled for each: 1 + accepted drafts, 0
-                                  * for a prefill chunk that wanted no logits */
-    int *batch_acc;              /* (max_seqs) drafted tokens accepted */
-    int32_t *batch_tok;          /* (max_seqs, tok_stride) tokens sampled for each */
-    sched_output *batch_out;     /* (max_seqs, tok_stride) their log-probs */
-    int tok_stride;              /* 1 + spec_max: most tokens one request emits per step */
-    float *logits;               /* (max_seqs * tok_stride, n_vocab) */
-    spec_chooser *chooser;       /* the verify counts of a step (speculation on) */
-    double *spec_gains;          /* (max_seqs, SPEC_MAX_K) expected gains of the decodes' drafts */
-    int *spec_nd;                /* (max_seqs) drafts of each decode, for the chooser */
-    int *spec_k;                 /* (max_seqs) the chooser's answer */
-    sched_req **spec_req;        /* (max_seqs) the decodes those rows belong to */
-    specdraft *drafter;          /* (draft model) drafts on o.draft */
-    specdraft_seq *dq;           /* (max_seqs) a drafting round's sequences */
-    sched_req **dq_req;          /* (max_seqs) their requests */
-    uint64_t drafted_run;        /* tokens drafted since the statistics were last updated */
-    double draft_step_s;         /* running mean seconds of one draft engine step, 0: none yet */
-    double main_step_s;          /* running mean seconds of one engine step of the target */
-    int batch_n_reqs;            /* requests of the step being sampled */
-    steptime tm;                 /* learned step time (engine thread; its error sums are copied
-                                  * into st after each step) */
-    steptime_x plan_x;           /* make-up of the step planned last, for tm */
-    /* sampling workers: the step's requests are split by ith/nth between the engine thread
-     * (ith 0) and n_workers helpers (ith 1..), which sleep between steps. While the engine
-     * computes a step, the helpers compute the grammar masks its constrained sequences will
-     * need (their matchers' states are known before the step), so sampling finds them ready */
-    int n_workers;
-    pthread_t *workers;          /* (n_workers) */
-    pthread_mutex_t pool_mu;
-    pthread_cond_t pool_go;      /* job_gen advanced or pool_stop */
-    pthread_cond_t pool_done;    /* job_left reached 0 */
-    uint64_t job_gen;            /* job number */
-    int job_left;                /* workers still on the current job */
-    bool job_masks;              /* the job is the batch's grammar masks (during the engine
-                                  * step, workers only), not sampling */
-    bool pool_stop;
 };
 
 /* ---- histograms and outputs (under mu) ---- */
@@ -264,18 +118,8 @@ static void sched_req_destroy(sched_req *r)
 
 /* ---- engine thread ---- */
 
-/* Lets go of r's draft KV and draft (it ends, or is preempted and recomputes from scratch). */
-static void sched_draft_release(sched *s, sched_req *r)
-{
-    if (r->dseq) kvpool_seq_free(engine_kvpool(s->o.draft), r->dseq);
-    r->dseq = NULL;
-    r->d_done = 0;
-    r->n_draft = 0;
-    r->draft_at = -1;
-}
-
-/* Publishes FINISH (under mu), releases KV (engine thread). Caller holds mu. */
-static void sched_finish_locked(sched *s, sched_req *r, sched_finish why)
+/* Releases r's KV (engine thread): it ends. */
+static void sched_finish_release(sched *s, sched_req *r)
 {
     if (r->seq && r->p.kv_out) {
         kvpool_fill_wait(s->pool, -1);   /* blocks loaded from the store are in the pool */
@@ -285,8 +129,13 @@ static void sched_finish_locked(sched *s, sched_req *r, sched_finish why)
         kvpool_seq_free(s->pool, r->seq);
         r->seq = NULL;
     }
-    sched_draft_release(s, r);
+    sched_spec_release(s, r);
     r->state = REQ_FINISHED;
+}
+
+/* Publishes r's FINISH record with why, unless it has one. Under mu. */
+static void sched_finish_push_locked(sched *s, sched_req *r, sched_finish why)
+{
     if (!r->finished) {
         if (--s->n_live == 0) pthread_cond_broadcast(&s->idle_cv);
         sched_output *o = sched_push(r);
@@ -309,6 +158,17 @@ static void sched_drop_locked(sched_req *r)
 {
     r->engine_held = false;
     if (r->released) sched_req_destroy(r);
+}
+
+static void sched_pub_flush_locked(sched *s);
+
+/* Ends r with why: releases its KV (engine thread), then publishes FINISH after the outputs
+ * of the last step still waiting to be published (some may be r's). Caller holds mu. */
+static void sched_finish_locked(sched *s, sched_req *r, sched_finish why)
+{
+    sched_finish_release(s, r);
+    sched_pub_flush_locked(s);
+    sched_finish_push_locked(s, r, why);
 }
 
 static void sched_running_remove(sched *s, int i)
@@ -344,7 +204,7 @@ static void sched_preempt_locked(sched *s, int i)
     kvpool_seq_free(s->pool, r->seq);
     r->seq = NULL;
     r->n_done = 0;
-    sched_draft_release(s, r);
+    sched_spec_release(s, r);
     r->state = REQ_QUEUED;
     r->first_run = false;
     r->load_started = false;   /* the resume may load its blocks back from the store */
@@ -723,59 +583,6 @@ static void sched_share_locked(sched *s)
     }
 }
 
-/* The step-time curve the chooser sees: the decodes planned so far plus n_extra verify rows,
- * each attending about depth_per_tok positions. */
-typedef struct {
-    const steptime *tm;
-    steptime_x x;                /* the step's decodes */
-    double depth_per_tok;
-} sched_spec_curve;
-
-static double sched_spec_time(void *arg, int n_extra)
-{
-    const sched_spec_curve *c = arg;
-    steptime_x x = c->x;
-    x.n_dec += n_extra;          /* a verify row costs what a decode row does: it wants logits */
-    x.depth += n_extra * c->depth_per_tok;
-    return steptime_predict(c->tm, &x);
-}
-
-/* Speculation, before a step is planned: sets how many of its drafts every decoding request
- * verifies (n_verify), at most max_extra in all: the fixed count, the most while the step
- * time is not learned yet, else spec_choose's count. Drafts were made after the step that
- * sampled the request's last token (sched_spec_draft); one made for another context (the
- * request was preempted since) is not used. */
-static void sched_spec_plan_locked(sched *s, int max_extra)
-{
-    int n = 0;
-    sched_spec_curve cv = { .tm = &s->tm };
-    for (int i = 0; i < s->n_running; i++) {
-        sched_req *r = s->running[i];
-        r->n_verify = 0;
-        if (r->n_tokens - r->n_done != 1 || r->share_wait) continue;
-        if (r->draft_at != r->n_tokens) r->n_draft = 0;
-        cv.x.n_dec++;
-        cv.x.depth += r->n_done + 1;
-        s->spec_req[n] = r;
-        s->spec_nd[n] = r->n_draft;
-        spec_seq_gains(&r->spec[r->draft_src], r->draft_src == 1 ? r->draft_prob : NULL, r->n_draft,
-                       s->spec_gains + (size_t)n * SPEC_MAX_K);
-        n++;
-    }
-    if (n == 0 || max_extra <= 0) return;
-    cv.depth_per_tok = cv.x.depth / n;
-    bool chosen = false;
-    if (s->o.spec_fixed <= 0 && steptime_warm(&s->tm))
-        chosen = spec_choose(s->chooser, n, s->spec_gains, s->spec_nd, n, max_extra, sched_spec_time, &cv,
-                             s->spec_k) >= 0;
-    for (int j = 0; j < n; j++) {
-        int k = chosen ? s->spec_k[j] : TM_MIN(s->spec_nd[j], s->o.spec_fixed > 0 ? s->o.spec_fixed : s->o.spec_max);
-        k = TM_MIN(k, max_extra);
-        s->spec_req[j]->n_verify = k;
-        max_extra -= k;
-    }
-}
-
 /* Plans one step into s->batch. Returns the number of batch tokens (0: nothing to run).
  * Reserves KV for every planned position; preempts the newest request when the pool is
  * full. Under mu (preemption moves requests to the queue). */
@@ -918,8 +725,6 @@ static bool sched_grammar_track(sched_req *r, int32_t tok)
     return true;
 }
 
-static bool sched_is_stop(const sched *s, const sched_req *r, int32_t tok);
-
 /* Samples requests ith, ith+nth, ... of the step (each request's sampler is its own, so the
  * split does not change any result). A request verifying K drafts samples its rows in order,
  * each exactly as its own decode step would have (penalty window, grammar, think budget and
@@ -950,8 +755,7 @@ static void sched_sample_part(sched *s, int ith, int nth)
             s->batch_tok[at] = tok;
             sched_output *o = &s->batch_out[at];
             o->n_top = 0;
-            o->logprob = 0;
-            if (r->p.logprobs) sched_logprobs(row, s->n_vocab, tok, r->p.top_logprobs, o);
+            o->logprob = 0;   /* the log-probs are post-processing: sched_pub_logprobs */
             s->batch_ntok[i] = j + 1;
             if (j == k) break;
             if (tok != r->draft[j]) {
@@ -1040,8 +844,8 @@ static void sched_sample_step(sched *s, int n_reqs)
 {
     s->batch_n_reqs = n_reqs;
     int n_rows = 0;
-    for (int i = 0; i < n_reqs; i++) n_rows += s->batch_row[i] >= 0;
-    if (s->n_workers == 0 || n_rows < 2) {
+    for (int i = 0; i < n_reqs; i++) n_rows += s->batch_row[i] >= 0 ? 1 + s->batch_k[i] : 0;
+    if (s->n_workers == 0 || n_rows < 2 || (double)n_rows * s->n_vocab < SCHED_SAMPLE_SPLIT_MIN) {
         sched_sample_part(s, 0, 1);
         return;
     }
@@ -1050,7 +854,7 @@ static void sched_sample_step(sched *s, int n_reqs)
     sched_pool_wait(s);
 }
 
-static bool sched_is_stop(const sched *s, const sched_req *r, int32_t tok)
+bool sched_is_stop(const sched *s, const sched_req *r, int32_t tok)
 {
     if (!r->p.ignore_eos)
         for (int i = 0; i < 4; i++)
@@ -1062,7 +866,8 @@ static bool sched_is_stop(const sched *s, const sched_req *r, int32_t tok)
 
 /* -v: one line per step with its make-up and where its time went (milliseconds): planning
  * (admissions + batch, under mu), the engine step, bookkeeping + sampling, waiting for mu,
- * publishing. A decode waits for a whole step, so `step` with prefill chunks next to the
+ * handing the outputs over (publishing them too when the publisher has not, or with
+ * no_overlap). A decode waits for a whole step, so `step` with prefill chunks next to the
  * decode-only steps is what a long prompt costs the running streams. */
 static void sched_log_step(const sched *s, int n_reqs, int n_tok, double ta, double tc, double t0, double t1,
                            double t2, double t3)
@@ -1082,7 +887,7 @@ static void sched_log_step(const sched *s, int n_reqs, int n_tok, double ta, dou
     double t4 = util_now();
     log_debug("sched: step %d tokens (budget %d): %d decodes, %d prefill chunks (largest %d); running %d, "
               "waiting %d; drafts %d verified %d accepted %d; ms: plan %.2f step %.2f sample %.2f lock %.2f "
-              "publish %.2f", n_tok, s->o.step_tokens, n_dec, n_chunks, max_chunk, s->n_running, s->n_waiting,
+              "handover %.2f", n_tok, s->o.step_tokens, n_dec, n_chunks, max_chunk, s->n_running, s->n_waiting,
               n_drafted, n_verified, n_accepted, (tc - ta) * 1e3, (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3,
               (t4 - t3) * 1e3);
 }
@@ -1174,120 +979,6 @@ static void sched_idle_wait_locked(sched *s)
     pthread_cond_timedwait(&s->work_cv, &s->mu, &ts);
 }
 
-/* The drafted tokens of a grammar-constrained request that its automaton allows, in order:
- * checked on a copy of its matcher (the request's own moves only with emitted tokens). A stop
- * id ends the draft after it (the request ends there); a think block's start or end ends the
- * checking (the grammar leaves reasoning free). Returns the drafts kept. */
-static int sched_spec_grammar_cut(sched_req *r)
-{
-    if (r->in_think) return r->n_draft;
-    if (!r->gm_draft) r->gm_draft = grammar_match_clone(r->gm);
-    else grammar_match_copy_state(r->gm_draft, r->gm);
-    bool on = r->g_on;   /* a lazy grammar binds from its trigger to the end of a document */
-    for (int j = 0; j < r->n_draft; j++) {
-        int32_t tok = r->draft[j];
-        if ((tok == r->p.think_start || tok == r->p.think_end) && tok >= 0) return r->n_draft;
-        if (on) {
-            if (!grammar_match_accept(r->gm_draft, tok)) return j;
-            if (r->p.grammar_lazy && grammar_match_done(r->gm_draft)) {
-                grammar_match_reset(r->gm_draft);
-                on = false;
-            }
-        } else if (r->p.grammar_lazy && tok == r->p.grammar_trigger) {
-            on = true;
-        }
-        if (sched_is_stop(r->s, r, tok)) return j + 1;
-    }
-    return r->n_draft;
-}
-
-/* Most tokens r may draft once it holds nt tokens: spec_max, within what it may still emit
- * after the token its last verified row gives (<= 0: it ends, or has one token left). */
-static int sched_spec_kmax(const sched *s, const sched_req *r, int nt)
-{
-    return TM_MIN(s->o.spec_max, TM_MIN(r->max_gen - (nt - r->n_prompt), r->cap - nt) - 1);
-}
-
-/* Speculation, after a step was sampled: drafts the continuation of every request of the
- * step that goes on decoding, from the source with the better running acceptance for it
- * (prompt lookup first on a tie: it costs nothing; the other source when the first drafts
- * nothing). A draft never runs past what the request may still emit (its last token is
- * sampled from the last verified row). The draft KV is first cut back to the positions whose
- * tokens are final (n_done): the rows of rejected or unverified drafts are recomputed.
- * Engine thread, without mu. */
-static void sched_spec_draft(sched *s, int n_reqs)
-{
-    int nq = 0, row0 = 0;
-    bool ngram = s->o.spec_sources & SPEC_SRC_NGRAM, dmodel = s->drafter != NULL;
-    /* an MTP draft continues the model's hidden states: it catches up on every step's rows
-     * (prefill chunks, and steps where prompt lookup drafts), catching up only (k_max 0) */
-    bool mtp = dmodel && specdraft_is_mtp(s->drafter);
-    for (int i = 0; i < n_reqs; i++) {
-        sched_req *r = s->batch_req[i];
-        int ntok = s->batch_ntok[i], first = row0;
-        row0 += s->batch_n[i];
-        if (r->dseq) r->d_done = TM_MIN(r->d_done, r->n_done);
-        r->n_draft = 0;
-        r->draft_at = -1;
-        if (ntok == 0 && !mtp) continue;
-        int nt = ntok ? r->n_tokens + ntok : r->n_done + 1;   /* tokens once this step is published */
-        int kmax = ntok ? sched_spec_kmax(s, r, nt) : 0;
-        if (ntok && (kmax <= 0 || sched_is_stop(s, r, r->tokens[nt - 1]))) continue;   /* it ends */
-        if (ntok && ngram && (!dmodel || r->spec[0].rate >= r->spec[1].rate)) {
-            r->n_draft = spec_ngram_draft(r->tokens, nt, SPEC_NGRAM_MAX, SPEC_NGRAM_MIN, kmax, r->draft);
-            r->draft_src = 0;
-            if (r->n_draft > 0 || !dmodel) {
-                r->draft_at = nt;
-                s->drafted_run += (uint64_t)r->n_draft;
-                if (!mtp) continue;
-                kmax = 0;
-            }
-        }
-        if (!dmodel) continue;
-        if (!r->dseq) r->dseq = kvpool_seq_new(engine_kvpool(s->o.draft));
-        specdraft_seq *q = &s->dq[nq];
-        q->seq = r->dseq;
-        q->tokens = r->tokens;
-        q->n_tokens = nt;
-        q->n_done = r->d_done;
-        double min_gain = s->draft_step_s > 0 && s->main_step_s > 0 ? s->draft_step_s / s->main_step_s : SPEC_MIN_GAIN;
-        q->k_max = kmax <= 0 ? 0 : s->o.spec_fixed > 0 ? kmax : spec_seq_draft_len(&r->spec[1], kmax, min_gain);
-        q->hid = mtp ? engine_hidden(s->e) + (size_t)first * s->e_dim : NULL;
-        q->hid_pos = s->batch[first].pos;
-        q->n_hid = s->batch_n[i];
-        s->dq_req[nq++] = r;
-    }
-    if (nq > 0) {   /* its steps' cost against the target's decides how far the next drafts go */
-        double t0 = util_now();
-        int n_steps = specdraft_run(s->drafter, s->dq, nq);
-        if (n_steps > 0) {
-            double per = (util_now() - t0) / n_steps;
-            s->draft_step_s = s->draft_step_s > 0 ? 0.9 * s->draft_step_s + 0.1 * per : per;
-        }
-    }
-    for (int j = 0; j < nq; j++) {
-        sched_req *r = s->dq_req[j];
-        specdraft_seq *q = &s->dq[j];
-        r->d_done = q->n_done;
-        if (q->k_max == 0) continue;   /* caught up only */
-        r->draft_at = q->n_tokens;
-        r->draft_src = 1;
-        r->n_draft = q->n_draft;
-        memcpy(r->draft, q->draft, (size_t)q->n_draft * sizeof *r->draft);
-        memcpy(r->draft_prob, q->prob, (size_t)q->n_draft * sizeof *r->draft_prob);
-        if (r->n_draft == 0 && ngram && r->spec[0].rate < r->spec[1].rate) {   /* it was not tried first */
-            r->n_draft = spec_ngram_draft(r->tokens, q->n_tokens, SPEC_NGRAM_MAX, SPEC_NGRAM_MIN,
-                                          sched_spec_kmax(s, r, q->n_tokens), r->draft);
-            r->draft_src = 0;
-        }
-        s->drafted_run += (uint64_t)r->n_draft;
-    }
-    for (int i = 0; i < n_reqs; i++) {
-        sched_req *r = s->batch_req[i];
-        if (r->gm && r->n_draft > 0 && !r->in_think) r->n_draft = sched_spec_grammar_cut(r);
-    }
-}
-
 /* Step 2, without mu: the engine step, then the requests' committed blocks and sampling
  * (engine-thread state only). */
 static void sched_step_run(sched *s, sched_step *st)
@@ -1296,6 +987,7 @@ static void sched_step_run(sched *s, sched_step *st)
     if (s->t_prev_end >= 0) {
         pthread_mutex_lock(&s->mu);
         s->st.gap_s += st->t0 - s->t_prev_end;
+        s->st.plan_s += st->tc - st->ta;
         pthread_mutex_unlock(&s->mu);
     }
     engine_batch b = { .n_tokens = st->n_tok, .toks = s->batch };
@@ -1372,36 +1064,14 @@ static void sched_step_count_locked(sched *s, const sched_step *st)
     sched_hist_add(&s->h_step, st->t1 - st->t0);
 }
 
-static void sched_publish_token_locked(sched *s, sched_req *r, int32_t tok, const sched_output *so, double now);
-
-/* Step 3b, under mu: request i of the step gets its sampled tokens (one, or with verified
- * drafts the accepted ones and the one after them; a prefill chunk that wanted no logits only
- * counts), and ends when one was its last. */
-static void sched_publish_tokens_locked(sched *s, int i, double now)
+/* Publishes one sampled token of r (with its log-probs in so) sampled at time t. Under mu. */
+static void sched_publish_token_locked(sched *s, sched_req *r, int32_t tok, const sched_output *so, double t)
 {
-    sched_req *r = s->batch_req[i];
-    if (r->state != REQ_RUNNING) return;
-    if (s->batch_ntok[i] == 0) {
-        s->st.n_prefill_tokens += (uint64_t)s->batch_n[i];
-        return;
-    }
-    s->st.n_prefill_tokens += (uint64_t)(s->batch_n[i] - 1 - s->batch_k[i]);
-    for (int j = 0; j < s->batch_ntok[i] && r->state == REQ_RUNNING; j++) {
-        size_t at = (size_t)i * s->tok_stride + j;
-        sched_publish_token_locked(s, r, s->batch_tok[at], &s->batch_out[at], now);
-    }
-}
-
-/* Publishes one sampled token of r (with its log-probs in so), ending r when it was the last. */
-static void sched_publish_token_locked(sched *s, sched_req *r, int32_t tok, const sched_output *so, double now)
-{
-    r->tokens[r->n_tokens++] = tok;
     s->st.n_gen_tokens++;
-    bool stop = sched_is_stop(s, r, tok);
     sched_output *o = sched_push(r);
     o->kind = SCHED_OUT_TOKEN;
     o->token = tok;
-    o->is_stop = stop;
+    o->is_stop = sched_is_stop(s, r, tok);   /* only a request's last token can be one */
     o->usage.prompt_tokens = r->n_prompt;
     o->usage.cached_tokens = r->n_cached;
     if (r->p.logprobs) {
@@ -1410,22 +1080,105 @@ static void sched_publish_token_locked(sched *s, sched_req *r, int32_t tok, cons
         memcpy(o->top, so->top, (size_t)o->n_top * sizeof o->top[0]);
     }
     if (r->ttft < 0) {
-        r->ttft = now - r->t_submit;
+        r->ttft = t - r->t_submit;
         sched_hist_add(&s->h_ttft, r->ttft);
         if (util_log_level <= LOG_LEVEL_DEBUG) sched_trace_log(s, r);
     } else {
-        sched_hist_add(&s->h_itl, now - r->t_last);
+        sched_hist_add(&s->h_itl, t - r->t_last);
     }
-    r->t_last = now;
+    r->t_last = t;
     pthread_cond_broadcast(&r->cv);
     if (r->p.on_output) r->p.on_output(r->p.out_arg);
-    if (stop) sched_end_running_locked(s, r, SCHED_FINISH_STOP);
-    else if (r->n_tokens - r->n_prompt >= r->max_gen || r->n_tokens >= r->cap)
-        sched_end_running_locked(s, r, SCHED_FINISH_LENGTH);
 }
 
-/* Step 3, under mu: counters, then every request's token; a failed engine step ends all of
- * the step's requests with ERROR. */
+/* The log-probs of the pending step's tokens that asked for them, from the logits they were
+ * sampled from, into pub_out. No lock: the caller is the only one at it (lp_busy). */
+static void sched_pub_logprobs(sched *s)
+{
+    for (int i = 0; i < s->pub_n_reqs; i++) {
+        const sched_req *r = s->pub_req[i];
+        if (!r->p.logprobs) continue;
+        for (int j = 0; j < s->pub_ntok[i]; j++) {
+            size_t at = (size_t)i * s->tok_stride + j;
+            sched_logprobs(s->pub_lg + (size_t)(s->pub_row[i] + j) * s->n_vocab, s->n_vocab, s->pub_tok[at],
+                           r->p.top_logprobs, &s->pub_out[at]);
+        }
+    }
+}
+
+enum { SCHED_LP_TODO = 0, SCHED_LP_BUSY, SCHED_LP_DONE };
+
+/* Moves lp_state from `from` (-1: any) to `to`; returns whether it did. */
+static bool sched_pub_lp_move(sched *s, int from, int to)
+{
+    pthread_mutex_lock(&s->lp_mu);
+    bool ok = from < 0 || s->lp_state == from;
+    if (ok) s->lp_state = to;
+    if (ok && to == SCHED_LP_DONE) pthread_cond_broadcast(&s->lp_cv);
+    pthread_mutex_unlock(&s->lp_mu);
+    return ok;
+}
+
+/* Publishes the step's outputs waiting in pub_* (nothing when none waits): every request's
+ * tokens, then the FINISH of those their last token ended. The publisher thread calls it while
+ * the next step computes, the engine thread whenever it must publish first (then it finishes
+ * the log-probs: waits for the publisher's, or computes them). Under mu, which it keeps. */
+static void sched_pub_flush_locked(sched *s)
+{
+    if (!s->pub_pending) return;
+    if (sched_pub_lp_move(s, SCHED_LP_TODO, SCHED_LP_BUSY)) {
+        sched_pub_logprobs(s);
+        sched_pub_lp_move(s, -1, SCHED_LP_DONE);
+    } else {   /* done, or the publisher is at them */
+        pthread_mutex_lock(&s->lp_mu);
+        while (s->lp_state != SCHED_LP_DONE) pthread_cond_wait(&s->lp_cv, &s->lp_mu);
+        pthread_mutex_unlock(&s->lp_mu);
+    }
+    s->pub_pending = false;
+    for (int i = 0; i < s->pub_n_reqs; i++) {
+        sched_req *r = s->pub_req[i];
+        s->st.n_prefill_tokens += (uint64_t)s->pub_prefill[i];
+        for (int j = 0; j < s->pub_ntok[i]; j++) {
+            size_t at = (size_t)i * s->tok_stride + j;
+            sched_publish_token_locked(s, r, s->pub_tok[at], &s->pub_out[at], s->pub_t);
+        }
+        if (s->pub_end[i] != SCHED_FINISH_NONE) {
+            sched_finish_push_locked(s, r, s->pub_end[i]);
+            sched_drop_locked(r);
+        }
+    }
+    s->pub_n_reqs = 0;
+}
+
+/* The publisher thread: publishes each step's outputs while the engine computes the next,
+ * their log-probs first, without mu (readers and the engine thread go on meanwhile). */
+static void *sched_publisher(void *arg)
+{
+    sched *s = arg;
+    pthread_mutex_lock(&s->mu);
+    while (!s->pub_stop) {
+        if (!s->pub_pending) {
+            pthread_cond_wait(&s->pub_cv, &s->mu);
+            continue;
+        }
+        if (sched_pub_lp_move(s, SCHED_LP_TODO, SCHED_LP_BUSY)) {
+            pthread_mutex_unlock(&s->mu);
+            sched_pub_logprobs(s);
+            sched_pub_lp_move(s, -1, SCHED_LP_DONE);
+            pthread_mutex_lock(&s->mu);
+            continue;   /* the engine thread may have published them meanwhile */
+        }
+        sched_pub_flush_locked(s);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* Step 3, under mu: counters, then the step's outputs handed to publishing. Every request
+ * that got tokens counts them now (n_tokens) and, when its last one ends it (a stop id, its
+ * length), leaves the running set and releases its KV now, so the next plan sees exactly what
+ * it would have seen had everything been published first; its records and FINISH follow in
+ * sched_pub_flush_locked. A failed engine step ends all of the step's requests with ERROR. */
 static void sched_step_publish_locked(sched *s, sched_step *st)
 {
     st->t3 = util_now();
@@ -1436,9 +1189,47 @@ static void sched_step_publish_locked(sched *s, sched_step *st)
         s->t_prev_end = -1;
         return;
     }
-    double now = util_now();
-    for (int i = 0; i < st->n_reqs; i++) sched_publish_tokens_locked(s, i, now);
-    s->t_prev_end = st->t1;  /* the gap: sampling, publishing, planning the next step */
+    sched_pub_flush_locked(s);   /* the previous step's, if the publisher has not got to them */
+    bool any_lp = false;
+    for (int i = 0; i < st->n_reqs; i++) {
+        sched_req *r = s->batch_req[i];
+        any_lp |= r->p.logprobs && s->batch_ntok[i] > 0;
+        int n = s->batch_ntok[i];
+        s->pub_req[i] = r;
+        s->pub_ntok[i] = n;
+        s->pub_row[i] = s->batch_row[i];
+        s->pub_prefill[i] = n == 0 ? s->batch_n[i] : s->batch_n[i] - 1 - s->batch_k[i];
+        s->pub_end[i] = SCHED_FINISH_NONE;
+        if (n == 0) continue;
+        r->n_tokens += n;   /* its tokens are in r->tokens already (sched_step_run) */
+        if (sched_is_stop(s, r, r->tokens[r->n_tokens - 1])) s->pub_end[i] = SCHED_FINISH_STOP;
+        else if (r->n_tokens - r->n_prompt >= r->max_gen || r->n_tokens >= r->cap) s->pub_end[i] = SCHED_FINISH_LENGTH;
+        if (s->pub_end[i] != SCHED_FINISH_NONE) {
+            for (int j = 0; j < s->n_running; j++)
+                if (s->running[j] == r) { sched_running_remove(s, j); break; }
+            sched_finish_release(s, r);
+        }
+    }
+    /* the step's tokens and log-probs change hands: the next step samples into the others */
+    int32_t *tok = s->pub_tok;
+    s->pub_tok = s->batch_tok;
+    s->batch_tok = tok;
+    sched_output *out = s->pub_out;
+    s->pub_out = s->batch_out;
+    s->batch_out = out;
+    s->pub_lg = s->logits;
+    if (!s->o.no_overlap) {   /* the next step computes into the twin */
+        s->logits = s->logits_twin;
+        s->logits_twin = (float *)s->pub_lg;
+    }
+    sched_pub_lp_move(s, -1, any_lp ? SCHED_LP_TODO : SCHED_LP_DONE);
+    s->pub_n_reqs = st->n_reqs;
+    s->pub_t = util_now();
+    s->pub_pending = true;
+    if (s->o.no_overlap) sched_pub_flush_locked(s);
+    else pthread_cond_signal(&s->pub_cv);
+    s->t_prev_end = st->t1;  /* the gap: sampling, handing over, planning the next step */
+    s->st.publish_s += util_now() - st->t2;
     if (util_log_level <= LOG_LEVEL_DEBUG)
         sched_log_step(s, st->n_reqs, st->n_tok, st->ta, st->tc, st->t0, st->t1, st->t2, st->t3);
 }
@@ -1459,7 +1250,8 @@ static void sched_end_remaining_locked(sched *s)
     }
 }
 
-/* The engine thread: plan (under mu), run (without it), publish (under mu), until stop. */
+/* The engine thread: plan (under mu), run (without it), hand over (under mu), until stop;
+ * then whatever is pending is published and what is left ends CANCELLED. */
 static void *sched_thread(void *arg)
 {
     sched *s = arg;
@@ -1477,6 +1269,7 @@ static void *sched_thread(void *arg)
         pthread_mutex_lock(&s->mu);
         sched_step_publish_locked(s, &st);
     }
+    sched_pub_flush_locked(s);
     sched_end_remaining_locked(s);
     pthread_mutex_unlock(&s->mu);
     return NULL;
@@ -1514,6 +1307,23 @@ const char *sched_finish_name(sched_finish f)
 int sched_default_step_tokens(int max_seqs)
 {
     return (max_seqs > 0 ? max_seqs : 16) + SCHED_PREFILL_CHUNK;
+}
+
+/* Stops and joins the publisher thread (everything was published: the engine thread has
+ * exited, or never started), and destroys its condition variable. */
+static void sched_pub_stop(sched *s)
+{
+    if (s->pub_started) {
+        pthread_mutex_lock(&s->mu);
+        s->pub_stop = true;
+        pthread_cond_signal(&s->pub_cv);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->publisher, NULL);
+        s->pub_started = false;
+    }
+    pthread_cond_destroy(&s->pub_cv);
+    pthread_mutex_destroy(&s->lp_mu);
+    pthread_cond_destroy(&s->lp_cv);
 }
 
 /* blockio's ready hook (an I/O thread): a store load finished, admission may proceed. */
@@ -1590,6 +1400,13 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
     s->batch_acc = xcalloc((size_t)o.max_seqs, sizeof *s->batch_acc);
     s->batch_tok = xcalloc((size_t)o.max_seqs * s->tok_stride, sizeof *s->batch_tok);
     s->batch_out = xcalloc((size_t)o.max_seqs * s->tok_stride, sizeof *s->batch_out);
+    s->pub_req = xcalloc((size_t)o.max_seqs, sizeof *s->pub_req);
+    s->pub_ntok = xcalloc((size_t)o.max_seqs, sizeof *s->pub_ntok);
+    s->pub_prefill = xcalloc((size_t)o.max_seqs, sizeof *s->pub_prefill);
+    s->pub_end = xcalloc((size_t)o.max_seqs, sizeof *s->pub_end);
+    s->pub_tok = xcalloc((size_t)o.max_seqs * s->tok_stride, sizeof *s->pub_tok);
+    s->pub_out = xcalloc((size_t)o.max_seqs * s->tok_stride, sizeof *s->pub_out);
+    s->pub_row = xcalloc((size_t)o.max_seqs, sizeof *s->pub_row);
     if (o.spec_sources) {
         s->chooser = spec_chooser_new(o.max_seqs);
         if (o.spec_sources & SPEC_SRC_MODEL) {
@@ -1602,8 +1419,11 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
         s->spec_k = xcalloc((size_t)o.max_seqs, sizeof *s->spec_k);
         s->spec_req = xcalloc((size_t)o.max_seqs, sizeof *s->spec_req);
     }
-    s->logits = malloc((size_t)o.max_seqs * s->tok_stride * (size_t)s->n_vocab * sizeof(float));
-    if (!s->logits || (o.spec_sources && !s->chooser) || ((o.spec_sources & SPEC_SRC_MODEL) && !s->drafter)) {
+    size_t logits_sz = (size_t)o.max_seqs * s->tok_stride * (size_t)s->n_vocab * sizeof(float);
+    s->logits = malloc(logits_sz);
+    if (!o.no_overlap) s->logits_twin = malloc(logits_sz);
+    if (!s->logits || (!o.no_overlap && !s->logits_twin) || (o.spec_sources && !s->chooser) ||
+        ((o.spec_sources & SPEC_SRC_MODEL) && !s->drafter)) {
         sched_free(s);
         return SCHED_ERR_NOMEM;
     }
@@ -1614,10 +1434,13 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&s->idle_cv, &ca);
     pthread_condattr_destroy(&ca);
+    pthread_cond_init(&s->pub_cv, NULL);
+    pthread_mutex_init(&s->lp_mu, NULL);
+    pthread_cond_init(&s->lp_cv, NULL);
+    if (!o.no_overlap) s->pub_started = pthread_create(&s->publisher, NULL, sched_publisher, s) == 0;
+    if (!s->pub_started) s->o.no_overlap = true;   /* no thread: the engine thread publishes */
     if (pthread_create(&s->thread, NULL, sched_thread, s) != 0) {
-        pthread_mutex_destroy(&s->mu);
-        pthread_cond_destroy(&s->work_cv);
-        pthread_cond_destroy(&s->idle_cv);
+        sched_pub_stop(s);
         pthread_mutex_destroy(&s->mu);
         pthread_cond_destroy(&s->work_cv);
         pthread_cond_destroy(&s->idle_cv);
@@ -1709,6 +1532,7 @@ void sched_free(sched *s)
         pthread_cond_signal(&s->work_cv);
         pthread_mutex_unlock(&s->mu);
         pthread_join(s->thread, NULL);
+        sched_pub_stop(s);
         pthread_mutex_destroy(&s->mu);
         pthread_cond_destroy(&s->work_cv);
         pthread_cond_destroy(&s->idle_cv);
@@ -1733,6 +1557,14 @@ void sched_free(sched *s)
     free(s->batch_acc);
     free(s->batch_tok);
     free(s->batch_out);
+    free(s->pub_req);
+    free(s->pub_ntok);
+    free(s->pub_prefill);
+    free(s->pub_end);
+    free(s->pub_tok);
+    free(s->pub_out);
+    free(s->pub_row);
+    free(s->logits_twin);
     free(s->logits);
     wincache_free(s->wc);
     free(s->wstate);
@@ -1804,6 +1636,8 @@ sched_status sched_submit(sched *s, const sched_params *p, sched_req **out)
         for (int i = 0; i < p->n_stop_ids; i++) stops[n_stops++] = p->stop_ids[i];
         r->gm = grammar_match_new(p->grammar, p->grammar_vocab, stops, n_stops);
         r->g_on = !p->grammar_lazy;
+        /* the copy drafts are checked on, made here: the engine thread allocates nothing */
+        if (s->o.spec_sources) r->gm_draft = grammar_match_clone(r->gm);
     }
     if (p->n_gen > 0) {   /* continue a request generated elsewhere: same sampler state */
         memcpy(r->tokens + p->n_prompt, p->gen, (size_t)p->n_gen * sizeof *r->tokens);

@@ -2,7 +2,7 @@
  * sched: continuous batching of many requests on one engine.
  *
  * DESIGN. One engine thread (started by sched_new) loops: plan a batch, engine_step, sample,
- * publish. Requests join and leave between steps. Each step has a token budget
+ * hand the outputs to the publisher thread (the step loop, below). Requests join and leave between steps. Each step has a token budget
  * (step_tokens, vLLM's max_num_batched_tokens): every running decode gets its one token first,
  * and what is left of the budget is given to prefill chunks (oldest request first), so a long
  * prompt is read a chunk per step while the decodes keep producing. A running decode waits for
@@ -66,10 +66,22 @@
  * it would have without speculation, several per step. Rejected rows stay beyond n_done and no
  * block is keyed from them. See docs/spec.md.
  *
+ * The step loop overlaps (unless sched_opts.no_overlap): after sampling a step, the engine
+ * thread only counts each request's new tokens and ends those whose last token ends them (a
+ * stop id, the length), releasing their KV, so the next step is planned exactly as if
+ * everything had been published; the records themselves (tokens, FINISH, the latency
+ * histograms, on_output) are pushed by a publisher thread while the next step computes,
+ * which also computes the log-probs asked for from the step's logits (the next step writes
+ * into a second logits buffer). A cancel (a disconnect, a stop string matched on an HTTP thread) takes effect at
+ * the next plan, as without overlap: tokens sampled meanwhile are published before the FINISH
+ * CANCELLED and the API layer drops what follows a stop string. Whoever publishes a FINISH
+ * first publishes the outputs still pending, so a request's records stay in order.
+ *
  * Threads and locks: one mutex guards the queue, every request's output ring and state
- * flags; the engine thread holds it only to take new requests, publish outputs and apply
- * cancels, never while the kernels run. Callers of sched_poll wait on the request's
- * condition variable. The engine thread alone touches the kvpool, the engine and samplers.
+ * flags; the engine thread holds it only to take new requests, hand over outputs and apply
+ * cancels, the publisher thread to push outputs, never while the kernels run. Callers of
+ * sched_poll wait on the request's condition variable. The engine thread alone touches the
+ * kvpool, the engine and samplers.
  */
 #ifndef TM_SCHED_H
 #define TM_SCHED_H
@@ -155,6 +167,9 @@ typedef struct {
                              * time and the acceptance estimates */
     engine *draft;          /* with SPEC_SRC_MODEL: the draft model's engine (same vocabulary,
                              * its own KV pool; engine/specdraft.h); must outlive the scheduler */
+    bool no_overlap;        /* publish a step's outputs on the engine thread before planning
+                             * the next, instead of on the publisher thread while it computes
+                             * (the same outputs either way; for comparisons and tests) */
 } sched_opts;
 
 /* A request of L prompt tokens on a model with window layers counts at most L - this many as
@@ -200,8 +215,8 @@ typedef struct {
      * just before the KV is released: may copy it out. */
     void (*kv_out)(void *arg, const kvpool *pool, const kvpool_seq *seq, int n_done);
     void *kv_arg;           /* first argument of kv_in / kv_out */
-    /* Engine thread, under the scheduler's lock, each time outputs were queued for the
-     * request (a token, its FINISH): may only wake whoever polls it (no sched_* call, no
+    /* The engine or the publisher thread, under the scheduler's lock, each time outputs were
+     * queued for the request (a token, its FINISH): may only wake whoever polls it (no sched_* call, no
      * lock that is held while calling sched_*), so that a few threads can serve many
      * requests (the cluster worker) instead of one sched_poll each. NULL = none. */
     void (*on_output)(void *arg);
@@ -290,7 +305,11 @@ typedef struct {
     double step_s;              /* total seconds inside engine_step */
     double gap_s;               /* total seconds between consecutive steps while busy (sampling,
                                    publishing, planning): the kernels' idle time */
-    double sample_s;            /* of which sampling (split over the sampling workers) */
+    double sample_s;            /* of which sampling and drafting (split over the sampling
+                                 * workers) */
+    double plan_s;              /* of which planning the next step (cancels, admissions, batch) */
+    double publish_s;           /* of which publishing the outputs (waiting for the lock
+                                 * included) */
     int n_queued;               /* waiting now (incl. preempted) */
     int n_running;              /* running now */
     int kv_blocks_total;        /* pool size */

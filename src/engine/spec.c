@@ -118,11 +118,13 @@ static void spec_heap_down(spec_chooser *c, const double *gains, int n, int i)
 }
 
 int spec_choose(spec_chooser *c, int n_seqs, const double *gains, const int *n_draft, double base_tokens,
-                int max_extra, spec_time_fn time, void *time_arg, int *k)
+                int max_extra, spec_time_fn time, void *time_arg, double round_s, int *k)
 {
     if (!c || n_seqs < 0 || n_seqs > c->max_seqs) return -1;
     double t0 = time(time_arg, 0);
     if (!(t0 > 0)) return -1;
+    if (!(round_s > 0)) round_s = 0;
+    t0 += round_s;
     int n = 0;
     for (int i = 0; i < n_seqs; i++) {
         c->taken[i] = 0;
@@ -140,7 +142,8 @@ int spec_choose(spec_chooser *c, int n_seqs, const double *gains, const int *n_d
             c->heap[0] = c->heap[--n];
         spec_heap_down(c, gains, n, 0);
         double t = time(time_arg, j);
-        if (t > 0 && e / t > best * (1 + 1e-9)) {
+        if (t > 0 && e / (t + round_s) > best * (1 + 1e-9)) {
+            t += round_s;
             best = e / t;
             best_j = j;
         }

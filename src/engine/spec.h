@@ -19,8 +19,10 @@
  *   expected accepted drafts. For a given number j of extra tokens the best drafts to verify
  *   are the j with the largest expected gain (gains fall along each sequence's draft, so the
  *   j best are prefixes); spec_choose walks j up from 0, merging the sequences' drafts by
- *   gain with a heap, and keeps the j with the most expected tokens per predicted second.
- *   Any monotone step-time curve works, the linear model's or a recorded one.
+ *   gain with a heap, and keeps the j with the most expected tokens per predicted second of
+ *   the round: the step, plus what drafting costs beside it (a draft model's own steps, the
+ *   same whatever is verified). Any monotone step-time curve works, the linear model's or a
+ *   recorded one.
  * - Acceptance rule (spec_verify_token, Leviathan et al. / Chen et al.): a drafted token d
  *   drawn from the draft's distribution q is kept with probability min(1, p(d) / q(d)) under
  *   the target's distribution p, otherwise the output is drawn from norm(max(0, p - q)); the
@@ -96,11 +98,14 @@ void spec_chooser_free(spec_chooser *c);
 /* The verify count of each of n_seqs sequences of a step: gains (n_seqs, SPEC_MAX_K) row i
  * holding the expected gains of sequence i's n_draft[i] drafts (non-increasing along the
  * row), base_tokens the tokens the step yields without drafts (its decodes), at most
- * max_extra drafted tokens in all. Writes k (n_seqs) and returns their sum, the number of
- * extra tokens that maximises (base_tokens + sum of chosen gains) / time(sum); ties go to the
- * fewer tokens. Returns -1 (k untouched) when n_seqs is out of range or the time is unknown. */
+ * max_extra drafted tokens in all, round_s the seconds every round costs beside its step
+ * whatever is verified (a draft model's own steps; 0: none). Writes k (n_seqs) and returns
+ * their sum, the number of extra tokens that maximises (base_tokens + sum of chosen gains) /
+ * (time(sum) + round_s): a costly draft round makes the step's own cost a smaller part of the
+ * round, so more verify rows pay. Ties go to the fewer tokens. Returns -1 (k untouched) when
+ * n_seqs is out of range or the time is unknown. */
 int spec_choose(spec_chooser *c, int n_seqs, const double *gains, const int *n_draft, double base_tokens,
-                int max_extra, spec_time_fn time, void *time_arg, int *k);
+                int max_extra, spec_time_fn time, void *time_arg, double round_s, int *k);
 
 /* Speculative sampling of one position: p and q (n) are the target's and the draft's
  * probabilities (each summing to 1; q(d) > 0), d the drafted token, u_accept and u_resample

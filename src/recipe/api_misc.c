@@ -180,6 +180,8 @@ static void misc_metrics(http_request *r, void *user)
     api_metric(&b, "tokenmill_cpu_gap_seconds_total", "counter",
                  "Seconds between consecutive engine steps while busy (planning, sampling, publishing).", st.gap_s);
     api_metric(&b, "tokenmill_sampling_seconds_total", "counter", "Seconds of sampling between steps (part of the CPU gap).", st.sample_s);
+    api_metric(&b, "tokenmill_planning_seconds_total", "counter", "Seconds of planning the next step (part of the CPU gap).", st.plan_s);
+    api_metric(&b, "tokenmill_publishing_seconds_total", "counter", "Seconds of publishing a step's outputs, waiting for the lock included (part of the CPU gap).", st.publish_s);
     api_metric(&b, "tokenmill_spec_drafted_tokens_total", "counter", "Tokens drafted for speculative decoding (--spec).", (double)st.spec_drafted);
     api_metric(&b, "tokenmill_spec_verified_tokens_total", "counter", "Drafted tokens put into engine steps to be verified.", (double)st.spec_verified);
     api_metric(&b, "tokenmill_spec_accepted_tokens_total", "counter", "Verified drafted tokens accepted (emitted without a step of their own).", (double)st.spec_accepted);

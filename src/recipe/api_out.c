@@ -338,6 +338,7 @@ static bool api_choice_reasoning(const api_choice *c)
 void api_out_count_token(api_out *o, int i)
 {
     api_choice *c = &o->choices[i];
+    if (c->stopped) return;   /* after a stop sequence: see api_out_token */
     c->n_tokens++;
     if (api_choice_reasoning(c)) c->n_reasoning_tokens++;
 }
@@ -345,7 +346,9 @@ void api_out_count_token(api_out *o, int i)
 bool api_out_token(api_out *o, int i, int32_t token, const char *text, size_t len, const api_logprob *lp)
 {
     api_choice *c = &o->choices[i];
-    if (c->finished) return true;
+    /* Tokens after the one that completed a stop sequence are not part of the answer, and
+     * how many arrive before the cancel takes effect depends on timing: usage counts none */
+    if (c->finished || c->stopped) return true;
     c->n_tokens++;
     if (token == c->think_start && token >= 0) c->in_think = true;
     if (api_choice_reasoning(c)) c->n_reasoning_tokens++;

@@ -52,6 +52,21 @@ export async function stopServers() {
   for (const d of dirs.splice(0)) fs.rmSync(d, { recursive: true, force: true });
 }
 
+// The blocks a block store directory holds, as { "KEY.EXT": base64 of the file } (for tests
+// that compare the stores of two runs).
+export function storeBlocks(d) {
+  const out = {};
+  const walk = (p) => {
+    for (const e of fs.readdirSync(p, { withFileTypes: true })) {
+      const f = path.join(p, e.name);
+      if (e.isDirectory()) walk(f);
+      else if (/^[0-9a-f]{64}\./.test(e.name)) out[e.name] = fs.readFileSync(f).toString("base64");
+    }
+  };
+  walk(d);
+  return out;
+}
+
 // /metrics as { "name{labels}": value } (key: the API key, when the server has keys).
 export async function fetchMetrics(url, key) {
   const headers = key ? { authorization: `Bearer ${key}` } : {};

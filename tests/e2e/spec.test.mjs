@@ -14,7 +14,7 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 
-import { bin, fetchMetrics, startServer, stopServers } from "./server.mjs";
+import { bin, fetchMetrics, startServer, stopServers, storeBlocks } from "./server.mjs";
 
 let dir, model, small, otherVocab, plain, adaptive, fixed, selfSpec, drafted;
 const N = 4;
@@ -108,19 +108,6 @@ test("a seeded sampled answer is the same with speculation", async () => {
 });
 
 // Block files (name: key) and their bytes under a store directory.
-function storeBlocks(d) {
-  const out = {};
-  const walk = (p) => {
-    for (const e of fs.readdirSync(p, { withFileTypes: true })) {
-      const f = path.join(p, e.name);
-      if (e.isDirectory()) walk(f);
-      else if (/^[0-9a-f]{64}\./.test(e.name)) out[e.name] = fs.readFileSync(f).toString("base64");
-    }
-  };
-  walk(d);
-  return out;
-}
-
 test("the blocks stored after rejections equal those of a run without speculation", async () => {
   const dirs = [path.join(dir, "store-plain"), path.join(dir, "store-spec")];
   const servers = await Promise.all([

@@ -6,7 +6,8 @@
  * argument errors, and chunked prefill: a long prompt that arrives while a sequence decodes is
  * read in chunks of the default step budget, and the decode gets its token in every step; a
  * prompt read alone goes in steps of the (larger) prefill budget; draining (new work refused,
- * accepted work finishes) and the abort that ends what is left.
+ * accepted work finishes) and the abort that ends what is left; publishing a step's outputs
+ * while the next computes gives the outputs of the loop that publishes first.
  *
  * The "alone vs together" comparisons are exact because the engine is batch invariant (a
  * row's arithmetic never depends on the step it is in: test_invariance.c); step_tokens 48
@@ -952,6 +953,98 @@ TEST(test_step_time_target_sizes_prefill)
     rig_free(&g);
 }
 
+/* One run of the overlap comparison: every request's records, in order, and the stats. */
+typedef struct {
+    int n[6];                        /* records of request i, FINISH included */
+    sched_output out[6][640];
+    sched_stats st;
+} overlap_run;
+
+/* Six requests (three run at once, so admissions follow ends): greedy with a stop id, seeded
+ * sampling with log-probs, a length end, one cancelled mid-stream; with or without overlap,
+ * with or without prompt-lookup drafts. */
+static void overlap_run_once(bool no_overlap, bool spec, const int32_t *stop_tok, overlap_run *o)
+{
+    sched_opts so = { .max_seqs = 3, .max_queue = 16, .step_tokens = 48, .no_overlap = no_overlap,
+                      .spec_sources = spec ? SPEC_SRC_NGRAM : 0 };
+    rig g = rig_open(32, so, NULL);
+    int32_t prompts[6][60];
+    sched_req *r[6];
+    for (int i = 0; i < 6; i++) {
+        for (int j = 0; j < 60; j++) prompts[i][j] = (j % 12) * 7 % 100 + i;   /* repeats: drafts hit */
+        sched_params p = greedy(prompts[i], 20 + 8 * i, i == 5 ? 600 : 30 + 5 * i);   /* 5: cancelled */
+        if (i % 3 == 1) {
+            p.sample.temp = 0.8f;
+            p.sample.seed = 77 + i;
+            p.logprobs = true;
+            p.top_logprobs = 2;
+        }
+        if (i % 2 == 0 && stop_tok) {
+            p.stop_ids[0] = stop_tok[i];
+            p.n_stop_ids = 1;
+        }
+        CHECK(sched_submit(g.s, &p, &r[i]) == SCHED_OK);
+    }
+    for (int q = 0; q < 6; q++) {   /* the cancelled one first: it must still run then */
+        int i = (q + 5) % 6;
+        o->n[i] = 0;
+        sched_output tmp[8];
+        while (!sched_done(r[i]) && o->n[i] < 640) {
+            int k = sched_poll(r[i], tmp, 8, 30000);
+            if (k == 0) break;
+            for (int j = 0; j < k && o->n[i] < 640; j++) o->out[i][o->n[i]++] = tmp[j];
+            if (i == 5 && o->n[i] >= 4) sched_cancel(r[i]);   /* mid-stream */
+        }
+        sched_release(r[i]);
+    }
+    CHECK(wait_blocks_used(g.s, 0));
+    sched_get_stats(g.s, &o->st);
+    rig_free(&g);
+}
+
+/* Publishing while the next step computes changes no output: tokens, log-probs, stop and
+ * length ends (no token past a stop id), usage and the token counters equal those of the loop
+ * that publishes before planning, with and without speculation; every FINISH comes after its
+ * request's tokens. A cancel takes effect within a step either way (the exact count then may
+ * differ by the steps in flight, so only its order and end are compared). */
+TEST(test_overlap_same_outputs)
+{
+    static overlap_run a, b;
+    int32_t stop_tok[6];
+    overlap_run_once(true, false, NULL, &a);   /* the 7th greedy token of each becomes its stop id */
+    for (int i = 0; i < 6; i++) stop_tok[i] = a.n[i] > 7 ? a.out[i][6].token : 0;
+    for (int spec = 0; spec < 2; spec++) {
+        overlap_run_once(true, spec, stop_tok, &a);
+        overlap_run_once(false, spec, stop_tok, &b);
+        for (int i = 0; i < 6; i++) {
+            CHECKF(a.n[i] > 1 && b.n[i] > 1, "spec %d request %d: %d / %d records", spec, i, a.n[i], b.n[i]);
+            if (a.n[i] < 2 || b.n[i] < 2) continue;
+            const sched_output *fa = &a.out[i][a.n[i] - 1], *fb = &b.out[i][b.n[i] - 1];
+            CHECK(fa->kind == SCHED_OUT_FINISH && fb->kind == SCHED_OUT_FINISH);
+            for (int j = 0; j < a.n[i] - 1; j++) CHECK(a.out[i][j].kind == SCHED_OUT_TOKEN);
+            for (int j = 0; j < b.n[i] - 1; j++) CHECK(b.out[i][j].kind == SCHED_OUT_TOKEN);
+            if (i == 5) {   /* cancelled, unless this thread was away for all its 600 tokens */
+                CHECKF((fa->finish == SCHED_FINISH_CANCELLED || a.n[i] == 601) &&
+                       (fb->finish == SCHED_FINISH_CANCELLED || b.n[i] == 601),
+                       "spec %d: %d records, finish %d without overlap; %d, finish %d with", spec, a.n[i], fa->finish,
+                       b.n[i], fb->finish);
+                continue;
+            }
+            CHECKF(a.n[i] == b.n[i], "spec %d request %d: %d records without overlap, %d with", spec, i, a.n[i], b.n[i]);
+            CHECK(fa->finish == fb->finish && fa->usage.completion_tokens == fb->usage.completion_tokens);
+            CHECK(fa->usage.completion_tokens == a.n[i] - 1);
+            if (i % 2 == 0) CHECK(fa->finish == SCHED_FINISH_STOP && a.out[i][a.n[i] - 2].is_stop);
+            for (int j = 0; j < a.n[i] - 1 && j < b.n[i] - 1; j++) {
+                CHECKF(a.out[i][j].token == b.out[i][j].token, "spec %d request %d token %d", spec, i, j);
+                CHECK(a.out[i][j].is_stop == b.out[i][j].is_stop);
+                CHECK(a.out[i][j].n_top == b.out[i][j].n_top && a.out[i][j].logprob == b.out[i][j].logprob);
+            }
+        }
+        CHECK(a.st.n_finished[SCHED_FINISH_STOP] == b.st.n_finished[SCHED_FINISH_STOP]);
+        CHECK(a.st.n_prompt_tokens == b.st.n_prompt_tokens);
+    }
+}
+
 int main(void)
 {
     g_model = schedtest_open(tmpdir, 7);
@@ -973,6 +1066,7 @@ int main(void)
     RUN(test_admission_fewest_blocks_to_compute_first);
     RUN(test_admission_counts_blocks_reloaded_from_store);
     RUN(test_step_time_target_sizes_prefill);
+    RUN(test_overlap_same_outputs);
     schedtest_close(tmpdir, g_model);
     HARNESS_END();
 }

@@ -1,0 +1,100 @@
+#!/usr/bin/env node
+// bench/gap: the CPU gap between engine steps (the kernels' idle time: sampling, handing over
+// or publishing the outputs, planning the next step) against the step time, with the step
+// loop overlapped and with --no-overlap, side by side in one run, alternating.
+//
+//   node bench/gap.mjs [-m MODEL] [--clients 16] [--tokens 128] [--reps 3] [--threads N]
+//                      [--logprobs K] [--bin A,B] [--args "EXTRA SERVE ARGS"]
+//
+// One run: `tokenmill serve` (--cache off, --max-seqs = clients), that many clients at once,
+// each a streaming /v1/completions of --tokens tokens (greedy, EOS ignored) after a 32-token
+// prompt (--logprobs K: with the log-probs of each token and K alternatives); then /metrics: tokenmill_cpu_gap_seconds_total and its parts (sampling, planning,
+// publishing) as a percentage of tokenmill_engine_step_seconds_total. Per configuration the
+// table shows the median over the reps [range]. --bin A,B compares two builds instead (the
+// first with overlap, e.g. an older build/tokenmill; builds without the parts' series show
+// "-"). Without -m a small random qwen3 model is generated under tests/data/gen/ (the one
+// bench/serve uses).
+import { spawn, execFileSync } from "node:child_process";
+import fs from "node:fs";
+import http from "node:http";
+import path from "node:path";
+
+const root = path.resolve(import.meta.dirname, "..");
+const o = { clients: 16, tokens: 128, reps: 3, threads: 0, args: "", bins: null, logprobs: -1 };
+const argv = process.argv.slice(2);
+for (let i = 0; i < argv.length; i++) {
+  const a = argv[i], v = () => argv[++i];
+  if (a === "-m") o.model = v();
+  else if (a === "--clients") o.clients = Number(v());
+  else if (a === "--tokens") o.tokens = Number(v());
+  else if (a === "--reps") o.reps = Number(v());
+  else if (a === "--threads") o.threads = Number(v());
+  else if (a === "--args") o.args = v();
+  else if (a === "--logprobs") o.logprobs = Number(v());
+  else if (a === "--bin") o.bins = v().split(",");
+  else { console.error(`bench/gap: unknown argument ${a}`); process.exit(2); }
+}
+const bin = path.join(root, "build/tokenmill");
+if (!o.model) {
+  o.model = path.join(root, "tests/data/gen/bench-serve-qwen3-small-q8_0.gguf");
+  if (!fs.existsSync(o.model)) {
+    fs.mkdirSync(path.dirname(o.model), { recursive: true });
+    execFileSync(bin, ["mkmodel", "--arch", "qwen3", "--preset", "small", "--type", "q8_0", "--seed", "1", "-o", o.model], { stdio: "inherit" });
+  }
+}
+const extra = o.args.split(" ").filter(Boolean);
+const configs = o.bins
+  ? o.bins.map((b) => ({ name: b, bin: b, args: extra }))
+  : [{ name: "overlap", bin, args: extra }, { name: "--no-overlap", bin, args: [...extra, "--no-overlap"] }];
+
+const get = (port, p) => new Promise((res, rej) => http.get({ host: "127.0.0.1", port, path: p }, (s) => {
+  let t = ""; s.on("data", (d) => t += d); s.on("end", () => res({ status: s.statusCode, body: t }));
+}).on("error", rej));
+const complete = (port, body) => new Promise((res, rej) => {
+  const r = http.request({ host: "127.0.0.1", port, path: "/v1/completions", method: "POST",
+    headers: { "content-type": "application/json" } }, (s) => { s.resume(); s.on("end", res); });
+  r.on("error", rej);
+  r.end(JSON.stringify(body));
+});
+
+async function run(cfg, rep) {
+  const port = 19000 + Math.floor(Math.random() * 2000);
+  const args = ["serve", "-m", o.model, "--port", String(port), "--cache", "off", "--max-seqs", String(o.clients),
+    ...(o.threads ? ["--threads", String(o.threads)] : []), ...cfg.args];
+  const srv = spawn(cfg.bin, args, { stdio: ["ignore", "ignore", "inherit"] });
+  try {
+    for (let i = 0; ; i++) {
+      try { if ((await get(port, "/health")).status === 200) break; } catch { /* not yet */ }
+      if (i > 600) throw new Error("the server did not start");
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    const prompt = (c) => Array.from({ length: 32 }, (_, j) => 10 + ((rep * 101 + c * 37 + j * 11) % 900));
+    await Promise.all(Array.from({ length: o.clients }, (_, c) =>
+      complete(port, { prompt: prompt(c), max_tokens: o.tokens, temperature: 0, ignore_eos: true, stream: true,
+        ...(o.logprobs >= 0 ? { logprobs: o.logprobs } : {}) })));
+    const m = (await get(port, "/metrics")).body;
+    const g = (n) => { const x = m.match(new RegExp(`^tokenmill_${n} (\\S+)$`, "m")); return x ? Number(x[1]) : NaN; };
+    const step = g("engine_step_seconds_total"), steps = g("engine_steps_total");
+    return { stepMs: step / steps * 1e3, gap: g("cpu_gap_seconds_total") / step * 100,
+      sampling: g("sampling_seconds_total") / step * 100, planning: g("planning_seconds_total") / step * 100,
+      publishing: g("publishing_seconds_total") / step * 100 };
+  } finally {
+    srv.kill("SIGINT");
+    await new Promise((r) => srv.on("exit", r));
+  }
+}
+
+const res = configs.map(() => []);
+for (let rep = 0; rep < o.reps; rep++) {
+  const order = rep % 2 ? [...configs.keys()].reverse() : [...configs.keys()];
+  for (const i of order) res[i].push(await run(configs[i], rep));
+}
+const med = (a) => { const s = [...a].sort((x, y) => x - y); return s[s.length >> 1]; };
+const fmt = (rs, k, d = 1) => rs.some((r) => Number.isNaN(r[k])) ? "-" :
+  `${med(rs.map((r) => r[k])).toFixed(d)} [${Math.min(...rs.map((r) => r[k])).toFixed(d)}-${Math.max(...rs.map((r) => r[k])).toFixed(d)}]`;
+console.log(`${path.basename(o.model)}, ${o.clients} clients x ${o.tokens} tokens${o.logprobs >= 0 ? `, logprobs ${o.logprobs}` : ""}, ` +
+  `${o.reps} reps; % of step time`);
+console.log("| configuration | step ms | gap % | sampling % | planning % | publishing % |");
+console.log("|---|---|---|---|---|---|");
+configs.forEach((c, i) => console.log(`| ${c.name} | ${fmt(res[i], "stepMs", 2)} | ${fmt(res[i], "gap")} | ` +
+  `${fmt(res[i], "sampling")} | ${fmt(res[i], "planning", 2)} | ${fmt(res[i], "publishing")} |`));

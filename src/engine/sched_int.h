@@ -1,0 +1,224 @@
+/*
+ * sched_int: what only the scheduler's files (sched*.c) may see: the request and scheduler
+ * structs and the functions one of those files calls in another. The design is in sched.h,
+ * the request life, the admission policy and which thread or lock guards what in sched.c.
+ *
+ *   sched.c       the step loop: admission, planning, the engine step, sampling, publishing,
+ *                 the public API
+ *   sched_spec.c  speculative decoding: the verify counts of a step, the drafts after it
+ *                 (prompt lookup, the draft model), the grammar's cut of a draft
+ */
+#ifndef TM_SCHED_INT_H
+#define TM_SCHED_INT_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/blockio.h"
+#include "engine/sched.h"
+#include "engine/specdraft.h"
+#include "engine/steptime.h"
+#include "engine/wincache.h"
+
+typedef enum { REQ_QUEUED = 0, REQ_RUNNING, REQ_FINISHED } req_state;
+
+/* Where a request's time to first token went, in steps and tokens (clocks are noisy on a
+ * shared machine, counts are not): logged with -v at its first token. A few additions per
+ * running request and step. */
+typedef struct {
+    uint64_t step0;              /* s->n_planned at submit */
+    uint64_t tok0, dec0;         /* s->tok_planned, s->dec_planned at submit */
+    uint64_t admit_step;         /* s->n_planned when it was first admitted */
+    int n_share;                 /* steps it sat out waiting on a prefix in flight */
+    int n_chunk;                 /* steps that carried a prefill chunk of it */
+    int n_starved;               /* steps it had prompt left, no wait, and got no tokens (budget) */
+    int n_mixed;                 /* of its chunk steps, those that also carried decodes */
+    int n_computed;              /* tokens it computed (prefill chunks, its first decode row) */
+    int n_cached_at_admit;       /* cached tokens attached at admission */
+} sched_trace;
+
+struct sched_req {
+    sched *s;                    /* owner */
+    uint64_t id;                 /* admission order tie-breaker (submit order) */
+    /* set at submit, then engine thread only */
+    int32_t *tokens;             /* (cap) prompt then generated ids */
+    int n_prompt;                /* prompt tokens */
+    int n_tokens;                /* prompt + generated so far */
+    int cap;                     /* entries of tokens: most positions this request can use */
+    int max_gen;                 /* generated tokens at most (<= cap - n_prompt) */
+    sched_params p;              /* copy (prompt pointer not used after submit) */
+    sampler *smp;                /* own sampler, seeded from p.sample */
+    grammar_match *gm;           /* (sampling) p.grammar's matcher, or NULL */
+    grammar_match *gm_draft;     /* (speculation) a copy that drafted tokens are checked on,
+                                  * made at submit when gm is and speculation is on */
+    kvpool_seq *seq;             /* KV while RUNNING, else NULL */
+    int n_done;                  /* positions of tokens whose KV is in seq */
+    bool in_think;               /* (sampling) the output is inside a think block (p.think_*) */
+    bool g_on;                   /* (sampling) gm binds the next token (off: before a lazy
+                                  * grammar's trigger, or after its document ended) */
+    int n_think;                 /* (sampling) tokens generated inside think blocks so far */
+    int n_cached;                /* prompt positions attached from the cache in its first run
+                                  * (at admission, and from prefixes computed in flight) */
+    bool admitted_once;          /* has run before (a resume does not count cache hits again) */
+    bool first_run;              /* RUNNING for the first time: attached blocks count as hits */
+    uint8_t (*chain)[32];        /* (cap / 128) keys of the full blocks of tokens, from root:
+                                  * equal keys at block i = same tenant and tokens up to its end */
+    int n_chain;                 /* entries of chain computed so far (engine thread, lazily) */
+    bool share_wait;             /* this step: another request is computing its next block */
+    int n_passed;                /* admissions that overtook it while it waited */
+    blockio_load *load;          /* block store load in flight, or NULL (engine thread) */
+    bool load_started;           /* a load was tried for this (re)admission */
+    int load_retries;            /* loads restarted because the RAM tier changed */
+    int load_ram;                /* full blocks prefixing it in the RAM tier when its load started */
+    double t_load;               /* util_now() when it started */
+    double t_load0;              /* util_now() when the first load of this (re)admission
+                                  * started, 0 when none: admission observes the wait */
+    bool salted;                 /* root holds the key chain's root (cache_salt) */
+    uint8_t root[32];            /* blockkey_root(cache_salt) */
+    uint64_t admit_no;           /* order of (re)admission: the newest is preempted first */
+    spec_seq spec[SPEC_N_SRC];   /* (speculation) the running acceptance of each source's drafts */
+    int32_t draft[SPEC_MAX_K];   /* (speculation) drafted continuation of tokens[0..draft_at) */
+    float draft_prob[SPEC_MAX_K]; /* the draft model's probability of each (model drafts) */
+    int n_draft;                 /* entries of draft */
+    int draft_at;                /* n_tokens the draft continues (stale unless equal), -1: none */
+    int draft_src;               /* index of the source that drafted it */
+    int n_verify;                /* of which verified in this step (its decode carries 1 + that) */
+    kvpool_seq *dseq;            /* (draft model) its KV in the draft engine's pool, or NULL */
+    int d_done;                  /* positions of dseq whose tokens are final */
+    req_state state;
+    double t_submit;             /* util_now() at submit */
+    double t_last;               /* time of the last token, 0 before the first (under mu:
+                                  * set by whoever publishes) */
+    double ttft;                 /* seconds to the first token, -1 before it (the same) */
+    sched_trace tr;              /* counts until its first token, for the -v line */
+    /* guarded by s->mu */
+    sched_output *ring;          /* (ring_cap) pending outputs, ring_n from ring_head */
+    int ring_cap, ring_head, ring_n;
+    bool cancel;                 /* sched_cancel or sched_abort was called */
+    sched_finish cancel_why;     /* what the cancel ends it with: CANCELLED, or ABORTED */
+    bool finished;               /* FINISH record pushed */
+    bool finish_returned;        /* FINISH record handed to the caller */
+    bool released;               /* the caller let go of the handle */
+    bool engine_held;            /* the engine thread still references it */
+    pthread_cond_t cv;           /* signalled when outputs are pushed */
+    sched_req *next;             /* waiting queue link */
+};
+
+struct sched {
+    engine *e;
+    kvpool *pool;
+    wincache *wc;                /* window states, NULL for a model without window layers */
+    uint8_t *wstate;             /* (kvpool_window_state_bytes) a state taken out of wc */
+    int n_vocab;
+    int e_dim;                   /* the model's hidden state width */
+    sched_opts o;                /* resolved options */
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv;      /* new work or stop for the engine thread */
+    bool stop;                   /* sched_free: the thread exits */
+    bool shutdown;               /* sched_drain/abort/shutdown: no new submissions */
+    /* under mu */
+    int n_live;                  /* accepted requests whose FINISH is not published yet */
+    pthread_cond_t idle_cv;      /* n_live reached 0 (sched_wait_idle) */
+    sched_req *wait_head, *wait_tail;  /* waiting FIFO */
+    int n_waiting;
+    uint64_t next_id;
+    sched_stats st;
+    sched_hist h_ttft, h_itl, h_step;
+    sched_hist h_load_wait;      /* seconds a request waited for its store load before admission */
+    /* engine thread only */
+    sched_req **running;         /* (max_seqs) in admission order */
+    int n_running;
+    uint64_t admit_counter;
+    uint64_t n_planned;          /* steps planned (the trace's clock) */
+    uint64_t tok_planned;        /* tokens of those steps */
+    uint64_t dec_planned;        /* of which decode rows */
+    double t_prev_end;           /* util_now() at the end of the previous step when no idle
+                                  * wait followed, else -1: the CPU gap between steps */
+    engine_tok *batch;           /* (prefill_step_tokens >= step_tokens) */
+    sched_req **batch_req;       /* (max_seqs) requests in this step */
+    int *batch_n;                /* (max_seqs) tokens of each in this step */
+    int *batch_row;              /* (max_seqs) logits row or -1 */
+    int *batch_k;                /* (max_seqs) drafted tokens each verifies (0: none) */
+    int *batch_nd;               /* (max_seqs) tokens drafted for each (its K was chosen among) */
+    int *batch_ntok;             /* (max_seqs) tokens sampled for each: 1 + accepted drafts, 0
+                                  * for a prefill chunk that wanted no logits */
+    int *batch_acc;              /* (max_seqs) drafted tokens accepted */
+    int32_t *batch_tok;          /* (max_seqs, tok_stride) tokens sampled for each */
+    sched_output *batch_out;     /* (max_seqs, tok_stride) their log-probs */
+    int tok_stride;              /* 1 + spec_max: most tokens one request emits per step */
+    float *logits;               /* (max_seqs * tok_stride, n_vocab) the next step's */
+    float *logits_twin;          /* the same shape, overlap only: the logits of the step being
+                                  * published, whose log-probs the publisher computes */
+    spec_chooser *chooser;       /* the verify counts of a step (speculation on) */
+    double *spec_gains;          /* (max_seqs, SPEC_MAX_K) expected gains of the decodes' drafts */
+    int *spec_nd;                /* (max_seqs) drafts of each decode, for the chooser */
+    int *spec_k;                 /* (max_seqs) the chooser's answer */
+    sched_req **spec_req;        /* (max_seqs) the decodes those rows belong to */
+    specdraft *drafter;          /* (draft model) drafts on o.draft */
+    specdraft_seq *dq;           /* (max_seqs) a drafting round's sequences */
+    sched_req **dq_req;          /* (max_seqs) their requests */
+    uint64_t drafted_run;        /* tokens drafted since the statistics were last updated */
+    double draft_step_s;         /* running mean seconds of one draft engine step, 0: none yet */
+    double draft_round_s;        /* running mean seconds of a drafting round that ran the draft
+                                  * model (all its steps), 0: none yet */
+    double main_step_s;          /* running mean seconds of one engine step of the target */
+    int batch_n_reqs;            /* requests of the step being sampled */
+    steptime tm;                 /* learned step time (engine thread; its error sums are copied
+                                  * into st after each step) */
+    steptime_x plan_x;           /* make-up of the step planned last, for tm */
+    /* sampling workers: the step's requests are split by ith/nth between the engine thread
+     * (ith 0) and n_workers helpers (ith 1..), which sleep between steps. While the engine
+     * computes a step, the helpers compute the grammar masks its constrained sequences will
+     * need (their matchers' states are known before the step), so sampling finds them ready */
+    int n_workers;
+    pthread_t *workers;          /* (n_workers) */
+    pthread_mutex_t pool_mu;
+    pthread_cond_t pool_go;      /* job_gen advanced or pool_stop */
+    pthread_cond_t pool_done;    /* job_left reached 0 */
+    uint64_t job_gen;            /* job number */
+    int job_left;                /* workers still on the current job */
+    bool job_masks;              /* the job is the batch's grammar masks (during the engine
+                                  * step, workers only), not sampling */
+    bool pool_stop;
+    /* publishing: a step's outputs wait in pub_* until published (sched_pub_flush_locked), by
+     * the publisher thread while the next step computes, or by the engine thread when it must
+     * publish first (a FINISH, the next step's outputs, o.no_overlap). pub_pending and the
+     * buffers while pending are guarded by mu */
+    pthread_t publisher;
+    bool pub_started;            /* the publisher thread runs */
+    bool pub_stop;               /* sched_free: the publisher exits */
+    pthread_cond_t pub_cv;       /* pub_pending was set, or pub_stop */
+    bool pub_pending;            /* pub_* hold a step's outputs not published yet */
+    int pub_n_reqs;              /* requests of that step */
+    sched_req **pub_req;         /* (max_seqs) its requests */
+    int *pub_ntok;               /* (max_seqs) tokens each gets (0: a prefill chunk) */
+    int *pub_prefill;            /* (max_seqs) positions each computed as prefill */
+    sched_finish *pub_end;       /* (max_seqs) how its last token ended it, or NONE */
+    int32_t *pub_tok;            /* (max_seqs, tok_stride) the tokens (batch_tok's twin) */
+    sched_output *pub_out;       /* (max_seqs, tok_stride) their log-probs (batch_out's twin) */
+    int *pub_row;                /* (max_seqs) first logits row of each in pub_lg, or -1 */
+    const float *pub_lg;         /* the logits they were sampled from (logits_twin, or with
+                                  * no_overlap logits) */
+    double pub_t;                /* util_now() when they were handed over */
+    /* the log-probs of the pending step: computed by the publisher outside mu, or by whoever
+     * publishes when the publisher has not started them; one that must publish while the
+     * publisher is at them waits on lp_cv (the publisher needs no mu to finish) */
+    pthread_mutex_t lp_mu;
+    pthread_cond_t lp_cv;        /* lp_state became SCHED_LP_DONE */
+    int lp_state;                /* under lp_mu: SCHED_LP_TODO, _BUSY (the publisher), _DONE */
+};
+
+/* sched.c: whether tok ends r (an end-of-generation id unless ignore_eos, or a stop id). */
+bool sched_is_stop(const sched *s, const sched_req *r, int32_t tok);
+
+/* sched_spec.c, engine thread */
+/* Lets go of r's draft KV and draft (it ends, or is preempted and recomputes from scratch). */
+void sched_spec_release(sched *s, sched_req *r);
+/* Before a step is planned: sets every decoding request's n_verify, max_extra in all. */
+void sched_spec_plan_locked(sched *s, int max_extra);
+/* After a step was sampled: drafts the continuation of every request of the step. */
+void sched_spec_draft(sched *s, int n_reqs);
+
+#endif

@@ -1,0 +1,193 @@
+/*
+ * sched_spec: the scheduler's side of speculative decoding (see sched.h and docs/spec.md).
+ * Before a step is planned, sched_spec_plan_locked sets how many drafted tokens every decoding
+ * request verifies (the fixed count, or spec_choose's on the learned step-time curve); after a
+ * step was sampled, sched_spec_draft drafts each request's continuation (prompt lookup or the
+ * draft model, whichever has the better running acceptance for it) and cuts a constrained
+ * request's draft where its grammar stops allowing it. The verification itself (sampling the
+ * verify rows in order) and the rollback of rejected rows are in sched.c's sampling and step.
+ * Engine thread only; the request fields used here are listed in sched_int.h.
+ */
+#include "engine/sched_int.h"
+
+#include <string.h>
+
+#include "util/util.h"
+
+/* Lets go of r's draft KV and draft (it ends, or is preempted and recomputes from scratch). */
+void sched_spec_release(sched *s, sched_req *r)
+{
+    if (r->dseq) kvpool_seq_free(engine_kvpool(s->o.draft), r->dseq);
+    r->dseq = NULL;
+    r->d_done = 0;
+    r->n_draft = 0;
+    r->draft_at = -1;
+}
+
+/* The step-time curve the chooser sees: the decodes planned so far plus n_extra verify rows,
+ * each attending about depth_per_tok positions. */
+typedef struct {
+    const steptime *tm;
+    steptime_x x;                /* the step's decodes */
+    double depth_per_tok;
+} sched_spec_curve;
+
+static double sched_spec_time(void *arg, int n_extra)
+{
+    const sched_spec_curve *c = arg;
+    steptime_x x = c->x;
+    x.n_dec += n_extra;          /* a verify row costs what a decode row does: it wants logits */
+    x.depth += n_extra * c->depth_per_tok;
+    return steptime_predict(c->tm, &x);
+}
+
+/* Speculation, before a step is planned: sets how many of its drafts every decoding request
+ * verifies (n_verify), at most max_extra in all: the fixed count, the most while the step
+ * time is not learned yet, else spec_choose's count (a round's time: the predicted step plus
+ * the draft model's measured round). Drafts were made after the step that
+ * sampled the request's last token (sched_spec_draft); one made for another context (the
+ * request was preempted since) is not used. */
+void sched_spec_plan_locked(sched *s, int max_extra)
+{
+    int n = 0;
+    sched_spec_curve cv = { .tm = &s->tm };
+    for (int i = 0; i < s->n_running; i++) {
+        sched_req *r = s->running[i];
+        r->n_verify = 0;
+        if (r->n_tokens - r->n_done != 1 || r->share_wait) continue;
+        if (r->draft_at != r->n_tokens) r->n_draft = 0;
+        cv.x.n_dec++;
+        cv.x.depth += r->n_done + 1;
+        s->spec_req[n] = r;
+        s->spec_nd[n] = r->n_draft;
+        spec_seq_gains(&r->spec[r->draft_src], r->draft_src == 1 ? r->draft_prob : NULL, r->n_draft,
+                       s->spec_gains + (size_t)n * SPEC_MAX_K);
+        n++;
+    }
+    if (n == 0 || max_extra <= 0) return;
+    cv.depth_per_tok = cv.x.depth / n;
+    bool chosen = false;
+    if (s->o.spec_fixed <= 0 && steptime_warm(&s->tm))
+        chosen = spec_choose(s->chooser, n, s->spec_gains, s->spec_nd, n, max_extra, sched_spec_time, &cv,
+                             s->drafter ? s->draft_round_s : 0, s->spec_k) >= 0;
+    for (int j = 0; j < n; j++) {
+        int k = chosen ? s->spec_k[j] : TM_MIN(s->spec_nd[j], s->o.spec_fixed > 0 ? s->o.spec_fixed : s->o.spec_max);
+        k = TM_MIN(k, max_extra);
+        s->spec_req[j]->n_verify = k;
+        max_extra -= k;
+    }
+}
+
+/* The drafted tokens of a grammar-constrained request that its automaton allows, in order:
+ * checked on a copy of its matcher (the request's own moves only with emitted tokens). A stop
+ * id ends the draft after it (the request ends there); a think block's start or end ends the
+ * checking (the grammar leaves reasoning free). Returns the drafts kept. */
+static int sched_spec_grammar_cut(sched_req *r)
+{
+    if (r->in_think) return r->n_draft;
+    grammar_match_copy_state(r->gm_draft, r->gm);
+    bool on = r->g_on;   /* a lazy grammar binds from its trigger to the end of a document */
+    for (int j = 0; j < r->n_draft; j++) {
+        int32_t tok = r->draft[j];
+        if ((tok == r->p.think_start || tok == r->p.think_end) && tok >= 0) return r->n_draft;
+        if (on) {
+            if (!grammar_match_accept(r->gm_draft, tok)) return j;
+            if (r->p.grammar_lazy && grammar_match_done(r->gm_draft)) {
+                grammar_match_reset(r->gm_draft);
+                on = false;
+            }
+        } else if (r->p.grammar_lazy && tok == r->p.grammar_trigger) {
+            on = true;
+        }
+        if (sched_is_stop(r->s, r, tok)) return j + 1;
+    }
+    return r->n_draft;
+}
+
+/* Most tokens r may draft once it holds nt tokens: spec_max, within what it may still emit
+ * after the token its last verified row gives (<= 0: it ends, or has one token left). */
+static int sched_spec_kmax(const sched *s, const sched_req *r, int nt)
+{
+    return TM_MIN(s->o.spec_max, TM_MIN(r->max_gen - (nt - r->n_prompt), r->cap - nt) - 1);
+}
+
+/* Speculation, after a step was sampled: drafts the continuation of every request of the
+ * step that goes on decoding, from the source with the better running acceptance for it
+ * (prompt lookup first on a tie: it costs nothing; the other source when the first drafts
+ * nothing). A draft never runs past what the request may still emit (its last token is
+ * sampled from the last verified row). The draft KV is first cut back to the positions whose
+ * tokens are final (n_done): the rows of rejected or unverified drafts are recomputed.
+ * Engine thread, without mu. */
+void sched_spec_draft(sched *s, int n_reqs)
+{
+    int nq = 0, row0 = 0;
+    bool ngram = s->o.spec_sources & SPEC_SRC_NGRAM, dmodel = s->drafter != NULL;
+    /* an MTP draft continues the model's hidden states: it catches up on every step's rows
+     * (prefill chunks, and steps where prompt lookup drafts), catching up only (k_max 0) */
+    bool mtp = dmodel && specdraft_is_mtp(s->drafter);
+    for (int i = 0; i < n_reqs; i++) {
+        sched_req *r = s->batch_req[i];
+        int ntok = s->batch_ntok[i], first = row0;
+        row0 += s->batch_n[i];
+        if (r->dseq) r->d_done = TM_MIN(r->d_done, r->n_done);
+        r->n_draft = 0;
+        r->draft_at = -1;
+        if (ntok == 0 && !mtp) continue;
+        int nt = ntok ? r->n_tokens + ntok : r->n_done + 1;   /* tokens once this step is published */
+        int kmax = ntok ? sched_spec_kmax(s, r, nt) : 0;
+        if (ntok && (kmax <= 0 || sched_is_stop(s, r, r->tokens[nt - 1]))) continue;   /* it ends */
+        if (ntok && ngram && (!dmodel || r->spec[0].rate >= r->spec[1].rate)) {
+            r->n_draft = spec_ngram_draft(r->tokens, nt, SPEC_NGRAM_MAX, SPEC_NGRAM_MIN, kmax, r->draft);
+            r->draft_src = 0;
+            if (r->n_draft > 0 || !dmodel) {
+                r->draft_at = nt;
+                s->drafted_run += (uint64_t)r->n_draft;
+                if (!mtp) continue;
+                kmax = 0;
+            }
+        }
+        if (!dmodel) continue;
+        if (!r->dseq) r->dseq = kvpool_seq_new(engine_kvpool(s->o.draft));
+        specdraft_seq *q = &s->dq[nq];
+        q->seq = r->dseq;
+        q->tokens = r->tokens;
+        q->n_tokens = nt;
+        q->n_done = r->d_done;
+        double min_gain = s->draft_step_s > 0 && s->main_step_s > 0 ? s->draft_step_s / s->main_step_s : SPEC_MIN_GAIN;
+        q->k_max = kmax <= 0 ? 0 : s->o.spec_fixed > 0 ? kmax : spec_seq_draft_len(&r->spec[1], kmax, min_gain);
+        q->hid = mtp ? engine_hidden(s->e) + (size_t)first * s->e_dim : NULL;
+        q->hid_pos = s->batch[first].pos;
+        q->n_hid = s->batch_n[i];
+        s->dq_req[nq++] = r;
+    }
+    if (nq > 0) {   /* its steps' cost against the target's decides how far the next drafts go */
+        double t0 = util_now();
+        int n_steps = specdraft_run(s->drafter, s->dq, nq);
+        if (n_steps > 0) {
+            double all = util_now() - t0, per = all / n_steps;
+            s->draft_step_s = s->draft_step_s > 0 ? 0.9 * s->draft_step_s + 0.1 * per : per;
+            s->draft_round_s = s->draft_round_s > 0 ? 0.9 * s->draft_round_s + 0.1 * all : all;
+        }
+    }
+    for (int j = 0; j < nq; j++) {
+        sched_req *r = s->dq_req[j];
+        specdraft_seq *q = &s->dq[j];
+        r->d_done = q->n_done;
+        if (q->k_max == 0) continue;   /* caught up only */
+        r->draft_at = q->n_tokens;
+        r->draft_src = 1;
+        r->n_draft = q->n_draft;
+        memcpy(r->draft, q->draft, (size_t)q->n_draft * sizeof *r->draft);
+        memcpy(r->draft_prob, q->prob, (size_t)q->n_draft * sizeof *r->draft_prob);
+        if (r->n_draft == 0 && ngram && r->spec[0].rate < r->spec[1].rate) {   /* it was not tried first */
+            r->n_draft = spec_ngram_draft(r->tokens, q->n_tokens, SPEC_NGRAM_MAX, SPEC_NGRAM_MIN,
+                                          sched_spec_kmax(s, r, q->n_tokens), r->draft);
+            r->draft_src = 0;
+        }
+        s->drafted_run += (uint64_t)r->n_draft;
+    }
+    for (int i = 0; i < n_reqs; i++) {
+        sched_req *r = s->batch_req[i];
+        if (r->gm && r->n_draft > 0 && !r->in_think) r->n_draft = sched_spec_grammar_cut(r);
+    }
+}
