@@ -226,6 +226,53 @@ TEST(test_window_restore_and_replay)
     model_free(m);
 }
 
+/* The journal a cluster worker reports to the gateway's directory: adds with their TTL, drops
+ * for room and age, in order; a full journal loses new events (counted), never blocks. A peek
+ * (a fetch by another worker) copies without counting a hit; a fetched put counts a fetch. */
+TEST(test_wincache_journal)
+{
+    enum { EB = 32 };
+    wincache_opts o = { .entry_bytes = EB, .max_bytes = 2 * EB, .ttl_s = 5 };
+    wincache *c = wincache_new(&o);
+    CHECK(c != NULL);
+    if (!c) return;
+    uint8_t key[3][32] = { { 1 }, { 2 }, { 3 } }, st[EB], got[EB];
+    memset(st, 7, EB);
+    wincache_put(c, key[0], st, 10);   /* no journal yet: nothing recorded */
+    wincache_event ev[8];
+    CHECK(wincache_events(c, ev, 8) == 0);
+    wincache_journal_start(c, 3);
+    wincache_put(c, key[1], st, 11);
+    wincache_put(c, key[2], st, 12);   /* full: key 0 (least recently used) goes */
+    int n = wincache_events(c, ev, 8);
+    CHECK(n == 3);
+    CHECK(ev[0].op == WINCACHE_EV_ADD && ev[0].key[0] == 2 && ev[0].ttl_ms == 5000);
+    CHECK(ev[1].op == WINCACHE_EV_DROP && ev[1].key[0] == 1 && ev[1].ttl_ms == 0);
+    CHECK(ev[2].op == WINCACHE_EV_ADD && ev[2].key[0] == 3);
+    CHECK(wincache_events(c, ev, 8) == 0);   /* taken */
+    for (int i = 0; i < 3; i++) wincache_put(c, key[1], st, 13 + i);
+    wincache_put(c, key[2], st, 16);   /* the fourth event: lost */
+    wincache_stats s;
+    wincache_get_stats(c, &s);
+    CHECK(s.n_journal_lost == 1);
+    CHECK(wincache_events(c, ev, 2) == 2 && wincache_events(c, ev, 8) == 1);
+
+    memset(got, 0, EB);
+    CHECK(wincache_peek(c, key[1], got, 16) && got[EB - 1] == 7);
+    CHECK(!wincache_peek(c, key[0], got, 16));
+    CHECK(!wincache_peek(c, key[1], got, 30));   /* expired: not served */
+    wincache_get_stats(c, &s);
+    CHECK(s.n_hits == 0 && s.n_misses == 0 && s.n_served == 1);
+    uint8_t k4[32] = { 4 };
+    memset(st, 8, EB);
+    wincache_put_fetched(c, k4, st, 20);
+    CHECK(wincache_get(c, k4, got, 20) && got[0] == 8);
+    wincache_get_stats(c, &s);
+    CHECK(s.n_fetches == 1 && s.n_fetch_bytes == EB && s.n_hits == 1);
+    CHECK(wincache_entry_bytes(c) == EB && wincache_entry_bytes(NULL) == 0);
+    wincache_free(c);
+}
+
 TEST(test_wincache_ttl_lru)
 {
     enum { EB = 64 };
@@ -279,6 +326,7 @@ int main(void)
 {
     if (!mkdtemp(tmpdir)) return 1;
     RUN(test_wincache_ttl_lru);
+    RUN(test_wincache_journal);
     RUN(test_window_restore_and_replay);
     rmdir(tmpdir);
     HARNESS_END();
