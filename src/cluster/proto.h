@@ -22,7 +22,9 @@
  * when the request ended at its first token, or ERROR); the gateway relays the handoff in a
  * DECODE job to a decode worker, which streams TOKENS and ends with FINISH. Workers send
  * HEARTBEAT every 500 ms. Full KV blocks travel through the shared block store; only the
- * partial tail block travels in HANDOFF / DECODE.
+ * partial tail block travels in HANDOFF / DECODE. On models with sliding-window layers
+ * workers report the window states they keep (WINDOW) and the gateway relays one from its
+ * holder (WINFETCH, WINSTATE) to the worker a job goes to, just before the job.
  */
 #ifndef TM_PROTO_H
 #define TM_PROTO_H
