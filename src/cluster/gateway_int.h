@@ -114,8 +114,7 @@ typedef struct gw_msg {      /* a frame waiting for the dispatcher to send it */
 typedef struct gw_fetch {    /* a job held until the window state it needs arrives */
     struct gw_fetch *next;
     uint64_t id;              /* the WINFETCH's req_id (from next_id: unique, never a request's) */
-    int src;                  /* slot asked (the holder), its connection gen */
-    uint64_t src_gen;
+    int src;                  /* slot asked (a holder) */
     uint8_t key[32];          /* the state's block key */
     uint64_t req_id;          /* the held job's request */
     gw_msg *job;              /* the held frame (its slot and gen: the target) */
@@ -156,7 +155,7 @@ struct gateway {
     uint64_t rate_v[GW_RATE_SLOTS];
     int rate_i;
     /* window states of sliding-window models (gateway_window.c) */
-    windir *wdir;             /* key -> worker holding it (bounded) */
+    windir *wdir;             /* key -> workers holding it (bounded) */
     gw_fetch *fetches;        /* jobs held for a fetch */
     uint64_t n_wfetch_ok, n_wfetch_failed, n_wfetch_bytes; /* fetches relayed / failed, bytes */
 };

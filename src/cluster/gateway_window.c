@@ -3,10 +3,10 @@
  *
  * Every worker keeps the window layers' state at the block ends it crossed in its own RAM
  * (engine/wincache.h) and reports what it adds and drops (WINDOW frames); the directory here
- * (windir.h) maps each key to its holder. When a job goes to another worker than the one
- * holding the state where the job's attached prefix ends (a PREFILL: where its stored prefix
+ * (windir.h) maps each key to the workers holding it. When a job goes to a worker that does
+ * not hold the state where the job's attached prefix ends (a PREFILL: where its stored prefix
  * ends; a DECODE after a handoff: where the prefill worker's stored blocks end), the gateway
- * relays the state: it holds the job, asks the holder (WINFETCH), and queues the answer
+ * relays the state: it holds the job, asks a holder (WINFETCH), and queues the answer
  * (WINSTATE, which the target keeps in its window cache) right before the job on the target's
  * connection, so the job finds it as a hit. Relaying through the gateway needs no connection
  * between workers (they may not even listen) and reuses the authenticated links there are.
@@ -20,6 +20,8 @@
 #include "cache/blockkey.h"
 #include "cluster/gateway_int.h"
 #include "util/util.h"
+
+_Static_assert(GW_MAX_WORKERS <= WINDIR_MAX_SLOTS, "a directory entry names its holders by slot bits");
 
 void gw_window_init(gateway *g) { g->wdir = windir_new(GW_WINDOW_DIR_MAX); }
 
@@ -48,7 +50,7 @@ void gw_window_on_report(gateway *g, int slot, const proto_window *w)
     double now = util_now();
     for (uint32_t i = 0; i < w->n; i++) {
         const proto_window_ev *e = &w->ev[i];
-        if (e->op == PROTO_WIN_ADD) windir_add(g->wdir, e->key, slot, g->w[slot].gen, now + e->ttl_ms * 1e-3);
+        if (e->op == PROTO_WIN_ADD) windir_add(g->wdir, e->key, slot, now + e->ttl_ms * 1e-3);
         else windir_drop(g->wdir, e->key, slot);
     }
 }
@@ -117,14 +119,14 @@ void gw_window_send_job(gateway *g, gw_req *r, int slot, const proto_msg *job, i
     gw_msg *q = gw_encode_msg(g, slot, job);
     if (!q) return;
     int holder = -1;
-    uint64_t hgen = 0;
     uint8_t key[32];
     double now = util_now();
     if (nb > 0 && (int64_t)nb * BLOCKKEY_TOKENS <= r->n_prompt && windir_count(g->wdir) > 0) {
         gw_window_key(g, r, nb, key);
-        if (!windir_find(g->wdir, key, now, &holder, &hgen) || holder == slot || !g->w[holder].connected ||
-            g->w[holder].gen != hgen)
-            holder = -1;
+        uint64_t hs = windir_find(g->wdir, key, now);
+        /* the target holds it: nothing to fetch; else the first live holder */
+        for (int i = 0; i < g->n_slots && holder < 0 && !(hs >> slot & 1); i++)
+            if ((hs >> i & 1) && g->w[i].connected && !g->w[i].draining) holder = i;
     }
     if (holder < 0) {
         gw_queue_push(g, q);
@@ -133,7 +135,6 @@ void gw_window_send_job(gateway *g, gw_req *r, int slot, const proto_msg *job, i
     gw_fetch *f = xcalloc(1, sizeof *f);
     f->id = ++g->next_id;
     f->src = holder;
-    f->src_gen = hgen;
     memcpy(f->key, key, 32);
     f->req_id = r->id;
     f->job = q;

@@ -9,9 +9,8 @@
 
 typedef struct {
     uint8_t key[32];
-    int slot;                    /* worker slot holding it */
-    uint64_t gen;                /* that worker's connection generation */
-    double expiry;               /* seconds (util_now) */
+    uint64_t holders;            /* bit i: worker slot i holds it */
+    double expiry;               /* seconds (util_now): the latest a holder reported */
     int32_t hnext;               /* next in the bucket, -1 ends */
     int32_t prev, next;          /* FIFO links (next also links the free list), -1 ends */
 } windir_ent;
@@ -103,12 +102,13 @@ static void windir_remove(windir *d, int i)
     d->n--;
 }
 
-void windir_add(windir *d, const uint8_t key[32], int slot, uint64_t gen, double expiry)
+void windir_add(windir *d, const uint8_t key[32], int slot, double expiry)
 {
-    if (!d) return;
+    if (!d || slot < 0 || slot >= WINDIR_MAX_SLOTS) return;
     int i = windir_find_idx(d, key);
     if (i >= 0) {
         windir_fifo_unlink(d, i);
+        if (expiry < d->e[i].expiry) expiry = d->e[i].expiry;
     } else {
         if (d->n == d->n_max) {
             /* the oldest report goes: with the TTLs workers use, the first to expire */
@@ -120,43 +120,44 @@ void windir_add(windir *d, const uint8_t key[32], int slot, uint64_t gen, double
         uint32_t h = windir_hash(d, key);
         d->e[i].hnext = d->bucket[h];
         d->bucket[h] = i;
+        d->e[i].holders = 0;
         d->n++;
     }
-    d->e[i].slot = slot;
-    d->e[i].gen = gen;
+    d->e[i].holders |= 1ull << slot;
     d->e[i].expiry = expiry;
     windir_fifo_append(d, i);
 }
 
 void windir_drop(windir *d, const uint8_t key[32], int slot)
 {
-    if (!d) return;
+    if (!d || slot < 0 || slot >= WINDIR_MAX_SLOTS) return;
     int i = windir_find_idx(d, key);
-    if (i >= 0 && d->e[i].slot == slot) windir_remove(d, i);
+    if (i < 0) return;
+    d->e[i].holders &= ~(1ull << slot);
+    if (!d->e[i].holders) windir_remove(d, i);
 }
 
 void windir_drop_worker(windir *d, int slot)
 {
-    if (!d) return;
+    if (!d || slot < 0 || slot >= WINDIR_MAX_SLOTS) return;
     for (int i = d->head; i >= 0;) {
         int nx = d->e[i].next;
-        if (d->e[i].slot == slot) windir_remove(d, i);
+        d->e[i].holders &= ~(1ull << slot);
+        if (!d->e[i].holders) windir_remove(d, i);
         i = nx;
     }
 }
 
-bool windir_find(windir *d, const uint8_t key[32], double now, int *slot, uint64_t *gen)
+uint64_t windir_find(windir *d, const uint8_t key[32], double now)
 {
-    if (!d) return false;
+    if (!d) return 0;
     int i = windir_find_idx(d, key);
-    if (i < 0) return false;
+    if (i < 0) return 0;
     if (now > d->e[i].expiry) {
         windir_remove(d, i);
-        return false;
+        return 0;
     }
-    *slot = d->e[i].slot;
-    *gen = d->e[i].gen;
-    return true;
+    return d->e[i].holders;
 }
 
 int windir_count(const windir *d) { return d ? d->n : 0; }
