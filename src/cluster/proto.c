@@ -162,7 +162,8 @@ const char *proto_status_name(proto_status st)
 const char *proto_type_name(int type)
 {
     static const char *names[] = { "?", "HELLO", "HEARTBEAT", "PREFILL", "HANDOFF", "DECODE",
-                                   "TOKENS", "FINISH", "CANCEL", "DRAIN", "ERROR", "CHALLENGE", "PROOF" };
+                                   "TOKENS", "FINISH", "CANCEL", "DRAIN", "ERROR", "CHALLENGE", "PROOF",
+                                   "WINDOW", "WINFETCH", "WINSTATE" };
     return type > 0 && type <= PROTO_TYPE_MAX ? names[type] : "?";
 }
 
@@ -505,6 +506,13 @@ static bool proto_msg_ok(const proto_msg *m)
     case PROTO_PROOF: return true;
     case PROTO_ERROR: return !m->u.error.msg || strlen(m->u.error.msg) <= PROTO_MAX_STR;
     case PROTO_CANCEL: return true;
+    case PROTO_WINDOW:
+        if (m->u.window.n < 1 || m->u.window.n > PROTO_MAX_WINDOW_EVENTS) return false;
+        for (uint32_t i = 0; i < m->u.window.n; i++)
+            if (m->u.window.ev[i].op < PROTO_WIN_ADD || m->u.window.ev[i].op > PROTO_WIN_DROP) return false;
+        return true;
+    case PROTO_WINFETCH: return true;
+    case PROTO_WINSTATE: return m->u.winstate.n_bytes <= PROTO_MAX_PAYLOAD - 36;
     default: return false;
     }
 }
@@ -628,6 +636,22 @@ proto_status proto_encode(proto_buf *b, const proto_msg *m)
         break;
     case PROTO_PROOF:
         proto_put_bytes(b, m->u.proof.mac, AUTH_MAC_SIZE);
+        break;
+    case PROTO_WINDOW:
+        proto_put_u32(b, m->u.window.n);
+        for (uint32_t i = 0; i < m->u.window.n; i++) {
+            proto_put_u8(b, m->u.window.ev[i].op);
+            proto_put_bytes(b, m->u.window.ev[i].key, 32);
+            proto_put_u32(b, m->u.window.ev[i].ttl_ms);
+        }
+        break;
+    case PROTO_WINFETCH:
+        proto_put_bytes(b, m->u.winfetch.key, 32);
+        break;
+    case PROTO_WINSTATE:
+        proto_put_bytes(b, m->u.winstate.key, 32);
+        proto_put_u32(b, m->u.winstate.n_bytes);
+        proto_put_bytes(b, m->u.winstate.data, m->u.winstate.n_bytes);
         break;
     }
     if (b->oom && !was_oom) {
@@ -772,6 +796,42 @@ proto_status proto_decode(const proto_hdr *h, const uint8_t *payload, proto_msg 
         if (p) memcpy(ch ? m->u.challenge.nonce : m->u.proof.mac, p, ch ? AUTH_NONCE_SIZE : AUTH_MAC_SIZE);
         break;
     }
+    case PROTO_WINDOW: {
+        proto_window *x = &m->u.window;
+        uint32_t n = proto_get_u32(r);
+        /* the count against its limit and the bytes present before anything is allocated */
+        if (r->err || n < 1 || n > PROTO_MAX_WINDOW_EVENTS || (size_t)n * 37 != r->n - r->off) { r->err = true; break; }
+        x->ev = calloc(n, sizeof *x->ev);
+        if (!x->ev) { r->err = true; break; }
+        x->n = n;
+        for (uint32_t i = 0; i < n && !r->err; i++) {
+            x->ev[i].op = proto_get_u8(r);
+            const uint8_t *k = proto_get_bytes(r, 32);
+            if (k) memcpy(x->ev[i].key, k, 32);
+            x->ev[i].ttl_ms = proto_get_u32(r);
+            if (x->ev[i].op < PROTO_WIN_ADD || x->ev[i].op > PROTO_WIN_DROP) r->err = true;
+        }
+        break;
+    }
+    case PROTO_WINFETCH: {
+        const uint8_t *k = proto_get_bytes(r, 32);
+        if (k) memcpy(m->u.winfetch.key, k, 32);
+        break;
+    }
+    case PROTO_WINSTATE: {
+        proto_winstate *x = &m->u.winstate;
+        const uint8_t *k = proto_get_bytes(r, 32);
+        if (k) memcpy(x->key, k, 32);
+        uint32_t n = proto_get_u32(r);
+        if (r->err || n != r->n - r->off) { r->err = true; break; }
+        if (n) {
+            x->data = malloc(n);
+            if (!x->data) { r->err = true; break; }
+            memcpy(x->data, proto_get_bytes(r, n), n);
+        }
+        x->n_bytes = n;
+        break;
+    }
     default:
         return PROTO_ERR_TYPE;
     }
@@ -803,6 +863,8 @@ void proto_msg_free(proto_msg *m)
         break;
     case PROTO_TOKENS: free(m->u.tokens.toks); break;
     case PROTO_ERROR: free(m->u.error.msg); break;
+    case PROTO_WINDOW: free(m->u.window.ev); break;
+    case PROTO_WINSTATE: free(m->u.winstate.data); break;
     default: break;
     }
     memset(&m->u, 0, sizeof m->u);

@@ -22,7 +22,9 @@
  * when the request ended at its first token, or ERROR); the gateway relays the handoff in a
  * DECODE job to a decode worker, which streams TOKENS and ends with FINISH. Workers send
  * HEARTBEAT every 500 ms. Full KV blocks travel through the shared block store; only the
- * partial tail block travels in HANDOFF / DECODE.
+ * partial tail block travels in HANDOFF / DECODE. On models with sliding-window layers
+ * workers report the window states they keep (WINDOW) and the gateway relays one from its
+ * holder (WINFETCH, WINSTATE) to the worker a job goes to, just before the job.
  */
 #ifndef TM_PROTO_H
 #define TM_PROTO_H
@@ -45,6 +47,7 @@
 #define PROTO_MAX_THINK PROTO_MAX_TOKENS /* largest reasoning budget, tokens */
 #define PROTO_MAX_GRAMMAR (1u << 20)     /* longest grammar source (schema / regex / GBNF), bytes */
 #define PROTO_GRAMMAR_KINDS 4            /* grammar kinds on the wire: grammar_kind 0..3 */
+#define PROTO_MAX_WINDOW_EVENTS 4096     /* most events in one WINDOW frame */
 
 typedef enum {
     PROTO_OK = 0,
@@ -75,7 +78,11 @@ typedef enum {
     PROTO_ERROR = 10,      /* both ways: a request failed (id != 0) or the connection (id 0) */
     PROTO_CHALLENGE = 11,  /* both ways, first frame: a fresh nonce (cluster/auth.h) */
     PROTO_PROOF = 12,      /* both ways, second frame: HMAC of both nonces under the key */
-    PROTO_TYPE_MAX = 12,
+    PROTO_WINDOW = 13,     /* worker -> gateway: window states it added / dropped (directory) */
+    PROTO_WINFETCH = 14,   /* gateway -> worker: send me the window state of this key */
+    PROTO_WINSTATE = 15,   /* worker -> gateway: the answer (empty: not held); gateway ->
+                            * worker: keep this state (fetched from another worker) */
+    PROTO_TYPE_MAX = 15,
 } proto_type;
 
 /* Header flags. Each type accepts only the flags listed for it; any other bit is an error. */
@@ -288,6 +295,33 @@ typedef struct {
     uint8_t mac[AUTH_MAC_SIZE];     /* PROOF: HMAC-SHA256 of both nonces under the key */
 } proto_proof;
 
+typedef enum {              /* WINDOW event ops (wincache_ev_op's values) */
+    PROTO_WIN_ADD = 1,      /* the sender keeps the state ttl_ms from now */
+    PROTO_WIN_DROP = 2,     /* the sender dropped it */
+} proto_win_op;
+
+typedef struct {            /* one directory event (WINDOW) */
+    uint8_t op;             /* proto_win_op */
+    uint8_t key[32];        /* block key of the block the window state ends */
+    uint32_t ttl_ms;        /* added: milliseconds it is kept; dropped: 0 */
+} proto_window_ev;
+
+typedef struct {
+    uint32_t n;             /* 1..PROTO_MAX_WINDOW_EVENTS */
+    proto_window_ev *ev;    /* (n) */
+} proto_window;
+
+typedef struct {
+    uint8_t key[32];        /* WINFETCH: the state wanted */
+} proto_winfetch;
+
+typedef struct {
+    uint8_t key[32];        /* the state's key */
+    uint32_t n_bytes;       /* 0 (not held: a fetch's answer only) or the state's bytes */
+    uint8_t *data;          /* (n_bytes) the window layers' state, the holder's layout
+                             * (kvpool_window_state_bytes: the receiver checks the size) */
+} proto_winstate;
+
 typedef struct {
     proto_hdr hdr;          /* type, flags and req_id are used by proto_encode */
     union {
@@ -302,6 +336,9 @@ typedef struct {
         proto_error error;
         proto_challenge challenge;
         proto_proof proof;
+        proto_window window;
+        proto_winfetch winfetch;
+        proto_winstate winstate;
     } u;
 } proto_msg;
 

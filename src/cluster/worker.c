@@ -22,6 +22,7 @@
 
 #include "cache/blockkey.h"
 #include "cluster/proto.h"
+#include "engine/wincache.h"
 #include "util/util.h"
 
 #define WORKER_FLUSH_WAIT_S 5.0   /* longest a prefill waits for its blocks' write-behind */
@@ -121,6 +122,11 @@ struct worker {
     uint64_t n_handoffs_in;      /* decode: handed-off DECODE jobs with KV brought in */
     uint64_t handoff_in_tokens;  /* positions brought in */
     uint64_t handoff_in_us;      /* DECODE receipt -> KV in place, microseconds */
+    /* window cache directory reports (models with window layers; wincache.h) */
+    wincache *wc;                /* the scheduler's, journaled; NULL without window layers */
+    pthread_mutex_t wrep_mu;     /* one report at a time, so that adds and drops keep their order */
+    wincache_event *wev;         /* (PROTO_MAX_WINDOW_EVENTS) events being sent, under wrep_mu */
+    proto_window_ev *wpev;       /* (PROTO_MAX_WINDOW_EVENTS) their wire form, under wrep_mu */
 };
 
 /* ---- connections ---- */
@@ -341,8 +347,71 @@ static void worker_job_unlink(wjob *j)
     pthread_mutex_unlock(&j->w->mu);
 }
 
+static void worker_broadcast(worker *w, const proto_msg *m);
+
+/* Sends the window states added and dropped since the last report to every connection (the
+ * gateway's directory, windir.h). Called before a HANDOFF and a FINISH, so that the gateway
+ * knows where the states of a request are by the time it places its next job, and with each
+ * heartbeat. */
+static void worker_window_report(worker *w)
+{
+    if (!w->wc) return;
+    pthread_mutex_lock(&w->wrep_mu);
+    int n;
+    while ((n = wincache_events(w->wc, w->wev, PROTO_MAX_WINDOW_EVENTS)) > 0) {
+        for (int i = 0; i < n; i++) {
+            w->wpev[i].op = w->wev[i].op;
+            memcpy(w->wpev[i].key, w->wev[i].key, 32);
+            w->wpev[i].ttl_ms = w->wev[i].ttl_ms;
+        }
+        proto_msg m;
+        memset(&m, 0, sizeof m);
+        m.hdr.type = PROTO_WINDOW;
+        m.u.window.n = (uint32_t)n;
+        m.u.window.ev = w->wpev;
+        worker_broadcast(w, &m);
+    }
+    pthread_mutex_unlock(&w->wrep_mu);
+}
+
+/* WINFETCH: the state of the key, or an empty WINSTATE when it is not held (expired,
+ * evicted, never here). */
+static void worker_window_serve(worker *w, wconn *c, const proto_msg *q)
+{
+    proto_msg m;
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_WINSTATE;
+    m.hdr.req_id = q->hdr.req_id;
+    memcpy(m.u.winstate.key, q->u.winfetch.key, 32);
+    size_t eb = wincache_entry_bytes(w->wc);
+    uint8_t *buf = eb ? malloc(eb) : NULL;
+    if (buf && wincache_peek(w->wc, q->u.winfetch.key, buf, util_now())) {
+        m.u.winstate.n_bytes = (uint32_t)eb;
+        m.u.winstate.data = buf;
+    }
+    log_debug("worker: %s: window fetch %llu: %s", c->peer, (unsigned long long)q->hdr.req_id,
+              m.u.winstate.n_bytes ? "sent" : "not held");
+    worker_send(c, &m);
+    free(buf);
+}
+
+/* WINSTATE from the gateway: a state another worker produced, for a job about to come. The
+ * payload is checked against this model's geometry (its size); one that does not fit is
+ * logged and dropped (the job replays). */
+static void worker_window_keep(worker *w, wconn *c, const proto_msg *m)
+{
+    size_t eb = wincache_entry_bytes(w->wc);
+    if (!eb || m->u.winstate.n_bytes != eb) {
+        log_warn("worker: %s: a window state of %u bytes, this model's are %zu: not kept", c->peer,
+                 m->u.winstate.n_bytes, eb);
+        return;
+    }
+    wincache_put_fetched(w->wc, m->u.winstate.key, m->u.winstate.data, util_now());
+}
+
 static void worker_send_finish(wjob *j, int reason, int n_prompt, int n_cached, int n_completion, double ttft)
 {
+    worker_window_report(j->w);
     proto_msg m;
     memset(&m, 0, sizeof m);
     m.hdr.type = PROTO_FINISH;
@@ -485,6 +554,7 @@ static void worker_prefill_done(wjob *j)
         return;
     }
     int n_stored = worker_stored_prefix(w, p);
+    worker_window_report(w);   /* before the HANDOFF: the decode job placed on it fetches them */
     proto_msg m;
     memset(&m, 0, sizeof m);
     m.hdr.type = PROTO_HANDOFF;
@@ -851,6 +921,13 @@ static void worker_serve_conn(worker *w, wconn *c, bool reg)
         case PROTO_DRAIN:
             if (!m.u.drain.done) worker_drain(w, m.u.drain.deadline_ms ? (int)m.u.drain.deadline_ms : 60000);
             continue;
+        case PROTO_WINFETCH:
+            worker_window_serve(w, c, &m);
+            continue;
+        case PROTO_WINSTATE:
+            if (!m.hdr.req_id) worker_window_keep(w, c, &m);
+            proto_msg_free(&m);
+            continue;
         case PROTO_ERROR:
             log_warn("worker: %s: error from the peer (req %llu): %u %s", c->peer, (unsigned long long)m.hdr.req_id,
                      m.u.error.code, m.u.error.msg ? m.u.error.msg : "");
@@ -1016,6 +1093,7 @@ static void *worker_hb_thread(void *arg)
     worker *w = arg;
     int ms = w->o.heartbeat_ms > 0 ? w->o.heartbeat_ms : 500;
     while (!worker_nap(w, ms)) {
+        worker_window_report(w);
         sched_stats ss;
         sched_get_stats(w->s, &ss);
         proto_msg m;
@@ -1144,6 +1222,13 @@ worker *worker_new(const worker_opts *o, engine *e, sched *s, store *st, blockio
     pthread_cond_init(&w->pump_cv, NULL);
     w->gcache = grammar_cache_new(256);
     pthread_cond_init(&w->handoff_cv, NULL);
+    pthread_mutex_init(&w->wrep_mu, NULL);
+    w->wc = sched_wincache(s);
+    if (w->wc) {
+        w->wev = xcalloc(PROTO_MAX_WINDOW_EVENTS, sizeof *w->wev);
+        w->wpev = xcalloc(PROTO_MAX_WINDOW_EVENTS, sizeof *w->wpev);
+        wincache_journal_start(w->wc, 4 * PROTO_MAX_WINDOW_EVENTS);
+    }
     for (int i = 0; i < WORKER_PUMPS; i++)
         if (pthread_create(&w->pumps[w->n_pumps], NULL, worker_pump_thread, w) == 0) w->n_pumps++;
     w->has_handoff = pthread_create(&w->handoff_thr, NULL, worker_handoff_thread, w) == 0;
@@ -1206,5 +1291,8 @@ void worker_free(worker *w)
     pthread_cond_destroy(&w->pump_cv);
     pthread_cond_destroy(&w->handoff_cv);
     grammar_cache_free(w->gcache);
+    pthread_mutex_destroy(&w->wrep_mu);
+    free(w->wev);
+    free(w->wpev);
     free(w);
 }

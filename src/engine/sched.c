@@ -1749,6 +1749,8 @@ void sched_release(sched_req *r)
 
 engine *sched_engine(sched *s) { return s->e; }
 
+wincache *sched_wincache(sched *s) { return s->wc; }
+
 void sched_get_stats(sched *s, sched_stats *st)
 {
     pthread_mutex_lock(&s->mu);

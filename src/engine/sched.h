@@ -396,6 +396,10 @@ void sched_release(sched_req *r);
 void sched_get_stats(sched *s, sched_stats *st);
 /* The engine it runs (for its thread-safe readers, such as engine_moe_load). */
 engine *sched_engine(sched *s);
+/* Its window cache (thread-safe; NULL for a model without window layers): a cluster worker
+ * journals it for the gateway's directory and serves and keeps fetched states through it. */
+struct wincache;
+struct wincache *sched_wincache(sched *s);
 /* Copies the time-to-first-token, inter-token latency, step duration and store load wait
  * (seconds from the start of a request's block store load to its admission: the part of its
  * time to first token spent getting its blocks, before any compute) histograms; NULL skips. */

@@ -28,6 +28,8 @@ struct wincache {
     uint32_t mask;
     int32_t free_head, lru_head, lru_tail;
     wincache_stats st;
+    wincache_event *jr;          /* (n_jr) journal ring, NULL when off */
+    int n_jr, jr_head, jr_n;     /* capacity, oldest event, events held */
 };
 
 wincache *wincache_new(const wincache_opts *o)
@@ -67,7 +69,22 @@ void wincache_free(wincache *c)
     free(c->data);
     free(c->slot);
     free(c->bucket);
+    free(c->jr);
     free(c);
+}
+
+/* Journals an event (mu held). */
+static void wincache_journal(wincache *c, const uint8_t key[32], int op)
+{
+    if (!c->jr) return;
+    if (c->jr_n == c->n_jr) {
+        c->st.n_journal_lost++;
+        return;
+    }
+    wincache_event *e = &c->jr[(c->jr_head + c->jr_n++) % c->n_jr];
+    memcpy(e->key, key, 32);
+    e->op = (uint8_t)op;
+    e->ttl_ms = op == WINCACHE_EV_ADD ? (uint32_t)(c->o.ttl_s * 1000.0 < 4e9 ? c->o.ttl_s * 1000.0 : 4e9) : 0;
 }
 
 static uint32_t wincache_hash(const wincache *c, const uint8_t key[32])
@@ -107,6 +124,7 @@ static void wincache_lru_push(wincache *c, int i)
 /* Takes slot i out of the map and the LRU onto the free list. */
 static void wincache_drop(wincache *c, int i)
 {
+    wincache_journal(c, c->slot[i].key, WINCACHE_EV_DROP);
     int32_t *pp = &c->bucket[wincache_hash(c, c->slot[i].key)];
     while (*pp != i) pp = &c->slot[*pp].hnext;
     *pp = c->slot[i].hnext;
@@ -119,10 +137,8 @@ static void wincache_drop(wincache *c, int i)
     c->st.bytes -= c->o.entry_bytes;
 }
 
-void wincache_put(wincache *c, const uint8_t key[32], const void *state, double now)
+static void wincache_put_locked(wincache *c, const uint8_t key[32], const void *state, double now)
 {
-    if (!c || !c->n_slots) return;
-    pthread_mutex_lock(&c->mu);
     int i = wincache_find(c, key);
     if (i >= 0) {
         wincache_lru_unlink(c, i);
@@ -150,6 +166,24 @@ void wincache_put(wincache *c, const uint8_t key[32], const void *state, double 
     c->slot[i].t_put = now;
     wincache_lru_push(c, i);
     c->st.n_puts++;
+    wincache_journal(c, key, WINCACHE_EV_ADD);
+}
+
+void wincache_put(wincache *c, const uint8_t key[32], const void *state, double now)
+{
+    if (!c || !c->n_slots) return;
+    pthread_mutex_lock(&c->mu);
+    wincache_put_locked(c, key, state, now);
+    pthread_mutex_unlock(&c->mu);
+}
+
+void wincache_put_fetched(wincache *c, const uint8_t key[32], const void *state, double now)
+{
+    if (!c) return;
+    pthread_mutex_lock(&c->mu);
+    if (c->n_slots) wincache_put_locked(c, key, state, now);
+    c->st.n_fetches++;
+    c->st.n_fetch_bytes += c->o.entry_bytes;
     pthread_mutex_unlock(&c->mu);
 }
 
@@ -195,3 +229,44 @@ void wincache_get_stats(wincache *c, wincache_stats *st)
     *st = c->st;
     pthread_mutex_unlock(&c->mu);
 }
+
+void wincache_journal_start(wincache *c, int n)
+{
+    if (!c || n <= 0) return;
+    pthread_mutex_lock(&c->mu);
+    if (!c->jr) {
+        c->jr = calloc((size_t)n, sizeof *c->jr);
+        c->n_jr = c->jr ? n : 0;
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+int wincache_events(wincache *c, wincache_event *out, int max)
+{
+    if (!c) return 0;
+    pthread_mutex_lock(&c->mu);
+    int n = 0;
+    while (n < max && c->jr_n > 0) {
+        out[n++] = c->jr[c->jr_head];
+        c->jr_head = (c->jr_head + 1) % c->n_jr;
+        c->jr_n--;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return n;
+}
+
+bool wincache_peek(wincache *c, const uint8_t key[32], void *dst, double now)
+{
+    if (!c) return false;
+    pthread_mutex_lock(&c->mu);
+    int i = wincache_find(c, key);
+    bool ok = i >= 0 && now - c->slot[i].t_put <= c->o.ttl_s;
+    if (ok) {
+        memcpy(dst, c->data + (size_t)i * c->o.entry_bytes, c->o.entry_bytes);
+        c->st.n_served++;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return ok;
+}
+
+size_t wincache_entry_bytes(const wincache *c) { return c ? c->o.entry_bytes : 0; }

@@ -14,7 +14,14 @@
  * Every entry has the same size (one model per process), so the store is an array of slots
  * allocated once (faulted in as used), a free list, an LRU and a hash map by key: no
  * allocation after wincache_new. The engine thread puts and gets; a mutex guards everything
- * so that /metrics (and a future fetch for another process) may read at any time.
+ * so that /metrics and a cluster worker's connection threads may read at any time.
+ *
+ * In a cluster the gateway keeps a directory of which worker holds which state (windir.h):
+ * a worker turns on a journal (wincache_journal_start) and sends the gateway what was added
+ * and dropped (wincache_events). A lost event only costs a replay: a directory entry that
+ * points at a state no longer held answers its fetch with nothing, a state the directory
+ * does not know is simply not fetched. wincache_peek serves a fetch; wincache_put_fetched
+ * keeps a state another worker produced.
  */
 #ifndef TM_WINCACHE_H
 #define TM_WINCACHE_H
@@ -40,8 +47,22 @@ typedef struct {
     uint64_t n_replay_exact;     /* misses replayed exactly (counted by the scheduler) */
     uint64_t n_replay_bounded;   /* misses replayed over the last block only */
     uint64_t n_replay_tokens;    /* positions recomputed by replays */
-    uint64_t n_fetches;          /* states fetched from another process */
+    uint64_t n_fetches;          /* states fetched from another process (wincache_put_fetched) */
+    uint64_t n_fetch_bytes;      /* their bytes */
+    uint64_t n_served;           /* states copied out for another process (wincache_peek hits) */
+    uint64_t n_journal_lost;     /* events not journaled because the journal was full */
 } wincache_stats;
+
+typedef enum {
+    WINCACHE_EV_ADD = 1,         /* a state was put (or replaced): held for ttl_ms from now */
+    WINCACHE_EV_DROP = 2,        /* a state was dropped (evicted or expired) */
+} wincache_ev_op;
+
+typedef struct {
+    uint8_t key[32];             /* block key of the block the state ends */
+    uint8_t op;                  /* wincache_ev_op */
+    uint32_t ttl_ms;             /* ADD: milliseconds it lives from the put; DROP: 0 */
+} wincache_event;
 
 typedef struct wincache wincache;
 
@@ -57,5 +78,19 @@ bool wincache_get(wincache *c, const uint8_t key[32], void *dst, double now);
 /* Counts a replay of n positions (exact or bounded). */
 void wincache_count_replay(wincache *c, bool exact, int n);
 void wincache_get_stats(wincache *c, wincache_stats *st);
+
+/* Turns on the journal of adds and drops, n events deep (allocated here, once; later calls
+ * do nothing). When it is full, new events are lost (counted): the directory they feed is
+ * advisory. */
+void wincache_journal_start(wincache *c, int n);
+/* Moves up to max journaled events, oldest first, into out; returns how many. */
+int wincache_events(wincache *c, wincache_event *out, int max);
+/* Copies the state of key into dst without counting a hit or refreshing its place in the LRU
+ * (a fetch by another process); false when there is none or it has expired. */
+bool wincache_peek(wincache *c, const uint8_t key[32], void *dst, double now);
+/* wincache_put of a state fetched from another process, counted as a fetch of entry_bytes. */
+void wincache_put_fetched(wincache *c, const uint8_t key[32], const void *state, double now);
+/* Bytes of one state (what a fetched state must measure); 0 for NULL. */
+size_t wincache_entry_bytes(const wincache *c);
 
 #endif

@@ -158,6 +158,19 @@ static void proto_seeds(void)
     proto_buf_reset(&b);
     m = (proto_msg){ .hdr = { .type = PROTO_ERROR, .req_id = 0 }, .u.error = { .code = PROTO_E_MALFORMED, .msg = "bad" } };
     proto_seed(&b, "error", &m);
+    proto_buf_reset(&b);
+    proto_window_ev ev[2] = { { .op = PROTO_WIN_ADD, .key = { 1, 2, 3 }, .ttl_ms = 180000 }, { .op = PROTO_WIN_DROP, .key = { 4 } } };
+    m = (proto_msg){ .hdr = { .type = PROTO_WINDOW }, .u.window = { .n = 2, .ev = ev } };
+    proto_seed(&b, "window", &m);
+    proto_buf_reset(&b);
+    m = (proto_msg){ .hdr = { .type = PROTO_WINFETCH, .req_id = 2 }, .u.winfetch = { .key = { 1, 2, 3 } } };
+    proto_seed(&b, "winfetch", &m);
+    uint8_t state[16] = { 9, 8, 7 };
+    m = (proto_msg){ .hdr = { .type = PROTO_WINSTATE, .req_id = 2 }, .u.winstate = { .key = { 1, 2, 3 }, .n_bytes = 16, .data = state } };
+    proto_seed(&b, "winfetch-winstate", &m);   /* a fetch and its answer */
+    proto_buf_reset(&b);
+    m = (proto_msg){ .hdr = { .type = PROTO_WINSTATE, .req_id = 3 }, .u.winstate = { .key = { 5 } } };
+    proto_seed(&b, "winstate-empty", &m);
     proto_buf_free(&b);
 }
 

@@ -27,7 +27,11 @@
  *     on one of them goes to that one (not to the idle one), counted as shared in flight; an
  *     unrelated prompt then goes to the idle one;
  *   - a request's grammar travels as its source (flag GRAMMAR), and a worker's refusal of it
- *     (ERROR ARG) ends the request REFUSED, not as an engine error.
+ *     (ERROR ARG) ends the request REFUSED, not as an engine error;
+ *   - window states: a prefill worker reports the state at 256 (WINDOW); the DECODE after its
+ *     HANDOFF waits for the state fetched from it (WINFETCH) and reaches the decode worker right
+ *     after it (WINSTATE, then DECODE); a holder that answers nothing, or does not answer, only
+ *     delays the DECODE (bounded), counted as failed fetches.
  */
 #include <errno.h>
 #include <netinet/in.h>
@@ -49,6 +53,7 @@
 
 #include "cache/store.h"
 #include "cluster/gateway.h"
+#include "cache/blockkey.h"
 #include "cluster/proto.h"
 #include "grammar/grammar.h"
 #include "cluster/worker.h"
@@ -293,12 +298,14 @@ TEST(test_split_run_and_handoff_metrics)
 
 /* ---- a fake worker ---- */
 
+static int g_fake_role = PROTO_ROLE_MIXED;   /* the role fake workers register with */
+
 static void fake_hello(proto_msg *m)
 {
     memset(m, 0, sizeof *m);
     m->hdr.type = PROTO_HELLO;
     m->hdr.flags = PROTO_F_REGISTER;
-    m->u.hello.role = PROTO_ROLE_MIXED;
+    m->u.hello.role = (uint8_t)g_fake_role;
     m->u.hello.kv_dtype = QTYPE_F32;
     memcpy(m->u.hello.model_fp, g_model->fingerprint, 32);
     m->u.hello.max_seqs = 4;
@@ -905,6 +912,108 @@ TEST(test_grammar_travels_and_worker_refusal)
     fake_close(fd);
 }
 
+/* One request through a fake prefill worker P and a fake decode worker D; P holds the window
+ * state at 256. answer: 0 P answers the fetch with the state, 1 with nothing, 2 not at all. */
+static void window_fetch_round(const gw_env *G, int fp, int fd, const int32_t *prompt, int answer)
+{
+    sched_params p = greedy(prompt, 300);
+    p.max_tokens = 2;
+    sched_req *h = NULL;
+    CHECK(G->be->submit(G->be->ud, &p, &h) == SCHED_OK);
+    proto_msg m;
+    CHECK(fake_expect(fp, PROTO_PREFILL, &m));
+    uint64_t id = m.hdr.req_id;
+    proto_msg_free(&m);
+    uint8_t root[32], pfp[32], keys[2][32];
+    blockkey_root(NULL, 0, root);
+    blockkey_pool_fp(g_model->fingerprint, QTYPE_F32, pfp);
+    blockkey_chain(root, prompt, 2, pfp, keys);
+    proto_window_ev ev = { .op = PROTO_WIN_ADD, .ttl_ms = 600000 };
+    memcpy(ev.key, keys[1], 32);
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_WINDOW;
+    m.u.window.n = 1;
+    m.u.window.ev = &ev;
+    CHECK(proto_send_msg(PC(fp), &m) == PROTO_OK);
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_HANDOFF;
+    m.hdr.req_id = id;
+    m.u.handoff.first.token = 3;
+    m.u.handoff.n_prompt = 300;
+    m.u.handoff.n_computed = 300;
+    m.u.handoff.n_stored = 256;
+    CHECK(proto_send_msg(PC(fp), &m) == PROTO_OK);
+    CHECK(fake_expect(fp, PROTO_WINFETCH, &m));
+    CHECK(!memcmp(m.u.winfetch.key, keys[1], 32));
+    uint64_t fid = m.hdr.req_id;
+    uint8_t state[48];
+    for (int i = 0; i < 48; i++) state[i] = (uint8_t)(i + answer);
+    if (answer < 2) {
+        memset(&m, 0, sizeof m);
+        m.hdr.type = PROTO_WINSTATE;
+        m.hdr.req_id = fid;
+        memcpy(m.u.winstate.key, keys[1], 32);
+        m.u.winstate.n_bytes = answer == 0 ? 48 : 0;
+        m.u.winstate.data = answer == 0 ? state : NULL;
+        CHECK(proto_send_msg(PC(fp), &m) == PROTO_OK);
+    }
+    /* D: the state first (when there is one), then the DECODE */
+    CHECK(proto_recv(PC(fd), &m) == PROTO_OK);
+    if (answer == 0) {
+        CHECKF(m.hdr.type == PROTO_WINSTATE, "got %s", proto_type_name(m.hdr.type));
+        CHECK(m.hdr.req_id == 0 && m.u.winstate.n_bytes == 48 && m.u.winstate.data &&
+              !memcmp(m.u.winstate.data, state, 48) && !memcmp(m.u.winstate.key, keys[1], 32));
+        proto_msg_free(&m);
+        CHECK(proto_recv(PC(fd), &m) == PROTO_OK);
+    }
+    CHECKF(m.hdr.type == PROTO_DECODE, "got %s", proto_type_name(m.hdr.type));
+    uint64_t did = m.hdr.req_id;
+    proto_msg_free(&m);
+    int32_t tok = 4;
+    fake_tokens(fd, did, &tok, 1);
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_FINISH;
+    m.hdr.req_id = did;
+    m.u.finish.reason = PROTO_FINISH_LENGTH;
+    m.u.finish.prompt_tokens = 300;
+    m.u.finish.completion_tokens = 2;
+    CHECK(proto_send_msg(PC(fd), &m) == PROTO_OK);
+    int32_t out[4];
+    sched_finish fin;
+    CHECK(collect(G->be, h, out, 4, &fin) == 2 && out[0] == 3 && out[1] == 4);
+    G->be->release(G->be->ud, h);
+}
+
+TEST(test_window_state_fetched_for_the_decode_worker)
+{
+    gw_env G = gw_start();
+    g_fake_role = PROTO_ROLE_PREFILL;
+    int fp = fake_connect(&G);
+    g_fake_role = PROTO_ROLE_DECODE;
+    int fd = fake_connect(&G);
+    g_fake_role = PROTO_ROLE_MIXED;
+    CHECK(WAIT_UNTIL(workers_up(G.be) == 2, 30));
+    proto_msg m;
+    CHECK(fake_expect(fp, PROTO_HELLO, &m));
+    proto_msg_free(&m);
+    CHECK(fake_expect(fd, PROTO_HELLO, &m));
+    proto_msg_free(&m);
+    int32_t prompt[300];
+    make_prompt(prompt, 300, 21);
+    window_fetch_round(&G, fp, fd, prompt, 0);
+    CHECK(metric(G.be, "tokenmill_gateway_window_fetches_total{result=\"ok\"} ") == 1);
+    CHECK(metric(G.be, "tokenmill_gateway_window_fetch_bytes_total ") == 48);
+    CHECK(metric(G.be, "tokenmill_gateway_window_directory_entries ") == 1);
+    window_fetch_round(&G, fp, fd, prompt, 1);   /* not held any more: the DECODE goes alone */
+    window_fetch_round(&G, fp, fd, prompt, 2);   /* no answer: it goes after the bounded wait */
+    CHECK(metric(G.be, "tokenmill_gateway_window_fetches_total{result=\"ok\"} ") == 1);
+    CHECK(metric(G.be, "tokenmill_gateway_window_fetches_total{result=\"failed\"} ") == 2);
+    gateway_shutdown(G.g);
+    gateway_free(G.g);
+    fake_close(fp);
+    fake_close(fd);
+}
+
 int main(void)
 {
     util_log_level = LOG_LEVEL_ERROR;
@@ -916,6 +1025,7 @@ int main(void)
     snprintf(g_spec, sizeof g_spec, "dir:%s/store", tmpdir);
     if (tiny_write(&c, path) || model_load(path, NULL, &g_model, err, sizeof err) != GGUF_OK) return 1;
     RUN(test_split_run_and_handoff_metrics);
+    RUN(test_window_state_fetched_for_the_decode_worker);
     RUN(test_bad_values_close_the_worker_and_reroute);
     RUN(test_malformed_frame_is_answered_and_closed);
     RUN(test_rogue_workers_refused);

@@ -340,6 +340,61 @@ TEST(test_decoder_ranges)
     CHECK(patched(&m, -8, 2) == PROTO_ERR_MALFORMED);
 }
 
+/* The window cache's frames: WINDOW (directory events), WINFETCH, WINSTATE (a state or none)
+ * survive a round trip; counts, ops and lengths out of range are refused. */
+TEST(test_window_frames)
+{
+    proto_window_ev ev[2] = { { .op = PROTO_WIN_ADD, .ttl_ms = 180000 }, { .op = PROTO_WIN_DROP } };
+    for (int i = 0; i < 32; i++) ev[0].key[i] = (uint8_t)i, ev[1].key[i] = (uint8_t)(100 + i);
+    proto_msg m, o;
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_WINDOW;
+    m.u.window.n = 2;
+    m.u.window.ev = ev;
+    CHECK(roundtrip(&m, &o) == PROTO_OK);
+    CHECK(o.u.window.n == 2 && o.u.window.ev[0].op == PROTO_WIN_ADD && o.u.window.ev[0].ttl_ms == 180000 &&
+          !memcmp(o.u.window.ev[1].key, ev[1].key, 32) && o.u.window.ev[1].op == PROTO_WIN_DROP);
+    proto_msg_free(&o);
+    CHECK(patched(&m, 0, 3) == PROTO_ERR_MALFORMED);            /* more events than bytes */
+    CHECK(patched(&m, 0, 1) == PROTO_ERR_MALFORMED);            /* fewer: trailing bytes */
+    CHECK(patched(&m, 0, 0) == PROTO_ERR_MALFORMED);            /* an empty report */
+    CHECK(patched(&m, 0, 0xffffffffu) == PROTO_ERR_MALFORMED);  /* checked before any allocation */
+    CHECK(patched(&m, 4, 3) == PROTO_ERR_MALFORMED);            /* an unknown op (and key bytes) */
+    m.u.window.n = 0;
+    CHECK(roundtrip(&m, &o) == PROTO_ERR_MALFORMED);            /* never encoded */
+    ev[0].op = 7;
+    m.u.window.n = 1;
+    CHECK(roundtrip(&m, &o) == PROTO_ERR_MALFORMED);
+
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_WINFETCH;
+    m.hdr.req_id = 9;
+    m.u.winfetch.key[5] = 55;
+    CHECK(roundtrip(&m, &o) == PROTO_OK);
+    CHECK(o.hdr.req_id == 9 && o.u.winfetch.key[5] == 55);
+    proto_msg_free(&o);
+
+    uint8_t state[100];
+    for (int i = 0; i < 100; i++) state[i] = (uint8_t)(i * 3);
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_WINSTATE;
+    m.hdr.req_id = 9;
+    m.u.winstate.key[0] = 1;
+    m.u.winstate.n_bytes = 100;
+    m.u.winstate.data = state;
+    CHECK(roundtrip(&m, &o) == PROTO_OK);
+    CHECK(o.u.winstate.n_bytes == 100 && o.u.winstate.key[0] == 1 && !memcmp(o.u.winstate.data, state, 100));
+    proto_msg_free(&o);
+    CHECK(patched(&m, 32, 101) == PROTO_ERR_MALFORMED);         /* longer than the payload */
+    CHECK(patched(&m, 32, 99) == PROTO_ERR_MALFORMED);          /* shorter: trailing bytes */
+    CHECK(patched(&m, 32, 0xffffffffu) == PROTO_ERR_MALFORMED);
+    m.u.winstate.n_bytes = 0;                                   /* "not held" */
+    m.u.winstate.data = NULL;
+    CHECK(roundtrip(&m, &o) == PROTO_OK);
+    CHECK(o.u.winstate.n_bytes == 0 && !o.u.winstate.data);
+    proto_msg_free(&o);
+}
+
 /* The reasoning budget (flag THINK on PREFILL / DECODE): its fields survive; a frame without
  * the flag is the same bytes as before the section existed; bad values are refused both ways. */
 TEST(test_think_budget)
@@ -711,6 +766,11 @@ static int seed_frames(proto_buf *bufs)
         case PROTO_TOKENS: m.hdr.flags = PROTO_F_LOGPROBS; m.u.tokens.n = 2; m.u.tokens.toks = toks; break;
         case PROTO_FINISH: m.u.finish.reason = PROTO_FINISH_STOP; m.u.finish.prompt_tokens = 3; break;
         case PROTO_ERROR: m.u.error.code = 1; m.u.error.msg = "x"; break;
+        case PROTO_WINDOW: {
+            static proto_window_ev ev[3] = { { .op = PROTO_WIN_ADD, .ttl_ms = 5 }, { .op = PROTO_WIN_DROP }, { .op = PROTO_WIN_ADD } };
+            m.u.window.n = 3; m.u.window.ev = ev; break;
+        }
+        case PROTO_WINSTATE: m.u.winstate.n_bytes = 64; m.u.winstate.data = kvdata; break;
         default: break;
         }
         proto_buf_init(&bufs[n]);
@@ -1189,6 +1249,7 @@ int main(void)
     RUN(test_roundtrip_hello_heartbeat);
     RUN(test_roundtrip_jobs);
     RUN(test_decoder_ranges);
+    RUN(test_window_frames);
     RUN(test_grammar_section);
     RUN(test_think_budget);
     RUN(test_roundtrip_small);

@@ -7,7 +7,9 @@
  * blocks and restores the window state captured at its end computes logits bit-identical to
  * the sequence that computed everything; so does an exact replay; a bounded replay recomputes
  * only the last block and is an approximation. The window cache itself: put/get, TTL expiry,
- * LRU eviction, the byte bound.
+ * LRU eviction, the byte bound, the journal a cluster worker reports. A worker (played against
+ * by the test as its gateway) keeps a relayed state only when its size is the model's, serves
+ * it back on a fetch, and reports the states a prefill crossed (WINDOW) before its HANDOFF.
  */
 #include "harness.h"
 
@@ -15,8 +17,15 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <sys/socket.h>
+#include <sys/time.h>
+
+#include "cache/blockkey.h"
 #include "cli/cmd.h"
+#include "cluster/proto.h"
+#include "cluster/worker.h"
 #include "engine/engine.h"
+#include "engine/sched.h"
 #include "engine/wincache.h"
 #include "model/model.h"
 #include "util/util.h"
@@ -226,6 +235,53 @@ TEST(test_window_restore_and_replay)
     model_free(m);
 }
 
+/* The journal a cluster worker reports to the gateway's directory: adds with their TTL, drops
+ * for room and age, in order; a full journal loses new events (counted), never blocks. A peek
+ * (a fetch by another worker) copies without counting a hit; a fetched put counts a fetch. */
+TEST(test_wincache_journal)
+{
+    enum { EB = 32 };
+    wincache_opts o = { .entry_bytes = EB, .max_bytes = 2 * EB, .ttl_s = 5 };
+    wincache *c = wincache_new(&o);
+    CHECK(c != NULL);
+    if (!c) return;
+    uint8_t key[3][32] = { { 1 }, { 2 }, { 3 } }, st[EB], got[EB];
+    memset(st, 7, EB);
+    wincache_put(c, key[0], st, 10);   /* no journal yet: nothing recorded */
+    wincache_event ev[8];
+    CHECK(wincache_events(c, ev, 8) == 0);
+    wincache_journal_start(c, 3);
+    wincache_put(c, key[1], st, 11);
+    wincache_put(c, key[2], st, 12);   /* full: key 0 (least recently used) goes */
+    int n = wincache_events(c, ev, 8);
+    CHECK(n == 3);
+    CHECK(ev[0].op == WINCACHE_EV_ADD && ev[0].key[0] == 2 && ev[0].ttl_ms == 5000);
+    CHECK(ev[1].op == WINCACHE_EV_DROP && ev[1].key[0] == 1 && ev[1].ttl_ms == 0);
+    CHECK(ev[2].op == WINCACHE_EV_ADD && ev[2].key[0] == 3);
+    CHECK(wincache_events(c, ev, 8) == 0);   /* taken */
+    for (int i = 0; i < 3; i++) wincache_put(c, key[1], st, 13 + i);
+    wincache_put(c, key[2], st, 16);   /* the fourth event: lost */
+    wincache_stats s;
+    wincache_get_stats(c, &s);
+    CHECK(s.n_journal_lost == 1);
+    CHECK(wincache_events(c, ev, 2) == 2 && wincache_events(c, ev, 8) == 1);
+
+    memset(got, 0, EB);
+    CHECK(wincache_peek(c, key[1], got, 16) && got[EB - 1] == 7);
+    CHECK(!wincache_peek(c, key[0], got, 16));
+    CHECK(!wincache_peek(c, key[1], got, 30));   /* expired: not served */
+    wincache_get_stats(c, &s);
+    CHECK(s.n_hits == 0 && s.n_misses == 0 && s.n_served == 1);
+    uint8_t k4[32] = { 4 };
+    memset(st, 8, EB);
+    wincache_put_fetched(c, k4, st, 20);
+    CHECK(wincache_get(c, k4, got, 20) && got[0] == 8);
+    wincache_get_stats(c, &s);
+    CHECK(s.n_fetches == 1 && s.n_fetch_bytes == EB && s.n_hits == 1);
+    CHECK(wincache_entry_bytes(c) == EB && wincache_entry_bytes(NULL) == 0);
+    wincache_free(c);
+}
+
 TEST(test_wincache_ttl_lru)
 {
     enum { EB = 64 };
@@ -275,11 +331,145 @@ TEST(test_wincache_ttl_lru)
     wincache_free(c);
 }
 
+static uint8_t g_adds[64][32];   /* keys the worker reported added (WINDOW), in order */
+static int g_n_adds;
+
+/* Reads frames until one of type want (HEARTBEATs and others skipped; WINDOW adds noted in
+ * g_adds); false on error. */
+static bool expect_frame(proto_conn *pc, int want, proto_msg *m)
+{
+    for (;;) {
+        if (proto_recv(pc, m) != PROTO_OK) return false;
+        if (m->hdr.type == PROTO_WINDOW)
+            for (uint32_t i = 0; i < m->u.window.n && g_n_adds < 64; i++)
+                if (m->u.window.ev[i].op == PROTO_WIN_ADD) memcpy(g_adds[g_n_adds++], m->u.window.ev[i].key, 32);
+        if (m->hdr.type == want) return true;
+        proto_msg_free(m);
+    }
+}
+
+static void send_winstate(proto_conn *pc, uint64_t id, const uint8_t key[32], const uint8_t *data, uint32_t n)
+{
+    proto_msg m;
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_WINSTATE;
+    m.hdr.req_id = id;
+    memcpy(m.u.winstate.key, key, 32);
+    m.u.winstate.n_bytes = n;
+    m.u.winstate.data = (uint8_t *)data;
+    CHECK(proto_send_msg(pc, &m) == PROTO_OK);
+}
+
+/* Fetches key from the worker; the bytes it answered (0: not held) into got. */
+static uint32_t fetch_state(proto_conn *pc, uint64_t id, const uint8_t key[32], uint8_t *got, size_t cap)
+{
+    proto_msg m;
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_WINFETCH;
+    m.hdr.req_id = id;
+    memcpy(m.u.winfetch.key, key, 32);
+    CHECK(proto_send_msg(pc, &m) == PROTO_OK);
+    if (!expect_frame(pc, PROTO_WINSTATE, &m)) return 0xffffffffu;
+    CHECK(m.hdr.req_id == id && !memcmp(m.u.winstate.key, key, 32));
+    uint32_t n = m.u.winstate.n_bytes;
+    if (n && n <= cap) memcpy(got, m.u.winstate.data, n);
+    proto_msg_free(&m);
+    return n;
+}
+
+TEST(test_worker_window_frames)
+{
+    model *m = mk_model();
+    CHECK(m != NULL);
+    if (!m) return;
+    engine *e = NULL;
+    sched *s = NULL;
+    char err[256];
+    engine_opts eo = { .n_threads = 1, .n_kv_blocks = 16, .max_batch_tokens = 128 };
+    CHECK(engine_new(m, &eo, &e, err, sizeof err) == ENGINE_OK);
+    sched_opts so = { .max_seqs = 2, .max_queue = 4, .step_tokens = 128, .n_ctx = 512, .eos_ids = { -1, -1, -1, -1 } };
+    CHECK(e && sched_new(e, &so, &s) == SCHED_OK);
+    static const auth_key key = { .secret = "window test cluster key 0123", .n = 28 };
+    worker_opts wo = { .role = PROTO_ROLE_PREFILL, .listen = "127.0.0.1:0", .max_seqs = 2, .n_ctx = 512, .key = &key,
+                       .heartbeat_ms = 50 };
+    worker *w = s ? worker_new(&wo, e, s, NULL, NULL) : NULL;
+    CHECK(w != NULL);
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", w ? worker_port(w) : 1);
+    int fd = w ? proto_connect(addr, 2000) : -1;
+    CHECK(fd >= 0);
+    proto_conn pc;
+    proto_conn_init(&pc, fd);
+    struct timeval tv = { 30, 0 };   /* a bound on every wait, never a speed */
+    if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    char why[160];
+    proto_msg f;
+    bool up = fd >= 0 && auth_handshake(&pc, &key, AUTH_SIDE_GATEWAY, why, sizeof why) == AUTH_OK &&
+              expect_frame(&pc, PROTO_HELLO, &f);
+    CHECK(up);
+    if (up) {
+        proto_msg_free(&f);
+        memset(&f, 0, sizeof f);
+        f.hdr.type = PROTO_HELLO;
+        f.u.hello.role = PROTO_ROLE_GATEWAY;
+        CHECK(proto_send_msg(&pc, &f) == PROTO_OK);
+
+        size_t eb = kvpool_window_state_bytes(engine_kvpool(e));
+        uint8_t *st = malloc(eb), *got = malloc(eb);
+        for (size_t i = 0; i < eb; i++) st[i] = (uint8_t)(i * 7 + 3);
+        uint8_t k1[32] = { 0xab, 1, 2 };
+        /* a state that is not this model's size is not kept */
+        send_winstate(&pc, 0, k1, st, (uint32_t)eb - 2);
+        CHECK(fetch_state(&pc, 1, k1, got, eb) == 0);
+        /* one of the right size is kept (counted as a fetch) and served back as it came */
+        send_winstate(&pc, 0, k1, st, (uint32_t)eb);
+        CHECK(fetch_state(&pc, 2, k1, got, eb) == eb && !memcmp(got, st, eb));
+        sched_stats ss;
+        sched_get_stats(s, &ss);
+        CHECK(ss.window_fetches == 1);
+
+        /* a prefill crossing 128 and 256: both states reported before the HANDOFF */
+        int32_t toks[N];
+        toks_of(toks, N);
+        memset(&f, 0, sizeof f);
+        f.hdr.type = PROTO_PREFILL;
+        f.hdr.req_id = 3;
+        f.u.prefill.params.sample = sample_params_default();
+        f.u.prefill.params.sample.temp = 0;
+        f.u.prefill.params.max_tokens = 4;
+        f.u.prefill.n_prompt = N;
+        f.u.prefill.prompt = toks;
+        CHECK(proto_send_msg(&pc, &f) == PROTO_OK);
+        CHECK(expect_frame(&pc, PROTO_HANDOFF, &f));
+        proto_msg_free(&f);
+        uint8_t root[32], fp[32], keys[2][32];
+        blockkey_root(NULL, 0, root);
+        blockkey_pool_fp(m->fingerprint, kvpool_dtype(engine_kvpool(e)), fp);
+        blockkey_chain(root, toks, 2, fp, keys);
+        int seen = 0;
+        for (int i = 0; i < g_n_adds; i++)
+            seen |= (!memcmp(g_adds[i], keys[0], 32) ? 1 : 0) | (!memcmp(g_adds[i], keys[1], 32) ? 2 : 0) |
+                    (!memcmp(g_adds[i], k1, 32) ? 4 : 0);
+        /* the relayed state too: the gateway then knows this worker holds it as well */
+        CHECKF(seen == 7, "reported adds: %d, seen %#x", g_n_adds, seen);
+        free(st);
+        free(got);
+    }
+    if (fd >= 0) close(fd);
+    proto_conn_free(&pc);
+    worker_free(w);
+    sched_free(s);
+    engine_free(e);
+    model_free(m);
+}
+
 int main(void)
 {
     if (!mkdtemp(tmpdir)) return 1;
     RUN(test_wincache_ttl_lru);
+    RUN(test_wincache_journal);
     RUN(test_window_restore_and_replay);
+    RUN(test_worker_window_frames);
     rmdir(tmpdir);
     HARNESS_END();
 }
