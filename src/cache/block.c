@@ -124,7 +124,9 @@ block_status block_parse_header(const void *file, size_t n, block_header *h)
     t.n_parts = block_get32(b + 120);
     if (t.n_parts == 0) t.n_parts = 2;   /* written before the field existed */
     if (t.payload_bytes != (uint64_t)t.n_layers * t.layer_bytes) return BLOCK_ERR_HEADER;
+    /* each dimension bounded so that their product can neither wrap nor reach zero */
     if (t.n_kv_heads == 0 || t.head_dim == 0 || t.n_tokens == 0 || t.n_parts > 2 ||
+        t.n_kv_heads > BLOCK_DIM_MAX || t.head_dim > BLOCK_DIM_MAX || t.n_tokens > BLOCK_DIM_MAX ||
         t.layer_bytes % ((uint64_t)t.n_parts * t.n_kv_heads * t.n_tokens * t.head_dim) != 0)
         return BLOCK_ERR_HEADER;
     if (h) *h = t;

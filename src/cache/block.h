@@ -32,6 +32,7 @@
 
 #define BLOCK_HEADER_BYTES 256
 #define BLOCK_VERSION 1
+#define BLOCK_DIM_MAX 65536   /* most KV heads, head width or tokens a block header may declare */
 
 typedef enum {
     BLOCK_OK = 0,

@@ -92,6 +92,16 @@ TEST(test_block_format)
     crc = block_crc32c(f, 252);
     memcpy(f + 252, &crc, 4);
     CHECK(block_verify(f, n, key, NULL) == BLOCK_ERR_HEADER);
+    /* dimensions whose product wraps to zero (2 x 2^23 x 2^26 x 2^26 = 2^76) are refused, not
+     * divided by */
+    const uint32_t wrap[4] = { 2, 1u << 23, 1u << 26, 1u << 26 };   /* parts, heads, width, tokens */
+    const int at[4] = { 120, 88, 92, 96 };
+    for (int i = 0; i < 4; i++) memcpy(f + at[i], &wrap[i], 4);
+    memset(f + 100, 0, 4);   /* layer bytes 0: a multiple of anything */
+    memset(f + 104, 0, 8);
+    crc = block_crc32c(f, 252);
+    memcpy(f + 252, &crc, 4);
+    CHECK(block_parse_header(f, n, NULL) == BLOCK_ERR_HEADER);
     free(f);
 }
 
