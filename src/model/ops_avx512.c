@@ -15,8 +15,8 @@
  *   128*sum(q), started from -128*sum(q), which depends on the activations only, so it costs
  *   nothing per weight row (a decode step's tile has one token and 4 or 16 rows); the integer
  *   sums, so the results, are the same. The file-layout kernels form that start per lane
- *   (one dpbusd per token and block pair); the repacked Q8_0 kernel (block_q8_0x16, weights
- *   stored plus 128) reads the block's sum.
+ *   (one dpbusd per token and block pair); the repacked kernels (block_q8_0x16, weights
+ *   stored plus 128; block_q4_0x16, nibbles 0..15 for values - 8) read the block's sum.
  * - Q8_K consumers (Q4_K, Q5_K, Q6_K): plain block_q8_K; weights are unpacked to unsigned bytes and
  *   multiplied with vpmaddubsw, then scaled per sub-block with vpdpwssd. The 16-row repacked
  *   layouts (block_q4_Kx16, block_q6_Kx16, what model_load uses on this level) have their own
@@ -329,72 +329,102 @@ A512_INLINE __m512i a512_bcast32(const int8_t *p)
     return _mm512_set1_epi32(v);
 }
 
-/* 16 rows x T tokens of Q8_0, one int32 lane per row: per 32-column block, 8 vectors of 4
- * columns of the 16 rows (stored plus 128) times the token's 4 activation bytes broadcast
- * (vpdpbusd), started from the token's -128 * sum of the block, give every row's exact
- * integer dot; then y += isum * (d_w * d_x) per block in order, as the scalar reference. The
- * weights stream once through the tile in address order, which the hardware prefetcher
- * follows: software prefetch 1-16 KiB ahead (2 or all 17 lines of each struct) measured no
- * faster on a 72 MB matrix, and the full coverage slower. */
-A512_INLINE void a512_x16_q8_0(int T, int64_t cols, const block_q8_0x16 *w, const char *x,
-                               size_t xs, float *y, size_t ys)
+/* 16 rows x T tokens of Q8_0 (or, with `four`, Q4_0), one int32 lane per row: per 32-column
+ * block, 8 vectors of 4 columns of the 16 rows (Q8_0: stored plus 128; Q4_0: 4 vectors whose
+ * low and high nibbles are 4 columns each, unsigned) times the token's 4 activation bytes
+ * broadcast (vpdpbusd), started from the token's -128 (Q4_0: -8) times the sum of the block,
+ * give every row's exact integer dot; then y += isum * (d_w * d_x) per block in order, as the
+ * scalar reference. The weights stream once through the tile in address order, which the
+ * hardware prefetcher follows: software prefetch 1-16 KiB ahead (2 or all 17 lines of each
+ * struct) measured no faster on a 72 MB matrix, and the full coverage slower. */
+A512_INLINE void a512_x16_q80(int T, bool four, int64_t cols, const char *w, const char *x,
+                              size_t xs, float *y, size_t ys)
 {
     const int64_t np = cols / 64;
-    const int8_t *xq[8];
-    const float *xd[8];
-    const int32_t *xn[8];
-    __m512 acc[8];
-    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+    const size_t psz = four ? sizeof(block_q4_0x16) : sizeof(block_q8_0x16);
+    const size_t hsz = four ? sizeof(((block_q4_0x16 *)0)->qs[0]) : sizeof(((block_q8_0x16 *)0)->qs[0]);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const int8_t *xq[4];
+    const float *xd[4];
+    const int32_t *xn[4];
+    __m512 acc[4];
+    _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
         xq[t] = (const int8_t *)(x + (size_t)t * xs);
         xd[t] = (const float *)(xq[t] + cols);
         xn[t] = (const int32_t *)(xd[t] + cols / 32);
         acc[t] = _mm512_setzero_ps();
     }
+    _Static_assert(offsetof(block_q8_0x16, qs) == 64 && offsetof(block_q4_0x16, qs) == 64,
+                   "the scales fill the first 64 bytes");
     for (int64_t p = 0; p < np; p++) {
-        const block_q8_0x16 *wp = w + p;
-        const __m512i dh = _mm512_load_si512(wp->d);
+        const char *wp = w + (size_t)p * psz;
+        const __m512i dh = _mm512_load_si512(wp);
         _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
             const int64_t b = 2 * p + h;
-            __m512i s0[8], s1[8];
-            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-                s0[t] = _mm512_set1_epi32(xn[t][b]);
+            const char *qh = wp + 64 + h * hsz;
+            __m512i s0[4], s1[4];
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+                s0[t] = _mm512_set1_epi32(four ? xn[t][b] / 16 : xn[t][b]);
                 s1[t] = _mm512_setzero_si512();
             }
-            _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {
-                __m512i v = _mm512_load_si512(wp->qs[h][k]);
-                _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-                    __m512i xb = a512_bcast32(xq[t] + 32 * b + 4 * k);
-                    if (k & 1) s1[t] = _mm512_dpbusd_epi32(s1[t], v, xb);
-                    else s0[t] = _mm512_dpbusd_epi32(s0[t], v, xb);
+            if (four) {
+                _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+                    __m512i v = _mm512_load_si512(qh + 64 * k);
+                    __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                    _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+                        s0[t] = _mm512_dpbusd_epi32(s0[t], lo, a512_bcast32(xq[t] + 32 * b + 4 * k));
+                        s1[t] = _mm512_dpbusd_epi32(s1[t], hi, a512_bcast32(xq[t] + 32 * b + 16 + 4 * k));
+                    }
+                }
+            } else {
+                _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {
+                    __m512i v = _mm512_load_si512(qh + 64 * k);
+                    _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+                        __m512i xb = a512_bcast32(xq[t] + 32 * b + 4 * k);
+                        if (k & 1) s1[t] = _mm512_dpbusd_epi32(s1[t], v, xb);
+                        else s0[t] = _mm512_dpbusd_epi32(s0[t], v, xb);
+                    }
                 }
             }
             __m512 wd = _mm512_cvtph_ps(h ? _mm512_extracti64x4_epi64(dh, 1) : _mm512_castsi512_si256(dh));
-            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
                 __m512 f = _mm512_cvtepi32_ps(_mm512_add_epi32(s0[t], s1[t]));
                 acc[t] = A512_ADD(acc[t], A512_MUL(f, A512_MUL(wd, _mm512_set1_ps(xd[t][b]))));
             }
         }
     }
-    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) _mm512_storeu_ps(y + (size_t)t * ys, acc[t]);
+    _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) _mm512_storeu_ps(y + (size_t)t * ys, acc[t]);
 }
 
 /* nr is a multiple of 16 (the driver's row chunks are); tokens in tiles of up to 4. */
-static void a512_gemm_q8_0x16(int64_t cols, const void *w, size_t ws, int nr, const void *x,
-                              size_t xs, int nt, float *y, size_t ys)
+A512_INLINE void a512_gemm_x16_q80(bool four, int64_t cols, const void *w, size_t ws, int nr,
+                                   const void *x, size_t xs, int nt, float *y, size_t ys)
 {
     for (int r0 = 0; r0 + 16 <= nr; r0 += 16) {
-        const block_q8_0x16 *wg = (const block_q8_0x16 *)((const char *)w + (size_t)r0 * ws);
+        const char *wg = (const char *)w + (size_t)r0 * ws;
         for (int t0 = 0; t0 < nt; t0 += 4) {
             const char *xt = (const char *)x + (size_t)t0 * xs;
             float *yt = y + (size_t)t0 * ys + r0;
             switch (nt - t0 < 4 ? nt - t0 : 4) {
-            case 1: a512_x16_q8_0(1, cols, wg, xt, xs, yt, ys); break;
-            case 2: a512_x16_q8_0(2, cols, wg, xt, xs, yt, ys); break;
-            case 3: a512_x16_q8_0(3, cols, wg, xt, xs, yt, ys); break;
-            default: a512_x16_q8_0(4, cols, wg, xt, xs, yt, ys); break;
+            case 1: a512_x16_q80(1, four, cols, wg, xt, xs, yt, ys); break;
+            case 2: a512_x16_q80(2, four, cols, wg, xt, xs, yt, ys); break;
+            case 3: a512_x16_q80(3, four, cols, wg, xt, xs, yt, ys); break;
+            default: a512_x16_q80(4, four, cols, wg, xt, xs, yt, ys); break;
             }
         }
     }
+}
+
+static void a512_gemm_q8_0x16(int64_t cols, const void *w, size_t ws, int nr, const void *x,
+                              size_t xs, int nt, float *y, size_t ys)
+{
+    a512_gemm_x16_q80(false, cols, w, ws, nr, x, xs, nt, y, ys);
+}
+
+static void a512_gemm_q4_0x16(int64_t cols, const void *w, size_t ws, int nr, const void *x,
+                              size_t xs, int nt, float *y, size_t ys)
+{
+    a512_gemm_x16_q80(true, cols, w, ws, nr, x, xs, nt, y, ys);
 }
 
 /* ---- Q4_K / Q6_K weights x Q8_K activations ------------------------------------------- */
@@ -1241,6 +1271,7 @@ void ops_kernels_init_avx512(ops_kernels *k)
     k->gemm[QTYPE_Q5_K] = a512_gemm_q5_K;
     k->gemm[QTYPE_Q6_K] = a512_gemm_q6_K;
     k->gemm[QTYPE_Q8_0_X16] = a512_gemm_q8_0x16;
+    k->gemm[QTYPE_Q4_0_X16] = a512_gemm_q4_0x16;
     k->gemm[QTYPE_Q4_K_X16] = a512_gemm_q4_Kx16;
     k->gemm[QTYPE_Q6_K_X16] = a512_gemm_q6_Kx16;
     k->gemm[QTYPE_F32] = a512_gemm_f32;

@@ -235,7 +235,7 @@ TEST(test_matmul_batch_invariant)
     for (size_t i = 0; i < TM_ARRAY_LEN(tf); i++) CHECK(check_mm_invariant(tf[i], 9, 37) == 0);
 }
 
-/* Repacked Q8_0 / Q4_K / Q6_K (quant_repack, 16-row interleaved): at every level and thread count
+/* Repacked Q8_0 / Q4_0 / Q4_K / Q6_K (quant_repack, 16-row interleaved): at every level and thread count
  * the result is bit-identical to the original layout at the scalar level, and a token's y
  * is the same whatever the batch around it. */
 static int check_mm_repacked(qtype t, int rows, int cols, int n_tokens)
@@ -285,7 +285,7 @@ TEST(test_matmul_repacked)
     static const int shapes[][3] = {
         {16, 256, 1}, {32, 512, 3}, {48, 256, 5}, {160, 1024, 17}, {64, 768, 130},
     };
-    static const qtype ts[] = {QTYPE_Q4_K, QTYPE_Q6_K, QTYPE_Q8_0};
+    static const qtype ts[] = {QTYPE_Q4_K, QTYPE_Q6_K, QTYPE_Q8_0, QTYPE_Q4_0};
     for (size_t ti = 0; ti < TM_ARRAY_LEN(ts); ti++)
         for (size_t s = 0; s < TM_ARRAY_LEN(shapes); s++)
             CHECKF(check_mm_repacked(ts[ti], shapes[s][0], shapes[s][1], shapes[s][2]) == 0,
@@ -293,11 +293,11 @@ TEST(test_matmul_repacked)
                    shapes[s][2]);
     /* ops_repack (threaded) writes what quant_repack does, and only eligible weights */
     ops_weight odd = {QTYPE_Q4_K, 17, 256, NULL}, q8 = {QTYPE_Q8_0, 16, 96, NULL},
-               q8r = {QTYPE_Q8_0, 24, 256, NULL}, q40 = {QTYPE_Q4_0, 16, 256, NULL};
+               q8r = {QTYPE_Q8_0, 24, 256, NULL}, mx = {QTYPE_MXFP4, 16, 256, NULL};
     CHECK(ops_repack_type(&odd) == QTYPE_Q4_K);
     CHECK(ops_repack_type(&q8) == QTYPE_Q8_0);   /* cols not a multiple of 64 */
     CHECK(ops_repack_type(&q8r) == QTYPE_Q8_0);  /* rows not a multiple of 16 */
-    CHECK(ops_repack_type(&q40) == QTYPE_Q4_0);  /* no repacked layout */
+    CHECK(ops_repack_type(&mx) == QTYPE_MXFP4);  /* no repacked layout */
     mm_case c;
     mm_case_init(&c, QTYPE_Q6_K, 64, 512, 1, 9);
     size_t bytes = quant_row_bytes(QTYPE_Q6_K_X16, 512) * 64;
