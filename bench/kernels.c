@@ -73,10 +73,10 @@ int main(int argc, char **argv)
     printf("level %s, %d threads, %d layers\n", ops_level_name(), nth, n_layers);
     double bw = read_bandwidth(tp, (size_t)512 << 20);
     printf("read bandwidth: %.1f GB/s\n", bw / 1e9);
-    /* Q8_0, Q4_0 and the k-quants twice: as stored, then repacked (ops_repack) where the level
+    /* Q8_0, Q4_0, MXFP4 and the k-quants twice: as stored, then repacked (ops_repack) where the level
      * has a kernel */
     qtype types[] = {QTYPE_Q8_0, QTYPE_Q8_0_X16, QTYPE_Q4_K, QTYPE_Q4_K_X16, QTYPE_Q6_K, QTYPE_Q6_K_X16,
-                     QTYPE_Q4_0, QTYPE_Q4_0_X16, QTYPE_F16};
+                     QTYPE_Q4_0, QTYPE_Q4_0_X16, QTYPE_MXFP4, QTYPE_MXFP4_X16, QTYPE_F16};
     const char *only = getenv("BENCH_TYPES"); /* e.g. "q4_K,q4_Kx16" */
     int batches[] = {1, 4, 16, 128, 512};
     int nl = (int)TM_ARRAY_LEN(layer);
@@ -90,7 +90,8 @@ int main(int argc, char **argv)
         qtype t = types[ti], st = t == QTYPE_Q4_K_X16   ? QTYPE_Q4_K
                                  : t == QTYPE_Q6_K_X16 ? QTYPE_Q6_K
                                  : t == QTYPE_Q8_0_X16 ? QTYPE_Q8_0
-                                 : t == QTYPE_Q4_0_X16 ? QTYPE_Q4_0 : t;
+                                 : t == QTYPE_Q4_0_X16 ? QTYPE_Q4_0
+                                 : t == QTYPE_MXFP4_X16 ? QTYPE_MXFP4 : t;
         if (only) {
             const char *p = strstr(only, quant_type_name(t));
             size_t n = strlen(quant_type_name(t));

@@ -5,11 +5,12 @@
  *
  * model_load opens the GGUF (gguf.c: read-only shared mmap) and keeps it open for the
  * model's lifetime: matrices are used in place from the mapping as ops_weight views, except
- * those that the active kernels want in another layout (ops_repack_type: Q8_0, Q4_K and Q6_K
- * on AVX-512, 16 rows interleaved): they are repacked at load into one owned allocation, and
- * their file pages are dropped from the process (madvise DONTNEED; the page cache keeps
- * them). Such a matrix costs anonymous memory of about its file size (the same for Q8_0,
- * +2.8 % for Q4_K, +1 % for Q6_K) that processes do not share, instead of shared page cache. The token embedding keeps the file's
+ * those that the active kernels want in another layout (ops_repack_type: Q8_0, Q4_0, MXFP4,
+ * Q4_K and Q6_K on AVX-512, 16 rows interleaved): they are repacked at load into one owned
+ * allocation, and their file pages are dropped from the process (madvise DONTNEED; the page
+ * cache keeps them). Such a matrix costs anonymous memory of about its file size (the same for
+ * Q8_0, Q4_0 and MXFP4, +2.8 % for Q4_K, +1 % for Q6_K) that processes do not share, instead
+ * of shared page cache. The token embedding keeps the file's
  * layout (rows are read one at a time); a tied output matrix is repacked as a copy. Small
  * 1-D tensors (norm weights, biases) are converted once to owned f32 arrays, whatever their
  * stored type, so that the kernels see one layout. Every required tensor is checked for

@@ -183,6 +183,23 @@ static float ops_dot_q4_0x16_q8_0(int64_t n, const block_q4_0x16 *w, int i, cons
     return sumf;
 }
 
+/* Row i of a repacked MXFP4 group (block_mxfp4x16), as ops_dot_mxfp4_q8_0 computes it. */
+static float ops_dot_mxfp4x16_q8_0(int64_t n, const block_mxfp4x16 *w, int i, const block_q8_0 *x)
+{
+    float sumf = 0;
+    for (int64_t b = 0; b < n / QK_MXFP4; b++) {
+        const block_mxfp4x16 *wp = w + b / 2;
+        int h = (int)(b % 2), sumi = 0;
+        for (int j = 0; j < QK_MXFP4 / 2; j++) {
+            uint8_t q = wp->qs[h][j / 4][i][j % 4];
+            sumi += quant_kvalues_mxfp4[q & 0x0F] * x[b].qs[j];
+            sumi += quant_kvalues_mxfp4[q >> 4] * x[b].qs[j + QK_MXFP4 / 2];
+        }
+        sumf += (float)sumi * (quant_e8m0_half(wp->e[h][i]) * quant_fp16_to_fp32(x[b].d));
+    }
+    return sumf;
+}
+
 /* Row i (0..15) of a repacked Q4_K group (block_q4_Kx16): the arithmetic of
  * ops_dot_q4_K_q8_K, so the result is bit-identical to the original layout's. */
 static float ops_dot_q4_Kx16_q8_K(int64_t n, const block_q4_Kx16 *w, int i, const block_q8_K *x)
@@ -285,6 +302,7 @@ OPS_GEMM_FROM_DOT(ops_gemm_f32_ref, ops_dot_f32_ref, float, float)
     }
 OPS_GEMM_X16_FROM_DOT(ops_gemm_q8_0x16_ref, ops_dot_q8_0x16_q8_0, block_q8_0x16, block_q8_0)
 OPS_GEMM_X16_FROM_DOT(ops_gemm_q4_0x16_ref, ops_dot_q4_0x16_q8_0, block_q4_0x16, block_q8_0)
+OPS_GEMM_X16_FROM_DOT(ops_gemm_mxfp4x16_ref, ops_dot_mxfp4x16_q8_0, block_mxfp4x16, block_q8_0)
 OPS_GEMM_X16_FROM_DOT(ops_gemm_q4_Kx16_ref, ops_dot_q4_Kx16_q8_K, block_q4_Kx16, block_q8_K)
 OPS_GEMM_X16_FROM_DOT(ops_gemm_q6_Kx16_ref, ops_dot_q6_Kx16_q8_K, block_q6_Kx16, block_q8_K)
 OPS_GEMM_FROM_DOT(ops_gemm_f16_ref, ops_dot_f16_ref, fp16_t, fp16_t)
@@ -429,6 +447,7 @@ void ops_kernels_init_scalar(ops_kernels *k)
     k->gemm[QTYPE_Q6_K] = ops_gemm_q6_K_ref;
     k->gemm[QTYPE_Q8_0_X16] = ops_gemm_q8_0x16_ref;
     k->gemm[QTYPE_Q4_0_X16] = ops_gemm_q4_0x16_ref;
+    k->gemm[QTYPE_MXFP4_X16] = ops_gemm_mxfp4x16_ref;
     k->gemm[QTYPE_Q4_K_X16] = ops_gemm_q4_Kx16_ref;
     k->gemm[QTYPE_Q6_K_X16] = ops_gemm_q6_Kx16_ref;
     k->quant_q8_0 = ops_quant_q8_0_ref;

@@ -26,6 +26,7 @@ typedef enum {
     QTYPE_BF16 = 30,
     QTYPE_MXFP4 = 39,     /* OCP microscaling FP4: E2M1 values, an E8M0 scale per 32 */
     /* repacked layouts (quant_repack; in memory only, never read from a file) */
+    QTYPE_MXFP4_X16 = 59,
     QTYPE_Q4_0_X16 = 60,
     QTYPE_Q8_0_X16 = 61,
     QTYPE_Q4_K_X16 = 62,
@@ -102,6 +103,14 @@ typedef struct {
     uint8_t qs[2][4][16][4]; /* [h][k][row][i]: byte 4k + i of the row's block 2p + h: low nibble
                               * column 64p + 32h + 4k + i, high nibble the same + 16 */
 } block_q4_0x16; /* 576 */
+/* Repacked MXFP4, the same way: the 32 E8M0 exponents, then the nibble pairs as in
+ * block_q4_0x16 (codes, looked up in quant_kvalues_mxfp4). 544 bytes, the file's size: every
+ * other struct starts 32 bytes into a cache line (gpt-oss's 2,880 columns are not a multiple of
+ * 128, so two structs per 64-byte multiple would leave its matrices in the file layout). */
+typedef struct {
+    uint8_t e[2][16];        /* [h][row]: exponent of MXFP4 block 2p + h of the row */
+    uint8_t qs[2][4][16][4]; /* [h][k][row][i]: byte 4k + i of the row's block 2p + h */
+} block_mxfp4x16; /* 544 */
 
 bool quant_type_supported(int type);      /* one of the QTYPE_ values above */
 const char *quant_type_name(qtype t);     /* "f32", "q8_0", ...; "?" if unknown */
@@ -133,8 +142,8 @@ void quant_quantize_row(qtype t, const float *src, void *dst, int64_t n);
 void quant_act_q8_0(const float *x, block_q8_0 *y, int64_t n);
 void quant_act_q8_K(const float *x, block_q8_K *y, int64_t n);
 
-/* Repacks `rows` rows (a multiple of 16) of `cols` columns of type t (Q8_0, Q4_0, Q4_K or Q6_K)
- * into quant_repack_type(t) (see block_q8_0x16, block_q4_Kx16); dst holds
+/* Repacks `rows` rows (a multiple of 16) of `cols` columns of type t (Q8_0, Q4_0, MXFP4, Q4_K
+ * or Q6_K) into quant_repack_type(t) (see block_q8_0x16, block_q4_Kx16); dst holds
  * quant_row_bytes(that, cols) * rows; cols a multiple of quant_block_elems(that).
  * Rows [r0, r1) (multiples of 16) only, so that threads can split the work. */
 qtype quant_repack_type(qtype t);   /* the repacked type of t, or t when there is none */
