@@ -109,6 +109,9 @@ int main(int argc, char **argv)
                 char *d = malloc(sz);
                 /* random bytes are fine for speed, but keep fp16 scales finite and small */
                 for (size_t i = 0; i < sz; i++) d[i] = (char)(util_rng_next(&r) & 0x3b);
+                /* MXFP4: exponents of normal scales (those bytes would be 2^-128..2^-69) */
+                if (st == QTYPE_MXFP4)
+                    for (size_t i = 0; i < sz; i += sizeof(block_mxfp4)) d[i] = (char)(120 + i % 9);
                 ws[l * nl + j] = (ops_weight){st, layer[j].rows, layer[j].cols, d};
                 if (t != st) {
                     if (ops_repack_type(&ws[l * nl + j]) != t) {
