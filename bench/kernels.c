@@ -4,6 +4,7 @@
  *   cc -O2 -Isrc -o build/bench_kernels bench/kernels.c build/src/model/ops.o build/src/model/ops_avx2.o \
  *      build/src/model/ops_avx512.o build/src/model/quant.o build/src/model/threadpool.o build/src/util/util.o \
  *      build/src/util/cpu.o build/src/util/bytebuf.o -lm -pthread
+ *      build/src/util/topo.o
  * Run: build/bench_kernels [threads] [layers]   (TOKENMILL_SIMD=scalar|avx2|avx512 caps the ISA)
  * Prints, per weight type and batch size, the time of one pass over `layers` layers, the
  * weight bytes streamed per second, and multiply-accumulates per second, next to the
@@ -72,9 +73,10 @@ int main(int argc, char **argv)
     printf("level %s, %d threads, %d layers\n", ops_level_name(), nth, n_layers);
     double bw = read_bandwidth(tp, (size_t)512 << 20);
     printf("read bandwidth: %.1f GB/s\n", bw / 1e9);
-    /* the k-quants twice: as stored, then repacked (ops_repack) where the level has a kernel */
-    qtype types[] = {QTYPE_Q8_0, QTYPE_Q4_K, QTYPE_Q4_K_X16, QTYPE_Q6_K, QTYPE_Q6_K_X16,
-                     QTYPE_Q4_0, QTYPE_F16};
+    /* Q8_0, Q4_0, MXFP4 and the k-quants twice: as stored, then repacked (ops_repack) where the level
+     * has a kernel */
+    qtype types[] = {QTYPE_Q8_0, QTYPE_Q8_0_X16, QTYPE_Q4_K, QTYPE_Q4_K_X16, QTYPE_Q6_K, QTYPE_Q6_K_X16,
+                     QTYPE_Q4_0, QTYPE_Q4_0_X16, QTYPE_MXFP4, QTYPE_MXFP4_X16, QTYPE_F16};
     const char *only = getenv("BENCH_TYPES"); /* e.g. "q4_K,q4_Kx16" */
     int batches[] = {1, 4, 16, 128, 512};
     int nl = (int)TM_ARRAY_LEN(layer);
@@ -85,12 +87,17 @@ int main(int argc, char **argv)
     void *scratch = malloc(ops_matmul_scratch_bytes(QTYPE_F16, 3072, 512) + 
                            ops_matmul_scratch_bytes(QTYPE_Q8_0, 3072, 512));
     for (size_t ti = 0; ti < TM_ARRAY_LEN(types); ti++) {
-        qtype t = types[ti], st = t == QTYPE_Q4_K_X16 ? QTYPE_Q4_K
-                                 : t == QTYPE_Q6_K_X16 ? QTYPE_Q6_K : t;
+        qtype t = types[ti], st = t == QTYPE_Q4_K_X16   ? QTYPE_Q4_K
+                                 : t == QTYPE_Q6_K_X16 ? QTYPE_Q6_K
+                                 : t == QTYPE_Q8_0_X16 ? QTYPE_Q8_0
+                                 : t == QTYPE_Q4_0_X16 ? QTYPE_Q4_0
+                                 : t == QTYPE_MXFP4_X16 ? QTYPE_MXFP4 : t;
         if (only) {
             const char *p = strstr(only, quant_type_name(t));
             size_t n = strlen(quant_type_name(t));
-            if (!p || (p[n] && p[n] != ','))
+            while (p && ((p > only && p[-1] != ',') || (p[n] && p[n] != ',')))
+                p = strstr(p + 1, quant_type_name(t));
+            if (!p)
                 continue;
         }
         ops_weight *ws = malloc(sizeof(ops_weight) * n_layers * nl);
@@ -102,6 +109,9 @@ int main(int argc, char **argv)
                 char *d = malloc(sz);
                 /* random bytes are fine for speed, but keep fp16 scales finite and small */
                 for (size_t i = 0; i < sz; i++) d[i] = (char)(util_rng_next(&r) & 0x3b);
+                /* MXFP4: exponents of normal scales (those bytes would be 2^-128..2^-69) */
+                if (st == QTYPE_MXFP4)
+                    for (size_t i = 0; i < sz; i += sizeof(block_mxfp4)) d[i] = (char)(120 + i % 9);
                 ws[l * nl + j] = (ops_weight){st, layer[j].rows, layer[j].cols, d};
                 if (t != st) {
                     if (ops_repack_type(&ws[l * nl + j]) != t) {

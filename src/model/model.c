@@ -675,13 +675,30 @@ void model_resident(model *m, threadpool *tp, model_resident_info *info)
     free(r);
 }
 
+/* The matrices model_repack considers: model_matrices, then the stacked expert tensors whose
+ * experts are each whole 16-row groups (so that model_expert's row offsets, and the engine's
+ * 64-row slices of them, start on a group of the repacked layout). */
+static int model_repack_list(model *m, ops_weight **ws)
+{
+    int n = model_matrices(m, ws);
+    for (int il = 0; il < m->hp.n_layers; il++) {
+        model_layer *L = &m->layers[il];
+        ops_weight *ex[] = { &L->gate_exps, &L->up_exps, &L->down_exps };
+        for (int i = 0; i < 3; i++)
+            if (ex[i]->data && m->hp.n_expert > 0 && ex[i]->rows % m->hp.n_expert == 0 &&
+                ex[i]->rows / m->hp.n_expert % 16 == 0)
+                ws[n++] = ex[i];
+    }
+    return n;
+}
+
 /* Repacks every matrix that ops_repack_type wants in another layout (see model.h) into
  * m->repacked, with a temporary pool of one thread per CPU, and drops the file pages of the
  * originals from this process. Returns false when out of memory (nothing changed). */
 static bool model_repack(model *m)
 {
-    ops_weight **ws = xcalloc((size_t)m->hp.n_layers * MODEL_LAYER_MATS + 1, sizeof *ws);
-    int n = model_matrices(m, ws);
+    ops_weight **ws = xcalloc((size_t)m->hp.n_layers * (MODEL_LAYER_MATS + 3) + 1, sizeof *ws);
+    int n = model_repack_list(m, ws);
     size_t total = 0;
     for (int i = 0; i < n; i++) {
         qtype rt = ops_repack_type(ws[i]);

@@ -5,11 +5,12 @@
  *
  * model_load opens the GGUF (gguf.c: read-only shared mmap) and keeps it open for the
  * model's lifetime: matrices are used in place from the mapping as ops_weight views, except
- * those that the active kernels want in another layout (ops_repack_type: Q4_K and Q6_K on
- * AVX-512, 16 rows interleaved): they are repacked at load into one owned allocation, and
- * their file pages are dropped from the process (madvise DONTNEED; the page cache keeps
- * them). Such a matrix costs anonymous memory of about its file size (+2.8 % for Q4_K, +1 %
- * for Q6_K) that processes do not share, instead of shared page cache. The token embedding keeps the file's
+ * those that the active kernels want in another layout (ops_repack_type: Q8_0, Q4_0, MXFP4,
+ * Q4_K and Q6_K on AVX-512, 16 rows interleaved): they are repacked at load into one owned
+ * allocation, and their file pages are dropped from the process (madvise DONTNEED; the page
+ * cache keeps them). Such a matrix costs anonymous memory of about its file size (the same for
+ * Q8_0, Q4_0 and MXFP4, +2.8 % for Q4_K, +1 % for Q6_K) that processes do not share, instead
+ * of shared page cache. The token embedding keeps the file's
  * layout (rows are read one at a time); a tied output matrix is repacked as a copy. Small
  * 1-D tensors (norm weights, biases) are converted once to owned f32 arrays, whatever their
  * stored type, so that the kernels see one layout. Every required tensor is checked for
@@ -20,9 +21,12 @@
  * three 3-D tensors (`ffn_gate_exps`/`ffn_up_exps` [dim, expert_ffn, n_expert],
  * `ffn_down_exps` [expert_ffn, dim, n_expert]). Each is kept as ONE ops_weight over the
  * mapping, the experts stacked row-wise (rows = n_expert * rows per expert); model_expert
- * gives expert e's slice as a view. Expert tensors are never copied or repacked: a model of
- * 30 B parameters stays in the shared page cache and a decode step touches only the pages of
- * the experts its tokens were routed to.
+ * gives expert e's slice as a view. Expert tensors are repacked as the 2-D matrices are when
+ * each expert's rows are whole 16-row groups (the stacked layout stays expert-major, so an
+ * expert's slice is still one contiguous range and a decode step reads only the experts its
+ * tokens were routed to, each in one sequential stream); the file pages are dropped piece
+ * by piece, so a model's memory stays about the size of its weights. Otherwise they are
+ * used in place from the shared page cache.
  *
  * gpt-oss (llama.cpp's `gpt-oss`, LLM_ARCH_OPENAI_MOE): attention with q/k/v/o biases and a
  * learned sink logit per head (`attn_sinks`), NEOX RoPE with YaRN; every layer but the last of

@@ -152,6 +152,54 @@ static float ops_dot_q6_K_q8_K(int64_t n, const block_q6_K *w, const block_q8_K 
     return sumf;
 }
 
+/* Row i (0..15) of a repacked Q8_0 group (block_q8_0x16; n a multiple of 64): the arithmetic
+ * of ops_dot_q8_0_q8_0, so the result is bit-identical to the original layout's. */
+static float ops_dot_q8_0x16_q8_0(int64_t n, const block_q8_0x16 *w, int i, const block_q8_0 *x)
+{
+    float sumf = 0;
+    for (int64_t b = 0; b < n / QK8_0; b++) {
+        const block_q8_0x16 *wp = w + b / 2;
+        int h = (int)(b % 2), sumi = 0;
+        for (int j = 0; j < QK8_0; j++) sumi += ((int)wp->qs[h][j / 4][i][j % 4] - 128) * x[b].qs[j];
+        sumf += (float)sumi * (quant_fp16_to_fp32(wp->d[h][i]) * quant_fp16_to_fp32(x[b].d));
+    }
+    return sumf;
+}
+
+/* Row i of a repacked Q4_0 group (block_q4_0x16), as ops_dot_q4_0_q8_0 computes it. */
+static float ops_dot_q4_0x16_q8_0(int64_t n, const block_q4_0x16 *w, int i, const block_q8_0 *x)
+{
+    float sumf = 0;
+    for (int64_t b = 0; b < n / QK8_0; b++) {
+        const block_q4_0x16 *wp = w + b / 2;
+        int h = (int)(b % 2), sumi = 0;
+        for (int j = 0; j < QK4_0 / 2; j++) {
+            uint8_t q = wp->qs[h][j / 4][i][j % 4];
+            sumi += ((q & 0x0F) - 8) * x[b].qs[j];
+            sumi += ((q >> 4) - 8) * x[b].qs[j + QK4_0 / 2];
+        }
+        sumf += (float)sumi * (quant_fp16_to_fp32(wp->d[h][i]) * quant_fp16_to_fp32(x[b].d));
+    }
+    return sumf;
+}
+
+/* Row i of a repacked MXFP4 group (block_mxfp4x16), as ops_dot_mxfp4_q8_0 computes it. */
+static float ops_dot_mxfp4x16_q8_0(int64_t n, const block_mxfp4x16 *w, int i, const block_q8_0 *x)
+{
+    float sumf = 0;
+    for (int64_t b = 0; b < n / QK_MXFP4; b++) {
+        const block_mxfp4x16 *wp = w + b / 2;
+        int h = (int)(b % 2), sumi = 0;
+        for (int j = 0; j < QK_MXFP4 / 2; j++) {
+            uint8_t q = wp->qs[h][j / 4][i][j % 4];
+            sumi += quant_kvalues_mxfp4[q & 0x0F] * x[b].qs[j];
+            sumi += quant_kvalues_mxfp4[q >> 4] * x[b].qs[j + QK_MXFP4 / 2];
+        }
+        sumf += (float)sumi * (quant_e8m0_half(wp->e[h][i]) * quant_fp16_to_fp32(x[b].d));
+    }
+    return sumf;
+}
+
 /* Row i (0..15) of a repacked Q4_K group (block_q4_Kx16): the arithmetic of
  * ops_dot_q4_K_q8_K, so the result is bit-identical to the original layout's. */
 static float ops_dot_q4_Kx16_q8_K(int64_t n, const block_q4_Kx16 *w, int i, const block_q8_K *x)
@@ -242,7 +290,7 @@ OPS_GEMM_FROM_DOT(ops_gemm_f32_ref, ops_dot_f32_ref, float, float)
 
 /* The same for the 16-row interleaved types: row r lives in group r/16 (nr and the first row
  * are multiples of 16; the driver's row chunks are). */
-#define OPS_GEMM_X16_FROM_DOT(name, dot, wt)                                                  \
+#define OPS_GEMM_X16_FROM_DOT(name, dot, wt, xt)                                              \
     static void name(int64_t cols, const void *w, size_t ws, int nr, const void *x, size_t xs, \
                      int nt, float *y, size_t ys)                                             \
     {                                                                                         \
@@ -250,10 +298,13 @@ OPS_GEMM_FROM_DOT(ops_gemm_f32_ref, ops_dot_f32_ref, float, float)
             for (int r = 0; r < nr; r++)                                                      \
                 y[(size_t)t * ys + r] =                                                       \
                     dot(cols, (const wt *)((const char *)w + (size_t)(r / 16) * 16 * ws),     \
-                        r % 16, (const block_q8_K *)((const char *)x + t * xs));              \
+                        r % 16, (const xt *)((const char *)x + t * xs));                      \
     }
-OPS_GEMM_X16_FROM_DOT(ops_gemm_q4_Kx16_ref, ops_dot_q4_Kx16_q8_K, block_q4_Kx16)
-OPS_GEMM_X16_FROM_DOT(ops_gemm_q6_Kx16_ref, ops_dot_q6_Kx16_q8_K, block_q6_Kx16)
+OPS_GEMM_X16_FROM_DOT(ops_gemm_q8_0x16_ref, ops_dot_q8_0x16_q8_0, block_q8_0x16, block_q8_0)
+OPS_GEMM_X16_FROM_DOT(ops_gemm_q4_0x16_ref, ops_dot_q4_0x16_q8_0, block_q4_0x16, block_q8_0)
+OPS_GEMM_X16_FROM_DOT(ops_gemm_mxfp4x16_ref, ops_dot_mxfp4x16_q8_0, block_mxfp4x16, block_q8_0)
+OPS_GEMM_X16_FROM_DOT(ops_gemm_q4_Kx16_ref, ops_dot_q4_Kx16_q8_K, block_q4_Kx16, block_q8_K)
+OPS_GEMM_X16_FROM_DOT(ops_gemm_q6_Kx16_ref, ops_dot_q6_Kx16_q8_K, block_q6_Kx16, block_q8_K)
 OPS_GEMM_FROM_DOT(ops_gemm_f16_ref, ops_dot_f16_ref, fp16_t, fp16_t)
 OPS_GEMM_FROM_DOT(ops_gemm_bf16_ref, ops_dot_bf16_ref, bf16_t, bf16_t)
 
@@ -394,6 +445,9 @@ void ops_kernels_init_scalar(ops_kernels *k)
     k->gemm[QTYPE_Q4_K] = ops_gemm_q4_K_ref;
     k->gemm[QTYPE_Q5_K] = ops_gemm_q5_K_ref;
     k->gemm[QTYPE_Q6_K] = ops_gemm_q6_K_ref;
+    k->gemm[QTYPE_Q8_0_X16] = ops_gemm_q8_0x16_ref;
+    k->gemm[QTYPE_Q4_0_X16] = ops_gemm_q4_0x16_ref;
+    k->gemm[QTYPE_MXFP4_X16] = ops_gemm_mxfp4x16_ref;
     k->gemm[QTYPE_Q4_K_X16] = ops_gemm_q4_Kx16_ref;
     k->gemm[QTYPE_Q6_K_X16] = ops_gemm_q6_Kx16_ref;
     k->quant_q8_0 = ops_quant_q8_0_ref;
@@ -684,7 +738,7 @@ qtype ops_repack_type(const ops_weight *w)
     qtype rt = quant_repack_type(w->type);
     /* the driver's row chunks are multiples of OPS_ROW_ALIGN, so of the 16-row groups */
     _Static_assert(OPS_ROW_ALIGN % 16 == 0, "row chunks must hold whole 16-row groups");
-    if (!enabled || rt == w->type || w->rows % 16 || w->cols % QK_K ||
+    if (!enabled || rt == w->type || w->rows % 16 || w->cols % quant_block_elems(rt) ||
         ops_get_level() < CPU_LEVEL_AVX512)
         return w->type;
     return rt;

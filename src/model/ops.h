@@ -45,10 +45,11 @@ void ops_matmul(threadpool *tp, const ops_weight *w, const float *x, int n_token
                 void *scratch);
 
 /* Weight repacking. ops_repack_type(w) is the layout that w is best repacked into for the
- * active level's kernels (quant_repack: Q4_K and Q6_K with rows a multiple of 16 into the
- * 16-row interleaved layouts, on AVX-512), or w->type when there is none or TOKENMILL_REPACK=0
- * is set. Every level runs every layout, and a repacked weight gives bit-identical results to
- * the original at the same level's reference (the scalar kernels and the AVX-512 ones). */
+ * active level's kernels (quant_repack: Q8_0, Q4_0, MXFP4, Q4_K and Q6_K with rows a multiple
+ * of 16, and columns a multiple of the repacked block, into the 16-row interleaved layouts, on
+ * AVX-512), or w->type when there is none or TOKENMILL_REPACK=0 is set. Every level runs every
+ * layout, and a repacked weight gives bit-identical results to the original layout's scalar
+ * reference (the AVX-512 file-layout kernels of Q8_0/Q4_0/MXFP4 sum in another order). */
 qtype ops_repack_type(const ops_weight *w);
 /* Repacks w into dst (quant_row_bytes(ops_repack_type(w), w->cols) * w->rows bytes, 64-byte
  * aligned), split over the pool's threads; returns the view of dst. */

@@ -8,13 +8,16 @@
  *
  * Activation formats at this level (produced by this file's quantisers, consumed only by this
  * file's kernels; ops_matmul_scratch_bytes covers them):
- * - Q8_0 consumers (Q8_0, Q4_0, MXFP4 weights): per token, cols bytes of q + 128 (unsigned, so that
- *   vpdpbusd can multiply them with signed weights), then cols/32 floats: the block scales,
- *   already rounded through fp16 as ggml stores them. The Q8_0/Q4_0 kernels flip both sides:
- *   dpbusd(w+128, q) = sum(q*w) + 128*sum(q), starting from -128*sum(q), which depends on the
- *   activations only, so it costs one dpbusd per token and block pair, shared by the tile's
- *   rows, instead of one per weight row (a decode step's tile has one token and 4 rows); the
- *   integer sums, so the results, are the same.
+ * - Q8_0 consumers (Q8_0, Q4_0, MXFP4 weights): per token, cols signed bytes of q, then
+ *   cols/32 floats: the block scales, already rounded through fp16 as ggml stores them, then
+ *   cols/32 int32: -128 times the sum of the block's q. vpdpbusd multiplies unsigned by
+ *   signed bytes, so the kernels make the weights unsigned: dpbusd(w+128, q) = sum(q*w) +
+ *   128*sum(q), started from -128*sum(q), which depends on the activations only, so it costs
+ *   nothing per weight row (a decode step's tile has one token and 4 or 16 rows); the integer
+ *   sums, so the results, are the same. The file-layout kernels form that start per lane
+ *   (one dpbusd per token and block pair); the repacked kernels (block_q8_0x16, weights
+ *   stored plus 128; block_q4_0x16, nibbles 0..15 for values - 8; block_mxfp4x16, looked up
+ *   plus 128) read the block's sum.
  * - Q8_K consumers (Q4_K, Q5_K, Q6_K): plain block_q8_K; weights are unpacked to unsigned bytes and
  *   multiplied with vpmaddubsw, then scaled per sub-block with vpdpwssd. The 16-row repacked
  *   layouts (block_q4_Kx16, block_q6_Kx16, what model_load uses on this level) have their own
@@ -42,8 +45,9 @@ static size_t a512_act_row_bytes(qtype vt, int64_t cols)
 
 static void a512_quant_q8_0(const float *x, void *dst, int64_t cols, int64_t e0, int64_t e1)
 {
-    uint8_t *q = (uint8_t *)dst;
+    int8_t *q = (int8_t *)dst;
     float *d = (float *)(q + cols);
+    int32_t *nsum = (int32_t *)(d + cols / 32);
     const __m512 signbit = _mm512_set1_ps(-0.0f);
     for (int64_t b = e0 / 32; b < e1 / 32; b++) {
         __m512 v0 = _mm512_loadu_ps(x + 32 * b), v1 = _mm512_loadu_ps(x + 32 * b + 16);
@@ -56,9 +60,10 @@ static void a512_quant_q8_0(const float *x, void *dst, int64_t cols, int64_t e0,
         __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, vid));
         __m512i i1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, vid));
         __m128i b0 = _mm512_cvtsepi32_epi8(i0), b1 = _mm512_cvtsepi32_epi8(i1);
-        __m256i bb = _mm256_set_m128i(b1, b0);
-        bb = _mm256_xor_si256(bb, _mm256_set1_epi8((char)0x80));
-        _mm256_storeu_si256((__m256i *)(q + 32 * b), bb);
+        _mm256_storeu_si256((__m256i *)(q + 32 * b), _mm256_set_m128i(b1, b0));
+        /* the sum of the stored (saturated) bytes: widen them back */
+        __m512i s16 = _mm512_add_epi32(_mm512_cvtepi8_epi32(b0), _mm512_cvtepi8_epi32(b1));
+        nsum[b] = -128 * _mm512_reduce_add_epi32(s16);
     }
 }
 
@@ -273,7 +278,6 @@ A512_INLINE void a512_load_w_mxfp4(const block_mxfp4 *b, int one, __m512i *q, __
                     dx = _mm512_insertf32x8(_mm512_set1_ps(xd[t][b]),                       \
                                             _mm256_set1_ps(xd[t][b + 1]), 1);               \
                 }                                                                           \
-                xv = _mm512_xor_si512(xv, bias);   /* q, signed */                          \
                 const __m512i nc = _mm512_sub_epi32(_mm512_setzero_si512(),                 \
                                                     _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, xv)); \
                 _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                       \
@@ -308,6 +312,152 @@ static void a512_gemm_mxfp4(int64_t cols, const void *w, size_t ws, int nr, cons
                             size_t xs, int nt, float *y, size_t ys)
 {
     A512_TILES(4, 4, a512_tile_mxfp4)
+}
+
+/* ---- repacked Q8_0 (block_q8_0x16) x Q8_0 ---------------------------------------------- */
+
+/* Float ops that GCC must not contract into FMAs: the repacked kernels round exactly as the
+ * scalar reference does (one lane per row, blocks summed in order), so their results are
+ * bit-identical to it and to the original layout's reference. */
+#define A512_MUL(a, b) _mm512_mul_round_ps(a, b, _MM_FROUND_CUR_DIRECTION)
+#define A512_ADD(a, b) _mm512_add_round_ps(a, b, _MM_FROUND_CUR_DIRECTION)
+#define A512_SUB(a, b) _mm512_sub_round_ps(a, b, _MM_FROUND_CUR_DIRECTION)
+
+A512_INLINE __m512i a512_bcast32(const int8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+enum { A512_X16_Q8_0, A512_X16_Q4_0, A512_X16_MXFP4 };   /* a512_x16_q80's kinds */
+
+/* The 16 rows' MXFP4 block scales 2^(e - 128) from their exponents (quant_e8m0_half). */
+A512_INLINE __m512 a512_e8m0_half16(const uint8_t *e)
+{
+    __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)e));
+    __m512i bits = _mm512_slli_epi32(_mm512_sub_epi32(v, _mm512_set1_epi32(1)), 23);
+    __mmask16 sub = _mm512_cmplt_epu32_mask(v, _mm512_set1_epi32(2));
+    bits = _mm512_mask_sllv_epi32(bits, sub, _mm512_set1_epi32(0x00200000), v);
+    return _mm512_castsi512_ps(bits);
+}
+
+/* 16 rows x T tokens of Q8_0, Q4_0 or MXFP4 (block_q8_0x16, block_q4_0x16, block_mxfp4x16),
+ * one int32 lane per row: per 32-column block, 8 vectors of 4 columns of the 16 rows (Q8_0:
+ * stored plus 128; Q4_0 and MXFP4: 4 vectors whose low and high nibbles are 4 columns each,
+ * unsigned 0..15 for Q4_0, looked up as the doubled E2M1 value plus 128 for MXFP4) times the
+ * token's 4 activation bytes broadcast (vpdpbusd), started from the token's -128 (Q4_0: -8)
+ * times the sum of the block, give every row's exact integer dot; then y += isum * (d_w * d_x)
+ * per block in order, as the scalar reference. The weights stream once through the tile in
+ * address order, which the hardware prefetcher follows: software prefetch 1-16 KiB ahead (2
+ * or all 17 lines of each Q8_0 struct) measured no faster on a 72 MB matrix, and the full
+ * coverage slower. */
+A512_INLINE void a512_x16_q80(int T, int kind, int64_t cols, const char *w, const char *x,
+                              size_t xs, float *y, size_t ys)
+{
+    const int64_t np = cols / 64;
+    const size_t psz = kind == A512_X16_Q8_0   ? sizeof(block_q8_0x16)
+                       : kind == A512_X16_Q4_0 ? sizeof(block_q4_0x16)
+                                               : sizeof(block_mxfp4x16);
+    const size_t qoff = kind == A512_X16_MXFP4 ? offsetof(block_mxfp4x16, qs) : 64;
+    const size_t hsz = kind == A512_X16_Q8_0 ? sizeof(((block_q8_0x16 *)0)->qs[0]) : sizeof(((block_q4_0x16 *)0)->qs[0]);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    /* MXFP4: the doubled E2M1 values plus 128, in each 128-bit lane for vpshufb */
+    const __m512i tab = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)quant_kvalues_mxfp4)),
+                                         _mm512_set1_epi8((char)0x80));
+    const int8_t *xq[4];
+    const float *xd[4];
+    const int32_t *xn[4];
+    __m512 acc[4];
+    _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+        xq[t] = (const int8_t *)(x + (size_t)t * xs);
+        xd[t] = (const float *)(xq[t] + cols);
+        xn[t] = (const int32_t *)(xd[t] + cols / 32);
+        acc[t] = _mm512_setzero_ps();
+    }
+    _Static_assert(offsetof(block_q8_0x16, qs) == 64 && offsetof(block_q4_0x16, qs) == 64,
+                   "the scales fill the first 64 bytes");
+    for (int64_t p = 0; p < np; p++) {
+        const char *wp = w + (size_t)p * psz;
+        const __m512i dh = kind == A512_X16_MXFP4 ? _mm512_setzero_si512() : _mm512_load_si512(wp);
+        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+            const int64_t b = 2 * p + h;
+            const char *qh = wp + qoff + h * hsz;
+            __m512i s0[4], s1[4];
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+                s0[t] = _mm512_set1_epi32(kind == A512_X16_Q4_0 ? xn[t][b] / 16 : xn[t][b]);
+                s1[t] = _mm512_setzero_si512();
+            }
+            if (kind != A512_X16_Q8_0) {
+                _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+                    __m512i v = _mm512_loadu_si512(qh + 64 * k);
+                    __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                    if (kind == A512_X16_MXFP4) {
+                        lo = _mm512_shuffle_epi8(tab, lo);
+                        hi = _mm512_shuffle_epi8(tab, hi);
+                    }
+                    _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+                        s0[t] = _mm512_dpbusd_epi32(s0[t], lo, a512_bcast32(xq[t] + 32 * b + 4 * k));
+                        s1[t] = _mm512_dpbusd_epi32(s1[t], hi, a512_bcast32(xq[t] + 32 * b + 16 + 4 * k));
+                    }
+                }
+            } else {
+                _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {
+                    __m512i v = _mm512_load_si512(qh + 64 * k);
+                    _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+                        __m512i xb = a512_bcast32(xq[t] + 32 * b + 4 * k);
+                        if (k & 1) s1[t] = _mm512_dpbusd_epi32(s1[t], v, xb);
+                        else s0[t] = _mm512_dpbusd_epi32(s0[t], v, xb);
+                    }
+                }
+            }
+            __m512 wd = kind == A512_X16_MXFP4
+                            ? a512_e8m0_half16((const uint8_t *)wp + 16 * h)
+                            : _mm512_cvtph_ps(h ? _mm512_extracti64x4_epi64(dh, 1) : _mm512_castsi512_si256(dh));
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+                __m512 f = _mm512_cvtepi32_ps(_mm512_add_epi32(s0[t], s1[t]));
+                acc[t] = A512_ADD(acc[t], A512_MUL(f, A512_MUL(wd, _mm512_set1_ps(xd[t][b]))));
+            }
+        }
+    }
+    _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) _mm512_storeu_ps(y + (size_t)t * ys, acc[t]);
+}
+
+/* nr is a multiple of 16 (the driver's row chunks are); tokens in tiles of up to 4. */
+A512_INLINE void a512_gemm_x16_q80(int kind, int64_t cols, const void *w, size_t ws, int nr,
+                                   const void *x, size_t xs, int nt, float *y, size_t ys)
+{
+    for (int r0 = 0; r0 + 16 <= nr; r0 += 16) {
+        const char *wg = (const char *)w + (size_t)r0 * ws;
+        for (int t0 = 0; t0 < nt; t0 += 4) {
+            const char *xt = (const char *)x + (size_t)t0 * xs;
+            float *yt = y + (size_t)t0 * ys + r0;
+            switch (nt - t0 < 4 ? nt - t0 : 4) {
+            case 1: a512_x16_q80(1, kind, cols, wg, xt, xs, yt, ys); break;
+            case 2: a512_x16_q80(2, kind, cols, wg, xt, xs, yt, ys); break;
+            case 3: a512_x16_q80(3, kind, cols, wg, xt, xs, yt, ys); break;
+            default: a512_x16_q80(4, kind, cols, wg, xt, xs, yt, ys); break;
+            }
+        }
+    }
+}
+
+static void a512_gemm_q8_0x16(int64_t cols, const void *w, size_t ws, int nr, const void *x,
+                              size_t xs, int nt, float *y, size_t ys)
+{
+    a512_gemm_x16_q80(A512_X16_Q8_0, cols, w, ws, nr, x, xs, nt, y, ys);
+}
+
+static void a512_gemm_q4_0x16(int64_t cols, const void *w, size_t ws, int nr, const void *x,
+                              size_t xs, int nt, float *y, size_t ys)
+{
+    a512_gemm_x16_q80(A512_X16_Q4_0, cols, w, ws, nr, x, xs, nt, y, ys);
+}
+
+static void a512_gemm_mxfp4x16(int64_t cols, const void *w, size_t ws, int nr, const void *x,
+                               size_t xs, int nt, float *y, size_t ys)
+{
+    a512_gemm_x16_q80(A512_X16_MXFP4, cols, w, ws, nr, x, xs, nt, y, ys);
 }
 
 /* ---- Q4_K / Q6_K weights x Q8_K activations ------------------------------------------- */
@@ -506,20 +656,6 @@ static void a512_gemm_q6_K(int64_t cols, const void *w, size_t ws, int nr, const
 }
 
 /* ---- repacked Q4_K / Q6_K (block_q4_Kx16, block_q6_Kx16) x Q8_K ------------------------ */
-
-/* Float ops that GCC must not contract into FMAs: the repacked kernels round exactly as the
- * scalar reference does (one lane per row, blocks summed in order), so their results are
- * bit-identical to it and to the original layout's reference. */
-#define A512_MUL(a, b) _mm512_mul_round_ps(a, b, _MM_FROUND_CUR_DIRECTION)
-#define A512_ADD(a, b) _mm512_add_round_ps(a, b, _MM_FROUND_CUR_DIRECTION)
-#define A512_SUB(a, b) _mm512_sub_round_ps(a, b, _MM_FROUND_CUR_DIRECTION)
-
-A512_INLINE __m512i a512_bcast32(const int8_t *p)
-{
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm512_set1_epi32(v);
-}
 
 /* 16 rows x T tokens: one int32 lane per row. Per 64-column chunk c, each 64-byte vector of
  * weights holds 4 columns of every row in its low nibbles (sub-block 2c) and 4 in its high
@@ -1167,6 +1303,9 @@ void ops_kernels_init_avx512(ops_kernels *k)
     k->gemm[QTYPE_Q4_K] = a512_gemm_q4_K;
     k->gemm[QTYPE_Q5_K] = a512_gemm_q5_K;
     k->gemm[QTYPE_Q6_K] = a512_gemm_q6_K;
+    k->gemm[QTYPE_Q8_0_X16] = a512_gemm_q8_0x16;
+    k->gemm[QTYPE_Q4_0_X16] = a512_gemm_q4_0x16;
+    k->gemm[QTYPE_MXFP4_X16] = a512_gemm_mxfp4x16;
     k->gemm[QTYPE_Q4_K_X16] = a512_gemm_q4_Kx16;
     k->gemm[QTYPE_Q6_K_X16] = a512_gemm_q6_Kx16;
     k->gemm[QTYPE_F32] = a512_gemm_f32;

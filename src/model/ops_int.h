@@ -42,9 +42,9 @@ typedef struct {
 } ops_kernels;
 
 void ops_kernels_init_scalar(ops_kernels *k);
-/* Bytes per token of the Q8_0 activation format used by the AVX2/AVX-512 levels: cols bytes
- * of q + 128, then cols/32 float scales (fp16-rounded). */
-static inline size_t ops_q8_0x_row_bytes(int64_t cols) { return (size_t)cols + (size_t)cols / 8; }
+/* Bytes per token of the Q8_0 activation format of the AVX-512 level: cols signed bytes of q,
+ * then cols/32 float scales (fp16-rounded), then cols/32 int32 (-128 * the block's sum). */
+static inline size_t ops_q8_0x_row_bytes(int64_t cols) { return (size_t)cols + (size_t)cols / 4; }
 /* Attention block kernels (att_block): the furthest key any of rows [i0, i1) sees in the
  * block, max of lim[i] (0 for no rows). */
 static inline int ops_att_lim_max(const int32_t *lim, int i0, int i1)

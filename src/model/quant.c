@@ -34,6 +34,12 @@ static const quant_traits *quant_get_traits(int t)
     static const quant_traits tr_q5_k = {"q5_K", QK_K, sizeof(block_q5_K), QTYPE_Q8_K};
     static const quant_traits tr_q6_k = {"q6_K", QK_K, sizeof(block_q6_K), QTYPE_Q8_K};
     static const quant_traits tr_q8_k = {"q8_K", QK_K, sizeof(block_q8_K), QTYPE_Q8_K};
+    static const quant_traits tr_q8_0x16 = {"q8_0x16", 2 * QK8_0, sizeof(block_q8_0x16) / 16,
+                                            QTYPE_Q8_0};
+    static const quant_traits tr_q4_0x16 = {"q4_0x16", 2 * QK4_0, sizeof(block_q4_0x16) / 16,
+                                            QTYPE_Q8_0};
+    static const quant_traits tr_mxfp4x16 = {"mxfp4x16", 2 * QK_MXFP4, sizeof(block_mxfp4x16) / 16,
+                                             QTYPE_Q8_0};
     static const quant_traits tr_q4_kx16 = {"q4_Kx16", QK_K, sizeof(block_q4_Kx16) / 16,
                                             QTYPE_Q8_K};
     static const quant_traits tr_q6_kx16 = {"q6_Kx16", QK_K, sizeof(block_q6_Kx16) / 16,
@@ -49,6 +55,9 @@ static const quant_traits *quant_get_traits(int t)
     case QTYPE_Q5_K: return &tr_q5_k;
     case QTYPE_Q6_K: return &tr_q6_k;
     case QTYPE_Q8_K: return &tr_q8_k;
+    case QTYPE_Q8_0_X16: return &tr_q8_0x16;
+    case QTYPE_Q4_0_X16: return &tr_q4_0x16;
+    case QTYPE_MXFP4_X16: return &tr_mxfp4x16;
     case QTYPE_Q4_K_X16: return &tr_q4_kx16;
     case QTYPE_Q6_K_X16: return &tr_q6_kx16;
     default: return NULL;
@@ -72,12 +81,16 @@ _Static_assert(sizeof(block_q4_K) == 144, "block_q4_K layout");
 _Static_assert(sizeof(block_q5_K) == 176, "block_q5_K layout");
 _Static_assert(sizeof(block_q6_K) == 210, "block_q6_K layout");
 _Static_assert(sizeof(block_q8_K) == 292, "block_q8_K layout");
+_Static_assert(sizeof(block_q8_0x16) == 1088, "block_q8_0x16 layout");
+_Static_assert(sizeof(block_q4_0x16) == 576, "block_q4_0x16 layout");
+_Static_assert(sizeof(block_mxfp4x16) == 544, "block_mxfp4x16 layout");
 _Static_assert(sizeof(block_q4_Kx16) == 2368, "block_q4_Kx16 layout");
 _Static_assert(sizeof(block_q6_Kx16) == 3392, "block_q6_Kx16 layout");
 
 bool quant_type_supported(int type)
 {
-    return quant_get_traits(type) != NULL && type != QTYPE_Q4_K_X16 && type != QTYPE_Q6_K_X16;
+    return quant_get_traits(type) != NULL && type != QTYPE_Q8_0_X16 && type != QTYPE_Q4_0_X16 &&
+           type != QTYPE_MXFP4_X16 && type != QTYPE_Q4_K_X16 && type != QTYPE_Q6_K_X16;
 }
 
 const char *quant_type_name(qtype t)
@@ -711,6 +724,9 @@ void quant_quantize_row(qtype t, const float *src, void *dst, int64_t n)
 qtype quant_repack_type(qtype t)
 {
     switch (t) {
+    case QTYPE_Q8_0: return QTYPE_Q8_0_X16;
+    case QTYPE_Q4_0: return QTYPE_Q4_0_X16;
+    case QTYPE_MXFP4: return QTYPE_MXFP4_X16;
     case QTYPE_Q4_K: return QTYPE_Q4_K_X16;
     case QTYPE_Q6_K: return QTYPE_Q6_K_X16;
     default: return t;
@@ -759,10 +775,59 @@ static void quant_repack_q6_K(const block_q6_K *const src[16], block_q6_Kx16 *y)
     }
 }
 
+static void quant_repack_q8_0(const block_q8_0 *const src[16], block_q8_0x16 *y)
+{
+    for (int i = 0; i < 16; i++)
+        for (int h = 0; h < 2; h++) {
+            const block_q8_0 *x = src[i] + h;
+            y->d[h][i] = x->d;
+            for (int j = 0; j < QK8_0; j++) y->qs[h][j / 4][i][j % 4] = (uint8_t)(x->qs[j] ^ 0x80);
+        }
+}
+
+static void quant_repack_q4_0(const block_q4_0 *const src[16], block_q4_0x16 *y)
+{
+    for (int i = 0; i < 16; i++)
+        for (int h = 0; h < 2; h++) {
+            const block_q4_0 *x = src[i] + h;
+            y->d[h][i] = x->d;
+            for (int k = 0; k < 4; k++) memcpy(y->qs[h][k][i], x->qs + 4 * k, 4);
+        }
+}
+
+static void quant_repack_mxfp4(const block_mxfp4 *const src[16], block_mxfp4x16 *y)
+{
+    for (int i = 0; i < 16; i++)
+        for (int h = 0; h < 2; h++) {
+            const block_mxfp4 *x = src[i] + h;
+            y->e[h][i] = x->e;
+            for (int k = 0; k < 4; k++) memcpy(y->qs[h][k][i], x->qs + 4 * k, 4);
+        }
+}
+
 void quant_repack(qtype t, const void *src, void *dst, int64_t cols, int64_t r0, int64_t r1)
 {
-    int64_t nb = cols / QK_K;
     size_t rb = quant_row_bytes(t, cols);
+    if (t == QTYPE_Q8_0 || t == QTYPE_Q4_0 || t == QTYPE_MXFP4) {
+        int64_t np = cols / 64;
+        for (int64_t r = r0; r + 16 <= r1; r += 16)
+            for (int64_t p = 0; p < np; p++) {
+                const block_q8_0 *s8[16];
+                const block_q4_0 *s4[16];
+                const block_mxfp4 *sm[16];
+                for (int i = 0; i < 16; i++) {
+                    const char *row = (const char *)src + (size_t)(r + i) * rb;
+                    s8[i] = (const block_q8_0 *)row + 2 * p;
+                    s4[i] = (const block_q4_0 *)row + 2 * p;
+                    sm[i] = (const block_mxfp4 *)row + 2 * p;
+                }
+                if (t == QTYPE_Q8_0) quant_repack_q8_0(s8, (block_q8_0x16 *)dst + (r / 16) * np + p);
+                else if (t == QTYPE_Q4_0) quant_repack_q4_0(s4, (block_q4_0x16 *)dst + (r / 16) * np + p);
+                else quant_repack_mxfp4(sm, (block_mxfp4x16 *)dst + (r / 16) * np + p);
+            }
+        return;
+    }
+    int64_t nb = cols / QK_K;
     for (int64_t r = r0; r + 16 <= r1; r += 16)
         for (int64_t b = 0; b < nb; b++) {
             if (t == QTYPE_Q4_K) {

@@ -26,6 +26,9 @@ typedef enum {
     QTYPE_BF16 = 30,
     QTYPE_MXFP4 = 39,     /* OCP microscaling FP4: E2M1 values, an E8M0 scale per 32 */
     /* repacked layouts (quant_repack; in memory only, never read from a file) */
+    QTYPE_MXFP4_X16 = 59,
+    QTYPE_Q4_0_X16 = 60,
+    QTYPE_Q8_0_X16 = 61,
     QTYPE_Q4_K_X16 = 62,
     QTYPE_Q6_K_X16 = 63,
     QTYPE_COUNT_MAX = 64, /* ids below this may appear in files; only the above are supported */
@@ -80,6 +83,35 @@ typedef struct {
                               * struct a multiple of 64 bytes) */
 } block_q6_Kx16; /* 3392 */
 
+/* Repacked Q8_0: 16 consecutive rows interleaved, 64 columns (two Q8_0 blocks) of all 16 rows
+ * per struct (1088 bytes: a multiple of 64, so every vector load is aligned), so that a
+ * decode tile reads one sequential stream and one int32 lane per row accumulates a block's
+ * whole integer dot product (vpdpbusd: a 64-byte vector holds 4 columns of 16 rows). The
+ * values are stored plus 128 (unsigned), the operand side vpdpbusd wants them on; the kernel
+ * takes the -128 * sum(activations) of a block off once per token. A matrix of `rows` (a
+ * multiple of 16) rows and `cols` (a multiple of 64) columns is rows/16 groups of cols/64
+ * structs, group-major: the same bytes as the file's layout. */
+typedef struct {
+    fp16_t d[2][16];         /* [h][row]: scale of Q8_0 block 2p + h of the row */
+    uint8_t qs[2][8][16][4]; /* [h][k][row][i]: value of column 64p + 32h + 4k + i, plus 128 */
+} block_q8_0x16; /* 1088 */
+/* Repacked Q4_0, the same way: 64 columns of 16 rows per struct (576 bytes). A byte holds the
+ * row's original nibble pair (low: column j, high: column j + 16 of its block): the nibbles
+ * are unsigned already, and the kernel takes 8 * sum(activations) off per block. */
+typedef struct {
+    fp16_t d[2][16];         /* [h][row]: scale of Q4_0 block 2p + h of the row */
+    uint8_t qs[2][4][16][4]; /* [h][k][row][i]: byte 4k + i of the row's block 2p + h: low nibble
+                              * column 64p + 32h + 4k + i, high nibble the same + 16 */
+} block_q4_0x16; /* 576 */
+/* Repacked MXFP4, the same way: the 32 E8M0 exponents, then the nibble pairs as in
+ * block_q4_0x16 (codes, looked up in quant_kvalues_mxfp4). 544 bytes, the file's size: every
+ * other struct starts 32 bytes into a cache line (gpt-oss's 2,880 columns are not a multiple of
+ * 128, so two structs per 64-byte multiple would leave its matrices in the file layout). */
+typedef struct {
+    uint8_t e[2][16];        /* [h][row]: exponent of MXFP4 block 2p + h of the row */
+    uint8_t qs[2][4][16][4]; /* [h][k][row][i]: byte 4k + i of the row's block 2p + h */
+} block_mxfp4x16; /* 544 */
+
 bool quant_type_supported(int type);      /* one of the QTYPE_ values above */
 const char *quant_type_name(qtype t);     /* "f32", "q8_0", ...; "?" if unknown */
 int64_t quant_block_elems(qtype t);       /* elements per block (1 for f32/f16/bf16) */
@@ -110,8 +142,9 @@ void quant_quantize_row(qtype t, const float *src, void *dst, int64_t n);
 void quant_act_q8_0(const float *x, block_q8_0 *y, int64_t n);
 void quant_act_q8_K(const float *x, block_q8_K *y, int64_t n);
 
-/* Repacks `rows` rows (a multiple of 16) of `cols` columns of type t (Q4_K or Q6_K) into
- * quant_repack_type(t) (see block_q4_Kx16); dst holds quant_row_bytes(that, cols) * rows.
+/* Repacks `rows` rows (a multiple of 16) of `cols` columns of type t (Q8_0, Q4_0, MXFP4, Q4_K
+ * or Q6_K) into quant_repack_type(t) (see block_q8_0x16, block_q4_Kx16); dst holds
+ * quant_row_bytes(that, cols) * rows; cols a multiple of quant_block_elems(that).
  * Rows [r0, r1) (multiples of 16) only, so that threads can split the work. */
 qtype quant_repack_type(qtype t);   /* the repacked type of t, or t when there is none */
 void quant_repack(qtype t, const void *src, void *dst, int64_t cols, int64_t r0, int64_t r1);

@@ -60,13 +60,13 @@ TEST(test_tied_output)
     model_free(m);
 }
 
-/* Q4_K / Q6_K matrices with rows a multiple of 16 are repacked at load on AVX-512 (not with
- * no_repack, nor others); a repacked matrix multiplies to the same bits as the file's, at the
- * scalar level and at the active one (which is bit-identical to scalar for these layouts). */
+/* Q8_0 / Q4_0 / MXFP4 / Q4_K / Q6_K matrices with rows a multiple of 16 are repacked at load on AVX-512 (not
+ * with no_repack, nor others); a repacked matrix multiplies to the same bits as the file's, at
+ * the scalar level and at the active one (which is bit-identical to scalar for these layouts). */
 TEST(test_repacked_weights)
 {
-    static const qtype ts[] = { QTYPE_Q4_K, QTYPE_Q6_K };
-    for (int ti = 0; ti < 2; ti++) {
+    static const qtype ts[] = { QTYPE_Q4_K, QTYPE_Q6_K, QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_MXFP4 };
+    for (int ti = 0; ti < 5; ti++) {
         tiny_cfg c = { .arch = "qwen3", .dim = 256, .n_layers = 1, .n_heads = 4, .n_kv_heads = 2,
                        .head_dim = 64, .ffn = 256, .vocab = 136, .seed = 3, .wtype = ts[ti] };
         char path[256], err[256];

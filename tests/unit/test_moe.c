@@ -217,6 +217,85 @@ TEST(test_engine_against_reference)
     model_free(m);
 }
 
+/* Logits of N tokens (a prefill of N - 3, then 3 decode steps) of model m, 2 threads. */
+static bool moe_logits(model *m, const int32_t *toks, int N, float *lg)
+{
+    char err[256];
+    engine_opts o = { .n_threads = 2, .kv_f32 = true, .n_kv_blocks = 4, .max_batch_tokens = 64 };
+    engine *e = NULL;
+    if (engine_new(m, &o, &e, err, sizeof err) != ENGINE_OK) return false;
+    kvpool_seq *s = kvpool_seq_new(engine_kvpool(e));
+    engine_tok bt[64];
+    bool ok = true;
+    for (int i = 0; i < N && ok;) {
+        int n = i == 0 ? N - 3 : 1;
+        for (int k = 0; k < n; k++) bt[k] = (engine_tok){ toks[i + k], i + k, s, true };
+        engine_batch b = { n, bt };
+        ok = engine_step(e, &b, lg + (size_t)i * m->hp.n_vocab) == ENGINE_OK;
+        i += n;
+    }
+    kvpool_seq_free(engine_kvpool(e), s);
+    engine_free(e);
+    return ok;
+}
+
+/* Q8_0 experts whose rows per expert are whole 16-row groups are repacked at load (on
+ * AVX-512, as the 2-D matrices): every expert's slice multiplies to the bits of the file's
+ * layout at the scalar level (and at the active one, which is bit-identical to scalar for
+ * this layout), and the engine's logits agree with the file layout's. */
+TEST(test_repacked_experts)
+{
+    enum { N = 24, V = 100 };
+    tiny_cfg c = moe_cfg(5);
+    c.ffn = 64;
+    c.wtype = QTYPE_Q8_0;
+    char path[256], err[256];
+    snprintf(path, sizeof path, "%s/moe-q8.gguf", tmpdir);
+    CHECK(tiny_write(&c, path) == 0);
+    model *m = NULL, *f = NULL;
+    model_opts keep = { .no_repack = true };
+    CHECKF(model_load(path, NULL, &m, err, sizeof err) == GGUF_OK, "%s", err);
+    CHECKF(model_load(path, &keep, &f, err, sizeof err) == GGUF_OK, "%s", err);
+    unlink(path);
+    if (!m || !f) {
+        model_free(m);
+        model_free(f);
+        return;
+    }
+    bool want = ops_get_level() == CPU_LEVEL_AVX512 && !getenv("TOKENMILL_REPACK");
+    const model_layer *L = &m->layers[1], *LF = &f->layers[1];
+    CHECK(LF->gate_exps.type == QTYPE_Q8_0 && LF->down_exps.type == QTYPE_Q8_0);
+    CHECK(L->gate_exps.type == (want ? QTYPE_Q8_0_X16 : QTYPE_Q8_0));
+    CHECK(L->up_exps.type == L->gate_exps.type && L->down_exps.type == L->gate_exps.type);
+    float x[2 * 64], y0[2 * 64], y1[2 * 64];
+    for (int i = 0; i < 2 * 64; i++) x[i] = sinf(0.41f * (float)i);
+    void *scratch = malloc(ops_matmul_scratch_bytes(QTYPE_Q8_0, 64, 2));
+    cpu_level lvl = ops_get_level();
+    const ops_weight *pairs[3][2] = { { &L->gate_exps, &LF->gate_exps }, { &L->up_exps, &LF->up_exps },
+                                      { &L->down_exps, &LF->down_exps } };
+    for (int p = 0; p < 3; p++)
+        for (int e = 0; e < 8; e++) {
+            ops_weight wr = model_expert(pairs[p][0], 8, e), wf = model_expert(pairs[p][1], 8, e);
+            ops_force_level(CPU_LEVEL_SCALAR);
+            ops_matmul(NULL, &wf, x, 2, y0, scratch);
+            ops_matmul(NULL, &wr, x, 2, y1, scratch);
+            CHECKF(!memcmp(y0, y1, sizeof y0), "tensor %d expert %d, scalar", p, e);
+            ops_force_level(lvl);
+            ops_matmul(NULL, &wr, x, 2, y1, scratch);
+            if (want) CHECKF(!memcmp(y0, y1, sizeof y0), "tensor %d expert %d, %s", p, e, ops_level_name());
+        }
+    free(scratch);
+    static float lr[N * V], lf[N * V];
+    int32_t toks[N];
+    for (int i = 0; i < N; i++) toks[i] = (3 + i * 17 + i * i) % V;
+    CHECK(moe_logits(m, toks, N, lr) && moe_logits(f, toks, N, lf));
+    float worst = 0;
+    for (int i = 0; i < N * V; i++) worst = fmaxf(worst, fabsf(lr[i] - lf[i]));
+    CHECKF(worst < 1e-3f, "max |logit diff| %g", worst);
+    model_free(m);
+    model_free(f);
+}
+
 /* mkmodel's qwen3-30b-a3b preset keeps the real per-layer geometry when cut (fewer layers,
  * experts and vocabulary here, to stay small). */
 TEST(test_mkmodel_preset)
@@ -235,7 +314,9 @@ TEST(test_mkmodel_preset)
           hp->n_kv_heads == 4 && hp->head_dim == 128 && hp->n_expert == 8 && hp->n_expert_used == 8 &&
           hp->expert_ffn == 768 && hp->ffn_dim == 6144 && hp->n_ctx_train == 40960 && hp->rope_base == 1e6f &&
           hp->n_vocab == 300 && !m->tied_output);
-    CHECK(m->layers[0].gate_inp.type == QTYPE_F32 && m->layers[0].gate_exps.type == QTYPE_Q8_0);
+    bool rep = ops_get_level() == CPU_LEVEL_AVX512 && !getenv("TOKENMILL_REPACK");
+    CHECK(m->layers[0].gate_inp.type == QTYPE_F32 &&
+          m->layers[0].gate_exps.type == (rep ? QTYPE_Q8_0_X16 : QTYPE_Q8_0));
     model_free(m);
     /* fewer experts than the preset's 8 per token is refused */
     char *bad[] = { "mkmodel", "--preset", "qwen3-30b-a3b", "--layers", "1", "--experts", "4", "--type", "q8_0",
@@ -266,8 +347,10 @@ TEST(test_mkmodel_gptoss_preset)
     CHECK(hp->router_logit_topk && hp->swiglu_limit == 7.0f && !hp->router_norm && hp->n_swa == 128);
     CHECK(model_layer_window(m, 0) == 128 && model_layer_window(m, 1) == 0);
     const model_layer *L = &m->layers[0];
-    CHECK(L->gate_exps.type == QTYPE_MXFP4 && L->down_exps.type == QTYPE_MXFP4 && L->wq.type == QTYPE_Q8_0 &&
-          L->gate_inp.type == QTYPE_F32 && m->output.type == QTYPE_Q8_0);
+    bool rep = ops_get_level() == CPU_LEVEL_AVX512 && !getenv("TOKENMILL_REPACK");
+    CHECK(L->gate_exps.type == (rep ? QTYPE_MXFP4_X16 : QTYPE_MXFP4) && L->down_exps.type == L->gate_exps.type &&
+          (L->wq.type == QTYPE_Q8_0 || L->wq.type == QTYPE_Q8_0_X16) &&
+          L->gate_inp.type == QTYPE_F32 && (m->output.type == QTYPE_Q8_0 || m->output.type == QTYPE_Q8_0_X16));
     CHECK(L->sinks && L->bq && L->bk && L->bv && L->bo && L->gate_inp_b && L->gate_exps_b && L->up_exps_b && L->down_exps_b);
     model_free(m);
     /* the window and mxfp4 belong to gpt-oss; a tied output does not */
@@ -390,6 +473,7 @@ int main(void)
     RUN(test_route_softmax_weight);
     RUN(test_load);
     RUN(test_engine_against_reference);
+    RUN(test_repacked_experts);
     RUN(test_mkmodel_preset);
     RUN(test_mkmodel_deepseek_preset);
     RUN(test_mkmodel_gptoss_preset);

@@ -235,7 +235,7 @@ TEST(test_matmul_batch_invariant)
     for (size_t i = 0; i < TM_ARRAY_LEN(tf); i++) CHECK(check_mm_invariant(tf[i], 9, 37) == 0);
 }
 
-/* Repacked Q4_K / Q6_K (quant_repack, 16-row interleaved): at every level and thread count
+/* Repacked Q8_0 / Q4_0 / MXFP4 / Q4_K / Q6_K (quant_repack, 16-row interleaved): at every level and thread count
  * the result is bit-identical to the original layout at the scalar level, and a token's y
  * is the same whatever the batch around it. */
 static int check_mm_repacked(qtype t, int rows, int cols, int n_tokens)
@@ -285,16 +285,43 @@ TEST(test_matmul_repacked)
     static const int shapes[][3] = {
         {16, 256, 1}, {32, 512, 3}, {48, 256, 5}, {160, 1024, 17}, {64, 768, 130},
     };
-    static const qtype ts[] = {QTYPE_Q4_K, QTYPE_Q6_K};
+    static const qtype ts[] = {QTYPE_Q4_K, QTYPE_Q6_K, QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_MXFP4};
     for (size_t ti = 0; ti < TM_ARRAY_LEN(ts); ti++)
         for (size_t s = 0; s < TM_ARRAY_LEN(shapes); s++)
             CHECKF(check_mm_repacked(ts[ti], shapes[s][0], shapes[s][1], shapes[s][2]) == 0,
                    "%s %dx%dx%d", quant_type_name(ts[ti]), shapes[s][0], shapes[s][1],
                    shapes[s][2]);
+    /* MXFP4 exponents 0 and 1 (the subnormal scales) and every code, from random bytes */
+    {
+        enum { R = 32, C = 128 };
+        static block_mxfp4 wm[R * C / 32];
+        static block_mxfp4x16 wx[R * C / 32 / 2] __attribute__((aligned(64)));
+        util_rng g;
+        util_rng_seed(&g, 77);
+        for (int i = 0; i < R * C / 32; i++) {
+            /* rows 0-15 only tiny scales (rounding would hide them beside normal ones) */
+            wm[i].e = (uint8_t)(i / (C / 32) < 16 ? (uint64_t)(i % 4) : 100 + util_rng_next(&g) % 40);
+            for (int j = 0; j < 16; j++) wm[i].qs[j] = (uint8_t)util_rng_next(&g);
+        }
+        quant_repack(QTYPE_MXFP4, wm, wx, C, 0, R);
+        float xm[2 * C], y0[2 * R], y1[2 * R];
+        for (int i = 0; i < 2 * C; i++) xm[i] = (float)util_rng_normal(&g);
+        void *sc = malloc(ops_matmul_scratch_bytes(QTYPE_MXFP4, C, 2));
+        ops_weight a = {QTYPE_MXFP4, R, C, wm}, b = {QTYPE_MXFP4_X16, R, C, wx};
+        ops_force_level(CPU_LEVEL_SCALAR);
+        ops_matmul(NULL, &a, xm, 2, y0, sc);
+        ops_force_level(cpu_get_hw_level());
+        ops_matmul(NULL, &b, xm, 2, y1, sc);
+        CHECKF(!memcmp(y0, y1, sizeof y0), "mxfp4x16 %s with exponents 0 and 1", ops_level_name());
+        free(sc);
+    }
     /* ops_repack (threaded) writes what quant_repack does, and only eligible weights */
-    ops_weight odd = {QTYPE_Q4_K, 17, 256, NULL}, q8 = {QTYPE_Q8_0, 16, 256, NULL};
+    ops_weight odd = {QTYPE_Q4_K, 17, 256, NULL}, q8 = {QTYPE_Q8_0, 16, 96, NULL},
+               q8r = {QTYPE_Q8_0, 24, 256, NULL}, q5 = {QTYPE_Q5_K, 16, 256, NULL};
     CHECK(ops_repack_type(&odd) == QTYPE_Q4_K);
-    CHECK(ops_repack_type(&q8) == QTYPE_Q8_0);
+    CHECK(ops_repack_type(&q8) == QTYPE_Q8_0);   /* cols not a multiple of 64 */
+    CHECK(ops_repack_type(&q8r) == QTYPE_Q8_0);  /* rows not a multiple of 16 */
+    CHECK(ops_repack_type(&q5) == QTYPE_Q5_K);   /* no repacked layout */
     mm_case c;
     mm_case_init(&c, QTYPE_Q6_K, 64, 512, 1, 9);
     size_t bytes = quant_row_bytes(QTYPE_Q6_K_X16, 512) * 64;
