@@ -11,22 +11,19 @@
 // log-probabilities differ).
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { execFileSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 
-import { bin, startServer, startCluster, stopServers, fetchMetrics } from "./server.mjs";
+import { startServer, startCluster, stopServers, fetchMetrics } from "./server.mjs";
+import { makeWindowModel, WINDOW_MODEL_NAME, WINDOW_PROMPT, WINDOW_PROMPT_LEN } from "./window_model.mjs";
 
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "tm-wincluster-"));
 const model = path.join(tmp, "gpt-oss.gguf");
-const NAME = "tiny-oss";
+const NAME = WINDOW_MODEL_NAME;
 
 before(() => {
-  execFileSync(bin, ["mkmodel", "--arch", "gpt-oss", "--preset", "gpt-oss-20b", "--layers", "6", "--dim", "128",
-    "--ffn", "128", "--heads", "2", "--kv-heads", "1", "--head-dim", "64", "--experts", "4", "--experts-used", "2",
-    "--expert-ffn", "128", "--window", "48", "--vocab-size", "4096", "--type", "q8_0", "--seed", "11", "-o", model],
-  { stdio: "pipe" });
+  makeWindowModel(model);
 });
 
 after(async () => {
@@ -34,8 +31,7 @@ after(async () => {
   fs.rmSync(tmp, { recursive: true, force: true });
 });
 
-const L = 300;
-const PROMPT = Array.from({ length: L }, (_, i) => 300 + ((i * 7919) % 3000));
+const L = WINDOW_PROMPT_LEN, PROMPT = WINDOW_PROMPT;
 async function complete(url) {
   const r = await fetch(`${url}/v1/completions`, {
     method: "POST", headers: { "content-type": "application/json" },
