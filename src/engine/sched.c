@@ -1106,7 +1106,7 @@ static void sched_pub_logprobs(sched *s)
     }
 }
 
-enum { SCHED_LP_TODO = 0, SCHED_LP_BUSY, SCHED_LP_DONE };
+enum { SCHED_LP_PENDING = 0, SCHED_LP_BUSY, SCHED_LP_DONE };
 
 /* Moves lp_state from `from` (-1: any) to `to`; returns whether it did. */
 static bool sched_pub_lp_move(sched *s, int from, int to)
@@ -1126,7 +1126,7 @@ static bool sched_pub_lp_move(sched *s, int from, int to)
 static void sched_pub_flush_locked(sched *s)
 {
     if (!s->pub_pending) return;
-    if (sched_pub_lp_move(s, SCHED_LP_TODO, SCHED_LP_BUSY)) {
+    if (sched_pub_lp_move(s, SCHED_LP_PENDING, SCHED_LP_BUSY)) {
         sched_pub_logprobs(s);
         sched_pub_lp_move(s, -1, SCHED_LP_DONE);
     } else {   /* done, or the publisher is at them */
@@ -1161,7 +1161,7 @@ static void *sched_publisher(void *arg)
             pthread_cond_wait(&s->pub_cv, &s->mu);
             continue;
         }
-        if (sched_pub_lp_move(s, SCHED_LP_TODO, SCHED_LP_BUSY)) {
+        if (sched_pub_lp_move(s, SCHED_LP_PENDING, SCHED_LP_BUSY)) {
             pthread_mutex_unlock(&s->mu);
             sched_pub_logprobs(s);
             sched_pub_lp_move(s, -1, SCHED_LP_DONE);
@@ -1222,7 +1222,7 @@ static void sched_step_publish_locked(sched *s, sched_step *st)
         s->logits = s->logits_twin;
         s->logits_twin = (float *)s->pub_lg;
     }
-    sched_pub_lp_move(s, -1, any_lp ? SCHED_LP_TODO : SCHED_LP_DONE);
+    sched_pub_lp_move(s, -1, any_lp ? SCHED_LP_PENDING : SCHED_LP_DONE);
     s->pub_n_reqs = st->n_reqs;
     s->pub_t = util_now();
     s->pub_pending = true;

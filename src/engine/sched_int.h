@@ -207,7 +207,7 @@ struct sched {
      * publisher is at them waits on lp_cv (the publisher needs no mu to finish) */
     pthread_mutex_t lp_mu;
     pthread_cond_t lp_cv;        /* lp_state became SCHED_LP_DONE */
-    int lp_state;                /* under lp_mu: SCHED_LP_TODO, _BUSY (the publisher), _DONE */
+    int lp_state;                /* under lp_mu: SCHED_LP_PENDING, _BUSY (the publisher), _DONE */
 };
 
 /* sched.c: whether tok ends r (an end-of-generation id unless ignore_eos, or a stop id). */
