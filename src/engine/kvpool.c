@@ -3,9 +3,9 @@
  * keyed blocks. See kvpool.h for the design. Bookkeeping per block lives in a separate array
  * (kvpool_blk) so the data area is one aligned allocation of n_blocks * block_bytes.
  *
- * Lists: the free list is singly linked through `next`; the LRU is doubly linked through
- * prev/next with the most recently released block at lru_head and the victim at lru_tail.
- * The hash map is an array of bucket heads chained through `hnext`.
+ * Lists and keys: a slottab (util/slottab.h) over the block ids keeps the free list, the hash
+ * map and the LRU (its recency list: the most recently released block newest, the victim
+ * oldest). A PINNED block is on no list; a CACHED one is keyed and on the LRU.
  */
 #include "engine/kvpool.h"
 
@@ -15,6 +15,7 @@
 #include "cache/blockkey.h"
 
 #include "model/ops.h"
+#include "util/slottab.h"
 #include "util/util.h"
 
 _Static_assert(KVPOOL_BLOCK == BLOCKKEY_TOKENS, "kvpool blocks are store blocks");
@@ -24,14 +25,10 @@ typedef enum { KVPOOL_BLK_FREE = 0, KVPOOL_BLK_PINNED, KVPOOL_BLK_CACHED } kvpoo
 typedef struct {
     int32_t refcnt;              /* sequences using the block */
     uint8_t state;               /* kvpool_blk_state */
-    bool keyed;                  /* key valid and entered in the hash map */
     bool filling;                /* handed out by kvpool_seq_append_fill, fill maybe pending */
     const uint8_t *ext;          /* the block's bytes when they live outside data (a mapped
                                   * store block, read-only), else NULL */
     void *ext_arg;               /* handed to the release hook when ext is let go */
-    uint8_t key[32];             /* SHA-256 block key */
-    int32_t hnext;               /* next block in the same hash bucket, -1 ends */
-    int32_t prev, next;          /* LRU links (next also links the free list), -1 ends */
 } kvpool_blk;
 
 struct kvpool {
@@ -42,10 +39,7 @@ struct kvpool {
     size_t block_bytes;          /* n_blk_layers * n_parts * n_kv_heads * slab_bytes */
     uint8_t *data;               /* (n_blocks, block_bytes), 64-byte aligned */
     kvpool_blk *blk;             /* (n_blocks) */
-    int32_t free_head;           /* free list, -1 if empty */
-    int32_t lru_head, lru_tail;  /* LRU of CACHED blocks, -1 if empty */
-    int32_t *bucket;             /* (n_buckets) hash heads, -1 empty */
-    uint32_t bucket_mask;        /* n_buckets - 1 (power of two) */
+    slottab tab;                 /* block ids: SHA-256 block keys, the free list, the LRU */
     uint8_t pool_fp[32];         /* SHA-256(model fp, dtype) */
     kvpool_stats st;
     kvpool_keyed_fn keyed_fn;    /* block store write-behind hook, or NULL */
@@ -150,25 +144,11 @@ kvpool_status kvpool_new(const kvpool_opts *opts, kvpool **out)
     }
     p->data = util_aligned_alloc(total);
     p->blk = calloc((size_t)opts->n_blocks, sizeof *p->blk);
-    uint32_t nb = 16;
-    while (nb < 2u * (uint32_t)opts->n_blocks && nb < (1u << 30)) nb <<= 1;
-    p->bucket = malloc(nb * sizeof *p->bucket);
     p->filling = malloc((size_t)opts->n_blocks * sizeof *p->filling);
-    if (!p->data || !p->blk || !p->bucket || !p->filling) {
+    if (!p->data || !p->blk || !p->filling || !slottab_init(&p->tab, opts->n_blocks)) {
         kvpool_free(p);
         return KVPOOL_ERR_NOMEM;
     }
-    p->bucket_mask = nb - 1;
-    for (uint32_t i = 0; i < nb; i++) p->bucket[i] = -1;
-    /* free list in ascending order */
-    for (int i = 0; i < opts->n_blocks; i++) {
-        kvpool_blk *b = &p->blk[i];
-        b->hnext = -1;
-        b->prev = -1;
-        b->next = i + 1 < opts->n_blocks ? i + 1 : -1;
-    }
-    p->free_head = 0;
-    p->lru_head = p->lru_tail = -1;
     p->st.n_blocks = p->st.n_free = opts->n_blocks;
 
     blockkey_pool_fp(opts->model_fp, (int32_t)opts->dtype, p->pool_fp);
@@ -217,7 +197,7 @@ void kvpool_free(kvpool *p)
         for (int id = 0; id < p->o.n_blocks; id++) kvpool_blk_internalise(p, id, false);
     free(p->data);
     free(p->blk);
-    free(p->bucket);
+    slottab_free(&p->tab);
     free(p->filling);
     free(p->slot);
     free(p);
@@ -233,63 +213,12 @@ void kvpool_block_key(const kvpool *p, const uint8_t parent[32], const int32_t *
     blockkey_compute(parent, tokens, p->pool_fp, out);
 }
 
-static uint32_t kvpool_hash(const kvpool *p, const uint8_t key[32])
-{
-    uint32_t h;
-    memcpy(&h, key, 4);
-    return h & p->bucket_mask;
-}
-
-static int kvpool_lookup(const kvpool *p, const uint8_t key[32])
-{
-    for (int i = p->bucket[kvpool_hash(p, key)]; i >= 0; i = p->blk[i].hnext)
-        if (!memcmp(p->blk[i].key, key, 32)) return i;
-    return -1;
-}
-
-static void kvpool_map_insert(kvpool *p, int id, const uint8_t key[32])
-{
-    kvpool_blk *b = &p->blk[id];
-    memcpy(b->key, key, 32);
-    b->keyed = true;
-    uint32_t h = kvpool_hash(p, key);
-    b->hnext = p->bucket[h];
-    p->bucket[h] = id;
-}
-
-static void kvpool_map_remove(kvpool *p, int id)
-{
-    kvpool_blk *b = &p->blk[id];
-    int32_t *pp = &p->bucket[kvpool_hash(p, b->key)];
-    while (*pp >= 0 && *pp != id) pp = &p->blk[*pp].hnext;
-    if (*pp == id) *pp = b->hnext;
-    b->hnext = -1;
-    b->keyed = false;
-}
-
-static void kvpool_lru_unlink(kvpool *p, int id)
-{
-    kvpool_blk *b = &p->blk[id];
-    if (b->prev >= 0) p->blk[b->prev].next = b->next; else p->lru_head = b->next;
-    if (b->next >= 0) p->blk[b->next].prev = b->prev; else p->lru_tail = b->prev;
-    b->prev = b->next = -1;
-}
-
-static void kvpool_lru_push_head(kvpool *p, int id)
-{
-    kvpool_blk *b = &p->blk[id];
-    b->prev = -1;
-    b->next = p->lru_head;
-    if (p->lru_head >= 0) p->blk[p->lru_head].prev = id; else p->lru_tail = id;
-    p->lru_head = id;
-}
-
 /* Takes a referenced block: CACHED -> PINNED, or refcount++ on a PINNED one. */
 static void kvpool_ref(kvpool *p, int id)
 {
     kvpool_blk *b = &p->blk[id];
     if (b->state == KVPOOL_BLK_CACHED) {
-        kvpool_lru_unlink(p, id);
+        slottab_unlink(&p->tab, id);
         b->state = KVPOOL_BLK_PINNED;
         p->st.n_cached--;
         p->st.n_pinned++;
@@ -302,15 +231,13 @@ static void kvpool_unref(kvpool *p, int id)
     kvpool_blk *b = &p->blk[id];
     if (--b->refcnt > 0) return;
     p->st.n_pinned--;
-    if (b->keyed) {
+    if (slottab_keyed(&p->tab, id)) {
         b->state = KVPOOL_BLK_CACHED;
-        kvpool_lru_push_head(p, id);
+        slottab_touch(&p->tab, id);
         p->st.n_cached++;
     } else {
         b->state = KVPOOL_BLK_FREE;
-        b->prev = -1;
-        b->next = p->free_head;
-        p->free_head = id;
+        slottab_give(&p->tab, id);
         p->st.n_free++;
     }
 }
@@ -318,16 +245,13 @@ static void kvpool_unref(kvpool *p, int id)
 /* A fresh PINNED block with refcount 1: from the free list, else the LRU victim. */
 static int kvpool_take(kvpool *p)
 {
-    int id;
-    if (p->free_head >= 0) {
-        id = p->free_head;
-        p->free_head = p->blk[id].next;
+    int id = slottab_take(&p->tab);
+    if (id >= 0) {
         p->st.n_free--;
-    } else if (p->lru_tail >= 0) {
-        id = p->lru_tail;
+    } else if ((id = slottab_oldest(&p->tab)) >= 0) {
         if (p->blk[id].filling) kvpool_fill_wait(p, -1);   /* never reuse a block being filled */
-        kvpool_lru_unlink(p, id);
-        kvpool_map_remove(p, id);
+        slottab_unlink(&p->tab, id);
+        slottab_clear_key(&p->tab, id);
         p->st.n_cached--;
         p->st.n_reclaimed++;
     } else {
@@ -337,7 +261,6 @@ static int kvpool_take(kvpool *p)
     kvpool_blk *b = &p->blk[id];
     b->state = KVPOOL_BLK_PINNED;
     b->refcnt = 1;
-    b->prev = b->next = -1;
     p->st.n_pinned++;
     return id;
 }
@@ -374,7 +297,7 @@ int kvpool_seq_attach_prefix(kvpool *p, kvpool_seq *s, const int32_t *tokens, in
     uint8_t key[32];
     while ((s->n + 1) * KVPOOL_BLOCK < n) {  /* strictly less: keep >= 1 token to compute */
         kvpool_block_key(p, s->last_key, tokens + (size_t)s->n * KVPOOL_BLOCK, key);
-        int id = kvpool_lookup(p, key);
+        int id = slottab_find(&p->tab, key);
         if (id < 0) break;
         kvpool_ref(p, id);
         s->table[s->n++] = id;
@@ -385,7 +308,7 @@ int kvpool_seq_attach_prefix(kvpool *p, kvpool_seq *s, const int32_t *tokens, in
     return s->n * KVPOOL_BLOCK;
 }
 
-bool kvpool_key_cached(const kvpool *p, const uint8_t key[32]) { return kvpool_lookup(p, key) >= 0; }
+bool kvpool_key_cached(const kvpool *p, const uint8_t key[32]) { return slottab_find(&p->tab, key) >= 0; }
 
 kvpool_status kvpool_seq_reserve(kvpool *p, kvpool_seq *s, int n_total)
 {
@@ -404,8 +327,8 @@ void kvpool_seq_commit_full_blocks(kvpool *p, kvpool_seq *s, const int32_t *toke
         int bi = s->n_keyed;
         kvpool_block_key(p, s->last_key, tokens + (size_t)bi * KVPOOL_BLOCK, key);
         int id = s->table[bi];
-        if (!p->blk[id].keyed && kvpool_lookup(p, key) < 0) {
-            kvpool_map_insert(p, id, key);
+        if (!slottab_keyed(&p->tab, id) && slottab_find(&p->tab, key) < 0) {
+            slottab_set_key(&p->tab, id, key);
             if (p->keyed_fn) p->keyed_fn(p->keyed_arg, key, kvpool_blk_bytes(p, id), p->block_bytes);
         }
         memcpy(s->last_key, key, 32);
@@ -431,7 +354,7 @@ int kvpool_cached_prefix(const kvpool *p, const uint8_t *root, const int32_t *to
     int nb = 0;
     while ((nb + 1) * KVPOOL_BLOCK < n) {   /* keep >= 1 token to compute, as attach does */
         kvpool_block_key(p, parent, tokens + (size_t)nb * KVPOOL_BLOCK, key);
-        if (kvpool_lookup(p, key) < 0) break;
+        if (slottab_find(&p->tab, key) < 0) break;
         memcpy(parent, key, 32);
         nb++;
     }
@@ -450,7 +373,7 @@ static int kvpool_seq_append_keyed(kvpool *p, kvpool_seq *s, const uint8_t key[3
         *st = KVPOOL_ERR_ARG;
         return -1;
     }
-    int id = kvpool_lookup(p, key);
+    int id = slottab_find(&p->tab, key);
     if (id >= 0) {
         kvpool_ref(p, id);
     } else {
@@ -459,7 +382,7 @@ static int kvpool_seq_append_keyed(kvpool *p, kvpool_seq *s, const uint8_t key[3
             *st = KVPOOL_ERR_FULL;
             return -1;
         }
-        kvpool_map_insert(p, id, key);
+        slottab_set_key(&p->tab, id, key);
         p->st.n_loaded++;
         *fresh = true;
     }
@@ -513,7 +436,7 @@ void kvpool_fill_wait(kvpool *p, int layer)
 
 const uint8_t *kvpool_seq_block_key(const kvpool *p, const kvpool_seq *s, int bi)
 {
-    return bi >= 0 && bi < s->n_keyed ? p->blk[s->table[bi]].key : NULL;
+    return bi >= 0 && bi < s->n_keyed ? slottab_get_key(&p->tab, s->table[bi]) : NULL;
 }
 
 int kvpool_seq_capacity(const kvpool_seq *s) { return s->n * KVPOOL_BLOCK; }
