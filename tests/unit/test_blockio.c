@@ -15,8 +15,8 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "schedtest.h"
 #include "storetest.h"
-#include "tinymodel.h"
 
 #include "cache/store.h"
 #include "engine/blockio.h"
@@ -26,12 +26,7 @@
 static char tmpdir[] = "/tmp/tm-blockio-XXXXXX";
 static model *g_model;
 
-typedef struct {
-    engine *e;
-    store *st;
-    blockio *bio;
-    sched *s;
-} server;
+typedef schedtest_stack server;
 
 static int g_kv_blocks = 24;   /* KV pool of the next servers */
 static const store_opts *g_store_opts;   /* store options of the next servers (NULL: defaults) */
@@ -40,31 +35,13 @@ static bool g_no_map;                    /* the next servers read blocks into bu
 
 static server server_new(const char *spec)
 {
-    server v = { 0 };
-    engine_opts eo = { .n_threads = 1, .n_kv_blocks = g_kv_blocks, .max_batch_tokens = 128 };
-    char err[256];
-    if (engine_new(g_model, &eo, &v.e, err, sizeof err) != ENGINE_OK) fprintf(stderr, "%s\n", err);
-    if (spec) {
-        store_opts so = { 0 };
-        if (g_store_opts) so = *g_store_opts;
-        if (store_open(spec, &so, &v.st) == STORE_OK) {
-            blockio_opts bo = { .n_write_slots = 64, .n_read_bufs = g_read_bufs, .no_map = g_no_map };
-            v.bio = blockio_new(v.st, engine_kvpool(v.e), g_model, &bo);
-        }
-        CHECK(v.bio != NULL);
-    }
-    sched_opts o = { .max_seqs = 4, .max_queue = 16, .step_tokens = 48, .n_ctx = 2048,
-                     .eos_ids = { -1, -1, -1, -1 }, .bio = v.bio };
-    if (sched_new(v.e, &o, &v.s) != SCHED_OK) fprintf(stderr, "sched_new failed\n");
+    schedtest_stack_opts o = { .spec = spec, .n_kv_blocks = g_kv_blocks, .n_ctx = 2048,
+                               .bio = { .n_read_bufs = g_read_bufs, .no_map = g_no_map } };
+    if (g_store_opts) o.store = *g_store_opts;
+    server v = schedtest_stack_new(g_model, &o);
+    CHECK(v.s != NULL);
+    if (spec) CHECK(v.bio != NULL);
     return v;
-}
-
-static void server_free(server *v)
-{
-    sched_free(v->s);
-    blockio_free(v->bio);
-    store_close(v->st);
-    engine_free(v->e);
 }
 
 /* A dir: store under the test's directory: its path in dir, its spec ("dir:PATH") in spec. */
@@ -82,25 +59,9 @@ static int run(server *v, const int32_t *prompt, int n, int n_gen, int32_t *out)
     sched_params p = { .prompt = prompt, .n_prompt = n, .max_tokens = n_gen, .cache_salt = g_salt };
     p.sample = sample_params_default();
     p.sample.temp = 0;
-    sched_req *r;
-    if (sched_submit(v->s, &p, &r) != SCHED_OK) return -1;
-    sched_output o[16];
-    int k = 0, cached = -1;
-    while (!sched_done(r)) {
-        int m = sched_poll(r, o, 16, 10000);
-        if (m == 0) break;
-        for (int i = 0; i < m; i++) {
-            if (o[i].kind == SCHED_OUT_TOKEN && k < n_gen) out[k++] = o[i].token;
-            if (o[i].kind == SCHED_OUT_FINISH) cached = o[i].usage.cached_tokens;
-        }
-    }
-    sched_release(r);
-    return k == n_gen ? cached : -1;
-}
-
-static void prompt_of(int32_t *t, int n, int seed)
-{
-    for (int i = 0; i < n; i++) t[i] = (seed * 31 + i * 17 + i * i) % 100;
+    sched_output fin = { .kind = SCHED_OUT_TOKEN };
+    int k = schedtest_run(v->s, &p, out, n_gen, &fin);
+    return k == n_gen && fin.kind == SCHED_OUT_FINISH ? fin.usage.cached_tokens : -1;
 }
 
 /* One request on a fresh server with the given store; returns cached tokens, output in out. */
@@ -108,7 +69,7 @@ static int once(const char *spec, const int32_t *prompt, int n, int n_gen, int32
 {
     server v = server_new(spec);
     int c = run(&v, prompt, n, n_gen, out);
-    server_free(&v);
+    schedtest_stack_free(&v);
     return c;
 }
 
@@ -120,7 +81,7 @@ TEST(test_multi_turn_identical_cache_on_off)
     for (size_t li = 0; li < TM_ARRAY_LEN(lens); li++) {
         int32_t conv[1024];
         int n = lens[li];
-        prompt_of(conv, n, (int)li + 3);
+        schedtest_prompt(conv, n, (int)li + 3);
         int stored = 0;   /* positions whose KV earlier turns computed (and stored) */
         for (int turn = 0; turn < 3; turn++) {
             int32_t on[8], off[8];
@@ -133,7 +94,7 @@ TEST(test_multi_turn_identical_cache_on_off)
             stored = n + 8 - 1;
             memcpy(conv + n, on, sizeof on);
             n += 8;
-            prompt_of(conv + n, 50, 100 + turn);
+            schedtest_prompt(conv + n, 50, 100 + turn);
             n += 50;
         }
     }
@@ -145,7 +106,7 @@ TEST(test_two_servers_share_a_dir_store)
     snprintf(spec, sizeof spec, "dir:%s/shared", tmpdir);
     server a = server_new(spec), b = server_new(spec);
     int32_t prompt[300], oa[4], ob[4];
-    prompt_of(prompt, 300, 9);
+    schedtest_prompt(prompt, 300, 9);
     CHECK(run(&a, prompt, 300, 4, oa) == 0);
     blockio_stats st;
     WAIT_UNTIL((blockio_get_stats(a.bio, &st),   /* write-behind is asynchronous */
@@ -156,8 +117,8 @@ TEST(test_two_servers_share_a_dir_store)
     CHECK(!memcmp(oa, ob, sizeof oa));
     blockio_get_stats(b.bio, &st);
     CHECK(st.n_loads == 1 && st.n_appended == 2);
-    server_free(&a);
-    server_free(&b);
+    schedtest_stack_free(&a);
+    schedtest_stack_free(&b);
 }
 
 TEST(test_corrupt_dir_blocks_are_recomputed)
@@ -165,7 +126,7 @@ TEST(test_corrupt_dir_blocks_are_recomputed)
     char dir[128], spec[160], cmd[400];
     dir_store("corrupt", dir, sizeof dir, spec, sizeof spec);
     int32_t prompt[400], ref[6], out[6];
-    prompt_of(prompt, 400, 11);
+    schedtest_prompt(prompt, 400, 11);
     CHECK(once(spec, prompt, 400, 6, ref) == 0);
     /* flip a byte near the end of every block file */
     snprintf(cmd, sizeof cmd, "for f in $(find '%s' -name '*.blk'); do printf '\\x42' | dd of=$f bs=1 seek=5000 conv=notrunc status=none; done", dir);
@@ -201,7 +162,7 @@ TEST(test_ec_10_2_fragments_lost)
     int n = snprintf(spec, sizeof spec, "ec:10+2:");
     for (int i = 0; i < 12; i++) n += snprintf(spec + n, sizeof spec - (size_t)n, "%s%s/t%d", i ? "," : "", base, i);
     int32_t prompt[400], ref[6], out[6];
-    prompt_of(prompt, 400, 13);
+    schedtest_prompt(prompt, 400, 13);
     CHECK(once(NULL, prompt, 400, 6, ref) == 0);
     CHECK(once(spec, prompt, 400, 6, out) == 0);
     CHECK(!memcmp(ref, out, sizeof ref));
@@ -229,7 +190,7 @@ TEST(test_salt_keeps_tenants_apart)
     char spec[160];
     snprintf(spec, sizeof spec, "dir:%s/salt", tmpdir);
     int32_t prompt[300], ref[4], out[4];
-    prompt_of(prompt, 300, 17);
+    schedtest_prompt(prompt, 300, 17);
     g_salt = "tenant-a";
     CHECK(once(spec, prompt, 300, 4, ref) == 0);
     CHECK(once(spec, prompt, 300, 4, out) == 256);      /* same tenant: store hit */
@@ -247,7 +208,7 @@ TEST(test_salt_keeps_tenants_apart)
     g_salt = "tenant-d";
     CHECK(run(&v, prompt, 300, 4, out) == 0);
     g_salt = NULL;
-    server_free(&v);
+    schedtest_stack_free(&v);
 }
 
 /* Drains r to FINISH: tokens into out (n_gen), returns cached tokens or -1. */
@@ -274,8 +235,8 @@ TEST(test_load_waits_for_kv_space)
     char spec[160];
     snprintf(spec, sizeof spec, "dir:%s/kvwait", tmpdir);
     int32_t pa[400], pb[400], ra[6], rb[6], oa[6], ob[6];
-    prompt_of(pa, 400, 21);
-    prompt_of(pb, 400, 22);
+    schedtest_prompt(pa, 400, 21);
+    schedtest_prompt(pb, 400, 22);
     CHECK(once(NULL, pa, 400, 6, ra) == 0);
     CHECK(once(spec, pb, 400, 6, rb) == 0);   /* stores b's 3 full blocks */
     g_kv_blocks = 6;
@@ -291,7 +252,7 @@ TEST(test_load_waits_for_kv_space)
     CHECK(drain(a, 6, oa) == 0);
     CHECK(drain(b, 6, ob) == 384);
     CHECK(!memcmp(oa, ra, sizeof ra) && !memcmp(ob, rb, sizeof rb));
-    server_free(&v);
+    schedtest_stack_free(&v);
     g_kv_blocks = 24;
 }
 
@@ -303,8 +264,8 @@ TEST(test_inplace_blocks_let_go_on_reuse)
     char spec[160];
     snprintf(spec, sizeof spec, "dir:%s/inplace", tmpdir);
     int32_t pa[520], pb[400], ra[6], rb[6], o1[6], o2[6], o3[6];
-    prompt_of(pa, 520, 41);
-    prompt_of(pb, 400, 42);
+    schedtest_prompt(pa, 520, 41);
+    schedtest_prompt(pb, 400, 42);
     CHECK(once(NULL, pa, 520, 6, ra) == 0);
     CHECK(once(spec, pb, 400, 6, rb) == 0);   /* stores b's 3 full blocks */
     g_kv_blocks = 6;
@@ -320,7 +281,7 @@ TEST(test_inplace_blocks_let_go_on_reuse)
     blockio_get_stats(v.bio, &st);
     CHECK(st.n_load_blocks > loaded);
     CHECK(!memcmp(o1, rb, sizeof rb) && !memcmp(o2, ra, sizeof ra) && !memcmp(o3, rb, sizeof rb));
-    server_free(&v);
+    schedtest_stack_free(&v);
     g_kv_blocks = 24;
 }
 
@@ -331,9 +292,9 @@ TEST(test_concurrent_loads_read_each_block_once)
     char spec[160];
     snprintf(spec, sizeof spec, "dir:%s/share", tmpdir);
     int32_t pa[1100], pb[1100], ra[6], rb[6], out[6];
-    prompt_of(pa, 1100, 31);
+    schedtest_prompt(pa, 1100, 31);
     memcpy(pb, pa, sizeof pb);
-    prompt_of(pb + 1000, 100, 32);
+    schedtest_prompt(pb + 1000, 100, 32);
     CHECK(once(spec, pa, 1000, 6, out) == 0);   /* stores the prefix's 7 blocks */
     CHECK(once(NULL, pa, 1100, 6, ra) == 0);
     CHECK(once(NULL, pb, 1100, 6, rb) == 0);
@@ -375,7 +336,7 @@ TEST(test_concurrent_loads_read_each_block_once)
     }
     kvpool_seq_free(pool, sa);
     kvpool_seq_free(pool, sb);
-    server_free(&v);
+    schedtest_stack_free(&v);
 
     /* through the scheduler: two concurrent requests, each stored block read once, outputs
      * identical to the uncached ones */
@@ -404,7 +365,7 @@ TEST(test_concurrent_loads_read_each_block_once)
     sched_stats ss2;
     sched_get_stats(v.s, &ss2);
     CHECK(ss2.store_load_s > 0);
-    server_free(&v);
+    schedtest_stack_free(&v);
 }
 
 
@@ -442,7 +403,7 @@ TEST(test_load_read_buffers_reused_and_abandoned)
     char spec[160];
     snprintf(spec, sizeof spec, "dir:%s/rbuf", tmpdir);
     int32_t pa[1100], out[4];
-    prompt_of(pa, 1100, 51);
+    schedtest_prompt(pa, 1100, 51);
     CHECK(once(spec, pa, 1000, 4, out) == 0);   /* stores 7 blocks */
     g_kv_blocks = 64;
     server v = server_new(spec);   /* 16 kept buffers */
@@ -456,7 +417,7 @@ TEST(test_load_read_buffers_reused_and_abandoned)
     blockio_get_stats(v.bio, &st);
     CHECKF(st.n_read_buf_alloc == 0 && st.n_load_blocks == 28, "fresh buffers %llu, read %llu",
            (unsigned long long)st.n_read_buf_alloc, (unsigned long long)st.n_load_blocks);
-    server_free(&v);
+    schedtest_stack_free(&v);
 
     g_read_bufs = 2;   /* fewer kept buffers than blocks: fresh ones, same bytes */
     g_no_map = true;   /* (mapped blocks take no buffers) */
@@ -475,7 +436,7 @@ TEST(test_load_read_buffers_reused_and_abandoned)
             blockio_load_free(v.bio, l);
         }
     }
-    server_free(&v);
+    schedtest_stack_free(&v);
     g_read_bufs = 0;
     g_no_map = false;
     g_kv_blocks = 24;
@@ -498,7 +459,7 @@ TEST(test_mapped_blocks_deleted_or_corrupt)
     char dir[128], spec[160], path[400];
     dir_store("mapped", dir, sizeof dir, spec, sizeof spec);
     int32_t pa[1100], ra[6], out[6];
-    prompt_of(pa, 1100, 61);
+    schedtest_prompt(pa, 1100, 61);
     CHECK(once(NULL, pa, 1100, 6, ra) == 0);
     CHECK(once(spec, pa, 1000, 6, out) == 0);   /* stores 7 blocks */
     uint8_t keys[7][32];
@@ -506,7 +467,7 @@ TEST(test_mapped_blocks_deleted_or_corrupt)
     server v = server_new(spec);
     if (!store_mappable(v.st)) {
         printf("     (skipped: %s is not on a local file system)\n", dir);
-        server_free(&v);
+        schedtest_stack_free(&v);
         return;
     }
     kvpool *pool = engine_kvpool(v.e);
@@ -534,7 +495,7 @@ TEST(test_mapped_blocks_deleted_or_corrupt)
     blockio_get_stats(v.bio, &st);
     CHECKF(st.n_load_mapped == 7 && st.n_load_blocks == 7 && st.n_read_buf_alloc == 0, "mapped %llu of %llu",
            (unsigned long long)st.n_load_mapped, (unsigned long long)st.n_load_blocks);
-    server_free(&v);
+    schedtest_stack_free(&v);
     free(want);
 
     CHECK(once(spec, pa, 1000, 6, out) == 0);   /* stored again */
@@ -545,7 +506,7 @@ TEST(test_mapped_blocks_deleted_or_corrupt)
         if (i % 3 == 2) CHECK(WAIT_UNTIL(blockio_load_ready(v.bio, l), 30));
         blockio_load_free(v.bio, l);
     }
-    server_free(&v);
+    schedtest_stack_free(&v);
 
     char hex[BLOCKKEY_HEX];
     blockkey_hex(keys[3], hex);
@@ -559,7 +520,7 @@ TEST(test_mapped_blocks_deleted_or_corrupt)
     CHECKF(ss.n_corrupt == 1, "corrupt %llu", (unsigned long long)ss.n_corrupt);
     blockio_get_stats(v.bio, &st);
     CHECK(st.n_load_mapped >= 3);
-    server_free(&v);
+    schedtest_stack_free(&v);
     CHECK(once(spec, pa, 1100, 6, out) == 1024);   /* written again (with block 7) */
     CHECK(!memcmp(out, ra, sizeof ra));
 }
@@ -573,7 +534,7 @@ TEST(test_ready_hook_called_per_settled_load)
     char spec[160];
     snprintf(spec, sizeof spec, "dir:%s/ready", tmpdir);
     int32_t pa[400], out[4];
-    prompt_of(pa, 400, 61);
+    schedtest_prompt(pa, 400, 61);
     CHECK(once(spec, pa, 300, 4, out) == 0);   /* 2 blocks stored */
     server v = server_new(spec);
     blockio_set_ready_hook(v.bio, count_ready, &g_ready_calls);
@@ -587,7 +548,7 @@ TEST(test_ready_hook_called_per_settled_load)
     CHECK(l && WAIT_UNTIL(blockio_load_ready(v.bio, l), 30));
     blockio_load_free(v.bio, l);
     CHECK(__atomic_load_n(&g_ready_calls, __ATOMIC_RELAXED) == 1);
-    server_free(&v);
+    schedtest_stack_free(&v);
 }
 
 typedef struct {
@@ -624,8 +585,8 @@ TEST(test_ram_hits_touch_the_store)
     const double t0 = 1.8e9;
     use_clocked_store(spec, sizeof spec, "touch", t0, "chat=100s");
     int32_t hot[300], cold[300], out[4];
-    prompt_of(hot, 300, 41);
-    prompt_of(cold, 300, 42);
+    schedtest_prompt(hot, 300, 41);
+    schedtest_prompt(cold, 300, 42);
     server v = server_new(spec);
     CHECK(run(&v, hot, 300, 4, out) == 0);
     CHECK(run(&v, cold, 300, 4, out) == 0);
@@ -670,7 +631,7 @@ TEST(test_ram_hits_touch_the_store)
     CHECK(run(&v, hot, 300, 4, out) == 256);
     CHECK(WAIT_UNTIL((blockio_get_stats(v.bio, &st), st.n_touched == 4), 30));
     CHECK(st.n_touch_queued == 4);
-    server_free(&v);
+    schedtest_stack_free(&v);
     g_store_opts = NULL;
 }
 
@@ -682,7 +643,7 @@ TEST(test_shared_load_refreshes_with_each_class)
     const double t0 = 1.9e9;
     use_clocked_store(spec, sizeof spec, "shared-class", t0, "chat=100s,agent=1000s");
     int32_t p[300], out[4];
-    prompt_of(p, 300, 51);
+    schedtest_prompt(p, 300, 51);
     CHECK(once(spec, p, 300, 4, out) == 0);   /* 2 full blocks, class chat: expiry t0 + 100 */
     server v = server_new(spec);
     int agent = store_class(v.st, "agent"), chat = store_class(v.st, "chat");
@@ -708,7 +669,7 @@ TEST(test_shared_load_refreshes_with_each_class)
     kvpool_fill_wait(pool, -1);
     kvpool_seq_free(pool, sa);
     kvpool_seq_free(pool, sb);
-    server_free(&v);
+    schedtest_stack_free(&v);
     g_store_opts = NULL;
 }
 
@@ -725,7 +686,7 @@ TEST(test_flush_writes_the_queue_or_gives_up)
 {
     enum { N = 4 * 128 + 10 };   /* a prompt of 4 full blocks */
     int32_t prompt[N], out[1];
-    prompt_of(prompt, N, 21);
+    schedtest_prompt(prompt, N, 21);
     /* a store that takes its writes: after the engine's last step the flush returns 0 and
      * every block is in the store */
     char dir[300], spec[320];
@@ -738,7 +699,7 @@ TEST(test_flush_writes_the_queue_or_gives_up)
     ls_result ls = { 0 };
     store_ls(v.st, ls_cb, &ls);
     CHECK(ls.n == 4);
-    server_free(&v);
+    schedtest_stack_free(&v);
 
     /* a stuck store: the flush gives up at its bound with the 4 blocks still queued or being
      * written; once the store moves again, the writes under way end and what was queued is
@@ -758,19 +719,14 @@ TEST(test_flush_writes_the_queue_or_gives_up)
     /* two I/O threads: at most two writes were under way, the rest was given up */
     CHECKF(bs.n_write_dropped >= 2, "%llu written, %llu dropped",
            (unsigned long long)bs.n_written, (unsigned long long)bs.n_write_dropped);
-    server_free(&v);
+    schedtest_stack_free(&v);
     g_store_opts = NULL;
 }
 
 int main(void)
 {
     util_log_level = LOG_LEVEL_ERROR;
-    if (!mkdtemp(tmpdir)) return 1;
-    tiny_cfg c = { .arch = "llama", .dim = 64, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2,
-                   .head_dim = 16, .ffn = 96, .vocab = 100, .seed = 7 };
-    char path[256], err[256];
-    snprintf(path, sizeof path, "%s/llama.gguf", tmpdir);
-    if (tiny_write(&c, path) || model_load(path, NULL, &g_model, err, sizeof err) != GGUF_OK) return 1;
+    if (!(g_model = schedtest_open(tmpdir, 7))) return 1;
     RUN(test_multi_turn_identical_cache_on_off);
     RUN(test_two_servers_share_a_dir_store);
     RUN(test_corrupt_dir_blocks_are_recomputed);
@@ -785,9 +741,6 @@ int main(void)
     RUN(test_ready_hook_called_per_settled_load);
     RUN(test_ram_hits_touch_the_store);
     RUN(test_flush_writes_the_queue_or_gives_up);
-    model_free(g_model);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-    if (system(cmd)) {}
+    schedtest_close(tmpdir, g_model);
     HARNESS_END();
 }

@@ -49,7 +49,7 @@
 #include <openssl/hmac.h>
 
 #include "harness.h"
-#include "tinymodel.h"
+#include "schedtest.h"
 
 #include "cache/store.h"
 #include "cluster/gateway.h"
@@ -73,10 +73,7 @@ static char g_spec[300];
 static model *g_model;
 
 typedef struct {          /* one engine + scheduler (+ store), optionally serving as a worker */
-    engine *e;
-    store *st;
-    blockio *bio;
-    sched *s;
+    schedtest_stack srv;
     worker *w;
 } node;
 
@@ -84,18 +81,9 @@ static node node_new(bool with_store)
 {
     node v;
     memset(&v, 0, sizeof v);
-    engine_opts eo = { .n_threads = 1, .n_kv_blocks = 32, .max_batch_tokens = 128 };
-    char err[256];
-    if (engine_new(g_model, &eo, &v.e, err, sizeof err) != ENGINE_OK) fprintf(stderr, "%s\n", err);
-    store_opts so = { 0 };
-    if (with_store && store_open(g_spec, &so, &v.st) == STORE_OK) {
-        blockio_opts bo = { .n_write_slots = 64 };
-        v.bio = blockio_new(v.st, engine_kvpool(v.e), g_model, &bo);
-    }
-    CHECK(!with_store || v.bio != NULL);
-    sched_opts o = { .max_seqs = 4, .max_queue = 16, .step_tokens = 48, .n_ctx = 1024,
-                     .eos_ids = { -1, -1, -1, -1 }, .bio = v.bio };
-    CHECK(sched_new(v.e, &o, &v.s) == SCHED_OK);
+    schedtest_stack_opts so = { .spec = with_store ? g_spec : NULL };
+    v.srv = schedtest_stack_new(g_model, &so);
+    CHECK(v.srv.s != NULL && (!with_store || v.srv.bio != NULL));
     return v;
 }
 
@@ -104,7 +92,7 @@ static void node_serve(node *v, int role, const char *reg, const char *name)
 {
     worker_opts wo = { .role = role, .gateway = reg, .name = name, .heartbeat_ms = 50, .max_seqs = 4, .n_ctx = 1024,
                        .key = &g_key };
-    v->w = worker_new(&wo, v->e, v->s, v->st, v->bio);
+    v->w = worker_new(&wo, v->srv.e, v->srv.s, v->srv.st, v->srv.bio);
     CHECK(v->w != NULL);
 }
 
@@ -117,10 +105,7 @@ static void node_stop(node *v)
 static void node_free(node *v)
 {
     node_stop(v);
-    sched_free(v->s);
-    blockio_free(v->bio);
-    store_close(v->st);
-    engine_free(v->e);
+    schedtest_stack_free(&v->srv);
 }
 
 static void make_prompt(int32_t *p, int n, int seed)
@@ -145,18 +130,8 @@ static sched_params greedy(const int32_t *prompt, int n)
 static int reference(node *v, const int32_t *prompt, int n, int32_t *out)
 {
     sched_params p = greedy(prompt, n);
-    sched_req *r;
-    if (sched_submit(v->s, &p, &r) != SCHED_OK) return -1;
-    sched_output o[16];
-    int k = 0;
-    while (!sched_done(r)) {
-        int m = sched_poll(r, o, 16, 10000);
-        if (m == 0) break;
-        for (int i = 0; i < m; i++)
-            if (o[i].kind == SCHED_OUT_TOKEN && k < N_GEN) out[k++] = o[i].token;
-    }
-    sched_release(r);
-    return k;
+    int k = schedtest_run(v->srv.s, &p, out, N_GEN, NULL);
+    return k < N_GEN ? k : N_GEN;
 }
 
 /* Polls a gateway request to its end; its tokens into out (at most cap), the finish in *fin. */
@@ -755,7 +730,7 @@ TEST(test_sockets_nodelay_and_added_latency)
     node_serve(&R, PROTO_ROLE_MIXED, G.reg, "registered");
     worker_opts wo = { .role = PROTO_ROLE_MIXED, .listen = "127.0.0.1:0", .name = "static", .heartbeat_ms = 50,
                        .max_seqs = 4, .n_ctx = 1024, .key = &g_key };
-    S.w = worker_new(&wo, S.e, S.s, S.st, S.bio);
+    S.w = worker_new(&wo, S.srv.e, S.srv.s, S.srv.st, S.srv.bio);
     CHECK(S.w != NULL);
     char saddr[64];
     snprintf(saddr, sizeof saddr, "127.0.0.1:%d", S.w ? worker_port(S.w) : 1);
@@ -1017,13 +992,8 @@ TEST(test_window_state_fetched_for_the_decode_worker)
 int main(void)
 {
     util_log_level = LOG_LEVEL_ERROR;
-    if (!mkdtemp(tmpdir)) return 1;
-    tiny_cfg c = { .arch = "llama", .dim = 64, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2,
-                   .head_dim = 16, .ffn = 96, .vocab = N_VOCAB, .seed = 7 };
-    char path[256], err[256];
-    snprintf(path, sizeof path, "%s/llama.gguf", tmpdir);
+    if (!(g_model = schedtest_open(tmpdir, 7))) return 1;   /* its vocabulary: N_VOCAB */
     snprintf(g_spec, sizeof g_spec, "dir:%s/store", tmpdir);
-    if (tiny_write(&c, path) || model_load(path, NULL, &g_model, err, sizeof err) != GGUF_OK) return 1;
     RUN(test_split_run_and_handoff_metrics);
     RUN(test_window_state_fetched_for_the_decode_worker);
     RUN(test_bad_values_close_the_worker_and_reroute);
@@ -1033,9 +1003,6 @@ int main(void)
     RUN(test_sockets_nodelay_and_added_latency);
     RUN(test_prefill_goes_where_its_prefix_is_in_flight);
     RUN(test_grammar_travels_and_worker_refusal);
-    model_free(g_model);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-    if (system(cmd)) {}
+    schedtest_close(tmpdir, g_model);
     HARNESS_END();
 }

@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "harness.h"
-#include "tinymodel.h"
+#include "schedtest.h"
 
 #include "cache/store.h"
 #include "engine/blockio.h"
@@ -29,37 +29,14 @@ static model *g_model;
 #define CHAT_TTL (7 * 86400.0)
 static const char *g_retention = "agent=1h,chat=7d";   /* of the next servers */
 
-typedef struct {
-    engine *e;
-    store *st;
-    blockio *bio;
-    sched *s;
-} server;
+typedef schedtest_stack server;
 
 static server server_new(const char *spec)
 {
-    server v = { 0 };
-    engine_opts eo = { .n_threads = 1, .n_kv_blocks = 24, .max_batch_tokens = 128 };
-    char err[256];
-    if (engine_new(g_model, &eo, &v.e, err, sizeof err) != ENGINE_OK) fprintf(stderr, "%s\n", err);
-    store_opts so = { .retention = g_retention };
-    if (store_open(spec, &so, &v.st) == STORE_OK) {
-        blockio_opts bo = { .n_write_slots = 64 };
-        v.bio = blockio_new(v.st, engine_kvpool(v.e), g_model, &bo);
-    }
-    CHECK(v.bio != NULL);
-    sched_opts o = { .max_seqs = 4, .max_queue = 16, .step_tokens = 48, .n_ctx = 1024,
-                     .eos_ids = { -1, -1, -1, -1 }, .bio = v.bio };
-    if (sched_new(v.e, &o, &v.s) != SCHED_OK) fprintf(stderr, "sched_new failed\n");
+    schedtest_stack_opts o = { .spec = spec, .n_kv_blocks = 24, .store = { .retention = g_retention } };
+    server v = schedtest_stack_new(g_model, &o);
+    CHECK(v.s != NULL && v.bio != NULL);
     return v;
-}
-
-static void server_free(server *v)
-{
-    sched_free(v->s);
-    blockio_free(v->bio);   /* writes what is queued */
-    store_close(v->st);
-    engine_free(v->e);
 }
 
 /* Greedy generation of n_gen tokens of class cls; returns cached tokens (-1 on failure). */
@@ -68,25 +45,9 @@ static int run(server *v, const int32_t *prompt, int n, int n_gen, int cls)
     sched_params p = { .prompt = prompt, .n_prompt = n, .max_tokens = n_gen, .cache_class = cls };
     p.sample = sample_params_default();
     p.sample.temp = 0;
-    sched_req *r;
-    if (sched_submit(v->s, &p, &r) != SCHED_OK) return -1;
-    sched_output o[16];
-    int k = 0, cached = -1;
-    while (!sched_done(r)) {
-        int m = sched_poll(r, o, 16, 10000);
-        if (m == 0) break;
-        for (int i = 0; i < m; i++) {
-            if (o[i].kind == SCHED_OUT_TOKEN) k++;
-            if (o[i].kind == SCHED_OUT_FINISH) cached = o[i].usage.cached_tokens;
-        }
-    }
-    sched_release(r);
-    return k == n_gen ? cached : -1;
-}
-
-static void prompt_of(int32_t *t, int n, int seed)
-{
-    for (int i = 0; i < n; i++) t[i] = (seed * 31 + i * 17 + i * i) % 100;
+    sched_output fin = { .kind = SCHED_OUT_TOKEN };
+    int k = schedtest_run(v->s, &p, NULL, 0, &fin);
+    return k == n_gen && fin.kind == SCHED_OUT_FINISH ? fin.usage.cached_tokens : -1;
 }
 
 typedef struct {
@@ -126,15 +87,15 @@ TEST(test_writes_carry_the_request_class)
 {
     char spec[160];
     int32_t pa[300], pc[300];
-    prompt_of(pa, 300, 5);
-    prompt_of(pc, 300, 6);
+    schedtest_prompt(pa, 300, 5);
+    schedtest_prompt(pc, 300, 6);
     /* an agent request alone: its 2 full blocks are written with agent's TTL */
     snprintf(spec, sizeof spec, "dir:%s/agent", tmpdir);
     server v = server_new(spec);
     int agent = store_class(v.st, "agent"), chat = store_class(v.st, "chat");
     CHECK(agent == 1 && chat == 0);
     CHECK(run(&v, pa, 300, 4, agent) == 0);
-    server_free(&v);
+    schedtest_stack_free(&v);
     listing l = list_store(spec);
     CHECKF(l.n == 2, "%d files", l.n);
     CHECK(all_near(&l, AGENT_TTL));
@@ -142,7 +103,7 @@ TEST(test_writes_carry_the_request_class)
     snprintf(spec, sizeof spec, "dir:%s/chat", tmpdir);
     v = server_new(spec);
     CHECK(run(&v, pc, 300, 4, chat) == 0);
-    server_free(&v);
+    schedtest_stack_free(&v);
     l = list_store(spec);
     CHECKF(l.n == 2, "%d files", l.n);
     CHECK(all_near(&l, CHAT_TTL));
@@ -163,7 +124,7 @@ TEST(test_writes_carry_the_request_class)
     }
     sched_release(r1);
     sched_release(r2);
-    server_free(&v);
+    schedtest_stack_free(&v);
     l = list_store(spec);
     CHECKF(l.n == 4, "%d files", l.n);
     int n_agent = 0, n_chat = 0;
@@ -182,18 +143,18 @@ TEST(test_loads_refresh_with_the_request_class)
     char spec[160];
     snprintf(spec, sizeof spec, "dir:%s/refresh", tmpdir);
     int32_t pa[300];
-    prompt_of(pa, 300, 7);
+    schedtest_prompt(pa, 300, 7);
     server v = server_new(spec);
     int agent = store_class(v.st, "agent");
     CHECK(run(&v, pa, 300, 4, 0) == 0);
-    server_free(&v);
+    schedtest_stack_free(&v);
     listing l = list_store(spec);
     CHECK(l.n == 2 && all_near(&l, 3600.0));
     /* an agent request of the same prefix on a fresh server (empty RAM tier): a store hit,
      * which keeps the blocks for agent's TTL from now */
     v = server_new(spec);
     CHECK(run(&v, pa, 300, 4, agent) == 256);
-    server_free(&v);
+    schedtest_stack_free(&v);
     l = list_store(spec);
     CHECK(l.n == 2 && all_near(&l, 7 * 86400.0));
     g_retention = "agent=1h,chat=7d";
@@ -259,18 +220,10 @@ TEST(test_parsers_take_cache_fields)
 int main(void)
 {
     util_log_level = LOG_LEVEL_ERROR;
-    if (!mkdtemp(tmpdir)) return 1;
-    tiny_cfg c = { .arch = "llama", .dim = 64, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2,
-                   .head_dim = 16, .ffn = 96, .vocab = 100, .seed = 7 };
-    char path[256], err[256];
-    snprintf(path, sizeof path, "%s/llama.gguf", tmpdir);
-    if (tiny_write(&c, path) || model_load(path, NULL, &g_model, err, sizeof err) != GGUF_OK) return 1;
+    if (!(g_model = schedtest_open(tmpdir, 7))) return 1;
     RUN(test_writes_carry_the_request_class);
     RUN(test_loads_refresh_with_the_request_class);
     RUN(test_parsers_take_cache_fields);
-    model_free(g_model);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-    if (system(cmd)) {}
+    schedtest_close(tmpdir, g_model);
     HARNESS_END();
 }

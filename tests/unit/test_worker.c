@@ -24,7 +24,7 @@
 #include <unistd.h>
 
 #include "harness.h"
-#include "tinymodel.h"
+#include "schedtest.h"
 
 #include "cache/store.h"
 #include "cluster/proto.h"
@@ -49,10 +49,7 @@ static grammar_vocab *g_vocab;
 enum { GRAM_STOP = 99 };
 
 typedef struct {
-    engine *e;
-    store *st;
-    blockio *bio;
-    sched *s;
+    schedtest_stack srv;         /* engine, scheduler (+ store) */
     worker *w;
     char addr[64];
 } node;
@@ -61,24 +58,13 @@ static node node_new(int role)
 {
     node v;
     memset(&v, 0, sizeof v);
-    engine_opts eo = { .n_threads = 1, .n_kv_blocks = 32, .max_batch_tokens = 128 };
-    char err[256];
-    if (engine_new(g_model, &eo, &v.e, err, sizeof err) != ENGINE_OK) fprintf(stderr, "%s\n", err);
-    if (role) {
-        store_opts so = { 0 };
-        if (store_open(g_spec, &so, &v.st) == STORE_OK) {
-            blockio_opts bo = { .n_write_slots = 64 };
-            v.bio = blockio_new(v.st, engine_kvpool(v.e), g_model, &bo);
-        }
-        CHECK(v.bio != NULL);
-    }
-    sched_opts o = { .max_seqs = 4, .max_queue = 16, .step_tokens = 48, .n_ctx = 1024,
-                     .eos_ids = { -1, -1, -1, -1 }, .bio = v.bio };
-    CHECK(sched_new(v.e, &o, &v.s) == SCHED_OK);
+    schedtest_stack_opts so = { .spec = role ? g_spec : NULL };
+    v.srv = schedtest_stack_new(g_model, &so);
+    CHECK(v.srv.s != NULL && (!role || v.srv.bio != NULL));
     if (role) {
         worker_opts wo = { .role = role, .listen = "127.0.0.1:0", .name = "t", .heartbeat_ms = 50,
                            .max_seqs = 4, .n_ctx = 1024, .key = &g_key, .gvocab = g_vocab };
-        v.w = worker_new(&wo, v.e, v.s, v.st, v.bio);
+        v.w = worker_new(&wo, v.srv.e, v.srv.s, v.srv.st, v.srv.bio);
         CHECK(v.w != NULL);
         if (v.w) snprintf(v.addr, sizeof v.addr, "127.0.0.1:%d", worker_port(v.w));
     }
@@ -88,10 +74,7 @@ static node node_new(int role)
 static void node_free(node *v)
 {
     worker_free(v->w);
-    sched_free(v->s);
-    blockio_free(v->bio);
-    store_close(v->st);
-    engine_free(v->e);
+    schedtest_stack_free(&v->srv);
 }
 
 static sample_params test_sample(float temp)
@@ -120,20 +103,9 @@ static int reference(node *v, const int32_t *prompt, int n, int n_gen, float tem
         p.n_stop_ids = 1;
         p.stop_ids[0] = GRAM_STOP;
     }
-    sched_req *r;
-    sched_status st = sched_submit(v->s, &p, &r);
+    int k = schedtest_run(v->srv.s, &p, out, n_gen, NULL);
     grammar_free(g);
-    if (st != SCHED_OK) return -1;
-    sched_output o[16];
-    int k = 0;
-    while (!sched_done(r)) {
-        int m = sched_poll(r, o, 16, 10000);
-        if (m == 0) break;
-        for (int i = 0; i < m; i++)
-            if (o[i].kind == SCHED_OUT_TOKEN && k < n_gen) out[k++] = o[i].token;
-    }
-    sched_release(r);
-    return k;
+    return k < n_gen ? k : n_gen;
 }
 
 /* The frame state of each test connection, by descriptor. */
@@ -732,16 +704,7 @@ TEST(test_concurrent_jobs_take_no_threads)
         sched_params p = { .prompt = prompts[i], .n_prompt = 23, .max_tokens = SHORT, .ignore_eos = true,
                            .gen = &prompts[i][23], .n_gen = 1 };
         p.sample = test_sample(0);
-        sched_req *r;
-        CHECK(sched_submit(ref.s, &p, &r) == SCHED_OK);
-        int k = 0;
-        sched_output o[16];
-        for (int it = 0; it < 1000 && !sched_done(r); it++) {
-            int m = sched_poll(r, o, 16, 10000);
-            for (int t = 0; t < m; t++)
-                if (o[t].kind == SCHED_OUT_TOKEN && k < SHORT) alone[k++] = o[t].token;
-        }
-        sched_release(r);
+        int k = schedtest_run(ref.srv.s, &p, alone, SHORT, NULL);
         CHECKF(k == SHORT - 1 && n_got[i] == SHORT - 1 && !memcmp(alone, got[i], (size_t)k * sizeof alone[0]),
                "job %d: %d tokens, %d alone", i, n_got[i], k);
     }
@@ -753,13 +716,8 @@ TEST(test_concurrent_jobs_take_no_threads)
 int main(void)
 {
     util_log_level = LOG_LEVEL_ERROR;
-    if (!mkdtemp(tmpdir)) return 1;
-    tiny_cfg c = { .arch = "llama", .dim = 64, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2,
-                   .head_dim = 16, .ffn = 96, .vocab = 100, .seed = 7 };
-    char path[256], err[256];
-    snprintf(path, sizeof path, "%s/llama.gguf", tmpdir);
+    if (!(g_model = schedtest_open(tmpdir, 7))) return 1;
     snprintf(g_spec, sizeof g_spec, "dir:%s/store", tmpdir);
-    if (tiny_write(&c, path) || model_load(path, NULL, &g_model, err, sizeof err) != GGUF_OK) return 1;
     const char *bytes[100];
     int lens[100];
     for (int i = 0; i < 100; i++) {
@@ -776,10 +734,7 @@ int main(void)
     RUN(test_refuses_peer_without_key);
     RUN(test_concurrent_jobs_take_no_threads);
     RUN(test_grammar_split_equals_one_process);
-    model_free(g_model);
     grammar_vocab_free(g_vocab);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-    if (system(cmd)) {}
+    schedtest_close(tmpdir, g_model);
     HARNESS_END();
 }
