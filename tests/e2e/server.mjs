@@ -4,7 +4,8 @@
 // directory, so that every run starts cold and nothing leaks into the user's cache directory.
 // stopServers() sends SIGTERM (a clean shutdown is part of what is tested), SIGKILL if a server
 // hangs, and removes the temporary stores. startCluster does the same for a gateway and its
-// workers.
+// workers. assertSameStores checks that two runs wrote the same blocks.
+import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
@@ -65,6 +66,22 @@ export function storeBlocks(d) {
   };
   walk(d);
   return out;
+}
+
+// Stops the servers with SIGTERM (a clean stop writes what is queued), then asserts that the
+// block store directories dirs[0] and dirs[1] hold the same blocks, key for key and byte for
+// byte, and at least minBlocks of them: for tests whose two runs differ only in how they
+// compute (speculation, overlap) and so must store alike.
+export async function assertSameStores(servers, dirs, minBlocks = 1) {
+  await Promise.all(servers.map((S) => new Promise((resolve) => {
+    if (S.proc.exitCode !== null || S.proc.signalCode !== null) return resolve();
+    S.proc.on("exit", resolve);
+    S.proc.kill("SIGTERM");
+  })));
+  const [a, b] = dirs.map(storeBlocks);
+  assert.ok(Object.keys(a).length >= minBlocks, `${Object.keys(a).length} blocks stored, ${minBlocks} expected`);
+  assert.deepEqual(Object.keys(b).sort(), Object.keys(a).sort(), "block keys differ");
+  for (const k of Object.keys(a)) assert.equal(b[k], a[k], `block ${k} differs`);
 }
 
 // /metrics as { "name{labels}": value } (key: the API key, when the server has keys).
