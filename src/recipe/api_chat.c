@@ -138,35 +138,7 @@ static bool api_chat_tools(conv *c, json_t *tools, const char *key, bool legacy,
                 return false;
             }
         }
-        json_t *name = json_object_get(fn, "name"), *desc = json_object_get(fn, "description"),
-               *params = json_object_get(fn, "parameters");
-        if (!json_is_string(name) || json_string_length(name) == 0) {
-            api_path(q, sizeof q, p, legacy ? "name" : "function.name", -1);
-            if (!name) api_json_missing(API_KIND_CHAT, e, q);
-            else if (!json_is_string(name)) api_json_type_error(API_KIND_CHAT, e, q, "a string", name);
-            else api_json_value_error(API_KIND_CHAT, e, q, "empty string.");
-            return false;
-        }
-        if (desc && !json_is_null(desc) && !json_is_string(desc)) {
-            api_path(q, sizeof q, p, legacy ? "description" : "function.description", -1);
-            api_json_type_error(API_KIND_CHAT, e, q, "a string", desc);
-            return false;
-        }
-        if (params && !json_is_null(params) && !json_is_object(params)) {
-            api_path(q, sizeof q, p, legacy ? "parameters" : "function.parameters", -1);
-            api_json_type_error(API_KIND_CHAT, e, q, "an object", params);
-            return false;
-        }
-        json_t *strict = json_object_get(fn, "strict");
-        if (strict && !json_is_null(strict) && !json_is_boolean(strict)) {
-            api_path(q, sizeof q, p, legacy ? "strict" : "function.strict", -1);
-            api_json_type_error(API_KIND_CHAT, e, q, "a boolean", strict);
-            return false;
-        }
-        char *pj = params && json_is_object(params) ? api_json_dump(params) : NULL;
-        conv_add_tool(c, json_string_value(name), json_is_string(desc) ? json_string_value(desc) : NULL, pj);
-        c->tools[c->n_tools - 1].strict = json_is_true(strict);
-        free(pj);
+        if (!api_json_tool(API_KIND_CHAT, fn, p, legacy ? "" : "function.", c, e)) return false;
     }
     return true;
 }

@@ -57,6 +57,12 @@ bool api_json_user(api_kind kind, json_t *root, api_req *r, api_error *e);
 bool api_json_stream_options(api_kind kind, json_t *root, api_req *r, api_error *e);
 /* cache_salt and cache_class (strings, see TENANCY in api.h) into r. */
 bool api_json_cache(api_kind kind, json_t *root, api_req *r, api_error *e);
+/* One tool definition, fn, the element at path p of a route's tools (its fields named after
+ * prefix: "function." in chat's nested form), added to c when it checks out: name a non-empty
+ * string, description a string, the schema an object (chat and responses: "parameters",
+ * optional; messages: "input_schema", required), strict a boolean; null is absent. The errors
+ * use the route's words. */
+bool api_json_tool(api_kind kind, json_t *fn, const char *p, const char *prefix, conv *c, api_error *e);
 /* OpenAI's tool_choice word ("none", "auto", "required") into r->tools_mode; false with e
  * filled for any other word. */
 bool api_json_tool_choice_word(const char *v, api_req *r, api_error *e);

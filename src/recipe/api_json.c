@@ -278,6 +278,52 @@ int api_json_str(api_kind kind, json_t *obj, const char *key, const char **out, 
     return 1;
 }
 
+/* The path of a tool's field into q: p + "." + prefix + field. */
+static const char *api_json_tool_path(char *q, size_t cap, const char *p, const char *prefix, const char *field)
+{
+    char key[64];
+    snprintf(key, sizeof key, "%s%s", prefix, field);
+    return api_path(q, cap, p, key, -1);
+}
+
+bool api_json_tool(api_kind kind, json_t *fn, const char *p, const char *prefix, conv *c, api_error *e)
+{
+    bool anth = kind == API_KIND_MESSAGES;   /* "a valid ..." words, input_schema required */
+    const char *schema_key = anth ? "input_schema" : "parameters";
+    json_t *name = json_object_get(fn, "name"), *desc = json_object_get(fn, "description"),
+           *schema = json_object_get(fn, schema_key), *strict = json_object_get(fn, "strict");
+    char q[192];
+    if (!json_is_string(name) || json_string_length(name) == 0) {
+        api_json_tool_path(q, sizeof q, p, prefix, "name");
+        if (kind != API_KIND_CHAT) api_json_bad(kind, e, q, anth ? "a valid non-empty string" : "a non-empty string", name);
+        else if (!name) api_json_missing(kind, e, q);
+        else if (!json_is_string(name)) api_json_type_error(kind, e, q, "a string", name);
+        else api_json_value_error(kind, e, q, "empty string.");
+        return false;
+    }
+    if (desc && !json_is_null(desc) && !json_is_string(desc)) {
+        api_json_tool_path(q, sizeof q, p, prefix, "description");
+        api_json_type_error(kind, e, q, anth ? "a valid string" : "a string", desc);
+        return false;
+    }
+    if (anth ? !json_is_object(schema) : schema && !json_is_null(schema) && !json_is_object(schema)) {
+        api_json_tool_path(q, sizeof q, p, prefix, schema_key);
+        if (anth) api_json_bad(kind, e, q, "a valid dictionary", schema);
+        else api_json_type_error(kind, e, q, "an object", schema);
+        return false;
+    }
+    if (strict && !json_is_null(strict) && !json_is_boolean(strict)) {
+        api_json_tool_path(q, sizeof q, p, prefix, "strict");
+        api_json_type_error(kind, e, q, anth ? "a valid boolean" : "a boolean", strict);
+        return false;
+    }
+    char *pj = json_is_object(schema) ? api_json_dump(schema) : NULL;
+    conv_add_tool(c, json_string_value(name), json_is_string(desc) ? json_string_value(desc) : NULL, pj);
+    c->tools[c->n_tools - 1].strict = json_is_true(strict);
+    free(pj);
+    return true;
+}
+
 bool api_json_tool_choice_word(const char *v, api_req *r, api_error *e)
 {
     if (!strcmp(v, "none")) r->tools_mode = API_TOOLS_NONE;

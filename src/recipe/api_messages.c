@@ -212,31 +212,7 @@ static bool api_messages_tools(api_req *r, json_t *tools, api_error *e)
             api_json_value_error(K, e, api_path(q, sizeof q, p, "type", -1), "only custom (client) tools are supported by this server");
             return false;
         }
-        json_t *name = json_object_get(t, "name"), *desc = json_object_get(t, "description"),
-               *schema = json_object_get(t, "input_schema");
-        if (!json_is_string(name) || !json_string_length(name)) {
-            api_path(q, sizeof q, p, "name", -1);
-            api_json_bad(K, e, q, "a valid non-empty string", name);
-            return false;
-        }
-        if (desc && !json_is_null(desc) && !json_is_string(desc)) {
-            api_json_type_error(K, e, api_path(q, sizeof q, p, "description", -1), "a valid string", desc);
-            return false;
-        }
-        if (!json_is_object(schema)) {
-            api_path(q, sizeof q, p, "input_schema", -1);
-            api_json_bad(K, e, q, "a valid dictionary", schema);
-            return false;
-        }
-        json_t *strict = json_object_get(t, "strict");
-        if (strict && !json_is_null(strict) && !json_is_boolean(strict)) {
-            api_json_type_error(K, e, api_path(q, sizeof q, p, "strict", -1), "a valid boolean", strict);
-            return false;
-        }
-        char *pj = api_json_dump(schema);
-        conv_add_tool(&r->conv, json_string_value(name), json_is_string(desc) ? json_string_value(desc) : NULL, pj);
-        r->conv.tools[r->conv.n_tools - 1].strict = json_is_true(strict);
-        free(pj);
+        if (!api_json_tool(K, t, p, "", &r->conv, e)) return false;
     }
     return true;
 }

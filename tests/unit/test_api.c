@@ -169,6 +169,107 @@ TEST(chat_parse_tools)
     api_req_free(&r);
 }
 
+/* A tool definition's errors in each route's words, the whole error body pinned (the three
+ * routes check definitions through one helper; each vendor words them its own way), and the
+ * definitions that pass: null fields are absent, strict is kept. */
+static const struct {
+    api_kind kind;
+    const char *tools;       /* the request's tools member */
+    const char *want;        /* the error body */
+} tool_errors[] = {
+    { API_KIND_CHAT, "\"tools\":[{\"type\":\"function\",\"function\":{}}]",
+      "{\"error\":{\"message\":\"Missing required parameter: 'tools[0].function.name'.\",\"type\":\"invalid_request_error\",\"param\":\"tools[0].function.name\",\"code\":\"missing_required_parameter\"}}" },
+    { API_KIND_CHAT, "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":1}}]",
+      "{\"error\":{\"message\":\"Invalid type for 'tools[0].function.name': expected a string, but got an integer instead.\",\"type\":\"invalid_request_error\",\"param\":\"tools[0].function.name\",\"code\":\"invalid_type\"}}" },
+    { API_KIND_CHAT, "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"\"}}]",
+      "{\"error\":{\"message\":\"Invalid 'tools[0].function.name': empty string.\",\"type\":\"invalid_request_error\",\"param\":\"tools[0].function.name\",\"code\":\"invalid_value\"}}" },
+    { API_KIND_CHAT, "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"description\":1}}]",
+      "{\"error\":{\"message\":\"Invalid type for 'tools[0].function.description': expected a string, but got an integer instead.\",\"type\":\"invalid_request_error\",\"param\":\"tools[0].function.description\",\"code\":\"invalid_type\"}}" },
+    { API_KIND_CHAT, "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":[]}}]",
+      "{\"error\":{\"message\":\"Invalid type for 'tools[0].function.parameters': expected an object, but got an array instead.\",\"type\":\"invalid_request_error\",\"param\":\"tools[0].function.parameters\",\"code\":\"invalid_type\"}}" },
+    { API_KIND_CHAT, "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"strict\":\"yes\"}}]",
+      "{\"error\":{\"message\":\"Invalid type for 'tools[0].function.strict': expected a boolean, but got a string instead.\",\"type\":\"invalid_request_error\",\"param\":\"tools[0].function.strict\",\"code\":\"invalid_type\"}}" },
+    { API_KIND_CHAT, "\"functions\":[{\"name\":\"f\"},{\"name\":1}]",
+      "{\"error\":{\"message\":\"Invalid type for 'functions[1].name': expected a string, but got an integer instead.\",\"type\":\"invalid_request_error\",\"param\":\"functions[1].name\",\"code\":\"invalid_type\"}}" },
+    { API_KIND_CHAT, "\"functions\":[{\"name\":\"f\",\"parameters\":1}]",
+      "{\"error\":{\"message\":\"Invalid type for 'functions[0].parameters': expected an object, but got an integer instead.\",\"type\":\"invalid_request_error\",\"param\":\"functions[0].parameters\",\"code\":\"invalid_type\"}}" },
+    { API_KIND_MESSAGES, "\"tools\":[{\"input_schema\":{}}]",
+      "{\"type\":\"error\",\"error\":{\"type\":\"invalid_request_error\",\"message\":\"tools[0].name: Field required\"}}" },
+    { API_KIND_MESSAGES, "\"tools\":[{\"name\":\"\",\"input_schema\":{}}]",
+      "{\"type\":\"error\",\"error\":{\"type\":\"invalid_request_error\",\"message\":\"tools[0].name: Input should be a valid non-empty string\"}}" },
+    { API_KIND_MESSAGES, "\"tools\":[{\"name\":\"f\",\"description\":[],\"input_schema\":{}}]",
+      "{\"type\":\"error\",\"error\":{\"type\":\"invalid_request_error\",\"message\":\"tools[0].description: Input should be a valid string\"}}" },
+    { API_KIND_MESSAGES, "\"tools\":[{\"name\":\"f\"}]",
+      "{\"type\":\"error\",\"error\":{\"type\":\"invalid_request_error\",\"message\":\"tools[0].input_schema: Field required\"}}" },
+    { API_KIND_MESSAGES, "\"tools\":[{\"name\":\"f\",\"input_schema\":\"o\"}]",
+      "{\"type\":\"error\",\"error\":{\"type\":\"invalid_request_error\",\"message\":\"tools[0].input_schema: Input should be a valid dictionary\"}}" },
+    { API_KIND_MESSAGES, "\"tools\":[{\"name\":\"f\",\"input_schema\":{},\"strict\":1}]",
+      "{\"type\":\"error\",\"error\":{\"type\":\"invalid_request_error\",\"message\":\"tools[0].strict: Input should be a valid boolean\"}}" },
+    { API_KIND_RESPONSES, "\"tools\":[{\"type\":\"function\"}]",
+      "{\"error\":{\"message\":\"Missing required parameter: 'tools[0].name'.\",\"type\":\"invalid_request_error\",\"param\":\"tools[0].name\",\"code\":\"missing_required_parameter\"}}" },
+    { API_KIND_RESPONSES, "\"tools\":[{\"type\":\"function\",\"name\":2}]",
+      "{\"error\":{\"message\":\"Invalid type for 'tools[0].name': expected a non-empty string, but got an integer instead.\",\"type\":\"invalid_request_error\",\"param\":\"tools[0].name\",\"code\":\"invalid_type\"}}" },
+    { API_KIND_RESPONSES, "\"tools\":[{\"type\":\"function\",\"name\":\"f\",\"description\":{}}]",
+      "{\"error\":{\"message\":\"Invalid type for 'tools[0].description': expected a string, but got an object instead.\",\"type\":\"invalid_request_error\",\"param\":\"tools[0].description\",\"code\":\"invalid_type\"}}" },
+    { API_KIND_RESPONSES, "\"tools\":[{\"type\":\"function\",\"name\":\"f\",\"parameters\":true}]",
+      "{\"error\":{\"message\":\"Invalid type for 'tools[0].parameters': expected an object, but got a boolean instead.\",\"type\":\"invalid_request_error\",\"param\":\"tools[0].parameters\",\"code\":\"invalid_type\"}}" },
+    { API_KIND_RESPONSES, "\"tools\":[{\"type\":\"function\",\"name\":\"f\",\"strict\":0}]",
+      "{\"error\":{\"message\":\"Invalid type for 'tools[0].strict': expected a boolean, but got an integer instead.\",\"type\":\"invalid_request_error\",\"param\":\"tools[0].strict\",\"code\":\"invalid_type\"}}" },
+};
+
+/* The request of kind with this tools member and a one-message conversation. */
+static void tool_body(char *buf, size_t cap, api_kind kind, const char *tools)
+{
+    if (kind == API_KIND_MESSAGES)
+        snprintf(buf, cap, "{\"model\":\"m\",\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],%s}", tools);
+    else if (kind == API_KIND_RESPONSES)
+        snprintf(buf, cap, "{\"model\":\"m\",\"input\":\"x\",%s}", tools);
+    else
+        snprintf(buf, cap, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],%s}", tools);
+}
+
+TEST(tool_definition_errors)
+{
+    char body[512];
+    for (size_t i = 0; i < sizeof tool_errors / sizeof tool_errors[0]; i++) {
+        api_req r;
+        api_error e;
+        tool_body(body, sizeof body, tool_errors[i].kind, tool_errors[i].tools);
+        CHECKF(parse(tool_errors[i].kind, body, &r, &e) == API_ERR && e.status == 400, "%zu accepted", i);
+        bytebuf b = { 0 };
+        api_error_json(tool_errors[i].kind, &e, &b);
+        CHECKF(b.p && !strcmp(b.p, tool_errors[i].want), "%zu\n    got  %s\n    want %s", i, b.p ? b.p : "", tool_errors[i].want);
+        bytebuf_free(&b);
+        api_req_free(&r);
+    }
+    static const struct {
+        api_kind kind;
+        const char *tools;
+    } ok[] = {
+        { API_KIND_CHAT, "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"description\":null,\"parameters\":null,\"strict\":true}},"
+                         "{\"function\":{\"name\":\"g\",\"description\":\"d\",\"parameters\":{\"type\":\"object\"},\"strict\":null}}]" },
+        { API_KIND_CHAT, "\"functions\":[{\"name\":\"f\",\"strict\":true},{\"name\":\"g\",\"description\":\"d\",\"parameters\":{\"type\":\"object\"}}]" },
+        { API_KIND_MESSAGES, "\"tools\":[{\"name\":\"f\",\"description\":null,\"input_schema\":{},\"strict\":true},"
+                             "{\"name\":\"g\",\"description\":\"d\",\"input_schema\":{\"type\":\"object\"},\"type\":null}]" },
+        { API_KIND_RESPONSES, "\"tools\":[{\"type\":\"function\",\"name\":\"f\",\"parameters\":null,\"strict\":true},"
+                              "{\"type\":\"function\",\"name\":\"g\",\"description\":\"d\",\"parameters\":{\"type\":\"object\"}}]" },
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        api_req r;
+        api_error e;
+        tool_body(body, sizeof body, ok[i].kind, ok[i].tools);
+        CHECKF(parse(ok[i].kind, body, &r, &e) == API_OK, "%zu: %s", i, e.message);
+        const conv *c = &r.conv;
+        CHECKF(c->n_tools == 2 && c->tools[0].strict && !c->tools[1].strict, "%zu: %d tools", i, c->n_tools);
+        if (c->n_tools == 2) {
+            CHECK(!strcmp(c->tools[0].name, "f") && !c->tools[0].description);
+            CHECK(!strcmp(c->tools[1].name, "g") && c->tools[1].description && !strcmp(c->tools[1].description, "d"));
+            CHECK(c->tools[1].parameters && strstr(c->tools[1].parameters, "object"));
+        }
+        api_req_free(&r);
+    }
+}
+
 TEST(chat_bad_input)
 {
     const api_kind C = API_KIND_CHAT;
@@ -1795,6 +1896,7 @@ int main(void)
     RUN(chat_parse_basic);
     RUN(chat_parse_tools);
     RUN(chat_bad_input);
+    RUN(tool_definition_errors);
     RUN(error_quoting_split_character);
     RUN(integer_fields_beyond_long_long);
     RUN(responses_parse);
