@@ -1,10 +1,11 @@
 /*
  * test_api: the three chat APIs' pure stages. JSON bodies in -> conv and parameters; every
  * bad-input case -> the vendor's error shape and status; token streams (hand-written, with
- * marker ids as in test_events) -> each vendor's JSON and SSE events; the stop-sequence
+ * marker ids of eventstest.h) -> each vendor's JSON and SSE events; the stop-sequence
  * matcher; the Responses store.
  */
 #include "harness.h"
+#include "eventstest.h"
 
 #include <jansson.h>
 #include <stdlib.h>
@@ -13,7 +14,6 @@
 #include "recipe/unicode.h"
 #include "util/util.h"
 
-enum { THINK = 5000, UNTHINK, TC, UNTC, EOT };
 
 static const api_cfg cfg_plain = {"m", NULL, NULL, 0};
 
@@ -554,20 +554,6 @@ TEST(stop_matcher)
 
 /* ---------------------------------------------------------------- output */
 
-static events_markers qwen_markers(void)
-{
-    events_markers m;
-    events_markers_none(&m);
-    m.think_start = THINK;
-    m.think_end = UNTHINK;
-    m.toolfmt = EVENTS_TOOLFMT_QWEN;
-    m.tool_start = TC;
-    m.tool_end = UNTC;
-    m.tools_enabled = true;
-    m.trim = true;
-    return m;
-}
-
 /* Feeds "#ID" markers or text tokens (id 1) to choice i. */
 static void feed(api_out *o, int i, const char **pieces)
 {
@@ -614,7 +600,7 @@ TEST(chat_output_nonstream)
     api_req r;
     api_error e;
     CHECK(parse(API_KIND_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop\":[\"STOP\"]}", &r, &e) == API_OK);
-    events_markers mk = qwen_markers();
+    events_markers mk = eventstest_qwen();
     api_out o;
     api_out_init(&o, &r, &mk, 1, "m");
     api_out_set_prompt(&o, 100, 64, NULL, 0);
@@ -649,7 +635,7 @@ TEST(chat_output_tools_and_stream)
     api_req r;
     api_error e;
     CHECK(parse(API_KIND_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stream\":true,\"stream_options\":{\"include_usage\":true},\"n\":2}", &r, &e) == API_OK);
-    events_markers mk = qwen_markers();
+    events_markers mk = eventstest_qwen();
     api_out o;
     api_out_init(&o, &r, &mk, 7, "m");
     api_out_set_prompt(&o, 10, 0, NULL, 0);
@@ -759,7 +745,7 @@ TEST(responses_output)
     api_req_init(&r, API_KIND_RESPONSES);
     const char *body = "{\"model\":\"m\",\"input\":\"q\",\"instructions\":\"I\",\"stream\":true}";
     CHECK(api_responses_parse(&cfg, body, strlen(body), &r, &e) == API_OK);
-    events_markers mk = qwen_markers();
+    events_markers mk = eventstest_qwen();
     api_out o;
     api_out_init(&o, &r, &mk, 3, "m");
     api_out_set_prompt(&o, 50, 32, NULL, 0);
@@ -872,15 +858,13 @@ static void feed_long_call(api_out *o)
  * message, then a call message with its recipient and <|constrain|>json. Non-streaming bodies
  * are checked here; the streams are written for the e2e replay through the SDKs
  * (*_harmony.sse). */
-enum { HM_START = 6000, HM_CHANNEL, HM_MESSAGE, HM_CONSTRAIN, HM_END, HM_CALL, HM_RETURN };
-
 static void feed_harmony(api_out *o, bool call)
 {
     struct { int32_t id; const char *text; } toks[] = {
-        { HM_CHANNEL, "<|channel|>" }, { 1, "analysis" }, { HM_MESSAGE, "<|message|>" }, { 1, "deep" }, { 1, " thought" },
-        { HM_END, "<|end|>" }, { HM_START, "<|start|>" }, { 1, "assistant" }, { 1, call ? " to=functions.get_weather" : "" },
-        { HM_CHANNEL, "<|channel|>" }, { 1, call ? "commentary " : "final" }, { call ? HM_CONSTRAIN : 1, call ? "<|constrain|>" : "" },
-        { 1, call ? "json" : "" }, { HM_MESSAGE, "<|message|>" }, { 1, call ? "{\"city\": " : "Answer" }, { 1, call ? "\"Oslo\"}" : " here" },
+        { H_CHANNEL, "<|channel|>" }, { 1, "analysis" }, { H_MESSAGE, "<|message|>" }, { 1, "deep" }, { 1, " thought" },
+        { H_END, "<|end|>" }, { H_START, "<|start|>" }, { 1, "assistant" }, { 1, call ? " to=functions.get_weather" : "" },
+        { H_CHANNEL, "<|channel|>" }, { 1, call ? "commentary " : "final" }, { call ? H_CONSTRAIN : 1, call ? "<|constrain|>" : "" },
+        { 1, call ? "json" : "" }, { H_MESSAGE, "<|message|>" }, { 1, call ? "{\"city\": " : "Answer" }, { 1, call ? "\"Oslo\"}" : " here" },
     };
     for (size_t i = 0; i < sizeof toks / sizeof toks[0]; i++) api_out_token(o, 0, toks[i].id, toks[i].text, strlen(toks[i].text), NULL);
     api_out_finish(o, 0, EVENTS_FINISH_STOP);  /* <|call|> / <|return|> end generation: not fed */
@@ -918,12 +902,7 @@ TEST(harmony_outputs)
         "{\"model\":\"m\",\"input\":\"x\",\"store\":false%s}",
         "{\"model\":\"m\",\"max_tokens\":500,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]%s}"};
     const char *names[3] = {"chat_harmony.sse", "responses_harmony.sse", "messages_harmony.sse"};
-    events_markers mk;
-    events_markers_none(&mk);
-    mk.toolfmt = EVENTS_TOOLFMT_HARMONY;
-    mk.h_start = HM_START, mk.h_channel = HM_CHANNEL, mk.h_message = HM_MESSAGE, mk.h_constrain = HM_CONSTRAIN;
-    mk.h_end = HM_END, mk.h_call = HM_CALL, mk.h_return = HM_RETURN;
-    mk.tools_enabled = mk.trim = true;
+    events_markers mk = eventstest_harmony();
     for (int k = 0; k < 3; k++) {
         api_kind kind = k == 0 ? API_KIND_CHAT : k == 1 ? API_KIND_RESPONSES : API_KIND_MESSAGES;
         for (int variant = 0; variant < 3; variant++) {  /* call, answer, call streamed */
@@ -990,7 +969,7 @@ TEST(tool_arguments_stream_sse)
         api_req r;
         api_error e;
         CHECK(parse(kind, bodies[k], &r, &e) == API_OK);
-        events_markers mk = qwen_markers();
+        events_markers mk = eventstest_qwen();
         api_out o;
         api_out_init(&o, &r, &mk, 5, "m");
         api_out_set_prompt(&o, 10, 0, NULL, 0);
@@ -1066,7 +1045,7 @@ TEST(messages_output)
     api_req r;
     api_error e;
     CHECK(parse(API_KIND_MESSAGES, "{\"model\":\"m\",\"max_tokens\":50,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stream\":true,\"stop_sequences\":[\"%%\"]}", &r, &e) == API_OK);
-    events_markers mk = qwen_markers();
+    events_markers mk = eventstest_qwen();
     api_out o;
     api_out_init(&o, &r, &mk, 3, "m");
     api_out_set_prompt(&o, 300, 256, NULL, 0);
@@ -1549,25 +1528,6 @@ static bool tokens_accepted(const char *gbnf, const char *const *pieces)
     return ok;
 }
 
-enum { DS_CALLS = 5100, DS_CALLS_END, DS_CALL, DS_CALL_END, DS_SEP };
-
-static events_markers ds_markers(void)
-{
-    events_markers m;
-    events_markers_none(&m);
-    m.think_start = THINK;
-    m.think_end = UNTHINK;
-    m.toolfmt = EVENTS_TOOLFMT_DEEPSEEK;
-    m.tools_begin = DS_CALLS;
-    m.tools_end = DS_CALLS_END;
-    m.tool_start = DS_CALL;
-    m.tool_end = DS_CALL_END;
-    m.tool_sep = DS_SEP;
-    m.tools_enabled = true;
-    m.trim = true;
-    return m;
-}
-
 TEST(structured_tool_gbnf)
 {
     conv c;
@@ -1578,7 +1538,7 @@ TEST(structured_tool_gbnf)
     conv_add_tool(&c, "a\"b", NULL, NULL);  /* no parameters: any object; a name JSON must escape */
     char err[256];
     int32_t trig;
-    events_markers qm = qwen_markers(), dm = ds_markers(), lm;
+    events_markers qm = eventstest_qwen(), dm = eventstest_deepseek(), lm;
     events_markers_none(&lm);
     lm.toolfmt = EVENTS_TOOLFMT_LLAMA3;
     /* Qwen: the markers are token terminals around the JSON body */
@@ -1612,12 +1572,12 @@ TEST(structured_tool_gbnf)
     CHECK(api_tool_gbnf(&c, &lm, NULL, true, false, &trig, err, sizeof err) == NULL && err[0] == 0 && trig == -1);
     /* DeepSeek V3.1: every marker a control token, the name as text between them */
     char *d = api_tool_gbnf(&c, &dm, NULL, false, false, &trig, err, sizeof err);
-    CHECK(d && trig == DS_CALLS);
+    CHECK(d && trig == CALLS_B);
     if (d) {
-        const char *ok[] = {"#5100", "#5102", "get_weather", "#5104", "{\"city\": \"Oslo\", \"unit\": \"f\"}", "#5103", "#5101", NULL};
-        const char *bad[] = {"#5100", "#5102", "get_weather", "#5104", "{\"city\": \"Oslo\"}", "#5103", "#5101", NULL};
-        const char *two[] = {"#5100", "#5102", "a\"b", "#5104", "{}", "#5103", "#5102", "a\"b", "#5104", "{}", "#5103", "#5101", NULL};
-        const char *nosep[] = {"#5100", "#5102", "get_weather", "{\"city\": \"Oslo\", \"unit\": \"f\"}", "#5103", "#5101", NULL};
+        const char *ok[] = {"#5004", "#5006", "get_weather", "#5008", "{\"city\": \"Oslo\", \"unit\": \"f\"}", "#5007", "#5005", NULL};
+        const char *bad[] = {"#5004", "#5006", "get_weather", "#5008", "{\"city\": \"Oslo\"}", "#5007", "#5005", NULL};
+        const char *two[] = {"#5004", "#5006", "a\"b", "#5008", "{}", "#5007", "#5006", "a\"b", "#5008", "{}", "#5007", "#5005", NULL};
+        const char *nosep[] = {"#5004", "#5006", "get_weather", "{\"city\": \"Oslo\", \"unit\": \"f\"}", "#5007", "#5005", NULL};
         CHECK(tokens_accepted(d, ok) && !tokens_accepted(d, bad) && !tokens_accepted(d, nosep));
         CHECK(!tokens_accepted(d, two));  /* a forced call is one call */
     }
@@ -1625,12 +1585,12 @@ TEST(structured_tool_gbnf)
     /* DeepSeek, lazy (strict tools under auto): what follows the trigger, several calls */
     c.tools[0].strict = true;
     d = api_tool_gbnf(&c, &dm, NULL, true, false, &trig, err, sizeof err);
-    CHECK(d && trig == DS_CALLS);
+    CHECK(d && trig == CALLS_B);
     if (d) {
-        const char *two[] = {"#5102", "a\"b", "#5104", "{}", "#5103", "#5102", "get_weather", "#5104",
-                             "{\"city\": \"x\", \"unit\": \"c\"}", "#5103", "#5101", NULL};
-        const char *bad[] = {"#5102", "get_weather", "#5104", "{\"city\": 1, \"unit\": \"c\"}", "#5103", "#5101", NULL};
-        const char *with_trigger[] = {"#5100", "#5102", "a\"b", "#5104", "{}", "#5103", "#5101", NULL};
+        const char *two[] = {"#5006", "a\"b", "#5008", "{}", "#5007", "#5006", "get_weather", "#5008",
+                             "{\"city\": \"x\", \"unit\": \"c\"}", "#5007", "#5005", NULL};
+        const char *bad[] = {"#5006", "get_weather", "#5008", "{\"city\": 1, \"unit\": \"c\"}", "#5007", "#5005", NULL};
+        const char *with_trigger[] = {"#5004", "#5006", "a\"b", "#5008", "{}", "#5007", "#5005", NULL};
         CHECK(tokens_accepted(d, two) && !tokens_accepted(d, bad) && !tokens_accepted(d, with_trigger));
     }
     free(d);
@@ -1677,7 +1637,7 @@ TEST(structured_format_or_calls_gbnf)
     c.tools[0].strict = true;
     const char *schema = "{\"type\":\"object\",\"properties\":{\"x\":{\"enum\":[1,2]}},\"required\":[\"x\"],\"additionalProperties\":false}";
     char err[256];
-    events_markers qm = qwen_markers(), lm;
+    events_markers qm = eventstest_qwen(), lm;
     events_markers_none(&lm);
     lm.toolfmt = EVENTS_TOOLFMT_LLAMA3;
     char *g = api_format_calls_gbnf(&c, &qm, GRAMMAR_KIND_SCHEMA, schema, strlen(schema), false, err, sizeof err);
@@ -1713,16 +1673,12 @@ TEST(structured_tool_gbnf_harmony)
                   "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"],"
                   "\"additionalProperties\":false}");
     conv_add_tool(&c, "noop", NULL, NULL);
-    events_markers hm;
-    events_markers_none(&hm);
-    hm.toolfmt = EVENTS_TOOLFMT_HARMONY;
-    hm.h_start = HM_START, hm.h_channel = HM_CHANNEL, hm.h_message = HM_MESSAGE, hm.h_constrain = HM_CONSTRAIN;
-    hm.h_end = HM_END, hm.h_call = HM_CALL, hm.h_return = HM_RETURN;
+    events_markers hm = eventstest_harmony();
     char err[256];
     int32_t trig;
     /* required with several tools: <|start|>assistant<|channel|>commentary to=functions.N ... */
     char *g = api_tool_gbnf(&c, &hm, NULL, false, false, &trig, err, sizeof err);
-    CHECK(g && trig == HM_START);
+    CHECK(g && trig == H_START);
     if (g) {
         const char *ok[] = {"#6000", "assistant", "#6001", "commentary to=functions.get_weather ", "#6003", "json", "#6002",
                             "{\"city\": \"Oslo\"}", "#6005", NULL};
@@ -1752,7 +1708,7 @@ TEST(structured_tool_gbnf_harmony)
     /* auto with a strict tool: what follows <|start|> */
     c.tools[0].strict = true;
     g = api_tool_gbnf(&c, &hm, NULL, true, false, &trig, err, sizeof err);
-    CHECK(g && trig == HM_START);
+    CHECK(g && trig == H_START);
     if (g) {
         const char *call[] = {"assistant", "#6001", "commentary to=functions.get_weather ", "#6003", "json", "#6002",
                               "{\"city\": \"Oslo\"}", "#6005", NULL};
@@ -1787,7 +1743,7 @@ TEST(structured_tool_gbnf_one_call)
     c.tools[0].strict = true;
     char err[256];
     int32_t trig;
-    events_markers qm = qwen_markers(), dm = ds_markers();
+    events_markers qm = eventstest_qwen(), dm = eventstest_deepseek();
     const char *q_two[] = {"\n{\"name\": \"f\", \"arguments\": {}}\n", "#5003", "then ", "#5002", NULL};
     const char *q_one[] = {"\n{\"name\": \"f\", \"arguments\": {}}\n", "#5003", "then text", NULL};
     char *many = api_tool_gbnf(&c, &qm, NULL, true, false, &trig, err, sizeof err);
@@ -1799,9 +1755,9 @@ TEST(structured_tool_gbnf_one_call)
     CHECK(many && !tokens_accepted(many, q_end));
     free(many);
     free(one);
-    const char *d_two[] = {"#5102", "f", "#5104", "{}", "#5103", "#5102", "f", "#5104", "{}", "#5103", "#5101", NULL};
-    const char *d_one[] = {"#5102", "f", "#5104", "{}", "#5103", "#5101", "done", NULL};
-    const char *d_again[] = {"#5102", "f", "#5104", "{}", "#5103", "#5101", "#5100", NULL};
+    const char *d_two[] = {"#5006", "f", "#5008", "{}", "#5007", "#5006", "f", "#5008", "{}", "#5007", "#5005", NULL};
+    const char *d_one[] = {"#5006", "f", "#5008", "{}", "#5007", "#5005", "done", NULL};
+    const char *d_again[] = {"#5006", "f", "#5008", "{}", "#5007", "#5005", "#5004", NULL};
     many = api_tool_gbnf(&c, &dm, NULL, true, false, &trig, err, sizeof err);
     one = api_tool_gbnf(&c, &dm, NULL, true, true, &trig, err, sizeof err);
     CHECK(many && tokens_accepted(many, d_two));
@@ -1810,7 +1766,7 @@ TEST(structured_tool_gbnf_one_call)
     free(one);
     /* with a response format: one call in the block */
     char *g = api_format_calls_gbnf(&c, &dm, GRAMMAR_KIND_JSON, NULL, 0, true, err, sizeof err);
-    const char *fd_two[] = {"#5100", "#5102", "f", "#5104", "{}", "#5103", "#5102", "f", "#5104", "{}", "#5103", "#5101", NULL};
+    const char *fd_two[] = {"#5004", "#5006", "f", "#5008", "{}", "#5007", "#5006", "f", "#5008", "{}", "#5007", "#5005", NULL};
     CHECK(g && !tokens_accepted(g, fd_two));
     free(g);
     conv_free(&c);
@@ -1864,14 +1820,14 @@ TEST(structured_forced_call_output)
     api_error e;
     CHECK(parse(API_KIND_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", &r, &e) == API_OK);
     for (int fam = 0; fam < 2; fam++) {
-        events_markers mk = fam ? ds_markers() : qwen_markers();
+        events_markers mk = fam ? eventstest_deepseek() : eventstest_qwen();
         api_out o;
         api_out_init(&o, &r, &mk, 7, "m");
         api_out_set_prompt(&o, 10, 0, NULL, 0);
         const char *tq[] = {"#5000", "free ", "thought", "#5001", "#5002", "\n{\"name\": \"get\", ",
                             "\"arguments\": {\"city\": \"Oslo\"}}\n", "#5003", NULL};
-        const char *td[] = {"#5000", "free ", "thought", "#5001", "#5100", "#5102", "get", "#5104",
-                            "{\"city\": \"Oslo\"}", "#5103", "#5101", NULL};
+        const char *td[] = {"#5000", "free ", "thought", "#5001", "#5004", "#5006", "get", "#5008",
+                            "{\"city\": \"Oslo\"}", "#5007", "#5005", NULL};
         feed(&o, 0, fam ? td : tq);
         api_out_finish(&o, 0, EVENTS_FINISH_STOP);
         api_out_end(&o);

@@ -11,11 +11,10 @@
 
 #include <stdlib.h>
 
+#include "eventstest.h"
 #include "recipe/events.h"
 #include "recipe/jsonfmt.h"
 #include "util/util.h"
-
-enum { THINK = 5000, UNTHINK, TC, UNTC, CALLS_B, CALLS_E, CALL_B, CALL_E, SEP, PYTAG };
 
 typedef struct {
     bytebuf log;
@@ -97,20 +96,6 @@ static char *run(const events_markers *m, events_finish_reason why, const char *
     return s;
 }
 
-static events_markers qwen(void)
-{
-    events_markers m;
-    events_markers_none(&m);
-    m.think_start = THINK;
-    m.think_end = UNTHINK;
-    m.toolfmt = EVENTS_TOOLFMT_QWEN;
-    m.tool_start = TC;
-    m.tool_end = UNTC;
-    m.tools_enabled = true;
-    m.trim = true;
-    return m;
-}
-
 #define EXPECT(got, want)                                               \
     do {                                                                \
         char *g_ = (got);                                               \
@@ -120,7 +105,7 @@ static events_markers qwen(void)
 
 TEST(plain_text)
 {
-    events_markers m = qwen();
+    events_markers m = eventstest_qwen();
     const char *p[] = { "Hel", "lo", " world", NULL };
     EXPECT(run(&m, EVENTS_FINISH_STOP, p, NULL), "T:Hello world|F:stop");
     const char *q[] = { "a", NULL };
@@ -129,14 +114,14 @@ TEST(plain_text)
 
 TEST(reasoning_then_answer)
 {
-    events_markers m = qwen();
+    events_markers m = eventstest_qwen();
     const char *p[] = { "#5000:<think>", "\n", "Let me", " think", ".\n\n", "Done", "\n", "#5001:</think>", "\n\n", "The", " answer", "\n", NULL };
     EXPECT(run(&m, EVENTS_FINISH_STOP, p, NULL), "R:Let me think.\n\nDone|T:The answer|F:stop");
 }
 
 TEST(reasoning_opened_by_prompt)
 {
-    events_markers m = qwen();
+    events_markers m = eventstest_qwen();
     m.starts_in_reasoning = true;
     const char *p[] = { "hmm", "#5001:</think>", "ok", NULL };
     EXPECT(run(&m, EVENTS_FINISH_STOP, p, NULL), "R:hmm|T:ok|F:stop");
@@ -147,7 +132,7 @@ TEST(reasoning_opened_by_prompt)
 
 TEST(markers_spelled_in_text_are_text)
 {
-    events_markers m = qwen();
+    events_markers m = eventstest_qwen();
     const char *p[] = { "Use ", "<", "think", ">", " and ", "<tool_call>", "{\"name\": \"x\", \"arguments\": {}}", "</tool_call>", NULL };
     EXPECT(run(&m, EVENTS_FINISH_STOP, p, NULL),
            "T:Use <think> and <tool_call>{\"name\": \"x\", \"arguments\": {}}</tool_call>|F:stop");
@@ -158,7 +143,7 @@ TEST(markers_spelled_in_text_are_text)
 
 TEST(qwen_several_tool_calls)
 {
-    events_markers m = qwen();
+    events_markers m = eventstest_qwen();
     rec r;
     const char *p[] = { "#5000:<think>", "\nneed weather\n", "#5001:</think>", "\n\n", "Checking.", "\n",
                         "#5002:<tool_call>", "\n{\"name\": \"get_weather\", ", "\"arguments\": {\"city\": ", "\"Paris\", \"unit\": \"c\"}}\n", "#5003:</tool_call>",
@@ -173,7 +158,7 @@ TEST(qwen_several_tool_calls)
 
 TEST(qwen_arguments_as_string_and_missing)
 {
-    events_markers m = qwen();
+    events_markers m = eventstest_qwen();
     const char *p[] = { "#5002:<tool_call>", "{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": [1, 2.50]}\"}", "#5003:</tool_call>",
                         "#5002:<tool_call>", "{\"name\": \"g\"}", "#5003:</tool_call>", NULL };
     EXPECT(run(&m, EVENTS_FINISH_STOP, p, NULL), "S0:f|A0:{\"a\":[1,2.5]}|E0|S1:g|A1:{}|E1|F:tool_calls");
@@ -181,7 +166,7 @@ TEST(qwen_arguments_as_string_and_missing)
 
 TEST(qwen_malformed_call_is_text)
 {
-    events_markers m = qwen();
+    events_markers m = eventstest_qwen();
     /* the head never came (no string name): text */
     const char *p[] = { "ok ", "#5002:<tool_call>", "{\"name\": 5, \"arguments\": {}}", "#5003:</tool_call>", NULL };
     EXPECT(run(&m, EVENTS_FINISH_STOP, p, NULL),
@@ -207,33 +192,16 @@ TEST(qwen_malformed_call_is_text)
 
 TEST(text_split_across_deltas_keeps_inner_blanks)
 {
-    events_markers m = qwen();
+    events_markers m = eventstest_qwen();
     const char *p[] = { "\n", " a", " ", "\n", "b", " ", NULL };
     EXPECT(run(&m, EVENTS_FINISH_STOP, p, NULL), "T:a \nb|F:stop");
     m.trim = false;
     EXPECT(run(&m, EVENTS_FINISH_STOP, p, NULL), "T:\n a \nb |F:stop");
 }
 
-static events_markers deepseek(void)
-{
-    events_markers m;
-    events_markers_none(&m);
-    m.think_start = THINK;
-    m.think_end = UNTHINK;
-    m.toolfmt = EVENTS_TOOLFMT_DEEPSEEK;
-    m.tools_begin = CALLS_B;
-    m.tools_end = CALLS_E;
-    m.tool_start = CALL_B;
-    m.tool_end = CALL_E;
-    m.tool_sep = SEP;
-    m.tools_enabled = true;
-    m.trim = true;
-    return m;
-}
-
 TEST(deepseek_tool_calls)
 {
-    events_markers m = deepseek();
+    events_markers m = eventstest_deepseek();
     const char *p[] = { "Sure", "#5004:<｜tool▁calls▁begin｜>", "#5006:<｜tool▁call▁begin｜>", "get_", "weather", "#5008:<｜tool▁sep｜>",
                         "{\"city\": \"Paris\"}", "#5007:<｜tool▁call▁end｜>", "#5006:<｜tool▁call▁begin｜>", "f", "#5008:<｜tool▁sep｜>",
                         "```json\n{\"a\":true}\n```", "#5007:<｜tool▁call▁end｜>", "#5005:<｜tool▁calls▁end｜>", NULL };
@@ -249,20 +217,9 @@ TEST(deepseek_tool_calls)
     EXPECT(run(&m, EVENTS_FINISH_STOP, r3, NULL), "T:<｜tool▁calls▁begin｜>x|F:stop");
 }
 
-static events_markers llama3(void)
-{
-    events_markers m;
-    events_markers_none(&m);
-    m.toolfmt = EVENTS_TOOLFMT_LLAMA3;
-    m.tool_start = PYTAG;
-    m.tools_enabled = true;
-    m.trim = true;
-    return m;
-}
-
 TEST(llama3_json_tool_call)
 {
-    events_markers m = llama3();
+    events_markers m = eventstest_llama3();
     const char *p[] = { "{\"name\": \"get_weather\", ", "\"parameters\": {\"city\": \"Paris\"}", "}", NULL };
     EXPECT(run(&m, EVENTS_FINISH_STOP, p, NULL), "S0:get_weather|A0:{\"city\":\"Paris\"}|E0|F:tool_calls");
     const char *q[] = { "#5009:<|python_tag|>", "{\"name\": \"f\", \"parameters\": {}}", NULL };
@@ -353,7 +310,7 @@ TEST(tool_arguments_stream)
 {
     bytebuf want = { 0 };
     CHECK(jsonfmt_write(&want, long_args, strlen(long_args), JSONFMT_COMPACT, 0));
-    events_markers q = qwen(), d = deepseek(), l = llama3();
+    events_markers q = eventstest_qwen(), d = eventstest_deepseek(), l = eventstest_llama3();
     for (size_t step = 1; step <= 9; step++) {
         stream_long(&q, TC, NULL, "\n{\"name\": \"write\", \"arguments\": ", "}\n", UNTC, step, want.p);
         stream_long(&d, CALL_B, "write", "", "", CALL_E, step, want.p);
@@ -407,7 +364,7 @@ TEST(jsonfmt_prefix_extends)
 
 TEST(reset_reuses)
 {
-    events_markers m = qwen();
+    events_markers m = eventstest_qwen();
     rec r = { .last_kind = -1 };
     events *ev = events_new(&m, 1, rec_cb, &r);
     events_feed(ev, 1, "x", 1);
@@ -462,28 +419,9 @@ TEST(jsonfmt_layouts)
 
 /* ---- harmony (gpt-oss) ---- */
 
-enum { H_START = 6000, H_CHANNEL, H_MESSAGE, H_CONSTRAIN, H_END, H_CALL, H_RETURN };
-
-static events_markers harmony(void)
-{
-    events_markers m;
-    events_markers_none(&m);
-    m.toolfmt = EVENTS_TOOLFMT_HARMONY;
-    m.h_start = H_START;
-    m.h_channel = H_CHANNEL;
-    m.h_message = H_MESSAGE;
-    m.h_constrain = H_CONSTRAIN;
-    m.h_end = H_END;
-    m.h_call = H_CALL;
-    m.h_return = H_RETURN;
-    m.tools_enabled = true;
-    m.trim = true;
-    return m;
-}
-
 TEST(harmony_analysis_then_final)
 {
-    events_markers m = harmony();
+    events_markers m = eventstest_harmony();
     /* the prompt ended with "<|start|>assistant"; the caller stops on <|return|> */
     const char *p[] = { "#6001:<|channel|>", "analysis", "#6002:<|message|>", "Let me", " think.", "#6004:<|end|>",
                         "#6000:<|start|>", "assistant", "#6001:<|channel|>", "final", "#6002:<|message|>", "The", " answer", NULL };
@@ -501,7 +439,7 @@ TEST(harmony_analysis_then_final)
 
 TEST(harmony_tool_calls)
 {
-    events_markers m = harmony();
+    events_markers m = eventstest_harmony();
     rec r;
     /* recipient in the role part, <|constrain|>json, arguments split across tokens */
     const char *p[] = { "#6001:<|channel|>", "analysis", "#6002:<|message|>", "need weather", "#6004:<|end|>",
@@ -522,7 +460,7 @@ TEST(harmony_tool_calls)
 
 TEST(harmony_truncated)
 {
-    events_markers m = harmony();
+    events_markers m = eventstest_harmony();
     const char *h[] = { "#6001:<|channel|>", "analy", NULL };  /* cut inside the header */
     EXPECT(run(&m, EVENTS_FINISH_LENGTH, h, NULL), "F:length");
     const char *a[] = { "#6001:<|channel|>", "analysis", "#6002:<|message|>", "half a", " thought ", NULL };
@@ -537,7 +475,7 @@ TEST(harmony_truncated)
 
 TEST(harmony_text_is_text)
 {
-    events_markers m = harmony();
+    events_markers m = eventstest_harmony();
     /* marker spellings from ordinary tokens inside a final message are text */
     const char *p[] = { "#6001:<|channel|>", "final", "#6002:<|message|>", "say ", "<|channel|>", "analysis", "<|message|>", " or ",
                         "<|call|>", NULL };
@@ -563,7 +501,7 @@ TEST(harmony_text_is_text)
 TEST(harmony_forced_call)
 {
     /* the prompt ended with the call's header: the output starts with the arguments */
-    events_markers m = harmony();
+    events_markers m = eventstest_harmony();
     m.h_forced = "get_weather";
     const char *p[] = { "{\"city\"", ": \"Rome\"}", NULL };
     EXPECT(run(&m, EVENTS_FINISH_STOP, p, NULL), "S0:get_weather|A0:{\"city\":\"Rome\"}|E0|F:tool_calls");
@@ -576,7 +514,7 @@ TEST(harmony_forced_call)
  * and the end markers never show up as text. */
 TEST(harmony_random_sequences)
 {
-    events_markers m = harmony();
+    events_markers m = eventstest_harmony();
     static const char *const pieces[] = {
         "#6000:<|start|>", "#6001:<|channel|>", "#6002:<|message|>", "#6003:<|constrain|>", "#6004:<|end|>",
         "#6005:<|call|>", "#6006:<|return|>", "assistant", "analysis", "final", "commentary", " to=functions.f",

@@ -1,0 +1,76 @@
+/*
+ * eventstest: the marker tokens the output-splitter tests (test_events, test_api) share, and
+ * the events_markers of each tool-call family built from them, as the template builds them
+ * from a real vocabulary. Ordinary tokens stay below 1000; a test feeds a marker as "#ID".
+ * Header-only (static inline functions), like tinymodel.h.
+ */
+#ifndef TM_EVENTSTEST_H
+#define TM_EVENTSTEST_H
+
+#include "recipe/events.h"
+
+/* think, Qwen's <tool_call>, DeepSeek's calls / call / sep, Llama 3's <|python_tag|> */
+enum { THINK = 5000, UNTHINK, TC, UNTC, CALLS_B, CALLS_E, CALL_B, CALL_E, SEP, PYTAG };
+/* harmony (gpt-oss) */
+enum { H_START = 6000, H_CHANNEL, H_MESSAGE, H_CONSTRAIN, H_END, H_CALL, H_RETURN };
+
+static inline events_markers eventstest_qwen(void)
+{
+    events_markers m;
+    events_markers_none(&m);
+    m.think_start = THINK;
+    m.think_end = UNTHINK;
+    m.toolfmt = EVENTS_TOOLFMT_QWEN;
+    m.tool_start = TC;
+    m.tool_end = UNTC;
+    m.tools_enabled = true;
+    m.trim = true;
+    return m;
+}
+
+static inline events_markers eventstest_deepseek(void)
+{
+    events_markers m;
+    events_markers_none(&m);
+    m.think_start = THINK;
+    m.think_end = UNTHINK;
+    m.toolfmt = EVENTS_TOOLFMT_DEEPSEEK;
+    m.tools_begin = CALLS_B;
+    m.tools_end = CALLS_E;
+    m.tool_start = CALL_B;
+    m.tool_end = CALL_E;
+    m.tool_sep = SEP;
+    m.tools_enabled = true;
+    m.trim = true;
+    return m;
+}
+
+static inline events_markers eventstest_llama3(void)
+{
+    events_markers m;
+    events_markers_none(&m);
+    m.toolfmt = EVENTS_TOOLFMT_LLAMA3;
+    m.tool_start = PYTAG;
+    m.tools_enabled = true;
+    m.trim = true;
+    return m;
+}
+
+static inline events_markers eventstest_harmony(void)
+{
+    events_markers m;
+    events_markers_none(&m);
+    m.toolfmt = EVENTS_TOOLFMT_HARMONY;
+    m.h_start = H_START;
+    m.h_channel = H_CHANNEL;
+    m.h_message = H_MESSAGE;
+    m.h_constrain = H_CONSTRAIN;
+    m.h_end = H_END;
+    m.h_call = H_CALL;
+    m.h_return = H_RETURN;
+    m.tools_enabled = true;
+    m.trim = true;
+    return m;
+}
+
+#endif
