@@ -10,7 +10,7 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 
-import { bin, startServer, stopServers } from "./server.mjs";
+import { bin, postCompletion, startServer, stopServers } from "./server.mjs";
 
 let S, dir;
 const N = 6;
@@ -31,14 +31,7 @@ after(async () => {
 });
 
 async function complete(c) {
-  const res = await fetch(`${S.url}/v1/completions`, {
-    method: "POST",
-    headers: { "content-type": "application/json" },
-    body: JSON.stringify({ model: "q3", prompt: prompt(c), max_tokens: 80, temperature: 0 }),
-  });
-  const j = await res.json();
-  assert.equal(res.status, 200, JSON.stringify(j));
-  return j.choices[0].text;
+  return (await postCompletion(S.url, { model: "q3", prompt: prompt(c), max_tokens: 80, temperature: 0 })).choices[0].text;
 }
 
 test("greedy answers are the same alone and under concurrent load", async () => {

@@ -14,7 +14,7 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 
-import { bin, root, fetchMetrics, startServer, stopServers } from "./server.mjs";
+import { bin, root, fetchMetrics, postCompletion, startServer, stopServers } from "./server.mjs";
 
 let dir, plainFile, mtpFile, plain, mtp, both;
 const SHAPE = ["--arch", "deepseek2", "--layers", "2", "--dim", "256", "--ffn", "512", "--heads", "4", "--q-lora", "64",
@@ -71,13 +71,7 @@ test("the MTP layer leaves the model's log-probs as without it; llama.cpp loads 
 });
 
 async function complete(S, c) {
-  const res = await fetch(`${S.url}/v1/completions`, {
-    method: "POST",
-    headers: { "content-type": "application/json" },
-    body: JSON.stringify({ model: "mtp", prompt: prompt(c), max_tokens: MAX, temperature: 0 }),
-  });
-  const j = await res.json();
-  assert.equal(res.status, 200, JSON.stringify(j));
+  const j = await postCompletion(S.url, { model: "mtp", prompt: prompt(c), max_tokens: MAX, temperature: 0 });
   assert.equal(j.usage.completion_tokens, MAX);
   return j.choices[0].text;
 }

@@ -15,7 +15,7 @@ import path from "node:path";
 import OpenAI from "openai";
 import Anthropic from "@anthropic-ai/sdk";
 
-import { root, bin, startServer, stopServers, fetchMetrics, assertSameStores } from "./server.mjs";
+import { root, bin, startServer, stopServers, fetchMetrics, assertSameStores, postCompletion } from "./server.mjs";
 
 const vocab = path.join(root, "tests/data/llama.cpp/models/ggml-vocab-qwen2.gguf");
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "tm-overlap-"));
@@ -152,10 +152,7 @@ test("the blocks stored with overlap equal those without, drafts rejected among 
   const body = { model: NAME, prompt: "tool output: " + "alpha beta gamma delta ".repeat(40), max_tokens: 120,
     temperature: 0 };
   const texts = await Promise.all(servers.map(async (x) => {
-    const res = await fetch(`${x.url}/v1/completions`, { method: "POST", headers: { "content-type": "application/json" },
-      body: JSON.stringify(body) });
-    const j = await res.json();
-    assert.equal(res.status, 200, JSON.stringify(j));
+    const j = await postCompletion(x.url, body);
     const u = j.usage;   // a full block holds generated tokens
     assert.ok(Math.floor(u.prompt_tokens / 128) < Math.floor((u.prompt_tokens + u.completion_tokens - 1) / 128), JSON.stringify(u));
     return j.choices[0].text;

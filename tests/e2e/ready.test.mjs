@@ -9,7 +9,7 @@ import assert from "node:assert/strict";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { root, startServer, stopServers } from "./server.mjs";
+import { root, postCompletion, startServer, stopServers } from "./server.mjs";
 
 after(stopServers);
 
@@ -39,12 +39,7 @@ test("serve: /health is 503 loading until the weights are resident; the first re
     assert.equal((await (await fetch(`${S.url}/health`)).json()).status, "ok");
     assert.match(log, /weights resident: [\d.]+ MiB mapped.*in [\d.]+ s/);
     assert.match(log, /: ready\n/);
-    const r = await fetch(`${S.url}/v1/completions`, {
-      method: "POST", headers: { "content-type": "application/json" },
-      body: JSON.stringify({ model: "stories260K", prompt: "Once upon a time", max_tokens: 4, temperature: 0 }),
-    });
-    assert.equal(r.status, 200);
-    const body = await r.json();
+    const body = await postCompletion(S.url, { model: "stories260K", prompt: "Once upon a time", max_tokens: 4, temperature: 0 });
     assert.equal(body.usage.completion_tokens, 4);
   } finally {
     await stopServers();

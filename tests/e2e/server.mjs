@@ -84,6 +84,16 @@ export async function assertSameStores(servers, dirs, minBlocks = 1) {
   for (const k of Object.keys(a)) assert.equal(b[k], a[k], `block ${k} differs`);
 }
 
+// POSTs body to url's /v1/completions and returns the answer's JSON, asserting a 200 (with the
+// answer as the message when it is not).
+export async function postCompletion(url, body) {
+  const res = await fetch(`${url}/v1/completions`, { method: "POST", headers: { "content-type": "application/json" },
+    body: JSON.stringify(body) });
+  const j = await res.json();
+  assert.equal(res.status, 200, JSON.stringify(j));
+  return j;
+}
+
 // /metrics as { "name{labels}": value } (key: the API key, when the server has keys).
 export async function fetchMetrics(url, key) {
   const headers = key ? { authorization: `Bearer ${key}` } : {};

@@ -14,7 +14,7 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 
-import { assertSameStores, bin, fetchMetrics, startServer, stopServers } from "./server.mjs";
+import { assertSameStores, bin, fetchMetrics, postCompletion, startServer, stopServers } from "./server.mjs";
 
 let dir, model, small, otherVocab, plain, adaptive, fixed, selfSpec, drafted;
 const N = 4;
@@ -52,13 +52,7 @@ after(async () => {
 const MAX = 32;
 
 async function complete(S, c, extra = { temperature: 0 }) {
-  const res = await fetch(`${S.url}/v1/completions`, {
-    method: "POST",
-    headers: { "content-type": "application/json" },
-    body: JSON.stringify({ model: "q3", prompt: prompt(c), max_tokens: MAX, ...extra }),
-  });
-  const j = await res.json();
-  assert.equal(res.status, 200, JSON.stringify(j));
+  const j = await postCompletion(S.url, { model: "q3", prompt: prompt(c), max_tokens: MAX, ...extra });
   assert.equal(j.usage.completion_tokens, MAX);
   return j.choices[0].text;
 }
@@ -116,9 +110,7 @@ test("the blocks stored after rejections equal those of a run without speculatio
   const body = { model: "q3", prompt: "tool output: " + "alpha beta gamma delta ".repeat(16), max_tokens: 96, temperature: 0 };
   const texts = [];
   for (const S of servers) {
-    const res = await fetch(`${S.url}/v1/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
-    const j = await res.json();
-    assert.equal(res.status, 200, JSON.stringify(j));
+    const j = await postCompletion(S.url, body);
     // a full block holds generated tokens: drafts were verified inside it
     const u = j.usage;
     assert.ok(Math.floor(u.prompt_tokens / 128) < Math.floor((u.prompt_tokens + u.completion_tokens - 1) / 128), JSON.stringify(u));

@@ -13,7 +13,7 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 
-import { bin, startServer as startServerOf, stopServers, fetchMetrics } from "./server.mjs";
+import { bin, startServer as startServerOf, stopServers, fetchMetrics, postCompletion } from "./server.mjs";
 import { makeWindowModel, WINDOW_MODEL_NAME, WINDOW_PROMPT, WINDOW_PROMPT_LEN } from "./window_model.mjs";
 
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "tm-window-"));
@@ -35,12 +35,7 @@ after(async () => {
 
 const L = WINDOW_PROMPT_LEN, PROMPT = WINDOW_PROMPT;
 async function complete(srv) {
-  const r = await fetch(`${srv.url}/v1/completions`, {
-    method: "POST", headers: { "content-type": "application/json" },
-    body: JSON.stringify({ model: NAME, prompt: PROMPT, max_tokens: 8, temperature: 0 }),
-  });
-  const j = await r.json();
-  assert.equal(r.status, 200, JSON.stringify(j));
+  const j = await postCompletion(srv.url, { model: NAME, prompt: PROMPT, max_tokens: 8, temperature: 0 });
   assert.equal(j.usage.prompt_tokens, L);
   return { text: j.choices[0].text, cached: j.usage.prompt_tokens_details.cached_tokens };
 }

@@ -15,7 +15,7 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 
-import { startServer, startCluster, stopServers, fetchMetrics } from "./server.mjs";
+import { startServer, startCluster, stopServers, fetchMetrics, postCompletion } from "./server.mjs";
 import { makeWindowModel, WINDOW_MODEL_NAME, WINDOW_PROMPT, WINDOW_PROMPT_LEN } from "./window_model.mjs";
 
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "tm-wincluster-"));
@@ -33,12 +33,7 @@ after(async () => {
 
 const L = WINDOW_PROMPT_LEN, PROMPT = WINDOW_PROMPT;
 async function complete(url) {
-  const r = await fetch(`${url}/v1/completions`, {
-    method: "POST", headers: { "content-type": "application/json" },
-    body: JSON.stringify({ model: NAME, prompt: PROMPT, max_tokens: 8, temperature: 0, logprobs: 3, ignore_eos: true }),
-  });
-  const j = await r.json();
-  assert.equal(r.status, 200, JSON.stringify(j));
+  const j = await postCompletion(url, { model: NAME, prompt: PROMPT, max_tokens: 8, temperature: 0, logprobs: 3, ignore_eos: true });
   return { text: j.choices[0].text, top: JSON.stringify(j.choices[0].logprobs.top_logprobs),
            cached: j.usage.prompt_tokens_details.cached_tokens };
 }
