@@ -73,6 +73,25 @@ bool cmd_common_load_model(const char *prog, const char *path, model **m, tokeni
     return true;
 }
 
+bool cmd_common_load_vocab(const char *prog, const char *path, tokenizer **tok)
+{
+    char err[512];
+    gguf *g;
+    *tok = NULL;
+    if (gguf_open(path, &g, err, sizeof err) != GGUF_OK) {
+        fprintf(stderr, "tokenmill %s: %s\n", prog, err);
+        return false;
+    }
+    tokenizer_status st = tokenizer_load(g, tok, err, sizeof err);
+    gguf_close(g);
+    if (st != TOKENIZER_OK) {
+        fprintf(stderr, "tokenmill %s: %s: %s\n", prog, path, err);
+        *tok = NULL;
+        return false;
+    }
+    return true;
+}
+
 const cmd_opt *cmd_common_engine_table(cmd_engine_opts *o, cmd_opt out[CMD_ENGINE_TABLE_N])
 {
     const cmd_opt t[CMD_ENGINE_TABLE_N] = {

@@ -107,5 +107,8 @@ void cmd_common_block_stop_signals(sigset_t *set);
 /* Loads the GGUF at path and its tokenizer; on failure prints "tokenmill PROG: why" and
  * returns false with whatever was loaded freed (*m and *tok NULL). */
 bool cmd_common_load_model(const char *prog, const char *path, model **m, tokenizer **tok);
+/* Loads only the vocabulary of the GGUF at path (no weights); on failure prints
+ * "tokenmill PROG: why" and returns false with *tok NULL. */
+bool cmd_common_load_vocab(const char *prog, const char *path, tokenizer **tok);
 
 #endif

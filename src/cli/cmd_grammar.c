@@ -31,7 +31,6 @@
 #include "cli/cmd_opts.h"
 #include "engine/sched.h"
 #include "grammar/grammar.h"
-#include "model/gguf.h"
 #include "recipe/jsonfmt.h"
 #include "util/util.h"
 
@@ -235,19 +234,8 @@ static double cmd_grammar_cpu_now(void)
 
 static int cmd_grammar_bench(grammar *g, const char *vocab_path, long n_docs, long max_tokens, uint64_t seed)
 {
-    char err[512];
-    gguf *gf;
-    if (gguf_open(vocab_path, &gf, err, sizeof err) != GGUF_OK) {
-        fprintf(stderr, "tokenmill grammar: %s\n", err);
-        return 1;
-    }
     tokenizer *tok;
-    tokenizer_status ts = tokenizer_load(gf, &tok, err, sizeof err);
-    gguf_close(gf);
-    if (ts != TOKENIZER_OK) {
-        fprintf(stderr, "tokenmill grammar: %s: %s\n", vocab_path, err);
-        return 1;
-    }
+    if (!cmd_common_load_vocab("grammar", vocab_path, &tok)) return 1;
     double t0 = util_now();
     grammar_vocab *v = grammar_vocab_from_tokenizer(tok);
     double vocab_s = util_now() - t0;

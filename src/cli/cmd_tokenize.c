@@ -14,7 +14,7 @@
 
 #include "cli/cmd.h"
 #include "cli/cmd_opts.h"
-#include "model/gguf.h"
+#include "cli/cmd_common.h"
 #include "recipe/tokenizer.h"
 #include "util/util.h"
 
@@ -88,10 +88,10 @@ static bool cmd_tokenize_one(const tokenizer *t, const char *text, size_t len, b
 
 int cmd_tokenize(int argc, char **argv)
 {
-    const char *model = NULL, *file = NULL, *batch = NULL, *text = NULL;
+    const char *model_path = NULL, *file = NULL, *batch = NULL, *text = NULL;
     bool special = false, pieces = false, no_bos = false;
     const cmd_opt opts[] = {
-        { "--model", "-m", CMD_OPT_STR, &model, .arg = "MODEL", .help = "the GGUF whose vocabulary to use", .required = true },
+        { "--model", "-m", CMD_OPT_STR, &model_path, .arg = "MODEL", .help = "the GGUF whose vocabulary to use", .required = true },
         { "--file", NULL, CMD_OPT_STR, &file, .arg = "F", .help = "tokenize the bytes of file F" },
         { "--batch", NULL, CMD_OPT_STR, &batch, .arg = "F.json", .help = "tokenize each string of a JSON array" },
         { "--special", NULL, CMD_OPT_FLAG, &special, .help = "control-token text becomes control tokens" },
@@ -110,19 +110,8 @@ int cmd_tokenize(int argc, char **argv)
         return 2;
     }
 
-    char err[512];
-    gguf *g;
-    if (gguf_open(model, &g, err, sizeof err) != GGUF_OK) {
-        fprintf(stderr, "tokenmill tokenize: %s\n", err);
-        return 1;
-    }
     tokenizer *t;
-    tokenizer_status st = tokenizer_load(g, &t, err, sizeof err);
-    gguf_close(g);
-    if (st != TOKENIZER_OK) {
-        fprintf(stderr, "tokenmill tokenize: %s: %s\n", model, err);
-        return 1;
-    }
+    if (!cmd_common_load_vocab("tokenize", model_path, &t)) return 1;
 
     int rc = 0;
     if (batch) {
