@@ -31,3 +31,16 @@ test("a missing required option: one uniform message, the usage, exit 2", () => 
     assert.match(r.stderr, new RegExp(`^usage: tokenmill ${prog} `, "m"), args.join(" "));
   }
 });
+
+test("a vocabulary that cannot be read: the subcommand, the path and why, exit 1", () => {
+  for (const [args, prog] of [
+    [["tokenize", "-m", "/nonexistent.gguf", "x"], "tokenize"],
+    [["tokenize", "-m", bin, "x"], "tokenize"],
+    [["grammar", "bench", "--json", "-m", "/nonexistent.gguf"], "grammar"],
+  ]) {
+    const r = spawnSync(bin, args, { encoding: "utf8", timeout: 20000 });
+    assert.equal(r.status, 1, args.join(" "));
+    const path = args[args.indexOf("-m") + 1];
+    assert.ok(r.stderr.startsWith(`tokenmill ${prog}: ${path}: `), `${args.join(" ")}: ${r.stderr}`);
+  }
+});
