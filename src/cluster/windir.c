@@ -5,7 +5,6 @@
 #include "cluster/windir.h"
 
 #include <stdlib.h>
-#include <string.h>
 
 #include "util/slottab.h"
 
