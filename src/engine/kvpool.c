@@ -139,7 +139,7 @@ kvpool_status kvpool_new(const kvpool_opts *opts, kvpool **out)
     p->block_bytes = kvpool_geom_block_bytes(opts);
     size_t total = p->block_bytes * (size_t)opts->n_blocks;
     if (total / (size_t)opts->n_blocks != p->block_bytes) {
-        free(p);
+        kvpool_free(p);   /* half-built: slot is allocated already */
         return KVPOOL_ERR_NOMEM;
     }
     p->data = util_aligned_alloc(total);

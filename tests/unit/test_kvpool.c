@@ -31,6 +31,12 @@ TEST(test_bad_args)
     o.n_layers = 1;
     o.dtype = QTYPE_Q8_0;
     CHECK(kvpool_new(&o, &p) == KVPOOL_ERR_ARG);
+    /* blocks of 2^49 bytes, 2^16 of them: the size overflows; refused, nothing kept (ASan's
+     * leak check sees what a half-built pool would leave) */
+    kvpool_opts big = { .n_layers = 1, .n_kv_heads = 1 << 20, .head_dim = 1 << 20, .dtype = QTYPE_F16,
+                        .n_blocks = 1 << 16 };
+    p = (kvpool *)1;
+    CHECK(kvpool_new(&big, &p) == KVPOOL_ERR_NOMEM && p == NULL);
 }
 
 TEST(test_prefault_zeroes_every_block)
