@@ -3,8 +3,11 @@
  * structs and the functions one of those files calls in another. The design is in sched.h,
  * the request life, the admission policy and which thread or lock guards what in sched.c.
  *
- *   sched.c       the step loop: admission, planning, the engine step, sampling, publishing,
- *                 the public API
+ *   sched.c       the step loop: admission, planning, the engine step, the handoff to
+ *                 publishing, the public API
+ *   sched_sample.c sampling a step (the verify rows of drafts included) on the engine thread
+ *                 and the sampling workers, and the grammar masks computed during a step
+ *   sched_pub.c   publishing a step's outputs on the publisher thread (or the engine thread)
  *   sched_spec.c  speculative decoding: the verify counts of a step, the drafts after it
  *                 (prompt lookup, the draft model), the grammar's cut of a draft
  */
@@ -210,8 +213,35 @@ struct sched {
     int lp_state;                /* under lp_mu: SCHED_LP_PENDING, _BUSY (the publisher), _DONE */
 };
 
+/* lp_state: who computes the pending step's log-probs */
+enum { SCHED_LP_PENDING = 0, SCHED_LP_BUSY, SCHED_LP_DONE };
+
 /* sched.c: whether tok ends r (an end-of-generation id unless ignore_eos, or a stop id). */
 bool sched_is_stop(const sched *s, const sched_req *r, int32_t tok);
+/* sched.c, under mu: a new record at the end of r's output ring (zeroed). */
+sched_output *sched_push(sched_req *r);
+/* sched.c, under mu: publishes r's FINISH record with why, unless it has one. */
+void sched_finish_push_locked(sched *s, sched_req *r, sched_finish why);
+/* sched.c, under mu: the engine drops its reference; frees r if the caller released it. */
+void sched_drop_locked(sched_req *r);
+
+/* sched_sample.c */
+typedef struct {
+    sched *s;
+    int ith;
+} sched_worker_arg;
+void *sched_worker(void *arg);
+void sched_pool_wait(sched *s);
+bool sched_masks_start(sched *s, int n_reqs);
+void sched_sample_step(sched *s, int n_reqs);
+bool sched_grammar_track(sched_req *r, int32_t tok);
+void sched_think_track(sched_req *r, int32_t tok);
+
+/* sched_pub.c */
+void sched_pub_flush_locked(sched *s);
+void *sched_publisher(void *arg);
+void sched_pub_stop(sched *s);
+bool sched_pub_lp_move(sched *s, int from, int to);
 
 /* sched_spec.c, engine thread */
 /* Lets go of r's draft KV and draft (it ends, or is preempted and recomputes from scratch). */
