@@ -1115,21 +1115,7 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
         sched_free(s);
         return SCHED_ERR_NOMEM;
     }
-    pthread_mutex_init(&s->pool_mu, NULL);
-    pthread_cond_init(&s->pool_go, NULL);
-    pthread_cond_init(&s->pool_done, NULL);
-    int nw = TM_MIN(engine_n_threads(e), 16) - 1;
-    s->workers = xcalloc((size_t)(nw > 0 ? nw : 1), sizeof *s->workers);
-    for (int i = 0; i < nw; i++) {
-        sched_worker_arg *wa = xmalloc(sizeof *wa);
-        wa->s = s;
-        wa->ith = i + 1;
-        if (pthread_create(&s->workers[i], NULL, sched_worker, wa) != 0) {
-            free(wa);
-            break;
-        }
-        s->n_workers++;
-    }
+    sched_sample_start(s, TM_MIN(engine_n_threads(e), 16) - 1);
     if (o.bio) blockio_set_ready_hook(o.bio, sched_load_ready, s);
     *out = s;
     return SCHED_OK;
@@ -1202,15 +1188,7 @@ void sched_free(sched *s)
         pthread_mutex_destroy(&s->mu);
         pthread_cond_destroy(&s->work_cv);
         pthread_cond_destroy(&s->idle_cv);
-        pthread_mutex_lock(&s->pool_mu);
-        s->pool_stop = true;
-        pthread_cond_broadcast(&s->pool_go);
-        pthread_mutex_unlock(&s->pool_mu);
-        for (int i = 0; i < s->n_workers; i++) pthread_join(s->workers[i], NULL);
-        pthread_mutex_destroy(&s->pool_mu);
-        pthread_cond_destroy(&s->pool_go);
-        pthread_cond_destroy(&s->pool_done);
-        free(s->workers);
+        sched_sample_stop(s);
     }
     free(s->running);
     free(s->batch);

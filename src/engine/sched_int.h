@@ -226,11 +226,11 @@ void sched_finish_push_locked(sched *s, sched_req *r, sched_finish why);
 void sched_drop_locked(sched_req *r);
 
 /* sched_sample.c */
-typedef struct {
-    sched *s;
-    int ith;
-} sched_worker_arg;
-void *sched_worker(void *arg);
+/* Starts up to n_workers sampling workers (fewer when threads cannot be made; none when
+ * n_workers <= 0). After mu is set up; sched_sample_stop joins them. */
+void sched_sample_start(sched *s, int n_workers);
+/* Stops and joins the workers sched_sample_start made (the engine thread has exited). */
+void sched_sample_stop(sched *s);
 void sched_pool_wait(sched *s);
 bool sched_masks_start(sched *s, int n_reqs);
 void sched_sample_step(sched *s, int n_reqs);

@@ -102,7 +102,12 @@ static void sched_mask_part(sched *s, int ith, int nth)
     }
 }
 
-void *sched_worker(void *arg)
+typedef struct {
+    sched *s;
+    int ith;
+} sched_worker_arg;
+
+static void *sched_worker(void *arg)
 {
     sched_worker_arg *wa = arg;
     sched *s = wa->s;
@@ -169,4 +174,35 @@ void sched_sample_step(sched *s, int n_reqs)
     sched_pool_start(s, false);
     sched_sample_part(s, 0, s->n_workers + 1);
     sched_pool_wait(s);
+}
+
+void sched_sample_start(sched *s, int n_workers)
+{
+    pthread_mutex_init(&s->pool_mu, NULL);
+    pthread_cond_init(&s->pool_go, NULL);
+    pthread_cond_init(&s->pool_done, NULL);
+    s->workers = xcalloc((size_t)(n_workers > 0 ? n_workers : 1), sizeof *s->workers);
+    for (int i = 0; i < n_workers; i++) {
+        sched_worker_arg *wa = xmalloc(sizeof *wa);
+        wa->s = s;
+        wa->ith = i + 1;
+        if (pthread_create(&s->workers[i], NULL, sched_worker, wa) != 0) {
+            free(wa);
+            break;
+        }
+        s->n_workers++;
+    }
+}
+
+void sched_sample_stop(sched *s)
+{
+    pthread_mutex_lock(&s->pool_mu);
+    s->pool_stop = true;
+    pthread_cond_broadcast(&s->pool_go);
+    pthread_mutex_unlock(&s->pool_mu);
+    for (int i = 0; i < s->n_workers; i++) pthread_join(s->workers[i], NULL);
+    pthread_mutex_destroy(&s->pool_mu);
+    pthread_cond_destroy(&s->pool_go);
+    pthread_cond_destroy(&s->pool_done);
+    free(s->workers);
 }
