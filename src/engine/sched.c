@@ -736,6 +736,7 @@ typedef struct {
     double t0, t1;               /* engine_step start, end */
     double t2;                   /* sampling done */
     double t3;                   /* mu taken back: publishing starts */
+    double part[SCHED_GAP_N];    /* seconds of the gap after it, COMMIT to PUBLISH */
 } sched_step;
 
 /* Step 1, under mu: cancels and admissions, the batch, and the KV figures for /metrics. */
@@ -777,12 +778,13 @@ static void sched_idle_wait_locked(sched *s)
 static void sched_step_run(sched *s, sched_step *st)
 {
     st->t0 = util_now();
-    if (s->t_prev_end >= 0) {
-        pthread_mutex_lock(&s->mu);
-        s->st.gap_s += st->t0 - s->t_prev_end;
-        s->st.plan_s += st->tc - st->ta;
-        pthread_mutex_unlock(&s->mu);
+    if (s->t_prev_end >= 0) {   /* the gap since the previous step: counted at the next handoff */
+        s->gap_run[SCHED_GAP_PLAN] = st->tc - st->ta;
+        s->gap_run[SCHED_GAP_LAUNCH] = (st->ta - s->t_prev_pub) + (st->t0 - st->tc);
+        for (int i = 0; i < SCHED_GAP_N; i++) s->gap_acc[i] += s->gap_run[i];
+        s->gap_acc_s += st->t0 - s->t_prev_end;
     }
+    memset(st->part, 0, sizeof st->part);
     engine_batch b = { .n_tokens = st->n_tok, .toks = s->batch };
     bool masks = sched_masks_start(s, st->n_reqs);  /* overlapped with the step */
     st->est = engine_step(s->e, &b, s->logits);
@@ -799,7 +801,11 @@ static void sched_step_run(sched *s, sched_step *st)
         kvpool_seq_commit_full_blocks(s->pool, r->seq, r->tokens, r->n_done);
     }
     if (st->est == ENGINE_OK && s->wc) sched_window_put(s, st->n_reqs);
+    double tk = util_now();
+    st->part[SCHED_GAP_COMMIT] = tk - st->t1;
     if (st->est == ENGINE_OK) sched_sample_step(s, st->n_reqs);
+    double ts = util_now();
+    st->part[SCHED_GAP_SAMPLE] = ts - tk;
     /* Rollback of rejected drafts: a verifying request keeps the KV of its last token and of
      * the drafts accepted (the tokens before its last sampled one); the rows of rejected drafts
      * stay beyond n_done, where the next steps overwrite them, and no block is keyed from them:
@@ -815,8 +821,11 @@ static void sched_step_run(sched *s, sched_step *st)
         if (s->o.bio) blockio_set_write_class(s->o.bio, r->p.cache_class);
         kvpool_seq_commit_full_blocks(s->pool, r->seq, r->tokens, r->n_done);
     }
+    double tr = util_now();
+    st->part[SCHED_GAP_COMMIT] += tr - ts;
     if (st->est == ENGINE_OK && s->o.spec_sources) sched_spec_draft(s, st->n_reqs);
     st->t2 = util_now();
+    st->part[SCHED_GAP_DRAFT] = st->t2 - tr;
 }
 
 /* Ends running request r with why (under mu). */
@@ -853,7 +862,10 @@ static void sched_step_count_locked(sched *s, const sched_step *st)
     s->st.step_model_warm = steptime_warm(&s->tm);
     memcpy(s->st.step_model_w, s->tm.w, sizeof s->st.step_model_w);
     s->st.step_s += st->t1 - st->t0;
-    s->st.sample_s += st->t2 - st->t1;
+    s->st.gap_s += s->gap_acc_s;   /* the gaps before this step, with their parts */
+    for (int i = 0; i < SCHED_GAP_N; i++) s->st.gap_part_s[i] += s->gap_acc[i];
+    s->gap_acc_s = 0;
+    memset(s->gap_acc, 0, sizeof s->gap_acc);
     sched_hist_add(&s->h_step, st->t1 - st->t0);
 }
 
@@ -872,7 +884,10 @@ static void sched_step_publish_locked(sched *s, sched_step *st)
         s->t_prev_end = -1;
         return;
     }
+    double tp = util_now();
     sched_pub_flush_locked(s);   /* the previous step's, if the publisher has not got to them */
+    double tp1 = util_now();
+    st->part[SCHED_GAP_PUBLISH] = tp1 - tp;
     bool any_lp = false;
     for (int i = 0; i < st->n_reqs; i++) {
         sched_req *r = s->batch_req[i];
@@ -909,10 +924,15 @@ static void sched_step_publish_locked(sched *s, sched_step *st)
     s->pub_n_reqs = st->n_reqs;
     s->pub_t = util_now();
     s->pub_pending = true;
+    double tf = util_now();
     if (s->o.no_overlap) sched_pub_flush_locked(s);
     else pthread_cond_signal(&s->pub_cv);
+    if (s->o.no_overlap) st->part[SCHED_GAP_PUBLISH] += util_now() - tf;
     s->t_prev_end = st->t1;  /* the gap: sampling, handing over, planning the next step */
-    s->st.publish_s += util_now() - st->t2;
+    s->t_prev_pub = util_now();
+    memcpy(s->gap_run, st->part, sizeof s->gap_run);
+    s->gap_run[SCHED_GAP_LOCK] = st->t3 - st->t2;
+    s->gap_run[SCHED_GAP_HANDOFF] = s->t_prev_pub - st->t3 - st->part[SCHED_GAP_PUBLISH];
     if (util_log_level <= LOG_LEVEL_DEBUG)
         sched_log_step(s, st->n_reqs, st->n_tok, st->ta, st->tc, st->t0, st->t1, st->t2, st->t3);
 }
@@ -969,6 +989,22 @@ const char *sched_status_name(sched_status st)
     case SCHED_ERR_ARG: return "bad argument";
     case SCHED_ERR_NOMEM: return "out of memory";
     case SCHED_ERR_STOPPED: return "shutting down";
+    }
+    return "?";
+}
+
+const char *sched_gap_part_name(sched_gap_part p)
+{
+    switch (p) {
+    case SCHED_GAP_COMMIT: return "commit";
+    case SCHED_GAP_SAMPLE: return "sample";
+    case SCHED_GAP_DRAFT: return "draft";
+    case SCHED_GAP_LOCK: return "lock";
+    case SCHED_GAP_PUBLISH: return "publish";
+    case SCHED_GAP_HANDOFF: return "handoff";
+    case SCHED_GAP_PLAN: return "plan";
+    case SCHED_GAP_LAUNCH: return "launch";
+    case SCHED_GAP_N: break;
     }
     return "?";
 }

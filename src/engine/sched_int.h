@@ -139,6 +139,11 @@ struct sched {
     uint64_t dec_planned;        /* of which decode rows */
     double t_prev_end;           /* util_now() at the end of the previous step when no idle
                                   * wait followed, else -1: the CPU gap between steps */
+    double t_prev_pub;           /* util_now() when the previous step's handoff ended */
+    double gap_run[SCHED_GAP_N]; /* seconds of each part of the gap since the previous step */
+    double gap_acc[SCHED_GAP_N]; /* the parts of the gaps not yet in st (added under mu at the
+                                  * next handoff, so the step needs no lock to count them) */
+    double gap_acc_s;            /* the gaps themselves, likewise */
     engine_tok *batch;           /* (prefill_step_tokens >= step_tokens) */
     sched_req **batch_req;       /* (max_seqs) requests in this step */
     int *batch_n;                /* (max_seqs) tokens of each in this step */
