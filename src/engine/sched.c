@@ -926,7 +926,7 @@ static void sched_step_publish_locked(sched *s, sched_step *st)
     s->pub_pending = true;
     double tf = util_now();
     if (s->o.no_overlap) sched_pub_flush_locked(s);
-    else pthread_cond_signal(&s->pub_cv);
+    else s->pub_wake = true;   /* sched_pub_wake, once mu is free */
     if (s->o.no_overlap) st->part[SCHED_GAP_PUBLISH] += util_now() - tf;
     s->t_prev_end = st->t1;  /* the gap: sampling, handing over, planning the next step */
     s->t_prev_pub = util_now();
@@ -964,10 +964,12 @@ static void *sched_thread(void *arg)
         sched_step st;
         sched_step_plan_locked(s, &st);
         if (st.n_tok == 0) {
+            sched_pub_wake(s);
             sched_idle_wait_locked(s);
             continue;
         }
         pthread_mutex_unlock(&s->mu);
+        sched_pub_wake(s);
         sched_step_run(s, &st);
         pthread_mutex_lock(&s->mu);
         sched_step_publish_locked(s, &st);

@@ -199,6 +199,7 @@ struct sched {
     bool pub_stop;               /* sched_free: the publisher exits */
     pthread_cond_t pub_cv;       /* pub_pending was set, or pub_stop */
     bool pub_pending;            /* pub_* hold a step's outputs not published yet */
+    bool pub_wake;               /* (engine thread) the publisher is to be woken for them */
     int pub_n_reqs;              /* requests of that step */
     sched_req **pub_req;         /* (max_seqs) its requests */
     int *pub_ntok;               /* (max_seqs) tokens each gets (0: a prefill chunk) */
@@ -244,6 +245,7 @@ void sched_think_track(sched_req *r, int32_t tok);
 
 /* sched_pub.c */
 void sched_pub_flush_locked(sched *s);
+void sched_pub_wake(sched *s);
 void *sched_publisher(void *arg);
 void sched_pub_stop(sched *s);
 bool sched_pub_lp_move(sched *s, int from, int to);

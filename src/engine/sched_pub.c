@@ -7,9 +7,11 @@
  * handoff, before any FINISH, with no_overlap). lp_state under lp_mu says who computes the
  * log-probs, so they are computed once and nobody holds mu meanwhile.
  */
+#define _GNU_SOURCE   /* SCHED_BATCH */
 #include "engine/sched_int.h"
 
 #include <math.h>
+#include <sched.h>
 #include <string.h>
 
 #include "util/util.h"
@@ -143,11 +145,30 @@ void sched_pub_flush_locked(sched *s)
     s->pub_n_reqs = 0;
 }
 
+/* Engine thread, with or without mu: wakes the publisher for the outputs handed over last.
+ * The handoff defers it to here, after the next step was planned and mu let go: woken while
+ * the engine thread holds mu, the publisher would block on it at once and be woken again when
+ * mu is let go, two wake-ups that each may take the engine thread's core in the gap. */
+void sched_pub_wake(sched *s)
+{
+    if (!s->pub_wake) return;
+    s->pub_wake = false;
+    pthread_cond_signal(&s->pub_cv);
+}
+
 /* The publisher thread: publishes each step's outputs while the engine computes the next,
  * their log-probs first, without mu (readers and the engine thread go on meanwhile). */
 void *sched_publisher(void *arg)
 {
     sched *s = arg;
+#ifdef SCHED_BATCH
+    /* Woken once per step by the engine thread, a normal thread preempts it on its own core
+     * (the kernel favours a thread that slept), so the engine thread waited out the whole
+     * publishing in the gap. A batch thread is never run by its wake-up: it takes a free
+     * core, or its turn at the next tick. No privilege needed; if refused, nothing changes. */
+    struct sched_param sp = { .sched_priority = 0 };
+    pthread_setschedparam(pthread_self(), SCHED_BATCH, &sp);
+#endif
     pthread_mutex_lock(&s->mu);
     while (!s->pub_stop) {
         if (!s->pub_pending) {
