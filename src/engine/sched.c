@@ -786,10 +786,10 @@ static void sched_step_run(sched *s, sched_step *st)
     }
     memset(st->part, 0, sizeof st->part);
     engine_batch b = { .n_tokens = st->n_tok, .toks = s->batch };
-    bool masks = sched_masks_start(s, st->n_reqs);  /* overlapped with the step */
+    bool masks = sched_sample_masks_start(s, st->n_reqs);  /* overlapped with the step */
     st->est = engine_step(s->e, &b, s->logits);
     st->t1 = util_now();
-    if (masks) sched_pool_wait(s);
+    if (masks) sched_sample_pool_wait(s);
     if (st->est == ENGINE_OK) steptime_observe(&s->tm, &s->plan_x, st->t1 - st->t0);
     if (st->est == ENGINE_OK)
         s->main_step_s = s->main_step_s > 0 ? 0.9 * s->main_step_s + 0.1 * (st->t1 - st->t0) : st->t1 - st->t0;
@@ -1141,7 +1141,7 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
     pthread_cond_init(&s->pub_cv, NULL);
     pthread_mutex_init(&s->lp_mu, NULL);
     pthread_cond_init(&s->lp_cv, NULL);
-    if (!o.no_overlap) s->pub_started = pthread_create(&s->publisher, NULL, sched_publisher, s) == 0;
+    if (!o.no_overlap) s->pub_started = pthread_create(&s->publisher, NULL, sched_pub_thread, s) == 0;
     if (!s->pub_started) s->o.no_overlap = true;   /* no thread: the engine thread publishes */
     if (pthread_create(&s->thread, NULL, sched_thread, s) != 0) {
         sched_pub_stop(s);
@@ -1326,11 +1326,11 @@ sched_status sched_submit(sched *s, const sched_params *p, sched_req **out)
         r->n_tokens += p->n_gen;
         for (int i = 0; i < p->n_gen; i++) {
             sample_accept(r->smp, p->gen[i]);
-            if (!sched_grammar_track(r, p->gen[i])) {
+            if (!sched_sample_grammar_track(r, p->gen[i])) {
                 sched_req_destroy(r);
                 return SCHED_ERR_ARG;  /* the tokens generated elsewhere leave the grammar */
             }
-            sched_think_track(r, p->gen[i]);
+            sched_sample_think_track(r, p->gen[i]);
         }
         sample_skip_draws(r->smp, p->n_sampled);
     }

@@ -237,17 +237,29 @@ void sched_drop_locked(sched_req *r);
 void sched_sample_start(sched *s, int n_workers);
 /* Stops and joins the workers sched_sample_start made (the engine thread has exited). */
 void sched_sample_stop(sched *s);
-void sched_pool_wait(sched *s);
-bool sched_masks_start(sched *s, int n_reqs);
+/* Engine thread: starts the grammar masks of the step's constrained requests on the workers,
+ * to run during the engine step; false when there is none or no worker. Then, after the
+ * step, sched_sample_pool_wait waits for them. */
+bool sched_sample_masks_start(sched *s, int n_reqs);
+void sched_sample_pool_wait(sched *s);
+/* Engine thread: samples every request of the step that wants a token (batch_tok, batch_ntok,
+ * batch_acc), on the workers when it pays. */
 void sched_sample_step(sched *s, int n_reqs);
-bool sched_grammar_track(sched_req *r, int32_t tok);
-void sched_think_track(sched_req *r, int32_t tok);
+/* A generated token fed to r's grammar (false: it does not allow it), then to its think-block
+ * state, in that order (also for the tokens a request continues from, at submit). */
+bool sched_sample_grammar_track(sched_req *r, int32_t tok);
+void sched_sample_think_track(sched_req *r, int32_t tok);
 
 /* sched_pub.c */
+/* Under mu: publishes the step's outputs waiting in pub_* (nothing when none waits). */
 void sched_pub_flush_locked(sched *s);
+/* Engine thread: wakes the publisher for the outputs handed over last, if not yet. */
 void sched_pub_wake(sched *s);
-void *sched_publisher(void *arg);
+/* The publisher thread's body (arg: the sched). */
+void *sched_pub_thread(void *arg);
+/* Stops and joins the publisher thread, destroys its condition variables and lp_mu. */
 void sched_pub_stop(sched *s);
+/* Moves lp_state from `from` (-1: any) to `to`; returns whether it did. */
 bool sched_pub_lp_move(sched *s, int from, int to);
 
 /* sched_spec.c, engine thread */

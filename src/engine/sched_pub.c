@@ -62,7 +62,7 @@ static void sched_trace_log(const sched *s, const sched_req *r)
 
 
 /* Publishes one sampled token of r (with its log-probs in so) sampled at time t. Under mu. */
-static void sched_publish_token_locked(sched *s, sched_req *r, int32_t tok, const sched_output *so, double t)
+static void sched_pub_token_locked(sched *s, sched_req *r, int32_t tok, const sched_output *so, double t)
 {
     s->st.n_gen_tokens++;
     sched_output *o = sched_push(r);
@@ -135,7 +135,7 @@ void sched_pub_flush_locked(sched *s)
         s->st.n_prefill_tokens += (uint64_t)s->pub_prefill[i];
         for (int j = 0; j < s->pub_ntok[i]; j++) {
             size_t at = (size_t)i * s->tok_stride + j;
-            sched_publish_token_locked(s, r, s->pub_tok[at], &s->pub_out[at], s->pub_t);
+            sched_pub_token_locked(s, r, s->pub_tok[at], &s->pub_out[at], s->pub_t);
         }
         if (s->pub_end[i] != SCHED_FINISH_NONE) {
             sched_finish_push_locked(s, r, s->pub_end[i]);
@@ -158,7 +158,7 @@ void sched_pub_wake(sched *s)
 
 /* The publisher thread: publishes each step's outputs while the engine computes the next,
  * their log-probs first, without mu (readers and the engine thread go on meanwhile). */
-void *sched_publisher(void *arg)
+void *sched_pub_thread(void *arg)
 {
     sched *s = arg;
 #ifdef SCHED_BATCH

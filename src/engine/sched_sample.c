@@ -20,7 +20,7 @@
 
 /* Follows think blocks in the output for the reasoning budget and the grammar, which leaves
  * them free (p.think_*). */
-void sched_think_track(sched_req *r, int32_t tok)
+void sched_sample_think_track(sched_req *r, int32_t tok)
 {
     if (r->p.think_budget <= 0 && !r->gm) return;
     if (!r->in_think && tok == r->p.think_start && tok >= 0) r->in_think = true;
@@ -31,8 +31,8 @@ void sched_think_track(sched_req *r, int32_t tok)
 /* Feeds a generated token to the request's grammar: outside think blocks, a bound token
  * advances the matcher (false: the grammar does not allow it) and ends a lazy grammar's
  * document when nothing can follow; a free one may be a lazy grammar's trigger. Before
- * sched_think_track (the token's own think state is the one before it). */
-bool sched_grammar_track(sched_req *r, int32_t tok)
+ * sched_sample_think_track (the token's own think state is the one before it). */
+bool sched_sample_grammar_track(sched_req *r, int32_t tok)
 {
     if (!r->gm || r->in_think) return true;
     if (r->g_on) {
@@ -54,7 +54,7 @@ bool sched_grammar_track(sched_req *r, int32_t tok)
  * token sampled equals the draft token the row was computed with and the request goes on: so
  * it emits the tokens a run without speculation emits, the seeded draws included (for a
  * deterministic draft this is the acceptance rule of speculative sampling, spec.h). */
-static void sched_sample_part(sched *s, int ith, int nth)
+static void sched_sample_rows(sched *s, int ith, int nth)
 {
     for (int i = ith; i < s->batch_n_reqs; i += nth) {
         sched_req *r = s->batch_req[i];
@@ -71,8 +71,8 @@ static void sched_sample_part(sched *s, int ith, int nth)
             if (r->in_think && r->p.think_budget > 0 && r->n_think >= r->p.think_budget && r->p.think_end >= 0)
                 tok = r->p.think_end;  /* the reasoning budget is spent: close the block */
             sample_accept(r->smp, tok);
-            sched_grammar_track(r, tok);
-            sched_think_track(r, tok);
+            sched_sample_grammar_track(r, tok);
+            sched_sample_think_track(r, tok);
             size_t at = (size_t)i * s->tok_stride + j;
             s->batch_tok[at] = tok;
             sched_output *o = &s->batch_out[at];
@@ -94,7 +94,7 @@ static void sched_sample_part(sched *s, int ith, int nth)
 
 /* The next-token masks of the step's constrained requests ith, ith+nth, ... (the matcher keeps
  * its mask until it accepts a token, so sampling then only applies it). */
-static void sched_mask_part(sched *s, int ith, int nth)
+static void sched_sample_mask_part(sched *s, int ith, int nth)
 {
     for (int i = ith; i < s->batch_n_reqs; i += nth) {
         sched_req *r = s->batch_req[i];
@@ -105,11 +105,11 @@ static void sched_mask_part(sched *s, int ith, int nth)
 typedef struct {
     sched *s;
     int ith;
-} sched_worker_arg;
+} sched_sample_worker_arg;
 
-static void *sched_worker(void *arg)
+static void *sched_sample_worker(void *arg)
 {
-    sched_worker_arg *wa = arg;
+    sched_sample_worker_arg *wa = arg;
     sched *s = wa->s;
     int ith = wa->ith;
     free(wa);
@@ -121,8 +121,8 @@ static void *sched_worker(void *arg)
         seen = s->job_gen;
         bool masks = s->job_masks;
         pthread_mutex_unlock(&s->pool_mu);
-        if (masks) sched_mask_part(s, ith - 1, s->n_workers);
-        else sched_sample_part(s, ith, s->n_workers + 1);
+        if (masks) sched_sample_mask_part(s, ith - 1, s->n_workers);
+        else sched_sample_rows(s, ith, s->n_workers + 1);
         pthread_mutex_lock(&s->pool_mu);
         if (--s->job_left == 0) pthread_cond_signal(&s->pool_done);
     }
@@ -130,7 +130,7 @@ static void *sched_worker(void *arg)
     return NULL;
 }
 
-static void sched_pool_start(sched *s, bool masks)
+static void sched_sample_pool_start(sched *s, bool masks)
 {
     pthread_mutex_lock(&s->pool_mu);
     s->job_masks = masks;
@@ -140,7 +140,7 @@ static void sched_pool_start(sched *s, bool masks)
     pthread_mutex_unlock(&s->pool_mu);
 }
 
-void sched_pool_wait(sched *s)
+void sched_sample_pool_wait(sched *s)
 {
     pthread_mutex_lock(&s->pool_mu);
     while (s->job_left > 0) pthread_cond_wait(&s->pool_done, &s->pool_mu);
@@ -149,7 +149,7 @@ void sched_pool_wait(sched *s)
 
 /* Starts the masks of the step's constrained requests on the workers, to run during the
  * engine step; false when there is none to compute or no worker (sampling computes them). */
-bool sched_masks_start(sched *s, int n_reqs)
+bool sched_sample_masks_start(sched *s, int n_reqs)
 {
     if (s->n_workers == 0) return false;
     bool any = false;
@@ -157,7 +157,7 @@ bool sched_masks_start(sched *s, int n_reqs)
         any = s->batch_row[i] >= 0 && s->batch_req[i]->gm && s->batch_req[i]->g_on && !s->batch_req[i]->in_think;
     if (!any) return false;
     s->batch_n_reqs = n_reqs;
-    sched_pool_start(s, true);
+    sched_sample_pool_start(s, true);
     return true;
 }
 
@@ -168,12 +168,12 @@ void sched_sample_step(sched *s, int n_reqs)
     int n_rows = 0;
     for (int i = 0; i < n_reqs; i++) n_rows += s->batch_row[i] >= 0 ? 1 + s->batch_k[i] : 0;
     if (s->n_workers == 0 || n_rows < 2 || (double)n_rows * s->n_vocab < SCHED_SAMPLE_SPLIT_MIN) {
-        sched_sample_part(s, 0, 1);
+        sched_sample_rows(s, 0, 1);
         return;
     }
-    sched_pool_start(s, false);
-    sched_sample_part(s, 0, s->n_workers + 1);
-    sched_pool_wait(s);
+    sched_sample_pool_start(s, false);
+    sched_sample_rows(s, 0, s->n_workers + 1);
+    sched_sample_pool_wait(s);
 }
 
 void sched_sample_start(sched *s, int n_workers)
@@ -183,10 +183,10 @@ void sched_sample_start(sched *s, int n_workers)
     pthread_cond_init(&s->pool_done, NULL);
     s->workers = xcalloc((size_t)(n_workers > 0 ? n_workers : 1), sizeof *s->workers);
     for (int i = 0; i < n_workers; i++) {
-        sched_worker_arg *wa = xmalloc(sizeof *wa);
+        sched_sample_worker_arg *wa = xmalloc(sizeof *wa);
         wa->s = s;
         wa->ith = i + 1;
-        if (pthread_create(&s->workers[i], NULL, sched_worker, wa) != 0) {
+        if (pthread_create(&s->workers[i], NULL, sched_sample_worker, wa) != 0) {
             free(wa);
             break;
         }
