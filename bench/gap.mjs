@@ -9,7 +9,9 @@
 // One run: `tokenmill serve` (--cache off, --max-seqs = clients), that many clients at once,
 // each a streaming /v1/completions of --tokens tokens (greedy, EOS ignored) after a 32-token
 // prompt (--logprobs K: with the log-probs of each token and K alternatives); then /metrics: tokenmill_cpu_gap_seconds_total and its parts (sampling, planning,
-// publishing) as a percentage of tokenmill_engine_step_seconds_total. Per configuration the
+// publishing; every part with tokenmill_cpu_gap_part_seconds_total, which sum to the gap) as a
+// percentage of tokenmill_engine_step_seconds_total; "step + gap" is the time per step the
+// streams see, the figure to compare between builds. Per configuration the
 // table shows the median over the reps [range]. --bin A,B compares two builds instead (the
 // first with overlap, e.g. an older build/tokenmill; builds without the parts' series show
 // "-"). Without -m a small random qwen3 model is generated under tests/data/gen/ (the one
@@ -57,6 +59,9 @@ const complete = (port, body) => new Promise((res, rej) => {
   r.end(JSON.stringify(body));
 });
 
+// the gap's parts (tokenmill_cpu_gap_part_seconds_total), in the order they happen
+const parts = ["commit", "sample", "draft", "lock", "publish", "handoff", "plan", "launch"];
+
 async function run(cfg, rep) {
   const port = 19000 + Math.floor(Math.random() * 2000);
   const args = ["serve", "-m", o.model, "--port", String(port), "--cache", "off", "--max-seqs", String(o.clients),
@@ -75,9 +80,15 @@ async function run(cfg, rep) {
     const m = (await get(port, "/metrics")).body;
     const g = (n) => { const x = m.match(new RegExp(`^tokenmill_${n} (\\S+)$`, "m")); return x ? Number(x[1]) : NaN; };
     const step = g("engine_step_seconds_total"), steps = g("engine_steps_total");
-    return { stepMs: step / steps * 1e3, gap: g("cpu_gap_seconds_total") / step * 100,
+    const gap = g("cpu_gap_seconds_total");
+    const r = { stepMs: step / steps * 1e3, cycleMs: (step + gap) / steps * 1e3, gap: gap / step * 100,
       sampling: g("sampling_seconds_total") / step * 100, planning: g("planning_seconds_total") / step * 100,
       publishing: g("publishing_seconds_total") / step * 100 };
+    for (const p of parts) {
+      const x = m.match(new RegExp(`^tokenmill_cpu_gap_part_seconds_total\\{part="${p}"\\} (\\S+)$`, "m"));
+      r[p] = x ? Number(x[1]) / step * 100 : NaN;
+    }
+    return r;
   } finally {
     srv.kill("SIGINT");
     await new Promise((r) => srv.on("exit", r));
@@ -94,7 +105,13 @@ const fmt = (rs, k, d = 1) => rs.some((r) => Number.isNaN(r[k])) ? "-" :
   `${med(rs.map((r) => r[k])).toFixed(d)} [${Math.min(...rs.map((r) => r[k])).toFixed(d)}-${Math.max(...rs.map((r) => r[k])).toFixed(d)}]`;
 console.log(`${path.basename(o.model)}, ${o.clients} clients x ${o.tokens} tokens${o.logprobs >= 0 ? `, logprobs ${o.logprobs}` : ""}, ` +
   `${o.reps} reps; % of step time`);
-console.log("| configuration | step ms | gap % | sampling % | planning % | publishing % |");
-console.log("|---|---|---|---|---|---|");
-configs.forEach((c, i) => console.log(`| ${c.name} | ${fmt(res[i], "stepMs", 2)} | ${fmt(res[i], "gap")} | ` +
+console.log("| configuration | step ms | step + gap ms | gap % | sampling % | planning % | publishing % |");
+console.log("|---|---|---|---|---|---|---|");
+configs.forEach((c, i) => console.log(`| ${c.name} | ${fmt(res[i], "stepMs", 2)} | ${fmt(res[i], "cycleMs", 2)} | ${fmt(res[i], "gap")} | ` +
   `${fmt(res[i], "sampling")} | ${fmt(res[i], "planning", 2)} | ${fmt(res[i], "publishing")} |`));
+if (res.some((rs) => rs.some((r) => !Number.isNaN(r.commit)))) {   // builds that measure every part
+  console.log(`\nThe gap's parts, % of step time (they sum to the gap):\n`);
+  console.log(`| configuration | ${parts.join(" | ")} |`);
+  console.log(`|---|${parts.map(() => "---|").join("")}`);
+  configs.forEach((c, i) => console.log(`| ${c.name} | ${parts.map((p) => fmt(res[i], p, 2)).join(" | ")} |`));
+}

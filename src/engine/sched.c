@@ -65,10 +65,6 @@
 #define SCHED_SHARE_MIN_ROWS 16 /* fewest rows of a block shared in flight below its boundary */
 #define SCHED_LOAD_RETRIES 8    /* most loads restarted per request because the RAM tier lost
                                  * blocks of its prefix while it waited */
-/* Fewest logits (rows x vocabulary) a step's sampling splits over the sampling workers:
- * below it, waking them costs more than the rows (a small vocabulary's argmax takes
- * microseconds; a wake-up as long, and far longer when other processes hold the cores) */
-#define SCHED_SAMPLE_SPLIT_MIN (1 << 18)
 
 const double sched_hist_bounds[SCHED_HIST_N] = {
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
@@ -85,7 +81,7 @@ void sched_hist_add(sched_hist *h, double v)
     h->sum += v;
 }
 
-static sched_output *sched_push(sched_req *r)
+sched_output *sched_push(sched_req *r)
 {
     if (r->ring_n == r->ring_cap) {
         int ncap = r->ring_cap ? r->ring_cap * 2 : 16;
@@ -134,7 +130,7 @@ static void sched_finish_release(sched *s, sched_req *r)
 }
 
 /* Publishes r's FINISH record with why, unless it has one. Under mu. */
-static void sched_finish_push_locked(sched *s, sched_req *r, sched_finish why)
+void sched_finish_push_locked(sched *s, sched_req *r, sched_finish why)
 {
     if (!r->finished) {
         if (--s->n_live == 0) pthread_cond_broadcast(&s->idle_cv);
@@ -154,13 +150,11 @@ static void sched_finish_push_locked(sched *s, sched_req *r, sched_finish why)
 }
 
 /* The engine drops its reference; frees the handle if the caller already released it. */
-static void sched_drop_locked(sched_req *r)
+void sched_drop_locked(sched_req *r)
 {
     r->engine_held = false;
     if (r->released) sched_req_destroy(r);
 }
-
-static void sched_pub_flush_locked(sched *s);
 
 /* Ends r with why: releases its KV (engine thread), then publishes FINISH after the outputs
  * of the last step still waiting to be published (some may be r's). Caller holds mu. */
@@ -668,192 +662,6 @@ replan:
     return n_tok;
 }
 
-/* log-softmax of the raw logits: the chosen token's log-prob and the top k alternatives. Tokens
- * a grammar masked (-inf) are impossible, not alternatives: fewer than k may be listed, and
- * every listed log-prob is finite (JSON has no infinity). */
-static void sched_logprobs(const float *logits, int n_vocab, int32_t chosen, int k, sched_output *o)
-{
-    float mx = -INFINITY;
-    for (int i = 0; i < n_vocab; i++) mx = logits[i] > mx ? logits[i] : mx;
-    double sum = 0;
-    for (int i = 0; i < n_vocab; i++) sum += exp((double)(logits[i] - mx));
-    float lse = mx + (float)log(sum);
-    o->logprob = logits[chosen] - lse;
-    int n = 0;
-    for (int i = 0; i < n_vocab && k > 0; i++) {
-        float v = logits[i];
-        if (!(v > -INFINITY)) continue;
-        if (n == k && v <= o->top[n - 1].logprob) continue;
-        int j = n < k ? n++ : k - 1;
-        while (j > 0 && o->top[j - 1].logprob < v) {
-            o->top[j] = o->top[j - 1];
-            j--;
-        }
-        o->top[j].token = i;
-        o->top[j].logprob = v;
-    }
-    for (int i = 0; i < n; i++) o->top[i].logprob -= lse;
-    o->n_top = n;
-}
-
-/* Follows think blocks in the output for the reasoning budget and the grammar, which leaves
- * them free (p.think_*). */
-static void sched_think_track(sched_req *r, int32_t tok)
-{
-    if (r->p.think_budget <= 0 && !r->gm) return;
-    if (!r->in_think && tok == r->p.think_start && tok >= 0) r->in_think = true;
-    else if (r->in_think && tok == r->p.think_end && tok >= 0) r->in_think = false;
-    else if (r->in_think) r->n_think++;
-}
-
-/* Feeds a generated token to the request's grammar: outside think blocks, a bound token
- * advances the matcher (false: the grammar does not allow it) and ends a lazy grammar's
- * document when nothing can follow; a free one may be a lazy grammar's trigger. Before
- * sched_think_track (the token's own think state is the one before it). */
-static bool sched_grammar_track(sched_req *r, int32_t tok)
-{
-    if (!r->gm || r->in_think) return true;
-    if (r->g_on) {
-        if (!grammar_match_accept(r->gm, tok)) return false;
-        if (r->p.grammar_lazy && grammar_match_done(r->gm)) {
-            grammar_match_reset(r->gm);
-            r->g_on = false;
-        }
-    } else if (r->p.grammar_lazy && tok == r->p.grammar_trigger) {
-        r->g_on = true;
-    }
-    return true;
-}
-
-/* Samples requests ith, ith+nth, ... of the step (each request's sampler is its own, so the
- * split does not change any result). A request verifying K drafts samples its rows in order,
- * each exactly as its own decode step would have (penalty window, grammar, think budget and
- * generator advanced by the tokens before it), and goes on to the next row only while the
- * token sampled equals the draft token the row was computed with and the request goes on: so
- * it emits the tokens a run without speculation emits, the seeded draws included (for a
- * deterministic draft this is the acceptance rule of speculative sampling, spec.h). */
-static void sched_sample_part(sched *s, int ith, int nth)
-{
-    for (int i = ith; i < s->batch_n_reqs; i += nth) {
-        sched_req *r = s->batch_req[i];
-        s->batch_ntok[i] = 0;
-        s->batch_acc[i] = 0;
-        if (s->batch_row[i] < 0) continue;
-        int k = s->batch_k[i];
-        bool rejected = false;
-        for (int j = 0; j <= k; j++) {
-            float *row = s->logits + (size_t)(s->batch_row[i] + j) * s->n_vocab;
-            bool constrained = r->gm && r->g_on && !r->in_think;  /* reasoning stays free */
-            if (constrained) grammar_match_apply(r->gm, row);
-            int32_t tok = sample_token(r->smp, row);
-            if (r->in_think && r->p.think_budget > 0 && r->n_think >= r->p.think_budget && r->p.think_end >= 0)
-                tok = r->p.think_end;  /* the reasoning budget is spent: close the block */
-            sample_accept(r->smp, tok);
-            sched_grammar_track(r, tok);
-            sched_think_track(r, tok);
-            size_t at = (size_t)i * s->tok_stride + j;
-            s->batch_tok[at] = tok;
-            sched_output *o = &s->batch_out[at];
-            o->n_top = 0;
-            o->logprob = 0;   /* the log-probs are post-processing: sched_pub_logprobs */
-            s->batch_ntok[i] = j + 1;
-            if (j == k) break;
-            if (tok != r->draft[j]) {
-                rejected = true;
-                break;
-            }
-            s->batch_acc[i]++;
-            int gen = r->n_tokens + j + 1;   /* the request ends at this token: drafts after it are moot */
-            if (sched_is_stop(s, r, tok) || gen - r->n_prompt >= r->max_gen || gen >= r->cap) break;
-        }
-        if (k > 0) spec_seq_observe(&r->spec[r->draft_src], s->batch_acc[i], rejected, r->draft_src == 1 ? r->draft_prob : NULL);
-    }
-}
-
-/* The next-token masks of the step's constrained requests ith, ith+nth, ... (the matcher keeps
- * its mask until it accepts a token, so sampling then only applies it). */
-static void sched_mask_part(sched *s, int ith, int nth)
-{
-    for (int i = ith; i < s->batch_n_reqs; i += nth) {
-        sched_req *r = s->batch_req[i];
-        if (s->batch_row[i] >= 0 && r->gm && r->g_on && !r->in_think) grammar_match_mask(r->gm, NULL);
-    }
-}
-
-typedef struct {
-    sched *s;
-    int ith;
-} sched_worker_arg;
-
-static void *sched_worker(void *arg)
-{
-    sched_worker_arg *wa = arg;
-    sched *s = wa->s;
-    int ith = wa->ith;
-    free(wa);
-    uint64_t seen = 0;
-    pthread_mutex_lock(&s->pool_mu);
-    for (;;) {
-        while (s->job_gen == seen && !s->pool_stop) pthread_cond_wait(&s->pool_go, &s->pool_mu);
-        if (s->pool_stop) break;
-        seen = s->job_gen;
-        bool masks = s->job_masks;
-        pthread_mutex_unlock(&s->pool_mu);
-        if (masks) sched_mask_part(s, ith - 1, s->n_workers);
-        else sched_sample_part(s, ith, s->n_workers + 1);
-        pthread_mutex_lock(&s->pool_mu);
-        if (--s->job_left == 0) pthread_cond_signal(&s->pool_done);
-    }
-    pthread_mutex_unlock(&s->pool_mu);
-    return NULL;
-}
-
-static void sched_pool_start(sched *s, bool masks)
-{
-    pthread_mutex_lock(&s->pool_mu);
-    s->job_masks = masks;
-    s->job_left = s->n_workers;
-    s->job_gen++;
-    pthread_cond_broadcast(&s->pool_go);
-    pthread_mutex_unlock(&s->pool_mu);
-}
-
-static void sched_pool_wait(sched *s)
-{
-    pthread_mutex_lock(&s->pool_mu);
-    while (s->job_left > 0) pthread_cond_wait(&s->pool_done, &s->pool_mu);
-    pthread_mutex_unlock(&s->pool_mu);
-}
-
-/* Starts the masks of the step's constrained requests on the workers, to run during the
- * engine step; false when there is none to compute or no worker (sampling computes them). */
-static bool sched_masks_start(sched *s, int n_reqs)
-{
-    if (s->n_workers == 0) return false;
-    bool any = false;
-    for (int i = 0; i < n_reqs && !any; i++)
-        any = s->batch_row[i] >= 0 && s->batch_req[i]->gm && s->batch_req[i]->g_on && !s->batch_req[i]->in_think;
-    if (!any) return false;
-    s->batch_n_reqs = n_reqs;
-    sched_pool_start(s, true);
-    return true;
-}
-
-/* Samples every request of the step that wants a token, on the workers when it pays. */
-static void sched_sample_step(sched *s, int n_reqs)
-{
-    s->batch_n_reqs = n_reqs;
-    int n_rows = 0;
-    for (int i = 0; i < n_reqs; i++) n_rows += s->batch_row[i] >= 0 ? 1 + s->batch_k[i] : 0;
-    if (s->n_workers == 0 || n_rows < 2 || (double)n_rows * s->n_vocab < SCHED_SAMPLE_SPLIT_MIN) {
-        sched_sample_part(s, 0, 1);
-        return;
-    }
-    sched_pool_start(s, false);
-    sched_sample_part(s, 0, s->n_workers + 1);
-    sched_pool_wait(s);
-}
-
 bool sched_is_stop(const sched *s, const sched_req *r, int32_t tok)
 {
     if (!r->p.ignore_eos)
@@ -918,21 +726,6 @@ static void sched_trace_plan(sched *s, int n_reqs, int n_tok)
     }
 }
 
-/* -v: r's first token; where its time went, in steps and tokens. Under mu. */
-static void sched_trace_log(const sched *s, const sched_req *r)
-{
-    const sched_trace *t = &r->tr;
-    log_debug("sched: req %llu first token at step %llu, %.1f ms after submit: prompt %d, cached %d "
-              "(shared in flight %d), computed %d; steps since submit %llu: queued %llu, waited on a shared "
-              "prefix %d, own chunks %d (%d with decodes), left out by the budget %d; tokens in those steps "
-              "%llu (%llu decode rows)",
-              (unsigned long long)r->id, (unsigned long long)s->n_planned, r->ttft * 1e3, r->n_prompt, r->n_cached,
-              r->n_cached - TM_MIN(r->n_cached, t->n_cached_at_admit), t->n_computed,
-              (unsigned long long)(s->n_planned - t->step0), (unsigned long long)(t->admit_step - t->step0),
-              t->n_share, t->n_chunk, t->n_mixed, t->n_starved, (unsigned long long)(s->tok_planned - t->tok0),
-              (unsigned long long)(s->dec_planned - t->dec0));
-}
-
 /* One step's make-up and timings (util_now() seconds), from planning to publishing. */
 typedef struct {
     int n_reqs;                  /* requests in the batch (s->batch_req ...) */
@@ -943,6 +736,7 @@ typedef struct {
     double t0, t1;               /* engine_step start, end */
     double t2;                   /* sampling done */
     double t3;                   /* mu taken back: publishing starts */
+    double part[SCHED_GAP_N];    /* seconds of the gap after it, COMMIT to PUBLISH */
 } sched_step;
 
 /* Step 1, under mu: cancels and admissions, the batch, and the KV figures for /metrics. */
@@ -984,17 +778,18 @@ static void sched_idle_wait_locked(sched *s)
 static void sched_step_run(sched *s, sched_step *st)
 {
     st->t0 = util_now();
-    if (s->t_prev_end >= 0) {
-        pthread_mutex_lock(&s->mu);
-        s->st.gap_s += st->t0 - s->t_prev_end;
-        s->st.plan_s += st->tc - st->ta;
-        pthread_mutex_unlock(&s->mu);
+    if (s->t_prev_end >= 0) {   /* the gap since the previous step: counted at the next handoff */
+        s->gap_run[SCHED_GAP_PLAN] = st->tc - st->ta;
+        s->gap_run[SCHED_GAP_LAUNCH] = (st->ta - s->t_prev_pub) + (st->t0 - st->tc);
+        for (int i = 0; i < SCHED_GAP_N; i++) s->gap_acc[i] += s->gap_run[i];
+        s->gap_acc_s += st->t0 - s->t_prev_end;
     }
+    memset(st->part, 0, sizeof st->part);
     engine_batch b = { .n_tokens = st->n_tok, .toks = s->batch };
-    bool masks = sched_masks_start(s, st->n_reqs);  /* overlapped with the step */
+    bool masks = sched_sample_masks_start(s, st->n_reqs);  /* overlapped with the step */
     st->est = engine_step(s->e, &b, s->logits);
     st->t1 = util_now();
-    if (masks) sched_pool_wait(s);
+    if (masks) sched_sample_pool_wait(s);
     if (st->est == ENGINE_OK) steptime_observe(&s->tm, &s->plan_x, st->t1 - st->t0);
     if (st->est == ENGINE_OK)
         s->main_step_s = s->main_step_s > 0 ? 0.9 * s->main_step_s + 0.1 * (st->t1 - st->t0) : st->t1 - st->t0;
@@ -1006,7 +801,11 @@ static void sched_step_run(sched *s, sched_step *st)
         kvpool_seq_commit_full_blocks(s->pool, r->seq, r->tokens, r->n_done);
     }
     if (st->est == ENGINE_OK && s->wc) sched_window_put(s, st->n_reqs);
+    double tk = util_now();
+    st->part[SCHED_GAP_COMMIT] = tk - st->t1;
     if (st->est == ENGINE_OK) sched_sample_step(s, st->n_reqs);
+    double ts = util_now();
+    st->part[SCHED_GAP_SAMPLE] = ts - tk;
     /* Rollback of rejected drafts: a verifying request keeps the KV of its last token and of
      * the drafts accepted (the tokens before its last sampled one); the rows of rejected drafts
      * stay beyond n_done, where the next steps overwrite them, and no block is keyed from them:
@@ -1022,8 +821,11 @@ static void sched_step_run(sched *s, sched_step *st)
         if (s->o.bio) blockio_set_write_class(s->o.bio, r->p.cache_class);
         kvpool_seq_commit_full_blocks(s->pool, r->seq, r->tokens, r->n_done);
     }
+    double tr = util_now();
+    st->part[SCHED_GAP_COMMIT] += tr - ts;
     if (st->est == ENGINE_OK && s->o.spec_sources) sched_spec_draft(s, st->n_reqs);
     st->t2 = util_now();
+    st->part[SCHED_GAP_DRAFT] = st->t2 - tr;
 }
 
 /* Ends running request r with why (under mu). */
@@ -1060,118 +862,11 @@ static void sched_step_count_locked(sched *s, const sched_step *st)
     s->st.step_model_warm = steptime_warm(&s->tm);
     memcpy(s->st.step_model_w, s->tm.w, sizeof s->st.step_model_w);
     s->st.step_s += st->t1 - st->t0;
-    s->st.sample_s += st->t2 - st->t1;
+    s->st.gap_s += s->gap_acc_s;   /* the gaps before this step, with their parts */
+    for (int i = 0; i < SCHED_GAP_N; i++) s->st.gap_part_s[i] += s->gap_acc[i];
+    s->gap_acc_s = 0;
+    memset(s->gap_acc, 0, sizeof s->gap_acc);
     sched_hist_add(&s->h_step, st->t1 - st->t0);
-}
-
-/* Publishes one sampled token of r (with its log-probs in so) sampled at time t. Under mu. */
-static void sched_publish_token_locked(sched *s, sched_req *r, int32_t tok, const sched_output *so, double t)
-{
-    s->st.n_gen_tokens++;
-    sched_output *o = sched_push(r);
-    o->kind = SCHED_OUT_TOKEN;
-    o->token = tok;
-    o->is_stop = sched_is_stop(s, r, tok);   /* only a request's last token can be one */
-    o->usage.prompt_tokens = r->n_prompt;
-    o->usage.cached_tokens = r->n_cached;
-    if (r->p.logprobs) {
-        o->logprob = so->logprob;
-        o->n_top = so->n_top;
-        memcpy(o->top, so->top, (size_t)o->n_top * sizeof o->top[0]);
-    }
-    if (r->ttft < 0) {
-        r->ttft = t - r->t_submit;
-        sched_hist_add(&s->h_ttft, r->ttft);
-        if (util_log_level <= LOG_LEVEL_DEBUG) sched_trace_log(s, r);
-    } else {
-        sched_hist_add(&s->h_itl, t - r->t_last);
-    }
-    r->t_last = t;
-    pthread_cond_broadcast(&r->cv);
-    if (r->p.on_output) r->p.on_output(r->p.out_arg);
-}
-
-/* The log-probs of the pending step's tokens that asked for them, from the logits they were
- * sampled from, into pub_out. No lock: the caller is the only one at it (lp_busy). */
-static void sched_pub_logprobs(sched *s)
-{
-    for (int i = 0; i < s->pub_n_reqs; i++) {
-        const sched_req *r = s->pub_req[i];
-        if (!r->p.logprobs) continue;
-        for (int j = 0; j < s->pub_ntok[i]; j++) {
-            size_t at = (size_t)i * s->tok_stride + j;
-            sched_logprobs(s->pub_lg + (size_t)(s->pub_row[i] + j) * s->n_vocab, s->n_vocab, s->pub_tok[at],
-                           r->p.top_logprobs, &s->pub_out[at]);
-        }
-    }
-}
-
-enum { SCHED_LP_PENDING = 0, SCHED_LP_BUSY, SCHED_LP_DONE };
-
-/* Moves lp_state from `from` (-1: any) to `to`; returns whether it did. */
-static bool sched_pub_lp_move(sched *s, int from, int to)
-{
-    pthread_mutex_lock(&s->lp_mu);
-    bool ok = from < 0 || s->lp_state == from;
-    if (ok) s->lp_state = to;
-    if (ok && to == SCHED_LP_DONE) pthread_cond_broadcast(&s->lp_cv);
-    pthread_mutex_unlock(&s->lp_mu);
-    return ok;
-}
-
-/* Publishes the step's outputs waiting in pub_* (nothing when none waits): every request's
- * tokens, then the FINISH of those their last token ended. The publisher thread calls it while
- * the next step computes, the engine thread whenever it must publish first (then it finishes
- * the log-probs: waits for the publisher's, or computes them). Under mu, which it keeps. */
-static void sched_pub_flush_locked(sched *s)
-{
-    if (!s->pub_pending) return;
-    if (sched_pub_lp_move(s, SCHED_LP_PENDING, SCHED_LP_BUSY)) {
-        sched_pub_logprobs(s);
-        sched_pub_lp_move(s, -1, SCHED_LP_DONE);
-    } else {   /* done, or the publisher is at them */
-        pthread_mutex_lock(&s->lp_mu);
-        while (s->lp_state != SCHED_LP_DONE) pthread_cond_wait(&s->lp_cv, &s->lp_mu);
-        pthread_mutex_unlock(&s->lp_mu);
-    }
-    s->pub_pending = false;
-    for (int i = 0; i < s->pub_n_reqs; i++) {
-        sched_req *r = s->pub_req[i];
-        s->st.n_prefill_tokens += (uint64_t)s->pub_prefill[i];
-        for (int j = 0; j < s->pub_ntok[i]; j++) {
-            size_t at = (size_t)i * s->tok_stride + j;
-            sched_publish_token_locked(s, r, s->pub_tok[at], &s->pub_out[at], s->pub_t);
-        }
-        if (s->pub_end[i] != SCHED_FINISH_NONE) {
-            sched_finish_push_locked(s, r, s->pub_end[i]);
-            sched_drop_locked(r);
-        }
-    }
-    s->pub_n_reqs = 0;
-}
-
-/* The publisher thread: publishes each step's outputs while the engine computes the next,
- * their log-probs first, without mu (readers and the engine thread go on meanwhile). */
-static void *sched_publisher(void *arg)
-{
-    sched *s = arg;
-    pthread_mutex_lock(&s->mu);
-    while (!s->pub_stop) {
-        if (!s->pub_pending) {
-            pthread_cond_wait(&s->pub_cv, &s->mu);
-            continue;
-        }
-        if (sched_pub_lp_move(s, SCHED_LP_PENDING, SCHED_LP_BUSY)) {
-            pthread_mutex_unlock(&s->mu);
-            sched_pub_logprobs(s);
-            sched_pub_lp_move(s, -1, SCHED_LP_DONE);
-            pthread_mutex_lock(&s->mu);
-            continue;   /* the engine thread may have published them meanwhile */
-        }
-        sched_pub_flush_locked(s);
-    }
-    pthread_mutex_unlock(&s->mu);
-    return NULL;
 }
 
 /* Step 3, under mu: counters, then the step's outputs handed to publishing. Every request
@@ -1189,7 +884,10 @@ static void sched_step_publish_locked(sched *s, sched_step *st)
         s->t_prev_end = -1;
         return;
     }
+    double tp = util_now();
     sched_pub_flush_locked(s);   /* the previous step's, if the publisher has not got to them */
+    double tp1 = util_now();
+    st->part[SCHED_GAP_PUBLISH] = tp1 - tp;
     bool any_lp = false;
     for (int i = 0; i < st->n_reqs; i++) {
         sched_req *r = s->batch_req[i];
@@ -1226,10 +924,15 @@ static void sched_step_publish_locked(sched *s, sched_step *st)
     s->pub_n_reqs = st->n_reqs;
     s->pub_t = util_now();
     s->pub_pending = true;
+    double tf = util_now();
     if (s->o.no_overlap) sched_pub_flush_locked(s);
-    else pthread_cond_signal(&s->pub_cv);
+    else s->pub_wake = true;   /* sched_pub_wake, once mu is free */
+    if (s->o.no_overlap) st->part[SCHED_GAP_PUBLISH] += util_now() - tf;
     s->t_prev_end = st->t1;  /* the gap: sampling, handing over, planning the next step */
-    s->st.publish_s += util_now() - st->t2;
+    s->t_prev_pub = util_now();
+    memcpy(s->gap_run, st->part, sizeof s->gap_run);
+    s->gap_run[SCHED_GAP_LOCK] = st->t3 - st->t2;
+    s->gap_run[SCHED_GAP_HANDOFF] = s->t_prev_pub - st->t3 - st->part[SCHED_GAP_PUBLISH];
     if (util_log_level <= LOG_LEVEL_DEBUG)
         sched_log_step(s, st->n_reqs, st->n_tok, st->ta, st->tc, st->t0, st->t1, st->t2, st->t3);
 }
@@ -1261,10 +964,12 @@ static void *sched_thread(void *arg)
         sched_step st;
         sched_step_plan_locked(s, &st);
         if (st.n_tok == 0) {
+            sched_pub_wake(s);
             sched_idle_wait_locked(s);
             continue;
         }
         pthread_mutex_unlock(&s->mu);
+        sched_pub_wake(s);
         sched_step_run(s, &st);
         pthread_mutex_lock(&s->mu);
         sched_step_publish_locked(s, &st);
@@ -1290,6 +995,22 @@ const char *sched_status_name(sched_status st)
     return "?";
 }
 
+const char *sched_gap_part_name(sched_gap_part p)
+{
+    switch (p) {
+    case SCHED_GAP_COMMIT: return "commit";
+    case SCHED_GAP_SAMPLE: return "sample";
+    case SCHED_GAP_DRAFT: return "draft";
+    case SCHED_GAP_LOCK: return "lock";
+    case SCHED_GAP_PUBLISH: return "publish";
+    case SCHED_GAP_HANDOFF: return "handoff";
+    case SCHED_GAP_PLAN: return "plan";
+    case SCHED_GAP_LAUNCH: return "launch";
+    case SCHED_GAP_N: break;
+    }
+    return "?";
+}
+
 const char *sched_finish_name(sched_finish f)
 {
     switch (f) {
@@ -1307,23 +1028,6 @@ const char *sched_finish_name(sched_finish f)
 int sched_default_step_tokens(int max_seqs)
 {
     return (max_seqs > 0 ? max_seqs : 16) + SCHED_PREFILL_CHUNK;
-}
-
-/* Stops and joins the publisher thread (everything was published: the engine thread has
- * exited, or never started), and destroys its condition variable. */
-static void sched_pub_stop(sched *s)
-{
-    if (s->pub_started) {
-        pthread_mutex_lock(&s->mu);
-        s->pub_stop = true;
-        pthread_cond_signal(&s->pub_cv);
-        pthread_mutex_unlock(&s->mu);
-        pthread_join(s->publisher, NULL);
-        s->pub_started = false;
-    }
-    pthread_cond_destroy(&s->pub_cv);
-    pthread_mutex_destroy(&s->lp_mu);
-    pthread_cond_destroy(&s->lp_cv);
 }
 
 /* blockio's ready hook (an I/O thread): a store load finished, admission may proceed. */
@@ -1437,7 +1141,7 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
     pthread_cond_init(&s->pub_cv, NULL);
     pthread_mutex_init(&s->lp_mu, NULL);
     pthread_cond_init(&s->lp_cv, NULL);
-    if (!o.no_overlap) s->pub_started = pthread_create(&s->publisher, NULL, sched_publisher, s) == 0;
+    if (!o.no_overlap) s->pub_started = pthread_create(&s->publisher, NULL, sched_pub_thread, s) == 0;
     if (!s->pub_started) s->o.no_overlap = true;   /* no thread: the engine thread publishes */
     if (pthread_create(&s->thread, NULL, sched_thread, s) != 0) {
         sched_pub_stop(s);
@@ -1449,21 +1153,7 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
         sched_free(s);
         return SCHED_ERR_NOMEM;
     }
-    pthread_mutex_init(&s->pool_mu, NULL);
-    pthread_cond_init(&s->pool_go, NULL);
-    pthread_cond_init(&s->pool_done, NULL);
-    int nw = TM_MIN(engine_n_threads(e), 16) - 1;
-    s->workers = xcalloc((size_t)(nw > 0 ? nw : 1), sizeof *s->workers);
-    for (int i = 0; i < nw; i++) {
-        sched_worker_arg *wa = xmalloc(sizeof *wa);
-        wa->s = s;
-        wa->ith = i + 1;
-        if (pthread_create(&s->workers[i], NULL, sched_worker, wa) != 0) {
-            free(wa);
-            break;
-        }
-        s->n_workers++;
-    }
+    sched_sample_start(s, TM_MIN(engine_n_threads(e), 16) - 1);
     if (o.bio) blockio_set_ready_hook(o.bio, sched_load_ready, s);
     *out = s;
     return SCHED_OK;
@@ -1536,15 +1226,7 @@ void sched_free(sched *s)
         pthread_mutex_destroy(&s->mu);
         pthread_cond_destroy(&s->work_cv);
         pthread_cond_destroy(&s->idle_cv);
-        pthread_mutex_lock(&s->pool_mu);
-        s->pool_stop = true;
-        pthread_cond_broadcast(&s->pool_go);
-        pthread_mutex_unlock(&s->pool_mu);
-        for (int i = 0; i < s->n_workers; i++) pthread_join(s->workers[i], NULL);
-        pthread_mutex_destroy(&s->pool_mu);
-        pthread_cond_destroy(&s->pool_go);
-        pthread_cond_destroy(&s->pool_done);
-        free(s->workers);
+        sched_sample_stop(s);
     }
     free(s->running);
     free(s->batch);
@@ -1644,11 +1326,11 @@ sched_status sched_submit(sched *s, const sched_params *p, sched_req **out)
         r->n_tokens += p->n_gen;
         for (int i = 0; i < p->n_gen; i++) {
             sample_accept(r->smp, p->gen[i]);
-            if (!sched_grammar_track(r, p->gen[i])) {
+            if (!sched_sample_grammar_track(r, p->gen[i])) {
                 sched_req_destroy(r);
                 return SCHED_ERR_ARG;  /* the tokens generated elsewhere leave the grammar */
             }
-            sched_think_track(r, p->gen[i]);
+            sched_sample_think_track(r, p->gen[i]);
         }
         sample_skip_draws(r->smp, p->n_sampled);
     }

@@ -273,6 +273,27 @@ typedef struct {
     double ttft_s;          /* FINISH: seconds from submit to the first token (-1 if none) */
 } sched_output;
 
+/* The parts of the CPU gap between two engine steps on the engine thread, in the order they
+ * happen; they sum to the gap (sched_stats.gap_s). */
+typedef enum {
+    SCHED_GAP_COMMIT = 0,   /* after the step: the grammar masks' wait, the KV blocks the step
+                             * completed, window states, the step-time model */
+    SCHED_GAP_SAMPLE,       /* sampling the step's rows (drafts' verify rows included) */
+    SCHED_GAP_DRAFT,        /* drafting the next tokens (speculation) */
+    SCHED_GAP_LOCK,         /* waiting for the scheduler's lock after sampling */
+    SCHED_GAP_PUBLISH,      /* publishing outputs on the engine thread: the previous step's
+                             * when the publisher has not yet, this step's with no_overlap */
+    SCHED_GAP_HANDOFF,      /* the rest of handing the step over: counters, requests ended,
+                             * waking the publisher */
+    SCHED_GAP_PLAN,         /* planning the next step: cancels, admissions, the batch */
+    SCHED_GAP_LAUNCH,       /* the rest: the loop around, the KV figures, letting go of the lock
+                             * before the next engine step */
+    SCHED_GAP_N
+} sched_gap_part;
+
+/* The part's name in /metrics ("commit", "sample", ...). */
+const char *sched_gap_part_name(sched_gap_part p);
+
 typedef struct {
     uint64_t n_requests;        /* submitted (accepted) */
     uint64_t n_rejected;        /* submit failed with QUEUE_FULL */
@@ -305,11 +326,7 @@ typedef struct {
     double step_s;              /* total seconds inside engine_step */
     double gap_s;               /* total seconds between consecutive steps while busy (sampling,
                                    publishing, planning): the kernels' idle time */
-    double sample_s;            /* of which sampling and drafting (split over the sampling
-                                 * workers) */
-    double plan_s;              /* of which planning the next step (cancels, admissions, batch) */
-    double publish_s;           /* of which publishing the outputs (waiting for the lock
-                                 * included) */
+    double gap_part_s[SCHED_GAP_N]; /* its parts (sched_gap_part), which sum to it */
     int n_queued;               /* waiting now (incl. preempted) */
     int n_running;              /* running now */
     int kv_blocks_total;        /* pool size */

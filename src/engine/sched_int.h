@@ -3,8 +3,11 @@
  * structs and the functions one of those files calls in another. The design is in sched.h,
  * the request life, the admission policy and which thread or lock guards what in sched.c.
  *
- *   sched.c       the step loop: admission, planning, the engine step, sampling, publishing,
- *                 the public API
+ *   sched.c       the step loop: admission, planning, the engine step, the handoff to
+ *                 publishing, the public API
+ *   sched_sample.c sampling a step (the verify rows of drafts included) on the engine thread
+ *                 and the sampling workers, and the grammar masks computed during a step
+ *   sched_pub.c   publishing a step's outputs on the publisher thread (or the engine thread)
  *   sched_spec.c  speculative decoding: the verify counts of a step, the drafts after it
  *                 (prompt lookup, the draft model), the grammar's cut of a draft
  */
@@ -136,6 +139,11 @@ struct sched {
     uint64_t dec_planned;        /* of which decode rows */
     double t_prev_end;           /* util_now() at the end of the previous step when no idle
                                   * wait followed, else -1: the CPU gap between steps */
+    double t_prev_pub;           /* util_now() when the previous step's handoff ended */
+    double gap_run[SCHED_GAP_N]; /* seconds of each part of the gap since the previous step */
+    double gap_acc[SCHED_GAP_N]; /* the parts of the gaps not yet in st (added under mu at the
+                                  * next handoff, so the step needs no lock to count them) */
+    double gap_acc_s;            /* the gaps themselves, likewise */
     engine_tok *batch;           /* (prefill_step_tokens >= step_tokens) */
     sched_req **batch_req;       /* (max_seqs) requests in this step */
     int *batch_n;                /* (max_seqs) tokens of each in this step */
@@ -191,6 +199,7 @@ struct sched {
     bool pub_stop;               /* sched_free: the publisher exits */
     pthread_cond_t pub_cv;       /* pub_pending was set, or pub_stop */
     bool pub_pending;            /* pub_* hold a step's outputs not published yet */
+    bool pub_wake;               /* (engine thread) the publisher is to be woken for them */
     int pub_n_reqs;              /* requests of that step */
     sched_req **pub_req;         /* (max_seqs) its requests */
     int *pub_ntok;               /* (max_seqs) tokens each gets (0: a prefill chunk) */
@@ -210,8 +219,48 @@ struct sched {
     int lp_state;                /* under lp_mu: SCHED_LP_PENDING, _BUSY (the publisher), _DONE */
 };
 
+/* lp_state: who computes the pending step's log-probs */
+enum { SCHED_LP_PENDING = 0, SCHED_LP_BUSY, SCHED_LP_DONE };
+
 /* sched.c: whether tok ends r (an end-of-generation id unless ignore_eos, or a stop id). */
 bool sched_is_stop(const sched *s, const sched_req *r, int32_t tok);
+/* sched.c, under mu: a new record at the end of r's output ring (zeroed). */
+sched_output *sched_push(sched_req *r);
+/* sched.c, under mu: publishes r's FINISH record with why, unless it has one. */
+void sched_finish_push_locked(sched *s, sched_req *r, sched_finish why);
+/* sched.c, under mu: the engine drops its reference; frees r if the caller released it. */
+void sched_drop_locked(sched_req *r);
+
+/* sched_sample.c */
+/* Starts up to n_workers sampling workers (fewer when threads cannot be made; none when
+ * n_workers <= 0). After mu is set up; sched_sample_stop joins them. */
+void sched_sample_start(sched *s, int n_workers);
+/* Stops and joins the workers sched_sample_start made (the engine thread has exited). */
+void sched_sample_stop(sched *s);
+/* Engine thread: starts the grammar masks of the step's constrained requests on the workers,
+ * to run during the engine step; false when there is none or no worker. Then, after the
+ * step, sched_sample_pool_wait waits for them. */
+bool sched_sample_masks_start(sched *s, int n_reqs);
+void sched_sample_pool_wait(sched *s);
+/* Engine thread: samples every request of the step that wants a token (batch_tok, batch_ntok,
+ * batch_acc), on the workers when it pays. */
+void sched_sample_step(sched *s, int n_reqs);
+/* A generated token fed to r's grammar (false: it does not allow it), then to its think-block
+ * state, in that order (also for the tokens a request continues from, at submit). */
+bool sched_sample_grammar_track(sched_req *r, int32_t tok);
+void sched_sample_think_track(sched_req *r, int32_t tok);
+
+/* sched_pub.c */
+/* Under mu: publishes the step's outputs waiting in pub_* (nothing when none waits). */
+void sched_pub_flush_locked(sched *s);
+/* Engine thread: wakes the publisher for the outputs handed over last, if not yet. */
+void sched_pub_wake(sched *s);
+/* The publisher thread's body (arg: the sched). */
+void *sched_pub_thread(void *arg);
+/* Stops and joins the publisher thread, destroys its condition variables and lp_mu. */
+void sched_pub_stop(sched *s);
+/* Moves lp_state from `from` (-1: any) to `to`; returns whether it did. */
+bool sched_pub_lp_move(sched *s, int from, int to);
 
 /* sched_spec.c, engine thread */
 /* Lets go of r's draft KV and draft (it ends, or is preempted and recomputes from scratch). */

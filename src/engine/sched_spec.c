@@ -5,7 +5,7 @@
  * step was sampled, sched_spec_draft drafts each request's continuation (prompt lookup or the
  * draft model, whichever has the better running acceptance for it) and cuts a constrained
  * request's draft where its grammar stops allowing it. The verification itself (sampling the
- * verify rows in order) and the rollback of rejected rows are in sched.c's sampling and step.
+ * verify rows in order) is in sched_sample.c, the rollback of rejected rows in sched.c's step.
  * Engine thread only; the request fields used here are listed in sched_int.h.
  */
 #include "engine/sched_int.h"

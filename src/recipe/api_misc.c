@@ -179,9 +179,14 @@ static void misc_metrics(http_request *r, void *user)
     api_metric(&b, "tokenmill_engine_step_seconds_total", "counter", "Seconds inside engine steps.", st.step_s);
     api_metric(&b, "tokenmill_cpu_gap_seconds_total", "counter",
                  "Seconds between consecutive engine steps while busy (planning, sampling, publishing).", st.gap_s);
-    api_metric(&b, "tokenmill_sampling_seconds_total", "counter", "Seconds of sampling between steps (part of the CPU gap).", st.sample_s);
-    api_metric(&b, "tokenmill_planning_seconds_total", "counter", "Seconds of planning the next step (part of the CPU gap).", st.plan_s);
-    api_metric(&b, "tokenmill_publishing_seconds_total", "counter", "Seconds of publishing a step's outputs, waiting for the lock included (part of the CPU gap).", st.publish_s);
+    api_metric(&b, "tokenmill_sampling_seconds_total", "counter", "Seconds of sampling between steps (part of the CPU gap).", st.gap_part_s[SCHED_GAP_SAMPLE]);
+    api_metric(&b, "tokenmill_planning_seconds_total", "counter", "Seconds of planning the next step (part of the CPU gap).", st.gap_part_s[SCHED_GAP_PLAN]);
+    api_metric(&b, "tokenmill_publishing_seconds_total", "counter", "Seconds of publishing a step's outputs, waiting for the lock included (part of the CPU gap).",
+               st.gap_part_s[SCHED_GAP_LOCK] + st.gap_part_s[SCHED_GAP_PUBLISH] + st.gap_part_s[SCHED_GAP_HANDOFF]);
+    bytebuf_printf(&b, "# HELP tokenmill_cpu_gap_part_seconds_total The CPU gap's parts, which sum to it: commit (KV blocks after the step), sample, draft, lock (waiting for the scheduler's lock), publish (outputs published on the engine thread), handoff, plan, launch (the rest).\n"
+                       "# TYPE tokenmill_cpu_gap_part_seconds_total counter\n");
+    for (int i = 0; i < SCHED_GAP_N; i++)
+        bytebuf_printf(&b, "tokenmill_cpu_gap_part_seconds_total{part=\"%s\"} %.17g\n", sched_gap_part_name((sched_gap_part)i), st.gap_part_s[i]);
     api_metric(&b, "tokenmill_spec_drafted_tokens_total", "counter", "Tokens drafted for speculative decoding (--spec).", (double)st.spec_drafted);
     api_metric(&b, "tokenmill_spec_verified_tokens_total", "counter", "Drafted tokens put into engine steps to be verified.", (double)st.spec_verified);
     api_metric(&b, "tokenmill_spec_accepted_tokens_total", "counter", "Verified drafted tokens accepted (emitted without a step of their own).", (double)st.spec_accepted);

@@ -92,6 +92,14 @@ test("streamed answers of the three APIs, four at once, equal those of the loop 
     all[i].forEach((g, c) => assert.deepEqual(g, all[0][c], `${CONFIGS[i][0]}, prompt ${c}`));
   const m = await fetchMetrics(S[3].srv.url);
   assert.ok(m.tokenmill_spec_accepted_tokens_total > 0, "the drafts were used");
+  // the gap between steps and its parts, which sum to it
+  const parts = ["commit", "sample", "draft", "lock", "publish", "handoff", "plan", "launch"]
+    .map((p) => m[`tokenmill_cpu_gap_part_seconds_total{part="${p}"}`]);
+  assert.ok(parts.every((x) => x >= 0), `parts ${parts}`);
+  const sum = parts.reduce((a, b) => a + b, 0);
+  assert.ok(m.tokenmill_cpu_gap_seconds_total > 0 && Math.abs(sum - m.tokenmill_cpu_gap_seconds_total) < 1e-6,
+    `gap ${m.tokenmill_cpu_gap_seconds_total}, parts ${sum}`);
+  assert.ok(parts[2] > 0, "drafting is a part of the gap");
 });
 
 test("stop strings end the answers at the same place, the held-back text never leaks", async () => {

@@ -1002,6 +1002,23 @@ static void overlap_run_once(bool no_overlap, bool spec, const int32_t *stop_tok
     rig_free(&g);
 }
 
+/* The gap between steps is cut into parts that sum to it, each measured where it happens:
+ * sampling and planning always, drafting with drafts, publishing on the engine thread at least once
+ * (every step's outputs) without overlap. */
+static void check_gap_parts(const sched_stats *st, bool spec, bool no_overlap)
+{
+    double sum = 0;
+    for (int i = 0; i < SCHED_GAP_N; i++) {
+        CHECKF(st->gap_part_s[i] >= 0, "part %s: %g s", sched_gap_part_name((sched_gap_part)i), st->gap_part_s[i]);
+        sum += st->gap_part_s[i];
+    }
+    CHECKF(st->gap_s > 0 && fabs(sum - st->gap_s) <= 1e-9 + 1e-9 * st->gap_s, "gap %.9f s, parts %.9f s", st->gap_s, sum);
+    CHECK(st->gap_part_s[SCHED_GAP_SAMPLE] > 0 && st->gap_part_s[SCHED_GAP_PLAN] > 0);
+    if (spec) CHECK(st->gap_part_s[SCHED_GAP_DRAFT] > 0);
+    if (no_overlap) CHECK(st->gap_part_s[SCHED_GAP_PUBLISH] > 0);
+    CHECK(!strcmp(sched_gap_part_name(SCHED_GAP_COMMIT), "commit") && !strcmp(sched_gap_part_name(SCHED_GAP_LAUNCH), "launch"));
+}
+
 /* Publishing while the next step computes changes no output: tokens, log-probs, stop and
  * length ends (no token past a stop id), usage and the token counters equal those of the loop
  * that publishes before planning, with and without speculation; every FINISH comes after its
@@ -1016,6 +1033,8 @@ TEST(test_overlap_same_outputs)
     for (int spec = 0; spec < 2; spec++) {
         overlap_run_once(true, spec, stop_tok, &a);
         overlap_run_once(false, spec, stop_tok, &b);
+        check_gap_parts(&a.st, spec, true);
+        check_gap_parts(&b.st, spec, false);
         for (int i = 0; i < 6; i++) {
             CHECKF(a.n[i] > 1 && b.n[i] > 1, "spec %d request %d: %d / %d records", spec, i, a.n[i], b.n[i]);
             if (a.n[i] < 2 || b.n[i] < 2) continue;

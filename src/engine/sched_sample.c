@@ -1,0 +1,208 @@
+/*
+ * sched_sample: the scheduler's sampling (see sched.h, the step loop). A step's requests are
+ * split by ith/nth between the engine thread (ith 0) and the sampling workers (ith 1..), which
+ * sleep on pool_go between jobs; each request's sampler, grammar and think state are its own,
+ * so the split changes no result. While the engine computes a step, the workers compute the
+ * grammar masks its constrained requests will need. A request verifying drafts samples its
+ * verify rows in order here (the acceptance rule); sched.c commits what was accepted.
+ * Engine thread and workers; pool_mu guards the job fields (sched_int.h).
+ */
+#include "engine/sched_int.h"
+
+#include <stdlib.h>
+
+#include "util/util.h"
+
+/* Fewest logits (rows x vocabulary) a step's sampling splits over the sampling workers:
+ * below it, waking them costs more than the rows (a small vocabulary's argmax takes
+ * microseconds; a wake-up as long, and far longer when other processes hold the cores) */
+#define SCHED_SAMPLE_SPLIT_MIN (1 << 18)
+
+/* Follows think blocks in the output for the reasoning budget and the grammar, which leaves
+ * them free (p.think_*). */
+void sched_sample_think_track(sched_req *r, int32_t tok)
+{
+    if (r->p.think_budget <= 0 && !r->gm) return;
+    if (!r->in_think && tok == r->p.think_start && tok >= 0) r->in_think = true;
+    else if (r->in_think && tok == r->p.think_end && tok >= 0) r->in_think = false;
+    else if (r->in_think) r->n_think++;
+}
+
+/* Feeds a generated token to the request's grammar: outside think blocks, a bound token
+ * advances the matcher (false: the grammar does not allow it) and ends a lazy grammar's
+ * document when nothing can follow; a free one may be a lazy grammar's trigger. Before
+ * sched_sample_think_track (the token's own think state is the one before it). */
+bool sched_sample_grammar_track(sched_req *r, int32_t tok)
+{
+    if (!r->gm || r->in_think) return true;
+    if (r->g_on) {
+        if (!grammar_match_accept(r->gm, tok)) return false;
+        if (r->p.grammar_lazy && grammar_match_done(r->gm)) {
+            grammar_match_reset(r->gm);
+            r->g_on = false;
+        }
+    } else if (r->p.grammar_lazy && tok == r->p.grammar_trigger) {
+        r->g_on = true;
+    }
+    return true;
+}
+
+/* Samples requests ith, ith+nth, ... of the step (each request's sampler is its own, so the
+ * split does not change any result). A request verifying K drafts samples its rows in order,
+ * each exactly as its own decode step would have (penalty window, grammar, think budget and
+ * generator advanced by the tokens before it), and goes on to the next row only while the
+ * token sampled equals the draft token the row was computed with and the request goes on: so
+ * it emits the tokens a run without speculation emits, the seeded draws included (for a
+ * deterministic draft this is the acceptance rule of speculative sampling, spec.h). */
+static void sched_sample_rows(sched *s, int ith, int nth)
+{
+    for (int i = ith; i < s->batch_n_reqs; i += nth) {
+        sched_req *r = s->batch_req[i];
+        s->batch_ntok[i] = 0;
+        s->batch_acc[i] = 0;
+        if (s->batch_row[i] < 0) continue;
+        int k = s->batch_k[i];
+        bool rejected = false;
+        for (int j = 0; j <= k; j++) {
+            float *row = s->logits + (size_t)(s->batch_row[i] + j) * s->n_vocab;
+            bool constrained = r->gm && r->g_on && !r->in_think;  /* reasoning stays free */
+            if (constrained) grammar_match_apply(r->gm, row);
+            int32_t tok = sample_token(r->smp, row);
+            if (r->in_think && r->p.think_budget > 0 && r->n_think >= r->p.think_budget && r->p.think_end >= 0)
+                tok = r->p.think_end;  /* the reasoning budget is spent: close the block */
+            sample_accept(r->smp, tok);
+            sched_sample_grammar_track(r, tok);
+            sched_sample_think_track(r, tok);
+            size_t at = (size_t)i * s->tok_stride + j;
+            s->batch_tok[at] = tok;
+            sched_output *o = &s->batch_out[at];
+            o->n_top = 0;
+            o->logprob = 0;   /* the log-probs are post-processing: sched_pub_logprobs */
+            s->batch_ntok[i] = j + 1;
+            if (j == k) break;
+            if (tok != r->draft[j]) {
+                rejected = true;
+                break;
+            }
+            s->batch_acc[i]++;
+            int gen = r->n_tokens + j + 1;   /* the request ends at this token: drafts after it are moot */
+            if (sched_is_stop(s, r, tok) || gen - r->n_prompt >= r->max_gen || gen >= r->cap) break;
+        }
+        if (k > 0) spec_seq_observe(&r->spec[r->draft_src], s->batch_acc[i], rejected, r->draft_src == 1 ? r->draft_prob : NULL);
+    }
+}
+
+/* The next-token masks of the step's constrained requests ith, ith+nth, ... (the matcher keeps
+ * its mask until it accepts a token, so sampling then only applies it). */
+static void sched_sample_mask_part(sched *s, int ith, int nth)
+{
+    for (int i = ith; i < s->batch_n_reqs; i += nth) {
+        sched_req *r = s->batch_req[i];
+        if (s->batch_row[i] >= 0 && r->gm && r->g_on && !r->in_think) grammar_match_mask(r->gm, NULL);
+    }
+}
+
+typedef struct {
+    sched *s;
+    int ith;
+} sched_sample_worker_arg;
+
+static void *sched_sample_worker(void *arg)
+{
+    sched_sample_worker_arg *wa = arg;
+    sched *s = wa->s;
+    int ith = wa->ith;
+    free(wa);
+    uint64_t seen = 0;
+    pthread_mutex_lock(&s->pool_mu);
+    for (;;) {
+        while (s->job_gen == seen && !s->pool_stop) pthread_cond_wait(&s->pool_go, &s->pool_mu);
+        if (s->pool_stop) break;
+        seen = s->job_gen;
+        bool masks = s->job_masks;
+        pthread_mutex_unlock(&s->pool_mu);
+        if (masks) sched_sample_mask_part(s, ith - 1, s->n_workers);
+        else sched_sample_rows(s, ith, s->n_workers + 1);
+        pthread_mutex_lock(&s->pool_mu);
+        if (--s->job_left == 0) pthread_cond_signal(&s->pool_done);
+    }
+    pthread_mutex_unlock(&s->pool_mu);
+    return NULL;
+}
+
+static void sched_sample_pool_start(sched *s, bool masks)
+{
+    pthread_mutex_lock(&s->pool_mu);
+    s->job_masks = masks;
+    s->job_left = s->n_workers;
+    s->job_gen++;
+    pthread_cond_broadcast(&s->pool_go);
+    pthread_mutex_unlock(&s->pool_mu);
+}
+
+void sched_sample_pool_wait(sched *s)
+{
+    pthread_mutex_lock(&s->pool_mu);
+    while (s->job_left > 0) pthread_cond_wait(&s->pool_done, &s->pool_mu);
+    pthread_mutex_unlock(&s->pool_mu);
+}
+
+/* Starts the masks of the step's constrained requests on the workers, to run during the
+ * engine step; false when there is none to compute or no worker (sampling computes them). */
+bool sched_sample_masks_start(sched *s, int n_reqs)
+{
+    if (s->n_workers == 0) return false;
+    bool any = false;
+    for (int i = 0; i < n_reqs && !any; i++)
+        any = s->batch_row[i] >= 0 && s->batch_req[i]->gm && s->batch_req[i]->g_on && !s->batch_req[i]->in_think;
+    if (!any) return false;
+    s->batch_n_reqs = n_reqs;
+    sched_sample_pool_start(s, true);
+    return true;
+}
+
+/* Samples every request of the step that wants a token, on the workers when it pays. */
+void sched_sample_step(sched *s, int n_reqs)
+{
+    s->batch_n_reqs = n_reqs;
+    int n_rows = 0;
+    for (int i = 0; i < n_reqs; i++) n_rows += s->batch_row[i] >= 0 ? 1 + s->batch_k[i] : 0;
+    if (s->n_workers == 0 || n_rows < 2 || (double)n_rows * s->n_vocab < SCHED_SAMPLE_SPLIT_MIN) {
+        sched_sample_rows(s, 0, 1);
+        return;
+    }
+    sched_sample_pool_start(s, false);
+    sched_sample_rows(s, 0, s->n_workers + 1);
+    sched_sample_pool_wait(s);
+}
+
+void sched_sample_start(sched *s, int n_workers)
+{
+    pthread_mutex_init(&s->pool_mu, NULL);
+    pthread_cond_init(&s->pool_go, NULL);
+    pthread_cond_init(&s->pool_done, NULL);
+    s->workers = xcalloc((size_t)(n_workers > 0 ? n_workers : 1), sizeof *s->workers);
+    for (int i = 0; i < n_workers; i++) {
+        sched_sample_worker_arg *wa = xmalloc(sizeof *wa);
+        wa->s = s;
+        wa->ith = i + 1;
+        if (pthread_create(&s->workers[i], NULL, sched_sample_worker, wa) != 0) {
+            free(wa);
+            break;
+        }
+        s->n_workers++;
+    }
+}
+
+void sched_sample_stop(sched *s)
+{
+    pthread_mutex_lock(&s->pool_mu);
+    s->pool_stop = true;
+    pthread_cond_broadcast(&s->pool_go);
+    pthread_mutex_unlock(&s->pool_mu);
+    for (int i = 0; i < s->n_workers; i++) pthread_join(s->workers[i], NULL);
+    pthread_mutex_destroy(&s->pool_mu);
+    pthread_cond_destroy(&s->pool_go);
+    pthread_cond_destroy(&s->pool_done);
+    free(s->workers);
+}
