@@ -26,6 +26,8 @@ typedef struct {
     uint8_t state;               /* kvpool_blk_state */
     bool keyed;                  /* key valid and entered in the hash map */
     bool filling;                /* handed out by kvpool_seq_append_fill, fill maybe pending */
+    int16_t tail_rows;           /* a kept tail (keyed by its parent, kvpool_tail_key): its
+                                  * leading rows that are valid, 1..127; 0: not a tail */
     const uint8_t *ext;          /* the block's bytes when they live outside data (a mapped
                                   * store block, read-only), else NULL */
     void *ext_arg;               /* handed to the release hook when ext is let go */
@@ -56,6 +58,8 @@ struct kvpool {
     int n_filling;
     kvpool_release_fn release_fn; /* lets go of a block's external bytes (blockio), or NULL */
     void *release_arg;
+    int32_t *tail_tok;           /* (n_blocks, 128) a kept tail's token ids, row r = position r
+                                  * of its block; allocated with the first tail */
     int32_t *slot;               /* (n_layers) a full layer's index in a block (>= 0), or a
                                   * window layer's in the ring as -1 - index */
     int n_blk_layers;            /* full layers: the layers a block holds */
@@ -219,6 +223,7 @@ void kvpool_free(kvpool *p)
     free(p->blk);
     free(p->bucket);
     free(p->filling);
+    free(p->tail_tok);
     free(p->slot);
     free(p);
 }
@@ -328,6 +333,7 @@ static int kvpool_take(kvpool *p)
         if (p->blk[id].filling) kvpool_fill_wait(p, -1);   /* never reuse a block being filled */
         kvpool_lru_unlink(p, id);
         kvpool_map_remove(p, id);
+        p->blk[id].tail_rows = 0;
         p->st.n_cached--;
         p->st.n_reclaimed++;
     } else {
@@ -531,15 +537,87 @@ void *kvpool_seq_slab(const kvpool *p, const kvpool_seq *s, int bi, int layer, i
     return kvpool_blk_bytes(p, s->table[bi]) + slab * p->slab_bytes;
 }
 
+/* Copies rows [from, to) (positions within a block, 0..128) of every full layer's slabs from
+ * block src to block dst (distinct). */
+static void kvpool_blk_copy_rows(const kvpool *p, int dst, int src, int from, int to)
+{
+    size_t row = (size_t)p->o.head_dim * p->esz, off = (size_t)from * row;
+    size_t n = (size_t)(to - from) * row, n_slabs = (size_t)p->n_blk_layers * (size_t)p->n_parts * (size_t)p->o.n_kv_heads;
+    uint8_t *d = kvpool_blk_bytes(p, dst);
+    const uint8_t *sb = kvpool_blk_bytes(p, src);
+    for (size_t k = 0; k < n_slabs; k++) memcpy(d + k * p->slab_bytes + off, sb + k * p->slab_bytes + off, n);
+}
+
 void kvpool_seq_copy_rows(const kvpool *p, const kvpool_seq *dst, const kvpool_seq *src, int from, int to)
 {
     if (from >= to) return;
     int bi = from / KVPOOL_BLOCK;
-    size_t row = (size_t)p->o.head_dim * p->esz, off = (size_t)(from % KVPOOL_BLOCK) * row;
-    size_t n = (size_t)(to - from) * row, n_slabs = (size_t)p->n_blk_layers * (size_t)p->n_parts * (size_t)p->o.n_kv_heads;
-    uint8_t *d = kvpool_blk_bytes(p, dst->table[bi]);
-    const uint8_t *sb = kvpool_blk_bytes(p, src->table[bi]);
-    for (size_t k = 0; k < n_slabs; k++) memcpy(d + k * p->slab_bytes + off, sb + k * p->slab_bytes + off, n);
+    kvpool_blk_copy_rows(p, dst->table[bi], src->table[bi], from % KVPOOL_BLOCK, from % KVPOOL_BLOCK + (to - from));
+}
+
+/* The key a tail is kept under: that of a block of 128 ids -1 after its parent (no prompt has
+ * one: token ids are >= 0), so a tail is found by the key chain of the blocks before it and
+ * never taken for a full block. */
+static void kvpool_tail_key(const kvpool *p, const uint8_t parent[32], uint8_t out[32])
+{
+    int32_t tag[KVPOOL_BLOCK];
+    for (int i = 0; i < KVPOOL_BLOCK; i++) tag[i] = -1;
+    kvpool_block_key(p, parent, tag, out);
+}
+
+/* Forgets kept tail id: unkeyed, and free unless a sequence still holds it. */
+static void kvpool_tail_drop(kvpool *p, int id)
+{
+    kvpool_blk *b = &p->blk[id];
+    kvpool_map_remove(p, id);
+    b->tail_rows = 0;
+    if (b->state != KVPOOL_BLK_CACHED) return;   /* its unref frees it */
+    kvpool_lru_unlink(p, id);
+    b->state = KVPOOL_BLK_FREE;
+    b->prev = -1;
+    b->next = p->free_head;
+    p->free_head = id;
+    p->st.n_cached--;
+    p->st.n_free++;
+}
+
+void kvpool_seq_keep_tail(kvpool *p, kvpool_seq *s, const int32_t *tokens, int n_done)
+{
+    int base = s->n_keyed * KVPOOL_BLOCK, rows = n_done - base;
+    if (p->n_win_layers || rows <= 0 || rows >= KVPOOL_BLOCK || s->n_keyed >= s->n) return;
+    int id = s->table[s->n_keyed];
+    kvpool_blk *b = &p->blk[id];
+    if (b->refcnt != 1 || b->keyed || b->ext || b->filling) return;   /* not its own block */
+    if (!p->tail_tok) p->tail_tok = xmalloc((size_t)p->o.n_blocks * KVPOOL_BLOCK * sizeof *p->tail_tok);
+    uint8_t key[32];
+    kvpool_tail_key(p, s->last_key, key);
+    int old = kvpool_lookup(p, key);
+    if (old >= 0) kvpool_tail_drop(p, old);   /* the newest tail after a prefix wins */
+    kvpool_map_insert(p, id, key);
+    b->tail_rows = (int16_t)rows;
+    memcpy(p->tail_tok + (size_t)id * KVPOOL_BLOCK, tokens + base, (size_t)rows * sizeof *tokens);
+    p->st.n_tails_kept++;
+}
+
+int kvpool_seq_copy_tail(kvpool *p, kvpool_seq *s, const int32_t *tokens, int lim, int min_rows)
+{
+    if (!p->tail_tok || s->n != s->n_keyed || lim < min_rows || lim < 1) return 0;
+    uint8_t key[32];
+    kvpool_tail_key(p, s->last_key, key);
+    int id = kvpool_lookup(p, key);
+    if (id < 0 || p->blk[id].tail_rows <= 0) return 0;
+    const int32_t *tt = p->tail_tok + (size_t)id * KVPOOL_BLOCK;
+    int n = 0, m = TM_MIN(lim, (int)p->blk[id].tail_rows);
+    while (n < m && tt[n] == tokens[n]) n++;
+    if (n < min_rows || n < 1) return 0;
+    kvpool_ref(p, id);   /* not the block the reservation reclaims */
+    int base = s->n * KVPOOL_BLOCK;
+    bool ok = kvpool_seq_reserve(p, s, base + n) == KVPOOL_OK;
+    if (ok) kvpool_blk_copy_rows(p, s->table[s->n_keyed], id, 0, n);
+    kvpool_unref(p, id);   /* back to the LRU, as just used */
+    if (!ok) return 0;
+    p->st.n_tail_rows += (uint64_t)n;
+    return n;
 }
 
 void *kvpool_seq_ring_row(const kvpool *p, const kvpool_seq *s, int layer, int kv, int kv_head, int pos)

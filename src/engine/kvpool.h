@@ -73,6 +73,8 @@ typedef struct {
     uint64_t n_hits;             /* blocks attached from the cache, lifetime */
     uint64_t n_reclaimed;        /* cached blocks evicted to satisfy a reservation */
     uint64_t n_loaded;           /* blocks appended from the block store (filled or external) */
+    uint64_t n_tails_kept;       /* partial last blocks kept by kvpool_seq_keep_tail */
+    uint64_t n_tail_rows;        /* rows copied from kept tails (kvpool_seq_copy_tail) */
 } kvpool_stats;
 
 kvpool_status kvpool_new(const kvpool_opts *opts, kvpool **out);
@@ -136,6 +138,20 @@ void *kvpool_seq_slab(const kvpool *p, const kvpool_seq *s, int bi, int layer, i
  * Both must hold those positions (below their capacity), dst's block must be its own (not
  * keyed), src's rows must be written (its fills done). Window layers are not copied. */
 void kvpool_seq_copy_rows(const kvpool *p, const kvpool_seq *dst, const kvpool_seq *src, int from, int to);
+/* Tails: the rows of a sequence's last, partial block outlive it, so that the next request
+ * continuing the same tokens (an agent's next turn resends its last prompt, which rarely ends
+ * on a block boundary) copies them instead of computing them again. Call keep_tail right
+ * before kvpool_seq_free or kvpool_seq_reset of s: rows [n_keyed*128, n_done) of its own
+ * unkeyed block stay in the pool, with their token ids tokens[n_keyed*128 .. n_done), as a
+ * CACHED block on the LRU (reclaimed like any other), found by the key chain of the full
+ * blocks before them; one tail per chain, the newest. No-op on a pool with window layers (their
+ * state is in the sequence's ring, not in blocks) or without such rows. */
+void kvpool_seq_keep_tail(kvpool *p, kvpool_seq *s, const int32_t *tokens, int n_done);
+/* For s at a block boundary (every block keyed, nothing reserved beyond): the rows of the
+ * tail kept after its last block that equal tokens[0..lim) (tokens of positions from
+ * n_keyed*128 on), when at least min_rows: reserves the next block and copies them into it.
+ * Returns the rows copied (0: none; s unchanged). */
+int kvpool_seq_copy_tail(kvpool *p, kvpool_seq *s, const int32_t *tokens, int lim, int min_rows);
 /* Writes K and V (head_dim floats each) of position pos for (layer, kv_head), converted to
  * the pool dtype (a window layer: into its ring slot). pos must be below capacity.
  * Thread-safe for distinct positions. A v_is_k pool stores k only (v is not read; NULL allowed). */

@@ -126,6 +126,7 @@ static void sched_finish_release(sched *s, sched_req *r)
         r->p.kv_out(r->p.kv_arg, s->pool, r->seq, r->n_done);
     }
     if (r->seq) {
+        kvpool_seq_keep_tail(s->pool, r->seq, r->tokens, r->n_done);   /* for its next turn */
         kvpool_seq_free(s->pool, r->seq);
         r->seq = NULL;
     }
@@ -201,6 +202,7 @@ static sched_req *sched_wait_pop(sched *s)
 static void sched_preempt_locked(sched *s, int i)
 {
     sched_req *r = s->running[i];
+    kvpool_seq_keep_tail(s->pool, r->seq, r->tokens, r->n_done);   /* for its resume */
     kvpool_seq_free(s->pool, r->seq);
     r->seq = NULL;
     r->n_done = 0;
@@ -494,8 +496,11 @@ static bool sched_ahead(const sched_req *q, const sched_req *r)
  * K and V of those positions are the same (the engine is batch invariant), so they are copied
  * when q has computed them, or r waits while q, ahead of it, computes them. A system prompt
  * shared by agents rarely ends on a block boundary: without this each would compute the tail
- * of its last block itself. Counted as cached, as attached blocks are. Not on a model with
- * window layers (their state is in each sequence's ring). */
+ * of its last block itself. With no running request to take them from, the rows a finished
+ * (or preempted) one kept after the same blocks (kvpool_seq_keep_tail): an agent's next turn
+ * resends its last prompt, whose end its last request computed. Counted as cached, as
+ * attached blocks are. Not on a model with window layers (their state is in each sequence's
+ * ring). */
 static void sched_share_rows(sched *s, sched_req *r, int bi)
 {
     int base = bi * KVPOOL_BLOCK;
@@ -521,7 +526,16 @@ static void sched_share_rows(sched *s, sched_req *r, int bi)
             best_ready = ready;
         }
     }
-    if (!best) return;
+    if (!best) {   /* none running: the rows a finished request kept after the same blocks */
+        int n = kvpool_seq_copy_tail(s->pool, r->seq, r->tokens + base, lim, SCHED_SHARE_MIN_ROWS);
+        if (n && r->first_run) {
+            int hits = TM_MIN(base + n, r->n_prompt) - TM_MIN(base, r->n_prompt);
+            r->n_cached += hits;
+            s->st.n_cached_tokens += (uint64_t)hits;
+        }
+        r->n_done += n;
+        return;
+    }
     if (!best_ready) {   /* q computes them in its next steps */
         r->share_wait = true;
         return;

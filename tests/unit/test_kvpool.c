@@ -209,6 +209,85 @@ TEST(test_copy_rows)
     }
 }
 
+/* Writes a value that names (pos, layer, head, d) into every K row of s below n. */
+static void store_named(kvpool *p, kvpool_seq *s, int n)
+{
+    float k[8], v[8];
+    for (int pos = 0; pos < n; pos++)
+        for (int l = 0; l < 2; l++)
+            for (int h = 0; h < 2; h++) {
+                for (int d = 0; d < 8; d++) v[d] = -(k[d] = (float)(pos * 4 + l * 2 + h) + d * 0.5f);
+                kvpool_seq_store(p, s, pos, l, h, k, v);
+            }
+}
+
+/* A sequence's partial last block outlives it as a tail: the next sequence after the same
+ * full block copies the rows whose tokens it shares (not fewer than asked, never past a
+ * differing token), as exact values; the newest tail after a prefix replaces the older; a
+ * tail is an ordinary cached block to reclaim; a full block's lookup never finds it. */
+TEST(test_tail_rows)
+{
+    kvpool *p = mkpool(4, QTYPE_F32);
+    int32_t toks[256];
+    fill_tokens(toks, 256, 9);
+    kvpool_seq *a = kvpool_seq_new(p);
+    CHECK(kvpool_seq_reserve(p, a, 200) == KVPOOL_OK);
+    store_named(p, a, 200);
+    kvpool_seq_commit_full_blocks(p, a, toks, 200);
+    kvpool_seq_keep_tail(p, a, toks, 200);   /* rows 128..199 */
+    kvpool_seq_free(p, a);
+    kvpool_stats st;
+    kvpool_get_stats(p, &st);
+    CHECK(st.n_cached == 2 && st.n_free == 2 && st.n_tails_kept == 1);
+    /* b: the block, then 60 of the tail's tokens and one of its own */
+    int32_t tb[256];
+    memcpy(tb, toks, sizeof tb);
+    tb[188] = (tb[188] + 1) % 1000;
+    kvpool_seq *b = kvpool_seq_new(p);
+    CHECK(kvpool_seq_attach_prefix(p, b, tb, 256) == 128);
+    CHECK(kvpool_seq_copy_tail(p, b, tb + 128, 127, 61) == 0);   /* fewer rows than asked */
+    CHECK(kvpool_seq_copy_tail(p, b, tb + 128, 50, 16) == 50);   /* no more than the limit */
+    kvpool_seq_free(p, b);
+    b = kvpool_seq_new(p);
+    CHECK(kvpool_seq_attach_prefix(p, b, tb, 256) == 128);
+    CHECK(kvpool_seq_copy_tail(p, b, tb + 128, 127, 16) == 60);
+    CHECK(kvpool_seq_capacity(b) == 256 && kvpool_seq_n_keyed(b) == 128);
+    float kb[8], vb[8];
+    int bad = 0;
+    for (int pos = 128; pos < 188; pos++)
+        for (int l = 0; l < 2; l++)
+            for (int h = 0; h < 2; h++) {
+                kvpool_seq_load(p, b, pos, l, h, kb, vb);
+                for (int d = 0; d < 8; d++) bad += kb[d] != (float)(pos * 4 + l * 2 + h) + d * 0.5f || vb[d] != -kb[d];
+            }
+    CHECKF(bad == 0, "%d values wrong", bad);
+    /* b ends at 188 + 10: its tail replaces a's (same block before it) */
+    kvpool_seq_keep_tail(p, b, tb, 198);
+    kvpool_seq_free(p, b);
+    kvpool_get_stats(p, &st);
+    CHECK(st.n_cached == 2 && st.n_free == 2 && st.n_tails_kept == 2);
+    kvpool_seq *c = kvpool_seq_new(p);
+    CHECK(kvpool_seq_attach_prefix(p, c, toks, 256) == 128);
+    CHECK(kvpool_seq_copy_tail(p, c, toks + 128, 127, 16) == 60);   /* b's: differs at 188 */
+    kvpool_seq_free(p, c);
+    /* a full block of the tail's parent is not the tail */
+    uint8_t key[32];
+    kvpool_block_key(p, kvpool_seq_last_key(c = kvpool_seq_new(p)), toks, key);
+    CHECK(kvpool_key_cached(p, key));
+    kvpool_seq_free(p, c);
+    /* pressure: all four blocks to another sequence, the tail among those reclaimed */
+    kvpool_seq *d = kvpool_seq_new(p);
+    CHECK(kvpool_seq_reserve(p, d, 512) == KVPOOL_OK);
+    kvpool_seq_free(p, d);
+    c = kvpool_seq_new(p);
+    CHECK(kvpool_seq_attach_prefix(p, c, toks, 256) == 0);
+    CHECK(kvpool_seq_copy_tail(p, c, toks, 127, 16) == 0);
+    kvpool_seq_free(p, c);
+    kvpool_get_stats(p, &st);
+    CHECK(st.n_free == 4 && st.n_cached == 0 && st.n_pinned == 0);
+    kvpool_free(p);
+}
+
 TEST(test_prefix_sharing)
 {
     kvpool *p = mkpool(8, QTYPE_F16);
@@ -455,6 +534,7 @@ int main(void)
     RUN(test_slab_layout);
     RUN(test_v_is_k_layout);
     RUN(test_copy_rows);
+    RUN(test_tail_rows);
     RUN(test_prefix_sharing);
     RUN(test_duplicate_commit);
     RUN(test_attach_in_flight);
