@@ -19,6 +19,10 @@
 
 _Static_assert(KVPOOL_BLOCK == BLOCKKEY_TOKENS, "kvpool blocks are store blocks");
 
+/* Tails among the oldest cached blocks that reclaim passes over for a full block (a bound:
+ * tails of conversations that never come back end up the oldest ones and go then). */
+#define KVPOOL_TAIL_SPARE 8
+
 typedef enum { KVPOOL_BLK_FREE = 0, KVPOOL_BLK_PINNED, KVPOOL_BLK_CACHED } kvpool_blk_state;
 
 typedef struct {
@@ -26,8 +30,11 @@ typedef struct {
     uint8_t state;               /* kvpool_blk_state */
     bool keyed;                  /* key valid and entered in the hash map */
     bool filling;                /* handed out by kvpool_seq_append_fill, fill maybe pending */
-    int16_t tail_rows;           /* a kept tail (keyed by its parent, kvpool_tail_key): its
-                                  * leading rows that are valid, 1..127; 0: not a tail */
+    int16_t tail_rows;           /* a kept tail (in the tail map under tkey): its leading rows
+                                  * that are valid, 1..128; 0: not a tail */
+    uint8_t tkey[32];            /* a tail's parent: the key of the block before it in its
+                                  * sequence (or that sequence's root) */
+    int32_t thnext;              /* next tail in the same tail-map bucket, -1 ends */
     const uint8_t *ext;          /* the block's bytes when they live outside data (a mapped
                                   * store block, read-only), else NULL */
     void *ext_arg;               /* handed to the release hook when ext is let go */
@@ -47,6 +54,7 @@ struct kvpool {
     int32_t free_head;           /* free list, -1 if empty */
     int32_t lru_head, lru_tail;  /* LRU of CACHED blocks, -1 if empty */
     int32_t *bucket;             /* (n_buckets) hash heads, -1 empty */
+    int32_t *tbucket;            /* (n_buckets) tail-map heads (by parent key), -1 empty */
     uint32_t bucket_mask;        /* n_buckets - 1 (power of two) */
     uint8_t pool_fp[32];         /* SHA-256(model fp, dtype) */
     kvpool_stats st;
@@ -157,17 +165,18 @@ kvpool_status kvpool_new(const kvpool_opts *opts, kvpool **out)
     uint32_t nb = 16;
     while (nb < 2u * (uint32_t)opts->n_blocks && nb < (1u << 30)) nb <<= 1;
     p->bucket = malloc(nb * sizeof *p->bucket);
+    p->tbucket = malloc(nb * sizeof *p->tbucket);
     p->filling = malloc((size_t)opts->n_blocks * sizeof *p->filling);
-    if (!p->data || !p->blk || !p->bucket || !p->filling) {
+    if (!p->data || !p->blk || !p->bucket || !p->tbucket || !p->filling) {
         kvpool_free(p);
         return KVPOOL_ERR_NOMEM;
     }
     p->bucket_mask = nb - 1;
-    for (uint32_t i = 0; i < nb; i++) p->bucket[i] = -1;
+    for (uint32_t i = 0; i < nb; i++) p->bucket[i] = p->tbucket[i] = -1;
     /* free list in ascending order */
     for (int i = 0; i < opts->n_blocks; i++) {
         kvpool_blk *b = &p->blk[i];
-        b->hnext = -1;
+        b->hnext = b->thnext = -1;
         b->prev = -1;
         b->next = i + 1 < opts->n_blocks ? i + 1 : -1;
     }
@@ -222,6 +231,7 @@ void kvpool_free(kvpool *p)
     free(p->data);
     free(p->blk);
     free(p->bucket);
+    free(p->tbucket);
     free(p->filling);
     free(p->tail_tok);
     free(p->slot);
@@ -307,7 +317,7 @@ static void kvpool_unref(kvpool *p, int id)
     kvpool_blk *b = &p->blk[id];
     if (--b->refcnt > 0) return;
     p->st.n_pinned--;
-    if (b->keyed) {
+    if (b->keyed || b->tail_rows) {   /* reusable: the prefix tier */
         b->state = KVPOOL_BLK_CACHED;
         kvpool_lru_push_head(p, id);
         p->st.n_cached++;
@@ -320,6 +330,29 @@ static void kvpool_unref(kvpool *p, int id)
     }
 }
 
+/* Takes block id out of the tail map (no-op when it is not a tail). */
+static void kvpool_tail_remove(kvpool *p, int id)
+{
+    kvpool_blk *b = &p->blk[id];
+    if (!b->tail_rows) return;
+    int32_t *pp = &p->tbucket[kvpool_hash(p, b->tkey)];
+    while (*pp >= 0 && *pp != id) pp = &p->blk[*pp].thnext;
+    if (*pp == id) *pp = b->thnext;
+    b->thnext = -1;
+    b->tail_rows = 0;
+}
+
+/* The cached block to reclaim: the least recently released one, but passing over the tails
+ * among the KVPOOL_TAIL_SPARE oldest (see kvpool.h: a full block usually comes back from the
+ * block store, a tail only by computing it again); -1 when none is cached. */
+static int kvpool_lru_victim(const kvpool *p)
+{
+    int k = 0;
+    for (int id = p->lru_tail; id >= 0 && k < KVPOOL_TAIL_SPARE; id = p->blk[id].prev, k++)
+        if (!p->blk[id].tail_rows) return id;
+    return p->lru_tail;
+}
+
 /* A fresh PINNED block with refcount 1: from the free list, else the LRU victim. */
 static int kvpool_take(kvpool *p)
 {
@@ -329,11 +362,11 @@ static int kvpool_take(kvpool *p)
         p->free_head = p->blk[id].next;
         p->st.n_free--;
     } else if (p->lru_tail >= 0) {
-        id = p->lru_tail;
+        id = kvpool_lru_victim(p);
         if (p->blk[id].filling) kvpool_fill_wait(p, -1);   /* never reuse a block being filled */
         kvpool_lru_unlink(p, id);
         kvpool_map_remove(p, id);
-        p->blk[id].tail_rows = 0;
+        kvpool_tail_remove(p, id);
         p->st.n_cached--;
         p->st.n_reclaimed++;
     } else {
@@ -555,23 +588,20 @@ void kvpool_seq_copy_rows(const kvpool *p, const kvpool_seq *dst, const kvpool_s
     kvpool_blk_copy_rows(p, dst->table[bi], src->table[bi], from % KVPOOL_BLOCK, from % KVPOOL_BLOCK + (to - from));
 }
 
-/* The key a tail is kept under: that of a block of 128 ids -1 after its parent (no prompt has
- * one: token ids are >= 0), so a tail is found by the key chain of the blocks before it and
- * never taken for a full block. */
-static void kvpool_tail_key(const kvpool *p, const uint8_t parent[32], uint8_t out[32])
+/* The tail kept after parent, or -1. */
+static int kvpool_tail_lookup(const kvpool *p, const uint8_t parent[32])
 {
-    int32_t tag[KVPOOL_BLOCK];
-    for (int i = 0; i < KVPOOL_BLOCK; i++) tag[i] = -1;
-    kvpool_block_key(p, parent, tag, out);
+    for (int i = p->tbucket[kvpool_hash(p, parent)]; i >= 0; i = p->blk[i].thnext)
+        if (!memcmp(p->blk[i].tkey, parent, 32)) return i;
+    return -1;
 }
 
-/* Forgets kept tail id: unkeyed, and free unless a sequence still holds it. */
+/* Forgets tail id; an unkeyed one no sequence holds goes to the free list. */
 static void kvpool_tail_drop(kvpool *p, int id)
 {
     kvpool_blk *b = &p->blk[id];
-    kvpool_map_remove(p, id);
-    b->tail_rows = 0;
-    if (b->state != KVPOOL_BLK_CACHED) return;   /* its unref frees it */
+    kvpool_tail_remove(p, id);
+    if (b->keyed || b->state != KVPOOL_BLK_CACHED) return;   /* still cached, or its unref frees it */
     kvpool_lru_unlink(p, id);
     b->state = KVPOOL_BLK_FREE;
     b->prev = -1;
@@ -581,35 +611,57 @@ static void kvpool_tail_drop(kvpool *p, int id)
     p->st.n_free++;
 }
 
-void kvpool_seq_keep_tail(kvpool *p, kvpool_seq *s, const int32_t *tokens, int n_done)
+void kvpool_seq_keep_tail(kvpool *p, kvpool_seq *s, int bi, const uint8_t parent[32], const int32_t *tokens, int rows)
 {
-    int base = s->n_keyed * KVPOOL_BLOCK, rows = n_done - base;
-    if (p->n_win_layers || rows <= 0 || rows >= KVPOOL_BLOCK || s->n_keyed >= s->n) return;
-    int id = s->table[s->n_keyed];
+    if (p->n_win_layers || bi < 0 || bi >= s->n || rows <= 0 || rows > KVPOOL_BLOCK) return;
+    int id = s->table[bi];
     kvpool_blk *b = &p->blk[id];
-    if (b->refcnt != 1 || b->keyed || b->ext || b->filling) return;   /* not its own block */
+    if (b->ext || b->filling) return;   /* a loaded block: its rows are the store's */
+    if (!b->keyed && b->refcnt != 1) return;   /* not its own block */
+    if (b->tail_rows && !memcmp(b->tkey, parent, 32) && b->tail_rows >= rows) return;   /* kept already */
     if (!p->tail_tok) p->tail_tok = xmalloc((size_t)p->o.n_blocks * KVPOOL_BLOCK * sizeof *p->tail_tok);
-    uint8_t key[32];
-    kvpool_tail_key(p, s->last_key, key);
-    int old = kvpool_lookup(p, key);
-    if (old >= 0) kvpool_tail_drop(p, old);   /* the newest tail after a prefix wins */
-    kvpool_map_insert(p, id, key);
+    int old = kvpool_tail_lookup(p, parent);
+    if (old >= 0 && old != id) kvpool_tail_drop(p, old);   /* the newest tail after a prefix wins */
+    kvpool_tail_remove(p, id);
+    memcpy(b->tkey, parent, 32);
+    uint32_t h = kvpool_hash(p, parent);
+    b->thnext = p->tbucket[h];
+    p->tbucket[h] = id;
     b->tail_rows = (int16_t)rows;
-    memcpy(p->tail_tok + (size_t)id * KVPOOL_BLOCK, tokens + base, (size_t)rows * sizeof *tokens);
+    memcpy(p->tail_tok + (size_t)id * KVPOOL_BLOCK, tokens, (size_t)rows * sizeof *tokens);
     p->st.n_tails_kept++;
 }
 
-int kvpool_seq_copy_tail(kvpool *p, kvpool_seq *s, const int32_t *tokens, int lim, int min_rows)
+/* The tail kept after parent and the rows of it that equal tokens[0..lim) (*n), or -1 when
+ * none, or fewer than min_rows of them. */
+static int kvpool_tail_match(const kvpool *p, const uint8_t parent[32], const int32_t *tokens, int lim, int min_rows,
+                             int *n_out)
 {
-    if (!p->tail_tok || s->n != s->n_keyed || lim < min_rows || lim < 1) return 0;
-    uint8_t key[32];
-    kvpool_tail_key(p, s->last_key, key);
-    int id = kvpool_lookup(p, key);
-    if (id < 0 || p->blk[id].tail_rows <= 0) return 0;
+    if (!p->tail_tok || lim < min_rows || lim < 1) return -1;
+    int id = kvpool_tail_lookup(p, parent);
+    if (id < 0) return -1;
     const int32_t *tt = p->tail_tok + (size_t)id * KVPOOL_BLOCK;
     int n = 0, m = TM_MIN(lim, (int)p->blk[id].tail_rows);
     while (n < m && tt[n] == tokens[n]) n++;
-    if (n < min_rows || n < 1) return 0;
+    if (n < min_rows || n < 1) return -1;
+    *n_out = n;
+    return id;
+}
+
+int kvpool_tail_pin(kvpool *p, const uint8_t parent[32], const int32_t *tokens, int lim, int min_rows)
+{
+    int n, id = kvpool_tail_match(p, parent, tokens, lim, min_rows, &n);
+    if (id >= 0) kvpool_ref(p, id);
+    return id;
+}
+
+void kvpool_tail_unpin(kvpool *p, int id) { kvpool_unref(p, id); }
+
+int kvpool_seq_copy_tail(kvpool *p, kvpool_seq *s, const int32_t *tokens, int lim, int min_rows)
+{
+    if (s->n != s->n_keyed) return 0;
+    int n, id = kvpool_tail_match(p, s->last_key, tokens, lim, min_rows, &n);
+    if (id < 0) return 0;
     kvpool_ref(p, id);   /* not the block the reservation reclaims */
     int base = s->n * KVPOOL_BLOCK;
     bool ok = kvpool_seq_reserve(p, s, base + n) == KVPOOL_OK;

@@ -389,9 +389,10 @@ TEST(test_concurrent_loads_read_each_block_once)
     CHECK(sched_submit(v.s, &p1, &a) == SCHED_OK);
     CHECK(sched_submit(v.s, &p2, &b) == SCHED_OK);
     int32_t oa[6], ob[6];
-    CHECK(drain(a, 6, oa) == 896);
-    int cb = drain(b, 6, ob);   /* + the rows of the prefix's partial block when a had them */
-    CHECKF(cb == 896 || cb == 1000, "b cached %d", cb);
+    /* + the rows of the prefix's partial block for the one that found the other holding them
+     * (whichever the engine admitted second) */
+    int ca = drain(a, 6, oa), cb = drain(b, 6, ob);
+    CHECKF((ca == 896 || ca == 1000) && (cb == 896 || cb == 1000) && ca + cb < 2000, "cached %d and %d", ca, cb);
     CHECK(!memcmp(oa, ra, sizeof ra) && !memcmp(ob, rb, sizeof rb));
     blockio_get_stats(v.bio, &st);
     CHECKF(st.n_load_blocks == 7, "read %llu", (unsigned long long)st.n_load_blocks);

@@ -221,20 +221,23 @@ static void store_named(kvpool *p, kvpool_seq *s, int n)
             }
 }
 
-/* A sequence's partial last block outlives it as a tail: the next sequence after the same
- * full block copies the rows whose tokens it shares (not fewer than asked, never past a
- * differing token), as exact values; the newest tail after a prefix replaces the older; a
- * tail is an ordinary cached block to reclaim; a full block's lookup never finds it. */
+/* Rows of a sequence's block outlive it as a tail: the next sequence after the same full
+ * block copies the rows whose tokens it shares (not fewer than asked, never past a differing
+ * token), as exact values, whether the tail was the sequence's own partial block or a full,
+ * keyed one; the newest tail after a prefix replaces the older; a tail is an ordinary cached
+ * block to reclaim. */
 TEST(test_tail_rows)
 {
     kvpool *p = mkpool(4, QTYPE_F32);
     int32_t toks[256];
     fill_tokens(toks, 256, 9);
+    uint8_t k0[32];
     kvpool_seq *a = kvpool_seq_new(p);
     CHECK(kvpool_seq_reserve(p, a, 200) == KVPOOL_OK);
     store_named(p, a, 200);
     kvpool_seq_commit_full_blocks(p, a, toks, 200);
-    kvpool_seq_keep_tail(p, a, toks, 200);   /* rows 128..199 */
+    memcpy(k0, kvpool_seq_last_key(a), 32);
+    kvpool_seq_keep_tail(p, a, 1, k0, toks + 128, 72);   /* rows 128..199, unkeyed */
     kvpool_seq_free(p, a);
     kvpool_stats st;
     kvpool_get_stats(p, &st);
@@ -261,8 +264,8 @@ TEST(test_tail_rows)
                 for (int d = 0; d < 8; d++) bad += kb[d] != (float)(pos * 4 + l * 2 + h) + d * 0.5f || vb[d] != -kb[d];
             }
     CHECKF(bad == 0, "%d values wrong", bad);
-    /* b ends at 188 + 10: its tail replaces a's (same block before it) */
-    kvpool_seq_keep_tail(p, b, tb, 198);
+    /* b ends at 188 + 10: its tail replaces a's (same block before it), a's block is free */
+    kvpool_seq_keep_tail(p, b, 1, k0, tb + 128, 70);
     kvpool_seq_free(p, b);
     kvpool_get_stats(p, &st);
     CHECK(st.n_cached == 2 && st.n_free == 2 && st.n_tails_kept == 2);
@@ -270,15 +273,26 @@ TEST(test_tail_rows)
     CHECK(kvpool_seq_attach_prefix(p, c, toks, 256) == 128);
     CHECK(kvpool_seq_copy_tail(p, c, toks + 128, 127, 16) == 60);   /* b's: differs at 188 */
     kvpool_seq_free(p, c);
-    /* a full block of the tail's parent is not the tail */
-    uint8_t key[32];
-    kvpool_block_key(p, kvpool_seq_last_key(c = kvpool_seq_new(p)), toks, key);
-    CHECK(kvpool_key_cached(p, key));
-    kvpool_seq_free(p, c);
-    /* pressure: all four blocks to another sequence, the tail among those reclaimed */
+    /* a full, keyed block as the tail: d computed 256 tokens; e shares its first 100 of block 1 */
     kvpool_seq *d = kvpool_seq_new(p);
-    CHECK(kvpool_seq_reserve(p, d, 512) == KVPOOL_OK);
+    CHECK(kvpool_seq_attach_prefix(p, d, toks, 256) == 128);
+    CHECK(kvpool_seq_reserve(p, d, 256) == KVPOOL_OK);
+    store_named(p, d, 256);
+    kvpool_seq_commit_full_blocks(p, d, toks, 256);
+    kvpool_seq_keep_tail(p, d, 1, k0, toks + 128, 128);
     kvpool_seq_free(p, d);
+    memcpy(tb, toks, sizeof tb);
+    tb[228] = (tb[228] + 1) % 1000;
+    kvpool_seq *e = kvpool_seq_new(p);
+    CHECK(kvpool_seq_attach_prefix(p, e, tb, 300) == 128);   /* block 1 differs */
+    CHECK(kvpool_seq_copy_tail(p, e, tb + 128, 127, 16) == 100);
+    kvpool_seq_load(p, e, 227, 1, 1, kb, vb);
+    CHECK(kb[3] == (float)(227 * 4 + 2 + 1) + 1.5f);
+    kvpool_seq_free(p, e);
+    /* pressure: all four blocks to another sequence, the tails among those reclaimed */
+    kvpool_seq *f = kvpool_seq_new(p);
+    CHECK(kvpool_seq_reserve(p, f, 512) == KVPOOL_OK);
+    kvpool_seq_free(p, f);
     c = kvpool_seq_new(p);
     CHECK(kvpool_seq_attach_prefix(p, c, toks, 256) == 0);
     CHECK(kvpool_seq_copy_tail(p, c, toks, 127, 16) == 0);
