@@ -302,6 +302,40 @@ TEST(test_tail_rows)
     kvpool_free(p);
 }
 
+/* Reclaim passes over a tail among the oldest cached blocks while a full one is there (a full
+ * block comes back from the block store, a tail does not), takes it when only tails are left,
+ * and never takes a pinned one. */
+TEST(test_tail_reclaim_order)
+{
+    kvpool *p = mkpool(3, QTYPE_F32);
+    int32_t toks[384];
+    fill_tokens(toks, 384, 11);
+    uint8_t zero[32] = { 0 };
+    kvpool_seq *a = kvpool_seq_new(p);
+    CHECK(kvpool_seq_reserve(p, a, 200) == KVPOOL_OK);
+    kvpool_seq_commit_full_blocks(p, a, toks, 200);
+    int full = kvpool_seq_block_id(a, 0), tail = kvpool_seq_block_id(a, 1);
+    kvpool_seq_keep_tail(p, a, 1, kvpool_seq_last_key(a), toks + 128, 72);
+    kvpool_seq_free(p, a);   /* the tail is released first: the least recent */
+    kvpool_seq *b = kvpool_seq_new(p);
+    CHECK(kvpool_seq_reserve(p, b, 256) == KVPOOL_OK);   /* the free block, then one cached */
+    CHECKF(kvpool_seq_block_id(b, 1) == full, "reclaimed %d, the full block is %d", kvpool_seq_block_id(b, 1), full);
+    kvpool_seq *c = kvpool_seq_new(p);
+    CHECK(kvpool_seq_attach_prefix(p, c, toks, 384) == 0);   /* the full block is gone */
+    uint8_t k0[32];
+    kvpool_block_key(p, zero, toks, k0);
+    int pin = kvpool_tail_pin(p, k0, toks + 128, 100, 16);   /* its tail is still there */
+    CHECK(pin == tail);
+    CHECK(kvpool_seq_reserve(p, c, 128) == KVPOOL_ERR_FULL);   /* pinned: not reclaimed */
+    kvpool_tail_unpin(p, pin);
+    CHECK(kvpool_seq_reserve(p, c, 128) == KVPOOL_OK);   /* only a tail left: it goes */
+    CHECK(kvpool_seq_block_id(c, 0) == tail);
+    CHECK(kvpool_tail_pin(p, k0, toks + 128, 100, 16) < 0);
+    kvpool_seq_free(p, b);
+    kvpool_seq_free(p, c);
+    kvpool_free(p);
+}
+
 TEST(test_prefix_sharing)
 {
     kvpool *p = mkpool(8, QTYPE_F16);
@@ -549,6 +583,7 @@ int main(void)
     RUN(test_v_is_k_layout);
     RUN(test_copy_rows);
     RUN(test_tail_rows);
+    RUN(test_tail_reclaim_order);
     RUN(test_prefix_sharing);
     RUN(test_duplicate_commit);
     RUN(test_attach_in_flight);
