@@ -160,6 +160,20 @@ static void sched_tail_pin(sched *s, sched_req *r)
     }
 }
 
+/* Lets go of every waiting request's pinned tail (the pool has no room for what runs, or for
+ * a request that can never fit otherwise); whether there was one. They pin again at the next
+ * admission pass if their tail is still there. */
+static bool sched_tail_unpin_all(sched *s)
+{
+    bool any = false;
+    for (sched_req *r = s->wait_head; r; r = r->next) {
+        any |= r->tail_pin != 0;
+        sched_tail_unpin(s, r);
+        r->tail_looked = false;
+    }
+    return any;
+}
+
 /* Releases r's KV (engine thread): it ends. */
 static void sched_finish_release(sched *s, sched_req *r)
 {
@@ -405,16 +419,6 @@ static void sched_wait_take(sched *s, sched_req *r)
     s->n_waiting--;
 }
 
-/* Lets go of every waiting request's pinned tail; whether there was one. */
-static bool sched_tail_unpin_all(sched *s)
-{
-    bool any = false;
-    for (sched_req *r = s->wait_head; r; r = r->next) {
-        any |= r->tail_pin != 0;
-        sched_tail_unpin(s, r);
-    }
-    return any;
-}
 
 /* Cancels, admissions. Under mu. */
 static void sched_admit_locked(sched *s)
@@ -706,6 +710,7 @@ replan:
                 ks = kvpool_seq_reserve(s->pool, r->seq, r->n_done + chunk);
             }
             if (ks != KVPOOL_OK) {
+                if (sched_tail_unpin_all(s)) goto replan;   /* running requests go first */
                 int v = sched_newest_running(s);
                 if (s->n_running == 1) {
                     /* alone and still no room: the pool is too small for this request */

@@ -327,6 +327,39 @@ TEST(test_prefix_tail_rows_reused)
     }
 }
 
+/* A waiting request pins the tail it will copy, but never at a running request's expense: a
+ * lone request that needs the whole pool (8 blocks) gets the pinned tail's block too, instead
+ * of being refused as too large, and the waiting one runs after it. */
+TEST(test_tail_pin_yields_to_running)
+{
+    rig g = rig_new(8, 1, 16, 48);
+    static int32_t first[300], next[340], blocker[10];
+    prompt_of(first, 300, 25);
+    memcpy(next, first, sizeof first);
+    prompt_of(next + 300, 40, 26);
+    prompt_of(blocker, 10, 27);
+    sched_req *r, *b, *c;
+    sched_params p = greedy(first, 300, 5);   /* leaves 2 full blocks and a tail */
+    CHECK(sched_submit(g.s, &p, &r) == SCHED_OK);
+    schedtest_drain(r, NULL, 0, NULL);
+    sched_release(r);
+    p = greedy(blocker, 10, 1024 - 10);       /* grows into all 8 blocks */
+    CHECK(sched_submit(g.s, &p, &b) == SCHED_OK);
+    sched_output out[1];
+    CHECK(sched_poll(b, out, 1, 30000) == 1);  /* running: the next one waits for the slot */
+    p = greedy(next, 340, 1);
+    CHECK(sched_submit(g.s, &p, &c) == SCHED_OK);
+    sched_output fin = { 0 };
+    CHECK(schedtest_drain(b, NULL, 0, &fin) == 1024 - 10 - 1);
+    CHECKF(fin.finish == SCHED_FINISH_LENGTH, "the long request ended %s", sched_finish_name(fin.finish));
+    schedtest_drain(c, NULL, 0, &fin);
+    CHECK(fin.finish == SCHED_FINISH_LENGTH);
+    sched_release(b);
+    sched_release(c);
+    CHECK(wait_blocks_used(g.s, 0));
+    rig_free(&g);
+}
+
 TEST(test_stop_ids_logprobs_seed)
 {
     rig g = rig_new(16, 4, 16, 48);
@@ -1116,6 +1149,7 @@ int main(void)
     RUN(test_kv_exhaustion_preempts_and_completes);
     RUN(test_prefix_cache_hits);
     RUN(test_prefix_tail_rows_reused);
+    RUN(test_tail_pin_yields_to_running);
     RUN(test_stop_ids_logprobs_seed);
     RUN(test_think_budget);
     RUN(test_long_prompt_chunked_beside_decode);
