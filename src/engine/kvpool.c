@@ -312,6 +312,17 @@ static void kvpool_ref(kvpool *p, int id)
     b->refcnt++;
 }
 
+/* Puts unreferenced, unkeyed block id on the free list. */
+static void kvpool_free_push(kvpool *p, int id)
+{
+    kvpool_blk *b = &p->blk[id];
+    b->state = KVPOOL_BLK_FREE;
+    b->prev = -1;
+    b->next = p->free_head;
+    p->free_head = id;
+    p->st.n_free++;
+}
+
 static void kvpool_unref(kvpool *p, int id)
 {
     kvpool_blk *b = &p->blk[id];
@@ -322,11 +333,7 @@ static void kvpool_unref(kvpool *p, int id)
         kvpool_lru_push_head(p, id);
         p->st.n_cached++;
     } else {
-        b->state = KVPOOL_BLK_FREE;
-        b->prev = -1;
-        b->next = p->free_head;
-        p->free_head = id;
-        p->st.n_free++;
+        kvpool_free_push(p, id);
     }
 }
 
@@ -603,12 +610,8 @@ static void kvpool_tail_drop(kvpool *p, int id)
     kvpool_tail_remove(p, id);
     if (b->keyed || b->state != KVPOOL_BLK_CACHED) return;   /* still cached, or its unref frees it */
     kvpool_lru_unlink(p, id);
-    b->state = KVPOOL_BLK_FREE;
-    b->prev = -1;
-    b->next = p->free_head;
-    p->free_head = id;
     p->st.n_cached--;
-    p->st.n_free++;
+    kvpool_free_push(p, id);
 }
 
 void kvpool_seq_keep_tail(kvpool *p, kvpool_seq *s, int bi, const uint8_t parent[32], const int32_t *tokens, int rows)
