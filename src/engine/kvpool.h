@@ -17,8 +17,8 @@
  * dtype); keyed blocks are entered in a hash map. A new sequence whose prompt starts with
  * keyed blocks attaches them (refcount++) and computes only the rest. Like SQLite's pcache1:
  * a block is FREE (on the free list, unkeyed), PINNED (refcount > 0) or CACHED (refcount 0,
- * keyed, on the LRU); CACHED blocks are reclaimed, least recently released first, only when
- * the free list is empty. Keyed blocks are never written again (they are full and their
+ * keyed or a tail (below), on the LRU); CACHED blocks are reclaimed, least recently released
+ * first (but for a few tails), only when the free list is empty. Keyed blocks are never written again (they are full and their
  * contents are a function of their key), which is what lets a block loaded from the store use
  * the store's read-only mapping of it as its bytes (kvpool_seq_append_external) instead of its
  * part of the allocation, until the block is reused.
@@ -68,7 +68,7 @@ typedef struct kvpool_seq kvpool_seq;
 typedef struct {
     int n_blocks;                /* total */
     int n_free;                  /* on the free list */
-    int n_cached;                /* unreferenced but keyed (LRU) */
+    int n_cached;                /* unreferenced but reusable: keyed, or a tail (LRU) */
     int n_pinned;                /* referenced by at least one sequence */
     uint64_t n_hits;             /* blocks attached from the cache, lifetime */
     uint64_t n_reclaimed;        /* cached blocks evicted to satisfy a reservation */
