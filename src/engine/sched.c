@@ -595,6 +595,7 @@ static void sched_share_rows(sched *s, sched_req *r, int bi)
             int hits = TM_MIN(base + n, r->n_prompt) - TM_MIN(base, r->n_prompt);
             r->n_cached += hits;
             s->st.n_cached_tokens += (uint64_t)hits;
+            s->st.n_tail_tokens += (uint64_t)hits;
         }
         r->n_done += n;
         return;

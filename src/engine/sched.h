@@ -281,6 +281,8 @@ typedef struct {
     uint64_t n_cached_tokens;   /* of which attached from the cache */
     uint64_t n_shared_tokens;   /* of those, attached while the request ran, from blocks another
                                  * request computed meanwhile (a prefix shared in flight) */
+    uint64_t n_tail_tokens;     /* of the cached ones, rows below a block boundary copied from a
+                                 * tail an ended request kept (kvpool_seq_keep_tail) */
     uint64_t n_prefill_tokens;  /* tokens computed as prefill (recomputes included) */
     uint64_t n_gen_tokens;      /* tokens generated */
     uint64_t n_preempted;       /* preemptions */

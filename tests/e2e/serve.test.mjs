@@ -306,6 +306,7 @@ test("a generated qwen3 model serves completions; cached prompt tokens are repor
   assert.equal(b.choices[0].text, a.choices[0].text);
   const m = await metrics(Q.url);
   assert.equal(m.tokenmill_cached_prompt_tokens_total, 299);
+  assert.equal(m.tokenmill_tail_prompt_tokens_total, 43);
   // a non-streaming request whose client goes away is cancelled too
   const ac = new AbortController();
   const pending = fetch(`${Q.url}/v1/completions`, { method: "POST", signal: ac.signal,

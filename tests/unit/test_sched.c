@@ -311,6 +311,7 @@ TEST(test_prefix_tail_rows_reused)
         CHECKF(fin.usage.cached_tokens == P1, "first turn %d: cached %d", P1, fin.usage.cached_tokens);
         sched_release(r);
         sched_get_stats(g.s, &st);
+        CHECK(st.n_tail_tokens == (uint64_t)(P1 % KVPOOL_BLOCK));   /* the rows below the boundary */
         /* the prompt but its cached part and the token sampled with the last */
         CHECKF(st.n_prefill_tokens - before == (uint64_t)(P2 - P1 - 1), "first turn %d: computed %llu", P1,
                (unsigned long long)(st.n_prefill_tokens - before));
