@@ -5,7 +5,9 @@
  *
  * Lists and keys: a slottab (util/slottab.h) over the block ids keeps the free list, the hash
  * map and the LRU (its recency list: the most recently released block newest, the victim
- * oldest). A PINNED block is on no list; a CACHED one is keyed and on the LRU.
+ * oldest). A PINNED block is on no list; a CACHED one is keyed or a kept tail, and on the LRU.
+ * Tails (partial blocks kept after their request) are found by their parent's key through a
+ * second slottab used as a hash map only.
  */
 #include "engine/kvpool.h"
 
@@ -20,12 +22,18 @@
 
 _Static_assert(KVPOOL_BLOCK == BLOCKKEY_TOKENS, "kvpool blocks are store blocks");
 
+/* Tails among the oldest cached blocks that reclaim passes over for a full block (a bound:
+ * tails of conversations that never come back end up the oldest ones and go then). */
+#define KVPOOL_TAIL_SPARE 8
+
 typedef enum { KVPOOL_BLK_FREE = 0, KVPOOL_BLK_PINNED, KVPOOL_BLK_CACHED } kvpool_blk_state;
 
 typedef struct {
     int32_t refcnt;              /* sequences using the block */
     uint8_t state;               /* kvpool_blk_state */
     bool filling;                /* handed out by kvpool_seq_append_fill, fill maybe pending */
+    int16_t tail_rows;           /* a kept tail (keyed in tails by its parent): its leading rows
+                                  * that are valid, 1..128; 0: not a tail */
     const uint8_t *ext;          /* the block's bytes when they live outside data (a mapped
                                   * store block, read-only), else NULL */
     void *ext_arg;               /* handed to the release hook when ext is let go */
@@ -40,6 +48,8 @@ struct kvpool {
     uint8_t *data;               /* (n_blocks, block_bytes), 64-byte aligned */
     kvpool_blk *blk;             /* (n_blocks) */
     slottab tab;                 /* block ids: SHA-256 block keys, the free list, the LRU */
+    slottab tails;               /* block ids of kept tails keyed by their parent: the key of the
+                                  * block before them in their sequence (its hash map only) */
     uint8_t pool_fp[32];         /* SHA-256(model fp, dtype) */
     kvpool_stats st;
     kvpool_keyed_fn keyed_fn;    /* block store write-behind hook, or NULL */
@@ -50,6 +60,8 @@ struct kvpool {
     int n_filling;
     kvpool_release_fn release_fn; /* lets go of a block's external bytes (blockio), or NULL */
     void *release_arg;
+    int32_t *tail_tok;           /* (n_blocks, 128) a kept tail's token ids, row r = position r
+                                  * of its block; allocated with the first tail */
     int32_t *slot;               /* (n_layers) a full layer's index in a block (>= 0), or a
                                   * window layer's in the ring as -1 - index */
     int n_blk_layers;            /* full layers: the layers a block holds */
@@ -145,7 +157,8 @@ kvpool_status kvpool_new(const kvpool_opts *opts, kvpool **out)
     p->data = util_aligned_alloc(total);
     p->blk = calloc((size_t)opts->n_blocks, sizeof *p->blk);
     p->filling = malloc((size_t)opts->n_blocks * sizeof *p->filling);
-    if (!p->data || !p->blk || !p->filling || !slottab_init(&p->tab, opts->n_blocks)) {
+    if (!p->data || !p->blk || !p->filling || !slottab_init(&p->tab, opts->n_blocks) ||
+        !slottab_init(&p->tails, opts->n_blocks)) {
         kvpool_free(p);
         return KVPOOL_ERR_NOMEM;
     }
@@ -198,7 +211,9 @@ void kvpool_free(kvpool *p)
     free(p->data);
     free(p->blk);
     slottab_free(&p->tab);
+    slottab_free(&p->tails);
     free(p->filling);
+    free(p->tail_tok);
     free(p->slot);
     free(p);
 }
@@ -226,20 +241,47 @@ static void kvpool_ref(kvpool *p, int id)
     b->refcnt++;
 }
 
+/* Puts unreferenced, unkeyed block id on the free list. */
+static void kvpool_free_push(kvpool *p, int id)
+{
+    p->blk[id].state = KVPOOL_BLK_FREE;
+    slottab_give(&p->tab, id);
+    p->st.n_free++;
+}
+
 static void kvpool_unref(kvpool *p, int id)
 {
     kvpool_blk *b = &p->blk[id];
     if (--b->refcnt > 0) return;
     p->st.n_pinned--;
-    if (slottab_keyed(&p->tab, id)) {
+    if (slottab_keyed(&p->tab, id) || b->tail_rows) {   /* reusable: the prefix tier */
         b->state = KVPOOL_BLK_CACHED;
         slottab_touch(&p->tab, id);
         p->st.n_cached++;
     } else {
-        b->state = KVPOOL_BLK_FREE;
-        slottab_give(&p->tab, id);
-        p->st.n_free++;
+        kvpool_free_push(p, id);
     }
+}
+
+/* Takes block id out of the tail map (no-op when it is not a tail). */
+static void kvpool_tail_remove(kvpool *p, int id)
+{
+    kvpool_blk *b = &p->blk[id];
+    if (!b->tail_rows) return;
+    slottab_clear_key(&p->tails, id);
+    b->tail_rows = 0;
+}
+
+/* The cached block to reclaim: the least recently released one, but passing over the tails
+ * among the KVPOOL_TAIL_SPARE oldest (see kvpool.h: a full block usually comes back from the
+ * block store, a tail only by computing it again); -1 when none is cached. */
+static int kvpool_lru_victim(const kvpool *p)
+{
+    int k = 0;
+    int oldest = slottab_oldest(&p->tab);
+    for (int id = oldest; id >= 0 && k < KVPOOL_TAIL_SPARE; id = slottab_newer(&p->tab, id), k++)
+        if (!p->blk[id].tail_rows) return id;
+    return oldest;
 }
 
 /* A fresh PINNED block with refcount 1: from the free list, else the LRU victim. */
@@ -248,10 +290,11 @@ static int kvpool_take(kvpool *p)
     int id = slottab_take(&p->tab);
     if (id >= 0) {
         p->st.n_free--;
-    } else if ((id = slottab_oldest(&p->tab)) >= 0) {
+    } else if ((id = kvpool_lru_victim(p)) >= 0) {
         if (p->blk[id].filling) kvpool_fill_wait(p, -1);   /* never reuse a block being filled */
         slottab_unlink(&p->tab, id);
         slottab_clear_key(&p->tab, id);
+        kvpool_tail_remove(p, id);
         p->st.n_cached--;
         p->st.n_reclaimed++;
     } else {
@@ -454,15 +497,97 @@ void *kvpool_seq_slab(const kvpool *p, const kvpool_seq *s, int bi, int layer, i
     return kvpool_blk_bytes(p, s->table[bi]) + slab * p->slab_bytes;
 }
 
+/* Copies rows [from, to) (positions within a block, 0..128) of every full layer's slabs from
+ * block src to block dst (distinct). */
+static void kvpool_blk_copy_rows(const kvpool *p, int dst, int src, int from, int to)
+{
+    size_t row = (size_t)p->o.head_dim * p->esz, off = (size_t)from * row;
+    size_t n = (size_t)(to - from) * row, n_slabs = (size_t)p->n_blk_layers * (size_t)p->n_parts * (size_t)p->o.n_kv_heads;
+    uint8_t *d = kvpool_blk_bytes(p, dst);
+    const uint8_t *sb = kvpool_blk_bytes(p, src);
+    for (size_t k = 0; k < n_slabs; k++) memcpy(d + k * p->slab_bytes + off, sb + k * p->slab_bytes + off, n);
+}
+
 void kvpool_seq_copy_rows(const kvpool *p, const kvpool_seq *dst, const kvpool_seq *src, int from, int to)
 {
     if (from >= to) return;
     int bi = from / KVPOOL_BLOCK;
-    size_t row = (size_t)p->o.head_dim * p->esz, off = (size_t)(from % KVPOOL_BLOCK) * row;
-    size_t n = (size_t)(to - from) * row, n_slabs = (size_t)p->n_blk_layers * (size_t)p->n_parts * (size_t)p->o.n_kv_heads;
-    uint8_t *d = kvpool_blk_bytes(p, dst->table[bi]);
-    const uint8_t *sb = kvpool_blk_bytes(p, src->table[bi]);
-    for (size_t k = 0; k < n_slabs; k++) memcpy(d + k * p->slab_bytes + off, sb + k * p->slab_bytes + off, n);
+    kvpool_blk_copy_rows(p, dst->table[bi], src->table[bi], from % KVPOOL_BLOCK, from % KVPOOL_BLOCK + (to - from));
+}
+
+/* The tail kept after parent, or -1. */
+static int kvpool_tail_lookup(const kvpool *p, const uint8_t parent[32])
+{
+    return slottab_find(&p->tails, parent);
+}
+
+/* Forgets tail id; an unkeyed one no sequence holds goes to the free list. */
+static void kvpool_tail_drop(kvpool *p, int id)
+{
+    kvpool_blk *b = &p->blk[id];
+    kvpool_tail_remove(p, id);
+    if (slottab_keyed(&p->tab, id) || b->state != KVPOOL_BLK_CACHED) return;   /* still cached, or its unref frees it */
+    p->st.n_cached--;
+    kvpool_free_push(p, id);
+}
+
+void kvpool_seq_keep_tail(kvpool *p, kvpool_seq *s, int bi, const uint8_t parent[32], const int32_t *tokens, int rows)
+{
+    if (p->n_win_layers || bi < 0 || bi >= s->n || rows <= 0 || rows > KVPOOL_BLOCK) return;
+    int id = s->table[bi];
+    kvpool_blk *b = &p->blk[id];
+    if (b->ext || b->filling) return;   /* a loaded block: its rows are the store's */
+    if (!slottab_keyed(&p->tab, id) && b->refcnt != 1) return;   /* not its own block */
+    if (b->tail_rows && !memcmp(slottab_get_key(&p->tails, id), parent, 32) && b->tail_rows >= rows)
+        return;   /* kept already */
+    if (!p->tail_tok) p->tail_tok = xmalloc((size_t)p->o.n_blocks * KVPOOL_BLOCK * sizeof *p->tail_tok);
+    int old = kvpool_tail_lookup(p, parent);
+    if (old >= 0 && old != id) kvpool_tail_drop(p, old);   /* the newest tail after a prefix wins */
+    kvpool_tail_remove(p, id);
+    slottab_set_key(&p->tails, id, parent);
+    b->tail_rows = (int16_t)rows;
+    memcpy(p->tail_tok + (size_t)id * KVPOOL_BLOCK, tokens, (size_t)rows * sizeof *tokens);
+    p->st.n_tails_kept++;
+}
+
+/* The tail kept after parent and the rows of it that equal tokens[0..lim) (*n), or -1 when
+ * none, or fewer than min_rows of them. */
+static int kvpool_tail_match(const kvpool *p, const uint8_t parent[32], const int32_t *tokens, int lim, int min_rows,
+                             int *n_out)
+{
+    if (!p->tail_tok || lim < min_rows || lim < 1) return -1;
+    int id = kvpool_tail_lookup(p, parent);
+    if (id < 0) return -1;
+    const int32_t *tt = p->tail_tok + (size_t)id * KVPOOL_BLOCK;
+    int n = 0, m = TM_MIN(lim, (int)p->blk[id].tail_rows);
+    while (n < m && tt[n] == tokens[n]) n++;
+    if (n < min_rows || n < 1) return -1;
+    *n_out = n;
+    return id;
+}
+
+int kvpool_tail_pin(kvpool *p, const uint8_t parent[32], const int32_t *tokens, int lim, int min_rows)
+{
+    int n, id = kvpool_tail_match(p, parent, tokens, lim, min_rows, &n);
+    if (id >= 0) kvpool_ref(p, id);
+    return id;
+}
+
+void kvpool_tail_unpin(kvpool *p, int id) { kvpool_unref(p, id); }
+
+int kvpool_seq_copy_tail(kvpool *p, kvpool_seq *s, const int32_t *tokens, int lim, int min_rows)
+{
+    if (s->n != s->n_keyed) return 0;
+    int n, id = kvpool_tail_match(p, s->last_key, tokens, lim, min_rows, &n);
+    if (id < 0) return 0;
+    kvpool_ref(p, id);   /* not the block the reservation reclaims */
+    int base = s->n * KVPOOL_BLOCK;
+    bool ok = kvpool_seq_reserve(p, s, base + n) == KVPOOL_OK;
+    if (ok) kvpool_blk_copy_rows(p, s->table[s->n_keyed], id, 0, n);
+    kvpool_unref(p, id);   /* back to the LRU, as just used */
+    if (!ok) return 0;
+    p->st.n_tail_rows += (uint64_t)n;
+    return n;
 }
 
 void *kvpool_seq_ring_row(const kvpool *p, const kvpool_seq *s, int layer, int kv, int kv_head, int pos)

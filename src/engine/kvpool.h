@@ -17,8 +17,8 @@
  * dtype); keyed blocks are entered in a hash map. A new sequence whose prompt starts with
  * keyed blocks attaches them (refcount++) and computes only the rest. Like SQLite's pcache1:
  * a block is FREE (on the free list, unkeyed), PINNED (refcount > 0) or CACHED (refcount 0,
- * keyed, on the LRU); CACHED blocks are reclaimed, least recently released first, only when
- * the free list is empty. Keyed blocks are never written again (they are full and their
+ * keyed or a tail (below), on the LRU); CACHED blocks are reclaimed, least recently released
+ * first (but for a few tails), only when the free list is empty. Keyed blocks are never written again (they are full and their
  * contents are a function of their key), which is what lets a block loaded from the store use
  * the store's read-only mapping of it as its bytes (kvpool_seq_append_external) instead of its
  * part of the allocation, until the block is reused.
@@ -68,11 +68,13 @@ typedef struct kvpool_seq kvpool_seq;
 typedef struct {
     int n_blocks;                /* total */
     int n_free;                  /* on the free list */
-    int n_cached;                /* unreferenced but keyed (LRU) */
+    int n_cached;                /* unreferenced but reusable: keyed, or a tail (LRU) */
     int n_pinned;                /* referenced by at least one sequence */
     uint64_t n_hits;             /* blocks attached from the cache, lifetime */
     uint64_t n_reclaimed;        /* cached blocks evicted to satisfy a reservation */
     uint64_t n_loaded;           /* blocks appended from the block store (filled or external) */
+    uint64_t n_tails_kept;       /* blocks kept as tails (kvpool_seq_keep_tail) */
+    uint64_t n_tail_rows;        /* rows copied from kept tails (kvpool_seq_copy_tail) */
 } kvpool_stats;
 
 kvpool_status kvpool_new(const kvpool_opts *opts, kvpool **out);
@@ -136,6 +138,36 @@ void *kvpool_seq_slab(const kvpool *p, const kvpool_seq *s, int bi, int layer, i
  * Both must hold those positions (below their capacity), dst's block must be its own (not
  * keyed), src's rows must be written (its fills done). Window layers are not copied. */
 void kvpool_seq_copy_rows(const kvpool *p, const kvpool_seq *dst, const kvpool_seq *src, int from, int to);
+/* Tails: rows of a sequence's block outlive their sequence as an index entry, so that the
+ * next request continuing the same tokens copies them instead of computing them again. An
+ * agent's next turn resends its last prompt, which rarely ends on a block boundary: the rows
+ * of the block where that prompt ended are valid for it up to the first token that differs,
+ * whether the block is the sequence's last, partial one or was filled (and keyed) by the
+ * tokens it generated after the prompt, which the next turn may not repeat. keep_tail
+ * records block bi of s (rows [bi*128, bi*128 + rows) valid, their token ids `tokens`, after
+ * the block chain whose last key, or root, is `parent`) in the tail map under parent, one
+ * tail per parent, the newest; call it before kvpool_seq_free or kvpool_seq_reset of s. The
+ * block may be keyed (any full block; it stays the cached block it is), or s's own unkeyed
+ * partial block (bi == the keyed count), which then stays in the pool as a CACHED block on the
+ * LRU instead of going to the free list. Either is reclaimed like any other, and leaves the
+ * tail map then, except that reclaim passes over the tails among the few oldest cached blocks
+ * when a full one is among them: with the block store on, an evicted full block is loaded back
+ * when a request needs it, a tail only computed again, and on a busy pool a tail would go
+ * before the agent's next turn arrives (a waiting request pins the tail it will copy:
+ * kvpool_tail_pin). No-op on a pool with window layers (their state is in the sequence's ring,
+ * not in blocks) or on a block loaded from the store. */
+void kvpool_seq_keep_tail(kvpool *p, kvpool_seq *s, int bi, const uint8_t parent[32], const int32_t *tokens, int rows);
+/* For s at a block boundary (every block keyed, nothing reserved beyond): the rows of the
+ * tail kept after its last block (its last key) that equal tokens[0..lim) (tokens of positions
+ * from n_keyed*128 on), when at least min_rows: reserves the next block and copies them into
+ * it. Returns the rows copied (0: none; s unchanged). */
+int kvpool_seq_copy_tail(kvpool *p, kvpool_seq *s, const int32_t *tokens, int lim, int min_rows);
+/* Pins (refcount++) the tail kept after parent when at least min_rows of its rows equal
+ * tokens[0..lim), so that it is not reclaimed while the request that will copy them waits for
+ * room; returns its block, or -1 (nothing pinned). kvpool_tail_unpin lets go of it (back on
+ * the LRU as just used, or free if a newer tail replaced it meanwhile). */
+int kvpool_tail_pin(kvpool *p, const uint8_t parent[32], const int32_t *tokens, int lim, int min_rows);
+void kvpool_tail_unpin(kvpool *p, int id);
 /* Writes K and V (head_dim floats each) of position pos for (layer, kv_head), converted to
  * the pool dtype (a window layer: into its ring slot). pos must be below capacity.
  * Thread-safe for distinct positions. A v_is_k pool stores k only (v is not read; NULL allowed). */

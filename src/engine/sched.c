@@ -114,14 +114,72 @@ static void sched_req_destroy(sched_req *r)
 
 /* ---- engine thread ---- */
 
+static const uint8_t *sched_chain_key(sched *s, sched_req *r, int bi);
+
+/* Before r's sequence lets go of its blocks: the rows of the block where its prompt ends and
+ * of its last, partial block stay findable as tails (kvpool_seq_keep_tail) for a request that
+ * continues its tokens: its next turn (which resends the prompt, perhaps not the tokens
+ * generated after it), a retry, its own resume. Not on a model with window layers. */
+static void sched_keep_tails(sched *s, sched_req *r)
+{
+    static const uint8_t zeros[32];
+    if (s->wc || !r->seq || r->n_done <= 0) return;
+    int last = (r->n_done - 1) / KVPOOL_BLOCK, pe = (TM_MIN(r->n_prompt, r->n_done) - 1) / KVPOOL_BLOCK;
+    for (int bi = pe; bi <= last; bi += TM_MAX(1, last - pe)) {
+        const uint8_t *parent = bi ? sched_chain_key(s, r, bi - 1) : r->salted ? r->root : zeros;
+        int rows = TM_MIN(r->n_done, (bi + 1) * KVPOOL_BLOCK) - bi * KVPOOL_BLOCK;
+        kvpool_seq_keep_tail(s->pool, r->seq, bi, parent, r->tokens + (size_t)bi * KVPOOL_BLOCK, rows);
+    }
+}
+
+/* Lets go of the tail r pinned while it waited (engine thread). */
+static void sched_tail_unpin(sched *s, sched_req *r)
+{
+    if (r->tail_pin) kvpool_tail_unpin(s->pool, r->tail_pin - 1);
+    r->tail_pin = 0;
+}
+
+/* Waiting r: pins the tail it would copy rows from once admitted, the one after the longest
+ * chain of its full blocks that has one (what it attaches then is decided at admission), so
+ * that KV pressure does not reclaim it meanwhile: unlike full blocks, a tail is not in the
+ * block store to be loaded back. Once per (re)admission, in the admission window. */
+static void sched_tail_pin(sched *s, sched_req *r)
+{
+    static const uint8_t zeros[32];
+    if (r->tail_looked || s->wc) return;
+    r->tail_looked = true;
+    for (int k = (r->n_tokens - 2) / KVPOOL_BLOCK; k >= 0 && !r->tail_pin; k--) {
+        const uint8_t *parent = k ? sched_chain_key(s, r, k - 1) : r->salted ? r->root : zeros;
+        int lim = TM_MIN(KVPOOL_BLOCK, r->n_tokens - 1 - k * KVPOOL_BLOCK);
+        r->tail_pin = 1 + kvpool_tail_pin(s->pool, parent, r->tokens + (size_t)k * KVPOOL_BLOCK, lim,
+                                          SCHED_SHARE_MIN_ROWS);
+    }
+}
+
+/* Lets go of every waiting request's pinned tail (the pool has no room for what runs, or for
+ * a request that can never fit otherwise); whether there was one. They pin again at the next
+ * admission pass if their tail is still there. */
+static bool sched_tail_unpin_all(sched *s)
+{
+    bool any = false;
+    for (sched_req *r = s->wait_head; r; r = r->next) {
+        any |= r->tail_pin != 0;
+        sched_tail_unpin(s, r);
+        r->tail_looked = false;
+    }
+    return any;
+}
+
 /* Releases r's KV (engine thread): it ends. */
 static void sched_finish_release(sched *s, sched_req *r)
 {
+    sched_tail_unpin(s, r);
     if (r->seq && r->p.kv_out) {
         kvpool_fill_wait(s->pool, -1);   /* blocks loaded from the store are in the pool */
         r->p.kv_out(r->p.kv_arg, s->pool, r->seq, r->n_done);
     }
     if (r->seq) {
+        sched_keep_tails(s, r);   /* for its next turn */
         kvpool_seq_free(s->pool, r->seq);
         r->seq = NULL;
     }
@@ -195,6 +253,7 @@ static sched_req *sched_wait_pop(sched *s)
 static void sched_preempt_locked(sched *s, int i)
 {
     sched_req *r = s->running[i];
+    sched_keep_tails(s, r);   /* for its resume */
     kvpool_seq_free(s->pool, r->seq);
     r->seq = NULL;
     r->n_done = 0;
@@ -202,6 +261,7 @@ static void sched_preempt_locked(sched *s, int i)
     r->state = REQ_QUEUED;
     r->first_run = false;
     r->load_started = false;   /* the resume may load its blocks back from the store */
+    r->tail_looked = false;    /* and pin the tail it kept */
     sched_running_remove(s, i);
     sched_wait_push_front(s, r);
     s->st.n_preempted++;
@@ -353,6 +413,7 @@ static void sched_wait_take(sched *s, sched_req *r)
     s->n_waiting--;
 }
 
+
 /* Cancels, admissions. Under mu. */
 static void sched_admit_locked(sched *s)
 {
@@ -386,6 +447,8 @@ static void sched_admit_locked(sched *s)
      * request can reuse stays known to admission, which it would otherwise pass over; only
      * for the requests admission scores) */
     int k = 0;
+    for (sched_req *r = s->wait_head; r && k < SCHED_ADMIT_WINDOW; r = r->next, k++) sched_tail_pin(s, r);
+    k = 0;
     if (s->o.bio)
         for (sched_req *r = s->wait_head; r; r = r->next, k++)
             if (!r->load_started || (k < SCHED_ADMIT_WINDOW && sched_load_stale(s, r))) {
@@ -431,6 +494,7 @@ static void sched_admit_locked(sched *s)
         int avail = ks.n_free + ks.n_cached - s->n_running;
         if (need > avail) {   /* a load stays buffered in blockio until the request fits */
             kvpool_seq_free(s->pool, seq);
+            if (s->n_running == 0 && need > ks.n_free + ks.n_cached && sched_tail_unpin_all(s)) continue;
             if (s->n_running == 0 && need > ks.n_free + ks.n_cached) {
                 /* nothing else holds blocks: it can never fit */
                 sched_wait_take(s, r);
@@ -441,6 +505,7 @@ static void sched_admit_locked(sched *s)
             break;
         }
         sched_wait_take(s, r);
+        sched_tail_unpin(s, r);   /* to the LRU's head: the plan's share pass copies its rows */
         if (r->t_load0 > 0) {   /* it waited for a load (finished, or given up for slowness) */
             sched_hist_add(&s->h_load_wait, util_now() - r->t_load0);
             r->t_load0 = 0;
@@ -488,8 +553,11 @@ static bool sched_ahead(const sched_req *q, const sched_req *r)
  * K and V of those positions are the same (the engine is batch invariant), so they are copied
  * when q has computed them, or r waits while q, ahead of it, computes them. A system prompt
  * shared by agents rarely ends on a block boundary: without this each would compute the tail
- * of its last block itself. Counted as cached, as attached blocks are. Not on a model with
- * window layers (their state is in each sequence's ring). */
+ * of its last block itself. With no running request to take them from, the rows a finished
+ * (or preempted) one kept after the same blocks (kvpool_seq_keep_tail): an agent's next turn
+ * resends its last prompt, whose end its last request computed. Counted as cached, as
+ * attached blocks are. Not on a model with window layers (their state is in each sequence's
+ * ring). */
 static void sched_share_rows(sched *s, sched_req *r, int bi)
 {
     int base = bi * KVPOOL_BLOCK;
@@ -515,7 +583,17 @@ static void sched_share_rows(sched *s, sched_req *r, int bi)
             best_ready = ready;
         }
     }
-    if (!best) return;
+    if (!best) {   /* none running: the rows a finished request kept after the same blocks */
+        int n = kvpool_seq_copy_tail(s->pool, r->seq, r->tokens + base, lim, SCHED_SHARE_MIN_ROWS);
+        if (n && r->first_run) {
+            int hits = TM_MIN(base + n, r->n_prompt) - TM_MIN(base, r->n_prompt);
+            r->n_cached += hits;
+            s->st.n_cached_tokens += (uint64_t)hits;
+            s->st.n_tail_tokens += (uint64_t)hits;
+        }
+        r->n_done += n;
+        return;
+    }
     if (!best_ready) {   /* q computes them in its next steps */
         r->share_wait = true;
         return;
@@ -627,6 +705,7 @@ replan:
                 ks = kvpool_seq_reserve(s->pool, r->seq, r->n_done + chunk);
             }
             if (ks != KVPOOL_OK) {
+                if (sched_tail_unpin_all(s)) goto replan;   /* running requests go first */
                 int v = sched_newest_running(s);
                 if (s->n_running == 1) {
                     /* alone and still no room: the pool is too small for this request */

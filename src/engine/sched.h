@@ -33,7 +33,8 @@
  * computes only what is its own. It never waits on a request that left (cancelled,
  * preempted, failed): it computes from its last attached block. Below a block boundary (a
  * shared prefix ending inside a block), the rows of the block the requests have in common are
- * copied from one that computed them. Blocks attached and rows copied this way count as
+ * copied from one that computed them, or, with none running, from the tail an ended request
+ * kept there (kvpool.h: an agent's next turn, a retry, a resume). Blocks attached and rows copied this way count as
  * cached prompt tokens too: they were computed once. See sched_share_locked.
  *
  * The queue of waiting requests is bounded (max_queue: SCHED_ERR_QUEUE_FULL beyond it); at
@@ -302,6 +303,8 @@ typedef struct {
     uint64_t n_cached_tokens;   /* of which attached from the cache */
     uint64_t n_shared_tokens;   /* of those, attached while the request ran, from blocks another
                                  * request computed meanwhile (a prefix shared in flight) */
+    uint64_t n_tail_tokens;     /* of the cached ones, rows below a block boundary copied from a
+                                 * tail an ended request kept (kvpool_seq_keep_tail) */
     uint64_t n_prefill_tokens;  /* tokens computed as prefill (recomputes included) */
     uint64_t n_gen_tokens;      /* tokens generated */
     uint64_t n_preempted;       /* preemptions */

@@ -74,6 +74,9 @@ struct sched_req {
     bool load_started;           /* a load was tried for this (re)admission */
     int load_retries;            /* loads restarted because the RAM tier changed */
     int load_ram;                /* full blocks prefixing it in the RAM tier when its load started */
+    bool tail_looked;            /* looked for a tail to pin for this (re)admission */
+    int tail_pin;                /* 1 + the pool block of the tail it pinned while it waits
+                                  * (kvpool_tail_pin), 0: none (engine thread) */
     double t_load;               /* util_now() when it started */
     double t_load0;              /* util_now() when the first load of this (re)admission
                                   * started, 0 when none: admission observes the wait */

@@ -172,6 +172,7 @@ static void misc_metrics(http_request *r, void *user)
     api_metric(&b, "tokenmill_prefill_step_tokens_budget", "gauge", "Token budget of a step without decodes (--prefill-step-tokens).", st.prefill_step_tokens);
     api_metric(&b, "tokenmill_step_tokens_max", "gauge", "Most tokens any step carried so far.", st.max_step_tokens);
     api_metric(&b, "tokenmill_shared_prompt_tokens_total", "counter", "Cached prompt tokens attached from a prefix another request was computing at the same time.", (double)st.n_shared_tokens);
+    api_metric(&b, "tokenmill_tail_prompt_tokens_total", "counter", "Cached prompt tokens below a block boundary, copied from the rows an ended request kept (its prompt's last block).", (double)st.n_tail_tokens);
     api_metric(&b, "tokenmill_step_target_seconds", "gauge", "Time target of a step with decodes (--step-ms; 0: token budgets only).", st.step_ms / 1e3);
     api_metric(&b, "tokenmill_step_model_predictions_total", "counter", "Engine steps whose duration the learned step-time model predicted.", (double)st.step_model_n);
     api_metric(&b, "tokenmill_step_model_abs_error_seconds_total", "counter", "Sum of |predicted - measured| step seconds over those.", st.step_model_abs_err_s);

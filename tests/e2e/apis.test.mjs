@@ -263,7 +263,9 @@ test("cache hits: a second identical long request reports cached tokens in every
   assert.ok(c1.usage.prompt_tokens > 256, `long prompt: ${c1.usage.prompt_tokens}`);
   assert.ok(c2.usage.prompt_tokens_details.cached_tokens > 0);
   assert.ok(c2.usage.prompt_tokens_details.cached_tokens < c2.usage.prompt_tokens);
-  assert.equal(c2.usage.prompt_tokens_details.cached_tokens % 128, 0, "whole blocks");
+  // whole blocks, then the rows after them that the first request kept (all but the last token)
+  const c2c = c2.usage.prompt_tokens_details.cached_tokens, c2p = c2.usage.prompt_tokens;
+  assert.ok(c2c === c2p - 1 || (c2c % 128 === 0 && c2p - 1 - c2c < 16), `cached ${c2c} of ${c2p}`);
   checkChatUsage(c2.usage);
 
   const r1 = await oai.responses.create({ model: NAME, input: LONG + " Responses.", max_output_tokens: 2, temperature: 0, store: false });

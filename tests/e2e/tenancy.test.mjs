@@ -63,7 +63,7 @@ test("cache_salt: the same salt hits, another salt (or none) does not, on every 
     const salt = `salt-${route}`, text = `${route}: ${LONG}`;   // chat and responses render alike
     assert.equal(await cached(S, route, { cache_salt: salt }, {}, text), 0, route);
     const again = await cached(S, route, { cache_salt: salt }, {}, text);
-    assert.ok(again >= 256 && again % 128 === 0, `${route}: same salt cached ${again}`);
+    assert.ok(again >= 256, `${route}: same salt cached ${again}`);   // blocks, and the rows kept after them
     assert.equal(await cached(S, route, { cache_salt: `${salt}-other` }, {}, text), 0, `${route}: other salt`);
     assert.equal(await cached(S, route, {}, {}, text), 0, `${route}: no salt`);
   }

@@ -204,7 +204,7 @@ TEST(test_salt_keeps_tenants_apart)
     server v = server_new(NULL);
     g_salt = "tenant-c";
     CHECK(run(&v, prompt, 300, 4, out) == 0);
-    CHECK(run(&v, prompt, 300, 4, out) == 256);
+    CHECK(run(&v, prompt, 300, 4, out) == 299);   /* 2 blocks, and the rows kept after them */
     g_salt = "tenant-d";
     CHECK(run(&v, prompt, 300, 4, out) == 0);
     g_salt = NULL;
@@ -350,9 +350,10 @@ TEST(test_concurrent_loads_read_each_block_once)
     CHECK(sched_submit(v.s, &p1, &a) == SCHED_OK);
     CHECK(sched_submit(v.s, &p2, &b) == SCHED_OK);
     int32_t oa[6], ob[6];
-    CHECK(drain(a, 6, oa) == 896);
-    int cb = drain(b, 6, ob);   /* + the rows of the prefix's partial block when a had them */
-    CHECKF(cb == 896 || cb == 1000, "b cached %d", cb);
+    /* + the rows of the prefix's partial block for the one that found the other holding them
+     * (whichever the engine admitted second) */
+    int ca = drain(a, 6, oa), cb = drain(b, 6, ob);
+    CHECKF((ca == 896 || ca == 1000) && (cb == 896 || cb == 1000) && ca + cb < 2000, "cached %d and %d", ca, cb);
     CHECK(!memcmp(oa, ra, sizeof ra) && !memcmp(ob, rb, sizeof rb));
     blockio_get_stats(v.bio, &st);
     CHECKF(st.n_load_blocks == 7, "read %llu", (unsigned long long)st.n_load_blocks);
@@ -600,7 +601,7 @@ TEST(test_ram_hits_touch_the_store)
     storetest_clock_now = t0 + 80;
     store_stats ss0, ss;
     store_get_stats(v.st, &ss0);
-    CHECK(run(&v, hot, 300, 4, out) == 256);   /* RAM hit */
+    CHECK(run(&v, hot, 300, 4, out) == 299);   /* RAM hit: 2 blocks (touched), 43 rows kept after them */
     CHECK(WAIT_UNTIL((blockio_get_stats(v.bio, &st), st.n_touched == 2), 30));
     store_get_stats(v.st, &ss);
     CHECK(ss.n_get == ss0.n_get);              /* the store was not read */
@@ -614,7 +615,7 @@ TEST(test_ram_hits_touch_the_store)
     CHECK(n_hot == 2);
 
     storetest_clock_now = t0 + 100;            /* 20 s after the touch: not touched again */
-    CHECK(run(&v, hot, 300, 4, out) == 256);
+    CHECK(run(&v, hot, 300, 4, out) == 299);
     blockio_get_stats(v.bio, &st);
     CHECK(st.n_touch_queued == 2 && st.n_touch_skipped == 2);
 
@@ -628,7 +629,7 @@ TEST(test_ram_hits_touch_the_store)
     for (int i = 0; i < 2 && i < ls.n; i++) CHECK(ls.expiry[i] == t0 + 180);
 
     storetest_clock_now = t0 + 145;            /* 65 s after the touch: touched again */
-    CHECK(run(&v, hot, 300, 4, out) == 256);
+    CHECK(run(&v, hot, 300, 4, out) == 299);
     CHECK(WAIT_UNTIL((blockio_get_stats(v.bio, &st), st.n_touched == 4), 30));
     CHECK(st.n_touch_queued == 4);
     schedtest_stack_free(&v);

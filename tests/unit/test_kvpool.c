@@ -215,6 +215,133 @@ TEST(test_copy_rows)
     }
 }
 
+/* Writes a value that names (pos, layer, head, d) into every K row of s below n. */
+static void store_named(kvpool *p, kvpool_seq *s, int n)
+{
+    float k[8], v[8];
+    for (int pos = 0; pos < n; pos++)
+        for (int l = 0; l < 2; l++)
+            for (int h = 0; h < 2; h++) {
+                for (int d = 0; d < 8; d++) v[d] = -(k[d] = (float)(pos * 4 + l * 2 + h) + d * 0.5f);
+                kvpool_seq_store(p, s, pos, l, h, k, v);
+            }
+}
+
+/* Rows of a sequence's block outlive it as a tail: the next sequence after the same full
+ * block copies the rows whose tokens it shares (not fewer than asked, never past a differing
+ * token), as exact values, whether the tail was the sequence's own partial block or a full,
+ * keyed one; the newest tail after a prefix replaces the older; a tail is an ordinary cached
+ * block to reclaim. */
+TEST(test_tail_rows)
+{
+    kvpool *p = mkpool(4, QTYPE_F32);
+    int32_t toks[256];
+    fill_tokens(toks, 256, 9);
+    uint8_t k0[32];
+    kvpool_seq *a = kvpool_seq_new(p);
+    CHECK(kvpool_seq_reserve(p, a, 200) == KVPOOL_OK);
+    store_named(p, a, 200);
+    kvpool_seq_commit_full_blocks(p, a, toks, 200);
+    memcpy(k0, kvpool_seq_last_key(a), 32);
+    kvpool_seq_keep_tail(p, a, 1, k0, toks + 128, 72);   /* rows 128..199, unkeyed */
+    kvpool_seq_free(p, a);
+    kvpool_stats st;
+    kvpool_get_stats(p, &st);
+    CHECK(st.n_cached == 2 && st.n_free == 2 && st.n_tails_kept == 1);
+    /* b: the block, then 60 of the tail's tokens and one of its own */
+    int32_t tb[256];
+    memcpy(tb, toks, sizeof tb);
+    tb[188] = (tb[188] + 1) % 1000;
+    kvpool_seq *b = kvpool_seq_new(p);
+    CHECK(kvpool_seq_attach_prefix(p, b, tb, 256) == 128);
+    CHECK(kvpool_seq_copy_tail(p, b, tb + 128, 127, 61) == 0);   /* fewer rows than asked */
+    CHECK(kvpool_seq_copy_tail(p, b, tb + 128, 50, 16) == 50);   /* no more than the limit */
+    kvpool_seq_free(p, b);
+    b = kvpool_seq_new(p);
+    CHECK(kvpool_seq_attach_prefix(p, b, tb, 256) == 128);
+    CHECK(kvpool_seq_copy_tail(p, b, tb + 128, 127, 16) == 60);
+    CHECK(kvpool_seq_capacity(b) == 256 && kvpool_seq_n_keyed(b) == 128);
+    float kb[8], vb[8];
+    int bad = 0;
+    for (int pos = 128; pos < 188; pos++)
+        for (int l = 0; l < 2; l++)
+            for (int h = 0; h < 2; h++) {
+                kvpool_seq_load(p, b, pos, l, h, kb, vb);
+                for (int d = 0; d < 8; d++) bad += kb[d] != (float)(pos * 4 + l * 2 + h) + d * 0.5f || vb[d] != -kb[d];
+            }
+    CHECKF(bad == 0, "%d values wrong", bad);
+    /* b ends at 188 + 10: its tail replaces a's (same block before it), a's block is free */
+    kvpool_seq_keep_tail(p, b, 1, k0, tb + 128, 70);
+    kvpool_seq_free(p, b);
+    kvpool_get_stats(p, &st);
+    CHECK(st.n_cached == 2 && st.n_free == 2 && st.n_tails_kept == 2);
+    kvpool_seq *c = kvpool_seq_new(p);
+    CHECK(kvpool_seq_attach_prefix(p, c, toks, 256) == 128);
+    CHECK(kvpool_seq_copy_tail(p, c, toks + 128, 127, 16) == 60);   /* b's: differs at 188 */
+    kvpool_seq_free(p, c);
+    /* a full, keyed block as the tail: d computed 256 tokens; e shares its first 100 of block 1 */
+    kvpool_seq *d = kvpool_seq_new(p);
+    CHECK(kvpool_seq_attach_prefix(p, d, toks, 256) == 128);
+    CHECK(kvpool_seq_reserve(p, d, 256) == KVPOOL_OK);
+    store_named(p, d, 256);
+    kvpool_seq_commit_full_blocks(p, d, toks, 256);
+    kvpool_seq_keep_tail(p, d, 1, k0, toks + 128, 128);
+    kvpool_seq_free(p, d);
+    memcpy(tb, toks, sizeof tb);
+    tb[228] = (tb[228] + 1) % 1000;
+    kvpool_seq *e = kvpool_seq_new(p);
+    CHECK(kvpool_seq_attach_prefix(p, e, tb, 300) == 128);   /* block 1 differs */
+    CHECK(kvpool_seq_copy_tail(p, e, tb + 128, 127, 16) == 100);
+    kvpool_seq_load(p, e, 227, 1, 1, kb, vb);
+    CHECK(kb[3] == (float)(227 * 4 + 2 + 1) + 1.5f);
+    kvpool_seq_free(p, e);
+    /* pressure: all four blocks to another sequence, the tails among those reclaimed */
+    kvpool_seq *f = kvpool_seq_new(p);
+    CHECK(kvpool_seq_reserve(p, f, 512) == KVPOOL_OK);
+    kvpool_seq_free(p, f);
+    c = kvpool_seq_new(p);
+    CHECK(kvpool_seq_attach_prefix(p, c, toks, 256) == 0);
+    CHECK(kvpool_seq_copy_tail(p, c, toks, 127, 16) == 0);
+    kvpool_seq_free(p, c);
+    kvpool_get_stats(p, &st);
+    CHECK(st.n_free == 4 && st.n_cached == 0 && st.n_pinned == 0);
+    kvpool_free(p);
+}
+
+/* Reclaim passes over a tail among the oldest cached blocks while a full one is there (a full
+ * block comes back from the block store, a tail does not), takes it when only tails are left,
+ * and never takes a pinned one. */
+TEST(test_tail_reclaim_order)
+{
+    kvpool *p = mkpool(3, QTYPE_F32);
+    int32_t toks[384];
+    fill_tokens(toks, 384, 11);
+    uint8_t zero[32] = { 0 };
+    kvpool_seq *a = kvpool_seq_new(p);
+    CHECK(kvpool_seq_reserve(p, a, 200) == KVPOOL_OK);
+    kvpool_seq_commit_full_blocks(p, a, toks, 200);
+    int full = kvpool_seq_block_id(a, 0), tail = kvpool_seq_block_id(a, 1);
+    kvpool_seq_keep_tail(p, a, 1, kvpool_seq_last_key(a), toks + 128, 72);
+    kvpool_seq_free(p, a);   /* the tail is released first: the least recent */
+    kvpool_seq *b = kvpool_seq_new(p);
+    CHECK(kvpool_seq_reserve(p, b, 256) == KVPOOL_OK);   /* the free block, then one cached */
+    CHECKF(kvpool_seq_block_id(b, 1) == full, "reclaimed %d, the full block is %d", kvpool_seq_block_id(b, 1), full);
+    kvpool_seq *c = kvpool_seq_new(p);
+    CHECK(kvpool_seq_attach_prefix(p, c, toks, 384) == 0);   /* the full block is gone */
+    uint8_t k0[32];
+    kvpool_block_key(p, zero, toks, k0);
+    int pin = kvpool_tail_pin(p, k0, toks + 128, 100, 16);   /* its tail is still there */
+    CHECK(pin == tail);
+    CHECK(kvpool_seq_reserve(p, c, 128) == KVPOOL_ERR_FULL);   /* pinned: not reclaimed */
+    kvpool_tail_unpin(p, pin);
+    CHECK(kvpool_seq_reserve(p, c, 128) == KVPOOL_OK);   /* only a tail left: it goes */
+    CHECK(kvpool_seq_block_id(c, 0) == tail);
+    CHECK(kvpool_tail_pin(p, k0, toks + 128, 100, 16) < 0);
+    kvpool_seq_free(p, b);
+    kvpool_seq_free(p, c);
+    kvpool_free(p);
+}
+
 TEST(test_prefix_sharing)
 {
     kvpool *p = mkpool(8, QTYPE_F16);
@@ -461,6 +588,8 @@ int main(void)
     RUN(test_slab_layout);
     RUN(test_v_is_k_layout);
     RUN(test_copy_rows);
+    RUN(test_tail_rows);
+    RUN(test_tail_reclaim_order);
     RUN(test_prefix_sharing);
     RUN(test_duplicate_commit);
     RUN(test_attach_in_flight);

@@ -262,14 +262,102 @@ TEST(test_prefix_cache_hits)
     schedtest_drain(r, a, 5, &fin);
     CHECK(fin.usage.cached_tokens == 0);
     sched_release(r);
-    prompt[299] = (prompt[299] + 1) % 100;  /* same first 256, different tail */
+    prompt[299] = (prompt[299] + 1) % 100;  /* same first 299, different last token */
     CHECK(sched_submit(g.s, &p, &r) == SCHED_OK);
     schedtest_drain(r, b, 5, &fin);
-    CHECK(fin.usage.cached_tokens == 256 && fin.usage.prompt_tokens == 300);
+    /* two full blocks attached, and the 43 rows after them that the first request kept */
+    CHECK(fin.usage.cached_tokens == 299 && fin.usage.prompt_tokens == 300);
     sched_release(r);
     sched_stats st;
     sched_get_stats(g.s, &st);
-    CHECK(st.n_cached_tokens == 256 && st.n_prompt_tokens == 600);
+    CHECK(st.n_cached_tokens == 299 && st.n_prompt_tokens == 600);
+    rig_free(&g);
+}
+
+/* An agent's next turn: the previous prompt (not on a block boundary), the tokens it
+ * generated replaced by others, then new ones. The rows of the block where the previous
+ * prompt ended outlive its request, whether that block stayed partial (a prompt of 300) or
+ * the generated tokens filled it (250 + 10): the next turn copies those of its prompt instead
+ * of computing them (cached: every prompt token of the first turn), computes only the rest
+ * (counted in engine tokens), and answers as it does alone. With fewer than a few rows in
+ * common (a different token right after the blocks) nothing is copied. */
+TEST(test_prefix_tail_rows_reused)
+{
+    enum { P2 = 340, GEN = 10 };
+    const int p1s[2] = { 300, 250 };
+    for (int c = 0; c < 2; c++) {
+        int P1 = p1s[c];
+        rig g = rig_new(16, 4, 16, 48);
+        static int32_t turn1[P2], turn2[P2];
+        prompt_of(turn1, P1, 23);
+        int32_t a[GEN], want[GEN], got[GEN];
+        sched_params p = greedy(turn1, P1, GEN);
+        sched_req *r;
+        sched_output fin = { 0 };
+        CHECK(sched_submit(g.s, &p, &r) == SCHED_OK);
+        CHECK(schedtest_drain(r, a, GEN, &fin) == GEN);
+        CHECK(fin.usage.cached_tokens == 0);
+        sched_release(r);
+        memcpy(turn2, turn1, (size_t)P1 * sizeof *turn1);
+        prompt_of(turn2 + P1, P2 - P1, 24);
+        turn2[P1] = (a[0] + 1) % 100;   /* not the generated token: its row is not the turn's */
+        CHECK(solo(turn2, P2, GEN, want, GEN) == GEN);
+        sched_stats st;
+        sched_get_stats(g.s, &st);
+        uint64_t before = st.n_prefill_tokens;
+        p = greedy(turn2, P2, GEN);
+        CHECK(sched_submit(g.s, &p, &r) == SCHED_OK);
+        CHECK(schedtest_drain(r, got, GEN, &fin) == GEN);
+        CHECKF(fin.usage.cached_tokens == P1, "first turn %d: cached %d", P1, fin.usage.cached_tokens);
+        sched_release(r);
+        sched_get_stats(g.s, &st);
+        CHECK(st.n_tail_tokens == (uint64_t)(P1 % KVPOOL_BLOCK));   /* the rows below the boundary */
+        /* the prompt but its cached part and the token sampled with the last */
+        CHECKF(st.n_prefill_tokens - before == (uint64_t)(P2 - P1 - 1), "first turn %d: computed %llu", P1,
+               (unsigned long long)(st.n_prefill_tokens - before));
+        CHECK(!memcmp(got, want, sizeof want));
+        /* the first block, then a token of its own: only the block is reused */
+        turn2[128] = (turn2[128] + 1) % 100;
+        p = greedy(turn2, P2, 1);
+        CHECK(sched_submit(g.s, &p, &r) == SCHED_OK);
+        schedtest_drain(r, NULL, 0, &fin);
+        CHECKF(fin.usage.cached_tokens == 128, "first turn %d: cached %d", P1, fin.usage.cached_tokens);
+        sched_release(r);
+        CHECK(wait_blocks_used(g.s, 0));
+        rig_free(&g);
+    }
+}
+
+/* A waiting request pins the tail it will copy, but never at a running request's expense: a
+ * lone request that needs the whole pool (8 blocks) gets the pinned tail's block too, instead
+ * of being refused as too large, and the waiting one runs after it. */
+TEST(test_tail_pin_yields_to_running)
+{
+    rig g = rig_new(8, 1, 16, 48);
+    static int32_t first[300], next[340], blocker[10];
+    prompt_of(first, 300, 25);
+    memcpy(next, first, sizeof first);
+    prompt_of(next + 300, 40, 26);
+    prompt_of(blocker, 10, 27);
+    sched_req *r, *b, *c;
+    sched_params p = greedy(first, 300, 5);   /* leaves 2 full blocks and a tail */
+    CHECK(sched_submit(g.s, &p, &r) == SCHED_OK);
+    schedtest_drain(r, NULL, 0, NULL);
+    sched_release(r);
+    p = greedy(blocker, 10, 1024 - 10);       /* grows into all 8 blocks */
+    CHECK(sched_submit(g.s, &p, &b) == SCHED_OK);
+    sched_output out[1];
+    CHECK(sched_poll(b, out, 1, 30000) == 1);  /* running: the next one waits for the slot */
+    p = greedy(next, 340, 1);
+    CHECK(sched_submit(g.s, &p, &c) == SCHED_OK);
+    sched_output fin = { 0 };
+    CHECK(schedtest_drain(b, NULL, 0, &fin) == 1024 - 10 - 1);
+    CHECKF(fin.finish == SCHED_FINISH_LENGTH, "the long request ended %s", sched_finish_name(fin.finish));
+    schedtest_drain(c, NULL, 0, &fin);
+    CHECK(fin.finish == SCHED_FINISH_LENGTH);
+    sched_release(b);
+    sched_release(c);
+    CHECK(wait_blocks_used(g.s, 0));
     rig_free(&g);
 }
 
@@ -636,11 +724,13 @@ static void share_run_case(const share_case *c, bool serial, int run_no, share_r
 }
 
 /* SP_N requests with a shared SP_PREFIX-token prefix, together: its full blocks are computed
- * once (the engine computes the tokens the same requests computed one at a time, less the rows
- * of the prefix's last, partial block that a request copies from another that holds them: 104
- * each, all of them cached), the others attach them as they complete and report them as
- * cached, and every greedy output is the one of the serial run. Whatever the arrival order,
- * chunk size, and with the block store on and off. Counted in engine tokens. */
+ * once, the others attach them as they complete and report them as cached, and every greedy
+ * output is the one of the serial run. Whatever the arrival order, chunk size, and with the
+ * block store on and off. Counted in engine tokens. The rows of the prefix's last, partial
+ * block (104) are computed once too: copied from a running request that holds them, or, one
+ * at a time, from the tail the previous request kept; so the serial run caches the whole
+ * prefix, and a concurrent request that computed them itself (it found no one ahead of it
+ * holding them) computed 104 tokens more than serially. */
 TEST(test_shared_prefix_computed_once)
 {
     const share_case cases[] = {
@@ -660,17 +750,17 @@ TEST(test_shared_prefix_computed_once)
         share_run ser, con;
         share_run_case(c, true, run_no++, &ser);
         share_run_case(c, false, run_no++, &con);
-        CHECKF(ser.cached == (SP_N - 1) * SP_SHARED, "case %zu: serial cached %d", ci, ser.cached);
-        int rows = con.cached - ser.cached;   /* shared below the prefix's last block boundary */
+        CHECKF(ser.cached == (SP_N - 1) * SP_PREFIX, "case %zu: serial cached %d", ci, ser.cached);
+        int rows = ser.cached - con.cached;   /* partial-block rows computed again together */
         CHECKF(rows >= 0 && rows % (SP_PREFIX - SP_SHARED) == 0 && rows <= (SP_N - 1) * (SP_PREFIX - SP_SHARED),
                "case %zu: %d cached tokens together, %d one at a time", ci, con.cached, ser.cached);
-        CHECKF(con.prefill + (uint64_t)rows == ser.prefill, "case %zu: %llu prefill tokens together (%d rows "
-               "copied), %llu one at a time", ci, (unsigned long long)con.prefill, rows,
+        CHECKF(con.prefill == ser.prefill + (uint64_t)rows, "case %zu: %llu prefill tokens together (%d rows "
+               "computed again), %llu one at a time", ci, (unsigned long long)con.prefill, rows,
                (unsigned long long)ser.prefill);
         CHECKF(!memcmp(con.toks, ser.toks, sizeof con.toks), "case %zu: outputs differ from the serial run", ci);
         if (!c->staggered) {
             shared_together += con.shared;
-            rows_together += rows;
+            rows_together += con.shared % KVPOOL_BLOCK != 0;   /* rows copied from a running one */
         }
     }
     /* Whether a given run attaches in flight or from the finished prefix depends on when the
@@ -713,8 +803,9 @@ TEST(test_shared_prefix_leader_cancelled)
         int b_computed = SP_LEN - fb.usage.cached_tokens - 1;
         int a_computed = (int)st.n_prefill_tokens - b_computed;
         int a_blocks = TM_MIN(a_computed, SP_SHARED) / KVPOOL_BLOCK * KVPOOL_BLOCK;
-        /* past the prefix, A also had the rows of its partial last block for B to copy */
-        bool rows = a_computed >= SP_PREFIX && fb.usage.cached_tokens == SP_PREFIX;
+        /* B also copies the rows A computed in its partial last block (from A running, or from
+         * the tail A's cancel kept), when there are enough of them to be worth it */
+        bool rows = fb.usage.cached_tokens == TM_MIN(a_computed, SP_PREFIX);
         CHECKF(fb.usage.cached_tokens == a_blocks || rows, "A computed %d tokens, B attached %d", a_computed,
                fb.usage.cached_tokens);
         mid = fa.usage.completion_tokens == 0 && a_computed < SP_SHARED;
@@ -904,7 +995,11 @@ TEST(test_admission_counts_blocks_reloaded_from_store)
     for (int i = 0; i < 2; i++) {
         schedtest_drain(q[i], NULL, 0, &fin);
         CHECK(fin.finish == SCHED_FINISH_LENGTH);
-        CHECKF(fin.usage.cached_tokens == (i ? 256 : 512), "request %d: %d cached", i, fin.usage.cached_tokens);
+        /* the full blocks, and the 43 rows after them the first run kept when its tail was still
+         * in the pool as the request came (pinned while it waits) */
+        int blocks = i ? 256 : 512;
+        CHECKF(fin.usage.cached_tokens == blocks || fin.usage.cached_tokens == blocks + 43, "request %d: %d cached", i,
+               fin.usage.cached_tokens);
         sched_release(q[i]);
     }
     CHECK(g_n_admitted == 2);
@@ -1073,6 +1168,8 @@ int main(void)
     RUN(test_queue_full);
     RUN(test_kv_exhaustion_preempts_and_completes);
     RUN(test_prefix_cache_hits);
+    RUN(test_prefix_tail_rows_reused);
+    RUN(test_tail_pin_yields_to_running);
     RUN(test_stop_ids_logprobs_seed);
     RUN(test_think_budget);
     RUN(test_long_prompt_chunked_beside_decode);
