@@ -777,8 +777,8 @@ A512_INLINE void a512_x16_q6_K(int T, int64_t nb, const block_q6_Kx16 *w, const 
                 int g = 2 * p + h;
                 _mm_prefetch((const char *)wb->q[g] + 2 * sizeof *wb, _MM_HINT_T0);
                 _mm_prefetch((const char *)wb->q[g] + 2 * sizeof *wb + 128, _MM_HINT_T0);
-                __m512i P = a512_load_once(wb->q[g][0]), Q = a512_load_once(wb->q[g][1]),
-                        R = a512_load_once(wb->q[g][2]);
+                __m512i P = _mm512_load_si512(wb->q[g][0]), Q = _mm512_load_si512(wb->q[g][1]),
+                        R = _mm512_load_si512(wb->q[g][2]);
                 __m512i ua = _mm512_and_si512(P, m6), ub = _mm512_and_si512(Q, m6),
                         uc = _mm512_and_si512(R, m6);
                 /* unit 3: bits 6-7 of P, Q, R; select (imm 0xE4: C ? A : B) by bit masks */
