@@ -73,14 +73,17 @@ typedef struct {
                               * column 64c+4k+i, high nibble column 64c+32+4k+i */
 } block_q4_Kx16; /* 2368 */
 typedef struct {
+    /* The scales come first, as in every other repacked layout: a kernel then reads each
+     * struct in ascending address order, which the hardware prefetcher follows (with them
+     * after the values, every struct began with a jump back 3 KiB). */
+    float d[16];             /* super-block scale per row (the fp16 value, widened: keeps the
+                              * struct a multiple of 64 bytes) */
+    int8_t sc[8][16][2];     /* [g/2][row][g%2]: scale of group g */
     /* [group g][plane][row][i]: 6-bit values q (0..63, the value is q - 32) of the 16
      * columns 16g..16g+15 in 4 units of 4 (unit u: columns 16g+4u+i). Plane 0 holds unit 0
      * in bits 0-5 and bits 0-1 of unit 3 in bits 6-7, plane 1 unit 1 and bits 2-3 of unit 3,
      * plane 2 unit 2 and bits 4-5 of unit 3. */
     uint8_t q[16][3][16][4];
-    int8_t sc[8][16][2];     /* [g/2][row][g%2]: scale of group g */
-    float d[16];             /* super-block scale per row (the fp16 value, widened: keeps the
-                              * struct a multiple of 64 bytes) */
 } block_q6_Kx16; /* 3392 */
 
 /* Repacked Q8_0: 16 consecutive rows interleaved, 64 columns (two Q8_0 blocks) of all 16 rows

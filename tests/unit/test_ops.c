@@ -315,6 +315,45 @@ TEST(test_matmul_repacked)
         CHECKF(!memcmp(y0, y1, sizeof y0), "mxfp4x16 %s with exponents 0 and 1", ops_level_name());
         free(sc);
     }
+    /* Q4_K / Q6_K at the edges of their integer ranges (every nibble and 6-bit scale at its
+     * largest, then random bytes; activations all +-127): the repacked kernels' int32 sums
+     * (high nibbles kept in place, 16 times their value) neither overflow nor round */
+    for (int kt = 0; kt < 2; kt++)
+        for (int fill = 0; fill < 2; fill++) {
+            enum { R = 32, C = 512 };
+            const qtype t = kt ? QTYPE_Q6_K : QTYPE_Q4_K, rt = quant_repack_type(t);
+            const size_t rb = quant_row_bytes(t, C), bsz = quant_block_bytes(t);
+            char *wf = malloc(rb * R), *wx = aligned_alloc(64, quant_row_bytes(rt, C) * R);
+            util_rng g;
+            util_rng_seed(&g, 91 + (uint64_t)fill);
+            for (size_t i = 0; i < rb * R; i++) wf[i] = fill ? (char)util_rng_next(&g) : (char)0xFF;
+            for (size_t i = 0; i < rb * R; i += bsz) {   /* finite super-block scales */
+                fp16_t one = quant_fp32_to_fp16(1.0f), half = quant_fp32_to_fp16(0.5f);
+                if (kt) memcpy(wf + i + offsetof(block_q6_K, d), &one, sizeof one);
+                else {
+                    memcpy(wf + i + offsetof(block_q4_K, d), &one, sizeof one);
+                    memcpy(wf + i + offsetof(block_q4_K, dmin), &half, sizeof half);
+                }
+            }
+            quant_repack(t, wf, wx, C, 0, R);
+            float xe[3 * C], y0[3 * R], y1[3 * R];
+            for (int i = 0; i < C; i++) {
+                xe[i] = 1.0f;                                 /* all +127 */
+                xe[C + i] = -1.0f;                            /* all -127 */
+                xe[2 * C + i] = (i & 1) ? 2.0f : -2.0f;
+            }
+            void *sc = malloc(ops_matmul_scratch_bytes(t, C, 3));
+            ops_weight a = {t, R, C, wf}, b = {rt, R, C, wx};
+            ops_force_level(CPU_LEVEL_SCALAR);
+            ops_matmul(NULL, &a, xe, 3, y0, sc);
+            ops_force_level(cpu_get_hw_level());
+            ops_matmul(NULL, &b, xe, 3, y1, sc);
+            CHECKF(!memcmp(y0, y1, sizeof y0), "%s %s at the range edges (fill %d)",
+                   quant_type_name(rt), ops_level_name(), fill);
+            free(sc);
+            free(wx);
+            free(wf);
+        }
     /* ops_repack (threaded) writes what quant_repack does, and only eligible weights */
     ops_weight odd = {QTYPE_Q4_K, 17, 256, NULL}, q8 = {QTYPE_Q8_0, 16, 96, NULL},
                q8r = {QTYPE_Q8_0, 24, 256, NULL}, q5 = {QTYPE_Q5_K, 16, 256, NULL};
