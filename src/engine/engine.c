@@ -1160,7 +1160,7 @@ static void engine_moe_ffn(engine *e, engine_job *job, int il, int T)
         ops_matmul(tp, &L->down_shexp, e->ffa, T, e->shx, e->mm_scratch);
     }
     ops_matmul(tp, &L->gate_inp, e->xn, T, e->r_logits, e->mm_scratch);
-    threadpool_run(tp, engine_job_route, job);
+    engine_run_rows(e, engine_job_route, job, (int64_t)T * e->m->hp.n_expert);   /* a decode step's: inline */
     engine_moe_group(e, T);
     engine_moe_stats_layer(e->stats, il, e->x_off);
     threadpool_run(tp, engine_job_moe_gather, job);
