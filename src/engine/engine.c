@@ -36,6 +36,10 @@
  * it. No allocation after engine_new. */
 #define ENGINE_MOE_WINDOW 128
 #define ENGINE_MOE_ROWS 64       /* output rows of an expert per work item */
+/* Steps of at most this many tokens compute the shared experts' FFN as work items of the
+ * routed experts' round (two pool rounds fewer per layer); each item quantises its T input
+ * rows again, which for a long prefill would cost more than the rounds it saves. */
+#define ENGINE_MOE_SHARED_T 4
 
 typedef struct engine_moe_stats {
     int n_layers, n_expert, window;
@@ -233,6 +237,7 @@ typedef struct {
     bool q16;                /* attention: the per-key path (f16 Q, f16 V accumulator) */
     bool win;                /* attention: a window layer, one item per (batch entry, kv head) */
     bool mla_v;              /* MLA heads: values through v_b (else queries through k_b) */
+    bool shexp;              /* experts: the shared experts' FFN is in the round (into shx) */
 } engine_job;
 
 const char *engine_status_name(engine_status st)
@@ -470,6 +475,11 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
             const ops_weight *gu[2] = { &g, &u };
             msc = TM_MAX(msc, ops_matmul_multi_scratch_bytes(2, gu, Ti));
             msc = engine_scratch_need(&d, Ti, msc);
+            if (L->gate_shexp.data) {   /* slices of the shared experts, fused into the round */
+                const ops_weight *sgu[2] = { &L->gate_shexp, &L->up_shexp };
+                msc = TM_MAX(msc, ops_matmul_multi_scratch_bytes(2, sgu, Ti));
+                msc = engine_scratch_need(&L->down_shexp, Ti, msc);
+            }
         }
         e->moe_tmp_stride = TM_ALIGN_UP(2 * T * ENGINE_MOE_ROWS + (msc + 64) / sizeof(float), 16);
         e->moe_tmp = util_aligned_alloc((size_t)o.n_threads * e->moe_tmp_stride * sizeof(float));
@@ -1023,7 +1033,8 @@ static void engine_job_moe_gather(void *ctx, int ith, int nth)
 #endif
 
 /* xn[t] = sum over slots s of w[t][s] * ye[row(t, s)], each product rounded before the add
- * (ggml_mul then ggml_add): no contraction into FMAs. */
+ * (ggml_mul then ggml_add): no contraction into FMAs; then + shx[t], the shared experts'
+ * output, in a layer that has them. */
 ENGINE_NO_FP_CONTRACT
 static void engine_job_moe_sum(void *ctx, int ith, int nth)
 {
@@ -1031,6 +1042,7 @@ static void engine_job_moe_sum(void *ctx, int ith, int nth)
     engine *e = j->e;
     const int T = j->b->n_tokens, dim = e->m->hp.dim, k = e->m->hp.n_expert_used;
     const int t0 = (int)((int64_t)T * ith / nth), t1 = (int)((int64_t)T * (ith + 1) / nth);
+    const float *sh = e->m->layers[j->layer].gate_shexp.data ? e->shx : NULL;
     for (int t = t0; t < t1; t++) {
         float *o = e->xn + (size_t)t * dim;
         const float *y = e->ye + (size_t)e->x_row[(size_t)t * k] * dim;
@@ -1044,6 +1056,8 @@ static void engine_job_moe_sum(void *ctx, int ith, int nth)
                 o[d] = o[d] + p;
             }
         }
+        if (sh)   /* routed + shared, the add ops_add did */
+            for (int d = 0; d < dim; d++) o[d] = o[d] + sh[(size_t)t * dim + d];
     }
 }
 
@@ -1053,7 +1067,9 @@ static void engine_job_moe_sum(void *ctx, int ith, int nth)
  * barrier phase 2 the down projection for a chunk of its output rows into ye. A chunk's
  * results are its rows of the whole-matrix products (a row's dots do not depend on the rows
  * beside it), so the split changes no bit; one round instead of three per active expert keeps
- * a decode step's threads from meeting at 3k barriers per layer. */
+ * a decode step's threads from meeting at 3k barriers per layer. With j->shexp the shared
+ * experts' FFN comes first in each phase, as chunks of the same size over every token (xn
+ * through gate/up and SwiGLU into ffa, then ffa through down into shx). */
 static void engine_job_moe_experts(void *ctx, int ith, int nth)
 {
     engine_job *j = ctx;
@@ -1064,10 +1080,26 @@ static void engine_job_moe_experts(void *ctx, int ith, int nth)
     const int cg = (ef + R - 1) / R, cd = (dim + R - 1) / R;
     float *tg = e->moe_tmp + (size_t)ith * e->moe_tmp_stride, *tu = tg + (size_t)e->max_tokens * R;
     void *scratch = tu + (size_t)e->max_tokens * R;
+    const int T = j->b->n_tokens, sf = j->shexp ? (int)L->gate_shexp.rows : 0;
+    const int csg = (sf + R - 1) / R, csd = j->shexp ? cd : 0;
     (void)nth;
     for (;;) {
-        int it = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
+        int it = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED) - csg;
         if (it >= e->n_act * cg) break;
+        if (it < 0) {   /* a chunk of the shared experts' hidden rows */
+            int c0 = (it + csg) * R, nr = TM_MIN(R, sf - c0);
+            size_t rb = quant_row_bytes(L->gate_shexp.type, L->gate_shexp.cols);
+            ops_weight g = { L->gate_shexp.type, nr, L->gate_shexp.cols, (const char *)L->gate_shexp.data + rb * (size_t)c0 };
+            ops_weight u = { L->up_shexp.type, nr, L->up_shexp.cols,
+                             (const char *)L->up_shexp.data + quant_row_bytes(L->up_shexp.type, L->up_shexp.cols) * (size_t)c0 };
+            const ops_weight *gu[2] = { &g, &u };
+            float *out[2] = { tg, tu };
+            ops_matmul_multi(NULL, 2, gu, e->xn, T, out, scratch);
+            ops_swiglu(NULL, tg, tg, tu, T, nr);
+            for (int t = 0; t < T; t++)
+                memcpy(e->ffa + (size_t)t * sf + c0, tg + (size_t)t * nr, (size_t)nr * sizeof(float));
+            continue;
+        }
         int x = e->x_act[it / cg], c0 = it % cg * R, nr = TM_MIN(R, ef - c0);
         int r0 = e->x_off[x], n = e->x_off[x + 1] - r0;
         ops_weight g = model_expert(&L->gate_exps, E, x), u = model_expert(&L->up_exps, E, x);
@@ -1091,8 +1123,17 @@ static void engine_job_moe_experts(void *ctx, int ith, int nth)
     }
     threadpool_barrier(e->tp);
     for (;;) {
-        int it = __atomic_fetch_add(&j->next2, 1, __ATOMIC_RELAXED);
+        int it = __atomic_fetch_add(&j->next2, 1, __ATOMIC_RELAXED) - csd;
         if (it >= e->n_act * cd) break;
+        if (it < 0) {   /* a chunk of the shared experts' output rows */
+            int c0 = (it + csd) * R, nr = TM_MIN(R, dim - c0);
+            const ops_weight *sd = &L->down_shexp;
+            ops_weight d = { sd->type, nr, sd->cols, (const char *)sd->data + quant_row_bytes(sd->type, sd->cols) * (size_t)c0 };
+            ops_matmul(NULL, &d, e->ffa, T, tg, scratch);
+            for (int t = 0; t < T; t++)
+                memcpy(e->shx + (size_t)t * dim + c0, tg + (size_t)t * nr, (size_t)nr * sizeof(float));
+            continue;
+        }
         int x = e->x_act[it / cd], c0 = it % cd * R, nr = TM_MIN(R, dim - c0);
         int r0 = e->x_off[x], n = e->x_off[x + 1] - r0;
         ops_weight d = model_expert(&L->down_exps, E, x);
@@ -1105,13 +1146,21 @@ static void engine_job_moe_experts(void *ctx, int ith, int nth)
     }
 }
 
-/* The MoE FFN of layer il: xn (T, dim) in, the FFN output in xn. */
+/* The MoE FFN of layer il: xn (T, dim) in, the FFN output (routed + shared experts) in xn. */
 static void engine_moe_ffn(engine *e, engine_job *job, int il, int T)
 {
     const model_layer *L = &e->m->layers[il];
     threadpool *tp = e->tp;
+    job->shexp = L->gate_shexp.data && T <= ENGINE_MOE_SHARED_T;
+    if (L->gate_shexp.data && !job->shexp) {   /* shared experts: a dense FFN on the same input */
+        const ops_weight *gu[2] = { &L->gate_shexp, &L->up_shexp };
+        float *gu_out[2] = { e->ffa, e->ffb };
+        ops_matmul_multi(tp, 2, gu, e->xn, T, gu_out, e->mm_scratch);
+        ops_swiglu(tp, e->ffa, e->ffa, e->ffb, T, (int)L->gate_shexp.rows);
+        ops_matmul(tp, &L->down_shexp, e->ffa, T, e->shx, e->mm_scratch);
+    }
     ops_matmul(tp, &L->gate_inp, e->xn, T, e->r_logits, e->mm_scratch);
-    threadpool_run(tp, engine_job_route, job);
+    engine_run_rows(e, engine_job_route, job, (int64_t)T * e->m->hp.n_expert);   /* a decode step's: inline */
     engine_moe_group(e, T);
     engine_moe_stats_layer(e->stats, il, e->x_off);
     threadpool_run(tp, engine_job_moe_gather, job);
@@ -1157,16 +1206,14 @@ double engine_moe_imbalance(const uint64_t *counts, int n_expert, int n_groups)
  * so that Q K^T equals the decompressed scores; the attention output of a head (kv_lora) goes
  * through v_b[h] to v_dim values, then attn_output. */
 
-/* After the projections, row by row: norm the latent, rope the key part and each head's query
- * part (copied into q's RoPE slot), and store the row in the pool (as K; V is K). */
-static void engine_job_mla_post(void *ctx, int ith, int nth)
+/* After the projections, rows [t0, t1): norm the latent, rope the key part and each head's
+ * query part (copied into q's RoPE slot), and store the row in the pool (as K; V is K). */
+static void engine_mla_post_rows(engine_job *j, int t0, int t1)
 {
-    engine_job *j = ctx;
     engine *e = j->e;
     const model_hparams *hp = &e->m->hp;
     const model_layer *L = &e->m->layers[j->layer];
-    const int T = j->b->n_tokens, H = hp->n_heads, hd = hp->head_dim, lr = hp->kv_lora, kq = hp->nope_dim + hp->n_rot;
-    const int t0 = (int)((int64_t)T * ith / nth), t1 = (int)((int64_t)T * (ith + 1) / nth);
+    const int H = hp->n_heads, hd = hp->head_dim, lr = hp->kv_lora, kq = hp->nope_dim + hp->n_rot;
     for (int t = t0; t < t1; t++) {
         float *k = e->k + (size_t)t * hd, *qr = e->qraw + (size_t)t * H * kq;
         ops_rmsnorm(NULL, k, k, L->kv_a_norm, 1, lr, hp->rms_eps);
@@ -1184,7 +1231,10 @@ static void engine_job_mla_post(void *ctx, int ith, int nth)
 
 /* Per head (items from a shared counter): gather the head's rows, one matmul with its slice
  * of a per-head tensor, scatter the results. j->mla_v false: q_nope (qraw) through k_b into
- * q's latent slot; true: the attention output's latent part (att) through v_b into att_v. */
+ * q's latent slot, after the thread's share of engine_mla_post_rows (which reads and writes
+ * only what the heads do not: the latent row, the RoPE parts, the pool), so that the query
+ * side of a layer is one pool round after its projections; true: the attention output's
+ * latent part (att) through v_b into att_v. */
 static void engine_job_mla_heads(void *ctx, int ith, int nth)
 {
     engine_job *j = ctx;
@@ -1201,7 +1251,7 @@ static void engine_job_mla_heads(void *ctx, int ith, int nth)
     float *xin = e->mla_tmp + (size_t)ith * e->mla_tmp_stride;
     float *yout = xin + (size_t)e->max_tokens * TM_MAX(hp->nope_dim, lr);
     void *scratch = yout + (size_t)e->max_tokens * TM_MAX(lr, hp->v_dim);
-    (void)nth;
+    if (!out_v) engine_mla_post_rows(j, (int)((int64_t)T * ith / nth), (int)((int64_t)T * (ith + 1) / nth));
     for (;;) {
         int h = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
         if (h >= H) break;
@@ -1231,7 +1281,6 @@ static void engine_mla_qkv(engine *e, engine_job *job, int il, int T)
         float *ys[2] = { e->qraw, e->k };
         ops_matmul_multi(tp, 2, ws, e->xn, T, ys, e->mm_scratch);
     }
-    threadpool_run(tp, engine_job_mla_post, job);
     job->next = 0, job->mla_v = false;
     threadpool_run(tp, engine_job_mla_heads, job);
 }
@@ -1341,15 +1390,7 @@ engine_status engine_step_mtp(engine *e, const engine_batch *b, const float *hid
         job.bias = NULL;
         engine_prof_mark(e, il, ENGINE_PROF_ADD_NORM);
         if (L->gate_inp.data) {
-            if (L->gate_shexp.data) {   /* shared experts: a dense FFN on the same input */
-                const ops_weight *gu[2] = { &L->gate_shexp, &L->up_shexp };
-                float *gu_out[2] = { e->ffa, e->ffb };
-                ops_matmul_multi(tp, 2, gu, e->xn, T, gu_out, e->mm_scratch);
-                ops_swiglu(tp, e->ffa, e->ffa, e->ffb, T, (int)L->gate_shexp.rows);
-                ops_matmul(tp, &L->down_shexp, e->ffa, T, e->shx, e->mm_scratch);
-            }
             engine_moe_ffn(e, &job, il, T);
-            if (L->gate_shexp.data) ops_add(tp, e->xn, e->shx, (int64_t)T * dim);   /* routed + shared */
             engine_prof_mark(e, il, ENGINE_PROF_MOE);
         } else {
             const ops_weight *gu[2] = { &L->gate, &L->up };

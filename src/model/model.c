@@ -564,7 +564,7 @@ static int model_layer_matrices(model_layer *L, ops_weight **ws)
 
 /* The matrices a decode step multiplies with (output first), n_layers * MODEL_LAYER_MATS + 1
  * of them at most; a MoE layer's router, its experts and MLA's per-head tensors are not among
- * them (never repacked: see model.h). */
+ * them (model_repack_list adds the stacked ones). */
 static int model_matrices(model *m, ops_weight **ws)
 {
     int n = 0;
@@ -677,17 +677,21 @@ void model_resident(model *m, threadpool *tp, model_resident_info *info)
 
 /* The matrices model_repack considers: model_matrices, then the stacked expert tensors whose
  * experts are each whole 16-row groups (so that model_expert's row offsets, and the engine's
- * 64-row slices of them, start on a group of the repacked layout). */
+ * 64-row slices of them, start on a group of the repacked layout), and MLA's per-head
+ * tensors on the same condition per head (a decode step multiplies every head's slice: in
+ * the file layout their many short products streamed at a fraction of the repacked rate). */
+#define MODEL_REPACK_STACKED 5   /* stacked tensors per layer model_repack_list may add */
 static int model_repack_list(model *m, ops_weight **ws)
 {
     int n = model_matrices(m, ws);
     for (int il = 0; il < m->hp.n_layers; il++) {
         model_layer *L = &m->layers[il];
-        ops_weight *ex[] = { &L->gate_exps, &L->up_exps, &L->down_exps };
-        for (int i = 0; i < 3; i++)
-            if (ex[i]->data && m->hp.n_expert > 0 && ex[i]->rows % m->hp.n_expert == 0 &&
-                ex[i]->rows / m->hp.n_expert % 16 == 0)
+        ops_weight *ex[MODEL_REPACK_STACKED] = { &L->gate_exps, &L->up_exps, &L->down_exps, &L->wk_b, &L->wv_b };
+        for (int i = 0; i < MODEL_REPACK_STACKED; i++) {
+            int n_slices = i < 3 ? m->hp.n_expert : m->hp.n_heads;
+            if (ex[i]->data && n_slices > 0 && ex[i]->rows % n_slices == 0 && ex[i]->rows / n_slices % 16 == 0)
                 ws[n++] = ex[i];
+        }
     }
     return n;
 }
@@ -697,7 +701,7 @@ static int model_repack_list(model *m, ops_weight **ws)
  * originals from this process. Returns false when out of memory (nothing changed). */
 static bool model_repack(model *m)
 {
-    ops_weight **ws = xcalloc((size_t)m->hp.n_layers * (MODEL_LAYER_MATS + 3) + 1, sizeof *ws);
+    ops_weight **ws = xcalloc((size_t)m->hp.n_layers * (MODEL_LAYER_MATS + MODEL_REPACK_STACKED) + 1, sizeof *ws);
     int n = model_repack_list(m, ws);
     size_t total = 0;
     for (int i = 0; i < n; i++) {

@@ -38,7 +38,8 @@
  *
  * Multi-head latent attention (`deepseek2`, as llama.cpp's converter writes it with split
  * `attn_k_b` / `attn_v_b`): hp.head_dim is the latent plus the RoPE part (one kv head),
- * hp.mla says so; see engine.h for how it is computed.
+ * hp.mla says so; see engine.h for how it is computed. The per-head tensors are stacked as
+ * the experts are (model_expert gives head h's slice) and repacked on the same condition.
  *
  * Multi-token prediction (DeepSeek-V3's MTP, llama.cpp's "nextn" layers): a file with
  * `{arch}.nextn_predict_layers` = n stores n more blocks after the model's (block_count counts

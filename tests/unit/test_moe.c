@@ -3,8 +3,8 @@
  * (softmax, argsort with libstdc++'s std::sort tie order, renormalised weights), loading of
  * (and DeepSeek V3's sigmoid router with bias and groups), the 3-D expert tensors and the errors for bad ones, the engine's grouped-by-expert FFN
  * against a plain reference forward pass, the expert load statistics, and mkmodel's presets
- * (Qwen3-30B-A3B, DeepSeek-V2-Lite with latent attention and YaRN, gpt-oss-20b) and the
- * refusal of bad gpt-oss files.
+ * (Qwen3-30B-A3B, DeepSeek-V2-Lite with latent attention and YaRN, gpt-oss-20b), the
+ * repacked expert and per-head latent attention tensors, and the refusal of bad gpt-oss files.
  */
 #include "harness.h"
 
@@ -296,6 +296,71 @@ TEST(test_repacked_experts)
     model_free(f);
 }
 
+/* MLA's per-head tensors (attn_k_b, attn_v_b) are repacked as the experts are when each
+ * head's rows are whole 16-row groups: every head's slice multiplies to the file layout's
+ * bits at the scalar level and at the active one, and the engine's logits are the file
+ * layout's at the scalar level. */
+TEST(test_repacked_mla)
+{
+    enum { N = 24 };
+    char path[256], err[256];
+    snprintf(path, sizeof path, "%s/mla-q8.gguf", tmpdir);
+    char *argv[] = { "mkmodel", "--arch", "deepseek2", "--layers", "2", "--dim", "256", "--ffn", "256", "--heads", "4",
+                     "--kv-lora", "128", "--nope-dim", "64", "--rope-dim", "32", "--v-dim", "64", "--experts", "8",
+                     "--experts-used", "2", "--expert-ffn", "128", "--shared-experts", "1", "--dense-layers", "1",
+                     "--vocab-size", "300", "--type", "q8_0", "--seed", "7", "--threads", "2", "-o", path, NULL };
+    CHECK(cmd_mkmodel((int)TM_ARRAY_LEN(argv) - 1, argv) == 0);
+    model *m = NULL, *f = NULL;
+    model_opts keep = { .no_repack = true };
+    CHECKF(model_load(path, NULL, &m, err, sizeof err) == GGUF_OK, "%s", err);
+    CHECKF(model_load(path, &keep, &f, err, sizeof err) == GGUF_OK, "%s", err);
+    unlink(path);
+    if (!m || !f) {
+        model_free(m);
+        model_free(f);
+        return;
+    }
+    bool want = ops_get_level() == CPU_LEVEL_AVX512 && !getenv("TOKENMILL_REPACK");
+    const int H = m->hp.n_heads;
+    float x[2 * 128], y0[2 * 128], y1[2 * 128];
+    for (int i = 0; i < 2 * 128; i++) x[i] = sinf(0.37f * (float)i);
+    void *scratch = malloc(ops_matmul_scratch_bytes(QTYPE_Q8_0, 128, 2));
+    cpu_level lvl = ops_get_level();
+    for (int il = 0; il < 2; il++) {
+        const model_layer *L = &m->layers[il], *LF = &f->layers[il];
+        CHECK(LF->wk_b.type == QTYPE_Q8_0 && LF->wv_b.type == QTYPE_Q8_0);
+        CHECK(L->wk_b.type == (want ? QTYPE_Q8_0_X16 : QTYPE_Q8_0) && L->wv_b.type == L->wk_b.type);
+        const ops_weight *pairs[2][2] = { { &L->wk_b, &LF->wk_b }, { &L->wv_b, &LF->wv_b } };
+        for (int p = 0; p < 2; p++)
+            for (int h = 0; h < H; h++) {
+                ops_weight wr = model_expert(pairs[p][0], H, h), wf = model_expert(pairs[p][1], H, h);
+                size_t ny = (size_t)2 * (size_t)wr.rows * sizeof(float);
+                ops_force_level(CPU_LEVEL_SCALAR);
+                ops_matmul(NULL, &wf, x, 2, y0, scratch);
+                ops_matmul(NULL, &wr, x, 2, y1, scratch);
+                CHECKF(!memcmp(y0, y1, ny), "layer %d tensor %d head %d, scalar", il, p, h);
+                ops_force_level(lvl);
+                ops_matmul(NULL, &wr, x, 2, y1, scratch);
+                if (want) CHECKF(!memcmp(y0, y1, ny), "layer %d tensor %d head %d, %s", il, p, h, ops_level_name());
+            }
+    }
+    free(scratch);
+    int V = m->hp.n_vocab;
+    float *lr = malloc((size_t)N * V * sizeof(float)), *lf = malloc((size_t)N * V * sizeof(float));
+    int32_t toks[N];
+    for (int i = 0; i < N; i++) toks[i] = (5 + i * 13 + i * i) % V;
+    /* at the scalar level every product of the two models has the same bits (the file
+     * layout's AVX-512 tiles round differently, which these random weights amplify) */
+    ops_force_level(CPU_LEVEL_SCALAR);
+    CHECK(lr && lf && moe_logits(m, toks, N, lr) && moe_logits(f, toks, N, lf));
+    ops_force_level(lvl);
+    CHECK(lr && lf && !memcmp(lr, lf, (size_t)N * V * sizeof(float)));
+    free(lr);
+    free(lf);
+    model_free(m);
+    model_free(f);
+}
+
 /* mkmodel's qwen3-30b-a3b preset keeps the real per-layer geometry when cut (fewer layers,
  * experts and vocabulary here, to stay small). */
 TEST(test_mkmodel_preset)
@@ -474,6 +539,7 @@ int main(void)
     RUN(test_load);
     RUN(test_engine_against_reference);
     RUN(test_repacked_experts);
+    RUN(test_repacked_mla);
     RUN(test_mkmodel_preset);
     RUN(test_mkmodel_deepseek_preset);
     RUN(test_mkmodel_gptoss_preset);
