@@ -53,7 +53,7 @@
 // sources that write them. ORACLE_ONLY=llama,q8_0 (substrings) limits what runs.
 import {test, after} from 'node:test';
 import assert from 'node:assert/strict';
-import {spawnSync} from 'node:child_process';
+import {spawn, spawnSync} from 'node:child_process';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
@@ -186,21 +186,43 @@ function rng(seed) { // mulberry32
 // Random ids among the ordinary tokens (both vocabularies have >100k below their specials).
 const randomSeq = (r, n) => Array.from({length: n}, () => r(100000));
 
+// One llama_eval.mjs run, asynchronous: llama.cpp runs on one thread (LLAMA_THREADS), so a
+// test starts its independent llama.cpp runs (the compared one and the self-difference one)
+// side by side and the second core does the other instead of idling. Each run's numbers do
+// not depend on the other (one thread each, nothing shared but the read-only model file).
 function llamaEval(file, inFile, kv, extra = []) {
-  const ll = spawnSync(process.execPath, [path.join(root, 'tests/oracle/llama_eval.mjs'), '-m', file, '--input', inFile,
-    '--threads', String(LLAMA_THREADS), '--kv', kv, ...extra], {encoding: 'utf8', maxBuffer: 256 << 20, env: {...process.env, UV_THREADPOOL_SIZE: '1'}});
-  assert.equal(ll.status, 0, `llama_eval failed: ${ll.stderr}`);
-  return JSON.parse(ll.stdout);
+  return new Promise((resolve, reject) => {
+    const ch = spawn(process.execPath, [path.join(root, 'tests/oracle/llama_eval.mjs'), '-m', file, '--input', inFile,
+      '--threads', String(LLAMA_THREADS), '--kv', kv, ...extra], {env: {...process.env, UV_THREADPOOL_SIZE: '1'}});
+    const out = [], err = [];
+    ch.stdout.on('data', (d) => out.push(d));
+    ch.stderr.on('data', (d) => err.push(d));
+    ch.on('error', reject);
+    ch.on('close', (code) => {
+      if (code !== 0) reject(new Error(`llama_eval failed (exit ${code}): ${Buffer.concat(err)}`));
+      else {
+        try { resolve(JSON.parse(Buffer.concat(out).toString('utf8'))); } catch (e) { reject(e); }
+      }
+    });
+  });
+}
+
+// Writes `input` to a fresh temporary file; returns [file, remove].
+function inputFile(input) {
+  const tmp = fs.mkdtempSync(path.join(gen, 'in-'));
+  const inFile = path.join(tmp, 'in.json');
+  fs.writeFileSync(inFile, JSON.stringify(input));
+  return [inFile, () => fs.rmSync(tmp, {recursive: true})];
 }
 
 // llama.cpp against itself: the same input split differently (batched → unbatched; a prompt
-// → one token per llama_decode). Returns the max |Δ logprob| over matching top-K tokens.
-function llamaNoise(file, input, kv, ll) {
-  const tmp = fs.mkdtempSync(path.join(gen, 'in-'));
-  const inFile = path.join(tmp, 'in.json');
-  fs.writeFileSync(inFile, JSON.stringify({...input, batched: false, greedy: 1}));
-  const alt = llamaEval(file, inFile, kv, input.batched ? [] : ['--batch-size', '1']);
-  fs.rmSync(tmp, {recursive: true});
+// → one token per llama_decode). llamaNoiseRun starts it; llamaNoise returns the max
+// |Δ logprob| over matching top-K tokens between that run (alt) and the compared one (ll).
+async function llamaNoiseRun(file, input, kv) {
+  const [inFile, remove] = inputFile({...input, batched: false, greedy: 1});
+  try { return await llamaEval(file, inFile, kv, input.batched ? [] : ['--batch-size', '1']); } finally { remove(); }
+}
+function llamaNoise(alt, ll) {
   let m = 0;
   alt.seqs.forEach((a, s) => a.top.forEach((t, i) => t.forEach(([id, lp]) => {
     const o = ll.seqs[s].top[i].find((x) => x[0] === id);
@@ -209,16 +231,16 @@ function llamaNoise(file, input, kv, ll) {
   return m;
 }
 
+// tokenmill's eval, run to the end (alone: its 2 threads are under test and get both cores),
+// and llama.cpp's on the same input, for the caller to start once no tokenmill run is left:
+// returns {tm, llama: () => a promise of llama_eval's output}.
 function runBoth(file, input, kv) {
-  const tmp = fs.mkdtempSync(path.join(gen, 'in-'));
-  const inFile = path.join(tmp, 'in.json');
-  fs.writeFileSync(inFile, JSON.stringify(input));
+  const [inFile, remove] = inputFile(input);
   const tm = spawnSync(bin, ['eval', '-m', file, '--input', inFile, '--threads', String(THREADS), '--kv', kv],
     {encoding: 'utf8', maxBuffer: 256 << 20});
+  if (tm.status !== 0) remove();
   assert.equal(tm.status, 0, `tokenmill eval failed: ${tm.stderr}`);
-  const ll = llamaEval(file, inFile, kv);
-  fs.rmSync(tmp, {recursive: true});
-  return {tm: JSON.parse(tm.stdout), ll};
+  return {tm: JSON.parse(tm.stdout), llama: () => llamaEval(file, inFile, kv).finally(remove)};
 }
 
 // Compares one sequence. Returns {maxDiff, positions, greedy: 'identical' | 'near-tie at k ...'}.
@@ -266,18 +288,19 @@ function compareSeq(tmS, llS, tol, label) {
   return {maxDiff, positions: llS.top.length, greedy, perPos};
 }
 
-function check(arch, type, batched) {
+async function check(arch, type, batched) {
   const file = model(arch, type);
   const r = rng(batched ? 1000 + TYPES.indexOf(type) : 1);
   const A = ARCHS[arch], greedyN = A.greedy ?? GREEDY;
   const seqs = batched ? (A.batchLens ?? BATCH_LENS).map((n) => randomSeq(r, n)) : [randomSeq(r, A.prompt ?? PROMPT)];
   const kv = KV[type];
   const input = {seqs, top: TOP, greedy: greedyN, batched};
-  const {tm, ll} = runBoth(file, input, kv);
+  const both = runBoth(file, input, kv), tm = both.tm;
+  // F32 weights with F32 KV have no rounding flips: TOL alone (the self-difference is ~1e-5).
+  const [ll, alt] = await Promise.all([both.llama(), type === 'f32' ? null : llamaNoiseRun(file, input, kv)]);
   assert.equal(tm.seqs.length, seqs.length);
   if (batched) assert.equal(ll.oracle.decode_calls, 2 * greedyN, 'llama.cpp did not batch the sequences together');
-  // F32 weights with F32 KV have no rounding flips: TOL alone (the self-difference is ~1e-5).
-  const noise = type === 'f32' ? 0 : llamaNoise(file, input, kv, ll);
+  const noise = alt ? llamaNoise(alt, ll) : 0;
   const tol = Math.max(TOL[type], NOISE_FACTOR * noise);
   let maxDiff = 0, positions = 0;
   const greedy = [];
@@ -296,12 +319,13 @@ function check(arch, type, batched) {
 // single-row decode paths): nothing propagates between positions, so a rounding flip touches
 // one position only; the median position must agree tightly (a kernel error would move them
 // all).
-function checkSingles(arch, type) {
+async function checkSingles(arch, type) {
   const file = model(arch, type);
   const r = rng(77);
   const seqs = Array.from({length: N_SINGLES}, () => randomSeq(r, 1));
   const kv = ARCHS[arch].singlesKv ?? KV[type];
-  const runs = [true, false].map((batched) => ({batched, ...runBoth(file, {seqs, top: TOP, greedy: 1, batched}, kv)}));
+  const evals = [true, false].map((batched) => ({batched, ...runBoth(file, {seqs, top: TOP, greedy: 1, batched}, kv)}));
+  const runs = await Promise.all(evals.map(async ({batched, tm, llama}) => ({batched, tm, ll: await llama()})));
   // llama.cpp against itself: its single-token steps take other kernels than a 32-token step
   // (for F16 weights the activations are rounded to f16 one way and not the other), which
   // moves the median as much as a rounding difference of ours could; the tolerance is the
