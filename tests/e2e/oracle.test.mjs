@@ -3,7 +3,8 @@
 // writes in real shapes with real vocabularies: llama (Llama 3 vocabulary and RoPE scaling,
 // untied output), qwen2 (q/k/v biases, tied), qwen3 (per-head q/k norms, head_dim*heads != dim,
 // tied), qwen3moe (16 experts, 4 per token, untied), each in F32, F16, Q8_0 and Q4_K (llama's
-// one-token sequences also in Q5_K_M); and
+// one-token sequences also in Q5_K_M; qwen2's Q8_0 and Q4_K on the one-token sequences only,
+// see ARCHS); and
 // deepseek2 (multi-head latent attention) in a V3-like and a V2-Lite-like form and gpt-oss
 // (sliding-window layers, sinks, MXFP4 experts) (their comments below), in fewer types. The V3-like router (sigmoid scores plus a bias, the best
 // groups, then the best experts) moves tokens between experts on the smallest difference, so
@@ -87,11 +88,20 @@ const ARCHS = {
   // the one-token sequences: the kernels' check (a long prompt adds only the noise above)
   llama: {vocab: 'ggml-vocab-llama-bpe.gguf', extra: ['--rope-scaling', 'llama3', '--untied'], batchedType: 'q4_k',
     singlesTypes: ['q5_k_m']},
-  qwen2: {vocab: 'ggml-vocab-qwen2.gguf', extra: ['--tied'], batchedType: 'f16'},
+  // Its Q8_0 / Q4_K files on the one-token sequences only: a 300-token prompt there runs the
+  // same code as llama's Q8_0 / Q4_K prompts (same shape, same kernels) plus the two things
+  // qwen2 adds, each checked on a prompt elsewhere: the q/k/v biases (F32 in every file,
+  // added after the matmul whatever its type: qwen2's F32 / F16 prompts) and the tied output
+  // from a quantised embedding (qwen3's Q8_0 / Q4_K prompts)
+  qwen2: {vocab: 'ggml-vocab-qwen2.gguf', extra: ['--tied'], types: ['f32', 'f16'], singlesTypes: ['q8_0', 'q4_k'],
+    batchedType: 'f16'},
   qwen3: {vocab: 'ggml-vocab-qwen2.gguf', extra: ['--head-dim', '128', '--tied'], batchedType: 'q8_0'},
   // Qwen3-30B-A3B's layer in small: 16 experts, 4 per token, untied output
+  // Batched: 32 greedy steps, not 64; its eight sequences all part from llama.cpp's at a
+  // near-tie by step 17 (routing flips, above), and past that point a greedy token is compared
+  // to nothing
   qwen3moe: {vocab: 'ggml-vocab-qwen2.gguf', extra: ['--head-dim', '128', '--experts', '16', '--experts-used', '4',
-    '--expert-ffn', '256', '--untied'], batchedType: 'q4_k'},
+    '--expert-ffn', '256', '--untied'], batchedType: 'q4_k', batchedGreedy: 32},
   // DeepSeek-V3-like: q-LoRA, multi-head latent attention, a leading dense layer, the sigmoid
   // router with its selection bias, 4 groups of which 2 are kept, routed scaling, a shared expert
   'deepseek2-v3': {arch: 'deepseek2', vocab: 'ggml-vocab-deepseek-llm.gguf', extra: ['--q-lora', '128', '--kv-lora', '256',
@@ -291,7 +301,7 @@ function compareSeq(tmS, llS, tol, label) {
 async function check(arch, type, batched) {
   const file = model(arch, type);
   const r = rng(batched ? 1000 + TYPES.indexOf(type) : 1);
-  const A = ARCHS[arch], greedyN = A.greedy ?? GREEDY;
+  const A = ARCHS[arch], greedyN = (batched ? A.batchedGreedy : null) ?? A.greedy ?? GREEDY;
   const seqs = batched ? (A.batchLens ?? BATCH_LENS).map((n) => randomSeq(r, n)) : [randomSeq(r, A.prompt ?? PROMPT)];
   const kv = KV[type];
   const input = {seqs, top: TOP, greedy: greedyN, batched};
