@@ -2,7 +2,7 @@
 # Runs every test: the C unit tests in the optimised build and again under ASan+UBSan, a
 # brief pass of every fuzz target (build/fuzz, `make fuzz-build`: its seed corpus plus
 # FUZZ_TEST_RUNS mutations, each target one test), then the end-to-end/oracle tests
-# (tests/e2e/*.test.mjs, node's test runner) against the real binary. Prints one closing line "N passed, N failed" over all of them; exits non-zero on
+# (tests/e2e/*.test.mjs, node's test runner) against the real binary. Prints the wall seconds of each part, then one closing line "N passed, N failed" over all of them; exits non-zero on
 # any failure. TESTS_FILTER=substring limits which test files run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -10,6 +10,9 @@ scripts/fetch-testdata.sh
 
 pass=0; fail=0
 filter="${TESTS_FILTER:-}"
+# Wall seconds of each part, printed at the end: where `make test`'s time goes (CI's budget).
+times=""; t0=$SECONDS
+phase() { times="$times $1 $((SECONDS - t0)) s,"; t0=$SECONDS; }
 run_unit() {  # $1 = binary, $2 = label
   local out
   out=$("$1" 2>&1); local rc=$?
@@ -29,12 +32,14 @@ for t in build/tests/test_*; do
   case "$t" in *"$filter"*) ;; *) continue ;; esac
   run_unit "$t" "$(basename "$t")"
 done
+phase unit
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1
 for t in build/san/tests/test_*; do
   [ -x "$t" ] || continue
   case "$t" in *"$filter"*) ;; *) continue ;; esac
   run_unit "$t" "san/$(basename "$t")"
 done
+phase san
 unset ASAN_OPTIONS UBSAN_OPTIONS
 
 # Fuzz targets: the seeds, then a bounded number of mutations (a count, not a time, so a slow
@@ -55,6 +60,7 @@ for t in build/fuzz/fuzz_*; do
     printf '%s\n' "$out" | grep -E '^(==[0-9]+==ERROR|SUMMARY|fuzz: |[a-z]+: |    #[0-9] |artifact_prefix|Test unit written)' | head -30
   fi
 done
+phase fuzz
 
 e2e=$(ls tests/e2e/*.test.mjs 2>/dev/null | grep -- "$filter" || true)
 if [ -n "$e2e" ]; then
@@ -68,5 +74,7 @@ if [ -n "$e2e" ]; then
   if [ $rc -ne 0 ] && [ "${f:-0}" = 0 ]; then echo "node tests exited with status $rc"; fail=$((fail + 1)); fi
 fi
 
+phase e2e
+echo "time:${times%,}"
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]

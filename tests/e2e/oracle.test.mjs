@@ -3,7 +3,8 @@
 // writes in real shapes with real vocabularies: llama (Llama 3 vocabulary and RoPE scaling,
 // untied output), qwen2 (q/k/v biases, tied), qwen3 (per-head q/k norms, head_dim*heads != dim,
 // tied), qwen3moe (16 experts, 4 per token, untied), each in F32, F16, Q8_0 and Q4_K (llama's
-// one-token sequences also in Q5_K_M); and
+// one-token sequences also in Q5_K_M; qwen2's Q8_0 and Q4_K on the one-token sequences only,
+// see ARCHS); and
 // deepseek2 (multi-head latent attention) in a V3-like and a V2-Lite-like form and gpt-oss
 // (sliding-window layers, sinks, MXFP4 experts) (their comments below), in fewer types. The V3-like router (sigmoid scores plus a bias, the best
 // groups, then the best experts) moves tokens between experts on the smallest difference, so
@@ -53,7 +54,7 @@
 // sources that write them. ORACLE_ONLY=llama,q8_0 (substrings) limits what runs.
 import {test, after} from 'node:test';
 import assert from 'node:assert/strict';
-import {spawnSync} from 'node:child_process';
+import {spawn, spawnSync} from 'node:child_process';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
@@ -87,11 +88,20 @@ const ARCHS = {
   // the one-token sequences: the kernels' check (a long prompt adds only the noise above)
   llama: {vocab: 'ggml-vocab-llama-bpe.gguf', extra: ['--rope-scaling', 'llama3', '--untied'], batchedType: 'q4_k',
     singlesTypes: ['q5_k_m']},
-  qwen2: {vocab: 'ggml-vocab-qwen2.gguf', extra: ['--tied'], batchedType: 'f16'},
+  // Its Q8_0 / Q4_K files on the one-token sequences only: a 300-token prompt there runs the
+  // same code as llama's Q8_0 / Q4_K prompts (same shape, same kernels) plus the two things
+  // qwen2 adds, each checked on a prompt elsewhere: the q/k/v biases (F32 in every file,
+  // added after the matmul whatever its type: qwen2's F32 / F16 prompts) and the tied output
+  // from a quantised embedding (qwen3's Q8_0 / Q4_K prompts)
+  qwen2: {vocab: 'ggml-vocab-qwen2.gguf', extra: ['--tied'], types: ['f32', 'f16'], singlesTypes: ['q8_0', 'q4_k'],
+    batchedType: 'f16'},
   qwen3: {vocab: 'ggml-vocab-qwen2.gguf', extra: ['--head-dim', '128', '--tied'], batchedType: 'q8_0'},
   // Qwen3-30B-A3B's layer in small: 16 experts, 4 per token, untied output
+  // Batched: 32 greedy steps, not 64; its eight sequences all part from llama.cpp's at a
+  // near-tie by step 17 (routing flips, above), and past that point a greedy token is compared
+  // to nothing
   qwen3moe: {vocab: 'ggml-vocab-qwen2.gguf', extra: ['--head-dim', '128', '--experts', '16', '--experts-used', '4',
-    '--expert-ffn', '256', '--untied'], batchedType: 'q4_k'},
+    '--expert-ffn', '256', '--untied'], batchedType: 'q4_k', batchedGreedy: 32},
   // DeepSeek-V3-like: q-LoRA, multi-head latent attention, a leading dense layer, the sigmoid
   // router with its selection bias, 4 groups of which 2 are kept, routed scaling, a shared expert
   'deepseek2-v3': {arch: 'deepseek2', vocab: 'ggml-vocab-deepseek-llm.gguf', extra: ['--q-lora', '128', '--kv-lora', '256',
@@ -186,21 +196,43 @@ function rng(seed) { // mulberry32
 // Random ids among the ordinary tokens (both vocabularies have >100k below their specials).
 const randomSeq = (r, n) => Array.from({length: n}, () => r(100000));
 
+// One llama_eval.mjs run, asynchronous: llama.cpp runs on one thread (LLAMA_THREADS), so a
+// test starts its independent llama.cpp runs (the compared one and the self-difference one)
+// side by side and the second core does the other instead of idling. Each run's numbers do
+// not depend on the other (one thread each, nothing shared but the read-only model file).
 function llamaEval(file, inFile, kv, extra = []) {
-  const ll = spawnSync(process.execPath, [path.join(root, 'tests/oracle/llama_eval.mjs'), '-m', file, '--input', inFile,
-    '--threads', String(LLAMA_THREADS), '--kv', kv, ...extra], {encoding: 'utf8', maxBuffer: 256 << 20, env: {...process.env, UV_THREADPOOL_SIZE: '1'}});
-  assert.equal(ll.status, 0, `llama_eval failed: ${ll.stderr}`);
-  return JSON.parse(ll.stdout);
+  return new Promise((resolve, reject) => {
+    const ch = spawn(process.execPath, [path.join(root, 'tests/oracle/llama_eval.mjs'), '-m', file, '--input', inFile,
+      '--threads', String(LLAMA_THREADS), '--kv', kv, ...extra], {env: {...process.env, UV_THREADPOOL_SIZE: '1'}});
+    const out = [], err = [];
+    ch.stdout.on('data', (d) => out.push(d));
+    ch.stderr.on('data', (d) => err.push(d));
+    ch.on('error', reject);
+    ch.on('close', (code) => {
+      if (code !== 0) reject(new Error(`llama_eval failed (exit ${code}): ${Buffer.concat(err)}`));
+      else {
+        try { resolve(JSON.parse(Buffer.concat(out).toString('utf8'))); } catch (e) { reject(e); }
+      }
+    });
+  });
+}
+
+// Writes `input` to a fresh temporary file; returns [file, remove].
+function inputFile(input) {
+  const tmp = fs.mkdtempSync(path.join(gen, 'in-'));
+  const inFile = path.join(tmp, 'in.json');
+  fs.writeFileSync(inFile, JSON.stringify(input));
+  return [inFile, () => fs.rmSync(tmp, {recursive: true})];
 }
 
 // llama.cpp against itself: the same input split differently (batched → unbatched; a prompt
-// → one token per llama_decode). Returns the max |Δ logprob| over matching top-K tokens.
-function llamaNoise(file, input, kv, ll) {
-  const tmp = fs.mkdtempSync(path.join(gen, 'in-'));
-  const inFile = path.join(tmp, 'in.json');
-  fs.writeFileSync(inFile, JSON.stringify({...input, batched: false, greedy: 1}));
-  const alt = llamaEval(file, inFile, kv, input.batched ? [] : ['--batch-size', '1']);
-  fs.rmSync(tmp, {recursive: true});
+// → one token per llama_decode). llamaNoiseRun starts it; llamaNoise returns the max
+// |Δ logprob| over matching top-K tokens between that run (alt) and the compared one (ll).
+async function llamaNoiseRun(file, input, kv) {
+  const [inFile, remove] = inputFile({...input, batched: false, greedy: 1});
+  try { return await llamaEval(file, inFile, kv, input.batched ? [] : ['--batch-size', '1']); } finally { remove(); }
+}
+function llamaNoise(alt, ll) {
   let m = 0;
   alt.seqs.forEach((a, s) => a.top.forEach((t, i) => t.forEach(([id, lp]) => {
     const o = ll.seqs[s].top[i].find((x) => x[0] === id);
@@ -209,16 +241,16 @@ function llamaNoise(file, input, kv, ll) {
   return m;
 }
 
+// tokenmill's eval, run to the end (alone: its 2 threads are under test and get both cores),
+// and llama.cpp's on the same input, for the caller to start once no tokenmill run is left:
+// returns {tm, llama: () => a promise of llama_eval's output}.
 function runBoth(file, input, kv) {
-  const tmp = fs.mkdtempSync(path.join(gen, 'in-'));
-  const inFile = path.join(tmp, 'in.json');
-  fs.writeFileSync(inFile, JSON.stringify(input));
+  const [inFile, remove] = inputFile(input);
   const tm = spawnSync(bin, ['eval', '-m', file, '--input', inFile, '--threads', String(THREADS), '--kv', kv],
     {encoding: 'utf8', maxBuffer: 256 << 20});
+  if (tm.status !== 0) remove();
   assert.equal(tm.status, 0, `tokenmill eval failed: ${tm.stderr}`);
-  const ll = llamaEval(file, inFile, kv);
-  fs.rmSync(tmp, {recursive: true});
-  return {tm: JSON.parse(tm.stdout), ll};
+  return {tm: JSON.parse(tm.stdout), llama: () => llamaEval(file, inFile, kv).finally(remove)};
 }
 
 // Compares one sequence. Returns {maxDiff, positions, greedy: 'identical' | 'near-tie at k ...'}.
@@ -266,18 +298,19 @@ function compareSeq(tmS, llS, tol, label) {
   return {maxDiff, positions: llS.top.length, greedy, perPos};
 }
 
-function check(arch, type, batched) {
+async function check(arch, type, batched) {
   const file = model(arch, type);
   const r = rng(batched ? 1000 + TYPES.indexOf(type) : 1);
-  const A = ARCHS[arch], greedyN = A.greedy ?? GREEDY;
+  const A = ARCHS[arch], greedyN = (batched ? A.batchedGreedy : null) ?? A.greedy ?? GREEDY;
   const seqs = batched ? (A.batchLens ?? BATCH_LENS).map((n) => randomSeq(r, n)) : [randomSeq(r, A.prompt ?? PROMPT)];
   const kv = KV[type];
   const input = {seqs, top: TOP, greedy: greedyN, batched};
-  const {tm, ll} = runBoth(file, input, kv);
+  const both = runBoth(file, input, kv), tm = both.tm;
+  // F32 weights with F32 KV have no rounding flips: TOL alone (the self-difference is ~1e-5).
+  const [ll, alt] = await Promise.all([both.llama(), type === 'f32' ? null : llamaNoiseRun(file, input, kv)]);
   assert.equal(tm.seqs.length, seqs.length);
   if (batched) assert.equal(ll.oracle.decode_calls, 2 * greedyN, 'llama.cpp did not batch the sequences together');
-  // F32 weights with F32 KV have no rounding flips: TOL alone (the self-difference is ~1e-5).
-  const noise = type === 'f32' ? 0 : llamaNoise(file, input, kv, ll);
+  const noise = alt ? llamaNoise(alt, ll) : 0;
   const tol = Math.max(TOL[type], NOISE_FACTOR * noise);
   let maxDiff = 0, positions = 0;
   const greedy = [];
@@ -296,12 +329,13 @@ function check(arch, type, batched) {
 // single-row decode paths): nothing propagates between positions, so a rounding flip touches
 // one position only; the median position must agree tightly (a kernel error would move them
 // all).
-function checkSingles(arch, type) {
+async function checkSingles(arch, type) {
   const file = model(arch, type);
   const r = rng(77);
   const seqs = Array.from({length: N_SINGLES}, () => randomSeq(r, 1));
   const kv = ARCHS[arch].singlesKv ?? KV[type];
-  const runs = [true, false].map((batched) => ({batched, ...runBoth(file, {seqs, top: TOP, greedy: 1, batched}, kv)}));
+  const evals = [true, false].map((batched) => ({batched, ...runBoth(file, {seqs, top: TOP, greedy: 1, batched}, kv)}));
+  const runs = await Promise.all(evals.map(async ({batched, tm, llama}) => ({batched, tm, ll: await llama()})));
   // llama.cpp against itself: its single-token steps take other kernels than a 32-token step
   // (for F16 weights the activations are rounded to f16 one way and not the other), which
   // moves the median as much as a rounding difference of ours could; the tolerance is the
