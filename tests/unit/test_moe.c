@@ -239,6 +239,44 @@ static bool moe_logits(model *m, const int32_t *toks, int N, float *lg)
     return ok;
 }
 
+/* Loads path twice: repacked as a server would (*m) and in the file's layout (*f). False, with
+ * both freed, when either load fails. */
+static bool load_repacked_and_file(const char *path, model **m, model **f)
+{
+    char err[256];
+    model_opts keep = { .no_repack = true };
+    *m = *f = NULL;
+    CHECKF(model_load(path, NULL, m, err, sizeof err) == GGUF_OK, "%s", err);
+    CHECKF(model_load(path, &keep, f, err, sizeof err) == GGUF_OK, "%s", err);
+    if (*m && *f) return true;
+    model_free(*m);
+    model_free(*f);
+    return false;
+}
+
+/* Each of the n slices (experts or heads) of rep, the repacked tensor, multiplies x (2 rows of
+ * rep.cols) to the bits of file's same slice at the scalar level, and at the active level when
+ * `active` (the repacked kernels are bit-identical to scalar). */
+static void check_slices_equal(const ops_weight *rep, const ops_weight *file, int n, const float *x, void *scratch,
+                               bool active, const char *what)
+{
+    float y0[2 * 128], y1[2 * 128];
+    cpu_level lvl = ops_get_level();
+    for (int e = 0; e < n; e++) {
+        ops_weight wr = model_expert(rep, n, e), wf = model_expert(file, n, e);
+        CHECK(wr.rows <= 128);
+        if (wr.rows > 128) return;
+        size_t ny = (size_t)2 * (size_t)wr.rows * sizeof(float);
+        ops_force_level(CPU_LEVEL_SCALAR);
+        ops_matmul(NULL, &wf, x, 2, y0, scratch);
+        ops_matmul(NULL, &wr, x, 2, y1, scratch);
+        CHECKF(!memcmp(y0, y1, ny), "%s slice %d, scalar", what, e);
+        ops_force_level(lvl);
+        ops_matmul(NULL, &wr, x, 2, y1, scratch);
+        if (active) CHECKF(!memcmp(y0, y1, ny), "%s slice %d, %s", what, e, ops_level_name());
+    }
+}
+
 /* Q8_0 experts whose rows per expert are whole 16-row groups are repacked at load (on
  * AVX-512, as the 2-D matrices): every expert's slice multiplies to the bits of the file's
  * layout at the scalar level (and at the active one, which is bit-identical to scalar for
@@ -249,41 +287,24 @@ TEST(test_repacked_experts)
     tiny_cfg c = moe_cfg(5);
     c.ffn = 64;
     c.wtype = QTYPE_Q8_0;
-    char path[256], err[256];
+    char path[256];
     snprintf(path, sizeof path, "%s/moe-q8.gguf", tmpdir);
     CHECK(tiny_write(&c, path) == 0);
-    model *m = NULL, *f = NULL;
-    model_opts keep = { .no_repack = true };
-    CHECKF(model_load(path, NULL, &m, err, sizeof err) == GGUF_OK, "%s", err);
-    CHECKF(model_load(path, &keep, &f, err, sizeof err) == GGUF_OK, "%s", err);
+    model *m, *f;
+    bool loaded = load_repacked_and_file(path, &m, &f);
     unlink(path);
-    if (!m || !f) {
-        model_free(m);
-        model_free(f);
-        return;
-    }
+    if (!loaded) return;
     bool want = ops_get_level() == CPU_LEVEL_AVX512 && !getenv("TOKENMILL_REPACK");
     const model_layer *L = &m->layers[1], *LF = &f->layers[1];
     CHECK(LF->gate_exps.type == QTYPE_Q8_0 && LF->down_exps.type == QTYPE_Q8_0);
     CHECK(L->gate_exps.type == (want ? QTYPE_Q8_0_X16 : QTYPE_Q8_0));
     CHECK(L->up_exps.type == L->gate_exps.type && L->down_exps.type == L->gate_exps.type);
-    float x[2 * 64], y0[2 * 64], y1[2 * 64];
+    float x[2 * 64];
     for (int i = 0; i < 2 * 64; i++) x[i] = sinf(0.41f * (float)i);
     void *scratch = malloc(ops_matmul_scratch_bytes(QTYPE_Q8_0, 64, 2));
-    cpu_level lvl = ops_get_level();
-    const ops_weight *pairs[3][2] = { { &L->gate_exps, &LF->gate_exps }, { &L->up_exps, &LF->up_exps },
-                                      { &L->down_exps, &LF->down_exps } };
-    for (int p = 0; p < 3; p++)
-        for (int e = 0; e < 8; e++) {
-            ops_weight wr = model_expert(pairs[p][0], 8, e), wf = model_expert(pairs[p][1], 8, e);
-            ops_force_level(CPU_LEVEL_SCALAR);
-            ops_matmul(NULL, &wf, x, 2, y0, scratch);
-            ops_matmul(NULL, &wr, x, 2, y1, scratch);
-            CHECKF(!memcmp(y0, y1, sizeof y0), "tensor %d expert %d, scalar", p, e);
-            ops_force_level(lvl);
-            ops_matmul(NULL, &wr, x, 2, y1, scratch);
-            if (want) CHECKF(!memcmp(y0, y1, sizeof y0), "tensor %d expert %d, %s", p, e, ops_level_name());
-        }
+    check_slices_equal(&L->gate_exps, &LF->gate_exps, 8, x, scratch, want, "gate_exps");
+    check_slices_equal(&L->up_exps, &LF->up_exps, 8, x, scratch, want, "up_exps");
+    check_slices_equal(&L->down_exps, &LF->down_exps, 8, x, scratch, want, "down_exps");
     free(scratch);
     static float lr[N * V], lf[N * V];
     int32_t toks[N];
@@ -303,26 +324,20 @@ TEST(test_repacked_experts)
 TEST(test_repacked_mla)
 {
     enum { N = 24 };
-    char path[256], err[256];
+    char path[256];
     snprintf(path, sizeof path, "%s/mla-q8.gguf", tmpdir);
     char *argv[] = { "mkmodel", "--arch", "deepseek2", "--layers", "2", "--dim", "256", "--ffn", "256", "--heads", "4",
                      "--kv-lora", "128", "--nope-dim", "64", "--rope-dim", "32", "--v-dim", "64", "--experts", "8",
                      "--experts-used", "2", "--expert-ffn", "128", "--shared-experts", "1", "--dense-layers", "1",
                      "--vocab-size", "300", "--type", "q8_0", "--seed", "7", "--threads", "2", "-o", path, NULL };
     CHECK(cmd_mkmodel((int)TM_ARRAY_LEN(argv) - 1, argv) == 0);
-    model *m = NULL, *f = NULL;
-    model_opts keep = { .no_repack = true };
-    CHECKF(model_load(path, NULL, &m, err, sizeof err) == GGUF_OK, "%s", err);
-    CHECKF(model_load(path, &keep, &f, err, sizeof err) == GGUF_OK, "%s", err);
+    model *m, *f;
+    bool loaded = load_repacked_and_file(path, &m, &f);
     unlink(path);
-    if (!m || !f) {
-        model_free(m);
-        model_free(f);
-        return;
-    }
+    if (!loaded) return;
     bool want = ops_get_level() == CPU_LEVEL_AVX512 && !getenv("TOKENMILL_REPACK");
     const int H = m->hp.n_heads;
-    float x[2 * 128], y0[2 * 128], y1[2 * 128];
+    float x[2 * 128];
     for (int i = 0; i < 2 * 128; i++) x[i] = sinf(0.37f * (float)i);
     void *scratch = malloc(ops_matmul_scratch_bytes(QTYPE_Q8_0, 128, 2));
     cpu_level lvl = ops_get_level();
@@ -330,19 +345,8 @@ TEST(test_repacked_mla)
         const model_layer *L = &m->layers[il], *LF = &f->layers[il];
         CHECK(LF->wk_b.type == QTYPE_Q8_0 && LF->wv_b.type == QTYPE_Q8_0);
         CHECK(L->wk_b.type == (want ? QTYPE_Q8_0_X16 : QTYPE_Q8_0) && L->wv_b.type == L->wk_b.type);
-        const ops_weight *pairs[2][2] = { { &L->wk_b, &LF->wk_b }, { &L->wv_b, &LF->wv_b } };
-        for (int p = 0; p < 2; p++)
-            for (int h = 0; h < H; h++) {
-                ops_weight wr = model_expert(pairs[p][0], H, h), wf = model_expert(pairs[p][1], H, h);
-                size_t ny = (size_t)2 * (size_t)wr.rows * sizeof(float);
-                ops_force_level(CPU_LEVEL_SCALAR);
-                ops_matmul(NULL, &wf, x, 2, y0, scratch);
-                ops_matmul(NULL, &wr, x, 2, y1, scratch);
-                CHECKF(!memcmp(y0, y1, ny), "layer %d tensor %d head %d, scalar", il, p, h);
-                ops_force_level(lvl);
-                ops_matmul(NULL, &wr, x, 2, y1, scratch);
-                if (want) CHECKF(!memcmp(y0, y1, ny), "layer %d tensor %d head %d, %s", il, p, h, ops_level_name());
-            }
+        check_slices_equal(&L->wk_b, &LF->wk_b, H, x, scratch, want, il ? "layer 1 attn_k_b" : "layer 0 attn_k_b");
+        check_slices_equal(&L->wv_b, &LF->wv_b, H, x, scratch, want, il ? "layer 1 attn_v_b" : "layer 0 attn_v_b");
     }
     free(scratch);
     int V = m->hp.n_vocab;
