@@ -116,17 +116,29 @@ static void sched_req_destroy(sched_req *r)
 
 static const uint8_t *sched_chain_key(sched *s, sched_req *r, int bi);
 
+/* The key r's first block chains from: its tenant salt's root, zeros without one. */
+static const uint8_t *sched_root_key(const sched_req *r)
+{
+    static const uint8_t zeros[32];
+    return r->salted ? r->root : zeros;
+}
+
+/* The key block bi of r's tokens chains from: block bi-1's, or the root for block 0. */
+static const uint8_t *sched_parent_key(sched *s, sched_req *r, int bi)
+{
+    return bi ? sched_chain_key(s, r, bi - 1) : sched_root_key(r);
+}
+
 /* Before r's sequence lets go of its blocks: the rows of the block where its prompt ends and
  * of its last, partial block stay findable as tails (kvpool_seq_keep_tail) for a request that
  * continues its tokens: its next turn (which resends the prompt, perhaps not the tokens
  * generated after it), a retry, its own resume. Not on a model with window layers. */
 static void sched_keep_tails(sched *s, sched_req *r)
 {
-    static const uint8_t zeros[32];
     if (s->wc || !r->seq || r->n_done <= 0) return;
     int last = (r->n_done - 1) / KVPOOL_BLOCK, pe = (TM_MIN(r->n_prompt, r->n_done) - 1) / KVPOOL_BLOCK;
     for (int bi = pe; bi <= last; bi += TM_MAX(1, last - pe)) {
-        const uint8_t *parent = bi ? sched_chain_key(s, r, bi - 1) : r->salted ? r->root : zeros;
+        const uint8_t *parent = sched_parent_key(s, r, bi);
         int rows = TM_MIN(r->n_done, (bi + 1) * KVPOOL_BLOCK) - bi * KVPOOL_BLOCK;
         kvpool_seq_keep_tail(s->pool, r->seq, bi, parent, r->tokens + (size_t)bi * KVPOOL_BLOCK, rows);
     }
@@ -145,11 +157,10 @@ static void sched_tail_unpin(sched *s, sched_req *r)
  * block store to be loaded back. Once per (re)admission, in the admission window. */
 static void sched_tail_pin(sched *s, sched_req *r)
 {
-    static const uint8_t zeros[32];
     if (r->tail_looked || s->wc) return;
     r->tail_looked = true;
     for (int k = (r->n_tokens - 2) / KVPOOL_BLOCK; k >= 0 && !r->tail_pin; k--) {
-        const uint8_t *parent = k ? sched_chain_key(s, r, k - 1) : r->salted ? r->root : zeros;
+        const uint8_t *parent = sched_parent_key(s, r, k);
         int lim = TM_MIN(KVPOOL_BLOCK, r->n_tokens - 1 - k * KVPOOL_BLOCK);
         r->tail_pin = 1 + kvpool_tail_pin(s->pool, parent, r->tokens + (size_t)k * KVPOOL_BLOCK, lim,
                                           SCHED_SHARE_MIN_ROWS);
@@ -281,9 +292,8 @@ static int sched_blocks_for(int n) { return (n + KVPOOL_BLOCK - 1) / KVPOOL_BLOC
  * of a request never change, the generated ones included. */
 static const uint8_t *sched_chain_key(sched *s, sched_req *r, int bi)
 {
-    static const uint8_t zeros[32];
     while (r->n_chain <= bi) {
-        const uint8_t *parent = r->n_chain ? r->chain[r->n_chain - 1] : r->salted ? r->root : zeros;
+        const uint8_t *parent = r->n_chain ? r->chain[r->n_chain - 1] : sched_root_key(r);
         kvpool_block_key(s->pool, parent, r->tokens + (size_t)r->n_chain * KVPOOL_BLOCK, r->chain[r->n_chain]);
         r->n_chain++;
     }
