@@ -27,8 +27,8 @@ const MAX = 24;
 const CONFIGS = [
   ["no overlap", ["--no-overlap"]],
   ["overlap", []],
-  ["no overlap, ngram drafts", ["--no-overlap", "--spec", "ngram"]],
-  ["overlap, ngram drafts", ["--spec", "ngram"]],
+  ["no overlap, ngram drafts", ["--no-overlap", "--spec", "ngram", "--spec-fixed", "2"]],
+  ["overlap, ngram drafts", ["--spec", "ngram", "--spec-fixed", "2"]],
 ];
 const S = [];
 
