@@ -1202,6 +1202,7 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
     s->pub_row = xcalloc((size_t)o.max_seqs, sizeof *s->pub_row);
     if (o.spec_sources) {
         s->chooser = spec_chooser_new(o.max_seqs);
+        for (int i = 0; i < SPEC_N_SRC; i++) spec_seq_init(&s->spec_all[i]);
         if (o.spec_sources & SPEC_SRC_MODEL) {
             s->drafter = specdraft_new(o.draft, o.max_seqs);
             s->dq = xcalloc((size_t)o.max_seqs, sizeof *s->dq);
@@ -1425,6 +1426,7 @@ sched_status sched_submit(sched *s, const sched_params *p, sched_req **out)
     }
     r->ttft = -1;
     for (int i = 0; i < SPEC_N_SRC; i++) spec_seq_init(&r->spec[i]);
+    spec_probe_init(&r->probe);
     r->draft_at = -1;
     r->t_submit = util_now();
     r->engine_held = true;

@@ -84,6 +84,8 @@ struct sched_req {
     uint8_t root[32];            /* blockkey_root(cache_salt) */
     uint64_t admit_no;           /* order of (re)admission: the newest is preempted first */
     spec_seq spec[SPEC_N_SRC];   /* (speculation) the running acceptance of each source's drafts */
+    spec_probe probe;            /* (speculation) when its drafts are made and verified anyway */
+    bool spec_rejected;          /* (speculation) the last step rejected one of its drafts */
     int32_t draft[SPEC_MAX_K];   /* (speculation) drafted continuation of tokens[0..draft_at) */
     float draft_prob[SPEC_MAX_K]; /* the draft model's probability of each (model drafts) */
     int n_draft;                 /* entries of draft */
@@ -171,6 +173,8 @@ struct sched {
     specdraft_seq *dq;           /* (max_seqs) a drafting round's sequences */
     sched_req **dq_req;          /* (max_seqs) their requests */
     uint64_t drafted_run;        /* tokens drafted since the statistics were last updated */
+    spec_seq spec_all[SPEC_N_SRC]; /* each source's running acceptance over every request: a new
+                                  * request's estimate (engine thread) */
     double draft_step_s;         /* running mean seconds of one draft engine step, 0: none yet */
     double draft_round_s;        /* running mean seconds of a drafting round that ran the draft
                                   * model (all its steps), 0: none yet */

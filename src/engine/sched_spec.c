@@ -72,6 +72,7 @@ void sched_spec_plan_locked(sched *s, int max_extra)
                              s->drafter ? s->draft_round_s : 0, s->spec_k) >= 0;
     for (int j = 0; j < n; j++) {
         int k = chosen ? s->spec_k[j] : TM_MIN(s->spec_nd[j], s->o.spec_fixed > 0 ? s->o.spec_fixed : s->o.spec_max);
+        if (k == 0 && s->spec_nd[j] > 0 && spec_probe_due(&s->spec_req[j]->probe)) k = 1;
         k = TM_MIN(k, max_extra);
         s->spec_req[j]->n_verify = k;
         max_extra -= k;
@@ -111,10 +112,35 @@ static int sched_spec_kmax(const sched *s, const sched_req *r, int nt)
     return TM_MIN(s->o.spec_max, TM_MIN(r->max_gen - (nt - r->n_prompt), r->cap - nt) - 1);
 }
 
+/* Prompt lookup for r once it holds nt tokens, at most kmax. */
+static void sched_spec_ngram(sched *s, sched_req *r, int nt, int kmax)
+{
+    r->n_draft = spec_ngram_draft(r->tokens, nt, SPEC_NGRAM_MAX, SPEC_NGRAM_MIN, kmax, r->draft);
+    r->draft_src = 0;
+    r->draft_at = nt;
+    s->drafted_run += (uint64_t)r->n_draft;
+}
+
+/* What the step just sampled taught of r's drafts: the server-wide rate of the source that
+ * drafted them, and r's probe (a decode step of r with or without verified drafts). Its own
+ * estimates start from the server-wide ones until it has tested drafts. */
+static void sched_spec_learn(sched *s, sched_req *r, int i)
+{
+    int k = s->batch_k[i];
+    if (k > 0)
+        spec_seq_observe(&s->spec_all[r->draft_src], s->batch_acc[i], r->spec_rejected,
+                         r->draft_src == 1 ? r->draft_prob : NULL);
+    if (s->batch_n[i] - k == 1 && s->batch_row[i] >= 0) spec_probe_step(&r->probe, k, s->batch_acc[i]);
+    for (int src = 0; src < SPEC_N_SRC; src++) spec_seq_prior(&r->spec[src], &s->spec_all[src]);
+}
+
 /* Speculation, after a step was sampled: drafts the continuation of every request of the
  * step that goes on decoding, from the source with the better running acceptance for it
  * (prompt lookup first on a tie: it costs nothing; the other source when the first drafts
- * nothing). A draft never runs past what the request may still emit (its last token is
+ * nothing). A costly source (a draft model) drafts only the tokens whose expected gain pays
+ * for its steps, none when even the first does not, unless a probe is due: a request whose
+ * drafts are poor then runs no draft round, and its draft KV catches up in one chunk when it
+ * drafts again. A draft never runs past what the request may still emit (its last token is
  * sampled from the last verified row). The draft KV is first cut back to the positions whose
  * tokens are final (n_done): the rows of rejected or unverified drafts are recomputed.
  * Engine thread, without mu. */
@@ -129,6 +155,7 @@ void sched_spec_draft(sched *s, int n_reqs)
         sched_req *r = s->batch_req[i];
         int ntok = s->batch_ntok[i], first = row0;
         row0 += s->batch_n[i];
+        sched_spec_learn(s, r, i);
         if (r->dseq) r->d_done = TM_MIN(r->d_done, r->n_done);
         r->n_draft = 0;
         r->draft_at = -1;
@@ -136,25 +163,31 @@ void sched_spec_draft(sched *s, int n_reqs)
         int nt = ntok ? r->n_tokens + ntok : r->n_done + 1;   /* tokens once this step is published */
         int kmax = ntok ? sched_spec_kmax(s, r, nt) : 0;
         if (ntok && (kmax <= 0 || sched_is_stop(s, r, r->tokens[nt - 1]))) continue;   /* it ends */
-        if (ntok && ngram && (!dmodel || r->spec[0].rate >= r->spec[1].rate)) {
-            r->n_draft = spec_ngram_draft(r->tokens, nt, SPEC_NGRAM_MAX, SPEC_NGRAM_MIN, kmax, r->draft);
-            r->draft_src = 0;
+        bool ngram_first = ntok && ngram && (!dmodel || r->spec[0].rate >= r->spec[1].rate);
+        if (ngram_first) {
+            sched_spec_ngram(s, r, nt, kmax);
             if (r->n_draft > 0 || !dmodel) {
-                r->draft_at = nt;
-                s->drafted_run += (uint64_t)r->n_draft;
                 if (!mtp) continue;
                 kmax = 0;
+            } else {
+                r->draft_at = -1;
             }
         }
         if (!dmodel) continue;
+        double min_gain = s->draft_step_s > 0 && s->main_step_s > 0 ? s->draft_step_s / s->main_step_s : SPEC_MIN_GAIN;
+        int k_model = kmax <= 0 ? 0 : s->o.spec_fixed > 0 ? kmax
+                    : spec_seq_draft_len(&r->spec[1], kmax, min_gain, spec_probe_due(&r->probe));
+        if (k_model == 0 && !mtp) {   /* no draft round: prompt lookup when it was not tried */
+            if (ntok && ngram && !ngram_first) sched_spec_ngram(s, r, nt, kmax);
+            continue;
+        }
         if (!r->dseq) r->dseq = kvpool_seq_new(engine_kvpool(s->o.draft));
         specdraft_seq *q = &s->dq[nq];
         q->seq = r->dseq;
         q->tokens = r->tokens;
         q->n_tokens = nt;
         q->n_done = r->d_done;
-        double min_gain = s->draft_step_s > 0 && s->main_step_s > 0 ? s->draft_step_s / s->main_step_s : SPEC_MIN_GAIN;
-        q->k_max = kmax <= 0 ? 0 : s->o.spec_fixed > 0 ? kmax : spec_seq_draft_len(&r->spec[1], kmax, min_gain);
+        q->k_max = k_model;
         q->hid = mtp ? engine_hidden(s->e) + (size_t)first * s->e_dim : NULL;
         q->hid_pos = s->batch[first].pos;
         q->n_hid = s->batch_n[i];
@@ -179,12 +212,9 @@ void sched_spec_draft(sched *s, int n_reqs)
         r->n_draft = q->n_draft;
         memcpy(r->draft, q->draft, (size_t)q->n_draft * sizeof *r->draft);
         memcpy(r->draft_prob, q->prob, (size_t)q->n_draft * sizeof *r->draft_prob);
-        if (r->n_draft == 0 && ngram && r->spec[0].rate < r->spec[1].rate) {   /* it was not tried first */
-            r->n_draft = spec_ngram_draft(r->tokens, q->n_tokens, SPEC_NGRAM_MAX, SPEC_NGRAM_MIN,
-                                          sched_spec_kmax(s, r, q->n_tokens), r->draft);
-            r->draft_src = 0;
-        }
         s->drafted_run += (uint64_t)r->n_draft;
+        if (r->n_draft == 0 && ngram && r->spec[0].rate < r->spec[1].rate)   /* it was not tried first */
+            sched_spec_ngram(s, r, q->n_tokens, sched_spec_kmax(s, r, q->n_tokens));
     }
     for (int i = 0; i < n_reqs; i++) {
         sched_req *r = s->batch_req[i];

@@ -33,6 +33,13 @@ void spec_seq_init(spec_seq *q)
     q->rate = SPEC_ACCEPT_PRIOR;
 }
 
+void spec_seq_prior(spec_seq *q, const spec_seq *all)
+{
+    if (q->n_tested > 0 || all->n_tested < SPEC_PRIOR_MIN_TESTED) return;
+    q->rate = all->rate;
+    q->mean_prob = all->mean_prob;
+}
+
 void spec_seq_observe(spec_seq *q, int n_accepted, bool rejected, const float *prob)
 {
     for (int i = 0; i < n_accepted + (rejected ? 1 : 0); i++) {
@@ -55,12 +62,31 @@ void spec_seq_gains(const spec_seq *q, const float *prob, int n, double *out)
     }
 }
 
-int spec_seq_draft_len(const spec_seq *q, int k_max, double min_gain)
+int spec_seq_draft_len(const spec_seq *q, int k_max, double min_gain, bool probe)
 {
+    if (k_max < 1 || (q->rate < min_gain && !probe)) return 0;
     int n = 1;
     double g = q->rate;
     while (n < k_max && (g *= q->rate) >= min_gain) n++;
-    return k_max < 1 ? 0 : n;
+    return n;
+}
+
+void spec_probe_init(spec_probe *p)
+{
+    p->gap = SPEC_PROBE_STEPS;
+    p->quiet = p->gap;
+}
+
+bool spec_probe_due(const spec_probe *p) { return p->quiet >= p->gap; }
+
+void spec_probe_step(spec_probe *p, int verified, int accepted)
+{
+    if (verified <= 0) {
+        if (p->quiet < SPEC_PROBE_MAX) p->quiet++;
+        return;
+    }
+    p->quiet = 0;
+    p->gap = accepted > 0 ? SPEC_PROBE_STEPS : TM_MIN(2 * p->gap, SPEC_PROBE_MAX);
 }
 
 struct spec_chooser {

@@ -23,6 +23,13 @@
  *   the round: the step, plus what drafting costs beside it (a draft model's own steps, the
  *   same whatever is verified). Any monotone step-time curve works, the linear model's or a
  *   recorded one.
+ * - Probes: a request whose drafts are not worth verifying (or, from a costly source, making)
+ *   would never test them again and keep a stale estimate. After SPEC_PROBE_STEPS decode steps
+ *   with nothing verified one draft is made and verified anyway; each probe that accepts
+ *   nothing doubles the gap (up to SPEC_PROBE_MAX), one that accepts resets it. A request's
+ *   first draft is a probe, and a new request starts from the source's server-wide running
+ *   rate (a draft model's quality is mostly the model pair's), so poor drafts cost about one
+ *   draft round per gap, not one per step.
  * - Acceptance rule (spec_verify_token, Leviathan et al. / Chen et al.): a drafted token d
  *   drawn from the draft's distribution q is kept with probability min(1, p(d) / q(d)) under
  *   the target's distribution p, otherwise the output is drawn from norm(max(0, p - q)); the
@@ -47,6 +54,11 @@
 #define SPEC_ACCEPT_PRIOR 0.5   /* acceptance estimate of a request before any draft was tested */
 #define SPEC_ACCEPT_DECAY 0.85  /* weight kept by the running rate per tested draft */
 #define SPEC_MIN_GAIN 0.05      /* spec_seq_draft_len's threshold before draft steps were timed */
+#define SPEC_PRIOR_MIN_TESTED 8 /* drafts of a source tested server-wide before their running rate,
+                                 * not SPEC_ACCEPT_PRIOR, is a new request's estimate */
+#define SPEC_PROBE_STEPS 16     /* decode steps without a verified draft after which one is made
+                                 * and verified anyway (the estimate must go on being measured) */
+#define SPEC_PROBE_MAX 256      /* the longest gap: it doubles while probes accept nothing */
 
 /* Draft sources (bits of sched_opts.spec_sources). */
 typedef enum {
@@ -69,6 +81,10 @@ typedef struct {
 } spec_seq;
 
 void spec_seq_init(spec_seq *q);
+/* A request's estimate before its first tested draft: the server-wide one all (the same
+ * source's drafts of every request) once that has tested SPEC_PRIOR_MIN_TESTED drafts. No
+ * change once q has tested any. */
+void spec_seq_prior(spec_seq *q, const spec_seq *all);
 /* One verification: n_accepted drafts were accepted in a row, then one was rejected when
  * rejected is true (the others were not tested: their predecessor was rejected, or the
  * request ended first); prob (NULL: none) the draft's probabilities of those drafts. */
@@ -83,9 +99,21 @@ void spec_seq_gains(const spec_seq *q, const float *prob, int n, double *out);
 
 /* How many tokens a costly source should draft, at most k_max: those whose expected gain by
  * the running rate alone is at least min_gain (what one draft step costs as a fraction of a
- * target step: a drafted token is worth its step when it saves more), and at least one (the
- * rate must go on being measured). Poor drafts then cost one draft step instead of k_max. */
-int spec_seq_draft_len(const spec_seq *q, int k_max, double min_gain);
+ * target step: a drafted token is worth its step when it saves more); 0 when not even the
+ * first is, unless probe (then one: the rate must go on being measured). */
+int spec_seq_draft_len(const spec_seq *q, int k_max, double min_gain, bool probe);
+
+/* When a request's drafts are verified anyway (see the design). */
+typedef struct {
+    int quiet;                  /* decode steps since a draft of it was last verified */
+    int gap;                    /* quiet steps that make a probe due */
+} spec_probe;
+
+/* Due at once: a request's first draft is a probe. */
+void spec_probe_init(spec_probe *p);
+bool spec_probe_due(const spec_probe *p);
+/* One decode step of the request: verified drafts of it were checked, accepted of them kept. */
+void spec_probe_step(spec_probe *p, int verified, int accepted);
 
 /* Predicted seconds of the step with n_extra verify tokens added to it (monotone in n_extra;
  * <= 0 when unknown). */

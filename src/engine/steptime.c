@@ -6,7 +6,7 @@
 #include <math.h>
 #include <string.h>
 
-#define STEPTIME_RIDGE 1e-9    /* added to the diagonal: an unexcited feature fits to ~0, never NaN */
+#define STEPTIME_RIDGE 1e-9    /* added to a slope's diagonal: an unexcited feature fits to ~0, never NaN */
 
 static void steptime_vec(const steptime_x *x, double v[STEPTIME_NX])
 {
@@ -29,12 +29,17 @@ double steptime_predict(const steptime *m, const steptime_x *x)
     return t > 0 ? t : 0;
 }
 
-/* Solves (a + ridge I) w = b by Gaussian elimination with partial pivoting (4x4). */
+/* Solves (a + ridge) w = b by Gaussian elimination with partial pivoting (4x4). The ridge is
+ * on the slopes, not the constant: a feature that has not varied yet (every step so far had
+ * one decode) cannot be told from the constant, and the fit then puts its time in the
+ * constant, so one more row of it is predicted free until a step shows its cost. An even split
+ * would predict that one more decode row doubles a single stream's step, and speculation would
+ * never try a verify row to learn better. */
 static void steptime_solve(steptime *m)
 {
     double g[STEPTIME_NX][STEPTIME_NX + 1];
     for (int i = 0; i < STEPTIME_NX; i++) {
-        for (int j = 0; j < STEPTIME_NX; j++) g[i][j] = m->a[i][j] + (i == j ? STEPTIME_RIDGE * (1 + m->a[i][i]) : 0);
+        for (int j = 0; j < STEPTIME_NX; j++) g[i][j] = m->a[i][j] + (i == j && i > 0 ? STEPTIME_RIDGE * (1 + m->a[i][i]) : 0);
         g[i][STEPTIME_NX] = m->b[i];
     }
     for (int c = 0; c < STEPTIME_NX; c++) {

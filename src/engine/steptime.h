@@ -7,7 +7,8 @@
  * the depth being the sum over the step's tokens of the positions each attends to: the
  * weights are read once per step (the constant), every token costs its FLOPs (decodes and
  * prefill tokens apart: a decode row is a skinny GEMV, prefill rows batch well) and attention
- * grows with depth. w is the ridge-regularised least-squares fit of the steps seen, each
+ * grows with depth. w is the least-squares fit of the steps seen (a ridge on the slopes only:
+ * a feature that has not varied yet is predicted free, not a guessed share of the step), each
  * older step weighted down by STEPTIME_FORGET per step, so the curve follows a machine whose
  * speed changes (other load, frequency) with no history stored: a 4x4 normal matrix and its
  * right-hand side, solved after each observation (no allocation, a few hundred flops). Until

@@ -85,15 +85,71 @@ TEST(test_acceptance_estimate)
     CHECK(q.rate < 0.05 && q.n_tested == 100 && q.n_accepted == 80);
     spec_seq_observe(&q, 2, true, NULL);   /* two accepted, then the third rejected */
     CHECK(q.n_tested == 103 && q.n_accepted == 82);
-    /* a costly source drafts while the expected gain is worth it, one token at least */
+    /* a costly source drafts while the expected gain is worth it, nothing when not even the
+     * first token is, one token when probing */
     spec_seq r = { .rate = 0.9 };
-    CHECK(spec_seq_draft_len(&r, 5, 0.05) == 5);
+    CHECK(spec_seq_draft_len(&r, 5, 0.05, false) == 5);
     r.rate = 0.5;   /* 0.5 0.25 0.125 0.0625 0.03 */
-    CHECK(spec_seq_draft_len(&r, 8, 0.05) == 4);
-    CHECK(spec_seq_draft_len(&r, 8, 0.2) == 2);   /* a dearer draft step: fewer */
+    CHECK(spec_seq_draft_len(&r, 8, 0.05, false) == 4);
+    CHECK(spec_seq_draft_len(&r, 8, 0.2, false) == 2);   /* a dearer draft step: fewer */
+    CHECK(spec_seq_draft_len(&r, 8, 0.2, true) == 2);
     r.rate = 0.01;
-    CHECK(spec_seq_draft_len(&r, 8, 0.05) == 1);
-    CHECK(spec_seq_draft_len(&r, 0, 0.05) == 0);
+    CHECK(spec_seq_draft_len(&r, 8, 0.05, false) == 0);
+    CHECK(spec_seq_draft_len(&r, 8, 0.05, true) == 1);
+    CHECK(spec_seq_draft_len(&r, 0, 0.05, true) == 0);
+}
+
+/* A new request's estimate: the prior until the source has tested enough drafts server-wide,
+ * then the server-wide rate; never once the request has tested its own. */
+TEST(test_prior_from_all_requests)
+{
+    spec_seq all, q;
+    spec_seq_init(&all);
+    for (int i = 0; i < SPEC_PRIOR_MIN_TESTED - 1; i++) spec_seq_observe(&all, 0, true, NULL);
+    spec_seq_init(&q);
+    spec_seq_prior(&q, &all);
+    CHECK(q.rate == SPEC_ACCEPT_PRIOR);
+    spec_seq_observe(&all, 0, true, NULL);
+    spec_seq_prior(&q, &all);
+    CHECK(q.rate == all.rate && q.rate < 0.2);
+    spec_seq mine;
+    spec_seq_init(&mine);
+    spec_seq_observe(&mine, 3, false, NULL);
+    double before = mine.rate;
+    spec_seq_prior(&mine, &all);
+    CHECK(mine.rate == before);
+}
+
+/* Probes: due at once, then after SPEC_PROBE_STEPS quiet decode steps; a probe that accepts
+ * nothing doubles the gap up to SPEC_PROBE_MAX, one that accepts resets it. A draft model whose
+ * drafts are never accepted then drafts on a vanishing share of the steps. */
+TEST(test_probe_backs_off)
+{
+    spec_probe p;
+    spec_probe_init(&p);
+    CHECK(spec_probe_due(&p));
+    spec_probe_step(&p, 1, 0);   /* the first probe: rejected */
+    int quiet = 0;
+    while (!spec_probe_due(&p)) {
+        spec_probe_step(&p, 0, 0);
+        quiet++;
+    }
+    CHECKF(quiet == 2 * SPEC_PROBE_STEPS, "%d", quiet);
+    spec_probe_step(&p, 2, 1);   /* accepted: back to the short gap */
+    for (int i = 0; i < SPEC_PROBE_STEPS - 1; i++) spec_probe_step(&p, 0, 0);
+    CHECK(!spec_probe_due(&p));
+    spec_probe_step(&p, 0, 0);
+    CHECK(spec_probe_due(&p));
+    /* poor drafts: a step with drafts verified only when the probe is due */
+    spec_probe_init(&p);
+    int probes = 0, steps = 4096;
+    for (int i = 0; i < steps; i++) {
+        bool v = spec_probe_due(&p);
+        probes += v;
+        spec_probe_step(&p, v, 0);
+    }
+    CHECKF(probes <= 6 + steps / SPEC_PROBE_MAX + 1, "%d probes in %d steps", probes, steps);
+    CHECK(p.gap == SPEC_PROBE_MAX);
 }
 
 /* ---- the verify count on step-time curves ---- */
@@ -636,6 +692,8 @@ int main(void)
 {
     RUN(test_ngram_draft);
     RUN(test_acceptance_estimate);
+    RUN(test_prior_from_all_requests);
+    RUN(test_probe_backs_off);
     RUN(test_choose_on_recorded_curves);
     RUN(test_choose_on_learned_step_time);
     RUN(test_speculative_sampling_keeps_distribution);

@@ -149,11 +149,35 @@ TEST(test_degenerate_mix_stays_finite)
     CHECKF(fabs(steptime_predict(&m, &p) - 0.06) < 0.006, "%.4f", steptime_predict(&m, &p));
 }
 
+/* One stream decoding (every step one decode row, the depth growing): the cost of a second
+ * row was never seen, so it is predicted free rather than a guessed share of the step, and
+ * once steps with more rows are seen the fit follows the curve. */
+TEST(test_unseen_rows_are_not_guessed_costly)
+{
+    steptime m;
+    steptime_init(&m);
+    for (int i = 0; i < 40; i++) {
+        steptime_x x = { .n_dec = 1, .depth = 300 + i };
+        steptime_observe(&m, &x, curve_at(&g_cpu, &x) * (1 + 0.02 * noise()));
+    }
+    steptime_x one = { .n_dec = 1, .depth = 340 }, two = { .n_dec = 2, .depth = 680 };
+    double t1 = steptime_predict(&m, &one), t2 = steptime_predict(&m, &two);
+    CHECKF(t2 < 1.05 * t1, "one row %.3g s, two rows %.3g s", t1, t2);
+    for (int i = 0; i < 40; i++) {
+        steptime_x x = { .n_dec = 1 + i % 4, .depth = (1 + i % 4) * (340.0 + i) };
+        steptime_observe(&m, &x, curve_at(&g_cpu, &x) * (1 + 0.02 * noise()));
+    }
+    t2 = steptime_predict(&m, &two);
+    double want = curve_at(&g_cpu, &two);
+    CHECKF(fabs(t2 - want) < 0.05 * want, "two rows %.3g s, the curve says %.3g s", t2, want);
+}
+
 int main(void)
 {
     RUN(test_fit_predicts_held_out_steps);
     RUN(test_fit_tokens_sizes_to_the_target);
     RUN(test_follows_a_slower_machine);
     RUN(test_degenerate_mix_stays_finite);
+    RUN(test_unseen_rows_are_not_guessed_costly);
     HARNESS_END();
 }
