@@ -55,37 +55,33 @@ import fs from "node:fs";
 import http from "node:http";
 import os from "node:os";
 import path from "node:path";
+import { parseArgs } from "./args.mjs";
 import { benchModel } from "./models.mjs";
 import { serverMetrics, startServe, stopServe } from "./server.mjs";
 
 const root = path.resolve(import.meta.dirname, "..");
 const bin = process.env.TM_BIN || path.join(root, "build/tokenmill");
-const o = { agents: 8, turns: 4, system: 1500, tool: 250, answer: 24, kvMib: 24, reps: 1, threads: os.availableParallelism?.() ?? os.cpus().length,
-  llamaSlots: "agents,pool", llamaBatch: 512, llamaFlashAttn: "on", llama: true, serial: false, waitQuiet: 60, runs: "nocache,ram,store,restart" };
-const argv = process.argv.slice(2);
-for (let i = 0; i < argv.length; i++) {
-  const a = argv[i], v = () => argv[++i];
-  if (a === "-m") o.model = v();
-  else if (a === "--preset") o.preset = v();
-  else if (a === "--agents") o.agents = Number(v());
-  else if (a === "--turns") o.turns = Number(v());
-  else if (a === "--system") o.system = Number(v());
-  else if (a === "--tool") o.tool = Number(v());
-  else if (a === "--answer") o.answer = Number(v());
-  else if (a === "--kv-mib") o.kvMib = Number(v());
-  else if (a === "--threads") o.threads = Number(v());
-  else if (a === "--step-tokens") o.step = Number(v());
-  else if (a === "--reps") o.reps = Number(v());
-  else if (a === "--llama-slots") o.llamaSlots = v();
-  else if (a === "--llama-batch") o.llamaBatch = Number(v());
-  else if (a === "--llama-flash-attn") o.llamaFlashAttn = v();
-  else if (a === "--no-llama") o.llama = false;
-  else if (a === "--serial") o.serial = true;
-  else if (a === "--runs") o.runs = v();
-  else if (a === "--wait-quiet") o.waitQuiet = Number(v());
-  else if (a === "--json") o.json = v();
-  else { console.error(`bench/cache_agents: unknown argument ${a}`); process.exit(2); }
-}
+const o = parseArgs("bench/cache_agents", [
+  { name: "-m", key: "model", arg: "MODEL", help: "a GGUF file (default: a small random qwen3 generated under tests/data/gen/)" },
+  { name: "--preset", arg: "P", help: "a real model's shape with random Q8_0 weights (bench/models.mjs), instead of -m" },
+  { name: "--agents", kind: "number", default: 8, help: "agents running concurrently" },
+  { name: "--turns", kind: "number", default: 4, help: "turns of each agent" },
+  { name: "--system", kind: "number", default: 1500, help: "tokens of the shared system prompt" },
+  { name: "--tool", kind: "number", default: 250, help: "tokens of tool output each turn appends" },
+  { name: "--answer", kind: "number", default: 24, help: "tokens generated each turn" },
+  { name: "--kv-mib", kind: "number", default: 24, help: "tokenmill's KV pool, MiB" },
+  { name: "--threads", kind: "number", default: os.availableParallelism?.() ?? os.cpus().length, help: "threads of both engines" },
+  { name: "--step-tokens", key: "step", kind: "number", help: "tokenmill's --step-tokens" },
+  { name: "--reps", kind: "number", default: 1, help: "repeats of the whole sequence of runs (medians shown)" },
+  { name: "--llama-slots", default: "agents,pool", help: 'llama.cpp runs: slot counts, "agents" or "pool"; empty for none' },
+  { name: "--llama-batch", kind: "number", default: 512, help: "llama.cpp's batch size" },
+  { name: "--llama-flash-attn", default: "on", choices: ["on", "off"], help: "llama.cpp's flash attention" },
+  { name: "--no-llama", key: "llama", kind: "flag", value: false, default: true, help: "tokenmill's runs only" },
+  { name: "--serial", kind: "flag", default: false, help: "one request at a time" },
+  { name: "--runs", default: "nocache,ram,store,restart", help: "tokenmill's runs (restart implies store)" },
+  { name: "--wait-quiet", kind: "number", default: 60, help: "seconds to wait for idle CPUs before each run (0: no wait)" },
+  { name: "--json", arg: "OUT.json", help: "write the figures there too" },
+]);
 if (o.preset && o.model) { console.error("bench/cache_agents: -m and --preset exclude each other"); process.exit(2); }
 if (o.preset) {
   try { o.model = benchModel(o.preset, "q8_0", { tokenmill: bin, log: (l) => process.stderr.write(`bench/cache_agents: ${l}\n`) }); }

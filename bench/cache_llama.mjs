@@ -41,31 +41,21 @@ import fs from 'node:fs';
 import os from 'node:os';
 // (llama_node re-runs this script under UV_THREADPOOL_SIZE=1: llama.cpp's best speed here)
 import {getLlama, LlamaLogLevel} from '../tests/oracle/llama_node.mjs';
+import {parseArgs} from './args.mjs';
 
-function usage(msg) {
-  if (msg) process.stderr.write(`cache_llama: ${msg}\n`);
-  process.stderr.write('usage: cache_llama.mjs -m MODEL --workload FILE.json [--slots 8|pool:MIB] [--threads N] [--batch 512]\n' +
-                       '                       [--answer 24] [--similarity 0.1] [--flash-attn on|off] [--no-reuse] [--serial]\n');
-  process.exit(2);
-}
-const o = {slots: '8', threads: os.availableParallelism?.() ?? os.cpus().length, batch: 512, answer: 24, similarity: 0.1,
-  flashAttn: true};
-const argv = process.argv.slice(2);
-for (let i = 0; i < argv.length; i++) {
-  const a = argv[i], v = () => (i + 1 < argv.length ? argv[++i] : usage(`${a} needs a value`));
-  if (a === '-m') o.model = v();
-  else if (a === '--workload') o.workload = v();
-  else if (a === '--slots') o.slots = v();
-  else if (a === '--no-reuse') o.noReuse = true;
-  else if (a === '--serial') o.serial = true;
-  else if (a === '--threads') o.threads = parseInt(v(), 10);
-  else if (a === '--batch') o.batch = parseInt(v(), 10);
-  else if (a === '--answer') o.answer = parseInt(v(), 10);
-  else if (a === '--similarity') o.similarity = Number(v());
-  else if (a === '--flash-attn') o.flashAttn = v() === 'on';
-  else usage(`unknown argument ${a}`);
-}
-if (!o.model || !o.workload) usage('-m and --workload are required');
+const o = parseArgs('bench/cache_llama', [
+  {name: '-m', key: 'model', arg: 'MODEL', required: true, help: 'the GGUF file'},
+  {name: '--workload', arg: 'FILE.json', required: true, help: "the prompts: {\"prompts\": [[[ids of agent 0 turn 0], ...], ...]}"},
+  {name: '--slots', arg: 'S|pool:MIB', default: '8', help: 'slots, or as many as MIB MiB of F16 KV hold'},
+  {name: '--threads', kind: 'number', default: os.availableParallelism?.() ?? os.cpus().length, help: 'threads'},
+  {name: '--batch', kind: 'number', default: 512, help: 'batch size'},
+  {name: '--answer', kind: 'number', default: 24, help: 'tokens generated per request'},
+  {name: '--similarity', kind: 'number', default: 0.1, help: "the server's --slot-prompt-similarity"},
+  {name: '--flash-attn', default: 'on', choices: ['on', 'off'], help: 'flash attention'},
+  {name: '--no-reuse', kind: 'flag', help: 'empty the slot before every request'},
+  {name: '--serial', kind: 'flag', help: 'one request at a time'},
+]);
+o.flashAttn = o.flashAttn === 'on';
 const prompts = JSON.parse(fs.readFileSync(o.workload, 'utf8')).prompts;
 const maxPrompt = Math.max(...prompts.flat().map((p) => p.length));
 const ctxSize = maxPrompt + o.answer + 8;
@@ -83,7 +73,10 @@ const kvBytesPerToken = (() => {
 })();
 // --slots pool:MIB: as many slots as MIB MiB of F16 KV holds (at least one)
 if (String(o.slots).startsWith('pool:')) {
-  if (!kvBytesPerToken) usage('cannot size --slots pool: from this model\'s metadata');
+  if (!kvBytesPerToken) {
+    process.stderr.write('bench/cache_llama: cannot size --slots pool: from this model\'s metadata\n');
+    process.exit(2);
+  }
   o.slots = Math.max(1, Math.min(prompts.length, Math.floor(Number(o.slots.slice(5)) * 2 ** 20 / (ctxSize * kvBytesPerToken))));
 } else o.slots = parseInt(o.slots, 10);
 const ctx = await model.createContext({sequences: o.slots, contextSize: ctxSize, batchSize: o.batch, threads: o.threads,

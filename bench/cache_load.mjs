@@ -22,24 +22,12 @@ import fs from "node:fs";
 import http from "node:http";
 import os from "node:os";
 import path from "node:path";
-import { serverMetrics, startServe, stopServe } from "./server.mjs";
+import { parseArgs } from "./args.mjs";
+import { serverMetrics, startServe, stopServe, storeRunOptions } from "./server.mjs";
 
-const root = path.resolve(import.meta.dirname, "..");
-const o = { bins: [path.join(root, "build/tokenmill")], reps: 5, prompt: 1750, kvMib: 512, threads: 2, nocache: false };
-const argv = process.argv.slice(2);
-for (let i = 0; i < argv.length; i++) {
-  const a = argv[i], v = () => argv[++i];
-  if (a === "-m") o.model = v();
-  else if (a === "--bin") o.bins = v().split(",");
-  else if (a === "--reps") o.reps = Number(v());
-  else if (a === "--prompt") o.prompt = Number(v());
-  else if (a === "--kv-mib") o.kvMib = Number(v());
-  else if (a === "--threads") o.threads = Number(v());
-  else if (a === "--store") o.store = v();
-  else if (a === "--nocache") o.nocache = true;
-  else { console.error(`bench/cache_load: unknown argument ${a}`); process.exit(2); }
-}
-if (!o.model) { console.error("bench/cache_load: -m MODEL is required"); process.exit(2); }
+const o = parseArgs("bench/cache_load", [...storeRunOptions(1750, "tokens of the prompt"),
+  { name: "--nocache", kind: "flag", default: false, help: "--cache off and a new first token every run: the uncached TTFT" },
+]);
 const tmp = o.store ? null : fs.mkdtempSync(path.join(os.tmpdir(), "tm-bench-load-"));
 const store = o.store ?? path.join(tmp, "store");
 

@@ -29,29 +29,25 @@ import fs from "node:fs";
 import http from "node:http";
 import os from "node:os";
 import path from "node:path";
+import { parseArgs } from "./args.mjs";
 import { onSseJson } from "./sse.mjs";
 
 const root = path.resolve(import.meta.dirname, "..");
 const bin = process.env.TM_BIN || path.join(root, "build/tokenmill");
-const o = { model: path.join(root, "models/stories260K.gguf"), minutes: 3, prefill: 2, decode: 2, streams: 8, prompts: 24,
-  maxTokens: 64, every: 3, seed: 1, hang: 120, verbose: false };
-const argv = process.argv.slice(2);
-for (let i = 0; i < argv.length; i++) {
-  const a = argv[i], v = () => argv[++i];
-  if (a === "-m") o.model = v();
-  else if (a === "--minutes") o.minutes = Number(v());
-  else if (a === "--prefill") o.prefill = Number(v());
-  else if (a === "--decode") o.decode = Number(v());
-  else if (a === "--streams") o.streams = Number(v());
-  else if (a === "--prompts") o.prompts = Number(v());
-  else if (a === "--max-tokens") o.maxTokens = Number(v());
-  else if (a === "--every") o.every = Number(v());
-  else if (a === "--seed") o.seed = Number(v());
-  else if (a === "--hang") o.hang = Number(v());
-  else if (a === "--json") o.json = v();
-  else if (a === "-v") o.verbose = true;
-  else { console.error(`bench/chaos: unknown argument ${a}`); process.exit(2); }
-}
+const o = parseArgs("bench/chaos", [
+  { name: "-m", key: "model", arg: "MODEL", default: path.join(root, "models/stories260K.gguf"), help: "the GGUF file" },
+  { name: "--minutes", kind: "number", default: 3, help: "minutes of chaos" },
+  { name: "--prefill", kind: "number", default: 2, help: "prefill workers" },
+  { name: "--decode", kind: "number", default: 2, help: "decode workers" },
+  { name: "--streams", kind: "number", default: 8, help: "client loops" },
+  { name: "--prompts", kind: "number", default: 24, help: "prompts the loops cycle over" },
+  { name: "--max-tokens", kind: "number", default: 64, help: "tokens per completion" },
+  { name: "--every", kind: "number", default: 3, help: "mean seconds between disturbances" },
+  { name: "--seed", kind: "number", default: 1, help: "seed of the disturbances" },
+  { name: "--hang", kind: "number", default: 120, help: "seconds after which a silent stream counts as lost" },
+  { name: "--json", arg: "OUT.json", help: "write the figures there too" },
+  { name: "-v", key: "verbose", kind: "flag", default: false, help: "log the disturbances and the processes' warnings" },
+]);
 for (const k of ["minutes", "prefill", "decode", "streams", "prompts", "maxTokens", "every", "hang"])
   if (!(o[k] > 0)) { console.error(`bench/chaos: --${k} must be a positive number`); process.exit(2); }
 

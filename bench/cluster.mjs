@@ -45,32 +45,28 @@ import fs from "node:fs";
 import http from "node:http";
 import os from "node:os";
 import path from "node:path";
+import { parseArgs } from "./args.mjs";
 import { onSseJson } from "./sse.mjs";
 
 const root = path.resolve(import.meta.dirname, "..");
-let bin = path.join(root, "build/tokenmill");
-const o = { streamTokens: 64, decoders: 16, decodePrompt: 64, long: 6, longPrompt: 1536, longEvery: 1.5, longTokens: 8, quiet: 1.5,
-  setups: ["disagg", "mixed", "serve"], rounds: 3, threads: os.availableParallelism?.() ?? os.cpus().length };
-const argv = process.argv.slice(2);
-for (let i = 0; i < argv.length; i++) {
-  const a = argv[i], v = () => argv[++i];
-  if (a === "-m") o.model = v();
-  else if (a === "--decoders") o.decoders = Number(v());
-  else if (a === "--decode-prompt") o.decodePrompt = Number(v());
-  else if (a === "--long") o.long = Number(v());
-  else if (a === "--long-prompt") o.longPrompt = Number(v());
-  else if (a === "--long-every") o.longEvery = Number(v());
-  else if (a === "--long-tokens") o.longTokens = Number(v());
-  else if (a === "--quiet") o.quiet = Number(v());
-  else if (a === "--setups") o.setups = v().split(",");
-  else if (a === "--threads") o.threads = Number(v());
-  else if (a === "--rounds") o.rounds = Number(v());
-  else if (a === "--json") o.json = v();
-  else if (a === "--latency") o.latency = Number(v());
-  else if (a === "--stream-tokens") o.streamTokens = Number(v());
-  else if (a === "--bin") bin = path.resolve(v());
-  else { console.error(`bench/cluster: unknown argument ${a}`); process.exit(2); }
-}
+const o = parseArgs("bench/cluster", [
+  { name: "-m", key: "model", arg: "MODEL", help: "the GGUF file (default: a small random qwen3 under tests/data/gen/; with --latency stories260K)" },
+  { name: "--decoders", kind: "number", default: 16, help: "streams decoding throughout" },
+  { name: "--decode-prompt", kind: "number", default: 64, help: "tokens of a decoder's prompt" },
+  { name: "--long", kind: "number", default: 6, help: "long prompts" },
+  { name: "--long-prompt", kind: "number", default: 1536, help: "tokens of a long prompt" },
+  { name: "--long-every", kind: "number", default: 1.5, help: "seconds between long prompts" },
+  { name: "--long-tokens", kind: "number", default: 8, help: "tokens a long prompt generates" },
+  { name: "--quiet", kind: "number", default: 1.5, help: "seconds after the last long prompt before the decoders are cut" },
+  { name: "--setups", kind: "list", default: ["disagg", "mixed", "serve"], help: "set-ups to run" },
+  { name: "--threads", kind: "number", default: os.availableParallelism?.() ?? os.cpus().length, help: "cores (each worker gets half)" },
+  { name: "--rounds", kind: "number", default: 3, help: "rounds of the set-ups (medians shown)" },
+  { name: "--json", arg: "OUT.json", help: "write the figures there too" },
+  { name: "--latency", kind: "number", help: "instead of the workload: the gateway's added latency over N completions" },
+  { name: "--stream-tokens", kind: "number", default: 64, help: "(--latency) tokens of each stream" },
+  { name: "--bin", arg: "PATH", default: path.join(root, "build/tokenmill"), help: "the tokenmill build to run" },
+]);
+const bin = path.resolve(o.bin);
 if (!o.model && o.latency) o.model = path.join(root, "models/stories260K.gguf");
 if (!o.model) {
   o.model = path.join(root, "tests/data/gen/bench-serve-qwen3-small-q8_0.gguf");

@@ -29,38 +29,28 @@ import os from 'node:os';
 import path from 'node:path';
 import {fileURLToPath} from 'node:url';
 import {benchModel} from './models.mjs';
+import {parseArgs} from './args.mjs';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 process.chdir(root);
 const outDir = 'bench/out';
 fs.mkdirSync(outDir, {recursive: true});
 
-function usage(msg) {
-  if (msg) process.stderr.write(`bench/engine: ${msg}\n`);
-  process.stderr.write('usage: bench/engine [--threads N] [--reps R] [--models q8_0,q4_k_m] [--pp N] [--tg N] ' +
-    '[--seqs 1,4,16] [--only tokenmill|llama] [--quick] [--model-file GGUF] [--wait-quiet S] [--preset P] [--baseline BIN]\n');
-  process.exit(2);
-}
-const o = {threads: os.availableParallelism?.() ?? os.cpus().length, reps: 3, models: ['q8_0', 'q4_k_m'],
-  pp: 512, tg: 128, seqs: '1,4,16', only: null, tokenmill: 'build/tokenmill', waitQuiet: 60, preset: 'qwen3-0.6b'};
-const argv = process.argv.slice(2);
-for (let i = 0; i < argv.length; i++) {
-  const a = argv[i], v = () => (i + 1 < argv.length ? argv[++i] : usage(`${a} needs a value`));
-  if (a === '--threads' || a === '-t') o.threads = parseInt(v(), 10);
-  else if (a === '--reps') o.reps = parseInt(v(), 10);
-  else if (a === '--models') o.models = v().split(',').filter(Boolean);
-  else if (a === '--pp') o.pp = parseInt(v(), 10);
-  else if (a === '--tg') o.tg = parseInt(v(), 10);
-  else if (a === '--seqs') o.seqs = v();
-  else if (a === '--only') o.only = v();
-  else if (a === '--tokenmill') o.tokenmill = v();
-  else if (a === '--model-file') o.modelFile = v(); // an existing GGUF instead of mkmodel's
-  else if (a === '--wait-quiet') o.waitQuiet = parseFloat(v());
-  else if (a === '--preset') o.preset = v();
-  else if (a === '--baseline') o.baseline = v();
-  else if (a === '--quick') Object.assign(o, {reps: 1, pp: 128, tg: 32});
-  else usage(`unknown argument ${a}`);
-}
+const o = parseArgs('bench/engine', [
+  {name: '--threads', alias: ['-t'], kind: 'number', default: os.availableParallelism?.() ?? os.cpus().length, help: 'threads of both engines'},
+  {name: '--reps', kind: 'number', default: 3, help: 'rounds (medians shown)'},
+  {name: '--models', kind: 'list', default: ['q8_0', 'q4_k_m'], help: 'weight types to build'},
+  {name: '--pp', kind: 'number', default: 512, help: 'prompt tokens'},
+  {name: '--tg', kind: 'number', default: 128, help: 'generated tokens'},
+  {name: '--seqs', arg: 'N,N', default: '1,4,16', help: 'sequences of the batched runs'},
+  {name: '--only', choices: ['tokenmill', 'llama'], help: 'one engine only'},
+  {name: '--quick', kind: 'flag', sets: {reps: 1, pp: 128, tg: 32}, help: '= --reps 1 --pp 128 --tg 32'},
+  {name: '--tokenmill', arg: 'BIN', default: 'build/tokenmill', help: 'the tokenmill build'},
+  {name: '--model-file', arg: 'GGUF', help: "an existing GGUF instead of mkmodel's"},
+  {name: '--wait-quiet', arg: 'S', kind: 'number', default: 60, help: 'seconds to wait for idle CPUs'},
+  {name: '--preset', arg: 'P', default: 'qwen3-0.6b', help: 'the model shape (bench/models.mjs)'},
+  {name: '--baseline', arg: 'BIN', help: 'another build of tokenmill, run just before the current one each round'},
+]);
 
 const log = (...a) => process.stderr.write(a.join(' ') + '\n');
 const median = (xs) => {

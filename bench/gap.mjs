@@ -20,22 +20,19 @@ import { spawn, execFileSync } from "node:child_process";
 import fs from "node:fs";
 import http from "node:http";
 import path from "node:path";
+import { parseArgs } from "./args.mjs";
 
 const root = path.resolve(import.meta.dirname, "..");
-const o = { clients: 16, tokens: 128, reps: 3, threads: 0, args: "", bins: null, logprobs: -1 };
-const argv = process.argv.slice(2);
-for (let i = 0; i < argv.length; i++) {
-  const a = argv[i], v = () => argv[++i];
-  if (a === "-m") o.model = v();
-  else if (a === "--clients") o.clients = Number(v());
-  else if (a === "--tokens") o.tokens = Number(v());
-  else if (a === "--reps") o.reps = Number(v());
-  else if (a === "--threads") o.threads = Number(v());
-  else if (a === "--args") o.args = v();
-  else if (a === "--logprobs") o.logprobs = Number(v());
-  else if (a === "--bin") o.bins = v().split(",");
-  else { console.error(`bench/gap: unknown argument ${a}`); process.exit(2); }
-}
+const o = parseArgs("bench/gap", [
+  { name: "-m", key: "model", arg: "MODEL", help: "the GGUF file (default: bench/serve's small random qwen3 under tests/data/gen/)" },
+  { name: "--clients", kind: "number", default: 16, help: "concurrent streams (and --max-seqs)" },
+  { name: "--tokens", kind: "number", default: 128, help: "tokens of each stream" },
+  { name: "--reps", kind: "number", default: 3, help: "runs of each configuration (medians shown)" },
+  { name: "--threads", kind: "number", default: 0, help: "the server's --threads (0: its default)" },
+  { name: "--logprobs", arg: "K", kind: "number", default: -1, help: "each token's log-probs and K alternatives (-1: none)" },
+  { name: "--bin", key: "bins", kind: "list", arg: "A,B", help: "compare these builds instead of overlap and --no-overlap" },
+  { name: "--args", arg: '"EXTRA SERVE ARGS"', default: "", help: "more serve options, space-separated" },
+]);
 const bin = path.join(root, "build/tokenmill");
 if (!o.model) {
   o.model = path.join(root, "tests/data/gen/bench-serve-qwen3-small-q8_0.gguf");

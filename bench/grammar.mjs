@@ -22,20 +22,17 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import {fileURLToPath} from 'node:url';
+import {parseArgs} from './args.mjs';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 process.chdir(root);
-const o = {threads: os.availableParallelism?.() ?? os.cpus().length, tokens: 256, streams: '1,16', docs: 64, llama: true};
-const argv = process.argv.slice(2);
-for (let i = 0; i < argv.length; i++) {
-  const a = argv[i], v = argv[++i];
-  if (a === '--threads') o.threads = Number(v);
-  else if (a === '--tokens') o.tokens = Number(v);
-  else if (a === '--streams') o.streams = v;
-  else if (a === '--docs') o.docs = Number(v);
-  else if (a === '--no-llama') { o.llama = false; i--; }
-  else { process.stderr.write('usage: bench/grammar [--threads N] [--tokens T] [--streams 1,16] [--docs D] [--no-llama]\n'); process.exit(2); }
-}
+const o = parseArgs('bench/grammar', [
+  {name: '--threads', kind: 'number', default: os.availableParallelism?.() ?? os.cpus().length, help: 'threads of both engines'},
+  {name: '--tokens', arg: 'T', kind: 'number', default: 256, help: 'tokens of each document'},
+  {name: '--streams', arg: 'N,N', default: '1,16', help: 'streams of the decode runs'},
+  {name: '--docs', arg: 'D', kind: 'number', default: 64, help: 'documents of the mask benchmark'},
+  {name: '--no-llama', key: 'llama', kind: 'flag', value: false, default: true, help: 'tokenmill only'},
+]);
 const bin = 'build/tokenmill', out = 'bench/out';
 fs.mkdirSync(out, {recursive: true});
 const vocab = 'tests/data/llama.cpp/models/ggml-vocab-qwen2.gguf';

@@ -14,24 +14,15 @@ import fs from 'node:fs';
 import os from 'node:os';
 import {getLlama, LlamaLogLevel} from '../tests/oracle/llama_node.mjs';
 import {LlamaCompletion} from 'node-llama-cpp';
+import {parseArgs} from './args.mjs';
 
-function usage(msg) {
-  if (msg) process.stderr.write(`grammar_llama: ${msg}\n`);
-  process.stderr.write('usage: grammar_llama.mjs -m MODEL --schemas F.json [--threads N] [--tokens T] [--docs D]\n');
-  process.exit(2);
-}
-const o = {threads: os.availableParallelism?.() ?? os.cpus().length, tokens: 128, docs: 4};
-const argv = process.argv.slice(2);
-for (let i = 0; i < argv.length; i++) {
-  const a = argv[i], v = () => (i + 1 < argv.length ? argv[++i] : usage(`${a} needs a value`));
-  if (a === '-m' || a === '--model') o.model = v();
-  else if (a === '--schemas') o.schemas = v();
-  else if (a === '--threads' || a === '-t') o.threads = parseInt(v(), 10);
-  else if (a === '--tokens') o.tokens = parseInt(v(), 10);
-  else if (a === '--docs') o.docs = parseInt(v(), 10);
-  else usage(`unknown argument ${a}`);
-}
-if (!o.model || !o.schemas) usage('-m and --schemas are required');
+const o = parseArgs('bench/grammar_llama', [
+  {name: '-m', alias: ['--model'], key: 'model', arg: 'MODEL', required: true, help: 'the GGUF file'},
+  {name: '--schemas', arg: 'F.json', required: true, help: '{"name": schema, ...}'},
+  {name: '--threads', alias: ['-t'], kind: 'number', default: os.availableParallelism?.() ?? os.cpus().length, help: 'threads'},
+  {name: '--tokens', arg: 'T', kind: 'number', default: 128, help: 'most tokens of each completion'},
+  {name: '--docs', arg: 'D', kind: 'number', default: 4, help: 'completions of each run'},
+]);
 const schemas = JSON.parse(fs.readFileSync(o.schemas, 'utf8'));
 
 const llama = await getLlama({gpu: false, build: 'never', logLevel: LlamaLogLevel.error, maxThreads: 0, progressLogs: false});

@@ -20,28 +20,18 @@
 import os from 'node:os';
 // (llama_node re-runs this script under UV_THREADPOOL_SIZE=1: llama.cpp's best speed here)
 import {getLlama, LlamaLogLevel} from '../tests/oracle/llama_node.mjs';
+import {parseArgs} from './args.mjs';
 
-function usage(msg) {
-  if (msg) process.stderr.write(`llama_bench: ${msg}\n`);
-  process.stderr.write('usage: llama_bench.mjs -m MODEL [--threads N] [--pp N] [--tg N] [--seqs 1,4,16] [--reps R]\n');
-  process.exit(2);
-}
-
-const o = {threads: os.availableParallelism?.() ?? os.cpus().length, pp: 512, tg: 128, seqs: [1, 4, 16], reps: 1,
-  flashAttn: false};
-const argv = process.argv.slice(2);
-for (let i = 0; i < argv.length; i++) {
-  const a = argv[i], v = () => (i + 1 < argv.length ? argv[++i] : usage(`${a} needs a value`));
-  if (a === '-m' || a === '--model') o.model = v();
-  else if (a === '--threads' || a === '-t') o.threads = parseInt(v(), 10);
-  else if (a === '--pp') o.pp = parseInt(v(), 10);
-  else if (a === '--tg') o.tg = parseInt(v(), 10);
-  else if (a === '--seqs') o.seqs = v().split(',').filter(Boolean).map((x) => parseInt(x, 10));
-  else if (a === '--reps') o.reps = parseInt(v(), 10);
-  else if (a === '--flash-attn') o.flashAttn = v() === 'on';
-  else usage(`unknown argument ${a}`);
-}
-if (!o.model) usage('-m is required');
+const o = parseArgs('bench/llama_bench', [
+  {name: '-m', alias: ['--model'], key: 'model', arg: 'MODEL', required: true, help: 'the GGUF file'},
+  {name: '--threads', alias: ['-t'], kind: 'number', default: os.availableParallelism?.() ?? os.cpus().length, help: 'threads'},
+  {name: '--pp', kind: 'number', default: 512, help: 'prompt tokens'},
+  {name: '--tg', kind: 'number', default: 128, help: 'generated tokens'},
+  {name: '--seqs', kind: 'list', of: 'number', default: [1, 4, 16], help: 'sequences of the batched runs'},
+  {name: '--reps', arg: 'R', kind: 'number', default: 1, help: 'repetitions'},
+  {name: '--flash-attn', default: 'off', choices: ['on', 'off'], help: 'flash attention'},
+]);
+o.flashAttn = o.flashAttn === 'on';
 
 const llama = await getLlama({gpu: false, build: 'never', logLevel: LlamaLogLevel.error, maxThreads: 0,
   progressLogs: false});

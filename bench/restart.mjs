@@ -20,23 +20,10 @@ import fs from "node:fs";
 import http from "node:http";
 import os from "node:os";
 import path from "node:path";
-import { startServe, stopServe } from "./server.mjs";
+import { parseArgs } from "./args.mjs";
+import { startServe, stopServe, storeRunOptions } from "./server.mjs";
 
-const root = path.resolve(import.meta.dirname, "..");
-const o = { bins: [path.join(root, "build/tokenmill")], reps: 5, prompt: 1790, kvMib: 512, threads: 2 };
-const argv = process.argv.slice(2);
-for (let i = 0; i < argv.length; i++) {
-  const a = argv[i], v = () => argv[++i];
-  if (a === "-m") o.model = v();
-  else if (a === "--bin") o.bins = v().split(",");
-  else if (a === "--reps") o.reps = Number(v());
-  else if (a === "--prompt") o.prompt = Number(v());
-  else if (a === "--kv-mib") o.kvMib = Number(v());
-  else if (a === "--threads") o.threads = Number(v());
-  else if (a === "--store") o.store = v();
-  else { console.error(`bench/restart: unknown argument ${a}`); process.exit(2); }
-}
-if (!o.model) { console.error("bench/restart: -m MODEL is required"); process.exit(2); }
+const o = parseArgs("bench/restart", storeRunOptions(1790, "tokens of each of the two cached prompts"));
 const tmp = o.store ? null : fs.mkdtempSync(path.join(os.tmpdir(), "tm-bench-restart-"));
 const store = o.store ?? path.join(tmp, "store");
 

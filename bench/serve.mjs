@@ -49,6 +49,7 @@ import http from "node:http";
 import net from "node:net";
 import os from "node:os";
 import path from "node:path";
+import { parseArgs } from "./args.mjs";
 import { onSseJson } from "./sse.mjs";
 
 if (process.env.UV_THREADPOOL_SIZE !== "1") {  // llama.cpp's best speed on 2 cores: see bench/llama_bench.mjs
@@ -60,32 +61,24 @@ if (process.env.UV_THREADPOOL_SIZE !== "1") {  // llama.cpp's best speed on 2 co
 const root = path.resolve(import.meta.dirname, "..");
 const bin = path.join(root, "build/tokenmill");
 const ncpu = os.availableParallelism?.() ?? os.cpus().length;
-const o = { clients: [1, 4, 16], prompt: 128, tokens: 32, threads: ncpu, stepTokens: 512, reps: 3, budget: 270,
-  flashAttn: true, llama: true, idle: 1000 };
-const usage = (msg) => {
-  console.error(`bench/serve: ${msg}\nusage: bench/serve [-m MODEL] [--clients 1,4,16 | --full] [--prompt N] [--tokens N] [--threads N]\n` +
-    "                   [--step-tokens N] [--reps R] [--budget S] [--flash-attn on|off] [--no-llama] [--idle N] [--json OUT] [--markdown]");
-  process.exit(2);
-};
-const argv = process.argv.slice(2);
-for (let i = 0; i < argv.length; i++) {
-  const a = argv[i], v = () => (i + 1 < argv.length ? argv[++i] : usage(`${a} needs a value`));
-  if (a === "-m") o.model = v();
-  else if (a === "--clients") o.clients = v().split(",").map(Number);
-  else if (a === "--full") o.clients = [1, 4, 16, 64];
-  else if (a === "--prompt") o.prompt = Number(v());
-  else if (a === "--tokens") o.tokens = Number(v());
-  else if (a === "--threads") o.threads = Number(v());
-  else if (a === "--step-tokens") o.stepTokens = Number(v());
-  else if (a === "--reps") o.reps = Number(v());
-  else if (a === "--budget") o.budget = Number(v());
-  else if (a === "--flash-attn") o.flashAttn = v() === "on";
-  else if (a === "--no-llama") o.llama = false;
-  else if (a === "--idle") o.idle = Number(v());
-  else if (a === "--json") o.json = v();
-  else if (a === "--markdown") o.markdown = true;
-  else usage(`unknown argument ${a}`);
-}
+const o = parseArgs("bench/serve", [
+  { name: "-m", key: "model", arg: "MODEL", help: "the GGUF file (default: a small random qwen3 under tests/data/gen/)" },
+  { name: "--clients", kind: "list", of: "number", default: [1, 4, 16], help: "concurrency levels" },
+  { name: "--full", kind: "flag", sets: { clients: [1, 4, 16, 64] }, help: "= --clients 1,4,16,64" },
+  { name: "--prompt", kind: "number", default: 128, help: "prompt tokens of each client" },
+  { name: "--tokens", kind: "number", default: 32, help: "tokens each client generates" },
+  { name: "--threads", kind: "number", default: ncpu, help: "threads of both engines" },
+  { name: "--step-tokens", kind: "number", default: 512, help: "the step budget of both engines" },
+  { name: "--reps", kind: "number", default: 3, help: "reps (medians shown)" },
+  { name: "--budget", arg: "S", kind: "number", default: 270, help: "no rep is started that would end after S seconds" },
+  { name: "--flash-attn", default: "on", choices: ["on", "off"], help: "llama.cpp's flash attention" },
+  { name: "--no-llama", key: "llama", kind: "flag", value: false, default: true, help: "tokenmill only" },
+  { name: "--idle", kind: "number", default: 1000, help: "idle keep-alive connections held in the HTTP check" },
+  { name: "--json", arg: "OUT.json", help: "write the figures there too" },
+  { name: "--markdown", kind: "flag", help: "print the table as Markdown" },
+]);
+o.flashAttn = o.flashAttn === "on";
+const usage = (msg) => { console.error(`bench/serve: ${msg} (--help lists the options)`); process.exit(2); };
 if (o.clients.some((c) => !(c >= 1)) || !(o.prompt >= 1) || !(o.tokens >= 2) || !(o.reps >= 1)) usage("bad numbers");
 if (!o.model) {
   o.model = path.join(root, "tests/data/gen/bench-serve-qwen3-small-q8_0.gguf");

@@ -6,8 +6,11 @@
 //   await stopServe(p)                      SIGTERM, resolves on exit
 //   await serverMetrics(port)               { name: number }, e.g.
 //                                           .tokenmill_time_to_first_token_seconds_sum
+//   storeRunOptions(prompt, promptHelp)     bench/args entries of the benchmarks that prefill
+//                                           a prompt into a store, then restart servers on it
 import { spawn } from "node:child_process";
 import http from "node:http";
+import path from "node:path";
 
 export function startServe(bin, args) {
   return new Promise((resolve, reject) => {
@@ -39,4 +42,20 @@ export function serverMetrics(port) {
       });
     }).on("error", reject);
   });
+}
+
+// The options bench/cache_load and bench/restart share: the model, the builds alternated run by
+// run, the reps, the prompt's length (default `prompt`), the server's KV pool and threads, and
+// the block store's directory.
+export function storeRunOptions(prompt, promptHelp) {
+  return [
+    { name: "-m", key: "model", arg: "MODEL", required: true, help: "the GGUF file" },
+    { name: "--bin", key: "bins", kind: "list", default: [path.resolve(import.meta.dirname, "../build/tokenmill")],
+      help: "builds to alternate run by run" },
+    { name: "--reps", kind: "number", default: 5, help: "runs of each build" },
+    { name: "--prompt", kind: "number", default: prompt, help: promptHelp },
+    { name: "--kv-mib", kind: "number", default: 512, help: "KV pool, MiB" },
+    { name: "--threads", kind: "number", default: 2, help: "threads" },
+    { name: "--store", arg: "DIR", help: "the block store's directory (default: a fresh temporary one)" },
+  ];
 }

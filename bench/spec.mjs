@@ -27,6 +27,7 @@ import { spawn, spawnSync } from "node:child_process";
 import fs from "node:fs";
 import http from "node:http";
 import path from "node:path";
+import { parseArgs } from "./args.mjs";
 import { benchModel } from "./models.mjs";
 import { onSseJson } from "./sse.mjs";
 
@@ -37,19 +38,16 @@ if (process.env.UV_THREADPOOL_SIZE !== "1") {  // llama.cpp's best speed on 2 co
 
 const root = path.resolve(import.meta.dirname, "..");
 const bin = path.join(root, "build/tokenmill");
-const o = { preset: "qwen3-0.6b", type: "q8_0", streams: [1, 4, 16], tokens: 64, threads: 2, draftLayers: 7, llama: true, json: null };
-for (let i = 2; i < process.argv.length; i++) {
-  const a = process.argv[i], v = () => process.argv[++i];
-  if (a === "--preset") o.preset = v();
-  else if (a === "--type") o.type = v();
-  else if (a === "--streams") o.streams = v().split(",").map(Number);
-  else if (a === "--tokens") o.tokens = Number(v());
-  else if (a === "--threads") o.threads = Number(v());
-  else if (a === "--draft-layers") o.draftLayers = Number(v());
-  else if (a === "--no-llama") o.llama = false;
-  else if (a === "--json") o.json = v();
-  else { console.error(`bench/spec: unknown option ${a}`); process.exit(2); }
-}
+const o = parseArgs("bench/spec", [
+  { name: "--preset", arg: "P", default: "qwen3-0.6b", help: "the model shape (bench/models.mjs)" },
+  { name: "--type", default: "q8_0", help: "its weight type" },
+  { name: "--streams", kind: "list", of: "number", default: [1, 4, 16], help: "concurrency levels" },
+  { name: "--tokens", kind: "number", default: 64, help: "tokens each stream generates" },
+  { name: "--threads", kind: "number", default: 2, help: "threads of both engines" },
+  { name: "--draft-layers", kind: "number", default: 7, help: "the self-speculation configuration's --draft-layers" },
+  { name: "--no-llama", key: "llama", kind: "flag", value: false, default: true, help: "tokenmill only" },
+  { name: "--json", arg: "OUT.json", default: null, help: "write the figures there too" },
+]);
 const log = (s) => console.error(`bench/spec: ${s}`);
 
 const model = benchModel(o.preset, o.type, { log });

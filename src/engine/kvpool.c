@@ -61,7 +61,8 @@ struct kvpool {
     kvpool_release_fn release_fn; /* lets go of a block's external bytes (blockio), or NULL */
     void *release_arg;
     int32_t *tail_tok;           /* (n_blocks, 128) a kept tail's token ids, row r = position r
-                                  * of its block; allocated with the first tail */
+                                  * of its block (allocated with the pool: tails are kept on
+                                  * the step path, which allocates nothing) */
     int32_t *slot;               /* (n_layers) a full layer's index in a block (>= 0), or a
                                   * window layer's in the ring as -1 - index */
     int n_blk_layers;            /* full layers: the layers a block holds */
@@ -157,7 +158,8 @@ kvpool_status kvpool_new(const kvpool_opts *opts, kvpool **out)
     p->data = util_aligned_alloc(total);
     p->blk = calloc((size_t)opts->n_blocks, sizeof *p->blk);
     p->filling = malloc((size_t)opts->n_blocks * sizeof *p->filling);
-    if (!p->data || !p->blk || !p->filling || !slottab_init(&p->tab, opts->n_blocks) ||
+    p->tail_tok = malloc((size_t)opts->n_blocks * KVPOOL_BLOCK * sizeof *p->tail_tok);
+    if (!p->data || !p->blk || !p->filling || !p->tail_tok || !slottab_init(&p->tab, opts->n_blocks) ||
         !slottab_init(&p->tails, opts->n_blocks)) {
         kvpool_free(p);
         return KVPOOL_ERR_NOMEM;
@@ -540,7 +542,6 @@ void kvpool_seq_keep_tail(kvpool *p, kvpool_seq *s, int bi, const uint8_t parent
     if (!slottab_keyed(&p->tab, id) && b->refcnt != 1) return;   /* not its own block */
     if (b->tail_rows && !memcmp(slottab_get_key(&p->tails, id), parent, 32) && b->tail_rows >= rows)
         return;   /* kept already */
-    if (!p->tail_tok) p->tail_tok = xmalloc((size_t)p->o.n_blocks * KVPOOL_BLOCK * sizeof *p->tail_tok);
     int old = kvpool_tail_lookup(p, parent);
     if (old >= 0 && old != id) kvpool_tail_drop(p, old);   /* the newest tail after a prefix wins */
     kvpool_tail_remove(p, id);
@@ -555,7 +556,7 @@ void kvpool_seq_keep_tail(kvpool *p, kvpool_seq *s, int bi, const uint8_t parent
 static int kvpool_tail_match(const kvpool *p, const uint8_t parent[32], const int32_t *tokens, int lim, int min_rows,
                              int *n_out)
 {
-    if (!p->tail_tok || lim < min_rows || lim < 1) return -1;
+    if (lim < min_rows || lim < 1) return -1;
     int id = kvpool_tail_lookup(p, parent);
     if (id < 0) return -1;
     const int32_t *tt = p->tail_tok + (size_t)id * KVPOOL_BLOCK;

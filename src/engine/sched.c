@@ -5,23 +5,9 @@
  * front) -> RUNNING (in s->running, ordered by admission) -> FINISHED (FINISH record
  * published, KV released, dropped by the engine).
  *
- * Admission by cache: when a slot is free, the waiting request admitted is the one with the
- * fewest blocks left to compute once its reusable prefix is attached (blocks keyed in the pool;
- * among the known tokens of a running request: a prefix in flight, attached as it completes;
- * or loaded from the block store while it waited), among the SCHED_ADMIT_WINDOW oldest, the
- * oldest on a tie (so with nothing to reuse it is first come, first served). Admitting one
- * makes its prefix in flight, which puts the others sharing it first next: sharers are
- * admitted together and compute the prefix once (SGLang's longest-prefix-first and in-batch
- * sharing). Counting what is left rather than what is reused keeps a conversation's later
- * turns, whose cached prefix is longer every turn, from overtaking other conversations'
- * earlier turns that have as much or less to compute. The age bound: every admission that
- * overtakes a waiting request counts a pass for it, and a request passed
- * SCHED_ADMIT_MAX_PASSED times goes before any other (the oldest such first), so a stream of
- * cache-friendly arrivals delays a cold request by at most that many admissions. KV still
- * decides last: a pick that does not fit waits, and blocks the admissions behind it as the
- * queue head did. A waiting request's store load follows its RAM-tier prefix: when the pool
- * reclaims blocks of that prefix while it waits (KV pressure), the load starts again from
- * where the prefix ends now, so its reusable blocks stay counted.
+ * Admission (which waiting request runs next, and what of its prompt it reuses: cached
+ * blocks, blocks loaded from the store, prefixes in flight, tails) is in sched_admit.c; this
+ * file calls it before each step's plan.
  *
  * The handle itself is freed by whoever lets go of it last: the caller (sched_release) or the
  * engine thread (when it drops a request the caller has already released). `engine_held` and
@@ -60,11 +46,6 @@
 #include "engine/steptime.h"
 #include "engine/wincache.h"
 #include "util/util.h"
-
-#define SCHED_LOAD_WAIT_S 2.0   /* longest a request waits at the queue head for a store load */
-#define SCHED_SHARE_MIN_ROWS 16 /* fewest rows of a block shared in flight below its boundary */
-#define SCHED_LOAD_RETRIES 8    /* most loads restarted per request because the RAM tier lost
-                                 * blocks of its prefix while it waited */
 
 const double sched_hist_bounds[SCHED_HIST_N] = {
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
@@ -114,83 +95,16 @@ static void sched_req_destroy(sched_req *r)
 
 /* ---- engine thread ---- */
 
-static const uint8_t *sched_chain_key(sched *s, sched_req *r, int bi);
-
-/* The key r's first block chains from: its tenant salt's root, zeros without one. */
-static const uint8_t *sched_root_key(const sched_req *r)
-{
-    static const uint8_t zeros[32];
-    return r->salted ? r->root : zeros;
-}
-
-/* The key block bi of r's tokens chains from: block bi-1's, or the root for block 0. */
-static const uint8_t *sched_parent_key(sched *s, sched_req *r, int bi)
-{
-    return bi ? sched_chain_key(s, r, bi - 1) : sched_root_key(r);
-}
-
-/* Before r's sequence lets go of its blocks: the rows of the block where its prompt ends and
- * of its last, partial block stay findable as tails (kvpool_seq_keep_tail) for a request that
- * continues its tokens: its next turn (which resends the prompt, perhaps not the tokens
- * generated after it), a retry, its own resume. Not on a model with window layers. */
-static void sched_keep_tails(sched *s, sched_req *r)
-{
-    if (s->wc || !r->seq || r->n_done <= 0) return;
-    int last = (r->n_done - 1) / KVPOOL_BLOCK, pe = (TM_MIN(r->n_prompt, r->n_done) - 1) / KVPOOL_BLOCK;
-    for (int bi = pe; bi <= last; bi += TM_MAX(1, last - pe)) {
-        const uint8_t *parent = sched_parent_key(s, r, bi);
-        int rows = TM_MIN(r->n_done, (bi + 1) * KVPOOL_BLOCK) - bi * KVPOOL_BLOCK;
-        kvpool_seq_keep_tail(s->pool, r->seq, bi, parent, r->tokens + (size_t)bi * KVPOOL_BLOCK, rows);
-    }
-}
-
-/* Lets go of the tail r pinned while it waited (engine thread). */
-static void sched_tail_unpin(sched *s, sched_req *r)
-{
-    if (r->tail_pin) kvpool_tail_unpin(s->pool, r->tail_pin - 1);
-    r->tail_pin = 0;
-}
-
-/* Waiting r: pins the tail it would copy rows from once admitted, the one after the longest
- * chain of its full blocks that has one (what it attaches then is decided at admission), so
- * that KV pressure does not reclaim it meanwhile: unlike full blocks, a tail is not in the
- * block store to be loaded back. Once per (re)admission, in the admission window. */
-static void sched_tail_pin(sched *s, sched_req *r)
-{
-    if (r->tail_looked || s->wc) return;
-    r->tail_looked = true;
-    for (int k = (r->n_tokens - 2) / KVPOOL_BLOCK; k >= 0 && !r->tail_pin; k--) {
-        const uint8_t *parent = sched_parent_key(s, r, k);
-        int lim = TM_MIN(KVPOOL_BLOCK, r->n_tokens - 1 - k * KVPOOL_BLOCK);
-        r->tail_pin = 1 + kvpool_tail_pin(s->pool, parent, r->tokens + (size_t)k * KVPOOL_BLOCK, lim,
-                                          SCHED_SHARE_MIN_ROWS);
-    }
-}
-
-/* Lets go of every waiting request's pinned tail (the pool has no room for what runs, or for
- * a request that can never fit otherwise); whether there was one. They pin again at the next
- * admission pass if their tail is still there. */
-static bool sched_tail_unpin_all(sched *s)
-{
-    bool any = false;
-    for (sched_req *r = s->wait_head; r; r = r->next) {
-        any |= r->tail_pin != 0;
-        sched_tail_unpin(s, r);
-        r->tail_looked = false;
-    }
-    return any;
-}
-
 /* Releases r's KV (engine thread): it ends. */
 static void sched_finish_release(sched *s, sched_req *r)
 {
-    sched_tail_unpin(s, r);
+    sched_admit_tail_unpin(s, r);
     if (r->seq && r->p.kv_out) {
         kvpool_fill_wait(s->pool, -1);   /* blocks loaded from the store are in the pool */
         r->p.kv_out(r->p.kv_arg, s->pool, r->seq, r->n_done);
     }
     if (r->seq) {
-        sched_keep_tails(s, r);   /* for its next turn */
+        sched_admit_keep_tails(s, r);   /* for its next turn */
         kvpool_seq_free(s->pool, r->seq);
         r->seq = NULL;
     }
@@ -227,14 +141,14 @@ void sched_drop_locked(sched_req *r)
 
 /* Ends r with why: releases its KV (engine thread), then publishes FINISH after the outputs
  * of the last step still waiting to be published (some may be r's). Caller holds mu. */
-static void sched_finish_locked(sched *s, sched_req *r, sched_finish why)
+void sched_finish_locked(sched *s, sched_req *r, sched_finish why)
 {
     sched_finish_release(s, r);
     sched_pub_flush_locked(s);
     sched_finish_push_locked(s, r, why);
 }
 
-static void sched_running_remove(sched *s, int i)
+void sched_running_remove(sched *s, int i)
 {
     memmove(&s->running[i], &s->running[i + 1], (size_t)(s->n_running - i - 1) * sizeof s->running[0]);
     s->n_running--;
@@ -264,7 +178,7 @@ static sched_req *sched_wait_pop(sched *s)
 static void sched_preempt_locked(sched *s, int i)
 {
     sched_req *r = s->running[i];
-    sched_keep_tails(s, r);   /* for its resume */
+    sched_admit_keep_tails(s, r);   /* for its resume */
     kvpool_seq_free(s->pool, r->seq);
     r->seq = NULL;
     r->n_done = 0;
@@ -286,392 +200,13 @@ static int sched_newest_running(const sched *s)
     return best;
 }
 
-static int sched_blocks_for(int n) { return (n + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK; }
-
-/* Key of r's full block bi of tokens ((bi + 1) * 128 <= n_tokens), computed once: the tokens
- * of a request never change, the generated ones included. */
-static const uint8_t *sched_chain_key(sched *s, sched_req *r, int bi)
-{
-    while (r->n_chain <= bi) {
-        const uint8_t *parent = r->n_chain ? r->chain[r->n_chain - 1] : sched_root_key(r);
-        kvpool_block_key(s->pool, parent, r->tokens + (size_t)r->n_chain * KVPOOL_BLOCK, r->chain[r->n_chain]);
-        r->n_chain++;
-    }
-    return r->chain[bi];
-}
-
-/* Whether a running request has block bi with this key among its known tokens: computed, or
- * to be computed in its next steps (a prefix in flight). */
-static bool sched_in_flight(sched *s, int bi, const uint8_t key[32])
-{
-    for (int j = 0; j < s->n_running; j++) {
-        sched_req *q = s->running[j];
-        if (q->n_tokens >= (bi + 1) * KVPOOL_BLOCK && !memcmp(sched_chain_key(s, q, bi), key, 32)) return true;
-    }
-    return false;
-}
-
-/* Cached tokens as usage counts them: on a model with window layers at most L - 134 of a
- * prompt of L. */
-static int sched_cached_cap(const sched *s, const sched_req *r, int n)
-{
-    if (!s->wc) return n;
-    return TM_MAX(0, TM_MIN(n, r->n_prompt - SCHED_WINDOW_UNCACHED));
-}
-
-/* After r's sequence attached blocks up to att (a multiple of 128, or 0): the window layers'
- * state at att from the window cache, else a replay. Returns the position to compute from. */
-static int sched_window_attach(sched *s, sched_req *r, int att)
-{
-    if (!s->wc || att <= 0 || att % KVPOOL_BLOCK) return att;
-    if (wincache_get(s->wc, sched_chain_key(s, r, att / KVPOOL_BLOCK - 1), s->wstate, util_now())) {
-        kvpool_seq_window_restore(s->pool, r->seq, att, s->wstate);
-        return att;
-    }
-    int from = kvpool_seq_window_replay(s->pool, r->seq, att, s->o.window_exact);
-    wincache_count_replay(s->wc, s->o.window_exact, att - from);
-    return from;
-}
-
-/* After a step: the window states its sequences crossed, into the window cache under the key
- * of the block each ends. */
-static void sched_window_put(sched *s, int n_reqs)
-{
-    const engine_window_state *ws;
-    int n = engine_window_states(s->e, &ws);
-    double now = util_now();
-    for (int i = 0; i < n; i++)
-        for (int k = 0; k < n_reqs; k++) {
-            sched_req *r = s->batch_req[k];
-            if (r->seq != ws[i].seq) continue;
-            if (ws[i].end <= r->n_tokens)
-                wincache_put(s->wc, sched_chain_key(s, r, ws[i].end / KVPOOL_BLOCK - 1), ws[i].state, now);
-            break;
-        }
-}
-
-/* Leading full blocks of r's tokens in the RAM tier (pinned or cached), at most max, at most
- * those that leave a token to compute (as attach). */
-static int sched_ram_blocks(sched *s, sched_req *r, int max)
-{
-    int nb = 0;
-    while (nb < max && (nb + 1) * KVPOOL_BLOCK < r->n_tokens && kvpool_key_cached(s->pool, sched_chain_key(s, r, nb)))
-        nb++;
-    return nb;
-}
-
-/* Whether waiting r's store load (finished, or none: nothing was left to look up) no longer
- * continues its RAM-tier prefix: blocks were reclaimed since it started. */
-static bool sched_load_stale(sched *s, sched_req *r)
-{
-    if (r->load_retries >= SCHED_LOAD_RETRIES || (r->load && !blockio_load_ready(s->o.bio, r->load))) return false;
-    return sched_ram_blocks(s, r, r->load_ram) < r->load_ram;
-}
-
-/* Full blocks r would not compute if admitted now: cached in the RAM tier, in flight, or held
- * by its finished store load where that continues them. */
-static int sched_reusable_blocks(sched *s, sched_req *r)
-{
-    int nb = 0, l0 = 0, l1 = 0;
-    if (r->load) {
-        l0 = blockio_load_first_block(r->load);
-        l1 = blockio_load_end_block(s->o.bio, r->load);
-    }
-    while ((nb + 1) * KVPOOL_BLOCK < r->n_tokens) {   /* as attach: at least one token is computed */
-        if (nb >= l0 && nb < l1) {   /* loaded, and the blocks before it reusable: no gap */
-            nb++;
-            continue;
-        }
-        const uint8_t *key = sched_chain_key(s, r, nb);
-        if (!kvpool_key_cached(s->pool, key) && !sched_in_flight(s, nb, key)) break;
-        nb++;
-    }
-    return nb;
-}
-
-/* The waiting request to admit next (see the admission policy in the file comment): the
- * oldest one overtaken SCHED_ADMIT_MAX_PASSED times if any, else the one with the fewest
- * blocks left to compute once its reusable prefix is attached, among the first
- * SCHED_ADMIT_WINDOW, the oldest of those on a tie. */
-static sched_req *sched_admit_pick(sched *s)
-{
-    sched_req *best = NULL;
-    int best_nc = 0, k = 0;
-    for (sched_req *r = s->wait_head; r && k < SCHED_ADMIT_WINDOW; r = r->next, k++) {
-        if (r->n_passed >= SCHED_ADMIT_MAX_PASSED) return r;
-        int nc = sched_blocks_for(r->n_tokens) - sched_reusable_blocks(s, r);
-        if (!best || nc < best_nc) {
-            best = r;
-            best_nc = nc;
-        }
-    }
-    return best;
-}
-
-/* Takes r out of the waiting queue; every request it overtook counts one more pass. */
-static void sched_wait_take(sched *s, sched_req *r)
-{
-    sched_req **pp = &s->wait_head, *prev = NULL;
-    while (*pp != r) {
-        (*pp)->n_passed++;
-        prev = *pp;
-        pp = &(*pp)->next;
-    }
-    *pp = r->next;
-    if (s->wait_tail == r) s->wait_tail = prev;
-    r->next = NULL;
-    s->n_waiting--;
-}
-
-
-/* Cancels, admissions. Under mu. */
-static void sched_admit_locked(sched *s)
-{
-    /* cancels of running requests */
-    for (int i = 0; i < s->n_running;) {
-        sched_req *r = s->running[i];
-        if (r->cancel) {
-            sched_running_remove(s, i);
-            sched_finish_locked(s, r, r->cancel_why);
-            sched_drop_locked(r);
-        } else {
-            i++;
-        }
-    }
-    /* cancels of waiting requests */
-    for (sched_req **pp = &s->wait_head, *prev = NULL; *pp;) {
-        sched_req *r = *pp;
-        if (r->cancel) {
-            *pp = r->next;
-            if (s->wait_tail == r) s->wait_tail = prev;
-            s->n_waiting--;
-            sched_finish_locked(s, r, r->cancel_why);
-            sched_drop_locked(r);
-        } else {
-            prev = r;
-            pp = &r->next;
-        }
-    }
-    /* block store: load what follows each waiting request's RAM-tier prefix, and again from
-     * where it ends now when the RAM tier reclaimed some of it meanwhile (so that what the
-     * request can reuse stays known to admission, which it would otherwise pass over; only
-     * for the requests admission scores) */
-    int k = 0;
-    for (sched_req *r = s->wait_head; r && k < SCHED_ADMIT_WINDOW; r = r->next, k++) sched_tail_pin(s, r);
-    k = 0;
-    if (s->o.bio)
-        for (sched_req *r = s->wait_head; r; r = r->next, k++)
-            if (!r->load_started || (k < SCHED_ADMIT_WINDOW && sched_load_stale(s, r))) {
-                if (r->load_started) r->load_retries++;
-                r->load_started = true;
-                blockio_load_free(s->o.bio, r->load);
-                r->load_ram = sched_ram_blocks(s, r, r->n_tokens);
-                r->load = blockio_load_start_class(s->o.bio, r->salted ? r->root : NULL, r->tokens, r->n_tokens,
-                                                  r->p.cache_class);
-                r->t_load = util_now();
-                if (r->t_load0 == 0 && r->load) r->t_load0 = r->t_load;
-            }
-    /* admissions, fewest blocks to compute first within the age bound, while KV allows */
-    while (s->n_running < s->o.max_seqs && s->wait_head) {
-        sched_req *r = sched_admit_pick(s);
-        if (r->load && !blockio_load_ready(s->o.bio, r->load)) {
-            if (util_now() - r->t_load < SCHED_LOAD_WAIT_S) break;   /* the store is slow: */
-            blockio_load_free(s->o.bio, r->load);                    /* compute instead */
-            r->load = NULL;
-        }
-        kvpool_seq *seq = kvpool_seq_new(s->pool);
-        if (r->salted) kvpool_seq_set_root(seq, r->root);
-        int att = kvpool_seq_attach_prefix(s->pool, seq, r->tokens, r->n_tokens);
-        if (r->load && att < blockio_load_first_block(r->load) * KVPOOL_BLOCK) {
-            /* the RAM tier lost blocks since the load started: load again from where it
-             * ends now (a few times at most), then compute what is missing */
-            blockio_load_free(s->o.bio, r->load);
-            r->load = NULL;
-            if (r->load_retries++ < SCHED_LOAD_RETRIES) {
-                r->load = blockio_load_start_class(s->o.bio, r->salted ? r->root : NULL, r->tokens, r->n_tokens,
-                                                  r->p.cache_class);
-                r->t_load = util_now();
-            }
-            if (r->load) {
-                kvpool_seq_free(s->pool, seq);
-                break;
-            }
-        }
-        kvpool_stats ks;
-        kvpool_get_stats(s->pool, &ks);
-        int need = sched_blocks_for(r->n_tokens + 1) - att / KVPOOL_BLOCK;
-        /* headroom: one block for every running sequence to grow into */
-        int avail = ks.n_free + ks.n_cached - s->n_running;
-        if (need > avail) {   /* a load stays buffered in blockio until the request fits */
-            kvpool_seq_free(s->pool, seq);
-            if (s->n_running == 0 && need > ks.n_free + ks.n_cached && sched_tail_unpin_all(s)) continue;
-            if (s->n_running == 0 && need > ks.n_free + ks.n_cached) {
-                /* nothing else holds blocks: it can never fit */
-                sched_wait_take(s, r);
-                sched_finish_locked(s, r, SCHED_FINISH_ERROR);
-                sched_drop_locked(r);
-                continue;
-            }
-            break;
-        }
-        sched_wait_take(s, r);
-        sched_tail_unpin(s, r);   /* to the LRU's head: the plan's share pass copies its rows */
-        if (r->t_load0 > 0) {   /* it waited for a load (finished, or given up for slowness) */
-            sched_hist_add(&s->h_load_wait, util_now() - r->t_load0);
-            r->t_load0 = 0;
-        }
-        /* RAM-tier hits never read the store: refresh their last use there (LRU, TTL) */
-        if (s->o.bio && att) blockio_touch(s->o.bio, seq, att / KVPOOL_BLOCK, r->p.cache_class);
-        if (r->load) {   /* loaded blocks take pool blocks as computed ones would: in need */
-            att += blockio_load_finish(s->o.bio, r->load, seq);
-            r->load = NULL;
-        }
-        if (r->p.kv_in) att = r->p.kv_in(r->p.kv_arg, s->pool, seq, att);
-        r->seq = seq;
-        r->n_done = sched_window_attach(s, r, att);
-        if (!r->admitted_once) {
-            r->tr.admit_step = s->n_planned;
-            r->n_cached = sched_cached_cap(s, r, TM_MIN(att, r->n_prompt));
-            r->tr.n_cached_at_admit = r->n_cached;
-            log_debug("sched: req %llu admitted at step %llu: submitted at step %llu, prompt %d, %d positions "
-                      "attached, %d running, %d waiting, passed %d times", (unsigned long long)r->id,
-                      (unsigned long long)s->n_planned, (unsigned long long)r->tr.step0, r->n_prompt, att,
-                      s->n_running, s->n_waiting, r->n_passed);
-            r->admitted_once = true;
-            r->first_run = true;
-            s->st.n_prompt_tokens += (uint64_t)r->n_prompt;
-            s->st.n_cached_tokens += (uint64_t)r->n_cached;
-        }
-        r->n_passed = 0;
-        r->state = REQ_RUNNING;
-        r->admit_no = ++s->admit_counter;
-        s->running[s->n_running++] = r;
-    }
-}
-
-/* Whether running q is ahead of r in the order that decides who waits for whom on a prefix
- * in flight: further on, or at the same position and admitted earlier. A strict order, so the
- * request at its top never waits. */
-static bool sched_ahead(const sched_req *q, const sched_req *r)
-{
-    return q->n_done > r->n_done || (q->n_done == r->n_done && q->admit_no < r->admit_no);
-}
-
-/* Prefixes shared in flight below a block boundary: r, at the start of its block bi with no
- * full block to wait for, takes the leading rows of that block from a running request q that
- * has the same tokens there (same chain of blocks before bi, same ids from bi * 128 on): the
- * K and V of those positions are the same (the engine is batch invariant), so they are copied
- * when q has computed them, or r waits while q, ahead of it, computes them. A system prompt
- * shared by agents rarely ends on a block boundary: without this each would compute the tail
- * of its last block itself. With no running request to take them from, the rows a finished
- * (or preempted) one kept after the same blocks (kvpool_seq_keep_tail): an agent's next turn
- * resends its last prompt, whose end its last request computed. Counted as cached, as
- * attached blocks are. Not on a model with window layers (their state is in each sequence's
- * ring). */
-static void sched_share_rows(sched *s, sched_req *r, int bi)
-{
-    int base = bi * KVPOOL_BLOCK;
-    int lim = TM_MIN(KVPOOL_BLOCK, r->n_tokens - 1 - base);   /* leave a token to compute */
-    if (lim < SCHED_SHARE_MIN_ROWS) return;
-    const uint8_t *pk = bi ? sched_chain_key(s, r, bi - 1) : NULL;
-    sched_req *best = NULL;
-    int best_n = 0;
-    bool best_ready = false;
-    for (int j = 0; j < s->n_running; j++) {
-        sched_req *q = s->running[j];
-        if (q == r || q->n_tokens <= base) continue;
-        if (pk ? memcmp(sched_chain_key(s, q, bi - 1), pk, 32) != 0
-               : q->salted != r->salted || (r->salted && memcmp(q->root, r->root, 32) != 0))
-            continue;   /* another prefix or tenant */
-        int n = 0, m = TM_MIN(lim, q->n_tokens - base);
-        while (n < m && q->tokens[base + n] == r->tokens[base + n]) n++;
-        bool ready = q->n_done >= base + n;
-        if (n < SCHED_SHARE_MIN_ROWS || (!ready && !sched_ahead(q, r))) continue;
-        if (n > best_n || (n == best_n && ready && !best_ready)) {
-            best = q;
-            best_n = n;
-            best_ready = ready;
-        }
-    }
-    if (!best) {   /* none running: the rows a finished request kept after the same blocks */
-        int n = kvpool_seq_copy_tail(s->pool, r->seq, r->tokens + base, lim, SCHED_SHARE_MIN_ROWS);
-        if (n && r->first_run) {
-            int hits = TM_MIN(base + n, r->n_prompt) - TM_MIN(base, r->n_prompt);
-            r->n_cached += hits;
-            s->st.n_cached_tokens += (uint64_t)hits;
-            s->st.n_tail_tokens += (uint64_t)hits;
-        }
-        r->n_done += n;
-        return;
-    }
-    if (!best_ready) {   /* q computes them in its next steps */
-        r->share_wait = true;
-        return;
-    }
-    if (kvpool_seq_reserve(s->pool, r->seq, base + best_n) != KVPOOL_OK) return;   /* compute them */
-    if (kvpool_seq_n_keyed(best->seq) > base) kvpool_fill_wait(s->pool, -1);   /* a loaded block */
-    kvpool_seq_copy_rows(s->pool, r->seq, best->seq, base, base + best_n);
-    if (r->first_run) {
-        int hits = TM_MIN(base + best_n, r->n_prompt) - TM_MIN(base, r->n_prompt);
-        r->n_cached += hits;
-        s->st.n_cached_tokens += (uint64_t)hits;
-        s->st.n_shared_tokens += (uint64_t)hits;
-    }
-    r->n_done = base + best_n;
-}
-
-/* Prefixes shared in flight, before each plan: every running request between prompt blocks
- * first attaches the blocks others completed since (counted as cached in its first run), then
- * waits this step (share_wait) when its next block is being computed by a request that is
- * ahead of it: same block key, that block not complete yet, and either further on or, at the
- * same position, admitted earlier. "Ahead" is a strict order, so the request at its top never
- * waits and every wait ends when that block is committed (attached at the next plan) or when
- * the computing request leaves the running set (cancelled, preempted, failed): then the
- * waiting one computes the block itself, from its last attached block. */
-static void sched_share_locked(sched *s)
-{
-    for (int i = 0; i < s->n_running; i++) {
-        sched_req *r = s->running[i];
-        r->share_wait = false;
-        if (r->n_tokens - r->n_done <= 1 || r->n_done % KVPOOL_BLOCK != 0 ||
-            kvpool_seq_capacity(r->seq) != r->n_done || kvpool_seq_n_keyed(r->seq) != r->n_done)
-            continue;   /* decoding, or inside a block of its own */
-        int att = kvpool_seq_attach_prefix(s->pool, r->seq, r->tokens, r->n_tokens);
-        if (att > r->n_done) {
-            if (r->first_run) {
-                int hits = sched_cached_cap(s, r, TM_MIN(att, r->n_prompt)) - r->n_cached;
-                hits = TM_MAX(0, hits);
-                r->n_cached += hits;
-                s->st.n_cached_tokens += (uint64_t)hits;
-                s->st.n_shared_tokens += (uint64_t)hits;
-            }
-            r->n_done = sched_window_attach(s, r, att);
-        }
-        if (r->n_done < kvpool_seq_n_keyed(r->seq)) continue;   /* replaying window layers */
-        int end = r->n_done + KVPOOL_BLOCK;   /* the next block, attachable if it leaves a token */
-        int bi = r->n_done / KVPOOL_BLOCK;
-        const uint8_t *key = NULL;
-        for (int j = 0; j < s->n_running && r->n_tokens > end; j++) {
-            sched_req *q = s->running[j];
-            if (q == r || q->n_tokens < end || q->n_done >= end) continue;
-            if (!sched_ahead(q, r)) continue;
-            if (!key) key = sched_chain_key(s, r, bi);
-            if (!memcmp(sched_chain_key(s, q, bi), key, 32)) {
-                r->share_wait = true;
-                break;
-            }
-        }
-        if (!r->share_wait && !s->wc) sched_share_rows(s, r, bi);
-    }
-}
-
 /* Plans one step into s->batch. Returns the number of batch tokens (0: nothing to run).
  * Reserves KV for every planned position; preempts the newest request when the pool is
  * full. Under mu (preemption moves requests to the queue). */
 static int sched_plan_locked(sched *s, int *n_reqs)
 {
 replan:
-    sched_share_locked(s);
+    sched_admit_share_locked(s);
     *n_reqs = 0;
     int n_tok = 0, budget = s->o.step_tokens, n_rows = 0;
     steptime_x *x = &s->plan_x;
@@ -715,7 +250,7 @@ replan:
                 ks = kvpool_seq_reserve(s->pool, r->seq, r->n_done + chunk);
             }
             if (ks != KVPOOL_OK) {
-                if (sched_tail_unpin_all(s)) goto replan;   /* running requests go first */
+                if (sched_admit_tail_unpin_all(s)) goto replan;   /* running requests go first */
                 int v = sched_newest_running(s);
                 if (s->n_running == 1) {
                     /* alone and still no room: the pool is too small for this request */
@@ -889,7 +424,7 @@ static void sched_step_run(sched *s, sched_step *st)
         if (s->o.bio) blockio_set_write_class(s->o.bio, r->p.cache_class);   /* its blocks' TTL */
         kvpool_seq_commit_full_blocks(s->pool, r->seq, r->tokens, r->n_done);
     }
-    if (st->est == ENGINE_OK && s->wc) sched_window_put(s, st->n_reqs);
+    if (st->est == ENGINE_OK && s->wc) sched_admit_window_put(s, st->n_reqs);
     double tk = util_now();
     st->part[SCHED_GAP_COMMIT] = tk - st->t1;
     if (st->est == ENGINE_OK) sched_sample_step(s, st->n_reqs);

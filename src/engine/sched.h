@@ -35,12 +35,12 @@
  * shared prefix ending inside a block), the rows of the block the requests have in common are
  * copied from one that computed them, or, with none running, from the tail an ended request
  * kept there (kvpool.h: an agent's next turn, a retry, a resume). Blocks attached and rows copied this way count as
- * cached prompt tokens too: they were computed once. See sched_share_locked.
+ * cached prompt tokens too: they were computed once. See sched_admit_share_locked.
  *
  * The queue of waiting requests is bounded (max_queue: SCHED_ERR_QUEUE_FULL beyond it); at
  * most max_seqs run at once; a free slot goes to the waiting request with the fewest blocks
  * left to compute once its reusable prefix (cached, in flight, or loaded from the block store)
- * is attached, within an age bound (the admission policy in sched.c). KV exhaustion never
+ * is attached, within an age bound (the admission policy in sched_admit.c). KV exhaustion never
  * fails a request: a waiting request stays
  * queued until blocks are free, and when a running one cannot get its next block the newest
  * running request is preempted (its blocks released, its tokens so far kept) and later
@@ -131,7 +131,7 @@ typedef enum {
 /* Fewest prefill tokens a step with a time target gives the prompts being read (when decodes
  * alone fill the target, prompts still progress). */
 #define SCHED_TIME_MIN_CHUNK 16
-/* Admission by cache (sched.c): waiting requests scored for what their reusable prefix leaves to
+/* Admission by cache (sched_admit.c): waiting requests scored for what their reusable prefix leaves to
  * compute, from the oldest, and admissions that may overtake a waiting request before it goes
  * first. */
 #define SCHED_ADMIT_WINDOW 32

@@ -1,10 +1,13 @@
 /*
  * sched_int: what only the scheduler's files (sched*.c) may see: the request and scheduler
  * structs and the functions one of those files calls in another. The design is in sched.h,
- * the request life, the admission policy and which thread or lock guards what in sched.c.
+ * the request life and which thread or lock guards what in sched.c, the admission policy in
+ * sched_admit.c.
  *
- *   sched.c       the step loop: admission, planning, the engine step, the handoff to
- *                 publishing, the public API
+ *   sched.c       the step loop: planning, the engine step, the handoff to publishing, the
+ *                 request lifecycle, the public API
+ *   sched_admit.c admission with prefix reuse: which waiting request runs next, the blocks and
+ *                 rows it attaches (cached, loaded, in flight, tails), the tails kept and pinned
  *   sched_sample.c sampling a step (the verify rows of drafts included) on the engine thread
  *                 and the sampling workers, and the grammar masks computed during a step
  *   sched_pub.c   publishing a step's outputs on the publisher thread (or the engine thread)
@@ -237,6 +240,30 @@ sched_output *sched_push(sched_req *r);
 void sched_finish_push_locked(sched *s, sched_req *r, sched_finish why);
 /* sched.c, under mu: the engine drops its reference; frees r if the caller released it. */
 void sched_drop_locked(sched_req *r);
+/* sched.c, under mu: ends r with why: releases its KV (engine thread), then publishes FINISH
+ * after the outputs of the last step still waiting to be published. */
+void sched_finish_locked(sched *s, sched_req *r, sched_finish why);
+/* sched.c, under mu: takes running[i] out of the running set (the order of the rest kept). */
+void sched_running_remove(sched *s, int i);
+
+/* sched_admit.c, engine thread */
+/* Under mu, before each plan: ends the cancelled requests, starts the waiting ones' store
+ * loads, admits waiting requests while slots and KV allow (the admission policy), attaching
+ * what each can reuse. */
+void sched_admit_locked(sched *s);
+/* Under mu, at the start of each plan: prefixes shared in flight (running requests attach
+ * the blocks others completed, wait for the one being computed, copy the rows of a partial
+ * block; share_wait says who sits this step out). */
+void sched_admit_share_locked(sched *s);
+/* Before r's sequence lets go of its blocks (it ends, or is preempted): keeps its tails
+ * findable for a request that continues its tokens. */
+void sched_admit_keep_tails(sched *s, sched_req *r);
+/* Lets go of the tail r pinned while it waited. */
+void sched_admit_tail_unpin(sched *s, sched_req *r);
+/* Lets go of every waiting request's pinned tail (the pool is full); whether there was one. */
+bool sched_admit_tail_unpin_all(sched *s);
+/* After a step: the window states its n_reqs sequences crossed, into the window cache. */
+void sched_admit_window_put(sched *s, int n_reqs);
 
 /* sched_sample.c */
 /* Starts up to n_workers sampling workers (fewer when threads cannot be made; none when

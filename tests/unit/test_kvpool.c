@@ -4,6 +4,7 @@
  */
 #include "harness.h"
 
+#include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -342,6 +343,41 @@ TEST(test_tail_reclaim_order)
     kvpool_free(p);
 }
 
+/* Bytes the process holds from malloc (glibc; 0 where the allocator does not say, e.g. under
+ * ASan: the check below then holds trivially). */
+static size_t heap_bytes(void)
+{
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33))
+    struct mallinfo2 mi = mallinfo2();
+    return mi.uordblks + mi.hblkhd;
+#else
+    return 0;
+#endif
+}
+
+/* Keeping a tail (on the step path: a request ends or is preempted) allocates nothing: its
+ * token table comes with the pool. */
+TEST(test_tail_keep_allocates_nothing)
+{
+    enum { NB = 1024 };   /* a tail table of 512 KiB, were it made on the first kept tail */
+    kvpool *p = mkpool(NB, QTYPE_F32);
+    int32_t toks[200];
+    fill_tokens(toks, 200, 5);
+    kvpool_seq *a = kvpool_seq_new(p);
+    CHECK(kvpool_seq_reserve(p, a, 200) == KVPOOL_OK);
+    kvpool_seq_commit_full_blocks(p, a, toks, 200);
+    size_t before = heap_bytes();
+    kvpool_seq_keep_tail(p, a, 1, kvpool_seq_last_key(a), toks + 128, 72);
+    size_t after = heap_bytes();
+    CHECKF(after < before + (size_t)NB * KVPOOL_BLOCK * sizeof(int32_t) / 2, "keeping a tail took %zu bytes",
+           after - before);
+    kvpool_stats st;
+    kvpool_get_stats(p, &st);
+    CHECK(st.n_tails_kept == 1);
+    kvpool_seq_free(p, a);
+    kvpool_free(p);
+}
+
 TEST(test_prefix_sharing)
 {
     kvpool *p = mkpool(8, QTYPE_F16);
@@ -590,6 +626,7 @@ int main(void)
     RUN(test_copy_rows);
     RUN(test_tail_rows);
     RUN(test_tail_reclaim_order);
+    RUN(test_tail_keep_allocates_nothing);
     RUN(test_prefix_sharing);
     RUN(test_duplicate_commit);
     RUN(test_attach_in_flight);
