@@ -3,7 +3,8 @@
 // predictors (node-llama-cpp 3.21.1) where node-llama-cpp drives them.
 //
 //   bench/spec [--preset qwen3-0.6b] [--type q8_0] [--streams 1,4,16] [--tokens 64]
-//              [--threads N] [--draft-layers 7] [--no-llama] [--json OUT.json]
+//              [--threads N] [--draft-layers 7] [--reps 1] [--configs none,k1,adaptive,...]
+//              [--no-llama] [--json OUT.json]
 //
 // The workload quotes, as an agent does when it repeats tool output, a file or an earlier
 // answer: each prompt is a tool result (a listing of 20 pseudo-random lines, different per
@@ -46,6 +47,8 @@ const o = parseArgs("bench/spec", [
   { name: "--threads", kind: "number", default: 2, help: "threads of both engines" },
   { name: "--draft-layers", kind: "number", default: 7, help: "the self-speculation configuration's --draft-layers" },
   { name: "--no-llama", key: "llama", kind: "flag", value: false, default: true, help: "tokenmill only" },
+  { name: "--reps", kind: "number", default: 1, help: "rounds over the configurations (each round runs them all in order; the table shows medians)" },
+  { name: "--configs", kind: "list", default: null, help: "only these configurations: none, k1..k5, adaptive, self, draft (default all)" },
   { name: "--json", arg: "OUT.json", default: null, help: "write the figures there too" },
 ]);
 const log = (s) => console.error(`bench/spec: ${s}`);
@@ -133,8 +136,7 @@ async function runConfig(name, args) {
       const verified = d("tokenmill_spec_verified_tokens_total"), accepted = d("tokenmill_spec_accepted_tokens_total");
       rows.push({ config: name, streams: c, per_user_tok_s: perUser, aggregate_tok_s: tokens / wall,
         verified, accepted, acceptance: verified ? accepted / verified : 0,
-        mean_accepted: d("tokenmill_spec_verifies_total") ? accepted / d("tokenmill_spec_verifies_total") : 0,
-        steps: d("tokenmill_engine_steps_total") });
+        verifies: d("tokenmill_spec_verifies_total"), steps: d("tokenmill_engine_steps_total") });
       log(`${name}, ${c} streams: ${perUser.toFixed(1)} tok/s per user, ${(tokens / wall).toFixed(1)} aggregate, acceptance ${verified ? (accepted / verified).toFixed(2) : "-"}`);
     }
   } finally {
@@ -144,13 +146,39 @@ async function runConfig(name, args) {
   return rows;
 }
 
-const configs = [["none", []]];
-for (let k = 1; k <= 5; k++) configs.push([`ngram K=${k}`, ["--spec", "ngram", "--spec-fixed", String(k)]]);
-configs.push(["ngram adaptive", ["--spec", "ngram"]]);
-configs.push([`self --draft-layers ${o.draftLayers}`, ["--draft-layers", String(o.draftLayers)]]);
-configs.push(["draft model (2 layers)", ["--draft", draft]]);
+let configs = [["none", "none", []]];
+for (let k = 1; k <= 5; k++) configs.push([`k${k}`, `ngram K=${k}`, ["--spec", "ngram", "--spec-fixed", String(k)]]);
+configs.push(["adaptive", "ngram adaptive", ["--spec", "ngram"]]);
+configs.push(["self", `self --draft-layers ${o.draftLayers}`, ["--draft-layers", String(o.draftLayers)]]);
+configs.push(["draft", "draft model (2 layers)", ["--draft", draft]]);
+if (o.configs) {
+  const unknown = o.configs.filter((c) => !configs.some(([id]) => id === c));
+  if (unknown.length) {
+    console.error(`bench/spec: --configs: no configuration ${unknown.join(", ")} (none, k1..k5, adaptive, self, draft)`);
+    process.exit(2);
+  }
+  configs = configs.filter(([id]) => id === "none" || o.configs.includes(id));   /* the ratios need none */
+}
+// Rounds alternate the configurations, so a change in the machine's load between two of them
+// shows in every round and the median of each is measured under the same mix of conditions.
+const runs = [];
+for (let rep = 0; rep < Math.max(1, o.reps); rep++)
+  for (const [, name, args] of configs) runs.push(...await runConfig(name, args));
+const median = (xs) => {
+  const v = [...xs].sort((a, b) => a - b);
+  return v.length % 2 ? v[(v.length - 1) / 2] : (v[v.length / 2 - 1] + v[v.length / 2]) / 2;
+};
 const rows = [];
-for (const [name, args] of configs) rows.push(...await runConfig(name, args));
+for (const [, name] of configs)
+  for (const c of o.streams) {
+    const rs = runs.filter((r) => r.config === name && r.streams === c);
+    const sum = (k) => rs.reduce((a, r) => a + r[k], 0);
+    const verified = sum("verified"), accepted = sum("accepted"), verifies = sum("verifies");
+    rows.push({ config: name, streams: c, reps: rs.length, per_user_tok_s: median(rs.map((r) => r.per_user_tok_s)),
+      per_user_all: rs.map((r) => r.per_user_tok_s), aggregate_tok_s: median(rs.map((r) => r.aggregate_tok_s)),
+      verified, accepted, acceptance: verified ? accepted / verified : 0, mean_accepted: verifies ? accepted / verifies : 0,
+      steps: median(rs.map((r) => r.steps)) });
+  }
 
 const llama = [];
 if (o.llama) {
@@ -181,7 +209,7 @@ if (o.llama) {
 }
 
 const base = Object.fromEntries(rows.filter((r) => r.config === "none").map((r) => [r.streams, r]));
-console.log(`\n${o.preset} ${o.type}, ${o.threads} threads, ${o.tokens} tokens per stream, greedy; quoting workload\n`);
+console.log(`\n${o.preset} ${o.type}, ${o.threads} threads, ${o.tokens} tokens per stream, greedy; quoting workload${o.reps > 1 ? `; medians of ${o.reps} rounds` : ""}\n`);
 console.log("| configuration | streams | tok/s per user | aggregate tok/s | vs none (per user) | drafts accepted / verified | mean accepted |");
 console.log("|---|---:|---:|---:|---:|---:|---:|");
 for (const r of rows)
