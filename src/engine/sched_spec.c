@@ -163,7 +163,7 @@ void sched_spec_draft(sched *s, int n_reqs)
         int nt = ntok ? r->n_tokens + ntok : r->n_done + 1;   /* tokens once this step is published */
         int kmax = ntok ? sched_spec_kmax(s, r, nt) : 0;
         if (ntok && (kmax <= 0 || sched_is_stop(s, r, r->tokens[nt - 1]))) continue;   /* it ends */
-        bool ngram_first = ntok && ngram && (!dmodel || r->spec[0].rate >= r->spec[1].rate);
+        bool ngram_first = ntok && ngram && (!dmodel || r->spec[0].rate[0] >= r->spec[1].rate[0]);
         if (ngram_first) {
             sched_spec_ngram(s, r, nt, kmax);
             if (r->n_draft > 0 || !dmodel) {
@@ -213,7 +213,7 @@ void sched_spec_draft(sched *s, int n_reqs)
         memcpy(r->draft, q->draft, (size_t)q->n_draft * sizeof *r->draft);
         memcpy(r->draft_prob, q->prob, (size_t)q->n_draft * sizeof *r->draft_prob);
         s->drafted_run += (uint64_t)r->n_draft;
-        if (r->n_draft == 0 && ngram && r->spec[0].rate < r->spec[1].rate)   /* it was not tried first */
+        if (r->n_draft == 0 && ngram && r->spec[0].rate[0] < r->spec[1].rate[0])   /* it was not tried first */
             sched_spec_ngram(s, r, q->n_tokens, sched_spec_kmax(s, r, q->n_tokens));
     }
     for (int i = 0; i < n_reqs; i++) {

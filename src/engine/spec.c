@@ -30,13 +30,13 @@ int spec_ngram_draft(const int32_t *toks, int n, int n_max, int n_min, int k_max
 void spec_seq_init(spec_seq *q)
 {
     memset(q, 0, sizeof *q);
-    q->rate = SPEC_ACCEPT_PRIOR;
+    for (int k = 0; k < SPEC_MAX_K; k++) q->rate[k] = SPEC_ACCEPT_PRIOR;
 }
 
 void spec_seq_prior(spec_seq *q, const spec_seq *all)
 {
     if (q->n_tested > 0 || all->n_tested < SPEC_PRIOR_MIN_TESTED) return;
-    q->rate = all->rate;
+    memcpy(q->rate, all->rate, sizeof q->rate);
     q->mean_prob = all->mean_prob;
 }
 
@@ -44,7 +44,8 @@ void spec_seq_observe(spec_seq *q, int n_accepted, bool rejected, const float *p
 {
     for (int i = 0; i < n_accepted + (rejected ? 1 : 0); i++) {
         double hit = i < n_accepted ? 1.0 : 0.0;
-        q->rate = SPEC_ACCEPT_DECAY * q->rate + (1 - SPEC_ACCEPT_DECAY) * hit;
+        int k = TM_MIN(i, SPEC_MAX_K - 1);
+        q->rate[k] = SPEC_ACCEPT_DECAY * q->rate[k] + (1 - SPEC_ACCEPT_DECAY) * hit;
         if (prob) q->mean_prob = q->mean_prob > 0 ? SPEC_ACCEPT_DECAY * q->mean_prob + (1 - SPEC_ACCEPT_DECAY) * prob[i] : prob[i];
     }
     q->n_tested += (uint64_t)(n_accepted + (rejected ? 1 : 0));
@@ -55,8 +56,8 @@ void spec_seq_gains(const spec_seq *q, const float *prob, int n, double *out)
 {
     double g = 1;
     for (int k = 0; k < n; k++) {
-        double a = q->rate;
-        if (prob && q->mean_prob > 0) a = TM_MIN(1.0, q->rate * prob[k] / q->mean_prob);
+        double a = q->rate[TM_MIN(k, SPEC_MAX_K - 1)];
+        if (prob && q->mean_prob > 0) a = TM_MIN(1.0, a * prob[k] / q->mean_prob);
         g *= a;
         out[k] = g;
     }
@@ -64,10 +65,10 @@ void spec_seq_gains(const spec_seq *q, const float *prob, int n, double *out)
 
 int spec_seq_draft_len(const spec_seq *q, int k_max, double min_gain, bool probe)
 {
-    if (k_max < 1 || (q->rate < min_gain && !probe)) return 0;
+    if (k_max < 1 || (q->rate[0] < min_gain && !probe)) return 0;
     int n = 1;
-    double g = q->rate;
-    while (n < k_max && (g *= q->rate) >= min_gain) n++;
+    double g = q->rate[0];
+    while (n < TM_MIN(k_max, SPEC_MAX_K) && (g *= q->rate[n]) >= min_gain) n++;
     return n;
 }
 

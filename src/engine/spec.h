@@ -10,10 +10,13 @@
  *   up in its earlier tokens, n from n_max down to n_min, the most recent match first; the
  *   tokens that followed the match are the draft. Free to make, and exactly what an agent
  *   quoting tool output, files or earlier answers repeats.
- * - Acceptance estimate: each request keeps a running rate of its drafted tokens accepted
- *   (an exponential average over the drafts that were tested, SPEC_ACCEPT_PRIOR at first);
- *   the k-th drafted token of a step is accepted only if all before it were, so its expected
- *   gain is the product of the per-token estimates up to it.
+ * - Acceptance estimate: the k-th drafted token of a step is tested only if all before it
+ *   were accepted, so each request keeps one running rate per draft position: of its k-th
+ *   drafts tested, the share accepted (an exponential average, SPEC_ACCEPT_PRIOR at first).
+ *   The k-th token's expected gain is the product of the rates up to it. One rate for every
+ *   position would take the first token's acceptance for the later ones', which are not alike
+ *   (a lookup that finds the right next token may still quote the wrong continuation after
+ *   it; a model that agrees on one token often agrees on the next).
  * - The verify count (spec_choose): a step's cost depends on its total token count (the step
  *   time curve, learned online by steptime.c), its yield is the decodes' tokens plus the
  *   expected accepted drafts. For a given number j of extra tokens the best drafts to verify
@@ -73,7 +76,9 @@ int spec_ngram_draft(const int32_t *toks, int n, int n_max, int n_min, int k_max
 
 /* A request's running acceptance of its drafts. */
 typedef struct {
-    double rate;                /* estimated probability that a tested draft is accepted */
+    double rate[SPEC_MAX_K];    /* rate[k]: estimated probability that the k-th drafted token
+                                 * (from 0) is accepted when all before it were; rate[0] is the
+                                 * request's acceptance of its drafts' first tokens */
     double mean_prob;           /* running mean of the draft's own probability of the tested
                                  * drafts (a model's), 0 before any */
     uint64_t n_tested;          /* drafted tokens whose verification decided something */
@@ -90,15 +95,16 @@ void spec_seq_prior(spec_seq *q, const spec_seq *all);
  * request ended first); prob (NULL: none) the draft's probabilities of those drafts. */
 void spec_seq_observe(spec_seq *q, int n_accepted, bool rejected, const float *prob);
 /* Expected gain of each of n drafted tokens (the chance it is accepted with all before it),
- * non-increasing: the product of the per-token estimates up to it, each the request's rate,
- * or with the draft's own probabilities prob (n; NULL: none) the rate scaled by how the
+ * non-increasing: the product of the per-token estimates up to it, each the request's rate
+ * for its position, or with the draft's own probabilities prob (n; NULL: none) that rate
+ * scaled by how the
  * token's probability compares with the mean probability of the drafts tested so far (at most
  * 1): calibrated by the request's own outcomes, so a confident draft counts more, and nothing
  * once the request has seen its drafts rejected, however confident. */
 void spec_seq_gains(const spec_seq *q, const float *prob, int n, double *out);
 
 /* How many tokens a costly source should draft, at most k_max: those whose expected gain by
- * the running rate alone is at least min_gain (what one draft step costs as a fraction of a
+ * the running rates alone is at least min_gain (what one draft step costs as a fraction of a
  * target step: a drafted token is worth its step when it saves more); 0 when not even the
  * first is, unless probe (then one: the rate must go on being measured). */
 int spec_seq_draft_len(const spec_seq *q, int k_max, double min_gain, bool probe);

@@ -56,11 +56,19 @@ TEST(test_ngram_draft)
     CHECK(n == 1 && out[0] == 4);
 }
 
+/* An estimate with the same rate at every position. */
+static spec_seq seq_at(double rate)
+{
+    spec_seq q = { 0 };
+    for (int k = 0; k < SPEC_MAX_K; k++) q.rate[k] = rate;
+    return q;
+}
+
 TEST(test_acceptance_estimate)
 {
     spec_seq q;
     spec_seq_init(&q);
-    CHECK(q.rate == SPEC_ACCEPT_PRIOR);
+    CHECK(q.rate[0] == SPEC_ACCEPT_PRIOR && q.rate[SPEC_MAX_K - 1] == SPEC_ACCEPT_PRIOR);
     double g[4];
     spec_seq_gains(&q, NULL, 4, g);
     CHECK(fabs(g[0] - 0.5) < 1e-12 && fabs(g[3] - 0.0625) < 1e-12);
@@ -76,27 +84,53 @@ TEST(test_acceptance_estimate)
     CHECK(fabs(c.mean_prob - 0.2) < 1e-6);
     spec_seq_gains(&c, prob, 2, g);
     CHECK(g[0] > 0.99 && fabs(g[1] - g[0] * 0.5) < 1e-3);
-    spec_seq z = { .rate = 0, .mean_prob = 0.2 };
+    spec_seq z = { .rate = { 0 }, .mean_prob = 0.2 };
     spec_seq_gains(&z, prob, 2, g);
     CHECK(g[0] == 0 && g[1] == 0);
     for (int i = 0; i < 20; i++) spec_seq_observe(&q, 4, false, NULL);
-    CHECK(q.rate > 0.99 && q.n_tested == 80 && q.n_accepted == 80);
+    CHECK(q.rate[0] > 0.98 && q.rate[3] > 0.98 && q.n_tested == 80 && q.n_accepted == 80);
+    CHECK(q.rate[4] == SPEC_ACCEPT_PRIOR);   /* never tested */
     for (int i = 0; i < 20; i++) spec_seq_observe(&q, 0, true, NULL);
-    CHECK(q.rate < 0.05 && q.n_tested == 100 && q.n_accepted == 80);
+    CHECK(q.rate[0] < 0.05 && q.rate[1] > 0.98 && q.n_tested == 100 && q.n_accepted == 80);
     spec_seq_observe(&q, 2, true, NULL);   /* two accepted, then the third rejected */
     CHECK(q.n_tested == 103 && q.n_accepted == 82);
     /* a costly source drafts while the expected gain is worth it, nothing when not even the
      * first token is, one token when probing */
-    spec_seq r = { .rate = 0.9 };
+    spec_seq r = seq_at(0.9);
     CHECK(spec_seq_draft_len(&r, 5, 0.05, false) == 5);
-    r.rate = 0.5;   /* 0.5 0.25 0.125 0.0625 0.03 */
+    r = seq_at(0.5);   /* 0.5 0.25 0.125 0.0625 0.03 */
     CHECK(spec_seq_draft_len(&r, 8, 0.05, false) == 4);
     CHECK(spec_seq_draft_len(&r, 8, 0.2, false) == 2);   /* a dearer draft step: fewer */
     CHECK(spec_seq_draft_len(&r, 8, 0.2, true) == 2);
-    r.rate = 0.01;
+    r = seq_at(0.01);
     CHECK(spec_seq_draft_len(&r, 8, 0.05, false) == 0);
     CHECK(spec_seq_draft_len(&r, 8, 0.05, true) == 1);
     CHECK(spec_seq_draft_len(&r, 0, 0.05, true) == 0);
+}
+
+/* The rates are per position: drafts whose first token is accepted 3 times in 4 but whose
+ * second never is expect nothing of the second (one rate for all positions would expect
+ * 0.43 * 0.43 of it), and drafts accepted whole expect their second token as their first. */
+TEST(test_acceptance_per_position)
+{
+    spec_seq q;
+    spec_seq_init(&q);
+    for (int i = 0; i < 200; i++) {
+        if (i % 4 == 3) spec_seq_observe(&q, 0, true, NULL);
+        else spec_seq_observe(&q, 1, true, NULL);
+    }
+    double g[3];
+    spec_seq_gains(&q, NULL, 3, g);
+    CHECKF(g[0] > 0.55 && g[0] < 0.95 && g[1] < 0.02, "gains %.3f %.3f", g[0], g[1]);
+    CHECK(spec_seq_draft_len(&q, 5, 0.05, false) == 1);
+    spec_seq w;
+    spec_seq_init(&w);
+    for (int i = 0; i < 200; i++) {
+        if (i % 4 == 3) spec_seq_observe(&w, 0, true, NULL);
+        else spec_seq_observe(&w, 3, false, NULL);
+    }
+    spec_seq_gains(&w, NULL, 3, g);
+    CHECKF(g[1] > 0.98 * g[0] && g[2] > 0.98 * g[0], "gains %.3f %.3f %.3f", g[0], g[1], g[2]);
 }
 
 /* A new request's estimate: the prior until the source has tested enough drafts server-wide,
@@ -108,16 +142,16 @@ TEST(test_prior_from_all_requests)
     for (int i = 0; i < SPEC_PRIOR_MIN_TESTED - 1; i++) spec_seq_observe(&all, 0, true, NULL);
     spec_seq_init(&q);
     spec_seq_prior(&q, &all);
-    CHECK(q.rate == SPEC_ACCEPT_PRIOR);
+    CHECK(q.rate[0] == SPEC_ACCEPT_PRIOR);
     spec_seq_observe(&all, 0, true, NULL);
     spec_seq_prior(&q, &all);
-    CHECK(q.rate == all.rate && q.rate < 0.2);
+    CHECK(q.rate[0] == all.rate[0] && q.rate[0] < 0.2 && q.rate[1] == all.rate[1]);
     spec_seq mine;
     spec_seq_init(&mine);
     spec_seq_observe(&mine, 3, false, NULL);
-    double before = mine.rate;
+    double before = mine.rate[0];
     spec_seq_prior(&mine, &all);
-    CHECK(mine.rate == before);
+    CHECK(mine.rate[0] == before);
 }
 
 /* Probes: due at once, then after SPEC_PROBE_STEPS quiet decode steps; a probe that accepts
@@ -238,7 +272,7 @@ TEST(test_choose_on_recorded_curves)
         curve c = { .base = n, .ms = trial % 2 ? steep_ms : flat_ms, .tokens = pts, .n_pts = 5,
                     .round_ms = trial % 3 == 2 ? 5.0 * (1 + trial % 7) : 0 };
         for (int i = 0; i < n; i++) {
-            spec_seq q = { .rate = util_rng_uniform(&rng) };
+            spec_seq q = seq_at(util_rng_uniform(&rng));
             nd[i] = (int)(util_rng_next(&rng) % 6);
             spec_seq_gains(&q, NULL, nd[i], gains + i * SPEC_MAX_K);
         }
@@ -262,14 +296,14 @@ TEST(test_choose_on_recorded_curves)
     curve flat = { .base = 4, .ms = flat_ms, .tokens = pts, .n_pts = 5 };
     curve steep = { .base = 4, .ms = steep_ms, .tokens = pts, .n_pts = 5 };
     for (int i = 0; i < 4; i++) {
-        spec_seq q = { .rate = 0.95 };
+        spec_seq q = seq_at(0.95);
         nd[i] = 3;
         spec_seq_gains(&q, NULL, 3, gains + i * SPEC_MAX_K);
     }
     CHECK(spec_choose(ch, 4, gains, nd, 4, 64, curve_time, &flat, 0, k) == 12);
     for (int i = 0; i < 4; i++) CHECK(k[i] == 3);
     for (int i = 0; i < 4; i++) {
-        spec_seq q = { .rate = 0.05 };
+        spec_seq q = seq_at(0.05);
         spec_seq_gains(&q, NULL, 3, gains + i * SPEC_MAX_K);
     }
     CHECK(spec_choose(ch, 4, gains, nd, 4, 64, curve_time, &steep, 0, k) == 0);
@@ -279,7 +313,7 @@ TEST(test_choose_on_recorded_curves)
      * the round, the first two drafts of each (gains 0.5 and 0.25 for 2 ms) raise the tokens
      * per second and the third (0.125) does not */
     for (int i = 0; i < 4; i++) {
-        spec_seq q = { .rate = 0.5 };
+        spec_seq q = seq_at(0.5);
         spec_seq_gains(&q, NULL, 3, gains + i * SPEC_MAX_K);
     }
     CHECK(spec_choose(ch, 4, gains, nd, 4, 64, curve_time, &steep, 0, k) == 0);
@@ -323,7 +357,7 @@ TEST(test_choose_on_learned_step_time)
     int nd[2] = { 5, 5 }, k[2], prev = -1;
     double gains[2 * SPEC_MAX_K];
     for (double rate = 0.0; rate <= 1.0; rate += 0.1) {
-        spec_seq q = { .rate = rate };
+        spec_seq q = seq_at(rate);
         spec_seq_gains(&q, NULL, 5, gains);
         spec_seq_gains(&q, NULL, 5, gains + SPEC_MAX_K);
         int sum = spec_choose(ch, 2, gains, nd, 2, 64, learned_time, &l, 0, k);
@@ -692,6 +726,7 @@ int main(void)
 {
     RUN(test_ngram_draft);
     RUN(test_acceptance_estimate);
+    RUN(test_acceptance_per_position);
     RUN(test_prior_from_all_requests);
     RUN(test_probe_backs_off);
     RUN(test_choose_on_recorded_curves);
