@@ -15,7 +15,8 @@
 // after the other on the same model and thread count: no speculation; --spec ngram with
 // --spec-fixed K for K = 1..5 and adaptive; self-speculation (--draft-layers N) and a draft
 // model (the preset cut to 2 layers, same vocabulary, other random weights: drafts a target
-// rarely accepts, which shows what poor drafts cost). The random-weight model does not know
+// rarely accepts, which shows what poor drafts cost), each adaptive and with --spec-fixed 1
+// (the best fixed count when drafts are poor). The random-weight model does not know
 // how to quote: what prompt lookup finds is whatever its own output repeats, so the
 // acceptance, and the speed-up, depend on the model; the table prints the acceptance beside
 // each figure (/metrics: accepted / verified drafts, mean accepted length).
@@ -48,7 +49,7 @@ const o = parseArgs("bench/spec", [
   { name: "--draft-layers", kind: "number", default: 7, help: "the self-speculation configuration's --draft-layers" },
   { name: "--no-llama", key: "llama", kind: "flag", value: false, default: true, help: "tokenmill only" },
   { name: "--reps", kind: "number", default: 1, help: "rounds over the configurations (each round runs them all in order; the table shows medians)" },
-  { name: "--configs", kind: "list", default: null, help: "only these configurations: none, k1..k5, adaptive, self, draft (default all)" },
+  { name: "--configs", kind: "list", default: null, help: "only these configurations: none, k1..k5, adaptive, self, self-k1, draft, draft-k1 (default all)" },
   { name: "--json", arg: "OUT.json", default: null, help: "write the figures there too" },
 ]);
 const log = (s) => console.error(`bench/spec: ${s}`);
@@ -150,11 +151,13 @@ let configs = [["none", "none", []]];
 for (let k = 1; k <= 5; k++) configs.push([`k${k}`, `ngram K=${k}`, ["--spec", "ngram", "--spec-fixed", String(k)]]);
 configs.push(["adaptive", "ngram adaptive", ["--spec", "ngram"]]);
 configs.push(["self", `self --draft-layers ${o.draftLayers}`, ["--draft-layers", String(o.draftLayers)]]);
+configs.push(["self-k1", `self --draft-layers ${o.draftLayers} K=1`, ["--draft-layers", String(o.draftLayers), "--spec-fixed", "1"]]);
 configs.push(["draft", "draft model (2 layers)", ["--draft", draft]]);
+configs.push(["draft-k1", "draft model (2 layers) K=1", ["--draft", draft, "--spec-fixed", "1"]]);
 if (o.configs) {
   const unknown = o.configs.filter((c) => !configs.some(([id]) => id === c));
   if (unknown.length) {
-    console.error(`bench/spec: --configs: no configuration ${unknown.join(", ")} (none, k1..k5, adaptive, self, draft)`);
+    console.error(`bench/spec: --configs: no configuration ${unknown.join(", ")} (none, k1..k5, adaptive, self, self-k1, draft, draft-k1)`);
     process.exit(2);
   }
   configs = configs.filter(([id]) => id === "none" || o.configs.includes(id));   /* the ratios need none */
