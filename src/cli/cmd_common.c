@@ -283,6 +283,10 @@ engine *cmd_common_engine_new(const char *prog, model *m, cmd_engine_opts *o)
     }
     kvpool *kv = engine_kvpool(e);
     kvpool_prefault(kv);
+    /* the first real step then finds its scratch pages and code touched (a warm-up that
+     * fails, on a pool too small for a block, only leaves that to the first request) */
+    engine_warmup(e);
+    if (o->draft_engine) engine_warmup(o->draft_engine);
     if (kvpool_n_window_layers(kv) > 0)
         log_info("%s: %d window layers (window %d) keep a ring of %d positions per sequence: %.2f MiB each; "
                  "%d full layers in %zu-byte blocks; window states of %.2f MiB",

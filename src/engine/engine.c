@@ -102,6 +102,17 @@ static void engine_moe_stats_step(engine_moe_stats *st)
     pthread_mutex_unlock(&st->mu);
 }
 
+static void engine_moe_stats_clear(engine_moe_stats *st)
+{
+    size_t le = (size_t)st->n_layers * (size_t)st->n_expert;
+    pthread_mutex_lock(&st->mu);
+    memset(st->ring, 0, (size_t)st->window * le * sizeof *st->ring);
+    memset(st->win, 0, le * sizeof *st->win);
+    memset(st->total, 0, le * sizeof *st->total);
+    st->n_steps = 0;
+    pthread_mutex_unlock(&st->mu);
+}
+
 struct engine {
     model *m;
     threadpool *tp;
@@ -1309,6 +1320,26 @@ static void engine_mtp_input(engine *e, const engine_batch *b, const float *hidd
     for (int t = 0; t < T; t++)
         memcpy(e->mtp_cat + (size_t)t * 2 * dim + dim, e->xn + (size_t)t * dim, (size_t)dim * sizeof(float));
     ops_matmul(e->tp, &L->eh_proj, e->mtp_cat, T, e->x, e->mm_scratch);
+}
+
+engine_status engine_warmup(engine *e)
+{
+    if (e->m->mtp_view) return ENGINE_OK;
+    kvpool_seq *q = kvpool_seq_new(e->kv);
+    float *logits = malloc((size_t)e->m->hp.n_vocab * sizeof *logits);
+    engine_status st = ENGINE_ERR_NOMEM;
+    if (q && logits) {
+        engine_tok t = { .token = 0, .pos = 0, .seq = q, .want_logits = true };
+        engine_batch b = { .n_tokens = 1, .toks = &t };
+        bool prof = e->prof_on;
+        e->prof_on = false;
+        st = engine_step(e, &b, logits);
+        e->prof_on = prof;
+    }
+    if (q) kvpool_seq_free(e->kv, q);
+    free(logits);
+    if (e->stats) engine_moe_stats_clear(e->stats);
+    return st;
 }
 
 engine_status engine_step(engine *e, const engine_batch *b, float *logits)

@@ -202,6 +202,35 @@ TEST(test_prefix_cache_and_threads)
     model_free(m);
 }
 
+/* A warm-up step leaves no trace: every block is free again and a prompt's logits after it
+ * are bit-identical to a fresh engine's. */
+TEST(test_warmup_leaves_no_trace)
+{
+    model *m = mk("qwen3", 11);
+    CHECK(m != NULL);
+    if (!m) return;
+    enum { N = 40 };
+    int V = m->hp.n_vocab;
+    static float a[N * 100], b[N * 100];
+    int32_t toks[N];
+    toks_of(toks, N, 5);
+    engine *e0 = mk_engine(m, 2, false, 8, 64), *e1 = mk_engine(m, 2, false, 8, 64);
+    CHECK(e0 && e1 && V <= 100);
+    if (!e0 || !e1) return;
+    CHECK(engine_warmup(e1) == ENGINE_OK);
+    kvpool_stats ks;
+    kvpool_get_stats(engine_kvpool(e1), &ks);
+    CHECKF(ks.n_free == ks.n_blocks && ks.n_cached == 0, "%d of %d free, %d cached", ks.n_free, ks.n_blocks, ks.n_cached);
+    kvpool_seq *s0 = kvpool_seq_new(engine_kvpool(e0)), *s1 = kvpool_seq_new(engine_kvpool(e1));
+    CHECK(prefill(e0, s0, toks, 0, N, 16, a) && prefill(e1, s1, toks, 0, N, 16, b));
+    CHECK(memcmp(a, b, sizeof(float) * (size_t)N * (size_t)V) == 0);
+    kvpool_seq_free(engine_kvpool(e0), s0);
+    kvpool_seq_free(engine_kvpool(e1), s1);
+    engine_free(e0);
+    engine_free(e1);
+    model_free(m);
+}
+
 TEST(test_errors)
 {
     model *m = mk("llama", 5);
@@ -292,6 +321,7 @@ int main(void)
     RUN(test_decode_matches_prefill);
     RUN(test_mixed_batch);
     RUN(test_prefix_cache_and_threads);
+    RUN(test_warmup_leaves_no_trace);
     RUN(test_errors);
     RUN(test_profile);
     char cmd[300];
