@@ -11,8 +11,9 @@
  * machine's measured read bandwidth.
  *
  * build/bench_kernels stream [rows] [reps]: one thread, one token, how fast each type's
- * kernel streams a rows x 1024 matrix (default 131072 rows: 75-143 MB, past any L3) from
- * memory, next to a plain read loop over the same bytes. Each rep runs every type and the
+ * kernel (repacked where the level has a layout: Q8_0, Q4_K, Q6_K; file layout: Q5_K, F16)
+ * streams a rows x 1024 matrix (default 131072 rows: 75-268 MB, past any L3) from memory,
+ * next to a plain read loop over as many bytes as the largest. Each rep runs every type and the
  * loop in turn (thread CPU time); it prints the median GB/s and the median of each rep's
  * ratio to the loop, which is what means something on a machine others are using.
  */
@@ -113,15 +114,19 @@ static int stream_main(int argc, char **argv)
                 STREAM_REPS_MAX);
         return 1;
     }
-    static const qtype st[] = {QTYPE_Q8_0, QTYPE_Q4_K, QTYPE_Q6_K};
+    static const qtype st[] = {QTYPE_Q8_0, QTYPE_Q4_K, QTYPE_Q6_K, QTYPE_Q5_K, QTYPE_F16};
     enum { NT = TM_ARRAY_LEN(st) };
     threadpool *tp = threadpool_new(1);
     util_rng r;
     util_rng_seed(&r, 1);
     float x[STREAM_COLS], *y = malloc(sizeof(float) * (size_t)rows);
     for (int i = 0; i < STREAM_COLS; i++) x[i] = util_rng_normal(&r);
-    void *scratch = malloc(ops_matmul_scratch_bytes(QTYPE_Q8_0, STREAM_COLS, 1) +
-                           ops_matmul_scratch_bytes(QTYPE_Q4_K, STREAM_COLS, 1));
+    size_t ssz = 0;
+    for (int k = 0; k < NT; k++) {
+        size_t b = ops_matmul_scratch_bytes(st[k], STREAM_COLS, 1);
+        if (b > ssz) ssz = b;
+    }
+    void *scratch = malloc(ssz);
     ops_weight w[NT];
     size_t bytes[NT], most = 0;
     for (int k = 0; k < NT; k++) {
