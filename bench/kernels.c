@@ -9,15 +9,24 @@
  * Prints, per weight type and batch size, the time of one pass over `layers` layers, the
  * weight bytes streamed per second, and multiply-accumulates per second, next to the
  * machine's measured read bandwidth.
+ *
+ * build/bench_kernels stream [rows] [reps]: one thread, one token, how fast each type's
+ * kernel (repacked where the level has a layout: Q8_0, Q4_K, Q6_K; file layout: Q5_K, F16)
+ * streams a rows x 1024 matrix (default 131072 rows: 75-268 MB, past any L3) from memory,
+ * next to a plain read loop over as many bytes as the largest. Each rep runs every type and the
+ * loop in turn (thread CPU time); it prints the median GB/s and the median of each rep's
+ * ratio to the loop, which is what means something on a machine others are using.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "model/ops.h"
 #include "util/util.h"
 
 static double read_bandwidth(threadpool *tp, size_t bytes);
+static int stream_main(int argc, char **argv);
 
 typedef struct {
     const char *name;
@@ -65,8 +74,116 @@ static double read_bandwidth(threadpool *tp, size_t bytes)
     return best;
 }
 
+static double thread_cpu_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+enum { STREAM_REPS_MAX = 101, STREAM_COLS = 1024 };
+
+/* The read loop: every 64-byte line of buf (n lines) xor-ed in as four 16-byte vectors, into
+ * four chains that stay in registers. */
+typedef uint64_t stream_v2 __attribute__((vector_size(16)));
+static uint64_t stream_read(const stream_v2 *buf, size_t n)
+{
+    stream_v2 a = {0, 0}, b = a, c = a, d = a;
+    for (size_t i = 0; i < 4 * n; i += 4) {
+        a ^= buf[i];
+        b ^= buf[i + 1];
+        c ^= buf[i + 2];
+        d ^= buf[i + 3];
+    }
+    a ^= b ^ c ^ d;
+    return a[0] ^ a[1];
+}
+
+static int stream_main(int argc, char **argv)
+{
+    int64_t rows = argc > 2 ? atoll(argv[2]) : 131072;
+    int reps = argc > 3 ? atoi(argv[3]) : 15;
+    if (rows < 16 || rows % 16 || reps < 1 || reps > STREAM_REPS_MAX) {
+        fprintf(stderr, "usage: bench_kernels stream [rows: a multiple of 16] [reps: 1-%d]\n",
+                STREAM_REPS_MAX);
+        return 1;
+    }
+    static const qtype st[] = {QTYPE_Q8_0, QTYPE_Q4_K, QTYPE_Q6_K, QTYPE_Q5_K, QTYPE_F16};
+    enum { NT = TM_ARRAY_LEN(st) };
+    threadpool *tp = threadpool_new(1);
+    util_rng r;
+    util_rng_seed(&r, 1);
+    float x[STREAM_COLS], *y = malloc(sizeof(float) * (size_t)rows);
+    for (int i = 0; i < STREAM_COLS; i++) x[i] = util_rng_normal(&r);
+    size_t ssz = 0;
+    for (int k = 0; k < NT; k++) {
+        size_t b = ops_matmul_scratch_bytes(st[k], STREAM_COLS, 1);
+        if (b > ssz) ssz = b;
+    }
+    void *scratch = malloc(ssz);
+    ops_weight w[NT];
+    size_t bytes[NT], most = 0;
+    for (int k = 0; k < NT; k++) {
+        size_t sz = quant_row_bytes(st[k], STREAM_COLS) * (size_t)rows;
+        char *d = malloc(sz);
+        for (size_t i = 0; i < sz; i++) d[i] = (char)(util_rng_next(&r) & 0x3b);
+        w[k] = (ops_weight){st[k], rows, STREAM_COLS, d};
+        qtype rt = ops_repack_type(&w[k]);
+        if (rt != st[k]) {
+            size_t rsz = quant_row_bytes(rt, STREAM_COLS) * (size_t)rows;
+            void *rd = aligned_alloc(64, TM_ALIGN_UP(rsz, 64));
+            w[k] = ops_repack(tp, &w[k], rd);
+            free(d);
+            sz = rsz;
+        }
+        bytes[k] = sz;
+        if (sz > most) most = sz;
+    }
+    most = TM_ALIGN_UP(most, 64);
+    uint64_t *buf = aligned_alloc(64, most);
+    for (size_t i = 0; i < most / 8; i++) buf[i] = i;
+    static double gbs[NT + 1][STREAM_REPS_MAX], ratio[NT][STREAM_REPS_MAX];
+    uint64_t sink = 0;
+    for (int rep = 0; rep < reps; rep++)
+        for (int j = 0; j <= NT; j++) {
+            int k = (j + rep) % (NT + 1); /* a different order each rep */
+            double t0 = thread_cpu_now();
+            if (k == NT) sink ^= stream_read((const stream_v2 *)buf, most / 64);
+            else ops_matmul(tp, &w[k], x, 1, y, scratch);
+            gbs[k][rep] = (double)(k == NT ? most : bytes[k]) / (thread_cpu_now() - t0) / 1e9;
+        }
+    printf("level %s, one thread, one token, %lld x %d, %d reps (thread CPU time)\n",
+           ops_level_name(), (long long)rows, STREAM_COLS, reps);
+    for (int k = 0; k < NT; k++)
+        for (int rep = 0; rep < reps; rep++) ratio[k][rep] = gbs[k][rep] / gbs[NT][rep];
+    for (int k = 0; k <= NT; k++) {
+        qsort(gbs[k], (size_t)reps, sizeof(double), cmp_double);
+        if (k < NT) qsort(ratio[k], (size_t)reps, sizeof(double), cmp_double);
+        printf("%-8s %7.1f MB  median %5.1f GB/s", k == NT ? "read" : quant_type_name(w[k].type),
+               (double)(k == NT ? most : bytes[k]) / 1e6, gbs[k][reps / 2]);
+        if (k < NT)
+            printf("  of the read loop: median %.2f (quartiles %.2f-%.2f)", ratio[k][reps / 2],
+                   ratio[k][reps / 4], ratio[k][3 * reps / 4]);
+        printf("\n");
+    }
+    if (sink == 1) printf(" \n"); /* keeps the read loop */
+    for (int k = 0; k < NT; k++) free((void *)w[k].data);
+    free(buf);
+    free(scratch);
+    free(y);
+    threadpool_free(tp);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc > 1 && !strcmp(argv[1], "stream")) return stream_main(argc, argv);
     int nth = argc > 1 ? atoi(argv[1]) : 2;
     int n_layers = argc > 2 ? atoi(argv[2]) : 6;
     threadpool *tp = threadpool_new(nth);
