@@ -738,8 +738,11 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
     if (o.spec_sources) {
         s->chooser = spec_chooser_new(o.max_seqs);
         for (int i = 0; i < SPEC_N_SRC; i++) spec_seq_init(&s->spec_all[i]);
+        spec_probe_init(&s->model_probe);
         if (o.spec_sources & SPEC_SRC_MODEL) {
             s->drafter = specdraft_new(o.draft, o.max_seqs);
+            size_t tb = model_active_weight_bytes(engine_model(e));
+            s->draft_cost_floor = tb ? (double)model_active_weight_bytes(engine_model(o.draft)) / (double)tb : 0;
             s->dq = xcalloc((size_t)o.max_seqs, sizeof *s->dq);
             s->dq_req = xcalloc((size_t)o.max_seqs, sizeof *s->dq_req);
         }

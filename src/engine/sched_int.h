@@ -178,10 +178,17 @@ struct sched {
     uint64_t drafted_run;        /* tokens drafted since the statistics were last updated */
     spec_seq spec_all[SPEC_N_SRC]; /* each source's running acceptance over every request: a new
                                   * request's estimate (engine thread) */
+    spec_probe model_probe;      /* (draft model) when one request drafts with it although its
+                                  * rate says the draft steps do not pay: a probe per gap of the
+                                  * server's steps, not per request (a request's first draft
+                                  * round also feeds its whole prompt to the draft model) */
     double draft_step_s;         /* running mean seconds of one draft engine step, 0: none yet */
     double draft_round_s;        /* running mean seconds of a drafting round that ran the draft
                                   * model (all its steps), 0: none yet */
     double main_step_s;          /* running mean seconds of one engine step of the target */
+    double draft_cost_floor;     /* the draft model's weight bytes a token reads over the
+                                  * target's: the least a draft step costs as a fraction of a
+                                  * target step, whatever noisy timings say */
     int batch_n_reqs;            /* requests of the step being sampled */
     steptime tm;                 /* learned step time (engine thread; its error sums are copied
                                   * into st after each step) */

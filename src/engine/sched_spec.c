@@ -138,15 +138,24 @@ static void sched_spec_learn(sched *s, sched_req *r, int i)
  * step that goes on decoding, from the source with the better running acceptance for it
  * (prompt lookup first on a tie: it costs nothing; the other source when the first drafts
  * nothing). A costly source (a draft model) drafts only the tokens whose expected gain pays
- * for its steps, none when even the first does not, unless a probe is due: a request whose
- * drafts are poor then runs no draft round, and its draft KV catches up in one chunk when it
- * drafts again. A draft never runs past what the request may still emit (its last token is
+ * for its steps, none when even the first does not: a request whose drafts are poor runs no
+ * draft round, and its draft KV catches up in one chunk if it drafts again. The source's
+ * probe (one request drafting one token anyway) comes once per gap of the server's steps
+ * without a verified model draft, so a poor draft model costs a catch-up per gap, not one
+ * per request. A draft never runs past what the request may still emit (its last token is
  * sampled from the last verified row). The draft KV is first cut back to the positions whose
  * tokens are final (n_done): the rows of rejected or unverified drafts are recomputed.
  * Engine thread, without mu. */
 void sched_spec_draft(sched *s, int n_reqs)
 {
-    int nq = 0, row0 = 0;
+    int nq = 0, row0 = 0, model_verified = 0, model_accepted = 0;
+    for (int i = 0; i < n_reqs; i++)
+        if (s->batch_k[i] > 0 && s->batch_req[i]->draft_src == 1) {
+            model_verified += s->batch_k[i];
+            model_accepted += s->batch_acc[i];
+        }
+    spec_probe_step(&s->model_probe, model_verified, model_accepted);
+    bool model_probe = spec_probe_due(&s->model_probe);
     bool ngram = s->o.spec_sources & SPEC_SRC_NGRAM, dmodel = s->drafter != NULL;
     /* an MTP draft continues the model's hidden states: it catches up on every step's rows
      * (prefill chunks, and steps where prompt lookup drafts), catching up only (k_max 0) */
@@ -174,13 +183,22 @@ void sched_spec_draft(sched *s, int n_reqs)
             }
         }
         if (!dmodel) continue;
+        /* what a draft step costs as a fraction of a target step: measured, but never below
+         * the ratio of the weights the two read (a slow target step under other load must not
+         * make the draft model look free) */
         double min_gain = s->draft_step_s > 0 && s->main_step_s > 0 ? s->draft_step_s / s->main_step_s : SPEC_MIN_GAIN;
+        min_gain = TM_MAX(min_gain, s->draft_cost_floor);
         int k_model = kmax <= 0 ? 0 : s->o.spec_fixed > 0 ? kmax
-                    : spec_seq_draft_len(&r->spec[1], kmax, min_gain, spec_probe_due(&r->probe));
-        if (k_model == 0 && !mtp) {   /* no draft round: prompt lookup when it was not tried */
-            if (ntok && ngram && !ngram_first) sched_spec_ngram(s, r, nt, kmax);
-            continue;
+                    : spec_seq_draft_len(&r->spec[1], kmax, min_gain, model_probe && ntok);
+        if (k_model > 0 && model_probe && r->spec[1].rate[0] < min_gain) {   /* this request probes */
+            model_probe = false;
+            s->model_probe.quiet = 0;        /* its outcome, not the next step, decides the gap */
+            r->probe.quiet = r->probe.gap;   /* the draft is verified whatever the count says */
         }
+        /* no drafts from the model this time: prompt lookup when it was not tried (an MTP
+         * layer still catches up below, drafting nothing) */
+        if (k_model == 0 && ntok && ngram && !ngram_first) sched_spec_ngram(s, r, nt, kmax);
+        if (k_model == 0 && !mtp) continue;
         if (!r->dseq) r->dseq = kvpool_seq_new(engine_kvpool(s->o.draft));
         specdraft_seq *q = &s->dq[nq];
         q->seq = r->dseq;

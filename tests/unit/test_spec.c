@@ -457,6 +457,9 @@ typedef struct {
 /* Layers of the draft model of the next runs with SPEC_SRC_MODEL (all of them: the draft is
  * the target itself). */
 static int g_draft_layers;
+/* When set, the draft model instead: the same vocabulary with other random weights, whose
+ * drafts the target almost never accepts. */
+static model *g_poor_draft;
 
 static rig rig_new(int spec_sources, int spec_max, int spec_fixed)
 {
@@ -468,8 +471,8 @@ static rig rig_new(int spec_sources, int spec_max, int spec_fixed)
                       .spec_sources = spec_sources, .spec_max = spec_max, .spec_fixed = spec_fixed };
     if (spec_sources & SPEC_SRC_MODEL) {
         r.draft_model = xmalloc(sizeof *r.draft_model);
-        *r.draft_model = *g_model;   /* shares the weights: the engine reads only hp.n_layers of them */
-        r.draft_model->hp.n_layers = g_draft_layers;
+        *r.draft_model = g_poor_draft ? *g_poor_draft : *g_model;   /* shares the weights */
+        if (!g_poor_draft) r.draft_model->hp.n_layers = g_draft_layers;   /* the engine reads only those */
         if (engine_new(r.draft_model, &eo, &r.draft, err, sizeof err) != ENGINE_OK) fprintf(stderr, "%s\n", err);
         so.draft = r.draft;
     }
@@ -581,7 +584,8 @@ static bool same_kv(const kv_dump *a, const kv_dump *b)
            !memcmp(a->kv, b->kv, (size_t)a->n_done * per * sizeof(float));
 }
 
-static void compare_ex(const run_out *want, const run_out *got, int n_req, const char *what, bool all_accepted)
+/* The same tokens and the same KV and keyed blocks left behind, request by request. */
+static void compare_outputs(const run_out *want, const run_out *got, int n_req, const char *what)
 {
     for (int i = 0; i < n_req; i++) {
         CHECKF(got->n[i] == GEN && want->n[i] == GEN, "%s: request %d: %d and %d tokens", what, i, got->n[i], want->n[i]);
@@ -593,6 +597,11 @@ static void compare_ex(const run_out *want, const run_out *got, int n_req, const
                "%d / %d blocks keyed)", what, i, got->kv[i].n_done, want->kv[i].n_done, got->kv[i].n_keyed,
                want->kv[i].n_keyed);
     }
+}
+
+static void compare_ex(const run_out *want, const run_out *got, int n_req, const char *what, bool all_accepted)
+{
+    compare_outputs(want, got, n_req, what);
     /* drafts were verified, some accepted and some rejected: both paths ran */
     const sched_stats *st = &got->st;
     CHECKF(st->spec_verified > 0 && st->spec_accepted > 0 &&
@@ -689,6 +698,34 @@ TEST(test_draft_model)
     engine_free(e);
 }
 
+/* A draft model whose drafts are almost never accepted: the output is the target's, and once
+ * its acceptance shows that its steps do not pay it drafts only for probes (one request per gap
+ * of the server's steps), not on every step of every request. */
+TEST(test_poor_draft_model)
+{
+    tiny_cfg c = { .arch = "llama", .dim = 64, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2,
+                   .head_dim = 16, .ffn = 96, .vocab = 100, .seed = 99 };
+    char path[300], err[256];
+    snprintf(path, sizeof path, "%s/other.gguf", tmpdir);
+    CHECK(tiny_write(&c, path) == 0);
+    CHECK(model_load(path, NULL, &g_poor_draft, err, sizeof err) == GGUF_OK);
+    if (!g_poor_draft) return;
+    static run_out base, spec;
+    run(0, 0, 0, NREQ, 0, &base);
+    run(SPEC_SRC_MODEL, 4, 0, NREQ, 0, &spec);
+    compare_outputs(&base, &spec, NREQ, "a poor draft model, greedy");
+    const sched_stats *st = &spec.st;
+    CHECKF(st->spec_verified > 0 && st->spec_accepted * 4 < st->spec_verified, "accepted %llu of %llu: not a poor draft",
+           (unsigned long long)st->spec_accepted, (unsigned long long)st->spec_verified);
+    if (getenv("TEST_SPEC_VERBOSE")) fprintf(stderr, "poor: drafted %llu verified %llu accepted %llu\n", (unsigned long long)st->spec_drafted, (unsigned long long)st->spec_verified, (unsigned long long)st->spec_accepted);
+    CHECKF(st->spec_drafted < NREQ * GEN / 8, "drafted %llu tokens for %d requests of %d", (unsigned long long)st->spec_drafted,
+           NREQ, GEN);
+    run_free(&spec);
+    run_free(&base);
+    model_free(g_poor_draft);
+    g_poor_draft = NULL;
+}
+
 TEST(test_grammar_drafts)
 {
     /* tokens 0..9 are the digits, the others letters; the output must be digits: drafts the
@@ -740,6 +777,7 @@ int main(void)
     RUN(test_greedy_identity_and_rollback);
     RUN(test_sampled_identity);
     RUN(test_draft_model);
+    RUN(test_poor_draft_model);
     RUN(test_grammar_drafts);
     schedtest_close(tmpdir, g_model);
     HARNESS_END();
