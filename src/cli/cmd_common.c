@@ -262,7 +262,10 @@ engine *cmd_common_engine_new(const char *prog, model *m, cmd_engine_opts *o)
     if (o->step_tokens == 0) {
         o->step_tokens = sched_default_step_tokens((int)o->max_seqs);   /* max-seqs + 64 */
         /* a speculating decode carries its drafts too: room for every one's verify rows */
-        if (o->spec || drafted) o->step_tokens += o->max_seqs * o->spec_max;
+        if (o->spec || drafted) {
+            o->spec_room = o->max_seqs * o->spec_max;
+            o->step_tokens += o->spec_room;
+        }
     }
     /* the engine batch holds the larger of the two step budgets (sched caps both at it) */
     static int cpus[TOPO_MAX_CPUS];   /* one engine per process */
@@ -376,7 +379,8 @@ void cmd_common_resident(const char *prog, model *m, int n_threads)
 sched_opts cmd_common_sched_opts(const cmd_engine_opts *o, blockio *bio, const tokenizer *tok)
 {
     sched_opts so = { .bio = bio, .max_seqs = (int)o->max_seqs, .max_queue = (int)o->max_queue,
-                      .step_tokens = (int)o->step_tokens, .prefill_step_tokens = (int)o->prefill_step,
+                      .step_tokens = (int)o->step_tokens, .spec_room = (int)o->spec_room,
+                      .prefill_step_tokens = (int)o->prefill_step,
                       .step_ms = o->step_ms, .prefill_step_ms = o->prefill_step_ms,
                       .n_ctx = (int)o->ctx, .eos_ids = { -1, -1, -1, -1 },
                       .window_mib = o->window_mib > 0 ? o->window_mib : -1, .window_ttl_s = o->window_ttl,

@@ -36,6 +36,7 @@ typedef struct {
     long kv_mib;         /* KV pool cap, MiB */
     long max_queue;      /* requests waiting for admission */
     long step_tokens;    /* tokens per step with decodes, 0: sched_default_step_tokens */
+    long spec_room;      /* of those, the room the default adds for verify rows (sched_opts) */
     long prefill_step;   /* tokens per step without decodes */
     double step_ms;      /* time target of a step with decodes, ms; 0: token budgets only */
     double prefill_step_ms; /* time target of a step without decodes, ms; 0: 4 x step_ms */

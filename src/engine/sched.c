@@ -225,10 +225,13 @@ replan:
         sched_spec_plan_locked(s, budget - n_dec - (prefill ? SCHED_TIME_MIN_CHUNK : 0));
     }
     /* two passes: decodes (one token left) first, then prefill chunks, admission order */
+    int n_dec_rows = 0;
     for (int pass = 0; pass < 2; pass++) {
         if (pass == 1 && n_tok == 0) {   /* no decode waits */
             budget = s->o.prefill_step_tokens;
             target_s = s->o.prefill_step_ms / 1e3;
+        } else if (pass == 1) {   /* the room kept for verify rows is not the prompts' */
+            budget = TM_MIN(budget, s->o.step_tokens - s->o.spec_room - n_dec_rows);
         }
         for (int i = 0; i < s->n_running && budget > 0; i++) {
             sched_req *r = s->running[i];
@@ -270,7 +273,7 @@ replan:
                 t->seq = r->seq;
                 t->want_logits = last && j >= chunk - 1 - k;   /* a decode's verify rows all do */
             }
-            if (pass == 0) x->n_dec += chunk;
+            if (pass == 0) x->n_dec += chunk, n_dec_rows++;
             else x->n_prefill += chunk;
             x->depth += (double)chunk * r->n_done + (double)chunk * (chunk + 1) / 2;
             s->batch_req[*n_reqs] = r;
@@ -679,6 +682,7 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
     if (o.step_tokens <= 0) o.step_tokens = sched_default_step_tokens(o.max_seqs);
     if (o.step_tokens > mb) o.step_tokens = mb;
     if (o.max_seqs > o.step_tokens) o.max_seqs = o.step_tokens;
+    o.spec_room = o.spec_sources ? TM_MAX(0, TM_MIN(o.spec_room, o.step_tokens - o.max_seqs - 1)) : 0;
     if (o.prefill_step_tokens <= 0) o.prefill_step_tokens = SCHED_PREFILL_STEP;
     o.prefill_step_tokens = TM_MAX(o.step_tokens, TM_MIN(o.prefill_step_tokens, mb));
     if (!(o.step_ms > 0)) o.step_ms = 0;

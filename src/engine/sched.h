@@ -143,6 +143,9 @@ typedef struct {
     int step_tokens;        /* token budget per step (decodes + prefill chunks); <= 0:
                              * sched_default_step_tokens(max_seqs); either way at most the
                              * engine's max batch */
+    int spec_room;          /* of step_tokens, the tokens only verify rows may take (the room a
+                             * default budget adds for speculation), so prompts are read in the
+                             * chunks they would be without it; 0: none kept apart */
     int prefill_step_tokens; /* budget of a step with no decode in it; <= 0: SCHED_PREFILL_STEP;
                              * at least step_tokens, at most the engine's max batch */
     double step_ms;         /* time target of a step that carries decodes (the stall a stream

@@ -477,10 +477,18 @@ TEST(test_think_budget)
  * token is one budget-sized step, never the whole prompt. Counted in steps, not seconds. A
  * decodes until it is cancelled after B's answer; should it have reached its length first
  * (this thread was not scheduled for its ~1000 steps), the round proves nothing and is rerun. */
-static int chunked_round(int *mixed, int *max_tok, int *budget)
+static int chunked_round(int *mixed, int *max_tok, int *budget, int spec_room)
 {
     enum { MAXS = 4, PA = 10, GA = 1000, PB = 900 };
-    rig g = rig_new(18, MAXS, 16, 0);   /* engine max batch 128 > the default budget (68) */
+    /* engine max batch 128 > the default budget (68, or with the room for verify rows 68 + 16) */
+    sched_opts so = { .max_seqs = MAXS, .max_queue = 16 };
+    if (spec_room) {   /* A speculates by prompt lookup (its prompt repeats itself) */
+        so.spec_sources = SPEC_SRC_NGRAM;
+        so.spec_max = 4;
+        so.spec_room = spec_room;
+        so.step_tokens = sched_default_step_tokens(MAXS) + spec_room;
+    }
+    rig g = rig_open(18, so, NULL);
     sched_stats st;
     sched_get_stats(g.s, &st);
     *budget = st.step_tokens;
@@ -519,13 +527,22 @@ TEST(test_long_prompt_chunked_beside_decode)
     CHECK(sched_default_step_tokens(MAXS) == MAXS + SCHED_PREFILL_CHUNK);
     CHECK(sched_default_step_tokens(0) == 16 + SCHED_PREFILL_CHUNK);
     int mixed = 0, max_tok = 0, budget = 0, rc = 1;
-    for (int round = 0; round < 3 && rc == 1; round++) rc = chunked_round(&mixed, &max_tok, &budget);
+    for (int round = 0; round < 3 && rc == 1; round++) rc = chunked_round(&mixed, &max_tok, &budget, 0);
     CHECK(rc == 0);
     CHECK(budget == sched_default_step_tokens(MAXS));
     /* every step of B's prompt carried A's decode and a chunk of budget - 1 tokens */
     int chunks = (PB + budget - 2) / (budget - 1);
     CHECKF(mixed == chunks, "%d steps with decode + prefill chunk, want %d", mixed, chunks);
     CHECK(max_tok == budget);
+    /* with speculation the budget has room for verify rows: B's prompt is still read in chunks
+     * of the budget without it, the room left to A's drafts */
+    int room = MAXS * 4;
+    rc = 1;
+    for (int round = 0; round < 3 && rc == 1; round++) rc = chunked_round(&mixed, &max_tok, &budget, room);
+    CHECK(rc == 0);
+    CHECK(budget == sched_default_step_tokens(MAXS) + room);
+    CHECKF(mixed == chunks, "speculating: %d steps with decode + prefill chunk, want %d", mixed, chunks);
+    CHECKF(max_tok <= budget, "%d tokens in a step, budget %d", max_tok, budget);
 }
 
 /* A prompt read with no decode running goes in steps of the prefill budget (capped at the
