@@ -182,6 +182,7 @@ struct sched {
                                   * rate says the draft steps do not pay: a probe per gap of the
                                   * server's steps, not per request (a request's first draft
                                   * round also feeds its whole prompt to the draft model) */
+    double model_probe_t;        /* util_now() of the last such probe, 0: none yet */
     double draft_step_s;         /* running mean seconds of one draft engine step, 0: none yet */
     double draft_round_s;        /* running mean seconds of a drafting round that ran the draft
                                   * model (all its steps), 0: none yet */

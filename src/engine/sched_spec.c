@@ -10,6 +10,7 @@
  */
 #include "engine/sched_int.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "util/util.h"
@@ -156,6 +157,7 @@ void sched_spec_draft(sched *s, int n_reqs)
         }
     spec_probe_step(&s->model_probe, model_verified, model_accepted);
     bool model_probe = spec_probe_due(&s->model_probe);
+    double now = model_probe ? util_now() : 0;
     bool ngram = s->o.spec_sources & SPEC_SRC_NGRAM, dmodel = s->drafter != NULL;
     /* an MTP draft continues the model's hidden states: it catches up on every step's rows
      * (prefill chunks, and steps where prompt lookup drafts), catching up only (k_max 0) */
@@ -188,10 +190,16 @@ void sched_spec_draft(sched *s, int n_reqs)
          * make the draft model look free) */
         double min_gain = s->draft_step_s > 0 && s->main_step_s > 0 ? s->draft_step_s / s->main_step_s : SPEC_MIN_GAIN;
         min_gain = TM_MAX(min_gain, s->draft_cost_floor);
-        int k_model = kmax <= 0 ? 0 : s->o.spec_fixed > 0 ? kmax
-                    : spec_seq_draft_len(&r->spec[1], kmax, min_gain, model_probe && ntok);
-        if (k_model > 0 && model_probe && r->spec[1].rate[0] < min_gain) {   /* this request probes */
+        /* a probe feeds the draft model what it has not seen of r (all of it, the first time):
+         * at the draft's share of a target's prefill per token, it may cost SPEC_PROBE_SHARE of
+         * the time since the last probe at most */
+        bool probe = model_probe && ntok &&
+                     (s->model_probe_t == 0 || (double)(nt - r->d_done) * fmax(s->tm.w[2], 0) * s->draft_cost_floor <=
+                                                   SPEC_PROBE_SHARE * (now - s->model_probe_t));
+        int k_model = kmax <= 0 ? 0 : s->o.spec_fixed > 0 ? kmax : spec_seq_draft_len(&r->spec[1], kmax, min_gain, probe);
+        if (k_model > 0 && probe && r->spec[1].rate[0] < min_gain) {   /* this request probes */
             model_probe = false;
+            s->model_probe_t = now;
             s->model_probe.quiet = 0;        /* its outcome, not the next step, decides the gap */
             r->probe.quiet = r->probe.gap;   /* the draft is verified whatever the count says */
         }
