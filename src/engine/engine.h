@@ -184,7 +184,7 @@ engine_status engine_step_mtp(engine *e, const engine_batch *b, const float *hid
 
 /* A step of one token (id 0 at position 0, wanting logits) on a sequence of its own, which
  * is let go after, with the expert statistics set back to none: run once before the first
- * real step (serve runs it before it says ready), so that step does not pay for the first
+ * real step (cmd_common_engine_new runs it, before serve listens), so that step does not pay for the first
  * touch of the scratch pages and the step's code (it was about a quarter slower than the next
  * ones). Leaves no trace: the pool's blocks are all free again and nothing is keyed. No-op on
  * an engine over an MTP view (its steps need the model's hidden states). */
