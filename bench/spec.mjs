@@ -51,6 +51,7 @@ const o = parseArgs("bench/spec", [
   { name: "--reps", kind: "number", default: 1, help: "rounds over the configurations (each round runs them all in order; the table shows medians)" },
   { name: "--configs", kind: "list", default: null, help: "only these configurations: none, k1..k5, adaptive, self, self-k1, draft, draft-k1 (default all)" },
   { name: "--json", arg: "OUT.json", default: null, help: "write the figures there too" },
+  { name: "--server-log", arg: "DIR", default: null, help: "run each server with -v and write its log to DIR/CONFIG-ROUND.log (the step lines: make-up and times)" },
 ]);
 const log = (s) => console.error(`bench/spec: ${s}`);
 
@@ -75,9 +76,23 @@ function prompt(stream) {
   return `Tool output:\n${lines.join("\n")}\n\nRepeat the tool output exactly:\n${lines[0]}\n`;
 }
 
-async function startServer(args) {
+async function startServer(args, logFile) {
   const proc = spawn(bin, ["serve", "-m", model, "--port", "0", "--threads", String(o.threads), "--cache", "off",
-    "--timeout", "3600", "--max-seqs", String(Math.max(...o.streams)), ...args], { stdio: ["ignore", "ignore", "pipe"] });
+    "--timeout", "3600", "--max-seqs", String(Math.max(...o.streams)), ...(logFile ? ["-v"] : []), ...args],
+    { stdio: ["ignore", "ignore", logFile ? fs.openSync(logFile, "w") : "pipe"] });
+  if (logFile) {   // the port comes from the log file
+    for (let i = 0; i < 6000; i++) {
+      const m = /listening on http:\/\/[^:]+:(\d+)/.exec(fs.readFileSync(logFile, "utf8"));
+      if (m) {
+        const port = Number(m[1]);
+        const name = (await (await fetch(`http://127.0.0.1:${port}/v1/models`)).json()).data[0].id;
+        return { proc, port, name };
+      }
+      if (proc.exitCode !== null) throw new Error(`server exited ${proc.exitCode}: see ${logFile}`);
+      await new Promise((r) => setTimeout(r, 10));
+    }
+    throw new Error(`server never listened: see ${logFile}`);
+  }
   let logText = "";
   const port = await new Promise((resolve, reject) => {
     proc.stderr.on("data", (d) => {
@@ -120,8 +135,9 @@ async function metrics(port) {
   return m;
 }
 
-async function runConfig(name, args) {
-  const S = await startServer(args);
+async function runConfig(id, name, args, round) {
+  if (o.serverLog) fs.mkdirSync(o.serverLog, { recursive: true });
+  const S = await startServer(args, o.serverLog ? path.join(o.serverLog, `${id}-${round + 1}.log`) : null);
   const rows = [];
   try {
     await stream(S, "warm up " + prompt(99));
@@ -166,7 +182,7 @@ if (o.configs) {
 // shows in every round and the median of each is measured under the same mix of conditions.
 const runs = [];
 for (let rep = 0; rep < Math.max(1, o.reps); rep++)
-  for (const [, name, args] of configs) runs.push(...await runConfig(name, args));
+  for (const [id, name, args] of configs) runs.push(...await runConfig(id, name, args, rep));
 const median = (xs) => {
   const v = [...xs].sort((a, b) => a - b);
   return v.length % 2 ? v[(v.length - 1) / 2] : (v[v.length / 2 - 1] + v[v.length / 2]) / 2;

@@ -273,7 +273,7 @@ replan:
                 t->seq = r->seq;
                 t->want_logits = last && j >= chunk - 1 - k;   /* a decode's verify rows all do */
             }
-            if (pass == 0) x->n_dec += chunk, n_dec_rows++;
+            if (pass == 0) x->n_dec++, x->n_verify += k, n_dec_rows++;
             else x->n_prefill += chunk;
             x->depth += (double)chunk * r->n_done + (double)chunk * (chunk + 1) / 2;
             s->batch_req[*n_reqs] = r;
@@ -305,7 +305,7 @@ bool sched_is_stop(const sched *s, const sched_req *r, int32_t tok)
  * no_overlap). A decode waits for a whole step, so `step` with prefill chunks next to the
  * decode-only steps is what a long prompt costs the running streams. */
 static void sched_log_step(const sched *s, int n_reqs, int n_tok, double ta, double tc, double t0, double t1,
-                           double t2, double t3)
+                           double pred_s, double t2, double t3)
 {
     int n_dec = 0, n_chunks = 0, max_chunk = 0, n_drafted = 0, n_verified = 0, n_accepted = 0;
     for (int i = 0; i < n_reqs; i++) {
@@ -321,10 +321,10 @@ static void sched_log_step(const sched *s, int n_reqs, int n_tok, double ta, dou
     }
     double t4 = util_now();
     log_debug("sched: step %d tokens (budget %d): %d decodes, %d prefill chunks (largest %d); running %d, "
-              "waiting %d; drafts %d verified %d accepted %d; ms: plan %.2f step %.2f sample %.2f lock %.2f "
-              "handover %.2f", n_tok, s->o.step_tokens, n_dec, n_chunks, max_chunk, s->n_running, s->n_waiting,
-              n_drafted, n_verified, n_accepted, (tc - ta) * 1e3, (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3,
-              (t4 - t3) * 1e3);
+              "waiting %d; drafts %d verified %d accepted %d; ms: plan %.2f step %.2f (predicted %.2f) sample %.2f "
+              "lock %.2f handover %.2f", n_tok, s->o.step_tokens, n_dec, n_chunks, max_chunk, s->n_running, s->n_waiting,
+              n_drafted, n_verified, n_accepted, (tc - ta) * 1e3, (t1 - t0) * 1e3, pred_s * 1e3, (t2 - t1) * 1e3,
+              (t3 - t2) * 1e3, (t4 - t3) * 1e3);
 }
 
 /* The trace of a planned step: the step clock, and what each running request that has not
@@ -361,6 +361,7 @@ typedef struct {
     double ta;                   /* planning starts (admissions, then the batch) */
     double tc;                   /* planning done */
     double t0, t1;               /* engine_step start, end */
+    double pred_s;               /* the step-time model's prediction of t1 - t0 (0: not warm) */
     double t2;                   /* sampling done */
     double t3;                   /* mu taken back: publishing starts */
     double part[SCHED_GAP_N];    /* seconds of the gap after it, COMMIT to PUBLISH */
@@ -414,6 +415,7 @@ static void sched_step_run(sched *s, sched_step *st)
     memset(st->part, 0, sizeof st->part);
     engine_batch b = { .n_tokens = st->n_tok, .toks = s->batch };
     bool masks = sched_sample_masks_start(s, st->n_reqs);  /* overlapped with the step */
+    st->pred_s = steptime_predict(&s->tm, &s->plan_x);
     st->est = engine_step(s->e, &b, s->logits);
     st->t1 = util_now();
     if (masks) sched_sample_pool_wait(s);
@@ -561,7 +563,7 @@ static void sched_step_publish_locked(sched *s, sched_step *st)
     s->gap_run[SCHED_GAP_LOCK] = st->t3 - st->t2;
     s->gap_run[SCHED_GAP_HANDOFF] = s->t_prev_pub - st->t3 - st->part[SCHED_GAP_PUBLISH];
     if (util_log_level <= LOG_LEVEL_DEBUG)
-        sched_log_step(s, st->n_reqs, st->n_tok, st->ta, st->tc, st->t0, st->t1, st->t2, st->t3);
+        sched_log_step(s, st->n_reqs, st->n_tok, st->ta, st->tc, st->t0, st->t1, st->pred_s, st->t2, st->t3);
 }
 
 /* sched_free: everything still queued or running ends CANCELLED (under mu). */

@@ -29,17 +29,16 @@ void sched_spec_release(sched *s, sched_req *r)
  * each attending about depth_per_tok positions. */
 typedef struct {
     const steptime *tm;
-    steptime_x x;                /* the step's decodes */
+    steptime_x x;                /* the step's decodes, no verify rows */
     double depth_per_tok;
 } sched_spec_curve;
 
 static double sched_spec_time(void *arg, int n_extra)
 {
     const sched_spec_curve *c = arg;
-    steptime_x x = c->x;
-    x.n_dec += n_extra;          /* a verify row costs what a decode row does: it wants logits */
-    x.depth += n_extra * c->depth_per_tok;
-    return steptime_predict(c->tm, &x);
+    double base = steptime_predict(c->tm, &c->x);
+    if (base <= 0) return 0;
+    return base + n_extra * (steptime_verify_row_s(c->tm) + steptime_depth_s(c->tm, c->depth_per_tok));
 }
 
 /* Speculation, before a step is planned: sets how many of its drafts every decoding request
@@ -194,7 +193,7 @@ void sched_spec_draft(sched *s, int n_reqs)
          * at the draft's share of a target's prefill per token, it may cost SPEC_PROBE_SHARE of
          * the time since the last probe at most */
         bool probe = model_probe && ntok &&
-                     (s->model_probe_t == 0 || (double)(nt - r->d_done) * fmax(s->tm.w[2], 0) * s->draft_cost_floor <=
+                     (s->model_probe_t == 0 || (double)(nt - r->d_done) * steptime_prefill_token_s(&s->tm) * s->draft_cost_floor <=
                                                    SPEC_PROBE_SHARE * (now - s->model_probe_t));
         int k_model = kmax <= 0 ? 0 : s->o.spec_fixed > 0 ? kmax : spec_seq_draft_len(&r->spec[1], kmax, min_gain, probe);
         if (k_model > 0 && probe && r->spec[1].rate[0] < min_gain) {   /* this request probes */

@@ -6,14 +6,18 @@
 #include <math.h>
 #include <string.h>
 
+enum { STEPTIME_W_VERIFY = 2, STEPTIME_W_PREFILL = 3, STEPTIME_W_DEPTH = 4 };   /* indexes of w */
+
 #define STEPTIME_RIDGE 1e-9    /* added to a slope's diagonal: an unexcited feature fits to ~0, never NaN */
+#define STEPTIME_MIN_S 1e-4    /* shortest step time an observation is weighted by */
 
 static void steptime_vec(const steptime_x *x, double v[STEPTIME_NX])
 {
     v[0] = 1;
     v[1] = x->n_dec;
-    v[2] = x->n_prefill;
-    v[3] = x->depth / 1024.0;
+    v[2] = x->n_verify;
+    v[3] = x->n_prefill;
+    v[4] = x->depth / 1024.0;
 }
 
 void steptime_init(steptime *m) { memset(m, 0, sizeof *m); }
@@ -29,7 +33,7 @@ double steptime_predict(const steptime *m, const steptime_x *x)
     return t > 0 ? t : 0;
 }
 
-/* Solves (a + ridge) w = b by Gaussian elimination with partial pivoting (4x4). The ridge is
+/* Solves (a + ridge) w = b by Gaussian elimination with partial pivoting (5x5). The ridge is
  * on the slopes, not the constant: a feature that has not varied yet (every step so far had
  * one decode) cannot be told from the constant, and the fit then puts its time in the
  * constant, so one more row of it is predicted free until a step shows its cost. An even split
@@ -77,14 +81,39 @@ void steptime_observe(steptime *m, const steptime_x *x, double seconds)
         m->rel_err += err / seconds;
         m->n_err++;
     }
+    /* the machine's noise is a share of the step (other processes, clocks), so each step is
+     * weighted by 1 / its time squared: a fit of relative errors, where a 250 ms step with a
+     * prompt chunk would otherwise drown the few milliseconds a verify row costs. The larger
+     * of the measured and the predicted time sets the weight: a step slowed by a burst of
+     * other load counts for less, and one measured too fast cannot count for more than the
+     * fit expects. */
+    double scale = fmax(fmax(seconds, steptime_predict(m, x)), STEPTIME_MIN_S);
+    double wt = 1 / (scale * scale);
     double v[STEPTIME_NX];
     steptime_vec(x, v);
     for (int i = 0; i < STEPTIME_NX; i++) {
-        for (int j = 0; j < STEPTIME_NX; j++) m->a[i][j] = STEPTIME_FORGET * m->a[i][j] + v[i] * v[j];
-        m->b[i] = STEPTIME_FORGET * m->b[i] + v[i] * seconds;
+        for (int j = 0; j < STEPTIME_NX; j++) m->a[i][j] = STEPTIME_FORGET * m->a[i][j] + wt * v[i] * v[j];
+        m->b[i] = STEPTIME_FORGET * m->b[i] + wt * v[i] * seconds;
     }
     m->n_obs++;
     steptime_solve(m);
+}
+
+double steptime_prefill_token_s(const steptime *m)
+{
+    /* a coefficient fitted below zero (noise) must not make tokens look free */
+    return steptime_warm(m) ? fmax(m->w[STEPTIME_W_PREFILL], 0) : 0;
+}
+
+double steptime_verify_row_s(const steptime *m)
+{
+    if (!steptime_warm(m)) return 0;
+    return fmax(fmax(m->w[STEPTIME_W_VERIFY], 0), steptime_prefill_token_s(m));
+}
+
+double steptime_depth_s(const steptime *m, double depth)
+{
+    return steptime_warm(m) ? fmax(m->w[STEPTIME_W_DEPTH], 0) * depth / 1024.0 : 0;
 }
 
 int steptime_fit_tokens(const steptime *m, const steptime_x *x, double depth_per_tok, double target_s)
@@ -92,8 +121,7 @@ int steptime_fit_tokens(const steptime *m, const steptime_x *x, double depth_per
     if (!steptime_warm(m)) return -1;
     double left = target_s - steptime_predict(m, x);
     if (left <= 0) return 0;
-    /* a coefficient fitted below zero (noise) must not make tokens look free */
-    double per_tok = fmax(m->w[2], 0) + fmax(m->w[3], 0) * depth_per_tok / 1024.0;
+    double per_tok = steptime_prefill_token_s(m) + steptime_depth_s(m, depth_per_tok);
     if (per_tok <= 0) return 1 << 30;
     double n = floor(left / per_tok);
     return n > (1 << 30) ? 1 << 30 : (int)n;

@@ -3,11 +3,15 @@
  * to a time target instead of a token count (DeepSeek's prefill balancer budgets in time).
  *
  * DESIGN. A step's seconds are modelled as w . x with the features
- *   x = (1, decodes, prefill tokens, context depth / 1024),
+ *   x = (1, decodes, verify rows, prefill tokens, context depth / 1024),
  * the depth being the sum over the step's tokens of the positions each attends to: the
- * weights are read once per step (the constant), every token costs its FLOPs (decodes and
- * prefill tokens apart: a decode row is a skinny GEMV, prefill rows batch well) and attention
- * grows with depth. w is the least-squares fit of the steps seen (a ridge on the slopes only:
+ * weights are read once per step (the constant), every token costs its FLOPs (decodes, verify
+ * rows and prefill tokens apart: a decode row is a skinny GEMV, prefill rows batch well, and a
+ * speculative verify row rides with its sequence's decode row: it reads the same cached keys
+ * and values and adds no sequence to sample, so on a 2-core machine it costs about two
+ * thirds of a decode row; priced as one, drafts that pay would not be verified) and attention
+ * grows with depth. w is the least-squares fit of the steps seen, in relative terms (each
+ * step weighted by 1 / its time squared: noise on a shared machine is a share of the step) (a ridge on the slopes only:
  * a feature that has not varied yet is predicted free, not a guessed share of the step), each
  * older step weighted down by STEPTIME_FORGET per step, so the curve follows a machine whose
  * speed changes (other load, frequency) with no history stored: a 4x4 normal matrix and its
@@ -24,12 +28,13 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#define STEPTIME_NX 4          /* features */
+#define STEPTIME_NX 5          /* features */
 #define STEPTIME_FORGET 0.98   /* weight kept by an observation per newer one (~50-step memory) */
 #define STEPTIME_WARM 8        /* steps observed before the model sizes anything */
 
 typedef struct {
-    double n_dec;              /* decode rows */
+    double n_dec;              /* decode rows (one per decoding sequence) */
+    double n_verify;           /* speculative verify rows beside them (drafted tokens) */
     double n_prefill;          /* prefill tokens */
     double depth;              /* sum over the step's tokens of the positions attended to */
 } steptime_x;
@@ -50,6 +55,15 @@ bool steptime_warm(const steptime *m);
 double steptime_predict(const steptime *m, const steptime_x *x);
 /* Learns one real step (its make-up and measured seconds); scores the prediction first. */
 void steptime_observe(steptime *m, const steptime_x *x, double seconds);
+/* Seconds one more prefill token adds, attention apart (0 before warm, never negative). */
+double steptime_prefill_token_s(const steptime *m);
+/* Seconds one more verify row adds, attention apart: the fit's, but never below a prefill
+ * token's (a verify row is a token through every layer, and wants logits besides): in steps
+ * made mostly of a prompt chunk the verify rows' few milliseconds are within the noise, and
+ * a fit near zero would have every draft verified (0 before warm). */
+double steptime_verify_row_s(const steptime *m);
+/* Seconds that attention over depth positions adds (0 before warm, never negative). */
+double steptime_depth_s(const steptime *m, double depth);
 /* Prefill tokens that can join a step already made of *x and keep it within target_s, each
  * new token attending to about depth_per_tok positions; -1 before warm (use the token caps).
  * 0 when the step is at or over the target already. */

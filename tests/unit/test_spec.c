@@ -338,7 +338,7 @@ typedef struct {
 static double learned_time(void *arg, int n_extra)
 {
     const learned *l = arg;
-    steptime_x x = { .n_dec = l->n_dec + n_extra, .depth = (l->n_dec + n_extra) * 200.0 };
+    steptime_x x = { .n_dec = l->n_dec, .n_verify = n_extra, .depth = (l->n_dec + n_extra) * 200.0 };
     return steptime_predict(l->tm, &x);
 }
 
@@ -347,8 +347,8 @@ TEST(test_choose_on_learned_step_time)
     steptime tm;
     steptime_init(&tm);
     for (int i = 0; i < 64; i++) {   /* 20 ms a step + 0.5 ms a row */
-        int rows = 1 + i % 24;
-        steptime_x x = { .n_dec = rows, .depth = rows * 200.0 };
+        int dec = 1 + i % 3, rows = dec + (i * 7) % 22;
+        steptime_x x = { .n_dec = dec, .n_verify = rows - dec, .depth = rows * 200.0 };
         steptime_observe(&tm, &x, 0.020 + 0.0005 * rows);
     }
     CHECK(steptime_warm(&tm));

@@ -1,8 +1,8 @@
 /*
  * test_steptime: the learned step-time model on recorded curves: steps of a known cost
- * curve (a constant per step, per decode, per prefill token and per 1024 positions of
- * attention depth, with +-5 % noise) in the mix a server sees (decode-only, mixed, prefill
- * alone at several depths). The fit predicts held-out steps within 10 %, sizes a step to a
+ * curve (a constant per step, per decode, per verify row, per prefill token and per 1024
+ * positions of attention depth, with +-5 % noise) in the mix a server sees (decode-only, with
+ * verify rows, mixed, prefill alone at several depths). The fit predicts held-out steps within 10 %, sizes a step to a
  * time target as the curve says, follows a machine that slows down, says nothing before it is
  * warm, and stays finite when a feature never varies. No clock is read: the "seconds" are the
  * curve's.
@@ -15,11 +15,12 @@
 
 typedef struct {
     double c0, dec, pre, depth;   /* seconds: per step, per decode, per prefill token, per 1024 depth */
+    double ver;                   /* seconds per verify row */
 } curve;
 
 static double curve_at(const curve *c, const steptime_x *x)
 {
-    return c->c0 + c->dec * x->n_dec + c->pre * x->n_prefill + c->depth * x->depth / 1024.0;
+    return c->c0 + c->dec * x->n_dec + c->ver * x->n_verify + c->pre * x->n_prefill + c->depth * x->depth / 1024.0;
 }
 
 static uint64_t g_rng = 88172645463325252ull;
@@ -31,8 +32,9 @@ static double noise(void)   /* uniform in [-1, 1) */
     return (double)(g_rng >> 11) / (double)(1ull << 52) - 1.0;
 }
 
-/* Step i of a server's mix: decodes of 1..16 streams at depth 200..4000, with or without a
- * prefill chunk of 16..512 tokens, or a prefill alone. */
+/* Step i of a server's mix: decodes of 1..16 streams at depth 200..4000 (0..3 verify rows
+ * beside each in one step of two), with or without a prefill chunk of 16..512 tokens, or a
+ * prefill alone. */
 static steptime_x mix_step(int i)
 {
     steptime_x x = { 0 };
@@ -41,9 +43,11 @@ static steptime_x mix_step(int i)
     double dec_depth = 200 + (i * 131) % 3800;
     int chunk = kind == 0 ? 0 : 16 + (i * 37) % 497;
     double chunk_at = (i * 53) % 3000;
+    int n_ver = i % 2 ? n_dec * ((i / 2) % 4) : 0;
     x.n_dec = n_dec;
+    x.n_verify = n_ver;
     x.n_prefill = chunk;
-    x.depth = n_dec * dec_depth + chunk * chunk_at + (double)chunk * (chunk + 1) / 2;
+    x.depth = (n_dec + n_ver) * dec_depth + chunk * chunk_at + (double)chunk * (chunk + 1) / 2;
     return x;
 }
 
@@ -67,9 +71,9 @@ static double worst_rel_err(const steptime *m, const curve *c, int from, int n)
     return worst;
 }
 
-/* A CPU-like curve: 4 ms per step (weights read), 0.3 ms per decode, 0.12 ms per prefill
- * token, 0.02 ms per 1024 positions of depth. */
-static const curve g_cpu = { 4e-3, 0.3e-3, 0.12e-3, 0.02e-3 };
+/* A CPU-like curve: 4 ms per step (weights read), 0.3 ms per decode, 0.2 ms per verify row,
+ * 0.12 ms per prefill token, 0.02 ms per 1024 positions of depth. */
+static const curve g_cpu = { 4e-3, 0.3e-3, 0.12e-3, 0.02e-3, 0.2e-3 };
 
 TEST(test_fit_predicts_held_out_steps)
 {
@@ -119,7 +123,7 @@ TEST(test_follows_a_slower_machine)
     steptime m;
     steptime_init(&m);
     feed(&m, &g_cpu, 0, 300, 0.05);
-    curve slow = { 2 * g_cpu.c0, 2 * g_cpu.dec, 2 * g_cpu.pre, 2 * g_cpu.depth };
+    curve slow = { 2 * g_cpu.c0, 2 * g_cpu.dec, 2 * g_cpu.pre, 2 * g_cpu.depth, 2 * g_cpu.ver };
     CHECK(worst_rel_err(&m, &slow, 10000, 100) > 0.3);
     feed(&m, &slow, 300, 300, 0.05);
     double e = worst_rel_err(&m, &slow, 10000, 200);
@@ -172,6 +176,76 @@ TEST(test_unseen_rows_are_not_guessed_costly)
     CHECKF(fabs(t2 - want) < 0.05 * want, "two rows %.3g s, the curve says %.3g s", t2, want);
 }
 
+/* Four streams decoding, verify rows cheaper than decode rows (they share their sequence's
+ * cached keys and values): before any step had one, a verify row is predicted free (so
+ * drafts get tried); once steps with 0-8 of them were seen, the price of one more is the
+ * curve's and not a decode row's. */
+TEST(test_verify_rows_priced_apart)
+{
+    const curve c = { 20e-3, 8e-3, 2e-3, 0.5e-3, 5e-3 };
+    steptime m;
+    steptime_init(&m);
+    for (int i = 0; i < 60; i++) {   /* streams joining: 1-4 decodes, no drafts yet */
+        steptime_x x = { .n_dec = 1 + i % 4, .depth = (1 + i % 4) * (400.0 + i) };
+        steptime_observe(&m, &x, curve_at(&c, &x) * (1 + 0.02 * noise()));
+    }
+    steptime_x four = { .n_dec = 4, .depth = 4 * 460.0 }, plus = four;
+    plus.n_verify = 1;
+    plus.depth += 460;
+    double free_row = steptime_predict(&m, &plus) - steptime_predict(&m, &four);
+    CHECKF(free_row < 0.5 * c.ver, "an unseen verify row predicted %.3g s", free_row);
+    for (int i = 0; i < 80; i++) {
+        int ver = (i * 5) % 9;
+        steptime_x x = { .n_dec = 4, .n_verify = ver, .depth = (4.0 + ver) * (460.0 + i) };
+        steptime_observe(&m, &x, curve_at(&c, &x) * (1 + 0.02 * noise()));
+    }
+    double row = steptime_predict(&m, &plus) - steptime_predict(&m, &four);
+    double want = c.ver + c.depth * 460 / 1024.0;
+    CHECKF(fabs(row - want) < 0.15 * want, "a verify row %.3g s, the curve says %.3g s (a decode row %.3g)", row, want,
+           c.dec + c.depth * 460 / 1024.0);
+}
+
+/* Sixteen streams whose prompts are being read beside the decodes: every other step carries
+ * a 75-token chunk (~250 ms, +-15 % noise from the machine), the others are decodes alone
+ * (4 streams, 0-8 verify rows, ~50-90 ms, +-3 %). Fitted on relative errors, the price of a
+ * verify row comes from the small steps, not from the chunks' noise; and a verify row is never
+ * priced below a prefill token, even when the fit says less. */
+TEST(test_small_steps_not_drowned)
+{
+    const curve c = { 20e-3, 8e-3, 2.2e-3, 0.5e-3, 5e-3 };
+    steptime m;
+    steptime_init(&m);
+    for (int i = 0; i < 200; i++) {
+        steptime_x x;
+        double noise_frac;
+        if (i % 2) {
+            int ver = (i * 3) % 9;
+            x = (steptime_x){ .n_dec = 4, .n_verify = ver, .depth = (4.0 + ver) * 500 };
+            noise_frac = 0.03;
+        } else {
+            int dec = 5 + i % 4, ver = (i * 7) % 6;
+            x = (steptime_x){ .n_dec = dec, .n_verify = ver, .n_prefill = 75, .depth = (dec + ver) * 500.0 + 75 * 300 };
+            noise_frac = 0.15;
+        }
+        steptime_observe(&m, &x, curve_at(&c, &x) * (1 + noise_frac * noise()));
+    }
+    steptime_x four = { .n_dec = 4, .depth = 4 * 500.0 }, plus = { .n_dec = 4, .n_verify = 1, .depth = 5 * 500.0 };
+    double row = steptime_predict(&m, &plus) - steptime_predict(&m, &four), want = c.ver + c.depth * 500 / 1024.0;
+    CHECKF(fabs(row - want) < 0.05 * want, "a verify row %.3g s, the curve says %.3g s", row, want);
+    double priced = steptime_verify_row_s(&m) + steptime_depth_s(&m, 500);
+    CHECKF(fabs(priced - want) < 0.05 * want, "%.3g s", priced);
+    /* a fit that finds verify rows free (here: they are) still prices them as prefill tokens */
+    const curve freerows = { 20e-3, 8e-3, 2.2e-3, 0.5e-3, 0 };
+    steptime f;
+    steptime_init(&f);
+    for (int i = 0; i < 100; i++) {
+        int ver = i % 5, chunk = i % 3 ? 0 : 64;
+        steptime_x x = { .n_dec = 1 + i % 4, .n_verify = ver, .n_prefill = chunk, .depth = 400.0 * (5 + ver) };
+        steptime_observe(&f, &x, curve_at(&freerows, &x) * (1 + 0.02 * noise()));
+    }
+    CHECKF(fabs(steptime_verify_row_s(&f) - freerows.pre) < 0.1 * freerows.pre, "%.3g s", steptime_verify_row_s(&f));
+}
+
 int main(void)
 {
     RUN(test_fit_predicts_held_out_steps);
@@ -179,5 +253,7 @@ int main(void)
     RUN(test_follows_a_slower_machine);
     RUN(test_degenerate_mix_stays_finite);
     RUN(test_unseen_rows_are_not_guessed_costly);
+    RUN(test_verify_rows_priced_apart);
+    RUN(test_small_steps_not_drowned);
     HARNESS_END();
 }
