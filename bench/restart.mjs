@@ -13,9 +13,12 @@
 //   warm short   another 8-token prompt (nothing cached)
 //   warm cached  prompt B (from the store, as A was: the same path, only the process is warm)
 // Client wall times per request; the medians and the cold / warm ratios are printed at the end.
+// Every measured request follows the same --pause-ms of quiet: the warm requests would
+// otherwise come straight after a busy one, on CPUs already out of their idle states, and the
+// ratio would count the machine's wake-up against the process.
 //
 //   node bench/restart.mjs -m MODEL [--bin build/tokenmill[,OTHER]] [--reps 5] [--prompt 1790]
-//                          [--kv-mib 512] [--threads 2] [--store DIR]
+//                          [--kv-mib 512] [--threads 2] [--store DIR] [--pause-ms 200]
 import fs from "node:fs";
 import http from "node:http";
 import os from "node:os";
@@ -23,7 +26,8 @@ import path from "node:path";
 import { parseArgs } from "./args.mjs";
 import { startServe, stopServe, storeRunOptions } from "./server.mjs";
 
-const o = parseArgs("bench/restart", storeRunOptions(1790, "tokens of each of the two cached prompts"));
+const o = parseArgs("bench/restart", [...storeRunOptions(1790, "tokens of each of the two cached prompts"),
+  { name: "--pause-ms", kind: "number", default: 200, help: "quiet before each measured request" }]);
 const tmp = o.store ? null : fs.mkdtempSync(path.join(os.tmpdir(), "tm-bench-restart-"));
 const store = o.store ?? path.join(tmp, "store");
 
@@ -47,6 +51,7 @@ function request(port, method, p, body) {
   });
 }
 async function complete(port, prompt) {
+  await new Promise((r) => setTimeout(r, o.pauseMs));
   const t0 = performance.now();
   const r = await request(port, "POST", "/v1/completions", JSON.stringify({ prompt, max_tokens: 1, temperature: 0, ignore_eos: true }));
   const ms = performance.now() - t0;

@@ -34,6 +34,7 @@
  * last ENGINE_MOE_WINDOW steps (a ring; their sum kept as the window's), and since the start.
  * The step thread updates them once per layer under mu; readers (/metrics, bench) copy under
  * it. No allocation after engine_new. */
+#define ENGINE_MAX_SCRATCH 48   /* buffers engine_new allocates at most */
 #define ENGINE_MOE_WINDOW 128
 #define ENGINE_MOE_ROWS 64       /* output rows of an expert per work item */
 /* Steps of at most this many tokens compute the shared experts' FFN as work items of the
@@ -119,6 +120,11 @@ struct engine {
     kvpool *kv;
     int n_threads;
     int max_tokens;          /* max batch tokens */
+    struct {
+        void *p;
+        size_t bytes;
+    } scratch[ENGINE_MAX_SCRATCH]; /* every buffer below that engine_new allocated, for engine_warmup */
+    int n_scratch;
     /* activations, (max_tokens, width) f32 row-major */
     float *x;                /* (T, dim) residual stream */
     float *xn;               /* (T, dim) normed input / layer output */
@@ -331,6 +337,18 @@ static size_t engine_scratch_need(const ops_weight *w, int T, size_t cur)
     return n > cur ? n : cur;
 }
 
+/* An activation or scratch buffer of engine_new, remembered so that engine_warmup touches
+ * all of it (NULL when out of memory, as util_aligned_alloc). */
+static void *engine_scratch_alloc(engine *e, size_t bytes)
+{
+    void *p = util_aligned_alloc(bytes);
+    if (p && e->n_scratch < ENGINE_MAX_SCRATCH) {
+        e->scratch[e->n_scratch].p = p;
+        e->scratch[e->n_scratch++].bytes = bytes;
+    }
+    return p;
+}
+
 engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *err, size_t errsz)
 {
     *out = NULL;
@@ -373,23 +391,23 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
 
     size_t T = (size_t)o.max_batch_tokens;
     size_t qd = (size_t)hp->n_heads * hp->head_dim, kvd = (size_t)hp->n_kv_heads * hp->head_dim;
-    e->x = util_aligned_alloc(T * hp->dim * sizeof(float));
-    e->xn = util_aligned_alloc(T * hp->dim * sizeof(float));
-    e->q = util_aligned_alloc(T * qd * sizeof(float));
-    e->k = util_aligned_alloc(T * kvd * sizeof(float));
-    e->v = util_aligned_alloc(T * kvd * sizeof(float));
-    e->att = util_aligned_alloc(T * qd * sizeof(float));
+    e->x = engine_scratch_alloc(e, T * hp->dim * sizeof(float));
+    e->xn = engine_scratch_alloc(e, T * hp->dim * sizeof(float));
+    e->q = engine_scratch_alloc(e, T * qd * sizeof(float));
+    e->k = engine_scratch_alloc(e, T * kvd * sizeof(float));
+    e->v = engine_scratch_alloc(e, T * kvd * sizeof(float));
+    e->att = engine_scratch_alloc(e, T * qd * sizeof(float));
     /* dense layers: ffn_dim; shared experts: n_shared * expert_ffn; routed experts use fe */
     size_t ffn = hp->n_expert > 0 && hp->n_dense_lead == 0 ? 1 : (size_t)hp->ffn_dim;
     ffn = TM_MAX(ffn, (size_t)hp->n_shared * (size_t)hp->expert_ffn);
-    e->ffa = util_aligned_alloc(T * ffn * sizeof(float));
-    e->ffb = util_aligned_alloc(T * ffn * sizeof(float));
-    e->xo = util_aligned_alloc(T * hp->dim * sizeof(float));
-    e->pos = util_aligned_alloc(T * sizeof(int32_t));
+    e->ffa = engine_scratch_alloc(e, T * ffn * sizeof(float));
+    e->ffb = engine_scratch_alloc(e, T * ffn * sizeof(float));
+    e->xo = engine_scratch_alloc(e, T * hp->dim * sizeof(float));
+    e->pos = engine_scratch_alloc(e, T * sizeof(int32_t));
 
     if (kvpool_n_window_layers(e->kv) > 0) {
         e->wrow = (size_t)hp->head_dim * (o.kv_f32 ? 4 : 2);
-        e->wstage = util_aligned_alloc(T * 2 * (size_t)hp->n_kv_heads * e->wrow);
+        e->wstage = engine_scratch_alloc(e, T * 2 * (size_t)hp->n_kv_heads * e->wrow);
         e->run0 = xmalloc(T * sizeof *e->run0);
         e->prev_run = xmalloc(T * sizeof *e->prev_run);
         e->n_wsnap_max = (int)(T / KVPOOL_BLOCK) + 16;
@@ -433,14 +451,14 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
     sc = engine_scratch_need(&m->output, Ti, sc);
     if (m->mtp_view) {
         sc = engine_scratch_need(&m->layers[0].eh_proj, Ti, sc);
-        e->mtp_cat = util_aligned_alloc(T * 2 * (size_t)hp->dim * sizeof(float));
+        e->mtp_cat = engine_scratch_alloc(e, T * 2 * (size_t)hp->dim * sizeof(float));
         if (!e->mtp_cat) {
             snprintf(err, errsz, "out of memory for the MTP input of %d tokens", Ti);
             engine_free(e);
             return ENGINE_ERR_NOMEM;
         }
     }
-    e->mm_scratch = util_aligned_alloc(sc + 64);
+    e->mm_scratch = engine_scratch_alloc(e, sc + 64);
     /* per thread: K and V block in f32 and K transposed (3 * 128 * hd), and for the tile's
      * query rows (att_tile * gqa, rounded up to 16): queries transposed and accumulators (hd
      * each), scores (128), max, sum and causal limit (3); the per-key path needs less */
@@ -449,8 +467,8 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
     size_t hdz = (size_t)hp->head_dim;
     size_t nqp = TM_ALIGN_UP((size_t)e->att_tile * (size_t)gqa, 16);
     e->att_stride = TM_ALIGN_UP(3 * KVPOOL_BLOCK * hdz + nqp * (2 * hdz + KVPOOL_BLOCK + 3), 16);
-    e->att_scratch = util_aligned_alloc((size_t)o.n_threads * e->att_stride * sizeof(float));
-    e->tile_start = util_aligned_alloc((T + 1) * sizeof(int32_t));
+    e->att_scratch = engine_scratch_alloc(e, (size_t)o.n_threads * e->att_stride * sizeof(float));
+    e->tile_start = engine_scratch_alloc(e, (T + 1) * sizeof(int32_t));
     if (!e->tile_start || !e->x || !e->xn || !e->q || !e->k || !e->v || !e->att || !e->ffa || !e->ffb || !e->xo ||
         !e->pos || !e->mm_scratch || !e->att_scratch) {
         snprintf(err, errsz, "out of memory for activations of %d tokens", Ti);
@@ -459,23 +477,23 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
     }
     if (hp->n_expert > 0) {
         size_t E = (size_t)hp->n_expert, Tk = T * (size_t)hp->n_expert_used;
-        e->r_logits = util_aligned_alloc(T * E * sizeof(float));
+        e->r_logits = engine_scratch_alloc(e, T * E * sizeof(float));
         e->router = (moe_router){ .gate = hp->router_sigmoid ? MOE_GATE_SIGMOID
                                           : hp->router_logit_topk ? MOE_GATE_SOFTMAX_WEIGHT : MOE_GATE_SOFTMAX,
                                   .n_expert = hp->n_expert, .k = hp->n_expert_used, .norm_w = hp->router_norm,
                                   .w_scale = hp->router_scale, .n_groups = hp->n_groups,
                                   .n_groups_used = hp->n_groups_used };
-        e->r_probs = util_aligned_alloc((size_t)o.n_threads * MOE_SCRATCH(E) * sizeof(float));
-        e->r_idx = util_aligned_alloc((size_t)o.n_threads * MOE_SCRATCH(E) * sizeof(int32_t));
-        e->r_sel = util_aligned_alloc(Tk * sizeof(int32_t));
-        e->r_w = util_aligned_alloc(Tk * sizeof(float));
-        e->x_off = util_aligned_alloc((E + 1) * sizeof(int32_t));
-        e->x_row = util_aligned_alloc(Tk * sizeof(int32_t));
-        e->x_tok = util_aligned_alloc(Tk * sizeof(int32_t));
-        e->x_act = util_aligned_alloc(E * sizeof(int32_t));
-        e->xg = util_aligned_alloc(Tk * (size_t)hp->dim * sizeof(float));
-        e->fe = util_aligned_alloc(Tk * (size_t)hp->expert_ffn * sizeof(float));
-        e->ye = util_aligned_alloc(Tk * (size_t)hp->dim * sizeof(float));
+        e->r_probs = engine_scratch_alloc(e, (size_t)o.n_threads * MOE_SCRATCH(E) * sizeof(float));
+        e->r_idx = engine_scratch_alloc(e, (size_t)o.n_threads * MOE_SCRATCH(E) * sizeof(int32_t));
+        e->r_sel = engine_scratch_alloc(e, Tk * sizeof(int32_t));
+        e->r_w = engine_scratch_alloc(e, Tk * sizeof(float));
+        e->x_off = engine_scratch_alloc(e, (E + 1) * sizeof(int32_t));
+        e->x_row = engine_scratch_alloc(e, Tk * sizeof(int32_t));
+        e->x_tok = engine_scratch_alloc(e, Tk * sizeof(int32_t));
+        e->x_act = engine_scratch_alloc(e, E * sizeof(int32_t));
+        e->xg = engine_scratch_alloc(e, Tk * (size_t)hp->dim * sizeof(float));
+        e->fe = engine_scratch_alloc(e, Tk * (size_t)hp->expert_ffn * sizeof(float));
+        e->ye = engine_scratch_alloc(e, Tk * (size_t)hp->dim * sizeof(float));
         /* per thread: gate and up of a chunk (T, ENGINE_MOE_ROWS), then the activation
          * scratch of a chunk's matmul (a view of any rows needs what the whole expert does) */
         size_t msc = 0;
@@ -493,7 +511,7 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
             }
         }
         e->moe_tmp_stride = TM_ALIGN_UP(2 * T * ENGINE_MOE_ROWS + (msc + 64) / sizeof(float), 16);
-        e->moe_tmp = util_aligned_alloc((size_t)o.n_threads * e->moe_tmp_stride * sizeof(float));
+        e->moe_tmp = engine_scratch_alloc(e, (size_t)o.n_threads * e->moe_tmp_stride * sizeof(float));
         e->stats = engine_moe_stats_new(hp->n_layers, hp->n_expert, ENGINE_MOE_WINDOW);
         if (!e->r_logits || !e->r_probs || !e->r_idx || !e->r_sel || !e->r_w || !e->x_off || !e->x_row ||
             !e->x_tok || !e->x_act || !e->xg || !e->fe || !e->ye || !e->moe_tmp || !e->stats) {
@@ -504,10 +522,10 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
     }
     if (hp->mla) {
         size_t H = (size_t)hp->n_heads, kq = (size_t)(hp->nope_dim + hp->n_rot), lr = (size_t)hp->kv_lora;
-        e->qa = util_aligned_alloc(T * (size_t)TM_MAX(hp->q_lora, 1) * sizeof(float));
-        e->qraw = util_aligned_alloc(T * H * kq * sizeof(float));
-        e->att_v = util_aligned_alloc(T * H * (size_t)hp->v_dim * sizeof(float));
-        e->shx = util_aligned_alloc(T * (size_t)hp->dim * sizeof(float));
+        e->qa = engine_scratch_alloc(e, T * (size_t)TM_MAX(hp->q_lora, 1) * sizeof(float));
+        e->qraw = engine_scratch_alloc(e, T * H * kq * sizeof(float));
+        e->att_v = engine_scratch_alloc(e, T * H * (size_t)hp->v_dim * sizeof(float));
+        e->shx = engine_scratch_alloc(e, T * (size_t)hp->dim * sizeof(float));
         /* per thread: a head's input rows (T, max(nope, kv_lora)), its output rows (T,
          * max(kv_lora, v_dim)), then the activation scratch of its matmul */
         size_t msc = 0;
@@ -518,14 +536,14 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
         }
         e->mla_tmp_stride = TM_ALIGN_UP(T * TM_MAX((size_t)hp->nope_dim, lr) + T * TM_MAX(lr, (size_t)hp->v_dim) +
                                         (msc + 64) / sizeof(float), 16);
-        e->mla_tmp = util_aligned_alloc((size_t)o.n_threads * e->mla_tmp_stride * sizeof(float));
+        e->mla_tmp = engine_scratch_alloc(e, (size_t)o.n_threads * e->mla_tmp_stride * sizeof(float));
         if (!e->qa || !e->qraw || !e->att_v || !e->shx || !e->mla_tmp) {
             snprintf(err, errsz, "out of memory for the latent attention buffers of %d tokens", Ti);
             engine_free(e);
             return ENGINE_ERR_NOMEM;
         }
     } else if (hp->n_shared > 0) {
-        e->shx = util_aligned_alloc(T * (size_t)hp->dim * sizeof(float));
+        e->shx = engine_scratch_alloc(e, T * (size_t)hp->dim * sizeof(float));
     }
     *out = e;
     return ENGINE_OK;
@@ -1322,8 +1340,21 @@ static void engine_mtp_input(engine *e, const engine_batch *b, const float *hidd
     ops_matmul(e->tp, &L->eh_proj, e->mtp_cat, T, e->x, e->mm_scratch);
 }
 
+/* Each thread writes its share of every scratch buffer: a per-thread buffer (n_threads slices
+ * in thread order) lands in its own thread's slice, on that thread's memory node. */
+static void engine_job_touch(void *ctx, int ith, int nth)
+{
+    engine *e = ctx;
+    for (int i = 0; i < e->n_scratch; i++) {
+        size_t n = e->scratch[i].bytes, a = n * (size_t)ith / (size_t)nth, b = n * (size_t)(ith + 1) / (size_t)nth;
+        memset((char *)e->scratch[i].p + a, 0, b - a);
+    }
+}
+
 engine_status engine_warmup(engine *e)
 {
+    /* the step below touches one token's rows; the first prompt would fault in the rest */
+    threadpool_run(e->tp, engine_job_touch, e);
     if (e->m->mtp_view) return ENGINE_OK;
     kvpool_seq *q = kvpool_seq_new(e->kv);
     float *logits = malloc((size_t)e->m->hp.n_vocab * sizeof *logits);

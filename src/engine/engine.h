@@ -182,12 +182,15 @@ engine_status engine_step(engine *e, const engine_batch *b, float *logits);
  * (n_tokens, dim) being the hidden state each entry continues. */
 engine_status engine_step_mtp(engine *e, const engine_batch *b, const float *hidden, float *logits);
 
-/* A step of one token (id 0 at position 0, wanting logits) on a sequence of its own, which
- * is let go after, with the expert statistics set back to none: run once before the first
- * real step (cmd_common_engine_new runs it, before serve listens), so that step does not pay for the first
- * touch of the scratch pages and the step's code (it was about a quarter slower than the next
- * ones). Leaves no trace: the pool's blocks are all free again and nothing is keyed. No-op on
- * an engine over an MTP view (its steps need the model's hidden states). */
+/* Every activation and scratch buffer written once (each pool thread its share, so a
+ * per-thread buffer is first touched by its own thread), then a step of one token (id 0 at
+ * position 0, wanting logits) on a sequence of its own, which is let go after, with the expert
+ * statistics set back to none: run once before the first real step (cmd_common_engine_new
+ * runs it, before serve listens), so that step does not pay for the first touch of the
+ * scratch pages and the step's code (it was about a quarter slower than the next ones, and a
+ * first prompt of several tokens faulted in the rows the one-token step had not). Leaves no
+ * trace: the pool's blocks are all free again and nothing is keyed. The step is skipped on an
+ * engine over an MTP view (its steps need the model's hidden states). */
 engine_status engine_warmup(engine *e);
 
 #endif

@@ -29,9 +29,11 @@
  *   bits, stable, from id order: the same order as the reference's comparator.
  *
  * The candidate buffers, the penalised copy and the exp buffer have n_vocab entries each and
- * are allocated in sample_new: sample_token allocates nothing. The penalty window is a ring of
- * the last penalty_last_n tokens with per-token counts kept incrementally (count has n_vocab
- * entries).
+ * are allocated in sample_new: sample_token allocates nothing (they are only touched by the
+ * paths that use them). The penalty window is a ring of the last penalty_last_n tokens with
+ * per-token counts kept incrementally (count has n_vocab entries); it exists only when a
+ * penalty is set: zeroing its n_vocab counts was most of a greedy request's set-up, and the
+ * first requests of a new process took those pages' faults.
  */
 #include "engine/sample.h"
 
@@ -58,7 +60,8 @@ struct sampler {
     uint32_t *hist;      /* (3, 2048) the radix sort's digit counts */
     float *val;          /* (n_vocab) penalised logits, written only when penalties are on */
     float *e;            /* (n_vocab) exp(logit - max) terms of the current call's softmax */
-    uint8_t *mark;       /* (n_vocab) 0, or 1 for a window token while penalties are applied */
+    uint8_t *mark;       /* (n_vocab) 0, or 1 for a window token while penalties are applied;
+                          * NULL without penalties, as count */
     int32_t *ring;       /* (penalty_last_n) recent tokens */
     int n_ring;          /* tokens in the ring (<= penalty_last_n) */
     int ring_head;       /* next write index */
@@ -84,16 +87,19 @@ sampler *sample_new(int n_vocab, const sample_params *params)
 {
     sampler *s = xcalloc(1, sizeof *s);
     s->prm = *params;
-    if (s->prm.penalty_last_n < 0) s->prm.penalty_last_n = 0;
+    bool penalties = s->prm.repeat_penalty != 1.0f || s->prm.presence_penalty != 0.0f || s->prm.frequency_penalty != 0.0f;
+    if (s->prm.penalty_last_n < 0 || !penalties) s->prm.penalty_last_n = 0;   /* no window to keep */
     s->n_vocab = n_vocab;
     s->cand = xmalloc((size_t)n_vocab * sizeof *s->cand);
     s->tmp = xmalloc((size_t)n_vocab * sizeof *s->tmp);
     s->hist = xmalloc(3 * 2048 * sizeof *s->hist);
     s->val = xmalloc((size_t)n_vocab * sizeof *s->val);
     s->e = xmalloc((size_t)n_vocab * sizeof *s->e);
-    s->mark = xcalloc((size_t)n_vocab, sizeof *s->mark);
     s->ring = xmalloc((size_t)(s->prm.penalty_last_n + 1) * sizeof *s->ring);
-    s->count = xcalloc((size_t)n_vocab, sizeof *s->count);
+    if (s->prm.penalty_last_n > 0) {
+        s->mark = xcalloc((size_t)n_vocab, sizeof *s->mark);
+        s->count = xcalloc((size_t)n_vocab, sizeof *s->count);
+    }
     util_rng_seed(&s->rng, s->prm.seed);
     return s;
 }
@@ -114,7 +120,7 @@ void sample_free(sampler *s)
 
 void sample_reset(sampler *s)
 {
-    memset(s->count, 0, (size_t)s->n_vocab * sizeof *s->count);
+    if (s->count) memset(s->count, 0, (size_t)s->n_vocab * sizeof *s->count);
     s->n_ring = s->ring_head = 0;
     util_rng_seed(&s->rng, s->prm.seed);
 }

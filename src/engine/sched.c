@@ -765,6 +765,12 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
         sched_free(s);
         return SCHED_ERR_NOMEM;
     }
+    /* one sequence's rows of both buffers touched now: a new process's first request (alone,
+     * in the one and then the other buffer) takes no page faults writing its logits. The rest
+     * is touched as batches grow (all of it would be max_seqs x tok_stride x the vocabulary). */
+    size_t first_rows = (size_t)s->tok_stride * (size_t)s->n_vocab * sizeof(float);
+    memset(s->logits, 0, first_rows);
+    if (s->logits_twin) memset(s->logits_twin, 0, first_rows);
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->work_cv, NULL);
     pthread_condattr_t ca;   /* sched_wait_idle's deadline is on the monotonic clock */
