@@ -489,7 +489,7 @@ static void sched_step_count_locked(sched *s, const sched_step *st)
     s->st.step_model_abs_err_s = s->tm.abs_err_s;
     s->st.step_model_rel_err = s->tm.rel_err;
     s->st.step_model_warm = steptime_warm(&s->tm);
-    memcpy(s->st.step_model_w, s->tm.w, sizeof s->st.step_model_w);
+    steptime_curve4(&s->tm, s->st.step_model_w);
     s->st.step_s += st->t1 - st->t0;
     s->st.gap_s += s->gap_acc_s;   /* the gaps before this step, with their parts */
     for (int i = 0; i < SCHED_GAP_N; i++) s->st.gap_part_s[i] += s->gap_acc[i];

@@ -328,7 +328,7 @@ typedef struct {
     double step_model_rel_err;  /* sum of |predicted - measured| / measured over those */
     bool step_model_warm;       /* the model has seen enough steps to predict */
     double step_model_w[4];     /* its fitted seconds per unit of (1, decodes, prefill tokens,
-                                 * depth / 1024): steptime.h's w, for a worker's heartbeat */
+                                 * depth / 1024): steptime_curve4, for a worker's heartbeat */
     double step_s;              /* total seconds inside engine_step */
     double gap_s;               /* total seconds between consecutive steps while busy (sampling,
                                    publishing, planning): the kernels' idle time */

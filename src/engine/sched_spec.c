@@ -25,12 +25,13 @@ void sched_spec_release(sched *s, sched_req *r)
     r->draft_at = -1;
 }
 
-/* The step-time curve the chooser sees: the decodes planned so far plus n_extra verify rows,
- * each attending about depth_per_tok positions. */
+/* The step-time curve the chooser sees: the step as it will be planned (its decodes and the
+ * prompt chunk beside them) plus n_extra verify rows, each attending about depth_per_tok
+ * positions. */
 typedef struct {
     const steptime *tm;
-    steptime_x x;                /* the step's decodes, no verify rows */
-    double depth_per_tok;
+    steptime_x x;                /* the step's decodes and prefill, no verify rows */
+    double depth_per_tok;        /* positions a verify row attends */
 } sched_spec_curve;
 
 static double sched_spec_time(void *arg, int n_extra)
@@ -41,12 +42,33 @@ static double sched_spec_time(void *arg, int n_extra)
     return base + n_extra * (steptime_verify_row_s(c->tm) + steptime_depth_s(c->tm, c->depth_per_tok));
 }
 
+/* The prompt tokens the step will read beside its decodes (the budget pass 1 of
+ * sched_plan_locked gives them, in admission order) and the positions they attend, into x. */
+static void sched_spec_prefill_part(const sched *s, int n_dec, steptime_x *x)
+{
+    int left_budget = s->o.step_tokens - s->o.spec_room - n_dec;
+    for (int i = 0; i < s->n_running && left_budget > 0; i++) {
+        const sched_req *r = s->running[i];
+        int left = r->n_tokens - r->n_done;
+        if (left <= 1 || r->share_wait) continue;
+        int chunk = TM_MIN(left, left_budget);
+        x->n_prefill += chunk;
+        x->depth += (double)chunk * r->n_done + (double)chunk * (chunk + 1) / 2;
+        left_budget -= chunk;
+    }
+}
+
 /* Speculation, before a step is planned: sets how many of its drafts every decoding request
  * verifies (n_verify), at most max_extra in all: the fixed count, the most while the step
- * time is not learned yet, else spec_choose's count (a round's time: the predicted step plus
- * the draft model's measured round). Drafts were made after the step that
- * sampled the request's last token (sched_spec_draft); one made for another context (the
- * request was preempted since) is not used. */
+ * time is not learned yet, else spec_choose's count. A verify row makes the step longer for
+ * every running request (those reading their prompts too), and an accepted draft saves its
+ * request a step: so the count maximises (running requests + expected accepted drafts) / the
+ * round's predicted seconds (the step with its prompt chunk, plus the draft model's measured
+ * round). In steps of decodes alone that is the decodes' tokens per second; beside a prompt
+ * chunk, drafts are worth their rows only as the whole step's time is: pricing them against
+ * the decodes alone would take a curve extrapolated to steps the server does not run. Drafts
+ * were made after the step that sampled the request's last token (sched_spec_draft); one made
+ * for another context (the request was preempted since) is not used. */
 void sched_spec_plan_locked(sched *s, int max_extra)
 {
     int n = 0;
@@ -66,9 +88,10 @@ void sched_spec_plan_locked(sched *s, int max_extra)
     }
     if (n == 0 || max_extra <= 0) return;
     cv.depth_per_tok = cv.x.depth / n;
+    sched_spec_prefill_part(s, n, &cv.x);
     bool chosen = false;
     if (s->o.spec_fixed <= 0 && steptime_warm(&s->tm))
-        chosen = spec_choose(s->chooser, n, s->spec_gains, s->spec_nd, n, max_extra, sched_spec_time, &cv,
+        chosen = spec_choose(s->chooser, n, s->spec_gains, s->spec_nd, s->n_running, max_extra, sched_spec_time, &cv,
                              s->drafter ? s->draft_round_s : 0, s->spec_k) >= 0;
     for (int j = 0; j < n; j++) {
         int k = chosen ? s->spec_k[j] : TM_MIN(s->spec_nd[j], s->o.spec_fixed > 0 ? s->o.spec_fixed : s->o.spec_max);

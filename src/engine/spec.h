@@ -17,9 +17,10 @@
  *   position would take the first token's acceptance for the later ones', which are not alike
  *   (a lookup that finds the right next token may still quote the wrong continuation after
  *   it; a model that agrees on one token often agrees on the next).
- * - The verify count (spec_choose): a step's cost depends on its total token count (the step
- *   time curve, learned online by steptime.c), its yield is the decodes' tokens plus the
- *   expected accepted drafts. For a given number j of extra tokens the best drafts to verify
+ * - The verify count (spec_choose): a step's cost depends on its make-up (the step time
+ *   curve, learned online by steptime.c), its yield is one step of progress for each running
+ *   request (a decode's token, or a prompt chunk: a longer step delays both) plus the expected
+ *   accepted drafts, each of which saves its request a step. For a given number j of extra tokens the best drafts to verify
  *   are the j with the largest expected gain (gains fall along each sequence's draft, so the
  *   j best are prefixes); spec_choose walks j up from 0, merging the sequences' drafts by
  *   gain with a heap, and keeps the j with the most expected tokens per predicted second of
@@ -133,7 +134,8 @@ spec_chooser *spec_chooser_new(int max_seqs);
 void spec_chooser_free(spec_chooser *c);
 /* The verify count of each of n_seqs sequences of a step: gains (n_seqs, SPEC_MAX_K) row i
  * holding the expected gains of sequence i's n_draft[i] drafts (non-increasing along the
- * row), base_tokens the tokens the step yields without drafts (its decodes), at most
+ * row), base_tokens what the step yields without drafts (the scheduler: its running
+ * requests, each a step further), at most
  * max_extra drafted tokens in all, round_s the seconds every round costs beside its step
  * whatever is verified (a draft model's own steps; 0: none). Writes k (n_seqs) and returns
  * their sum, the number of extra tokens that maximises (base_tokens + sum of chosen gains) /

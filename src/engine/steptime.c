@@ -33,43 +33,83 @@ double steptime_predict(const steptime *m, const steptime_x *x)
     return t > 0 ? t : 0;
 }
 
-/* Solves (a + ridge) w = b by Gaussian elimination with partial pivoting (5x5). The ridge is
- * on the slopes, not the constant: a feature that has not varied yet (every step so far had
- * one decode) cannot be told from the constant, and the fit then puts its time in the
- * constant, so one more row of it is predicted free until a step shows its cost. An even split
- * would predict that one more decode row doubles a single stream's step, and speculation would
- * never try a verify row to learn better. */
-static void steptime_solve(steptime *m)
+/* The least-squares weights of the features in mask (the others 0): solves the normal
+ * equations g restricted to them by Gaussian elimination with partial pivoting. Returns false
+ * when that system is singular or a weight is not finite. */
+static bool steptime_solve_subset(const double g[STEPTIME_NX][STEPTIME_NX], const double *b, unsigned mask,
+                                  double w[STEPTIME_NX])
 {
-    double g[STEPTIME_NX][STEPTIME_NX + 1];
+    int idx[STEPTIME_NX], n = 0;
     for (int i = 0; i < STEPTIME_NX; i++) {
-        for (int j = 0; j < STEPTIME_NX; j++) g[i][j] = m->a[i][j] + (i == j && i > 0 ? STEPTIME_RIDGE * (1 + m->a[i][i]) : 0);
-        g[i][STEPTIME_NX] = m->b[i];
+        w[i] = 0;
+        if (mask & (1u << i)) idx[n++] = i;
     }
-    for (int c = 0; c < STEPTIME_NX; c++) {
+    double h[STEPTIME_NX][STEPTIME_NX + 1];
+    for (int r = 0; r < n; r++) {
+        for (int c = 0; c < n; c++) h[r][c] = g[idx[r]][idx[c]];
+        h[r][n] = b[idx[r]];
+    }
+    for (int c = 0; c < n; c++) {
         int piv = c;
-        for (int r = c + 1; r < STEPTIME_NX; r++)
-            if (fabs(g[r][c]) > fabs(g[piv][c])) piv = r;
-        if (fabs(g[piv][c]) < 1e-300) return;   /* keep the previous fit */
+        for (int r = c + 1; r < n; r++)
+            if (fabs(h[r][c]) > fabs(h[piv][c])) piv = r;
+        if (fabs(h[piv][c]) < 1e-300) return false;
         if (piv != c)
-            for (int j = 0; j <= STEPTIME_NX; j++) {
-                double t = g[c][j];
-                g[c][j] = g[piv][j];
-                g[piv][j] = t;
+            for (int j = 0; j <= n; j++) {
+                double t = h[c][j];
+                h[c][j] = h[piv][j];
+                h[piv][j] = t;
             }
-        for (int r = c + 1; r < STEPTIME_NX; r++) {
-            double f = g[r][c] / g[c][c];
-            for (int j = c; j <= STEPTIME_NX; j++) g[r][j] -= f * g[c][j];
+        for (int r = c + 1; r < n; r++) {
+            double f = h[r][c] / h[c][c];
+            for (int j = c; j <= n; j++) h[r][j] -= f * h[c][j];
         }
     }
-    double w[STEPTIME_NX];
-    for (int i = STEPTIME_NX - 1; i >= 0; i--) {
-        double t = g[i][STEPTIME_NX];
-        for (int j = i + 1; j < STEPTIME_NX; j++) t -= g[i][j] * w[j];
-        w[i] = t / g[i][i];
-        if (!isfinite(w[i])) return;
+    for (int r = n - 1; r >= 0; r--) {
+        double t = h[r][n];
+        for (int j = r + 1; j < n; j++) t -= h[r][j] * w[idx[j]];
+        w[idx[r]] = t / h[r][r];
+        if (!isfinite(w[idx[r]])) return false;
     }
-    memcpy(m->w, w, sizeof w);
+    return true;
+}
+
+/* The fit: the least-squares weights under the constraint that none is negative (a step, a
+ * row, a token and attention each cost time, never save it). Features that go together (one
+ * stream: every decode step has one decode row, its verify rows bring their depth along) can
+ * be traded against each other without changing the fit, and an unconstrained solution then
+ * pairs a huge weight with a huge negative one; any single weight read from it (a verify
+ * row's price, a prefill token's) is then meaningless. With 5 weights every set of zero
+ * weights is tried (32 small solves): the best solution whose free weights are all >= 0 is the
+ * constrained optimum. A small ridge on the slopes, not the constant: a feature that has not
+ * varied yet (every step so far had one decode) cannot be told from the constant, and its time
+ * goes to the constant, so one more row of it is predicted free until a step shows its cost
+ * (an even split would predict that one more row doubles a single stream's step, and no verify
+ * row would ever be tried to learn better). */
+static void steptime_solve(steptime *m)
+{
+    double g[STEPTIME_NX][STEPTIME_NX];
+    for (int i = 0; i < STEPTIME_NX; i++)
+        for (int j = 0; j < STEPTIME_NX; j++) g[i][j] = m->a[i][j] + (i == j && i > 0 ? STEPTIME_RIDGE * (1 + m->a[i][i]) : 0);
+    double best[STEPTIME_NX] = { 0 }, best_f = 0;   /* all zero: objective 0 */
+    for (unsigned mask = 1; mask < (1u << STEPTIME_NX); mask++) {
+        double w[STEPTIME_NX];
+        if (!steptime_solve_subset(g, m->b, mask, w)) continue;
+        bool ok = true;
+        for (int i = 0; i < STEPTIME_NX; i++) ok &= w[i] >= 0;
+        if (!ok) continue;
+        double f = 0;   /* w' g w - 2 b' w: the squared error less its constant part */
+        for (int i = 0; i < STEPTIME_NX; i++) {
+            double gw = 0;
+            for (int j = 0; j < STEPTIME_NX; j++) gw += g[i][j] * w[j];
+            f += w[i] * gw - 2 * m->b[i] * w[i];
+        }
+        if (f < best_f) {
+            best_f = f;
+            memcpy(best, w, sizeof best);
+        }
+    }
+    memcpy(m->w, best, sizeof best);
 }
 
 void steptime_observe(steptime *m, const steptime_x *x, double seconds)
@@ -99,21 +139,28 @@ void steptime_observe(steptime *m, const steptime_x *x, double seconds)
     steptime_solve(m);
 }
 
+void steptime_curve4(const steptime *m, double out[4])
+{
+    out[0] = m->w[0];
+    out[1] = m->w[1];
+    out[2] = m->w[STEPTIME_W_PREFILL];
+    out[3] = m->w[STEPTIME_W_DEPTH];
+}
+
 double steptime_prefill_token_s(const steptime *m)
 {
-    /* a coefficient fitted below zero (noise) must not make tokens look free */
-    return steptime_warm(m) ? fmax(m->w[STEPTIME_W_PREFILL], 0) : 0;
+    return steptime_warm(m) ? m->w[STEPTIME_W_PREFILL] : 0;
 }
 
 double steptime_verify_row_s(const steptime *m)
 {
     if (!steptime_warm(m)) return 0;
-    return fmax(fmax(m->w[STEPTIME_W_VERIFY], 0), steptime_prefill_token_s(m));
+    return fmax(m->w[STEPTIME_W_VERIFY], steptime_prefill_token_s(m));
 }
 
 double steptime_depth_s(const steptime *m, double depth)
 {
-    return steptime_warm(m) ? fmax(m->w[STEPTIME_W_DEPTH], 0) * depth / 1024.0 : 0;
+    return steptime_warm(m) ? m->w[STEPTIME_W_DEPTH] * depth / 1024.0 : 0;
 }
 
 int steptime_fit_tokens(const steptime *m, const steptime_x *x, double depth_per_tok, double target_s)

@@ -55,6 +55,10 @@ bool steptime_warm(const steptime *m);
 double steptime_predict(const steptime *m, const steptime_x *x);
 /* Learns one real step (its make-up and measured seconds); scores the prediction first. */
 void steptime_observe(steptime *m, const steptime_x *x, double seconds);
+/* The fit in the four terms the cluster protocol carries (a worker's heartbeat): seconds per
+ * step, per decode row, per prefill token and per 1024 positions attended (verify rows are
+ * the scheduler's own business: the gateway prices prompts). */
+void steptime_curve4(const steptime *m, double out[4]);
 /* Seconds one more prefill token adds, attention apart (0 before warm, never negative). */
 double steptime_prefill_token_s(const steptime *m);
 /* Seconds one more verify row adds, attention apart: the fit's, but never below a prefill

@@ -246,6 +246,19 @@ TEST(test_small_steps_not_drowned)
     CHECKF(fabs(steptime_verify_row_s(&f) - freerows.pre) < 0.1 * freerows.pre, "%.3g s", steptime_verify_row_s(&f));
 }
 
+/* The curve a worker reports to the gateway (its heartbeat's four terms) is the fit's step,
+ * decode row, prefill token and depth terms, whatever else the fit has. */
+TEST(test_curve_for_the_gateway)
+{
+    steptime m;
+    steptime_init(&m);
+    feed(&m, &g_cpu, 0, 300, 0.01);
+    double w[4];
+    steptime_curve4(&m, w);
+    const double want[4] = { g_cpu.c0, g_cpu.dec, g_cpu.pre, g_cpu.depth };
+    for (int i = 0; i < 4; i++) CHECKF(fabs(w[i] - want[i]) < 0.1 * want[i], "term %d: %.3g, the curve's %.3g", i, w[i], want[i]);
+}
+
 int main(void)
 {
     RUN(test_fit_predicts_held_out_steps);
@@ -255,5 +268,6 @@ int main(void)
     RUN(test_unseen_rows_are_not_guessed_costly);
     RUN(test_verify_rows_priced_apart);
     RUN(test_small_steps_not_drowned);
+    RUN(test_curve_for_the_gateway);
     HARNESS_END();
 }
