@@ -259,6 +259,34 @@ TEST(test_curve_for_the_gateway)
     for (int i = 0; i < 4; i++) CHECKF(fabs(w[i] - want[i]) < 0.1 * want[i], "term %d: %.3g, the curve's %.3g", i, w[i], want[i]);
 }
 
+/* One stream with prompt lookup: every decode step has one decode row and 0-2 verify rows, the
+ * depth grows by a position a step, a 400-token prompt now and then, steps +-20 % noisy. The
+ * constant, the decode row and the depth hardly vary apart, so an unconstrained fit pays a huge
+ * weight with a huge negative one; constrained, no weight is negative and a verify row with its
+ * depth is priced as the curve says, within the noise. */
+TEST(test_collinear_one_stream)
+{
+    const curve c = { 22e-3, 3e-3, 2.5e-3, 1e-3, 2e-3 };
+    steptime m;
+    steptime_init(&m);
+    int pos = 0;
+    for (int i = 0; i < 400; i++) {
+        steptime_x x;
+        if (i % 70 == 0) {
+            x = (steptime_x){ .n_prefill = 400, .depth = 400.0 * 401 / 2 };
+            pos = 400;
+        } else {
+            int ver = (i * 7) % 3;
+            x = (steptime_x){ .n_dec = 1, .n_verify = ver, .depth = (1.0 + ver) * pos };
+            pos += 1 + ver / 2;
+        }
+        steptime_observe(&m, &x, curve_at(&c, &x) * (1 + 0.2 * noise()));
+    }
+    for (int i = 0; i < STEPTIME_NX; i++) CHECKF(m.w[i] >= 0, "weight %d: %.3g", i, m.w[i]);
+    double price = steptime_verify_row_s(&m) + steptime_depth_s(&m, pos), want = c.ver + c.depth * pos / 1024.0;
+    CHECKF(fabs(price - want) < 0.35 * want, "a verify row at depth %d: %.3g s, the curve says %.3g s", pos, price, want);
+}
+
 int main(void)
 {
     RUN(test_fit_predicts_held_out_steps);
@@ -269,5 +297,6 @@ int main(void)
     RUN(test_verify_rows_priced_apart);
     RUN(test_small_steps_not_drowned);
     RUN(test_curve_for_the_gateway);
+    RUN(test_collinear_one_stream);
     HARNESS_END();
 }
