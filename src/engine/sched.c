@@ -743,7 +743,7 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
     s->pub_row = xcalloc((size_t)o.max_seqs, sizeof *s->pub_row);
     if (o.spec_sources) {
         s->chooser = spec_chooser_new(o.max_seqs);
-        for (int i = 0; i < SPEC_N_SRC; i++) spec_seq_init(&s->spec_all[i]);
+        for (int i = 0; i < SPEC_N_SRC; i++) spec_seq_init_shared(&s->spec_all[i]);
         spec_probe_init(&s->model_probe);
         if (o.spec_sources & SPEC_SRC_MODEL) {
             s->drafter = specdraft_new(o.draft, o.max_seqs);

@@ -222,8 +222,8 @@ void sched_spec_draft(sched *s, int n_reqs)
         if (k_model > 0 && probe && r->spec[1].rate[0] < min_gain) {   /* this request probes */
             model_probe = false;
             s->model_probe_t = now;
-            s->model_probe.quiet = 0;        /* its outcome, not the next step, decides the gap */
-            r->probe.quiet = r->probe.gap;   /* the draft is verified whatever the count says */
+            spec_probe_taken(&s->model_probe);
+            spec_probe_force(&r->probe);
         }
         /* no drafts from the model this time: prompt lookup when it was not tried (an MTP
          * layer still catches up below, drafting nothing) */

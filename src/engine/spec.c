@@ -27,17 +27,28 @@ int spec_ngram_draft(const int32_t *toks, int n, int n_max, int n_min, int k_max
     return 0;
 }
 
-void spec_seq_init(spec_seq *q)
+static void spec_seq_init_decay(spec_seq *q, double decay)
 {
     memset(q, 0, sizeof *q);
-    for (int k = 0; k < SPEC_MAX_K; k++) q->rate[k] = SPEC_ACCEPT_PRIOR;
+    q->decay = decay;
+    for (int k = 0; k < SPEC_MAX_K; k++) {
+        q->prior[k] = q->rate[k] = SPEC_ACCEPT_PRIOR;
+        q->wprior[k] = 1;
+    }
 }
+
+void spec_seq_init(spec_seq *q) { spec_seq_init_decay(q, SPEC_ACCEPT_DECAY); }
+
+void spec_seq_init_shared(spec_seq *q) { spec_seq_init_decay(q, SPEC_SHARED_DECAY); }
 
 void spec_seq_prior(spec_seq *q, const spec_seq *all)
 {
-    if (q->n_tested > 0 || all->n_tested < SPEC_PRIOR_MIN_TESTED) return;
-    memcpy(q->rate, all->rate, sizeof q->rate);
-    q->mean_prob = all->mean_prob;
+    if (all->n_tested < SPEC_PRIOR_MIN_TESTED) return;
+    for (int k = 0; k < SPEC_MAX_K; k++) {
+        q->prior[k] = all->rate[k];
+        q->rate[k] = q->wprior[k] * q->prior[k] + q->own[k];
+    }
+    if (q->n_tested == 0 || q->mean_prob == 0) q->mean_prob = all->mean_prob;
 }
 
 void spec_seq_observe(spec_seq *q, int n_accepted, bool rejected, const float *prob)
@@ -45,8 +56,10 @@ void spec_seq_observe(spec_seq *q, int n_accepted, bool rejected, const float *p
     for (int i = 0; i < n_accepted + (rejected ? 1 : 0); i++) {
         double hit = i < n_accepted ? 1.0 : 0.0;
         int k = TM_MIN(i, SPEC_MAX_K - 1);
-        q->rate[k] = SPEC_ACCEPT_DECAY * q->rate[k] + (1 - SPEC_ACCEPT_DECAY) * hit;
-        if (prob) q->mean_prob = q->mean_prob > 0 ? SPEC_ACCEPT_DECAY * q->mean_prob + (1 - SPEC_ACCEPT_DECAY) * prob[i] : prob[i];
+        q->own[k] = q->decay * q->own[k] + (1 - q->decay) * hit;
+        q->wprior[k] *= q->decay;
+        q->rate[k] = q->wprior[k] * q->prior[k] + q->own[k];
+        if (prob) q->mean_prob = q->mean_prob > 0 ? q->decay * q->mean_prob + (1 - q->decay) * prob[i] : prob[i];
     }
     q->n_tested += (uint64_t)(n_accepted + (rejected ? 1 : 0));
     q->n_accepted += (uint64_t)n_accepted;
@@ -89,6 +102,10 @@ void spec_probe_step(spec_probe *p, int verified, int accepted)
     p->quiet = 0;
     p->gap = accepted > 0 ? SPEC_PROBE_STEPS : TM_MIN(2 * p->gap, SPEC_PROBE_MAX);
 }
+
+void spec_probe_force(spec_probe *p) { p->quiet = p->gap; }
+
+void spec_probe_taken(spec_probe *p) { p->quiet = 0; }
 
 struct spec_chooser {
     int max_seqs;

@@ -12,17 +12,18 @@
  *   quoting tool output, files or earlier answers repeats.
  * - Acceptance estimate: the k-th drafted token of a step is tested only if all before it
  *   were accepted, so each request keeps one running rate per draft position: of its k-th
- *   drafts tested, the share accepted (an exponential average, SPEC_ACCEPT_PRIOR at first).
- *   The k-th token's expected gain is the product of the rates up to it. One rate for every
+ *   drafts tested, the share accepted (an exponential average that starts from a prior: the
+ *   source's server-wide rate at that position, followed as it learns, SPEC_ACCEPT_PRIOR
+ *   before that). The k-th token's expected gain is the product of the rates up to it. One rate for every
  *   position would take the first token's acceptance for the later ones', which are not alike
  *   (a lookup that finds the right next token may still quote the wrong continuation after
  *   it; a model that agrees on one token often agrees on the next).
  * - The verify count (spec_choose): a step's cost depends on its make-up (the step time
  *   curve, learned online by steptime.c), its yield is one step of progress for each running
  *   request (a decode's token, or a prompt chunk: a longer step delays both) plus the expected
- *   accepted drafts, each of which saves its request a step. For a given number j of extra tokens the best drafts to verify
- *   are the j with the largest expected gain (gains fall along each sequence's draft, so the
- *   j best are prefixes); spec_choose walks j up from 0, merging the sequences' drafts by
+ *   accepted drafts, each of which saves its request a step. For a given number j of extra
+ *   tokens the best drafts to verify are the j with the largest expected gain (gains fall
+ *   along each sequence's draft, so the j best are prefixes); spec_choose walks j up from 0, merging the sequences' drafts by
  *   gain with a heap, and keeps the j with the most expected tokens per predicted second of
  *   the round: the step, plus what drafting costs beside it (a draft model's own steps, the
  *   same whatever is verified). Any monotone step-time curve works, the linear model's or a
@@ -56,7 +57,8 @@
 #define SPEC_NGRAM_MIN 1        /* shortest */
 #define SPEC_NGRAM_WINDOW 8192  /* tokens searched back from the end (bounds the lookup's cost) */
 #define SPEC_ACCEPT_PRIOR 0.5   /* acceptance estimate of a request before any draft was tested */
-#define SPEC_ACCEPT_DECAY 0.85  /* weight kept by the running rate per tested draft */
+#define SPEC_ACCEPT_DECAY 0.85  /* weight kept by a request's running rate per tested draft */
+#define SPEC_SHARED_DECAY 0.95  /* the same for a source's server-wide rate (all its requests) */
 #define SPEC_MIN_GAIN 0.05      /* spec_seq_draft_len's threshold before draft steps were timed */
 #define SPEC_PRIOR_MIN_TESTED 8 /* drafts of a source tested server-wide before their running rate,
                                  * not SPEC_ACCEPT_PRIOR, is a new request's estimate */
@@ -77,11 +79,17 @@ typedef enum {
  * design). Returns the count drafted, 0 when no suffix of n_min..n_max tokens recurs. */
 int spec_ngram_draft(const int32_t *toks, int n, int n_max, int n_min, int k_max, int32_t *out);
 
-/* A request's running acceptance of its drafts. */
+/* A request's running acceptance of its drafts (or a source's, over all its requests). */
 typedef struct {
     double rate[SPEC_MAX_K];    /* rate[k]: estimated probability that the k-th drafted token
                                  * (from 0) is accepted when all before it were; rate[0] is the
-                                 * request's acceptance of its drafts' first tokens */
+                                 * request's acceptance of its drafts' first tokens:
+                                 * wprior[k] * prior[k] + own[k] */
+    double own[SPEC_MAX_K];     /* the exponential average of the outcomes at position k, its
+                                 * weights summing to 1 - wprior[k] */
+    double wprior[SPEC_MAX_K];  /* weight left to the prior: decay^(outcomes seen at k) */
+    double prior[SPEC_MAX_K];   /* SPEC_ACCEPT_PRIOR, or the source's server-wide rate */
+    double decay;               /* weight kept per outcome (SPEC_ACCEPT_DECAY, SPEC_SHARED_DECAY) */
     double mean_prob;           /* running mean of the draft's own probability of the tested
                                  * drafts (a model's), 0 before any */
     uint64_t n_tested;          /* drafted tokens whose verification decided something */
@@ -89,9 +97,14 @@ typedef struct {
 } spec_seq;
 
 void spec_seq_init(spec_seq *q);
-/* A request's estimate before its first tested draft: the server-wide one all (the same
- * source's drafts of every request) once that has tested SPEC_PRIOR_MIN_TESTED drafts. No
- * change once q has tested any. */
+/* The same for a source's server-wide estimate (a longer memory: SPEC_SHARED_DECAY). */
+void spec_seq_init_shared(spec_seq *q);
+/* The prior of a request's estimate: the server-wide one all (the same source's drafts of
+ * every request) once that has tested SPEC_PRIOR_MIN_TESTED drafts, else SPEC_ACCEPT_PRIOR.
+ * Call it every step: a position the request has not tested follows all as it learns (the
+ * second tokens of prompt lookup's drafts, rarely verified, would otherwise keep the guess
+ * they started from), one it has tested weighs all by what is left of its prior; the mean
+ * draft probability is all's until the request has its own. */
 void spec_seq_prior(spec_seq *q, const spec_seq *all);
 /* One verification: n_accepted drafts were accepted in a row, then one was rejected when
  * rejected is true (the others were not tested: their predecessor was rejected, or the
@@ -123,6 +136,11 @@ void spec_probe_init(spec_probe *p);
 bool spec_probe_due(const spec_probe *p);
 /* One decode step of the request: verified drafts of it were checked, accepted of them kept. */
 void spec_probe_step(spec_probe *p, int verified, int accepted);
+/* Makes a probe due now (a draft made to probe must be verified whatever the count says). */
+void spec_probe_force(spec_probe *p);
+/* A probe was taken elsewhere (another request probes the source for all): the quiet steps
+ * start again, so its outcome, not the next step, decides the gap. */
+void spec_probe_taken(spec_probe *p);
 
 /* Predicted seconds of the step with n_extra verify tokens added to it (monotone in n_extra;
  * <= 0 when unknown). */
