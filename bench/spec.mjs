@@ -4,12 +4,14 @@
 //
 //   bench/spec [--preset qwen3-0.6b] [--type q8_0] [--streams 1,4,16] [--tokens 64]
 //              [--threads N] [--draft-layers 7] [--reps 1] [--configs none,k1,adaptive,...]
-//              [--no-llama] [--json OUT.json]
+//              [--no-llama] [--json OUT.json] [--workload quote|mixed] [--server-log DIR]
 //
 // The workload quotes, as an agent does when it repeats tool output, a file or an earlier
 // answer: each prompt is a tool result (a listing of 20 pseudo-random lines, different per
 // stream) followed by "Repeat the tool output exactly:" and its first line. Each of c streams
-// sends its prompt at once (streaming /v1/completions, greedy, exactly --tokens tokens).
+// sends its prompt at once (streaming /v1/completions, greedy, exactly --tokens tokens). With
+// --workload mixed every other stream samples at temperature 1 instead (seeded): users that
+// differ, whose drafts a fixed K verifies alike although only the greedy ones' are accepted.
 // Per-user tokens/s: (tokens - 1) / first-to-last-token span, the mean over the streams;
 // aggregate: all tokens / wall time of the run. Configurations, one server each, run one
 // after the other on the same model and thread count: no speculation; --spec ngram with
@@ -51,6 +53,7 @@ const o = parseArgs("bench/spec", [
   { name: "--reps", kind: "number", default: 1, help: "rounds over the configurations (each round runs them all in order; the table shows medians)" },
   { name: "--configs", kind: "list", default: null, help: "only these configurations: none, k1..k5, adaptive, self, self-k1, draft, draft-k1 (default all)" },
   { name: "--json", arg: "OUT.json", default: null, help: "write the figures there too" },
+  { name: "--workload", choices: ["quote", "mixed"], default: "quote", help: "quote: every stream greedy; mixed: every other stream samples at temperature 1 (seeded), where drafts are rarely accepted" },
   { name: "--server-log", arg: "DIR", default: null, help: "run each server with -v and write its log to DIR/CONFIG-ROUND.log (the step lines: make-up and times)" },
 ]);
 const log = (s) => console.error(`bench/spec: ${s}`);
@@ -108,10 +111,14 @@ async function startServer(args, logFile) {
   return { proc, port, name };
 }
 
-function stream(S, p) {
+// The sampling of stream i: greedy, or with --workload mixed every other stream at
+// temperature 1 (seeded, so every configuration gets the same tokens).
+const sampling = (i) => (o.workload === "mixed" && i % 2 === 1 ? { temperature: 1, seed: 1000 + i } : { temperature: 0 });
+
+function stream(S, p, i = 0) {
   const port = S.port;
   return new Promise((resolve, reject) => {
-    const body = JSON.stringify({ model: S.name, prompt: p, max_tokens: o.tokens, temperature: 0, ignore_eos: true, stream: true });
+    const body = JSON.stringify({ model: S.name, prompt: p, max_tokens: o.tokens, ...sampling(i), ignore_eos: true, stream: true });
     const times = [];
     const req = http.request({ host: "127.0.0.1", port, path: "/v1/completions", method: "POST",
       headers: { "content-type": "application/json", "content-length": Buffer.byteLength(body) } }, (res) => {
@@ -144,7 +151,7 @@ async function runConfig(id, name, args, round) {
     for (const c of o.streams) {
       const m0 = await metrics(S.port);
       const t0 = performance.now();
-      const all = await Promise.all(Array.from({ length: c }, (_, i) => stream(S, prompt(i + 100 * c))));
+      const all = await Promise.all(Array.from({ length: c }, (_, i) => stream(S, prompt(i + 100 * c), i)));
       const wall = (performance.now() - t0) / 1000;
       const m1 = await metrics(S.port);
       const d = (k) => (m1[k] ?? 0) - (m0[k] ?? 0);
@@ -228,7 +235,7 @@ if (o.llama) {
 }
 
 const base = Object.fromEntries(rows.filter((r) => r.config === "none").map((r) => [r.streams, r]));
-console.log(`\n${o.preset} ${o.type}, ${o.threads} threads, ${o.tokens} tokens per stream, greedy; quoting workload${o.reps > 1 ? `; medians of ${o.reps} rounds` : ""}\n`);
+console.log(`\n${o.preset} ${o.type}, ${o.threads} threads, ${o.tokens} tokens per stream, ${o.workload === "mixed" ? "every other stream sampled at temperature 1" : "greedy"}; quoting workload${o.reps > 1 ? `; medians of ${o.reps} rounds` : ""}\n`);
 console.log("| configuration | streams | tok/s per user | aggregate tok/s | vs none (per user) | drafts accepted / verified | mean accepted |");
 console.log("|---|---:|---:|---:|---:|---:|---:|");
 for (const r of rows)
