@@ -11,7 +11,8 @@
 // stream) followed by "Repeat the tool output exactly:" and its first line. Each of c streams
 // sends its prompt at once (streaming /v1/completions, greedy, exactly --tokens tokens). With
 // --workload mixed every other stream samples at temperature 1 instead (seeded): users that
-// differ, whose drafts a fixed K verifies alike although only the greedy ones' are accepted.
+// differ, whose drafts a fixed K verifies alike (on the random-weight model the sampled
+// streams' drafts were accepted about as often as the greedy ones': see docs/benchmarks.md).
 // Per-user tokens/s: (tokens - 1) / first-to-last-token span, the mean over the streams;
 // aggregate: all tokens / wall time of the run. Configurations, one server each, run one
 // after the other on the same model and thread count: no speculation; --spec ngram with
@@ -53,7 +54,7 @@ const o = parseArgs("bench/spec", [
   { name: "--reps", kind: "number", default: 1, help: "rounds over the configurations (each round runs them all in order; the table shows medians)" },
   { name: "--configs", kind: "list", default: null, help: "only these configurations: none, k1..k5, adaptive, self, self-k1, draft, draft-k1 (default all)" },
   { name: "--json", arg: "OUT.json", default: null, help: "write the figures there too" },
-  { name: "--workload", choices: ["quote", "mixed"], default: "quote", help: "quote: every stream greedy; mixed: every other stream samples at temperature 1 (seeded), where drafts are rarely accepted" },
+  { name: "--workload", choices: ["quote", "mixed"], default: "quote", help: "quote: every stream greedy; mixed: every other stream samples at temperature 1 (seeded)" },
   { name: "--server-log", arg: "DIR", default: null, help: "run each server with -v and write its log to DIR/CONFIG-ROUND.log (the step lines: make-up and times)" },
 ]);
 const log = (s) => console.error(`bench/spec: ${s}`);
