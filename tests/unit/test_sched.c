@@ -219,22 +219,29 @@ TEST(test_kv_exhaustion_preempts_and_completes)
         prompt_of(prompts[i], 20, 11 + i);
         CHECK(solo(prompts[i], 20, GEN, want[i], GEN) == GEN);
     }
-    rig g = rig_new(5, 4, 16, 48);
-    sched_req *r[NR];
-    for (int i = 0; i < NR; i++) {
-        sched_params p = greedy(prompts[i], 20, GEN);
-        CHECK(sched_submit(g.s, &p, &r[i]) == SCHED_OK);
+    /* the requests overlap only if the engine thread does not run one far ahead before the
+     * next is submitted (this thread descheduled on a loaded machine): then none is preempted,
+     * and the scenario is run again, a few times at most */
+    rig g;
+    sched_stats st = { 0 };
+    for (int attempt = 0; attempt < 5 && st.n_preempted == 0; attempt++) {
+        if (attempt > 0) rig_free(&g);
+        g = rig_new(5, 4, 16, 48);
+        sched_req *r[NR];
+        for (int i = 0; i < NR; i++) {
+            sched_params p = greedy(prompts[i], 20, GEN);
+            CHECK(sched_submit(g.s, &p, &r[i]) == SCHED_OK);
+        }
+        for (int i = 0; i < NR; i++) {
+            sched_output fin = { 0 };
+            CHECK(schedtest_drain(r[i], got[i], GEN, &fin) == GEN);
+            CHECK(fin.finish == SCHED_FINISH_LENGTH);
+            CHECKF(!memcmp(got[i], want[i], sizeof want[i]), "request %d differs after preemption", i);
+            sched_release(r[i]);
+        }
+        sched_get_stats(g.s, &st);
     }
-    for (int i = 0; i < NR; i++) {
-        sched_output fin = { 0 };
-        CHECK(schedtest_drain(r[i], got[i], GEN, &fin) == GEN);
-        CHECK(fin.finish == SCHED_FINISH_LENGTH);
-        CHECKF(!memcmp(got[i], want[i], sizeof want[i]), "request %d differs after preemption", i);
-        sched_release(r[i]);
-    }
-    sched_stats st;
-    sched_get_stats(g.s, &st);
-    CHECKF(st.n_preempted > 0, "no preemption happened");
+    CHECKF(st.n_preempted > 0, "no preemption happened in 5 runs");
     CHECK(wait_blocks_used(g.s, 0));
     /* a request bigger than the whole pool ends with ERROR, not a crash or a hang */
     int32_t big[700];
