@@ -141,11 +141,8 @@ void sample_accept(sampler *s, int32_t token)
     s->ring_head = (s->ring_head + 1) % n;
 }
 
-static bool sample_has_penalties(const sampler *s)
-{
-    return s->n_ring > 0 && (s->prm.repeat_penalty != 1.0f || s->prm.presence_penalty != 0.0f ||
-                             s->prm.frequency_penalty != 0.0f);
-}
+/* The window is kept only when a penalty is set (sample_new), so a token in it is enough. */
+static bool sample_has_penalties(const sampler *s) { return s->n_ring > 0; }
 
 /* Copies logits into val, adds the logit biases, and penalises each distinct window token
  * once (on the biased logit). Returns val. */

@@ -88,11 +88,12 @@ void sched_spec_plan_locked(sched *s, int max_extra)
     }
     if (n == 0 || max_extra <= 0) return;
     cv.depth_per_tok = cv.x.depth / n;
-    sched_spec_prefill_part(s, n, &cv.x);
     bool chosen = false;
-    if (s->o.spec_fixed <= 0 && steptime_warm(&s->tm))
+    if (s->o.spec_fixed <= 0 && steptime_warm(&s->tm)) {
+        sched_spec_prefill_part(s, n, &cv.x);
         chosen = spec_choose(s->chooser, n, s->spec_gains, s->spec_nd, s->n_running, max_extra, sched_spec_time, &cv,
                              s->drafter ? s->draft_round_s : 0, s->spec_k) >= 0;
+    }
     for (int j = 0; j < n; j++) {
         int k = chosen ? s->spec_k[j] : TM_MIN(s->spec_nd[j], s->o.spec_fixed > 0 ? s->o.spec_fixed : s->o.spec_max);
         if (k == 0 && s->spec_nd[j] > 0 && spec_probe_due(&s->spec_req[j]->probe)) k = 1;
