@@ -203,6 +203,22 @@ static int sched_newest_running(const sched *s)
 /* Plans one step into s->batch. Returns the number of batch tokens (0: nothing to run).
  * Reserves KV for every planned position; preempts the newest request when the pool is
  * full. Under mu (preemption moves requests to the queue). */
+/* The prompt tokens r reads in a step that already holds x, with budget tokens left and a
+ * step-time target (seconds; 0: none, or not learned yet): the rest of its prompt within the
+ * budget, cut to what fits the target, but at least SCHED_TIME_MIN_CHUNK when the step reads
+ * no prompt yet (progress); 0: the step is full. The planner's pass over the prompts and the
+ * verify count's estimate of it (sched_spec.c) both ask this. */
+int sched_prefill_chunk(const sched *s, const steptime_x *x, const sched_req *r, int budget, double target_s)
+{
+    int chunk = TM_MIN(r->n_tokens - r->n_done, budget);
+    if (target_s > 0) {
+        int fit = steptime_fit_tokens(&s->tm, x, r->n_done + chunk / 2.0, target_s);
+        if (fit >= 0 && x->n_prefill == 0) fit = TM_MAX(fit, SCHED_TIME_MIN_CHUNK);
+        if (fit >= 0) chunk = TM_MIN(chunk, fit);
+    }
+    return TM_MAX(chunk, 0);
+}
+
 static int sched_plan_locked(sched *s, int *n_reqs)
 {
 replan:
@@ -237,15 +253,9 @@ replan:
             sched_req *r = s->running[i];
             int left = r->n_tokens - r->n_done;
             if ((pass == 0) != (left == 1) || r->share_wait) continue;
-            int chunk = TM_MIN(left, budget);
             int k = pass == 0 && s->o.spec_sources ? TM_MIN(r->n_verify, budget - 1) : 0;
-            if (pass == 0) chunk = 1 + k;
-            if (pass == 1 && target_s > 0) {   /* the time target, once the model is warm */
-                int fit = steptime_fit_tokens(&s->tm, x, r->n_done + chunk / 2.0, target_s);
-                if (fit >= 0 && x->n_prefill == 0) fit = TM_MAX(fit, SCHED_TIME_MIN_CHUNK);   /* progress */
-                if (fit == 0) break;
-                if (fit > 0) chunk = TM_MIN(chunk, fit);
-            }
+            int chunk = pass == 0 ? 1 + k : sched_prefill_chunk(s, x, r, budget, target_s);
+            if (chunk == 0) break;
             kvpool_status ks = kvpool_seq_reserve(s->pool, r->seq, r->n_done + chunk);
             if (ks != KVPOOL_OK && k > 0) {   /* no room for the drafts: decode plainly */
                 k = 0;

@@ -304,6 +304,10 @@ void sched_pub_stop(sched *s);
 /* Moves lp_state from `from` (-1: any) to `to`; returns whether it did. */
 bool sched_pub_lp_move(sched *s, int from, int to);
 
+/* sched.c: the prompt tokens r reads in a step already holding x (budget tokens left, a
+ * step-time target in seconds or 0); 0 when the step is full. */
+int sched_prefill_chunk(const sched *s, const steptime_x *x, const sched_req *r, int budget, double target_s);
+
 /* sched_spec.c, engine thread */
 /* Lets go of r's draft KV and draft (it ends, or is preempted and recomputes from scratch). */
 void sched_spec_release(sched *s, sched_req *r);

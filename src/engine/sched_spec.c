@@ -42,19 +42,20 @@ static double sched_spec_time(void *arg, int n_extra)
     return base + n_extra * (steptime_verify_row_s(c->tm) + steptime_depth_s(c->tm, c->depth_per_tok));
 }
 
-/* The prompt tokens the step will read beside its decodes (the budget pass 1 of
- * sched_plan_locked gives them, in admission order) and the positions they attend, into x. */
+/* The prompt tokens the step will read beside its decodes (as the planner's pass over the
+ * prompts gives them, in admission order, before the verify rows are known) and the positions
+ * they attend, into x. */
 static void sched_spec_prefill_part(const sched *s, int n_dec, steptime_x *x)
 {
-    int left_budget = s->o.step_tokens - s->o.spec_room - n_dec;
-    for (int i = 0; i < s->n_running && left_budget > 0; i++) {
+    int budget = s->o.step_tokens - s->o.spec_room - n_dec;
+    for (int i = 0; i < s->n_running && budget > 0; i++) {
         const sched_req *r = s->running[i];
-        int left = r->n_tokens - r->n_done;
-        if (left <= 1 || r->share_wait) continue;
-        int chunk = TM_MIN(left, left_budget);
+        if (r->n_tokens - r->n_done <= 1 || r->share_wait) continue;
+        int chunk = sched_prefill_chunk(s, x, r, budget, s->o.step_ms / 1e3);
+        if (chunk == 0) break;
         x->n_prefill += chunk;
         x->depth += (double)chunk * r->n_done + (double)chunk * (chunk + 1) / 2;
-        left_budget -= chunk;
+        budget -= chunk;
     }
 }
 
