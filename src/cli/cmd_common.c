@@ -111,7 +111,7 @@ const cmd_opt *cmd_common_engine_table(cmd_engine_opts *o, cmd_opt out[CMD_ENGIN
         { "--spec", NULL, CMD_OPT_CHOICE, &o->spec, .choices = "off|ngram|mtp", .arg = "SRC", .help = "speculative decoding: ngram drafts by prompt lookup (with the model's MTP layers too, if it has them), mtp by its MTP layers (default off)" },
         { "--spec-max", NULL, CMD_OPT_LONG, &o->spec_max, 1, SPEC_MAX_K, .arg = "K", .help = "most drafted tokens a sequence verifies per step (default 5)" },
         { "--spec-fixed", NULL, CMD_OPT_LONG, &o->spec_fixed, 1, SPEC_MAX_K, .arg = "K", .help = "always verify K drafted tokens (default: chosen per step from the step time)" },
-        { "--draft", NULL, CMD_OPT_STR, &o->draft, .arg = "FILE", .help = "speculative decoding with a draft model of the same vocabulary" },
+        { "--draft", NULL, CMD_OPT_STR, &o->draft, .arg = "FILE", .help = "speculative decoding with a draft model of the same vocabulary (beside prompt lookup and the model's MTP layers when --spec is on: each request drafts from the source it accepts best)" },
         { "--draft-layers", NULL, CMD_OPT_LONG, &o->draft_layers, 1, 4096, .arg = "N", .help = "speculative decoding drafted by the model's first N layers" },
         { "--no-overlap", NULL, CMD_OPT_FLAG, &o->no_overlap, .help = "publish each step's outputs before planning the next, not while it computes (same outputs)" },
         { 0 },
@@ -165,6 +165,27 @@ static bool cmd_common_same_vocab(const tokenizer *a, const tokenizer *b, char *
     return true;
 }
 
+/* The model's first MTP layer on an engine of its own, whose steps also carry the catch-up of
+ * every step's positions (a prefill chunk's included), into o->mtp_model / o->mtp_engine. */
+static bool cmd_common_mtp_new(const char *prog, const model *m, cmd_engine_opts *o, const engine_opts *main_eo)
+{
+    char err[256];
+    model *view = xmalloc(sizeof *view);
+    model_mtp_view(m, 0, view);
+    engine_opts eo = *main_eo;
+    eo.n_kv_blocks = cmd_common_kv_blocks(view, o);
+    eo.max_batch_tokens += (int)o->max_seqs;   /* a step's rows and each new sequence's first */
+    if (engine_new(view, &eo, &o->mtp_engine, err, sizeof err) != ENGINE_OK) {
+        fprintf(stderr, "tokenmill %s: MTP layer: %s\n", prog, err);
+        free(view);
+        return false;
+    }
+    o->mtp_model = view;
+    log_info("%s: speculative drafts by the model's MTP layer (blk.%d of %d, %s head)", prog, m->hp.n_layers,
+             m->hp.n_layers + m->hp.n_nextn, m->mtp[0].head.data ? "its own" : "the model's");
+    return true;
+}
+
 /* The draft model of speculative decoding (--draft FILE or --draft-layers N) and its engine,
  * into o->draft_model / o->draft_engine. */
 static bool cmd_common_draft_new(const char *prog, model *m, cmd_engine_opts *o, const engine_opts *main_eo)
@@ -175,13 +196,7 @@ static bool cmd_common_draft_new(const char *prog, model *m, cmd_engine_opts *o,
         fprintf(stderr, "tokenmill %s: give --draft or --draft-layers, not both\n", prog);
         return false;
     }
-    if (!o->draft && o->draft_layers <= 0) {
-        /* the model's first MTP layer, on an engine of its own whose steps also carry the
-         * catch-up of every step's positions (a prefill chunk's included) */
-        dm = xmalloc(sizeof *dm);
-        model_mtp_view(m, 0, dm);
-        o->draft_shares = true;
-    } else if (o->draft_layers > 0) {
+    if (o->draft_layers > 0) {
         if (o->draft_layers >= m->hp.n_layers) {
             fprintf(stderr, "tokenmill %s: --draft-layers %ld: the model has %d layers, a draft needs fewer\n", prog,
                     o->draft_layers, m->hp.n_layers);
@@ -210,7 +225,6 @@ static bool cmd_common_draft_new(const char *prog, model *m, cmd_engine_opts *o,
     }
     engine_opts eo = *main_eo;
     eo.n_kv_blocks = cmd_common_kv_blocks(dm, o);
-    if (dm->mtp_view) eo.max_batch_tokens += (int)o->max_seqs;   /* a step's rows and each new sequence's first */
     if (engine_new(dm, &eo, &o->draft_engine, err, sizeof err) != ENGINE_OK) {
         fprintf(stderr, "tokenmill %s: draft model: %s\n", prog, err);
         if (o->draft_shares) free(dm);
@@ -218,9 +232,6 @@ static bool cmd_common_draft_new(const char *prog, model *m, cmd_engine_opts *o,
         return false;
     }
     o->draft_model = dm;
-    if (dm->mtp_view)
-        log_info("%s: speculative drafts by the model's MTP layer (blk.%d of %d, %s head)", prog, m->hp.n_layers,
-                 m->hp.n_layers + m->hp.n_nextn, m->mtp[0].head.data ? "its own" : "the model's");
     return true;
 }
 
@@ -229,8 +240,10 @@ void cmd_common_draft_free(cmd_engine_opts *o)
     engine_free(o->draft_engine);
     if (o->draft_shares) free(o->draft_model);
     else model_free(o->draft_model);
-    o->draft_engine = NULL;
-    o->draft_model = NULL;
+    engine_free(o->mtp_engine);
+    free(o->mtp_model);
+    o->draft_engine = o->mtp_engine = NULL;
+    o->draft_model = o->mtp_model = NULL;
 }
 
 engine *cmd_common_engine_new(const char *prog, model *m, cmd_engine_opts *o)
@@ -241,12 +254,8 @@ engine *cmd_common_engine_new(const char *prog, model *m, cmd_engine_opts *o)
                 m->hp.arch_name);
         return NULL;
     }
-    if (o->spec == 2 && (o->draft || o->draft_layers > 0)) {
-        fprintf(stderr, "tokenmill %s: --spec mtp drafts with the model's MTP layers: not with --draft or --draft-layers\n", prog);
-        return NULL;
-    }
-    /* with prompt lookup on, a model's MTP layers draft too unless a draft model is given */
-    bool mtp = o->spec && m->hp.n_nextn > 0 && !o->draft && o->draft_layers <= 0;
+    /* with prompt lookup on, a model's MTP layers draft too (and a draft model beside them) */
+    bool mtp = o->spec && m->hp.n_nextn > 0;
     bool drafted = o->draft || o->draft_layers > 0 || mtp;
     if (o->spec_fixed > 0 && !o->spec && !drafted) {
         fprintf(stderr, "tokenmill %s: --spec-fixed needs --spec, --draft or --draft-layers\n", prog);
@@ -280,7 +289,9 @@ engine *cmd_common_engine_new(const char *prog, model *m, cmd_engine_opts *o)
         fprintf(stderr, "tokenmill %s: %s\n", prog, err);
         return NULL;
     }
-    if (drafted && !cmd_common_draft_new(prog, m, o, &eo)) {
+    if ((mtp && !cmd_common_mtp_new(prog, m, o, &eo)) ||
+        ((o->draft || o->draft_layers > 0) && !cmd_common_draft_new(prog, m, o, &eo))) {
+        cmd_common_draft_free(o);
         engine_free(e);
         return NULL;
     }
@@ -290,6 +301,7 @@ engine *cmd_common_engine_new(const char *prog, model *m, cmd_engine_opts *o)
      * fails, on a pool too small for a block, only leaves that to the first request) */
     engine_warmup(e);
     if (o->draft_engine) engine_warmup(o->draft_engine);
+    if (o->mtp_engine) engine_warmup(o->mtp_engine);
     if (kvpool_n_window_layers(kv) > 0)
         log_info("%s: %d window layers (window %d) keep a ring of %d positions per sequence: %.2f MiB each; "
                  "%d full layers in %zu-byte blocks; window states of %.2f MiB",
@@ -385,8 +397,10 @@ sched_opts cmd_common_sched_opts(const cmd_engine_opts *o, blockio *bio, const t
                       .n_ctx = (int)o->ctx, .eos_ids = { -1, -1, -1, -1 },
                       .window_mib = o->window_mib > 0 ? o->window_mib : -1, .window_ttl_s = o->window_ttl,
                       .window_exact = o->window_replay == 1,
-                      .spec_sources = (o->spec == 1 ? SPEC_SRC_NGRAM : 0) | (o->draft_engine ? SPEC_SRC_MODEL : 0),
+                      .spec_sources = (o->spec == 1 ? SPEC_SRC_NGRAM : 0) | (o->draft_engine ? SPEC_SRC_MODEL : 0) |
+                                      (o->mtp_engine ? SPEC_SRC_MTP : 0),
                       .spec_max = (int)o->spec_max, .spec_fixed = (int)o->spec_fixed, .draft = o->draft_engine,
+                      .mtp = o->mtp_engine,
                       .no_overlap = o->no_overlap };
     so.eos_ids[0] = tokenizer_eos(tok);
     so.eos_ids[1] = tokenizer_eot(tok);

@@ -49,10 +49,13 @@ typedef struct {
     long spec_fixed;     /* 0: the count is chosen per step; else always this many */
     const char *draft;   /* --draft: a draft model's GGUF, or NULL */
     long draft_layers;   /* --draft-layers: self-speculation on the first N layers, 0: off */
-    /* made by cmd_common_engine_new with --draft / --draft-layers; cmd_common_draft_free */
-    model *draft_model;  /* the draft (with --draft-layers or MTP a view of the model's weights) */
+    /* made by cmd_common_engine_new with --draft / --draft-layers, and with --spec when the
+     * model has MTP layers; cmd_common_draft_free */
+    model *draft_model;  /* the draft (with --draft-layers a view of the model's weights) */
     engine *draft_engine;
     bool draft_shares;   /* draft_model shares the model's weights (free the view only) */
+    model *mtp_model;    /* a view of the model's first MTP layer (model_mtp_view) */
+    engine *mtp_engine;
     const char *cpus;    /* --cpus LIST: the CPUs the kernel threads may run on, or NULL: all allowed */
     bool no_overlap;     /* --no-overlap: outputs published before the next step is planned */
 } cmd_engine_opts;

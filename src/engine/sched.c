@@ -493,8 +493,13 @@ static void sched_step_count_locked(sched *s, const sched_step *st)
         }
     }
     if (dec && pre) s->st.n_mixed_steps++;
-    s->st.spec_drafted += s->drafted_run;
-    s->drafted_run = 0;
+    for (int src = 0; src < SPEC_N_SRC; src++) {
+        s->st.spec_drafted += s->drafted_run[src];
+        s->st.spec_src_drafted[src] += s->drafted_run[src];
+        s->st.spec_src_verified[src] += s->verified_run[src];
+        s->st.spec_src_accepted[src] += s->accepted_run[src];
+        s->drafted_run[src] = s->verified_run[src] = s->accepted_run[src] = 0;
+    }
     s->st.step_model_n = s->tm.n_err;
     s->st.step_model_abs_err_s = s->tm.abs_err_s;
     s->st.step_model_rel_err = s->tm.rel_err;
@@ -708,7 +713,13 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
     if (kvpool_n_window_layers(engine_kvpool(e)) > 0) o.spec_max = TM_MIN(o.spec_max, KVPOOL_RING_SPARE);
     o.spec_fixed = TM_MIN(TM_MAX(o.spec_fixed, 0), o.spec_max);
     if (!o.draft) o.spec_sources &= ~SPEC_SRC_MODEL;
-    if (o.draft && engine_model(o.draft)->hp.n_vocab != m->hp.n_vocab) {   /* its ids are the target's */
+    if (!o.mtp) o.spec_sources &= ~SPEC_SRC_MTP;
+    if (!(o.spec_sources & SPEC_SRC_MODEL)) o.draft = NULL;
+    if (!(o.spec_sources & SPEC_SRC_MTP)) o.mtp = NULL;
+    /* a drafter's ids are the target's; an MTP layer's engine continues the model's hidden states */
+    if ((o.draft && (engine_model(o.draft)->hp.n_vocab != m->hp.n_vocab || engine_model(o.draft)->mtp_view)) ||
+        (o.mtp && (engine_model(o.mtp)->hp.n_vocab != m->hp.n_vocab || !engine_model(o.mtp)->mtp_view ||
+                   engine_model(o.mtp)->hp.dim != m->hp.dim))) {
         free(s);
         return SCHED_ERR_ARG;
     }
@@ -754,13 +765,18 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
     if (o.spec_sources) {
         s->chooser = spec_chooser_new(o.max_seqs);
         for (int i = 0; i < SPEC_N_SRC; i++) spec_seq_init_shared(&s->spec_all[i]);
-        spec_probe_init(&s->model_probe);
-        if (o.spec_sources & SPEC_SRC_MODEL) {
-            s->drafter = specdraft_new(o.draft, o.max_seqs);
+        engine *de[SCHED_N_DRAFTERS] = { o.draft, o.mtp };
+        for (int d = 0; d < SCHED_N_DRAFTERS; d++) {
+            sched_drafter *dr = &s->dr[d];
+            dr->src = d == 0 ? 1 : 2;
+            dr->e = de[d];
+            spec_probe_init(&dr->probe);
+            if (!de[d]) continue;
+            dr->sd = specdraft_new(de[d], o.max_seqs);
             size_t tb = model_active_weight_bytes(engine_model(e));
-            s->draft_cost_floor = tb ? (double)model_active_weight_bytes(engine_model(o.draft)) / (double)tb : 0;
-            s->dq = xcalloc((size_t)o.max_seqs, sizeof *s->dq);
-            s->dq_req = xcalloc((size_t)o.max_seqs, sizeof *s->dq_req);
+            dr->cost_floor = tb ? (double)model_active_weight_bytes(engine_model(de[d])) / (double)tb : 0;
+            dr->q = xcalloc((size_t)o.max_seqs, sizeof *dr->q);
+            dr->q_req = xcalloc((size_t)o.max_seqs, sizeof *dr->q_req);
         }
         s->spec_gains = xcalloc((size_t)o.max_seqs * SPEC_MAX_K, sizeof *s->spec_gains);
         s->spec_nd = xcalloc((size_t)o.max_seqs, sizeof *s->spec_nd);
@@ -771,7 +787,7 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
     s->logits = malloc(logits_sz);
     if (!o.no_overlap) s->logits_twin = malloc(logits_sz);
     if (!s->logits || (!o.no_overlap && !s->logits_twin) || (o.spec_sources && !s->chooser) ||
-        ((o.spec_sources & SPEC_SRC_MODEL) && !s->drafter)) {
+        (o.draft && !s->dr[0].sd) || (o.mtp && !s->dr[1].sd)) {
         sched_free(s);
         return SCHED_ERR_NOMEM;
     }
@@ -901,9 +917,11 @@ void sched_free(sched *s)
     wincache_free(s->wc);
     free(s->wstate);
     spec_chooser_free(s->chooser);
-    specdraft_free(s->drafter);
-    free(s->dq);
-    free(s->dq_req);
+    for (int d = 0; d < SCHED_N_DRAFTERS; d++) {
+        specdraft_free(s->dr[d].sd);
+        free(s->dr[d].q);
+        free(s->dr[d].q_req);
+    }
     free(s->spec_gains);
     free(s->spec_nd);
     free(s->spec_k);

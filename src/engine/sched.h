@@ -171,6 +171,8 @@ typedef struct {
                              * time and the acceptance estimates */
     engine *draft;          /* with SPEC_SRC_MODEL: the draft model's engine (same vocabulary,
                              * its own KV pool; engine/specdraft.h); must outlive the scheduler */
+    engine *mtp;            /* with SPEC_SRC_MTP: an engine over the model's MTP layer
+                             * (model_mtp_view; its own KV pool); must outlive the scheduler */
     bool no_overlap;        /* publish a step's outputs on the engine thread before planning
                              * the next, instead of on the publisher thread while it computes
                              * (the same outputs either way; for comparisons and tests) */
@@ -318,6 +320,9 @@ typedef struct {
     uint64_t spec_accepted;     /* of those, accepted: emitted without a step of their own */
     uint64_t spec_verifies;     /* sequence-steps that verified at least one drafted token */
     uint64_t spec_k_hist[SPEC_MAX_K + 1]; /* decodes that had drafts, by the count verified */
+    uint64_t spec_src_drafted[SPEC_N_SRC];  /* spec_drafted by source (spec_source bit 1 << i) */
+    uint64_t spec_src_verified[SPEC_N_SRC]; /* spec_verified by source */
+    uint64_t spec_src_accepted[SPEC_N_SRC]; /* spec_accepted by source */
     int step_tokens;            /* the token budget of a step (opts.step_tokens resolved) */
     int prefill_step_tokens;    /* the budget of a step without decodes (resolved) */
     int max_step_tokens;        /* most tokens any step carried so far */

@@ -44,6 +44,28 @@ typedef struct {
     int n_cached_at_admit;       /* cached tokens attached at admission */
 } sched_trace;
 
+/* A model that drafts for the scheduler's requests (the draft model, or the model's MTP layer),
+ * with what its cost and its probes have taught. Engine thread. */
+#define SCHED_N_DRAFTERS 2
+typedef struct {
+    int src;                     /* its source's index (spec_source bit 1 << src) */
+    engine *e;                   /* the engine it drafts on (sched_opts.draft or .mtp) */
+    specdraft *sd;               /* NULL: this drafter is off */
+    specdraft_seq *q;            /* (max_seqs) a drafting round's sequences */
+    sched_req **q_req;           /* (max_seqs) their requests */
+    int nq;                      /* entries of q this round */
+    spec_probe probe;            /* when one request drafts with it although its rate says the
+                                  * draft steps do not pay: a probe per gap of the server's
+                                  * steps, not per request (a request's first draft round also
+                                  * feeds its whole prompt to the drafting model) */
+    double probe_t;              /* util_now() of the last such probe, 0: none yet */
+    double step_s;               /* running mean seconds of one of its engine steps, 0: none yet */
+    double round_s;              /* running mean seconds of a round of its steps, 0: none yet */
+    double cost_floor;           /* its weight bytes a token reads over the target's: the least
+                                  * a draft step costs as a fraction of a target step, whatever
+                                  * noisy timings say */
+} sched_drafter;
+
 struct sched_req {
     sched *s;                    /* owner */
     uint64_t id;                 /* admission order tie-breaker (submit order) */
@@ -90,13 +112,13 @@ struct sched_req {
     spec_probe probe;            /* (speculation) when its drafts are made and verified anyway */
     bool spec_rejected;          /* (speculation) the last step rejected one of its drafts */
     int32_t draft[SPEC_MAX_K];   /* (speculation) drafted continuation of tokens[0..draft_at) */
-    float draft_prob[SPEC_MAX_K]; /* the draft model's probability of each (model drafts) */
+    float draft_prob[SPEC_MAX_K]; /* the drafting model's probability of each (model drafts) */
     int n_draft;                 /* entries of draft */
     int draft_at;                /* n_tokens the draft continues (stale unless equal), -1: none */
     int draft_src;               /* index of the source that drafted it */
     int n_verify;                /* of which verified in this step (its decode carries 1 + that) */
-    kvpool_seq *dseq;            /* (draft model) its KV in the draft engine's pool, or NULL */
-    int d_done;                  /* positions of dseq whose tokens are final */
+    kvpool_seq *dseq[SCHED_N_DRAFTERS]; /* (drafting models) its KV in each one's pool, or NULL */
+    int d_done[SCHED_N_DRAFTERS]; /* positions of dseq[i] whose tokens are final */
     req_state state;
     double t_submit;             /* util_now() at submit */
     double t_last;               /* time of the last token, 0 before the first (under mu:
@@ -172,24 +194,15 @@ struct sched {
     int *spec_nd;                /* (max_seqs) drafts of each decode, for the chooser */
     int *spec_k;                 /* (max_seqs) the chooser's answer */
     sched_req **spec_req;        /* (max_seqs) the decodes those rows belong to */
-    specdraft *drafter;          /* (draft model) drafts on o.draft */
-    specdraft_seq *dq;           /* (max_seqs) a drafting round's sequences */
-    sched_req **dq_req;          /* (max_seqs) their requests */
-    uint64_t drafted_run;        /* tokens drafted since the statistics were last updated */
+    sched_drafter dr[SCHED_N_DRAFTERS]; /* the drafting models: dr[0] the draft model (o.draft),
+                                  * dr[1] the MTP layer (o.mtp); sd NULL when off */
+    uint64_t drafted_run[SPEC_N_SRC]; /* tokens each source drafted since the statistics were last
+                                  * updated */
+    uint64_t verified_run[SPEC_N_SRC]; /* of each source's drafts, verified since then */
+    uint64_t accepted_run[SPEC_N_SRC]; /* and accepted */
     spec_seq spec_all[SPEC_N_SRC]; /* each source's running acceptance over every request: a new
                                   * request's estimate (engine thread) */
-    spec_probe model_probe;      /* (draft model) when one request drafts with it although its
-                                  * rate says the draft steps do not pay: a probe per gap of the
-                                  * server's steps, not per request (a request's first draft
-                                  * round also feeds its whole prompt to the draft model) */
-    double model_probe_t;        /* util_now() of the last such probe, 0: none yet */
-    double draft_step_s;         /* running mean seconds of one draft engine step, 0: none yet */
-    double draft_round_s;        /* running mean seconds of a drafting round that ran the draft
-                                  * model (all its steps), 0: none yet */
     double main_step_s;          /* running mean seconds of one engine step of the target */
-    double draft_cost_floor;     /* the draft model's weight bytes a token reads over the
-                                  * target's: the least a draft step costs as a fraction of a
-                                  * target step, whatever noisy timings say */
     int batch_n_reqs;            /* requests of the step being sampled */
     steptime tm;                 /* learned step time (engine thread; its error sums are copied
                                   * into st after each step) */

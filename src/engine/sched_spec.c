@@ -2,8 +2,9 @@
  * sched_spec: the scheduler's side of speculative decoding (see sched.h and docs/spec.md).
  * Before a step is planned, sched_spec_plan_locked sets how many drafted tokens every decoding
  * request verifies (the fixed count, or spec_choose's on the learned step-time curve); after a
- * step was sampled, sched_spec_draft drafts each request's continuation (prompt lookup or the
- * draft model, whichever has the better running acceptance for it) and cuts a constrained
+ * step was sampled, sched_spec_draft drafts each request's continuation (prompt lookup, the
+ * draft model or the model's MTP layer, whichever has the best running acceptance for it) and
+ * cuts a constrained
  * request's draft where its grammar stops allowing it. The verification itself (sampling the
  * verify rows in order) is in sched_sample.c, the rollback of rejected rows in sched.c's step.
  * Engine thread only; the request fields used here are listed in sched_int.h.
@@ -18,9 +19,11 @@
 /* Lets go of r's draft KV and draft (it ends, or is preempted and recomputes from scratch). */
 void sched_spec_release(sched *s, sched_req *r)
 {
-    if (r->dseq) kvpool_seq_free(engine_kvpool(s->o.draft), r->dseq);
-    r->dseq = NULL;
-    r->d_done = 0;
+    for (int d = 0; d < SCHED_N_DRAFTERS; d++) {
+        if (r->dseq[d]) kvpool_seq_free(engine_kvpool(s->dr[d].e), r->dseq[d]);
+        r->dseq[d] = NULL;
+        r->d_done[d] = 0;
+    }
     r->n_draft = 0;
     r->draft_at = -1;
 }
@@ -83,7 +86,7 @@ void sched_spec_plan_locked(sched *s, int max_extra)
         cv.x.depth += r->n_done + 1;
         s->spec_req[n] = r;
         s->spec_nd[n] = r->n_draft;
-        spec_seq_gains(&r->spec[r->draft_src], r->draft_src == 1 ? r->draft_prob : NULL, r->n_draft,
+        spec_seq_gains(&r->spec[r->draft_src], r->draft_src != 0 ? r->draft_prob : NULL, r->n_draft,
                        s->spec_gains + (size_t)n * SPEC_MAX_K);
         n++;
     }
@@ -92,8 +95,10 @@ void sched_spec_plan_locked(sched *s, int max_extra)
     bool chosen = false;
     if (s->o.spec_fixed <= 0 && steptime_warm(&s->tm)) {
         sched_spec_prefill_part(s, n, &cv.x);
+        double draft_s = 0;   /* the drafting models' rounds beside the step */
+        for (int d = 0; d < SCHED_N_DRAFTERS; d++) draft_s += s->dr[d].sd ? s->dr[d].round_s : 0;
         chosen = spec_choose(s->chooser, n, s->spec_gains, s->spec_nd, s->n_running, max_extra, sched_spec_time, &cv,
-                             s->drafter ? s->draft_round_s : 0, s->spec_k) >= 0;
+                             draft_s, s->spec_k) >= 0;
     }
     for (int j = 0; j < n; j++) {
         int k = chosen ? s->spec_k[j] : TM_MIN(s->spec_nd[j], s->o.spec_fixed > 0 ? s->o.spec_fixed : s->o.spec_max);
@@ -143,7 +148,7 @@ static void sched_spec_ngram(sched *s, sched_req *r, int nt, int kmax)
     r->n_draft = spec_ngram_draft(r->tokens, nt, SPEC_NGRAM_MAX, SPEC_NGRAM_MIN, kmax, r->draft);
     r->draft_src = 0;
     r->draft_at = nt;
-    s->drafted_run += (uint64_t)r->n_draft;
+    s->drafted_run[0] += (uint64_t)r->n_draft;
 }
 
 /* What the step just sampled taught of r's drafts: the server-wide rate of the source that
@@ -152,119 +157,166 @@ static void sched_spec_ngram(sched *s, sched_req *r, int nt, int kmax)
 static void sched_spec_learn(sched *s, sched_req *r, int i)
 {
     int k = s->batch_k[i];
-    if (k > 0)
+    if (k > 0) {
         spec_seq_observe(&s->spec_all[r->draft_src], s->batch_acc[i], r->spec_rejected,
-                         r->draft_src == 1 ? r->draft_prob : NULL);
+                         r->draft_src != 0 ? r->draft_prob : NULL);
+        s->verified_run[r->draft_src] += (uint64_t)k;
+        s->accepted_run[r->draft_src] += (uint64_t)s->batch_acc[i];
+    }
     if (s->batch_n[i] - k == 1 && s->batch_row[i] >= 0) spec_probe_step(&r->probe, k, s->batch_acc[i]);
     for (int src = 0; src < SPEC_N_SRC; src++) spec_seq_prior(&r->spec[src], &s->spec_all[src]);
 }
 
+/* How many tokens drafter dr drafts for r (at most kmax), from the expected gains of its
+ * drafts against what its steps cost; when that is none and dr's probe is due (probe_due, its
+ * clock read at now), r may probe it: one token anyway, if what dr has not seen of r (nt -
+ * its d_done) costs at most SPEC_PROBE_SHARE of the time since dr's last probe. */
+static int sched_spec_model_len(sched *s, sched_drafter *dr, int d, sched_req *r, int nt, int kmax, bool *probe_due,
+                                double now)
+{
+    if (kmax <= 0) return 0;
+    if (s->o.spec_fixed > 0) return kmax;
+    /* what a draft step costs as a fraction of a target step: measured, but never below the
+     * ratio of the weights the two read (a slow target step under other load must not make
+     * the drafting model look free) */
+    double min_gain = dr->step_s > 0 && s->main_step_s > 0 ? dr->step_s / s->main_step_s : SPEC_MIN_GAIN;
+    min_gain = TM_MAX(min_gain, dr->cost_floor);
+    bool probe = *probe_due && (dr->probe_t == 0 || (double)(nt - r->d_done[d]) * steptime_prefill_token_s(&s->tm) *
+                                                          dr->cost_floor <= SPEC_PROBE_SHARE * (now - dr->probe_t));
+    int k = spec_seq_draft_len(&r->spec[dr->src], kmax, min_gain, probe);
+    if (k > 0 && probe && r->spec[dr->src].rate[0] < min_gain) {   /* this request probes */
+        *probe_due = false;
+        dr->probe_t = now;
+        spec_probe_taken(&dr->probe);
+        spec_probe_force(&r->probe);
+    }
+    return k;
+}
+
+/* Queues r on drafter d for this round: k_max tokens (0: an MTP layer's catch-up only), the
+ * model's hidden states of r's rows in the step (from row first, n_rows of them) for an MTP
+ * layer. */
+static void sched_spec_queue(sched *s, int d, sched_req *r, int nt, int k_max, int first, int n_rows)
+{
+    sched_drafter *dr = &s->dr[d];
+    if (!r->dseq[d]) r->dseq[d] = kvpool_seq_new(engine_kvpool(dr->e));
+    specdraft_seq *q = &dr->q[dr->nq];
+    q->seq = r->dseq[d];
+    q->tokens = r->tokens;
+    q->n_tokens = nt;
+    q->n_done = r->d_done[d];
+    q->k_max = k_max;
+    bool mtp = specdraft_is_mtp(dr->sd);
+    q->hid = mtp ? engine_hidden(s->e) + (size_t)first * s->e_dim : NULL;
+    q->hid_pos = s->batch[first].pos;
+    q->n_hid = n_rows;
+    dr->q_req[dr->nq++] = r;
+}
+
 /* Speculation, after a step was sampled: drafts the continuation of every request of the
- * step that goes on decoding, from the source with the better running acceptance for it
- * (prompt lookup first on a tie: it costs nothing; the other source when the first drafts
- * nothing). A costly source (a draft model) drafts only the tokens whose expected gain pays
- * for its steps, none when even the first does not: a request whose drafts are poor runs no
- * draft round, and its draft KV catches up in one chunk if it drafts again. The source's
- * probe (one request drafting one token anyway) comes once per gap of the server's steps
- * without a verified model draft, so a poor draft model costs a catch-up per gap, not one
- * per request. A draft never runs past what the request may still emit (its last token is
- * sampled from the last verified row). The draft KV is first cut back to the positions whose
- * tokens are final (n_done): the rows of rejected or unverified drafts are recomputed.
- * Engine thread, without mu. */
+ * step that goes on decoding, from the source with the best running acceptance for it (on a
+ * tie the cheaper first: prompt lookup, which costs nothing, then the MTP layer, then the
+ * draft model), the next one when a source drafts nothing. A drafting model drafts only the
+ * tokens whose expected gain pays for its steps, none when even the first does not: a request
+ * whose drafts are poor runs no draft round, and its draft KV catches up in one chunk if it
+ * drafts again. A model's probe (one request drafting one token anyway) comes once per gap of
+ * the server's steps without a verified draft of that model, so a poor draft model costs a
+ * catch-up per gap, not one per request. An MTP layer continues the model's hidden states, so
+ * it catches up on every step's rows (prefill chunks, and steps where another source drafted),
+ * drafting or not. A draft never runs past what the request may still emit (its last token is
+ * sampled from the last verified row). Draft KV is first cut back to the positions whose tokens
+ * are final (n_done): the rows of rejected or unverified drafts are recomputed. Engine thread,
+ * without mu. */
 void sched_spec_draft(sched *s, int n_reqs)
 {
-    int nq = 0, row0 = 0, model_verified = 0, model_accepted = 0;
-    for (int i = 0; i < n_reqs; i++)
-        if (s->batch_k[i] > 0 && s->batch_req[i]->draft_src == 1) {
-            model_verified += s->batch_k[i];
-            model_accepted += s->batch_acc[i];
-        }
-    spec_probe_step(&s->model_probe, model_verified, model_accepted);
-    bool model_probe = spec_probe_due(&s->model_probe);
-    double now = model_probe ? util_now() : 0;
-    bool ngram = s->o.spec_sources & SPEC_SRC_NGRAM, dmodel = s->drafter != NULL;
-    /* an MTP draft continues the model's hidden states: it catches up on every step's rows
-     * (prefill chunks, and steps where prompt lookup drafts), catching up only (k_max 0) */
-    bool mtp = dmodel && specdraft_is_mtp(s->drafter);
+    int row0 = 0;
+    bool ngram = s->o.spec_sources & SPEC_SRC_NGRAM;
+    bool probe_due[SCHED_N_DRAFTERS] = { false };
+    double now = 0;
+    for (int d = 0; d < SCHED_N_DRAFTERS; d++) {
+        sched_drafter *dr = &s->dr[d];
+        dr->nq = 0;
+        if (!dr->sd) continue;
+        int verified = 0, accepted = 0;
+        for (int i = 0; i < n_reqs; i++)
+            if (s->batch_k[i] > 0 && s->batch_req[i]->draft_src == dr->src) {
+                verified += s->batch_k[i];
+                accepted += s->batch_acc[i];
+            }
+        spec_probe_step(&dr->probe, verified, accepted);
+        probe_due[d] = spec_probe_due(&dr->probe);
+        if (probe_due[d] && now == 0) now = util_now();
+    }
+    bool mtp = s->dr[1].sd != NULL;
     for (int i = 0; i < n_reqs; i++) {
         sched_req *r = s->batch_req[i];
         int ntok = s->batch_ntok[i], first = row0;
         row0 += s->batch_n[i];
         sched_spec_learn(s, r, i);
-        if (r->dseq) r->d_done = TM_MIN(r->d_done, r->n_done);
+        for (int d = 0; d < SCHED_N_DRAFTERS; d++)
+            if (r->dseq[d]) r->d_done[d] = TM_MIN(r->d_done[d], r->n_done);
         r->n_draft = 0;
         r->draft_at = -1;
         if (ntok == 0 && !mtp) continue;
         int nt = ntok ? r->n_tokens + ntok : r->n_done + 1;   /* tokens once this step is published */
         int kmax = ntok ? sched_spec_kmax(s, r, nt) : 0;
         if (ntok && (kmax <= 0 || sched_is_stop(s, r, r->tokens[nt - 1]))) continue;   /* it ends */
-        bool ngram_first = ntok && ngram && (!dmodel || r->spec[0].rate[0] >= r->spec[1].rate[0]);
-        if (ngram_first) {
-            sched_spec_ngram(s, r, nt, kmax);
-            if (r->n_draft > 0 || !dmodel) {
-                if (!mtp) continue;
-                kmax = 0;
-            } else {
-                r->draft_at = -1;
+        /* the sources by r's running acceptance of their first drafts, cheapest first on a tie */
+        int order[SPEC_N_SRC], n_src = 0;
+        const int by_cost[SPEC_N_SRC] = { 0, 2, 1 };
+        for (int j = 0; j < SPEC_N_SRC; j++) {
+            int src = by_cost[j];
+            if (!(s->o.spec_sources & (1 << src))) continue;
+            int at = n_src++;
+            while (at > 0 && r->spec[order[at - 1]].rate[0] < r->spec[src].rate[0]) {
+                order[at] = order[at - 1];
+                at--;
             }
+            order[at] = src;
         }
-        if (!dmodel) continue;
-        /* what a draft step costs as a fraction of a target step: measured, but never below
-         * the ratio of the weights the two read (a slow target step under other load must not
-         * make the draft model look free) */
-        double min_gain = s->draft_step_s > 0 && s->main_step_s > 0 ? s->draft_step_s / s->main_step_s : SPEC_MIN_GAIN;
-        min_gain = TM_MAX(min_gain, s->draft_cost_floor);
-        /* a probe feeds the draft model what it has not seen of r (all of it, the first time):
-         * at the draft's share of a target's prefill per token, it may cost SPEC_PROBE_SHARE of
-         * the time since the last probe at most */
-        bool probe = model_probe && ntok &&
-                     (s->model_probe_t == 0 || (double)(nt - r->d_done) * steptime_prefill_token_s(&s->tm) * s->draft_cost_floor <=
-                                                   SPEC_PROBE_SHARE * (now - s->model_probe_t));
-        int k_model = kmax <= 0 ? 0 : s->o.spec_fixed > 0 ? kmax : spec_seq_draft_len(&r->spec[1], kmax, min_gain, probe);
-        if (k_model > 0 && probe && r->spec[1].rate[0] < min_gain) {   /* this request probes */
-            model_probe = false;
-            s->model_probe_t = now;
-            spec_probe_taken(&s->model_probe);
-            spec_probe_force(&r->probe);
+        int queued = -1;   /* the drafter r drafts with this round */
+        for (int j = 0; j < n_src && ntok && r->n_draft == 0 && queued < 0; j++) {
+            int src = order[j];
+            if (src == 0) {
+                sched_spec_ngram(s, r, nt, kmax);
+                continue;
+            }
+            int d = src == 1 ? 0 : 1;
+            int k = sched_spec_model_len(s, &s->dr[d], d, r, nt, kmax, &probe_due[d], now);
+            if (k == 0) continue;
+            sched_spec_queue(s, d, r, nt, k, first, s->batch_n[i]);
+            queued = d;
         }
-        /* no drafts from the model this time: prompt lookup when it was not tried (an MTP
-         * layer still catches up below, drafting nothing) */
-        if (k_model == 0 && ntok && ngram && !ngram_first) sched_spec_ngram(s, r, nt, kmax);
-        if (k_model == 0 && !mtp) continue;
-        if (!r->dseq) r->dseq = kvpool_seq_new(engine_kvpool(s->o.draft));
-        specdraft_seq *q = &s->dq[nq];
-        q->seq = r->dseq;
-        q->tokens = r->tokens;
-        q->n_tokens = nt;
-        q->n_done = r->d_done;
-        q->k_max = k_model;
-        q->hid = mtp ? engine_hidden(s->e) + (size_t)first * s->e_dim : NULL;
-        q->hid_pos = s->batch[first].pos;
-        q->n_hid = s->batch_n[i];
-        s->dq_req[nq++] = r;
+        if (r->n_draft == 0) r->draft_at = -1;
+        if (mtp && queued != 1) sched_spec_queue(s, 1, r, nt, 0, first, s->batch_n[i]);   /* catch-up */
     }
-    if (nq > 0) {   /* its steps' cost against the target's decides how far the next drafts go */
+    for (int d = 0; d < SCHED_N_DRAFTERS; d++) {
+        sched_drafter *dr = &s->dr[d];
+        if (dr->nq == 0) continue;
+        /* its steps' cost against the target's decides how far the next drafts go */
         double t0 = util_now();
-        int n_steps = specdraft_run(s->drafter, s->dq, nq);
+        int n_steps = specdraft_run(dr->sd, dr->q, dr->nq);
         if (n_steps > 0) {
             double all = util_now() - t0, per = all / n_steps;
-            s->draft_step_s = s->draft_step_s > 0 ? 0.9 * s->draft_step_s + 0.1 * per : per;
-            s->draft_round_s = s->draft_round_s > 0 ? 0.9 * s->draft_round_s + 0.1 * all : all;
+            dr->step_s = dr->step_s > 0 ? 0.9 * dr->step_s + 0.1 * per : per;
+            dr->round_s = dr->round_s > 0 ? 0.9 * dr->round_s + 0.1 * all : all;
         }
-    }
-    for (int j = 0; j < nq; j++) {
-        sched_req *r = s->dq_req[j];
-        specdraft_seq *q = &s->dq[j];
-        r->d_done = q->n_done;
-        if (q->k_max == 0) continue;   /* caught up only */
-        r->draft_at = q->n_tokens;
-        r->draft_src = 1;
-        r->n_draft = q->n_draft;
-        memcpy(r->draft, q->draft, (size_t)q->n_draft * sizeof *r->draft);
-        memcpy(r->draft_prob, q->prob, (size_t)q->n_draft * sizeof *r->draft_prob);
-        s->drafted_run += (uint64_t)r->n_draft;
-        if (r->n_draft == 0 && ngram && r->spec[0].rate[0] < r->spec[1].rate[0])   /* it was not tried first */
-            sched_spec_ngram(s, r, q->n_tokens, sched_spec_kmax(s, r, q->n_tokens));
+        for (int j = 0; j < dr->nq; j++) {
+            sched_req *r = dr->q_req[j];
+            specdraft_seq *q = &dr->q[j];
+            r->d_done[d] = q->n_done;
+            if (q->k_max == 0) continue;   /* caught up only */
+            r->draft_at = q->n_tokens;
+            r->draft_src = dr->src;
+            r->n_draft = q->n_draft;
+            memcpy(r->draft, q->draft, (size_t)q->n_draft * sizeof *r->draft);
+            memcpy(r->draft_prob, q->prob, (size_t)q->n_draft * sizeof *r->draft_prob);
+            s->drafted_run[dr->src] += (uint64_t)r->n_draft;
+            /* nothing drafted (a backlog still catching up, no KV room): prompt lookup, when
+             * it ranked below this model and was not tried */
+            if (r->n_draft == 0 && ngram && r->spec[0].rate[0] < r->spec[dr->src].rate[0])
+                sched_spec_ngram(s, r, q->n_tokens, sched_spec_kmax(s, r, q->n_tokens));
+        }
     }
     for (int i = 0; i < n_reqs; i++) {
         sched_req *r = s->batch_req[i];

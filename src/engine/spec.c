@@ -10,6 +10,12 @@
 
 #include "util/util.h"
 
+const char *spec_source_name(int i)
+{
+    static const char *const names[SPEC_N_SRC] = { "ngram", "model", "mtp" };
+    return i >= 0 && i < SPEC_N_SRC ? names[i] : "?";
+}
+
 int spec_ngram_draft(const int32_t *toks, int n, int n_max, int n_min, int k_max, int32_t *out)
 {
     if (!toks || n < 2 || k_max <= 0 || n_min < 1) return 0;

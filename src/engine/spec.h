@@ -72,8 +72,12 @@
 typedef enum {
     SPEC_SRC_NGRAM = 1,         /* prompt lookup over the sequence's own tokens */
     SPEC_SRC_MODEL = 2,         /* a draft model (specdraft.h) */
+    SPEC_SRC_MTP = 4,           /* the model's MTP layer (specdraft.h) */
 } spec_source;
-#define SPEC_N_SRC 2            /* sources; source i is bit 1 << i */
+#define SPEC_N_SRC 3            /* sources; source i is bit 1 << i */
+
+/* Source i's name ("ngram", "model", "mtp"), for metrics and logs. */
+const char *spec_source_name(int i);
 
 /* Prompt lookup: drafts up to k_max tokens into out for the sequence toks[0..n) (see the
  * design). Returns the count drafted, 0 when no suffix of n_min..n_max tokens recurs. */

@@ -198,6 +198,19 @@ static void misc_metrics(http_request *r, void *user)
                       "# TYPE tokenmill_spec_verify_count_total counter\n");
     for (int k = 0; k <= SPEC_MAX_K; k++)
         bytebuf_printf(&b, "tokenmill_spec_verify_count_total{k=\"%d\"} %llu\n", k, (unsigned long long)st.spec_k_hist[k]);
+    static const struct { const char *stage, *help; } by_src[3] = {
+        { "drafted", "Tokens drafted, by draft source (ngram: prompt lookup; model: --draft or --draft-layers; mtp: the model's MTP layer)." },
+        { "verified", "Drafted tokens verified, by draft source." },
+        { "accepted", "Verified drafted tokens accepted, by draft source." },
+    };
+    for (int j = 0; j < 3; j++) {
+        const uint64_t *v = j == 0 ? st.spec_src_drafted : j == 1 ? st.spec_src_verified : st.spec_src_accepted;
+        bytebuf_printf(&b, "# HELP tokenmill_spec_source_%s_tokens_total %s\n# TYPE tokenmill_spec_source_%s_tokens_total counter\n",
+                       by_src[j].stage, by_src[j].help, by_src[j].stage);
+        for (int src = 0; src < SPEC_N_SRC; src++)
+            bytebuf_printf(&b, "tokenmill_spec_source_%s_tokens_total{source=\"%s\"} %llu\n", by_src[j].stage,
+                           spec_source_name(src), (unsigned long long)v[src]);
+    }
     if (c->store) {   /* the block store: what it holds and what it let go (the retention answer) */
         store_stats ss;
         store_get_stats(c->store, &ss);

@@ -3,10 +3,11 @@
 // a leading dense layer) written by `mkmodel --nextn 1` and the same model without the MTP
 // layer: both give the same log-probs (tokenmill eval), llama.cpp (node-llama-cpp 3.21.1) loads
 // the MTP file and agrees with it; through the server, greedy answers drafted by the MTP layer
-// (`--spec mtp`, and `--spec ngram` with it) equal those without speculation, alone and four at
-// once, and /metrics counts the MTP drafts verified. With random weights the MTP layer's
-// drafts are rarely accepted: the test asks for drafts verified, not accepted. `--spec mtp` on
-// a model without MTP layers is refused at start.
+// (`--spec mtp`, `--spec ngram` with it, and the MTP layer beside a draft model, here the model's
+// first layer) equal those without speculation, alone and four at once, and /metrics counts the
+// drafts verified by source. With random weights the MTP layer's drafts are rarely accepted: the
+// test asks for drafts verified, not accepted. `--spec mtp` on a model without MTP layers is
+// refused at start.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
@@ -16,7 +17,7 @@ import path from "node:path";
 
 import { bin, root, fetchMetrics, postCompletion, startServer, stopServers } from "./server.mjs";
 
-let dir, plainFile, mtpFile, plain, mtp, both;
+let dir, plainFile, mtpFile, plain, mtp, both, withDraft;
 const SHAPE = ["--arch", "deepseek2", "--layers", "2", "--dim", "256", "--ffn", "512", "--heads", "4", "--q-lora", "64",
   "--kv-lora", "128", "--nope-dim", "32", "--rope-dim", "32", "--v-dim", "32", "--experts", "8", "--experts-used", "2",
   "--expert-ffn", "128", "--shared-experts", "1", "--dense-layers", "1", "--router", "sigmoid", "--expert-groups", "4",
@@ -36,10 +37,12 @@ before(async () => {
   mkmodel(plainFile, ["--type", "f32"]);
   mkmodel(mtpFile, ["--type", "f32", "--nextn", "1"]);
   const common = ["--threads", "2", "--max-seqs", "8", "--cache", "off"];
-  [plain, mtp, both] = await Promise.all([
+  [plain, mtp, both, withDraft] = await Promise.all([
     startServer(mtpFile, common),
     startServer(mtpFile, [...common, "--spec", "mtp"]),
     startServer(mtpFile, [...common, "--spec", "ngram", "--spec-max", "3"]),
+    /* a fixed count: every request drafts from its best source whatever the drafts' cost */
+    startServer(mtpFile, [...common, "--spec", "mtp", "--draft-layers", "1", "--spec-fixed", "2"]),
   ]);
 });
 
@@ -79,7 +82,7 @@ async function complete(S, c) {
 test("greedy answers drafted by the MTP layer equal those without, alone and concurrent", async () => {
   const want = [];
   for (let c = 0; c < N; c++) want.push(await complete(plain, c));
-  for (const [name, S] of [["--spec mtp", mtp], ["--spec ngram with MTP", both]]) {
+  for (const [name, S] of [["--spec mtp", mtp], ["--spec ngram with MTP", both], ["MTP and a draft model", withDraft]]) {
     for (let c = 0; c < 2; c++) assert.equal(await complete(S, c), want[c], `${name}, prompt ${c} alone`);
     const together = await Promise.all(Array.from({ length: N }, (_, c) => complete(S, c)));
     together.forEach((t, c) => assert.equal(t, want[c], `${name}, prompt ${c} concurrent`));
@@ -90,14 +93,25 @@ test("greedy answers drafted by the MTP layer equal those without, alone and con
   assert.ok(m.tokenmill_spec_verifies_total > 0);
   assert.ok(m.tokenmill_spec_drafted_tokens_total >= m.tokenmill_spec_verified_tokens_total);
   assert.ok(m.tokenmill_spec_accepted_tokens_total <= m.tokenmill_spec_verified_tokens_total);
+  const src = (stage, s) => m[`tokenmill_spec_source_${stage}_tokens_total{source="${s}"}`];
+  assert.equal(src("verified", "mtp"), m.tokenmill_spec_verified_tokens_total, "--spec mtp: drafts from another source");
+  assert.equal(src("drafted", "ngram") + src("drafted", "model"), 0);
+  /* both drafting models drafted and were verified: a request tries the cheaper MTP layer
+   * first, and the draft model once the MTP layer's drafts were rejected */
+  const w = await fetchMetrics(withDraft.url);
+  const wsrc = (stage, s) => w[`tokenmill_spec_source_${stage}_tokens_total{source="${s}"}`];
+  assert.ok(wsrc("verified", "mtp") > 0 && wsrc("verified", "model") > 0,
+    `verified: mtp ${wsrc("verified", "mtp")}, model ${wsrc("verified", "model")}`);
+  assert.equal(wsrc("drafted", "ngram"), 0);
+  assert.equal(wsrc("verified", "mtp") + wsrc("verified", "model"), w.tokenmill_spec_verified_tokens_total);
+  assert.equal(wsrc("accepted", "mtp") + wsrc("accepted", "model"), w.tokenmill_spec_accepted_tokens_total);
   const p = await fetchMetrics(plain.url);
   assert.equal(p.tokenmill_spec_drafted_tokens_total, 0);
 });
 
-test("--spec mtp is refused on a model without MTP layers and beside a draft model", () => {
+test("--spec mtp is refused on a model without MTP layers", () => {
   for (const [model, args, msg] of [
     [plainFile, ["--spec", "mtp"], /no MTP layers/],
-    [mtpFile, ["--spec", "mtp", "--draft-layers", "1"], /not with --draft/],
   ]) {
     const r = spawnSync(bin, ["serve", "-m", model, "--port", "0", "--cache", "off", ...args], { encoding: "utf8", timeout: 30000 });
     assert.notEqual(r.status, 0, args.join(" "));

@@ -255,8 +255,10 @@ static bool mtp_write_echo(const char *src_path, const char *out)
 #define NREQ 3
 #define GEN 40
 
-/* NREQ greedy requests at once on m, with the MTP draft when d (its MTP engine) is given. */
-static void mtp_run(model *m, engine *d, int32_t out[NREQ][GEN], sched_stats *st)
+/* NREQ greedy requests at once on m, with the MTP draft when d (its MTP engine) is given, and
+ * a draft model's when dm is: 3 drafts verified each step (from the source each request
+ * accepts best). */
+static void mtp_run(model *m, engine *d, engine *dm, int32_t out[NREQ][GEN], sched_stats *st)
 {
     char err[256];
     engine_opts eo = { .n_threads = 2, .n_kv_blocks = 16, .max_batch_tokens = 64 };
@@ -265,7 +267,8 @@ static void mtp_run(model *m, engine *d, int32_t out[NREQ][GEN], sched_stats *st
     if (!e) return;
     /* small steps: prompts are read in chunks, the drafter catching up on each */
     sched_opts so = { .max_seqs = NREQ, .max_queue = 8, .step_tokens = 24, .prefill_step_tokens = 24, .n_ctx = 256,
-                      .spec_sources = d ? SPEC_SRC_MODEL : 0, .spec_max = 3, .spec_fixed = d ? 3 : 0, .draft = d };
+                      .spec_sources = (d ? SPEC_SRC_MTP : 0) | (dm ? SPEC_SRC_MODEL : 0), .spec_max = 3,
+                      .spec_fixed = d || dm ? 3 : 0, .mtp = d, .draft = dm };
     for (int i = 0; i < 4; i++) so.eos_ids[i] = -1;
     sched *s = NULL;
     CHECK(sched_new(e, &so, &s) == SCHED_OK);
@@ -322,22 +325,92 @@ TEST(test_sched_echo)
     sched_stats st0, st;
     memset(&st0, 0, sizeof st0);
     memset(&st, 0, sizeof st);
-    mtp_run(m, NULL, want, &st0);
+    mtp_run(m, NULL, NULL, want, &st0);
     model *view = xmalloc(sizeof *view);
     model_mtp_view(m, 0, view);
     engine_opts eo = { .n_threads = 2, .n_kv_blocks = 16, .max_batch_tokens = 64 + NREQ };
     engine *d = NULL;
     CHECKF(engine_new(view, &eo, &d, err, sizeof err) == ENGINE_OK, "%s", err);
     if (d) {
-        mtp_run(m, d, got, &st);
+        mtp_run(m, d, NULL, got, &st);
         CHECK(!memcmp(got, want, sizeof want));
         CHECKF(st.spec_verified > 40 && st.spec_accepted + 2 >= st.spec_verified && st.spec_k_hist[3] > 10,
                "drafted %llu verified %llu accepted %llu", (unsigned long long)st.spec_drafted,
                (unsigned long long)st.spec_verified, (unsigned long long)st.spec_accepted);
         CHECK(st0.spec_drafted == 0 && st.n_steps < st0.n_steps);
+        CHECK(st.spec_src_drafted[2] == st.spec_drafted && st.spec_src_accepted[2] == st.spec_accepted);
+        /* the MTP layer and a draft model together (a random model of the same vocabulary,
+         * whose drafts the echo model hardly accepts): the output is the same and the requests
+         * draft from the MTP layer (ranked before the draft model on a tie: it is cheaper) */
+        char dpath[300];
+        snprintf(dpath, sizeof dpath, "%s/draft.gguf", tmpdir);
+        char *dargv[] = { "mkmodel", "--arch", "llama", "--layers", "1", "--dim", "32", "--ffn", "64", "--heads", "2",
+                          "--vocab-size", "300", "--type", "f32", "--seed", "3", "--threads", "1", "-o", dpath, NULL };
+        CHECK(cmd_mkmodel((int)(sizeof dargv / sizeof dargv[0]) - 1, dargv) == 0);
+        model *poor = NULL;
+        CHECKF(model_load(dpath, NULL, &poor, err, sizeof err) == GGUF_OK, "%s", err);
+        unlink(dpath);
+        engine *pe = NULL;
+        engine_opts peo = { .n_threads = 1, .n_kv_blocks = 16, .max_batch_tokens = 64 };
+        if (poor) CHECKF(engine_new(poor, &peo, &pe, err, sizeof err) == ENGINE_OK, "%s", err);
+        if (pe) {
+            memset(&st, 0, sizeof st);
+            mtp_run(m, d, pe, got, &st);
+            CHECK(!memcmp(got, want, sizeof want));
+            CHECKF(st.spec_src_accepted[2] > 20 && st.spec_src_accepted[2] > 4 * st.spec_src_accepted[1] &&
+                   st.spec_src_drafted[2] > 4 * st.spec_src_drafted[1],
+                   "MTP drafted %llu accepted %llu; draft model drafted %llu accepted %llu",
+                   (unsigned long long)st.spec_src_drafted[2], (unsigned long long)st.spec_src_accepted[2],
+                   (unsigned long long)st.spec_src_drafted[1], (unsigned long long)st.spec_src_accepted[1]);
+            CHECK(st.n_steps < st0.n_steps);
+            engine_free(pe);
+        }
+        model_free(poor);
         engine_free(d);
     }
     free(view);
+    model_free(m);
+}
+
+/* The MTP layer and a draft model together, the other way round: on the random MTP file the
+ * MTP layer's drafts are hardly ever accepted and the draft model (the same weights without the
+ * MTP layer, so every draft but a near-tie is right) is good. Each request tries the MTP layer
+ * first (the cheaper on a tie), then drafts from the draft model once the MTP layer's rate has
+ * fallen below it; the output is the same as without speculation. */
+TEST(test_mtp_and_draft_model)
+{
+    char err[256];
+    model *m = NULL, *plain = NULL;
+    CHECKF(model_load(mtp_path, NULL, &m, err, sizeof err) == GGUF_OK, "%s", err);
+    CHECKF(model_load(plain_path, NULL, &plain, err, sizeof err) == GGUF_OK, "%s", err);
+    model *view = xmalloc(sizeof *view);
+    engine *d = NULL, *pe = NULL;
+    if (!m || !plain) goto out;
+    static int32_t want[NREQ][GEN], got[NREQ][GEN];
+    sched_stats st0, st;
+    memset(&st0, 0, sizeof st0);
+    memset(&st, 0, sizeof st);
+    mtp_run(m, NULL, NULL, want, &st0);
+    model_mtp_view(m, 0, view);
+    engine_opts eo = { .n_threads = 2, .n_kv_blocks = 16, .max_batch_tokens = 64 + NREQ };
+    CHECKF(engine_new(view, &eo, &d, err, sizeof err) == ENGINE_OK, "%s", err);
+    engine_opts peo = { .n_threads = 2, .n_kv_blocks = 16, .max_batch_tokens = 64 };
+    CHECKF(engine_new(plain, &peo, &pe, err, sizeof err) == ENGINE_OK, "%s", err);
+    if (!d || !pe) goto out;
+    mtp_run(m, d, pe, got, &st);
+    CHECK(!memcmp(got, want, sizeof want));
+    CHECKF(st.spec_src_drafted[2] >= NREQ && st.spec_src_accepted[1] > 40 &&
+           st.spec_src_drafted[1] > 4 * st.spec_src_drafted[2] && st.spec_src_drafted[0] == 0,
+           "MTP drafted %llu accepted %llu; draft model drafted %llu accepted %llu",
+           (unsigned long long)st.spec_src_drafted[2], (unsigned long long)st.spec_src_accepted[2],
+           (unsigned long long)st.spec_src_drafted[1], (unsigned long long)st.spec_src_accepted[1]);
+    CHECK(st.spec_src_drafted[1] + st.spec_src_drafted[2] == st.spec_drafted);
+    CHECK(st.n_steps < st0.n_steps);
+out:
+    engine_free(pe);
+    engine_free(d);
+    free(view);
+    model_free(plain);
     model_free(m);
 }
 
@@ -402,6 +475,7 @@ int main(void)
     RUN(test_forward_and_drafts);
     RUN(test_bad_files);
     RUN(test_sched_echo);
+    RUN(test_mtp_and_draft_model);
     unlink(plain_path);
     unlink(mtp_path);
     rmdir(tmpdir);
