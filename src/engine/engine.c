@@ -279,39 +279,7 @@ void engine_free(engine *e)
     threadpool_free(e->tp);
     kvpool_free(e->kv);
     free(e->prof);
-    free(e->x);
-    free(e->xn);
-    free(e->q);
-    free(e->k);
-    free(e->v);
-    free(e->att);
-    free(e->ffa);
-    free(e->ffb);
-    free(e->xo);
-    free(e->pos);
-    free(e->mm_scratch);
-    free(e->att_scratch);
-    free(e->tile_start);
-    free(e->r_logits);
-    free(e->r_probs);
-    free(e->r_idx);
-    free(e->r_sel);
-    free(e->r_w);
-    free(e->x_off);
-    free(e->x_row);
-    free(e->x_tok);
-    free(e->x_act);
-    free(e->xg);
-    free(e->fe);
-    free(e->ye);
-    free(e->moe_tmp);
-    free(e->qa);
-    free(e->qraw);
-    free(e->att_v);
-    free(e->mla_tmp);
-    free(e->shx);
-    free(e->mtp_cat);
-    free(e->wstage);
+    for (int i = 0; i < e->n_scratch; i++) free(e->scratch[i].p);   /* e->x .. e->wstage */
     free(e->run0);
     free(e->prev_run);
     free(e->wsnap_t);
@@ -337,12 +305,14 @@ static size_t engine_scratch_need(const ops_weight *w, int T, size_t cur)
     return n > cur ? n : cur;
 }
 
-/* An activation or scratch buffer of engine_new, remembered so that engine_warmup touches
- * all of it (NULL when out of memory, as util_aligned_alloc). */
+/* An activation or scratch buffer of engine_new, kept in the registry that engine_warmup
+ * touches and engine_free frees (NULL when out of memory, as util_aligned_alloc, or when the
+ * registry is full: engine_new then fails rather than leave a buffer untouched). */
 static void *engine_scratch_alloc(engine *e, size_t bytes)
 {
+    if (e->n_scratch >= ENGINE_MAX_SCRATCH) return NULL;
     void *p = util_aligned_alloc(bytes);
-    if (p && e->n_scratch < ENGINE_MAX_SCRATCH) {
+    if (p) {
         e->scratch[e->n_scratch].p = p;
         e->scratch[e->n_scratch++].bytes = bytes;
     }
