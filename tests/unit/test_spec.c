@@ -7,7 +7,8 @@
  * seeded sampled output equal a run without speculation token for token, alone and batched,
  * with fixed and adaptive verify counts, while drafts are both accepted and rejected; and the
  * KV left after rejections (every position's K and V, every block key) equals the run's
- * without speculation.
+ * without speculation; and the scheduler's verify count priced against the whole step, its
+ * prompt chunk included.
  */
 #include <stdint.h>
 #include <math.h>
@@ -19,6 +20,7 @@
 #include "harness.h"
 #include "engine/engine.h"
 #include "engine/sched.h"
+#include "engine/sched_int.h"
 #include "engine/spec.h"
 #include "engine/steptime.h"
 #include "grammar/grammar.h"
@@ -740,6 +742,57 @@ TEST(test_poor_draft_model)
     g_poor_draft = NULL;
 }
 
+/* The scheduler prices drafts against the step as it will run. Two decodes whose drafts pass
+ * 18 % of the time, on a learned curve of 20 ms a step + 8 ms a decode + 4 ms a verify row + 1
+ * ms a prompt token: beside the decodes alone a verify row costs more than it yields (2.18
+ * tokens in 40 ms against 2 in 36), so none is verified; beside the 94-token chunk of a prompt
+ * being read (the step budget less the decodes) the step takes 130 ms for its 3 running
+ * requests and a first draft pays (3.18 tokens in 134 ms against 3 in 130; a second one, 3 %
+ * likely, does not). Pricing the drafts against the decodes alone would verify none in both.
+ * White-box: the counts are set on requests made up here, under the scheduler's lock while its
+ * engine thread has nothing to do. */
+TEST(test_count_prices_the_whole_step)
+{
+    rig g = rig_new(SPEC_SRC_NGRAM, 4, 0);
+    sched *s = g.s;
+    if (!s) goto out;
+    pthread_mutex_lock(&s->mu);
+    CHECK(s->n_running == 0 && s->o.step_tokens == 96 && s->o.spec_room == 0 && s->o.step_ms == 0);
+    steptime_init(&s->tm);
+    for (int i = 0; i < 200; i++) {
+        steptime_x x = { .n_dec = 1 + i % 4, .n_verify = (i * 7) % 5, .n_prefill = (i % 3) * 40 + (i * 13) % 17,
+                         .depth = 100 + (i * 31) % 1000 };
+        steptime_observe(&s->tm, &x, 0.020 + 0.008 * x.n_dec + 0.004 * x.n_verify + 0.001 * x.n_prefill);
+    }
+    CHECK(steptime_warm(&s->tm));
+    static sched_req rq[3];
+    memset(rq, 0, sizeof rq);
+    for (int i = 0; i < 2; i++) {   /* decoding, 3 drafts each */
+        rq[i].n_tokens = 50;
+        rq[i].n_done = 49;
+        rq[i].draft_at = 50;
+        rq[i].n_draft = 3;
+        for (int src = 0; src < SPEC_N_SRC; src++) rq[i].spec[src] = seq_at(0.18);
+        rq[i].probe.gap = 1 << 20;   /* no probe due */
+    }
+    rq[2].n_tokens = 200;   /* reading its prompt */
+    s->running[0] = &rq[0];
+    s->running[1] = &rq[1];
+    s->n_running = 2;
+    sched_spec_plan_locked(s, 8);
+    CHECKF(rq[0].n_verify == 0 && rq[1].n_verify == 0, "decodes alone: %d and %d verified", rq[0].n_verify,
+           rq[1].n_verify);
+    s->running[2] = &rq[2];
+    s->n_running = 3;
+    sched_spec_plan_locked(s, 8);
+    CHECKF(rq[0].n_verify == 1 && rq[1].n_verify == 1, "beside a prompt chunk: %d and %d verified", rq[0].n_verify,
+           rq[1].n_verify);
+    s->n_running = 0;
+    pthread_mutex_unlock(&s->mu);
+out:
+    rig_free(&g);
+}
+
 TEST(test_grammar_drafts)
 {
     /* tokens 0..9 are the digits, the others letters; the output must be digits: drafts the
@@ -793,6 +846,7 @@ int main(void)
     RUN(test_draft_model);
     RUN(test_poor_draft_model);
     RUN(test_grammar_drafts);
+    RUN(test_count_prices_the_whole_step);
     schedtest_close(tmpdir, g_model);
     HARNESS_END();
 }
