@@ -771,6 +771,7 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
             dr->src = d == 0 ? 1 : 2;
             dr->e = de[d];
             spec_probe_init(&dr->probe);
+            dr->probe_t = util_now();
             if (!de[d]) continue;
             dr->sd = specdraft_new(de[d], o.max_seqs);
             size_t tb = model_active_weight_bytes(engine_model(e));

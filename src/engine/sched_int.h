@@ -58,7 +58,7 @@ typedef struct {
                                   * draft steps do not pay: a probe per gap of the server's
                                   * steps, not per request (a request's first draft round also
                                   * feeds its whole prompt to the drafting model) */
-    double probe_t;              /* util_now() of the last such probe, 0: none yet */
+    double probe_t;              /* util_now() of the last such probe, or of sched_new */
     double step_s;               /* running mean seconds of one of its engine steps, 0: none yet */
     double round_s;              /* running mean seconds of a round of its steps, 0: none yet */
     double cost_floor;           /* its weight bytes a token reads over the target's: the least

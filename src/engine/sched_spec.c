@@ -170,7 +170,9 @@ static void sched_spec_learn(sched *s, sched_req *r, int i)
 /* How many tokens drafter dr drafts for r (at most kmax), from the expected gains of its
  * drafts against what its steps cost; when that is none and dr's probe is due (probe_due, its
  * clock read at now), r may probe it: one token anyway, if what dr has not seen of r (nt -
- * its d_done) costs at most SPEC_PROBE_SHARE of the time since dr's last probe. */
+ * its d_done) costs at most SPEC_PROBE_SHARE of the time since dr's last probe (or since the
+ * scheduler started: a first probe is no cheaper than the others; a new server's first
+ * requests try the drafter anyway, from the prior rate). */
 static int sched_spec_model_len(sched *s, sched_drafter *dr, int d, sched_req *r, int nt, int kmax, bool *probe_due,
                                 double now)
 {
@@ -181,8 +183,8 @@ static int sched_spec_model_len(sched *s, sched_drafter *dr, int d, sched_req *r
      * the drafting model look free) */
     double min_gain = dr->step_s > 0 && s->main_step_s > 0 ? dr->step_s / s->main_step_s : SPEC_MIN_GAIN;
     min_gain = TM_MAX(min_gain, dr->cost_floor);
-    bool probe = *probe_due && (dr->probe_t == 0 || (double)(nt - r->d_done[d]) * steptime_prefill_token_s(&s->tm) *
-                                                          dr->cost_floor <= SPEC_PROBE_SHARE * (now - dr->probe_t));
+    bool probe = *probe_due && (double)(nt - r->d_done[d]) * steptime_prefill_token_s(&s->tm) * dr->cost_floor <=
+                                   SPEC_PROBE_SHARE * (now - dr->probe_t);
     int k = spec_seq_draft_len(&r->spec[dr->src], kmax, min_gain, probe);
     if (k > 0 && probe && r->spec[dr->src].rate[0] < min_gain) {   /* this request probes */
         *probe_due = false;

@@ -65,8 +65,9 @@
 #define SPEC_PROBE_STEPS 16     /* decode steps without a verified draft after which one is made
                                  * and verified anyway (the estimate must go on being measured) */
 #define SPEC_PROBE_MAX 256      /* the longest gap: it doubles while probes accept nothing */
-#define SPEC_PROBE_SHARE 0.02   /* most of the time a draft model's probes may cost (the first
-                                 * is free): a probe also feeds the draft model what it skipped */
+#define SPEC_PROBE_SHARE 0.02   /* most of the time a draft model's probes may cost (counted from
+                                 * the server's start): a probe also feeds the draft model what it
+                                 * skipped */
 
 /* Draft sources (bits of sched_opts.spec_sources). */
 typedef enum {
