@@ -137,6 +137,8 @@ void gw_finish(gateway *g, gw_req *r, sched_finish f)
     o->usage.prompt_tokens = r->n_prompt;
     o->usage.cached_tokens = r->n_cached;
     o->usage.completion_tokens = r->n_gen;
+    o->usage.accepted_drafts = TM_MIN(r->n_accepted_drafts, r->n_gen);
+    o->usage.rejected_drafts = r->n_rejected_drafts;
     o->ttft_s = r->t_first ? r->t_first - r->t_submit : -1;
     pthread_cond_broadcast(&r->cv);
 }
@@ -355,6 +357,9 @@ bool gw_on_msg(gateway *g, int slot, proto_msg *m, const char **refused)
         break;
     case PROTO_FINISH:
         if (!mine) break;
+        /* a request moved between decode workers drafted on each: its usage counts them all */
+        r->n_accepted_drafts = (int)TM_MIN((int64_t)r->n_accepted_drafts + m->u.finish.accepted_drafts, INT32_MAX);
+        r->n_rejected_drafts = (int)TM_MIN((int64_t)r->n_rejected_drafts + m->u.finish.rejected_drafts, INT32_MAX);
         if (m->u.finish.reason == PROTO_FINISH_MOVED) {
             log_info("gateway: req %llu moved off %s after %d tokens", (unsigned long long)id, w->addr, r->n_gen);
             gw_requeue(g, r, true);

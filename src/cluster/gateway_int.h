@@ -80,6 +80,8 @@ typedef struct gw_req {
     int32_t *gen;             /* (n_gen) tokens streamed to the client, cap_gen allocated */
     int n_gen, cap_gen;
     int n_cached;             /* prompt tokens cached (the HANDOFF's, else hit_len) */
+    int n_accepted_drafts;    /* speculative drafts accepted, summed over its workers' FINISHes */
+    int n_rejected_drafts;    /* and rejected */
     int n_stored;             /* the HANDOFF's stored prefix, tokens (a multiple of 128) */
     uint32_t n_sampled;       /* sampler draws done (HANDOFF) */
     gw_state state;

@@ -26,6 +26,7 @@
 
 #include <openssl/crypto.h>
 
+#include "engine/spec.h"
 #include "model/quant.h"
 #include "util/util.h"
 
@@ -198,6 +199,7 @@ static uint32_t proto_allowed_flags(int type)
     case PROTO_DECODE: return PROTO_F_HAS_TAIL | PROTO_F_RESUME | PROTO_F_THINK | PROTO_F_GRAMMAR | PROTO_F_KV_LATENT;
     case PROTO_TOKENS: return PROTO_F_LOGPROBS;
     case PROTO_HEARTBEAT: return PROTO_F_STEPTIME;
+    case PROTO_FINISH: return PROTO_F_DRAFTS;
     default: return 0;
     }
 }
@@ -500,7 +502,9 @@ static bool proto_msg_ok(const proto_msg *m)
             if (m->u.tokens.toks[i].n_top > PROTO_MAX_TOP) return false;
         return true;
     case PROTO_FINISH:
-        return m->u.finish.reason >= PROTO_FINISH_STOP && m->u.finish.reason <= PROTO_FINISH_MOVED;
+        return m->u.finish.reason >= PROTO_FINISH_STOP && m->u.finish.reason <= PROTO_FINISH_MOVED &&
+               m->u.finish.accepted_drafts <= m->u.finish.completion_tokens &&
+               m->u.finish.rejected_drafts / SPEC_MAX_K <= m->u.finish.completion_tokens;
     case PROTO_DRAIN: return m->u.drain.done <= 1;
     case PROTO_CHALLENGE:
     case PROTO_PROOF: return true;
@@ -619,6 +623,10 @@ proto_status proto_encode(proto_buf *b, const proto_msg *m)
         proto_put_u32(b, x->cached_tokens);
         proto_put_u32(b, x->completion_tokens);
         proto_put_u32(b, x->ttft_us);
+        if (h->flags & PROTO_F_DRAFTS) {
+            proto_put_u32(b, x->accepted_drafts);
+            proto_put_u32(b, x->rejected_drafts);
+        }
         break;
     }
     case PROTO_DRAIN:
@@ -773,8 +781,13 @@ proto_status proto_decode(const proto_hdr *h, const uint8_t *payload, proto_msg 
         x->cached_tokens = proto_get_u32(r);
         x->completion_tokens = proto_get_u32(r);
         x->ttft_us = proto_get_u32(r);
+        if (h->flags & PROTO_F_DRAFTS) {
+            x->accepted_drafts = proto_get_u32(r);
+            x->rejected_drafts = proto_get_u32(r);
+        }
         if (x->reason < PROTO_FINISH_STOP || x->reason > PROTO_FINISH_MOVED ||
-            x->cached_tokens > x->prompt_tokens)
+            x->cached_tokens > x->prompt_tokens || x->accepted_drafts > x->completion_tokens ||
+            x->rejected_drafts / SPEC_MAX_K > x->completion_tokens)
             r->err = true;
         break;
     }

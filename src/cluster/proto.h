@@ -94,6 +94,9 @@ typedef enum {
 #define PROTO_F_LOGPROBS 0x1u     /* TOKENS: each token carries logprob + alternatives */
 #define PROTO_F_STEPTIME 0x1u     /* HEARTBEAT: the worker's learned step-time curve follows the
                                    * counters (a frame without it is what it was before) */
+#define PROTO_F_DRAFTS 0x1u       /* FINISH: the request's speculative drafts verified on this
+                                   * worker follow (added within version 2: a frame without it is
+                                   * what it was before) */
 #define PROTO_F_KV_LATENT 0x10u   /* HANDOFF / DECODE with HAS_TAIL: the tail KV has one row per
                                    * (layer, kv head, position), V is K (latent attention; added
                                    * within version 2). proto_encode sets it from kv.n_parts. */
@@ -275,6 +278,9 @@ typedef struct {
     uint32_t cached_tokens;
     uint32_t completion_tokens; /* all generated tokens of the request, earlier ones included */
     uint32_t ttft_us;       /* receipt to first token on this worker (0 if none) */
+    uint32_t accepted_drafts; /* with PROTO_F_DRAFTS: drafted tokens verified and accepted on
+                             * this worker (<= completion_tokens) */
+    uint32_t rejected_drafts; /* and rejected (<= SPEC_MAX_K per generated token) */
 } proto_finish_msg;
 
 typedef struct {

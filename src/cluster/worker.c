@@ -409,7 +409,10 @@ static void worker_window_keep(worker *w, wconn *c, const proto_msg *m)
     wincache_put_fetched(w->wc, m->u.winstate.key, m->u.winstate.data, util_now());
 }
 
-static void worker_send_finish(wjob *j, int reason, int n_prompt, int n_cached, int n_completion, double ttft)
+/* The request's FINISH with its usage (fin: the scheduler's record, whose drafts are this
+ * worker's; NULL: none, as when it ended at its first token) and the figures given. */
+static void worker_send_finish(wjob *j, int reason, int n_prompt, int n_cached, int n_completion, double ttft,
+                               const sched_output *fin)
 {
     worker_window_report(j->w);
     proto_msg m;
@@ -421,6 +424,11 @@ static void worker_send_finish(wjob *j, int reason, int n_prompt, int n_cached, 
     m.u.finish.cached_tokens = (uint32_t)TM_MIN(n_cached, n_prompt);
     m.u.finish.completion_tokens = (uint32_t)n_completion;
     m.u.finish.ttft_us = ttft > 0 ? (uint32_t)(ttft * 1e6) : 0;
+    if (fin && (fin->usage.accepted_drafts > 0 || fin->usage.rejected_drafts > 0)) {
+        m.hdr.flags |= PROTO_F_DRAFTS;
+        m.u.finish.accepted_drafts = (uint32_t)TM_MIN(fin->usage.accepted_drafts, n_completion);
+        m.u.finish.rejected_drafts = (uint32_t)TM_MIN(fin->usage.rejected_drafts, n_completion * SPEC_MAX_K);
+    }
     worker_job_unlink(j);
     worker_send(j->c, &m);
 }
@@ -545,12 +553,12 @@ static void worker_prefill_done(wjob *j)
         /* ended at the first token (stop), or cancelled / failed before it */
         if (first.token >= 0) worker_send_one_token(j, &first, p->params.logprobs);
         worker_send_finish(j, worker_finish_reason(j, fin.finish), n_prompt, n_cached, first.token >= 0,
-                           fin.ttft_s);
+                           fin.ttft_s, NULL);
         return;
     }
     if (p->params.max_tokens == 1 || n_prompt + 1 >= w->o.n_ctx) {
         worker_send_one_token(j, &first, p->params.logprobs);
-        worker_send_finish(j, PROTO_FINISH_LENGTH, n_prompt, n_cached, 1, fin.ttft_s);
+        worker_send_finish(j, PROTO_FINISH_LENGTH, n_prompt, n_cached, 1, fin.ttft_s, NULL);
         return;
     }
     int n_stored = worker_stored_prefix(w, p);
@@ -665,7 +673,7 @@ static bool worker_decode_step(wjob *j)
         for (int i = 0; i < n; i++)
             if (outs[i].kind == SCHED_OUT_FINISH) {
                 worker_send_finish(j, worker_finish_reason(j, outs[i].finish), (int)d->n_prompt, (int)d->n_cached,
-                                   outs[i].usage.completion_tokens, outs[i].ttft_s);
+                                   outs[i].usage.completion_tokens, outs[i].ttft_s, &outs[i]);
                 ended = true;
             }
     }

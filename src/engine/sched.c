@@ -124,6 +124,8 @@ void sched_finish_push_locked(sched *s, sched_req *r, sched_finish why)
         o->usage.prompt_tokens = r->n_prompt;
         o->usage.cached_tokens = r->n_cached;
         o->usage.completion_tokens = r->n_tokens - r->n_prompt;
+        o->usage.accepted_drafts = r->n_drafts_accepted;
+        o->usage.rejected_drafts = r->n_drafts_verified - r->n_drafts_accepted;
         o->ttft_s = r->ttft;
         r->finished = true;
         s->st.n_finished[why]++;
@@ -490,6 +492,8 @@ static void sched_step_count_locked(sched *s, const sched_step *st)
             s->st.spec_verified += (uint64_t)s->batch_k[i];
             s->st.spec_accepted += (uint64_t)s->batch_acc[i];
             s->st.spec_verifies++;
+            s->batch_req[i]->n_drafts_verified += s->batch_k[i];
+            s->batch_req[i]->n_drafts_accepted += s->batch_acc[i];
         }
     }
     if (dec && pre) s->st.n_mixed_steps++;

@@ -254,6 +254,9 @@ typedef struct {
     int cached_tokens;      /* prompt tokens whose KV came from a cache tier or from another
                              * request computing the same prefix at the same time (first run) */
     int completion_tokens;  /* tokens generated, the stop token included when one ended it */
+    int accepted_drafts;    /* (speculation) drafted tokens verified and accepted: generated
+                             * without a step of their own */
+    int rejected_drafts;    /* drafted tokens verified and rejected */
 } sched_usage;
 
 typedef enum {

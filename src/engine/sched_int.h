@@ -111,6 +111,8 @@ struct sched_req {
     spec_seq spec[SPEC_N_SRC];   /* (speculation) the running acceptance of each source's drafts */
     spec_probe probe;            /* (speculation) when its drafts are made and verified anyway */
     bool spec_rejected;          /* (speculation) the last step rejected one of its drafts */
+    int n_drafts_verified;       /* (speculation) its drafted tokens verified so far (under mu) */
+    int n_drafts_accepted;       /* of those, accepted */
     int32_t draft[SPEC_MAX_K];   /* (speculation) drafted continuation of tokens[0..draft_at) */
     float draft_prob[SPEC_MAX_K]; /* the drafting model's probability of each (model drafts) */
     int n_draft;                 /* entries of draft */

@@ -367,6 +367,7 @@ static void api_job_apply(api_job *j, int i, const sched_output *so)
         if (so->finish == SCHED_FINISH_REFUSED) j->refused = true;
         if (so->finish == SCHED_FINISH_ABORTED && j->kind == API_KIND_MESSAGES) j->aborted = true;
         if (j->c->status) api_job_note(j, so);
+        api_out_set_drafts(o, i, so->usage.accepted_drafts, so->usage.rejected_drafts);
         if (i == 0)
             api_out_set_prompt(o, so->usage.prompt_tokens ? so->usage.prompt_tokens : (int)j->prompt.n_ids,
                                so->usage.cached_tokens, j->prompt.ids, (int)j->prompt.n_ids);

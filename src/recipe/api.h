@@ -349,6 +349,9 @@ typedef struct {
     int cached_tokens;        /* prompt tokens whose KV came from a cache tier */
     int completion_tokens;    /* generated tokens, all choices */
     int reasoning_tokens;     /* of those, inside a think block */
+    int accepted_drafts;      /* of those, speculative drafts verified and kept (OpenAI's
+                               * accepted_prediction_tokens) */
+    int rejected_drafts;      /* drafted tokens verified and rejected (rejected_prediction_tokens) */
 } api_usage;
 
 /* Stop-sequence matcher over streamed text. */
@@ -431,6 +434,8 @@ typedef struct {
     size_t n_fed;             /* bytes of text fed to the splitter so far */
     int n_tokens;             /* tokens generated */
     int n_reasoning_tokens;   /* of those, inside a think block (markers included) */
+    int n_accepted_drafts;    /* speculation: drafted tokens verified and kept (api_out_set_drafts) */
+    int n_rejected_drafts;    /* and rejected */
     bool in_think;            /* token-level: inside a think block */
     int32_t think_start;      /* marker ids for the count above (-1 none) */
     int32_t think_end;
@@ -466,6 +471,8 @@ void api_out_init(api_out *o, const api_req *req, const events_markers *m, uint6
 void api_out_free(api_out *o);
 /* The prompt's figures, known after prefill (or before it: cached tokens 0). */
 void api_out_set_prompt(api_out *o, int prompt_tokens, int cached_tokens, const int32_t *ids, int n_ids);
+/* Choice i's speculative drafts, verified and accepted or rejected (its FINISH record's). */
+void api_out_set_drafts(api_out *o, int i, int accepted, int rejected);
 /* Streaming: the opening events (chat: nothing until the first delta; responses:
  * response.created + in_progress; messages: message_start + ping, whose usage is the one set
  * by api_out_set_prompt: api_serve calls it for Messages once the first record is in). */

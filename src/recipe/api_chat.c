@@ -418,10 +418,12 @@ void api_chat_usage_json(const api_usage *u, bytebuf *b)
     bytebuf_printf(b,
                    "{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d,"
                    "\"prompt_tokens_details\":{\"cached_tokens\":%d},"
-                   "\"completion_tokens_details\":{\"reasoning_tokens\":%d},"
+                   "\"completion_tokens_details\":{\"reasoning_tokens\":%d,\"accepted_prediction_tokens\":%d,"
+                   "\"rejected_prediction_tokens\":%d},"
                    "\"prompt_cache_hit_tokens\":%d,\"prompt_cache_miss_tokens\":%d}",
                    u->prompt_tokens, u->completion_tokens, u->prompt_tokens + u->completion_tokens, u->cached_tokens,
-                   u->reasoning_tokens, u->cached_tokens, u->prompt_tokens - u->cached_tokens);
+                   u->reasoning_tokens, u->accepted_drafts, u->rejected_drafts, u->cached_tokens,
+                   u->prompt_tokens - u->cached_tokens);
 }
 
 static const char *api_chat_finish_name(events_finish_reason f)

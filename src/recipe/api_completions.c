@@ -155,8 +155,10 @@ static void compl_usage(const api_out *o, bytebuf *b)
 {
     const api_usage *u = &o->usage;
     bytebuf_printf(b, "{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d,"
-                      "\"prompt_tokens_details\":{\"cached_tokens\":%d}}",
-                   u->prompt_tokens, u->completion_tokens, u->prompt_tokens + u->completion_tokens, u->cached_tokens);
+                      "\"prompt_tokens_details\":{\"cached_tokens\":%d},"
+                      "\"completion_tokens_details\":{\"accepted_prediction_tokens\":%d,\"rejected_prediction_tokens\":%d}}",
+                   u->prompt_tokens, u->completion_tokens, u->prompt_tokens + u->completion_tokens, u->cached_tokens,
+                   u->accepted_drafts, u->rejected_drafts);
 }
 
 /* The log-probs of entries [from, to) of choice c in the completions shape. */

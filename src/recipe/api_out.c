@@ -309,6 +309,13 @@ void api_out_set_prompt(api_out *o, int prompt_tokens, int cached_tokens, const 
     o->n_prompt_ids = n_ids;
 }
 
+void api_out_set_drafts(api_out *o, int i, int accepted, int rejected)
+{
+    if (i < 0 || i >= o->n_choices) return;
+    o->choices[i].n_accepted_drafts = accepted;
+    o->choices[i].n_rejected_drafts = rejected;
+}
+
 void api_out_begin(api_out *o)
 {
     if (!o->req->stream) return;
@@ -401,9 +408,12 @@ void api_out_end(api_out *o)
 {
     o->usage.completion_tokens = 0;
     o->usage.reasoning_tokens = 0;
+    o->usage.accepted_drafts = o->usage.rejected_drafts = 0;
     for (int i = 0; i < o->n_choices; i++) {
         o->usage.completion_tokens += o->choices[i].n_tokens;
         o->usage.reasoning_tokens += o->choices[i].n_reasoning_tokens;
+        o->usage.accepted_drafts += o->choices[i].n_accepted_drafts;
+        o->usage.rejected_drafts += o->choices[i].n_rejected_drafts;
     }
     switch (o->kind) {
     case API_KIND_CHAT: api_chat_end(o); break;

@@ -4,7 +4,9 @@
 // (`--spec ngram`, the verify count adaptive and fixed), by its own first layers
 // (`--draft-layers`) and by a one-layer draft model of the same vocabulary (`--draft`):
 // greedy answers, alone and four at once, and a seeded sampled answer must be the same text,
-// while /metrics shows drafts verified and accepted. After rejections the blocks written to
+// while /metrics shows drafts verified and accepted, and each response's usage (through the
+// openai SDK, plain and streamed) counts its own drafts as OpenAI's accepted and rejected
+// prediction tokens, also through a gateway whose decode worker speculates. After rejections the blocks written to
 // the block store (keys and bytes) are those of a run without speculation. Bad speculation
 // options, a draft of another vocabulary among them, are refused at start.
 import { test, before, after } from "node:test";
@@ -14,7 +16,9 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 
-import { assertSameStores, bin, fetchMetrics, postCompletion, startServer, stopServers } from "./server.mjs";
+import OpenAI from "openai";
+
+import { assertSameStores, bin, fetchMetrics, postCompletion, startCluster, startServer, stopServers } from "./server.mjs";
 
 let dir, model, small, otherVocab, plain, adaptive, fixed, selfSpec, drafted;
 const N = 4;
@@ -77,6 +81,44 @@ test("greedy answers with prompt-lookup drafts equal those without, alone and co
   assert.ok(f['tokenmill_spec_verify_count_total{k="3"}'] > 0);
   const p = await fetchMetrics(plain.url);
   assert.equal(p.tokenmill_spec_drafted_tokens_total, 0);
+});
+
+test("a response's usage counts its drafts: accepted and rejected prediction tokens", async () => {
+  const oai = new OpenAI({ baseURL: `${fixed.url}/v1`, apiKey: "unused", maxRetries: 0 });
+  const delta = async (f) => {
+    const m0 = await fetchMetrics(fixed.url);
+    const usage = await f();
+    const m1 = await fetchMetrics(fixed.url);
+    const d = (k) => m1[k] - m0[k];
+    return { usage, accepted: d("tokenmill_spec_accepted_tokens_total"),
+      rejected: d("tokenmill_spec_verified_tokens_total") - d("tokenmill_spec_accepted_tokens_total") };
+  };
+  const plainRun = await delta(async () => (await oai.completions.create({ model: "q3", prompt: prompt(1), max_tokens: MAX, temperature: 0 })).usage);
+  const streamed = await delta(async () => {
+    let usage = null;
+    const s = await oai.completions.create({ model: "q3", prompt: prompt(2), max_tokens: MAX, temperature: 0, stream: true,
+      stream_options: { include_usage: true } });
+    for await (const chunk of s) if (chunk.usage) usage = chunk.usage;
+    return usage;
+  });
+  for (const [name, r] of [["plain", plainRun], ["streamed", streamed]]) {
+    const det = r.usage.completion_tokens_details;
+    assert.ok(r.accepted > 0 && r.rejected > 0, `${name}: ${JSON.stringify(r)}`);
+    assert.equal(det.accepted_prediction_tokens, r.accepted, `${name}: accepted`);
+    assert.equal(det.rejected_prediction_tokens, r.rejected, `${name}: rejected`);
+  }
+  const p = await postCompletion(plain.url, { model: "q3", prompt: prompt(1), max_tokens: 8, temperature: 0 });
+  assert.deepEqual(p.usage.completion_tokens_details, { accepted_prediction_tokens: 0, rejected_prediction_tokens: 0 });
+});
+
+test("through a gateway, a speculating decode worker's drafts reach the response's usage", { timeout: 60000 }, async () => {
+  const C = await startCluster(model, ["prefill", "decode"], { workerArgs: ["--spec", "ngram", "--spec-fixed", "3"] });
+  const want = await complete(plain, 3);
+  const j = await postCompletion(C.url, { model: "q3", prompt: prompt(3), max_tokens: MAX, temperature: 0 });
+  assert.equal(j.choices[0].text, want);
+  const det = j.usage.completion_tokens_details;
+  assert.ok(det.accepted_prediction_tokens > 0 && det.accepted_prediction_tokens < MAX, JSON.stringify(j.usage));
+  assert.ok(det.rejected_prediction_tokens >= 0, JSON.stringify(j.usage));
 });
 
 test("greedy answers drafted by a model equal those without, alone and concurrent", async () => {

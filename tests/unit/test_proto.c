@@ -22,6 +22,7 @@
 
 #include "harness.h"
 #include "cluster/proto.h"
+#include "engine/spec.h"
 #include "model/quant.h"
 #include "util/util.h"
 
@@ -664,6 +665,27 @@ TEST(test_roundtrip_small)
     CHECK(roundtrip(&m, &o) == PROTO_OK);
     CHECK(o.u.finish.reason == PROTO_FINISH_LENGTH && o.u.finish.prompt_tokens == 10 &&
           o.u.finish.cached_tokens == 2 && o.u.finish.completion_tokens == 7 && o.u.finish.ttft_us == 99);
+    /* without DRAFTS the frame is what it was before the flag: 17 payload bytes */
+    proto_buf fb;
+    proto_buf_init(&fb);
+    CHECK(proto_encode(&fb, &m) == PROTO_OK && fb.n == PROTO_HDR_SIZE + 17);
+    proto_buf_free(&fb);
+    /* with it, the request's drafts on this worker: accepted at most the tokens generated,
+     * rejected at most SPEC_MAX_K a token */
+    m.hdr.flags = PROTO_F_DRAFTS;
+    m.u.finish.accepted_drafts = 5;
+    m.u.finish.rejected_drafts = 9;
+    CHECK(roundtrip(&m, &o) == PROTO_OK);
+    CHECK(o.u.finish.accepted_drafts == 5 && o.u.finish.rejected_drafts == 9 && o.u.finish.completion_tokens == 7);
+    m.u.finish.accepted_drafts = 8;
+    CHECK(roundtrip(&m, &o) == PROTO_ERR_MALFORMED);
+    m.u.finish.accepted_drafts = 7;
+    m.u.finish.rejected_drafts = 8 * SPEC_MAX_K;
+    CHECK(roundtrip(&m, &o) == PROTO_ERR_MALFORMED);
+    m.u.finish.rejected_drafts = 0;
+    m.hdr.flags = PROTO_F_DRAFTS | 0x2u;   /* a flag FINISH does not define */
+    CHECK(roundtrip(&m, &o) == PROTO_ERR_FLAGS);
+    m.hdr.flags = 0;
     m.u.finish.reason = 0;
     CHECK(roundtrip(&m, &o) == PROTO_ERR_MALFORMED);
 
