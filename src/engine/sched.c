@@ -202,9 +202,6 @@ static int sched_newest_running(const sched *s)
     return best;
 }
 
-/* Plans one step into s->batch. Returns the number of batch tokens (0: nothing to run).
- * Reserves KV for every planned position; preempts the newest request when the pool is
- * full. Under mu (preemption moves requests to the queue). */
 /* The prompt tokens r reads in a step that already holds x, with budget tokens left and a
  * step-time target (seconds; 0: none, or not learned yet): the rest of its prompt within the
  * budget, cut to what fits the target, but at least SCHED_TIME_MIN_CHUNK when the step reads
@@ -221,6 +218,9 @@ int sched_prefill_chunk(const sched *s, const steptime_x *x, const sched_req *r,
     return TM_MAX(chunk, 0);
 }
 
+/* Plans one step into s->batch. Returns the number of batch tokens (0: nothing to run).
+ * Reserves KV for every planned position; preempts the newest request when the pool is
+ * full. Under mu (preemption moves requests to the queue). */
 static int sched_plan_locked(sched *s, int *n_reqs)
 {
 replan:
