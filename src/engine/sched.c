@@ -293,6 +293,7 @@ replan:
             s->batch_row[*n_reqs] = last ? n_rows : -1;
             s->batch_k[*n_reqs] = k;
             s->batch_nd[*n_reqs] = pass == 0 ? r->n_draft : 0;
+            s->batch_src[*n_reqs] = r->draft_src;
             n_rows += last ? 1 + k : 0;
             (*n_reqs)++;
             budget -= chunk;
@@ -492,6 +493,8 @@ static void sched_step_count_locked(sched *s, const sched_step *st)
             s->st.spec_verified += (uint64_t)s->batch_k[i];
             s->st.spec_accepted += (uint64_t)s->batch_acc[i];
             s->st.spec_verifies++;
+            s->st.spec_src_verified[s->batch_src[i]] += (uint64_t)s->batch_k[i];
+            s->st.spec_src_accepted[s->batch_src[i]] += (uint64_t)s->batch_acc[i];
             s->batch_req[i]->n_drafts_verified += s->batch_k[i];
             s->batch_req[i]->n_drafts_accepted += s->batch_acc[i];
         }
@@ -500,9 +503,7 @@ static void sched_step_count_locked(sched *s, const sched_step *st)
     for (int src = 0; src < SPEC_N_SRC; src++) {
         s->st.spec_drafted += s->drafted_run[src];
         s->st.spec_src_drafted[src] += s->drafted_run[src];
-        s->st.spec_src_verified[src] += s->verified_run[src];
-        s->st.spec_src_accepted[src] += s->accepted_run[src];
-        s->drafted_run[src] = s->verified_run[src] = s->accepted_run[src] = 0;
+        s->drafted_run[src] = 0;
     }
     s->st.step_model_n = s->tm.n_err;
     s->st.step_model_abs_err_s = s->tm.abs_err_s;
@@ -755,6 +756,7 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
     s->tok_stride = o.spec_sources ? 1 + o.spec_max : 1;
     s->batch_k = xcalloc((size_t)o.max_seqs, sizeof *s->batch_k);
     s->batch_nd = xcalloc((size_t)o.max_seqs, sizeof *s->batch_nd);
+    s->batch_src = xcalloc((size_t)o.max_seqs, sizeof *s->batch_src);
     s->batch_ntok = xcalloc((size_t)o.max_seqs, sizeof *s->batch_ntok);
     s->batch_acc = xcalloc((size_t)o.max_seqs, sizeof *s->batch_acc);
     s->batch_tok = xcalloc((size_t)o.max_seqs * s->tok_stride, sizeof *s->batch_tok);
@@ -772,7 +774,6 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
         engine *de[SCHED_N_DRAFTERS] = { o.draft, o.mtp };
         for (int d = 0; d < SCHED_N_DRAFTERS; d++) {
             sched_drafter *dr = &s->dr[d];
-            dr->src = d == 0 ? 1 : 2;
             dr->e = de[d];
             spec_probe_init(&dr->probe);
             dr->probe_t = util_now();
@@ -906,6 +907,7 @@ void sched_free(sched *s)
     free(s->batch_row);
     free(s->batch_k);
     free(s->batch_nd);
+    free(s->batch_src);
     free(s->batch_ntok);
     free(s->batch_acc);
     free(s->batch_tok);

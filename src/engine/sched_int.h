@@ -45,10 +45,11 @@ typedef struct {
 } sched_trace;
 
 /* A model that drafts for the scheduler's requests (the draft model, or the model's MTP layer),
- * with what its cost and its probes have taught. Engine thread. */
+ * with what its cost and its probes have taught. Drafter d drafts for source index d + 1
+ * (SPEC_SRC_MODEL, SPEC_SRC_MTP). Engine thread. */
 #define SCHED_N_DRAFTERS 2
+#define SCHED_DRAFTER_SRC(d) ((d) + 1)
 typedef struct {
-    int src;                     /* its source's index (spec_source bit 1 << src) */
     engine *e;                   /* the engine it drafts on (sched_opts.draft or .mtp) */
     specdraft *sd;               /* NULL: this drafter is off */
     specdraft_seq *q;            /* (max_seqs) a drafting round's sequences */
@@ -182,6 +183,7 @@ struct sched {
     int *batch_row;              /* (max_seqs) logits row or -1 */
     int *batch_k;                /* (max_seqs) drafted tokens each verifies (0: none) */
     int *batch_nd;               /* (max_seqs) tokens drafted for each (its K was chosen among) */
+    int *batch_src;              /* (max_seqs) the source of the drafts each verifies */
     int *batch_ntok;             /* (max_seqs) tokens sampled for each: 1 + accepted drafts, 0
                                   * for a prefill chunk that wanted no logits */
     int *batch_acc;              /* (max_seqs) drafted tokens accepted */
@@ -200,8 +202,6 @@ struct sched {
                                   * dr[1] the MTP layer (o.mtp); sd NULL when off */
     uint64_t drafted_run[SPEC_N_SRC]; /* tokens each source drafted since the statistics were last
                                   * updated */
-    uint64_t verified_run[SPEC_N_SRC]; /* of each source's drafts, verified since then */
-    uint64_t accepted_run[SPEC_N_SRC]; /* and accepted */
     spec_seq spec_all[SPEC_N_SRC]; /* each source's running acceptance over every request: a new
                                   * request's estimate (engine thread) */
     double main_step_s;          /* running mean seconds of one engine step of the target */
@@ -322,6 +322,9 @@ bool sched_pub_lp_move(sched *s, int from, int to);
 /* sched.c: the prompt tokens r reads in a step already holding x (budget tokens left, a
  * step-time target in seconds or 0); 0 when the step is full. */
 int sched_prefill_chunk(const sched *s, const steptime_x *x, const sched_req *r, int budget, double target_s);
+
+/* The drafting model's probabilities of r's drafts, NULL for prompt lookup's (it has none). */
+static inline const float *sched_draft_probs(const sched_req *r) { return r->draft_src != 0 ? r->draft_prob : NULL; }
 
 /* sched_spec.c, engine thread */
 /* Lets go of r's draft KV and draft (it ends, or is preempted and recomputes from scratch). */

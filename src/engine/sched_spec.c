@@ -86,7 +86,7 @@ void sched_spec_plan_locked(sched *s, int max_extra)
         cv.x.depth += r->n_done + 1;
         s->spec_req[n] = r;
         s->spec_nd[n] = r->n_draft;
-        spec_seq_gains(&r->spec[r->draft_src], r->draft_src != 0 ? r->draft_prob : NULL, r->n_draft,
+        spec_seq_gains(&r->spec[r->draft_src], sched_draft_probs(r), r->n_draft,
                        s->spec_gains + (size_t)n * SPEC_MAX_K);
         n++;
     }
@@ -147,7 +147,7 @@ static void sched_spec_ngram(sched *s, sched_req *r, int nt, int kmax)
 {
     r->n_draft = spec_ngram_draft(r->tokens, nt, SPEC_NGRAM_MAX, SPEC_NGRAM_MIN, kmax, r->draft);
     r->draft_src = 0;
-    r->draft_at = nt;
+    r->draft_at = r->n_draft > 0 ? nt : -1;
     s->drafted_run[0] += (uint64_t)r->n_draft;
 }
 
@@ -158,24 +158,22 @@ static void sched_spec_learn(sched *s, sched_req *r, int i)
 {
     int k = s->batch_k[i];
     if (k > 0) {
-        spec_seq_observe(&s->spec_all[r->draft_src], s->batch_acc[i], r->spec_rejected,
-                         r->draft_src != 0 ? r->draft_prob : NULL);
-        s->verified_run[r->draft_src] += (uint64_t)k;
-        s->accepted_run[r->draft_src] += (uint64_t)s->batch_acc[i];
+        spec_seq_observe(&s->spec_all[r->draft_src], s->batch_acc[i], r->spec_rejected, sched_draft_probs(r));
     }
     if (s->batch_n[i] - k == 1 && s->batch_row[i] >= 0) spec_probe_step(&r->probe, k, s->batch_acc[i]);
     for (int src = 0; src < SPEC_N_SRC; src++) spec_seq_prior(&r->spec[src], &s->spec_all[src]);
 }
 
-/* How many tokens drafter dr drafts for r (at most kmax), from the expected gains of its
- * drafts against what its steps cost; when that is none and dr's probe is due (probe_due, its
- * clock read at now), r may probe it: one token anyway, if what dr has not seen of r (nt -
- * its d_done) costs at most SPEC_PROBE_SHARE of the time since dr's last probe (or since the
+/* How many tokens drafter d drafts for r (at most kmax), from the expected gains of its
+ * drafts against what its steps cost; when that is none and d's probe is due (probe_due, its
+ * clock read at now), r may probe it: one token anyway, if what d has not seen of r (nt - its
+ * d_done) costs at most SPEC_PROBE_SHARE of the time since d's last probe (or since the
  * scheduler started: a first probe is no cheaper than the others; a new server's first
  * requests try the drafter anyway, from the prior rate). */
-static int sched_spec_model_len(sched *s, sched_drafter *dr, int d, sched_req *r, int nt, int kmax, bool *probe_due,
-                                double now)
+static int sched_spec_model_len(sched *s, int d, sched_req *r, int nt, int kmax, bool *probe_due, double now)
 {
+    sched_drafter *dr = &s->dr[d];
+    const spec_seq *q = &r->spec[SCHED_DRAFTER_SRC(d)];
     if (kmax <= 0) return 0;
     if (s->o.spec_fixed > 0) return kmax;
     /* what a draft step costs as a fraction of a target step: measured, but never below the
@@ -185,8 +183,8 @@ static int sched_spec_model_len(sched *s, sched_drafter *dr, int d, sched_req *r
     min_gain = TM_MAX(min_gain, dr->cost_floor);
     bool probe = *probe_due && (double)(nt - r->d_done[d]) * steptime_prefill_token_s(&s->tm) * dr->cost_floor <=
                                    SPEC_PROBE_SHARE * (now - dr->probe_t);
-    int k = spec_seq_draft_len(&r->spec[dr->src], kmax, min_gain, probe);
-    if (k > 0 && probe && r->spec[dr->src].rate[0] < min_gain) {   /* this request probes */
+    int k = spec_seq_draft_len(q, kmax, min_gain, probe);
+    if (k > 0 && probe && q->rate[0] < min_gain) {   /* this request probes */
         *probe_due = false;
         dr->probe_t = now;
         spec_probe_taken(&dr->probe);
@@ -241,7 +239,7 @@ void sched_spec_draft(sched *s, int n_reqs)
         if (!dr->sd) continue;
         int verified = 0, accepted = 0;
         for (int i = 0; i < n_reqs; i++)
-            if (s->batch_k[i] > 0 && s->batch_req[i]->draft_src == dr->src) {
+            if (s->batch_k[i] > 0 && s->batch_src[i] == SCHED_DRAFTER_SRC(d)) {
                 verified += s->batch_k[i];
                 accepted += s->batch_acc[i];
             }
@@ -283,13 +281,12 @@ void sched_spec_draft(sched *s, int n_reqs)
                 sched_spec_ngram(s, r, nt, kmax);
                 continue;
             }
-            int d = src == 1 ? 0 : 1;
-            int k = sched_spec_model_len(s, &s->dr[d], d, r, nt, kmax, &probe_due[d], now);
+            int d = src - 1;
+            int k = sched_spec_model_len(s, d, r, nt, kmax, &probe_due[d], now);
             if (k == 0) continue;
             sched_spec_queue(s, d, r, nt, k, first, s->batch_n[i]);
             queued = d;
         }
-        if (r->n_draft == 0) r->draft_at = -1;
         if (mtp && queued != 1) sched_spec_queue(s, 1, r, nt, 0, first, s->batch_n[i]);   /* catch-up */
     }
     for (int d = 0; d < SCHED_N_DRAFTERS; d++) {
@@ -309,14 +306,14 @@ void sched_spec_draft(sched *s, int n_reqs)
             r->d_done[d] = q->n_done;
             if (q->k_max == 0) continue;   /* caught up only */
             r->draft_at = q->n_tokens;
-            r->draft_src = dr->src;
+            r->draft_src = SCHED_DRAFTER_SRC(d);
             r->n_draft = q->n_draft;
             memcpy(r->draft, q->draft, (size_t)q->n_draft * sizeof *r->draft);
             memcpy(r->draft_prob, q->prob, (size_t)q->n_draft * sizeof *r->draft_prob);
-            s->drafted_run[dr->src] += (uint64_t)r->n_draft;
+            s->drafted_run[r->draft_src] += (uint64_t)r->n_draft;
             /* nothing drafted (a backlog still catching up, no KV room): prompt lookup, when
              * it ranked below this model and was not tried */
-            if (r->n_draft == 0 && ngram && r->spec[0].rate[0] < r->spec[dr->src].rate[0])
+            if (r->n_draft == 0 && ngram && r->spec[0].rate[0] < r->spec[r->draft_src].rate[0])
                 sched_spec_ngram(s, r, q->n_tokens, sched_spec_kmax(s, r, q->n_tokens));
         }
     }
