@@ -129,6 +129,13 @@ void sched_finish_push_locked(sched *s, sched_req *r, sched_finish why)
         o->ttft_s = r->ttft;
         r->finished = true;
         s->st.n_finished[why]++;
+        int n_gen = r->n_tokens - r->n_prompt;
+        double span = r->ttft >= 0 && r->t_last > 0 ? r->t_last - (r->t_submit + r->ttft) : 0;
+        log_debug("sched: req %llu finished at step %llu (%s): prompt %d, %d tokens generated, %.1f ms from the "
+                  "first to the last (%.1f tok/s), drafts verified %d accepted %d",
+                  (unsigned long long)r->id, (unsigned long long)s->n_planned, sched_finish_name(why), r->n_prompt,
+                  n_gen, span * 1e3, n_gen > 1 && span > 0 ? (n_gen - 1) / span : 0.0, r->n_drafts_verified,
+                  r->n_drafts_accepted);
         pthread_cond_broadcast(&r->cv);
         if (r->p.on_output) r->p.on_output(r->p.out_arg);
     }

@@ -115,7 +115,7 @@ struct sched_req {
     int n_drafts_verified;       /* (speculation) its drafted tokens verified so far (under mu) */
     int n_drafts_accepted;       /* of those, accepted */
     int32_t draft[SPEC_MAX_K];   /* (speculation) drafted continuation of tokens[0..draft_at) */
-    float draft_prob[SPEC_MAX_K]; /* the drafting model's probability of each (model drafts) */
+    float draft_prob[SPEC_MAX_K]; /* its source's confidence in each (spec_seq_gains' prob) */
     int n_draft;                 /* entries of draft */
     int draft_at;                /* n_tokens the draft continues (stale unless equal), -1: none */
     int draft_src;               /* index of the source that drafted it */
@@ -322,9 +322,6 @@ bool sched_pub_lp_move(sched *s, int from, int to);
 /* sched.c: the prompt tokens r reads in a step already holding x (budget tokens left, a
  * step-time target in seconds or 0); 0 when the step is full. */
 int sched_prefill_chunk(const sched *s, const steptime_x *x, const sched_req *r, int budget, double target_s);
-
-/* The drafting model's probabilities of r's drafts, NULL for prompt lookup's (it has none). */
-static inline const float *sched_draft_probs(const sched_req *r) { return r->draft_src != 0 ? r->draft_prob : NULL; }
 
 /* sched_spec.c, engine thread */
 /* Lets go of r's draft KV and draft (it ends, or is preempted and recomputes from scratch). */

@@ -89,7 +89,7 @@ static void sched_sample_rows(sched *s, int ith, int nth)
             if (sched_is_stop(s, r, tok) || gen - r->n_prompt >= r->max_gen || gen >= r->cap) break;
         }
         r->spec_rejected = rejected;
-        if (k > 0) spec_seq_observe(&r->spec[r->draft_src], s->batch_acc[i], rejected, sched_draft_probs(r));
+        if (k > 0) spec_seq_observe(&r->spec[r->draft_src], s->batch_acc[i], rejected, r->draft_prob);
     }
 }
 

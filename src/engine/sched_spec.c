@@ -86,7 +86,7 @@ void sched_spec_plan_locked(sched *s, int max_extra)
         cv.x.depth += r->n_done + 1;
         s->spec_req[n] = r;
         s->spec_nd[n] = r->n_draft;
-        spec_seq_gains(&r->spec[r->draft_src], sched_draft_probs(r), r->n_draft,
+        spec_seq_gains(&r->spec[r->draft_src], r->draft_prob, r->n_draft,
                        s->spec_gains + (size_t)n * SPEC_MAX_K);
         n++;
     }
@@ -145,7 +145,7 @@ static int sched_spec_kmax(const sched *s, const sched_req *r, int nt)
 /* Prompt lookup for r once it holds nt tokens, at most kmax. */
 static void sched_spec_ngram(sched *s, sched_req *r, int nt, int kmax)
 {
-    r->n_draft = spec_ngram_draft(r->tokens, nt, SPEC_NGRAM_MAX, SPEC_NGRAM_MIN, kmax, r->draft);
+    r->n_draft = spec_ngram_draft(r->tokens, nt, SPEC_NGRAM_MAX, SPEC_NGRAM_MIN, kmax, r->draft, r->draft_prob);
     r->draft_src = 0;
     r->draft_at = r->n_draft > 0 ? nt : -1;
     s->drafted_run[0] += (uint64_t)r->n_draft;
@@ -158,7 +158,7 @@ static void sched_spec_learn(sched *s, sched_req *r, int i)
 {
     int k = s->batch_k[i];
     if (k > 0) {
-        spec_seq_observe(&s->spec_all[r->draft_src], s->batch_acc[i], r->spec_rejected, sched_draft_probs(r));
+        spec_seq_observe(&s->spec_all[r->draft_src], s->batch_acc[i], r->spec_rejected, r->draft_prob);
     }
     if (s->batch_n[i] - k == 1 && s->batch_row[i] >= 0) spec_probe_step(&r->probe, k, s->batch_acc[i]);
     for (int src = 0; src < SPEC_N_SRC; src++) spec_seq_prior(&r->spec[src], &s->spec_all[src]);

@@ -16,19 +16,36 @@ const char *spec_source_name(int i)
     return i >= 0 && i < SPEC_N_SRC ? names[i] : "?";
 }
 
-int spec_ngram_draft(const int32_t *toks, int n, int n_max, int n_min, int k_max, int32_t *out)
+int spec_ngram_draft(const int32_t *toks, int n, int n_max, int n_min, int k_max, int32_t *out, float *prob)
 {
     if (!toks || n < 2 || k_max <= 0 || n_min < 1) return 0;
+    k_max = TM_MIN(k_max, SPEC_MAX_K);
     int lo = n > SPEC_NGRAM_WINDOW ? n - SPEC_NGRAM_WINDOW : 0;
     for (int len = TM_MIN(n_max, n - 1); len >= n_min; len--) {
         const int32_t *pat = toks + n - len;
         /* the most recent earlier occurrence: starts i < n - len, so a token follows it */
-        for (int i = n - len - 1; i >= lo; i--) {
+        int at = -1;
+        for (int i = n - len - 1; i >= lo && at < 0; i--)
+            if (toks[i] == pat[0] && !memcmp(toks + i, pat, (size_t)len * sizeof *toks)) at = i;
+        if (at < 0) continue;
+        int k = TM_MIN(k_max, n - (at + len));
+        memcpy(out, toks + at + len, (size_t)k * sizeof *toks);
+        if (!prob) return k;
+        /* each occurrence's continuation against the draft: cand[j] occurrences agree with
+         * drafts 0..j-1 and have a j-th token, agree[j] of them agree with draft j too */
+        int cand[SPEC_MAX_K] = { 0 }, agree[SPEC_MAX_K] = { 0 };
+        for (int i = at; i >= lo; i--) {
             if (toks[i] != pat[0] || memcmp(toks + i, pat, (size_t)len * sizeof *toks)) continue;
-            int k = TM_MIN(k_max, n - (i + len));
-            memcpy(out, toks + i + len, (size_t)k * sizeof *toks);
-            return k;
+            const int32_t *c = toks + i + len;
+            int avail = TM_MIN(k, n - (i + len));
+            for (int j = 0; j < avail; j++) {
+                cand[j]++;
+                if (c[j] != out[j]) break;
+                agree[j]++;
+            }
         }
+        for (int j = 0; j < k; j++) prob[j] = (float)((agree[j] + 1.0) / (cand[j] + 2.0));
+        return k;
     }
     return 0;
 }

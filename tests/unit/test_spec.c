@@ -33,29 +33,63 @@ TEST(test_ngram_draft)
     int32_t out[SPEC_MAX_K];
     /* ... 1 2 3 4 5 ... 9 1 2 3 -> the 3-gram "1 2 3" recurs: draft 4 5 6 */
     int32_t a[] = { 7, 1, 2, 3, 4, 5, 6, 9, 1, 2, 3 };
-    int n = spec_ngram_draft(a, 11, 3, 1, 3, out);
+    int n = spec_ngram_draft(a, 11, 3, 1, 3, out, NULL);
     CHECK(n == 3 && out[0] == 4 && out[1] == 5 && out[2] == 6);
     /* the most recent occurrence wins: "2 3" after 1 and after 8 */
     int32_t b[] = { 1, 2, 3, 10, 8, 2, 3, 11, 2, 3 };
-    n = spec_ngram_draft(b, 10, 2, 1, 4, out);
+    n = spec_ngram_draft(b, 10, 2, 1, 4, out, NULL);
     CHECK(n == 3 && out[0] == 11 && out[1] == 2 && out[2] == 3);   /* up to the end */
     /* longest n first: the 3-gram "5 6 7" (-> 8) beats the more recent 1-gram "7" (-> 9) */
     int32_t c[] = { 5, 6, 7, 8, 0, 7, 9, 5, 6, 7 };
-    n = spec_ngram_draft(c, 10, 3, 1, 1, out);
+    n = spec_ngram_draft(c, 10, 3, 1, 1, out, NULL);
     CHECK(n == 1 && out[0] == 8);
     /* n_min bounds the shortest suffix: with 2 the lone recurring "7" does not draft */
     int32_t d[] = { 7, 1, 2, 7 };
-    CHECK(spec_ngram_draft(d, 4, 3, 2, 2, out) == 0);
-    CHECK(spec_ngram_draft(d, 4, 3, 1, 2, out) == 2 && out[0] == 1 && out[1] == 2);
+    CHECK(spec_ngram_draft(d, 4, 3, 2, 2, out, NULL) == 0);
+    CHECK(spec_ngram_draft(d, 4, 3, 1, 2, out, NULL) == 2 && out[0] == 1 && out[1] == 2);
     /* no recurrence, too short, k_max 0 */
     int32_t e[] = { 1, 2, 3, 4 };
-    CHECK(spec_ngram_draft(e, 4, 3, 1, 4, out) == 0);
-    CHECK(spec_ngram_draft(e, 1, 3, 1, 4, out) == 0);
-    CHECK(spec_ngram_draft(a, 11, 3, 1, 0, out) == 0);
+    CHECK(spec_ngram_draft(e, 4, 3, 1, 4, out, NULL) == 0);
+    CHECK(spec_ngram_draft(e, 1, 3, 1, 4, out, NULL) == 0);
+    CHECK(spec_ngram_draft(a, 11, 3, 1, 0, out, NULL) == 0);
     /* the draft stops at the end of the sequence */
     int32_t f[] = { 4, 4, 4 };
-    n = spec_ngram_draft(f, 3, 3, 1, 5, out);
+    n = spec_ngram_draft(f, 3, 3, 1, 5, out, NULL);
     CHECK(n == 1 && out[0] == 4);
+}
+
+/* Each drafted token's confidence: of the matched suffix's earlier occurrences followed by the
+ * tokens drafted before it, the share followed by it too, by the rule of succession. */
+TEST(test_ngram_confidence)
+{
+    int32_t out[SPEC_MAX_K];
+    float prob[SPEC_MAX_K];
+    /* "1 2" went on 3 5, 4 6, 3 7: the most recent says 3 7; 3 follows 2 of 3 occurrences
+     * ((2 + 1) / (3 + 2)), 7 follows 1 of the 2 that went on with 3 ((1 + 1) / (2 + 2)) */
+    int32_t a[] = { 1, 2, 3, 5, 9, 1, 2, 4, 6, 9, 1, 2, 3, 7, 9, 1, 2 };
+    int n = spec_ngram_draft(a, 17, 2, 1, 2, out, prob);
+    CHECK(n == 2 && out[0] == 3 && out[1] == 7);
+    CHECK(fabsf(prob[0] - 0.6f) < 1e-6f && fabsf(prob[1] - 0.5f) < 1e-6f);
+    /* a loop: every occurrence of "6 5 6" went on 5 6 */
+    int32_t b[] = { 5, 6, 5, 6, 5, 6, 5, 6 };
+    n = spec_ngram_draft(b, 8, 3, 1, 4, out, prob);
+    CHECK(n == 2 && out[0] == 5 && out[1] == 6);
+    CHECK(fabsf(prob[0] - 0.75f) < 1e-6f && fabsf(prob[1] - 0.75f) < 1e-6f);
+    /* one occurrence: 2/3; an occurrence too near the end to show a later token does not count
+     * for it */
+    int32_t c[] = { 4, 4, 4 };
+    n = spec_ngram_draft(c, 3, 3, 1, 5, out, prob);
+    CHECK(n == 1 && fabsf(prob[0] - 2.0f / 3) < 1e-6f);
+    /* the estimate ranks drafts: confident ones gain more under the same running rate */
+    spec_seq q;
+    spec_seq_init(&q);
+    float tested[1] = { 0.6f };
+    spec_seq_observe(&q, 1, false, tested);
+    double g_loop[2], g_mixed[2];
+    float p_loop[2] = { 0.75f, 0.75f }, p_mixed[2] = { 0.6f, 0.5f };
+    spec_seq_gains(&q, p_loop, 2, g_loop);
+    spec_seq_gains(&q, p_mixed, 2, g_mixed);
+    CHECK(g_loop[0] > g_mixed[0] && g_loop[1] > g_mixed[1]);
 }
 
 /* An estimate with the same rate at every position. */
@@ -836,6 +870,7 @@ TEST(test_grammar_drafts)
 int main(void)
 {
     RUN(test_ngram_draft);
+    RUN(test_ngram_confidence);
     RUN(test_acceptance_estimate);
     RUN(test_acceptance_per_position);
     RUN(test_prior_from_all_requests);
