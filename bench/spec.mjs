@@ -59,7 +59,7 @@ const o = parseArgs("bench/spec", [
   { name: "--json", arg: "OUT.json", default: null, help: "write the figures there too" },
   { name: "--workload", choices: ["quote", "mixed"], default: "quote", help: "quote: every stream greedy; mixed: every other stream samples at --mixed-temperature (seeded)" },
   { name: "--mixed-temperature", arg: "T", kind: "number", default: 2, help: "the sampled streams' temperature in --workload mixed" },
-  { name: "--server-log", arg: "DIR", default: null, help: "run each server with -v and write its log to DIR/CONFIG-ROUND.log (the step lines: make-up and times)" },
+  { name: "--server-log", arg: "DIR", default: null, help: "run each server with -v and write its log to DIR/CONFIG-ROUND.log (the step lines: make-up and times); the table then adds a modelled per-user rate (one step-time curve over every log)" },
 ]);
 const log = (s) => console.error(`bench/spec: ${s}`);
 
@@ -150,7 +150,8 @@ async function metrics(port) {
 
 async function runConfig(id, name, args, round) {
   if (o.serverLog) fs.mkdirSync(o.serverLog, { recursive: true });
-  const S = await startServer(args, o.serverLog ? path.join(o.serverLog, `${id}-${round + 1}.log`) : null);
+  const logFile = o.serverLog ? path.join(o.serverLog, `${id}-${round + 1}.log`) : null;
+  const S = await startServer(args, logFile);
   const rows = [];
   try {
     await stream(S, "warm up " + prompt(99));
@@ -169,7 +170,7 @@ async function runConfig(id, name, args, round) {
       rows.push({ config: name, streams: c, per_user_tok_s: perUser, aggregate_tok_s: tokens / wall,
         per_user_greedy: mean(rates.filter((_, i) => !sampled(i))), per_user_sampled: mean(rates.filter((_, i) => sampled(i))),
         verified, accepted, acceptance: verified ? accepted / verified : 0,
-        verifies: d("tokenmill_spec_verifies_total"), steps: d("tokenmill_engine_steps_total") });
+        verifies: d("tokenmill_spec_verifies_total"), steps: d("tokenmill_engine_steps_total"), log: logFile });
       log(`${name}, ${c} streams: ${perUser.toFixed(1)} tok/s per user${o.workload === "mixed" ? ` (greedy ${rows.at(-1).per_user_greedy.toFixed(1)}, sampled ${rows.at(-1).per_user_sampled.toFixed(1)})` : ""}, ${(tokens / wall).toFixed(1)} aggregate, acceptance ${verified ? (accepted / verified).toFixed(2) : "-"}`);
     }
   } finally {
@@ -199,6 +200,74 @@ if (o.configs) {
 const runs = [];
 for (let rep = 0; rep < Math.max(1, o.reps); rep++)
   for (const [id, name, args] of configs) runs.push(...await runConfig(id, name, args, rep));
+// The modelled per-user rate (with --server-log): the machine's speed drifts by tens of percent
+// between a configuration's rounds, more than the configurations differ. So the step lines of
+// every server log are pooled, one step-time curve is fitted to all of them (seconds = a +
+// b decodes + c verify rows + d prefill tokens, least squares on relative errors), and each
+// request's span from its first token to its last is re-priced as the sum of that curve over
+// the steps it spanned (the -v "first token at step" and "finished at step" lines). What is
+// left is what each configuration's choices cost under one machine: its steps' make-up.
+function modelPerUser(runs) {
+  const stepRe = /sched: step (\d+) tokens .*?: (\d+) decodes, \d+ prefill chunks .*?verified (\d+) accepted \d+; ms: plan [\d.]+ step ([\d.]+)/;
+  const firstRe = /sched: req (\d+) first token at step (\d+)/;
+  const finRe = /sched: req (\d+) finished at step (\d+) \(\w+\): prompt \d+, (\d+) tokens generated/;
+  const logs = new Map();
+  for (const r of runs) {
+    if (!r.log || logs.has(r.log) || !fs.existsSync(r.log)) continue;
+    const steps = [], first = new Map(), reqs = [];
+    for (const l of fs.readFileSync(r.log, "utf8").split("\n")) {
+      let m;
+      if ((m = stepRe.exec(l))) {
+        const [tok, dec, ver] = [Number(m[1]), Number(m[2]), Number(m[3])];
+        steps.push({ x: [1, dec, ver, tok - dec - ver], s: Number(m[4]) / 1e3 });
+      } else if ((m = firstRe.exec(l))) first.set(m[1], Number(m[2]));
+      else if ((m = finRe.exec(l)) && first.has(m[1])) reqs.push({ id: Number(m[1]), from: first.get(m[1]), to: Number(m[2]), n: Number(m[3]) });
+    }
+    reqs.sort((a, b) => a.id - b.id);
+    logs.set(r.log, { steps, reqs: reqs.slice(1) });   // the first request is the warm-up
+  }
+  if (!logs.size) return null;
+  const n = 4, A = Array.from({ length: n }, () => new Array(n + 1).fill(0));
+  for (const { steps } of logs.values())
+    for (const { x, s } of steps) {
+      if (!(s > 0)) continue;
+      const w = 1 / (s * s);
+      for (let i = 0; i < n; i++) {
+        for (let j = 0; j < n; j++) A[i][j] += w * x[i] * x[j];
+        A[i][n] += w * x[i] * s;
+      }
+    }
+  for (let i = 1; i < n; i++) A[i][i] += 1e-9 * (1 + A[i][i]);
+  for (let c = 0; c < n; c++) {   // Gauss-Jordan with partial pivoting
+    let p = c;
+    for (let r = c + 1; r < n; r++) if (Math.abs(A[r][c]) > Math.abs(A[p][c])) p = r;
+    [A[c], A[p]] = [A[p], A[c]];
+    if (!(Math.abs(A[c][c]) > 0)) return null;
+    for (let r = 0; r < n; r++)
+      if (r !== c) {
+        const f = A[r][c] / A[c][c];
+        for (let k = c; k <= n; k++) A[r][k] -= f * A[c][k];
+      }
+  }
+  const w = A.map((row, i) => row[n] / row[i]);
+  const price = (x) => x.reduce((a, v, i) => a + v * w[i], 0);
+  for (const [file, { steps, reqs }] of logs) {
+    const cum = [0];
+    for (const st of steps) cum.push(cum.at(-1) + price(st.x));
+    let at = 0;
+    for (const c of o.streams) {
+      const wave = reqs.slice(at, at + c);
+      at += c;
+      const row = runs.find((r) => r.log === file && r.streams === c);
+      if (!row || wave.length < c) continue;
+      const rates = wave.map((q) => (q.n - 1) / (cum[Math.min(q.to, steps.length)] - cum[Math.min(q.from, steps.length)]));
+      row.per_user_modelled = rates.reduce((a, b) => a + b, 0) / rates.length;
+    }
+  }
+  return { const_s: w[0], decode_row_s: w[1], verify_row_s: w[2], prefill_token_s: w[3] };
+}
+const curve = modelPerUser(runs);
+
 const median = (xs) => {
   const v = [...xs].sort((a, b) => a - b);
   return v.length % 2 ? v[(v.length - 1) / 2] : (v[v.length / 2 - 1] + v[v.length / 2]) / 2;
@@ -213,7 +282,8 @@ for (const [, name] of configs)
       per_user_all: rs.map((r) => r.per_user_tok_s), aggregate_tok_s: median(rs.map((r) => r.aggregate_tok_s)),
       verified, accepted, acceptance: verified ? accepted / verified : 0, mean_accepted: verifies ? accepted / verifies : 0,
       per_user_greedy: median(rs.map((r) => r.per_user_greedy)), per_user_sampled: median(rs.map((r) => r.per_user_sampled)),
-      steps: median(rs.map((r) => r.steps)) });
+      steps: median(rs.map((r) => r.steps)),
+      ...(curve ? { per_user_modelled: median(rs.map((r) => r.per_user_modelled ?? 0)) } : {}) });
   }
 
 const llama = [];
@@ -247,14 +317,16 @@ if (o.llama) {
 const base = Object.fromEntries(rows.filter((r) => r.config === "none").map((r) => [r.streams, r]));
 const mixed = o.workload === "mixed";
 console.log(`\n${o.preset} ${o.type}, ${o.threads} threads, ${o.tokens} tokens per stream, ${mixed ? `every other stream sampled at temperature ${o.mixedTemperature}` : "greedy"}; quoting workload${o.reps > 1 ? `; medians of ${o.reps} rounds` : ""}\n`);
-console.log(`| configuration | streams | tok/s per user |${mixed ? " greedy / sampled users |" : ""} aggregate tok/s | vs none (per user) | drafts accepted / verified | mean accepted |`);
-console.log(`|---|---:|---:|${mixed ? "---:|" : ""}---:|---:|---:|---:|`);
+console.log(`| configuration | streams | tok/s per user |${mixed ? " greedy / sampled users |" : ""} aggregate tok/s | vs none (per user) |${curve ? " modelled per user | vs none |" : ""} drafts accepted / verified | mean accepted |`);
+console.log(`|---|---:|---:|${mixed ? "---:|" : ""}---:|---:|${curve ? "---:|---:|" : ""}---:|---:|`);
 for (const r of rows)
-  console.log(`| ${r.config} | ${r.streams} | ${r.per_user_tok_s.toFixed(1)} |${mixed ? ` ${r.per_user_greedy.toFixed(1)} / ${r.per_user_sampled ? r.per_user_sampled.toFixed(1) : "-"} |` : ""} ${r.aggregate_tok_s.toFixed(1)} | ${(r.per_user_tok_s / base[r.streams].per_user_tok_s).toFixed(2)} | ${r.verified ? `${r.accepted} / ${r.verified}` : "-"} | ${r.mean_accepted ? r.mean_accepted.toFixed(2) : "-"} |`);
+  console.log(`| ${r.config} | ${r.streams} | ${r.per_user_tok_s.toFixed(1)} |${mixed ? ` ${r.per_user_greedy.toFixed(1)} / ${r.per_user_sampled ? r.per_user_sampled.toFixed(1) : "-"} |` : ""} ${r.aggregate_tok_s.toFixed(1)} | ${(r.per_user_tok_s / base[r.streams].per_user_tok_s).toFixed(2)} |${curve ? ` ${r.per_user_modelled.toFixed(2)} | ${(r.per_user_modelled / base[r.streams].per_user_modelled).toFixed(3)} |` : ""} ${r.verified ? `${r.accepted} / ${r.verified}` : "-"} | ${r.mean_accepted ? r.mean_accepted.toFixed(2) : "-"} |`);
+if (curve)
+  console.log(`\nmodelled per user: each request's first-to-last-token span priced by one curve fitted to every server's steps: ${(curve.const_s * 1e3).toFixed(2)} ms a step + ${(curve.decode_row_s * 1e3).toFixed(2)} a decode row + ${(curve.verify_row_s * 1e3).toFixed(2)} a verify row + ${(curve.prefill_token_s * 1e3).toFixed(3)} a prefill token`);
 if (llama.length) {
   console.log("\n| llama.cpp (node-llama-cpp 3.21.1) | streams | tok/s per user | vs none | predictions validated / refuted |");
   console.log("|---|---:|---:|---:|---:|");
   for (const r of llama)
     console.log(`| ${r.config} | 1 | ${r.per_user_tok_s.toFixed(1)} | ${(r.per_user_tok_s / llama[0].per_user_tok_s).toFixed(2)} | ${r.validated} / ${r.refuted} |`);
 }
-if (o.json) fs.writeFileSync(o.json, JSON.stringify({ options: o, tokenmill: rows, llama }, null, 2));
+if (o.json) fs.writeFileSync(o.json, JSON.stringify({ options: o, tokenmill: rows, llama, modelled_curve: curve }, null, 2));

@@ -28,11 +28,17 @@ int spec_ngram_draft(const int32_t *toks, int n, int n_max, int n_min, int k_max
         for (int i = n - len - 1; i >= lo && at < 0; i--)
             if (toks[i] == pat[0] && !memcmp(toks + i, pat, (size_t)len * sizeof *toks)) at = i;
         if (at < 0) continue;
-        int k = TM_MIN(k_max, n - (at + len));
-        memcpy(out, toks + at + len, (size_t)k * sizeof *toks);
+        /* the tokens that followed it, the draft itself once they run into the end (a copy
+         * that overlaps its source): a loop of period p then drafts k_max tokens, not p */
+        int k = k_max;
+        for (int j = 0; j < k; j++) {
+            int src = at + len + j;
+            out[j] = src < n ? toks[src] : out[src - n];
+        }
         if (!prob) return k;
         /* each occurrence's continuation against the draft: cand[j] occurrences agree with
-         * drafts 0..j-1 and have a j-th token, agree[j] of them agree with draft j too */
+         * drafts 0..j-1 and have a j-th token among the real ones, agree[j] of them agree with
+         * draft j too (1/2 where none says anything) */
         int cand[SPEC_MAX_K] = { 0 }, agree[SPEC_MAX_K] = { 0 };
         for (int i = at; i >= lo; i--) {
             if (toks[i] != pat[0] || memcmp(toks + i, pat, (size_t)len * sizeof *toks)) continue;

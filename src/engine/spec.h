@@ -8,8 +8,11 @@
  * DESIGN.
  * - Prompt lookup (llama.cpp's n-gram drafting): the last n tokens of the sequence are looked
  *   up in its earlier tokens, n from n_max down to n_min, the most recent match first; the
- *   tokens that followed the match are the draft. Free to make, and exactly what an agent
- *   quoting tool output, files or earlier answers repeats. Each drafted token comes with a
+ *   tokens that followed the match are the draft, continued from the draft itself where they
+ *   reach the end (llama.cpp's n-gram cache drafting likewise looks up again after each
+ *   drafted token): a sequence caught in a loop of period p drafts k tokens of the loop, not
+ *   p. Free to make, and exactly what an agent quoting tool output, files or earlier answers
+ *   repeats. Each drafted token comes with a
  *   confidence, as a draft model's come with its probabilities: the share of the suffix's
  *   earlier occurrences that went on the same way (by the rule of succession, so one
  *   occurrence says 2/3). A suffix that recurs in a loop is followed the same way every time

@@ -35,10 +35,11 @@ TEST(test_ngram_draft)
     int32_t a[] = { 7, 1, 2, 3, 4, 5, 6, 9, 1, 2, 3 };
     int n = spec_ngram_draft(a, 11, 3, 1, 3, out, NULL);
     CHECK(n == 3 && out[0] == 4 && out[1] == 5 && out[2] == 6);
-    /* the most recent occurrence wins: "2 3" after 1 and after 8 */
+    /* the most recent occurrence wins: "2 3" after 1 and after 8; where its continuation
+     * reaches the end, the draft goes on from itself (11 2 3, then 11 again) */
     int32_t b[] = { 1, 2, 3, 10, 8, 2, 3, 11, 2, 3 };
     n = spec_ngram_draft(b, 10, 2, 1, 4, out, NULL);
-    CHECK(n == 3 && out[0] == 11 && out[1] == 2 && out[2] == 3);   /* up to the end */
+    CHECK(n == 4 && out[0] == 11 && out[1] == 2 && out[2] == 3 && out[3] == 11);
     /* longest n first: the 3-gram "5 6 7" (-> 8) beats the more recent 1-gram "7" (-> 9) */
     int32_t c[] = { 5, 6, 7, 8, 0, 7, 9, 5, 6, 7 };
     n = spec_ngram_draft(c, 10, 3, 1, 1, out, NULL);
@@ -52,10 +53,14 @@ TEST(test_ngram_draft)
     CHECK(spec_ngram_draft(e, 4, 3, 1, 4, out, NULL) == 0);
     CHECK(spec_ngram_draft(e, 1, 3, 1, 4, out, NULL) == 0);
     CHECK(spec_ngram_draft(a, 11, 3, 1, 0, out, NULL) == 0);
-    /* the draft stops at the end of the sequence */
+    /* a loop of period 1 drafts k_max tokens of it, not 1 */
     int32_t f[] = { 4, 4, 4 };
     n = spec_ngram_draft(f, 3, 3, 1, 5, out, NULL);
-    CHECK(n == 1 && out[0] == 4);
+    CHECK(n == 5 && out[0] == 4 && out[4] == 4);
+    /* period 3: 1 2 3 1 2 3 1 -> 2 3 1 2 3 */
+    int32_t g[] = { 1, 2, 3, 1, 2, 3, 1 };
+    n = spec_ngram_draft(g, 7, 3, 1, 5, out, NULL);
+    CHECK(n == 5 && out[0] == 2 && out[1] == 3 && out[2] == 1 && out[3] == 2 && out[4] == 3);
 }
 
 /* Each drafted token's confidence: of the matched suffix's earlier occurrences followed by the
@@ -70,16 +75,18 @@ TEST(test_ngram_confidence)
     int n = spec_ngram_draft(a, 17, 2, 1, 2, out, prob);
     CHECK(n == 2 && out[0] == 3 && out[1] == 7);
     CHECK(fabsf(prob[0] - 0.6f) < 1e-6f && fabsf(prob[1] - 0.5f) < 1e-6f);
-    /* a loop: every occurrence of "6 5 6" went on 5 6 */
+    /* a loop: "6 5 6" occurred at 1 (went on 5 6 5 6) and at 3 (5 6, then the end): the
+     * first two drafts have both behind them, the last two only the first */
     int32_t b[] = { 5, 6, 5, 6, 5, 6, 5, 6 };
     n = spec_ngram_draft(b, 8, 3, 1, 4, out, prob);
-    CHECK(n == 2 && out[0] == 5 && out[1] == 6);
+    CHECK(n == 4 && out[0] == 5 && out[1] == 6 && out[2] == 5 && out[3] == 6);
     CHECK(fabsf(prob[0] - 0.75f) < 1e-6f && fabsf(prob[1] - 0.75f) < 1e-6f);
-    /* one occurrence: 2/3; an occurrence too near the end to show a later token does not count
-     * for it */
+    CHECK(fabsf(prob[2] - 2.0f / 3) < 1e-6f && fabsf(prob[3] - 2.0f / 3) < 1e-6f);
+    /* one occurrence that shows one token: 2/3 for it; the drafts past the end, which no
+     * occurrence shows, 1/2 */
     int32_t c[] = { 4, 4, 4 };
     n = spec_ngram_draft(c, 3, 3, 1, 5, out, prob);
-    CHECK(n == 1 && fabsf(prob[0] - 2.0f / 3) < 1e-6f);
+    CHECK(n == 5 && fabsf(prob[0] - 2.0f / 3) < 1e-6f && fabsf(prob[1] - 0.5f) < 1e-6f);
     /* the estimate ranks drafts: confident ones gain more under the same running rate */
     spec_seq q;
     spec_seq_init(&q);
