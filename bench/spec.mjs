@@ -25,7 +25,10 @@
 // (the best fixed count when drafts are poor). The random-weight model does not know
 // how to quote: what prompt lookup finds is whatever its own output repeats, so the
 // acceptance, and the speed-up, depend on the model; the table prints the acceptance beside
-// each figure (/metrics: accepted / verified drafts, mean accepted length).
+// each figure (/metrics: accepted / verified drafts, mean accepted length). With --server-log the
+// table adds a modelled per-user rate: every request's span re-priced on one step-time curve
+// fitted to all the servers' steps (see modelPerUser), which takes the machine's drift between
+// rounds out of the comparison and leaves what each configuration's steps are made of.
 //
 // llama.cpp (1 stream): LlamaCompletion on a context sequence, greedy, without a predictor,
 // with node-llama-cpp's InputLookupTokenPredictor (prompt lookup) and with its

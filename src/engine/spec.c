@@ -60,7 +60,7 @@ static void spec_seq_init_decay(spec_seq *q, double decay)
 {
     memset(q, 0, sizeof *q);
     q->decay = decay;
-    for (int k = 0; k < SPEC_MAX_K; k++) {
+    for (int k = 0; k < SPEC_RATES; k++) {
         q->prior[k] = q->rate[k] = SPEC_ACCEPT_PRIOR;
         q->wprior[k] = 1;
     }
@@ -73,7 +73,7 @@ void spec_seq_init_shared(spec_seq *q) { spec_seq_init_decay(q, SPEC_SHARED_DECA
 void spec_seq_prior(spec_seq *q, const spec_seq *all)
 {
     if (all->n_tested < SPEC_PRIOR_MIN_TESTED) return;
-    for (int k = 0; k < SPEC_MAX_K; k++) {
+    for (int k = 0; k < SPEC_RATES; k++) {
         q->prior[k] = all->rate[k];
         q->rate[k] = q->wprior[k] * q->prior[k] + q->own[k];
     }
@@ -84,10 +84,13 @@ void spec_seq_observe(spec_seq *q, int n_accepted, bool rejected, const float *p
 {
     for (int i = 0; i < n_accepted + (rejected ? 1 : 0); i++) {
         double hit = i < n_accepted ? 1.0 : 0.0;
-        int k = TM_MIN(i, SPEC_MAX_K - 1);
-        q->own[k] = q->decay * q->own[k] + (1 - q->decay) * hit;
-        q->wprior[k] *= q->decay;
-        q->rate[k] = q->wprior[k] * q->prior[k] + q->own[k];
+        const int slots[2] = { TM_MIN(i, SPEC_MAX_K - 1), SPEC_POOLED };
+        for (int j = 0; j < 2; j++) {
+            int k = slots[j];
+            q->own[k] = q->decay * q->own[k] + (1 - q->decay) * hit;
+            q->wprior[k] *= q->decay;
+            q->rate[k] = q->wprior[k] * q->prior[k] + q->own[k];
+        }
         if (prob) q->mean_prob = q->mean_prob > 0 ? q->decay * q->mean_prob + (1 - q->decay) * prob[i] : prob[i];
     }
     q->n_tested += (uint64_t)(n_accepted + (rejected ? 1 : 0));
@@ -98,8 +101,8 @@ void spec_seq_gains(const spec_seq *q, const float *prob, int n, double *out)
 {
     double g = 1;
     for (int k = 0; k < n; k++) {
-        double a = q->rate[TM_MIN(k, SPEC_MAX_K - 1)];
-        if (prob && q->mean_prob > 0) a = TM_MIN(1.0, a * prob[k] / q->mean_prob);
+        double a = prob && q->mean_prob > 0 ? TM_MIN(1.0, prob[k] * q->rate[SPEC_POOLED] / q->mean_prob)
+                                             : q->rate[TM_MIN(k, SPEC_MAX_K - 1)];
         g *= a;
         out[k] = g;
     }

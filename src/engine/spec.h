@@ -22,10 +22,21 @@
  *   were accepted, so each request keeps one running rate per draft position: of its k-th
  *   drafts tested, the share accepted (an exponential average that starts from a prior: the
  *   source's server-wide rate at that position, followed as it learns, SPEC_ACCEPT_PRIOR
- *   before that). The k-th token's expected gain is the product of the rates up to it. One rate for every
- *   position would take the first token's acceptance for the later ones', which are not alike
- *   (a lookup that finds the right next token may still quote the wrong continuation after
- *   it; a model that agrees on one token often agrees on the next).
+ *   before that). One rate for every position would take the first token's acceptance for
+ *   the later ones', which are not alike (a lookup that finds the right next token may still
+ *   quote the wrong continuation after it; a model that agrees on one token often agrees on
+ *   the next). But every source gives a confidence for each drafted token that already
+ *   conditions on the tokens before it (a model's probability, prompt lookup's agreement of
+ *   the occurrences that went on like the draft so far), so once a request has tested drafts
+ *   a token's estimate is its confidence calibrated by the request's outcomes: the confidence
+ *   times the request's acceptance over every position pooled, over the mean confidence of
+ *   the drafts it tested. The per-position rates, learned per position and mixing drafts of
+ *   every confidence, priced a loop's fourth token like any fourth token (on the quoting
+ *   workload, 1-stream requests verified 2 of 5 loop drafts for their first steps where every
+ *   one passed); the pooled calibration learns one number, from every tested draft. The
+ *   per-position rates remain the estimate before any draft with a confidence was tested, and
+ *   size a drafting model's drafts (spec_seq_draft_len). The k-th token's expected gain is the
+ *   product of the estimates up to it.
  * - The verify count (spec_choose): a step's cost depends on its make-up (the step time
  *   curve, learned online by steptime.c), its yield is one step of progress for each running
  *   request (a decode's token, or a prompt chunk: a longer step delays both) plus the expected
@@ -96,16 +107,20 @@ const char *spec_source_name(int i);
  * n_min..n_max tokens recurs. */
 int spec_ngram_draft(const int32_t *toks, int n, int n_max, int n_min, int k_max, int32_t *out, float *prob);
 
+#define SPEC_POOLED SPEC_MAX_K  /* the rate slot over the drafts of every position */
+#define SPEC_RATES (SPEC_MAX_K + 1)
+
 /* A request's running acceptance of its drafts (or a source's, over all its requests). */
 typedef struct {
-    double rate[SPEC_MAX_K];    /* rate[k]: estimated probability that the k-th drafted token
-                                 * (from 0) is accepted when all before it were; rate[0] is the
-                                 * request's acceptance of its drafts' first tokens:
-                                 * wprior[k] * prior[k] + own[k] */
-    double own[SPEC_MAX_K];     /* the exponential average of the outcomes at position k, its
+    double rate[SPEC_RATES];    /* rate[k], k < SPEC_MAX_K: estimated probability that the k-th
+                                 * drafted token (from 0) is accepted when all before it were;
+                                 * rate[0] is the request's acceptance of its drafts' first
+                                 * tokens; rate[SPEC_POOLED] the same over the tested drafts of
+                                 * every position: wprior[k] * prior[k] + own[k] */
+    double own[SPEC_RATES];     /* the exponential average of the outcomes in slot k, its
                                  * weights summing to 1 - wprior[k] */
-    double wprior[SPEC_MAX_K];  /* weight left to the prior: decay^(outcomes seen at k) */
-    double prior[SPEC_MAX_K];   /* SPEC_ACCEPT_PRIOR, or the source's server-wide rate */
+    double wprior[SPEC_RATES];  /* weight left to the prior: decay^(outcomes seen in slot k) */
+    double prior[SPEC_RATES];   /* SPEC_ACCEPT_PRIOR, or the source's server-wide rate */
     double decay;               /* weight kept per outcome (SPEC_ACCEPT_DECAY, SPEC_SHARED_DECAY) */
     double mean_prob;           /* running mean of the draft's own confidence in the tested
                                  * drafts (a model's probability, prompt lookup's agreement),
@@ -129,12 +144,14 @@ void spec_seq_prior(spec_seq *q, const spec_seq *all);
  * request ended first); prob (NULL: none) the draft's probabilities of those drafts. */
 void spec_seq_observe(spec_seq *q, int n_accepted, bool rejected, const float *prob);
 /* Expected gain of each of n drafted tokens (the chance it is accepted with all before it),
- * non-increasing: the product of the per-token estimates up to it, each the request's rate
- * for its position, or with the draft's own probabilities prob (n; NULL: none) that rate
- * scaled by how the
- * token's probability compares with the mean probability of the drafts tested so far (at most
- * 1): calibrated by the request's own outcomes, so a confident draft counts more, and nothing
- * once the request has seen its drafts rejected, however confident. */
+ * non-increasing: the product of the per-token estimates up to it. With the source's
+ * confidence in each token (prob, n; NULL: none) and once the request has tested drafts with
+ * one, a token's estimate is its confidence times the request's calibration: its acceptance of
+ * the drafts it tested (every position pooled) over their mean confidence (at most 1). So a
+ * confident token counts more wherever it stands in the draft (the confidence of a later
+ * token already assumes the ones before it), and a request whose drafts were rejected expects
+ * nothing of them however confident. Without a confidence, the request's rate for the
+ * token's position. */
 void spec_seq_gains(const spec_seq *q, const float *prob, int n, double *out);
 
 /* How many tokens a costly source should draft, at most k_max: those whose expected gain by

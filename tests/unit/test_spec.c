@@ -99,6 +99,34 @@ TEST(test_ngram_confidence)
     CHECK(g_loop[0] > g_mixed[0] && g_loop[1] > g_mixed[1]);
 }
 
+/* With confidences, a token's estimate is its confidence calibrated by every tested draft of
+ * the request, whatever its position: drafts whose confident first tokens (0.8) always pass
+ * and whose unsure second ones (0.4) never do still expect a confident token at the second or
+ * third position to pass (the per-position rate of second tokens is about 0). */
+TEST(test_confidence_calibrates_every_position)
+{
+    spec_seq q;
+    spec_seq_init(&q);
+    const float seen[2] = { 0.8f, 0.4f };
+    for (int i = 0; i < 60; i++) spec_seq_observe(&q, 1, true, seen);
+    /* exponential averages that end on a rejection: about 0.46 accepted, 0.58 confidence */
+    double cal = q.rate[SPEC_POOLED] / q.mean_prob;
+    CHECKF(q.rate[1] < 0.01 && q.rate[SPEC_POOLED] > 0.4 && q.rate[SPEC_POOLED] < 0.6 && q.mean_prob > 0.5 &&
+               q.mean_prob < 0.7,
+           "second %.3f pooled %.3f mean confidence %.3f", q.rate[1], q.rate[SPEC_POOLED], q.mean_prob);
+    double g[3];
+    const float loop[3] = { 0.9f, 0.9f, 0.9f }, unsure[2] = { 0.4f, 0.4f };
+    spec_seq_gains(&q, loop, 3, g);
+    double a = 0.9 * cal;
+    CHECKF(fabs(g[0] - a) < 1e-6 && fabs(g[1] - a * a) < 1e-6 && fabs(g[2] - a * a * a) < 1e-6 && g[2] > 0.3,
+           "gains %.3f %.3f %.3f", g[0], g[1], g[2]);
+    spec_seq_gains(&q, unsure, 2, g);
+    CHECKF(fabs(g[0] - 0.4 * cal) < 1e-6 && g[1] < 0.15, "gains %.3f %.3f", g[0], g[1]);
+    /* without confidences the per-position rates still rule */
+    spec_seq_gains(&q, NULL, 2, g);
+    CHECK(g[0] > 0.99 && g[1] < 0.01);
+}
+
 /* An estimate with the same rate at every position. */
 static spec_seq seq_at(double rate)
 {
@@ -879,6 +907,7 @@ int main(void)
     RUN(test_ngram_draft);
     RUN(test_ngram_confidence);
     RUN(test_acceptance_estimate);
+    RUN(test_confidence_calibrates_every_position);
     RUN(test_acceptance_per_position);
     RUN(test_prior_from_all_requests);
     RUN(test_probe_backs_off);
