@@ -27,16 +27,17 @@
  *   quote the wrong continuation after it; a model that agrees on one token often agrees on
  *   the next). But every source gives a confidence for each drafted token that already
  *   conditions on the tokens before it (a model's probability, prompt lookup's agreement of
- *   the occurrences that went on like the draft so far), so once a request has tested drafts
- *   a token's estimate is its confidence calibrated by the request's outcomes: the confidence
- *   times the request's acceptance over every position pooled, over the mean confidence of
- *   the drafts it tested. The per-position rates, learned per position and mixing drafts of
- *   every confidence, priced a loop's fourth token like any fourth token (on the quoting
- *   workload, 1-stream requests verified 2 of 5 loop drafts for their first steps where every
- *   one passed); the pooled calibration learns one number, from every tested draft. The
- *   per-position rates remain the estimate before any draft with a confidence was tested, and
- *   size a drafting model's drafts (spec_seq_draft_len). The k-th token's expected gain is the
- *   product of the estimates up to it.
+ *   the occurrences that went on like the draft so far), so once drafts were tested (the
+ *   server's, until the request has its own) a token's estimate is its confidence calibrated
+ *   by the request's outcomes: the confidence times the request's acceptance over every
+ *   position pooled, over the mean confidence of the drafts it tested. Per-position rates
+ *   mix drafts of every confidence and priced a loop's fourth token like any fourth token
+ *   (on the quoting workload, single requests verified 2 of 5 loop drafts in their first
+ *   steps where a fixed K = 4 verified and kept 4); the pooled calibration is one number,
+ *   learned from every tested draft. The per-position rates remain the estimate before any
+ *   draft with a confidence was tested, and size a drafting model's drafts
+ *   (spec_seq_draft_len). The k-th token's expected gain is the product of the estimates up
+ *   to it.
  * - The verify count (spec_choose): a step's cost depends on its make-up (the step time
  *   curve, learned online by steptime.c), its yield is one step of progress for each running
  *   request (a decode's token, or a prompt chunk: a longer step delays both) plus the expected
@@ -145,13 +146,13 @@ void spec_seq_prior(spec_seq *q, const spec_seq *all);
 void spec_seq_observe(spec_seq *q, int n_accepted, bool rejected, const float *prob);
 /* Expected gain of each of n drafted tokens (the chance it is accepted with all before it),
  * non-increasing: the product of the per-token estimates up to it. With the source's
- * confidence in each token (prob, n; NULL: none) and once the request has tested drafts with
- * one, a token's estimate is its confidence times the request's calibration: its acceptance of
- * the drafts it tested (every position pooled) over their mean confidence (at most 1). So a
- * confident token counts more wherever it stands in the draft (the confidence of a later
- * token already assumes the ones before it), and a request whose drafts were rejected expects
- * nothing of them however confident. Without a confidence, the request's rate for the
- * token's position. */
+ * confidence in each token (prob, n; NULL: none) and a mean confidence of tested drafts (the
+ * request's, or the server's that spec_seq_prior gives it), a token's estimate is its
+ * confidence times the request's calibration: its acceptance of the drafts it tested (every
+ * position pooled) over their mean confidence, at most 1. So a confident token counts more
+ * wherever it stands in the draft (the confidence of a later token already assumes the ones
+ * before it), and a request whose drafts were rejected expects nothing of them however
+ * confident. Without a confidence, the request's rate for the token's position. */
 void spec_seq_gains(const spec_seq *q, const float *prob, int n, double *out);
 
 /* How many tokens a costly source should draft, at most k_max: those whose expected gain by
