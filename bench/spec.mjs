@@ -229,7 +229,7 @@ function modelPerUser(runs) {
     reqs.sort((a, b) => a.id - b.id);
     logs.set(r.log, { steps, reqs: reqs.slice(1) });   // the first request is the warm-up
   }
-  if (!logs.size) return null;
+  if (![...logs.values()].some((l) => l.reqs.length && l.steps.length)) return null;   // no -v request lines
   const n = 4, A = Array.from({ length: n }, () => new Array(n + 1).fill(0));
   for (const { steps } of logs.values())
     for (const { x, s } of steps) {

@@ -169,7 +169,12 @@ static void sched_spec_learn(sched *s, sched_req *r, int i)
  * clock read at now), r may probe it: one token anyway, if what d has not seen of r (nt - its
  * d_done) costs at most SPEC_PROBE_SHARE of the time since d's last probe (or since the
  * scheduler started: a first probe is no cheaper than the others; a new server's first
- * requests try the drafter anyway, from the prior rate). */
+ * requests try the drafter anyway, from the prior rate). Until d's drafts were tested often
+ * enough server-wide to give new requests a measured prior, a request's first drafts with it
+ * are a probe too, under the same budget: each one feeds d the request's whole prompt, and a
+ * new server would otherwise pay that for every request until the prior is known (on the
+ * quoting benchmark a poor self-speculating draft cost each 400-token request a 200 ms
+ * catch-up, 8-11 % of its decode). */
 static int sched_spec_model_len(sched *s, int d, sched_req *r, int nt, int kmax, bool *probe_due, double now)
 {
     sched_drafter *dr = &s->dr[d];
@@ -181,10 +186,13 @@ static int sched_spec_model_len(sched *s, int d, sched_req *r, int nt, int kmax,
      * the drafting model look free) */
     double min_gain = dr->step_s > 0 && s->main_step_s > 0 ? dr->step_s / s->main_step_s : SPEC_MIN_GAIN;
     min_gain = TM_MAX(min_gain, dr->cost_floor);
-    bool probe = *probe_due && (double)(nt - r->d_done[d]) * steptime_prefill_token_s(&s->tm) * dr->cost_floor <=
-                                   SPEC_PROBE_SHARE * (now - dr->probe_t);
+    bool affordable = (double)(nt - r->d_done[d]) * steptime_prefill_token_s(&s->tm) * dr->cost_floor <=
+                      SPEC_PROBE_SHARE * (now - dr->probe_t);
+    bool unproven = s->spec_all[SCHED_DRAFTER_SRC(d)].n_tested < SPEC_PRIOR_MIN_TESTED && r->d_done[d] == 0;
+    if (unproven && !affordable) return 0;
+    bool probe = *probe_due && affordable;
     int k = spec_seq_draft_len(q, kmax, min_gain, probe);
-    if (k > 0 && probe && q->rate[0] < min_gain) {   /* this request probes */
+    if (k > 0 && (unproven || (probe && q->rate[0] < min_gain))) {   /* this request probes */
         *probe_due = false;
         dr->probe_t = now;
         spec_probe_taken(&dr->probe);
@@ -245,7 +253,8 @@ void sched_spec_draft(sched *s, int n_reqs)
             }
         spec_probe_step(&dr->probe, verified, accepted);
         probe_due[d] = spec_probe_due(&dr->probe);
-        if (probe_due[d] && now == 0) now = util_now();
+        if (now == 0 && (probe_due[d] || s->spec_all[SCHED_DRAFTER_SRC(d)].n_tested < SPEC_PRIOR_MIN_TESTED))
+            now = util_now();
     }
     bool mtp = s->dr[1].sd != NULL;
     for (int i = 0; i < n_reqs; i++) {

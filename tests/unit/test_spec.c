@@ -783,6 +783,52 @@ TEST(test_draft_model)
     engine_free(e);
 }
 
+/* A new server, before a cheap draft's drafts (the target's first layer) were tested often
+ * enough to give new requests a measured prior: a short request drafts while the step time is
+ * not learned (a catch-up is then free), too briefly to prove the draft; the next request's
+ * 400-token prompt would cost the draft 400 tokens of catch-up, far more than the 2 % of the
+ * time since the last probe that probes may take, so it drafts nothing (it used to start from
+ * the prior 0.5, which a draft this cheap pays for, and catch up). */
+TEST(test_unproven_draft_waits_for_the_probe_budget)
+{
+    g_draft_layers = 1;
+    rig g = rig_new(SPEC_SRC_MODEL, 4, 0);
+    if (g.s) {
+        static int32_t first[96], second[400], out[GEN];
+        prompt_of(first, 96, 7);
+        prompt_of(second, 400, 8);
+        sched_stats a, b;
+        for (int i = 0; i < 2; i++) {
+            sched_params p = { .prompt = i ? second : first, .n_prompt = i ? 400 : 96, .max_tokens = i ? 8 : 5 };
+            p.sample = sample_params_default();
+            p.sample.temp = 0;
+            p.think_start = p.think_end = -1;
+            sched_req *r;
+            CHECK(sched_submit(g.s, &p, &r) == SCHED_OK);
+            CHECK(schedtest_drain(r, out, GEN, NULL) == p.max_tokens);
+            sched_release(r);
+            sched_get_stats(g.s, i ? &b : &a);
+            /* a draft step a quarter of a target step, as 7 of 28 layers are (on these tiny
+             * models fixed costs make it cost about a whole step, and the rig's layer cut
+             * reads every layer's weights as its floor, so it would not draft at all):
+             * white-box, set while the engine thread has nothing to do */
+            pthread_mutex_lock(&g.s->mu);
+            g.s->dr[0].step_s = 0.25 * g.s->main_step_s;
+            g.s->dr[0].cost_floor = 0.25;
+            pthread_mutex_unlock(&g.s->mu);
+        }
+        if (getenv("TEST_SPEC_VERBOSE"))
+            fprintf(stderr, "unproven: first request drafted %llu verified %llu; second drafted %llu verified %llu\n",
+                    (unsigned long long)a.spec_drafted, (unsigned long long)a.spec_verified,
+                    (unsigned long long)(b.spec_drafted - a.spec_drafted), (unsigned long long)(b.spec_verified - a.spec_verified));
+        CHECKF(a.spec_verified < SPEC_PRIOR_MIN_TESTED, "the first request verified %llu drafts",
+               (unsigned long long)a.spec_verified);
+        CHECKF(b.spec_drafted == a.spec_drafted, "the long request drafted %llu tokens",
+               (unsigned long long)(b.spec_drafted - a.spec_drafted));
+    }
+    rig_free(&g);
+}
+
 /* A draft model whose drafts are almost never accepted: the output is the target's, and once
  * its acceptance shows that its steps do not pay it drafts only for probes (one request per gap
  * of the server's steps), not on every step of every request. */
@@ -922,6 +968,7 @@ int main(void)
     RUN(test_greedy_identity_and_rollback);
     RUN(test_sampled_identity);
     RUN(test_draft_model);
+    RUN(test_unproven_draft_waits_for_the_probe_budget);
     RUN(test_poor_draft_model);
     RUN(test_grammar_drafts);
     RUN(test_count_prices_the_whole_step);
