@@ -47,6 +47,7 @@ typedef struct {
 /* A model that drafts for the scheduler's requests (the draft model, or the model's MTP layer),
  * with what its cost and its probes have taught. Drafter d drafts for source index d + 1
  * (SPEC_SRC_MODEL, SPEC_SRC_MTP). Engine thread. */
+#define SCHED_CATCHUP_MEASURE 64 /* tokens a drafting round must catch up to time its catch-up */
 #define SCHED_N_DRAFTERS 2
 #define SCHED_DRAFTER_SRC(d) ((d) + 1)
 typedef struct {
@@ -62,6 +63,8 @@ typedef struct {
     double probe_t;              /* util_now() of the last such probe, or of sched_new */
     double step_s;               /* running mean seconds of one of its engine steps, 0: none yet */
     double round_s;              /* running mean seconds of a round of its steps, 0: none yet */
+    double catchup_tok_s;        /* running mean seconds per token of rounds that fed it at least
+                                  * SCHED_CATCHUP_MEASURE tokens it had not seen, 0: none yet */
     double cost_floor;           /* its weight bytes a token reads over the target's: the least
                                   * a draft step costs as a fraction of a target step, whatever
                                   * noisy timings say */

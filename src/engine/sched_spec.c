@@ -174,7 +174,9 @@ static void sched_spec_learn(sched *s, sched_req *r, int i)
  * are a probe too, under the same budget: each one feeds d the request's whole prompt, and a
  * new server would otherwise pay that for every request until the prior is known (on the
  * quoting benchmark a poor self-speculating draft cost each 400-token request a 200 ms
- * catch-up, 8-11 % of its decode). */
+ * catch-up, 8-11 % of its decode). A catch-up is priced as d's own catch-ups measured: the
+ * step-time model's prefill price, which the decode steps after a prompt make it forget,
+ * had priced a 400-token catch-up at a fifth of its 400 ms. */
 static int sched_spec_model_len(sched *s, int d, sched_req *r, int nt, int kmax, bool *probe_due, double now)
 {
     sched_drafter *dr = &s->dr[d];
@@ -186,8 +188,10 @@ static int sched_spec_model_len(sched *s, int d, sched_req *r, int nt, int kmax,
      * the drafting model look free) */
     double min_gain = dr->step_s > 0 && s->main_step_s > 0 ? dr->step_s / s->main_step_s : SPEC_MIN_GAIN;
     min_gain = TM_MAX(min_gain, dr->cost_floor);
-    bool affordable = (double)(nt - r->d_done[d]) * steptime_prefill_token_s(&s->tm) * dr->cost_floor <=
-                      SPEC_PROBE_SHARE * (now - dr->probe_t);
+    /* a catch-up token: as the drafting model's catch-ups measured, or before one was, the
+     * target's prefill token by its share of the weights */
+    double per_tok = TM_MAX(steptime_prefill_token_s(&s->tm) * dr->cost_floor, dr->catchup_tok_s);
+    bool affordable = (double)(nt - r->d_done[d]) * per_tok <= SPEC_PROBE_SHARE * (now - dr->probe_t);
     bool unproven = s->spec_all[SCHED_DRAFTER_SRC(d)].n_tested < SPEC_PRIOR_MIN_TESTED && r->d_done[d] == 0;
     if (unproven && !affordable) return 0;
     bool probe = *probe_due && affordable;
@@ -302,12 +306,16 @@ void sched_spec_draft(sched *s, int n_reqs)
         sched_drafter *dr = &s->dr[d];
         if (dr->nq == 0) continue;
         /* its steps' cost against the target's decides how far the next drafts go */
+        int fed = 0;   /* tokens it has not seen, caught up this round */
+        for (int j = 0; j < dr->nq; j++) fed += dr->q[j].n_tokens - dr->q[j].n_done;
         double t0 = util_now();
         int n_steps = specdraft_run(dr->sd, dr->q, dr->nq);
         if (n_steps > 0) {
             double all = util_now() - t0, per = all / n_steps;
             dr->step_s = dr->step_s > 0 ? 0.9 * dr->step_s + 0.1 * per : per;
             dr->round_s = dr->round_s > 0 ? 0.9 * dr->round_s + 0.1 * all : all;
+            if (fed >= SCHED_CATCHUP_MEASURE)
+                dr->catchup_tok_s = dr->catchup_tok_s > 0 ? 0.5 * dr->catchup_tok_s + 0.5 * all / fed : all / fed;
         }
         for (int j = 0; j < dr->nq; j++) {
             sched_req *r = dr->q_req[j];

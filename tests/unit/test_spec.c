@@ -749,9 +749,11 @@ TEST(test_draft_model)
     run(SPEC_SRC_MODEL, 4, 0, NREQ, 0, &spec);
     compare_ex(&base, &spec, NREQ, "draft model = target, greedy", true);
     run_free(&spec);
-    /* self-speculation on the first layer: drafts accepted and rejected, alone and batched */
+    /* self-speculation on the first layer: drafts accepted and rejected, alone and batched
+     * (with a fixed count: the adaptive one drafts these poor drafts only in the few probes
+     * the probe budget allows, too few to be sure of both outcomes) */
     g_draft_layers = 1;
-    run(SPEC_SRC_MODEL, 4, 0, NREQ, 0, &spec);
+    run(SPEC_SRC_MODEL, 4, 2, NREQ, 0, &spec);
     compare(&base, &spec, NREQ, "first layer drafts, greedy, batched");
     run_free(&spec);
     run(SPEC_SRC_MODEL, 3, 3, 1, 0, &spec);
@@ -813,6 +815,8 @@ TEST(test_unproven_draft_waits_for_the_probe_budget)
              * reads every layer's weights as its floor, so it would not draft at all):
              * white-box, set while the engine thread has nothing to do */
             pthread_mutex_lock(&g.s->mu);
+            if (i == 0)   /* the first request's 96-token catch-up was timed: later ones are priced by it */
+                CHECKF(g.s->dr[0].catchup_tok_s > 0, "catch-up %.3g s a token", g.s->dr[0].catchup_tok_s);
             g.s->dr[0].step_s = 0.25 * g.s->main_step_s;
             g.s->dr[0].cost_floor = 0.25;
             pthread_mutex_unlock(&g.s->mu);
