@@ -12,12 +12,12 @@
  *   reach the end (llama.cpp's n-gram cache drafting likewise looks up again after each
  *   drafted token): a sequence caught in a loop of period p drafts k tokens of the loop, not
  *   p. Free to make, and exactly what an agent quoting tool output, files or earlier answers
- *   repeats. Each drafted token comes with a
- *   confidence, as a draft model's come with its probabilities: the share of the suffix's
- *   earlier occurrences that went on the same way (by the rule of succession, so one
- *   occurrence says 2/3). A suffix that recurs in a loop is followed the same way every time
- *   and its drafts nearly always pass; one followed by different tokens before often fails
- *   (on the quoting workload's outputs: 93 % of first drafts accepted against 38-66 %).
+ *   repeats. Each drafted token comes with a confidence, as a draft model's come with its
+ *   probabilities: the share of the suffix's earlier occurrences that went on the same way (by
+ *   the rule of succession, so one occurrence says 2/3). A suffix that recurs in a loop is
+ *   followed the same way every time and its drafts nearly always pass; one followed by
+ *   different tokens before often fails (on the quoting workload's outputs: 93 % of first
+ *   drafts accepted against 38-66 %).
  * - Acceptance estimate: the k-th drafted token of a step is tested only if all before it
  *   were accepted, so each request keeps one running rate per draft position: of its k-th
  *   drafts tested, the share accepted (an exponential average that starts from a prior: the
