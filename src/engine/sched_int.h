@@ -44,10 +44,11 @@ typedef struct {
     int n_cached_at_admit;       /* cached tokens attached at admission */
 } sched_trace;
 
+#define SCHED_CATCHUP_MEASURE 64 /* tokens a drafting round must catch up to time its catch-up */
+
 /* A model that drafts for the scheduler's requests (the draft model, or the model's MTP layer),
  * with what its cost and its probes have taught. Drafter d drafts for source index d + 1
  * (SPEC_SRC_MODEL, SPEC_SRC_MTP). Engine thread. */
-#define SCHED_CATCHUP_MEASURE 64 /* tokens a drafting round must catch up to time its catch-up */
 #define SCHED_N_DRAFTERS 2
 #define SCHED_DRAFTER_SRC(d) ((d) + 1)
 typedef struct {

@@ -311,11 +311,16 @@ void sched_spec_draft(sched *s, int n_reqs)
         double t0 = util_now();
         int n_steps = specdraft_run(dr->sd, dr->q, dr->nq);
         if (n_steps > 0) {
+            /* a round that catches up a prompt times the catch-up (rare: a short memory), the
+             * others a drafting step and round: a catch-up step of a hundred tokens counted as a
+             * draft step made the drafting model look dear for the steps after it */
             double all = util_now() - t0, per = all / n_steps;
-            dr->step_s = dr->step_s > 0 ? 0.9 * dr->step_s + 0.1 * per : per;
-            dr->round_s = dr->round_s > 0 ? 0.9 * dr->round_s + 0.1 * all : all;
-            if (fed >= SCHED_CATCHUP_MEASURE)
+            if (fed >= SCHED_CATCHUP_MEASURE) {
                 dr->catchup_tok_s = dr->catchup_tok_s > 0 ? 0.5 * dr->catchup_tok_s + 0.5 * all / fed : all / fed;
+            } else {
+                dr->step_s = dr->step_s > 0 ? 0.9 * dr->step_s + 0.1 * per : per;
+                dr->round_s = dr->round_s > 0 ? 0.9 * dr->round_s + 0.1 * all : all;
+            }
         }
         for (int j = 0; j < dr->nq; j++) {
             sched_req *r = dr->q_req[j];
