@@ -786,49 +786,62 @@ TEST(test_draft_model)
 }
 
 /* A new server, before a cheap draft's drafts (the target's first layer) were tested often
- * enough to give new requests a measured prior: a short request drafts while the step time is
- * not learned (a catch-up is then free), too briefly to prove the draft; the next request's
+ * enough to give new requests a measured prior. A short request drafts while the step time is
+ * not learned (a catch-up is then free), too briefly to prove the draft. The next request's
  * 400-token prompt would cost the draft 400 tokens of catch-up, far more than the 2 % of the
  * time since the last probe that probes may take, so it drafts nothing (it used to start from
- * the prior 0.5, which a draft this cheap pays for, and catch up). */
+ * the prior 0.5, which a draft this cheap pays for, and catch up). With a budget made huge, a
+ * request still drafts nothing while the catch-up price measured on the drafting model says
+ * its catch-up is dearer still, and drafts once that price is cheap: the budget, priced by
+ * the measured catch-ups, is what decides. */
 TEST(test_unproven_draft_waits_for_the_probe_budget)
 {
     g_draft_layers = 1;
     rig g = rig_new(SPEC_SRC_MODEL, 4, 0);
     if (g.s) {
-        static int32_t first[96], second[400], out[GEN];
-        prompt_of(first, 96, 7);
-        prompt_of(second, 400, 8);
-        sched_stats a, b;
-        for (int i = 0; i < 2; i++) {
-            sched_params p = { .prompt = i ? second : first, .n_prompt = i ? 400 : 96, .max_tokens = i ? 8 : 5 };
+        static int32_t prompts[4][400], out[GEN];
+        const int n_prompt[4] = { 96, 400, 400, 400 }, n_gen[4] = { 5, 8, 8, 16 };
+        uint64_t drafted[4] = { 0 }, verified0 = 0;
+        for (int i = 0; i < 4; i++) {
+            prompt_of(prompts[i], n_prompt[i], 7 + i);
+            /* white-box, set while the engine thread has nothing to do */
+            pthread_mutex_lock(&g.s->mu);
+            if (i == 1)   /* the first request's 96-token catch-up was timed */
+                CHECKF(g.s->dr[0].catchup_tok_s > 0, "catch-up %.3g s a token", g.s->dr[0].catchup_tok_s);
+            if (i >= 1) {
+                /* a draft step a quarter of a target step, as 7 of 28 layers are (on these tiny
+                 * models fixed costs make it cost about a whole step, and the rig's layer cut
+                 * reads every layer's weights as its floor, so it would not draft at all) */
+                g.s->dr[0].step_s = 0.25 * g.s->main_step_s;
+                g.s->dr[0].cost_floor = 0.25;
+            }
+            if (i >= 2) {   /* the last probe a million seconds ago: a budget of 20,000 s */
+                g.s->dr[0].probe_t = util_now() - 1e6;
+                g.s->dr[0].catchup_tok_s = i == 2 ? 1e3 : 0;   /* 400,000 s for the catch-up, then free */
+            }
+            pthread_mutex_unlock(&g.s->mu);
+            sched_params p = { .prompt = prompts[i], .n_prompt = n_prompt[i], .max_tokens = n_gen[i] };
             p.sample = sample_params_default();
             p.sample.temp = 0;
             p.think_start = p.think_end = -1;
             sched_req *r;
+            sched_stats before, after;
+            sched_get_stats(g.s, &before);
             CHECK(sched_submit(g.s, &p, &r) == SCHED_OK);
-            CHECK(schedtest_drain(r, out, GEN, NULL) == p.max_tokens);
+            CHECK(schedtest_drain(r, out, GEN, NULL) == n_gen[i]);
             sched_release(r);
-            sched_get_stats(g.s, i ? &b : &a);
-            /* a draft step a quarter of a target step, as 7 of 28 layers are (on these tiny
-             * models fixed costs make it cost about a whole step, and the rig's layer cut
-             * reads every layer's weights as its floor, so it would not draft at all):
-             * white-box, set while the engine thread has nothing to do */
-            pthread_mutex_lock(&g.s->mu);
-            if (i == 0)   /* the first request's 96-token catch-up was timed: later ones are priced by it */
-                CHECKF(g.s->dr[0].catchup_tok_s > 0, "catch-up %.3g s a token", g.s->dr[0].catchup_tok_s);
-            g.s->dr[0].step_s = 0.25 * g.s->main_step_s;
-            g.s->dr[0].cost_floor = 0.25;
-            pthread_mutex_unlock(&g.s->mu);
+            sched_get_stats(g.s, &after);
+            drafted[i] = after.spec_drafted - before.spec_drafted;
+            if (i == 0) verified0 = after.spec_verified;
         }
         if (getenv("TEST_SPEC_VERBOSE"))
-            fprintf(stderr, "unproven: first request drafted %llu verified %llu; second drafted %llu verified %llu\n",
-                    (unsigned long long)a.spec_drafted, (unsigned long long)a.spec_verified,
-                    (unsigned long long)(b.spec_drafted - a.spec_drafted), (unsigned long long)(b.spec_verified - a.spec_verified));
-        CHECKF(a.spec_verified < SPEC_PRIOR_MIN_TESTED, "the first request verified %llu drafts",
-               (unsigned long long)a.spec_verified);
-        CHECKF(b.spec_drafted == a.spec_drafted, "the long request drafted %llu tokens",
-               (unsigned long long)(b.spec_drafted - a.spec_drafted));
+            fprintf(stderr, "unproven: drafted %llu, %llu, %llu, %llu (first verified %llu)\n", (unsigned long long)drafted[0],
+                    (unsigned long long)drafted[1], (unsigned long long)drafted[2], (unsigned long long)drafted[3],
+                    (unsigned long long)verified0);
+        CHECKF(verified0 < SPEC_PRIOR_MIN_TESTED, "the first request verified %llu drafts", (unsigned long long)verified0);
+        CHECKF(drafted[1] == 0, "the long request drafted %llu tokens", (unsigned long long)drafted[1]);
+        CHECKF(drafted[2] == 0, "priced by its measured catch-ups, a request drafted %llu tokens", (unsigned long long)drafted[2]);
+        CHECKF(drafted[3] > 0, "with the budget to spare, a request drafted nothing");
     }
     rig_free(&g);
 }
