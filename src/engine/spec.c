@@ -50,7 +50,13 @@ int spec_ngram_draft(const int32_t *toks, int n, int n_max, int n_min, int k_max
                 agree[j]++;
             }
         }
-        for (int j = 0; j < k; j++) prob[j] = (float)((agree[j] + 1.0) / (cand[j] + 2.0));
+        /* the draft repeats the period d = n - len - at; the most recent occurrence shows
+         * its first d tokens, so only a draft past that, in a loop's first repetition, can
+         * lack any occurrence: it is the token one period back again, as likely as that one
+         * (a loop that came round once tends to come round again; 1/2 drafted 2 of 5 there) */
+        int d = n - len - at;
+        for (int j = 0; j < k; j++)
+            prob[j] = cand[j] > 0 || j < d ? (float)((agree[j] + 1.0) / (cand[j] + 2.0)) : prob[j - d];
         return k;
     }
     return 0;

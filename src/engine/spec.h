@@ -14,7 +14,9 @@
  *   p. Free to make, and exactly what an agent quoting tool output, files or earlier answers
  *   repeats. Each drafted token comes with a confidence, as a draft model's come with its
  *   probabilities: the share of the suffix's earlier occurrences that went on the same way (by
- *   the rule of succession, so one occurrence says 2/3). A suffix that recurs in a loop is
+ *   the rule of succession, so one occurrence says 2/3; a draft past what any occurrence
+ *   shows, in a loop's first repetition, is the token one period back again and takes its
+ *   confidence). A suffix that recurs in a loop is
  *   followed the same way every time and its drafts nearly always pass; one followed by
  *   different tokens before often fails (on the quoting workload's outputs: 93 % of first
  *   drafts accepted against 38-66 %).
@@ -104,7 +106,8 @@ const char *spec_source_name(int i);
  * toks[0..n) (see the design). With prob (k_max; NULL: not wanted) it also gives each drafted
  * token's estimated chance of being right, by the rule of succession over the earlier
  * occurrences of the matched suffix: (a + 1) / (c + 2), c occurrences followed by the tokens
- * drafted before it and a of them by it too. Returns the count drafted, 0 when no suffix of
+ * drafted before it and a of them by it too (c = 0: the confidence of the token one period
+ * back). Returns the count drafted, 0 when no suffix of
  * n_min..n_max tokens recurs. */
 int spec_ngram_draft(const int32_t *toks, int n, int n_max, int n_min, int k_max, int32_t *out, float *prob);
 

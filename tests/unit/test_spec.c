@@ -82,11 +82,16 @@ TEST(test_ngram_confidence)
     CHECK(n == 4 && out[0] == 5 && out[1] == 6 && out[2] == 5 && out[3] == 6);
     CHECK(fabsf(prob[0] - 0.75f) < 1e-6f && fabsf(prob[1] - 0.75f) < 1e-6f);
     CHECK(fabsf(prob[2] - 2.0f / 3) < 1e-6f && fabsf(prob[3] - 2.0f / 3) < 1e-6f);
-    /* one occurrence that shows one token: 2/3 for it; the drafts past the end, which no
-     * occurrence shows, 1/2 */
+    /* a loop's first repetition: one occurrence that shows one period; the drafts past the
+     * end, which no occurrence shows, take the confidence of the token one period back */
     int32_t c[] = { 4, 4, 4 };
     n = spec_ngram_draft(c, 3, 3, 1, 5, out, prob);
-    CHECK(n == 5 && fabsf(prob[0] - 2.0f / 3) < 1e-6f && fabsf(prob[1] - 0.5f) < 1e-6f);
+    CHECK(n == 5 && fabsf(prob[0] - 2.0f / 3) < 1e-6f && fabsf(prob[4] - 2.0f / 3) < 1e-6f);
+    int32_t e[] = { 8, 1, 2, 3, 9, 1, 2, 3, 1, 2 };   /* "1 2" went on 3 twice, then 9 or 1 */
+    n = spec_ngram_draft(e, 10, 2, 1, 5, out, prob);
+    CHECK(n == 5 && out[0] == 3 && out[1] == 1 && out[2] == 2 && out[3] == 3 && out[4] == 1);
+    CHECK(fabsf(prob[0] - 0.75f) < 1e-6f && fabsf(prob[1] - 0.5f) < 1e-6f && fabsf(prob[2] - 2.0f / 3) < 1e-6f);
+    CHECK(fabsf(prob[3] - 0.75f) < 1e-6f && fabsf(prob[4] - 0.5f) < 1e-6f);
     /* the estimate ranks drafts: confident ones gain more under the same running rate */
     spec_seq q;
     spec_seq_init(&q);
