@@ -27,8 +27,9 @@
 // acceptance, and the speed-up, depend on the model; the table prints the acceptance beside
 // each figure (/metrics: accepted / verified drafts, mean accepted length). With --server-log the
 // table adds a modelled per-user rate: every request's span re-priced on one step-time curve
-// fitted to all the servers' steps (see modelPerUser), which takes the machine's drift between
-// rounds out of the comparison and leaves what each configuration's steps are made of.
+// fitted to all the servers' steps, a drafting model's rounds at their time under the same
+// drift (see modelPerUser), which takes the machine's drift between rounds out of the
+// comparison and leaves what each configuration's steps are made of and what its drafting costs.
 //
 // llama.cpp (1 stream): LlamaCompletion on a context sequence, greedy, without a predictor,
 // with node-llama-cpp's InputLookupTokenPredictor (prompt lookup) and with its
@@ -208,26 +209,31 @@ for (let rep = 0; rep < Math.max(1, o.reps); rep++)
 // every server log are pooled, one step-time curve is fitted to all of them (seconds = a +
 // b decodes + c verify rows + d prefill tokens, least squares on relative errors), and each
 // request's span from its first token to its last is re-priced as the sum of that curve over
-// the steps it spanned (the -v "first token at step" and "finished at step" lines). What is
-// left is what each configuration's choices cost under one machine: its steps' make-up.
+// the steps it spanned (the -v "first token at step" and "finished at step" lines). A drafting
+// model's rounds (the -v "draft round" lines) count beside the step they draft for, at their
+// measured time scaled by their server's ratio of priced to measured step time (its drift).
+// What is left is what each configuration's choices cost under one machine: its steps'
+// make-up and its drafting.
 function modelPerUser(runs) {
   const stepRe = /sched: step (\d+) tokens .*?: (\d+) decodes, \d+ prefill chunks .*?verified (\d+) accepted \d+; ms: plan [\d.]+ step ([\d.]+)/;
   const firstRe = /sched: req (\d+) first token at step (\d+)/;
   const finRe = /sched: req (\d+) finished at step (\d+) \(\w+\): prompt \d+, (\d+) tokens generated/;
+  const draftRe = /sched: draft round \(\w+\): \d+ sequences, \d+ steps, \d+ tokens caught up; ms ([\d.]+)/;
   const logs = new Map();
   for (const r of runs) {
     if (!r.log || logs.has(r.log) || !fs.existsSync(r.log)) continue;
-    const steps = [], first = new Map(), reqs = [];
+    const steps = [], first = new Map(), reqs = [], drafts = [];   // drafts: [step index, seconds]
     for (const l of fs.readFileSync(r.log, "utf8").split("\n")) {
       let m;
       if ((m = stepRe.exec(l))) {
         const [tok, dec, ver] = [Number(m[1]), Number(m[2]), Number(m[3])];
         steps.push({ x: [1, dec, ver, tok - dec - ver], s: Number(m[4]) / 1e3 });
-      } else if ((m = firstRe.exec(l))) first.set(m[1], Number(m[2]));
+      } else if ((m = draftRe.exec(l))) drafts.push([steps.length, Number(m[1]) / 1e3]);
+      else if ((m = firstRe.exec(l))) first.set(m[1], Number(m[2]));
       else if ((m = finRe.exec(l)) && first.has(m[1])) reqs.push({ id: Number(m[1]), from: first.get(m[1]), to: Number(m[2]), n: Number(m[3]) });
     }
     reqs.sort((a, b) => a.id - b.id);
-    logs.set(r.log, { steps, reqs: reqs.slice(1) });   // the first request is the warm-up
+    logs.set(r.log, { steps, reqs: reqs.slice(1), drafts });   // the first request is the warm-up
   }
   if (![...logs.values()].some((l) => l.reqs.length && l.steps.length)) return null;   // no -v request lines
   const n = 4, A = Array.from({ length: n }, () => new Array(n + 1).fill(0));
@@ -254,9 +260,12 @@ function modelPerUser(runs) {
   }
   const w = A.map((row, i) => row[n] / row[i]);
   const price = (x) => x.reduce((a, v, i) => a + v * w[i], 0);
-  for (const [file, { steps, reqs }] of logs) {
+  for (const [file, { steps, reqs, drafts }] of logs) {
+    const priced = steps.reduce((a, st) => a + price(st.x), 0), measured = steps.reduce((a, st) => a + st.s, 0);
+    const extra = new Array(steps.length + 1).fill(0);
+    for (const [at, sec] of drafts) extra[at] += measured > 0 ? sec * (priced / measured) : 0;
     const cum = [0];
-    for (const st of steps) cum.push(cum.at(-1) + price(st.x));
+    steps.forEach((st, i) => cum.push(cum.at(-1) + price(st.x) + extra[i]));
     let at = 0;
     for (const c of o.streams) {
       const wave = reqs.slice(at, at + c);

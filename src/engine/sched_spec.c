@@ -321,6 +321,8 @@ void sched_spec_draft(sched *s, int n_reqs)
                 dr->step_s = dr->step_s > 0 ? 0.9 * dr->step_s + 0.1 * per : per;
                 dr->round_s = dr->round_s > 0 ? 0.9 * dr->round_s + 0.1 * all : all;
             }
+            log_debug("sched: draft round (%s): %d sequences, %d steps, %d tokens caught up; ms %.2f",
+                      spec_source_name(SCHED_DRAFTER_SRC(d)), dr->nq, n_steps, fed, all * 1e3);
         }
         for (int j = 0; j < dr->nq; j++) {
             sched_req *r = dr->q_req[j];
