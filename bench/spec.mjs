@@ -200,10 +200,14 @@ if (o.configs) {
   configs = configs.filter(([id]) => id === "none" || o.configs.includes(id));   /* the ratios need none */
 }
 // Rounds alternate the configurations, so a change in the machine's load between two of them
-// shows in every round and the median of each is measured under the same mix of conditions.
+// shows in every round and the median of each is measured under the same mix of conditions;
+// each round starts one configuration later than the one before, so none always runs last.
 const runs = [];
 for (let rep = 0; rep < Math.max(1, o.reps); rep++)
-  for (const [id, name, args] of configs) runs.push(...await runConfig(id, name, args, rep));
+  for (let i = 0; i < configs.length; i++) {
+    const [id, name, args] = configs[(i + rep) % configs.length];
+    runs.push(...await runConfig(id, name, args, rep));
+  }
 // The modelled per-user rate (with --server-log): the machine's speed drifts by tens of percent
 // between a configuration's rounds, more than the configurations differ. So the step lines of
 // every server log are pooled, one step-time curve is fitted to all of them (seconds = a +
