@@ -192,7 +192,7 @@ static int sched_spec_model_len(sched *s, int d, sched_req *r, int nt, int kmax,
      * target's prefill token by its share of the weights */
     double per_tok = TM_MAX(steptime_prefill_token_s(&s->tm) * dr->cost_floor, dr->catchup_tok_s);
     bool affordable = (double)(nt - r->d_done[d]) * per_tok <= SPEC_PROBE_SHARE * (now - dr->probe_t);
-    bool unproven = s->spec_all[SCHED_DRAFTER_SRC(d)].n_tested < SPEC_PRIOR_MIN_TESTED && r->d_done[d] == 0;
+    bool unproven = !spec_seq_proven(&s->spec_all[SCHED_DRAFTER_SRC(d)]) && r->d_done[d] == 0;
     if (unproven && !affordable) return 0;
     bool probe = *probe_due && affordable;
     int k = spec_seq_draft_len(q, kmax, min_gain, probe);
@@ -257,7 +257,7 @@ void sched_spec_draft(sched *s, int n_reqs)
             }
         spec_probe_step(&dr->probe, verified, accepted);
         probe_due[d] = spec_probe_due(&dr->probe);
-        if (now == 0 && (probe_due[d] || s->spec_all[SCHED_DRAFTER_SRC(d)].n_tested < SPEC_PRIOR_MIN_TESTED))
+        if (now == 0 && (probe_due[d] || !spec_seq_proven(&s->spec_all[SCHED_DRAFTER_SRC(d)])))
             now = util_now();
     }
     bool mtp = s->dr[1].sd != NULL;

@@ -53,7 +53,8 @@ int spec_ngram_draft(const int32_t *toks, int n, int n_max, int n_min, int k_max
         /* the draft repeats the period d = n - len - at; the most recent occurrence shows
          * its first d tokens, so only a draft past that, in a loop's first repetition, can
          * lack any occurrence: it is the token one period back again, as likely as that one
-         * (a loop that came round once tends to come round again; 1/2 drafted 2 of 5 there) */
+         * (a loop that came round once tends to come round again; priced at 1/2, a new
+         * loop's later drafts were left unverified though they passed) */
         int d = n - len - at;
         for (int j = 0; j < k; j++)
             prob[j] = cand[j] > 0 || j < d ? (float)((agree[j] + 1.0) / (cand[j] + 2.0)) : prob[j - d];
@@ -76,9 +77,11 @@ void spec_seq_init(spec_seq *q) { spec_seq_init_decay(q, SPEC_ACCEPT_DECAY); }
 
 void spec_seq_init_shared(spec_seq *q) { spec_seq_init_decay(q, SPEC_SHARED_DECAY); }
 
+bool spec_seq_proven(const spec_seq *all) { return all->n_tested >= SPEC_PRIOR_MIN_TESTED; }
+
 void spec_seq_prior(spec_seq *q, const spec_seq *all)
 {
-    if (all->n_tested < SPEC_PRIOR_MIN_TESTED) return;
+    if (!spec_seq_proven(all)) return;
     for (int k = 0; k < SPEC_RATES; k++) {
         q->prior[k] = all->rate[k];
         q->rate[k] = q->wprior[k] * q->prior[k] + q->own[k];

@@ -16,10 +16,9 @@
  *   probabilities: the share of the suffix's earlier occurrences that went on the same way (by
  *   the rule of succession, so one occurrence says 2/3; a draft past what any occurrence
  *   shows, in a loop's first repetition, is the token one period back again and takes its
- *   confidence). A suffix that recurs in a loop is
- *   followed the same way every time and its drafts nearly always pass; one followed by
- *   different tokens before often fails (on the quoting workload's outputs: 93 % of first
- *   drafts accepted against 38-66 %).
+ *   confidence). A suffix that recurs in a loop is followed the same way every time and its
+ *   drafts nearly always pass; one followed by different tokens before often fails (on the
+ *   quoting workload's outputs: 93 % of first drafts accepted against 38-66 %).
  * - Acceptance estimate: the k-th drafted token of a step is tested only if all before it
  *   were accepted, so each request keeps one running rate per draft position: of its k-th
  *   drafts tested, the share accepted (an exponential average that starts from a prior: the
@@ -107,8 +106,7 @@ const char *spec_source_name(int i);
  * token's estimated chance of being right, by the rule of succession over the earlier
  * occurrences of the matched suffix: (a + 1) / (c + 2), c occurrences followed by the tokens
  * drafted before it and a of them by it too (c = 0: the confidence of the token one period
- * back). Returns the count drafted, 0 when no suffix of
- * n_min..n_max tokens recurs. */
+ * back). Returns the count drafted, 0 when no suffix of n_min..n_max tokens recurs. */
 int spec_ngram_draft(const int32_t *toks, int n, int n_max, int n_min, int k_max, int32_t *out, float *prob);
 
 #define SPEC_POOLED SPEC_MAX_K  /* the rate slot over the drafts of every position */
@@ -143,6 +141,9 @@ void spec_seq_init_shared(spec_seq *q);
  * they started from), one it has tested weighs all by what is left of its prior; the mean
  * draft probability is all's until the request has its own. */
 void spec_seq_prior(spec_seq *q, const spec_seq *all);
+/* Whether the server-wide estimate all has tested enough drafts (SPEC_PRIOR_MIN_TESTED) to be
+ * new requests' prior: before that, a costly source's worth is unknown. */
+bool spec_seq_proven(const spec_seq *all);
 /* One verification: n_accepted drafts were accepted in a row, then one was rejected when
  * rejected is true (the others were not tested: their predecessor was rejected, or the
  * request ended first); prob (NULL: none) the draft's probabilities of those drafts. */
