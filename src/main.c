@@ -15,15 +15,15 @@ static const struct {
     { "serve", cmd_serve, "serve -m MODEL [--host H] [--port P] [--threads N] [--ctx N] [--max-seqs N] [--api-key K ...] [--model-name NAME]: HTTP API server" },
     { "gateway", cmd_gateway, "gateway -m MODEL --listen HOST:PORT [--prefill HOST:PORT,...] [--decode HOST:PORT,...] [--register HOST:PORT] [--cache SPEC]: cluster front" },
     { "run", cmd_run, "run -m MODEL -p PROMPT [-n N] [--temp T] [--seed S] [--threads N]: generate text" },
-    { "tokenize", cmd_tokenize, "tokenize -m MODEL [--special] [--pieces] TEXT: token ids as JSON" },
+    { "tokenize", cmd_tokenize, "tokenize -m MODEL [--special] [--pieces] [--no-bos] [--file F | --batch F.json | TEXT]: token ids as JSON" },
     { "convert", cmd_convert, "convert llama2c WEIGHTS.bin TOKENIZER.bin -o OUT.gguf" },
-    { "mkmodel", cmd_mkmodel, "mkmodel --arch llama|qwen2|qwen3|qwen3moe [--preset P] [--vocab F] --type T --seed S -o OUT.gguf" },
+    { "mkmodel", cmd_mkmodel, "mkmodel --arch llama|qwen2|qwen3|qwen3moe|deepseek2|gpt-oss [--preset P] [--vocab F] --type T --seed S -o OUT.gguf" },
     { "eval", cmd_eval, "eval -m MODEL --input FILE.json: top log-probs at every position (testing)" },
     { "template", cmd_template, "template -m MODEL [--template NAME] --input CONV.json: prompt ids as JSON (testing)" },
-    { "grammar", cmd_grammar, "grammar print|check|sample (--schema F | --regex R | --gbnf F | --json) [--input DOCS.json] [-m MODEL -n N]: structured output (testing)" },
+    { "grammar", cmd_grammar, "grammar print|check|sample|bench (--schema F | --regex R | --gbnf F | --json) [--input DOCS.json] [-m MODEL -n N]: structured output (testing)" },
     { "store", cmd_store, "store stat|ls|gc|fsck SPEC [--capacity SIZE] [--retention R]: block store maintenance" },
     { "worker", cmd_worker, "worker --role prefill|decode|mixed -m MODEL --listen HOST:PORT --cache SPEC [--gateway HOST:PORT]: cluster worker" },
-    { "bench", cmd_bench, "bench -m MODEL [--pp N] [--tg N] [--seqs 1,4,16]: timings as JSON; bench curves -m MODEL: the two price curves" },
+    { "bench", cmd_bench, "bench -m MODEL [--pp N] [--tg N] [--seqs 1,4,16]: timings as JSON; bench curves -m MODEL: the two price curves; bench profile -m MODEL: time per op" },
 };
 
 static void main_usage(FILE *f)

@@ -1,5 +1,6 @@
 /*
- * api_int: what only api*.c may see: the JSON (jansson) checks the three parsers share.
+ * api_int: what only api*.c may see: the JSON (jansson) checks the request parsers share (chat,
+ * completions, messages, responses).
  *
  * Each check looks up one member of an object, treats JSON null as absent (the SDKs send
  * null for unset optional fields), and on a wrong type or value fills the api_error in the

@@ -1,5 +1,5 @@
 /*
- * jsonfmt: validate a JSON text and re-emit it in a fixed layout, plus a growable byte buffer.
+ * jsonfmt: validate a JSON text and re-emit it in a fixed layout (into a util/bytebuf).
  *
  * Chat templates print JSON the way the reference Jinja renderer's `tojson` filter does
  * (@huggingface/jinja, itself modelled on Python's json.dumps): ", " and ": " separators, or

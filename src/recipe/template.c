@@ -11,7 +11,7 @@
  *
  * Plain tokenisation: the tokenizer never matches control tokens without parse_special but
  * always matches user-defined ones (llama.cpp's rule). To keep "<think>" typed by a user as
- * text, tmpl_plain() finds the leftmost user-defined token text of two or more characters and
+ * text, template_tokenize_plain() finds the leftmost user-defined token text of two or more characters and
  * cuts the text one character into it, tokenising the pieces separately (the cut changes the
  * tokens only around such text, which a real prompt of the family never contains).
  */
