@@ -431,8 +431,8 @@ store_status store_dir_map(store_dir *d, const uint8_t key[32], double ttl_s, co
     } else if ((size = (size_t)st.st_size) > 0) {
         /* MADV_HUGEPAGE: pages read from disk now go into the page cache as 2 MB folios, which
          * later maps (and the checksum and fill over them) take as a few large entries, not
-         * thousands of 4 KB ones (13 blocks of 14.7 MB: ~0.4 ms to map against ~20 ms; files
-         * written by a put are in large folios already). Advice only: failure is ignored. */
+         * thousands of 4 KB ones (files written by a put are in large folios already; figures
+         * in docs/benchmarks.md). Advice only: failure is ignored. */
         p = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (p == MAP_FAILED) {
             what = "cannot map";

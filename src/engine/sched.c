@@ -1,5 +1,6 @@
 /*
- * sched: continuous batching on one engine thread. See sched.h for the design.
+ * sched: continuous batching on one engine thread. sched.h says what callers rely on,
+ * docs/architecture.md ("Scheduler") the design.
  *
  * Request life: QUEUED (in s->waiting, in arrival order; a preempted request goes back to the
  * front) -> RUNNING (in s->running, ordered by admission) -> FINISHED (FINISH record
@@ -19,7 +20,7 @@
  * queue, each request's output ring and flags (cancel, released, engine_held,
  * finish_returned), the count of unfinished requests, the statistics and histograms.
  *
- * Publishing (sched.h, the step loop): a step's outputs wait in pub_* from the handoff
+ * Publishing (the overlapped step loop): a step's outputs wait in pub_* from the handoff
  * (sched_step_publish_locked) until sched_pub_flush_locked pushes them, on the publisher
  * thread or on the engine thread (before the next handoff, before any FINISH, with
  * no_overlap). A request ended at the handoff is out of the running set with its KV released

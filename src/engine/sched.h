@@ -2,87 +2,35 @@
  * sched: continuous batching of many requests on one engine.
  *
  * DESIGN. One engine thread (started by sched_new) loops: plan a batch, engine_step, sample,
- * hand the outputs to the publisher thread (the step loop, below). Requests join and leave between steps. Each step has a token budget
- * (step_tokens, vLLM's max_num_batched_tokens): every running decode gets its one token first,
- * and what is left of the budget is given to prefill chunks (oldest request first), so a long
- * prompt is read a chunk per step while the decodes keep producing. A running decode waits for
- * one whole step between its tokens, so the budget bounds what a long prompt costs them: about
- * step_tokens / prefill speed per token instead of the decode-only step. On a CPU a step is
- * compute-bound from a few dozen tokens on (the weights are read once per step, but every
- * token costs its own FLOPs), so a larger budget buys little prefill speed and costs the
- * decodes in proportion; the default, sched_default_step_tokens, is every decode plus a
- * SCHED_PREFILL_CHUNK-token prefill chunk. A step that carries no decode has no one to
- * stall, so its budget is prefill_step_tokens (default SCHED_PREFILL_STEP, llama.cpp's
- * 512-token micro-batch): a prompt read alone goes in fewer, larger steps, each reading the
- * weights once for more tokens, and a cached prompt's short suffix in one step. A new request first attaches the cached full 128-token
- * blocks that prefix its prompt (kvpool_seq_attach_prefix) and computes only the rest; those
- * attached positions are reported as cached prompt tokens.
+ * hand the outputs to the publisher thread. Requests join and leave between steps. The design
+ * is told once, in docs/architecture.md ("Scheduler"): the step's token budget and why
+ * (step_tokens, prefill_step_tokens), steps sized in time (step_ms, steptime.h), prefixes
+ * shared in flight, admission by cache (sched_admit.c holds the policy and its reasons),
+ * preemption, and the overlapped step loop. What a caller must know:
  *
- * Steps sized in time (sched_opts.step_ms): the scheduler learns the engine's step time from
- * every real step (steptime.h: a constant, per decode, per prefill token, per attention
- * depth) and, once the model is warm, gives a step's prefill chunks only the tokens that keep
- * its predicted time within step_ms when it carries decodes (what a stream waits per token)
- * or within prefill_step_ms when it does not; the token budgets above stay caps, and every
- * step reading prompts still gets SCHED_TIME_MIN_CHUNK tokens. The model's prediction error is
- * in the statistics (/metrics) whether a target is set or not.
- *
- * Prefixes shared in flight: requests that arrive together with the same prefix (agents
- * sharing a system prompt) do not each compute it. Before every step, a running request whose
- * next prompt block is being computed right now by another one (same block key: tokens, salt)
- * skips the step, and attaches that block as soon as it is committed, block after block; it
- * computes only what is its own. It never waits on a request that left (cancelled,
- * preempted, failed): it computes from its last attached block. Below a block boundary (a
- * shared prefix ending inside a block), the rows of the block the requests have in common are
- * copied from one that computed them, or, with none running, from the tail an ended request
- * kept there (kvpool.h: an agent's next turn, a retry, a resume). Blocks attached and rows copied this way count as
- * cached prompt tokens too: they were computed once. See sched_admit_share_locked.
- *
- * The queue of waiting requests is bounded (max_queue: SCHED_ERR_QUEUE_FULL beyond it); at
- * most max_seqs run at once; a free slot goes to the waiting request with the fewest blocks
- * left to compute once its reusable prefix (cached, in flight, or loaded from the block store)
- * is attached, within an age bound (the admission policy in sched_admit.c). KV exhaustion never
- * fails a request: a waiting request stays
- * queued until blocks are free, and when a running one cannot get its next block the newest
- * running request is preempted (its blocks released, its tokens so far kept) and later
- * resumed by recomputing prompt + generated tokens (usually attaching its own blocks again
- * from the prefix tier). A request alone that cannot fit the pool finishes with ERROR.
- *
- * Tokens only: the scheduler knows token ids, never text. Detokenising, stop-string matching
- * and event splitting happen on the caller's (HTTP) threads, which pull outputs with
- * sched_poll; a stop string matched there is ended with sched_cancel.
- *
- * Sampling: each request has its own sampler (sample.h) seeded from its params, fed with the
- * prompt and its generated tokens, so a request's tokens do not depend on what else runs.
- * After a step the requests to sample are split by ith/nth between the engine thread and
- * engine_n_threads - 1 sampling workers (the kernel threads are idle then), which shortens
- * the gap between steps when many sequences or a large vocabulary make sampling costly.
- * Greedy results are the same alone or batched (the engine's results do not depend on the
- * batch, see engine.h). Log-probabilities, when asked, are log-softmax of the raw logits
- * (before penalties and temperature), as OpenAI reports them.
- *
- * Speculative decoding (sched_opts.spec_*, engine/spec.h): after each step, every request that
- * goes on decoding gets a draft (prompt lookup, or a draft model's engine); the next step
- * carries its last token and the drafts chosen for verification, all wanting logits; the rows
- * are sampled in order while the sampled token equals the draft, so a request emits the tokens
- * it would have without speculation, several per step. Rejected rows stay beyond n_done and no
- * block is keyed from them. See docs/spec.md.
- *
- * The step loop overlaps (unless sched_opts.no_overlap): after sampling a step, the engine
- * thread only counts each request's new tokens and ends those whose last token ends them (a
- * stop id, the length), releasing their KV, so the next step is planned exactly as if
- * everything had been published; the records themselves (tokens, FINISH, the latency
- * histograms, on_output) are pushed by a publisher thread while the next step computes,
- * which also computes the log-probs asked for from the step's logits (the next step writes
- * into a second logits buffer). A cancel (a disconnect, a stop string matched on an HTTP thread) takes effect at
- * the next plan, as without overlap: tokens sampled meanwhile are published before the FINISH
- * CANCELLED and the API layer drops what follows a stop string. Whoever publishes a FINISH
- * first publishes the outputs still pending, so a request's records stay in order.
+ * - Tokens only: the scheduler knows token ids, never text. Detokenising, stop strings and
+ *   the event split run on the caller's threads, which pull outputs with sched_poll; a stop
+ *   string matched there is ended with sched_cancel, effective at the next plan (tokens
+ *   sampled meanwhile are still published before the FINISH CANCELLED).
+ * - Bounded: the queue (max_queue, SCHED_ERR_QUEUE_FULL beyond it), the running set
+ *   (max_seqs). KV exhaustion never fails a request that fits the pool alone: it waits, or
+ *   the newest running request is preempted and later resumed by recomputing; a request that
+ *   cannot fit the pool alone finishes with ERROR.
+ * - Attached and shared prefix tokens are reported as cached prompt tokens.
+ * - Deterministic per request: each request has its own sampler seeded from its params, and
+ *   the engine's results do not depend on the batch (engine.h), so greedy output is the same
+ *   alone or batched. Log-probabilities are log-softmax of the raw logits (before penalties
+ *   and temperature), as OpenAI reports them.
+ * - Speculative decoding (sched_opts.spec_*) emits exactly the tokens the request would have
+ *   emitted without it, several per step (spec.h, docs/spec.md).
+ * - Records are published in order: whoever publishes a FINISH first publishes the outputs
+ *   still pending.
  *
  * Threads and locks: one mutex guards the queue, every request's output ring and state
  * flags; the engine thread holds it only to take new requests, hand over outputs and apply
  * cancels, the publisher thread to push outputs, never while the kernels run. Callers of
  * sched_poll wait on the request's condition variable. The engine thread alone touches the
- * kvpool, the engine and samplers.
+ * kvpool, the engine and the samplers.
  */
 #ifndef TM_SCHED_H
 #define TM_SCHED_H

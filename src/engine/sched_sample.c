@@ -1,5 +1,5 @@
 /*
- * sched_sample: the scheduler's sampling (see sched.h, the step loop). A step's requests are
+ * sched_sample: the scheduler's sampling (the step loop: docs/architecture.md, "Scheduler"). A step's requests are
  * split by ith/nth between the engine thread (ith 0) and the sampling workers (ith 1..), which
  * sleep on pool_go between jobs; each request's sampler, grammar and think state are its own,
  * so the split changes no result. While the engine computes a step, the workers compute the

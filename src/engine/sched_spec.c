@@ -172,11 +172,10 @@ static void sched_spec_learn(sched *s, sched_req *r, int i)
  * requests try the drafter anyway, from the prior rate). Until d's drafts were tested often
  * enough server-wide to give new requests a measured prior, a request's first drafts with it
  * are a probe too, under the same budget: each one feeds d the request's whole prompt, and a
- * new server would otherwise pay that for every request until the prior is known (on the
- * quoting benchmark a poor self-speculating draft cost each 400-token request a 200 ms
- * catch-up, 8-11 % of its decode). A catch-up is priced as d's own catch-ups measured: the
- * step-time model's prefill price, which the decode steps after a prompt make it forget,
- * had priced a 400-token catch-up at a fifth of its 400 ms. */
+ * new server would otherwise pay that for every request until the prior is known. A catch-up
+ * is priced as d's own catch-ups measured, not by the step-time model's prefill price, which
+ * the decode steps after a prompt make it forget (docs/benchmarks.md, "Figures behind
+ * decisions in the code"). */
 static int sched_spec_model_len(sched *s, int d, sched_req *r, int nt, int kmax, bool *probe_due, double now)
 {
     sched_drafter *dr = &s->dr[d];

@@ -669,12 +669,13 @@ static void a512_gemm_q6_K(int64_t cols, const void *w, size_t ws, int nr, const
 /* Software prefetch (PF) two structs ahead, only in the full tiles of a group that has more
  * than 4 tokens. Up to 4 tokens a tile reads each 16-row group once, as one ascending stream
  * that the hardware prefetcher follows into L2 by itself, and prefetching two of every three
- * Q6_K lines held one thread streamed from memory to about 0.7 of a plain read loop (at any
+ * Q6_K lines slowed one thread's stream from memory well below a plain read loop's (at any
  * distance, with any hint: most likely each prefetch holds one of the core's few L1 miss
  * buffers for a whole memory latency); without it Q6_K streams at the read loop's rate.
  * With more tiles only the first one reads the group from memory and the hardware
  * prefetcher, seeing no misses in the others, falls behind: there the prefetch, which then
- * mostly finds its lines in L1, measured 8-10 % faster than none at 8 and 16 tokens. */
+ * mostly finds its lines in L1, pays (docs/benchmarks.md, "Figures behind decisions in the
+ * code"). */
 
 /* 16 rows x T tokens: one int32 lane per row. Per 64-column chunk c, each 64-byte vector of
  * weights holds 4 columns of every row in its low nibbles (sub-block 2c) and 4 in its high
@@ -708,7 +709,7 @@ A512_INLINE void a512_x16_q4_K(int T, bool PF, int64_t nb, const block_q4_Kx16 *
             }
             _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {
                 /* one load at one token, where the loads are the busiest ports; folded
-                 * into both masks at more, where it saves an instruction (0-3 % faster) */
+                 * into both masks at more, where it saves an instruction */
                 __m512i v = T == 1 ? a512_load_once(wb->qs[c][k]) : _mm512_load_si512(wb->qs[c][k]);
                 /* high nibbles stay in place: 16 times the value, taken off after the scale */
                 __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_andnot_si512(m4, v);
