@@ -1,6 +1,6 @@
 /*
- * sched_pub: publishing a step's outputs (the step loop: docs/architecture.md, "Scheduler"). The engine thread hands
- * a step's tokens over in pub_* (sched.c, sched_step_publish_locked); the publisher thread
+ * sched_pub: publishing a step's outputs (the step loop: docs/architecture.md, "Scheduler").
+ * The engine thread hands a step's tokens over in pub_* (sched.c, sched_step_publish_locked); the publisher thread
  * computes their log-probs without mu, then pushes every token record and the FINISH of the
  * requests their last token ended, while the engine computes the next step. The engine thread
  * publishes itself whenever it must publish first (sched_pub_flush_locked: before the next

@@ -1,6 +1,6 @@
 /*
- * sched_sample: the scheduler's sampling (the step loop: docs/architecture.md, "Scheduler"). A step's requests are
- * split by ith/nth between the engine thread (ith 0) and the sampling workers (ith 1..), which
+ * sched_sample: the scheduler's sampling (the step loop: docs/architecture.md, "Scheduler").
+ * A step's requests are split by ith/nth between the engine thread (ith 0) and the sampling workers (ith 1..), which
  * sleep on pool_go between jobs; each request's sampler, grammar and think state are its own,
  * so the split changes no result. While the engine computes a step, the workers compute the
  * grammar masks its constrained requests will need. A request verifying drafts samples its
