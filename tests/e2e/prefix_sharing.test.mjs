@@ -1,4 +1,4 @@
-// ttft: agent traffic on the real `tokenmill serve` (a generated qwen3 model), driven by the
+// prefix_sharing: agent traffic on the real `tokenmill serve` (a generated qwen3 model), driven by the
 // real `openai` client: concurrent requests with a shared 1,000-token prefix report every
 // full block of it as cached but for one request (computed once, whether a request attached
 // it from the cache or while another was computing it; the rows of its partial last block too
@@ -53,7 +53,8 @@ test("a shared prefix sent by concurrent agents is computed once; greedy text as
   // the step-time model learns from every step, with or without a target
   for (const m of [ma, mb]) {
     assert.ok(m.tokenmill_step_model_predictions_total > 0);
-    assert.ok(m.tokenmill_step_model_abs_error_seconds_total >= 0 && m.tokenmill_step_model_rel_error_total >= 0);
+    // real steps never take exactly the predicted time: the error sums grow with every step
+    assert.ok(m.tokenmill_step_model_abs_error_seconds_total > 0 && m.tokenmill_step_model_rel_error_total > 0);
   }
   fs.rmSync(dir, { recursive: true });
 });
