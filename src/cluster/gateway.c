@@ -629,6 +629,15 @@ static void gw_release(void *ud, sched_req *h)
 
 /* ------------------------------------------------------------------ life */
 
+static bool gw_draining(void *ud)
+{
+    gateway *g = ud;
+    pthread_mutex_lock(&g->mu);
+    bool d = g->draining || g->shut;
+    pthread_mutex_unlock(&g->mu);
+    return d;
+}
+
 gateway_status gateway_new(const gateway_opts *o, gateway **out, char *err, size_t errsz)
 {
     *out = NULL;
@@ -679,7 +688,7 @@ gateway_status gateway_new(const gateway_opts *o, gateway **out, char *err, size
         }
     }
     g->be = (api_backend){ .ud = g, .submit = gw_submit, .poll = gw_poll, .cancel = gw_cancel, .release = gw_release,
-                           .metrics = gw_metrics, .status = gw_status,
+                           .metrics = gw_metrics, .status = gw_status, .draining = gw_draining,
                            .role_text = "Yes: prefill workers compute prompts, decode workers generate; the gateway hands each request's KV from one to the other." };
     /* first connections now, so that a cluster started in order serves at once */
     for (int i = 0; i < g->n_slots; i++) gw_connect_static(g, i);
