@@ -621,12 +621,13 @@ TEST(test_rogue_workers_refused)
     gateway_free(G.g);
 }
 
-/* Strangers that open connections to the registration port and trickle the bytes of a
- * CHALLENGE header into each, one byte per connection every 400 ms (well within any per-read
- * timeout), never finishing it. */
+/* Strangers that open connections to the registration port and trickle into each the bytes
+ * of a handshake without the key (a CHALLENGE, then a PROOF of zeros), one byte per connection
+ * every 400 ms: well within any per-read timeout, and 45 s to the end. */
 #define N_TRICKLE 34
 typedef struct {
     int fd[N_TRICKLE];
+    uint8_t bytes[2 * (PROTO_HDR_SIZE + 32)];
     int stop;                 /* __atomic */
     pthread_t t;
 } trickle;
@@ -634,11 +635,10 @@ typedef struct {
 static void *trickle_thread(void *p)
 {
     trickle *tr = p;
-    uint8_t hdr[PROTO_HDR_SIZE] = { 0x54, 0x4d, 0x43, 0x50, PROTO_VERSION, 0, PROTO_CHALLENGE, 0 };
-    for (size_t k = 1; k < sizeof hdr && !__atomic_load_n(&tr->stop, __ATOMIC_ACQUIRE); k++) {
+    for (size_t k = 1; k < sizeof tr->bytes && !__atomic_load_n(&tr->stop, __ATOMIC_ACQUIRE); k++) {
         for (int i = 0; i < 10 && !__atomic_load_n(&tr->stop, __ATOMIC_ACQUIRE); i++) usleep(40 * 1000);
         for (int i = 0; i < N_TRICKLE; i++)
-            if (tr->fd[i] >= 0) (void)send(tr->fd[i], hdr + k, 1, MSG_NOSIGNAL);
+            if (tr->fd[i] >= 0) (void)send(tr->fd[i], tr->bytes + k, 1, MSG_NOSIGNAL);
     }
     return NULL;
 }
@@ -646,10 +646,21 @@ static void *trickle_thread(void *p)
 static void trickle_start(trickle *tr, const gw_env *G)
 {
     memset(tr, 0, sizeof *tr);
+    proto_buf b;
+    proto_buf_init(&b);
+    proto_msg m;
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_CHALLENGE;
+    CHECK(proto_encode(&b, &m) == PROTO_OK);
+    m.hdr.type = PROTO_PROOF;
+    CHECK(proto_encode(&b, &m) == PROTO_OK);
+    CHECK(b.n == sizeof tr->bytes);
+    memcpy(tr->bytes, b.p, sizeof tr->bytes);
+    proto_buf_free(&b);
     for (int i = 0; i < N_TRICKLE; i++) {
         tr->fd[i] = proto_connect(G->reg, 2000);
         CHECK(tr->fd[i] >= 0);
-        if (tr->fd[i] >= 0) CHECK(send(tr->fd[i], "T", 1, MSG_NOSIGNAL) == 1);   /* the magic's first byte */
+        if (tr->fd[i] >= 0) CHECK(send(tr->fd[i], tr->bytes, 1, MSG_NOSIGNAL) == 1);
     }
     CHECK(!pthread_create(&tr->t, NULL, trickle_thread, tr));
 }
@@ -687,31 +698,27 @@ static int open_after(const int *fd, int n, double s)
 }
 
 /* Strangers cannot keep workers out. 34 keyless connections that trickle a byte each every
- * 400 ms fill the registration port's handshake table (32); a worker that comes next is taken
- * in all the same (a full table makes room by cutting the oldest stranger), and none of the
- * strangers outlives the handshake's deadline, however steadily its bytes come. */
+ * 400 ms fill the registration port's handshake table (32); a real worker that comes next
+ * registers all the same (a full table makes room by cutting the oldest stranger), and none of
+ * the strangers outlives the handshake's deadline, however steadily its bytes come. */
 TEST(test_trickling_strangers_do_not_keep_workers_out)
 {
+    node R = node_new(false);
     gw_env G = gw_start_opts(0, 60);   /* a deadline that plays no part: room is made by eviction */
     trickle tr;
     trickle_start(&tr, &G);
     usleep(300 * 1000);   /* every trickler accepted and in its handshake */
-    int fd = -1;
-    for (int tries = 0; tries < 10 && fd < 0; tries++) {   /* a worker retries, as --gateway does */
-        fd = fake_connect_key(&G, NULL);
-        if (fd < 0) usleep(500 * 1000);
-    }
-    CHECK(fd >= 0);
+    node_serve(&R, PROTO_ROLE_MIXED, G.reg, "real");   /* retries every second, as --gateway does */
     CHECK(WAIT_UNTIL(workers_up(G.be) == 1, 10));
-    if (fd >= 0) fake_close(fd);
+    node_stop(&R);
     trickle_stop(&tr);
     gateway_shutdown(G.g);
     gateway_free(G.g);
+    node_free(&R);
 
     gw_env H = gw_start_opts(0, 1);    /* the whole handshake within 1 s */
     trickle_start(&tr, &H);
-    /* a bound well before the header is whole (24 bytes: 9.6 s), which any check would refuse */
-    int n_open = open_after(tr.fd, N_TRICKLE, 8);
+    int n_open = open_after(tr.fd, N_TRICKLE, 10);   /* a bound, far below the trickle's 45 s */
     CHECKF(n_open == 0, "%d trickling strangers still connected", n_open);
     trickle_stop(&tr);
     gateway_shutdown(H.g);
