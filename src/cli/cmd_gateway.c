@@ -4,7 +4,7 @@
  *
  * The front of a disaggregated cluster (cluster/gateway.h): the same HTTP APIs as `serve`
  * (recipe/api.h, over the gateway's backend instead of a local scheduler), plus the admin
- * routes (/admin/workers, /admin/drain, /admin/capacity). The model is opened for its
+ * routes (/admin/workers, /admin/drain, /admin/undrain, /admin/capacity). The model is opened for its
  * tokenizer, chat template and fingerprint only (the file is mmapped: its weights are never
  * touched here). Workers are the --prefill / --decode addresses (reconnected when they come
  * back) and those that register at --register (workers started with --gateway). Every worker

@@ -118,7 +118,8 @@ void gateway_free(gateway *g);
 const api_backend *gateway_backend(gateway *g);
 /* The port workers register at (register_listen with port 0), or -1. */
 int gateway_register_port(const gateway *g);
-/* GET /admin/workers, POST /admin/drain?worker=ADDR|NAME[&deadline_ms=N], GET /admin/capacity. */
+/* GET /admin/workers, POST /admin/drain?worker=NAME|ADDR[&deadline_ms=N], POST
+ * /admin/undrain?worker=NAME|ADDR, GET /admin/capacity. */
 void gateway_routes(gateway *g, http_server *h);
 
 #endif
