@@ -55,6 +55,32 @@ void cmd_common_block_stop_signals(sigset_t *set)
     signal(SIGPIPE, SIG_IGN);
 }
 
+static char cmd_common_exit_msg[96];   /* written by the handler: set before it is installed */
+static size_t cmd_common_exit_len;
+
+/* A signal during the shutdown: exit now (async-signal-safe calls only). */
+static void cmd_common_exit_now(int sig)
+{
+    ssize_t w = write(STDERR_FILENO, cmd_common_exit_msg, cmd_common_exit_len);
+    (void)w;
+    _exit(128 + sig);
+}
+
+void cmd_common_arm_second_signal(const char *prog)
+{
+    int n = snprintf(cmd_common_exit_msg, sizeof cmd_common_exit_msg, "tokenmill %s: second signal, exiting now\n", prog);
+    cmd_common_exit_len = n > 0 && (size_t)n < sizeof cmd_common_exit_msg ? (size_t)n : 0;
+    struct sigaction sa = { .sa_handler = cmd_common_exit_now };
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_UNBLOCK, &set, NULL);
+}
+
 bool cmd_common_load_model(const char *prog, const char *path, model **m, tokenizer **tok)
 {
     char err[512];

@@ -107,6 +107,10 @@ sched_opts cmd_common_sched_opts(const cmd_engine_opts *o, blockio *bio, const t
  * *set takes a stop signal, and one arriving while threads start cannot kill the process
  * before its clean shutdown. */
 void cmd_common_block_stop_signals(sigset_t *set);
+/* From now on (a shutdown has begun) SIGINT/SIGTERM end the process at once: "tokenmill PROG:
+ * second signal, exiting now" and status 128 + the signal. The handler is installed and the
+ * signals unblocked in the calling thread (every other thread keeps them blocked). */
+void cmd_common_arm_second_signal(const char *prog);
 
 /* Loads the GGUF at path and its tokenizer; on failure prints "tokenmill PROG: why" and
  * returns false with whatever was loaded freed (*m and *tok NULL). */

@@ -4,12 +4,20 @@
  *
  * The front of a disaggregated cluster (cluster/gateway.h): the same HTTP APIs as `serve`
  * (recipe/api.h, over the gateway's backend instead of a local scheduler), plus the admin
- * routes (/admin/workers, /admin/drain, /admin/capacity). The model is opened for its
+ * routes (/admin/workers, /admin/drain, /admin/undrain, /admin/capacity). The model is opened for its
  * tokenizer, chat template and fingerprint only (the file is mmapped: its weights are never
  * touched here). Workers are the --prefill / --decode addresses (reconnected when they come
  * back) and those that register at --register (workers started with --gateway). Every worker
  * must prove it holds the cluster key (--cluster-key-file, by default the key generated in the
  * cache dir: cluster/auth.h), else it is refused and logged.
+ *
+ * Shutdown drains, as `serve` does: the first SIGINT/SIGTERM makes the gateway refuse new
+ * requests (503 in the route's shape, with Retry-After) while the running ones go on to their
+ * end on the workers and their responses are sent. Past --drain-timeout seconds (default 30)
+ * the rest are aborted: each still ends with its API's "incomplete" ending (never as a normal
+ * stop; gateway_abort), and the gateway waits a little more for those to be written. A second
+ * signal during all this exits at once with status 128 + the signal number; a completed
+ * shutdown exits 0.
  *
  * Lines on stderr for tests: "tokenmill gateway: workers register at HOST:PORT" and
  * "tokenmill gateway: listening on http://HOST:PORT".
@@ -41,6 +49,7 @@
 #pragma weak api_messages_register
 
 #define GWC_MAX 32
+#define GWC_ABORT_GRACE_S 5.0   /* after the abort: for the cut responses to be written */
 
 /* --progress-timeout FIRST[,NEXT] into dst, double[2]: seconds to a job's first token, and
  * between two tokens (NEXT defaults to FIRST / 3). */
@@ -59,12 +68,44 @@ static bool cmd_gateway_progress(const char *prog, const char *name, const char 
     return cmd_common_num(prog, name, comma + 1, 1e-3, 86400, next);
 }
 
+/* Waits until no request runs and no HTTP request is in progress (every response, streamed or
+ * not, was sent), or until util_now() passes deadline. */
+static bool cmd_gateway_wait_quiet(gateway *g, http_server *h, double deadline)
+{
+    for (;;) {
+        double left = deadline - util_now();
+        int n_live = gateway_wait_idle(g, left > 0 ? (int)(left * 1000) : 0);
+        http_stats hs;
+        http_get_stats(h, &hs);
+        if (n_live == 0 && hs.n_active == 0) return true;
+        if (deadline - util_now() <= 0) return false;
+        struct timespec nap = { 0, 10 * 1000 * 1000 };   /* the last responses are being written */
+        nanosleep(&nap, NULL);
+    }
+}
+
+/* The shutdown's drain (see the file comment). */
+static void cmd_gateway_drain(gateway *g, http_server *h, int sig, long drain_timeout)
+{
+    cmd_common_arm_second_signal("gateway");
+    fprintf(stderr, "tokenmill gateway: %s, draining (up to %lds; a second signal exits at once)\n",
+            sig == SIGINT ? "SIGINT" : "SIGTERM", drain_timeout);
+    gateway_drain(g);
+    if (!cmd_gateway_wait_quiet(g, h, util_now() + (double)drain_timeout)) {
+        fprintf(stderr, "tokenmill gateway: drain timeout: ending %d requests\n", gateway_wait_idle(g, 0));
+        gateway_abort(g);
+        if (!cmd_gateway_wait_quiet(g, h, util_now() + GWC_ABORT_GRACE_S))
+            fprintf(stderr, "tokenmill gateway: closing the connections still open\n");
+    }
+    fprintf(stderr, "tokenmill gateway: stopped\n");
+}
+
 int cmd_gateway(int argc, char **argv)
 {
     const char *path = NULL, *listen = "127.0.0.1:8080", *reg = NULL, *cache_spec = NULL, *name = NULL, *tmpl_name = NULL;
     const char *pre[GWC_MAX], *dec[GWC_MAX], *keys[16];
     int n_pre = 0, n_dec = 0, n_keys = 0;
-    long ctx = 0;
+    long ctx = 0, drain_timeout = 30;
     double hb_timeout = 2, wait_timeout = 30, progress[2] = { 30, 10 };   /* progress: first, next */
     double cost_per_hour = 0;
     http_opts ho = { 0 };       /* connection limits from the options; the rest below */
@@ -84,6 +125,7 @@ int cmd_gateway(int argc, char **argv)
         { "--wait-timeout", NULL, CMD_OPT_DOUBLE, &wait_timeout, 1e-3, 86400, .arg = "S", .help = "with no worker of a role, 503 after S seconds (default 30)" },
         { "--progress-timeout", NULL, CMD_OPT_FN, progress, .fn = cmd_gateway_progress, .arg = "FIRST[,NEXT]",
           .help = "move a request off a worker with no token for FIRST / NEXT s (default 30,10)" },
+        { "--drain-timeout", NULL, CMD_OPT_LONG, &drain_timeout, 0, 86400, .arg = "S", .help = "at SIGTERM, seconds running requests get (default 30)" },
         { "--cluster-key-file", NULL, CMD_OPT_STR, &key_path, .arg = "PATH", .help = "the cluster secret (default: generated in ~/.cache/tokenmill)" },
         { "--api-key", NULL, CMD_OPT_LIST, &keys_l, .arg = "KEY", .help = "require this key (repeat for several)" },
         { "--metrics-public", NULL, CMD_OPT_FLAG, &metrics_public, .help = "with --api-key, leave /metrics and the status page open" },
@@ -206,7 +248,7 @@ int cmd_gateway(int argc, char **argv)
     fflush(stderr);
     int sig = 0;
     sigwait(&set, &sig);
-    fprintf(stderr, "tokenmill gateway: %s, stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    cmd_gateway_drain(g, h, sig, drain_timeout);
     rc = 0;
 out:
     gateway_shutdown(g);

@@ -295,30 +295,6 @@ static int serve_run(const sigset_t *stop_signals)
     return sig;
 }
 
-/* A signal during the shutdown: exit now (async-signal-safe calls only). */
-static void serve_exit_now(int sig)
-{
-    static const char msg[] = "tokenmill serve: second signal, exiting now\n";
-    ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
-    (void)w;
-    _exit(128 + sig);
-}
-
-/* From now on SIGINT/SIGTERM end the process at once: the handler is installed and the signals
- * unblocked in this thread (every other thread keeps them blocked, so they come here). */
-static void serve_arm_second_signal(void)
-{
-    struct sigaction sa = { .sa_handler = serve_exit_now };
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    pthread_sigmask(SIG_UNBLOCK, &set, NULL);
-}
-
 /* Waits until every accepted request has finished and no HTTP request is in progress (so
  * every response, streamed or not, was sent), or until util_now() passes deadline. */
 static bool serve_wait_quiet(serve *sv, double deadline)
@@ -339,7 +315,7 @@ static bool serve_wait_quiet(serve *sv, double deadline)
  * HTTP server and the engine, flush the write-behind queue. */
 static void serve_shutdown(serve *sv, int sig)
 {
-    serve_arm_second_signal();
+    cmd_common_arm_second_signal("serve");
     fprintf(stderr, "tokenmill serve: %s, draining (up to %lds; a second signal exits at once)\n",
             sig == SIGINT ? "SIGINT" : "SIGTERM", sv->o.drain_timeout);
     sched_drain(sv->s);

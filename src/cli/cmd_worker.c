@@ -62,7 +62,7 @@ int cmd_worker(int argc, char **argv)
         { "--listen", NULL, CMD_OPT_STR, &listen, .arg = "HOST:PORT", .help = "where the gateway connects (this or --gateway)" },
         { "--gateway", NULL, CMD_OPT_STR, &gateway, .arg = "HOST:PORT", .help = "register at a gateway's --register address" },
         { "--cache", NULL, CMD_OPT_STR, &cache_spec, .arg = "SPEC|off", .help = "the block store every worker shares" },
-        { "--name", NULL, CMD_OPT_STR, &name, .arg = "NAME", .help = "the worker's name in /admin/workers" },
+        { "--name", NULL, CMD_OPT_STR, &name, .arg = "NAME", .help = "the worker's name in /admin/workers, unique per gateway (default HOSTNAME:PORT)" },
         { "--cluster-key-file", NULL, CMD_OPT_STR, &key_path, .arg = "PATH", .help = "the cluster secret (default: generated in ~/.cache/tokenmill)" },
         { .kind = CMD_OPT_TABLE, .dst = (void *)cmd_common_engine_table(&eng, eng_t) },
         { "--drain-timeout", NULL, CMD_OPT_LONG, &drain_s, 1, 86400, .arg = "S", .help = "at SIGTERM, seconds running requests get (default 30)" },
@@ -137,6 +137,7 @@ int cmd_worker(int argc, char **argv)
     fprintf(stderr, "tokenmill worker: %s, model %s (%d layers, ctx %d, %s, %d threads)%s%s\n",
             proto_role_name(role), m->hp.arch_name, m->hp.n_layers, n_ctx, kvd, engine_n_threads(e),
             bio ? ", block store " : "", bio ? store_spec(cache) : "");
+    fprintf(stderr, "tokenmill worker: named %s\n", worker_name(w));
     if (listen) fprintf(stderr, "tokenmill worker: listening on port %d\n", worker_port(w));
     fflush(stderr);
     /* SIGTERM / SIGINT: drain, then exit 0; a second signal: stop now, status 1 */

@@ -77,8 +77,8 @@ void auth_dir_free(auth_dir *d);
  * False when OpenSSL fails. */
 bool auth_dir_tag(auth_dir *d, const void *a, size_t na, const void *b, size_t nb, uint8_t tag[AUTH_TAG_SIZE]);
 
-/* Runs the handshake on a fresh connection (c unsealed; the caller bounds the waits with the
- * socket's receive timeout). On AUTH_OK c is sealed: every later frame is tagged and checked.
+/* Runs the handshake on a fresh connection (c unsealed; the caller bounds the whole of it with
+ * c->deadline: a receive timeout would restart with each byte a stranger trickles in). On AUTH_OK c is sealed: every later frame is tagged and checked.
  * Otherwise why says what happened (for the log line) and, when the peer's proof was wrong,
  * ERROR AUTH has been sent to it. */
 auth_status auth_handshake(struct proto_conn *c, const auth_key *k, auth_side side, char *why, size_t whysz);

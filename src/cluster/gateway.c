@@ -171,7 +171,7 @@ void gw_worker_lost_how(gateway *g, int slot, const char *why, bool keep_write)
     if (!w->connected) return;
     log_warn("gateway: worker %s (%s) is out: %s", w->addr, proto_role_name(w->role), why);
     w->connected = false;
-    w->draining = false;
+    w->draining = w->undraining = false;
     w->gen++;
     if (w->fd >= 0) shutdown(w->fd, keep_write ? SHUT_RD : SHUT_RDWR);
     gw_window_worker_gone(g, slot);
@@ -314,7 +314,12 @@ bool gw_on_msg(gateway *g, int slot, proto_msg *m, const char **refused)
         if (bal_speed_report(&w->speed, w->hb.n_prefill_tokens, w->hb.busy_us))
             log_debug("gateway: worker %s prefill speed %.0f tokens/s (%d samples)", w->addr, w->speed.tokens_per_s,
                       w->speed.n_samples);
-        if (m->u.heartbeat.draining && !w->draining) {
+        if (w->undraining && !m->u.heartbeat.draining) {
+            w->undraining = w->draining = false;
+            log_info("gateway: worker %s takes work again", w->addr);
+            pthread_cond_broadcast(&g->cv_workers);
+            pthread_cond_signal(&g->cv_disp);
+        } else if (m->u.heartbeat.draining && !w->draining) {
             w->draining = true;
             gw_window_worker_gone(g, slot);
             log_info("gateway: worker %s drains", w->addr);
@@ -457,7 +462,7 @@ static sched_status gw_submit(void *ud, const sched_params *p, sched_req **out)
         return SCHED_ERR_ARG;
     pthread_mutex_lock(&g->mu);
     double deadline = util_now() + g->o.wait_timeout_s;
-    while (!g->shut && !(gw_has_role(g, true) && gw_has_role(g, false))) {
+    while (!g->shut && !g->draining && !(gw_has_role(g, true) && gw_has_role(g, false))) {
         double left = deadline - util_now();
         if (left <= 0) break;
         if (left > 0.2) left = 0.2;
@@ -467,7 +472,11 @@ static sched_status gw_submit(void *ud, const sched_params *p, sched_req **out)
         while (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
         pthread_cond_timedwait(&g->cv_workers, &g->mu, &ts);
     }
-    if (g->shut || !(gw_has_role(g, true) && gw_has_role(g, false))) {
+    if (g->shut || g->draining) {
+        pthread_mutex_unlock(&g->mu);
+        return SCHED_ERR_STOPPED;
+    }
+    if (!(gw_has_role(g, true) && gw_has_role(g, false))) {
         g->n_rejected++;
         pthread_mutex_unlock(&g->mu);
         return SCHED_ERR_STOPPED;
@@ -525,7 +534,7 @@ static sched_status gw_submit(void *ud, const sched_params *p, sched_req **out)
     r->t_submit = r->t_wait = util_now();
     pthread_cond_init(&r->cv, NULL);
     pthread_mutex_lock(&g->mu);
-    if (g->shut) {
+    if (g->shut || g->draining) {
         pthread_mutex_unlock(&g->mu);
         pthread_cond_destroy(&r->cv);
         free(r->params.salt);
@@ -620,6 +629,15 @@ static void gw_release(void *ud, sched_req *h)
 
 /* ------------------------------------------------------------------ life */
 
+static bool gw_draining(void *ud)
+{
+    gateway *g = ud;
+    pthread_mutex_lock(&g->mu);
+    bool d = g->draining || g->shut;
+    pthread_mutex_unlock(&g->mu);
+    return d;
+}
+
 gateway_status gateway_new(const gateway_opts *o, gateway **out, char *err, size_t errsz)
 {
     *out = NULL;
@@ -634,6 +652,7 @@ gateway_status gateway_new(const gateway_opts *o, gateway **out, char *err, size
     gateway *g = xcalloc(1, sizeof *g);
     g->o = *o;
     if (g->o.heartbeat_timeout_s <= 0) g->o.heartbeat_timeout_s = 2;
+    if (g->o.handshake_timeout_s <= 0) g->o.handshake_timeout_s = GREET_DEADLINE_S;
     if (g->o.progress_first_s <= 0) g->o.progress_first_s = 30;
     if (g->o.progress_next_s <= 0) g->o.progress_next_s = 10;
     if (g->o.wait_timeout_s <= 0) g->o.wait_timeout_s = 30;
@@ -644,7 +663,7 @@ gateway_status gateway_new(const gateway_opts *o, gateway **out, char *err, size
     g->kv_dtype = -1;
     g->listen_fd = -1;
     gw_window_init(g);
-    for (int i = 0; i < GW_MAX_GREETING; i++) g->greeting_fd[i] = -1;
+    greet_init(&g->greet, GREET_MAX);
     pthread_mutex_init(&g->mu, NULL);
     for (int i = 0; i < GW_MAX_WORKERS; i++) {
         pthread_mutex_init(&g->w[i].send_mu, NULL);
@@ -669,7 +688,7 @@ gateway_status gateway_new(const gateway_opts *o, gateway **out, char *err, size
         }
     }
     g->be = (api_backend){ .ud = g, .submit = gw_submit, .poll = gw_poll, .cancel = gw_cancel, .release = gw_release,
-                           .metrics = gw_metrics, .status = gw_status,
+                           .metrics = gw_metrics, .status = gw_status, .draining = gw_draining,
                            .role_text = "Yes: prefill workers compute prompts, decode workers generate; the gateway hands each request's KV from one to the other." };
     /* first connections now, so that a cluster started in order serves at once */
     for (int i = 0; i < g->n_slots; i++) gw_connect_static(g, i);
@@ -680,6 +699,50 @@ gateway_status gateway_new(const gateway_opts *o, gateway **out, char *err, size
     }
     *out = g;
     return GATEWAY_OK;
+}
+
+void gateway_drain(gateway *g)
+{
+    pthread_mutex_lock(&g->mu);
+    g->draining = true;
+    pthread_cond_broadcast(&g->cv_workers);   /* submits waiting for a worker give up */
+    pthread_mutex_unlock(&g->mu);
+}
+
+/* Requests not finished yet (mu held). */
+static int gw_n_running(const gateway *g)
+{
+    int n = 0;
+    for (const gw_req *r = g->reqs; r; r = r->next) n += !r->finished;
+    return n;
+}
+
+int gateway_wait_idle(gateway *g, int timeout_ms)
+{
+    double deadline = util_now() + timeout_ms / 1000.0;
+    pthread_mutex_lock(&g->mu);
+    int n;
+    /* a request's end wakes its own waiter only: look again every 20 ms */
+    while ((n = gw_n_running(g)) > 0 && (timeout_ms < 0 || util_now() < deadline)) {
+        struct timespec ts;
+        util_deadline(&ts, CLOCK_REALTIME, 20);
+        pthread_cond_timedwait(&g->cv_workers, &g->mu, &ts);
+    }
+    pthread_mutex_unlock(&g->mu);
+    return n;
+}
+
+void gateway_abort(gateway *g)
+{
+    pthread_mutex_lock(&g->mu);
+    g->draining = true;
+    for (gw_req *r = g->reqs; r; r = r->next) {
+        if (r->finished) continue;
+        if (r->worker >= 0 && (r->state == GW_PREFILL || r->state == GW_DECODE)) gw_send_simple(g, r->worker, PROTO_CANCEL, r->id);
+        gw_finish(g, r, SCHED_FINISH_ABORTED);
+    }
+    gw_flush(g);
+    pthread_mutex_unlock(&g->mu);
 }
 
 void gateway_shutdown(gateway *g)
@@ -705,9 +768,8 @@ void gateway_free(gateway *g)
     if (g->acc_started) pthread_join(g->acc, NULL);
     pthread_mutex_lock(&g->mu);
     /* handshakes in progress end now (their reads fail); their threads are waited for */
-    for (int i = 0; i < GW_MAX_GREETING; i++)
-        if (g->greeting_fd[i] >= 0) shutdown(g->greeting_fd[i], SHUT_RDWR);
-    while (g->n_greeting > 0) pthread_cond_wait(&g->cv_workers, &g->mu);
+    greet_shutdown_all(&g->greet);
+    while (g->greet.n_threads > 0) pthread_cond_wait(&g->cv_workers, &g->mu);
     for (int i = 0; i < g->n_slots; i++)
         if (g->w[i].connected || g->w[i].reader_live) {
             g->w[i].connected = false;

@@ -10,9 +10,10 @@
  *     (cluster/balance.h), drops workers that missed heartbeats (heartbeat_timeout_s),
  *     enforces the progress and wait deadlines, reconnects the static ones;
  *   - the acceptor (when register_listen is set): workers started with --gateway connect here
- *     and, each in a thread of its own (at most 32 at once, so that a peer slow in its
- *     handshake holds up nobody else), do the handshake and say HELLO with
- *     PROTO_F_REGISTER; they join the live list.
+ *     and, each in a thread of its own (a bounded table with an absolute deadline, cluster/
+ *     greet.h, so that a peer slow in its handshake holds up nobody else and strangers cannot
+ *     hold every entry), do the handshake and say HELLO with PROTO_F_REGISTER; they join the
+ *     live list unless another live worker goes by their name.
  * Nothing on a request's path waits on a timer: frames are queued under the mutex and written
  * at once by the thread that made them (gw_flush, one writer at a time so that each
  * connection's frames keep their order; the mutex is released while writing), every cluster
@@ -86,6 +87,8 @@ typedef struct {
     int32_t eos_ids[4];            /* end-of-generation ids the workers stop on (-1 unused) */
     const auth_key *key;           /* the cluster secret (cluster/auth.h), required; outlives g */
     double heartbeat_timeout_s;    /* a worker silent this long is out; <= 0: 2 */
+    double handshake_timeout_s;    /* a connection's whole handshake and HELLO, however its
+                                    * bytes trickle in; <= 0: GREET_DEADLINE_S */
     double progress_first_s;       /* a job (PREFILL / DECODE) without its first token this long
                                     * is moved elsewhere, as if its worker had died; <= 0: 30 */
     double progress_next_s;        /* the same between two tokens of a job; <= 0: 10 */
@@ -99,6 +102,14 @@ typedef struct {
 typedef struct gateway gateway;
 
 gateway_status gateway_new(const gateway_opts *o, gateway **out, char *err, size_t errsz);
+/* Draining, for a gateway that stops without cutting its streams (as sched_drain): new
+ * requests are refused (SCHED_ERR_STOPPED: a 503 with Retry-After) while the running ones go on
+ * to their normal end on the workers; gateway_wait_idle waits up to timeout_ms (< 0: no limit)
+ * and returns how many are still running; gateway_abort ends those left with FINISH ABORTED
+ * (their API's "incomplete" ending, recipe/api.h), cancelling them on their workers. */
+void gateway_drain(gateway *g);
+int gateway_wait_idle(gateway *g, int timeout_ms);
+void gateway_abort(gateway *g);
 /* Refuses new requests and ends every running one (FINISH CANCELLED), so streams close. */
 void gateway_shutdown(gateway *g);
 /* Stops the threads, closes the connections, frees. Every handle must have been released. */
@@ -107,7 +118,8 @@ void gateway_free(gateway *g);
 const api_backend *gateway_backend(gateway *g);
 /* The port workers register at (register_listen with port 0), or -1. */
 int gateway_register_port(const gateway *g);
-/* GET /admin/workers, POST /admin/drain?worker=ADDR|NAME[&deadline_ms=N], GET /admin/capacity. */
+/* GET /admin/workers, POST /admin/drain?worker=NAME|ADDR[&deadline_ms=N], POST
+ * /admin/undrain?worker=NAME|ADDR, GET /admin/capacity. */
 void gateway_routes(gateway *g, http_server *h);
 
 #endif

@@ -1,7 +1,7 @@
 /*
  * gateway_admin: what the gateway shows operators: its /metrics lines (requests, tokens,
  * per-worker load, the KV handoff cost, the latency it adds), the status page's cluster block,
- * and the admin routes (/admin/workers, /admin/drain, /admin/capacity). Each takes
+ * and the admin routes (/admin/workers, /admin/drain, /admin/undrain, /admin/capacity). Each takes
  * gateway.mu only to copy its figures.
  */
 #include <errno.h>
@@ -215,11 +215,48 @@ static void gw_route_workers(http_request *r, void *user)
     bytebuf_free(&b);
 }
 
+/* The connected worker an admin call names by address or name (mu held): its slot, -1 when
+ * none is, -2 when several are (two workers advertising one address: the name tells them
+ * apart, names being unique among live workers). */
+static int gw_admin_find(const gateway *g, const char *who)
+{
+    int slot = -1, n = 0;
+    for (int i = 0; i < g->n_slots; i++)
+        if (g->w[i].used && g->w[i].connected && !strcmp(g->w[i].name, who)) return i;
+    for (int i = 0; i < g->n_slots; i++)
+        if (g->w[i].used && g->w[i].connected && !strcmp(g->w[i].addr, who)) {
+            slot = i;
+            n++;
+        }
+    return n > 1 ? -2 : slot;
+}
+
+/* The worker query parameter of an admin call, found (mu held on return, *slot its slot), or
+ * NULL after answering 400 / 404 / 409 (mu not held). */
+static const char *gw_admin_worker(gateway *g, http_request *r, int *slot)
+{
+    const char *who = http_request_query(r, "worker");
+    if (!who || !*who) {
+        api_openai_error(r, 400, "invalid_request_error", "Missing query parameter 'worker'.", "worker", NULL);
+        return NULL;
+    }
+    pthread_mutex_lock(&g->mu);
+    *slot = gw_admin_find(g, who);
+    if (*slot >= 0) return who;
+    pthread_mutex_unlock(&g->mu);
+    if (*slot == -2)
+        api_openai_error(r, 409, "invalid_request_error",
+                         "Several connected workers have this address: name the worker by its name (/admin/workers).",
+                         "worker", NULL);
+    else
+        api_openai_error(r, 404, "invalid_request_error", "No such worker connected.", "worker", NULL);
+    return NULL;
+}
+
 static void gw_route_drain(http_request *r, void *user)
 {
     gateway *g = user;
     if (!api_openai_auth(r)) return;
-    const char *who = http_request_query(r, "worker");
     const char *dl = http_request_query(r, "deadline_ms");
     uint32_t deadline = g->o.drain_deadline_ms;
     if (dl) {
@@ -234,34 +271,54 @@ static void gw_route_drain(http_request *r, void *user)
         }
         deadline = (uint32_t)v;
     }
-    if (!who || !*who) {
-        api_openai_error(r, 400, "invalid_request_error", "Missing query parameter 'worker'.", "worker", NULL);
-        return;
-    }
-    pthread_mutex_lock(&g->mu);
-    int slot = -1;
-    for (int i = 0; i < g->n_slots && slot < 0; i++)
-        if (g->w[i].used && g->w[i].connected && (!strcmp(g->w[i].addr, who) || (g->w[i].name[0] && !strcmp(g->w[i].name, who))))
-            slot = i;
-    if (slot >= 0) {
-        proto_msg m;
-        memset(&m, 0, sizeof m);
-        m.hdr.type = PROTO_DRAIN;
-        m.u.drain.done = 0;
-        m.u.drain.deadline_ms = deadline;
-        gw_queue_msg(g, slot, &m);
-        g->w[slot].draining = true;
-        log_info("gateway: draining %s (deadline %u ms)", g->w[slot].addr, deadline);
-    }
+    int slot;
+    const char *who = gw_admin_worker(g, r, &slot);
+    if (!who) return;
+    proto_msg m;
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_DRAIN;
+    m.u.drain.done = 0;
+    m.u.drain.deadline_ms = deadline;
+    g->w[slot].draining = true;
+    g->w[slot].undraining = false;
+    log_info("gateway: draining %s (deadline %u ms)", g->w[slot].addr, deadline);
+    gw_queue_msg(g, slot, &m);
+    gw_flush(g);
     pthread_mutex_unlock(&g->mu);
-    if (slot < 0) {
-        api_openai_error(r, 404, "invalid_request_error", "No such worker connected.", "worker", NULL);
-        return;
-    }
     bytebuf b = {0};
     bytebuf_puts(&b, "{\"status\":\"draining\",\"worker\":");
     api_buf_str(&b, who);
     bytebuf_printf(&b, ",\"deadline_ms\":%u}", (unsigned)deadline);
+    api_respond_buf(r, 200, &b);
+    bytebuf_free(&b);
+}
+
+/* Ends a drain asked with /admin/drain (DRAIN UNDRAIN): the worker takes jobs again, and the
+ * gateway sends it work from its first heartbeat that no longer says it drains (a worker
+ * draining to exit, after a signal, keeps draining). */
+static void gw_route_undrain(http_request *r, void *user)
+{
+    gateway *g = user;
+    if (!api_openai_auth(r)) return;
+    int slot;
+    const char *who = gw_admin_worker(g, r, &slot);
+    if (!who) return;
+    bool was = g->w[slot].draining;
+    if (was) {
+        proto_msg m;
+        memset(&m, 0, sizeof m);
+        m.hdr.type = PROTO_DRAIN;
+        m.hdr.flags = PROTO_F_UNDRAIN;
+        g->w[slot].undraining = true;
+        log_info("gateway: undraining %s", g->w[slot].addr);
+        gw_queue_msg(g, slot, &m);
+        gw_flush(g);
+    }
+    pthread_mutex_unlock(&g->mu);
+    bytebuf b = {0};
+    bytebuf_printf(&b, "{\"status\":\"%s\",\"worker\":", was ? "undraining" : "serving");
+    api_buf_str(&b, who);
+    bytebuf_putc(&b, '}');
     api_respond_buf(r, 200, &b);
     bytebuf_free(&b);
 }
@@ -372,6 +429,7 @@ void gateway_routes(gateway *g, http_server *h)
 {
     http_route(h, "GET", "/admin/workers", gw_route_workers, g);
     http_route(h, "POST", "/admin/drain", gw_route_drain, g);
+    http_route(h, "POST", "/admin/undrain", gw_route_undrain, g);
     http_route(h, "GET", "/admin/capacity", gw_route_capacity, g);
 }
 

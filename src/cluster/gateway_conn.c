@@ -5,8 +5,11 @@
  * a reader thread that applies its frames to the requests under gateway.mu (gw_on_msg) and
  * closes the connection when it ends. Static workers (--prefill, --decode) are connected by
  * gateway_new and reconnected by the dispatcher; registering ones (--gateway) come in through
- * the acceptor, each handshake in a thread of its own, at most GW_MAX_GREETING at once, so
- * that a peer slow or silent in its handshake holds up nobody else.
+ * the acceptor, each handshake in a thread of its own, within an absolute deadline and in a
+ * bounded table (greet.h: when it is full the oldest handshake of the busiest source address
+ * makes room), so that a peer slow or silent in its handshake holds up nobody else, and
+ * strangers cannot keep a worker out. The gateway answers a worker's HELLO with its own only
+ * once it is accepted; a refused one (another model, its name taken) is told why with ERROR.
  */
 #include <errno.h>
 #include <poll.h>
@@ -112,18 +115,16 @@ static void gw_hello(const gateway *g, proto_msg *m)
     m->u.hello.name = (char *)"gateway";
 }
 
-static void gw_set_timeout(int fd, int ms)
-{
-    struct timeval tv = { .tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000 };
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-}
-
 /* The handshake (cluster/auth.h: the peer proves it holds the cluster key, and we prove it
- * too; pc is sealed after it), then both ends send HELLO and ours is checked against theirs.
- * 0, or -1 (logged, counted). */
-static int gw_handshake(gateway *g, proto_conn *pc, const char *who, proto_hello *out)
+ * too; pc is sealed after it), then the peer's HELLO, checked against ours; all of it within
+ * one absolute deadline (greet.h), however slowly the peer's bytes come. Our HELLO is not sent
+ * yet: gw_reply sends it, or says why the worker is refused, once its name was checked. 0, or
+ * -1 (logged, counted; *why_refused, when not NULL, says why the worker should be told). */
+static int gw_handshake(gateway *g, proto_conn *pc, const char *who, proto_hello *out, const char **why_refused,
+                        int *code)
 {
-    gw_set_timeout(pc->fd, 2000);
+    *why_refused = NULL;
+    pc->deadline = util_now() + g->o.handshake_timeout_s;
     char why[160];
     auth_status ast = auth_handshake(pc, g->o.key, AUTH_SIDE_GATEWAY, why, sizeof why);
     if (ast != AUTH_OK) {
@@ -133,57 +134,113 @@ static int gw_handshake(gateway *g, proto_conn *pc, const char *who, proto_hello
         pthread_mutex_unlock(&g->mu);
         return -1;
     }
-    proto_msg h;
-    gw_hello(g, &h);
-    if (proto_send_msg(pc, &h) != PROTO_OK) {
-        log_warn("gateway: %s: cannot send HELLO", who);
-        return -1;
-    }
     proto_msg m;
     proto_status st = proto_recv(pc, &m);
+    pc->deadline = 0;
     if (st != PROTO_OK || m.hdr.type != PROTO_HELLO) {
         log_warn("gateway: %s: refused: %s", who, st != PROTO_OK ? proto_status_name(st) : "first frame is not HELLO");
         if (st == PROTO_OK) proto_msg_free(&m);
         return -1;
     }
-    int rc = 0;
+    const char *bad = NULL;
+    char detail[160] = "";
+    *code = PROTO_E_MODEL;
     if (memcmp(m.u.hello.model_fp, g->o.model->fingerprint, 32)) {
-        log_warn("gateway: %s: refused: it serves another model", who);
-        rc = -1;
+        bad = "it serves another model (the model fingerprints differ)";
     } else if (m.u.hello.role != PROTO_ROLE_PREFILL && m.u.hello.role != PROTO_ROLE_DECODE &&
                m.u.hello.role != PROTO_ROLE_MIXED) {
-        log_warn("gateway: %s: refused: role %d", who, m.u.hello.role);
-        rc = -1;
+        snprintf(detail, sizeof detail, "role %d", m.u.hello.role);
+        *code = PROTO_E_ROLE;
     } else if (m.u.hello.n_vocab != (uint32_t)g->o.model->hp.n_vocab) {
-        log_warn("gateway: %s: refused: vocabulary of %u tokens, the model has %d", who, m.u.hello.n_vocab,
+        snprintf(detail, sizeof detail, "vocabulary of %u tokens, the model has %d", m.u.hello.n_vocab,
                  g->o.model->hp.n_vocab);
-        rc = -1;
     } else if (m.u.hello.kv_dtype != QTYPE_F32 && m.u.hello.kv_dtype != QTYPE_F16) {
-        log_warn("gateway: %s: refused: KV type %u", who, m.u.hello.kv_dtype);
-        rc = -1;
+        snprintf(detail, sizeof detail, "KV type %u", m.u.hello.kv_dtype);
     }
-    if (!rc) {
-        *out = m.u.hello;
-        out->listen = xstrdup(m.u.hello.listen ? m.u.hello.listen : "");
-        out->name = xstrdup(m.u.hello.name ? m.u.hello.name : "");
+    if (!bad && detail[0]) bad = detail;
+    if (bad) {
+        log_warn("gateway: %s: refused: %s", who, bad);
+        /* the worker is told (its log then says why it is not in); a static string for the
+         * caller: the detail is in our log */
+        *why_refused = *code == PROTO_E_ROLE ? "unknown role" : "the model, vocabulary or KV type differs from the gateway's";
+        proto_msg_free(&m);
+        return -1;
     }
+    *out = m.u.hello;
+    out->listen = xstrdup(m.u.hello.listen ? m.u.hello.listen : "");
+    out->name = xstrdup(m.u.hello.name ? m.u.hello.name : "");
     proto_msg_free(&m);
-    gw_set_timeout(pc->fd, 0);
-    return rc;
+    return 0;
 }
 
-/* A new connection's frame state, or NULL after closing fd when the handshake fails. */
+/* The gateway's answer to a greeted worker: its HELLO (refusal NULL: the worker is in), or ERROR
+ * code saying why not (then the caller closes). Sent at once on a fresh connection, so the
+ * write is bounded (1 s) rather than waited for. */
+static void gw_reply(gateway *g, proto_conn *pc, const char *refusal, int code)
+{
+    struct timeval tv = { .tv_sec = 1, .tv_usec = 0 }, none = { 0, 0 };
+    setsockopt(pc->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    proto_msg m;
+    if (refusal) {
+        memset(&m, 0, sizeof m);
+        m.hdr.type = PROTO_ERROR;
+        m.u.error.code = (uint32_t)code;
+        m.u.error.msg = (char *)refusal;
+    } else {
+        gw_hello(g, &m);
+    }
+    (void)proto_send_msg(pc, &m);
+    setsockopt(pc->fd, SOL_SOCKET, SO_SNDTIMEO, &none, sizeof none);
+}
+
+/* A new connection's frame state, or NULL when the handshake fails (the refusal said to the
+ * peer when it got that far; fd is then the caller's to close). */
 static proto_conn *gw_greet(gateway *g, int fd, const char *who, proto_hello *h)
 {
     proto_conn *pc = xmalloc(sizeof *pc);
     proto_conn_init(pc, fd);
-    if (gw_handshake(g, pc, who, h)) {
+    const char *refusal = NULL;
+    int code = 0;
+    if (gw_handshake(g, pc, who, h, &refusal, &code)) {
+        if (refusal) gw_reply(g, pc, refusal, code);
         proto_conn_free(pc);
         free(pc);
-        close(fd);
         return NULL;
     }
     return pc;
+}
+
+/* The slot of another worker, up or still being closed, that goes by h's name (mu held); -1
+ * none. Names identify workers to operators (/admin/drain), so two live ones never share one;
+ * the same worker again (the same listen address from the same host: it reconnected before its
+ * old connection was seen to drop, or it is in both static lists) is not another one. */
+static int gw_name_taken(const gateway *g, const proto_hello *h, const char *peer, int self)
+{
+    if (!h->name || !h->name[0]) return -1;
+    for (int i = 0; i < g->n_slots; i++) {
+        const gw_worker *w = &g->w[i];
+        if (i == self || !w->used || !(w->connected || w->reader_live) || strcmp(w->name, h->name)) continue;
+        if (h->listen[0] && !strcmp(w->listen, h->listen) && !strcmp(w->peer, peer)) continue;
+        return i;
+    }
+    return -1;
+}
+
+/* Refuses a greeted worker whose name another live worker has (mu held): logged here, told to
+ * the worker. True when refused (the caller closes pc). */
+static bool gw_refuse_name(gateway *g, proto_conn *pc, const proto_hello *h, int self, const char *who)
+{
+    char peer[64];
+    proto_peer_host(pc->fd, peer, sizeof peer);
+    int other = gw_name_taken(g, h, peer, self);
+    if (other < 0) return false;
+    char msg[PROTO_MAX_STR];
+    snprintf(msg, sizeof msg, "the name \"%.200s\" is taken by the worker at %.200s: give each worker its own --name",
+             h->name, g->w[other].addr);
+    log_warn("gateway: %s (%s): refused: %s", who, h->listen[0] ? h->listen : "no address", msg);
+    g->n_bad_conns++;
+    gw_reply(g, pc, msg, PROTO_E_NAME);
+    return true;
 }
 
 static void gw_conn_close(proto_conn *pc)
@@ -201,7 +258,7 @@ static void gw_attach(gateway *g, int slot, proto_conn *pc, const proto_hello *h
     w->used = true;
     w->connected = true;
     w->reader_live = true;
-    w->draining = false;
+    w->draining = w->undraining = false;
     w->fd = fd;
     pthread_mutex_lock(&w->send_mu);
     w->send_fd = fd;
@@ -213,6 +270,8 @@ static void gw_attach(gateway *g, int slot, proto_conn *pc, const proto_hello *h
     w->kv_dtype = h->kv_dtype;
     if (g->kv_dtype < 0) g->kv_dtype = h->kv_dtype;
     snprintf(w->name, sizeof w->name, "%s", h->name ? h->name : "");
+    snprintf(w->listen, sizeof w->listen, "%s", h->listen ? h->listen : "");
+    proto_peer_host(fd, w->peer, sizeof w->peer);
     w->last_hb = util_now();
     w->queued_s = 0;
     w->n_prefill = w->n_decode = 0;
@@ -250,18 +309,28 @@ void gw_connect_static(gateway *g, int slot)
     if (fd < 0) return;
     proto_hello h;
     proto_conn *pc = gw_greet(g, fd, addr, &h);
-    if (!pc) return;
+    if (!pc) {
+        close(fd);
+        return;
+    }
     pthread_mutex_lock(&g->mu);
-    if (!g->stop && !g->w[slot].connected && !g->w[slot].reader_live) gw_attach(g, slot, pc, &h);
-    else gw_conn_close(pc);
+    if (g->stop || g->w[slot].connected || g->w[slot].reader_live) {
+        gw_conn_close(pc);
+    } else if (!gw_refuse_name(g, pc, &h, slot, addr)) {
+        gw_reply(g, pc, NULL, 0);
+        gw_attach(g, slot, pc, &h);
+    } else {
+        gw_conn_close(pc);
+    }
     pthread_mutex_unlock(&g->mu);
     free(h.listen);
     free(h.name);
 }
 
 /* Registers a greeted worker: its slot (the same address again, a restarted worker, reuses
- * its slot when free), then gw_attach. Closes pc when there is no room or the gateway stops. */
-static void gw_register(gateway *g, proto_conn *pc, const proto_hello *h)
+ * its slot when free), then our HELLO and gw_attach. Closes pc when the worker's name is taken,
+ * there is no room or the gateway stops (the worker told why in the first two cases). */
+static void gw_register(gateway *g, proto_conn *pc, const proto_hello *h, const char *who)
 {
     pthread_mutex_lock(&g->mu);
     int slot = -1;
@@ -271,12 +340,18 @@ static void gw_register(gateway *g, proto_conn *pc, const proto_hello *h)
     for (int i = 0; i < g->n_slots && slot < 0; i++)
         if (!g->w[i].used && !g->w[i].reader_live) slot = i;
     if (slot < 0 && g->n_slots < GW_MAX_WORKERS) slot = g->n_slots++;
-    if (slot < 0 || g->stop) {
-        if (slot < 0) log_warn("gateway: too many workers, refusing %s", h->listen);
+    if (g->stop) {
+        gw_conn_close(pc);
+    } else if (gw_refuse_name(g, pc, h, slot, who)) {
+        gw_conn_close(pc);
+    } else if (slot < 0) {
+        log_warn("gateway: too many workers, refusing %s", h->listen);
+        gw_reply(g, pc, "too many workers", PROTO_E_BUSY);
         gw_conn_close(pc);
     } else {
         gw_worker *w = &g->w[slot];
         if (!w->is_static) snprintf(w->addr, sizeof w->addr, "%s", h->listen[0] ? h->listen : h->name);
+        gw_reply(g, pc, NULL, 0);
         gw_attach(g, slot, pc, h);
     }
     pthread_mutex_unlock(&g->mu);
@@ -285,7 +360,8 @@ static void gw_register(gateway *g, proto_conn *pc, const proto_hello *h)
 typedef struct {
     gateway *g;
     int fd;
-    int i;                    /* its entry in g->greeting_fd */
+    uint64_t ticket;          /* its entry in g->greet */
+    char host[GREET_HOST_MAX];
 } gw_greet_arg;
 
 /* One connection on the registration port, from accept to registered (or refused): in a
@@ -296,19 +372,23 @@ static void *gw_greet_thread(void *arg)
     gw_greet_arg a = *(gw_greet_arg *)arg;
     free(arg);
     gateway *g = a.g;
+    char who[128];
+    snprintf(who, sizeof who, "registering worker from %s", a.host[0] ? a.host : "?");
     proto_hello h;
-    proto_conn *pc = gw_greet(g, a.fd, "registering worker", &h);
+    proto_conn *pc = gw_greet(g, a.fd, who, &h);
     pthread_mutex_lock(&g->mu);
-    g->greeting_fd[a.i] = -1;   /* from here on fd is pc's (or closed) */
+    greet_done(&g->greet, a.ticket);   /* before the fd closes: an eviction never hits a reused fd */
     if (!pc) g->n_bad_conns++;
     pthread_mutex_unlock(&g->mu);
     if (pc) {
-        gw_register(g, pc, &h);
+        gw_register(g, pc, &h, who);
         free(h.listen);
         free(h.name);
+    } else {
+        close(a.fd);
     }
     pthread_mutex_lock(&g->mu);
-    g->n_greeting--;
+    greet_leave(&g->greet);
     pthread_cond_broadcast(&g->cv_workers);
     pthread_mutex_unlock(&g->mu);
     return NULL;
@@ -324,31 +404,39 @@ void *gw_acceptor(void *arg)
         if (stop) break;
         struct pollfd p = { .fd = g->listen_fd, .events = POLLIN };
         if (poll(&p, 1, 200) <= 0) continue;
-        int fd = proto_accept(g->listen_fd);
-        if (fd < 0) continue;
-        pthread_mutex_lock(&g->mu);
-        int i = -1;
-        for (int k = 0; k < GW_MAX_GREETING && i < 0; k++)
-            if (g->greeting_fd[k] < 0) i = k;
-        if (i < 0 || g->stop) {   /* too many handshakes at once: this one is refused */
-            if (i < 0) log_warn("gateway: %d handshakes in progress: refusing a connection", GW_MAX_GREETING);
-            g->n_bad_conns++;
-            pthread_mutex_unlock(&g->mu);
-            close(fd);
+        gw_greet_arg *a = xmalloc(sizeof *a);
+        int fd = proto_accept(g->listen_fd, a->host, sizeof a->host);
+        if (fd < 0) {
+            free(a);
             continue;
         }
-        gw_greet_arg *a = xmalloc(sizeof *a);
-        *a = (gw_greet_arg){ g, fd, i };
+        pthread_mutex_lock(&g->mu);
+        int evicted = -1;
+        uint64_t ticket = g->stop ? 0 : greet_add(&g->greet, fd, a->host, &evicted);
+        if (evicted >= 0 && util_now() - g->t_evict_log >= 10) {   /* a flood: one line per 10 s */
+            g->t_evict_log = util_now();
+            log_warn("gateway: %d handshakes in progress: the oldest of the busiest address made room for %s "
+                     "(%llu cut so far)", g->greet.n_max, a->host[0] ? a->host : "?", (unsigned long long)g->greet.n_evicted);
+        }
+        if (!ticket) {   /* stopping, or the cut handshakes' threads have not left yet */
+            if (!g->stop) g->n_bad_conns++;
+            pthread_mutex_unlock(&g->mu);
+            close(fd);
+            free(a);
+            continue;
+        }
+        a->g = g;
+        a->fd = fd;
+        a->ticket = ticket;
         pthread_attr_t at;
         pthread_attr_init(&at);
         pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
         pthread_t t;
         if (pthread_create(&t, &at, gw_greet_thread, a)) {
+            greet_done(&g->greet, ticket);
+            greet_leave(&g->greet);
             free(a);
             close(fd);
-        } else {
-            g->greeting_fd[i] = fd;
-            g->n_greeting++;
         }
         pthread_attr_destroy(&at);
         pthread_mutex_unlock(&g->mu);

@@ -11,7 +11,7 @@
  *   gateway_conn.c      connections: handshake and HELLO, a reader thread per worker, the
  *                       static workers' (re)connects, the registration acceptor
  *   gateway_admin.c     /metrics, the status page's block, /admin/workers, /admin/drain,
- *                       /admin/capacity
+ *                       /admin/undrain, /admin/capacity
  *   gateway_window.c    the window states' directory (windir.h) and their fetches: a job
  *                       held until the state it needs came from the worker holding it
  */
@@ -24,13 +24,13 @@
 
 #include "cluster/balance.h"
 #include "cluster/gateway.h"
+#include "cluster/greet.h"
 #include "cluster/proto.h"
 #include "cluster/windir.h"
 
 #define GW_MAX_WORKERS 64
 #define GW_MAX_RETRIES 8      /* re-sends of one request after BUSY / DRAINING answers */
 #define GW_RATE_SLOTS 10      /* seconds of history for the prefill token rate */
-#define GW_MAX_GREETING 32    /* registration handshakes in progress at once */
 
 typedef enum { GW_WAIT_PREFILL = 0, GW_PREFILL, GW_WAIT_DECODE, GW_DECODE, GW_DONE } gw_state;
 
@@ -39,9 +39,14 @@ typedef struct {
     bool connected;           /* a connection is open and its reader runs */
     bool reader_live;         /* the reader thread has not exited yet */
     bool draining;            /* takes no new work */
+    bool undraining;          /* UNDRAIN sent: draining ends with its first heartbeat that no
+                               * longer says it drains */
     bool is_static;           /* from --prefill/--decode: reconnect when down */
     char addr[128];           /* "HOST:PORT" (static or the HELLO's listen), or the peer */
-    char name[64];            /* HELLO name, for logs */
+    char name[64];            /* HELLO name: logs, /admin/drain (unique among live workers) */
+    char listen[128];         /* HELLO listen address and the connection's peer address: */
+    char peer[64];            /* the same name from the same worker is a reconnection or one
+                               * worker in two static lists, not a second worker */
     int role;                 /* proto_role from HELLO (static ones before: the list's role) */
     int fd;                   /* the connection, -1 when none */
     pthread_mutex_t send_mu;  /* held while a frame is written to the connection and while
@@ -136,11 +141,12 @@ struct gateway {
     gw_msg *out_head, *out_tail;
     bool flushing;            /* a thread is writing the queued frames (gw_flush) */
     bool stop, shut;
+    bool draining;            /* gateway_drain: new requests refused, running ones go on */
     int listen_fd;
     pthread_t disp, acc;
     bool acc_started;
-    int greeting_fd[GW_MAX_GREETING]; /* connections in their handshake (-1 free), under mu */
-    int n_greeting;           /* their threads still running, under mu */
+    greet_table greet;        /* registrations in their handshake and their threads, under mu */
+    double t_evict_log;       /* util_now() of the last line about handshakes cut for room */
     int kv_dtype;             /* the workers' KV type (pool fingerprint of block keys), -1 unknown */
     /* counters */
     uint64_t n_requests, n_rejected, n_reprefills, n_resumes, n_prompt_tokens, n_hit_tokens, n_gen_tokens;

@@ -200,6 +200,7 @@ static uint32_t proto_allowed_flags(int type)
     case PROTO_TOKENS: return PROTO_F_LOGPROBS;
     case PROTO_HEARTBEAT: return PROTO_F_STEPTIME;
     case PROTO_FINISH: return PROTO_F_DRAFTS;
+    case PROTO_DRAIN: return PROTO_F_UNDRAIN;
     default: return 0;
     }
 }
@@ -953,12 +954,23 @@ proto_status proto_send_msg(proto_conn *c, const proto_msg *m)
     return st;
 }
 
-/* Reads exactly n bytes: 1 ok, 0 closed before the first byte, -1 error / closed mid-way. */
-static int proto_read_full(int fd, void *p, size_t n)
+/* Reads exactly n bytes: 1 ok, 0 closed before the first byte, -1 error / closed mid-way /
+ * deadline (util_now(), 0 none) passed (errno ETIMEDOUT). */
+static int proto_read_full(int fd, void *p, size_t n, double deadline)
 {
     uint8_t *q = p;
     size_t got = 0;
     while (got < n) {
+        if (deadline > 0) {
+            double left = deadline - util_now();
+            struct pollfd pfd = { .fd = fd, .events = POLLIN };
+            int pr = left > 0 ? poll(&pfd, 1, (int)(left * 1000) + 1) : 0;
+            if (pr < 0 && errno == EINTR) continue;
+            if (pr <= 0) {
+                if (pr == 0) errno = ETIMEDOUT;
+                return -1;
+            }
+        }
         ssize_t k = recv(fd, q + got, n - got, 0);
         if (k < 0) {
             if (errno == EINTR) continue;
@@ -978,11 +990,12 @@ proto_status proto_recv(proto_conn *c, proto_msg *m)
 {
     memset(m, 0, sizeof *m);
     uint8_t hb[PROTO_HDR_SIZE];
-    int rc = proto_read_full(c->fd, hb, sizeof hb);
+    int rc = proto_read_full(c->fd, hb, sizeof hb, c->deadline);
     if (rc == 0) return PROTO_ERR_CLOSED;
     if (rc < 0) return PROTO_ERR_IO;
     proto_hdr h;
     proto_status st = proto_hdr_parse(hb, sizeof hb, &h);
+    if (st == PROTO_OK && !c->sealed && h.len > PROTO_MAX_PREAUTH) st = PROTO_ERR_TOO_BIG;
     if (st != PROTO_OK) {
         m->hdr = h;
         return st;
@@ -991,7 +1004,7 @@ proto_status proto_recv(proto_conn *c, proto_msg *m)
     size_t n_tag = c->sealed ? AUTH_TAG_SIZE : 0;
     uint8_t *pl = malloc(h.len + n_tag ? h.len + n_tag : 1);
     if (!pl) return PROTO_ERR_NOMEM;
-    if (h.len + n_tag && proto_read_full(c->fd, pl, h.len + n_tag) != 1) {
+    if (h.len + n_tag && proto_read_full(c->fd, pl, h.len + n_tag, c->deadline) != 1) {
         free(pl);
         return PROTO_ERR_IO;
     }
@@ -1055,10 +1068,22 @@ static void proto_nodelay(int fd)
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-int proto_accept(int listen_fd)
+void proto_peer_host(int fd, char *host, size_t hostsz)
+{
+    if (!host || !hostsz) return;
+    host[0] = 0;
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    if (getpeername(fd, (struct sockaddr *)&ss, &sl) ||
+        getnameinfo((struct sockaddr *)&ss, sl, host, (socklen_t)hostsz, NULL, 0, NI_NUMERICHOST))
+        host[0] = 0;
+}
+
+int proto_accept(int listen_fd, char *host, size_t hostsz)
 {
     int fd = accept(listen_fd, NULL, NULL);
     if (fd < 0) return -1;
+    proto_peer_host(fd, host, hostsz);
     fcntl(fd, F_SETFD, FD_CLOEXEC);
     proto_nodelay(fd);
     return fd;

@@ -7,8 +7,10 @@
  * is a 24-byte header (magic "TMCP", version, type, flags, request id, payload length, all
  * little-endian) followed by the payload. Every field is checked on receipt: a wrong magic or
  * version, an unknown type, a flag the type does not define, a payload longer than
- * PROTO_MAX_PAYLOAD or one that does not decode to exactly its length is an error; the
- * receiver logs one line and closes that connection (never the process).
+ * PROTO_MAX_PAYLOAD (PROTO_MAX_PREAUTH before the handshake: a stranger's frame length is
+ * refused before anything is allocated for it) or one that does not decode to exactly its
+ * length is an error; the receiver logs one line and closes that connection (never the
+ * process).
  *
  * Encoding goes through a growable byte buffer (proto_buf) that never fails half-way: on
  * allocation failure it records oom and the frame is not sent. Decoding reads through a
@@ -40,6 +42,9 @@
 #define PROTO_VERSION 2                  /* 2: the handshake and frame tags (cluster/auth.h) */
 #define PROTO_HDR_SIZE 24                /* bytes of the frame header */
 #define PROTO_MAX_PAYLOAD (64u << 20)    /* largest payload accepted, bytes */
+#define PROTO_MAX_PREAUTH 2048           /* largest payload accepted before the handshake sealed
+                                          * the connection, bytes: CHALLENGE, PROOF and ERROR
+                                          * are all a stranger may send, none needs more */
 #define PROTO_MAX_TOKENS (1 << 22)       /* most token ids in one array */
 #define PROTO_MAX_STR 1024               /* longest string field, bytes */
 #define PROTO_MAX_STOP_IDS 8             /* = SCHED_MAX_STOP_IDS */
@@ -92,6 +97,8 @@ typedef enum {
 #define PROTO_F_RESUME 0x2u       /* DECODE: a resume of a request whose decode worker died or
                                    * drained (no handoff; tokens already streamed included) */
 #define PROTO_F_LOGPROBS 0x1u     /* TOKENS: each token carries logprob + alternatives */
+#define PROTO_F_UNDRAIN 0x1u      /* DRAIN, gateway -> worker: end the drain this gateway asked
+                                   * for; the worker takes jobs again (added within version 2) */
 #define PROTO_F_STEPTIME 0x1u     /* HEARTBEAT: the worker's learned step-time curve follows the
                                    * counters (a frame without it is what it was before) */
 #define PROTO_F_DRAFTS 0x1u       /* FINISH: the request's speculative drafts verified on this
@@ -133,6 +140,8 @@ typedef enum {              /* ERROR codes */
     PROTO_E_INTERNAL = 9,
     PROTO_E_DUPLICATE = 10, /* request id already running on this connection */
     PROTO_E_AUTH = 11,      /* id 0: the handshake failed (the peer lacks the cluster key) */
+    PROTO_E_NAME = 12,      /* id 0, gateway -> worker, instead of its HELLO: another live
+                             * worker goes by the name this one sent */
 } proto_error_code;
 
 typedef struct {
@@ -412,6 +421,9 @@ typedef struct proto_conn {
     int fd;                 /* the socket (not closed by proto_conn_free) */
     bool sealed;            /* handshake done: frames are tagged both ways */
     auth_dir tx, rx;        /* sent / received frames' tags (seq, session key) */
+    double deadline;        /* util_now() after which proto_recv fails (PROTO_ERR_IO, errno
+                             * ETIMEDOUT) however the bytes trickle in; 0: none. The handshake's
+                             * bound: a receive timeout would restart with every byte */
 } proto_conn;
 
 void proto_conn_init(proto_conn *c, int fd);
@@ -421,7 +433,8 @@ void proto_conn_free(proto_conn *c);   /* the tagging state; the fd stays open *
  * writes one encoded frame (proto_encode's bytes) and, on a sealed connection, its tag.
  * proto_recv reads one frame: the checked header, then the payload (and tag, checked before
  * anything is decoded), decoded into m; PROTO_ERR_CLOSED when the peer closed before a header
- * byte. */
+ * byte. On a connection not sealed yet a payload above PROTO_MAX_PREAUTH is PROTO_ERR_TOO_BIG
+ * before a byte of it is read. */
 proto_status proto_send(int fd, const void *p, size_t n);
 proto_status proto_send_frame(proto_conn *c, const void *frame, size_t n);
 proto_status proto_send_msg(proto_conn *c, const proto_msg *m);
@@ -434,8 +447,11 @@ size_t proto_kv_bytes(int dtype, int n_parts, int n_layers, int n_kv_heads, int 
 int proto_listen(const char *hostport, int backlog);
 int proto_connect(const char *hostport, int timeout_ms);
 /* accept(2) for a cluster listening socket: the connection (close-on-exec, TCP_NODELAY like
- * proto_connect's: every cluster socket comes from one of the two), or -1 (errno). */
-int proto_accept(int listen_fd);
+ * proto_connect's: every cluster socket comes from one of the two), or -1 (errno). host (may be
+ * NULL) receives the peer's address without its port ("" when unknown). */
+int proto_accept(int listen_fd, char *host, size_t hostsz);
+/* The numeric address of a connected socket's peer, without its port, into host ("" unknown). */
+void proto_peer_host(int fd, char *host, size_t hostsz);
 /* The port a listening socket is bound to (for tests binding port 0). */
 int proto_local_port(int fd);
 

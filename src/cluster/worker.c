@@ -21,12 +21,15 @@
 #include <unistd.h>
 
 #include "cache/blockkey.h"
+#include "cluster/greet.h"
 #include "cluster/proto.h"
 #include "engine/wincache.h"
 #include "util/util.h"
 
 #define WORKER_FLUSH_WAIT_S 5.0   /* longest a prefill waits for its blocks' write-behind */
-#define WORKER_HANDSHAKE_S 5      /* longest wait for each handshake frame of a new peer */
+#define WORKER_MAX_PEERS 16       /* connections past the handshake at once (gateways); a
+                                   * peer beyond them is refused (ERROR BUSY) */
+#define WORKER_GREET 8            /* handshakes in progress at once on --listen (greet.h) */
 #define WORKER_PUMPS 2            /* threads that submit jobs and turn their outputs into frames:
                                    * one is enough to keep up with the engine; the second keeps
                                    * the streams going while the other compiles a grammar or
@@ -48,7 +51,9 @@ struct wconn {
                                   * (listed before, so that worker_free reaches it) */
     wjob *jobs;                  /* this connection's jobs, under w->mu */
     wconn *next;                 /* w->conns */
-    char peer[64];               /* for logs */
+    char peer[80];               /* for logs */
+    uint64_t ticket;             /* accepted: its entry in w->greet until the handshake ends
+                                  * (0: none, the register thread's own connection) */
 };
 
 struct wjob {
@@ -102,6 +107,14 @@ struct worker {
     int n_active;                /* detached reader threads */
     int n_jobs;
     pthread_t accept_thr, hb_thr, reg_thr, drain_thr;
+    char name[128];              /* in HELLO and logs: --name, else HOSTNAME:PORT (or
+                                  * HOSTNAME/PID without --listen), unique per gateway */
+    greet_table greet;           /* accepted connections in their handshake, under mu */
+    double t_evict_log;          /* util_now() of the last line about handshakes cut for room */
+    bool drain_remote;           /* the drain came from a gateway (DRAIN): it may undo it */
+    char last_refusal[256];      /* the gateway's last refusal of our registration, logged once */
+    uint64_t drain_gen;          /* bumped by each drain and undrain: a drain thread of an
+                                  * older one stops (under mu) */
     pthread_t pumps[WORKER_PUMPS];
     int n_pumps;                 /* pump threads started */
     pthread_mutex_t pump_mu;     /* the ready queue; never held while calling sched_* or taking mu */
@@ -193,7 +206,7 @@ static void worker_send_hello(worker *w, wconn *c, bool reg)
         snprintf(listen, sizeof listen, "%.*s:%d", hn, w->o.listen, w->port);
     }
     h->listen = listen;
-    h->name = (char *)(w->o.name ? w->o.name : "worker");
+    h->name = w->name;
     worker_send(c, &m);
 }
 
@@ -836,6 +849,20 @@ static void worker_start_job(worker *w, wconn *c, proto_msg *m)
 
 /* ---- connection reader ---- */
 
+static void worker_drain_start(worker *w, int deadline_ms, bool remote);
+static void worker_undrain(worker *w, wconn *c);
+
+/* The gateway refused this worker's registration (ERROR instead of its HELLO: its name is
+ * taken, another model, ...): one line, not one per retry while the reason stays the same. */
+static void worker_refused_log(worker *w, wconn *c, const char *msg)
+{
+    pthread_mutex_lock(&w->mu);
+    bool again = !strncmp(w->last_refusal, msg, sizeof w->last_refusal - 1);
+    if (!again) snprintf(w->last_refusal, sizeof w->last_refusal, "%s", msg);
+    pthread_mutex_unlock(&w->mu);
+    if (!again) log_warn("worker: refused by the %s: %s (retrying every second)", c->peer, msg);
+}
+
 /* After refusing a frame: stop sending, then read and drop what the peer still sends (up to
  * 200 ms / 1 MiB), so that closing with unread bytes does not reset the connection before the
  * peer has read our ERROR. */
@@ -859,21 +886,35 @@ static void worker_linger(int fd)
 static void worker_serve_conn(worker *w, wconn *c, bool reg)
 {
     /* the handshake before anything else: a peer without the cluster key gets no HELLO, no
-     * job, no heartbeat (broadcasts skip the connection until it is ready); its waits are
-     * bounded so that a silent peer does not keep the thread, and worker_free ends them */
+     * job, no heartbeat (broadcasts skip the connection until it is ready); the whole of it
+     * has one deadline so that a silent or trickling peer does not keep the thread, and
+     * worker_free ends it */
     pthread_mutex_lock(&w->mu);
     c->next = w->conns;
     w->conns = c;
     bool stop = w->stop;
     pthread_mutex_unlock(&w->mu);
     if (stop) shutdown(c->fd, SHUT_RDWR);
-    struct timeval tv = { WORKER_HANDSHAKE_S, 0 }, none = { 0, 0 };
-    setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    c->pc.deadline = util_now() + GREET_DEADLINE_S;
     char why[160];
     auth_status ast = auth_handshake(&c->pc, w->o.key, AUTH_SIDE_WORKER, why, sizeof why);
-    setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof none);
-    if (ast != AUTH_OK) {
+    c->pc.deadline = 0;
+    pthread_mutex_lock(&w->mu);
+    if (c->ticket) {   /* the entry goes before anything can close the fd */
+        greet_done(&w->greet, c->ticket);
+        greet_leave(&w->greet);
+        c->ticket = 0;
+    }
+    int n_peers = 0;
+    for (wconn *o = w->conns; o; o = o->next) n_peers += o->ready && !o->closed;
+    pthread_mutex_unlock(&w->mu);
+    if (ast == AUTH_OK && n_peers >= WORKER_MAX_PEERS) {
+        log_warn("worker: %s: refused: %d connections already (at most %d)", c->peer, n_peers, WORKER_MAX_PEERS);
+        worker_send_error(c, 0, PROTO_E_BUSY, "too many connections to this worker");
+    } else if (ast != AUTH_OK) {
         log_warn("worker: %s: refused: %s", c->peer, why);
+    }
+    if (ast != AUTH_OK || n_peers >= WORKER_MAX_PEERS) {
         worker_linger(c->fd);
         pthread_mutex_lock(&w->mu);
         c->closed = true;
@@ -907,8 +948,16 @@ static void worker_serve_conn(worker *w, wconn *c, bool reg)
         }
         switch (m.hdr.type) {
         case PROTO_HELLO:
-            log_info("worker: %s: hello from %s %s", c->peer, proto_role_name(m.u.hello.role),
-                     m.u.hello.name ? m.u.hello.name : "");
+            /* a gateway answers a registration's HELLO with its own only once it took the
+             * worker in: only then is it registered */
+            if (reg) {
+                log_info("worker: registered with the %s as %s", c->peer, w->name);
+                pthread_mutex_lock(&w->mu);
+                w->last_refusal[0] = 0;
+                pthread_mutex_unlock(&w->mu);
+            }
+            else log_info("worker: %s: hello from %s %s", c->peer, proto_role_name(m.u.hello.role),
+                          m.u.hello.name ? m.u.hello.name : "");
             proto_msg_free(&m);
             continue;
         case PROTO_HEARTBEAT:
@@ -927,7 +976,8 @@ static void worker_serve_conn(worker *w, wconn *c, bool reg)
             pthread_mutex_unlock(&w->mu);
             continue;
         case PROTO_DRAIN:
-            if (!m.u.drain.done) worker_drain(w, m.u.drain.deadline_ms ? (int)m.u.drain.deadline_ms : 60000);
+            if (m.hdr.flags & PROTO_F_UNDRAIN) worker_undrain(w, c);
+            else if (!m.u.drain.done) worker_drain_start(w, m.u.drain.deadline_ms ? (int)m.u.drain.deadline_ms : 60000, true);
             continue;
         case PROTO_WINFETCH:
             worker_window_serve(w, c, &m);
@@ -937,8 +987,11 @@ static void worker_serve_conn(worker *w, wconn *c, bool reg)
             proto_msg_free(&m);
             continue;
         case PROTO_ERROR:
-            log_warn("worker: %s: error from the peer (req %llu): %u %s", c->peer, (unsigned long long)m.hdr.req_id,
-                     m.u.error.code, m.u.error.msg ? m.u.error.msg : "");
+            if (reg && !m.hdr.req_id && m.u.error.code != PROTO_E_MALFORMED)
+                worker_refused_log(w, c, m.u.error.msg ? m.u.error.msg : "");
+            else
+                log_warn("worker: %s: error from the peer (req %llu): %u %s", c->peer, (unsigned long long)m.hdr.req_id,
+                         m.u.error.code, m.u.error.msg ? m.u.error.msg : "");
             bool conn_level = m.hdr.req_id == 0;
             proto_msg_free(&m);
             if (conn_level) goto out;
@@ -997,7 +1050,8 @@ static void *worker_accept_thread(void *arg)
 {
     worker *w = arg;
     for (;;) {
-        int fd = proto_accept(w->listen_fd);
+        char host[GREET_HOST_MAX];
+        int fd = proto_accept(w->listen_fd, host, sizeof host);
         pthread_mutex_lock(&w->mu);
         bool stop = w->stop;
         pthread_mutex_unlock(&w->mu);
@@ -1011,13 +1065,26 @@ static void *worker_accept_thread(void *arg)
             nanosleep(&ts, NULL);
             continue;
         }
-        char peer[64];
-        snprintf(peer, sizeof peer, "conn fd %d", fd);
+        char peer[80];
+        snprintf(peer, sizeof peer, "%s (fd %d)", host[0] ? host : "peer", fd);
+        pthread_mutex_lock(&w->mu);
+        int evicted = -1;
+        uint64_t ticket = greet_add(&w->greet, fd, host, &evicted);
+        if (evicted >= 0 && util_now() - w->t_evict_log >= 10) {   /* a flood: one line per 10 s */
+            w->t_evict_log = util_now();
+            log_warn("worker: %d handshakes in progress: the oldest of the busiest address made room for %s "
+                     "(%llu cut so far)", w->greet.n_max, host[0] ? host : "?", (unsigned long long)w->greet.n_evicted);
+        }
+        if (!ticket) {   /* the cut handshakes' threads have not left yet */
+            pthread_mutex_unlock(&w->mu);
+            close(fd);
+            continue;
+        }
         wconn *c = worker_conn_new(w, fd, peer);
+        c->ticket = ticket;
         worker_reader_arg *a = xmalloc(sizeof *a);
         a->w = w;
         a->c = c;
-        pthread_mutex_lock(&w->mu);
         w->n_active++;
         pthread_mutex_unlock(&w->mu);
         pthread_attr_t at;
@@ -1027,6 +1094,8 @@ static void *worker_accept_thread(void *arg)
         if (pthread_create(&th, &at, worker_reader_thread, a) != 0) {
             pthread_mutex_lock(&w->mu);
             w->n_active--;
+            greet_done(&w->greet, c->ticket);
+            greet_leave(&w->greet);
             worker_conn_unref_locked(w, c);
             pthread_mutex_unlock(&w->mu);
             free(a);
@@ -1065,9 +1134,8 @@ static void *worker_register_thread(void *arg)
             continue;
         }
         warned = false;
-        log_info("worker: registered with the gateway %s", w->o.gateway);
-        char peer[64];
-        snprintf(peer, sizeof peer, "gateway %.50s", w->o.gateway);
+        char peer[80];
+        snprintf(peer, sizeof peer, "gateway %.60s", w->o.gateway);
         wconn *c = worker_conn_new(w, fd, peer);
         worker_serve_conn(w, c, true);
         if (worker_nap(w, 1000)) break;
@@ -1146,6 +1214,9 @@ static void *worker_hb_thread(void *arg)
 static void *worker_drain_thread(void *arg)
 {
     worker *w = arg;
+    pthread_mutex_lock(&w->mu);
+    uint64_t gen = w->drain_gen;
+    pthread_mutex_unlock(&w->mu);
     double deadline = util_now() + w->drain_deadline_ms / 1000.0;
     proto_msg m;
     memset(&m, 0, sizeof m);
@@ -1154,10 +1225,14 @@ static void *worker_drain_thread(void *arg)
     worker_broadcast(w, &m);
     log_info("worker: draining (deadline %d ms)", w->drain_deadline_ms);
     pthread_mutex_lock(&w->mu);
-    while (w->n_jobs > 0 && !w->stop && util_now() < deadline) {
+    while (w->n_jobs > 0 && !w->stop && util_now() < deadline && w->drain_gen == gen && w->draining) {
         pthread_mutex_unlock(&w->mu);
         worker_nap(w, 50);
         pthread_mutex_lock(&w->mu);
+    }
+    if (w->drain_gen != gen || !w->draining) {   /* undrained meanwhile: the jobs go on here */
+        pthread_mutex_unlock(&w->mu);
+        return NULL;
     }
     int n_moved = 0;
     for (wconn *c = w->conns; c; c = c->next)
@@ -1169,29 +1244,72 @@ static void *worker_drain_thread(void *arg)
     while (w->n_jobs > 0) pthread_cond_wait(&w->cv, &w->mu);
     pthread_mutex_unlock(&w->mu);
     if (n_moved) log_info("worker: drain deadline: %d requests reported moved", n_moved);
+    pthread_mutex_lock(&w->mu);
+    bool current = w->drain_gen == gen && w->draining;
+    pthread_mutex_unlock(&w->mu);
+    if (!current) return NULL;   /* undrained while its last jobs ended */
     m.u.drain.done = 1;
     m.u.drain.deadline_ms = 0;
     worker_broadcast(w, &m);
     pthread_mutex_lock(&w->mu);
-    w->drained = true;
+    if (w->drain_gen == gen && w->draining) w->drained = true;
     pthread_cond_broadcast(&w->cv);
     pthread_mutex_unlock(&w->mu);
     log_info("worker: drained");
     return NULL;
 }
 
-void worker_drain(worker *w, int deadline_ms)
+/* Starts a drain; remote: asked by a gateway (which may undo it), else the worker's own (a
+ * signal: it exits when drained, so no gateway undoes it). A local drain turns a remote one in
+ * progress into its own. */
+static void worker_drain_start(worker *w, int deadline_ms, bool remote)
 {
     pthread_mutex_lock(&w->mu);
+    if (!remote) w->drain_remote = false;
+    if (w->draining || w->stop) {
+        pthread_mutex_unlock(&w->mu);
+        return;
+    }
+    /* the thread of an earlier drain, undone since, has returned or is about to */
+    while (w->has_drain) {
+        pthread_t t = w->drain_thr;
+        w->has_drain = false;
+        pthread_mutex_unlock(&w->mu);
+        pthread_join(t, NULL);
+        pthread_mutex_lock(&w->mu);
+    }
     if (w->draining || w->stop) {
         pthread_mutex_unlock(&w->mu);
         return;
     }
     w->draining = true;
+    w->drained = false;
+    w->drain_remote = remote;
+    w->drain_gen++;
     w->drain_deadline_ms = deadline_ms > 0 ? deadline_ms : 60000;
     w->has_drain = pthread_create(&w->drain_thr, NULL, worker_drain_thread, w) == 0;
     if (!w->has_drain) w->drained = true;
     pthread_mutex_unlock(&w->mu);
+}
+
+void worker_drain(worker *w, int deadline_ms) { worker_drain_start(w, deadline_ms, false); }
+
+/* UNDRAIN from a gateway: a drain it asked for ends, and the worker takes jobs again (its next
+ * heartbeat says so). A drain of the worker's own (a signal) is not undone. */
+static void worker_undrain(worker *w, wconn *c)
+{
+    pthread_mutex_lock(&w->mu);
+    bool ok = w->draining && w->drain_remote && !w->stop;
+    if (ok) {
+        w->draining = false;
+        w->drained = false;
+        w->drain_gen++;   /* the drain thread, waiting or done, stops and sends nothing more */
+        pthread_cond_broadcast(&w->cv);
+    }
+    bool draining = w->draining;
+    pthread_mutex_unlock(&w->mu);
+    if (ok) log_info("worker: undrained by the %s: taking jobs again", c->peer);
+    else if (draining) log_warn("worker: %s asks to undrain, but this worker drains to exit: ignored", c->peer);
 }
 
 bool worker_drained(worker *w)
@@ -1205,6 +1323,22 @@ bool worker_drained(worker *w)
 /* ---- life ---- */
 
 int worker_port(const worker *w) { return w->port; }
+const char *worker_name(const worker *w) { return w->name; }
+
+/* --name, else one no other worker has: this machine's name and the port it listens on (or,
+ * registering only, its process id), so that two workers started alike are told apart. */
+static void worker_default_name(worker *w)
+{
+    if (w->o.name && w->o.name[0]) {
+        snprintf(w->name, sizeof w->name, "%s", w->o.name);
+        return;
+    }
+    char host[64] = "";
+    if (gethostname(host, sizeof host) || !host[0]) snprintf(host, sizeof host, "worker");
+    host[sizeof host - 1] = 0;
+    if (w->port > 0) snprintf(w->name, sizeof w->name, "%s:%d", host, w->port);
+    else snprintf(w->name, sizeof w->name, "%s/%d", host, (int)getpid());
+}
 
 worker *worker_new(const worker_opts *o, engine *e, sched *s, store *st, blockio *bio)
 {
@@ -1224,6 +1358,7 @@ worker *worker_new(const worker_opts *o, engine *e, sched *s, store *st, blockio
     w->listen_fd = -1;
     w->port = -1;
     blockkey_pool_fp(w->m->fingerprint, (int32_t)kvpool_dtype(engine_kvpool(e)), w->pool_fp);
+    greet_init(&w->greet, WORKER_GREET);
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
     pthread_mutex_init(&w->pump_mu, NULL);
@@ -1253,8 +1388,9 @@ worker *worker_new(const worker_opts *o, engine *e, sched *s, store *st, blockio
             return NULL;
         }
         w->port = proto_local_port(w->listen_fd);
-        w->has_accept = pthread_create(&w->accept_thr, NULL, worker_accept_thread, w) == 0;
     }
+    worker_default_name(w);
+    if (w->listen_fd >= 0) w->has_accept = pthread_create(&w->accept_thr, NULL, worker_accept_thread, w) == 0;
     w->has_hb = pthread_create(&w->hb_thr, NULL, worker_hb_thread, w) == 0;
     if (o->gateway) w->has_reg = pthread_create(&w->reg_thr, NULL, worker_register_thread, w) == 0;
     return w;

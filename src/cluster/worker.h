@@ -6,8 +6,14 @@
  * DESIGN. An accept thread takes gateway connections on --listen; with --gateway a register
  * thread connects out (HELLO with REGISTER) and reconnects every second when that connection
  * drops. Every connection starts with the handshake of cluster/auth.h (the peer must prove it
- * holds the cluster key, and so must we; then every frame is tagged); a peer that fails it is
- * logged and closed before it sees a HELLO. Each connection has a reader thread that decodes frames (a refused frame: one log
+ * holds the cluster key, and so must we; then every frame is tagged) within one absolute
+ * deadline; a peer that fails it is logged and closed before it sees a HELLO. Accepted
+ * connections in their handshake take an entry of a small table (cluster/greet.h: a full table
+ * makes room by cutting the oldest handshake of the busiest address, so strangers cannot keep a
+ * gateway out), and at most WORKER_MAX_PEERS connections are past it at once (more: ERROR BUSY):
+ * threads are bounded whatever connects. A registering worker is in once the gateway answers
+ * its HELLO with its own; an ERROR instead (its name is taken, another model) is logged and it
+ * retries every second. Each connection has a reader thread that decodes frames (a refused frame: one log
  * line, ERROR MALFORMED, that connection closed; the others and the process go on) and one
  * send mutex (frames from several threads never interleave). Jobs (PREFILL or DECODE) take no
  * thread of their own: a fixed pair of pump threads submits each job the reader hands them and
@@ -55,7 +61,9 @@ typedef struct {
     int role;                 /* proto_role: PREFILL, DECODE or MIXED */
     const char *listen;       /* "HOST:PORT" to accept the gateway on (port 0: any), or NULL */
     const char *gateway;      /* "HOST:PORT" to register with, or NULL */
-    const char *name;         /* id in HELLO and logs; NULL: "worker" */
+    const char *name;         /* id in HELLO, logs and /admin/drain; NULL: HOSTNAME:PORT of
+                              * --listen, else HOSTNAME/PID (a gateway refuses a name another
+                              * live worker has) */
     const auth_key *key;      /* the cluster secret (cluster/auth.h), required; outlives the worker */
     int heartbeat_ms;         /* <= 0: 500 */
     int max_seqs;             /* capacity reported in HELLO (the scheduler's) */
@@ -72,7 +80,10 @@ typedef struct worker worker;
 worker *worker_new(const worker_opts *o, engine *e, sched *s, store *st, blockio *bio);
 /* The bound listen port (-1 without --listen). */
 int worker_port(const worker *w);
-/* Starts a drain (idempotent): no new work; at deadline_ms the rest is reported MOVED. */
+/* Its name (worker_opts.name or the default made from the host and port). */
+const char *worker_name(const worker *w);
+/* Starts a drain of its own (idempotent): no new work; at deadline_ms the rest is reported
+ * MOVED. A drain a gateway asked for (DRAIN) it may undo (DRAIN UNDRAIN); this one no one undoes. */
 void worker_drain(worker *w, int deadline_ms);
 /* True once a drain has completed (every job gone, DRAIN done sent). */
 bool worker_drained(worker *w);

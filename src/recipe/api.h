@@ -88,6 +88,8 @@ typedef struct api_backend {
      * the division of labour. */
     void (*status)(void *ud, bytebuf *b);
     const char *role_text;
+    bool (*draining)(void *ud);   /* (may be NULL) true once it refuses new requests to stop:
+                               * /health answers 503 "draining" */
 } api_backend;
 
 typedef struct {

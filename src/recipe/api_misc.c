@@ -40,7 +40,8 @@ static void misc_models(http_request *r, void *user)
 static void misc_health(http_request *r, void *user)
 {
     api_ctx *c = user;
-    bool draining = c->sched && sched_draining(c->sched);
+    bool draining = c->backend ? c->backend->draining && c->backend->draining(c->backend->ud)
+                               : c->sched && sched_draining(c->sched);
     bool loading = atomic_load(&c->loading);
     bool down = draining || loading;
     bytebuf b = {0};

@@ -19,6 +19,10 @@
 //   - thinking.budget_tokens through a gateway (its own DeepSeek-R1-templated generated model and
 //     workers) == `tokenmill serve`, also when the decode worker dies inside the think block;
 //   - a worker that refuses a request's grammar (ERROR ARG) makes it a 400 in the client's shape.
+//   - worker names are unique (two without --name differ; a taken one is refused, and a refused
+//     worker logs only its refusal); /admin/drain drains the one named, /admin/undrain undoes it;
+//   - SIGTERM drains a gateway: 503 to new requests, a running stream ends normally, or, past a
+//     short --drain-timeout, as incomplete.
 // "Mid-stream" is made certain, not left to timing: the decode workers are stopped (SIGSTOP)
 // the moment the clients have 60% of the tokens, then the busier one is killed or drained; a
 // prefill worker is stopped before the requests come and killed once it holds jobs. Every
@@ -575,6 +579,117 @@ test("a stranger on the cluster port without the key is not a worker and gets no
   await until((x) => x.workers.some((w) => w.name === "friend" && w.up), "friend in");
   ok.end();
   await until((x) => !x.workers.some((w) => w.name === "friend" && w.up), "friend out");
+});
+
+// Workers are told apart by name: two started without --name get names of their own (their
+// host and port), not both "worker"; /admin/drain drains exactly the one it names and
+// /admin/undrain gives it work again. A worker refused by the gateway (a wrong key; a name
+// another live worker has) logs its refusal only, never "registered".
+test("worker names are unique, a drained worker is undrained, a refused worker logs only its refusal", { timeout: 60000 }, async () => {
+  await until((a) => nLive(a, "prefill") === 2 && nLive(a, "decode") === 2, "4 workers");
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "tm-cluster-names-"));
+  const extra = [];
+  try {
+    const spawnW = (args, tag) => {
+      const p = spawnLogged(["worker", "--role", "decode", "-m", model, "--gateway", `127.0.0.1:${regPort}`,
+        "--cache", `dir:${store}`, "--threads", "1", ...args], tag);
+      extra.push(p);
+      return p;
+    };
+    // a wrong key: the handshake refuses it; it was never registered
+    const wrongKey = path.join(dir, "wrong.key");
+    fs.writeFileSync(wrongKey, crypto.randomBytes(32).toString("hex") + "\n", { mode: 0o600 });
+    const wk = spawnW(["--listen", "127.0.0.1:0", "--cluster-key-file", wrongKey], "wrong-key");
+    const wl = await waitLine(wk, /refused/, "the wrong-key worker's refusal");
+    assert.doesNotMatch(wl.input, /registered/, "a refused worker says it registered");
+    // d1's name: refused by the gateway with the reason; the d1 listed is still the real one
+    const dup = spawnW(["--listen", "127.0.0.1:0", "--name", "d1"], "dup-d1");
+    const dl = await waitLine(dup, /refused by the gateway[^\n]*\n/, "the duplicate's refusal");
+    assert.match(dl.input, /name "d1" is taken by the worker at 127\.0\.0\.1:\d+/);
+    assert.doesNotMatch(dl.input, /registered/, "a refused worker says it registered");
+    assert.equal((await admin()).workers.filter((w) => w.name === "d1" && w.up).length, 1);
+    assert.equal(findW(await admin(), "d1").addr, workers.d1.addr);
+    for (const p of [wk, dup]) p.kill("SIGKILL");
+    // two without --name: each its own name, both in
+    const unnamed = [spawnW(["--listen", "127.0.0.1:0"], "unnamed-1"), spawnW(["--listen", "127.0.0.1:0"], "unnamed-2")];
+    const names = [];
+    for (const p of unnamed) names.push((await waitLine(p, (log) => /registered with the gateway/.test(log) && /named (\S+)/.exec(log), "unnamed worker"))[1]);
+    assert.notEqual(names[0], names[1]);
+    assert.ok(!names.includes("worker"), names.join(", "));
+    await until((a) => names.every((n) => a.workers.some((w) => w.name === n && w.up && !w.draining)), "both unnamed in");
+    // drain one by name: exactly that one; then undrain it
+    const res = await fetch(`${gw}/admin/drain?worker=${encodeURIComponent(names[0])}&deadline_ms=1000`, { method: "POST" });
+    assert.equal(res.status, 200);
+    await until((a) => a.workers.find((w) => w.name === names[0])?.draining, "drained by name");
+    let a = await admin();
+    assert.deepEqual(a.workers.filter((w) => w.draining).map((w) => w.name), [names[0]]);
+    const un = await fetch(`${gw}/admin/undrain?worker=${encodeURIComponent(names[0])}`, { method: "POST" });
+    assert.equal(un.status, 200);
+    assert.equal((await un.json()).status, "undraining");
+    await until((x) => { const w = x.workers.find((y) => y.name === names[0]); return w && w.up && !w.draining; }, "undrained");
+    await sleep(300);   // a heartbeat sent before the undrain reached the worker must not drain it again
+    a = await admin();
+    assert.ok(!a.workers.find((w) => w.name === names[0]).draining, "still undrained");
+    assert.equal((await fetch(`${gw}/admin/undrain?worker=nobody`, { method: "POST" })).status, 404);
+    for (const p of unnamed) p.kill("SIGKILL");
+    await until((x) => !x.workers.some((w) => names.includes(w.name) && w.up), "unnamed out");
+  } finally {
+    for (const p of extra) if (!exited(p)) p.kill("SIGKILL");
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+// SIGTERM drains a gateway as it drains `serve`: a new request gets a 503 in the API's shape while
+// a stream already running goes on to its normal end (the same text as serve's); with a short
+// --drain-timeout a stream that cannot end in time is cut as incomplete ("length" with fewer
+// tokens than asked), never as a normal "stop". The stream is made to be running at the signal:
+// its decode worker is stopped (SIGSTOP) at its first token and continued after.
+test("SIGTERM on a gateway drains: 503 to new requests, running streams finish (or end incomplete)", { timeout: 60000 }, async () => {
+  await until((a) => nLive(a, "prefill") === 2 && nLive(a, "decode") === 2, "4 workers");
+  const d2 = workers.d2.proc;
+  // cont: the decode worker is continued once the 503 came (else once the gateway exited)
+  const run = async (drainS, cont) => {
+    const g = await startGateway(["--prefill", workers.p2.addr, "--decode", workers.d2.addr, "--drain-timeout", String(drainS)],
+      `gateway-drain-${drainS}`);
+    await until((x) => live(x).length === 2, "static workers", 10000, g.url);
+    const draining = waitLine(g.proc, /draining \(up to/, "the gateway's drain");
+    const exit = new Promise((r) => g.proc.on("exit", (code, signal) => r({ code, signal })));
+    let frozen, chunks = 0;
+    const froze = new Promise((r) => { frozen = r; });
+    const s = stream(g.url, PROMPTS[0], MAX, () => { if (++chunks === 1) { d2.kill("SIGSTOP"); frozen(); } });
+    await froze;
+    g.proc.kill("SIGTERM");
+    await draining;
+    const res = await fetch(g.url + "/v1/completions", { method: "POST", body: JSON.stringify({ prompt: "Hi", max_tokens: 3 }) });
+    const body = await res.json();
+    const health = await fetch(g.url + "/health");
+    const healthBody = await health.json();
+    if (cont) d2.kill("SIGCONT");
+    const ended = { exit: await exit, got: await s };
+    d2.kill("SIGCONT");
+    return { res, body, health, healthBody, ...ended };
+  };
+  try {
+    const a = await run(30, true);
+    assert.equal(a.res.status, 503);
+    assert.ok(a.res.headers.get("retry-after"), "Retry-After");
+    assert.equal(a.body.error.type, "server_error");
+    assert.equal(a.health.status, 503);
+    assert.equal(a.healthBody.status, "draining");
+    assert.equal(a.got.text, ref[0].text, "the running stream finished");
+    assert.equal(a.got.finish, ref[0].finish);
+    assert.equal(a.got.usage.completion_tokens, ref[0].usage.completion_tokens);
+    assert.deepEqual(a.exit, { code: 0, signal: null });
+    const b = await run(1, false);
+    assert.equal(b.res.status, 503);
+    assert.equal(b.got.finish, "length", "cut as incomplete");
+    assert.ok(b.got.usage.completion_tokens < ref[0].usage.completion_tokens, `${b.got.usage.completion_tokens} tokens`);
+    assert.ok(ref[0].text.startsWith(b.got.text), "what was sent is the start of the text");
+    assert.deepEqual(b.exit, { code: 0, signal: null });
+  } finally {
+    d2.kill("SIGCONT");
+  }
+  await until((x) => nLive(x, "decode") === 2, "d2 back", 20000);
 });
 
 // A key file others can read (or an empty one, or a directory) is not a secret: the gateway and

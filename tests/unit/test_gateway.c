@@ -15,6 +15,10 @@
  *   - strangers on the registration port (no key, a wrong key, a replayed recording of a real
  *     worker's session) are refused at the handshake and never listed; a worker doing the
  *     handshake as docs/protocol.md writes it (HMACs computed here) is listed;
+ *   - 34 strangers trickling a byte each every 400 ms do not keep a worker out (a full
+ *     handshake table makes room), and none outlives the handshake's absolute deadline;
+ *   - a worker whose name another live worker has is refused (ERROR NAME instead of the
+ *     gateway's HELLO), the same worker reconnecting is not;
  *   - a worker that stays connected and heartbeats but makes no progress on a request (after
  *     two tokens of its decode; on its prefill) loses it after the progress deadline: it completes elsewhere
  *     with exactly the reference tokens;
@@ -210,13 +214,13 @@ typedef struct {
 
 /* A gateway taking registrations on a free port; progress_s: its stall deadlines (first and next
  * token), 0 for the defaults. */
-static gw_env gw_start_progress(double progress_s)
+static gw_env gw_start_opts(double progress_s, double handshake_s)
 {
     gw_env v;
     memset(&v, 0, sizeof v);
     gateway_opts o = { .model = g_model, .register_listen = "127.0.0.1:0", .n_ctx = 1024, .eos_ids = { -1, -1, -1, -1 },
                        .heartbeat_timeout_s = 60, .wait_timeout_s = 60, .key = &g_key,
-                       .progress_first_s = progress_s, .progress_next_s = progress_s };
+                       .progress_first_s = progress_s, .progress_next_s = progress_s, .handshake_timeout_s = handshake_s };
     char err[256];
     CHECK(gateway_new(&o, &v.g, err, sizeof err) == GATEWAY_OK);
     v.be = gateway_backend(v.g);
@@ -224,7 +228,8 @@ static gw_env gw_start_progress(double progress_s)
     return v;
 }
 
-static gw_env gw_start(void) { return gw_start_progress(0); }
+static gw_env gw_start_progress(double progress_s) { return gw_start_opts(progress_s, 0); }
+static gw_env gw_start(void) { return gw_start_opts(0, 0); }
 
 TEST(test_split_run_and_handoff_metrics)
 {
@@ -274,6 +279,8 @@ TEST(test_split_run_and_handoff_metrics)
 /* ---- a fake worker ---- */
 
 static int g_fake_role = PROTO_ROLE_MIXED;   /* the role fake workers register with */
+static const char *g_fake_name;              /* and their name (NULL: fakeN, each its own) */
+static const char *g_fake_listen = "127.0.0.1:1"; /* and listen address */
 
 static void fake_hello(proto_msg *m)
 {
@@ -288,8 +295,12 @@ static void fake_hello(proto_msg *m)
     m->u.hello.max_batch_tokens = 128;
     m->u.hello.n_ctx = 1024;
     m->u.hello.n_vocab = N_VOCAB;
-    m->u.hello.listen = (char *)"127.0.0.1:1";
-    m->u.hello.name = (char *)"fake";
+    m->u.hello.listen = (char *)g_fake_listen;
+    static char names[256][16];   /* each fake its own name: a gateway refuses a taken one */
+    static int n_names;
+    char *name = names[n_names++ % 256];
+    snprintf(name, sizeof names[0], "fake%d", n_names);
+    m->u.hello.name = g_fake_name ? (char *)g_fake_name : name;
 }
 
 static void fake_close(int fd)
@@ -606,6 +617,145 @@ TEST(test_rogue_workers_refused)
     fake_close(fd);
     CHECK(workers_up(G.be) == 0);
     proto_buf_free(&rec);
+    gateway_shutdown(G.g);
+    gateway_free(G.g);
+}
+
+/* Strangers that open connections to the registration port and trickle into each the bytes
+ * of a handshake without the key (a CHALLENGE, then a PROOF of zeros), one byte per connection
+ * every 400 ms: well within any per-read timeout, and 45 s to the end. */
+#define N_TRICKLE 34
+typedef struct {
+    int fd[N_TRICKLE];
+    uint8_t bytes[2 * (PROTO_HDR_SIZE + 32)];
+    int stop;                 /* __atomic */
+    pthread_t t;
+} trickle;
+
+static void *trickle_thread(void *p)
+{
+    trickle *tr = p;
+    for (size_t k = 1; k < sizeof tr->bytes && !__atomic_load_n(&tr->stop, __ATOMIC_ACQUIRE); k++) {
+        for (int i = 0; i < 10 && !__atomic_load_n(&tr->stop, __ATOMIC_ACQUIRE); i++) usleep(40 * 1000);
+        for (int i = 0; i < N_TRICKLE; i++)
+            if (tr->fd[i] >= 0) (void)send(tr->fd[i], tr->bytes + k, 1, MSG_NOSIGNAL);
+    }
+    return NULL;
+}
+
+static void trickle_start(trickle *tr, const gw_env *G)
+{
+    memset(tr, 0, sizeof *tr);
+    proto_buf b;
+    proto_buf_init(&b);
+    proto_msg m;
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_CHALLENGE;
+    CHECK(proto_encode(&b, &m) == PROTO_OK);
+    m.hdr.type = PROTO_PROOF;
+    CHECK(proto_encode(&b, &m) == PROTO_OK);
+    CHECK(b.n == sizeof tr->bytes);
+    memcpy(tr->bytes, b.p, sizeof tr->bytes);
+    proto_buf_free(&b);
+    for (int i = 0; i < N_TRICKLE; i++) {
+        tr->fd[i] = proto_connect(G->reg, 2000);
+        CHECK(tr->fd[i] >= 0);
+        if (tr->fd[i] >= 0) CHECK(send(tr->fd[i], tr->bytes, 1, MSG_NOSIGNAL) == 1);
+    }
+    CHECK(!pthread_create(&tr->t, NULL, trickle_thread, tr));
+}
+
+static void trickle_stop(trickle *tr)
+{
+    __atomic_store_n(&tr->stop, 1, __ATOMIC_RELEASE);
+    pthread_join(tr->t, NULL);
+    for (int i = 0; i < N_TRICKLE; i++)
+        if (tr->fd[i] >= 0) close(tr->fd[i]);
+}
+
+/* How many of the n sockets the peer has not closed within s seconds (what it sent before is
+ * read and dropped). */
+static int open_after(const int *fd, int n, double s)
+{
+    double end = util_now() + s;
+    bool closed[N_TRICKLE] = { 0 };
+    int n_open = n;
+    char buf[256];
+    while (n_open > 0 && util_now() < end) {
+        struct pollfd p[N_TRICKLE];
+        for (int i = 0; i < n; i++) p[i] = (struct pollfd){ .fd = closed[i] ? -1 : fd[i], .events = POLLIN };
+        if (poll(p, (nfds_t)n, 100) <= 0) continue;
+        for (int i = 0; i < n; i++) {
+            if (closed[i] || !p[i].revents) continue;
+            ssize_t k = recv(fd[i], buf, sizeof buf, MSG_DONTWAIT);
+            if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+                closed[i] = true;
+                n_open--;
+            }
+        }
+    }
+    return n_open;
+}
+
+/* Strangers cannot keep workers out. 34 keyless connections that trickle a byte each every
+ * 400 ms fill the registration port's handshake table (32); a real worker that comes next
+ * registers all the same (a full table makes room by cutting the oldest stranger), and none of
+ * the strangers outlives the handshake's deadline, however steadily its bytes come. */
+TEST(test_trickling_strangers_do_not_keep_workers_out)
+{
+    node R = node_new(false);
+    gw_env G = gw_start_opts(0, 60);   /* a deadline that plays no part: room is made by eviction */
+    trickle tr;
+    trickle_start(&tr, &G);
+    usleep(300 * 1000);   /* every trickler accepted and in its handshake */
+    node_serve(&R, PROTO_ROLE_MIXED, G.reg, "real");   /* retries every second, as --gateway does */
+    CHECK(WAIT_UNTIL(workers_up(G.be) == 1, 10));
+    node_stop(&R);
+    trickle_stop(&tr);
+    gateway_shutdown(G.g);
+    gateway_free(G.g);
+    node_free(&R);
+
+    gw_env H = gw_start_opts(0, 1);    /* the whole handshake within 1 s */
+    trickle_start(&tr, &H);
+    int n_open = open_after(tr.fd, N_TRICKLE, 10);   /* a bound, far below the trickle's 45 s */
+    CHECKF(n_open == 0, "%d trickling strangers still connected", n_open);
+    trickle_stop(&tr);
+    gateway_shutdown(H.g);
+    gateway_free(H.g);
+}
+
+/* Names tell workers apart (/admin/drain picks one by name): a second live worker with a name
+ * already taken is refused with ERROR NAME instead of the gateway's HELLO, never listed; the
+ * same name from the same worker (its listen address, its host) is not another worker. */
+TEST(test_worker_names_unique)
+{
+    gw_env G = gw_start();
+    g_fake_name = "twin";
+    int a = fake_connect(&G);
+    CHECK(WAIT_UNTIL(workers_up(G.be) == 1, 30));
+    proto_msg m;
+    CHECK(proto_recv(PC(a), &m) == PROTO_OK && m.hdr.type == PROTO_HELLO);   /* taken in */
+    proto_msg_free(&m);
+    g_fake_listen = "127.0.0.1:2";
+    int b = fake_connect(&G);
+    CHECK(proto_recv(PC(b), &m) == PROTO_OK);
+    CHECKF(m.hdr.type == PROTO_ERROR && m.hdr.req_id == 0 && m.u.error.code == PROTO_E_NAME && m.u.error.msg &&
+               strstr(m.u.error.msg, "\"twin\" is taken by the worker at 127.0.0.1:1"),
+           "got %s %s", proto_type_name(m.hdr.type), m.hdr.type == PROTO_ERROR ? m.u.error.msg : "");
+    proto_msg_free(&m);
+    CHECK(!fake_expect(b, PROTO_HELLO, &m));   /* then closed, never greeted */
+    fake_close(b);
+    CHECK(workers_up(G.be) == 1);
+    /* the first one's address again: the same worker (reconnected), not refused */
+    g_fake_listen = "127.0.0.1:1";
+    b = fake_connect(&G);
+    CHECK(proto_recv(PC(b), &m) == PROTO_OK && m.hdr.type == PROTO_HELLO);
+    proto_msg_free(&m);
+    CHECK(WAIT_UNTIL(workers_up(G.be) == 2, 30));
+    fake_close(a);
+    fake_close(b);
+    g_fake_name = NULL;
     gateway_shutdown(G.g);
     gateway_free(G.g);
 }
@@ -999,6 +1149,8 @@ int main(void)
     RUN(test_bad_values_close_the_worker_and_reroute);
     RUN(test_malformed_frame_is_answered_and_closed);
     RUN(test_rogue_workers_refused);
+    RUN(test_trickling_strangers_do_not_keep_workers_out);
+    RUN(test_worker_names_unique);
     RUN(test_stalled_worker_rerouted);
     RUN(test_sockets_nodelay_and_added_latency);
     RUN(test_prefill_goes_where_its_prefix_is_in_flight);

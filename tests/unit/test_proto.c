@@ -7,8 +7,11 @@
  * san); frames over a socket pair. The handshake: the same key seals both ends (a session key
  * per direction); a wrong key, no handshake (a HELLO first) and a replayed recording of a whole
  * session are refused; after it, an altered, repeated, reordered or reflected frame is refused.
+ * Before it, a frame above PROTO_MAX_PREAUTH is refused from its header, and a connection's
+ * deadline ends a receive however slowly the bytes trickle in.
  * Key files: private regular files only, not empty; the generated default is 0600 and stable.
  */
+#include <errno.h>
 #include <math.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -900,6 +903,55 @@ TEST(test_socketpair)
     close(sv[1]);
 }
 
+/* Writes the bytes of a frame one at a time, 50 ms apart (a stranger trickling its handshake). */
+typedef struct {
+    int fd;
+    uint8_t frame[PROTO_HDR_SIZE + AUTH_NONCE_SIZE];
+} trickle_arg;
+
+static void *trickle_thread(void *p)
+{
+    trickle_arg *t = p;
+    for (size_t i = 0; i < sizeof t->frame; i++) {
+        if (proto_send(t->fd, t->frame + i, 1) != PROTO_OK) break;
+        usleep(50 * 1000);
+    }
+    return NULL;
+}
+
+/* Before the handshake seals a connection, a frame longer than PROTO_MAX_PREAUTH is refused from
+ * its header, before a byte of its payload is read or allocated (the same length is fine once
+ * sealed); and a connection's deadline bounds a whole receive however the bytes trickle in. */
+TEST(test_preauth_limits)
+{
+    int sv[2];
+    CHECK(!socketpair(AF_UNIX, SOCK_STREAM, 0, sv));
+    proto_conn c;
+    proto_conn_init(&c, sv[1]);
+    uint8_t p[PROTO_HDR_SIZE];
+    put_hdr(p, PROTO_MAGIC, PROTO_VERSION, PROTO_CHALLENGE, 0, PROTO_MAX_PREAUTH + 1);
+    CHECK(proto_send(sv[0], p, sizeof p) == PROTO_OK);
+    shutdown(sv[0], SHUT_WR);   /* no payload follows: a receiver that waits for it sees the end */
+    proto_msg o;
+    CHECK(proto_recv(&c, &o) == PROTO_ERR_TOO_BIG);
+    close(sv[0]);
+    close(sv[1]);
+    /* a CHALLENGE trickled in at 50 ms a byte (2.8 s in all) against a 300 ms deadline */
+    CHECK(!socketpair(AF_UNIX, SOCK_STREAM, 0, sv));
+    proto_conn_init(&c, sv[1]);
+    trickle_arg t = { .fd = sv[0] };
+    put_hdr(t.frame, PROTO_MAGIC, PROTO_VERSION, PROTO_CHALLENGE, 0, AUTH_NONCE_SIZE);
+    pthread_t th;
+    CHECK(!pthread_create(&th, NULL, trickle_thread, &t));
+    c.deadline = util_now() + 0.3;
+    errno = 0;
+    CHECK(proto_recv(&c, &o) == PROTO_ERR_IO && errno == ETIMEDOUT);
+    shutdown(sv[1], SHUT_RDWR);
+    pthread_join(th, NULL);
+    close(sv[0]);
+    close(sv[1]);
+}
+
 TEST(test_listen_connect)
 {
     int lfd = proto_listen("127.0.0.1:0", 4);
@@ -910,8 +962,10 @@ TEST(test_listen_connect)
     snprintf(hp, sizeof hp, "127.0.0.1:%d", port);
     int c = proto_connect(hp, 1000);
     CHECK(c >= 0);
-    int a = proto_accept(lfd);
+    char host[64];
+    int a = proto_accept(lfd, host, sizeof host);
     CHECK(a >= 0);
+    CHECK(!strcmp(host, "127.0.0.1"));
     /* both ends send each frame at once (no Nagle wait for the peer's delayed ACK) */
     int nd_c = 0, nd_a = 0;
     socklen_t l = sizeof nd_c;
@@ -1279,6 +1333,7 @@ int main(void)
     RUN(test_fuzz);
     RUN(test_socketpair);
     RUN(test_listen_connect);
+    RUN(test_preauth_limits);
     RUN(test_handshake_ok);
     RUN(test_handshake_wrong_key);
     RUN(test_handshake_no_key);

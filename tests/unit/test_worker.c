@@ -10,7 +10,9 @@
  * the same token split, or resumed before / at / after it, as in one scheduler; CANCEL ends a
  * decode with FINISH cancelled; drain refuses new jobs; a peer that does not prove the cluster
  * key (no handshake, a wrong key) is closed without a HELLO or any job run; twelve concurrent
- * jobs add no thread to the process and each streams what it gets alone; a grammar sent with
+ * jobs add no thread to the process and each streams what it gets alone; 40 silent strangers
+ * take a bounded number of threads and do not keep a gateway out, and past 16 gateways a
+ * worker answers ERROR BUSY; a grammar sent with
  * the jobs (flag GRAMMAR) gives a split (and a resumed) run the tokens of one scheduler with
  * that grammar, and one that does not compile is ERROR ARG. Steps stay under 64 tokens
  * (step_tokens 48), see test_sched.c for why.
@@ -633,6 +635,48 @@ static int count_tasks_of(pid_t pid)
     return n;
 }
 
+/* What connects cannot multiply the worker's threads: 40 silent strangers on its port take a
+ * bounded number of handshake threads (their table is full: the oldest are cut), a gateway with
+ * the key still gets in among them, and of 20 gateways with the key past the handshake at once
+ * the worker serves 16 and refuses the rest with ERROR BUSY. */
+TEST(test_connections_bounded)
+{
+    node M = node_new(PROTO_ROLE_MIXED);
+    int base = count_tasks_of(getpid());
+    CHECK(base > 0);
+    enum { N_SILENT = 40, N_GW = 20, MAX_PEERS = 16 };
+    int silent[N_SILENT];
+    for (int i = 0; i < N_SILENT; i++) {
+        silent[i] = proto_connect(M.addr, 2000);
+        CHECK(silent[i] >= 0);
+    }
+    usleep(300 * 1000);   /* every one accepted by now */
+    int extra = count_tasks_of(getpid()) - base;
+    CHECKF(extra <= 16, "%d threads for %d silent connections", extra, N_SILENT);
+    int fd = gw_connect(&M);   /* among them: let in */
+    CHECK(fd >= 0);
+    gw_close(fd);
+    for (int i = 0; i < N_SILENT; i++) close(silent[i]);
+    int gws[N_GW], n_in = 0, n_busy = 0;
+    for (int i = 0; i < N_GW; i++) {
+        gws[i] = proto_connect(M.addr, 2000);
+        CHECK(gws[i] >= 0);
+        proto_conn_init(PC(gws[i]), gws[i]);
+        struct timeval tv = { 30, 0 };   /* a bound on every wait, never a speed */
+        setsockopt(gws[i], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        char why[160];
+        CHECKF(auth_handshake(PC(gws[i]), &g_key, AUTH_SIDE_GATEWAY, why, sizeof why) == AUTH_OK, "%s", why);
+        proto_msg m;
+        CHECK(proto_recv(PC(gws[i]), &m) == PROTO_OK);
+        if (m.hdr.type == PROTO_HELLO) n_in++;
+        if (m.hdr.type == PROTO_ERROR && m.u.error.code == PROTO_E_BUSY) n_busy++;
+        proto_msg_free(&m);
+    }
+    CHECKF(n_in == MAX_PEERS && n_busy == N_GW - MAX_PEERS, "%d in, %d refused busy", n_in, n_busy);
+    for (int i = 0; i < N_GW; i++) gw_close(gws[i]);
+    node_free(&M);
+}
+
 /* Jobs take no thread of their own: with twelve jobs on one connection (four running, eight
  * queued in the scheduler) the process has no more threads than before they came, and
  * concurrent jobs multiplexed on the pumps stream exactly the tokens each gets alone, every
@@ -733,6 +777,7 @@ int main(void)
     RUN(test_malformed_closes_only_that_connection);
     RUN(test_refuses_peer_without_key);
     RUN(test_concurrent_jobs_take_no_threads);
+    RUN(test_connections_bounded);
     RUN(test_grammar_split_equals_one_process);
     grammar_vocab_free(g_vocab);
     schedtest_close(tmpdir, g_model);
