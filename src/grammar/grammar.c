@@ -59,6 +59,15 @@ grammar_limits grammar_limits_get(void)
     return grammar_lim;
 }
 
+static __thread grammar_cancel_fn grammar_cancel;
+static __thread void *grammar_cancel_ctx;
+
+void grammar_cancel_set(grammar_cancel_fn fn, void *ctx)
+{
+    grammar_cancel = fn;
+    grammar_cancel_ctx = ctx;
+}
+
 void grammar_printf(bytebuf *t, const char *fmt, ...)
 {
     char small[256];
@@ -113,6 +122,7 @@ typedef struct {
     bool limit;             /* failed at a budget (GRAMMAR_ERR_LIMIT) */
     long n_states;          /* elements defined so far (max_states counts them) */
     double deadline;        /* util_now() past which the compile gives up */
+    double next_poll;       /* util_now() at which grammar_cancel is asked next (0: at once) */
     int depth;              /* parentheses open now */
 } gp;
 
@@ -153,11 +163,20 @@ static void gp_limit(gp *p, const char *fmt, long v)
     p->limit = true;
 }
 
-/* Whether the compile is past its time budget (then failed). */
+/* Whether the compile is past its time budget or cancelled (then failed). */
 static bool gp_late(gp *p)
 {
     if (p->failed) return p->limit;
-    if (util_now() <= p->deadline) return false;
+    double now = util_now();
+    if (grammar_cancel && now >= p->next_poll) {
+        p->next_poll = now + GRAMMAR_CANCEL_POLL_S;
+        if (grammar_cancel(grammar_cancel_ctx)) {
+            gp_fail(p, NULL, "grammar compile cancelled (the client has gone)");
+            p->limit = true;
+            return true;
+        }
+    }
+    if (now <= p->deadline) return false;
     gp_fail(p, NULL, "grammar compile took longer than %.3g s (--grammar-max-seconds)", grammar_lim.max_seconds);
     p->limit = true;
     return true;

@@ -69,6 +69,14 @@ typedef struct {
 void grammar_limits_set(const grammar_limits *l);
 grammar_limits grammar_limits_get(void);
 
+/* Compiles on the calling thread poll fn(ctx) as they go (at their first rule, then about
+ * every GRAMMAR_CANCEL_POLL_S); when it returns true the compile stops with GRAMMAR_ERR_LIMIT
+ * ("cancelled") and frees what it built. A server sets it around a request's compile to
+ * "has the client gone"; NULL clears it. Per thread. */
+typedef bool (*grammar_cancel_fn)(void *ctx);
+void grammar_cancel_set(grammar_cancel_fn fn, void *ctx);
+#define GRAMMAR_CANCEL_POLL_S 0.01
+
 /* Compiles src[0..len) of the given kind. On error returns non-OK, *out NULL and a one-line
  * message in err (naming the offending keyword / rule / position). */
 grammar_status grammar_compile(grammar_kind kind, const char *src, size_t len, grammar **out,

@@ -6,7 +6,7 @@
  * ambiguous ones whose stacks are reached by exponentially many paths compile; large counts
  * are not unrolled (maxLength 99999 costs a few hundred states) and match exactly the lengths
  * they should; the states, stacks and time budgets each stop a compile; the compile cache
- * keeps its bytes under its budget; zod's safe-integer bounds compile exactly.
+ * keeps its bytes under its budget; a compile stops when its cancel hook says so; zod's safe-integer bounds compile exactly.
  *
  * Each compile runs on a thread with a 256 KiB stack (a server's connection threads are not
  * larger), watched with a generous wait that only bounds a hang.
@@ -251,6 +251,31 @@ TEST(budgets_stop_a_compile)
     grammar_free(g);
 }
 
+static int n_polls;
+
+static bool gone_after_polls(void *ctx)
+{
+    return ++n_polls > *(int *)ctx;
+}
+
+TEST(a_compile_stops_when_cancelled)
+{
+    char err[512];
+    grammar *g = NULL;
+    int after = 0;
+    n_polls = 0;
+    grammar_cancel_set(gone_after_polls, &after);
+    grammar_status st = grammar_compile(GRAMMAR_KIND_REGEX, "(a?){0,1000}", 12, &g, err, sizeof err);
+    CHECKF(st == GRAMMAR_ERR_LIMIT && strstr(err, "cancelled") && !g, "%s", err);
+    CHECK(n_polls == 1);
+    /* a client still there: the compile goes on */
+    after = 1 << 30;
+    st = grammar_compile(GRAMMAR_KIND_REGEX, "(a?){0,1000}", 12, &g, err, sizeof err);
+    CHECKF(st == GRAMMAR_OK && n_polls >= 2, "%s", err);
+    grammar_free(g);
+    grammar_cancel_set(NULL, NULL);
+}
+
 TEST(cache_is_bounded_in_bytes)
 {
     grammar_limits keep = grammar_limits_get();
@@ -318,6 +343,7 @@ int main(void)
     RUN(large_counts_are_exact_without_unrolling);
     RUN(schema_max_length_is_small);
     RUN(budgets_stop_a_compile);
+    RUN(a_compile_stops_when_cancelled);
     RUN(cache_is_bounded_in_bytes);
     RUN(zod_safe_integers);
     printf("%d passed, %d failed\n", harness_passed, harness_failed);
