@@ -1349,7 +1349,14 @@ char *grammar_to_gbnf(grammar_kind kind, const char *src, size_t len, grammar_st
         return t;
     }
     case GRAMMAR_KIND_JSON: return xstrdup(grammar_json_gbnf);
-    case GRAMMAR_KIND_REGEX: return grammar_regex_to_gbnf(src, len, st, err, errsz);
+    case GRAMMAR_KIND_REGEX: {  /* (the regex parser reads counts with strtol: a terminated copy) */
+        char *z = xmalloc(len + 1);
+        memcpy(z, src, len);
+        z[len] = 0;
+        char *t = grammar_regex_to_gbnf(z, len, st, err, errsz);
+        free(z);
+        return t;
+    }
     case GRAMMAR_KIND_SCHEMA: return grammar_schema_to_gbnf(src, len, st, err, errsz);
     }
     *st = GRAMMAR_ERR_INVALID;
