@@ -158,6 +158,23 @@ const cmd_opt *cmd_common_http_table(http_opts *o, cmd_opt out[CMD_HTTP_TABLE_N]
     return out;
 }
 
+const cmd_opt *cmd_common_grammar_table(grammar_limits *o, cmd_opt out[CMD_GRAMMAR_TABLE_N])
+{
+    const cmd_opt t[CMD_GRAMMAR_TABLE_N] = {
+        { "--grammar-max-states", NULL, CMD_OPT_LONG, &o->max_states, 16, 1L << 30, .arg = "N",
+          .help = "structured output: compiled states one grammar may have; past it a 400 (default 1048576)" },
+        { "--grammar-max-stacks", NULL, CMD_OPT_LONG, &o->max_stacks, 16, 1L << 24, .arg = "N",
+          .help = "structured output: parser stacks one grammar state may hold (its ambiguity; default 4096)" },
+        { "--grammar-max-seconds", NULL, CMD_OPT_DOUBLE, &o->max_seconds, 1e-3, 3600, .arg = "S",
+          .help = "structured output: wall time one grammar compile may take (default 5)" },
+        { "--grammar-cache", NULL, CMD_OPT_SIZE, &o->cache_bytes, .arg = "SIZE",
+          .help = "structured output: bytes of compiled grammars kept, masks included (default 256M)" },
+        { 0 },
+    };
+    memcpy(out, t, sizeof t);
+    return out;
+}
+
 /* KV pool blocks for m: max_seqs full contexts, capped by kv_mib, at least one context. */
 static int cmd_common_kv_blocks(const model *m, const cmd_engine_opts *o)
 {

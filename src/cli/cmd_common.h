@@ -14,6 +14,7 @@
 #include "engine/blockio.h"
 #include "engine/engine.h"
 #include "engine/sched.h"
+#include "grammar/grammar.h"
 #include "http/http.h"
 #include "model/model.h"
 #include "recipe/tokenizer.h"
@@ -74,6 +75,11 @@ const cmd_opt *cmd_common_engine_table(cmd_engine_opts *o, cmd_opt out[CMD_ENGIN
  * --max-client-connections, --request-timeout. */
 #define CMD_HTTP_TABLE_N 4
 const cmd_opt *cmd_common_http_table(http_opts *o, cmd_opt out[CMD_HTTP_TABLE_N]);
+/* The same for the structured-output compile budgets (grammar/grammar.h): --grammar-max-states,
+ * --grammar-max-stacks, --grammar-max-seconds, --grammar-cache. *o starts as
+ * grammar_limits_get(); the command calls grammar_limits_set(o) after parsing. */
+#define CMD_GRAMMAR_TABLE_N 5
+const cmd_opt *cmd_common_grammar_table(grammar_limits *o, cmd_opt out[CMD_GRAMMAR_TABLE_N]);
 /* The kernel threads' placement (util/topo.h) for --threads (0: one per usable physical
  * core) and --cpus (NULL: every allowed CPU): the thread count in *n and, when the threads
  * are pinned, each one's CPU in cpus (TOPO_MAX_CPUS entries) and *pinned true; logs

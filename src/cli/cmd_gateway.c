@@ -112,7 +112,8 @@ int cmd_gateway(int argc, char **argv)
     bool metrics_public = false, verbose = false;
     const char *key_path = NULL;
     cmd_opt_list pre_l = { pre, 0, GWC_MAX }, dec_l = { dec, 0, GWC_MAX }, keys_l = { keys, 0, 16 };
-    cmd_opt http[CMD_HTTP_TABLE_N];
+    cmd_opt http[CMD_HTTP_TABLE_N], gram[CMD_GRAMMAR_TABLE_N];
+    grammar_limits gl = grammar_limits_get();
     const cmd_opt opts[] = {
         { "--model", "-m", CMD_OPT_STR, &path, .arg = "MODEL", .help = "the GGUF (tokenizer, template, fingerprint)", .required = true },
         { "--listen", NULL, CMD_OPT_STR, &listen, .arg = "HOST:PORT", .help = "the HTTP API (default 127.0.0.1:8080)" },
@@ -131,6 +132,7 @@ int cmd_gateway(int argc, char **argv)
         { "--metrics-public", NULL, CMD_OPT_FLAG, &metrics_public, .help = "with --api-key, leave /metrics and the status page open" },
         { "--cost-per-hour", NULL, CMD_OPT_DOUBLE, &cost_per_hour, 0, 1e9, .arg = "PRICE", .help = "the cluster's price per hour: the status page shows cost per million tokens" },
         { .kind = CMD_OPT_TABLE, .dst = (void *)cmd_common_http_table(&ho, http) },
+        { .kind = CMD_OPT_TABLE, .dst = (void *)cmd_common_grammar_table(&gl, gram) },
         { "--model-name", NULL, CMD_OPT_STR, &name, .arg = "NAME", .help = "the model's name in /v1/models (default: the file's)" },
         { "--template", NULL, CMD_OPT_STR, &tmpl_name, .arg = "NAME", .help = "chat template family (default: the file's, when recognised)" },
         { "-v", NULL, CMD_OPT_FLAG, &verbose, .help = "log more" },
@@ -139,6 +141,7 @@ int cmd_gateway(int argc, char **argv)
     const char *synopsis = "gateway -m MODEL --listen HOST:PORT [--prefill ...] [--decode ...] [--register HOST:PORT] [options]";
     cmd_opts_status ost = cmd_opts_parse("gateway", synopsis, opts, argc, argv, 1, NULL, 0, NULL);
     if (ost != CMD_OPTS_OK) return cmd_opts_exit(ost);
+    grammar_limits_set(&gl);
     if (verbose) util_log_level = LOG_LEVEL_DEBUG;
     n_pre = pre_l.n;
     n_dec = dec_l.n;

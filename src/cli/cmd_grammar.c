@@ -319,6 +319,8 @@ int cmd_grammar(int argc, char **argv)
     cmd_engine_opts eo = CMD_ENGINE_OPTS_DEFAULT;
     eo.max_seqs = 1;
     eo.ctx = 2048;
+    cmd_opt gram[CMD_GRAMMAR_TABLE_N];
+    grammar_limits gl = grammar_limits_get();
     const cmd_opt opts[] = {
         { "--schema", NULL, CMD_OPT_STR, &src.schema, .arg = "FILE", .help = "a JSON Schema" },
         { "--regex", NULL, CMD_OPT_STR, &src.regex, .arg = "RE", .help = "a regular expression (matched in full)" },
@@ -334,6 +336,7 @@ int cmd_grammar(int argc, char **argv)
         { "--threads", "-t", CMD_OPT_LONG, &eo.threads, 1, 1024, .arg = "N", .help = "sample: kernel threads" },
         { "--ctx", "-c", CMD_OPT_LONG, &eo.ctx, 16, 1 << 20, .arg = "N", .help = "sample: context per sequence (default 2048)" },
         { "--stats", NULL, CMD_OPT_FLAG, &stats, .help = "timings on stderr: compile; sample: decode and mask work" },
+        { .kind = CMD_OPT_TABLE, .dst = (void *)cmd_common_grammar_table(&gl, gram) },
         { 0 },
     };
     const char *synopsis = "grammar print|check|sample|bench (--schema F | --regex R | --gbnf F | --json) [options]";
@@ -341,6 +344,7 @@ int cmd_grammar(int argc, char **argv)
     int n_pos = 0;
     cmd_opts_status ost = cmd_opts_parse("grammar", synopsis, opts, argc, argv, 1, pos, 1, &n_pos);
     if (ost != CMD_OPTS_OK) return cmd_opts_exit(ost);
+    grammar_limits_set(&gl);
     const char *what = n_pos ? pos[0] : "";
     bool is_print = !strcmp(what, "print"), is_check = !strcmp(what, "check"), is_sample = !strcmp(what, "sample");
     bool is_bench = !strcmp(what, "bench");

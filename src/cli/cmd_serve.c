@@ -87,6 +87,7 @@ typedef struct {
     cmd_engine_opts eng;         /* --threads, --ctx, --max-seqs, ... */
     http_opts http;              /* connection limits (--max-connections, ...); the rest is set
                                   * by serve_routes */
+    grammar_limits grammar;      /* structured output's compile budgets (--grammar-*) */
     bool metrics_public;         /* --metrics-public: /metrics without the API key */
     double cost_per_hour;        /* --cost-per-hour: the machine's price per hour (0: none) */
     const char *curves_path;     /* --curves: `bench curves` JSON for the status page, or NULL */
@@ -121,7 +122,8 @@ static int serve_options(int argc, char **argv, serve_opts *o)
 {
     *o = (serve_opts){ .host = "127.0.0.1", .port = 8080, .eng = CMD_ENGINE_OPTS_DEFAULT, .max_body = 8 << 20,
                        .timeout = 60, .drain_timeout = 30, .cache_spec = "default" };
-    cmd_opt eng[CMD_ENGINE_TABLE_N], http[CMD_HTTP_TABLE_N];
+    cmd_opt eng[CMD_ENGINE_TABLE_N], http[CMD_HTTP_TABLE_N], gram[CMD_GRAMMAR_TABLE_N];
+    o->grammar = grammar_limits_get();
     cmd_opt_list keys = { o->keys, 0, SERVE_MAX_KEYS };
     const char *cache_dir = NULL;
     bool verbose = false;
@@ -139,6 +141,7 @@ static int serve_options(int argc, char **argv, serve_opts *o)
         { "--max-body", NULL, CMD_OPT_LONG, &o->max_body, 1024, 4294967296.0, .arg = "BYTES", .help = "largest request body (default 8 MiB)" },
         { "--timeout", NULL, CMD_OPT_LONG, &o->timeout, 1, 86400, .arg = "S", .help = "idle keep-alive connections close after S seconds (default 60)" },
         { .kind = CMD_OPT_TABLE, .dst = (void *)cmd_common_http_table(&o->http, http) },
+        { .kind = CMD_OPT_TABLE, .dst = (void *)cmd_common_grammar_table(&o->grammar, gram) },
         { "--drain-timeout", NULL, CMD_OPT_LONG, &o->drain_timeout, 0, 86400, .arg = "S", .help = "at SIGTERM, seconds running requests get (default 30)" },
         { "--cache", NULL, CMD_OPT_STR, &o->cache_spec, .arg = "SPEC|default|off", .help = "block store: dir:PATH, ec:K+M:DIRS (default: ~/.cache/tokenmill/blocks)" },
         { "--cache-dir", NULL, CMD_OPT_STR, &cache_dir, .arg = "DIR", .help = "the same as --cache dir:DIR" },
@@ -151,6 +154,7 @@ static int serve_options(int argc, char **argv, serve_opts *o)
     cmd_opts_status ost = cmd_opts_parse("serve", synopsis, opts, argc, argv, 1, NULL, 0, NULL);
     if (ost != CMD_OPTS_OK) return ost == CMD_OPTS_HELP ? -1 : 2;
     o->n_keys = keys.n;
+    grammar_limits_set(&o->grammar);
     if (verbose) util_log_level = LOG_LEVEL_DEBUG;
     if (cache_dir) {
         snprintf(o->cache_buf, sizeof o->cache_buf, "dir:%s", cache_dir);

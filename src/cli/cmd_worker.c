@@ -55,7 +55,8 @@ int cmd_worker(int argc, char **argv)
     long drain_s = 30;
     cmd_engine_opts eng = CMD_ENGINE_OPTS_DEFAULT;
     bool verbose = false;
-    cmd_opt eng_t[CMD_ENGINE_TABLE_N];
+    cmd_opt eng_t[CMD_ENGINE_TABLE_N], gram[CMD_GRAMMAR_TABLE_N];
+    grammar_limits gl = grammar_limits_get();
     const cmd_opt opts[] = {
         { "--role", NULL, CMD_OPT_FN, &role, .fn = cmd_worker_role, .arg = "prefill|decode|mixed", .help = "what this worker does", .required = true },
         { "--model", "-m", CMD_OPT_STR, &path, .arg = "MODEL", .help = "the GGUF", .required = true },
@@ -65,6 +66,7 @@ int cmd_worker(int argc, char **argv)
         { "--name", NULL, CMD_OPT_STR, &name, .arg = "NAME", .help = "the worker's name in /admin/workers, unique per gateway (default HOSTNAME:PORT)" },
         { "--cluster-key-file", NULL, CMD_OPT_STR, &key_path, .arg = "PATH", .help = "the cluster secret (default: generated in ~/.cache/tokenmill)" },
         { .kind = CMD_OPT_TABLE, .dst = (void *)cmd_common_engine_table(&eng, eng_t) },
+        { .kind = CMD_OPT_TABLE, .dst = (void *)cmd_common_grammar_table(&gl, gram) },
         { "--drain-timeout", NULL, CMD_OPT_LONG, &drain_s, 1, 86400, .arg = "S", .help = "at SIGTERM, seconds running requests get (default 30)" },
         { "-v", NULL, CMD_OPT_FLAG, &verbose, .help = "log every engine step" },
         { 0 },
@@ -72,6 +74,7 @@ int cmd_worker(int argc, char **argv)
     const char *synopsis = "worker --role prefill|decode|mixed -m MODEL --listen HOST:PORT|--gateway HOST:PORT --cache SPEC [options]";
     cmd_opts_status ost = cmd_opts_parse("worker", synopsis, opts, argc, argv, 1, NULL, 0, NULL);
     if (ost != CMD_OPTS_OK) return cmd_opts_exit(ost);
+    grammar_limits_set(&gl);
     if (!listen && !gateway) {
         fprintf(stderr, "tokenmill worker: --listen or --gateway is required\n");
         cmd_opts_hint("worker", synopsis);

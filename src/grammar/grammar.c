@@ -8,6 +8,16 @@
  * turned into UTF-8 byte-range sequences here (the classic split of a code point range into
  * ranges whose encodings differ only in their last bytes), so the automaton never decodes.
  * Left recursion is refused at compile time (the expansion of a stack would not terminate).
+ *
+ * Budgets (grammar_limits): a grammar is text from a client, so nothing here recurses on its
+ * depth (parentheses are limited to GP_MAX_NESTING, the checks and the expansion of stacks
+ * are loops over explicit work lists), the compiled elements are counted as rules are
+ * defined, the clock is read as they are, and the start state and every rule reference are
+ * expanded once at compile under the stack budget: a grammar whose states would blow up
+ * (nested counted repetitions of nullable symbols) is refused before any request uses it.
+ * A counted repetition past GP_REPEAT_UNROLL is not unrolled: it is built from rules for
+ * 2^i copies (x{n} as the powers of n's bits; x{0,n} as "fewer than 2^m" | 2^m then x{0,n-2^m}),
+ * O(log n) rules whose stacks stay O(log n) deep.
  */
 #include "grammar/grammar_int.h"
 
@@ -28,8 +38,34 @@ const char *grammar_status_name(grammar_status st)
     case GRAMMAR_ERR_SYNTAX: return "syntax error";
     case GRAMMAR_ERR_UNSUPPORTED: return "unsupported";
     case GRAMMAR_ERR_INVALID: return "invalid grammar";
+    case GRAMMAR_ERR_LIMIT: return "over a limit";
     }
     return "?";
+}
+
+static grammar_limits grammar_lim = { GRAMMAR_DEFAULT_MAX_STATES, GRAMMAR_DEFAULT_MAX_STACKS,
+                                      GRAMMAR_DEFAULT_MAX_SECONDS, GRAMMAR_DEFAULT_CACHE_BYTES };
+
+void grammar_limits_set(const grammar_limits *l)
+{
+    grammar_lim.max_states = l->max_states > 0 ? l->max_states : GRAMMAR_DEFAULT_MAX_STATES;
+    grammar_lim.max_stacks = l->max_stacks > 0 ? l->max_stacks : GRAMMAR_DEFAULT_MAX_STACKS;
+    grammar_lim.max_seconds = l->max_seconds > 0 ? l->max_seconds : GRAMMAR_DEFAULT_MAX_SECONDS;
+    grammar_lim.cache_bytes = l->cache_bytes > 0 ? l->cache_bytes : GRAMMAR_DEFAULT_CACHE_BYTES;
+}
+
+grammar_limits grammar_limits_get(void)
+{
+    return grammar_lim;
+}
+
+static __thread grammar_cancel_fn grammar_cancel;
+static __thread void *grammar_cancel_ctx;
+
+void grammar_cancel_set(grammar_cancel_fn fn, void *ctx)
+{
+    grammar_cancel = fn;
+    grammar_cancel_ctx = ctx;
 }
 
 void grammar_printf(bytebuf *t, const char *fmt, ...)
@@ -54,6 +90,7 @@ void grammar_printf(bytebuf *t, const char *fmt, ...)
 
 static void grammar_expand_into(const grammar *g, grammar_scratch *sc, grammar_set *out,
                                 const uint32_t *stk, int n);
+static void grammar_scratch_begin(grammar_scratch *sc);
 
 /* ---- parser -------------------------------------------------------------------------- */
 
@@ -82,7 +119,17 @@ typedef struct {
     char *err;
     size_t errsz;
     bool failed;
+    bool limit;             /* failed at a budget (GRAMMAR_ERR_LIMIT) */
+    long n_states;          /* elements defined so far (max_states counts them) */
+    double deadline;        /* util_now() past which the compile gives up */
+    double next_poll;       /* util_now() at which grammar_cancel is asked next (0: at once) */
+    int depth;              /* parentheses open now */
 } gp;
+
+/* Parentheses a GBNF text may nest (each level is a C call of the parser). */
+#define GP_MAX_NESTING 256
+/* Counted repetitions up to this many copies are unrolled as llama.cpp does. */
+#define GP_REPEAT_UNROLL 32
 
 static void gp_push(gp_seq *s, uint32_t type, uint32_t v)
 {
@@ -106,6 +153,33 @@ static void gp_fail(gp *p, const char *at, const char *fmt, ...)
     va_end(ap);
     if (at) snprintf(p->err, p->errsz, "line %d: %s", line, msg);
     else snprintf(p->err, p->errsz, "%s", msg);
+}
+
+/* A budget ran out: the message names the limit. */
+static void gp_limit(gp *p, const char *fmt, long v)
+{
+    if (p->failed) return;
+    gp_fail(p, NULL, fmt, v);
+    p->limit = true;
+}
+
+/* Whether the compile is past its time budget or cancelled (then failed). */
+static bool gp_late(gp *p)
+{
+    if (p->failed) return p->limit;
+    double now = util_now();
+    if (grammar_cancel && now >= p->next_poll) {
+        p->next_poll = now + GRAMMAR_CANCEL_POLL_S;
+        if (grammar_cancel(grammar_cancel_ctx)) {
+            gp_fail(p, NULL, "grammar compile cancelled (the client has gone)");
+            p->limit = true;
+            return true;
+        }
+    }
+    if (now <= p->deadline) return false;
+    gp_fail(p, NULL, "grammar compile took longer than %.3g s (--grammar-max-seconds)", grammar_lim.max_seconds);
+    p->limit = true;
+    return true;
 }
 
 static uint64_t gp_name_hash(const char *name, size_t len)
@@ -170,6 +244,10 @@ static int gp_new_rule(gp *p, int parent)
 
 static void gp_define(gp *p, int id, gp_seq *body)
 {
+    p->n_states += body->n;
+    if (p->n_states > grammar_lim.max_states)
+        gp_limit(p, "grammar too large: more than %ld states (--grammar-max-states)", grammar_lim.max_states);
+    else gp_late(p);
     gp_rule *r = &p->rules[id];
     free(r->body.el);
     r->body = *body;
@@ -420,10 +498,99 @@ static void gp_emit_class(gp *p, gp_seq *out, int rule, gp_range *r, int n, bool
 
 static const char *gp_alternates(gp *p, const char *s, int rule, bool nested);
 
-/* Applies {min,max} (max < 0: unbounded) to the symbol out[start..n), as llama.cpp does. */
+/* A helper rule of rule with the body e[0..n) (one alternative; n may be 0: empty). */
+static int gp_helper(gp *p, int rule, const grammar_el *e, int n)
+{
+    int id = gp_new_rule(p, rule);
+    gp_seq body = { 0 };
+    for (int i = 0; i < n; i++) gp_push(&body, e[i].type, e[i].v);
+    gp_push(&body, GRAMMAR_EL_END, 0);
+    gp_define(p, id, &body);
+    return id;
+}
+
+/* {min,max} of the symbol prev[0..nprev) without unrolling: pw[i] matches 2^i copies
+ * (pw[i+1] ::= pw[i] pw[i]); x{min} is the powers of min's bits in a row; x{0,n} is
+ * lt[m] | pw[m] x{0,n-2^m} for 2^m <= n < 2^(m+1), where lt[j] (fewer than 2^j copies) ::=
+ * pw[j-1] lt[j-1] | lt[j-1]. Each length has one derivation (the alternatives' lengths are
+ * disjoint), so the stacks of a prefix stay few. */
+static void gp_repeat_log(gp *p, gp_seq *out, int rule, const grammar_el *prev, int nprev, int min, int max)
+{
+    int pw[32], lt[32];
+    int top = 0;
+    for (long v = TM_MAX(min, max); v > 1; v >>= 1) top++;
+    pw[0] = nprev == 1 && prev[0].type == GRAMMAR_EL_RULE ? (int)prev[0].v : gp_helper(p, rule, prev, nprev);
+    for (int i = 1; i <= top && !p->failed; i++) {
+        grammar_el two[2] = { { GRAMMAR_EL_RULE, (uint32_t)pw[i - 1] }, { GRAMMAR_EL_RULE, (uint32_t)pw[i - 1] } };
+        pw[i] = gp_helper(p, rule, two, 2);
+    }
+    if (p->failed) return;
+    for (int i = top; i >= 0; i--)
+        if (min >> i & 1) gp_push(out, GRAMMAR_EL_RULE, (uint32_t)pw[i]);
+    if (max < 0) {  /* x{min,}: then x*, a tail call */
+        int id = gp_new_rule(p, rule);
+        gp_seq body = { 0 };
+        for (int j = 0; j < nprev; j++) gp_push(&body, prev[j].type, prev[j].v);
+        gp_push(&body, GRAMMAR_EL_RULE, (uint32_t)id);
+        gp_push(&body, GRAMMAR_EL_ALT, 0);
+        gp_push(&body, GRAMMAR_EL_END, 0);
+        gp_define(p, id, &body);
+        gp_push(out, GRAMMAR_EL_RULE, (uint32_t)id);
+        return;
+    }
+    int n = max - min;
+    if (n == 0) return;
+    /* lt[j] for j >= 1 (lt[0], no copies, is the empty sequence) */
+    lt[0] = -1;
+    for (int j = 1; j <= top && !p->failed; j++) {
+        int id = gp_new_rule(p, rule);
+        gp_seq body = { 0 };
+        gp_push(&body, GRAMMAR_EL_RULE, (uint32_t)pw[j - 1]);
+        if (lt[j - 1] >= 0) gp_push(&body, GRAMMAR_EL_RULE, (uint32_t)lt[j - 1]);
+        gp_push(&body, GRAMMAR_EL_ALT, 0);
+        if (lt[j - 1] >= 0) gp_push(&body, GRAMMAR_EL_RULE, (uint32_t)lt[j - 1]);
+        gp_push(&body, GRAMMAR_EL_END, 0);
+        gp_define(p, id, &body);
+        lt[j] = id;
+    }
+    /* x{0,n}: one rule per bit of n, each naming the next */
+    int first = -1, prev_id = -1;
+    while (n > 0 && !p->failed) {
+        int m = 0;
+        while ((2L << m) <= n) m++;
+        n -= 1 << m;
+        int id = gp_new_rule(p, rule);
+        gp_seq body = { 0 };
+        if (lt[m] >= 0) gp_push(&body, GRAMMAR_EL_RULE, (uint32_t)lt[m]);
+        gp_push(&body, GRAMMAR_EL_ALT, 0);
+        gp_push(&body, GRAMMAR_EL_RULE, (uint32_t)pw[m]);
+        gp_push(&body, GRAMMAR_EL_END, 0);
+        gp_define(p, id, &body);
+        if (prev_id >= 0) {  /* the previous bit's rule continues with this one after its 2^m copies */
+            gp_rule *r = &p->rules[prev_id];
+            r->body.el[r->body.n - 1] = (grammar_el){ GRAMMAR_EL_RULE, (uint32_t)id };
+            gp_push(&r->body, GRAMMAR_EL_END, 0);
+            p->n_states++;
+        }
+        if (first < 0) first = id;
+        prev_id = id;
+    }
+    if (first >= 0) gp_push(out, GRAMMAR_EL_RULE, (uint32_t)first);
+}
+
+/* Applies {min,max} (max < 0: unbounded) to the symbol out[start..n), as llama.cpp does for
+ * small counts, with gp_repeat_log for large ones. */
 static void gp_repeat(gp *p, gp_seq *out, int start, int rule, int min, int max)
 {
     int nprev = out->n - start;
+    if (min > GP_REPEAT_UNROLL || (max >= 0 && max - min > GP_REPEAT_UNROLL)) {
+        grammar_el *sym = xmalloc((size_t)(nprev ? nprev : 1) * sizeof *sym);
+        memcpy(sym, out->el + start, (size_t)nprev * sizeof *sym);
+        out->n = start;
+        gp_repeat_log(p, out, rule, sym, nprev, min, max);
+        free(sym);
+        return;
+    }
     grammar_el *prev = xmalloc((size_t)(nprev ? nprev : 1) * sizeof *prev);
     memcpy(prev, out->el + start, (size_t)nprev * sizeof *prev);
     if (min == 0) out->n = start;
@@ -535,8 +702,14 @@ static const char *gp_sequence(gp *p, const char *s, int rule, gp_seq *out, bool
             s = gp_space(p, s, nested);
             last_start = start;
         } else if (*s == '(') {
+            if (p->depth >= GP_MAX_NESTING) {
+                gp_fail(p, s, "parentheses nested deeper than %d", GP_MAX_NESTING);
+                break;
+            }
             int id = gp_new_rule(p, rule);
+            p->depth++;
             s = gp_alternates(p, gp_space(p, s + 1, true), id, true);
+            p->depth--;
             if (s >= p->end || *s != ')') {
                 gp_fail(p, s, "expecting ')'");
                 break;
@@ -626,10 +799,10 @@ static void gp_parse(gp *p)
 /* ---- checks and flattening ----------------------------------------------------------- */
 
 /* Whether each rule can match the empty string (fixpoint). */
-static void gp_nullable(const gp *p, bool *nul)
+static void gp_nullable(gp *p, bool *nul)
 {
     memset(nul, 0, (size_t)p->n_rules);
-    for (bool changed = true; changed;) {
+    for (bool changed = true; changed && !gp_late(p);) {
         changed = false;
         for (int r = 0; r < p->n_rules; r++) {
             if (nul[r]) continue;
@@ -649,30 +822,56 @@ static void gp_nullable(const gp *p, bool *nul)
     }
 }
 
-/* DFS over "may start with" edges; 1 visiting, 2 done. Returns a rule on a cycle or -1. */
-static int gp_left_rec(const gp *p, const bool *nul, uint8_t *mark, int r)
+/* A rule being searched by gp_left_rec: the element it is at and whether that element can
+ * be the first of its alternative. */
+typedef struct {
+    int r, i;
+    bool at_start;
+} gp_frame;
+
+/* DFS over "may start with" edges from r; 1 visiting, 2 done. Returns a rule on a cycle or
+ * -1. A loop over st (n_rules frames: a rule is on the path once), not recursion: a chain of
+ * helper rules is as long as the text makes it. */
+static int gp_left_rec(const gp *p, const bool *nul, uint8_t *mark, int r, gp_frame *st)
 {
     if (mark[r] == 2) return -1;
-    if (mark[r] == 1) return r;
+    int d = 0;
+    st[d++] = (gp_frame){ r, 0, true };
     mark[r] = 1;
-    const gp_seq *b = &p->rules[r].body;
-    bool at_start = true;
-    for (int i = 0; i < b->n; i++) {
-        const grammar_el *e = &b->el[i];
+    while (d > 0) {
+        gp_frame *f = &st[d - 1];
+        const gp_seq *b = &p->rules[f->r].body;
+        if (f->i >= b->n) {
+            mark[f->r] = 2;
+            d--;
+            if (d > 0) {  /* back in the parent, past the reference */
+                gp_frame *up = &st[d - 1];
+                if (!nul[p->rules[up->r].body.el[up->i].v]) up->at_start = false;
+                up->i++;
+            }
+            continue;
+        }
+        const grammar_el *e = &b->el[f->i];
         if (e->type == GRAMMAR_EL_ALT || e->type == GRAMMAR_EL_END) {
-            at_start = true;
+            f->at_start = true;
+            f->i++;
             continue;
         }
-        if (!at_start) continue;
-        if (e->type != GRAMMAR_EL_RULE) {
-            at_start = false;
+        if (!f->at_start || e->type != GRAMMAR_EL_RULE) {
+            f->at_start = false;
+            f->i++;
             continue;
         }
-        int c = gp_left_rec(p, nul, mark, (int)e->v);
-        if (c >= 0) return c;
-        if (!nul[e->v]) at_start = false;
+        int c = (int)e->v;
+        if (mark[c] == 1) return c;
+        if (mark[c] == 2) {
+            if (!nul[c]) f->at_start = false;
+            f->i++;
+            continue;
+        }
+        mark[c] = 1;
+        st[d++] = (gp_frame){ c, 0, true };
     }
-    mark[r] = 2;
     return -1;
 }
 
@@ -697,24 +896,23 @@ static grammar_status gp_finish(gp *p, grammar **out)
         }
         if (!strcmp(p->rules[i].name, "root")) root = i;
     }
+    if (p->failed) return p->limit ? GRAMMAR_ERR_LIMIT : GRAMMAR_ERR_INVALID;
     if (root < 0) {
         gp_fail(p, NULL, "no 'root' rule");
         return GRAMMAR_ERR_INVALID;
     }
     bool *nul = xmalloc((size_t)p->n_rules + 1);
     uint8_t *mark = xcalloc((size_t)p->n_rules + 1, 1);
+    gp_frame *st = xmalloc((size_t)(p->n_rules + 1) * sizeof *st);
     gp_nullable(p, nul);
-    for (int r = 0; r < p->n_rules; r++) {
-        int c = gp_left_rec(p, nul, mark, r);
-        if (c >= 0) {
-            gp_fail(p, NULL, "rule '%s' is left-recursive", p->rules[c].name);
-            free(nul);
-            free(mark);
-            return GRAMMAR_ERR_INVALID;
-        }
+    for (int r = 0; r < p->n_rules && !p->failed; r++) {
+        int c = gp_left_rec(p, nul, mark, r, st);
+        if (c >= 0) gp_fail(p, NULL, "rule '%s' is left-recursive", p->rules[c].name);
     }
     free(nul);
     free(mark);
+    free(st);
+    if (p->failed) return p->limit ? GRAMMAR_ERR_LIMIT : GRAMMAR_ERR_INVALID;
     grammar *g = xcalloc(1, sizeof *g);
     g->refs = 1;
     g->n_rules = p->n_rules;
@@ -743,19 +941,48 @@ static grammar_status gp_finish(gp *p, grammar **out)
     g->el[g->n_el] = (grammar_el){ GRAMMAR_EL_RULE, (uint32_t)root };
     g->el[g->n_el + 1] = (grammar_el){ GRAMMAR_EL_END, 0 };
     uint32_t w = (uint32_t)g->n_el;
+    grammar_scratch_begin(&sc);
     grammar_expand_into(g, &sc, &g->start, &w, 1);
+    if (sc.truncated)
+        gp_limit(p, "grammar too ambiguous: its start state holds more than %ld parser stacks (--grammar-max-stacks)",
+                 grammar_lim.max_stacks);
+    /* every rule reference, expanded alone: what any state of the grammar holds is made of
+     * these (one per entry of a stack it pops through), so the matcher never meets a blow-up
+     * that this did not (and an inner one is refused here, not on a request's later token) */
+    grammar_set tmp_set;
+    grammar_set_init(&tmp_set);
+    for (int r = 0, i = 0; r < g->n_rules && !p->failed; r++) {
+        int end = r + 1 < g->n_rules ? (int)g->rule_start[r + 1] : g->n_el;
+        for (; i < end && !p->failed; i++) {
+            if (g->el[i].type != GRAMMAR_EL_RULE) continue;
+            if ((i & 255) == 0 && gp_late(p)) break;
+            grammar_set_clear(&tmp_set);
+            grammar_scratch_begin(&sc);
+            w = (uint32_t)i;
+            grammar_expand_into(g, &sc, &tmp_set, &w, 1);
+            if (sc.truncated)
+                gp_limit(p, "grammar too ambiguous: a rule expands to more than %ld parser stacks (--grammar-max-stacks)",
+                         grammar_lim.max_stacks);
+        }
+    }
+    grammar_set_free(&tmp_set);
     grammar_scratch_free(&sc);
+    if (p->failed) {
+        grammar_free(g);
+        return p->limit ? GRAMMAR_ERR_LIMIT : GRAMMAR_ERR_INVALID;
+    }
     *out = g;
     return GRAMMAR_OK;
 }
 
-static grammar_status grammar_from_gbnf(const char *src, size_t len, grammar **out, char *err,
-                                        size_t errsz)
+static grammar_status grammar_from_gbnf(const char *src, size_t len, double deadline, grammar **out,
+                                        char *err, size_t errsz)
 {
-    gp p = { .src = src, .end = src + len, .err = err, .errsz = errsz, .max_token = -1 };
+    gp p = { .src = src, .end = src + len, .err = err, .errsz = errsz, .max_token = -1, .deadline = deadline };
     gp_parse(&p);
     grammar_status st = p.failed ? GRAMMAR_ERR_SYNTAX : gp_finish(&p, out);
     if (p.failed && st == GRAMMAR_OK) st = GRAMMAR_ERR_SYNTAX;
+    if (p.limit) st = GRAMMAR_ERR_LIMIT;
     gp_free(&p);
     return st;
 }
@@ -866,6 +1093,10 @@ bool grammar_set_accepting(const grammar_set *s)
 void grammar_scratch_free(grammar_scratch *sc)
 {
     free(sc->p);
+    free(sc->todo);
+    free(sc->cur);
+    free(sc->alt);
+    grammar_set_free(&sc->seen);
     memset(sc, 0, sizeof *sc);
 }
 
@@ -885,39 +1116,97 @@ static bool grammar_el_ends(const grammar *g, uint32_t pos)
     return g->el[pos].type == GRAMMAR_EL_END || g->el[pos].type == GRAMMAR_EL_ALT;
 }
 
+/* A step starts: no work done, nothing seen. */
+static void grammar_scratch_begin(grammar_scratch *sc)
+{
+    sc->work = 0;
+    sc->truncated = false;
+    grammar_set_clear(&sc->seen);
+}
+
+/* Appends stk[0..n) to the work list (stk may point into sc->p). */
+static void grammar_todo_push(grammar_scratch *sc, const uint32_t *stk, int n)
+{
+    size_t stk_off = (size_t)-1;
+    if (sc->p && stk >= sc->p && stk < sc->p + sc->cap) stk_off = (size_t)(stk - sc->p);
+    int at = sc->n;
+    uint32_t *w = grammar_scratch_push(sc, n + 1);
+    if (stk_off != (size_t)-1) stk = sc->p + stk_off;
+    w[0] = (uint32_t)n;
+    memmove(w + 1, stk, (size_t)n * sizeof *w);
+    if (sc->n_todo == sc->cap_todo) {
+        sc->cap_todo = sc->cap_todo ? 2 * sc->cap_todo : 64;
+        sc->todo = xrealloc(sc->todo, (size_t)sc->cap_todo * sizeof *sc->todo);
+    }
+    sc->todo[sc->n_todo++] = at;
+}
+
 /* Adds to out every stack that stk[0..n) expands to: a rule reference on top is replaced by
  * each of its alternatives (with the position after the reference below it), until a byte
  * set is on top or the stack is empty. Terminates because left recursion was refused.
- * stk may live in sc (it is copied before sc grows). */
+ * A loop over a work list in sc, depth first in the order of the alternatives (the order a
+ * recursion would add them in). The step's budgets (grammar_limits' max_stacks in out,
+ * GRAMMAR_WORK_PER_STACK times that expansions) stop it with sc->truncated set; past
+ * GRAMMAR_DEDUPE_WORK a rule-topped stack met before in the step is not expanded again. */
 static void grammar_expand_into(const grammar *g, grammar_scratch *sc, grammar_set *out, const uint32_t *stk,
-                         int n)
+                                int n)
 {
-    if (n == 0 || g->el[stk[n - 1]].type != GRAMMAR_EL_RULE) {  /* a terminal on top */
-        grammar_set_add(out, stk, n);
-        return;
-    }
-    uint32_t pos = stk[n - 1];
-    int base = sc->n;
-    size_t stk_off = (size_t)-1;
-    if (sc->p && stk >= sc->p && stk < sc->p + sc->cap) stk_off = (size_t)(stk - sc->p);
-    uint32_t *w = grammar_scratch_push(sc, n + 1);
-    if (stk_off != (size_t)-1) stk = sc->p + stk_off;
-    memcpy(w, stk, (size_t)(n - 1) * sizeof *w);
-    int k = n - 1;
-    if (!grammar_el_ends(g, pos + 1)) w[k++] = pos + 1;
-    uint32_t a = g->rule_start[g->el[pos].v];
-    for (;;) {
-        w = sc->p + base;  /* (sc may have moved) */
-        if (grammar_el_ends(g, a)) grammar_expand_into(g, sc, out, w, k);
-        else {
-            w[k] = a;
-            grammar_expand_into(g, sc, out, w, k + 1);
+    long max_stacks = grammar_lim.max_stacks, max_work = max_stacks * GRAMMAR_WORK_PER_STACK;
+    int base = sc->n, todo0 = sc->n_todo;
+    grammar_todo_push(sc, stk, n);
+    while (sc->n_todo > todo0 && !sc->truncated) {
+        int o = sc->todo[--sc->n_todo];
+        int k = (int)sc->p[o];
+        const uint32_t *w = sc->p + o + 1;
+        if (k == 0 || g->el[w[k - 1]].type != GRAMMAR_EL_RULE) {  /* a terminal on top */
+            if (out->n_stacks >= max_stacks) sc->truncated = true;
+            else grammar_set_add(out, w, k);
+            sc->n = o;
+            continue;
         }
-        while (!grammar_el_ends(g, a)) a++;
-        if (g->el[a].type == GRAMMAR_EL_END) break;
-        a++;
+        if (++sc->work > max_work) {
+            sc->truncated = true;
+            break;
+        }
+        if (sc->work > GRAMMAR_DEDUPE_WORK) {
+            int seen = sc->seen.n_stacks;
+            grammar_set_add(&sc->seen, w, k);
+            if (sc->seen.n_stacks == seen) {
+                sc->n = o;
+                continue;
+            }
+        }
+        /* the popped stack is the last thing in sc->p (the work list's data is in the order
+         * of the list): its children overwrite it, so it moves to cur first */
+        if (k + 1 > sc->cap_cur) {
+            sc->cap_cur = TM_MAX(2 * sc->cap_cur, k + 64);
+            sc->cur = xrealloc(sc->cur, (size_t)sc->cap_cur * sizeof *sc->cur);
+        }
+        memcpy(sc->cur, w, (size_t)k * sizeof *sc->cur);
+        sc->n = o;
+        uint32_t pos = sc->cur[k - 1];
+        int kb = k - 1;
+        if (!grammar_el_ends(g, pos + 1)) sc->cur[kb++] = pos + 1;
+        /* the alternatives' starts, then pushed last first: the first is expanded first */
+        int n_alt = 0;
+        for (uint32_t a = g->rule_start[g->el[pos].v];; a++) {
+            if (n_alt == sc->cap_alt) {
+                sc->cap_alt = sc->cap_alt ? 2 * sc->cap_alt : 64;
+                sc->alt = xrealloc(sc->alt, (size_t)sc->cap_alt * sizeof *sc->alt);
+            }
+            sc->alt[n_alt++] = a;
+            while (!grammar_el_ends(g, a)) a++;
+            if (g->el[a].type == GRAMMAR_EL_END) break;
+        }
+        for (int i = n_alt - 1; i >= 0; i--) {
+            uint32_t a = sc->alt[i];
+            int len = kb;
+            if (!grammar_el_ends(g, a)) sc->cur[len++] = a;
+            grammar_todo_push(sc, sc->cur, len);
+        }
     }
     sc->n = base;
+    sc->n_todo = todo0;
 }
 
 /* out = the stacks of in whose top terminal matches (byte x of a byte set, or token x of a
@@ -926,7 +1215,8 @@ static void grammar_advance(const grammar *g, grammar_scratch *sc, const grammar
                             grammar_set *out)
 {
     grammar_set_clear(out);
-    for (int i = 0; i < in->n_stacks; i++) {
+    grammar_scratch_begin(sc);
+    for (int i = 0; i < in->n_stacks && !sc->truncated; i++) {
         const uint32_t *w = in->data + in->off[i];
         int n = (int)w[0];
         if (n == 0) continue;
@@ -982,6 +1272,24 @@ bool grammar_accepts(const grammar *g, const char *doc, size_t len)
 int grammar_n_rules(const grammar *g)
 {
     return g->n_rules;
+}
+
+int grammar_n_states(const grammar *g)
+{
+    return g->n_el;
+}
+
+size_t grammar_bytes(grammar *g)
+{
+    size_t b = sizeof *g + (size_t)(g->n_el + 2) * sizeof *g->el + (size_t)g->n_rules * sizeof *g->rule_start +
+               (size_t)g->n_sets * sizeof *g->sets +
+               (size_t)(g->start.cap_data + g->start.cap_stacks + 2 * g->start.ht_cap) * sizeof(uint32_t);
+    pthread_mutex_lock(&g->mu);
+    b += g->ci_bytes + (size_t)g->ci_cap * sizeof *g->ci;
+    for (int i = 0; i < GRAMMAR_MASK_CACHE; i++)
+        if (g->cache[i].mask) b += (size_t)(g->cache[i].n_key + g->cache[i].n_mask) * sizeof(uint32_t);
+    pthread_mutex_unlock(&g->mu);
+    return b;
 }
 
 int32_t grammar_max_token(const grammar *g)
@@ -1041,7 +1349,14 @@ char *grammar_to_gbnf(grammar_kind kind, const char *src, size_t len, grammar_st
         return t;
     }
     case GRAMMAR_KIND_JSON: return xstrdup(grammar_json_gbnf);
-    case GRAMMAR_KIND_REGEX: return grammar_regex_to_gbnf(src, len, st, err, errsz);
+    case GRAMMAR_KIND_REGEX: {  /* (the regex parser reads counts with strtol: a terminated copy) */
+        char *z = xmalloc(len + 1);
+        memcpy(z, src, len);
+        z[len] = 0;
+        char *t = grammar_regex_to_gbnf(z, len, st, err, errsz);
+        free(z);
+        return t;
+    }
     case GRAMMAR_KIND_SCHEMA: return grammar_schema_to_gbnf(src, len, st, err, errsz);
     }
     *st = GRAMMAR_ERR_INVALID;
@@ -1080,10 +1395,11 @@ grammar_status grammar_compile(grammar_kind kind, const char *src, size_t len, g
 {
     *out = NULL;
     grammar_status st;
+    double deadline = util_now() + grammar_lim.max_seconds;
     char *text = grammar_to_gbnf(kind, src, len, &st, err, errsz);
     if (!text) return st;
-    st = grammar_from_gbnf(text, strlen(text), out, err, errsz);
-    if (st != GRAMMAR_OK && kind != GRAMMAR_KIND_GBNF) {
+    st = grammar_from_gbnf(text, strlen(text), deadline, out, err, errsz);
+    if (st != GRAMMAR_OK && st != GRAMMAR_ERR_LIMIT && kind != GRAMMAR_KIND_GBNF) {
         /* a front end wrote bad GBNF: say so, it is our bug, not the user's */
         size_t n = strlen(err);
         snprintf(err + n, errsz - n, " (in the grammar compiled from the %s)",
@@ -1106,7 +1422,35 @@ struct grammar_cache {
     grammar_cache_entry *e; /* (max) */
     int n, max;
     uint64_t tick, n_compiled, n_hits;
+    size_t bytes;           /* grammar_bytes of the entries at the last lookup */
 };
+
+/* Drops entry i (the last one moves into its place). Under c->mu. */
+static void grammar_cache_drop(grammar_cache *c, int i)
+{
+    grammar_free(c->e[i].g);
+    c->e[i] = c->e[--c->n];
+    memset(&c->e[c->n], 0, sizeof c->e[c->n]);
+}
+
+/* Measures the entries (their memos grow while requests use them) and drops the least
+ * recently used until they fit cache_bytes. Under c->mu. */
+static void grammar_cache_trim(grammar_cache *c)
+{
+    size_t *sz = xmalloc((size_t)(c->n ? c->n : 1) * sizeof *sz);
+    size_t total = 0;
+    for (int i = 0; i < c->n; i++) total += sz[i] = grammar_bytes(c->e[i].g);
+    while (c->n > 0 && total > grammar_lim.cache_bytes) {
+        int lru = 0;
+        for (int i = 1; i < c->n; i++)
+            if (c->e[i].last_use < c->e[lru].last_use) lru = i;
+        total -= sz[lru];
+        sz[lru] = sz[c->n - 1];
+        grammar_cache_drop(c, lru);
+    }
+    c->bytes = total;
+    free(sz);
+}
 
 grammar_cache *grammar_cache_new(int max_entries)
 {
@@ -1144,6 +1488,7 @@ grammar_status grammar_cache_get(grammar_cache *c, grammar_kind kind, const char
             c->e[i].last_use = ++c->tick;
             c->n_hits++;
             *out = grammar_ref(c->e[i].g);
+            grammar_cache_trim(c);
             pthread_mutex_unlock(&c->mu);
             return GRAMMAR_OK;
         }
@@ -1169,6 +1514,7 @@ grammar_status grammar_cache_get(grammar_cache *c, grammar_kind kind, const char
         c->e[slot].g = grammar_ref(g);
     }
     c->e[slot].last_use = ++c->tick;
+    grammar_cache_trim(c);  /* (a grammar larger than the whole budget is dropped at once) */
     pthread_mutex_unlock(&c->mu);
     *out = g;
     return GRAMMAR_OK;
@@ -1179,5 +1525,14 @@ void grammar_cache_stats(grammar_cache *c, uint64_t *n_compiled, uint64_t *n_hit
     pthread_mutex_lock(&c->mu);
     *n_compiled = c->n_compiled;
     *n_hits = c->n_hits;
+    pthread_mutex_unlock(&c->mu);
+}
+
+void grammar_cache_usage(grammar_cache *c, int *n_entries, size_t *bytes)
+{
+    pthread_mutex_lock(&c->mu);
+    grammar_cache_trim(c);
+    *n_entries = c->n;
+    *bytes = c->bytes;
     pthread_mutex_unlock(&c->mu);
 }

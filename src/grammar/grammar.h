@@ -32,6 +32,7 @@ typedef enum {
     GRAMMAR_ERR_SYNTAX,        /* the GBNF / regex / JSON text does not parse */
     GRAMMAR_ERR_UNSUPPORTED,   /* a JSON Schema keyword or regex feature the compiler refuses */
     GRAMMAR_ERR_INVALID,       /* undefined rule, no root, left recursion, empty language */
+    GRAMMAR_ERR_LIMIT,         /* past a compile budget (grammar_limits): the message names it */
 } grammar_status;
 
 typedef enum {
@@ -44,6 +45,37 @@ typedef enum {
 typedef struct grammar grammar;
 
 const char *grammar_status_name(grammar_status st);
+
+/* What one grammar may cost, process-wide (set once before serving; compiles read it). Each
+ * is checked as the compile goes, so a hostile grammar stops at the limit, not after it: */
+typedef struct {
+    long max_states;        /* compiled elements (the automaton's positions, helper rules'
+                             * included); a counted repetition past a few dozen costs
+                             * O(log count) of them, not count */
+    long max_stacks;        /* parser stacks one state may hold: the start state and what any
+                             * rule reference expands to are checked at compile; a state that
+                             * grows past it while matching keeps its first max_stacks stacks */
+    double max_seconds;     /* wall time of one compile */
+    size_t cache_bytes;     /* what a grammar_cache may hold: compiled size plus each grammar's
+                             * mask memos, measured on every lookup */
+} grammar_limits;
+
+#define GRAMMAR_DEFAULT_MAX_STATES   (1L << 20)
+#define GRAMMAR_DEFAULT_MAX_STACKS   4096L
+#define GRAMMAR_DEFAULT_MAX_SECONDS  5.0
+#define GRAMMAR_DEFAULT_CACHE_BYTES  ((size_t)256 << 20)
+
+/* Fields <= 0 keep the default. */
+void grammar_limits_set(const grammar_limits *l);
+grammar_limits grammar_limits_get(void);
+
+/* Compiles on the calling thread poll fn(ctx) as they go (at their first rule, then about
+ * every GRAMMAR_CANCEL_POLL_S); when it returns true the compile stops with GRAMMAR_ERR_LIMIT
+ * ("cancelled") and frees what it built. A server sets it around a request's compile to
+ * "has the client gone"; NULL clears it. Per thread. */
+typedef bool (*grammar_cancel_fn)(void *ctx);
+void grammar_cancel_set(grammar_cancel_fn fn, void *ctx);
+#define GRAMMAR_CANCEL_POLL_S 0.01
 
 /* Compiles src[0..len) of the given kind. On error returns non-OK, *out NULL and a one-line
  * message in err (naming the offending keyword / rule / position). */
@@ -67,13 +99,19 @@ void grammar_free(grammar *g);
 bool grammar_accepts(const grammar *g, const char *doc, size_t len);
 /* Rules and byte sets after expansion (statistics, tests). */
 int grammar_n_rules(const grammar *g);
+/* Compiled elements (what max_states counts). */
+int grammar_n_states(const grammar *g);
+/* Bytes the grammar holds now: its compiled form and the masks memoised so far. */
+size_t grammar_bytes(grammar *g);
 /* The largest token id a token terminal (<[ID]>) of the grammar names; -1 when it has none.
  * A grammar for a vocabulary must name only ids below its size (the caller checks). */
 int32_t grammar_max_token(const grammar *g);
 
 /* ---- compile cache ------------------------------------------------------------------- */
 typedef struct grammar_cache grammar_cache;
-/* Keeps at most max_entries compiled grammars (least recently used dropped). Thread-safe. */
+/* Keeps at most max_entries compiled grammars and at most grammar_limits' cache_bytes of them
+ * (grammar_bytes, memos included; least recently used dropped; a grammar larger than the
+ * whole budget is returned but not kept). Thread-safe. */
 grammar_cache *grammar_cache_new(int max_entries);
 void grammar_cache_free(grammar_cache *c);
 /* grammar_compile through the cache: a hit returns a new reference to the grammar compiled
@@ -82,6 +120,8 @@ grammar_status grammar_cache_get(grammar_cache *c, grammar_kind kind, const char
                                  grammar **out, char *err, size_t errsz);
 /* Compilations performed (misses) and hits, for tests and metrics. */
 void grammar_cache_stats(grammar_cache *c, uint64_t *n_compiled, uint64_t *n_hits);
+/* Entries held and their bytes (measured now, after dropping what no longer fits). */
+void grammar_cache_usage(grammar_cache *c, int *n_entries, size_t *bytes);
 
 /* ---- token level (grammar_match.c) --------------------------------------------------- */
 /* The vocabulary as bytes: a trie over every token's decoded bytes. Tokens with no bytes

@@ -48,7 +48,8 @@ typedef struct {
     uint32_t *key;          /* (n_key) copy of the state's data words */
     int n_key;
     int n_stacks;
-    uint32_t *mask;         /* (n_vocab / 32 rounded up) */
+    uint32_t *mask;         /* (n_mask) words: n_vocab / 32 rounded up */
+    int n_mask;
     int n_allowed;
 } grammar_mask_entry;
 
@@ -101,11 +102,30 @@ struct grammar {
     double walk_s;              /* seconds spent composing masks (walks included) */
 };
 
-/* Scratch for expanding stacks (grows as needed, kept between calls). */
+/* Scratch for expanding stacks (grows as needed, kept between calls). Expansion is a loop
+ * over a work list, never recursion, so a grammar's depth cannot reach the C stack. */
 typedef struct {
-    uint32_t *p;
+    uint32_t *p;            /* (cap) the work list: per stack its length then its positions */
     int n, cap;
+    int *todo;              /* (cap_todo) offsets in p of the stacks still to expand */
+    int n_todo, cap_todo;
+    uint32_t *cur;          /* (cap_cur) the stack being expanded */
+    int cap_cur;
+    uint32_t *alt;          /* (cap_alt) its rule's alternatives' first positions */
+    int cap_alt;
+    grammar_set seen;       /* rule-topped stacks expanded in this step (used once a step's
+                             * work passes GRAMMAR_DEDUPE_WORK: ambiguous nullable rules reach
+                             * one stack by exponentially many paths) */
+    long work;              /* stacks expanded in this step */
+    bool truncated;         /* the last step stopped at a budget: past grammar_limits'
+                             * max_stacks stacks, or GRAMMAR_WORK_PER_STACK times that work */
 } grammar_scratch;
+
+/* Work past which a step dedupes the stacks it expands (below it, hashing costs more than
+ * the few repeats it saves). */
+#define GRAMMAR_DEDUPE_WORK 512
+/* A step's expansion work per stack it may keep. */
+#define GRAMMAR_WORK_PER_STACK 64
 
 void grammar_set_init(grammar_set *s);
 void grammar_set_free(grammar_set *s);

@@ -582,6 +582,7 @@ int grammar_match_mask(grammar_match *m, uint32_t *mask)
             if (!e->mask || e->vocab != m->v) {
                 free(e->mask);
                 e->mask = xmalloc((size_t)m->n_words * sizeof *e->mask);
+                e->n_mask = m->n_words;
             }
             if (e->n_key < m->cur.n_data || !e->key) {
                 free(e->key);

@@ -259,14 +259,23 @@ static void sc_nonneg(bytebuf *o, uint64_t lo, int64_t hi)
     if (first) bytebuf_puts(o, "\"\"");  /* (unreachable for lo <= hi) */
 }
 
-#define SC_INT_LIMIT 1e15   /* integers beyond: refused (16 digits is what `integral` writes) */
+/* `integral` writes at most 16 digits: a bound at or past 1e16 leaves nothing out of what
+ * it writes (zod's int() sends +-(2^53 - 1), 16 digits, which is kept exactly). */
+#define SC_INT_LIMIT 1e16
 
 /* integer rule for [lo, hi] (has_*: bounded on that side). */
 static void sc_int_range(sc *c, const char *name, bool has_lo, double lo, bool has_hi, double hi)
 {
     bytebuf *o = &c->out;
-    if ((has_lo && fabs(lo) > SC_INT_LIMIT) || (has_hi && fabs(hi) > SC_INT_LIMIT)) {
-        sc_fail(c, GRAMMAR_ERR_UNSUPPORTED, "%s", "integer bounds beyond 1e15 are not supported");
+    if ((has_lo && lo >= SC_INT_LIMIT) || (has_hi && hi <= -SC_INT_LIMIT)) {
+        sc_fail(c, GRAMMAR_ERR_UNSUPPORTED, "%s", "integer bounds of 17 digits or more are not supported");
+        return;
+    }
+    if (has_lo && lo <= -SC_INT_LIMIT) has_lo = false;
+    if (has_hi && hi >= SC_INT_LIMIT) has_hi = false;
+    if (!has_lo && !has_hi) {
+        sc_prims(c, SC_PRIM_INTEGER);
+        grammar_printf(o, "%s ::= integer\n", name);
         return;
     }
     if (has_lo && has_hi && lo > hi) {

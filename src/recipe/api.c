@@ -560,6 +560,11 @@ static void api_job_output(api_job *j, events_markers *mk)
     api_out_set_prompt(&j->out, (int)j->prompt.n_ids, 0, j->prompt.ids, (int)j->prompt.n_ids);
 }
 
+static bool api_client_gone(void *r)
+{
+    return http_request_client_gone(r);
+}
+
 /* Step: the answer's format (STRUCTURED OUTPUT in api.h), compiled through the cache here,
  * on the connection's thread, so that a bad schema / regex / grammar is a 400 naming the
  * problem before anything is queued. A forced call of a family with a grammar form wins over
@@ -786,7 +791,12 @@ void api_serve(http_request *r, const api_ctx *c, api_kind kind, bool count_only
     /* output state, submission, answer */
     events_markers mk;
     api_job_output(j, &mk);
-    if (!api_job_grammar(j, &mk, &e)) goto refuse;
+    /* a compile polls whether the client is still there (a hostile grammar that the budgets
+     * let run for seconds stops when its client goes) */
+    grammar_cancel_set(api_client_gone, r);
+    bool g_ok = api_job_grammar(j, &mk, &e);
+    grammar_cancel_set(NULL, NULL);
+    if (!g_ok) goto refuse;
     if (!api_job_submit(r, j, &tn, &mk)) {
         api_job_free(j);
         return;

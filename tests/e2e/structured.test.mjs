@@ -152,6 +152,37 @@ test("bad formats are a 400 in the vendor's shape naming the problem", async () 
   }), (e) => bad(e) && /patternProperties/.test(e.message) && e.param === "text.format.schema");
 });
 
+test("hostile grammars are a 400 naming the limit, the server still answers; zod's int() bounds compile", async () => {
+  const bad = (e) => e.status === 400 && e.type === "invalid_request_error";
+  const limit = (e, param) => bad(e) && e.param === param && /--grammar-max-/.test(e.message);
+  // a nullable repetition of 50,000 (its expansion recursed on the C stack), nested counted
+  // repetitions (their stacks blow up), a schema pattern of 10,000 nullable copies
+  await assert.rejects(oai.chat.completions.create({ model: "q3", messages: user("x"), max_tokens: 4,
+    guided_grammar: 'root ::= ("a"?){0,50000}' }), (e) => limit(e, "guided_grammar"));
+  await assert.rejects(oai.chat.completions.create({ model: "q3", messages: user("x"), max_tokens: 4,
+    guided_regex: "(((a?){0,20}){0,20}){0,20}" }), (e) => limit(e, "guided_regex"));
+  await assert.rejects(oai.chat.completions.create({ model: "q3", messages: user("x"), max_tokens: 4,
+    response_format: { type: "json_schema", json_schema: { name: "p", schema: { type: "string", pattern: "^(a?){0,10000}$" } } } }),
+    (e) => limit(e, "response_format.json_schema.schema"));
+  await assert.rejects(ant.messages.create({
+    model: "q3", max_tokens: 4, messages: user("x"), tool_choice: { type: "any" },
+    tools: [{ name: "t", input_schema: { type: "object", properties: { a: { type: "string", pattern: "^(a?){0,10000}$" } } } }],
+  }), (e) => e.status === 400 && e.error?.error?.type === "invalid_request_error" && /--grammar-max-stacks/.test(e.error.error.message));
+  // the regex of 1,000 compiles, and the answer is in it
+  const re = await oai.chat.completions.create({ model: "q3", messages: user("x"), max_tokens: 8, temperature: 1,
+    guided_regex: "(a?){0,1000}" });
+  assert.match(re.choices[0].message.content, /^a*$/);
+  // a long string compiles without unrolling; zod's z.number().int() bounds are the safe integers
+  const zod = { type: "object", properties: { n: { type: "integer", minimum: -9007199254740991, maximum: 9007199254740991 },
+    s: { type: "string", maxLength: 99999 } }, required: ["n", "s"], additionalProperties: false };
+  const z = await oai.chat.completions.create({ model: "q3", messages: user("x"), max_tokens: MAX, temperature: 1, seed: 2,
+    response_format: { type: "json_schema", json_schema: { name: "z", schema: zod } } });
+  if (z.choices[0].finish_reason === "stop") valid(zod, JSON.parse(z.choices[0].message.content), "zod int");
+  // and the server still answers
+  const ok = await oai.chat.completions.create({ model: "q3", messages: user("Hello"), max_tokens: 4 });
+  assert.equal(ok.choices.length, 1);
+});
+
 test("Llama 3 (no marker token): forced calls are its JSON call and validate", async () => {
   const L = await startServer(await genModel(tmp, "l3", "llama", "llama31", 6), ["--ctx", "4096", "--template", "llama3", "--model-name", "l3"]);
   await llama3CallCase(clients(L.url, "l3"));
