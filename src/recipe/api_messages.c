@@ -269,8 +269,10 @@ static bool api_messages_common(json_t *root, api_req *r, long long max_tokens, 
         if (!strcmp(ts, "enabled")) {
             long long bt = 0;
             int st = api_json_int(K, th, "budget_tokens", 1024, 1LL << 30, &bt, e);
-            if (st < 0) {
-                api_error_set(e, 400, "thinking.budget_tokens", NULL, "thinking.budget_tokens: %s", e->message);
+            if (st < 0) {  /* e says "budget_tokens: ...": the field's full name in front */
+                char msg[sizeof e->message];
+                snprintf(msg, sizeof msg, "%s", e->message);
+                api_error_set(e, 400, "thinking.budget_tokens", NULL, "thinking.%s", msg);
                 return false;
             }
             if (st == 0) {

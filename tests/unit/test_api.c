@@ -121,6 +121,10 @@ TEST(chat_parse_basic)
     CHECK(parse(API_KIND_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"thinking\":{\"type\":\"enabled\",\"budget_tokens\":0}}", &r, &e) == API_ERR);
     CHECK(e.status == 400 && !strcmp(e.param, "thinking.budget_tokens"));
     api_req_free(&r);
+    /* Messages: below Anthropic's minimum, a message that says so (not an empty one) */
+    CHECK(parse(API_KIND_MESSAGES, "{\"max_tokens\":2000,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"thinking\":{\"type\":\"enabled\",\"budget_tokens\":10}}", &r, &e) == API_ERR);
+    CHECKF(!strcmp(e.message, "thinking.budget_tokens: Input should be greater than or equal to 1024"), "%s", e.message);
+    api_req_free(&r);
     CHECK(parse(API_KIND_MESSAGES, "{\"max_tokens\":2000,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"thinking\":{\"type\":\"enabled\",\"budget_tokens\":1500}}", &r, &e) == API_OK);
     CHECK(r.thinking_budget == 1500);
     api_req_free(&r);
