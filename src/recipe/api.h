@@ -406,6 +406,7 @@ typedef struct {
     char *name;               /* TOOL: function name (owned) */
     bytebuf text;         /* TEXT/REASONING: the text; TOOL: the arguments JSON */
     int tool_index;           /* TOOL: 0-based index among the answer's calls */
+    bool cut;                 /* the token limit ended the answer inside this item */
 } api_item;
 
 /* What api_out tells a formatter. */

@@ -247,6 +247,7 @@ static void api_on_event(void *ud, const events_event *e)
             bytebuf_puts(&it->text, "");
             api_out_dispatch(o, c->index, API_OP_OPEN, it, NULL, 0);
         }
+        if (c->open && e->finish == EVENTS_FINISH_LENGTH && !c->stopped) c->items[c->n_items - 1].cut = true;
         api_close_item(o, c);
         c->finished = true;
         c->finish = e->finish;

@@ -827,6 +827,9 @@ TEST(responses_output)
     CHECK(!strcmp(json_string_value(json_object_get(j, "status")), "incomplete"));
     CHECK(!strcmp(json_string_value(json_object_get(json_object_get(j, "incomplete_details"), "reason")), "max_output_tokens"));
     CHECK(!strcmp(json_string_value(json_object_get(j, "object")), "response"));
+    /* the message the limit cut is incomplete too, not completed */
+    json_t *msg = json_array_get(json_object_get(j, "output"), 0);
+    CHECKF(msg && !strcmp(json_string_value(json_object_get(msg, "status")), "incomplete"), "%.*s", (int)o.out.len, o.out.p);
     json_decref(j);
     /* store=false: not kept */
     conv tmp;
