@@ -181,13 +181,14 @@ static void api_submit_message(char *buf, size_t sz, const api_ctx *c, sched_sta
 /* A 503 asks the client to come back (to another replica, behind a load balancer). */
 static void api_retry_after(http_request *r) { http_add_header(r, "Retry-After", HTTP_RETRY_AFTER); }
 
-void api_openai_submit_error(http_request *r, const api_ctx *c, sched_status st, int n_prompt, int max_tokens)
+void api_openai_submit_error(http_request *r, const api_ctx *c, sched_status st, int n_prompt, int max_tokens,
+                             const char *prompt_param)
 {
     char msg[400];
     api_submit_message(msg, sizeof msg, c, st, n_prompt, max_tokens);
     if (st == SCHED_ERR_STOPPED) api_retry_after(r);
     switch (st) {
-    case SCHED_ERR_TOO_LONG: api_openai_error(r, 400, "invalid_request_error", msg, "messages", "context_length_exceeded"); break;
+    case SCHED_ERR_TOO_LONG: api_openai_error(r, 400, "invalid_request_error", msg, prompt_param, "context_length_exceeded"); break;
     case SCHED_ERR_ARG: api_openai_error(r, 400, "invalid_request_error", msg, "prompt", NULL); break;
     case SCHED_ERR_QUEUE_FULL: api_openai_error(r, 429, "rate_limit_error", msg, NULL, "rate_limit_exceeded"); break;
     case SCHED_ERR_STOPPED: api_openai_error(r, 503, "server_error", msg, NULL, NULL); break;
@@ -543,7 +544,8 @@ static void api_respond_submit_error(http_request *r, const api_job *j, sched_st
 {
     int n_prompt = (int)j->prompt.n_ids, max_tokens = j->req.max_tokens > 0 ? j->req.max_tokens : 0;
     if (j->kind == API_KIND_MESSAGES) api_anthropic_submit_error(r, j->c, st, n_prompt, max_tokens);
-    else api_openai_submit_error(r, j->c, st, n_prompt, max_tokens);
+    else api_openai_submit_error(r, j->c, st, n_prompt, max_tokens,
+                                 j->kind == API_KIND_COMPLETIONS ? "prompt" : j->kind == API_KIND_RESPONSES ? "input" : "messages");
 }
 
 /* Step: the splitter's markers of the family. No tools offered (or tool_choice none): no
