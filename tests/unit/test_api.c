@@ -1422,6 +1422,22 @@ TEST(structured_formats_parse)
     CHECK(parse_with(API_KIND_CHAT, chat_head, "\"response_format\":{\"type\":\"text\"}", &r, &e) == API_OK);
     CHECK(r.fmt_kind == -1);
     api_req_free(&r);
+    /* Messages: structured outputs, output_config.format (GA) and output_format (beta) */
+    static const char msg_head[] = "{\"model\":\"m\",\"max_tokens\":9,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],";
+    CHECK(parse_with(API_KIND_MESSAGES, msg_head, "\"output_config\":{\"effort\":\"low\",\"format\":{\"type\":\"json_schema\","
+                     "\"schema\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]}}}", &r, &e) == API_OK);
+    CHECK(r.fmt_kind == GRAMMAR_KIND_SCHEMA && !strcmp(r.fmt_param, "output_config.format.schema") && r.conv.effort == CONV_EFFORT_LOW);
+    CHECK(format_accepts(&r, "{\"a\": 12}") && !format_accepts(&r, "{\"a\": \"x\"}"));
+    api_req_free(&r);
+    CHECK(parse_with(API_KIND_MESSAGES, msg_head, "\"output_format\":{\"type\":\"json_schema\",\"schema\":{\"type\":\"string\"}}", &r, &e) == API_OK);
+    CHECK(r.fmt_kind == GRAMMAR_KIND_SCHEMA && !strcmp(r.fmt_param, "output_format.schema") && format_accepts(&r, "\"s\""));
+    api_req_free(&r);
+    CHECK(parse_with(API_KIND_MESSAGES, msg_head, "\"output_format\":{\"type\":\"json_object\"}", &r, &e) == API_ERR);
+    CHECKF(e.status == 400 && strstr(e.message, "output_format.type"), "%s", e.message);
+    api_req_free(&r);
+    CHECK(parse_with(API_KIND_MESSAGES, msg_head, "\"output_config\":{\"format\":{\"type\":\"json_schema\"}}", &r, &e) == API_ERR);
+    CHECKF(strstr(e.message, "output_config.format.schema"), "%s", e.message);
+    api_req_free(&r);
     /* Responses: the format's own members (flat) */
     CHECK(parse_with(API_KIND_RESPONSES, "{\"model\":\"m\",\"input\":\"x\",", "\"text\":{\"format\":{\"type\":\"json_schema\","
                      "\"name\":\"p\",\"schema\":{\"enum\":[\"a\",\"b\"]}}}", &r, &e) == API_OK);
