@@ -433,6 +433,7 @@ typedef struct {
     int n_calls;              /* tool calls */
     bool stopped;             /* a stop sequence matched: ignore further output */
     bool finished;            /* FINISH seen */
+    bool ending_cut;          /* the token limit is ending the output: an item closed now was cut */
     events_finish_reason finish;
     int stop_index;           /* the stop sequence that matched, -1 if none */
     size_t n_fed;             /* bytes of text fed to the splitter so far */
