@@ -3,9 +3,11 @@
  * `tokenmill help`.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli/cmd.h"
+#include "util/cpu.h"
 
 static const struct {
     const char *name;
@@ -42,6 +44,11 @@ int main(int argc, char **argv)
     if (!strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         main_usage(stdout);
         return 0;
+    }
+    if (!cpu_simd_env_ok()) {
+        fprintf(stderr, "tokenmill: TOKENMILL_SIMD='%s' is not a level: use scalar, avx2 or avx512 (or unset it)\n",
+                getenv("TOKENMILL_SIMD"));
+        return 2;
     }
     for (size_t i = 0; i < sizeof main_cmds / sizeof main_cmds[0]; i++)
         if (!strcmp(argv[1], main_cmds[i].name)) return main_cmds[i].fn(argc - 1, argv + 1);

@@ -24,8 +24,13 @@ bool cmd_common_int(const char *prog, const char *opt, const char *z, long lo, l
     long v = 0;
     errno = 0;
     if (*z && !isspace((unsigned char)*z)) v = strtol(z, &end, 10);
-    if (!end || end == z || *end || errno || v < lo || v > hi) {
+    if (!end || end == z || *end || (errno && errno != ERANGE)) {
         fprintf(stderr, "tokenmill %s: %s: '%s' is not a whole number in %ld..%ld\n", prog, opt, z, lo, hi);
+        return false;
+    }
+    if (errno == ERANGE || v < lo || v > hi) {  /* a number, but not one the option takes */
+        fprintf(stderr, "tokenmill %s: %s: %s is %s: it must be in %ld..%ld\n", prog, opt, z,
+                (errno == ERANGE ? *z == '-' : v < lo) ? "below the minimum" : "above the maximum", lo, hi);
         return false;
     }
     *out = v;

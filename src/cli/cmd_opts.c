@@ -201,6 +201,13 @@ cmd_opts_status cmd_opts_parse(const char *prog, const char *synopsis, const cmd
             fprintf(stderr, "tokenmill %s: %.*s takes no value\n", prog, (int)len, a);
             goto err;
         }
+        /* a required entry names the one thing the command works on (-m MODEL): a second
+         * one is refused rather than silently replacing the first */
+        if (o->required && cmd_opts_takes_value(o->kind) && cmd_opts_seen(o, seen, n_seen)) {
+            fprintf(stderr, "tokenmill %s: %s%s%s is given more than once: it takes one value\n", prog,
+                    o->alias ? o->alias : "", o->alias ? "/" : "", o->name);
+            goto err;
+        }
         char typed[64];
         snprintf(typed, sizeof typed, "%.*s", (int)len, a);
         if (!cmd_opts_store(prog, o, typed, value)) goto err;

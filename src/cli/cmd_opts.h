@@ -62,7 +62,8 @@ struct cmd_opt {
     bool (*fn)(const char *prog, const char *name, const char *value, void *dst);
     const char *arg;       /* the value's name in the usage ("N", "FILE"); NULL: "VALUE" */
     const char *help;      /* one line for the usage, or NULL to leave the option out of it */
-    bool required;         /* parsing fails unless the option is given (at most
+    bool required;         /* parsing fails unless the option is given, and when a value-taking
+                            * one is given twice (at most
                             * CMD_OPTS_MAX_REQUIRED such entries in a table and those it includes) */
 };
 

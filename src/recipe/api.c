@@ -181,13 +181,14 @@ static void api_submit_message(char *buf, size_t sz, const api_ctx *c, sched_sta
 /* A 503 asks the client to come back (to another replica, behind a load balancer). */
 static void api_retry_after(http_request *r) { http_add_header(r, "Retry-After", HTTP_RETRY_AFTER); }
 
-void api_openai_submit_error(http_request *r, const api_ctx *c, sched_status st, int n_prompt, int max_tokens)
+void api_openai_submit_error(http_request *r, const api_ctx *c, sched_status st, int n_prompt, int max_tokens,
+                             const char *prompt_param)
 {
     char msg[400];
     api_submit_message(msg, sizeof msg, c, st, n_prompt, max_tokens);
     if (st == SCHED_ERR_STOPPED) api_retry_after(r);
     switch (st) {
-    case SCHED_ERR_TOO_LONG: api_openai_error(r, 400, "invalid_request_error", msg, "messages", "context_length_exceeded"); break;
+    case SCHED_ERR_TOO_LONG: api_openai_error(r, 400, "invalid_request_error", msg, prompt_param, "context_length_exceeded"); break;
     case SCHED_ERR_ARG: api_openai_error(r, 400, "invalid_request_error", msg, "prompt", NULL); break;
     case SCHED_ERR_QUEUE_FULL: api_openai_error(r, 429, "rate_limit_error", msg, NULL, "rate_limit_exceeded"); break;
     case SCHED_ERR_STOPPED: api_openai_error(r, 503, "server_error", msg, NULL, NULL); break;
@@ -543,16 +544,32 @@ static void api_respond_submit_error(http_request *r, const api_job *j, sched_st
 {
     int n_prompt = (int)j->prompt.n_ids, max_tokens = j->req.max_tokens > 0 ? j->req.max_tokens : 0;
     if (j->kind == API_KIND_MESSAGES) api_anthropic_submit_error(r, j->c, st, n_prompt, max_tokens);
-    else api_openai_submit_error(r, j->c, st, n_prompt, max_tokens);
+    else api_openai_submit_error(r, j->c, st, n_prompt, max_tokens,
+                                 j->kind == API_KIND_COMPLETIONS ? "prompt" : j->kind == API_KIND_RESPONSES ? "input" : "messages");
 }
 
-/* Step: the output state (the splitter's markers, ids, the prompt's figures). */
+/* Step: the splitter's markers of the family. No tools offered (or tool_choice none): no
+ * call, whatever is written. */
+static void api_job_markers(api_job *j, events_markers *mk)
+{
+    if (j->kind == API_KIND_COMPLETIONS) events_markers_none(mk);  /* raw text: nothing to split */
+    else template_markers(j->c->tmpl, &j->req.conv, mk);
+    if (j->req.tools_mode == API_TOOLS_NONE || j->req.conv.n_tools == 0) mk->tools_enabled = false;
+}
+
+/* Does the server end harmony's opening analysis message (with <|end|>, see api_job_submit)?
+ * Then the splitter reads what precedes that <|end|> as reasoning (events_markers.h_analysis). */
+static bool api_job_harmony_analysis(const api_job *j, const events_markers *mk)
+{
+    return (j->req.thinking_budget > 0 || j->g) && mk->think_end < 0 && mk->toolfmt == EVENTS_TOOLFMT_HARMONY &&
+           !mk->h_forced && mk->h_end >= 0;
+}
+
+/* Step: the output state (ids, the prompt's figures), after the grammar step. */
 static void api_job_output(api_job *j, events_markers *mk)
 {
     const api_ctx *c = j->c;
-    if (j->kind == API_KIND_COMPLETIONS) events_markers_none(mk);  /* raw text: nothing to split */
-    else template_markers(c->tmpl, &j->req.conv, mk);
-    if (j->req.tools_mode == API_TOOLS_NONE) mk->toolfmt = EVENTS_TOOLFMT_NONE;  /* no call, whatever is written */
+    mk->h_analysis = api_job_harmony_analysis(j, mk);
     api_out_init(&j->out, &j->req, mk, j->req.sp.seed ^ 0x5DEECE66Dull, c->model_name);
     if (c->model) snprintf(j->out.fingerprint, sizeof j->out.fingerprint, "fp_%.10s", c->model->fingerprint_hex);
     j->out.piece = api_job_piece;
@@ -596,6 +613,16 @@ static bool api_job_grammar(api_job *j, const events_markers *mk, api_error *e)
                           "Invalid tool call format: %s", err);
             return false;
         }
+    }
+    if (forced && !tool_src) {
+        /* the family has no call syntax (or lacks its tokens): answering free text under a
+         * forced call would be a silent lie to the client */
+        api_error_set(e, 400, "tool_choice", "invalid_value",
+                      "Invalid value for 'tool_choice': this model's chat template (%s) has no tool-call syntax, so a "
+                      "call cannot be forced; use tool_choice auto or none, or serve the model with a template "
+                      "that has tool calls (--template).",
+                      c->tmpl ? template_name(c->tmpl) : "none");
+        return false;
     }
     if (!tool_src && q->fmt_kind < 0) return true;
     const char *param = tool_src ? "tools" : q->fmt_param;
@@ -686,8 +713,7 @@ static bool api_job_submit(http_request *r, api_job *j, const api_tenancy *tn, c
         sp.think_start = mk->think_start;
         sp.think_end = mk->think_end;
         sp.think_open = mk->starts_in_reasoning;
-    } else if ((j->req.thinking_budget > 0 || j->g) && mk->toolfmt == EVENTS_TOOLFMT_HARMONY && !mk->h_forced &&
-               mk->h_end >= 0) {
+    } else if (mk->h_analysis) {
         /* harmony: the output opens with its analysis message, which <|end|> closes */
         sp.think_budget = j->req.thinking_budget;
         sp.think_start = -1;
@@ -790,13 +816,14 @@ void api_serve(http_request *r, const api_ctx *c, api_kind kind, bool count_only
     if (!api_tenancy_of(r, c, j->req.cache_salt, j->req.cache_class, &tn, &e)) goto refuse;
     /* output state, submission, answer */
     events_markers mk;
-    api_job_output(j, &mk);
+    api_job_markers(j, &mk);
     /* a compile polls whether the client is still there (a hostile grammar that the budgets
      * let run for seconds stops when its client goes) */
     grammar_cancel_set(api_client_gone, r);
     bool g_ok = api_job_grammar(j, &mk, &e);
     grammar_cancel_set(NULL, NULL);
     if (!g_ok) goto refuse;
+    api_job_output(j, &mk);
     if (!api_job_submit(r, j, &tn, &mk)) {
         api_job_free(j);
         return;

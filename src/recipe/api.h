@@ -141,8 +141,11 @@ void api_anthropic_error(http_request *r, int status, const char *type, const ch
 /* Checks the API key; on failure responds 401 in the route's shape and returns false. */
 bool api_openai_auth(http_request *r);
 bool api_anthropic_auth(http_request *r);
-/* Maps a submit failure to the route's error response (429/529, 400 with the lengths, 503). */
-void api_openai_submit_error(http_request *r, const api_ctx *c, sched_status st, int n_prompt, int max_tokens);
+/* Maps a submit failure to the route's error response (429/529, 400 with the lengths, 503).
+ * prompt_param: the request field that holds the prompt ("messages", "input", "prompt"), the
+ * param of a context-length error. */
+void api_openai_submit_error(http_request *r, const api_ctx *c, sched_status st, int n_prompt, int max_tokens,
+                             const char *prompt_param);
 void api_anthropic_submit_error(http_request *r, const api_ctx *c, sched_status st, int n_prompt, int max_tokens);
 /* True when the request's "model" may be served: NULL/empty, model_name or model_alias.
  * Otherwise the route answers 404 (not_found_error / model_not_found). */
@@ -408,6 +411,7 @@ typedef struct {
     char *name;               /* TOOL: function name (owned) */
     bytebuf text;         /* TEXT/REASONING: the text; TOOL: the arguments JSON */
     int tool_index;           /* TOOL: 0-based index among the answer's calls */
+    bool cut;                 /* the token limit ended the answer inside this item */
 } api_item;
 
 /* What api_out tells a formatter. */
@@ -431,6 +435,7 @@ typedef struct {
     int n_calls;              /* tool calls */
     bool stopped;             /* a stop sequence matched: ignore further output */
     bool finished;            /* FINISH seen */
+    bool ending_cut;          /* the token limit is ending the output: an item closed now was cut */
     events_finish_reason finish;
     int stop_index;           /* the stop sequence that matched, -1 if none */
     size_t n_fed;             /* bytes of text fed to the splitter so far */

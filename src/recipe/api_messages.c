@@ -34,10 +34,11 @@ static const api_kind K = API_KIND_MESSAGES;
 static const char *const api_messages_keys[] = {
     "model", "messages", "max_tokens", "system", "stop_sequences", "temperature", "top_p", "top_k", "stream", "tools",
     "tool_choice", "thinking", "metadata", "service_tier", "container", "mcp_servers", "context_management",
+    "output_config", "output_format",
     /* extensions */
     "seed", "min_p", "return_token_ids", "cache_salt", "cache_class", "logit_bias", NULL};
 
-static const char *const api_messages_count_keys[] = {"model", "messages", "system", "tools", "tool_choice", "thinking",
+static const char *const api_messages_count_keys[] = {"model", "messages", "system", "tools", "tool_choice", "thinking", "output_config", "output_format",
                                                       "mcp_servers", "context_management", "return_token_ids", NULL};
 
 /* Text of tool_result content or system: a string or a list of text blocks (joined by newlines). */
@@ -269,8 +270,10 @@ static bool api_messages_common(json_t *root, api_req *r, long long max_tokens, 
         if (!strcmp(ts, "enabled")) {
             long long bt = 0;
             int st = api_json_int(K, th, "budget_tokens", 1024, 1LL << 30, &bt, e);
-            if (st < 0) {
-                api_error_set(e, 400, "thinking.budget_tokens", NULL, "thinking.budget_tokens: %s", e->message);
+            if (st < 0) {  /* e says "budget_tokens: ...": the field's full name in front */
+                char msg[sizeof e->message];
+                snprintf(msg, sizeof msg, "%s", e->message);
+                api_error_set(e, 400, "thinking.budget_tokens", NULL, "thinking.%s", msg);
                 return false;
             }
             if (st == 0) {
@@ -288,6 +291,63 @@ static bool api_messages_common(json_t *root, api_req *r, long long max_tokens, 
         if (strcmp(ts, "disabled")) r->conv.thinking = CONV_THINKING_ON;
     }
     return true;
+}
+
+/* Structured outputs: output_config {format, effort} and the beta's output_format, where a
+ * format is {type: "json_schema", schema}: the answer's text block is a document of the schema
+ * (constrained decoding, as response_format). */
+static bool api_messages_format(json_t *fmt, const char *path, api_req *r, api_error *e)
+{
+    if (!fmt || json_is_null(fmt)) return true;
+    if (!json_is_object(fmt)) {
+        api_json_type_error(K, e, path, "a valid dictionary", fmt);
+        return false;
+    }
+    json_t *t = json_object_get(fmt, "type");
+    char p[64];
+    snprintf(p, sizeof p, "%s.type", path);
+    if (!json_is_string(t) || strcmp(json_string_value(t), "json_schema")) {
+        api_error_set(e, 400, p, NULL, "%s: Input tag '%.40s' found using 'type' does not match any of the expected tags: 'json_schema'",
+                      p, json_is_string(t) ? json_string_value(t) : "");
+        return false;
+    }
+    static const char *const keys[] = {"type", "schema", "name", "strict", NULL};
+    if (!api_json_known(K, fmt, keys, path, e)) return false;
+    return api_json_format(K, fmt, path, true, r, e);
+}
+
+static bool api_messages_output(json_t *root, api_req *r, api_error *e)
+{
+    json_t *oc = json_object_get(root, "output_config"), *of = json_object_get(root, "output_format");
+    if (oc && !json_is_null(oc)) {
+        if (!json_is_object(oc)) {
+            api_json_type_error(K, e, "output_config", "a valid dictionary", oc);
+            return false;
+        }
+        static const char *const keys[] = {"format", "effort", NULL};
+        if (!api_json_known(K, oc, keys, "output_config", e)) return false;
+        const char *eff;
+        int st = api_json_str(K, oc, "effort", &eff, e);
+        if (st < 0) return false;
+        if (st) {
+            if (!strcmp(eff, "low")) r->conv.effort = CONV_EFFORT_LOW;
+            else if (!strcmp(eff, "medium")) r->conv.effort = CONV_EFFORT_MEDIUM;
+            else if (!strcmp(eff, "high") || !strcmp(eff, "max")) r->conv.effort = CONV_EFFORT_HIGH;
+            else {
+                api_error_set(e, 400, "output_config.effort", NULL,
+                              "output_config.effort: Input should be 'low', 'medium', 'high' or 'max'");
+                return false;
+            }
+        }
+        json_t *f = json_object_get(oc, "format");
+        if (f && !json_is_null(f) && of && !json_is_null(of)) {
+            api_error_set(e, 400, "output_format", NULL,
+                          "output_format: give the format in output_config.format or in output_format, not both");
+            return false;
+        }
+        if (!api_messages_format(f, "output_config.format", r, e)) return false;
+    }
+    return api_messages_format(of, "output_format", r, e);
 }
 
 api_status api_messages_parse(const api_cfg *cfg, const char *body, size_t len, api_req *r, api_error *e)
@@ -309,6 +369,7 @@ api_status api_messages_parse(const api_cfg *cfg, const char *body, size_t len, 
     }
     r->max_tokens = (int)k;
     if (!api_messages_common(root, r, k, e)) goto out;
+    if (!api_messages_output(root, r, e)) goto out;
     if ((st = api_json_num(K, root, "temperature", 0, 1, &x, e)) < 0) goto out;
     if (st) r->sp.temp = (float)x;
     if ((st = api_json_num(K, root, "top_p", 0, 1, &x, e)) < 0) goto out;

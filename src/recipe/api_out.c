@@ -160,6 +160,7 @@ static void api_close_item(api_out *o, api_choice *c)
 {
     if (!c->open) return;
     c->open = false;
+    if (c->ending_cut) c->items[c->n_items - 1].cut = true;
     api_out_dispatch(o, c->index, API_OP_CLOSE, &c->items[c->n_items - 1], NULL, 0);
 }
 
@@ -394,6 +395,8 @@ void api_out_finish(api_out *o, int i, events_finish_reason reason)
 {
     api_choice *c = &o->choices[i];
     if (c->finished) return;
+    /* the splitter closes what is open (a call cut inside its arguments) before FINISH */
+    c->ending_cut = reason == EVENTS_FINISH_LENGTH && !c->stopped;
     events_finish(c->ev, c->stopped ? EVENTS_FINISH_STOP : reason);
 }
 

@@ -347,9 +347,11 @@ static void api_responses_usage(const api_usage *u, bytebuf *b)
                    u->prompt_tokens + u->completion_tokens);
 }
 
-/* One output item as JSON; done: completed form (else the in-progress one, text empty). */
+/* One output item as JSON; done: completed form (else the in-progress one, text empty),
+ * whose status is "incomplete" for the item the token limit cut. */
 static void api_responses_item(const api_item *it, bool done, bytebuf *b)
 {
+    const char *status = !done ? "in_progress" : it->cut ? "incomplete" : "completed";
     const char *text = done && it->text.p ? it->text.p : "";
     size_t tlen = done ? it->text.len : 0;
     bytebuf_puts(b, "{\"id\":");
@@ -365,8 +367,7 @@ static void api_responses_item(const api_item *it, bool done, bytebuf *b)
         bytebuf_puts(b, "]}");
         break;
     case API_ITEM_TEXT:
-        bytebuf_printf(b, ",\"type\":\"message\",\"status\":\"%s\",\"role\":\"assistant\",\"content\":[",
-                       done ? "completed" : "in_progress");
+        bytebuf_printf(b, ",\"type\":\"message\",\"status\":\"%s\",\"role\":\"assistant\",\"content\":[", status);
         if (done) {
             bytebuf_puts(b, "{\"type\":\"output_text\",\"text\":");
             api_buf_strn(b, text, tlen);
@@ -375,7 +376,7 @@ static void api_responses_item(const api_item *it, bool done, bytebuf *b)
         bytebuf_puts(b, "]}");
         break;
     case API_ITEM_TOOL:
-        bytebuf_printf(b, ",\"type\":\"function_call\",\"status\":\"%s\",\"call_id\":", done ? "completed" : "in_progress");
+        bytebuf_printf(b, ",\"type\":\"function_call\",\"status\":\"%s\",\"call_id\":", status);
         api_buf_str(b, it->call_id);
         bytebuf_puts(b, ",\"name\":");
         api_buf_str(b, it->name);

@@ -49,6 +49,7 @@ struct events {
     bool no_stream;        /* its head does not have the streamable shape: decided at its end */
     bool args_over;        /* its arguments were read to their end, or went bad: no more fragments */
     bool h_channel;        /* HARMONY: the header being read has its <|channel|> marker */
+    bool h_first;          /* HARMONY: still in the output's first message (m.h_analysis) */
     size_t args_at;        /* committed: offset in body where the arguments object starts */
     int n_calls;           /* tool calls sent */
     bytebuf hold;      /* held-back blank text */
@@ -112,6 +113,7 @@ void events_reset(events *ev, const events_markers *m, uint64_t seed)
     ev->st = m->starts_in_reasoning ? EVENTS_ST_REASONING : EVENTS_ST_TEXT;
     if (m->toolfmt == EVENTS_TOOLFMT_HARMONY) ev->st = EVENTS_ST_H_HEAD;  /* after "<|start|>assistant" */
     ev->h_channel = false;
+    ev->h_first = m->h_analysis;
     events_clear(&ev->head);
     ev->text_started = ev->reason_started = false;
     ev->llama_checked = false;
@@ -132,7 +134,10 @@ void events_reset(events *ev, const events_markers *m, uint64_t seed)
 
 int events_n_tool_calls(const events *ev) { return ev->n_calls; }
 
-bool events_in_reasoning(const events *ev) { return ev->st == EVENTS_ST_REASONING; }
+bool events_in_reasoning(const events *ev)
+{
+    return ev->st == EVENTS_ST_REASONING || (ev->st == EVENTS_ST_H_HEAD && ev->h_first);
+}
 
 static void events_emit(events *ev, events_kind kind, const char *s, size_t n)
 {
@@ -586,9 +591,18 @@ static void events_h_begin(events *ev)
 }
 
 /* A header that is not one: its raw text (markers included) becomes answer text, and so
- * does what follows until the next message. */
+ * does what follows until the next message; in a first message that the server ends
+ * (m.h_analysis), reasoning instead: the analysis the model began without its header. */
 static void events_h_bad_head(events *ev, events_state next)
 {
+    if (ev->h_first) {
+        ev->st = EVENTS_ST_REASONING;
+        ev->reason_started = true;
+        events_section_text(ev, EVENTS_REASONING, ev->raw.p ? ev->raw.p : "", ev->raw.len);
+        events_clear(&ev->raw);
+        ev->st = next == EVENTS_ST_TEXT ? EVENTS_ST_REASONING : next;
+        return;
+    }
     ev->st = EVENTS_ST_TEXT;
     ev->text_started = true;
     events_call_as_text(ev);
@@ -626,7 +640,8 @@ static void events_h_open(events *ev)
         ch = s + i;
         chn = events_h_word(s, n, i);
     }
-    if (to) {
+    ev->h_first = false;
+    if (to && ev->m.tools_enabled) {
         size_t tn = events_h_word(s, n, (size_t)(to - s));
         if (tn > 10 && !memcmp(to, "functions.", 10)) {
             to += 10;
@@ -670,7 +685,9 @@ static void events_h_feed(events *ev, int32_t tok, const char *text, size_t len)
         } else if (tok == m->h_start) {
             events_h_begin(ev);  /* the header starts again */
         } else {
+            if (tok != m->h_end) ev->h_first = false;  /* <|call|> / <|return|>: not the server's end */
             events_h_bad_head(ev, EVENTS_ST_H_AFTER);  /* the message ended inside its header */
+            ev->h_first = false;
         }
         return;
     case EVENTS_ST_TEXT:
@@ -680,6 +697,7 @@ static void events_h_feed(events *ev, int32_t tok, const char *text, size_t len)
             events_section_end(ev);
             ev->st = EVENTS_ST_H_AFTER;
             ev->text_started = false;
+            ev->h_first = false;
         } else if (marker && (tok == m->h_start || tok == m->h_channel)) {
             /* a new message (<|end|> left out, or <|start|>assistant left out) */
             events_section_end(ev);
@@ -729,16 +747,16 @@ void events_feed(events *ev, int32_t tok, const char *text, size_t len)
             return;
         }
         if (tok == m->think_end && tok >= 0) return; /* stray: the marker carries no text */
-        if (m->toolfmt == EVENTS_TOOLFMT_QWEN && tok == m->tool_start && tok >= 0) {
+        if (m->toolfmt == EVENTS_TOOLFMT_QWEN && m->tools_enabled && tok == m->tool_start && tok >= 0) {
             events_begin_call(ev, EVENTS_ST_QWEN_CALL, text, len);
             return;
         }
-        if (m->toolfmt == EVENTS_TOOLFMT_DEEPSEEK && tok >= 0 && tok == m->tools_begin) {
+        if (m->toolfmt == EVENTS_TOOLFMT_DEEPSEEK && m->tools_enabled && tok >= 0 && tok == m->tools_begin) {
             events_begin_call(ev, EVENTS_ST_DS_CALLS, text, len);
             ev->ds_block = true;
             return;
         }
-        if (m->toolfmt == EVENTS_TOOLFMT_DEEPSEEK && tok >= 0 && tok == m->tool_start) {
+        if (m->toolfmt == EVENTS_TOOLFMT_DEEPSEEK && m->tools_enabled && tok >= 0 && tok == m->tool_start) {
             events_begin_call(ev, EVENTS_ST_DS_NAME, text, len);
             ev->ds_block = false;
             return;

@@ -94,8 +94,12 @@ typedef struct {
     int32_t h_return;          /* HARMONY <|return|> (the answer ends the output) */
     const char *h_forced;      /* HARMONY: the prompt opened a call to this function (its
                                   arguments come first); NULL if not. Must outlive the splitter */
+    bool h_analysis;           /* HARMONY: the first message is analysis that <|end|> ends (the
+                                  server closes it for a reasoning budget or a format): what
+                                  precedes that <|end|> without a header is reasoning, not text */
     bool starts_in_reasoning;  /* the prompt ended inside an open think block */
-    bool tools_enabled;        /* tools were offered (LLAMA3 detection only looks then) */
+    bool tools_enabled;        /* tools were offered: calls are read only then (otherwise what
+                                  looks like one is text) */
     bool trim;                 /* drop blank text at section edges (chat families) */
 } events_markers;
 

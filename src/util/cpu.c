@@ -67,6 +67,12 @@ cpu_level cpu_get_hw_level(void)
     return CPU_LEVEL_SCALAR;
 }
 
+bool cpu_simd_env_ok(void)
+{
+    const char *cap = getenv("TOKENMILL_SIMD");
+    return !cap || !*cap || !strcmp(cap, "scalar") || !strcmp(cap, "avx2") || !strcmp(cap, "avx512");
+}
+
 cpu_level cpu_get_level(void)
 {
     cpu_level hw = cpu_get_hw_level();

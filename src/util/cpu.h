@@ -18,6 +18,9 @@ typedef struct {
 const cpu_features *cpu_get_features(void);
 /* Highest usable level, after the TOKENMILL_SIMD cap. */
 cpu_level cpu_get_level(void);
+/* Whether TOKENMILL_SIMD, when set, names a level (scalar, avx2, avx512); the command checks
+ * it at start, so that a misspelt cap is refused rather than silently ignored. */
+bool cpu_simd_env_ok(void);
 /* Highest level the hardware supports, ignoring the cap. */
 cpu_level cpu_get_hw_level(void);
 const char *cpu_level_name(cpu_level lvl);

@@ -99,19 +99,23 @@ test('numeric options: not a number in range is refused with the option and the 
   const cases = [
     [['bench', '-m', M, '--pp', 'abc', '--tg', '0'], /tokenmill bench: --pp: 'abc' is not a whole number in 0\.\.\d+/],
     [['bench', '-m', M, '--threads', '2x', '--pp', '0', '--tg', '0'], /tokenmill bench: --threads: '2x' is not a whole number/],
-    [['bench', '-m', M, '--reps', '0', '--tg', '0'], /tokenmill bench: --reps: '0' is not a whole number in 1\.\.100/],
+    [['bench', '-m', M, '--reps', '0', '--tg', '0'], /tokenmill bench: --reps: 0 is below the minimum: it must be in 1\.\.100/],
     [['bench', '-m', M, '--batch', '', '--tg', '0'], /tokenmill bench: --batch: '' is not a whole number/],
-    [['bench', '-m', M, '-d', '99999999999999999999', '--tg', '0'], /tokenmill bench: -d: '99999999999999999999' is not a whole number/],
+    [['bench', '-m', M, '-d', '99999999999999999999', '--tg', '0'], /tokenmill bench: -d: 99999999999999999999 is above the maximum: it must be in 0\.\./],
     [['eval', '-m', M, '--input', '/nonexistent.json', '--threads', '2x'], /tokenmill eval: --threads: '2x' is not a whole number/],
     [['eval', '-m', M, '--input', '/nonexistent.json', '--batch', 'abc'], /tokenmill eval: --batch: 'abc' is not a whole number in 1\.\./],
     [['template', '-m', M, '--input', '/nonexistent.json', '--threads', '3q'], /tokenmill template: --threads: '3q' is not a whole number/],
     [['gateway', '-m', M, '--listen', '127.0.0.1:0', '--ctx', '12q'], /tokenmill gateway: --ctx: '12q' is not a whole number in 1\.\./],
-    [['gateway', '-m', M, '--listen', '127.0.0.1:0', '--ctx', '-5'], /tokenmill gateway: --ctx: '-5' is not a whole number/],
+    [['gateway', '-m', M, '--listen', '127.0.0.1:0', '--ctx', '-5'], /tokenmill gateway: --ctx: -5 is below the minimum: it must be in 1\.\./],
     [['gateway', '-m', M, '--listen', '127.0.0.1:0', '--wait-timeout', '3s'], /tokenmill gateway: --wait-timeout: '3s' is not a number in /],
     [['gateway', '-m', M, '--listen', '127.0.0.1:0', '--heartbeat-timeout', 'nan'], /tokenmill gateway: --heartbeat-timeout: 'nan' is not a number/],
     [['gateway', '-m', M, '--listen', '127.0.0.1:0x'], /tokenmill gateway: --listen port: '0x' is not a whole number in 0\.\.65535/],
     [['serve', '-m', M, '--port', '0', '--ctx', '5k'], /tokenmill serve: --ctx: '5k' is not a whole number/],
     [['worker', '--role', 'mixed', '-m', M, '--listen', '127.0.0.1:0', '--threads', ' 2'], /tokenmill worker: --threads: ' 2' is not a whole number/],
+    // a number out of range says which bound, not "not a whole number"
+    [['serve', '-m', M, '--port', '0', '--max-body', '1000'], /tokenmill serve: --max-body: 1000 is below the minimum: it must be in 1024\.\./],
+    // one model per command: a second -m is refused, not silently served instead of the first
+    [['serve', '-m', M, '-m', M, '--port', '0'], /tokenmill serve: -m\/--model is given more than once: it takes one value/],
   ];
   for (const [args, re] of cases) {
     const r = spawnSync(bin, args, { encoding: 'utf8', timeout: 30000 });
@@ -119,4 +123,12 @@ test('numeric options: not a number in range is refused with the option and the 
     assert.match(r.stderr, re, JSON.stringify(args));
     assert.equal(r.stdout, '', JSON.stringify(args));
   }
+});
+
+test('TOKENMILL_SIMD that names no level is refused, naming the levels', () => {
+  const r = spawnSync(bin, ['tokenize', '-m', model, 'x'], { encoding: 'utf8', timeout: 30000, env: { ...process.env, TOKENMILL_SIMD: 'bogus' } });
+  assert.equal(r.status, 2, r.stderr);
+  assert.match(r.stderr, /TOKENMILL_SIMD='bogus' is not a level: use scalar, avx2 or avx512/);
+  const ok = spawnSync(bin, ['tokenize', '-m', model, 'x'], { encoding: 'utf8', timeout: 30000, env: { ...process.env, TOKENMILL_SIMD: 'scalar' } });
+  assert.equal(ok.status, 0, ok.stderr);
 });

@@ -121,6 +121,10 @@ TEST(chat_parse_basic)
     CHECK(parse(API_KIND_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"thinking\":{\"type\":\"enabled\",\"budget_tokens\":0}}", &r, &e) == API_ERR);
     CHECK(e.status == 400 && !strcmp(e.param, "thinking.budget_tokens"));
     api_req_free(&r);
+    /* Messages: below Anthropic's minimum, a message that says so (not an empty one) */
+    CHECK(parse(API_KIND_MESSAGES, "{\"max_tokens\":2000,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"thinking\":{\"type\":\"enabled\",\"budget_tokens\":10}}", &r, &e) == API_ERR);
+    CHECKF(!strcmp(e.message, "thinking.budget_tokens: Input should be greater than or equal to 1024"), "%s", e.message);
+    api_req_free(&r);
     CHECK(parse(API_KIND_MESSAGES, "{\"max_tokens\":2000,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"thinking\":{\"type\":\"enabled\",\"budget_tokens\":1500}}", &r, &e) == API_OK);
     CHECK(r.thinking_budget == 1500);
     api_req_free(&r);
@@ -823,6 +827,9 @@ TEST(responses_output)
     CHECK(!strcmp(json_string_value(json_object_get(j, "status")), "incomplete"));
     CHECK(!strcmp(json_string_value(json_object_get(json_object_get(j, "incomplete_details"), "reason")), "max_output_tokens"));
     CHECK(!strcmp(json_string_value(json_object_get(j, "object")), "response"));
+    /* the message the limit cut is incomplete too, not completed */
+    json_t *msg = json_array_get(json_object_get(j, "output"), 0);
+    CHECKF(msg && !strcmp(json_string_value(json_object_get(msg, "status")), "incomplete"), "%.*s", (int)o.out.len, o.out.p);
     json_decref(j);
     /* store=false: not kept */
     conv tmp;
@@ -1414,6 +1421,22 @@ TEST(structured_formats_parse)
     api_req_free(&r);
     CHECK(parse_with(API_KIND_CHAT, chat_head, "\"response_format\":{\"type\":\"text\"}", &r, &e) == API_OK);
     CHECK(r.fmt_kind == -1);
+    api_req_free(&r);
+    /* Messages: structured outputs, output_config.format (GA) and output_format (beta) */
+    static const char msg_head[] = "{\"model\":\"m\",\"max_tokens\":9,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],";
+    CHECK(parse_with(API_KIND_MESSAGES, msg_head, "\"output_config\":{\"effort\":\"low\",\"format\":{\"type\":\"json_schema\","
+                     "\"schema\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]}}}", &r, &e) == API_OK);
+    CHECK(r.fmt_kind == GRAMMAR_KIND_SCHEMA && !strcmp(r.fmt_param, "output_config.format.schema") && r.conv.effort == CONV_EFFORT_LOW);
+    CHECK(format_accepts(&r, "{\"a\": 12}") && !format_accepts(&r, "{\"a\": \"x\"}"));
+    api_req_free(&r);
+    CHECK(parse_with(API_KIND_MESSAGES, msg_head, "\"output_format\":{\"type\":\"json_schema\",\"schema\":{\"type\":\"string\"}}", &r, &e) == API_OK);
+    CHECK(r.fmt_kind == GRAMMAR_KIND_SCHEMA && !strcmp(r.fmt_param, "output_format.schema") && format_accepts(&r, "\"s\""));
+    api_req_free(&r);
+    CHECK(parse_with(API_KIND_MESSAGES, msg_head, "\"output_format\":{\"type\":\"json_object\"}", &r, &e) == API_ERR);
+    CHECKF(e.status == 400 && strstr(e.message, "output_format.type"), "%s", e.message);
+    api_req_free(&r);
+    CHECK(parse_with(API_KIND_MESSAGES, msg_head, "\"output_config\":{\"format\":{\"type\":\"json_schema\"}}", &r, &e) == API_ERR);
+    CHECKF(strstr(e.message, "output_config.format.schema"), "%s", e.message);
     api_req_free(&r);
     /* Responses: the format's own members (flat) */
     CHECK(parse_with(API_KIND_RESPONSES, "{\"model\":\"m\",\"input\":\"x\",", "\"text\":{\"format\":{\"type\":\"json_schema\","

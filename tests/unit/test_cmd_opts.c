@@ -59,11 +59,15 @@ TEST(required_missing_and_given)
     CHECK(parse(opts, a2, err, sizeof err) == CMD_OPTS_ERR);
     CHECKF(strstr(err, "tokenmill demo: --input is required\n") != NULL, "%s", err);
 
-    char *a3[] = { "demo", "--input=i.json", "--model=x.gguf", "-m", "y.gguf", NULL };
+    char *a3[] = { "demo", "--input=i.json", "--model=y.gguf", NULL };
     model = input = NULL;
     CHECK(parse(opts, a3, err, sizeof err) == CMD_OPTS_OK);
     CHECK(err[0] == 0);
     CHECK(model && !strcmp(model, "y.gguf") && input && !strcmp(input, "i.json"));
+    /* given twice: refused, not the last one silently served */
+    char *a6[] = { "demo", "--input=i.json", "--model=x.gguf", "-m", "y.gguf", NULL };
+    CHECK(parse(opts, a6, err, sizeof err) == CMD_OPTS_ERR);
+    CHECKF(strstr(err, "tokenmill demo: -m/--model is given more than once: it takes one value\n") != NULL, "%s", err);
 
     char *a4[] = { "demo", "-h", NULL };   /* help needs no required option */
     CHECK(parse(opts, a4, err, sizeof err) == CMD_OPTS_HELP);

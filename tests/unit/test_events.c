@@ -509,6 +509,47 @@ TEST(harmony_forced_call)
     EXPECT(run(&m, EVENTS_FINISH_LENGTH, q, NULL), "S0:get_weather|A0:{\"city\":\"Ro\"}|E0|F:length");
 }
 
+/* With no tools offered, what looks like a call is text in every family. */
+TEST(calls_without_tools_are_text)
+{
+    events_markers m = eventstest_qwen();
+    m.tools_enabled = false;
+    const char *p[] = { "#5002:<tool_call>", "{\"name\": \"f\", \"arguments\": {}}", "#5003:</tool_call>", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, p, NULL), "T:<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>|F:stop");
+    m = eventstest_deepseek();
+    m.tools_enabled = false;
+    const char *d[] = { "#5004:<calls>", "#5006:<call>", "f", "#5008:<sep>", "{}", "#5007:</call>", "#5005:</calls>", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, d, NULL), "T:<calls><call>f<sep>{}</call></calls>|F:stop");
+    m = eventstest_harmony();
+    m.tools_enabled = false;
+    const char *h[] = { "#6001:<|channel|>", "commentary to=functions.f", "#6002:<|message|>", "{}", "#6005:<|call|>", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, h, NULL), "T:{}|F:stop");
+}
+
+/* The server ends the first message with <|end|> (a reasoning budget): text the model wrote
+ * there without a header is the analysis, and the answer after it is the text. */
+TEST(harmony_server_ended_analysis)
+{
+    events_markers m = eventstest_harmony();
+    m.h_analysis = true;
+    const char *p[] = { "some", " musing", "#6004:<|end|>", "{\"unit\": \"c\"}", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, p, NULL), "R:some musing|T:{\"unit\": \"c\"}|F:stop");
+    /* longer than any header: still reasoning up to the <|end|> */
+    char big[400];
+    memset(big, 'x', sizeof big - 1);
+    big[sizeof big - 1] = 0;
+    const char *q[] = { big, " more", "#6004:<|end|>", "{}", NULL };
+    char *s = run(&m, EVENTS_FINISH_STOP, q, NULL);
+    CHECKF(!strncmp(s, "R:xxx", 5) && strstr(s, "x more|T:{}|F:stop"), "%s", s);
+    free(s);
+    /* a real header is read as always; a later headerless message is text */
+    const char *r[] = { "#6001:<|channel|>", "analysis", "#6002:<|message|>", "hm", "#6004:<|end|>", "x", "#6004:<|end|>", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, r, NULL), "R:hm|T:x|F:stop");
+    /* without the flag, as before: text */
+    m.h_analysis = false;
+    EXPECT(run(&m, EVENTS_FINISH_STOP, p, NULL), "T:some musing{\"unit\": \"c\"}|F:stop");
+}
+
 /* Random mixes of markers, header words and argument pieces: the splitter never loses its
  * footing (run() checks every call's fragments add up to valid arguments; always a finish),
  * and the end markers never show up as text. */
@@ -558,5 +599,7 @@ int main(void)
     RUN(harmony_text_is_text);
     RUN(harmony_random_sequences);
     RUN(harmony_forced_call);
+    RUN(calls_without_tools_are_text);
+    RUN(harmony_server_ended_analysis);
     HARNESS_END();
 }
