@@ -120,12 +120,31 @@ const cmd_opt *cmd_common_engine_table(cmd_engine_opts *o, cmd_opt out[CMD_ENGIN
     return out;
 }
 
+/* --cors-origin: appends one origin (repeatable); "*" or a scheme://host[:port] without a path. */
+static bool cmd_common_cors(const char *prog, const char *name, const char *value, void *dst)
+{
+    http_opts *o = dst;
+    if (o->n_cors_origin >= HTTP_MAX_CORS) {
+        fprintf(stderr, "tokenmill %s: at most %d %s values\n", prog, HTTP_MAX_CORS, name);
+        return false;
+    }
+    const char *host = strstr(value, "://");
+    if (strcmp(value, "*") && (!host || host == value || !host[3] || strchr(host + 3, '/'))) {
+        fprintf(stderr, "tokenmill %s: %s '%s': want '*' or an origin such as https://app.example:8443 (no path)\n",
+                prog, name, value);
+        return false;
+    }
+    o->cors_origin[o->n_cors_origin++] = value;
+    return true;
+}
+
 const cmd_opt *cmd_common_http_table(http_opts *o, cmd_opt out[CMD_HTTP_TABLE_N])
 {
     const cmd_opt t[CMD_HTTP_TABLE_N] = {
         { "--max-connections", NULL, CMD_OPT_INT, &o->max_connections, 1, 1 << 20, .arg = "N", .help = "requests served at once; past it a 503 (default 1024)" },
         { "--max-client-connections", NULL, CMD_OPT_INT, &o->max_client_connections, 1, 1 << 20, .arg = "N", .help = "connections from one address; past it a 429 (default 256)" },
         { "--request-timeout", NULL, CMD_OPT_INT, &o->request_timeout_s, 1, 86400, .arg = "S", .help = "seconds for a request's headers to arrive (default 30)" },
+        { "--cors-origin", NULL, CMD_OPT_FN, o, .fn = cmd_common_cors, .arg = "ORIGIN", .help = "let browser pages from ORIGIN call the API (repeat for several; * for any; default none)" },
         { 0 },
     };
     memcpy(out, t, sizeof t);

@@ -72,7 +72,7 @@ typedef struct {
 const cmd_opt *cmd_common_engine_table(cmd_engine_opts *o, cmd_opt out[CMD_ENGINE_TABLE_N]);
 /* The same for the HTTP layer's connection limits (http/http.h): --max-connections,
  * --max-client-connections, --request-timeout. */
-#define CMD_HTTP_TABLE_N 4
+#define CMD_HTTP_TABLE_N 5
 const cmd_opt *cmd_common_http_table(http_opts *o, cmd_opt out[CMD_HTTP_TABLE_N]);
 /* The kernel threads' placement (util/topo.h) for --threads (0: one per usable physical
  * core) and --cpus (NULL: every allowed CPU): the thread count in *n and, when the threads

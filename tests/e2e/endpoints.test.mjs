@@ -2,7 +2,9 @@
 // `tokenmill serve` of models/stories260K.gguf and (where the gateway answers them itself) on a
 // gateway without workers:
 //  - POST /tokenize and /detokenize in llama.cpp server's shapes, token for token against
-//    llama.cpp (node-llama-cpp, vocabulary only).
+//    llama.cpp (node-llama-cpp, vocabulary only);
+//  - CORS (--cors-origin): preflights answered, the headers on answers, errors and streams,
+//    only for the origins named (the gateway: any).
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import path from "node:path";
@@ -13,14 +15,15 @@ const stories = path.join(root, "models/stories260K.gguf");
 let srv, gw, vocab;
 
 before(async () => {
-  srv = await startServer(stories, []);
-  gw = await startCluster(stories, [], { gatewayArgs: ["--register", "127.0.0.1:0"] });
+  srv = await startServer(stories, ["--cors-origin", "https://app.example", "--cors-origin", "http://localhost:5173",
+    "--api-key", "k"]);
+  gw = await startCluster(stories, [], { gatewayArgs: ["--register", "127.0.0.1:0", "--cors-origin", "*"] });
   const llama = await getLlama({ gpu: false, build: "never", logLevel: "fatal" });
   vocab = await llama.loadModel({ modelPath: stories, vocabOnly: true });
 });
 after(stopServers);
 
-async function post(url, route, body, headers = {}) {
+async function post(url, route, body, headers = { authorization: "Bearer k" }) {
   const res = await fetch(url + route, { method: "POST", headers: { "content-type": "application/json", ...headers },
     body: typeof body === "string" ? body : JSON.stringify(body) });
   return { status: res.status, headers: res.headers, body: await res.json() };
@@ -59,4 +62,39 @@ test("/tokenize and /detokenize answer in llama.cpp's shapes, on serve and on th
     }
     assert.equal((await post(url, "/tokenize", "{")).status, 400);
   }
+});
+
+test("CORS: preflights, and the allow header on answers, errors and streams of the origins named", async () => {
+  const pre = (url, origin, route = "/v1/chat/completions") => fetch(url + route, { method: "OPTIONS",
+    headers: { origin, "access-control-request-method": "POST", "access-control-request-headers": "authorization, content-type" } });
+  let r = await pre(srv.url, "https://app.example");
+  assert.equal(r.status, 204);
+  assert.equal(r.headers.get("access-control-allow-origin"), "https://app.example");
+  assert.match(r.headers.get("access-control-allow-methods"), /POST/);
+  assert.match(r.headers.get("access-control-allow-headers"), /authorization/i);
+  assert.ok(Number(r.headers.get("access-control-max-age")) > 0);
+  r = await pre(srv.url, "https://evil.example");
+  assert.equal(r.status, 403);
+  assert.equal(r.headers.get("access-control-allow-origin"), null);
+  r = await pre(gw.url, "https://anyone.example", "/tokenize");
+  assert.equal(r.status, 204);
+  assert.equal(r.headers.get("access-control-allow-origin"), "*");
+
+  const origin = { origin: "http://localhost:5173" };
+  // an answer, an error of a handler (no key), an error of the layer (unknown path), a stream
+  const answers = [
+    await post(srv.url, "/tokenize", { content: "x" }, { ...origin, authorization: "Bearer k" }),
+    await post(srv.url, "/tokenize", { content: "x" }, origin),
+    await post(srv.url, "/nowhere", {}, origin),
+  ];
+  assert.deepEqual(answers.map((a) => a.status), [200, 401, 404]);
+  for (const a of answers) assert.equal(a.headers.get("access-control-allow-origin"), "http://localhost:5173");
+  const s = await fetch(srv.url + "/v1/completions", { method: "POST", headers: { ...origin, authorization: "Bearer k" },
+    body: JSON.stringify({ prompt: "Once", max_tokens: 2, stream: true }) });
+  assert.equal(s.headers.get("access-control-allow-origin"), "http://localhost:5173");
+  assert.match(await s.text(), /\[DONE\]/);
+  // an origin not named gets no allow header (the browser keeps the answer from the page)
+  const o = await post(srv.url, "/tokenize", { content: "x" }, { origin: "https://evil.example", authorization: "Bearer k" });
+  assert.equal(o.status, 200);
+  assert.equal(o.headers.get("access-control-allow-origin"), null);
 });
