@@ -4,11 +4,14 @@
 //  - POST /tokenize and /detokenize in llama.cpp server's shapes, token for token against
 //    llama.cpp (node-llama-cpp, vocabulary only);
 //  - CORS (--cors-origin): preflights answered, the headers on answers, errors and streams,
-//    only for the origins named (the gateway: any).
+//    only for the origins named (the gateway: any);
+//  - Anthropic prompt caching: cache_control on every block type, usage's
+//    cache_creation_input_tokens (the full blocks a request wrote) beside cache reads.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import path from "node:path";
 import { getLlama } from "node-llama-cpp";
+import Anthropic from "@anthropic-ai/sdk";
 import { root, startServer, startCluster, stopServers } from "./server.mjs";
 
 const stories = path.join(root, "models/stories260K.gguf");
@@ -97,4 +100,40 @@ test("CORS: preflights, and the allow header on answers, errors and streams of t
   const o = await post(srv.url, "/tokenize", { content: "x" }, { origin: "https://evil.example", authorization: "Bearer k" });
   assert.equal(o.status, 200);
   assert.equal(o.headers.get("access-control-allow-origin"), null);
+});
+
+test("Anthropic prompt caching: cache_control on every block; cache writes and reads in usage", async () => {
+  const ant = new Anthropic({ baseURL: srv.url, apiKey: "k", maxRetries: 0 });
+  const cc = { type: "ephemeral" };
+  const ok = await ant.messages.create({ model: "stories260K", max_tokens: 2,
+    system: [{ type: "text", text: "You tell stories.", cache_control: cc }],
+    tools: [{ name: "f", input_schema: { type: "object" }, cache_control: cc }],
+    messages: [
+      { role: "user", content: [{ type: "text", text: "Hi", cache_control: { type: "ephemeral", ttl: "1h" } }] },
+      { role: "assistant", content: [{ type: "tool_use", id: "t1", name: "f", input: {}, cache_control: cc }] },
+      { role: "user", content: [{ type: "tool_result", tool_use_id: "t1", cache_control: cc,
+        content: [{ type: "text", text: "done", cache_control: cc }] }] }] });
+  assert.equal(ok.type, "message");
+  for (const [bad, where] of [[{ type: "persistent" }, "cache_control.type"], [{ type: "ephemeral", ttl: "2h" }, "cache_control.ttl"]]) {
+    await assert.rejects(ant.messages.create({ model: "stories260K", max_tokens: 2,
+      messages: [{ role: "user", content: [{ type: "text", text: "Hi", cache_control: bad }] }] }),
+    (e) => e.status === 400 && e.message.includes(`messages[0].content[0].${where}`));
+  }
+
+  // every full 128-token block of a prompt is kept: the first request writes them, the second reads them
+  const text = "Once upon a time there was a little girl who liked to play in the park with her dog. ".repeat(16);
+  const body = { model: "stories260K", max_tokens: 2, temperature: 0,
+    messages: [{ role: "user", content: [{ type: "text", text, cache_control: cc }] }] };
+  const n = (await ant.messages.countTokens({ model: body.model, messages: body.messages })).input_tokens;
+  assert.ok(n > 256, `${n} prompt tokens`);
+  const full = Math.floor(n / 128) * 128;
+  const first = (await ant.messages.create(body)).usage;
+  assert.deepEqual([first.cache_read_input_tokens, first.cache_creation_input_tokens, first.input_tokens], [0, full, n - full]);
+  const second = (await ant.messages.create(body)).usage;
+  assert.ok(second.cache_read_input_tokens >= 128);
+  assert.equal(second.cache_creation_input_tokens, Math.max(0, full - second.cache_read_input_tokens));
+  assert.equal(second.input_tokens + second.cache_creation_input_tokens + second.cache_read_input_tokens, n);
+  let start = null;
+  for await (const ev of await ant.messages.create({ ...body, stream: true })) if (ev.type === "message_start") start = ev.message.usage;
+  assert.deepEqual(start, { ...second, output_tokens: start.output_tokens });
 });
