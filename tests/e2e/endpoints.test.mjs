@@ -10,9 +10,12 @@
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import path from "node:path";
+import fs from "node:fs";
+import os from "node:os";
+import { execFileSync } from "node:child_process";
 import { getLlama } from "node-llama-cpp";
 import Anthropic from "@anthropic-ai/sdk";
-import { root, startServer, startCluster, stopServers } from "./server.mjs";
+import { root, bin, startServer, startCluster, stopServers } from "./server.mjs";
 
 const stories = path.join(root, "models/stories260K.gguf");
 let srv, gw, vocab;
@@ -136,4 +139,19 @@ test("Anthropic prompt caching: cache_control on every block; cache writes and r
   let start = null;
   for await (const ev of await ant.messages.create({ ...body, stream: true })) if (ev.type === "message_start") start = ev.message.usage;
   assert.deepEqual(start, { ...second, output_tokens: start.output_tokens });
+});
+
+test("--ctx defaults to the model's trained context when its KV fits, and says so", async () => {
+  const d = fs.mkdtempSync(path.join(os.tmpdir(), "tm-ctx-"));
+  try {
+    const model = path.join(d, "long.gguf");
+    execFileSync(bin, ["mkmodel", "--arch", "qwen3", "--preset", "tiny", "--type", "f16", "--seed", "5", "--ctx", "16384",
+      "-o", model], { stdio: "pipe" });
+    const s = await startServer(model, ["--cache", "off"], { ready: false });
+    assert.match(s.log, /context 16384 tokens: the model's trained context/);
+    const m = await (await fetch(s.url + "/v1/models")).json();
+    assert.equal(m.data[0].context_length, 16384);
+    const small = await startServer(model, ["--cache", "off", "--kv-mib", "1"], { ready: false });
+    assert.match(small.log, /context 4096 tokens, not the model's 16384: .* --kv-mib 1/);
+  } finally { fs.rmSync(d, { recursive: true, force: true }); }
 });
