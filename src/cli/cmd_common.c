@@ -128,7 +128,7 @@ const cmd_opt *cmd_common_engine_table(cmd_engine_opts *o, cmd_opt out[CMD_ENGIN
     const cmd_opt t[CMD_ENGINE_TABLE_N] = {
         { "--threads", "-t", CMD_OPT_LONG, &o->threads, 0, 1024, .arg = "N", .help = "kernel threads (default: one per physical core)" },
         { "--cpus", NULL, CMD_OPT_STR, &o->cpus, .arg = "LIST", .help = "CPUs the kernel threads run on, e.g. 0-15,32-47 (default: all allowed)" },
-        { "--ctx", "-c", CMD_OPT_LONG, &o->ctx, 0, 1 << 24, .arg = "N", .help = "tokens per sequence (default: the model's, at most 4096)" },
+        { "--ctx", "-c", CMD_OPT_LONG, &o->ctx, 0, 1 << 24, .arg = "N", .help = "tokens per sequence (default: the model's trained context if its KV fits --kv-mib)" },
         { "--max-seqs", NULL, CMD_OPT_LONG, &o->max_seqs, 1, 4096, .arg = "N", .help = "sequences running at once (default 16)" },
         { "--kv-mib", NULL, CMD_OPT_LONG, &o->kv_mib, 1, 1 << 24, .arg = "N", .help = "cap of the KV pool in MiB (default 2048)" },
         { "--max-queue", NULL, CMD_OPT_LONG, &o->max_queue, 1, 1 << 20, .arg = "N", .help = "requests waiting to run (default 256)" },
@@ -151,12 +151,58 @@ const cmd_opt *cmd_common_engine_table(cmd_engine_opts *o, cmd_opt out[CMD_ENGIN
     return out;
 }
 
+/* --cors-origin: appends one origin (repeatable); "*" or a scheme://host[:port] without a path. */
+static bool cmd_common_cors(const char *prog, const char *name, const char *value, void *dst)
+{
+    http_opts *o = dst;
+    if (o->n_cors_origin >= HTTP_MAX_CORS) {
+        fprintf(stderr, "tokenmill %s: at most %d %s values\n", prog, HTTP_MAX_CORS, name);
+        return false;
+    }
+    const char *host = strstr(value, "://");
+    if (strcmp(value, "*") && (!host || host == value || !host[3] || strchr(host + 3, '/'))) {
+        fprintf(stderr, "tokenmill %s: %s '%s': want '*' or an origin such as https://app.example:8443 (no path)\n",
+                prog, name, value);
+        return false;
+    }
+    o->cors_origin[o->n_cors_origin++] = value;
+    return true;
+}
+
+#define CMD_CTX_SHORT 4096   /* tokens: the former default context, and what a pool holds
+                              * max_seqs of when the context is the default */
+
+long cmd_common_default_ctx(const char *prog, const model *m, long kv_mib)
+{
+    long train = m->hp.n_ctx_train > 0 ? m->hp.n_ctx_train : CMD_CTX_SHORT;
+    long floor_ctx = TM_MIN(train, CMD_CTX_SHORT);
+    int32_t *lw = xcalloc((size_t)m->hp.n_layers, sizeof *lw);
+    kvpool_opts ko = engine_kv_geometry(m, false, lw);
+    /* blocks of the cap, less the one a sequence's next token may open past its context */
+    long fit = ((long)kvpool_blocks_for_bytes(&ko, (size_t)kv_mib << 20) - 1) * KVPOOL_BLOCK;
+    /* MiB of one whole trained context */
+    double mib = (double)((train + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK) * (double)kvpool_geom_block_bytes(&ko) / 1048576.0;
+    free(lw);
+    long ctx;
+    if (train <= fit) {
+        ctx = train;
+        fprintf(stderr, "tokenmill %s: context %ld tokens: the model's trained context (its KV %.0f MiB, within --kv-mib %ld)\n",
+                prog, ctx, mib, kv_mib);
+    } else {
+        ctx = TM_MAX(fit, floor_ctx);
+        fprintf(stderr, "tokenmill %s: context %ld tokens, not the model's %ld: a whole context's KV (%.0f MiB) is past "
+                "--kv-mib %ld (raise it, or set --ctx)\n", prog, ctx, train, mib, kv_mib);
+    }
+    return ctx;
+}
+
 const cmd_opt *cmd_common_http_table(http_opts *o, cmd_opt out[CMD_HTTP_TABLE_N])
 {
     const cmd_opt t[CMD_HTTP_TABLE_N] = {
         { "--max-connections", NULL, CMD_OPT_INT, &o->max_connections, 1, 1 << 20, .arg = "N", .help = "requests served at once; past it a 503 (default 1024)" },
         { "--max-client-connections", NULL, CMD_OPT_INT, &o->max_client_connections, 1, 1 << 20, .arg = "N", .help = "connections from one address; past it a 429 (default 256)" },
         { "--request-timeout", NULL, CMD_OPT_INT, &o->request_timeout_s, 1, 86400, .arg = "S", .help = "seconds for a request's headers to arrive (default 30)" },
+        { "--cors-origin", NULL, CMD_OPT_FN, o, .fn = cmd_common_cors, .arg = "ORIGIN", .help = "let browser pages from ORIGIN call the API (repeat for several; * for any; default none)" },
         { 0 },
     };
     memcpy(out, t, sizeof t);
@@ -180,13 +226,17 @@ const cmd_opt *cmd_common_grammar_table(grammar_limits *o, cmd_opt out[CMD_GRAMM
     return out;
 }
 
-/* KV pool blocks for m: max_seqs full contexts, capped by kv_mib, at least one context. */
+/* KV pool blocks for m: max_seqs full contexts, capped by kv_mib, at least one context. A
+ * default context longer than CMD_CTX_SHORT counts as CMD_CTX_SHORT there: max_seqs whole
+ * trained contexts (128k tokens each) is not what a pool is for, and the cap would take all
+ * of kv_mib even for a model whose every request is short. */
 static int cmd_common_kv_blocks(const model *m, const cmd_engine_opts *o)
 {
     int32_t *lw = xcalloc((size_t)m->hp.n_layers, sizeof *lw);   /* window layers keep no KV in blocks */
     kvpool_opts ko = engine_kv_geometry(m, false, lw);
     size_t ctx_blocks = (size_t)(o->ctx + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK;
-    size_t want_blocks = (size_t)o->max_seqs * ctx_blocks;
+    long per_seq = o->ctx_default ? TM_MIN(o->ctx, CMD_CTX_SHORT) : o->ctx;
+    size_t want_blocks = (size_t)o->max_seqs * (size_t)((per_seq + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK);
     size_t cap_blocks = (size_t)kvpool_blocks_for_bytes(&ko, (size_t)o->kv_mib << 20);
     free(lw);
     return (int)TM_MAX(TM_MIN(want_blocks, cap_blocks), ctx_blocks + 1);
@@ -313,7 +363,10 @@ engine *cmd_common_engine_new(const char *prog, model *m, cmd_engine_opts *o)
         fprintf(stderr, "tokenmill %s: --spec-fixed %ld is above --spec-max %ld\n", prog, o->spec_fixed, o->spec_max);
         return NULL;
     }
-    if (o->ctx <= 0) o->ctx = TM_MIN(m->hp.n_ctx_train, 4096);
+    if (o->ctx <= 0) {
+        o->ctx = cmd_common_default_ctx(prog, m, o->kv_mib);
+        o->ctx_default = true;
+    }
     /* with a time target, the time sizes the steps: the token budget with decodes is only a cap */
     if (o->step_tokens == 0 && o->step_ms > 0) o->step_tokens = o->prefill_step;
     if (o->step_tokens == 0) {

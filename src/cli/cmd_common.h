@@ -32,7 +32,8 @@ bool cmd_common_num(const char *prog, const char *opt, const char *z, double lo,
 /* The engine and scheduler options of the processes that run an engine (serve, worker). */
 typedef struct {
     long threads;        /* kernel threads, 0: one per core */
-    long ctx;            /* tokens per sequence, 0: the model's training context, at most 4096 */
+    long ctx;            /* tokens per sequence, 0: cmd_common_default_ctx */
+    bool ctx_default;    /* ctx was 0 and cmd_common_engine_new chose it */
     long max_seqs;       /* sequences in flight */
     long kv_mib;         /* KV pool cap, MiB */
     long max_queue;      /* requests waiting for admission */
@@ -63,6 +64,11 @@ typedef struct {
 #define CMD_ENGINE_OPTS_DEFAULT \
     { .max_seqs = 16, .kv_mib = 2048, .max_queue = 256, .prefill_step = SCHED_PREFILL_STEP, \
       .window_mib = 1024, .window_ttl = 180, .spec_max = SPEC_DEFAULT_MAX }
+/* --ctx's default: the model's trained context when the KV of one whole context fits the KV
+ * cap (kv_mib), else the most 128-token blocks that fit, but never less than the trained
+ * context or 4096, whichever is smaller (what the pool always held, past the cap if need be).
+ * Prints one line "tokenmill PROG: context N tokens: WHY" on stderr. */
+long cmd_common_default_ctx(const char *prog, const model *m, long kv_mib);
 /* The option table entries of the engine options (--threads/-t, --cpus, --ctx/-c, --max-seqs,
  * --kv-mib, --max-queue, --step-tokens, --prefill-step-tokens, --step-ms, --prefill-step-ms,
  * --window-mib, --window-ttl, --window-replay, --spec, --spec-max, --spec-fixed, --draft,
@@ -73,7 +79,7 @@ typedef struct {
 const cmd_opt *cmd_common_engine_table(cmd_engine_opts *o, cmd_opt out[CMD_ENGINE_TABLE_N]);
 /* The same for the HTTP layer's connection limits (http/http.h): --max-connections,
  * --max-client-connections, --request-timeout. */
-#define CMD_HTTP_TABLE_N 4
+#define CMD_HTTP_TABLE_N 5
 const cmd_opt *cmd_common_http_table(http_opts *o, cmd_opt out[CMD_HTTP_TABLE_N]);
 /* The same for the structured-output compile budgets (grammar/grammar.h): --grammar-max-states,
  * --grammar-max-stacks, --grammar-max-seconds, --grammar-cache. *o starts as

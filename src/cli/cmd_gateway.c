@@ -121,7 +121,7 @@ int cmd_gateway(int argc, char **argv)
         { "--decode", NULL, CMD_OPT_LIST, &dec_l, .set = 1, .arg = "HOST:PORT,...", .help = "decode (or mixed) workers to connect to" },
         { "--register", NULL, CMD_OPT_STR, &reg, .arg = "HOST:PORT", .help = "where workers started with --gateway register" },
         { "--cache", NULL, CMD_OPT_STR, &cache_spec, .arg = "SPEC|off", .help = "the workers' block store (entry-point hits)" },
-        { "--ctx", NULL, CMD_OPT_LONG, &ctx, 1, 1 << 24, .arg = "N", .help = "tokens per sequence (default: the model's, at most 4096)" },
+        { "--ctx", NULL, CMD_OPT_LONG, &ctx, 1, 1 << 24, .arg = "N", .help = "tokens per sequence (default: the workers' default for the model)" },
         { "--heartbeat-timeout", NULL, CMD_OPT_DOUBLE, &hb_timeout, 1e-3, 86400, .arg = "S", .help = "a silent worker is dead after S seconds (default 2)" },
         { "--wait-timeout", NULL, CMD_OPT_DOUBLE, &wait_timeout, 1e-3, 86400, .arg = "S", .help = "with no worker of a role, 503 after S seconds (default 30)" },
         { "--progress-timeout", NULL, CMD_OPT_FN, progress, .fn = cmd_gateway_progress, .arg = "FIRST[,NEXT]",
@@ -198,7 +198,9 @@ int cmd_gateway(int argc, char **argv)
             cache = NULL;
         }
     }
-    int n_ctx = ctx > 0 ? (int)ctx : TM_MIN(m->hp.n_ctx_train, 4096);
+    /* the workers' default, for their default --kv-mib (other --kv-mib: set --ctx on both) */
+    cmd_engine_opts eng_default = CMD_ENGINE_OPTS_DEFAULT;
+    int n_ctx = ctx > 0 ? (int)ctx : (int)cmd_common_default_ctx("gateway", m, eng_default.kv_mib);
     gateway_opts go = { .model = m, .cache = cache, .prefill = pre, .n_prefill = n_pre, .decode = dec, .n_decode = n_dec,
                         .register_listen = reg, .n_ctx = n_ctx, .eos_ids = { -1, -1, -1, -1 },
                         .heartbeat_timeout_s = hb_timeout, .wait_timeout_s = wait_timeout, .key = &key,
@@ -235,6 +237,7 @@ int cmd_gateway(int argc, char **argv)
     if (api_chat_register) api_chat_register(h, &ac);
     if (api_responses_register) api_responses_register(h, &ac);
     if (api_messages_register) api_messages_register(h, &ac);
+    api_tokenize_register(h, &ac);
     gateway_routes(g, h);
 
     if (http_server_start(h, err, sizeof err) != HTTP_OK) {

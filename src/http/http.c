@@ -123,6 +123,8 @@ struct http_server {
     char **keys;                 /* (n_keys) accepted API keys */
     unsigned char (*key_sha)[32]; /* (n_keys) their SHA-256 digests */
     int n_keys;
+    char *cors[HTTP_MAX_CORS];   /* (n_cors) allowed origins, "*" for any */
+    int n_cors;
     http_route_t routes[HTTP_MAX_ROUTES];
     int n_routes;
     struct MHD_Daemon *d;
@@ -276,8 +278,57 @@ static void http_raw_error(http_server *h, int fd, http_vendor v, int status, co
 
 /* ---- responses ---- */
 
+/* The Access-Control-Allow-Origin value for the request's Origin: the origin itself when it
+ * is listed, "*" when any is allowed, NULL when CORS is off, there is no Origin, or it is not
+ * allowed. */
+static const char *http_cors_allow(const http_request *r)
+{
+    if (!r->h->n_cors) return NULL;
+    const char *origin = http_request_header(r, "Origin");
+    if (!origin || !*origin) return NULL;
+    bool any = false;
+    for (int i = 0; i < r->h->n_cors; i++) {
+        if (!strcasecmp(r->h->cors[i], origin)) return origin;
+        any |= !strcmp(r->h->cors[i], "*");
+    }
+    return any ? "*" : NULL;
+}
+
+static void http_cors_headers(http_request *r, struct MHD_Response *resp)
+{
+    const char *allow = http_cors_allow(r);
+    if (r->h->n_cors) MHD_add_response_header(resp, "Vary", "Origin");   /* the answer depends on it */
+    if (!allow) return;
+    MHD_add_response_header(resp, "Access-Control-Allow-Origin", allow);
+    MHD_add_response_header(resp, "Access-Control-Expose-Headers", "Retry-After");
+}
+
+/* An OPTIONS request while CORS is on: the preflight's answer. The headers asked for are
+ * allowed as asked (Authorization and x-api-key among them, which "*" would not cover). */
+static void http_cors_preflight(http_request *r)
+{
+    if (!http_cors_allow(r)) {
+        http_respond_error(r, 403, "origin not allowed (see --cors-origin)");
+        return;
+    }
+    struct MHD_Response *resp = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (!resp) return;
+    http_cors_headers(r, resp);
+    const char *want = http_request_header(r, "Access-Control-Request-Headers");
+    MHD_add_response_header(resp, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    MHD_add_response_header(resp, "Access-Control-Allow-Headers",
+                            want && *want ? want : "Authorization, Content-Type, x-api-key, anthropic-version");
+    MHD_add_response_header(resp, "Access-Control-Max-Age", HTTP_CORS_MAX_AGE);
+    if (MHD_queue_response(r->conn, 204, resp) == MHD_YES) {
+        r->responded = true;
+        http_count_status(r->h, 204);
+    }
+    MHD_destroy_response(resp);
+}
+
 static void http_apply_headers(http_request *r, struct MHD_Response *resp, const char *content_type)
 {
+    http_cors_headers(r, resp);
     if (content_type) MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
     for (int i = 0; i < r->n_hdr; i++) MHD_add_response_header(resp, r->hdr_name[i], r->hdr_value[i]);
 }
@@ -513,6 +564,10 @@ static void http_dispatch(http_request *r)
     pthread_mutex_unlock(&h->mu);
     if (r->too_large) {
         http_respond_error(r, 413, "request body too large");
+        return;
+    }
+    if (h->n_cors && !strcmp(r->method, "OPTIONS")) {
+        http_cors_preflight(r);
         return;
     }
     bool path_known = false;
@@ -980,6 +1035,8 @@ http_status http_server_new(const http_opts *opts, http_server **out, char *err,
         h->n_keys++;
     }
     h->o.api_keys = NULL;
+    for (int i = 0; i < o.n_cors_origin && i < HTTP_MAX_CORS; i++) h->cors[h->n_cors++] = xstrdup(o.cors_origin[i]);
+    memset(h->o.cors_origin, 0, sizeof h->o.cors_origin);
     pthread_mutex_init(&h->mu, NULL);
     pthread_mutex_init(&h->cmu, NULL);
     struct in_addr a4;
@@ -1127,6 +1184,7 @@ void http_server_free(http_server *h)
         free(h->routes[i].path);
     }
     for (int i = 0; i < h->n_keys; i++) free(h->keys[i]);
+    for (int i = 0; i < h->n_cors; i++) free(h->cors[i]);
     free(h->keys);
     free(h->key_sha);
     free((char *)h->o.host);

@@ -34,6 +34,13 @@
  *    reserve, so they answer while the API is saturated (only a client with
  *    max_client_connections heads still waiting in the gate is refused before its path shows).
  * Keep-alive is the default for HTTP/1.1; idle connections close after idle_timeout_s.
+ *
+ * CORS (off unless cors_origin names origins): a request whose Origin is one of them (or any,
+ * with "*") gets Access-Control-Allow-Origin on every response the layer or a handler writes
+ * past the gate, errors and streams included, so a browser can read an API error as well as
+ * an answer; an OPTIONS preflight to any path is answered 204 by the layer itself (methods,
+ * the headers asked for, Max-Age), before routes and the API key check, which a browser's
+ * preflight cannot pass. A preflight from another origin is a 403.
  */
 #ifndef TM_HTTP_H
 #define TM_HTTP_H
@@ -42,6 +49,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#define HTTP_MAX_CORS 16          /* --cors-origin values */
+#define HTTP_CORS_MAX_AGE "86400" /* s a browser may keep a preflight's answer */
 #define HTTP_RETRY_AFTER "1"      /* Retry-After of a 503/429 (seconds, the header's text): the
                                    * layer's refusals and the API's (a draining server) */
 #include "util/bytebuf.h"
@@ -64,6 +73,9 @@ typedef struct {
     int max_client_connections; /* connections per client address; 0: 256 */
     const char *const *api_keys; /* (n_api_keys) accepted keys; none: no check */
     int n_api_keys;
+    const char *cors_origin[HTTP_MAX_CORS]; /* (n_cors_origin) origins browsers may call from
+                                 * ("https://app.example", or "*" for any); copied */
+    int n_cors_origin;           /* 0: no CORS headers, OPTIONS is a 405 as before */
 } http_opts;
 
 typedef struct http_server http_server;

@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/kvpool.h"
 #include "util/util.h"
 
 static const api_kind K = API_KIND_MESSAGES;
@@ -218,9 +219,75 @@ static bool api_messages_tools(api_req *r, json_t *tools, api_error *e)
     return true;
 }
 
+/* One block's cache_control, if it has one: {type: "ephemeral", ttl: "5m" | "1h"}. */
+static bool api_messages_cache_control(json_t *b, const char *path, api_error *e)
+{
+    json_t *cc = json_is_object(b) ? json_object_get(b, "cache_control") : NULL;
+    if (!cc || json_is_null(cc)) return true;
+    char p[192], q[224];
+    api_path(p, sizeof p, path, "cache_control", -1);
+    if (!json_is_object(cc)) {
+        api_json_type_error(K, e, p, "a valid dictionary", cc);
+        return false;
+    }
+    static const char *const keys[] = {"type", "ttl", NULL};
+    if (!api_json_known(K, cc, keys, p, e)) return false;
+    json_t *type = json_object_get(cc, "type"), *ttl = json_object_get(cc, "ttl");
+    if (!json_is_string(type) || strcmp(json_string_value(type), "ephemeral")) {
+        api_path(q, sizeof q, p, "type", -1);
+        api_error_set(e, 400, q, NULL, "%s: Input should be 'ephemeral'", q);
+        return false;
+    }
+    if (ttl && !json_is_null(ttl) &&
+        (!json_is_string(ttl) || (strcmp(json_string_value(ttl), "5m") && strcmp(json_string_value(ttl), "1h")))) {
+        api_path(q, sizeof q, p, "ttl", -1);
+        api_error_set(e, 400, q, NULL, "%s: Input should be '5m' or '1h'", q);
+        return false;
+    }
+    return true;
+}
+
+/* cache_control on every block that may carry one: system blocks, message content blocks
+ * (tool_result content blocks too), tools. The prefix cache keeps every full block of every
+ * prompt whatever is marked (see api_messages_cache_written), so a breakpoint changes
+ * nothing; it is accepted wherever Anthropic accepts one and its shape checked as Anthropic
+ * checks it. Types are checked by the parsers after this, so anything else is skipped. */
+static bool api_messages_cache_controls(json_t *root, api_error *e)
+{
+    char p[64], q[96], bp[128];
+    size_t i, j, k;
+    json_t *v, *m, *b, *c;
+    json_t *sys = json_object_get(root, "system"), *msgs = json_object_get(root, "messages");
+    json_t *tools = json_object_get(root, "tools");
+    if (json_is_array(sys))
+        json_array_foreach(sys, i, v) if (!api_messages_cache_control(v, api_path(p, sizeof p, "system", NULL, (int)i), e)) return false;
+    if (json_is_array(tools))
+        json_array_foreach(tools, i, v) if (!api_messages_cache_control(v, api_path(p, sizeof p, "tools", NULL, (int)i), e)) return false;
+    if (!json_is_array(msgs)) return true;
+    json_array_foreach(msgs, i, m) {
+        json_t *content = json_is_object(m) ? json_object_get(m, "content") : NULL;
+        if (!json_is_array(content)) continue;
+        api_path(p, sizeof p, "messages", NULL, (int)i);
+        api_path(q, sizeof q, p, "content", -1);
+        json_array_foreach(content, j, b) {
+            api_path(bp, sizeof bp, q, NULL, (int)j);
+            if (!api_messages_cache_control(b, bp, e)) return false;
+            json_t *inner = json_is_object(b) ? json_object_get(b, "content") : NULL;
+            if (!json_is_array(inner)) continue;
+            json_array_foreach(inner, k, c) {
+                char ip[192], cp[224];
+                api_path(ip, sizeof ip, bp, "content", -1);
+                if (!api_messages_cache_control(c, api_path(cp, sizeof cp, ip, NULL, (int)k), e)) return false;
+            }
+        }
+    }
+    return true;
+}
+
 /* The fields both /v1/messages and count_tokens read. */
 static bool api_messages_common(json_t *root, api_req *r, long long max_tokens, api_error *e)
 {
+    if (!api_messages_cache_controls(root, e)) return false;
     json_t *sys = json_object_get(root, "system");
     if (sys && !json_is_null(sys)) {
         char *text = api_messages_text(sys, "system", e);
@@ -439,11 +506,23 @@ static const char *api_messages_stop_reason(const api_choice *c)
     return "end_turn";
 }
 
+/* Prompt tokens the request wrote to the prefix cache (cache_creation_input_tokens): every
+ * full block of the prompt is kept (keyed in RAM, and in the block store when there is one),
+ * so the tokens of full blocks it computed rather than read are those it wrote, whether or
+ * not the request marked a cache_control breakpoint. Anthropic's input_tokens counts what
+ * was neither read nor written. */
+static int api_messages_cache_written(const api_usage *u)
+{
+    return TM_MAX(0, u->prompt_tokens / KVPOOL_BLOCK * KVPOOL_BLOCK - u->cached_tokens);
+}
+
 static void api_messages_usage(const api_out *o, bool with_output, bytebuf *b)
 {
     const api_usage *u = &o->usage;
-    bytebuf_printf(b, "{\"input_tokens\":%d,\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":%d,\"output_tokens\":%d}",
-                   u->prompt_tokens - u->cached_tokens, u->cached_tokens, with_output ? u->completion_tokens : 0);
+    int written = api_messages_cache_written(u);
+    bytebuf_printf(b, "{\"input_tokens\":%d,\"cache_creation_input_tokens\":%d,\"cache_read_input_tokens\":%d,\"output_tokens\":%d}",
+                   u->prompt_tokens - u->cached_tokens - written, written, u->cached_tokens,
+                   with_output ? u->completion_tokens : 0);
 }
 
 static void api_messages_block(const api_item *it, bool done, bytebuf *b)

@@ -222,7 +222,7 @@ test("messages: non-streaming content, usage, count_tokens agrees", async () => 
   assert.ok(["end_turn", "max_tokens"].includes(m.stop_reason));
   assert.equal(m.usage.cache_read_input_tokens, 0);
   const n = await ant.messages.countTokens({ model: NAME, system: "You are terse.", messages: user("Hi") });
-  assert.equal(n.input_tokens, m.usage.input_tokens);
+  assert.equal(n.input_tokens, m.usage.input_tokens + m.usage.cache_creation_input_tokens);
 });
 
 test("messages: streaming events (message_start, ping, content blocks, message_delta, message_stop)", async () => {
@@ -276,9 +276,10 @@ test("cache hits: a second identical long request reports cached tokens in every
   const body = { model: NAME, max_tokens: 2, temperature: 0, messages: user(LONG + " Messages.") };
   const a1 = await ant.messages.create(body);
   const a2 = await ant.messages.create(body);
-  const total = a1.usage.input_tokens + a1.usage.cache_read_input_tokens;
+  const sum = (u) => u.input_tokens + u.cache_creation_input_tokens + u.cache_read_input_tokens;
+  const total = sum(a1.usage);
   assert.ok(a2.usage.cache_read_input_tokens > 0);
-  assert.equal(a2.usage.input_tokens + a2.usage.cache_read_input_tokens, total, "input_tokens counts only the uncached part");
+  assert.equal(sum(a2.usage), total, "input_tokens counts only what was neither read nor written");
   const s = await ant.messages.stream(body).finalMessage();
   assert.ok(s.usage.cache_read_input_tokens > 0, "streamed usage too");
   // message_start already carries the prompt's figures (sent once the prefix lookup is done)

@@ -70,8 +70,8 @@ export async function otherPromptsCase({ oai, ant, model, gguf }) {
   assert.equal(rr.usage.input_tokens, want);
   assert.equal(rr.reasoning.effort, "high");  // echoed as OpenAI does
   const am = await ant.messages.create({ model, max_tokens: 2, messages: [{ role: "user", content: input }] });
-  // Anthropic counts cache reads apart (the Responses request above may have left rows to reuse)
-  assert.equal(am.usage.input_tokens + am.usage.cache_read_input_tokens, want);
+  // Anthropic counts cache reads and writes apart (the Responses request above may have left rows to reuse)
+  assert.equal(am.usage.input_tokens + am.usage.cache_creation_input_tokens + am.usage.cache_read_input_tokens, want);
 }
 
 // A tool result with no call before it is a 400 in the route's shape; the front stays up.

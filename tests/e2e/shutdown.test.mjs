@@ -101,8 +101,9 @@ function openStream(S, kind, i, words, max) {
         const s = await S.ant.messages.create({ model: NAME, messages: user(text(i, words)), max_tokens: max,
           temperature: 0, stream: true });
         for await (const e of s) {
-          if (e.type === "message_start") {   // input_tokens leaves out the cached ones
-            out.prompt = e.message.usage.input_tokens + (e.message.usage.cache_read_input_tokens ?? 0);
+          if (e.type === "message_start") {   // input_tokens leaves out cache reads and writes
+            out.prompt = e.message.usage.input_tokens + (e.message.usage.cache_read_input_tokens ?? 0) +
+              (e.message.usage.cache_creation_input_tokens ?? 0);
             markStarted();
           }
           if (e.type === "message_delta") { out.finish = e.delta.stop_reason; out.completion = e.usage.output_tokens; }
