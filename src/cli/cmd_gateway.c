@@ -61,7 +61,7 @@ static bool cmd_gateway_progress(const char *prog, const char *name, const char 
 
 int cmd_gateway(int argc, char **argv)
 {
-    const char *path = NULL, *listen = "127.0.0.1:8080", *reg = NULL, *cache_spec = NULL, *name = NULL, *tmpl_name = NULL;
+    const char *path = NULL, *listen = "127.0.0.1:8080", *reg = NULL, *cache_spec = NULL, *name = NULL, *tmpl_name = NULL, *tmpl_file = NULL;
     const char *pre[GWC_MAX], *dec[GWC_MAX], *keys[16];
     int n_pre = 0, n_dec = 0, n_keys = 0;
     long ctx = 0;
@@ -90,7 +90,8 @@ int cmd_gateway(int argc, char **argv)
         { "--cost-per-hour", NULL, CMD_OPT_DOUBLE, &cost_per_hour, 0, 1e9, .arg = "PRICE", .help = "the cluster's price per hour: the status page shows cost per million tokens" },
         { .kind = CMD_OPT_TABLE, .dst = (void *)cmd_common_http_table(&ho, http) },
         { "--model-name", NULL, CMD_OPT_STR, &name, .arg = "NAME", .help = "the model's name in /v1/models (default: the file's)" },
-        { "--template", NULL, CMD_OPT_STR, &tmpl_name, .arg = "NAME", .help = "chat template family (default: the file's, when recognised)" },
+        { "--template", NULL, CMD_OPT_STR, &tmpl_name, .arg = "NAME", .help = "chat template: auto (the default: the family whose reference text the template is, else the Jinja interpreter), jinja, or a family" },
+        { "--template-file", NULL, CMD_OPT_STR, &tmpl_file, .arg = "FILE", .help = "a Jinja chat template to use instead of the model's own" },
         { "-v", NULL, CMD_OPT_FLAG, &verbose, .help = "log more" },
         { 0 },
     };
@@ -132,7 +133,7 @@ int cmd_gateway(int argc, char **argv)
     sigset_t set;
     cmd_common_block_stop_signals(&set);
     if (!cmd_common_load_model("gateway", path, &m, &tok)) goto out;
-    if (template_new(tok, m->g, tmpl_name, &tmpl, err, sizeof err) != TEMPLATE_OK) {
+    if (template_open_file(tok, m->g, tmpl_name, tmpl_file, &tmpl, err, sizeof err) != TEMPLATE_OK) {
         fprintf(stderr, "tokenmill gateway: %s\n", err);
         goto out;
     }
