@@ -31,9 +31,9 @@
 #include "util/bytebuf.h"
 #include "util/util.h"
 
-#define JINJA_DEFAULT_STEPS   (50u * 1000 * 1000)
+#define JINJA_DEFAULT_STEPS   (20u * 1000 * 1000)
 #define JINJA_DEFAULT_OUTPUT  ((size_t)32 << 20)
-#define JINJA_DEFAULT_MEMORY  ((size_t)512 << 20)
+#define JINJA_DEFAULT_MEMORY  ((size_t)128 << 20)
 
 /* ---- values -------------------------------------------------------------------------- */
 
@@ -1893,17 +1893,23 @@ static jx_flow jx_exec_for(jx *x, jenv *env, const jnode *n)
     if (iterable.kind != JV_LIST)
         jx_fail(x, JINJA_ERR_RUNTIME, "cannot loop over a %s (line %d)", jv_type(iterable), n->line);
     const jlist *src = iterable.l;
-    jv *items = src->n ? jx_alloc(x, src->n * sizeof *items) : NULL;
-    size_t n_items = 0;
-    for (size_t i = 0; i < src->n; i++) {
-        if (test) {
+    /* the items iterated: the list itself, or those passing the loop's `if` */
+    const jv *items = src->v;
+    size_t n_items = src->n;
+    if (test) {
+        jv *kept = src->n ? jx_alloc(x, src->n * sizeof *kept) : NULL;
+        n_items = 0;
+        for (size_t i = 0; i < src->n; i++) {
+            jx_step(x);
             jenv *ls = jenv_new(x, scope);
             jx_assign(x, ls, n->a, src->v[i]);
-            if (!jv_truthy(jx_eval(x, ls, test))) continue;
-        } else if (n->a->kind == JN_TUPLE && src->v[i].kind != JV_LIST) {
-            jx_fail(x, JINJA_ERR_RUNTIME, "cannot unpack a %s (line %d)", jv_type(src->v[i]), n->line);
+            if (jv_truthy(jx_eval(x, ls, test))) kept[n_items++] = src->v[i];
         }
-        items[n_items++] = src->v[i];
+        items = kept;
+    } else if (n->a->kind == JN_TUPLE) {
+        for (size_t i = 0; i < src->n; i++)
+            if (src->v[i].kind != JV_LIST)
+                jx_fail(x, JINJA_ERR_RUNTIME, "cannot unpack a %s (line %d)", jv_type(src->v[i]), n->line);
     }
     jloop *loop = jx_alloc(x, sizeof *loop);
     loop->n = n_items;
