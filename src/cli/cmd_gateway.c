@@ -197,7 +197,8 @@ int cmd_gateway(int argc, char **argv)
         fprintf(stderr, "tokenmill gateway: %s\n", err);
         goto out;
     }
-    fprintf(stderr, "tokenmill gateway: model %s (template %s)\n", name, template_name(tmpl));
+    fprintf(stderr, "tokenmill gateway: model %s (template %s, tool calls %s)\n", name, template_name(tmpl),
+            template_tool_format(tmpl));
     if (reg) {
         const char *rc_ = strrchr(reg, ':');
         fprintf(stderr, "tokenmill gateway: workers register at %.*s:%d\n", (int)(rc_ ? rc_ - reg : 0), reg,

@@ -270,9 +270,9 @@ static int serve_routes(serve *sv)
     }
     char kvd[128];
     cmd_common_kv_desc(sv->e, kvd, sizeof kvd);
-    fprintf(stderr, "tokenmill serve: model %s (%s, %d layers, ctx %d, %s, %d threads, template %s)\n", name,
+    fprintf(stderr, "tokenmill serve: model %s (%s, %d layers, ctx %d, %s, %d threads, template %s, tool calls %s)\n", name,
             sv->m->hp.arch_name, sv->m->hp.n_layers, (int)o->eng.ctx, kvd, engine_n_threads(sv->e),
-            template_name(sv->tmpl));
+            template_name(sv->tmpl), template_tool_format(sv->tmpl));
     if (sv->bio) fprintf(stderr, "tokenmill serve: block store %s\n", store_spec(sv->cache));
     fprintf(stderr, "tokenmill serve: listening on http://%s:%d\n", o->host, http_server_port(sv->h));
     fflush(stderr);

@@ -97,12 +97,36 @@ static size_t jp_generation_tag(const char *s, size_t n, size_t i, bool *lstrip,
     return j + 2 - i;
 }
 
-static void jp_preprocess(const char *src, size_t n, bytebuf *out)
+/* A stage's output: bytes and, for each, its offset in the original source (error lines). */
+typedef struct {
+    bytebuf b;
+    size_t *at;
+    size_t cap;
+} jp_text;
+
+static void jp_text_put(jp_text *o, const char *s, size_t n, const size_t *at_in, size_t from)
+{
+    if (o->b.len + n > o->cap) {
+        o->cap = (o->b.len + n) * 2 + 16;
+        o->at = xrealloc(o->at, o->cap * sizeof *o->at);
+    }
+    for (size_t k = 0; k < n; k++) o->at[o->b.len + k] = at_in ? at_in[from + k] : from + k;
+    bytebuf_append(&o->b, s, n);
+}
+
+static void jp_text_free(jp_text *o)
+{
+    bytebuf_free(&o->b);
+    free(o->at);
+}
+
+/* The preprocessed source into *out (out->at: original offsets). */
+static void jp_preprocess(const char *src, size_t n, jp_text *out)
 {
     if (n && src[n - 1] == '\n') n--;
-    bytebuf a = { 0 };
+    jp_text a = { 0 }, b = { 0 };
     /* lstrip_blocks */
-    bytebuf_append(&a, NULL, 0);
+    jp_text_put(&a, NULL, 0, NULL, 0);
     for (size_t i = 0; i < n;) {
         if (i == 0 || src[i - 1] == '\n' || src[i - 1] == '\r') {
             size_t j = i;
@@ -113,39 +137,39 @@ static void jp_preprocess(const char *src, size_t n, bytebuf *out)
         size_t k = i;
         while (k < n && src[k] != '\n' && src[k] != '\r') k++;
         if (k < n) k++;
-        bytebuf_append(&a, src + i, k - i);
+        jp_text_put(&a, src + i, k - i, NULL, i);
         i = k;
     }
     /* trim_blocks */
-    bytebuf b = { 0 };
-    bytebuf_append(&b, NULL, 0);
-    for (size_t i = 0; i < a.len; i++) {
-        if (a.p[i] == '\n' && i >= 2 && a.p[i - 1] == '}' && (a.p[i - 2] == '#' || a.p[i - 2] == '%' || a.p[i - 2] == '-'))
+    jp_text_put(&b, NULL, 0, NULL, 0);
+    for (size_t i = 0; i < a.b.len; i++) {
+        if (a.b.p[i] == '\n' && i >= 2 && a.b.p[i - 1] == '}' && (a.b.p[i - 2] == '#' || a.b.p[i - 2] == '%' || a.b.p[i - 2] == '-'))
             continue;
-        bytebuf_putc(&b, a.p[i]);
+        jp_text_put(&b, a.b.p + i, 1, a.at, i);
     }
-    bytebuf_free(&a);
+    jp_text_free(&a);
     /* generation tags */
-    bytebuf_append(out, NULL, 0);
+    jp_text_put(out, NULL, 0, NULL, 0);
     size_t i = 0;
-    while (i < b.len) {
+    while (i < b.b.len) {
         /* a run of blanks followed by a tag, or a tag */
         size_t j = i;
-        while (j < b.len && jp_space(b.p[j])) j++;
+        while (j < b.b.len && jp_space(b.b.p[j])) j++;
         bool ls, rs;
-        size_t tl = j < b.len ? jp_generation_tag(b.p, b.len, j, &ls, &rs) : 0;
+        size_t tl = j < b.b.len ? jp_generation_tag(b.b.p, b.b.len, j, &ls, &rs) : 0;
         if (!tl) {
-            bytebuf_append(out, b.p + i, (j > i ? j - i : 1));
-            i = j > i ? j : i + 1;
+            size_t m = j > i ? j - i : 1;
+            jp_text_put(out, b.b.p + i, m, b.at, i);
+            i += m;
             continue;
         }
-        if (!ls) bytebuf_append(out, b.p + i, j - i);
+        if (!ls) jp_text_put(out, b.b.p + i, j - i, b.at, i);
         size_t k = j + tl, e = k;
-        while (e < b.len && jp_space(b.p[e])) e++;
-        if (!rs) bytebuf_append(out, b.p + k, e - k);
+        while (e < b.b.len && jp_space(b.b.p[e])) e++;
+        if (!rs) jp_text_put(out, b.b.p + k, e - k, b.at, k);
         i = e;
     }
-    bytebuf_free(&b);
+    jp_text_free(&b);
 }
 
 /* ---- lexer --------------------------------------------------------------------------- */
@@ -167,6 +191,8 @@ typedef struct {
     jarena *arena;
     const char *src;    /* preprocessed */
     size_t n;
+    const size_t *at;   /* (n) each byte's offset in the original source */
+    const char *orig;   /* the original source (line numbers) */
     jtok *t;            /* n_t tokens */
     size_t n_t, cap_t;
     size_t cur;         /* parser position */
@@ -179,15 +205,16 @@ typedef struct {
     bool failed;
 } jp;
 
-/* The line of pos; positions mostly grow, so counting goes on from the last one asked. */
+/* The original line of preprocessed position pos; positions mostly grow, so counting goes on
+ * from the last one asked. */
 static int jp_line(jp *p, size_t pos)
 {
-    if (pos > p->n) pos = p->n;
+    pos = pos < p->n ? p->at[pos] : p->n ? p->at[p->n - 1] + 1 : 0;
     if (pos < p->line_pos) {
         p->line_pos = 0;
         p->line_at = 1;
     }
-    for (size_t i = p->line_pos; i < pos; i++) p->line_at += p->src[i] == '\n';
+    for (size_t i = p->line_pos; i < pos; i++) p->line_at += p->orig[i] == '\n';
     p->line_pos = pos;
     return p->line_at;
 }
@@ -1132,9 +1159,10 @@ jinja_status jinja_parse(const char *src, size_t n, jinja_program **out, char *e
 {
     *out = NULL;
     jinja_program *prog = xcalloc(1, sizeof *prog);
-    bytebuf pre = { 0 };
+    jp_text pre = { 0 };
     jp_preprocess(src, n, &pre);
-    jp p = { .arena = &prog->arena, .src = pre.p, .n = pre.len, .line_at = 1, .err = err, .errsz = errsz };
+    jp p = { .arena = &prog->arena, .src = pre.b.p, .n = pre.b.len, .at = pre.at, .orig = src, .line_at = 1, .err = err,
+             .errsz = errsz };
     jp_lex(&p);
     jp_list body = { 0 };
     while (!p.failed && p.cur < p.n_t) {
@@ -1143,7 +1171,7 @@ jinja_status jinja_parse(const char *src, size_t n, jinja_program **out, char *e
     }
     prog->body = jp_list_done(&p, &body, &prog->n_body);
     free(p.t);
-    bytebuf_free(&pre);
+    jp_text_free(&pre);
     if (p.failed) {
         jinja_program_free(prog);
         return JINJA_ERR_SYNTAX;

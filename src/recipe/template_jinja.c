@@ -41,6 +41,7 @@ struct tmpl_jinja {
     bool developer;             /* the template knows the developer role (else it reads system) */
     events_toolfmt toolfmt;     /* the call syntax the template writes */
     bool thinks;                /* the template writes <think> blocks */
+    bool null_calls;            /* a turn of tool calls with no text gets content none (else "") */
 };
 
 static bool tj_has(const tmpl_jinja *j, const char *z) { return memmem(j->text, j->len, z, strlen(z)) != NULL; }
@@ -60,19 +61,18 @@ static bool tj_messages(tmpl_b *b, const conv *c, const tmpl_jinja *j, bytebuf *
         tj_str(o, conv_role_name(r), strlen(conv_role_name(r)));
         /* content: the text parts (a tool turn's results) joined; none for a call-only turn */
         conv_part_kind ck = t->role == CONV_ROLE_TOOL ? CONV_PART_TOOL_RESULT : CONV_PART_TEXT;
-        int n_calls = conv_turn_count(t, CONV_PART_TOOL_CALL), n_text = conv_turn_count(t, ck);
+        int n_calls = conv_turn_count(t, CONV_PART_TOOL_CALL);
+        size_t at = b->store.len;
+        for (int k = 0; k < t->n_parts; k++)
+            if (t->parts[k].kind == ck) bytebuf_append(&b->store, t->parts[k].text, t->parts[k].len);
         bytebuf_puts(o, ",\"content\":");
-        if (!n_text && n_calls) {
-            bytebuf_puts(o, "null");
-        } else {
-            size_t at = b->store.len;
-            for (int k = 0; k < t->n_parts; k++)
-                if (t->parts[k].kind == ck) bytebuf_append(&b->store, t->parts[k].text, t->parts[k].len);
-            tj_str(o, b->store.p ? b->store.p + at : "", b->store.len - at);
-            b->store.len = at;
-        }
+        /* a turn of calls with no text has none (OpenAI clients send null; the APIs do not
+           keep "" apart from null), unless the template cannot take none there */
+        if (n_calls && b->store.len == at && j->null_calls) bytebuf_puts(o, "null");
+        else tj_str(o, b->store.p ? b->store.p + at : "", b->store.len - at);
+        b->store.len = at;
         if (conv_turn_count(t, CONV_PART_REASONING)) {
-            size_t at = b->store.len;
+            at = b->store.len;
             for (int k = 0; k < t->n_parts; k++)
                 if (t->parts[k].kind == CONV_PART_REASONING) bytebuf_append(&b->store, t->parts[k].text, t->parts[k].len);
             bytebuf_puts(o, ",\"reasoning_content\":");
@@ -237,6 +237,23 @@ void tmpl_render_jinja(tmpl_b *b, const conv *c, const tmpl_jinja *j)
     jinja_output_free(&o);
 }
 
+/* Renders c; TEMPLATE_ERR_LIMIT (and err) when a bound was passed, TEMPLATE_ERR_TEMPLATE when
+ * the template failed otherwise. */
+static template_status tj_probe(const template *t, const tmpl_jinja *j, const conv *c, char *err, size_t errsz)
+{
+    char berr[400] = "";
+    tmpl_b b = { .t = t, .err = berr, .errsz = sizeof berr };
+    tmpl_render_jinja(&b, c, j);
+    free(b.segs);
+    bytebuf_free(&b.runs);
+    bytebuf_free(&b.shown);
+    bytebuf_free(&b.store);
+    bytebuf_free(&b.json);
+    bytebuf_free(&b.json_src);
+    if (b.st == TEMPLATE_ERR_LIMIT) snprintf(err, errsz, "the chat template cannot be used: on a plain conversation, %s", berr);
+    return b.st == TEMPLATE_OK ? TEMPLATE_OK : b.st == TEMPLATE_ERR_LIMIT ? TEMPLATE_ERR_LIMIT : TEMPLATE_ERR_TEMPLATE;
+}
+
 template_status tmpl_jinja_new(const template *t, const char *text, size_t n, tmpl_jinja **out, char *err, size_t errsz)
 {
     *out = NULL;
@@ -265,21 +282,29 @@ template_status tmpl_jinja_new(const template *t, const char *text, size_t n, tm
     c.date = "2025-01-01";
     conv_add_message(&c, CONV_ROLE_SYSTEM, "You are a helpful assistant.");
     conv_add_message(&c, CONV_ROLE_USER, "Hello!");
-    char berr[400] = "";
-    tmpl_b b = { .t = t, .err = berr, .errsz = sizeof berr };
-    tmpl_render_jinja(&b, &c, j);
-    free(b.segs);
-    bytebuf_free(&b.runs);
-    bytebuf_free(&b.shown);
-    bytebuf_free(&b.store);
-    bytebuf_free(&b.json);
-    bytebuf_free(&b.json_src);
+    template_status st = tj_probe(t, j, &c, err, errsz);
     conv_free(&c);
-    if (b.st == TEMPLATE_ERR_LIMIT) {
-        snprintf(err, errsz, "the chat template cannot be used: on a plain conversation, %s", berr);
+    if (st == TEMPLATE_ERR_LIMIT) {
         tmpl_jinja_free(j);
-        return TEMPLATE_ERR_LIMIT;
+        return st;
     }
+    /* a turn of tool calls with no text: none if the template takes it, as llama.cpp decides */
+    conv_init(&c);
+    c.add_generation_prompt = true;
+    c.date = "2025-01-01";
+    conv_add_tool(&c, "f", "A function.", "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"}}}");
+    conv_add_message(&c, CONV_ROLE_USER, "Call f.");
+    conv_add_turn(&c, CONV_ROLE_ASSISTANT);
+    conv_add_tool_call(&c, "call_1", "f", "{\"a\":\"x\"}", 9);
+    conv_add_turn(&c, CONV_ROLE_TOOL);
+    conv_add_tool_result(&c, "call_1", "f", "ok", 2);
+    j->null_calls = true;
+    char perr2[8];
+    if (tj_probe(t, j, &c, perr2, sizeof perr2) != TEMPLATE_OK) {
+        j->null_calls = false;
+        if (tj_probe(t, j, &c, perr2, sizeof perr2) != TEMPLATE_OK) j->null_calls = true;
+    }
+    conv_free(&c);
     *out = j;
     return TEMPLATE_OK;
 }
