@@ -102,7 +102,7 @@ static void cmd_gateway_drain(gateway *g, http_server *h, int sig, long drain_ti
 
 int cmd_gateway(int argc, char **argv)
 {
-    const char *path = NULL, *listen = "127.0.0.1:8080", *reg = NULL, *cache_spec = NULL, *name = NULL, *tmpl_name = NULL;
+    const char *path = NULL, *listen = "127.0.0.1:8080", *reg = NULL, *cache_spec = NULL, *name = NULL, *tmpl_name = NULL, *tmpl_file = NULL;
     const char *pre[GWC_MAX], *dec[GWC_MAX], *keys[16];
     int n_pre = 0, n_dec = 0, n_keys = 0;
     long ctx = 0, drain_timeout = 30;
@@ -134,7 +134,8 @@ int cmd_gateway(int argc, char **argv)
         { .kind = CMD_OPT_TABLE, .dst = (void *)cmd_common_http_table(&ho, http) },
         { .kind = CMD_OPT_TABLE, .dst = (void *)cmd_common_grammar_table(&gl, gram) },
         { "--model-name", NULL, CMD_OPT_STR, &name, .arg = "NAME", .help = "the model's name in /v1/models (default: the file's)" },
-        { "--template", NULL, CMD_OPT_STR, &tmpl_name, .arg = "NAME", .help = "chat template family (default: the file's, when recognised)" },
+        { "--template", NULL, CMD_OPT_STR, &tmpl_name, .arg = "NAME", .help = "chat template: auto (the default: the family whose reference text the template is, else the Jinja interpreter), jinja, or a family" },
+        { "--template-file", NULL, CMD_OPT_STR, &tmpl_file, .arg = "FILE", .help = "a Jinja chat template to use instead of the model's own" },
         { "-v", NULL, CMD_OPT_FLAG, &verbose, .help = "log more" },
         { 0 },
     };
@@ -177,7 +178,7 @@ int cmd_gateway(int argc, char **argv)
     sigset_t set;
     cmd_common_block_stop_signals(&set);
     if (!cmd_common_load_model("gateway", path, &m, &tok)) goto out;
-    if (template_new(tok, m->g, tmpl_name, &tmpl, err, sizeof err) != TEMPLATE_OK) {
+    if (template_open_file(tok, m->g, tmpl_name, tmpl_file, &tmpl, err, sizeof err) != TEMPLATE_OK) {
         fprintf(stderr, "tokenmill gateway: %s\n", err);
         goto out;
     }
@@ -244,7 +245,8 @@ int cmd_gateway(int argc, char **argv)
         fprintf(stderr, "tokenmill gateway: %s\n", err);
         goto out;
     }
-    fprintf(stderr, "tokenmill gateway: model %s (template %s)\n", name, template_name(tmpl));
+    fprintf(stderr, "tokenmill gateway: model %s (template %s, tool calls %s)\n", name, template_name(tmpl),
+            template_tool_format(tmpl));
     if (reg) {
         const char *rc_ = strrchr(reg, ':');
         fprintf(stderr, "tokenmill gateway: workers register at %.*s:%d\n", (int)(rc_ ? rc_ - reg : 0), reg,

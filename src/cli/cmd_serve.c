@@ -77,7 +77,8 @@ typedef struct {
     const char *path;            /* -m: the GGUF model */
     const char *host;            /* listen address */
     const char *name;            /* --model-name, or NULL: derived from the file name */
-    const char *tmpl_name;       /* --template, or NULL: the GGUF's */
+    const char *tmpl_name;       /* --template, or NULL: auto */
+    const char *tmpl_file;       /* --template-file, or NULL: the GGUF's template text */
     const char *keys[SERVE_MAX_KEYS]; /* (n_keys) --api-key values */
     int n_keys;
     long port;
@@ -133,7 +134,8 @@ static int serve_options(int argc, char **argv, serve_opts *o)
         { "--port", NULL, CMD_OPT_LONG, &o->port, 0, 65535, .arg = "PORT", .help = "listen port (default 8080; 0: any free one)" },
         { .kind = CMD_OPT_TABLE, .dst = (void *)cmd_common_engine_table(&o->eng, eng) },
         { "--model-name", NULL, CMD_OPT_STR, &o->name, .arg = "NAME", .help = "the model's name in /v1/models (default: the file's)" },
-        { "--template", NULL, CMD_OPT_STR, &o->tmpl_name, .arg = "NAME", .help = "chat template family (default: the file's, when recognised)" },
+        { "--template", NULL, CMD_OPT_STR, &o->tmpl_name, .arg = "NAME", .help = "chat template: auto (the default: the family whose reference text the template is, else the Jinja interpreter), jinja, or a family" },
+        { "--template-file", NULL, CMD_OPT_STR, &o->tmpl_file, .arg = "FILE", .help = "a Jinja chat template to use instead of the model's own" },
         { "--api-key", NULL, CMD_OPT_LIST, &keys, .arg = "KEY", .help = "require this key (repeat for several)" },
         { "--metrics-public", NULL, CMD_OPT_FLAG, &o->metrics_public, .help = "with --api-key, leave /metrics and the status page open" },
         { "--curves", NULL, CMD_OPT_STR, &o->curves_path, .arg = "PATH", .help = "this machine's `tokenmill bench curves` JSON: the status page places its users on it" },
@@ -186,9 +188,9 @@ static int serve_model(serve *sv)
 {
     char err[512];
     if (!cmd_common_load_model("serve", sv->o.path, &sv->m, &sv->tok)) return 1;
-    if (template_new(sv->tok, sv->m->g, sv->o.tmpl_name, &sv->tmpl, err, sizeof err) != TEMPLATE_OK) {
+    if (template_open_file(sv->tok, sv->m->g, sv->o.tmpl_name, sv->o.tmpl_file, &sv->tmpl, err, sizeof err) != TEMPLATE_OK) {
         fprintf(stderr, "tokenmill serve: %s\n", err);
-        return sv->o.tmpl_name ? 2 : 1;
+        return sv->o.tmpl_name || sv->o.tmpl_file ? 2 : 1;
     }
     return 0;
 }
@@ -273,9 +275,9 @@ static int serve_routes(serve *sv)
     }
     char kvd[128];
     cmd_common_kv_desc(sv->e, kvd, sizeof kvd);
-    fprintf(stderr, "tokenmill serve: model %s (%s, %d layers, ctx %d, %s, %d threads, template %s)\n", name,
+    fprintf(stderr, "tokenmill serve: model %s (%s, %d layers, ctx %d, %s, %d threads, template %s, tool calls %s)\n", name,
             sv->m->hp.arch_name, sv->m->hp.n_layers, (int)o->eng.ctx, kvd, engine_n_threads(sv->e),
-            template_name(sv->tmpl));
+            template_name(sv->tmpl), template_tool_format(sv->tmpl));
     if (sv->bio) fprintf(stderr, "tokenmill serve: block store %s\n", store_spec(sv->cache));
     fprintf(stderr, "tokenmill serve: listening on http://%s:%d\n", o->host, http_server_port(sv->h));
     fflush(stderr);

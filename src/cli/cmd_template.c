@@ -1,11 +1,11 @@
 /*
- * cmd_template: `tokenmill template -m MODEL [--template NAME] [--threads N] --input CONV.json`
+ * cmd_template: `tokenmill template -m MODEL [--template NAME] [--template-file FILE] [--threads N] --input CONV.json`
  * renders a conversation with the model's chat template and prints
  * {"template": NAME, "ids": [...], "text": "...", "markers": {...}} (tests compare the ids
  * with llama.cpp's tokenisation of the reference Jinja rendering). An input that is a JSON
- * array of conversations prints one such line per conversation. Without --template the
- * model's chat template must be one the families recognise (template_detect); otherwise the
- * command exits with status 2 and says so.
+ * array of conversations prints one such line per conversation. Without --template a model
+ * whose template is none of the families' reference texts is rendered by the Jinja
+ * interpreter ("template": "jinja"); a template the interpreter refuses exits with status 2.
  *
  * Input (close to an OpenAI Chat Completions body):
  *   {"messages": [{"role": "system"|"developer"|"user"|"assistant"|"tool",
@@ -16,7 +16,8 @@
  *    "tools": [{"type": "function", "function": {"name", "description", "parameters"}}],
  *    "add_generation_prompt": bool (default true), "enable_thinking": bool (default: the
  *    family's), "reasoning_effort": "low"|"medium"|"high", "date": "YYYY-MM-DD" (templates
- *    that print the current date; default today, UTC)}
+ *    that print the current date; default today, UTC), "chat_template_kwargs": {...}
+ *    (more variables for a Jinja template)}
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,6 +69,12 @@ static bool cmd_template_parse(conv *c, json_t *root, char *err, size_t errsz)
     if (eff) c->effort = !strcmp(eff, "low") ? CONV_EFFORT_LOW : !strcmp(eff, "high") ? CONV_EFFORT_HIGH : CONV_EFFORT_MEDIUM;
     const char *date = json_string_value(json_object_get(root, "date"));
     if (date) c->date = conv_strdup(c, date, strlen(date));
+    json_t *kw = json_object_get(root, "chat_template_kwargs");
+    if (json_is_object(kw)) {
+        char *d = json_dumps(kw, JSON_COMPACT);
+        c->template_kwargs = conv_strdup(c, d, strlen(d));
+        free(d);
+    }
     size_t i;
     json_t *m;
     json_array_foreach(msgs, i, m) {
@@ -144,10 +151,18 @@ static int cmd_template_one(const template *t, json_t *root, int threads)
     template_markers(t, &c, &mk);
     json_t *o = json_object();
     json_object_set_new(o, "template", json_string(template_name(t)));
+    json_object_set_new(o, "tool_format", json_string(template_tool_format(t)));
     json_t *ids = json_array();
     for (size_t i = 0; i < p.n_ids; i++) json_array_append_new(ids, json_integer(p.ids[i]));
     json_object_set_new(o, "ids", ids);
     json_object_set_new(o, "text", json_stringn(p.text, p.text_len));
+    /* what a Jinja template gets as bos_token / eos_token (tests hand them to the oracle) */
+    const tokenizer *tok = template_tokenizer(t);
+    size_t bl = 0, el = 0;
+    const char *bp = tokenizer_bos(tok) >= 0 ? tokenizer_piece(tok, tokenizer_bos(tok), &bl) : NULL;
+    const char *ep = tokenizer_eos(tok) >= 0 ? tokenizer_piece(tok, tokenizer_eos(tok), &el) : NULL;
+    json_object_set_new(o, "bos_token", json_stringn(bp ? bp : "", bp ? bl : 0));
+    json_object_set_new(o, "eos_token", json_stringn(ep ? ep : "", ep ? el : 0));
     json_t *mj = json_object();
     json_object_set_new(mj, "think_start", json_integer(mk.think_start));
     json_object_set_new(mj, "think_end", json_integer(mk.think_end));
@@ -176,11 +191,12 @@ out:
 
 int cmd_template(int argc, char **argv)
 {
-    const char *model_path = NULL, *name = NULL, *input = NULL;
+    const char *model_path = NULL, *name = NULL, *input = NULL, *file = NULL;
     long threads = 1;
     const cmd_opt opts[] = {
         { "--model", "-m", CMD_OPT_STR, &model_path, .arg = "MODEL", .help = "the GGUF whose vocabulary and template to use", .required = true },
-        { "--template", NULL, CMD_OPT_STR, &name, .arg = "NAME", .help = "chat template family (default: the file's, when recognised)" },
+        { "--template", NULL, CMD_OPT_STR, &name, .arg = "NAME", .help = "chat template: auto (the default: the family whose reference text the template is, else the Jinja interpreter), jinja, or a family" },
+        { "--template-file", NULL, CMD_OPT_STR, &file, .arg = "FILE", .help = "a Jinja chat template to use instead of the model's own" },
         { "--input", NULL, CMD_OPT_STR, &input, .arg = "CONV.json", .help = "the conversation", .required = true },
         { "--threads", NULL, CMD_OPT_LONG, &threads, 0, 1024, .arg = "N", .help = "tokenise a long prompt's text runs on N threads (default 1)" },
         { 0 },
@@ -204,7 +220,7 @@ int cmd_template(int argc, char **argv)
         fprintf(stderr, "tokenmill template: %s\n", err);
         goto done;
     }
-    if (template_new(tok, g, name, &t, err, sizeof err) != TEMPLATE_OK) {
+    if (template_open_file(tok, g, name, file, &t, err, sizeof err) != TEMPLATE_OK) {
         fprintf(stderr, "tokenmill template: %s\n", err);
         rc = 2;
         goto done;

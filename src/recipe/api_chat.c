@@ -6,7 +6,8 @@
  * reads text only); an assistant's `reasoning_content` becomes a reasoning part and its
  * `tool_calls` tool-call parts; a tool message is a tool turn with one result part. Unknown
  * top-level fields are rejected as OpenAI does ("Unrecognized request argument supplied").
- * Extensions accepted: top_k, min_p, repetition_penalty, chat_template_kwargs.enable_thinking,
+ * Extensions accepted: top_k, min_p, repetition_penalty, chat_template_kwargs (enable_thinking;
+ * every member a variable of a Jinja template),
  * thinking {type, budget_tokens} (as Anthropic's: the reasoning is closed after that many
  * tokens, see sched.h), return_token_ids, and the structured-output fields of vLLM (guided_json,
  * guided_regex, guided_choice, guided_grammar) and llama.cpp (json_schema, grammar) next to
@@ -368,6 +369,10 @@ static bool api_chat_thinking(json_t *root, api_req *r, api_error *e)
         }
         if ((st = api_json_bool(K, ctk, "enable_thinking", &b, e)) < 0) return false;
         if (st) r->conv.thinking = b ? CONV_THINKING_ON : CONV_THINKING_OFF;
+        /* every member is a variable for a Jinja template (request text: tainted there) */
+        char *d = json_dumps(ctk, JSON_COMPACT);
+        if (d) r->conv.template_kwargs = conv_strdup(&r->conv, d, strlen(d));
+        free(d);
     }
     json_t *th = json_object_get(root, "thinking");
     if (th && !json_is_null(th)) {

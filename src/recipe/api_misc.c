@@ -27,8 +27,11 @@ static void misc_models(http_request *r, void *user)
     bytebuf_printf(&b, ",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"tokenmill\",\"context_length\":%d",
                    (long long)c->created, c->n_ctx);
     if (c->tmpl) {
+        /* the renderer: a built-in family's name, or "jinja" for the interpreter */
         bytebuf_puts(&b, ",\"template\":");
         api_buf_str(&b, template_name(c->tmpl));
+        bytebuf_puts(&b, ",\"tool_format\":");
+        api_buf_str(&b, template_tool_format(c->tmpl));
     }
     bytebuf_puts(&b, "}]}");
     api_respond_buf(r, 200, &b);
@@ -47,8 +50,11 @@ static void misc_health(http_request *r, void *user)
     bytebuf b = {0};
     bytebuf_printf(&b, "{\"status\":\"%s\"", draining ? "draining" : loading ? "loading" : "ok");
     if (c->tmpl) {
+        /* the renderer: a built-in family's name, or "jinja" for the interpreter */
         bytebuf_puts(&b, ",\"template\":");
         api_buf_str(&b, template_name(c->tmpl));
+        bytebuf_puts(&b, ",\"tool_format\":");
+        api_buf_str(&b, template_tool_format(c->tmpl));
     }
     bytebuf_puts(&b, "}");
     if (down) http_add_header(r, "Retry-After", HTTP_RETRY_AFTER);

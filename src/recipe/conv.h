@@ -96,6 +96,8 @@ typedef struct {
                                     NULL: today's UTC date (tests fix it) */
     const char *forced_call;     /* the tool the answer must call, when it is one (NULL: none);
                                     templates that can open the call in the prompt do (harmony) */
+    const char *template_kwargs; /* chat_template_kwargs: a JSON object whose members are more
+                                    variables for a Jinja template (NULL: none) */
     conv_chunk *arena;           /* string storage (list of chunks, newest first) */
 } conv;
 

@@ -158,8 +158,7 @@ static bool jsonfmt_string_rd(jsonfmt_rd *r, bytebuf *dec)
     return jsonfmt_end(r);
 }
 
-/* Formats a double the way JavaScript's Number#toString does. */
-static void jsonfmt_put_jsnum(bytebuf *b, double v)
+void jsonfmt_write_number(bytebuf *b, double v)
 {
     char tmp[64];
     if (v == 0) { bytebuf_putc(b, '0'); return; }
@@ -247,7 +246,7 @@ static bool jsonfmt_number(jsonfmt_rd *r)
     }
     memcpy(tmp, r->s + st, len);
     tmp[len] = 0;
-    jsonfmt_put_jsnum(r->out, strtod(tmp, NULL));
+    jsonfmt_write_number(r->out, strtod(tmp, NULL));
     return true;
 }
 

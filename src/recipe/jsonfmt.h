@@ -75,6 +75,10 @@ typedef enum {
 jsonfmt_scan_status jsonfmt_scan(const char *src, size_t len, int max_depth, size_t max_values, int *depth,
                                  size_t *n_values);
 
+/* Appends v as JavaScript's Number#toString prints it (1.0 -> 1, 1e21 -> 1e+21; NaN and the
+ * infinities, which JSON cannot hold, as null). */
+void jsonfmt_write_number(bytebuf *out, double v);
+
 /* True when src[0..len) is exactly one valid JSON value. */
 bool jsonfmt_valid(const char *src, size_t len);
 

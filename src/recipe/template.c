@@ -47,12 +47,13 @@ struct template {
     tmpl_special *udef;       /* user-defined tokens of 2+ characters (matched even without parse_special) */
     int32_t n_udef;
     int32_t udef_first[257];  /* same grouping for udef */
+    tmpl_jinja *jinja;        /* TEMPLATE_JINJA: the parsed template (template_jinja.c) */
 };
 
 static const char *const template_names[] = {
     [TEMPLATE_PLAIN] = "plain", [TEMPLATE_CHATML] = "chatml", [TEMPLATE_QWEN25] = "qwen2.5",
     [TEMPLATE_QWEN2] = "qwen2", [TEMPLATE_QWEN3] = "qwen3", [TEMPLATE_LLAMA3] = "llama3", [TEMPLATE_DEEPSEEK3] = "deepseek3",
-    [TEMPLATE_DEEPSEEK_R1] = "deepseek-r1", [TEMPLATE_HARMONY] = "harmony",
+    [TEMPLATE_DEEPSEEK_R1] = "deepseek-r1", [TEMPLATE_HARMONY] = "harmony", [TEMPLATE_JINJA] = "jinja",
 };
 
 static bool tmpl_blank(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
@@ -65,14 +66,16 @@ int template_family_by_name(const char *name)
     if (!strcmp(name, "llama3.1") || !strcmp(name, "llama31")) return TEMPLATE_LLAMA3;
     if (!strcmp(name, "deepseek-r1") || !strcmp(name, "r1")) return TEMPLATE_DEEPSEEK_R1;
     if (!strcmp(name, "gpt-oss")) return TEMPLATE_HARMONY;
+    if (!strcmp(name, "interpreter")) return TEMPLATE_JINJA;
     if (!strcmp(name, "deepseek") || !strcmp(name, "deepseek3.1") || !strcmp(name, "deepseek-v3")) return TEMPLATE_DEEPSEEK3;
     return -1;
 }
 
 const char *template_name(const template *t) { return template_names[t->family]; }
+const tokenizer *template_tokenizer(const template *t) { return t->tok; }
 template_family template_get_family(const template *t) { return t->family; }
 
-static int32_t tmpl_find(const tokenizer *tok, const char *z)
+int32_t tmpl_find(const tokenizer *tok, const char *z)
 {
     int32_t id = tokenizer_find(tok, z, strlen(z));
     if (id < 0) return -1;
@@ -114,27 +117,6 @@ static int tmpl_known_family(const char *z, size_t n)
     return -1;
 }
 
-/* The family a template text looks like by its markers (only a hint for the error message of
- * an unrecognised template); -1 if none. */
-static int tmpl_resembles(const char *ct, size_t ctn)
-{
-    if (!ct) return -1;
-    if (memmem(ct, ctn, "<｜User｜>", strlen("<｜User｜>")) || memmem(ct, ctn, "<｜Assistant｜>", strlen("<｜Assistant｜>"))) {
-        /* R1 opens the think block with a newline in its generation prompt */
-        if (memmem(ct, ctn, "<｜Assistant｜><think>\\n", strlen("<｜Assistant｜><think>\\n"))) return TEMPLATE_DEEPSEEK_R1;
-        return TEMPLATE_DEEPSEEK3;
-    }
-    if (memmem(ct, ctn, "<|start_header_id|>", 19)) return TEMPLATE_LLAMA3;
-    if (memmem(ct, ctn, "<|channel|>", 11)) return TEMPLATE_HARMONY;
-    if (memmem(ct, ctn, "<|im_start|>", 12)) {
-        if (memmem(ct, ctn, "<think>", 7) || memmem(ct, ctn, "enable_thinking", 15)) return TEMPLATE_QWEN3;
-        if (memmem(ct, ctn, "You are Qwen", 12) || memmem(ct, ctn, "<tool_call>", 11)) return TEMPLATE_QWEN25;
-        if (memmem(ct, ctn, "You are a helpful assistant", 27)) return TEMPLATE_QWEN2;
-        return TEMPLATE_CHATML;
-    }
-    return -1;
-}
-
 /* "plain, chatml, ..." into buf. */
 static void tmpl_family_list(char *buf, size_t n)
 {
@@ -144,11 +126,11 @@ static void tmpl_family_list(char *buf, size_t n)
         k += (size_t)snprintf(buf + k, n - k, "%s%s", i ? ", " : "", template_names[i]);
 }
 
-int template_detect(const tokenizer *tok, const gguf *g)
+/* The family of the template text ct[0..ctn) or, without one, of the vocabulary; -1 if the
+ * text is none of the reference texts. */
+static int tmpl_detect_text(const tokenizer *tok, const gguf *g, const char *ct, size_t ctn)
 {
-    const char *ct = NULL;
-    size_t ctn = 0;
-    if (g && gguf_get_str(g, "tokenizer.chat_template", &ct, &ctn) && ctn > 0) return tmpl_known_family(ct, ctn);
+    if (ct && ctn > 0) return tmpl_known_family(ct, ctn);
     /* no template text (vocabulary files, base models): the special tokens present, then
        the architecture */
     if (tmpl_find(tok, "<｜User｜>") >= 0 && tmpl_find(tok, "<｜Assistant｜>") >= 0) return TEMPLATE_DEEPSEEK3;
@@ -164,6 +146,14 @@ int template_detect(const tokenizer *tok, const gguf *g)
         return TEMPLATE_CHATML;
     }
     return TEMPLATE_PLAIN;
+}
+
+int template_detect(const tokenizer *tok, const gguf *g)
+{
+    const char *ct = NULL;
+    size_t ctn = 0;
+    if (g) gguf_get_str(g, "tokenizer.chat_template", &ct, &ctn);
+    return tmpl_detect_text(tok, g, ct, ctn);
 }
 
 static int tmpl_cmp_special(const void *a, const void *b)
@@ -188,26 +178,48 @@ static void tmpl_index(tmpl_special *v, int32_t n, int32_t *first)
 template_status template_new(const tokenizer *tok, const gguf *g, const char *name, template **out,
                              char *err, size_t errsz)
 {
+    return template_open(tok, g, name, NULL, 0, out, err, errsz);
+}
+
+template_status template_open_file(const tokenizer *tok, const gguf *g, const char *name, const char *path,
+                                   template **out, char *err, size_t errsz)
+{
+    if (!path) return template_open(tok, g, name, NULL, 0, out, err, errsz);
+    size_t n = 0;
+    char *text = util_read_file(path, &n);
+    if (!text) {
+        *out = NULL;
+        snprintf(err, errsz, "cannot read the template file %s", path);
+        return TEMPLATE_ERR_NAME;
+    }
+    template_status st = template_open(tok, g, name, text, n, out, err, errsz);
+    free(text);
+    return st;
+}
+
+template_status template_open(const tokenizer *tok, const gguf *g, const char *name, const char *text, size_t text_len,
+                              template **out, char *err, size_t errsz)
+{
     *out = NULL;
-    char names[128];
+    char names[160];
     tmpl_family_list(names, sizeof names);
+    const char *ct = text;
+    size_t ctn = text_len;
+    if (!ct && g) gguf_get_str(g, "tokenizer.chat_template", &ct, &ctn);
+    if (!ct) ctn = 0;
     int fam;
-    if (name) {
+    if (name && strcmp(name, "auto")) {
         fam = template_family_by_name(name);
         if (fam < 0) {
-            snprintf(err, errsz, "unknown template '%s' (known: %s)", name, names);
+            snprintf(err, errsz, "unknown template '%s' (known: auto, %s)", name, names);
             return TEMPLATE_ERR_NAME;
         }
-    } else if ((fam = template_detect(tok, g)) < 0) {
-        const char *ct = NULL;
-        size_t ctn = 0;
-        gguf_get_str(g, "tokenizer.chat_template", &ct, &ctn);
-        int like = tmpl_resembles(ct, ctn);
-        snprintf(err, errsz,
-                 "the model's chat template is not one tokenmill knows; choose the family to render it with "
-                 "--template NAME (one of: %s)%s%s%s", names, like >= 0 ? "; its text resembles " : "",
-                 like >= 0 ? template_names[like] : "", like >= 0 ? "'s" : "");
-        return TEMPLATE_ERR_UNRECOGNISED;
+        if (fam == TEMPLATE_JINJA && !ctn) {
+            snprintf(err, errsz, "--template jinja needs a template text: the model has none (give one with --template-file)");
+            return TEMPLATE_ERR_NAME;
+        }
+    } else if ((fam = tmpl_detect_text(tok, g, ct, ctn)) < 0) {
+        fam = TEMPLATE_JINJA;  /* a template text tokenmill has no renderer of its own for */
     }
     template *t = xcalloc(1, sizeof *t);
     t->family = (template_family)fam;
@@ -236,6 +248,13 @@ template_status template_new(const tokenizer *tok, const gguf *g, const char *na
     }
     tmpl_index(t->specials, t->n_specials, t->first);
     tmpl_index(t->udef, t->n_udef, t->udef_first);
+    if (fam == TEMPLATE_JINJA) {
+        template_status st = tmpl_jinja_new(t, ct, ctn, &t->jinja, err, errsz);
+        if (st != TEMPLATE_OK) {
+            template_free(t);
+            return st;
+        }
+    }
     *out = t;
     return TEMPLATE_OK;
 }
@@ -243,6 +262,7 @@ template_status template_new(const tokenizer *tok, const gguf *g, const char *na
 void template_free(template *t)
 {
     if (!t) return;
+    tmpl_jinja_free(t->jinja);
     free(t->specials);
     free(t->udef);
     free(t);
@@ -331,7 +351,7 @@ void tmpl_text(tmpl_b *b, const char *s, size_t n)
         if (n) b->rstrip_next = false;
     }
     if (!n) return;
-    bytebuf_append(&b->shown, s, n);
+    if (!b->raw_shown) bytebuf_append(&b->shown, s, n);
     if (b->n_segs && b->segs[b->n_segs - 1].id < 0) {
         b->segs[b->n_segs - 1].len += n;
     } else {
@@ -357,15 +377,17 @@ static void tmpl_special_id(tmpl_b *b, int32_t id)
     g->off = g->len = 0;
     size_t len;
     const char *p = tokenizer_piece(b->t->tok, id, &len);
-    if (p) bytebuf_append(&b->shown, p, len);
+    if (p && !b->raw_shown) bytebuf_append(&b->shown, p, len);
     b->rstrip_next = (a & TOKENIZER_ATTR_RSTRIP) != 0;
 }
 
 /* Template text: special tokens in it are emitted by id. */
-void tmpl_scaffold(tmpl_b *b, const char *z)
+void tmpl_scaffold(tmpl_b *b, const char *z) { tmpl_scaffold_n(b, z, strlen(z)); }
+
+void tmpl_scaffold_n(tmpl_b *b, const char *z, size_t n)
 {
     const template *t = b->t;
-    size_t n = strlen(z), i = 0, st = 0;
+    size_t i = 0, st = 0;
     while (i < n) {
         unsigned char c = (unsigned char)z[i];
         int32_t k = t->first[c] == t->first[c + 1] ? -1 : tmpl_match(t->specials, t->first, z + i, n - i);
@@ -381,7 +403,7 @@ void tmpl_scaffold(tmpl_b *b, const char *z)
     tmpl_text(b, z + st, n - st);
 }
 
-static void tmpl_bos(tmpl_b *b)
+void tmpl_bos(tmpl_b *b)
 {
     int32_t bos = tokenizer_bos(b->t->tok);
     if (bos >= 0) tmpl_special_id(b, bos);
@@ -976,6 +998,7 @@ static bool tmpl_render(tmpl_b *b, const conv *c, bool *open_think)
     case TEMPLATE_DEEPSEEK_R1: tmpl_render_deepseek_r1(b, c, m, open_think); break;
     case TEMPLATE_HARMONY: tmpl_render_harmony(b, c, m); break;
     case TEMPLATE_PLAIN: tmpl_render_plain(b, c, m); break;
+    case TEMPLATE_JINJA: tmpl_render_jinja(b, c, b->t->jinja); break;
     }
     free(m);
     return b->st == TEMPLATE_OK;
@@ -1165,5 +1188,21 @@ void template_markers(const template *t, const conv *c, events_markers *m)
         break;
     case TEMPLATE_PLAIN:
         break;
+    case TEMPLATE_JINJA:
+        tmpl_jinja_markers(t, t->jinja, c, m);
+        break;
     }
+}
+
+const char *template_tool_format(const template *t)
+{
+    static const char *const names[] = { [EVENTS_TOOLFMT_NONE] = "none", [EVENTS_TOOLFMT_QWEN] = "qwen",
+                                         [EVENTS_TOOLFMT_DEEPSEEK] = "deepseek", [EVENTS_TOOLFMT_LLAMA3] = "llama3",
+                                         [EVENTS_TOOLFMT_HARMONY] = "harmony" };
+    conv c;
+    conv_init(&c);
+    events_markers m;
+    template_markers(t, &c, &m);
+    conv_free(&c);
+    return (size_t)m.toolfmt < TM_ARRAY_LEN(names) ? names[m.toolfmt] : "none";
 }

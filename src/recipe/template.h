@@ -65,6 +65,8 @@ typedef enum {
     TEMPLATE_ERR_CONV,      /* the conversation cannot be written in this family (e.g. tools
                                offered to llama3 with no user turn) */
     TEMPLATE_ERR_TOKENIZE,  /* the tokenizer failed */
+    TEMPLATE_ERR_TEMPLATE,  /* the Jinja template failed: syntax, an operation, an error it raised */
+    TEMPLATE_ERR_LIMIT,     /* the Jinja template passed a bound: steps, output, memory, depth */
 } template_status;
 
 typedef enum {
@@ -77,6 +79,7 @@ typedef enum {
     TEMPLATE_DEEPSEEK3,
     TEMPLATE_DEEPSEEK_R1,
     TEMPLATE_HARMONY,
+    TEMPLATE_JINJA,         /* any other template text, run by the Jinja interpreter (jinja.h) */
 } template_family;
 
 typedef struct template template;
@@ -90,13 +93,32 @@ typedef struct {
     size_t text_len;     /* bytes of text */
 } template_prompt;
 
-/* Chooses the family: by name when name is non-NULL, else template_detect (failing with
- * TEMPLATE_ERR_UNRECOGNISED). g may be NULL (vocabulary only). tok must outlive the template. */
+/* template_open with the model's own template text. */
 template_status template_new(const tokenizer *tok, const gguf *g, const char *name, template **out,
                              char *err, size_t errsz);
+/* Chooses the renderer for the template text text[0..text_len) (NULL: g's
+ * tokenizer.chat_template). name NULL or "auto": the family whose reference text it is, else
+ * the Jinja interpreter; no text at all: the family the vocabulary's special tokens suggest.
+ * name "jinja": the interpreter (a text is needed); another name: that family. A text for the
+ * interpreter must parse (else TEMPLATE_ERR_TEMPLATE) and render a plain conversation within
+ * the interpreter's bounds (else TEMPLATE_ERR_LIMIT), with a message saying why; an error the
+ * template raises or meets on that conversation does not refuse it (some templates need
+ * tools, or refuse a system turn). g may be NULL (vocabulary
+ * only). tok must outlive the template. */
+template_status template_open(const tokenizer *tok, const gguf *g, const char *name, const char *text, size_t text_len,
+                              template **out, char *err, size_t errsz);
+/* template_open with the text of the file at path (NULL: the model's own). */
+template_status template_open_file(const tokenizer *tok, const gguf *g, const char *name, const char *path,
+                                   template **out, char *err, size_t errsz);
 void template_free(template *t);
 
+/* The family's name; "jinja" for the interpreter. */
 const char *template_name(const template *t);
+/* The tool-call syntax the output parser reads for this template: "qwen", "llama3",
+ * "deepseek", "harmony" or "none" (answers are text). */
+const char *template_tool_format(const template *t);
+/* The vocabulary the template was made for. */
+const tokenizer *template_tokenizer(const template *t);
 template_family template_get_family(const template *t);
 /* The family for a name ("qwen3", ...); -1 if unknown. */
 int template_family_by_name(const char *name);

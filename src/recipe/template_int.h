@@ -7,6 +7,7 @@
  *                       per-turn view, every family but harmony, tokenising the runs
  *   template_harmony.c  the harmony (gpt-oss) family: the TypeScript tool namespace, the
  *                       channels, the call and result messages
+ *   template_jinja.c    any other template text, through the Jinja interpreter (jinja.h)
  */
 #ifndef TM_TEMPLATE_INT_H
 #define TM_TEMPLATE_INT_H
@@ -37,6 +38,7 @@ typedef struct {
     bytebuf json;      /* scratch for JSON output */
     bytebuf json_src;  /* scratch for JSON input */
     bool rstrip_next;      /* the last special strips blanks to its right */
+    bool raw_shown;        /* shown is the renderer's own text (the interpreter's), not rebuilt */
     template_status st;    /* first error */
     char *err;
     size_t errsz;
@@ -54,10 +56,19 @@ typedef struct {
     const char *reason;
 } tmpl_msg;
 
+/* The Jinja renderer's state for a template (template_jinja.c). */
+typedef struct tmpl_jinja tmpl_jinja;
+
 /* Content text: appended as plain text, never searched for special tokens. */
 void tmpl_text(tmpl_b *b, const char *s, size_t n);
 /* Template text z (NUL-terminated): the vocabulary's special tokens in it are emitted by id. */
 void tmpl_scaffold(tmpl_b *b, const char *z);
+/* The same for z[0..n). */
+void tmpl_scaffold_n(tmpl_b *b, const char *z, size_t n);
+/* The vocabulary's BOS token, if it has one. */
+void tmpl_bos(tmpl_b *b);
+/* The id of the control or user-defined token spelled z; -1 if none. */
+int32_t tmpl_find(const tokenizer *tok, const char *z);
 /* Records the first error (fmt has one %s, filled with arg); later calls are ignored. */
 void tmpl_fail(tmpl_b *b, template_status st, const char *fmt, const char *arg);
 /* src[0..n) as printed by Jinja's tojson (style, indent) into b->json; false (and the error
@@ -68,5 +79,15 @@ const conv_part *tmpl_call(const tmpl_msg *m, int k);
 
 /* The harmony (gpt-oss) family's prompt for c, turns m (template_harmony.c). */
 void tmpl_render_harmony(tmpl_b *b, const conv *c, const tmpl_msg *m);
+
+/* Parses text[0..n) for t and renders a plain conversation with it (template_jinja.c). */
+template_status tmpl_jinja_new(const template *t, const char *text, size_t n, tmpl_jinja **out, char *err, size_t errsz);
+void tmpl_jinja_free(tmpl_jinja *j);
+/* c's prompt by the interpreter: untainted output through tmpl_scaffold_n, tainted through
+ * tmpl_text. */
+void tmpl_render_jinja(tmpl_b *b, const conv *c, const tmpl_jinja *j);
+/* The splitter's markers for a response to c: the tool format of the template's own call
+ * syntax, think markers when the template writes them. */
+void tmpl_jinja_markers(const template *t, const tmpl_jinja *j, const conv *c, events_markers *m);
 
 #endif

@@ -373,7 +373,9 @@ TEST(only_reference_texts_are_recognised)
     fx_close(&f);
 }
 
-TEST(unrecognised_template_needs_a_name)
+/* A template text none of the families' references is rendered by the interpreter (it was
+ * refused before); a name still picks a family; a hostile text is refused with its reason. */
+TEST(unrecognised_template_runs_in_the_interpreter)
 {
     fixture f;
     if (!fx_open(&f, VOCABS "ggml-vocab-qwen2.gguf", "qwen3")) return;
@@ -383,12 +385,33 @@ TEST(unrecognised_template_needs_a_name)
     gguf *g = gguf_with_template(text, path);
     CHECK(g != NULL);
     template *t = NULL;
-    CHECK(template_new(f.tok, g, NULL, &t, err, sizeof err) == TEMPLATE_ERR_UNRECOGNISED && !t);
-    /* the message names the option, every family, and the family the text resembles */
-    CHECKF(strstr(err, "--template NAME") && strstr(err, "plain, chatml, qwen2, qwen2.5, qwen3, llama3, deepseek3, deepseek-r1, harmony") &&
-           strstr(err, "resembles qwen3"), "%s", err);
+    CHECK(template_new(f.tok, g, NULL, &t, err, sizeof err) == TEMPLATE_OK && template_get_family(t) == TEMPLATE_JINJA);
+    CHECK(!strcmp(template_name(t), "jinja"));
+    template_free(t);
+    CHECK(template_new(f.tok, g, "auto", &t, err, sizeof err) == TEMPLATE_OK && template_get_family(t) == TEMPLATE_JINJA);
+    template_free(t);
     CHECK(template_new(f.tok, g, "qwen3", &t, err, sizeof err) == TEMPLATE_OK && template_get_family(t) == TEMPLATE_QWEN3);
     template_free(t);
+    /* the same text given as a file's: a reference text keeps its family even with auto */
+    char *q3 = read_text(JINJA "Qwen-Qwen3-0.6B.jinja");
+    if (q3) {
+        CHECK(template_open(f.tok, g, NULL, q3, strlen(q3), &t, err, sizeof err) == TEMPLATE_OK && template_get_family(t) == TEMPLATE_QWEN3);
+        template_free(t);
+        CHECK(template_open(f.tok, g, "jinja", q3, strlen(q3), &t, err, sizeof err) == TEMPLATE_OK && template_get_family(t) == TEMPLATE_JINJA);
+        template_free(t);
+        free(q3);
+    }
+    static const char *const hostile[] = {
+        "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+        "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}",
+        "{% set ns = namespace(s='ab') %}{% for i in range(100) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}",
+    };
+    for (size_t i = 0; i < sizeof hostile / sizeof *hostile; i++) {
+        CHECK(template_open(f.tok, g, NULL, hostile[i], strlen(hostile[i]), &t, err, sizeof err) == TEMPLATE_ERR_LIMIT && !t);
+        CHECKF(strstr(err, "cannot be used"), "%s", err);
+    }
+    CHECK(template_open(f.tok, g, NULL, "{% if %}", 8, &t, err, sizeof err) == TEMPLATE_ERR_TEMPLATE && !t);
+    CHECKF(strstr(err, "syntax error at line 1"), "%s", err);
     gguf_with_template_close(g, path);
     free(text);
     fx_close(&f);
@@ -464,7 +487,7 @@ int main(void)
     RUN(parallel_equals_serial);
     RUN(qwen2_and_chatml_write_tools_as_their_references);
     RUN(only_reference_texts_are_recognised);
-    RUN(unrecognised_template_needs_a_name);
+    RUN(unrecognised_template_runs_in_the_interpreter);
     RUN(names);
     RUN(harmony_odd_schemas);
     HARNESS_END();
