@@ -11,7 +11,8 @@ need_pkgs=()
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
 # clang + libclang-rt-14-dev: the libFuzzer targets (tests/fuzz, `make fuzz`); Debian 12's clang.
 # chromium: the status page's browser test; prometheus: the scrape test of the recording rules.
-for p in build-essential pkg-config libpcre2-dev libssl-dev libjansson-dev libmicrohttpd-dev libisal-dev clang libclang-rt-14-dev nodejs npm git chromium prometheus; do
+# python3-numpy: llama.cpp's gguf-py, which writes the MoE oracle test's models (tests/oracle/gguf_moe.py).
+for p in build-essential pkg-config libpcre2-dev libssl-dev libjansson-dev libmicrohttpd-dev libisal-dev clang libclang-rt-14-dev nodejs npm git chromium prometheus python3-numpy; do
   if [ "$p" = nodejs ] || [ "$p" = npm ]; then
     command -v "${p/nodejs/node}" >/dev/null 2>&1 && continue
   fi

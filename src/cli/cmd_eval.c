@@ -6,6 +6,10 @@
  * IN.json:  {"seqs": [[id, ...], ...], "top": K, "greedy": G, "batched": true|false}
  * stdout:   {"seqs": [{"top": [[[id, logprob] x K, best first] per position i (the
  *            distribution after tokens 0..i)], "greedy": [G ids]}, ...]}
+ * A MoE model's sequences also carry "route_margin": [n + G - 1 values], the routing margin
+ * of the token fed at each position (engine_route_margins: its smallest over the layers;
+ * null when no layer dropped an expert): a divergence from another engine right after a
+ * token whose margin is within rounding is a routing near-tie, not a bug.
  * logprob = log_softmax(logits) computed in double. batched = true: every sequence's prompt
  * goes into the same engine steps (one step if the total fits --batch, else chunked steps
  * that each hold tokens of every unfinished sequence), then all sequences decode together,
@@ -31,6 +35,7 @@ typedef struct {
     int n_gen;           /* greedy tokens produced */
     int32_t *top_id;     /* (n, K) */
     double *top_lp;      /* (n, K) */
+    float *margin;       /* (n + greedy) routing margin of the token fed at each position */
     kvpool_seq *seq;
 } cmd_eval_seq;
 
@@ -41,6 +46,7 @@ typedef struct {
     float *logits;       /* (max_batch, n_vocab) */
     engine_tok *bt;      /* (max_batch) */
     cmd_eval_seq **owner;/* (max_batch) sequence of each batch entry with logits */
+    cmd_eval_seq **ent;  /* (max_batch) sequence of each batch entry */
     int *opos;           /* (max_batch) prompt position of each entry with logits, -1 = greedy */
 } cmd_eval_ctx;
 
@@ -84,6 +90,9 @@ static bool cmd_eval_run(cmd_eval_ctx *c, int n)
         fprintf(stderr, "tokenmill eval: step: %s\n", engine_status_name(st));
         return false;
     }
+    const float *mg = engine_route_margins(c->e);
+    if (mg)
+        for (int t = 0; t < n; t++) c->ent[t]->margin[c->bt[t].pos] = mg[t];
     int r = 0;
     for (int t = 0; t < n; t++) {
         if (!c->bt[t].want_logits) continue;
@@ -104,6 +113,7 @@ static void cmd_eval_add(cmd_eval_ctx *c, int *n, cmd_eval_seq *s, int32_t token
 {
     bool want = prompt_pos >= 0 ? (c->K > 0 || (prompt_pos == s->n - 1 && c->G > 0)) : true;
     c->bt[*n] = (engine_tok){ .token = token, .pos = pos, .seq = s->seq, .want_logits = want };
+    c->ent[*n] = s;
     if (want) {
         c->owner[*n_out] = s;
         c->opos[*n_out] = prompt_pos;
@@ -214,6 +224,7 @@ int cmd_eval(int argc, char **argv)
         }
         seqs[i].top_id = xcalloc((size_t)n * (size_t)TM_MAX(K, 1), sizeof(int32_t));
         seqs[i].top_lp = xcalloc((size_t)n * (size_t)TM_MAX(K, 1), sizeof(double));
+        seqs[i].margin = xcalloc((size_t)(n + G + 1), sizeof(float));
         blocks += (n + G + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK;
     }
 
@@ -228,6 +239,7 @@ int cmd_eval(int argc, char **argv)
     c.bt = xmalloc((size_t)maxb * sizeof *c.bt);
     c.owner = xmalloc((size_t)maxb * sizeof *c.owner);
     c.opos = xmalloc((size_t)maxb * sizeof *c.opos);
+    c.ent = xmalloc((size_t)maxb * sizeof *c.ent);
     bool ok = c.logits != NULL;
     if (!ok) fprintf(stderr, "tokenmill eval: out of memory for logits\n");
     for (int i = 0; i < ns; i++) seqs[i].seq = kvpool_seq_new(engine_kvpool(e));
@@ -257,7 +269,16 @@ int cmd_eval(int argc, char **argv)
             }
             fputs("], \"greedy\": [", f);
             for (int g = 0; g < s->n_gen; g++) fprintf(f, "%s%d", g ? ", " : "", s->toks[s->n + g]);
-            fputs("]}", f);
+            fputc(']', f);
+            if (m->hp.n_expert > 0) {
+                fputs(", \"route_margin\": [", f);
+                for (int p = 0; p < s->n + TM_MAX(s->n_gen - 1, 0); p++) {
+                    if (isinf(s->margin[p])) fprintf(f, "%snull", p ? ", " : "");
+                    else fprintf(f, "%s%.3e", p ? ", " : "", (double)s->margin[p]);
+                }
+                fputc(']', f);
+            }
+            fputc('}', f);
         }
         fputs("]}\n", f);
         fflush(f);
@@ -268,12 +289,14 @@ int cmd_eval(int argc, char **argv)
     free(c.bt);
     free(c.owner);
     free(c.opos);
+    free(c.ent);
     engine_free(e);
 out:
     for (int i = 0; i < ns; i++) {
         free(seqs[i].toks);
         free(seqs[i].top_id);
         free(seqs[i].top_lp);
+        free(seqs[i].margin);
     }
     free(seqs);
     model_free(m);

@@ -150,6 +150,8 @@ struct engine {
     int32_t *r_idx;          /* (n_threads, MOE_SCRATCH(E)) routing scratch */
     int32_t *r_sel;          /* (T, k) experts of each token, best first */
     float *r_w;              /* (T, k) their weights */
+    float *r_margin;         /* (T) each token's smallest routing margin over the step's MoE
+                              * layers (moe_route), INFINITY before the first */
     int32_t *x_off;          /* (E + 1) first row of each expert in xg / ye */
     int32_t *x_row;          /* (T, k) row in xg / ye of each (token, slot) */
     int32_t *x_tok;          /* (T * k) token of each row of xg */
@@ -457,6 +459,7 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
         e->r_idx = engine_scratch_alloc(e, (size_t)o.n_threads * MOE_SCRATCH(E) * sizeof(int32_t));
         e->r_sel = engine_scratch_alloc(e, Tk * sizeof(int32_t));
         e->r_w = engine_scratch_alloc(e, Tk * sizeof(float));
+        e->r_margin = engine_scratch_alloc(e, T * sizeof(float));
         e->x_off = engine_scratch_alloc(e, (E + 1) * sizeof(int32_t));
         e->x_row = engine_scratch_alloc(e, Tk * sizeof(int32_t));
         e->x_tok = engine_scratch_alloc(e, Tk * sizeof(int32_t));
@@ -483,8 +486,8 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
         e->moe_tmp_stride = TM_ALIGN_UP(2 * T * ENGINE_MOE_ROWS + (msc + 64) / sizeof(float), 16);
         e->moe_tmp = engine_scratch_alloc(e, (size_t)o.n_threads * e->moe_tmp_stride * sizeof(float));
         e->stats = engine_moe_stats_new(hp->n_layers, hp->n_expert, ENGINE_MOE_WINDOW);
-        if (!e->r_logits || !e->r_probs || !e->r_idx || !e->r_sel || !e->r_w || !e->x_off || !e->x_row ||
-            !e->x_tok || !e->x_act || !e->xg || !e->fe || !e->ye || !e->moe_tmp || !e->stats) {
+        if (!e->r_logits || !e->r_probs || !e->r_idx || !e->r_sel || !e->r_w || !e->r_margin || !e->x_off ||
+            !e->x_row || !e->x_tok || !e->x_act || !e->xg || !e->fe || !e->ye || !e->moe_tmp || !e->stats) {
             snprintf(err, errsz, "out of memory for the expert buffers of %d tokens", Ti);
             engine_free(e);
             return ENGINE_ERR_NOMEM;
@@ -988,8 +991,11 @@ static void engine_job_route(void *ctx, int ith, int nth)
     const float *bias = e->m->layers[j->layer].exp_probs_b, *lb = e->m->layers[j->layer].gate_inp_b;
     if (lb)   /* the router's own bias on its logits (gpt-oss) */
         for (int t = t0; t < t1; t++) ops_add(NULL, e->r_logits + (size_t)t * E, lb, E);
-    for (int t = t0; t < t1; t++)
-        moe_route(&e->router, e->r_logits + (size_t)t * E, bias, fs, is, e->r_sel + (size_t)t * k, e->r_w + (size_t)t * k);
+    for (int t = t0; t < t1; t++) {
+        float mg = moe_route(&e->router, e->r_logits + (size_t)t * E, bias, fs, is, e->r_sel + (size_t)t * k,
+                             e->r_w + (size_t)t * k);
+        if (mg < e->r_margin[t]) e->r_margin[t] = mg;
+    }
 }
 
 /* x_off, x_row, x_tok and the active experts x_act from r_sel (the caller's thread; T * k
@@ -1294,6 +1300,8 @@ static void engine_mla_out(engine *e, engine_job *job, int il, int T)
 
 const float *engine_hidden(const engine *e) { return e->x; }
 
+const float *engine_route_margins(const engine *e) { return e->r_margin; }
+
 /* An MTP view's layer input (engine.h), in place of the embeddings in x: x = eh_proj([enorm
  * of the embedding; hnorm of the hidden state]). */
 static void engine_mtp_input(engine *e, const engine_batch *b, const float *hidden)
@@ -1370,6 +1378,8 @@ engine_status engine_step_mtp(engine *e, const engine_batch *b, const float *hid
 
     if (e->wstage && !engine_window_plan(e, b)) return ENGINE_ERR_ARG;
     engine_plan_tiles(e, b);
+    if (e->r_margin)
+        for (int t = 0; t < T; t++) e->r_margin[t] = INFINITY;
     const int il_out = hp->n_layers;   /* the profile's row of the stages outside the layers */
     if (e->prof_on) {
         e->prof_steps++;

@@ -175,6 +175,12 @@ const char *engine_prof_op_name(engine_prof_op op);
  * from). Valid until the next engine_step. */
 const float *engine_hidden(const engine *e);
 
+/* Each entry's routing margin in the last engine_step, (n_tokens) in batch order: the
+ * smallest moe_route margin over the MoE layers (how close the token came to another
+ * expert or group; INFINITY when no layer dropped one); NULL for a model without experts.
+ * Valid until the next engine_step. */
+const float *engine_route_margins(const engine *e);
+
 /* Runs one forward step. logits receives (n_out, n_vocab) floats, one row per entry with
  * want_logits, in batch order; it may be NULL when no entry wants logits. */
 engine_status engine_step(engine *e, const engine_batch *b, float *logits);

@@ -150,9 +150,10 @@ void moe_sort_desc(int32_t *idx, int n, const float *v)
     }
 }
 
-void moe_route(const moe_router *r, const float *logits, const float *bias, float *fs, int32_t *is, int32_t *sel,
-               float *w)
+float moe_route(const moe_router *r, const float *logits, const float *bias, float *fs, int32_t *is, int32_t *sel,
+                float *w)
 {
+    float margin = INFINITY;
     const int n = r->n_expert, k = r->k;
     float *probs = fs, *score = fs + n, *gscore = fs + 2 * n;
     int32_t *idx = is, *gidx = is + n, *lidx = is + 2 * n;
@@ -187,6 +188,7 @@ void moe_route(const moe_router *r, const float *logits, const float *bias, floa
             gidx[g] = g;
         }
         moe_sort_desc(gidx, G, gscore);
+        if (r->n_groups_used < G) margin = gscore[gidx[r->n_groups_used - 1]] - gscore[gidx[r->n_groups_used]];
         /* the other groups' scores -inf (ggml_fill, then set_rows of the kept groups) */
         for (int i = 0; i < n; i++) lidx[i] = 0;
         for (int u = 0; u < r->n_groups_used; u++)
@@ -196,6 +198,9 @@ void moe_route(const moe_router *r, const float *logits, const float *bias, floa
     }
     for (int i = 0; i < n; i++) idx[i] = i;
     moe_sort_desc(idx, n, sc);
+    /* the last kept expert over the first left out, unless that one's group was (its -inf
+     * score: the groups' margin decided) */
+    if (k < n && sc[idx[k]] != -INFINITY && sc[idx[k - 1]] - sc[idx[k]] < margin) margin = sc[idx[k - 1]] - sc[idx[k]];
     double ws = 0;
     for (int s = 0; s < k; s++) {
         sel[s] = idx[s];
@@ -222,4 +227,5 @@ void moe_route(const moe_router *r, const float *logits, const float *bias, floa
     }
     if (r->w_scale != 0.0f && r->w_scale != 1.0f)
         for (int s = 0; s < k; s++) w[s] *= r->w_scale;
+    return margin;
 }

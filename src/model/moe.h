@@ -63,8 +63,13 @@ typedef struct {
 
 /* Routes one token: logits (n_expert) in, sel (k) expert ids, best first, and w (k) weights
  * out. bias (n_expert) is the layer's selection bias or NULL. fs and is are scratch of
- * MOE_SCRATCH(n_expert) floats and ints; fs starts with the probabilities afterwards. */
-void moe_route(const moe_router *r, const float *logits, const float *bias, float *fs, int32_t *is, int32_t *sel,
+ * MOE_SCRATCH(n_expert) floats and ints; fs starts with the probabilities afterwards.
+ * Returns the routing margin: the smallest difference between a kept and a dropped
+ * candidate at a boundary the selection drew, in the units it compared (the best dropped
+ * group's score below the last kept group's, the best dropped expert's score below the
+ * last kept expert's); INFINITY when nothing was dropped. Two engines whose scores differ by
+ * more than the margin may route the token differently. */
+float moe_route(const moe_router *r, const float *logits, const float *bias, float *fs, int32_t *is, int32_t *sel,
                float *w);
 
 #endif

@@ -50,6 +50,8 @@
 // there is below the tolerance (and tokenmill's token is one of those tied at the top), the
 // two are compared only up to k and the test says so; any other divergence fails.
 //
+// MoE models written by llama.cpp's gguf-py instead of mkmodel: oracle_moe.test.mjs.
+//
 // Models are cached under tests/data/gen/ keyed by mkmodel's arguments and a hash of the
 // sources that write them. ORACLE_ONLY=llama,q8_0 (substrings) limits what runs.
 import {test, after} from 'node:test';

@@ -107,6 +107,36 @@ TEST(test_route_softmax_weight)
     CHECK(sel[0] == 1 && w[0] == 1.0f);
 }
 
+/* The routing margin: the closest a dropped candidate came to the kept ones, at the experts'
+ * boundary or (groups) at the groups' boundary, whichever is smaller. */
+TEST(test_route_margin)
+{
+    float fs[MOE_SCRATCH(8)], w[2];
+    int32_t is[MOE_SCRATCH(8)], sel[2];
+    /* gpt-oss: the logits themselves; kept 3 and 2, the best dropped 1: margin 1 */
+    const float l4[4] = { 1.0f, 3.0f, 2.0f, -1.0f };
+    moe_router r = { .gate = MOE_GATE_SOFTMAX_WEIGHT, .n_expert = 4, .k = 2 };
+    CHECK(moe_route(&r, l4, NULL, fs, is, sel, w) == 1.0f);
+    /* every expert kept: nothing was dropped */
+    r.k = 4;
+    float w4[4];
+    int32_t sel4[4];
+    CHECK(isinf(moe_route(&r, l4, NULL, fs, is, sel4, w4)));
+    /* sigmoid scores 0.5 plus the biases (exact in binary): experts 0.75 0.25 | 0.625 0.5 |
+     * 0.875 0 | 0.5 0.5, groups 1.0 | 1.125 | 0.875 | 1.0; no groups: kept 0.875 and 0.75,
+     * the best dropped 0.625 */
+    const float lg[8] = { 0 }, bias[8] = { 0.25f, -0.25f, 0.125f, 0, 0.375f, -0.5f, 0, 0 };
+    r = (moe_router){ .gate = MOE_GATE_SIGMOID, .n_expert = 8, .k = 2, .norm_w = true };
+    CHECKF(moe_route(&r, lg, bias, fs, is, sel, w) == 0.125f, "no groups");
+    /* 2 of 4 groups: groups 1 (1.125) and 0 or 3 (1.0, tied): the groups' margin 0 decides */
+    r.n_groups = 4, r.n_groups_used = 2;
+    CHECKF(moe_route(&r, lg, bias, fs, is, sel, w) == 0.0f, "tied groups");
+    /* 3 of 4 groups: group 2 (0.875) out, 0.125 below the third; the experts kept 0.75 and
+     * 0.625, the best dropped 0.5: the smaller, 0.125, either way */
+    r.n_groups_used = 3;
+    CHECKF(moe_route(&r, lg, bias, fs, is, sel, w) == 0.125f, "three groups");
+}
+
 static tiny_cfg moe_cfg(uint64_t seed)
 {
     return (tiny_cfg){ .arch = "qwen3moe", .dim = 64, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .head_dim = 16,
@@ -542,6 +572,7 @@ int main(void)
     RUN(test_route_ties_and_weights);
     RUN(test_route_sigmoid_groups);
     RUN(test_route_softmax_weight);
+    RUN(test_route_margin);
     RUN(test_load);
     RUN(test_engine_against_reference);
     RUN(test_repacked_experts);
