@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli/cmd.h"
+#include "util/cpu.h"
 
 static const struct {
     const char *name;
@@ -42,6 +43,11 @@ int main(int argc, char **argv)
     if (!strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         main_usage(stdout);
         return 0;
+    }
+    char err[256];
+    if (!cpu_simd_check(err, sizeof err)) {
+        fprintf(stderr, "tokenmill: %s\n", err);
+        return 2;
     }
     for (size_t i = 0; i < sizeof main_cmds / sizeof main_cmds[0]; i++)
         if (!strcmp(argv[1], main_cmds[i].name)) return main_cmds[i].fn(argc - 1, argv + 1);
