@@ -6,6 +6,8 @@
 #   make            optimised build (-O2, runtime SIMD dispatch: AVX2 / AVX-512 files are
 #                   compiled with their own -m flags and only called when the CPU has them)
 #   make san        the same under ASan + UBSan, in build/san/
+#   make arm64      the aarch64 binary and kernel tests, cross-built in build/arm64/ (NEON
+#                   kernels; scripts/test.sh runs them under qemu-aarch64)
 #   make test       installs missing Debian/npm deps, builds both, runs every test
 #   make run        the main job on the bundled model
 #   make bench      side-by-side benchmark against llama.cpp (bench/engine)
@@ -30,10 +32,21 @@ ifeq ($(WERROR),1)
 WARN    += -Werror
 endif
 OPT     ?= -O2 -g -fno-math-errno
-CFLAGS_ALL = -std=gnu11 $(OPT) $(WARN) -pthread -Isrc -MMD -MP $(PKG_CFLAGS) $(EXTRA_CFLAGS)
+CFLAGS_ALL = -std=gnu11 $(OPT) $(ARCH_CFLAGS) $(WARN) -pthread -Isrc -MMD -MP $(PKG_CFLAGS) $(EXTRA_CFLAGS)
 LDLIBS  := $(PKG_LIBS) -lm -pthread
 
-SRCS    := $(shell find src -name '*.c' | sort)
+# The target's kernel files only: *_avx2.c / *_avx512.c on x86, *_neon.c on aarch64.
+TARGET  := $(shell $(CC) -dumpmachine 2>/dev/null)
+ifneq ($(filter aarch64%,$(TARGET)),)
+ISA_SKIP := %_avx2.c %_avx512.c
+# GCC fuses a*b+c into one multiply-add by default on aarch64 (x86-64's baseline has no FMA to
+# fuse into): the scalar code would round differently from x86's, e.g. quant_nearest_int's
+# magic-number rounding would see the unrounded product. The kernels fuse where they say so.
+ARCH_CFLAGS := -ffp-contract=off
+else
+ISA_SKIP := %_neon.c
+endif
+SRCS    := $(filter-out $(ISA_SKIP),$(shell find src -name '*.c' | sort))
 LIBSRCS := $(filter-out src/main.c,$(SRCS))
 OBJS    := $(SRCS:%.c=$(BUILD)/%.o)
 LIBOBJS := $(LIBSRCS:%.c=$(BUILD)/%.o)
@@ -41,11 +54,13 @@ TESTSRCS:= $(sort $(wildcard tests/unit/test_*.c))
 TESTBINS:= $(TESTSRCS:tests/unit/%.c=$(BUILD)/tests/%)
 
 # Per-file ISA flags: the kernels for one instruction set live in files named *_avx2.c /
-# *_avx512.c and are reached only through the dispatch table in ops.c.
+# *_avx512.c / *_neon.c and are reached only through the dispatch table in ops.c. The NEON
+# file's i8mm kernels enable that extension per function (and run only where HWCAP2 says).
 AVX2_FLAGS   := -mavx2 -mfma -mf16c
 AVX512_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx2 -mfma -mf16c
+NEON_FLAGS   := -march=armv8.2-a+dotprod
 
-.PHONY: all san test test-unit test-e2e run bench bench-serve bench-cache bench-cluster bench-chaos deps clean fuzz fuzz-build fuzz-bins fuzz-seeds
+.PHONY: all san arm64 test test-unit test-e2e run bench bench-serve bench-cache bench-cluster bench-chaos deps clean fuzz fuzz-build fuzz-bins fuzz-seeds
 all: $(BUILD)/tokenmill $(TESTBINS)
 
 $(BUILD)/tokenmill: $(OBJS)
@@ -63,6 +78,10 @@ $(BUILD)/%_avx512.o: %_avx512.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(AVX512_FLAGS) $(ISA_CFLAGS) -c -o $@ $<
 
+$(BUILD)/%_neon.o: %_neon.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $(NEON_FLAGS) $(ISA_CFLAGS) -c -o $@ $<
+
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -c -o $@ $<
@@ -70,6 +89,20 @@ $(BUILD)/%.o: %.c
 # Sanitizer build: a separate tree so both can coexist.
 san:
 	$(MAKE) BUILD=build/san OPT="-O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined" all
+
+# aarch64: cross-built with Debian's gcc-aarch64-linux-gnu into build/arm64 against the arm64
+# libraries that scripts/deps.sh unpacks into build/arm64/sysroot, and run under qemu-user by
+# scripts/test.sh (the binary and the kernel/model unit tests, ARM_TESTS; not the whole suite:
+# the other modules hold no architecture-specific code). No -g: half the compile time.
+ARM_CC      ?= aarch64-linux-gnu-gcc
+ARM_SYSROOT := build/arm64/sysroot
+ARM_LIBDIR  := $(ARM_SYSROOT)/usr/lib/aarch64-linux-gnu
+ARM_TESTS   ?= ops quant engine model moe invariance
+arm64:
+	$(MAKE) BUILD=build/arm64 CC=$(ARM_CC) OPT="-O2 -fno-math-errno" \
+	  PKG_CFLAGS="-isystem $(ARM_SYSROOT)/usr/include -isystem $(ARM_SYSROOT)/usr/include/aarch64-linux-gnu" \
+	  PKG_LIBS="-L$(ARM_LIBDIR) -Wl,-rpath-link,$(ARM_LIBDIR) -lpcre2-8 -lcrypto -ljansson -lmicrohttpd -lisal" \
+	  build/arm64/tokenmill $(ARM_TESTS:%=build/arm64/tests/test_%)
 
 # Fuzzing: one libFuzzer binary per tests/fuzz/fuzz_*.c, linked against every library object
 # compiled by clang with ASan + UBSan and coverage (fuzzer-no-link) in their own tree,
@@ -119,13 +152,13 @@ fuzz: deps fuzz-build
 deps:
 	@scripts/deps.sh
 
-# The three builds are independent trees (build/, build/san/, build/fuzz/), so one make
+# The four builds are independent trees (build/, build/san/, build/fuzz/, build/arm64/), so one make
 # builds them side by side on every core (JOBS, default all of them): on a 2-core CI runner
 # the serial builds were a third of `make test`'s time. A -j given to `make test` itself wins
 # (its jobserver is passed down).
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 test: deps
-	$(MAKE) $(if $(filter -j%,$(MAKEFLAGS)),,-j$(JOBS)) all san fuzz-build
+	$(MAKE) $(if $(filter -j%,$(MAKEFLAGS)),,-j$(JOBS)) all san fuzz-build arm64
 	@scripts/test.sh
 
 run: deps

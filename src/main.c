@@ -45,9 +45,9 @@ int main(int argc, char **argv)
         main_usage(stdout);
         return 0;
     }
-    if (!cpu_simd_env_ok()) {
-        fprintf(stderr, "tokenmill: TOKENMILL_SIMD='%s' is not a level: use scalar, avx2 or avx512 (or unset it)\n",
-                getenv("TOKENMILL_SIMD"));
+    char err[256];
+    if (!cpu_simd_check(err, sizeof err)) {
+        fprintf(stderr, "tokenmill: %s\n", err);
         return 2;
     }
     for (size_t i = 0; i < sizeof main_cmds / sizeof main_cmds[0]; i++)

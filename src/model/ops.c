@@ -7,7 +7,8 @@
  * threads), meets at a barrier, then hands out chunks of (weight, row range, token range)
  * from an atomic counter. A chunk covers all tokens up to OPS_TOKEN_CHUNK, so that each
  * weight row is streamed from memory once per call for a decode batch and once per
- * OPS_TOKEN_CHUNK tokens for prefill, where the rest come from cache.
+ * OPS_TOKEN_CHUNK tokens for prefill, where the rest come from cache. On aarch64 ops_neon.c
+ * takes the place of the two x86 files.
  *
  * Scalar reference semantics (the SIMD kernels agree up to float summation order):
  * quantised dots sum exact integers per block and accumulate block results in float, in
@@ -477,8 +478,12 @@ void ops_force_level(cpu_level lvl)
     if (lvl > hw) lvl = hw;
     ops_kernels k;
     ops_kernels_init_scalar(&k);
+#if defined(__aarch64__)
+    if (lvl >= CPU_LEVEL_NEON) ops_kernels_init_neon(&k);
+#else
     if (lvl >= CPU_LEVEL_AVX2) ops_kernels_init_avx2(&k);
     if (lvl >= CPU_LEVEL_AVX512) ops_kernels_init_avx512(&k);
+#endif
     ops_k = k;
     ops_level = lvl;
 }

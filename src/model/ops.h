@@ -143,7 +143,7 @@ void ops_att_block(const ops_att_block_args *a);
  * which the caller quantises alone). NULL detaches. */
 void ops_profile_attach(double *quant_s);
 
-/* Active instruction set ("scalar", "avx2", "avx512"). */
+/* Active instruction set ("scalar", "avx2", "avx512", "neon"). */
 const char *ops_level_name(void);
 cpu_level ops_get_level(void);
 /* Selects the kernels of `lvl` (capped at what the hardware has). Not thread-safe against

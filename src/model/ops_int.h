@@ -1,6 +1,6 @@
 /*
  * ops_int: what only ops*.c may see: the kernel table that ops.c fills from the scalar
- * reference and then lets ops_avx2.c / ops_avx512.c override with their versions.
+ * reference and then lets ops_avx2.c / ops_avx512.c (or ops_neon.c) override with theirs.
  *
  * A gemm kernel computes y[t * y_stride + r] = dot(W row r, X row t) for r < nr, t < nt,
  * where W rows are w_stride bytes apart (weight type) and X rows x_stride bytes apart (its
@@ -53,7 +53,10 @@ static inline int ops_att_lim_max(const int32_t *lim, int i0, int i1)
     for (int i = i0; i < i1; i++) m = lim[i] > m ? lim[i] : m;
     return m;
 }
-void ops_kernels_init_avx2(ops_kernels *k);    /* overrides entries; call after scalar */
-void ops_kernels_init_avx512(ops_kernels *k);  /* overrides entries; call after avx2 */
+/* Each overrides entries of the table: the x86 ones after scalar and in this order, the
+ * aarch64 one after scalar. Only the target architecture's files are compiled. */
+void ops_kernels_init_avx2(ops_kernels *k);
+void ops_kernels_init_avx512(ops_kernels *k);
+void ops_kernels_init_neon(ops_kernels *k);
 
 #endif
