@@ -70,7 +70,7 @@ struct gguf {
 
 static bool gguf_type_ok(uint32_t type)
 {
-    return type < QTYPE_COUNT_MAX && quant_type_supported((int)type) && type != QTYPE_Q8_K; /* Q8_K: activations only */
+    return type < QTYPE_COUNT_MAX && quant_weight_type((int)type);
 }
 
 /* ---- the cursor --------------------------------------------------------------------------- */
@@ -337,8 +337,13 @@ static bool gguf_parse(gguf *g, gguf_rd *r)
             t->ne[d] = (int64_t)ne;
         }
         if (!gguf_rd_u32(r, &type, what) || !gguf_rd_u64(r, &t->offset, what)) return false;
-        if (!gguf_type_ok(type))
-            return gguf_fail(r, GGUF_ERR_TYPE, "tensor '%.100s' has unknown or unsupported type %u", name, type);
+        if (!gguf_type_ok(type)) {
+            const char *tn = type < 1000 ? quant_ggml_type_name((int)type) : NULL;
+            if (tn)
+                return gguf_fail(r, GGUF_ERR_TYPE, "tensor '%.100s' has weight type %s (ggml type %u), which "
+                                 "tokenmill cannot read", name, tn, type);
+            return gguf_fail(r, GGUF_ERR_TYPE, "tensor '%.100s' has unknown type %u", name, type);
+        }
         t->type = (qtype)type;
         int64_t nel = 1;
         for (int d = 0; d < 4; d++) {

@@ -99,7 +99,7 @@ static const gguf_tensor *model_tensor(model_ld *ld, const char *name, bool requ
                    (long long)t->ne[3], (long long)cols, (long long)rows);
         return NULL;
     }
-    if (!quant_type_supported(t->type)) {
+    if (!quant_weight_type(t->type)) {
         model_fail(ld, GGUF_ERR_TYPE, "tensor %s has unsupported type %d", name, (int)t->type);
         return NULL;
     }
@@ -110,8 +110,8 @@ static bool model_matrix(model_ld *ld, const char *name, int64_t cols, int64_t r
 {
     const gguf_tensor *t = model_tensor(ld, name, true, 2, cols, rows);
     if (!t) return false;
-    if (t->type == QTYPE_Q8_K) {
-        model_fail(ld, GGUF_ERR_TYPE, "tensor %s: type q8_K is not a weight type", name);
+    if (t->type == QTYPE_Q8_K || t->type == QTYPE_Q8_1) {
+        model_fail(ld, GGUF_ERR_TYPE, "tensor %s: type %s is not a weight type", name, quant_type_name(t->type));
         return false;
     }
     w->type = t->type;
@@ -136,7 +136,7 @@ static bool model_experts(model_ld *ld, const char *name, int64_t cols, int64_t 
                    (long long)cols, (long long)rows, n_expert);
         return false;
     }
-    if (!quant_type_supported(t->type) || t->type == QTYPE_Q8_K) {
+    if (!quant_weight_type(t->type)) {
         model_fail(ld, GGUF_ERR_TYPE, "tensor %s has unsupported type %d", name, (int)t->type);
         return false;
     }

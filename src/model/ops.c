@@ -82,6 +82,118 @@ static float ops_dot_mxfp4_q8_0(int64_t n, const block_mxfp4 *w, const block_q8_
     return sumf;
 }
 
+/* The 32-element types against Q8_1 (ggml's vec_dot_{q4_1,q5_1}_q8_1, and for Q5_0 / IQ4_NL
+ * its _q8_0 ones: Q8_1's d and qs are Q8_0's). ops_unpack_32 gives a block's 32 integer
+ * values; per block sumf += sumi * (d_w * d_x), plus m_w * s_x for the types with a min. */
+static inline void ops_unpack_32(qtype t, const void *blk, int8_t v[32])
+{
+    const uint8_t *qs, *qhp = NULL;
+    int off = 0;
+    switch (t) {
+    case QTYPE_Q4_1: qs = ((const block_q4_1 *)blk)->qs; break;
+    case QTYPE_Q5_0: qs = ((const block_q5_0 *)blk)->qs, qhp = ((const block_q5_0 *)blk)->qh, off = 16; break;
+    case QTYPE_Q5_1: qs = ((const block_q5_1 *)blk)->qs, qhp = ((const block_q5_1 *)blk)->qh; break;
+    default: qs = ((const block_iq4_nl *)blk)->qs; break;
+    }
+    uint32_t qh = qhp ? (uint32_t)qhp[0] | (uint32_t)qhp[1] << 8 | (uint32_t)qhp[2] << 16 | (uint32_t)qhp[3] << 24 : 0;
+    for (int j = 0; j < 16; j++) {
+        int lo = qs[j] & 0xF, hi = qs[j] >> 4;
+        if (t == QTYPE_IQ4_NL) {
+            v[j] = quant_kvalues_iq4nl[lo];
+            v[j + 16] = quant_kvalues_iq4nl[hi];
+        } else {
+            v[j] = (int8_t)((lo | (((qh >> j) & 1) << 4)) - off);
+            v[j + 16] = (int8_t)((hi | (((qh >> (j + 16)) & 1) << 4)) - off);
+        }
+    }
+}
+
+static inline float ops_dot_32_q8_1(int64_t n, qtype t, const void *w, const block_q8_1 *x)
+{
+    const size_t bsz = quant_block_bytes(t);
+    float sumf = 0;
+    for (int64_t b = 0; b < n / 32; b++) {
+        const char *wb = (const char *)w + (size_t)b * bsz;
+        int8_t v[32];
+        ops_unpack_32(t, wb, v);
+        int sumi = 0;
+        for (int j = 0; j < 32; j++) sumi += v[j] * x[b].qs[j];
+        const fp16_t *dm = (const fp16_t *)wb; /* every one of these blocks starts with d (and m) */
+        sumf += (float)sumi * (quant_fp16_to_fp32(dm[0]) * quant_fp16_to_fp32(x[b].d));
+        if (t == QTYPE_Q4_1 || t == QTYPE_Q5_1) sumf += quant_fp16_to_fp32(dm[1]) * quant_fp16_to_fp32(x[b].s);
+    }
+    return sumf;
+}
+
+static float ops_dot_q4_1_q8_1(int64_t n, const void *w, const block_q8_1 *x) { return ops_dot_32_q8_1(n, QTYPE_Q4_1, w, x); }
+static float ops_dot_q5_0_q8_1(int64_t n, const void *w, const block_q8_1 *x) { return ops_dot_32_q8_1(n, QTYPE_Q5_0, w, x); }
+static float ops_dot_q5_1_q8_1(int64_t n, const void *w, const block_q8_1 *x) { return ops_dot_32_q8_1(n, QTYPE_Q5_1, w, x); }
+static float ops_dot_iq4_nl_q8_1(int64_t n, const void *w, const block_q8_1 *x) { return ops_dot_32_q8_1(n, QTYPE_IQ4_NL, w, x); }
+
+/* Q2_K: per super-block d_x*d_w * sum_j sc_j * dot_j - d_x*dmin_w * sum_j m_j * bsum_j. */
+static float ops_dot_q2_K_q8_K(int64_t n, const block_q2_K *w, const block_q8_K *x)
+{
+    float sumf = 0;
+    for (int64_t b = 0; b < n / QK_K; b++) {
+        int isum = 0, summs = 0;
+        for (int j = 0; j < 16; j++) summs += x[b].bsums[j] * (w[b].scales[j] >> 4);
+        for (int g = 0; g < 16; g++) {
+            /* group g: elements 16g.., of chunk c = g/2 (n = c/4, shift 2*(c%4)), half g%2 */
+            int c = g / 2, sh = 2 * (c % 4);
+            const uint8_t *q = w[b].qs + 32 * (c / 4) + 16 * (g % 2);
+            int dot = 0;
+            for (int l = 0; l < 16; l++) dot += ((q[l] >> sh) & 3) * x[b].qs[16 * g + l];
+            isum += (w[b].scales[g] & 0xF) * dot;
+        }
+        float dall = x[b].d * quant_fp16_to_fp32(w[b].d), dmin = x[b].d * quant_fp16_to_fp32(w[b].dmin);
+        sumf += dall * (float)isum - dmin * (float)summs;
+    }
+    return sumf;
+}
+
+/* Q3_K: per super-block d_x*d_w * sum_g (sc_g - 32) * dot_g. */
+static float ops_dot_q3_K_q8_K(int64_t n, const block_q3_K *w, const block_q8_K *x)
+{
+    float sumf = 0;
+    for (int64_t b = 0; b < n / QK_K; b++) {
+        int8_t sc[16];
+        quant_q3_K_scales(w[b].scales, sc);
+        int isum = 0;
+        for (int g = 0; g < 16; g++) {
+            int c = g / 2, sh = 2 * (c % 4);
+            int l0 = 16 * (g % 2);
+            const uint8_t *q = w[b].qs + 32 * (c / 4);
+            int dot = 0;
+            for (int l = l0; l < l0 + 16; l++) {
+                int v = ((q[l] >> sh) & 3) - ((w[b].hmask[l] >> c) & 1 ? 0 : 4);
+                dot += v * x[b].qs[16 * g + l - l0];
+            }
+            isum += (sc[g] - 32) * dot;
+        }
+        sumf += x[b].d * quant_fp16_to_fp32(w[b].d) * (float)isum;
+    }
+    return sumf;
+}
+
+/* IQ4_XS: per super-block d_x*d_w * sum_j (ls_j - 32) * dot_j. */
+static float ops_dot_iq4_xs_q8_K(int64_t n, const block_iq4_xs *w, const block_q8_K *x)
+{
+    float sumf = 0;
+    for (int64_t b = 0; b < n / QK_K; b++) {
+        int isum = 0;
+        for (int j = 0; j < QK_K / 32; j++) {
+            const uint8_t *qs = w[b].qs + 16 * j;
+            const int8_t *y = x[b].qs + 32 * j;
+            int dot = 0;
+            for (int l = 0; l < 16; l++)
+                dot += quant_kvalues_iq4nl[qs[l] & 0xF] * y[l] + quant_kvalues_iq4nl[qs[l] >> 4] * y[l + 16];
+            isum += (quant_iq4_xs_scale(&w[b], j) - 32) * dot;
+        }
+        sumf += x[b].d * quant_fp16_to_fp32(w[b].d) * (float)isum;
+    }
+    return sumf;
+}
+
 /* Q4_K, and with `five` Q5_K (the same block prefix d, dmin, scales; the fifth bit of column
  * 32j + l is bit j of qh[l]). Per super-block:
  * d_x*d_w * sum_j sc_j * dot_j  -  d_x*dmin_w * sum_j m_j * bsum_j. */
@@ -288,6 +400,13 @@ OPS_GEMM_FROM_DOT(ops_gemm_q4_K_ref, ops_dot_q4_K_q8_K, block_q4_K, block_q8_K)
 OPS_GEMM_FROM_DOT(ops_gemm_q5_K_ref, ops_dot_q5_K_q8_K, block_q5_K, block_q8_K)
 OPS_GEMM_FROM_DOT(ops_gemm_q6_K_ref, ops_dot_q6_K_q8_K, block_q6_K, block_q8_K)
 OPS_GEMM_FROM_DOT(ops_gemm_f32_ref, ops_dot_f32_ref, float, float)
+OPS_GEMM_FROM_DOT(ops_gemm_q4_1_ref, ops_dot_q4_1_q8_1, void, block_q8_1)
+OPS_GEMM_FROM_DOT(ops_gemm_q5_0_ref, ops_dot_q5_0_q8_1, void, block_q8_1)
+OPS_GEMM_FROM_DOT(ops_gemm_q5_1_ref, ops_dot_q5_1_q8_1, void, block_q8_1)
+OPS_GEMM_FROM_DOT(ops_gemm_iq4_nl_ref, ops_dot_iq4_nl_q8_1, void, block_q8_1)
+OPS_GEMM_FROM_DOT(ops_gemm_q2_K_ref, ops_dot_q2_K_q8_K, block_q2_K, block_q8_K)
+OPS_GEMM_FROM_DOT(ops_gemm_q3_K_ref, ops_dot_q3_K_q8_K, block_q3_K, block_q8_K)
+OPS_GEMM_FROM_DOT(ops_gemm_iq4_xs_ref, ops_dot_iq4_xs_q8_K, block_iq4_xs, block_q8_K)
 
 /* The same for the 16-row interleaved types: row r lives in group r/16 (nr and the first row
  * are multiples of 16; the driver's row chunks are). */
@@ -431,6 +550,11 @@ static void ops_quant_q8_K_ref(const float *x, void *dst, int64_t cols, int64_t 
     (void)cols;
     quant_act_q8_K(x + e0, (block_q8_K *)dst + e0 / QK_K, e1 - e0);
 }
+static void ops_quant_q8_1_ref(const float *x, void *dst, int64_t cols, int64_t e0, int64_t e1)
+{
+    (void)cols;
+    quant_act_q8_1(x + e0, (block_q8_1 *)dst + e0 / 32, e1 - e0);
+}
 static size_t ops_act_row_bytes_ref(qtype vt, int64_t cols) { return quant_row_bytes(vt, cols); }
 
 void ops_kernels_init_scalar(ops_kernels *k)
@@ -446,6 +570,13 @@ void ops_kernels_init_scalar(ops_kernels *k)
     k->gemm[QTYPE_Q4_K] = ops_gemm_q4_K_ref;
     k->gemm[QTYPE_Q5_K] = ops_gemm_q5_K_ref;
     k->gemm[QTYPE_Q6_K] = ops_gemm_q6_K_ref;
+    k->gemm[QTYPE_Q4_1] = ops_gemm_q4_1_ref;
+    k->gemm[QTYPE_Q5_0] = ops_gemm_q5_0_ref;
+    k->gemm[QTYPE_Q5_1] = ops_gemm_q5_1_ref;
+    k->gemm[QTYPE_IQ4_NL] = ops_gemm_iq4_nl_ref;
+    k->gemm[QTYPE_Q2_K] = ops_gemm_q2_K_ref;
+    k->gemm[QTYPE_Q3_K] = ops_gemm_q3_K_ref;
+    k->gemm[QTYPE_IQ4_XS] = ops_gemm_iq4_xs_ref;
     k->gemm[QTYPE_Q8_0_X16] = ops_gemm_q8_0x16_ref;
     k->gemm[QTYPE_Q4_0_X16] = ops_gemm_q4_0x16_ref;
     k->gemm[QTYPE_MXFP4_X16] = ops_gemm_mxfp4x16_ref;
@@ -453,6 +584,7 @@ void ops_kernels_init_scalar(ops_kernels *k)
     k->gemm[QTYPE_Q6_K_X16] = ops_gemm_q6_Kx16_ref;
     k->quant_q8_0 = ops_quant_q8_0_ref;
     k->quant_q8_K = ops_quant_q8_K_ref;
+    k->quant_q8_1 = ops_quant_q8_1_ref;
     k->to_f16 = ops_to_f16_ref;
     k->from_f16 = ops_from_f16_ref;
     k->to_bf16 = ops_to_bf16_ref;
@@ -509,7 +641,8 @@ const char *ops_level_name(void) { return cpu_level_name(ops_get_level()); }
 static int64_t ops_act_unit(qtype vt)
 {
     switch (vt) {
-    case QTYPE_Q8_0: return QK8_0 * 8;
+    case QTYPE_Q8_0:
+    case QTYPE_Q8_1: return QK8_0 * 8;
     case QTYPE_Q8_K: return QK_K;
     default: return 256;
     }
@@ -565,6 +698,7 @@ static void ops_quantize_act(const ops_kernels *k, qtype vt, const float *x, voi
     switch (vt) {
     case QTYPE_Q8_0: k->quant_q8_0(x, dst, cols, e0, e1); break;
     case QTYPE_Q8_K: k->quant_q8_K(x, dst, cols, e0, e1); break;
+    case QTYPE_Q8_1: k->quant_q8_1(x, dst, cols, e0, e1); break;
     case QTYPE_F16: k->to_f16(x + e0, (fp16_t *)dst + e0, e1 - e0); break;
     case QTYPE_BF16: k->to_bf16(x + e0, (bf16_t *)dst + e0, e1 - e0); break;
     default: break;

@@ -23,6 +23,8 @@ typedef struct {
      * (the scalar level: block_q8_0 / block_q8_K rows). act_row_bytes: bytes per token. */
     void (*quant_q8_0)(const float *x, void *dst, int64_t cols, int64_t e0, int64_t e1);
     void (*quant_q8_K)(const float *x, void *dst, int64_t cols, int64_t e0, int64_t e1);
+    void (*quant_q8_1)(const float *x, void *dst, int64_t cols, int64_t e0, int64_t e1); /* block_q8_1
+                                                                                        * at every level */
     size_t (*act_row_bytes)(qtype vt, int64_t cols);
     void (*to_f16)(const float *x, fp16_t *y, int64_t n);
     void (*from_f16)(const fp16_t *x, float *y, int64_t n);

@@ -12,6 +12,7 @@
 #include "model/quant.h"
 
 #include <assert.h>
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -28,6 +29,14 @@ static const quant_traits *quant_get_traits(int t)
     static const quant_traits tr_f16 = {"f16", 1, 2, QTYPE_F16};
     static const quant_traits tr_bf16 = {"bf16", 1, 2, QTYPE_BF16};
     static const quant_traits tr_q4_0 = {"q4_0", QK4_0, sizeof(block_q4_0), QTYPE_Q8_0};
+    static const quant_traits tr_q4_1 = {"q4_1", 32, sizeof(block_q4_1), QTYPE_Q8_1};
+    static const quant_traits tr_q5_0 = {"q5_0", 32, sizeof(block_q5_0), QTYPE_Q8_1};
+    static const quant_traits tr_q5_1 = {"q5_1", 32, sizeof(block_q5_1), QTYPE_Q8_1};
+    static const quant_traits tr_q8_1 = {"q8_1", 32, sizeof(block_q8_1), QTYPE_Q8_1};
+    static const quant_traits tr_iq4_nl = {"iq4_nl", 32, sizeof(block_iq4_nl), QTYPE_Q8_1};
+    static const quant_traits tr_q2_k = {"q2_K", QK_K, sizeof(block_q2_K), QTYPE_Q8_K};
+    static const quant_traits tr_q3_k = {"q3_K", QK_K, sizeof(block_q3_K), QTYPE_Q8_K};
+    static const quant_traits tr_iq4_xs = {"iq4_xs", QK_K, sizeof(block_iq4_xs), QTYPE_Q8_K};
     static const quant_traits tr_q8_0 = {"q8_0", QK8_0, sizeof(block_q8_0), QTYPE_Q8_0};
     static const quant_traits tr_mxfp4 = {"mxfp4", QK_MXFP4, sizeof(block_mxfp4), QTYPE_Q8_0};
     static const quant_traits tr_q4_k = {"q4_K", QK_K, sizeof(block_q4_K), QTYPE_Q8_K};
@@ -49,6 +58,14 @@ static const quant_traits *quant_get_traits(int t)
     case QTYPE_F16: return &tr_f16;
     case QTYPE_BF16: return &tr_bf16;
     case QTYPE_Q4_0: return &tr_q4_0;
+    case QTYPE_Q4_1: return &tr_q4_1;
+    case QTYPE_Q5_0: return &tr_q5_0;
+    case QTYPE_Q5_1: return &tr_q5_1;
+    case QTYPE_Q8_1: return &tr_q8_1;
+    case QTYPE_IQ4_NL: return &tr_iq4_nl;
+    case QTYPE_Q2_K: return &tr_q2_k;
+    case QTYPE_Q3_K: return &tr_q3_k;
+    case QTYPE_IQ4_XS: return &tr_iq4_xs;
     case QTYPE_Q8_0: return &tr_q8_0;
     case QTYPE_MXFP4: return &tr_mxfp4;
     case QTYPE_Q4_K: return &tr_q4_k;
@@ -67,6 +84,25 @@ static const quant_traits *quant_get_traits(int t)
 _Static_assert(sizeof(block_q8_0) == 34, "block_q8_0 layout");
 _Static_assert(sizeof(block_q4_0) == 18, "block_q4_0 layout");
 _Static_assert(sizeof(block_mxfp4) == 17, "block_mxfp4 layout");
+_Static_assert(sizeof(block_q4_1) == 20, "block_q4_1 layout");
+_Static_assert(sizeof(block_q5_0) == 22, "block_q5_0 layout");
+_Static_assert(sizeof(block_q5_1) == 24, "block_q5_1 layout");
+_Static_assert(sizeof(block_q8_1) == 36, "block_q8_1 layout");
+_Static_assert(sizeof(block_iq4_nl) == 18, "block_iq4_nl layout");
+_Static_assert(sizeof(block_iq4_xs) == 136, "block_iq4_xs layout");
+_Static_assert(sizeof(block_q2_K) == 84, "block_q2_K layout");
+_Static_assert(sizeof(block_q3_K) == 110, "block_q3_K layout");
+
+const int8_t quant_kvalues_iq4nl[16] = { -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113 };
+
+void quant_q3_K_scales(const uint8_t packed[12], int8_t out[16])
+{
+    for (int j = 0; j < 16; j++) {
+        int lo = j < 8 ? packed[j] & 0xF : packed[j - 8] >> 4;
+        int hi = (packed[8 + j % 4] >> (2 * (j / 4))) & 3;
+        out[j] = (int8_t)(lo | (hi << 4));
+    }
+}
 
 const int8_t quant_kvalues_mxfp4[16] = { 0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12 };
 
@@ -91,6 +127,23 @@ bool quant_type_supported(int type)
 {
     return quant_get_traits(type) != NULL && type != QTYPE_Q8_0_X16 && type != QTYPE_Q4_0_X16 &&
            type != QTYPE_MXFP4_X16 && type != QTYPE_Q4_K_X16 && type != QTYPE_Q6_K_X16;
+}
+
+bool quant_weight_type(int type)
+{
+    return quant_type_supported(type) && type != QTYPE_Q8_K && type != QTYPE_Q8_1;
+}
+
+const char *quant_ggml_type_name(int type)
+{
+    /* ggml.h's ids; the removed ones (4, 5, 31-33, 36-38) have no name */
+    static const char *const names[] = {
+        "f32", "f16", "q4_0", "q4_1", NULL, NULL, "q5_0", "q5_1", "q8_0", "q8_1", "q2_K", "q3_K",
+        "q4_K", "q5_K", "q6_K", "q8_K", "iq2_xxs", "iq2_xs", "iq3_xxs", "iq1_s", "iq4_nl", "iq3_s",
+        "iq2_s", "iq4_xs", "i8", "i16", "i32", "i64", "f64", "iq1_m", "bf16", NULL, NULL, NULL,
+        "tq1_0", "tq2_0", NULL, NULL, NULL, "mxfp4", "nvfp4", "q1_0", "q2_0",
+    };
+    return type >= 0 && type < (int)(sizeof names / sizeof names[0]) ? names[type] : NULL;
 }
 
 const char *quant_type_name(qtype t)
@@ -291,6 +344,122 @@ static void quant_dequant_q6_K(const block_q6_K *x, float *y, int64_t n)
     }
 }
 
+static void quant_dequant_q4_1(const block_q4_1 *x, float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n / 32; i++, y += 32) {
+        float d = quant_fp16_to_fp32(x[i].d), m = quant_fp16_to_fp32(x[i].m);
+        for (int j = 0; j < 16; j++) {
+            y[j] = (x[i].qs[j] & 0x0F) * d + m;
+            y[j + 16] = (x[i].qs[j] >> 4) * d + m;
+        }
+    }
+}
+
+static inline uint32_t quant_qh32(const uint8_t qh[4])
+{
+    return (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
+}
+
+static void quant_dequant_q5_0(const block_q5_0 *x, float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n / 32; i++, y += 32) {
+        float d = quant_fp16_to_fp32(x[i].d);
+        uint32_t qh = quant_qh32(x[i].qh);
+        for (int j = 0; j < 16; j++) {
+            int x0 = ((x[i].qs[j] & 0x0F) | (((qh >> j) << 4) & 0x10)) - 16;
+            int x1 = ((x[i].qs[j] >> 4) | ((qh >> (j + 12)) & 0x10)) - 16;
+            y[j] = x0 * d;
+            y[j + 16] = x1 * d;
+        }
+    }
+}
+
+static void quant_dequant_q5_1(const block_q5_1 *x, float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n / 32; i++, y += 32) {
+        float d = quant_fp16_to_fp32(x[i].d), m = quant_fp16_to_fp32(x[i].m);
+        uint32_t qh = quant_qh32(x[i].qh);
+        for (int j = 0; j < 16; j++) {
+            int x0 = (x[i].qs[j] & 0x0F) | (((qh >> j) << 4) & 0x10);
+            int x1 = (x[i].qs[j] >> 4) | ((qh >> (j + 12)) & 0x10);
+            y[j] = x0 * d + m;
+            y[j + 16] = x1 * d + m;
+        }
+    }
+}
+
+static void quant_dequant_q8_1(const block_q8_1 *x, float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n / 32; i++) {
+        float d = quant_fp16_to_fp32(x[i].d);
+        for (int j = 0; j < 32; j++) *y++ = x[i].qs[j] * d;
+    }
+}
+
+static void quant_dequant_iq4_nl(const block_iq4_nl *x, float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n / 32; i++, y += 32) {
+        float d = quant_fp16_to_fp32(x[i].d);
+        for (int j = 0; j < 16; j++) {
+            y[j] = d * quant_kvalues_iq4nl[x[i].qs[j] & 0xf];
+            y[j + 16] = d * quant_kvalues_iq4nl[x[i].qs[j] >> 4];
+        }
+    }
+}
+
+static void quant_dequant_iq4_xs(const block_iq4_xs *x, float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        float d = quant_fp16_to_fp32(x[i].d);
+        const uint8_t *qs = x[i].qs;
+        for (int ib = 0; ib < QK_K / 32; ib++, y += 32, qs += 16) {
+            float dl = d * (quant_iq4_xs_scale(&x[i], ib) - 32);
+            for (int j = 0; j < 16; j++) {
+                y[j] = dl * quant_kvalues_iq4nl[qs[j] & 0xf];
+                y[j + 16] = dl * quant_kvalues_iq4nl[qs[j] >> 4];
+            }
+        }
+    }
+}
+
+static void quant_dequant_q2_K(const block_q2_K *x, float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        float d = quant_fp16_to_fp32(x[i].d), min = quant_fp16_to_fp32(x[i].dmin);
+        const uint8_t *q = x[i].qs;
+        int is = 0;
+        for (int k = 0; k < QK_K; k += 128, q += 32)
+            for (int shift = 0; shift < 8; shift += 2) {
+                uint8_t sc = x[i].scales[is++];
+                float dl = d * (sc & 0xF), ml = min * (sc >> 4);
+                for (int l = 0; l < 16; l++) *y++ = dl * ((q[l] >> shift) & 3) - ml;
+                sc = x[i].scales[is++];
+                dl = d * (sc & 0xF), ml = min * (sc >> 4);
+                for (int l = 0; l < 16; l++) *y++ = dl * ((q[l + 16] >> shift) & 3) - ml;
+            }
+    }
+}
+
+static void quant_dequant_q3_K(const block_q3_K *x, float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        float d_all = quant_fp16_to_fp32(x[i].d);
+        int8_t sc[16];
+        quant_q3_K_scales(x[i].scales, sc);
+        const uint8_t *q = x[i].qs, *hm = x[i].hmask;
+        uint8_t m = 1;
+        int is = 0;
+        for (int k = 0; k < QK_K; k += 128, q += 32)
+            for (int shift = 0; shift < 8; shift += 2, m <<= 1) {
+                float dl = d_all * (sc[is++] - 32);
+                for (int l = 0; l < 16; l++) *y++ = dl * (((q[l] >> shift) & 3) - ((hm[l] & m) ? 0 : 4));
+                dl = d_all * (sc[is++] - 32);
+                for (int l = 0; l < 16; l++)
+                    *y++ = dl * (((q[l + 16] >> shift) & 3) - ((hm[l + 16] & m) ? 0 : 4));
+            }
+    }
+}
+
 static void quant_dequant_q8_K(const block_q8_K *x, float *y, int64_t n)
 {
     for (int64_t i = 0; i < n / QK_K; i++)
@@ -308,6 +477,14 @@ void quant_dequantize_row(qtype t, const void *src, float *dst, int64_t n)
         for (int64_t i = 0; i < n; i++) dst[i] = quant_bf16_to_fp32(((const bf16_t *)src)[i]);
         break;
     case QTYPE_Q4_0: quant_dequant_q4_0(src, dst, n); break;
+    case QTYPE_Q4_1: quant_dequant_q4_1(src, dst, n); break;
+    case QTYPE_Q5_0: quant_dequant_q5_0(src, dst, n); break;
+    case QTYPE_Q5_1: quant_dequant_q5_1(src, dst, n); break;
+    case QTYPE_Q8_1: quant_dequant_q8_1(src, dst, n); break;
+    case QTYPE_IQ4_NL: quant_dequant_iq4_nl(src, dst, n); break;
+    case QTYPE_IQ4_XS: quant_dequant_iq4_xs(src, dst, n); break;
+    case QTYPE_Q2_K: quant_dequant_q2_K(src, dst, n); break;
+    case QTYPE_Q3_K: quant_dequant_q3_K(src, dst, n); break;
     case QTYPE_Q8_0: quant_dequant_q8_0(src, dst, n); break;
     case QTYPE_MXFP4: quant_dequant_mxfp4(src, dst, n); break;
     case QTYPE_Q4_K: quant_dequant_q4_K(src, dst, n); break;
@@ -390,7 +567,8 @@ static void quant_ref_mxfp4(const float *x, block_mxfp4 *y, int64_t n)
 /* ggml's make_qkx2_quants: asymmetric (scale, min) fit of n values to [0, nmax] levels,
  * minimising the weighted squared error over a small search of scales. */
 static float quant_make_qkx2(int n, int nmax, const float *x, const float *weights, uint8_t *L,
-                             float *the_min, uint8_t *Laux, float rmin, float rdelta, int nstep)
+                             float *the_min, uint8_t *Laux, float rmin, float rdelta, int nstep,
+                             bool use_mad)
 {
     float min = x[0], max = x[0];
     float sum_w = weights[0];
@@ -415,7 +593,7 @@ static float quant_make_qkx2(int n, int nmax, const float *x, const float *weigh
         int l = quant_nearest_int(iscale * (x[i] - min));
         L[i] = (uint8_t)(l < 0 ? 0 : l > nmax ? nmax : l);
         float diff = scale * L[i] + min - x[i];
-        diff = diff * diff;
+        diff = use_mad ? fabsf(diff) : diff * diff;
         best_error += weights[i] * diff;
     }
     if (nstep < 1) {
@@ -445,7 +623,7 @@ static float quant_make_qkx2(int n, int nmax, const float *x, const float *weigh
             float cur_error = 0;
             for (int i = 0; i < n; i++) {
                 float diff = this_scale * Laux[i] + this_min - x[i];
-                diff = diff * diff;
+                diff = use_mad ? fabsf(diff) : diff * diff;
                 cur_error += weights[i] * diff;
             }
             if (cur_error < best_error) {
@@ -475,7 +653,8 @@ static void quant_ref_kmin(const float *x, int nmax, float rmin, int nstep, uint
         for (int l = 0; l < 32; l++) sum_x2 += x[32 * j + l] * x[32 * j + l];
         float av_x = sqrtf(sum_x2 / 32);
         for (int l = 0; l < 32; l++) weights[l] = av_x + fabsf(x[32 * j + l]);
-        scales[j] = quant_make_qkx2(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, rmin, 0.1f, nstep);
+        scales[j] = quant_make_qkx2(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, rmin, 0.1f, nstep,
+                                    false);
         if (scales[j] > max_scale) max_scale = scales[j];
         if (mins[j] > max_min) max_min = mins[j];
     }
@@ -650,6 +829,351 @@ static void quant_ref_q6_K(const float *x, block_q6_K *y, int64_t n)
     }
 }
 
+static void quant_ref_q4_1(const float *x, block_q4_1 *y, int64_t n)
+{
+    for (int64_t i = 0; i < n / 32; i++, x += 32) {
+        float min = FLT_MAX, max = -FLT_MAX;
+        for (int j = 0; j < 32; j++) {
+            if (x[j] < min) min = x[j];
+            if (x[j] > max) max = x[j];
+        }
+        float d = (max - min) / 15, id = d ? 1.0f / d : 0.0f;
+        y[i].d = quant_fp32_to_fp16(d);
+        y[i].m = quant_fp32_to_fp16(min);
+        for (int j = 0; j < 16; j++) {
+            int8_t t0 = (int8_t)((x[j] - min) * id + 0.5f), t1 = (int8_t)((x[j + 16] - min) * id + 0.5f);
+            uint8_t q0 = (uint8_t)(t0 < 15 ? t0 : 15), q1 = (uint8_t)(t1 < 15 ? t1 : 15);
+            y[i].qs[j] = (uint8_t)(q0 | (q1 << 4));
+        }
+    }
+}
+
+static void quant_put_qh32(uint8_t qh[4], uint32_t v)
+{
+    for (int k = 0; k < 4; k++) qh[k] = (uint8_t)(v >> 8 * k);
+}
+
+static void quant_ref_q5_0(const float *x, block_q5_0 *y, int64_t n)
+{
+    for (int64_t i = 0; i < n / 32; i++, x += 32) {
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < 32; j++)
+            if (amax < fabsf(x[j])) {
+                amax = fabsf(x[j]);
+                max = x[j];
+            }
+        float d = max / -16, id = d ? 1.0f / d : 0.0f;
+        y[i].d = quant_fp32_to_fp16(d);
+        uint32_t qh = 0;
+        for (int j = 0; j < 16; j++) {
+            int8_t t0 = (int8_t)(x[j] * id + 16.5f), t1 = (int8_t)(x[j + 16] * id + 16.5f);
+            uint8_t q0 = (uint8_t)(t0 < 31 ? t0 : 31), q1 = (uint8_t)(t1 < 31 ? t1 : 31);
+            y[i].qs[j] = (uint8_t)((q0 & 0x0F) | ((q1 & 0x0F) << 4));
+            qh |= ((q0 & 0x10u) >> 4) << j;
+            qh |= ((q1 & 0x10u) >> 4) << (j + 16);
+        }
+        quant_put_qh32(y[i].qh, qh);
+    }
+}
+
+static void quant_ref_q5_1(const float *x, block_q5_1 *y, int64_t n)
+{
+    for (int64_t i = 0; i < n / 32; i++, x += 32) {
+        float min = FLT_MAX, max = -FLT_MAX;
+        for (int j = 0; j < 32; j++) {
+            if (x[j] < min) min = x[j];
+            if (x[j] > max) max = x[j];
+        }
+        float d = (max - min) / 31, id = d ? 1.0f / d : 0.0f;
+        y[i].d = quant_fp32_to_fp16(d);
+        y[i].m = quant_fp32_to_fp16(min);
+        uint32_t qh = 0;
+        for (int j = 0; j < 16; j++) {
+            uint8_t q0 = (uint8_t)((x[j] - min) * id + 0.5f), q1 = (uint8_t)((x[j + 16] - min) * id + 0.5f);
+            y[i].qs[j] = (uint8_t)((q0 & 0x0F) | ((q1 & 0x0F) << 4));
+            qh |= ((q0 & 0x10u) >> 4) << j;
+            qh |= ((q1 & 0x10u) >> 4) << (j + 16);
+        }
+        quant_put_qh32(y[i].qh, qh);
+    }
+}
+
+/* Q2_K and Q3_K: element 128n + 32k + l of L (0..3) into bits 2k of qs[32n + l]. */
+static void quant_pack_2bit(const uint8_t *L, uint8_t qs[64])
+{
+    for (int j = 0; j < QK_K; j += 128)
+        for (int l = 0; l < 32; l++)
+            qs[j / 4 + l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 2) | (L[j + l + 64] << 4) | (L[j + l + 96] << 6));
+}
+
+static void quant_ref_q2_K(const float *x, block_q2_K *y, int64_t n)
+{
+    uint8_t L[QK_K], Laux[16];
+    float weights[16], mins[QK_K / 16], scales[QK_K / 16];
+    const float q4scale = 15.f;
+    for (int64_t i = 0; i < n / QK_K; i++, x += QK_K) {
+        float max_scale = 0, max_min = 0;
+        for (int j = 0; j < QK_K / 16; j++) {
+            for (int l = 0; l < 16; l++) weights[l] = fabsf(x[16 * j + l]);
+            scales[j] = quant_make_qkx2(16, 3, x + 16 * j, weights, L + 16 * j, &mins[j], Laux, -0.5f, 0.1f, 15, true);
+            if (scales[j] > max_scale) max_scale = scales[j];
+            if (mins[j] > max_min) max_min = mins[j];
+        }
+        if (max_scale > 0) {
+            float iscale = q4scale / max_scale;
+            for (int j = 0; j < QK_K / 16; j++) y[i].scales[j] = (uint8_t)quant_nearest_int(iscale * scales[j]);
+            y[i].d = quant_fp32_to_fp16(max_scale / q4scale);
+        } else {
+            memset(y[i].scales, 0, sizeof y[i].scales);
+            y[i].d = quant_fp32_to_fp16(0.f);
+        }
+        if (max_min > 0) {
+            float iscale = q4scale / max_min;
+            for (int j = 0; j < QK_K / 16; j++) y[i].scales[j] |= (uint8_t)(quant_nearest_int(iscale * mins[j]) << 4);
+            y[i].dmin = quant_fp32_to_fp16(max_min / q4scale);
+        } else {
+            y[i].dmin = quant_fp32_to_fp16(0.f);
+        }
+        for (int j = 0; j < QK_K / 16; j++) {
+            const float d = quant_fp16_to_fp32(y[i].d) * (y[i].scales[j] & 0xF);
+            if (!d) continue;
+            const float dm = quant_fp16_to_fp32(y[i].dmin) * (y[i].scales[j] >> 4);
+            for (int ii = 0; ii < 16; ii++) {
+                int l = quant_nearest_int((x[16 * j + ii] + dm) / d);
+                L[16 * j + ii] = (uint8_t)(l < 0 ? 0 : l > 3 ? 3 : l);
+            }
+        }
+        quant_pack_2bit(L, y[i].qs);
+    }
+}
+
+/* ggml's make_q3_quants with do_rmse: symmetric levels [-nmax, nmax-1], then up to 5 passes
+ * that move single values to a better level. Returns the scale; L holds level + nmax. */
+static float quant_make_q3(int n, int nmax, const float *x, int8_t *L)
+{
+    float max = 0, amax = 0;
+    for (int i = 0; i < n; i++) {
+        float ax = fabsf(x[i]);
+        if (ax > amax) {
+            amax = ax;
+            max = x[i];
+        }
+    }
+    if (amax < QUANT_GROUP_MAX_EPS) {
+        for (int i = 0; i < n; i++) L[i] = 0;
+        return 0.f;
+    }
+    float iscale = -nmax / max;
+    float sumlx = 0, suml2 = 0;
+    for (int i = 0; i < n; i++) {
+        int l = quant_nearest_int(iscale * x[i]);
+        l = l < -nmax ? -nmax : l > nmax - 1 ? nmax - 1 : l;
+        L[i] = (int8_t)l;
+        float w = x[i] * x[i];
+        sumlx += w * x[i] * l;
+        suml2 += w * l * l;
+    }
+    for (int itry = 0; itry < 5; itry++) {
+        int n_changed = 0;
+        for (int i = 0; i < n; i++) {
+            float w = x[i] * x[i];
+            float slx = sumlx - w * x[i] * L[i];
+            if (slx > 0) {
+                float sl2 = suml2 - w * L[i] * L[i];
+                int new_l = quant_nearest_int(x[i] * sl2 / slx);
+                new_l = new_l < -nmax ? -nmax : new_l > nmax - 1 ? nmax - 1 : new_l;
+                if (new_l != L[i]) {
+                    slx += w * x[i] * new_l;
+                    sl2 += w * new_l * new_l;
+                    if (sl2 > 0 && slx * slx * suml2 > sumlx * sumlx * sl2) {
+                        L[i] = (int8_t)new_l;
+                        sumlx = slx;
+                        suml2 = sl2;
+                        n_changed++;
+                    }
+                }
+            }
+        }
+        if (!n_changed) break;
+    }
+    for (int i = 0; i < n; i++) L[i] = (int8_t)(L[i] + nmax);
+    return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
+}
+
+static void quant_ref_q3_K(const float *x, block_q3_K *y, int64_t n)
+{
+    int8_t L[QK_K];
+    float scales[QK_K / 16];
+    for (int64_t i = 0; i < n / QK_K; i++, x += QK_K) {
+        float max_scale = 0, amax = 0;
+        for (int j = 0; j < QK_K / 16; j++) {
+            scales[j] = quant_make_q3(16, 4, x + 16 * j, L + 16 * j);
+            float scale = fabsf(scales[j]);
+            if (scale > amax) {
+                amax = scale;
+                max_scale = scales[j];
+            }
+        }
+        memset(y[i].scales, 0, 12);
+        if (max_scale) {
+            float iscale = -32.f / max_scale;
+            for (int j = 0; j < QK_K / 16; j++) {
+                int8_t l = (int8_t)quant_nearest_int(iscale * scales[j]);
+                l = (int8_t)((l < -32 ? -32 : l > 31 ? 31 : l) + 32);
+                if (j < 8) y[i].scales[j] = (uint8_t)(l & 0xF);
+                else y[i].scales[j - 8] |= (uint8_t)((l & 0xF) << 4);
+                l >>= 4;
+                y[i].scales[j % 4 + 8] |= (uint8_t)(l << (2 * (j / 4)));
+            }
+            y[i].d = quant_fp32_to_fp16(1 / iscale);
+        } else {
+            y[i].d = quant_fp32_to_fp16(0.f);
+        }
+        int8_t sc[16];
+        quant_q3_K_scales(y[i].scales, sc);
+        for (int j = 0; j < QK_K / 16; j++) {
+            float d = quant_fp16_to_fp32(y[i].d) * (sc[j] - 32);
+            if (!d) continue;
+            for (int ii = 0; ii < 16; ii++) {
+                int l = quant_nearest_int(x[16 * j + ii] / d);
+                L[16 * j + ii] = (int8_t)((l < -4 ? -4 : l > 3 ? 3 : l) + 4);
+            }
+        }
+        memset(y[i].hmask, 0, QK_K / 8);
+        for (int j = 0; j < QK_K; j++)
+            if (L[j] > 3) {
+                y[i].hmask[j % 32] |= (uint8_t)(1 << (j / 32));
+                L[j] -= 4;
+            }
+        quant_pack_2bit((const uint8_t *)L, y[i].qs);
+    }
+}
+
+/* ggml's best_index_int8: the nearest of n sorted values (the lower on a tie). */
+static int quant_best_index(int n, const int8_t *val, float x)
+{
+    if (x <= val[0]) return 0;
+    if (x >= val[n - 1]) return n - 1;
+    int ml = 0, mu = n - 1;
+    while (mu - ml > 1) {
+        int mav = (ml + mu) / 2;
+        if (x < val[mav]) mu = mav;
+        else ml = mav;
+    }
+    return x - val[mu - 1] < val[mu] - x ? mu - 1 : mu;
+}
+
+/* ggml's quantize_row_iq4_nl_impl without importance weights and with ntry 7, as
+ * quantize_iq4_nl / quantize_iq4_xs run it for llama-quantize (the _ref entry points pass
+ * ntry -1, a cruder search no file is written with). sb: 32 (IQ4_NL) or QK_K (IQ4_XS); for
+ * QK_K, scales_h / scales_l receive the 6-bit sub-block scales. */
+static void quant_iq4_impl(int sb, const float *x, fp16_t *dh, uint8_t *q4, uint16_t *scales_h,
+                           uint8_t *scales_l)
+{
+    const int8_t *values = quant_kvalues_iq4nl;
+    const int ntry = 7;
+    uint8_t L[QK_K];
+    float weight[32], scales[QK_K / 32];
+    memset(q4, 0, (size_t)sb / 2);
+    *dh = quant_fp32_to_fp16(0.f);
+    float max_scale = 0, amax_scale = 0;
+    for (int ib = 0; ib < sb / 32; ib++) {
+        const float *xb = x + ib * 32;
+        uint8_t *Lb = L + ib * 32;
+        for (int j = 0; j < 32; j++) weight[j] = xb[j] * xb[j];
+        float amax = 0, max = 0;
+        for (int j = 0; j < 32; j++)
+            if (fabsf(xb[j]) > amax) {
+                amax = fabsf(xb[j]);
+                max = xb[j];
+            }
+        if (amax < QUANT_GROUP_MAX_EPS) {
+            scales[ib] = 0;
+            continue;
+        }
+        float d = -max / values[0], id = 1 / d;
+        float sumqx = 0, sumq2 = 0;
+        for (int j = 0; j < 32; j++) {
+            int l = quant_best_index(16, values, id * xb[j]);
+            Lb[j] = (uint8_t)l;
+            float q = values[l], w = weight[j];
+            sumqx += w * q * xb[j];
+            sumq2 += w * q * q;
+        }
+        d = sumq2 > 0 ? sumqx / sumq2 : 0.f;
+        float best = d * sumqx;
+        for (int itry = -ntry; itry <= ntry; itry++) {
+            id = (itry + values[0]) / max;
+            sumqx = sumq2 = 0;
+            for (int j = 0; j < 32; j++) {
+                float q = values[quant_best_index(16, values, id * xb[j])], w = weight[j];
+                sumqx += w * q * xb[j];
+                sumq2 += w * q * q;
+            }
+            if (sumq2 > 0 && sumqx * sumqx > best * sumq2) {
+                d = sumqx / sumq2;
+                best = d * sumqx;
+            }
+        }
+        scales[ib] = d;
+        if (fabsf(d) > amax_scale) {
+            amax_scale = fabsf(d);
+            max_scale = d;
+        }
+    }
+    if (sb > 32) {
+        *scales_h = 0;
+        float d = -max_scale / 32;
+        *dh = quant_fp32_to_fp16(d);
+        float id = d ? 1 / d : 0.f;
+        for (int ib = 0; ib < sb / 32; ib++) {
+            int l = quant_nearest_int(id * scales[ib]);
+            l = l < -32 ? -32 : l > 31 ? 31 : l;
+            float dl = d * l, idl = dl ? 1 / dl : 0.f;
+            for (int j = 0; j < 32; j++) L[ib * 32 + j] = (uint8_t)quant_best_index(16, values, idl * x[ib * 32 + j]);
+            l += 32;
+            uint8_t l_l = (uint8_t)(l & 0xf), l_h = (uint8_t)(l >> 4);
+            if (ib % 2 == 0) scales_l[ib / 2] = l_l;
+            else scales_l[ib / 2] |= (uint8_t)(l_l << 4);
+            *scales_h |= (uint16_t)(l_h << 2 * (ib % 8));
+        }
+    } else {
+        *dh = quant_fp32_to_fp16(scales[0]);
+        float id = scales[0] ? 1 / scales[0] : 0;
+        for (int j = 0; j < sb; j++) L[j] = (uint8_t)quant_best_index(16, values, id * x[j]);
+    }
+    for (int i = 0; i < sb / 32; i++)
+        for (int j = 0; j < 16; j++) q4[16 * i + j] = (uint8_t)(L[32 * i + j] | (L[32 * i + 16 + j] << 4));
+}
+
+static void quant_ref_iq4_nl(const float *x, block_iq4_nl *y, int64_t n)
+{
+    for (int64_t i = 0; i < n / 32; i++) quant_iq4_impl(32, x + 32 * i, &y[i].d, y[i].qs, NULL, NULL);
+}
+
+static void quant_ref_iq4_xs(const float *x, block_iq4_xs *y, int64_t n)
+{
+    for (int64_t i = 0; i < n / QK_K; i++)
+        quant_iq4_impl(QK_K, x + QK_K * i, &y[i].d, y[i].qs, &y[i].scales_h, y[i].scales_l);
+}
+
+void quant_act_q8_1(const float *x, block_q8_1 *y, int64_t n)
+{
+    for (int64_t i = 0; i < n / 32; i++, x += 32) {
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
+        float d = amax / 127.f;
+        y[i].d = quant_fp32_to_fp16(d);
+        float id = amax != 0.0f ? 127.f / amax : 0.0f;
+        int sum = 0;
+        for (int j = 0; j < 32; j++) {
+            y[i].qs[j] = (int8_t)quant_nearest_int(x[j] * id);
+            sum += y[i].qs[j];
+        }
+        y[i].s = quant_fp32_to_fp16(d * (float)sum);
+    }
+}
+
 void quant_act_q8_K(const float *x, block_q8_K *y, int64_t n)
 {
     for (int64_t i = 0; i < n / QK_K; i++) {
@@ -709,6 +1233,14 @@ void quant_quantize_row(qtype t, const float *src, void *dst, int64_t n)
         for (int64_t i = 0; i < n; i++) ((bf16_t *)dst)[i] = quant_fp32_to_bf16(src[i]);
         break;
     case QTYPE_Q4_0: quant_ref_q4_0(src, dst, n); break;
+    case QTYPE_Q4_1: quant_ref_q4_1(src, dst, n); break;
+    case QTYPE_Q5_0: quant_ref_q5_0(src, dst, n); break;
+    case QTYPE_Q5_1: quant_ref_q5_1(src, dst, n); break;
+    case QTYPE_Q8_1: quant_act_q8_1(src, dst, n); break;
+    case QTYPE_IQ4_NL: quant_ref_iq4_nl(src, dst, n); break;
+    case QTYPE_IQ4_XS: quant_ref_iq4_xs(src, dst, n); break;
+    case QTYPE_Q2_K: quant_ref_q2_K(src, dst, n); break;
+    case QTYPE_Q3_K: quant_ref_q3_K(src, dst, n); break;
     case QTYPE_Q8_0: quant_ref_q8_0(src, dst, n); break;
     case QTYPE_MXFP4: quant_ref_mxfp4(src, dst, n); break;
     case QTYPE_Q4_K: quant_ref_q4_K(src, dst, n); break;

@@ -4,8 +4,11 @@
  *
  * A quantised row of n elements is n / block_elems blocks of block_bytes each. Weight rows are
  * multiplied against activations quantised to the weight type's "vec dot type" (Q8_0 for
- * Q4_0/Q8_0/MXFP4, Q8_K for Q4_K/Q5_K/Q6_K, F16 for F16, BF16 for BF16, F32 for F32), as llama.cpp's CPU
- * backend does, so that our results agree with it to rounding.
+ * Q4_0/Q8_0/MXFP4, Q8_1 for Q4_1/Q5_1 and also Q5_0/IQ4_NL, Q8_K for the k-quants and IQ4_XS,
+ * F16 for F16, BF16 for BF16, F32 for F32), as llama.cpp's CPU backend does, so that our results
+ * agree with it to rounding. ggml takes Q8_0 activations for Q5_0 and IQ4_NL; Q8_1 holds the
+ * same scale and values (plus a sum they ignore) and keeps one plain block format at every
+ * SIMD level (the AVX-512 level's Q8_0 rows have their own layout, see ops_avx512.c).
  */
 #ifndef TM_QUANT_H
 #define TM_QUANT_H
@@ -18,11 +21,19 @@ typedef enum {
     QTYPE_F32 = 0,
     QTYPE_F16 = 1,
     QTYPE_Q4_0 = 2,
+    QTYPE_Q4_1 = 3,
+    QTYPE_Q5_0 = 6,
+    QTYPE_Q5_1 = 7,
     QTYPE_Q8_0 = 8,
+    QTYPE_Q8_1 = 9,       /* activations only */
+    QTYPE_Q2_K = 10,
+    QTYPE_Q3_K = 11,
     QTYPE_Q4_K = 12,
     QTYPE_Q5_K = 13,
     QTYPE_Q6_K = 14,
-    QTYPE_Q8_K = 15,
+    QTYPE_Q8_K = 15,      /* activations only */
+    QTYPE_IQ4_NL = 20,    /* 4-bit codes into a non-linear table (quant_kvalues_iq4nl) */
+    QTYPE_IQ4_XS = 23,    /* IQ4_NL codes, 6-bit scales per 32 under an fp16 per 256 */
     QTYPE_BF16 = 30,
     QTYPE_MXFP4 = 39,     /* OCP microscaling FP4: E2M1 values, an E8M0 scale per 32 */
     /* repacked layouts (quant_repack; in memory only, never read from a file) */
@@ -44,6 +55,27 @@ typedef uint16_t bf16_t;  /* bfloat16, bit pattern */
 
 typedef struct { fp16_t d; int8_t qs[QK8_0]; } block_q8_0;                       /* 34 bytes */
 typedef struct { fp16_t d; uint8_t qs[QK4_0 / 2]; } block_q4_0;                  /* 18 bytes */
+/* The legacy 32-element types: element j in the low nibble of qs[j], j + 16 in the high one;
+ * the 5-bit ones keep bit 4 of element j in bit j of qh (little-endian uint32). _1 types add
+ * a min m: value = q * d + m (q unsigned); _0 types are signed: (q - 8) * d, (q - 16) * d. */
+typedef struct { fp16_t d, m; uint8_t qs[16]; } block_q4_1;                       /* 20 bytes */
+typedef struct { fp16_t d; uint8_t qh[4]; uint8_t qs[16]; } block_q5_0;           /* 22 bytes */
+typedef struct { fp16_t d, m; uint8_t qh[4]; uint8_t qs[16]; } block_q5_1;        /* 24 bytes */
+/* Q8_1: Q8_0 plus s = d * sum(qs) (d before its fp16 rounding), for the _1 types' min term. */
+typedef struct { fp16_t d, s; int8_t qs[32]; } block_q8_1;                        /* 36 bytes */
+/* IQ4_NL: Q4_0's layout with codes into quant_kvalues_iq4nl: value = kvalues[code] * d. */
+typedef struct { fp16_t d; uint8_t qs[16]; } block_iq4_nl;                        /* 18 bytes */
+/* IQ4_XS: 8 sub-blocks of 32; sub-block j's 6-bit scale ls (value = (ls - 32) * d *
+ * kvalues[code]) has its low 4 bits in nibble j%2 of scales_l[j/2] and its high 2 bits in bits
+ * 2j..2j+1 of scales_h; qs as IQ4_NL's per sub-block (16 bytes each). */
+typedef struct { fp16_t d; uint16_t scales_h; uint8_t scales_l[4]; uint8_t qs[128]; } block_iq4_xs; /* 136 */
+/* Q2_K: 16 sub-blocks of 16; scales[j] holds sub-block j's 4-bit scale (low) and min (high):
+ * value = d * sc * q - dmin * m. Element 128n + 32k + l is bits 2k..2k+1 of qs[32n + l]. */
+typedef struct { uint8_t scales[16]; uint8_t qs[64]; fp16_t d, dmin; } block_q2_K; /* 84 */
+/* Q3_K: 16 sub-blocks of 16 with signed 6-bit scales (packed in 12 bytes, quant_q3_K_scales);
+ * element 128n + 32k + l: low 2 bits as Q2_K's, high bit in bit 4n + k of hmask[l], value =
+ * d * (sc - 32) * (low + 4 * high - 4). */
+typedef struct { uint8_t hmask[32]; uint8_t qs[64]; uint8_t scales[12]; fp16_t d; } block_q3_K; /* 110 */
 /* MXFP4 (ggml's layout): e is the block's E8M0 exponent, qs the 4-bit E2M1 codes, element j
  * in the low nibble of qs[j] and element j + 16 in the high one. ggml stores the values
  * doubled (quant_kvalues_mxfp4: 0, 1, 2, 3, 4, 6, 8, 12 and their negatives, so they are
@@ -116,6 +148,9 @@ typedef struct {
 } block_mxfp4x16; /* 544 */
 
 bool quant_type_supported(int type);      /* one of the QTYPE_ values above */
+bool quant_weight_type(int type);         /* one a file's tensor may hold (not Q8_1/Q8_K/repacked) */
+const char *quant_ggml_type_name(int type); /* ggml's name of any ggml type id, ours or not
+                                             * ("iq2_xxs"); NULL past the known ones */
 const char *quant_type_name(qtype t);     /* "f32", "q8_0", ...; "?" if unknown */
 int64_t quant_block_elems(qtype t);       /* elements per block (1 for f32/f16/bf16) */
 size_t quant_block_bytes(qtype t);        /* bytes per block */
@@ -126,6 +161,15 @@ qtype quant_vec_dot_type(qtype weights);
  * exponent (ggml_e8m0_to_fp32_half: e 0 and 1 are the subnormals 2^-128 and 2^-127). */
 extern const int8_t quant_kvalues_mxfp4[16];
 float quant_e8m0_half(uint8_t e);
+/* IQ4_NL / IQ4_XS: ggml's kvalues_iq4nl, the value of each 4-bit code. */
+extern const int8_t quant_kvalues_iq4nl[16];
+/* Q3_K's 16 scales unpacked from its 12 bytes (0..63; the scale is the value - 32). */
+void quant_q3_K_scales(const uint8_t packed[12], int8_t out[16]);
+/* IQ4_XS's scale (0..63; the scale is the value - 32) of sub-block j (0..7). */
+static inline int quant_iq4_xs_scale(const block_iq4_xs *b, int j)
+{
+    return ((b->scales_l[j / 2] >> 4 * (j % 2)) & 0xf) | (((b->scales_h >> 2 * j) & 3) << 4);
+}
 
 float quant_fp16_to_fp32(fp16_t h);
 fp16_t quant_fp32_to_fp16(float f);      /* round to nearest even, like F16C */
@@ -143,6 +187,8 @@ void quant_quantize_row(qtype t, const float *src, void *dst, int64_t n);
  *       capped at 127, bsums[j] = sum of qs[16j .. 16j+15]. (Also what quant_quantize_row does
  *       for QTYPE_Q8_K.) n a multiple of the block size. */
 void quant_act_q8_0(const float *x, block_q8_0 *y, int64_t n);
+/* Q8_1 (x86 llama.cpp's quantize_row_q8_1): Q8_0's d and qs, s = fp16(amax/127 * sum(qs)). */
+void quant_act_q8_1(const float *x, block_q8_1 *y, int64_t n);
 void quant_act_q8_K(const float *x, block_q8_K *y, int64_t n);
 
 /* Repacks `rows` rows (a multiple of 16) of `cols` columns of type t (Q8_0, Q4_0, MXFP4, Q4_K

@@ -17,8 +17,10 @@
 #include "model/quant.h"
 #include "util/util.h"
 
-static const qtype mm_types[] = {QTYPE_F32, QTYPE_F16, QTYPE_BF16, QTYPE_Q4_0,
-                                 QTYPE_Q8_0, QTYPE_Q4_K, QTYPE_Q5_K, QTYPE_Q6_K, QTYPE_MXFP4};
+static const qtype mm_types[] = {QTYPE_F32,  QTYPE_F16,  QTYPE_BF16,   QTYPE_Q4_0,   QTYPE_Q8_0,
+                                 QTYPE_Q4_K, QTYPE_Q5_K, QTYPE_Q6_K,   QTYPE_MXFP4,  QTYPE_Q4_1,
+                                 QTYPE_Q5_0, QTYPE_Q5_1, QTYPE_IQ4_NL, QTYPE_Q2_K,   QTYPE_Q3_K,
+                                 QTYPE_IQ4_XS};
 
 static void fill_normal(float *x, int64_t n, uint64_t seed, float scale)
 {
@@ -36,6 +38,8 @@ typedef struct {
     float *x;        /* (n_tokens, cols) */
     double *ref;     /* (n_tokens, rows) double product of dequantised operands */
     double *absref;  /* (n_tokens, rows) sum of |terms| */
+    double *slack;   /* (n_tokens, rows) Q4_1 / Q5_1: what the min term's s = fp16(d * sum q)
+                      * of Q8_1 may differ from the dequantised activations' sum (0 otherwise) */
 } mm_case;
 
 static void mm_case_init(mm_case *c, qtype t, int rows, int cols, int n_tokens, uint64_t seed)
@@ -60,11 +64,13 @@ static void mm_case_init(mm_case *c, qtype t, int rows, int cols, int n_tokens, 
         const float *xi = c->x + (size_t)i * cols;
         if (vt == QTYPE_Q8_0) quant_act_q8_0(xi, xq, cols);
         else if (vt == QTYPE_Q8_K) quant_act_q8_K(xi, xq, cols);
+        else if (vt == QTYPE_Q8_1) quant_act_q8_1(xi, xq, cols);
         else quant_quantize_row(vt, xi, xq, cols);
         quant_dequantize_row(vt, xq, xd + (size_t)i * cols, cols);
     }
     c->ref = malloc(sizeof(double) * n_tokens * rows);
     c->absref = malloc(sizeof(double) * n_tokens * rows);
+    c->slack = calloc((size_t)n_tokens * rows, sizeof(double));
     for (int i = 0; i < n_tokens; i++)
         for (int r = 0; r < rows; r++) {
             double s = 0, a = 0;
@@ -76,6 +82,25 @@ static void mm_case_init(mm_case *c, qtype t, int rows, int cols, int n_tokens, 
             c->ref[(size_t)i * rows + r] = s;
             c->absref[(size_t)i * rows + r] = a;
         }
+    if (t == QTYPE_Q4_1 || t == QTYPE_Q5_1) {
+        /* per block |m_w| <= max |w| times |s - d * sum q| (s rounded to fp16 from the unrounded d) */
+        block_q8_1 *xb = malloc(quant_row_bytes(QTYPE_Q8_1, cols));
+        for (int i = 0; i < n_tokens; i++) {
+            quant_act_q8_1(c->x + (size_t)i * cols, xb, cols);
+            for (int r = 0; r < rows; r++)
+                for (int b = 0; b < cols / 32; b++) {
+                    int sum = 0;
+                    double wmax = 0;
+                    for (int j = 0; j < 32; j++) {
+                        sum += xb[b].qs[j];
+                        wmax = fmax(wmax, fabs(w[(size_t)r * cols + 32 * b + j]));
+                    }
+                    double e = fabs(quant_fp16_to_fp32(xb[b].s) - (double)quant_fp16_to_fp32(xb[b].d) * sum);
+                    c->slack[(size_t)i * rows + r] += 2 * wmax * e;
+                }
+        }
+        free(xb);
+    }
     free(w);
     free(xd);
     free(xq);
@@ -87,6 +112,7 @@ static void mm_case_free(mm_case *c)
     free(c->x);
     free(c->ref);
     free(c->absref);
+    free(c->slack);
 }
 
 static void mm_run(const mm_case *c, threadpool *tp, float *y)
@@ -112,7 +138,7 @@ static int check_mm(qtype t, int rows, int cols, int n_tokens, threadpool **pool
     ops_force_level(CPU_LEVEL_SCALAR);
     mm_run(&c, NULL, y_ref);
     for (size_t i = 0; i < ny; i++) {
-        double tol = 4 * rel * c.absref[i] + 1e-30;
+        double tol = 4 * rel * c.absref[i] + c.slack[i] + 1e-30;
         if (fabs(y_ref[i] - c.ref[i]) > tol) {
             if (bad++ < 3)
                 fprintf(stderr, "  %s %dx%dx%d scalar[%zu]=%g ref=%g\n", quant_type_name(t), rows,
@@ -170,7 +196,7 @@ TEST(test_matmul_all_types)
 TEST(test_matmul_odd_cols)
 {
     /* types with small blocks accept any multiple of their block size */
-    static const qtype t32[] = {QTYPE_Q4_0, QTYPE_Q8_0, QTYPE_MXFP4};
+    static const qtype t32[] = {QTYPE_Q4_0, QTYPE_Q8_0, QTYPE_MXFP4, QTYPE_Q4_1, QTYPE_Q5_0, QTYPE_Q5_1, QTYPE_IQ4_NL};
     for (size_t i = 0; i < TM_ARRAY_LEN(t32); i++) {
         CHECK(check_mm(t32[i], 5, 32, 2, pools) == 0);
         CHECK(check_mm(t32[i], 19, 96, 7, pools) == 0);
@@ -229,7 +255,7 @@ TEST(test_matmul_batch_invariant)
         CHECKF(check_mm_invariant(mm_types[ti], 37, 512) == 0, "%s", quant_type_name(mm_types[ti]));
         CHECKF(check_mm_invariant(mm_types[ti], 5, 256) == 0, "%s", quant_type_name(mm_types[ti]));
     }
-    static const qtype t32[] = {QTYPE_Q4_0, QTYPE_Q8_0, QTYPE_MXFP4};
+    static const qtype t32[] = {QTYPE_Q4_0, QTYPE_Q8_0, QTYPE_MXFP4, QTYPE_Q4_1, QTYPE_Q5_0, QTYPE_Q5_1, QTYPE_IQ4_NL};
     for (size_t i = 0; i < TM_ARRAY_LEN(t32); i++) CHECK(check_mm_invariant(t32[i], 19, 96) == 0);
     static const qtype tf[] = {QTYPE_F32, QTYPE_F16, QTYPE_BF16};
     for (size_t i = 0; i < TM_ARRAY_LEN(tf); i++) CHECK(check_mm_invariant(tf[i], 9, 37) == 0);

@@ -8,6 +8,7 @@
  */
 #include "harness.h"
 
+#include <math.h>
 #include <stdlib.h>
 
 #include "model/quant.h"
@@ -66,7 +67,7 @@ TEST(test_type_table)
     CHECK(quant_vec_dot_type(QTYPE_F16) == QTYPE_F16);
     CHECK(quant_vec_dot_type(QTYPE_BF16) == QTYPE_BF16);
     CHECK(quant_vec_dot_type(QTYPE_F32) == QTYPE_F32);
-    CHECK(!quant_type_supported(3) && !quant_type_supported(11) && !quant_type_supported(63));
+    CHECK(!quant_type_supported(4) && !quant_type_supported(16) && !quant_type_supported(63));
     CHECK(quant_type_supported(QTYPE_Q6_K) && quant_type_supported(QTYPE_Q5_K));
     CHECK(!strcmp(quant_type_name(QTYPE_Q5_K), "q5_K"));
     CHECK(!strcmp(quant_type_name(QTYPE_Q4_K), "q4_K") && !strcmp(quant_type_name(99), "?"));
@@ -151,6 +152,78 @@ TEST(test_ref_quantisers_match_ggml)
     }
     free(x);
     free(q);
+}
+
+/* The types read since (quantisers: byte-identical to ggml's quantize_row_{q4_1,q5_0,q5_1,
+ * q2_K,q3_K}_ref and quantize_iq4_{nl,xs} without an importance matrix, which llama-quantize
+ * calls; dequantisers: bit-identical to ggml's dequantize_row_* on random block bytes). The
+ * hashes come from ggml-quants.c of the bundled llama.cpp compiled next to ours on the same
+ * inputs, both outputs compared byte for byte. */
+TEST(test_more_types_match_ggml)
+{
+    static const struct {
+        qtype t;
+        uint64_t quant[3], dequant[3];
+    } want[] = {
+        {QTYPE_Q4_1, {0xdd170511a5ae564full, 0xef16d23350d1180eull, 0x0a2773f1cb60a6c3ull}, {0x5fca04d36f3d896full, 0x81232b7e41aa283dull, 0x50c6892f0ca7d84dull}},
+        {QTYPE_Q5_0, {0xae993152a55437f3ull, 0xa1dc5ad5bfd3800aull, 0xb470ccc181d22e8bull}, {0x0f442b6e6135ca3bull, 0xd25dc7f9243fe719ull, 0x525872091157641aull}},
+        {QTYPE_Q5_1, {0xb9b7bfd6277ff84dull, 0xd328c25f9c82a0caull, 0x230f299b0931ce5aull}, {0xea2ef6c9cf7a799aull, 0x64f08f27313bff15ull, 0x03022ecc815154a0ull}},
+        {QTYPE_Q2_K, {0xd2749296d7e32b8full, 0x8e7a92477166b8cbull, 0x2aee1a77f56f67f0ull}, {0xc268f3002a694d3full, 0x01102df3ee483616ull, 0xb4407f4551482865ull}},
+        {QTYPE_Q3_K, {0x7496d00124d64bcaull, 0x34295f4be7221ccdull, 0x4d4839d51253f0f3ull}, {0xa3e863a45631332bull, 0x5b9d9cecfff8c16eull, 0xd420421ab146d7b2ull}},
+        {QTYPE_IQ4_NL, {0x220aa94766e03f0eull, 0xbd93dbb5276af8a3ull, 0x5c2afaa7cbd2dea2ull}, {0xdea6f970293afae6ull, 0xd22e5d70d2f7597dull, 0x991f2b510379cf12ull}},
+        {QTYPE_IQ4_XS, {0xf5bcd276cba0f1baull, 0x2d80dee5d30752cdull, 0x9c5b920ae7a96c0eull}, {0xdf59c1ee21d19512ull, 0x74a7fdf5f4b08777ull, 0x205d7bf4979adf92ull}},
+    };
+    int64_t n = 256 * 64;
+    float *x = malloc((size_t)n * 4);
+    unsigned char *q = malloc((size_t)n * 4);
+    for (size_t k = 0; k < TM_ARRAY_LEN(want); k++) {
+        size_t sz = quant_row_bytes(want[k].t, n);
+        for (int dist = 0; dist < 3; dist++) {
+            fill_dist(x, n, dist);
+            memset(q, 0xAA, sz);
+            quant_quantize_row(want[k].t, x, q, n);
+            uint64_t h = fnv1a(q, sz);
+            CHECKF(h == want[k].quant[dist], "%s quantise dist %d: %016llx", quant_type_name(want[k].t), dist,
+                   (unsigned long long)h);
+            util_rng r;
+            util_rng_seed(&r, 7 + dist);
+            for (size_t i = 0; i < sz; i++) q[i] = (unsigned char)(util_rng_next(&r) >> 56);
+            quant_dequantize_row(want[k].t, q, x, n);
+            h = fnv1a(x, (size_t)n * 4);
+            CHECKF(h == want[k].dequant[dist], "%s dequantise %d: %016llx", quant_type_name(want[k].t), dist,
+                   (unsigned long long)h);
+        }
+    }
+    /* the sizes and activation types ggml gives them (Q5_0 / IQ4_NL: Q8_1, the same values as
+     * ggml's Q8_0, see quant.h) */
+    CHECK(quant_block_bytes(QTYPE_Q4_1) == 20 && quant_block_bytes(QTYPE_Q5_0) == 22);
+    CHECK(quant_block_bytes(QTYPE_Q5_1) == 24 && quant_block_bytes(QTYPE_IQ4_NL) == 18);
+    CHECK(quant_block_bytes(QTYPE_Q2_K) == 84 && quant_block_bytes(QTYPE_Q3_K) == 110);
+    CHECK(quant_block_bytes(QTYPE_IQ4_XS) == 136 && quant_block_elems(QTYPE_IQ4_XS) == 256);
+    CHECK(quant_vec_dot_type(QTYPE_Q4_1) == QTYPE_Q8_1 && quant_vec_dot_type(QTYPE_Q3_K) == QTYPE_Q8_K);
+    CHECK(quant_weight_type(QTYPE_IQ4_XS) && !quant_weight_type(QTYPE_Q8_1) && !quant_weight_type(QTYPE_Q8_K));
+    CHECK(!quant_weight_type(16) && !strcmp(quant_ggml_type_name(16), "iq2_xxs"));
+    CHECK(!strcmp(quant_ggml_type_name(35), "tq2_0") && !quant_ggml_type_name(4) && !quant_ggml_type_name(99));
+    free(x);
+    free(q);
+}
+
+/* Q8_1 activations: Q8_0's scale and values (llama.cpp's x86 quantiser) and s = d * sum. */
+TEST(test_q8_1_act)
+{
+    float x[64];
+    fill_dist(x, 64, 0);
+    block_q8_0 a[2];
+    block_q8_1 b[2];
+    quant_act_q8_0(x, a, 64);
+    quant_act_q8_1(x, b, 64);
+    for (int i = 0; i < 2; i++) {
+        CHECK(a[i].d == b[i].d && !memcmp(a[i].qs, b[i].qs, 32));
+        int sum = 0;
+        float amax = 0;
+        for (int j = 0; j < 32; j++) sum += b[i].qs[j], amax = fmaxf(amax, fabsf(x[32 * i + j]));
+        CHECK(b[i].s == quant_fp32_to_fp16(amax / 127.f * (float)sum));
+    }
 }
 
 /* MXFP4 as ggml lays it out: E8M0 scale byte, element j in the low nibble of qs[j] and
@@ -288,6 +361,8 @@ int main(void)
     RUN(test_fp16_known);
     RUN(test_bf16_known);
     RUN(test_ref_quantisers_match_ggml);
+    RUN(test_more_types_match_ggml);
+    RUN(test_q8_1_act);
     RUN(test_mxfp4_layout);
     RUN(test_round_trip_error);
     RUN(test_q8_0_known_block);
