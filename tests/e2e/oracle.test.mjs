@@ -50,6 +50,9 @@
 // there is below the tolerance (and tokenmill's token is one of those tied at the top), the
 // two are compared only up to k and the test says so; any other divergence fails.
 //
+// The other weight types (Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS): small llama and
+// qwen3moe models, one-token sequences only (MORE_TYPES below).
+//
 // MoE models written by llama.cpp's gguf-py instead of mkmodel: oracle_moe.test.mjs.
 //
 // Models are cached under tests/data/gen/ keyed by mkmodel's arguments and a hash of the
@@ -78,11 +81,21 @@ const BATCH_LENS = [1, 9, 33, 64, 100, 129, 150, 200];
 
 // Tolerance on |Δ logprob| of the top-10 tokens, per weight type (see the calibration notes
 // in the report at the end of this file's output; measured values are printed every run).
-const TOL = {f32: 1e-3, f16: 0.05, q8_0: 0.05, q4_k: 0.08, q5_k_m: 0.08, mxfp4: 0.05};
+const TOL = {f32: 1e-3, f16: 0.05, q8_0: 0.05, q4_k: 0.08, q5_k_m: 0.08, mxfp4: 0.05,
+  q4_1: 0.08, q5_0: 0.08, q5_1: 0.08, q2_k: 0.08, q3_k: 0.08, iq4_nl: 0.08, iq4_xs: 0.08};
 const NOISE_FACTOR = 1.5;
 const MEDIAN_TOL = 2e-3;
 const N_SINGLES = 32;
-const KV = {f32: 'f32', f16: 'f16', q8_0: 'f16', q4_k: 'f16', q5_k_m: 'f16', mxfp4: 'f16'};
+const KV = {f32: 'f32', f16: 'f16', q8_0: 'f16', q4_k: 'f16', q5_k_m: 'f16', mxfp4: 'f16',
+  q4_1: 'f16', q5_0: 'f16', q5_1: 'f16', q2_k: 'f16', q3_k: 'f16', iq4_nl: 'f16', iq4_xs: 'f16'};
+// The weight types beyond the above, one small model each (every matrix, the tied embedding
+// included, in the type): the one-token sequences check each type's kernels against llama.cpp
+// where nothing else differs; a generated vocabulary of 2048 tokens keeps the files and
+// llama.cpp's start small (ids drawn below 2000); only the 32 sequences in one step (oneStep:
+// test_ops checks every kernel one token at a time against the same scalar reference), so
+// the eight checks stay near 25 s
+const MORE_TYPES = ['q4_1', 'q5_0', 'q5_1', 'q2_k', 'q3_k', 'iq4_nl', 'iq4_xs'];
+const SMALL = ['--layers', '2', '--dim', '256', '--ffn', '512', '--heads', '4', '--kv-heads', '2'];
 
 const SHAPE = ['--layers', '4', '--dim', '256', '--ffn', '512', '--heads', '4', '--kv-heads', '2'];
 const ARCHS = {
@@ -134,6 +147,12 @@ const ARCHS = {
     types: ['f32'], singlesTypes: ['mxfp4', 'q8_0'], singlesKv: 'f32', batchedType: 'f32',
     // shorter than the others' (CI time): still 10 windows, across a pool block
     prompt: 160, greedy: 32, batchLens: [1, 17, 33, 140]},
+  'llama-small': {arch: 'llama', vocabArgs: ['--vocab-size', '2048'], ids: 2000, shape: SMALL, extra: ['--tied'],
+    types: [], singlesTypes: MORE_TYPES, oneStep: true},
+  // the experts (and every other matrix) in Q3_K, as the Q3_K_M downloads of MoE models hold them
+  'qwen3moe-small': {arch: 'qwen3moe', vocabArgs: ['--vocab-size', '2048'], ids: 2000, shape: SMALL,
+    extra: ['--head-dim', '64', '--experts', '8', '--experts-used', '2', '--expert-ffn', '256', '--tied'],
+    types: [], singlesTypes: ['q3_k'], oneStep: true},
 };
 const TYPES = ['f32', 'f16', 'q8_0', 'q4_k'];
 
@@ -334,15 +353,16 @@ async function check(arch, type, batched) {
 async function checkSingles(arch, type) {
   const file = model(arch, type);
   const r = rng(77);
-  const seqs = Array.from({length: N_SINGLES}, () => randomSeq(r, 1));
+  const seqs = Array.from({length: N_SINGLES}, () => ARCHS[arch].ids ? [r(ARCHS[arch].ids)] : randomSeq(r, 1));
   const kv = ARCHS[arch].singlesKv ?? KV[type];
-  const evals = [true, false].map((batched) => ({batched, ...runBoth(file, {seqs, top: TOP, greedy: 1, batched}, kv)}));
+  const modes = ARCHS[arch].oneStep ? [true] : [true, false];
+  const evals = modes.map((batched) => ({batched, ...runBoth(file, {seqs, top: TOP, greedy: 1, batched}, kv)}));
   const runs = await Promise.all(evals.map(async ({batched, tm, llama}) => ({batched, tm, ll: await llama()})));
   // llama.cpp against itself: its single-token steps take other kernels than a 32-token step
   // (for F16 weights the activations are rounded to f16 one way and not the other), which
   // moves the median as much as a rounding difference of ours could; the tolerance is the
   // larger of MEDIAN_TOL and 1.5x that self-difference
-  const self = seqs.map((_, s) => compareSeq(runs[1].ll.seqs[s], runs[0].ll.seqs[s], 1e9,
+  const self = runs.length < 2 ? [0] : seqs.map((_, s) => compareSeq(runs[1].ll.seqs[s], runs[0].ll.seqs[s], 1e9,
     `${arch} ${type} llama.cpp self ${s}`).perPos[0]).sort((a, b) => a - b);
   const selfMed = self[self.length >> 1];
   const tol = Math.max(MEDIAN_TOL, NOISE_FACTOR * selfMed);
@@ -376,7 +396,7 @@ for (const arch of Object.keys(ARCHS)) {
     if (selected(arch, type, 'single'))
       test(`oracle ${arch} ${type}: ${N_SINGLES} one-token sequences match llama.cpp`, {skip}, () => checkSingles(arch, type));
   const bt = ARCHS[arch].batchedType;
-  if (selected(arch, bt, 'batched'))
+  if (bt && selected(arch, bt, 'batched'))
     test(`oracle ${arch} ${bt}: ${(ARCHS[arch].batchLens ?? BATCH_LENS).length} sequences batched in one step match llama.cpp`,
       {skip}, () => check(arch, bt, true));
 }
