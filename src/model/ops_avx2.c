@@ -740,6 +740,163 @@ static void a2_add(float *y, const float *x, int64_t n)
     for (; i < n; i++) y[i] += x[i];
 }
 
+/* ---- the other weight types: per-row dots -------------------------------------------- */
+
+/* Q4_1, Q5_0, Q5_1, IQ4_NL (against Q8_1), Q2_K, Q3_K, IQ4_XS (against Q8_K): one (row,
+ * token) at a time, the same integer sums as ops.c's reference and its float arithmetic in
+ * the same order, so the results are bit-identical to the scalar level's (and so batch
+ * invariant). The AVX-512 level uses these too (it has no kernels of its own for them). */
+
+/* 32 nibbles of 16 bytes: low nibbles in bytes 0..15, high ones in 16..31. */
+A2_INLINE __m256i a2_nibbles(const uint8_t *qs)
+{
+    __m128i q = _mm_loadu_si128((const __m128i *)qs);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F));
+}
+
+/* Byte j = 0x10 where bit j of the 32-bit qh is set, else 0. */
+A2_INLINE __m256i a2_bit4(const uint8_t qh4[4])
+{
+    uint32_t qh;
+    memcpy(&qh, qh4, 4);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
+                                    _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL,
+                                                       0x0303030303030303LL));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    v = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
+}
+
+/* sum of w[i] * x[i] over 32 signed bytes (|w| <= 127, x != -128), as 8 int32 lanes. */
+A2_INLINE __m256i a2_dot_s8(__m256i w, __m256i x)
+{
+    __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+/* the same with unsigned w (0..127) */
+A2_INLINE __m256i a2_dot_u8(__m256i w, __m256i x)
+{
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1));
+}
+
+A2_INLINE __m256i a2_iq4_lookup(__m256i nib)
+{
+    const __m128i t = _mm_loadu_si128((const __m128i *)quant_kvalues_iq4nl);
+    return _mm256_shuffle_epi8(_mm256_set_m128i(t, t), nib);
+}
+
+#define A2_DOT32(NAME, BT, INTSUM, HAS_MIN)                                                   \
+    static float NAME(int64_t n, const void *vw, const block_q8_1 *x)                         \
+    {                                                                                         \
+        const BT *w = vw;                                                                     \
+        float sumf = 0;                                                                       \
+        for (int64_t b = 0; b < n / 32; b++) {                                                \
+            __m256i xv = _mm256_loadu_si256((const __m256i *)x[b].qs);                        \
+            int sumi = a2_hsum_i32(INTSUM);                                                   \
+            sumf += (float)sumi * (_cvtsh_ss(w[b].d) * _cvtsh_ss(x[b].d));                    \
+            if (HAS_MIN) sumf += a2_min_of(&w[b]) * _cvtsh_ss(x[b].s);                         \
+        }                                                                                     \
+        return sumf;                                                                          \
+    }
+#define a2_min_of(p) _cvtsh_ss(*((const fp16_t *)(p) + 1))
+A2_DOT32(a2_dot_q4_1, block_q4_1, a2_dot_u8(a2_nibbles(w[b].qs), xv), 1)
+A2_DOT32(a2_dot_q5_1, block_q5_1, a2_dot_u8(_mm256_or_si256(a2_nibbles(w[b].qs), a2_bit4(w[b].qh)), xv), 1)
+A2_DOT32(a2_dot_q5_0, block_q5_0,
+         a2_dot_s8(_mm256_sub_epi8(_mm256_or_si256(a2_nibbles(w[b].qs), a2_bit4(w[b].qh)), _mm256_set1_epi8(16)), xv), 0)
+A2_DOT32(a2_dot_iq4_nl, block_iq4_nl, a2_dot_s8(a2_iq4_lookup(a2_nibbles(w[b].qs)), xv), 0)
+#undef a2_min_of
+
+/* Q2_K: chunk c (32 values 32c..32c+31) is bits 2(c%4) of qs[32(c/4) ..]; its halves have
+ * the scales of groups 2c and 2c+1. */
+static float a2_dot_q2_K(int64_t n, const void *vw, const block_q8_K *x)
+{
+    const block_q2_K *w = vw;
+    const __m256i m3 = _mm256_set1_epi8(3);
+    float sumf = 0;
+    for (int64_t b = 0; b < n / QK_K; b++) {
+        int summs = 0;
+        for (int j = 0; j < 16; j++) summs += x[b].bsums[j] * (w[b].scales[j] >> 4);
+        __m256i acc = _mm256_setzero_si256();
+        for (int c = 0; c < 8; c++) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)(w[b].qs + 32 * (c / 4)));
+            q = _mm256_and_si256(_mm256_srli_epi16(q, 2 * (c % 4)), m3);
+            __m256i p = _mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *)(x[b].qs + 32 * c)));
+            __m256i sc = _mm256_set_m128i(_mm_set1_epi16(w[b].scales[2 * c + 1] & 0xF),
+                                          _mm_set1_epi16(w[b].scales[2 * c] & 0xF));
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc));
+        }
+        int isum = a2_hsum_i32(acc);
+        float dall = x[b].d * _cvtsh_ss(w[b].d), dmin = x[b].d * _cvtsh_ss(w[b].dmin);
+        sumf += dall * (float)isum - dmin * (float)summs;
+    }
+    return sumf;
+}
+
+/* Q3_K: u = low 2 bits | high bit << 2 (0..7), value u - 4: dot = maddubs(u, x) - 4 * bsum,
+ * the second term taken off per group with its scale. */
+static float a2_dot_q3_K(int64_t n, const void *vw, const block_q8_K *x)
+{
+    const block_q3_K *w = vw;
+    const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+    float sumf = 0;
+    for (int64_t b = 0; b < n / QK_K; b++) {
+        int8_t sc[16];
+        quant_q3_K_scales(w[b].scales, sc);
+        __m256i hm = _mm256_loadu_si256((const __m256i *)w[b].hmask);
+        __m256i acc = _mm256_setzero_si256();
+        int corr = 0;
+        for (int c = 0; c < 8; c++) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)(w[b].qs + 32 * (c / 4)));
+            q = _mm256_and_si256(_mm256_srli_epi16(q, 2 * (c % 4)), m3);
+            __m256i h = _mm256_and_si256(_mm256_srli_epi16(hm, c), one);
+            q = _mm256_or_si256(q, _mm256_slli_epi16(h, 2));
+            __m256i p = _mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *)(x[b].qs + 32 * c)));
+            __m256i s = _mm256_set_m128i(_mm_set1_epi16((int16_t)(sc[2 * c + 1] - 32)),
+                                         _mm_set1_epi16((int16_t)(sc[2 * c] - 32)));
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, s));
+            corr += (sc[2 * c] - 32) * x[b].bsums[2 * c] + (sc[2 * c + 1] - 32) * x[b].bsums[2 * c + 1];
+        }
+        int isum = a2_hsum_i32(acc) - 4 * corr;
+        sumf += x[b].d * _cvtsh_ss(w[b].d) * (float)isum;
+    }
+    return sumf;
+}
+
+static float a2_dot_iq4_xs(int64_t n, const void *vw, const block_q8_K *x)
+{
+    const block_iq4_xs *w = vw;
+    float sumf = 0;
+    for (int64_t b = 0; b < n / QK_K; b++) {
+        __m256i acc = _mm256_setzero_si256();
+        for (int j = 0; j < QK_K / 32; j++) {
+            __m256i v = a2_iq4_lookup(a2_nibbles(w[b].qs + 16 * j));
+            __m256i xv = _mm256_loadu_si256((const __m256i *)(x[b].qs + 32 * j));
+            __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(xv, v));
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16((int16_t)(quant_iq4_xs_scale(&w[b], j) - 32))));
+        }
+        sumf += x[b].d * _cvtsh_ss(w[b].d) * (float)a2_hsum_i32(acc);
+    }
+    return sumf;
+}
+
+#define A2_GEMM_FROM_DOT(name, dot, xt)                                                       \
+    static void name(int64_t cols, const void *w, size_t ws, int nr, const void *x, size_t xs, \
+                     int nt, float *y, size_t ys)                                             \
+    {                                                                                         \
+        for (int t = 0; t < nt; t++)                                                          \
+            for (int r = 0; r < nr; r++)                                                      \
+                y[(size_t)t * ys + r] = dot(cols, (const char *)w + r * ws,                   \
+                                            (const xt *)((const char *)x + t * xs));          \
+    }
+A2_GEMM_FROM_DOT(a2_gemm_q4_1, a2_dot_q4_1, block_q8_1)
+A2_GEMM_FROM_DOT(a2_gemm_q5_0, a2_dot_q5_0, block_q8_1)
+A2_GEMM_FROM_DOT(a2_gemm_q5_1, a2_dot_q5_1, block_q8_1)
+A2_GEMM_FROM_DOT(a2_gemm_iq4_nl, a2_dot_iq4_nl, block_q8_1)
+A2_GEMM_FROM_DOT(a2_gemm_q2_K, a2_dot_q2_K, block_q8_K)
+A2_GEMM_FROM_DOT(a2_gemm_q3_K, a2_dot_q3_K, block_q8_K)
+A2_GEMM_FROM_DOT(a2_gemm_iq4_xs, a2_dot_iq4_xs, block_q8_K)
+
 void ops_kernels_init_avx2(ops_kernels *k)
 {
     k->quant_q8_0 = a2_quant_q8_0;
@@ -750,6 +907,13 @@ void ops_kernels_init_avx2(ops_kernels *k)
     k->gemm[QTYPE_Q4_K] = a2_gemm_q4_K;
     k->gemm[QTYPE_Q5_K] = a2_gemm_q5_K;
     k->gemm[QTYPE_Q6_K] = a2_gemm_q6_K;
+    k->gemm[QTYPE_Q4_1] = a2_gemm_q4_1;
+    k->gemm[QTYPE_Q5_0] = a2_gemm_q5_0;
+    k->gemm[QTYPE_Q5_1] = a2_gemm_q5_1;
+    k->gemm[QTYPE_IQ4_NL] = a2_gemm_iq4_nl;
+    k->gemm[QTYPE_Q2_K] = a2_gemm_q2_K;
+    k->gemm[QTYPE_Q3_K] = a2_gemm_q3_K;
+    k->gemm[QTYPE_IQ4_XS] = a2_gemm_iq4_xs;
     k->gemm[QTYPE_F32] = a2_gemm_f32;
     k->gemm[QTYPE_F16] = a2_gemm_f16;
     k->gemm[QTYPE_BF16] = a2_gemm_bf16;
