@@ -446,7 +446,15 @@ TEST(test_bad_tensors)
     s.data_bytes -= 1;
     EXPECT_SPEC(s, GGUF_ERR_BOUNDS);
     s = spec_default();
-    s.type = 3; /* Q4_1: a real ggml type we do not support */
+    s.type = 16; /* IQ2_XXS: a real ggml type we do not support, refused by name */
+    EXPECT_SPEC(s, GGUF_ERR_TYPE);
+    {
+        char err[512] = "";
+        CHECK(open_spec(&s, err, sizeof err) == GGUF_ERR_TYPE && strstr(err, "iq2_xxs"));
+    }
+    s.type = 34; /* TQ1_0 */
+    EXPECT_SPEC(s, GGUF_ERR_TYPE);
+    s.type = QTYPE_Q8_1; /* an activation-only type */
     EXPECT_SPEC(s, GGUF_ERR_TYPE);
     s.type = 99;
     EXPECT_SPEC(s, GGUF_ERR_TYPE);
