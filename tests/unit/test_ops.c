@@ -42,6 +42,8 @@ typedef struct {
                       * of Q8_1 may differ from the dequantised activations' sum (0 otherwise) */
 } mm_case;
 
+static void mm_case_slack(mm_case *c, const float *w);
+
 static void mm_case_init(mm_case *c, qtype t, int rows, int cols, int n_tokens, uint64_t seed)
 {
     c->t = t;
@@ -82,7 +84,18 @@ static void mm_case_init(mm_case *c, qtype t, int rows, int cols, int n_tokens, 
             c->ref[(size_t)i * rows + r] = s;
             c->absref[(size_t)i * rows + r] = a;
         }
-    if (t == QTYPE_Q4_1 || t == QTYPE_Q5_1) {
+    if (t == QTYPE_Q4_1 || t == QTYPE_Q5_1) mm_case_slack(c, w);
+    free(w);
+    free(xd);
+    free(xq);
+}
+
+/* Q4_1 / Q5_1 against Q8_1: c->slack (a function of its own: aarch64 GCC 12's vectoriser
+ * fails on these loops inlined into mm_case_init) */
+static __attribute__((noinline, optimize("no-tree-vectorize"))) void mm_case_slack(mm_case *c, const float *w)
+{
+    int rows = c->rows, cols = c->cols, n_tokens = c->n_tokens;
+    {
         /* per block |m_w| <= max |w| times |s - d * sum q| (s rounded to fp16 from the unrounded d) */
         block_q8_1 *xb = malloc(quant_row_bytes(QTYPE_Q8_1, cols));
         for (int i = 0; i < n_tokens; i++) {
@@ -91,19 +104,14 @@ static void mm_case_init(mm_case *c, qtype t, int rows, int cols, int n_tokens, 
                 for (int b = 0; b < cols / 32; b++) {
                     int sum = 0;
                     double wmax = 0;
-                    for (int j = 0; j < 32; j++) {
-                        sum += xb[b].qs[j];
-                        wmax = fmax(wmax, fabs(w[(size_t)r * cols + 32 * b + j]));
-                    }
+                    for (int j = 0; j < 32; j++) sum += xb[b].qs[j];
+                    for (int j = 0; j < 32; j++) wmax = fmax(wmax, fabs(w[(size_t)r * cols + 32 * b + j]));
                     double e = fabs(quant_fp16_to_fp32(xb[b].s) - (double)quant_fp16_to_fp32(xb[b].d) * sum);
                     c->slack[(size_t)i * rows + r] += 2 * wmax * e;
                 }
         }
         free(xb);
     }
-    free(w);
-    free(xd);
-    free(xq);
 }
 
 static void mm_case_free(mm_case *c)

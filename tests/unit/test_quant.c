@@ -221,7 +221,8 @@ TEST(test_q8_1_act)
         CHECK(a[i].d == b[i].d && !memcmp(a[i].qs, b[i].qs, 32));
         int sum = 0;
         float amax = 0;
-        for (int j = 0; j < 32; j++) sum += b[i].qs[j], amax = fmaxf(amax, fabsf(x[32 * i + j]));
+        for (int j = 0; j < 32; j++) sum += b[i].qs[j];
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[32 * i + j]));
         CHECK(b[i].s == quant_fp32_to_fp16(amax / 127.f * (float)sum));
     }
 }
