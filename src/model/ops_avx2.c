@@ -5,7 +5,8 @@
  * the R x T tiles are smaller (at most 3 x 3). Without VNNI the integer dots use ggml's
  * AVX2 recipe: vpmaddubsw on |w| and sign(x, w) (no int16 overflow: 2*127*127 < 32768),
  * then vpmaddwd with ones or with the sub-block scales. Activations stay in the scalar
- * formats (block_q8_0 / block_q8_K rows), quantised here with the same rounding.
+ * formats (block_q8_0 / block_q8_K rows, and the scalar level's block_q8_1 rows), quantised
+ * with the same rounding.
  */
 #include "model/ops_int.h"
 
