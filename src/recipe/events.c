@@ -550,8 +550,8 @@ static void events_close_call(events *ev);
 
 static void events_mi_json(events *ev, bool at_end);
 
-/* GLM: ev->name trimmed in place; false when empty or not one line. */
-static bool events_glm_name(events *ev)
+/* MISTRAL, GLM: ev->name trimmed in place; false when empty or not one line. */
+static bool events_call_name(events *ev)
 {
     const char *s = ev->name.p ? ev->name.p : "";
     size_t n = ev->name.len;
@@ -631,7 +631,7 @@ static void events_glm_feed(events *ev, int32_t tok, const char *text, size_t le
     switch (ev->st) {
     case EVENTS_ST_GLM_NAME:
         if (!marker) bytebuf_append(&ev->name, text, len);
-        else if (tok == m->arg_key && events_glm_name(ev)) {
+        else if (tok == m->arg_key && events_call_name(ev)) {
             events_clear(&ev->args);
             events_clear(&ev->head);
             ev->st = EVENTS_ST_GLM_KEY;
@@ -747,16 +747,10 @@ static void events_mi_feed(events *ev, int32_t tok, const char *text, size_t len
     switch (ev->st) {
     case EVENTS_ST_MI_NAME:
         if (tok >= 0 && (tok == m->tool_sep || tok == m->call_id)) {
-            const char *s = ev->name.p ? ev->name.p : "";
-            size_t n = ev->name.len;
-            events_trim(&s, &n);
-            if (!n || memchr(s, '\n', n)) {
+            if (!events_call_name(ev)) {
                 events_close_call(ev);
                 return;
             }
-            memmove(ev->name.p, s, n);
-            ev->name.len = n;
-            ev->name.p[n] = 0;
             ev->st = tok == m->tool_sep ? EVENTS_ST_MI_ARGS : EVENTS_ST_MI_ID;
             return;
         }
@@ -821,7 +815,7 @@ static void events_close_call(events *ev)
         return;
     case EVENTS_ST_GLM_NAME:
     case EVENTS_ST_GLM_AFTER:
-        ok = events_glm_name(ev);
+        ok = events_call_name(ev);
         if (ok) {
             if (ev->args.len == 0) bytebuf_putc(&ev->args, '{');
             bytebuf_putc(&ev->args, '}');
