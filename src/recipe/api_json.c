@@ -768,6 +768,8 @@ bool api_json_guided(api_kind kind, json_t *root, api_req *r, api_error *e)
 typedef struct {
     const char *name;          /* the tool's name (raw) */
     const char *args;          /* its arguments' rule, e.g. "t1-root" */
+    const char *params;        /* its parameters' JSON schema text, NULL if none */
+    bool bind;                 /* the schema binds the arguments (forced or strict) */
 } api_tool_alt;
 
 typedef bool (*api_tool_syntax_fn)(bytebuf *g, const events_markers *mk, const api_tool_alt *t, int n, bool lazy,
@@ -869,7 +871,141 @@ static bool api_tool_syntax_harmony(bytebuf *g, const events_markers *mk, const 
     return true;
 }
 
+/* [TOOL_CALLS]N[ARGS]ARGS, one call per opening marker, as Mistral Small 3.2, Devstral and
+ * Ministral 3 write them (the older [TOOL_CALLS][{...}] form of Nemo has no [ARGS] token and
+ * no grammar here). No end marker: a call ends with its arguments' value. */
+static bool api_tool_syntax_mistral(bytebuf *g, const events_markers *mk, const api_tool_alt *t, int n, bool lazy,
+                                    bool one, int32_t *trigger)
+{
+    if (mk->tool_start < 0 || mk->tool_sep < 0) return false;
+    *trigger = mk->tool_start;
+    bytebuf_printf(g, "calls ::= call%s\ncall ::= ", lazy && one ? " text" : "");
+    for (int i = 0; i < n; i++) {
+        if (i) bytebuf_puts(g, " | ");
+        api_gbnf_literal(g, t[i].name, strlen(t[i].name));
+        bytebuf_printf(g, " <[%d]> %s", mk->tool_sep, t[i].args);
+    }
+    bytebuf_putc(g, '\n');
+    if (lazy && one) bytebuf_puts(g, API_GBNF_TEXT);
+    return true;
+}
+
+/* Is a JSON string literal s[0..n) one of the strings of the JSON array a[0..an)? */
+static bool api_json_in(const char *a, size_t an, const char *s, size_t n)
+{
+    size_t pos = 0;
+    const char *v;
+    size_t vn;
+    while (a && jsonfmt_next(a, an, &pos, NULL, &v, &vn))
+        if (vn == n && !memcmp(v, s, n)) return true;
+    return false;
+}
+
+/* <tool_call>N (<arg_key>K</arg_key><arg_value>V</arg_value>)* </tool_call>, GLM's form (the
+ * newlines of GLM-4.5/4.6 optional). With a binding schema, its properties in the schema's
+ * order (the required ones present): a "string" property's value is raw text (no marker can
+ * occur in it), another's the JSON its own schema describes; without one, any keys and raw
+ * values. */
+static bool api_tool_syntax_glm(bytebuf *g, const events_markers *mk, const api_tool_alt *t, int n, bool lazy,
+                                bool one, int32_t *trigger)
+{
+    if (mk->tool_start < 0 || mk->tool_end < 0 || mk->arg_key < 0 || mk->arg_key_end < 0 || mk->arg_val < 0 ||
+        mk->arg_val_end < 0)
+        return false;
+    *trigger = mk->tool_start;
+    bytebuf_printf(g, "calls ::= call <[%d]>%s\n", mk->tool_end, lazy && one ? " text" : "");
+    bytebuf_puts(g, "gnl ::= \"\\n\"?\ngtext ::= [^\\x00]*\n");
+    if (lazy && one) bytebuf_puts(g, API_GBNF_TEXT);
+    bytebuf_puts(g, "call ::= ");
+    for (int i = 0; i < n; i++) {
+        if (i) bytebuf_puts(g, " | ");
+        api_gbnf_literal(g, t[i].name, strlen(t[i].name));
+        bytebuf_printf(g, " gnl g%d", i);
+    }
+    bytebuf_putc(g, '\n');
+    bytebuf key = {0};
+    bool ok = true;
+    for (int i = 0; i < n && ok; i++) {
+        const char *ps = t[i].bind ? t[i].params : NULL, *props = NULL, *req = NULL;
+        size_t pl = ps ? strlen(ps) : 0, prl = 0, rl = 0;
+        if (!ps || !jsonfmt_get_member(ps, pl, "properties", &props, &prl) || props[0] != '{') {
+            /* free keys and values */
+            bytebuf_printf(g, "g%d ::= (<[%d]> gtext <[%d]> gnl <[%d]> gtext <[%d]> gnl)*\n", i, mk->arg_key,
+                           mk->arg_key_end, mk->arg_val, mk->arg_val_end);
+            continue;
+        }
+        if (!jsonfmt_get_member(ps, pl, "required", &req, &rl) || req[0] != '[') req = NULL;
+        bytebuf_printf(g, "g%d ::=", i);
+        size_t pos = 0, at = g->len;
+        const char *v;
+        size_t vn;
+        int k = 0;
+        bytebuf rules = {0};
+        while (ok && jsonfmt_next(props, prl, &pos, &key, &v, &vn)) {
+            bytebuf lit = {0};
+            jsonfmt_write_string(&lit, key.p ? key.p : "", key.len);
+            bool required = api_json_in(req, rl, lit.p, lit.len);
+            bytebuf_free(&lit);
+            const char *ty;
+            size_t tl;
+            bool str = v[0] == '{' && jsonfmt_get_member(v, vn, "type", &ty, &tl) && tl == 8 && !memcmp(ty, "\"string\"", 8);
+            bytebuf_printf(&rules, "g%d-%d ::= <[%d]> ", i, k, mk->arg_key);
+            api_gbnf_literal(&rules, key.p ? key.p : "", key.len);
+            bytebuf_printf(&rules, " <[%d]> gnl <[%d]> ", mk->arg_key_end, mk->arg_val);
+            const char *en;
+            size_t enl;
+            if (str && jsonfmt_get_member(v, vn, "enum", &en, &enl) && en[0] == '[') {
+                /* the enum's strings, raw */
+                size_t ep = 0;
+                const char *ev;
+                size_t evn;
+                int ne = 0;
+                bytebuf dec = {0};
+                bytebuf_putc(&rules, '(');
+                while (jsonfmt_next(en, enl, &ep, NULL, &ev, &evn)) {
+                    dec.len = 0;
+                    if (ev[0] != '"' || !jsonfmt_decode_string(&dec, ev, evn)) continue;
+                    if (ne++) bytebuf_puts(&rules, " | ");
+                    api_gbnf_literal(&rules, dec.p ? dec.p : "", dec.len);
+                }
+                bytebuf_free(&dec);
+                bytebuf_puts(&rules, ne ? ")" : "gtext)");
+            } else if (str) {
+                bytebuf_puts(&rules, "gtext");
+            } else {
+                grammar_status st;
+                char gerr[256] = "", pre[32];
+                char *pg = grammar_to_gbnf(GRAMMAR_KIND_SCHEMA, v, vn, &st, gerr, sizeof gerr);
+                if (!pg) {
+                    ok = false;
+                    break;
+                }
+                snprintf(pre, sizeof pre, "g%d-%d-", i, k);
+                char *pp = grammar_gbnf_prefix(pg, strlen(pg), pre);
+                free(pg);
+                bytebuf_printf(&rules, "%sroot", pre);
+                bytebuf_printf(&rules, " <[%d]> gnl\n%s\n", mk->arg_val_end, pp);
+                free(pp);
+                bytebuf_printf(g, " g%d-%d%s", i, k, required ? "" : "?");
+                k++;
+                continue;
+            }
+            bytebuf_printf(&rules, " <[%d]> gnl\n", mk->arg_val_end);
+            bytebuf_printf(g, " g%d-%d%s", i, k, required ? "" : "?");
+            k++;
+        }
+        if (g->len == at) bytebuf_puts(g, " \"\"");
+        bytebuf_putc(g, '\n');
+        bytebuf_append(g, rules.p, rules.len);
+        bytebuf_free(&rules);
+    }
+    bytebuf_free(&key);
+    return ok;
+}
+
 static const api_tool_syntax_fn api_tool_syntaxes[] = {
+    [EVENTS_TOOLFMT_MISTRAL] = api_tool_syntax_mistral,
+    [EVENTS_TOOLFMT_GLM] = api_tool_syntax_glm,
     [EVENTS_TOOLFMT_QWEN] = api_tool_syntax_qwen,
     [EVENTS_TOOLFMT_LLAMA3] = api_tool_syntax_llama3,
     [EVENTS_TOOLFMT_DEEPSEEK] = api_tool_syntax_deepseek,
@@ -928,6 +1064,8 @@ char *api_tool_gbnf(const conv *c, const events_markers *mk, const char *only, b
         strcat(prefix[n_alt], "root");
         alts[n_alt].name = t->name;
         alts[n_alt].args = prefix[n_alt];
+        alts[n_alt].params = t->parameters;
+        alts[n_alt].bind = ps != NULL;
         n_alt++;
     }
     if (ok && !n_alt) {

@@ -32,6 +32,15 @@ typedef enum {
     EVENTS_ST_H_HEAD,      /* HARMONY: reading a message header (up to <|message|>) */
     EVENTS_ST_H_CALL,      /* HARMONY: reading the arguments of a call message */
     EVENTS_ST_H_AFTER,     /* HARMONY: between messages (after <|end|>) */
+    EVENTS_ST_MI_NAME,     /* MISTRAL: after [TOOL_CALLS], reading the name (or the older JSON) */
+    EVENTS_ST_MI_ID,       /* MISTRAL: after [CALL_ID], up to [ARGS] */
+    EVENTS_ST_MI_ARGS,     /* MISTRAL: after [ARGS], reading the arguments object */
+    EVENTS_ST_MI_JSON,     /* MISTRAL: the older form, a JSON array (or object) of calls */
+    EVENTS_ST_GLM_NAME,    /* GLM: after <tool_call>, reading the name */
+    EVENTS_ST_GLM_KEY,     /* GLM: inside <arg_key> */
+    EVENTS_ST_GLM_GAP,     /* GLM: after </arg_key>, before <arg_value> */
+    EVENTS_ST_GLM_VAL,     /* GLM: inside <arg_value> */
+    EVENTS_ST_GLM_AFTER,   /* GLM: after </arg_value> */
     EVENTS_ST_DONE,
 } events_state;
 
@@ -61,7 +70,9 @@ struct events {
     bytebuf cname;     /* committed call: its name */
     bytebuf pre;       /* committed call: compact re-emission of the arguments read so far */
     bytebuf sent;      /* committed call: the arguments fragments sent so far */
-    bytebuf head;      /* HARMONY: the header being read; \x01 stands for <|channel|>, \x02 for <|constrain|> */
+    bytebuf head;      /* HARMONY: the header being read; \x01 stands for <|channel|>, \x02 for <|constrain|>;
+                          GLM: the argument key being read */
+    bytebuf val;       /* GLM: the argument value being read */
     char id[32];           /* current call id */
 };
 
@@ -70,6 +81,8 @@ void events_markers_none(events_markers *m)
     memset(m, 0, sizeof *m);
     m->think_start = m->think_end = -1;
     m->tool_start = m->tool_end = m->tools_begin = m->tools_end = m->tool_sep = -1;
+    m->call_id = m->arg_key = m->arg_key_end = m->arg_val = m->arg_val_end = -1;
+    m->tools = NULL;
     m->h_start = m->h_channel = m->h_message = m->h_constrain = m->h_end = m->h_call = m->h_return = -1;
 }
 
@@ -103,6 +116,7 @@ void events_free(events *ev)
     bytebuf_free(&ev->pre);
     bytebuf_free(&ev->sent);
     bytebuf_free(&ev->head);
+    bytebuf_free(&ev->val);
     free(ev);
 }
 
@@ -125,6 +139,7 @@ void events_reset(events *ev, const events_markers *m, uint64_t seed)
     events_clear(&ev->name);
     events_clear(&ev->body);
     events_clear(&ev->args);
+    events_clear(&ev->val);
     ev->id[0] = 0;
     if (m->toolfmt == EVENTS_TOOLFMT_HARMONY && m->h_forced) {  /* the prompt opened a call */
         bytebuf_puts(&ev->name, m->h_forced);
@@ -183,6 +198,11 @@ static void events_section_end(events *ev)
 static void events_new_id(events *ev)
 {
     static const char al[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    if (ev->m.toolfmt == EVENTS_TOOLFMT_MISTRAL) {  /* its templates refuse any other id */
+        for (int k = 0; k < 9; k++) ev->id[k] = al[util_rng_next(&ev->rng) % 62];
+        ev->id[9] = 0;
+        return;
+    }
     memcpy(ev->id, "call_", 5);
     for (int k = 0; k < 24; k++) ev->id[5 + k] = al[util_rng_next(&ev->rng) % 62];
     ev->id[29] = 0;
@@ -294,6 +314,7 @@ static void events_begin_call(events *ev, events_state st, const char *text, siz
     ev->st = st;
     events_clear(&ev->name);
     events_clear(&ev->body);
+    events_clear(&ev->args);
     bytebuf_append(&ev->raw, text, len);
     ev->committed = ev->no_stream = ev->args_over = false;
 }
@@ -471,7 +492,8 @@ static void events_stream_args(events *ev)
     if (!ev->committed) {
         size_t at = 0;
         int h = ev->st == EVENTS_ST_DS_ARGS ? events_ds_head(ev, s, n, &at)
-                : ev->st == EVENTS_ST_H_CALL ? events_h_head(ev, s, n, &at) : events_json_head(ev, s, n, &at);
+                : ev->st == EVENTS_ST_H_CALL || ev->st == EVENTS_ST_MI_ARGS ? events_h_head(ev, s, n, &at)
+                                                                            : events_json_head(ev, s, n, &at);
         if (h == 0) return;
         if (h < 0) {
             ev->no_stream = true;
@@ -522,6 +544,246 @@ static void events_after_call(events *ev, events_state st)
     events_clear(&ev->hold);
 }
 
+static void events_close_call(events *ev);
+
+/* ---- mistral and glm ---- */
+
+static void events_mi_json(events *ev, bool at_end);
+
+/* MISTRAL, GLM: ev->name trimmed in place; false when empty or not one line. */
+static bool events_call_name(events *ev)
+{
+    const char *s = ev->name.p ? ev->name.p : "";
+    size_t n = ev->name.len;
+    events_trim(&s, &n);
+    if (!n || memchr(s, '\n', n)) return false;
+    memmove(ev->name.p, s, n);
+    ev->name.len = n;
+    ev->name.p[n] = 0;
+    return true;
+}
+
+/* GLM: does the schema of tool `name` in the request type its argument `key` "string"? */
+static bool events_glm_string_arg(const events *ev, const char *name, const char *key, size_t kn)
+{
+    const conv *c = ev->m.tools;
+    for (int i = 0; c && i < c->n_tools; i++) {
+        const conv_tool *t = &c->tools[i];
+        if (strcmp(t->name, name) || !t->parameters) continue;
+        const char *props, *p, *ty;
+        size_t pl, ppl, tl;
+        size_t plen = strlen(t->parameters);
+        if (!jsonfmt_get_member(t->parameters, plen, "properties", &props, &pl)) return false;
+        /* keys may hold any bytes: look the member up through a NUL-terminated copy */
+        char kz[256];
+        if (kn >= sizeof kz) return false;
+        memcpy(kz, key, kn);
+        kz[kn] = 0;
+        if (!jsonfmt_get_member(props, pl, kz, &p, &ppl)) return false;
+        if (!jsonfmt_get_member(p, ppl, "type", &ty, &tl)) return false;
+        return tl == 8 && !memcmp(ty, "\"string\"", 8);
+    }
+    return false;
+}
+
+/* GLM </arg_value>: the argument key/val joins ev->args ("{" or "," first) and is sent when
+ * the call is committed (the first argument commits it). */
+static bool events_glm_arg(events *ev)
+{
+    const char *k = ev->head.p ? ev->head.p : "";
+    size_t kn = ev->head.len;
+    events_trim(&k, &kn);
+    if (!kn) return false;
+    size_t at = ev->args.len;
+    bytebuf_putc(&ev->args, at ? ',' : '{');
+    jsonfmt_write_string(&ev->args, k, kn);
+    bytebuf_putc(&ev->args, ':');
+    const char *v = ev->val.p ? ev->val.p : "";
+    size_t vn = ev->val.len;
+    const char *tv = v;
+    size_t tn = vn;
+    events_trim(&tv, &tn);
+    if (events_glm_string_arg(ev, ev->name.p, k, kn) || !tn || !jsonfmt_write(&ev->args, tv, tn, JSONFMT_COMPACT, 0))
+        jsonfmt_write_string(&ev->args, v, vn);
+    if (!ev->committed) {
+        ev->committed = true;
+        events_clear(&ev->cname);
+        bytebuf_append(&ev->cname, ev->name.p, ev->name.len);
+        events_clear(&ev->sent);
+        events_new_id(ev);
+        events_emit(ev, EVENTS_TOOL_START, NULL, 0);
+    }
+    events_send_args(ev, ev->args.p + ev->sent.len, ev->args.len - ev->sent.len);
+    return true;
+}
+
+static void events_glm_feed(events *ev, int32_t tok, const char *text, size_t len)
+{
+    const events_markers *m = &ev->m;
+    bool marker = tok >= 0 && (tok == m->arg_key || tok == m->arg_key_end || tok == m->arg_val ||
+                               tok == m->arg_val_end || tok == m->tool_end || tok == m->tool_start);
+    bytebuf_append(&ev->raw, text, len);
+    if (marker && tok == m->tool_end) {
+        events_close_call(ev);
+        return;
+    }
+    bool bad = false;
+    switch (ev->st) {
+    case EVENTS_ST_GLM_NAME:
+        if (!marker) bytebuf_append(&ev->name, text, len);
+        else if (tok == m->arg_key && events_call_name(ev)) {
+            events_clear(&ev->args);
+            events_clear(&ev->head);
+            ev->st = EVENTS_ST_GLM_KEY;
+        } else bad = true;
+        break;
+    case EVENTS_ST_GLM_KEY:
+        if (!marker) bytebuf_append(&ev->head, text, len);
+        else if (tok == m->arg_key_end) ev->st = EVENTS_ST_GLM_GAP;
+        else bad = true;
+        break;
+    case EVENTS_ST_GLM_GAP:
+    case EVENTS_ST_GLM_AFTER:
+        if (!marker) {
+            for (size_t i = 0; i < len; i++) bad = bad || !events_blank(text[i]);
+        } else if (ev->st == EVENTS_ST_GLM_GAP && tok == m->arg_val) {
+            events_clear(&ev->val);
+            ev->st = EVENTS_ST_GLM_VAL;
+        } else if (ev->st == EVENTS_ST_GLM_AFTER && tok == m->arg_key) {
+            events_clear(&ev->head);
+            ev->st = EVENTS_ST_GLM_KEY;
+        } else bad = true;
+        break;
+    case EVENTS_ST_GLM_VAL:
+        if (!marker) bytebuf_append(&ev->val, text, len);
+        else if (tok == m->arg_val_end && events_glm_arg(ev)) ev->st = EVENTS_ST_GLM_AFTER;
+        else bad = true;
+        break;
+    default:
+        break;
+    }
+    if (bad) events_close_call(ev);  /* a state that cannot end a call: malformed */
+}
+
+/* MISTRAL, the older form: body holds the text after [TOOL_CALLS]. When it is a complete JSON
+ * array of calls (or one call object), they are sent; at_end: the output ended (or another
+ * [TOOL_CALLS] came), so what is not such a value is text. Text after the value is answer
+ * text. */
+static void events_mi_json(events *ev, bool at_end)
+{
+    const char *s = ev->body.p ? ev->body.p : "";
+    size_t n = ev->body.len, used = 0;
+    events_clear(&ev->tmp);
+    jsonfmt_prefix_status st = jsonfmt_prefix(&ev->tmp, s, n, &used);
+    if (st == JSONFMT_PREFIX_MORE && !at_end) return;
+    bool ok = st == JSONFMT_PREFIX_DONE;
+    const char *v = s;
+    size_t vn = used;
+    events_trim(&v, &vn);
+    if (ok && v[0] == '[') {
+        size_t pos = 0, k = 0;
+        const char *e;
+        size_t en;
+        while (ok && jsonfmt_next(v, vn, &pos, NULL, &e, &en)) {
+            ok = events_parse_json_call(ev, e, en);
+            k++;
+        }
+        ok = ok && k > 0;
+    } else if (ok) {
+        ok = events_parse_json_call(ev, v, vn);
+    }
+    ev->st = EVENTS_ST_TEXT;
+    if (!ok) {
+        ev->text_started = true;
+        events_call_as_text(ev);
+        events_after_call(ev, EVENTS_ST_TEXT);
+        return;
+    }
+    if (v[0] == '[') {
+        size_t pos = 0;
+        const char *e;
+        size_t en;
+        while (jsonfmt_next(v, vn, &pos, NULL, &e, &en)) {
+            events_parse_json_call(ev, e, en);
+            events_send_call(ev);
+        }
+    } else {
+        events_send_call(ev);
+    }
+    events_after_call(ev, EVENTS_ST_TEXT);
+    /* text after the calls: copied out, body is reused */
+    if (used < n) {
+        events_clear(&ev->tmp);
+        bytebuf_append(&ev->tmp, s + used, n - used);
+        events_section_text(ev, EVENTS_TEXT, ev->tmp.p, ev->tmp.len);
+    }
+}
+
+/* MISTRAL [ARGS]: after the body grew, stream it; once the arguments' value is complete the
+ * call ends and what follows it in the body is answer text. */
+static void events_close_call(events *ev);
+static void events_mi_args(events *ev)
+{
+    events_stream_args(ev);
+    size_t used = 0;
+    events_clear(&ev->tmp);
+    if (jsonfmt_prefix(&ev->tmp, ev->body.p ? ev->body.p : "", ev->body.len, &used) != JSONFMT_PREFIX_DONE) return;
+    events_clear(&ev->val);  /* scratch here (val is GLM's) */
+    bytebuf_append(&ev->val, ev->body.p + used, ev->body.len - used);
+    ev->body.len = used;
+    events_close_call(ev);
+    if (ev->val.len) events_section_text(ev, EVENTS_TEXT, ev->val.p, ev->val.len);
+}
+
+static void events_mi_feed(events *ev, int32_t tok, const char *text, size_t len)
+{
+    const events_markers *m = &ev->m;
+    if (tok >= 0 && tok == m->tool_start) {  /* the next call: this one ends */
+        events_close_call(ev);
+        events_begin_call(ev, EVENTS_ST_MI_NAME, text, len);
+        return;
+    }
+    bytebuf_append(&ev->raw, text, len);
+    switch (ev->st) {
+    case EVENTS_ST_MI_NAME:
+        if (tok >= 0 && (tok == m->tool_sep || tok == m->call_id)) {
+            if (!events_call_name(ev)) {
+                events_close_call(ev);
+                return;
+            }
+            ev->st = tok == m->tool_sep ? EVENTS_ST_MI_ARGS : EVENTS_ST_MI_ID;
+            return;
+        }
+        bytebuf_append(&ev->name, text, len);
+        {
+            size_t i = 0;
+            while (i < ev->name.len && events_blank(ev->name.p[i])) i++;
+            if (i < ev->name.len && (ev->name.p[i] == '[' || ev->name.p[i] == '{')) {
+                /* the older form: the name part is JSON */
+                events_clear(&ev->body);
+                bytebuf_append(&ev->body, ev->name.p, ev->name.len);
+                events_clear(&ev->name);
+                ev->st = EVENTS_ST_MI_JSON;
+                events_mi_json(ev, false);
+            }
+        }
+        return;
+    case EVENTS_ST_MI_ID:
+        if (tok >= 0 && tok == m->tool_sep) ev->st = EVENTS_ST_MI_ARGS;
+        return;
+    case EVENTS_ST_MI_ARGS:
+        bytebuf_append(&ev->body, text, len);
+        events_mi_args(ev);
+        return;
+    case EVENTS_ST_MI_JSON:
+        bytebuf_append(&ev->body, text, len);
+        events_mi_json(ev, false);
+        return;
+    default:
+        return;
+    }
+}
+
 /* Decides the call being read; `complete` says whether its end marker arrived. */
 static void events_close_call(events *ev)
 {
@@ -540,6 +802,29 @@ static void events_close_call(events *ev)
     case EVENTS_ST_H_CALL:
         ok = ev->name.len > 0 && events_norm_args(ev, ev->body.p ? ev->body.p : "", ev->body.len);
         next = EVENTS_ST_H_AFTER;
+        break;
+    case EVENTS_ST_MI_NAME:
+    case EVENTS_ST_MI_ID:
+        ok = false;
+        break;
+    case EVENTS_ST_MI_ARGS:
+        ok = ev->name.len > 0 && events_norm_args(ev, ev->body.p ? ev->body.p : "", ev->body.len);
+        break;
+    case EVENTS_ST_MI_JSON:
+        events_mi_json(ev, true);
+        return;
+    case EVENTS_ST_GLM_NAME:
+    case EVENTS_ST_GLM_AFTER:
+        ok = events_call_name(ev);
+        if (ok) {
+            if (ev->args.len == 0) bytebuf_putc(&ev->args, '{');
+            bytebuf_putc(&ev->args, '}');
+        }
+        break;
+    case EVENTS_ST_GLM_KEY:
+    case EVENTS_ST_GLM_GAP:
+    case EVENTS_ST_GLM_VAL:
+        ok = false;
         break;
     default:
         return;
@@ -751,6 +1036,14 @@ void events_feed(events *ev, int32_t tok, const char *text, size_t len)
             events_begin_call(ev, EVENTS_ST_QWEN_CALL, text, len);
             return;
         }
+        if (m->toolfmt == EVENTS_TOOLFMT_MISTRAL && m->tools_enabled && tok >= 0 && tok == m->tool_start) {
+            events_begin_call(ev, EVENTS_ST_MI_NAME, text, len);
+            return;
+        }
+        if (m->toolfmt == EVENTS_TOOLFMT_GLM && m->tools_enabled && tok >= 0 && tok == m->tool_start) {
+            events_begin_call(ev, EVENTS_ST_GLM_NAME, text, len);
+            return;
+        }
         if (m->toolfmt == EVENTS_TOOLFMT_DEEPSEEK && m->tools_enabled && tok >= 0 && tok == m->tools_begin) {
             events_begin_call(ev, EVENTS_ST_DS_CALLS, text, len);
             ev->ds_block = true;
@@ -837,6 +1130,19 @@ void events_feed(events *ev, int32_t tok, const char *text, size_t len)
         }
         bytebuf_append(&ev->body, text, len);
         events_stream_args(ev);
+        return;
+    case EVENTS_ST_MI_NAME:
+    case EVENTS_ST_MI_ID:
+    case EVENTS_ST_MI_ARGS:
+    case EVENTS_ST_MI_JSON:
+        events_mi_feed(ev, tok, text, len);
+        return;
+    case EVENTS_ST_GLM_NAME:
+    case EVENTS_ST_GLM_KEY:
+    case EVENTS_ST_GLM_GAP:
+    case EVENTS_ST_GLM_VAL:
+    case EVENTS_ST_GLM_AFTER:
+        events_glm_feed(ev, tok, text, len);
         return;
     case EVENTS_ST_H_HEAD:
     case EVENTS_ST_H_CALL:

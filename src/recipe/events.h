@@ -19,6 +19,18 @@
  *             this is decided on text: when tools were offered and the answer's first
  *             non-blank character is '{', the text is held until the JSON value is complete.
  *
+ *   MISTRAL   [TOOL_CALLS]N[ARGS]{...} per call (Mistral Small 3.2, Devstral, Ministral 3; a
+ *             [CALL_ID]X between the name and [ARGS] is read and ignored), or the older
+ *             [TOOL_CALLS][{"name": N, "arguments": {...}, "id": X}, ...] (Nemo, 7B v0.3). No
+ *             end marker: a call ends where its arguments' JSON value ends (text after it is
+ *             answer text), at the next [TOOL_CALLS] or at finish. The older array is decided
+ *             when it is a complete JSON value (all its calls at once). Call ids are 9
+ *             alphanumerics, the only ids Mistral's templates take back.
+ *   GLM       <tool_call>N (<arg_key>K</arg_key> <arg_value>V</arg_value>)* </tool_call>
+ *             (GLM-4.5/4.6/4.7), every marker by id. A value is a JSON string of its raw text
+ *             when the tool's schema types that argument "string"; otherwise the JSON value
+ *             it spells when it parses (trimmed), else a string of its raw text. The call is
+ *             committed at its first complete argument, each argument sent whole.
  *   HARMONY   gpt-oss: the output is a list of messages. Each has a header, read up to
  *             <|message|>: the role (the prompt already wrote "<|start|>assistant" for the
  *             first), <|channel|> and the channel name (the last one counts), optionally a
@@ -67,12 +79,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "recipe/conv.h"
+
 typedef enum {
     EVENTS_TOOLFMT_NONE = 0,
     EVENTS_TOOLFMT_QWEN,
     EVENTS_TOOLFMT_DEEPSEEK,
     EVENTS_TOOLFMT_LLAMA3,
     EVENTS_TOOLFMT_HARMONY,
+    EVENTS_TOOLFMT_MISTRAL,
+    EVENTS_TOOLFMT_GLM,
 } events_toolfmt;
 
 /* Token ids of the markers; -1 where the vocabulary has none. */
@@ -80,11 +96,19 @@ typedef struct {
     int32_t think_start;       /* <think> */
     int32_t think_end;         /* </think> */
     events_toolfmt toolfmt;    /* how tool calls are written */
-    int32_t tool_start;        /* QWEN <tool_call>; DEEPSEEK <｜tool▁call▁begin｜>; LLAMA3 <|python_tag|> */
-    int32_t tool_end;          /* QWEN </tool_call>; DEEPSEEK <｜tool▁call▁end｜> */
+    int32_t tool_start;        /* QWEN, GLM <tool_call>; DEEPSEEK <｜tool▁call▁begin｜>; LLAMA3 <|python_tag|>;
+                                  MISTRAL [TOOL_CALLS] */
+    int32_t tool_end;          /* QWEN, GLM </tool_call>; DEEPSEEK <｜tool▁call▁end｜> */
     int32_t tools_begin;       /* DEEPSEEK <｜tool▁calls▁begin｜> */
     int32_t tools_end;         /* DEEPSEEK <｜tool▁calls▁end｜> */
-    int32_t tool_sep;          /* DEEPSEEK <｜tool▁sep｜> */
+    int32_t tool_sep;          /* DEEPSEEK <｜tool▁sep｜>; MISTRAL [ARGS] */
+    int32_t call_id;           /* MISTRAL [CALL_ID] */
+    int32_t arg_key;           /* GLM <arg_key> */
+    int32_t arg_key_end;       /* GLM </arg_key> */
+    int32_t arg_val;           /* GLM <arg_value> */
+    int32_t arg_val_end;       /* GLM </arg_value> */
+    const conv *tools;         /* GLM: the request, whose tool schemas say which arguments are
+                                  strings; NULL: none. Must outlive the splitter */
     int32_t h_start;           /* HARMONY <|start|> */
     int32_t h_channel;         /* HARMONY <|channel|> */
     int32_t h_message;         /* HARMONY <|message|> */

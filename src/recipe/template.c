@@ -1198,7 +1198,8 @@ const char *template_tool_format(const template *t)
 {
     static const char *const names[] = { [EVENTS_TOOLFMT_NONE] = "none", [EVENTS_TOOLFMT_QWEN] = "qwen",
                                          [EVENTS_TOOLFMT_DEEPSEEK] = "deepseek", [EVENTS_TOOLFMT_LLAMA3] = "llama3",
-                                         [EVENTS_TOOLFMT_HARMONY] = "harmony" };
+                                         [EVENTS_TOOLFMT_HARMONY] = "harmony", [EVENTS_TOOLFMT_MISTRAL] = "mistral",
+                                         [EVENTS_TOOLFMT_GLM] = "glm" };
     conv c;
     conv_init(&c);
     events_markers m;

@@ -115,7 +115,7 @@ void template_free(template *t);
 /* The family's name; "jinja" for the interpreter. */
 const char *template_name(const template *t);
 /* The tool-call syntax the output parser reads for this template: "qwen", "llama3",
- * "deepseek", "harmony" or "none" (answers are text). */
+ * "deepseek", "harmony", "mistral", "glm" or "none" (answers are text). */
 const char *template_tool_format(const template *t);
 /* The vocabulary the template was made for. */
 const tokenizer *template_tokenizer(const template *t);

@@ -21,12 +21,14 @@
  *
  * Tool calls in the output are parsed by the splitter of the format the template itself
  * writes: its text is searched for the known call syntaxes (Qwen/Hermes <tool_call>, DeepSeek
- * tool-call tokens, harmony channels, Llama 3's <|python_tag|> or JSON calls under header ids);
- * a template with none of them gets text answers.
+ * tool-call tokens, harmony channels, Llama 3's <|python_tag|> or JSON calls under header ids,
+ * Mistral's [TOOL_CALLS], GLM's <tool_call> with <arg_key>); a template with none of them gets
+ * text answers.
  */
 #define _GNU_SOURCE /* memmem */
 #include "recipe/template_int.h"
 
+#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,12 +43,34 @@ struct tmpl_jinja {
     bool developer;             /* the template knows the developer role (else it reads system) */
     events_toolfmt toolfmt;     /* the call syntax the template writes */
     bool thinks;                /* the template writes <think> blocks */
+    bool mistral_think;         /* the template writes [THINK] blocks (Magistral, Ministral 3) */
     bool null_calls;            /* a turn of tool calls with no text gets content none (else "") */
 };
 
 static bool tj_has(const tmpl_jinja *j, const char *z) { return memmem(j->text, j->len, z, strlen(z)) != NULL; }
 
 static void tj_str(bytebuf *b, const char *s, size_t n) { jsonfmt_write_string(b, s, n); }
+
+/* A call id as the template gets it. Mistral's templates raise on any id that is not 9
+ * characters (and their models were trained on 9 alphanumerics); ids from elsewhere (an
+ * Anthropic client's toolu_..., another server's call_...) become 9 alphanumerics drawn from
+ * their SHA-256, so a call and its result still agree. */
+static void tj_id(bytebuf *o, const tmpl_jinja *j, const char *id)
+{
+    size_t n = strlen(id), k = 0;
+    while (k < n && ((id[k] >= '0' && id[k] <= '9') || (id[k] >= 'a' && id[k] <= 'z') || (id[k] >= 'A' && id[k] <= 'Z'))) k++;
+    if (j->toolfmt != EVENTS_TOOLFMT_MISTRAL || (n == 9 && k == 9)) {
+        tj_str(o, id, n);
+        return;
+    }
+    static const char al[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int ml = 0;
+    char z[9];
+    EVP_Digest(id, n, md, &ml, EVP_sha256(), NULL);
+    for (int i = 0; i < 9; i++) z[i] = al[md[i] % 62];
+    tj_str(o, z, 9);
+}
 
 /* The messages array as JSON; false (error recorded) when a call's arguments or a tool's
  * parameters are not JSON. */
@@ -93,7 +117,7 @@ static bool tj_messages(tmpl_b *b, const conv *c, const tmpl_jinja *j, bytebuf *
                 }
                 if (k++) bytebuf_putc(o, ',');
                 bytebuf_puts(o, "{\"id\":");
-                tj_str(o, p->id, strlen(p->id));
+                tj_id(o, j, p->id);
                 bytebuf_puts(o, ",\"type\":\"function\",\"function\":{\"name\":");
                 tj_str(o, p->name, strlen(p->name));
                 bytebuf_puts(o, ",\"arguments\":");
@@ -108,7 +132,7 @@ static bool tj_messages(tmpl_b *b, const conv *c, const tmpl_jinja *j, bytebuf *
                 if (p->kind != CONV_PART_TOOL_RESULT) continue;
                 if (p->id && *p->id) {
                     bytebuf_puts(o, ",\"tool_call_id\":");
-                    tj_str(o, p->id, strlen(p->id));
+                    tj_id(o, j, p->id);
                 }
                 if (p->name && *p->name) {
                     bytebuf_puts(o, ",\"name\":");
@@ -270,7 +294,10 @@ template_status tmpl_jinja_new(const template *t, const char *text, size_t n, tm
     }
     j->developer = tj_has(j, "developer");
     j->thinks = tj_has(j, "<think>");
-    if (tj_has(j, "<tool_call>")) j->toolfmt = EVENTS_TOOLFMT_QWEN;
+    j->mistral_think = tj_has(j, "[THINK]");
+    if (tj_has(j, "<arg_key>") && tj_has(j, "<tool_call>")) j->toolfmt = EVENTS_TOOLFMT_GLM;
+    else if (tj_has(j, "[TOOL_CALLS]")) j->toolfmt = EVENTS_TOOLFMT_MISTRAL;
+    else if (tj_has(j, "<tool_call>")) j->toolfmt = EVENTS_TOOLFMT_QWEN;
     else if (tj_has(j, "<｜tool▁calls▁begin｜>") || tj_has(j, "<｜tool▁call▁begin｜>")) j->toolfmt = EVENTS_TOOLFMT_DEEPSEEK;
     else if (tj_has(j, "<|channel|>") && tj_has(j, "<|call|>")) j->toolfmt = EVENTS_TOOLFMT_HARMONY;
     else if (tj_has(j, "<|python_tag|>") || (tj_has(j, "<|start_header_id|>") && tj_has(j, "\"parameters\"")))
@@ -324,6 +351,9 @@ void tmpl_jinja_markers(const template *t, const tmpl_jinja *j, const conv *c, e
     if (j->thinks) {
         m->think_start = tmpl_find(tok, "<think>");
         m->think_end = tmpl_find(tok, "</think>");
+    } else if (j->mistral_think) {
+        m->think_start = tmpl_find(tok, "[THINK]");
+        m->think_end = tmpl_find(tok, "[/THINK]");
     }
     switch (j->toolfmt) {
     case EVENTS_TOOLFMT_QWEN:
@@ -341,6 +371,24 @@ void tmpl_jinja_markers(const template *t, const tmpl_jinja *j, const conv *c, e
         break;
     case EVENTS_TOOLFMT_LLAMA3:
         m->tool_start = tmpl_find(tok, "<|python_tag|>");
+        break;
+    case EVENTS_TOOLFMT_MISTRAL:
+        m->tool_start = tmpl_find(tok, "[TOOL_CALLS]");
+        m->tool_sep = tmpl_find(tok, "[ARGS]");
+        m->call_id = tmpl_find(tok, "[CALL_ID]");
+        if (m->tool_start < 0) m->toolfmt = EVENTS_TOOLFMT_NONE;
+        break;
+    case EVENTS_TOOLFMT_GLM:
+        m->tool_start = tmpl_find(tok, "<tool_call>");
+        m->tool_end = tmpl_find(tok, "</tool_call>");
+        m->arg_key = tmpl_find(tok, "<arg_key>");
+        m->arg_key_end = tmpl_find(tok, "</arg_key>");
+        m->arg_val = tmpl_find(tok, "<arg_value>");
+        m->arg_val_end = tmpl_find(tok, "</arg_value>");
+        m->tools = c;
+        if (m->tool_start < 0 || m->tool_end < 0 || m->arg_key < 0 || m->arg_key_end < 0 || m->arg_val < 0 ||
+            m->arg_val_end < 0)
+            m->toolfmt = EVENTS_TOOLFMT_NONE;
         break;
     case EVENTS_TOOLFMT_HARMONY:
         m->h_start = tmpl_find(tok, "<|start|>");

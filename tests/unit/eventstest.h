@@ -11,6 +11,10 @@
 
 /* think, Qwen's <tool_call>, DeepSeek's calls / call / sep, Llama 3's <|python_tag|> */
 enum { THINK = 5000, UNTHINK, TC, UNTC, CALLS_B, CALLS_E, CALL_B, CALL_E, SEP, PYTAG };
+/* Mistral: [TOOL_CALLS] [ARGS] [CALL_ID] [THINK] [/THINK]; GLM: <tool_call> </tool_call> <arg_key>
+ * </arg_key> <arg_value> </arg_value> */
+enum { MI_CALLS = 7000, MI_ARGS, MI_CALLID, MI_THINK, MI_UNTHINK };
+enum { G_TC = 7100, G_UNTC, G_KEY, G_UNKEY, G_VAL, G_UNVAL };
 /* harmony (gpt-oss) */
 enum { H_START = 6000, H_CHANNEL, H_MESSAGE, H_CONSTRAIN, H_END, H_CALL, H_RETURN };
 
@@ -68,6 +72,39 @@ static inline events_markers eventstest_harmony(void)
     m.h_end = H_END;
     m.h_call = H_CALL;
     m.h_return = H_RETURN;
+    m.tools_enabled = true;
+    m.trim = true;
+    return m;
+}
+
+static inline events_markers eventstest_mistral(void)
+{
+    events_markers m;
+    events_markers_none(&m);
+    m.think_start = MI_THINK;
+    m.think_end = MI_UNTHINK;
+    m.toolfmt = EVENTS_TOOLFMT_MISTRAL;
+    m.tool_start = MI_CALLS;
+    m.tool_sep = MI_ARGS;
+    m.call_id = MI_CALLID;
+    m.tools_enabled = true;
+    m.trim = true;
+    return m;
+}
+
+static inline events_markers eventstest_glm(void)
+{
+    events_markers m;
+    events_markers_none(&m);
+    m.think_start = THINK;
+    m.think_end = UNTHINK;
+    m.toolfmt = EVENTS_TOOLFMT_GLM;
+    m.tool_start = G_TC;
+    m.tool_end = G_UNTC;
+    m.arg_key = G_KEY;
+    m.arg_key_end = G_UNKEY;
+    m.arg_val = G_VAL;
+    m.arg_val_end = G_UNVAL;
     m.tools_enabled = true;
     m.trim = true;
     return m;

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 
 #include "eventstest.h"
+#include "recipe/conv.h"
 #include "recipe/events.h"
 #include "recipe/jsonfmt.h"
 #include "util/util.h"
@@ -577,6 +578,138 @@ TEST(harmony_random_sequences)
     }
 }
 
+
+/* Mistral, llama.cpp's test strings (tests/test-chat.cpp) first */
+TEST(mistral_tool_calls)
+{
+    events_markers m = eventstest_mistral();
+    rec r;
+    const char *p[] = { "#7000:[TOOL_CALLS]", "special_function", "#7001:[ARGS]", "{\"arg1\":1}", NULL };
+    char *s = run(&m, EVENTS_FINISH_STOP, p, &r);
+    EXPECT(s, "S0:special_function|A0:{\"arg1\":1}|E0|F:tool_calls");
+    CHECK(strlen(r.ids[0]) == 9);
+    bytebuf_free(&r.log);
+    /* parallel calls, [CALL_ID] read and ignored, text before; split across tokens */
+    const char *q[] = { "Hello, world!\nWhat's up?", "#7000:[TOOL_CALLS]", "special_", "function", "#7002:[CALL_ID]", "000000001",
+                        "#7001:[ARGS]", "{\"arg1\"", ": 1}", "#7000:[TOOL_CALLS]", "special_function_with_opt", "#7002:[CALL_ID]",
+                        "000000002", "#7001:[ARGS]", "{\"arg1\": 1, ", "\"arg2\": 2}", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, q, NULL), "T:Hello, world!\nWhat's up?|S0:special_function|A0:{\"arg1\":1}|E0"
+                                               "|S1:special_function_with_opt|A1:{\"arg1\":1,\"arg2\":2}|E1|F:tool_calls");
+    /* the older form: a JSON array of calls, decided when it is complete */
+    const char *o[] = { "#7000:[TOOL_CALLS]", "[{\"name\": \"special_function\", \"arguments\": {\"arg1\": 1}, ", "\"id\": \"123456789\"}",
+                        ", {\"name\": \"g\", \"arguments\": {}}]", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, o, NULL), "S0:special_function|A0:{\"arg1\":1}|E0|S1:g|A1:{}|E1|F:tool_calls");
+    /* [THINK] reasoning; a marker spelled inside it is text */
+    const char *t[] = { "#7003:[THINK]", "Let me think about [TOOL_CALLS]special_function[ARGS]{\"arg1\":1} and more", "#7004:[/THINK]",
+                        "#7000:[TOOL_CALLS]", "special_function", "#7001:[ARGS]", "{\"arg1\": 1}", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, t, NULL), "R:Let me think about [TOOL_CALLS]special_function[ARGS]{\"arg1\":1} and more"
+                                               "|S0:special_function|A0:{\"arg1\":1}|E0|F:tool_calls");
+    /* text after the arguments' value is answer text */
+    const char *a[] = { "#7000:[TOOL_CALLS]", "f", "#7001:[ARGS]", "{\"x\": \"y\"} done", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, a, NULL), "S0:f|A0:{\"x\":\"y\"}|E0|T:done|F:tool_calls");
+}
+
+TEST(mistral_malformed_is_text)
+{
+    events_markers m = eventstest_mistral();
+    /* no [ARGS]: text, marker text included */
+    const char *p[] = { "ok ", "#7000:[TOOL_CALLS]", "f", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, p, NULL), "T:ok [TOOL_CALLS]f|F:stop");
+    /* arguments that are not an object */
+    const char *q[] = { "#7000:[TOOL_CALLS]", "f", "#7001:[ARGS]", "nope", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, q, NULL), "T:[TOOL_CALLS]f[ARGS]nope|F:stop");
+    /* an older-form array with a bad element, and one cut by the limit */
+    const char *r1[] = { "#7000:[TOOL_CALLS]", "[{\"name\": 1}]", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, r1, NULL), "T:[TOOL_CALLS][{\"name\": 1}]|F:stop");
+    const char *r2[] = { "#7000:[TOOL_CALLS]", "[{\"name\": \"f\", \"argu", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_LENGTH, r2, NULL), "T:[TOOL_CALLS][{\"name\": \"f\", \"argu|F:length");
+    /* committed then cut: closed where it was valid */
+    const char *r3[] = { "#7000:[TOOL_CALLS]", "f", "#7001:[ARGS]", "{\"a\": 1, \"b\": \"x", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_LENGTH, r3, NULL), "S0:f|A0:{\"a\":1,\"b\":\"x\"}|E0|F:length");
+    /* without tools offered the marker is nothing special */
+    m.tools_enabled = false;
+    EXPECT(run(&m, EVENTS_FINISH_STOP, p, NULL), "T:ok [TOOL_CALLS]f|F:stop");
+}
+
+/* GLM, llama.cpp's test strings first: GLM-4.6's newlines and GLM-4.7's tight form */
+TEST(glm_tool_calls)
+{
+    events_markers m = eventstest_glm();
+    rec r;
+    const char *p[] = { "#7100:<tool_call>", "special_function\n", "#7102:<arg_key>", "arg1", "#7103:</arg_key>", "\n", "#7104:<arg_value>",
+                        "1", "#7105:</arg_value>", "\n", "#7101:</tool_call>", NULL };
+    char *s = run(&m, EVENTS_FINISH_STOP, p, &r);
+    EXPECT(s, "S0:special_function|A0:{\"arg1\":1}|E0|F:tool_calls");
+    CHECK(!strncmp(r.ids[0], "call_", 5));
+    bytebuf_free(&r.log);
+    const char *q[] = { "#5000:<think>", "I'm\nthinking", "#5001:</think>", "#7100:<tool_call>", "special_function", "#7102:<arg_key>",
+                        "arg1", "#7103:</arg_key>", "#7104:<arg_value>", "1", "#7105:</arg_value>", "#7101:</tool_call>", "#7100:<tool_call>",
+                        "special_function_with_opt", "#7102:<arg_key>", "arg1", "#7103:</arg_key>", "#7104:<arg_value>", "1",
+                        "#7105:</arg_value>", "#7102:<arg_key>", "arg2", "#7103:</arg_key>", "#7104:<arg_value>", "2", "#7105:</arg_value>",
+                        "#7101:</tool_call>", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, q, NULL), "R:I'm\nthinking|S0:special_function|A0:{\"arg1\":1}|E0"
+                                               "|S1:special_function_with_opt|A1:{\"arg1\":1,\"arg2\":2}|E1|F:tool_calls");
+    /* values: JSON when they parse, else strings (raw); no arguments: {} */
+    const char *v[] = { "#7100:<tool_call>", "f", "#7102:<arg_key>", "city", "#7103:</arg_key>", "#7104:<arg_value>", "New ", "York",
+                        "#7105:</arg_value>", "#7102:<arg_key>", "opts", "#7103:</arg_key>", "#7104:<arg_value>", "{\"a\": [1, true]}",
+                        "#7105:</arg_value>", "#7101:</tool_call>", "#7100:<tool_call>", "g", "#7101:</tool_call>", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, v, NULL), "S0:f|A0:{\"city\":\"New York\",\"opts\":{\"a\":[1,true]}}|E0|S1:g|A1:{}|E1|F:tool_calls");
+    /* the tool's schema types an argument string: its text stays a string */
+    conv c;
+    conv_init(&c);
+    conv_add_tool(&c, "f", NULL, "{\"type\":\"object\",\"properties\":{\"zip\":{\"type\":\"string\"},\"n\":{\"type\":\"integer\"}}}");
+    m.tools = &c;
+    const char *t[] = { "#7100:<tool_call>", "f", "#7102:<arg_key>", "zip", "#7103:</arg_key>", "#7104:<arg_value>", "01234",
+                        "#7105:</arg_value>", "#7102:<arg_key>", "n", "#7103:</arg_key>", "#7104:<arg_value>", "7", "#7105:</arg_value>",
+                        "#7101:</tool_call>", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, t, NULL), "S0:f|A0:{\"zip\":\"01234\",\"n\":7}|E0|F:tool_calls");
+    const char *t2[] = { "#7100:<tool_call>", "f", "#7102:<arg_key>", "zip", "#7103:</arg_key>", "#7104:<arg_value>", "true",
+                         "#7105:</arg_value>", "#7101:</tool_call>", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, t2, NULL), "S0:f|A0:{\"zip\":\"true\"}|E0|F:tool_calls");
+    conv_free(&c);
+}
+
+TEST(glm_malformed_is_text)
+{
+    events_markers m = eventstest_glm();
+    /* no name, text where a marker belongs, cut inside a key: text */
+    const char *p[] = { "ok ", "#7100:<tool_call>", "#7102:<arg_key>", "a", "#7103:</arg_key>", "#7101:</tool_call>", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, p, NULL), "T:ok <tool_call><arg_key>a</arg_key></tool_call>|F:stop");
+    const char *q[] = { "#7100:<tool_call>", "f", "#7102:<arg_key>", "a", "#7103:</arg_key>", "junk", "#7104:<arg_value>", "1", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, q, NULL), "T:<tool_call>f<arg_key>a</arg_key>junk<arg_value>1|F:stop");
+    const char *r1[] = { "#7100:<tool_call>", "f", "#7102:<arg_key>", "a", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_LENGTH, r1, NULL), "T:<tool_call>f<arg_key>a|F:length");
+    /* committed (one argument sent), then cut: the call is closed */
+    const char *r2[] = { "#7100:<tool_call>", "f", "#7102:<arg_key>", "a", "#7103:</arg_key>", "#7104:<arg_value>", "1", "#7105:</arg_value>",
+                         "#7102:<arg_key>", "b", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_LENGTH, r2, NULL), "S0:f|A0:{\"a\":1}|E0|F:length");
+    /* markers spelled in text are text */
+    const char *t[] = { "<tool_call>f<arg_key>a</arg_key>", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, t, NULL), "T:<tool_call>f<arg_key>a</arg_key>|F:stop");
+}
+
+/* Random token sequences over the Mistral and GLM markers never crash and always leave
+ * valid arguments (run() checks the fragments add up). */
+TEST(mistral_glm_random_sequences)
+{
+    static const char *const mi[] = { "#7000:[TOOL_CALLS]", "#7001:[ARGS]", "#7002:[CALL_ID]", "#7003:[THINK]", "#7004:[/THINK]",
+                                      "f", "{", "}", "[", "]", "\"a\"", ":", ",", "1", " ", "\"", "x" };
+    static const char *const gl[] = { "#7100:<tool_call>", "#7101:</tool_call>", "#7102:<arg_key>", "#7103:</arg_key>", "#7104:<arg_value>",
+                                      "#7105:</arg_value>", "#5000:<think>", "#5001:</think>", "f", "a", "1", "{", "\"", " ", "\n" };
+    util_rng rng;
+    util_rng_seed(&rng, 7);
+    for (int round = 0; round < 2000; round++) {
+        bool glm = round & 1;
+        events_markers m = glm ? eventstest_glm() : eventstest_mistral();
+        const char *p[24];
+        int n = 1 + (int)(util_rng_next(&rng) % 22);
+        for (int i = 0; i < n; i++)
+            p[i] = glm ? gl[util_rng_next(&rng) % TM_ARRAY_LEN(gl)] : mi[util_rng_next(&rng) % TM_ARRAY_LEN(mi)];
+        p[n] = NULL;
+        free(run(&m, util_rng_next(&rng) & 1 ? EVENTS_FINISH_STOP : EVENTS_FINISH_LENGTH, p, NULL));
+    }
+}
+
 int main(void)
 {
     RUN(plain_text);
@@ -601,5 +734,10 @@ int main(void)
     RUN(harmony_forced_call);
     RUN(calls_without_tools_are_text);
     RUN(harmony_server_ended_analysis);
+    RUN(mistral_tool_calls);
+    RUN(mistral_malformed_is_text);
+    RUN(glm_tool_calls);
+    RUN(glm_malformed_is_text);
+    RUN(mistral_glm_random_sequences);
     HARNESS_END();
 }
