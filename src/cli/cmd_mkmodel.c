@@ -47,6 +47,7 @@
 #include "cli/cmd.h"
 #include "cli/cmd_opts.h"
 #include "model/gguf.h"
+#include "model/model.h"
 #include "model/quant.h"
 #include "util/util.h"
 
@@ -111,6 +112,7 @@ typedef struct {
                              * factor 32, its own) */
     int n_swa;              /* gpt-oss: sliding window */
     int n_nextn;            /* deepseek2: MTP layers after the n_layers */
+    int pooling;            /* {arch}.pooling_type to write (llama.cpp's values), -1: none */
     qtype exps_type;        /* the experts' type (mxfp4: MXFP4, else the base type) */
     const char *type;       /* --type */
     uint64_t seed;
@@ -649,6 +651,7 @@ static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *
     gguf_writer_set_u32(w, MK_KEY("block_count"), (uint32_t)(o->n_layers + o->n_nextn));
     if (o->n_nextn > 0) gguf_writer_set_u32(w, MK_KEY("nextn_predict_layers"), (uint32_t)o->n_nextn);
     gguf_writer_set_u32(w, MK_KEY("context_length"), (uint32_t)o->ctx);
+    if (o->pooling >= 0) gguf_writer_set_u32(w, MK_KEY("pooling_type"), (uint32_t)o->pooling);
     gguf_writer_set_u32(w, MK_KEY("embedding_length"), (uint32_t)o->dim);
     gguf_writer_set_u32(w, MK_KEY("feed_forward_length"), (uint32_t)o->ffn);
     gguf_writer_set_u32(w, MK_KEY("attention.head_count"), (uint32_t)o->n_heads);
@@ -791,6 +794,7 @@ int cmd_mkmodel(int argc, char **argv)
     /* shape options: 0 (as if not given) takes the preset's value */
     long layers = 0, dim = 0, ffn = 0, heads = 0, kv = 0, hd = 0, ctx = 0, nv = 0, threads = 0;
     long experts = 0, experts_used = 0, expert_ffn = 0, window = 0, nextn = 0;
+    const char *pooling = NULL;
     long q_lora = -1, kv_lora = 0, rope_dim = 0, nope_dim = 0, v_dim = 0, shared = -1, dense = -1, groups = -1, groups_used = 0;
     double routed_scale = 0;
     const char *router = NULL;
@@ -832,6 +836,7 @@ int cmd_mkmodel(int argc, char **argv)
         { "--type", NULL, CMD_OPT_STR, &o.type, .arg = "T", .help = "f32|f16|bf16|q8_0|q4_0|q4_k|q4_k_m|q5_k|q5_k_m|q6_k|mxfp4 (mxfp4: gpt-oss experts, the rest q8_0)", .required = true },
         { "--seed", NULL, CMD_OPT_U64, &seed, .arg = "S", .help = "weights' seed", .required = true },
         { "--tied", NULL, CMD_OPT_SET, &tied, .set = 1, .help = "output head shares the embedding" },
+        { "--pooling", NULL, CMD_OPT_STR, &pooling, .arg = "mean|last", .help = "an embedding model: its pooling_type" },
         { "--untied", NULL, CMD_OPT_SET, &tied, .set = 0, .help = "output head of its own" },
         { "--rope-base", NULL, CMD_OPT_DOUBLE, &rope_base, 0, 1e12, .arg = "F", .help = "RoPE frequency base" },
         { "--rope-scaling", NULL, CMD_OPT_STR, &rope_scaling, .arg = "llama3|yarn|none", .help = "Llama 3 or (deepseek2) YaRN RoPE scaling" },
@@ -883,6 +888,13 @@ int cmd_mkmodel(int argc, char **argv)
     o.n_kv_heads = kv ? kv : (heads ? heads : p->n_kv_heads);
     o.head_dim = hd ? hd : (dim || heads ? o.dim / o.n_heads : p->head_dim);
     o.ctx = ctx ? ctx : p->ctx;
+    o.pooling = -1;
+    if (pooling && !strcmp(pooling, "mean")) o.pooling = MODEL_POOL_MEAN;
+    else if (pooling && !strcmp(pooling, "last")) o.pooling = MODEL_POOL_LAST;
+    else if (pooling) {
+        fprintf(stderr, "tokenmill mkmodel: --pooling takes mean or last, not '%s'\n", pooling);
+        return 2;
+    }
     bool mla = !strcmp(o.arch, "deepseek2");
     if (mla) {
         /* a dense preset under --arch deepseek2: V2-Lite's attention and router on its width */
