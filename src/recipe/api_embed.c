@@ -313,5 +313,4 @@ out:
 void api_embed_register(http_server *h, api_ctx *c)
 {
     http_route(h, "POST", "/v1/embeddings", emb_handle, c);
-    http_route(h, "POST", "/embeddings", emb_handle, c);
 }
