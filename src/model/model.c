@@ -818,6 +818,11 @@ gguf_status model_load(const char *path, const model_opts *opts, model **out, ch
         m->tied_output = true;
     }
 
+    const gguf_tensor *cls = gguf_find_tensor(m->g, "cls.output.weight");
+    if (cls && hp->pooling == MODEL_POOL_RANK && cls->n_dims == 2 && cls->ne[1] >= 2 && cls->ne[1] <= 16) {
+        m->n_cls_out = (int)cls->ne[1];
+        if (!(m->cls_out = model_floats(&ld, "cls.output.weight", true, hp->dim, m->n_cls_out))) goto fail;
+    }
     int q_dim = hp->n_heads * hp->head_dim, kv_dim = hp->n_kv_heads * hp->head_dim;
     m->layers = xcalloc((size_t)(hp->n_layers + hp->n_nextn), sizeof *m->layers);
     for (int il = 0; il < hp->n_layers + hp->n_nextn; il++) {   /* the MTP layers last */

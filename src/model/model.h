@@ -201,6 +201,9 @@ typedef struct model {
     const float *output_norm;/* (dim) f32 */
     ops_weight output;       /* (n_vocab, dim); the token_embd view when tied */
     bool tied_output;        /* output is token_embd */
+    const float *cls_out;    /* (n_cls_out, dim) f32: a reranker's score head (cls.output, llama.cpp's
+                              * Qwen3-Reranker: the "yes" and "no" rows), or NULL */
+    int n_cls_out;
     model_layer *layers;     /* (n_layers + n_nextn): the MTP layers follow the model's */
     model_layer *mtp;        /* (n_nextn) layers + n_layers, or NULL: no MTP layers */
     bool mtp_view;           /* a view of one MTP layer (model_mtp_view): its steps take the

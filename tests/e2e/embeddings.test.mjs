@@ -2,7 +2,8 @@
 // (node-llama-cpp's createEmbeddingContext / getEmbeddingFor on the same GGUF), for the two
 // poolings a GGUF declares that tokenmill's architectures take: last-token (Qwen3-Embedding's)
 // and mean; through the openai SDK's embeddings.create, float and base64; the bounds and
-// errors in OpenAI's shape; the gateway's 501.
+// errors in OpenAI's shape; /v1/rerank on a Qwen3-Reranker-shaped GGUF against llama.cpp's
+// ranking (createRankingContext / rank); the gateway's 501 for both.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import path from "node:path";
@@ -26,6 +27,7 @@ let llama;
 before(async () => {
   models.last = mk("last.gguf", "--pooling", "last");
   models.mean = mk("mean.gguf", "--pooling", "mean");
+  models.rank = mk("rank.gguf", "--pooling", "rank");
   llama = await getLlama({ gpu: false, build: "never", logLevel: "fatal" });
 });
 after(async () => {
@@ -129,10 +131,49 @@ test("a model without Matryoshka refuses dimensions; a chat model (no pooling ke
   assert.notDeepEqual(r.body.data[0].embedding, r.body.data[1].embedding);
 });
 
+test("rerank: Qwen3-Reranker-style scores equal llama.cpp's ranking, sorted, top_n, return_documents; errors", async () => {
+  const srv = await startServer(models.rank);
+  const m = await llama.loadModel({ modelPath: models.rank });
+  const ctx = await m.createRankingContext({ contextSize: 512 });   // the GGUF's own rerank template
+  const query = "a dog", documents = ["dogs bark at night", "cats meow", "a dog runs in the park", "stocks fell"];
+  const want = [];
+  for (const d of documents) want.push(await ctx.rank(query, d));
+  const rr = async (route, body) => {
+    const res = await fetch(srv.url + route, { method: "POST", body: JSON.stringify(body) });
+    return { status: res.status, body: await res.json() };
+  };
+  const all = await rr("/v1/rerank", { query, documents });
+  assert.equal(all.status, 200, JSON.stringify(all.body));
+  assert.equal(all.body.results.length, documents.length);
+  for (const x of all.body.results) assert.ok(Math.abs(x.relevance_score - want[x.index]) < 1e-4, `${x.index}: ${x.relevance_score} vs ${want[x.index]}`);
+  const order = want.map((w, i) => [w, i]).sort((a, b) => b[0] - a[0]).map((x) => x[1]);
+  assert.deepEqual(all.body.results.map((x) => x.index), order);
+  assert.ok(all.body.usage.prompt_tokens > 0);
+  const top = await rr("/rerank", { query, documents, top_n: 2, return_documents: true });
+  assert.deepEqual(top.body.results.map((x) => [x.index, x.document.text]), order.slice(0, 2).map((i) => [i, documents[i]]));
+  for (const [body, param] of [[{ documents }, "query"], [{ query, documents: [] }, "documents"],
+    [{ query, documents: ["a", 5] }, "documents[1]"], [{ query, documents, top_n: 0 }, "top_n"]]) {
+    const e = await rr("/v1/rerank", body);
+    assert.equal(e.status, 400, JSON.stringify(body));
+    assert.equal(e.body.error.param, param);
+  }
+  // a model that is no reranker says so; a reranker gives no embeddings
+  const chat = await startServer(models.mean);
+  const no = await fetch(chat.url + "/v1/rerank", { method: "POST", body: JSON.stringify({ query, documents }) });
+  assert.equal(no.status, 400);
+  assert.match((await no.json()).error.message, /cannot rerank/);
+  assert.equal((await post(srv.url, { input: "x" })).status, 400);
+  await ctx.dispose();
+  await m.dispose();
+});
+
 test("the gateway answers 501 in OpenAI's shape", async () => {
   const gw = await startCluster(path.join(root, "models/stories260K.gguf"), [], { gatewayArgs: ["--register", "127.0.0.1:0"] });
-  const r = await post(gw.url, { input: "x" });
-  assert.equal(r.status, 501);
-  assert.equal(r.body.error.code, "not_implemented");
-  assert.match(r.body.error.message, /gateway/);
+  for (const [route, body] of [["/v1/embeddings", { input: "x" }], ["/v1/rerank", { query: "q", documents: ["d"] }]]) {
+    const res = await fetch(gw.url + route, { method: "POST", body: JSON.stringify(body) });
+    const r = { status: res.status, body: await res.json() };
+    assert.equal(r.status, 501);
+    assert.equal(r.body.error.code, "not_implemented");
+    assert.match(r.body.error.message, /gateway/);
+  }
 });
