@@ -239,6 +239,7 @@ int cmd_gateway(int argc, char **argv)
     if (api_responses_register) api_responses_register(h, &ac);
     if (api_messages_register) api_messages_register(h, &ac);
     api_tokenize_register(h, &ac);
+    api_embed_register(h, &ac);
     gateway_routes(g, h);
 
     if (http_server_start(h, err, sizeof err) != HTTP_OK) {

@@ -48,6 +48,7 @@
 #include "cli/cmd.h"
 #include "cli/cmd_opts.h"
 #include "model/gguf.h"
+#include "model/model.h"
 #include "model/quant.h"
 #include "util/util.h"
 
@@ -112,6 +113,7 @@ typedef struct {
                              * factor 32, its own) */
     int n_swa;              /* gpt-oss: sliding window */
     int n_nextn;            /* deepseek2: MTP layers after the n_layers */
+    int pooling;            /* {arch}.pooling_type to write (llama.cpp's values), -1: none */
     qtype exps_type;        /* the experts' type (mxfp4: MXFP4, else the base type) */
     const char *type;       /* --type */
     uint64_t seed;
@@ -655,6 +657,19 @@ static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *
     gguf_writer_set_u32(w, MK_KEY("block_count"), (uint32_t)(o->n_layers + o->n_nextn));
     if (o->n_nextn > 0) gguf_writer_set_u32(w, MK_KEY("nextn_predict_layers"), (uint32_t)o->n_nextn);
     gguf_writer_set_u32(w, MK_KEY("context_length"), (uint32_t)o->ctx);
+    if (o->pooling >= 0) gguf_writer_set_u32(w, MK_KEY("pooling_type"), (uint32_t)o->pooling);
+    if (o->pooling == MODEL_POOL_RANK) {   /* Qwen3-Reranker's labels and prompt, as llama.cpp's converter writes them */
+        static const char *const labels[2] = { "yes", "no" };
+        static const size_t label_lens[2] = { 3, 2 };
+        gguf_writer_set_arr_str(w, MK_KEY("classifier.output_labels"), labels, label_lens, 2);
+    }
+    if (o->pooling == MODEL_POOL_RANK)
+        gguf_writer_set_str(w, "tokenizer.chat_template.rerank",
+                            "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and "
+                            "the Instruct provided. Note that the answer can only be \"yes\" or \"no\".<|im_end|>\n"
+                            "<|im_start|>user\n<Instruct>: Given a web search query, retrieve relevant passages that "
+                            "answer the query\n<Query>: {query}\n<Document>: {document}<|im_end|>\n"
+                            "<|im_start|>assistant\n<think>\n\n</think>\n\n");
     gguf_writer_set_u32(w, MK_KEY("embedding_length"), (uint32_t)o->dim);
     gguf_writer_set_u32(w, MK_KEY("feed_forward_length"), (uint32_t)o->ffn);
     gguf_writer_set_u32(w, MK_KEY("attention.head_count"), (uint32_t)o->n_heads);
@@ -719,6 +734,8 @@ static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *
     mk_add(&m, "token_embd.weight", MK_INIT_NOISE, emb_std, o->tied ? out_type : base, 2, dim, V);
     mk_add(&m, "output_norm.weight", MK_INIT_NORM, 20.0f, QTYPE_F32, 1, dim, 1);
     if (!o->tied) mk_add(&m, "output.weight", MK_INIT_NOISE, emb_std, out_type, 2, dim, V);
+    /* a reranker's score head: the rows of "yes" and "no" (llama.cpp's cls.output) */
+    if (o->pooling == MODEL_POOL_RANK) mk_add(&m, "cls.output.weight", MK_INIT_NOISE, 0.05f / sqrtf((float)dim), QTYPE_F32, 2, dim, 2);  /* scores of about 1 */
     if (o->rope_llama3) mk_add(&m, "rope_freqs.weight", MK_INIT_ROPE_FREQS, 0, QTYPE_F32, 1, o->head_dim / 2, 1);
     bool qwen2 = !strcmp(A, "qwen2"), qwen3 = !strcmp(A, "qwen3") || !strcmp(A, "qwen3moe");
     for (int l = 0; l < o->n_layers + o->n_nextn; l++) {   /* the MTP layers last */
@@ -797,6 +814,7 @@ int cmd_mkmodel(int argc, char **argv)
     /* shape options: 0 (as if not given) takes the preset's value */
     long layers = 0, dim = 0, ffn = 0, heads = 0, kv = 0, hd = 0, ctx = 0, nv = 0, threads = 0;
     long experts = 0, experts_used = 0, expert_ffn = 0, window = 0, nextn = 0;
+    const char *pooling = NULL;
     long q_lora = -1, kv_lora = 0, rope_dim = 0, nope_dim = 0, v_dim = 0, shared = -1, dense = -1, groups = -1, groups_used = 0;
     double routed_scale = 0;
     const char *router = NULL;
@@ -838,6 +856,7 @@ int cmd_mkmodel(int argc, char **argv)
         { "--type", NULL, CMD_OPT_STR, &o.type, .arg = "T", .help = "f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k|q4_k|q4_k_m|q5_k|q5_k_m|q6_k|iq4_nl|iq4_xs|mxfp4 (mxfp4: gpt-oss experts, the rest q8_0)", .required = true },
         { "--seed", NULL, CMD_OPT_U64, &seed, .arg = "S", .help = "weights' seed", .required = true },
         { "--tied", NULL, CMD_OPT_SET, &tied, .set = 1, .help = "output head shares the embedding" },
+        { "--pooling", NULL, CMD_OPT_STR, &pooling, .arg = "mean|last|rank", .help = "an embedding model's pooling_type (rank: a Qwen3-Reranker, with cls.output and its prompt)" },
         { "--untied", NULL, CMD_OPT_SET, &tied, .set = 0, .help = "output head of its own" },
         { "--rope-base", NULL, CMD_OPT_DOUBLE, &rope_base, 0, 1e12, .arg = "F", .help = "RoPE frequency base" },
         { "--rope-scaling", NULL, CMD_OPT_STR, &rope_scaling, .arg = "llama3|yarn|none", .help = "Llama 3 or (deepseek2) YaRN RoPE scaling" },
@@ -889,6 +908,14 @@ int cmd_mkmodel(int argc, char **argv)
     o.n_kv_heads = kv ? kv : (heads ? heads : p->n_kv_heads);
     o.head_dim = hd ? hd : (dim || heads ? o.dim / o.n_heads : p->head_dim);
     o.ctx = ctx ? ctx : p->ctx;
+    o.pooling = -1;
+    if (pooling && !strcmp(pooling, "mean")) o.pooling = MODEL_POOL_MEAN;
+    else if (pooling && !strcmp(pooling, "last")) o.pooling = MODEL_POOL_LAST;
+    else if (pooling && !strcmp(pooling, "rank")) o.pooling = MODEL_POOL_RANK;
+    else if (pooling) {
+        fprintf(stderr, "tokenmill mkmodel: --pooling takes mean, last or rank, not '%s'\n", pooling);
+        return 2;
+    }
     bool mla = !strcmp(o.arch, "deepseek2");
     if (mla) {
         /* a dense preset under --arch deepseek2: V2-Lite's attention and router on its width */

@@ -269,6 +269,7 @@ static int serve_routes(serve *sv)
     if (api_responses_register) api_responses_register(sv->h, &sv->ac);
     if (api_messages_register) api_messages_register(sv->h, &sv->ac);
     api_tokenize_register(sv->h, &sv->ac);
+    api_embed_register(sv->h, &sv->ac);
     if (http_server_start(sv->h, err, sizeof err) != HTTP_OK) {
         fprintf(stderr, "tokenmill serve: %s\n", err);
         return 1;

@@ -1300,6 +1300,12 @@ static void engine_mla_out(engine *e, engine_job *job, int il, int T)
 
 const float *engine_hidden(const engine *e) { return e->x; }
 
+void engine_hidden_normed(const engine *e, int t, float *out)
+{
+    const int dim = e->m->hp.dim;
+    ops_rmsnorm(e->tp, out, e->x + (size_t)t * dim, e->m->output_norm, 1, dim, e->m->hp.rms_eps);
+}
+
 const float *engine_route_margins(const engine *e) { return e->r_margin; }
 
 /* An MTP view's layer input (engine.h), in place of the embeddings in x: x = eh_proj([enorm

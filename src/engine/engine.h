@@ -175,6 +175,11 @@ const char *engine_prof_op_name(engine_prof_op op);
  * from). Valid until the next engine_step. */
 const float *engine_hidden(const engine *e);
 
+/* The hidden state of the last engine_step's entry t (< its n_tokens) after the model's output
+ * norm, (dim) floats into out: the token state llama.cpp pools into an embedding. Valid until
+ * the next engine_step; allocates nothing. */
+void engine_hidden_normed(const engine *e, int t, float *out);
+
 /* Each entry's routing margin in the last engine_step, (n_tokens) in batch order: the
  * smallest moe_route margin over the MoE layers (how close the token came to another
  * expert or group; INFINITY when no layer dropped one); NULL for a model without experts.

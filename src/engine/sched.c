@@ -90,6 +90,7 @@ static void sched_req_destroy(sched_req *r)
     free(r->tokens);
     free(r->chain);
     free(r->ring);
+    free(r->embd);
     pthread_cond_destroy(&r->cv);
     free(r);
 }
@@ -285,7 +286,7 @@ replan:
                 }
                 goto replan;
             }
-            bool last = pass == 0 || chunk == left;
+            bool last = (pass == 0 || chunk == left) && !r->embd;   /* an embedding samples nothing */
             for (int j = 0; j < chunk; j++) {
                 engine_tok *t = &s->batch[n_tok++];
                 t->token = j == 0 || pass == 1 ? r->tokens[r->n_done + j] : r->draft[j - 1];
@@ -422,6 +423,25 @@ static void sched_idle_wait_locked(sched *s)
     pthread_cond_timedwait(&s->work_cv, &s->mu, &ts);
 }
 
+/* Pools the states of r's n entries from batch entry t0 (its positions n_done ..) into r->embd:
+ * the sum for MEAN (started again at position 0: a preempted request computes everything
+ * again), the last prompt position's for LAST. Engine thread. */
+static void sched_embed_pool(sched *s, sched_req *r, int t0, int n)
+{
+    if (r->p.embed == MODEL_POOL_LAST) {
+        if (r->n_done + n == r->n_prompt) engine_hidden_normed(s->e, t0 + n - 1, r->embd);
+        return;
+    }
+    if (r->n_done == 0) memset(r->embd, 0, (size_t)s->e_dim * sizeof *r->embd);
+    float *row = r->embd + s->e_dim;   /* the scratch row after the sum */
+    for (int j = 0; j < n; j++) {
+        engine_hidden_normed(s->e, t0 + j, row);
+        for (int d = 0; d < s->e_dim; d++) r->embd[d] += row[d];
+    }
+    if (r->n_done + n == r->n_prompt)
+        for (int d = 0; d < s->e_dim; d++) r->embd[d] /= (float)r->n_prompt;
+}
+
 /* Step 2, without mu: the engine step, then the requests' committed blocks and sampling
  * (engine-thread state only). */
 static void sched_step_run(sched *s, sched_step *st)
@@ -443,9 +463,14 @@ static void sched_step_run(sched *s, sched_step *st)
     if (st->est == ENGINE_OK) steptime_observe(&s->tm, &s->plan_x, st->t1 - st->t0);
     if (st->est == ENGINE_OK)
         s->main_step_s = s->main_step_s > 0 ? 0.9 * s->main_step_s + 0.1 * (st->t1 - st->t0) : st->t1 - st->t0;
-    for (int i = 0; i < st->n_reqs && st->est == ENGINE_OK; i++) {
+    for (int i = 0, t0 = 0; i < st->n_reqs && st->est == ENGINE_OK; t0 += s->batch_n[i++]) {
         sched_req *r = s->batch_req[i];
         if (s->batch_k[i] > 0) continue;   /* verified below */
+        if (r->embd) {
+            sched_embed_pool(s, r, t0, s->batch_n[i]);
+            r->n_done += s->batch_n[i];
+            continue;   /* its blocks are of no use to another request: keyed by nothing */
+        }
         r->n_done += s->batch_n[i];
         if (s->o.bio) blockio_set_write_class(s->o.bio, r->p.cache_class);   /* its blocks' TTL */
         kvpool_seq_commit_full_blocks(s->pool, r->seq, r->tokens, r->n_done);
@@ -555,6 +580,13 @@ static void sched_step_publish_locked(sched *s, sched_step *st)
         s->pub_row[i] = s->batch_row[i];
         s->pub_prefill[i] = n == 0 ? s->batch_n[i] : s->batch_n[i] - 1 - s->batch_k[i];
         s->pub_end[i] = SCHED_FINISH_NONE;
+        if (r->embd && r->n_done >= r->n_prompt) {   /* its vector is complete */
+            s->pub_end[i] = SCHED_FINISH_STOP;
+            for (int j = 0; j < s->n_running; j++)
+                if (s->running[j] == r) { sched_running_remove(s, j); break; }
+            sched_finish_release(s, r);
+            continue;
+        }
         if (n == 0) continue;
         r->n_tokens += n;   /* its tokens are in r->tokens already (sched_step_run) */
         if (sched_is_stop(s, r, r->tokens[r->n_tokens - 1])) s->pub_end[i] = SCHED_FINISH_STOP;
@@ -955,6 +987,8 @@ sched_status sched_submit(sched *s, const sched_params *p, sched_req **out)
     for (int i = 0; i < p->n_prompt; i++)
         if (p->prompt[i] < 0 || p->prompt[i] >= s->n_vocab) return SCHED_ERR_ARG;
     if (p->n_prompt >= s->o.n_ctx) return SCHED_ERR_TOO_LONG;
+    if (p->embed != MODEL_POOL_NONE && p->embed != MODEL_POOL_MEAN && p->embed != MODEL_POOL_LAST)
+        return SCHED_ERR_ARG;
     if (p->n_gen < 0 || (p->n_gen > 0 && !p->gen) || p->n_sampled < 0) return SCHED_ERR_ARG;
     if (p->think_budget < 0 || (p->think_budget > 0 && p->think_end >= s->n_vocab)) return SCHED_ERR_ARG;
     for (int i = 0; i < p->n_gen; i++)
@@ -980,12 +1014,19 @@ sched_status sched_submit(sched *s, const sched_params *p, sched_req **out)
     r->n_prompt = p->n_prompt;
     r->n_tokens = p->n_prompt;
     int room = s->o.n_ctx - p->n_prompt;
-    r->max_gen = p->max_tokens > 0 ? TM_MIN(p->max_tokens, room) : room;
+    r->max_gen = p->embed ? 0 : p->max_tokens > 0 ? TM_MIN(p->max_tokens, room) : room;
     r->cap = p->n_prompt + r->max_gen;
     r->tokens = malloc((size_t)r->cap * sizeof *r->tokens);
     r->chain = malloc(((size_t)r->cap / KVPOOL_BLOCK + 1) * sizeof *r->chain);
     r->smp = sample_new(s->n_vocab, &p->sample);
-    if (!r->tokens || !r->chain || !r->smp) {
+    if (p->embed) {
+        /* the sum, then a row of scratch; a root of its own: it attaches no one's blocks */
+        r->embd = calloc(2 * (size_t)s->e_dim, sizeof *r->embd);
+        uint64_t nonce[2] = { (uint64_t)(uintptr_t)r, (uint64_t)(util_now() * 1e9) };
+        blockkey_root((const char *)nonce, sizeof nonce, r->root);
+        r->salted = true;
+    }
+    if (!r->tokens || !r->chain || !r->smp || (p->embed && !r->embd)) {
         sched_req_destroy(r);
         return SCHED_ERR_NOMEM;
     }
@@ -1079,6 +1120,11 @@ int sched_poll(sched_req *r, sched_output *out, int max, int timeout_ms)
     }
     pthread_mutex_unlock(&s->mu);
     return n;
+}
+
+const float *sched_embedding(const sched_req *r)
+{
+    return r->embd && r->finish_returned && r->n_done >= r->n_prompt ? r->embd : NULL;
 }
 
 bool sched_done(const sched_req *r)

@@ -135,6 +135,12 @@ typedef struct {
     int n_prompt;           /* >= 1 */
     sample_params sample;   /* sampling, incl. seed; see sample.h */
     int max_tokens;         /* generated tokens at most; <= 0: until the context is full */
+    /* An embedding instead of a generation: MODEL_POOL_MEAN or MODEL_POOL_LAST pools the
+     * prompt's token states after the output norm (engine_hidden_normed) into one vector, read
+     * with sched_embedding once FINISH STOP was polled; nothing is sampled (max_tokens and the
+     * sampling fields are ignored, completion_tokens is 0). It reuses no cached prefix (every
+     * position's state is needed) and keys no block. MODEL_POOL_NONE: a generation. */
+    model_pool embed;
     int32_t stop_ids[SCHED_MAX_STOP_IDS]; /* extra ids that end generation (e.g. <|im_end|>) */
     int n_stop_ids;         /* used entries of stop_ids */
     bool ignore_eos;        /* do not stop on opts.eos_ids (stop_ids still apply) */
@@ -363,6 +369,9 @@ sched_status sched_submit(sched *s, const sched_params *p, sched_req **out);
  * them into out and returns how many. The FINISH record comes last; after it has been
  * returned every call returns 0 at once. */
 int sched_poll(sched_req *r, sched_output *out, int max, int timeout_ms);
+/* An embedding request's pooled vector, (dim) floats, not normalised: valid once its FINISH
+ * STOP was polled, until sched_release; NULL for a generation or before. */
+const float *sched_embedding(const sched_req *r);
 /* True once the FINISH record has been returned by sched_poll. */
 bool sched_done(const sched_req *r);
 /* Ends the request as soon as the engine thread sees it (before its next step): its KV

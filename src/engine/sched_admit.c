@@ -293,7 +293,8 @@ void sched_admit_locked(sched *s)
     for (sched_req *r = s->wait_head; r && k < SCHED_ADMIT_WINDOW; r = r->next, k++) sched_tail_pin(s, r);
     k = 0;
     if (s->o.bio)
-        for (sched_req *r = s->wait_head; r; r = r->next, k++)
+        for (sched_req *r = s->wait_head; r; r = r->next, k++) {
+            if (r->embd) continue;   /* an embedding's root is its own: the store holds nothing of it */
             if (!r->load_started || (k < SCHED_ADMIT_WINDOW && sched_load_stale(s, r))) {
                 if (r->load_started) r->load_retries++;
                 r->load_started = true;
@@ -304,6 +305,7 @@ void sched_admit_locked(sched *s)
                 r->t_load = util_now();
                 if (r->t_load0 == 0 && r->load) r->t_load0 = r->t_load;
             }
+        }
     /* admissions, fewest blocks to compute first within the age bound, while KV allows */
     while (s->n_running < s->o.max_seqs && s->wait_head) {
         sched_req *r = sched_admit_pick(s);

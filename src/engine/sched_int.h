@@ -126,6 +126,8 @@ struct sched_req {
     int n_verify;                /* of which verified in this step (its decode carries 1 + that) */
     kvpool_seq *dseq[SCHED_N_DRAFTERS]; /* (drafting models) its KV in each one's pool, or NULL */
     int d_done[SCHED_N_DRAFTERS]; /* positions of dseq[i] whose tokens are final */
+    float *embd;                 /* (e_dim) an embedding request's pooled sum so far, or NULL
+                                  * (engine thread until its FINISH is pushed) */
     req_state state;
     double t_submit;             /* util_now() at submit */
     double t_last;               /* time of the last token, 0 before the first (under mu:

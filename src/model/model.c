@@ -361,6 +361,13 @@ static bool model_read_hparams(model_ld *ld, const char *an)
     }
     if (!model_key_int(ld, KEY("context_length"), false, 2048, &v)) return false;
     hp->n_ctx_train = (int)v;
+    /* llama.cpp's enum llama_pooling_type; a model without the key pools nothing there */
+    if (!model_key_int(ld, KEY("pooling_type"), false, MODEL_POOL_NONE, &v)) return false;
+    if (v < MODEL_POOL_NONE || v > MODEL_POOL_RANK) {
+        model_fail(ld, GGUF_ERR_FORMAT, "bad pooling_type %lld", (long long)v);
+        return false;
+    }
+    hp->pooling = (model_pool)v;
     if (hp->dim <= 0 || hp->n_layers <= 0 || hp->n_heads <= 0 || hp->n_kv_heads <= 0 ||
         hp->ffn_dim <= 0 || hp->n_ctx_train <= 0 || hp->dim > (1 << 20) || hp->n_layers > 4096 ||
         hp->n_heads > 4096 || hp->ffn_dim > (1 << 22)) {
@@ -811,6 +818,11 @@ gguf_status model_load(const char *path, const model_opts *opts, model **out, ch
         m->tied_output = true;
     }
 
+    const gguf_tensor *cls = gguf_find_tensor(m->g, "cls.output.weight");
+    if (cls && hp->pooling == MODEL_POOL_RANK && cls->n_dims == 2 && cls->ne[1] >= 2 && cls->ne[1] <= 16) {
+        m->n_cls_out = (int)cls->ne[1];
+        if (!(m->cls_out = model_floats(&ld, "cls.output.weight", true, hp->dim, m->n_cls_out))) goto fail;
+    }
     int q_dim = hp->n_heads * hp->head_dim, kv_dim = hp->n_kv_heads * hp->head_dim;
     m->layers = xcalloc((size_t)(hp->n_layers + hp->n_nextn), sizeof *m->layers);
     for (int il = 0; il < hp->n_layers + hp->n_nextn; il++) {   /* the MTP layers last */

@@ -134,6 +134,16 @@ typedef struct {
     ops_weight head;         /* (n_vocab, dim) its own output head, or empty: the model's */
 } model_layer;
 
+/* How an embedding model pools its token states into one vector: {arch}.pooling_type, with
+ * llama.cpp's values (enum llama_pooling_type). */
+typedef enum {
+    MODEL_POOL_NONE = 0,     /* a chat model (no key): nothing declared */
+    MODEL_POOL_MEAN = 1,     /* the mean of every position's state */
+    MODEL_POOL_CLS = 2,      /* the first position's (BERT's [CLS]) */
+    MODEL_POOL_LAST = 3,     /* the last position's (Qwen3-Embedding) */
+    MODEL_POOL_RANK = 4,     /* a reranker: the last position's state through a score head */
+} model_pool;
+
 typedef struct {
     model_arch arch;
     const char *arch_name;   /* "llama", "qwen2", "qwen3", "qwen3moe" */
@@ -171,6 +181,7 @@ typedef struct {
     int v_dim;               /* per-head value dims (value_length_mla) */
     float att_scale;         /* score scale: 1/sqrt(head_dim), MLA 1/sqrt(nope_dim + n_rot) */
     int n_ctx_train;         /* {arch}.context_length */
+    model_pool pooling;      /* {arch}.pooling_type, MODEL_POOL_NONE without it */
     float rms_eps;           /* {arch}.attention.layer_norm_rms_epsilon */
     float rope_base;         /* {arch}.rope.freq_base, default 10000 */
     float rope_freq_scale;   /* 1/factor for linear scaling, else 1 */
@@ -190,6 +201,9 @@ typedef struct model {
     const float *output_norm;/* (dim) f32 */
     ops_weight output;       /* (n_vocab, dim); the token_embd view when tied */
     bool tied_output;        /* output is token_embd */
+    const float *cls_out;    /* (n_cls_out, dim) f32: a reranker's score head (cls.output, llama.cpp's
+                              * Qwen3-Reranker: the "yes" and "no" rows), or NULL */
+    int n_cls_out;
     model_layer *layers;     /* (n_layers + n_nextn): the MTP layers follow the model's */
     model_layer *mtp;        /* (n_nextn) layers + n_layers, or NULL: no MTP layers */
     bool mtp_view;           /* a view of one MTP layer (model_mtp_view): its steps take the

@@ -134,6 +134,7 @@ void api_chat_register(http_server *h, api_ctx *c);          /* POST /v1/chat/co
 void api_responses_register(http_server *h, api_ctx *c);     /* POST /v1/responses */
 void api_messages_register(http_server *h, api_ctx *c);      /* POST /v1/messages (+ count_tokens) */
 void api_tokenize_register(http_server *h, api_ctx *c);      /* POST /tokenize, /detokenize (llama.cpp's) */
+void api_embed_register(http_server *h, api_ctx *c);         /* POST /v1/embeddings (a 501 on the gateway) */
 
 /* The vendors' error bodies. param and code may be NULL (JSON null). */
 void api_openai_error(http_request *r, int status, const char *type, const char *message,

@@ -7,7 +7,8 @@
  * read in chunks of the default step budget, and the decode gets its token in every step; a
  * prompt read alone goes in steps of the (larger) prefill budget; draining (new work refused,
  * accepted work finishes) and the abort that ends what is left; publishing a step's outputs
- * while the next computes gives the outputs of the loop that publishes first.
+ * while the next computes gives the outputs of the loop that publishes first; embedding requests
+ * (pooled states, nothing sampled) beside generations.
  *
  * The "alone vs together" comparisons are exact because the engine is batch invariant (a
  * row's arithmetic never depends on the step it is in: test_invariance.c); step_tokens 48
@@ -1183,6 +1184,99 @@ TEST(test_overlap_same_outputs)
     }
 }
 
+/* The embedding kind: the pooled normed states of the prompt, computed beside generations in
+ * the same steps, equal to the engine's own states pooled by hand, whatever shares the step;
+ * no cached prefix reused or left behind; nothing sampled. */
+static void embed_by_hand(const int32_t *prompt, int n, model_pool pool, float *out)
+{
+    engine_opts eo = { .n_threads = 2, .n_kv_blocks = 8, .max_batch_tokens = 128 };
+    engine *e;
+    char err[256];
+    if (engine_new(g_model, &eo, &e, err, sizeof err) != ENGINE_OK) return;
+    int dim = g_model->hp.dim;
+    float *row = malloc((size_t)dim * sizeof *row);
+    memset(out, 0, (size_t)dim * sizeof *out);
+    kvpool_seq *q = kvpool_seq_new(engine_kvpool(e));
+    engine_tok toks[100];
+    for (int at = 0; at < n; at += 100) {
+        int k = TM_MIN(100, n - at);
+        for (int j = 0; j < k; j++) toks[j] = (engine_tok){ .token = prompt[at + j], .pos = at + j, .seq = q };
+        engine_batch b = { .n_tokens = k, .toks = toks };
+        if (engine_step(e, &b, NULL) != ENGINE_OK) break;
+        for (int j = 0; j < k; j++) {
+            engine_hidden_normed(e, j, row);
+            for (int d = 0; d < dim; d++) {
+                if (pool == MODEL_POOL_MEAN) out[d] += row[d];
+                else if (at + j == n - 1) out[d] = row[d];
+            }
+        }
+    }
+    if (pool == MODEL_POOL_MEAN)
+        for (int d = 0; d < dim; d++) out[d] /= (float)n;
+    kvpool_seq_free(engine_kvpool(e), q);
+    free(row);
+    engine_free(e);
+}
+
+TEST(test_embedding_requests)
+{
+    enum { N = 300, GEN = 30 };
+    const int dim = g_model->hp.dim;
+    int32_t prompt[N], gp[2][40], want_gen[2][GEN], got_gen[GEN];
+    prompt_of(prompt, N, 77);
+    for (int i = 0; i < 2; i++) {
+        prompt_of(gp[i], 40, 90 + i);
+        CHECK(solo(gp[i], 40, GEN, want_gen[i], GEN) == GEN);
+    }
+    float *want[2] = { malloc((size_t)dim * sizeof(float)), malloc((size_t)dim * sizeof(float)) };
+    embed_by_hand(prompt, N, MODEL_POOL_MEAN, want[0]);
+    embed_by_hand(prompt, N, MODEL_POOL_LAST, want[1]);
+    CHECK(memcmp(want[0], want[1], (size_t)dim * sizeof(float)) != 0);
+    rig g = rig_new(16, 4, 16, 48);
+    for (int round = 0; round < 2; round++) {   /* the second: the same prompt again */
+        sched_req *rg[2], *re[2];
+        for (int i = 0; i < 2; i++) {
+            sched_params p = greedy(gp[i], 40, GEN);
+            CHECK(sched_submit(g.s, &p, &rg[i]) == SCHED_OK);
+        }
+        for (int k = 0; k < 2; k++) {
+            sched_params p = { .prompt = prompt, .n_prompt = N, .max_tokens = 5,
+                               .embed = k ? MODEL_POOL_LAST : MODEL_POOL_MEAN };
+            CHECK(sched_submit(g.s, &p, &re[k]) == SCHED_OK);
+        }
+        for (int k = 0; k < 2; k++) {
+            sched_output fin = { 0 };
+            CHECK(schedtest_drain(re[k], NULL, 0, &fin) == 0);   /* no token */
+            CHECK(fin.finish == SCHED_FINISH_STOP);
+            CHECK(fin.usage.prompt_tokens == N && fin.usage.completion_tokens == 0 && fin.usage.cached_tokens == 0);
+            const float *v = sched_embedding(re[k]);
+            CHECK(v != NULL);
+            if (v) CHECKF(!memcmp(v, want[k], (size_t)dim * sizeof(float)), "pooling %d differs from the engine's states", k);
+            sched_release(re[k]);
+        }
+        for (int i = 0; i < 2; i++) {
+            CHECK(schedtest_drain(rg[i], got_gen, GEN, NULL) == GEN);
+            CHECK(!memcmp(got_gen, want_gen[i], sizeof got_gen));
+            CHECK(sched_embedding(rg[i]) == NULL);
+            sched_release(rg[i]);
+        }
+    }
+    /* a generation of the same prompt finds nothing the embeddings left */
+    sched_params p = greedy(prompt, N, 1);
+    sched_req *r;
+    CHECK(sched_submit(g.s, &p, &r) == SCHED_OK);
+    sched_output fin = { 0 };
+    schedtest_drain(r, NULL, 0, &fin);
+    CHECK(fin.usage.cached_tokens == 0);
+    sched_release(r);
+    sched_params bad = { .prompt = prompt, .n_prompt = N, .embed = MODEL_POOL_RANK };
+    CHECK(sched_submit(g.s, &bad, &r) == SCHED_ERR_ARG);
+    CHECK(wait_blocks_used(g.s, 0));
+    rig_free(&g);
+    free(want[0]);
+    free(want[1]);
+}
+
 int main(void)
 {
     g_model = schedtest_open(tmpdir, 7);
@@ -1207,6 +1301,7 @@ int main(void)
     RUN(test_admission_counts_blocks_reloaded_from_store);
     RUN(test_step_time_target_sizes_prefill);
     RUN(test_overlap_same_outputs);
+    RUN(test_embedding_requests);
     schedtest_close(tmpdir, g_model);
     HARNESS_END();
 }
