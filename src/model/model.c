@@ -18,6 +18,7 @@
 
 #include <openssl/evp.h>
 
+#include "model/modelhash.h"
 #include "util/util.h"
 
 /* Loading context: the model being built plus the error buffer. */
@@ -503,13 +504,25 @@ static bool model_sha_update(EVP_MD_CTX *c, const void *p, size_t n)
     return EVP_DigestUpdate(c, p, n) == 1;
 }
 
-static bool model_fingerprint(model *m, const model_opts *opts)
+static bool model_fingerprint(model *m, const char *path, const model_opts *opts)
 {
+    uint8_t file_digest[32] = { 0 };
+    bool bytes = !(opts && opts->no_fingerprint_bytes);
+    if (bytes) {
+        modelhash_info info;
+        size_t fsz = gguf_file_size(m->g);
+        if (!modelhash_file(path, gguf_file_map(m->g), fsz, gguf_file_stat(m->g), !(opts && opts->no_fingerprint_cache),
+                            file_digest, &info))
+            return false;
+        if (!info.from_cache && fsz >= ((size_t)1 << 30))
+            log_info("model: fingerprinted all %.1f GiB of %s in %.1f s (%s)", (double)fsz / (1 << 30), path,
+                     info.seconds, info.cached ? "cached for later starts" : "not cached");
+    }
     EVP_MD_CTX *c = EVP_MD_CTX_new();
     if (!c) return false;
     bool ok = EVP_DigestInit_ex(c, EVP_sha256(), NULL) == 1;
     const model_hparams *hp = &m->hp;
-    const char tag[] = "tokenmill-model-fp-v1";
+    const char tag[] = "tokenmill-model-fp-v2";
     ok = ok && model_sha_update(c, tag, sizeof tag);
     ok = ok && model_sha_update(c, hp->arch_name, strlen(hp->arch_name) + 1);
     int32_t ints[] = { hp->n_vocab, hp->dim, hp->n_layers, hp->n_heads, hp->n_kv_heads,
@@ -533,16 +546,8 @@ static bool model_fingerprint(model *m, const model_opts *opts)
         int32_t ty = (int32_t)t->type;
         ok = model_sha_update(c, t->name, strlen(t->name) + 1) && model_sha_update(c, &ty, 4) &&
              model_sha_update(c, t->ne, sizeof t->ne) && model_sha_update(c, &t->offset, 8);
-        if (!ok || (opts && opts->no_fingerprint_bytes)) continue;
-        const size_t smp = 4096;
-        const uint8_t *d = t->data;
-        if (t->nbytes <= 3 * smp) {
-            ok = model_sha_update(c, d, t->nbytes);
-        } else {
-            ok = model_sha_update(c, d, smp) && model_sha_update(c, d + t->nbytes / 2, smp) &&
-                 model_sha_update(c, d + t->nbytes - smp, smp);
-        }
     }
+    ok = ok && model_sha_update(c, file_digest, sizeof file_digest);
     unsigned int len = 0;
     ok = ok && EVP_DigestFinal_ex(c, m->fingerprint, &len) == 1 && len == 32;
     EVP_MD_CTX_free(c);
@@ -876,7 +881,7 @@ gguf_status model_load(const char *path, const model_opts *opts, model **out, ch
 #undef TN
     }
     if (hp->n_nextn > 0 && !model_load_nextn(&ld)) goto fail;
-    if (!model_fingerprint(m, opts)) {
+    if (!model_fingerprint(m, path, opts)) {
         model_fail(&ld, GGUF_ERR_NOMEM, "SHA-256 (libcrypto) failed while fingerprinting");
         goto fail;
     }
