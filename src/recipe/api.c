@@ -6,6 +6,7 @@
  * api_json.c, writing answers api_out.c.
  */
 #include "recipe/api.h"
+#include "recipe/api_compile.h"
 #include "recipe/api_int.h"
 
 #include <jansson.h>
@@ -582,8 +583,8 @@ static bool api_client_gone(void *r)
     return http_request_client_gone(r);
 }
 
-/* Step: the answer's format (STRUCTURED OUTPUT in api.h), compiled through the cache here,
- * on the connection's thread, so that a bad schema / regex / grammar is a 400 naming the
+/* Step: the answer's format (STRUCTURED OUTPUT in api.h), compiled through the cache before
+ * the request is queued (on the compile pool: api_job_grammar_run), so that a bad schema / regex / grammar is a 400 naming the
  * problem before anything is queued. A forced call of a family with a grammar form wins over
  * a response format (the answer is the call); strict tools under auto bind calls only, and
  * only when no response format binds the answer. */
@@ -682,6 +683,40 @@ static bool api_job_grammar(api_job *j, const events_markers *mk, api_error *e)
         }
     }
     return true;
+}
+
+typedef struct {
+    api_job *j;
+    const events_markers *mk;
+    api_error *e;
+} api_grammar_call;
+
+static bool api_grammar_call_fn(void *arg)
+{
+    api_grammar_call *a = arg;
+    return api_job_grammar(a->j, a->mk, a->e);
+}
+
+/* api_job_grammar for a request with a format or tools, on the compile pool: the compiles
+ * running at once are the pool's threads, not the connections, and a compile stops when its
+ * client goes (a hostile grammar that the budgets let run for seconds). */
+static bool api_job_grammar_run(http_request *r, api_job *j, const events_markers *mk, api_error *e)
+{
+    if (j->req.fmt_kind < 0 && j->req.conv.n_tools == 0) return api_job_grammar(j, mk, e);
+    api_compile_pool *p = api_compile_shared();
+    if (!p) {
+        api_error_set(e, 500, NULL, NULL, "The structured-output compile threads could not be started.");
+        return false;
+    }
+    api_grammar_call a = { j, mk, e };
+    bool ok = false;
+    if (api_compile_run(p, api_grammar_call_fn, &a, api_client_gone, r, &ok) == API_COMPILE_BUSY) {
+        api_error_set(e, 429, NULL, "rate_limit_exceeded",
+                      "Too many structured-output formats are being compiled (%d waiting); retry the request shortly.",
+                      API_COMPILE_QUEUE);
+        return false;
+    }
+    return ok;
 }
 
 /* Step: one scheduler request per choice (seeds seed, seed+1, ...). Completions' max_tokens 0
@@ -817,12 +852,7 @@ void api_serve(http_request *r, const api_ctx *c, api_kind kind, bool count_only
     /* output state, submission, answer */
     events_markers mk;
     api_job_markers(j, &mk);
-    /* a compile polls whether the client is still there (a hostile grammar that the budgets
-     * let run for seconds stops when its client goes) */
-    grammar_cancel_set(api_client_gone, r);
-    bool g_ok = api_job_grammar(j, &mk, &e);
-    grammar_cancel_set(NULL, NULL);
-    if (!g_ok) goto refuse;
+    if (!api_job_grammar_run(r, j, &mk, &e)) goto refuse;
     api_job_output(j, &mk);
     if (!api_job_submit(r, j, &tn, &mk)) {
         api_job_free(j);
