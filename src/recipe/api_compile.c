@@ -68,11 +68,7 @@ api_compile_pool *api_compile_new(int n_threads, int queue)
     api_compile_pool *p = xcalloc(1, sizeof *p);
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->work, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&p->done, &ca);
-    pthread_condattr_destroy(&ca);
+    util_cond_init(&p->done);
     p->queue = queue < 1 ? 1 : queue;
     p->threads = xcalloc((size_t)(n_threads < 1 ? 1 : n_threads), sizeof *p->threads);
     for (int i = 0; i < n_threads || i == 0; i++) {
@@ -140,9 +136,7 @@ api_compile_status api_compile_run(api_compile_pool *p, bool (*fn)(void *arg), v
     pthread_cond_signal(&p->work);
     const int poll_ms = (int)(GRAMMAR_CANCEL_POLL_S * 1000);
     while (!j.done) {
-        struct timespec ts;
-        util_deadline(&ts, CLOCK_MONOTONIC, poll_ms > 0 ? poll_ms : 1);
-        pthread_cond_timedwait(&p->done, &p->mu, &ts);
+        util_cond_wait_ms(&p->done, &p->mu, poll_ms > 0 ? poll_ms : 1);
         if (!j.done && gone && !atomic_load(&j.cancel)) {
             pthread_mutex_unlock(&p->mu);  /* the check may take the server's locks */
             if (gone(gone_ctx)) atomic_store(&j.cancel, true);
