@@ -14,8 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <openssl/evp.h>
-
+#include "util/sha256.h"
 #include "util/util.h"
 
 typedef struct {
@@ -24,7 +23,6 @@ typedef struct {
     size_t n_chunks;        /* ceil(size / MODELHASH_CHUNK) */
     uint8_t *digests;       /* (n_chunks, 32) */
     atomic_size_t next;     /* next chunk to take */
-    atomic_bool failed;     /* a libcrypto call failed */
 } modelhash_job;
 
 static void *modelhash_worker(void *arg)
@@ -35,19 +33,16 @@ static void *modelhash_worker(void *arg)
         if (i >= j->n_chunks) break;
         size_t off = i * MODELHASH_CHUNK;
         size_t n = j->size - off < MODELHASH_CHUNK ? j->size - off : MODELHASH_CHUNK;
-        unsigned int len = 0;
-        if (EVP_Digest(j->map + off, n, j->digests + 32 * i, &len, EVP_sha256(), NULL) != 1 || len != 32)
-            atomic_store(&j->failed, true);
+        sha256_digest(j->map + off, n, j->digests + 32 * i);
     }
     return NULL;
 }
 
-static bool modelhash_compute(const uint8_t *map, size_t size, uint8_t out[32])
+static void modelhash_compute(const uint8_t *map, size_t size, uint8_t out[32])
 {
     modelhash_job j = { .map = map, .size = size, .n_chunks = (size + MODELHASH_CHUNK - 1) / MODELHASH_CHUNK };
     j.digests = xcalloc(j.n_chunks ? j.n_chunks : 1, 32);
     atomic_init(&j.next, 0);
-    atomic_init(&j.failed, false);
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     size_t nt = ncpu > 0 ? (size_t)ncpu : 1;
     if (nt > MODELHASH_MAX_THREADS) nt = MODELHASH_MAX_THREADS;
@@ -61,17 +56,11 @@ static bool modelhash_compute(const uint8_t *map, size_t size, uint8_t out[32])
     modelhash_worker(&j);
     for (size_t t = 0; t < started; t++) pthread_join(th[t], NULL);
 
-    bool ok = !atomic_load(&j.failed);
-    EVP_MD_CTX *c = EVP_MD_CTX_new();
     uint64_t sz = size;
-    unsigned int len = 0;
     static const char tag[] = "tokenmill-modelhash-v1";
-    ok = ok && c && EVP_DigestInit_ex(c, EVP_sha256(), NULL) == 1 && EVP_DigestUpdate(c, tag, sizeof tag) == 1 &&
-         EVP_DigestUpdate(c, &sz, sizeof sz) == 1 && EVP_DigestUpdate(c, j.digests, 32 * j.n_chunks) == 1 &&
-         EVP_DigestFinal_ex(c, out, &len) == 1 && len == 32;
-    EVP_MD_CTX_free(c);
+    sha256_part parts[] = { { tag, sizeof tag }, { &sz, sizeof sz }, { j.digests, 32 * j.n_chunks } };
+    sha256_parts(parts, 3, out);
     free(j.digests);
-    return ok;
 }
 
 bool modelhash_cache_dir(char *buf, size_t bufsz)
@@ -157,7 +146,7 @@ static bool modelhash_cache_write(const struct stat *st, const uint8_t d[32])
     int n = snprintf(tmp, sizeof tmp, "%s.%ld.tmp", path, (long)getpid());
     if (n < 0 || (size_t)n >= sizeof tmp) return false;
     size_t ll = strlen(line);
-    for (int i = 0; i < 32; i++) snprintf(line + ll + 2 * i, 3, "%02x", d[i]);
+    util_hex(d, 32, line + ll);
     line[ll + 64] = '\n';
     line[ll + 65] = '\0';
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
@@ -187,7 +176,7 @@ bool modelhash_file(const char *path, const void *map, size_t size, const struct
     bool settled = st->st_ctim.tv_sec < start.tv_sec ||
                    (st->st_ctim.tv_sec == start.tv_sec && st->st_ctim.tv_nsec < start.tv_nsec);
     double t0 = util_now();
-    if (!modelhash_compute(map, size, out)) return false;
+    modelhash_compute(map, size, out);
     info->seconds = util_now() - t0;
     struct stat now;
     if (use_cache && settled && stat(path, &now) == 0 && modelhash_same_file(st, &now))

@@ -42,8 +42,8 @@ typedef struct {
 } modelhash_info;
 
 /* Digest of the size bytes at map (the whole file PATH, whose stat at open is st) into out.
- * Uses and fills the cache unless use_cache is false. Returns false only when libcrypto
- * fails. info may be NULL. */
+ * Uses and fills the cache unless use_cache is false. Returns true (a libcrypto failure
+ * aborts, util/sha256.h). info may be NULL. */
 bool modelhash_file(const char *path, const void *map, size_t size, const struct stat *st, bool use_cache,
                     uint8_t out[32], modelhash_info *info);
 

@@ -11,7 +11,6 @@
 
 #include <jansson.h>
 #include <limits.h>
-#include <openssl/evp.h>
 
 #include <pthread.h>
 #include <stdio.h>
@@ -21,6 +20,7 @@
 #include "recipe/status.h"
 #include "recipe/tokenizer.h"
 #include "recipe/unicode.h"
+#include "util/sha256.h"
 #include "util/util.h"
 
 /* ------------------------------------------------------------------ serving helpers (api_completions.c too) */
@@ -108,25 +108,14 @@ bool api_tenancy_of(http_request *r, const api_ctx *c, const char *cache_salt, c
     t->salt[0] = 0;
     if (!key && (!cache_salt || !*cache_salt)) return true;
     uint8_t id[32], h[32];
-    unsigned len = 0;
-    EVP_MD_CTX *x = EVP_MD_CTX_new();
-    bool ok = x && EVP_DigestInit_ex(x, EVP_sha256(), NULL) && EVP_DigestUpdate(x, "tokenmill-tenant", 17);
-    if (ok && !key) ok = EVP_DigestUpdate(x, "\0", 1);
-    if (ok && key) {
-        EVP_MD_CTX *y = EVP_MD_CTX_new();
-        ok = y && EVP_DigestInit_ex(y, EVP_sha256(), NULL) && EVP_DigestUpdate(y, "tokenmill-api-key", 18) &&
-             EVP_DigestUpdate(y, key, strlen(key)) && EVP_DigestFinal_ex(y, id, &len) &&
-             EVP_DigestUpdate(x, "\1", 1) && EVP_DigestUpdate(x, id, 32);
-        EVP_MD_CTX_free(y);
+    if (key) {
+        sha256_part kp[] = { { "tokenmill-api-key", 18 }, { key, strlen(key) } };
+        sha256_parts(kp, 2, id);
     }
-    if (ok && cache_salt) ok = EVP_DigestUpdate(x, cache_salt, strlen(cache_salt));
-    ok = ok && EVP_DigestFinal_ex(x, h, &len);
-    EVP_MD_CTX_free(x);
-    if (!ok) {
-        api_error_set(e, 500, NULL, NULL, "cannot hash the cache salt");
-        return false;
-    }
-    for (int i = 0; i < 32; i++) snprintf(t->salt + 2 * i, 3, "%02x", h[i]);
+    sha256_part parts[] = { { "tokenmill-tenant", 17 }, { key ? "\1" : "\0", 1 }, { id, key ? 32 : 0 },
+                            { cache_salt ? cache_salt : "", cache_salt ? strlen(cache_salt) : 0 } };
+    sha256_parts(parts, 4, h);
+    util_hex(h, 32, t->salt);
     return true;
 }
 

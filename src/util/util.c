@@ -71,6 +71,17 @@ void util_deadline(struct timespec *ts, clockid_t clk, int ms)
     if (ts->tv_nsec >= 1000000000L) { ts->tv_sec++; ts->tv_nsec -= 1000000000L; }
 }
 
+void util_hex(const void *p, size_t n, char *out)
+{
+    static const char digits[] = "0123456789abcdef";
+    const uint8_t *b = p;
+    for (size_t i = 0; i < n; i++) {
+        out[2 * i] = digits[b[i] >> 4];
+        out[2 * i + 1] = digits[b[i] & 15];
+    }
+    out[2 * n] = '\0';
+}
+
 void util_cond_init(pthread_cond_t *cv)
 {
     pthread_condattr_t ca;

@@ -39,6 +39,9 @@ double util_now(void);
  * (CLOCK_MONOTONIC for a condition variable made with that clock, else CLOCK_REALTIME). */
 void util_deadline(struct timespec *ts, clockid_t clk, int ms);
 
+/* Lower-case hex of p[0..n) into out, which holds 2n+1 bytes (NUL-terminated). */
+void util_hex(const void *p, size_t n, char *out);
+
 /* Condition variables with timed waits on CLOCK_MONOTONIC, so that a step of the wall clock
  * (NTP, an operator) neither cuts a wait short nor stretches it by the step. A cv made with
  * util_cond_init takes only these timed waits (and pthread_cond_wait). */

@@ -1,10 +1,11 @@
 /*
  * test_util: the monotonic timed waits: a wait that nobody ends returns false once its time
  * is up, a signal ends it with true, a deadline already past and a wait of 0 ms return at
- * once, and util_deadline is on the clock the waits use.
+ * once, and util_deadline is on the clock the waits use; util_hex.
  */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -64,11 +65,22 @@ TEST(deadline_is_monotonic)
     CHECKF(d > 1.0 && d <= 1.5 && a.tv_nsec < 1000000000L, "deadline %.3f s ahead", d);
 }
 
+TEST(hex)
+{
+    char out[9];
+    const uint8_t b[4] = { 0x00, 0x0f, 0xa5, 0xff };
+    util_hex(b, 4, out);
+    CHECKF(!strcmp(out, "000fa5ff"), "%s", out);
+    util_hex(b, 0, out);
+    CHECK(out[0] == '\0');
+}
+
 int main(void)
 {
     util_cond_init(&cv);
     RUN(wait_times_out);
     RUN(signal_ends_the_wait);
     RUN(deadline_is_monotonic);
+    RUN(hex);
     HARNESS_END();
 }
