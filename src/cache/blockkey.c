@@ -1,11 +1,12 @@
 /*
  * blockkey: SHA-256 block keys (see blockkey.h for the chain and what it covers).
- * One EVP_Digest call per key over a stack buffer: no allocation, no shared state.
+ * One digest per key over a stack buffer: no shared state.
  */
 #include "cache/blockkey.h"
 
 #include <string.h>
-#include <openssl/evp.h>
+
+#include "util/sha256.h"
 
 void blockkey_pool_fp(const uint8_t model_fp[32], int32_t dtype, uint8_t out[32])
 {
@@ -14,8 +15,7 @@ void blockkey_pool_fp(const uint8_t model_fp[32], int32_t dtype, uint8_t out[32]
     memcpy(buf, model_fp, 32);
     memcpy(buf + 32, &dtype, 4);   /* x86-64: little-endian already */
     memcpy(buf + 36, &version, 4);
-    unsigned int len = 0;
-    EVP_Digest(buf, sizeof buf, out, &len, EVP_sha256(), NULL);
+    sha256_digest(buf, sizeof buf, out);
 }
 
 void blockkey_root(const void *salt, size_t n, uint8_t out[32])
@@ -24,17 +24,8 @@ void blockkey_root(const void *salt, size_t n, uint8_t out[32])
         memset(out, 0, 32);
         return;
     }
-    EVP_MD_CTX *c = EVP_MD_CTX_new();
-    unsigned int len = 0;
-    if (c && EVP_DigestInit_ex(c, EVP_sha256(), NULL) &&
-        EVP_DigestUpdate(c, "tokenmill-salt", 14) && EVP_DigestUpdate(c, salt, n) &&
-        EVP_DigestFinal_ex(c, out, &len)) {
-        EVP_MD_CTX_free(c);
-        return;
-    }
-    /* libcrypto failed to allocate a context: still never collide with the unsalted root */
-    EVP_MD_CTX_free(c);
-    memset(out, 0xff, 32);
+    sha256_part parts[] = { { "tokenmill-salt", 14 }, { salt, n } };
+    sha256_parts(parts, 2, out);
 }
 
 void blockkey_compute(const uint8_t parent[32], const int32_t *tokens, const uint8_t pool_fp[32],
@@ -44,8 +35,7 @@ void blockkey_compute(const uint8_t parent[32], const int32_t *tokens, const uin
     memcpy(buf, parent, 32);
     memcpy(buf + 32, tokens, BLOCKKEY_TOKENS * 4);   /* x86-64: int32 little-endian already */
     memcpy(buf + 32 + BLOCKKEY_TOKENS * 4, pool_fp, 32);
-    unsigned int len = 0;
-    EVP_Digest(buf, sizeof buf, out, &len, EVP_sha256(), NULL);
+    sha256_digest(buf, sizeof buf, out);
 }
 
 void blockkey_chain(const uint8_t root[32], const int32_t *tokens, int n_blocks,

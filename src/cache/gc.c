@@ -447,12 +447,7 @@ static void *gc_collector_main(void *arg)
     double last_scan = util_now();
     pthread_mutex_lock(&c->mu);
     while (!c->stop) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        double t = ts.tv_sec + ts.tv_nsec * 1e-9 + c->interval_s;
-        ts.tv_sec = (time_t)t;
-        ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
-        pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+        util_cond_wait_ms(&c->cv, &c->mu, (long)(c->interval_s * 1000) + 1);
         if (c->stop) break;
         pthread_mutex_unlock(&c->mu);
         bool rescan = util_now() - last_scan >= c->rescan_s;
@@ -475,7 +470,7 @@ gc_collector *gc_collector_start(store_dir **dirs, int n_dirs, double interval_s
     c->tick = tick;
     c->tick_arg = tick_arg;
     pthread_mutex_init(&c->mu, NULL);
-    pthread_cond_init(&c->cv, NULL);
+    util_cond_init(&c->cv);
     c->dirs = dirs;
     c->n_dirs = n_dirs;
     c->interval_s = interval_s > 0 ? interval_s : 30;

@@ -466,11 +466,7 @@ static sched_status gw_submit(void *ud, const sched_params *p, sched_req **out)
         double left = deadline - util_now();
         if (left <= 0) break;
         if (left > 0.2) left = 0.2;
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += (long)(left * 1e9);
-        while (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
-        pthread_cond_timedwait(&g->cv_workers, &g->mu, &ts);
+        util_cond_wait_ms(&g->cv_workers, &g->mu, (long)(left * 1000) + 1);
     }
     if (g->shut || g->draining) {
         pthread_mutex_unlock(&g->mu);
@@ -532,7 +528,7 @@ static sched_status gw_submit(void *ud, const sched_params *p, sched_req **out)
     r->avoid_slot = -1;
     r->state = GW_WAIT_PREFILL;
     r->t_submit = r->t_wait = util_now();
-    pthread_cond_init(&r->cv, NULL);
+    util_cond_init(&r->cv);
     pthread_mutex_lock(&g->mu);
     if (g->shut || g->draining) {
         pthread_mutex_unlock(&g->mu);
@@ -567,15 +563,10 @@ static int gw_poll(void *ud, sched_req *h, sched_output *out, int max, int timeo
     pthread_mutex_lock(&g->mu);
     if (timeout_ms != 0 && !r->done && r->out_head == r->n_out) {
         struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        if (timeout_ms > 0) {
-            ts.tv_sec += timeout_ms / 1000;
-            ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-            if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
-        }
+        util_deadline(&ts, CLOCK_MONOTONIC, timeout_ms > 0 ? timeout_ms : 0);
         while (r->out_head == r->n_out && !r->done) {
             if (timeout_ms < 0) pthread_cond_wait(&r->cv, &g->mu);
-            else if (pthread_cond_timedwait(&r->cv, &g->mu, &ts) == ETIMEDOUT) break;
+            else if (!util_cond_wait_until(&r->cv, &g->mu, &ts)) break;
         }
     }
     int k = 0;
@@ -669,8 +660,8 @@ gateway_status gateway_new(const gateway_opts *o, gateway **out, char *err, size
         pthread_mutex_init(&g->w[i].send_mu, NULL);
         g->w[i].send_fd = -1;
     }
-    pthread_cond_init(&g->cv_disp, NULL);
-    pthread_cond_init(&g->cv_workers, NULL);
+    util_cond_init(&g->cv_disp);
+    util_cond_init(&g->cv_workers);
     for (int i = 0; i < o->n_prefill + o->n_decode; i++) {
         gw_worker *w = &g->w[g->n_slots++];
         bool pre = i < o->n_prefill;
@@ -724,9 +715,7 @@ int gateway_wait_idle(gateway *g, int timeout_ms)
     int n;
     /* a request's end wakes its own waiter only: look again every 20 ms */
     while ((n = gw_n_running(g)) > 0 && (timeout_ms < 0 || util_now() < deadline)) {
-        struct timespec ts;
-        util_deadline(&ts, CLOCK_REALTIME, 20);
-        pthread_cond_timedwait(&g->cv_workers, &g->mu, &ts);
+        util_cond_wait_ms(&g->cv_workers, &g->mu, 20);
     }
     pthread_mutex_unlock(&g->mu);
     return n;

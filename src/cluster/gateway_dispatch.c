@@ -296,11 +296,7 @@ void *gw_dispatcher(void *arg)
         if (!n_rc) {
             /* woken by every queued frame and state change; the timeout only paces the
              * heartbeat, progress and wait deadlines above */
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_nsec += 50 * 1000000L;
-            if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
-            pthread_cond_timedwait(&g->cv_disp, &g->mu, &ts);
+            util_cond_wait_ms(&g->cv_disp, &g->mu, 50);
             continue;
         }
         pthread_mutex_unlock(&g->mu);

@@ -1108,13 +1108,8 @@ static void *worker_accept_thread(void *arg)
 /* Sleeps up to ms or until stop; true when stopping. */
 static bool worker_nap(worker *w, int ms)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += ms / 1000;
-    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
     pthread_mutex_lock(&w->mu);
-    if (!w->stop && ms > 0) pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+    if (!w->stop) util_cond_wait_ms(&w->cv, &w->mu, ms);
     bool stop = w->stop;
     pthread_mutex_unlock(&w->mu);
     return stop;
@@ -1360,7 +1355,7 @@ worker *worker_new(const worker_opts *o, engine *e, sched *s, store *st, blockio
     blockkey_pool_fp(w->m->fingerprint, (int32_t)kvpool_dtype(engine_kvpool(e)), w->pool_fp);
     greet_init(&w->greet, WORKER_GREET);
     pthread_mutex_init(&w->mu, NULL);
-    pthread_cond_init(&w->cv, NULL);
+    util_cond_init(&w->cv);
     pthread_mutex_init(&w->pump_mu, NULL);
     pthread_cond_init(&w->pump_cv, NULL);
     w->gcache = grammar_cache_new(256);

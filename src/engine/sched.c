@@ -418,9 +418,7 @@ static void sched_idle_wait_locked(sched *s)
     }
     /* waiting requests that do not fit and nothing running can't happen (they error out in
      * admission); be safe and nap briefly */
-    struct timespec ts;
-    util_deadline(&ts, CLOCK_REALTIME, 2);
-    pthread_cond_timedwait(&s->work_cv, &s->mu, &ts);
+    util_cond_wait_ms(&s->work_cv, &s->mu, 2);
 }
 
 /* Pools the states of r's n entries from batch entry t0 (its positions n_done ..) into r->embd:
@@ -844,7 +842,7 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
     memset(s->logits, 0, first_rows);
     if (s->logits_twin) memset(s->logits_twin, 0, first_rows);
     pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->work_cv, NULL);
+    util_cond_init(&s->work_cv);
     pthread_condattr_t ca;   /* sched_wait_idle's deadline is on the monotonic clock */
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);

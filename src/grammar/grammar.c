@@ -23,12 +23,12 @@
 
 #include <ctype.h>
 #include <jansson.h>
-#include <openssl/evp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/sha256.h"
 #include "util/util.h"
 
 const char *grammar_status_name(grammar_status st)
@@ -1474,14 +1474,9 @@ grammar_status grammar_cache_get(grammar_cache *c, grammar_kind kind, const char
                                  grammar **out, char *err, size_t errsz)
 {
     uint8_t key[32];
-    unsigned klen = 0;
-    EVP_MD_CTX *md = EVP_MD_CTX_new();
     uint8_t kb = (uint8_t)kind;
-    EVP_DigestInit_ex(md, EVP_sha256(), NULL);
-    EVP_DigestUpdate(md, &kb, 1);
-    EVP_DigestUpdate(md, src, len);
-    EVP_DigestFinal_ex(md, key, &klen);
-    EVP_MD_CTX_free(md);
+    sha256_part parts[] = { { &kb, 1 }, { src, len } };
+    sha256_parts(parts, 2, key);
     pthread_mutex_lock(&c->mu);
     for (int i = 0; i < c->n; i++)
         if (!memcmp(c->e[i].key, key, 32)) {

@@ -53,7 +53,6 @@
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <openssl/crypto.h>
-#include <openssl/evp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -67,6 +66,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "util/sha256.h"
 #include "util/util.h"
 
 #define HTTP_MAX_ROUTES 32
@@ -495,8 +495,7 @@ const char *http_request_body(const http_request *r, size_t *len)
 
 static void http_sha256(const char *z, unsigned char out[32])
 {
-    unsigned len = 32;
-    if (!EVP_Digest(z, strlen(z), out, &len, EVP_sha256(), NULL)) memset(out, 0, 32);
+    sha256_digest(z, strlen(z), out);
 }
 
 /* The server's key equal to z, or -1. Every key is compared, by digest, in constant time. */

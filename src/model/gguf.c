@@ -57,6 +57,7 @@ typedef struct {
 struct gguf {
     const uint8_t *map;     /* the whole file, PROT_READ, MAP_SHARED */
     size_t size;            /* file size in bytes */
+    struct stat st;         /* the file's stat at open (its identity for modelhash's cache) */
     uint32_t version;       /* 2 or 3 */
     uint32_t alignment;     /* data alignment in bytes (general.alignment or 32) */
     size_t data_off;        /* file offset of the tensor data section */
@@ -408,6 +409,7 @@ gguf_status gguf_open(const char *path, gguf **out, char *err, size_t errsz)
         return r.st;
     }
     g->size = (size_t)stt.st_size;
+    g->st = stt;
     if (g->size > 0) {
         void *m = mmap(NULL, g->size, PROT_READ, MAP_SHARED, fd, 0);
         if (m == MAP_FAILED) {
@@ -466,6 +468,8 @@ const char *gguf_status_name(gguf_status st)
 
 uint32_t gguf_version(const gguf *g) { return g->version; }
 size_t gguf_file_size(const gguf *g) { return g->size; }
+const void *gguf_file_map(const gguf *g) { return g->map; }
+const struct stat *gguf_file_stat(const gguf *g) { return &g->st; }
 size_t gguf_data_offset(const gguf *g) { return g->data_off; }
 uint32_t gguf_alignment(const gguf *g) { return g->alignment; }
 

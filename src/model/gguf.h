@@ -62,6 +62,10 @@ const char *gguf_status_name(gguf_status st);
 
 uint32_t gguf_version(const gguf *g);
 size_t gguf_file_size(const gguf *g);
+/* The whole file as mapped (gguf_file_size bytes, NULL when empty) and its stat at open. */
+const void *gguf_file_map(const gguf *g);
+struct stat;
+const struct stat *gguf_file_stat(const gguf *g);
 
 /* Metadata. gguf_find_key returns the key index or -1. */
 int gguf_n_keys(const gguf *g);

@@ -16,8 +16,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <openssl/evp.h>
-
+#include "model/modelhash.h"
+#include "util/bytebuf.h"
+#include "util/sha256.h"
 #include "util/util.h"
 
 /* Loading context: the model being built plus the error buffer. */
@@ -246,7 +247,7 @@ void model_mtp_view(const model *m, int i, model *out)
     out->repacked_bytes = 0;
     out->fingerprint[0] ^= 0x80;   /* its KV is another model's */
     out->fingerprint[31] ^= (uint8_t)(i + 1);
-    for (int k = 0; k < 32; k++) snprintf(out->fingerprint_hex + 2 * k, 3, "%02x", out->fingerprint[k]);
+    util_hex(out->fingerprint, 32, out->fingerprint_hex);
 }
 
 static float *model_own(model *m, size_t n)
@@ -505,56 +506,55 @@ static bool model_read_hparams(model_ld *ld, const char *an)
     return true;
 }
 
-static bool model_sha_update(EVP_MD_CTX *c, const void *p, size_t n)
+static bool model_fingerprint(model *m, const char *path, const model_opts *opts)
 {
-    return EVP_DigestUpdate(c, p, n) == 1;
-}
-
-static bool model_fingerprint(model *m, const model_opts *opts)
-{
-    EVP_MD_CTX *c = EVP_MD_CTX_new();
-    if (!c) return false;
-    bool ok = EVP_DigestInit_ex(c, EVP_sha256(), NULL) == 1;
+    uint8_t file_digest[32] = { 0 };
+    bool bytes = !(opts && opts->no_fingerprint_bytes);
+    if (bytes) {
+        modelhash_info info;
+        size_t fsz = gguf_file_size(m->g);
+        if (!modelhash_file(path, gguf_file_map(m->g), fsz, gguf_file_stat(m->g), !(opts && opts->no_fingerprint_cache),
+                            file_digest, &info))
+            return false;
+        if (!info.from_cache && fsz >= ((size_t)1 << 30))
+            log_info("model: fingerprinted all %.1f GiB of %s in %.1f s (%s)", (double)fsz / (1 << 30), path,
+                     info.seconds, info.cached ? "cached for later starts" : "not cached");
+    }
     const model_hparams *hp = &m->hp;
-    const char tag[] = "tokenmill-model-fp-v1";
-    ok = ok && model_sha_update(c, tag, sizeof tag);
-    ok = ok && model_sha_update(c, hp->arch_name, strlen(hp->arch_name) + 1);
+    static const char tag[] = "tokenmill-model-fp-v2";
     int32_t ints[] = { hp->n_vocab, hp->dim, hp->n_layers, hp->n_heads, hp->n_kv_heads,
                        hp->head_dim, hp->ffn_dim, hp->n_rot, hp->rope_neox };
     float fl[] = { hp->rms_eps, hp->rope_base, hp->rope_freq_scale };
-    ok = ok && model_sha_update(c, ints, sizeof ints) && model_sha_update(c, fl, sizeof fl);
-    if (hp->n_expert > 0) {
-        int32_t moe[] = { hp->n_expert, hp->n_expert_used, hp->expert_ffn };
-        ok = ok && model_sha_update(c, moe, sizeof moe);
-    }
-    if (hp->n_swa > 0) {
-        int32_t swa[] = { hp->n_swa, hp->swa_pattern };
-        ok = ok && model_sha_update(c, swa, sizeof swa);
-    }
-    ok = ok && model_sha_update(c, hp->rope_inv_freq, sizeof(float) * (size_t)(hp->n_rot / 2));
+    int32_t moe[] = { hp->n_expert, hp->n_expert_used, hp->expert_ffn };
+    int32_t swa[] = { hp->n_swa, hp->swa_pattern };
     uint64_t fsz = gguf_file_size(m->g);
-    ok = ok && model_sha_update(c, &fsz, sizeof fsz);
+    /* every tensor's name, type, shape and offset */
+    bytebuf tt = { 0 };
     int nt = gguf_n_tensors(m->g);
-    for (int i = 0; i < nt && ok; i++) {
+    for (int i = 0; i < nt; i++) {
         const gguf_tensor *t = gguf_tensor_at(m->g, i);
         int32_t ty = (int32_t)t->type;
-        ok = model_sha_update(c, t->name, strlen(t->name) + 1) && model_sha_update(c, &ty, 4) &&
-             model_sha_update(c, t->ne, sizeof t->ne) && model_sha_update(c, &t->offset, 8);
-        if (!ok || (opts && opts->no_fingerprint_bytes)) continue;
-        const size_t smp = 4096;
-        const uint8_t *d = t->data;
-        if (t->nbytes <= 3 * smp) {
-            ok = model_sha_update(c, d, t->nbytes);
-        } else {
-            ok = model_sha_update(c, d, smp) && model_sha_update(c, d + t->nbytes / 2, smp) &&
-                 model_sha_update(c, d + t->nbytes - smp, smp);
-        }
+        bytebuf_append(&tt, t->name, strlen(t->name) + 1);
+        bytebuf_append(&tt, &ty, 4);
+        bytebuf_append(&tt, t->ne, sizeof t->ne);
+        bytebuf_append(&tt, &t->offset, 8);
     }
-    unsigned int len = 0;
-    ok = ok && EVP_DigestFinal_ex(c, m->fingerprint, &len) == 1 && len == 32;
-    EVP_MD_CTX_free(c);
-    for (int i = 0; i < 32; i++) snprintf(m->fingerprint_hex + 2 * i, 3, "%02x", m->fingerprint[i]);
-    return ok;
+    sha256_part parts[] = {
+        { tag, sizeof tag },
+        { hp->arch_name, strlen(hp->arch_name) + 1 },
+        { ints, sizeof ints },
+        { fl, sizeof fl },
+        { moe, hp->n_expert > 0 ? sizeof moe : 0 },
+        { swa, hp->n_swa > 0 ? sizeof swa : 0 },
+        { hp->rope_inv_freq, sizeof(float) * (size_t)(hp->n_rot / 2) },
+        { &fsz, sizeof fsz },
+        { tt.p, tt.len },
+        { file_digest, sizeof file_digest },
+    };
+    sha256_parts(parts, (int)TM_ARRAY_LEN(parts), m->fingerprint);
+    bytebuf_free(&tt);
+    util_hex(m->fingerprint, 32, m->fingerprint_hex);
+    return true;
 }
 
 /* The 2-D matrices of a layer that exist (data set), at most MODEL_LAYER_MATS. */
@@ -888,7 +888,7 @@ gguf_status model_load(const char *path, const model_opts *opts, model **out, ch
 #undef TN
     }
     if (hp->n_nextn > 0 && !model_load_nextn(&ld)) goto fail;
-    if (!model_fingerprint(m, opts)) {
+    if (!model_fingerprint(m, path, opts)) {
         model_fail(&ld, GGUF_ERR_NOMEM, "SHA-256 (libcrypto) failed while fingerprinting");
         goto fail;
     }

@@ -56,9 +56,10 @@
  * `{arch}.rope.scaling.*` keys (type "llama3"), and freq_scale = 1/factor for linear scaling.
  *
  * Fingerprint: SHA-256 over a version tag, the architecture, the hyper-parameters, every
- * tensor's name/type/shape/offset, the file size, and samples of each tensor's bytes (its
- * first, middle and last 4 KiB). Cheap (a few MiB read at most) yet different for two
- * random models of one shape made with different seeds. KV-cache block keys include it.
+ * tensor's name/type/shape/offset, the file size, and the digest of every byte of the file
+ * (model/modelhash.h: hashed in parallel at the first load of a file, then read from a cache
+ * entry keyed by the file's identity and times). KV-cache block keys include it, so two files
+ * that differ in any byte never share blocks.
  */
 #ifndef TM_MODEL_H
 #define TM_MODEL_H
@@ -218,7 +219,8 @@ typedef struct model {
 } model;
 
 typedef struct {
-    bool no_fingerprint_bytes; /* skip sampling tensor bytes in the fingerprint (tests) */
+    bool no_fingerprint_bytes; /* leave the file's bytes out of the fingerprint (tests) */
+    bool no_fingerprint_cache; /* hash the file even when a cache entry holds its digest */
     bool no_repack;            /* keep every matrix in the file's layout */
 } model_opts;
 

@@ -6,11 +6,11 @@
  * api_json.c, writing answers api_out.c.
  */
 #include "recipe/api.h"
+#include "recipe/api_compile.h"
 #include "recipe/api_int.h"
 
 #include <jansson.h>
 #include <limits.h>
-#include <openssl/evp.h>
 
 #include <pthread.h>
 #include <stdio.h>
@@ -20,6 +20,7 @@
 #include "recipe/status.h"
 #include "recipe/tokenizer.h"
 #include "recipe/unicode.h"
+#include "util/sha256.h"
 #include "util/util.h"
 
 /* ------------------------------------------------------------------ serving helpers (api_completions.c too) */
@@ -107,25 +108,14 @@ bool api_tenancy_of(http_request *r, const api_ctx *c, const char *cache_salt, c
     t->salt[0] = 0;
     if (!key && (!cache_salt || !*cache_salt)) return true;
     uint8_t id[32], h[32];
-    unsigned len = 0;
-    EVP_MD_CTX *x = EVP_MD_CTX_new();
-    bool ok = x && EVP_DigestInit_ex(x, EVP_sha256(), NULL) && EVP_DigestUpdate(x, "tokenmill-tenant", 17);
-    if (ok && !key) ok = EVP_DigestUpdate(x, "\0", 1);
-    if (ok && key) {
-        EVP_MD_CTX *y = EVP_MD_CTX_new();
-        ok = y && EVP_DigestInit_ex(y, EVP_sha256(), NULL) && EVP_DigestUpdate(y, "tokenmill-api-key", 18) &&
-             EVP_DigestUpdate(y, key, strlen(key)) && EVP_DigestFinal_ex(y, id, &len) &&
-             EVP_DigestUpdate(x, "\1", 1) && EVP_DigestUpdate(x, id, 32);
-        EVP_MD_CTX_free(y);
+    if (key) {
+        sha256_part kp[] = { { "tokenmill-api-key", 18 }, { key, strlen(key) } };
+        sha256_parts(kp, 2, id);
     }
-    if (ok && cache_salt) ok = EVP_DigestUpdate(x, cache_salt, strlen(cache_salt));
-    ok = ok && EVP_DigestFinal_ex(x, h, &len);
-    EVP_MD_CTX_free(x);
-    if (!ok) {
-        api_error_set(e, 500, NULL, NULL, "cannot hash the cache salt");
-        return false;
-    }
-    for (int i = 0; i < 32; i++) snprintf(t->salt + 2 * i, 3, "%02x", h[i]);
+    sha256_part parts[] = { { "tokenmill-tenant", 17 }, { key ? "\1" : "\0", 1 }, { id, key ? 32 : 0 },
+                            { cache_salt ? cache_salt : "", cache_salt ? strlen(cache_salt) : 0 } };
+    sha256_parts(parts, 4, h);
+    util_hex(h, 32, t->salt);
     return true;
 }
 
@@ -582,8 +572,8 @@ static bool api_client_gone(void *r)
     return http_request_client_gone(r);
 }
 
-/* Step: the answer's format (STRUCTURED OUTPUT in api.h), compiled through the cache here,
- * on the connection's thread, so that a bad schema / regex / grammar is a 400 naming the
+/* Step: the answer's format (STRUCTURED OUTPUT in api.h), compiled through the cache before
+ * the request is queued (on the compile pool: api_job_grammar_run), so that a bad schema / regex / grammar is a 400 naming the
  * problem before anything is queued. A forced call of a family with a grammar form wins over
  * a response format (the answer is the call); strict tools under auto bind calls only, and
  * only when no response format binds the answer. */
@@ -682,6 +672,40 @@ static bool api_job_grammar(api_job *j, const events_markers *mk, api_error *e)
         }
     }
     return true;
+}
+
+typedef struct {
+    api_job *j;
+    const events_markers *mk;
+    api_error *e;
+} api_grammar_call;
+
+static bool api_grammar_call_fn(void *arg)
+{
+    api_grammar_call *a = arg;
+    return api_job_grammar(a->j, a->mk, a->e);
+}
+
+/* api_job_grammar for a request with a format or tools, on the compile pool: the compiles
+ * running at once are the pool's threads, not the connections, and a compile stops when its
+ * client goes (a hostile grammar that the budgets let run for seconds). */
+static bool api_job_grammar_run(http_request *r, api_job *j, const events_markers *mk, api_error *e)
+{
+    if (j->req.fmt_kind < 0 && j->req.conv.n_tools == 0) return api_job_grammar(j, mk, e);
+    api_compile_pool *p = api_compile_shared();
+    if (!p) {
+        api_error_set(e, 500, NULL, NULL, "The structured-output compile threads could not be started.");
+        return false;
+    }
+    api_grammar_call a = { j, mk, e };
+    bool ok = false;
+    if (api_compile_run(p, api_grammar_call_fn, &a, api_client_gone, r, &ok) == API_COMPILE_BUSY) {
+        api_error_set(e, 429, NULL, "rate_limit_exceeded",
+                      "Too many structured-output formats are being compiled (%d waiting); retry the request shortly.",
+                      API_COMPILE_QUEUE);
+        return false;
+    }
+    return ok;
 }
 
 /* Step: one scheduler request per choice (seeds seed, seed+1, ...). Completions' max_tokens 0
@@ -817,12 +841,7 @@ void api_serve(http_request *r, const api_ctx *c, api_kind kind, bool count_only
     /* output state, submission, answer */
     events_markers mk;
     api_job_markers(j, &mk);
-    /* a compile polls whether the client is still there (a hostile grammar that the budgets
-     * let run for seconds stops when its client goes) */
-    grammar_cancel_set(api_client_gone, r);
-    bool g_ok = api_job_grammar(j, &mk, &e);
-    grammar_cancel_set(NULL, NULL);
-    if (!g_ok) goto refuse;
+    if (!api_job_grammar_run(r, j, &mk, &e)) goto refuse;
     api_job_output(j, &mk);
     if (!api_job_submit(r, j, &tn, &mk)) {
         api_job_free(j);

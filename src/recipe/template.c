@@ -19,7 +19,6 @@
 #include "recipe/template.h"
 #include "recipe/template_int.h"
 
-#include <openssl/evp.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +26,7 @@
 
 #include "recipe/jsonfmt.h"
 #include "recipe/unicode.h"
+#include "util/sha256.h"
 #include "util/util.h"
 
 #define TMPL_PARALLEL_MIN_BYTES (32 * 1024)  /* tokenise runs in threads above this much text */
@@ -107,11 +107,10 @@ static int tmpl_known_family(const char *z, size_t n)
 {
     while (n && tmpl_blank(*z)) { z++; n--; }
     while (n && tmpl_blank(z[n - 1])) n--;
-    unsigned char md[EVP_MAX_MD_SIZE];
-    unsigned int md_len = 0;
-    if (EVP_Digest(z, n, md, &md_len, EVP_sha256(), NULL) != 1) return -1;
-    char hex[2 * EVP_MAX_MD_SIZE + 1];
-    for (unsigned int i = 0; i < md_len; i++) snprintf(hex + 2 * i, 3, "%02x", md[i]);
+    uint8_t md[32];
+    sha256_digest(z, n, md);
+    char hex[65];
+    util_hex(md, 32, hex);
     for (size_t i = 0; i < TM_ARRAY_LEN(tmpl_known); i++)
         if (!strcmp(hex, tmpl_known[i].sha256)) return (int)tmpl_known[i].family;
     return -1;

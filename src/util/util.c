@@ -71,6 +71,42 @@ void util_deadline(struct timespec *ts, clockid_t clk, int ms)
     if (ts->tv_nsec >= 1000000000L) { ts->tv_sec++; ts->tv_nsec -= 1000000000L; }
 }
 
+void util_hex(const void *p, size_t n, char *out)
+{
+    static const char digits[] = "0123456789abcdef";
+    const uint8_t *b = p;
+    for (size_t i = 0; i < n; i++) {
+        out[2 * i] = digits[b[i] >> 4];
+        out[2 * i + 1] = digits[b[i] & 15];
+    }
+    out[2 * n] = '\0';
+}
+
+void util_cond_init(pthread_cond_t *cv)
+{
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(cv, &ca);
+    pthread_condattr_destroy(&ca);
+}
+
+bool util_cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, const struct timespec *deadline)
+{
+    return pthread_cond_timedwait(cv, mu, deadline) != ETIMEDOUT;
+}
+
+bool util_cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, long ms)
+{
+    if (ms <= 0) return false;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_sec += (time_t)(ms / 1000);
+    ts.tv_nsec += (ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+    return util_cond_wait_until(cv, mu, &ts);
+}
+
 void util_log(log_level lvl, const char *fmt, ...)
 {
     static const char *names[] = { "debug", "info", "warn", "error" };

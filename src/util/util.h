@@ -17,6 +17,8 @@
 #include <stdbool.h>
 #include <time.h>
 
+#include <pthread.h>
+
 #define TM_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 #define TM_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define TM_MAX(a, b) ((a) > (b) ? (a) : (b))
@@ -36,6 +38,19 @@ double util_now(void);
 /* The time ms milliseconds from now on clock clk, as pthread_cond_timedwait wants it
  * (CLOCK_MONOTONIC for a condition variable made with that clock, else CLOCK_REALTIME). */
 void util_deadline(struct timespec *ts, clockid_t clk, int ms);
+
+/* Lower-case hex of p[0..n) into out, which holds 2n+1 bytes (NUL-terminated). */
+void util_hex(const void *p, size_t n, char *out);
+
+/* Condition variables with timed waits on CLOCK_MONOTONIC, so that a step of the wall clock
+ * (NTP, an operator) neither cuts a wait short nor stretches it by the step. A cv made with
+ * util_cond_init takes only these timed waits (and pthread_cond_wait). */
+void util_cond_init(pthread_cond_t *cv);
+/* Waits on cv (mu held) at most ms milliseconds; ms <= 0 does not wait. False when the time
+ * ran out (a wake-up may still be spurious: callers re-check their condition). */
+bool util_cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, long ms);
+/* Waits on cv until the deadline (util_deadline with CLOCK_MONOTONIC); false once it passed. */
+bool util_cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, const struct timespec *deadline);
 
 typedef enum { LOG_LEVEL_DEBUG = 0, LOG_LEVEL_INFO, LOG_LEVEL_WARN, LOG_LEVEL_ERROR } log_level;
 extern log_level util_log_level;

@@ -1,13 +1,18 @@
 /*
  * test_model: loading llama / qwen2 / qwen3 GGUF files: hyper-parameters, tied output, and
  * a clear error (right status, tensor or key named) for every missing tensor, wrong shape,
- * unsupported architecture and missing key; the fingerprint tells models apart.
+ * unsupported architecture and missing key; the fingerprint tells models apart, down to one
+ * byte in the middle of the embedding, and its cache never vouches for a changed file.
  */
 #include "harness.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include "cache/blockkey.h"
 #include "model/model.h"
+#include "model/modelhash.h"
 #include "tinymodel.h"
 
 static char tmpdir[] = "/tmp/tm_test_model_XXXXXX";
@@ -185,9 +190,116 @@ TEST(test_fingerprint)
     model_free(d);
 }
 
+/* Writes src's bytes to dst with the byte at off flipped (off < 0: unchanged). In place when
+ * dst exists (same inode). Returns 0 on success. */
+static int copy_flip(const char *src, const char *dst, long off)
+{
+    size_t n = 0;
+    char *d = util_read_file(src, &n);
+    if (!d) return -1;
+    if (off >= 0 && (size_t)off < n) d[off] ^= 0x40;
+    int fd = open(dst, O_WRONLY | O_CREAT, 0600);
+    int rc = fd >= 0 && write(fd, d, n) == (ssize_t)n ? 0 : -1;
+    if (fd >= 0) close(fd);
+    free(d);
+    return rc;
+}
+
+/* Two models identical but for one embedding row in the middle of the tensor (away from its
+ * first, middle and last 4 KiB) must have different fingerprints, so different block keys. */
+TEST(test_fingerprint_every_byte)
+{
+    tiny_cfg c = base("qwen3");
+    char pa[256], pb[256], err[256];
+    snprintf(pa, sizeof pa, "%s/a.gguf", tmpdir);
+    snprintf(pb, sizeof pb, "%s/b.gguf", tmpdir);
+    CHECK(tiny_write(&c, pa) == 0);
+    model *a = NULL, *b = NULL, *b2 = NULL;
+    CHECKF(model_load(pa, NULL, &a, err, sizeof err) == GGUF_OK, "%s", err);
+    if (!a) return;
+    const gguf_tensor *t = gguf_find_tensor(a->g, "token_embd.weight");
+    CHECK(t != NULL);
+    if (!t) return;
+    size_t embd_off = (size_t)((const uint8_t *)t->data - (const uint8_t *)gguf_file_map(a->g));
+    size_t row_bytes = t->nbytes / (size_t)a->hp.n_vocab;
+    CHECKF(t->nbytes > 3 * 4096, "embedding of %zu bytes is too small for the case", t->nbytes);
+    size_t row = (4096 + t->nbytes / 2) / 2 / row_bytes;  /* between the first and middle 4 KiB */
+    long off = (long)(embd_off + row * row_bytes + 5);
+    CHECK(copy_flip(pa, pb, off) == 0);
+    CHECKF(model_load(pb, NULL, &b, err, sizeof err) == GGUF_OK, "%s", err);
+    if (b) {
+        CHECK(memcmp(a->fingerprint, b->fingerprint, 32) != 0);
+        uint8_t fa[32], fb[32];
+        blockkey_pool_fp(a->fingerprint, QTYPE_F32, fa);
+        blockkey_pool_fp(b->fingerprint, QTYPE_F32, fb);
+        CHECK(memcmp(fa, fb, 32) != 0);
+    }
+    /* the same bytes in another file fingerprint the same */
+    CHECK(copy_flip(pa, pb, -1) == 0);
+    CHECKF(model_load(pb, NULL, &b2, err, sizeof err) == GGUF_OK, "%s", err);
+    if (b2) CHECK(!memcmp(a->fingerprint, b2->fingerprint, 32));
+    model_free(a);
+    model_free(b);
+    model_free(b2);
+}
+
+/* The digest cache: a settled file's digest is kept and reused; an entry is never trusted for
+ * a file changed since (same size, mtime put back), nor when it is damaged. */
+TEST(test_fingerprint_cache)
+{
+    tiny_cfg c = base("llama");
+    char p[256], err[256], dir[256];
+    snprintf(p, sizeof p, "%s/c.gguf", tmpdir);
+    CHECK(tiny_write(&c, p) == 0);
+    usleep(50 * 1000);  /* let the file's ctime fall before the hash starts (one clock tick) */
+    model *m1 = NULL, *m2 = NULL, *m3 = NULL, *m4 = NULL;
+    model_opts fresh = { .no_fingerprint_cache = true };
+    CHECKF(model_load(p, NULL, &m1, err, sizeof err) == GGUF_OK, "%s", err);
+    if (!m1) return;
+    struct stat st;
+    CHECK(stat(p, &st) == 0);
+    CHECK(modelhash_cache_dir(dir, sizeof dir));
+    char entry[600];
+    snprintf(entry, sizeof entry, "%s/fp/%llx-%llx", dir, (unsigned long long)st.st_dev, (unsigned long long)st.st_ino);
+    struct stat es;
+    CHECKF(stat(entry, &es) == 0 && (es.st_mode & 077) == 0, "no private cache entry %s", entry);
+    CHECKF(model_load(p, NULL, &m2, err, sizeof err) == GGUF_OK, "%s", err);
+    if (m2) CHECK(!memcmp(m1->fingerprint, m2->fingerprint, 32));
+
+    /* rewrite one middle embedding byte in place, then put the times back */
+    const gguf_tensor *t = gguf_find_tensor(m1->g, "token_embd.weight");
+    CHECK(t != NULL);
+    if (!t) return;
+    long off = (long)((size_t)((const uint8_t *)t->data - (const uint8_t *)gguf_file_map(m1->g)) + t->nbytes / 3);
+    CHECK(copy_flip(p, p, off) == 0);
+    struct timespec times[2] = { st.st_atim, st.st_mtim };
+    CHECK(utimensat(AT_FDCWD, p, times, 0) == 0);
+    CHECKF(model_load(p, NULL, &m3, err, sizeof err) == GGUF_OK, "%s", err);
+    if (m3) CHECK(memcmp(m1->fingerprint, m3->fingerprint, 32) != 0);
+
+    /* a damaged entry is ignored */
+    FILE *f = fopen(entry, "w");
+    if (f) {
+        fputs("tokenmill-modelhash-v1 garbage\n", f);
+        fclose(f);
+    }
+    CHECKF(model_load(p, NULL, &m4, err, sizeof err) == GGUF_OK, "%s", err);
+    model *ref = NULL;
+    CHECKF(model_load(p, &fresh, &ref, err, sizeof err) == GGUF_OK, "%s", err);
+    if (m3 && m4 && ref) CHECK(!memcmp(m4->fingerprint, ref->fingerprint, 32) && !memcmp(m3->fingerprint, ref->fingerprint, 32));
+    model_free(m1);
+    model_free(m2);
+    model_free(m3);
+    model_free(m4);
+    model_free(ref);
+}
+
 int main(void)
 {
     if (!mkdtemp(tmpdir)) return 1;
+    char cache[300];
+    snprintf(cache, sizeof cache, "%s/cache", tmpdir);
+    setenv("TOKENMILL_CACHE_DIR", cache, 1);
     RUN(test_load_archs);
     RUN(test_tied_output);
     RUN(test_repacked_weights);
@@ -195,6 +307,8 @@ int main(void)
     RUN(test_bad_shapes);
     RUN(test_bad_arch_and_keys);
     RUN(test_fingerprint);
+    RUN(test_fingerprint_every_byte);
+    RUN(test_fingerprint_cache);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
     if (system(cmd) != 0) return 1;
