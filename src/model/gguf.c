@@ -70,7 +70,9 @@ struct gguf {
 
 static bool gguf_type_ok(uint32_t type)
 {
-    return type < QTYPE_COUNT_MAX && quant_type_supported((int)type) && type != QTYPE_Q8_K; /* Q8_K: activations only */
+    /* Q8_K: activations only; I32: tables a model reads itself (the file is readable, the
+     * model decides whether it knows the tensor) */
+    return type < QTYPE_COUNT_MAX && ((quant_type_supported((int)type) && type != QTYPE_Q8_K) || type == QTYPE_I32);
 }
 
 /* ---- the cursor --------------------------------------------------------------------------- */

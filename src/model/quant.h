@@ -23,6 +23,8 @@ typedef enum {
     QTYPE_Q5_K = 13,
     QTYPE_Q6_K = 14,
     QTYPE_Q8_K = 15,
+    QTYPE_I32 = 26,       /* 32-bit integers (lookup tables such as DeepSeek V4's tid2eid): a
+                           * file may hold them, no kernel reads them as a matrix */
     QTYPE_BF16 = 30,
     QTYPE_MXFP4 = 39,     /* OCP microscaling FP4: E2M1 values, an E8M0 scale per 32 */
     /* repacked layouts (quant_repack; in memory only, never read from a file) */
