@@ -71,7 +71,9 @@ struct gguf {
 
 static bool gguf_type_ok(uint32_t type)
 {
-    return type < QTYPE_COUNT_MAX && quant_weight_type((int)type);
+    /* I32: tables a model reads itself (the file is readable, the model decides whether it
+     * knows the tensor) */
+    return type < QTYPE_COUNT_MAX && (quant_weight_type((int)type) || type == QTYPE_I32);
 }
 
 /* ---- the cursor --------------------------------------------------------------------------- */

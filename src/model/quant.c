@@ -28,6 +28,7 @@ static const quant_traits *quant_get_traits(int t)
     static const quant_traits tr_f32 = {"f32", 1, 4, QTYPE_F32};
     static const quant_traits tr_f16 = {"f16", 1, 2, QTYPE_F16};
     static const quant_traits tr_bf16 = {"bf16", 1, 2, QTYPE_BF16};
+    static const quant_traits tr_i32 = {"i32", 1, 4, QTYPE_I32};
     static const quant_traits tr_q4_0 = {"q4_0", QK4_0, sizeof(block_q4_0), QTYPE_Q8_0};
     static const quant_traits tr_q4_1 = {"q4_1", 32, sizeof(block_q4_1), QTYPE_Q8_1};
     static const quant_traits tr_q5_0 = {"q5_0", 32, sizeof(block_q5_0), QTYPE_Q8_1};
@@ -55,6 +56,7 @@ static const quant_traits *quant_get_traits(int t)
                                             QTYPE_Q8_K};
     switch (t) {
     case QTYPE_F32: return &tr_f32;
+    case QTYPE_I32: return &tr_i32;
     case QTYPE_F16: return &tr_f16;
     case QTYPE_BF16: return &tr_bf16;
     case QTYPE_Q4_0: return &tr_q4_0;
@@ -126,7 +128,8 @@ _Static_assert(sizeof(block_q6_Kx16) == 3392, "block_q6_Kx16 layout");
 bool quant_type_supported(int type)
 {
     return quant_get_traits(type) != NULL && type != QTYPE_Q8_0_X16 && type != QTYPE_Q4_0_X16 &&
-           type != QTYPE_MXFP4_X16 && type != QTYPE_Q4_K_X16 && type != QTYPE_Q6_K_X16;
+           type != QTYPE_MXFP4_X16 && type != QTYPE_Q4_K_X16 && type != QTYPE_Q6_K_X16 &&
+           type != QTYPE_I32;
 }
 
 bool quant_weight_type(int type)

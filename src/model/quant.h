@@ -34,6 +34,8 @@ typedef enum {
     QTYPE_Q8_K = 15,      /* activations only */
     QTYPE_IQ4_NL = 20,    /* 4-bit codes into a non-linear table (quant_kvalues_iq4nl) */
     QTYPE_IQ4_XS = 23,    /* IQ4_NL codes, 6-bit scales per 32 under an fp16 per 256 */
+    QTYPE_I32 = 26,       /* 32-bit integers (lookup tables such as DeepSeek V4's tid2eid): a
+                           * file may hold them, no kernel reads them as a matrix */
     QTYPE_BF16 = 30,
     QTYPE_MXFP4 = 39,     /* OCP microscaling FP4: E2M1 values, an E8M0 scale per 32 */
     /* repacked layouts (quant_repack; in memory only, never read from a file) */

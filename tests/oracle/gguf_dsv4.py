@@ -1,0 +1,179 @@
+#!/usr/bin/env python3
+# gguf_dsv4: writes a small random-weight DeepSeek V4 (`deepseek4`) GGUF with llama.cpp's own
+# gguf-py (tests/data/llama.cpp/gguf-py, after scripts/fetch-testdata.sh): the metadata keys
+# and tensors that llama.cpp's converter (conversion/deepseek.py, DeepseekV4Model) writes and
+# its loader (src/models/deepseek4.cpp) reads, in a shape small enough for a test.
+#
+#   gguf_dsv4.py --vocab VOCAB.gguf [--type f32|f16|q8_0] [--seed N] -o OUT.gguf
+#
+# The shape (SHAPE) has every kind of layer V4 has: compression ratios 0, 4 (with the
+# lightning indexer) and 128, a hash-routed lead layer (tid2eid), the sqrt-softplus router
+# with its selection bias, a shared expert, the clamped SwiGLU, 4 hyper-connection streams,
+# the grouped low-rank output, sinks; the sliding window (16) and the indexer's top-k (6)
+# are small so that a few hundred tokens cross both, and several 128-token HCA groups.
+# The vocabulary (every tokenizer.* key) is copied from VOCAB.gguf. Needs numpy.
+import argparse
+import os
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "data", "llama.cpp", "gguf-py"))
+import gguf  # noqa: E402
+from gguf.quants import quantize  # noqa: E402
+
+SHAPE = dict(ratios=[0, 4, 128, 4], dim=128, heads=4, head_dim=64, rope=16, q_lora=64, o_groups=2, o_lora=32,
+             experts=8, used=2, expert_ffn=64, shared=1, hash_layers=1, window=16, idx_heads=8, idx_dim=64,
+             idx_topk=6, hc=4, sinkhorn=20, hc_eps=1e-6, swiglu_limit=10.0, w_scale=1.5)
+
+
+def copy_vocab(w, path):
+    r = gguf.GGUFReader(path)
+    n = 0
+    for name, f in r.fields.items():
+        if not name.startswith("tokenizer."):
+            continue
+        vt = f.types[0]
+        if vt == gguf.GGUFValueType.ARRAY:
+            vals = f.contents()
+            w.add_key_value(name, vals, vt, sub_type=f.types[-1])
+            if name == "tokenizer.ggml.tokens":
+                n = len(vals)
+        else:
+            w.add_key_value(name, f.contents(), vt)
+    return n
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--vocab", required=True)
+    ap.add_argument("--type", default="f32", choices=["f32", "f16", "q8_0"])
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("-o", "--out", required=True)
+    a = ap.parse_args()
+    s = SHAPE
+    Q = gguf.GGMLQuantizationType
+    qtype = {"f32": Q.F32, "f16": Q.F16, "q8_0": Q.Q8_0}[a.type]
+    w = gguf.GGUFWriter(a.out + ".tmp", "deepseek4")
+    rng = np.random.default_rng(a.seed)
+
+    def add(name, shape, std, kind="mat", mean=0.0):
+        x = (mean + std * rng.standard_normal(shape)).astype(np.float32)
+        t = qtype if kind == "mat" else Q.F32
+        if t == Q.F32:
+            w.add_tensor(name, x)
+        elif t == Q.F16:
+            w.add_tensor(name, x.astype(np.float16))
+        else:
+            w.add_tensor(name, quantize(x, t), raw_dtype=t)
+
+    def norm(name, n, mean=1.0):
+        add(name, (n,), 0.1 * mean, "f32", mean)
+
+    L, dim, H, hd = len(s["ratios"]), s["dim"], s["heads"], s["head_dim"]
+    ne, ef, hc = s["experts"], s["expert_ffn"], s["hc"]
+    w.add_name(f"gguf-py-random-deepseek4-seed{a.seed}")
+    w.add_file_type({"f32": 0, "f16": 1, "q8_0": 7}[a.type])
+    if qtype not in (Q.F32, Q.F16):
+        w.add_quantization_version(2)
+    n_vocab = copy_vocab(w, a.vocab)
+    w.add_block_count(L)
+    w.add_context_length(4096)
+    w.add_embedding_length(dim)
+    w.add_feed_forward_length(ef)
+    w.add_head_count(H)
+    w.add_head_count_kv(1)
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_expert_count(ne)
+    w.add_expert_used_count(s["used"])
+    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SQRTSOFTPLUS)
+    w.add_vocab_size(n_vocab)
+    # DeepseekV4Model.set_gguf_parameters
+    w.add_rope_dimension_count(s["rope"])
+    w.add_q_lora_rank(s["q_lora"])
+    w.add_sliding_window(s["window"])
+    w.add_expert_feed_forward_length(ef)
+    w.add_expert_shared_count(s["shared"])
+    w.add_expert_weights_scale(s["w_scale"])
+    w.add_expert_weights_norm(True)
+    w.add_swiglu_clamp_exp([s["swiglu_limit"]] * L)
+    w.add_swiglu_clamp_shexp([s["swiglu_limit"]] * L)
+    w.add_indexer_head_count(s["idx_heads"])
+    w.add_indexer_key_length(s["idx_dim"])
+    w.add_indexer_top_k(s["idx_topk"])
+    w.add_attention_output_group_count(s["o_groups"])
+    w.add_attention_output_lora_rank(s["o_lora"])
+    w.add_attention_compress_ratios(s["ratios"])
+    w.add_attention_compress_rope_freq_base(160000.0)
+    w.add_hyper_connection_count(hc)
+    w.add_hyper_connection_sinkhorn_iterations(s["sinkhorn"])
+    w.add_hyper_connection_epsilon(s["hc_eps"])
+    w.add_hash_layer_count(s["hash_layers"])
+    w.add_embedding_length_out(dim * hc)
+
+    si = 1.0 / np.sqrt(dim)
+    mix = (2 + hc) * hc
+    add("token_embd.weight", (n_vocab, dim), 0.5 * si)
+    norm("output_norm.weight", dim, 20.0)
+    add("output.weight", (n_vocab, dim), 0.5 * si)
+    add("output_hc_fn.weight", (hc, hc * dim), 1.0 / np.sqrt(hc * dim), "f32")
+    add("output_hc_base.weight", (hc,), 0.5, "f32")
+    add("output_hc_scale.weight", (1,), 0.3, "f32", 1.0)
+    ql, ih, idim = s["q_lora"], s["idx_heads"], s["idx_dim"]
+    for il, ratio in enumerate(s["ratios"]):
+        p = f"blk.{il}."
+        norm(p + "attn_norm.weight", dim)
+        add(p + "attn_sinks.weight", (H,), 1.0, "f32")
+        add(p + "attn_q_a.weight", (ql, dim), si)
+        norm(p + "attn_q_a_norm.weight", ql)
+        add(p + "attn_q_b.weight", (H * hd, ql), 1 / np.sqrt(ql))
+        add(p + "attn_kv.weight", (hd, dim), si)
+        norm(p + "attn_kv_a_norm.weight", hd)
+        gdim = H * hd // s["o_groups"]
+        add(p + "attn_output_a.weight", (s["o_groups"] * s["o_lora"], gdim), 1 / np.sqrt(gdim))
+        add(p + "attn_output_b.weight", (dim, s["o_groups"] * s["o_lora"]), 1 / np.sqrt(s["o_groups"] * s["o_lora"]))
+        for k in ("attn", "ffn"):
+            add(p + f"hc_{k}_fn.weight", (mix, hc * dim), 1.0 / np.sqrt(hc * dim), "f32")
+            add(p + f"hc_{k}_base.weight", (mix,), 0.5, "f32")
+            add(p + f"hc_{k}_scale.weight", (3,), 0.3, "f32", 1.0)
+        if ratio:
+            coff = 2 if ratio == 4 else 1
+            add(p + "attn_compressor_kv.weight", (coff * hd, dim), si)
+            add(p + "attn_compressor_gate.weight", (coff * hd, dim), si)
+            add(p + "attn_compressor_ape.weight", (ratio, coff * hd), 0.5, "f32")
+            norm(p + "attn_compressor_norm.weight", hd)
+            if ratio == 4:
+                add(p + "indexer.proj.weight", (ih, dim), si)
+                add(p + "indexer.attn_q_b.weight", (ih * idim, ql), 1 / np.sqrt(ql))
+                add(p + "indexer_compressor_kv.weight", (2 * idim, dim), si)
+                add(p + "indexer_compressor_gate.weight", (2 * idim, dim), si)
+                add(p + "indexer_compressor_ape.weight", (ratio, 2 * idim), 0.5, "f32")
+                norm(p + "indexer_compressor_norm.weight", idim)
+        add(p + "ffn_gate_inp.weight", (ne, dim), 2 * si, "f32")
+        if il < s["hash_layers"]:
+            tid = np.stack([rng.permutation(ne)[:s["used"]] for _ in range(n_vocab)]).astype(np.int32)
+            w.add_tensor(p + "ffn_gate_tid2eid.weight", tid)
+        else:
+            add(p + "exp_probs_b.bias", (ne,), 0.05, "f32")
+        norm(p + "ffn_norm.weight", dim)
+        add(p + "ffn_gate_exps.weight", (ne, ef, dim), si)
+        add(p + "ffn_up_exps.weight", (ne, ef, dim), si)
+        add(p + "ffn_down_exps.weight", (ne, dim, ef), 1 / np.sqrt(ef))
+        sh = ef * s["shared"]
+        add(p + "ffn_gate_shexp.weight", (sh, dim), si)
+        add(p + "ffn_up_shexp.weight", (sh, dim), si)
+        add(p + "ffn_down_shexp.weight", (dim, sh), 1 / np.sqrt(sh))
+
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    os.replace(a.out + ".tmp", a.out)
+
+
+if __name__ == "__main__":
+    main()
