@@ -145,7 +145,7 @@ test("--vocab from gpt-oss's tokenizer.json: the o200k_harmony vocabulary as lla
 });
 
 test("bad options are usage errors", () => {
-  for (const args of [["--arch", "gpt9", "--type", "f32", "--seed", "1", "-o", "x"], ["--arch", "llama", "--type", "q3_k", "--seed", "1", "-o", "x"],
+  for (const args of [["--arch", "gpt9", "--type", "f32", "--seed", "1", "-o", "x"], ["--arch", "llama", "--type", "iq2_xxs", "--seed", "1", "-o", "x"],
     ["--arch", "llama", "--type", "f32", "-o", "x"], ["--arch", "llama", "--type", "f32", "--seed", "1", "--heads", "3", "--kv-heads", "2", "-o", "x"]]) {
     const r = spawnSync(bin, ["mkmodel", ...args]);
     assert.equal(r.status, 2, args.join(" "));
