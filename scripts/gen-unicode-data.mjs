@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// Generates src/recipe/unicode_data.c: the code point classes the tokenizer's pre-tokenizers use
+// Generates src/util/unicode_data.c: the code point classes the tokenizer's pre-tokenizers use
 // (one general category group per code point, as in \p{L}, \p{N}, ..., plus White_Space), from
 // the Unicode database that node's ICU carries.
 //
@@ -7,7 +7,7 @@
 // 15.1; code points assigned later are "unassigned" (Cn) there, which changes how its
 // pre-tokenizers split them. NEWER lists those ranges (found once by comparing ICU 78 / Unicode
 // 17 with llama.cpp's table) and they are emitted as unassigned too. Re-run after a Node upgrade:
-//   node scripts/gen-unicode-data.mjs > src/recipe/unicode_data.c
+//   node scripts/gen-unicode-data.mjs > src/util/unicode_data.c
 const NEWER = [
   [0x88f, 0x88f],
   [0x897, 0x897],
@@ -123,7 +123,7 @@ let out = `/*
  * ${process.versions.unicode} (ICU ${process.versions.icu}), with code points assigned after Unicode 15.1 marked
  * unassigned so that splits match llama.cpp's. Do not edit by hand.
  */
-#include "recipe/unicode.h"
+#include "util/unicode.h"
 
 /* Ranges {first code point, UNICODE_FLAG_* bits}; each lasts until the next one starts. */
 const uint32_t unicode_data_ranges[][2] = {

@@ -46,7 +46,7 @@
 #include "engine/engine.h"
 #include "model/model.h"
 #include "recipe/tokenizer.h"
-#include "recipe/jsonfmt.h"
+#include "util/jsonfmt.h"
 #include "recipe/status.h"
 #include "util/bytebuf.h"
 #include "util/topo.h"

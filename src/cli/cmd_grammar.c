@@ -31,7 +31,7 @@
 #include "cli/cmd_opts.h"
 #include "engine/sched.h"
 #include "grammar/grammar.h"
-#include "recipe/jsonfmt.h"
+#include "util/jsonfmt.h"
 #include "util/util.h"
 
 typedef struct {

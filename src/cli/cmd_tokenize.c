@@ -16,36 +16,16 @@
 #include "cli/cmd_opts.h"
 #include "cli/cmd_common.h"
 #include "recipe/tokenizer.h"
+#include "util/jsonfmt.h"
 #include "util/util.h"
 
 /* Writes s[0..n) as a JSON string; bytes that are not valid UTF-8 become U+FFFD. */
 static void cmd_tokenize_json_str(FILE *f, const char *s, size_t n)
 {
-    fputc('"', f);
-    for (size_t i = 0; i < n;) {
-        unsigned char c = (unsigned char)s[i];
-        if (c < 0x80) {
-            if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-            else if (c == '\n') fputs("\\n", f);
-            else if (c == '\r') fputs("\\r", f);
-            else if (c == '\t') fputs("\\t", f);
-            else if (c < 0x20 || c == 0x7F) fprintf(f, "\\u%04x", c);
-            else fputc(c, f);
-            i++;
-            continue;
-        }
-        size_t need = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
-        bool ok = need > 0 && i + need <= n && c >= 0xC2 && c <= 0xF4;
-        for (size_t k = 1; ok && k < need; k++) ok = ((unsigned char)s[i + k] & 0xC0) == 0x80;
-        if (ok) {
-            fwrite(s + i, 1, need, f);
-            i += need;
-        } else {
-            fputs("\\ufffd", f);
-            i++;
-        }
-    }
-    fputc('"', f);
+    bytebuf b = { 0 };
+    jsonfmt_write_string(&b, s, n);
+    fwrite(b.p, 1, b.len, f);
+    bytebuf_free(&b);
 }
 
 /* Tokenises and prints one text; returns false on a tokenizer error. */

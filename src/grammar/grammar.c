@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "util/sha256.h"
+#include "util/unicode.h"
 #include "util/util.h"
 
 const char *grammar_status_name(grammar_status st)
@@ -296,27 +297,6 @@ static const char *gp_space(gp *p, const char *s, bool newline_ok)
     return s;
 }
 
-/* Decodes one UTF-8 character (invalid bytes decode as themselves). */
-static const char *gp_utf8(const char *s, const char *end, uint32_t *cp)
-{
-    unsigned char c = (unsigned char)*s;
-    int n = c < 0x80 ? 0 : (c & 0xE0) == 0xC0 ? 1 : (c & 0xF0) == 0xE0 ? 2 : (c & 0xF8) == 0xF0 ? 3 : -1;
-    if (n <= 0 || s + n >= end) {
-        *cp = c;
-        return s + 1;
-    }
-    uint32_t v = c & (0x3F >> n);
-    for (int i = 1; i <= n; i++) {
-        if (((unsigned char)s[i] & 0xC0) != 0x80) {
-            *cp = c;
-            return s + 1;
-        }
-        v = v << 6 | ((unsigned char)s[i] & 0x3F);
-    }
-    *cp = v;
-    return s + n + 1;
-}
-
 static int gp_hex(char c)
 {
     return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
@@ -329,7 +309,11 @@ static const char *gp_char(gp *p, const char *s, uint32_t *cp)
         gp_fail(p, s, "unexpected end of input");
         return s;
     }
-    if (*s != '\\') return gp_utf8(s, p->end, cp);
+    if (*s != '\\') {
+        size_t used = 0;
+        *cp = unicode_decode(s, (size_t)(p->end - s), &used);
+        return s + used;
+    }
     if (s + 1 >= p->end) {
         gp_fail(p, s, "unexpected end of input after '\\'");
         return s + 1;
@@ -346,6 +330,10 @@ static const char *gp_char(gp *p, const char *s, uint32_t *cp)
             }
             v = v << 4 | (uint32_t)h;
         }
+        if (v > 0x10FFFF) {
+            gp_fail(p, s, "\\%c%.*s is beyond U+10FFFF", e, nhex, s + 2);
+            v = 0;
+        }
         *cp = v;
         return s + 2 + nhex;
     }
@@ -359,23 +347,6 @@ static const char *gp_char(gp *p, const char *s, uint32_t *cp)
         *cp = 0;
     }
     return s + 2;
-}
-
-static int gp_utf8_encode(uint32_t cp, uint8_t out[4])
-{
-    if (cp < 0x80) return out[0] = (uint8_t)cp, 1;
-    if (cp < 0x800) return out[0] = (uint8_t)(0xC0 | cp >> 6), out[1] = (uint8_t)(0x80 | (cp & 0x3F)), 2;
-    if (cp < 0x10000) {
-        out[0] = (uint8_t)(0xE0 | cp >> 12);
-        out[1] = (uint8_t)(0x80 | (cp >> 6 & 0x3F));
-        out[2] = (uint8_t)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    out[0] = (uint8_t)(0xF0 | cp >> 18);
-    out[1] = (uint8_t)(0x80 | (cp >> 12 & 0x3F));
-    out[2] = (uint8_t)(0x80 | (cp >> 6 & 0x3F));
-    out[3] = (uint8_t)(0x80 | (cp & 0x3F));
-    return 4;
 }
 
 /* Appends to alts (a rule body under construction) the byte-range sequences of the code
@@ -405,12 +376,12 @@ static void gp_utf8_split(gp *p, gp_seq *alts, uint32_t lo, uint32_t hi, bool *f
             }
         }
     }
-    uint8_t a[4], b[4];
-    gp_utf8_encode(lo, a);
-    gp_utf8_encode(hi, b);
+    char a[4], b[4];
+    unicode_encode(lo, a);
+    unicode_encode(hi, b);
     if (!*first) gp_push(alts, GRAMMAR_EL_ALT, 0);
     *first = false;
-    for (int i = 0; i < n; i++) gp_push_range(p, alts, a[i], b[i]);
+    for (int i = 0; i < n; i++) gp_push_range(p, alts, (uint8_t)a[i], (uint8_t)b[i]);
 }
 
 typedef struct {
@@ -634,9 +605,9 @@ static const char *gp_sequence(gp *p, const char *s, int rule, gp_seq *out, bool
             while (s < p->end && *s != '"' && !p->failed) {
                 uint32_t cp;
                 s = gp_char(p, s, &cp);
-                uint8_t b[4];
-                int nb = gp_utf8_encode(cp, b);
-                for (int i = 0; i < nb; i++) gp_push_range(p, out, b[i], b[i]);
+                char b[4];
+                int nb = unicode_encode(cp, b);
+                for (int i = 0; i < nb; i++) gp_push_range(p, out, (uint8_t)b[i], (uint8_t)b[i]);
             }
             if (s >= p->end) {
                 gp_fail(p, s, "unterminated literal");

@@ -18,7 +18,7 @@
 #include <stdint.h>
 
 #include "grammar/grammar.h"
-#include "recipe/jsonfmt.h"
+#include "util/jsonfmt.h"
 
 /* TOKEN: a token terminal, matched by one token id and never by bytes (control tokens such
  * as a family's tool-call markers, which ordinary tokens could spell out as text). */

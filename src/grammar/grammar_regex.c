@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/unicode.h"
 #include "util/util.h"
 
 typedef struct {
@@ -187,13 +188,9 @@ static bool rx_class_escape(char c, rx_range *r, int *n, bool *neg)
 
 static uint32_t rx_utf8(rx *x)
 {
-    const unsigned char *p = (const unsigned char *)x->s;
-    uint32_t c = p[0];
-    int n = c < 0x80 ? 0 : (c & 0xE0) == 0xC0 ? 1 : (c & 0xF0) == 0xE0 ? 2 : (c & 0xF8) == 0xF0 ? 3 : 0;
-    if (x->s + n >= x->end) n = 0;
-    if (n) c &= 0x3F >> n;
-    for (int i = 1; i <= n; i++) c = c << 6 | (p[i] & 0x3F);
-    x->s += n + 1;
+    size_t used = 0;
+    uint32_t c = unicode_decode(x->s, (size_t)(x->end - x->s), &used);
+    x->s += used;
     return c;
 }
 

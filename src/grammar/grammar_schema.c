@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/unicode.h"
 #include "util/util.h"
 
 typedef struct {
@@ -142,15 +143,12 @@ static void sc_json_literal(bytebuf *o, const json_t *v)
 
 static void sc_visit_into(sc *c, json_t *s, const char *name);
 
-/* The UTF-8 character at s (n > 0 bytes); *len its length (1 for an invalid byte). */
+/* The UTF-8 character at s (n > 0 bytes); *len its length. */
 static uint32_t sc_utf8(const char *s, size_t n, int *len)
 {
-    const unsigned char *p = (const unsigned char *)s;
-    int k = p[0] < 0x80 ? 0 : (p[0] & 0xE0) == 0xC0 ? 1 : (p[0] & 0xF0) == 0xE0 ? 2 : (p[0] & 0xF8) == 0xF0 ? 3 : 0;
-    if ((size_t)k >= n) k = 0;
-    uint32_t v = k ? p[0] & (0x3Fu >> k) : p[0];
-    for (int i = 1; i <= k; i++) v = v << 6 | (p[i] & 0x3F);
-    *len = k + 1;
+    size_t used = 0;
+    uint32_t v = unicode_decode(s, n, &used);
+    *len = (int)used;
     return v;
 }
 

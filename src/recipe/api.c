@@ -19,7 +19,7 @@
 
 #include "recipe/status.h"
 #include "recipe/tokenizer.h"
-#include "recipe/unicode.h"
+#include "util/unicode.h"
 #include "util/sha256.h"
 #include "util/util.h"
 

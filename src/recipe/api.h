@@ -182,7 +182,7 @@ const char *api_model_alias(const model *m, char *buf, size_t cap);
 #include "engine/sample.h"
 #include "recipe/conv.h"
 #include "recipe/events.h"
-#include "recipe/jsonfmt.h"
+#include "util/jsonfmt.h"
 #include "recipe/tokenizer.h"
 
 #define API_MAX_STOP 16       /* stop sequences per request */

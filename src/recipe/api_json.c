@@ -17,7 +17,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "recipe/unicode.h"
+#include "util/unicode.h"
 #include "util/util.h"
 
 /* ------------------------------------------------------------------ errors */

@@ -19,7 +19,7 @@
 #include <string.h>
 
 #include "recipe/tokenizer.h"
-#include "recipe/unicode.h"
+#include "util/unicode.h"
 #include "util/util.h"
 
 /* Error shape and wording of the routes: OpenAI's (a raw-prompt route's). */

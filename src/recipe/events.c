@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "recipe/jsonfmt.h"
+#include "util/jsonfmt.h"
 #include "util/util.h"
 
 typedef enum {

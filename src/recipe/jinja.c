@@ -26,8 +26,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "recipe/jsonfmt.h"
-#include "recipe/unicode.h"
+#include "util/jsonfmt.h"
+#include "util/unicode.h"
 #include "util/bytebuf.h"
 #include "util/util.h"
 

@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "recipe/unicode.h"
+#include "util/unicode.h"
 #include "util/bytebuf.h"
 #include "util/util.h"
 

@@ -24,8 +24,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "recipe/jsonfmt.h"
-#include "recipe/unicode.h"
+#include "util/jsonfmt.h"
+#include "util/unicode.h"
 #include "util/sha256.h"
 #include "util/util.h"
 

@@ -10,7 +10,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "recipe/jsonfmt.h"
+#include "util/jsonfmt.h"
 #include "recipe/template_int.h"
 #include "util/bytebuf.h"
 

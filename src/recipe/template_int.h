@@ -17,7 +17,7 @@
 #include <stdint.h>
 
 #include "recipe/conv.h"
-#include "recipe/jsonfmt.h"
+#include "util/jsonfmt.h"
 #include "recipe/template.h"
 #include "util/bytebuf.h"
 

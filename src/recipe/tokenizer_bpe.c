@@ -12,7 +12,7 @@
  * that is no token is emitted as one-byte tokens, as llama.cpp does.
  */
 #include "recipe/tokenizer_int.h"
-#include "recipe/unicode.h"
+#include "util/unicode.h"
 
 #include <stdlib.h>
 

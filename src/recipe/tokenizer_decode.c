@@ -5,7 +5,7 @@
  * UTF-8 character until the next token completes it or flush.
  */
 #include "recipe/tokenizer_int.h"
-#include "recipe/unicode.h"
+#include "util/unicode.h"
 #include "util/util.h"
 
 #include <stdio.h>

@@ -9,7 +9,7 @@
  * "\s+$" is done by hand. Compiled once at load; the match data lives in the caller's scratch.
  */
 #include "recipe/tokenizer_int.h"
-#include "recipe/unicode.h"
+#include "util/unicode.h"
 #include "util/util.h"
 
 #include <stdio.h>

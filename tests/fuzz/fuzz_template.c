@@ -21,7 +21,7 @@
 #include "recipe/api.h"
 #include "recipe/conv.h"
 #include "recipe/template.h"
-#include "recipe/unicode.h"
+#include "util/unicode.h"
 #include "recipe/tokenizer.h"
 
 #define VOCABS "tests/data/llama.cpp/models/ggml-vocab-"

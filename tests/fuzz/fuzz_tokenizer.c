@@ -15,7 +15,7 @@
 #include "model/gguf.h"
 #include "recipe/tokenizer.h"
 #include "recipe/api.h"
-#include "recipe/unicode.h"
+#include "util/unicode.h"
 
 #define VOCABS "tests/data/llama.cpp/models/ggml-vocab-"
 

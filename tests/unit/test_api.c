@@ -11,7 +11,7 @@
 #include <stdlib.h>
 
 #include "recipe/api.h"
-#include "recipe/unicode.h"
+#include "util/unicode.h"
 #include "util/util.h"
 
 

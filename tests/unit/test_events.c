@@ -14,7 +14,7 @@
 #include "eventstest.h"
 #include "recipe/conv.h"
 #include "recipe/events.h"
-#include "recipe/jsonfmt.h"
+#include "util/jsonfmt.h"
 #include "util/util.h"
 
 typedef struct {

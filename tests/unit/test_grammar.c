@@ -20,7 +20,7 @@
 #include "grammar/grammar.h"
 #include "grammar/grammar_int.h"  /* the context-independent entries, to see both storages used */
 #include "model/model.h"
-#include "recipe/jsonfmt.h"
+#include "util/jsonfmt.h"
 
 static grammar *compile(grammar_kind kind, const char *src, char *err)
 {

@@ -2,7 +2,7 @@
  * unicode: lenient UTF-8 decoding, code point classes and the GPT-2 byte map (see unicode.h).
  * Classes are a binary search over the generated range table, with a direct table for ASCII.
  */
-#include "recipe/unicode.h"
+#include "util/unicode.h"
 
 #include <stdbool.h>
 #include <string.h>

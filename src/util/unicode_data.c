@@ -3,7 +3,7 @@
  * 17.0 (ICU 78.2), with code points assigned after Unicode 15.1 marked
  * unassigned so that splits match llama.cpp's. Do not edit by hand.
  */
-#include "recipe/unicode.h"
+#include "util/unicode.h"
 
 /* Ranges {first code point, UNICODE_FLAG_* bits}; each lasts until the next one starts. */
 const uint32_t unicode_data_ranges[][2] = {

@@ -1,7 +1,7 @@
 /*
  * jsonfmt: JSON validation and re-layout. See jsonfmt.h for the output rules.
  */
-#include "recipe/jsonfmt.h"
+#include "util/jsonfmt.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "recipe/unicode.h"
+#include "util/unicode.h"
 #include "util/util.h"
 
 /* ---- reader ---------------------------------------------------------------------------- */
