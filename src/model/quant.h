@@ -38,6 +38,16 @@ typedef enum {
                            * file may hold them, no kernel reads them as a matrix */
     QTYPE_BF16 = 30,
     QTYPE_MXFP4 = 39,     /* OCP microscaling FP4: E2M1 values, an E8M0 scale per 32 */
+    /* the codebook and ternary types (quant_iq.h) */
+    QTYPE_IQ2_XXS = 16,
+    QTYPE_IQ2_XS = 17,
+    QTYPE_IQ3_XXS = 18,
+    QTYPE_IQ1_S = 19,
+    QTYPE_IQ3_S = 21,
+    QTYPE_IQ2_S = 22,
+    QTYPE_IQ1_M = 29,
+    QTYPE_TQ1_0 = 34,
+    QTYPE_TQ2_0 = 35,
     /* repacked layouts (quant_repack; in memory only, never read from a file) */
     QTYPE_MXFP4_X16 = 59,
     QTYPE_Q4_0_X16 = 60,

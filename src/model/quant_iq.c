@@ -1,0 +1,277 @@
+/*
+ * quant_iq: dequantisation and quantisation of the codebook and ternary types (quant_iq.h).
+ *
+ * Each dequantiser is ggml's dequantize_row_<type> in the same float operations and order
+ * (the scale of a group first, then times the grid point, then the sign), so that the values
+ * are bit-identical to llama.cpp's; the grids are ggml's tables (quant_grids.c).
+ */
+#include "model/quant_iq.h"
+
+#include <assert.h>
+#include <math.h>
+#include <string.h>
+
+#include "model/quant_grids.h"
+
+_Static_assert(sizeof(block_iq2_xxs) == 66, "block_iq2_xxs layout");
+_Static_assert(sizeof(block_iq2_xs) == 74, "block_iq2_xs layout");
+_Static_assert(sizeof(block_iq2_s) == 82, "block_iq2_s layout");
+_Static_assert(sizeof(block_iq3_xxs) == 98, "block_iq3_xxs layout");
+_Static_assert(sizeof(block_iq3_s) == 110, "block_iq3_s layout");
+_Static_assert(sizeof(block_iq1_s) == 50, "block_iq1_s layout");
+_Static_assert(sizeof(block_iq1_m) == 56, "block_iq1_m layout");
+_Static_assert(sizeof(block_tq1_0) == 54, "block_tq1_0 layout");
+_Static_assert(sizeof(block_tq2_0) == 66, "block_tq2_0 layout");
+
+bool quant_iq_type(int type)
+{
+    switch (type) {
+    case QTYPE_IQ2_XXS: case QTYPE_IQ2_XS: case QTYPE_IQ2_S: case QTYPE_IQ3_XXS: case QTYPE_IQ3_S:
+    case QTYPE_IQ1_S: case QTYPE_IQ1_M: case QTYPE_TQ1_0: case QTYPE_TQ2_0: return true;
+    default: return false;
+    }
+}
+
+static inline uint8_t quant_iq_byte(uint64_t entry, int j) { return (uint8_t)(entry >> (8 * j)); }
+static inline float quant_iq_sign(uint8_t signs, int j) { return (signs >> j) & 1 ? -1.f : 1.f; }
+
+/* Eight elements of an IQ2 grid entry times dl with their signs. */
+static inline void quant_iq_put8(float *y, float dl, uint64_t entry, uint8_t signs)
+{
+    for (int j = 0; j < 8; j++) y[j] = dl * quant_iq_byte(entry, j) * quant_iq_sign(signs, j);
+}
+
+static void quant_iq_dequant_iq2_xxs(const block_iq2_xxs *x, float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = quant_fp16_to_fp32(x[i].d);
+        for (int ib = 0; ib < QK_K / 32; ib++) {
+            const uint16_t *q = x[i].qs + 4 * ib;
+            uint32_t a0 = q[0] | (uint32_t)q[1] << 16, a1 = q[2] | (uint32_t)q[3] << 16;
+            const float db = d * (0.5f + (a1 >> 28)) * 0.25f;
+            for (int l = 0; l < 4; l++, y += 8)
+                quant_iq_put8(y, db, quant_grids_iq2xxs[(a0 >> 8 * l) & 255], quant_grids_ksigns[(a1 >> 7 * l) & 127]);
+        }
+    }
+}
+
+static void quant_iq_dequant_iq2_xs(const block_iq2_xs *x, float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = quant_fp16_to_fp32(x[i].d);
+        for (int ib = 0; ib < QK_K / 32; ib++) {
+            float db[2] = {d * (0.5f + (x[i].scales[ib] & 0xf)) * 0.25f, d * (0.5f + (x[i].scales[ib] >> 4)) * 0.25f};
+            for (int l = 0; l < 4; l++, y += 8) {
+                uint16_t q = x[i].qs[4 * ib + l];
+                quant_iq_put8(y, db[l / 2], quant_grids_iq2xs[q & 511], quant_grids_ksigns[q >> 9]);
+            }
+        }
+    }
+}
+
+static void quant_iq_dequant_iq2_s(const block_iq2_s *x, float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = quant_fp16_to_fp32(x[i].d);
+        for (int ib = 0; ib < QK_K / 32; ib++) {
+            float db[2] = {d * (0.5f + (x[i].scales[ib] & 0xf)) * 0.25f, d * (0.5f + (x[i].scales[ib] >> 4)) * 0.25f};
+            for (int l = 0; l < 4; l++, y += 8) {
+                int idx = x[i].qs[4 * ib + l] | ((x[i].qh[ib] << (8 - 2 * l)) & 0x300);
+                quant_iq_put8(y, db[l / 2], quant_grids_iq2s[idx], x[i].qs[QK_K / 8 + 4 * ib + l]);
+            }
+        }
+    }
+}
+
+static void quant_iq_dequant_iq3_xxs(const block_iq3_xxs *x, float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = quant_fp16_to_fp32(x[i].d);
+        const uint8_t *qs = x[i].qs, *sas = x[i].qs + QK_K / 4;
+        for (int ib = 0; ib < QK_K / 32; ib++, qs += 8) {
+            const uint8_t *s4 = sas + 4 * ib;
+            uint32_t aux = s4[0] | (uint32_t)s4[1] << 8 | (uint32_t)s4[2] << 16 | (uint32_t)s4[3] << 24;
+            const float db = d * (0.5f + (aux >> 28)) * 0.5f;
+            for (int l = 0; l < 4; l++, y += 8) {
+                uint8_t signs = quant_grids_ksigns[(aux >> 7 * l) & 127];
+                uint32_t g1 = quant_grids_iq3xxs[qs[2 * l]], g2 = quant_grids_iq3xxs[qs[2 * l + 1]];
+                for (int j = 0; j < 4; j++) {
+                    y[j] = db * quant_iq_byte(g1, j) * quant_iq_sign(signs, j);
+                    y[j + 4] = db * quant_iq_byte(g2, j) * quant_iq_sign(signs, j + 4);
+                }
+            }
+        }
+    }
+}
+
+static void quant_iq_dequant_iq3_s(const block_iq3_s *x, float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = quant_fp16_to_fp32(x[i].d);
+        for (int ib = 0; ib < QK_K / 32; ib++) {
+            int s = (x[i].scales[ib / 2] >> 4 * (ib % 2)) & 0xf;
+            const float db = d * (1 + 2 * s);
+            const uint8_t *qs = x[i].qs + 8 * ib, *signs = x[i].signs + 4 * ib;
+            int qh = x[i].qh[ib];
+            for (int l = 0; l < 4; l++, y += 8) {
+                uint32_t g1 = quant_grids_iq3s[qs[2 * l] | ((qh << (8 - 2 * l)) & 256)];
+                uint32_t g2 = quant_grids_iq3s[qs[2 * l + 1] | ((qh << (7 - 2 * l)) & 256)];
+                for (int j = 0; j < 4; j++) {
+                    y[j] = db * quant_iq_byte(g1, j) * quant_iq_sign(signs[l], j);
+                    y[j + 4] = db * quant_iq_byte(g2, j) * quant_iq_sign(signs[l], j + 4);
+                }
+            }
+        }
+    }
+}
+
+/* Eight IQ1 grid points plus delta, times dl. */
+static inline void quant_iq_put8_iq1(float *y, float dl, uint64_t entry, float delta)
+{
+    for (int j = 0; j < 8; j++) y[j] = dl * ((int8_t)quant_iq_byte(entry, j) + delta);
+}
+
+static void quant_iq_dequant_iq1_s(const block_iq1_s *x, float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = quant_fp16_to_fp32(x[i].d);
+        for (int ib = 0; ib < QK_K / 32; ib++) {
+            uint16_t qh = x[i].qh[ib];
+            const float dl = d * (2 * ((qh >> 12) & 7) + 1);
+            const float delta = qh & 0x8000 ? -QUANT_IQ1_DELTA : QUANT_IQ1_DELTA;
+            for (int l = 0; l < 4; l++, y += 8)
+                quant_iq_put8_iq1(y, dl, quant_grids_iq1s[x[i].qs[4 * ib + l] | (((qh >> 3 * l) & 7) << 8)], delta);
+        }
+    }
+}
+
+static void quant_iq_dequant_iq1_m(const block_iq1_m *x, float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = quant_fp16_to_fp32(quant_iq1_m_scale(&x[i]));
+        for (int ib = 0; ib < QK_K / 32; ib++) {
+            uint16_t sc = (uint16_t)(x[i].scales[2 * (ib / 2)] | x[i].scales[2 * (ib / 2) + 1] << 8);
+            const float dl1 = d * (2 * ((sc >> (6 * (ib % 2) + 0)) & 7) + 1);
+            const float dl2 = d * (2 * ((sc >> (6 * (ib % 2) + 3)) & 7) + 1);
+            const uint8_t *qs = x[i].qs + 4 * ib, *qh = x[i].qh + 2 * ib;
+            for (int l = 0; l < 4; l++, y += 8) {
+                int h = qh[l / 2] >> 4 * (l % 2); /* the group's nibble: 3 index bits, the delta sign */
+                float delta = h & 8 ? -QUANT_IQ1_DELTA : QUANT_IQ1_DELTA;
+                quant_iq_put8_iq1(y, l < 2 ? dl1 : dl2, quant_grids_iq1s[qs[l] | ((h & 7) << 8)], delta);
+            }
+        }
+    }
+}
+
+/* Trit n (0..4) of a TQ1_0 byte: the byte is a fixed-point fraction of 3^5 whose base-3
+ * digits are the trits, most significant first. */
+static inline int quant_iq_trit(uint8_t byte, int n)
+{
+    static const uint8_t pow3[5] = {1, 3, 9, 27, 81};
+    uint8_t q = (uint8_t)(byte * pow3[n]);
+    return ((uint16_t)q * 3) >> 8;
+}
+
+static void quant_iq_dequant_tq1_0(const block_tq1_0 *x, float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = quant_fp16_to_fp32(x[i].d);
+        /* qs[0..31]: 5 x 32 elements, qs[32..47]: 5 x 16, qh: 4 x 4 */
+        for (int n5 = 0; n5 < 5; n5++)
+            for (int m = 0; m < 32; m++) *y++ = (float)(quant_iq_trit(x[i].qs[m], n5) - 1) * d;
+        for (int n5 = 0; n5 < 5; n5++)
+            for (int m = 0; m < 16; m++) *y++ = (float)(quant_iq_trit(x[i].qs[32 + m], n5) - 1) * d;
+        for (int n4 = 0; n4 < 4; n4++)
+            for (int j = 0; j < 4; j++) *y++ = (float)(quant_iq_trit(x[i].qh[j], n4) - 1) * d;
+    }
+}
+
+static void quant_iq_dequant_tq2_0(const block_tq2_0 *x, float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = quant_fp16_to_fp32(x[i].d);
+        for (int j = 0; j < 64; j += 32)
+            for (int l = 0; l < 4; l++)
+                for (int m = 0; m < 32; m++) *y++ = (float)(((x[i].qs[j + m] >> 2 * l) & 3) - 1) * d;
+    }
+}
+
+void quant_iq_dequantize_row(qtype t, const void *src, float *dst, int64_t n)
+{
+    switch (t) {
+    case QTYPE_IQ2_XXS: quant_iq_dequant_iq2_xxs(src, dst, n); break;
+    case QTYPE_IQ2_XS: quant_iq_dequant_iq2_xs(src, dst, n); break;
+    case QTYPE_IQ2_S: quant_iq_dequant_iq2_s(src, dst, n); break;
+    case QTYPE_IQ3_XXS: quant_iq_dequant_iq3_xxs(src, dst, n); break;
+    case QTYPE_IQ3_S: quant_iq_dequant_iq3_s(src, dst, n); break;
+    case QTYPE_IQ1_S: quant_iq_dequant_iq1_s(src, dst, n); break;
+    case QTYPE_IQ1_M: quant_iq_dequant_iq1_m(src, dst, n); break;
+    case QTYPE_TQ1_0: quant_iq_dequant_tq1_0(src, dst, n); break;
+    case QTYPE_TQ2_0: quant_iq_dequant_tq2_0(src, dst, n); break;
+    default: assert(!"not an i-quant"); break;
+    }
+}
+
+/* ---- quantisers ---------------------------------------------------------------------- */
+
+static float quant_iq_amax(const float *x)
+{
+    float amax = 0;
+    for (int j = 0; j < QK_K; j++) amax = fmaxf(amax, fabsf(x[j]));
+    return amax;
+}
+
+/* ggml's quantize_row_tq1_0_ref: d = amax, trits lroundf(x / d) + 1 packed five (four in qh)
+ * per byte as a base-3 number, stored as its ceiling fraction of 3^5 in 256ths. */
+static void quant_iq_ref_tq1_0(const float *x, block_tq1_0 *y, int64_t n)
+{
+    for (int64_t i = 0; i < n / QK_K; i++, x += QK_K) {
+        const float d = quant_iq_amax(x), id = d ? 1.0f / d : 0.0f;
+        y[i].d = quant_fp32_to_fp16(d);
+        const float *xs = x;
+        for (int m = 0; m < 32; m++) {
+            uint8_t q = 0;
+            for (int k = 0; k < 5; k++) q = (uint8_t)(q * 3 + lroundf(xs[m + 32 * k] * id) + 1);
+            y[i].qs[m] = (uint8_t)(((uint16_t)q * 256 + 242) / 243);
+        }
+        xs += 160;
+        for (int m = 0; m < 16; m++) {
+            uint8_t q = 0;
+            for (int k = 0; k < 5; k++) q = (uint8_t)(q * 3 + lroundf(xs[m + 16 * k] * id) + 1);
+            y[i].qs[32 + m] = (uint8_t)(((uint16_t)q * 256 + 242) / 243);
+        }
+        xs += 80;
+        for (int j = 0; j < 4; j++) {
+            uint8_t q = 0;
+            for (int k = 0; k < 4; k++) q = (uint8_t)(q * 3 + lroundf(xs[j + 4 * k] * id) + 1);
+            q = (uint8_t)(q * 3); /* the first trit to the most significant place of five */
+            y[i].qh[j] = (uint8_t)(((uint16_t)q * 256 + 242) / 243);
+        }
+    }
+}
+
+/* ggml's quantize_row_tq2_0_ref: d = amax, q = lroundf(x / d) + 1 in 2 bits. */
+static void quant_iq_ref_tq2_0(const float *x, block_tq2_0 *y, int64_t n)
+{
+    for (int64_t i = 0; i < n / QK_K; i++, x += QK_K) {
+        const float d = quant_iq_amax(x), id = d ? 1.0f / d : 0.0f;
+        y[i].d = quant_fp32_to_fp16(d);
+        for (int j = 0; j < 64; j += 32)
+            for (int m = 0; m < 32; m++) {
+                uint8_t q = 0;
+                for (int k = 0; k < 4; k++) q = (uint8_t)(q + (((lroundf(x[4 * j + m + 32 * k] * id) + 1) & 3) << (2 * k)));
+                y[i].qs[j + m] = q;
+            }
+    }
+}
+
+bool quant_iq_can_quantize(qtype t) { return t == QTYPE_TQ1_0 || t == QTYPE_TQ2_0; }
+
+void quant_iq_quantize_row(qtype t, const float *src, void *dst, int64_t n)
+{
+    switch (t) {
+    case QTYPE_TQ1_0: quant_iq_ref_tq1_0(src, dst, n); break;
+    case QTYPE_TQ2_0: quant_iq_ref_tq2_0(src, dst, n); break;
+    default: assert(!"no quantiser for this type"); break;
+    }
+}
