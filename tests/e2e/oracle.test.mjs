@@ -85,14 +85,14 @@ const BATCH_LENS = [1, 9, 33, 64, 100, 129, 150, 200];
 // Tolerance on |Δ logprob| of the top-10 tokens, per weight type (see the calibration notes
 // in the report at the end of this file's output; measured values are printed every run).
 const TOL = {f32: 1e-3, f16: 0.05, q8_0: 0.05, q4_k: 0.08, q5_k_m: 0.08, mxfp4: 0.05,
-  q4_1: 0.08, q5_0: 0.08, q5_1: 0.08, q2_k: 0.08, q3_k: 0.08, iq4_nl: 0.08, iq4_xs: 0.08,
+  q4_1: 0.08, q5_0: 0.08, q5_1: 0.08, q2_k: 0.08, q3_k: 0.08, q3_k_m: 0.08, iq4_nl: 0.08, iq4_xs: 0.08,
   iq2_xxs: 0.08, iq2_xs: 0.08, iq2_s: 0.08, iq3_xxs: 0.08, iq3_s: 0.08, iq1_s: 0.08, iq1_m: 0.08, tq1_0: 0.08,
   tq2_0: 0.08, iq_mix: 0.08};
 const NOISE_FACTOR = 1.5;
 const MEDIAN_TOL = 2e-3;
 const N_SINGLES = 32;
 const KV = {f32: 'f32', f16: 'f16', q8_0: 'f16', q4_k: 'f16', q5_k_m: 'f16', mxfp4: 'f16',
-  q4_1: 'f16', q5_0: 'f16', q5_1: 'f16', q2_k: 'f16', q3_k: 'f16', iq4_nl: 'f16', iq4_xs: 'f16',
+  q4_1: 'f16', q5_0: 'f16', q5_1: 'f16', q2_k: 'f16', q3_k: 'f16', q3_k_m: 'f16', iq4_nl: 'f16', iq4_xs: 'f16',
   iq2_xxs: 'f16', iq2_xs: 'f16', iq2_s: 'f16', iq3_xxs: 'f16', iq3_s: 'f16', iq1_s: 'f16', iq1_m: 'f16', tq1_0: 'f16',
   tq2_0: 'f16', iq_mix: 'f16'};
 // The weight types beyond the above, one small model each (every matrix, the tied embedding
@@ -101,7 +101,7 @@ const KV = {f32: 'f32', f16: 'f16', q8_0: 'f16', q4_k: 'f16', q5_k_m: 'f16', mxf
 // llama.cpp's start small (ids drawn below 2000); only the 32 sequences in one step (oneStep:
 // test_ops checks every kernel one token at a time against the same scalar reference), so
 // the eight checks stay near 25 s
-const MORE_TYPES = ['q4_1', 'q5_0', 'q5_1', 'q2_k', 'q3_k', 'iq4_nl', 'iq4_xs', 'tq1_0', 'tq2_0'];
+const MORE_TYPES = ['q4_1', 'q5_0', 'q5_1', 'q2_k', 'q3_k', 'q3_k_m', 'iq4_nl', 'iq4_xs', 'tq1_0', 'tq2_0'];
 // The codebook types, which mkmodel does not write (ggml quantises IQ2_XXS, IQ2_XS and IQ1_S
 // only with an importance matrix; the others' searches are not ported): llama.cpp's gguf-py
 // rewrites mkmodel's F32 model with random blocks of the type (tests/oracle/gguf_retype.py),
