@@ -246,14 +246,6 @@ bf16_t quant_fp32_to_bf16(float f)
 
 #define QUANT_GROUP_MAX_EPS 1e-15f
 
-/* ggml's nearest_int: round half to even through the 1.5*2^23 trick (|v| < 2^22). */
-static inline int quant_nearest_int(float v)
-{
-    float t = v + 12582912.f;
-    int i;
-    memcpy(&i, &t, 4);
-    return (i & 0x007fffff) - 0x00400000;
-}
 
 void quant_q4_K_scale_min(int j, const uint8_t *q, uint8_t *d, uint8_t *m)
 {

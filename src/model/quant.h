@@ -183,6 +183,13 @@ static inline int quant_iq4_xs_scale(const block_iq4_xs *b, int j)
     return ((b->scales_l[j / 2] >> 4 * (j % 2)) & 0xf) | (((b->scales_h >> 2 * j) & 3) << 4);
 }
 
+/* ggml's nearest_int: round half to even through the 1.5*2^23 trick (|v| < 2^22). */
+static inline int quant_nearest_int(float v)
+{
+    union { float f; int32_t i; } t = { v + 12582912.f };
+    return (t.i & 0x007fffff) - 0x00400000;
+}
+
 float quant_fp16_to_fp32(fp16_t h);
 fp16_t quant_fp32_to_fp16(float f);      /* round to nearest even, like F16C */
 float quant_bf16_to_fp32(bf16_t h);

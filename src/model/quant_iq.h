@@ -7,7 +7,8 @@
  * An i-quant stores groups of 8 (or 4) elements as an index into a grid of points
  * (quant_grids.h) plus signs, under a small odd scale per 16 or 32 elements and an fp16
  * scale per super-block. Dequantisation follows ggml's dequantize_row_* in the same float
- * operations and order, so that the values are bit-identical (test_quant pins them).
+ * operations and order, so that the values are bit-identical (test_quant pins them); the
+ * quantisers are ggml's, byte for byte.
  */
 #ifndef TM_QUANT_IQ_H
 #define TM_QUANT_IQ_H
@@ -59,8 +60,9 @@ static inline fp16_t quant_iq1_m_scale(const block_iq1_m *b)
 bool quant_iq_type(int type);
 /* Dequantises n (a multiple of 256) elements of type t, one of the above. */
 void quant_iq_dequantize_row(qtype t, const void *src, float *dst, int64_t n);
-/* Whether quant_iq_quantize_row writes t: the types whose ggml quantiser runs without an
- * importance matrix (IQ2_XXS, IQ2_XS and IQ1_S need one, as llama-quantize says). */
+/* Whether quant_iq_quantize_row writes t: TQ1_0, TQ2_0 and IQ3_XXS. ggml quantises IQ2_XXS,
+ * IQ2_XS and IQ1_S only with an importance matrix (llama-quantize refuses without one), so
+ * no reference exists to match; the grid searches of IQ2_S, IQ3_S and IQ1_M are not ported. */
 bool quant_iq_can_quantize(qtype t);
 /* Quantises n (a multiple of 256) elements as ggml's quantize_<type> without an importance
  * matrix does, byte for byte; t must satisfy quant_iq_can_quantize. */
