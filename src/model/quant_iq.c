@@ -269,20 +269,22 @@ static void quant_iq_ref_tq2_0(const float *x, block_tq2_0 *y, int64_t n)
     }
 }
 
-/* ---- IQ3_XXS: ggml's quantize_row_iq3_xxs_impl without an importance matrix ---------- */
+/* ---- IQ3_XXS and IQ3_S: ggml's quantize_row_iq3_{xxs,s}_impl without an importance matrix */
 
-/* The search tables of ggml's iq3xs_init_impl(256): the grid as 3-bit levels l (point 2l+1,
- * 4 per entry, byte i of an entry is level*2+1 of element i), a map from the 12-bit level
- * pattern of 4 elements to its grid entry, and for a pattern not on the grid (map < 0: at
- * -map - 1 in neighbours) the count and list of the entries at the two smallest distances. */
+/* The search tables of ggml's iq3xs_init_impl for one grid (IQ3_XXS's 256 points, IQ3_S's
+ * 512): the grid as int8 points 2l+1 of 3-bit levels l (4 per entry), a map from the 12-bit
+ * level pattern of 4 elements to its entry, and for a pattern off the grid (map < 0: at
+ * -map - 1 in neighbours) the count and list of the entries at its 2 (IQ3_S: 3) smallest
+ * distances. Built once, on first use. */
 typedef struct {
-    uint32_t grid[256];     /* int8 points 2l+1 per element */
+    int n;                  /* grid entries: 256 or 512 */
+    uint32_t grid[512];     /* int8 points 2l+1 per element */
     int map[4096];          /* pattern -> entry, or -(offset + 1) into neighbours */
     uint16_t *neighbours;   /* per off-grid pattern: n, then n entries */
 } quant_iq3_search;
 
-static quant_iq3_search quant_iq_s3;
-static pthread_once_t quant_iq_s3_once = PTHREAD_ONCE_INIT;
+static quant_iq3_search quant_iq_s3[2];  /* [0] IQ3_XXS, [1] IQ3_S */
+static pthread_once_t quant_iq_s3_once[2] = {PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT};
 
 static int quant_iq_cmp_pair(const void *a, const void *b)
 {
@@ -290,18 +292,27 @@ static int quant_iq_cmp_pair(const void *a, const void *b)
     return l[0] < r[0] ? -1 : l[0] > r[0] ? 1 : l[1] < r[1] ? -1 : l[1] > r[1] ? 1 : 0;
 }
 
-static void quant_iq_s3_init(void)
+/* The level (0..7) of a grid point: IQ3_XXS's points are 4, 12, .., 52, 62, IQ3_S's 2l+1. */
+static int quant_iq3_level(int which, uint8_t v)
 {
-    /* the levels of each IQ3_XXS grid point (ggml's kgrid_256 is their packing) */
-    static const uint8_t value[8] = {4, 12, 20, 28, 36, 44, 52, 62};
-    quant_iq3_search *s = &quant_iq_s3;
+    static const uint8_t xxs[8] = {4, 12, 20, 28, 36, 44, 52, 62};
+    if (which) return (v - 1) / 2;
+    int l = 0;
+    while (xxs[l] != v) l++;
+    return l;
+}
+
+static void quant_iq_s3_init_grid(int which)
+{
+    quant_iq3_search *s = &quant_iq_s3[which];
+    s->n = which ? 512 : 256;
+    const int nwant = which ? 3 : 2;
     for (int k = 0; k < 4096; k++) s->map[k] = -1;
-    for (int k = 0; k < 256; k++) {
+    for (int k = 0; k < s->n; k++) {
+        uint32_t g = which ? quant_grids_iq3s[k] : quant_grids_iq3xxs[k], e = 0;
         int u = 0;
-        uint32_t e = 0;
         for (int i = 0; i < 4; i++) {
-            int l = 0;
-            while (value[l] != quant_iq_byte(quant_grids_iq3xxs[k], i)) l++;
+            int l = quant_iq3_level(which, quant_iq_byte(g, i));
             u |= l << 3 * i;
             e |= (uint32_t)(2 * l + 1) << 8 * i;
         }
@@ -310,12 +321,12 @@ static void quant_iq_s3_init(void)
     }
     size_t cap = 4096 * 8, used = 0;
     s->neighbours = xmalloc(cap * sizeof *s->neighbours);
-    int dist2[2 * 256];
+    int dist2[2 * 512];
     for (int u = 0; u < 4096; u++) {
         if (s->map[u] >= 0) continue;
         int pos[4];
         for (int k = 0; k < 4; k++) pos[k] = 2 * ((u >> 3 * k) & 7) + 1;
-        for (int j = 0; j < 256; j++) {
+        for (int j = 0; j < s->n; j++) {
             int d2 = 0;
             for (int k = 0; k < 4; k++) {
                 int d = (int8_t)quant_iq_byte(s->grid[j], k) - pos[k];
@@ -323,13 +334,13 @@ static void quant_iq_s3_init(void)
             }
             dist2[2 * j] = d2, dist2[2 * j + 1] = j;
         }
-        qsort(dist2, 256, 2 * sizeof(int), quant_iq_cmp_pair);
-        if (used + 1 + 256 > cap) s->neighbours = xrealloc(s->neighbours, (cap *= 2) * sizeof *s->neighbours);
+        qsort(dist2, (size_t)s->n, 2 * sizeof(int), quant_iq_cmp_pair);
+        if (used + 1 + (size_t)s->n > cap) s->neighbours = xrealloc(s->neighbours, (cap *= 2) * sizeof *s->neighbours);
         size_t start = used++;
         int n = 0, d2 = dist2[0], nhave = 1;
-        for (int j = 0; j < 256; j++) {
+        for (int j = 0; j < s->n; j++) {
             if (dist2[2 * j] > d2) {
-                if (nhave == 2) break;
+                if (nhave == nwant) break;
                 d2 = dist2[2 * j];
                 nhave++;
             }
@@ -340,140 +351,152 @@ static void quant_iq_s3_init(void)
         s->map[u] = -(int)(start + 1);
     }
 }
+static void quant_iq_s3_init_xxs(void) { quant_iq_s3_init_grid(0); }
+static void quant_iq_s3_init_s(void) { quant_iq_s3_init_grid(1); }
 
-/* ggml's iq3_find_best_neighbour: the weighted-nearest of the pattern's neighbours at scale. */
-static int quant_iq3_best_neighbour(const uint16_t *nb, const float *xval, const float *w, float scale, int8_t *L)
+/* ggml's iq3_find_best_neighbour: the weighted-nearest of the pattern's neighbours at scale;
+ * writes its levels to L. */
+static int quant_iq3_best_neighbour(const quant_iq3_search *s, const uint16_t *nb, const float *xval,
+                                    const float *w, float scale, int8_t *L)
 {
     float best_d2 = FLT_MAX;
     int gi = -1;
     for (int j = 1; j <= nb[0]; j++) {
         float d2 = 0;
         for (int i = 0; i < 4; i++) {
-            float q = (int8_t)quant_iq_byte(quant_iq_s3.grid[nb[j]], i);
+            float q = (int8_t)quant_iq_byte(s->grid[nb[j]], i);
             float diff = scale * q - xval[i];
             d2 += w[i] * diff * diff;
         }
         if (d2 < best_d2) best_d2 = d2, gi = nb[j];
     }
-    for (int i = 0; i < 4; i++) L[i] = (int8_t)(((int8_t)quant_iq_byte(quant_iq_s3.grid[gi], i) - 1) / 2);
+    for (int i = 0; i < 4; i++) L[i] = (int8_t)(((int8_t)quant_iq_byte(s->grid[gi], i) - 1) / 2);
     return gi;
 }
 
-/* The grid entry of 4 levels, searching the neighbours (and rewriting L) when off the grid. */
-static int quant_iq3_entry(int8_t *L, const float *xval, const float *w, float scale, bool *on_grid)
+/* The levels of 4 elements at inverse scale id, snapped to the grid at scale (the best
+ * neighbour when off it, which rewrites L); returns whether they were on it. */
+static bool quant_iq3_snap(const quant_iq3_search *s, const float *xval, const float *w, float id, float scale, int8_t *L)
+{
+    int u = 0;
+    for (int i = 0; i < 4; i++) {
+        int l = quant_nearest_int(0.5f * (id * xval[i] - 1));
+        L[i] = (int8_t)(l < 0 ? 0 : l > 7 ? 7 : l);
+        u |= L[i] << 3 * i;
+    }
+    if (s->map[u] >= 0) return true;
+    quant_iq3_best_neighbour(s, s->neighbours - s->map[u] - 1, xval, w, scale, L);
+    return false;
+}
+
+static int quant_iq3_entry_of(const quant_iq3_search *s, const int8_t *L)
 {
     int u = 0;
     for (int i = 0; i < 4; i++) u |= L[i] << 3 * i;
-    int gi = quant_iq_s3.map[u];
-    *on_grid = gi >= 0;
-    if (gi < 0) gi = quant_iq3_best_neighbour(quant_iq_s3.neighbours - quant_iq_s3.map[u] - 1, xval, w, scale, L);
-    return gi;
+    assert(s->map[u] >= 0);
+    return s->map[u];
+}
+
+/* One 32-element group as ggml's IQ3 quantisers search it (xxs: IQ3_XXS's variant, whose
+ * signs carry even parity, 31 trial scales, and only off-grid groups re-snapped at the end;
+ * else IQ3_S's: 8 free sign bits, 19 trial scales, every group re-snapped). Returns the
+ * group's scale with the levels in L and the sign bytes in signs, or -1 for a group of zeros
+ * (ggml leaves its bytes zero). */
+static float quant_iq3_group(const quant_iq3_search *s, const float *xb, bool xxs, int8_t L[32], uint8_t signs[4])
+{
+    float weight[32], waux[32], xval[32];
+    int8_t Laux[32];
+    bool on_grid[8], on_grid_aux[8];
+    for (int i = 0; i < 32; i++) weight[i] = xb[i] * xb[i];
+    for (int i = 0; i < 32; i++) waux[i] = sqrtf(weight[i]);
+    for (int k = 0; k < 4; k++) {
+        int nflip = 0;
+        uint8_t sg = 0;
+        for (int i = 0; i < 8; i++) {
+            if (xb[8 * k + i] >= 0) xval[8 * k + i] = xb[8 * k + i];
+            else xval[8 * k + i] = -xb[8 * k + i], nflip++, sg |= (uint8_t)(1 << i);
+        }
+        if (xxs && nflip % 2) { /* flip the least important element to make the count even */
+            int imin = 0;
+            float min = weight[8 * k] * xb[8 * k] * xb[8 * k];
+            for (int i = 1; i < 8; i++) {
+                float ax = weight[8 * k + i] * xb[8 * k + i] * xb[8 * k + i];
+                if (ax < min) min = ax, imin = i;
+            }
+            xval[8 * k + imin] = -xval[8 * k + imin];
+            sg ^= (uint8_t)(1 << imin);
+        }
+        signs[k] = xxs ? sg & 127 : sg;
+    }
+    float max = xval[0];
+    for (int i = 1; i < 32; i++) max = max > xval[i] ? max : xval[i];
+    memset(L, 0, 32);
+    if (xxs ? max < 1e-8f : !max) return -1;
+    float best = 0, scale = max / 15;
+    for (int k = 0; k < 8; k++) on_grid[k] = xxs;
+    int range = xxs ? 15 : 9;
+    for (int is = -range; is <= range; is++) {
+        float id = (15 + is * 0.2f) / max, this_scale = 1 / id;
+        for (int k = 0; k < 8; k++) on_grid_aux[k] = quant_iq3_snap(s, xval + 4 * k, waux + 4 * k, id, this_scale, Laux + 4 * k);
+        float sumqx = 0, sumq2 = 0;
+        for (int i = 0; i < 32; i++) {
+            float w = weight[i], q = 2 * Laux[i] + 1;
+            sumqx += w * xval[i] * q;
+            sumq2 += w * q * q;
+        }
+        if (sumq2 > 0 && sumqx * sumqx > best * sumq2) {
+            scale = sumqx / sumq2, best = scale * sumqx;
+            memcpy(L, Laux, 32);
+            memcpy(on_grid, on_grid_aux, sizeof on_grid);
+        }
+    }
+    int n_off = 0;
+    for (int k = 0; k < 8; k++) n_off += !on_grid[k];
+    if (n_off > 0 && scale > 0) {
+        float id = 1 / scale;
+        for (int k = 0; k < 8; k++)
+            if (!xxs || !on_grid[k]) quant_iq3_snap(s, xval + 4 * k, waux + 4 * k, id, scale, L + 4 * k);
+        float sumqx = 0, sumq2 = 0;
+        for (int i = 0; i < 32; i++) {
+            float w = weight[i], q = 2 * L[i] + 1;
+            sumqx += w * xval[i] * q;
+            sumq2 += w * q * q;
+        }
+        if (sumq2 > 0) scale = sumqx / sumq2;
+    }
+    if (scale < 0) { /* ggml: "should never happen"; the scale is stored unsigned */
+        scale = -scale;
+        for (int k = 0; k < 4; k++) signs[k] = (uint8_t)(~signs[k] & (xxs ? 127 : 255));
+    }
+    return scale;
+}
+
+/* The 4-bit sub-block scale of scale under the super-block's d = max_scale / 31. */
+static uint8_t quant_iq3_scale4(float id, float scale)
+{
+    int l = quant_nearest_int(0.5f * (id * scale - 1));
+    return (uint8_t)(l < 0 ? 0 : l > 15 ? 15 : l);
 }
 
 static void quant_iq_ref_iq3_xxs(const float *x, block_iq3_xxs *y, int64_t n)
 {
-    pthread_once(&quant_iq_s3_once, quant_iq_s3_init);
-    const int kMaxQ = 8;
+    pthread_once(&quant_iq_s3_once[0], quant_iq_s3_init_xxs);
+    const quant_iq3_search *s = &quant_iq_s3[0];
     for (int64_t ibl = 0; ibl < n / QK_K; ibl++) {
-        const float *xbl = x + QK_K * ibl;
         uint8_t q3[96] = {0};
         float scales[QK_K / 32], max_scale = 0;
         for (int ib = 0; ib < QK_K / 32; ib++) {
-            const float *xb = xbl + 32 * ib;
-            float weight[32], waux[32], xval[32];
-            int8_t L[32] = {0}, Laux[32];
-            bool on_grid[8], on_grid_aux[8];
-            uint8_t block_signs[4];
-            for (int i = 0; i < 32; i++) weight[i] = xb[i] * xb[i];
-            for (int i = 0; i < 32; i++) waux[i] = sqrtf(weight[i]);
-            /* signs per 8, the count made even by flipping the least important element */
-            for (int k = 0; k < 4; k++) {
-                int nflip = 0;
-                uint8_t s = 0;
-                for (int i = 0; i < 8; i++) {
-                    if (xb[8 * k + i] >= 0) xval[8 * k + i] = xb[8 * k + i];
-                    else xval[8 * k + i] = -xb[8 * k + i], nflip++, s |= (uint8_t)(1 << i);
-                }
-                if (nflip % 2) {
-                    int imin = 0;
-                    float min = weight[8 * k] * xb[8 * k] * xb[8 * k];
-                    for (int i = 1; i < 8; i++) {
-                        float ax = weight[8 * k + i] * xb[8 * k + i] * xb[8 * k + i];
-                        if (ax < min) min = ax, imin = i;
-                    }
-                    xval[8 * k + imin] = -xval[8 * k + imin];
-                    s ^= (uint8_t)(1 << imin);
-                }
-                block_signs[k] = s & 127;
-            }
-            float max = xval[0];
-            for (int i = 1; i < 32; i++) max = max > xval[i] ? max : xval[i];
-            if (max < 1e-8f) {
+            int8_t L[32];
+            uint8_t sg[4];
+            scales[ib] = quant_iq3_group(s, x + QK_K * ibl + 32 * ib, true, L, sg);
+            if (scales[ib] < 0) {
                 scales[ib] = 0;
                 continue;
             }
-            /* the best of 31 trial scales, each point snapped to the grid */
-            float best = 0, scale = max / (2 * kMaxQ - 1);
-            for (int k = 0; k < 8; k++) on_grid[k] = true;
-            for (int is = -15; is <= 15; is++) {
-                float id = (2 * kMaxQ - 1 + is * 0.2f) / max, this_scale = 1 / id;
-                for (int k = 0; k < 8; k++) {
-                    for (int i = 0; i < 4; i++) {
-                        int l = quant_nearest_int(0.5f * (id * xval[4 * k + i] - 1));
-                        Laux[4 * k + i] = (int8_t)(l < 0 ? 0 : l > kMaxQ - 1 ? kMaxQ - 1 : l);
-                    }
-                    quant_iq3_entry(Laux + 4 * k, xval + 4 * k, waux + 4 * k, this_scale, &on_grid_aux[k]);
-                }
-                float sumqx = 0, sumq2 = 0;
-                for (int i = 0; i < 32; i++) {
-                    float w = weight[i], q = 2 * Laux[i] + 1;
-                    sumqx += w * xval[i] * q;
-                    sumq2 += w * q * q;
-                }
-                if (sumq2 > 0 && sumqx * sumqx > best * sumq2) {
-                    scale = sumqx / sumq2, best = scale * sumqx;
-                    memcpy(L, Laux, 32);
-                    memcpy(on_grid, on_grid_aux, sizeof on_grid);
-                }
-            }
-            int n_off = 0;
-            for (int k = 0; k < 8; k++) n_off += !on_grid[k];
-            if (n_off > 0 && scale > 0) {
-                float id = 1 / scale;
-                for (int k = 0; k < 8; k++) {
-                    if (on_grid[k]) continue;
-                    int8_t Lk[4];
-                    for (int i = 0; i < 4; i++) {
-                        int l = quant_nearest_int(0.5f * (id * xval[4 * k + i] - 1));
-                        Lk[i] = (int8_t)(l < 0 ? 0 : l > kMaxQ - 1 ? kMaxQ - 1 : l);
-                    }
-                    bool og;
-                    int gi = quant_iq3_entry(Lk, xval + 4 * k, waux + 4 * k, scale, &og);
-                    for (int i = 0; i < 4; i++) L[4 * k + i] = (int8_t)(((int8_t)quant_iq_byte(quant_iq_s3.grid[gi], i) - 1) / 2);
-                }
-                float sumqx = 0, sumq2 = 0;
-                for (int i = 0; i < 32; i++) {
-                    float w = weight[i], q = 2 * L[i] + 1;
-                    sumqx += w * xval[i] * q;
-                    sumq2 += w * q * q;
-                }
-                if (sumq2 > 0) scale = sumqx / sumq2;
-            }
-            if (scale < 0) {
-                scale = -scale;
-                for (int k = 0; k < 4; k++) block_signs[k] = (uint8_t)(~block_signs[k] & 127);
-            }
-            for (int k = 0; k < 8; k++) {
-                int u = 0;
-                for (int i = 0; i < 4; i++) u |= L[4 * k + i] << 3 * i;
-                assert(quant_iq_s3.map[u] >= 0);
-                q3[8 * ib + k] = (uint8_t)quant_iq_s3.map[u];
-            }
-            uint32_t sas = block_signs[0] | (uint32_t)block_signs[1] << 7 | (uint32_t)block_signs[2] << 14 |
-                           (uint32_t)block_signs[3] << 21;
+            for (int k = 0; k < 8; k++) q3[8 * ib + k] = (uint8_t)quant_iq3_entry_of(s, L + 4 * k);
+            uint32_t sas = sg[0] | (uint32_t)sg[1] << 7 | (uint32_t)sg[2] << 14 | (uint32_t)sg[3] << 21;
             memcpy(q3 + 64 + 4 * ib, &sas, 4);
-            scales[ib] = scale;
-            max_scale = max_scale > scale ? max_scale : scale;
+            max_scale = max_scale > scales[ib] ? max_scale : scales[ib];
         }
         y[ibl].d = quant_fp32_to_fp16(0.f);
         if (!max_scale) {
@@ -483,16 +506,47 @@ static void quant_iq_ref_iq3_xxs(const float *x, block_iq3_xxs *y, int64_t n)
         float d = max_scale / 31;
         y[ibl].d = quant_fp32_to_fp16(d * 1.0125f); /* ggml's fudge factor */
         float id = 1 / d;
-        for (int ib = 0; ib < QK_K / 32; ib++) {
-            int l = quant_nearest_int(0.5f * (id * scales[ib] - 1));
-            l = l < 0 ? 0 : l > 15 ? 15 : l;
-            q3[64 + 4 * ib + 3] |= (uint8_t)(l << 4);
-        }
+        for (int ib = 0; ib < QK_K / 32; ib++) q3[64 + 4 * ib + 3] |= (uint8_t)(quant_iq3_scale4(id, scales[ib]) << 4);
         memcpy(y[ibl].qs, q3, sizeof q3);
     }
 }
 
-bool quant_iq_can_quantize(qtype t) { return t == QTYPE_TQ1_0 || t == QTYPE_TQ2_0 || t == QTYPE_IQ3_XXS; }
+static void quant_iq_ref_iq3_s(const float *x, block_iq3_s *y, int64_t n)
+{
+    pthread_once(&quant_iq_s3_once[1], quant_iq_s3_init_s);
+    const quant_iq3_search *s = &quant_iq_s3[1];
+    for (int64_t ibl = 0; ibl < n / QK_K; ibl++) {
+        memset(&y[ibl], 0, sizeof y[ibl]);
+        float scales[QK_K / 32], max_scale = 0;
+        for (int ib = 0; ib < QK_K / 32; ib++) {
+            int8_t L[32];
+            uint8_t sg[4];
+            scales[ib] = quant_iq3_group(s, x + QK_K * ibl + 32 * ib, false, L, sg);
+            if (scales[ib] < 0) {
+                scales[ib] = 0;
+                continue;
+            }
+            for (int k = 0; k < 8; k++) {
+                int gi = quant_iq3_entry_of(s, L + 4 * k);
+                y[ibl].qs[8 * ib + k] = (uint8_t)(gi & 255);
+                y[ibl].qh[ib] |= (uint8_t)((gi >> 8) << k);
+            }
+            memcpy(y[ibl].signs + 4 * ib, sg, 4);
+            max_scale = max_scale > scales[ib] ? max_scale : scales[ib];
+        }
+        if (!max_scale) continue;
+        float d = max_scale / 31;
+        y[ibl].d = quant_fp32_to_fp16(d * 1.033f); /* ggml's fudge factor */
+        float id = 1 / d;
+        for (int ib = 0; ib < QK_K / 32; ib += 2)
+            y[ibl].scales[ib / 2] = (uint8_t)(quant_iq3_scale4(id, scales[ib]) | quant_iq3_scale4(id, scales[ib + 1]) << 4);
+    }
+}
+
+bool quant_iq_can_quantize(qtype t)
+{
+    return t == QTYPE_TQ1_0 || t == QTYPE_TQ2_0 || t == QTYPE_IQ3_XXS || t == QTYPE_IQ3_S;
+}
 
 void quant_iq_quantize_row(qtype t, const float *src, void *dst, int64_t n)
 {
@@ -500,6 +554,7 @@ void quant_iq_quantize_row(qtype t, const float *src, void *dst, int64_t n)
     case QTYPE_TQ1_0: quant_iq_ref_tq1_0(src, dst, n); break;
     case QTYPE_TQ2_0: quant_iq_ref_tq2_0(src, dst, n); break;
     case QTYPE_IQ3_XXS: quant_iq_ref_iq3_xxs(src, dst, n); break;
+    case QTYPE_IQ3_S: quant_iq_ref_iq3_s(src, dst, n); break;
     default: assert(!"no quantiser for this type"); break;
     }
 }
