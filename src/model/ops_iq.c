@@ -207,24 +207,15 @@ static float ops_iq_dot_tq2_0(int64_t n, const block_tq2_0 *w, const block_q8_K 
     return sumf;
 }
 
-#define OPS_IQ_GEMM(name, dot, wt)                                                               \
-    static void name(int64_t cols, const void *w, size_t ws, int nr, const void *x, size_t xs, int nt, \
-                     float *y, size_t ys)                                                        \
-    {                                                                                            \
-        for (int t = 0; t < nt; t++)                                                             \
-            for (int r = 0; r < nr; r++)                                                         \
-                y[(size_t)t * ys + r] = dot(cols, (const wt *)((const char *)w + r * ws),        \
-                                            (const block_q8_K *)((const char *)x + t * xs));     \
-    }
-OPS_IQ_GEMM(ops_iq_gemm_iq2_xxs, ops_iq_dot_iq2_xxs, block_iq2_xxs)
-OPS_IQ_GEMM(ops_iq_gemm_iq2_xs, ops_iq_dot_iq2_xs, block_iq2_xs)
-OPS_IQ_GEMM(ops_iq_gemm_iq2_s, ops_iq_dot_iq2_s, block_iq2_s)
-OPS_IQ_GEMM(ops_iq_gemm_iq3_xxs, ops_iq_dot_iq3_xxs, block_iq3_xxs)
-OPS_IQ_GEMM(ops_iq_gemm_iq3_s, ops_iq_dot_iq3_s, block_iq3_s)
-OPS_IQ_GEMM(ops_iq_gemm_iq1_s, ops_iq_dot_iq1_s, block_iq1_s)
-OPS_IQ_GEMM(ops_iq_gemm_iq1_m, ops_iq_dot_iq1_m, block_iq1_m)
-OPS_IQ_GEMM(ops_iq_gemm_tq1_0, ops_iq_dot_tq1_0, block_tq1_0)
-OPS_IQ_GEMM(ops_iq_gemm_tq2_0, ops_iq_dot_tq2_0, block_tq2_0)
+OPS_GEMM_OF_DOT(ops_iq_gemm_iq2_xxs, ops_iq_dot_iq2_xxs, block_iq2_xxs, block_q8_K)
+OPS_GEMM_OF_DOT(ops_iq_gemm_iq2_xs, ops_iq_dot_iq2_xs, block_iq2_xs, block_q8_K)
+OPS_GEMM_OF_DOT(ops_iq_gemm_iq2_s, ops_iq_dot_iq2_s, block_iq2_s, block_q8_K)
+OPS_GEMM_OF_DOT(ops_iq_gemm_iq3_xxs, ops_iq_dot_iq3_xxs, block_iq3_xxs, block_q8_K)
+OPS_GEMM_OF_DOT(ops_iq_gemm_iq3_s, ops_iq_dot_iq3_s, block_iq3_s, block_q8_K)
+OPS_GEMM_OF_DOT(ops_iq_gemm_iq1_s, ops_iq_dot_iq1_s, block_iq1_s, block_q8_K)
+OPS_GEMM_OF_DOT(ops_iq_gemm_iq1_m, ops_iq_dot_iq1_m, block_iq1_m, block_q8_K)
+OPS_GEMM_OF_DOT(ops_iq_gemm_tq1_0, ops_iq_dot_tq1_0, block_tq1_0, block_q8_K)
+OPS_GEMM_OF_DOT(ops_iq_gemm_tq2_0, ops_iq_dot_tq2_0, block_tq2_0, block_q8_K)
 
 void ops_iq_init_scalar(ops_kernels *k)
 {

@@ -293,24 +293,15 @@ static float iq_a2_dot_tq1_0(int64_t n, const block_tq1_0 *w, const block_q8_K *
     return sumf;
 }
 
-#define IQ_A2_GEMM(name, dot, wt)                                                               \
-    static void name(int64_t cols, const void *w, size_t ws, int nr, const void *x, size_t xs, int nt, \
-                     float *y, size_t ys)                                                       \
-    {                                                                                           \
-        for (int t = 0; t < nt; t++)                                                            \
-            for (int r = 0; r < nr; r++)                                                        \
-                y[(size_t)t * ys + r] = dot(cols, (const wt *)((const char *)w + r * ws),       \
-                                            (const block_q8_K *)((const char *)x + t * xs));    \
-    }
-IQ_A2_GEMM(iq_a2_gemm_iq2_xxs, iq_a2_dot_iq2_xxs, block_iq2_xxs)
-IQ_A2_GEMM(iq_a2_gemm_iq2_xs, iq_a2_dot_iq2_xs, block_iq2_xs)
-IQ_A2_GEMM(iq_a2_gemm_iq2_s, iq_a2_dot_iq2_s, block_iq2_s)
-IQ_A2_GEMM(iq_a2_gemm_iq3_xxs, iq_a2_dot_iq3_xxs, block_iq3_xxs)
-IQ_A2_GEMM(iq_a2_gemm_iq3_s, iq_a2_dot_iq3_s, block_iq3_s)
-IQ_A2_GEMM(iq_a2_gemm_iq1_s, iq_a2_dot_iq1_s, block_iq1_s)
-IQ_A2_GEMM(iq_a2_gemm_iq1_m, iq_a2_dot_iq1_m, block_iq1_m)
-IQ_A2_GEMM(iq_a2_gemm_tq1_0, iq_a2_dot_tq1_0, block_tq1_0)
-IQ_A2_GEMM(iq_a2_gemm_tq2_0, iq_a2_dot_tq2_0, block_tq2_0)
+OPS_GEMM_OF_DOT(iq_a2_gemm_iq2_xxs, iq_a2_dot_iq2_xxs, block_iq2_xxs, block_q8_K)
+OPS_GEMM_OF_DOT(iq_a2_gemm_iq2_xs, iq_a2_dot_iq2_xs, block_iq2_xs, block_q8_K)
+OPS_GEMM_OF_DOT(iq_a2_gemm_iq2_s, iq_a2_dot_iq2_s, block_iq2_s, block_q8_K)
+OPS_GEMM_OF_DOT(iq_a2_gemm_iq3_xxs, iq_a2_dot_iq3_xxs, block_iq3_xxs, block_q8_K)
+OPS_GEMM_OF_DOT(iq_a2_gemm_iq3_s, iq_a2_dot_iq3_s, block_iq3_s, block_q8_K)
+OPS_GEMM_OF_DOT(iq_a2_gemm_iq1_s, iq_a2_dot_iq1_s, block_iq1_s, block_q8_K)
+OPS_GEMM_OF_DOT(iq_a2_gemm_iq1_m, iq_a2_dot_iq1_m, block_iq1_m, block_q8_K)
+OPS_GEMM_OF_DOT(iq_a2_gemm_tq1_0, iq_a2_dot_tq1_0, block_tq1_0, block_q8_K)
+OPS_GEMM_OF_DOT(iq_a2_gemm_tq2_0, iq_a2_dot_tq2_0, block_tq2_0, block_q8_K)
 
 void ops_iq_init_avx2(ops_kernels *k)
 {
