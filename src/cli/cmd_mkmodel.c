@@ -907,7 +907,16 @@ int cmd_mkmodel(int argc, char **argv)
     }
     bool gptoss = !strcmp(o.arch, "gpt-oss");
     if (!mk_parse_type(o.type, &qt, &km, &ft)) {
-        fprintf(stderr, "tokenmill mkmodel: unknown type '%s'\n", o.type);
+        int id = -1;   /* a type tokenmill reads but cannot write says so */
+        for (int i = 0; i < QTYPE_COUNT_MAX && id < 0; i++)
+            if (quant_ggml_type_name(i) && !strcasecmp(quant_ggml_type_name(i), o.type) && quant_weight_type(i)) id = i;
+        if (id == QTYPE_IQ2_XXS || id == QTYPE_IQ2_XS || id == QTYPE_IQ1_S)
+            fprintf(stderr, "tokenmill mkmodel: type '%s' is read but not written: ggml quantises it only with an "
+                    "importance matrix\n", o.type);
+        else if (id >= 0)
+            fprintf(stderr, "tokenmill mkmodel: type '%s' is read but not written: its quantiser is not ported\n", o.type);
+        else
+            fprintf(stderr, "tokenmill mkmodel: unknown type '%s'\n", o.type);
         cmd_opts_hint("mkmodel", synopsis);
         return 2;
     }

@@ -4,7 +4,8 @@
  *
  * A quantised row of n elements is n / block_elems blocks of block_bytes each. Weight rows are
  * multiplied against activations quantised to the weight type's "vec dot type" (Q8_0 for
- * Q4_0/Q8_0/MXFP4, Q8_1 for Q4_1/Q5_1 and also Q5_0/IQ4_NL, Q8_K for the k-quants and IQ4_XS,
+ * Q4_0/Q8_0/MXFP4, Q8_1 for Q4_1/Q5_1 and also Q5_0/IQ4_NL, Q8_K for the k-quants, IQ4_XS and
+ * the codebook and ternary types (quant_iq.h),
  * F16 for F16, BF16 for BF16, F32 for F32), as llama.cpp's CPU backend does, so that our results
  * agree with it to rounding. ggml takes Q8_0 activations for Q5_0 and IQ4_NL; Q8_1 holds the
  * same scale and values (plus a sum they ignore) and keeps one plain block format at every
