@@ -13,7 +13,7 @@
  * post_attention_norm, a router bias, expert biases, attention.sliding_window, YaRN factor 32;
  * --type mxfp4 is llama.cpp's MXFP4_MOE: experts in MXFP4, other matrices in Q8_0). Norms, biases and rope
  * factors stay F32; every matrix gets
- * --type (q4_1, q5_0, q5_1, q2_k, q3_k, iq4_nl, iq4_xs, iq3_xxs, iq3_s, tq1_0, tq2_0 too, ggml's reference quantisers; every matrix
+ * --type (q4_1, q5_0, q5_1, q2_k, q3_k, iq4_nl, iq4_xs, iq3_xxs, iq3_s, iq2_s, tq1_0, tq2_0 too, ggml's reference quantisers; every matrix
  * in the one type), for q3_k_m llama.cpp's Q3_K_M mix (Q3_K, attn_v/ffn_down/attn_output in Q4_K/Q5_K, output Q6_K),
  * or for q4_k_m / q5_k_m the Q4_K (Q5_K) / Q6_K mix of llama.cpp's Q4_K_M / Q5_K_M (output or tied embedding,
  * and attn_v/ffn_down of "more bits" layers, in Q6_K). A matrix whose rows do not fit the
@@ -628,11 +628,11 @@ static bool mk_parse_type(const char *s, qtype *base, bool *k_m, uint32_t *ftype
         { "iq4_nl", QTYPE_IQ4_NL, false, 25 }, { "iq4_xs", QTYPE_IQ4_XS, false, 30 },
         /* llama.cpp's MXFP4_MOE: experts in MXFP4, every other matrix in Q8_0 */
         { "mxfp4", QTYPE_Q8_0, false, 38 },
-        /* ternary (ggml's quantize_row_tq{1,2}_0_ref), IQ3_XXS and IQ3_S (quantize_iq3_{xxs,s}
-         * without an importance matrix); the other codebook types need ggml's importance
-         * matrix or a search not ported (quant_iq.h) */
+        /* ternary (ggml's quantize_row_tq{1,2}_0_ref), IQ3_XXS, IQ3_S and IQ2_S (ggml's
+         * quantisers without an importance matrix); the other codebook types need ggml's
+         * importance matrix or a search not ported (quant_iq.h) */
         { "tq1_0", QTYPE_TQ1_0, false, 36 }, { "tq2_0", QTYPE_TQ2_0, false, 37 }, { "iq3_xxs", QTYPE_IQ3_XXS, false, 23 },
-        { "iq3_s", QTYPE_IQ3_S, false, 26 },
+        { "iq3_s", QTYPE_IQ3_S, false, 26 }, { "iq2_s", QTYPE_IQ2_S, false, 28 },
     };
     for (size_t i = 0; i < TM_ARRAY_LEN(types); i++) {
         if (!strcasecmp(s, types[i].name)) {
@@ -864,7 +864,7 @@ int cmd_mkmodel(int argc, char **argv)
         { "--ctx", NULL, CMD_OPT_LONG, &ctx, 0, 1 << 24, .arg = "N", .help = "training context" },
         { "--vocab-size", NULL, CMD_OPT_LONG, &nv, 0, 1 << 24, .arg = "N", .help = "without --vocab: a synthetic vocabulary" },
         { "--vocab", NULL, CMD_OPT_STR, &vocab, .arg = "FILE.gguf|tokenizer.json", .help = "a real vocabulary" },
-        { "--type", NULL, CMD_OPT_STR, &o.type, .arg = "T", .help = "f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k|q3_k_m|q4_k|q4_k_m|q5_k|q5_k_m|q6_k|iq4_nl|iq4_xs|iq3_xxs|iq3_s|tq1_0|tq2_0|mxfp4 (mxfp4: gpt-oss experts, the rest q8_0)", .required = true },
+        { "--type", NULL, CMD_OPT_STR, &o.type, .arg = "T", .help = "f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k|q3_k_m|q4_k|q4_k_m|q5_k|q5_k_m|q6_k|iq4_nl|iq4_xs|iq3_xxs|iq3_s|iq2_s|tq1_0|tq2_0|mxfp4 (mxfp4: gpt-oss experts, the rest q8_0)", .required = true },
         { "--seed", NULL, CMD_OPT_U64, &seed, .arg = "S", .help = "weights' seed", .required = true },
         { "--tied", NULL, CMD_OPT_SET, &tied, .set = 1, .help = "output head shares the embedding" },
         { "--pooling", NULL, CMD_OPT_STR, &pooling, .arg = "mean|last|rank", .help = "an embedding model's pooling_type (rank: a Qwen3-Reranker, with cls.output and its prompt)" },

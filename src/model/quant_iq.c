@@ -543,9 +543,183 @@ static void quant_iq_ref_iq3_s(const float *x, block_iq3_s *y, int64_t n)
     }
 }
 
+/* ---- IQ2_S: ggml's quantize_row_iq2_s_impl without an importance matrix -------------- */
+
+/* ggml's iq2xs_init_impl tables for the IQ2_S grid: its 1024 entries as int8 points 2l+1 of
+ * 2-bit levels (8 per entry), the map from a 16-bit level pattern to its entry, and for a
+ * pattern off the grid the entries at its smallest distance (ggml keeps 1 distance for
+ * IQ2_S). Built once, on first use. */
+#define QUANT_IQ2S_MAP 43692 /* ggml's kmap_size: patterns up to 0xaaab */
+typedef struct {
+    uint64_t grid[1024];          /* int8 points 2l+1 per element */
+    int map[QUANT_IQ2S_MAP];      /* pattern -> entry, or -(offset + 1) into neighbours */
+    uint16_t *neighbours;         /* per off-grid pattern: n, then n entries */
+} quant_iq2s_search;
+
+static quant_iq2s_search quant_iq_s2;
+static pthread_once_t quant_iq_s2_once = PTHREAD_ONCE_INIT;
+
+static void quant_iq_s2_init(void)
+{
+    static const uint8_t value[3] = {8, 25, 43};
+    quant_iq2s_search *s = &quant_iq_s2;
+    for (int k = 0; k < QUANT_IQ2S_MAP; k++) s->map[k] = -1;
+    for (int k = 0; k < 1024; k++) {
+        int u = 0;
+        uint64_t e = 0;
+        for (int i = 0; i < 8; i++) {
+            int l = 0;
+            while (value[l] != quant_iq_byte(quant_grids_iq2s[k], i)) l++;
+            u |= l << 2 * i;
+            e |= (uint64_t)(2 * l + 1) << 8 * i;
+        }
+        s->grid[k] = e;
+        s->map[u] = k;
+    }
+    /* ggml sorts all entries by (distance, index) and keeps those at the smallest distance:
+     * the entries at the minimum in index order, found in one pass */
+    size_t cap = QUANT_IQ2S_MAP * 4, used = 0;
+    s->neighbours = xmalloc(cap * sizeof *s->neighbours);
+    int dist2[1024];
+    for (int u = 0; u < QUANT_IQ2S_MAP; u++) {
+        if (s->map[u] >= 0) continue;
+        int pos[8], dmin = INT32_MAX;
+        for (int k = 0; k < 8; k++) pos[k] = 2 * ((u >> 2 * k) & 3) + 1;
+        for (int j = 0; j < 1024; j++) {
+            int d2 = 0;
+            for (int k = 0; k < 8; k++) {
+                int d = (int8_t)quant_iq_byte(s->grid[j], k) - pos[k];
+                d2 += d * d;
+            }
+            dist2[j] = d2;
+            dmin = d2 < dmin ? d2 : dmin;
+        }
+        if (used + 1 + 1024 > cap) s->neighbours = xrealloc(s->neighbours, (cap *= 2) * sizeof *s->neighbours);
+        size_t start = used++;
+        for (int j = 0; j < 1024; j++)
+            if (dist2[j] == dmin) s->neighbours[used++] = (uint16_t)j;
+        s->neighbours[start] = (uint16_t)(used - start - 1);
+        s->map[u] = -(int)(start + 1);
+    }
+}
+
+/* The levels of 8 elements at inverse scale id, snapped to the IQ2_S grid at scale (ggml's
+ * iq2_find_best_neighbour when off it, which rewrites L); returns whether they were on it. */
+static bool quant_iq2s_snap(const float *xval, const float *w, float id, float scale, int8_t *L)
+{
+    const quant_iq2s_search *s = &quant_iq_s2;
+    int u = 0;
+    for (int i = 0; i < 8; i++) {
+        int l = quant_nearest_int(0.5f * (id * xval[i] - 1));
+        L[i] = (int8_t)(l < 0 ? 0 : l > 2 ? 2 : l);
+        u |= L[i] << 2 * i;
+    }
+    if (s->map[u] >= 0) return true;
+    const uint16_t *nb = s->neighbours - s->map[u] - 1;
+    float best_d2 = FLT_MAX;
+    int gi = -1;
+    for (int j = 1; j <= nb[0]; j++) {
+        float d2 = 0;
+        for (int i = 0; i < 8; i++) {
+            float q = (int8_t)quant_iq_byte(s->grid[nb[j]], i);
+            float diff = scale * q - xval[i];
+            d2 += w[i] * diff * diff;
+        }
+        if (d2 < best_d2) best_d2 = d2, gi = nb[j];
+    }
+    for (int i = 0; i < 8; i++) L[i] = (int8_t)(((int8_t)quant_iq_byte(s->grid[gi], i) - 1) / 2);
+    return false;
+}
+
+static void quant_iq_ref_iq2_s(const float *x, block_iq2_s *y, int64_t n)
+{
+    pthread_once(&quant_iq_s2_once, quant_iq_s2_init);
+    const quant_iq2s_search *s = &quant_iq_s2;
+    for (int64_t ibl = 0; ibl < n / QK_K; ibl++) {
+        memset(&y[ibl], 0, sizeof y[ibl]);
+        const float *xbl = x + QK_K * ibl;
+        float sumx2 = 0;
+        for (int i = 0; i < QK_K; i++) sumx2 += xbl[i] * xbl[i];
+        const float sigma2 = 2 * sumx2 / QK_K;
+        float scales[QK_K / 16], max_scale = 0;
+        for (int ib = 0; ib < QK_K / 16; ib++) {
+            const float *xb = xbl + 16 * ib;
+            float weight[16], waux[16], xval[16];
+            int8_t L[16] = {0}, Laux[16];
+            bool on_grid[2] = {true, true}, on_grid_aux[2];
+            uint8_t signs[2];
+            for (int i = 0; i < 16; i++) weight[i] = 0.25f * sigma2 + xb[i] * xb[i];
+            for (int i = 0; i < 16; i++) waux[i] = sqrtf(weight[i]);
+            for (int k = 0; k < 2; k++) {
+                uint8_t sg = 0;
+                for (int i = 0; i < 8; i++) {
+                    if (xb[8 * k + i] >= 0) xval[8 * k + i] = xb[8 * k + i];
+                    else xval[8 * k + i] = -xb[8 * k + i], sg |= (uint8_t)(1 << i);
+                }
+                signs[k] = sg;
+            }
+            float max = xval[0];
+            for (int i = 1; i < 16; i++) max = max > xval[i] ? max : xval[i];
+            if (max < 1e-8f) {
+                scales[ib] = 0;
+                continue;
+            }
+            float best = 0, scale = max / 5;
+            for (int is = -9; is <= 9; is++) {
+                float id = (5 + is * 0.1f) / max, this_scale = 1 / id;
+                for (int k = 0; k < 2; k++) on_grid_aux[k] = quant_iq2s_snap(xval + 8 * k, waux + 8 * k, id, this_scale, Laux + 8 * k);
+                float sumqx = 0, sumq2 = 0;
+                for (int i = 0; i < 16; i++) {
+                    float w = weight[i], q = 2 * Laux[i] + 1;
+                    sumqx += w * xval[i] * q;
+                    sumq2 += w * q * q;
+                }
+                if (sumq2 > 0 && sumqx * sumqx > best * sumq2) {
+                    scale = sumqx / sumq2, best = scale * sumqx;
+                    memcpy(L, Laux, 16);
+                    on_grid[0] = on_grid_aux[0], on_grid[1] = on_grid_aux[1];
+                }
+            }
+            if ((!on_grid[0] || !on_grid[1]) && scale > 0) {
+                float id = 1 / scale;
+                for (int k = 0; k < 2; k++)
+                    if (!on_grid[k]) quant_iq2s_snap(xval + 8 * k, waux + 8 * k, id, scale, L + 8 * k);
+                float sumqx = 0, sumq2 = 0;
+                for (int i = 0; i < 16; i++) {
+                    float w = weight[i], q = 2 * L[i] + 1;
+                    sumqx += w * xval[i] * q;
+                    sumq2 += w * q * q;
+                }
+                if (sumq2 > 0) scale = sumqx / sumq2;
+            }
+            if (scale < 0) { /* ggml: "should never happen"; the scale is stored unsigned */
+                scale = -scale;
+                for (int k = 0; k < 2; k++) signs[k] = (uint8_t)~signs[k];
+            }
+            for (int k = 0; k < 2; k++) {
+                int u = 0;
+                for (int i = 0; i < 8; i++) u |= L[8 * k + i] << 2 * i;
+                assert(s->map[u] >= 0);
+                int gi = s->map[u], i8 = 2 * ib + k;
+                y[ibl].qs[i8] = (uint8_t)(gi & 255);
+                y[ibl].qh[i8 / 4] |= (uint8_t)((gi >> 8) << 2 * (i8 % 4));
+                y[ibl].qs[QK_K / 8 + i8] = signs[k];
+            }
+            scales[ib] = scale;
+            max_scale = max_scale > scale ? max_scale : scale;
+        }
+        if (!max_scale) continue;
+        float d = max_scale / 31;
+        y[ibl].d = quant_fp32_to_fp16(d * 0.9875f); /* ggml's fudge factor */
+        float id = 1 / d;
+        for (int ib = 0; ib < QK_K / 16; ib++)
+            y[ibl].scales[ib / 2] |= (uint8_t)(quant_iq3_scale4(id, scales[ib]) << 4 * (ib % 2));
+    }
+}
+
 bool quant_iq_can_quantize(qtype t)
 {
-    return t == QTYPE_TQ1_0 || t == QTYPE_TQ2_0 || t == QTYPE_IQ3_XXS || t == QTYPE_IQ3_S;
+    return t == QTYPE_TQ1_0 || t == QTYPE_TQ2_0 || t == QTYPE_IQ3_XXS || t == QTYPE_IQ3_S || t == QTYPE_IQ2_S;
 }
 
 void quant_iq_quantize_row(qtype t, const float *src, void *dst, int64_t n)
@@ -555,6 +729,7 @@ void quant_iq_quantize_row(qtype t, const float *src, void *dst, int64_t n)
     case QTYPE_TQ2_0: quant_iq_ref_tq2_0(src, dst, n); break;
     case QTYPE_IQ3_XXS: quant_iq_ref_iq3_xxs(src, dst, n); break;
     case QTYPE_IQ3_S: quant_iq_ref_iq3_s(src, dst, n); break;
+    case QTYPE_IQ2_S: quant_iq_ref_iq2_s(src, dst, n); break;
     default: assert(!"no quantiser for this type"); break;
     }
 }

@@ -60,9 +60,9 @@ static inline fp16_t quant_iq1_m_scale(const block_iq1_m *b)
 bool quant_iq_type(int type);
 /* Dequantises n (a multiple of 256) elements of type t, one of the above. */
 void quant_iq_dequantize_row(qtype t, const void *src, float *dst, int64_t n);
-/* Whether quant_iq_quantize_row writes t: TQ1_0, TQ2_0, IQ3_XXS and IQ3_S. ggml quantises
- * IQ2_XXS, IQ2_XS and IQ1_S only with an importance matrix (llama-quantize refuses without
- * one), so no reference exists to match; the grid searches of IQ2_S and IQ1_M are not ported. */
+/* Whether quant_iq_quantize_row writes t: TQ1_0, TQ2_0, IQ3_XXS, IQ3_S and IQ2_S. ggml
+ * quantises IQ2_XXS, IQ2_XS and IQ1_S only with an importance matrix (llama-quantize refuses
+ * without one), so no reference exists to match; IQ1_M's grid search is not ported. */
 bool quant_iq_can_quantize(qtype t);
 /* Quantises n (a multiple of 256) elements as ggml's quantize_<type> without an importance
  * matrix does, byte for byte; t must satisfy quant_iq_can_quantize. */

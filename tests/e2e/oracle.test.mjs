@@ -101,14 +101,14 @@ const KV = {f32: 'f32', f16: 'f16', q8_0: 'f16', q4_k: 'f16', q5_k_m: 'f16', mxf
 // llama.cpp's start small (ids drawn below 2000); only the 32 sequences in one step (oneStep:
 // test_ops checks every kernel one token at a time against the same scalar reference), so
 // the eight checks stay near 25 s
-const MORE_TYPES = ['q4_1', 'q5_0', 'q5_1', 'q2_k', 'q3_k', 'q3_k_m', 'iq4_nl', 'iq4_xs', 'iq3_xxs', 'iq3_s', 'tq1_0',
-  'tq2_0'];
+const MORE_TYPES = ['q4_1', 'q5_0', 'q5_1', 'q2_k', 'q3_k', 'q3_k_m', 'iq4_nl', 'iq4_xs', 'iq3_xxs', 'iq3_s', 'iq2_s',
+  'tq1_0', 'tq2_0'];
 // The codebook types mkmodel does not write (ggml quantises IQ2_XXS, IQ2_XS and IQ1_S only
-// with an importance matrix; the searches of IQ2_S and IQ1_M are not ported): llama.cpp's gguf-py
+// with an importance matrix; IQ1_M's search is not ported): llama.cpp's gguf-py
 // rewrites mkmodel's F32 model with random blocks of the type (tests/oracle/gguf_retype.py),
 // every matrix in one type on the small llama; on the small qwen3moe one file mixes them as
 // the "dynamic" downloads do, a different type per expert tensor and layer (IQ_MIX).
-const IQ_TYPES = ['iq2_xxs', 'iq2_xs', 'iq2_s', 'iq1_s', 'iq1_m'];
+const IQ_TYPES = ['iq2_xxs', 'iq2_xs', 'iq1_s', 'iq1_m'];
 const IQ_MIX = ['--type', 'iq3_s', '--map', 'token_embd=tq1_0',
   '--map', 'blk.0.ffn_gate_exps=iq2_xxs', '--map', 'blk.0.ffn_up_exps=iq2_xs', '--map', 'blk.0.ffn_down_exps=iq1_s',
   '--map', 'blk.1.ffn_gate_exps=iq1_m', '--map', 'blk.1.ffn_up_exps=iq3_xxs', '--map', 'blk.1.ffn_down_exps=iq2_s'];

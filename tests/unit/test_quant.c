@@ -216,8 +216,9 @@ TEST(test_more_types_match_ggml)
 
 /* The codebook and ternary types: dequantisation bit-identical to ggml's dequantize_row_* on
  * random block bytes (every index, sign and scale pattern; random fp16 scales), the TQ
- * quantisers byte-identical to quantize_row_tq{1,2}_0_ref, IQ3_XXS's and IQ3_S's to
- * quantize_iq3_{xxs,s} without an importance matrix (what llama-quantize runs without one). The hashes come from the bundled
+ * quantisers byte-identical to quantize_row_tq{1,2}_0_ref, IQ3_XXS's, IQ3_S's and IQ2_S's to
+ * quantize_iq3_{xxs,s} / quantize_iq2_s without an importance matrix (what llama-quantize
+ * runs without one). The hashes come from the bundled
  * ggml-quants.c compiled next to ours on the same bytes, both outputs compared bit for bit. */
 TEST(test_iq_types_match_ggml)
 {
@@ -244,6 +245,7 @@ TEST(test_iq_types_match_ggml)
         {QTYPE_TQ2_0, {0xa5c571f7d2cf4eddull, 0x2f904eb9553a287eull, 0x23085724b88d594eull}},
         {QTYPE_IQ3_XXS, {0x8e56acc1968696dfull, 0x391163bc622c536bull, 0x9798ff1a2fc21ce5ull}},
         {QTYPE_IQ3_S, {0x73e4136a471b8b8full, 0x89277555e78cc825ull, 0xf3a2d23825f685d3ull}},
+        {QTYPE_IQ2_S, {0xb51feaf2d450d483ull, 0x7fd8025703e72addull, 0xfe6365854a134942ull}},
     };
     int64_t n = 256 * 64;
     float *x = malloc((size_t)n * 4);
