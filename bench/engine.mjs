@@ -70,7 +70,9 @@ const buildModel = (type) => benchModel(o.preset, type, {tokenmill: o.tokenmill,
 
 // Bytes of one ggml block and the number of weights it holds, for the types we write.
 const typeSizes = {0: [4, 1], 1: [2, 1], 30: [2, 1], 8: [34, 32], 2: [18, 32], 12: [144, 256], 14: [210, 256],
-  10: [84, 256], 11: [110, 256], 13: [176, 256], 3: [20, 32], 6: [22, 32], 7: [24, 32], 39: [17, 32]};
+  10: [84, 256], 11: [110, 256], 13: [176, 256], 3: [20, 32], 6: [22, 32], 7: [24, 32], 39: [17, 32],
+  20: [18, 32], 23: [136, 256], 16: [66, 256], 17: [74, 256], 22: [82, 256], 18: [98, 256], 21: [110, 256],
+  19: [50, 256], 29: [56, 256], 34: [54, 256], 35: [66, 256]};
 async function weightInfo(file) {
   const {readGgufFileInfo} = await import('node-llama-cpp');
   const info = await readGgufFileInfo(file, {readTensorInfo: true});
@@ -217,7 +219,8 @@ for (const type of o.models) {
 const f1 = (x) => (x == null ? '—' : x.toFixed(1));
 const f2 = (x) => (x == null ? '—' : x.toFixed(2));
 const pc = (x) => (x == null ? '' : `${(100 * x).toFixed(0)} %`);
-const typeName = {q8_0: 'Q8_0', q4_k_m: 'Q4_K_M', q4_k: 'Q4_K', q5_k_m: 'Q5_K_M', q5_k: 'Q5_K', f16: 'F16', f32: 'F32'};
+const typeName = {q8_0: 'Q8_0', q4_k_m: 'Q4_K_M', q4_k: 'Q4_K', q5_k_m: 'Q5_K_M', q5_k: 'Q5_K', f16: 'F16', f32: 'F32',
+  q3_k_m: 'Q3_K_M', q2_k: 'Q2_K', iq4_xs: 'IQ4_XS'};
 const lines = [];
 lines.push(`${o.modelFile ? path.basename(o.modelFile) : `${o.preset}-shaped random-weight models (tokenmill mkmodel)`}, ${o.threads} threads, median of ${o.reps} ` +
   `alternating runs; memory read bandwidth ${bw.read_gb_s.toFixed(1)} GB/s (bench/membw.c).`);

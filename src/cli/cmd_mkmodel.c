@@ -13,8 +13,9 @@
  * post_attention_norm, a router bias, expert biases, attention.sliding_window, YaRN factor 32;
  * --type mxfp4 is llama.cpp's MXFP4_MOE: experts in MXFP4, other matrices in Q8_0). Norms, biases and rope
  * factors stay F32; every matrix gets
- * --type (q4_1, q5_0, q5_1, q2_k, q3_k, iq4_nl, iq4_xs too, ggml's reference quantisers; every matrix
- * in the one type), or for q4_k_m / q5_k_m the Q4_K (Q5_K) / Q6_K mix of llama.cpp's Q4_K_M / Q5_K_M (output or tied embedding,
+ * --type (q4_1, q5_0, q5_1, q2_k, q3_k, iq4_nl, iq4_xs, iq3_xxs, iq3_s, iq2_s, tq1_0, tq2_0 too, ggml's reference quantisers; every matrix
+ * in the one type), for q3_k_m llama.cpp's Q3_K_M mix (Q3_K, attn_v/ffn_down/attn_output in Q4_K/Q5_K, output Q6_K),
+ * or for q4_k_m / q5_k_m the Q4_K (Q5_K) / Q6_K mix of llama.cpp's Q4_K_M / Q5_K_M (output or tied embedding,
  * and attn_v/ffn_down of "more bits" layers, in Q6_K). A matrix whose rows do not fit the
  * block size falls back to Q8_0, then F16, as llama.cpp's quantiser does.
  *
@@ -512,7 +513,7 @@ typedef struct {
     int n, cap;
     const mk_opts *o;
     qtype base;             /* type of ordinary matrices */
-    bool k_m;               /* q4_k_m / q5_k_m mix */
+    bool k_m;               /* q3_k_m / q4_k_m / q5_k_m mix */
 } mk_model;
 
 /* A tensor of 1..3 dims (ne2 > 1: 3-D, a stack of ne2 matrices of ne1 rows). */
@@ -618,7 +619,7 @@ static bool mk_parse_type(const char *s, qtype *base, bool *k_m, uint32_t *ftype
     static const struct { const char *name; qtype t; bool k_m; uint32_t ftype; } types[] = {
         { "f32", QTYPE_F32, false, 0 }, { "f16", QTYPE_F16, false, 1 }, { "bf16", QTYPE_BF16, false, 32 },
         { "q8_0", QTYPE_Q8_0, false, 7 }, { "q4_0", QTYPE_Q4_0, false, 2 }, { "q4_k", QTYPE_Q4_K, false, 14 },
-        { "q4_k_m", QTYPE_Q4_K, true, 15 }, { "q5_k", QTYPE_Q5_K, false, 16 }, { "q5_k_m", QTYPE_Q5_K, true, 17 },
+        { "q4_k_m", QTYPE_Q4_K, true, 15 }, { "q3_k_m", QTYPE_Q3_K, true, 12 }, { "q5_k", QTYPE_Q5_K, false, 16 }, { "q5_k_m", QTYPE_Q5_K, true, 17 },
         { "q6_k", QTYPE_Q6_K, false, 18 },
         /* every matrix in the one type (llama.cpp's Q2_K / Q3_K_* mixes raise some to Q4_K+;
          * the file type says the nearest of its mixes) */
@@ -627,6 +628,11 @@ static bool mk_parse_type(const char *s, qtype *base, bool *k_m, uint32_t *ftype
         { "iq4_nl", QTYPE_IQ4_NL, false, 25 }, { "iq4_xs", QTYPE_IQ4_XS, false, 30 },
         /* llama.cpp's MXFP4_MOE: experts in MXFP4, every other matrix in Q8_0 */
         { "mxfp4", QTYPE_Q8_0, false, 38 },
+        /* ternary (ggml's quantize_row_tq{1,2}_0_ref), IQ3_XXS, IQ3_S and IQ2_S (ggml's
+         * quantisers without an importance matrix); the other codebook types need ggml's
+         * importance matrix or a search not ported (quant_iq.h) */
+        { "tq1_0", QTYPE_TQ1_0, false, 36 }, { "tq2_0", QTYPE_TQ2_0, false, 37 }, { "iq3_xxs", QTYPE_IQ3_XXS, false, 23 },
+        { "iq3_s", QTYPE_IQ3_S, false, 26 }, { "iq2_s", QTYPE_IQ2_S, false, 28 },
     };
     for (size_t i = 0; i < TM_ARRAY_LEN(types); i++) {
         if (!strcasecmp(s, types[i].name)) {
@@ -740,6 +746,11 @@ static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *
     bool qwen2 = !strcmp(A, "qwen2"), qwen3 = !strcmp(A, "qwen3") || !strcmp(A, "qwen3moe");
     for (int l = 0; l < o->n_layers + o->n_nextn; l++) {   /* the MTP layers last */
         qtype more = k_m && l < o->n_layers && mk_use_more_bits(l, o->n_layers) ? QTYPE_Q6_K : base;
+        /* Q3_K_M (llama.cpp's rule for dense models): attn_v Q5_K in the first 2 layers, ffn_down in
+         * the first n/16, Q4_K after; attn_output Q4_K */
+        qtype v_t = more, down_t = more, o_t = base;
+        if (k_m && base == QTYPE_Q3_K)
+            v_t = l < 2 ? QTYPE_Q5_K : QTYPE_Q4_K, down_t = l < o->n_layers / 16 ? QTYPE_Q5_K : QTYPE_Q4_K, o_t = QTYPE_Q4_K;
 #define MK_T(suffix) (snprintf(name, sizeof name, "blk.%d." suffix, l), name)
         mk_add(&m, MK_T("attn_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, dim, 1);
         if (mla) {
@@ -764,7 +775,7 @@ static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *
         }
         mk_add(&m, MK_T("attn_q.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 2, dim, q_dim);
         mk_add(&m, MK_T("attn_k.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 2, dim, kv_dim);
-        mk_add(&m, MK_T("attn_v.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), more, 2, dim, kv_dim);
+        mk_add(&m, MK_T("attn_v.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), v_t, 2, dim, kv_dim);
         if (qwen2) {
             mk_add(&m, MK_T("attn_q.bias"), MK_INIT_NOISE, 0.3f, QTYPE_F32, 1, q_dim, 1);
             mk_add(&m, MK_T("attn_k.bias"), MK_INIT_NOISE, 0.3f, QTYPE_F32, 1, kv_dim, 1);
@@ -774,7 +785,7 @@ static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *
             mk_add(&m, MK_T("attn_q_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, o->head_dim, 1);
             mk_add(&m, MK_T("attn_k_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, o->head_dim, 1);
         }
-        mk_add(&m, MK_T("attn_output.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)q_dim), base, 2, q_dim, dim);
+        mk_add(&m, MK_T("attn_output.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)q_dim), o_t, 2, q_dim, dim);
         mk_add(&m, MK_T("ffn_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, dim, 1);
         if (moe) {
             /* the router stays F32 (llama.cpp's converter and quantiser keep it so); its
@@ -783,12 +794,12 @@ static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *
             mk_add(&m, MK_T("ffn_gate_inp.weight"), MK_INIT_NOISE, 2.0f / sqrtf((float)dim), QTYPE_F32, 2, dim, ne);
             mk_add3(&m, MK_T("ffn_gate_exps.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 3, dim, ef, ne);
             mk_add3(&m, MK_T("ffn_up_exps.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 3, dim, ef, ne);
-            mk_add3(&m, MK_T("ffn_down_exps.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)ef), more, 3, ef, dim, ne);
+            mk_add3(&m, MK_T("ffn_down_exps.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)ef), down_t, 3, ef, dim, ne);
             continue;
         }
         mk_add(&m, MK_T("ffn_gate.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 2, dim, ffn);
         mk_add(&m, MK_T("ffn_up.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 2, dim, ffn);
-        mk_add(&m, MK_T("ffn_down.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)ffn), more, 2, ffn, dim);
+        mk_add(&m, MK_T("ffn_down.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)ffn), down_t, 2, ffn, dim);
 #undef MK_T
     }
     double t0 = util_now();
@@ -853,7 +864,7 @@ int cmd_mkmodel(int argc, char **argv)
         { "--ctx", NULL, CMD_OPT_LONG, &ctx, 0, 1 << 24, .arg = "N", .help = "training context" },
         { "--vocab-size", NULL, CMD_OPT_LONG, &nv, 0, 1 << 24, .arg = "N", .help = "without --vocab: a synthetic vocabulary" },
         { "--vocab", NULL, CMD_OPT_STR, &vocab, .arg = "FILE.gguf|tokenizer.json", .help = "a real vocabulary" },
-        { "--type", NULL, CMD_OPT_STR, &o.type, .arg = "T", .help = "f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k|q4_k|q4_k_m|q5_k|q5_k_m|q6_k|iq4_nl|iq4_xs|mxfp4 (mxfp4: gpt-oss experts, the rest q8_0)", .required = true },
+        { "--type", NULL, CMD_OPT_STR, &o.type, .arg = "T", .help = "f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k|q3_k_m|q4_k|q4_k_m|q5_k|q5_k_m|q6_k|iq4_nl|iq4_xs|iq3_xxs|iq3_s|iq2_s|tq1_0|tq2_0|mxfp4 (mxfp4: gpt-oss experts, the rest q8_0)", .required = true },
         { "--seed", NULL, CMD_OPT_U64, &seed, .arg = "S", .help = "weights' seed", .required = true },
         { "--tied", NULL, CMD_OPT_SET, &tied, .set = 1, .help = "output head shares the embedding" },
         { "--pooling", NULL, CMD_OPT_STR, &pooling, .arg = "mean|last|rank", .help = "an embedding model's pooling_type (rank: a Qwen3-Reranker, with cls.output and its prompt)" },
@@ -896,7 +907,16 @@ int cmd_mkmodel(int argc, char **argv)
     }
     bool gptoss = !strcmp(o.arch, "gpt-oss");
     if (!mk_parse_type(o.type, &qt, &km, &ft)) {
-        fprintf(stderr, "tokenmill mkmodel: unknown type '%s'\n", o.type);
+        int id = -1;   /* a type tokenmill reads but cannot write says so */
+        for (int i = 0; i < QTYPE_COUNT_MAX && id < 0; i++)
+            if (quant_ggml_type_name(i) && !strcasecmp(quant_ggml_type_name(i), o.type) && quant_weight_type(i)) id = i;
+        if (id == QTYPE_IQ2_XXS || id == QTYPE_IQ2_XS || id == QTYPE_IQ1_S)
+            fprintf(stderr, "tokenmill mkmodel: type '%s' is read but not written: ggml quantises it only with an "
+                    "importance matrix\n", o.type);
+        else if (id >= 0)
+            fprintf(stderr, "tokenmill mkmodel: type '%s' is read but not written: its quantiser is not ported\n", o.type);
+        else
+            fprintf(stderr, "tokenmill mkmodel: unknown type '%s'\n", o.type);
         cmd_opts_hint("mkmodel", synopsis);
         return 2;
     }

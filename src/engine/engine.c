@@ -1108,9 +1108,9 @@ static void engine_job_moe_experts(void *ctx, int ith, int nth)
         int x = e->x_act[it / cg], c0 = it % cg * R, nr = TM_MIN(R, ef - c0);
         int r0 = e->x_off[x], n = e->x_off[x + 1] - r0;
         ops_weight g = model_expert(&L->gate_exps, E, x), u = model_expert(&L->up_exps, E, x);
-        size_t rb = quant_row_bytes(g.type, g.cols);
-        g = (ops_weight){ g.type, nr, g.cols, (const char *)g.data + rb * (size_t)c0 };
-        u = (ops_weight){ u.type, nr, u.cols, (const char *)u.data + rb * (size_t)c0 };
+        /* gate and up may differ in type (the "dynamic" mixes): each its own row size */
+        g = (ops_weight){ g.type, nr, g.cols, (const char *)g.data + quant_row_bytes(g.type, g.cols) * (size_t)c0 };
+        u = (ops_weight){ u.type, nr, u.cols, (const char *)u.data + quant_row_bytes(u.type, u.cols) * (size_t)c0 };
         const ops_weight *gu[2] = { &g, &u };
         float *out[2] = { tg, tu };
         ops_matmul_multi(NULL, 2, gu, e->xg + (size_t)r0 * dim, n, out, scratch);

@@ -600,6 +600,7 @@ void ops_kernels_init_scalar(ops_kernels *k)
     k->swiglu = ops_swiglu_ref;
     k->add = ops_add_ref;
     k->att_block = ops_att_block_ref;
+    ops_iq_init_scalar(k);
 }
 
 /* ---- dispatch ------------------------------------------------------------------------- */

@@ -900,6 +900,7 @@ A2_GEMM_FROM_DOT(a2_gemm_iq4_xs, a2_dot_iq4_xs, block_q8_K)
 
 void ops_kernels_init_avx2(ops_kernels *k)
 {
+    ops_iq_init_avx2(k);
     k->quant_q8_0 = a2_quant_q8_0;
     k->quant_q8_K = a2_quant_q8_K;
     k->gemm[QTYPE_Q8_0] = a2_gemm_q8_0;

@@ -60,5 +60,20 @@ static inline int ops_att_lim_max(const int32_t *lim, int i0, int i1)
 void ops_kernels_init_avx2(ops_kernels *k);
 void ops_kernels_init_avx512(ops_kernels *k);
 void ops_kernels_init_neon(ops_kernels *k);
+/* The codebook and ternary types' kernels (ops_iq.c, ops_iq_avx2.c): ops_kernels_init_scalar
+ * calls the first, ops_kernels_init_avx2 the second (the AVX-512 level keeps them). */
+void ops_iq_init_scalar(ops_kernels *k);
+void ops_iq_init_avx2(ops_kernels *k);
+/* A gemm kernel (ops_gemm_fn) from a row dot `float dot(int64_t cols, const WT *w, const
+ * XT *x)`: every (row, token) by itself, so any tiling computes it alike. */
+#define OPS_GEMM_OF_DOT(name, dot, WT, XT)                                                         \
+    static void name(int64_t cols, const void *w, size_t ws, int nr, const void *x, size_t xs, int nt, \
+                     float *y, size_t ys)                                                          \
+    {                                                                                              \
+        for (int t = 0; t < nt; t++)                                                               \
+            for (int r = 0; r < nr; r++)                                                           \
+                y[(size_t)t * ys + r] = dot(cols, (const WT *)((const char *)w + r * ws),          \
+                                            (const XT *)((const char *)x + t * xs));               \
+    }
 
 #endif

@@ -10,6 +10,7 @@
  * even, instead of 1/d and roundf).
  */
 #include "model/quant.h"
+#include "model/quant_iq.h"
 
 #include <assert.h>
 #include <float.h>
@@ -54,6 +55,13 @@ static const quant_traits *quant_get_traits(int t)
                                             QTYPE_Q8_K};
     static const quant_traits tr_q6_kx16 = {"q6_Kx16", QK_K, sizeof(block_q6_Kx16) / 16,
                                             QTYPE_Q8_K};
+    static const quant_traits tr_iq[] = {
+        {"iq2_xxs", QK_K, sizeof(block_iq2_xxs), QTYPE_Q8_K}, {"iq2_xs", QK_K, sizeof(block_iq2_xs), QTYPE_Q8_K},
+        {"iq2_s", QK_K, sizeof(block_iq2_s), QTYPE_Q8_K},     {"iq3_xxs", QK_K, sizeof(block_iq3_xxs), QTYPE_Q8_K},
+        {"iq3_s", QK_K, sizeof(block_iq3_s), QTYPE_Q8_K},     {"iq1_s", QK_K, sizeof(block_iq1_s), QTYPE_Q8_K},
+        {"iq1_m", QK_K, sizeof(block_iq1_m), QTYPE_Q8_K},     {"tq1_0", QK_K, sizeof(block_tq1_0), QTYPE_Q8_K},
+        {"tq2_0", QK_K, sizeof(block_tq2_0), QTYPE_Q8_K},
+    };
     switch (t) {
     case QTYPE_F32: return &tr_f32;
     case QTYPE_I32: return &tr_i32;
@@ -79,6 +87,15 @@ static const quant_traits *quant_get_traits(int t)
     case QTYPE_MXFP4_X16: return &tr_mxfp4x16;
     case QTYPE_Q4_K_X16: return &tr_q4_kx16;
     case QTYPE_Q6_K_X16: return &tr_q6_kx16;
+    case QTYPE_IQ2_XXS: return &tr_iq[0];
+    case QTYPE_IQ2_XS: return &tr_iq[1];
+    case QTYPE_IQ2_S: return &tr_iq[2];
+    case QTYPE_IQ3_XXS: return &tr_iq[3];
+    case QTYPE_IQ3_S: return &tr_iq[4];
+    case QTYPE_IQ1_S: return &tr_iq[5];
+    case QTYPE_IQ1_M: return &tr_iq[6];
+    case QTYPE_TQ1_0: return &tr_iq[7];
+    case QTYPE_TQ2_0: return &tr_iq[8];
     default: return NULL;
     }
 }
@@ -229,14 +246,6 @@ bf16_t quant_fp32_to_bf16(float f)
 
 #define QUANT_GROUP_MAX_EPS 1e-15f
 
-/* ggml's nearest_int: round half to even through the 1.5*2^23 trick (|v| < 2^22). */
-static inline int quant_nearest_int(float v)
-{
-    float t = v + 12582912.f;
-    int i;
-    memcpy(&i, &t, 4);
-    return (i & 0x007fffff) - 0x00400000;
-}
 
 void quant_q4_K_scale_min(int j, const uint8_t *q, uint8_t *d, uint8_t *m)
 {
@@ -494,7 +503,7 @@ void quant_dequantize_row(qtype t, const void *src, float *dst, int64_t n)
     case QTYPE_Q5_K: quant_dequant_q5_K(src, dst, n); break;
     case QTYPE_Q6_K: quant_dequant_q6_K(src, dst, n); break;
     case QTYPE_Q8_K: quant_dequant_q8_K(src, dst, n); break;
-    default: assert(!"unsupported type"); break;
+    default: quant_iq_dequantize_row(t, src, dst, n); break;
     }
 }
 
@@ -1250,7 +1259,7 @@ void quant_quantize_row(qtype t, const float *src, void *dst, int64_t n)
     case QTYPE_Q5_K: quant_ref_q5_K(src, dst, n); break;
     case QTYPE_Q6_K: quant_ref_q6_K(src, dst, n); break;
     case QTYPE_Q8_K: quant_act_q8_K(src, dst, n); break;
-    default: assert(!"unsupported type"); break;
+    default: quant_iq_quantize_row(t, src, dst, n); break;
     }
 }
 

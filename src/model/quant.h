@@ -4,7 +4,8 @@
  *
  * A quantised row of n elements is n / block_elems blocks of block_bytes each. Weight rows are
  * multiplied against activations quantised to the weight type's "vec dot type" (Q8_0 for
- * Q4_0/Q8_0/MXFP4, Q8_1 for Q4_1/Q5_1 and also Q5_0/IQ4_NL, Q8_K for the k-quants and IQ4_XS,
+ * Q4_0/Q8_0/MXFP4, Q8_1 for Q4_1/Q5_1 and also Q5_0/IQ4_NL, Q8_K for the k-quants, IQ4_XS and
+ * the codebook and ternary types (quant_iq.h),
  * F16 for F16, BF16 for BF16, F32 for F32), as llama.cpp's CPU backend does, so that our results
  * agree with it to rounding. ggml takes Q8_0 activations for Q5_0 and IQ4_NL; Q8_1 holds the
  * same scale and values (plus a sum they ignore) and keeps one plain block format at every
@@ -38,6 +39,16 @@ typedef enum {
                            * file may hold them, no kernel reads them as a matrix */
     QTYPE_BF16 = 30,
     QTYPE_MXFP4 = 39,     /* OCP microscaling FP4: E2M1 values, an E8M0 scale per 32 */
+    /* the codebook and ternary types (quant_iq.h) */
+    QTYPE_IQ2_XXS = 16,
+    QTYPE_IQ2_XS = 17,
+    QTYPE_IQ3_XXS = 18,
+    QTYPE_IQ1_S = 19,
+    QTYPE_IQ3_S = 21,
+    QTYPE_IQ2_S = 22,
+    QTYPE_IQ1_M = 29,
+    QTYPE_TQ1_0 = 34,
+    QTYPE_TQ2_0 = 35,
     /* repacked layouts (quant_repack; in memory only, never read from a file) */
     QTYPE_MXFP4_X16 = 59,
     QTYPE_Q4_0_X16 = 60,
@@ -171,6 +182,13 @@ void quant_q3_K_scales(const uint8_t packed[12], int8_t out[16]);
 static inline int quant_iq4_xs_scale(const block_iq4_xs *b, int j)
 {
     return ((b->scales_l[j / 2] >> 4 * (j % 2)) & 0xf) | (((b->scales_h >> 2 * j) & 3) << 4);
+}
+
+/* ggml's nearest_int: round half to even through the 1.5*2^23 trick (|v| < 2^22). */
+static inline int quant_nearest_int(float v)
+{
+    union { float f; int32_t i; } t = { v + 12582912.f };
+    return (t.i & 0x007fffff) - 0x00400000;
 }
 
 float quant_fp16_to_fp32(fp16_t h);

@@ -153,6 +153,15 @@ test("bad options are usage errors", () => {
   }
 });
 
+test("a weight type that is read but not written is refused, saying why", () => {
+  for (const [type, re] of [["iq2_xxs", /type 'iq2_xxs' is read but not written: ggml quantises it only with an importance matrix/],
+    ["IQ1_M", /type 'IQ1_M' is read but not written: its quantiser is not ported/], ["q9_9", /unknown type 'q9_9'/]]) {
+    const r = spawnSync(bin, ["mkmodel", "--arch", "llama", "--type", type, "--seed", "1", "-o", "x"], { encoding: "utf8" });
+    assert.equal(r.status, 2, type);
+    assert.match(r.stderr, re, type);
+  }
+});
+
 test("a numeric option that is not a number in range is refused, naming the option and the value", () => {
   const base = ["--arch", "llama", "--type", "f32", "--seed", "1", "-o", "/nonexistent-dir/x.gguf"];
   for (const [opt, val, re] of [["--layers", "x", /--layers: 'x' is not a whole number in 0\.\.4096/],

@@ -53,6 +53,9 @@
 // The other weight types (Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS): small llama and
 // qwen3moe models, one-token sequences only (MORE_TYPES below).
 //
+// The codebook types (IQ2_XXS ... IQ1_M): small llama and qwen3moe models that gguf-py
+// rewrites with random blocks of the types (IQ_TYPES below), one-token sequences only.
+//
 // MoE models written by llama.cpp's gguf-py instead of mkmodel: oracle_moe.test.mjs.
 //
 // Models are cached under tests/data/gen/ keyed by mkmodel's arguments and a hash of the
@@ -82,19 +85,33 @@ const BATCH_LENS = [1, 9, 33, 64, 100, 129, 150, 200];
 // Tolerance on |Δ logprob| of the top-10 tokens, per weight type (see the calibration notes
 // in the report at the end of this file's output; measured values are printed every run).
 const TOL = {f32: 1e-3, f16: 0.05, q8_0: 0.05, q4_k: 0.08, q5_k_m: 0.08, mxfp4: 0.05,
-  q4_1: 0.08, q5_0: 0.08, q5_1: 0.08, q2_k: 0.08, q3_k: 0.08, iq4_nl: 0.08, iq4_xs: 0.08};
+  q4_1: 0.08, q5_0: 0.08, q5_1: 0.08, q2_k: 0.08, q3_k: 0.08, q3_k_m: 0.08, iq4_nl: 0.08, iq4_xs: 0.08,
+  iq2_xxs: 0.08, iq2_xs: 0.08, iq2_s: 0.08, iq3_xxs: 0.08, iq3_s: 0.08, iq1_s: 0.08, iq1_m: 0.08, tq1_0: 0.08,
+  tq2_0: 0.08, iq_mix: 0.08};
 const NOISE_FACTOR = 1.5;
 const MEDIAN_TOL = 2e-3;
 const N_SINGLES = 32;
 const KV = {f32: 'f32', f16: 'f16', q8_0: 'f16', q4_k: 'f16', q5_k_m: 'f16', mxfp4: 'f16',
-  q4_1: 'f16', q5_0: 'f16', q5_1: 'f16', q2_k: 'f16', q3_k: 'f16', iq4_nl: 'f16', iq4_xs: 'f16'};
+  q4_1: 'f16', q5_0: 'f16', q5_1: 'f16', q2_k: 'f16', q3_k: 'f16', q3_k_m: 'f16', iq4_nl: 'f16', iq4_xs: 'f16',
+  iq2_xxs: 'f16', iq2_xs: 'f16', iq2_s: 'f16', iq3_xxs: 'f16', iq3_s: 'f16', iq1_s: 'f16', iq1_m: 'f16', tq1_0: 'f16',
+  tq2_0: 'f16', iq_mix: 'f16'};
 // The weight types beyond the above, one small model each (every matrix, the tied embedding
 // included, in the type): the one-token sequences check each type's kernels against llama.cpp
 // where nothing else differs; a generated vocabulary of 2048 tokens keeps the files and
 // llama.cpp's start small (ids drawn below 2000); only the 32 sequences in one step (oneStep:
 // test_ops checks every kernel one token at a time against the same scalar reference), so
 // the eight checks stay near 25 s
-const MORE_TYPES = ['q4_1', 'q5_0', 'q5_1', 'q2_k', 'q3_k', 'iq4_nl', 'iq4_xs'];
+const MORE_TYPES = ['q4_1', 'q5_0', 'q5_1', 'q2_k', 'q3_k', 'q3_k_m', 'iq4_nl', 'iq4_xs', 'iq3_xxs', 'iq3_s', 'iq2_s',
+  'tq1_0', 'tq2_0'];
+// The codebook types mkmodel does not write (ggml quantises IQ2_XXS, IQ2_XS and IQ1_S only
+// with an importance matrix; IQ1_M's search is not ported): llama.cpp's gguf-py
+// rewrites mkmodel's F32 model with random blocks of the type (tests/oracle/gguf_retype.py),
+// every matrix in one type on the small llama; on the small qwen3moe one file mixes them as
+// the "dynamic" downloads do, a different type per expert tensor and layer (IQ_MIX).
+const IQ_TYPES = ['iq2_xxs', 'iq2_xs', 'iq1_s', 'iq1_m'];
+const IQ_MIX = ['--type', 'iq3_s', '--map', 'token_embd=tq1_0',
+  '--map', 'blk.0.ffn_gate_exps=iq2_xxs', '--map', 'blk.0.ffn_up_exps=iq2_xs', '--map', 'blk.0.ffn_down_exps=iq1_s',
+  '--map', 'blk.1.ffn_gate_exps=iq1_m', '--map', 'blk.1.ffn_up_exps=iq3_xxs', '--map', 'blk.1.ffn_down_exps=iq2_s'];
 const SMALL = ['--layers', '2', '--dim', '256', '--ffn', '512', '--heads', '4', '--kv-heads', '2'];
 
 const SHAPE = ['--layers', '4', '--dim', '256', '--ffn', '512', '--heads', '4', '--kv-heads', '2'];
@@ -153,6 +170,11 @@ const ARCHS = {
   'qwen3moe-small': {arch: 'qwen3moe', vocabArgs: ['--vocab-size', '2048'], ids: 2000, shape: SMALL,
     extra: ['--head-dim', '64', '--experts', '8', '--experts-used', '2', '--expert-ffn', '256', '--tied'],
     types: [], singlesTypes: ['q3_k'], oneStep: true},
+  'llama-iq': {arch: 'llama', vocabArgs: ['--vocab-size', '2048'], ids: 2000, shape: SMALL, extra: ['--tied'],
+    types: [], singlesTypes: IQ_TYPES, oneStep: true, retype: (type) => ['--type', type]},
+  'qwen3moe-iq': {arch: 'qwen3moe', vocabArgs: ['--vocab-size', '2048'], ids: 2000, shape: SMALL,
+    extra: ['--head-dim', '64', '--experts', '8', '--experts-used', '2', '--expert-ffn', '256', '--tied'],
+    types: [], singlesTypes: ['iq_mix'], oneStep: true, retype: () => IQ_MIX},
 };
 const TYPES = ['f32', 'f16', 'q8_0', 'q4_k'];
 
@@ -186,8 +208,29 @@ function srcHash() {
 }
 const SRC = srcHash();
 
-function model(arch, type) {
+// The python with numpy that gguf-py needs (the retyped models), or null.
+function findPython() {
+  for (const py of ['python3', '/usr/bin/python3'])
+    if (spawnSync(py, ['-c', 'import numpy'], {encoding: 'utf8'}).status === 0) return py;
+  return null;
+}
+const python = findPython();
+
+function model(arch, type, retype = true) {
   const a = ARCHS[arch];
+  if (a.retype && retype) { // mkmodel's F32 model, rewritten by gguf_retype.py
+    const base = model(arch, 'f32', false), script = path.join(root, 'tests/oracle/gguf_retype.py');
+    const args = a.retype(type);
+    const key = crypto.createHash('sha256').update(JSON.stringify([path.basename(base), args]))
+      .update(fs.readFileSync(script)).digest('hex').slice(0, 12);
+    const file = path.join(gen, `oracle-${arch}-${type}-${key}.gguf`);
+    if (fs.existsSync(file)) return file;
+    for (const f of fs.readdirSync(gen))
+      if (f.startsWith(`oracle-${arch}-${type}-`) && f.endsWith('.gguf')) fs.rmSync(path.join(gen, f));
+    const r = spawnSync(python, [script, base, ...args, '--seed', '1', '-o', file], {encoding: 'utf8'});
+    assert.equal(r.status, 0, `gguf_retype.py ${args.join(' ')} failed: ${r.stderr}`);
+    return file;
+  }
   const args = ['mkmodel', '--arch', a.arch ?? arch, ...(a.shape ?? SHAPE), ...a.extra,
     ...(a.vocabArgs ?? ['--vocab', path.join(vocabDir, a.vocab)]), '--type', type, '--seed', '1'];
   const key = crypto.createHash('sha256').update(JSON.stringify([args.map((x) => x.replace(root, '')), SRC]))
@@ -392,9 +435,11 @@ for (const arch of Object.keys(ARCHS)) {
     if (type !== 'f32')
       test(`oracle ${arch} ${type}: ${N_SINGLES} one-token sequences match llama.cpp`, {skip}, () => checkSingles(arch, type));
   }
+  const skipPy = ARCHS[arch].retype && !python ? 'no python3 with numpy (scripts/deps.sh installs python3-numpy)' : false;
   for (const type of ARCHS[arch].singlesTypes ?? [])
     if (selected(arch, type, 'single'))
-      test(`oracle ${arch} ${type}: ${N_SINGLES} one-token sequences match llama.cpp`, {skip}, () => checkSingles(arch, type));
+      test(`oracle ${arch} ${type}: ${N_SINGLES} one-token sequences match llama.cpp`, {skip: skip || skipPy},
+        () => checkSingles(arch, type));
   const bt = ARCHS[arch].batchedType;
   if (bt && selected(arch, bt, 'batched'))
     test(`oracle ${arch} ${bt}: ${(ARCHS[arch].batchLens ?? BATCH_LENS).length} sequences batched in one step match llama.cpp`,

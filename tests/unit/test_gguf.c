@@ -446,13 +446,13 @@ TEST(test_bad_tensors)
     s.data_bytes -= 1;
     EXPECT_SPEC(s, GGUF_ERR_BOUNDS);
     s = spec_default();
-    s.type = 16; /* IQ2_XXS: a real ggml type we do not support, refused by name */
+    s.type = 40; /* NVFP4: a real ggml type we do not support, refused by name */
     EXPECT_SPEC(s, GGUF_ERR_TYPE);
     {
         char err[512] = "";
-        CHECK(open_spec(&s, err, sizeof err) == GGUF_ERR_TYPE && strstr(err, "iq2_xxs"));
+        CHECK(open_spec(&s, err, sizeof err) == GGUF_ERR_TYPE && strstr(err, "nvfp4"));
     }
-    s.type = 34; /* TQ1_0 */
+    s.type = 41; /* Q1_0 */
     EXPECT_SPEC(s, GGUF_ERR_TYPE);
     s.type = QTYPE_Q8_1; /* an activation-only type */
     EXPECT_SPEC(s, GGUF_ERR_TYPE);

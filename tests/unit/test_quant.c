@@ -12,6 +12,8 @@
 #include <stdlib.h>
 
 #include "model/quant.h"
+#include "model/quant_grids.h"
+#include "model/quant_iq.h"
 #include "util/util.h"
 
 static uint64_t fnv1a(const void *p, size_t n)
@@ -67,7 +69,7 @@ TEST(test_type_table)
     CHECK(quant_vec_dot_type(QTYPE_F16) == QTYPE_F16);
     CHECK(quant_vec_dot_type(QTYPE_BF16) == QTYPE_BF16);
     CHECK(quant_vec_dot_type(QTYPE_F32) == QTYPE_F32);
-    CHECK(!quant_type_supported(4) && !quant_type_supported(16) && !quant_type_supported(63));
+    CHECK(!quant_type_supported(4) && !quant_type_supported(40) && !quant_type_supported(63));
     CHECK(quant_type_supported(QTYPE_Q6_K) && quant_type_supported(QTYPE_Q5_K));
     CHECK(!strcmp(quant_type_name(QTYPE_Q5_K), "q5_K"));
     CHECK(!strcmp(quant_type_name(QTYPE_Q4_K), "q4_K") && !strcmp(quant_type_name(99), "?"));
@@ -206,10 +208,131 @@ TEST(test_more_types_match_ggml)
     CHECK(quant_block_bytes(QTYPE_IQ4_XS) == 136 && quant_block_elems(QTYPE_IQ4_XS) == 256);
     CHECK(quant_vec_dot_type(QTYPE_Q4_1) == QTYPE_Q8_1 && quant_vec_dot_type(QTYPE_Q3_K) == QTYPE_Q8_K);
     CHECK(quant_weight_type(QTYPE_IQ4_XS) && !quant_weight_type(QTYPE_Q8_1) && !quant_weight_type(QTYPE_Q8_K));
-    CHECK(!quant_weight_type(16) && !strcmp(quant_ggml_type_name(16), "iq2_xxs"));
+    CHECK(!quant_weight_type(40) && !strcmp(quant_ggml_type_name(16), "iq2_xxs"));
     CHECK(!strcmp(quant_ggml_type_name(35), "tq2_0") && !quant_ggml_type_name(4) && !quant_ggml_type_name(99));
     free(x);
     free(q);
+}
+
+/* The codebook and ternary types: dequantisation bit-identical to ggml's dequantize_row_* on
+ * random block bytes (every index, sign and scale pattern; random fp16 scales), the TQ
+ * quantisers byte-identical to quantize_row_tq{1,2}_0_ref, IQ3_XXS's, IQ3_S's and IQ2_S's to
+ * quantize_iq3_{xxs,s} / quantize_iq2_s without an importance matrix (what llama-quantize
+ * runs without one). The hashes come from the bundled
+ * ggml-quants.c compiled next to ours on the same bytes, both outputs compared bit for bit. */
+TEST(test_iq_types_match_ggml)
+{
+    static const struct {
+        qtype t;
+        size_t bytes;
+        uint64_t dequant[3];
+    } want[] = {
+        {QTYPE_IQ2_XXS, 66, {0x53ec898e4f9faf34ull, 0x8be4caabd2c26bdaull, 0x8903866ed5ac2e74ull}},
+        {QTYPE_IQ2_XS, 74, {0x9a92617c218cec58ull, 0xe8fc0def776b0194ull, 0x679c27190a31ef42ull}},
+        {QTYPE_IQ2_S, 82, {0xeb41f4c8db3539f6ull, 0x8f36f13445467290ull, 0x655395db590c086dull}},
+        {QTYPE_IQ3_XXS, 98, {0x3d6987f0faa88d32ull, 0x4fe80b17198ed983ull, 0x31defb2359a62323ull}},
+        {QTYPE_IQ3_S, 110, {0xc20b3147dedee83cull, 0x720b4078bade6f52ull, 0x903ba4142e59cdf0ull}},
+        {QTYPE_IQ1_S, 50, {0x75496f7f53e0e2e8ull, 0x8674cea22d34dd45ull, 0xb824605569ef4729ull}},
+        {QTYPE_IQ1_M, 56, {0x8ca0211ed8f60655ull, 0xddf9420aec40044full, 0x7bb9c6a7d0bdf6abull}},
+        {QTYPE_TQ1_0, 54, {0x7616a636090dd9b1ull, 0x59d537b51d9a6f29ull, 0xaa8000c5dc70003dull}},
+        {QTYPE_TQ2_0, 66, {0xca3fcd8f561ef485ull, 0x42cdab39a8dd4c96ull, 0x35ced78ba8be9efeull}},
+    };
+    static const struct {
+        qtype t;
+        uint64_t quant[3];
+    } want_q[] = {
+        {QTYPE_TQ1_0, {0x6211be33802e1850ull, 0x04996b9dd2a60f13ull, 0xd0f495e5feb5c0a1ull}},
+        {QTYPE_TQ2_0, {0xa5c571f7d2cf4eddull, 0x2f904eb9553a287eull, 0x23085724b88d594eull}},
+        {QTYPE_IQ3_XXS, {0x8e56acc1968696dfull, 0x391163bc622c536bull, 0x9798ff1a2fc21ce5ull}},
+        {QTYPE_IQ3_S, {0x73e4136a471b8b8full, 0x89277555e78cc825ull, 0xf3a2d23825f685d3ull}},
+        {QTYPE_IQ2_S, {0xb51feaf2d450d483ull, 0x7fd8025703e72addull, 0xfe6365854a134942ull}},
+    };
+    int64_t n = 256 * 64;
+    float *x = malloc((size_t)n * 4);
+    unsigned char *q = malloc((size_t)n * 4);
+    for (size_t k = 0; k < TM_ARRAY_LEN(want); k++) {
+        CHECK(quant_weight_type(want[k].t) && quant_block_elems(want[k].t) == 256);
+        CHECK(quant_block_bytes(want[k].t) == want[k].bytes && quant_vec_dot_type(want[k].t) == QTYPE_Q8_K);
+        CHECK(!strcmp(quant_type_name(want[k].t), quant_ggml_type_name(want[k].t)));
+        size_t sz = quant_row_bytes(want[k].t, n);
+        for (int dist = 0; dist < 3; dist++) {
+            util_rng r;
+            util_rng_seed(&r, 7 + dist);
+            for (size_t i = 0; i < sz; i++) q[i] = (unsigned char)(util_rng_next(&r) >> 56);
+            quant_dequantize_row(want[k].t, q, x, n);
+            for (int64_t i = 0; i < n; i++)
+                if (isnan(x[i])) x[i] = f_of(0x7fc00000u);
+            uint64_t h = fnv1a(x, (size_t)n * 4);
+            CHECKF(h == want[k].dequant[dist], "%s dequantise %d: %016llx", quant_type_name(want[k].t), dist,
+                   (unsigned long long)h);
+        }
+    }
+    for (size_t k = 0; k < TM_ARRAY_LEN(want_q); k++) {
+        CHECK(quant_iq_can_quantize(want_q[k].t));
+        size_t sz = quant_row_bytes(want_q[k].t, n);
+        for (int dist = 0; dist < 3; dist++) {
+            fill_dist(x, n, dist);
+            memset(q, 0xAA, sz);
+            quant_quantize_row(want_q[k].t, x, q, n);
+            uint64_t h = fnv1a(q, sz);
+            CHECKF(h == want_q[k].quant[dist], "%s quantise %d: %016llx", quant_type_name(want_q[k].t), dist,
+                   (unsigned long long)h);
+        }
+    }
+    /* ggml needs an importance matrix to quantise these: mkmodel does not write them */
+    CHECK(!quant_iq_can_quantize(QTYPE_IQ2_XXS) && !quant_iq_can_quantize(QTYPE_IQ1_S));
+    free(x);
+    free(q);
+}
+
+/* The grids are the bundled ggml's tables, entry for entry (ggml-common.h's GGML_TABLE_BEGIN
+ * blocks, read as text). */
+TEST(test_iq_grids_match_ggml)
+{
+    FILE *f = fopen("tests/data/llama.cpp/ggml/src/ggml-common.h", "rb");
+    CHECKF(f != NULL, "tests/data/llama.cpp missing: run scripts/fetch-testdata.sh");
+    if (!f) return;
+    static char text[1 << 20];
+    size_t len = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[len] = 0;
+    static const struct {
+        const char *name;
+        const void *ours;
+        int size, n;
+    } tabs[] = {
+        {"ksigns_iq2xs", quant_grids_ksigns, 1, 128},  {"iq2xxs_grid", quant_grids_iq2xxs, 8, 256},
+        {"iq2xs_grid", quant_grids_iq2xs, 8, 512},     {"iq2s_grid", quant_grids_iq2s, 8, 1024},
+        {"iq3xxs_grid", quant_grids_iq3xxs, 4, 256},   {"iq3s_grid", quant_grids_iq3s, 4, 512},
+        {"iq1s_grid", quant_grids_iq1s, 8, 2048},
+    };
+    for (size_t k = 0; k < TM_ARRAY_LEN(tabs); k++) {
+        char key[64];
+        snprintf(key, sizeof key, ", %s,", tabs[k].name);
+        const char *p = strstr(text, key);
+        CHECKF(p != NULL, "%s not in ggml-common.h", tabs[k].name);
+        if (!p) continue;
+        p = strchr(p, ')') + 1;
+        const char *end = strstr(p, "GGML_TABLE_END");
+        int i = 0, bad = 0;
+        while (p < end) {
+            char *e;
+            unsigned long long v = strtoull(p, &e, 0);
+            if (e == p) {
+                p++;
+                continue;
+            }
+            p = e;
+            if (i < tabs[k].n) {
+                unsigned long long o = tabs[k].size == 1 ? ((const uint8_t *)tabs[k].ours)[i]
+                                     : tabs[k].size == 4 ? ((const uint32_t *)tabs[k].ours)[i]
+                                                         : ((const uint64_t *)tabs[k].ours)[i];
+                bad += o != v;
+            }
+            i++;
+        }
+        CHECKF(i == tabs[k].n && bad == 0, "%s: %d entries, %d differ", tabs[k].name, i, bad);
+    }
 }
 
 /* Q8_1 activations: Q8_0's scale and values (llama.cpp's x86 quantiser) and s = d * sum. */
@@ -367,6 +490,8 @@ int main(void)
     RUN(test_bf16_known);
     RUN(test_ref_quantisers_match_ggml);
     RUN(test_more_types_match_ggml);
+    RUN(test_iq_types_match_ggml);
+    RUN(test_iq_grids_match_ggml);
     RUN(test_q8_1_act);
     RUN(test_mxfp4_layout);
     RUN(test_round_trip_error);

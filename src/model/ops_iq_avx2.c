@@ -1,0 +1,317 @@
+/*
+ * ops_iq_avx2: AVX2 dot kernels of the codebook and ternary types (quant_iq.h) against Q8_K,
+ * per row. They compute the integers of the scalar kernels (ops_iq.c) and the same float
+ * chain per super-block, so they equal the scalar level bit for bit (test_ops checks it);
+ * the AVX-512 level runs them too.
+ *
+ * A 32-element sub-block becomes one vector: its grid entries gathered from the tables
+ * (4 x 8 points, or 8 x 4 for the IQ3 grids), its sign bits spread to a byte of -1 or +1 per
+ * element and moved onto the activations (vpsignb), then vpmaddubsw (unsigned points times
+ * signed activations: at most 2 * 62 * 127 per int16) and vpmaddwd with the sub-block's
+ * scales, which sums into int32 exactly. The IQ1 grids' points are -1, 0, 1: vpsignb of the
+ * activations by them is the product. The ternary types multiply their codes 0..2 and take
+ * the block's activation sum (from bsums) off once.
+ */
+#include "model/ops_int.h"
+#include "model/quant_grids.h"
+#include "model/quant_iq.h"
+
+#include <immintrin.h>
+
+/* The float chain must round as the scalar level's (built without FMA) does: no a * b + c
+ * fused into one rounding. */
+#pragma GCC optimize("fp-contract=off")
+
+#define IQ2_INLINE static inline __attribute__((always_inline))
+
+IQ2_INLINE int iq_a2_hsum(__m256i v)
+{
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* Four sign bytes (byte l: elements 8l..8l+7, bit j element 8l+j) as 32 bytes of -1 / +1. */
+IQ2_INLINE __m256i iq_a2_signs(uint32_t s4)
+{
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bits = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)s4), spread);
+    __m256i neg = _mm256_cmpeq_epi8(_mm256_and_si256(v, bits), bits);
+    return _mm256_or_si256(neg, _mm256_set1_epi8(1));
+}
+
+/* sum over the 32 elements of point * sign * q8, weighted per 16 by the int16 lanes of sc
+ * (low 128 bits: elements 0..15), as 8 int32 lanes. */
+IQ2_INLINE __m256i iq_a2_dot32(__m256i points, __m256i signs, const int8_t *q8, __m256i sc)
+{
+    __m256i x = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)q8), signs);
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(points, x), sc);
+}
+
+IQ2_INLINE __m256i iq_a2_scales(int ls1, int ls2)
+{
+    return _mm256_set_m128i(_mm_set1_epi16((short)ls2), _mm_set1_epi16((short)ls1));
+}
+
+static float iq_a2_dot_iq2_xxs(int64_t n, const block_iq2_xxs *w, const block_q8_K *x)
+{
+    float sumf = 0;
+    for (int64_t b = 0; b < n / QK_K; b++) {
+        __m256i acc = _mm256_setzero_si256();
+        for (int ib = 0; ib < QK_K / 32; ib++) {
+            const uint16_t *q = w[b].qs + 4 * ib;
+            uint32_t a0 = q[0] | (uint32_t)q[1] << 16, a1 = q[2] | (uint32_t)q[3] << 16;
+            __m256i pts = _mm256_set_epi64x((long long)quant_grids_iq2xxs[a0 >> 24], (long long)quant_grids_iq2xxs[a0 >> 16 & 255],
+                                            (long long)quant_grids_iq2xxs[a0 >> 8 & 255], (long long)quant_grids_iq2xxs[a0 & 255]);
+            uint32_t s4 = quant_grids_ksigns[a1 & 127] | (uint32_t)quant_grids_ksigns[a1 >> 7 & 127] << 8 |
+                          (uint32_t)quant_grids_ksigns[a1 >> 14 & 127] << 16 | (uint32_t)quant_grids_ksigns[a1 >> 21 & 127] << 24;
+            int ls = (int)(2 * (a1 >> 28) + 1);
+            acc = _mm256_add_epi32(acc, iq_a2_dot32(pts, iq_a2_signs(s4), x[b].qs + 32 * ib, _mm256_set1_epi16((short)ls)));
+        }
+        sumf += quant_fp16_to_fp32(w[b].d) * x[b].d * (float)iq_a2_hsum(acc);
+    }
+    return 0.125f * sumf;
+}
+
+static float iq_a2_dot_iq2_xs(int64_t n, const block_iq2_xs *w, const block_q8_K *x)
+{
+    float sumf = 0;
+    for (int64_t b = 0; b < n / QK_K; b++) {
+        __m256i acc = _mm256_setzero_si256();
+        for (int ib = 0; ib < QK_K / 32; ib++) {
+            const uint16_t *q = w[b].qs + 4 * ib;
+            __m256i pts = _mm256_set_epi64x((long long)quant_grids_iq2xs[q[3] & 511], (long long)quant_grids_iq2xs[q[2] & 511],
+                                            (long long)quant_grids_iq2xs[q[1] & 511], (long long)quant_grids_iq2xs[q[0] & 511]);
+            uint32_t s4 = quant_grids_ksigns[q[0] >> 9] | (uint32_t)quant_grids_ksigns[q[1] >> 9] << 8 |
+                          (uint32_t)quant_grids_ksigns[q[2] >> 9] << 16 | (uint32_t)quant_grids_ksigns[q[3] >> 9] << 24;
+            uint8_t sc = w[b].scales[ib];
+            acc = _mm256_add_epi32(acc, iq_a2_dot32(pts, iq_a2_signs(s4), x[b].qs + 32 * ib,
+                                                    iq_a2_scales(2 * (sc & 0xf) + 1, 2 * (sc >> 4) + 1)));
+        }
+        sumf += quant_fp16_to_fp32(w[b].d) * x[b].d * (float)iq_a2_hsum(acc);
+    }
+    return 0.125f * sumf;
+}
+
+static float iq_a2_dot_iq2_s(int64_t n, const block_iq2_s *w, const block_q8_K *x)
+{
+    float sumf = 0;
+    for (int64_t b = 0; b < n / QK_K; b++) {
+        __m256i acc = _mm256_setzero_si256();
+        for (int ib = 0; ib < QK_K / 32; ib++) {
+            const uint8_t *qs = w[b].qs + 4 * ib, *sg = w[b].qs + QK_K / 8 + 4 * ib;
+            int qh = w[b].qh[ib];
+            __m256i pts = _mm256_set_epi64x((long long)quant_grids_iq2s[qs[3] | (qh << 2 & 0x300)],
+                                            (long long)quant_grids_iq2s[qs[2] | (qh << 4 & 0x300)],
+                                            (long long)quant_grids_iq2s[qs[1] | (qh << 6 & 0x300)],
+                                            (long long)quant_grids_iq2s[qs[0] | (qh << 8 & 0x300)]);
+            uint32_t s4 = sg[0] | (uint32_t)sg[1] << 8 | (uint32_t)sg[2] << 16 | (uint32_t)sg[3] << 24;
+            uint8_t sc = w[b].scales[ib];
+            acc = _mm256_add_epi32(acc, iq_a2_dot32(pts, iq_a2_signs(s4), x[b].qs + 32 * ib,
+                                                    iq_a2_scales(2 * (sc & 0xf) + 1, 2 * (sc >> 4) + 1)));
+        }
+        sumf += quant_fp16_to_fp32(w[b].d) * x[b].d * (float)iq_a2_hsum(acc);
+    }
+    return 0.125f * sumf;
+}
+
+static float iq_a2_dot_iq3_xxs(int64_t n, const block_iq3_xxs *w, const block_q8_K *x)
+{
+    float sumf = 0;
+    for (int64_t b = 0; b < n / QK_K; b++) {
+        __m256i acc = _mm256_setzero_si256();
+        const uint8_t *sas = w[b].qs + QK_K / 4;
+        for (int ib = 0; ib < QK_K / 32; ib++) {
+            const uint8_t *q3 = w[b].qs + 8 * ib, *s = sas + 4 * ib;
+            uint32_t aux = s[0] | (uint32_t)s[1] << 8 | (uint32_t)s[2] << 16 | (uint32_t)s[3] << 24;
+            __m256i pts = _mm256_setr_epi32((int)quant_grids_iq3xxs[q3[0]], (int)quant_grids_iq3xxs[q3[1]],
+                                            (int)quant_grids_iq3xxs[q3[2]], (int)quant_grids_iq3xxs[q3[3]],
+                                            (int)quant_grids_iq3xxs[q3[4]], (int)quant_grids_iq3xxs[q3[5]],
+                                            (int)quant_grids_iq3xxs[q3[6]], (int)quant_grids_iq3xxs[q3[7]]);
+            uint32_t s4 = quant_grids_ksigns[aux & 127] | (uint32_t)quant_grids_ksigns[aux >> 7 & 127] << 8 |
+                          (uint32_t)quant_grids_ksigns[aux >> 14 & 127] << 16 | (uint32_t)quant_grids_ksigns[aux >> 21 & 127] << 24;
+            int ls = (int)(2 * (aux >> 28) + 1);
+            acc = _mm256_add_epi32(acc, iq_a2_dot32(pts, iq_a2_signs(s4), x[b].qs + 32 * ib, _mm256_set1_epi16((short)ls)));
+        }
+        sumf += quant_fp16_to_fp32(w[b].d) * x[b].d * (float)iq_a2_hsum(acc);
+    }
+    return 0.25f * sumf;
+}
+
+static float iq_a2_dot_iq3_s(int64_t n, const block_iq3_s *w, const block_q8_K *x)
+{
+    float sumf = 0;
+    for (int64_t b = 0; b < n / QK_K; b++) {
+        __m256i acc = _mm256_setzero_si256();
+        for (int ib = 0; ib < QK_K / 32; ib++) {
+            const uint8_t *qs = w[b].qs + 8 * ib, *sg = w[b].signs + 4 * ib;
+            int qh = w[b].qh[ib];
+            int idx[8];
+            for (int k = 0; k < 8; k++) idx[k] = qs[k] | ((qh << (8 - k)) & 256);
+            __m256i pts = _mm256_setr_epi32((int)quant_grids_iq3s[idx[0]], (int)quant_grids_iq3s[idx[1]],
+                                            (int)quant_grids_iq3s[idx[2]], (int)quant_grids_iq3s[idx[3]],
+                                            (int)quant_grids_iq3s[idx[4]], (int)quant_grids_iq3s[idx[5]],
+                                            (int)quant_grids_iq3s[idx[6]], (int)quant_grids_iq3s[idx[7]]);
+            uint32_t s4 = sg[0] | (uint32_t)sg[1] << 8 | (uint32_t)sg[2] << 16 | (uint32_t)sg[3] << 24;
+            int ls = 2 * ((w[b].scales[ib / 2] >> 4 * (ib % 2)) & 0xf) + 1;
+            acc = _mm256_add_epi32(acc, iq_a2_dot32(pts, iq_a2_signs(s4), x[b].qs + 32 * ib, _mm256_set1_epi16((short)ls)));
+        }
+        sumf += quant_fp16_to_fp32(w[b].d) * x[b].d * (float)iq_a2_hsum(acc);
+    }
+    return sumf;
+}
+
+/* sum of grid point * q8 over 32 elements whose int8 points (-1, 0, 1) are `pts`, weighted
+ * per 16 by sc. */
+IQ2_INLINE __m256i iq_a2_dot32_iq1(__m256i pts, const int8_t *q8, __m256i sc)
+{
+    __m256i p = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)q8), pts);
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), p), sc);
+}
+
+static float iq_a2_dot_iq1_s(int64_t n, const block_iq1_s *w, const block_q8_K *x)
+{
+    float sumf = 0;
+    for (int64_t b = 0; b < n / QK_K; b++) {
+        __m256i acc = _mm256_setzero_si256();
+        int sumi1 = 0;
+        for (int ib = 0; ib < QK_K / 32; ib++) {
+            const uint8_t *qs = w[b].qs + 4 * ib;
+            uint16_t qh = w[b].qh[ib];
+            int ls = 2 * ((qh >> 12) & 7) + 1;
+            __m256i pts = _mm256_set_epi64x((long long)quant_grids_iq1s[qs[3] | ((qh >> 9 & 7) << 8)],
+                                            (long long)quant_grids_iq1s[qs[2] | ((qh >> 6 & 7) << 8)],
+                                            (long long)quant_grids_iq1s[qs[1] | ((qh >> 3 & 7) << 8)],
+                                            (long long)quant_grids_iq1s[qs[0] | ((qh & 7) << 8)]);
+            acc = _mm256_add_epi32(acc, iq_a2_dot32_iq1(pts, x[b].qs + 32 * ib, _mm256_set1_epi16((short)ls)));
+            sumi1 += ls * (qh & 0x8000 ? -1 : 1) * (x[b].bsums[2 * ib] + x[b].bsums[2 * ib + 1]);
+        }
+        sumf += quant_fp16_to_fp32(w[b].d) * x[b].d * ((float)iq_a2_hsum(acc) + QUANT_IQ1_DELTA * (float)sumi1);
+    }
+    return sumf;
+}
+
+static float iq_a2_dot_iq1_m(int64_t n, const block_iq1_m *w, const block_q8_K *x)
+{
+    const long long plus = 0x0101010101010101ll, minus = -1ll;
+    float sumf = 0;
+    for (int64_t b = 0; b < n / QK_K; b++) {
+        __m256i acc1 = _mm256_setzero_si256(), acc2 = _mm256_setzero_si256();
+        for (int ib = 0; ib < QK_K / 32; ib++) {
+            const uint8_t *qs = w[b].qs + 4 * ib, *qh = w[b].qh + 2 * ib;
+            uint16_t sc = (uint16_t)(w[b].scales[2 * (ib / 2)] | w[b].scales[2 * (ib / 2) + 1] << 8);
+            __m256i scv = iq_a2_scales(2 * ((sc >> (6 * (ib % 2))) & 7) + 1, 2 * ((sc >> (6 * (ib % 2) + 3)) & 7) + 1);
+            int h0 = qh[0] & 15, h1 = qh[0] >> 4, h2 = qh[1] & 15, h3 = qh[1] >> 4;
+            __m256i pts = _mm256_set_epi64x((long long)quant_grids_iq1s[qs[3] | (h3 & 7) << 8],
+                                            (long long)quant_grids_iq1s[qs[2] | (h2 & 7) << 8],
+                                            (long long)quant_grids_iq1s[qs[1] | (h1 & 7) << 8],
+                                            (long long)quant_grids_iq1s[qs[0] | (h0 & 7) << 8]);
+            __m256i dl = _mm256_set_epi64x(h3 & 8 ? minus : plus, h2 & 8 ? minus : plus, h1 & 8 ? minus : plus,
+                                           h0 & 8 ? minus : plus);
+            acc1 = _mm256_add_epi32(acc1, iq_a2_dot32_iq1(pts, x[b].qs + 32 * ib, scv));
+            acc2 = _mm256_add_epi32(acc2, iq_a2_dot32_iq1(dl, x[b].qs + 32 * ib, scv));
+        }
+        sumf += quant_fp16_to_fp32(quant_iq1_m_scale(&w[b])) * x[b].d *
+                ((float)iq_a2_hsum(acc1) + QUANT_IQ1_DELTA * (float)iq_a2_hsum(acc2));
+    }
+    return sumf;
+}
+
+/* The block's activation sum (bsums). */
+IQ2_INLINE int iq_a2_xsum(const block_q8_K *x)
+{
+    int s = 0;
+    for (int j = 0; j < QK_K / 16; j++) s += x->bsums[j];
+    return s;
+}
+
+static float iq_a2_dot_tq2_0(int64_t n, const block_tq2_0 *w, const block_q8_K *x)
+{
+    const __m256i m3 = _mm256_set1_epi8(3), ones = _mm256_set1_epi16(1);
+    float sumf = 0;
+    for (int64_t b = 0; b < n / QK_K; b++) {
+        __m256i acc = _mm256_setzero_si256();
+        for (int c = 0; c < 2; c++) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)(w[b].qs + 32 * c));
+            for (int l = 0; l < 4; l++) {
+                __m256i v = _mm256_and_si256(_mm256_srli_epi16(q, 2 * l), m3);
+                __m256i xv = _mm256_loadu_si256((const __m256i *)(x[b].qs + 128 * c + 32 * l));
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(v, xv), ones));
+            }
+        }
+        int sumi = iq_a2_hsum(acc) - iq_a2_xsum(&x[b]);
+        sumf += (float)sumi * (x[b].d * quant_fp16_to_fp32(w[b].d));
+    }
+    return sumf;
+}
+
+/* The trits of bytes v (as stored: a fraction of 3^5) times 3^k, for each byte: the byte
+ * times 3^k modulo 256, then (that * 3) >> 8. 16-bit lanes, low and high bytes apart. */
+IQ2_INLINE __m256i iq_a2_trits(__m256i v, int pow3k)
+{
+    const __m256i lo8 = _mm256_set1_epi16(0x00ff);
+    __m256i m = _mm256_set1_epi16((short)pow3k), three = _mm256_set1_epi16(3);
+    __m256i lo = _mm256_and_si256(_mm256_mullo_epi16(_mm256_and_si256(v, lo8), m), lo8);
+    __m256i hi = _mm256_and_si256(_mm256_mullo_epi16(_mm256_srli_epi16(v, 8), m), lo8);
+    lo = _mm256_srli_epi16(_mm256_mullo_epi16(lo, three), 8);
+    hi = _mm256_srli_epi16(_mm256_mullo_epi16(hi, three), 8);
+    return _mm256_or_si256(lo, _mm256_slli_epi16(hi, 8));
+}
+
+static float iq_a2_dot_tq1_0(int64_t n, const block_tq1_0 *w, const block_q8_K *x)
+{
+    static const int pow3[5] = {1, 3, 9, 27, 81};
+    const __m256i ones = _mm256_set1_epi16(1);
+    float sumf = 0;
+    for (int64_t b = 0; b < n / QK_K; b++) {
+        __m256i acc = _mm256_setzero_si256();
+        /* qs[0..31]: trit k of byte m is element 32k + m */
+        __m256i q = _mm256_loadu_si256((const __m256i *)w[b].qs);
+        for (int k = 0; k < 5; k++) {
+            __m256i xv = _mm256_loadu_si256((const __m256i *)(x[b].qs + 32 * k));
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(iq_a2_trits(q, pow3[k]), xv), ones));
+        }
+        /* qs[32..47]: trit k of byte m is element 160 + 16k + m; two k per vector */
+        __m128i q16 = _mm_loadu_si128((const __m128i *)(w[b].qs + 32));
+        __m256i q2 = _mm256_set_m128i(q16, q16);
+        for (int k = 0; k < 4; k += 2) {
+            __m256i t = _mm256_blend_epi32(iq_a2_trits(q2, pow3[k]), iq_a2_trits(q2, pow3[k + 1]), 0xf0);
+            __m256i xv = _mm256_loadu_si256((const __m256i *)(x[b].qs + 160 + 16 * k));
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(t, xv), ones));
+        }
+        int sum = iq_a2_hsum(acc);
+        for (int m = 0; m < 16; m++) sum += (((uint8_t)(w[b].qs[32 + m] * 81) * 3) >> 8) * x[b].qs[224 + m];
+        /* qh: trit k of byte j is element 240 + 4k + j */
+        for (int k = 0; k < 4; k++)
+            for (int j = 0; j < 4; j++) sum += (((uint8_t)(w[b].qh[j] * pow3[k]) * 3) >> 8) * x[b].qs[240 + 4 * k + j];
+        sum -= iq_a2_xsum(&x[b]);
+        sumf += (float)sum * (quant_fp16_to_fp32(w[b].d) * x[b].d);
+    }
+    return sumf;
+}
+
+OPS_GEMM_OF_DOT(iq_a2_gemm_iq2_xxs, iq_a2_dot_iq2_xxs, block_iq2_xxs, block_q8_K)
+OPS_GEMM_OF_DOT(iq_a2_gemm_iq2_xs, iq_a2_dot_iq2_xs, block_iq2_xs, block_q8_K)
+OPS_GEMM_OF_DOT(iq_a2_gemm_iq2_s, iq_a2_dot_iq2_s, block_iq2_s, block_q8_K)
+OPS_GEMM_OF_DOT(iq_a2_gemm_iq3_xxs, iq_a2_dot_iq3_xxs, block_iq3_xxs, block_q8_K)
+OPS_GEMM_OF_DOT(iq_a2_gemm_iq3_s, iq_a2_dot_iq3_s, block_iq3_s, block_q8_K)
+OPS_GEMM_OF_DOT(iq_a2_gemm_iq1_s, iq_a2_dot_iq1_s, block_iq1_s, block_q8_K)
+OPS_GEMM_OF_DOT(iq_a2_gemm_iq1_m, iq_a2_dot_iq1_m, block_iq1_m, block_q8_K)
+OPS_GEMM_OF_DOT(iq_a2_gemm_tq1_0, iq_a2_dot_tq1_0, block_tq1_0, block_q8_K)
+OPS_GEMM_OF_DOT(iq_a2_gemm_tq2_0, iq_a2_dot_tq2_0, block_tq2_0, block_q8_K)
+
+void ops_iq_init_avx2(ops_kernels *k)
+{
+    k->gemm[QTYPE_IQ2_XXS] = iq_a2_gemm_iq2_xxs;
+    k->gemm[QTYPE_IQ2_XS] = iq_a2_gemm_iq2_xs;
+    k->gemm[QTYPE_IQ2_S] = iq_a2_gemm_iq2_s;
+    k->gemm[QTYPE_IQ3_XXS] = iq_a2_gemm_iq3_xxs;
+    k->gemm[QTYPE_IQ3_S] = iq_a2_gemm_iq3_s;
+    k->gemm[QTYPE_IQ1_S] = iq_a2_gemm_iq1_s;
+    k->gemm[QTYPE_IQ1_M] = iq_a2_gemm_iq1_m;
+    k->gemm[QTYPE_TQ1_0] = iq_a2_gemm_tq1_0;
+    k->gemm[QTYPE_TQ2_0] = iq_a2_gemm_tq2_0;
+}
