@@ -82,6 +82,8 @@ typedef enum {
                               * shared experts */
     MODEL_ARCH_GPTOSS,       /* sliding-window and full layers, attention sinks, biases, routed
                               * experts with biases and the clamped SwiGLU */
+    MODEL_ARCH_PHI3,         /* llama's layer, fused QKV and gate-up, partial NEOX RoPE,
+                              * LongRoPE factors (model_phi3.c) */
 } model_arch;
 
 typedef struct {
