@@ -2,7 +2,7 @@
 // families whose files llama.cpp's own gguf-py writes (tests/oracle/gguf_arch.py, the tensor
 // names and metadata of llama.cpp's converter): phi3 (Phi-4-mini's layer in small: fused QKV
 // and gate-up, 3/4 of each head rotated, LongRoPE's short factors) and phi3-long (the long
-// factors: both engines' context exceeds its original_context_length).
+// factors: both engines' context exceeds its original_context_length); and mkmodel's phi3.
 //
 // F32 weights with an F32 KV cache on both sides: sequences of 1..150 tokens (crossing a
 // 128-token block) in one step, then GREEDY greedy steps together; every position's top-10
@@ -34,7 +34,9 @@ const SINGLE_TOL = 1;
 const LENS = [1, 9, 40, 150];
 const GREEDY = 16;
 const N_SINGLES = 16;
-const SHAPES = {phi3: {quant: 'q8_0'}, 'phi3-long': {}};
+// mkmodel: the same family as tokenmill's mkmodel writes it (its test shape, no LongRoPE at
+// a 4096-token context), made afresh each run (a fraction of a second)
+const SHAPES = {phi3: {quant: 'q8_0'}, 'phi3-long': {}, 'mkmodel-phi3': {mkmodel: ['--arch', 'phi3', '--ctx', '4096']}};
 
 function findPython() {
   for (const py of ['python3', '/usr/bin/python3']) {
@@ -77,6 +79,13 @@ function vocabFile() {
 
 function model(shape, type) {
   const vocab = vocabFile();
+  if (SHAPES[shape].mkmodel) {
+    const out = path.join(gen, `oracle-arch-${shape}-${type}.gguf`);
+    const r = spawnSync(bin, ['mkmodel', ...SHAPES[shape].mkmodel, '--vocab', vocab, '--type', type, '--seed', '1', '-o', out],
+      {encoding: 'utf8'});
+    assert.equal(r.status, 0, r.stderr);
+    return out;
+  }
   return cached(`oracle-arch-${shape}-${type}`, (out) => {
     const r = spawnSync(python, [script, '--shape', shape, '--type', type, '--vocab', vocab, '--seed', '1', '-o', out],
       {encoding: 'utf8'});
