@@ -1,7 +1,7 @@
 /*
  * model: a decoder-only transformer described by a GGUF file: the hyper-parameters and the
  * weights of the architectures we run (`llama`, `qwen2`, `qwen3`, `qwen3moe`, `deepseek2`,
- * `gpt-oss`), ready for the engine.
+ * `gpt-oss`, `phi3`: docs/architectures.md), ready for the engine.
  *
  * model_load opens the GGUF (gguf.c: read-only shared mmap) and keeps it open for the
  * model's lifetime: matrices are used in place from the mapping as ops_weight views, except
