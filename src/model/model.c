@@ -1,6 +1,6 @@
 /*
  * model: hyper-parameters and weight views of llama / qwen2 / qwen3 / qwen3moe / deepseek2 /
- * gpt-oss / phi3 (model_phi3.c) GGUF files. See model.h
+ * gpt-oss / phi3 (model_phi3.c) / mistral3 (model_mistral3.c) GGUF files. See model.h
  * for the design; this file is the loading and validation, one tensor at a time, each error
  * naming what is wrong.
  */
@@ -784,11 +784,13 @@ gguf_status model_load(const char *path, const model_opts *opts, model **out, ch
         hp->arch = MODEL_ARCH_GPTOSS, hp->arch_name = "gpt-oss", hp->rope_neox = true;
     } else if (an_len == 4 && !memcmp(an, "phi3", 4)) {
         hp->arch = MODEL_ARCH_PHI3, hp->arch_name = "phi3", hp->rope_neox = true;
-    } else if ((an_len == 8 && (!memcmp(an, "mistral3", 8) || !memcmp(an, "mistral4", 8))) ||
+    } else if (an_len == 8 && !memcmp(an, "mistral3", 8)) {
+        hp->arch = MODEL_ARCH_MISTRAL3, hp->arch_name = "mistral3", hp->rope_neox = false;
+    } else if ((an_len == 8 && !memcmp(an, "mistral4", 8)) ||
                (an_len == 6 && (!memcmp(an, "gemma3", 6) || !memcmp(an, "gemma4", 6))) ||
                (an_len == 7 && !memcmp(an, "glm4moe", 7))) {
         model_fail(&ld, GGUF_ERR_TYPE, "%s: the '%.*s' architecture is not supported yet (its layers are not in the "
-                   "engine; supported: llama, qwen2, qwen3, qwen3moe, deepseek2, gpt-oss, phi3)", path, (int)an_len, an);
+                   "engine; supported: llama, qwen2, qwen3, qwen3moe, deepseek2, gpt-oss, phi3, mistral3)", path, (int)an_len, an);
         goto fail;
     } else if (an_len == 9 && !memcmp(an, "deepseek4", 9)) {
         /* the forward pass is specified and checked against llama.cpp by a reference
@@ -798,12 +800,13 @@ gguf_status model_load(const char *path, const model_opts *opts, model **out, ch
                    "lightning indexer and hyper-connections are not in the engine (docs/deepseek4.md)", path);
         goto fail;
     } else {
-        model_fail(&ld, GGUF_ERR_TYPE, "%s: unsupported architecture '%.*s' (supported: llama, qwen2, qwen3, qwen3moe, deepseek2, gpt-oss, phi3)",
+        model_fail(&ld, GGUF_ERR_TYPE, "%s: unsupported architecture '%.*s' (supported: llama, qwen2, qwen3, qwen3moe, deepseek2, gpt-oss, phi3, mistral3)",
                    path, (int)TM_MIN(an_len, 64), an);
         goto fail;
     }
     if (!model_read_hparams(&ld, hp->arch_name)) goto fail;
     if (hp->arch == MODEL_ARCH_PHI3 && !model_phi3_hparams(&ld)) goto fail;
+    if (hp->arch == MODEL_ARCH_MISTRAL3 && !model_mistral3_hparams(&ld)) goto fail;
 
     /* token embedding fixes the vocabulary size */
     const gguf_tensor *te = gguf_find_tensor(m->g, "token_embd.weight");

@@ -34,5 +34,8 @@ float *model_own(model *m, size_t n);
  * hyper-parameters; a layer's tensors after its attn_norm. */
 bool model_phi3_hparams(model_ld *ld);
 bool model_phi3_layer(model_ld *ld, int il);
+/* mistral3 (model_mistral3.c): its attention temperature and YaRN checks; its tensors are
+ * llama's (model.c). */
+bool model_mistral3_hparams(model_ld *ld);
 
 #endif

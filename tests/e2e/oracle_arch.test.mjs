@@ -36,7 +36,7 @@ const GREEDY = 16;
 const N_SINGLES = 16;
 // mkmodel: the same family as tokenmill's mkmodel writes it (its test shape, no LongRoPE at
 // a 4096-token context), made afresh each run (a fraction of a second)
-const SHAPES = {phi3: {quant: 'q8_0'}, 'phi3-long': {}, 'mkmodel-phi3': {mkmodel: ['--arch', 'phi3', '--ctx', '4096']}};
+const SHAPES = {phi3: {quant: 'q8_0'}, 'phi3-long': {}, mistral3: {quant: 'q8_0'}, 'mkmodel-phi3': {mkmodel: ['--arch', 'phi3', '--ctx', '4096']}};
 
 function findPython() {
   for (const py of ['python3', '/usr/bin/python3']) {

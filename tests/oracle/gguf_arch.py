@@ -3,7 +3,7 @@
 # (tests/data/llama.cpp/gguf-py), so that the oracle tests read tensor names, shapes and
 # metadata as llama.cpp's converter writes them (conversion/phi.py for phi3), not mkmodel's.
 #
-#   gguf_arch.py --shape phi3|phi3-long --vocab VOCAB.gguf [--type f32|f16|q8_0] [--seed N] -o OUT.gguf
+#   gguf_arch.py --shape phi3|phi3-long|mistral3 --vocab VOCAB.gguf [--type f32|f16|q8_0] [--seed N] -o OUT.gguf
 #
 # phi3: Phi-4-mini's layer in small: fused attn_qkv and ffn_up (gate then up), 3/4 of each
 # head rotated (NEOX), LongRoPE's rope_factors_long/short and rope.scaling.attn_factor, a
@@ -26,6 +26,11 @@ from gguf.quants import quantize  # noqa: E402
 SHAPES = {
     "phi3": dict(arch="phi3", layers=3, dim=256, heads=4, kv_heads=2, head_dim=64, rot=48, ffn=512, ctx=4096,
                  orig=4096),
+    # Ministral 3's layer in small (conversion/mistral3.py's Ministral3Model): llama's tensors,
+    # YaRN (factor 16, mscale_all_dim 1) and Llama 4's attention temperature (beta 0.1) over
+    # an original context of 16 positions, so that its steps fall inside the test's prompts
+    "mistral3": dict(arch="mistral3", layers=3, dim=256, heads=4, kv_heads=2, head_dim=64, rot=64, ffn=512, ctx=4096,
+                     orig=16),
     "phi3-long": dict(arch="phi3", layers=3, dim=256, heads=4, kv_heads=2, head_dim=64, rot=48, ffn=512, ctx=4096,
                       orig=32),
 }
@@ -83,6 +88,9 @@ def main():
         w.add_quantization_version(2)
     n_vocab = copy_vocab(w, a.vocab)
     dim, L, H, kvh, hd, rot, ffn = s["dim"], s["layers"], s["heads"], s["kv_heads"], s["head_dim"], s["rot"], s["ffn"]
+    if s["arch"] == "mistral3":
+        write_mistral3(w, s, n_vocab, add, norm)
+        return finish(w, a.out)
     # conversion/phi.py's Phi3MiniModel.set_gguf_parameters
     w.add_context_length(s["ctx"])
     w.add_rope_scaling_orig_ctx_len(s["orig"])
@@ -112,11 +120,54 @@ def main():
         norm(p + "ffn_norm.weight", dim)
         add(p + "ffn_up.weight", (2 * ffn, dim), si)
         add(p + "ffn_down.weight", (dim, ffn), 1 / np.sqrt(ffn))
+    finish(w, a.out)
+
+
+def write_mistral3(w, s, n_vocab, add, norm):
+    dim, L, H, kvh, hd, ffn = s["dim"], s["layers"], s["heads"], s["kv_heads"], s["head_dim"], s["ffn"]
+    # LlamaModel.set_gguf_parameters, then Ministral3Model's YaRN and temperature keys
+    w.add_context_length(s["ctx"])
+    w.add_embedding_length(dim)
+    w.add_feed_forward_length(ffn)
+    w.add_block_count(L)
+    w.add_head_count(H)
+    w.add_head_count_kv(kvh)
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(hd)
+    w.add_rope_freq_base(1000000.0)
+    w.add_vocab_size(n_vocab)
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(16.0)
+    w.add_rope_scaling_yarn_beta_fast(32.0)
+    w.add_rope_scaling_yarn_beta_slow(1.0)
+    w.add_rope_scaling_orig_ctx_len(s["orig"])
+    w.add_rope_scaling_yarn_log_mul(1.0)
+    w.add_attn_temperature_scale(0.1)
+    si = 1.0 / np.sqrt(dim)
+    add("token_embd.weight", (n_vocab, dim), 0.5 * si)
+    norm("output_norm.weight", dim, 20.0)
+    add("output.weight", (n_vocab, dim), 0.5 * si)
+    for il in range(L):
+        p = f"blk.{il}."
+        norm(p + "attn_norm.weight", dim)
+        add(p + "attn_q.weight", (H * hd, dim), si)
+        add(p + "attn_k.weight", (kvh * hd, dim), si)
+        add(p + "attn_v.weight", (kvh * hd, dim), si)
+        add(p + "attn_output.weight", (dim, H * hd), 1 / np.sqrt(H * hd))
+        norm(p + "ffn_norm.weight", dim)
+        add(p + "ffn_gate.weight", (ffn, dim), si)
+        add(p + "ffn_up.weight", (ffn, dim), si)
+        add(p + "ffn_down.weight", (dim, ffn), 1 / np.sqrt(ffn))
+
+
+def finish(w, out):
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    os.replace(a.out + ".tmp", a.out)
+    os.replace(out + ".tmp", out)
 
 
 if __name__ == "__main__":
