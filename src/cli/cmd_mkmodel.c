@@ -2,7 +2,7 @@
  * cmd_mkmodel: writes a random-weight GGUF model of a real architecture and shape, which
  * llama.cpp also loads: the test and benchmark models of tokenmill.
  *
- *   tokenmill mkmodel --arch llama|qwen2|qwen3|qwen3moe|deepseek2|gpt-oss|phi3 [--preset NAME] [shape options] [--vocab FILE]
+ *   tokenmill mkmodel --arch llama|qwen2|qwen3|qwen3moe|deepseek2|gpt-oss|phi3|mistral3 [--preset NAME] [shape options] [--vocab FILE]
  *                     --type T --seed S [--tied|--untied] [--rope-scaling llama3] -o OUT.gguf
  *
  * Tensors and metadata follow llama.cpp's converters: `llama` (rope_freqs.weight when
@@ -13,7 +13,8 @@
  * post_attention_norm, a router bias, expert biases, attention.sliding_window, YaRN factor 32;
  * --type mxfp4 is llama.cpp's MXFP4_MOE: experts in MXFP4, other matrices in Q8_0), `phi3`
  * (Phi-4-mini's: fused attn_qkv and ffn_up, 3/4 of each head rotated, LongRoPE's factor tensors
- * and attn_factor when the context exceeds 4096, sliding_window 0). Norms, biases and rope
+ * and attn_factor when the context exceeds 4096, sliding_window 0), `mistral3` (llama's tensors,
+ * Ministral 3's YaRN and attention temperature keys). Norms, biases and rope
  * factors stay F32; every matrix gets
  * --type (q4_1, q5_0, q5_1, q2_k, q3_k, iq4_nl, iq4_xs too, ggml's reference quantisers; every matrix
  * in the one type), or for q4_k_m / q5_k_m the Q4_K (Q5_K) / Q6_K mix of llama.cpp's Q4_K_M / Q5_K_M (output or tied embedding,
@@ -655,6 +656,20 @@ static void mk_phi3_keys(gguf_writer *w, const mk_opts *o)
                             (float)sqrt(1.0 + log((double)o->ctx / orig) / log((double)orig)));
 }
 
+/* mistral3's keys beyond llama's, as conversion/mistral3.py writes Ministral 3's: YaRN factor
+ * 16 from a sixteenth of the context (Ministral 3: 16384 of 262144), beta_fast 32, beta_slow 1,
+ * mscale_all_dim 1, and Llama 4's attention temperature with beta 0.1. */
+static void mk_mistral3_keys(gguf_writer *w, const mk_opts *o)
+{
+    gguf_writer_set_str(w, "mistral3.rope.scaling.type", "yarn");
+    gguf_writer_set_f32(w, "mistral3.rope.scaling.factor", 16.0f);
+    gguf_writer_set_f32(w, "mistral3.rope.scaling.yarn_beta_fast", 32.0f);
+    gguf_writer_set_f32(w, "mistral3.rope.scaling.yarn_beta_slow", 1.0f);
+    gguf_writer_set_u32(w, "mistral3.rope.scaling.original_context_length", (uint32_t)TM_MAX(o->ctx / 16, 1));
+    gguf_writer_set_f32(w, "mistral3.rope.scaling.yarn_log_multiplier", 1.0f);
+    gguf_writer_set_f32(w, "mistral3.attention.temperature_scale", 0.1f);
+}
+
 /* A phi3 layer after its attn_norm: Q, K and V in one matrix (q rows, then k, then v), the
  * FFN's gate and up in one ffn_up of 2 * ffn rows (gate first). */
 static void mk_phi3_layer(mk_model *m, int l, qtype more)
@@ -744,6 +759,7 @@ static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *
         gguf_writer_set_u32(w, MK_KEY("rope.dimension_count"), (uint32_t)(o->rope_dim ? o->rope_dim : o->head_dim));
     }
     if (!strcmp(A, "phi3")) mk_phi3_keys(w, o);
+    if (!strcmp(A, "mistral3")) mk_mistral3_keys(w, o);
     if (o->n_swa > 0) {   /* gpt-oss, as its converter writes it (the layer pattern: llama.cpp's default 2) */
         gguf_writer_set_u32(w, MK_KEY("attention.sliding_window"), (uint32_t)o->n_swa);
         gguf_writer_set_str(w, MK_KEY("rope.scaling.type"), "yarn");
@@ -871,7 +887,7 @@ int cmd_mkmodel(int argc, char **argv)
     for (size_t i = 0; i < TM_ARRAY_LEN(mk_presets) && ph < sizeof preset_help; i++)
         ph += (size_t)snprintf(preset_help + ph, sizeof preset_help - ph, " %s", mk_presets[i].name);
     const cmd_opt opts[] = {
-        { "--arch", NULL, CMD_OPT_STR, &o.arch, .arg = "llama|qwen2|qwen3|qwen3moe|deepseek2|gpt-oss|phi3", .help = "architecture (or the preset's)" },
+        { "--arch", NULL, CMD_OPT_STR, &o.arch, .arg = "llama|qwen2|qwen3|qwen3moe|deepseek2|gpt-oss|phi3|mistral3", .help = "architecture (or the preset's)" },
         { "--preset", NULL, CMD_OPT_STR, &preset, .arg = "NAME", .help = preset_help },
         { "--layers", NULL, CMD_OPT_LONG, &layers, 0, 4096, .arg = "N", .help = "shape options override the preset's" },
         { "--dim", NULL, CMD_OPT_LONG, &dim, 0, 1 << 20, .arg = "N", .help = "hidden size" },
@@ -935,8 +951,9 @@ int cmd_mkmodel(int argc, char **argv)
         return 2;
     }
     if (strcmp(o.arch, "llama") && strcmp(o.arch, "qwen2") && strcmp(o.arch, "qwen3") && strcmp(o.arch, "qwen3moe") &&
-        strcmp(o.arch, "deepseek2") && strcmp(o.arch, "gpt-oss") && strcmp(o.arch, "phi3")) {
-        fprintf(stderr, "tokenmill mkmodel: unknown arch '%s' (llama, qwen2, qwen3, qwen3moe, deepseek2, gpt-oss, phi3)\n", o.arch);
+        strcmp(o.arch, "deepseek2") && strcmp(o.arch, "gpt-oss") && strcmp(o.arch, "phi3") && strcmp(o.arch, "mistral3")) {
+        fprintf(stderr, "tokenmill mkmodel: unknown arch '%s' (llama, qwen2, qwen3, qwen3moe, deepseek2, gpt-oss, phi3, mistral3)\n",
+                o.arch);
         return 2;
     }
     bool gptoss = !strcmp(o.arch, "gpt-oss");
@@ -945,7 +962,7 @@ int cmd_mkmodel(int argc, char **argv)
         cmd_opts_hint("mkmodel", synopsis);
         return 2;
     }
-    bool qwen = strcmp(o.arch, "llama") != 0 && strcmp(o.arch, "phi3") != 0;   /* RoPE base 1e6, eps 1e-6 */
+    bool qwen = strcmp(o.arch, "llama") != 0 && strcmp(o.arch, "phi3") != 0 && strcmp(o.arch, "mistral3") != 0;   /* RoPE base 1e6, eps 1e-6 */
     o.n_layers = layers ? layers : p->n_layers;
     o.dim = dim ? dim : p->dim;
     o.ffn = ffn ? ffn : p->ffn;

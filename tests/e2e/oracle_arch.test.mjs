@@ -2,7 +2,8 @@
 // families whose files llama.cpp's own gguf-py writes (tests/oracle/gguf_arch.py, the tensor
 // names and metadata of llama.cpp's converter): phi3 (Phi-4-mini's layer in small: fused QKV
 // and gate-up, 3/4 of each head rotated, LongRoPE's short factors) and phi3-long (the long
-// factors: both engines' context exceeds its original_context_length); and mkmodel's phi3.
+// factors: both engines' context exceeds its original_context_length), mistral3 (Ministral 3's
+// layer: YaRN and Llama 4's attention temperature); and mkmodel's phi3 and mistral3.
 //
 // F32 weights with an F32 KV cache on both sides: sequences of 1..150 tokens (crossing a
 // 128-token block) in one step, then GREEDY greedy steps together; every position's top-10
@@ -36,7 +37,9 @@ const GREEDY = 16;
 const N_SINGLES = 16;
 // mkmodel: the same family as tokenmill's mkmodel writes it (its test shape, no LongRoPE at
 // a 4096-token context), made afresh each run (a fraction of a second)
-const SHAPES = {phi3: {quant: 'q8_0'}, 'phi3-long': {}, mistral3: {quant: 'q8_0'}, 'mkmodel-phi3': {mkmodel: ['--arch', 'phi3', '--ctx', '4096']}};
+const SHAPES = {phi3: {quant: 'q8_0'}, 'phi3-long': {}, mistral3: {quant: 'q8_0'}, 'mkmodel-phi3': {mkmodel: ['--arch', 'phi3', '--ctx', '4096']},
+  // mkmodel's mistral3 with an original context of 512 / 16 = 32: two temperature steps in the prompts
+  'mkmodel-mistral3': {mkmodel: ['--arch', 'mistral3', '--ctx', '512', '--untied']}};
 
 function findPython() {
   for (const py of ['python3', '/usr/bin/python3']) {
