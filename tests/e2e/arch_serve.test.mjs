@@ -2,7 +2,8 @@
 // block store: generated phi3 (fused QKV and gate-up, partial RoPE, LongRoPE's long factors at
 // its 8192-token trained context) and mistral3 (YaRN, the attention temperature) models. A 300-token prompt computes two full blocks;
 // sent again it attaches them and answers as the first time; after a restart the blocks come
-// from the store, with the same answer. A chat request renders the family's bundled template
+// from the store, with the same answer, and so does a gateway with a prefill and a decode
+// worker. A chat request renders the family's bundled template
 // (Phi-3.5, Ministral 3) through the Jinja interpreter (which jinja.test.mjs compares byte for
 // byte with @huggingface/jinja).
 import { test, before, after } from "node:test";
@@ -12,7 +13,7 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 
-import { bin, root, startServer as startServerOf, stopServers, postCompletion } from "./server.mjs";
+import { bin, root, startServer as startServerOf, startCluster, stopServers, postCompletion } from "./server.mjs";
 
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "tm-arch-"));
 const FAMILIES = {
@@ -59,6 +60,11 @@ test(`${fam} served: cached blocks in RAM and from the store answer as the uncac
   const restarted = await complete(S);
   assert.ok(restarted.cached >= 256, `the blocks come back from the store (${restarted.cached} cached)`);
   assert.equal(restarted.text, first.text);
+  await stopServers();
+  // split: a prefill and a decode worker behind a gateway answer as the one process
+  const C = await startCluster(modelOf(fam), ["prefill", "decode"], { gatewayArgs: ["--model-name", NAME] });
+  const split = await complete(C);
+  assert.equal(split.text, first.text, "gateway + workers answer as serve");
   await stopServers();
 });
 
