@@ -2,7 +2,7 @@
  * cmd_mkmodel: writes a random-weight GGUF model of a real architecture and shape, which
  * llama.cpp also loads: the test and benchmark models of tokenmill.
  *
- *   tokenmill mkmodel --arch llama|qwen2|qwen3|qwen3moe|deepseek2|gpt-oss [--preset NAME] [shape options] [--vocab FILE]
+ *   tokenmill mkmodel --arch llama|qwen2|qwen3|qwen3moe|deepseek2|gpt-oss|phi3|mistral3 [--preset NAME] [shape options] [--vocab FILE]
  *                     --type T --seed S [--tied|--untied] [--rope-scaling llama3] -o OUT.gguf
  *
  * Tensors and metadata follow llama.cpp's converters: `llama` (rope_freqs.weight when
@@ -11,7 +11,10 @@
  * ffn_gate_inp and the experts as 3-D ffn_{gate,up,down}_exps tensors, with expert_count,
  * expert_used_count and expert_feed_forward_length), `gpt-oss` (q/k/v/o biases, attn_sinks,
  * post_attention_norm, a router bias, expert biases, attention.sliding_window, YaRN factor 32;
- * --type mxfp4 is llama.cpp's MXFP4_MOE: experts in MXFP4, other matrices in Q8_0). Norms, biases and rope
+ * --type mxfp4 is llama.cpp's MXFP4_MOE: experts in MXFP4, other matrices in Q8_0), `phi3`
+ * (Phi-4-mini's: fused attn_qkv and ffn_up, 3/4 of each head rotated, LongRoPE's factor tensors
+ * and attn_factor when the context exceeds 4096, sliding_window 0), `mistral3` (llama's tensors,
+ * Ministral 3's YaRN and attention temperature keys). Norms, biases and rope
  * factors stay F32; every matrix gets
  * --type (q4_1, q5_0, q5_1, q2_k, q3_k, iq4_nl, iq4_xs, iq3_xxs, iq3_s, iq2_s, tq1_0, tq2_0 too, ggml's reference quantisers; every matrix
  * in the one type), for q3_k_m llama.cpp's Q3_K_M mix (Q3_K, attn_v/ffn_down/attn_output in Q4_K/Q5_K, output Q6_K),
@@ -95,6 +98,10 @@ static const mk_preset mk_presets[] = {
     { .name = "gpt-oss-120b", .arch = "gpt-oss", .n_layers = 36, .dim = 2880, .ffn = 2880, .n_heads = 64,
       .n_kv_heads = 8, .head_dim = 64, .ctx = 131072, .n_vocab = 201088, .rope_base = 150000, .n_expert = 128,
       .n_expert_used = 4, .expert_ffn = 2880, .n_swa = 128 },
+    /* Phi-4-mini-instruct's config.json: 3/4 of each head rotated, LongRoPE from 4096
+     * positions to 131072, the o200k vocabulary padded to 200064, tied embeddings */
+    { .name = "phi-4-mini", .arch = "phi3", .n_layers = 32, .dim = 3072, .ffn = 8192, .n_heads = 24, .n_kv_heads = 8,
+      .head_dim = 128, .ctx = 131072, .n_vocab = 200064, .rope_base = 10000, .tied = true },
 };
 
 typedef struct {
@@ -643,6 +650,48 @@ static bool mk_parse_type(const char *s, qtype *base, bool *k_m, uint32_t *ftype
     return false;
 }
 
+/* phi3's keys beyond the common ones, as conversion/phi.py writes Phi-4-mini's: LongRoPE
+ * from 4096 positions (none for a context of 4096 or less), sliding_window 0. */
+static void mk_phi3_keys(gguf_writer *w, const mk_opts *o)
+{
+    const int orig = TM_MIN(o->ctx, 4096);
+    gguf_writer_set_u32(w, "phi3.rope.scaling.original_context_length", (uint32_t)orig);
+    gguf_writer_set_u32(w, "phi3.attention.sliding_window", 0);
+    if (o->ctx > orig)
+        gguf_writer_set_f32(w, "phi3.rope.scaling.attn_factor",
+                            (float)sqrt(1.0 + log((double)o->ctx / orig) / log((double)orig)));
+}
+
+/* mistral3's keys beyond llama's, as conversion/mistral3.py writes Ministral 3's: YaRN factor
+ * 16 from a sixteenth of the context (Ministral 3: 16384 of 262144), beta_fast 32, beta_slow 1,
+ * mscale_all_dim 1, and Llama 4's attention temperature with beta 0.1. */
+static void mk_mistral3_keys(gguf_writer *w, const mk_opts *o)
+{
+    gguf_writer_set_str(w, "mistral3.rope.scaling.type", "yarn");
+    gguf_writer_set_f32(w, "mistral3.rope.scaling.factor", 16.0f);
+    gguf_writer_set_f32(w, "mistral3.rope.scaling.yarn_beta_fast", 32.0f);
+    gguf_writer_set_f32(w, "mistral3.rope.scaling.yarn_beta_slow", 1.0f);
+    gguf_writer_set_u32(w, "mistral3.rope.scaling.original_context_length", (uint32_t)TM_MAX(o->ctx / 16, 1));
+    gguf_writer_set_f32(w, "mistral3.rope.scaling.yarn_log_multiplier", 1.0f);
+    gguf_writer_set_f32(w, "mistral3.attention.temperature_scale", 0.1f);
+}
+
+/* A phi3 layer after its attn_norm: Q, K and V in one matrix (q rows, then k, then v), the
+ * FFN's gate and up in one ffn_up of 2 * ffn rows (gate first). */
+static void mk_phi3_layer(mk_model *m, int l, qtype more)
+{
+    const mk_opts *o = m->o;
+    const int64_t dim = o->dim, q_dim = (int64_t)o->n_heads * o->head_dim, kv_dim = (int64_t)o->n_kv_heads * o->head_dim;
+    char name[128];
+#define MK_T(suffix) (snprintf(name, sizeof name, "blk.%d." suffix, l), name)
+    mk_add(m, MK_T("attn_qkv.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), m->base, 2, dim, q_dim + 2 * kv_dim);
+    mk_add(m, MK_T("attn_output.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)q_dim), m->base, 2, q_dim, dim);
+    mk_add(m, MK_T("ffn_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, dim, 1);
+    mk_add(m, MK_T("ffn_up.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), m->base, 2, dim, 2 * (int64_t)o->ffn);
+    mk_add(m, MK_T("ffn_down.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)o->ffn), more, 2, o->ffn, dim);
+#undef MK_T
+}
+
 static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *preset)
 {
     qtype base = QTYPE_F32;
@@ -655,7 +704,9 @@ static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *
     gguf_writer *w = gguf_writer_new();
     char k[128], name[128];
     gguf_writer_set_str(w, "general.architecture", A);
-    snprintf(name, sizeof name, "tokenmill-random-%s-%s-seed%llu", A, preset ? preset : "custom", (unsigned long long)o->seed);
+    /* not "phi3": llama.cpp then looks up Phi-3's special tokens by text in the vocabulary */
+    snprintf(name, sizeof name, "tokenmill-random-%s-%s-seed%llu", strcmp(A, "phi3") ? A : "phi", preset ? preset : "custom",
+             (unsigned long long)o->seed);
     gguf_writer_set_str(w, "general.name", name);
     gguf_writer_set_u32(w, "general.file_type", ftype);
     if (base != QTYPE_F32 && base != QTYPE_F16 && base != QTYPE_BF16) gguf_writer_set_u32(w, "general.quantization_version", 2);
@@ -711,8 +762,10 @@ static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *
     } else {
         gguf_writer_set_u32(w, MK_KEY("attention.key_length"), (uint32_t)o->head_dim);
         gguf_writer_set_u32(w, MK_KEY("attention.value_length"), (uint32_t)o->head_dim);
-        gguf_writer_set_u32(w, MK_KEY("rope.dimension_count"), (uint32_t)o->head_dim);
+        gguf_writer_set_u32(w, MK_KEY("rope.dimension_count"), (uint32_t)(o->rope_dim ? o->rope_dim : o->head_dim));
     }
+    if (!strcmp(A, "phi3")) mk_phi3_keys(w, o);
+    if (!strcmp(A, "mistral3")) mk_mistral3_keys(w, o);
     if (o->n_swa > 0) {   /* gpt-oss, as its converter writes it (the layer pattern: llama.cpp's default 2) */
         gguf_writer_set_u32(w, MK_KEY("attention.sliding_window"), (uint32_t)o->n_swa);
         gguf_writer_set_str(w, MK_KEY("rope.scaling.type"), "yarn");
@@ -742,6 +795,10 @@ static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *
     if (!o->tied) mk_add(&m, "output.weight", MK_INIT_NOISE, emb_std, out_type, 2, dim, V);
     /* a reranker's score head: the rows of "yes" and "no" (llama.cpp's cls.output) */
     if (o->pooling == MODEL_POOL_RANK) mk_add(&m, "cls.output.weight", MK_INIT_NOISE, 0.05f / sqrtf((float)dim), QTYPE_F32, 2, dim, 2);  /* scores of about 1 */
+    if (!strcmp(A, "phi3") && o->ctx > 4096) {   /* LongRoPE's divisors: short near 1, long near 8 */
+        mk_add(&m, "rope_factors_long.weight", MK_INIT_NORM, 8.0f, QTYPE_F32, 1, o->rope_dim / 2, 1);
+        mk_add(&m, "rope_factors_short.weight", MK_INIT_NORM, 1.0f, QTYPE_F32, 1, o->rope_dim / 2, 1);
+    }
     if (o->rope_llama3) mk_add(&m, "rope_freqs.weight", MK_INIT_ROPE_FREQS, 0, QTYPE_F32, 1, o->head_dim / 2, 1);
     bool qwen2 = !strcmp(A, "qwen2"), qwen3 = !strcmp(A, "qwen3") || !strcmp(A, "qwen3moe");
     for (int l = 0; l < o->n_layers + o->n_nextn; l++) {   /* the MTP layers last */
@@ -771,6 +828,10 @@ static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *
         }
         if (o->n_swa > 0) {
             mk_gptoss_layer(&m, l);
+            continue;
+        }
+        if (!strcmp(A, "phi3")) {
+            mk_phi3_layer(&m, l, more);
             continue;
         }
         mk_add(&m, MK_T("attn_q.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 2, dim, q_dim);
@@ -837,7 +898,7 @@ int cmd_mkmodel(int argc, char **argv)
     for (size_t i = 0; i < TM_ARRAY_LEN(mk_presets) && ph < sizeof preset_help; i++)
         ph += (size_t)snprintf(preset_help + ph, sizeof preset_help - ph, " %s", mk_presets[i].name);
     const cmd_opt opts[] = {
-        { "--arch", NULL, CMD_OPT_STR, &o.arch, .arg = "llama|qwen2|qwen3|qwen3moe|deepseek2|gpt-oss", .help = "architecture (or the preset's)" },
+        { "--arch", NULL, CMD_OPT_STR, &o.arch, .arg = "llama|qwen2|qwen3|qwen3moe|deepseek2|gpt-oss|phi3|mistral3", .help = "architecture (or the preset's)" },
         { "--preset", NULL, CMD_OPT_STR, &preset, .arg = "NAME", .help = preset_help },
         { "--layers", NULL, CMD_OPT_LONG, &layers, 0, 4096, .arg = "N", .help = "shape options override the preset's" },
         { "--dim", NULL, CMD_OPT_LONG, &dim, 0, 1 << 20, .arg = "N", .help = "hidden size" },
@@ -901,8 +962,9 @@ int cmd_mkmodel(int argc, char **argv)
         return 2;
     }
     if (strcmp(o.arch, "llama") && strcmp(o.arch, "qwen2") && strcmp(o.arch, "qwen3") && strcmp(o.arch, "qwen3moe") &&
-        strcmp(o.arch, "deepseek2") && strcmp(o.arch, "gpt-oss")) {
-        fprintf(stderr, "tokenmill mkmodel: unknown arch '%s' (llama, qwen2, qwen3, qwen3moe, deepseek2, gpt-oss)\n", o.arch);
+        strcmp(o.arch, "deepseek2") && strcmp(o.arch, "gpt-oss") && strcmp(o.arch, "phi3") && strcmp(o.arch, "mistral3")) {
+        fprintf(stderr, "tokenmill mkmodel: unknown arch '%s' (llama, qwen2, qwen3, qwen3moe, deepseek2, gpt-oss, phi3, mistral3)\n",
+                o.arch);
         return 2;
     }
     bool gptoss = !strcmp(o.arch, "gpt-oss");
@@ -920,7 +982,7 @@ int cmd_mkmodel(int argc, char **argv)
         cmd_opts_hint("mkmodel", synopsis);
         return 2;
     }
-    bool qwen = strcmp(o.arch, "llama") != 0;
+    bool qwen = strcmp(o.arch, "llama") != 0 && strcmp(o.arch, "phi3") != 0 && strcmp(o.arch, "mistral3") != 0;   /* RoPE base 1e6, eps 1e-6 */
     o.n_layers = layers ? layers : p->n_layers;
     o.dim = dim ? dim : p->dim;
     o.ffn = ffn ? ffn : p->ffn;
@@ -1034,6 +1096,7 @@ int cmd_mkmodel(int argc, char **argv)
                 o.n_layers, o.dim, o.ffn, o.n_heads, o.n_kv_heads, o.head_dim, o.ctx, o.n_vocab);
         return 2;
     }
+    if (!strcmp(o.arch, "phi3")) o.rope_dim = o.head_dim * 3 / 4 / 2 * 2;   /* partial_rotary_factor 0.75 */
     mk_vocab v = { 0 };
     if (!mk_vocab_load(&v, vocab, &o, nv ? nv : (preset ? p->n_vocab : 0))) {
         mk_vocab_free(&v);

@@ -551,6 +551,11 @@ static void engine_job_qkv_post(void *ctx, int ith, int nth)
                   hp->rope_freq_scale, hp->rope_freq_factors, hp->rope_attn_factor, hp->rope_yarn[0] != 0 ? hp->rope_yarn : NULL);
     ops_rope_ggml(NULL, k, e->pos + t0, n, hp->n_kv_heads, hd, hp->n_rot, hp->rope_neox, hp->rope_theta_scale,
                   hp->rope_freq_scale, hp->rope_freq_factors, hp->rope_attn_factor, hp->rope_yarn[0] != 0 ? hp->rope_yarn : NULL);
+    if (hp->attn_temp_scale != 0.0f)   /* mistral3: Llama 4's temperature, as llama.cpp's inp_attn_scale */
+        for (int t = 0; t < n; t++) {
+            float s = (float)(log(floorf((float)e->pos[t0 + t] / (float)hp->attn_temp_floor) + 1.0) * hp->attn_temp_scale + 1.0);
+            ops_vec_scale_f32(qd, q + (size_t)t * qd, s);
+        }
     if (kvpool_layer_block_index(e->kv, j->layer) < 0) {   /* a window layer: staged (engine_window_commit) */
         const bool f16 = kvpool_dtype(e->kv) == QTYPE_F16;
         for (int t = t0; t < t1; t++) {

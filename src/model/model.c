@@ -1,6 +1,6 @@
 /*
  * model: hyper-parameters and weight views of llama / qwen2 / qwen3 / qwen3moe / deepseek2 /
- * gpt-oss GGUF files. See model.h
+ * gpt-oss / phi3 (model_phi3.c) / mistral3 (model_mistral3.c) GGUF files. See model.h
  * for the design; this file is the loading and validation, one tensor at a time, each error
  * naming what is wrong.
  */
@@ -21,17 +21,9 @@
 #include "util/sha256.h"
 #include "util/util.h"
 
-/* Loading context: the model being built plus the error buffer. */
-typedef struct {
-    model *m;
-    char *err;
-    size_t errsz;
-    gguf_status st;  /* first error */
-} model_ld;
+#include "model/model_int.h"
 
-static gguf_status model_fail(model_ld *ld, gguf_status st, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static gguf_status model_fail(model_ld *ld, gguf_status st, const char *fmt, ...)
+gguf_status model_fail(model_ld *ld, gguf_status st, const char *fmt, ...)
 {
     if (ld->st == GGUF_OK) {
         ld->st = st;
@@ -45,7 +37,7 @@ static gguf_status model_fail(model_ld *ld, gguf_status st, const char *fmt, ...
     return st;
 }
 
-static bool model_key_int(model_ld *ld, const char *key, bool required, int64_t def, int64_t *out)
+bool model_key_int(model_ld *ld, const char *key, bool required, int64_t def, int64_t *out)
 {
     int64_t v;
     if (gguf_get_int(ld->m->g, key, &v)) {
@@ -64,7 +56,7 @@ static bool model_key_int(model_ld *ld, const char *key, bool required, int64_t 
     return true;
 }
 
-static bool model_key_float(model_ld *ld, const char *key, double def, double *out)
+bool model_key_float(model_ld *ld, const char *key, double def, double *out)
 {
     double v;
     if (gguf_get_float(ld->m->g, key, &v)) {
@@ -82,8 +74,8 @@ static bool model_key_float(model_ld *ld, const char *key, double def, double *o
 /* Finds tensor NAME, checks it is 1-D or 2-D with the given (cols, rows) (rows = 1 and
  * n_dims = 1 for a vector). Returns NULL and records the error when absent (if required) or
  * wrong. */
-static const gguf_tensor *model_tensor(model_ld *ld, const char *name, bool required,
-                                       int n_dims, int64_t cols, int64_t rows)
+const gguf_tensor *model_tensor(model_ld *ld, const char *name, bool required,
+                                int n_dims, int64_t cols, int64_t rows)
 {
     const gguf_tensor *t = gguf_find_tensor(ld->m->g, name);
     if (!t) {
@@ -107,7 +99,7 @@ static const gguf_tensor *model_tensor(model_ld *ld, const char *name, bool requ
     return t;
 }
 
-static bool model_matrix(model_ld *ld, const char *name, int64_t cols, int64_t rows, ops_weight *w)
+bool model_matrix(model_ld *ld, const char *name, int64_t cols, int64_t rows, ops_weight *w)
 {
     const gguf_tensor *t = model_tensor(ld, name, true, 2, cols, rows);
     if (!t) return false;
@@ -170,7 +162,7 @@ static const float *model_floats(model_ld *ld, const char *name, bool required, 
     return v;
 }
 
-static const float *model_vector(model_ld *ld, const char *name, bool required, int64_t n)
+const float *model_vector(model_ld *ld, const char *name, bool required, int64_t n)
 {
     return model_floats(ld, name, required, n, 1);
 }
@@ -250,7 +242,7 @@ void model_mtp_view(const model *m, int i, model *out)
     util_hex(out->fingerprint, 32, out->fingerprint_hex);
 }
 
-static float *model_own(model *m, size_t n)
+float *model_own(model *m, size_t n)
 {
     float *v = xcalloc(n, sizeof(float));
     m->owned = xrealloc(m->owned, (size_t)(m->n_owned + 1) * sizeof(float *));
@@ -790,6 +782,16 @@ gguf_status model_load(const char *path, const model_opts *opts, model **out, ch
         hp->arch = MODEL_ARCH_DEEPSEEK2, hp->arch_name = "deepseek2", hp->rope_neox = false;
     } else if (an_len == 7 && !memcmp(an, "gpt-oss", 7)) {
         hp->arch = MODEL_ARCH_GPTOSS, hp->arch_name = "gpt-oss", hp->rope_neox = true;
+    } else if (an_len == 4 && !memcmp(an, "phi3", 4)) {
+        hp->arch = MODEL_ARCH_PHI3, hp->arch_name = "phi3", hp->rope_neox = true;
+    } else if (an_len == 8 && !memcmp(an, "mistral3", 8)) {
+        hp->arch = MODEL_ARCH_MISTRAL3, hp->arch_name = "mistral3", hp->rope_neox = false;
+    } else if ((an_len == 8 && !memcmp(an, "mistral4", 8)) ||
+               (an_len == 6 && (!memcmp(an, "gemma3", 6) || !memcmp(an, "gemma4", 6))) ||
+               (an_len == 7 && !memcmp(an, "glm4moe", 7))) {
+        model_fail(&ld, GGUF_ERR_TYPE, "%s: the '%.*s' architecture is not supported yet (its layers are not in the "
+                   "engine; supported: llama, qwen2, qwen3, qwen3moe, deepseek2, gpt-oss, phi3, mistral3)", path, (int)an_len, an);
+        goto fail;
     } else if (an_len == 9 && !memcmp(an, "deepseek4", 9)) {
         /* the forward pass is specified and checked against llama.cpp by a reference
          * (tests/oracle/dsv4_ref.py) but not yet in the engine: say so rather than fail
@@ -798,11 +800,13 @@ gguf_status model_load(const char *path, const model_opts *opts, model **out, ch
                    "lightning indexer and hyper-connections are not in the engine (docs/deepseek4.md)", path);
         goto fail;
     } else {
-        model_fail(&ld, GGUF_ERR_TYPE, "%s: unsupported architecture '%.*s' (supported: llama, qwen2, qwen3, qwen3moe, deepseek2, gpt-oss)",
+        model_fail(&ld, GGUF_ERR_TYPE, "%s: unsupported architecture '%.*s' (supported: llama, qwen2, qwen3, qwen3moe, deepseek2, gpt-oss, phi3, mistral3)",
                    path, (int)TM_MIN(an_len, 64), an);
         goto fail;
     }
     if (!model_read_hparams(&ld, hp->arch_name)) goto fail;
+    if (hp->arch == MODEL_ARCH_PHI3 && !model_phi3_hparams(&ld)) goto fail;
+    if (hp->arch == MODEL_ARCH_MISTRAL3 && !model_mistral3_hparams(&ld)) goto fail;
 
     /* token embedding fixes the vocabulary size */
     const gguf_tensor *te = gguf_find_tensor(m->g, "token_embd.weight");
@@ -841,6 +845,10 @@ gguf_status model_load(const char *path, const model_opts *opts, model **out, ch
         if (hp->mla) {
             if (!model_load_mla(&ld, il)) goto fail;
             goto ffn;
+        }
+        if (hp->arch == MODEL_ARCH_PHI3) {
+            if (!model_phi3_layer(&ld, il)) goto fail;
+            continue;
         }
         if (!model_matrix(&ld, TN("attn_q.weight"), hp->dim, q_dim, &L->wq)) goto fail;
         if (!model_matrix(&ld, TN("attn_k.weight"), hp->dim, kv_dim, &L->wk)) goto fail;

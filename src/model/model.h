@@ -1,7 +1,7 @@
 /*
  * model: a decoder-only transformer described by a GGUF file: the hyper-parameters and the
  * weights of the architectures we run (`llama`, `qwen2`, `qwen3`, `qwen3moe`, `deepseek2`,
- * `gpt-oss`), ready for the engine.
+ * `gpt-oss`, `phi3`, `mistral3`: docs/architectures.md), ready for the engine.
  *
  * model_load opens the GGUF (gguf.c: read-only shared mmap) and keeps it open for the
  * model's lifetime: matrices are used in place from the mapping as ops_weight views, except
@@ -82,6 +82,10 @@ typedef enum {
                               * shared experts */
     MODEL_ARCH_GPTOSS,       /* sliding-window and full layers, attention sinks, biases, routed
                               * experts with biases and the clamped SwiGLU */
+    MODEL_ARCH_PHI3,         /* llama's layer, fused QKV and gate-up, partial NEOX RoPE,
+                              * LongRoPE factors (model_phi3.c) */
+    MODEL_ARCH_MISTRAL3,     /* llama's layer, YaRN, Llama 4's attention temperature
+                              * (model_mistral3.c) */
 } model_arch;
 
 typedef struct {
@@ -193,6 +197,9 @@ typedef struct {
     const float *rope_freq_factors; /* (n_rot/2) divisors per pair (llama3 scaling) or NULL */
     float rope_attn_factor;  /* llama.cpp's attn_factor: cos/sin multiplier, 1 unless YaRN */
     float rope_yarn[3];      /* YaRN: ext_factor (0: none), the ramp's corr dims (ggml's) */
+    float attn_temp_scale;   /* mistral3: queries at p scaled by 1 + this * ln(floor(p /
+                              * attn_temp_floor) + 1) after RoPE (Llama 4's); 0: none */
+    int attn_temp_floor;     /* positions per step of that scale */
 } model_hparams;
 
 typedef struct model {

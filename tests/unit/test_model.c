@@ -147,6 +147,13 @@ TEST(test_bad_arch_and_keys)
     char err[256] = "";
     CHECK(load(&c, &m, err, sizeof err) == GGUF_ERR_TYPE && m == NULL);
     CHECKF(strstr(err, "gptj") != NULL, "%s", err);
+    /* families not in the engine yet are refused by name, before any key or tensor */
+    static const char *const later[] = { "mistral4", "gemma3", "gemma4", "glm4moe" };
+    for (size_t i = 0; i < sizeof later / sizeof later[0]; i++) {
+        tiny_cfg cl = base(later[i]);
+        CHECK(load(&cl, &m, err, sizeof err) == GGUF_ERR_TYPE && m == NULL);
+        CHECKF(strstr(err, later[i]) != NULL && strstr(err, "not supported yet") != NULL, "%s", err);
+    }
 
     /* a file without general.architecture */
     char path[256];

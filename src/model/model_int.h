@@ -1,0 +1,41 @@
+/*
+ * model_int: what only model*.c may see: the loading context and the checked readers of keys
+ * and tensors (model.c), which the files of one family each (model_phi3.c) load with, so that
+ * every family's error names its key or tensor the same way.
+ */
+#ifndef TM_MODEL_INT_H
+#define TM_MODEL_INT_H
+
+#include "model/model.h"
+
+/* Loading context: the model being built plus the error buffer. */
+typedef struct {
+    model *m;
+    char *err;
+    size_t errsz;
+    gguf_status st;  /* first error */
+} model_ld;
+
+/* Records the first error (status and message); returns st. */
+gguf_status model_fail(model_ld *ld, gguf_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* An integer (float) key: false and an error when of another type, or absent and required. */
+bool model_key_int(model_ld *ld, const char *key, bool required, int64_t def, int64_t *out);
+bool model_key_float(model_ld *ld, const char *key, double def, double *out);
+/* Tensor NAME of (cols, rows), checked (model.c). */
+const gguf_tensor *model_tensor(model_ld *ld, const char *name, bool required, int n_dims, int64_t cols, int64_t rows);
+/* A matrix of (rows, cols) as a view of the mapping. */
+bool model_matrix(model_ld *ld, const char *name, int64_t cols, int64_t rows, ops_weight *w);
+/* A vector of n elements as an owned f32 array; NULL when absent (an error only if required). */
+const float *model_vector(model_ld *ld, const char *name, bool required, int64_t n);
+/* n zeroed floats owned by the model. */
+float *model_own(model *m, size_t n);
+
+/* phi3 (model_phi3.c): its RoPE factors and attention factor, after the common
+ * hyper-parameters; a layer's tensors after its attn_norm. */
+bool model_phi3_hparams(model_ld *ld);
+bool model_phi3_layer(model_ld *ld, int il);
+/* mistral3 (model_mistral3.c): its attention temperature and YaRN checks; its tensors are
+ * llama's (model.c). */
+bool model_mistral3_hparams(model_ld *ld);
+
+#endif

@@ -1,0 +1,83 @@
+// arch_serve: the families of model_<family>.c through the real `tokenmill serve` with the
+// block store: generated phi3 (fused QKV and gate-up, partial RoPE, LongRoPE's long factors at
+// its 8192-token trained context) and mistral3 (YaRN, the attention temperature) models. A 300-token prompt computes two full blocks;
+// sent again it attaches them and answers as the first time; after a restart the blocks come
+// from the store, with the same answer, and so does a gateway with a prefill and a decode
+// worker. A chat request renders the family's bundled template
+// (Phi-3.5, Ministral 3) through the Jinja interpreter (which jinja.test.mjs compares byte for
+// byte with @huggingface/jinja).
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+
+import { bin, root, startServer as startServerOf, startCluster, stopServers, postCompletion } from "./server.mjs";
+
+const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "tm-arch-"));
+const FAMILIES = {
+  phi3: ["--arch", "phi3", "--ctx", "8192"],
+  mistral3: ["--arch", "mistral3", "--ctx", "4096"],
+};
+const modelOf = (fam) => path.join(tmp, `${fam}.gguf`);
+const store = path.join(tmp, "store");
+const templates = path.join(root, "tests/data/llama.cpp/models/templates");
+const TEMPLATES = { phi3: "microsoft-Phi-3.5-mini-instruct.jinja", mistral3: "mistralai-Ministral-3-14B-Reasoning-2512.jinja" };
+const NAME = "phi3-test";
+const PROMPT = Array.from({ length: 300 }, (_, i) => 300 + ((i * 7919) % 3000));
+const startServer = (model, args = []) => startServerOf(model, ["--ctx", "512", "--max-seqs", "2", "--model-name", NAME,
+  "--cache-dir", store, ...args]);
+
+before(() => {
+  fs.mkdirSync(store);
+  for (const [fam, args] of Object.entries(FAMILIES))
+    execFileSync(bin, ["mkmodel", ...args, "--layers", "3", "--vocab-size", "4096", "--type", "q8_0", "--seed", "3",
+      "-o", modelOf(fam)], { stdio: "ignore" });
+});
+
+after(async () => {
+  await stopServers();
+  fs.rmSync(tmp, { recursive: true, force: true });
+});
+
+async function complete(srv) {
+  const j = await postCompletion(srv.url, { model: NAME, prompt: PROMPT, max_tokens: 8, temperature: 0 });
+  assert.equal(j.usage.prompt_tokens, PROMPT.length);
+  return { text: j.choices[0].text, cached: j.usage.prompt_tokens_details.cached_tokens };
+}
+
+for (const fam of Object.keys(FAMILIES))
+test(`${fam} served: cached blocks in RAM and from the store answer as the uncached prompt`, { timeout: 120000 }, async () => {
+  let S = await startServer(modelOf(fam));
+  const first = await complete(S);
+  assert.equal(first.cached, 0);
+  const again = await complete(S);
+  assert.ok(again.cached >= 256, `two full blocks attached (${again.cached} cached)`);
+  assert.equal(again.text, first.text);
+  await stopServers();
+  S = await startServer(modelOf(fam));
+  const restarted = await complete(S);
+  assert.ok(restarted.cached >= 256, `the blocks come back from the store (${restarted.cached} cached)`);
+  assert.equal(restarted.text, first.text);
+  await stopServers();
+  // split: a prefill and a decode worker behind a gateway answer as the one process
+  const C = await startCluster(modelOf(fam), ["prefill", "decode"], { gatewayArgs: ["--model-name", NAME] });
+  const split = await complete(C);
+  assert.equal(split.text, first.text, "gateway + workers answer as serve");
+  await stopServers();
+});
+
+for (const [fam, name] of Object.entries(TEMPLATES))
+test(`${fam} served: a chat request through the bundled ${name}`, { skip: !fs.existsSync(templates) && "no bundled templates",
+  timeout: 60000 }, async () => {
+  const S = await startServer(modelOf(fam), ["--template-file", path.join(templates, name)]);
+  const r = await fetch(`${S.url}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" },
+    body: JSON.stringify({ model: NAME, max_tokens: 4, temperature: 0,
+      messages: [{ role: "system", content: "Be brief." }, { role: "user", content: "Hello there" }] }) });
+  assert.equal(r.status, 200, await r.clone().text());
+  const j = await r.json();
+  assert.ok(j.usage.prompt_tokens > 10);
+  assert.equal(j.choices[0].message.role, "assistant");
+  await stopServers();
+});

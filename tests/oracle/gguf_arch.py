@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+# gguf_arch: writes a small random-weight GGUF of a dense family with llama.cpp's own gguf-py
+# (tests/data/llama.cpp/gguf-py), so that the oracle tests read tensor names, shapes and
+# metadata as llama.cpp's converter writes them (conversion/phi.py for phi3), not mkmodel's.
+#
+#   gguf_arch.py --shape phi3|phi3-long|mistral3 --vocab VOCAB.gguf [--type f32|f16|q8_0] [--seed N] -o OUT.gguf
+#
+# phi3: Phi-4-mini's layer in small: fused attn_qkv and ffn_up (gate then up), 3/4 of each
+# head rotated (NEOX), LongRoPE's rope_factors_long/short and rope.scaling.attn_factor, a
+# tied output, sliding_window 0. phi3-long: the same with original_context_length 32, so that
+# both engines take the long factors (llama.cpp: its context exceeds 32; tokenmill: the
+# trained context does); phi3: original = trained context, the short factors.
+# The vocabulary (every tokenizer.* key) is copied from VOCAB.gguf. Needs numpy.
+import argparse
+import math
+import os
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "data", "llama.cpp", "gguf-py"))
+import gguf  # noqa: E402
+from gguf.quants import quantize  # noqa: E402
+
+SHAPES = {
+    "phi3": dict(arch="phi3", layers=3, dim=256, heads=4, kv_heads=2, head_dim=64, rot=48, ffn=512, ctx=4096,
+                 orig=4096),
+    # Ministral 3's layer in small (conversion/mistral3.py's Ministral3Model): llama's tensors,
+    # YaRN (factor 16, mscale_all_dim 1) and Llama 4's attention temperature (beta 0.1) over
+    # an original context of 16 positions, so that its steps fall inside the test's prompts
+    "mistral3": dict(arch="mistral3", layers=3, dim=256, heads=4, kv_heads=2, head_dim=64, rot=64, ffn=512, ctx=4096,
+                     orig=16),
+    "phi3-long": dict(arch="phi3", layers=3, dim=256, heads=4, kv_heads=2, head_dim=64, rot=48, ffn=512, ctx=4096,
+                      orig=32),
+}
+
+
+def copy_vocab(w, path):
+    r = gguf.GGUFReader(path)
+    n = 0
+    for name, f in r.fields.items():
+        if not name.startswith("tokenizer."):
+            continue
+        vt = f.types[0]
+        if vt == gguf.GGUFValueType.ARRAY:
+            vals = f.contents()
+            w.add_key_value(name, vals, vt, sub_type=f.types[-1])
+            if name == "tokenizer.ggml.tokens":
+                n = len(vals)
+        else:
+            w.add_key_value(name, f.contents(), vt)
+    return n
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", required=True, choices=sorted(SHAPES))
+    ap.add_argument("--vocab", required=True)
+    ap.add_argument("--type", default="f32", choices=["f32", "f16", "q8_0"])
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("-o", "--out", required=True)
+    a = ap.parse_args()
+    s = SHAPES[a.shape]
+    Q = gguf.GGMLQuantizationType
+    qtype = {"f32": Q.F32, "f16": Q.F16, "q8_0": Q.Q8_0}[a.type]
+    rng = np.random.default_rng(a.seed)
+    w = gguf.GGUFWriter(a.out + ".tmp", s["arch"])
+
+    def add(name, shape, std, f32=False, mean=0.0):
+        x = (mean + std * rng.standard_normal(shape)).astype(np.float32)
+        t = Q.F32 if f32 else qtype
+        if t == Q.F32:
+            w.add_tensor(name, x)
+        elif t == Q.F16:
+            w.add_tensor(name, x.astype(np.float16))
+        else:
+            w.add_tensor(name, quantize(x, t), raw_dtype=t)
+
+    def norm(name, n, mean=1.0):
+        add(name, (n,), 0.1 * mean, True, mean)
+
+    # not "phi3" in the name: llama.cpp then sets attributes of Phi-3's special tokens by text,
+    # which a generated vocabulary lacks
+    w.add_name(f"gguf-py-random-{a.shape.replace('phi3', 'phi')}-seed{a.seed}")
+    w.add_file_type({"f32": 0, "f16": 1, "q8_0": 7}[a.type])
+    if qtype not in (Q.F32, Q.F16):
+        w.add_quantization_version(2)
+    n_vocab = copy_vocab(w, a.vocab)
+    dim, L, H, kvh, hd, rot, ffn = s["dim"], s["layers"], s["heads"], s["kv_heads"], s["head_dim"], s["rot"], s["ffn"]
+    if s["arch"] == "mistral3":
+        write_mistral3(w, s, n_vocab, add, norm)
+        return finish(w, a.out)
+    # conversion/phi.py's Phi3MiniModel.set_gguf_parameters
+    w.add_context_length(s["ctx"])
+    w.add_rope_scaling_orig_ctx_len(s["orig"])
+    w.add_embedding_length(dim)
+    w.add_feed_forward_length(ffn)
+    w.add_block_count(L)
+    w.add_head_count(H)
+    w.add_head_count_kv(kvh)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(rot)
+    w.add_rope_freq_base(10000.0)
+    w.add_sliding_window(0)
+    # generate_extra_tensors: LongRoPE (Phi-4-mini: 131072 / 4096)
+    scale = 131072 / 4096
+    w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(4096)))
+    w.add_tensor("rope_factors_long.weight", np.linspace(1.0, 40.0, rot // 2, dtype=np.float32))
+    w.add_tensor("rope_factors_short.weight", np.linspace(1.0, 3.0, rot // 2, dtype=np.float32))
+
+    si = 1.0 / np.sqrt(dim)
+    add("token_embd.weight", (n_vocab, dim), 0.5 * si)
+    norm("output_norm.weight", dim, 20.0)
+    for il in range(L):
+        p = f"blk.{il}."
+        norm(p + "attn_norm.weight", dim)
+        add(p + "attn_qkv.weight", ((H + 2 * kvh) * hd, dim), si)
+        add(p + "attn_output.weight", (dim, H * hd), 1 / np.sqrt(H * hd))
+        norm(p + "ffn_norm.weight", dim)
+        add(p + "ffn_up.weight", (2 * ffn, dim), si)
+        add(p + "ffn_down.weight", (dim, ffn), 1 / np.sqrt(ffn))
+    finish(w, a.out)
+
+
+def write_mistral3(w, s, n_vocab, add, norm):
+    dim, L, H, kvh, hd, ffn = s["dim"], s["layers"], s["heads"], s["kv_heads"], s["head_dim"], s["ffn"]
+    # LlamaModel.set_gguf_parameters, then Ministral3Model's YaRN and temperature keys
+    w.add_context_length(s["ctx"])
+    w.add_embedding_length(dim)
+    w.add_feed_forward_length(ffn)
+    w.add_block_count(L)
+    w.add_head_count(H)
+    w.add_head_count_kv(kvh)
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(hd)
+    w.add_rope_freq_base(1000000.0)
+    w.add_vocab_size(n_vocab)
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(16.0)
+    w.add_rope_scaling_yarn_beta_fast(32.0)
+    w.add_rope_scaling_yarn_beta_slow(1.0)
+    w.add_rope_scaling_orig_ctx_len(s["orig"])
+    w.add_rope_scaling_yarn_log_mul(1.0)
+    w.add_attn_temperature_scale(0.1)
+    si = 1.0 / np.sqrt(dim)
+    add("token_embd.weight", (n_vocab, dim), 0.5 * si)
+    norm("output_norm.weight", dim, 20.0)
+    add("output.weight", (n_vocab, dim), 0.5 * si)
+    for il in range(L):
+        p = f"blk.{il}."
+        norm(p + "attn_norm.weight", dim)
+        add(p + "attn_q.weight", (H * hd, dim), si)
+        add(p + "attn_k.weight", (kvh * hd, dim), si)
+        add(p + "attn_v.weight", (kvh * hd, dim), si)
+        add(p + "attn_output.weight", (dim, H * hd), 1 / np.sqrt(H * hd))
+        norm(p + "ffn_norm.weight", dim)
+        add(p + "ffn_gate.weight", (ffn, dim), si)
+        add(p + "ffn_up.weight", (ffn, dim), si)
+        add(p + "ffn_down.weight", (dim, ffn), 1 / np.sqrt(ffn))
+
+
+def finish(w, out):
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    os.replace(out + ".tmp", out)
+
+
+if __name__ == "__main__":
+    main()
