@@ -47,7 +47,7 @@ uint32_t block_crc32c(const void *p, size_t n)
 }
 
 void block_header_init(block_header *h, const uint8_t key[32], const uint8_t fp[32], uint32_t dtype,
-                       int elt_bytes, int n_layers, int n_kv_heads, int head_dim, int n_parts)
+                       int row_bytes, int n_layers, int n_kv_heads, int head_dim, int n_parts)
 {
     memset(h, 0, sizeof *h);
     memcpy(h->key, key, 32);
@@ -58,7 +58,7 @@ void block_header_init(block_header *h, const uint8_t key[32], const uint8_t fp[
     h->head_dim = (uint32_t)head_dim;
     h->n_tokens = 128;
     h->n_parts = (uint32_t)n_parts;
-    h->layer_bytes = (uint32_t)((uint32_t)n_parts * (uint32_t)n_kv_heads * 128u * (uint32_t)head_dim * (uint32_t)elt_bytes);
+    h->layer_bytes = (uint32_t)((uint32_t)n_parts * (uint32_t)n_kv_heads * 128u * (uint32_t)row_bytes);
     h->payload_bytes = (uint64_t)h->n_layers * h->layer_bytes;
 }
 

@@ -60,10 +60,11 @@ typedef struct {
 
 const char *block_status_name(block_status st);
 
-/* Fills the shape fields of h (key and fp are the caller's) for elements of elt_bytes bytes and
- * n_parts (2: K and V, 1: V is K) rows per (layer, kv head, token). */
+/* Fills the shape fields of h (key and fp are the caller's) for rows of row_bytes bytes (head_dim
+ * values in dtype: 2 or 4 bytes each, or Q8_0 / Q4_0 blocks) and n_parts (2: K and V, 1: V is K)
+ * rows per (layer, kv head, token). */
 void block_header_init(block_header *h, const uint8_t key[32], const uint8_t fp[32], uint32_t dtype,
-                       int elt_bytes, int n_layers, int n_kv_heads, int head_dim, int n_parts);
+                       int row_bytes, int n_layers, int n_kv_heads, int head_dim, int n_parts);
 /* Total file bytes (header + payload). */
 size_t block_file_bytes(const block_header *h);
 /* A zeroed, 64-byte aligned buffer of block_file_bytes(h) bytes (free with free()), payload at

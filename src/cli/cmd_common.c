@@ -131,6 +131,7 @@ const cmd_opt *cmd_common_engine_table(cmd_engine_opts *o, cmd_opt out[CMD_ENGIN
         { "--ctx", "-c", CMD_OPT_LONG, &o->ctx, 0, 1 << 24, .arg = "N", .help = "tokens per sequence (default: the model's trained context if its KV fits --kv-mib)" },
         { "--max-seqs", NULL, CMD_OPT_LONG, &o->max_seqs, 1, 4096, .arg = "N", .help = "sequences running at once (default 16)" },
         { "--kv-mib", NULL, CMD_OPT_LONG, &o->kv_mib, 1, 1 << 24, .arg = "N", .help = "cap of the KV pool in MiB (default 2048)" },
+        { "--kv-type", NULL, CMD_OPT_CHOICE, &o->kv_type, .choices = "f16|f32|q8_0|q4_0", .help = "KV cache elements: q8_0 / q4_0 hold 1.9x / 3.6x the tokens of f16 in the same memory and store (default f16)" },
         { "--max-queue", NULL, CMD_OPT_LONG, &o->max_queue, 1, 1 << 20, .arg = "N", .help = "requests waiting to run (default 256)" },
         { "--step-tokens", NULL, CMD_OPT_LONG, &o->step_tokens, 1, 1 << 16, .arg = "N", .help = "tokens of a step with decodes (default max-seqs + 64)" },
         { "--prefill-step-tokens", NULL, CMD_OPT_LONG, &o->prefill_step, 1, 1 << 16, .arg = "N", .help = "tokens of a step without decodes (default 512)" },
@@ -172,12 +173,12 @@ static bool cmd_common_cors(const char *prog, const char *name, const char *valu
 #define CMD_CTX_SHORT 4096   /* tokens: the former default context, and what a pool holds
                               * max_seqs of when the context is the default */
 
-long cmd_common_default_ctx(const char *prog, const model *m, long kv_mib)
+long cmd_common_default_ctx(const char *prog, const model *m, long kv_mib, engine_kv_type kv_type)
 {
     long train = m->hp.n_ctx_train > 0 ? m->hp.n_ctx_train : CMD_CTX_SHORT;
     long floor_ctx = TM_MIN(train, CMD_CTX_SHORT);
     int32_t *lw = xcalloc((size_t)m->hp.n_layers, sizeof *lw);
-    kvpool_opts ko = engine_kv_geometry(m, false, lw);
+    kvpool_opts ko = engine_kv_geometry(m, kv_type, lw);
     /* blocks of the cap, less the one a sequence's next token may open past its context */
     long fit = ((long)kvpool_blocks_for_bytes(&ko, (size_t)kv_mib << 20) - 1) * KVPOOL_BLOCK;
     /* MiB of one whole trained context */
@@ -233,7 +234,7 @@ const cmd_opt *cmd_common_grammar_table(grammar_limits *o, cmd_opt out[CMD_GRAMM
 static int cmd_common_kv_blocks(const model *m, const cmd_engine_opts *o)
 {
     int32_t *lw = xcalloc((size_t)m->hp.n_layers, sizeof *lw);   /* window layers keep no KV in blocks */
-    kvpool_opts ko = engine_kv_geometry(m, false, lw);
+    kvpool_opts ko = engine_kv_geometry(m, (engine_kv_type)o->kv_type, lw);
     size_t ctx_blocks = (size_t)(o->ctx + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK;
     long per_seq = o->ctx_default ? TM_MIN(o->ctx, CMD_CTX_SHORT) : o->ctx;
     size_t want_blocks = (size_t)o->max_seqs * (size_t)((per_seq + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK);
@@ -364,7 +365,7 @@ engine *cmd_common_engine_new(const char *prog, model *m, cmd_engine_opts *o)
         return NULL;
     }
     if (o->ctx <= 0) {
-        o->ctx = cmd_common_default_ctx(prog, m, o->kv_mib);
+        o->ctx = cmd_common_default_ctx(prog, m, o->kv_mib, (engine_kv_type)o->kv_type);
         o->ctx_default = true;
     }
     /* with a time target, the time sizes the steps: the token budget with decodes is only a cap */
@@ -383,7 +384,8 @@ engine *cmd_common_engine_new(const char *prog, model *m, cmd_engine_opts *o)
     bool pinned;
     if (!cmd_common_place(prog, o->threads, o->cpus, &n_threads, cpus, &pinned)) return NULL;
     engine_opts eo = { .n_threads = n_threads, .cpus = pinned ? cpus : NULL,
-                       .max_batch_tokens = (int)TM_MAX(o->step_tokens, o->prefill_step) };
+                       .max_batch_tokens = (int)TM_MAX(o->step_tokens, o->prefill_step),
+                       .kv_type = (engine_kv_type)o->kv_type };
     eo.n_kv_blocks = cmd_common_kv_blocks(m, o);
     engine *e = NULL;
     if (engine_new(m, &eo, &e, err, sizeof err) != ENGINE_OK) {
@@ -417,8 +419,8 @@ void cmd_common_kv_desc(engine *e, char *buf, size_t n)
     kvpool *p = engine_kvpool(e);
     kvpool_stats st;
     kvpool_get_stats(p, &st);
-    snprintf(buf, n, "KV %d blocks of %.1f KiB per 128 tokens%s", st.n_blocks, (double)kvpool_block_bytes(p) / 1024.0,
-             kvpool_n_parts(p) == 1 ? ", latent: V is K" : "");
+    snprintf(buf, n, "KV %s, %d blocks of %.1f KiB per 128 tokens%s", quant_type_name(kvpool_dtype(p)), st.n_blocks,
+             (double)kvpool_block_bytes(p) / 1024.0, kvpool_n_parts(p) == 1 ? ", latent: V is K" : "");
 }
 
 bool cmd_common_place(const char *prog, long threads, const char *cpus_list, int *n, int *cpus, bool *pinned)

@@ -36,6 +36,7 @@ typedef struct {
     bool ctx_default;    /* ctx was 0 and cmd_common_engine_new chose it */
     long max_seqs;       /* sequences in flight */
     long kv_mib;         /* KV pool cap, MiB */
+    int kv_type;         /* --kv-type: an engine_kv_type (0: F16) */
     long max_queue;      /* requests waiting for admission */
     long step_tokens;    /* tokens per step with decodes, 0: sched_default_step_tokens */
     long spec_room;      /* of those, the room the default adds for verify rows (sched_opts) */
@@ -68,14 +69,14 @@ typedef struct {
  * cap (kv_mib), else the most 128-token blocks that fit, but never less than the trained
  * context or 4096, whichever is smaller (what the pool always held, past the cap if need be).
  * Prints one line "tokenmill PROG: context N tokens: WHY" on stderr. */
-long cmd_common_default_ctx(const char *prog, const model *m, long kv_mib);
+long cmd_common_default_ctx(const char *prog, const model *m, long kv_mib, engine_kv_type kv_type);
 /* The option table entries of the engine options (--threads/-t, --cpus, --ctx/-c, --max-seqs,
- * --kv-mib, --max-queue, --step-tokens, --prefill-step-tokens, --step-ms, --prefill-step-ms,
+ * --kv-mib, --kv-type, --max-queue, --step-tokens, --prefill-step-tokens, --step-ms, --prefill-step-ms,
  * --window-mib, --window-ttl, --window-replay, --spec, --spec-max, --spec-fixed, --draft,
  * --draft-layers, --no-overlap)
  * writing into *o, in out (a table of its own, END-terminated): include it with
  * { .kind = CMD_OPT_TABLE, .dst = out }. */
-#define CMD_ENGINE_TABLE_N 20
+#define CMD_ENGINE_TABLE_N 21
 const cmd_opt *cmd_common_engine_table(cmd_engine_opts *o, cmd_opt out[CMD_ENGINE_TABLE_N]);
 /* The same for the HTTP layer's connection limits (http/http.h): --max-connections,
  * --max-client-connections, --request-timeout. */

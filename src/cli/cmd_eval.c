@@ -1,5 +1,5 @@
 /*
- * cmd_eval: `tokenmill eval -m MODEL --input IN.json [--threads N] [--kv f16|f32] [--batch N]`
+ * cmd_eval: `tokenmill eval -m MODEL --input IN.json [--threads N] [--kv f16|f32|q8_0|q4_0] [--batch N]`
  * for the oracle tests: the next-token distribution at every prompt position and a greedy
  * continuation, for token ids given as JSON (no tokenizer involved).
  *
@@ -165,13 +165,13 @@ int cmd_eval(int argc, char **argv)
 {
     const char *model_path = NULL, *input = NULL;
     long threads = 0, maxb = 512;
-    int kv_f32 = 0;
+    int kv_type = ENGINE_KV_F16;
     const cmd_opt opts[] = {
         { "--model", "-m", CMD_OPT_STR, &model_path, .arg = "MODEL", .help = "the GGUF", .required = true },
         { "--input", NULL, CMD_OPT_STR, &input, .arg = "IN.json", .help = "sequences, top-K and greedy length", .required = true },
         { "--threads", "-t", CMD_OPT_LONG, &threads, 0, 1024, .arg = "N", .help = "kernel threads (default: one per core)" },
         { "--batch", NULL, CMD_OPT_LONG, &maxb, 1, 1 << 16, .arg = "N", .help = "engine batch in tokens (default 512)" },
-        { "--kv", NULL, CMD_OPT_CHOICE, &kv_f32, .choices = "f16|f32", .help = "KV cache type (default f16)" },
+        { "--kv", NULL, CMD_OPT_CHOICE, &kv_type, .choices = "f16|f32|q8_0|q4_0", .help = "KV cache type (default f16)" },
         { 0 },
     };
     const char *synopsis = "eval -m MODEL --input IN.json [options]: top log-probs at every position as JSON";
@@ -229,7 +229,7 @@ int cmd_eval(int argc, char **argv)
     }
 
     engine *e = NULL;
-    engine_opts eo = { .n_threads = threads, .n_kv_blocks = blocks, .max_batch_tokens = maxb, .kv_f32 = kv_f32 };
+    engine_opts eo = { .n_threads = threads, .n_kv_blocks = blocks, .max_batch_tokens = maxb, .kv_type = (engine_kv_type)kv_type };
     if (engine_new(m, &eo, &e, err, sizeof err) != ENGINE_OK) {
         fprintf(stderr, "tokenmill eval: %s\n", err);
         goto out;

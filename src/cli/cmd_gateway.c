@@ -201,7 +201,7 @@ int cmd_gateway(int argc, char **argv)
     }
     /* the workers' default, for their default --kv-mib (other --kv-mib: set --ctx on both) */
     cmd_engine_opts eng_default = CMD_ENGINE_OPTS_DEFAULT;
-    int n_ctx = ctx > 0 ? (int)ctx : (int)cmd_common_default_ctx("gateway", m, eng_default.kv_mib);
+    int n_ctx = ctx > 0 ? (int)ctx : (int)cmd_common_default_ctx("gateway", m, eng_default.kv_mib, (engine_kv_type)eng_default.kv_type);
     gateway_opts go = { .model = m, .cache = cache, .prefill = pre, .n_prefill = n_pre, .decode = dec, .n_decode = n_dec,
                         .register_listen = reg, .n_ctx = n_ctx, .eos_ids = { -1, -1, -1, -1 },
                         .heartbeat_timeout_s = hb_timeout, .wait_timeout_s = wait_timeout, .key = &key,

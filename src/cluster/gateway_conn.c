@@ -145,6 +145,9 @@ static int gw_handshake(gateway *g, proto_conn *pc, const char *who, proto_hello
     const char *bad = NULL;
     char detail[160] = "";
     *code = PROTO_E_MODEL;
+    pthread_mutex_lock(&g->mu);
+    int kv_dtype = g->kv_dtype;   /* the first worker's */
+    pthread_mutex_unlock(&g->mu);
     if (memcmp(m.u.hello.model_fp, g->o.model->fingerprint, 32)) {
         bad = "it serves another model (the model fingerprints differ)";
     } else if (m.u.hello.role != PROTO_ROLE_PREFILL && m.u.hello.role != PROTO_ROLE_DECODE &&
@@ -154,8 +157,13 @@ static int gw_handshake(gateway *g, proto_conn *pc, const char *who, proto_hello
     } else if (m.u.hello.n_vocab != (uint32_t)g->o.model->hp.n_vocab) {
         snprintf(detail, sizeof detail, "vocabulary of %u tokens, the model has %d", m.u.hello.n_vocab,
                  g->o.model->hp.n_vocab);
-    } else if (m.u.hello.kv_dtype != QTYPE_F32 && m.u.hello.kv_dtype != QTYPE_F16) {
+    } else if (m.u.hello.kv_dtype != QTYPE_F32 && m.u.hello.kv_dtype != QTYPE_F16 && m.u.hello.kv_dtype != QTYPE_Q8_0 &&
+               m.u.hello.kv_dtype != QTYPE_Q4_0) {
         snprintf(detail, sizeof detail, "KV type %u", m.u.hello.kv_dtype);
+    } else if (kv_dtype >= 0 && m.u.hello.kv_dtype != kv_dtype) {
+        /* blocks, their keys and handed-off tails are in one KV type across the cluster */
+        snprintf(detail, sizeof detail, "KV type %s, the cluster's is %s (start every worker with the same --kv-type)",
+                 quant_type_name((qtype)m.u.hello.kv_dtype), quant_type_name((qtype)kv_dtype));
     }
     if (!bad && detail[0]) bad = detail;
     if (bad) {

@@ -228,10 +228,10 @@ proto_status proto_hdr_parse(const uint8_t *p, size_t n, proto_hdr *h)
 
 size_t proto_kv_bytes(int dtype, int n_parts, int n_layers, int n_kv_heads, int head_dim, int n)
 {
-    size_t esz = dtype == QTYPE_F16 ? 2 : dtype == QTYPE_F32 ? 4 : 0;
-    if (!esz || n_parts < 1 || n_parts > 2 || n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 || n < 0 || n >= 128)
+    bool q = dtype == QTYPE_Q8_0 || dtype == QTYPE_Q4_0;
+    if (!(dtype == QTYPE_F16 || dtype == QTYPE_F32 || (q && head_dim % QK8_0 == 0)) || n_parts < 1 || n_parts > 2 || n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 || n < 0 || n >= 128)
         return 0;
-    return (size_t)n_layers * (size_t)n_parts * (size_t)n_kv_heads * (size_t)n * (size_t)head_dim * esz;
+    return (size_t)n_layers * (size_t)n_parts * (size_t)n_kv_heads * (size_t)n * quant_row_bytes((qtype)dtype, head_dim);
 }
 
 /* The reasoning budget section's ranges (the vocabulary is the worker's check). */

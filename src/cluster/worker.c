@@ -212,7 +212,8 @@ static void worker_send_hello(worker *w, wconn *c, bool reg)
 
 /* ---- tail KV hooks (engine thread) ---- */
 
-static size_t worker_esz(const kvpool *pool) { return kvpool_dtype(pool) == QTYPE_F16 ? 2 : 4; }
+/* Bytes of one head_dim row of the pool's type. */
+static size_t worker_row(const kvpool *pool, const model *m) { return quant_row_bytes(kvpool_dtype(pool), m->hp.head_dim); }
 
 /* kv_out: copies the partial last block [n_done/128*128, n_done) out of the pool. */
 static void worker_kv_out(void *arg, const kvpool *pool, const kvpool_seq *seq, int n_done)
@@ -223,7 +224,7 @@ static void worker_kv_out(void *arg, const kvpool *pool, const kvpool_seq *seq, 
     /* window layers live in a ring, not in the tail's slabs: the decode worker computes the
      * partial block itself (and the window state as a window-cache miss) */
     if (n <= 0 || j->tail || kvpool_n_window_layers(pool) > 0) return;
-    size_t esz = worker_esz(pool), row = (size_t)m->hp.head_dim * esz;
+    size_t row = worker_row(pool, m);
     int parts = kvpool_n_parts(pool);
     size_t bytes = (size_t)m->hp.n_layers * (size_t)parts * (size_t)m->hp.n_kv_heads * (size_t)n * row;
     uint8_t *buf = malloc(bytes);
@@ -263,7 +264,7 @@ static int worker_kv_in(void *arg, kvpool *pool, kvpool_seq *seq, int n_attached
     }
     double t0 = util_now();
     if (kvpool_seq_reserve(pool, seq, (int)(kv->start + kv->n)) != KVPOOL_OK) return n_attached;
-    size_t row = (size_t)m->hp.head_dim * worker_esz(pool);
+    size_t row = worker_row(pool, m);
     const uint8_t *p = kv->data;
     for (int l = 0; l < m->hp.n_layers; l++)
         for (int k = 0; k < kv->n_parts; k++)

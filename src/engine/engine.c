@@ -143,6 +143,9 @@ struct engine {
     int32_t *tile_start;     /* (T + 1) first batch entry of each attention tile */
     int n_tiles;
     int att_tile;            /* positions per attention tile at most (ENGINE_ATT_* bounds) */
+    int rot_k;               /* a quantised cache: order of the Walsh-Hadamard rotation of
+                              * Q and K (each head row in pieces of rot_k values), 0: none */
+    int rot_v;               /* the same for V, and back for the attention output, 0: none */
     /* mixture of experts (NULL for a dense model); k = n_expert_used, E = n_expert */
     float *r_logits;         /* (T, E) router logits */
     moe_router router;       /* the model's routing (model/moe.h) */
@@ -173,8 +176,8 @@ struct engine {
     float *mtp_cat;          /* (T, 2 * dim) an MTP view's normed embedding and hidden state */
     /* window layers (NULL for a model without): their K/V of a step is staged here, read by
      * attention for the step's own positions, and moved into each sequence's ring after */
-    uint8_t *wstage;         /* (T, 2, n_kv_heads, head_dim) pool dtype, K then V of an entry */
-    size_t wrow;             /* bytes of one staged row: head_dim * pool element size */
+    uint8_t *wstage;         /* (T, 2, n_kv_heads) rows of the pool dtype, K then V of an entry */
+    size_t wrow;             /* bytes of one staged row: head_dim values in the pool dtype */
     int32_t *run0;           /* (T) first batch entry of each entry's run (engine_run_end) */
     int32_t *prev_run;       /* (T) at a run's first entry: the first entry of the same
                               * sequence's previous run in this step, -1 if none */
@@ -254,6 +257,7 @@ typedef struct {
     int next;                /* attention, experts: shared item counter (atomic) */
     int next2;               /* experts: the down projection's item counter (atomic) */
     bool q16;                /* attention: the per-key path (f16 Q, f16 V accumulator) */
+    bool q8;                 /* attention: the quantised cache's per-key path (Q8_0 Q, f32 V) */
     bool win;                /* attention: a window layer, one item per (batch entry, kv head) */
     bool mla_v;              /* MLA heads: values through v_b (else queries through k_b) */
     bool shexp;              /* experts: the shared experts' FFN is in the round (into shx) */
@@ -291,12 +295,33 @@ void engine_free(engine *e)
     free(e);
 }
 
-kvpool_opts engine_kv_geometry(const model *m, bool kv_f32, int32_t *layer_window)
+qtype engine_kv_qtype(engine_kv_type t)
+{
+    switch (t) {
+    case ENGINE_KV_F32: return QTYPE_F32;
+    case ENGINE_KV_Q8_0: return QTYPE_Q8_0;
+    case ENGINE_KV_Q4_0: return QTYPE_Q4_0;
+    default: return QTYPE_F16;
+    }
+}
+
+bool engine_kv_type_parse(const char *z, engine_kv_type *out)
+{
+    static const char *const names[] = { "f16", "f32", "q8_0", "q4_0" };
+    for (int i = 0; i < 4; i++)
+        if (strcmp(z, names[i]) == 0) {
+            *out = (engine_kv_type)i;
+            return true;
+        }
+    return false;
+}
+
+kvpool_opts engine_kv_geometry(const model *m, engine_kv_type kv_type, int32_t *layer_window)
 {
     const model_hparams *hp = &m->hp;
     for (int il = 0; il < hp->n_layers; il++) layer_window[il] = model_layer_window(m, il);
     kvpool_opts ko = { .n_layers = hp->n_layers, .n_kv_heads = hp->n_kv_heads, .head_dim = hp->head_dim,
-                       .v_is_k = hp->mla, .dtype = kv_f32 ? QTYPE_F32 : QTYPE_F16, .layer_window = layer_window };
+                       .v_is_k = hp->mla, .dtype = engine_kv_qtype(kv_type), .layer_window = layer_window };
     memcpy(ko.model_fp, m->fingerprint, 32);
     return ko;
 }
@@ -349,7 +374,30 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
     }
 
     int32_t *lw = xcalloc((size_t)hp->n_layers, sizeof *lw);
-    kvpool_opts ko = engine_kv_geometry(m, o.kv_f32, lw);
+    kvpool_opts ko = engine_kv_geometry(m, o.kv_type, lw);
+    if (!kvpool_type_ok(ko.dtype, ko.head_dim)) {
+        snprintf(err, errsz, "a %s KV cache needs a head size that is a multiple of 32; this model's is %d",
+                 quant_type_name(ko.dtype), ko.head_dim);
+        free(lw);
+        engine_free(e);
+        return ENGINE_ERR_ARG;
+    }
+    if (hp->mla && (ko.dtype == QTYPE_Q8_0 || ko.dtype == QTYPE_Q4_0)) {
+        snprintf(err, errsz, "a %s KV cache is not supported for multi-head latent attention models (use f16 or f32)",
+                 quant_type_name(ko.dtype));
+        free(lw);
+        engine_free(e);
+        return ENGINE_ERR_ARG;
+    }
+    /* llama.cpp rotates Q, K and V by a Walsh-Hadamard matrix before a quantised cache stores
+     * them (the largest power-of-two piece of the head for K, 64 for V) and the attention
+     * output back: an outlier is spread over its piece, so the 32-value blocks quantise with
+     * less error; scores are unchanged (the matrix is orthonormal). Same condition as its. */
+    if ((ko.dtype == QTYPE_Q8_0 || ko.dtype == QTYPE_Q4_0) && ko.head_dim % 64 == 0) {
+        e->rot_k = 64;
+        while (ko.head_dim % (2 * e->rot_k) == 0) e->rot_k *= 2;
+        e->rot_v = 64;
+    }
     if (o.n_kv_blocks > 0) ko.n_blocks = o.n_kv_blocks;
     else if (o.kv_bytes > 0) ko.n_blocks = kvpool_blocks_for_bytes(&ko, o.kv_bytes);
     else ko.n_blocks = 4096 / KVPOOL_BLOCK;
@@ -378,7 +426,7 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
     e->pos = engine_scratch_alloc(e, T * sizeof(int32_t));
 
     if (kvpool_n_window_layers(e->kv) > 0) {
-        e->wrow = (size_t)hp->head_dim * (o.kv_f32 ? 4 : 2);
+        e->wrow = quant_row_bytes(kvpool_dtype(e->kv), hp->head_dim);
         e->wstage = engine_scratch_alloc(e, T * 2 * (size_t)hp->n_kv_heads * e->wrow);
         e->run0 = xmalloc(T * sizeof *e->run0);
         e->prev_run = xmalloc(T * sizeof *e->prev_run);
@@ -556,16 +604,19 @@ static void engine_job_qkv_post(void *ctx, int ith, int nth)
             float s = (float)(log(floorf((float)e->pos[t0 + t] / (float)hp->attn_temp_floor) + 1.0) * hp->attn_temp_scale + 1.0);
             ops_vec_scale_f32(qd, q + (size_t)t * qd, s);
         }
+    if (e->rot_k) {
+        ops_hadamard_rows(q, (int64_t)n * qd / e->rot_k, e->rot_k);
+        ops_hadamard_rows(k, (int64_t)n * kvd / e->rot_k, e->rot_k);
+        ops_hadamard_rows(v, (int64_t)n * kvd / e->rot_v, e->rot_v);
+    }
     if (kvpool_layer_block_index(e->kv, j->layer) < 0) {   /* a window layer: staged (engine_window_commit) */
-        const bool f16 = kvpool_dtype(e->kv) == QTYPE_F16;
+        const qtype dt = kvpool_dtype(e->kv);
+        const int nkv = hp->n_kv_heads;
         for (int t = t0; t < t1; t++) {
-            uint8_t *dk = e->wstage + (size_t)t * 2 * kvd * (e->wrow / hd), *dv = dk + kvd * (e->wrow / hd);
-            if (f16) {
-                ops_fp32_to_fp16_row(e->k + (size_t)t * kvd, (fp16_t *)dk, kvd);
-                ops_fp32_to_fp16_row(e->v + (size_t)t * kvd, (fp16_t *)dv, kvd);
-            } else {
-                memcpy(dk, e->k + (size_t)t * kvd, (size_t)kvd * sizeof(float));
-                memcpy(dv, e->v + (size_t)t * kvd, (size_t)kvd * sizeof(float));
+            uint8_t *dk = e->wstage + (size_t)t * 2 * nkv * e->wrow, *dv = dk + nkv * e->wrow;
+            for (int h = 0; h < nkv; h++) {
+                kvpool_row_put(dt, e->k + (size_t)t * kvd + (size_t)h * hd, dk + (size_t)h * e->wrow, hd);
+                kvpool_row_put(dt, e->v + (size_t)t * kvd + (size_t)h * hd, dv + (size_t)h * e->wrow, hd);
             }
         }
         return;
@@ -831,6 +882,75 @@ static void engine_att_per_key(engine_job *j, float *sc, int t0, int nt, int kvh
     }
 }
 
+/* A quantised cache (ggml's one-query path for non-F16 K/V): each query row quantised to
+ * Q8_0, s = integer dot with the key row (ops_vec_dot_kv), online softmax key by key, the
+ * value row dequantised and accumulated in f32 (acc = acc * ms + vs * v), sinks after the
+ * keys, divided by the sum at the end. A row's arithmetic depends only on its own query and
+ * keys: batch invariant like the other paths. */
+static void engine_att_per_key_q(engine_job *j, float *sc, int t0, int nt, int kvh)
+{
+    engine *e = j->e;
+    const model_hparams *hp = &e->m->hp;
+    const int hd = hp->head_dim, gqa = hp->n_heads / hp->n_kv_heads, qd = hp->n_heads * hd;
+    const int nq = nt * gqa, nqmax = e->att_tile * gqa;
+    const qtype dt = kvpool_dtype(e->kv);
+    const size_t row = quant_row_bytes(dt, hd), qrow = quant_row_bytes(QTYPE_Q8_0, hd);
+    const engine_tok *tk0 = &j->b->toks[t0];
+    float *acc = sc;                               /* (nq, hd) accumulators */
+    float *M = acc + (size_t)nqmax * hd;           /* (nq) running max */
+    float *S = M + nqmax;                          /* (nq) running sum */
+    float *vf = S + nqmax;                         /* (hd) the value row in f32 */
+    uint8_t *q8 = (uint8_t *)(vf + hd);            /* (nq) query rows in Q8_0 */
+    for (int r = 0; r < nq; r++) {
+        quant_act_q8_0(e->q + (size_t)(t0 + r / gqa) * qd + (size_t)(kvh * gqa + r % gqa) * hd,
+                       (block_q8_0 *)(q8 + (size_t)r * qrow), hd);
+        M[r] = -INFINITY;
+        S[r] = 0.0f;
+    }
+    memset(acc, 0, (size_t)nq * hd * sizeof(float));
+    const int n_ctx = tk0->pos + nt;
+    const bool win = e->wstage && kvpool_layer_block_index(e->kv, j->layer) < 0;
+    for (int pk = engine_att_lo(j, tk0->pos, nt, tk0->seq); pk < n_ctx; pk++) {
+        const uint8_t *kr, *vr;
+        if (win) {
+            kr = engine_win_row(e, j->b, j->layer, t0, pk, 0, kvh);
+            vr = engine_win_row(e, j->b, j->layer, t0, pk, 1, kvh);
+        } else {
+            kr = (const uint8_t *)kvpool_seq_slab(e->kv, tk0->seq, pk / KVPOOL_BLOCK, j->layer, 0, kvh) +
+                 (size_t)(pk % KVPOOL_BLOCK) * row;
+            vr = (const uint8_t *)kvpool_seq_slab(e->kv, tk0->seq, pk / KVPOOL_BLOCK, j->layer, 1, kvh) +
+                 (size_t)(pk % KVPOOL_BLOCK) * row;
+        }
+        bool have_v = false;
+        for (int r = 0; r < nq; r++) {
+            if (pk > tk0->pos + r / gqa) continue;   /* causal */
+            float s = ops_vec_dot_kv(dt, hd, kr, (const block_q8_0 *)(q8 + (size_t)r * qrow)) * hp->att_scale;
+            float *a = acc + (size_t)r * hd, ms = 1.0f, vs = 1.0f;
+            if (s > M[r]) {
+                ms = expf(M[r] - s);
+                M[r] = s;
+                ops_vec_scale_f32(hd, a, ms);
+            } else {
+                vs = expf(s - M[r]);
+            }
+            if (!have_v) {
+                quant_dequantize_row(dt, vr, vf, hd);
+                have_v = true;
+            }
+            ops_vec_mad_f32(hd, a, vf, vs);
+            S[r] = S[r] * ms + vs;
+        }
+    }
+    engine_att_sinks(j, kvh, nq, M, S, acc);
+    for (int r = 0; r < nq; r++) {
+        float *o = e->att + (size_t)(t0 + r / gqa) * qd + (size_t)(kvh * gqa + r % gqa) * hd;
+        float inv = S[r] == 0.0f ? 0.0f : 1.0f / S[r];
+        const float *ar = acc + (size_t)r * hd;
+        for (int d = 0; d < hd; d++) o[d] = ar[d] * inv;
+        if (e->rot_v) ops_hadamard_rows(o, hd / e->rot_v, e->rot_v);   /* back from V's rotation */
+    }
+}
+
 _Static_assert(KVPOOL_BLOCK <= OPS_ATT_KT_KEYS, "a pool block fits the attention kernels' kt scratch");
 
 static void engine_att_tiled(engine_job *j, float *sc, int t0, int nt, int kvh)
@@ -969,7 +1089,8 @@ static void engine_job_attention(void *ctx, int ith, int nth)
         int tile = it / nkv, kvh = it % nkv;
         /* a window layer's items are single positions (each has its own first key) */
         int t0 = j->win ? tile : e->tile_start[tile], nt = j->win ? 1 : e->tile_start[tile + 1] - t0;
-        if (j->q16) engine_att_per_key(j, sc, t0, nt, kvh);
+        if (j->q8) engine_att_per_key_q(j, sc, t0, nt, kvh);
+        else if (j->q16) engine_att_per_key(j, sc, t0, nt, kvh);
         else engine_att_tiled(j, sc, t0, nt, kvh);
     }
 }
@@ -1429,6 +1550,7 @@ engine_status engine_step_mtp(engine *e, const engine_batch *b, const float *hid
         job.n_items = (job.win ? T : e->n_tiles) * hp->n_kv_heads;
         job.next = 0;
         job.q16 = kvpool_dtype(e->kv) == QTYPE_F16 && hd % 16 != 0;
+        job.q8 = kvpool_dtype(e->kv) == QTYPE_Q8_0 || kvpool_dtype(e->kv) == QTYPE_Q4_0;
         int bl = kvpool_layer_block_index(e->kv, il);
         if (bl >= 0) kvpool_fill_wait(e->kv, bl);   /* layer il of blocks still loading from the store */
         threadpool_run(tp, engine_job_attention, &job);

@@ -27,6 +27,9 @@
  * from its by f16 rounding. With an F16 cache and a head size that is not a multiple of 16,
  * where ggml has only the one-query path, that path is used for every step (without ggml's
  * split of long single-token steps over threads). Scores are scaled by 1/sqrt(head_dim).
+ * A quantised cache (Q8_0 / Q4_0) takes ggml's only path for one: per key, the query
+ * quantised to Q8_0 and an integer dot with the key row, the value row dequantised and
+ * accumulated in f32; head sizes must be a multiple of 32 (engine_new refuses others).
  *
  * Mixture of experts (qwen3moe): the FFN of a step routes each token (llama.cpp's router
  * arithmetic, model/moe.h), groups the step's tokens by expert and runs each active expert
@@ -68,12 +71,24 @@ typedef enum {
     ENGINE_ERR_NOMEM,    /* engine_new could not allocate */
 } engine_status;
 
+/* The KV cache's element type (engine_kv_qtype gives its qtype); zero is the default, F16. */
+typedef enum {
+    ENGINE_KV_F16 = 0,
+    ENGINE_KV_F32,
+    ENGINE_KV_Q8_0,           /* ggml's Q8_0 blocks: 34 bytes per 32 values */
+    ENGINE_KV_Q4_0,           /* ggml's Q4_0 blocks: 18 bytes per 32 values */
+} engine_kv_type;
+
+qtype engine_kv_qtype(engine_kv_type t);
+/* "f16", "f32", "q8_0", "q4_0" -> the type; false for any other name. */
+bool engine_kv_type_parse(const char *z, engine_kv_type *out);
+
 typedef struct {
     int n_threads;            /* kernel threads incl. the caller; <= 0: online cores */
     int n_kv_blocks;          /* KV pool size in 128-token blocks; 0: from kv_bytes */
     size_t kv_bytes;          /* KV pool size in bytes when n_kv_blocks is 0; 0: 4096 tokens */
     int max_batch_tokens;     /* most tokens per engine_step; <= 0: 512 */
-    bool kv_f32;              /* F32 KV cache instead of F16 */
+    engine_kv_type kv_type;   /* KV cache elements (default F16) */
     const int *cpus;          /* (n_threads) the CPU of each kernel thread (util/topo.h's
                                * topo_place), or NULL: not pinned; needs n_threads > 0 */
 } engine_opts;
@@ -101,7 +116,7 @@ kvpool *engine_kvpool(engine *e);
  * the engine exists (kvpool_geom_block_bytes). MLA models store one latent row per position;
  * window layers keep no KV in blocks. layer_window: (n_layers) the caller's array, which the
  * result points to (filled with model_layer_window). */
-kvpool_opts engine_kv_geometry(const model *m, bool kv_f32, int32_t *layer_window);
+kvpool_opts engine_kv_geometry(const model *m, engine_kv_type kv_type, int32_t *layer_window);
 const model *engine_model(const engine *e);
 int engine_max_batch(const engine *e);
 int engine_n_threads(const engine *e);

@@ -41,8 +41,8 @@ typedef struct {
 
 struct kvpool {
     kvpool_opts o;
-    size_t esz;                  /* bytes per element: 2 (f16) or 4 (f32) */
-    size_t slab_bytes;           /* 128 * head_dim * esz */
+    size_t row;                  /* bytes of one head_dim row in dtype (quant_row_bytes) */
+    size_t slab_bytes;           /* 128 * row */
     int n_parts;                 /* slabs per (layer, kv head): 2 (K, V) or 1 (v_is_k) */
     size_t block_bytes;          /* n_blk_layers * n_parts * n_kv_heads * slab_bytes */
     uint8_t *data;               /* (n_blocks, block_bytes), 64-byte aligned */
@@ -69,7 +69,7 @@ struct kvpool {
     int n_win_layers;            /* window layers: the layers the rings hold */
     int window;                  /* positions a window layer's query sees (the largest window) */
     int ring_len;                /* ring slots per sequence: window + KVPOOL_RING_SPARE */
-    size_t ring_bytes;           /* n_win_layers * 2 * n_kv_heads * ring_len * head_dim * esz */
+    size_t ring_bytes;           /* n_win_layers * 2 * n_kv_heads * ring_len * row */
 };
 
 struct kvpool_seq {
@@ -104,10 +104,23 @@ static int kvpool_geom_blk_layers(const kvpool_opts *o)
     return n;
 }
 
+bool kvpool_type_ok(qtype t, int head_dim)
+{
+    switch (t) {
+    case QTYPE_F32:
+    case QTYPE_F16: return head_dim > 0;
+    case QTYPE_Q8_0:
+    case QTYPE_Q4_0: return head_dim > 0 && head_dim % QK8_0 == 0;
+    default: return false;
+    }
+}
+
 size_t kvpool_geom_block_bytes(const kvpool_opts *o)
 {
-    size_t esz = o->dtype == QTYPE_F32 ? 4 : 2, parts = o->v_is_k ? 1 : 2;
-    return (size_t)kvpool_geom_blk_layers(o) * parts * (size_t)o->n_kv_heads * KVPOOL_BLOCK * (size_t)o->head_dim * esz;
+    size_t parts = o->v_is_k ? 1 : 2;
+    if (!kvpool_type_ok(o->dtype, o->head_dim)) return 0;
+    return (size_t)kvpool_geom_blk_layers(o) * parts * (size_t)o->n_kv_heads * KVPOOL_BLOCK *
+           quant_row_bytes(o->dtype, o->head_dim);
 }
 
 int kvpool_blocks_for_bytes(const kvpool_opts *o, size_t bytes)
@@ -123,14 +136,14 @@ kvpool_status kvpool_new(const kvpool_opts *opts, kvpool **out)
 {
     *out = NULL;
     if (opts->n_layers <= 0 || opts->n_kv_heads <= 0 || opts->head_dim <= 0 || opts->n_blocks <= 0 ||
-        (opts->dtype != QTYPE_F16 && opts->dtype != QTYPE_F32) || kvpool_geom_blk_layers(opts) == 0)
+        !kvpool_type_ok(opts->dtype, opts->head_dim) || kvpool_geom_blk_layers(opts) == 0)
         return KVPOOL_ERR_ARG;
     /* no model family has both; the rings keep K and V apart */
     if (opts->v_is_k && kvpool_geom_blk_layers(opts) != opts->n_layers) return KVPOOL_ERR_ARG;
     kvpool *p = xcalloc(1, sizeof *p);
     p->o = *opts;
     p->o.layer_window = NULL;    /* the caller's array need not outlive the call: slot says it all */
-    p->esz = opts->dtype == QTYPE_F32 ? 4 : 2;
+    p->row = quant_row_bytes(opts->dtype, opts->head_dim);
     p->n_parts = opts->v_is_k ? 1 : 2;
     p->slot = xmalloc((size_t)opts->n_layers * sizeof *p->slot);
     for (int l = 0; l < opts->n_layers; l++) {
@@ -147,8 +160,8 @@ kvpool_status kvpool_new(const kvpool_opts *opts, kvpool **out)
     p->window = (int)TM_MIN((int64_t)p->window, (int64_t)opts->n_blocks * KVPOOL_BLOCK);
     p->ring_len = p->n_win_layers ? p->window + KVPOOL_RING_SPARE : 0;
     p->ring_bytes = (size_t)p->n_win_layers * 2 * (size_t)opts->n_kv_heads * (size_t)p->ring_len *
-                    (size_t)opts->head_dim * p->esz;
-    p->slab_bytes = (size_t)KVPOOL_BLOCK * (size_t)opts->head_dim * p->esz;
+                    p->row;
+    p->slab_bytes = (size_t)KVPOOL_BLOCK * p->row;
     p->block_bytes = kvpool_geom_block_bytes(opts);
     size_t total = p->block_bytes * (size_t)opts->n_blocks;
     if (total / (size_t)opts->n_blocks != p->block_bytes) {
@@ -503,7 +516,7 @@ void *kvpool_seq_slab(const kvpool *p, const kvpool_seq *s, int bi, int layer, i
  * block src to block dst (distinct). */
 static void kvpool_blk_copy_rows(const kvpool *p, int dst, int src, int from, int to)
 {
-    size_t row = (size_t)p->o.head_dim * p->esz, off = (size_t)from * row;
+    size_t row = p->row, off = (size_t)from * row;
     size_t n = (size_t)(to - from) * row, n_slabs = (size_t)p->n_blk_layers * (size_t)p->n_parts * (size_t)p->o.n_kv_heads;
     uint8_t *d = kvpool_blk_bytes(p, dst);
     const uint8_t *sb = kvpool_blk_bytes(p, src);
@@ -596,15 +609,33 @@ void *kvpool_seq_ring_row(const kvpool *p, const kvpool_seq *s, int layer, int k
     int wl = -1 - p->slot[layer];
     size_t row = (((size_t)wl * 2 + (size_t)kv) * (size_t)p->o.n_kv_heads + (size_t)kv_head) * (size_t)p->ring_len +
                  (size_t)(pos % p->ring_len);
-    return s->ring + row * (size_t)p->o.head_dim * p->esz;
+    return s->ring + row * p->row;
 }
 
 /* Row of position pos of (layer, kv, kv_head): in its block, or a window layer's ring slot. */
 static uint8_t *kvpool_seq_row(const kvpool *p, const kvpool_seq *s, int pos, int layer, int kv, int kv_head)
 {
     if (p->slot[layer] < 0) return kvpool_seq_ring_row(p, s, layer, kv, kv_head, pos);
-    size_t off = (size_t)(pos % KVPOOL_BLOCK) * (size_t)p->o.head_dim * p->esz;
+    size_t off = (size_t)(pos % KVPOOL_BLOCK) * p->row;
     return (uint8_t *)kvpool_seq_slab(p, s, pos / KVPOOL_BLOCK, layer, kv, kv_head) + off;
+}
+
+void kvpool_row_put(qtype t, const float *x, void *dst, int n)
+{
+    switch (t) {
+    case QTYPE_F16: ops_fp32_to_fp16_row(x, dst, n); break;
+    case QTYPE_F32: memcpy(dst, x, (size_t)n * sizeof(float)); break;
+    /* what ggml's CPU backend writes into a quantised cache (its from_float): Q8_0 with the
+     * activation quantiser's rounding, Q4_0 with the reference one */
+    case QTYPE_Q8_0: quant_act_q8_0(x, dst, n); break;
+    default: quant_quantize_row(t, x, dst, n); break;
+    }
+}
+
+void kvpool_row_get(qtype t, const void *src, float *x, int n)
+{
+    if (t == QTYPE_F16) ops_fp16_to_fp32_row(src, x, n);
+    else quant_dequantize_row(t, src, x, n);
 }
 
 void kvpool_seq_store(const kvpool *p, const kvpool_seq *s, int pos, int layer, int kv_head,
@@ -612,13 +643,8 @@ void kvpool_seq_store(const kvpool *p, const kvpool_seq *s, int pos, int layer, 
 {
     int hd = p->o.head_dim;
     uint8_t *kr = kvpool_seq_row(p, s, pos, layer, 0, kv_head), *vr = kvpool_seq_row(p, s, pos, layer, 1, kv_head);
-    if (p->o.dtype == QTYPE_F16) {
-        ops_fp32_to_fp16_row(k, (fp16_t *)kr, hd);
-        if (vr != kr) ops_fp32_to_fp16_row(v, (fp16_t *)vr, hd);
-    } else {
-        memcpy(kr, k, (size_t)hd * sizeof(float));
-        if (vr != kr) memcpy(vr, v, (size_t)hd * sizeof(float));
-    }
+    kvpool_row_put(p->o.dtype, k, kr, hd);
+    if (vr != kr) kvpool_row_put(p->o.dtype, v, vr, hd);
 }
 
 void kvpool_seq_load(const kvpool *p, const kvpool_seq *s, int pos, int layer, int kv_head,
@@ -626,13 +652,8 @@ void kvpool_seq_load(const kvpool *p, const kvpool_seq *s, int pos, int layer, i
 {
     int hd = p->o.head_dim;
     const uint8_t *kr = kvpool_seq_row(p, s, pos, layer, 0, kv_head), *vr = kvpool_seq_row(p, s, pos, layer, 1, kv_head);
-    if (p->o.dtype == QTYPE_F16) {
-        ops_fp16_to_fp32_row((const fp16_t *)kr, k, hd);
-        ops_fp16_to_fp32_row((const fp16_t *)vr, v, hd);
-    } else {
-        memcpy(k, kr, (size_t)hd * sizeof(float));
-        memcpy(v, vr, (size_t)hd * sizeof(float));
-    }
+    kvpool_row_get(p->o.dtype, kr, k, hd);
+    kvpool_row_get(p->o.dtype, vr, v, hd);
 }
 
 /* ---- window layers ---- */
@@ -662,7 +683,7 @@ void kvpool_seq_set_ring_next(kvpool_seq *s, int pos) { s->ring_next = pos; }
  * wrap. to_ring copies src into the ring, else the ring into dst. */
 static void kvpool_seq_window_copy(const kvpool *p, kvpool_seq *s, int end, uint8_t *buf, bool to_ring)
 {
-    const size_t row = (size_t)p->o.head_dim * p->esz;
+    const size_t row = p->row;
     const int W = p->window, R = p->ring_len, n = p->n_win_layers * 2 * p->o.n_kv_heads;
     for (int i = 0; i < n; i++) {
         uint8_t *ring = s->ring + (size_t)i * R * row, *state = buf + (size_t)i * W * row;

@@ -4,7 +4,10 @@
  * DESIGN. One allocation at start holds n_blocks blocks of KVPOOL_BLOCK (128) token
  * positions. A block holds K and V of every layer for its 128 positions, laid out
  * [layer][k|v][kv_head][token][head_dim]: attention for one (layer, kv head) walks one
- * contiguous (128, head_dim) slab of K and one of V. Elements are F16 (default) or F32.
+ * contiguous (128, head_dim) slab of K and one of V. Elements are F16 (default), F32, or
+ * ggml's Q8_0 / Q4_0 blocks (32 values and an f16 scale each: a row is head_dim / 32 blocks,
+ * quantised as it is written; a block of 128 positions then takes 34/64 or 18/64 of F16's
+ * bytes, and the store and handoffs carry those bytes as they are).
  * A pool for multi-head latent attention (v_is_k) stores each row once: the value is a prefix
  * of the key row (the latent), so a block is [layer][kv_head][token][head_dim] and the V slab
  * of a (layer, kv head) is its K slab: half the memory, and half the bytes a stored or
@@ -54,7 +57,7 @@ typedef struct {
     int n_kv_heads;
     int head_dim;
     bool v_is_k;                 /* one row per position serves as K and V (MLA's latent) */
-    qtype dtype;                 /* QTYPE_F16 or QTYPE_F32 */
+    qtype dtype;                 /* QTYPE_F16, F32, Q8_0 or Q4_0 (kvpool_type_ok) */
     int n_blocks;                /* pool size in blocks */
     uint8_t model_fp[32];        /* model fingerprint (model.h) */
     const int32_t *layer_window; /* (n_layers) sliding window of each layer in positions, 0 =
@@ -77,6 +80,13 @@ typedef struct {
     uint64_t n_tail_rows;        /* rows copied from kept tails (kvpool_seq_copy_tail) */
 } kvpool_stats;
 
+/* Whether a pool can hold elements of type t for heads of head_dim: F16 and F32 always, Q8_0
+ * and Q4_0 when head_dim is a multiple of their 32-value block. */
+bool kvpool_type_ok(qtype t, int head_dim);
+/* One row of n floats into t's format (the cache's rounding: ggml's CPU from_float), and back. */
+void kvpool_row_put(qtype t, const float *x, void *dst, int n);
+void kvpool_row_get(qtype t, const void *src, float *x, int n);
+
 kvpool_status kvpool_new(const kvpool_opts *opts, kvpool **out);
 void kvpool_free(kvpool *p);
 /* Faults the whole data area in now (writes zeros), before any sequence uses the pool: the
@@ -86,7 +96,8 @@ void kvpool_free(kvpool *p);
 void kvpool_prefault(kvpool *p);
 const char *kvpool_status_name(kvpool_status st);
 size_t kvpool_block_bytes(const kvpool *p);
-/* Bytes of one 128-position block for the given geometry (no pool needed: start-up sizing). */
+/* Bytes of one 128-position block for the given geometry (no pool needed: start-up sizing);
+ * 0 when the dtype does not fit the head size (kvpool_type_ok). */
 size_t kvpool_geom_block_bytes(const kvpool_opts *opts);
 /* Slabs per (layer, kv head) in a block: 2 (K and V) or 1 (v_is_k). */
 int kvpool_n_parts(const kvpool *p);
@@ -129,7 +140,8 @@ int kvpool_seq_n_keyed(const kvpool_seq *s);
 const uint8_t *kvpool_seq_last_key(const kvpool_seq *s);
 
 /* Slab of K (kv = 0) or V (kv = 1) for (layer, kv_head) in the sequence's block bi:
- * (128, head_dim) elements of the pool dtype, row r = position bi*128 + r. bi must be below
+ * (128, head_dim) elements of the pool dtype (a row is quant_row_bytes(dtype, head_dim)),
+ * row r = position bi*128 + r. bi must be below
  * capacity/128. In a v_is_k pool both are the same slab. NULL for a window layer (its KV is in
  * the sequence's ring). */
 void *kvpool_seq_slab(const kvpool *p, const kvpool_seq *s, int bi, int layer, int kv, int kv_head);
@@ -244,7 +256,7 @@ int kvpool_n_block_layers(const kvpool *p);
 int kvpool_n_window_layers(const kvpool *p);
 int kvpool_window(const kvpool *p);                 /* the largest window, 0 if none */
 size_t kvpool_ring_bytes(const kvpool *p);          /* ring bytes per sequence */
-/* Bytes of a window state: (n_window_layers, 2, n_kv_heads, window, head_dim) pool dtype. */
+/* Bytes of a window state: (n_window_layers, 2, n_kv_heads, window) rows of the pool dtype. */
 size_t kvpool_window_state_bytes(const kvpool *p);
 /* Positions to recompute before P so that the window layers' state at P is exactly that of
  * the full computation: window + (n_window_layers - 1) * (window - 1). */

@@ -458,6 +458,9 @@ static float ops_dot_f32_int(int n, const float *a, const float *b)
 {
     return ops_dot_f32_ref(n, a, b);
 }
+static float ops_dot_kv_q8_0_ref(int n, const void *k, const block_q8_0 *q) { return ops_dot_q8_0_q8_0(n, k, q); }
+static float ops_dot_kv_q4_0_ref(int n, const void *k, const block_q8_0 *q) { return ops_dot_q4_0_q8_0(n, k, q); }
+
 static void ops_mad_f32_ref(int n, float *y, const float *x, float s)
 {
     for (int i = 0; i < n; i++) y[i] += x[i] * s;
@@ -593,6 +596,8 @@ void ops_kernels_init_scalar(ops_kernels *k)
     k->mad_f16 = ops_mad_f16_ref;
     k->dot_f32 = ops_dot_f32_int;
     k->mad_f32 = ops_mad_f32_ref;
+    k->dot_kv_q8_0 = ops_dot_kv_q8_0_ref;
+    k->dot_kv_q4_0 = ops_dot_kv_q4_0_ref;
     k->scale_f32 = ops_scale_f32_ref;
     k->softmax_exp = ops_softmax_exp_ref;
     k->max_f32 = ops_max_f32_ref;
@@ -1097,7 +1102,25 @@ float ops_vec_dot_f16(int n, const fp16_t *a, const fp16_t *b) { return ops_get(
 void ops_vec_mad_f16(int n, float *y, const fp16_t *x, float s) { ops_get()->mad_f16(n, y, x, s); }
 float ops_vec_dot_f32(int n, const float *a, const float *b) { return ops_get()->dot_f32(n, a, b); }
 void ops_vec_mad_f32(int n, float *y, const float *x, float s) { ops_get()->mad_f32(n, y, x, s); }
+float ops_vec_dot_kv(qtype t, int n, const void *k, const block_q8_0 *q)
+{
+    return t == QTYPE_Q8_0 ? ops_get()->dot_kv_q8_0(n, k, q) : ops_get()->dot_kv_q4_0(n, k, q);
+}
 void ops_vec_scale_f32(int n, float *y, float s) { ops_get()->scale_f32(n, y, s); }
+void ops_hadamard_rows(float *x, int64_t n_rows, int n)
+{
+    const float scale = 1.0f / sqrtf((float)n);
+    for (int64_t r = 0; r < n_rows; r++, x += n) {
+        for (int i = 0; i < n; i++) x[i] *= scale;
+        for (int len = 1; len < n; len <<= 1)
+            for (int i = 0; i < n; i += 2 * len)
+                for (int j = i; j < i + len; j++) {
+                    float u = x[j], v = x[j + len];
+                    x[j] = u + v;
+                    x[j + len] = u - v;
+                }
+    }
+}
 float ops_vec_softmax_exp(int n, float *y, float max) { return ops_get()->softmax_exp(n, y, max); }
 float ops_vec_max_f32(int n, const float *x) { return ops_get()->max_f32(n, x); }
 void ops_fp32_to_fp16_row(const float *x, fp16_t *y, int64_t n) { ops_get()->to_f16(x, y, n); }

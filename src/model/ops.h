@@ -99,7 +99,16 @@ float ops_vec_dot_f16(int n, const fp16_t *a, const fp16_t *b);   /* ggml's vec_
 void ops_vec_mad_f16(int n, float *y, const fp16_t *x, float s);  /* y += s * x */
 float ops_vec_dot_f32(int n, const float *a, const float *b);
 void ops_vec_mad_f32(int n, float *y, const float *x, float s);   /* y += s * x */
+/* A row k of a quantised KV cache (t = QTYPE_Q8_0 or QTYPE_Q4_0, n values) dotted with a
+ * query row q quantised to Q8_0 (quant_act_q8_0): ggml's vec_dot_q8_0_q8_0 / q4_0_q8_0, exact
+ * integer dots per 32-value block scaled by both blocks' scales. */
+float ops_vec_dot_kv(qtype t, int n, const void *k, const block_q8_0 *q);
 void ops_vec_scale_f32(int n, float *y, float s);                 /* y *= s */
+/* Each of the n_rows rows of n values (n a power of two) times the orthonormal Walsh-Hadamard
+ * matrix of order n, in place: x * (1 / sqrt(n)), then log2(n) butterfly passes (u + v,
+ * u - v) with half-widths 1, 2, 4, ... The order of ggml's CPU FWHT (the matmul it runs for a
+ * Hadamard-hinted src0), so the results are bit-identical to it. */
+void ops_hadamard_rows(float *x, int64_t n_rows, int n);
 /* y = exp(x - max) in place, returns the sum (softmax numerator). */
 float ops_vec_softmax_exp(int n, float *y, float max);
 float ops_vec_max_f32(int n, const float *x);

@@ -898,9 +898,45 @@ A2_GEMM_FROM_DOT(a2_gemm_q2_K, a2_dot_q2_K, block_q8_K)
 A2_GEMM_FROM_DOT(a2_gemm_q3_K, a2_dot_q3_K, block_q8_K)
 A2_GEMM_FROM_DOT(a2_gemm_iq4_xs, a2_dot_iq4_xs, block_q8_K)
 
+/* KV cache rows against a Q8_0 query row, as ggml's AVX2 vec_dot_q8_0_q8_0 / q4_0_q8_0: the
+ * exact integer dot of a block (signs moved onto the query so that maddubs multiplies
+ * unsigned by signed), times both scales, accumulated in 8 float lanes, summed at the end. */
+A2_INLINE __m256 a2_kv_block(__m256i k8, const block_q8_0 *q, float dk, __m256 acc)
+{
+    __m256i q8 = _mm256_loadu_si256((const __m256i *)q->qs);
+    __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(k8, k8), _mm256_sign_epi8(q8, k8));
+    __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+    return _mm256_fmadd_ps(_mm256_set1_ps(dk * _cvtsh_ss(q->d)), p, acc);
+}
+
+static float a2_dot_kv_q8_0(int n, const void *k, const block_q8_0 *q)
+{
+    const block_q8_0 *kb = k;
+    __m256 acc = _mm256_setzero_ps();
+    for (int b = 0; b < n / QK8_0; b++)
+        acc = a2_kv_block(_mm256_loadu_si256((const __m256i *)kb[b].qs), q + b, _cvtsh_ss(kb[b].d), acc);
+    return a2_hsum(acc);
+}
+
+static float a2_dot_kv_q4_0(int n, const void *k, const block_q8_0 *q)
+{
+    const block_q4_0 *kb = k;
+    const __m256i lo = _mm256_set1_epi8(0x0F), eight = _mm256_set1_epi8(8);
+    __m256 acc = _mm256_setzero_ps();
+    for (int b = 0; b < n / QK4_0; b++) {
+        __m128i raw = _mm_loadu_si128((const __m128i *)kb[b].qs);
+        /* low nibbles are values 0..15 of the block, high nibbles 16..31 */
+        __m256i k8 = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), lo);
+        acc = a2_kv_block(_mm256_sub_epi8(k8, eight), q + b, _cvtsh_ss(kb[b].d), acc);
+    }
+    return a2_hsum(acc);
+}
+
 void ops_kernels_init_avx2(ops_kernels *k)
 {
     ops_iq_init_avx2(k);
+    k->dot_kv_q8_0 = a2_dot_kv_q8_0;
+    k->dot_kv_q4_0 = a2_dot_kv_q4_0;
     k->quant_q8_0 = a2_quant_q8_0;
     k->quant_q8_K = a2_quant_q8_K;
     k->gemm[QTYPE_Q8_0] = a2_gemm_q8_0;

@@ -33,6 +33,9 @@ typedef struct {
     float (*dot_f16)(int n, const fp16_t *a, const fp16_t *b);
     void (*mad_f16)(int n, float *y, const fp16_t *x, float s);
     float (*dot_f32)(int n, const float *a, const float *b);
+    /* a quantised KV row (block_q8_0 / block_q4_0) . a query row quantised to Q8_0 */
+    float (*dot_kv_q8_0)(int n, const void *k, const block_q8_0 *q);
+    float (*dot_kv_q4_0)(int n, const void *k, const block_q8_0 *q);
     void (*mad_f32)(int n, float *y, const float *x, float s);
     void (*scale_f32)(int n, float *y, float s);
     float (*softmax_exp)(int n, float *y, float max);

@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // llama.cpp side of the `tokenmill eval` contract: the numeric oracle.
 //
-//   node tests/oracle/llama_eval.mjs -m MODEL.gguf --input IN.json [--threads N] [--kv f16|f32]
+//   node tests/oracle/llama_eval.mjs -m MODEL.gguf --input IN.json [--threads N] [--kv f16|f32|q8_0|q4_0]
 //        [--flash-attn on|off|auto] [--batch-size N] [--full-probs]
 //
 // IN.json: {"seqs": [[id, ...], ...], "top": K, "greedy": G, "batched": true|false}
@@ -39,7 +39,7 @@ import {getLlama, LlamaLogLevel} from './llama_node.mjs';
 
 function usage(msg) {
   if (msg) process.stderr.write(`llama_eval: ${msg}\n`);
-  process.stderr.write('usage: llama_eval.mjs -m MODEL --input IN.json [--threads N] [--kv f16|f32] ' +
+  process.stderr.write('usage: llama_eval.mjs -m MODEL --input IN.json [--threads N] [--kv f16|f32|q8_0|q4_0] ' +
     '[--flash-attn on|off|auto] [--batch-size N] [--full-probs]\n');
   process.exit(2);
 }
@@ -58,7 +58,8 @@ function parseArgs(argv) {
     else usage(`unknown argument ${a}`);
   }
   if (!o.model || !o.input) usage('-m and --input are required');
-  if (!['f16', 'f32'].includes(o.kv)) usage('--kv must be f16 or f32');
+  // q8_0 / q4_0: a quantised cache, which llama.cpp reads only under flash attention
+  if (!['f16', 'f32', 'q8_0', 'q4_0'].includes(o.kv)) usage('--kv must be f16, f32, q8_0 or q4_0');
   // llama.cpp casts an F32 KV cache to F16 under flash attention (llama-graph.cpp,
   // build_attn_mha), so F32 KV only means F32 with flash attention off.
   o.flashAttn ??= o.kv === 'f32' ? 'off' : 'on';

@@ -29,7 +29,7 @@ static model *mk(const char *arch, uint64_t seed)
 
 static engine *mk_engine(model *m, int threads, bool f32, int blocks, int maxb)
 {
-    engine_opts o = { .n_threads = threads, .kv_f32 = f32, .n_kv_blocks = blocks, .max_batch_tokens = maxb };
+    engine_opts o = { .n_threads = threads, .kv_type = f32 ? ENGINE_KV_F32 : ENGINE_KV_F16, .n_kv_blocks = blocks, .max_batch_tokens = maxb };
     engine *e = NULL;
     char err[256];
     if (engine_new(m, &o, &e, err, sizeof err) != ENGINE_OK) fprintf(stderr, "%s\n", err);

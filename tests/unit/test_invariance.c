@@ -98,7 +98,7 @@ static model *mk(const char *arch, qtype wt, int hd)
 
 static engine *mk_engine(model *m, int threads, bool kv_f32)
 {
-    engine_opts o = { .n_threads = threads, .kv_f32 = kv_f32, .n_kv_blocks = 64, .max_batch_tokens = MAXB };
+    engine_opts o = { .n_threads = threads, .kv_type = kv_f32 ? ENGINE_KV_F32 : ENGINE_KV_F16, .n_kv_blocks = 64, .max_batch_tokens = MAXB };
     engine *e = NULL;
     char err[256];
     if (engine_new(m, &o, &e, err, sizeof err) != ENGINE_OK) fprintf(stderr, "%s\n", err);

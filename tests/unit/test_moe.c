@@ -213,7 +213,7 @@ TEST(test_engine_against_reference)
     tiny_ref_free(&r);
     for (int lvl = 0; lvl <= (int)cpu_get_hw_level(); lvl++) {
         ops_force_level((cpu_level)lvl);
-        engine_opts o = { .n_threads = 2, .kv_f32 = true, .n_kv_blocks = 4, .max_batch_tokens = 64 };
+        engine_opts o = { .n_threads = 2, .kv_type = ENGINE_KV_F32, .n_kv_blocks = 4, .max_batch_tokens = 64 };
         engine *e = NULL;
         CHECK(engine_new(m, &o, &e, err, sizeof err) == ENGINE_OK);
         if (!e) break;
@@ -253,7 +253,7 @@ TEST(test_engine_against_reference)
 static bool moe_logits(model *m, const int32_t *toks, int N, float *lg)
 {
     char err[256];
-    engine_opts o = { .n_threads = 2, .kv_f32 = true, .n_kv_blocks = 4, .max_batch_tokens = 64 };
+    engine_opts o = { .n_threads = 2, .kv_type = ENGINE_KV_F32, .n_kv_blocks = 4, .max_batch_tokens = 64 };
     engine *e = NULL;
     if (engine_new(m, &o, &e, err, sizeof err) != ENGINE_OK) return false;
     kvpool_seq *s = kvpool_seq_new(engine_kvpool(e));
@@ -547,7 +547,7 @@ TEST(test_mkmodel_deepseek_preset)
     if (e) {
         CHECK(kvpool_block_bytes(engine_kvpool(e)) == (size_t)128 * 2 * (512 + 64) * 2);
         int32_t lw[2];
-        kvpool_opts ko = engine_kv_geometry(m, true, lw);
+        kvpool_opts ko = engine_kv_geometry(m, ENGINE_KV_F32, lw);
         CHECK(ko.v_is_k && kvpool_geom_block_bytes(&ko) == (size_t)128 * 2 * (512 + 64) * 4);
         engine_free(e);
     }

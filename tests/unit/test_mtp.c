@@ -102,7 +102,7 @@ TEST(test_forward_and_drafts)
     CHECKF(model_load(mtp_path, NULL, &m, err, sizeof err) == GGUF_OK, "%s", err);
     if (!m) return;
     const int dim = m->hp.dim, V = m->hp.n_vocab;
-    engine_opts o = { .n_threads = 2, .kv_f32 = true, .n_kv_blocks = 4, .max_batch_tokens = 32 };
+    engine_opts o = { .n_threads = 2, .kv_type = ENGINE_KV_F32, .n_kv_blocks = 4, .max_batch_tokens = 32 };
     /* the model's hidden states h_0..h_{T-1}: h_j predicted toks[j + 1] */
     static float h[(T + 1) * 64], lg[(T + 1) * 300];
     engine *e = NULL;

@@ -521,6 +521,42 @@ TEST(test_elementwise)
     free(out);
 }
 
+/* Quantised KV rows (Q8_0, Q4_0) against a Q8_0 query row: every level agrees with the scalar
+ * reference (the integer dots are exact; only the float sum of the blocks may round
+ * differently) and with the double dot of the dequantised operands. */
+TEST(test_vec_dot_kv)
+{
+    static const qtype kt[] = { QTYPE_Q8_0, QTYPE_Q4_0 };
+    enum { N = 288 };   /* a latent row of the test MLA model: 9 blocks */
+    float k[N], q[N], kd[N], qd[N];
+    block_q8_0 kq8[N / QK8_0], qq[N / QK8_0];
+    block_q4_0 kq4[N / QK4_0];
+    for (int rep = 0; rep < 20; rep++) {
+        fill_normal(k, N, 100 + rep, rep % 2 ? 0.5f : 3.0f);
+        fill_normal(q, N, 200 + rep, 1.0f);
+        if (rep == 3) k[5] = 40.0f;   /* one large value: the block's scale follows it */
+        quant_act_q8_0(q, qq, N);
+        quant_dequantize_row(QTYPE_Q8_0, qq, qd, N);
+        for (int it = 0; it < 2; it++) {
+            void *kb = it == 0 ? (void *)kq8 : (void *)kq4;
+            quant_quantize_row(kt[it], k, kb, N);
+            quant_dequantize_row(kt[it], kb, kd, N);
+            double want = 0, mag = 0;
+            for (int i = 0; i < N; i++) want += (double)kd[i] * qd[i], mag += fabs((double)kd[i] * qd[i]);
+            ops_force_level(CPU_LEVEL_SCALAR);
+            float ref = ops_vec_dot_kv(kt[it], N, kb, qq);
+            CHECKF(fabs(ref - want) <= 1e-5 * mag + 1e-6, "%s scalar %g want %g", quant_type_name(kt[it]), ref, want);
+            for (int lvl = 1; lvl < n_levels(); lvl++) {
+                ops_force_level((cpu_level)lvl);
+                float got = ops_vec_dot_kv(kt[it], N, kb, qq);
+                CHECKF(fabsf(got - ref) <= 1e-5f * (float)mag + 1e-6f, "%s %s %g, scalar %g", quant_type_name(kt[it]),
+                       ops_level_name(), got, ref);
+            }
+        }
+    }
+    ops_force_level(cpu_get_hw_level());
+}
+
 /* gpt-oss's clamped SwiGLU as ggml's swiglu_oai: the gate capped at 7 from above only, the
  * up clamped to [-7, 7], x * sigmoid(1.702 x) * (up + 1). */
 TEST(test_swiglu_oai)
@@ -826,6 +862,7 @@ int main(void)
     RUN(test_matmul_multi);
     RUN(test_elementwise);
     RUN(test_swiglu_oai);
+    RUN(test_vec_dot_kv);
     RUN(test_rope);
     RUN(test_vec_helpers);
     RUN(test_att_block);
