@@ -16,22 +16,13 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "model/model_int.h"
 #include "model/modelhash.h"
 #include "util/bytebuf.h"
 #include "util/sha256.h"
 #include "util/util.h"
 
-/* Loading context: the model being built plus the error buffer. */
-typedef struct {
-    model *m;
-    char *err;
-    size_t errsz;
-    gguf_status st;  /* first error */
-} model_ld;
-
-static gguf_status model_fail(model_ld *ld, gguf_status st, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static gguf_status model_fail(model_ld *ld, gguf_status st, const char *fmt, ...)
+gguf_status model_fail(model_ld *ld, gguf_status st, const char *fmt, ...)
 {
     if (ld->st == GGUF_OK) {
         ld->st = st;
@@ -45,7 +36,7 @@ static gguf_status model_fail(model_ld *ld, gguf_status st, const char *fmt, ...
     return st;
 }
 
-static bool model_key_int(model_ld *ld, const char *key, bool required, int64_t def, int64_t *out)
+bool model_key_int(model_ld *ld, const char *key, bool required, int64_t def, int64_t *out)
 {
     int64_t v;
     if (gguf_get_int(ld->m->g, key, &v)) {
@@ -64,7 +55,7 @@ static bool model_key_int(model_ld *ld, const char *key, bool required, int64_t 
     return true;
 }
 
-static bool model_key_float(model_ld *ld, const char *key, double def, double *out)
+bool model_key_float(model_ld *ld, const char *key, double def, double *out)
 {
     double v;
     if (gguf_get_float(ld->m->g, key, &v)) {
@@ -107,7 +98,7 @@ static const gguf_tensor *model_tensor(model_ld *ld, const char *name, bool requ
     return t;
 }
 
-static bool model_matrix(model_ld *ld, const char *name, int64_t cols, int64_t rows, ops_weight *w)
+bool model_matrix(model_ld *ld, const char *name, int64_t cols, int64_t rows, ops_weight *w)
 {
     const gguf_tensor *t = model_tensor(ld, name, true, 2, cols, rows);
     if (!t) return false;
@@ -124,7 +115,7 @@ static bool model_matrix(model_ld *ld, const char *name, int64_t cols, int64_t r
 
 /* A stacked expert tensor: 3-D [cols, rows, n_expert] as llama.cpp writes `*_exps`, viewed as
  * one matrix of n_expert * rows rows (model_expert slices it). */
-static bool model_experts(model_ld *ld, const char *name, int64_t cols, int64_t rows, int n_expert, ops_weight *w)
+bool model_experts(model_ld *ld, const char *name, int64_t cols, int64_t rows, int n_expert, ops_weight *w)
 {
     const gguf_tensor *t = gguf_find_tensor(ld->m->g, name);
     if (!t) {
@@ -147,7 +138,7 @@ static bool model_experts(model_ld *ld, const char *name, int64_t cols, int64_t 
 
 /* A 1-D tensor of n elements (rows == 1), or a 2-D one of (rows, n), converted to an owned
  * f32 array. Returns NULL if absent (error recorded only if required) or wrong. */
-static const float *model_floats(model_ld *ld, const char *name, bool required, int64_t n, int64_t rows)
+const float *model_floats(model_ld *ld, const char *name, bool required, int64_t n, int64_t rows)
 {
     const gguf_tensor *t = model_tensor(ld, name, required, rows > 1 ? 2 : 1, n, rows);
     if (!t) return NULL;
@@ -170,7 +161,7 @@ static const float *model_floats(model_ld *ld, const char *name, bool required, 
     return v;
 }
 
-static const float *model_vector(model_ld *ld, const char *name, bool required, int64_t n)
+const float *model_vector(model_ld *ld, const char *name, bool required, int64_t n)
 {
     return model_floats(ld, name, required, n, 1);
 }
@@ -283,7 +274,8 @@ static bool model_read_hparams(model_ld *ld, const char *an)
     hp->n_heads = (int)v;
     if (!model_key_int(ld, KEY("attention.head_count_kv"), false, hp->n_heads, &v)) return false;
     hp->n_kv_heads = (int)v;
-    bool moe = hp->arch == MODEL_ARCH_QWEN3MOE || hp->arch == MODEL_ARCH_DEEPSEEK2 || hp->arch == MODEL_ARCH_GPTOSS;
+    bool moe = hp->arch == MODEL_ARCH_QWEN3MOE || hp->arch == MODEL_ARCH_DEEPSEEK2 || hp->arch == MODEL_ARCH_GPTOSS ||
+               hp->arch == MODEL_ARCH_QWEN35MOE;
     hp->mla = hp->arch == MODEL_ARCH_DEEPSEEK2;
     if (moe) {
         if (!model_key_int(ld, KEY("expert_count"), true, 0, &v)) return false;
@@ -302,7 +294,7 @@ static bool model_read_hparams(model_ld *ld, const char *an)
     /* a MoE model's dense FFN size is informational only, unless it has dense layers */
     if (!model_key_int(ld, KEY("feed_forward_length"), !moe, hp->expert_ffn, &v)) return false;
     hp->ffn_dim = (int)v;
-    hp->router_norm = hp->arch == MODEL_ARCH_QWEN3MOE;
+    hp->router_norm = hp->arch == MODEL_ARCH_QWEN3MOE || hp->arch == MODEL_ARCH_QWEN35MOE;
     if (hp->arch == MODEL_ARCH_GPTOSS) {
         /* llama.cpp's gpt-oss: the window and its layer pattern (default 2: even layers
          * windowed), the router's softmax over the chosen logits, SwiGLU clamped at 7 */
@@ -558,11 +550,12 @@ static bool model_fingerprint(model *m, const char *path, const model_opts *opts
 }
 
 /* The 2-D matrices of a layer that exist (data set), at most MODEL_LAYER_MATS. */
-#define MODEL_LAYER_MATS 13
+#define MODEL_LAYER_MATS 18
 static int model_layer_matrices(model_layer *L, ops_weight **ws)
 {
     ops_weight *all[MODEL_LAYER_MATS] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down,
-                                          &L->gate_shexp, &L->up_shexp, &L->down_shexp, &L->wq_a, &L->wq_b, &L->wkv_a };
+                                          &L->gate_shexp, &L->up_shexp, &L->down_shexp, &L->wq_a, &L->wq_b, &L->wkv_a,
+                                          &L->ssm_qkv, &L->ssm_z, &L->ssm_beta, &L->ssm_alpha, &L->ssm_out };
     int n = 0;
     for (int i = 0; i < MODEL_LAYER_MATS; i++)
         if (all[i]->data) ws[n++] = all[i];
@@ -790,6 +783,10 @@ gguf_status model_load(const char *path, const model_opts *opts, model **out, ch
         hp->arch = MODEL_ARCH_DEEPSEEK2, hp->arch_name = "deepseek2", hp->rope_neox = false;
     } else if (an_len == 7 && !memcmp(an, "gpt-oss", 7)) {
         hp->arch = MODEL_ARCH_GPTOSS, hp->arch_name = "gpt-oss", hp->rope_neox = true;
+    } else if (an_len == 6 && !memcmp(an, "qwen35", 6)) {
+        hp->arch = MODEL_ARCH_QWEN35, hp->arch_name = "qwen35", hp->rope_neox = true;
+    } else if (an_len == 9 && !memcmp(an, "qwen35moe", 9)) {
+        hp->arch = MODEL_ARCH_QWEN35MOE, hp->arch_name = "qwen35moe", hp->rope_neox = true;
     } else if (an_len == 9 && !memcmp(an, "deepseek4", 9)) {
         /* the forward pass is specified and checked against llama.cpp by a reference
          * (tests/oracle/dsv4_ref.py) but not yet in the engine: say so rather than fail
@@ -798,11 +795,12 @@ gguf_status model_load(const char *path, const model_opts *opts, model **out, ch
                    "lightning indexer and hyper-connections are not in the engine (docs/deepseek4.md)", path);
         goto fail;
     } else {
-        model_fail(&ld, GGUF_ERR_TYPE, "%s: unsupported architecture '%.*s' (supported: llama, qwen2, qwen3, qwen3moe, deepseek2, gpt-oss)",
+        model_fail(&ld, GGUF_ERR_TYPE, "%s: unsupported architecture '%.*s' (supported: llama, qwen2, qwen3, qwen3moe, deepseek2, gpt-oss, qwen35, qwen35moe)",
                    path, (int)TM_MIN(an_len, 64), an);
         goto fail;
     }
     if (!model_read_hparams(&ld, hp->arch_name)) goto fail;
+    if (model_is_qwen35(hp) && !model_qwen35_hparams(&ld)) goto fail;
 
     /* token embedding fixes the vocabulary size */
     const gguf_tensor *te = gguf_find_tensor(m->g, "token_embd.weight");
@@ -836,6 +834,10 @@ gguf_status model_load(const char *path, const model_opts *opts, model **out, ch
         model_layer *L = &m->layers[il];
         const bool gptoss = hp->arch == MODEL_ARCH_GPTOSS;
         char nm[96];
+        if (model_is_qwen35(hp)) {
+            if (!model_qwen35_layer(&ld, il)) goto fail;
+            continue;
+        }
 #define TN(suffix) (snprintf(nm, sizeof nm, "blk.%d.%s", il, suffix), nm)
         if (!(L->attn_norm = model_vector(&ld, TN("attn_norm.weight"), true, hp->dim))) goto fail;
         if (hp->mla) {
