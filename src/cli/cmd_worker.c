@@ -110,6 +110,12 @@ int cmd_worker(int argc, char **argv)
     }
     fprintf(stderr, "tokenmill worker: cluster key %s\n", key_path ? key_path : key_file);
     if (!cmd_common_load_model("worker", path, &m, &tok)) goto out;
+    if (m->hp.n_recurrent > 0) {   /* its state per sequence does not travel between workers yet */
+        fprintf(stderr, "tokenmill worker: %s: a model with linear-attention layers (%s) runs in `tokenmill serve`, "
+                "not in a cluster\n", path, m->hp.arch_name);
+        rc = 2;
+        goto out;
+    }
     if (!(e = cmd_common_engine_new("worker", m, &eng))) goto out;
     cmd_common_resident("worker", m, engine_n_threads(e));   /* before the gateway may send work */
     int n_ctx = (int)eng.ctx;

@@ -4,6 +4,7 @@
  * the paged pool) are small jobs run on the same thread pool.
  */
 #include "engine/engine.h"
+#include "engine/engine_qwen35.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -193,6 +194,7 @@ struct engine {
     double prof_t;           /* util_now() at the last mark */
     double prof_quant;       /* ops' activation-quantisation seconds since the last mark */
     threadpool_stats prof_tp;/* the pool's counters at the last mark */
+    engine_qwen35 *q35;      /* Qwen3.5's linear-attention layers and gates, or NULL */
 };
 
 const char *engine_prof_op_name(engine_prof_op op)
@@ -292,6 +294,7 @@ void engine_free(engine *e)
     free(e->wsnap);
     free(e->wsnap_data);
     engine_moe_stats_free(e->stats);
+    engine_qwen35_free(e->q35);
     free(e);
 }
 
@@ -320,8 +323,11 @@ kvpool_opts engine_kv_geometry(const model *m, engine_kv_type kv_type, int32_t *
 {
     const model_hparams *hp = &m->hp;
     for (int il = 0; il < hp->n_layers; il++) layer_window[il] = model_layer_window(m, il);
+    for (int il = 0; il < hp->n_layers; il++)   /* a recurrent layer keeps no KV */
+        if (m->layers[il].ssm_out.data) layer_window[il] = -1;
     kvpool_opts ko = { .n_layers = hp->n_layers, .n_kv_heads = hp->n_kv_heads, .head_dim = hp->head_dim,
-                       .v_is_k = hp->mla, .dtype = engine_kv_qtype(kv_type), .layer_window = layer_window };
+                       .v_is_k = hp->mla, .dtype = engine_kv_qtype(kv_type), .layer_window = layer_window,
+                       .state_bytes = engine_qwen35_state_bytes(m) };
     memcpy(ko.model_fp, m->fingerprint, 32);
     return ko;
 }
@@ -469,6 +475,12 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
         }
     }
     sc = engine_scratch_need(&m->output, Ti, sc);
+    sc = TM_MAX(sc, engine_qwen35_scratch_bytes(m, Ti));
+    if (hp->n_recurrent > 0 && !(e->q35 = engine_qwen35_new(m, Ti, o.n_threads))) {
+        snprintf(err, errsz, "out of memory for the linear-attention buffers of %d tokens", Ti);
+        engine_free(e);
+        return ENGINE_ERR_NOMEM;
+    }
     if (m->mtp_view) {
         sc = engine_scratch_need(&m->layers[0].eh_proj, Ti, sc);
         e->mtp_cat = engine_scratch_alloc(e, T * 2 * (size_t)hp->dim * sizeof(float));
@@ -1174,6 +1186,7 @@ static void engine_job_moe_sum(void *ctx, int ith, int nth)
     const int T = j->b->n_tokens, dim = e->m->hp.dim, k = e->m->hp.n_expert_used;
     const int t0 = (int)((int64_t)T * ith / nth), t1 = (int)((int64_t)T * (ith + 1) / nth);
     const float *sh = e->m->layers[j->layer].gate_shexp.data ? e->shx : NULL;
+    const float *sg = e->m->layers[j->layer].gate_inp_shexp ? engine_qwen35_shgate(e->q35) : NULL;
     for (int t = t0; t < t1; t++) {
         float *o = e->xn + (size_t)t * dim;
         const float *y = e->ye + (size_t)e->x_row[(size_t)t * k] * dim;
@@ -1187,8 +1200,14 @@ static void engine_job_moe_sum(void *ctx, int ith, int nth)
                 o[d] = o[d] + p;
             }
         }
-        if (sh)   /* routed + shared, the add ops_add did */
+        if (sh && sg) {   /* qwen35moe: the shared expert times its gate, rounded, then added */
+            for (int d = 0; d < dim; d++) {
+                float p = sh[(size_t)t * dim + d] * sg[t];
+                o[d] = o[d] + p;
+            }
+        } else if (sh) {   /* routed + shared, the add ops_add did */
             for (int d = 0; d < dim; d++) o[d] = o[d] + sh[(size_t)t * dim + d];
+        }
     }
 }
 
@@ -1282,6 +1301,7 @@ static void engine_moe_ffn(engine *e, engine_job *job, int il, int T)
 {
     const model_layer *L = &e->m->layers[il];
     threadpool *tp = e->tp;
+    if (L->gate_inp_shexp) engine_qwen35_shgate_compute(e->q35, il, e->xn, T);   /* before xn is overwritten */
     job->shexp = L->gate_shexp.data && T <= ENGINE_MOE_SHARED_T;
     if (L->gate_shexp.data && !job->shexp) {   /* shared experts: a dense FFN on the same input */
         const ops_weight *gu[2] = { &L->gate_shexp, &L->up_shexp };
@@ -1509,6 +1529,7 @@ engine_status engine_step_mtp(engine *e, const engine_batch *b, const float *hid
     }
 
     if (e->wstage && !engine_window_plan(e, b)) return ENGINE_ERR_ARG;
+    if (e->q35 && !engine_qwen35_plan(e->q35, e->kv, b)) return ENGINE_ERR_ARG;
     engine_plan_tiles(e, b);
     if (e->r_margin)
         for (int t = 0; t < T; t++) e->r_margin[t] = INFINITY;
@@ -1535,13 +1556,19 @@ engine_status engine_step_mtp(engine *e, const engine_batch *b, const float *hid
     for (int il = 0; il < hp->n_layers; il++) {
         const model_layer *L = &m->layers[il];
         job.layer = il;
+        if (L->ssm_out.data) {   /* Qwen3.5's linear attention: xn in, its output in xn */
+            engine_qwen35_linear(e->q35, tp, il, e->xn, e->mm_scratch);
+            engine_prof_mark(e, il, ENGINE_PROF_ATTENTION);
+            goto add_attention;
+        }
         if (hp->mla) {
             engine_mla_qkv(e, &job, il, T);
             engine_prof_mark(e, il, ENGINE_PROF_QKV);
         } else {
             const ops_weight *qkv[3] = { &L->wq, &L->wk, &L->wv };
-            float *qkv_out[3] = { e->q, e->k, e->v };
+            float *qkv_out[3] = { L->attn_gated ? engine_qwen35_qg(e->q35) : e->q, e->k, e->v };
             ops_matmul_multi(tp, 3, qkv, e->xn, T, qkv_out, e->mm_scratch);
+            if (L->attn_gated) engine_qwen35_split(e->q35, T, e->q);
             engine_prof_mark(e, il, ENGINE_PROF_QKV);
             engine_run_rows(e, engine_job_qkv_post, &job, (int64_t)T * (hp->n_heads + 2 * hp->n_kv_heads) * hd);
             engine_prof_mark(e, il, ENGINE_PROF_QKV_POST);
@@ -1555,10 +1582,12 @@ engine_status engine_step_mtp(engine *e, const engine_batch *b, const float *hid
         if (bl >= 0) kvpool_fill_wait(e->kv, bl);   /* layer il of blocks still loading from the store */
         threadpool_run(tp, engine_job_attention, &job);
         if (bl < 0) engine_window_commit(e, b, il);
+        if (L->attn_gated) engine_qwen35_gate(e->q35, T, e->att);
         engine_prof_mark(e, il, ENGINE_PROF_ATTENTION);
         if (hp->mla) engine_mla_out(e, &job, il, T);
         else ops_matmul(tp, &L->wo, e->att, T, e->xn, e->mm_scratch);
         engine_prof_mark(e, il, ENGINE_PROF_WO);
+    add_attention:
         job.norm = L->ffn_norm;
         job.bias = L->bo;
         engine_run_rows(e, engine_job_add_norm, &job, (int64_t)T * dim);   /* x += attention; xn = ffn input */
@@ -1582,6 +1611,7 @@ engine_status engine_step_mtp(engine *e, const engine_batch *b, const float *hid
         engine_prof_mark(e, il, ENGINE_PROF_ADD_NORM);
     }
     if (e->stats) engine_moe_stats_step(e->stats);
+    if (e->q35) engine_qwen35_commit(e->q35);
     if (n_out > 0) {
         int r = 0;
         for (int t = 0; t < T; t++)

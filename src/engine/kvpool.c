@@ -84,6 +84,7 @@ struct kvpool_seq {
     int exact_from;              /* window state at positions >= this equals a run without cache */
     int ring_next;               /* window layers' positions below it are written; the ring holds
                                   * the last ring_len of them */
+    uint8_t *state;              /* (state_bytes) a recurrent model's state, or NULL */
 };
 
 const char *kvpool_status_name(kvpool_status st)
@@ -100,7 +101,7 @@ const char *kvpool_status_name(kvpool_status st)
 static int kvpool_geom_blk_layers(const kvpool_opts *o)
 {
     int n = 0;
-    for (int l = 0; l < o->n_layers; l++) n += !o->layer_window || o->layer_window[l] <= 0;
+    for (int l = 0; l < o->n_layers; l++) n += !o->layer_window || o->layer_window[l] == 0;
     return n;
 }
 
@@ -151,6 +152,8 @@ kvpool_status kvpool_new(const kvpool_opts *opts, kvpool **out)
         if (w > 0) {
             p->slot[l] = -1 - p->n_win_layers++;
             p->window = TM_MAX(p->window, w);
+        } else if (w < 0) {
+            p->slot[l] = INT32_MIN;   /* a recurrent layer: nothing here */
         } else {
             p->slot[l] = p->n_blk_layers++;
         }
@@ -328,6 +331,7 @@ kvpool_seq *kvpool_seq_new(kvpool *p)
     kvpool_seq *s = xcalloc(1, sizeof *s);
     s->table = xmalloc((size_t)p->o.n_blocks * sizeof *s->table);
     if (p->ring_bytes) s->ring = xcalloc(1, p->ring_bytes);   /* never garbage, even if misused */
+    if (p->o.state_bytes) s->state = xcalloc(1, p->o.state_bytes);
     return s;
 }
 
@@ -338,6 +342,7 @@ void kvpool_seq_reset(kvpool *p, kvpool_seq *s)
     s->n_keyed = 0;
     s->win_lo = s->full_from = s->exact_from = s->ring_next = 0;
     memset(s->last_key, 0, sizeof s->last_key);
+    if (s->state) memset(s->state, 0, p->o.state_bytes);
 }
 
 void kvpool_seq_free(kvpool *p, kvpool_seq *s)
@@ -345,12 +350,14 @@ void kvpool_seq_free(kvpool *p, kvpool_seq *s)
     if (!s) return;
     kvpool_seq_reset(p, s);
     free(s->ring);
+    free(s->state);
     free(s->table);
     free(s);
 }
 
 int kvpool_seq_attach_prefix(kvpool *p, kvpool_seq *s, const int32_t *tokens, int n)
 {
+    if (p->o.state_bytes) return s->n_keyed * KVPOOL_BLOCK;   /* blocks alone do not continue it */
     if (s->n != s->n_keyed) return s->n_keyed * KVPOOL_BLOCK;   /* a block being written ends the chain */
     uint8_t key[32];
     while ((s->n + 1) * KVPOOL_BLOCK < n) {  /* strictly less: keep >= 1 token to compute */
@@ -380,6 +387,7 @@ kvpool_status kvpool_seq_reserve(kvpool *p, kvpool_seq *s, int n_total)
 
 void kvpool_seq_commit_full_blocks(kvpool *p, kvpool_seq *s, const int32_t *tokens, int n_tokens)
 {
+    if (p->o.state_bytes) return;   /* a recurrent model's blocks continue no one */
     uint8_t key[32];
     while (s->n_keyed < s->n && (s->n_keyed + 1) * KVPOOL_BLOCK <= n_tokens) {
         int bi = s->n_keyed;
@@ -427,7 +435,7 @@ static int kvpool_seq_append_keyed(kvpool *p, kvpool_seq *s, const uint8_t key[3
 {
     *fresh = false;
     *st = KVPOOL_OK;
-    if (s->n_keyed != s->n || s->n >= p->o.n_blocks) {
+    if (s->n_keyed != s->n || s->n >= p->o.n_blocks || p->o.state_bytes) {
         *st = KVPOOL_ERR_ARG;
         return -1;
     }
@@ -548,7 +556,7 @@ static void kvpool_tail_drop(kvpool *p, int id)
 
 void kvpool_seq_keep_tail(kvpool *p, kvpool_seq *s, int bi, const uint8_t parent[32], const int32_t *tokens, int rows)
 {
-    if (p->n_win_layers || bi < 0 || bi >= s->n || rows <= 0 || rows > KVPOOL_BLOCK) return;
+    if (p->n_win_layers || p->o.state_bytes || bi < 0 || bi >= s->n || rows <= 0 || rows > KVPOOL_BLOCK) return;
     int id = s->table[bi];
     kvpool_blk *b = &p->blk[id];
     if (b->ext || b->filling) return;   /* a loaded block: its rows are the store's */
@@ -591,7 +599,7 @@ void kvpool_tail_unpin(kvpool *p, int id) { kvpool_unref(p, id); }
 
 int kvpool_seq_copy_tail(kvpool *p, kvpool_seq *s, const int32_t *tokens, int lim, int min_rows)
 {
-    if (s->n != s->n_keyed) return 0;
+    if (s->n != s->n_keyed || p->o.state_bytes) return 0;
     int n, id = kvpool_tail_match(p, s->last_key, tokens, lim, min_rows, &n);
     if (id < 0) return 0;
     kvpool_ref(p, id);   /* not the block the reservation reclaims */
@@ -658,6 +666,8 @@ void kvpool_seq_load(const kvpool *p, const kvpool_seq *s, int pos, int layer, i
 
 /* ---- window layers ---- */
 int kvpool_layer_block_index(const kvpool *p, int layer) { return p->slot[layer]; }
+void *kvpool_seq_state(const kvpool *p, const kvpool_seq *s) { return s->state; }
+size_t kvpool_state_bytes(const kvpool *p) { return p->o.state_bytes; }
 int kvpool_n_block_layers(const kvpool *p) { return p->n_blk_layers; }
 int kvpool_n_window_layers(const kvpool *p) { return p->n_win_layers; }
 int kvpool_window(const kvpool *p) { return p->window; }

@@ -61,8 +61,12 @@ typedef struct {
     int n_blocks;                /* pool size in blocks */
     uint8_t model_fp[32];        /* model fingerprint (model.h) */
     const int32_t *layer_window; /* (n_layers) sliding window of each layer in positions, 0 =
-                                  * full attention; NULL: every layer full. Only read by
-                                  * kvpool_new */
+                                  * full attention, < 0 a layer that keeps nothing here (a
+                                  * recurrent layer: its state is the sequence's, below); NULL:
+                                  * every layer full. Only read by kvpool_new */
+    size_t state_bytes;          /* per sequence: a recurrent model's state (kvpool_seq_state),
+                                  * 0: none. A pool with it shares nothing between sequences
+                                  * (see kvpool_seq_state) */
 } kvpool_opts;
 
 typedef struct kvpool kvpool;
@@ -283,6 +287,17 @@ void kvpool_seq_window_restore(const kvpool *p, kvpool_seq *s, int end, const vo
  * replay: an approximation whose cost does not grow with depth), or the exact span when that
  * is shorter. States the sequence crosses before it is exact again are not captured. */
 int kvpool_seq_window_replay(const kvpool *p, kvpool_seq *s, int end, bool exact);
+
+/* ---- recurrent state ----
+ * A model with recurrent layers (Qwen3.5's linear attention) keeps, per sequence, a state of
+ * opts.state_bytes that the engine reads and writes in place: zeroed by kvpool_seq_new and
+ * kvpool_seq_reset (a sequence computed from position 0). A block's KV alone does not continue
+ * such a sequence, so a pool with a state keys no block and attaches, copies or keeps nothing
+ * of another sequence: kvpool_seq_attach_prefix and kvpool_cached_prefix find nothing,
+ * kvpool_seq_commit_full_blocks keys nothing (nothing goes to the block store), tails are
+ * neither kept nor copied; every sequence computes its whole prompt. */
+void *kvpool_seq_state(const kvpool *p, const kvpool_seq *s);   /* NULL: no state */
+size_t kvpool_state_bytes(const kvpool *p);
 
 /* Debug/test: block id at table index bi, and the refcount of a block id. */
 int kvpool_seq_block_id(const kvpool_seq *s, int bi);

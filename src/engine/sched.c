@@ -754,6 +754,8 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
     /* window layers keep KVPOOL_RING_SPARE slots beyond the window: a step goes back at most
      * that many positions, which is K when all K drafts are rejected */
     if (kvpool_n_window_layers(engine_kvpool(e)) > 0) o.spec_max = TM_MIN(o.spec_max, KVPOOL_RING_SPARE);
+    /* a recurrent state cannot go back to before a rejected draft: no speculation */
+    if (kvpool_state_bytes(engine_kvpool(e))) o.spec_sources = 0, o.spec_room = 0;
     o.spec_fixed = TM_MIN(TM_MAX(o.spec_fixed, 0), o.spec_max);
     if (!o.draft) o.spec_sources &= ~SPEC_SRC_MODEL;
     if (!o.mtp) o.spec_sources &= ~SPEC_SRC_MTP;

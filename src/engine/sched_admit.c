@@ -295,6 +295,7 @@ void sched_admit_locked(sched *s)
     if (s->o.bio)
         for (sched_req *r = s->wait_head; r; r = r->next, k++) {
             if (r->embd) continue;   /* an embedding's root is its own: the store holds nothing of it */
+            if (kvpool_state_bytes(s->pool)) break;   /* a recurrent model keys no block */
             if (!r->load_started || (k < SCHED_ADMIT_WINDOW && sched_load_stale(s, r))) {
                 if (r->load_started) r->load_retries++;
                 r->load_started = true;
@@ -470,6 +471,7 @@ void sched_admit_share_locked(sched *s)
     for (int i = 0; i < s->n_running; i++) {
         sched_req *r = s->running[i];
         r->share_wait = false;
+        if (kvpool_state_bytes(s->pool)) continue;   /* a recurrent model's rows continue no one */
         if (r->n_tokens - r->n_done <= 1 || r->n_done % KVPOOL_BLOCK != 0 ||
             kvpool_seq_capacity(r->seq) != r->n_done || kvpool_seq_n_keyed(r->seq) != r->n_done)
             continue;   /* decoding, or inside a block of its own */

@@ -16,12 +16,12 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "model/model_int.h"
 #include "model/modelhash.h"
 #include "util/bytebuf.h"
 #include "util/sha256.h"
 #include "util/util.h"
 
-#include "model/model_int.h"
 
 gguf_status model_fail(model_ld *ld, gguf_status st, const char *fmt, ...)
 {
@@ -116,7 +116,7 @@ bool model_matrix(model_ld *ld, const char *name, int64_t cols, int64_t rows, op
 
 /* A stacked expert tensor: 3-D [cols, rows, n_expert] as llama.cpp writes `*_exps`, viewed as
  * one matrix of n_expert * rows rows (model_expert slices it). */
-static bool model_experts(model_ld *ld, const char *name, int64_t cols, int64_t rows, int n_expert, ops_weight *w)
+bool model_experts(model_ld *ld, const char *name, int64_t cols, int64_t rows, int n_expert, ops_weight *w)
 {
     const gguf_tensor *t = gguf_find_tensor(ld->m->g, name);
     if (!t) {
@@ -139,7 +139,7 @@ static bool model_experts(model_ld *ld, const char *name, int64_t cols, int64_t 
 
 /* A 1-D tensor of n elements (rows == 1), or a 2-D one of (rows, n), converted to an owned
  * f32 array. Returns NULL if absent (error recorded only if required) or wrong. */
-static const float *model_floats(model_ld *ld, const char *name, bool required, int64_t n, int64_t rows)
+const float *model_floats(model_ld *ld, const char *name, bool required, int64_t n, int64_t rows)
 {
     const gguf_tensor *t = model_tensor(ld, name, required, rows > 1 ? 2 : 1, n, rows);
     if (!t) return NULL;
@@ -275,7 +275,8 @@ static bool model_read_hparams(model_ld *ld, const char *an)
     hp->n_heads = (int)v;
     if (!model_key_int(ld, KEY("attention.head_count_kv"), false, hp->n_heads, &v)) return false;
     hp->n_kv_heads = (int)v;
-    bool moe = hp->arch == MODEL_ARCH_QWEN3MOE || hp->arch == MODEL_ARCH_DEEPSEEK2 || hp->arch == MODEL_ARCH_GPTOSS;
+    bool moe = hp->arch == MODEL_ARCH_QWEN3MOE || hp->arch == MODEL_ARCH_DEEPSEEK2 || hp->arch == MODEL_ARCH_GPTOSS ||
+               hp->arch == MODEL_ARCH_QWEN35MOE;
     hp->mla = hp->arch == MODEL_ARCH_DEEPSEEK2;
     if (moe) {
         if (!model_key_int(ld, KEY("expert_count"), true, 0, &v)) return false;
@@ -294,7 +295,7 @@ static bool model_read_hparams(model_ld *ld, const char *an)
     /* a MoE model's dense FFN size is informational only, unless it has dense layers */
     if (!model_key_int(ld, KEY("feed_forward_length"), !moe, hp->expert_ffn, &v)) return false;
     hp->ffn_dim = (int)v;
-    hp->router_norm = hp->arch == MODEL_ARCH_QWEN3MOE;
+    hp->router_norm = hp->arch == MODEL_ARCH_QWEN3MOE || hp->arch == MODEL_ARCH_QWEN35MOE;
     if (hp->arch == MODEL_ARCH_GPTOSS) {
         /* llama.cpp's gpt-oss: the window and its layer pattern (default 2: even layers
          * windowed), the router's softmax over the chosen logits, SwiGLU clamped at 7 */
@@ -550,11 +551,12 @@ static bool model_fingerprint(model *m, const char *path, const model_opts *opts
 }
 
 /* The 2-D matrices of a layer that exist (data set), at most MODEL_LAYER_MATS. */
-#define MODEL_LAYER_MATS 13
+#define MODEL_LAYER_MATS 18
 static int model_layer_matrices(model_layer *L, ops_weight **ws)
 {
     ops_weight *all[MODEL_LAYER_MATS] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down,
-                                          &L->gate_shexp, &L->up_shexp, &L->down_shexp, &L->wq_a, &L->wq_b, &L->wkv_a };
+                                          &L->gate_shexp, &L->up_shexp, &L->down_shexp, &L->wq_a, &L->wq_b, &L->wkv_a,
+                                          &L->ssm_qkv, &L->ssm_z, &L->ssm_beta, &L->ssm_alpha, &L->ssm_out };
     int n = 0;
     for (int i = 0; i < MODEL_LAYER_MATS; i++)
         if (all[i]->data) ws[n++] = all[i];
@@ -782,6 +784,10 @@ gguf_status model_load(const char *path, const model_opts *opts, model **out, ch
         hp->arch = MODEL_ARCH_DEEPSEEK2, hp->arch_name = "deepseek2", hp->rope_neox = false;
     } else if (an_len == 7 && !memcmp(an, "gpt-oss", 7)) {
         hp->arch = MODEL_ARCH_GPTOSS, hp->arch_name = "gpt-oss", hp->rope_neox = true;
+    } else if (an_len == 6 && !memcmp(an, "qwen35", 6)) {
+        hp->arch = MODEL_ARCH_QWEN35, hp->arch_name = "qwen35", hp->rope_neox = true;
+    } else if (an_len == 9 && !memcmp(an, "qwen35moe", 9)) {
+        hp->arch = MODEL_ARCH_QWEN35MOE, hp->arch_name = "qwen35moe", hp->rope_neox = true;
     } else if (an_len == 4 && !memcmp(an, "phi3", 4)) {
         hp->arch = MODEL_ARCH_PHI3, hp->arch_name = "phi3", hp->rope_neox = true;
     } else if (an_len == 8 && !memcmp(an, "mistral3", 8)) {
@@ -790,7 +796,7 @@ gguf_status model_load(const char *path, const model_opts *opts, model **out, ch
                (an_len == 6 && (!memcmp(an, "gemma3", 6) || !memcmp(an, "gemma4", 6))) ||
                (an_len == 7 && !memcmp(an, "glm4moe", 7))) {
         model_fail(&ld, GGUF_ERR_TYPE, "%s: the '%.*s' architecture is not supported yet (its layers are not in the "
-                   "engine; supported: llama, qwen2, qwen3, qwen3moe, deepseek2, gpt-oss, phi3, mistral3)", path, (int)an_len, an);
+                   "engine; supported: llama, qwen2, qwen3, qwen3moe, deepseek2, gpt-oss, phi3, mistral3, qwen35, qwen35moe)", path, (int)an_len, an);
         goto fail;
     } else if (an_len == 9 && !memcmp(an, "deepseek4", 9)) {
         /* the forward pass is specified and checked against llama.cpp by a reference
@@ -800,13 +806,14 @@ gguf_status model_load(const char *path, const model_opts *opts, model **out, ch
                    "lightning indexer and hyper-connections are not in the engine (docs/deepseek4.md)", path);
         goto fail;
     } else {
-        model_fail(&ld, GGUF_ERR_TYPE, "%s: unsupported architecture '%.*s' (supported: llama, qwen2, qwen3, qwen3moe, deepseek2, gpt-oss, phi3, mistral3)",
+        model_fail(&ld, GGUF_ERR_TYPE, "%s: unsupported architecture '%.*s' (supported: llama, qwen2, qwen3, qwen3moe, deepseek2, gpt-oss, phi3, mistral3, qwen35, qwen35moe)",
                    path, (int)TM_MIN(an_len, 64), an);
         goto fail;
     }
     if (!model_read_hparams(&ld, hp->arch_name)) goto fail;
     if (hp->arch == MODEL_ARCH_PHI3 && !model_phi3_hparams(&ld)) goto fail;
     if (hp->arch == MODEL_ARCH_MISTRAL3 && !model_mistral3_hparams(&ld)) goto fail;
+    if (model_is_qwen35(hp) && !model_qwen35_hparams(&ld)) goto fail;
 
     /* token embedding fixes the vocabulary size */
     const gguf_tensor *te = gguf_find_tensor(m->g, "token_embd.weight");
@@ -840,6 +847,10 @@ gguf_status model_load(const char *path, const model_opts *opts, model **out, ch
         model_layer *L = &m->layers[il];
         const bool gptoss = hp->arch == MODEL_ARCH_GPTOSS;
         char nm[96];
+        if (model_is_qwen35(hp)) {
+            if (!model_qwen35_layer(&ld, il)) goto fail;
+            continue;
+        }
 #define TN(suffix) (snprintf(nm, sizeof nm, "blk.%d.%s", il, suffix), nm)
         if (!(L->attn_norm = model_vector(&ld, TN("attn_norm.weight"), true, hp->dim))) goto fail;
         if (hp->mla) {

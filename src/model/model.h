@@ -86,6 +86,9 @@ typedef enum {
                               * LongRoPE factors (model_phi3.c) */
     MODEL_ARCH_MISTRAL3,     /* llama's layer, YaRN, Llama 4's attention temperature
                               * (model_mistral3.c) */
+    MODEL_ARCH_QWEN35,       /* Qwen3.5: gated delta net (linear attention) layers beside gated
+                              * full-attention ones (model_qwen35.c, engine_qwen35.c) */
+    MODEL_ARCH_QWEN35MOE,    /* Qwen3.5's layers, routed experts and a gated shared expert */
 } model_arch;
 
 typedef struct {
@@ -137,6 +140,21 @@ typedef struct {
     const float *head_norm;  /* (dim) f32 shared_head_norm, or NULL: the model's output_norm */
     ops_weight embed;        /* (n_vocab, dim) its own embedding, or empty: the model's */
     ops_weight head;         /* (n_vocab, dim) its own output head, or empty: the model's */
+    /* Qwen3.5: a linear-attention (gated delta net) layer has ssm_out set and no wq..wo; a
+     * full-attention layer has attn_gated. H = ssm_v_heads, Hk = ssm_k_heads, S = ssm_head */
+    bool attn_gated;         /* wq is (n_heads * 2 * head_dim, dim): per head its query, then
+                              * its output gate (attention output *= sigmoid(gate)) */
+    ops_weight ssm_qkv;      /* (2 * Hk * S + H * S, dim) attn_qkv: q, k, v before the conv */
+    ops_weight ssm_z;        /* (H * S, dim) attn_gate: the output norm's SiLU gate */
+    ops_weight ssm_beta;     /* (H, dim) the delta rule's write strength, through a sigmoid */
+    ops_weight ssm_alpha;    /* (H, dim) the decay: ssm_a * softplus(alpha + ssm_dt) */
+    const float *ssm_conv1d; /* (2 * Hk * S + H * S, ssm_conv) f32 causal conv taps, oldest first */
+    const float *ssm_dt;     /* (H) f32 */
+    const float *ssm_a;      /* (H) f32, -exp(A_log) as the converter writes it */
+    const float *ssm_norm;   /* (S) f32 the gated RMS norm's weight, shared by the heads */
+    ops_weight ssm_out;      /* (dim, H * S) */
+    const float *gate_inp_shexp; /* (dim) f32 the shared expert's gate (qwen35moe): its output
+                              * times sigmoid(dot(x, this)); NULL: ungated */
 } model_layer;
 
 /* How an embedding model pools its token states into one vector: {arch}.pooling_type, with
@@ -200,6 +218,13 @@ typedef struct {
     float attn_temp_scale;   /* mistral3: queries at p scaled by 1 + this * ln(floor(p /
                               * attn_temp_floor) + 1) after RoPE (Llama 4's); 0: none */
     int attn_temp_floor;     /* positions per step of that scale */
+    /* Qwen3.5's linear-attention layers (0 for other families) */
+    int ssm_conv;            /* {arch}.ssm.conv_kernel: causal conv taps */
+    int ssm_k_heads;         /* {arch}.ssm.group_count: q and k heads */
+    int ssm_v_heads;         /* {arch}.ssm.time_step_rank: v heads, a multiple of the k heads;
+                              * v head h reads q/k head h % ssm_k_heads */
+    int ssm_head;            /* {arch}.ssm.state_size: q, k and v head size (inner_size / v heads) */
+    int n_recurrent;         /* linear-attention layers */
 } model_hparams;
 
 typedef struct model {

@@ -1,6 +1,6 @@
 /*
  * model_int: what only model*.c may see: the loading context and the checked readers of keys
- * and tensors (model.c), which the files of one family each (model_phi3.c) load with, so that
+ * and tensors (model.c), which the files of one family each (model_phi3.c, model_qwen35.c) load with, so that
  * every family's error names its key or tensor the same way.
  */
 #ifndef TM_MODEL_INT_H
@@ -37,5 +37,20 @@ bool model_phi3_layer(model_ld *ld, int il);
 /* mistral3 (model_mistral3.c): its attention temperature and YaRN checks; its tensors are
  * llama's (model.c). */
 bool model_mistral3_hparams(model_ld *ld);
+
+/* A stacked expert tensor [cols, rows, n_expert] viewed as n_expert * rows rows. */
+bool model_experts(model_ld *ld, const char *name, int64_t cols, int64_t rows, int n_expert, ops_weight *w);
+/* A 1-D tensor of n (rows 1) or a 2-D (rows, n) one as owned f32; NULL when absent or wrong. */
+const float *model_floats(model_ld *ld, const char *name, bool required, int64_t n, int64_t rows);
+
+/* ---- Qwen3.5 (model_qwen35.c) ---- */
+static inline bool model_is_qwen35(const model_hparams *hp)
+{
+    return hp->arch == MODEL_ARCH_QWEN35 || hp->arch == MODEL_ARCH_QWEN35MOE;
+}
+/* The linear-attention hyper-parameters and the layer kinds, after model_read_hparams. */
+bool model_qwen35_hparams(model_ld *ld);
+/* Every tensor of layer il. */
+bool model_qwen35_layer(model_ld *ld, int il);
 
 #endif
