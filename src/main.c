@@ -25,6 +25,7 @@ static const struct {
     { "grammar", cmd_grammar, "grammar print|check|sample|bench (--schema F | --regex R | --gbnf F | --json) [--input DOCS.json] [-m MODEL -n N]: structured output (testing)" },
     { "store", cmd_store, "store stat|ls|gc|fsck SPEC [--capacity SIZE] [--retention R]: block store maintenance" },
     { "worker", cmd_worker, "worker --role prefill|decode|mixed -m MODEL --listen HOST:PORT --cache SPEC [--gateway HOST:PORT]: cluster worker" },
+    { "expert", cmd_expert, "expert -m MODEL --listen HOST:PORT: a member of an expert-parallel group (serve/worker --ep-member)" },
     { "bench", cmd_bench, "bench -m MODEL [--pp N] [--tg N] [--seqs 1,4,16]: timings as JSON; bench curves -m MODEL: the two price curves; bench profile -m MODEL: time per op" },
 };
 

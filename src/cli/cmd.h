@@ -19,5 +19,6 @@ int cmd_serve(int argc, char **argv);     /* the HTTP server (OpenAI / Anthropic
 int cmd_gateway(int argc, char **argv);   /* the front of a disaggregated cluster (cluster/gateway.h) */
 int cmd_store(int argc, char **argv);     /* block store maintenance: stat|ls|gc|fsck SPEC */
 int cmd_worker(int argc, char **argv);    /* a prefill/decode/mixed worker of the cluster (cluster/worker.h) */
+int cmd_expert(int argc, char **argv);    /* a member of an expert-parallel group (cluster/ep.h) */
 
 #endif

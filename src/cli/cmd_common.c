@@ -13,6 +13,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cluster/auth.h"
+#include "cluster/ep.h"
 #include "engine/kvpool.h"
 #include "model/threadpool.h"
 #include "util/topo.h"
@@ -513,4 +515,52 @@ sched_opts cmd_common_sched_opts(const cmd_engine_opts *o, blockio *bio, const t
     so.eos_ids[0] = tokenizer_eos(tok);
     so.eos_ids[1] = tokenizer_eot(tok);
     return so;
+}
+
+const cmd_opt *cmd_common_ep_table(cmd_ep_opts *o, cmd_opt out[CMD_EP_TABLE_N])
+{
+    o->members.v = o->member_v;
+    o->members.cap = (int)TM_ARRAY_LEN(o->member_v) < EP_MAX_MEMBERS ? (int)TM_ARRAY_LEN(o->member_v) : EP_MAX_MEMBERS;
+    const cmd_opt t[CMD_EP_TABLE_N] = {
+        { "--ep-member", NULL, CMD_OPT_LIST, &o->members, .set = 1, .arg = "HOST:PORT", .help = "expert parallelism: a member (tokenmill expert) computing a share of the experts (repeatable)" },
+        { "--redundant-experts", NULL, CMD_OPT_LONG, &o->redundant, 0, 1 << 16, .arg = "N", .help = "with --ep-member: extra expert copies per layer, placed by EPLB from the live load (default 0)" },
+        { "--ep-timeout", NULL, CMD_OPT_DOUBLE, &o->timeout_s, 0.01, 3600, .arg = "S", .help = "with --ep-member: a member silent this long is down, its experts run here (default 5)" },
+        { "--ep-rebalance", NULL, CMD_OPT_DOUBLE, &o->rebalance_s, 0, 1e7, .arg = "S", .help = "with --redundant-experts: seconds between placements (default 60; 0: once)" },
+        { 0 },
+    };
+    memcpy(out, t, sizeof t);
+    return out;
+}
+
+bool cmd_common_ep_start(const char *prog, engine *e, cmd_ep_opts *o, const char *key_path, ep_group **out)
+{
+    *out = NULL;
+    if (o->members.n == 0) {
+        if (o->redundant > 0) {
+            fprintf(stderr, "tokenmill %s: --redundant-experts needs --ep-member\n", prog);
+            return false;
+        }
+        return true;
+    }
+    static auth_key key;   /* 4 KiB: off the stack */
+    char key_file[4096], err[512];
+    auth_status ast = key_path ? auth_key_load(key_path, &key, err, sizeof err)
+                               : auth_key_default(&key, key_file, sizeof key_file, err, sizeof err);
+    if (ast != AUTH_OK) {
+        fprintf(stderr, "tokenmill %s: %s\n", prog, err);
+        return false;
+    }
+    ep_opts eo = { .members = o->members.v, .n_members = o->members.n, .key = &key, .redundant = (int)o->redundant,
+                   .timeout_s = o->timeout_s, .rebalance_s = o->rebalance_s };
+    ep_group *g = ep_group_new(e, &eo, err, sizeof err);
+    if (!g) {
+        fprintf(stderr, "tokenmill %s: %s\n", prog, err);
+        return false;
+    }
+    const model *m = engine_model(e);
+    fprintf(stderr, "tokenmill %s: expert group of %d processes (this one and %d members), %d experts per layer, %ld redundant, cluster key %s\n",
+            prog, ep_group_size(g), o->members.n, m->hp.n_expert, o->redundant,
+            key_path ? key_path : key_file);
+    *out = g;
+    return true;
 }

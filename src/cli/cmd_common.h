@@ -132,4 +132,24 @@ bool cmd_common_load_model(const char *prog, const char *path, model **m, tokeni
  * "tokenmill PROG: why" and returns false with *tok NULL. */
 bool cmd_common_load_vocab(const char *prog, const char *path, tokenizer **tok);
 
+/* Expert parallelism (cluster/ep.h) for serve and worker: the process leads a group whose
+ * members (`tokenmill expert`) compute some of the experts. */
+typedef struct {
+    cmd_opt_list members;        /* --ep-member HOST:PORT (repeatable, or comma-separated) */
+    const char *member_v[64];    /* members' storage */
+    long redundant;              /* --redundant-experts N */
+    double timeout_s;            /* --ep-timeout S */
+    double rebalance_s;          /* --ep-rebalance S */
+} cmd_ep_opts;
+#define CMD_EP_OPTS_DEFAULT { .timeout_s = 5, .rebalance_s = 60 }
+/* The option table entries of those (--ep-member, --redundant-experts, --ep-timeout,
+ * --ep-rebalance), as cmd_common_engine_table. */
+#define CMD_EP_TABLE_N 5
+const cmd_opt *cmd_common_ep_table(cmd_ep_opts *o, cmd_opt out[CMD_EP_TABLE_N]);
+struct ep_group;
+/* Forms the group when members were named (*out NULL otherwise): the key from key_path (NULL:
+ * the default key), logs "tokenmill PROG: expert group of N processes ...". false after a
+ * message on stderr. Free with ep_group_free before the engine (after the scheduler). */
+bool cmd_common_ep_start(const char *prog, engine *e, cmd_ep_opts *o, const char *key_path, struct ep_group **out);
+
 #endif

@@ -59,6 +59,7 @@
 #include "engine/sched.h"
 #include "http/http.h"
 #include "model/model.h"
+#include "cluster/ep.h"
 #include "recipe/api.h"
 #include "recipe/status.h"
 #include "recipe/template.h"
@@ -86,6 +87,8 @@ typedef struct {
     long timeout;                /* seconds: idle / slow client */
     long drain_timeout;          /* seconds the running requests get at shutdown */
     cmd_engine_opts eng;         /* --threads, --ctx, --max-seqs, ... */
+    cmd_ep_opts ep;              /* --ep-member, --redundant-experts, ... */
+    const char *key_path;        /* --cluster-key-file (with --ep-member) */
     http_opts http;              /* connection limits (--max-connections, ...); the rest is set
                                   * by serve_routes */
     grammar_limits grammar;      /* structured output's compile budgets (--grammar-*) */
@@ -106,6 +109,7 @@ typedef struct {
     tokenizer *tok;
     template *tmpl;
     engine *e;
+    struct ep_group *ep;         /* with --ep-member: the expert group this process leads */
     store *cache;                /* NULL: no block store */
     blockio *bio;                /* its write-behind / load tier, or NULL */
     sched *s;
@@ -121,9 +125,9 @@ typedef struct {
 /* Step: options. Returns 0, -1 after --help (exit 0), or the exit status after a message. */
 static int serve_options(int argc, char **argv, serve_opts *o)
 {
-    *o = (serve_opts){ .host = "127.0.0.1", .port = 8080, .eng = CMD_ENGINE_OPTS_DEFAULT, .max_body = 8 << 20,
+    *o = (serve_opts){ .host = "127.0.0.1", .port = 8080, .eng = CMD_ENGINE_OPTS_DEFAULT, .ep = CMD_EP_OPTS_DEFAULT, .max_body = 8 << 20,
                        .timeout = 60, .drain_timeout = 30, .cache_spec = "default" };
-    cmd_opt eng[CMD_ENGINE_TABLE_N], http[CMD_HTTP_TABLE_N], gram[CMD_GRAMMAR_TABLE_N];
+    cmd_opt eng[CMD_ENGINE_TABLE_N], http[CMD_HTTP_TABLE_N], gram[CMD_GRAMMAR_TABLE_N], ept[CMD_EP_TABLE_N];
     o->grammar = grammar_limits_get();
     cmd_opt_list keys = { o->keys, 0, SERVE_MAX_KEYS };
     const char *cache_dir = NULL;
@@ -133,6 +137,8 @@ static int serve_options(int argc, char **argv, serve_opts *o)
         { "--host", NULL, CMD_OPT_STR, &o->host, .arg = "ADDR", .help = "listen address (default 127.0.0.1)" },
         { "--port", NULL, CMD_OPT_LONG, &o->port, 0, 65535, .arg = "PORT", .help = "listen port (default 8080; 0: any free one)" },
         { .kind = CMD_OPT_TABLE, .dst = (void *)cmd_common_engine_table(&o->eng, eng) },
+        { .kind = CMD_OPT_TABLE, .dst = (void *)cmd_common_ep_table(&o->ep, ept) },
+        { "--cluster-key-file", NULL, CMD_OPT_STR, &o->key_path, .arg = "PATH", .help = "with --ep-member: the cluster secret (default: generated in ~/.cache/tokenmill)" },
         { "--model-name", NULL, CMD_OPT_STR, &o->name, .arg = "NAME", .help = "the model's name in /v1/models (default: the file's)" },
         { "--template", NULL, CMD_OPT_STR, &o->tmpl_name, .arg = "NAME", .help = "chat template: auto (the default: the family whose reference text the template is, else the Jinja interpreter), jinja, or a family" },
         { "--template-file", NULL, CMD_OPT_STR, &o->tmpl_file, .arg = "FILE", .help = "a Jinja chat template to use instead of the model's own" },
@@ -199,6 +205,7 @@ static int serve_model(serve *sv)
 static int serve_engine(serve *sv)
 {
     sv->e = cmd_common_engine_new("serve", sv->m, &sv->o.eng);
+    if (sv->e && !cmd_common_ep_start("serve", sv->e, &sv->o.ep, sv->o.key_path, &sv->ep)) return 1;
     return sv->e ? 0 : 1;
 }
 
@@ -352,6 +359,7 @@ static void serve_free(serve *sv)
     sched_free(sv->s);
     blockio_free(sv->bio);   /* writes what is queued; before the pool goes */
     store_close(sv->cache);
+    ep_group_free(sv->ep);   /* unsets the engine's hooks: no step runs any more */
     engine_free(sv->e);
     cmd_common_draft_free(&sv->o.eng);
     template_free(sv->tmpl);

@@ -26,6 +26,7 @@
 #include "cli/cmd.h"
 #include "cli/cmd_common.h"
 #include "cluster/auth.h"
+#include "cluster/ep.h"
 #include "cluster/proto.h"
 #include "cluster/worker.h"
 #include "engine/blockio.h"
@@ -54,8 +55,10 @@ int cmd_worker(int argc, char **argv)
     int role = -1;
     long drain_s = 30;
     cmd_engine_opts eng = CMD_ENGINE_OPTS_DEFAULT;
+    cmd_ep_opts ep = CMD_EP_OPTS_DEFAULT;
+    ep_group *epg = NULL;
     bool verbose = false;
-    cmd_opt eng_t[CMD_ENGINE_TABLE_N], gram[CMD_GRAMMAR_TABLE_N];
+    cmd_opt eng_t[CMD_ENGINE_TABLE_N], gram[CMD_GRAMMAR_TABLE_N], ep_t[CMD_EP_TABLE_N];
     grammar_limits gl = grammar_limits_get();
     const cmd_opt opts[] = {
         { "--role", NULL, CMD_OPT_FN, &role, .fn = cmd_worker_role, .arg = "prefill|decode|mixed", .help = "what this worker does", .required = true },
@@ -66,6 +69,7 @@ int cmd_worker(int argc, char **argv)
         { "--name", NULL, CMD_OPT_STR, &name, .arg = "NAME", .help = "the worker's name in /admin/workers, unique per gateway (default HOSTNAME:PORT)" },
         { "--cluster-key-file", NULL, CMD_OPT_STR, &key_path, .arg = "PATH", .help = "the cluster secret (default: generated in ~/.cache/tokenmill)" },
         { .kind = CMD_OPT_TABLE, .dst = (void *)cmd_common_engine_table(&eng, eng_t) },
+        { .kind = CMD_OPT_TABLE, .dst = (void *)cmd_common_ep_table(&ep, ep_t) },
         { .kind = CMD_OPT_TABLE, .dst = (void *)cmd_common_grammar_table(&gl, gram) },
         { "--drain-timeout", NULL, CMD_OPT_LONG, &drain_s, 1, 86400, .arg = "S", .help = "at SIGTERM, seconds running requests get (default 30)" },
         { "-v", NULL, CMD_OPT_FLAG, &verbose, .help = "log every engine step" },
@@ -117,6 +121,7 @@ int cmd_worker(int argc, char **argv)
         goto out;
     }
     if (!(e = cmd_common_engine_new("worker", m, &eng))) goto out;
+    if (!cmd_common_ep_start("worker", e, &ep, key_path, &epg)) goto out;
     cmd_common_resident("worker", m, engine_n_threads(e));   /* before the gateway may send work */
     int n_ctx = (int)eng.ctx;
     if (cache_spec) {
@@ -177,6 +182,7 @@ out:
     sched_free(s);
     blockio_free(bio);
     store_close(cache);
+    ep_group_free(epg);
     engine_free(e);
     grammar_vocab_free(gvocab);
     cmd_common_draft_free(&eng);

@@ -164,7 +164,7 @@ const char *proto_type_name(int type)
 {
     static const char *names[] = { "?", "HELLO", "HEARTBEAT", "PREFILL", "HANDOFF", "DECODE",
                                    "TOKENS", "FINISH", "CANCEL", "DRAIN", "ERROR", "CHALLENGE", "PROOF",
-                                   "WINDOW", "WINFETCH", "WINSTATE" };
+                                   "WINDOW", "WINFETCH", "WINSTATE", "EXPERTS", "EXPERTS_OUT" };
     return type > 0 && type <= PROTO_TYPE_MAX ? names[type] : "?";
 }
 
@@ -175,6 +175,7 @@ const char *proto_role_name(int role)
     case PROTO_ROLE_DECODE: return "decode";
     case PROTO_ROLE_MIXED: return "mixed";
     case PROTO_ROLE_GATEWAY: return "gateway";
+    case PROTO_ROLE_EXPERT: return "expert";
     default: return "?";
     }
 }
@@ -201,6 +202,8 @@ static uint32_t proto_allowed_flags(int type)
     case PROTO_HEARTBEAT: return PROTO_F_STEPTIME;
     case PROTO_FINISH: return PROTO_F_DRAFTS;
     case PROTO_DRAIN: return PROTO_F_UNDRAIN;
+    case PROTO_EXPERTS:
+    case PROTO_EXPERTS_OUT: return PROTO_F_LAST;
     default: return 0;
     }
 }
@@ -473,6 +476,18 @@ static void proto_get_kv(proto_rd *r, proto_kv *kv, uint32_t flags)
     memcpy(kv->data, p, kv->n_bytes);
 }
 
+/* An EXPERTS frame's shape: ids strictly ascending, every count >= 1, n_floats = dim * rows. */
+static bool proto_experts_ok(const proto_experts *x)
+{
+    if (x->dim < 1 || x->dim > 65536 || x->n_exp > PROTO_MAX_EXPERTS) return false;
+    uint64_t rows = 0;
+    for (uint32_t i = 0; i < x->n_exp; i++) {
+        if (x->experts[i] < 0 || (i > 0 && x->experts[i] <= x->experts[i - 1]) || x->n_rows[i] < 1) return false;
+        rows += (uint64_t)x->n_rows[i];
+    }
+    return rows * x->dim == x->n_floats && (uint64_t)x->n_floats * 4 <= PROTO_MAX_PAYLOAD;
+}
+
 /* Checks the limits a receiver enforces, so that an encoder never produces a frame its peer
  * would refuse. */
 static bool proto_msg_ok(const proto_msg *m)
@@ -481,7 +496,7 @@ static bool proto_msg_ok(const proto_msg *m)
     case PROTO_HELLO:
         return (!m->u.hello.listen || strlen(m->u.hello.listen) <= PROTO_MAX_STR) &&
                (!m->u.hello.name || strlen(m->u.hello.name) <= PROTO_MAX_STR) &&
-               m->u.hello.role >= PROTO_ROLE_PREFILL && m->u.hello.role <= PROTO_ROLE_GATEWAY;
+               m->u.hello.role >= PROTO_ROLE_PREFILL && m->u.hello.role <= PROTO_ROLE_EXPERT;
     case PROTO_HEARTBEAT:
         for (int i = 0; i < 4 && (m->hdr.flags & PROTO_F_STEPTIME); i++)
             if (!isfinite(m->u.heartbeat.step_w[i])) return false;
@@ -518,6 +533,8 @@ static bool proto_msg_ok(const proto_msg *m)
         return true;
     case PROTO_WINFETCH: return true;
     case PROTO_WINSTATE: return m->u.winstate.n_bytes <= PROTO_MAX_PAYLOAD - 36;
+    case PROTO_EXPERTS:
+    case PROTO_EXPERTS_OUT: return proto_experts_ok(&m->u.experts);
     default: return false;
     }
 }
@@ -662,6 +679,20 @@ proto_status proto_encode(proto_buf *b, const proto_msg *m)
         proto_put_u32(b, m->u.winstate.n_bytes);
         proto_put_bytes(b, m->u.winstate.data, m->u.winstate.n_bytes);
         break;
+    case PROTO_EXPERTS:
+    case PROTO_EXPERTS_OUT: {
+        const proto_experts *x = &m->u.experts;
+        proto_put_u16(b, x->layer);
+        proto_put_u32(b, x->dim);
+        proto_put_u32(b, x->n_exp);
+        for (uint32_t i = 0; i < x->n_exp; i++) {
+            proto_put_u32(b, (uint32_t)x->experts[i]);
+            proto_put_u32(b, (uint32_t)x->n_rows[i]);
+        }
+        proto_put_u32(b, x->n_floats);
+        proto_put_bytes(b, x->x, (size_t)x->n_floats * 4);   /* little-endian hosts only (the build's) */
+        break;
+    }
     }
     if (b->oom && !was_oom) {
         b->n = start;
@@ -695,7 +726,7 @@ proto_status proto_decode(const proto_hdr *h, const uint8_t *payload, proto_msg 
         x->max_batch_tokens = proto_get_u32(r);
         x->n_ctx = proto_get_u32(r);
         x->n_vocab = proto_get_u32(r);
-        if (x->role < PROTO_ROLE_PREFILL || x->role > PROTO_ROLE_GATEWAY) r->err = true;
+        if (x->role < PROTO_ROLE_PREFILL || x->role > PROTO_ROLE_EXPERT) r->err = true;
         if (!r->err) x->listen = proto_get_str(r);
         if (!r->err) x->name = proto_get_str(r);
         break;
@@ -846,6 +877,28 @@ proto_status proto_decode(const proto_hdr *h, const uint8_t *payload, proto_msg 
         x->n_bytes = n;
         break;
     }
+    case PROTO_EXPERTS:
+    case PROTO_EXPERTS_OUT: {
+        proto_experts *x = &m->u.experts;
+        x->layer = proto_get_u16(r);
+        x->dim = proto_get_u32(r);
+        uint32_t n = proto_get_u32(r);
+        if (r->err || n > PROTO_MAX_EXPERTS || (uint64_t)n * 8 > r->n - r->off) { r->err = true; break; }
+        x->experts = malloc((n ? n : 1) * sizeof *x->experts);
+        x->n_rows = malloc((n ? n : 1) * sizeof *x->n_rows);
+        if (!x->experts || !x->n_rows) { r->err = true; break; }
+        x->n_exp = n;
+        for (uint32_t i = 0; i < n; i++) {
+            x->experts[i] = (int32_t)proto_get_u32(r);
+            x->n_rows[i] = (int32_t)proto_get_u32(r);
+        }
+        x->n_floats = proto_get_u32(r);
+        if (r->err || (uint64_t)x->n_floats * 4 != r->n - r->off || !proto_experts_ok(x)) { r->err = true; break; }
+        x->x = malloc(x->n_floats ? (size_t)x->n_floats * 4 : 1);
+        if (!x->x) { r->err = true; break; }
+        memcpy(x->x, proto_get_bytes(r, (size_t)x->n_floats * 4), (size_t)x->n_floats * 4);
+        break;
+    }
     default:
         return PROTO_ERR_TYPE;
     }
@@ -879,6 +932,12 @@ void proto_msg_free(proto_msg *m)
     case PROTO_ERROR: free(m->u.error.msg); break;
     case PROTO_WINDOW: free(m->u.window.ev); break;
     case PROTO_WINSTATE: free(m->u.winstate.data); break;
+    case PROTO_EXPERTS:
+    case PROTO_EXPERTS_OUT:
+        free(m->u.experts.experts);
+        free(m->u.experts.n_rows);
+        free(m->u.experts.x);
+        break;
     default: break;
     }
     memset(&m->u, 0, sizeof m->u);

@@ -87,7 +87,10 @@ typedef enum {
     PROTO_WINFETCH = 14,   /* gateway -> worker: send me the window state of this key */
     PROTO_WINSTATE = 15,   /* worker -> gateway: the answer (empty: not held); gateway ->
                             * worker: keep this state (fetched from another worker) */
-    PROTO_TYPE_MAX = 15,
+    PROTO_EXPERTS = 16,    /* expert-parallel leader -> member: input rows of some experts of
+                            * one layer (cluster/ep.h) */
+    PROTO_EXPERTS_OUT = 17,/* member -> leader: the experts' output rows, in the same order */
+    PROTO_TYPE_MAX = 17,
 } proto_type;
 
 /* Header flags. Each type accepts only the flags listed for it; any other bit is an error. */
@@ -113,11 +116,14 @@ typedef enum {
 #define PROTO_F_GRAMMAR 0x8u      /* PREFILL / DECODE: the structured-output grammar's source
                                    * follows the params (and the THINK section); the worker
                                    * compiles it (added within version 2, like THINK) */
+#define PROTO_F_LAST 0x1u         /* EXPERTS / EXPERTS_OUT: the last frame of a layer's exchange */
 typedef enum {
     PROTO_ROLE_PREFILL = 1,
     PROTO_ROLE_DECODE = 2,
     PROTO_ROLE_MIXED = 3,
     PROTO_ROLE_GATEWAY = 4,
+    PROTO_ROLE_EXPERT = 5,  /* an expert-parallel link's ends (cluster/ep.h): the leader and a
+                             * member; the gateway refuses it */
 } proto_role;
 
 typedef enum {              /* FINISH reasons; 1..4 have sched_finish's values */
@@ -337,6 +343,17 @@ typedef struct {
                              * (kvpool_window_state_bytes: the receiver checks the size) */
 } proto_winstate;
 
+#define PROTO_MAX_EXPERTS 4096    /* most experts in one EXPERTS frame */
+typedef struct {            /* EXPERTS / EXPERTS_OUT: rows of some experts of one layer */
+    uint16_t layer;
+    uint32_t dim;           /* floats per row, 1..65536 */
+    uint32_t n_exp;         /* 0..PROTO_MAX_EXPERTS */
+    int32_t *experts;       /* (n_exp) expert ids, strictly ascending */
+    int32_t *n_rows;        /* (n_exp) rows of each, >= 1 */
+    uint32_t n_floats;      /* dim * sum of n_rows */
+    float *x;               /* (n_floats) the rows in expert order, little-endian f32 */
+} proto_experts;
+
 typedef struct {
     proto_hdr hdr;          /* type, flags and req_id are used by proto_encode */
     union {
@@ -354,6 +371,7 @@ typedef struct {
         proto_window window;
         proto_winfetch winfetch;
         proto_winstate winstate;
+        proto_experts experts; /* EXPERTS and EXPERTS_OUT */
     } u;
 } proto_msg;
 

@@ -167,6 +167,7 @@ struct engine {
     float *moe_tmp;          /* (n_threads, moe_tmp_stride) chunk outputs and matmul scratch */
     size_t moe_tmp_stride;   /* floats per thread */
     engine_moe_stats *stats; /* expert load windows */
+    const engine_ep_hooks *ep; /* expert parallelism: experts computed elsewhere, or NULL */
     /* multi-head latent attention (NULL otherwise); H = n_heads, kq = nope + rope */
     float *qa;               /* (T, q_lora) query low-rank activations */
     float *qraw;             /* (T, H * kq) queries before absorption */
@@ -1315,9 +1316,54 @@ static void engine_moe_ffn(engine *e, engine_job *job, int il, int T)
     engine_moe_group(e, T);
     engine_moe_stats_layer(e->stats, il, e->x_off);
     threadpool_run(tp, engine_job_moe_gather, job);
+    if (e->ep) e->n_act = e->ep->dispatch(e->ep->ctx, il, e->x_act, e->n_act, e->x_off, e->xg);
     job->next = job->next2 = 0;
     threadpool_run(tp, engine_job_moe_experts, job);
+    if (e->ep && (e->n_act = e->ep->combine(e->ep->ctx, il, e->ye, e->x_act)) > 0) {
+        job->shexp = false;   /* done in the first round */
+        job->next = job->next2 = 0;
+        threadpool_run(tp, engine_job_moe_experts, job);
+    }
     threadpool_run(tp, engine_job_moe_sum, job);
+}
+
+void engine_set_ep(engine *e, const engine_ep_hooks *h) { e->ep = h; }
+void engine_ep_metrics(engine *e, bytebuf *b)
+{
+    if (e->ep && e->ep->metrics) e->ep->metrics(e->ep->ctx, b);
+}
+void engine_ep_status(engine *e, bytebuf *b)
+{
+    if (e->ep && e->ep->status) e->ep->status(e->ep->ctx, b);
+}
+
+engine_status engine_moe_experts_run(engine *e, int il, int n_exp, const int32_t *experts, const int32_t *n_rows,
+                                     const float *x, float *y)
+{
+    const model_hparams *hp = &e->m->hp;
+    if (!e->x_off || il < 0 || il >= hp->n_layers || !e->m->layers[il].gate_exps.data || n_exp < 0 ||
+        n_exp > hp->n_expert)
+        return ENGINE_ERR_ARG;
+    const int E = hp->n_expert, dim = hp->dim;
+    int64_t n = 0;
+    memset(e->x_off, 0, (size_t)(E + 1) * sizeof *e->x_off);
+    for (int i = 0; i < n_exp; i++) {
+        if (experts[i] < 0 || experts[i] >= E || (i > 0 && experts[i] <= experts[i - 1]) || n_rows[i] <= 0)
+            return ENGINE_ERR_ARG;
+        n += n_rows[i];
+        e->x_off[experts[i] + 1] = n_rows[i];
+    }
+    if (n > (int64_t)e->max_tokens * hp->n_expert_used) return ENGINE_ERR_ARG;
+    for (int i = 0; i < E; i++) e->x_off[i + 1] += e->x_off[i];
+    memcpy(e->x_act, experts, (size_t)n_exp * sizeof *experts);
+    e->n_act = n_exp;
+    memcpy(e->xg, x, (size_t)n * dim * sizeof(float));
+    engine_tok tk = { 0 };
+    engine_batch b = { .n_tokens = 1, .toks = &tk };   /* the shared experts are not in this round */
+    engine_job job = { .e = e, .b = &b, .layer = il };
+    threadpool_run(e->tp, engine_job_moe_experts, &job);
+    memcpy(y, e->ye, (size_t)n * dim * sizeof(float));
+    return ENGINE_OK;
 }
 
 bool engine_moe_load(engine *e, int layer, uint64_t *window, uint64_t *total, int64_t *n_steps)

@@ -63,6 +63,7 @@
 
 #include "engine/kvpool.h"
 #include "model/model.h"
+#include "util/bytebuf.h"
 
 typedef enum {
     ENGINE_OK = 0,
@@ -218,5 +219,32 @@ engine_status engine_step_mtp(engine *e, const engine_batch *b, const float *hid
  * trace: the pool's blocks are all free again and nothing is keyed. The step is skipped on an
  * engine over an MTP view (its steps need the model's hidden states). */
 engine_status engine_warmup(engine *e);
+
+/* Expert parallelism (cluster/ep.h): some experts of a MoE layer computed by other processes.
+ * After routing and the gather of layer il, dispatch gets the active experts act (n_act,
+ * ascending), expert x's input rows being off[x]..off[x + 1] of xg (dim floats each); it sends
+ * the rows of the experts computed elsewhere, moves the experts computed here to the front
+ * of act and returns their count; the engine computes those. combine then waits for the
+ * others' outputs and writes them into the same rows of ye; it returns how many experts'
+ * outputs did not come (a member failed), listed in act, and the engine computes those too.
+ * The sum per token then runs as without: same rows, same order, same bits. Runs on the step
+ * thread; the hooks must outlive the engine or be unset first. */
+typedef struct {
+    void *ctx;
+    int (*dispatch)(void *ctx, int il, int32_t *act, int n_act, const int32_t *off, const float *xg);
+    int (*combine)(void *ctx, int il, float *ye, int32_t *act);
+    void (*metrics)(void *ctx, bytebuf *b);   /* the group's /metrics lines (any thread) */
+    void (*status)(void *ctx, bytebuf *b);    /* its status page line, HTML-safe text */
+} engine_ep_hooks;
+void engine_set_ep(engine *e, const engine_ep_hooks *h);   /* NULL: every expert here */
+/* The group's /metrics lines and status line (nothing without a group). */
+void engine_ep_metrics(engine *e, bytebuf *b);
+void engine_ep_status(engine *e, bytebuf *b);
+/* The routed experts' FFN of layer il for rows another process gathered: experts (n_exp, strictly
+ * ascending) with n_rows[i] rows each, x (sum of n_rows, dim) their inputs in that order, y the
+ * outputs in the same order: the rows engine_step would compute for them, bit for bit. At most
+ * max_batch * n_expert_used rows; ENGINE_ERR_ARG otherwise, or for a layer without experts. */
+engine_status engine_moe_experts_run(engine *e, int il, int n_exp, const int32_t *experts, const int32_t *n_rows,
+                                     const float *x, float *y);
 
 #endif

@@ -233,6 +233,7 @@ static void misc_metrics(http_request *r, void *user)
     api_metric_hist(&b, "tokenmill_cache_load_wait_seconds",
               "Seconds a request waited for its block store load before admission (part of its time to first token).", &load_wait);
     misc_moe_metrics(&b, sched_engine(c->sched));
+    engine_ep_metrics(sched_engine(c->sched), &b);
     http_respond(r, 200, "text/plain; version=0.0.4; charset=utf-8", b.p, b.len);
     bytebuf_free(&b);
 }
@@ -261,6 +262,13 @@ static void misc_status(http_request *r, void *user)
         in.role_text = "One process does both: prefill chunks and decodes share each engine step (split them with "
                        "`tokenmill gateway` and prefill / decode workers).";
     }
+    bytebuf role = { 0 }, ep = { 0 };   /* an expert group this process leads: its line after that one */
+    if (c->sched) engine_ep_status(sched_engine(c->sched), &ep);
+    if (ep.len) {
+        bytebuf_printf(&role, "%s %s.", in.role_text, ep.p);
+        in.role_text = role.p;
+    }
+    bytebuf_free(&ep);
     if (c->store) {
         store_stats ss;
         store_get_stats(c->store, &ss);
@@ -277,6 +285,7 @@ static void misc_status(http_request *r, void *user)
     }
     bytebuf b = { 0 };
     status_page(c->status, &in, &b);
+    bytebuf_free(&role);
     http_add_header(r, "Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'");
     http_add_header(r, "Cache-Control", "no-store");
     http_respond(r, 200, "text/html; charset=utf-8", b.p, b.len);

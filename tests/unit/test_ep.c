@@ -1,0 +1,241 @@
+/*
+ * test_ep: the expert-parallel group's placement (cluster/ep.h): EPLB against the example
+ * DeepSeek publishes with its algorithm (and that vLLM's tests repeat), the global policy
+ * when groups do not divide among the processes, and the imbalance figure.
+ */
+#include "harness.h"
+
+#include <unistd.h>
+
+#include "cli/cmd.h"
+#include "cluster/ep.h"
+#include "engine/engine.h"
+#include "model/model.h"
+#include "util/util.h"
+
+#define V 512        /* vocabulary */
+#define N 40         /* prompt tokens */
+#define G 6          /* greedy-free decode steps after it (fixed tokens) */
+
+static char tmpdir[] = "/tmp/tm_test_ep_XXXXXX";
+
+static model *mk(const char *arch)
+{
+    char path[256], err[256];
+    snprintf(path, sizeof path, "%s/%s.gguf", tmpdir, arch);
+    char *qw[] = { "mkmodel", "--arch", "qwen3moe", "--layers", "2", "--dim", "256", "--ffn", "256", "--heads", "4",
+                   "--experts", "16", "--experts-used", "4", "--expert-ffn", "128", "--vocab-size", "512",
+                   "--type", "q8_0", "--seed", "11", "--threads", "2", "-o", path, NULL };
+    char *ds[] = { "mkmodel", "--arch", "deepseek2", "--layers", "2", "--dim", "256", "--ffn", "256", "--heads", "4",
+                   "--q-lora", "256", "--kv-lora", "256", "--nope-dim", "64", "--rope-dim", "32", "--v-dim", "64",
+                   "--experts", "8", "--experts-used", "2", "--expert-ffn", "256", "--shared-experts", "1",
+                   "--dense-layers", "1", "--router", "sigmoid", "--expert-groups", "4", "--groups-used", "2",
+                   "--routed-scale", "2.5", "--vocab-size", "512", "--type", "q8_0", "--seed", "3",
+                   "--threads", "2", "-o", path, NULL };
+    char *oss[] = { "mkmodel", "--arch", "gpt-oss", "--layers", "2", "--dim", "256", "--ffn", "256", "--heads", "4",
+                    "--kv-heads", "2", "--head-dim", "64", "--experts", "8", "--experts-used", "2", "--expert-ffn", "256",
+                    "--window", "16", "--vocab-size", "512", "--type", "mxfp4", "--seed", "4",
+                    "--threads", "2", "-o", path, NULL };
+    char **argv = !strcmp(arch, "deepseek2") ? ds : !strcmp(arch, "gpt-oss") ? oss : qw;
+    int argc = 0;
+    while (argv[argc]) argc++;
+    if (cmd_mkmodel(argc, argv) != 0) return NULL;
+    model *m = NULL;
+    if (model_load(path, NULL, &m, err, sizeof err) != GGUF_OK) fprintf(stderr, "%s\n", err);
+    unlink(path);
+    return m;
+}
+
+static engine *mk_engine(model *m, int threads)
+{
+    engine_opts o = { .n_threads = threads, .n_kv_blocks = 8, .max_batch_tokens = 64 };
+    engine *e = NULL;
+    char err[256];
+    if (engine_new(m, &o, &e, err, sizeof err) != ENGINE_OK) fprintf(stderr, "%s\n", err);
+    return e;
+}
+
+/* A leader's hooks without a network: experts x % 3 == 0 stay here; the others are computed by
+ * the "member" engine (another thread count) in combine, except x % 3 == 2 on odd layers,
+ * which combine reports failed, so that the leader computes them after all. */
+typedef struct {
+    engine *member;
+    const int32_t *off;
+    const float *xg;
+    int32_t remote[64];
+    int n_remote, dim;
+    uint64_t rows_remote, rows_failed;
+} fake_group;
+
+static int fake_dispatch(void *ctx, int il, int32_t *act, int n_act, const int32_t *off, const float *xg)
+{
+    fake_group *g = ctx;
+    int n_local = 0;
+    g->n_remote = 0;
+    g->off = off;
+    g->xg = xg;
+    int32_t local[64];
+    for (int i = 0; i < n_act; i++) {
+        if (act[i] % 3 == 0) local[n_local++] = act[i];
+        else g->remote[g->n_remote++] = act[i];
+    }
+    memcpy(act, local, (size_t)n_local * sizeof *act);
+    return n_local;
+}
+
+static int fake_combine(void *ctx, int il, float *ye, int32_t *act)
+{
+    fake_group *g = ctx;
+    int n_fail = 0, n_exp = 0;
+    int32_t ex[64], rows[64];
+    for (int i = 0; i < g->n_remote; i++) {
+        int x = g->remote[i];
+        if (il % 2 == 1 && x % 3 == 2) {
+            act[n_fail++] = x;
+            g->rows_failed += (uint64_t)(g->off[x + 1] - g->off[x]);
+            continue;
+        }
+        ex[n_exp] = x;
+        rows[n_exp++] = g->off[x + 1] - g->off[x];
+    }
+    /* the member's rows: those experts' rows of xg, gathered in order, as the wire carries them */
+    static float in[64 * 4 * 256], out[64 * 4 * 256];
+    size_t o = 0;
+    for (int i = 0; i < n_exp; i++) {
+        memcpy(in + o, g->xg + (size_t)g->off[ex[i]] * g->dim, (size_t)rows[i] * g->dim * sizeof(float));
+        o += (size_t)rows[i] * g->dim;
+    }
+    CHECK(engine_moe_experts_run(g->member, il, n_exp, ex, rows, in, out) == ENGINE_OK);
+    o = 0;
+    for (int i = 0; i < n_exp; i++) {
+        memcpy(ye + (size_t)g->off[ex[i]] * g->dim, out + o, (size_t)rows[i] * g->dim * sizeof(float));
+        o += (size_t)rows[i] * g->dim;
+        g->rows_remote += (uint64_t)rows[i];
+    }
+    return n_fail;
+}
+
+/* A prompt in one step, then decode steps of two sequences sharing each step. */
+static bool run(engine *e, float *out)
+{
+    kvpool *kv = engine_kvpool(e);
+    kvpool_seq *a = kvpool_seq_new(kv), *b = kvpool_seq_new(kv);
+    engine_tok bt[64];
+    for (int i = 0; i < N; i++) bt[i] = (engine_tok){ (i * 37 + 5) % V, i, a, true };
+    engine_batch bb = { N, bt };
+    bool ok = engine_step(e, &bb, out) == ENGINE_OK;
+    for (int s = 0; s < G && ok; s++) {
+        bt[0] = (engine_tok){ (s * 11 + 3) % V, N + s, a, true };
+        bt[1] = (engine_tok){ (s * 13 + 7) % V, s, b, true };
+        engine_batch d = { 2, bt };
+        ok = engine_step(e, &d, out + (size_t)(N + 2 * s) * V) == ENGINE_OK;
+    }
+    kvpool_seq_free(kv, a);
+    kvpool_seq_free(kv, b);
+    return ok;
+}
+
+/* The leader's logits with experts computed elsewhere (and some of them failed over to it) are
+ * the one process's, bit for bit, for each family's router and expert arithmetic. */
+TEST(test_split_experts_same_bits)
+{
+    const char *archs[] = { "qwen3moe", "deepseek2", "gpt-oss" };
+    for (size_t a = 0; a < TM_ARRAY_LEN(archs); a++) {
+        model *m = mk(archs[a]);
+        CHECK(m != NULL);
+        if (!m) continue;
+        engine *one = mk_engine(m, 2), *lead = mk_engine(m, 2), *member = mk_engine(m, 1);
+        CHECK(one && lead && member);
+        size_t n_out = (size_t)(N + 2 * G) * V;
+        float *want = xmalloc(n_out * sizeof(float)), *got = xmalloc(n_out * sizeof(float));
+        fake_group g = { .member = member, .dim = m->hp.dim };
+        engine_ep_hooks h = { .ctx = &g, .dispatch = fake_dispatch, .combine = fake_combine };
+        engine_set_ep(lead, &h);
+        CHECK(run(one, want));
+        CHECK(run(lead, got));
+        CHECKF(!memcmp(want, got, n_out * sizeof(float)), "%s: logits differ", archs[a]);
+        CHECKF(g.rows_remote > 0 && g.rows_failed > 0, "%s: %llu rows elsewhere, %llu failed over", archs[a],
+               (unsigned long long)g.rows_remote, (unsigned long long)g.rows_failed);
+        /* a bad request to a member is refused, not run */
+        int32_t ex[2] = { 3, 1 }, rows[2] = { 1, 1 };
+        CHECK(engine_moe_experts_run(member, 1, 2, ex, rows, got, want) == ENGINE_ERR_ARG);
+        ex[0] = 0;
+        rows[1] = 10000;
+        CHECK(engine_moe_experts_run(member, 1, 2, ex, rows, got, want) == ENGINE_ERR_ARG);
+        free(want);
+        free(got);
+        engine_free(one);
+        engine_free(lead);
+        engine_free(member);
+        model_free(m);
+    }
+}
+
+/* eplb.py's README: 12 experts in 4 groups, 16 slots on 8 GPUs of 2 nodes. */
+TEST(test_eplb_reference)
+{
+    static const double w[2][12] = {
+        { 90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86 },
+        { 20, 107, 104, 64, 19, 197, 187, 157, 172, 86, 16, 27 },
+    };
+    static const int32_t want[2][16] = {
+        { 5, 6, 5, 7, 8, 4, 3, 4, 10, 9, 10, 2, 0, 1, 11, 1 },
+        { 7, 10, 6, 8, 6, 11, 8, 9, 2, 4, 5, 1, 5, 0, 3, 1 },
+    };
+    for (int l = 0; l < 2; l++) {
+        int32_t p2l[16], cnt[12];
+        CHECK(ep_eplb(w[l], 12, 16, 4, 2, 8, p2l, cnt));
+        for (int s = 0; s < 16; s++) CHECKF(p2l[s] == want[l][s], "layer %d slot %d: %d, want %d", l, s, p2l[s], want[l][s]);
+        int total = 0;
+        for (int x = 0; x < 12; x++) {
+            int n = 0;
+            for (int s = 0; s < 16; s++) n += p2l[s] == x;
+            CHECK(n == cnt[x] && n >= 1);
+            total += cnt[x];
+        }
+        CHECK(total == 16);
+    }
+}
+
+/* 16 experts, 4 redundant slots on 5 processes: groups (4) do not divide among 5, so the
+ * global policy; every expert placed, the hot ones copied, and the placement's imbalance far
+ * below the contiguous ranges' on a skewed load. */
+TEST(test_eplb_global_and_imbalance)
+{
+    double load[16];
+    for (int x = 0; x < 16; x++) load[x] = x < 2 ? 400 : 10;   /* two hot experts, both in range 0 */
+    int32_t p2l[20], cnt[16];
+    CHECK(ep_eplb(load, 16, 20, 4, 5, 5, p2l, cnt));
+    CHECK(cnt[0] >= 2 && cnt[1] >= 2);
+    uint64_t placed[16], cont[16];
+    ep_eplb_holders(p2l, 20, 5, 16, placed);
+    for (int x = 0; x < 16; x++) CHECK(placed[x] != 0);
+    for (int p = 0; p < 5; p++)
+        for (int x = (16 * p) / 5; x < (16 * (p + 1)) / 5; x++) cont[x] = 1ull << p;
+    double ic = ep_placement_imbalance(load, 16, cont, 5), ip = ep_placement_imbalance(load, 16, placed, 5);
+    CHECKF(ic > 3.5, "contiguous %.3f", ic);
+    CHECKF(ip < 1.6, "placed %.3f", ip);   /* 6 copies of ~133 on 5 processes: one holds 2 */
+    /* uniform load: imbalance 1 with 16 slots on 4 processes, none without load */
+    double u[16];
+    for (int x = 0; x < 16; x++) u[x] = 1;
+    int32_t q[16], c2[16];
+    CHECK(ep_eplb(u, 16, 16, 1, 4, 4, q, c2));
+    uint64_t h[16];
+    ep_eplb_holders(q, 16, 4, 16, h);
+    CHECK(fabs(ep_placement_imbalance(u, 16, h, 4) - 1.0) < 1e-12);
+    double z[16] = { 0 };
+    CHECK(ep_placement_imbalance(z, 16, h, 4) == 0);
+    /* bad sizes */
+    CHECK(!ep_eplb(u, 16, 15, 1, 4, 4, q, c2));   /* fewer slots than experts */
+    CHECK(!ep_eplb(u, 16, 18, 1, 4, 4, q, c2));   /* not a multiple of the processes */
+}
+
+int main(void)
+{
+    if (!mkdtemp(tmpdir)) return 1;
+    RUN(test_split_experts_same_bits);
+    RUN(test_eplb_reference);
+    RUN(test_eplb_global_and_imbalance);
+    rmdir(tmpdir);
+    HARNESS_END();
+}
