@@ -1,5 +1,5 @@
 /*
- * cmd_serve: `tokenmill serve -m MODEL [--host 127.0.0.1] [--port 8080] [--threads N] [--cpus LIST]
+ * cmd_serve: `tokenmill serve -m [NAME=]MODEL [-m NAME=MODEL ...] [--host 127.0.0.1] [--port 8080] [--threads N] [--cpus LIST]
  * [--ctx N] [--max-seqs N] [--api-key KEY ...] [--model-name NAME] [--template NAME]
  * [--kv-mib N] [--max-queue N] [--step-tokens N] [--prefill-step-tokens N] [--max-body BYTES] [--timeout S]
  * [--max-connections N] [--max-client-connections N] [--request-timeout S] [--metrics-public]
@@ -8,6 +8,14 @@
  * In named steps: options, model (with its tokenizer and chat template), engine, block store,
  * scheduler, routes (the HTTP server with every API), run (until SIGINT/SIGTERM), shutdown,
  * and everything freed in reverse order.
+ *
+ * Several models: -m repeated (`-m NAME=FILE`; a plain `-m FILE` is named after its file or
+ * --model-name) makes one unit per model: its tokenizer, template, engine, KV pool and
+ * scheduler (with its own engine thread), grammar cache and status ring. The units share the
+ * HTTP server, the block store (blocks are keyed by the model's fingerprint, so models never
+ * share one) and the API keys; requests go to the unit their "model" names (recipe/api.h,
+ * SEVERAL MODELS), the first unit when they name none. --kv-mib is the cap of all the pools
+ * together, split evenly (the start-up line says so); the engine options apply to each.
  *
  * Shutdown drains: the first SIGINT/SIGTERM makes the scheduler refuse new requests (503 in
  * the route's shape, with Retry-After) and /health answer 503 "draining", while the requests
@@ -71,11 +79,15 @@
 #pragma weak api_messages_register
 
 #define SERVE_MAX_KEYS 16
+#define SERVE_MAX_MODELS API_MAX_MODELS
 #define SERVE_ABORT_GRACE_S 5.0   /* after the abort: for the cut responses to be written */
 #define SERVE_FLUSH_MS 10000      /* for the block store to take the blocks still queued */
 
 typedef struct {
-    const char *path;            /* -m: the GGUF model */
+    const char *paths[SERVE_MAX_MODELS]; /* (n_models) -m: the GGUF files */
+    const char *names[SERVE_MAX_MODELS]; /* (n_models) their names (-m NAME=FILE), or NULL:
+                                  * --model-name for the first, else derived from the file */
+    int n_models;
     const char *host;            /* listen address */
     const char *name;            /* --model-name, or NULL: derived from the file name */
     const char *tmpl_name;       /* --template, or NULL: auto */
@@ -103,24 +115,72 @@ typedef struct {
     gc_retention classes;        /* the traffic classes requests may name (cache_class) */
 } serve_opts;
 
+/* One served model and what runs it. */
 typedef struct {
-    serve_opts o;
+    const char *path;            /* its GGUF */
     model *m;
     tokenizer *tok;
     template *tmpl;
+    cmd_engine_opts eng;         /* the engine options for this model (kv_mib its share) */
     engine *e;
-    struct ep_group *ep;         /* with --ep-member: the expert group this process leads */
-    store *cache;                /* NULL: no block store */
-    blockio *bio;                /* its write-behind / load tier, or NULL */
+    struct ep_group *ep;         /* with --ep-member (one model only): the expert group this
+                                  * process leads for it, or NULL */
+    blockio *bio;                /* its write-behind / load tier of the shared store, or NULL */
     sched *s;
-    http_server *h;
-    char *derived_name;          /* owned model name when --model-name is not given */
+    const char *name;            /* what requests call it */
+    char *derived_name;          /* owned name when none was given */
     char alias_buf[256];         /* storage of the model's alias */
     grammar_cache *gcache;       /* structured output: compiled grammars, by content */
     grammar_vocab *gvocab;       /* the tokenizer's token bytes, for the grammars' masks */
-    api_ctx ac;                  /* what every route sees; outlives the HTTP server */
-    status_ring *status;         /* the status page's ring */
+    status_ring *status;         /* the status page's ring of this model */
+    api_ctx ac;                  /* what every route sees of it; outlives the HTTP server */
+} serve_unit;
+
+typedef struct {
+    serve_opts o;
+    serve_unit u[SERVE_MAX_MODELS]; /* (n) the models, u[0] the default */
+    int n;
+    api_ctx *all[SERVE_MAX_MODELS]; /* (n) &u[i].ac, what api_ctx.all points to */
+    store *cache;                /* NULL: no block store */
+    http_server *h;
 } serve;
+
+/* Splits each -m into its name and file: NAME=FILE when the text before the first '=' is a
+ * name (no '/') and the whole is not itself an existing file; checks the names are unique
+ * and the options that name one model's file are not given with several. 0 or 2 after a
+ * message. */
+static int serve_model_specs(serve_opts *o)
+{
+    if (o->n_models == 0) {
+        fprintf(stderr, "tokenmill serve: -m/--model is required\n");
+        return 2;
+    }
+    for (int i = 0; i < o->n_models; i++) {
+        char *spec = (char *)o->paths[i];   /* argv's own storage, writable */
+        char *eq = strchr(spec, '=');
+        if (!eq || eq == spec || memchr(spec, '/', (size_t)(eq - spec)) || access(spec, F_OK) == 0) continue;
+        *eq = 0;
+        o->names[i] = spec;
+        o->paths[i] = eq + 1;
+        if (!*o->paths[i]) {
+            fprintf(stderr, "tokenmill serve: -m %s=: no file after the name\n", spec);
+            return 2;
+        }
+    }
+    if (o->n_models > 1) {
+        if (o->name) {
+            fprintf(stderr, "tokenmill serve: --model-name names the one model; with several, name each as -m NAME=FILE\n");
+            return 2;
+        }
+        if (o->eng.draft || o->eng.draft_layers > 0) {
+            fprintf(stderr, "tokenmill serve: --draft and --draft-layers are for one model; serve it alone to use them\n");
+            return 2;
+        }
+    } else if (!o->names[0]) {
+        o->names[0] = o->name;
+    }
+    return 0;
+}
 
 /* Step: options. Returns 0, -1 after --help (exit 0), or the exit status after a message. */
 static int serve_options(int argc, char **argv, serve_opts *o)
@@ -130,10 +190,11 @@ static int serve_options(int argc, char **argv, serve_opts *o)
     cmd_opt eng[CMD_ENGINE_TABLE_N], http[CMD_HTTP_TABLE_N], gram[CMD_GRAMMAR_TABLE_N], ept[CMD_EP_TABLE_N];
     o->grammar = grammar_limits_get();
     cmd_opt_list keys = { o->keys, 0, SERVE_MAX_KEYS };
+    cmd_opt_list models = { o->paths, 0, SERVE_MAX_MODELS };
     const char *cache_dir = NULL;
     bool verbose = false;
     const cmd_opt opts[] = {
-        { "--model", "-m", CMD_OPT_STR, &o->path, .arg = "MODEL", .help = "the GGUF to serve", .required = true },
+        { "--model", "-m", CMD_OPT_LIST, &models, .arg = "[NAME=]MODEL", .help = "the GGUF to serve; repeat with NAME=FILE to serve several (the first is the default)" },
         { "--host", NULL, CMD_OPT_STR, &o->host, .arg = "ADDR", .help = "listen address (default 127.0.0.1)" },
         { "--port", NULL, CMD_OPT_LONG, &o->port, 0, 65535, .arg = "PORT", .help = "listen port (default 8080; 0: any free one)" },
         { .kind = CMD_OPT_TABLE, .dst = (void *)cmd_common_engine_table(&o->eng, eng) },
@@ -158,10 +219,12 @@ static int serve_options(int argc, char **argv, serve_opts *o)
         { "-v", NULL, CMD_OPT_FLAG, &verbose, .help = "log every engine step" },
         { 0 },
     };
-    const char *synopsis = "serve -m MODEL [options]: the HTTP API server (OpenAI and Anthropic APIs)";
+    const char *synopsis = "serve -m MODEL [-m NAME=MODEL ...] [options]: the HTTP API server (OpenAI and Anthropic APIs)";
     cmd_opts_status ost = cmd_opts_parse("serve", synopsis, opts, argc, argv, 1, NULL, 0, NULL);
     if (ost != CMD_OPTS_OK) return ost == CMD_OPTS_HELP ? -1 : 2;
     o->n_keys = keys.n;
+    o->n_models = models.n;
+    if (serve_model_specs(o)) return 2;
     grammar_limits_set(&o->grammar);
     if (verbose) util_log_level = LOG_LEVEL_DEBUG;
     if (cache_dir) {
@@ -189,27 +252,55 @@ static int serve_options(int argc, char **argv, serve_opts *o)
     return 0;
 }
 
-/* Step: the model, its tokenizer and chat template. Returns 0 or the exit status. */
+/* Step: the models, their tokenizers and chat templates, and their names (unique). Returns
+ * 0 or the exit status. */
 static int serve_model(serve *sv)
 {
     char err[512];
-    if (!cmd_common_load_model("serve", sv->o.path, &sv->m, &sv->tok)) return 1;
-    if (template_open_file(sv->tok, sv->m->g, sv->o.tmpl_name, sv->o.tmpl_file, &sv->tmpl, err, sizeof err) != TEMPLATE_OK) {
-        fprintf(stderr, "tokenmill serve: %s\n", err);
-        return sv->o.tmpl_name || sv->o.tmpl_file ? 2 : 1;
+    for (int i = 0; i < sv->o.n_models; i++) {
+        serve_unit *u = &sv->u[i];
+        sv->n = i + 1;
+        u->path = sv->o.paths[i];
+        u->name = sv->o.names[i] ? sv->o.names[i] : (u->derived_name = api_model_default_name(u->path));
+        for (int k = 0; k < i; k++)
+            if (!strcmp(u->name, sv->u[k].name)) {
+                fprintf(stderr, "tokenmill serve: two models are named '%s': name them apart with -m NAME=FILE\n",
+                        u->name);
+                return 2;
+            }
+        if (!cmd_common_load_model("serve", u->path, &u->m, &u->tok)) return 1;
+        if (template_open_file(u->tok, u->m->g, sv->o.tmpl_name, sv->o.tmpl_file, &u->tmpl, err, sizeof err) != TEMPLATE_OK) {
+            fprintf(stderr, "tokenmill serve: %s: %s\n", u->name, err);
+            return sv->o.tmpl_name || sv->o.tmpl_file ? 2 : 1;
+        }
     }
     return 0;
 }
 
-/* Step: the engine (its KV pool faulted in). */
+/* Step: the engines (their KV pools faulted in), --kv-mib split evenly between them. */
 static int serve_engine(serve *sv)
 {
-    sv->e = cmd_common_engine_new("serve", sv->m, &sv->o.eng);
-    if (sv->e && !cmd_common_ep_start("serve", sv->e, &sv->o.ep, sv->o.key_path, &sv->ep)) return 1;
-    return sv->e ? 0 : 1;
+    long share = sv->o.eng.kv_mib / sv->n;
+    if (share < 1) share = 1;
+    if (sv->n > 1)
+        fprintf(stderr, "tokenmill serve: %d models: the KV cap of %ld MiB split evenly, %ld MiB each\n", sv->n,
+                sv->o.eng.kv_mib, share);
+    if (sv->n > 1 && sv->o.ep.members.n > 0) {
+        fprintf(stderr, "tokenmill serve: --ep-member forms an expert group for one model; serve one -m with it\n");
+        return 2;
+    }
+    for (int i = 0; i < sv->n; i++) {
+        serve_unit *u = &sv->u[i];
+        u->eng = sv->o.eng;
+        u->eng.kv_mib = share;
+        if (!(u->e = cmd_common_engine_new("serve", u->m, &u->eng))) return 1;
+    }
+    if (!cmd_common_ep_start("serve", sv->u[0].e, &sv->o.ep, sv->o.key_path, &sv->u[0].ep)) return 1;
+    return 0;
 }
 
-/* Step: the block store and its I/O tier; one that cannot be opened is logged and skipped. */
+/* Step: the block store and each model's I/O tier; a store that cannot be opened is logged
+ * and skipped. */
 static int serve_store(serve *sv)
 {
     const serve_opts *o = &sv->o;
@@ -225,18 +316,23 @@ static int serve_store(serve *sv)
                 store_status_name(sst));
         return 0;
     }
-    blockio_opts bo = { 0 };
-    sv->bio = blockio_new(sv->cache, engine_kvpool(sv->e), sv->m, &bo);
+    for (int i = 0; i < sv->n; i++) {
+        blockio_opts bo = { 0 };
+        sv->u[i].bio = blockio_new(sv->cache, engine_kvpool(sv->u[i].e), sv->u[i].m, &bo);
+    }
     return 0;
 }
 
-/* Step: the scheduler's engine thread. */
+/* Step: the schedulers' engine threads. */
 static int serve_scheduler(serve *sv)
 {
-    sched_opts so = cmd_common_sched_opts(&sv->o.eng, sv->bio, sv->tok);
-    if (sched_new(sv->e, &so, &sv->s) != SCHED_OK) {
-        fprintf(stderr, "tokenmill serve: cannot start the scheduler\n");
-        return 1;
+    for (int i = 0; i < sv->n; i++) {
+        serve_unit *u = &sv->u[i];
+        sched_opts so = cmd_common_sched_opts(&u->eng, u->bio, u->tok);
+        if (sched_new(u->e, &so, &u->s) != SCHED_OK) {
+            fprintf(stderr, "tokenmill serve: cannot start the scheduler\n");
+            return 1;
+        }
     }
     return 0;
 }
@@ -246,19 +342,25 @@ static int serve_routes(serve *sv)
 {
     const serve_opts *o = &sv->o;
     char err[512];
-    const char *name = o->name ? o->name : (sv->derived_name = api_model_default_name(o->path));
-    sv->gvocab = grammar_vocab_from_tokenizer(sv->tok);
-    sv->gcache = grammar_cache_new(256);
-    sv->ac = (api_ctx){
-        .sched = sv->s, .model = sv->m, .tok = sv->tok, .tmpl = sv->tmpl, .model_name = name,
-        .model_alias = api_model_alias(sv->m, sv->alias_buf, sizeof sv->alias_buf), .n_ctx = (int)o->eng.ctx,
-        .n_threads = engine_n_threads(sv->e), .created = (int64_t)time(NULL), .retention = &o->classes,
-        .metrics_public = o->metrics_public, .gcache = sv->gcache, .gvocab = sv->gvocab,
-        .status = sv->status = status_new(gc_wall_now()),
-        .store = sv->bio ? sv->cache : NULL, .store_capacity = o->cache_capacity, .cost_per_hour = o->cost_per_hour,
-        .curve = o->curves_path ? &o->curve : NULL, .loading = true,
-    };
-    status_observe(sv->status, gc_wall_now(), 0);   /* the engine's busy seconds start at 0 */
+    int64_t created = (int64_t)time(NULL);
+    for (int i = 0; i < sv->n; i++) {
+        serve_unit *u = &sv->u[i];
+        u->gvocab = grammar_vocab_from_tokenizer(u->tok);
+        u->gcache = grammar_cache_new(256);
+        u->ac = (api_ctx){
+            .sched = u->s, .model = u->m, .tok = u->tok, .tmpl = u->tmpl, .model_name = u->name,
+            .model_alias = api_model_alias(u->m, u->alias_buf, sizeof u->alias_buf), .n_ctx = (int)u->eng.ctx,
+            .n_threads = engine_n_threads(u->e), .created = created, .retention = &o->classes,
+            .metrics_public = o->metrics_public, .gcache = u->gcache, .gvocab = u->gvocab,
+            .status = u->status = status_new(gc_wall_now()),
+            .store = u->bio ? sv->cache : NULL, .store_capacity = o->cache_capacity, .cost_per_hour = o->cost_per_hour,
+            .curve = o->curves_path ? &o->curve : NULL, .loading = true,
+            .all = sv->n > 1 ? sv->all : NULL, .n_all = sv->n > 1 ? sv->n : 0,
+        };
+        sv->all[i] = &u->ac;
+        status_observe(u->status, gc_wall_now(), 0);   /* the engine's busy seconds start at 0 */
+    }
+    api_ctx *c = &sv->u[0].ac;   /* the routes route each request to its model's ctx */
     http_opts ho = o->http;
     ho.host = o->host;
     ho.port = (int)o->port;
@@ -270,23 +372,26 @@ static int serve_routes(serve *sv)
         fprintf(stderr, "tokenmill serve: %s\n", err);
         return 2;
     }
-    api_misc_register(sv->h, &sv->ac);
-    api_completions_register(sv->h, &sv->ac);
-    if (api_chat_register) api_chat_register(sv->h, &sv->ac);
-    if (api_responses_register) api_responses_register(sv->h, &sv->ac);
-    if (api_messages_register) api_messages_register(sv->h, &sv->ac);
-    api_tokenize_register(sv->h, &sv->ac);
-    api_embed_register(sv->h, &sv->ac);
+    api_misc_register(sv->h, c);
+    api_completions_register(sv->h, c);
+    if (api_chat_register) api_chat_register(sv->h, c);
+    if (api_responses_register) api_responses_register(sv->h, c);
+    if (api_messages_register) api_messages_register(sv->h, c);
+    api_tokenize_register(sv->h, c);
+    api_embed_register(sv->h, c);
     if (http_server_start(sv->h, err, sizeof err) != HTTP_OK) {
         fprintf(stderr, "tokenmill serve: %s\n", err);
         return 1;
     }
-    char kvd[128];
-    cmd_common_kv_desc(sv->e, kvd, sizeof kvd);
-    fprintf(stderr, "tokenmill serve: model %s (%s, %d layers, ctx %d, %s, %d threads, template %s, tool calls %s)\n", name,
-            sv->m->hp.arch_name, sv->m->hp.n_layers, (int)o->eng.ctx, kvd, engine_n_threads(sv->e),
-            template_name(sv->tmpl), template_tool_format(sv->tmpl));
-    if (sv->bio) fprintf(stderr, "tokenmill serve: block store %s\n", store_spec(sv->cache));
+    for (int i = 0; i < sv->n; i++) {
+        serve_unit *u = &sv->u[i];
+        char kvd[128];
+        cmd_common_kv_desc(u->e, kvd, sizeof kvd);
+        fprintf(stderr, "tokenmill serve: model %s (%s, %d layers, ctx %d, %s, %d threads, template %s, tool calls %s)\n",
+                u->name, u->m->hp.arch_name, u->m->hp.n_layers, (int)u->eng.ctx, kvd, engine_n_threads(u->e),
+                template_name(u->tmpl), template_tool_format(u->tmpl));
+    }
+    if (sv->u[0].bio) fprintf(stderr, "tokenmill serve: block store %s\n", store_spec(sv->cache));
     fprintf(stderr, "tokenmill serve: listening on http://%s:%d\n", o->host, http_server_port(sv->h));
     fflush(stderr);
     return 0;
@@ -295,8 +400,10 @@ static int serve_routes(serve *sv)
 /* Step: the weights faulted in while /health says "loading"; then ready. */
 static int serve_resident(serve *sv)
 {
-    cmd_common_resident("serve", sv->m, engine_n_threads(sv->e));
-    atomic_store(&sv->ac.loading, false);
+    for (int i = 0; i < sv->n; i++) {
+        cmd_common_resident("serve", sv->u[i].m, engine_n_threads(sv->u[i].e));
+        atomic_store(&sv->u[i].ac.loading, false);
+    }
     fprintf(stderr, "tokenmill serve: ready\n");
     fflush(stderr);
     return 0;
@@ -315,8 +422,11 @@ static int serve_run(const sigset_t *stop_signals)
 static bool serve_wait_quiet(serve *sv, double deadline)
 {
     for (;;) {
-        double left = deadline - util_now();
-        int n_live = sched_wait_idle(sv->s, left > 0 ? (int)(left * 1000) : 0);
+        int n_live = 0;
+        for (int i = 0; i < sv->n; i++) {
+            double left = deadline - util_now();
+            n_live += sched_wait_idle(sv->u[i].s, left > 0 ? (int)(left * 1000) : 0);
+        }
         http_stats hs;
         http_get_stats(sv->h, &hs);
         if (n_live == 0 && hs.n_active == 0) return true;
@@ -327,25 +437,30 @@ static bool serve_wait_quiet(serve *sv, double deadline)
 }
 
 /* Step: shutdown (see the file comment): drain, abort what the deadline leaves, stop the
- * HTTP server and the engine, flush the write-behind queue. */
+ * HTTP server and the engines, flush the write-behind queues. */
 static void serve_shutdown(serve *sv, int sig)
 {
     cmd_common_arm_second_signal("serve");
     fprintf(stderr, "tokenmill serve: %s, draining (up to %lds; a second signal exits at once)\n",
             sig == SIGINT ? "SIGINT" : "SIGTERM", sv->o.drain_timeout);
-    sched_drain(sv->s);
+    for (int i = 0; i < sv->n; i++) sched_drain(sv->u[i].s);
     if (!serve_wait_quiet(sv, util_now() + (double)sv->o.drain_timeout)) {
-        fprintf(stderr, "tokenmill serve: drain timeout: ending %d requests\n", sched_wait_idle(sv->s, 0));
-        sched_abort(sv->s);
+        int n_live = 0;
+        for (int i = 0; i < sv->n; i++) n_live += sched_wait_idle(sv->u[i].s, 0);
+        fprintf(stderr, "tokenmill serve: drain timeout: ending %d requests\n", n_live);
+        for (int i = 0; i < sv->n; i++) sched_abort(sv->u[i].s);
         if (!serve_wait_quiet(sv, util_now() + SERVE_ABORT_GRACE_S))
             fprintf(stderr, "tokenmill serve: closing the connections still open\n");
     }
     http_server_free(sv->h);
     sv->h = NULL;
-    sched_free(sv->s);   /* the engine thread ends: no more blocks are queued */
-    sv->s = NULL;
-    if (sv->bio) {
-        int left = blockio_flush(sv->bio, SERVE_FLUSH_MS);
+    for (int i = 0; i < sv->n; i++) {
+        sched_free(sv->u[i].s);   /* the engine thread ends: no more blocks are queued */
+        sv->u[i].s = NULL;
+    }
+    for (int i = 0; i < sv->n; i++) {
+        if (!sv->u[i].bio) continue;
+        int left = blockio_flush(sv->u[i].bio, SERVE_FLUSH_MS);
         if (left) fprintf(stderr, "tokenmill serve: block store too slow: %d blocks not written\n", left);
     }
     fprintf(stderr, "tokenmill serve: stopped\n");
@@ -354,21 +469,28 @@ static void serve_shutdown(serve *sv, int sig)
 /* Frees what was made, in reverse order; accepts a half-built server. */
 static void serve_free(serve *sv)
 {
-    if (sv->s) sched_shutdown(sv->s);   /* a failed start: end what may run */
+    for (int i = 0; i < sv->n; i++)
+        if (sv->u[i].s) sched_shutdown(sv->u[i].s);   /* a failed start: end what may run */
     http_server_free(sv->h);
-    sched_free(sv->s);
-    blockio_free(sv->bio);   /* writes what is queued; before the pool goes */
+    for (int i = 0; i < sv->n; i++) {
+        serve_unit *u = &sv->u[i];
+        sched_free(u->s);
+        blockio_free(u->bio);   /* writes what is queued; before the pool goes */
+    }
     store_close(sv->cache);
-    ep_group_free(sv->ep);   /* unsets the engine's hooks: no step runs any more */
-    engine_free(sv->e);
-    cmd_common_draft_free(&sv->o.eng);
-    template_free(sv->tmpl);
-    grammar_cache_free(sv->gcache);
-    grammar_vocab_free(sv->gvocab);
-    tokenizer_free(sv->tok);
-    model_free(sv->m);
-    free(sv->derived_name);
-    status_free(sv->status);   /* after the HTTP server: no route draws it any more */
+    for (int i = 0; i < sv->n; i++) {
+        serve_unit *u = &sv->u[i];
+        ep_group_free(u->ep);   /* unsets the engine's hooks: no step runs any more */
+        engine_free(u->e);
+        cmd_common_draft_free(&u->eng);
+        template_free(u->tmpl);
+        grammar_cache_free(u->gcache);
+        grammar_vocab_free(u->gvocab);
+        tokenizer_free(u->tok);
+        model_free(u->m);
+        free(u->derived_name);
+        status_free(u->status);   /* after the HTTP server: no route draws it any more */
+    }
 }
 
 int cmd_serve(int argc, char **argv)

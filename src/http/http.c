@@ -555,6 +555,8 @@ static void http_request_free(http_request *r)
     free(r);
 }
 
+static bool http_path_match(const char *route, const char *path);
+
 static void http_dispatch(http_request *r)
 {
     http_server *h = r->h;
@@ -572,7 +574,7 @@ static void http_dispatch(http_request *r)
     bool path_known = false;
     for (int i = 0; i < h->n_routes; i++) {
         http_route_t *rt = &h->routes[i];
-        if (strcmp(rt->path, r->path)) continue;
+        if (!http_path_match(rt->path, r->path)) continue;
         path_known = true;
         if (strcmp(rt->method, r->method)) continue;
         rt->fn(r, rt->user);
@@ -1047,6 +1049,15 @@ http_status http_server_new(const http_opts *opts, http_server **out, char *err,
     }
     *out = h;
     return HTTP_OK;
+}
+
+/* A route's path matches: exactly, or, when its last segment is a lone star, any path
+ * under it (at least one more byte, slashes included: model ids such as "org/name"). */
+static bool http_path_match(const char *route, const char *path)
+{
+    size_t n = strlen(route);
+    if (n >= 2 && route[n - 1] == '*' && route[n - 2] == '/') return !strncmp(route, path, n - 1) && path[n - 1];
+    return !strcmp(route, path);
 }
 
 static void http_route_add(http_server *h, const char *method, const char *path, http_handler fn, void *user, bool ops)

@@ -91,7 +91,10 @@ typedef bool (*http_pull_fn)(void *ctx, bytebuf *out, int timeout_ms);
 typedef void (*http_done_fn)(void *ctx, bool client_gone);
 
 http_status http_server_new(const http_opts *opts, http_server **out, char *err, size_t errsz);
-/* Adds a route: exact path match (no query), method "GET"/"POST"/... Call before start. */
+/* Adds a route: exact path match (no query), method "GET"/"POST"/... Call before start. A
+ * path whose last segment is a lone star ("/v1/models/" then "*") takes every longer path
+ * under it (the handler reads
+ * http_request_path); routes are tried in the order added. */
 void http_route(http_server *h, const char *method, const char *path, http_handler fn, void *user);
 /* The same for an operator's route (health, metrics): cheap handlers served past
  * max_connections and max_client_connections, from a reserve of connections (see above). */

@@ -208,6 +208,33 @@ bool api_model_ok(const api_ctx *c, const char *name)
     return false;
 }
 
+const api_ctx *api_ctx_route(const api_ctx *c, const char *name)
+{
+    if (c->n_all < 2) return api_model_ok(c, name) ? c : NULL;
+    if (!name || !*name) return c->all[0];
+    for (int i = 0; i < c->n_all; i++)
+        if (c->all[i]->model_name && !strcmp(name, c->all[i]->model_name)) return c->all[i];
+    for (int i = 0; i < c->n_all; i++)   /* two files of one general.name: the first answers to it */
+        if (c->all[i]->model_alias && !strcmp(name, c->all[i]->model_alias)) return c->all[i];
+    return NULL;
+}
+
+const api_ctx *api_ctx_of_body(const api_ctx *c, const char *body, size_t len)
+{
+    if (c->n_all < 2) return c;
+    /* bounded first, as api_json_load: the peek must not recurse into a hostile body */
+    if (jsonfmt_scan(body, len, JSONFMT_MAX_DEPTH, JSONFMT_MAX_VALUES, NULL, NULL) != JSONFMT_SCAN_OK) return c;
+    json_t *root = json_loadb(body, len, 0, NULL);
+    const api_ctx *to = NULL;
+    if (json_is_object(root)) {
+        json_t *m = json_object_get(root, "model");
+        if (json_is_string(m)) to = api_ctx_route(c, json_string_value(m));
+        else if (!m || json_is_null(m)) to = c->all[0];
+    }
+    json_decref(root);
+    return to ? to : c;
+}
+
 void api_detok(tokenizer_stream *ts, int32_t token, bytebuf *scratch, bytebuf *out)
 {
     scratch->len = 0;
@@ -259,26 +286,40 @@ void api_new_id(char *out, size_t sz, const char *prefix)
 #include "recipe/template.h"
 #include "recipe/tokenizer.h"
 
-/* End-of-generation ids of the vocabulary (every request stops on them), found once. */
-static int32_t api_eog_ids[SCHED_MAX_STOP_IDS];
-static int api_n_eog_ids = -1;
+/* End-of-generation ids of a vocabulary (every request stops on them), found once per
+ * tokenizer: a server of several models has several vocabularies. */
+#define API_EOG_TOKENIZERS 16
+typedef struct {
+    const tokenizer *tok;               /* whose ids these are (NULL: a free entry) */
+    int n;                              /* ids in ids */
+    int32_t ids[SCHED_MAX_STOP_IDS];
+} api_eog;
+static api_eog api_eogs[API_EOG_TOKENIZERS];
 static pthread_mutex_t api_eog_mu = PTHREAD_MUTEX_INITIALIZER;
 
-static void api_find_eog(const tokenizer *tok)
+/* The entry of tok (stable: entries are written once and never moved). Past the table's
+ * size (more tokenizers than a server serves models) the last entry is recomputed. */
+static const api_eog *api_find_eog(const tokenizer *tok)
 {
     pthread_mutex_lock(&api_eog_mu);
-    if (api_n_eog_ids < 0) {
+    int i = 0;
+    while (i < API_EOG_TOKENIZERS - 1 && api_eogs[i].tok && api_eogs[i].tok != tok) i++;
+    api_eog *g = &api_eogs[i];
+    if (g->tok != tok) {
         int n = 0;
         int32_t nv = tokenizer_n_vocab(tok);
         for (int32_t id = 0; id < nv && n < SCHED_MAX_STOP_IDS; id++)
-            if (tokenizer_is_eog(tok, id)) api_eog_ids[n++] = id;
-        api_n_eog_ids = n;
+            if (tokenizer_is_eog(tok, id)) g->ids[n++] = id;
+        g->n = n;
+        g->tok = tok;
     }
     pthread_mutex_unlock(&api_eog_mu);
+    return g;
 }
 
 typedef struct {
     const api_ctx *c;
+    const api_eog *eog;                 /* the vocabulary's end-of-generation ids */
     api_kind kind;
     api_req req;                        /* the parsed request */
     api_out out;                        /* its output state */
@@ -724,7 +765,7 @@ static bool api_job_submit(http_request *r, api_job *j, const api_tenancy *tn, c
     }
     sched_params sp = {.prompt = j->prompt.ids, .n_prompt = n_prompt, .sample = j->req.sp, .max_tokens = j->req.max_tokens};
     if (j->kind != API_KIND_COMPLETIONS)  /* chat turns also end at the vocabulary's other end-of-generation ids */
-        for (int k = 0; k < api_n_eog_ids; k++) sp.stop_ids[sp.n_stop_ids++] = api_eog_ids[k];
+        for (int k = 0; k < j->eog->n; k++) sp.stop_ids[sp.n_stop_ids++] = j->eog->ids[k];
     sp.ignore_eos = j->req.ignore_eos;
     sp.logprobs = j->req.logprobs;
     sp.top_logprobs = TM_MIN(j->req.top_logprobs, SCHED_MAX_TOP_LOGPROBS);
@@ -810,9 +851,12 @@ static void api_job_answer(http_request *r, api_job *j)
 void api_serve(http_request *r, const api_ctx *c, api_kind kind, bool count_only, api_store *store)
 {
     if (kind == API_KIND_MESSAGES ? !api_anthropic_auth(r) : !api_openai_auth(r)) return;
-    api_find_eog(c->tok);
+    size_t blen;
+    const char *body = http_request_body(r, &blen);
+    c = api_ctx_of_body(c, body, blen);
     api_job *j = xcalloc(1, sizeof *j);
     j->c = c;
+    j->eog = api_find_eog(c->tok);
     j->kind = kind;
     j->key_slot = http_request_key_index(r) + 1;
     api_req_init(&j->req, kind);
@@ -820,8 +864,6 @@ void api_serve(http_request *r, const api_ctx *c, api_kind kind, bool count_only
     memset(&e, 0, sizeof e);
     /* parse, then the prompt's ids */
     api_cfg cfg = {c->model_name, c->model_alias, store, api_ctx_n_vocab(c)};
-    size_t blen;
-    const char *body = http_request_body(r, &blen);
     api_status st = count_only ? api_messages_count_parse(&cfg, body, blen, &j->req, &e)
                                : api_parse(&cfg, kind, body, blen, &j->req, &e);
     api_tenancy tn;

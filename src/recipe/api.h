@@ -92,7 +92,13 @@ typedef struct api_backend {
                                * /health answers 503 "draining" */
 } api_backend;
 
-typedef struct {
+/* SEVERAL MODELS: `serve -m a=A.gguf -m b=B.gguf` makes one api_ctx per model (each its own
+ * scheduler, engine and KV pool); every ctx's `all` lists them all, all[0] the default (a
+ * request naming no model). Routes are registered once, with all[0]; each handler routes the
+ * request by its "model" field (api_ctx_route / api_ctx_of_body) before anything else reads
+ * the ctx, so an unknown name meets the route's own 404. */
+#define API_MAX_MODELS 8      /* models one server serves */
+typedef struct api_ctx {
     sched *sched;             /* the scheduler of the one engine */
     const model *model;       /* the loaded model (hparams, gguf metadata) */
     const tokenizer *tok;     /* its vocabulary */
@@ -117,6 +123,9 @@ typedef struct {
     const struct status_curve *curve; /* --curves: the measured decode curve the page shows, or NULL */
     _Atomic bool loading;     /* the weights are still being faulted in: /health answers 503
                                * "loading" (requests are served, slower) until it is cleared */
+    struct api_ctx *const *all; /* (n_all) every model's ctx of this server, all[0] the default;
+                               * NULL (n_all 0): this one only */
+    int n_all;
 } api_ctx;
 
 /* Token ids a request may name: the tokenizer's and the model's output rows both. */
@@ -152,6 +161,13 @@ void api_anthropic_submit_error(http_request *r, const api_ctx *c, sched_status 
 /* True when the request's "model" may be served: NULL/empty, model_name or model_alias.
  * Otherwise the route answers 404 (not_found_error / model_not_found). */
 bool api_model_ok(const api_ctx *c, const char *name);
+/* The ctx serving the model `name` among c->all (NULL/empty: all[0]; exact names before
+ * aliases), or NULL when none does. With one model, c itself when api_model_ok. */
+const api_ctx *api_ctx_route(const api_ctx *c, const char *name);
+/* The ctx for a request body: the one its top-level "model" names, else c (a body that does
+ * not parse or names no served model goes on to c's own checks, which answer it in the
+ * route's shape). Parses the body only when c serves several models. */
+const api_ctx *api_ctx_of_body(const api_ctx *c, const char *body, size_t len);
 
 /* One Prometheus metric without labels (HELP, TYPE counter|gauge, value), for /metrics of the
  * server and of the gateway. */

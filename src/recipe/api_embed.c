@@ -256,7 +256,8 @@ static void emb_handle(http_request *r, void *user)
     if (!api_json_known(EMB_KIND, root, allowed, "", &e) || api_json_str(EMB_KIND, root, "model", &name, &e) < 0 ||
         api_json_str(EMB_KIND, root, "encoding_format", &fmt, &e) < 0)
         goto bad;
-    if (!api_model_ok(c, name)) {
+    if (!(c = api_ctx_route(c, name))) {
+        c = user;
         api_error_set(&e, 404, "model", "model_not_found", "The model '%.200s' does not exist.", name);
         goto bad;
     }
@@ -402,7 +403,8 @@ static void rr_handle(http_request *r, void *user)
     if (!api_json_known(EMB_KIND, root, allowed, "", &e) || api_json_str(EMB_KIND, root, "model", &name, &e) < 0 ||
         api_json_bool(EMB_KIND, root, "return_documents", &ret_docs, &e) < 0)
         goto bad;
-    if (!api_model_ok(c, name)) {
+    if (!(c = api_ctx_route(c, name))) {
+        c = user;
         api_error_set(&e, 404, "model", "model_not_found", "The model '%.200s' does not exist.", name);
         goto bad;
     }

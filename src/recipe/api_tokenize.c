@@ -59,8 +59,9 @@ static bool tok_id_of(const tokenizer *t, json_t *v, const char *path, int32_t *
     return true;
 }
 
-/* Common start of both routes: the key, the body, the known fields, the model. */
-static json_t *tok_request(http_request *r, const api_ctx *c, const char *const *allowed, api_error *e)
+/* Common start of both routes: the key, the body, the known fields, the model (*cp: the ctx
+ * serving it). */
+static json_t *tok_request(http_request *r, const api_ctx **cp, const char *const *allowed, api_error *e)
 {
     if (!api_openai_auth(r)) return NULL;
     size_t len;
@@ -72,11 +73,13 @@ static json_t *tok_request(http_request *r, const api_ctx *c, const char *const 
         json_decref(root);
         goto fail;
     }
-    if (!api_model_ok(c, name)) {
-        json_decref(root);
+    const api_ctx *to = api_ctx_route(*cp, name);
+    if (!to) {
         api_error_set(e, 404, "model", "model_not_found", "The model '%.200s' does not exist.", name);
+        json_decref(root);   /* after the message: name lives in root */
         goto fail;
     }
+    *cp = to;
     return root;
 fail:
     api_respond_error(r, TOK_KIND, e);
@@ -88,7 +91,7 @@ static void tok_handle_tokenize(http_request *r, void *user)
     const api_ctx *c = user;
     static const char *const allowed[] = { "content", "add_special", "parse_special", "with_pieces", "model", NULL };
     api_error e = {0};
-    json_t *root = tok_request(r, c, allowed, &e);
+    json_t *root = tok_request(r, &c, allowed, &e);
     if (!root) return;
     bool add_special = false, parse_special = true, with_pieces = false;
     int32_t *ids = NULL, n = 0, cap = 0;
@@ -176,7 +179,7 @@ static void tok_handle_detokenize(http_request *r, void *user)
     const api_ctx *c = user;
     static const char *const allowed[] = { "tokens", "model", NULL };
     api_error e = {0};
-    json_t *root = tok_request(r, c, allowed, &e);
+    json_t *root = tok_request(r, &c, allowed, &e);
     if (!root) return;
     bytebuf text = {0}, b = {0};
     json_t *tokens = json_object_get(root, "tokens");

@@ -449,6 +449,23 @@ void status_page(status_ring *st, const status_page_in *in, bytebuf *b)
     bytebuf_printf(b, "</h1><p class=\"why\">%s; up ", tbuf);
     page_duration(b, TM_MAX(0.0, in->now - in->started));
     bytebuf_puts(b, ". This page refreshes every 10 s; windows are the last 5 minutes, hour and day.</p>");
+    if (in->n_models > 1) {   /* one page per model: its scheduler, its requests */
+        bytebuf_puts(b, "<p class=\"why\">This server serves several models, each with its own scheduler and KV pool; "
+                        "this page is one model's. Models:");
+        for (int i = 0; i < in->n_models; i++) {
+            bytebuf_puts(b, i ? ", " : " ");
+            bytebuf_puts(b, "<a href=\"/status?model=");
+            for (const unsigned char *p = (const unsigned char *)in->model_names[i]; *p; p++) {
+                if ((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || strchr("-._~", *p))
+                    bytebuf_putc(b, (char)*p);
+                else bytebuf_printf(b, "%%%02X", *p);
+            }
+            bytebuf_puts(b, "\">");
+            status_html_esc(b, in->model_names[i]);
+            bytebuf_puts(b, "</a>");
+        }
+        bytebuf_puts(b, ".</p>");
+    }
 
     if (ss) {  /* the counters /metrics exports, side by side */
         bytebuf_puts(b, "<section id=\"totals\"><h2>Since start</h2><div class=\"figs\">");

@@ -131,6 +131,9 @@ typedef struct {
     const status_curve *curve;     /* this machine's measured decode curve, or NULL */
     int viewer_slot;               /* 1 + index of the API key the page's request carries: that
                                     * key's own hit shares are shown (no other key's); 0: none */
+    const char *const *model_names; /* (n_models) every model the server serves, when several:
+                                    * the page links each one's own page (?model=NAME) */
+    int n_models;
 } status_page_in;
 
 /* Appends the page (a full HTML document) for the ring's state at in->now. */

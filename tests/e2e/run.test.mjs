@@ -114,8 +114,8 @@ test('numeric options: not a number in range is refused with the option and the 
     [['worker', '--role', 'mixed', '-m', M, '--listen', '127.0.0.1:0', '--threads', ' 2'], /tokenmill worker: --threads: ' 2' is not a whole number/],
     // a number out of range says which bound, not "not a whole number"
     [['serve', '-m', M, '--port', '0', '--max-body', '1000'], /tokenmill serve: --max-body: 1000 is below the minimum: it must be in 1024\.\./],
-    // one model per command: a second -m is refused, not silently served instead of the first
-    [['serve', '-m', M, '-m', M, '--port', '0'], /tokenmill serve: -m\/--model is given more than once: it takes one value/],
+    // a second -m serves a second model, which needs a name of its own: not silently the first's
+    [['serve', '-m', M, '-m', M, '--port', '0'], /tokenmill serve: two models are named '[^']+': name them apart with -m NAME=FILE/],
   ];
   for (const [args, re] of cases) {
     const r = spawnSync(bin, args, { encoding: 'utf8', timeout: 30000 });
