@@ -15,9 +15,10 @@
 // and injects the accepted positions, as a server does after verification. Every round
 // prints one JSON line: the anchor token, its position, and per drafted slot the argmax token
 // of the (Markov-biased) logits, its log-probability, and the confidence head's value (-1
-// without one). F32 KV caches, flash attention off (the comparison is then free of f16 K/V).
-// Built and run by tests/e2e/oracle_dflash.test.mjs against the library's headers in
-// tests/data/llama.cpp; the ext functions are C++ symbols declared in src/llama-ext.h.
+// without one). A drafter whose width is not the target's is refused by llama.cpp's loader
+// (fc's shape), which this reports as "cannot load the models" (DFLASH_LLAMA_LOG=1 shows why). F32 KV caches, flash attention off (the comparison is then free of f16 K/V).
+// Built against the library's headers in tests/data/llama.cpp as docs/spec.md shows; the
+// ext functions are C++ symbols declared in src/llama-ext.h.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -75,6 +76,9 @@ int main(int argc, char **argv) {
     bool anchor = true;
     char buf[64];
     if (llama_model_meta_val_str(md, "dflash.sample_from_anchor", buf, sizeof buf) >= 0) anchor = !strcmp(buf, "true");
+    // without the confidence head the nextn rows hold no confidence (zeros): print -1
+    const bool has_conf = llama_model_meta_val_str(md, "dflash.has_confidence_head", buf, sizeof buf) >= 0 &&
+                          !strcmp(buf, "true");
 
     llama_context_params cp = llama_context_default_params();
     cp.n_ctx = 1024;
@@ -144,7 +148,7 @@ int main(int argc, char **argv) {
         for (int i = (dspark && anchor) ? 0 : 1; i < n_block; i++) {
             const float *l = llama_get_logits_ith(cx, i);
             int t = argmax(l, n_vocab);
-            double c = dspark && conf ? conf[(size_t)i * n_embd_d] : -1.0;
+            double c = dspark && has_conf && conf ? conf[(size_t)i * n_embd_d] : -1.0;
             char s[160];
             snprintf(s, sizeof s, "%s{\"token\":%d,\"logprob\":%.6f,\"conf\":%.6f}", drafts.empty() ? "" : ",", t,
                      logprob(l, n_vocab, t), c);
