@@ -16,7 +16,8 @@
 // prints one JSON line: the anchor token, its position, and per drafted slot the argmax token
 // of the (Markov-biased) logits, its log-probability, and the confidence head's value (-1
 // without one). A drafter whose width is not the target's is refused by llama.cpp's loader
-// (fc's shape), which this reports as "cannot load the models" (DFLASH_LLAMA_LOG=1 shows why). F32 KV caches, flash attention off (the comparison is then free of f16 K/V).
+// (fc's shape), which this reports as "cannot load the models" (DFLASH_LLAMA_LOG=1 shows why).
+// F32 KV caches, flash attention off (the comparison is then free of f16 K/V).
 // Built against the library's headers in tests/data/llama.cpp as docs/spec.md shows; the
 // ext functions are C++ symbols declared in src/llama-ext.h.
 #include <cmath>
