@@ -16,22 +16,14 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "model/model_dsv4.h"
+#include "model/model_int.h"
 #include "model/modelhash.h"
 #include "util/bytebuf.h"
 #include "util/sha256.h"
 #include "util/util.h"
 
-/* Loading context: the model being built plus the error buffer. */
-typedef struct {
-    model *m;
-    char *err;
-    size_t errsz;
-    gguf_status st;  /* first error */
-} model_ld;
-
-static gguf_status model_fail(model_ld *ld, gguf_status st, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static gguf_status model_fail(model_ld *ld, gguf_status st, const char *fmt, ...)
+gguf_status model_fail(model_ld *ld, gguf_status st, const char *fmt, ...)
 {
     if (ld->st == GGUF_OK) {
         ld->st = st;
@@ -45,7 +37,7 @@ static gguf_status model_fail(model_ld *ld, gguf_status st, const char *fmt, ...
     return st;
 }
 
-static bool model_key_int(model_ld *ld, const char *key, bool required, int64_t def, int64_t *out)
+bool model_key_int(model_ld *ld, const char *key, bool required, int64_t def, int64_t *out)
 {
     int64_t v;
     if (gguf_get_int(ld->m->g, key, &v)) {
@@ -64,7 +56,7 @@ static bool model_key_int(model_ld *ld, const char *key, bool required, int64_t 
     return true;
 }
 
-static bool model_key_float(model_ld *ld, const char *key, double def, double *out)
+bool model_key_float(model_ld *ld, const char *key, double def, double *out)
 {
     double v;
     if (gguf_get_float(ld->m->g, key, &v)) {
@@ -82,8 +74,8 @@ static bool model_key_float(model_ld *ld, const char *key, double def, double *o
 /* Finds tensor NAME, checks it is 1-D or 2-D with the given (cols, rows) (rows = 1 and
  * n_dims = 1 for a vector). Returns NULL and records the error when absent (if required) or
  * wrong. */
-static const gguf_tensor *model_tensor(model_ld *ld, const char *name, bool required,
-                                       int n_dims, int64_t cols, int64_t rows)
+const gguf_tensor *model_tensor(model_ld *ld, const char *name, bool required,
+                                int n_dims, int64_t cols, int64_t rows)
 {
     const gguf_tensor *t = gguf_find_tensor(ld->m->g, name);
     if (!t) {
@@ -107,7 +99,7 @@ static const gguf_tensor *model_tensor(model_ld *ld, const char *name, bool requ
     return t;
 }
 
-static bool model_matrix(model_ld *ld, const char *name, int64_t cols, int64_t rows, ops_weight *w)
+bool model_matrix(model_ld *ld, const char *name, int64_t cols, int64_t rows, ops_weight *w)
 {
     const gguf_tensor *t = model_tensor(ld, name, true, 2, cols, rows);
     if (!t) return false;
@@ -124,7 +116,7 @@ static bool model_matrix(model_ld *ld, const char *name, int64_t cols, int64_t r
 
 /* A stacked expert tensor: 3-D [cols, rows, n_expert] as llama.cpp writes `*_exps`, viewed as
  * one matrix of n_expert * rows rows (model_expert slices it). */
-static bool model_experts(model_ld *ld, const char *name, int64_t cols, int64_t rows, int n_expert, ops_weight *w)
+bool model_experts(model_ld *ld, const char *name, int64_t cols, int64_t rows, int n_expert, ops_weight *w)
 {
     const gguf_tensor *t = gguf_find_tensor(ld->m->g, name);
     if (!t) {
@@ -147,7 +139,7 @@ static bool model_experts(model_ld *ld, const char *name, int64_t cols, int64_t 
 
 /* A 1-D tensor of n elements (rows == 1), or a 2-D one of (rows, n), converted to an owned
  * f32 array. Returns NULL if absent (error recorded only if required) or wrong. */
-static const float *model_floats(model_ld *ld, const char *name, bool required, int64_t n, int64_t rows)
+const float *model_floats(model_ld *ld, const char *name, bool required, int64_t n, int64_t rows)
 {
     const gguf_tensor *t = model_tensor(ld, name, required, rows > 1 ? 2 : 1, n, rows);
     if (!t) return NULL;
@@ -170,7 +162,7 @@ static const float *model_floats(model_ld *ld, const char *name, bool required, 
     return v;
 }
 
-static const float *model_vector(model_ld *ld, const char *name, bool required, int64_t n)
+const float *model_vector(model_ld *ld, const char *name, bool required, int64_t n)
 {
     return model_floats(ld, name, required, n, 1);
 }
@@ -250,7 +242,7 @@ void model_mtp_view(const model *m, int i, model *out)
     util_hex(out->fingerprint, 32, out->fingerprint_hex);
 }
 
-static float *model_own(model *m, size_t n)
+float *model_own(model *m, size_t n)
 {
     float *v = xcalloc(n, sizeof(float));
     m->owned = xrealloc(m->owned, (size_t)(m->n_owned + 1) * sizeof(float *));
@@ -791,14 +783,9 @@ gguf_status model_load(const char *path, const model_opts *opts, model **out, ch
     } else if (an_len == 7 && !memcmp(an, "gpt-oss", 7)) {
         hp->arch = MODEL_ARCH_GPTOSS, hp->arch_name = "gpt-oss", hp->rope_neox = true;
     } else if (an_len == 9 && !memcmp(an, "deepseek4", 9)) {
-        /* the forward pass is specified and checked against llama.cpp by a reference
-         * (tests/oracle/dsv4_ref.py) but not yet in the engine: say so rather than fail
-         * on some tensor further on */
-        model_fail(&ld, GGUF_ERR_TYPE, "%s: DeepSeek V4 ('deepseek4') is not supported yet: its compressed attention, "
-                   "lightning indexer and hyper-connections are not in the engine (docs/deepseek4.md)", path);
-        goto fail;
+        hp->arch = MODEL_ARCH_DEEPSEEK4, hp->arch_name = "deepseek4", hp->rope_neox = false;
     } else {
-        model_fail(&ld, GGUF_ERR_TYPE, "%s: unsupported architecture '%.*s' (supported: llama, qwen2, qwen3, qwen3moe, deepseek2, gpt-oss)",
+        model_fail(&ld, GGUF_ERR_TYPE, "%s: unsupported architecture '%.*s' (supported: llama, qwen2, qwen3, qwen3moe, deepseek2, gpt-oss, deepseek4)",
                    path, (int)TM_MIN(an_len, 64), an);
         goto fail;
     }
@@ -832,6 +819,10 @@ gguf_status model_load(const char *path, const model_opts *opts, model **out, ch
     }
     int q_dim = hp->n_heads * hp->head_dim, kv_dim = hp->n_kv_heads * hp->head_dim;
     m->layers = xcalloc((size_t)(hp->n_layers + hp->n_nextn), sizeof *m->layers);
+    if (hp->arch == MODEL_ARCH_DEEPSEEK4) {
+        if (!model_dsv4_load(&ld)) goto fail;
+        goto loaded;
+    }
     for (int il = 0; il < hp->n_layers + hp->n_nextn; il++) {   /* the MTP layers last */
         model_layer *L = &m->layers[il];
         const bool gptoss = hp->arch == MODEL_ARCH_GPTOSS;
@@ -895,6 +886,7 @@ gguf_status model_load(const char *path, const model_opts *opts, model **out, ch
 #undef TN
     }
     if (hp->n_nextn > 0 && !model_load_nextn(&ld)) goto fail;
+loaded:
     if (!model_fingerprint(m, path, opts)) {
         model_fail(&ld, GGUF_ERR_NOMEM, "SHA-256 (libcrypto) failed while fingerprinting");
         goto fail;
@@ -919,6 +911,7 @@ void model_free(model *m)
     free(m->owned);
     free(m->repacked);
     free(m->layers);
+    model_dsv4_free(m->dsv4);
     gguf_close(m->g);
     free(m);
 }

@@ -82,6 +82,8 @@ typedef enum {
                               * shared experts */
     MODEL_ARCH_GPTOSS,       /* sliding-window and full layers, attention sinks, biases, routed
                               * experts with biases and the clamped SwiGLU */
+    MODEL_ARCH_DEEPSEEK4,    /* compressed attention, lightning indexer, hyper-connections
+                              * (model_dsv4.h, engine_dsv4.c) */
 } model_arch;
 
 typedef struct {
@@ -216,6 +218,7 @@ typedef struct model {
     int n_owned;
     void *repacked;          /* repacked matrices, one 64-byte aligned allocation, or NULL */
     size_t repacked_bytes;   /* its size */
+    struct model_dsv4 *dsv4; /* DeepSeek V4's own hyper-parameters and tensors (model_dsv4.h), or NULL */
 } model;
 
 typedef struct {
