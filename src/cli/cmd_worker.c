@@ -114,6 +114,12 @@ int cmd_worker(int argc, char **argv)
     }
     fprintf(stderr, "tokenmill worker: cluster key %s\n", key_path ? key_path : key_file);
     if (!cmd_common_load_model("worker", path, &m, &tok)) goto out;
+    if (m->hp.arch == MODEL_ARCH_DEEPSEEK4) {   /* its pool rows and blocks are not served yet */
+        fprintf(stderr, "tokenmill worker: %s: DeepSeek V4 ('deepseek4') runs in `tokenmill run` and `eval` only "
+                "for now, not in a cluster\n", path);
+        rc = 2;
+        goto out;
+    }
     if (m->hp.n_recurrent > 0) {   /* its state per sequence does not travel between workers yet */
         fprintf(stderr, "tokenmill worker: %s: a model with linear-attention layers (%s) runs in `tokenmill serve`, "
                 "not in a cluster\n", path, m->hp.arch_name);

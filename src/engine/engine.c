@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "engine/engine_dsv4.h"
 #include "model/moe.h"
 #include "model/ops.h"
 #include "util/util.h"
@@ -189,6 +190,7 @@ struct engine {
     int n_wsnap, n_wsnap_max;
     uint64_t n_wsnap_dropped; /* states not captured for want of a slot, lifetime */
     /* profile (engine_profile): cells NULL until first enabled */
+    engine_dsv4 *dsv4;       /* DeepSeek V4's step (engine_dsv4.h), or NULL */
     engine_prof_cell *prof;  /* (n_layers + 1, ENGINE_PROF_N) */
     bool prof_on;            /* counting */
     int64_t prof_steps;      /* steps counted */
@@ -296,6 +298,7 @@ void engine_free(engine *e)
     free(e->wsnap_data);
     engine_moe_stats_free(e->stats);
     engine_qwen35_free(e->q35);
+    engine_dsv4_free(e->dsv4);
     free(e);
 }
 
@@ -326,6 +329,7 @@ kvpool_opts engine_kv_geometry(const model *m, engine_kv_type kv_type, int32_t *
     for (int il = 0; il < hp->n_layers; il++) layer_window[il] = model_layer_window(m, il);
     for (int il = 0; il < hp->n_layers; il++)   /* a recurrent layer keeps no KV */
         if (m->layers[il].ssm_out.data) layer_window[il] = -1;
+    if (hp->arch == MODEL_ARCH_DEEPSEEK4) return engine_dsv4_kv_geometry(m);   /* F32, no ring */
     kvpool_opts ko = { .n_layers = hp->n_layers, .n_kv_heads = hp->n_kv_heads, .head_dim = hp->head_dim,
                        .v_is_k = hp->mla, .dtype = engine_kv_qtype(kv_type), .layer_window = layer_window,
                        .state_bytes = engine_qwen35_state_bytes(m) };
@@ -414,6 +418,16 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
         snprintf(err, errsz, "KV cache of %d blocks: %s", ko.n_blocks, kvpool_status_name(ks));
         engine_free(e);
         return ENGINE_ERR_NOMEM;
+    }
+    if (hp->arch == MODEL_ARCH_DEEPSEEK4) {
+        e->dsv4 = engine_dsv4_new(m, e->tp, e->kv, o.max_batch_tokens, ko.n_blocks * KVPOOL_BLOCK, err, errsz);
+        e->x = engine_scratch_alloc(e, (size_t)o.max_batch_tokens * hp->dim * sizeof(float));
+        if (!e->dsv4 || !e->x) {
+            engine_free(e);
+            return ENGINE_ERR_NOMEM;
+        }
+        *out = e;
+        return ENGINE_OK;
     }
 
     size_t T = (size_t)o.max_batch_tokens;
@@ -1574,6 +1588,10 @@ engine_status engine_step_mtp(engine *e, const engine_batch *b, const float *hid
         if (kvpool_seq_reserve(e->kv, tk->seq, tk->pos + 1) != KVPOOL_OK) return ENGINE_ERR_KV_FULL;
     }
 
+    if (e->dsv4) {
+        engine_dsv4_step(e->dsv4, T, b->toks, logits, e->x);
+        return ENGINE_OK;
+    }
     if (e->wstage && !engine_window_plan(e, b)) return ENGINE_ERR_ARG;
     if (e->q35 && !engine_qwen35_plan(e->q35, e->kv, b)) return ENGINE_ERR_ARG;
     engine_plan_tiles(e, b);

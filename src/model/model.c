@@ -16,6 +16,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "model/model_dsv4.h"
 #include "model/model_int.h"
 #include "model/modelhash.h"
 #include "util/bytebuf.h"
@@ -796,17 +797,12 @@ gguf_status model_load(const char *path, const model_opts *opts, model **out, ch
                (an_len == 6 && (!memcmp(an, "gemma3", 6) || !memcmp(an, "gemma4", 6))) ||
                (an_len == 7 && !memcmp(an, "glm4moe", 7))) {
         model_fail(&ld, GGUF_ERR_TYPE, "%s: the '%.*s' architecture is not supported yet (its layers are not in the "
-                   "engine; supported: llama, qwen2, qwen3, qwen3moe, deepseek2, gpt-oss, phi3, mistral3, qwen35, qwen35moe)", path, (int)an_len, an);
+                   "engine; supported: llama, qwen2, qwen3, qwen3moe, deepseek2, gpt-oss, phi3, mistral3, qwen35, qwen35moe, deepseek4)", path, (int)an_len, an);
         goto fail;
     } else if (an_len == 9 && !memcmp(an, "deepseek4", 9)) {
-        /* the forward pass is specified and checked against llama.cpp by a reference
-         * (tests/oracle/dsv4_ref.py) but not yet in the engine: say so rather than fail
-         * on some tensor further on */
-        model_fail(&ld, GGUF_ERR_TYPE, "%s: DeepSeek V4 ('deepseek4') is not supported yet: its compressed attention, "
-                   "lightning indexer and hyper-connections are not in the engine (docs/deepseek4.md)", path);
-        goto fail;
+        hp->arch = MODEL_ARCH_DEEPSEEK4, hp->arch_name = "deepseek4", hp->rope_neox = false;
     } else {
-        model_fail(&ld, GGUF_ERR_TYPE, "%s: unsupported architecture '%.*s' (supported: llama, qwen2, qwen3, qwen3moe, deepseek2, gpt-oss, phi3, mistral3, qwen35, qwen35moe)",
+        model_fail(&ld, GGUF_ERR_TYPE, "%s: unsupported architecture '%.*s' (supported: llama, qwen2, qwen3, qwen3moe, deepseek2, gpt-oss, phi3, mistral3, qwen35, qwen35moe, deepseek4)",
                    path, (int)TM_MIN(an_len, 64), an);
         goto fail;
     }
@@ -843,6 +839,10 @@ gguf_status model_load(const char *path, const model_opts *opts, model **out, ch
     }
     int q_dim = hp->n_heads * hp->head_dim, kv_dim = hp->n_kv_heads * hp->head_dim;
     m->layers = xcalloc((size_t)(hp->n_layers + hp->n_nextn), sizeof *m->layers);
+    if (hp->arch == MODEL_ARCH_DEEPSEEK4) {
+        if (!model_dsv4_load(&ld)) goto fail;
+        goto loaded;
+    }
     for (int il = 0; il < hp->n_layers + hp->n_nextn; il++) {   /* the MTP layers last */
         model_layer *L = &m->layers[il];
         const bool gptoss = hp->arch == MODEL_ARCH_GPTOSS;
@@ -914,6 +914,7 @@ gguf_status model_load(const char *path, const model_opts *opts, model **out, ch
 #undef TN
     }
     if (hp->n_nextn > 0 && !model_load_nextn(&ld)) goto fail;
+loaded:
     if (!model_fingerprint(m, path, opts)) {
         model_fail(&ld, GGUF_ERR_NOMEM, "SHA-256 (libcrypto) failed while fingerprinting");
         goto fail;
@@ -938,6 +939,7 @@ void model_free(model *m)
     free(m->owned);
     free(m->repacked);
     free(m->layers);
+    model_dsv4_free(m->dsv4);
     gguf_close(m->g);
     free(m);
 }

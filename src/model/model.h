@@ -89,6 +89,8 @@ typedef enum {
     MODEL_ARCH_QWEN35,       /* Qwen3.5: gated delta net (linear attention) layers beside gated
                               * full-attention ones (model_qwen35.c, engine_qwen35.c) */
     MODEL_ARCH_QWEN35MOE,    /* Qwen3.5's layers, routed experts and a gated shared expert */
+    MODEL_ARCH_DEEPSEEK4,    /* compressed attention, lightning indexer, hyper-connections
+                              * (model_dsv4.h, engine_dsv4.c) */
 } model_arch;
 
 typedef struct {
@@ -248,6 +250,7 @@ typedef struct model {
     int n_owned;
     void *repacked;          /* repacked matrices, one 64-byte aligned allocation, or NULL */
     size_t repacked_bytes;   /* its size */
+    struct model_dsv4 *dsv4; /* DeepSeek V4's own hyper-parameters and tensors (model_dsv4.h), or NULL */
 } model;
 
 typedef struct {

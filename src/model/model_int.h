@@ -1,6 +1,6 @@
 /*
  * model_int: what only model*.c may see: the loading context and the checked readers of keys
- * and tensors (model.c), which the files of one family each (model_phi3.c, model_qwen35.c) load with, so that
+ * and tensors (model.c), which the files of one family each (model_phi3.c, model_qwen35.c, model_dsv4.c) load with, so that
  * every family's error names its key or tensor the same way.
  */
 #ifndef TM_MODEL_INT_H
@@ -52,5 +52,9 @@ static inline bool model_is_qwen35(const model_hparams *hp)
 bool model_qwen35_hparams(model_ld *ld);
 /* Every tensor of layer il. */
 bool model_qwen35_layer(model_ld *ld, int il);
+
+/* Reads DeepSeek V4's hyper-parameters and every layer's tensors into m->layers and m->dsv4
+ * (model_dsv4.c), after the common hyper-parameters, the embedding and the output. */
+bool model_dsv4_load(model_ld *ld);
 
 #endif

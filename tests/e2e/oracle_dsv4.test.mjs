@@ -7,8 +7,9 @@
 // Sequences of 1, 40 and 300 tokens cross several 4- and 128-token compression groups, the
 // window and the indexer's top-k (40 tokens: 10 compressed entries for 6 picks); every
 // position's top-10 log-probabilities agree within 1e-3 (F32 weights, F32 KV cache; measured
-// 1.4e-4) and 8 greedy steps are identical. tokenmill itself refuses the file with a message
-// that names the family (the engine has no V4 forward pass yet).
+// 1.4e-4) and 8 greedy steps are identical. tokenmill's engine (engine_dsv4.c) is compared with
+// llama.cpp the same way (measured 6e-5), and with itself at another batch size and thread count
+// (bit-identical).
 // Needs python3 with numpy; skipped without it. Models cached under tests/data/gen/.
 import {test} from 'node:test';
 import assert from 'node:assert/strict';
@@ -124,15 +125,36 @@ test('deepseek4 (gguf-py, F32): llama.cpp loads it and the numpy reference agree
   }
 });
 
-test('deepseek4: tokenmill refuses the file with a message naming the family, not an unknown tensor type', {skip}, () => {
+test('deepseek4 (gguf-py, F32): tokenmill agrees with llama.cpp past the window, the indexer top-k and two ' +
+  '128-token groups, and its logits do not depend on the batch or the thread count', {skip}, async () => {
   const file = model();
+  const r = rng(7);
+  const seqs = LENS.map((n) => Array.from({length: n}, () => r(8000)));
   const dir = fs.mkdtempSync(path.join(gen, 'in-dsv4-'));
   try {
     const inFile = path.join(dir, 'in.json');
-    fs.writeFileSync(inFile, JSON.stringify({seqs: [[1, 2]], top: 2, greedy: 1}));
-    const r = spawnSync(bin, ['eval', '-m', file, '--input', inFile, '--threads', '1'], {encoding: 'utf8'});
-    assert.notEqual(r.status, 0);
-    assert.match(r.stderr, /DeepSeek V4 \('deepseek4'\) is not supported yet/);
+    fs.writeFileSync(inFile, JSON.stringify({seqs, top: TOP, greedy: GREEDY, batched: true}));
+    const [ll, tm, tm1] = await Promise.all([
+      run(process.execPath, [path.join(root, 'tests/oracle/llama_eval.mjs'), '-m', file, '--input', inFile,
+        '--threads', '1', '--kv', 'f32'], {UV_THREADPOOL_SIZE: '1'}),
+      run(bin, ['eval', '-m', file, '--input', inFile, '--threads', '2'], {}),
+      run(bin, ['eval', '-m', file, '--input', inFile, '--threads', '1', '--batch', '7'], {}),
+    ]);
+    let maxDiff = 0;
+    seqs.forEach((sq, s) => {
+      assert.equal(tm.seqs[s].top.length, sq.length);
+      assert.deepEqual(tm1.seqs[s].top, tm.seqs[s].top, `seq ${s}: batch 7 / 1 thread differs from batch 512 / 2 threads`);
+      for (let i = 0; i < sq.length; i++) {
+        const got = new Map(tm.seqs[s].top[i]);
+        for (const [id, lp] of ll.seqs[s].top[i]) {
+          if (got.has(id)) maxDiff = Math.max(maxDiff, Math.abs(got.get(id) - lp));
+          else assert.ok(lp <= tm.seqs[s].top[i].at(-1)[1] + TOL, `seq ${s} position ${i}: llama.cpp's token ${id} missing`);
+        }
+      }
+      assert.deepEqual(tm.seqs[s].greedy, ll.seqs[s].greedy, `seq ${s}: greedy continuations`);
+    });
+    assert.ok(maxDiff <= TOL, `max |Δ logprob| ${maxDiff} > ${TOL}`);
+    console.log(`oracle_dsv4: tokenmill vs llama.cpp max |Δ logprob| ${maxDiff.toExponential(2)} over ${LENS.join('/')} tokens`);
   } finally {
     fs.rmSync(dir, {recursive: true, force: true});
   }

@@ -1,0 +1,672 @@
+/*
+ * engine_dsv4: DeepSeek V4's layer arithmetic (see engine_dsv4.h for the state layout,
+ * docs/deepseek4.md for the forward pass, tests/oracle/dsv4_ref.py for the reference it
+ * follows).
+ *
+ * A step runs layer by layer over the whole batch: every projection is one ops_matmul over
+ * the batch's rows (weights read once per step), the routed experts run once per step over
+ * the rows routed to them. What depends on earlier positions runs per entry in batch order
+ * on the step thread: the rows of a layer are written to the pool and the compression groups
+ * a position completes are compressed, so that a later entry of the same sequence finds them;
+ * then the indexer's selection and attention run per entry (and head) on the pool's threads,
+ * each output computed by one thread in a fixed order. A (sequence, position)'s logits
+ * therefore do not depend on what else shares the step, on how its prompt was chunked or on
+ * the thread count.
+ *
+ * Row of (layer, position), F32, offsets from dsv4_layout: raw K=V (hd); ratio r > 0: the
+ * compressor's kv (coff * hd) and score (coff * hd, ape[pos % r] added), the entry completed
+ * at this position (hd, valid at pos % r == r - 1); ratio 4: the indexer's kv (2 * idim),
+ * score (2 * idim) and entry (idim).
+ */
+#include "engine/engine_dsv4.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine.h"
+#include "model/model_dsv4.h"
+#include "model/moe.h"
+#include "model/ops.h"
+#include "util/util.h"
+
+#define DSV4_MAX_MIX 64          /* (2 + hc) * hc at most: hc <= 6 */
+
+typedef struct {
+    int raw, ckv, csc, comp;     /* float offsets in the row; -1: absent */
+    int ikv, isc, icomp;
+} dsv4_layout;
+
+struct engine_dsv4 {
+    const model *m;
+    const model_dsv4 *d;
+    threadpool *tp;
+    kvpool *kv;
+    int max_tokens;
+    int row;                 /* floats per (layer, position) row */
+    int max_ent;             /* compressed entries a sequence can reach (max_pos / 4) + 1 */
+    dsv4_layout *lay;        /* (n_layers) */
+    /* activations, (max_tokens, width) f32 */
+    float *X;                /* (T, hc, dim) residual streams */
+    float *xf;               /* (T, hc * dim) normed flattened streams */
+    float *mix;              /* (T, mix) hyper-connection mixes */
+    float *pre, *post;       /* (T, hc) */
+    float *comb;             /* (T, hc, hc) [src][dst] after Sinkhorn */
+    float *cur;              /* (T, dim) sublayer input */
+    float *y;                /* (T, dim) sublayer output */
+    float *qa;               /* (T, q_lora) */
+    float *q;                /* (T, H * hd) */
+    float *kvr;              /* (T, hd) */
+    float *ck, *cg;          /* (T, 2 * hd) compressor kv and gate */
+    float *ik, *ig;          /* (T, 2 * idim) indexer compressor kv and gate */
+    float *iq;               /* (T, idx_heads * idim) */
+    float *iw;               /* (T, idx_heads) */
+    float *att;              /* (T, H * hd) */
+    float *og;               /* (T, H * hd / o_groups) one group's heads */
+    float *ot;               /* (T, o_lora) */
+    float *oa;               /* (T, o_groups * o_lora) */
+    int32_t *pos;            /* (T) */
+    int32_t *npos;           /* (T) minus the positions (the inverse rotation) */
+    int32_t *sel;            /* (T, idx_topk) chosen entries of an indexed layer, ascending */
+    int32_t *n_sel;          /* (T) */
+    /* experts */
+    float *r_logits;         /* (T, E) */
+    float *r_probs;          /* (T, E) */
+    int32_t *r_sel;          /* (T, k) */
+    float *r_w;              /* (T, k) */
+    int32_t *r_idx;          /* (E) */
+    float *r_sc;             /* (E) */
+    int32_t *x_row;          /* (T * k) token of each grouped row */
+    int32_t *x_slot;         /* (T, k) grouped row of each (token, slot) */
+    float *xg;               /* (T * k, dim) */
+    float *fg, *fu;          /* (T * k, max_ffn) */
+    float *ye;               /* (T * k, dim) */
+    float *shg, *shu;        /* (T, n_shared * max_ffn) */
+    float *sh;               /* (T, dim) */
+    void *mm_scratch;
+    /* per thread: scores and key pointers of attention, the indexer's scores and order */
+    float *th_f;             /* (n_threads, th_stride) */
+    int32_t *th_i;           /* (n_threads, max_ent) */
+    size_t th_stride;
+    const engine_tok *toks;  /* the step's batch */
+    int n_tok;
+    int layer;               /* the layer of the current pool round */
+};
+
+static dsv4_layout dsv4_layout_of(const model *m, int il, int *width)
+{
+    const model_dsv4 *d = m->dsv4;
+    const int hd = m->hp.head_dim, r = d->layers[il].ratio, id = d->idx_dim;
+    dsv4_layout l = { 0, -1, -1, -1, -1, -1, -1 };
+    int w = hd;
+    if (r > 0) {
+        int c = (r == 4 ? 2 : 1) * hd;
+        l.ckv = w, w += c;
+        l.csc = w, w += c;
+        l.comp = w, w += hd;
+    }
+    if (r == 4) {
+        l.ikv = w, w += 2 * id;
+        l.isc = w, w += 2 * id;
+        l.icomp = w, w += id;
+    }
+    *width = w;
+    return l;
+}
+
+int engine_dsv4_row(const model *m)
+{
+    int wmax = 0, w;
+    for (int il = 0; il < m->hp.n_layers; il++) {
+        dsv4_layout_of(m, il, &w);
+        wmax = TM_MAX(wmax, w);
+    }
+    return TM_ALIGN_UP(wmax, 16);
+}
+
+kvpool_opts engine_dsv4_kv_geometry(const model *m)
+{
+    kvpool_opts ko = { .n_layers = m->hp.n_layers, .n_kv_heads = 1, .head_dim = engine_dsv4_row(m), .v_is_k = true,
+                       .dtype = QTYPE_F32, .layer_window = NULL };
+    memcpy(ko.model_fp, m->fingerprint, 32);
+    return ko;
+}
+
+void engine_dsv4_free(engine_dsv4 *d)
+{
+    if (!d) return;
+    void *bufs[] = { d->lay, d->X, d->xf, d->mix, d->pre, d->post, d->comb, d->cur, d->y, d->qa, d->q, d->kvr,
+                     d->ck, d->cg, d->ik, d->ig, d->iq, d->iw, d->att, d->og, d->ot, d->oa, d->pos, d->npos,
+                     d->sel, d->n_sel, d->r_logits, d->r_probs, d->r_sel, d->r_w, d->r_idx, d->r_sc, d->x_row,
+                     d->x_slot, d->xg, d->fg, d->fu, d->ye, d->shg, d->shu, d->sh, d->mm_scratch, d->th_f, d->th_i };
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    free(d);
+}
+
+static size_t dsv4_sc(const ops_weight *w, int T, size_t cur)
+{
+    if (!w->data) return cur;
+    return TM_MAX(cur, ops_matmul_scratch_bytes(w->type, w->cols, T));
+}
+
+engine_dsv4 *engine_dsv4_new(const model *m, threadpool *tp, kvpool *kv, int max_tokens, int max_pos, char *err,
+                             size_t errsz)
+{
+    const model_hparams *hp = &m->hp;
+    const model_dsv4 *md = m->dsv4;
+    if ((2 + md->hc) * md->hc > DSV4_MAX_MIX) {
+        snprintf(err, errsz, "deepseek4: %d hyper-connection streams (at most 6)", md->hc);
+        return NULL;
+    }
+    engine_dsv4 *d = xcalloc(1, sizeof *d);
+    d->m = m, d->d = md, d->tp = tp, d->kv = kv, d->max_tokens = max_tokens;
+    d->row = engine_dsv4_row(m);
+    d->max_ent = max_pos / 4 + 1;
+    d->lay = xcalloc((size_t)hp->n_layers, sizeof *d->lay);
+    int w;
+    for (int il = 0; il < hp->n_layers; il++) d->lay[il] = dsv4_layout_of(m, il, &w);
+
+    const size_t T = (size_t)max_tokens, dim = (size_t)hp->dim, hc = (size_t)md->hc, H = (size_t)hp->n_heads;
+    const size_t hd = (size_t)hp->head_dim, id = (size_t)md->idx_dim, E = (size_t)hp->n_expert;
+    const size_t k = (size_t)hp->n_expert_used, ffn = (size_t)md->max_ffn, mix = (2 + hc) * hc;
+#define DSV4_F(n) util_aligned_alloc((n) * sizeof(float))
+    d->X = DSV4_F(T * hc * dim);
+    d->xf = DSV4_F(T * hc * dim);
+    d->mix = DSV4_F(T * mix);
+    d->pre = DSV4_F(T * hc);
+    d->post = DSV4_F(T * hc);
+    d->comb = DSV4_F(T * hc * hc);
+    d->cur = DSV4_F(T * dim);
+    d->y = DSV4_F(T * dim);
+    d->qa = DSV4_F(T * (size_t)md->q_lora);
+    d->q = DSV4_F(T * H * hd);
+    d->kvr = DSV4_F(T * hd);
+    d->ck = DSV4_F(T * 2 * hd);
+    d->cg = DSV4_F(T * 2 * hd);
+    d->ik = DSV4_F(T * 2 * id);
+    d->ig = DSV4_F(T * 2 * id);
+    d->iq = DSV4_F(T * (size_t)md->idx_heads * id);
+    d->iw = DSV4_F(T * (size_t)md->idx_heads);
+    d->att = DSV4_F(T * H * hd);
+    d->og = DSV4_F(T * H * hd / (size_t)md->o_groups);
+    d->ot = DSV4_F(T * (size_t)md->o_lora);
+    d->oa = DSV4_F(T * (size_t)md->o_groups * (size_t)md->o_lora);
+    d->pos = DSV4_F(T);
+    d->npos = DSV4_F(T);
+    d->sel = DSV4_F(T * (size_t)md->idx_topk);
+    d->n_sel = DSV4_F(T);
+    d->r_logits = DSV4_F(T * E);
+    d->r_probs = DSV4_F(T * E);
+    d->r_sel = DSV4_F(T * k);
+    d->r_w = DSV4_F(T * k);
+    d->r_idx = DSV4_F(E);
+    d->r_sc = DSV4_F(E);
+    d->x_row = DSV4_F(T * k);
+    d->x_slot = DSV4_F(T * k);
+    d->xg = DSV4_F(T * k * dim);
+    d->fg = DSV4_F(T * k * ffn);
+    d->fu = DSV4_F(T * k * ffn);
+    d->ye = DSV4_F(T * k * dim);
+    size_t shf = (size_t)TM_MAX(hp->n_shared, 1) * ffn;
+    d->shg = DSV4_F(T * shf);
+    d->shu = DSV4_F(T * shf);
+    d->sh = DSV4_F(T * dim);
+    int nth = threadpool_size(tp);
+    d->th_stride = TM_ALIGN_UP(TM_MAX((size_t)md->swa + 2 * (size_t)d->max_ent, TM_MAX(hd, id)) + 16, 16);
+    d->th_f = DSV4_F((size_t)nth * d->th_stride);
+    d->th_i = DSV4_F((size_t)nth * (size_t)d->max_ent);
+#undef DSV4_F
+    size_t sc = 0;
+    int Ti = (int)T;
+    for (int il = 0; il < hp->n_layers; il++) {
+        const model_layer *L = &m->layers[il];
+        const model_dsv4_layer *dl = &md->layers[il];
+        const ops_weight *in[7] = { &L->wq_a, &dl->wkv, &dl->comp_kv, &dl->comp_gate, &dl->icomp_kv, &dl->icomp_gate,
+                                    &dl->idx_proj };
+        int n_in = dl->ratio == 4 ? 7 : dl->ratio ? 4 : 2;
+        sc = TM_MAX(sc, ops_matmul_multi_scratch_bytes(n_in, in, Ti));
+        const ops_weight *hcw[2] = { &dl->hc_fn[0], &dl->hc_fn[1] };
+        for (int j = 0; j < 2; j++) sc = dsv4_sc(hcw[j], Ti, sc);
+        sc = dsv4_sc(&L->wq_b, Ti, sc);
+        sc = dsv4_sc(&dl->idx_q_b, Ti, sc);
+        ops_weight woa = dl->wo_a;
+        woa.rows = md->o_lora;
+        sc = dsv4_sc(&woa, Ti, sc);
+        sc = dsv4_sc(&dl->wo_b, Ti, sc);
+        sc = dsv4_sc(&L->gate_inp, Ti, sc);
+        ops_weight g = model_expert(&L->gate_exps, hp->n_expert, 0), u = model_expert(&L->up_exps, hp->n_expert, 0);
+        ops_weight dn = model_expert(&L->down_exps, hp->n_expert, 0);
+        const ops_weight *gu[2] = { &g, &u };
+        sc = TM_MAX(sc, ops_matmul_multi_scratch_bytes(2, gu, Ti * (int)k));
+        sc = dsv4_sc(&dn, Ti * (int)k, sc);
+        if (L->gate_shexp.data) {
+            const ops_weight *sgu[2] = { &L->gate_shexp, &L->up_shexp };
+            sc = TM_MAX(sc, ops_matmul_multi_scratch_bytes(2, sgu, Ti));
+            sc = dsv4_sc(&L->down_shexp, Ti, sc);
+        }
+    }
+    sc = dsv4_sc(&md->out_hc_fn, Ti, sc);
+    sc = dsv4_sc(&m->output, Ti, sc);
+    d->mm_scratch = util_aligned_alloc(sc + 64);
+    void *need[] = { d->X, d->xf, d->mix, d->pre, d->post, d->comb, d->cur, d->y, d->qa, d->q, d->kvr, d->ck, d->cg,
+                     d->ik, d->ig, d->iq, d->iw, d->att, d->og, d->ot, d->oa, d->pos, d->npos, d->sel, d->n_sel,
+                     d->r_logits, d->r_probs, d->r_sel, d->r_w, d->r_idx, d->r_sc, d->x_row, d->x_slot, d->xg,
+                     d->fg, d->fu, d->ye, d->shg, d->shu, d->sh, d->mm_scratch, d->th_f, d->th_i };
+    for (size_t i = 0; i < sizeof need / sizeof need[0]; i++)
+        if (!need[i]) {
+            snprintf(err, errsz, "out of memory for DeepSeek V4's activations of %d tokens", Ti);
+            engine_dsv4_free(d);
+            return NULL;
+        }
+    return d;
+}
+
+/* ---- helpers ---------------------------------------------------------------------------- */
+
+static float *dsv4_row(const engine_dsv4 *d, const kvpool_seq *s, int il, int pos)
+{
+    float *slab = kvpool_seq_slab(d->kv, s, pos / KVPOOL_BLOCK, il, 0, 0);
+    return slab + (size_t)(pos % KVPOOL_BLOCK) * (size_t)d->row;
+}
+
+static float dsv4_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* RoPE on the last n_rot of each head_dim values of rows * n_heads heads, at positions pos
+ * (negated: the inverse rotation), with theta_scale's base. */
+static void dsv4_rope(const engine_dsv4 *d, float *x, const int32_t *pos, int rows, int n_heads, int head_dim,
+                      float theta_scale)
+{
+    const int n_rot = d->m->hp.n_rot;
+    ops_rope_ggml(rows * n_heads >= 64 ? d->tp : NULL, x + (head_dim - n_rot), pos, rows, n_heads, head_dim, n_rot, 0,
+                  theta_scale, 1.0f, NULL, 1.0f, NULL);
+}
+
+/* Hyper-connection mixes of the step's rows (which: 0 attention, 1 ffn), and the sublayer
+ * input cur = sum_h pre[h] X[h], normed by norm. */
+static void dsv4_hc_pre(engine_dsv4 *d, int T, const ops_weight *fn, const float *base, const float *scale,
+                        const float *norm)
+{
+    const model_hparams *hp = &d->m->hp;
+    const int hc = d->d->hc, dim = hp->dim, mix = (2 + hc) * hc;
+    const float eps = d->d->hc_eps;
+    ops_rmsnorm(d->tp, d->xf, d->X, NULL, T, hc * dim, hp->rms_eps);
+    ops_matmul(d->tp, fn, d->xf, T, d->mix, d->mm_scratch);
+    for (int t = 0; t < T; t++) {
+        const float *mx = d->mix + (size_t)t * mix;
+        float *pre = d->pre + (size_t)t * hc, *post = d->post + (size_t)t * hc, *c = d->comb + (size_t)t * hc * hc;
+        for (int h = 0; h < hc; h++) {
+            pre[h] = dsv4_sigmoid(mx[h] * scale[0] + base[h]) + eps;
+            post[h] = 2.0f * dsv4_sigmoid(mx[hc + h] * scale[1] + base[hc + h]);
+        }
+        for (int i = 0; i < hc * hc; i++) c[i] = mx[2 * hc + i] * scale[2] + base[2 * hc + i];
+        for (int s = 0; s < hc; s++) {   /* softmax over dst, + eps */
+            float *r = c + s * hc, mxv = r[0], sum = 0;
+            for (int j = 1; j < hc; j++) mxv = fmaxf(mxv, r[j]);
+            for (int j = 0; j < hc; j++) sum += (r[j] = expf(r[j] - mxv));
+            for (int j = 0; j < hc; j++) r[j] = r[j] / sum + eps;
+        }
+        for (int it = 0; it < d->d->sk_iters; it++) {
+            if (it > 0)
+                for (int s = 0; s < hc; s++) {   /* rows */
+                    float sum = 0;
+                    for (int j = 0; j < hc; j++) sum += c[s * hc + j];
+                    for (int j = 0; j < hc; j++) c[s * hc + j] /= sum + eps;
+                }
+            for (int j = 0; j < hc; j++) {   /* columns */
+                float sum = 0;
+                for (int s = 0; s < hc; s++) sum += c[s * hc + j];
+                for (int s = 0; s < hc; s++) c[s * hc + j] /= sum + eps;
+            }
+        }
+        float *cu = d->cur + (size_t)t * dim;
+        const float *X = d->X + (size_t)t * hc * dim;
+        for (int i = 0; i < dim; i++) {
+            float a = 0;
+            for (int h = 0; h < hc; h++) a += pre[h] * X[(size_t)h * dim + i];
+            cu[i] = a;
+        }
+    }
+    if (norm) ops_rmsnorm(d->tp, d->cur, d->cur, norm, T, dim, hp->rms_eps);
+}
+
+/* X'[dst] = y * post[dst] + sum_src comb[src][dst] X[src] */
+static void dsv4_hc_post(engine_dsv4 *d, int T)
+{
+    const int hc = d->d->hc, dim = d->m->hp.dim;
+    float nx[16 * 64];
+    for (int t = 0; t < T; t++) {
+        float *X = d->X + (size_t)t * hc * dim;
+        const float *y = d->y + (size_t)t * dim, *post = d->post + (size_t)t * hc, *c = d->comb + (size_t)t * hc * hc;
+        for (int i0 = 0; i0 < dim; i0 += 64) {
+            int n = TM_MIN(64, dim - i0);
+            for (int h = 0; h < hc; h++)
+                for (int i = 0; i < n; i++) {
+                    float a = y[i0 + i] * post[h];
+                    for (int s = 0; s < hc; s++) a += c[s * hc + h] * X[(size_t)s * dim + i0 + i];
+                    nx[h * 64 + i] = a;
+                }
+            for (int h = 0; h < hc; h++) memcpy(X + (size_t)h * dim + i0, nx + h * 64, (size_t)n * sizeof(float));
+        }
+    }
+}
+
+/* Entry j of a compressor of ratio r from the rows of its group (and, r = 4, the previous
+ * group's first halves): per dimension a softmax over the group's scores weighting its kv;
+ * then the norm and RoPE at position r * j. kvo / sco: the projections' offsets in the row,
+ * w the entry's width, out the entry. */
+static void dsv4_compress(const engine_dsv4 *d, const kvpool_seq *s, int il, int j, int r, int kvo, int sco, int w,
+                          const float *norm, float *out, float *tmp)
+{
+    const bool overlap = r == 4;
+    const float *kv[2 * 4 + 128], *sc[2 * 4 + 128];
+    int off[2 * 4 + 128];
+    int nr = 0;
+    if (overlap && j > 0)
+        for (int i = 0; i < r; i++) {
+            const float *row = dsv4_row(d, s, il, r * (j - 1) + i);
+            kv[nr] = row + kvo, sc[nr] = row + sco, off[nr++] = 0;
+        }
+    for (int i = 0; i < r; i++) {
+        const float *row = dsv4_row(d, s, il, r * j + i);
+        kv[nr] = row + kvo, sc[nr] = row + sco, off[nr++] = overlap ? w : 0;
+    }
+    for (int x = 0; x < w; x++) {
+        float mx = -INFINITY;
+        for (int i = 0; i < nr; i++) mx = fmaxf(mx, sc[i][off[i] + x]);
+        float sum = 0, acc = 0;
+        for (int i = 0; i < nr; i++) {
+            float e = expf(sc[i][off[i] + x] - mx);
+            sum += e;
+            acc += e * kv[i][off[i] + x];
+        }
+        tmp[x] = acc / sum;
+    }
+    ops_rmsnorm(NULL, out, tmp, norm, 1, w, d->m->hp.rms_eps);
+    int32_t p = r * j;
+    dsv4_rope(d, out, &p, 1, 1, w, d->d->cbase_theta_scale);
+}
+
+/* ---- indexer and attention (pool rounds) ---------------------------------------------- */
+
+static float *dsv4_th(const engine_dsv4 *d, int ith) { return d->th_f + (size_t)ith * d->th_stride; }
+
+/* Top-k of an indexed layer's entries for each entry of the step. */
+static void dsv4_job_indexer(void *ctx, int ith, int nth)
+{
+    engine_dsv4 *d = ctx;
+    const model_dsv4 *md = d->d;
+    const int il = d->layer, ih = md->idx_heads, id = md->idx_dim, k = md->idx_topk;
+    const dsv4_layout *l = &d->lay[il];
+    float *sc = dsv4_th(d, ith);
+    int32_t *ord = d->th_i + (size_t)ith * (size_t)d->max_ent;
+    for (int t = ith; t < d->n_tok; t += nth) {
+        const engine_tok *tk = &d->toks[t];
+        int n = (tk->pos + 1) / 4;
+        int32_t *sel = d->sel + (size_t)t * k;
+        if (n <= k) {
+            for (int j = 0; j < n; j++) sel[j] = j;
+            d->n_sel[t] = n;
+            continue;
+        }
+        const float *q = d->iq + (size_t)t * ih * id, *w = d->iw + (size_t)t * ih;
+        for (int j = 0; j < n; j++) {
+            const float *key = dsv4_row(d, tk->seq, il, 4 * j + 3) + l->icomp;
+            float s = 0;
+            for (int h = 0; h < ih; h++) {
+                float dot = ops_vec_dot_f32(id, q + (size_t)h * id, key);
+                s += w[h] * (dot > 0 ? dot : 0);
+            }
+            sc[j] = s;
+            ord[j] = j;
+        }
+        moe_sort_desc(ord, n, sc);
+        for (int j = 0; j < k; j++) sel[j] = ord[j];
+        /* ascending: the keys in position order, as a full selection has them */
+        for (int a = 1; a < k; a++) {
+            int32_t v = sel[a];
+            int b = a;
+            for (; b > 0 && sel[b - 1] > v; b--) sel[b] = sel[b - 1];
+            sel[b] = v;
+        }
+        d->n_sel[t] = k;
+    }
+}
+
+/* Attention of (entry, head) items: the window's raw rows and the layer's (chosen) entries
+ * as keys and values, a sink per head. */
+static void dsv4_job_attention(void *ctx, int ith, int nth)
+{
+    engine_dsv4 *d = ctx;
+    const model *m = d->m;
+    const int il = d->layer, H = m->hp.n_heads, hd = m->hp.head_dim, r = d->d->layers[il].ratio;
+    const dsv4_layout *l = &d->lay[il];
+    const float *sinks = m->layers[il].sinks, scale = m->hp.att_scale;
+    float *sc = dsv4_th(d, ith);
+    for (int it = ith; it < d->n_tok * H; it += nth) {
+        int t = it / H, h = it % H;
+        const engine_tok *tk = &d->toks[t];
+        const int p = tk->pos, lo = TM_MAX(0, p - d->d->swa + 1);
+        const float *q = d->q + ((size_t)t * H + h) * hd;
+        float *o = d->att + ((size_t)t * H + h) * hd;
+        int nk = 0;
+        for (int pp = lo; pp <= p; pp++) sc[nk++] = ops_vec_dot_f32(hd, q, dsv4_row(d, tk->seq, il, pp) + l->raw) * scale;
+        int ne = 0;
+        if (r == 4) ne = d->n_sel[t];
+        else if (r > 0) ne = (p + 1) / r;
+        for (int e = 0; e < ne; e++) {
+            int j = r == 4 ? d->sel[(size_t)t * d->d->idx_topk + e] : e;
+            sc[nk++] = ops_vec_dot_f32(hd, q, dsv4_row(d, tk->seq, il, r * j + r - 1) + l->comp) * scale;
+        }
+        float mx = sinks[h];
+        for (int i = 0; i < nk; i++) mx = fmaxf(mx, sc[i]);
+        float sum = expf(sinks[h] - mx);
+        for (int i = 0; i < nk; i++) sum += (sc[i] = expf(sc[i] - mx));
+        memset(o, 0, (size_t)hd * sizeof(float));
+        int i = 0;
+        for (int pp = lo; pp <= p; pp++) ops_vec_mad_f32(hd, o, dsv4_row(d, tk->seq, il, pp) + l->raw, sc[i++]);
+        for (int e = 0; e < ne; e++) {
+            int j = r == 4 ? d->sel[(size_t)t * d->d->idx_topk + e] : e;
+            ops_vec_mad_f32(hd, o, dsv4_row(d, tk->seq, il, r * j + r - 1) + l->comp, sc[i++]);
+        }
+        ops_vec_scale_f32(hd, o, 1.0f / sum);
+    }
+}
+
+/* ---- the layers ------------------------------------------------------------------------- */
+
+static void dsv4_attention(engine_dsv4 *d, int il, int T)
+{
+    const model *m = d->m;
+    const model_hparams *hp = &m->hp;
+    const model_dsv4 *md = d->d;
+    const model_layer *L = &m->layers[il];
+    const model_dsv4_layer *dl = &md->layers[il];
+    const dsv4_layout *lay = &d->lay[il];
+    const int H = hp->n_heads, hd = hp->head_dim, r = dl->ratio, id = md->idx_dim, ih = md->idx_heads;
+    const float eps = hp->rms_eps;
+    const float ts = r ? md->cbase_theta_scale : hp->rope_theta_scale;
+
+    dsv4_hc_pre(d, T, &dl->hc_fn[0], dl->hc_base[0], dl->hc_scale[0], L->attn_norm);
+    const ops_weight *in[7] = { &L->wq_a, &dl->wkv, &dl->comp_kv, &dl->comp_gate, &dl->icomp_kv, &dl->icomp_gate,
+                                &dl->idx_proj };
+    float *out[7] = { d->qa, d->kvr, d->ck, d->cg, d->ik, d->ig, d->iw };
+    ops_matmul_multi(d->tp, r == 4 ? 7 : r ? 4 : 2, in, d->cur, T, out, d->mm_scratch);
+    ops_rmsnorm(d->tp, d->qa, d->qa, L->q_a_norm, T, md->q_lora, eps);
+    ops_matmul(d->tp, &L->wq_b, d->qa, T, d->q, d->mm_scratch);
+    ops_rmsnorm(d->tp, d->q, d->q, NULL, T * H, hd, eps);
+    dsv4_rope(d, d->q, d->pos, T, H, hd, ts);
+    ops_rmsnorm(d->tp, d->kvr, d->kvr, dl->kv_norm, T, hd, eps);
+    dsv4_rope(d, d->kvr, d->pos, T, 1, hd, ts);
+    if (r == 4) {
+        ops_matmul(d->tp, &dl->idx_q_b, d->qa, T, d->iq, d->mm_scratch);
+        dsv4_rope(d, d->iq, d->pos, T, ih, id, md->cbase_theta_scale);
+        float s = 1.0f / sqrtf((float)id * (float)ih);
+        for (int i = 0; i < T * ih; i++) d->iw[i] *= s;
+    }
+
+    /* the rows into the pool, and the groups the entries complete, in batch order */
+    float *tmp = d->th_f;   /* the step thread's share, free outside the rounds */
+    for (int t = 0; t < T; t++) {
+        const engine_tok *tk = &d->toks[t];
+        const int p = tk->pos;
+        float *row = dsv4_row(d, tk->seq, il, p);
+        memcpy(row + lay->raw, d->kvr + (size_t)t * hd, (size_t)hd * sizeof(float));
+        if (!r) continue;
+        const int c = (r == 4 ? 2 : 1) * hd;
+        memcpy(row + lay->ckv, d->ck + (size_t)t * c, (size_t)c * sizeof(float));
+        const float *ape = dl->comp_ape + (size_t)(p % r) * c, *g = d->cg + (size_t)t * c;
+        for (int i = 0; i < c; i++) row[lay->csc + i] = g[i] + ape[i];
+        if (r == 4) {
+            memcpy(row + lay->ikv, d->ik + (size_t)t * 2 * id, 2 * (size_t)id * sizeof(float));
+            const float *ia = dl->icomp_ape + (size_t)(p % 4) * 2 * id, *ig = d->ig + (size_t)t * 2 * id;
+            for (int i = 0; i < 2 * id; i++) row[lay->isc + i] = ig[i] + ia[i];
+        }
+        if ((p + 1) % r == 0) {
+            dsv4_compress(d, tk->seq, il, p / r, r, lay->ckv, lay->csc, hd, dl->comp_norm, row + lay->comp, tmp);
+            if (r == 4)
+                dsv4_compress(d, tk->seq, il, p / r, r, lay->ikv, lay->isc, id, dl->icomp_norm, row + lay->icomp, tmp);
+        }
+    }
+    d->layer = il;
+    if (r == 4) threadpool_run(d->tp, dsv4_job_indexer, d);
+    threadpool_run(d->tp, dsv4_job_attention, d);
+
+    /* de-rope, then the grouped low-rank output */
+    dsv4_rope(d, d->att, d->npos, T, H, hd, ts);
+    const int G = md->o_groups, gd = H * hd / G, ol = md->o_lora;
+    const size_t rb = quant_row_bytes(dl->wo_a.type, dl->wo_a.cols);
+    for (int g = 0; g < G; g++) {
+        for (int t = 0; t < T; t++)
+            memcpy(d->og + (size_t)t * gd, d->att + (size_t)t * H * hd + (size_t)g * gd, (size_t)gd * sizeof(float));
+        ops_weight wg = { dl->wo_a.type, ol, dl->wo_a.cols, (const char *)dl->wo_a.data + (size_t)g * ol * rb };
+        ops_matmul(d->tp, &wg, d->og, T, d->ot, d->mm_scratch);
+        for (int t = 0; t < T; t++)
+            memcpy(d->oa + (size_t)t * G * ol + (size_t)g * ol, d->ot + (size_t)t * ol, (size_t)ol * sizeof(float));
+    }
+    ops_matmul(d->tp, &dl->wo_b, d->oa, T, d->y, d->mm_scratch);
+    dsv4_hc_post(d, T);
+}
+
+/* silu(min(g, lim)) * clamp(u, -lim, lim), in place in g; lim <= 1e-6: plain SwiGLU */
+static void dsv4_swiglu(float *g, const float *u, int64_t n, float lim)
+{
+    for (int64_t i = 0; i < n; i++) {
+        float a = g[i], b = u[i];
+        if (lim > 1e-6f) {
+            a = fminf(a, lim);
+            b = fminf(fmaxf(b, -lim), lim);
+        }
+        g[i] = a / (1.0f + expf(-a)) * b;
+    }
+}
+
+static void dsv4_moe(engine_dsv4 *d, int il, int T)
+{
+    const model *m = d->m;
+    const model_hparams *hp = &m->hp;
+    const model_layer *L = &m->layers[il];
+    const model_dsv4_layer *dl = &d->d->layers[il];
+    const int E = hp->n_expert, k = hp->n_expert_used, dim = hp->dim, ffn = dl->ffn;
+
+    dsv4_hc_pre(d, T, &dl->hc_fn[1], dl->hc_base[1], dl->hc_scale[1], L->ffn_norm);
+    ops_matmul(d->tp, &L->gate_inp, d->cur, T, d->r_logits, d->mm_scratch);
+    for (int t = 0; t < T; t++) {
+        const float *lg = d->r_logits + (size_t)t * E;
+        float *pr = d->r_probs + (size_t)t * E, sum = 0;
+        int32_t *sel = d->r_sel + (size_t)t * k;
+        float *w = d->r_w + (size_t)t * k;
+        for (int e = 0; e < E; e++) {
+            float x = lg[e], sp = x > 20.0f ? x : log1pf(expf(x));
+            pr[e] = sqrtf(sp);
+        }
+        if (dl->tid2eid) {
+            memcpy(sel, dl->tid2eid + (size_t)d->toks[t].token * k, (size_t)k * sizeof(int32_t));
+        } else {
+            for (int e = 0; e < E; e++) d->r_sc[e] = pr[e] + L->exp_probs_b[e], d->r_idx[e] = e;
+            moe_sort_desc(d->r_idx, E, d->r_sc);
+            memcpy(sel, d->r_idx, (size_t)k * sizeof(int32_t));
+        }
+        for (int i = 0; i < k; i++) sum += (w[i] = pr[sel[i]]);
+        if (hp->router_norm)
+            for (int i = 0; i < k; i++) w[i] /= fmaxf(sum, 6.103515625e-5f);
+        if (hp->router_scale != 0.0f && hp->router_scale != 1.0f)
+            for (int i = 0; i < k; i++) w[i] *= hp->router_scale;
+    }
+    /* group the (token, slot) rows by expert, each expert once over its rows */
+    for (int e = 0, nr = 0; e < E; e++) {
+        int r0 = nr;
+        for (int t = 0; t < T; t++)
+            for (int i = 0; i < k; i++)
+                if (d->r_sel[(size_t)t * k + i] == e) {
+                    memcpy(d->xg + (size_t)nr * dim, d->cur + (size_t)t * dim, (size_t)dim * sizeof(float));
+                    d->x_slot[(size_t)t * k + i] = nr++;
+                }
+        int n = nr - r0;
+        if (!n) continue;
+        ops_weight g = model_expert(&L->gate_exps, E, e), u = model_expert(&L->up_exps, E, e);
+        ops_weight dn = model_expert(&L->down_exps, E, e);
+        const ops_weight *gu[2] = { &g, &u };
+        float *fo[2] = { d->fg + (size_t)r0 * ffn, d->fu + (size_t)r0 * ffn };
+        ops_matmul_multi(d->tp, 2, gu, d->xg + (size_t)r0 * dim, n, fo, d->mm_scratch);
+        dsv4_swiglu(fo[0], fo[1], (int64_t)n * ffn, dl->clamp_exp);
+        ops_matmul(d->tp, &dn, fo[0], n, d->ye + (size_t)r0 * dim, d->mm_scratch);
+    }
+    if (L->gate_shexp.data) {
+        const int sf = (int)L->gate_shexp.rows;
+        const ops_weight *gu[2] = { &L->gate_shexp, &L->up_shexp };
+        float *fo[2] = { d->shg, d->shu };
+        ops_matmul_multi(d->tp, 2, gu, d->cur, T, fo, d->mm_scratch);
+        dsv4_swiglu(d->shg, d->shu, (int64_t)T * sf, dl->clamp_shexp);
+        ops_matmul(d->tp, &L->down_shexp, d->shg, T, d->sh, d->mm_scratch);
+    }
+    for (int t = 0; t < T; t++) {
+        float *y = d->y + (size_t)t * dim;
+        memset(y, 0, (size_t)dim * sizeof(float));
+        for (int i = 0; i < k; i++)
+            ops_vec_mad_f32(dim, y, d->ye + (size_t)d->x_slot[(size_t)t * k + i] * dim, d->r_w[(size_t)t * k + i]);
+        if (L->gate_shexp.data) ops_add(NULL, y, d->sh + (size_t)t * dim, dim);
+    }
+    dsv4_hc_post(d, T);
+}
+
+void engine_dsv4_step(engine_dsv4 *d, int T, const void *toks_, float *logits, float *hidden)
+{
+    const model *m = d->m;
+    const model_hparams *hp = &m->hp;
+    const model_dsv4 *md = d->d;
+    const engine_tok *toks = toks_;
+    const int dim = hp->dim, hc = md->hc;
+    d->toks = toks, d->n_tok = T;
+    for (int t = 0; t < T; t++) {
+        float *X = d->X + (size_t)t * hc * dim;
+        model_embed_row(m, toks[t].token, X);
+        for (int h = 1; h < hc; h++) memcpy(X + (size_t)h * dim, X, (size_t)dim * sizeof(float));
+        d->pos[t] = toks[t].pos;
+        d->npos[t] = -toks[t].pos;
+    }
+    for (int il = 0; il < hp->n_layers; il++) {
+        dsv4_attention(d, il, T);
+        dsv4_moe(d, il, T);
+    }
+    /* the head: the streams collapsed by their own mix (pre only), the output norm */
+    ops_rmsnorm(d->tp, d->xf, d->X, NULL, T, hc * dim, hp->rms_eps);
+    ops_matmul(d->tp, &md->out_hc_fn, d->xf, T, d->mix, d->mm_scratch);
+    int n_out = 0;
+    for (int t = 0; t < T; t++) {
+        const float *mx = d->mix + (size_t)t * hc, *X = d->X + (size_t)t * hc * dim;
+        float pre[16];
+        for (int h = 0; h < hc; h++) pre[h] = dsv4_sigmoid(mx[h] * md->out_hc_scale[0] + md->out_hc_base[h]) + md->hc_eps;
+        float *y = hidden + (size_t)t * dim;
+        for (int i = 0; i < dim; i++) {
+            float a = 0;
+            for (int h = 0; h < hc; h++) a += pre[h] * X[(size_t)h * dim + i];
+            y[i] = a;
+        }
+        if (toks[t].want_logits) memcpy(d->cur + (size_t)n_out++ * dim, y, (size_t)dim * sizeof(float));
+    }
+    if (n_out > 0) {
+        ops_rmsnorm(d->tp, d->cur, d->cur, m->output_norm, n_out, dim, hp->rms_eps);
+        ops_matmul(d->tp, &m->output, d->cur, n_out, logits, d->mm_scratch);
+    }
+}

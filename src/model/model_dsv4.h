@@ -1,0 +1,73 @@
+/*
+ * model_dsv4: DeepSeek V4 (`deepseek4` GGUFs as llama.cpp's converter writes them): the
+ * hyper-parameters and tensors that the family adds to model.h's, loaded by model_load.
+ *
+ * The tensors V4 shares with the other families stay in model_layer (attention and FFN
+ * norms, the sinks, wq_a / q_a_norm / wq_b, the router, the stacked experts, the shared
+ * expert, the selection bias), so that repacking, residency and the weight byte counts see
+ * them as any model's; model_dsv4_layer holds the rest: the single K=V head's projection,
+ * the grouped low-rank output, the hyper-connection mixes, the compressor and the lightning
+ * indexer of compressed layers, the hash-routing table. The forward pass is
+ * engine/engine_dsv4.c; docs/deepseek4.md writes it out.
+ *
+ * Not read: the MTP (`nextn`) layers stored after the model's (hp.n_nextn counts them; the
+ * model runs without them, as llama.cpp's does unless asked to load them).
+ */
+#ifndef TM_MODEL_DSV4_H
+#define TM_MODEL_DSV4_H
+
+#include <stdint.h>
+
+#include "model/model.h"
+
+typedef struct {
+    int ratio;               /* compression ratio: 0 (window only), 4 (with the indexer), 128 */
+    int ffn;                 /* the routed experts' hidden size in this layer */
+    float clamp_exp;         /* SwiGLU clamp of the routed experts, 0: none */
+    float clamp_shexp;       /* of the shared expert */
+    ops_weight wkv;          /* (hd, dim) the one K=V head */
+    const float *kv_norm;    /* (hd) f32 */
+    ops_weight wo_a;         /* (o_groups * o_lora, H * hd / o_groups): group g is rows g*o_lora.. */
+    ops_weight wo_b;         /* (dim, o_groups * o_lora) */
+    ops_weight hc_fn[2];     /* (mix, hc * dim) attention's, ffn's hyper-connection mixes */
+    const float *hc_base[2]; /* (mix) f32, mix = (2 + hc) * hc */
+    const float *hc_scale[2];/* (3) f32: pre, post, combination */
+    /* compressor (ratio > 0); coff = 2 for ratio 4 (overlapping groups), else 1 */
+    ops_weight comp_kv;      /* (coff * hd, dim) */
+    ops_weight comp_gate;    /* (coff * hd, dim) */
+    const float *comp_ape;   /* (ratio, coff * hd) f32 learned position within the group */
+    const float *comp_norm;  /* (hd) f32 */
+    /* lightning indexer (ratio 4) */
+    ops_weight idx_proj;     /* (idx_heads, dim) head weights */
+    ops_weight idx_q_b;      /* (idx_heads * idx_dim, q_lora) */
+    ops_weight icomp_kv;     /* (2 * idx_dim, dim) */
+    ops_weight icomp_gate;   /* (2 * idx_dim, dim) */
+    const float *icomp_ape;  /* (4, 2 * idx_dim) f32 */
+    const float *icomp_norm; /* (idx_dim) f32 */
+    const int32_t *tid2eid;  /* (n_vocab, n_expert_used) experts of each token (hash layers), or
+                              * NULL; in the file mapping, values checked < n_expert at load */
+} model_dsv4_layer;
+
+typedef struct model_dsv4 {
+    int q_lora;              /* query low-rank size */
+    int swa;                 /* sliding window: a query at p sees raw rows p - swa + 1 .. p */
+    int o_groups, o_lora;    /* grouped low-rank output: groups, rank per group */
+    int hc;                  /* residual streams (hyper-connections) */
+    int sk_iters;            /* Sinkhorn iterations */
+    float hc_eps;            /* hyper-connection epsilon */
+    int n_hash;              /* leading layers routed by tid2eid */
+    int idx_heads, idx_dim;  /* lightning indexer heads and key size */
+    int idx_topk;            /* compressed entries an indexed layer attends to at most */
+    float cbase;             /* RoPE base of compressed layers (attention.compress_rope_freq_base) */
+    float cbase_theta_scale; /* powf(cbase, -2 / n_rot) */
+    int max_ffn;             /* largest expert hidden size over the layers */
+    ops_weight out_hc_fn;    /* (hc, hc * dim) the head's collapse of the streams */
+    const float *out_hc_base;/* (hc) f32 */
+    const float *out_hc_scale; /* (1) f32 */
+    model_dsv4_layer *layers;/* (n_layers) */
+} model_dsv4;
+
+/* Frees what model_dsv4_load allocated (NULL is fine); the model's owned arrays are its own. */
+void model_dsv4_free(model_dsv4 *d);
+
+#endif
