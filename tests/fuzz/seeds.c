@@ -179,7 +179,7 @@ static void block_seeds(void)
     uint8_t key[32], fp[32];
     for (int i = 0; i < 32; i++) key[i] = (uint8_t)i, fp[i] = (uint8_t)(255 - i);
     block_header h;
-    block_header_init(&h, key, fp, QTYPE_F16, 2, 1, 1, 2, 2);
+    block_header_init(&h, key, fp, QTYPE_F16, 2 * 2, 1, 1, 2, 2);
     uint8_t *file = block_alloc(&h);
     for (size_t i = 0; i < h.payload_bytes; i++) ((uint8_t *)block_payload(file))[i] = (uint8_t)i;
     block_seal(&h, file);

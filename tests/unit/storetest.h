@@ -46,7 +46,7 @@ static inline void *storetest_block(const uint8_t key[32], int n_layers, uint64_
 {
     block_header h;
     uint8_t fp[32] = { 7 };
-    block_header_init(&h, key, fp, 1, 2, n_layers, 2, 16, 2);
+    block_header_init(&h, key, fp, 1, 16 * 2, n_layers, 2, 16, 2);   /* F16 rows of 16 */
     uint8_t *f = block_alloc(&h);
     util_rng r;
     util_rng_seed(&r, seed);

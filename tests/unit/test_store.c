@@ -76,7 +76,7 @@ TEST(test_block_format)
     /* a latent block (V is K) has one row per (layer, kv head, token): half the payload, and
      * its header says so; a file written before the field existed (zeros) reads as K and V */
     uint8_t fp[32] = { 7 };
-    block_header_init(&h, key, fp, 1, 2, 3, 1, 24, 1);
+    block_header_init(&h, key, fp, 1, 24 * 2, 3, 1, 24, 1);
     CHECK(h.payload_bytes == 3 * 128 * 24 * 2);
     f = block_alloc(&h);
     block_seal(&h, f);
