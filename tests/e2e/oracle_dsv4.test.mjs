@@ -14,46 +14,18 @@
 import {test} from 'node:test';
 import assert from 'node:assert/strict';
 import {spawn, spawnSync} from 'node:child_process';
-import crypto from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
+import {root, bin, gen, oracleFiles, rng} from './oracle_common.mjs';
 
-const root = path.resolve(import.meta.dirname, '../..');
-const bin = path.join(root, 'build/tokenmill');
-const gen = path.join(root, 'tests/data/gen');
 const script = path.join(root, 'tests/oracle/gguf_dsv4.py');
 const refScript = path.join(root, 'tests/oracle/dsv4_ref.py');
-const ggufPy = path.join(root, 'tests/data/llama.cpp/gguf-py');
 const TOP = 10;
 const TOL = 1e-3;
 const LENS = [1, 40, 300];
 const GREEDY = 8;
 
-function findPython() {
-  for (const py of ['python3', '/usr/bin/python3']) {
-    const r = spawnSync(py, ['-c', 'import numpy'], {encoding: 'utf8'});
-    if (r.status === 0) return py;
-  }
-  return null;
-}
-const python = findPython();
-const skip = !fs.existsSync(bin) ? 'build/tokenmill not built'
-  : !fs.existsSync(ggufPy) ? 'no tests/data/llama.cpp (scripts/fetch-testdata.sh)'
-  : !python ? 'no python3 with numpy (scripts/deps.sh installs python3-numpy)' : false;
-
-const KEY = skip ? '' : crypto.createHash('sha256').update(fs.readFileSync(script)).digest('hex').slice(0, 10);
-
-function cached(name, make) {
-  const file = path.join(gen, `${name}-${KEY}.gguf`);
-  if (fs.existsSync(file)) return file;
-  fs.mkdirSync(gen, {recursive: true});
-  for (const f of fs.readdirSync(gen))
-    if (f.startsWith(`${name}-`) && f.endsWith('.gguf')) fs.rmSync(path.join(gen, f));
-  const tmp = `${file}.tmp${process.pid}`;
-  make(tmp);
-  fs.renameSync(tmp, file);
-  return file;
-}
+const {python, skip, cached} = oracleFiles([script]);
 
 function model() {
   const vocab = cached('oracle-dsv4-vocab', (out) => {
@@ -79,17 +51,6 @@ function run(cmd, args, env) {
       else resolve(JSON.parse(Buffer.concat(out).toString('utf8')));
     });
   });
-}
-
-function rng(seed) { // mulberry32
-  let s = seed >>> 0;
-  return (n) => {
-    s = (s + 0x6D2B79F5) >>> 0;
-    let t = s;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) % n;
-  };
 }
 
 test('deepseek4 (gguf-py, F32): llama.cpp loads it and the numpy reference agrees with it past the window, ' +

@@ -26,16 +26,12 @@
 // skipped without it. Models are cached under tests/data/gen/, keyed by the generator's hash.
 import {test, after} from 'node:test';
 import assert from 'node:assert/strict';
-import {spawn, spawnSync} from 'node:child_process';
-import crypto from 'node:crypto';
+import {spawnSync} from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
+import {root, bin, gen, oracleFiles, rng, llamaEval, posDiff} from './oracle_common.mjs';
 
-const root = path.resolve(import.meta.dirname, '../..');
-const bin = path.join(root, 'build/tokenmill');
-const gen = path.join(root, 'tests/data/gen');
 const script = path.join(root, 'tests/oracle/gguf_moe.py');
-const ggufPy = path.join(root, 'tests/data/llama.cpp/gguf-py');
 const TOP = 10;
 const TOL_F32 = 1e-3;
 const MEDIAN_TOL = 2e-3;
@@ -55,38 +51,14 @@ const FAMILIES = {
   'gpt-oss': {quant: 'mxfp4'},
 };
 
-function findPython() {
-  for (const py of ['python3', '/usr/bin/python3']) {
-    const r = spawnSync(py, ['-c', 'import numpy'], {encoding: 'utf8'});
-    if (r.status === 0) return py;
-  }
-  return null;
-}
-const python = findPython();
-const skip = !fs.existsSync(bin) ? 'build/tokenmill not built'
-  : !fs.existsSync(ggufPy) ? 'no tests/data/llama.cpp (scripts/fetch-testdata.sh)'
-  : !python ? 'no python3 with numpy (scripts/deps.sh installs python3-numpy)' : false;
+const {python, skip, cached} = oracleFiles([script]);
 
 const report = [];
 after(() => {
   for (const r of report) console.log(`oracle_moe: ${r}`);
 });
 
-const KEY = skip ? '' : crypto.createHash('sha256').update(fs.readFileSync(script)).digest('hex').slice(0, 10);
-
 // A cached file made by make(tmpPath) unless one with the same key exists.
-function cached(name, make) {
-  const file = path.join(gen, `${name}-${KEY}.gguf`);
-  if (fs.existsSync(file)) return file;
-  fs.mkdirSync(gen, {recursive: true});
-  for (const f of fs.readdirSync(gen))
-    if (f.startsWith(`${name}-`) && f.endsWith('.gguf')) fs.rmSync(path.join(gen, f));
-  const tmp = `${file}.tmp${process.pid}`;
-  make(tmp);
-  fs.renameSync(tmp, file);
-  return file;
-}
-
 function vocabFile() {
   return cached('oracle-moe-vocab', (out) => {
     const r = spawnSync(bin, ['mkmodel', '--arch', 'qwen3', '--preset', 'tiny', '--layers', '1', '--vocab-size', '8192',
@@ -101,32 +73,6 @@ function model(shape, type) {
     const r = spawnSync(python, [script, '--shape', shape, '--type', type, '--vocab', vocab, '--seed', '1', '-o', out],
       {encoding: 'utf8'});
     assert.equal(r.status, 0, `gguf_moe.py failed: ${r.stderr}`);
-  });
-}
-
-function rng(seed) { // mulberry32
-  let s = seed >>> 0;
-  return (n) => {
-    s = (s + 0x6D2B79F5) >>> 0;
-    let t = s;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) % n;
-  };
-}
-
-function llamaEval(file, inFile, kv) {
-  return new Promise((resolve, reject) => {
-    const ch = spawn(process.execPath, [path.join(root, 'tests/oracle/llama_eval.mjs'), '-m', file, '--input', inFile,
-      '--threads', '1', '--kv', kv], {env: {...process.env, UV_THREADPOOL_SIZE: '1'}});
-    const out = [], err = [];
-    ch.stdout.on('data', (d) => out.push(d));
-    ch.stderr.on('data', (d) => err.push(d));
-    ch.on('error', reject);
-    ch.on('close', (code) => {
-      if (code !== 0) reject(new Error(`llama_eval failed (exit ${code}): ${Buffer.concat(err)}`));
-      else resolve(JSON.parse(Buffer.concat(out).toString('utf8')));
-    });
   });
 }
 
@@ -147,18 +93,6 @@ async function runBoth(file, input, kv) {
 
 // max |Δ logprob| over the tokens both top-Ks hold at one position; a token only one of
 // them holds must be within tol of the other's last
-function posDiff(got, ref, tol, label) {
-  const g = new Map(got), r = new Map(ref);
-  let d = 0;
-  for (const [id, lp] of ref) {
-    if (g.has(id)) d = Math.max(d, Math.abs(g.get(id) - lp));
-    else assert.ok(lp <= got.at(-1)[1] + tol, `${label}: llama.cpp's token ${id} (${lp}) not in tokenmill's top-${TOP}`);
-  }
-  for (const [id, lp] of got)
-    if (!r.has(id)) assert.ok(lp <= ref.at(-1)[1] + tol, `${label}: tokenmill's token ${id} (${lp}) not in llama.cpp's top-${TOP}`);
-  return d;
-}
-
 // The first position whose token's routing margin is below TIE (Infinity: none).
 function firstTie(margins) {
   assert.ok(Array.isArray(margins), 'tokenmill eval reports route_margin for a MoE model');

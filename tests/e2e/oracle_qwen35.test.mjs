@@ -16,16 +16,12 @@
 // Needs python3 with numpy; skipped without it. Models are cached under tests/data/gen/.
 import {test, after} from 'node:test';
 import assert from 'node:assert/strict';
-import {spawn, spawnSync} from 'node:child_process';
-import crypto from 'node:crypto';
+import {spawnSync} from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
+import {root, bin, gen, oracleFiles, rng, llamaEval, posDiff} from './oracle_common.mjs';
 
-const root = path.resolve(import.meta.dirname, '../..');
-const bin = path.join(root, 'build/tokenmill');
-const gen = path.join(root, 'tests/data/gen');
 const script = path.join(root, 'tests/oracle/gguf_qwen35.py');
-const ggufPy = path.join(root, 'tests/data/llama.cpp/gguf-py');
 const TOP = 10;
 const TOL = 3e-3;
 const TIE_LP = 1e-3;
@@ -33,37 +29,12 @@ const TIE_ROUTE = 1e-5;
 const LENS = [1, 9, 40, 150];
 const GREEDY = 24;
 
-function findPython() {
-  for (const py of ['python3', '/usr/bin/python3']) {
-    const r = spawnSync(py, ['-c', 'import numpy'], {encoding: 'utf8'});
-    if (r.status === 0) return py;
-  }
-  return null;
-}
-const python = findPython();
-const skip = !fs.existsSync(bin) ? 'build/tokenmill not built'
-  : !fs.existsSync(ggufPy) ? 'no tests/data/llama.cpp (scripts/fetch-testdata.sh)'
-  : !python ? 'no python3 with numpy (scripts/deps.sh installs python3-numpy)' : false;
+const {python, skip, cached} = oracleFiles([script, path.join(root, 'tests/oracle/gguf_moe.py')]);
 
 const report = [];
 after(() => {
   for (const r of report) console.log(`oracle_qwen35: ${r}`);
 });
-
-const KEY = skip ? '' : crypto.createHash('sha256').update(fs.readFileSync(script))
-  .update(fs.readFileSync(path.join(root, 'tests/oracle/gguf_moe.py'))).digest('hex').slice(0, 10);
-
-function cached(name, make) {
-  const file = path.join(gen, `${name}-${KEY}.gguf`);
-  if (fs.existsSync(file)) return file;
-  fs.mkdirSync(gen, {recursive: true});
-  for (const f of fs.readdirSync(gen))
-    if (f.startsWith(`${name}-`) && f.endsWith('.gguf')) fs.rmSync(path.join(gen, f));
-  const tmp = `${file}.tmp${process.pid}`;
-  make(tmp);
-  fs.renameSync(tmp, file);
-  return file;
-}
 
 function vocabFile() {
   return cached('oracle-q35-vocab', (out) => {
@@ -83,32 +54,6 @@ function model(shape, type, sets = []) {
   });
 }
 
-function rng(seed) { // mulberry32
-  let s = seed >>> 0;
-  return (n) => {
-    s = (s + 0x6D2B79F5) >>> 0;
-    let t = s;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) % n;
-  };
-}
-
-function llamaEval(file, inFile) {
-  return new Promise((resolve, reject) => {
-    const ch = spawn(process.execPath, [path.join(root, 'tests/oracle/llama_eval.mjs'), '-m', file, '--input', inFile,
-      '--threads', '1', '--kv', 'f32'], {env: {...process.env, UV_THREADPOOL_SIZE: '1'}});
-    const out = [], err = [];
-    ch.stdout.on('data', (d) => out.push(d));
-    ch.stderr.on('data', (d) => err.push(d));
-    ch.on('error', reject);
-    ch.on('close', (code) => {
-      if (code !== 0) reject(new Error(`llama_eval failed (exit ${code}): ${Buffer.concat(err)}`));
-      else resolve(JSON.parse(Buffer.concat(out).toString('utf8')));
-    });
-  });
-}
-
 function tmEval(file, inFile, args = ['--threads', '2']) {
   const tm = spawnSync(bin, ['eval', '-m', file, '--input', inFile, '--kv', 'f32', ...args],
     {encoding: 'utf8', maxBuffer: 64 << 20});
@@ -125,18 +70,6 @@ async function runBoth(file, input) {
   } finally {
     fs.rmSync(dir, {recursive: true, force: true});
   }
-}
-
-function posDiff(got, ref, tol, label) {
-  const g = new Map(got), r = new Map(ref);
-  let d = 0;
-  for (const [id, lp] of ref) {
-    if (g.has(id)) d = Math.max(d, Math.abs(g.get(id) - lp));
-    else assert.ok(lp <= got.at(-1)[1] + tol, `${label}: llama.cpp's token ${id} (${lp}) not in tokenmill's top-${TOP}`);
-  }
-  for (const [id, lp] of got)
-    if (!r.has(id)) assert.ok(lp <= ref.at(-1)[1] + tol, `${label}: tokenmill's token ${id} (${lp}) not in llama.cpp's top-${TOP}`);
-  return d;
 }
 
 // The first position (prompt positions, then greedy steps at n - 1 + g) where either side's two

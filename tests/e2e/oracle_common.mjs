@@ -1,0 +1,93 @@
+// oracle_common: what the oracle tests that compare tokenmill with the prebuilt llama.cpp on
+// models written by llama.cpp's gguf-py share: finding a python with numpy, the model files
+// cached in tests/data/gen under a hash of the scripts that write them (so an edited script
+// writes them anew), a seeded generator for prompts, llama.cpp's side of a comparison
+// (tests/oracle/llama_eval.mjs in its own process) and the top-K comparison of one position.
+import assert from 'node:assert/strict';
+import {spawn, spawnSync} from 'node:child_process';
+import crypto from 'node:crypto';
+import fs from 'node:fs';
+import path from 'node:path';
+
+export const root = path.resolve(import.meta.dirname, '../..');
+export const bin = path.join(root, 'build/tokenmill');
+export const gen = path.join(root, 'tests/data/gen');
+export const ggufPy = path.join(root, 'tests/data/llama.cpp/gguf-py');
+
+// The first python3 with numpy: a pyenv python3 on PATH may lack it where Debian's has it.
+export function findPython() {
+  for (const py of ['python3', '/usr/bin/python3']) {
+    const r = spawnSync(py, ['-c', 'import numpy'], {encoding: 'utf8'});
+    if (r.status === 0) return py;
+  }
+  return null;
+}
+
+// For tests whose models `scripts` write: {python, skip (why the tests cannot run, or false),
+// cached(name, make)}, where cached returns gen/NAME-KEY.gguf, calling make(tmpPath) to write
+// it first when it is not there (and removing NAME's files of other keys).
+export function oracleFiles(scripts) {
+  const python = findPython();
+  const skip = !fs.existsSync(bin) ? 'build/tokenmill not built'
+    : !fs.existsSync(ggufPy) ? 'no tests/data/llama.cpp (scripts/fetch-testdata.sh)'
+    : !python ? 'no python3 with numpy (scripts/deps.sh installs python3-numpy)' : false;
+  let key = '';
+  if (!skip) {
+    const h = crypto.createHash('sha256');
+    for (const s of scripts) h.update(fs.readFileSync(s));
+    key = h.digest('hex').slice(0, 10);
+  }
+  function cached(name, make) {
+    const file = path.join(gen, `${name}-${key}.gguf`);
+    if (fs.existsSync(file)) return file;
+    fs.mkdirSync(gen, {recursive: true});
+    for (const f of fs.readdirSync(gen))
+      if (f.startsWith(`${name}-`) && f.endsWith('.gguf')) fs.rmSync(path.join(gen, f));
+    const tmp = `${file}.tmp${process.pid}`;
+    make(tmp);
+    fs.renameSync(tmp, file);
+    return file;
+  }
+  return {python, skip, cached};
+}
+
+export function rng(seed) { // mulberry32: rng(n) is an integer in [0, n)
+  let s = seed >>> 0;
+  return (n) => {
+    s = (s + 0x6D2B79F5) >>> 0;
+    let t = s;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) % n;
+  };
+}
+
+// llama.cpp's answer for the eval input file inFile (one thread, KV cache of type kv).
+export function llamaEval(file, inFile, kv = 'f32') {
+  return new Promise((resolve, reject) => {
+    const ch = spawn(process.execPath, [path.join(root, 'tests/oracle/llama_eval.mjs'), '-m', file, '--input', inFile,
+      '--threads', '1', '--kv', kv], {env: {...process.env, UV_THREADPOOL_SIZE: '1'}});
+    const out = [], err = [];
+    ch.stdout.on('data', (d) => out.push(d));
+    ch.stderr.on('data', (d) => err.push(d));
+    ch.on('error', reject);
+    ch.on('close', (code) => {
+      if (code !== 0) reject(new Error(`llama_eval failed (exit ${code}): ${Buffer.concat(err)}`));
+      else resolve(JSON.parse(Buffer.concat(out).toString('utf8')));
+    });
+  });
+}
+
+// max |Δ logprob| over the tokens both top-Ks ([id, logprob] pairs) hold at one position; a
+// token only one of them holds must be within tol of the other's last.
+export function posDiff(got, ref, tol, label) {
+  const g = new Map(got), r = new Map(ref);
+  let d = 0;
+  for (const [id, lp] of ref) {
+    if (g.has(id)) d = Math.max(d, Math.abs(g.get(id) - lp));
+    else assert.ok(lp <= got.at(-1)[1] + tol, `${label}: llama.cpp's token ${id} (${lp}) not in tokenmill's top-${got.length}`);
+  }
+  for (const [id, lp] of got)
+    if (!r.has(id)) assert.ok(lp <= ref.at(-1)[1] + tol, `${label}: tokenmill's token ${id} (${lp}) not in llama.cpp's top-${ref.length}`);
+  return d;
+}
