@@ -20,7 +20,11 @@
 
 /* The float chain must round as the scalar level's (built without FMA) does: no a * b + c
  * fused into one rounding. */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#else
 #pragma GCC optimize("fp-contract=off")
+#endif
 
 #define IQ2_INLINE static inline __attribute__((always_inline))
 
