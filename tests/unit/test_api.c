@@ -1,8 +1,8 @@
 /*
  * test_api: the three chat APIs' pure stages. JSON bodies in -> conv and parameters; every
  * bad-input case -> the vendor's error shape and status; token streams (hand-written, with
- * marker ids of eventstest.h) -> each vendor's JSON and SSE events; the stop-sequence
- * matcher; the Responses store.
+ * marker ids of eventstest.h) -> each vendor's JSON and SSE events; the Responses store.
+ * The stop-sequence matcher's own tests are in test_api_out.c.
  */
 #include "harness.h"
 #include "eventstest.h"
@@ -503,57 +503,6 @@ TEST(integer_fields_beyond_long_long)
     CHECK(rejects(API_KIND_CHAT, chat_seed, sizeof chat_seed - 1, 400, "integer below minimum value"));
     CHECK(rejects(API_KIND_MESSAGES, msgs, sizeof msgs - 1, 400, "less than or equal to"));
     CHECK(rejects(API_KIND_RESPONSES, resp, sizeof resp - 1, 400, "integer above maximum value"));
-}
-
-/* ---------------------------------------------------------------- stop matcher */
-
-static const char *stop_run(const char **pieces, char **stops, int n_stop, int *matched)
-{
-    static char out[256];
-    api_stop s;
-    api_stop_init(&s, stops, n_stop);
-    bytebuf emit = {0};
-    bytebuf_puts(&emit, "");
-    bool hit = false;
-    for (int i = 0; pieces[i] && !hit; i++) {
-        size_t before = emit.len;
-        hit = api_stop_feed(&s, pieces[i], strlen(pieces[i]), &emit);
-        (void)before;
-    }
-    if (!hit) api_stop_flush(&s, &emit);
-    *matched = s.matched;
-    snprintf(out, sizeof out, "%s", emit.p);
-    bytebuf_free(&emit);
-    api_stop_free(&s);
-    return out;
-}
-
-TEST(stop_matcher)
-{
-    char *stops[] = {"STOP", "\n\n", "ab"};
-    int m;
-    const char *p1[] = {"hello S", "TO", "P world", NULL};
-    CHECK(!strcmp(stop_run(p1, stops, 3, &m), "hello ") && m == 0);
-    const char *p2[] = {"one\n", "\ntwo", NULL};
-    CHECK(!strcmp(stop_run(p2, stops, 3, &m), "one") && m == 1);
-    const char *p3[] = {"ST", "OX", NULL}; /* partial match that fails is released */
-    CHECK(!strcmp(stop_run(p3, stops, 3, &m), "STOX") && m == -1);
-    const char *p4[] = {"xx a", NULL}; /* held at the end, flushed */
-    CHECK(!strcmp(stop_run(p4, stops, 3, &m), "xx a") && m == -1);
-    const char *p5[] = {"zabSTOP", NULL}; /* earliest match wins */
-    CHECK(!strcmp(stop_run(p5, stops, 3, &m), "z") && m == 2);
-    /* hold-back: nothing that may start a stop is released early */
-    api_stop s;
-    bytebuf emit = {0};
-    api_stop_init(&s, stops, 3);
-    CHECK(!api_stop_feed(&s, "wait S", 6, &emit) && emit.len == 5 && !memcmp(emit.p, "wait ", 5));
-    CHECK(!api_stop_feed(&s, "T", 1, &emit) && emit.len == 5);
-    CHECK(api_stop_feed(&s, "OP", 2, &emit) && emit.len == 5);
-    api_stop_free(&s);
-    bytebuf_free(&emit);
-    /* no stops: passthrough */
-    const char *p6[] = {"a", "b", NULL};
-    CHECK(!strcmp(stop_run(p6, NULL, 0, &m), "ab"));
 }
 
 /* ---------------------------------------------------------------- output */
@@ -1148,24 +1097,6 @@ static char *nested_body(const char *tpl, int depth)
     return b;
 }
 
-TEST(jsonfmt_scan_bounds)
-{
-    int d;
-    size_t n;
-    CHECK(jsonfmt_scan("{\"a\":[1,2,{\"b\":null}]}", 22, 3, 100, &d, &n) == JSONFMT_SCAN_OK && d == 3 && n == 8);
-    CHECK(jsonfmt_scan("{\"a\":[1,2,{\"b\":null}]}", 22, 2, 100, &d, NULL) == JSONFMT_SCAN_TOO_DEEP);
-    CHECK(jsonfmt_scan("[1,2,3,4]", 9, 8, 4, NULL, &n) == JSONFMT_SCAN_TOO_MANY);
-    /* brackets, commas and escaped quotes inside strings are text */
-    CHECK(jsonfmt_scan("[\"[[[\\\"{{,,\"]", 13, 1, 2, &d, &n) == JSONFMT_SCAN_OK && d == 1 && n == 2);
-    /* a million opening brackets: measured without recursion */
-    size_t big = 1000000;
-    char *s = xmalloc(big);
-    memset(s, '[', big);
-    CHECK(jsonfmt_scan(s, big, JSONFMT_MAX_DEPTH, JSONFMT_MAX_VALUES, &d, NULL) == JSONFMT_SCAN_TOO_DEEP &&
-          d == JSONFMT_MAX_DEPTH + 1);
-    free(s);
-}
-
 TEST(nesting_limit_every_field)
 {
     /* Every field that holds JSON of the client's shape, in every API: at the limit the depth
@@ -1312,37 +1243,10 @@ TEST(fields_checked_alike)
 
 /* ---------------------------------------------------------------- UTF-8 out */
 
-static bool repaired_is(const char *in, size_t n, const char *want)
-{
-    char out[64];
-    size_t m = unicode_utf8_repair(in, n, out);
-    bool ok = m == strlen(want) && !memcmp(out, want, m);
-    if (!ok) fprintf(stderr, "  repair gave %.*s, want %s\n", (int)m, out, want);
-    return ok;
-}
-
 TEST(utf8_out)
 {
-    /* one U+FFFD per maximal subpart, as WHATWG decoders (and llama.cpp's server) do */
-    CHECK(repaired_is("\xE2\x82" "A", 3, "\xEF\xBF\xBD" "A"));
-    CHECK(repaired_is("\xE2" "ab", 3, "\xEF\xBF\xBD" "ab"));
-    CHECK(repaired_is("\xF0\x9D\x84\xF0\x9D\x84\x9E", 7, "\xEF\xBF\xBD" "\xF0\x9D\x84\x9E"));
-    CHECK(repaired_is("\xC0\x80", 2, "\xEF\xBF\xBD\xEF\xBF\xBD"));             /* overlong */
-    CHECK(repaired_is("\xED\xA0\x80", 3, "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD")); /* surrogate */
-    CHECK(repaired_is("\xF4\x90\x80\x80", 4, "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD")); /* > U+10FFFF */
-    CHECK(repaired_is("\x9E", 1, "\xEF\xBF\xBD"));
-    CHECK(repaired_is("h\xC3\xA9!", 4, "h\xC3\xA9!"));
-    /* what may still become a character, at the end */
-    CHECK(unicode_utf8_tail("ab\xE2\x82", 4) == 2 && unicode_utf8_tail("ab\xE2\x82\xAC", 5) == 0);
-    CHECK(unicode_utf8_tail("\xF0\x9D\x84", 3) == 3 && unicode_utf8_tail("\xC0", 1) == 0 && unicode_utf8_tail("\xF4\x90", 2) == 0);
-    CHECK(unicode_utf8_valid("\xF0\x9D\x84\x9E", 4) && !unicode_utf8_valid("\xF0\x9D\x84", 3) && !unicode_utf8_valid("\xE0\x80\x80", 3));
-    /* the JSON writer's guarantee: any bytes in, valid UTF-8 out */
-    bytebuf b = {0};
-    jsonfmt_write_string(&b, "a\xE2" "b\"\x01\xFF", 6);
-    CHECK(!strcmp(b.p, "\"a\xEF\xBF\xBD" "b\\\"\\u0001\xEF\xBF\xBD\""));
-    bytebuf_free(&b);
-    /* every formatter writes through it: tokens whose text is not UTF-8 on their own, in every
-     * API's body and stream */
+    /* every formatter writes through jsonfmt's string writer (test_jsonfmt): tokens whose
+     * text is not UTF-8 on their own, in every API's body and stream, come out valid */
     for (int kind = API_KIND_CHAT; kind <= API_KIND_MESSAGES; kind++) {
         for (int stream = 0; stream < 2; stream++) {
             api_req r;
@@ -1882,7 +1786,6 @@ int main(void)
     RUN(messages_parse);
     RUN(text_parts_shared);
     RUN(error_shapes);
-    RUN(stop_matcher);
     RUN(chat_output_nonstream);
     RUN(chat_output_tools_and_stream);
     RUN(chat_logprobs);
@@ -1892,7 +1795,6 @@ int main(void)
     RUN(reasoning_effort_fields);
     RUN(store_bound);
     RUN(messages_output);
-    RUN(jsonfmt_scan_bounds);
     RUN(nesting_limit_every_field);
     RUN(fields_checked_alike);
     RUN(utf8_out);

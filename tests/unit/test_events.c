@@ -336,33 +336,6 @@ TEST(tool_arguments_stream)
     bytebuf_free(&want);
 }
 
-/* jsonfmt_prefix: the output for every prefix of a text is a prefix of the output for the
- * whole, MORE until the value is complete, then DONE with jsonfmt_write's output. */
-TEST(jsonfmt_prefix_extends)
-{
-    const char *texts[] = { long_args, "[1, 2.0, \"\\ud83d\\ude00\", {\"k\": [true, null]}]", "\"\\u00e9\xc3\xa9\"", "{}", NULL };
-    for (int t = 0; texts[t]; t++) {
-        size_t n = strlen(texts[t]);
-        bytebuf full = { 0 }, b = { 0 };
-        CHECK(jsonfmt_write(&full, texts[t], n, JSONFMT_COMPACT, 0));
-        for (size_t k = 0; k <= n; k++) {
-            b.len = 0;
-            size_t used = 0;
-            jsonfmt_prefix_status st = jsonfmt_prefix(&b, texts[t], k, &used);
-            CHECKF(st == (k == n ? JSONFMT_PREFIX_DONE : JSONFMT_PREFIX_MORE) || (st == JSONFMT_PREFIX_DONE && texts[t][k - 1] == '}'),
-                   "text %d prefix %zu: status %d", t, k, st);
-            CHECKF(b.len <= full.len && !memcmp(b.p ? b.p : "", full.p, b.len), "text %d prefix %zu: %.*s", t, k, (int)b.len, b.p);
-            CHECK(utf8_ok(b.p ? b.p : "", b.len));
-            if (st == JSONFMT_PREFIX_DONE) CHECK(b.len == full.len);
-        }
-        bytebuf_free(&full);
-        bytebuf_free(&b);
-    }
-    bytebuf b = { 0 };
-    CHECK(jsonfmt_prefix(&b, "{\"a\": 12x", 9, NULL) == JSONFMT_PREFIX_BAD && !strcmp(b.p, "{\"a\":12"));
-    bytebuf_free(&b);
-}
-
 TEST(reset_reuses)
 {
     events_markers m = eventstest_qwen();
@@ -378,44 +351,6 @@ TEST(reset_reuses)
     CHECKF(!strcmp(r.log.p, "T:x|F:stop|T:y|F:stop"), "%s", r.log.p);
     events_free(ev);
     bytebuf_free(&r.log);
-}
-
-TEST(jsonfmt_layouts)
-{
-    bytebuf b = { 0 };
-    const char *src = " {\"a\" : [1, 2.0, -0.5, 1e21, 1E-7, 12345678901234567890], \"b\":{}, \"c\":[], \"d\":\"\\u00e9\\n\\/\\ud83d\\ude00\\u0001\"} ";
-    CHECK(jsonfmt_write(&b, src, strlen(src), JSONFMT_SPACED, 0));
-    CHECKF(!strcmp(b.p, "{\"a\": [1, 2, -0.5, 1e+21, 1e-7, 12345678901234567000], \"b\": {}, \"c\": [], \"d\": \"\xc3\xa9\\n/\xf0\x9f\x98\x80\\u0001\"}"), "%s", b.p);
-    b.len = 0;
-    const char *s2 = "{\"a\":[1,{\"x\":null}],\"b\":{}}";
-    CHECK(jsonfmt_write(&b, s2, strlen(s2), JSONFMT_INDENT, 4));
-    CHECKF(!strcmp(b.p, "{\n    \"a\": [\n        1,\n        {\n            \"x\": null\n        }\n    ],\n    \"b\": {}\n}"), "%s", b.p);
-    size_t before = b.len;
-    CHECK(!jsonfmt_write(&b, "{\"a\":}", 6, JSONFMT_COMPACT, 0));
-    CHECK(!jsonfmt_write(&b, "[1,]", 4, JSONFMT_COMPACT, 0));
-    CHECK(!jsonfmt_write(&b, "1 2", 3, JSONFMT_COMPACT, 0));
-    CHECK(!jsonfmt_write(&b, "01", 2, JSONFMT_COMPACT, 0));
-    CHECK(b.len == before);
-    const char *v;
-    size_t vn;
-    CHECK(jsonfmt_get_member(s2, strlen(s2), "b", &v, &vn) && vn == 2 && !memcmp(v, "{}", 2));
-    CHECK(!jsonfmt_get_member(s2, strlen(s2), "x", &v, &vn));
-    /* walking a container: members in order with decoded keys, array elements (strings too) */
-    const char *o = " { \"k\\u00e9\" : [1, \"a\", {}] , \"b\":\"x:y\" } ";
-    size_t pos = 0;
-    b.len = 0;
-    CHECK(jsonfmt_next(o, strlen(o), &pos, &b, &v, &vn) && !strcmp(b.p, "k\xc3\xa9") && vn == 12 && !memcmp(v, "[1, \"a\", {}]", 12));
-    const char *arr = v;
-    size_t arrn = vn;
-    CHECK(jsonfmt_next(o, strlen(o), &pos, &b, &v, &vn) && !strcmp(b.p, "b") && vn == 5 && !memcmp(v, "\"x:y\"", 5));
-    CHECK(!jsonfmt_next(o, strlen(o), &pos, &b, &v, &vn));
-    size_t apos = 0;
-    int n_el = 0;
-    while (jsonfmt_next(arr, arrn, &apos, NULL, &v, &vn)) n_el++;
-    CHECK(n_el == 3);
-    apos = 0;
-    CHECK(!jsonfmt_next("[]", 2, &apos, NULL, &v, &vn) && !jsonfmt_next("5", 1, &apos, NULL, &v, &vn));
-    bytebuf_free(&b);
 }
 
 /* ---- harmony (gpt-oss) ---- */
@@ -723,9 +658,7 @@ int main(void)
     RUN(deepseek_tool_calls);
     RUN(llama3_json_tool_call);
     RUN(tool_arguments_stream);
-    RUN(jsonfmt_prefix_extends);
     RUN(reset_reuses);
-    RUN(jsonfmt_layouts);
     RUN(harmony_analysis_then_final);
     RUN(harmony_tool_calls);
     RUN(harmony_truncated);
