@@ -1,7 +1,7 @@
 /*
- * test_store: block keys (shared with kvpool), the block file format, and the dir: store:
- * round trips, sharded layout, concurrent writers, corruption (flipped, truncated, wrong
- * header, wrong key) detected/counted/deleted, unwritable targets, restart, fsck.
+ * test_store: the block file format, and the dir: store: round trips, sharded layout,
+ * concurrent writers, corruption (flipped, truncated, wrong header, wrong key)
+ * detected/counted/deleted, unwritable targets, restart, fsck. The keys are test_blockkey's.
  */
 #define _GNU_SOURCE   /* unshare */
 #include <pthread.h>
@@ -15,39 +15,6 @@
 #include "cache/store.h"
 #include "cache/store_dir.h"
 #include "cli/cmd.h"
-#include "engine/kvpool.h"
-
-TEST(test_blockkey_shared_with_kvpool)
-{
-    kvpool_opts o = { .n_layers = 1, .n_kv_heads = 1, .head_dim = 8, .dtype = QTYPE_F16, .n_blocks = 2 };
-    for (int i = 0; i < 32; i++) o.model_fp[i] = (uint8_t)i;
-    kvpool *p;
-    CHECK(kvpool_new(&o, &p) == KVPOOL_OK);
-    int32_t toks[256];
-    for (int i = 0; i < 256; i++) toks[i] = i * 7;
-    uint8_t fp[32], root[32], a[32], keys[2][32];
-    blockkey_pool_fp(o.model_fp, QTYPE_F16, fp);
-    blockkey_root(NULL, 0, root);
-    kvpool_block_key(p, root, toks, a);
-    blockkey_chain(root, toks, 2, fp, keys);
-    CHECK(!memcmp(a, keys[0], 32));
-    kvpool_block_key(p, keys[0], toks + 128, a);
-    CHECK(!memcmp(a, keys[1], 32));
-    /* salt, dtype and model change the key */
-    uint8_t salted[32], k2[32], fp32[32];
-    blockkey_root("tenant-a", 8, salted);
-    blockkey_compute(salted, toks, fp, k2);
-    CHECK(memcmp(k2, keys[0], 32));
-    blockkey_pool_fp(o.model_fp, QTYPE_F32, fp32);
-    blockkey_compute(root, toks, fp32, k2);
-    CHECK(memcmp(k2, keys[0], 32));
-    char hex[BLOCKKEY_HEX];
-    blockkey_hex(keys[1], hex);
-    CHECK(strlen(hex) == 64);
-    CHECK(blockkey_from_hex(hex, k2) == 0 && !memcmp(k2, keys[1], 32));
-    CHECK(blockkey_from_hex("zz", k2) == -1);
-    kvpool_free(p);
-}
 
 TEST(test_block_format)
 {
@@ -740,7 +707,6 @@ TEST(test_cli_store_commands)
 int main(void)
 {
     util_log_level = LOG_LEVEL_ERROR;
-    RUN(test_blockkey_shared_with_kvpool);
     RUN(test_block_format);
     RUN(test_dir_roundtrip_layout_exists_delete);
     RUN(test_dir_corruption_detected_counted_deleted);
