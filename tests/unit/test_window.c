@@ -1,14 +1,14 @@
 /*
- * test_window: sliding-window layers' KV outside the blocks, and the window cache.
+ * test_window: sliding-window layers' KV outside the blocks (the window cache itself:
+ * test_wincache).
  *
  * On a generated gpt-oss model (6 layers, of which 0, 2, 4 attend to a 48-token window, so the
  * exact replay span is 48 + 2 * 47 = 142 positions, more than one block): blocks hold the full
  * layers only and the ring is bounded by the window; a sequence that attaches a prefix of
  * blocks and restores the window state captured at its end computes logits bit-identical to
  * the sequence that computed everything; so does an exact replay; a bounded replay recomputes
- * only the last block and is an approximation. The window cache itself: put/get, TTL expiry,
- * LRU eviction, the byte bound, the journal a cluster worker reports. A worker (played against
- * by the test as its gateway) keeps a relayed state only when its size is the model's, serves
+ * only the last block and is an approximation. A worker (played against by the test as its
+ * gateway) keeps a relayed state only when its size is the model's, serves
  * it back on a fetch, and reports the states a prefill crossed (WINDOW) before its HANDOFF.
  */
 #include "harness.h"
@@ -26,7 +26,6 @@
 #include "cluster/worker.h"
 #include "engine/engine.h"
 #include "engine/sched.h"
-#include "engine/wincache.h"
 #include "model/model.h"
 #include "util/util.h"
 
@@ -235,102 +234,6 @@ TEST(test_window_restore_and_replay)
     model_free(m);
 }
 
-/* The journal a cluster worker reports to the gateway's directory: adds with their TTL, drops
- * for room and age, in order; a full journal loses new events (counted), never blocks. A peek
- * (a fetch by another worker) copies without counting a hit; a fetched put counts a fetch. */
-TEST(test_wincache_journal)
-{
-    enum { EB = 32 };
-    wincache_opts o = { .entry_bytes = EB, .max_bytes = 2 * EB, .ttl_s = 5 };
-    wincache *c = wincache_new(&o);
-    CHECK(c != NULL);
-    if (!c) return;
-    uint8_t key[3][32] = { { 1 }, { 2 }, { 3 } }, st[EB], got[EB];
-    memset(st, 7, EB);
-    wincache_put(c, key[0], st, 10);   /* no journal yet: nothing recorded */
-    wincache_event ev[8];
-    CHECK(wincache_events(c, ev, 8) == 0);
-    wincache_journal_start(c, 3);
-    wincache_put(c, key[1], st, 11);
-    wincache_put(c, key[2], st, 12);   /* full: key 0 (least recently used) goes */
-    int n = wincache_events(c, ev, 8);
-    CHECK(n == 3);
-    CHECK(ev[0].op == WINCACHE_EV_ADD && ev[0].key[0] == 2 && ev[0].ttl_ms == 5000);
-    CHECK(ev[1].op == WINCACHE_EV_DROP && ev[1].key[0] == 1 && ev[1].ttl_ms == 0);
-    CHECK(ev[2].op == WINCACHE_EV_ADD && ev[2].key[0] == 3);
-    CHECK(wincache_events(c, ev, 8) == 0);   /* taken */
-    for (int i = 0; i < 3; i++) wincache_put(c, key[1], st, 13 + i);
-    wincache_put(c, key[2], st, 16);   /* the fourth event: lost */
-    wincache_stats s;
-    wincache_get_stats(c, &s);
-    CHECK(s.n_journal_lost == 1);
-    CHECK(wincache_events(c, ev, 2) == 2 && wincache_events(c, ev, 8) == 1);
-
-    memset(got, 0, EB);
-    CHECK(wincache_peek(c, key[1], got, 16) && got[EB - 1] == 7);
-    CHECK(!wincache_peek(c, key[0], got, 16));
-    CHECK(!wincache_peek(c, key[1], got, 30));   /* expired: not served */
-    wincache_get_stats(c, &s);
-    CHECK(s.n_hits == 0 && s.n_misses == 0 && s.n_served == 1);
-    uint8_t k4[32] = { 4 };
-    memset(st, 8, EB);
-    wincache_put_fetched(c, k4, st, 20);
-    CHECK(wincache_get(c, k4, got, 20) && got[0] == 8);
-    wincache_get_stats(c, &s);
-    CHECK(s.n_fetches == 1 && s.n_fetch_bytes == EB && s.n_hits == 1);
-    CHECK(wincache_entry_bytes(c) == EB && wincache_entry_bytes(NULL) == 0);
-    wincache_free(c);
-}
-
-TEST(test_wincache_ttl_lru)
-{
-    enum { EB = 64 };
-    wincache_opts o = { .entry_bytes = EB, .max_bytes = 3 * EB + 10, .ttl_s = 10 };
-    wincache *c = wincache_new(&o);
-    CHECK(c != NULL);
-    if (!c) return;
-    uint8_t key[4][32] = { { 1 }, { 2 }, { 3 }, { 4 } }, st[EB], got[EB];
-    for (int i = 0; i < 4; i++) key[i][5] = (uint8_t)(i * 7);
-    for (int i = 0; i < 3; i++) {
-        memset(st, i + 1, EB);
-        wincache_put(c, key[i], st, 100.0 + i);
-    }
-    wincache_stats s;
-    wincache_get_stats(c, &s);
-    CHECK(s.n_entries == 3 && s.bytes == 3 * EB && s.n_puts == 3);
-    CHECK(wincache_get(c, key[0], got, 105) && got[0] == 1 && got[EB - 1] == 1);   /* key 0 most recent now */
-    memset(st, 9, EB);
-    wincache_put(c, key[3], st, 106);   /* full: the least recently used (key 1) goes */
-    CHECK(!wincache_get(c, key[1], got, 106));
-    CHECK(wincache_get(c, key[0], got, 106) && wincache_get(c, key[3], got, 106) && got[0] == 9);
-    wincache_get_stats(c, &s);
-    CHECK(s.n_evicted == 1 && s.n_entries == 3 && s.n_misses == 1 && s.n_hits == 3);
-    /* TTL: key 2 was put at 102; at 112.5 it has expired, key 3 (106) has not */
-    CHECK(!wincache_get(c, key[2], got, 112.5));
-    CHECK(wincache_get(c, key[3], got, 112.5));
-    wincache_get_stats(c, &s);
-    CHECK(s.n_expired == 1 && s.n_entries == 2);
-    /* a put replaces an entry of the same key */
-    memset(st, 4, EB);
-    wincache_put(c, key[3], st, 113);
-    CHECK(wincache_get(c, key[3], got, 113) && got[0] == 4);
-    wincache_get_stats(c, &s);
-    CHECK(s.n_entries == 2);
-    wincache_count_replay(c, false, 128);
-    wincache_count_replay(c, true, 142);
-    wincache_get_stats(c, &s);
-    CHECK(s.n_replay_bounded == 1 && s.n_replay_exact == 1 && s.n_replay_tokens == 270);
-    wincache_free(c);
-
-    /* less room than one entry: nothing is kept, replays are still counted */
-    o.max_bytes = EB - 1;
-    c = wincache_new(&o);
-    CHECK(c != NULL);
-    wincache_put(c, key[0], st, 1);
-    CHECK(!wincache_get(c, key[0], got, 1));
-    wincache_free(c);
-}
-
 static uint8_t g_adds[64][32];   /* keys the worker reported added (WINDOW), in order */
 static int g_n_adds;
 
@@ -466,8 +369,6 @@ TEST(test_worker_window_frames)
 int main(void)
 {
     if (!mkdtemp(tmpdir)) return 1;
-    RUN(test_wincache_ttl_lru);
-    RUN(test_wincache_journal);
     RUN(test_window_restore_and_replay);
     RUN(test_worker_window_frames);
     rmdir(tmpdir);
