@@ -95,11 +95,16 @@ test("streamed answers of the three APIs, four at once, equal those of the loop 
   // the gap between steps and its parts, which sum to it
   const parts = ["commit", "sample", "draft", "lock", "publish", "handoff", "plan", "launch"]
     .map((p) => m[`tokenmill_cpu_gap_part_seconds_total{part="${p}"}`]);
-  assert.ok(parts.every((x) => x >= 0), `parts ${parts}`);
+  assert.ok(parts.every((x) => Number.isFinite(x)), `every part is on /metrics: ${parts}`);
   const sum = parts.reduce((a, b) => a + b, 0);
   assert.ok(m.tokenmill_cpu_gap_seconds_total > 0 && Math.abs(sum - m.tokenmill_cpu_gap_seconds_total) < 1e-6,
     `gap ${m.tokenmill_cpu_gap_seconds_total}, parts ${sum}`);
+  // measured where they happen: sampling and planning in every gap, drafting with drafts,
+  // publishing on the engine thread only without overlap
+  assert.ok(parts[1] > 0 && parts[6] > 0, `sampling and planning are parts of the gap: ${parts}`);
   assert.ok(parts[2] > 0, "drafting is a part of the gap");
+  const n = await fetchMetrics(S[2].srv.url);
+  assert.ok(n['tokenmill_cpu_gap_part_seconds_total{part="publish"}'] > 0, "without overlap the engine thread publishes");
 });
 
 test("stop strings end the answers at the same place, the held-back text never leaks", async () => {

@@ -907,7 +907,8 @@ TEST(test_sockets_nodelay_and_added_latency)
                metric(bes[i], "tokenmill_gateway_added_seconds_count "));
         CHECK(metrics_has(bes[i], "# TYPE tokenmill_gateway_added_seconds histogram\n"));
         CHECK(metric(bes[i], "tokenmill_gateway_added_seconds_bucket{le=\"+Inf\"} ") == 2);
-        CHECK(metric(bes[i], "tokenmill_gateway_added_seconds_sum ") >= 0);
+        /* the sum may be 0: the gateway's added time is clamped at 0 (its clock against the worker's) */
+        CHECK(metrics_has(bes[i], "\ntokenmill_gateway_added_seconds_sum "));
     }
     /* both ends of G <-> R (R connected) and of g2 <-> S (g2 connected, S accepted) */
     int without = 0, n = tcp_sockets(&without);
