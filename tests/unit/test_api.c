@@ -84,7 +84,7 @@ static void dump(const char *name, const bytebuf *b)
 
 /* ---------------------------------------------------------------- chat parsing */
 
-TEST(chat_parse_basic)
+TEST(test_chat_parse_basic)
 {
     api_req r;
     api_error e;
@@ -133,7 +133,7 @@ TEST(chat_parse_basic)
     api_req_free(&r);
 }
 
-TEST(chat_parse_tools)
+TEST(test_chat_parse_tools)
 {
     api_req r;
     api_error e;
@@ -232,7 +232,7 @@ static void tool_body(char *buf, size_t cap, api_kind kind, const char *tools)
         snprintf(buf, cap, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],%s}", tools);
 }
 
-TEST(tool_definition_errors)
+TEST(test_tool_definition_errors)
 {
     char body[512];
     for (size_t i = 0; i < sizeof tool_errors / sizeof tool_errors[0]; i++) {
@@ -274,7 +274,7 @@ TEST(tool_definition_errors)
     }
 }
 
-TEST(chat_bad_input)
+TEST(test_chat_bad_input)
 {
     const api_kind C = API_KIND_CHAT;
     REJECTS(C, "{\"model\":\"m\",\"messages\":[", 400, "parse the JSON");
@@ -318,7 +318,7 @@ TEST(chat_bad_input)
 
 /* ---------------------------------------------------------------- responses parsing */
 
-TEST(responses_parse)
+TEST(test_responses_parse)
 {
     api_req r;
     api_error e;
@@ -356,7 +356,7 @@ TEST(responses_parse)
 
 /* ---------------------------------------------------------------- messages parsing */
 
-TEST(messages_parse)
+TEST(test_messages_parse)
 {
     api_req r;
     api_error e;
@@ -418,7 +418,7 @@ TEST(messages_parse)
 
 /* The text-part reader the three APIs share (api_json_parts_text): joined texts, and each
  * rejection in its vendor's words with the part's path. */
-TEST(text_parts_shared)
+TEST(test_text_parts_shared)
 {
     api_req r;
     api_error e;
@@ -448,7 +448,7 @@ TEST(text_parts_shared)
             400, "expected a string or an array of content parts");
 }
 
-TEST(error_shapes)
+TEST(test_error_shapes)
 {
     api_error e;
     bytebuf b = {0};
@@ -476,7 +476,7 @@ TEST(error_shapes)
 /* An error message that quotes the client's text stays valid UTF-8 JSON when the quote ends
  * inside a character (jansson quotes the bytes read up to the error: here half of U+07A0), and
  * the string writer turns bytes that are not UTF-8 into U+FFFD. Found by fuzz_api_chat. */
-TEST(error_quoting_split_character)
+TEST(test_error_quoting_split_character)
 {
     static const char body[] = "\"\\\xde\xa0\"";
     for (int k = 0; k < 3; k++) CHECK(rejects((api_kind)k, body, sizeof body - 1, 400, NULL));
@@ -493,7 +493,7 @@ TEST(error_quoting_split_character)
 /* A whole number written as a real past long long's range is refused as out of range (it was
  * converted to long long first: undefined, and on x86 it read as the minimum). Found by
  * fuzz_api_messages under UBSan. */
-TEST(integer_fields_beyond_long_long)
+TEST(test_integer_fields_beyond_long_long)
 {
     static const char chat[] = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":5e26}";
     static const char chat_seed[] = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"seed\":-1e30}";
@@ -548,7 +548,7 @@ static json_t *sse_parse(const char *s, bool *names_ok)
     return arr;
 }
 
-TEST(chat_output_nonstream)
+TEST(test_chat_output_nonstream)
 {
     api_req r;
     api_error e;
@@ -583,7 +583,7 @@ TEST(chat_output_nonstream)
     api_req_free(&r);
 }
 
-TEST(chat_output_tools_and_stream)
+TEST(test_chat_output_tools_and_stream)
 {
     api_req r;
     api_error e;
@@ -665,7 +665,7 @@ TEST(chat_output_tools_and_stream)
     api_req_free(&r);
 }
 
-TEST(chat_logprobs)
+TEST(test_chat_logprobs)
 {
     api_req r;
     api_error e;
@@ -689,7 +689,7 @@ TEST(chat_logprobs)
     api_req_free(&r);
 }
 
-TEST(responses_output)
+TEST(test_responses_output)
 {
     api_store *store = api_store_new(2);
     api_cfg cfg = {"m", NULL, store, 0};
@@ -828,7 +828,7 @@ static void feed_harmony(api_out *o, bool call)
 }
 
 /* The reasoning effort each API's field maps to (harmony's "Reasoning:" line). */
-TEST(reasoning_effort_fields)
+TEST(test_reasoning_effort_fields)
 {
     static const struct { api_kind kind; const char *body; conv_effort want; } cases[] = {
         { API_KIND_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", CONV_EFFORT_DEFAULT },
@@ -851,7 +851,7 @@ TEST(reasoning_effort_fields)
     }
 }
 
-TEST(harmony_outputs)
+TEST(test_harmony_outputs)
 {
     const char *bodies[3] = {
         "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]%s}",
@@ -913,7 +913,7 @@ TEST(harmony_outputs)
     }
 }
 
-TEST(tool_arguments_stream_sse)
+TEST(test_tool_arguments_stream_sse)
 {
     const char *bodies[3] = {
         "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stream\":true}",
@@ -971,7 +971,7 @@ TEST(tool_arguments_stream_sse)
     }
 }
 
-TEST(store_bound)
+TEST(test_store_bound)
 {
     api_store *s = api_store_new(2);
     api_req r;
@@ -996,7 +996,7 @@ TEST(store_bound)
     api_store_free(s);
 }
 
-TEST(messages_output)
+TEST(test_messages_output)
 {
     api_req r;
     api_error e;
@@ -1097,7 +1097,7 @@ static char *nested_body(const char *tpl, int depth)
     return b;
 }
 
-TEST(nesting_limit_every_field)
+TEST(test_nesting_limit_every_field)
 {
     /* Every field that holds JSON of the client's shape, in every API: at the limit the depth
      * is not what a rejection is about (most are accepted), one level past it is refused with
@@ -1164,7 +1164,7 @@ TEST(nesting_limit_every_field)
 
 /* ---------------------------------------------------------------- one way to read a field */
 
-TEST(fields_checked_alike)
+TEST(test_fields_checked_alike)
 {
     /* logit_bias: the token-id map, in chat and completions, read by one reader */
     static const char *const lb_bodies[] = {
@@ -1243,7 +1243,7 @@ TEST(fields_checked_alike)
 
 /* ---------------------------------------------------------------- UTF-8 out */
 
-TEST(utf8_out)
+TEST(test_utf8_out)
 {
     /* every formatter writes through jsonfmt's string writer (test_jsonfmt): tokens whose
      * text is not UTF-8 on their own, in every API's body and stream, come out valid */
@@ -1309,7 +1309,7 @@ static bool format_accepts(const api_req *r, const char *doc)
     return ok;
 }
 
-TEST(structured_formats_parse)
+TEST(test_structured_formats_parse)
 {
     api_req r;
     api_error e;
@@ -1384,7 +1384,7 @@ TEST(structured_formats_parse)
                        "text.format.schema", NULL));
 }
 
-TEST(structured_tool_choice_parse)
+TEST(test_structured_tool_choice_parse)
 {
     api_req r;
     api_error e;
@@ -1455,7 +1455,7 @@ static bool tokens_accepted(const char *gbnf, const char *const *pieces)
     return ok;
 }
 
-TEST(structured_tool_gbnf)
+TEST(test_structured_tool_gbnf)
 {
     conv c;
     conv_init(&c);
@@ -1555,7 +1555,7 @@ TEST(structured_tool_gbnf)
 
 /* A response format with tools under auto: the answer is a document of the format, or a call
  * opened by the family's token; never a mix. */
-TEST(structured_format_or_calls_gbnf)
+TEST(test_structured_format_or_calls_gbnf)
 {
     conv c;
     conv_init(&c);
@@ -1592,7 +1592,7 @@ TEST(structured_format_or_calls_gbnf)
 
 /* harmony: the call message after the analysis, every marker by id; under auto the trigger
  * is <|start|> and the message it opens is a call or a free message */
-TEST(structured_tool_gbnf_harmony)
+TEST(test_structured_tool_gbnf_harmony)
 {
     conv c;
     conv_init(&c);
@@ -1662,7 +1662,7 @@ TEST(structured_tool_gbnf_harmony)
 
 /* parallel tool calls off: one call per block (DeepSeek), and after a lazy call free text in
  * which no call may open (Qwen, DeepSeek) */
-TEST(structured_tool_gbnf_one_call)
+TEST(test_structured_tool_gbnf_one_call)
 {
     conv c;
     conv_init(&c);
@@ -1700,7 +1700,7 @@ TEST(structured_tool_gbnf_one_call)
 }
 
 /* parallel_tool_calls false (Chat, Responses), disable_parallel_tool_use (Messages) */
-TEST(structured_one_call_parse)
+TEST(test_structured_one_call_parse)
 {
     api_req r;
     api_error e;
@@ -1718,7 +1718,7 @@ TEST(structured_one_call_parse)
                        "\"tool_choice\":{\"type\":\"auto\",\"disable_parallel_tool_use\":1}", "disable_parallel_tool_use", NULL));
 }
 
-TEST(structured_tool_strict_parse)
+TEST(test_structured_tool_strict_parse)
 {
     api_req r;
     api_error e;
@@ -1741,7 +1741,7 @@ TEST(structured_tool_strict_parse)
 
 /* A forced call after free reasoning comes out as a tool call: the grammar makes the model
  * write the family's markers by id, which the splitter reads as a call (Qwen, DeepSeek). */
-TEST(structured_forced_call_output)
+TEST(test_structured_forced_call_output)
 {
     api_req r;
     api_error e;
@@ -1776,36 +1776,36 @@ TEST(structured_forced_call_output)
 
 int main(void)
 {
-    RUN(chat_parse_basic);
-    RUN(chat_parse_tools);
-    RUN(chat_bad_input);
-    RUN(tool_definition_errors);
-    RUN(error_quoting_split_character);
-    RUN(integer_fields_beyond_long_long);
-    RUN(responses_parse);
-    RUN(messages_parse);
-    RUN(text_parts_shared);
-    RUN(error_shapes);
-    RUN(chat_output_nonstream);
-    RUN(chat_output_tools_and_stream);
-    RUN(chat_logprobs);
-    RUN(responses_output);
-    RUN(tool_arguments_stream_sse);
-    RUN(harmony_outputs);
-    RUN(reasoning_effort_fields);
-    RUN(store_bound);
-    RUN(messages_output);
-    RUN(nesting_limit_every_field);
-    RUN(fields_checked_alike);
-    RUN(utf8_out);
-    RUN(structured_formats_parse);
-    RUN(structured_tool_choice_parse);
-    RUN(structured_tool_gbnf);
-    RUN(structured_format_or_calls_gbnf);
-    RUN(structured_tool_gbnf_harmony);
-    RUN(structured_tool_gbnf_one_call);
-    RUN(structured_one_call_parse);
-    RUN(structured_tool_strict_parse);
-    RUN(structured_forced_call_output);
+    RUN(test_chat_parse_basic);
+    RUN(test_chat_parse_tools);
+    RUN(test_chat_bad_input);
+    RUN(test_tool_definition_errors);
+    RUN(test_error_quoting_split_character);
+    RUN(test_integer_fields_beyond_long_long);
+    RUN(test_responses_parse);
+    RUN(test_messages_parse);
+    RUN(test_text_parts_shared);
+    RUN(test_error_shapes);
+    RUN(test_chat_output_nonstream);
+    RUN(test_chat_output_tools_and_stream);
+    RUN(test_chat_logprobs);
+    RUN(test_responses_output);
+    RUN(test_tool_arguments_stream_sse);
+    RUN(test_harmony_outputs);
+    RUN(test_reasoning_effort_fields);
+    RUN(test_store_bound);
+    RUN(test_messages_output);
+    RUN(test_nesting_limit_every_field);
+    RUN(test_fields_checked_alike);
+    RUN(test_utf8_out);
+    RUN(test_structured_formats_parse);
+    RUN(test_structured_tool_choice_parse);
+    RUN(test_structured_tool_gbnf);
+    RUN(test_structured_format_or_calls_gbnf);
+    RUN(test_structured_tool_gbnf_harmony);
+    RUN(test_structured_tool_gbnf_one_call);
+    RUN(test_structured_one_call_parse);
+    RUN(test_structured_tool_strict_parse);
+    RUN(test_structured_forced_call_output);
     HARNESS_END();
 }

@@ -23,7 +23,7 @@ static bool on_other_thread(void *arg)
     return !pthread_equal(pthread_self(), *(pthread_t *)arg);
 }
 
-TEST(runs_and_returns)
+TEST(test_runs_and_returns)
 {
     api_compile_pool *p = api_compile_new(2, 4);
     CHECK(p != NULL);
@@ -54,7 +54,7 @@ static bool compile_until_cancelled(void *arg)
 static bool gone_yes(void *ctx) { return true; }
 static bool gone_no(void *ctx) { return false; }
 
-TEST(cancelled_when_the_client_goes)
+TEST(test_cancelled_when_the_client_goes)
 {
     api_compile_pool *p = api_compile_new(1, 4);
     if (!p) return;
@@ -90,7 +90,7 @@ static void *run_hold(void *arg)
     return NULL;
 }
 
-TEST(full_queue_refuses)
+TEST(test_full_queue_refuses)
 {
     api_compile_pool *p = api_compile_new(1, 1);
     if (!p) return;
@@ -113,8 +113,8 @@ TEST(full_queue_refuses)
 
 int main(void)
 {
-    RUN(runs_and_returns);
-    RUN(cancelled_when_the_client_goes);
-    RUN(full_queue_refuses);
+    RUN(test_runs_and_returns);
+    RUN(test_cancelled_when_the_client_goes);
+    RUN(test_full_queue_refuses);
     HARNESS_END();
 }

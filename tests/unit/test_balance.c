@@ -5,7 +5,7 @@
 #include "cluster/balance.h"
 #include "harness.h"
 
-TEST(buckets)
+TEST(test_buckets)
 {
     CHECK(bal_bucket(1) == 0);
     CHECK(bal_bucket(16384) == 0);
@@ -16,7 +16,7 @@ TEST(buckets)
     CHECK(bal_bucket(10000000) == 3);
 }
 
-TEST(cost_model)
+TEST(test_cost_model)
 {
     bal_cost c = { .linear_s = 1e-4, .attn_s = 1e-8, .step_budget_s = 0.1 };
     CHECK(bal_prefill_cost(&c, 0, 100) == 0);
@@ -30,7 +30,7 @@ TEST(cost_model)
     CHECK(c0 == (int64_t)(0.1 / (1e-4 + 1e-8 * 16384)));
 }
 
-TEST(prefill_earliest_finish)
+TEST(test_prefill_earliest_finish)
 {
     bal_cost c = { .linear_s = 1e-4, .attn_s = 0, .step_budget_s = 0.01 };
     bal_prefill_worker w[3] = {
@@ -74,7 +74,7 @@ TEST(prefill_earliest_finish)
     CHECK(bal_prefill_pick(&c, d, 1, 10, 0).worker == -1);
 }
 
-TEST(speed_learned_from_reports)
+TEST(test_speed_learned_from_reports)
 {
     bal_speed s;
     bal_speed_init(&s, 20000);
@@ -111,7 +111,7 @@ TEST(speed_learned_from_reports)
     CHECK(fabs(bal_speed_rel(&d, &c) - 1.0) < 1e-9);
 }
 
-TEST(prefill_pick_uses_learned_speed)
+TEST(test_prefill_pick_uses_learned_speed)
 {
     /* two prefill workers with the same queued work; synthetic heartbeats show worker 1
      * computing four times as many prefill tokens per engine second: it gets the next prompt,
@@ -158,7 +158,7 @@ TEST(prefill_pick_uses_learned_speed)
     CHECK(bal_prefill_pick(&c, w, 2, 1000, 0).worker == 0);   /* 0.6 < 0.7 */
 }
 
-TEST(prefill_shares_in_flight)
+TEST(test_prefill_shares_in_flight)
 {
     bal_cost c = { .linear_s = 1e-4, .attn_s = 1e-8, .step_budget_s = 0.1 };
     /* equal workers, worker 1 computing 1024 of this 1100-token prompt: it goes there (by
@@ -214,7 +214,7 @@ TEST(prefill_shares_in_flight)
     CHECK(ch.worker == 0 && ch.shared_tokens == 0);
 }
 
-TEST(prefill_uses_learned_curve)
+TEST(test_prefill_uses_learned_curve)
 {
     bal_cost c = { .linear_s = 1e-4, .attn_s = 0, .step_budget_s = 1 };
     /* the curve: 10 ms a step, 1 ms per prefill token, 2 ms per 1024 positions attended */
@@ -249,7 +249,7 @@ TEST(prefill_uses_learned_curve)
     CHECK(ch.worker == 0 && fabs(ch.cost_s - bal_prefill_cost(&c, 1000, 24)) < 1e-12);
 }
 
-TEST(decode_short_and_long)
+TEST(test_decode_short_and_long)
 {
     /* worker 0: few requests, long total cache; worker 1: many short requests */
     bal_decode_worker w[2] = {
@@ -279,7 +279,7 @@ TEST(decode_short_and_long)
     CHECK(bal_decode_pick(none, 1, 10, 4096).worker == -1);
 }
 
-TEST(capacity_rule)
+TEST(test_capacity_rule)
 {
     /* prefill: 3000 tokens/s at 1000 per worker aimed at 0.6 -> 5 workers */
     bal_capacity_in in = { .n_current = 2, .load = 3000, .per_worker = 1000, .target_util = 0.6, .min_workers = 1,
@@ -319,14 +319,14 @@ TEST(capacity_rule)
 
 int main(void)
 {
-    RUN(buckets);
-    RUN(cost_model);
-    RUN(prefill_earliest_finish);
-    RUN(speed_learned_from_reports);
-    RUN(prefill_pick_uses_learned_speed);
-    RUN(prefill_shares_in_flight);
-    RUN(prefill_uses_learned_curve);
-    RUN(decode_short_and_long);
-    RUN(capacity_rule);
+    RUN(test_buckets);
+    RUN(test_cost_model);
+    RUN(test_prefill_earliest_finish);
+    RUN(test_speed_learned_from_reports);
+    RUN(test_prefill_pick_uses_learned_speed);
+    RUN(test_prefill_shares_in_flight);
+    RUN(test_prefill_uses_learned_curve);
+    RUN(test_decode_short_and_long);
+    RUN(test_capacity_rule);
     HARNESS_END();
 }

@@ -14,7 +14,7 @@
 const char *__asan_default_options(void);
 const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
 
-TEST(try_append_grows)
+TEST(test_try_append_grows)
 {
     bytebuf b = { 0 };
     CHECK(bytebuf_try_append(&b, NULL, 0));   /* nothing: still a valid empty string */
@@ -29,7 +29,7 @@ TEST(try_append_grows)
     CHECK(!b.p && !b.len && !b.cap);
 }
 
-TEST(try_fails_cleanly)
+TEST(test_try_fails_cleanly)
 {
     bytebuf b = { 0 };
     bytebuf_puts(&b, "keep");
@@ -49,7 +49,7 @@ TEST(try_fails_cleanly)
 
 int main(void)
 {
-    RUN(try_append_grows);
-    RUN(try_fails_cleanly);
+    RUN(test_try_append_grows);
+    RUN(test_try_fails_cleanly);
     HARNESS_END();
 }

@@ -34,7 +34,7 @@ static cmd_opts_status parse(const cmd_opt *opts, char **argv, char *err, size_t
     return st;
 }
 
-TEST(required_missing_and_given)
+TEST(test_required_missing_and_given)
 {
     const char *model = NULL, *input = NULL;
     long n = 0;
@@ -76,7 +76,7 @@ TEST(required_missing_and_given)
     CHECK(parse(opts, a5, err, sizeof err) == CMD_OPTS_ERR);
 }
 
-TEST(required_flag_and_fn)
+TEST(test_required_flag_and_fn)
 {
     bool f = false;
     const cmd_opt opts[] = {
@@ -92,7 +92,7 @@ TEST(required_flag_and_fn)
 }
 
 /* The usage marks the required entries from the same flag the parser checks. */
-TEST(usage_marks_required)
+TEST(test_usage_marks_required)
 {
     const char *model = NULL;
     long n = 0;
@@ -111,8 +111,8 @@ TEST(usage_marks_required)
 
 int main(void)
 {
-    RUN(required_missing_and_given);
-    RUN(required_flag_and_fn);
-    RUN(usage_marks_required);
+    RUN(test_required_missing_and_given);
+    RUN(test_required_flag_and_fn);
+    RUN(test_usage_marks_required);
     HARNESS_END();
 }

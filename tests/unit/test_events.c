@@ -104,7 +104,7 @@ static char *run(const events_markers *m, events_finish_reason why, const char *
         free(g_);                                                       \
     } while (0)
 
-TEST(plain_text)
+TEST(test_plain_text)
 {
     events_markers m = eventstest_qwen();
     const char *p[] = { "Hel", "lo", " world", NULL };
@@ -113,14 +113,14 @@ TEST(plain_text)
     EXPECT(run(&m, EVENTS_FINISH_LENGTH, q, NULL), "T:a|F:length");
 }
 
-TEST(reasoning_then_answer)
+TEST(test_reasoning_then_answer)
 {
     events_markers m = eventstest_qwen();
     const char *p[] = { "#5000:<think>", "\n", "Let me", " think", ".\n\n", "Done", "\n", "#5001:</think>", "\n\n", "The", " answer", "\n", NULL };
     EXPECT(run(&m, EVENTS_FINISH_STOP, p, NULL), "R:Let me think.\n\nDone|T:The answer|F:stop");
 }
 
-TEST(reasoning_opened_by_prompt)
+TEST(test_reasoning_opened_by_prompt)
 {
     events_markers m = eventstest_qwen();
     m.starts_in_reasoning = true;
@@ -131,7 +131,7 @@ TEST(reasoning_opened_by_prompt)
     EXPECT(run(&m, EVENTS_FINISH_LENGTH, q, NULL), "R:hmm more|F:length");
 }
 
-TEST(markers_spelled_in_text_are_text)
+TEST(test_markers_spelled_in_text_are_text)
 {
     events_markers m = eventstest_qwen();
     const char *p[] = { "Use ", "<", "think", ">", " and ", "<tool_call>", "{\"name\": \"x\", \"arguments\": {}}", "</tool_call>", NULL };
@@ -142,7 +142,7 @@ TEST(markers_spelled_in_text_are_text)
     EXPECT(run(&m, EVENTS_FINISH_STOP, q, NULL), "R:a </think> b|T:c|F:stop");
 }
 
-TEST(qwen_several_tool_calls)
+TEST(test_qwen_several_tool_calls)
 {
     events_markers m = eventstest_qwen();
     rec r;
@@ -157,7 +157,7 @@ TEST(qwen_several_tool_calls)
     bytebuf_free(&r.log);
 }
 
-TEST(qwen_arguments_as_string_and_missing)
+TEST(test_qwen_arguments_as_string_and_missing)
 {
     events_markers m = eventstest_qwen();
     const char *p[] = { "#5002:<tool_call>", "{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": [1, 2.50]}\"}", "#5003:</tool_call>",
@@ -165,7 +165,7 @@ TEST(qwen_arguments_as_string_and_missing)
     EXPECT(run(&m, EVENTS_FINISH_STOP, p, NULL), "S0:f|A0:{\"a\":[1,2.5]}|E0|S1:g|A1:{}|E1|F:tool_calls");
 }
 
-TEST(qwen_malformed_call_is_text)
+TEST(test_qwen_malformed_call_is_text)
 {
     events_markers m = eventstest_qwen();
     /* the head never came (no string name): text */
@@ -191,7 +191,7 @@ TEST(qwen_malformed_call_is_text)
     EXPECT(run(&m, EVENTS_FINISH_LENGTH, r4, NULL), "S0:f|A0:{\"a\":{\"b\":\"hello\"}}|E0|F:length");
 }
 
-TEST(text_split_across_deltas_keeps_inner_blanks)
+TEST(test_text_split_across_deltas_keeps_inner_blanks)
 {
     events_markers m = eventstest_qwen();
     const char *p[] = { "\n", " a", " ", "\n", "b", " ", NULL };
@@ -200,7 +200,7 @@ TEST(text_split_across_deltas_keeps_inner_blanks)
     EXPECT(run(&m, EVENTS_FINISH_STOP, p, NULL), "T:\n a \nb |F:stop");
 }
 
-TEST(deepseek_tool_calls)
+TEST(test_deepseek_tool_calls)
 {
     events_markers m = eventstest_deepseek();
     const char *p[] = { "Sure", "#5004:<｜tool▁calls▁begin｜>", "#5006:<｜tool▁call▁begin｜>", "get_", "weather", "#5008:<｜tool▁sep｜>",
@@ -218,7 +218,7 @@ TEST(deepseek_tool_calls)
     EXPECT(run(&m, EVENTS_FINISH_STOP, r3, NULL), "T:<｜tool▁calls▁begin｜>x|F:stop");
 }
 
-TEST(llama3_json_tool_call)
+TEST(test_llama3_json_tool_call)
 {
     events_markers m = eventstest_llama3();
     const char *p[] = { "{\"name\": \"get_weather\", ", "\"parameters\": {\"city\": \"Paris\"}", "}", NULL };
@@ -307,7 +307,7 @@ static void stream_long(const events_markers *m, int32_t open, const char *ds_na
     bytebuf_free(&f.end);
 }
 
-TEST(tool_arguments_stream)
+TEST(test_tool_arguments_stream)
 {
     bytebuf want = { 0 };
     CHECK(jsonfmt_write(&want, long_args, strlen(long_args), JSONFMT_COMPACT, 0));
@@ -336,7 +336,7 @@ TEST(tool_arguments_stream)
     bytebuf_free(&want);
 }
 
-TEST(reset_reuses)
+TEST(test_reset_reuses)
 {
     events_markers m = eventstest_qwen();
     rec r = { .last_kind = -1 };
@@ -355,7 +355,7 @@ TEST(reset_reuses)
 
 /* ---- harmony (gpt-oss) ---- */
 
-TEST(harmony_analysis_then_final)
+TEST(test_harmony_analysis_then_final)
 {
     events_markers m = eventstest_harmony();
     /* the prompt ended with "<|start|>assistant"; the caller stops on <|return|> */
@@ -373,7 +373,7 @@ TEST(harmony_analysis_then_final)
     EXPECT(run(&m, EVENTS_FINISH_STOP, r, NULL), "R:hm|T:ok|F:stop");
 }
 
-TEST(harmony_tool_calls)
+TEST(test_harmony_tool_calls)
 {
     events_markers m = eventstest_harmony();
     rec r;
@@ -394,7 +394,7 @@ TEST(harmony_tool_calls)
     EXPECT(run(&m, EVENTS_FINISH_STOP, w, NULL), "S0:browser.search|A0:{\"q\":1}|E0|F:tool_calls");
 }
 
-TEST(harmony_truncated)
+TEST(test_harmony_truncated)
 {
     events_markers m = eventstest_harmony();
     const char *h[] = { "#6001:<|channel|>", "analy", NULL };  /* cut inside the header */
@@ -409,7 +409,7 @@ TEST(harmony_truncated)
     EXPECT(run(&m, EVENTS_FINISH_LENGTH, d, NULL), "T:<|channel|>commentary to=functions.get_weather<|message|>|F:length");
 }
 
-TEST(harmony_text_is_text)
+TEST(test_harmony_text_is_text)
 {
     events_markers m = eventstest_harmony();
     /* marker spellings from ordinary tokens inside a final message are text */
@@ -434,7 +434,7 @@ TEST(harmony_text_is_text)
     EXPECT(run(&m, EVENTS_FINISH_STOP, u, NULL), "T:AB|F:stop");
 }
 
-TEST(harmony_forced_call)
+TEST(test_harmony_forced_call)
 {
     /* the prompt ended with the call's header: the output starts with the arguments */
     events_markers m = eventstest_harmony();
@@ -446,7 +446,7 @@ TEST(harmony_forced_call)
 }
 
 /* With no tools offered, what looks like a call is text in every family. */
-TEST(calls_without_tools_are_text)
+TEST(test_calls_without_tools_are_text)
 {
     events_markers m = eventstest_qwen();
     m.tools_enabled = false;
@@ -464,7 +464,7 @@ TEST(calls_without_tools_are_text)
 
 /* The server ends the first message with <|end|> (a reasoning budget): text the model wrote
  * there without a header is the analysis, and the answer after it is the text. */
-TEST(harmony_server_ended_analysis)
+TEST(test_harmony_server_ended_analysis)
 {
     events_markers m = eventstest_harmony();
     m.h_analysis = true;
@@ -489,7 +489,7 @@ TEST(harmony_server_ended_analysis)
 /* Random mixes of markers, header words and argument pieces: the splitter never loses its
  * footing (run() checks every call's fragments add up to valid arguments; always a finish),
  * and the end markers never show up as text. */
-TEST(harmony_random_sequences)
+TEST(test_harmony_random_sequences)
 {
     events_markers m = eventstest_harmony();
     static const char *const pieces[] = {
@@ -515,7 +515,7 @@ TEST(harmony_random_sequences)
 
 
 /* Mistral, llama.cpp's test strings (tests/test-chat.cpp) first */
-TEST(mistral_tool_calls)
+TEST(test_mistral_tool_calls)
 {
     events_markers m = eventstest_mistral();
     rec r;
@@ -544,7 +544,7 @@ TEST(mistral_tool_calls)
     EXPECT(run(&m, EVENTS_FINISH_STOP, a, NULL), "S0:f|A0:{\"x\":\"y\"}|E0|T:done|F:tool_calls");
 }
 
-TEST(mistral_malformed_is_text)
+TEST(test_mistral_malformed_is_text)
 {
     events_markers m = eventstest_mistral();
     /* no [ARGS]: text, marker text included */
@@ -567,7 +567,7 @@ TEST(mistral_malformed_is_text)
 }
 
 /* GLM, llama.cpp's test strings first: GLM-4.6's newlines and GLM-4.7's tight form */
-TEST(glm_tool_calls)
+TEST(test_glm_tool_calls)
 {
     events_markers m = eventstest_glm();
     rec r;
@@ -604,7 +604,7 @@ TEST(glm_tool_calls)
     conv_free(&c);
 }
 
-TEST(glm_malformed_is_text)
+TEST(test_glm_malformed_is_text)
 {
     events_markers m = eventstest_glm();
     /* no name, text where a marker belongs, cut inside a key: text */
@@ -625,7 +625,7 @@ TEST(glm_malformed_is_text)
 
 /* Random token sequences over the Mistral and GLM markers never crash and always leave
  * valid arguments (run() checks the fragments add up). */
-TEST(mistral_glm_random_sequences)
+TEST(test_mistral_glm_random_sequences)
 {
     static const char *const mi[] = { "#7000:[TOOL_CALLS]", "#7001:[ARGS]", "#7002:[CALL_ID]", "#7003:[THINK]", "#7004:[/THINK]",
                                       "f", "{", "}", "[", "]", "\"a\"", ":", ",", "1", " ", "\"", "x" };
@@ -647,30 +647,30 @@ TEST(mistral_glm_random_sequences)
 
 int main(void)
 {
-    RUN(plain_text);
-    RUN(reasoning_then_answer);
-    RUN(reasoning_opened_by_prompt);
-    RUN(markers_spelled_in_text_are_text);
-    RUN(qwen_several_tool_calls);
-    RUN(qwen_arguments_as_string_and_missing);
-    RUN(qwen_malformed_call_is_text);
-    RUN(text_split_across_deltas_keeps_inner_blanks);
-    RUN(deepseek_tool_calls);
-    RUN(llama3_json_tool_call);
-    RUN(tool_arguments_stream);
-    RUN(reset_reuses);
-    RUN(harmony_analysis_then_final);
-    RUN(harmony_tool_calls);
-    RUN(harmony_truncated);
-    RUN(harmony_text_is_text);
-    RUN(harmony_random_sequences);
-    RUN(harmony_forced_call);
-    RUN(calls_without_tools_are_text);
-    RUN(harmony_server_ended_analysis);
-    RUN(mistral_tool_calls);
-    RUN(mistral_malformed_is_text);
-    RUN(glm_tool_calls);
-    RUN(glm_malformed_is_text);
-    RUN(mistral_glm_random_sequences);
+    RUN(test_plain_text);
+    RUN(test_reasoning_then_answer);
+    RUN(test_reasoning_opened_by_prompt);
+    RUN(test_markers_spelled_in_text_are_text);
+    RUN(test_qwen_several_tool_calls);
+    RUN(test_qwen_arguments_as_string_and_missing);
+    RUN(test_qwen_malformed_call_is_text);
+    RUN(test_text_split_across_deltas_keeps_inner_blanks);
+    RUN(test_deepseek_tool_calls);
+    RUN(test_llama3_json_tool_call);
+    RUN(test_tool_arguments_stream);
+    RUN(test_reset_reuses);
+    RUN(test_harmony_analysis_then_final);
+    RUN(test_harmony_tool_calls);
+    RUN(test_harmony_truncated);
+    RUN(test_harmony_text_is_text);
+    RUN(test_harmony_random_sequences);
+    RUN(test_harmony_forced_call);
+    RUN(test_calls_without_tools_are_text);
+    RUN(test_harmony_server_ended_analysis);
+    RUN(test_mistral_tool_calls);
+    RUN(test_mistral_malformed_is_text);
+    RUN(test_glm_tool_calls);
+    RUN(test_glm_malformed_is_text);
+    RUN(test_mistral_glm_random_sequences);
     HARNESS_END();
 }

@@ -35,7 +35,7 @@ static bool accepts(const grammar *g, const char *doc)
     return grammar_accepts(g, doc, strlen(doc));
 }
 
-TEST(gbnf_basics)
+TEST(test_gbnf_basics)
 {
     char err[256];
     grammar *g = compile(GRAMMAR_KIND_GBNF,
@@ -54,7 +54,7 @@ TEST(gbnf_basics)
     grammar_free(g);
 }
 
-TEST(gbnf_errors_name_the_problem)
+TEST(test_gbnf_errors_name_the_problem)
 {
     static const struct {
         const char *src, *msg;
@@ -82,7 +82,7 @@ TEST(gbnf_errors_name_the_problem)
     }
 }
 
-TEST(utf8_classes_are_byte_sequences)
+TEST(test_utf8_classes_are_byte_sequences)
 {
     char err[256];
     grammar *g = compile(GRAMMAR_KIND_GBNF, "root ::= [a-zé世-丗\\U0001F600-\\U0001F64F]+\n", err);
@@ -103,7 +103,7 @@ TEST(utf8_classes_are_byte_sequences)
     grammar_free(g);
 }
 
-TEST(llama_cpp_json_gbnf)
+TEST(test_llama_cpp_json_gbnf)
 {
     char err[256];
     const char *src =
@@ -135,7 +135,7 @@ TEST(llama_cpp_json_gbnf)
     grammar_free(g);
 }
 
-TEST(json_object_kind)
+TEST(test_json_object_kind)
 {
     char err[256];
     grammar *g = compile(GRAMMAR_KIND_JSON, "", err);
@@ -148,7 +148,7 @@ TEST(json_object_kind)
     grammar_free(g);
 }
 
-TEST(regex_front_end)
+TEST(test_regex_front_end)
 {
     char err[256];
     grammar *g = compile(GRAMMAR_KIND_REGEX, "(\\+\\d{1,3} )?\\(\\d{3}\\) \\d{3}-\\d{4}", err);
@@ -180,7 +180,7 @@ TEST(regex_front_end)
     }
 }
 
-TEST(schema_objects_and_refs)
+TEST(test_schema_objects_and_refs)
 {
     char err[256];
     const char *schema =
@@ -210,7 +210,7 @@ TEST(schema_objects_and_refs)
     grammar_free(g);
 }
 
-TEST(schema_integer_ranges_exact)
+TEST(test_schema_integer_ranges_exact)
 {
     static const char *const schemas[] = {
         "{\"type\":\"integer\",\"minimum\":-37,\"maximum\":215}",
@@ -243,7 +243,7 @@ TEST(schema_integer_ranges_exact)
     }
 }
 
-TEST(schema_unsupported_keywords_are_named)
+TEST(test_schema_unsupported_keywords_are_named)
 {
     static const char *const cases[][2] = {
         { "{\"type\":\"object\",\"minProperties\":1,\"patternProperties\":{}}", "'minProperties', 'patternProperties'" },
@@ -269,7 +269,7 @@ TEST(schema_unsupported_keywords_are_named)
 
 /* Random texts made of each syntax's own characters: every one compiles or is refused with a
  * message, and a compiled one matches random documents without crashing (count-bounded). */
-TEST(random_inputs_never_crash)
+TEST(test_random_inputs_never_crash)
 {
     static const char *const alphabets[] = {
         "ab(|)*+?{1,2}[^-]\\d.$^\"",                           /* regex */
@@ -348,7 +348,7 @@ static void check_mask_brute(grammar *g, grammar_vocab *v, const int32_t *path, 
     grammar_match_free(m);
 }
 
-TEST(token_masks_match_brute_force)
+TEST(test_token_masks_match_brute_force)
 {
     char err[256];
     grammar *g = compile(GRAMMAR_KIND_GBNF,
@@ -413,7 +413,7 @@ TEST(token_masks_match_brute_force)
 /* Masks on a larger vocabulary (every string of 1 to 4 characters over a JSON-ish alphabet:
  * the context-independent entries are stored both as id lists and as bitmasks there) against
  * brute force, along random documents. */
-TEST(token_masks_large_vocab_brute_force)
+TEST(test_token_masks_large_vocab_brute_force)
 {
     static const char alpha[] = "{}\":,ab1 ";
     enum { NA = sizeof alpha - 1, NV = 1 + NA + NA * NA + NA * NA * NA + NA * NA * NA * NA };
@@ -493,7 +493,7 @@ TEST(token_masks_large_vocab_brute_force)
 
 /* Token terminals: <[ID]> matches that token id only, never its bytes spelled by other tokens
  * (nor by the token itself through a byte path), and composes with byte paths. */
-TEST(token_terminals)
+TEST(test_token_terminals)
 {
     char err[256];
     enum { OPEN = 1, CLOSE = 2, A = 6, ONE = 10, X = 17 };
@@ -572,7 +572,7 @@ TEST(token_terminals)
     grammar_vocab_free(v);
 }
 
-TEST(grammars_combine_by_prefix)
+TEST(test_grammars_combine_by_prefix)
 {
     /* two tools' argument schemas under one root, the way a forced tool call is written */
     const char *sa = "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\",\"maxLength\":8}},"
@@ -608,7 +608,7 @@ TEST(grammars_combine_by_prefix)
     free(gb);
 }
 
-TEST(compile_cache_by_content)
+TEST(test_compile_cache_by_content)
 {
     grammar_cache *c = grammar_cache_new(2);
     char err[256];
@@ -692,7 +692,7 @@ static int run_req(sched *s, const sched_params *p, int32_t *out, int cap, sched
     return n;
 }
 
-TEST(sched_constrains_sampling)
+TEST(test_sched_constrains_sampling)
 {
     if (!tiny_setup()) {
         CHECK(false);
@@ -758,7 +758,7 @@ TEST(sched_constrains_sampling)
 
 /* A lazy grammar (strict tools under tool_choice auto): free text until the trigger token,
  * then a document of the grammar closed by its own end token, then free again. */
-TEST(sched_lazy_grammar)
+TEST(test_sched_lazy_grammar)
 {
     if (!tiny_setup()) {
         CHECK(false);
@@ -838,7 +838,7 @@ TEST(sched_lazy_grammar)
 /* With sampling workers, the masks of a step's constrained sequences are computed on them
  * while the engine computes the step: the same documents as computing them at sampling (the
  * one-thread engine, no workers), and valid ones. */
-TEST(sched_masks_overlap_step)
+TEST(test_sched_masks_overlap_step)
 {
     if (!tiny_setup()) {
         CHECK(false);
@@ -895,7 +895,7 @@ TEST(sched_masks_overlap_step)
     engine_free(e2);
 }
 
-TEST(sched_allow_all_grammar_changes_nothing)
+TEST(test_sched_allow_all_grammar_changes_nothing)
 {
     if (!tiny_setup()) {
         CHECK(false);
@@ -942,7 +942,7 @@ TEST(sched_allow_all_grammar_changes_nothing)
 /* Log-probs of a constrained request are those of the masked distribution: the tokens the
  * grammar rules out are no alternatives (a -inf log-prob is no JSON number), so the top list
  * holds only allowed tokens, all finite. */
-TEST(sched_logprobs_masked)
+TEST(test_sched_logprobs_masked)
 {
     if (!tiny_setup()) {
         CHECK(false);
@@ -981,26 +981,26 @@ TEST(sched_logprobs_masked)
 
 int main(void)
 {
-    RUN(gbnf_basics);
-    RUN(gbnf_errors_name_the_problem);
-    RUN(utf8_classes_are_byte_sequences);
-    RUN(llama_cpp_json_gbnf);
-    RUN(json_object_kind);
-    RUN(regex_front_end);
-    RUN(schema_objects_and_refs);
-    RUN(schema_integer_ranges_exact);
-    RUN(schema_unsupported_keywords_are_named);
-    RUN(random_inputs_never_crash);
-    RUN(token_masks_match_brute_force);
-    RUN(token_masks_large_vocab_brute_force);
-    RUN(token_terminals);
-    RUN(grammars_combine_by_prefix);
-    RUN(compile_cache_by_content);
-    RUN(sched_constrains_sampling);
-    RUN(sched_lazy_grammar);
-    RUN(sched_masks_overlap_step);
-    RUN(sched_allow_all_grammar_changes_nothing);
-    RUN(sched_logprobs_masked);
+    RUN(test_gbnf_basics);
+    RUN(test_gbnf_errors_name_the_problem);
+    RUN(test_utf8_classes_are_byte_sequences);
+    RUN(test_llama_cpp_json_gbnf);
+    RUN(test_json_object_kind);
+    RUN(test_regex_front_end);
+    RUN(test_schema_objects_and_refs);
+    RUN(test_schema_integer_ranges_exact);
+    RUN(test_schema_unsupported_keywords_are_named);
+    RUN(test_random_inputs_never_crash);
+    RUN(test_token_masks_match_brute_force);
+    RUN(test_token_masks_large_vocab_brute_force);
+    RUN(test_token_terminals);
+    RUN(test_grammars_combine_by_prefix);
+    RUN(test_compile_cache_by_content);
+    RUN(test_sched_constrains_sampling);
+    RUN(test_sched_lazy_grammar);
+    RUN(test_sched_masks_overlap_step);
+    RUN(test_sched_allow_all_grammar_changes_nothing);
+    RUN(test_sched_logprobs_masked);
     engine_free(tm_engine);
     model_free(tm_model);
     printf("%d passed, %d failed\n", harness_passed, harness_failed);

@@ -64,7 +64,7 @@ static bool accepts(const grammar *g, const char *doc)
     return grammar_accepts(g, doc, strlen(doc));
 }
 
-TEST(deep_nullable_repetition_does_not_overflow)
+TEST(test_deep_nullable_repetition_does_not_overflow)
 {
     char err[512];
     grammar *g = NULL;
@@ -101,7 +101,7 @@ TEST(deep_nullable_repetition_does_not_overflow)
     free(t);
 }
 
-TEST(deep_parentheses_are_an_error)
+TEST(test_deep_parentheses_are_an_error)
 {
     char err[512];
     grammar *g = NULL;
@@ -118,7 +118,7 @@ TEST(deep_parentheses_are_an_error)
     free(t);
 }
 
-TEST(blow_ups_are_refused_naming_the_limit)
+TEST(test_blow_ups_are_refused_naming_the_limit)
 {
     char err[512];
     grammar *g = NULL;
@@ -139,7 +139,7 @@ TEST(blow_ups_are_refused_naming_the_limit)
     }
 }
 
-TEST(ambiguous_paths_compile_and_match)
+TEST(test_ambiguous_paths_compile_and_match)
 {
     /* each helper reached two ways from the one before: 2^40 paths to the same stacks */
     char err[512];
@@ -179,7 +179,7 @@ static void check_counts(int lo, int hi, int top)
     grammar_free(g);
 }
 
-TEST(large_counts_are_exact_without_unrolling)
+TEST(test_large_counts_are_exact_without_unrolling)
 {
     check_counts(0, 33, 40);
     check_counts(0, 100, 130);
@@ -190,7 +190,7 @@ TEST(large_counts_are_exact_without_unrolling)
     check_counts(1000, 1023, 1030);
 }
 
-TEST(schema_max_length_is_small)
+TEST(test_schema_max_length_is_small)
 {
     const char *s = "{\"type\":\"string\",\"maxLength\":99999}";
     char err[512];
@@ -213,7 +213,7 @@ TEST(schema_max_length_is_small)
     grammar_free(g);
 }
 
-TEST(budgets_stop_a_compile)
+TEST(test_budgets_stop_a_compile)
 {
     grammar_limits keep = grammar_limits_get();
     char err[512];
@@ -258,7 +258,7 @@ static bool gone_after_polls(void *ctx)
     return ++n_polls > *(int *)ctx;
 }
 
-TEST(a_compile_stops_when_cancelled)
+TEST(test_a_compile_stops_when_cancelled)
 {
     char err[512];
     grammar *g = NULL;
@@ -276,7 +276,7 @@ TEST(a_compile_stops_when_cancelled)
     grammar_cancel_set(NULL, NULL);
 }
 
-TEST(cache_is_bounded_in_bytes)
+TEST(test_cache_is_bounded_in_bytes)
 {
     grammar_limits keep = grammar_limits_get();
     char src[256], err[512];
@@ -311,7 +311,7 @@ TEST(cache_is_bounded_in_bytes)
     grammar_limits_set(&keep);
 }
 
-TEST(zod_safe_integers)
+TEST(test_zod_safe_integers)
 {
     const char *s = "{\"type\":\"integer\",\"minimum\":-9007199254740991,\"maximum\":9007199254740991}";
     char err[512];
@@ -336,16 +336,16 @@ TEST(zod_safe_integers)
 
 int main(void)
 {
-    RUN(deep_nullable_repetition_does_not_overflow);
-    RUN(deep_parentheses_are_an_error);
-    RUN(blow_ups_are_refused_naming_the_limit);
-    RUN(ambiguous_paths_compile_and_match);
-    RUN(large_counts_are_exact_without_unrolling);
-    RUN(schema_max_length_is_small);
-    RUN(budgets_stop_a_compile);
-    RUN(a_compile_stops_when_cancelled);
-    RUN(cache_is_bounded_in_bytes);
-    RUN(zod_safe_integers);
+    RUN(test_deep_nullable_repetition_does_not_overflow);
+    RUN(test_deep_parentheses_are_an_error);
+    RUN(test_blow_ups_are_refused_naming_the_limit);
+    RUN(test_ambiguous_paths_compile_and_match);
+    RUN(test_large_counts_are_exact_without_unrolling);
+    RUN(test_schema_max_length_is_small);
+    RUN(test_budgets_stop_a_compile);
+    RUN(test_a_compile_stops_when_cancelled);
+    RUN(test_cache_is_bounded_in_bytes);
+    RUN(test_zod_safe_integers);
     printf("%d passed, %d failed\n", harness_passed, harness_failed);
     return harness_failed != 0;
 }

@@ -53,7 +53,7 @@ static void check_render(const char *src, const char *u, const char *want, int l
 }
 #define R(src, u, want) check_render(src, u, want, __LINE__)
 
-TEST(language)
+TEST(test_language)
 {
     R("{% if flag %}a{% elif x %}b{% else %}c{% endif %}", NULL, "a");
     R("{% for x in [1,2,3] %}{{ loop.index }}{{ x }}{% if not loop.last %},{% endif %}{% endfor %}", NULL, "11,22,33");
@@ -101,7 +101,7 @@ TEST(language)
 /* Every operation keeps each byte's origin: request text stays tainted through concatenation,
  * slicing, trim, replace, split/join, tojson (escapes included) and macros; what the template
  * writes is not. */
-TEST(taint)
+TEST(test_taint)
 {
     char out[512], t[512], err[512];
     CHECK(render("<{{ s }}>", NULL, out, sizeof out, t, err, NULL) == JINJA_OK);
@@ -124,7 +124,7 @@ TEST(taint)
     CHECKF(!strcmp(t, "000000000000"), "%s", t);
 }
 
-TEST(errors_and_bounds)
+TEST(test_errors_and_bounds)
 {
     char err[512];
     static const char *const syntax[] = {
@@ -176,8 +176,8 @@ TEST(errors_and_bounds)
 
 int main(void)
 {
-    RUN(language);
-    RUN(taint);
-    RUN(errors_and_bounds);
+    RUN(test_language);
+    RUN(test_taint);
+    RUN(test_errors_and_bounds);
     HARNESS_END();
 }

@@ -14,7 +14,7 @@ static void hex_of(const uint8_t d[32], char out[65])
     util_hex(d, 32, out);
 }
 
-TEST(known_vectors)
+TEST(test_known_vectors)
 {
     uint8_t d[32];
     char h[65];
@@ -30,7 +30,7 @@ TEST(known_vectors)
     CHECKF(!strcmp(h, "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"), "%s", h);
 }
 
-TEST(parts_are_the_concatenation)
+TEST(test_parts_are_the_concatenation)
 {
     const char *two = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
     uint8_t whole[32], split[32];
@@ -46,7 +46,7 @@ TEST(parts_are_the_concatenation)
 
 int main(void)
 {
-    RUN(known_vectors);
-    RUN(parts_are_the_concatenation);
+    RUN(test_known_vectors);
+    RUN(test_parts_are_the_concatenation);
     HARNESS_END();
 }

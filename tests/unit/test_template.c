@@ -76,7 +76,7 @@ static bool round_trips(const tokenizer *tok, const template_prompt *p)
     return ok;
 }
 
-TEST(qwen3_exact_rendering)
+TEST(test_qwen3_exact_rendering)
 {
     fixture f;
     if (!fx_open(&f, VOCABS "ggml-vocab-qwen2.gguf", "qwen3")) return;
@@ -103,7 +103,7 @@ TEST(qwen3_exact_rendering)
     fx_close(&f);
 }
 
-TEST(injection_gives_text_tokens)
+TEST(test_injection_gives_text_tokens)
 {
     fixture f;
     if (!fx_open(&f, VOCABS "ggml-vocab-qwen2.gguf", "qwen3")) return;
@@ -137,7 +137,7 @@ TEST(injection_gives_text_tokens)
     fx_close(&f);
 }
 
-TEST(llama3_tools_and_errors)
+TEST(test_llama3_tools_and_errors)
 {
     fixture f;
     if (!fx_open(&f, VOCABS "ggml-vocab-llama-bpe.gguf", "llama3")) return;
@@ -178,7 +178,7 @@ TEST(llama3_tools_and_errors)
     fx_close(&f);
 }
 
-TEST(deepseek3_thinking_markers)
+TEST(test_deepseek3_thinking_markers)
 {
     fixture f;
     if (!fx_open(&f, VOCABS "ggml-vocab-deepseek-llm.gguf", "deepseek3")) return;
@@ -202,7 +202,7 @@ TEST(deepseek3_thinking_markers)
     fx_close(&f);
 }
 
-TEST(plain_is_bos_and_text)
+TEST(test_plain_is_bos_and_text)
 {
     fixture f;
     if (!fx_open(&f, VOCABS "ggml-vocab-llama-spm.gguf", NULL)) return;
@@ -223,7 +223,7 @@ TEST(plain_is_bos_and_text)
     fx_close(&f);
 }
 
-TEST(parallel_equals_serial)
+TEST(test_parallel_equals_serial)
 {
     fixture f;
     if (!fx_open(&f, VOCABS "ggml-vocab-qwen2.gguf", "qwen3")) return;
@@ -248,7 +248,7 @@ TEST(parallel_equals_serial)
     fx_close(&f);
 }
 
-TEST(qwen2_and_chatml_write_tools_as_their_references)
+TEST(test_qwen2_and_chatml_write_tools_as_their_references)
 {
     /* the references write every message as <|im_start|>ROLE\nCONTENT<|im_end|>\n: no tool
        definitions, no tool calls, tool results as "tool" turns */
@@ -324,7 +324,7 @@ static char *read_text(const char *path)
     return s;
 }
 
-TEST(only_reference_texts_are_recognised)
+TEST(test_only_reference_texts_are_recognised)
 {
     fixture f;
     if (!fx_open(&f, VOCABS "ggml-vocab-qwen2.gguf", "qwen3")) return;
@@ -375,7 +375,7 @@ TEST(only_reference_texts_are_recognised)
 
 /* A template text none of the families' references is rendered by the interpreter (it was
  * refused before); a name still picks a family; a hostile text is refused with its reason. */
-TEST(unrecognised_template_runs_in_the_interpreter)
+TEST(test_unrecognised_template_runs_in_the_interpreter)
 {
     fixture f;
     if (!fx_open(&f, VOCABS "ggml-vocab-qwen2.gguf", "qwen3")) return;
@@ -421,7 +421,7 @@ TEST(unrecognised_template_runs_in_the_interpreter)
  * keys with other types than JSON Schema's, deep nesting, huge enums) render without a
  * crash (ASan) into the expected text, and the forced-call header follows the generation
  * prompt. Any vocabulary will do: without harmony's tokens the markers are text. */
-TEST(harmony_odd_schemas)
+TEST(test_harmony_odd_schemas)
 {
     fixture f;
     if (!fx_open(&f, VOCABS "ggml-vocab-qwen2.gguf", "harmony")) return;
@@ -469,7 +469,7 @@ TEST(harmony_odd_schemas)
     fx_close(&f);
 }
 
-TEST(names)
+TEST(test_names)
 {
     CHECK(template_family_by_name("qwen3") == TEMPLATE_QWEN3);
     CHECK(template_family_by_name("llama3") == TEMPLATE_LLAMA3);
@@ -479,16 +479,16 @@ TEST(names)
 
 int main(void)
 {
-    RUN(qwen3_exact_rendering);
-    RUN(injection_gives_text_tokens);
-    RUN(llama3_tools_and_errors);
-    RUN(deepseek3_thinking_markers);
-    RUN(plain_is_bos_and_text);
-    RUN(parallel_equals_serial);
-    RUN(qwen2_and_chatml_write_tools_as_their_references);
-    RUN(only_reference_texts_are_recognised);
-    RUN(unrecognised_template_runs_in_the_interpreter);
-    RUN(names);
-    RUN(harmony_odd_schemas);
+    RUN(test_qwen3_exact_rendering);
+    RUN(test_injection_gives_text_tokens);
+    RUN(test_llama3_tools_and_errors);
+    RUN(test_deepseek3_thinking_markers);
+    RUN(test_plain_is_bos_and_text);
+    RUN(test_parallel_equals_serial);
+    RUN(test_qwen2_and_chatml_write_tools_as_their_references);
+    RUN(test_only_reference_texts_are_recognised);
+    RUN(test_unrecognised_template_runs_in_the_interpreter);
+    RUN(test_names);
+    RUN(test_harmony_odd_schemas);
     HARNESS_END();
 }

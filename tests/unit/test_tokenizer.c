@@ -87,7 +87,7 @@ static bool enc_is(const tokenizer *t, const char *s, size_t len, bool add, bool
 #define ENC(t, s, add, sp, ...) enc_is(t, s, sizeof(s) - 1, add, sp, (const int32_t[]){ __VA_ARGS__ }, \
                                        (int)(sizeof((const int32_t[]){ __VA_ARGS__ }) / sizeof(int32_t)))
 
-TEST(spm_merges_and_bos)
+TEST(test_spm_merges_and_bos)
 {
     tokenizer *t = spm_vocab();
     CHECK(t);
@@ -108,7 +108,7 @@ TEST(spm_merges_and_bos)
     tokenizer_free(t);
 }
 
-TEST(spm_byte_fallback_and_invalid_utf8)
+TEST(test_spm_byte_fallback_and_invalid_utf8)
 {
     tokenizer *t = spm_vocab();
     if (!t) { CHECK(t); return; }
@@ -125,7 +125,7 @@ TEST(spm_byte_fallback_and_invalid_utf8)
     tokenizer_free(t);
 }
 
-TEST(spm_cap_contract)
+TEST(test_spm_cap_contract)
 {
     tokenizer *t = spm_vocab();
     if (!t) { CHECK(t); return; }
@@ -137,7 +137,7 @@ TEST(spm_cap_contract)
     tokenizer_free(t);
 }
 
-TEST(spm_special_tokens_only_when_asked)
+TEST(test_spm_special_tokens_only_when_asked)
 {
     tokenizer *t = spm_vocab();
     if (!t) { CHECK(t); return; }
@@ -156,7 +156,7 @@ TEST(spm_special_tokens_only_when_asked)
     tokenizer_free(t);
 }
 
-TEST(spm_pieces)
+TEST(test_spm_pieces)
 {
     tokenizer *t = spm_vocab();
     if (!t) { CHECK(t); return; }
@@ -175,7 +175,7 @@ TEST(spm_pieces)
     tokenizer_free(t);
 }
 
-TEST(stream_utf8_and_bos_space)
+TEST(test_stream_utf8_and_bos_space)
 {
     tokenizer *t = spm_vocab();
     if (!t) { CHECK(t); return; }
@@ -256,7 +256,7 @@ static tokenizer *bpe_vocab(int32_t *id_hello, int32_t *id_world, int32_t *id_eo
     return t;
 }
 
-TEST(bpe_words_merges_specials)
+TEST(test_bpe_words_merges_specials)
 {
     int32_t hello, world, eot;
     tokenizer *t = bpe_vocab(&hello, &world, &eot);
@@ -289,7 +289,7 @@ TEST(bpe_words_merges_specials)
     tokenizer_free(t);
 }
 
-TEST(bad_vocabularies)
+TEST(test_bad_vocabularies)
 {
     char err[256];
     gguf_writer *w = gguf_writer_new();
@@ -335,7 +335,7 @@ TEST(bad_vocabularies)
 
 /* Random bytes never crash the tokenizer, and SPM with byte fallback is lossless: the pieces
  * of the tokens spell " " + text (the space prefix) byte for byte, invalid UTF-8 included. */
-TEST(fuzz_random_bytes_round_trip)
+TEST(test_fuzz_random_bytes_round_trip)
 {
     int32_t hello, world, eot;
     tokenizer *spm = spm_vocab(), *bpe = bpe_vocab(&hello, &world, &eot);
@@ -399,14 +399,14 @@ TEST(fuzz_random_bytes_round_trip)
 
 int main(void)
 {
-    RUN(spm_merges_and_bos);
-    RUN(spm_byte_fallback_and_invalid_utf8);
-    RUN(spm_cap_contract);
-    RUN(spm_special_tokens_only_when_asked);
-    RUN(spm_pieces);
-    RUN(stream_utf8_and_bos_space);
-    RUN(bpe_words_merges_specials);
-    RUN(fuzz_random_bytes_round_trip);
-    RUN(bad_vocabularies);
+    RUN(test_spm_merges_and_bos);
+    RUN(test_spm_byte_fallback_and_invalid_utf8);
+    RUN(test_spm_cap_contract);
+    RUN(test_spm_special_tokens_only_when_asked);
+    RUN(test_spm_pieces);
+    RUN(test_stream_utf8_and_bos_space);
+    RUN(test_bpe_words_merges_specials);
+    RUN(test_fuzz_random_bytes_round_trip);
+    RUN(test_bad_vocabularies);
     HARNESS_END();
 }

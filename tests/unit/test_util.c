@@ -16,7 +16,7 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv;
 static bool flag;
 
-TEST(wait_times_out)
+TEST(test_wait_times_out)
 {
     pthread_mutex_lock(&mu);
     bool woken = false;
@@ -41,7 +41,7 @@ static void *signaller(void *arg)
     return NULL;
 }
 
-TEST(signal_ends_the_wait)
+TEST(test_signal_ends_the_wait)
 {
     pthread_t t;
     pthread_mutex_lock(&mu);
@@ -56,7 +56,7 @@ TEST(signal_ends_the_wait)
     pthread_join(t, NULL);
 }
 
-TEST(deadline_is_monotonic)
+TEST(test_deadline_is_monotonic)
 {
     struct timespec a, b;
     util_deadline(&a, CLOCK_MONOTONIC, 1500);
@@ -65,7 +65,7 @@ TEST(deadline_is_monotonic)
     CHECKF(d > 1.0 && d <= 1.5 && a.tv_nsec < 1000000000L, "deadline %.3f s ahead", d);
 }
 
-TEST(hex)
+TEST(test_hex)
 {
     char out[9];
     const uint8_t b[4] = { 0x00, 0x0f, 0xa5, 0xff };
@@ -78,9 +78,9 @@ TEST(hex)
 int main(void)
 {
     util_cond_init(&cv);
-    RUN(wait_times_out);
-    RUN(signal_ends_the_wait);
-    RUN(deadline_is_monotonic);
-    RUN(hex);
+    RUN(test_wait_times_out);
+    RUN(test_signal_ends_the_wait);
+    RUN(test_deadline_is_monotonic);
+    RUN(test_hex);
     HARNESS_END();
 }
