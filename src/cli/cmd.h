@@ -11,9 +11,9 @@ int cmd_tokenize(int argc, char **argv);  /* print token ids as JSON */
 int cmd_convert(int argc, char **argv);   /* llama2.c checkpoint -> GGUF */
 int cmd_mkmodel(int argc, char **argv);   /* random-weight GGUF of a real shape and vocab */
 int cmd_eval(int argc, char **argv);      /* per-position top log-probs + greedy, as JSON (tests) */
-int cmd_bench(int argc, char **argv);     /* pp/tg timings as JSON (bench/engine) */
+int cmd_bench(int argc, char **argv);     /* pp/tg timings as JSON (bench/engine); curves; profile */
 int cmd_template(int argc, char **argv);  /* chat template rendering as token ids (tests) */
-int cmd_grammar(int argc, char **argv);   /* structured output: print / check / sample (tests, tools) */
+int cmd_grammar(int argc, char **argv);   /* structured output: print / check / sample / bench (tests, tools) */
 
 int cmd_serve(int argc, char **argv);     /* the HTTP server (OpenAI / Anthropic APIs) */
 int cmd_gateway(int argc, char **argv);   /* the front of a disaggregated cluster (cluster/gateway.h) */
