@@ -114,7 +114,7 @@ typedef struct api_ctx {
     bool metrics_public;      /* /metrics without the API key (--metrics-public) */
     grammar_cache *gcache;    /* compiled structured-output grammars; NULL: such requests are
                                * refused (400) */
-    const grammar_vocab *gvocab; /* the tokenizer's token bytes (grammar_vocab_from_tokenizer) */
+    const grammar_vocab *gvocab; /* the tokenizer's token bytes (tokenizer_grammar_vocab) */
     struct status_ring *status; /* the status page's per-minute ring (recipe/status.h), or NULL:
                                * finished requests are noted there; GET / and /status draw it */
     struct store *store;      /* the block store, for the page (NULL: none) */
