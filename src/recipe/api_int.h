@@ -90,6 +90,8 @@ char *api_json_parts_text(api_kind kind, json_t *v, const char *path, const api_
 bool api_json_format(api_kind kind, json_t *fmt, const char *path, bool flat, api_req *r, api_error *e);
 /* The extensions' fields of a chat or completions request (at most one of them). */
 bool api_json_guided(api_kind kind, json_t *root, api_req *r, api_error *e);
+/* Appends s[0..len) as a GBNF string literal (llama.cpp's escapes). */
+void api_json_gbnf_literal(bytebuf *b, const char *s, size_t len);
 /* The compact JSON text of a value (malloc'd). */
 char *api_json_dump(json_t *v);
 
