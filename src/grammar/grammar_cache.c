@@ -1,6 +1,11 @@
 /*
  * grammar_cache: compiled grammars kept by the SHA-256 of their kind and source, so that the
  * same schema sent by many requests is compiled once. See grammar.h.
+ *
+ * A slottab (util/slottab.h) over max_entries slots holds the keys and the recency list; the
+ * grammars sit in g[], indexed by slot. Every listed slot holds a grammar: a hit moves it to
+ * the newest end, a miss takes a free slot or the oldest, and trimming to cache_bytes drops
+ * from the oldest end. c->mu guards all of it; compiles run outside it.
  */
 #include "grammar/grammar_int.h"
 
@@ -8,54 +13,50 @@
 #include <string.h>
 
 #include "util/sha256.h"
+#include "util/slottab.h"
 #include "util/util.h"
-
-typedef struct {
-    uint8_t key[32];        /* SHA-256 of kind byte + source */
-    grammar *g;
-    uint64_t last_use;      /* cache tick */
-} grammar_cache_entry;
 
 struct grammar_cache {
     pthread_mutex_t mu;
-    grammar_cache_entry *e; /* (max) */
-    int n, max;
-    uint64_t tick, n_compiled, n_hits;
+    slottab tab;            /* keys (SHA-256 of kind byte + source) and recency of the slots */
+    grammar **g;            /* (tab.n) the grammar a listed slot holds, NULL when free */
+    size_t *sz;             /* (tab.n) its grammar_bytes, measured by the last trim */
+    int n;                  /* slots holding a grammar */
+    uint64_t n_compiled, n_hits;
     size_t bytes;           /* grammar_bytes of the entries at the last lookup */
 };
 
-/* Drops entry i (the last one moves into its place). Under c->mu. */
+/* Frees slot i's grammar and gives the slot back. Under c->mu. */
 static void grammar_cache_drop(grammar_cache *c, int i)
 {
-    grammar_free(c->e[i].g);
-    c->e[i] = c->e[--c->n];
-    memset(&c->e[c->n], 0, sizeof c->e[c->n]);
+    grammar_free(c->g[i]);
+    c->g[i] = NULL;
+    slottab_give(&c->tab, i);
+    c->n--;
 }
 
 /* Measures the entries (their memos grow while requests use them) and drops the least
  * recently used until they fit cache_bytes. Under c->mu. */
 static void grammar_cache_trim(grammar_cache *c)
 {
-    size_t *sz = xmalloc((size_t)(c->n ? c->n : 1) * sizeof *sz);
-    size_t total = 0;
-    for (int i = 0; i < c->n; i++) total += sz[i] = grammar_bytes(c->e[i].g);
-    while (c->n > 0 && total > grammar_limits_get().cache_bytes) {
-        int lru = 0;
-        for (int i = 1; i < c->n; i++)
-            if (c->e[i].last_use < c->e[lru].last_use) lru = i;
-        total -= sz[lru];
-        sz[lru] = sz[c->n - 1];
+    size_t total = 0, budget = grammar_limits_get().cache_bytes;
+    for (int i = slottab_oldest(&c->tab); i >= 0; i = slottab_newer(&c->tab, i))
+        total += c->sz[i] = grammar_bytes(c->g[i]);
+    while (c->n > 0 && total > budget) {
+        int lru = slottab_oldest(&c->tab);
+        total -= c->sz[lru];
         grammar_cache_drop(c, lru);
     }
     c->bytes = total;
-    free(sz);
 }
 
 grammar_cache *grammar_cache_new(int max_entries)
 {
     grammar_cache *c = xcalloc(1, sizeof *c);
-    c->max = max_entries > 0 ? max_entries : 64;
-    c->e = xcalloc((size_t)c->max, sizeof *c->e);
+    int n = max_entries > 0 ? TM_MIN(max_entries, SLOTTAB_MAX) : 64;
+    if (!slottab_init(&c->tab, n)) util_oom((size_t)n * (32 + 3 * sizeof(int32_t)));
+    c->g = xcalloc((size_t)n, sizeof *c->g);
+    c->sz = xcalloc((size_t)n, sizeof *c->sz);
     pthread_mutex_init(&c->mu, NULL);
     return c;
 }
@@ -63,8 +64,10 @@ grammar_cache *grammar_cache_new(int max_entries)
 void grammar_cache_free(grammar_cache *c)
 {
     if (!c) return;
-    for (int i = 0; i < c->n; i++) grammar_free(c->e[i].g);
-    free(c->e);
+    for (int i = 0; i < c->tab.n; i++) grammar_free(c->g[i]);
+    free(c->g);
+    free(c->sz);
+    slottab_free(&c->tab);
     pthread_mutex_destroy(&c->mu);
     free(c);
 }
@@ -77,15 +80,15 @@ grammar_status grammar_cache_get(grammar_cache *c, grammar_kind kind, const char
     sha256_part parts[] = { { &kb, 1 }, { src, len } };
     sha256_parts(parts, 2, key);
     pthread_mutex_lock(&c->mu);
-    for (int i = 0; i < c->n; i++)
-        if (!memcmp(c->e[i].key, key, 32)) {
-            c->e[i].last_use = ++c->tick;
-            c->n_hits++;
-            *out = grammar_ref(c->e[i].g);
-            grammar_cache_trim(c);
-            pthread_mutex_unlock(&c->mu);
-            return GRAMMAR_OK;
-        }
+    int i = slottab_find(&c->tab, key);
+    if (i >= 0) {
+        slottab_touch(&c->tab, i);
+        c->n_hits++;
+        *out = grammar_ref(c->g[i]);
+        grammar_cache_trim(c);
+        pthread_mutex_unlock(&c->mu);
+        return GRAMMAR_OK;
+    }
     pthread_mutex_unlock(&c->mu);
     /* compile outside the lock: a slow schema does not hold up lookups of others */
     grammar *g;
@@ -93,21 +96,18 @@ grammar_status grammar_cache_get(grammar_cache *c, grammar_kind kind, const char
     if (st != GRAMMAR_OK) return st;
     pthread_mutex_lock(&c->mu);
     c->n_compiled++;
-    int slot = -1;
-    for (int i = 0; i < c->n; i++)
-        if (!memcmp(c->e[i].key, key, 32)) slot = i;  /* compiled meanwhile by another thread */
-    if (slot < 0) {
-        if (c->n < c->max) slot = c->n++;
-        else {
-            slot = 0;
-            for (int i = 1; i < c->n; i++)
-                if (c->e[i].last_use < c->e[slot].last_use) slot = i;
+    i = slottab_find(&c->tab, key);   /* compiled meanwhile by another thread: keep that one */
+    if (i < 0) {
+        i = slottab_take(&c->tab);
+        if (i < 0) {
+            grammar_cache_drop(c, slottab_oldest(&c->tab));
+            i = slottab_take(&c->tab);
         }
-        grammar_free(c->e[slot].g);
-        memcpy(c->e[slot].key, key, 32);
-        c->e[slot].g = grammar_ref(g);
+        slottab_set_key(&c->tab, i, key);
+        c->g[i] = grammar_ref(g);
+        c->n++;
     }
-    c->e[slot].last_use = ++c->tick;
+    slottab_touch(&c->tab, i);
     grammar_cache_trim(c);  /* (a grammar larger than the whole budget is dropped at once) */
     pthread_mutex_unlock(&c->mu);
     *out = g;
