@@ -1,12 +1,12 @@
 /*
  * api_out: writing answers. The output state machine (api_out), the stop-sequence matcher,
- * the JSON/SSE write helpers the formatters share, and the Responses store.
+ * the JSON/SSE write helpers the formatters share.
  *
  * api_out: per choice, tokens go to the output splitter (events.c); its events become items
  * (a run of text, a run of reasoning, a tool call). Answer text passes the stop matcher
  * first. Items are opened, grown and closed in output order, and each step is passed to the
  * route's formatter (api_*_on), which appends SSE events when streaming; the items are kept
- * for the final body (and the Responses store). Every string goes through jsonfmt's writer,
+ * for the final body (and the Responses store, api_responses.c). Every string goes through jsonfmt's writer,
  * so the output is valid UTF-8 whatever the model wrote.
  *
  * Stop matching: the matcher holds back the longest suffix of the text seen that is a proper
@@ -16,7 +16,6 @@
 #include "recipe/api.h"
 #include "recipe/api_int.h"
 
-#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -425,102 +424,3 @@ void api_out_end(api_out *o)
     case API_KIND_COMPLETIONS: api_completions_end(o); break;
     }
 }
-
-/* ------------------------------------------------------------------ responses store */
-
-typedef struct {
-    char id[48];              /* response id ("" = free slot) */
-    conv conv;                /* its conversation incl. the answer turn */
-    uint64_t age;             /* insertion counter */
-} api_store_entry;
-
-struct api_store {
-    pthread_mutex_t mu;       /* guards everything below */
-    api_store_entry *e;       /* cap entries */
-    int cap;
-    uint64_t clock;
-};
-
-api_store *api_store_new(int max_entries)
-{
-    api_store *s = xcalloc(1, sizeof *s);
-    pthread_mutex_init(&s->mu, NULL);
-    s->cap = max_entries > 0 ? max_entries : 1;
-    s->e = xcalloc((size_t)s->cap, sizeof *s->e);
-    for (int i = 0; i < s->cap; i++) conv_init(&s->e[i].conv);
-    return s;
-}
-
-void api_store_free(api_store *s)
-{
-    if (!s) return;
-    for (int i = 0; i < s->cap; i++) conv_free(&s->e[i].conv);
-    free(s->e);
-    pthread_mutex_destroy(&s->mu);
-    free(s);
-}
-
-/* Copies turns [from, src->n_turns) of src to the end of dst. */
-static void api_conv_copy(conv *dst, const conv *src, int from)
-{
-    for (int t = from; t < src->n_turns; t++) {
-        const conv_turn *ct = &src->turns[t];
-        conv_add_turn(dst, ct->role);
-        for (int k = 0; k < ct->n_parts; k++) {
-            const conv_part *p = &ct->parts[k];
-            switch (p->kind) {
-            case CONV_PART_TEXT: conv_add_text(dst, p->text, p->len); break;
-            case CONV_PART_REASONING: conv_add_reasoning(dst, p->text, p->len); break;
-            case CONV_PART_TOOL_CALL: conv_add_tool_call(dst, p->id, p->name, p->args, p->args_len); break;
-            case CONV_PART_TOOL_RESULT: conv_add_tool_result(dst, p->id, p->name, p->text, p->len); break;
-            }
-        }
-    }
-}
-
-void api_store_put(api_store *s, const char *id, const api_req *req, const api_out *o)
-{
-    pthread_mutex_lock(&s->mu);
-    int slot = 0;
-    for (int i = 0; i < s->cap; i++) {
-        if (!s->e[i].id[0]) { slot = i; break; }
-        if (s->e[i].age < s->e[slot].age) slot = i;
-    }
-    api_store_entry *en = &s->e[slot];
-    conv_free(&en->conv);
-    conv_init(&en->conv);
-    snprintf(en->id, sizeof en->id, "%s", id);
-    en->age = ++s->clock;
-    api_conv_copy(&en->conv, &req->conv, req->instructions ? 1 : 0);
-    /* The answer: reasoning, text and tool calls of choice 0 as one assistant turn. */
-    const api_choice *c = &o->choices[0];
-    conv_add_turn(&en->conv, CONV_ROLE_ASSISTANT);
-    for (int k = 0; k < c->n_items; k++) {
-        const api_item *it = &c->items[k];
-        if (it->kind == API_ITEM_REASONING) conv_add_reasoning(&en->conv, it->text.p ? it->text.p : "", it->text.len);
-    }
-    for (int k = 0; k < c->n_items; k++) {
-        const api_item *it = &c->items[k];
-        if (it->kind == API_ITEM_TEXT) conv_add_text(&en->conv, it->text.p ? it->text.p : "", it->text.len);
-    }
-    for (int k = 0; k < c->n_items; k++) {
-        const api_item *it = &c->items[k];
-        if (it->kind == API_ITEM_TOOL) conv_add_tool_call(&en->conv, it->call_id, it->name, it->text.p, it->text.len);
-    }
-    pthread_mutex_unlock(&s->mu);
-}
-
-bool api_store_get(api_store *s, const char *id, conv *c)
-{
-    bool found = false;
-    pthread_mutex_lock(&s->mu);
-    for (int i = 0; i < s->cap; i++)
-        if (s->e[i].id[0] && !strcmp(s->e[i].id, id)) {
-            api_conv_copy(c, &s->e[i].conv, 0);
-            found = true;
-            break;
-        }
-    pthread_mutex_unlock(&s->mu);
-    return found;
-}
-

@@ -15,14 +15,19 @@
  * response.created, response.in_progress, then per item output_item.added, content_part.added,
  * *.delta …, *.done, content_part.done, output_item.done, and finally response.completed (or
  * response.incomplete when the token limit was hit), every event with a sequence_number.
- * A completed response with store=true is kept in the api_store for previous_response_id.
+ * A completed response with store=true is kept in the api_store for previous_response_id
+ * (the store is at the end of this file).
  */
 #include "recipe/api.h"
 #include "recipe/api_int.h"
 
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/sha256.h"
+#include "util/slottab.h"
 #include "util/util.h"
 
 static const char *const api_responses_keys[] = {
@@ -564,4 +569,108 @@ void api_responses_register(http_server *h, api_ctx *c)
 {
     if (!api_responses_store) api_responses_store = api_store_new(API_RESPONSES_KEEP);
     http_route(h, "POST", "/v1/responses", api_responses_handle, c);
+}
+
+/* ------------------------------------------------------------------ the store */
+
+/* A slottab (util/slottab.h) over cap slots keys the entries by the SHA-256 of their id and
+ * keeps them on its recency list in the order they were put: a full store drops the oldest
+ * put, whatever was read since. The mutex guards the table and the entries. */
+typedef struct {
+    char id[48];              /* the response id */
+    conv conv;                /* its conversation incl. the answer turn */
+} api_store_entry;
+
+struct api_store {
+    pthread_mutex_t mu;       /* guards everything below */
+    slottab tab;              /* SHA-256 of the ids, the order of puts */
+    api_store_entry *e;       /* (tab.n) by slot */
+};
+
+api_store *api_store_new(int max_entries)
+{
+    api_store *s = xcalloc(1, sizeof *s);
+    int cap = max_entries > 0 ? TM_MIN(max_entries, SLOTTAB_MAX) : 1;
+    if (!slottab_init(&s->tab, cap)) util_oom((size_t)cap * (32 + 3 * sizeof(int32_t)));
+    pthread_mutex_init(&s->mu, NULL);
+    s->e = xcalloc((size_t)cap, sizeof *s->e);
+    for (int i = 0; i < cap; i++) conv_init(&s->e[i].conv);
+    return s;
+}
+
+void api_store_free(api_store *s)
+{
+    if (!s) return;
+    for (int i = 0; i < s->tab.n; i++) conv_free(&s->e[i].conv);
+    free(s->e);
+    slottab_free(&s->tab);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
+
+/* Copies turns [from, src->n_turns) of src to the end of dst. */
+static void api_store_copy(conv *dst, const conv *src, int from)
+{
+    for (int t = from; t < src->n_turns; t++) {
+        const conv_turn *ct = &src->turns[t];
+        conv_add_turn(dst, ct->role);
+        for (int k = 0; k < ct->n_parts; k++) {
+            const conv_part *p = &ct->parts[k];
+            switch (p->kind) {
+            case CONV_PART_TEXT: conv_add_text(dst, p->text, p->len); break;
+            case CONV_PART_REASONING: conv_add_reasoning(dst, p->text, p->len); break;
+            case CONV_PART_TOOL_CALL: conv_add_tool_call(dst, p->id, p->name, p->args, p->args_len); break;
+            case CONV_PART_TOOL_RESULT: conv_add_tool_result(dst, p->id, p->name, p->text, p->len); break;
+            }
+        }
+    }
+}
+
+void api_store_put(api_store *s, const char *id, const api_req *req, const api_out *o)
+{
+    uint8_t key[32];
+    sha256_digest(id, strlen(id), key);
+    pthread_mutex_lock(&s->mu);
+    int slot = slottab_find(&s->tab, key);
+    if (slot >= 0) slottab_give(&s->tab, slot);   /* the same id again: the new one replaces it */
+    slot = slottab_take(&s->tab);
+    if (slot < 0) {
+        slottab_give(&s->tab, slottab_oldest(&s->tab));
+        slot = slottab_take(&s->tab);
+    }
+    slottab_set_key(&s->tab, slot, key);
+    slottab_touch(&s->tab, slot);
+    api_store_entry *en = &s->e[slot];
+    conv_free(&en->conv);
+    conv_init(&en->conv);
+    snprintf(en->id, sizeof en->id, "%s", id);
+    api_store_copy(&en->conv, &req->conv, req->instructions ? 1 : 0);
+    /* The answer: reasoning, text and tool calls of choice 0 as one assistant turn. */
+    const api_choice *c = &o->choices[0];
+    conv_add_turn(&en->conv, CONV_ROLE_ASSISTANT);
+    for (int k = 0; k < c->n_items; k++) {
+        const api_item *it = &c->items[k];
+        if (it->kind == API_ITEM_REASONING) conv_add_reasoning(&en->conv, it->text.p ? it->text.p : "", it->text.len);
+    }
+    for (int k = 0; k < c->n_items; k++) {
+        const api_item *it = &c->items[k];
+        if (it->kind == API_ITEM_TEXT) conv_add_text(&en->conv, it->text.p ? it->text.p : "", it->text.len);
+    }
+    for (int k = 0; k < c->n_items; k++) {
+        const api_item *it = &c->items[k];
+        if (it->kind == API_ITEM_TOOL) conv_add_tool_call(&en->conv, it->call_id, it->name, it->text.p, it->text.len);
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+bool api_store_get(api_store *s, const char *id, conv *c)
+{
+    uint8_t key[32];
+    sha256_digest(id, strlen(id), key);
+    pthread_mutex_lock(&s->mu);
+    int slot = slottab_find(&s->tab, key);
+    bool found = slot >= 0 && !strcmp(s->e[slot].id, id);   /* (an id past 47 bytes was cut) */
+    if (found) api_store_copy(c, &s->e[slot].conv, 0);
+    pthread_mutex_unlock(&s->mu);
+    return found;
 }
