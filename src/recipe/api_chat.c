@@ -500,7 +500,7 @@ static void api_chat_chunk(api_out *o, int i, const char *delta, size_t dlen, co
     bytebuf_free(&b);
 }
 
-void api_chat_begin(api_out *o)
+static void api_chat_begin(api_out *o)
 {
     for (int i = 0; i < o->n_choices; i++) {
         static const char role[] = "\"role\":\"assistant\",\"content\":\"\"";
@@ -508,7 +508,7 @@ void api_chat_begin(api_out *o)
     }
 }
 
-void api_chat_on(api_out *o, int i, api_op op, api_item *it, const char *d, size_t len)
+static void api_chat_on(api_out *o, int i, api_op op, api_item *it, const char *d, size_t len)
 {
     if (!o->req->stream) return;
     bytebuf delta = {0};
@@ -545,7 +545,7 @@ static void api_chat_ids(bytebuf *b, const int32_t *ids, int n)
     bytebuf_putc(b, ']');
 }
 
-void api_chat_end(api_out *o)
+static void api_chat_end(api_out *o)
 {
     bytebuf *b = &o->out;
     if (o->req->stream) {
@@ -627,6 +627,14 @@ void api_chat_end(api_out *o)
     }
     bytebuf_putc(b, '}');
 }
+
+const api_format api_chat_format = {
+    .id_prefix = "chatcmpl-",
+    .parse = api_chat_parse,
+    .begin = api_chat_begin,
+    .on = api_chat_on,
+    .end = api_chat_end,
+};
 
 /* ------------------------------------------------------------------ route */
 

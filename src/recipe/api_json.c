@@ -758,13 +758,19 @@ bool api_json_guided(api_kind kind, json_t *root, api_req *r, api_error *e)
     return true;
 }
 
-api_status api_parse(const api_cfg *cfg, api_kind kind, const char *body, size_t len, api_req *r, api_error *e)
+const api_format *api_format_of(api_kind kind)
 {
     switch (kind) {
-    case API_KIND_CHAT: return api_chat_parse(cfg, body, len, r, e);
-    case API_KIND_RESPONSES: return api_responses_parse(cfg, body, len, r, e);
-    case API_KIND_COMPLETIONS: return api_completions_parse(cfg, body, len, r, e);
-    default: return api_messages_parse(cfg, body, len, r, e);
+    case API_KIND_CHAT: return &api_chat_format;
+    case API_KIND_RESPONSES: return &api_responses_format;
+    case API_KIND_COMPLETIONS: return &api_completions_format;
+    case API_KIND_MESSAGES: break;
     }
+    return &api_messages_format;
+}
+
+api_status api_parse(const api_cfg *cfg, api_kind kind, const char *body, size_t len, api_req *r, api_error *e)
+{
+    return api_format_of(kind)->parse(cfg, body, len, r, e);
 }
 

@@ -454,7 +454,7 @@ static void api_responses_event(api_out *o, const char *type, const char *fields
     api_sse_typed(&o->out, type, o->seq++, fields, flen);
 }
 
-void api_responses_begin(api_out *o)
+static void api_responses_begin(api_out *o)
 {
     bytebuf f = {0};
     bytebuf_puts(&f, "\"response\":");
@@ -464,7 +464,7 @@ void api_responses_begin(api_out *o)
     bytebuf_free(&f);
 }
 
-void api_responses_on(api_out *o, int i, api_op op, api_item *it, const char *d, size_t len)
+static void api_responses_on(api_out *o, int i, api_op op, api_item *it, const char *d, size_t len)
 {
     if (i != 0) return;
     api_choice *c = &o->choices[0];
@@ -539,7 +539,7 @@ void api_responses_on(api_out *o, int i, api_op op, api_item *it, const char *d,
     bytebuf_free(&f);
 }
 
-void api_responses_end(api_out *o)
+static void api_responses_end(api_out *o)
 {
     if (o->req->store_to) api_store_put(o->req->store_to, o->id, o->req, o);
     if (!o->req->stream) {
@@ -552,6 +552,14 @@ void api_responses_end(api_out *o)
     api_responses_event(o, api_out_truncated(o) ? "response.incomplete" : "response.completed", f.p, f.len);
     bytebuf_free(&f);
 }
+
+const api_format api_responses_format = {
+    .id_prefix = "resp_",
+    .parse = api_responses_parse,
+    .begin = api_responses_begin,
+    .on = api_responses_on,
+    .end = api_responses_end,
+};
 
 /* ------------------------------------------------------------------ route */
 
