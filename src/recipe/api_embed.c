@@ -239,6 +239,24 @@ static void emb_base64(bytebuf *b, const uint8_t *p, size_t n)
     bytebuf_putc(b, '"');
 }
 
+/* The model a request names (NULL: the default), if this process serves it itself; else NULL
+ * with e filled: 404 for an unknown model, 501 for one behind a gateway. what: the route's
+ * job with its verb ("Embeddings are"), for the message. */
+static const api_ctx *emb_route(const api_ctx *user, const char *name, const char *what, api_error *e)
+{
+    const api_ctx *c = api_ctx_route(user, name);
+    if (!c) {
+        api_error_set(e, 404, "model", "model_not_found", "The model '%.200s' does not exist.", name);
+        return NULL;
+    }
+    if (c->backend) {
+        api_error_set(e, 501, NULL, "not_implemented",
+                      "%s not served through the gateway; ask a `tokenmill serve` of the model.", what);
+        return NULL;
+    }
+    return c;
+}
+
 static void emb_handle(http_request *r, void *user)
 {
     const api_ctx *c = user;
@@ -256,14 +274,8 @@ static void emb_handle(http_request *r, void *user)
     if (!api_json_known(EMB_KIND, root, allowed, "", &e) || api_json_str(EMB_KIND, root, "model", &name, &e) < 0 ||
         api_json_str(EMB_KIND, root, "encoding_format", &fmt, &e) < 0)
         goto bad;
-    if (!(c = api_ctx_route(c, name))) {
+    if (!(c = emb_route(user, name, "Embeddings are", &e))) {
         c = user;
-        api_error_set(&e, 404, "model", "model_not_found", "The model '%.200s' does not exist.", name);
-        goto bad;
-    }
-    if (c->backend) {
-        api_error_set(&e, 501, NULL, "not_implemented",
-                      "Embeddings are not served through the gateway; ask a `tokenmill serve` of the model.");
         goto bad;
     }
     bool b64 = fmt && !strcmp(fmt, "base64");
@@ -403,14 +415,8 @@ static void rr_handle(http_request *r, void *user)
     if (!api_json_known(EMB_KIND, root, allowed, "", &e) || api_json_str(EMB_KIND, root, "model", &name, &e) < 0 ||
         api_json_bool(EMB_KIND, root, "return_documents", &ret_docs, &e) < 0)
         goto bad;
-    if (!(c = api_ctx_route(c, name))) {
+    if (!(c = emb_route(user, name, "Reranking is", &e))) {
         c = user;
-        api_error_set(&e, 404, "model", "model_not_found", "The model '%.200s' does not exist.", name);
-        goto bad;
-    }
-    if (c->backend) {
-        api_error_set(&e, 501, NULL, "not_implemented",
-                      "Reranking is not served through the gateway; ask a `tokenmill serve` of the model.");
         goto bad;
     }
     const char *tmpl = NULL;
