@@ -153,21 +153,11 @@ static bool tj_tools(tmpl_b *b, const conv *c, bytebuf *o)
     for (int i = 0; i < c->n_tools; i++) {
         const conv_tool *tl = &c->tools[i];
         if (i) bytebuf_putc(o, ',');
-        bytebuf_puts(o, "{\"type\":\"function\",\"function\":{\"name\":");
-        tj_str(o, tl->name, strlen(tl->name));
-        if (tl->description) {
-            bytebuf_puts(o, ",\"description\":");
-            tj_str(o, tl->description, strlen(tl->description));
+        if (tl->parameters && !jsonfmt_valid(tl->parameters, strlen(tl->parameters))) {
+            tmpl_fail(b, TEMPLATE_ERR_JSON, "%s is not valid JSON", "a tool's parameters");
+            return false;
         }
-        if (tl->parameters) {
-            if (!jsonfmt_valid(tl->parameters, strlen(tl->parameters))) {
-                tmpl_fail(b, TEMPLATE_ERR_JSON, "%s is not valid JSON", "a tool's parameters");
-                return false;
-            }
-            bytebuf_puts(o, ",\"parameters\":");
-            bytebuf_puts(o, tl->parameters);
-        }
-        bytebuf_puts(o, "}}");
+        tmpl_tool_openai(o, tl);
     }
     bytebuf_putc(o, ']');
     return true;
