@@ -156,6 +156,15 @@ static void *jx_alloc(jx *x, size_t sz)
     return p;
 }
 
+/* A copy of old's n items of sz bytes in room for cap (the arena never frees: old stays
+ * until the render ends). */
+static void *jx_grow(jx *x, const void *old, size_t n, size_t cap, size_t sz)
+{
+    void *p = jx_alloc(x, cap * sz);
+    if (n) memcpy(p, old, n * sz);
+    return p;
+}
+
 static void jx_step(jx *x)
 {
     if (++x->steps > x->max_steps)
@@ -185,14 +194,8 @@ static void jsb_grow(jx *x, jsb *b, size_t add)
     if (b->n + add + 1 <= b->cap) return;
     size_t cap = b->cap ? b->cap * 2 : 64;
     while (cap < b->n + add + 1) cap *= 2;
-    char *p = jx_alloc(x, cap);
-    uint8_t *t = jx_alloc(x, cap);
-    if (b->n) {
-        memcpy(p, b->p, b->n);
-        memcpy(t, b->t, b->n);
-    }
-    b->p = p;
-    b->t = t;
+    b->p = jx_grow(x, b->p, b->n, cap, 1);
+    b->t = jx_grow(x, b->t, b->n, cap, 1);
     b->cap = cap;
 }
 
@@ -378,14 +381,8 @@ static void jdict_set(jx *x, jdict *d, const jstr *k, jv v)
     }
     if (d->n == d->cap) {
         size_t cap = d->cap ? d->cap * 2 : 8;
-        const jstr **nk = jx_alloc(x, cap * sizeof *nk);
-        jv *nv = jx_alloc(x, cap * sizeof *nv);
-        if (d->n) {
-            memcpy(nk, d->k, d->n * sizeof *nk);
-            memcpy(nv, d->v, d->n * sizeof *nv);
-        }
-        d->k = nk;
-        d->v = nv;
+        d->k = jx_grow(x, d->k, d->n, cap, sizeof *d->k);
+        d->v = jx_grow(x, d->v, d->n, cap, sizeof *d->v);
         d->cap = cap;
     }
     d->k[d->n] = k;
@@ -427,14 +424,8 @@ static void jenv_set(jx *x, jenv *e, const char *name, jv v)
         }
     if (e->n == e->cap) {
         size_t cap = e->cap ? e->cap * 2 : 8;
-        const char **nn = jx_alloc(x, cap * sizeof *nn);
-        jv *nv = jx_alloc(x, cap * sizeof *nv);
-        if (e->n) {
-            memcpy(nn, e->names, e->n * sizeof *nn);
-            memcpy(nv, e->vals, e->n * sizeof *nv);
-        }
-        e->names = nn;
-        e->vals = nv;
+        e->names = jx_grow(x, e->names, e->n, cap, sizeof *e->names);
+        e->vals = jx_grow(x, e->vals, e->n, cap, sizeof *e->vals);
         e->cap = cap;
     }
     e->names[e->n] = name;
@@ -837,9 +828,7 @@ static void jx_eval_args(jx *x, jenv *env, jnode *const *v, size_t n, jargs *a)
         size_t add = arg->kind == JN_SPREAD ? val.l->n : 1;
         if (a->n_pos + add > cap_p) {
             while (cap_p < a->n_pos + add) cap_p *= 2;
-            jv *np2 = jx_alloc(x, cap_p * sizeof *np2);
-            memcpy(np2, a->pos, a->n_pos * sizeof *np2);
-            a->pos = np2;
+            a->pos = jx_grow(x, a->pos, a->n_pos, cap_p, sizeof *a->pos);
         }
         if (arg->kind == JN_SPREAD) {
             if (val.kind != JV_LIST) jx_fail(x, JINJA_ERR_RUNTIME, "cannot unpack a %s", jv_type(val));
@@ -877,12 +866,8 @@ static void jx_eval_args(jx *x, jenv *env, jnode *const *v, size_t n, jargs *a)
                     jx_fail(x, JINJA_ERR_RUNTIME, "got multiple values for keyword argument '%s'", ks[j]->p);
             if (a->n_kw == cap_k) {
                 cap_k *= 2;
-                const jstr **nk2 = jx_alloc(x, cap_k * sizeof *nk2);
-                jv *nv2 = jx_alloc(x, cap_k * sizeof *nv2);
-                memcpy(nk2, a->kw_k, a->n_kw * sizeof *nk2);
-                memcpy(nv2, a->kw_v, a->n_kw * sizeof *nv2);
-                a->kw_k = nk2;
-                a->kw_v = nv2;
+                a->kw_k = jx_grow(x, a->kw_k, a->n_kw, cap_k, sizeof *a->kw_k);
+                a->kw_v = jx_grow(x, a->kw_v, a->n_kw, cap_k, sizeof *a->kw_v);
             }
             a->kw_k[a->n_kw] = ks[j];
             a->kw_v[a->n_kw++] = vs[j];
@@ -1005,9 +990,7 @@ static jv jx_str_split(jx *x, const jstr *s, const jargs *a)
             }
             if (n == cap) {
                 cap = cap ? cap * 2 : 8;
-                jv *np = jx_alloc(x, cap * sizeof *np);
-                if (n) memcpy(np, parts, n * sizeof *np);
-                parts = np;
+                parts = jx_grow(x, parts, n, cap, sizeof *parts);
             }
             jsb b = { 0 };
             jsb_sub(x, &b, s, st, i - st);
@@ -1024,9 +1007,7 @@ static jv jx_str_split(jx *x, const jstr *s, const jargs *a)
             size_t at = f ? (size_t)((const char *)f - s->p) : s->n;
             if (n == cap) {
                 cap = cap ? cap * 2 : 8;
-                jv *np = jx_alloc(x, cap * sizeof *np);
-                if (n) memcpy(np, parts, n * sizeof *np);
-                parts = np;
+                parts = jx_grow(x, parts, n, cap, sizeof *parts);
             }
             jsb b = { 0 };
             jsb_sub(x, &b, s, i, at - i);
