@@ -192,6 +192,14 @@ bool api_json_known(api_kind kind, json_t *obj, const char *const *allowed, cons
     return true;
 }
 
+bool api_json_item(api_kind kind, const char *base, size_t i, json_t *v, char *p, size_t cap, api_error *e)
+{
+    snprintf(p, cap, "%s[%zu]", base, i);
+    if (json_is_object(v)) return true;
+    api_json_type_error(kind, e, p, kind == API_KIND_MESSAGES ? "a valid dictionary" : "an object", v);
+    return false;
+}
+
 const char *api_path(char *buf, size_t cap, const char *base, const char *key, int index)
 {
     if (index >= 0) snprintf(buf, cap, "%s[%d]", base, index);

@@ -71,11 +71,7 @@ static bool api_messages_messages(api_req *r, json_t *msgs, api_error *e)
     size_t i;
     json_t *m;
     json_array_foreach(msgs, i, m) {
-        api_path(p, sizeof p, "messages", NULL, (int)i);
-        if (!json_is_object(m)) {
-            api_json_type_error(K, e, p, "a valid dictionary", m);
-            return false;
-        }
+        if (!api_json_item(K, "messages", i, m, p, sizeof p, e)) return false;
         json_t *role = json_object_get(m, "role"), *content = json_object_get(m, "content");
         api_path(q, sizeof q, p, "role", -1);
         if (!json_is_string(role)) {
@@ -204,11 +200,7 @@ static bool api_messages_tools(api_req *r, json_t *tools, api_error *e)
     size_t i;
     json_t *t;
     json_array_foreach(tools, i, t) {
-        api_path(p, sizeof p, "tools", NULL, (int)i);
-        if (!json_is_object(t)) {
-            api_json_type_error(K, e, p, "a valid dictionary", t);
-            return false;
-        }
+        if (!api_json_item(K, "tools", i, t, p, sizeof p, e)) return false;
         json_t *type = json_object_get(t, "type");
         if (type && !json_is_null(type) && (!json_is_string(type) || strcmp(json_string_value(type), "custom"))) {
             api_json_value_error(K, e, api_path(q, sizeof q, p, "type", -1), "only custom (client) tools are supported by this server");

@@ -70,11 +70,7 @@ static bool api_responses_input(api_req *r, json_t *input, api_error *e)
     json_t *it;
     char p[64], q[96];
     json_array_foreach(input, i, it) {
-        api_path(p, sizeof p, "input", NULL, (int)i);
-        if (!json_is_object(it)) {
-            api_json_type_error(K, e, p, "an object", it);
-            return false;
-        }
+        if (!api_json_item(K, "input", i, it, p, sizeof p, e)) return false;
         json_t *type = json_object_get(it, "type");
         if (type && !json_is_string(type)) {
             api_json_type_error(K, e, api_path(q, sizeof q, p, "type", -1), "a string", type);
@@ -179,11 +175,7 @@ static bool api_responses_tools(api_req *r, json_t *tools, api_error *e)
     json_t *t;
     char p[64], q[96];
     json_array_foreach(tools, i, t) {
-        api_path(p, sizeof p, "tools", NULL, (int)i);
-        if (!json_is_object(t)) {
-            api_json_type_error(K, e, p, "an object", t);
-            return false;
-        }
+        if (!api_json_item(K, "tools", i, t, p, sizeof p, e)) return false;
         json_t *type = json_object_get(t, "type");
         if (!json_is_string(type) || strcmp(json_string_value(type), "function")) {
             api_json_value_error(K, e, api_path(q, sizeof q, p, "type", -1),
