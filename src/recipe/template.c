@@ -1137,6 +1137,51 @@ template_status template_apply(const template *t, const conv *c, int n_threads, 
     return TEMPLATE_OK;
 }
 
+void tmpl_tool_markers(const tokenizer *tok, events_toolfmt fmt, events_markers *m)
+{
+    m->toolfmt = fmt;
+    switch (fmt) {
+    case EVENTS_TOOLFMT_QWEN:
+        m->tool_start = tmpl_find(tok, "<tool_call>");
+        m->tool_end = tmpl_find(tok, "</tool_call>");
+        break;
+    case EVENTS_TOOLFMT_DEEPSEEK:
+        m->tools_begin = tmpl_find(tok, "<｜tool▁calls▁begin｜>");
+        m->tools_end = tmpl_find(tok, "<｜tool▁calls▁end｜>");
+        m->tool_start = tmpl_find(tok, "<｜tool▁call▁begin｜>");
+        m->tool_end = tmpl_find(tok, "<｜tool▁call▁end｜>");
+        m->tool_sep = tmpl_find(tok, "<｜tool▁sep｜>");
+        break;
+    case EVENTS_TOOLFMT_LLAMA3:
+        m->tool_start = tmpl_find(tok, "<|python_tag|>");
+        break;
+    case EVENTS_TOOLFMT_MISTRAL:
+        m->tool_start = tmpl_find(tok, "[TOOL_CALLS]");
+        m->tool_sep = tmpl_find(tok, "[ARGS]");
+        m->call_id = tmpl_find(tok, "[CALL_ID]");
+        break;
+    case EVENTS_TOOLFMT_GLM:
+        m->tool_start = tmpl_find(tok, "<tool_call>");
+        m->tool_end = tmpl_find(tok, "</tool_call>");
+        m->arg_key = tmpl_find(tok, "<arg_key>");
+        m->arg_key_end = tmpl_find(tok, "</arg_key>");
+        m->arg_val = tmpl_find(tok, "<arg_value>");
+        m->arg_val_end = tmpl_find(tok, "</arg_value>");
+        break;
+    case EVENTS_TOOLFMT_HARMONY:
+        m->h_start = tmpl_find(tok, "<|start|>");
+        m->h_channel = tmpl_find(tok, "<|channel|>");
+        m->h_message = tmpl_find(tok, "<|message|>");
+        m->h_constrain = tmpl_find(tok, "<|constrain|>");
+        m->h_end = tmpl_find(tok, "<|end|>");
+        m->h_call = tmpl_find(tok, "<|call|>");
+        m->h_return = tmpl_find(tok, "<|return|>");
+        break;
+    default:
+        break;
+    }
+}
+
 void template_markers(const template *t, const conv *c, events_markers *m)
 {
     const tokenizer *tok = t->tok;
@@ -1150,24 +1195,16 @@ void template_markers(const template *t, const conv *c, events_markers *m)
     case TEMPLATE_CHATML:
         m->think_start = tmpl_find(tok, "<think>");
         m->think_end = tmpl_find(tok, "</think>");
-        m->toolfmt = EVENTS_TOOLFMT_QWEN;
-        m->tool_start = tmpl_find(tok, "<tool_call>");
-        m->tool_end = tmpl_find(tok, "</tool_call>");
+        tmpl_tool_markers(tok, EVENTS_TOOLFMT_QWEN, m);
         break;
     case TEMPLATE_LLAMA3:
-        m->toolfmt = EVENTS_TOOLFMT_LLAMA3;
-        m->tool_start = tmpl_find(tok, "<|python_tag|>");
+        tmpl_tool_markers(tok, EVENTS_TOOLFMT_LLAMA3, m);
         break;
     case TEMPLATE_DEEPSEEK_R1:
     case TEMPLATE_DEEPSEEK3: {
         m->think_start = tmpl_find(tok, "<think>");
         m->think_end = tmpl_find(tok, "</think>");
-        m->toolfmt = EVENTS_TOOLFMT_DEEPSEEK;
-        m->tools_begin = tmpl_find(tok, "<｜tool▁calls▁begin｜>");
-        m->tools_end = tmpl_find(tok, "<｜tool▁calls▁end｜>");
-        m->tool_start = tmpl_find(tok, "<｜tool▁call▁begin｜>");
-        m->tool_end = tmpl_find(tok, "<｜tool▁call▁end｜>");
-        m->tool_sep = tmpl_find(tok, "<｜tool▁sep｜>");
+        tmpl_tool_markers(tok, EVENTS_TOOLFMT_DEEPSEEK, m);
         /* the generation prompt ends with an open <think> when thinking is on */
         bool last_user = false, is_tool = false;
         for (int i = 0; i < c->n_turns; i++) {
@@ -1183,14 +1220,7 @@ void template_markers(const template *t, const conv *c, events_markers *m)
         break;
     }
     case TEMPLATE_HARMONY:
-        m->toolfmt = EVENTS_TOOLFMT_HARMONY;
-        m->h_start = tmpl_find(tok, "<|start|>");
-        m->h_channel = tmpl_find(tok, "<|channel|>");
-        m->h_message = tmpl_find(tok, "<|message|>");
-        m->h_constrain = tmpl_find(tok, "<|constrain|>");
-        m->h_end = tmpl_find(tok, "<|end|>");
-        m->h_call = tmpl_find(tok, "<|call|>");
-        m->h_return = tmpl_find(tok, "<|return|>");
+        tmpl_tool_markers(tok, EVENTS_TOOLFMT_HARMONY, m);
         if (c->add_generation_prompt) m->h_forced = c->forced_call;
         break;
     case TEMPLATE_PLAIN:
