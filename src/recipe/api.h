@@ -21,8 +21,9 @@
  *   3. serve (api.c): the routes, the API key check, the prompt (chat template or raw), the
  *      context-length check, the token loop (see SERVING below). One path, api_serve, for
  *      all four APIs.
- * The API-specific parts are the api_chat_* / api_completions_* / api_responses_* /
- * api_messages_* functions declared at the end; api_out dispatches to them by kind.
+ * The API-specific parts are each API's api_format (its parser and formatter, declared at
+ * the end), one table in each of api_chat.c, api_completions.c, api_responses.c and
+ * api_messages.c; api_parse and api_out reach them through api_format_of.
  *
  * Memory: an api_req owns its conv and strings (api_req_free); an api_out owns its buffers
  * (api_out_free). Neither is shared between threads.
