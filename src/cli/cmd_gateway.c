@@ -218,7 +218,7 @@ int cmd_gateway(int argc, char **argv)
     const char *alias = api_model_alias(m, alias_buf, sizeof alias_buf);
     /* structured output: the API layer compiles each grammar here first (a bad one is a 400
      * at once, and the gateway sends only sources that compile); the workers compile it again */
-    gvocab = grammar_vocab_from_tokenizer(tok);
+    gvocab = tokenizer_grammar_vocab(tok);
     gcache = grammar_cache_new(256);
     api_ctx ac = { .sched = NULL, .model = m, .tok = tok, .tmpl = tmpl, .model_name = name, .model_alias = alias,
                    .n_ctx = n_ctx, .n_threads = 1, .created = (int64_t)time(NULL), .retention = &classes,

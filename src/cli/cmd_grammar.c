@@ -128,7 +128,7 @@ static int cmd_grammar_sample(grammar *g, const char *model_path, const char *pr
         fprintf(stderr, "tokenmill grammar: cannot start the scheduler\n");
         goto out;
     }
-    v = grammar_vocab_from_tokenizer(tok);
+    v = tokenizer_grammar_vocab(tok);
     size_t plen = strlen(prompt);
     int32_t np = tokenizer_encode(tok, prompt, plen, true, false, NULL, 0);
     if (np <= 0) {
@@ -237,7 +237,7 @@ static int cmd_grammar_bench(grammar *g, const char *vocab_path, long n_docs, lo
     tokenizer *tok;
     if (!cmd_common_load_vocab("grammar", vocab_path, &tok)) return 1;
     double t0 = util_now();
-    grammar_vocab *v = grammar_vocab_from_tokenizer(tok);
+    grammar_vocab *v = tokenizer_grammar_vocab(tok);
     double vocab_s = util_now() - t0;
     int n_vocab = grammar_vocab_n(v);
     int32_t stop = tokenizer_eos(tok);

@@ -350,7 +350,7 @@ static int serve_routes(serve *sv)
     int64_t created = (int64_t)time(NULL);
     for (int i = 0; i < sv->n; i++) {
         serve_unit *u = &sv->u[i];
-        u->gvocab = grammar_vocab_from_tokenizer(u->tok);
+        u->gvocab = tokenizer_grammar_vocab(u->tok);
         u->gcache = grammar_cache_new(256);
         u->ac = (api_ctx){
             .sched = u->s, .model = u->m, .tok = u->tok, .tmpl = u->tmpl, .model_name = u->name,

@@ -147,7 +147,7 @@ int cmd_worker(int argc, char **argv)
         goto out;
     }
 
-    gvocab = grammar_vocab_from_tokenizer(tok);   /* the jobs' structured-output grammars */
+    gvocab = tokenizer_grammar_vocab(tok);   /* the jobs' structured-output grammars */
     worker_opts wo = { .role = role, .listen = listen, .gateway = gateway, .name = name, .key = &key,
                        .max_seqs = (int)eng.max_seqs, .n_ctx = n_ctx, .gvocab = gvocab };
     w = worker_new(&wo, e, s, cache, bio);

@@ -128,13 +128,10 @@ void grammar_cache_usage(grammar_cache *c, int *n_entries, size_t *bytes);
  * (control tokens) are allowed only by the grammar's token terminals and as the stop ids a
  * matcher is given. */
 typedef struct grammar_vocab grammar_vocab;
-/* bytes[i] / lens[i]: token i's decoded bytes (copied). */
+/* bytes[i] / lens[i]: token i's decoded bytes (copied); lens[i] 0 for a token that only token
+ * terminals match. The grammar knows no tokenizer: recipe/ builds these arrays from a model's
+ * vocabulary (tokenizer_grammar_vocab). */
 grammar_vocab *grammar_vocab_new(int n_vocab, const char *const *bytes, const int *lens);
-/* The vocabulary of a model's tokenizer: each token's bytes as the detokenizer writes them
- * (tokenizer_token_to_piece without special text); added tokens (control, user-defined,
- * unknown) have none: the marker tokens a grammar writes are its token terminals. */
-struct tokenizer;
-grammar_vocab *grammar_vocab_from_tokenizer(const struct tokenizer *t);
 void grammar_vocab_free(grammar_vocab *v);
 int grammar_vocab_n(const grammar_vocab *v);
 

@@ -1,6 +1,7 @@
 /*
- * grammar_int: what only src/grammar/grammar*.c see: the compiled form and the byte-level pushdown
- * automaton that grammar.c implements and grammar_match.c drives over the token trie.
+ * grammar_int: what only src/grammar/grammar*.c see: the compiled form (grammar.c, built by
+ * grammar_gbnf.c) and the byte-level pushdown automaton that grammar_pda.c implements and
+ * grammar_match.c drives over the token trie.
  *
  * Compiled form (llama.cpp's flat encoding, at byte level): every rule is a run of elements
  * in el[], its alternatives separated by GRAMMAR_EL_ALT and closed by GRAMMAR_EL_END.
@@ -143,6 +144,16 @@ void grammar_step(const grammar *g, grammar_scratch *sc, const grammar_set *in, 
 void grammar_step_token(const grammar *g, grammar_scratch *sc, const grammar_set *in, int32_t token,
                         grammar_set *out);
 uint64_t grammar_set_hash(const grammar_set *s);
+/* Adds to out the expansion of the one-element stack {pos} (pos: a rule reference or a
+ * terminal); sc->truncated says whether it stopped at max_stacks. */
+void grammar_expand(const grammar *g, grammar_scratch *sc, grammar_set *out, uint32_t pos);
+
+/* GBNF text -> compiled grammar, giving up past deadline (util_now()) or when cancelled;
+ * grammar_compile's contract otherwise. */
+grammar_status grammar_gbnf_compile(const char *src, size_t len, double deadline, grammar **out, char *err,
+                                    size_t errsz);
+/* Whether the calling thread's compile has been cancelled (grammar_cancel_set's hook). */
+bool grammar_cancelled(void);
 
 /* Front ends (GBNF text into a malloc'd string; NULL on error with err set). */
 char *grammar_regex_to_gbnf(const char *re, size_t len, grammar_status *st, char *err, size_t errsz);

@@ -20,7 +20,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "recipe/tokenizer.h"
 #include "util/util.h"
 
 struct grammar_vocab {
@@ -158,30 +157,6 @@ grammar_vocab *grammar_vocab_new(int n_vocab, const char *const *bytes, const in
     v->tok_off[n] = acc;
     free(cnt);
     free(path);
-    return v;
-}
-
-grammar_vocab *grammar_vocab_from_tokenizer(const tokenizer *t)
-{
-    int n = tokenizer_n_vocab(t);
-    int cap = (int)tokenizer_max_piece(t) + 8;
-    char *buf = xmalloc((size_t)n * (size_t)cap);
-    char **bytes = xmalloc((size_t)n * sizeof *bytes);
-    int *lens = xmalloc((size_t)n * sizeof *lens);
-    for (int i = 0; i < n; i++) {
-        bytes[i] = buf + (size_t)i * (size_t)cap;
-        lens[i] = tokenizer_token_to_piece(t, i, bytes[i], cap, false);
-        /* added tokens (control and user-defined: <think>, <tool_call>, ...) mean something
-         * to the output splitter and the scheduler by id, so a grammar never writes text with
-         * them: they match token terminals only */
-        if (lens[i] > cap || tokenizer_attr(t, i) & (TOKENIZER_ATTR_CONTROL | TOKENIZER_ATTR_USER_DEFINED |
-                                                     TOKENIZER_ATTR_UNKNOWN))
-            lens[i] = 0;
-    }
-    grammar_vocab *v = grammar_vocab_new(n, (const char *const *)bytes, lens);
-    free(buf);
-    free(bytes);
-    free(lens);
     return v;
 }
 

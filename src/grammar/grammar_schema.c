@@ -746,118 +746,127 @@ static bool sc_type_matches(json_t *type, json_t *v)
     return false;
 }
 
-static void sc_visit_into(sc *c, json_t *s, const char *name)
+/* A $ref: one rule per distinct reference (so a recursive schema is a recursive rule), its
+ * target visited once. */
+static void sc_visit_ref(sc *c, json_t *ref, const char *name)
 {
     bytebuf *o = &c->out;
-    sc_prims(c, 0);
-    if (c->failed) return;
-    if (++c->depth > 64) {
-        sc_fail(c, GRAMMAR_ERR_UNSUPPORTED, "%s", "schema nested too deeply");
+    const char *r = json_string_value(ref);
+    if (!r) {
+        sc_fail(c, GRAMMAR_ERR_INVALID, "%s", "$ref must be a string");
         return;
     }
-    if (json_is_true(s) || (json_is_object(s) && json_object_size(s) == 0)) {
-        sc_prims(c, SC_PRIM_VALUE);
-        grammar_printf(o, "%s ::= value\n", name);
-        goto out;
+    for (int i = 0; i < c->n_refs; i++)
+        if (c->refs[i].ref && !strcmp(c->refs[i].ref, r)) {
+            grammar_printf(o, "%s ::= %s\n", name, c->refs[i].name);
+            return;
+        }
+    json_t *target = sc_resolve(c, r);
+    if (!target) {
+        sc_fail(c, r[0] == '#' ? GRAMMAR_ERR_INVALID : GRAMMAR_ERR_UNSUPPORTED,
+                r[0] == '#' ? "$ref '%s' does not resolve" : "$ref '%s': only local references (#...) are supported", r);
+        return;
     }
-    if (json_is_false(s)) {
-        sc_fail(c, GRAMMAR_ERR_INVALID, "%s", "the schema false allows nothing");
-        goto out;
+    char *rn = sc_name(c, "ref");
+    if (c->n_refs == c->cap_refs) {
+        c->cap_refs = c->cap_refs ? 2 * c->cap_refs : 32;
+        c->refs = xrealloc(c->refs, (size_t)c->cap_refs * sizeof *c->refs);
     }
-    if (!json_is_object(s)) {
-        sc_fail(c, GRAMMAR_ERR_INVALID, "%s", "a schema must be an object or a boolean");
-        goto out;
-    }
-    const char *key;
+    c->refs[c->n_refs++] = (sc_ref){ xstrdup(r), rn };
+    grammar_printf(o, "%s ::= %s\n", name, rn);
+    sc_visit_into(c, target, rn);
+}
+
+/* const / enum: the values as JSON literals (an enum's values of the schema's type only). */
+static void sc_enum(sc *c, json_t *s, json_t *cst, json_t *en, const char *name)
+{
+    bytebuf *o = &c->out;
     json_t *v;
-    json_object_foreach(s, key, v) {
-        if (sc_in(sc_annotations, key)) continue;
-        if (!sc_in(sc_keywords, key)) sc_unsupported(c, key);
-        else if (!strcmp(key, "uniqueItems") && json_is_true(v)) sc_unsupported(c, "uniqueItems");
-        else if (!strcmp(key, "allOf") && (!json_is_array(v) || json_array_size(v) != 1))
-            sc_unsupported(c, "allOf (of more than one schema)");
-    }
-    json_t *ref = json_object_get(s, "$ref");
-    if (ref) {
-        const char *r = json_string_value(ref);
-        if (!r) {
-            sc_fail(c, GRAMMAR_ERR_INVALID, "%s", "$ref must be a string");
-            goto out;
-        }
-        for (int i = 0; i < c->n_refs; i++)
-            if (c->refs[i].ref && !strcmp(c->refs[i].ref, r)) {
-                grammar_printf(o, "%s ::= %s\n", name, c->refs[i].name);
-                goto out;
-            }
-        json_t *target = sc_resolve(c, r);
-        if (!target) {
-            sc_fail(c, r[0] == '#' ? GRAMMAR_ERR_INVALID : GRAMMAR_ERR_UNSUPPORTED,
-                    r[0] == '#' ? "$ref '%s' does not resolve" : "$ref '%s': only local references (#...) are supported", r);
-            goto out;
-        }
-        char *rn = sc_name(c, "ref");
-        if (c->n_refs == c->cap_refs) {
-            c->cap_refs = c->cap_refs ? 2 * c->cap_refs : 32;
-            c->refs = xrealloc(c->refs, (size_t)c->cap_refs * sizeof *c->refs);
-        }
-        c->refs[c->n_refs++] = (sc_ref){ xstrdup(r), rn };
-        grammar_printf(o, "%s ::= %s\n", name, rn);
-        sc_visit_into(c, target, rn);
-        goto out;
-    }
-    json_t *all = json_object_get(s, "allOf");
-    if (json_is_array(all) && json_array_size(all) == 1) {
-        json_object_foreach(s, key, v)
-            if (strcmp(key, "allOf") && !sc_in(sc_annotations, key)) sc_unsupported(c, "allOf next to other keywords");
-        grammar_printf(o, "%s ::= %s\n", name, sc_visit(c, json_array_get(all, 0), "all"));
-        goto out;
-    }
-    json_t *cst = json_object_get(s, "const"), *en = json_object_get(s, "enum");
     if (cst) {
         grammar_printf(o, "%s ::= ", name);
         sc_json_literal(o, cst);
         bytebuf_puts(o, " space\n");
-        goto out;
+        return;
     }
-    if (en) {
-        if (!json_is_array(en) || json_array_size(en) == 0) {
-            sc_fail(c, GRAMMAR_ERR_INVALID, "%s", "enum must be a non-empty array");
-            goto out;
-        }
-        grammar_printf(o, "%s ::= (", name);
-        size_t i;
-        int n_out = 0;
-        json_array_foreach(en, i, v) {
-            if (!sc_type_matches(json_object_get(s, "type"), v)) continue;
-            if (n_out++) bytebuf_puts(o, " | ");
-            sc_json_literal(o, v);
-        }
-        if (!n_out) sc_fail(c, GRAMMAR_ERR_INVALID, "%s", "no enum value has the schema's type");
-        bytebuf_puts(o, ") space\n");
-        goto out;
+    if (!json_is_array(en) || json_array_size(en) == 0) {
+        sc_fail(c, GRAMMAR_ERR_INVALID, "%s", "enum must be a non-empty array");
+        return;
     }
-    json_t *any = json_object_get(s, "anyOf");
-    if (any) {
-        if (!json_is_array(any) || json_array_size(any) == 0) {
-            sc_fail(c, GRAMMAR_ERR_INVALID, "%s", "anyOf must be a non-empty array");
-            goto out;
-        }
-        if (json_object_get(s, "type") || sc_has_any(s, sc_kw_object) || sc_has_any(s, sc_kw_array) ||
-            sc_has_any(s, sc_kw_string) || sc_has_any(s, sc_kw_number)) {
-            sc_unsupported(c, "anyOf next to type keywords");
-            goto out;
-        }
-        size_t n = json_array_size(any);
-        const char **alts = xmalloc(n * sizeof *alts);
-        for (size_t i = 0; i < n && !c->failed; i++) alts[i] = sc_visit(c, json_array_get(any, i), "any");
-        if (!c->failed) {
-            grammar_printf(o, "%s ::= ", name);
-            for (size_t i = 0; i < n; i++) grammar_printf(o, "%s%s", i ? " | " : "", alts[i]);
-            bytebuf_putc(o, '\n');
-        }
-        free(alts);
-        goto out;
+    grammar_printf(o, "%s ::= (", name);
+    size_t i;
+    int n_out = 0;
+    json_array_foreach(en, i, v) {
+        if (!sc_type_matches(json_object_get(s, "type"), v)) continue;
+        if (n_out++) bytebuf_puts(o, " | ");
+        sc_json_literal(o, v);
     }
+    if (!n_out) sc_fail(c, GRAMMAR_ERR_INVALID, "%s", "no enum value has the schema's type");
+    bytebuf_puts(o, ") space\n");
+}
+
+/* anyOf: a rule per alternative (next to type keywords refused: they would apply to all). */
+static void sc_any_of(sc *c, json_t *s, json_t *any, const char *name)
+{
+    bytebuf *o = &c->out;
+    if (!json_is_array(any) || json_array_size(any) == 0) {
+        sc_fail(c, GRAMMAR_ERR_INVALID, "%s", "anyOf must be a non-empty array");
+        return;
+    }
+    if (json_object_get(s, "type") || sc_has_any(s, sc_kw_object) || sc_has_any(s, sc_kw_array) ||
+        sc_has_any(s, sc_kw_string) || sc_has_any(s, sc_kw_number)) {
+        sc_unsupported(c, "anyOf next to type keywords");
+        return;
+    }
+    size_t n = json_array_size(any);
+    const char **alts = xmalloc(n * sizeof *alts);
+    for (size_t i = 0; i < n && !c->failed; i++) alts[i] = sc_visit(c, json_array_get(any, i), "any");
+    if (!c->failed) {
+        grammar_printf(o, "%s ::= ", name);
+        for (size_t i = 0; i < n; i++) grammar_printf(o, "%s%s", i ? " | " : "", alts[i]);
+        bytebuf_putc(o, '\n');
+    }
+    free(alts);
+}
+
+/* No type: the keywords constrain only their own type; without any, any value. */
+static void sc_untyped(sc *c, json_t *s, const char *name)
+{
+    bytebuf *o = &c->out;
+    const char *types[8];
+    int nt = 0;
+    bool ob = sc_has_any(s, sc_kw_object), ar = sc_has_any(s, sc_kw_array),
+         st = sc_has_any(s, sc_kw_string), nu = sc_has_any(s, sc_kw_number);
+    if (!ob && !ar && !st && !nu) {
+        sc_prims(c, SC_PRIM_VALUE);
+        grammar_printf(o, "%s ::= value\n", name);
+        return;
+    }
+    static const char *const all_types[] = { "object", "array", "string", "number", "boolean", "null" };
+    for (int i = 0; i < 6; i++) types[nt++] = all_types[i];
+    sc_prims(c, SC_PRIM_VALUE);
+    char **alts = xcalloc(6, sizeof *alts);
+    grammar_printf(o, "%s ::= ", name);
+    const char *generic[] = { "object", "array", "string", "number", NULL, NULL };
+    bool constrained[] = { ob, ar, st, nu, true, true };
+    for (int i = 0; i < 6; i++) {
+        if (!constrained[i] && generic[i]) grammar_printf(o, "%s%s", i ? " | " : "", generic[i]);
+        else {
+            alts[i] = sc_name(c, types[i]);
+            grammar_printf(o, "%s%s", i ? " | " : "", alts[i]);
+        }
+    }
+    bytebuf_putc(o, '\n');
+    for (int i = 0; i < 6 && !c->failed; i++)
+        if (alts[i]) sc_type(c, s, types[i], alts[i]);
+    for (int i = 0; i < 6; i++) free(alts[i]);
+    free(alts);
+}
+
+/* type (a name or a list of them), each type's keywords applying to it. */
+static void sc_types(sc *c, json_t *s, const char *name)
+{
+    bytebuf *o = &c->out;
+    json_t *v;
     json_t *type = json_object_get(s, "type");
     const char *types[8];
     int nt = 0;
@@ -867,7 +876,7 @@ static void sc_visit_into(sc *c, json_t *s, const char *name)
         json_array_foreach(type, i, v) {
             if (!json_is_string(v) || nt == 7) {
                 sc_fail(c, GRAMMAR_ERR_INVALID, "%s", "type must be a string or an array of strings");
-                goto out;
+                return;
             }
             types[nt++] = json_string_value(v);
         }
@@ -882,36 +891,10 @@ static void sc_visit_into(sc *c, json_t *s, const char *name)
         }
     } else if (type) {
         sc_fail(c, GRAMMAR_ERR_INVALID, "%s", "type must be a string or an array of strings");
-        goto out;
+        return;
     } else {
-        /* no type: the keywords constrain only their own type; without any, any value */
-        bool ob = sc_has_any(s, sc_kw_object), ar = sc_has_any(s, sc_kw_array),
-             st = sc_has_any(s, sc_kw_string), nu = sc_has_any(s, sc_kw_number);
-        if (!ob && !ar && !st && !nu) {
-            sc_prims(c, SC_PRIM_VALUE);
-            grammar_printf(o, "%s ::= value\n", name);
-            goto out;
-        }
-        static const char *const all_types[] = { "object", "array", "string", "number", "boolean", "null" };
-        for (int i = 0; i < 6; i++) types[nt++] = all_types[i];
-        sc_prims(c, SC_PRIM_VALUE);
-        char **alts = xcalloc(6, sizeof *alts);
-        grammar_printf(o, "%s ::= ", name);
-        const char *generic[] = { "object", "array", "string", "number", NULL, NULL };
-        bool constrained[] = { ob, ar, st, nu, true, true };
-        for (int i = 0; i < 6; i++) {
-            if (!constrained[i] && generic[i]) grammar_printf(o, "%s%s", i ? " | " : "", generic[i]);
-            else {
-                alts[i] = sc_name(c, types[i]);
-                grammar_printf(o, "%s%s", i ? " | " : "", alts[i]);
-            }
-        }
-        bytebuf_putc(o, '\n');
-        for (int i = 0; i < 6 && !c->failed; i++)
-            if (alts[i]) sc_type(c, s, types[i], alts[i]);
-        for (int i = 0; i < 6; i++) free(alts[i]);
-        free(alts);
-        goto out;
+        sc_untyped(c, s, name);
+        return;
     }
     if (nt == 1) sc_type(c, s, types[0], name);
     else {
@@ -925,7 +908,69 @@ static void sc_visit_into(sc *c, json_t *s, const char *name)
         for (int i = 0; i < nt && !c->failed; i++) sc_type(c, s, types[i], alts[i]);
         for (int i = 0; i < nt; i++) free(alts[i]);
     }
-out:
+}
+
+/* One schema object: its keywords checked, then the first of $ref, allOf, const/enum, anyOf
+ * and type that it has decides the rule. */
+static void sc_schema(sc *c, json_t *s, const char *name)
+{
+    bytebuf *o = &c->out;
+    if (json_is_true(s) || (json_is_object(s) && json_object_size(s) == 0)) {
+        sc_prims(c, SC_PRIM_VALUE);
+        grammar_printf(o, "%s ::= value\n", name);
+        return;
+    }
+    if (json_is_false(s)) {
+        sc_fail(c, GRAMMAR_ERR_INVALID, "%s", "the schema false allows nothing");
+        return;
+    }
+    if (!json_is_object(s)) {
+        sc_fail(c, GRAMMAR_ERR_INVALID, "%s", "a schema must be an object or a boolean");
+        return;
+    }
+    const char *key;
+    json_t *v;
+    json_object_foreach(s, key, v) {
+        if (sc_in(sc_annotations, key)) continue;
+        if (!sc_in(sc_keywords, key)) sc_unsupported(c, key);
+        else if (!strcmp(key, "uniqueItems") && json_is_true(v)) sc_unsupported(c, "uniqueItems");
+        else if (!strcmp(key, "allOf") && (!json_is_array(v) || json_array_size(v) != 1))
+            sc_unsupported(c, "allOf (of more than one schema)");
+    }
+    json_t *ref = json_object_get(s, "$ref");
+    if (ref) {
+        sc_visit_ref(c, ref, name);
+        return;
+    }
+    json_t *all = json_object_get(s, "allOf");
+    if (json_is_array(all) && json_array_size(all) == 1) {
+        json_object_foreach(s, key, v)
+            if (strcmp(key, "allOf") && !sc_in(sc_annotations, key)) sc_unsupported(c, "allOf next to other keywords");
+        grammar_printf(o, "%s ::= %s\n", name, sc_visit(c, json_array_get(all, 0), "all"));
+        return;
+    }
+    json_t *cst = json_object_get(s, "const"), *en = json_object_get(s, "enum");
+    if (cst || en) {
+        sc_enum(c, s, cst, en, name);
+        return;
+    }
+    json_t *any = json_object_get(s, "anyOf");
+    if (any) {
+        sc_any_of(c, s, any, name);
+        return;
+    }
+    sc_types(c, s, name);
+}
+
+static void sc_visit_into(sc *c, json_t *s, const char *name)
+{
+    sc_prims(c, 0);
+    if (c->failed) return;
+    if (++c->depth > 64) {
+        sc_fail(c, GRAMMAR_ERR_UNSUPPORTED, "%s", "schema nested too deeply");
+        return;
+    }
+    sc_schema(c, s, name);
     c->depth--;
 }
 

@@ -3,7 +3,8 @@
  * key check, tenancy, the backend calls and submit-error mapping, the model names, and the
  * request path every generating route runs (api_serve: parse, prompt, context check,
  * submit, then the stream or the body), with its job, pump and pull. Reading requests is
- * api_json.c, writing answers api_out.c.
+ * api_json.c (tool-call grammars api_tools.c), writing answers api_out.c, and each API's
+ * parser and formatter its api_format in its own file.
  */
 #include "recipe/api.h"
 #include "recipe/api_compile.h"

@@ -21,8 +21,9 @@
  *   3. serve (api.c): the routes, the API key check, the prompt (chat template or raw), the
  *      context-length check, the token loop (see SERVING below). One path, api_serve, for
  *      all four APIs.
- * The API-specific parts are the api_chat_* / api_completions_* / api_responses_* /
- * api_messages_* functions declared at the end; api_out dispatches to them by kind.
+ * The API-specific parts are each API's api_format (its parser and formatter, declared at
+ * the end), one table in each of api_chat.c, api_completions.c, api_responses.c and
+ * api_messages.c; api_parse and api_out reach them through api_format_of.
  *
  * Memory: an api_req owns its conv and strings (api_req_free); an api_out owns its buffers
  * (api_out_free). Neither is shared between threads.
@@ -114,7 +115,7 @@ typedef struct api_ctx {
     bool metrics_public;      /* /metrics without the API key (--metrics-public) */
     grammar_cache *gcache;    /* compiled structured-output grammars; NULL: such requests are
                                * refused (400) */
-    const grammar_vocab *gvocab; /* the tokenizer's token bytes (grammar_vocab_from_tokenizer) */
+    const grammar_vocab *gvocab; /* the tokenizer's token bytes (tokenizer_grammar_vocab) */
     struct status_ring *status; /* the status page's per-minute ring (recipe/status.h), or NULL:
                                * finished requests are noted there; GET / and /status draw it */
     struct store *store;      /* the block store, for the page (NULL: none) */
@@ -474,6 +475,7 @@ typedef struct {
 
 typedef struct api_out {
     api_kind kind;
+    const struct api_format *fmt; /* the route's formatter (api_format_of(kind)) */
     const api_req *req;       /* borrowed; must outlive the api_out */
     char id[48];              /* chatcmpl-… / resp_… / msg_… / cmpl-… */
     char fingerprint[24];     /* system_fingerprint (completions): "fp_" + the model's, or "" */
@@ -570,21 +572,19 @@ void api_sse_typed(bytebuf *b, const char *type, int seq, const char *fields, si
  * caller's reusable buffer for the raw bytes. */
 void api_detok(tokenizer_stream *ts, int32_t token, bytebuf *scratch, bytebuf *out);
 
-/* Per-API formatters used by api_out (api_chat.c, api_responses.c, api_messages.c): begin
- * (streaming only), on (each op of choice i; it is NULL for FINISH), end. They append to
- * o->out. */
-void api_chat_begin(api_out *o);
-void api_chat_on(api_out *o, int i, api_op op, api_item *it, const char *d, size_t len);
-void api_chat_end(api_out *o);
-void api_responses_begin(api_out *o);
-void api_responses_on(api_out *o, int i, api_op op, api_item *it, const char *d, size_t len);
-void api_responses_end(api_out *o);
-void api_messages_begin(api_out *o);
-void api_messages_on(api_out *o, int i, api_op op, api_item *it, const char *d, size_t len);
-void api_messages_end(api_out *o);
-void api_completions_begin(api_out *o);
-void api_completions_on(api_out *o, int i, api_op op, api_item *it, const char *d, size_t len);
-void api_completions_end(api_out *o);
+/* One API's shape: its request parser and its answer's formatter. begin (streaming only), on
+ * (each op of choice i; it is NULL for FINISH) and end append to o->out. api_parse and
+ * api_out reach a route's through api_format_of, so an API is one table in its own file. */
+typedef struct api_format {
+    const char *id_prefix;    /* of its answers' ids: "chatcmpl-", "resp_", "msg_", "cmpl-" */
+    api_status (*parse)(const api_cfg *cfg, const char *body, size_t len, api_req *r, api_error *e);
+    void (*begin)(api_out *o);
+    void (*on)(api_out *o, int i, api_op op, api_item *it, const char *d, size_t len);
+    void (*end)(api_out *o);
+} api_format;
+extern const api_format api_chat_format, api_responses_format, api_messages_format, api_completions_format;
+/* The format of a route (an unknown kind: the messages API's, as api_parse always did). */
+const api_format *api_format_of(api_kind kind);
 /* Usage JSON objects in each vendor's fields. */
 void api_chat_usage_json(const api_usage *u, bytebuf *b);
 /* The Anthropic count_tokens body. */

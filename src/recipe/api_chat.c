@@ -64,11 +64,7 @@ static bool api_chat_tool_calls(conv *c, json_t *tcs, const char *path, api_erro
     size_t i;
     json_t *tc;
     json_array_foreach(tcs, i, tc) {
-        api_path(p, sizeof p, path, NULL, (int)i);
-        if (!json_is_object(tc)) {
-            api_json_type_error(API_KIND_CHAT, e, p, "an object", tc);
-            return false;
-        }
+        if (!api_json_item(API_KIND_CHAT, path, i, tc, p, sizeof p, e)) return false;
         json_t *fn = json_object_get(tc, "function");
         if (!json_is_object(fn)) {
             api_path(q, sizeof q, p, "function", -1);
@@ -119,11 +115,7 @@ static bool api_chat_tools(conv *c, json_t *tools, const char *key, bool legacy,
     size_t i;
     json_t *t;
     json_array_foreach(tools, i, t) {
-        api_path(p, sizeof p, key, NULL, (int)i);
-        if (!json_is_object(t)) {
-            api_json_type_error(API_KIND_CHAT, e, p, "an object", t);
-            return false;
-        }
+        if (!api_json_item(API_KIND_CHAT, key, i, t, p, sizeof p, e)) return false;
         json_t *fn = t;
         if (!legacy) {
             json_t *type = json_object_get(t, "type");
@@ -160,11 +152,7 @@ static bool api_chat_messages(api_req *r, json_t *msgs, api_error *e)
     size_t i;
     json_t *m;
     json_array_foreach(msgs, i, m) {
-        api_path(p, sizeof p, "messages", NULL, (int)i);
-        if (!json_is_object(m)) {
-            api_json_type_error(API_KIND_CHAT, e, p, "an object", m);
-            return false;
-        }
+        if (!api_json_item(API_KIND_CHAT, "messages", i, m, p, sizeof p, e)) return false;
         json_t *role = json_object_get(m, "role");
         api_path(q, sizeof q, p, "role", -1);
         if (!role) {
@@ -500,7 +488,7 @@ static void api_chat_chunk(api_out *o, int i, const char *delta, size_t dlen, co
     bytebuf_free(&b);
 }
 
-void api_chat_begin(api_out *o)
+static void api_chat_begin(api_out *o)
 {
     for (int i = 0; i < o->n_choices; i++) {
         static const char role[] = "\"role\":\"assistant\",\"content\":\"\"";
@@ -508,7 +496,7 @@ void api_chat_begin(api_out *o)
     }
 }
 
-void api_chat_on(api_out *o, int i, api_op op, api_item *it, const char *d, size_t len)
+static void api_chat_on(api_out *o, int i, api_op op, api_item *it, const char *d, size_t len)
 {
     if (!o->req->stream) return;
     bytebuf delta = {0};
@@ -545,7 +533,7 @@ static void api_chat_ids(bytebuf *b, const int32_t *ids, int n)
     bytebuf_putc(b, ']');
 }
 
-void api_chat_end(api_out *o)
+static void api_chat_end(api_out *o)
 {
     bytebuf *b = &o->out;
     if (o->req->stream) {
@@ -627,6 +615,14 @@ void api_chat_end(api_out *o)
     }
     bytebuf_putc(b, '}');
 }
+
+const api_format api_chat_format = {
+    .id_prefix = "chatcmpl-",
+    .parse = api_chat_parse,
+    .begin = api_chat_begin,
+    .on = api_chat_on,
+    .end = api_chat_end,
+};
 
 /* ------------------------------------------------------------------ route */
 

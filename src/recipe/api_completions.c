@@ -214,16 +214,16 @@ static void compl_chunk(api_out *o, int i, const char *d, size_t len, const char
     bytebuf_free(&b);
 }
 
-void api_completions_begin(api_out *o) { (void)o; }
+static void api_completions_begin(api_out *o) { (void)o; }
 
-void api_completions_on(api_out *o, int i, api_op op, api_item *it, const char *d, size_t len)
+static void api_completions_on(api_out *o, int i, api_op op, api_item *it, const char *d, size_t len)
 {
     if (!o->req->stream) return;
     if (op == API_OP_DELTA && it->kind == API_ITEM_TEXT) compl_chunk(o, i, d, len, NULL);
     else if (op == API_OP_FINISH) compl_chunk(o, i, "", 0, compl_finish_name(o->choices[i].finish));
 }
 
-void api_completions_end(api_out *o)
+static void api_completions_end(api_out *o)
 {
     bytebuf *b = &o->out;
     if (o->req->stream) {
@@ -259,6 +259,14 @@ void api_completions_end(api_out *o)
     compl_usage(o, b);
     bytebuf_putc(b, '}');
 }
+
+const api_format api_completions_format = {
+    .id_prefix = "cmpl-",
+    .parse = api_completions_parse,
+    .begin = api_completions_begin,
+    .on = api_completions_on,
+    .end = api_completions_end,
+};
 
 /* ---- route ---- */
 

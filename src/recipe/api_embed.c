@@ -239,6 +239,34 @@ static void emb_base64(bytebuf *b, const uint8_t *p, size_t n)
     bytebuf_putc(b, '"');
 }
 
+/* The request body as a JSON object of only the allowed members, and its model's name (NULL
+ * when absent). False with e filled (*root may then hold the object: the caller frees it). */
+static bool emb_body(http_request *r, const char *const *allowed, json_t **root, const char **name, api_error *e)
+{
+    size_t len;
+    const char *body = http_request_body(r, &len);
+    return api_json_load(EMB_KIND, body, len, root, e) && api_json_known(EMB_KIND, *root, allowed, "", e) &&
+           api_json_str(EMB_KIND, *root, "model", name, e) >= 0;
+}
+
+/* The model a request names (NULL: the default), if this process serves it itself; else NULL
+ * with e filled: 404 for an unknown model, 501 for one behind a gateway. what: the route's
+ * job with its verb ("Embeddings are"), for the message. */
+static const api_ctx *emb_route(const api_ctx *user, const char *name, const char *what, api_error *e)
+{
+    const api_ctx *c = api_ctx_route(user, name);
+    if (!c) {
+        api_error_set(e, 404, "model", "model_not_found", "The model '%.200s' does not exist.", name);
+        return NULL;
+    }
+    if (c->backend) {
+        api_error_set(e, 501, NULL, "not_implemented",
+                      "%s not served through the gateway; ask a `tokenmill serve` of the model.", what);
+        return NULL;
+    }
+    return c;
+}
+
 static void emb_handle(http_request *r, void *user)
 {
     const api_ctx *c = user;
@@ -248,22 +276,12 @@ static void emb_handle(http_request *r, void *user)
     emb_input *ins = NULL;
     int n_in = 0;
     bytebuf b = {0};
-    size_t len;
-    const char *body = http_request_body(r, &len);
     json_t *root = NULL;
-    if (!api_json_load(EMB_KIND, body, len, &root, &e)) goto bad;
     const char *name = NULL, *fmt = NULL;
-    if (!api_json_known(EMB_KIND, root, allowed, "", &e) || api_json_str(EMB_KIND, root, "model", &name, &e) < 0 ||
-        api_json_str(EMB_KIND, root, "encoding_format", &fmt, &e) < 0)
+    if (!emb_body(r, allowed, &root, &name, &e) || api_json_str(EMB_KIND, root, "encoding_format", &fmt, &e) < 0)
         goto bad;
-    if (!(c = api_ctx_route(c, name))) {
+    if (!(c = emb_route(user, name, "Embeddings are", &e))) {
         c = user;
-        api_error_set(&e, 404, "model", "model_not_found", "The model '%.200s' does not exist.", name);
-        goto bad;
-    }
-    if (c->backend) {
-        api_error_set(&e, 501, NULL, "not_implemented",
-                      "Embeddings are not served through the gateway; ask a `tokenmill serve` of the model.");
         goto bad;
     }
     bool b64 = fmt && !strcmp(fmt, "base64");
@@ -394,23 +412,13 @@ static void rr_handle(http_request *r, void *user)
     rr_result *res = NULL;
     int n_in = 0;
     bytebuf b = {0};
-    size_t len;
-    const char *body = http_request_body(r, &len);
     json_t *root = NULL;
-    if (!api_json_load(EMB_KIND, body, len, &root, &e)) goto bad;
     const char *name = NULL;
     bool ret_docs = false;
-    if (!api_json_known(EMB_KIND, root, allowed, "", &e) || api_json_str(EMB_KIND, root, "model", &name, &e) < 0 ||
-        api_json_bool(EMB_KIND, root, "return_documents", &ret_docs, &e) < 0)
+    if (!emb_body(r, allowed, &root, &name, &e) || api_json_bool(EMB_KIND, root, "return_documents", &ret_docs, &e) < 0)
         goto bad;
-    if (!(c = api_ctx_route(c, name))) {
+    if (!(c = emb_route(user, name, "Reranking is", &e))) {
         c = user;
-        api_error_set(&e, 404, "model", "model_not_found", "The model '%.200s' does not exist.", name);
-        goto bad;
-    }
-    if (c->backend) {
-        api_error_set(&e, 501, NULL, "not_implemented",
-                      "Reranking is not served through the gateway; ask a `tokenmill serve` of the model.");
         goto bad;
     }
     const char *tmpl = NULL;

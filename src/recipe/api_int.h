@@ -38,6 +38,9 @@ int api_json_int(api_kind kind, json_t *obj, const char *key, long long lo, long
                  api_error *e);
 int api_json_bool(api_kind kind, json_t *obj, const char *key, bool *out, api_error *e);
 int api_json_str(api_kind kind, json_t *obj, const char *key, const char **out, api_error *e);
+/* Element i of the array at path base, which must be an object: its path ("messages[2]") in
+ * p[0..cap); false with e filled in the vendor's words when it is not one. */
+bool api_json_item(api_kind kind, const char *base, size_t i, json_t *v, char *p, size_t cap, api_error *e);
 /* "x.y" or "x[3]" into buf. */
 const char *api_path(char *buf, size_t cap, const char *base, const char *key, int index);
 
@@ -90,6 +93,8 @@ char *api_json_parts_text(api_kind kind, json_t *v, const char *path, const api_
 bool api_json_format(api_kind kind, json_t *fmt, const char *path, bool flat, api_req *r, api_error *e);
 /* The extensions' fields of a chat or completions request (at most one of them). */
 bool api_json_guided(api_kind kind, json_t *root, api_req *r, api_error *e);
+/* Appends s[0..len) as a GBNF string literal (llama.cpp's escapes). */
+void api_json_gbnf_literal(bytebuf *b, const char *s, size_t len);
 /* The compact JSON text of a value (malloc'd). */
 char *api_json_dump(json_t *v);
 

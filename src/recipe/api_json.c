@@ -2,8 +2,9 @@
  * api_json: reading requests. The JSON checks the parsers of every API share (api_int.h):
  * the body's loader (bounds, UTF-8, syntax, a top-level object), typed member readers that
  * word their errors as the route's vendor does, the shared fields (model, stop, cache,
- * user, stream_options, logit_bias, text parts); the errors in both vendors' shapes; and
- * api_req's life cycle and dispatch to each API's parser.
+ * user, stream_options, logit_bias, text parts, response formats); the errors in both vendors'
+ * shapes; and api_req's life cycle and dispatch to each API's parser. The grammars of tool
+ * calls are api_tools.c's.
  */
 #include "recipe/api.h"
 #include "recipe/api_int.h"
@@ -189,6 +190,14 @@ bool api_json_known(api_kind kind, json_t *obj, const char *const *allowed, cons
         return false;
     }
     return true;
+}
+
+bool api_json_item(api_kind kind, const char *base, size_t i, json_t *v, char *p, size_t cap, api_error *e)
+{
+    snprintf(p, cap, "%s[%zu]", base, i);
+    if (json_is_object(v)) return true;
+    api_json_type_error(kind, e, p, kind == API_KIND_MESSAGES ? "a valid dictionary" : "an object", v);
+    return false;
 }
 
 const char *api_path(char *buf, size_t cap, const char *base, const char *key, int index)
@@ -688,7 +697,7 @@ bool api_json_format(api_kind kind, json_t *fmt, const char *path, bool flat, ap
 }
 
 /* Appends s[0..len) as a GBNF string literal (llama.cpp's escapes). */
-static void api_gbnf_literal(bytebuf *b, const char *s, size_t len)
+void api_json_gbnf_literal(bytebuf *b, const char *s, size_t len)
 {
     bytebuf_putc(b, '"');
     for (size_t i = 0; i < len; i++) {
@@ -736,7 +745,7 @@ bool api_json_guided(api_kind kind, json_t *root, api_req *r, api_error *e)
                     return false;
                 }
                 if (k) bytebuf_puts(&b, " | ");
-                api_gbnf_literal(&b, json_string_value(c), json_string_length(c));
+                api_json_gbnf_literal(&b, json_string_value(c), json_string_length(c));
             }
             bytebuf_putc(&b, '\n');
             size_t n = b.len;
@@ -757,373 +766,19 @@ bool api_json_guided(api_kind kind, json_t *root, api_req *r, api_error *e)
     return true;
 }
 
-/* ---- tool-call syntax per model family ----
- * Each family with tool calls has one syntax function: it writes rule `calls`, the text that
- * follows the token opening the calls (*trigger; -1 when the family's calls are plain text
- * with no opening token), from the tools' names and the rules of their arguments. `lazy`: the
- * grammar binds what follows the trigger under tool_choice auto (several calls may follow in
- * turn); `one`: at most one call in the answer (parallel tool calls off), so a lazy grammar
- * ends in free text that no call marker can follow (the document never completes, the
- * grammar stays bound and masks the next opening). */
-typedef struct {
-    const char *name;          /* the tool's name (raw) */
-    const char *args;          /* its arguments' rule, e.g. "t1-root" */
-    const char *params;        /* its parameters' JSON schema text, NULL if none */
-    bool bind;                 /* the schema binds the arguments (forced or strict) */
-} api_tool_alt;
-
-typedef bool (*api_tool_syntax_fn)(bytebuf *g, const events_markers *mk, const api_tool_alt *t, int n, bool lazy,
-                                   bool one, int32_t *trigger);
-
-/* Any text: every code point, so every token with bytes (a marker token has none, and is
- * allowed only where a rule names it by id). */
-#define API_GBNF_TEXT "text ::= [^\\x00]*\n"
-
-/* "{\"name\": N, \"KEY\": " ARGS "}" per tool, as alternatives of rule `call` */
-static void api_tool_json_calls(bytebuf *g, const api_tool_alt *t, int n, const char *key)
+const api_format *api_format_of(api_kind kind)
 {
-    bytebuf head = {0};
-    bytebuf_puts(g, "call ::= ");
-    for (int i = 0; i < n; i++) {
-        head.len = 0;
-        bytebuf_puts(&head, "{\"name\": ");
-        jsonfmt_write_string(&head, t[i].name, strlen(t[i].name));
-        bytebuf_printf(&head, ", \"%s\": ", key);
-        if (i) bytebuf_puts(g, " | ");
-        api_gbnf_literal(g, head.p, head.len);
-        bytebuf_printf(g, " %s \"}\"", t[i].args);
+    switch (kind) {
+    case API_KIND_CHAT: return &api_chat_format;
+    case API_KIND_RESPONSES: return &api_responses_format;
+    case API_KIND_COMPLETIONS: return &api_completions_format;
+    case API_KIND_MESSAGES: break;
     }
-    bytebuf_putc(g, '\n');
-    bytebuf_free(&head);
-}
-
-/* <tool_call>\n{"name": N, "arguments": ARGS}\n</tool_call>: one call per opening marker */
-static bool api_tool_syntax_qwen(bytebuf *g, const events_markers *mk, const api_tool_alt *t, int n, bool lazy,
-                                 bool one, int32_t *trigger)
-{
-    if (mk->tool_start < 0 || mk->tool_end < 0) return false;
-    *trigger = mk->tool_start;
-    bytebuf_printf(g, "calls ::= \"\\n\" call \"\\n\" <[%d]>%s\n", mk->tool_end, lazy && one ? " text" : "");
-    api_tool_json_calls(g, t, n, "arguments");
-    if (lazy && one) bytebuf_puts(g, API_GBNF_TEXT);
-    return true;
-}
-
-/* {"name": N, "parameters": ARGS} as the whole answer (no marker token) */
-static bool api_tool_syntax_llama3(bytebuf *g, const events_markers *mk, const api_tool_alt *t, int n, bool lazy,
-                                   bool one, int32_t *trigger)
-{
-    (void)lazy, (void)one;
-    *trigger = -1;
-    bytebuf_puts(g, "calls ::= call\n");
-    api_tool_json_calls(g, t, n, "parameters");
-    return true;
-}
-
-/* <｜tool▁calls▁begin｜> (<｜tool▁call▁begin｜> N <｜tool▁sep｜> ARGS <｜tool▁call▁end｜>)+
- * <｜tool▁calls▁end｜>, V3.1's form (the name as raw text, markers by id) */
-static bool api_tool_syntax_deepseek(bytebuf *g, const events_markers *mk, const api_tool_alt *t, int n, bool lazy,
-                                     bool one, int32_t *trigger)
-{
-    if (mk->tools_begin < 0 || mk->tools_end < 0 || mk->tool_start < 0 || mk->tool_end < 0 || mk->tool_sep < 0)
-        return false;
-    *trigger = mk->tools_begin;
-    bytebuf_printf(g, "calls ::= call%s <[%d]>%s\n", lazy && !one ? "+" : "", mk->tools_end, lazy && one ? " text" : "");
-    bytebuf_printf(g, "call ::= <[%d]> (", mk->tool_start);
-    for (int i = 0; i < n; i++) {
-        if (i) bytebuf_puts(g, " | ");
-        api_gbnf_literal(g, t[i].name, strlen(t[i].name));
-        bytebuf_printf(g, " <[%d]> %s", mk->tool_sep, t[i].args);
-    }
-    bytebuf_printf(g, ") <[%d]>\n", mk->tool_end);
-    if (lazy && one) bytebuf_puts(g, API_GBNF_TEXT);
-    return true;
-}
-
-/* <|start|>assistant<|channel|>commentary to=functions.N <|constrain|>json<|message|>ARGS<|call|>,
- * the call message as gpt-oss writes it after its analysis (the scheduler leaves the analysis
- * free up to its <|end|>, see api_job_submit). <|call|> ends generation, so an answer holds
- * one call whatever `one` says. Lazy (strict tools under auto): no token opens calls alone
- * (<|start|> opens every message, ` to` is text), so the trigger is <|start|> and the grammar
- * binds the message it opens: a call, or any other message with free text, which ends the
- * document (at <|end|>; <|return|> ends generation). */
-static bool api_tool_syntax_harmony(bytebuf *g, const events_markers *mk, const api_tool_alt *t, int n, bool lazy,
-                                    bool one, int32_t *trigger)
-{
-    (void)one;
-    if (mk->h_start < 0 || mk->h_channel < 0 || mk->h_message < 0 || mk->h_constrain < 0 || mk->h_call < 0 ||
-        mk->h_end < 0 || mk->h_return < 0)
-        return false;
-    *trigger = mk->h_start;
-    if (lazy)
-        bytebuf_printf(g,
-                       "calls ::= \"assistant\" <[%d]> (call | (\"analysis\" | \"commentary\") <[%d]> text <[%d]> | "
-                       "\"final\" <[%d]> text (<[%d]> | <[%d]>))\n" API_GBNF_TEXT,
-                       mk->h_channel, mk->h_message, mk->h_end, mk->h_message, mk->h_end, mk->h_return);
-    else bytebuf_printf(g, "calls ::= \"assistant\" <[%d]> call\n", mk->h_channel);
-    bytebuf_puts(g, "call ::= \"commentary to=functions.\" (");
-    for (int i = 0; i < n; i++) {
-        if (i) bytebuf_puts(g, " | ");
-        api_gbnf_literal(g, t[i].name, strlen(t[i].name));
-        bytebuf_printf(g, " \" \" <[%d]> \"json\" <[%d]> %s", mk->h_constrain, mk->h_message, t[i].args);
-    }
-    bytebuf_printf(g, ") <[%d]>\n", mk->h_call);
-    return true;
-}
-
-/* [TOOL_CALLS]N[ARGS]ARGS, one call per opening marker, as Mistral Small 3.2, Devstral and
- * Ministral 3 write them (the older [TOOL_CALLS][{...}] form of Nemo has no [ARGS] token and
- * no grammar here). No end marker: a call ends with its arguments' value. */
-static bool api_tool_syntax_mistral(bytebuf *g, const events_markers *mk, const api_tool_alt *t, int n, bool lazy,
-                                    bool one, int32_t *trigger)
-{
-    if (mk->tool_start < 0 || mk->tool_sep < 0) return false;
-    *trigger = mk->tool_start;
-    bytebuf_printf(g, "calls ::= call%s\ncall ::= ", lazy && one ? " text" : "");
-    for (int i = 0; i < n; i++) {
-        if (i) bytebuf_puts(g, " | ");
-        api_gbnf_literal(g, t[i].name, strlen(t[i].name));
-        bytebuf_printf(g, " <[%d]> %s", mk->tool_sep, t[i].args);
-    }
-    bytebuf_putc(g, '\n');
-    if (lazy && one) bytebuf_puts(g, API_GBNF_TEXT);
-    return true;
-}
-
-/* Is a JSON string literal s[0..n) one of the strings of the JSON array a[0..an)? */
-static bool api_json_in(const char *a, size_t an, const char *s, size_t n)
-{
-    size_t pos = 0;
-    const char *v;
-    size_t vn;
-    while (a && jsonfmt_next(a, an, &pos, NULL, &v, &vn))
-        if (vn == n && !memcmp(v, s, n)) return true;
-    return false;
-}
-
-/* <tool_call>N (<arg_key>K</arg_key><arg_value>V</arg_value>)* </tool_call>, GLM's form (the
- * newlines of GLM-4.5/4.6 optional). With a binding schema, its properties in the schema's
- * order (the required ones present): a "string" property's value is raw text (no marker can
- * occur in it), another's the JSON its own schema describes; without one, any keys and raw
- * values. */
-static bool api_tool_syntax_glm(bytebuf *g, const events_markers *mk, const api_tool_alt *t, int n, bool lazy,
-                                bool one, int32_t *trigger)
-{
-    if (mk->tool_start < 0 || mk->tool_end < 0 || mk->arg_key < 0 || mk->arg_key_end < 0 || mk->arg_val < 0 ||
-        mk->arg_val_end < 0)
-        return false;
-    *trigger = mk->tool_start;
-    bytebuf_printf(g, "calls ::= call <[%d]>%s\n", mk->tool_end, lazy && one ? " text" : "");
-    bytebuf_puts(g, "gnl ::= \"\\n\"?\ngtext ::= [^\\x00]*\n");
-    if (lazy && one) bytebuf_puts(g, API_GBNF_TEXT);
-    bytebuf_puts(g, "call ::= ");
-    for (int i = 0; i < n; i++) {
-        if (i) bytebuf_puts(g, " | ");
-        api_gbnf_literal(g, t[i].name, strlen(t[i].name));
-        bytebuf_printf(g, " gnl g%d", i);
-    }
-    bytebuf_putc(g, '\n');
-    bytebuf key = {0};
-    bool ok = true;
-    for (int i = 0; i < n && ok; i++) {
-        const char *ps = t[i].bind ? t[i].params : NULL, *props = NULL, *req = NULL;
-        size_t pl = ps ? strlen(ps) : 0, prl = 0, rl = 0;
-        if (!ps || !jsonfmt_get_member(ps, pl, "properties", &props, &prl) || props[0] != '{') {
-            /* free keys and values */
-            bytebuf_printf(g, "g%d ::= (<[%d]> gtext <[%d]> gnl <[%d]> gtext <[%d]> gnl)*\n", i, mk->arg_key,
-                           mk->arg_key_end, mk->arg_val, mk->arg_val_end);
-            continue;
-        }
-        if (!jsonfmt_get_member(ps, pl, "required", &req, &rl) || req[0] != '[') req = NULL;
-        bytebuf_printf(g, "g%d ::=", i);
-        size_t pos = 0, at = g->len;
-        const char *v;
-        size_t vn;
-        int k = 0;
-        bytebuf rules = {0};
-        while (ok && jsonfmt_next(props, prl, &pos, &key, &v, &vn)) {
-            bytebuf lit = {0};
-            jsonfmt_write_string(&lit, key.p ? key.p : "", key.len);
-            bool required = api_json_in(req, rl, lit.p, lit.len);
-            bytebuf_free(&lit);
-            const char *ty;
-            size_t tl;
-            bool str = v[0] == '{' && jsonfmt_get_member(v, vn, "type", &ty, &tl) && tl == 8 && !memcmp(ty, "\"string\"", 8);
-            bytebuf_printf(&rules, "g%d-%d ::= <[%d]> ", i, k, mk->arg_key);
-            api_gbnf_literal(&rules, key.p ? key.p : "", key.len);
-            bytebuf_printf(&rules, " <[%d]> gnl <[%d]> ", mk->arg_key_end, mk->arg_val);
-            const char *en;
-            size_t enl;
-            if (str && jsonfmt_get_member(v, vn, "enum", &en, &enl) && en[0] == '[') {
-                /* the enum's strings, raw */
-                size_t ep = 0;
-                const char *ev;
-                size_t evn;
-                int ne = 0;
-                bytebuf dec = {0};
-                bytebuf_putc(&rules, '(');
-                while (jsonfmt_next(en, enl, &ep, NULL, &ev, &evn)) {
-                    dec.len = 0;
-                    if (ev[0] != '"' || !jsonfmt_decode_string(&dec, ev, evn)) continue;
-                    if (ne++) bytebuf_puts(&rules, " | ");
-                    api_gbnf_literal(&rules, dec.p ? dec.p : "", dec.len);
-                }
-                bytebuf_free(&dec);
-                bytebuf_puts(&rules, ne ? ")" : "gtext)");
-            } else if (str) {
-                bytebuf_puts(&rules, "gtext");
-            } else {
-                grammar_status st;
-                char gerr[256] = "", pre[32];
-                char *pg = grammar_to_gbnf(GRAMMAR_KIND_SCHEMA, v, vn, &st, gerr, sizeof gerr);
-                if (!pg) {
-                    ok = false;
-                    break;
-                }
-                snprintf(pre, sizeof pre, "g%d-%d-", i, k);
-                char *pp = grammar_gbnf_prefix(pg, strlen(pg), pre);
-                free(pg);
-                bytebuf_printf(&rules, "%sroot", pre);
-                bytebuf_printf(&rules, " <[%d]> gnl\n%s\n", mk->arg_val_end, pp);
-                free(pp);
-                bytebuf_printf(g, " g%d-%d%s", i, k, required ? "" : "?");
-                k++;
-                continue;
-            }
-            bytebuf_printf(&rules, " <[%d]> gnl\n", mk->arg_val_end);
-            bytebuf_printf(g, " g%d-%d%s", i, k, required ? "" : "?");
-            k++;
-        }
-        if (g->len == at) bytebuf_puts(g, " \"\"");
-        bytebuf_putc(g, '\n');
-        bytebuf_append(g, rules.p, rules.len);
-        bytebuf_free(&rules);
-    }
-    bytebuf_free(&key);
-    return ok;
-}
-
-static const api_tool_syntax_fn api_tool_syntaxes[] = {
-    [EVENTS_TOOLFMT_MISTRAL] = api_tool_syntax_mistral,
-    [EVENTS_TOOLFMT_GLM] = api_tool_syntax_glm,
-    [EVENTS_TOOLFMT_QWEN] = api_tool_syntax_qwen,
-    [EVENTS_TOOLFMT_LLAMA3] = api_tool_syntax_llama3,
-    [EVENTS_TOOLFMT_DEEPSEEK] = api_tool_syntax_deepseek,
-    [EVENTS_TOOLFMT_HARMONY] = api_tool_syntax_harmony,
-};
-
-char *api_tool_gbnf(const conv *c, const events_markers *mk, const char *only, bool lazy, bool one, int32_t *trigger,
-                    char *err, size_t errsz)
-{
-    err[0] = 0;
-    *trigger = -1;
-    if (mk->toolfmt == EVENTS_TOOLFMT_HARMONY && c->forced_call && !lazy) {
-        /* the prompt opened the call to one tool: its arguments alone */
-        for (int i = 0; i < c->n_tools; i++) {
-            const conv_tool *t = &c->tools[i];
-            if (strcmp(t->name, c->forced_call)) continue;
-            grammar_status st;
-            char gerr[400] = "";
-            const char *ps = t->parameters;
-            char *g = ps ? grammar_to_gbnf(GRAMMAR_KIND_SCHEMA, ps, strlen(ps), &st, gerr, sizeof gerr)
-                         : grammar_to_gbnf(GRAMMAR_KIND_JSON, "", 0, &st, gerr, sizeof gerr);
-            if (!g) snprintf(err, errsz, "the parameters of tool '%.64s': %s", t->name, gerr);
-            return g;
-        }
-        snprintf(err, errsz, "'%.64s' is not one of the tools offered.", c->forced_call);
-        return NULL;
-    }
-    unsigned fmt = (unsigned)mk->toolfmt;
-    api_tool_syntax_fn syntax = fmt < TM_ARRAY_LEN(api_tool_syntaxes) ? api_tool_syntaxes[fmt] : NULL;
-    if (!syntax) return NULL;
-    bytebuf rules = {0}, g = {0};
-    api_tool_alt *alts = xcalloc((size_t)(c->n_tools ? c->n_tools : 1), sizeof *alts);
-    char (*prefix)[24] = xcalloc((size_t)(c->n_tools ? c->n_tools : 1), sizeof *prefix);
-    int n_alt = 0;
-    bool ok = true;
-    for (int i = 0; i < c->n_tools && ok; i++) {
-        const conv_tool *t = &c->tools[i];
-        if (only && strcmp(only, t->name)) continue;
-        grammar_status st;
-        char gerr[400] = "";
-        /* the schema binds a forced call's arguments, and a strict tool's; others: any object */
-        const char *ps = lazy && !t->strict ? NULL : t->parameters;
-        char *tg = ps ? grammar_to_gbnf(GRAMMAR_KIND_SCHEMA, ps, strlen(ps), &st, gerr, sizeof gerr)
-                      : grammar_to_gbnf(GRAMMAR_KIND_JSON, "", 0, &st, gerr, sizeof gerr);
-        if (!tg) {
-            snprintf(err, errsz, "the parameters of tool '%.64s': %s", t->name, gerr);
-            ok = false;
-            break;
-        }
-        snprintf(prefix[n_alt], sizeof prefix[n_alt], "t%d-", i + 1);
-        char *pg = grammar_gbnf_prefix(tg, strlen(tg), prefix[n_alt]);
-        free(tg);
-        bytebuf_puts(&rules, pg);
-        bytebuf_putc(&rules, '\n');
-        free(pg);
-        strcat(prefix[n_alt], "root");
-        alts[n_alt].name = t->name;
-        alts[n_alt].args = prefix[n_alt];
-        alts[n_alt].params = t->parameters;
-        alts[n_alt].bind = ps != NULL;
-        n_alt++;
-    }
-    if (ok && !n_alt) {
-        snprintf(err, errsz, "'%.64s' is not one of the tools offered.", only ? only : "");
-        ok = false;
-    }
-    char *out = NULL;
-    if (ok && syntax(&g, mk, alts, n_alt, lazy, one, trigger) && (!lazy || *trigger >= 0)) {
-        /* forced: the answer opens the calls itself; lazy: the grammar starts after the opening */
-        if (lazy || *trigger < 0) bytebuf_puts(&g, "root ::= calls\n");
-        else bytebuf_printf(&g, "root ::= <[%d]> calls\n", *trigger);
-        bytebuf_append(&g, rules.p, rules.len);
-        out = g.p;
-        g.p = NULL;
-    } else *trigger = -1;
-    bytebuf_free(&g);
-    bytebuf_free(&rules);
-    free(alts);
-    free(prefix);
-    return out;
-}
-
-char *api_format_calls_gbnf(const conv *c, const events_markers *mk, int kind, const char *src, size_t len, bool one,
-                            char *err, size_t errsz)
-{
-    int32_t trigger;
-    err[0] = 0;
-    /* harmony's lazy grammar binds every message <|start|> opens, answers too: the format
-     * alone binds the answer there */
-    if (mk->toolfmt == EVENTS_TOOLFMT_HARMONY) return NULL;
-    char *calls = api_tool_gbnf(c, mk, NULL, true, one, &trigger, err, errsz);
-    if (!calls) return NULL;
-    grammar_status st;
-    char *fg = grammar_to_gbnf((grammar_kind)kind, src ? src : "", len, &st, err, errsz);
-    if (!fg) {
-        free(calls);
-        return NULL;
-    }
-    char *pf = grammar_gbnf_prefix(fg, strlen(fg), "f-"), *pc = grammar_gbnf_prefix(calls, strlen(calls), "c-");
-    bytebuf g = {0};
-    bytebuf_printf(&g, "root ::= f-root | <[%d]> c-root\n", trigger);
-    bytebuf_puts(&g, pf);
-    bytebuf_putc(&g, '\n');
-    bytebuf_puts(&g, pc);
-    free(pf);
-    free(pc);
-    free(fg);
-    free(calls);
-    return g.p;
+    return &api_messages_format;
 }
 
 api_status api_parse(const api_cfg *cfg, api_kind kind, const char *body, size_t len, api_req *r, api_error *e)
 {
-    switch (kind) {
-    case API_KIND_CHAT: return api_chat_parse(cfg, body, len, r, e);
-    case API_KIND_RESPONSES: return api_responses_parse(cfg, body, len, r, e);
-    case API_KIND_COMPLETIONS: return api_completions_parse(cfg, body, len, r, e);
-    default: return api_messages_parse(cfg, body, len, r, e);
-    }
+    return api_format_of(kind)->parse(cfg, body, len, r, e);
 }
 

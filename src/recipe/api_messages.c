@@ -71,11 +71,7 @@ static bool api_messages_messages(api_req *r, json_t *msgs, api_error *e)
     size_t i;
     json_t *m;
     json_array_foreach(msgs, i, m) {
-        api_path(p, sizeof p, "messages", NULL, (int)i);
-        if (!json_is_object(m)) {
-            api_json_type_error(K, e, p, "a valid dictionary", m);
-            return false;
-        }
+        if (!api_json_item(K, "messages", i, m, p, sizeof p, e)) return false;
         json_t *role = json_object_get(m, "role"), *content = json_object_get(m, "content");
         api_path(q, sizeof q, p, "role", -1);
         if (!json_is_string(role)) {
@@ -204,11 +200,7 @@ static bool api_messages_tools(api_req *r, json_t *tools, api_error *e)
     size_t i;
     json_t *t;
     json_array_foreach(tools, i, t) {
-        api_path(p, sizeof p, "tools", NULL, (int)i);
-        if (!json_is_object(t)) {
-            api_json_type_error(K, e, p, "a valid dictionary", t);
-            return false;
-        }
+        if (!api_json_item(K, "tools", i, t, p, sizeof p, e)) return false;
         json_t *type = json_object_get(t, "type");
         if (type && !json_is_null(type) && (!json_is_string(type) || strcmp(json_string_value(type), "custom"))) {
             api_json_value_error(K, e, api_path(q, sizeof q, p, "type", -1), "only custom (client) tools are supported by this server");
@@ -363,7 +355,7 @@ static bool api_messages_common(json_t *root, api_req *r, long long max_tokens, 
 /* Structured outputs: output_config {format, effort} and the beta's output_format, where a
  * format is {type: "json_schema", schema}: the answer's text block is a document of the schema
  * (constrained decoding, as response_format). */
-static bool api_messages_format(json_t *fmt, const char *path, api_req *r, api_error *e)
+static bool api_messages_output_format(json_t *fmt, const char *path, api_req *r, api_error *e)
 {
     if (!fmt || json_is_null(fmt)) return true;
     if (!json_is_object(fmt)) {
@@ -412,9 +404,9 @@ static bool api_messages_output(json_t *root, api_req *r, api_error *e)
                           "output_format: give the format in output_config.format or in output_format, not both");
             return false;
         }
-        if (!api_messages_format(f, "output_config.format", r, e)) return false;
+        if (!api_messages_output_format(f, "output_config.format", r, e)) return false;
     }
-    return api_messages_format(of, "output_format", r, e);
+    return api_messages_output_format(of, "output_format", r, e);
 }
 
 api_status api_messages_parse(const api_cfg *cfg, const char *body, size_t len, api_req *r, api_error *e)
@@ -585,7 +577,7 @@ static void api_messages_event(api_out *o, const char *type, const char *fields,
     api_sse_typed(&o->out, type, -1, fields, flen);
 }
 
-void api_messages_begin(api_out *o)
+static void api_messages_begin(api_out *o)
 {
     bytebuf f = {0};
     bytebuf_puts(&f, "\"message\":");
@@ -595,7 +587,7 @@ void api_messages_begin(api_out *o)
     bytebuf_free(&f);
 }
 
-void api_messages_on(api_out *o, int i, api_op op, api_item *it, const char *d, size_t len)
+static void api_messages_on(api_out *o, int i, api_op op, api_item *it, const char *d, size_t len)
 {
     if (i != 0) return;
     api_choice *c = &o->choices[0];
@@ -636,7 +628,7 @@ void api_messages_on(api_out *o, int i, api_op op, api_item *it, const char *d, 
     bytebuf_free(&f);
 }
 
-void api_messages_end(api_out *o)
+static void api_messages_end(api_out *o)
 {
     if (!o->req->stream) {
         api_messages_message(o, true, &o->out);
@@ -654,6 +646,14 @@ void api_messages_end(api_out *o)
     api_messages_event(o, "message_stop", "", 0);
     bytebuf_free(&f);
 }
+
+const api_format api_messages_format = {
+    .id_prefix = "msg_",
+    .parse = api_messages_parse,
+    .begin = api_messages_begin,
+    .on = api_messages_on,
+    .end = api_messages_end,
+};
 
 /* ------------------------------------------------------------------ routes */
 

@@ -1,12 +1,12 @@
 /*
  * api_out: writing answers. The output state machine (api_out), the stop-sequence matcher,
- * the JSON/SSE write helpers the formatters share, and the Responses store.
+ * the JSON/SSE write helpers the formatters share.
  *
  * api_out: per choice, tokens go to the output splitter (events.c); its events become items
  * (a run of text, a run of reasoning, a tool call). Answer text passes the stop matcher
  * first. Items are opened, grown and closed in output order, and each step is passed to the
- * route's formatter (api_*_on), which appends SSE events when streaming; the items are kept
- * for the final body (and the Responses store). Every string goes through jsonfmt's writer,
+ * route's formatter (its api_format's on), which appends SSE events when streaming; the items are kept
+ * for the final body (and the Responses store, api_responses.c). Every string goes through jsonfmt's writer,
  * so the output is valid UTF-8 whatever the model wrote.
  *
  * Stop matching: the matcher holds back the longest suffix of the text seen that is a proper
@@ -16,7 +16,6 @@
 #include "recipe/api.h"
 #include "recipe/api_int.h"
 
-#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -146,22 +145,12 @@ void api_stop_flush(api_stop *s, bytebuf *emit)
 
 /* ------------------------------------------------------------------ output */
 
-static void api_out_dispatch(api_out *o, int i, api_op op, api_item *it, const char *d, size_t len)
-{
-    switch (o->kind) {
-    case API_KIND_CHAT: api_chat_on(o, i, op, it, d, len); break;
-    case API_KIND_RESPONSES: api_responses_on(o, i, op, it, d, len); break;
-    case API_KIND_MESSAGES: api_messages_on(o, i, op, it, d, len); break;
-    case API_KIND_COMPLETIONS: api_completions_on(o, i, op, it, d, len); break;
-    }
-}
-
 static void api_close_item(api_out *o, api_choice *c)
 {
     if (!c->open) return;
     c->open = false;
     if (c->ending_cut) c->items[c->n_items - 1].cut = true;
-    api_out_dispatch(o, c->index, API_OP_CLOSE, &c->items[c->n_items - 1], NULL, 0);
+    o->fmt->on(o, c->index, API_OP_CLOSE, &c->items[c->n_items - 1], NULL, 0);
 }
 
 static api_item *api_open_item(api_out *o, api_choice *c, api_item_kind kind)
@@ -185,10 +174,10 @@ static void api_add_text(api_out *o, api_choice *c, api_item_kind kind, const ch
     api_item *it = (c->open && c->items[c->n_items - 1].kind == kind) ? &c->items[c->n_items - 1] : NULL;
     if (!it) {
         it = api_open_item(o, c, kind);
-        api_out_dispatch(o, c->index, API_OP_OPEN, it, NULL, 0);
+        o->fmt->on(o, c->index, API_OP_OPEN, it, NULL, 0);
     }
     bytebuf_append(&it->text, d, len);
-    api_out_dispatch(o, c->index, API_OP_DELTA, it, d, len);
+    o->fmt->on(o, c->index, API_OP_DELTA, it, d, len);
 }
 
 static void api_on_event(void *ud, const events_event *e)
@@ -218,14 +207,14 @@ static void api_on_event(void *ud, const events_event *e)
         snprintf(it->call_id, sizeof it->call_id, "%s", e->tool_id);
         it->name = xstrdup(e->tool_name ? e->tool_name : "");
         it->tool_index = c->n_calls++;
-        api_out_dispatch(o, c->index, API_OP_OPEN, it, NULL, 0);
+        o->fmt->on(o, c->index, API_OP_OPEN, it, NULL, 0);
         break;
     }
     case EVENTS_TOOL_ARGS: {
         if (!c->open || c->items[c->n_items - 1].kind != API_ITEM_TOOL) break;
         api_item *it = &c->items[c->n_items - 1];
         bytebuf_append(&it->text, e->text, e->len);
-        api_out_dispatch(o, c->index, API_OP_DELTA, it, e->text, e->len);
+        o->fmt->on(o, c->index, API_OP_DELTA, it, e->text, e->len);
         break;
     }
     case EVENTS_TOOL_END:
@@ -246,13 +235,13 @@ static void api_on_event(void *ud, const events_event *e)
             /* Always answer with at least an (empty) text item. */
             api_item *it = api_open_item(o, c, API_ITEM_TEXT);
             bytebuf_puts(&it->text, "");
-            api_out_dispatch(o, c->index, API_OP_OPEN, it, NULL, 0);
+            o->fmt->on(o, c->index, API_OP_OPEN, it, NULL, 0);
         }
         api_close_item(o, c);
         c->finished = true;
         c->finish = e->finish;
         if (c->stopped) c->finish = EVENTS_FINISH_STOP;
-        api_out_dispatch(o, c->index, API_OP_FINISH, NULL, NULL, 0);
+        o->fmt->on(o, c->index, API_OP_FINISH, NULL, NULL, 0);
         break;
     }
 }
@@ -261,12 +250,11 @@ void api_out_init(api_out *o, const api_req *req, const events_markers *m, uint6
 {
     memset(o, 0, sizeof *o);
     o->kind = req->kind;
+    o->fmt = api_format_of(req->kind);
     o->req = req;
     o->model = model_name ? model_name : (req->model ? req->model : "");
     o->created = (int64_t)time(NULL);
-    api_new_id(o->id, sizeof o->id,
-                req->kind == API_KIND_CHAT ? "chatcmpl-" : req->kind == API_KIND_RESPONSES ? "resp_"
-                : req->kind == API_KIND_COMPLETIONS ? "cmpl-" : "msg_");
+    api_new_id(o->id, sizeof o->id, o->fmt->id_prefix);
     o->n_choices = req->n > 0 ? req->n : 1;
     o->choices = xcalloc((size_t)o->n_choices, sizeof *o->choices);
     for (int i = 0; i < o->n_choices; i++) {
@@ -320,12 +308,7 @@ void api_out_set_drafts(api_out *o, int i, int accepted, int rejected)
 void api_out_begin(api_out *o)
 {
     if (!o->req->stream) return;
-    switch (o->kind) {
-    case API_KIND_CHAT: api_chat_begin(o); break;
-    case API_KIND_RESPONSES: api_responses_begin(o); break;
-    case API_KIND_MESSAGES: api_messages_begin(o); break;
-    case API_KIND_COMPLETIONS: api_completions_begin(o); break;
-    }
+    o->fmt->begin(o);
 }
 
 void api_out_text(api_out *o, int i, const char *text, size_t len)
@@ -418,109 +401,5 @@ void api_out_end(api_out *o)
         o->usage.accepted_drafts += o->choices[i].n_accepted_drafts;
         o->usage.rejected_drafts += o->choices[i].n_rejected_drafts;
     }
-    switch (o->kind) {
-    case API_KIND_CHAT: api_chat_end(o); break;
-    case API_KIND_RESPONSES: api_responses_end(o); break;
-    case API_KIND_MESSAGES: api_messages_end(o); break;
-    case API_KIND_COMPLETIONS: api_completions_end(o); break;
-    }
+    o->fmt->end(o);
 }
-
-/* ------------------------------------------------------------------ responses store */
-
-typedef struct {
-    char id[48];              /* response id ("" = free slot) */
-    conv conv;                /* its conversation incl. the answer turn */
-    uint64_t age;             /* insertion counter */
-} api_store_entry;
-
-struct api_store {
-    pthread_mutex_t mu;       /* guards everything below */
-    api_store_entry *e;       /* cap entries */
-    int cap;
-    uint64_t clock;
-};
-
-api_store *api_store_new(int max_entries)
-{
-    api_store *s = xcalloc(1, sizeof *s);
-    pthread_mutex_init(&s->mu, NULL);
-    s->cap = max_entries > 0 ? max_entries : 1;
-    s->e = xcalloc((size_t)s->cap, sizeof *s->e);
-    for (int i = 0; i < s->cap; i++) conv_init(&s->e[i].conv);
-    return s;
-}
-
-void api_store_free(api_store *s)
-{
-    if (!s) return;
-    for (int i = 0; i < s->cap; i++) conv_free(&s->e[i].conv);
-    free(s->e);
-    pthread_mutex_destroy(&s->mu);
-    free(s);
-}
-
-/* Copies turns [from, src->n_turns) of src to the end of dst. */
-static void api_conv_copy(conv *dst, const conv *src, int from)
-{
-    for (int t = from; t < src->n_turns; t++) {
-        const conv_turn *ct = &src->turns[t];
-        conv_add_turn(dst, ct->role);
-        for (int k = 0; k < ct->n_parts; k++) {
-            const conv_part *p = &ct->parts[k];
-            switch (p->kind) {
-            case CONV_PART_TEXT: conv_add_text(dst, p->text, p->len); break;
-            case CONV_PART_REASONING: conv_add_reasoning(dst, p->text, p->len); break;
-            case CONV_PART_TOOL_CALL: conv_add_tool_call(dst, p->id, p->name, p->args, p->args_len); break;
-            case CONV_PART_TOOL_RESULT: conv_add_tool_result(dst, p->id, p->name, p->text, p->len); break;
-            }
-        }
-    }
-}
-
-void api_store_put(api_store *s, const char *id, const api_req *req, const api_out *o)
-{
-    pthread_mutex_lock(&s->mu);
-    int slot = 0;
-    for (int i = 0; i < s->cap; i++) {
-        if (!s->e[i].id[0]) { slot = i; break; }
-        if (s->e[i].age < s->e[slot].age) slot = i;
-    }
-    api_store_entry *en = &s->e[slot];
-    conv_free(&en->conv);
-    conv_init(&en->conv);
-    snprintf(en->id, sizeof en->id, "%s", id);
-    en->age = ++s->clock;
-    api_conv_copy(&en->conv, &req->conv, req->instructions ? 1 : 0);
-    /* The answer: reasoning, text and tool calls of choice 0 as one assistant turn. */
-    const api_choice *c = &o->choices[0];
-    conv_add_turn(&en->conv, CONV_ROLE_ASSISTANT);
-    for (int k = 0; k < c->n_items; k++) {
-        const api_item *it = &c->items[k];
-        if (it->kind == API_ITEM_REASONING) conv_add_reasoning(&en->conv, it->text.p ? it->text.p : "", it->text.len);
-    }
-    for (int k = 0; k < c->n_items; k++) {
-        const api_item *it = &c->items[k];
-        if (it->kind == API_ITEM_TEXT) conv_add_text(&en->conv, it->text.p ? it->text.p : "", it->text.len);
-    }
-    for (int k = 0; k < c->n_items; k++) {
-        const api_item *it = &c->items[k];
-        if (it->kind == API_ITEM_TOOL) conv_add_tool_call(&en->conv, it->call_id, it->name, it->text.p, it->text.len);
-    }
-    pthread_mutex_unlock(&s->mu);
-}
-
-bool api_store_get(api_store *s, const char *id, conv *c)
-{
-    bool found = false;
-    pthread_mutex_lock(&s->mu);
-    for (int i = 0; i < s->cap; i++)
-        if (s->e[i].id[0] && !strcmp(s->e[i].id, id)) {
-            api_conv_copy(c, &s->e[i].conv, 0);
-            found = true;
-            break;
-        }
-    pthread_mutex_unlock(&s->mu);
-    return found;
-}
-

@@ -15,14 +15,19 @@
  * response.created, response.in_progress, then per item output_item.added, content_part.added,
  * *.delta …, *.done, content_part.done, output_item.done, and finally response.completed (or
  * response.incomplete when the token limit was hit), every event with a sequence_number.
- * A completed response with store=true is kept in the api_store for previous_response_id.
+ * A completed response with store=true is kept in the api_store for previous_response_id
+ * (the store is at the end of this file).
  */
 #include "recipe/api.h"
 #include "recipe/api_int.h"
 
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/sha256.h"
+#include "util/slottab.h"
 #include "util/util.h"
 
 static const char *const api_responses_keys[] = {
@@ -65,11 +70,7 @@ static bool api_responses_input(api_req *r, json_t *input, api_error *e)
     json_t *it;
     char p[64], q[96];
     json_array_foreach(input, i, it) {
-        api_path(p, sizeof p, "input", NULL, (int)i);
-        if (!json_is_object(it)) {
-            api_json_type_error(K, e, p, "an object", it);
-            return false;
-        }
+        if (!api_json_item(K, "input", i, it, p, sizeof p, e)) return false;
         json_t *type = json_object_get(it, "type");
         if (type && !json_is_string(type)) {
             api_json_type_error(K, e, api_path(q, sizeof q, p, "type", -1), "a string", type);
@@ -174,11 +175,7 @@ static bool api_responses_tools(api_req *r, json_t *tools, api_error *e)
     json_t *t;
     char p[64], q[96];
     json_array_foreach(tools, i, t) {
-        api_path(p, sizeof p, "tools", NULL, (int)i);
-        if (!json_is_object(t)) {
-            api_json_type_error(K, e, p, "an object", t);
-            return false;
-        }
+        if (!api_json_item(K, "tools", i, t, p, sizeof p, e)) return false;
         json_t *type = json_object_get(t, "type");
         if (!json_is_string(type) || strcmp(json_string_value(type), "function")) {
             api_json_value_error(K, e, api_path(q, sizeof q, p, "type", -1),
@@ -449,7 +446,7 @@ static void api_responses_event(api_out *o, const char *type, const char *fields
     api_sse_typed(&o->out, type, o->seq++, fields, flen);
 }
 
-void api_responses_begin(api_out *o)
+static void api_responses_begin(api_out *o)
 {
     bytebuf f = {0};
     bytebuf_puts(&f, "\"response\":");
@@ -459,7 +456,7 @@ void api_responses_begin(api_out *o)
     bytebuf_free(&f);
 }
 
-void api_responses_on(api_out *o, int i, api_op op, api_item *it, const char *d, size_t len)
+static void api_responses_on(api_out *o, int i, api_op op, api_item *it, const char *d, size_t len)
 {
     if (i != 0) return;
     api_choice *c = &o->choices[0];
@@ -534,7 +531,7 @@ void api_responses_on(api_out *o, int i, api_op op, api_item *it, const char *d,
     bytebuf_free(&f);
 }
 
-void api_responses_end(api_out *o)
+static void api_responses_end(api_out *o)
 {
     if (o->req->store_to) api_store_put(o->req->store_to, o->id, o->req, o);
     if (!o->req->stream) {
@@ -547,6 +544,14 @@ void api_responses_end(api_out *o)
     api_responses_event(o, api_out_truncated(o) ? "response.incomplete" : "response.completed", f.p, f.len);
     bytebuf_free(&f);
 }
+
+const api_format api_responses_format = {
+    .id_prefix = "resp_",
+    .parse = api_responses_parse,
+    .begin = api_responses_begin,
+    .on = api_responses_on,
+    .end = api_responses_end,
+};
 
 /* ------------------------------------------------------------------ route */
 
@@ -564,4 +569,108 @@ void api_responses_register(http_server *h, api_ctx *c)
 {
     if (!api_responses_store) api_responses_store = api_store_new(API_RESPONSES_KEEP);
     http_route(h, "POST", "/v1/responses", api_responses_handle, c);
+}
+
+/* ------------------------------------------------------------------ the store */
+
+/* A slottab (util/slottab.h) over cap slots keys the entries by the SHA-256 of their id and
+ * keeps them on its recency list in the order they were put: a full store drops the oldest
+ * put, whatever was read since. The mutex guards the table and the entries. */
+typedef struct {
+    char id[48];              /* the response id */
+    conv conv;                /* its conversation incl. the answer turn */
+} api_store_entry;
+
+struct api_store {
+    pthread_mutex_t mu;       /* guards everything below */
+    slottab tab;              /* SHA-256 of the ids, the order of puts */
+    api_store_entry *e;       /* (tab.n) by slot */
+};
+
+api_store *api_store_new(int max_entries)
+{
+    api_store *s = xcalloc(1, sizeof *s);
+    int cap = max_entries > 0 ? TM_MIN(max_entries, SLOTTAB_MAX) : 1;
+    if (!slottab_init(&s->tab, cap)) util_oom((size_t)cap * (32 + 3 * sizeof(int32_t)));
+    pthread_mutex_init(&s->mu, NULL);
+    s->e = xcalloc((size_t)cap, sizeof *s->e);
+    for (int i = 0; i < cap; i++) conv_init(&s->e[i].conv);
+    return s;
+}
+
+void api_store_free(api_store *s)
+{
+    if (!s) return;
+    for (int i = 0; i < s->tab.n; i++) conv_free(&s->e[i].conv);
+    free(s->e);
+    slottab_free(&s->tab);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
+
+/* Copies turns [from, src->n_turns) of src to the end of dst. */
+static void api_store_copy(conv *dst, const conv *src, int from)
+{
+    for (int t = from; t < src->n_turns; t++) {
+        const conv_turn *ct = &src->turns[t];
+        conv_add_turn(dst, ct->role);
+        for (int k = 0; k < ct->n_parts; k++) {
+            const conv_part *p = &ct->parts[k];
+            switch (p->kind) {
+            case CONV_PART_TEXT: conv_add_text(dst, p->text, p->len); break;
+            case CONV_PART_REASONING: conv_add_reasoning(dst, p->text, p->len); break;
+            case CONV_PART_TOOL_CALL: conv_add_tool_call(dst, p->id, p->name, p->args, p->args_len); break;
+            case CONV_PART_TOOL_RESULT: conv_add_tool_result(dst, p->id, p->name, p->text, p->len); break;
+            }
+        }
+    }
+}
+
+void api_store_put(api_store *s, const char *id, const api_req *req, const api_out *o)
+{
+    uint8_t key[32];
+    sha256_digest(id, strlen(id), key);
+    pthread_mutex_lock(&s->mu);
+    int slot = slottab_find(&s->tab, key);
+    if (slot >= 0) slottab_give(&s->tab, slot);   /* the same id again: the new one replaces it */
+    slot = slottab_take(&s->tab);
+    if (slot < 0) {
+        slottab_give(&s->tab, slottab_oldest(&s->tab));
+        slot = slottab_take(&s->tab);
+    }
+    slottab_set_key(&s->tab, slot, key);
+    slottab_touch(&s->tab, slot);
+    api_store_entry *en = &s->e[slot];
+    conv_free(&en->conv);
+    conv_init(&en->conv);
+    snprintf(en->id, sizeof en->id, "%s", id);
+    api_store_copy(&en->conv, &req->conv, req->instructions ? 1 : 0);
+    /* The answer: reasoning, text and tool calls of choice 0 as one assistant turn. */
+    const api_choice *c = &o->choices[0];
+    conv_add_turn(&en->conv, CONV_ROLE_ASSISTANT);
+    for (int k = 0; k < c->n_items; k++) {
+        const api_item *it = &c->items[k];
+        if (it->kind == API_ITEM_REASONING) conv_add_reasoning(&en->conv, it->text.p ? it->text.p : "", it->text.len);
+    }
+    for (int k = 0; k < c->n_items; k++) {
+        const api_item *it = &c->items[k];
+        if (it->kind == API_ITEM_TEXT) conv_add_text(&en->conv, it->text.p ? it->text.p : "", it->text.len);
+    }
+    for (int k = 0; k < c->n_items; k++) {
+        const api_item *it = &c->items[k];
+        if (it->kind == API_ITEM_TOOL) conv_add_tool_call(&en->conv, it->call_id, it->name, it->text.p, it->text.len);
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+bool api_store_get(api_store *s, const char *id, conv *c)
+{
+    uint8_t key[32];
+    sha256_digest(id, strlen(id), key);
+    pthread_mutex_lock(&s->mu);
+    int slot = slottab_find(&s->tab, key);
+    bool found = slot >= 0 && !strcmp(s->e[slot].id, id);   /* (an id past 47 bytes was cut) */
+    if (found) api_store_copy(c, &s->e[slot].conv, 0);
+    pthread_mutex_unlock(&s->mu);
+    return found;
 }

@@ -110,27 +110,32 @@ void conv_add_reasoning(conv *c, const char *text, size_t len)
     p->len = len;
 }
 
+/* A tool call or result: the id and name copied ("" when NULL), then the body. */
+static conv_part *conv_add_tool_part(conv *c, conv_part_kind kind, const char *id, const char *name,
+                                     const char *body, size_t len, const char **body_copy)
+{
+    const char *ic = id ? conv_strdup(c, id, strlen(id)) : "";
+    const char *nc = name ? conv_strdup(c, name, strlen(name)) : "";
+    *body_copy = conv_strdup(c, body, len);
+    conv_part *p = conv_new_part(c, kind);
+    p->id = ic;
+    p->name = nc;
+    return p;
+}
+
 void conv_add_tool_call(conv *c, const char *id, const char *name, const char *args, size_t args_len)
 {
     if (!args) { args = "{}"; args_len = 2; }
-    const char *ic = id ? conv_strdup(c, id, strlen(id)) : "";
-    const char *nc = name ? conv_strdup(c, name, strlen(name)) : "";
-    const char *ac = conv_strdup(c, args, args_len);
-    conv_part *p = conv_new_part(c, CONV_PART_TOOL_CALL);
-    p->id = ic;
-    p->name = nc;
+    const char *ac;
+    conv_part *p = conv_add_tool_part(c, CONV_PART_TOOL_CALL, id, name, args, args_len, &ac);
     p->args = ac;
     p->args_len = args_len;
 }
 
 void conv_add_tool_result(conv *c, const char *call_id, const char *name, const char *content, size_t len)
 {
-    const char *ic = call_id ? conv_strdup(c, call_id, strlen(call_id)) : "";
-    const char *nc = name ? conv_strdup(c, name, strlen(name)) : "";
-    const char *tc = conv_strdup(c, content, len);
-    conv_part *p = conv_new_part(c, CONV_PART_TOOL_RESULT);
-    p->id = ic;
-    p->name = nc;
+    const char *tc;
+    conv_part *p = conv_add_tool_part(c, CONV_PART_TOOL_RESULT, call_id, name, content, len, &tc);
     p->text = tc;
     p->len = len;
 }

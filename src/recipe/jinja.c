@@ -156,6 +156,15 @@ static void *jx_alloc(jx *x, size_t sz)
     return p;
 }
 
+/* A copy of old's n items of sz bytes in room for cap (the arena never frees: old stays
+ * until the render ends). */
+static void *jx_grow(jx *x, const void *old, size_t n, size_t cap, size_t sz)
+{
+    void *p = jx_alloc(x, cap * sz);
+    if (n) memcpy(p, old, n * sz);
+    return p;
+}
+
 static void jx_step(jx *x)
 {
     if (++x->steps > x->max_steps)
@@ -185,14 +194,8 @@ static void jsb_grow(jx *x, jsb *b, size_t add)
     if (b->n + add + 1 <= b->cap) return;
     size_t cap = b->cap ? b->cap * 2 : 64;
     while (cap < b->n + add + 1) cap *= 2;
-    char *p = jx_alloc(x, cap);
-    uint8_t *t = jx_alloc(x, cap);
-    if (b->n) {
-        memcpy(p, b->p, b->n);
-        memcpy(t, b->t, b->n);
-    }
-    b->p = p;
-    b->t = t;
+    b->p = jx_grow(x, b->p, b->n, cap, 1);
+    b->t = jx_grow(x, b->t, b->n, cap, 1);
     b->cap = cap;
 }
 
@@ -378,14 +381,8 @@ static void jdict_set(jx *x, jdict *d, const jstr *k, jv v)
     }
     if (d->n == d->cap) {
         size_t cap = d->cap ? d->cap * 2 : 8;
-        const jstr **nk = jx_alloc(x, cap * sizeof *nk);
-        jv *nv = jx_alloc(x, cap * sizeof *nv);
-        if (d->n) {
-            memcpy(nk, d->k, d->n * sizeof *nk);
-            memcpy(nv, d->v, d->n * sizeof *nv);
-        }
-        d->k = nk;
-        d->v = nv;
+        d->k = jx_grow(x, d->k, d->n, cap, sizeof *d->k);
+        d->v = jx_grow(x, d->v, d->n, cap, sizeof *d->v);
         d->cap = cap;
     }
     d->k[d->n] = k;
@@ -427,14 +424,8 @@ static void jenv_set(jx *x, jenv *e, const char *name, jv v)
         }
     if (e->n == e->cap) {
         size_t cap = e->cap ? e->cap * 2 : 8;
-        const char **nn = jx_alloc(x, cap * sizeof *nn);
-        jv *nv = jx_alloc(x, cap * sizeof *nv);
-        if (e->n) {
-            memcpy(nn, e->names, e->n * sizeof *nn);
-            memcpy(nv, e->vals, e->n * sizeof *nv);
-        }
-        e->names = nn;
-        e->vals = nv;
+        e->names = jx_grow(x, e->names, e->n, cap, sizeof *e->names);
+        e->vals = jx_grow(x, e->vals, e->n, cap, sizeof *e->vals);
         e->cap = cap;
     }
     e->names[e->n] = name;
@@ -837,9 +828,7 @@ static void jx_eval_args(jx *x, jenv *env, jnode *const *v, size_t n, jargs *a)
         size_t add = arg->kind == JN_SPREAD ? val.l->n : 1;
         if (a->n_pos + add > cap_p) {
             while (cap_p < a->n_pos + add) cap_p *= 2;
-            jv *np2 = jx_alloc(x, cap_p * sizeof *np2);
-            memcpy(np2, a->pos, a->n_pos * sizeof *np2);
-            a->pos = np2;
+            a->pos = jx_grow(x, a->pos, a->n_pos, cap_p, sizeof *a->pos);
         }
         if (arg->kind == JN_SPREAD) {
             if (val.kind != JV_LIST) jx_fail(x, JINJA_ERR_RUNTIME, "cannot unpack a %s", jv_type(val));
@@ -877,12 +866,8 @@ static void jx_eval_args(jx *x, jenv *env, jnode *const *v, size_t n, jargs *a)
                     jx_fail(x, JINJA_ERR_RUNTIME, "got multiple values for keyword argument '%s'", ks[j]->p);
             if (a->n_kw == cap_k) {
                 cap_k *= 2;
-                const jstr **nk2 = jx_alloc(x, cap_k * sizeof *nk2);
-                jv *nv2 = jx_alloc(x, cap_k * sizeof *nv2);
-                memcpy(nk2, a->kw_k, a->n_kw * sizeof *nk2);
-                memcpy(nv2, a->kw_v, a->n_kw * sizeof *nv2);
-                a->kw_k = nk2;
-                a->kw_v = nv2;
+                a->kw_k = jx_grow(x, a->kw_k, a->n_kw, cap_k, sizeof *a->kw_k);
+                a->kw_v = jx_grow(x, a->kw_v, a->n_kw, cap_k, sizeof *a->kw_v);
             }
             a->kw_k[a->n_kw] = ks[j];
             a->kw_v[a->n_kw++] = vs[j];
@@ -1005,9 +990,7 @@ static jv jx_str_split(jx *x, const jstr *s, const jargs *a)
             }
             if (n == cap) {
                 cap = cap ? cap * 2 : 8;
-                jv *np = jx_alloc(x, cap * sizeof *np);
-                if (n) memcpy(np, parts, n * sizeof *np);
-                parts = np;
+                parts = jx_grow(x, parts, n, cap, sizeof *parts);
             }
             jsb b = { 0 };
             jsb_sub(x, &b, s, st, i - st);
@@ -1024,9 +1007,7 @@ static jv jx_str_split(jx *x, const jstr *s, const jargs *a)
             size_t at = f ? (size_t)((const char *)f - s->p) : s->n;
             if (n == cap) {
                 cap = cap ? cap * 2 : 8;
-                jv *np = jx_alloc(x, cap * sizeof *np);
-                if (n) memcpy(np, parts, n * sizeof *np);
-                parts = np;
+                parts = jx_grow(x, parts, n, cap, sizeof *parts);
             }
             jsb b = { 0 };
             jsb_sub(x, &b, s, i, at - i);
@@ -1373,202 +1354,266 @@ static bool js_parse_num(const jstr *s, bool is_int, double *out)
     return true;
 }
 
-static jv jx_filter(jx *x, jenv *env, jv v, const jnode *f)
+/* selectattr / rejectattr: their arguments are string literals (the attribute, a test and its
+ * argument), not values. */
+static jv jx_filter_select(jx *x, jv v, const char *name, const jnode *f, int line)
 {
-    const char *name = f->kind == JN_IDENT ? f->s : f->a->s;
-    int line = f->line;
-    jargs a = { 0 };
-    bool call = f->kind == JN_CALL;
-    if (f->kind == JN_CALL && f->a->kind != JN_IDENT) jx_fail(x, JINJA_ERR_RUNTIME, "unknown filter (line %d)", line);
-    /* selectattr / rejectattr take their arguments as string literals */
-    if (call && (!strcmp(name, "selectattr") || !strcmp(name, "rejectattr"))) {
-        if (v.kind != JV_LIST) jx_fail(x, JINJA_ERR_RUNTIME, "cannot apply filter %s to a %s (line %d)", name, jv_type(v), line);
-        for (size_t i = 0; i < f->n; i++)
-            if (f->v[i]->kind != JN_STR) jx_fail(x, JINJA_ERR_RUNTIME, "arguments of %s must be strings (line %d)", name, line);
-        for (size_t i = 0; i < v.l->n; i++)
-            if (v.l->v[i].kind != JV_DICT && v.l->v[i].kind != JV_NS)
-                jx_fail(x, JINJA_ERR_RUNTIME, "%s can only be applied to a list of objects (line %d)", name, line);
-        if (f->n < 1) jx_fail(x, JINJA_ERR_RUNTIME, "%s needs an attribute (line %d)", name, line);
-        jstr attr = { f->v[0]->sn, f->v[0]->s, NULL };
-        const char *test = f->n > 1 ? f->v[1]->s : NULL;
-        jv arg = f->n > 2 ? jv_str(jstr_lit(x, f->v[2]->s)) : JV_UNDEF_V;
-        bool sel = name[0] == 's';
-        jv out = jv_list(x, v.l->n);
-        size_t k = 0;
-        for (size_t i = 0; i < v.l->n; i++) {
-            jx_step(x);
-            jv *av = jdict_get(v.l->v[i].d, &attr);
-            bool r = false;
-            if (av) r = test ? jx_test(x, test, *av, f->n > 2 ? &arg : NULL, line) : jv_truthy(*av);
-            if (r == sel) out.l->v[k++] = v.l->v[i];
-        }
-        out.l->n = k;
-        return out;
+    if (v.kind != JV_LIST) jx_fail(x, JINJA_ERR_RUNTIME, "cannot apply filter %s to a %s (line %d)", name, jv_type(v), line);
+    for (size_t i = 0; i < f->n; i++)
+        if (f->v[i]->kind != JN_STR) jx_fail(x, JINJA_ERR_RUNTIME, "arguments of %s must be strings (line %d)", name, line);
+    for (size_t i = 0; i < v.l->n; i++)
+        if (v.l->v[i].kind != JV_DICT && v.l->v[i].kind != JV_NS)
+            jx_fail(x, JINJA_ERR_RUNTIME, "%s can only be applied to a list of objects (line %d)", name, line);
+    if (f->n < 1) jx_fail(x, JINJA_ERR_RUNTIME, "%s needs an attribute (line %d)", name, line);
+    jstr attr = { f->v[0]->sn, f->v[0]->s, NULL };
+    const char *test = f->n > 1 ? f->v[1]->s : NULL;
+    jv arg = f->n > 2 ? jv_str(jstr_lit(x, f->v[2]->s)) : JV_UNDEF_V;
+    bool sel = name[0] == 's';
+    jv out = jv_list(x, v.l->n);
+    size_t k = 0;
+    for (size_t i = 0; i < v.l->n; i++) {
+        jx_step(x);
+        jv *av = jdict_get(v.l->v[i].d, &attr);
+        bool r = false;
+        if (av) r = test ? jx_test(x, test, *av, f->n > 2 ? &arg : NULL, line) : jv_truthy(*av);
+        if (r == sel) out.l->v[k++] = v.l->v[i];
     }
-    if (call) jx_eval_args(x, env, f->v, f->n, &a);
-    if (!strcmp(name, "safe")) return v;
-    if (!strcmp(name, "tojson")) return jx_tojson(x, v, &a);
+    out.l->n = k;
+    return out;
+}
+
+/* A filter applied: its name, its evaluated arguments, whether it was called with
+ * parentheses, and its line (for messages). */
+typedef struct {
+    const char *name;
+    jargs args;
+    bool call;
+    int line;
+} jfilter;
+
+/* A family's filter stores its result and says the name was one of its own. */
+static bool jx_filter_done(jv *out, jv r)
+{
+    *out = r;
+    return true;
+}
+
+/* Filters of any value: safe, tojson, default, and join / int / float with arguments. */
+static bool jx_filter_any(jx *x, jv v, jfilter *fc, jv *out)
+{
+    const char *name = fc->name;
+    int line = fc->line;
+    bool call = fc->call;
+    jargs *a = &fc->args;
+    if (!strcmp(name, "safe")) return jx_filter_done(out, v);
+    if (!strcmp(name, "tojson")) return jx_filter_done(out, jx_tojson(x, v, a));
     if (!strcmp(name, "default") || !strcmp(name, "d")) {
-        const jv *def = jarg(&a, 0, "default_value");
-        const jv *boolean = jarg(&a, 1, "boolean");
+        const jv *def = jarg(a, 0, "default_value");
+        const jv *boolean = jarg(a, 1, "boolean");
         if (boolean && boolean->kind != JV_BOOL) jx_fail(x, JINJA_ERR_RUNTIME, "default filter flag must be a boolean");
-        if (v.kind == JV_UNDEF || (boolean && boolean->b && !jv_truthy(v))) return def ? *def : jv_str(jstr_lit(x, ""));
-        return v;
+        if (v.kind == JV_UNDEF || (boolean && boolean->b && !jv_truthy(v))) return jx_filter_done(out, def ? *def : jv_str(jstr_lit(x, "")));
+        return jx_filter_done(out, v);
     }
     if (call && !strcmp(name, "join")) {
         if (v.kind != JV_STR && v.kind != JV_LIST) jx_fail(x, JINJA_ERR_RUNTIME, "cannot apply filter join to a %s (line %d)", jv_type(v), line);
-        const jv *sep = jarg(&a, 0, "separator");
+        const jv *sep = jarg(a, 0, "separator");
         if (sep && sep->kind != JV_STR) jx_fail(x, JINJA_ERR_RUNTIME, "separator must be a string");
-        return jx_join(x, v, sep ? sep->s : NULL);
+        return jx_filter_done(out, jx_join(x, v, sep ? sep->s : NULL));
     }
     if (call && (!strcmp(name, "int") || !strcmp(name, "float"))) {
         bool is_int = name[0] == 'i';
-        const jv *def = jarg(&a, 0, "default");
+        const jv *def = jarg(a, 0, "default");
         if (v.kind == JV_STR) {
             double d;
-            if (!js_parse_num(v.s, is_int, &d)) return def ? *def : is_int ? jv_int(0) : jv_float(0);
-            return is_int ? jv_int((int64_t)d) : jv_float(d);
+            if (!js_parse_num(v.s, is_int, &d)) return jx_filter_done(out, def ? *def : is_int ? jv_int(0) : jv_float(0));
+            return jx_filter_done(out, is_int ? jv_int((int64_t)d) : jv_float(d));
         }
-        if (v.kind == JV_INT || v.kind == JV_FLOAT) return v;
-        if (v.kind == JV_BOOL) return is_int ? jv_int(v.b) : jv_float(v.b);
+        if (v.kind == JV_INT || v.kind == JV_FLOAT) return jx_filter_done(out, v);
+        if (v.kind == JV_BOOL) return jx_filter_done(out, is_int ? jv_int(v.b) : jv_float(v.b));
         jx_fail(x, JINJA_ERR_RUNTIME, "cannot apply filter %s to a %s (line %d)", name, jv_type(v), line);
     }
-    switch (v.kind) {
-    case JV_LIST: {
-        const jlist *l = v.l;
-        if (!strcmp(name, "list")) return v;
-        if (!strcmp(name, "first")) return l->n ? l->v[0] : JV_UNDEF_V;
-        if (!strcmp(name, "last")) return l->n ? l->v[l->n - 1] : JV_UNDEF_V;
-        if (!strcmp(name, "length") || !strcmp(name, "count")) return jv_int((int64_t)l->n);
-        if (!strcmp(name, "reverse")) {
-            jv r = jv_list(x, l->n);
-            for (size_t i = 0; i < l->n; i++) r.l->v[i] = l->v[l->n - 1 - i];
-            return r;
+    return false;
+}
+
+/* Filters of a list. */
+static bool jx_filter_list(jx *x, jv v, jfilter *fc, jv *out)
+{
+    const char *name = fc->name;
+    int line = fc->line;
+    jargs *a = &fc->args;
+    const jlist *l = v.l;
+    if (!strcmp(name, "list")) return jx_filter_done(out, v);
+    if (!strcmp(name, "first")) return jx_filter_done(out, l->n ? l->v[0] : JV_UNDEF_V);
+    if (!strcmp(name, "last")) return jx_filter_done(out, l->n ? l->v[l->n - 1] : JV_UNDEF_V);
+    if (!strcmp(name, "length") || !strcmp(name, "count")) return jx_filter_done(out, jv_int((int64_t)l->n));
+    if (!strcmp(name, "reverse")) {
+        jv r = jv_list(x, l->n);
+        for (size_t i = 0; i < l->n; i++) r.l->v[i] = l->v[l->n - 1 - i];
+        return jx_filter_done(out, r);
+    }
+    if (!strcmp(name, "join")) return jx_filter_done(out, jx_join(x, v, NULL));
+    if (!strcmp(name, "string")) {
+        jsb b = { 0 };
+        jjson(x, &b, v, &jjson_print, 0);
+        return jx_filter_done(out, jv_str(jsb_done(x, &b)));
+    }
+    if (!strcmp(name, "unique")) {
+        jv r = jv_list(x, l->n);
+        size_t k = 0;
+        for (size_t i = 0; i < l->n; i++) {
+            bool seen = false;
+            for (size_t j = 0; j < k && !seen; j++) {
+                jx_step(x);
+                seen = jv_strict_eq(r.l->v[j], l->v[i]);
+            }
+            if (!seen) r.l->v[k++] = l->v[i];
         }
-        if (!strcmp(name, "join")) return jx_join(x, v, NULL);
-        if (!strcmp(name, "string")) {
+        r.l->n = k;
+        return jx_filter_done(out, r);
+    }
+    if (!strcmp(name, "sort")) {
+        const jv *rev = jarg(a, 0, "reverse"), *cs = jarg(a, 1, "case_sensitive"), *at = jarg(a, 2, "attribute");
+        if (rev && rev->kind != JV_BOOL) jx_fail(x, JINJA_ERR_RUNTIME, "reverse must be a boolean");
+        if (cs && cs->kind != JV_BOOL) jx_fail(x, JINJA_ERR_RUNTIME, "case_sensitive must be a boolean");
+        jsort_key k = { .reverse = rev && rev->b, .case_sensitive = cs && cs->b, .pair_index = -1 };
+        if (at && at->kind == JV_STR) k.attr = at->s;
+        else if (at && at->kind == JV_INT) {
+            char tmp[32];
+            snprintf(tmp, sizeof tmp, "%lld", (long long)at->i);
+            k.attr = jstr_new(x, tmp, strlen(tmp), false);
+        }
+        jv r = jv_list(x, l->n);
+        if (l->n) memcpy(r.l->v, l->v, l->n * sizeof *l->v);
+        jsort(x, r.l->v, r.l->n, &k);
+        return jx_filter_done(out, r);
+    }
+    if (!strcmp(name, "map")) {
+        const jv *at = jarg(a, SIZE_MAX, "attribute");
+        if (!at) jx_fail(x, JINJA_ERR_RUNTIME, "map without attribute= is not supported (line %d)", line);
+        if (at->kind != JV_STR) jx_fail(x, JINJA_ERR_RUNTIME, "attribute must be a string");
+        const jv *def = jarg(a, SIZE_MAX, "default");
+        jv r = jv_list(x, l->n);
+        for (size_t i = 0; i < l->n; i++) {
+            if (l->v[i].kind != JV_DICT && l->v[i].kind != JV_NS) jx_fail(x, JINJA_ERR_RUNTIME, "items in map must be objects");
+            jv e = jv_attr_path(x, l->v[i], at->s);
+            r.l->v[i] = e.kind == JV_UNDEF && def ? *def : e;
+        }
+        return jx_filter_done(out, r);
+    }
+    if (!strcmp(name, "min") || !strcmp(name, "max")) {
+        if (!l->n) return jx_filter_done(out, JV_UNDEF_V);
+        jv best = l->v[0];
+        for (size_t i = 1; i < l->n; i++) {
+            int c = jv_compare(x, l->v[i], best, false);
+            if (name[1] == 'i' ? c < 0 : c > 0) best = l->v[i];
+        }
+        return jx_filter_done(out, best);
+    }
+    return false;
+}
+
+/* Filters of a string. */
+static bool jx_filter_str(jx *x, jv v, jfilter *fc, jv *out)
+{
+    const char *name = fc->name;
+    bool call = fc->call;
+    jargs *a = &fc->args;
+    const jstr *s = v.s;
+    if (!strcmp(name, "length") || !strcmp(name, "count")) return jx_filter_done(out, jv_int(jstr_len16(s)));
+    if (!strcmp(name, "upper")) return jx_filter_done(out, jv_str(jstr_case(x, s, 1)));
+    if (!strcmp(name, "lower")) return jx_filter_done(out, jv_str(jstr_case(x, s, 0)));
+    if (!strcmp(name, "title")) return jx_filter_done(out, jv_str(jstr_case(x, s, 2)));
+    if (!strcmp(name, "capitalize")) return jx_filter_done(out, jv_str(jstr_case(x, s, 3)));
+    if (!strcmp(name, "trim")) return jx_filter_done(out, jv_str(jstr_trim(x, s, true, true)));
+    if (!strcmp(name, "join") || !strcmp(name, "string")) return jx_filter_done(out, v);
+    if (!strcmp(name, "int") || !strcmp(name, "float")) {
+        double d;
+        bool ok = js_parse_num(s, name[0] == 'i', &d);
+        return jx_filter_done(out, name[0] == 'i' ? jv_int(ok ? (int64_t)d : 0) : jv_float(ok ? d : 0));
+    }
+    if (!strcmp(name, "indent")) {
+        const jv *w = jarg(a, 0, "width"), *fi = jarg(a, 1, "first"), *bl = jarg(a, 2, "blank");
+        if (w && w->kind != JV_INT) jx_fail(x, JINJA_ERR_RUNTIME, "width must be a number");
+        return jx_filter_done(out, jx_indent(x, s, w ? w->i : 4, fi && jv_truthy(*fi), bl && jv_truthy(*bl)));
+    }
+    if (!strcmp(name, "replace") && call) return jx_filter_done(out, jx_method(x, v, "replace", a));
+    if (!strcmp(name, "list")) {
+        size_t *o;
+        size_t n = jstr_cps(x, s, &o);
+        jv r = jv_list(x, n);
+        for (size_t i = 0; i < n; i++) {
             jsb b = { 0 };
-            jjson(x, &b, v, &jjson_print, 0);
-            return jv_str(jsb_done(x, &b));
+            jsb_sub(x, &b, s, o[i], o[i + 1] - o[i]);
+            r.l->v[i] = jv_str(jsb_done(x, &b));
         }
-        if (!strcmp(name, "unique")) {
-            jv r = jv_list(x, l->n);
-            size_t k = 0;
-            for (size_t i = 0; i < l->n; i++) {
-                bool seen = false;
-                for (size_t j = 0; j < k && !seen; j++) {
-                    jx_step(x);
-                    seen = jv_strict_eq(r.l->v[j], l->v[i]);
-                }
-                if (!seen) r.l->v[k++] = l->v[i];
-            }
-            r.l->n = k;
-            return r;
-        }
-        if (!strcmp(name, "sort")) {
-            const jv *rev = jarg(&a, 0, "reverse"), *cs = jarg(&a, 1, "case_sensitive"), *at = jarg(&a, 2, "attribute");
-            if (rev && rev->kind != JV_BOOL) jx_fail(x, JINJA_ERR_RUNTIME, "reverse must be a boolean");
-            if (cs && cs->kind != JV_BOOL) jx_fail(x, JINJA_ERR_RUNTIME, "case_sensitive must be a boolean");
-            jsort_key k = { .reverse = rev && rev->b, .case_sensitive = cs && cs->b, .pair_index = -1 };
-            if (at && at->kind == JV_STR) k.attr = at->s;
-            else if (at && at->kind == JV_INT) {
-                char tmp[32];
-                snprintf(tmp, sizeof tmp, "%lld", (long long)at->i);
-                k.attr = jstr_new(x, tmp, strlen(tmp), false);
-            }
-            jv r = jv_list(x, l->n);
-            if (l->n) memcpy(r.l->v, l->v, l->n * sizeof *l->v);
-            jsort(x, r.l->v, r.l->n, &k);
-            return r;
-        }
-        if (!strcmp(name, "map")) {
-            const jv *at = jarg(&a, SIZE_MAX, "attribute");
-            if (!at) jx_fail(x, JINJA_ERR_RUNTIME, "map without attribute= is not supported (line %d)", line);
-            if (at->kind != JV_STR) jx_fail(x, JINJA_ERR_RUNTIME, "attribute must be a string");
-            const jv *def = jarg(&a, SIZE_MAX, "default");
-            jv r = jv_list(x, l->n);
-            for (size_t i = 0; i < l->n; i++) {
-                if (l->v[i].kind != JV_DICT && l->v[i].kind != JV_NS) jx_fail(x, JINJA_ERR_RUNTIME, "items in map must be objects");
-                jv e = jv_attr_path(x, l->v[i], at->s);
-                r.l->v[i] = e.kind == JV_UNDEF && def ? *def : e;
-            }
-            return r;
-        }
-        if (!strcmp(name, "min") || !strcmp(name, "max")) {
-            if (!l->n) return JV_UNDEF_V;
-            jv best = l->v[0];
-            for (size_t i = 1; i < l->n; i++) {
-                int c = jv_compare(x, l->v[i], best, false);
-                if (name[1] == 'i' ? c < 0 : c > 0) best = l->v[i];
-            }
-            return best;
-        }
-        break;
+        return jx_filter_done(out, r);
     }
-    case JV_STR: {
-        const jstr *s = v.s;
-        if (!strcmp(name, "length") || !strcmp(name, "count")) return jv_int(jstr_len16(s));
-        if (!strcmp(name, "upper")) return jv_str(jstr_case(x, s, 1));
-        if (!strcmp(name, "lower")) return jv_str(jstr_case(x, s, 0));
-        if (!strcmp(name, "title")) return jv_str(jstr_case(x, s, 2));
-        if (!strcmp(name, "capitalize")) return jv_str(jstr_case(x, s, 3));
-        if (!strcmp(name, "trim")) return jv_str(jstr_trim(x, s, true, true));
-        if (!strcmp(name, "join") || !strcmp(name, "string")) return v;
-        if (!strcmp(name, "int") || !strcmp(name, "float")) {
-            double d;
-            bool ok = js_parse_num(s, name[0] == 'i', &d);
-            return name[0] == 'i' ? jv_int(ok ? (int64_t)d : 0) : jv_float(ok ? d : 0);
-        }
-        if (!strcmp(name, "indent")) {
-            const jv *w = jarg(&a, 0, "width"), *fi = jarg(&a, 1, "first"), *bl = jarg(&a, 2, "blank");
-            if (w && w->kind != JV_INT) jx_fail(x, JINJA_ERR_RUNTIME, "width must be a number");
-            return jx_indent(x, s, w ? w->i : 4, fi && jv_truthy(*fi), bl && jv_truthy(*bl));
-        }
-        if (!strcmp(name, "replace") && call) return jx_method(x, v, "replace", &a);
-        if (!strcmp(name, "list")) {
-            size_t *o;
-            size_t n = jstr_cps(x, s, &o);
-            jv r = jv_list(x, n);
-            for (size_t i = 0; i < n; i++) {
-                jsb b = { 0 };
-                jsb_sub(x, &b, s, o[i], o[i + 1] - o[i]);
-                r.l->v[i] = jv_str(jsb_done(x, &b));
-            }
-            return r;
-        }
-        break;
+    return false;
+}
+
+/* Filters of a number. */
+static bool jx_filter_num(jx *x, jv v, jfilter *fc, jv *out)
+{
+    const char *name = fc->name;
+    jargs *a = &fc->args;
+    if (!strcmp(name, "abs")) return jx_filter_done(out, v.kind == JV_INT ? jv_int(v.i < 0 ? -v.i : v.i) : jv_float(fabs(v.f)));
+    if (!strcmp(name, "int")) return jx_filter_done(out, v.kind == JV_INT ? v : jv_int((int64_t)floor(v.f)));
+    if (!strcmp(name, "float")) return jx_filter_done(out, jv_float(jv_num(v)));
+    if (!strcmp(name, "string")) {
+        jsb b = { 0 };
+        jv_print(x, &b, v);
+        return jx_filter_done(out, jv_str(jsb_done(x, &b)));
     }
-    case JV_INT:
-    case JV_FLOAT:
-        if (!strcmp(name, "abs")) return v.kind == JV_INT ? jv_int(v.i < 0 ? -v.i : v.i) : jv_float(fabs(v.f));
-        if (!strcmp(name, "int")) return v.kind == JV_INT ? v : jv_int((int64_t)floor(v.f));
-        if (!strcmp(name, "float")) return jv_float(jv_num(v));
-        if (!strcmp(name, "string")) {
-            jsb b = { 0 };
-            jv_print(x, &b, v);
-            return jv_str(jsb_done(x, &b));
-        }
-        if (!strcmp(name, "round")) {
-            const jv *p = jarg(&a, 0, "precision");
-            double m = p && p->kind == JV_INT ? pow(10, (double)p->i) : 1;
-            return jv_float(round(jv_num(v) * m) / m);
-        }
-        break;
-    case JV_DICT:
-        if (!strcmp(name, "items")) return jdict_view(x, v.d, 2);
-        if (!strcmp(name, "length") || !strcmp(name, "count")) return jv_int((int64_t)v.d->n);
-        if (jx_is_dict_method(name)) return jx_method(x, v, name, &a);
-        break;
-    case JV_BOOL:
-        if (!strcmp(name, "bool")) return v;
-        if (!strcmp(name, "int")) return jv_int(v.b);
-        if (!strcmp(name, "float")) return jv_float(v.b);
-        if (!strcmp(name, "string")) return jv_str(jstr_lit(x, v.b ? "true" : "false"));
-        break;
-    default:
-        break;
+    if (!strcmp(name, "round")) {
+        const jv *p = jarg(a, 0, "precision");
+        double m = p && p->kind == JV_INT ? pow(10, (double)p->i) : 1;
+        return jx_filter_done(out, jv_float(round(jv_num(v) * m) / m));
     }
-    jx_fail(x, JINJA_ERR_RUNTIME, "cannot apply filter %s to a %s (line %d)", name, jv_type(v), line);
+    return false;
+}
+
+/* Filters of a dict. */
+static bool jx_filter_dict(jx *x, jv v, jfilter *fc, jv *out)
+{
+    const char *name = fc->name;
+    jargs *a = &fc->args;
+    if (!strcmp(name, "items")) return jx_filter_done(out, jdict_view(x, v.d, 2));
+    if (!strcmp(name, "length") || !strcmp(name, "count")) return jx_filter_done(out, jv_int((int64_t)v.d->n));
+    if (jx_is_dict_method(name)) return jx_filter_done(out, jx_method(x, v, name, a));
+    return false;
+}
+
+/* Filters of a boolean. */
+static bool jx_filter_bool(jx *x, jv v, jfilter *fc, jv *out)
+{
+    const char *name = fc->name;
+    if (!strcmp(name, "bool")) return jx_filter_done(out, v);
+    if (!strcmp(name, "int")) return jx_filter_done(out, jv_int(v.b));
+    if (!strcmp(name, "float")) return jx_filter_done(out, jv_float(v.b));
+    if (!strcmp(name, "string")) return jx_filter_done(out, jv_str(jstr_lit(x, v.b ? "true" : "false")));
+    return false;
+}
+
+typedef bool (*jx_filter_fn)(jx *x, jv v, jfilter *fc, jv *out);
+
+/* The filters of each kind of value (the type-independent ones are tried first). */
+static const jx_filter_fn jx_filter_by_kind[JV_LOOP + 1] = {
+    [JV_LIST] = jx_filter_list, [JV_STR] = jx_filter_str, [JV_INT] = jx_filter_num,
+    [JV_FLOAT] = jx_filter_num, [JV_DICT] = jx_filter_dict, [JV_BOOL] = jx_filter_bool,
+};
+
+static jv jx_filter(jx *x, jenv *env, jv v, const jnode *f)
+{
+    jfilter fc = { .name = f->kind == JN_IDENT ? f->s : f->a->s, .call = f->kind == JN_CALL, .line = f->line };
+    if (fc.call && f->a->kind != JN_IDENT) jx_fail(x, JINJA_ERR_RUNTIME, "unknown filter (line %d)", fc.line);
+    if (fc.call && (!strcmp(fc.name, "selectattr") || !strcmp(fc.name, "rejectattr")))
+        return jx_filter_select(x, v, fc.name, f, fc.line);
+    if (fc.call) jx_eval_args(x, env, f->v, f->n, &fc.args);
+    jv out;
+    if (jx_filter_any(x, v, &fc, &out)) return out;
+    jx_filter_fn fn = (unsigned)v.kind <= JV_LOOP ? jx_filter_by_kind[v.kind] : NULL;
+    if (fn && fn(x, v, &fc, &out)) return out;
+    jx_fail(x, JINJA_ERR_RUNTIME, "cannot apply filter %s to a %s (line %d)", fc.name, jv_type(v), fc.line);
 }
 
 /* ---- binary operators ---------------------------------------------------------------- */

@@ -425,23 +425,33 @@ bool tmpl_json(tmpl_b *b, const char *src, size_t n, jsonfmt_style style, int in
     return false;
 }
 
-/* A tool definition as OpenAI shapes it: {"type": "function", "function": {...}}. */
-static bool tmpl_tool_json(tmpl_b *b, const conv_tool *tl, jsonfmt_style style, int indent)
+void tmpl_tool_openai(bytebuf *o, const conv_tool *tl)
+{
+    bytebuf_puts(o, "{\"type\":\"function\",\"function\":{\"name\":");
+    jsonfmt_write_string(o, tl->name, strlen(tl->name));
+    if (tl->description) {
+        bytebuf_puts(o, ",\"description\":");
+        jsonfmt_write_string(o, tl->description, strlen(tl->description));
+    }
+    if (tl->parameters) {
+        bytebuf_puts(o, ",\"parameters\":");
+        bytebuf_puts(o, tl->parameters);
+    }
+    bytebuf_puts(o, "}}");
+}
+
+/* A tool definition as OpenAI shapes it, formatted in style, into the prompt. */
+static void tmpl_tool_text(tmpl_b *b, const conv_tool *tl, jsonfmt_style style, int indent)
 {
     bytebuf *s = &b->json_src;
     s->len = 0;
-    bytebuf_puts(s, "{\"type\":\"function\",\"function\":{\"name\":");
-    jsonfmt_write_string(s, tl->name, strlen(tl->name));
-    if (tl->description) {
-        bytebuf_puts(s, ",\"description\":");
-        jsonfmt_write_string(s, tl->description, strlen(tl->description));
-    }
-    if (tl->parameters) {
-        bytebuf_puts(s, ",\"parameters\":");
-        bytebuf_puts(s, tl->parameters);
-    }
-    bytebuf_puts(s, "}}");
-    return tmpl_json(b, s->p, s->len, style, indent, "a tool's parameters");
+    tmpl_tool_openai(s, tl);
+    if (tmpl_json(b, s->p, s->len, style, indent, "a tool's parameters")) tmpl_text(b, b->json.p, b->json.len);
+}
+
+void tmpl_call_args(tmpl_b *b, const conv_part *p)
+{
+    if (tmpl_json(b, p->args, p->args_len, JSONFMT_SPACED, 0, "tool call arguments")) tmpl_text(b, b->json.p, b->json.len);
 }
 
 /* ---- messages ------------------------------------------------------------------------ */
@@ -544,7 +554,7 @@ static void tmpl_qwen_call(tmpl_b *b, const conv_part *p)
     tmpl_scaffold(b, "<tool_call>\n{\"name\": \"");
     tmpl_text(b, p->name, strlen(p->name));
     tmpl_scaffold(b, "\", \"arguments\": ");
-    if (tmpl_json(b, p->args, p->args_len, JSONFMT_SPACED, 0, "tool call arguments")) tmpl_text(b, b->json.p, b->json.len);
+    tmpl_call_args(b, p);
     tmpl_scaffold(b, "}\n</tool_call>");
 }
 
@@ -560,7 +570,7 @@ static void tmpl_qwen_tools(tmpl_b *b, const conv *c)
 {
     for (int i = 0; i < c->n_tools; i++) {
         tmpl_scaffold(b, "\n");
-        if (tmpl_tool_json(b, &c->tools[i], JSONFMT_SPACED, 0)) tmpl_text(b, b->json.p, b->json.len);
+        tmpl_tool_text(b, &c->tools[i], JSONFMT_SPACED, 0);
     }
     tmpl_scaffold(b, tmpl_qwen_tools_tail);
 }
@@ -779,7 +789,7 @@ static void tmpl_render_llama3(tmpl_b *b, const conv *c, const tmpl_msg *m)
                          "Respond in the format {\"name\": function name, \"parameters\": dictionary of "
                          "argument name and its value}.Do not use variables.\n\n");
         for (int k = 0; k < c->n_tools; k++) {
-            if (tmpl_tool_json(b, &c->tools[k], JSONFMT_INDENT, 4)) tmpl_text(b, b->json.p, b->json.len);
+            tmpl_tool_text(b, &c->tools[k], JSONFMT_INDENT, 4);
             tmpl_scaffold(b, "\n\n");
         }
         tmpl_text(b, u, un);
@@ -803,8 +813,7 @@ static void tmpl_render_llama3(tmpl_b *b, const conv *c, const tmpl_msg *m)
                 tmpl_scaffold(b, "{\"name\": \"");
                 tmpl_text(b, p->name, strlen(p->name));
                 tmpl_scaffold(b, "\", \"parameters\": ");
-                if (tmpl_json(b, p->args, p->args_len, JSONFMT_SPACED, 0, "tool call arguments"))
-                    tmpl_text(b, b->json.p, b->json.len);
+                tmpl_call_args(b, p);
                 tmpl_scaffold(b, "}<|eot_id|>");
             }
         } else {
@@ -826,7 +835,7 @@ static void tmpl_ds_call(tmpl_b *b, const conv_part *p)
 {
     tmpl_text(b, p->name, strlen(p->name));
     tmpl_scaffold(b, "<｜tool▁sep｜>");
-    if (tmpl_json(b, p->args, p->args_len, JSONFMT_SPACED, 0, "tool call arguments")) tmpl_text(b, b->json.p, b->json.len);
+    tmpl_call_args(b, p);
     tmpl_scaffold(b, "<｜tool▁call▁end｜>");
 }
 
@@ -929,8 +938,7 @@ static void tmpl_render_deepseek_r1(tmpl_b *b, const conv *c, const tmpl_msg *m,
                     }
                     tmpl_text(b, p->name, strlen(p->name));
                     tmpl_scaffold(b, "\n```json\n");
-                    if (tmpl_json(b, p->args, p->args_len, JSONFMT_SPACED, 0, "tool call arguments"))
-                        tmpl_text(b, b->json.p, b->json.len);
+                    tmpl_call_args(b, p);
                     tmpl_scaffold(b, "\n```<｜tool▁call▁end｜>");
                 }
                 tmpl_scaffold(b, "<｜tool▁calls▁end｜><｜end▁of▁sentence｜>");
@@ -1129,6 +1137,51 @@ template_status template_apply(const template *t, const conv *c, int n_threads, 
     return TEMPLATE_OK;
 }
 
+void tmpl_tool_markers(const tokenizer *tok, events_toolfmt fmt, events_markers *m)
+{
+    m->toolfmt = fmt;
+    switch (fmt) {
+    case EVENTS_TOOLFMT_QWEN:
+        m->tool_start = tmpl_find(tok, "<tool_call>");
+        m->tool_end = tmpl_find(tok, "</tool_call>");
+        break;
+    case EVENTS_TOOLFMT_DEEPSEEK:
+        m->tools_begin = tmpl_find(tok, "<｜tool▁calls▁begin｜>");
+        m->tools_end = tmpl_find(tok, "<｜tool▁calls▁end｜>");
+        m->tool_start = tmpl_find(tok, "<｜tool▁call▁begin｜>");
+        m->tool_end = tmpl_find(tok, "<｜tool▁call▁end｜>");
+        m->tool_sep = tmpl_find(tok, "<｜tool▁sep｜>");
+        break;
+    case EVENTS_TOOLFMT_LLAMA3:
+        m->tool_start = tmpl_find(tok, "<|python_tag|>");
+        break;
+    case EVENTS_TOOLFMT_MISTRAL:
+        m->tool_start = tmpl_find(tok, "[TOOL_CALLS]");
+        m->tool_sep = tmpl_find(tok, "[ARGS]");
+        m->call_id = tmpl_find(tok, "[CALL_ID]");
+        break;
+    case EVENTS_TOOLFMT_GLM:
+        m->tool_start = tmpl_find(tok, "<tool_call>");
+        m->tool_end = tmpl_find(tok, "</tool_call>");
+        m->arg_key = tmpl_find(tok, "<arg_key>");
+        m->arg_key_end = tmpl_find(tok, "</arg_key>");
+        m->arg_val = tmpl_find(tok, "<arg_value>");
+        m->arg_val_end = tmpl_find(tok, "</arg_value>");
+        break;
+    case EVENTS_TOOLFMT_HARMONY:
+        m->h_start = tmpl_find(tok, "<|start|>");
+        m->h_channel = tmpl_find(tok, "<|channel|>");
+        m->h_message = tmpl_find(tok, "<|message|>");
+        m->h_constrain = tmpl_find(tok, "<|constrain|>");
+        m->h_end = tmpl_find(tok, "<|end|>");
+        m->h_call = tmpl_find(tok, "<|call|>");
+        m->h_return = tmpl_find(tok, "<|return|>");
+        break;
+    default:
+        break;
+    }
+}
+
 void template_markers(const template *t, const conv *c, events_markers *m)
 {
     const tokenizer *tok = t->tok;
@@ -1142,24 +1195,16 @@ void template_markers(const template *t, const conv *c, events_markers *m)
     case TEMPLATE_CHATML:
         m->think_start = tmpl_find(tok, "<think>");
         m->think_end = tmpl_find(tok, "</think>");
-        m->toolfmt = EVENTS_TOOLFMT_QWEN;
-        m->tool_start = tmpl_find(tok, "<tool_call>");
-        m->tool_end = tmpl_find(tok, "</tool_call>");
+        tmpl_tool_markers(tok, EVENTS_TOOLFMT_QWEN, m);
         break;
     case TEMPLATE_LLAMA3:
-        m->toolfmt = EVENTS_TOOLFMT_LLAMA3;
-        m->tool_start = tmpl_find(tok, "<|python_tag|>");
+        tmpl_tool_markers(tok, EVENTS_TOOLFMT_LLAMA3, m);
         break;
     case TEMPLATE_DEEPSEEK_R1:
     case TEMPLATE_DEEPSEEK3: {
         m->think_start = tmpl_find(tok, "<think>");
         m->think_end = tmpl_find(tok, "</think>");
-        m->toolfmt = EVENTS_TOOLFMT_DEEPSEEK;
-        m->tools_begin = tmpl_find(tok, "<｜tool▁calls▁begin｜>");
-        m->tools_end = tmpl_find(tok, "<｜tool▁calls▁end｜>");
-        m->tool_start = tmpl_find(tok, "<｜tool▁call▁begin｜>");
-        m->tool_end = tmpl_find(tok, "<｜tool▁call▁end｜>");
-        m->tool_sep = tmpl_find(tok, "<｜tool▁sep｜>");
+        tmpl_tool_markers(tok, EVENTS_TOOLFMT_DEEPSEEK, m);
         /* the generation prompt ends with an open <think> when thinking is on */
         bool last_user = false, is_tool = false;
         for (int i = 0; i < c->n_turns; i++) {
@@ -1175,14 +1220,7 @@ void template_markers(const template *t, const conv *c, events_markers *m)
         break;
     }
     case TEMPLATE_HARMONY:
-        m->toolfmt = EVENTS_TOOLFMT_HARMONY;
-        m->h_start = tmpl_find(tok, "<|start|>");
-        m->h_channel = tmpl_find(tok, "<|channel|>");
-        m->h_message = tmpl_find(tok, "<|message|>");
-        m->h_constrain = tmpl_find(tok, "<|constrain|>");
-        m->h_end = tmpl_find(tok, "<|end|>");
-        m->h_call = tmpl_find(tok, "<|call|>");
-        m->h_return = tmpl_find(tok, "<|return|>");
+        tmpl_tool_markers(tok, EVENTS_TOOLFMT_HARMONY, m);
         if (c->add_generation_prompt) m->h_forced = c->forced_call;
         break;
     case TEMPLATE_PLAIN:

@@ -324,7 +324,7 @@ void tmpl_render_harmony(tmpl_b *b, const conv *c, const tmpl_msg *m)
                 tmpl_scaffold(b, "<|start|>assistant to=functions.");
                 tmpl_text(b, p->name, strlen(p->name));
                 tmpl_scaffold(b, "<|channel|>commentary json<|message|>");
-                if (tmpl_json(b, p->args, p->args_len, JSONFMT_SPACED, 0, "tool call arguments")) tmpl_text(b, b->json.p, b->json.len);
+                tmpl_call_args(b, p);
                 tmpl_scaffold(b, "<|call|>");
                 last_call = p->name;
             }

@@ -76,6 +76,14 @@ void tmpl_fail(tmpl_b *b, template_status st, const char *fmt, const char *arg);
 bool tmpl_json(tmpl_b *b, const char *src, size_t n, jsonfmt_style style, int indent, const char *what);
 /* The k-th tool-call part of a turn; NULL if it has fewer. */
 const conv_part *tmpl_call(const tmpl_msg *m, int k);
+/* The token ids of tool-call format fmt's markers into m (m->toolfmt = fmt); a marker the
+ * vocabulary lacks is -1. */
+void tmpl_tool_markers(const tokenizer *tok, events_toolfmt fmt, events_markers *m);
+/* Tool call p's arguments as spaced JSON into the prompt (malformed ones fail the render). */
+void tmpl_call_args(tmpl_b *b, const conv_part *p);
+/* Appends a tool definition as OpenAI shapes it: {"type": "function", "function": {name,
+ * description, parameters}}, the parameters' JSON text as given. */
+void tmpl_tool_openai(bytebuf *o, const conv_tool *tl);
 
 /* The harmony (gpt-oss) family's prompt for c, turns m (template_harmony.c). */
 void tmpl_render_harmony(tmpl_b *b, const conv *c, const tmpl_msg *m);

@@ -153,21 +153,11 @@ static bool tj_tools(tmpl_b *b, const conv *c, bytebuf *o)
     for (int i = 0; i < c->n_tools; i++) {
         const conv_tool *tl = &c->tools[i];
         if (i) bytebuf_putc(o, ',');
-        bytebuf_puts(o, "{\"type\":\"function\",\"function\":{\"name\":");
-        tj_str(o, tl->name, strlen(tl->name));
-        if (tl->description) {
-            bytebuf_puts(o, ",\"description\":");
-            tj_str(o, tl->description, strlen(tl->description));
+        if (tl->parameters && !jsonfmt_valid(tl->parameters, strlen(tl->parameters))) {
+            tmpl_fail(b, TEMPLATE_ERR_JSON, "%s is not valid JSON", "a tool's parameters");
+            return false;
         }
-        if (tl->parameters) {
-            if (!jsonfmt_valid(tl->parameters, strlen(tl->parameters))) {
-                tmpl_fail(b, TEMPLATE_ERR_JSON, "%s is not valid JSON", "a tool's parameters");
-                return false;
-            }
-            bytebuf_puts(o, ",\"parameters\":");
-            bytebuf_puts(o, tl->parameters);
-        }
-        bytebuf_puts(o, "}}");
+        tmpl_tool_openai(o, tl);
     }
     bytebuf_putc(o, ']');
     return true;
@@ -355,49 +345,21 @@ void tmpl_jinja_markers(const template *t, const tmpl_jinja *j, const conv *c, e
         m->think_start = tmpl_find(tok, "[THINK]");
         m->think_end = tmpl_find(tok, "[/THINK]");
     }
+    tmpl_tool_markers(tok, j->toolfmt, m);
+    /* a format whose markers the vocabulary lacks writes no calls */
     switch (j->toolfmt) {
     case EVENTS_TOOLFMT_QWEN:
-        m->tool_start = tmpl_find(tok, "<tool_call>");
-        m->tool_end = tmpl_find(tok, "</tool_call>");
-        if (m->tool_start < 0) m->toolfmt = EVENTS_TOOLFMT_NONE;
-        break;
     case EVENTS_TOOLFMT_DEEPSEEK:
-        m->tools_begin = tmpl_find(tok, "<｜tool▁calls▁begin｜>");
-        m->tools_end = tmpl_find(tok, "<｜tool▁calls▁end｜>");
-        m->tool_start = tmpl_find(tok, "<｜tool▁call▁begin｜>");
-        m->tool_end = tmpl_find(tok, "<｜tool▁call▁end｜>");
-        m->tool_sep = tmpl_find(tok, "<｜tool▁sep｜>");
-        if (m->tool_start < 0) m->toolfmt = EVENTS_TOOLFMT_NONE;
-        break;
-    case EVENTS_TOOLFMT_LLAMA3:
-        m->tool_start = tmpl_find(tok, "<|python_tag|>");
-        break;
     case EVENTS_TOOLFMT_MISTRAL:
-        m->tool_start = tmpl_find(tok, "[TOOL_CALLS]");
-        m->tool_sep = tmpl_find(tok, "[ARGS]");
-        m->call_id = tmpl_find(tok, "[CALL_ID]");
         if (m->tool_start < 0) m->toolfmt = EVENTS_TOOLFMT_NONE;
         break;
     case EVENTS_TOOLFMT_GLM:
-        m->tool_start = tmpl_find(tok, "<tool_call>");
-        m->tool_end = tmpl_find(tok, "</tool_call>");
-        m->arg_key = tmpl_find(tok, "<arg_key>");
-        m->arg_key_end = tmpl_find(tok, "</arg_key>");
-        m->arg_val = tmpl_find(tok, "<arg_value>");
-        m->arg_val_end = tmpl_find(tok, "</arg_value>");
         m->tools = c;
         if (m->tool_start < 0 || m->tool_end < 0 || m->arg_key < 0 || m->arg_key_end < 0 || m->arg_val < 0 ||
             m->arg_val_end < 0)
             m->toolfmt = EVENTS_TOOLFMT_NONE;
         break;
     case EVENTS_TOOLFMT_HARMONY:
-        m->h_start = tmpl_find(tok, "<|start|>");
-        m->h_channel = tmpl_find(tok, "<|channel|>");
-        m->h_message = tmpl_find(tok, "<|message|>");
-        m->h_constrain = tmpl_find(tok, "<|constrain|>");
-        m->h_end = tmpl_find(tok, "<|end|>");
-        m->h_call = tmpl_find(tok, "<|call|>");
-        m->h_return = tmpl_find(tok, "<|return|>");
         if (m->h_start < 0 || m->h_channel < 0 || m->h_message < 0) m->toolfmt = EVENTS_TOOLFMT_NONE;
         if (c->add_generation_prompt) m->h_forced = NULL;
         break;

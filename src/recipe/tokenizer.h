@@ -90,6 +90,13 @@ size_t tokenizer_max_piece(const tokenizer *t);
  * written. Negative if id is out of range. */
 int tokenizer_token_to_piece(const tokenizer *t, int32_t id, char *buf, int cap, bool special);
 
+/* The vocabulary as the grammar matcher sees it (grammar_vocab_new): each token's bytes as the
+ * detokenizer writes them (token_to_piece without special text); added tokens (control,
+ * user-defined, unknown) have none: the marker tokens a grammar writes are its token
+ * terminals. grammar_vocab_free frees it. */
+struct grammar_vocab;
+struct grammar_vocab *tokenizer_grammar_vocab(const tokenizer *t);
+
 /* Streaming detokenizer: feed ids one at a time, get text that never ends inside a UTF-8
  * character (a partial sequence is held back until the next token completes it or flush).
  * For SPM models with a space prefix, the leading space of the piece right after BOS is

@@ -2,9 +2,12 @@
  * tokenizer_decode: token ids -> text. Every token's decoded piece (U+2581 -> space for SPM,
  * GPT-2 code points -> bytes for BPE, <0xXX> -> the byte) is computed once at load into the
  * arena; token_to_piece copies it, and the streaming detokenizer holds back an unfinished
- * UTF-8 character until the next token completes it or flush.
+ * UTF-8 character until the next token completes it or flush. The grammar's view of the
+ * vocabulary (each token's bytes) is built here from the same pieces, so that grammar/ needs
+ * no tokenizer.
  */
 #include "recipe/tokenizer_int.h"
+#include "grammar/grammar.h"
 #include "util/unicode.h"
 #include "util/util.h"
 
@@ -82,6 +85,30 @@ int tokenizer_token_to_piece(const tokenizer *t, int32_t id, char *buf, int cap,
     if (!p) return -1;
     if (cap >= 0 && n <= (size_t)cap && n > 0) memcpy(buf, p, n);
     return (int)n;
+}
+
+grammar_vocab *tokenizer_grammar_vocab(const tokenizer *t)
+{
+    int n = tokenizer_n_vocab(t);
+    int cap = (int)tokenizer_max_piece(t) + 8;
+    char *buf = xmalloc((size_t)n * (size_t)cap);
+    char **bytes = xmalloc((size_t)n * sizeof *bytes);
+    int *lens = xmalloc((size_t)n * sizeof *lens);
+    for (int i = 0; i < n; i++) {
+        bytes[i] = buf + (size_t)i * (size_t)cap;
+        lens[i] = tokenizer_token_to_piece(t, i, bytes[i], cap, false);
+        /* added tokens (control and user-defined: <think>, <tool_call>, ...) mean something
+         * to the output splitter and the scheduler by id, so a grammar never writes text with
+         * them: they match token terminals only */
+        if (lens[i] > cap || tokenizer_attr(t, i) & (TOKENIZER_ATTR_CONTROL | TOKENIZER_ATTR_USER_DEFINED |
+                                                     TOKENIZER_ATTR_UNKNOWN))
+            lens[i] = 0;
+    }
+    grammar_vocab *v = grammar_vocab_new(n, (const char *const *)bytes, lens);
+    free(buf);
+    free(bytes);
+    free(lens);
+    return v;
 }
 
 void tokenizer_stream_init(tokenizer_stream *s, const tokenizer *t)
