@@ -145,8 +145,7 @@ typedef struct {
     http_server *h;
 } serve;
 
-/* Splits each -m into its name and file: NAME=FILE when the text before the first '=' is a
- * name (no '/') and the whole is not itself an existing file; checks the names are unique
+/* Splits each -m into its name and file (cmd_common_model_spec); checks the names are unique
  * and the options that name one model's file are not given with several. 0 or 2 after a
  * message. */
 static int serve_model_specs(serve_opts *o)
@@ -156,16 +155,8 @@ static int serve_model_specs(serve_opts *o)
         return 2;
     }
     for (int i = 0; i < o->n_models; i++) {
-        char *spec = (char *)o->paths[i];   /* argv's own storage, writable */
-        char *eq = strchr(spec, '=');
-        if (!eq || eq == spec || memchr(spec, '/', (size_t)(eq - spec)) || access(spec, F_OK) == 0) continue;
-        *eq = 0;
-        o->names[i] = spec;
-        o->paths[i] = eq + 1;
-        if (!*o->paths[i]) {
-            fprintf(stderr, "tokenmill serve: -m %s=: no file after the name\n", spec);
-            return 2;
-        }
+        /* argv's own storage, writable */
+        if (!cmd_common_model_spec("serve", (char *)o->paths[i], &o->names[i], &o->paths[i])) return 2;
     }
     if (o->n_models > 1) {
         if (o->name) {

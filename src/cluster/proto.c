@@ -496,6 +496,7 @@ static bool proto_msg_ok(const proto_msg *m)
     case PROTO_HELLO:
         return (!m->u.hello.listen || strlen(m->u.hello.listen) <= PROTO_MAX_STR) &&
                (!m->u.hello.name || strlen(m->u.hello.name) <= PROTO_MAX_STR) &&
+               (!m->u.hello.model_id || strlen(m->u.hello.model_id) <= PROTO_MAX_STR) &&
                m->u.hello.role >= PROTO_ROLE_PREFILL && m->u.hello.role <= PROTO_ROLE_EXPERT;
     case PROTO_HEARTBEAT:
         for (int i = 0; i < 4 && (m->hdr.flags & PROTO_F_STEPTIME); i++)
@@ -576,6 +577,7 @@ proto_status proto_encode(proto_buf *b, const proto_msg *m)
         proto_put_u32(b, x->n_vocab);
         proto_put_str(b, x->listen);
         proto_put_str(b, x->name);
+        proto_put_str(b, x->model_id);
         break;
     }
     case PROTO_HEARTBEAT: {
@@ -729,6 +731,7 @@ proto_status proto_decode(const proto_hdr *h, const uint8_t *payload, proto_msg 
         if (x->role < PROTO_ROLE_PREFILL || x->role > PROTO_ROLE_EXPERT) r->err = true;
         if (!r->err) x->listen = proto_get_str(r);
         if (!r->err) x->name = proto_get_str(r);
+        if (!r->err) x->model_id = proto_get_str(r);
         break;
     }
     case PROTO_HEARTBEAT: {
@@ -914,7 +917,7 @@ void proto_msg_free(proto_msg *m)
 {
     if (!m) return;
     switch (m->hdr.type) {
-    case PROTO_HELLO: free(m->u.hello.listen); free(m->u.hello.name); break;
+    case PROTO_HELLO: free(m->u.hello.listen); free(m->u.hello.name); free(m->u.hello.model_id); break;
     case PROTO_PREFILL:
         free(m->u.prefill.params.salt);
         free(m->u.prefill.params.grammar);

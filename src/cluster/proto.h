@@ -39,7 +39,8 @@
 #include "engine/sample.h"
 
 #define PROTO_MAGIC 0x50434d54u          /* "TMCP" as bytes on the wire (LE u32) */
-#define PROTO_VERSION 2                  /* 2: the handshake and frame tags (cluster/auth.h) */
+#define PROTO_VERSION 3                  /* 2: the handshake and frame tags (cluster/auth.h);
+                                          * 3: HELLO names the model the worker serves */
 #define PROTO_HDR_SIZE 24                /* bytes of the frame header */
 #define PROTO_MAX_PAYLOAD (64u << 20)    /* largest payload accepted, bytes */
 #define PROTO_MAX_PREAUTH 2048           /* largest payload accepted before the handshake sealed
@@ -170,6 +171,8 @@ typedef struct {
     uint32_t n_vocab;
     char *listen;           /* "HOST:PORT" where the worker accepts the gateway ("" if none) */
     char *name;             /* free-form id for logs ("" if none) */
+    char *model_id;         /* the id requests name the served model by ("" if none: the
+                             * gateway then matches the fingerprint alone); version 3 */
 } proto_hello;
 
 typedef struct {

@@ -207,6 +207,7 @@ static void worker_send_hello(worker *w, wconn *c, bool reg)
     }
     h->listen = listen;
     h->name = w->name;
+    h->model_id = (char *)(w->o.model_id ? w->o.model_id : "");
     worker_send(c, &m);
 }
 

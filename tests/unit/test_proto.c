@@ -106,12 +106,17 @@ TEST(test_roundtrip_hello_heartbeat)
     h->max_seqs = 16; h->kv_blocks = 99; h->max_batch_tokens = 512; h->n_ctx = 2048; h->n_vocab = 512;
     h->listen = "127.0.0.1:9000";
     h->name = "w1";
+    h->model_id = "qwen3-emb";
     CHECK(roundtrip(&m, &o) == PROTO_OK);
     CHECK(o.u.hello.role == PROTO_ROLE_DECODE && o.u.hello.kv_dtype == QTYPE_F16);
     CHECK(!memcmp(o.u.hello.model_fp, h->model_fp, 32));
     CHECK(o.u.hello.max_seqs == 16 && o.u.hello.kv_blocks == 99 && o.u.hello.max_batch_tokens == 512);
     CHECK(o.u.hello.n_ctx == 2048 && o.u.hello.n_vocab == 512);
     CHECK(!strcmp(o.u.hello.listen, "127.0.0.1:9000") && !strcmp(o.u.hello.name, "w1"));
+    CHECK(!strcmp(o.u.hello.model_id, "qwen3-emb"));
+    proto_msg_free(&o);
+    h->model_id = NULL;   /* none: an empty string on the wire */
+    CHECK(roundtrip(&m, &o) == PROTO_OK && o.u.hello.model_id && !o.u.hello.model_id[0]);
     proto_msg_free(&o);
 
     memset(&m, 0, sizeof m);
@@ -1172,6 +1177,34 @@ TEST(test_handshake_no_key)
     }
 }
 
+/* A peer of the previous version (its HELLO lacks the model id) is refused at its first frame,
+ * and the refusal says what to do: the same release everywhere. */
+TEST(test_handshake_old_version)
+{
+    int sv[2];
+    CHECK(!socketpair(AF_UNIX, SOCK_STREAM, 0, sv));
+    bound_waits(sv[0]);
+    hs_end g;
+    memset(&g, 0, sizeof g);
+    proto_conn_init(&g.c, sv[0]);
+    g.k = &key_a;
+    g.side = AUTH_SIDE_GATEWAY;
+    proto_buf b;
+    proto_buf_init(&b);
+    proto_msg m;
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_CHALLENGE;
+    CHECK(proto_encode(&b, &m) == PROTO_OK);
+    b.p[4] = 2;   /* version 2: the CHALLENGE an older build sends */
+    CHECK(proto_send(sv[1], b.p, b.n) == PROTO_OK);
+    proto_buf_free(&b);
+    hs_thread(&g);
+    CHECKF(g.st == AUTH_ERR_PROTO && !g.c.sealed && strstr(g.why, "protocol version") && strstr(g.why, "same tokenmill release"),
+           "%d: %s", g.st, g.why);
+    hs_close(&g);
+    close(sv[1]);
+}
+
 /* Copies bytes from one socket to another until the first ends (recording them in rec when
  * set), then ends the second's writing side. */
 typedef struct {
@@ -1243,7 +1276,7 @@ TEST(test_handshake_replayed)
     hs_close(&w);
     close(ws[1]);
     close(gs[1]);
-    CHECK(rec.n == 2 * (PROTO_HDR_SIZE + 32) + PROTO_HDR_SIZE + 0 + AUTH_TAG_SIZE + 1 + 1 + 32 + 5 * 4 + 2 + 2);
+    CHECK(rec.n == 2 * (PROTO_HDR_SIZE + 32) + PROTO_HDR_SIZE + 0 + AUTH_TAG_SIZE + 1 + 1 + 32 + 5 * 4 + 2 + 2 + 2);
     /* the replay */
     int sv[2];
     CHECK(!socketpair(AF_UNIX, SOCK_STREAM, 0, sv));
@@ -1385,6 +1418,7 @@ int main(void)
     RUN(test_handshake_ok);
     RUN(test_handshake_wrong_key);
     RUN(test_handshake_no_key);
+    RUN(test_handshake_old_version);
     RUN(test_handshake_replayed);
     RUN(test_frames_tampered_replayed);
     RUN(test_key_files);
