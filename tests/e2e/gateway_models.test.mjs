@@ -114,3 +114,20 @@ test("a worker of a model the gateway does not serve is refused, told which ones
     p.kill("SIGKILL");
   }
 });
+
+// `store stat` on a store holding the blocks of two models of one geometry (a and c: the same
+// shape, other weights): one block-size line per model's pool, each saying which
+test("store stat: one block-size line per pool when the store holds two models' blocks", async () => {
+  const dir = fs.mkdtempSync(path.join(tmp, "store-"));
+  const srv = await startServer(`a=${A}`, ["-m", `c=${C}`, ...common, "--cache", `dir:${dir}`]);
+  const c = new OpenAI({ baseURL: `${srv.url}/v1`, apiKey: "x", maxRetries: 0 });
+  const prompt = "the quick brown fox jumps over the lazy dog and runs away ".repeat(20);
+  for (const model of ["a", "c"]) await c.completions.create({ model, prompt, max_tokens: 2, temperature: 0 });
+  await stopServers();   // a clean shutdown finishes the write-behind (the cluster is not needed after this)
+  const stat = execFileSync(bin, ["store", "stat", `dir:${dir}`], { encoding: "utf8" });
+  const lines = stat.split("\n").filter((l) => /^  [\d.]+ KiB: /.test(l));
+  assert.equal(lines.length, 2, stat);
+  const pools = lines.map((l) => /: \d+ blocks \(pool ([0-9a-f]{8})\)$/.exec(l)?.[1]);
+  assert.ok(pools[0] && pools[1] && pools[0] !== pools[1], stat);
+  assert.equal(lines[0].replace(/: \d+ blocks.*/, ""), lines[1].replace(/: \d+ blocks.*/, ""));   // one geometry
+});
