@@ -226,6 +226,7 @@ static const char *gw_check_msg(const gateway *g, const gw_worker *w, const prot
     case PROTO_HANDOFF:
     case PROTO_TOKENS:
     case PROTO_FINISH:
+    case PROTO_EMBEDDING:
         if (!id) return "request frame with id 0";
         /* fallthrough */
     case PROTO_ERROR:
@@ -247,7 +248,12 @@ static const char *gw_check_msg(const gateway *g, const gw_worker *w, const prot
         return m->u.error.code < PROTO_E_MALFORMED || m->u.error.code > PROTO_E_DUPLICATE ? "unknown ERROR code" : NULL;
     if (!mine) return NULL;   /* a late frame of a request that moved on or ended: ignored */
     const model_hparams *hp = &g->m[r->model].o.model->hp;   /* the worker serves r's model */
+    if (r->embed && m->hdr.type != PROTO_FINISH && m->hdr.type != PROTO_EMBEDDING) return "a token for an embedding";
     switch (m->hdr.type) {
+    case PROTO_EMBEDDING:
+        if (!r->embed || r->state != GW_PREFILL || r->emb) return "EMBEDDING for a request that is not an embedding running";
+        if (m->u.embedding.n != (uint32_t)hp->dim) return "EMBEDDING of another width than the model's";
+        return NULL;
     case PROTO_HANDOFF: {
         const proto_handoff *h = &m->u.handoff;
         if (r->state != GW_PREFILL) return "HANDOFF for a request not in prefill";
@@ -360,8 +366,19 @@ bool gw_on_msg(gateway *g, int slot, proto_msg *m, const char **refused)
         for (uint32_t i = 0; i < m->u.tokens.n; i++)
             gw_push_token(g, r, &m->u.tokens.toks[i], (m->hdr.flags & PROTO_F_LOGPROBS) != 0);
         break;
+    case PROTO_EMBEDDING:
+        if (!mine) break;
+        r->emb = m->u.embedding.v;   /* taken from the frame */
+        r->n_emb = (int)m->u.embedding.n;
+        m->u.embedding.v = NULL;
+        break;
     case PROTO_FINISH:
         if (!mine) break;
+        if (r->embed && m->u.finish.reason == PROTO_FINISH_STOP && !r->emb) {   /* a stop with no vector: failed */
+            log_warn("gateway: req %llu: embedding ended on %s without its vector", (unsigned long long)id, w->addr);
+            gw_finish(g, r, SCHED_FINISH_ERROR);
+            break;
+        }
         /* a request moved between decode workers drafted on each: its usage counts them all */
         r->n_accepted_drafts = (int)TM_MIN((int64_t)r->n_accepted_drafts + m->u.finish.accepted_drafts, INT32_MAX);
         r->n_rejected_drafts = (int)TM_MIN((int64_t)r->n_rejected_drafts + m->u.finish.rejected_drafts, INT32_MAX);
@@ -453,6 +470,7 @@ static sched_status gw_submit(void *ud, const sched_params *p, sched_req **out)
         if (p->prompt[i] < 0 || p->prompt[i] >= n_vocab) return SCHED_ERR_ARG;
     if (p->think_budget < 0 || (p->think_budget > 0 && (p->think_end >= n_vocab || p->think_start >= n_vocab)))
         return SCHED_ERR_ARG;   /* as sched_submit */
+    if (p->embed && p->embed != MODEL_POOL_MEAN && p->embed != MODEL_POOL_LAST) return SCHED_ERR_ARG;
     /* a grammar travels as its source, which the worker compiles (the API layer compiled it
      * here first, so a bad one was a 400 before this) */
     if (p->grammar && (!p->grammar_src || p->grammar_kind < 0 || p->grammar_kind >= PROTO_GRAMMAR_KINDS ||
@@ -461,7 +479,8 @@ static sched_status gw_submit(void *ud, const sched_params *p, sched_req **out)
         return SCHED_ERR_ARG;
     pthread_mutex_lock(&g->mu);
     double deadline = util_now() + g->o.wait_timeout_s;
-    while (!g->shut && !g->draining && !(gw_has_role(g, gm->i, true) && gw_has_role(g, gm->i, false))) {
+    /* an embedding needs a prefill worker only (it ends there) */
+    while (!g->shut && !g->draining && !(gw_has_role(g, gm->i, true) && (p->embed || gw_has_role(g, gm->i, false)))) {
         double left = deadline - util_now();
         if (left <= 0) break;
         if (left > 0.2) left = 0.2;
@@ -471,20 +490,22 @@ static sched_status gw_submit(void *ud, const sched_params *p, sched_req **out)
         pthread_mutex_unlock(&g->mu);
         return SCHED_ERR_STOPPED;
     }
-    if (!(gw_has_role(g, gm->i, true) && gw_has_role(g, gm->i, false))) {
+    if (!(gw_has_role(g, gm->i, true) && (p->embed || gw_has_role(g, gm->i, false)))) {
         g->n_rejected++;
         pthread_mutex_unlock(&g->mu);
         return SCHED_ERR_STOPPED;
     }
     int kv_dtype = gm->kv_dtype;
     pthread_mutex_unlock(&g->mu);
+    if (p->embed) kv_dtype = -1;   /* an embedding reuses no stored prefix (every position's state is needed) */
 
     int n_keys = 0;
-    uint8_t (*keys)[32] = gw_keys(gm, p, kv_dtype, &n_keys);
+    uint8_t (*keys)[32] = p->embed ? NULL : gw_keys(gm, p, kv_dtype, &n_keys);
     int hit = gw_hit(g, (const uint8_t(*)[32])keys, n_keys, kv_dtype);   /* store I/O: outside the lock */
 
     gw_req *r = xcalloc(1, sizeof *r);
     r->model = gm->i;
+    r->embed = (uint8_t)p->embed;
     r->keys = keys;
     r->n_keys = n_keys;
     r->prompt = xmalloc((size_t)p->n_prompt * sizeof *r->prompt);
@@ -521,6 +542,7 @@ static sched_status gw_submit(void *ud, const sched_params *p, sched_req **out)
         pp->grammar_lazy = p->grammar_lazy;
         pp->grammar_trigger = p->grammar_lazy ? p->grammar_trigger : 0;
     }
+    if (p->embed) max_new = pp->max_tokens = 1;   /* nothing is generated; the prefill answers */
     r->expect_len = p->n_prompt + max_new;
     r->hit_len = hit;
     r->n_cached = hit;
@@ -615,7 +637,28 @@ static void gw_release(void *ud, sched_req *h)
     free(r->keys);
     free(r->gen);
     free(r->outs);
+    free(r->emb);
     free(r);
+}
+
+/* An embedding's vector once its FINISH was polled (NULL before, or for a generation). */
+static const float *gw_embedding(void *ud, sched_req *h)
+{
+    gateway *g = ((gw_model *)ud)->g;
+    gw_req *r = (gw_req *)h;
+    pthread_mutex_lock(&g->mu);
+    const float *v = r->done && r->embed ? r->emb : NULL;
+    pthread_mutex_unlock(&g->mu);
+    return v;
+}
+
+static bool gw_done(void *ud, sched_req *h)
+{
+    gateway *g = ((gw_model *)ud)->g;
+    pthread_mutex_lock(&g->mu);
+    bool d = ((gw_req *)h)->done;
+    pthread_mutex_unlock(&g->mu);
+    return d;
 }
 
 /* ------------------------------------------------------------------ life */
@@ -663,6 +706,7 @@ gateway_status gateway_new(const gateway_opts *o, gateway **out, char *err, size
         gm->kv_dtype = -1;
         gm->be = (api_backend){ .ud = gm, .submit = gw_submit, .poll = gw_poll, .cancel = gw_cancel, .release = gw_release,
                                 .metrics = gw_metrics, .status = gw_status, .draining = gw_draining,
+                                .done = gw_done, .embedding = gw_embedding,
                                 .role_text = "Yes: prefill workers compute prompts, decode workers generate; the gateway hands each request's KV from one to the other." };
     }
     g->o.models = NULL;   /* g->m holds them */

@@ -140,6 +140,8 @@ void gw_send_prefill(gateway *g, gw_req *r)
     gw_params_copy(&m.u.prefill.params, &r->params);
     if (r->params.think_budget) m.hdr.flags |= PROTO_F_THINK;
     if (r->params.grammar) m.hdr.flags |= PROTO_F_GRAMMAR;
+    if (r->embed) m.hdr.flags |= PROTO_F_EMBED;
+    m.u.prefill.embed = r->embed;
     m.u.prefill.hit_len = (uint32_t)r->hit_len;
     m.u.prefill.n_prompt = (uint32_t)r->n_prompt;
     m.u.prefill.prompt = r->prompt;

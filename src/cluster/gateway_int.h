@@ -75,6 +75,10 @@ typedef struct gw_req {
     struct gw_req *prev, *next;  /* the gateway's list of live requests */
     uint64_t id;              /* protocol req_id */
     int model;                /* index in gateway.m: only workers of this model take it */
+    uint8_t embed;            /* an embedding (model_pool MEAN or LAST): a PREFILL with
+                               * PROTO_F_EMBED, answered by EMBEDDING then FINISH; 0: a generation */
+    float *emb;               /* (n_emb) its vector once the EMBEDDING came, else NULL */
+    int n_emb;
     int32_t *prompt;          /* (n_prompt) */
     int n_prompt;
     proto_params params;      /* params.salt owned */

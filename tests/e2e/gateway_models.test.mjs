@@ -3,7 +3,8 @@
 // workers, one per model (-m a=A.gguf, -m b=B.gguf), driven by the openai SDK. Each request
 // goes to a worker of its own model (the answer equals `serve`'s of that model, greedy; the
 // other model's worker gets no job), an unknown model is OpenAI's 404 (NotFoundError),
-// /v1/models lists both and GET /v1/models/{id} answers one, /tokenize routes by model, and
+// /v1/models lists both and GET /v1/models/{id} answers one, /tokenize routes by model,
+// embeddings.create equals serve's (the workers compute, the gateway pools as serve does), and
 // /admin/workers names each worker's model. A worker of a model the gateway does not serve is
 // refused, and its log says which ones it does.
 import { test, before, after } from "node:test";
@@ -98,6 +99,31 @@ test("/tokenize and /detokenize route by model, as serve's", async () => {
   const u = await post(G.url, "/tokenize", { model: "nope", content: "hi" });
   assert.equal(u.status, 404);
   assert.equal(u.body.error.code, "model_not_found");
+});
+
+test("embeddings.create through the gateway equals serve's, per model, float and base64; rerank answers as serve", async () => {
+  for (const model of ["a", "b"]) {
+    const input = ["hello world", "the quick brown fox"];
+    const got = await gw.embeddings.create({ model, input });
+    const want = await ref.embeddings.create({ model, input });
+    assert.equal(got.model, model);
+    assert.deepEqual(got.usage, want.usage, model);
+    assert.equal(got.data.length, 2);
+    got.data.forEach((d, i) => {
+      assert.equal(d.embedding.length, want.data[i].embedding.length);
+      d.embedding.forEach((x, k) => assert.ok(Math.abs(x - want.data[i].embedding[k]) < 1e-6, `${model}[${i}][${k}]`));
+    });
+    const b64 = await post(G.url, "/v1/embeddings", { model, input: "hello world", encoding_format: "base64" });
+    assert.equal(b64.status, 200);
+    const f = new Float32Array(new Uint8Array(Buffer.from(b64.body.data[0].embedding, "base64")).buffer);
+    assert.ok(f.every((x, k) => Math.abs(x - want.data[0].embedding[k]) < 1e-6), `${model} base64`);
+  }
+  await assert.rejects(gw.embeddings.create({ model: "nope", input: "hi" }), (e) => e instanceof OpenAI.NotFoundError);
+  // neither model is a reranker: the gateway's answer is serve's 400, not a 501
+  const body = { model: "a", query: "q", documents: ["x", "y"] };
+  const [rg, rs] = [await post(G.url, "/v1/rerank", body), await post(S.url, "/v1/rerank", body)];
+  assert.equal(rg.status, 400);
+  assert.deepEqual(rg.body, rs.body);
 });
 
 test("a worker of a model the gateway does not serve is refused, told which ones it does", async () => {

@@ -1150,7 +1150,7 @@ TEST(test_window_state_fetched_for_the_decode_worker)
 
 /* Two models behind one gateway: each worker says which it serves (HELLO model_id, checked
  * against the fingerprint), each request goes to a worker of its own model (the tokens are that
- * model's), a request for a model with no worker up waits and is refused (not sent to a worker
+ * model's, an embedding's vector that model's engine's), a request for a model with no worker up waits and is refused (not sent to a worker
  * of the other model), and a worker of a model the gateway does not serve is refused with a
  * message naming the served ones. */
 TEST(test_requests_routed_by_model)
@@ -1195,7 +1195,21 @@ TEST(test_requests_routed_by_model)
                "model %s: tokens of the other model", k ? "b" : "a");
         be->release(be->ud, h);
     }
-    /* /admin/workers-style figures name each worker's model */
+    /* an embedding of b runs on b's worker (EMBEDDING then FINISH): the vector of b's engine */
+    sched_params ep = { .prompt = prompt, .n_prompt = 40, .embed = MODEL_POOL_MEAN };
+    sched_req *er = NULL;
+    CHECK(sched_submit(ref_b.srv.s, &ep, &er) == SCHED_OK);
+    schedtest_drain(er, got, N_GEN + 4, NULL);
+    const float *want_v = sched_embedding(er);
+    CHECK(want_v != NULL && be_b->embedding && be_b->done);
+    CHECK(be_b->submit(be_b->ud, &ep, &h) == SCHED_OK);
+    CHECK(collect(be_b, h, got, N_GEN + 4, &fin) == 0 && fin == SCHED_FINISH_STOP && be_b->done(be_b->ud, h));
+    const float *v = be_b->embedding(be_b->ud, h);
+    CHECKF(v && want_v && !memcmp(v, want_v, (size_t)g_model2->hp.dim * sizeof *v), "embedding differs from b's engine's");
+    be_b->release(be_b->ud, h);
+    sched_release(er);
+    ep.embed = MODEL_POOL_CLS;   /* pooled on no worker: refused at submit */
+    CHECK(be_b->submit(be_b->ud, &ep, &h) == SCHED_ERR_ARG);
     CHECK(metrics_has(be_a, "tokenmill_worker_up{"));
 
     /* a worker of a model not served here is refused, told which ones are */

@@ -809,6 +809,11 @@ static int seed_frames(proto_buf *bufs)
             m.u.experts = (proto_experts){ .layer = 1, .dim = 4, .n_exp = 2, .experts = ex, .n_rows = nr, .n_floats = 12, .x = xs };
             break;
         }
+        case PROTO_EMBEDDING: {
+            static float ev[3] = { 1, -2, 0.5f };
+            m.u.embedding = (proto_embedding){ .n = 3, .v = ev };
+            break;
+        }
         default: break;
         }
         proto_buf_init(&bufs[n]);
@@ -1177,6 +1182,62 @@ TEST(test_handshake_no_key)
     }
 }
 
+/* An embedding travels as a PREFILL with PROTO_F_EMBED (its pooling after the prompt) and comes
+ * back as EMBEDDING (the vector); a pooling other than mean / last, an empty, oversized or
+ * non-finite vector, and a vector of other length than its payload are refused. */
+TEST(test_roundtrip_embedding)
+{
+    int32_t prompt[5] = { 1, 2, 3, 4, 5 };
+    proto_msg m, o;
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_PREFILL;
+    m.hdr.flags = PROTO_F_EMBED;
+    m.hdr.req_id = 9;
+    m.u.prefill.params = test_params();
+    m.u.prefill.n_prompt = 5;
+    m.u.prefill.prompt = prompt;
+    m.u.prefill.embed = 3;   /* MODEL_POOL_LAST */
+    CHECK(roundtrip(&m, &o) == PROTO_OK && o.u.prefill.embed == 3 && o.u.prefill.n_prompt == 5);
+    proto_msg_free(&o);
+    m.u.prefill.embed = 4;   /* rank: pooled on the gateway from the last position's vector */
+    proto_buf b;
+    proto_buf_init(&b);
+    CHECK(proto_encode(&b, &m) == PROTO_ERR_MALFORMED && b.n == 0);
+    m.u.prefill.embed = 1;
+    CHECK(proto_encode(&b, &m) == PROTO_OK);
+    proto_hdr h;
+    CHECK(proto_hdr_parse(b.p, b.n, &h) == PROTO_OK);
+    b.p[b.n - 1] = 2;   /* CLS on the wire */
+    CHECK(proto_decode(&h, b.p + PROTO_HDR_SIZE, &o) == PROTO_ERR_MALFORMED);
+    proto_buf_free(&b);
+
+    float v[4] = { 0.5f, -1.25f, 3.0f, 0.0f };
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_EMBEDDING;
+    m.hdr.req_id = 9;
+    m.u.embedding.n = 4;
+    m.u.embedding.v = v;
+    CHECK(roundtrip(&m, &o) == PROTO_OK && o.u.embedding.n == 4 && !memcmp(o.u.embedding.v, v, sizeof v));
+    proto_msg_free(&o);
+    proto_buf_init(&b);
+    CHECK(proto_encode(&b, &m) == PROTO_OK);
+    CHECK(proto_hdr_parse(b.p, b.n, &h) == PROTO_OK);
+    float nan = NAN;
+    memcpy(b.p + PROTO_HDR_SIZE + 4 + 4, &nan, 4);   /* the second float */
+    CHECK(proto_decode(&h, b.p + PROTO_HDR_SIZE, &o) == PROTO_ERR_MALFORMED);
+    uint32_t more = 5;   /* a count beyond the payload */
+    memcpy(b.p + PROTO_HDR_SIZE, &more, 4);
+    CHECK(proto_decode(&h, b.p + PROTO_HDR_SIZE, &o) == PROTO_ERR_MALFORMED);
+    proto_buf_free(&b);
+    m.u.embedding.n = 0;
+    proto_buf_init(&b);
+    CHECK(proto_encode(&b, &m) == PROTO_ERR_MALFORMED);
+    m.u.embedding.n = 4;
+    v[2] = INFINITY;
+    CHECK(proto_encode(&b, &m) == PROTO_ERR_MALFORMED);
+    proto_buf_free(&b);
+}
+
 /* A peer of the previous version (its HELLO lacks the model id) is refused at its first frame,
  * and the refusal says what to do: the same release everywhere. */
 TEST(test_handshake_old_version)
@@ -1419,6 +1480,7 @@ int main(void)
     RUN(test_handshake_wrong_key);
     RUN(test_handshake_no_key);
     RUN(test_handshake_old_version);
+    RUN(test_roundtrip_embedding);
     RUN(test_handshake_replayed);
     RUN(test_frames_tampered_replayed);
     RUN(test_key_files);
