@@ -1260,6 +1260,56 @@ TEST(test_requests_routed_by_model)
     node_free(&ref_b);
 }
 
+/* An embedding is a PREFILL with PROTO_F_EMBED and its pooling; a worker that answers it with a
+ * vector of the wrong width is dropped (nothing reaches the client), and the embedding is
+ * computed again on the next worker, exactly. */
+TEST(test_embedding_bad_vector_rerouted)
+{
+    gw_env G = gw_start();
+    node ref = node_new(false), R = node_new(false);
+    int32_t prompt[20];
+    make_prompt(prompt, 20, 3);
+    sched_params ep = { .prompt = prompt, .n_prompt = 20, .embed = MODEL_POOL_LAST };
+    sched_req *er = NULL;
+    int32_t toks[4];
+    CHECK(sched_submit(ref.srv.s, &ep, &er) == SCHED_OK);
+    schedtest_drain(er, toks, 4, NULL);
+    const float *want = sched_embedding(er);
+    CHECK(want != NULL);
+
+    int fd = fake_connect(&G);
+    CHECK(WAIT_UNTIL(workers_up(G.be) == 1, 30));
+    sched_req *h = NULL;
+    CHECK(G.be->submit(G.be->ud, &ep, &h) == SCHED_OK);
+    proto_msg m;
+    CHECK(fake_expect(fd, PROTO_PREFILL, &m));
+    CHECK((m.hdr.flags & PROTO_F_EMBED) && m.u.prefill.embed == MODEL_POOL_LAST && m.u.prefill.n_prompt == 20);
+    uint64_t id = m.hdr.req_id;
+    proto_msg_free(&m);
+    float v[8] = { 0 };
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_EMBEDDING;
+    m.hdr.req_id = id;
+    m.u.embedding.n = 8;   /* the model is wider */
+    m.u.embedding.v = v;
+    CHECK(proto_send_msg(PC(fd), &m) == PROTO_OK);
+    CHECK(fake_refused(fd));
+    fake_close(fd);
+    node_serve(&R, PROTO_ROLE_PREFILL, G.reg, "real");   /* an embedding needs no decode worker */
+    int32_t got[4];
+    sched_finish fin;
+    CHECK(collect(G.be, h, got, 4, &fin) == 0 && fin == SCHED_FINISH_STOP);
+    const float *v2 = G.be->embedding(G.be->ud, h);
+    CHECK(v2 && !memcmp(v2, want, (size_t)g_model->hp.dim * sizeof *v2));
+    G.be->release(G.be->ud, h);
+    sched_release(er);
+    gateway_shutdown(G.g);
+    node_stop(&R);
+    gateway_free(G.g);
+    node_free(&R);
+    node_free(&ref);
+}
+
 int main(void)
 {
     util_log_level = getenv("TM_DEBUG_LOG") ? LOG_LEVEL_DEBUG : LOG_LEVEL_ERROR;
@@ -1267,6 +1317,7 @@ int main(void)
     snprintf(g_spec, sizeof g_spec, "dir:%s/store", tmpdir);
     if (!(g_model2 = schedtest_open(tmpdir2, 8))) return 1;
     RUN(test_requests_routed_by_model);
+    RUN(test_embedding_bad_vector_rerouted);
     RUN(test_split_run_and_handoff_metrics);
     RUN(test_window_state_fetched_for_the_decode_worker);
     RUN(test_bad_values_close_the_worker_and_reroute);
