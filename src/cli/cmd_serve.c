@@ -150,10 +150,6 @@ typedef struct {
  * message. */
 static int serve_model_specs(serve_opts *o)
 {
-    if (o->n_models == 0) {
-        fprintf(stderr, "tokenmill serve: -m/--model is required\n");
-        return 2;
-    }
     for (int i = 0; i < o->n_models; i++) {
         /* argv's own storage, writable */
         if (!cmd_common_model_spec("serve", (char *)o->paths[i], &o->names[i], &o->paths[i])) return 2;
@@ -215,6 +211,11 @@ static int serve_options(int argc, char **argv, serve_opts *o)
     if (ost != CMD_OPTS_OK) return ost == CMD_OPTS_HELP ? -1 : 2;
     o->n_keys = keys.n;
     o->n_models = models.n;
+    if (o->n_models == 0) {   /* -m is a list (repeatable), which the parser cannot require */
+        fprintf(stderr, "tokenmill serve: -m/--model is required\n");
+        cmd_opts_hint("serve", synopsis);
+        return 2;
+    }
     if (serve_model_specs(o)) return 2;
     grammar_limits_set(&o->grammar);
     if (verbose) util_log_level = LOG_LEVEL_DEBUG;
