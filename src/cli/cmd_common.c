@@ -88,6 +88,22 @@ void cmd_common_arm_second_signal(const char *prog)
     pthread_sigmask(SIG_UNBLOCK, &set, NULL);
 }
 
+bool cmd_common_model_spec(const char *prog, char *spec, const char **name, const char **path)
+{
+    *name = NULL;
+    *path = spec;
+    char *eq = strchr(spec, '=');
+    if (!eq || eq == spec || memchr(spec, '/', (size_t)(eq - spec)) || access(spec, F_OK) == 0) return true;
+    *eq = 0;
+    *name = spec;
+    *path = eq + 1;
+    if (!**path) {
+        fprintf(stderr, "tokenmill %s: -m %s=: no file after the name\n", prog, spec);
+        return false;
+    }
+    return true;
+}
+
 bool cmd_common_load_model(const char *prog, const char *path, model **m, tokenizer **tok)
 {
     char err[512];

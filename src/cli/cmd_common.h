@@ -125,6 +125,12 @@ void cmd_common_block_stop_signals(sigset_t *set);
  * signals unblocked in the calling thread (every other thread keeps them blocked). */
 void cmd_common_arm_second_signal(const char *prog);
 
+/* Splits one -m value in place: NAME=FILE when the text before the first '=' is a name (no '/')
+ * and the whole is not itself an existing file; *name is then NAME (else NULL) and *path the
+ * file. False after "tokenmill PROG: ..." when the file part is empty. serve, gateway and
+ * worker read -m the same way. */
+bool cmd_common_model_spec(const char *prog, char *spec, const char **name, const char **path);
+
 /* Loads the GGUF at path and its tokenizer; on failure prints "tokenmill PROG: why" and
  * returns false with whatever was loaded freed (*m and *tok NULL). */
 bool cmd_common_load_model(const char *prog, const char *path, model **m, tokenizer **tok);

@@ -1,13 +1,17 @@
 /*
- * cmd_gateway: `tokenmill gateway -m MODEL --listen HOST:PORT [--prefill HOST:PORT,...]
- * [--decode HOST:PORT,...] [--register HOST:PORT] [options]` (`--help` lists them).
+ * cmd_gateway: `tokenmill gateway -m [NAME=]MODEL [-m NAME=MODEL ...] --listen HOST:PORT
+ * [--prefill HOST:PORT,...] [--decode HOST:PORT,...] [--register HOST:PORT] [options]` (`--help`
+ * lists them).
  *
  * The front of a disaggregated cluster (cluster/gateway.h): the same HTTP APIs as `serve`
  * (recipe/api.h, over the gateway's backend instead of a local scheduler), plus the admin
  * routes (/admin/workers, /admin/drain, /admin/undrain, /admin/capacity). The model is opened for its
  * tokenizer, chat template and fingerprint only (the file is mmapped: its weights are never
  * touched here). Workers are the --prefill / --decode addresses (reconnected when they come
- * back) and those that register at --register (workers started with --gateway). Every worker
+ * back) and those that register at --register (workers started with --gateway). Several models:
+ * -m repeated, as `serve` takes them (each model opened for its tokenizer, template and
+ * fingerprint; one api_ctx each, routed by "model"); each worker says which model it serves and
+ * gets that model's requests only (cluster/gateway.h, SEVERAL MODELS). Every worker
  * must prove it holds the cluster key (--cluster-key-file, by default the key generated in the
  * cache dir: cluster/auth.h), else it is refused and logged.
  *
@@ -49,6 +53,21 @@
 #pragma weak api_messages_register
 
 #define GWC_MAX 32
+#define GWC_MAX_MODELS GATEWAY_MAX_MODELS
+
+/* One served model: what the API layer needs of it here. */
+typedef struct {
+    const char *path;          /* -m's file */
+    const char *name;          /* -m NAME=, --model-name (one model), else derived */
+    char *derived;             /* the name made from the file (freed) */
+    model *m;
+    tokenizer *tok;
+    template *tmpl;
+    grammar_vocab *gvocab;     /* structured output: the API layer compiles each grammar here */
+    grammar_cache *gcache;     /* first (a bad one is a 400 at once); the workers compile it again */
+    char alias[256];           /* general.name, when the GGUF has one */
+    api_ctx ac;
+} cmd_gateway_model;
 #define GWC_ABORT_GRACE_S 5.0   /* after the abort: for the cut responses to be written */
 
 /* --progress-timeout FIRST[,NEXT] into dst, double[2]: seconds to a job's first token, and
@@ -102,7 +121,7 @@ static void cmd_gateway_drain(gateway *g, http_server *h, int sig, long drain_ti
 
 int cmd_gateway(int argc, char **argv)
 {
-    const char *path = NULL, *listen = "127.0.0.1:8080", *reg = NULL, *cache_spec = NULL, *name = NULL, *tmpl_name = NULL, *tmpl_file = NULL;
+    const char *paths[GWC_MAX_MODELS], *listen = "127.0.0.1:8080", *reg = NULL, *cache_spec = NULL, *name = NULL, *tmpl_name = NULL, *tmpl_file = NULL;
     const char *pre[GWC_MAX], *dec[GWC_MAX], *keys[16];
     int n_pre = 0, n_dec = 0, n_keys = 0;
     long ctx = 0, drain_timeout = 30;
@@ -112,10 +131,11 @@ int cmd_gateway(int argc, char **argv)
     bool metrics_public = false, verbose = false;
     const char *key_path = NULL;
     cmd_opt_list pre_l = { pre, 0, GWC_MAX }, dec_l = { dec, 0, GWC_MAX }, keys_l = { keys, 0, 16 };
+    cmd_opt_list models_l = { paths, 0, GWC_MAX_MODELS };
     cmd_opt http[CMD_HTTP_TABLE_N], gram[CMD_GRAMMAR_TABLE_N];
     grammar_limits gl = grammar_limits_get();
     const cmd_opt opts[] = {
-        { "--model", "-m", CMD_OPT_STR, &path, .arg = "MODEL", .help = "the GGUF (tokenizer, template, fingerprint)", .required = true },
+        { "--model", "-m", CMD_OPT_LIST, &models_l, .arg = "[NAME=]MODEL", .help = "a served model's GGUF (tokenizer, template, fingerprint); repeat with NAME=FILE for several (the first is the default; required)" },
         { "--listen", NULL, CMD_OPT_STR, &listen, .arg = "HOST:PORT", .help = "the HTTP API (default 127.0.0.1:8080)" },
         { "--prefill", NULL, CMD_OPT_LIST, &pre_l, .set = 1, .arg = "HOST:PORT,...", .help = "prefill workers to connect to" },
         { "--decode", NULL, CMD_OPT_LIST, &dec_l, .set = 1, .arg = "HOST:PORT,...", .help = "decode (or mixed) workers to connect to" },
@@ -133,13 +153,13 @@ int cmd_gateway(int argc, char **argv)
         { "--cost-per-hour", NULL, CMD_OPT_DOUBLE, &cost_per_hour, 0, 1e9, .arg = "PRICE", .help = "the cluster's price per hour: the status page shows cost per million tokens" },
         { .kind = CMD_OPT_TABLE, .dst = (void *)cmd_common_http_table(&ho, http) },
         { .kind = CMD_OPT_TABLE, .dst = (void *)cmd_common_grammar_table(&gl, gram) },
-        { "--model-name", NULL, CMD_OPT_STR, &name, .arg = "NAME", .help = "the model's name in /v1/models (default: the file's)" },
+        { "--model-name", NULL, CMD_OPT_STR, &name, .arg = "NAME", .help = "the one model's name in /v1/models (default: the file's; several: -m NAME=FILE)" },
         { "--template", NULL, CMD_OPT_STR, &tmpl_name, .arg = "NAME", .help = "chat template: auto (the default: the family whose reference text the template is, else the Jinja interpreter), jinja, or a family" },
         { "--template-file", NULL, CMD_OPT_STR, &tmpl_file, .arg = "FILE", .help = "a Jinja chat template to use instead of the model's own" },
         { "-v", NULL, CMD_OPT_FLAG, &verbose, .help = "log more" },
         { 0 },
     };
-    const char *synopsis = "gateway -m MODEL --listen HOST:PORT [--prefill ...] [--decode ...] [--register HOST:PORT] [options]";
+    const char *synopsis = "gateway -m [NAME=]MODEL [-m NAME=MODEL ...] --listen HOST:PORT [--prefill ...] [--decode ...] [--register HOST:PORT] [options]";
     cmd_opts_status ost = cmd_opts_parse("gateway", synopsis, opts, argc, argv, 1, NULL, 0, NULL);
     if (ost != CMD_OPTS_OK) return cmd_opts_exit(ost);
     grammar_limits_set(&gl);
@@ -147,6 +167,33 @@ int cmd_gateway(int argc, char **argv)
     n_pre = pre_l.n;
     n_dec = dec_l.n;
     n_keys = keys_l.n;
+    int n_models = models_l.n;
+    if (n_models == 0) {
+        fprintf(stderr, "tokenmill gateway: -m/--model is required\n");
+        cmd_opts_hint("gateway", synopsis);
+        return 2;
+    }
+    static cmd_gateway_model mods[GWC_MAX_MODELS];   /* api_ctx is large: off the stack */
+    memset(mods, 0, sizeof mods);
+    for (int i = 0; i < n_models; i++) {
+        mods[i].path = paths[i];
+        if (!cmd_common_model_spec("gateway", (char *)paths[i], &mods[i].name, &mods[i].path)) return 2;   /* argv's */
+    }
+    if (n_models > 1 && name) {
+        fprintf(stderr, "tokenmill gateway: --model-name names the one model; with several, name each as -m NAME=FILE\n");
+        return 2;
+    }
+    if (n_models == 1 && !mods[0].name) mods[0].name = name;
+    for (int i = 0; i < n_models; i++) {
+        if (!mods[i].name) mods[i].name = mods[i].derived = api_model_default_name(mods[i].path);
+        for (int k = 0; k < i; k++)
+            if (!strcmp(mods[i].name, mods[k].name)) {
+                fprintf(stderr, "tokenmill gateway: two models are named '%s': name them apart with -m NAME=FILE\n",
+                        mods[i].name);
+                for (int j = 0; j < n_models; j++) free(mods[j].derived);
+                return 2;
+            }
+    }
     char host[256];
     const char *colon = strrchr(listen, ':');
     if (!colon || colon == listen || (size_t)(colon - listen) >= sizeof host) {
@@ -160,16 +207,11 @@ int cmd_gateway(int argc, char **argv)
 
     int rc = 1;
     char err[512];
-    model *m = NULL;
-    tokenizer *tok = NULL;
-    template *tmpl = NULL;
     store *cache = NULL;
     gateway *g = NULL;
     http_server *h = NULL;
     status_ring *st = NULL;
-    char *derived = NULL;
-    grammar_vocab *gvocab = NULL;
-    grammar_cache *gcache = NULL;
+    api_ctx *all[GWC_MAX_MODELS];
     gc_retention classes;
     gc_retention_default(&classes);
     /* SIGINT/SIGTERM are blocked before any thread exists, so every thread inherits the mask
@@ -177,10 +219,13 @@ int cmd_gateway(int argc, char **argv)
      * unblocked would take a SIGTERM with the default action: the process dies, not stopped) */
     sigset_t set;
     cmd_common_block_stop_signals(&set);
-    if (!cmd_common_load_model("gateway", path, &m, &tok)) goto out;
-    if (template_open_file(tok, m->g, tmpl_name, tmpl_file, &tmpl, err, sizeof err) != TEMPLATE_OK) {
-        fprintf(stderr, "tokenmill gateway: %s\n", err);
-        goto out;
+    for (int i = 0; i < n_models; i++) {
+        cmd_gateway_model *u = &mods[i];
+        if (!cmd_common_load_model("gateway", u->path, &u->m, &u->tok)) goto out;
+        if (template_open_file(u->tok, u->m->g, tmpl_name, tmpl_file, &u->tmpl, err, sizeof err) != TEMPLATE_OK) {
+            fprintf(stderr, "tokenmill gateway: %s: %s\n", u->name, err);
+            goto out;
+        }
     }
     static auth_key key;   /* 4 KiB: off the stack */
     char key_file[4096];
@@ -201,29 +246,40 @@ int cmd_gateway(int argc, char **argv)
     }
     /* the workers' default, for their default --kv-mib (other --kv-mib: set --ctx on both) */
     cmd_engine_opts eng_default = CMD_ENGINE_OPTS_DEFAULT;
-    int n_ctx = ctx > 0 ? (int)ctx : (int)cmd_common_default_ctx("gateway", m, eng_default.kv_mib, (engine_kv_type)eng_default.kv_type);
-    gateway_opts go = { .model = m, .cache = cache, .prefill = pre, .n_prefill = n_pre, .decode = dec, .n_decode = n_dec,
-                        .register_listen = reg, .n_ctx = n_ctx, .eos_ids = { -1, -1, -1, -1 },
-                        .heartbeat_timeout_s = hb_timeout, .wait_timeout_s = wait_timeout, .key = &key,
-                        .progress_first_s = progress[0], .progress_next_s = progress[1] };
-    go.eos_ids[0] = tokenizer_eos(tok);
-    go.eos_ids[1] = tokenizer_eot(tok);
+    gateway_model gm[GWC_MAX_MODELS];
+    for (int i = 0; i < n_models; i++) {
+        cmd_gateway_model *u = &mods[i];
+        int n_ctx = ctx > 0 ? (int)ctx
+                            : (int)cmd_common_default_ctx("gateway", u->m, eng_default.kv_mib, (engine_kv_type)eng_default.kv_type);
+        gm[i] = (gateway_model){ .model = u->m, .name = u->name, .n_ctx = n_ctx,
+                                 .eos_ids = { tokenizer_eos(u->tok), tokenizer_eot(u->tok), -1, -1 } };
+    }
+    gateway_opts go = { .models = gm, .n_models = n_models, .cache = cache, .prefill = pre, .n_prefill = n_pre, .decode = dec,
+                        .n_decode = n_dec, .register_listen = reg, .heartbeat_timeout_s = hb_timeout,
+                        .wait_timeout_s = wait_timeout, .key = &key, .progress_first_s = progress[0],
+                        .progress_next_s = progress[1] };
     if (gateway_new(&go, &g, err, sizeof err) != GATEWAY_OK) {
         fprintf(stderr, "tokenmill gateway: %s\n", err);
         rc = 2;
         goto out;
     }
-    if (!name) name = derived = api_model_default_name(path);
-    char alias_buf[256];
-    const char *alias = api_model_alias(m, alias_buf, sizeof alias_buf);
-    /* structured output: the API layer compiles each grammar here first (a bad one is a 400
-     * at once, and the gateway sends only sources that compile); the workers compile it again */
-    gvocab = tokenizer_grammar_vocab(tok);
-    gcache = grammar_cache_new(256);
-    api_ctx ac = { .sched = NULL, .model = m, .tok = tok, .tmpl = tmpl, .model_name = name, .model_alias = alias,
-                   .n_ctx = n_ctx, .n_threads = 1, .created = (int64_t)time(NULL), .retention = &classes,
-                   .backend = gateway_backend(g), .metrics_public = metrics_public, .gcache = gcache, .gvocab = gvocab,
-                   .status = st = status_new(gc_wall_now()), .store = cache, .cost_per_hour = cost_per_hour };
+    st = status_new(gc_wall_now());
+    for (int i = 0; i < n_models; i++) {
+        cmd_gateway_model *u = &mods[i];
+        /* structured output: the API layer compiles each grammar here first (a bad one is a
+         * 400 at once, and the gateway sends only sources that compile); the workers compile
+         * it again */
+        u->gvocab = tokenizer_grammar_vocab(u->tok);
+        u->gcache = grammar_cache_new(256);
+        u->ac = (api_ctx){ .sched = NULL, .model = u->m, .tok = u->tok, .tmpl = u->tmpl, .model_name = u->name,
+                           .model_alias = api_model_alias(u->m, u->alias, sizeof u->alias), .n_ctx = gm[i].n_ctx,
+                           .n_threads = 1, .created = (int64_t)time(NULL), .retention = &classes,
+                           .backend = gateway_backend(g, i), .metrics_public = metrics_public, .gcache = u->gcache,
+                           .gvocab = u->gvocab, .status = st, .store = cache, .cost_per_hour = cost_per_hour,
+                           .all = n_models > 1 ? all : NULL, .n_all = n_models > 1 ? n_models : 0 };
+        all[i] = &u->ac;
+    }
+    api_ctx *ac = all[0];   /* the routes route each request by its "model" from here */
     ho.host = host;
     ho.port = (int)port;
     ho.api_keys = keys;
@@ -233,21 +289,22 @@ int cmd_gateway(int argc, char **argv)
         rc = 2;
         goto out;
     }
-    api_misc_register(h, &ac);
-    api_completions_register(h, &ac);
-    if (api_chat_register) api_chat_register(h, &ac);
-    if (api_responses_register) api_responses_register(h, &ac);
-    if (api_messages_register) api_messages_register(h, &ac);
-    api_tokenize_register(h, &ac);
-    api_embed_register(h, &ac);
+    api_misc_register(h, ac);
+    api_completions_register(h, ac);
+    if (api_chat_register) api_chat_register(h, ac);
+    if (api_responses_register) api_responses_register(h, ac);
+    if (api_messages_register) api_messages_register(h, ac);
+    api_tokenize_register(h, ac);
+    api_embed_register(h, ac);
     gateway_routes(g, h);
 
     if (http_server_start(h, err, sizeof err) != HTTP_OK) {
         fprintf(stderr, "tokenmill gateway: %s\n", err);
         goto out;
     }
-    fprintf(stderr, "tokenmill gateway: model %s (template %s, tool calls %s)\n", name, template_name(tmpl),
-            template_tool_format(tmpl));
+    for (int i = 0; i < n_models; i++)
+        fprintf(stderr, "tokenmill gateway: model %s (template %s, tool calls %s)\n", mods[i].name,
+                template_name(mods[i].tmpl), template_tool_format(mods[i].tmpl));
     if (reg) {
         const char *rc_ = strrchr(reg, ':');
         fprintf(stderr, "tokenmill gateway: workers register at %.*s:%d\n", (int)(rc_ ? rc_ - reg : 0), reg,
@@ -264,12 +321,15 @@ out:
     http_server_free(h);
     gateway_free(g);
     status_free(st);
-    grammar_cache_free(gcache);
-    grammar_vocab_free(gvocab);
     store_close(cache);
-    template_free(tmpl);
-    tokenizer_free(tok);
-    model_free(m);
-    free(derived);
+    for (int i = 0; i < n_models; i++) {
+        cmd_gateway_model *u = &mods[i];
+        grammar_cache_free(u->gcache);
+        grammar_vocab_free(u->gvocab);
+        template_free(u->tmpl);
+        tokenizer_free(u->tok);
+        model_free(u->m);
+        free(u->derived);
+    }
     return rc;
 }

@@ -145,27 +145,14 @@ typedef struct {
     http_server *h;
 } serve;
 
-/* Splits each -m into its name and file: NAME=FILE when the text before the first '=' is a
- * name (no '/') and the whole is not itself an existing file; checks the names are unique
+/* Splits each -m into its name and file (cmd_common_model_spec); checks the names are unique
  * and the options that name one model's file are not given with several. 0 or 2 after a
  * message. */
 static int serve_model_specs(serve_opts *o)
 {
-    if (o->n_models == 0) {
-        fprintf(stderr, "tokenmill serve: -m/--model is required\n");
-        return 2;
-    }
     for (int i = 0; i < o->n_models; i++) {
-        char *spec = (char *)o->paths[i];   /* argv's own storage, writable */
-        char *eq = strchr(spec, '=');
-        if (!eq || eq == spec || memchr(spec, '/', (size_t)(eq - spec)) || access(spec, F_OK) == 0) continue;
-        *eq = 0;
-        o->names[i] = spec;
-        o->paths[i] = eq + 1;
-        if (!*o->paths[i]) {
-            fprintf(stderr, "tokenmill serve: -m %s=: no file after the name\n", spec);
-            return 2;
-        }
+        /* argv's own storage, writable */
+        if (!cmd_common_model_spec("serve", (char *)o->paths[i], &o->names[i], &o->paths[i])) return 2;
     }
     if (o->n_models > 1) {
         if (o->name) {
@@ -224,6 +211,11 @@ static int serve_options(int argc, char **argv, serve_opts *o)
     if (ost != CMD_OPTS_OK) return ost == CMD_OPTS_HELP ? -1 : 2;
     o->n_keys = keys.n;
     o->n_models = models.n;
+    if (o->n_models == 0) {   /* -m is a list (repeatable), which the parser cannot require */
+        fprintf(stderr, "tokenmill serve: -m/--model is required\n");
+        cmd_opts_hint("serve", synopsis);
+        return 2;
+    }
     if (serve_model_specs(o)) return 2;
     grammar_limits_set(&o->grammar);
     if (verbose) util_log_level = LOG_LEVEL_DEBUG;

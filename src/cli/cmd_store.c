@@ -63,7 +63,9 @@ static void cmd_store_stat_cb(void *arg, int target, const uint8_t key[32], uint
 static int cmd_store_key_cmp(const void *x, const void *y) { return memcmp(x, y, 32); }
 
 /* The size of a 128-token block, from the blocks' own headers (no model needed): one line per
- * geometry among at most CMD_STORE_PEEK_MAX blocks spread over the store. */
+ * geometry and pool (the model's fingerprint with the KV type: blockkey_pool_fp) among at most
+ * CMD_STORE_PEEK_MAX blocks spread over the store. A store that holds the blocks of several
+ * pools (models, or one model in several KV types) says each line's pool, by its first bytes. */
 static void cmd_store_stat_geometry(store *s, cmd_store_stat_acc *a)
 {
     size_t n = 0;
@@ -82,7 +84,7 @@ static void cmd_store_stat_geometry(store *s, cmd_store_stat_acc *a)
         int j = 0;
         while (j < n_g && (g[j].h.payload_bytes != h.payload_bytes || g[j].h.n_layers != h.n_layers ||
                            g[j].h.n_kv_heads != h.n_kv_heads || g[j].h.head_dim != h.head_dim ||
-                           g[j].h.n_parts != h.n_parts || g[j].h.dtype != h.dtype))
+                           g[j].h.n_parts != h.n_parts || g[j].h.dtype != h.dtype || memcmp(g[j].h.fp, h.fp, 32)))
             j++;
         if (j == n_g && n_g == CMD_STORE_GEOMS) {
             n_other++;
@@ -91,13 +93,18 @@ static void cmd_store_stat_geometry(store *s, cmd_store_stat_acc *a)
         if (j == n_g) g[n_g++] = (cmd_store_geom){ h, 0 };
         g[j].n++;
     }
+    bool pools = false;
+    for (int j = 1; j < n_g; j++) pools |= memcmp(g[j].h.fp, g[0].h.fp, 32) != 0;
     printf("block size per 128 tokens (headers of %llu of %zu blocks):\n", (unsigned long long)n_read, n);
     for (int j = 0; j < n_g; j++) {
         const block_header *h = &g[j].h;
-        printf("  %.1f KiB: %u layers x %u kv head%s x %u, %s, %s: %llu blocks\n", (double)h->payload_bytes / 1024.0,
+        char pool[32] = "";
+        if (pools)
+            snprintf(pool, sizeof pool, " (pool %02x%02x%02x%02x)", h->fp[0], h->fp[1], h->fp[2], h->fp[3]);
+        printf("  %.1f KiB: %u layers x %u kv head%s x %u, %s, %s: %llu blocks%s\n", (double)h->payload_bytes / 1024.0,
                h->n_layers, h->n_kv_heads, h->n_kv_heads == 1 ? "" : "s", h->head_dim,
                h->n_parts == 1 ? "V is K (latent)" : "K and V", quant_type_name((qtype)h->dtype),
-               (unsigned long long)g[j].n);
+               (unsigned long long)g[j].n, pool);
     }
     if (n_other) printf("  other geometries: %llu blocks\n", (unsigned long long)n_other);
 }

@@ -3,7 +3,8 @@
  * --cache SPEC [--gateway HOST:PORT] [--threads N] [--cpus LIST] [--ctx N] [--max-seqs N] [--kv-mib N]
  * [--step-tokens N] [--prefill-step-tokens N] [--max-queue N] [--name NAME] [--drain-timeout SECONDS]
  * [--cluster-key-file PATH] [-v]`: one worker of the disaggregated server (src/cluster/worker.h,
- * docs/protocol.md).
+ * docs/protocol.md). `-m NAME=FILE` (or --model-name) is the id the gateway routes that model's
+ * requests by (default: the file's name, as `serve` names it).
  *
  * The engine, scheduler and block store are set up as `tokenmill serve` does (the weights
  * made resident before the worker listens or registers); every worker
@@ -33,6 +34,7 @@
 #include "engine/engine.h"
 #include "engine/sched.h"
 #include "model/model.h"
+#include "recipe/api.h"
 #include "recipe/tokenizer.h"
 #include "grammar/grammar.h"
 #include "util/util.h"
@@ -52,6 +54,8 @@ static bool cmd_worker_role(const char *prog, const char *name, const char *v, v
 int cmd_worker(int argc, char **argv)
 {
     const char *path = NULL, *listen = NULL, *gateway = NULL, *cache_spec = NULL, *name = NULL, *key_path = NULL;
+    const char *model_id = NULL;
+    char *derived_id = NULL;
     int role = -1;
     long drain_s = 30;
     cmd_engine_opts eng = CMD_ENGINE_OPTS_DEFAULT;
@@ -62,7 +66,8 @@ int cmd_worker(int argc, char **argv)
     grammar_limits gl = grammar_limits_get();
     const cmd_opt opts[] = {
         { "--role", NULL, CMD_OPT_FN, &role, .fn = cmd_worker_role, .arg = "prefill|decode|mixed", .help = "what this worker does", .required = true },
-        { "--model", "-m", CMD_OPT_STR, &path, .arg = "MODEL", .help = "the GGUF", .required = true },
+        { "--model", "-m", CMD_OPT_STR, &path, .arg = "[NAME=]MODEL", .help = "the GGUF, and the id requests name it by (default: the file's name)", .required = true },
+        { "--model-name", NULL, CMD_OPT_STR, &model_id, .arg = "NAME", .help = "the model's id (as -m NAME=FILE)" },
         { "--listen", NULL, CMD_OPT_STR, &listen, .arg = "HOST:PORT", .help = "where the gateway connects (this or --gateway)" },
         { "--gateway", NULL, CMD_OPT_STR, &gateway, .arg = "HOST:PORT", .help = "register at a gateway's --register address" },
         { "--cache", NULL, CMD_OPT_STR, &cache_spec, .arg = "SPEC|off", .help = "the block store every worker shares" },
@@ -79,6 +84,14 @@ int cmd_worker(int argc, char **argv)
     cmd_opts_status ost = cmd_opts_parse("worker", synopsis, opts, argc, argv, 1, NULL, 0, NULL);
     if (ost != CMD_OPTS_OK) return cmd_opts_exit(ost);
     grammar_limits_set(&gl);
+    const char *spec_id;
+    if (!cmd_common_model_spec("worker", (char *)path, &spec_id, &path)) return 2;   /* argv's storage */
+    if (spec_id && model_id && strcmp(spec_id, model_id)) {
+        fprintf(stderr, "tokenmill worker: -m names the model '%s', --model-name '%s': give one\n", spec_id, model_id);
+        return 2;
+    }
+    if (spec_id) model_id = spec_id;
+    if (!model_id) model_id = derived_id = api_model_default_name(path);
     if (!listen && !gateway) {
         fprintf(stderr, "tokenmill worker: --listen or --gateway is required\n");
         cmd_opts_hint("worker", synopsis);
@@ -148,7 +161,7 @@ int cmd_worker(int argc, char **argv)
     }
 
     gvocab = tokenizer_grammar_vocab(tok);   /* the jobs' structured-output grammars */
-    worker_opts wo = { .role = role, .listen = listen, .gateway = gateway, .name = name, .key = &key,
+    worker_opts wo = { .role = role, .listen = listen, .gateway = gateway, .name = name, .model_id = model_id, .key = &key,
                        .max_seqs = (int)eng.max_seqs, .n_ctx = n_ctx, .gvocab = gvocab };
     w = worker_new(&wo, e, s, cache, bio);
     if (!w) goto out;
@@ -158,6 +171,7 @@ int cmd_worker(int argc, char **argv)
             proto_role_name(role), m->hp.arch_name, m->hp.n_layers, n_ctx, kvd, engine_n_threads(e),
             bio ? ", block store " : "", bio ? store_spec(cache) : "");
     fprintf(stderr, "tokenmill worker: named %s\n", worker_name(w));
+    fprintf(stderr, "tokenmill worker: serves the model '%s'\n", model_id);
     if (listen) fprintf(stderr, "tokenmill worker: listening on port %d\n", worker_port(w));
     fflush(stderr);
     /* SIGTERM / SIGINT: drain, then exit 0; a second signal: stop now, status 1 */
@@ -194,5 +208,6 @@ out:
     cmd_common_draft_free(&eng);
     tokenizer_free(tok);
     model_free(m);
+    free(derived_id);
     return rc;
 }

@@ -202,7 +202,11 @@ static auth_status auth_expect(proto_conn *c, int want, proto_msg *m, char *why,
 {
     proto_status st = proto_recv(c, m);
     if (st != PROTO_OK) {
-        snprintf(why, whysz, "%s", st == PROTO_ERR_CLOSED ? "connection closed during the handshake" : proto_status_name(st));
+        if (st == PROTO_ERR_VERSION)   /* an older or newer build: say what to do about it */
+            snprintf(why, whysz, "the peer speaks another protocol version (this build speaks %d): run the same "
+                     "tokenmill release on the gateway and every worker", PROTO_VERSION);
+        else
+            snprintf(why, whysz, "%s", st == PROTO_ERR_CLOSED ? "connection closed during the handshake" : proto_status_name(st));
         return st == PROTO_ERR_CLOSED || st == PROTO_ERR_IO ? AUTH_ERR_IO : AUTH_ERR_PROTO;
     }
     if (m->hdr.type == want) return AUTH_OK;

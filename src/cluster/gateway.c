@@ -68,7 +68,7 @@ static bool gw_is_stop(const gateway *g, const gw_req *r, int32_t tok)
         if (r->params.stop_ids[i] == tok) return true;
     if (!r->params.ignore_eos)
         for (int i = 0; i < 4; i++)
-            if (g->o.eos_ids[i] >= 0 && g->o.eos_ids[i] == tok) return true;
+            if (g->m[r->model].o.eos_ids[i] >= 0 && g->m[r->model].o.eos_ids[i] == tok) return true;
     return false;
 }
 
@@ -191,9 +191,9 @@ void gw_worker_lost(gateway *g, int slot, const char *why) { gw_worker_lost_how(
 
 /* ------------------------------------------------------------------ frames from workers */
 
-static bool gw_tok_ok(const gateway *g, const proto_tok *t, bool with_lp)
+static bool gw_tok_ok(const gateway *g, const gw_req *r, const proto_tok *t, bool with_lp)
 {
-    int32_t nv = g->o.model->hp.n_vocab;
+    int32_t nv = g->m[r->model].o.model->hp.n_vocab;
     if (t->token < 0 || t->token >= nv) return false;
     if (!with_lp) return true;
     if (!(t->logprob <= 1e-3f)) return false;   /* NaN or positive: not a log-probability */
@@ -211,7 +211,6 @@ static bool gw_tok_ok(const gateway *g, const proto_tok *t, bool with_lp)
 static const char *gw_check_msg(const gateway *g, const gw_worker *w, const proto_msg *m, const gw_req *r, bool mine)
 {
     uint64_t id = m->hdr.req_id;
-    const model_hparams *hp = &g->o.model->hp;
     switch (m->hdr.type) {
     case PROTO_HEARTBEAT: {
         const proto_heartbeat *h = &m->u.heartbeat, *o = &w->hb;
@@ -227,6 +226,7 @@ static const char *gw_check_msg(const gateway *g, const gw_worker *w, const prot
     case PROTO_HANDOFF:
     case PROTO_TOKENS:
     case PROTO_FINISH:
+    case PROTO_EMBEDDING:
         if (!id) return "request frame with id 0";
         /* fallthrough */
     case PROTO_ERROR:
@@ -247,11 +247,17 @@ static const char *gw_check_msg(const gateway *g, const gw_worker *w, const prot
     if (m->hdr.type == PROTO_ERROR)
         return m->u.error.code < PROTO_E_MALFORMED || m->u.error.code > PROTO_E_DUPLICATE ? "unknown ERROR code" : NULL;
     if (!mine) return NULL;   /* a late frame of a request that moved on or ended: ignored */
+    const model_hparams *hp = &g->m[r->model].o.model->hp;   /* the worker serves r's model */
+    if (r->embed && m->hdr.type != PROTO_FINISH && m->hdr.type != PROTO_EMBEDDING) return "a token for an embedding";
     switch (m->hdr.type) {
+    case PROTO_EMBEDDING:
+        if (!r->embed || r->state != GW_PREFILL || r->emb) return "EMBEDDING for a request that is not an embedding running";
+        if (m->u.embedding.n != (uint32_t)hp->dim) return "EMBEDDING of another width than the model's";
+        return NULL;
     case PROTO_HANDOFF: {
         const proto_handoff *h = &m->u.handoff;
         if (r->state != GW_PREFILL) return "HANDOFF for a request not in prefill";
-        if (!gw_tok_ok(g, &h->first, r->params.logprobs)) return "HANDOFF: first token out of range";
+        if (!gw_tok_ok(g, r, &h->first, r->params.logprobs)) return "HANDOFF: first token out of range";
         if (h->n_prompt != (uint32_t)r->n_prompt) return "HANDOFF: prompt length differs";
         if (h->n_cached > h->n_prompt || h->n_computed > h->n_prompt || h->n_stored > h->n_prompt ||
             h->n_stored % BLOCKKEY_TOKENS)
@@ -276,7 +282,7 @@ static const char *gw_check_msg(const gateway *g, const gw_worker *w, const prot
         if (r->n_gen > 0 && gw_is_stop(g, r, r->gen[r->n_gen - 1])) return "TOKENS after the stop token";
         bool lp = (m->hdr.flags & PROTO_F_LOGPROBS) != 0;
         for (uint32_t i = 0; i < t->n; i++) {
-            if (!gw_tok_ok(g, &t->toks[i], lp)) return "TOKENS: token id out of range";
+            if (!gw_tok_ok(g, r, &t->toks[i], lp)) return "TOKENS: token id out of range";
             if (i + 1 < t->n && gw_is_stop(g, r, t->toks[i].token)) return "TOKENS after the stop token";
         }
         return NULL;
@@ -360,8 +366,19 @@ bool gw_on_msg(gateway *g, int slot, proto_msg *m, const char **refused)
         for (uint32_t i = 0; i < m->u.tokens.n; i++)
             gw_push_token(g, r, &m->u.tokens.toks[i], (m->hdr.flags & PROTO_F_LOGPROBS) != 0);
         break;
+    case PROTO_EMBEDDING:
+        if (!mine) break;
+        r->emb = m->u.embedding.v;   /* taken from the frame */
+        r->n_emb = (int)m->u.embedding.n;
+        m->u.embedding.v = NULL;
+        break;
     case PROTO_FINISH:
         if (!mine) break;
+        if (r->embed && m->u.finish.reason == PROTO_FINISH_STOP && !r->emb) {   /* a stop with no vector: failed */
+            log_warn("gateway: req %llu: embedding ended on %s without its vector", (unsigned long long)id, w->addr);
+            gw_finish(g, r, SCHED_FINISH_ERROR);
+            break;
+        }
         /* a request moved between decode workers drafted on each: its usage counts them all */
         r->n_accepted_drafts = (int)TM_MIN((int64_t)r->n_accepted_drafts + m->u.finish.accepted_drafts, INT32_MAX);
         r->n_rejected_drafts = (int)TM_MIN((int64_t)r->n_rejected_drafts + m->u.finish.rejected_drafts, INT32_MAX);
@@ -410,19 +427,17 @@ bool gw_on_msg(gateway *g, int slot, proto_msg *m, const char **refused)
 }
 
 
-static bool gw_has_role(const gateway *g, bool prefill)
+static bool gw_has_role(const gateway *g, int mi, bool prefill)
 {
-    for (int i = 0; i < g->n_slots; i++) {
-        const gw_worker *w = &g->w[i];
-        if (gw_usable(w) && (prefill ? gw_can_prefill(w) : gw_can_decode(w))) return true;
-    }
+    for (int i = 0; i < g->n_slots; i++)
+        if (gw_fits(&g->w[i], mi, prefill)) return true;
     return false;
 }
 
 /* The block keys of the prompt's full blocks, the block of its last token excepted (that
  * token is always computed): *n_keys of them, malloc'd (NULL when none). kv_dtype < 0 (no
  * worker has said its KV type yet): keys of the F32 pool, good for comparing prompts here. */
-static uint8_t (*gw_keys(gateway *g, const sched_params *p, int kv_dtype, int *n_keys))[32]
+static uint8_t (*gw_keys(const gw_model *gm, const sched_params *p, int kv_dtype, int *n_keys))[32]
 {
     int nb = (p->n_prompt - 1) / BLOCKKEY_TOKENS;
     *n_keys = nb > 0 ? nb : 0;
@@ -430,7 +445,7 @@ static uint8_t (*gw_keys(gateway *g, const sched_params *p, int kv_dtype, int *n
     uint8_t root[32], fp[32];
     if (p->cache_salt && *p->cache_salt) blockkey_root(p->cache_salt, strlen(p->cache_salt), root);
     else blockkey_root(NULL, 0, root);
-    blockkey_pool_fp(g->o.model->fingerprint, kv_dtype >= 0 ? kv_dtype : QTYPE_F32, fp);
+    blockkey_pool_fp(gm->o.model->fingerprint, kv_dtype >= 0 ? kv_dtype : QTYPE_F32, fp);
     uint8_t (*keys)[32] = xmalloc((size_t)nb * 32);
     blockkey_chain(root, p->prompt, nb, fp, keys);
     return keys;
@@ -445,24 +460,27 @@ static int gw_hit(gateway *g, const uint8_t (*keys)[32], int n_keys, int kv_dtyp
 
 static sched_status gw_submit(void *ud, const sched_params *p, sched_req **out)
 {
-    gateway *g = ud;
+    gw_model *gm = ud;
+    gateway *g = gm->g;
+    const int n_vocab = gm->o.model->hp.n_vocab, n_ctx = gm->o.n_ctx;
     *out = NULL;
     if (!p->prompt || p->n_prompt < 1) return SCHED_ERR_ARG;
-    if (p->n_prompt + 1 > g->o.n_ctx) return SCHED_ERR_TOO_LONG;
+    if (p->n_prompt + 1 > n_ctx) return SCHED_ERR_TOO_LONG;
     for (int i = 0; i < p->n_prompt; i++)
-        if (p->prompt[i] < 0 || p->prompt[i] >= g->o.model->hp.n_vocab) return SCHED_ERR_ARG;
-    if (p->think_budget < 0 || (p->think_budget > 0 && (p->think_end >= g->o.model->hp.n_vocab ||
-                                                        p->think_start >= g->o.model->hp.n_vocab)))
+        if (p->prompt[i] < 0 || p->prompt[i] >= n_vocab) return SCHED_ERR_ARG;
+    if (p->think_budget < 0 || (p->think_budget > 0 && (p->think_end >= n_vocab || p->think_start >= n_vocab)))
         return SCHED_ERR_ARG;   /* as sched_submit */
+    if (p->embed && p->embed != MODEL_POOL_MEAN && p->embed != MODEL_POOL_LAST) return SCHED_ERR_ARG;
     /* a grammar travels as its source, which the worker compiles (the API layer compiled it
      * here first, so a bad one was a 400 before this) */
     if (p->grammar && (!p->grammar_src || p->grammar_kind < 0 || p->grammar_kind >= PROTO_GRAMMAR_KINDS ||
                        p->grammar_len > PROTO_MAX_GRAMMAR || memchr(p->grammar_src, 0, p->grammar_len) ||
-                       (p->grammar_lazy && (p->grammar_trigger < 0 || p->grammar_trigger >= g->o.model->hp.n_vocab))))
+                       (p->grammar_lazy && (p->grammar_trigger < 0 || p->grammar_trigger >= n_vocab))))
         return SCHED_ERR_ARG;
     pthread_mutex_lock(&g->mu);
     double deadline = util_now() + g->o.wait_timeout_s;
-    while (!g->shut && !g->draining && !(gw_has_role(g, true) && gw_has_role(g, false))) {
+    /* an embedding needs a prefill worker only (it ends there) */
+    while (!g->shut && !g->draining && !(gw_has_role(g, gm->i, true) && (p->embed || gw_has_role(g, gm->i, false)))) {
         double left = deadline - util_now();
         if (left <= 0) break;
         if (left > 0.2) left = 0.2;
@@ -472,19 +490,22 @@ static sched_status gw_submit(void *ud, const sched_params *p, sched_req **out)
         pthread_mutex_unlock(&g->mu);
         return SCHED_ERR_STOPPED;
     }
-    if (!(gw_has_role(g, true) && gw_has_role(g, false))) {
+    if (!(gw_has_role(g, gm->i, true) && (p->embed || gw_has_role(g, gm->i, false)))) {
         g->n_rejected++;
         pthread_mutex_unlock(&g->mu);
         return SCHED_ERR_STOPPED;
     }
-    int kv_dtype = g->kv_dtype;
+    int kv_dtype = gm->kv_dtype;
     pthread_mutex_unlock(&g->mu);
+    if (p->embed) kv_dtype = -1;   /* an embedding reuses no stored prefix (every position's state is needed) */
 
     int n_keys = 0;
-    uint8_t (*keys)[32] = gw_keys(g, p, kv_dtype, &n_keys);
+    uint8_t (*keys)[32] = p->embed ? NULL : gw_keys(gm, p, kv_dtype, &n_keys);
     int hit = gw_hit(g, (const uint8_t(*)[32])keys, n_keys, kv_dtype);   /* store I/O: outside the lock */
 
     gw_req *r = xcalloc(1, sizeof *r);
+    r->model = gm->i;
+    r->embed = (uint8_t)p->embed;
     r->keys = keys;
     r->n_keys = n_keys;
     r->prompt = xmalloc((size_t)p->n_prompt * sizeof *r->prompt);
@@ -500,7 +521,7 @@ static sched_status gw_submit(void *ud, const sched_params *p, sched_req **out)
     pp->top_logprobs = (uint8_t)TM_MIN(p->top_logprobs, PROTO_MAX_TOP);
     pp->cache_class = p->cache_class;
     pp->salt = xstrdup(p->cache_salt ? p->cache_salt : "");
-    int max_new = p->max_tokens > 0 ? TM_MIN(p->max_tokens, g->o.n_ctx - p->n_prompt) : g->o.n_ctx - p->n_prompt;
+    int max_new = p->max_tokens > 0 ? TM_MIN(p->max_tokens, n_ctx - p->n_prompt) : n_ctx - p->n_prompt;
     pp->max_tokens = max_new;   /* explicit: a worker with a longer context stops where we do */
     /* sent with PROTO_F_THINK; no end id: no budget. A grammar applies from the end of the
      * think block, so its request sends the markers even without a budget: as a budget of
@@ -521,6 +542,7 @@ static sched_status gw_submit(void *ud, const sched_params *p, sched_req **out)
         pp->grammar_lazy = p->grammar_lazy;
         pp->grammar_trigger = p->grammar_lazy ? p->grammar_trigger : 0;
     }
+    if (p->embed) max_new = pp->max_tokens = 1;   /* nothing is generated; the prefill answers */
     r->expect_len = p->n_prompt + max_new;
     r->hit_len = hit;
     r->n_cached = hit;
@@ -558,7 +580,7 @@ static sched_status gw_submit(void *ud, const sched_params *p, sched_req **out)
 
 static int gw_poll(void *ud, sched_req *h, sched_output *out, int max, int timeout_ms)
 {
-    gateway *g = ud;
+    gateway *g = ((gw_model *)ud)->g;
     gw_req *r = (gw_req *)h;
     pthread_mutex_lock(&g->mu);
     if (timeout_ms != 0 && !r->done && r->out_head == r->n_out) {
@@ -588,7 +610,7 @@ void gw_cancel_locked(gateway *g, gw_req *r)
 
 static void gw_cancel(void *ud, sched_req *h)
 {
-    gateway *g = ud;
+    gateway *g = ((gw_model *)ud)->g;
     pthread_mutex_lock(&g->mu);
     gw_cancel_locked(g, (gw_req *)h);
     gw_flush(g);   /* the CANCEL frees the worker's slot now */
@@ -597,7 +619,7 @@ static void gw_cancel(void *ud, sched_req *h)
 
 static void gw_release(void *ud, sched_req *h)
 {
-    gateway *g = ud;
+    gateway *g = ((gw_model *)ud)->g;
     gw_req *r = (gw_req *)h;
     if (!r) return;
     pthread_mutex_lock(&g->mu);
@@ -615,14 +637,35 @@ static void gw_release(void *ud, sched_req *h)
     free(r->keys);
     free(r->gen);
     free(r->outs);
+    free(r->emb);
     free(r);
+}
+
+/* An embedding's vector once its FINISH was polled (NULL before, or for a generation). */
+static const float *gw_embedding(void *ud, sched_req *h)
+{
+    gateway *g = ((gw_model *)ud)->g;
+    gw_req *r = (gw_req *)h;
+    pthread_mutex_lock(&g->mu);
+    const float *v = r->done && r->embed ? r->emb : NULL;
+    pthread_mutex_unlock(&g->mu);
+    return v;
+}
+
+static bool gw_done(void *ud, sched_req *h)
+{
+    gateway *g = ((gw_model *)ud)->g;
+    pthread_mutex_lock(&g->mu);
+    bool d = ((gw_req *)h)->done;
+    pthread_mutex_unlock(&g->mu);
+    return d;
 }
 
 /* ------------------------------------------------------------------ life */
 
 static bool gw_draining(void *ud)
 {
-    gateway *g = ud;
+    gateway *g = ((gw_model *)ud)->g;
     pthread_mutex_lock(&g->mu);
     bool d = g->draining || g->shut;
     pthread_mutex_unlock(&g->mu);
@@ -640,6 +683,10 @@ gateway_status gateway_new(const gateway_opts *o, gateway **out, char *err, size
         snprintf(err, errsz, "no cluster key");
         return GATEWAY_ERR_ARG;
     }
+    if (o->n_models < 1 || o->n_models > GATEWAY_MAX_MODELS) {
+        snprintf(err, errsz, "%d models (1 to %d)", o->n_models, GATEWAY_MAX_MODELS);
+        return GATEWAY_ERR_ARG;
+    }
     gateway *g = xcalloc(1, sizeof *g);
     g->o = *o;
     if (g->o.heartbeat_timeout_s <= 0) g->o.heartbeat_timeout_s = 2;
@@ -651,7 +698,18 @@ gateway_status gateway_new(const gateway_opts *o, gateway **out, char *err, size
     if (g->o.prefill_tokens_per_s <= 0) g->o.prefill_tokens_per_s = 20000;
     if (g->o.min_workers <= 0) g->o.min_workers = 1;
     if (g->o.max_workers <= 0) g->o.max_workers = 16;
-    g->kv_dtype = -1;
+    for (int i = 0; i < o->n_models; i++) {
+        gw_model *gm = &g->m[i];
+        gm->o = o->models[i];
+        gm->g = g;
+        gm->i = i;
+        gm->kv_dtype = -1;
+        gm->be = (api_backend){ .ud = gm, .submit = gw_submit, .poll = gw_poll, .cancel = gw_cancel, .release = gw_release,
+                                .metrics = gw_metrics, .status = gw_status, .draining = gw_draining,
+                                .done = gw_done, .embedding = gw_embedding,
+                                .role_text = "Yes: prefill workers compute prompts, decode workers generate; the gateway hands each request's KV from one to the other." };
+    }
+    g->o.models = NULL;   /* g->m holds them */
     g->listen_fd = -1;
     gw_window_init(g);
     greet_init(&g->greet, GREET_MAX);
@@ -668,6 +726,7 @@ gateway_status gateway_new(const gateway_opts *o, gateway **out, char *err, size
         snprintf(w->addr, sizeof w->addr, "%s", pre ? o->prefill[i] : o->decode[i - o->n_prefill]);
         w->used = w->is_static = true;
         w->role = pre ? PROTO_ROLE_PREFILL : PROTO_ROLE_DECODE;
+        w->model = -1;   /* its HELLO says */
         w->fd = -1;
     }
     if (o->register_listen) {
@@ -678,9 +737,6 @@ gateway_status gateway_new(const gateway_opts *o, gateway **out, char *err, size
             return GATEWAY_ERR_BIND;
         }
     }
-    g->be = (api_backend){ .ud = g, .submit = gw_submit, .poll = gw_poll, .cancel = gw_cancel, .release = gw_release,
-                           .metrics = gw_metrics, .status = gw_status, .draining = gw_draining,
-                           .role_text = "Yes: prefill workers compute prompts, decode workers generate; the gateway hands each request's KV from one to the other." };
     /* first connections now, so that a cluster started in order serves at once */
     for (int i = 0; i < g->n_slots; i++) gw_connect_static(g, i);
     pthread_create(&g->disp, NULL, gw_dispatcher, g);
@@ -787,6 +843,6 @@ void gateway_free(gateway *g)
     free(g);
 }
 
-const api_backend *gateway_backend(gateway *g) { return &g->be; }
+const api_backend *gateway_backend(gateway *g, int i) { return i >= 0 && i < g->o.n_models ? &g->m[i].be : NULL; }
 
 int gateway_register_port(const gateway *g) { return g->listen_fd >= 0 ? proto_local_port(g->listen_fd) : -1; }

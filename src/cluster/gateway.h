@@ -55,6 +55,14 @@
  * and reports the KV handoff cost per worker and per token on /metrics, next to the prefill
  * workers' engine seconds per token (the time to recompute what a handoff moves).
  *
+ * SEVERAL MODELS. Each worker serves one model and says which in its HELLO (the id requests
+ * name it by, and its fingerprint); the gateway serves the models it was given, each with its
+ * own api_backend (gateway_backend(g, i)), and places a request only on workers of its model:
+ * the balancers, the prefill / decode pairing, the rerouting of a dead or draining worker's
+ * requests, the waits for a worker of a role and the window-state fetches all look at that
+ * model's workers alone (one worker table, filtered by model). A worker of a model the gateway
+ * does not serve is refused with a message naming the ones it does.
+ *
  * The handles given to the API layer are gw_req pointers cast to sched_req * (api_backend).
  */
 #ifndef TM_GATEWAY_H
@@ -75,16 +83,27 @@ typedef enum {
     GATEWAY_ERR_BIND,     /* cannot listen on register_listen */
 } gateway_status;
 
+#define GATEWAY_MAX_MODELS 8       /* models one gateway serves (= API_MAX_MODELS) */
+
+/* One model the gateway serves: its requests go to the workers that serve it. */
 typedef struct {
-    const model *model;            /* fingerprint (workers must match), vocabulary size */
+    const model *model;            /* fingerprint (its workers must match), vocabulary, KV shape */
+    const char *name;              /* the id requests name it by and its workers announce (HELLO
+                                    * model_id); a worker announcing none is matched by fingerprint */
+    int n_ctx;                     /* positions per sequence (as its workers) */
+    int32_t eos_ids[4];            /* end-of-generation ids its workers stop on (-1 unused) */
+} gateway_model;
+
+typedef struct {
+    const gateway_model *models;   /* (n_models) served models, [0] the default; copied, but the
+                                    * models and names must outlive g */
+    int n_models;                  /* 1..GATEWAY_MAX_MODELS */
     store *cache;                  /* the shared block store (entry point hits), or NULL */
     const char *const *prefill;    /* (n_prefill) "HOST:PORT" of prefill workers to connect to */
     int n_prefill;
     const char *const *decode;     /* (n_decode) of decode workers */
     int n_decode;
     const char *register_listen;   /* "HOST:PORT" where workers register (--gateway), or NULL */
-    int n_ctx;                     /* positions per sequence (as the workers) */
-    int32_t eos_ids[4];            /* end-of-generation ids the workers stop on (-1 unused) */
     const auth_key *key;           /* the cluster secret (cluster/auth.h), required; outlives g */
     double heartbeat_timeout_s;    /* a worker silent this long is out; <= 0: 2 */
     double handshake_timeout_s;    /* a connection's whole handshake and HELLO, however its
@@ -114,8 +133,9 @@ void gateway_abort(gateway *g);
 void gateway_shutdown(gateway *g);
 /* Stops the threads, closes the connections, frees. Every handle must have been released. */
 void gateway_free(gateway *g);
-/* The backend for api_ctx.backend. */
-const api_backend *gateway_backend(gateway *g);
+/* The backend for the api_ctx of model i (gateway_opts.models[i]): its requests go to the
+ * workers serving that model. */
+const api_backend *gateway_backend(gateway *g, int i);
 /* The port workers register at (register_listen with port 0), or -1. */
 int gateway_register_port(const gateway *g);
 /* GET /admin/workers, POST /admin/drain?worker=NAME|ADDR[&deadline_ms=N], POST

@@ -32,7 +32,7 @@ static void gw_capacity_in(const gateway *g, bal_capacity_in *pi, bal_capacity_i
 
 void gw_metrics(void *ud, bytebuf *b)
 {
-    gateway *g = ud;
+    gateway *g = ((gw_model *)ud)->g;   /* the whole gateway's figures, whichever model's backend */
     pthread_mutex_lock(&g->mu);
     api_metric(b, "tokenmill_gateway_requests_total", "counter", "Generation requests accepted.", (double)g->n_requests);
     api_metric(b, "tokenmill_gateway_rejected_total", "counter", "Requests refused because no worker of a role was left in time (503).", (double)g->n_rejected);
@@ -183,6 +183,9 @@ static void gw_workers_json(gateway *g, bytebuf *b)
         api_buf_str(b, w->name);
         bytebuf_puts(b, ",\"role\":");
         api_buf_str(b, proto_role_name(w->role));
+        bytebuf_puts(b, ",\"model\":");   /* the served model's id (null before its first HELLO) */
+        if (w->model >= 0 && g->m[w->model].o.name) api_buf_str(b, g->m[w->model].o.name);
+        else bytebuf_puts(b, "null");
         bytebuf_printf(b, ",\"up\":%s,\"draining\":%s", w->connected ? "true" : "false", w->draining ? "true" : "false");
         gw_json_num(b, "prefill_queued_s", w->queued_s);
         bytebuf_printf(b, ",\"prefill_jobs\":%d,\"running\":%d,\"cache_tokens\":%lld,\"jobs\":%lld", w->n_prefill,
@@ -208,7 +211,16 @@ static void gw_route_workers(http_request *r, void *user)
                    (unsigned long long)g->n_requests, (unsigned long long)g->n_resumes, (unsigned long long)g->n_reprefills,
                    (unsigned long long)g->n_bad_conns, (unsigned long long)g->n_bad_values,
                    (unsigned long long)g->n_refused_auth, (unsigned long long)g->n_stalls);
-    api_buf_str(&b, g->o.model->fingerprint_hex);
+    api_buf_str(&b, g->m[0].o.model->fingerprint_hex);   /* the default model's */
+    bytebuf_puts(&b, ",\"models\":[");
+    for (int i = 0; i < g->o.n_models; i++) {
+        bytebuf_puts(&b, i ? ",{\"id\":" : "{\"id\":");
+        api_buf_str(&b, g->m[i].o.name ? g->m[i].o.name : "");
+        bytebuf_puts(&b, ",\"fingerprint\":");
+        api_buf_str(&b, g->m[i].o.model->fingerprint_hex);
+        bytebuf_putc(&b, '}');
+    }
+    bytebuf_putc(&b, ']');
     pthread_mutex_unlock(&g->mu);
     bytebuf_putc(&b, '}');
     api_respond_buf(r, 200, &b);
@@ -381,7 +393,7 @@ static void gw_route_capacity(http_request *r, void *user)
  * the requests moved after worker failures. Figures /metrics has carry data-metric. */
 void gw_status(void *ud, bytebuf *b)
 {
-    gateway *g = ud;
+    gateway *g = ((gw_model *)ud)->g;
     static const int roles[3] = { PROTO_ROLE_PREFILL, PROTO_ROLE_DECODE, PROTO_ROLE_MIXED };
     int up[3] = { 0 }, draining[3] = { 0 }, out[3] = { 0 }, streams = 0;
     bal_capacity_in in[2];

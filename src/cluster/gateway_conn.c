@@ -1,7 +1,7 @@
 /*
  * gateway_conn: the gateway's connections to its workers. Every connection starts with the
- * handshake of cluster/auth.h and the HELLO exchange (gw_handshake: model fingerprint,
- * vocabulary and KV type must match ours); a greeted worker takes a slot (gw_attach) and gets
+ * handshake of cluster/auth.h and the HELLO exchange (gw_handshake: the worker's model must be
+ * one we serve, gw_model_of, and its vocabulary and KV type match that model's); a greeted worker takes a slot (gw_attach) and gets
  * a reader thread that applies its frames to the requests under gateway.mu (gw_on_msg) and
  * closes the connection when it ends. Static workers (--prefill, --decode) are connected by
  * gateway_new and reconnected by the dispatcher; registering ones (--gateway) come in through
@@ -103,16 +103,43 @@ static void *gw_reader(void *arg)
 
 /* ------------------------------------------------------------------ connections */
 
-static void gw_hello(const gateway *g, proto_msg *m)
+/* Our HELLO to a worker of model mi: that model's fingerprint, context and id. */
+static void gw_hello(const gateway *g, int mi, proto_msg *m)
 {
+    const gw_model *gm = &g->m[mi];
     memset(m, 0, sizeof *m);
     m->hdr.type = PROTO_HELLO;
     m->u.hello.role = PROTO_ROLE_GATEWAY;
-    memcpy(m->u.hello.model_fp, g->o.model->fingerprint, 32);
-    m->u.hello.n_ctx = (uint32_t)g->o.n_ctx;
-    m->u.hello.n_vocab = (uint32_t)g->o.model->hp.n_vocab;
+    memcpy(m->u.hello.model_fp, gm->o.model->fingerprint, 32);
+    m->u.hello.n_ctx = (uint32_t)gm->o.n_ctx;
+    m->u.hello.n_vocab = (uint32_t)gm->o.model->hp.n_vocab;
     m->u.hello.listen = (char *)"";
     m->u.hello.name = (char *)"gateway";
+    m->u.hello.model_id = (char *)(gm->o.name ? gm->o.name : "");
+}
+
+/* The served model a worker's HELLO is for: the fingerprint decides (the model named by the
+ * id first, else any with that fingerprint: a worker may know the file by another name); -1
+ * with the refusal's text in why when none. */
+static int gw_model_of(const gateway *g, const proto_hello *h, char *why, size_t whysz)
+{
+    const char *id = h->model_id ? h->model_id : "";
+    int named = -1;
+    for (int i = 0; i < g->o.n_models; i++)
+        if (id[0] && g->m[i].o.name && !strcmp(g->m[i].o.name, id)) named = i;
+    if (named >= 0 && !memcmp(h->model_fp, g->m[named].o.model->fingerprint, 32)) return named;
+    for (int i = 0; i < g->o.n_models; i++)
+        if (!memcmp(h->model_fp, g->m[i].o.model->fingerprint, 32)) return i;
+    if (named >= 0) {
+        snprintf(why, whysz, "it serves '%.200s' from another file than the gateway's (the model fingerprints differ)", id);
+        return -1;
+    }
+    size_t n = (size_t)snprintf(why, whysz, "it serves %s%.200s%s, which this gateway does not serve (it serves",
+                                id[0] ? "the model '" : "another model", id, id[0] ? "'" : "");
+    for (int i = 0; i < g->o.n_models && n < whysz; i++)
+        n += (size_t)snprintf(why + n, whysz - n, "%s '%.100s'", i ? "," : "", g->m[i].o.name ? g->m[i].o.name : "?");
+    if (n < whysz) snprintf(why + n, whysz - n, ")");
+    return -1;
 }
 
 /* The handshake (cluster/auth.h: the peer proves it holds the cluster key, and we prove it
@@ -120,10 +147,10 @@ static void gw_hello(const gateway *g, proto_msg *m)
  * one absolute deadline (greet.h), however slowly the peer's bytes come. Our HELLO is not sent
  * yet: gw_reply sends it, or says why the worker is refused, once its name was checked. 0, or
  * -1 (logged, counted; *why_refused, when not NULL, says why the worker should be told). */
-static int gw_handshake(gateway *g, proto_conn *pc, const char *who, proto_hello *out, const char **why_refused,
-                        int *code)
+static int gw_handshake(gateway *g, proto_conn *pc, const char *who, proto_hello *out, int *mi_out, char *why_refused,
+                        size_t refusedsz, int *code)
 {
-    *why_refused = NULL;
+    why_refused[0] = 0;
     pc->deadline = util_now() + g->o.handshake_timeout_s;
     char why[160];
     auth_status ast = auth_handshake(pc, g->o.key, AUTH_SIDE_GATEWAY, why, sizeof why);
@@ -142,41 +169,43 @@ static int gw_handshake(gateway *g, proto_conn *pc, const char *who, proto_hello
         if (st == PROTO_OK) proto_msg_free(&m);
         return -1;
     }
-    const char *bad = NULL;
-    char detail[160] = "";
+    char detail[PROTO_MAX_STR] = "";
     *code = PROTO_E_MODEL;
+    int mi = gw_model_of(g, &m.u.hello, detail, sizeof detail);
+    const model *mm = mi >= 0 ? g->m[mi].o.model : NULL;
     pthread_mutex_lock(&g->mu);
-    int kv_dtype = g->kv_dtype;   /* the first worker's */
+    int kv_dtype = mi >= 0 ? g->m[mi].kv_dtype : -1;   /* the model's first worker's */
     pthread_mutex_unlock(&g->mu);
-    if (memcmp(m.u.hello.model_fp, g->o.model->fingerprint, 32)) {
-        bad = "it serves another model (the model fingerprints differ)";
+    if (mi < 0) {
+        /* detail says which model it serves and which ones we do */
     } else if (m.u.hello.role != PROTO_ROLE_PREFILL && m.u.hello.role != PROTO_ROLE_DECODE &&
                m.u.hello.role != PROTO_ROLE_MIXED) {
         snprintf(detail, sizeof detail, "role %d", m.u.hello.role);
         *code = PROTO_E_ROLE;
-    } else if (m.u.hello.n_vocab != (uint32_t)g->o.model->hp.n_vocab) {
-        snprintf(detail, sizeof detail, "vocabulary of %u tokens, the model has %d", m.u.hello.n_vocab,
-                 g->o.model->hp.n_vocab);
+    } else if (m.u.hello.n_vocab != (uint32_t)mm->hp.n_vocab) {
+        snprintf(detail, sizeof detail, "vocabulary of %u tokens, the model has %d", m.u.hello.n_vocab, mm->hp.n_vocab);
     } else if (m.u.hello.kv_dtype != QTYPE_F32 && m.u.hello.kv_dtype != QTYPE_F16 && m.u.hello.kv_dtype != QTYPE_Q8_0 &&
                m.u.hello.kv_dtype != QTYPE_Q4_0) {
         snprintf(detail, sizeof detail, "KV type %u", m.u.hello.kv_dtype);
     } else if (kv_dtype >= 0 && m.u.hello.kv_dtype != kv_dtype) {
         /* blocks, their keys and handed-off tails are in one KV type across the cluster */
-        snprintf(detail, sizeof detail, "KV type %s, the cluster's is %s (start every worker with the same --kv-type)",
+        snprintf(detail, sizeof detail, "KV type %s, the model's workers have %s (start them with the same --kv-type)",
                  quant_type_name((qtype)m.u.hello.kv_dtype), quant_type_name((qtype)kv_dtype));
     }
-    if (!bad && detail[0]) bad = detail;
-    if (bad) {
-        log_warn("gateway: %s: refused: %s", who, bad);
-        /* the worker is told (its log then says why it is not in); a static string for the
-         * caller: the detail is in our log */
-        *why_refused = *code == PROTO_E_ROLE ? "unknown role" : "the model, vocabulary or KV type differs from the gateway's";
+    if (detail[0]) {
+        log_warn("gateway: %s: refused: %s", who, detail);
+        /* the worker is told (its log then says why it is not in): which model, when that was
+         * it; the other details are in our log */
+        snprintf(why_refused, refusedsz, "%s", *code == PROTO_E_ROLE ? "unknown role"
+                                               : mi < 0 ? detail : "the vocabulary or KV type differs from the gateway's");
         proto_msg_free(&m);
         return -1;
     }
+    *mi_out = mi;
     *out = m.u.hello;
     out->listen = xstrdup(m.u.hello.listen ? m.u.hello.listen : "");
     out->name = xstrdup(m.u.hello.name ? m.u.hello.name : "");
+    out->model_id = xstrdup(m.u.hello.model_id ? m.u.hello.model_id : "");
     proto_msg_free(&m);
     return 0;
 }
@@ -184,7 +213,7 @@ static int gw_handshake(gateway *g, proto_conn *pc, const char *who, proto_hello
 /* The gateway's answer to a greeted worker: its HELLO (refusal NULL: the worker is in), or ERROR
  * code saying why not (then the caller closes). Sent at once on a fresh connection, so the
  * write is bounded (1 s) rather than waited for. */
-static void gw_reply(gateway *g, proto_conn *pc, const char *refusal, int code)
+static void gw_reply(gateway *g, proto_conn *pc, const char *refusal, int code, int mi)
 {
     struct timeval tv = { .tv_sec = 1, .tv_usec = 0 }, none = { 0, 0 };
     setsockopt(pc->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
@@ -195,7 +224,7 @@ static void gw_reply(gateway *g, proto_conn *pc, const char *refusal, int code)
         m.u.error.code = (uint32_t)code;
         m.u.error.msg = (char *)refusal;
     } else {
-        gw_hello(g, &m);
+        gw_hello(g, mi, &m);
     }
     (void)proto_send_msg(pc, &m);
     setsockopt(pc->fd, SOL_SOCKET, SO_SNDTIMEO, &none, sizeof none);
@@ -203,14 +232,14 @@ static void gw_reply(gateway *g, proto_conn *pc, const char *refusal, int code)
 
 /* A new connection's frame state, or NULL when the handshake fails (the refusal said to the
  * peer when it got that far; fd is then the caller's to close). */
-static proto_conn *gw_greet(gateway *g, int fd, const char *who, proto_hello *h)
+static proto_conn *gw_greet(gateway *g, int fd, const char *who, proto_hello *h, int *mi)
 {
     proto_conn *pc = xmalloc(sizeof *pc);
     proto_conn_init(pc, fd);
-    const char *refusal = NULL;
+    char refusal[PROTO_MAX_STR];
     int code = 0;
-    if (gw_handshake(g, pc, who, h, &refusal, &code)) {
-        if (refusal) gw_reply(g, pc, refusal, code);
+    if (gw_handshake(g, pc, who, h, mi, refusal, sizeof refusal, &code)) {
+        if (refusal[0]) gw_reply(g, pc, refusal, code, 0);
         proto_conn_free(pc);
         free(pc);
         return NULL;
@@ -247,7 +276,7 @@ static bool gw_refuse_name(gateway *g, proto_conn *pc, const proto_hello *h, int
              h->name, g->w[other].addr);
     log_warn("gateway: %s (%s): refused: %s", who, h->listen[0] ? h->listen : "no address", msg);
     g->n_bad_conns++;
-    gw_reply(g, pc, msg, PROTO_E_NAME);
+    gw_reply(g, pc, msg, PROTO_E_NAME, 0);
     return true;
 }
 
@@ -259,7 +288,7 @@ static void gw_conn_close(proto_conn *pc)
 }
 
 /* Installs a connected, greeted worker in slot (mu held) and starts its reader, which owns pc. */
-static void gw_attach(gateway *g, int slot, proto_conn *pc, const proto_hello *h)
+static void gw_attach(gateway *g, int slot, proto_conn *pc, const proto_hello *h, int mi)
 {
     gw_worker *w = &g->w[slot];
     int fd = pc->fd;
@@ -276,7 +305,8 @@ static void gw_attach(gateway *g, int slot, proto_conn *pc, const proto_hello *h
     w->role = h->role;
     w->max_seqs = h->max_seqs;
     w->kv_dtype = h->kv_dtype;
-    if (g->kv_dtype < 0) g->kv_dtype = h->kv_dtype;
+    w->model = mi;
+    if (g->m[mi].kv_dtype < 0) g->m[mi].kv_dtype = h->kv_dtype;
     snprintf(w->name, sizeof w->name, "%s", h->name ? h->name : "");
     snprintf(w->listen, sizeof w->listen, "%s", h->listen ? h->listen : "");
     proto_peer_host(fd, w->peer, sizeof w->peer);
@@ -304,7 +334,8 @@ static void gw_attach(gateway *g, int slot, proto_conn *pc, const proto_hello *h
         pthread_mutex_unlock(&w->send_mu);
     }
     pthread_attr_destroy(&at);
-    log_info("gateway: worker %s (%s%s%s) is in", w->addr, proto_role_name(w->role), w->name[0] ? ", " : "", w->name);
+    log_info("gateway: worker %s (%s%s%s) is in, model %s", w->addr, proto_role_name(w->role), w->name[0] ? ", " : "",
+             w->name, g->m[mi].o.name ? g->m[mi].o.name : "?");
     pthread_cond_broadcast(&g->cv_workers);
     pthread_cond_signal(&g->cv_disp);
 }
@@ -316,7 +347,8 @@ void gw_connect_static(gateway *g, int slot)
     int fd = proto_connect(addr, 500);
     if (fd < 0) return;
     proto_hello h;
-    proto_conn *pc = gw_greet(g, fd, addr, &h);
+    int mi = -1;
+    proto_conn *pc = gw_greet(g, fd, addr, &h, &mi);
     if (!pc) {
         close(fd);
         return;
@@ -325,20 +357,21 @@ void gw_connect_static(gateway *g, int slot)
     if (g->stop || g->w[slot].connected || g->w[slot].reader_live) {
         gw_conn_close(pc);
     } else if (!gw_refuse_name(g, pc, &h, slot, addr)) {
-        gw_reply(g, pc, NULL, 0);
-        gw_attach(g, slot, pc, &h);
+        gw_reply(g, pc, NULL, 0, mi);
+        gw_attach(g, slot, pc, &h, mi);
     } else {
         gw_conn_close(pc);
     }
     pthread_mutex_unlock(&g->mu);
     free(h.listen);
     free(h.name);
+    free(h.model_id);
 }
 
 /* Registers a greeted worker: its slot (the same address again, a restarted worker, reuses
  * its slot when free), then our HELLO and gw_attach. Closes pc when the worker's name is taken,
  * there is no room or the gateway stops (the worker told why in the first two cases). */
-static void gw_register(gateway *g, proto_conn *pc, const proto_hello *h, const char *who)
+static void gw_register(gateway *g, proto_conn *pc, const proto_hello *h, int mi, const char *who)
 {
     pthread_mutex_lock(&g->mu);
     int slot = -1;
@@ -354,13 +387,13 @@ static void gw_register(gateway *g, proto_conn *pc, const proto_hello *h, const 
         gw_conn_close(pc);
     } else if (slot < 0) {
         log_warn("gateway: too many workers, refusing %s", h->listen);
-        gw_reply(g, pc, "too many workers", PROTO_E_BUSY);
+        gw_reply(g, pc, "too many workers", PROTO_E_BUSY, 0);
         gw_conn_close(pc);
     } else {
         gw_worker *w = &g->w[slot];
         if (!w->is_static) snprintf(w->addr, sizeof w->addr, "%s", h->listen[0] ? h->listen : h->name);
-        gw_reply(g, pc, NULL, 0);
-        gw_attach(g, slot, pc, h);
+        gw_reply(g, pc, NULL, 0, mi);
+        gw_attach(g, slot, pc, h, mi);
     }
     pthread_mutex_unlock(&g->mu);
 }
@@ -383,15 +416,17 @@ static void *gw_greet_thread(void *arg)
     char who[128];
     snprintf(who, sizeof who, "registering worker from %s", a.host[0] ? a.host : "?");
     proto_hello h;
-    proto_conn *pc = gw_greet(g, a.fd, who, &h);
+    int mi = -1;
+    proto_conn *pc = gw_greet(g, a.fd, who, &h, &mi);
     pthread_mutex_lock(&g->mu);
     greet_done(&g->greet, a.ticket);   /* before the fd closes: an eviction never hits a reused fd */
     if (!pc) g->n_bad_conns++;
     pthread_mutex_unlock(&g->mu);
     if (pc) {
-        gw_register(g, pc, &h, who);
+        gw_register(g, pc, &h, mi, who);
         free(h.listen);
         free(h.name);
+        free(h.model_id);
     } else {
         close(a.fd);
     }

@@ -61,7 +61,7 @@ static bool gw_avoided(const gateway *g, const gw_req *r, int slot, bool prefill
 {
     if (r->avoid_slot != slot || g->w[slot].gen != r->avoid_gen) return false;
     for (int i = 0; i < g->n_slots; i++)
-        if (i != slot && gw_usable(&g->w[i]) && (prefill ? gw_can_prefill(&g->w[i]) : gw_can_decode(&g->w[i])))
+        if (i != slot && gw_fits(&g->w[i], r->model, prefill))
             return true;
     return false;
 }
@@ -113,7 +113,7 @@ void gw_send_prefill(gateway *g, gw_req *r)
     bal_cost_default(&c);
     for (int i = 0; i < g->n_slots; i++) {
         gw_worker *w = &g->w[i];
-        if (!gw_usable(w) || !gw_can_prefill(w) || gw_avoided(g, r, i, true)) continue;
+        if (!gw_fits(w, r->model, true) || gw_avoided(g, r, i, true)) continue;
         bw[n] = (bal_prefill_worker){ .up = true, .queued_s = w->queued_s, .n_queued = w->n_prefill,
                                       .speed = bal_speed_rel(&w->speed, &c), .inflight_tokens = gw_inflight(g, r, i),
                                       .has_curve = w->has_curve };
@@ -140,6 +140,8 @@ void gw_send_prefill(gateway *g, gw_req *r)
     gw_params_copy(&m.u.prefill.params, &r->params);
     if (r->params.think_budget) m.hdr.flags |= PROTO_F_THINK;
     if (r->params.grammar) m.hdr.flags |= PROTO_F_GRAMMAR;
+    if (r->embed) m.hdr.flags |= PROTO_F_EMBED;
+    m.u.prefill.embed = r->embed;
     m.u.prefill.hit_len = (uint32_t)r->hit_len;
     m.u.prefill.n_prompt = (uint32_t)r->n_prompt;
     m.u.prefill.prompt = r->prompt;
@@ -161,7 +163,7 @@ void gw_send_decode(gateway *g, gw_req *r)
     int map[GW_MAX_WORKERS], n = 0;
     for (int i = 0; i < g->n_slots; i++) {
         gw_worker *w = &g->w[i];
-        if (!gw_usable(w) || !gw_can_decode(w) || gw_avoided(g, r, i, false)) continue;
+        if (!gw_fits(w, r->model, false) || gw_avoided(g, r, i, false)) continue;
         bw[n] = (bal_decode_worker){ .up = true, .n_running = w->n_decode, .sum_ctx = w->sum_ctx, .max_running = (int)w->max_seqs };
         map[n++] = i;
     }

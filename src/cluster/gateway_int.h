@@ -62,6 +62,7 @@ typedef struct {
     bal_speed speed;          /* prefill tokens/s learned from the reports (balance.h) */
     uint32_t max_seqs;        /* HELLO */
     int kv_dtype;             /* HELLO */
+    int model;                /* the gw_model it serves (HELLO), index in gateway.m; -1 before */
     /* the gateway's own load figures (what it sent and has not seen finish) */
     double queued_s;          /* prefill: cost-model seconds queued */
     int n_prefill;            /* prefill jobs out */
@@ -73,6 +74,11 @@ typedef struct {
 typedef struct gw_req {
     struct gw_req *prev, *next;  /* the gateway's list of live requests */
     uint64_t id;              /* protocol req_id */
+    int model;                /* index in gateway.m: only workers of this model take it */
+    uint8_t embed;            /* an embedding (model_pool MEAN or LAST): a PREFILL with
+                               * PROTO_F_EMBED, answered by EMBEDDING then FINISH; 0: a generation */
+    float *emb;               /* (n_emb) its vector once the EMBEDDING came, else NULL */
+    int n_emb;
     int32_t *prompt;          /* (n_prompt) */
     int n_prompt;
     proto_params params;      /* params.salt owned */
@@ -128,9 +134,18 @@ typedef struct gw_fetch {    /* a job held until the window state it needs arriv
     double deadline;          /* util_now(): sent without the state after this */
 } gw_fetch;
 
+typedef struct {             /* one served model (gateway_model) and its backend */
+    gateway_model o;
+    gateway *g;               /* the backend's ud is this gw_model: its gateway */
+    int i;                    /* its index in gateway.m */
+    api_backend be;
+    int kv_dtype;             /* its workers' KV type (pool fingerprint of its block keys), -1
+                               * until the first of them said */
+} gw_model;
+
 struct gateway {
     gateway_opts o;
-    api_backend be;
+    gw_model m[GATEWAY_MAX_MODELS]; /* (o.n_models) */
     pthread_mutex_t mu;
     pthread_cond_t cv_disp;   /* wakes the dispatcher */
     pthread_cond_t cv_workers;/* a worker came up / a reader exited */
@@ -147,7 +162,6 @@ struct gateway {
     bool acc_started;
     greet_table greet;        /* registrations in their handshake and their threads, under mu */
     double t_evict_log;       /* util_now() of the last line about handshakes cut for room */
-    int kv_dtype;             /* the workers' KV type (pool fingerprint of block keys), -1 unknown */
     /* counters */
     uint64_t n_requests, n_rejected, n_reprefills, n_resumes, n_prompt_tokens, n_hit_tokens, n_gen_tokens;
     uint64_t n_uncached_tokens;   /* prompt tokens not found in the store, lifetime */
@@ -171,6 +185,11 @@ struct gateway {
 static inline bool gw_can_prefill(const gw_worker *w) { return w->role == PROTO_ROLE_PREFILL || w->role == PROTO_ROLE_MIXED; }
 static inline bool gw_can_decode(const gw_worker *w) { return w->role == PROTO_ROLE_DECODE || w->role == PROTO_ROLE_MIXED; }
 static inline bool gw_usable(const gw_worker *w) { return w->used && w->connected && !w->draining; }
+/* w takes r's jobs of the role (prefill or decode) now. */
+static inline bool gw_fits(const gw_worker *w, int mi, bool prefill)
+{
+    return gw_usable(w) && w->model == mi && (prefill ? gw_can_prefill(w) : gw_can_decode(w));
+}
 
 /* gateway.c (all with mu held) */
 /* The worker's connection is gone or it is declared dead: its requests move elsewhere (keep_write:

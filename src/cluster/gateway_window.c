@@ -107,7 +107,8 @@ static void gw_window_key(gateway *g, const gw_req *r, int nb, uint8_t out[32])
     uint8_t root[32], fp[32];
     if (r->params.salt && *r->params.salt) blockkey_root(r->params.salt, strlen(r->params.salt), root);
     else blockkey_root(NULL, 0, root);
-    blockkey_pool_fp(g->o.model->fingerprint, g->kv_dtype >= 0 ? g->kv_dtype : QTYPE_F32, fp);
+    const gw_model *gm = &g->m[r->model];
+    blockkey_pool_fp(gm->o.model->fingerprint, gm->kv_dtype >= 0 ? gm->kv_dtype : QTYPE_F32, fp);
     uint8_t (*keys)[32] = xmalloc((size_t)nb * 32);
     blockkey_chain(root, r->prompt, nb, fp, keys);
     memcpy(out, keys[nb - 1], 32);

@@ -164,7 +164,7 @@ const char *proto_type_name(int type)
 {
     static const char *names[] = { "?", "HELLO", "HEARTBEAT", "PREFILL", "HANDOFF", "DECODE",
                                    "TOKENS", "FINISH", "CANCEL", "DRAIN", "ERROR", "CHALLENGE", "PROOF",
-                                   "WINDOW", "WINFETCH", "WINSTATE", "EXPERTS", "EXPERTS_OUT" };
+                                   "WINDOW", "WINFETCH", "WINSTATE", "EXPERTS", "EXPERTS_OUT", "EMBEDDING" };
     return type > 0 && type <= PROTO_TYPE_MAX ? names[type] : "?";
 }
 
@@ -196,7 +196,7 @@ static uint32_t proto_allowed_flags(int type)
     switch (type) {
     case PROTO_HELLO: return PROTO_F_REGISTER;
     case PROTO_HANDOFF: return PROTO_F_HAS_TAIL | PROTO_F_KV_LATENT;
-    case PROTO_PREFILL: return PROTO_F_THINK | PROTO_F_GRAMMAR;
+    case PROTO_PREFILL: return PROTO_F_THINK | PROTO_F_GRAMMAR | PROTO_F_EMBED;
     case PROTO_DECODE: return PROTO_F_HAS_TAIL | PROTO_F_RESUME | PROTO_F_THINK | PROTO_F_GRAMMAR | PROTO_F_KV_LATENT;
     case PROTO_TOKENS: return PROTO_F_LOGPROBS;
     case PROTO_HEARTBEAT: return PROTO_F_STEPTIME;
@@ -488,6 +488,39 @@ static bool proto_experts_ok(const proto_experts *x)
     return rows * x->dim == x->n_floats && (uint64_t)x->n_floats * 4 <= PROTO_MAX_PAYLOAD;
 }
 
+/* An embedding PREFILL's pooling and an EMBEDDING's vector (version 3 additions). */
+static bool proto_embed_pool_ok(unsigned pool) { return pool == 1 || pool == 3; }   /* model_pool MEAN, LAST */
+
+static bool proto_embedding_ok(const proto_embedding *x)
+{
+    if (x->n < 1 || x->n > PROTO_MAX_EMBED || !x->v) return false;
+    for (uint32_t i = 0; i < x->n; i++)
+        if (!isfinite(x->v[i])) return false;
+    return true;
+}
+
+static void proto_put_embedding(proto_buf *b, const proto_embedding *x)
+{
+    proto_put_u32(b, x->n);
+    for (uint32_t i = 0; i < x->n; i++) proto_put_f32(b, x->v[i]);
+}
+
+static void proto_get_embedding(proto_rd *r, proto_embedding *x)
+{
+    uint32_t n = proto_get_u32(r);
+    if (r->err || n < 1 || n > PROTO_MAX_EMBED || (uint64_t)n * 4 != r->n - r->off) {
+        r->err = true;
+        return;
+    }
+    if (!(x->v = malloc((size_t)n * sizeof *x->v))) {
+        r->err = true;
+        return;
+    }
+    x->n = n;
+    for (uint32_t i = 0; i < n; i++) x->v[i] = proto_get_f32(r);
+    if (!r->err && !proto_embedding_ok(x)) r->err = true;
+}
+
 /* Checks the limits a receiver enforces, so that an encoder never produces a frame its peer
  * would refuse. */
 static bool proto_msg_ok(const proto_msg *m)
@@ -496,6 +529,7 @@ static bool proto_msg_ok(const proto_msg *m)
     case PROTO_HELLO:
         return (!m->u.hello.listen || strlen(m->u.hello.listen) <= PROTO_MAX_STR) &&
                (!m->u.hello.name || strlen(m->u.hello.name) <= PROTO_MAX_STR) &&
+               (!m->u.hello.model_id || strlen(m->u.hello.model_id) <= PROTO_MAX_STR) &&
                m->u.hello.role >= PROTO_ROLE_PREFILL && m->u.hello.role <= PROTO_ROLE_EXPERT;
     case PROTO_HEARTBEAT:
         for (int i = 0; i < 4 && (m->hdr.flags & PROTO_F_STEPTIME); i++)
@@ -503,7 +537,10 @@ static bool proto_msg_ok(const proto_msg *m)
         return m->u.heartbeat.draining <= 1;
     case PROTO_PREFILL:
         return proto_params_ok(&m->u.prefill.params, m->hdr.flags) && m->u.prefill.n_prompt >= 1 &&
-               m->u.prefill.n_prompt <= PROTO_MAX_TOKENS;
+               m->u.prefill.n_prompt <= PROTO_MAX_TOKENS &&
+               (!(m->hdr.flags & PROTO_F_EMBED) || proto_embed_pool_ok(m->u.prefill.embed));
+    case PROTO_EMBEDDING:
+        return proto_embedding_ok(&m->u.embedding);
     case PROTO_HANDOFF:
         return m->u.handoff.first.n_top <= PROTO_MAX_TOP && m->u.handoff.n_sampled <= 1 &&
                (!(m->hdr.flags & PROTO_F_HAS_TAIL) || proto_kv_ok(&m->u.handoff.kv));
@@ -576,6 +613,7 @@ proto_status proto_encode(proto_buf *b, const proto_msg *m)
         proto_put_u32(b, x->n_vocab);
         proto_put_str(b, x->listen);
         proto_put_str(b, x->name);
+        proto_put_str(b, x->model_id);
         break;
     }
     case PROTO_HEARTBEAT: {
@@ -604,6 +642,7 @@ proto_status proto_encode(proto_buf *b, const proto_msg *m)
         proto_put_params(b, &x->params, h->flags);
         proto_put_u32(b, x->hit_len);
         proto_put_ids(b, x->prompt, x->n_prompt);
+        if (h->flags & PROTO_F_EMBED) proto_put_u8(b, x->embed);
         break;
     }
     case PROTO_HANDOFF: {
@@ -693,6 +732,7 @@ proto_status proto_encode(proto_buf *b, const proto_msg *m)
         proto_put_bytes(b, x->x, (size_t)x->n_floats * 4);   /* little-endian hosts only (the build's) */
         break;
     }
+    case PROTO_EMBEDDING: proto_put_embedding(b, &m->u.embedding); break;
     }
     if (b->oom && !was_oom) {
         b->n = start;
@@ -729,6 +769,7 @@ proto_status proto_decode(const proto_hdr *h, const uint8_t *payload, proto_msg 
         if (x->role < PROTO_ROLE_PREFILL || x->role > PROTO_ROLE_EXPERT) r->err = true;
         if (!r->err) x->listen = proto_get_str(r);
         if (!r->err) x->name = proto_get_str(r);
+        if (!r->err) x->model_id = proto_get_str(r);
         break;
     }
     case PROTO_HEARTBEAT: {
@@ -761,6 +802,7 @@ proto_status proto_decode(const proto_hdr *h, const uint8_t *payload, proto_msg 
         proto_get_params(r, &x->params, h->flags);
         x->hit_len = proto_get_u32(r);
         if (!r->err) x->prompt = proto_get_ids(r, &x->n_prompt, false);
+        if (!r->err && (h->flags & PROTO_F_EMBED) && !proto_embed_pool_ok(x->embed = proto_get_u8(r))) r->err = true;
         break;
     }
     case PROTO_HANDOFF: {
@@ -899,6 +941,7 @@ proto_status proto_decode(const proto_hdr *h, const uint8_t *payload, proto_msg 
         memcpy(x->x, proto_get_bytes(r, (size_t)x->n_floats * 4), (size_t)x->n_floats * 4);
         break;
     }
+    case PROTO_EMBEDDING: proto_get_embedding(r, &m->u.embedding); break;
     default:
         return PROTO_ERR_TYPE;
     }
@@ -914,7 +957,7 @@ void proto_msg_free(proto_msg *m)
 {
     if (!m) return;
     switch (m->hdr.type) {
-    case PROTO_HELLO: free(m->u.hello.listen); free(m->u.hello.name); break;
+    case PROTO_HELLO: free(m->u.hello.listen); free(m->u.hello.name); free(m->u.hello.model_id); break;
     case PROTO_PREFILL:
         free(m->u.prefill.params.salt);
         free(m->u.prefill.params.grammar);
@@ -938,6 +981,7 @@ void proto_msg_free(proto_msg *m)
         free(m->u.experts.n_rows);
         free(m->u.experts.x);
         break;
+    case PROTO_EMBEDDING: free(m->u.embedding.v); break;
     default: break;
     }
     memset(&m->u, 0, sizeof m->u);

@@ -39,7 +39,8 @@
 #include "engine/sample.h"
 
 #define PROTO_MAGIC 0x50434d54u          /* "TMCP" as bytes on the wire (LE u32) */
-#define PROTO_VERSION 2                  /* 2: the handshake and frame tags (cluster/auth.h) */
+#define PROTO_VERSION 3                  /* 2: the handshake and frame tags (cluster/auth.h);
+                                          * 3: HELLO names the model the worker serves */
 #define PROTO_HDR_SIZE 24                /* bytes of the frame header */
 #define PROTO_MAX_PAYLOAD (64u << 20)    /* largest payload accepted, bytes */
 #define PROTO_MAX_PREAUTH 2048           /* largest payload accepted before the handshake sealed
@@ -90,7 +91,9 @@ typedef enum {
     PROTO_EXPERTS = 16,    /* expert-parallel leader -> member: input rows of some experts of
                             * one layer (cluster/ep.h) */
     PROTO_EXPERTS_OUT = 17,/* member -> leader: the experts' output rows, in the same order */
-    PROTO_TYPE_MAX = 17,
+    PROTO_EMBEDDING = 18,  /* worker -> gateway: the pooled vector of an embedding PREFILL
+                            * (PROTO_F_EMBED), before its FINISH */
+    PROTO_TYPE_MAX = 18,
 } proto_type;
 
 /* Header flags. Each type accepts only the flags listed for it; any other bit is an error. */
@@ -117,6 +120,10 @@ typedef enum {
                                    * follows the params (and the THINK section); the worker
                                    * compiles it (added within version 2, like THINK) */
 #define PROTO_F_LAST 0x1u         /* EXPERTS / EXPERTS_OUT: the last frame of a layer's exchange */
+#define PROTO_F_EMBED 0x20u       /* PREFILL: an embedding, not a generation: a u8 pooling (model_pool:
+                                   * mean or last) follows the prompt; the worker answers EMBEDDING
+                                   * then FINISH (version 3) */
+#define PROTO_MAX_EMBED 65536     /* most floats in one EMBEDDING */
 typedef enum {
     PROTO_ROLE_PREFILL = 1,
     PROTO_ROLE_DECODE = 2,
@@ -170,6 +177,8 @@ typedef struct {
     uint32_t n_vocab;
     char *listen;           /* "HOST:PORT" where the worker accepts the gateway ("" if none) */
     char *name;             /* free-form id for logs ("" if none) */
+    char *model_id;         /* the id requests name the served model by ("" if none: the
+                             * gateway then matches the fingerprint alone); version 3 */
 } proto_hello;
 
 typedef struct {
@@ -248,7 +257,13 @@ typedef struct {
     uint32_t hit_len;       /* prompt positions the gateway found cached (a hint) */
     uint32_t n_prompt;
     int32_t *prompt;        /* (n_prompt) token ids */
+    uint8_t embed;          /* with PROTO_F_EMBED: the pooling (model_pool MEAN or LAST) */
 } proto_prefill_job;
+
+typedef struct {            /* EMBEDDING */
+    uint32_t n;             /* floats, 1..PROTO_MAX_EMBED (the model's width) */
+    float *v;               /* (n) the pooled vector, not normalised, finite */
+} proto_embedding;
 
 typedef struct {
     int32_t token;          /* the first generated token */
@@ -372,6 +387,7 @@ typedef struct {
         proto_winfetch winfetch;
         proto_winstate winstate;
         proto_experts experts; /* EXPERTS and EXPERTS_OUT */
+        proto_embedding embedding;
     } u;
 } proto_msg;
 

@@ -207,6 +207,7 @@ static void worker_send_hello(worker *w, wconn *c, bool reg)
     }
     h->listen = listen;
     h->name = w->name;
+    h->model_id = (char *)(w->o.model_id ? w->o.model_id : "");
     worker_send(c, &m);
 }
 
@@ -506,6 +507,7 @@ static bool worker_job_start(wjob *j)
         sp.n_prompt = (int)p->n_prompt;
         sp.max_tokens = 1;
         sp.kv_out = worker_kv_out;
+        if (j->msg.hdr.flags & PROTO_F_EMBED) sp.embed = (model_pool)p->embed;   /* worker_embed_done answers */
     } else {
         const proto_decode_job *d = &j->msg.u.decode;
         ok = worker_params(w, &d->params, &sp);
@@ -551,6 +553,24 @@ static bool worker_job_start(wjob *j)
     return true;
 }
 
+/* An embedding PREFILL that ended: its vector (EMBEDDING) when computed, then FINISH. */
+static void worker_embed_done(wjob *j)
+{
+    const sched_output fin = j->fin;
+    const float *v = fin.finish == SCHED_FINISH_STOP && j->req ? sched_embedding(j->req) : NULL;
+    if (v) {
+        proto_msg m;
+        memset(&m, 0, sizeof m);
+        m.hdr.type = PROTO_EMBEDDING;
+        m.hdr.req_id = j->id;
+        m.u.embedding.n = (uint32_t)j->w->m->hp.dim;
+        m.u.embedding.v = (float *)v;
+        worker_send(j->c, &m);
+    }
+    worker_send_finish(j, v ? PROTO_FINISH_STOP : worker_finish_reason(j, fin.finish), (int)j->msg.u.prefill.n_prompt, 0, 0,
+                       fin.ttft_s, NULL);
+}
+
 /* A prefill whose request ended (its one token, or cancelled / failed): HANDOFF, or the
  * token and FINISH when the request ends there. */
 static void worker_prefill_done(wjob *j)
@@ -558,6 +578,10 @@ static void worker_prefill_done(wjob *j)
     worker *w = j->w;
     const proto_prefill_job *p = &j->msg.u.prefill;
     const sched_output first = j->first, fin = j->fin;
+    if (j->msg.hdr.flags & PROTO_F_EMBED) {
+        worker_embed_done(j);
+        return;
+    }
     double t_first = util_now();
     pthread_mutex_lock(&w->mu);
     j->first_done = true;

@@ -64,6 +64,8 @@ typedef struct {
     const char *name;         /* id in HELLO, logs and /admin/drain; NULL: HOSTNAME:PORT of
                               * --listen, else HOSTNAME/PID (a gateway refuses a name another
                               * live worker has) */
+    const char *model_id;     /* the id requests name its model by, in HELLO: the gateway routes
+                              * that model's requests here; NULL: "" (the fingerprint alone) */
     const auth_key *key;      /* the cluster secret (cluster/auth.h), required; outlives the worker */
     int heartbeat_ms;         /* <= 0: 500 */
     int max_seqs;             /* capacity reported in HELLO (the scheduler's) */

@@ -148,6 +148,16 @@ void api_be_release(const api_ctx *c, sched_req *r)
     else sched_release(r);
 }
 
+bool api_be_done(const api_ctx *c, sched_req *r)
+{
+    return c->backend ? !c->backend->done || c->backend->done(c->backend->ud, r) : sched_done(r);
+}
+
+const float *api_be_embedding(const api_ctx *c, sched_req *r)
+{
+    return c->backend ? (c->backend->embedding ? c->backend->embedding(c->backend->ud, r) : NULL) : sched_embedding(r);
+}
+
 static void api_submit_message(char *buf, size_t sz, const api_ctx *c, sched_status st, int n_prompt, int max_tokens)
 {
     switch (st) {

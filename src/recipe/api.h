@@ -91,6 +91,10 @@ typedef struct api_backend {
     const char *role_text;
     bool (*draining)(void *ud);   /* (may be NULL) true once it refuses new requests to stop:
                                * /health answers 503 "draining" */
+    bool (*done)(void *ud, sched_req *r);   /* sched_done's meaning (may be NULL without embedding) */
+    /* sched_embedding's meaning (NULL: the backend runs no embeddings, and the embedding and
+     * rerank routes answer 501) */
+    const float *(*embedding)(void *ud, sched_req *r);
 } api_backend;
 
 /* SEVERAL MODELS: `serve -m a=A.gguf -m b=B.gguf` makes one api_ctx per model (each its own
@@ -136,6 +140,8 @@ sched_status api_be_submit(const api_ctx *c, const sched_params *p, sched_req **
 int api_be_poll(const api_ctx *c, sched_req *r, sched_output *out, int max, int timeout_ms);
 void api_be_cancel(const api_ctx *c, sched_req *r);
 void api_be_release(const api_ctx *c, sched_req *r);
+bool api_be_done(const api_ctx *c, sched_req *r);
+const float *api_be_embedding(const api_ctx *c, sched_req *r);
 
 /* Routes of each API; cmd_serve calls every one that is linked in. */
 void api_misc_register(http_server *h, api_ctx *c);          /* GET /v1/models, /health, /metrics, / and /status */
@@ -144,7 +150,7 @@ void api_chat_register(http_server *h, api_ctx *c);          /* POST /v1/chat/co
 void api_responses_register(http_server *h, api_ctx *c);     /* POST /v1/responses */
 void api_messages_register(http_server *h, api_ctx *c);      /* POST /v1/messages (+ count_tokens) */
 void api_tokenize_register(http_server *h, api_ctx *c);      /* POST /tokenize, /detokenize (llama.cpp's) */
-void api_embed_register(http_server *h, api_ctx *c);         /* POST /v1/embeddings (a 501 on the gateway) */
+void api_embed_register(http_server *h, api_ctx *c);         /* POST /v1/embeddings, /v1/rerank, /rerank */
 
 /* The vendors' error bodies. param and code may be NULL (JSON null). */
 void api_openai_error(http_request *r, int status, const char *type, const char *message,

@@ -34,8 +34,10 @@
  * text may name control tokens; the query and documents are text only (llama.cpp parses
  * control-token text in them too).
  *
- * The gateway has no worker call for either yet: there both routes answer 501 in OpenAI's
- * shape (the cluster protocol carries generations only).
+ * Through the gateway (api_backend.embedding) each input is an embedding PREFILL on a worker
+ * serving the model, whose vector comes back in an EMBEDDING frame (docs/protocol.md); the
+ * pooling, the normalisation, dimensions and the reranker's score head are computed here, as
+ * for `serve`. A backend without the hook answers 501.
  */
 #define _GNU_SOURCE   /* memmem */
 #include "recipe/api.h"
@@ -179,7 +181,7 @@ static bool emb_inputs(const api_ctx *c, json_t *input, emb_input **ins, int *n,
 static bool emb_collect(const api_ctx *c, http_request *r, emb_input *in, int dim, api_error *e)
 {
     sched_output out[4];
-    while (!sched_done(in->req)) {
+    while (!api_be_done(c, in->req)) {
         int k = api_be_poll(c, in->req, out, 4, 200);
         for (int i = 0; i < k; i++)
             if (out[i].kind == SCHED_OUT_FINISH && out[i].finish != SCHED_FINISH_STOP) {
@@ -192,7 +194,7 @@ static bool emb_collect(const api_ctx *c, http_request *r, emb_input *in, int di
             return false;
         }
     }
-    const float *v = sched_embedding(in->req);
+    const float *v = api_be_embedding(c, in->req);
     if (!v) {
         api_error_set(e, 500, NULL, NULL, "The embedding was not computed.");
         return false;
@@ -259,9 +261,9 @@ static const api_ctx *emb_route(const api_ctx *user, const char *name, const cha
         api_error_set(e, 404, "model", "model_not_found", "The model '%.200s' does not exist.", name);
         return NULL;
     }
-    if (c->backend) {
+    if (c->backend && !c->backend->embedding) {
         api_error_set(e, 501, NULL, "not_implemented",
-                      "%s not served through the gateway; ask a `tokenmill serve` of the model.", what);
+                      "%s not served through this backend; ask a `tokenmill serve` of the model.", what);
         return NULL;
     }
     return c;

@@ -385,7 +385,7 @@ test("a prefix prefilled on one prefill worker is a cache hit on the other", { t
   await startWorker("prefill", on);
 });
 
-function frame(type, id, payload, version = 2) {
+function frame(type, id, payload, version = 3) {
   const h = Buffer.alloc(24);
   h.writeUInt32LE(0x50434d54, 0); h.writeUInt16LE(version, 4); h.writeUInt16LE(type, 6);
   h.writeBigUInt64LE(BigInt(id), 12); h.writeUInt32LE(payload.length, 20);
@@ -398,8 +398,9 @@ const str = (t) => Buffer.concat([le(2, t.length, "writeUInt16LE"), Buffer.from(
 const ids = (a) => Buffer.concat([u32(a.length), ...a.map(i32)]);
 const params = (pen) => Buffer.concat([f32(0.8), i32(0), f32(1), f32(0), f32(1), f32(0), f32(0), i32(pen), u64(1), i32(4),
   u8(0), u8(0), u8(0), u8(0), i32(0), str("")]);
-const helloPayload = (role, fp, name) => Buffer.concat([u8(role), u8(0), fp, u32(16), u32(64), u32(256), u32(512), u32(512),
-  str("127.0.0.1:1"), str(name)]);
+// KV type 1 (F16): the real workers', which a model's workers must all share
+const helloPayload = (role, fp, name) => Buffer.concat([u8(role), u8(1), fp, u32(16), u32(64), u32(256), u32(512), u32(512),
+  str("127.0.0.1:1"), str(name), str("")]);   // model_id "": matched by the fingerprint
 
 // ---- the cluster handshake and frame tags, written from docs/protocol.md (not from the C) ----
 const hmac = (key, ...parts) => crypto.createHmac("sha256", key).update(Buffer.concat(parts)).digest();
@@ -492,8 +493,8 @@ async function sendJunk(port, junk) {
 const JUNK = [
   Buffer.from("GET / HTTP/1.1\r\nHost: x\r\n\r\n" + "x".repeat(40)),
   Buffer.alloc(64, 0xff),
-  (() => { const h = Buffer.alloc(24); h.writeUInt32LE(0x50434d54, 0); h.writeUInt16LE(2, 4); h.writeUInt16LE(1, 6); h.writeUInt32LE(0xfffffff0, 20); return h; })(), // oversized
-  (() => { const h = Buffer.alloc(32); h.writeUInt32LE(0x50434d54, 0); h.writeUInt16LE(2, 4); h.writeUInt16LE(3, 6); h.writeUInt32LE(8, 20); return h; })(),          // truncated PREFILL
+  (() => { const h = Buffer.alloc(24); h.writeUInt32LE(0x50434d54, 0); h.writeUInt16LE(3, 4); h.writeUInt16LE(1, 6); h.writeUInt32LE(0xfffffff0, 20); return h; })(), // oversized
+  (() => { const h = Buffer.alloc(32); h.writeUInt32LE(0x50434d54, 0); h.writeUInt16LE(3, 4); h.writeUInt16LE(3, 6); h.writeUInt32LE(8, 20); return h; })(),          // truncated PREFILL
 ];
 // well-formed frames (after the handshake and a valid HELLO) whose values are out of range
 // (docs/protocol.md): a penalty window of INT_MAX (an allocation of INT_MAX + 1 entries crashed
@@ -553,7 +554,7 @@ test("a stranger on the cluster port without the key is not a worker and gets no
   const fp = Buffer.from(a0.model_fingerprint, "hex");
   const hb = Buffer.concat([u32(0), u32(0), u64(0), u64(0), u32(64), u32(64), u8(0), ...Array(9).fill(u64(0))]);
   const rogues = [];
-  for (const [i, version] of [[0, 1], [1, 2]]) {
+  for (const [i, version] of [[0, 1], [1, 3]]) {
     const r = peer(regPort, Buffer.from("no key"), "W");
     await new Promise((ok) => setTimeout(ok, 50));
     const hello = frame(1, 0, helloPayload(2, fp, `rogue${i}`), version);
@@ -901,7 +902,7 @@ test("a deepseek2 (latent KV) model through gateway + prefill + decode workers =
       return { proc: p, addr: `127.0.0.1:${m[1]}`, log: m.input };
     };
     const wp = await startStatic("prefill", "mla-p"), wd = await startStatic("decode", "mla-d");
-    assert.match(wd.log, /KV \d+ blocks of 40\.0 KiB per 128 tokens, latent: V is K/, "2 layers x (64 + 16) x f16 x 128");
+    assert.match(wd.log, /KV f16, \d+ blocks of 40\.0 KiB per 128 tokens, latent: V is K/, "2 layers x (64 + 16) x f16 x 128");
     const p = spawnLogged(["gateway", "-m", modelMla, "--listen", "127.0.0.1:0", ...cache, ...CTX, "--model-name", "mla",
       "--prefill", wp.addr, "--decode", wd.addr], "mla-gateway");
     const url = `http://127.0.0.1:${(await waitLine(p, /listening on http:\/\/[^:]+:(\d+)/, "mla gateway"))[1]}`;

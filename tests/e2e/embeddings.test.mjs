@@ -3,7 +3,7 @@
 // poolings a GGUF declares that tokenmill's architectures take: last-token (Qwen3-Embedding's)
 // and mean; through the openai SDK's embeddings.create, float and base64; the bounds and
 // errors in OpenAI's shape; /v1/rerank on a Qwen3-Reranker-shaped GGUF against llama.cpp's
-// ranking (createRankingContext / rank); the gateway's 501 for both.
+// ranking (createRankingContext / rank); both through a gateway equal to serve's.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import path from "node:path";
@@ -167,13 +167,31 @@ test("rerank: Qwen3-Reranker-style scores equal llama.cpp's ranking, sorted, top
   await m.dispose();
 });
 
-test("the gateway answers 501 in OpenAI's shape", async () => {
-  const gw = await startCluster(path.join(root, "models/stories260K.gguf"), [], { gatewayArgs: ["--register", "127.0.0.1:0"] });
-  for (const [route, body] of [["/v1/embeddings", { input: "x" }], ["/v1/rerank", { query: "q", documents: ["d"] }]]) {
-    const res = await fetch(gw.url + route, { method: "POST", body: JSON.stringify(body) });
-    const r = { status: res.status, body: await res.json() };
-    assert.equal(r.status, 501);
-    assert.equal(r.body.error.code, "not_implemented");
-    assert.match(r.body.error.message, /gateway/);
-  }
+// through a gateway, the vectors come from a worker of the model and the answers are serve's:
+// embeddings (last-token pooling) and rerank, each model on its own worker
+test("the gateway serves embeddings and rerank as serve does, on the workers of each model", async () => {
+  const gw = await startCluster([`last=${models.last}`, `rank=${models.rank}`], ["mixed", "mixed"], {
+    workerModels: [`last=${models.last}`, `rank=${models.rank}`], gatewayArgs: ["--register", "127.0.0.1:0"] });
+  const srv = await startServer(`last=${models.last}`, ["-m", `rank=${models.rank}`]);
+  const ask = async (url, route, body) => {
+    const res = await fetch(url + route, { method: "POST", body: JSON.stringify(body) });
+    return { status: res.status, body: await res.json() };
+  };
+  const close = (a, b, what) => a.forEach((x, i) => assert.ok(Math.abs(x - b[i]) < 1e-5, `${what}[${i}]: ${x} vs ${b[i]}`));
+  const eb = { model: "last", input: ["hello world", "a second input"] };
+  const [eg, es] = [await ask(gw.url, "/v1/embeddings", eb), await ask(srv.url, "/v1/embeddings", eb)];
+  assert.equal(eg.status, 200, JSON.stringify(eg.body));
+  assert.deepEqual(eg.body.usage, es.body.usage);
+  eg.body.data.forEach((d, i) => close(d.embedding, es.body.data[i].embedding, `embedding ${i}`));
+  const rb = { model: "rank", query: "what is a fox", documents: ["a fox is an animal", "paris is a city", "foxes"], top_n: 2 };
+  const [rg, rs] = [await ask(gw.url, "/v1/rerank", rb), await ask(srv.url, "/v1/rerank", rb)];
+  assert.equal(rg.status, 200, JSON.stringify(rg.body));
+  assert.deepEqual(rg.body.results.map((x) => x.index), rs.body.results.map((x) => x.index));
+  close(rg.body.results.map((x) => x.relevance_score), rs.body.results.map((x) => x.relevance_score), "score");
+  // the reranker is no embedding model, through the gateway as on serve
+  const bad = { model: "rank", input: "x" };
+  const [bg, bs] = [await ask(gw.url, "/v1/embeddings", bad), await ask(srv.url, "/v1/embeddings", bad)];
+  assert.equal(bg.status, bs.status);
+  assert.deepEqual(bg.body, bs.body);
+  await stopServers();
 });

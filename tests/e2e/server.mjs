@@ -135,26 +135,30 @@ function spawnUntil(args, re, env, what, timeoutMs) {
 // "mixed"), then a `tokenmill gateway` that connects to them (--prefill / --decode; a mixed
 // worker is named as a prefill one and says its role in HELLO), all on one fresh block store
 // and one cluster key (a temporary XDG_CACHE_HOME, so nothing reaches the user's cache dir).
-// Resolves once the gateway lists every worker up; stopServers stops them all.
-export async function startCluster(model, roles = ["prefill", "decode"], { gatewayArgs = [], workerArgs = [], timeoutMs = 30000 } = {}) {
+// Resolves once the gateway lists every worker up, to { url, register (the --register address
+// when given), env (the cluster's, its key) }; stopServers stops them all. Several models:
+// model is then the gateway's list of -m values (["a=A.gguf", "b=B.gguf"]) and workerModels
+// the -m of each worker, in the order of roles.
+export async function startCluster(model, roles = ["prefill", "decode"], { gatewayArgs = [], workerArgs = [], workerModels, timeoutMs = 30000 } = {}) {
   const d = fs.mkdtempSync(path.join(os.tmpdir(), "tm-cluster-"));
   dirs.push(d);
   const env = { ...process.env, XDG_CACHE_HOME: path.join(d, "xdg") };
   const cache = `dir:${path.join(d, "store")}`;
   const addrs = { prefill: [], decode: [] };
   for (const [i, role] of roles.entries()) {   // one after another: the first makes the key
-    const m = await spawnUntil(["worker", "--role", role, "-m", model, "--listen", "127.0.0.1:0", "--cache", cache,
+    const m = await spawnUntil(["worker", "--role", role, "-m", workerModels ? workerModels[i] : model, "--listen", "127.0.0.1:0", "--cache", cache,
       "--threads", "1", "--name", `${role}${i}`, ...workerArgs], /listening on port (\d+)/, env, `worker ${role}${i}`, timeoutMs);
     addrs[role === "decode" ? "decode" : "prefill"].push(`127.0.0.1:${m[1]}`);
   }
   const lists = [];
   for (const r of ["prefill", "decode"]) if (addrs[r].length) lists.push(`--${r}`, addrs[r].join(","));
-  const m = await spawnUntil(["gateway", "-m", model, "--listen", "127.0.0.1:0", "--cache", cache, ...lists, ...gatewayArgs],
-    /listening on http:\/\/[^:]+:(\d+)/, env, "gateway", timeoutMs);
-  const url = `http://127.0.0.1:${m[1]}`;
+  const ms = (Array.isArray(model) ? model : [model]).flatMap((x) => ["-m", x]);
+  const m = await spawnUntil(["gateway", ...ms, "--listen", "127.0.0.1:0", "--cache", cache, ...lists, ...gatewayArgs],
+    /(?:workers register at ([\d.]+:\d+)\n[^]*)?listening on http:\/\/[^:]+:(\d+)/, env, "gateway", timeoutMs);
+  const url = `http://127.0.0.1:${m[2]}`;
   for (let k = 0; k < timeoutMs / 20; k++) {
     const a = await (await fetch(`${url}/admin/workers`)).json();
-    if (a.workers.filter((w) => w.up).length === roles.length) return { url };
+    if (a.workers.filter((w) => w.up).length === roles.length) return { url, register: m[1], env };
     await new Promise((r) => setTimeout(r, 20));
   }
   throw new Error(`the gateway ${url} did not list ${roles.length} workers up`);

@@ -75,30 +75,37 @@ static proto_conn g_conns[4096];
 static proto_conn *PC(int fd) { return &g_conns[fd >= 0 && fd < 4096 ? fd : 0]; }
 static char g_spec[300];
 static model *g_model;
+static char tmpdir2[] = "/tmp/tm-gateway2-XXXXXX";
+static model *g_model2;      /* another tiny model (other weights): a second served model */
 
 typedef struct {          /* one engine + scheduler (+ store), optionally serving as a worker */
     schedtest_stack srv;
     worker *w;
 } node;
 
-static node node_new(bool with_store)
+static node node_new_of(model *m, bool with_store)
 {
     node v;
     memset(&v, 0, sizeof v);
     schedtest_stack_opts so = { .spec = with_store ? g_spec : NULL };
-    v.srv = schedtest_stack_new(g_model, &so);
+    v.srv = schedtest_stack_new(m, &so);
     CHECK(v.srv.s != NULL && (!with_store || v.srv.bio != NULL));
     return v;
 }
 
-/* Starts the node's worker, registering with the gateway at reg. */
-static void node_serve(node *v, int role, const char *reg, const char *name)
+static node node_new(bool with_store) { return node_new_of(g_model, with_store); }
+
+/* Starts the node's worker, registering with the gateway at reg, announcing model_id (NULL:
+ * none). */
+static void node_serve_model(node *v, int role, const char *reg, const char *name, const char *model_id)
 {
-    worker_opts wo = { .role = role, .gateway = reg, .name = name, .heartbeat_ms = 50, .max_seqs = 4, .n_ctx = 1024,
-                       .key = &g_key };
+    worker_opts wo = { .role = role, .gateway = reg, .name = name, .model_id = model_id, .heartbeat_ms = 50,
+                       .max_seqs = 4, .n_ctx = 1024, .key = &g_key };
     v->w = worker_new(&wo, v->srv.e, v->srv.s, v->srv.st, v->srv.bio);
     CHECK(v->w != NULL);
 }
+
+static void node_serve(node *v, int role, const char *reg, const char *name) { node_serve_model(v, role, reg, name, NULL); }
 
 static void node_stop(node *v)
 {
@@ -218,12 +225,13 @@ static gw_env gw_start_opts(double progress_s, double handshake_s)
 {
     gw_env v;
     memset(&v, 0, sizeof v);
-    gateway_opts o = { .model = g_model, .register_listen = "127.0.0.1:0", .n_ctx = 1024, .eos_ids = { -1, -1, -1, -1 },
+    gateway_model gm = { .model = g_model, .name = "tiny", .n_ctx = 1024, .eos_ids = { -1, -1, -1, -1 } };
+    gateway_opts o = { .models = &gm, .n_models = 1, .register_listen = "127.0.0.1:0",
                        .heartbeat_timeout_s = 60, .wait_timeout_s = 60, .key = &g_key,
                        .progress_first_s = progress_s, .progress_next_s = progress_s, .handshake_timeout_s = handshake_s };
     char err[256];
     CHECK(gateway_new(&o, &v.g, err, sizeof err) == GATEWAY_OK);
-    v.be = gateway_backend(v.g);
+    v.be = gateway_backend(v.g, 0);
     snprintf(v.reg, sizeof v.reg, "127.0.0.1:%d", gateway_register_port(v.g));
     return v;
 }
@@ -288,7 +296,7 @@ static void fake_hello(proto_msg *m)
     m->hdr.type = PROTO_HELLO;
     m->hdr.flags = PROTO_F_REGISTER;
     m->u.hello.role = (uint8_t)g_fake_role;
-    m->u.hello.kv_dtype = QTYPE_F32;
+    m->u.hello.kv_dtype = QTYPE_F16;   /* the real nodes' pool type: one KV type per model */
     memcpy(m->u.hello.model_fp, g_model->fingerprint, 32);
     m->u.hello.max_seqs = 4;
     m->u.hello.kv_blocks = 32;
@@ -885,12 +893,13 @@ TEST(test_sockets_nodelay_and_added_latency)
     char saddr[64];
     snprintf(saddr, sizeof saddr, "127.0.0.1:%d", S.w ? worker_port(S.w) : 1);
     const char *const addrs[1] = { saddr };
-    gateway_opts o = { .model = g_model, .prefill = addrs, .n_prefill = 1, .decode = addrs, .n_decode = 1, .n_ctx = 1024,
-                       .eos_ids = { -1, -1, -1, -1 }, .heartbeat_timeout_s = 60, .wait_timeout_s = 60, .key = &g_key };
+    gateway_model gm = { .model = g_model, .name = "tiny", .n_ctx = 1024, .eos_ids = { -1, -1, -1, -1 } };
+    gateway_opts o = { .models = &gm, .n_models = 1, .prefill = addrs, .n_prefill = 1, .decode = addrs, .n_decode = 1,
+                       .heartbeat_timeout_s = 60, .wait_timeout_s = 60, .key = &g_key };
     gateway *g2 = NULL;
     char err[256];
     CHECK(gateway_new(&o, &g2, err, sizeof err) == GATEWAY_OK);
-    const api_backend *be2 = g2 ? gateway_backend(g2) : NULL;
+    const api_backend *be2 = g2 ? gateway_backend(g2, 0) : NULL;
     CHECK(WAIT_UNTIL(workers_up(G.be) == 1, 30));
     CHECK(be2 && WAIT_UNTIL(workers_up(be2) == 2, 30));   /* one slot per list, the same worker */
 
@@ -1052,7 +1061,7 @@ static void window_fetch_round(const gw_env *G, int fp, int fd, const int32_t *p
     proto_msg_free(&m);
     uint8_t root[32], pfp[32], keys[2][32];
     blockkey_root(NULL, 0, root);
-    blockkey_pool_fp(g_model->fingerprint, QTYPE_F32, pfp);
+    blockkey_pool_fp(g_model->fingerprint, QTYPE_F16, pfp);
     blockkey_chain(root, prompt, 2, pfp, keys);
     proto_window_ev ev = { .op = PROTO_WIN_ADD, .ttl_ms = 600000 };
     memcpy(ev.key, keys[1], 32);
@@ -1140,11 +1149,176 @@ TEST(test_window_state_fetched_for_the_decode_worker)
     fake_close(fd);
 }
 
+/* Two models behind one gateway: each worker says which it serves (HELLO model_id, checked
+ * against the fingerprint), each request goes to a worker of its own model (the tokens are that
+ * model's, an embedding's vector that model's engine's), a request for a model with no worker up waits and is refused (not sent to a worker
+ * of the other model), and a worker of a model the gateway does not serve is refused with a
+ * message naming the served ones. */
+TEST(test_requests_routed_by_model)
+{
+    gateway_model gm[2] = { { .model = g_model, .name = "a", .n_ctx = 1024, .eos_ids = { -1, -1, -1, -1 } },
+                            { .model = g_model2, .name = "b", .n_ctx = 1024, .eos_ids = { -1, -1, -1, -1 } } };
+    gateway_opts o = { .models = gm, .n_models = 2, .register_listen = "127.0.0.1:0", .heartbeat_timeout_s = 60,
+                       .wait_timeout_s = 0.3, .key = &g_key };
+    gw_env G;
+    memset(&G, 0, sizeof G);
+    char err[256];
+    CHECK(gateway_new(&o, &G.g, err, sizeof err) == GATEWAY_OK);
+    snprintf(G.reg, sizeof G.reg, "127.0.0.1:%d", gateway_register_port(G.g));
+    const api_backend *be_a = gateway_backend(G.g, 0), *be_b = gateway_backend(G.g, 1);
+    CHECK(be_a && be_b && be_a != be_b && !gateway_backend(G.g, 2));
+    node ref_a = node_new_of(g_model, false), ref_b = node_new_of(g_model2, false);
+    node A = node_new_of(g_model, false), B = node_new_of(g_model2, false);
+    int32_t prompt[40], want_a[N_GEN], want_b[N_GEN], got[N_GEN + 4];
+    make_prompt(prompt, 40, 5);
+    CHECK(reference(&ref_a, prompt, 40, want_a) == N_GEN && reference(&ref_b, prompt, 40, want_b) == N_GEN);
+    CHECK(memcmp(want_a, want_b, sizeof want_a));   /* the models tell apart */
+
+    /* only a's worker (announcing no id: matched by its fingerprint) is up: b's requests wait
+     * and are refused, never sent to it */
+    node_serve_model(&A, PROTO_ROLE_MIXED, G.reg, "wa", NULL);
+    CHECK(WAIT_UNTIL(workers_up(be_a) == 1, 30));
+    sched_params p = greedy(prompt, 40);
+    sched_req *h = NULL;
+    CHECK(be_b->submit(be_b->ud, &p, &h) == SCHED_ERR_STOPPED && !h);
+    sched_finish fin;
+    CHECK(be_a->submit(be_a->ud, &p, &h) == SCHED_OK);
+    CHECK(collect(be_a, h, got, N_GEN + 4, &fin) == N_GEN && !memcmp(got, want_a, sizeof want_a));
+    be_a->release(be_a->ud, h);
+
+    /* b's worker (by id) comes in; each model's requests get that model's tokens */
+    node_serve_model(&B, PROTO_ROLE_MIXED, G.reg, "wb", "b");
+    CHECK(WAIT_UNTIL(workers_up(be_a) == 2, 30));
+    for (int k = 0; k < 2; k++) {
+        const api_backend *be = k ? be_b : be_a;
+        CHECK(be->submit(be->ud, &p, &h) == SCHED_OK);
+        CHECKF(collect(be, h, got, N_GEN + 4, &fin) == N_GEN && !memcmp(got, k ? want_b : want_a, sizeof want_a),
+               "model %s: tokens of the other model", k ? "b" : "a");
+        be->release(be->ud, h);
+    }
+    /* an embedding of b runs on b's worker (EMBEDDING then FINISH): the vector of b's engine */
+    sched_params ep = { .prompt = prompt, .n_prompt = 40, .embed = MODEL_POOL_MEAN };
+    sched_req *er = NULL;
+    CHECK(sched_submit(ref_b.srv.s, &ep, &er) == SCHED_OK);
+    schedtest_drain(er, got, N_GEN + 4, NULL);
+    const float *want_v = sched_embedding(er);
+    CHECK(want_v != NULL && be_b->embedding && be_b->done);
+    CHECK(be_b->submit(be_b->ud, &ep, &h) == SCHED_OK);
+    CHECK(collect(be_b, h, got, N_GEN + 4, &fin) == 0 && fin == SCHED_FINISH_STOP && be_b->done(be_b->ud, h));
+    const float *v = be_b->embedding(be_b->ud, h);
+    CHECKF(v && want_v && !memcmp(v, want_v, (size_t)g_model2->hp.dim * sizeof *v), "embedding differs from b's engine's");
+    be_b->release(be_b->ud, h);
+    sched_release(er);
+    ep.embed = MODEL_POOL_CLS;   /* pooled on no worker: refused at submit */
+    CHECK(be_b->submit(be_b->ud, &ep, &h) == SCHED_ERR_ARG);
+    CHECK(metrics_has(be_a, "tokenmill_worker_up{"));
+
+    /* a worker of a model not served here is refused, told which ones are */
+    uint8_t other_fp[32];
+    memset(other_fp, 0x5a, sizeof other_fp);
+    int fd = proto_connect(G.reg, 2000);
+    CHECK(fd >= 0);
+    struct timeval tv = { 30, 0 };
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    proto_conn_init(PC(fd), fd);
+    char why[160];
+    CHECK(auth_handshake(PC(fd), &g_key, AUTH_SIDE_WORKER, why, sizeof why) == AUTH_OK);
+    proto_msg m;
+    fake_hello(&m);
+    memcpy(m.u.hello.model_fp, other_fp, 32);
+    m.u.hello.model_id = (char *)"c";
+    CHECK(proto_send_msg(PC(fd), &m) == PROTO_OK);
+    CHECK(proto_recv(PC(fd), &m) == PROTO_OK);
+    CHECKF(m.hdr.type == PROTO_ERROR && m.u.error.code == PROTO_E_MODEL && m.u.error.msg &&
+               strstr(m.u.error.msg, "'c'") && strstr(m.u.error.msg, "'a', 'b'"),
+           "got %s %s", proto_type_name(m.hdr.type), m.hdr.type == PROTO_ERROR ? m.u.error.msg : "");
+    proto_msg_free(&m);
+    fake_close(fd);
+    /* b's id with a's file: refused too (the fingerprint decides, and says so) */
+    fd = proto_connect(G.reg, 2000);
+    CHECK(fd >= 0);
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    proto_conn_init(PC(fd), fd);
+    CHECK(auth_handshake(PC(fd), &g_key, AUTH_SIDE_WORKER, why, sizeof why) == AUTH_OK);
+    fake_hello(&m);
+    memcpy(m.u.hello.model_fp, other_fp, 32);
+    m.u.hello.model_id = (char *)"b";
+    CHECK(proto_send_msg(PC(fd), &m) == PROTO_OK);
+    CHECK(proto_recv(PC(fd), &m) == PROTO_OK);
+    CHECKF(m.hdr.type == PROTO_ERROR && m.u.error.msg && strstr(m.u.error.msg, "fingerprints differ"), "got %s",
+           m.hdr.type == PROTO_ERROR ? m.u.error.msg : proto_type_name(m.hdr.type));
+    proto_msg_free(&m);
+    fake_close(fd);
+    CHECK(workers_up(be_a) == 2);
+
+    gateway_shutdown(G.g);
+    node_stop(&A);
+    node_stop(&B);
+    gateway_free(G.g);
+    node_free(&A);
+    node_free(&B);
+    node_free(&ref_a);
+    node_free(&ref_b);
+}
+
+/* An embedding is a PREFILL with PROTO_F_EMBED and its pooling; a worker that answers it with a
+ * vector of the wrong width is dropped (nothing reaches the client), and the embedding is
+ * computed again on the next worker, exactly. */
+TEST(test_embedding_bad_vector_rerouted)
+{
+    gw_env G = gw_start();
+    node ref = node_new(false), R = node_new(false);
+    int32_t prompt[20];
+    make_prompt(prompt, 20, 3);
+    sched_params ep = { .prompt = prompt, .n_prompt = 20, .embed = MODEL_POOL_LAST };
+    sched_req *er = NULL;
+    int32_t toks[4];
+    CHECK(sched_submit(ref.srv.s, &ep, &er) == SCHED_OK);
+    schedtest_drain(er, toks, 4, NULL);
+    const float *want = sched_embedding(er);
+    CHECK(want != NULL);
+
+    int fd = fake_connect(&G);
+    CHECK(WAIT_UNTIL(workers_up(G.be) == 1, 30));
+    sched_req *h = NULL;
+    CHECK(G.be->submit(G.be->ud, &ep, &h) == SCHED_OK);
+    proto_msg m;
+    CHECK(fake_expect(fd, PROTO_PREFILL, &m));
+    CHECK((m.hdr.flags & PROTO_F_EMBED) && m.u.prefill.embed == MODEL_POOL_LAST && m.u.prefill.n_prompt == 20);
+    uint64_t id = m.hdr.req_id;
+    proto_msg_free(&m);
+    float v[8] = { 0 };
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_EMBEDDING;
+    m.hdr.req_id = id;
+    m.u.embedding.n = 8;   /* the model is wider */
+    m.u.embedding.v = v;
+    CHECK(proto_send_msg(PC(fd), &m) == PROTO_OK);
+    CHECK(fake_refused(fd));
+    fake_close(fd);
+    node_serve(&R, PROTO_ROLE_PREFILL, G.reg, "real");   /* an embedding needs no decode worker */
+    int32_t got[4];
+    sched_finish fin;
+    CHECK(collect(G.be, h, got, 4, &fin) == 0 && fin == SCHED_FINISH_STOP);
+    const float *v2 = G.be->embedding(G.be->ud, h);
+    CHECK(v2 && !memcmp(v2, want, (size_t)g_model->hp.dim * sizeof *v2));
+    G.be->release(G.be->ud, h);
+    sched_release(er);
+    gateway_shutdown(G.g);
+    node_stop(&R);
+    gateway_free(G.g);
+    node_free(&R);
+    node_free(&ref);
+}
+
 int main(void)
 {
-    util_log_level = LOG_LEVEL_ERROR;
+    util_log_level = getenv("TM_DEBUG_LOG") ? LOG_LEVEL_DEBUG : LOG_LEVEL_ERROR;
     if (!(g_model = schedtest_open(tmpdir, 7))) return 1;   /* its vocabulary: N_VOCAB */
     snprintf(g_spec, sizeof g_spec, "dir:%s/store", tmpdir);
+    if (!(g_model2 = schedtest_open(tmpdir2, 8))) return 1;
+    RUN(test_requests_routed_by_model);
+    RUN(test_embedding_bad_vector_rerouted);
     RUN(test_split_run_and_handoff_metrics);
     RUN(test_window_state_fetched_for_the_decode_worker);
     RUN(test_bad_values_close_the_worker_and_reroute);
@@ -1157,5 +1331,6 @@ int main(void)
     RUN(test_prefill_goes_where_its_prefix_is_in_flight);
     RUN(test_grammar_travels_and_worker_refusal);
     schedtest_close(tmpdir, g_model);
+    schedtest_close(tmpdir2, g_model2);
     HARNESS_END();
 }

@@ -106,12 +106,17 @@ TEST(test_roundtrip_hello_heartbeat)
     h->max_seqs = 16; h->kv_blocks = 99; h->max_batch_tokens = 512; h->n_ctx = 2048; h->n_vocab = 512;
     h->listen = "127.0.0.1:9000";
     h->name = "w1";
+    h->model_id = "qwen3-emb";
     CHECK(roundtrip(&m, &o) == PROTO_OK);
     CHECK(o.u.hello.role == PROTO_ROLE_DECODE && o.u.hello.kv_dtype == QTYPE_F16);
     CHECK(!memcmp(o.u.hello.model_fp, h->model_fp, 32));
     CHECK(o.u.hello.max_seqs == 16 && o.u.hello.kv_blocks == 99 && o.u.hello.max_batch_tokens == 512);
     CHECK(o.u.hello.n_ctx == 2048 && o.u.hello.n_vocab == 512);
     CHECK(!strcmp(o.u.hello.listen, "127.0.0.1:9000") && !strcmp(o.u.hello.name, "w1"));
+    CHECK(!strcmp(o.u.hello.model_id, "qwen3-emb"));
+    proto_msg_free(&o);
+    h->model_id = NULL;   /* none: an empty string on the wire */
+    CHECK(roundtrip(&m, &o) == PROTO_OK && o.u.hello.model_id && !o.u.hello.model_id[0]);
     proto_msg_free(&o);
 
     memset(&m, 0, sizeof m);
@@ -804,6 +809,11 @@ static int seed_frames(proto_buf *bufs)
             m.u.experts = (proto_experts){ .layer = 1, .dim = 4, .n_exp = 2, .experts = ex, .n_rows = nr, .n_floats = 12, .x = xs };
             break;
         }
+        case PROTO_EMBEDDING: {
+            static float ev[3] = { 1, -2, 0.5f };
+            m.u.embedding = (proto_embedding){ .n = 3, .v = ev };
+            break;
+        }
         default: break;
         }
         proto_buf_init(&bufs[n]);
@@ -1172,6 +1182,90 @@ TEST(test_handshake_no_key)
     }
 }
 
+/* An embedding travels as a PREFILL with PROTO_F_EMBED (its pooling after the prompt) and comes
+ * back as EMBEDDING (the vector); a pooling other than mean / last, an empty, oversized or
+ * non-finite vector, and a vector of other length than its payload are refused. */
+TEST(test_roundtrip_embedding)
+{
+    int32_t prompt[5] = { 1, 2, 3, 4, 5 };
+    proto_msg m, o;
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_PREFILL;
+    m.hdr.flags = PROTO_F_EMBED;
+    m.hdr.req_id = 9;
+    m.u.prefill.params = test_params();
+    m.u.prefill.n_prompt = 5;
+    m.u.prefill.prompt = prompt;
+    m.u.prefill.embed = 3;   /* MODEL_POOL_LAST */
+    CHECK(roundtrip(&m, &o) == PROTO_OK && o.u.prefill.embed == 3 && o.u.prefill.n_prompt == 5);
+    proto_msg_free(&o);
+    m.u.prefill.embed = 4;   /* rank: pooled on the gateway from the last position's vector */
+    proto_buf b;
+    proto_buf_init(&b);
+    CHECK(proto_encode(&b, &m) == PROTO_ERR_MALFORMED && b.n == 0);
+    m.u.prefill.embed = 1;
+    CHECK(proto_encode(&b, &m) == PROTO_OK);
+    proto_hdr h;
+    CHECK(proto_hdr_parse(b.p, b.n, &h) == PROTO_OK);
+    b.p[b.n - 1] = 2;   /* CLS on the wire */
+    CHECK(proto_decode(&h, b.p + PROTO_HDR_SIZE, &o) == PROTO_ERR_MALFORMED);
+    proto_buf_free(&b);
+
+    float v[4] = { 0.5f, -1.25f, 3.0f, 0.0f };
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_EMBEDDING;
+    m.hdr.req_id = 9;
+    m.u.embedding.n = 4;
+    m.u.embedding.v = v;
+    CHECK(roundtrip(&m, &o) == PROTO_OK && o.u.embedding.n == 4 && !memcmp(o.u.embedding.v, v, sizeof v));
+    proto_msg_free(&o);
+    proto_buf_init(&b);
+    CHECK(proto_encode(&b, &m) == PROTO_OK);
+    CHECK(proto_hdr_parse(b.p, b.n, &h) == PROTO_OK);
+    float nan = NAN;
+    memcpy(b.p + PROTO_HDR_SIZE + 4 + 4, &nan, 4);   /* the second float */
+    CHECK(proto_decode(&h, b.p + PROTO_HDR_SIZE, &o) == PROTO_ERR_MALFORMED);
+    uint32_t more = 5;   /* a count beyond the payload */
+    memcpy(b.p + PROTO_HDR_SIZE, &more, 4);
+    CHECK(proto_decode(&h, b.p + PROTO_HDR_SIZE, &o) == PROTO_ERR_MALFORMED);
+    proto_buf_free(&b);
+    m.u.embedding.n = 0;
+    proto_buf_init(&b);
+    CHECK(proto_encode(&b, &m) == PROTO_ERR_MALFORMED);
+    m.u.embedding.n = 4;
+    v[2] = INFINITY;
+    CHECK(proto_encode(&b, &m) == PROTO_ERR_MALFORMED);
+    proto_buf_free(&b);
+}
+
+/* A peer of the previous version (its HELLO lacks the model id) is refused at its first frame,
+ * and the refusal says what to do: the same release everywhere. */
+TEST(test_handshake_old_version)
+{
+    int sv[2];
+    CHECK(!socketpair(AF_UNIX, SOCK_STREAM, 0, sv));
+    bound_waits(sv[0]);
+    hs_end g;
+    memset(&g, 0, sizeof g);
+    proto_conn_init(&g.c, sv[0]);
+    g.k = &key_a;
+    g.side = AUTH_SIDE_GATEWAY;
+    proto_buf b;
+    proto_buf_init(&b);
+    proto_msg m;
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_CHALLENGE;
+    CHECK(proto_encode(&b, &m) == PROTO_OK);
+    b.p[4] = 2;   /* version 2: the CHALLENGE an older build sends */
+    CHECK(proto_send(sv[1], b.p, b.n) == PROTO_OK);
+    proto_buf_free(&b);
+    hs_thread(&g);
+    CHECKF(g.st == AUTH_ERR_PROTO && !g.c.sealed && strstr(g.why, "protocol version") && strstr(g.why, "same tokenmill release"),
+           "%d: %s", g.st, g.why);
+    hs_close(&g);
+    close(sv[1]);
+}
+
 /* Copies bytes from one socket to another until the first ends (recording them in rec when
  * set), then ends the second's writing side. */
 typedef struct {
@@ -1243,7 +1337,7 @@ TEST(test_handshake_replayed)
     hs_close(&w);
     close(ws[1]);
     close(gs[1]);
-    CHECK(rec.n == 2 * (PROTO_HDR_SIZE + 32) + PROTO_HDR_SIZE + 0 + AUTH_TAG_SIZE + 1 + 1 + 32 + 5 * 4 + 2 + 2);
+    CHECK(rec.n == 2 * (PROTO_HDR_SIZE + 32) + PROTO_HDR_SIZE + 0 + AUTH_TAG_SIZE + 1 + 1 + 32 + 5 * 4 + 2 + 2 + 2);
     /* the replay */
     int sv[2];
     CHECK(!socketpair(AF_UNIX, SOCK_STREAM, 0, sv));
@@ -1385,6 +1479,8 @@ int main(void)
     RUN(test_handshake_ok);
     RUN(test_handshake_wrong_key);
     RUN(test_handshake_no_key);
+    RUN(test_handshake_old_version);
+    RUN(test_roundtrip_embedding);
     RUN(test_handshake_replayed);
     RUN(test_frames_tampered_replayed);
     RUN(test_key_files);
