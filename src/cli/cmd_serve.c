@@ -323,6 +323,7 @@ static int serve_store(serve *sv)
     }
     for (int i = 0; i < sv->n; i++) {
         blockio_opts bo = { 0 };
+        if (sv->u[i].m->hp.bidirectional) continue;   /* an encoder keeps no KV to store */
         sv->u[i].bio = blockio_new(sv->cache, engine_kvpool(sv->u[i].e), sv->u[i].m, &bo);
     }
     return 0;
