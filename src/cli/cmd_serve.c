@@ -355,7 +355,7 @@ static int serve_routes(serve *sv)
         u->gcache = grammar_cache_new(256);
         u->ac = (api_ctx){
             .sched = u->s, .model = u->m, .tok = u->tok, .tmpl = u->tmpl, .model_name = u->name,
-            .model_alias = api_model_alias(u->m, u->alias_buf, sizeof u->alias_buf), .n_ctx = (int)u->eng.ctx,
+            .model_alias = api_model_alias(u->m, u->alias_buf, sizeof u->alias_buf), .n_ctx = sched_n_ctx(u->s),
             .n_threads = engine_n_threads(u->e), .created = created, .retention = &o->classes,
             .metrics_public = o->metrics_public, .gcache = u->gcache, .gvocab = u->gvocab,
             .status = u->status = status_new(gc_wall_now()),

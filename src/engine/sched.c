@@ -758,9 +758,10 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
     if (!(o.prefill_step_ms > 0)) o.prefill_step_ms = o.step_ms * SCHED_PREFILL_STEP_MS_FACTOR;
     o.prefill_step_ms = TM_MAX(o.prefill_step_ms, o.step_ms);
     if (o.n_ctx <= 0) o.n_ctx = m->hp.n_ctx_train;
-    /* an encoder computes a sequence whole in one step, within its position table: a prompt
-     * of at most min(n_ctx_train, an empty step's budget) tokens (n_ctx bounds it exclusive) */
-    if (m->hp.bidirectional) o.n_ctx = TM_MIN(o.n_ctx, TM_MIN(m->hp.n_ctx_train, o.prefill_step_tokens) + 1);
+    /* an encoder computes a sequence whole in one step, within its position table, and
+     * generates nothing: a prompt of at most min(n_ctx, n_ctx_train, an empty step's budget)
+     * tokens (n_ctx bounds a prompt exclusive, keeping room for a generated token) */
+    if (m->hp.bidirectional) o.n_ctx = TM_MIN(o.n_ctx, TM_MIN(m->hp.n_ctx_train, o.prefill_step_tokens)) + 1;
     if (o.spec_max <= 0) o.spec_max = SPEC_DEFAULT_MAX;
     o.spec_max = TM_MIN(o.spec_max, SPEC_MAX_K);
     /* window layers keep KVPOOL_RING_SPARE slots beyond the window: a step goes back at most

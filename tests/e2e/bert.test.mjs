@@ -116,11 +116,11 @@ test('no pooling key: the mean; openai SDK float and base64; generation and over
   const msg = await post(srv.url, '/v1/messages', {model: id, max_tokens: 8, messages: [{role: 'user', content: 'hi'}]});
   assert.equal(msg.status, 400);
   assert.equal(msg.body.type, 'error');
-  // --ctx 64: 63 tokens at most (the whole input is one step of the scheduler)
-  const long = await post(srv.url, '/v1/embeddings', {input: Array(64).fill(120)});
+  // --ctx 64: 64 tokens at most (the whole input is one step of the scheduler)
+  const long = await post(srv.url, '/v1/embeddings', {input: Array(65).fill(120)});
   assert.equal(long.status, 400);
   assert.equal(long.body.error.code, 'context_length_exceeded');
-  assert.equal((await post(srv.url, '/v1/embeddings', {input: Array(63).fill(120)})).status, 200);
+  assert.equal((await post(srv.url, '/v1/embeddings', {input: Array(64).fill(120)})).status, 200);
   const run = spawnSync(bin, ['run', '-m', models.none, '-p', 'hi'], {encoding: 'utf8'});
   assert.notEqual(run.status, 0);
   assert.match(run.stderr, /embedding model/);
