@@ -25,7 +25,8 @@ struct engine_bert {
     float *v;                /* (T, n_kv_heads * head_dim) */
     float *att;              /* (T, n_heads * head_dim) attention output */
     float *y;                /* (T, dim) a sublayer's output */
-    float *ff;               /* (T, ffn_dim) up, then GELU */
+    float *ff;               /* (T, ffn_dim) up, then GELU (nomic-bert: gate, then SwiGLU) */
+    float *ff2;              /* (T, ffn_dim) nomic-bert's up, or NULL */
     float *scores;           /* (n_threads, T) one query's scores per thread */
     int32_t *run0;           /* (T + 1) first entry of each sequence's run, then n */
     int n_runs;
@@ -48,6 +49,7 @@ void engine_bert_free(engine_bert *b)
     free(b->att);
     free(b->y);
     free(b->ff);
+    free(b->ff2);
     free(b->scores);
     free(b->run0);
     free(b->mm_scratch);
@@ -83,9 +85,17 @@ engine_bert *engine_bert_new(const model *m, threadpool *tp, int max_tokens)
         sc = TM_MAX(sc, ops_matmul_multi_scratch_bytes(3, qkv, max_tokens));
         sc = engine_bert_scratch(&L->wo, max_tokens, sc);
         sc = engine_bert_scratch(&L->up, max_tokens, sc);
+        if (L->gate.data) {
+            const ops_weight *gu[2] = { &L->gate, &L->up };
+            sc = TM_MAX(sc, ops_matmul_multi_scratch_bytes(2, gu, max_tokens));
+        }
         sc = engine_bert_scratch(&L->down, max_tokens, sc);
     }
     b->mm_scratch = util_aligned_alloc(sc + 64);
+    if (m->hp.arch == MODEL_ARCH_NOMIC_BERT && !(b->ff2 = malloc(T * (size_t)hp->ffn_dim * sizeof(float)))) {
+        engine_bert_free(b);
+        return NULL;
+    }
     if (!b->q || !b->k || !b->v || !b->att || !b->y || !b->ff || !b->scores || !b->run0 || !b->mm_scratch) {
         engine_bert_free(b);
         return NULL;
@@ -178,13 +188,22 @@ static void engine_bert_run(void *ctx, int ith, int nth)
             model_embed_row(m, j->toks[t].token, x);
             if (m->type_row)
                 for (int d = 0; d < dim; d++) x[d] += m->type_row[d];
-            for (int d = 0; d < dim; d++) x[d] += m->pos_embd[(size_t)j->toks[t].pos * dim + d];
+            if (m->pos_embd)
+                for (int d = 0; d < dim; d++) x[d] += m->pos_embd[(size_t)j->toks[t].pos * dim + d];
             engine_bert_layernorm(x, dim, m->embd_norm, m->embd_norm_b, hp->norm_eps);
             break;
         case BERT_JOB_QKV_BIAS:
             engine_bert_bias(b->q + (size_t)t * qd, L->bq, qd);
             engine_bert_bias(b->k + (size_t)t * kvd, L->bk, kvd);
             engine_bert_bias(b->v + (size_t)t * kvd, L->bv, kvd);
+            if (!m->pos_embd) {   /* nomic-bert: RoPE on Q and K at the entry's position */
+                ops_rope_ggml(NULL, b->q + (size_t)t * qd, &j->toks[t].pos, 1, hp->n_heads, hp->head_dim, hp->n_rot,
+                              hp->rope_neox, hp->rope_theta_scale, hp->rope_freq_scale, hp->rope_freq_factors,
+                              hp->rope_attn_factor, hp->rope_yarn[0] != 0 ? hp->rope_yarn : NULL);
+                ops_rope_ggml(NULL, b->k + (size_t)t * kvd, &j->toks[t].pos, 1, hp->n_kv_heads, hp->head_dim, hp->n_rot,
+                              hp->rope_neox, hp->rope_theta_scale, hp->rope_freq_scale, hp->rope_freq_factors,
+                              hp->rope_attn_factor, hp->rope_yarn[0] != 0 ? hp->rope_yarn : NULL);
+            }
             break;
         case BERT_JOB_ADD_NORM_ATT:
         case BERT_JOB_ADD_NORM_FFN: {
@@ -247,9 +266,16 @@ bool engine_bert_step(engine_bert *b, int n, const engine_tok *toks, float *x)
         ops_matmul(b->tp, &L->wo, b->att, n, b->y, b->mm_scratch);
         j.op = BERT_JOB_ADD_NORM_ATT;
         threadpool_run(b->tp, engine_bert_run, &j);
-        ops_matmul(b->tp, &L->up, x, n, b->ff, b->mm_scratch);
-        j.op = BERT_JOB_GELU;
-        threadpool_run(b->tp, engine_bert_run, &j);
+        if (L->gate.data) {   /* nomic-bert: silu(gate) * up */
+            const ops_weight *gu[2] = { &L->gate, &L->up };
+            float *ys2[2] = { b->ff, b->ff2 };
+            ops_matmul_multi(b->tp, 2, gu, x, n, ys2, b->mm_scratch);
+            ops_swiglu(b->tp, b->ff, b->ff, b->ff2, n, hp->ffn_dim);
+        } else {
+            ops_matmul(b->tp, &L->up, x, n, b->ff, b->mm_scratch);
+            j.op = BERT_JOB_GELU;
+            threadpool_run(b->tp, engine_bert_run, &j);
+        }
         ops_matmul(b->tp, &L->down, b->ff, n, b->y, b->mm_scratch);
         j.op = BERT_JOB_ADD_NORM_FFN;
         threadpool_run(b->tp, engine_bert_run, &j);

@@ -4,7 +4,7 @@
  * bidirectional, so nothing is kept between steps (the KV pool only counts positions): each
  * sequence of a step is computed whole, from position 0, and its states are final. The
  * output is the last block's state of every entry (what the scheduler pools); there are no
- * logits.
+ * logits. nomic-bert: RoPE on Q and K instead of position rows, a SwiGLU FFN.
  *
  * Numerics follow llama.cpp's CPU graph: LayerNorm as ggml_norm (mean, then the centred
  * variance), GELU by ggml's fp16 table (the tanh form at the input rounded to fp16, the

@@ -797,14 +797,16 @@ gguf_status model_load(const char *path, const model_opts *opts, model **out, ch
                (an_len == 6 && (!memcmp(an, "gemma3", 6) || !memcmp(an, "gemma4", 6))) ||
                (an_len == 7 && !memcmp(an, "glm4moe", 7))) {
         model_fail(&ld, GGUF_ERR_TYPE, "%s: the '%.*s' architecture is not supported yet (its layers are not in the "
-                   "engine; supported: llama, qwen2, qwen3, qwen3moe, deepseek2, gpt-oss, phi3, mistral3, qwen35, qwen35moe, deepseek4, bert)", path, (int)an_len, an);
+                   "engine; supported: llama, qwen2, qwen3, qwen3moe, deepseek2, gpt-oss, phi3, mistral3, qwen35, qwen35moe, deepseek4, bert, nomic-bert)", path, (int)an_len, an);
         goto fail;
     } else if (an_len == 9 && !memcmp(an, "deepseek4", 9)) {
         hp->arch = MODEL_ARCH_DEEPSEEK4, hp->arch_name = "deepseek4", hp->rope_neox = false;
     } else if (an_len == 4 && !memcmp(an, "bert", 4)) {
         hp->arch = MODEL_ARCH_BERT, hp->arch_name = "bert", hp->rope_neox = false;
+    } else if (an_len == 10 && !memcmp(an, "nomic-bert", 10)) {
+        hp->arch = MODEL_ARCH_NOMIC_BERT, hp->arch_name = "nomic-bert", hp->rope_neox = true;
     } else {
-        model_fail(&ld, GGUF_ERR_TYPE, "%s: unsupported architecture '%.*s' (supported: llama, qwen2, qwen3, qwen3moe, deepseek2, gpt-oss, phi3, mistral3, qwen35, qwen35moe, deepseek4, bert)",
+        model_fail(&ld, GGUF_ERR_TYPE, "%s: unsupported architecture '%.*s' (supported: llama, qwen2, qwen3, qwen3moe, deepseek2, gpt-oss, phi3, mistral3, qwen35, qwen35moe, deepseek4, bert, nomic-bert)",
                    path, (int)TM_MIN(an_len, 64), an);
         goto fail;
     }
@@ -812,7 +814,7 @@ gguf_status model_load(const char *path, const model_opts *opts, model **out, ch
     if (hp->arch == MODEL_ARCH_PHI3 && !model_phi3_hparams(&ld)) goto fail;
     if (hp->arch == MODEL_ARCH_MISTRAL3 && !model_mistral3_hparams(&ld)) goto fail;
     if (model_is_qwen35(hp) && !model_qwen35_hparams(&ld)) goto fail;
-    if (hp->arch == MODEL_ARCH_BERT) {   /* an encoder: its own embeddings, layers, no head */
+    if (hp->arch == MODEL_ARCH_BERT || hp->arch == MODEL_ARCH_NOMIC_BERT) {   /* an encoder: no head */
         if (!model_bert_load(&ld)) goto fail;
         goto loaded;
     }

@@ -94,6 +94,8 @@ typedef enum {
                               * (model_dsv4.h, engine_dsv4.c) */
     MODEL_ARCH_BERT,         /* an encoder: absolute positions, bidirectional attention,
                               * post-LayerNorm blocks, GELU FFN (model_bert.c, engine_bert.c) */
+    MODEL_ARCH_NOMIC_BERT,   /* bert's blocks with NEOX RoPE instead of absolute positions,
+                              * fused QKV, a SwiGLU FFN (model_bert.c, engine_bert.c) */
 } model_arch;
 
 typedef struct {
@@ -161,7 +163,8 @@ typedef struct {
     const float *gate_inp_shexp; /* (dim) f32 the shared expert's gate (qwen35moe): its output
                               * times sigmoid(dot(x, this)); NULL: ungated */
     /* bert: attn_norm and ffn_norm are the LayerNorms AFTER each sublayer's residual add
-     * (attn_output_norm, layer_output_norm), with these biases; up/down have biases */
+     * (attn_output_norm, layer_output_norm), with these biases; up/down have biases (bert's
+     * FFN is GELU(up) without gate, nomic-bert's SwiGLU with gate) */
     const float *attn_norm_b;/* (dim) f32 */
     const float *ffn_norm_b; /* (dim) f32 */
     const float *up_b;       /* (ffn_dim) f32, or NULL */
@@ -266,7 +269,8 @@ typedef struct model {
     struct model_dsv4 *dsv4; /* DeepSeek V4's own hyper-parameters and tensors (model_dsv4.h), or NULL */
     /* bert's input: token row + token type 0's row + the position's row, then a LayerNorm */
     const float *type_row;   /* (dim) f32 token_types row 0 ("sentence A"), or NULL */
-    const float *pos_embd;   /* (n_ctx_train, dim) f32 absolute position embeddings */
+    const float *pos_embd;   /* (n_ctx_train, dim) f32 absolute position embeddings, or NULL
+                              * (nomic-bert: RoPE) */
     const float *embd_norm;  /* (dim) f32 token_embd_norm weight */
     const float *embd_norm_b;/* (dim) f32 its bias */
 } model;
