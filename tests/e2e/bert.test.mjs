@@ -1,8 +1,8 @@
-// bert: BERT-style encoders (`bert`) on `tokenmill serve` against llama.cpp (node-llama-cpp's
+// bert: BERT-style encoders (`bert`, `nomic-bert`) on `tokenmill serve` against llama.cpp (node-llama-cpp's
 // prebuilt library) on small random models that llama.cpp's gguf-py writes as its converter
 // does (tests/oracle/gguf_bert.py): the WordPiece tokenizer token for token (case folding,
-// accents, punctuation, CJK, unknown words), the embeddings of mean- and CLS-pooled models
-// (cosine >= 0.9999, several inputs in one call and each alone), a model without a pooling
+// accents, punctuation, CJK, unknown words), the embeddings of mean- and CLS-pooled bert and a
+// nomic-bert (cosine >= 0.9999, several inputs in one call and each alone), a model without a pooling
 // key pooled by the mean, the openai SDK's embeddings.create (float and base64), and the
 // refusals: text generation in each API's error shape, an input longer than the position
 // table, `tokenmill run`.
@@ -20,9 +20,9 @@ const {python, skip, cached} = oracleFiles([script]);
 const models = {};
 let llama;
 
-function model(pooling) {
-  return cached(`bert-${pooling}`, (out) => {
-    const r = spawnSync(python, [script, '--pooling', pooling, '--seed', '3', '-o', out], {encoding: 'utf8'});
+function model(pooling, arch = 'bert') {
+  return cached(`${arch}-${pooling}`, (out) => {
+    const r = spawnSync(python, [script, '--arch', arch, '--pooling', pooling, '--seed', '3', '-o', out], {encoding: 'utf8'});
     assert.equal(r.status, 0, `gguf_bert.py failed: ${r.stderr}`);
   });
 }
@@ -30,6 +30,7 @@ function model(pooling) {
 before(async () => {
   if (skip) return;
   for (const p of ['mean', 'cls', 'none']) models[p] = model(p);
+  models.nomic = model('mean', 'nomic-bert');
   llama = await getLlama({gpu: false, build: 'never', logLevel: 'fatal'});
 });
 after(async () => {
@@ -63,8 +64,9 @@ test('WordPiece tokenizer: the same ids as llama.cpp, [CLS] and [SEP] around the
   await m.dispose();
 });
 
-for (const pooling of ['mean', 'cls']) {
-  test(`${pooling} pooling agrees with llama.cpp's embeddings (cosine >= 0.9999), batched or alone`, {skip}, async () => {
+const KINDS = {mean: 'bert, mean pooling', cls: 'bert, CLS pooling', nomic: 'nomic-bert (RoPE, fused QKV, SwiGLU), mean pooling'};
+for (const pooling of Object.keys(KINDS)) {
+  test(`${KINDS[pooling]}: agrees with llama.cpp's embeddings (cosine >= 0.9999), batched or alone`, {skip}, async () => {
     const srv = await startServer(models[pooling]);
     const m = await llama.loadModel({modelPath: models[pooling]});
     const ctx = await m.createEmbeddingContext({contextSize: 512});
@@ -88,7 +90,7 @@ for (const pooling of ['mean', 'cls']) {
       worstD = Math.max(worstD, d);
     }
     assert.equal(all.body.usage.prompt_tokens, n);
-    console.log(`bert ${pooling}: lowest cosine ${worst}, max |diff| ${worstD.toExponential(2)}`);
+    console.log(`${KINDS[pooling]}: lowest cosine ${worst}, max |diff| ${worstD.toExponential(2)}`);
     await ctx.dispose();
     await m.dispose();
   });

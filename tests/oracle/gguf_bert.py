@@ -5,7 +5,10 @@
 # type, token_type_count, a "phantom space" vocabulary where a word-initial piece is
 # U+2581 + text and a continuation "##x" is "x", the special tokens CONTROL).
 #
-#   gguf_bert.py [--pooling mean|cls|none] [--type f32|f16] [--seed N] -o OUT.gguf
+#   gguf_bert.py [--arch bert|nomic-bert] [--pooling mean|cls|none] [--type f32|f16] [--seed N] -o OUT.gguf
+#
+# nomic-bert (conversion/bert.py's NomicBertModel, nomic-embed-text): no position_embd but
+# RoPE (freq_base 1000), Q/K/V fused in attn_qkv, no biases, a SwiGLU FFN (ffn_gate, ffn_up).
 #
 # The vocabulary is BERT's layout in small: [PAD] 0, [unused*] 1..99, [UNK] 100, [CLS] 101,
 # [SEP] 102, [MASK] 103, then single characters (word-initial and continuation), a few whole
@@ -53,6 +56,7 @@ def vocab():
 
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--arch", default="bert", choices=["bert", "nomic-bert"])
     ap.add_argument("--pooling", default="mean", choices=["mean", "cls", "none"])
     ap.add_argument("--type", default="f32", choices=["f32", "f16"])
     ap.add_argument("--seed", type=int, default=1)
@@ -61,7 +65,8 @@ def main():
     Q = gguf.GGMLQuantizationType
     rng = np.random.default_rng(a.seed)
     dim, L, H, ffn, ctx, n_types = 128, 2, 4, 256, 512, 2
-    w = gguf.GGUFWriter(a.out + ".tmp", "bert")
+    nomic = a.arch == "nomic-bert"
+    w = gguf.GGUFWriter(a.out + ".tmp", a.arch)
 
     def add(name, shape, std, f32=False, mean=0.0):
         x = (mean + std * rng.standard_normal(shape)).astype(np.float32)
@@ -71,7 +76,7 @@ def main():
         add(prefix + ".weight", (dim,), 0.1, True, 1.0)
         add(prefix + ".bias", (dim,), 0.05, True)
 
-    w.add_name(f"gguf-py-random-bert-seed{a.seed}")
+    w.add_name(f"gguf-py-random-{a.arch}-seed{a.seed}")
     w.add_file_type({"f32": 0, "f16": 1}[a.type])
     # TextModel.set_gguf_parameters, then BertModel's
     w.add_context_length(ctx)
@@ -81,6 +86,8 @@ def main():
     w.add_head_count(H)
     w.add_layer_norm_eps(1e-12)
     w.add_causal_attention(False)
+    if nomic:
+        w.add_rope_freq_base(1000.0)
     if a.pooling != "none":
         w.add_pooling_type({"mean": gguf.PoolingType.MEAN, "cls": gguf.PoolingType.CLS}[a.pooling])
     toks = vocab()
@@ -98,10 +105,20 @@ def main():
     si = 1.0 / np.sqrt(dim)
     add("token_embd.weight", (len(toks), dim), 0.5)
     add("token_types.weight", (n_types, dim), 0.5, True)
-    add("position_embd.weight", (ctx, dim), 0.5, True)
+    if not nomic:
+        add("position_embd.weight", (ctx, dim), 0.5, True)
     norm("token_embd_norm")
     for il in range(L):
         p = f"blk.{il}."
+        if nomic:
+            add(p + "attn_qkv.weight", (3 * dim, dim), si)
+            add(p + "attn_output.weight", (dim, dim), si)
+            norm(p + "attn_output_norm")
+            add(p + "ffn_gate.weight", (ffn, dim), si)
+            add(p + "ffn_up.weight", (ffn, dim), si)
+            add(p + "ffn_down.weight", (dim, ffn), 1 / np.sqrt(ffn))
+            norm(p + "layer_output_norm")
+            continue
         for t in ("q", "k", "v"):
             add(p + f"attn_{t}.weight", (dim, dim), si)
             add(p + f"attn_{t}.bias", (dim,), 0.1, True)
