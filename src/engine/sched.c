@@ -263,7 +263,8 @@ replan:
         for (int i = 0; i < s->n_running && budget > 0; i++) {
             sched_req *r = s->running[i];
             int left = r->n_tokens - r->n_done;
-            if ((pass == 0) != (left == 1) || r->share_wait) continue;
+            /* an encoder's inputs are all prompts: one token is no decode (pass 1's budget) */
+            if ((pass == 0) != (left == 1 && !s->whole) || r->share_wait) continue;
             int k = pass == 0 && s->o.spec_sources ? TM_MIN(r->n_verify, budget - 1) : 0;
             int chunk = pass == 0 ? 1 + k : sched_prefill_chunk(s, x, r, budget, target_s);
             if (pass == 1 && s->whole) {   /* an encoder's sequence is one step's, whole */

@@ -122,7 +122,11 @@ test('no pooling key: the mean; openai SDK float and base64; generation and over
   const long = await post(srv.url, '/v1/embeddings', {input: Array(65).fill(120)});
   assert.equal(long.status, 400);
   assert.equal(long.body.error.code, 'context_length_exceeded');
-  assert.equal((await post(srv.url, '/v1/embeddings', {input: Array(64).fill(120)})).status, 200);
+  // one-token and whole-context inputs in one call: each as alone
+  const mixed = await post(srv.url, '/v1/embeddings', {input: [[120], Array(64).fill(121), [101, 122, 102]]});
+  assert.equal(mixed.status, 200, JSON.stringify(mixed.body));
+  for (const [i, ids] of [[120], Array(64).fill(121), [101, 122, 102]].entries())
+    assert.deepEqual((await post(srv.url, '/v1/embeddings', {input: ids})).body.data[0].embedding, mixed.body.data[i].embedding);
   const run = spawnSync(bin, ['run', '-m', models.none, '-p', 'hi'], {encoding: 'utf8'});
   assert.notEqual(run.status, 0);
   assert.match(run.stderr, /embedding model/);
