@@ -16,7 +16,7 @@ import {root, bin, oracleFiles} from './oracle_common.mjs';
 import {startServer, stopServers} from './server.mjs';
 
 const script = path.join(root, 'tests/oracle/gguf_bert.py');
-const {python, skip, cached} = oracleFiles([script]);
+const {python, skip, cached} = oracleFiles([script, path.join(root, 'tests/oracle/gguf_arch.py')]);   // it imports finish
 const models = {};
 let llama;
 

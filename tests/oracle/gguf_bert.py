@@ -24,6 +24,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "data", "llama.cpp", "gguf-py"))
 import gguf  # noqa: E402
+from gguf_arch import finish  # noqa: E402  (same folder: the one writer's epilogue)
 
 WORDS = ["the", "quick", "brown", "fox", "jump", "over", "lazy", "dog", "cat", "hello", "world", "once", "upon",
          "time", "there", "was", "little", "a", "an", "is", "it", "run", "park", "cafe", "deja", "vu", "embed", "ding"]
@@ -130,11 +131,7 @@ def main():
         add(p + "ffn_down.weight", (dim, ffn), 1 / np.sqrt(ffn))
         add(p + "ffn_down.bias", (dim,), 0.1, True)
         norm(p + "layer_output_norm")
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    os.replace(a.out + ".tmp", a.out)
+    finish(w, a.out)
 
 
 if __name__ == "__main__":
