@@ -854,7 +854,7 @@ void api_serve(http_request *r, const api_ctx *c, api_kind kind, bool count_only
     size_t blen;
     const char *body = http_request_body(r, &blen);
     c = api_ctx_of_body(c, body, blen);
-    if (c->model->hp.bidirectional && !count_only) {   /* an encoder has no logits to sample */
+    if (c->model && c->model->hp.bidirectional && !count_only) {   /* an encoder has no logits to sample */
         api_error ee;
         memset(&ee, 0, sizeof ee);
         api_error_set(&ee, 400, "model", "model_not_supported",
