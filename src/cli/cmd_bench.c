@@ -65,6 +65,24 @@ typedef struct {
     util_rng rng;
 } cmd_bench_ctx;
 
+
+/* Loads the model a benchmark runs; NULL (said on stderr) when it cannot, or when it is an
+ * encoder, which has no decode steps to time. */
+static model *cmd_bench_load(const char *prog, const char *path)
+{
+    char err[512];
+    model *m = NULL;
+    if (model_load(path, NULL, &m, err, sizeof err) != GGUF_OK) {
+        fprintf(stderr, "%s: cannot load %s: %s\n", prog, path, err);
+        return NULL;
+    }
+    if (m->hp.bidirectional) {
+        fprintf(stderr, "%s: %s: '%s' is an embedding model (no decode steps to time)\n", prog, path, m->hp.arch_name);
+        model_free(m);
+        return NULL;
+    }
+    return m;
+}
 static int32_t cmd_bench_tok(cmd_bench_ctx *c)
 {
     return (int32_t)(util_rng_next(&c->rng) % (uint64_t)c->n_vocab);
@@ -343,12 +361,8 @@ int cmd_bench(int argc, char **argv)
     int seqs[16];
     int n_seqs = cmd_bench_list("--seqs", seqs_arg, seqs, 16, 1, CMD_BENCH_MAX_SEQS);
     if (n_seqs < 0) return 2;
-    char err[512];
-    model *m = NULL;
-    if (model_load(model_path, NULL, &m, err, sizeof err) != GGUF_OK) {
-        fprintf(stderr, "tokenmill bench: cannot load %s: %s\n", model_path, err);
-        return 1;
-    }
+    model *m = cmd_bench_load("tokenmill bench", model_path);
+    if (!m) return 1;
     cmd_bench_prompts prompts = { 0 };
     if (prompts_path && m->hp.n_expert > 0 && !cmd_bench_prompts_load(m, prompts_path, &prompts)) {
         model_free(m);
@@ -463,12 +477,8 @@ static int cmd_bench_curves(int argc, char **argv)
     int n_p = cmd_bench_list("--prefill-steps", steps_arg, psz, 16, 1, 1 << 16);
     int n_s = cmd_bench_list("--streams", streams_arg, ssz, 16, 1, CMD_BENCH_MAX_SEQS);
     if (n_p < 0 || n_s < 0) return 2;
-    char err[512];
-    model *m = NULL;
-    if (model_load(model_path, NULL, &m, err, sizeof err) != GGUF_OK) {
-        fprintf(stderr, "tokenmill bench curves: cannot load %s: %s\n", model_path, err);
-        return 1;
-    }
+    model *m = cmd_bench_load("tokenmill bench curves", model_path);
+    if (!m) return 1;
     int max_p = 1, max_s = 1;
     for (int i = 0; i < n_p; i++) max_p = TM_MAX(max_p, psz[i]);
     for (int i = 0; i < n_s; i++) max_s = TM_MAX(max_s, ssz[i]);
@@ -598,12 +608,8 @@ static int cmd_bench_profile(int argc, char **argv)
     const char *synopsis = "bench profile -m MODEL [options]: where a single-sequence decode step spends its time";
     cmd_opts_status ost = cmd_opts_parse("bench profile", synopsis, opts, argc, argv, 1, NULL, 0, NULL);
     if (ost != CMD_OPTS_OK) return cmd_opts_exit(ost);
-    char err[512];
-    model *m = NULL;
-    if (model_load(model_path, NULL, &m, err, sizeof err) != GGUF_OK) {
-        fprintf(stderr, "tokenmill bench profile: cannot load %s: %s\n", model_path, err);
-        return 1;
-    }
+    model *m = cmd_bench_load("tokenmill bench profile", model_path);
+    if (!m) return 1;
     const int nl = m->hp.n_layers;
     static int cpus[TOPO_MAX_CPUS];
     int n_threads;

@@ -199,6 +199,12 @@ int cmd_eval(int argc, char **argv)
         json_decref(root);
         return 1;
     }
+    if (m->hp.bidirectional) {
+        fprintf(stderr, "tokenmill eval: %s: '%s' is an embedding model: it has no logits\n", model_path, m->hp.arch_name);
+        json_decref(root);
+        model_free(m);
+        return 1;
+    }
     int V = m->hp.n_vocab;
     K = TM_MIN(K, V);
     int ns = (int)json_array_size(jseqs);

@@ -72,6 +72,11 @@ int cmd_run(int argc, char **argv)
         fprintf(stderr, "tokenmill run: %s: vocabulary: %s\n", model_path, err);
         goto out;
     }
+    if (m->hp.bidirectional) {
+        fprintf(stderr, "tokenmill run: %s: '%s' is an embedding model (no text to generate): serve it and ask "
+                "/v1/embeddings\n", model_path, m->hp.arch_name);
+        goto out;
+    }
     int n_ctx = ctx > 0 ? (int)ctx : TM_MIN(m->hp.n_ctx_train, 4096);
     engine_opts eo = { .n_threads = (int)threads, .n_kv_blocks = (n_ctx + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK };
     if (engine_new(m, &eo, &e, err, sizeof err) != ENGINE_OK) {

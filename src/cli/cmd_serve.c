@@ -315,6 +315,7 @@ static int serve_store(serve *sv)
     }
     for (int i = 0; i < sv->n; i++) {
         blockio_opts bo = { 0 };
+        if (sv->u[i].m->hp.bidirectional) continue;   /* an encoder keeps no KV to store */
         sv->u[i].bio = blockio_new(sv->cache, engine_kvpool(sv->u[i].e), sv->u[i].m, &bo);
     }
     return 0;
@@ -346,7 +347,7 @@ static int serve_routes(serve *sv)
         u->gcache = grammar_cache_new(256);
         u->ac = (api_ctx){
             .sched = u->s, .model = u->m, .tok = u->tok, .tmpl = u->tmpl, .model_name = u->name,
-            .model_alias = api_model_alias(u->m, u->alias_buf, sizeof u->alias_buf), .n_ctx = (int)u->eng.ctx,
+            .model_alias = api_model_alias(u->m, u->alias_buf, sizeof u->alias_buf), .n_ctx = sched_n_ctx(u->s),
             .n_threads = engine_n_threads(u->e), .created = created, .retention = &o->classes,
             .metrics_public = o->metrics_public, .gcache = u->gcache, .gvocab = u->gvocab,
             .status = u->status = status_new(gc_wall_now()),

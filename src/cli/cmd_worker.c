@@ -133,6 +133,12 @@ int cmd_worker(int argc, char **argv)
         rc = 2;
         goto out;
     }
+    if (m->hp.bidirectional) {   /* the cluster carries generations only */
+        fprintf(stderr, "tokenmill worker: %s: '%s' is an embedding model: serve it with `tokenmill serve` "
+                "(a cluster carries generations only)\n", path, m->hp.arch_name);
+        rc = 2;
+        goto out;
+    }
     if (m->hp.n_recurrent > 0) {   /* its state per sequence does not travel between workers yet */
         fprintf(stderr, "tokenmill worker: %s: a model with linear-attention layers (%s) runs in `tokenmill serve`, "
                 "not in a cluster\n", path, m->hp.arch_name);

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "engine/engine_dsv4.h"
+#include "engine/engine_bert.h"
 #include "model/moe.h"
 #include "model/ops.h"
 #include "util/util.h"
@@ -198,6 +199,7 @@ struct engine {
     double prof_quant;       /* ops' activation-quantisation seconds since the last mark */
     threadpool_stats prof_tp;/* the pool's counters at the last mark */
     engine_qwen35 *q35;      /* Qwen3.5's linear-attention layers and gates, or NULL */
+    engine_bert *bert;       /* an encoder's step (engine_bert.h), or NULL */
 };
 
 const char *engine_prof_op_name(engine_prof_op op)
@@ -299,6 +301,7 @@ void engine_free(engine *e)
     engine_moe_stats_free(e->stats);
     engine_qwen35_free(e->q35);
     engine_dsv4_free(e->dsv4);
+    engine_bert_free(e->bert);
     free(e);
 }
 
@@ -330,6 +333,12 @@ kvpool_opts engine_kv_geometry(const model *m, engine_kv_type kv_type, int32_t *
     for (int il = 0; il < hp->n_layers; il++)   /* a recurrent layer keeps no KV */
         if (m->layers[il].ssm_out.data) layer_window[il] = -1;
     if (hp->arch == MODEL_ARCH_DEEPSEEK4) return engine_dsv4_kv_geometry(m);   /* F32, no ring */
+    if (hp->bidirectional) {   /* an encoder keeps nothing: its pool only counts positions */
+        kvpool_opts ke = { .n_layers = 1, .n_kv_heads = 1, .head_dim = 32, .dtype = engine_kv_qtype(kv_type),
+                           .layer_window = layer_window };
+        memcpy(ke.model_fp, m->fingerprint, 32);
+        return ke;
+    }
     kvpool_opts ko = { .n_layers = hp->n_layers, .n_kv_heads = hp->n_kv_heads, .head_dim = hp->head_dim,
                        .v_is_k = hp->mla, .dtype = engine_kv_qtype(kv_type), .layer_window = layer_window,
                        .state_bytes = engine_qwen35_state_bytes(m) };
@@ -418,6 +427,17 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
         snprintf(err, errsz, "KV cache of %d blocks: %s", ko.n_blocks, kvpool_status_name(ks));
         engine_free(e);
         return ENGINE_ERR_NOMEM;
+    }
+    if (hp->bidirectional) {
+        e->bert = engine_bert_new(m, e->tp, o.max_batch_tokens);
+        e->x = engine_scratch_alloc(e, (size_t)o.max_batch_tokens * hp->dim * sizeof(float));
+        if (!e->bert || !e->x) {
+            snprintf(err, errsz, "out of memory for the encoder's buffers of %d tokens", o.max_batch_tokens);
+            engine_free(e);
+            return ENGINE_ERR_NOMEM;
+        }
+        *out = e;
+        return ENGINE_OK;
     }
     if (hp->arch == MODEL_ARCH_DEEPSEEK4) {
         e->dsv4 = engine_dsv4_new(m, e->tp, e->kv, o.max_batch_tokens, ko.n_blocks * KVPOOL_BLOCK, err, errsz);
@@ -1509,6 +1529,10 @@ const float *engine_hidden(const engine *e) { return e->x; }
 void engine_hidden_normed(const engine *e, int t, float *out)
 {
     const int dim = e->m->hp.dim;
+    if (e->bert) {   /* an encoder's last block ends in its own LayerNorm */
+        memcpy(out, e->x + (size_t)t * dim, (size_t)dim * sizeof *out);
+        return;
+    }
     ops_rmsnorm(e->tp, out, e->x + (size_t)t * dim, e->m->output_norm, 1, dim, e->m->hp.rms_eps);
 }
 
@@ -1550,7 +1574,7 @@ engine_status engine_warmup(engine *e)
     float *logits = malloc((size_t)e->m->hp.n_vocab * sizeof *logits);
     engine_status st = ENGINE_ERR_NOMEM;
     if (q && logits) {
-        engine_tok t = { .token = 0, .pos = 0, .seq = q, .want_logits = true };
+        engine_tok t = { .token = 0, .pos = 0, .seq = q, .want_logits = !e->bert };   /* an encoder has none */
         engine_batch b = { .n_tokens = 1, .toks = &t };
         bool prof = e->prof_on;
         e->prof_on = false;
@@ -1592,6 +1616,7 @@ engine_status engine_step_mtp(engine *e, const engine_batch *b, const float *hid
         engine_dsv4_step(e->dsv4, T, b->toks, logits, e->x);
         return ENGINE_OK;
     }
+    if (e->bert) return engine_bert_step(e->bert, T, b->toks, e->x) ? ENGINE_OK : ENGINE_ERR_ARG;
     if (e->wstage && !engine_window_plan(e, b)) return ENGINE_ERR_ARG;
     if (e->q35 && !engine_qwen35_plan(e->q35, e->kv, b)) return ENGINE_ERR_ARG;
     engine_plan_tiles(e, b);

@@ -263,9 +263,14 @@ replan:
         for (int i = 0; i < s->n_running && budget > 0; i++) {
             sched_req *r = s->running[i];
             int left = r->n_tokens - r->n_done;
-            if ((pass == 0) != (left == 1) || r->share_wait) continue;
+            /* an encoder's inputs are all prompts: one token is no decode (pass 1's budget) */
+            if ((pass == 0) != (left == 1 && !s->whole) || r->share_wait) continue;
             int k = pass == 0 && s->o.spec_sources ? TM_MIN(r->n_verify, budget - 1) : 0;
             int chunk = pass == 0 ? 1 + k : sched_prefill_chunk(s, x, r, budget, target_s);
+            if (pass == 1 && s->whole) {   /* an encoder's sequence is one step's, whole */
+                if (left > budget) continue;   /* the next step's (sched_new bounds the prompt) */
+                chunk = left;
+            }
             if (chunk == 0) break;
             kvpool_status ks = kvpool_seq_reserve(s->pool, r->seq, r->n_done + chunk);
             if (ks != KVPOOL_OK && k > 0) {   /* no room for the drafts: decode plainly */
@@ -423,11 +428,15 @@ static void sched_idle_wait_locked(sched *s)
 
 /* Pools the states of r's n entries from batch entry t0 (its positions n_done ..) into r->embd:
  * the sum for MEAN (started again at position 0: a preempted request computes everything
- * again), the last prompt position's for LAST. Engine thread. */
+ * again), the last prompt position's for LAST, the first's for CLS. Engine thread. */
 static void sched_embed_pool(sched *s, sched_req *r, int t0, int n)
 {
     if (r->p.embed == MODEL_POOL_LAST) {
         if (r->n_done + n == r->n_prompt) engine_hidden_normed(s->e, t0 + n - 1, r->embd);
+        return;
+    }
+    if (r->p.embed == MODEL_POOL_CLS) {   /* the first position's (BERT's [CLS]) */
+        if (r->n_done == 0) engine_hidden_normed(s->e, t0, r->embd);
         return;
     }
     if (r->n_done == 0) memset(r->embd, 0, (size_t)s->e_dim * sizeof *r->embd);
@@ -735,6 +744,7 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
     const model *m = engine_model(e);
     s->n_vocab = m->hp.n_vocab;
     s->e_dim = m->hp.dim;
+    s->whole = m->hp.bidirectional;
     sched_opts o = opts ? *opts : (sched_opts){ .eos_ids = { -1, -1, -1, -1 } };
     if (o.max_seqs <= 0) o.max_seqs = 16;
     if (o.max_queue <= 0) o.max_queue = 256;
@@ -749,6 +759,10 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
     if (!(o.prefill_step_ms > 0)) o.prefill_step_ms = o.step_ms * SCHED_PREFILL_STEP_MS_FACTOR;
     o.prefill_step_ms = TM_MAX(o.prefill_step_ms, o.step_ms);
     if (o.n_ctx <= 0) o.n_ctx = m->hp.n_ctx_train;
+    /* an encoder computes a sequence whole in one step, within its position table, and
+     * generates nothing: a prompt of at most min(n_ctx, n_ctx_train, an empty step's budget)
+     * tokens (n_ctx bounds a prompt exclusive, keeping room for a generated token) */
+    if (m->hp.bidirectional) o.n_ctx = TM_MIN(o.n_ctx, TM_MIN(m->hp.n_ctx_train, o.prefill_step_tokens)) + 1;
     if (o.spec_max <= 0) o.spec_max = SPEC_DEFAULT_MAX;
     o.spec_max = TM_MIN(o.spec_max, SPEC_MAX_K);
     /* window layers keep KVPOOL_RING_SPARE slots beyond the window: a step goes back at most
@@ -987,8 +1001,10 @@ sched_status sched_submit(sched *s, const sched_params *p, sched_req **out)
     for (int i = 0; i < p->n_prompt; i++)
         if (p->prompt[i] < 0 || p->prompt[i] >= s->n_vocab) return SCHED_ERR_ARG;
     if (p->n_prompt >= s->o.n_ctx) return SCHED_ERR_TOO_LONG;
-    if (p->embed != MODEL_POOL_NONE && p->embed != MODEL_POOL_MEAN && p->embed != MODEL_POOL_LAST)
+    if (p->embed != MODEL_POOL_NONE && p->embed != MODEL_POOL_MEAN && p->embed != MODEL_POOL_LAST &&
+        p->embed != MODEL_POOL_CLS)
         return SCHED_ERR_ARG;
+    if (engine_model(s->e)->hp.bidirectional && !p->embed) return SCHED_ERR_ARG;   /* an encoder has no logits */
     if (p->n_gen < 0 || (p->n_gen > 0 && !p->gen) || p->n_sampled < 0) return SCHED_ERR_ARG;
     if (p->think_budget < 0 || (p->think_budget > 0 && p->think_end >= s->n_vocab)) return SCHED_ERR_ARG;
     for (int i = 0; i < p->n_gen; i++)

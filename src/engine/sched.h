@@ -135,11 +135,12 @@ typedef struct {
     int n_prompt;           /* >= 1 */
     sample_params sample;   /* sampling, incl. seed; see sample.h */
     int max_tokens;         /* generated tokens at most; <= 0: until the context is full */
-    /* An embedding instead of a generation: MODEL_POOL_MEAN or MODEL_POOL_LAST pools the
+    /* An embedding instead of a generation: MODEL_POOL_MEAN, MODEL_POOL_LAST or MODEL_POOL_CLS pools the
      * prompt's token states after the output norm (engine_hidden_normed) into one vector, read
      * with sched_embedding once FINISH STOP was polled; nothing is sampled (max_tokens and the
      * sampling fields are ignored, completion_tokens is 0). It reuses no cached prefix (every
-     * position's state is needed) and keys no block. MODEL_POOL_NONE: a generation. */
+     * position's state is needed) and keys no block. MODEL_POOL_NONE: a generation (refused,
+     * SCHED_ERR_ARG, on a bidirectional model: an encoder has no logits). */
     model_pool embed;
     int32_t stop_ids[SCHED_MAX_STOP_IDS]; /* extra ids that end generation (e.g. <|im_end|>) */
     int n_stop_ids;         /* used entries of stop_ids */

@@ -154,6 +154,8 @@ struct sched {
     uint8_t *wstate;             /* (kvpool_window_state_bytes) a state taken out of wc */
     int n_vocab;
     int e_dim;                   /* the model's hidden state width */
+    bool whole;                  /* bidirectional model (an encoder): a prompt is planned whole
+                                  * into one step, never in chunks */
     sched_opts o;                /* resolved options */
     pthread_t thread;
     pthread_mutex_t mu;

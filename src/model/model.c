@@ -1,6 +1,6 @@
 /*
  * model: hyper-parameters and weight views of llama / qwen2 / qwen3 / qwen3moe / deepseek2 /
- * gpt-oss / phi3 (model_phi3.c) / mistral3 (model_mistral3.c) GGUF files. See model.h
+ * gpt-oss / phi3 (model_phi3.c) / mistral3 (model_mistral3.c) / bert (model_bert.c) GGUF files. See model.h
  * for the design; this file is the loading and validation, one tensor at a time, each error
  * naming what is wrong.
  */
@@ -797,12 +797,16 @@ gguf_status model_load(const char *path, const model_opts *opts, model **out, ch
                (an_len == 6 && (!memcmp(an, "gemma3", 6) || !memcmp(an, "gemma4", 6))) ||
                (an_len == 7 && !memcmp(an, "glm4moe", 7))) {
         model_fail(&ld, GGUF_ERR_TYPE, "%s: the '%.*s' architecture is not supported yet (its layers are not in the "
-                   "engine; supported: llama, qwen2, qwen3, qwen3moe, deepseek2, gpt-oss, phi3, mistral3, qwen35, qwen35moe, deepseek4)", path, (int)an_len, an);
+                   "engine; supported: llama, qwen2, qwen3, qwen3moe, deepseek2, gpt-oss, phi3, mistral3, qwen35, qwen35moe, deepseek4, bert, nomic-bert)", path, (int)an_len, an);
         goto fail;
     } else if (an_len == 9 && !memcmp(an, "deepseek4", 9)) {
         hp->arch = MODEL_ARCH_DEEPSEEK4, hp->arch_name = "deepseek4", hp->rope_neox = false;
+    } else if (an_len == 4 && !memcmp(an, "bert", 4)) {
+        hp->arch = MODEL_ARCH_BERT, hp->arch_name = "bert", hp->rope_neox = false;
+    } else if (an_len == 10 && !memcmp(an, "nomic-bert", 10)) {
+        hp->arch = MODEL_ARCH_NOMIC_BERT, hp->arch_name = "nomic-bert", hp->rope_neox = true;
     } else {
-        model_fail(&ld, GGUF_ERR_TYPE, "%s: unsupported architecture '%.*s' (supported: llama, qwen2, qwen3, qwen3moe, deepseek2, gpt-oss, phi3, mistral3, qwen35, qwen35moe, deepseek4)",
+        model_fail(&ld, GGUF_ERR_TYPE, "%s: unsupported architecture '%.*s' (supported: llama, qwen2, qwen3, qwen3moe, deepseek2, gpt-oss, phi3, mistral3, qwen35, qwen35moe, deepseek4, bert, nomic-bert)",
                    path, (int)TM_MIN(an_len, 64), an);
         goto fail;
     }
@@ -810,6 +814,10 @@ gguf_status model_load(const char *path, const model_opts *opts, model **out, ch
     if (hp->arch == MODEL_ARCH_PHI3 && !model_phi3_hparams(&ld)) goto fail;
     if (hp->arch == MODEL_ARCH_MISTRAL3 && !model_mistral3_hparams(&ld)) goto fail;
     if (model_is_qwen35(hp) && !model_qwen35_hparams(&ld)) goto fail;
+    if (hp->arch == MODEL_ARCH_BERT || hp->arch == MODEL_ARCH_NOMIC_BERT) {   /* an encoder: no head */
+        if (!model_bert_load(&ld)) goto fail;
+        goto loaded;
+    }
 
     /* token embedding fixes the vocabulary size */
     const gguf_tensor *te = gguf_find_tensor(m->g, "token_embd.weight");

@@ -1,7 +1,8 @@
 /*
- * model: a decoder-only transformer described by a GGUF file: the hyper-parameters and the
- * weights of the architectures we run (`llama`, `qwen2`, `qwen3`, `qwen3moe`, `deepseek2`,
- * `gpt-oss`, `phi3`, `mistral3`: docs/architectures.md), ready for the engine.
+ * model: a transformer described by a GGUF file: the hyper-parameters and the weights of the
+ * architectures we run (the decoders `llama`, `qwen2`, `qwen3`, `qwen3moe`, `deepseek2`,
+ * `gpt-oss`, `phi3`, `mistral3`, ..., and the BERT-style encoder `bert` for embeddings,
+ * model_bert.c: docs/architectures.md), ready for the engine.
  *
  * model_load opens the GGUF (gguf.c: read-only shared mmap) and keeps it open for the
  * model's lifetime: matrices are used in place from the mapping as ops_weight views, except
@@ -91,6 +92,10 @@ typedef enum {
     MODEL_ARCH_QWEN35MOE,    /* Qwen3.5's layers, routed experts and a gated shared expert */
     MODEL_ARCH_DEEPSEEK4,    /* compressed attention, lightning indexer, hyper-connections
                               * (model_dsv4.h, engine_dsv4.c) */
+    MODEL_ARCH_BERT,         /* an encoder: absolute positions, bidirectional attention,
+                              * post-LayerNorm blocks, GELU FFN (model_bert.c, engine_bert.c) */
+    MODEL_ARCH_NOMIC_BERT,   /* bert's blocks with NEOX RoPE instead of absolute positions,
+                              * fused QKV, a SwiGLU FFN (model_bert.c, engine_bert.c) */
 } model_arch;
 
 typedef struct {
@@ -157,6 +162,13 @@ typedef struct {
     ops_weight ssm_out;      /* (dim, H * S) */
     const float *gate_inp_shexp; /* (dim) f32 the shared expert's gate (qwen35moe): its output
                               * times sigmoid(dot(x, this)); NULL: ungated */
+    /* bert: attn_norm and ffn_norm are the LayerNorms AFTER each sublayer's residual add
+     * (attn_output_norm, layer_output_norm), with these biases; up/down have biases (bert's
+     * FFN is GELU(up) without gate, nomic-bert's SwiGLU with gate) */
+    const float *attn_norm_b;/* (dim) f32 */
+    const float *ffn_norm_b; /* (dim) f32 */
+    const float *up_b;       /* (ffn_dim) f32, or NULL */
+    const float *down_b;     /* (dim) f32, or NULL */
 } model_layer;
 
 /* How an embedding model pools its token states into one vector: {arch}.pooling_type, with
@@ -227,6 +239,10 @@ typedef struct {
                               * v head h reads q/k head h % ssm_k_heads */
     int ssm_head;            /* {arch}.ssm.state_size: q, k and v head size (inner_size / v heads) */
     int n_recurrent;         /* linear-attention layers */
+    /* encoders (bert) */
+    bool bidirectional;      /* attention sees every position of its sequence, before and after:
+                              * a sequence is computed whole in one step, and it has no logits */
+    float norm_eps;          /* {arch}.attention.layer_norm_epsilon (LayerNorm) */
 } model_hparams;
 
 typedef struct model {
@@ -251,6 +267,12 @@ typedef struct model {
     void *repacked;          /* repacked matrices, one 64-byte aligned allocation, or NULL */
     size_t repacked_bytes;   /* its size */
     struct model_dsv4 *dsv4; /* DeepSeek V4's own hyper-parameters and tensors (model_dsv4.h), or NULL */
+    /* bert's input: token row + token type 0's row + the position's row, then a LayerNorm */
+    const float *type_row;   /* (dim) f32 token_types row 0 ("sentence A"), or NULL */
+    const float *pos_embd;   /* (n_ctx_train, dim) f32 absolute position embeddings, or NULL
+                              * (nomic-bert: RoPE) */
+    const float *embd_norm;  /* (dim) f32 token_embd_norm weight */
+    const float *embd_norm_b;/* (dim) f32 its bias */
 } model;
 
 typedef struct {

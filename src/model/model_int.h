@@ -53,6 +53,10 @@ bool model_qwen35_hparams(model_ld *ld);
 /* Every tensor of layer il. */
 bool model_qwen35_layer(model_ld *ld, int il);
 
+/* bert (model_bert.c): its hyper-parameters beyond the common ones, the embeddings and every
+ * layer's tensors, after model_read_hparams; sets n_vocab. */
+bool model_bert_load(model_ld *ld);
+
 /* Reads DeepSeek V4's hyper-parameters and every layer's tensors into m->layers and m->dsv4
  * (model_dsv4.c), after the common hyper-parameters, the embedding and the output. */
 bool model_dsv4_load(model_ld *ld);

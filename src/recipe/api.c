@@ -865,6 +865,15 @@ void api_serve(http_request *r, const api_ctx *c, api_kind kind, bool count_only
     size_t blen;
     const char *body = http_request_body(r, &blen);
     c = api_ctx_of_body(c, body, blen);
+    if (c->model && c->model->hp.bidirectional && !count_only) {   /* an encoder has no logits to sample */
+        api_error ee;
+        memset(&ee, 0, sizeof ee);
+        api_error_set(&ee, 400, "model", "model_not_supported",
+                      "This model (%s) is an embedding model: it serves /v1/embeddings, not text generation.",
+                      c->model->hp.arch_name);
+        api_respond_error(r, kind, &ee);
+        return;
+    }
     api_job *j = xcalloc(1, sizeof *j);
     j->c = c;
     j->eog = api_find_eog(c->tok);

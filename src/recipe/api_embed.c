@@ -13,9 +13,9 @@
  * queue; a call has at most EMBED_MAX_INPUTS inputs (OpenAI's bound).
  *
  * Pooling follows the GGUF's {arch}.pooling_type as llama.cpp reads it: last-token
- * (Qwen3-Embedding) or mean; a model that declares none (a chat model) is pooled by the mean,
- * as llama.cpp's server does when asked for a mean; a reranker's or a CLS-pooled model's is
- * refused. The vector is L2-normalised, as llama.cpp's server returns it (embd_normalize 2).
+ * (Qwen3-Embedding), mean or the first token's (CLS: BERT-style encoders); a model that
+ * declares none (a chat model, or an encoder converted without pooling) is pooled by the mean,
+ * as llama.cpp's server does when asked for a mean; a reranker's is refused here. The vector is L2-normalised, as llama.cpp's server returns it (embd_normalize 2).
  * Text is tokenised with the vocabulary's BOS/EOS (add_special) and its control-token text
  * left as text; token ids are taken as given.
  *
@@ -68,6 +68,7 @@ static model_pool emb_pool(const model *m)
 {
     switch (m->hp.pooling) {
     case MODEL_POOL_LAST: return MODEL_POOL_LAST;
+    case MODEL_POOL_CLS: return MODEL_POOL_CLS;
     case MODEL_POOL_MEAN:
     case MODEL_POOL_NONE: return MODEL_POOL_MEAN;
     default: return MODEL_POOL_NONE;
@@ -307,8 +308,8 @@ static void emb_handle(http_request *r, void *user)
     }
     model_pool pool = emb_pool(c->model);
     if (pool == MODEL_POOL_NONE) {
-        api_error_set(&e, 400, "model", NULL, "This model (pooling type %d) gives no embeddings: it is a %s.",
-                      (int)c->model->hp.pooling, c->model->hp.pooling == MODEL_POOL_RANK ? "reranker" : "CLS-pooled encoder");
+        api_error_set(&e, 400, "model", NULL, "This model (pooling type %d) gives no embeddings: it is a reranker.",
+                      (int)c->model->hp.pooling);
         goto bad;
     }
     if (!emb_inputs(c, json_object_get(root, "input"), &ins, &n_in, &e)) goto bad;

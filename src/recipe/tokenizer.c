@@ -312,7 +312,7 @@ static tokenizer_status tokenizer_nomem(char *err, size_t errsz)
     return TOKENIZER_ERR_NOMEM;
 }
 
-/* tokenizer.ggml.model: "llama" (SentencePiece) or "gpt2" (byte-level BPE). */
+/* tokenizer.ggml.model: "llama" (SentencePiece), "gpt2" (byte-level BPE) or "bert" (WordPiece). */
 static tokenizer_status tokenizer_load_kind(tokenizer *t, const gguf *g, char *err, size_t errsz)
 {
     const char *model;
@@ -323,8 +323,9 @@ static tokenizer_status tokenizer_load_kind(tokenizer *t, const gguf *g, char *e
     }
     if (nmodel == 5 && !memcmp(model, "llama", 5)) t->kind = TOKENIZER_KIND_SPM;
     else if (nmodel == 4 && !memcmp(model, "gpt2", 4)) t->kind = TOKENIZER_KIND_BPE;
+    else if (nmodel == 4 && !memcmp(model, "bert", 4)) t->kind = TOKENIZER_KIND_WPM;
     else {
-        tokenizer_err(err, errsz, "unsupported tokenizer.ggml.model '%.*s' (supported: llama, gpt2)", (int)TM_MIN(nmodel, 64), model);
+        tokenizer_err(err, errsz, "unsupported tokenizer.ggml.model '%.*s' (supported: llama, gpt2, bert)", (int)TM_MIN(nmodel, 64), model);
         return TOKENIZER_ERR_UNSUPPORTED;
     }
     return TOKENIZER_OK;
@@ -470,18 +471,27 @@ static tokenizer_status tokenizer_load_merges(tokenizer *t, const gguf *g, char 
  * and merges), then the file's keys; fim[] gets the fill-in-the-middle ids for the fix-ups. */
 static tokenizer_status tokenizer_load_specials(tokenizer *t, const gguf *g, int32_t fim[6], char *err, size_t errsz)
 {
-    t->bos = t->eos = t->eot = t->eom = t->unk = -1;
+    t->bos = t->eos = t->eot = t->eom = t->unk = t->sep = -1;
+    bool bv;
     if (t->kind == TOKENIZER_KIND_SPM) {
         t->bos = 1, t->eos = 2, t->unk = 0;
         t->add_bos = true;
         t->add_space_prefix = true;
+    } else if (t->kind == TOKENIZER_KIND_WPM) {   /* BERT's [CLS] text [SEP], [UNK] 100 */
+        t->bos = 101, t->unk = 100, t->sep = 102;
+        t->add_bos = t->add_sep = true;
+        t->wpm_lower = !gguf_get_bool(g, "tokenizer.ggml.normalizer.lowercase", &bv) || bv;
+        t->wpm_strip = t->wpm_lower;
+        if (gguf_get_bool(g, "tokenizer.ggml.normalizer.strip_accents", &bv)) t->wpm_strip = bv;
+        if (t->sep >= t->n_vocab) t->sep = -1;
+        tokenizer_get_id(t, g, "tokenizer.ggml.seperator_token_id", &t->sep);   /* llama.cpp's spelling */
+        if (gguf_get_bool(g, "tokenizer.ggml.add_sep_token", &bv)) t->add_sep = bv;
     } else {
         t->bos = 11, t->eos = 11;
         tokenizer_status st = tokenizer_pre_load(t, g, err, errsz);
         if (st == TOKENIZER_OK) st = tokenizer_load_merges(t, g, err, errsz);
         if (st != TOKENIZER_OK) return st;
     }
-    bool bv;
     if (gguf_get_bool(g, "tokenizer.ggml.add_space_prefix", &bv)) t->add_space_prefix = bv;
     if (t->bos >= t->n_vocab) t->bos = -1;
     if (t->eos >= t->n_vocab) t->eos = -1;

@@ -50,7 +50,7 @@ enum {
     TOKENIZER_ATTR_RSTRIP       = 1 << 8,  /* ... right of it */
 };
 
-typedef enum { TOKENIZER_KIND_SPM, TOKENIZER_KIND_BPE } tokenizer_kind;
+typedef enum { TOKENIZER_KIND_SPM, TOKENIZER_KIND_BPE, TOKENIZER_KIND_WPM } tokenizer_kind;   /* WPM: BERT's WordPiece */
 
 typedef struct tokenizer tokenizer;
 

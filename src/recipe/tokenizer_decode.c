@@ -25,7 +25,7 @@ bool tokenizer_decode_piece(const tokenizer *t, int32_t id, bytebuf *b)
     if (a & (TOKENIZER_ATTR_UNKNOWN | TOKENIZER_ATTR_CONTROL | TOKENIZER_ATTR_USER_DEFINED))
         return bytebuf_try_append(b, s, n);
     if (a & TOKENIZER_ATTR_NORMAL) {
-        if (t->kind == TOKENIZER_KIND_SPM) {
+        if (t->kind == TOKENIZER_KIND_SPM || t->kind == TOKENIZER_KIND_WPM) {   /* U+2581 -> space */
             for (size_t i = 0; i < n;) {
                 if (i + 3 <= n && !memcmp(s + i, "\xe2\x96\x81", 3)) {
                     if (!bytebuf_try_append(b, " ", 1)) return false;

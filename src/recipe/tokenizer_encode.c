@@ -1,7 +1,8 @@
 /*
  * tokenizer_encode: text -> token ids. (1) The special-token partition cuts the text into raw
  * and token fragments (llama.cpp's tokenizer_st_partition); (2) the raw fragments go to
- * SentencePiece (tokenizer_spm.c) or byte-level BPE (tokenizer_bpe.c); BOS and EOS around them
+ * SentencePiece (tokenizer_spm.c), byte-level BPE (tokenizer_bpe.c) or WordPiece
+ * (tokenizer_wpm.c); BOS and EOS (WordPiece: [CLS] and [SEP]) around them
  * as the model asks. Each call allocates its own scratch and frees it at the end, so a const
  * tokenizer is safe to share between threads.
  */
@@ -124,8 +125,10 @@ int32_t tokenizer_encode(const tokenizer *t, const char *text, size_t len, bool 
 
     if (add_special && t->add_bos && t->bos >= 0) tokenizer_encode_emit(&s, t->bos);
     if (t->kind == TOKENIZER_KIND_SPM) tokenizer_spm_encode(t, &s, text, &frags);
+    else if (t->kind == TOKENIZER_KIND_WPM) tokenizer_wpm_encode(t, &s, text, &frags);
     else tokenizer_bpe_encode(t, &s, text, &frags);
     if (add_special && t->add_eos && t->eos >= 0) tokenizer_encode_emit(&s, t->eos);
+    if (add_special && t->add_sep && t->sep >= 0) tokenizer_encode_emit(&s, t->sep);
     if (s.oom) goto done;
     if (s.n_out > (size_t)INT32_MAX) goto done;
     if (cap > 0 && s.n_out > 0) memcpy(out, s.out, TM_MIN(s.n_out, (size_t)cap) * sizeof *out);

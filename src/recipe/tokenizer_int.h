@@ -2,7 +2,8 @@
  * tokenizer_int: what the tokenizer's files share and only they may see (callers use
  * tokenizer.h). The vocabulary and its loader are in tokenizer.c, the per-call encoder with the
  * special-token partition in tokenizer_encode.c, the pre-tokenizer regexes in tokenizer_pre.c,
- * the merge engine and byte-level BPE in tokenizer_bpe.c, SentencePiece in tokenizer_spm.c and
+ * the merge engine and byte-level BPE in tokenizer_bpe.c, SentencePiece in tokenizer_spm.c,
+ * WordPiece in tokenizer_wpm.c and
  * the decoded pieces and streaming detokenizer in tokenizer_decode.c.
  */
 #ifndef TM_TOKENIZER_INT_H
@@ -68,6 +69,10 @@ struct tokenizer {
     bool add_bos, add_eos;
     bool add_space_prefix;       /* SPM: prefix a space to text at the start/after a special */
     bool ignore_merges;          /* BPE: a word that is a whole token is taken as is */
+    int32_t sep;                 /* WPM: [SEP], appended after the text (add_sep), -1 if none */
+    bool add_sep;
+    bool wpm_lower;              /* WPM: lowercase the text (tokenizer.ggml.normalizer.lowercase) */
+    bool wpm_strip;              /* WPM: precomposed letters to their base, marks dropped */
 
     int n_regex;
     tokenizer_regex regex[TOKENIZER_MAX_REGEX];
@@ -166,6 +171,10 @@ void tokenizer_bpe_encode(const tokenizer *t, tokenizer_scratch *s, const char *
 /* tokenizer_spm.c */
 /* SentencePiece of the fragments of text into s's output. */
 void tokenizer_spm_encode(const tokenizer *t, tokenizer_scratch *s, const char *text, const tokenizer_frags *frags);
+
+/* tokenizer_wpm.c */
+/* WordPiece of the fragments of text into s's output (llama.cpp's llm_tokenizer_wpm). */
+void tokenizer_wpm_encode(const tokenizer *t, tokenizer_scratch *s, const char *text, const tokenizer_frags *frags);
 
 /* tokenizer_decode.c */
 /* Decoded bytes of a token rendered with special = true (llama.cpp's token_to_piece cache). */

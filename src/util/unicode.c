@@ -182,3 +182,25 @@ size_t unicode_utf8_repair(const char *s, size_t len, char *out)
     }
     return o;
 }
+
+uint32_t unicode_tolower(uint32_t cpt)
+{
+    uint32_t lo = 0, hi = unicode_fold_n_lower;   /* the first entry >= cpt */
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (unicode_fold_lower[mid][0] < cpt) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < unicode_fold_n_lower && unicode_fold_lower[lo][0] == cpt ? unicode_fold_lower[lo][1] : cpt;
+}
+
+uint32_t unicode_nfd_base(uint32_t cpt)
+{
+    uint32_t lo = 0, hi = unicode_fold_n_nfd;   /* the first range starting after cpt */
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (unicode_fold_nfd[mid][0] <= cpt) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo > 0 && cpt <= unicode_fold_nfd[lo - 1][1] ? unicode_fold_nfd[lo - 1][2] : cpt;
+}

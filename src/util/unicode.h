@@ -72,8 +72,18 @@ size_t unicode_utf8_tail(const char *s, size_t len);
  * for 3 * len bytes (a lone byte may become three). Returns the bytes written. */
 size_t unicode_utf8_repair(const char *s, size_t len, char *out);
 
-/* Generated data (unicode_data.c). */
+/* llama.cpp's folds for the WordPiece normaliser (unicode_fold.c): the simple lowercase of
+ * cpt, and its base letter when it is a precomposed character (its decomposition's first code
+ * point, the marks dropped); cpt itself when there is none. */
+uint32_t unicode_tolower(uint32_t cpt);
+uint32_t unicode_nfd_base(uint32_t cpt);
+
+/* Generated data (unicode_data.c, unicode_fold.c). */
 extern const uint32_t unicode_data_ranges[][2];
 extern const uint32_t unicode_data_n_ranges;
+extern const uint32_t unicode_fold_lower[][2];
+extern const uint32_t unicode_fold_n_lower;
+extern const uint32_t unicode_fold_nfd[][3];
+extern const uint32_t unicode_fold_n_nfd;
 
 #endif

@@ -1,5 +1,5 @@
 /*
- * test_model: loading llama / qwen2 / qwen3 GGUF files: hyper-parameters, tied output, and
+ * test_model: loading llama / qwen2 / qwen3 (and bert) GGUF files: hyper-parameters, tied output, and
  * a clear error (right status, tensor or key named) for every missing tensor, wrong shape,
  * unsupported architecture and missing key; the fingerprint tells models apart, down to one
  * byte in the middle of the embedding, and its cache never vouches for a changed file.
@@ -138,6 +138,32 @@ TEST(test_bad_shapes)
         CHECKF(st == GGUF_ERR_SHAPE && m == NULL, "%s: status %d (%s)", names[i], st, err);
         CHECKF(strstr(err, names[i]) != NULL, "message '%s' does not name %s", err, names[i]);
     }
+}
+
+/* bert / nomic-bert (model_bert.c): a decoder's tensors under an encoder's name are refused
+ * naming the first encoder tensor missing, and a causal bert is refused before any tensor. */
+TEST(test_bert_errors)
+{
+    model *m = (model *)1;
+    char err[256] = "", path[256];
+    tiny_cfg c = base("bert");
+    CHECK(load(&c, &m, err, sizeof err) == GGUF_ERR_MISSING && m == NULL);
+    CHECKF(strstr(err, "position_embd.weight") != NULL, "%s", err);
+    c = base("nomic-bert");   /* RoPE: no position table, but the embedding's LayerNorm */
+    CHECK(load(&c, &m, err, sizeof err) == GGUF_ERR_MISSING && m == NULL);
+    CHECKF(strstr(err, "token_embd_norm.weight") != NULL, "%s", err);
+    snprintf(path, sizeof path, "%s/causal.gguf", tmpdir);
+    gguf_writer *w = gguf_writer_new();
+    gguf_writer_set_str(w, "general.architecture", "bert");
+    gguf_writer_set_u32(w, "bert.embedding_length", 64);
+    gguf_writer_set_u32(w, "bert.block_count", 1);
+    gguf_writer_set_u32(w, "bert.attention.head_count", 4);
+    gguf_writer_set_u32(w, "bert.feed_forward_length", 96);
+    gguf_writer_set_bool(w, "bert.attention.causal", true);
+    CHECK(gguf_writer_write(w, path, err, sizeof err) == GGUF_OK);
+    gguf_writer_free(w);
+    CHECK(model_load(path, NULL, &m, err, sizeof err) == GGUF_ERR_FORMAT && m == NULL);
+    CHECKF(strstr(err, "bert.attention.causal") != NULL, "%s", err);
 }
 
 TEST(test_bad_arch_and_keys)
@@ -312,6 +338,7 @@ int main(void)
     RUN(test_repacked_weights);
     RUN(test_missing_tensors);
     RUN(test_bad_shapes);
+    RUN(test_bert_errors);
     RUN(test_bad_arch_and_keys);
     RUN(test_fingerprint);
     RUN(test_fingerprint_every_byte);

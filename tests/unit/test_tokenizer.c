@@ -289,11 +289,51 @@ TEST(test_bpe_words_merges_specials)
     tokenizer_free(t);
 }
 
+/* WordPiece (BERT): lowercase and accents folded, punctuation and CJK words of their own,
+ * greedy longest match from a word's start, an unmatched word one [UNK], [CLS] .. [SEP]. */
+TEST(test_wordpiece)
+{
+    char err[256], path[128];
+    const char *toks[] = { "[PAD]", "[UNK]", "[CLS]", "[SEP]", "\xe2\x96\x81hello", "\xe2\x96\x81wor", "ld",
+                           "\xe2\x96\x81,", "\xe2\x96\x81!", "\xe2\x96\x81h", "e", "\xe2\x96\x81\xe4\xb8\x96",
+                           "\xe2\x96\x81" "cafe" };
+    int32_t types[13];
+    for (int i = 0; i < 13; i++) types[i] = i < 4 ? 3 : 1;   /* CONTROL, NORMAL */
+    gguf_writer *w = gguf_writer_new();
+    gguf_writer_set_str(w, "tokenizer.ggml.model", "bert");
+    gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, NULL, 13);
+    gguf_writer_set_arr_i32(w, "tokenizer.ggml.token_type", types, 13);
+    gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 2);
+    gguf_writer_set_u32(w, "tokenizer.ggml.unknown_token_id", 1);
+    gguf_writer_set_u32(w, "tokenizer.ggml.seperator_token_id", 3);
+    snprintf(path, sizeof path, "/tmp/tm_test_tokwpm_%d.gguf", (int)getpid());
+    CHECK(gguf_writer_write(w, path, err, sizeof err) == GGUF_OK);
+    gguf_writer_free(w);
+    gguf *g = NULL;
+    tokenizer *t = NULL;
+    CHECK(gguf_open(path, &g, err, sizeof err) == GGUF_OK);
+    CHECK(tokenizer_load(g, &t, err, sizeof err) == TOKENIZER_OK && tokenizer_get_kind(t) == TOKENIZER_KIND_WPM);
+    if (t) {
+        const char *text = "Hello, WORLD! Caf\xc3\xa9 xyz\t\xe4\xb8\x96";
+        int32_t ids[32];
+        const int32_t want[] = { 2, 4, 7, 5, 6, 8, 12, 1, 11, 3 };
+        int32_t n = tokenizer_encode(t, text, strlen(text), true, false, ids, 32);
+        CHECK(n == 10 && !memcmp(ids, want, sizeof want));
+        n = tokenizer_encode(t, text, strlen(text), false, false, ids, 32);
+        CHECK(n == 8 && !memcmp(ids, want + 1, 8 * sizeof *ids));
+        n = tokenizer_encode(t, "he", 2, false, false, ids, 32);   /* "h" then "e": a continuation */
+        CHECK(n == 2 && ids[0] == 9 && ids[1] == 10);
+    }
+    tokenizer_free(t);
+    gguf_close(g);
+    unlink(path);
+}
+
 TEST(test_bad_vocabularies)
 {
     char err[256];
     gguf_writer *w = gguf_writer_new();
-    gguf_writer_set_str(w, "tokenizer.ggml.model", "bert");
+    gguf_writer_set_str(w, "tokenizer.ggml.model", "t5");
     const char *toks[] = { "a" };
     gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, NULL, 1);
     char path[128];
@@ -303,7 +343,7 @@ TEST(test_bad_vocabularies)
     gguf *g = NULL;
     tokenizer *t = NULL;
     if (gguf_open(path, &g, err, sizeof err) == GGUF_OK) {
-        CHECK(tokenizer_load(g, &t, err, sizeof err) == TOKENIZER_ERR_UNSUPPORTED && !t && strstr(err, "bert"));
+        CHECK(tokenizer_load(g, &t, err, sizeof err) == TOKENIZER_ERR_UNSUPPORTED && !t && strstr(err, "t5"));
         gguf_close(g);
     }
     w = gguf_writer_new();  /* gpt2 without merges, and an unknown pre-tokenizer */
@@ -407,6 +447,7 @@ int main(void)
     RUN(test_stream_utf8_and_bos_space);
     RUN(test_bpe_words_merges_specials);
     RUN(test_fuzz_random_bytes_round_trip);
+    RUN(test_wordpiece);
     RUN(test_bad_vocabularies);
     HARNESS_END();
 }
