@@ -27,10 +27,9 @@ gw_msg *gw_encode_msg(gateway *g, int slot, const proto_msg *m)
     gw_msg *q = xcalloc(1, sizeof *q);
     q->slot = slot;
     q->gen = g->w[slot].gen;
-    proto_buf_init(&q->buf);
     if (proto_encode(&q->buf, m) != PROTO_OK) {
         log_error("gateway: cannot encode a %s frame", proto_type_name(m->hdr.type));
-        proto_buf_free(&q->buf);
+        bytebuf_free(&q->buf);
         free(q);
         return NULL;
     }
@@ -240,13 +239,13 @@ void gw_flush(gateway *g)
                 pthread_mutex_unlock(&g->mu);
                 pthread_mutex_lock(&w->send_mu);   /* the reader may be closing fd meanwhile */
                 proto_status st = w->send_fd == fd && w->send_gen == gen && w->send_conn
-                                      ? proto_send_frame(w->send_conn, q->buf.p, q->buf.n)
+                                      ? proto_send_frame(w->send_conn, q->buf.p, q->buf.len)
                                       : PROTO_ERR_CLOSED;
                 pthread_mutex_unlock(&w->send_mu);
                 pthread_mutex_lock(&g->mu);
                 if (st != PROTO_OK && w->gen == gen) gw_worker_lost(g, q->slot, "send failed");
             }
-            proto_buf_free(&q->buf);
+            bytebuf_free(&q->buf);
             free(q);
             q = nx;
         }
