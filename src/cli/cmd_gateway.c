@@ -39,6 +39,7 @@
 #include "http/http.h"
 #include "model/model.h"
 #include "recipe/api.h"
+#include "recipe/api_http.h"
 #include "recipe/status.h"
 #include "recipe/template.h"
 #include "recipe/tokenizer.h"
@@ -228,6 +229,7 @@ int cmd_gateway(int argc, char **argv)
     ho.port = (int)port;
     ho.api_keys = keys;
     ho.n_api_keys = n_keys;
+    api_http_opts(&ho);
     if (http_server_new(&ho, &h, err, sizeof err) != HTTP_OK) {
         fprintf(stderr, "tokenmill gateway: %s\n", err);
         rc = 2;

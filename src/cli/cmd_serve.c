@@ -69,6 +69,7 @@
 #include "model/model.h"
 #include "cluster/ep.h"
 #include "recipe/api.h"
+#include "recipe/api_http.h"
 #include "recipe/status.h"
 #include "recipe/template.h"
 #include "recipe/tokenizer.h"
@@ -373,6 +374,7 @@ static int serve_routes(serve *sv)
     ho.idle_timeout_s = (int)o->timeout;
     ho.api_keys = o->keys;
     ho.n_api_keys = o->n_keys;
+    api_http_opts(&ho);
     if (http_server_new(&ho, &sv->h, err, sizeof err) != HTTP_OK) {
         fprintf(stderr, "tokenmill serve: %s\n", err);
         return 2;
