@@ -45,10 +45,6 @@
 #include "recipe/tokenizer.h"
 #include "util/util.h"
 
-#pragma weak api_chat_register
-#pragma weak api_responses_register
-#pragma weak api_messages_register
-
 #define GWC_MAX 32
 #define GWC_ABORT_GRACE_S 5.0   /* after the abort: for the cut responses to be written */
 
@@ -101,63 +97,78 @@ static void cmd_gateway_drain(gateway *g, http_server *h, int sig, long drain_ti
     fprintf(stderr, "tokenmill gateway: stopped\n");
 }
 
-int cmd_gateway(int argc, char **argv)
+/* The command line, parsed. */
+typedef struct {
+    const char *path, *listen, *reg, *cache_spec, *name, *tmpl_name, *tmpl_file, *key_path;
+    const char *pre[GWC_MAX], *dec[GWC_MAX], *keys[16]; /* (n_pre), (n_dec), (n_keys) */
+    int n_pre, n_dec, n_keys;
+    long ctx, drain_timeout;     /* tokens per sequence (0: the workers' default); s */
+    double hb_timeout, wait_timeout, progress[2], cost_per_hour; /* s; s; first, next s; price */
+    http_opts ho;                /* connection limits from the options; the rest set later */
+    bool metrics_public, verbose;
+    char host[256];              /* --listen's host */
+    long port;                   /* and port */
+} cmd_gateway_opts;
+
+/* Parses the command line into o; -1 to go on, else the exit status (help, a bad option). */
+static int cmd_gateway_parse(int argc, char **argv, cmd_gateway_opts *o)
 {
-    const char *path = NULL, *listen = "127.0.0.1:8080", *reg = NULL, *cache_spec = NULL, *name = NULL, *tmpl_name = NULL, *tmpl_file = NULL;
-    const char *pre[GWC_MAX], *dec[GWC_MAX], *keys[16];
-    int n_pre = 0, n_dec = 0, n_keys = 0;
-    long ctx = 0, drain_timeout = 30;
-    double hb_timeout = 2, wait_timeout = 30, progress[2] = { 30, 10 };   /* progress: first, next */
-    double cost_per_hour = 0;
-    http_opts ho = { 0 };       /* connection limits from the options; the rest below */
-    bool metrics_public = false, verbose = false;
-    const char *key_path = NULL;
-    cmd_opt_list pre_l = { pre, 0, GWC_MAX }, dec_l = { dec, 0, GWC_MAX }, keys_l = { keys, 0, 16 };
+    *o = (cmd_gateway_opts){ .listen = "127.0.0.1:8080", .drain_timeout = 30, .hb_timeout = 2, .wait_timeout = 30,
+                             .progress = { 30, 10 } };
+    cmd_opt_list pre_l = { o->pre, 0, GWC_MAX }, dec_l = { o->dec, 0, GWC_MAX }, keys_l = { o->keys, 0, 16 };
     cmd_opt http[CMD_HTTP_TABLE_N], gram[CMD_GRAMMAR_TABLE_N];
     grammar_limits gl = grammar_limits_get();
     const cmd_opt opts[] = {
-        { "--model", "-m", CMD_OPT_STR, &path, .arg = "MODEL", .help = "the GGUF (tokenizer, template, fingerprint)", .required = true },
-        { "--listen", NULL, CMD_OPT_STR, &listen, .arg = "HOST:PORT", .help = "the HTTP API (default 127.0.0.1:8080)" },
+        { "--model", "-m", CMD_OPT_STR, &o->path, .arg = "MODEL", .help = "the GGUF (tokenizer, template, fingerprint)", .required = true },
+        { "--listen", NULL, CMD_OPT_STR, &o->listen, .arg = "HOST:PORT", .help = "the HTTP API (default 127.0.0.1:8080)" },
         { "--prefill", NULL, CMD_OPT_LIST, &pre_l, .set = 1, .arg = "HOST:PORT,...", .help = "prefill workers to connect to" },
         { "--decode", NULL, CMD_OPT_LIST, &dec_l, .set = 1, .arg = "HOST:PORT,...", .help = "decode (or mixed) workers to connect to" },
-        { "--register", NULL, CMD_OPT_STR, &reg, .arg = "HOST:PORT", .help = "where workers started with --gateway register" },
-        { "--cache", NULL, CMD_OPT_STR, &cache_spec, .arg = "SPEC|off", .help = "the workers' block store (entry-point hits)" },
-        { "--ctx", NULL, CMD_OPT_LONG, &ctx, 1, 1 << 24, .arg = "N", .help = "tokens per sequence (default: the workers' default for the model)" },
-        { "--heartbeat-timeout", NULL, CMD_OPT_DOUBLE, &hb_timeout, 1e-3, 86400, .arg = "S", .help = "a silent worker is dead after S seconds (default 2)" },
-        { "--wait-timeout", NULL, CMD_OPT_DOUBLE, &wait_timeout, 1e-3, 86400, .arg = "S", .help = "with no worker of a role, 503 after S seconds (default 30)" },
-        { "--progress-timeout", NULL, CMD_OPT_FN, progress, .fn = cmd_gateway_progress, .arg = "FIRST[,NEXT]",
+        { "--register", NULL, CMD_OPT_STR, &o->reg, .arg = "HOST:PORT", .help = "where workers started with --gateway register" },
+        { "--cache", NULL, CMD_OPT_STR, &o->cache_spec, .arg = "SPEC|off", .help = "the workers' block store (entry-point hits)" },
+        { "--ctx", NULL, CMD_OPT_LONG, &o->ctx, 1, 1 << 24, .arg = "N", .help = "tokens per sequence (default: the workers' default for the model)" },
+        { "--heartbeat-timeout", NULL, CMD_OPT_DOUBLE, &o->hb_timeout, 1e-3, 86400, .arg = "S", .help = "a silent worker is dead after S seconds (default 2)" },
+        { "--wait-timeout", NULL, CMD_OPT_DOUBLE, &o->wait_timeout, 1e-3, 86400, .arg = "S", .help = "with no worker of a role, 503 after S seconds (default 30)" },
+        { "--progress-timeout", NULL, CMD_OPT_FN, o->progress, .fn = cmd_gateway_progress, .arg = "FIRST[,NEXT]",
           .help = "move a request off a worker with no token for FIRST / NEXT s (default 30,10)" },
-        { "--drain-timeout", NULL, CMD_OPT_LONG, &drain_timeout, 0, 86400, .arg = "S", .help = "at SIGTERM, seconds running requests get (default 30)" },
-        { "--cluster-key-file", NULL, CMD_OPT_STR, &key_path, .arg = "PATH", .help = "the cluster secret (default: generated in ~/.cache/tokenmill)" },
+        { "--drain-timeout", NULL, CMD_OPT_LONG, &o->drain_timeout, 0, 86400, .arg = "S", .help = "at SIGTERM, seconds running requests get (default 30)" },
+        { "--cluster-key-file", NULL, CMD_OPT_STR, &o->key_path, .arg = "PATH", .help = "the cluster secret (default: generated in ~/.cache/tokenmill)" },
         { "--api-key", NULL, CMD_OPT_LIST, &keys_l, .arg = "KEY", .help = "require this key (repeat for several)" },
-        { "--metrics-public", NULL, CMD_OPT_FLAG, &metrics_public, .help = "with --api-key, leave /metrics and the status page open" },
-        { "--cost-per-hour", NULL, CMD_OPT_DOUBLE, &cost_per_hour, 0, 1e9, .arg = "PRICE", .help = "the cluster's price per hour: the status page shows cost per million tokens" },
-        { .kind = CMD_OPT_TABLE, .dst = (void *)cmd_common_http_table(&ho, http) },
+        { "--metrics-public", NULL, CMD_OPT_FLAG, &o->metrics_public, .help = "with --api-key, leave /metrics and the status page open" },
+        { "--cost-per-hour", NULL, CMD_OPT_DOUBLE, &o->cost_per_hour, 0, 1e9, .arg = "PRICE", .help = "the cluster's price per hour: the status page shows cost per million tokens" },
+        { .kind = CMD_OPT_TABLE, .dst = (void *)cmd_common_http_table(&o->ho, http) },
         { .kind = CMD_OPT_TABLE, .dst = (void *)cmd_common_grammar_table(&gl, gram) },
-        { "--model-name", NULL, CMD_OPT_STR, &name, .arg = "NAME", .help = "the model's name in /v1/models (default: the file's)" },
-        { "--template", NULL, CMD_OPT_STR, &tmpl_name, .arg = "NAME", .help = "chat template: auto (the default: the family whose reference text the template is, else the Jinja interpreter), jinja, or a family" },
-        { "--template-file", NULL, CMD_OPT_STR, &tmpl_file, .arg = "FILE", .help = "a Jinja chat template to use instead of the model's own" },
-        { "-v", NULL, CMD_OPT_FLAG, &verbose, .help = "log more" },
+        { "--model-name", NULL, CMD_OPT_STR, &o->name, .arg = "NAME", .help = "the model's name in /v1/models (default: the file's)" },
+        { "--template", NULL, CMD_OPT_STR, &o->tmpl_name, .arg = "NAME", .help = "chat template: auto (the default: the family whose reference text the template is, else the Jinja interpreter), jinja, or a family" },
+        { "--template-file", NULL, CMD_OPT_STR, &o->tmpl_file, .arg = "FILE", .help = "a Jinja chat template to use instead of the model's own" },
+        { "-v", NULL, CMD_OPT_FLAG, &o->verbose, .help = "log more" },
         { 0 },
     };
     const char *synopsis = "gateway -m MODEL --listen HOST:PORT [--prefill ...] [--decode ...] [--register HOST:PORT] [options]";
     cmd_opts_status ost = cmd_opts_parse("gateway", synopsis, opts, argc, argv, 1, NULL, 0, NULL);
     if (ost != CMD_OPTS_OK) return cmd_opts_exit(ost);
     grammar_limits_set(&gl);
-    if (verbose) util_log_level = LOG_LEVEL_DEBUG;
-    n_pre = pre_l.n;
-    n_dec = dec_l.n;
-    n_keys = keys_l.n;
-    char host[256];
-    const char *colon = strrchr(listen, ':');
-    if (!colon || colon == listen || (size_t)(colon - listen) >= sizeof host) {
-        fprintf(stderr, "tokenmill gateway: bad --listen '%s' (want HOST:PORT)\n", listen);
+    if (o->verbose) util_log_level = LOG_LEVEL_DEBUG;
+    o->n_pre = pre_l.n;
+    o->n_dec = dec_l.n;
+    o->n_keys = keys_l.n;
+    const char *colon = strrchr(o->listen, ':');
+    if (!colon || colon == o->listen || (size_t)(colon - o->listen) >= sizeof o->host) {
+        fprintf(stderr, "tokenmill gateway: bad --listen '%s' (want HOST:PORT)\n", o->listen);
         return 2;
     }
-    memcpy(host, listen, (size_t)(colon - listen));
-    host[colon - listen] = 0;
-    long port;
-    if (!cmd_common_int("gateway", "--listen port", colon + 1, 0, 65535, &port)) return 2;
+    memcpy(o->host, o->listen, (size_t)(colon - o->listen));
+    o->host[colon - o->listen] = 0;
+    if (!cmd_common_int("gateway", "--listen port", colon + 1, 0, 65535, &o->port)) return 2;
+    return -1;
+}
+
+int cmd_gateway(int argc, char **argv)
+{
+    cmd_gateway_opts opt, *o = &opt;
+    int prc = cmd_gateway_parse(argc, argv, o);
+    if (prc >= 0) return prc;
+    const char *name = o->name;
+    http_opts ho = o->ho;
 
     int rc = 1;
     char err[512];
@@ -178,35 +189,31 @@ int cmd_gateway(int argc, char **argv)
      * unblocked would take a SIGTERM with the default action: the process dies, not stopped) */
     sigset_t set;
     cmd_common_block_stop_signals(&set);
-    if (!cmd_common_load_model("gateway", path, &m, &tok)) goto out;
-    if (template_open_file(tok, m->g, tmpl_name, tmpl_file, &tmpl, err, sizeof err) != TEMPLATE_OK) {
+    if (!cmd_common_load_model("gateway", o->path, &m, &tok)) goto out;
+    if (template_open_file(tok, m->g, o->tmpl_name, o->tmpl_file, &tmpl, err, sizeof err) != TEMPLATE_OK) {
         fprintf(stderr, "tokenmill gateway: %s\n", err);
         goto out;
     }
     static auth_key key;   /* 4 KiB: off the stack */
     char key_file[4096];
-    auth_status ast = key_path ? auth_key_load(key_path, &key, err, sizeof err)
-                               : auth_key_default(&key, key_file, sizeof key_file, err, sizeof err);
-    if (ast != AUTH_OK) {
-        fprintf(stderr, "tokenmill gateway: %s\n", err);
+    if (!cmd_common_cluster_key("gateway", o->key_path, &key, key_file, sizeof key_file, true)) {
         rc = 2;
         goto out;
     }
-    fprintf(stderr, "tokenmill gateway: cluster key %s\n", key_path ? key_path : key_file);
-    if (cache_spec && strcmp(cache_spec, "off")) {
+    if (o->cache_spec && strcmp(o->cache_spec, "off")) {
         store_opts sto = { 0 };
-        if (store_open(cache_spec, &sto, &cache) != STORE_OK) {
-            fprintf(stderr, "tokenmill gateway: block store %s unavailable: no entry-point hits\n", cache_spec);
+        if (store_open(o->cache_spec, &sto, &cache) != STORE_OK) {
+            fprintf(stderr, "tokenmill gateway: block store %s unavailable: no entry-point hits\n", o->cache_spec);
             cache = NULL;
         }
     }
     /* the workers' default, for their default --kv-mib (other --kv-mib: set --ctx on both) */
     cmd_engine_opts eng_default = CMD_ENGINE_OPTS_DEFAULT;
-    int n_ctx = ctx > 0 ? (int)ctx : (int)cmd_common_default_ctx("gateway", m, eng_default.kv_mib, (engine_kv_type)eng_default.kv_type);
-    gateway_opts go = { .model = m, .cache = cache, .prefill = pre, .n_prefill = n_pre, .decode = dec, .n_decode = n_dec,
-                        .register_listen = reg, .n_ctx = n_ctx, .eos_ids = { -1, -1, -1, -1 },
-                        .heartbeat_timeout_s = hb_timeout, .wait_timeout_s = wait_timeout, .key = &key,
-                        .progress_first_s = progress[0], .progress_next_s = progress[1] };
+    int n_ctx = o->ctx > 0 ? (int)o->ctx : (int)cmd_common_default_ctx("gateway", m, eng_default.kv_mib, (engine_kv_type)eng_default.kv_type);
+    gateway_opts go = { .model = m, .cache = cache, .prefill = o->pre, .n_prefill = o->n_pre, .decode = o->dec, .n_decode = o->n_dec,
+                        .register_listen = o->reg, .n_ctx = n_ctx, .eos_ids = { -1, -1, -1, -1 },
+                        .heartbeat_timeout_s = o->hb_timeout, .wait_timeout_s = o->wait_timeout, .key = &key,
+                        .progress_first_s = o->progress[0], .progress_next_s = o->progress[1] };
     go.eos_ids[0] = tokenizer_eos(tok);
     go.eos_ids[1] = tokenizer_eot(tok);
     if (gateway_new(&go, &g, err, sizeof err) != GATEWAY_OK) {
@@ -214,7 +221,7 @@ int cmd_gateway(int argc, char **argv)
         rc = 2;
         goto out;
     }
-    if (!name) name = derived = api_model_default_name(path);
+    if (!name) name = derived = api_model_default_name(o->path);
     char alias_buf[256];
     const char *alias = api_model_alias(m, alias_buf, sizeof alias_buf);
     /* structured output: the API layer compiles each grammar here first (a bad one is a 400
@@ -223,25 +230,19 @@ int cmd_gateway(int argc, char **argv)
     gcache = grammar_cache_new(256);
     api_ctx ac = { .sched = NULL, .model = m, .tok = tok, .tmpl = tmpl, .model_name = name, .model_alias = alias,
                    .n_ctx = n_ctx, .n_threads = 1, .created = (int64_t)time(NULL), .retention = &classes,
-                   .backend = gateway_backend(g), .metrics_public = metrics_public, .gcache = gcache, .gvocab = gvocab,
-                   .status = st = status_new(gc_wall_now()), .store = cache, .cost_per_hour = cost_per_hour };
-    ho.host = host;
-    ho.port = (int)port;
-    ho.api_keys = keys;
-    ho.n_api_keys = n_keys;
+                   .backend = gateway_backend(g), .metrics_public = o->metrics_public, .gcache = gcache, .gvocab = gvocab,
+                   .status = st = status_new(gc_wall_now()), .store = cache, .cost_per_hour = o->cost_per_hour };
+    ho.host = o->host;
+    ho.port = (int)o->port;
+    ho.api_keys = o->keys;
+    ho.n_api_keys = o->n_keys;
     api_http_opts(&ho);
     if (http_server_new(&ho, &h, err, sizeof err) != HTTP_OK) {
         fprintf(stderr, "tokenmill gateway: %s\n", err);
         rc = 2;
         goto out;
     }
-    api_misc_register(h, &ac);
-    api_completions_register(h, &ac);
-    if (api_chat_register) api_chat_register(h, &ac);
-    if (api_responses_register) api_responses_register(h, &ac);
-    if (api_messages_register) api_messages_register(h, &ac);
-    api_tokenize_register(h, &ac);
-    api_embed_register(h, &ac);
+    cmd_common_api_routes(h, &ac);
     gateway_routes(g, h);
 
     if (http_server_start(h, err, sizeof err) != HTTP_OK) {
@@ -250,16 +251,16 @@ int cmd_gateway(int argc, char **argv)
     }
     fprintf(stderr, "tokenmill gateway: model %s (template %s, tool calls %s)\n", name, template_name(tmpl),
             template_tool_format(tmpl));
-    if (reg) {
-        const char *rc_ = strrchr(reg, ':');
-        fprintf(stderr, "tokenmill gateway: workers register at %.*s:%d\n", (int)(rc_ ? rc_ - reg : 0), reg,
+    if (o->reg) {
+        const char *rc_ = strrchr(o->reg, ':');
+        fprintf(stderr, "tokenmill gateway: workers register at %.*s:%d\n", (int)(rc_ ? rc_ - o->reg : 0), o->reg,
                 gateway_register_port(g));
     }
-    fprintf(stderr, "tokenmill gateway: listening on http://%s:%d\n", host, http_server_port(h));
+    fprintf(stderr, "tokenmill gateway: listening on http://%s:%d\n", o->host, http_server_port(h));
     fflush(stderr);
     int sig = 0;
     sigwait(&set, &sig);
-    cmd_gateway_drain(g, h, sig, drain_timeout);
+    cmd_gateway_drain(g, h, sig, o->drain_timeout);
     rc = 0;
 out:
     gateway_shutdown(g);

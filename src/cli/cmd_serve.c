@@ -75,10 +75,6 @@
 #include "recipe/tokenizer.h"
 #include "util/util.h"
 
-#pragma weak api_chat_register
-#pragma weak api_responses_register
-#pragma weak api_messages_register
-
 #define SERVE_MAX_KEYS 16
 #define SERVE_MAX_MODELS API_MAX_MODELS
 #define SERVE_ABORT_GRACE_S 5.0   /* after the abort: for the cut responses to be written */
@@ -379,13 +375,7 @@ static int serve_routes(serve *sv)
         fprintf(stderr, "tokenmill serve: %s\n", err);
         return 2;
     }
-    api_misc_register(sv->h, c);
-    api_completions_register(sv->h, c);
-    if (api_chat_register) api_chat_register(sv->h, c);
-    if (api_responses_register) api_responses_register(sv->h, c);
-    if (api_messages_register) api_messages_register(sv->h, c);
-    api_tokenize_register(sv->h, c);
-    api_embed_register(sv->h, c);
+    cmd_common_api_routes(sv->h, c);
     if (http_server_start(sv->h, err, sizeof err) != HTTP_OK) {
         fprintf(stderr, "tokenmill serve: %s\n", err);
         return 1;
