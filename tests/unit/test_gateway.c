@@ -288,7 +288,7 @@ static void fake_hello(proto_msg *m)
     m->hdr.type = PROTO_HELLO;
     m->hdr.flags = PROTO_F_REGISTER;
     m->u.hello.role = (uint8_t)g_fake_role;
-    m->u.hello.kv_dtype = QTYPE_F32;
+    m->u.hello.kv_dtype = QTYPE_F16;          /* the real nodes' (the engine's default pool type) */
     memcpy(m->u.hello.model_fp, g_model->fingerprint, 32);
     m->u.hello.max_seqs = 4;
     m->u.hello.kv_blocks = 32;
