@@ -690,6 +690,45 @@ static void proto_put_experts(bytebuf *b, const proto_hdr *h, const proto_msg *m
     }
 }
 
+static void proto_get_control(proto_rd *r, const proto_hdr *h, proto_msg *m);
+static void proto_get_job(proto_rd *r, const proto_hdr *h, proto_msg *m);
+static void proto_get_window(proto_rd *r, const proto_hdr *h, proto_msg *m);
+static void proto_get_experts(proto_rd *r, const proto_hdr *h, proto_msg *m);
+
+/* The kinds of frame, each with its payload's encoder and decoder. */
+typedef enum { PROTO_KIND_NONE = 0, PROTO_KIND_CONTROL, PROTO_KIND_JOB, PROTO_KIND_WINDOW, PROTO_KIND_EXPERTS } proto_kind;
+
+static proto_kind proto_kind_of(int type)
+{
+    switch (type) {
+    case PROTO_HELLO: case PROTO_HEARTBEAT: case PROTO_DRAIN: case PROTO_ERROR: case PROTO_CANCEL:
+    case PROTO_CHALLENGE: case PROTO_PROOF:
+        return PROTO_KIND_CONTROL;
+    case PROTO_PREFILL: case PROTO_HANDOFF: case PROTO_DECODE: case PROTO_TOKENS: case PROTO_FINISH:
+        return PROTO_KIND_JOB;
+    case PROTO_WINDOW: case PROTO_WINFETCH: case PROTO_WINSTATE:
+        return PROTO_KIND_WINDOW;
+    case PROTO_EXPERTS: case PROTO_EXPERTS_OUT:
+        return PROTO_KIND_EXPERTS;
+    default:
+        return PROTO_KIND_NONE;
+    }
+}
+
+static void proto_put_none(bytebuf *b, const proto_hdr *h, const proto_msg *m) {}
+static void proto_get_none(proto_rd *r, const proto_hdr *h, proto_msg *m) { r->err = true; }
+
+static const struct {
+    void (*put)(bytebuf *b, const proto_hdr *h, const proto_msg *m);
+    void (*get)(proto_rd *r, const proto_hdr *h, proto_msg *m);
+} proto_kinds[] = {
+    [PROTO_KIND_NONE] = { proto_put_none, proto_get_none },
+    [PROTO_KIND_CONTROL] = { proto_put_control, proto_get_control },
+    [PROTO_KIND_JOB] = { proto_put_job, proto_get_job },
+    [PROTO_KIND_WINDOW] = { proto_put_window, proto_get_window },
+    [PROTO_KIND_EXPERTS] = { proto_put_experts, proto_get_experts },
+};
+
 proto_status proto_encode(bytebuf *b, const proto_msg *m)
 {
     const proto_hdr *h = &m->hdr;
@@ -703,33 +742,7 @@ proto_status proto_encode(bytebuf *b, const proto_msg *m)
     proto_put_u32(b, proto_wire_flags(m));
     proto_put_u64(b, h->req_id);
     proto_put_u32(b, 0);   /* length, patched below */
-    switch (h->type) {
-    case PROTO_HELLO:
-    case PROTO_HEARTBEAT:
-    case PROTO_DRAIN:
-    case PROTO_ERROR:
-    case PROTO_CANCEL:
-    case PROTO_CHALLENGE:
-    case PROTO_PROOF:
-        proto_put_control(b, h, m);
-        break;
-    case PROTO_PREFILL:
-    case PROTO_HANDOFF:
-    case PROTO_DECODE:
-    case PROTO_TOKENS:
-    case PROTO_FINISH:
-        proto_put_job(b, h, m);
-        break;
-    case PROTO_WINDOW:
-    case PROTO_WINFETCH:
-    case PROTO_WINSTATE:
-        proto_put_window(b, h, m);
-        break;
-    case PROTO_EXPERTS:
-    case PROTO_EXPERTS_OUT:
-        proto_put_experts(b, h, m);
-        break;
-    }
+    proto_kinds[proto_kind_of(h->type)].put(b, h, m);
     size_t len = b->len - start - PROTO_HDR_SIZE;
     if (len > PROTO_MAX_PAYLOAD) {
         b->len = start;
@@ -961,35 +974,9 @@ proto_status proto_decode(const proto_hdr *h, const uint8_t *payload, proto_msg 
     m->hdr = *h;
     proto_rd rd, *r = &rd;
     proto_rd_init(r, payload, h->len);
-    switch (h->type) {
-    case PROTO_HELLO:
-    case PROTO_HEARTBEAT:
-    case PROTO_DRAIN:
-    case PROTO_ERROR:
-    case PROTO_CANCEL:
-    case PROTO_CHALLENGE:
-    case PROTO_PROOF:
-        proto_get_control(r, h, m);
-        break;
-    case PROTO_PREFILL:
-    case PROTO_HANDOFF:
-    case PROTO_DECODE:
-    case PROTO_TOKENS:
-    case PROTO_FINISH:
-        proto_get_job(r, h, m);
-        break;
-    case PROTO_WINDOW:
-    case PROTO_WINFETCH:
-    case PROTO_WINSTATE:
-        proto_get_window(r, h, m);
-        break;
-    case PROTO_EXPERTS:
-    case PROTO_EXPERTS_OUT:
-        proto_get_experts(r, h, m);
-        break;
-    default:
-        return PROTO_ERR_TYPE;
-    }
+    proto_kind k = proto_kind_of(h->type);
+    if (k == PROTO_KIND_NONE) return PROTO_ERR_TYPE;
+    proto_kinds[k].get(r, h, m);
     if (!r->err && r->off != r->n) r->err = true;   /* trailing bytes */
     if (r->err) {
         proto_msg_free(m);
