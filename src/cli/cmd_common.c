@@ -16,7 +16,7 @@
 #include "cluster/auth.h"
 #include "cluster/ep.h"
 #include "engine/kvpool.h"
-#include "model/threadpool.h"
+#include "util/threadpool.h"
 #include "recipe/api.h"
 #include "util/topo.h"
 #include "util/util.h"
