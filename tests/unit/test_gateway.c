@@ -1049,7 +1049,7 @@ static void window_fetch_round(const gw_env *G, int fp, int fd, const int32_t *p
     proto_msg_free(&m);
     uint8_t root[32], pfp[32], keys[2][32];
     blockkey_root(NULL, 0, root);
-    blockkey_pool_fp(g_model->fingerprint, QTYPE_F32, pfp);
+    blockkey_pool_fp(g_model->fingerprint, QTYPE_F16, pfp);   /* the fakes' announced KV type */
     blockkey_chain(root, prompt, 2, pfp, keys);
     proto_window_ev ev = { .op = PROTO_WIN_ADD, .ttl_ms = 600000 };
     memcpy(ev.key, keys[1], 32);
