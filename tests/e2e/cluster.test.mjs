@@ -398,7 +398,8 @@ const str = (t) => Buffer.concat([le(2, t.length, "writeUInt16LE"), Buffer.from(
 const ids = (a) => Buffer.concat([u32(a.length), ...a.map(i32)]);
 const params = (pen) => Buffer.concat([f32(0.8), i32(0), f32(1), f32(0), f32(1), f32(0), f32(0), i32(pen), u64(1), i32(4),
   u8(0), u8(0), u8(0), u8(0), i32(0), str("")]);
-const helloPayload = (role, fp, name) => Buffer.concat([u8(role), u8(0), fp, u32(16), u32(64), u32(256), u32(512), u32(512),
+// KV type 1 (f16): the real workers' pool type, which the gateway requires of every worker
+const helloPayload = (role, fp, name) => Buffer.concat([u8(role), u8(1), fp, u32(16), u32(64), u32(256), u32(512), u32(512),
   str("127.0.0.1:1"), str(name)]);
 
 // ---- the cluster handshake and frame tags, written from docs/protocol.md (not from the C) ----
@@ -901,7 +902,7 @@ test("a deepseek2 (latent KV) model through gateway + prefill + decode workers =
       return { proc: p, addr: `127.0.0.1:${m[1]}`, log: m.input };
     };
     const wp = await startStatic("prefill", "mla-p"), wd = await startStatic("decode", "mla-d");
-    assert.match(wd.log, /KV \d+ blocks of 40\.0 KiB per 128 tokens, latent: V is K/, "2 layers x (64 + 16) x f16 x 128");
+    assert.match(wd.log, /KV f16, \d+ blocks of 40\.0 KiB per 128 tokens, latent: V is K/, "2 layers x (64 + 16) x f16 x 128");
     const p = spawnLogged(["gateway", "-m", modelMla, "--listen", "127.0.0.1:0", ...cache, ...CTX, "--model-name", "mla",
       "--prefill", wp.addr, "--decode", wd.addr], "mla-gateway");
     const url = `http://127.0.0.1:${(await waitLine(p, /listening on http:\/\/[^:]+:(\d+)/, "mla gateway"))[1]}`;
