@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "util/sha256.h"
+#include "util/util.h"
 
 void blockkey_pool_fp(const uint8_t model_fp[32], int32_t dtype, uint8_t out[32])
 {
@@ -48,30 +49,6 @@ void blockkey_chain(const uint8_t root[32], const int32_t *tokens, int n_blocks,
     }
 }
 
-void blockkey_hex(const uint8_t key[32], char out[BLOCKKEY_HEX])
-{
-    static const char digits[] = "0123456789abcdef";
-    for (int i = 0; i < 32; i++) {
-        out[2 * i] = digits[key[i] >> 4];
-        out[2 * i + 1] = digits[key[i] & 15];
-    }
-    out[64] = 0;
-}
+void blockkey_hex(const uint8_t key[32], char out[BLOCKKEY_HEX]) { util_hex(key, 32, out); }
 
-static int blockkey_nibble(char c)
-{
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
-
-int blockkey_from_hex(const char *z, uint8_t out[32])
-{
-    for (int i = 0; i < 32; i++) {
-        int hi = blockkey_nibble(z[2 * i]), lo = hi < 0 ? -1 : blockkey_nibble(z[2 * i + 1]);
-        if (hi < 0 || lo < 0) return -1;
-        out[i] = (uint8_t)(hi << 4 | lo);
-    }
-    return 0;
-}
+int blockkey_from_hex(const char *z, uint8_t out[32]) { return util_unhex(z, 32, out) ? 0 : -1; }

@@ -5,7 +5,6 @@
  */
 #include "cache/store_dir.h"
 
-#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -522,7 +521,8 @@ void store_dir_evict(store_dir *d, const uint8_t key[32])
 
 static bool store_dir_is_hex2(const char *z)
 {
-    return strlen(z) == 2 && isxdigit((unsigned char)z[0]) && isxdigit((unsigned char)z[1]);
+    uint8_t b;
+    return strlen(z) == 2 && util_unhex(z, 1, &b);
 }
 
 long store_dir_scan(store_dir *d, store_dir_scan_fn fn, void *arg)

@@ -16,9 +16,14 @@
 #include "cluster/auth.h"
 #include "cluster/ep.h"
 #include "engine/kvpool.h"
-#include "model/threadpool.h"
+#include "util/threadpool.h"
+#include "recipe/api.h"
 #include "util/topo.h"
 #include "util/util.h"
+
+#pragma weak api_chat_register
+#pragma weak api_responses_register
+#pragma weak api_messages_register
 
 bool cmd_common_int(const char *prog, const char *opt, const char *z, long lo, long hi, long *out)
 {
@@ -547,6 +552,20 @@ const cmd_opt *cmd_common_ep_table(cmd_ep_opts *o, cmd_opt out[CMD_EP_TABLE_N])
     memcpy(out, t, sizeof t);
     return out;
 }
+bool cmd_common_cluster_key(const char *prog, const char *key_path, auth_key *key, char *used, size_t usedsz, bool say)
+{
+    char err[512];
+    auth_status ast = key_path ? auth_key_load(key_path, key, err, sizeof err)
+                               : auth_key_default(key, used, usedsz, err, sizeof err);
+    if (ast != AUTH_OK) {
+        fprintf(stderr, "tokenmill %s: %s\n", prog, err);
+        return false;
+    }
+    if (key_path) snprintf(used, usedsz, "%s", key_path);
+    if (say) fprintf(stderr, "tokenmill %s: cluster key %s\n", prog, used);
+    return true;
+}
+
 
 bool cmd_common_ep_start(const char *prog, engine *e, cmd_ep_opts *o, const char *key_path, ep_group **out)
 {
@@ -560,12 +579,7 @@ bool cmd_common_ep_start(const char *prog, engine *e, cmd_ep_opts *o, const char
     }
     static auth_key key;   /* 4 KiB: off the stack */
     char key_file[4096], err[512];
-    auth_status ast = key_path ? auth_key_load(key_path, &key, err, sizeof err)
-                               : auth_key_default(&key, key_file, sizeof key_file, err, sizeof err);
-    if (ast != AUTH_OK) {
-        fprintf(stderr, "tokenmill %s: %s\n", prog, err);
-        return false;
-    }
+    if (!cmd_common_cluster_key(prog, key_path, &key, key_file, sizeof key_file, false)) return false;
     ep_opts eo = { .members = o->members.v, .n_members = o->members.n, .key = &key, .redundant = (int)o->redundant,
                    .timeout_s = o->timeout_s, .rebalance_s = o->rebalance_s };
     ep_group *g = ep_group_new(e, &eo, err, sizeof err);
@@ -575,8 +589,18 @@ bool cmd_common_ep_start(const char *prog, engine *e, cmd_ep_opts *o, const char
     }
     const model *m = engine_model(e);
     fprintf(stderr, "tokenmill %s: expert group of %d processes (this one and %d members), %d experts per layer, %ld redundant, cluster key %s\n",
-            prog, ep_group_size(g), o->members.n, m->hp.n_expert, o->redundant,
-            key_path ? key_path : key_file);
+            prog, ep_group_size(g), o->members.n, m->hp.n_expert, o->redundant, key_file);
     *out = g;
     return true;
+}
+
+void cmd_common_api_routes(http_server *h, api_ctx *c)
+{
+    api_misc_register(h, c);
+    api_completions_register(h, c);
+    if (api_chat_register) api_chat_register(h, c);
+    if (api_responses_register) api_responses_register(h, c);
+    if (api_messages_register) api_messages_register(h, c);
+    api_tokenize_register(h, c);
+    api_embed_register(h, c);
 }

@@ -11,6 +11,7 @@
 #include <stdbool.h>
 
 #include "cli/cmd_opts.h"
+#include "cluster/auth.h"
 #include "engine/blockio.h"
 #include "engine/engine.h"
 #include "engine/sched.h"
@@ -152,10 +153,20 @@ typedef struct {
  * --ep-rebalance), as cmd_common_engine_table. */
 #define CMD_EP_TABLE_N 5
 const cmd_opt *cmd_common_ep_table(cmd_ep_opts *o, cmd_opt out[CMD_EP_TABLE_N]);
+/* The cluster key from key_path (NULL: the default key, generated on first use) into key, and
+ * the file it came from into used (usedsz bytes); with say, "tokenmill PROG: cluster key FILE"
+ * on stderr. false after "tokenmill PROG: why" on stderr. */
+bool cmd_common_cluster_key(const char *prog, const char *key_path, auth_key *key, char *used, size_t usedsz, bool say);
+
 struct ep_group;
 /* Forms the group when members were named (*out NULL otherwise): the key from key_path (NULL:
  * the default key), logs "tokenmill PROG: expert group of N processes ...". false after a
  * message on stderr. Free with ep_group_free before the engine (after the scheduler). */
 bool cmd_common_ep_start(const char *prog, engine *e, cmd_ep_opts *o, const char *key_path, struct ep_group **out);
+
+struct api_ctx;
+/* The API routes serve and the gateway both answer, on h with c (chat, responses and messages
+ * where they are linked in). */
+void cmd_common_api_routes(http_server *h, struct api_ctx *c);
 
 #endif

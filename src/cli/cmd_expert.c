@@ -42,13 +42,7 @@ int cmd_expert(int argc, char **argv)
     cmd_common_block_stop_signals(&set);
     static auth_key key;   /* 4 KiB: off the stack */
     char key_file[4096], err[512];
-    auth_status ast = key_path ? auth_key_load(key_path, &key, err, sizeof err)
-                               : auth_key_default(&key, key_file, sizeof key_file, err, sizeof err);
-    if (ast != AUTH_OK) {
-        fprintf(stderr, "tokenmill expert: %s\n", err);
-        return 2;
-    }
-    fprintf(stderr, "tokenmill expert: cluster key %s\n", key_path ? key_path : key_file);
+    if (!cmd_common_cluster_key("expert", key_path, &key, key_file, sizeof key_file, true)) return 2;
     model *m = NULL;
     tokenizer *tok = NULL;
     int rc = 1;

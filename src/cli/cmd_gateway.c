@@ -43,14 +43,12 @@
 #include "http/http.h"
 #include "model/model.h"
 #include "recipe/api.h"
+#include "recipe/api_http.h"
 #include "recipe/status.h"
 #include "recipe/template.h"
 #include "recipe/tokenizer.h"
 #include "util/util.h"
 
-#pragma weak api_chat_register
-#pragma weak api_responses_register
-#pragma weak api_messages_register
 
 #define GWC_MAX 32
 #define GWC_MAX_MODELS GATEWAY_MAX_MODELS
@@ -229,14 +227,10 @@ int cmd_gateway(int argc, char **argv)
     }
     static auth_key key;   /* 4 KiB: off the stack */
     char key_file[4096];
-    auth_status ast = key_path ? auth_key_load(key_path, &key, err, sizeof err)
-                               : auth_key_default(&key, key_file, sizeof key_file, err, sizeof err);
-    if (ast != AUTH_OK) {
-        fprintf(stderr, "tokenmill gateway: %s\n", err);
+    if (!cmd_common_cluster_key("gateway", key_path, &key, key_file, sizeof key_file, true)) {
         rc = 2;
         goto out;
     }
-    fprintf(stderr, "tokenmill gateway: cluster key %s\n", key_path ? key_path : key_file);
     if (cache_spec && strcmp(cache_spec, "off")) {
         store_opts sto = { 0 };
         if (store_open(cache_spec, &sto, &cache) != STORE_OK) {
@@ -284,18 +278,13 @@ int cmd_gateway(int argc, char **argv)
     ho.port = (int)port;
     ho.api_keys = keys;
     ho.n_api_keys = n_keys;
+    api_http_opts(&ho);
     if (http_server_new(&ho, &h, err, sizeof err) != HTTP_OK) {
         fprintf(stderr, "tokenmill gateway: %s\n", err);
         rc = 2;
         goto out;
     }
-    api_misc_register(h, ac);
-    api_completions_register(h, ac);
-    if (api_chat_register) api_chat_register(h, ac);
-    if (api_responses_register) api_responses_register(h, ac);
-    if (api_messages_register) api_messages_register(h, ac);
-    api_tokenize_register(h, ac);
-    api_embed_register(h, ac);
+    cmd_common_api_routes(h, ac);
     gateway_routes(g, h);
 
     if (http_server_start(h, err, sizeof err) != HTTP_OK) {

@@ -69,14 +69,11 @@
 #include "model/model.h"
 #include "cluster/ep.h"
 #include "recipe/api.h"
+#include "recipe/api_http.h"
 #include "recipe/status.h"
 #include "recipe/template.h"
 #include "recipe/tokenizer.h"
 #include "util/util.h"
-
-#pragma weak api_chat_register
-#pragma weak api_responses_register
-#pragma weak api_messages_register
 
 #define SERVE_MAX_KEYS 16
 #define SERVE_MAX_MODELS API_MAX_MODELS
@@ -366,17 +363,12 @@ static int serve_routes(serve *sv)
     ho.idle_timeout_s = (int)o->timeout;
     ho.api_keys = o->keys;
     ho.n_api_keys = o->n_keys;
+    api_http_opts(&ho);
     if (http_server_new(&ho, &sv->h, err, sizeof err) != HTTP_OK) {
         fprintf(stderr, "tokenmill serve: %s\n", err);
         return 2;
     }
-    api_misc_register(sv->h, c);
-    api_completions_register(sv->h, c);
-    if (api_chat_register) api_chat_register(sv->h, c);
-    if (api_responses_register) api_responses_register(sv->h, c);
-    if (api_messages_register) api_messages_register(sv->h, c);
-    api_tokenize_register(sv->h, c);
-    api_embed_register(sv->h, c);
+    cmd_common_api_routes(sv->h, c);
     if (http_server_start(sv->h, err, sizeof err) != HTTP_OK) {
         fprintf(stderr, "tokenmill serve: %s\n", err);
         return 1;

@@ -117,15 +117,11 @@ int cmd_worker(int argc, char **argv)
     worker *w = NULL;
     grammar_vocab *gvocab = NULL;
     static auth_key key;   /* 4 KiB: off the stack */
-    char key_file[4096], err[512];
-    auth_status ast = key_path ? auth_key_load(key_path, &key, err, sizeof err)
-                               : auth_key_default(&key, key_file, sizeof key_file, err, sizeof err);
-    if (ast != AUTH_OK) {
-        fprintf(stderr, "tokenmill worker: %s\n", err);
+    char key_file[4096];
+    if (!cmd_common_cluster_key("worker", key_path, &key, key_file, sizeof key_file, true)) {
         rc = 2;
         goto out;
     }
-    fprintf(stderr, "tokenmill worker: cluster key %s\n", key_path ? key_path : key_file);
     if (!cmd_common_load_model("worker", path, &m, &tok)) goto out;
     if (m->hp.arch == MODEL_ARCH_DEEPSEEK4) {   /* its pool rows and blocks are not served yet */
         fprintf(stderr, "tokenmill worker: %s: DeepSeek V4 ('deepseek4') runs in `tokenmill run` and `eval` only "

@@ -170,7 +170,7 @@ auth_status auth_key_default(auth_key *k, char *path, size_t pathsz, char *err, 
             snprintf(err, errsz, "cannot make a cluster key: no random bytes");
             return AUTH_ERR_CRYPTO;
         }
-        for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", raw[i]);
+        util_hex(raw, sizeof raw, hex);
         hex[64] = '\n';
         hex[65] = 0;
         OPENSSL_cleanse(raw, sizeof raw);

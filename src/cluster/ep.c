@@ -161,7 +161,7 @@ typedef struct {
     int32_t *frame0;             /* (E + 1) first expert of each frame */
     float *gbuf;                 /* gathered rows of one frame */
     size_t gcap;                 /* floats */
-    proto_buf buf;               /* encoded frame */
+    bytebuf buf;                 /* encoded frame */
     /* counters (under mu for readers) */
     uint64_t rows_out;           /* rows computed by this member */
     uint64_t bytes_out, bytes_in;
@@ -380,10 +380,10 @@ static bool ep_send_frame(ep_group *g, ep_link *l, int il, int f, bool last, con
     proto_msg m = { .hdr = { .type = PROTO_EXPERTS, .flags = last ? PROTO_F_LAST : 0 } };
     m.u.experts = (proto_experts){ .layer = (uint16_t)il, .dim = (uint32_t)dim, .n_exp = (uint32_t)(b - a),
                                    .experts = l->exp + a, .n_rows = l->rows + a, .n_floats = (uint32_t)n, .x = l->gbuf };
-    proto_buf_reset(&l->buf);
+    l->buf.len = 0;
     if (proto_encode(&l->buf, &m) != PROTO_OK) return false;
-    if (proto_send_frame(&l->pc, l->buf.p, l->buf.n) != PROTO_OK) return false;
-    l->bytes_out += l->buf.n;
+    if (proto_send_frame(&l->pc, l->buf.p, l->buf.len) != PROTO_OK) return false;
+    l->bytes_out += l->buf.len;
     return true;
 }
 
@@ -572,7 +572,7 @@ ep_group *ep_group_new(engine *e, const ep_opts *o, char *err, size_t errsz)
         l->exp = xmalloc((size_t)g->E * sizeof *l->exp);
         l->rows = xmalloc((size_t)g->E * sizeof *l->rows);
         l->frame0 = xmalloc((size_t)(g->E + 1) * sizeof *l->frame0);
-        proto_buf_init(&l->buf);
+        l->buf = (bytebuf){ 0 };
     }
     for (int i = 0; i < o->n_members; i++) {
         ep_link *l = &g->links[i];
@@ -621,7 +621,7 @@ void ep_group_free(ep_group *g)
         free(l->rows);
         free(l->frame0);
         free(l->gbuf);
-        proto_buf_free(&l->buf);
+        bytebuf_free(&l->buf);
     }
     free(g->links);
     free(g->want);

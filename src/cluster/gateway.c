@@ -830,7 +830,7 @@ void gateway_free(gateway *g)
     pthread_mutex_unlock(&g->mu);
     while (g->out_head) {
         gw_msg *nx = g->out_head->next;
-        proto_buf_free(&g->out_head->buf);
+        bytebuf_free(&g->out_head->buf);
         free(g->out_head);
         g->out_head = nx;
     }

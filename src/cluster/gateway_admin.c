@@ -34,19 +34,23 @@ void gw_metrics(void *ud, bytebuf *b)
 {
     gateway *g = ((gw_model *)ud)->g;   /* the whole gateway's figures, whichever model's backend */
     pthread_mutex_lock(&g->mu);
-    api_metric(b, "tokenmill_gateway_requests_total", "counter", "Generation requests accepted.", (double)g->n_requests);
-    api_metric(b, "tokenmill_gateway_rejected_total", "counter", "Requests refused because no worker of a role was left in time (503).", (double)g->n_rejected);
-    api_metric(b, "tokenmill_prompt_tokens_total", "counter", "Prompt tokens of accepted requests.", (double)g->n_prompt_tokens);
-    api_metric(b, "tokenmill_gateway_hit_tokens_total", "counter", "Prompt tokens found in the block store at the entrypoint.", (double)g->n_hit_tokens);
-    api_metric(b, "tokenmill_generated_tokens_total", "counter", "Tokens generated.", (double)g->n_gen_tokens);
-    api_metric(b, "tokenmill_gateway_reprefills_total", "counter", "Prefill jobs re-sent after their prefill worker was lost.", (double)g->n_reprefills);
-    api_metric(b, "tokenmill_gateway_resumes_total", "counter", "Decodes resumed on another worker after theirs was lost.", (double)g->n_resumes);
-    api_metric(b, "tokenmill_gateway_refused_connections_total", "counter", "Worker connections closed for a malformed frame or a bad value.", (double)g->n_bad_conns);
-    api_metric(b, "tokenmill_gateway_refused_handshakes_total", "counter", "Connections refused because the peer could not prove it holds the cluster key.", (double)g->n_refused_auth);
-    api_metric(b, "tokenmill_gateway_inflight_routed_total", "counter", "Prefill jobs sent to the worker computing a prefix of theirs at the time (it attaches those blocks instead of computing them).", (double)g->n_inflight_routed);
-    api_metric(b, "tokenmill_gateway_inflight_shared_tokens_total", "counter", "Prompt tokens of those jobs that were in flight on their worker.", (double)g->n_inflight_tokens);
-    api_metric(b, "tokenmill_gateway_stalls_total", "counter", "Requests moved off a worker that made no progress on them in time.", (double)g->n_stalls);
-    api_metric(b, "tokenmill_gateway_window_directory_entries", "gauge", "Window states the workers reported holding (sliding-window models).", (double)windir_count(g->wdir));
+    /* the gateway's own counters and gauges, one line each */
+    const struct { const char *name, *type, *help; double v; } one[] = {
+        { "tokenmill_gateway_requests_total", "counter", "Generation requests accepted.", (double)g->n_requests },
+        { "tokenmill_gateway_rejected_total", "counter", "Requests refused because no worker of a role was left in time (503).", (double)g->n_rejected },
+        { "tokenmill_prompt_tokens_total", "counter", "Prompt tokens of accepted requests.", (double)g->n_prompt_tokens },
+        { "tokenmill_gateway_hit_tokens_total", "counter", "Prompt tokens found in the block store at the entrypoint.", (double)g->n_hit_tokens },
+        { "tokenmill_generated_tokens_total", "counter", "Tokens generated.", (double)g->n_gen_tokens },
+        { "tokenmill_gateway_reprefills_total", "counter", "Prefill jobs re-sent after their prefill worker was lost.", (double)g->n_reprefills },
+        { "tokenmill_gateway_resumes_total", "counter", "Decodes resumed on another worker after theirs was lost.", (double)g->n_resumes },
+        { "tokenmill_gateway_refused_connections_total", "counter", "Worker connections closed for a malformed frame or a bad value.", (double)g->n_bad_conns },
+        { "tokenmill_gateway_refused_handshakes_total", "counter", "Connections refused because the peer could not prove it holds the cluster key.", (double)g->n_refused_auth },
+        { "tokenmill_gateway_inflight_routed_total", "counter", "Prefill jobs sent to the worker computing a prefix of theirs at the time (it attaches those blocks instead of computing them).", (double)g->n_inflight_routed },
+        { "tokenmill_gateway_inflight_shared_tokens_total", "counter", "Prompt tokens of those jobs that were in flight on their worker.", (double)g->n_inflight_tokens },
+        { "tokenmill_gateway_stalls_total", "counter", "Requests moved off a worker that made no progress on them in time.", (double)g->n_stalls },
+        { "tokenmill_gateway_window_directory_entries", "gauge", "Window states the workers reported holding (sliding-window models).", (double)windir_count(g->wdir) },
+    };
+    for (size_t i = 0; i < TM_ARRAY_LEN(one); i++) api_metric(b, one[i].name, one[i].type, one[i].help, one[i].v);
     bytebuf_printf(b, "# HELP tokenmill_gateway_window_fetches_total Window states fetched from the worker holding them for a job placed on another one: ok (relayed before the job), failed (not held any more, holder lost or too slow: the job replays).\n"
                       "# TYPE tokenmill_gateway_window_fetches_total counter\n"
                       "tokenmill_gateway_window_fetches_total{result=\"ok\"} %llu\n"

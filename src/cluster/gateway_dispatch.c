@@ -27,10 +27,9 @@ gw_msg *gw_encode_msg(gateway *g, int slot, const proto_msg *m)
     gw_msg *q = xcalloc(1, sizeof *q);
     q->slot = slot;
     q->gen = g->w[slot].gen;
-    proto_buf_init(&q->buf);
     if (proto_encode(&q->buf, m) != PROTO_OK) {
         log_error("gateway: cannot encode a %s frame", proto_type_name(m->hdr.type));
-        proto_buf_free(&q->buf);
+        bytebuf_free(&q->buf);
         free(q);
         return NULL;
     }
@@ -105,6 +104,31 @@ static int64_t gw_inflight(const gateway *g, const gw_req *r, int slot)
     return t > 0 ? t : 0;
 }
 
+/* The start of a job's frame (PREFILL or DECODE) for r: its id, the request's params in pp
+ * (the frame's own), and the flags they call for. The same budget goes again on a resume: the
+ * worker replays the reasoning count and whether the block is open from think_open + gen
+ * (every token of gen was streamed), so the forced end lands where an undisturbed run puts
+ * it; and it replays gen through the grammar's automaton (as sched_submit does). */
+static void gw_job_frame(proto_msg *m, int type, const gw_req *r, proto_params *pp)
+{
+    memset(m, 0, sizeof *m);
+    m->hdr.type = (uint16_t)type;
+    m->hdr.req_id = r->id;
+    gw_params_copy(pp, &r->params);
+    if (r->params.think_budget) m->hdr.flags |= PROTO_F_THINK;
+    if (r->params.grammar) m->hdr.flags |= PROTO_F_GRAMMAR;
+}
+
+/* r's job was given to worker w (slot): both their books. */
+static void gw_job_placed(gw_req *r, gw_worker *w, int slot, gw_state state)
+{
+    r->state = state;
+    r->worker = slot;
+    r->t_job = util_now();
+    r->job_tokens = 0;
+    w->n_jobs++;
+}
+
 void gw_send_prefill(gateway *g, gw_req *r)
 {
     bal_prefill_worker bw[GW_MAX_WORKERS];
@@ -134,12 +158,7 @@ void gw_send_prefill(gateway *g, gw_req *r)
         g->n_inflight_tokens += (uint64_t)ch.shared_tokens;
     }
     proto_msg m;
-    memset(&m, 0, sizeof m);
-    m.hdr.type = PROTO_PREFILL;
-    m.hdr.req_id = r->id;
-    gw_params_copy(&m.u.prefill.params, &r->params);
-    if (r->params.think_budget) m.hdr.flags |= PROTO_F_THINK;
-    if (r->params.grammar) m.hdr.flags |= PROTO_F_GRAMMAR;
+    gw_job_frame(&m, PROTO_PREFILL, r, &m.u.prefill.params);
     if (r->embed) m.hdr.flags |= PROTO_F_EMBED;
     m.u.prefill.embed = r->embed;
     m.u.prefill.hit_len = (uint32_t)r->hit_len;
@@ -147,14 +166,10 @@ void gw_send_prefill(gateway *g, gw_req *r)
     m.u.prefill.prompt = r->prompt;
     /* the window state where its stored prefix ends comes along when another worker holds it */
     gw_window_send_job(g, r, slot, &m, r->hit_len / BLOCKKEY_TOKENS);
-    r->state = GW_PREFILL;
-    r->worker = slot;
-    r->t_job = util_now();
-    r->job_tokens = 0;
+    gw_job_placed(r, w, slot, GW_PREFILL);
     r->cost_s = ch.cost_s;
     w->queued_s += ch.cost_s;
     w->n_prefill++;
-    w->n_jobs++;
 }
 
 void gw_send_decode(gateway *g, gw_req *r)
@@ -176,16 +191,7 @@ void gw_send_decode(gateway *g, gw_req *r)
               (unsigned long long)r->id, (long long)r->expect_len, ch.is_long ? "long" : "short", (long long)ch.mean_len,
               w->addr, w->n_decode, (long long)w->sum_ctx, n, r->resume ? " resume" : "");
     proto_msg m;
-    memset(&m, 0, sizeof m);
-    m.hdr.type = PROTO_DECODE;
-    m.hdr.req_id = r->id;
-    gw_params_copy(&m.u.decode.params, &r->params);
-    /* the same budget on a resume: the worker replays the reasoning count and whether the
-     * block is open from think_open + gen (every token of gen was streamed), so the forced
-     * end lands where an undisturbed run puts it */
-    if (r->params.think_budget) m.hdr.flags |= PROTO_F_THINK;
-    /* the worker replays gen through the grammar's automaton (as sched_submit does) */
-    if (r->params.grammar) m.hdr.flags |= PROTO_F_GRAMMAR;
+    gw_job_frame(&m, PROTO_DECODE, r, &m.u.decode.params);
     m.u.decode.n_prompt = (uint32_t)r->n_prompt;
     m.u.decode.prompt = r->prompt;
     m.u.decode.n_gen = (uint32_t)r->n_gen;
@@ -200,14 +206,10 @@ void gw_send_decode(gateway *g, gw_req *r)
     /* after a handoff: the window state where the stored blocks end, held by the prefill worker */
     gw_window_send_job(g, r, slot, &m, r->resume ? 0 : r->n_stored / BLOCKKEY_TOKENS);
     gw_free_tail(r);
-    r->state = GW_DECODE;
-    r->worker = slot;
-    r->t_job = util_now();
-    r->job_tokens = 0;
+    gw_job_placed(r, w, slot, GW_DECODE);
     r->ctx_counted = r->n_prompt + r->n_gen;
     w->n_decode++;
     w->sum_ctx += r->ctx_counted;
-    w->n_jobs++;
 }
 
 void gw_send_simple(gateway *g, int slot, int type, uint64_t id)
@@ -242,13 +244,13 @@ void gw_flush(gateway *g)
                 pthread_mutex_unlock(&g->mu);
                 pthread_mutex_lock(&w->send_mu);   /* the reader may be closing fd meanwhile */
                 proto_status st = w->send_fd == fd && w->send_gen == gen && w->send_conn
-                                      ? proto_send_frame(w->send_conn, q->buf.p, q->buf.n)
+                                      ? proto_send_frame(w->send_conn, q->buf.p, q->buf.len)
                                       : PROTO_ERR_CLOSED;
                 pthread_mutex_unlock(&w->send_mu);
                 pthread_mutex_lock(&g->mu);
                 if (st != PROTO_OK && w->gen == gen) gw_worker_lost(g, q->slot, "send failed");
             }
-            proto_buf_free(&q->buf);
+            bytebuf_free(&q->buf);
             free(q);
             q = nx;
         }

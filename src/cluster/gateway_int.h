@@ -121,7 +121,7 @@ typedef struct gw_msg {      /* a frame waiting for the dispatcher to send it */
     struct gw_msg *next;
     int slot;
     uint64_t gen;             /* sent only while the worker's connection is this one */
-    proto_buf buf;
+    bytebuf buf;
 } gw_msg;
 
 typedef struct gw_fetch {    /* a job held until the window state it needs arrives */

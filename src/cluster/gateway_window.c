@@ -28,7 +28,7 @@ void gw_window_init(gateway *g) { g->wdir = windir_new(GW_WINDOW_DIR_MAX); }
 static void gw_fetch_free(gw_fetch *f)
 {
     if (f->job) {
-        proto_buf_free(&f->job->buf);
+        bytebuf_free(&f->job->buf);
         free(f->job);
     }
     free(f);

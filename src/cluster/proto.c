@@ -32,55 +32,36 @@
 
 /* ---- buffers ---- */
 
-void proto_buf_init(proto_buf *b) { memset(b, 0, sizeof *b); }
-void proto_buf_free(proto_buf *b) { free(b->p); memset(b, 0, sizeof *b); }
-void proto_buf_reset(proto_buf *b) { b->n = 0; b->oom = false; }
-
-static bool proto_buf_grow(proto_buf *b, size_t add)
+void proto_put_bytes(bytebuf *b, const void *p, size_t n)
 {
-    if (b->oom) return false;
-    if (b->n + add <= b->cap) return true;
-    size_t cap = b->cap ? b->cap : 256;
-    while (cap < b->n + add) cap *= 2;
-    uint8_t *p = realloc(b->p, cap);
-    if (!p) { b->oom = true; return false; }
-    b->p = p;
-    b->cap = cap;
-    return true;
+    if (n) bytebuf_append(b, p, n);
 }
 
-void proto_put_bytes(proto_buf *b, const void *p, size_t n)
-{
-    if (!n || !proto_buf_grow(b, n)) return;
-    memcpy(b->p + b->n, p, n);
-    b->n += n;
-}
-
-void proto_put_u8(proto_buf *b, uint8_t v) { proto_put_bytes(b, &v, 1); }
-void proto_put_u16(proto_buf *b, uint16_t v)
+void proto_put_u8(bytebuf *b, uint8_t v) { proto_put_bytes(b, &v, 1); }
+void proto_put_u16(bytebuf *b, uint16_t v)
 {
     uint8_t x[2] = { (uint8_t)v, (uint8_t)(v >> 8) };
     proto_put_bytes(b, x, 2);
 }
-void proto_put_u32(proto_buf *b, uint32_t v)
+void proto_put_u32(bytebuf *b, uint32_t v)
 {
     uint8_t x[4];
     for (int i = 0; i < 4; i++) x[i] = (uint8_t)(v >> (8 * i));
     proto_put_bytes(b, x, 4);
 }
-void proto_put_u64(proto_buf *b, uint64_t v)
+void proto_put_u64(bytebuf *b, uint64_t v)
 {
     uint8_t x[8];
     for (int i = 0; i < 8; i++) x[i] = (uint8_t)(v >> (8 * i));
     proto_put_bytes(b, x, 8);
 }
-void proto_put_f32(proto_buf *b, float v)
+void proto_put_f32(bytebuf *b, float v)
 {
     uint32_t u;
     memcpy(&u, &v, 4);
     proto_put_u32(b, u);
 }
-void proto_put_str(proto_buf *b, const char *z)
+void proto_put_str(bytebuf *b, const char *z)
 {
     size_t n = z ? strlen(z) : 0;
     if (n > PROTO_MAX_STR) n = PROTO_MAX_STR;   /* encode checks this first */
@@ -265,7 +246,7 @@ static bool proto_params_ok(const proto_params *p, uint32_t flags)
            (think ? proto_think_ok(p) : p->think_budget == 0);
 }
 
-static void proto_put_params(proto_buf *b, const proto_params *p, uint32_t flags)
+static void proto_put_params(bytebuf *b, const proto_params *p, uint32_t flags)
 {
     bool think = flags & PROTO_F_THINK;
     const sample_params *s = &p->sample;
@@ -372,10 +353,10 @@ static void proto_get_params(proto_rd *r, proto_params *p, uint32_t flags)
     }
 }
 
-static void proto_put_ids(proto_buf *b, const int32_t *ids, uint32_t n)
+static void proto_put_ids(bytebuf *b, const int32_t *ids, uint32_t n)
 {
     proto_put_u32(b, n);
-    if (!proto_buf_grow(b, (size_t)n * 4)) return;
+    bytebuf_reserve(b, (size_t)n * 4);
     for (uint32_t i = 0; i < n; i++) proto_put_u32(b, (uint32_t)ids[i]);
 }
 
@@ -400,7 +381,7 @@ static int32_t *proto_get_ids(proto_rd *r, uint32_t *n_out, bool allow_empty)
     return ids;
 }
 
-static void proto_put_tok(proto_buf *b, const proto_tok *t, bool lp)
+static void proto_put_tok(bytebuf *b, const proto_tok *t, bool lp)
 {
     proto_put_u32(b, (uint32_t)t->token);
     if (!lp) return;
@@ -440,7 +421,7 @@ static bool proto_kv_ok(const proto_kv *kv)
            (kv->n == 0 || kv->n_bytes > 0) && (kv->n_bytes == 0 || kv->data);
 }
 
-static void proto_put_kv(proto_buf *b, const proto_kv *kv)
+static void proto_put_kv(bytebuf *b, const proto_kv *kv)
 {
     proto_put_u8(b, kv->dtype);
     proto_put_u16(b, kv->n_layers);
@@ -499,7 +480,7 @@ static bool proto_embedding_ok(const proto_embedding *x)
     return true;
 }
 
-static void proto_put_embedding(proto_buf *b, const proto_embedding *x)
+static void proto_put_embedding(bytebuf *b, const proto_embedding *x)
 {
     proto_put_u32(b, x->n);
     for (uint32_t i = 0; i < x->n; i++) proto_put_f32(b, x->v[i]);
@@ -586,166 +567,452 @@ static uint32_t proto_wire_flags(const proto_msg *m)
     return f;
 }
 
-proto_status proto_encode(proto_buf *b, const proto_msg *m)
+/* The payload of the connection's own frames: greeting, load, drain, error, cancel and the
+ * handshake. */
+static void proto_put_control(bytebuf *b, const proto_hdr *h, const proto_msg *m)
+{
+    switch (h->type) {
+        case PROTO_HELLO: {
+            const proto_hello *x = &m->u.hello;
+            proto_put_u8(b, x->role);
+            proto_put_u8(b, x->kv_dtype);
+            proto_put_bytes(b, x->model_fp, 32);
+            proto_put_u32(b, x->max_seqs);
+            proto_put_u32(b, x->kv_blocks);
+            proto_put_u32(b, x->max_batch_tokens);
+            proto_put_u32(b, x->n_ctx);
+            proto_put_u32(b, x->n_vocab);
+            proto_put_str(b, x->listen);
+            proto_put_str(b, x->name);
+            proto_put_str(b, x->model_id);
+            break;
+        }
+        case PROTO_HEARTBEAT: {
+            const proto_heartbeat *x = &m->u.heartbeat;
+            proto_put_u32(b, x->n_running);
+            proto_put_u32(b, x->n_queued);
+            proto_put_u64(b, x->sum_cache_len);
+            proto_put_u64(b, x->uncached_queued);
+            proto_put_u32(b, x->kv_blocks_free);
+            proto_put_u32(b, x->kv_blocks_total);
+            proto_put_u8(b, x->draining);
+            proto_put_u64(b, x->n_prefill_tokens);
+            proto_put_u64(b, x->n_gen_tokens);
+            proto_put_u64(b, x->busy_us);
+            proto_put_u64(b, x->n_handoffs_out);
+            proto_put_u64(b, x->handoff_out_tokens);
+            proto_put_u64(b, x->handoff_out_us);
+            proto_put_u64(b, x->n_handoffs_in);
+            proto_put_u64(b, x->handoff_in_tokens);
+            proto_put_u64(b, x->handoff_in_us);
+            for (int i = 0; i < 4 && (h->flags & PROTO_F_STEPTIME); i++) proto_put_f32(b, x->step_w[i]);
+            break;
+        }
+        case PROTO_DRAIN:
+            proto_put_u8(b, m->u.drain.done);
+            proto_put_u32(b, m->u.drain.deadline_ms);
+            break;
+        case PROTO_ERROR:
+            proto_put_u32(b, m->u.error.code);
+            proto_put_str(b, m->u.error.msg);
+            break;
+        case PROTO_CANCEL:
+            break;
+        case PROTO_CHALLENGE:
+            proto_put_bytes(b, m->u.challenge.nonce, AUTH_NONCE_SIZE);
+            break;
+        case PROTO_PROOF:
+            proto_put_bytes(b, m->u.proof.mac, AUTH_MAC_SIZE);
+            break;
+    }
+}
+
+/* The payload of a request's way through the cluster: its jobs, the handoff between them, its
+ * tokens and its end. */
+static void proto_put_job(bytebuf *b, const proto_hdr *h, const proto_msg *m)
+{
+    switch (h->type) {
+        case PROTO_PREFILL: {
+            const proto_prefill_job *x = &m->u.prefill;
+            proto_put_params(b, &x->params, h->flags);
+            proto_put_u32(b, x->hit_len);
+            proto_put_ids(b, x->prompt, x->n_prompt);
+            if (h->flags & PROTO_F_EMBED) proto_put_u8(b, x->embed);
+            break;
+        }
+        case PROTO_EMBEDDING:
+            proto_put_embedding(b, &m->u.embedding);
+            break;
+        case PROTO_HANDOFF: {
+            const proto_handoff *x = &m->u.handoff;
+            proto_put_tok(b, &x->first, true);
+            proto_put_u32(b, x->n_prompt);
+            proto_put_u32(b, x->n_cached);
+            proto_put_u32(b, x->n_computed);
+            proto_put_u32(b, x->n_stored);
+            proto_put_u32(b, x->n_sampled);
+            proto_put_u32(b, x->prefill_us);
+            if (h->flags & PROTO_F_HAS_TAIL) proto_put_kv(b, &x->kv);
+            break;
+        }
+        case PROTO_DECODE: {
+            const proto_decode_job *x = &m->u.decode;
+            proto_put_params(b, &x->params, h->flags);
+            proto_put_ids(b, x->prompt, x->n_prompt);
+            proto_put_ids(b, x->gen, x->n_gen);
+            proto_put_u32(b, x->n_cached);
+            proto_put_u32(b, x->n_sampled);
+            if (h->flags & PROTO_F_HAS_TAIL) proto_put_kv(b, &x->kv);
+            break;
+        }
+        case PROTO_TOKENS: {
+            const proto_tokens *x = &m->u.tokens;
+            proto_put_u32(b, x->n);
+            for (uint32_t i = 0; i < x->n; i++) proto_put_tok(b, &x->toks[i], h->flags & PROTO_F_LOGPROBS);
+            break;
+        }
+        case PROTO_FINISH: {
+            const proto_finish_msg *x = &m->u.finish;
+            proto_put_u8(b, x->reason);
+            proto_put_u32(b, x->prompt_tokens);
+            proto_put_u32(b, x->cached_tokens);
+            proto_put_u32(b, x->completion_tokens);
+            proto_put_u32(b, x->ttft_us);
+            if (h->flags & PROTO_F_DRAFTS) {
+                proto_put_u32(b, x->accepted_drafts);
+                proto_put_u32(b, x->rejected_drafts);
+            }
+            break;
+        }
+    }
+}
+
+/* The payload of sliding-window states: who holds which, and one relayed. */
+static void proto_put_window(bytebuf *b, const proto_hdr *h, const proto_msg *m)
+{
+    switch (h->type) {
+        case PROTO_WINDOW:
+            proto_put_u32(b, m->u.window.n);
+            for (uint32_t i = 0; i < m->u.window.n; i++) {
+                proto_put_u8(b, m->u.window.ev[i].op);
+                proto_put_bytes(b, m->u.window.ev[i].key, 32);
+                proto_put_u32(b, m->u.window.ev[i].ttl_ms);
+            }
+            break;
+        case PROTO_WINFETCH:
+            proto_put_bytes(b, m->u.winfetch.key, 32);
+            break;
+        case PROTO_WINSTATE:
+            proto_put_bytes(b, m->u.winstate.key, 32);
+            proto_put_u32(b, m->u.winstate.n_bytes);
+            proto_put_bytes(b, m->u.winstate.data, m->u.winstate.n_bytes);
+            break;
+    }
+}
+
+/* The payload of expert parallelism: a layer's routed rows out to a member and its results
+ * back. */
+static void proto_put_experts(bytebuf *b, const proto_hdr *h, const proto_msg *m)
+{
+    switch (h->type) {
+        case PROTO_EXPERTS:
+        case PROTO_EXPERTS_OUT: {
+            const proto_experts *x = &m->u.experts;
+            proto_put_u16(b, x->layer);
+            proto_put_u32(b, x->dim);
+            proto_put_u32(b, x->n_exp);
+            for (uint32_t i = 0; i < x->n_exp; i++) {
+                proto_put_u32(b, (uint32_t)x->experts[i]);
+                proto_put_u32(b, (uint32_t)x->n_rows[i]);
+            }
+            proto_put_u32(b, x->n_floats);
+            proto_put_bytes(b, x->x, (size_t)x->n_floats * 4);   /* little-endian hosts only (the build's) */
+            break;
+        }
+    }
+}
+
+static void proto_get_control(proto_rd *r, const proto_hdr *h, proto_msg *m);
+static void proto_get_job(proto_rd *r, const proto_hdr *h, proto_msg *m);
+static void proto_get_window(proto_rd *r, const proto_hdr *h, proto_msg *m);
+static void proto_get_experts(proto_rd *r, const proto_hdr *h, proto_msg *m);
+
+/* The kinds of frame, each with its payload's encoder and decoder. */
+typedef enum { PROTO_KIND_NONE = 0, PROTO_KIND_CONTROL, PROTO_KIND_JOB, PROTO_KIND_WINDOW, PROTO_KIND_EXPERTS } proto_kind;
+
+static proto_kind proto_kind_of(int type)
+{
+    switch (type) {
+    case PROTO_HELLO: case PROTO_HEARTBEAT: case PROTO_DRAIN: case PROTO_ERROR: case PROTO_CANCEL:
+    case PROTO_CHALLENGE: case PROTO_PROOF:
+        return PROTO_KIND_CONTROL;
+    case PROTO_PREFILL: case PROTO_HANDOFF: case PROTO_DECODE: case PROTO_TOKENS: case PROTO_FINISH: case PROTO_EMBEDDING:
+        return PROTO_KIND_JOB;
+    case PROTO_WINDOW: case PROTO_WINFETCH: case PROTO_WINSTATE:
+        return PROTO_KIND_WINDOW;
+    case PROTO_EXPERTS: case PROTO_EXPERTS_OUT:
+        return PROTO_KIND_EXPERTS;
+    default:
+        return PROTO_KIND_NONE;
+    }
+}
+
+static void proto_put_none(bytebuf *b, const proto_hdr *h, const proto_msg *m) {}
+static void proto_get_none(proto_rd *r, const proto_hdr *h, proto_msg *m) { r->err = true; }
+
+static const struct {
+    void (*put)(bytebuf *b, const proto_hdr *h, const proto_msg *m);
+    void (*get)(proto_rd *r, const proto_hdr *h, proto_msg *m);
+} proto_kinds[] = {
+    [PROTO_KIND_NONE] = { proto_put_none, proto_get_none },
+    [PROTO_KIND_CONTROL] = { proto_put_control, proto_get_control },
+    [PROTO_KIND_JOB] = { proto_put_job, proto_get_job },
+    [PROTO_KIND_WINDOW] = { proto_put_window, proto_get_window },
+    [PROTO_KIND_EXPERTS] = { proto_put_experts, proto_get_experts },
+};
+
+proto_status proto_encode(bytebuf *b, const proto_msg *m)
 {
     const proto_hdr *h = &m->hdr;
     if (h->type < 1 || h->type > PROTO_TYPE_MAX) return PROTO_ERR_TYPE;
     if (h->flags & ~proto_allowed_flags(h->type)) return PROTO_ERR_FLAGS;
     if (!proto_msg_ok(m)) return PROTO_ERR_MALFORMED;
-    size_t start = b->n;
-    bool was_oom = b->oom;
+    size_t start = b->len;
     proto_put_u32(b, PROTO_MAGIC);
     proto_put_u16(b, PROTO_VERSION);
     proto_put_u16(b, h->type);
     proto_put_u32(b, proto_wire_flags(m));
     proto_put_u64(b, h->req_id);
     proto_put_u32(b, 0);   /* length, patched below */
-    switch (h->type) {
-    case PROTO_HELLO: {
-        const proto_hello *x = &m->u.hello;
-        proto_put_u8(b, x->role);
-        proto_put_u8(b, x->kv_dtype);
-        proto_put_bytes(b, x->model_fp, 32);
-        proto_put_u32(b, x->max_seqs);
-        proto_put_u32(b, x->kv_blocks);
-        proto_put_u32(b, x->max_batch_tokens);
-        proto_put_u32(b, x->n_ctx);
-        proto_put_u32(b, x->n_vocab);
-        proto_put_str(b, x->listen);
-        proto_put_str(b, x->name);
-        proto_put_str(b, x->model_id);
-        break;
-    }
-    case PROTO_HEARTBEAT: {
-        const proto_heartbeat *x = &m->u.heartbeat;
-        proto_put_u32(b, x->n_running);
-        proto_put_u32(b, x->n_queued);
-        proto_put_u64(b, x->sum_cache_len);
-        proto_put_u64(b, x->uncached_queued);
-        proto_put_u32(b, x->kv_blocks_free);
-        proto_put_u32(b, x->kv_blocks_total);
-        proto_put_u8(b, x->draining);
-        proto_put_u64(b, x->n_prefill_tokens);
-        proto_put_u64(b, x->n_gen_tokens);
-        proto_put_u64(b, x->busy_us);
-        proto_put_u64(b, x->n_handoffs_out);
-        proto_put_u64(b, x->handoff_out_tokens);
-        proto_put_u64(b, x->handoff_out_us);
-        proto_put_u64(b, x->n_handoffs_in);
-        proto_put_u64(b, x->handoff_in_tokens);
-        proto_put_u64(b, x->handoff_in_us);
-        for (int i = 0; i < 4 && (h->flags & PROTO_F_STEPTIME); i++) proto_put_f32(b, x->step_w[i]);
-        break;
-    }
-    case PROTO_PREFILL: {
-        const proto_prefill_job *x = &m->u.prefill;
-        proto_put_params(b, &x->params, h->flags);
-        proto_put_u32(b, x->hit_len);
-        proto_put_ids(b, x->prompt, x->n_prompt);
-        if (h->flags & PROTO_F_EMBED) proto_put_u8(b, x->embed);
-        break;
-    }
-    case PROTO_HANDOFF: {
-        const proto_handoff *x = &m->u.handoff;
-        proto_put_tok(b, &x->first, true);
-        proto_put_u32(b, x->n_prompt);
-        proto_put_u32(b, x->n_cached);
-        proto_put_u32(b, x->n_computed);
-        proto_put_u32(b, x->n_stored);
-        proto_put_u32(b, x->n_sampled);
-        proto_put_u32(b, x->prefill_us);
-        if (h->flags & PROTO_F_HAS_TAIL) proto_put_kv(b, &x->kv);
-        break;
-    }
-    case PROTO_DECODE: {
-        const proto_decode_job *x = &m->u.decode;
-        proto_put_params(b, &x->params, h->flags);
-        proto_put_ids(b, x->prompt, x->n_prompt);
-        proto_put_ids(b, x->gen, x->n_gen);
-        proto_put_u32(b, x->n_cached);
-        proto_put_u32(b, x->n_sampled);
-        if (h->flags & PROTO_F_HAS_TAIL) proto_put_kv(b, &x->kv);
-        break;
-    }
-    case PROTO_TOKENS: {
-        const proto_tokens *x = &m->u.tokens;
-        proto_put_u32(b, x->n);
-        for (uint32_t i = 0; i < x->n; i++) proto_put_tok(b, &x->toks[i], h->flags & PROTO_F_LOGPROBS);
-        break;
-    }
-    case PROTO_FINISH: {
-        const proto_finish_msg *x = &m->u.finish;
-        proto_put_u8(b, x->reason);
-        proto_put_u32(b, x->prompt_tokens);
-        proto_put_u32(b, x->cached_tokens);
-        proto_put_u32(b, x->completion_tokens);
-        proto_put_u32(b, x->ttft_us);
-        if (h->flags & PROTO_F_DRAFTS) {
-            proto_put_u32(b, x->accepted_drafts);
-            proto_put_u32(b, x->rejected_drafts);
-        }
-        break;
-    }
-    case PROTO_DRAIN:
-        proto_put_u8(b, m->u.drain.done);
-        proto_put_u32(b, m->u.drain.deadline_ms);
-        break;
-    case PROTO_ERROR:
-        proto_put_u32(b, m->u.error.code);
-        proto_put_str(b, m->u.error.msg);
-        break;
-    case PROTO_CANCEL:
-        break;
-    case PROTO_CHALLENGE:
-        proto_put_bytes(b, m->u.challenge.nonce, AUTH_NONCE_SIZE);
-        break;
-    case PROTO_PROOF:
-        proto_put_bytes(b, m->u.proof.mac, AUTH_MAC_SIZE);
-        break;
-    case PROTO_WINDOW:
-        proto_put_u32(b, m->u.window.n);
-        for (uint32_t i = 0; i < m->u.window.n; i++) {
-            proto_put_u8(b, m->u.window.ev[i].op);
-            proto_put_bytes(b, m->u.window.ev[i].key, 32);
-            proto_put_u32(b, m->u.window.ev[i].ttl_ms);
-        }
-        break;
-    case PROTO_WINFETCH:
-        proto_put_bytes(b, m->u.winfetch.key, 32);
-        break;
-    case PROTO_WINSTATE:
-        proto_put_bytes(b, m->u.winstate.key, 32);
-        proto_put_u32(b, m->u.winstate.n_bytes);
-        proto_put_bytes(b, m->u.winstate.data, m->u.winstate.n_bytes);
-        break;
-    case PROTO_EXPERTS:
-    case PROTO_EXPERTS_OUT: {
-        const proto_experts *x = &m->u.experts;
-        proto_put_u16(b, x->layer);
-        proto_put_u32(b, x->dim);
-        proto_put_u32(b, x->n_exp);
-        for (uint32_t i = 0; i < x->n_exp; i++) {
-            proto_put_u32(b, (uint32_t)x->experts[i]);
-            proto_put_u32(b, (uint32_t)x->n_rows[i]);
-        }
-        proto_put_u32(b, x->n_floats);
-        proto_put_bytes(b, x->x, (size_t)x->n_floats * 4);   /* little-endian hosts only (the build's) */
-        break;
-    }
-    case PROTO_EMBEDDING: proto_put_embedding(b, &m->u.embedding); break;
-    }
-    if (b->oom && !was_oom) {
-        b->n = start;
-        b->oom = false;
-        return PROTO_ERR_NOMEM;
-    }
-    size_t len = b->n - start - PROTO_HDR_SIZE;
+    proto_kinds[proto_kind_of(h->type)].put(b, h, m);
+    size_t len = b->len - start - PROTO_HDR_SIZE;
     if (len > PROTO_MAX_PAYLOAD) {
-        b->n = start;
+        b->len = start;
+        b->p[start] = 0;
         return PROTO_ERR_TOO_BIG;
     }
-    for (int i = 0; i < 4; i++) b->p[start + 20 + i] = (uint8_t)(len >> (8 * i));
+    for (int i = 0; i < 4; i++) b->p[start + 20 + i] = (char)(uint8_t)(len >> (8 * i));
     return PROTO_OK;
+}
+
+/* The payload of the connection's own frames: greeting, load, drain, error, cancel and the
+ * handshake; errors set r->err. */
+static void proto_get_control(proto_rd *r, const proto_hdr *h, proto_msg *m)
+{
+    switch (h->type) {
+        case PROTO_HELLO: {
+            proto_hello *x = &m->u.hello;
+            x->role = proto_get_u8(r);
+            x->kv_dtype = proto_get_u8(r);
+            const uint8_t *fp = proto_get_bytes(r, 32);
+            if (fp) memcpy(x->model_fp, fp, 32);
+            x->max_seqs = proto_get_u32(r);
+            x->kv_blocks = proto_get_u32(r);
+            x->max_batch_tokens = proto_get_u32(r);
+            x->n_ctx = proto_get_u32(r);
+            x->n_vocab = proto_get_u32(r);
+            if (x->role < PROTO_ROLE_PREFILL || x->role > PROTO_ROLE_EXPERT) r->err = true;
+            if (!r->err) x->listen = proto_get_str(r);
+            if (!r->err) x->name = proto_get_str(r);
+            if (!r->err) x->model_id = proto_get_str(r);
+            break;
+        }
+        case PROTO_HEARTBEAT: {
+            proto_heartbeat *x = &m->u.heartbeat;
+            x->n_running = proto_get_u32(r);
+            x->n_queued = proto_get_u32(r);
+            x->sum_cache_len = proto_get_u64(r);
+            x->uncached_queued = proto_get_u64(r);
+            x->kv_blocks_free = proto_get_u32(r);
+            x->kv_blocks_total = proto_get_u32(r);
+            x->draining = proto_get_u8(r);
+            x->n_prefill_tokens = proto_get_u64(r);
+            x->n_gen_tokens = proto_get_u64(r);
+            x->busy_us = proto_get_u64(r);
+            x->n_handoffs_out = proto_get_u64(r);
+            x->handoff_out_tokens = proto_get_u64(r);
+            x->handoff_out_us = proto_get_u64(r);
+            x->n_handoffs_in = proto_get_u64(r);
+            x->handoff_in_tokens = proto_get_u64(r);
+            x->handoff_in_us = proto_get_u64(r);
+            for (int i = 0; i < 4 && (h->flags & PROTO_F_STEPTIME); i++) {
+                x->step_w[i] = proto_get_f32(r);
+                if (!isfinite(x->step_w[i])) r->err = true;
+            }
+            if (x->draining > 1) r->err = true;
+            break;
+        }
+        case PROTO_DRAIN:
+            m->u.drain.done = proto_get_u8(r);
+            m->u.drain.deadline_ms = proto_get_u32(r);
+            if (m->u.drain.done > 1) r->err = true;
+            break;
+        case PROTO_ERROR:
+            m->u.error.code = proto_get_u32(r);
+            if (!r->err) m->u.error.msg = proto_get_str(r);
+            break;
+        case PROTO_CANCEL:
+            break;
+        case PROTO_CHALLENGE:
+        case PROTO_PROOF: {
+            bool ch = h->type == PROTO_CHALLENGE;
+            const uint8_t *p = proto_get_bytes(r, ch ? AUTH_NONCE_SIZE : AUTH_MAC_SIZE);
+            if (p) memcpy(ch ? m->u.challenge.nonce : m->u.proof.mac, p, ch ? AUTH_NONCE_SIZE : AUTH_MAC_SIZE);
+            break;
+        }
+    }
+}
+
+/* The payload of a request's way through the cluster: its jobs, the handoff between them, its
+ * tokens and its end; errors set r->err. */
+static void proto_get_job(proto_rd *r, const proto_hdr *h, proto_msg *m)
+{
+    switch (h->type) {
+        case PROTO_PREFILL: {
+            proto_prefill_job *x = &m->u.prefill;
+            proto_get_params(r, &x->params, h->flags);
+            x->hit_len = proto_get_u32(r);
+            if (!r->err) x->prompt = proto_get_ids(r, &x->n_prompt, false);
+            if (!r->err && (h->flags & PROTO_F_EMBED) && !proto_embed_pool_ok(x->embed = proto_get_u8(r))) r->err = true;
+            break;
+        }
+        case PROTO_EMBEDDING:
+            proto_get_embedding(r, &m->u.embedding);
+            break;
+        case PROTO_HANDOFF: {
+            proto_handoff *x = &m->u.handoff;
+            proto_get_tok(r, &x->first, true);
+            x->n_prompt = proto_get_u32(r);
+            x->n_cached = proto_get_u32(r);
+            x->n_computed = proto_get_u32(r);
+            x->n_stored = proto_get_u32(r);
+            x->n_sampled = proto_get_u32(r);
+            x->prefill_us = proto_get_u32(r);
+            if (x->n_cached > x->n_prompt || x->n_stored > x->n_prompt || x->n_stored % 128 || x->n_sampled > 1)
+                r->err = true;
+            if ((h->flags & PROTO_F_KV_LATENT) && !(h->flags & PROTO_F_HAS_TAIL)) r->err = true;
+            if (!r->err && (h->flags & PROTO_F_HAS_TAIL)) proto_get_kv(r, &x->kv, h->flags);
+            break;
+        }
+        case PROTO_DECODE: {
+            proto_decode_job *x = &m->u.decode;
+            proto_get_params(r, &x->params, h->flags);
+            if (!r->err) x->prompt = proto_get_ids(r, &x->n_prompt, false);
+            if (!r->err) x->gen = proto_get_ids(r, &x->n_gen, false);
+            x->n_cached = proto_get_u32(r);
+            x->n_sampled = proto_get_u32(r);
+            /* at most one draw per generated token: the receiver replays n_sampled draws */
+            if (x->n_cached > x->n_prompt || x->n_sampled > x->n_gen) r->err = true;
+            if ((h->flags & PROTO_F_KV_LATENT) && !(h->flags & PROTO_F_HAS_TAIL)) r->err = true;
+            if (!r->err && (h->flags & PROTO_F_HAS_TAIL)) {
+                proto_get_kv(r, &x->kv, h->flags);
+                /* the tail lies inside the context whose KV exists (all but the last token) */
+                if ((uint64_t)x->kv.start + x->kv.n > (uint64_t)x->n_prompt + x->n_gen - 1) r->err = true;
+            }
+            break;
+        }
+        case PROTO_TOKENS: {
+            proto_tokens *x = &m->u.tokens;
+            bool lp = h->flags & PROTO_F_LOGPROBS;
+            uint32_t n = proto_get_u32(r);
+            if (r->err || n > PROTO_MAX_TOKENS || (size_t)n * 4 > r->n - r->off) { r->err = true; break; }
+            x->toks = calloc(n ? n : 1, sizeof *x->toks);
+            if (!x->toks) { r->err = true; break; }
+            x->n = n;
+            for (uint32_t i = 0; i < n && !r->err; i++) proto_get_tok(r, &x->toks[i], lp);
+            break;
+        }
+        case PROTO_FINISH: {
+            proto_finish_msg *x = &m->u.finish;
+            x->reason = proto_get_u8(r);
+            x->prompt_tokens = proto_get_u32(r);
+            x->cached_tokens = proto_get_u32(r);
+            x->completion_tokens = proto_get_u32(r);
+            x->ttft_us = proto_get_u32(r);
+            if (h->flags & PROTO_F_DRAFTS) {
+                x->accepted_drafts = proto_get_u32(r);
+                x->rejected_drafts = proto_get_u32(r);
+            }
+            if (x->reason < PROTO_FINISH_STOP || x->reason > PROTO_FINISH_MOVED ||
+                x->cached_tokens > x->prompt_tokens || x->accepted_drafts > x->completion_tokens ||
+                x->rejected_drafts / SPEC_MAX_K > x->completion_tokens)
+                r->err = true;
+            break;
+        }
+    }
+}
+
+/* The payload of sliding-window states: who holds which, and one relayed; errors set r->err. */
+static void proto_get_window(proto_rd *r, const proto_hdr *h, proto_msg *m)
+{
+    switch (h->type) {
+        case PROTO_WINDOW: {
+            proto_window *x = &m->u.window;
+            uint32_t n = proto_get_u32(r);
+            /* the count against its limit and the bytes present before anything is allocated */
+            if (r->err || n < 1 || n > PROTO_MAX_WINDOW_EVENTS || (size_t)n * 37 != r->n - r->off) { r->err = true; break; }
+            x->ev = calloc(n, sizeof *x->ev);
+            if (!x->ev) { r->err = true; break; }
+            x->n = n;
+            for (uint32_t i = 0; i < n && !r->err; i++) {
+                x->ev[i].op = proto_get_u8(r);
+                const uint8_t *k = proto_get_bytes(r, 32);
+                if (k) memcpy(x->ev[i].key, k, 32);
+                x->ev[i].ttl_ms = proto_get_u32(r);
+                if (x->ev[i].op < PROTO_WIN_ADD || x->ev[i].op > PROTO_WIN_DROP) r->err = true;
+            }
+            break;
+        }
+        case PROTO_WINFETCH: {
+            const uint8_t *k = proto_get_bytes(r, 32);
+            if (k) memcpy(m->u.winfetch.key, k, 32);
+            break;
+        }
+        case PROTO_WINSTATE: {
+            proto_winstate *x = &m->u.winstate;
+            const uint8_t *k = proto_get_bytes(r, 32);
+            if (k) memcpy(x->key, k, 32);
+            uint32_t n = proto_get_u32(r);
+            if (r->err || n != r->n - r->off) { r->err = true; break; }
+            if (n) {
+                x->data = malloc(n);
+                if (!x->data) { r->err = true; break; }
+                memcpy(x->data, proto_get_bytes(r, n), n);
+            }
+            x->n_bytes = n;
+            break;
+        }
+    }
+}
+
+/* The payload of expert parallelism: a layer's routed rows out to a member and its results
+ * back; errors set r->err. */
+static void proto_get_experts(proto_rd *r, const proto_hdr *h, proto_msg *m)
+{
+    switch (h->type) {
+        case PROTO_EXPERTS:
+        case PROTO_EXPERTS_OUT: {
+            proto_experts *x = &m->u.experts;
+            x->layer = proto_get_u16(r);
+            x->dim = proto_get_u32(r);
+            uint32_t n = proto_get_u32(r);
+            if (r->err || n > PROTO_MAX_EXPERTS || (uint64_t)n * 8 > r->n - r->off) { r->err = true; break; }
+            x->experts = malloc((n ? n : 1) * sizeof *x->experts);
+            x->n_rows = malloc((n ? n : 1) * sizeof *x->n_rows);
+            if (!x->experts || !x->n_rows) { r->err = true; break; }
+            x->n_exp = n;
+            for (uint32_t i = 0; i < n; i++) {
+                x->experts[i] = (int32_t)proto_get_u32(r);
+                x->n_rows[i] = (int32_t)proto_get_u32(r);
+            }
+            x->n_floats = proto_get_u32(r);
+            if (r->err || (uint64_t)x->n_floats * 4 != r->n - r->off || !proto_experts_ok(x)) { r->err = true; break; }
+            x->x = malloc(x->n_floats ? (size_t)x->n_floats * 4 : 1);
+            if (!x->x) { r->err = true; break; }
+            memcpy(x->x, proto_get_bytes(r, (size_t)x->n_floats * 4), (size_t)x->n_floats * 4);
+            break;
+        }
+    }
 }
 
 proto_status proto_decode(const proto_hdr *h, const uint8_t *payload, proto_msg *m)
@@ -754,197 +1021,9 @@ proto_status proto_decode(const proto_hdr *h, const uint8_t *payload, proto_msg 
     m->hdr = *h;
     proto_rd rd, *r = &rd;
     proto_rd_init(r, payload, h->len);
-    switch (h->type) {
-    case PROTO_HELLO: {
-        proto_hello *x = &m->u.hello;
-        x->role = proto_get_u8(r);
-        x->kv_dtype = proto_get_u8(r);
-        const uint8_t *fp = proto_get_bytes(r, 32);
-        if (fp) memcpy(x->model_fp, fp, 32);
-        x->max_seqs = proto_get_u32(r);
-        x->kv_blocks = proto_get_u32(r);
-        x->max_batch_tokens = proto_get_u32(r);
-        x->n_ctx = proto_get_u32(r);
-        x->n_vocab = proto_get_u32(r);
-        if (x->role < PROTO_ROLE_PREFILL || x->role > PROTO_ROLE_EXPERT) r->err = true;
-        if (!r->err) x->listen = proto_get_str(r);
-        if (!r->err) x->name = proto_get_str(r);
-        if (!r->err) x->model_id = proto_get_str(r);
-        break;
-    }
-    case PROTO_HEARTBEAT: {
-        proto_heartbeat *x = &m->u.heartbeat;
-        x->n_running = proto_get_u32(r);
-        x->n_queued = proto_get_u32(r);
-        x->sum_cache_len = proto_get_u64(r);
-        x->uncached_queued = proto_get_u64(r);
-        x->kv_blocks_free = proto_get_u32(r);
-        x->kv_blocks_total = proto_get_u32(r);
-        x->draining = proto_get_u8(r);
-        x->n_prefill_tokens = proto_get_u64(r);
-        x->n_gen_tokens = proto_get_u64(r);
-        x->busy_us = proto_get_u64(r);
-        x->n_handoffs_out = proto_get_u64(r);
-        x->handoff_out_tokens = proto_get_u64(r);
-        x->handoff_out_us = proto_get_u64(r);
-        x->n_handoffs_in = proto_get_u64(r);
-        x->handoff_in_tokens = proto_get_u64(r);
-        x->handoff_in_us = proto_get_u64(r);
-        for (int i = 0; i < 4 && (h->flags & PROTO_F_STEPTIME); i++) {
-            x->step_w[i] = proto_get_f32(r);
-            if (!isfinite(x->step_w[i])) r->err = true;
-        }
-        if (x->draining > 1) r->err = true;
-        break;
-    }
-    case PROTO_PREFILL: {
-        proto_prefill_job *x = &m->u.prefill;
-        proto_get_params(r, &x->params, h->flags);
-        x->hit_len = proto_get_u32(r);
-        if (!r->err) x->prompt = proto_get_ids(r, &x->n_prompt, false);
-        if (!r->err && (h->flags & PROTO_F_EMBED) && !proto_embed_pool_ok(x->embed = proto_get_u8(r))) r->err = true;
-        break;
-    }
-    case PROTO_HANDOFF: {
-        proto_handoff *x = &m->u.handoff;
-        proto_get_tok(r, &x->first, true);
-        x->n_prompt = proto_get_u32(r);
-        x->n_cached = proto_get_u32(r);
-        x->n_computed = proto_get_u32(r);
-        x->n_stored = proto_get_u32(r);
-        x->n_sampled = proto_get_u32(r);
-        x->prefill_us = proto_get_u32(r);
-        if (x->n_cached > x->n_prompt || x->n_stored > x->n_prompt || x->n_stored % 128 || x->n_sampled > 1)
-            r->err = true;
-        if ((h->flags & PROTO_F_KV_LATENT) && !(h->flags & PROTO_F_HAS_TAIL)) r->err = true;
-        if (!r->err && (h->flags & PROTO_F_HAS_TAIL)) proto_get_kv(r, &x->kv, h->flags);
-        break;
-    }
-    case PROTO_DECODE: {
-        proto_decode_job *x = &m->u.decode;
-        proto_get_params(r, &x->params, h->flags);
-        if (!r->err) x->prompt = proto_get_ids(r, &x->n_prompt, false);
-        if (!r->err) x->gen = proto_get_ids(r, &x->n_gen, false);
-        x->n_cached = proto_get_u32(r);
-        x->n_sampled = proto_get_u32(r);
-        /* at most one draw per generated token: the receiver replays n_sampled draws */
-        if (x->n_cached > x->n_prompt || x->n_sampled > x->n_gen) r->err = true;
-        if ((h->flags & PROTO_F_KV_LATENT) && !(h->flags & PROTO_F_HAS_TAIL)) r->err = true;
-        if (!r->err && (h->flags & PROTO_F_HAS_TAIL)) {
-            proto_get_kv(r, &x->kv, h->flags);
-            /* the tail lies inside the context whose KV exists (all but the last token) */
-            if ((uint64_t)x->kv.start + x->kv.n > (uint64_t)x->n_prompt + x->n_gen - 1) r->err = true;
-        }
-        break;
-    }
-    case PROTO_TOKENS: {
-        proto_tokens *x = &m->u.tokens;
-        bool lp = h->flags & PROTO_F_LOGPROBS;
-        uint32_t n = proto_get_u32(r);
-        if (r->err || n > PROTO_MAX_TOKENS || (size_t)n * 4 > r->n - r->off) { r->err = true; break; }
-        x->toks = calloc(n ? n : 1, sizeof *x->toks);
-        if (!x->toks) { r->err = true; break; }
-        x->n = n;
-        for (uint32_t i = 0; i < n && !r->err; i++) proto_get_tok(r, &x->toks[i], lp);
-        break;
-    }
-    case PROTO_FINISH: {
-        proto_finish_msg *x = &m->u.finish;
-        x->reason = proto_get_u8(r);
-        x->prompt_tokens = proto_get_u32(r);
-        x->cached_tokens = proto_get_u32(r);
-        x->completion_tokens = proto_get_u32(r);
-        x->ttft_us = proto_get_u32(r);
-        if (h->flags & PROTO_F_DRAFTS) {
-            x->accepted_drafts = proto_get_u32(r);
-            x->rejected_drafts = proto_get_u32(r);
-        }
-        if (x->reason < PROTO_FINISH_STOP || x->reason > PROTO_FINISH_MOVED ||
-            x->cached_tokens > x->prompt_tokens || x->accepted_drafts > x->completion_tokens ||
-            x->rejected_drafts / SPEC_MAX_K > x->completion_tokens)
-            r->err = true;
-        break;
-    }
-    case PROTO_DRAIN:
-        m->u.drain.done = proto_get_u8(r);
-        m->u.drain.deadline_ms = proto_get_u32(r);
-        if (m->u.drain.done > 1) r->err = true;
-        break;
-    case PROTO_ERROR:
-        m->u.error.code = proto_get_u32(r);
-        if (!r->err) m->u.error.msg = proto_get_str(r);
-        break;
-    case PROTO_CANCEL:
-        break;
-    case PROTO_CHALLENGE:
-    case PROTO_PROOF: {
-        bool ch = h->type == PROTO_CHALLENGE;
-        const uint8_t *p = proto_get_bytes(r, ch ? AUTH_NONCE_SIZE : AUTH_MAC_SIZE);
-        if (p) memcpy(ch ? m->u.challenge.nonce : m->u.proof.mac, p, ch ? AUTH_NONCE_SIZE : AUTH_MAC_SIZE);
-        break;
-    }
-    case PROTO_WINDOW: {
-        proto_window *x = &m->u.window;
-        uint32_t n = proto_get_u32(r);
-        /* the count against its limit and the bytes present before anything is allocated */
-        if (r->err || n < 1 || n > PROTO_MAX_WINDOW_EVENTS || (size_t)n * 37 != r->n - r->off) { r->err = true; break; }
-        x->ev = calloc(n, sizeof *x->ev);
-        if (!x->ev) { r->err = true; break; }
-        x->n = n;
-        for (uint32_t i = 0; i < n && !r->err; i++) {
-            x->ev[i].op = proto_get_u8(r);
-            const uint8_t *k = proto_get_bytes(r, 32);
-            if (k) memcpy(x->ev[i].key, k, 32);
-            x->ev[i].ttl_ms = proto_get_u32(r);
-            if (x->ev[i].op < PROTO_WIN_ADD || x->ev[i].op > PROTO_WIN_DROP) r->err = true;
-        }
-        break;
-    }
-    case PROTO_WINFETCH: {
-        const uint8_t *k = proto_get_bytes(r, 32);
-        if (k) memcpy(m->u.winfetch.key, k, 32);
-        break;
-    }
-    case PROTO_WINSTATE: {
-        proto_winstate *x = &m->u.winstate;
-        const uint8_t *k = proto_get_bytes(r, 32);
-        if (k) memcpy(x->key, k, 32);
-        uint32_t n = proto_get_u32(r);
-        if (r->err || n != r->n - r->off) { r->err = true; break; }
-        if (n) {
-            x->data = malloc(n);
-            if (!x->data) { r->err = true; break; }
-            memcpy(x->data, proto_get_bytes(r, n), n);
-        }
-        x->n_bytes = n;
-        break;
-    }
-    case PROTO_EXPERTS:
-    case PROTO_EXPERTS_OUT: {
-        proto_experts *x = &m->u.experts;
-        x->layer = proto_get_u16(r);
-        x->dim = proto_get_u32(r);
-        uint32_t n = proto_get_u32(r);
-        if (r->err || n > PROTO_MAX_EXPERTS || (uint64_t)n * 8 > r->n - r->off) { r->err = true; break; }
-        x->experts = malloc((n ? n : 1) * sizeof *x->experts);
-        x->n_rows = malloc((n ? n : 1) * sizeof *x->n_rows);
-        if (!x->experts || !x->n_rows) { r->err = true; break; }
-        x->n_exp = n;
-        for (uint32_t i = 0; i < n; i++) {
-            x->experts[i] = (int32_t)proto_get_u32(r);
-            x->n_rows[i] = (int32_t)proto_get_u32(r);
-        }
-        x->n_floats = proto_get_u32(r);
-        if (r->err || (uint64_t)x->n_floats * 4 != r->n - r->off || !proto_experts_ok(x)) { r->err = true; break; }
-        x->x = malloc(x->n_floats ? (size_t)x->n_floats * 4 : 1);
-        if (!x->x) { r->err = true; break; }
-        memcpy(x->x, proto_get_bytes(r, (size_t)x->n_floats * 4), (size_t)x->n_floats * 4);
-        break;
-    }
-    case PROTO_EMBEDDING: proto_get_embedding(r, &m->u.embedding); break;
-    default:
-        return PROTO_ERR_TYPE;
-    }
+    proto_kind k = proto_kind_of(h->type);
+    if (k == PROTO_KIND_NONE) return PROTO_ERR_TYPE;
+    proto_kinds[k].get(r, h, m);
     if (!r->err && r->off != r->n) r->err = true;   /* trailing bytes */
     if (r->err) {
         proto_msg_free(m);
@@ -1049,11 +1128,10 @@ proto_status proto_send_frame(proto_conn *c, const void *frame, size_t n)
 
 proto_status proto_send_msg(proto_conn *c, const proto_msg *m)
 {
-    proto_buf b;
-    proto_buf_init(&b);
+    bytebuf b = { 0 };
     proto_status st = proto_encode(&b, m);
-    if (st == PROTO_OK) st = proto_send_frame(c, b.p, b.n);
-    proto_buf_free(&b);
+    if (st == PROTO_OK) st = proto_send_frame(c, b.p, b.len);
+    bytebuf_free(&b);
     return st;
 }
 

@@ -12,8 +12,8 @@
  * length is an error; the receiver logs one line and closes that connection (never the
  * process).
  *
- * Encoding goes through a growable byte buffer (proto_buf) that never fails half-way: on
- * allocation failure it records oom and the frame is not sent. Decoding reads through a
+ * Encoding appends to util's bytebuf (out of memory ends the process, as bytebuf's plain
+ * appends do; a frame is at most PROTO_MAX_PAYLOAD). Decoding reads through a
  * bounds-checked cursor (proto_rd): every read past the end sets err and returns zeros, so a
  * truncated or corrupt payload becomes PROTO_ERR_MALFORMED, never an out-of-bounds access.
  * Decoded messages own their arrays (malloc'd); proto_msg_free releases them.
@@ -37,6 +37,7 @@
 
 #include "cluster/auth.h"
 #include "engine/sample.h"
+#include "util/bytebuf.h"
 
 #define PROTO_MAGIC 0x50434d54u          /* "TMCP" as bytes on the wire (LE u32) */
 #define PROTO_VERSION 3                  /* 2: the handshake and frame tags (cluster/auth.h);
@@ -391,14 +392,7 @@ typedef struct {
     } u;
 } proto_msg;
 
-/* ---- byte buffers ---- */
-typedef struct {
-    uint8_t *p;             /* (cap) bytes, n used */
-    size_t n;
-    size_t cap;
-    bool oom;               /* an append failed: the contents are incomplete */
-} proto_buf;
-
+/* ---- byte buffers: encoding appends to a bytebuf, decoding reads through a cursor ---- */
 typedef struct {
     const uint8_t *p;       /* (n) bytes */
     size_t n;
@@ -406,16 +400,13 @@ typedef struct {
     bool err;               /* a read went past the end or a value was out of range */
 } proto_rd;
 
-void proto_buf_init(proto_buf *b);
-void proto_buf_free(proto_buf *b);
-void proto_buf_reset(proto_buf *b);   /* n = 0, keeps the allocation */
-void proto_put_u8(proto_buf *b, uint8_t v);
-void proto_put_u16(proto_buf *b, uint16_t v);
-void proto_put_u32(proto_buf *b, uint32_t v);
-void proto_put_u64(proto_buf *b, uint64_t v);
-void proto_put_f32(proto_buf *b, float v);
-void proto_put_bytes(proto_buf *b, const void *p, size_t n);
-void proto_put_str(proto_buf *b, const char *z);   /* u16 length + bytes; NULL = "" */
+void proto_put_u8(bytebuf *b, uint8_t v);
+void proto_put_u16(bytebuf *b, uint16_t v);
+void proto_put_u32(bytebuf *b, uint32_t v);
+void proto_put_u64(bytebuf *b, uint64_t v);
+void proto_put_f32(bytebuf *b, float v);
+void proto_put_bytes(bytebuf *b, const void *p, size_t n);
+void proto_put_str(bytebuf *b, const char *z);   /* u16 length + bytes; NULL = "" */
 
 void proto_rd_init(proto_rd *r, const void *p, size_t n);
 uint8_t proto_get_u8(proto_rd *r);
@@ -437,9 +428,9 @@ int proto_role_parse(const char *z);   /* "prefill" | "decode" | "mixed": the ro
 proto_status proto_hdr_parse(const uint8_t *p, size_t n, proto_hdr *h);
 /* Appends one whole frame (header + payload) for m (m->hdr.type/flags/req_id are used; magic,
  * version and len are filled in). PROTO_ERR_TOO_BIG when the payload exceeds the limit,
- * PROTO_ERR_NOMEM on allocation failure, PROTO_ERR_MALFORMED when a field is beyond its
- * limit (the receiver would refuse it); b is left as it was on error. */
-proto_status proto_encode(proto_buf *b, const proto_msg *m);
+ * PROTO_ERR_MALFORMED when a field is beyond its limit (the receiver would refuse it); b is
+ * left as it was on error. */
+proto_status proto_encode(bytebuf *b, const proto_msg *m);
 /* Decodes the payload of a checked header into m (which owns its arrays afterwards, free with
  * proto_msg_free). On error m holds nothing to free. */
 proto_status proto_decode(const proto_hdr *h, const uint8_t *payload, proto_msg *m);

@@ -488,11 +488,7 @@ blockio *blockio_new(store *st, kvpool *pool, const model *m, const blockio_opts
     pthread_cond_init(&b->cv, NULL);
     pthread_cond_init(&b->ent_cv, NULL);
     pthread_cond_init(&b->fill_cv, NULL);
-    pthread_condattr_t ca;   /* blockio_flush's deadline is on the monotonic clock */
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&b->flush_cv, &ca);
-    pthread_condattr_destroy(&ca);
+    util_cond_init(&b->flush_cv);   /* blockio_flush's deadline is on the monotonic clock */
     int ns = b->o.n_write_slots;
     b->slot = xcalloc((size_t)ns, sizeof *b->slot);
     b->slot_key = xcalloc((size_t)ns, sizeof *b->slot_key);
@@ -586,7 +582,7 @@ int blockio_flush(blockio *b, int timeout_ms)
     util_deadline(&ts, CLOCK_MONOTONIC, timeout_ms);
     pthread_mutex_lock(&b->mu);
     while ((b->wq_n || b->n_writing) && timeout_ms > 0)
-        if (pthread_cond_timedwait(&b->flush_cv, &b->mu, &ts) == ETIMEDOUT) break;
+        if (!util_cond_wait_until(&b->flush_cv, &b->mu, &ts)) break;
     int left = b->wq_n + b->n_writing;
     if (left) {
         b->abandon = true;
@@ -603,7 +599,7 @@ bool blockio_wait_writes(blockio *b, int timeout_ms)
     pthread_mutex_lock(&b->mu);
     uint64_t target = b->s.n_write_queued;
     while (b->s.n_written + b->s.n_write_failed < target)
-        if (pthread_cond_timedwait(&b->flush_cv, &b->mu, &ts) == ETIMEDOUT) break;
+        if (!util_cond_wait_until(&b->flush_cv, &b->mu, &ts)) break;
     bool done = b->s.n_written + b->s.n_write_failed >= target;
     pthread_mutex_unlock(&b->mu);
     return done;

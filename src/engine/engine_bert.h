@@ -18,7 +18,7 @@
 
 #include "engine/engine.h"
 #include "model/model.h"
-#include "model/threadpool.h"
+#include "util/threadpool.h"
 
 typedef struct engine_bert engine_bert;
 

@@ -19,7 +19,7 @@
 
 #include "engine/kvpool.h"
 #include "model/model.h"
-#include "model/threadpool.h"
+#include "util/threadpool.h"
 
 typedef struct engine_dsv4 engine_dsv4;
 

@@ -18,7 +18,7 @@
 #include <stddef.h>
 
 #include "engine/engine.h"
-#include "model/threadpool.h"
+#include "util/threadpool.h"
 
 typedef struct engine_qwen35 engine_qwen35;
 

@@ -859,11 +859,7 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
     if (s->logits_twin) memset(s->logits_twin, 0, first_rows);
     pthread_mutex_init(&s->mu, NULL);
     util_cond_init(&s->work_cv);
-    pthread_condattr_t ca;   /* sched_wait_idle's deadline is on the monotonic clock */
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&s->idle_cv, &ca);
-    pthread_condattr_destroy(&ca);
+    util_cond_init(&s->idle_cv);   /* sched_wait_idle's deadline is on the monotonic clock */
     pthread_cond_init(&s->pub_cv, NULL);
     pthread_mutex_init(&s->lp_mu, NULL);
     pthread_cond_init(&s->lp_cv, NULL);
@@ -929,8 +925,8 @@ int sched_wait_idle(sched *s, int timeout_ms)
     if (timeout_ms > 0) util_deadline(&ts, CLOCK_MONOTONIC, timeout_ms);
     pthread_mutex_lock(&s->mu);
     while (s->n_live > 0 && timeout_ms != 0) {
-        int rc = timeout_ms > 0 ? pthread_cond_timedwait(&s->idle_cv, &s->mu, &ts) : pthread_cond_wait(&s->idle_cv, &s->mu);
-        if (rc == ETIMEDOUT) break;
+        if (timeout_ms < 0) pthread_cond_wait(&s->idle_cv, &s->mu);
+        else if (!util_cond_wait_until(&s->idle_cv, &s->mu, &ts)) break;
     }
     int n = s->n_live;
     pthread_mutex_unlock(&s->mu);
@@ -1080,11 +1076,7 @@ sched_status sched_submit(sched *s, const sched_params *p, sched_req **out)
     r->draft_at = -1;
     r->t_submit = util_now();
     r->engine_held = true;
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&r->cv, &ca);
-    pthread_condattr_destroy(&ca);
+    util_cond_init(&r->cv);
 
     pthread_mutex_lock(&s->mu);
     if (s->shutdown) {
@@ -1122,8 +1114,8 @@ int sched_poll(sched_req *r, sched_output *out, int max, int timeout_ms)
         struct timespec ts;
         if (timeout_ms > 0) util_deadline(&ts, CLOCK_MONOTONIC, timeout_ms);
         while (r->ring_n == 0) {
-            int rc = timeout_ms > 0 ? pthread_cond_timedwait(&r->cv, &s->mu, &ts) : pthread_cond_wait(&r->cv, &s->mu);
-            if (rc == ETIMEDOUT) break;
+            if (timeout_ms < 0) pthread_cond_wait(&r->cv, &s->mu);
+            else if (!util_cond_wait_until(&r->cv, &s->mu, &ts)) break;
         }
     }
     int n = 0;

@@ -13,6 +13,8 @@
 #include <string.h>
 #include <strings.h>
 
+#include "util/util.h"
+
 static bool http_is_tchar(unsigned char c)
 {
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || (c && strchr("!#$%&'*+-.^_`|~", c));
@@ -111,14 +113,6 @@ http_head_status http_head_check(const char *buf, size_t len, size_t head_max, s
     return HTTP_HEAD_OK;
 }
 
-static int http_hexval(char c)
-{
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
-
 http_head_status http_head_chunked(const char *buf, size_t len, uint64_t max_body, size_t *body_len, http_head *out)
 {
     const char *p = buf, *end = buf + len;
@@ -129,9 +123,9 @@ http_head_status http_head_chunked(const char *buf, size_t len, uint64_t max_bod
         const char *s = p;
         uint64_t sz = 0;
         int nd = 0;
-        for (; (le ? p < le : p < end) && http_hexval(*p) >= 0; p++, nd++) {
+        for (; (le ? p < le : p < end) && util_hexval(*p) >= 0; p++, nd++) {
             if (nd == 16) return http_head_bad(out, 400, "malformed chunked encoding: chunk size too long");
-            sz = sz << 4 | (uint64_t)http_hexval(*p);
+            sz = sz << 4 | (uint64_t)util_hexval(*p);
         }
         if (!le) {
             if (p < end && *p != ';' && *p != '\r') return http_head_bad(out, 400, "malformed chunked encoding: bad chunk size");

@@ -14,7 +14,7 @@
  * same bytes. A waiting connection costs one fd and one small struct; its deadline is
  * absolute (request_timeout_s after accept); when the gate is full, the connection that has
  * waited longest makes room for a new one. A head the gate refuses is answered with raw
- * JSON (the path's vendor shape) and a lingering close (shut down writing, drain, close),
+ * JSON (the path's registered shape) and a lingering close (shut down writing, drain, close),
  * so the client reads the answer instead of a reset.
  *
  * Past the gate, MHD still reads bodies and later keep-alive requests: the gate thread also
@@ -66,6 +66,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "util/jsonfmt.h"
 #include "util/sha256.h"
 #include "util/util.h"
 
@@ -113,7 +114,7 @@ typedef struct http_conn {
     http_phase phase;
     double t_phase;              /* s (util_now): entered phase */
     uint64_t n_body;             /* body bytes received in the BODY phase */
-    http_vendor vendor;          /* of the request's path (HEAD and later) */
+    int shape;                   /* error shape of the request's path (HEAD and later) */
     double t_kill;               /* s: past its deadline, answered: shut down by then; 0: not */
     struct http_conn *prev, *next;
 } http_conn;
@@ -204,44 +205,23 @@ void http_get_stats(http_server *h, http_stats *st)
 
 /* ---- error bodies ---- */
 
-http_vendor http_vendor_of(const char *path)
+/* Without a registered shape: one body for every path, in no API's particular dialect. */
+static int http_plain_shape_of(const char *path) { return 0; }
+
+static void http_plain_write(bytebuf *out, int shape, int status, const char *message)
 {
-    if (!path || !*path) return HTTP_VENDOR_ANY;
-    if (!strncmp(path, "/v1/messages", 12) && (path[12] == 0 || path[12] == '/' || path[12] == '?'))
-        return HTTP_VENDOR_ANTHROPIC;
-    return HTTP_VENDOR_OPENAI;
+    bytebuf_puts(out, "{\"error\":{\"message\":");
+    jsonfmt_write_string(out, message, strlen(message));
+    bytebuf_puts(out, "}}");
 }
 
-const char *http_error_type(http_vendor v, int status)
-{
-    if (v == HTTP_VENDOR_ANTHROPIC) {
-        switch (status) {
-        case 401: return "authentication_error";
-        case 403: return "permission_error";
-        case 404: return "not_found_error";
-        case 413: return "request_too_large";
-        case 429: return "rate_limit_error";
-        case 503: case 529: return "overloaded_error";
-        default: return status >= 500 ? "api_error" : "invalid_request_error";
-        }
-    }
-    if (status == 429) return "rate_limit_exceeded";
-    return status >= 500 ? "server_error" : "invalid_request_error";
-}
+static const http_error_shape http_plain_errors = { http_plain_shape_of, http_plain_write };
 
-size_t http_error_body(char *out, size_t outsz, http_vendor v, int status, const char *message)
+static int http_shape_of(const http_server *h, const char *path) { return h->o.errors->shape_of(path ? path : ""); }
+
+void http_error_body(const http_server *h, bytebuf *out, const char *path, int status, const char *message)
 {
-    const char *type = http_error_type(v, status);
-    int n;
-    if (v == HTTP_VENDOR_ANTHROPIC)
-        n = snprintf(out, outsz, "{\"type\":\"error\",\"error\":{\"type\":\"%s\",\"message\":\"%s\"}}", type, message);
-    else if (v == HTTP_VENDOR_OPENAI)
-        n = snprintf(out, outsz, "{\"error\":{\"message\":\"%s\",\"type\":\"%s\",\"param\":null,\"code\":null}}", message, type);
-    else
-        n = snprintf(out, outsz, "{\"type\":\"error\",\"error\":{\"message\":\"%s\",\"type\":\"%s\",\"param\":null,\"code\":null}}",
-                     message, type);
-    if (n < 0) n = 0;
-    return TM_MIN((size_t)n, outsz ? outsz - 1 : 0);
+    h->o.errors->write(out, http_shape_of(h, path), status, message);
 }
 
 static const char *http_reason(int status)
@@ -264,15 +244,17 @@ static const char *http_reason(int status)
 /* Writes a whole error response straight to a socket MHD is not writing to (the gate's, or
  * one past its deadline), with Connection: close. Best effort: the socket buffer of a fresh
  * connection always takes these few hundred bytes. */
-static void http_raw_error(http_server *h, int fd, http_vendor v, int status, const char *message, bool retry)
+static void http_raw_error(http_server *h, int fd, int shape, int status, const char *message, bool retry)
 {
-    char body[512], msg[1024];
-    size_t nb = http_error_body(body, sizeof body, v, status, message);
-    int n = snprintf(msg, sizeof msg,
-                     "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\nConnection: close\r\n%s\r\n%s",
-                     status, http_reason(status), nb, retry ? "Retry-After: " HTTP_RETRY_AFTER "\r\n" : "", body);
-    if (n > 0 && send(fd, msg, TM_MIN((size_t)n, sizeof msg - 1), MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
+    bytebuf body = { 0 }, msg = { 0 };
+    h->o.errors->write(&body, shape, status, message);
+    bytebuf_printf(&msg, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\nConnection: close\r\n%s\r\n",
+                   status, http_reason(status), body.len, retry ? "Retry-After: " HTTP_RETRY_AFTER "\r\n" : "");
+    bytebuf_append(&msg, body.p, body.len);
+    if (send(fd, msg.p, msg.len, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
         log_debug("http: error response not sent: %s", strerror(errno));
+    bytebuf_free(&body);
+    bytebuf_free(&msg);
     http_count_status(h, status);
 }
 
@@ -317,7 +299,7 @@ static void http_cors_preflight(http_request *r)
     const char *want = http_request_header(r, "Access-Control-Request-Headers");
     MHD_add_response_header(resp, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
     MHD_add_response_header(resp, "Access-Control-Allow-Headers",
-                            want && *want ? want : "Authorization, Content-Type, x-api-key, anthropic-version");
+                            want && *want ? want : r->h->o.cors_headers ? r->h->o.cors_headers : "Authorization, Content-Type");
     MHD_add_response_header(resp, "Access-Control-Max-Age", HTTP_CORS_MAX_AGE);
     if (MHD_queue_response(r->conn, 204, resp) == MHD_YES) {
         r->responded = true;
@@ -356,9 +338,10 @@ void http_respond(http_request *r, int status, const char *content_type, const c
 
 void http_respond_error(http_request *r, int status, const char *message)
 {
-    char body[512];
-    size_t n = http_error_body(body, sizeof body, http_vendor_of(r->path), status, message);
-    http_respond(r, status, "application/json", body, n);
+    bytebuf body = { 0 };
+    http_error_body(r->h, &body, r->path, status, message);
+    http_respond(r, status, "application/json", body.p, body.len);
+    bytebuf_free(&body);
 }
 
 /* The peer of socket fd: 0 connected, 1 half-closed (it shut down its sending side: it may
@@ -600,7 +583,7 @@ static void http_conn_phase(http_server *h, struct MHD_Connection *conn, http_ph
     c->phase = ph;
     c->t_phase = util_now();
     c->n_body = 0;
-    if (path) c->vendor = http_vendor_of(path);
+    if (path) c->shape = http_shape_of(h, path);
     pthread_mutex_unlock(&h->cmu);
 }
 
@@ -687,6 +670,7 @@ static void http_notify_conn(void *cls, struct MHD_Connection *conn, void **sock
     if (code == MHD_CONNECTION_NOTIFY_STARTED) {
         http_conn *c = xcalloc(1, sizeof *c);
         c->fd = http_conn_fd(conn);
+        c->shape = http_shape_of(h, "");
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
         if (ci && ci->client_addr) {
             socklen_t len = ci->client_addr->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
@@ -763,9 +747,9 @@ static void http_pend_close(http_server *h, http_pend *p)
 
 /* Answers a refused connection and lingers: writing is shut down (the client sees the end of
  * the answer) and what it still sends is drained, so closing does not reset the answer away. */
-static void http_pend_refuse(http_server *h, http_pend *p, http_vendor v, int status, const char *message, bool retry)
+static void http_pend_refuse(http_server *h, http_pend *p, int shape, int status, const char *message, bool retry)
 {
-    http_raw_error(h, p->fd, v, status, message, retry);
+    http_raw_error(h, p->fd, shape, status, message, retry);
     shutdown(p->fd, SHUT_WR);
     p->lingering = true;
     p->t_close = util_now() + HTTP_LINGER_S;
@@ -816,9 +800,9 @@ static void http_pend_ready(http_server *h, http_pend *p, bool hup)
     http_head_status hs = http_head_check(h->peek, (size_t)n, HTTP_HEAD_MAX, HTTP_URI_MAX, h->o.max_body, &hd);
     char path[256];
     http_head_path(h, &hd, path, sizeof path);
-    http_vendor v = http_vendor_of(path);
+    int shape = http_shape_of(h, path);
     if (hs == HTTP_HEAD_BAD) {
-        http_pend_refuse(h, p, v, hd.status, hd.message, false);
+        http_pend_refuse(h, p, shape, hd.status, hd.message, false);
         return;
     }
     if (hs == HTTP_HEAD_INCOMPLETE) {
@@ -831,12 +815,12 @@ static void http_pend_ready(http_server *h, http_pend *p, bool hup)
         n_served = h->n_conns;
         pthread_mutex_unlock(&h->cmu);
         if (n_served >= h->o.max_connections) {
-            http_pend_refuse(h, p, v, 503, "the server is at its connection limit, retry shortly", true);
+            http_pend_refuse(h, p, shape, 503, "the server is at its connection limit, retry shortly", true);
             return;
         }
         /* this connection is among the waiting ones http_client_count sees: hence > */
         if (http_client_count(h, &p->addr, true) > h->o.max_client_connections) {
-            http_pend_refuse(h, p, v, 429, "too many connections from this client", true);
+            http_pend_refuse(h, p, shape, 429, "too many connections from this client", true);
             return;
         }
     }
@@ -845,7 +829,7 @@ static void http_pend_ready(http_server *h, http_pend *p, bool hup)
         http_head bd;
         http_head_status cs = http_head_chunked(h->peek + hd.head_len, (size_t)n - hd.head_len, h->o.max_body, &body_len, &bd);
         if (cs == HTTP_HEAD_BAD) {
-            http_pend_refuse(h, p, v, bd.status, bd.message, false);
+            http_pend_refuse(h, p, shape, bd.status, bd.message, false);
             return;
         }
         if (cs == HTTP_HEAD_INCOMPLETE && (size_t)n < HTTP_PEEK_MAX) {
@@ -895,7 +879,7 @@ static void http_gate_accept(http_server *h)
             for (int i = 1; i < h->n_pend; i++)
                 if (h->pend[i]->t0 < old->t0) old = h->pend[i];
             if (!old->lingering)
-                http_raw_error(h, old->fd, HTTP_VENDOR_ANY, 503, "the server is at its connection limit, retry shortly", true);
+                http_raw_error(h, old->fd, http_shape_of(h, ""), 503, "the server is at its connection limit, retry shortly", true);
             http_pend_close(h, old);
         }
         http_pend *p = xcalloc(1, sizeof *p);
@@ -910,7 +894,7 @@ static void http_gate_accept(http_server *h)
         /* here only those waiting count (the path, unknown yet, may be an ops route): one
          * address cannot fill the gate with slow heads */
         if (http_client_count(h, &addr, false) > h->o.max_client_connections)
-            http_pend_refuse(h, p, HTTP_VENDOR_ANY, 429, "too many connections from this client", true);
+            http_pend_refuse(h, p, http_shape_of(h, ""), 429, "too many connections from this client", true);
         struct epoll_event ev = { .events = EPOLLIN | EPOLLRDHUP | EPOLLET, .data.ptr = p };
         if (epoll_ctl(h->efd, EPOLL_CTL_ADD, fd, &ev)) {
             http_pend_close(h, p);
@@ -938,7 +922,7 @@ static void http_gate_scan(http_server *h)
                 http_head_check(h->peek, (size_t)n, HTTP_HEAD_MAX, HTTP_URI_MAX, h->o.max_body, &hd);
                 http_head_path(h, &hd, path, sizeof path);
             }
-            if (n > 0) http_pend_refuse(h, p, http_vendor_of(path), 408, "the request did not arrive in time", false);
+            if (n > 0) http_pend_refuse(h, p, http_shape_of(h, path), 408, "the request did not arrive in time", false);
             else http_pend_close(h, p);  /* nothing sent at all: just close */
         }
     }
@@ -968,7 +952,7 @@ static void http_gate_scan(http_server *h)
         if (!late) continue;
         /* the answer, then a lingering close as in the gate: writing ends now (the client reads
          * the 408 and its end), reading after HTTP_LINGER_S */
-        if (why) http_raw_error(h, c->fd, c->vendor, 408, why, false);
+        if (why) http_raw_error(h, c->fd, c->shape, 408, why, false);
         shutdown(c->fd, SHUT_WR);
         c->t_kill = now + HTTP_LINGER_S;
     }
@@ -1027,6 +1011,7 @@ http_status http_server_new(const http_opts *opts, http_server **out, char *err,
     if (o.min_rate == 0) o.min_rate = 4096;
     if (o.max_connections <= 0) o.max_connections = 1024;
     if (o.max_client_connections <= 0) o.max_client_connections = 256;
+    if (!o.errors) o.errors = &http_plain_errors;
     h->o = o;
     h->keys = xcalloc((size_t)(o.n_api_keys > 0 ? o.n_api_keys : 1), sizeof *h->keys);
     h->key_sha = xcalloc((size_t)(o.n_api_keys > 0 ? o.n_api_keys : 1), sizeof *h->key_sha);

@@ -16,15 +16,16 @@
  *    normally) the handler's done function is called exactly once, with client_gone set
  *    on a disconnect, so the handler cancels its request and frees its KV blocks at once.
  * A handler that responds with nothing gets a 500. Unknown paths get 404, a known path with
- * another method 405 (both as JSON errors in the path's vendor shape).
+ * another method 405 (both as JSON errors in the path's shape, see below).
  *
  * Connections (see http.c for the why): the layer accepts connections itself and holds each
  * in the "gate" until its request head has arrived whole; the head is checked there (request
  * line, version, URI and header sizes, Content-Length, Transfer-Encoding, Host) and only then
  * handed to libmicrohttpd. So a slow or broken client costs a file descriptor, not a thread,
  * and the library's own HTML error pages are never reached for a connection's first request:
- * every error is JSON in the route's vendor shape (Anthropic's for /v1/messages*, OpenAI's
- * elsewhere, a shape both SDKs parse when the path is unknown). Limits:
+ * every error is JSON in the path's shape. The layer knows no API: the server's owner
+ * registers the shapes (http_opts.errors: which shape a path's errors take, and how a body
+ * in it is written), so each API's clients read the layer's errors as their own. Limits:
  *  - a request's head must arrive within request_timeout_s of the connection opening (an
  *    absolute deadline, not an idle timeout a trickle can keep resetting), its body at
  *    min_rate bytes/s after that grace; else 408;
@@ -76,7 +77,21 @@ typedef struct {
     const char *cors_origin[HTTP_MAX_CORS]; /* (n_cors_origin) origins browsers may call from
                                  * ("https://app.example", or "*" for any); copied */
     int n_cors_origin;           /* 0: no CORS headers, OPTIONS is a 405 as before */
+    const char *cors_headers;    /* Access-Control-Allow-Headers of a preflight that asks for
+                                 * none (the APIs' own headers; static, not copied); NULL:
+                                 * "Authorization, Content-Type" */
+    const struct http_error_shape *errors; /* how the layer's own errors are written (static,
+                                 * not copied); NULL: {"error":{"message":...}} on every path */
 } http_opts;
+
+/* Error shapes, registered by the server's owner (see the design note). shape_of maps a
+ * request path ("" when the head could not be parsed) to a shape number >= 0, kept with the
+ * connection; write appends the JSON body of an error in that shape to out. message is plain
+ * text: write escapes it. Both may run on any thread at any time; they keep no state. */
+typedef struct http_error_shape {
+    int (*shape_of)(const char *path);
+    void (*write)(bytebuf *out, int shape, int status, const char *message);
+} http_error_shape;
 
 typedef struct http_server http_server;
 typedef struct http_request http_request;
@@ -149,21 +164,10 @@ void http_respond(http_request *r, int status, const char *content_type, const c
 void http_respond_stream(http_request *r, int status, const char *content_type,
                          http_pull_fn pull, http_done_fn done, void *ctx);
 
-/* The vendor whose error shape a path's errors take. */
-typedef enum {
-    HTTP_VENDOR_ANY = 0,     /* path unknown: {"type":"error","error":{message,type,param,code}}, both SDKs parse it */
-    HTTP_VENDOR_OPENAI,      /* {"error":{message,type,param,code}} */
-    HTTP_VENDOR_ANTHROPIC,   /* {"type":"error","error":{type,message}}: /v1/messages* */
-} http_vendor;
-http_vendor http_vendor_of(const char *path);
-/* The error type the vendor documents for a status (Anthropic: not_found_error,
- * overloaded_error, ...; OpenAI: invalid_request_error, server_error, ...). */
-const char *http_error_type(http_vendor v, int status);
-/* Writes the JSON error body for status in vendor's shape into out (NUL-terminated); message
- * must need no JSON escaping. Returns its length. */
-size_t http_error_body(char *out, size_t outsz, http_vendor v, int status, const char *message);
-/* Answers an error in the request path's vendor shape. */
+/* Answers an error in the shape registered for the request's path (http_opts.errors). */
 void http_respond_error(http_request *r, int status, const char *message);
+/* The error body the server h writes for status on path (for tests). */
+void http_error_body(const http_server *h, bytebuf *out, const char *path, int status, const char *message);
 
 /* The gate's checks of a request (head.c; exposed for tests). */
 typedef enum {

@@ -91,13 +91,6 @@ static bool modelhash_entry(const struct stat *st, char *path, size_t pathsz, ch
     return n > 0 && (size_t)n < pathsz && k > 0 && (size_t)k < linesz;
 }
 
-static int modelhash_hexval(char c)
-{
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    return -1;
-}
-
 /* The digest of a valid entry for st into out; false when there is none. */
 static bool modelhash_cache_read(const struct stat *st, uint8_t out[32])
 {
@@ -111,12 +104,7 @@ static bool modelhash_cache_read(const struct stat *st, uint8_t out[32])
     close(fd);
     size_t wl = strlen(want);
     if (n < 0 || (size_t)n != wl + 65 || memcmp(got, want, wl) != 0 || got[wl + 64] != '\n') return false;
-    for (int i = 0; i < 32; i++) {
-        int hi = modelhash_hexval(got[wl + 2 * i]), lo = modelhash_hexval(got[wl + 2 * i + 1]);
-        if (hi < 0 || lo < 0) return false;
-        out[i] = (uint8_t)(hi << 4 | lo);
-    }
-    return true;
+    return util_unhex(got + wl, 32, out);
 }
 
 static bool modelhash_same_file(const struct stat *a, const struct stat *b)

@@ -22,7 +22,7 @@
 #include <stdint.h>
 
 #include "model/quant.h"
-#include "model/threadpool.h"
+#include "util/threadpool.h"
 #include "util/cpu.h"
 
 /* A weight matrix as stored in GGUF: `rows` rows of `cols` elements (ne[0] = cols,

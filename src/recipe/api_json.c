@@ -7,6 +7,7 @@
  * calls are api_tools.c's.
  */
 #include "recipe/api.h"
+#include "recipe/api_http.h"
 #include "recipe/api_int.h"
 
 #include <jansson.h>
@@ -44,7 +45,7 @@ void api_error_set(api_error *e, int status, const char *param, const char *code
 }
 
 /* One table of Anthropic error types for the HTTP layer and the routes. */
-static const char *api_anthropic_type(int status) { return http_error_type(HTTP_VENDOR_ANTHROPIC, status); }
+static const char *api_anthropic_type(int status) { return api_http_anthropic_type(status); }
 
 void api_error_body(bytebuf *out, bool anthropic, const char *type, const char *message, const char *param,
                     const char *code)

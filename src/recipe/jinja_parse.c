@@ -253,14 +253,6 @@ static void jp_push(jp *p, jtok_kind k, const char *s, size_t sn, size_t pos)
 static bool jp_word(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_'; }
 static bool jp_digit(char c) { return c >= '0' && c <= '9'; }
 
-static int jp_hex(char c)
-{
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
-
 /* A string literal's body from src[*i] up to the quote q (escapes decoded) into out. */
 static bool jp_string_body(jp *p, size_t *i, char q, bytebuf *out)
 {
@@ -276,7 +268,7 @@ static bool jp_string_body(jp *p, size_t *i, char q, bytebuf *out)
                 int len = e == 'x' ? 2 : 4;
                 uint32_t v = 0;
                 for (int k = 0; k < len; k++) {
-                    int h = *i + (size_t)k < n ? jp_hex(s[*i + (size_t)k]) : -1;
+                    int h = *i + (size_t)k < n ? util_hexval(s[*i + (size_t)k]) : -1;
                     if (h < 0) { jp_fail(p, at, "invalid hexadecimal escape sequence"); return false; }
                     v = v * 16 + (uint32_t)h;
                 }

@@ -28,12 +28,12 @@
 #define _GNU_SOURCE /* memmem */
 #include "recipe/template_int.h"
 
-#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "recipe/jinja.h"
+#include "util/sha256.h"
 #include "util/util.h"
 
 struct tmpl_jinja {
@@ -64,10 +64,9 @@ static void tj_id(bytebuf *o, const tmpl_jinja *j, const char *id)
         return;
     }
     static const char al[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-    unsigned char md[EVP_MAX_MD_SIZE];
-    unsigned int ml = 0;
+    uint8_t md[32];
     char z[9];
-    EVP_Digest(id, n, md, &ml, EVP_sha256(), NULL);
+    sha256_digest(id, n, md);
     for (int i = 0; i < 9; i++) z[i] = al[md[i] % 62];
     tj_str(o, z, 9);
 }

@@ -45,12 +45,12 @@ bool tokenizer_decode_piece(const tokenizer *t, int32_t id, bytebuf *b)
                 char ch = (char)byte;
                 if (!bytebuf_try_append(b, &ch, 1)) return false;
             } else {  /* llama.cpp's "[UNK_BYTE_0x..<text>]" */
-                char u[4], hex[16];
+                char u[4], hex[3];
                 int nu = unicode_encode(c, u);
                 (void)p0;
                 if (!bytebuf_try_append(b, "[UNK_BYTE_0x", 12)) return false;
                 for (int k = 0; k < nu; k++) {
-                    snprintf(hex, sizeof hex, "%02x", (uint8_t)u[k]);
+                    util_hex(u + k, 1, hex);
                     if (!bytebuf_try_append(b, hex, 2)) return false;
                 }
                 if (!bytebuf_try_append(b, s, n) || !bytebuf_try_append(b, "]", 1)) return false;

@@ -52,16 +52,9 @@ static void jsonfmt_newline(jsonfmt_rd *r, int level)
 
 static int jsonfmt_hex4(const char *s)
 {
-    int v = 0;
-    for (int k = 0; k < 4; k++) {
-        char c = s[k];
-        v <<= 4;
-        if (c >= '0' && c <= '9') v |= c - '0';
-        else if (c >= 'a' && c <= 'f') v |= c - 'a' + 10;
-        else if (c >= 'A' && c <= 'F') v |= c - 'A' + 10;
-        else return -1;
-    }
-    return v;
+    uint8_t b[2];
+    if (!util_unhex(s, 2, b)) return -1;
+    return b[0] << 8 | b[1];
 }
 
 static void jsonfmt_put_utf8(bytebuf *b, uint32_t cp)

@@ -5,6 +5,7 @@
 #include "util/util.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -82,6 +83,25 @@ void util_hex(const void *p, size_t n, char *out)
     out[2 * n] = '\0';
 }
 
+int util_hexval(char c)
+{
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+bool util_unhex(const char *z, size_t n, void *out)
+{
+    uint8_t *b = out;
+    for (size_t i = 0; i < n; i++) {
+        int hi = util_hexval(z[2 * i]), lo = hi < 0 ? -1 : util_hexval(z[2 * i + 1]);
+        if (lo < 0) return false;
+        b[i] = (uint8_t)(hi << 4 | lo);
+    }
+    return true;
+}
+
 void util_cond_init(pthread_cond_t *cv)
 {
     pthread_condattr_t ca;
@@ -100,10 +120,7 @@ bool util_cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, long ms)
 {
     if (ms <= 0) return false;
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_sec += (time_t)(ms / 1000);
-    ts.tv_nsec += (ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+    util_deadline(&ts, CLOCK_MONOTONIC, ms > INT_MAX ? INT_MAX : (int)ms);
     return util_cond_wait_until(cv, mu, &ts);
 }
 

@@ -39,8 +39,13 @@ double util_now(void);
  * (CLOCK_MONOTONIC for a condition variable made with that clock, else CLOCK_REALTIME). */
 void util_deadline(struct timespec *ts, clockid_t clk, int ms);
 
-/* Lower-case hex of p[0..n) into out, which holds 2n+1 bytes (NUL-terminated). */
+/* Hex, the one encoder and decoder. util_hex: lower-case hex of p[0..n) into out, which holds
+ * 2n+1 bytes (NUL-terminated). util_hexval: the value of one hex digit (either case), or -1.
+ * util_unhex: the n bytes that the 2n hex digits at z spell (either case) into out; false at
+ * the first character that is not a hex digit (out then holds a prefix only). */
 void util_hex(const void *p, size_t n, char *out);
+int util_hexval(char c);
+bool util_unhex(const char *z, size_t n, void *out);
 
 /* Condition variables with timed waits on CLOCK_MONOTONIC, so that a step of the wall clock
  * (NTP, an operator) neither cuts a wait short nor stretches it by the step. A cv made with

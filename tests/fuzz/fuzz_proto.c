@@ -17,8 +17,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 
 static void roundtrip(const proto_msg *m)
 {
-    proto_buf b;
-    proto_buf_init(&b);
+    bytebuf b = { 0 };
     if (proto_encode(&b, m) != PROTO_OK) {
         /* a decoded frame is within every limit, so its encoding cannot be refused */
         fprintf(stderr, "proto: a decoded %s frame does not encode\n", proto_type_name(m->hdr.type));
@@ -26,20 +25,19 @@ static void roundtrip(const proto_msg *m)
     }
     proto_hdr h;
     proto_msg again;
-    if (proto_hdr_parse(b.p, b.n, &h) != PROTO_OK || b.n != PROTO_HDR_SIZE + (size_t)h.len ||
-        proto_decode(&h, b.p + PROTO_HDR_SIZE, &again) != PROTO_OK) {
+    if (proto_hdr_parse((const uint8_t *)b.p, b.len, &h) != PROTO_OK || b.len != PROTO_HDR_SIZE + (size_t)h.len ||
+        proto_decode(&h, (const uint8_t *)b.p + PROTO_HDR_SIZE, &again) != PROTO_OK) {
         fprintf(stderr, "proto: the encoding of a decoded %s frame does not decode\n", proto_type_name(m->hdr.type));
         abort();
     }
-    proto_buf b2;
-    proto_buf_init(&b2);
-    if (proto_encode(&b2, &again) != PROTO_OK || b2.n != b.n || memcmp(b2.p, b.p, b.n)) {
+    bytebuf b2 = { 0 };
+    if (proto_encode(&b2, &again) != PROTO_OK || b2.len != b.len || memcmp(b2.p, b.p, b.len)) {
         fprintf(stderr, "proto: a %s frame changes through decode and encode\n", proto_type_name(m->hdr.type));
         abort();
     }
     proto_msg_free(&again);
-    proto_buf_free(&b2);
-    proto_buf_free(&b);
+    bytebuf_free(&b2);
+    bytebuf_free(&b);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

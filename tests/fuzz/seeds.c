@@ -92,10 +92,10 @@ static void gguf_seeds(void)
     remove(tmp);
 }
 
-static void proto_seed(proto_buf *b, const char *name, proto_msg *m)
+static void proto_seed(bytebuf *b, const char *name, proto_msg *m)
 {
     if (proto_encode(b, m) != PROTO_OK) { fprintf(stderr, "seeds: %s does not encode\n", name); exit(1); }
-    put("proto", name, b->p, b->n);
+    put("proto", name, b->p, b->len);
 }
 
 static void proto_seeds(void)
@@ -107,8 +107,7 @@ static void proto_seeds(void)
                             .logprobs = 1, .top_logprobs = 1, .salt = "salt" };
     proto_kv tail = { .dtype = QTYPE_F16, .n_parts = 2, .n_layers = 1, .n_kv_heads = 1, .head_dim = 4, .start = 0, .n = 2,
                       .n_bytes = sizeof kv, .data = kv };
-    proto_buf b;
-    proto_buf_init(&b);
+    bytebuf b = { 0 };
     proto_msg m = { .hdr = { .type = PROTO_HELLO, .flags = PROTO_F_REGISTER },
                     .u.hello = { .role = PROTO_ROLE_MIXED, .kv_dtype = QTYPE_F16, .max_seqs = 4, .kv_blocks = 8,
                                  .max_batch_tokens = 64, .n_ctx = 256, .n_vocab = 512, .listen = "127.0.0.1:9000",
@@ -116,62 +115,62 @@ static void proto_seeds(void)
     proto_seed(&b, "hello", &m);
     m = (proto_msg){ .hdr = { .type = PROTO_HEARTBEAT }, .u.heartbeat = { .n_running = 1, .kv_blocks_total = 8 } };
     proto_seed(&b, "hello-heartbeat", &m);   /* a connection's first two frames */
-    proto_buf_reset(&b);
+    b.len = 0;
     m = (proto_msg){ .hdr = { .type = PROTO_PREFILL, .req_id = 1 },
                      .u.prefill = { .params = params, .hit_len = 0, .n_prompt = 4, .prompt = prompt } };
     proto_seed(&b, "prefill", &m);
-    proto_buf_reset(&b);
+    b.len = 0;
     m.hdr.flags = PROTO_F_THINK;
     m.u.prefill.params.think_budget = 8;
     m.u.prefill.params.think_start = 3;
     m.u.prefill.params.think_end = 4;
     proto_seed(&b, "prefill-think", &m);
-    proto_buf_reset(&b);
+    b.len = 0;
     m.hdr.flags = PROTO_F_THINK | PROTO_F_GRAMMAR;   /* a grammar's source after the budget */
     m.u.prefill.params.grammar_kind = 2;
     m.u.prefill.params.grammar = "{\"type\":\"object\",\"properties\":{\"a\":{\"enum\":[1,2]}}}";
     m.u.prefill.params.grammar_len = (uint32_t)strlen(m.u.prefill.params.grammar);
     proto_seed(&b, "prefill-think-grammar", &m);
-    proto_buf_reset(&b);
+    b.len = 0;
     m = (proto_msg){ .hdr = { .type = PROTO_HANDOFF, .flags = PROTO_F_HAS_TAIL, .req_id = 1 },
                      .u.handoff = { .first = toks[0], .n_prompt = 2, .n_computed = 2, .kv = tail } };
     proto_seed(&b, "handoff", &m);
-    proto_buf_reset(&b);
+    b.len = 0;
     m = (proto_msg){ .hdr = { .type = PROTO_DECODE, .flags = PROTO_F_HAS_TAIL, .req_id = 1 },
                      .u.decode = { .params = params, .n_prompt = 4, .prompt = prompt, .n_gen = 2, .gen = gen,
                                    .kv = tail } };
     m.u.decode.kv.n = 2;
     proto_seed(&b, "decode", &m);
-    proto_buf_reset(&b);
+    b.len = 0;
     m = (proto_msg){ .hdr = { .type = PROTO_TOKENS, .flags = PROTO_F_LOGPROBS, .req_id = 1 },
                      .u.tokens = { .n = 2, .toks = toks } };
     proto_seed(&b, "tokens", &m);
     m = (proto_msg){ .hdr = { .type = PROTO_FINISH, .req_id = 1 },
                      .u.finish = { .reason = PROTO_FINISH_STOP, .prompt_tokens = 4, .completion_tokens = 3 } };
     proto_seed(&b, "tokens-finish", &m);
-    proto_buf_reset(&b);
+    b.len = 0;
     m = (proto_msg){ .hdr = { .type = PROTO_CANCEL, .req_id = 1 } };
     proto_seed(&b, "cancel", &m);
-    proto_buf_reset(&b);
+    b.len = 0;
     m = (proto_msg){ .hdr = { .type = PROTO_DRAIN }, .u.drain = { .deadline_ms = 1000 } };
     proto_seed(&b, "drain", &m);
-    proto_buf_reset(&b);
+    b.len = 0;
     m = (proto_msg){ .hdr = { .type = PROTO_ERROR, .req_id = 0 }, .u.error = { .code = PROTO_E_MALFORMED, .msg = "bad" } };
     proto_seed(&b, "error", &m);
-    proto_buf_reset(&b);
+    b.len = 0;
     proto_window_ev ev[2] = { { .op = PROTO_WIN_ADD, .key = { 1, 2, 3 }, .ttl_ms = 180000 }, { .op = PROTO_WIN_DROP, .key = { 4 } } };
     m = (proto_msg){ .hdr = { .type = PROTO_WINDOW }, .u.window = { .n = 2, .ev = ev } };
     proto_seed(&b, "window", &m);
-    proto_buf_reset(&b);
+    b.len = 0;
     m = (proto_msg){ .hdr = { .type = PROTO_WINFETCH, .req_id = 2 }, .u.winfetch = { .key = { 1, 2, 3 } } };
     proto_seed(&b, "winfetch", &m);
     uint8_t state[16] = { 9, 8, 7 };
     m = (proto_msg){ .hdr = { .type = PROTO_WINSTATE, .req_id = 2 }, .u.winstate = { .key = { 1, 2, 3 }, .n_bytes = 16, .data = state } };
     proto_seed(&b, "winfetch-winstate", &m);   /* a fetch and its answer */
-    proto_buf_reset(&b);
+    b.len = 0;
     m = (proto_msg){ .hdr = { .type = PROTO_WINSTATE, .req_id = 3 }, .u.winstate = { .key = { 5 } } };
     proto_seed(&b, "winstate-empty", &m);
-    proto_buf_free(&b);
+    bytebuf_free(&b);
 }
 
 static void block_seeds(void)

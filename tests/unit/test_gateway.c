@@ -377,7 +377,7 @@ static void doc_hmac(const auth_key *k, const char *label, char side, const uint
 
 /* A worker that does the handshake by the document (not with auth.c), registers, and records
  * every byte it sent in rec: CHALLENGE, PROOF, the tagged HELLO. Checks the gateway's proof. */
-static int fake_connect_by_doc(const gw_env *G, proto_buf *rec)
+static int fake_connect_by_doc(const gw_env *G, bytebuf *rec)
 {
     int fd = proto_connect(G->reg, 2000);
     CHECK(fd >= 0);
@@ -408,12 +408,12 @@ static int fake_connect_by_doc(const gw_env *G, proto_buf *rec)
     doc_hmac(&g_key, "TMCP-KEY", 'G', ng, nw, c->rx.key);
     c->sealed = true;
     fake_hello(&m);
-    size_t at = rec->n;
+    size_t at = rec->len;
     CHECK(proto_encode(rec, &m) == PROTO_OK);
     uint8_t tag[AUTH_TAG_SIZE];
-    CHECK(auth_dir_tag(&c->tx, rec->p + at, PROTO_HDR_SIZE, rec->p + at + PROTO_HDR_SIZE, rec->n - at - PROTO_HDR_SIZE, tag));
+    CHECK(auth_dir_tag(&c->tx, rec->p + at, PROTO_HDR_SIZE, rec->p + at + PROTO_HDR_SIZE, rec->len - at - PROTO_HDR_SIZE, tag));
     proto_put_bytes(rec, tag, sizeof tag);
-    CHECK(proto_send(fd, rec->p + at, rec->n - at) == PROTO_OK);
+    CHECK(proto_send(fd, rec->p + at, rec->len - at) == PROTO_OK);
     return fd;
 }
 
@@ -607,8 +607,7 @@ TEST(test_rogue_workers_refused)
     CHECK(WAIT_UNTIL(metric(G.be, "tokenmill_gateway_refused_handshakes_total ") == r0 + 2, 30));
     CHECK(workers_up(G.be) == 0);
     /* the key, by the document: listed; its bytes recorded */
-    proto_buf rec;
-    proto_buf_init(&rec);
+    bytebuf rec = { 0 };
     fd = fake_connect_by_doc(&G, &rec);
     CHECK(WAIT_UNTIL(workers_up(G.be) == 1, 30));
     fake_close(fd);
@@ -619,12 +618,12 @@ TEST(test_rogue_workers_refused)
     struct timeval tv = { 30, 0 };
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     proto_conn_init(PC(fd), fd);
-    CHECK(proto_send(fd, rec.p, rec.n) == PROTO_OK);
+    CHECK(proto_send(fd, rec.p, rec.len) == PROTO_OK);
     CHECK(WAIT_UNTIL(metric(G.be, "tokenmill_gateway_refused_handshakes_total ") == r0 + 3, 30));
     CHECK(!fake_expect(fd, PROTO_PREFILL, &m));
     fake_close(fd);
     CHECK(workers_up(G.be) == 0);
-    proto_buf_free(&rec);
+    bytebuf_free(&rec);
     gateway_shutdown(G.g);
     gateway_free(G.g);
 }
@@ -654,17 +653,16 @@ static void *trickle_thread(void *p)
 static void trickle_start(trickle *tr, const gw_env *G)
 {
     memset(tr, 0, sizeof *tr);
-    proto_buf b;
-    proto_buf_init(&b);
+    bytebuf b = { 0 };
     proto_msg m;
     memset(&m, 0, sizeof m);
     m.hdr.type = PROTO_CHALLENGE;
     CHECK(proto_encode(&b, &m) == PROTO_OK);
     m.hdr.type = PROTO_PROOF;
     CHECK(proto_encode(&b, &m) == PROTO_OK);
-    CHECK(b.n == sizeof tr->bytes);
+    CHECK(b.len == sizeof tr->bytes);
     memcpy(tr->bytes, b.p, sizeof tr->bytes);
-    proto_buf_free(&b);
+    bytebuf_free(&b);
     for (int i = 0; i < N_TRICKLE; i++) {
         tr->fd[i] = proto_connect(G->reg, 2000);
         CHECK(tr->fd[i] >= 0);

@@ -1,11 +1,15 @@
 /*
  * test_http: the HTTP gate's checks of request heads and chunked bodies (http_head_check,
  * http_head_chunked), fed whole and byte by byte (a head is checked as it trickles in:
- * every prefix of a good head must be INCOMPLETE, never BAD), and the error bodies' shapes.
+ * every prefix of a good head must be INCOMPLETE, never BAD), and the error bodies in the
+ * shapes the APIs register (escaped) and in the layer's own shape when none is registered.
  */
 #include "harness.h"
 
+#include <jansson.h>
+
 #include "http/http.h"
+#include "recipe/api_http.h"
 
 #define MAXB 4096
 
@@ -109,20 +113,57 @@ TEST(test_http_chunked)
     CHECK(chunked(two, &len, &st) == HTTP_HEAD_BAD && st == 413);                   /* the sum past it */
 }
 
+/* The body the server writes for path's error, with the shapes errors (NULL: its own). */
+static void error_body(const http_error_shape *errors, const char *path, int status, const char *msg, bytebuf *out)
+{
+    http_opts o = { .errors = errors };
+    http_server *h = NULL;
+    char err[256];
+    out->len = 0;
+    if (http_server_new(&o, &h, err, sizeof err) != HTTP_OK) {
+        CHECKF(false, "http_server_new: %s", err);
+        return;
+    }
+    http_error_body(h, out, path, status, msg);
+    http_server_free(h);
+}
+
 TEST(test_http_error_shapes)
 {
-    char b[512];
-    http_error_body(b, sizeof b, HTTP_VENDOR_ANTHROPIC, 404, "not found");
-    CHECK(!strcmp(b, "{\"type\":\"error\",\"error\":{\"type\":\"not_found_error\",\"message\":\"not found\"}}"));
-    http_error_body(b, sizeof b, HTTP_VENDOR_OPENAI, 503, "busy");
-    CHECK(!strcmp(b, "{\"error\":{\"message\":\"busy\",\"type\":\"server_error\",\"param\":null,\"code\":null}}"));
-    http_error_body(b, sizeof b, HTTP_VENDOR_ANTHROPIC, 503, "busy");
-    CHECK(strstr(b, "overloaded_error") != NULL);
-    CHECK(http_vendor_of("/v1/messages") == HTTP_VENDOR_ANTHROPIC);
-    CHECK(http_vendor_of("/v1/messages/count_tokens") == HTTP_VENDOR_ANTHROPIC);
-    CHECK(http_vendor_of("/v1/messagesX") == HTTP_VENDOR_OPENAI);
-    CHECK(http_vendor_of("/v1/chat/completions") == HTTP_VENDOR_OPENAI);
-    CHECK(http_vendor_of("") == HTTP_VENDOR_ANY);
+    bytebuf b = { 0 };
+    error_body(&api_http_errors, "/v1/messages", 404, "not found", &b);
+    CHECKF(!strcmp(b.p, "{\"type\":\"error\",\"error\":{\"type\":\"not_found_error\",\"message\":\"not found\"}}"), "%s", b.p);
+    error_body(&api_http_errors, "/v1/messages/count_tokens", 503, "busy", &b);
+    CHECKF(strstr(b.p, "overloaded_error") != NULL, "%s", b.p);
+    error_body(&api_http_errors, "/v1/chat/completions", 503, "busy", &b);
+    CHECKF(!strcmp(b.p, "{\"error\":{\"message\":\"busy\",\"type\":\"server_error\",\"param\":null,\"code\":null}}"), "%s", b.p);
+    error_body(&api_http_errors, "/v1/messagesX", 429, "slow down", &b);
+    CHECKF(!strcmp(b.p, "{\"error\":{\"message\":\"slow down\",\"type\":\"rate_limit_exceeded\",\"param\":null,\"code\":null}}"), "%s", b.p);
+    error_body(&api_http_errors, "", 400, "bad", &b);
+    CHECKF(!strcmp(b.p, "{\"type\":\"error\",\"error\":{\"message\":\"bad\",\"type\":\"invalid_request_error\",\"param\":null,\"code\":null}}"), "%s", b.p);
+    /* none registered: one plain shape on every path */
+    error_body(NULL, "/v1/messages", 404, "not found", &b);
+    CHECKF(!strcmp(b.p, "{\"error\":{\"message\":\"not found\"}}"), "%s", b.p);
+    bytebuf_free(&b);
+}
+
+/* A message that quotes the client's bytes stays valid JSON in every shape. */
+TEST(test_http_error_escaped)
+{
+    const char *msg = "bad \"path\" \\ \n\x01";
+    const char *paths[] = { "", "/v1/messages", "/v1/completions" };
+    bytebuf b = { 0 };
+    for (int i = 0; i < 4; i++) {
+        error_body(i < 3 ? &api_http_errors : NULL, paths[i % 3], 400, msg, &b);
+        json_error_t je;
+        json_t *v = json_loadb(b.p, b.len, 0, &je);
+        CHECKF(v != NULL, "%s: %s", b.p, je.text);
+        json_t *e = json_object_get(v, "error");
+        CHECK(e && json_is_string(json_object_get(e, "message")) &&
+              !strcmp(json_string_value(json_object_get(e, "message")), msg));
+        json_decref(v);
+    }
+    bytebuf_free(&b);
 }
 
 int main(void)
@@ -131,6 +172,7 @@ int main(void)
     RUN(test_http_head_bad);
     RUN(test_http_chunked);
     RUN(test_http_error_shapes);
+    RUN(test_http_error_escaped);
     printf("%d passed, %d failed\n", harness_passed, harness_failed);
     return harness_failed ? 1 : 0;
 }

@@ -66,20 +66,19 @@ static bool params_eq(const proto_params *a, const proto_params *b)
 /* Encodes m, parses the header back, decodes the payload into out. */
 static proto_status roundtrip(const proto_msg *m, proto_msg *out)
 {
-    proto_buf b;
-    proto_buf_init(&b);
+    bytebuf b = { 0 };
     proto_status st = proto_encode(&b, m);
-    if (st != PROTO_OK) { proto_buf_free(&b); return st; }
+    if (st != PROTO_OK) { bytebuf_free(&b); return st; }
     proto_hdr h;
-    st = proto_hdr_parse(b.p, b.n, &h);
+    st = proto_hdr_parse((const uint8_t *)b.p, b.len, &h);
     if (st == PROTO_OK) {
-        if (h.len + PROTO_HDR_SIZE != b.n || h.type != m->hdr.type || h.flags != m->hdr.flags ||
+        if (h.len + PROTO_HDR_SIZE != b.len || h.type != m->hdr.type || h.flags != m->hdr.flags ||
             h.req_id != m->hdr.req_id)
             st = PROTO_ERR_MALFORMED;
         else
-            st = proto_decode(&h, b.p + PROTO_HDR_SIZE, out);
+            st = proto_decode(&h, (const uint8_t *)b.p + PROTO_HDR_SIZE, out);
     }
-    proto_buf_free(&b);
+    bytebuf_free(&b);
     return st;
 }
 
@@ -138,15 +137,15 @@ TEST(test_roundtrip_hello_heartbeat)
 
     /* the learned step-time curve travels only with PROTO_F_STEPTIME, 16 bytes more; a value
      * that is not finite is refused */
-    proto_buf without, with;
-    proto_buf_init(&without);
-    proto_buf_init(&with);
+    bytebuf without, with;
+    without = (bytebuf){ 0 };
+    with = (bytebuf){ 0 };
     CHECK(proto_encode(&without, &m) == PROTO_OK);
     float cv[4] = { 0.0125f, 3e-5f, 7.5e-6f, -1e-7f };
     memcpy(b->step_w, cv, sizeof cv);
     m.hdr.flags = PROTO_F_STEPTIME;
     CHECK(proto_encode(&with, &m) == PROTO_OK);
-    CHECK(with.n == without.n + 16);
+    CHECK(with.len == without.len + 16);
     CHECK(roundtrip(&m, &o) == PROTO_OK && (o.hdr.flags & PROTO_F_STEPTIME) && !memcmp(o.u.heartbeat.step_w, cv, sizeof cv));
     proto_msg_free(&o);
     m.hdr.flags = 0;   /* without the flag the curve is not sent: zeros at the other end */
@@ -154,11 +153,11 @@ TEST(test_roundtrip_hello_heartbeat)
     proto_msg_free(&o);
     m.hdr.flags = PROTO_F_STEPTIME;
     b->step_w[2] = NAN;
-    proto_buf_free(&with);
-    proto_buf_init(&with);
+    bytebuf_free(&with);
+    with = (bytebuf){ 0 };
     CHECK(proto_encode(&with, &m) == PROTO_ERR_MALFORMED);
-    proto_buf_free(&with);
-    proto_buf_free(&without);
+    bytebuf_free(&with);
+    bytebuf_free(&without);
 }
 
 TEST(test_roundtrip_jobs)
@@ -228,15 +227,14 @@ TEST(test_roundtrip_jobs)
     /* the flag without a tail is refused by the decoder */
     m.hdr.flags = PROTO_F_KV_LATENT;
     {
-        proto_buf b;
-        proto_buf_init(&b);
+        bytebuf b = { 0 };
         CHECK(proto_encode(&b, &m) == PROTO_OK);   /* the encoder drops it: no tail */
         CHECK(!(b.p[8] & PROTO_F_KV_LATENT));
         b.p[8] |= PROTO_F_KV_LATENT;
         proto_hdr hh;
-        CHECK(proto_hdr_parse(b.p, PROTO_HDR_SIZE, &hh) == PROTO_OK);
-        CHECK(proto_decode(&hh, b.p + PROTO_HDR_SIZE, &o) == PROTO_ERR_MALFORMED);
-        proto_buf_free(&b);
+        CHECK(proto_hdr_parse((const uint8_t *)b.p, PROTO_HDR_SIZE, &hh) == PROTO_OK);
+        CHECK(proto_decode(&hh, (const uint8_t *)b.p + PROTO_HDR_SIZE, &o) == PROTO_ERR_MALFORMED);
+        bytebuf_free(&b);
     }
     m.hdr.flags = PROTO_F_HAS_TAIL;
     /* other part counts are refused */
@@ -301,20 +299,19 @@ TEST(test_roundtrip_jobs)
  * v, decodes: what a receiver does with a frame a peer built by hand. */
 static proto_status patched(const proto_msg *m, long off, uint32_t v)
 {
-    proto_buf b;
-    proto_buf_init(&b);
+    bytebuf b = { 0 };
     proto_status st = proto_encode(&b, m);
-    if (st != PROTO_OK) { proto_buf_free(&b); return PROTO_OK; }   /* not what is tested */
+    if (st != PROTO_OK) { bytebuf_free(&b); return PROTO_OK; }   /* not what is tested */
     proto_hdr h;
-    st = proto_hdr_parse(b.p, b.n, &h);
+    st = proto_hdr_parse((const uint8_t *)b.p, b.len, &h);
     if (st == PROTO_OK) {
         size_t at = PROTO_HDR_SIZE + (off >= 0 ? (size_t)off : h.len - (size_t)-off);
         memcpy(b.p + at, &v, 4);   /* little-endian host */
         proto_msg o;
-        st = proto_decode(&h, b.p + PROTO_HDR_SIZE, &o);
+        st = proto_decode(&h, (const uint8_t *)b.p + PROTO_HDR_SIZE, &o);
         if (st == PROTO_OK) proto_msg_free(&o);
     }
-    proto_buf_free(&b);
+    bytebuf_free(&b);
     return st;
 }
 
@@ -416,8 +413,7 @@ TEST(test_think_budget)
     m.u.prefill.params = test_params();
     m.u.prefill.n_prompt = 3;
     m.u.prefill.prompt = prompt;
-    proto_buf plain;
-    proto_buf_init(&plain);
+    bytebuf plain = { 0 };
     CHECK(proto_encode(&plain, &m) == PROTO_OK);
     m.hdr.flags = PROTO_F_THINK;
     proto_params *pp = &m.u.prefill.params;
@@ -429,18 +425,17 @@ TEST(test_think_budget)
     CHECK(o.u.prefill.n_prompt == 3 && o.u.prefill.prompt[2] == 300);
     proto_msg_free(&o);
     /* the section is 13 bytes after the params; the rest of the frame is unchanged */
-    proto_buf b;
-    proto_buf_init(&b);
-    CHECK(proto_encode(&b, &m) == PROTO_OK && b.n == plain.n + 13);
-    proto_buf_free(&b);
+    bytebuf b = { 0 };
+    CHECK(proto_encode(&b, &m) == PROTO_OK && b.len == plain.len + 13);
+    bytebuf_free(&b);
     /* without the flag: the budget is not sent, and the encoder refuses to drop it silently */
     m.hdr.flags = 0;
     CHECK(roundtrip(&m, &o) == PROTO_ERR_MALFORMED);
     pp->think_budget = 0;
-    proto_buf_init(&b);
-    CHECK(proto_encode(&b, &m) == PROTO_OK && b.n == plain.n && !memcmp(b.p, plain.p, b.n));
-    proto_buf_free(&b);
-    proto_buf_free(&plain);
+    b = (bytebuf){ 0 };
+    CHECK(proto_encode(&b, &m) == PROTO_OK && b.len == plain.len && !memcmp(b.p, plain.p, b.len));
+    bytebuf_free(&b);
+    bytebuf_free(&plain);
     /* a resume: the prompt opened the block, no start id, the end already generated */
     memset(&m, 0, sizeof m);
     m.hdr.type = PROTO_DECODE;
@@ -477,11 +472,11 @@ TEST(test_think_budget)
      * (no logit_bias) = 71: u32 budget, i32 start, i32 end, u8 open */
     enum { AT = 71 };
     d->params.think_budget = 0x003bcdef;
-    proto_buf_init(&b);
+    b = (bytebuf){ 0 };
     CHECK(proto_encode(&b, &m) == PROTO_OK);
     uint32_t v = 0x003bcdef;
-    CHECK(b.n > PROTO_HDR_SIZE + AT + 13 && !memcmp(b.p + PROTO_HDR_SIZE + AT, &v, 4));
-    proto_buf_free(&b);
+    CHECK(b.len > PROTO_HDR_SIZE + AT + 13 && !memcmp(b.p + PROTO_HDR_SIZE + AT, &v, 4));
+    bytebuf_free(&b);
     d->params.think_budget = 3;
     CHECK(patched(&m, AT, 3) == PROTO_OK);
     CHECK(patched(&m, AT, 0) == PROTO_ERR_MALFORMED);             /* budget 0 with the flag */
@@ -492,24 +487,23 @@ TEST(test_think_budget)
     CHECK(patched(&m, AT + 8, 9) == PROTO_OK);
     /* the flag cleared on a frame with the section: its bytes are read as the prompt's ids
      * (a -1 among them), so the payload does not decode */
-    proto_buf_init(&b);
+    b = (bytebuf){ 0 };
     m.hdr.flags = PROTO_F_RESUME | PROTO_F_THINK;
     CHECK(proto_encode(&b, &m) == PROTO_OK);
     proto_hdr h;
-    CHECK(proto_hdr_parse(b.p, b.n, &h) == PROTO_OK);
+    CHECK(proto_hdr_parse((const uint8_t *)b.p, b.len, &h) == PROTO_OK);
     uint32_t f = PROTO_F_RESUME;
     memcpy(b.p + 8, &f, 4);   /* the flags: the section is now read as prompt ids */
-    CHECK(proto_hdr_parse(b.p, b.n, &h) == PROTO_OK);
-    CHECK(proto_decode(&h, b.p + PROTO_HDR_SIZE, &o) == PROTO_ERR_MALFORMED);
-    proto_buf_free(&b);
+    CHECK(proto_hdr_parse((const uint8_t *)b.p, b.len, &h) == PROTO_OK);
+    CHECK(proto_decode(&h, (const uint8_t *)b.p + PROTO_HDR_SIZE, &o) == PROTO_ERR_MALFORMED);
+    bytebuf_free(&b);
     /* a flag the type does not define: THINK on a HANDOFF */
     uint8_t hdr[PROTO_HDR_SIZE];
-    proto_buf hb;
-    proto_buf_init(&hb);
+    bytebuf hb = { 0 };
     proto_put_u32(&hb, PROTO_MAGIC); proto_put_u16(&hb, PROTO_VERSION); proto_put_u16(&hb, PROTO_HANDOFF);
     proto_put_u32(&hb, PROTO_F_THINK); proto_put_u64(&hb, 1); proto_put_u32(&hb, 0);
     memcpy(hdr, hb.p, sizeof hdr);
-    proto_buf_free(&hb);
+    bytebuf_free(&hb);
     CHECK(proto_hdr_parse(hdr, sizeof hdr, &h) == PROTO_ERR_FLAGS);
 }
 
@@ -529,8 +523,8 @@ TEST(test_grammar_section)
     m.u.prefill.params = test_params();
     m.u.prefill.n_prompt = 3;
     m.u.prefill.prompt = prompt;
-    proto_buf plain, b;
-    proto_buf_init(&plain);
+    bytebuf plain, b;
+    plain = (bytebuf){ 0 };
     CHECK(proto_encode(&plain, &m) == PROTO_OK);
     proto_params *pp = &m.u.prefill.params;
     pp->grammar_kind = 2;   /* GRAMMAR_KIND_SCHEMA */
@@ -546,9 +540,9 @@ TEST(test_grammar_section)
     proto_msg_free(&o);
     /* 10 bytes (u8 kind, u32 length, u8 lazy, u32 trigger) + the source after the params;
      * nothing else changes */
-    proto_buf_init(&b);
-    CHECK(proto_encode(&b, &m) == PROTO_OK && b.n == plain.n + 10 + strlen(src));
-    proto_buf_free(&b);
+    b = (bytebuf){ 0 };
+    CHECK(proto_encode(&b, &m) == PROTO_OK && b.len == plain.len + 10 + strlen(src));
+    bytebuf_free(&b);
     /* a lazy grammar's trigger travels; a trigger without lazy, or lazy past 1, is malformed */
     pp->grammar_lazy = 1;
     pp->grammar_trigger = 151657;
@@ -575,10 +569,10 @@ TEST(test_grammar_section)
     CHECK(roundtrip(&m, &o) == PROTO_ERR_MALFORMED);
     m.hdr.flags = 0;
     pp->grammar = NULL;
-    proto_buf_init(&b);
-    CHECK(proto_encode(&b, &m) == PROTO_OK && b.n == plain.n && !memcmp(b.p, plain.p, b.n));
-    proto_buf_free(&b);
-    proto_buf_free(&plain);
+    b = (bytebuf){ 0 };
+    CHECK(proto_encode(&b, &m) == PROTO_OK && b.len == plain.len && !memcmp(b.p, plain.p, b.len));
+    bytebuf_free(&b);
+    bytebuf_free(&plain);
     /* a DECODE with THINK and GRAMMAR: the grammar after the budget */
     memset(&m, 0, sizeof m);
     m.hdr.type = PROTO_DECODE;
@@ -609,12 +603,11 @@ TEST(test_grammar_section)
     CHECK(patched(&m, AT + 5, 0x00002d61u) == PROTO_ERR_MALFORMED);   /* a NUL in the source */
     /* GRAMMAR on a frame type without it */
     uint8_t hdr[PROTO_HDR_SIZE];
-    proto_buf hb;
-    proto_buf_init(&hb);
+    bytebuf hb = { 0 };
     proto_put_u32(&hb, PROTO_MAGIC); proto_put_u16(&hb, PROTO_VERSION); proto_put_u16(&hb, PROTO_TOKENS);
     proto_put_u32(&hb, PROTO_F_GRAMMAR); proto_put_u64(&hb, 1); proto_put_u32(&hb, 0);
     memcpy(hdr, hb.p, sizeof hdr);
-    proto_buf_free(&hb);
+    bytebuf_free(&hb);
     proto_hdr h;
     CHECK(proto_hdr_parse(hdr, sizeof hdr, &h) == PROTO_ERR_FLAGS);
 }
@@ -674,10 +667,9 @@ TEST(test_roundtrip_small)
     CHECK(o.u.finish.reason == PROTO_FINISH_LENGTH && o.u.finish.prompt_tokens == 10 &&
           o.u.finish.cached_tokens == 2 && o.u.finish.completion_tokens == 7 && o.u.finish.ttft_us == 99);
     /* without DRAFTS the frame is what it was before the flag: 17 payload bytes */
-    proto_buf fb;
-    proto_buf_init(&fb);
-    CHECK(proto_encode(&fb, &m) == PROTO_OK && fb.n == PROTO_HDR_SIZE + 17);
-    proto_buf_free(&fb);
+    bytebuf fb = { 0 };
+    CHECK(proto_encode(&fb, &m) == PROTO_OK && fb.len == PROTO_HDR_SIZE + 17);
+    bytebuf_free(&fb);
     /* with it, the request's drafts on this worker: accepted at most the tokens generated,
      * rejected at most SPEC_MAX_K a token */
     m.hdr.flags = PROTO_F_DRAFTS;
@@ -720,8 +712,7 @@ TEST(test_roundtrip_small)
 
 static void put_hdr(uint8_t *p, uint32_t magic, uint16_t ver, uint16_t type, uint32_t flags, uint32_t len)
 {
-    proto_buf b;
-    proto_buf_init(&b);
+    bytebuf b = { 0 };
     proto_put_u32(&b, magic);
     proto_put_u16(&b, ver);
     proto_put_u16(&b, type);
@@ -729,7 +720,7 @@ static void put_hdr(uint8_t *p, uint32_t magic, uint16_t ver, uint16_t type, uin
     proto_put_u64(&b, 1);
     proto_put_u32(&b, len);
     memcpy(p, b.p, PROTO_HDR_SIZE);
-    proto_buf_free(&b);
+    bytebuf_free(&b);
 }
 
 TEST(test_header_checks)
@@ -766,7 +757,7 @@ TEST(test_header_checks)
 }
 
 /* Encodes a sample of every message type into frames[] (the fuzzer's seeds). */
-static int seed_frames(proto_buf *bufs)
+static int seed_frames(bytebuf *bufs)
 {
     static int32_t prompt[200];
     static int32_t gen[3] = { 4, 5, 6 };
@@ -816,9 +807,9 @@ static int seed_frames(proto_buf *bufs)
         }
         default: break;
         }
-        proto_buf_init(&bufs[n]);
+        bufs[n] = (bytebuf){ 0 };
         if (proto_encode(&bufs[n], &m) == PROTO_OK) n++;
-        else proto_buf_free(&bufs[n]);
+        else bytebuf_free(&bufs[n]);
     }
     return n;
 }
@@ -834,21 +825,20 @@ TEST(test_experts_frames)
     xs[5] = -0.0f;
     proto_msg m = { .hdr = { .type = PROTO_EXPERTS, .flags = PROTO_F_LAST } };
     m.u.experts = (proto_experts){ .layer = 7, .dim = 3, .n_exp = 3, .experts = ex, .n_rows = nr, .n_floats = 12, .x = xs };
-    proto_buf b;
-    proto_buf_init(&b);
+    bytebuf b = { 0 };
     CHECK(proto_encode(&b, &m) == PROTO_OK);
     proto_hdr h;
-    CHECK(proto_hdr_parse(b.p, b.n, &h) == PROTO_OK);
+    CHECK(proto_hdr_parse((const uint8_t *)b.p, b.len, &h) == PROTO_OK);
     proto_msg d;
-    CHECK(proto_decode(&h, b.p + PROTO_HDR_SIZE, &d) == PROTO_OK);
+    CHECK(proto_decode(&h, (const uint8_t *)b.p + PROTO_HDR_SIZE, &d) == PROTO_OK);
     CHECK(d.hdr.flags == PROTO_F_LAST && d.u.experts.layer == 7 && d.u.experts.dim == 3 && d.u.experts.n_exp == 3);
     CHECK(!memcmp(d.u.experts.experts, ex, sizeof ex) && !memcmp(d.u.experts.n_rows, nr, sizeof nr));
     CHECK(d.u.experts.n_floats == 12 && !memcmp(d.u.experts.x, xs, sizeof xs));
     proto_msg_free(&d);
     /* a bad shape is not encoded */
-    size_t n0 = b.n;
+    size_t n0 = b.len;
     ex[1] = 0;   /* not ascending */
-    CHECK(proto_encode(&b, &m) == PROTO_ERR_MALFORMED && b.n == n0);
+    CHECK(proto_encode(&b, &m) == PROTO_ERR_MALFORMED && b.len == n0);
     ex[1] = 3;
     nr[2] = 0;   /* an expert without rows */
     CHECK(proto_encode(&b, &m) == PROTO_ERR_MALFORMED);
@@ -856,15 +846,15 @@ TEST(test_experts_frames)
     m.u.experts.n_floats = 11;   /* not dim x rows */
     CHECK(proto_encode(&b, &m) == PROTO_ERR_MALFORMED);
     /* nor decoded when written by hand: the second id patched below the first */
-    uint8_t *p = b.p + PROTO_HDR_SIZE + 2 + 4 + 4 + 8;
+    uint8_t *p = (uint8_t *)b.p + PROTO_HDR_SIZE + 2 + 4 + 4 + 8;
     p[0] = 0;
-    CHECK(proto_decode(&h, b.p + PROTO_HDR_SIZE, &d) == PROTO_ERR_MALFORMED);
-    proto_buf_free(&b);
+    CHECK(proto_decode(&h, (const uint8_t *)b.p + PROTO_HDR_SIZE, &d) == PROTO_ERR_MALFORMED);
+    bytebuf_free(&b);
 }
 
 TEST(test_fuzz)
 {
-    proto_buf seeds[PROTO_TYPE_MAX];
+    bytebuf seeds[PROTO_TYPE_MAX];
     int n_seeds = seed_frames(seeds);
     CHECK(n_seeds == PROTO_TYPE_MAX);
     util_rng rng;
@@ -872,8 +862,8 @@ TEST(test_fuzz)
     int n_ok = 0, n_err = 0;
     uint8_t *buf = malloc(1 << 16);
     for (int it = 0; it < 100000; it++) {
-        const proto_buf *s = &seeds[util_rng_next(&rng) % (uint64_t)n_seeds];
-        size_t n = s->n;
+        const bytebuf *s = &seeds[util_rng_next(&rng) % (uint64_t)n_seeds];
+        size_t n = s->len;
         if (n > (1 << 16)) n = 1 << 16;
         memcpy(buf, s->p, n);
         int mode = (int)(util_rng_next(&rng) % 5);
@@ -913,11 +903,10 @@ TEST(test_fuzz)
             if (st == PROTO_OK) {
                 n_ok++;
                 /* a decoded message re-encodes to a frame that decodes again */
-                proto_buf b;
-                proto_buf_init(&b);
+                bytebuf b = { 0 };
                 proto_status st2 = proto_encode(&b, &m);
                 CHECK(st2 == PROTO_OK);
-                proto_buf_free(&b);
+                bytebuf_free(&b);
                 proto_msg_free(&m);
             } else {
                 CHECK(st == PROTO_ERR_MALFORMED);
@@ -930,7 +919,7 @@ TEST(test_fuzz)
     free(buf);
     CHECK(n_ok > 0 && n_err > 0);
     printf("     fuzz: %d decoded, %d refused\n", n_ok, n_err);
-    for (int i = 0; i < n_seeds; i++) proto_buf_free(&seeds[i]);
+    for (int i = 0; i < n_seeds; i++) bytebuf_free(&seeds[i]);
 }
 
 TEST(test_socketpair)
@@ -1164,8 +1153,7 @@ TEST(test_handshake_no_key)
         proto_conn_init(&g.c, sv[0]);
         g.k = &key_a;
         g.side = AUTH_SIDE_GATEWAY;
-        proto_buf b;
-        proto_buf_init(&b);
+        bytebuf b = { 0 };
         proto_msg m;
         memset(&m, 0, sizeof m);
         m.hdr.type = PROTO_HELLO;
@@ -1173,8 +1161,8 @@ TEST(test_handshake_no_key)
         m.u.hello.role = PROTO_ROLE_DECODE;
         CHECK(proto_encode(&b, &m) == PROTO_OK);
         if (old) b.p[4] = 1;   /* version 1: the frames before the handshake existed */
-        CHECK(proto_send(sv[1], b.p, b.n) == PROTO_OK);
-        proto_buf_free(&b);
+        CHECK(proto_send(sv[1], b.p, b.len) == PROTO_OK);
+        bytebuf_free(&b);
         hs_thread(&g);
         CHECKF(g.st == AUTH_ERR_PROTO && !g.c.sealed, "%d: %s", g.st, g.why);
         hs_close(&g);
@@ -1200,16 +1188,15 @@ TEST(test_roundtrip_embedding)
     CHECK(roundtrip(&m, &o) == PROTO_OK && o.u.prefill.embed == 3 && o.u.prefill.n_prompt == 5);
     proto_msg_free(&o);
     m.u.prefill.embed = 4;   /* rank: pooled on the gateway from the last position's vector */
-    proto_buf b;
-    proto_buf_init(&b);
-    CHECK(proto_encode(&b, &m) == PROTO_ERR_MALFORMED && b.n == 0);
+    bytebuf b = { 0 };
+    CHECK(proto_encode(&b, &m) == PROTO_ERR_MALFORMED && b.len == 0);
     m.u.prefill.embed = 1;
     CHECK(proto_encode(&b, &m) == PROTO_OK);
     proto_hdr h;
-    CHECK(proto_hdr_parse(b.p, b.n, &h) == PROTO_OK);
-    b.p[b.n - 1] = 2;   /* CLS on the wire */
-    CHECK(proto_decode(&h, b.p + PROTO_HDR_SIZE, &o) == PROTO_ERR_MALFORMED);
-    proto_buf_free(&b);
+    CHECK(proto_hdr_parse((const uint8_t *)b.p, b.len, &h) == PROTO_OK);
+    b.p[b.len - 1] = 2;   /* CLS on the wire */
+    CHECK(proto_decode(&h, (const uint8_t *)b.p + PROTO_HDR_SIZE, &o) == PROTO_ERR_MALFORMED);
+    bytebuf_free(&b);
 
     float v[4] = { 0.5f, -1.25f, 3.0f, 0.0f };
     memset(&m, 0, sizeof m);
@@ -1219,23 +1206,23 @@ TEST(test_roundtrip_embedding)
     m.u.embedding.v = v;
     CHECK(roundtrip(&m, &o) == PROTO_OK && o.u.embedding.n == 4 && !memcmp(o.u.embedding.v, v, sizeof v));
     proto_msg_free(&o);
-    proto_buf_init(&b);
+    b = (bytebuf){ 0 };
     CHECK(proto_encode(&b, &m) == PROTO_OK);
-    CHECK(proto_hdr_parse(b.p, b.n, &h) == PROTO_OK);
+    CHECK(proto_hdr_parse((const uint8_t *)b.p, b.len, &h) == PROTO_OK);
     float nan = NAN;
     memcpy(b.p + PROTO_HDR_SIZE + 4 + 4, &nan, 4);   /* the second float */
-    CHECK(proto_decode(&h, b.p + PROTO_HDR_SIZE, &o) == PROTO_ERR_MALFORMED);
+    CHECK(proto_decode(&h, (const uint8_t *)b.p + PROTO_HDR_SIZE, &o) == PROTO_ERR_MALFORMED);
     uint32_t more = 5;   /* a count beyond the payload */
     memcpy(b.p + PROTO_HDR_SIZE, &more, 4);
-    CHECK(proto_decode(&h, b.p + PROTO_HDR_SIZE, &o) == PROTO_ERR_MALFORMED);
-    proto_buf_free(&b);
+    CHECK(proto_decode(&h, (const uint8_t *)b.p + PROTO_HDR_SIZE, &o) == PROTO_ERR_MALFORMED);
+    bytebuf_free(&b);
     m.u.embedding.n = 0;
-    proto_buf_init(&b);
+    b = (bytebuf){ 0 };
     CHECK(proto_encode(&b, &m) == PROTO_ERR_MALFORMED);
     m.u.embedding.n = 4;
     v[2] = INFINITY;
     CHECK(proto_encode(&b, &m) == PROTO_ERR_MALFORMED);
-    proto_buf_free(&b);
+    bytebuf_free(&b);
 }
 
 /* A peer of the previous version (its HELLO lacks the model id) is refused at its first frame,
@@ -1250,15 +1237,14 @@ TEST(test_handshake_old_version)
     proto_conn_init(&g.c, sv[0]);
     g.k = &key_a;
     g.side = AUTH_SIDE_GATEWAY;
-    proto_buf b;
-    proto_buf_init(&b);
+    bytebuf b = { 0 };
     proto_msg m;
     memset(&m, 0, sizeof m);
     m.hdr.type = PROTO_CHALLENGE;
     CHECK(proto_encode(&b, &m) == PROTO_OK);
     b.p[4] = 2;   /* version 2: the CHALLENGE an older build sends */
-    CHECK(proto_send(sv[1], b.p, b.n) == PROTO_OK);
-    proto_buf_free(&b);
+    CHECK(proto_send(sv[1], b.p, b.len) == PROTO_OK);
+    bytebuf_free(&b);
     hs_thread(&g);
     CHECKF(g.st == AUTH_ERR_PROTO && !g.c.sealed && strstr(g.why, "protocol version") && strstr(g.why, "same tokenmill release"),
            "%d: %s", g.st, g.why);
@@ -1270,7 +1256,7 @@ TEST(test_handshake_old_version)
  * set), then ends the second's writing side. */
 typedef struct {
     int from, to;
-    proto_buf *rec;
+    bytebuf *rec;
 } relay_arg;
 
 static void *relay_thread(void *p)
@@ -1303,8 +1289,7 @@ TEST(test_handshake_replayed)
     int ws[2], gs[2];   /* worker <-> relay, relay <-> gateway */
     CHECK(!socketpair(AF_UNIX, SOCK_STREAM, 0, ws) && !socketpair(AF_UNIX, SOCK_STREAM, 0, gs));
     for (int i = 0; i < 2; i++) { bound_waits(ws[i]); bound_waits(gs[i]); }
-    proto_buf rec;
-    proto_buf_init(&rec);
+    bytebuf rec = { 0 };
     relay_arg up = { ws[1], gs[1], &rec }, down = { gs[1], ws[1], NULL };
     pthread_t tu, td, tg;
     pthread_create(&tu, NULL, relay_thread, &up);
@@ -1337,7 +1322,7 @@ TEST(test_handshake_replayed)
     hs_close(&w);
     close(ws[1]);
     close(gs[1]);
-    CHECK(rec.n == 2 * (PROTO_HDR_SIZE + 32) + PROTO_HDR_SIZE + 0 + AUTH_TAG_SIZE + 1 + 1 + 32 + 5 * 4 + 2 + 2 + 2);
+    CHECK(rec.len == 2 * (PROTO_HDR_SIZE + 32) + PROTO_HDR_SIZE + 0 + AUTH_TAG_SIZE + 1 + 1 + 32 + 5 * 4 + 2 + 2 + 2);
     /* the replay */
     int sv[2];
     CHECK(!socketpair(AF_UNIX, SOCK_STREAM, 0, sv));
@@ -1347,21 +1332,21 @@ TEST(test_handshake_replayed)
     proto_conn_init(&g2.c, sv[0]);
     g2.k = &key_a;
     g2.side = AUTH_SIDE_GATEWAY;
-    CHECK(proto_send(sv[1], rec.p, rec.n) == PROTO_OK);
+    CHECK(proto_send(sv[1], rec.p, rec.len) == PROTO_OK);
     hs_thread(&g2);
     CHECKF(g2.st == AUTH_ERR_REFUSED && !g2.c.sealed, "%d: %s", g2.st, g2.why);
     hs_close(&g2);
     close(sv[1]);
-    proto_buf_free(&rec);
+    bytebuf_free(&rec);
 }
 
 /* Frame bytes for m with the tag the sender's next sequence number gives (taken from its state). */
-static void tagged_frame(hs_end *from, const proto_msg *m, proto_buf *out)
+static void tagged_frame(hs_end *from, const proto_msg *m, bytebuf *out)
 {
-    proto_buf_init(out);
+    *out = (bytebuf){ 0 };
     CHECK(proto_encode(out, m) == PROTO_OK);
     uint8_t tag[AUTH_TAG_SIZE];
-    CHECK(auth_dir_tag(&from->c.tx, out->p, PROTO_HDR_SIZE, out->p + PROTO_HDR_SIZE, out->n - PROTO_HDR_SIZE, tag));
+    CHECK(auth_dir_tag(&from->c.tx, out->p, PROTO_HDR_SIZE, out->p + PROTO_HDR_SIZE, out->len - PROTO_HDR_SIZE, tag));
     proto_put_bytes(out, tag, sizeof tag);
 }
 
@@ -1370,7 +1355,7 @@ static void tagged_frame(hs_end *from, const proto_msg *m, proto_buf *out)
 TEST(test_frames_tampered_replayed)
 {
     proto_msg m, o;
-    proto_buf f1, f2;
+    bytebuf f1, f2;
     for (int c = 0; c < 4; c++) {
         hs_end g, w;
         hs_pair(&g, &key_a, &w, &key_a);
@@ -1382,31 +1367,31 @@ TEST(test_frames_tampered_replayed)
         switch (c) {
         case 0:   /* altered: the request id */
             f1.p[12] ^= 1;
-            CHECK(proto_send(g.c.fd, f1.p, f1.n) == PROTO_OK);
+            CHECK(proto_send(g.c.fd, f1.p, f1.len) == PROTO_OK);
             CHECK(proto_recv(&w.c, &o) == PROTO_ERR_AUTH);
             break;
         case 1:   /* the same frame twice */
-            CHECK(proto_send(g.c.fd, f1.p, f1.n) == PROTO_OK);
+            CHECK(proto_send(g.c.fd, f1.p, f1.len) == PROTO_OK);
             CHECK(proto_recv(&w.c, &o) == PROTO_OK && o.hdr.req_id == 41);
-            CHECK(proto_send(g.c.fd, f1.p, f1.n) == PROTO_OK);
+            CHECK(proto_send(g.c.fd, f1.p, f1.len) == PROTO_OK);
             CHECK(proto_recv(&w.c, &o) == PROTO_ERR_AUTH);
             break;
         case 2:   /* the second before the first */
-            CHECK(proto_send(g.c.fd, f2.p, f2.n) == PROTO_OK);
+            CHECK(proto_send(g.c.fd, f2.p, f2.len) == PROTO_OK);
             CHECK(proto_recv(&w.c, &o) == PROTO_ERR_AUTH);
             break;
         case 3: { /* a frame the worker sent, reflected back to it */
             cancel_msg(&m, 43);
-            proto_buf f3;
+            bytebuf f3;
             tagged_frame(&w, &m, &f3);
-            CHECK(proto_send(g.c.fd, f3.p, f3.n) == PROTO_OK);
+            CHECK(proto_send(g.c.fd, f3.p, f3.len) == PROTO_OK);
             CHECK(proto_recv(&w.c, &o) == PROTO_ERR_AUTH);
-            proto_buf_free(&f3);
+            bytebuf_free(&f3);
             break;
         }
         }
-        proto_buf_free(&f1);
-        proto_buf_free(&f2);
+        bytebuf_free(&f1);
+        bytebuf_free(&f2);
         hs_close(&g);
         hs_close(&w);
     }

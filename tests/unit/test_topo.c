@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 
-#include "model/threadpool.h"
+#include "util/threadpool.h"
 #include "util/topo.h"
 
 static char tmpdir[] = "/tmp/tm_test_topo_XXXXXX";

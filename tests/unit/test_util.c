@@ -1,7 +1,7 @@
 /*
  * test_util: the monotonic timed waits: a wait that nobody ends returns false once its time
  * is up, a signal ends it with true, a deadline already past and a wait of 0 ms return at
- * once, and util_deadline is on the clock the waits use; util_hex.
+ * once, and util_deadline is on the clock the waits use; util_hex and its inverse util_unhex.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -75,6 +75,17 @@ TEST(test_hex)
     CHECK(out[0] == '\0');
 }
 
+TEST(test_unhex)
+{
+    uint8_t b[4] = { 0 };
+    CHECK(util_unhex("000fA5ff", 4, b));
+    CHECK(b[0] == 0x00 && b[1] == 0x0f && b[2] == 0xa5 && b[3] == 0xff);
+    CHECK(!util_unhex("0g", 1, b));
+    CHECK(!util_unhex("g0", 1, b));   /* stops at the first bad digit, reads no further */
+    CHECK(util_hexval('F') == 15 && util_hexval('a') == 10 && util_hexval('9') == 9);
+    CHECK(util_hexval('G') < 0 && util_hexval(' ') < 0 && util_hexval('\0') < 0);
+}
+
 int main(void)
 {
     util_cond_init(&cv);
@@ -82,5 +93,6 @@ int main(void)
     RUN(test_signal_ends_the_wait);
     RUN(test_deadline_is_monotonic);
     RUN(test_hex);
+    RUN(test_unhex);
     HARNESS_END();
 }

@@ -401,8 +401,7 @@ TEST(test_malformed_closes_only_that_connection)
     gw_close(bad);
     /* an oversized one, and a payload that does not decode */
     bad = gw_connect(&D);
-    proto_buf b;
-    proto_buf_init(&b);
+    bytebuf b = { 0 };
     proto_put_u32(&b, PROTO_MAGIC);
     proto_put_u16(&b, PROTO_VERSION);
     proto_put_u16(&b, PROTO_DECODE);
@@ -410,13 +409,13 @@ TEST(test_malformed_closes_only_that_connection)
     proto_put_u64(&b, 1);
     proto_put_u32(&b, 7);
     proto_put_bytes(&b, "garbage", 7);
-    CHECK(proto_send_frame(PC(bad), b.p, b.n) == PROTO_OK);   /* tagged right, undecodable */
+    CHECK(proto_send_frame(PC(bad), b.p, b.len) == PROTO_OK);   /* tagged right, undecodable */
     st = gw_recv(bad, &m);
     CHECK(st == PROTO_OK && m.hdr.type == PROTO_ERROR && m.u.error.code == PROTO_E_MALFORMED);
     proto_msg_free(&m);
     CHECK(gw_recv(bad, &m) != PROTO_OK);
     gw_close(bad);
-    proto_buf_free(&b);
+    bytebuf_free(&b);
     /* the good connection still works: a resume from scratch */
     int32_t prompt[50], gen[1] = { 3 }, got[16];
     make_prompt(prompt, 50, 9);

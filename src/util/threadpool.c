@@ -17,7 +17,7 @@
  * increment (release), so the caller reads them safely once the run returned.
  */
 #define _GNU_SOURCE
-#include "model/threadpool.h"
+#include "util/threadpool.h"
 
 #include <errno.h>
 #include <limits.h>
