@@ -1565,10 +1565,10 @@ engine_status engine_warmup(engine *e)
 
 engine_status engine_step(engine *e, const engine_batch *b, float *logits)
 {
-    return engine_step_mtp(e, b, NULL, logits);
+    return engine_forward(e, b, NULL, logits);
 }
 
-engine_status engine_step_mtp(engine *e, const engine_batch *b, const float *hidden, float *logits)
+engine_status engine_forward(engine *e, const engine_batch *b, const float *hidden, float *logits)
 {
     const model *m = e->m;
     const model_hparams *hp = &m->hp;
