@@ -669,47 +669,52 @@ static void *sched_thread(void *arg)
 
 /* ---- public ---- */
 
+/* names[v], or "?" for a value outside the table or without a name. */
+static const char *sched_enum_name(const char *const *names, size_t n, int v)
+{
+    return v >= 0 && (size_t)v < n && names[v] ? names[v] : "?";
+}
+
 const char *sched_status_name(sched_status st)
 {
-    switch (st) {
-    case SCHED_OK: return "ok";
-    case SCHED_ERR_QUEUE_FULL: return "queue full";
-    case SCHED_ERR_TOO_LONG: return "prompt too long";
-    case SCHED_ERR_ARG: return "bad argument";
-    case SCHED_ERR_NOMEM: return "out of memory";
-    case SCHED_ERR_STOPPED: return "shutting down";
-    }
-    return "?";
+    static const char *const names[] = {
+        [SCHED_OK] = "ok",
+        [SCHED_ERR_QUEUE_FULL] = "queue full",
+        [SCHED_ERR_TOO_LONG] = "prompt too long",
+        [SCHED_ERR_ARG] = "bad argument",
+        [SCHED_ERR_NOMEM] = "out of memory",
+        [SCHED_ERR_STOPPED] = "shutting down",
+    };
+    return sched_enum_name(names, TM_ARRAY_LEN(names), (int)st);
 }
 
 const char *sched_gap_part_name(sched_gap_part p)
 {
-    switch (p) {
-    case SCHED_GAP_COMMIT: return "commit";
-    case SCHED_GAP_SAMPLE: return "sample";
-    case SCHED_GAP_DRAFT: return "draft";
-    case SCHED_GAP_LOCK: return "lock";
-    case SCHED_GAP_PUBLISH: return "publish";
-    case SCHED_GAP_HANDOFF: return "handoff";
-    case SCHED_GAP_PLAN: return "plan";
-    case SCHED_GAP_LAUNCH: return "launch";
-    case SCHED_GAP_N: break;
-    }
-    return "?";
+    static const char *const names[SCHED_GAP_N] = {
+        [SCHED_GAP_COMMIT] = "commit",
+        [SCHED_GAP_SAMPLE] = "sample",
+        [SCHED_GAP_DRAFT] = "draft",
+        [SCHED_GAP_LOCK] = "lock",
+        [SCHED_GAP_PUBLISH] = "publish",
+        [SCHED_GAP_HANDOFF] = "handoff",
+        [SCHED_GAP_PLAN] = "plan",
+        [SCHED_GAP_LAUNCH] = "launch",
+    };
+    return sched_enum_name(names, TM_ARRAY_LEN(names), (int)p);
 }
 
 const char *sched_finish_name(sched_finish f)
 {
-    switch (f) {
-    case SCHED_FINISH_NONE: return "none";
-    case SCHED_FINISH_STOP: return "stop";
-    case SCHED_FINISH_LENGTH: return "length";
-    case SCHED_FINISH_CANCELLED: return "cancelled";
-    case SCHED_FINISH_ERROR: return "error";
-    case SCHED_FINISH_ABORTED: return "aborted";
-    case SCHED_FINISH_REFUSED: return "refused";
-    }
-    return "?";
+    static const char *const names[] = {
+        [SCHED_FINISH_NONE] = "none",
+        [SCHED_FINISH_STOP] = "stop",
+        [SCHED_FINISH_LENGTH] = "length",
+        [SCHED_FINISH_CANCELLED] = "cancelled",
+        [SCHED_FINISH_ERROR] = "error",
+        [SCHED_FINISH_ABORTED] = "aborted",
+        [SCHED_FINISH_REFUSED] = "refused",
+    };
+    return sched_enum_name(names, TM_ARRAY_LEN(names), (int)f);
 }
 
 int sched_default_step_tokens(int max_seqs)
