@@ -555,29 +555,35 @@ static bool model_rope_freqs(model_ld *ld, const char *an, const model_rope_scal
 }
 
 /* One architecture tokenmill runs: its general.architecture name and what the shared readers
- * do for it. A new family is a row here, its hooks in its own file (model_int.h). */
+ * do for it. A new family is a row here, its hooks in its own file (model_int.h); a hook left
+ * NULL is the shared reader's part. */
 typedef struct {
     const char *name;                           /* general.architecture */
     model_arch arch;
     bool rope_neox;                             /* RoPE on halves (NEOX), not adjacent pairs */
     bool moe;                                   /* routed experts: reads the expert keys */
-    bool (*keys)(model_ld *ld, const char *an); /* its keys the shared shape checks need, or NULL */
-    bool (*hparams)(model_ld *ld);              /* its keys after the shared ones, or NULL */
+    bool (*keys)(model_ld *ld, const char *an); /* its keys the shared shape checks need */
+    bool (*hparams)(model_ld *ld);              /* its keys after the shared ones */
+    bool (*layer)(model_ld *ld, int il);        /* every tensor of layer il */
+    bool (*layers)(model_ld *ld);               /* every layer at once, with its own state */
 } model_arch_desc;
 
 /* In the order the error messages list them. */
 static const model_arch_desc model_archs[] = {
-    { "llama", MODEL_ARCH_LLAMA, false, false, NULL, NULL },
-    { "qwen2", MODEL_ARCH_QWEN2, true, false, NULL, NULL },
-    { "qwen3", MODEL_ARCH_QWEN3, true, false, NULL, NULL },
-    { "qwen3moe", MODEL_ARCH_QWEN3MOE, true, true, NULL, NULL },
-    { "deepseek2", MODEL_ARCH_DEEPSEEK2, false, true, model_read_mla, NULL },
-    { "gpt-oss", MODEL_ARCH_GPTOSS, true, true, model_read_gptoss, NULL },
-    { "phi3", MODEL_ARCH_PHI3, true, false, NULL, model_phi3_hparams },
-    { "mistral3", MODEL_ARCH_MISTRAL3, false, false, NULL, model_mistral3_hparams },
-    { "qwen35", MODEL_ARCH_QWEN35, true, false, NULL, model_qwen35_hparams },
-    { "qwen35moe", MODEL_ARCH_QWEN35MOE, true, true, NULL, model_qwen35_hparams },
-    { "deepseek4", MODEL_ARCH_DEEPSEEK4, false, false, NULL, NULL },
+    { .name = "llama", .arch = MODEL_ARCH_LLAMA },
+    { .name = "qwen2", .arch = MODEL_ARCH_QWEN2, .rope_neox = true },
+    { .name = "qwen3", .arch = MODEL_ARCH_QWEN3, .rope_neox = true },
+    { .name = "qwen3moe", .arch = MODEL_ARCH_QWEN3MOE, .rope_neox = true, .moe = true },
+    { .name = "deepseek2", .arch = MODEL_ARCH_DEEPSEEK2, .moe = true, .keys = model_read_mla },
+    { .name = "gpt-oss", .arch = MODEL_ARCH_GPTOSS, .rope_neox = true, .moe = true, .keys = model_read_gptoss },
+    { .name = "phi3", .arch = MODEL_ARCH_PHI3, .rope_neox = true, .hparams = model_phi3_hparams,
+      .layer = model_phi3_layer },
+    { .name = "mistral3", .arch = MODEL_ARCH_MISTRAL3, .hparams = model_mistral3_hparams },
+    { .name = "qwen35", .arch = MODEL_ARCH_QWEN35, .rope_neox = true, .hparams = model_qwen35_hparams,
+      .layer = model_qwen35_layer },
+    { .name = "qwen35moe", .arch = MODEL_ARCH_QWEN35MOE, .rope_neox = true, .moe = true,
+      .hparams = model_qwen35_hparams, .layer = model_qwen35_layer },
+    { .name = "deepseek4", .arch = MODEL_ARCH_DEEPSEEK4, .layers = model_dsv4_load },
 };
 /* Families llama.cpp runs whose layers the engine lacks: refused as "not supported yet". */
 static const char *const model_archs_later[] = { "mistral4", "gemma3", "gemma4", "glm4moe" };
@@ -956,23 +962,16 @@ static bool model_load_ffn(model_ld *ld, int il)
     return true;
 }
 
-/* Every tensor of layer il (the MTP layers come after the model's): a family with its own
- * layer file loads it there; the others share attn_norm, their attention and the FFN. */
+/* Every tensor of layer il of a family without a layer hook: attn_norm, the attention (MLA's
+ * or the shared one) and the FFN. */
 static bool model_load_layer(model_ld *ld, int il)
 {
     const model_hparams *hp = &ld->m->hp;
     model_layer *L = &ld->m->layers[il];
     char nm[96];
-    if (model_is_qwen35(hp)) return model_qwen35_layer(ld, il);
     snprintf(nm, sizeof nm, "blk.%d.attn_norm.weight", il);
     if (!(L->attn_norm = model_vector(ld, nm, true, hp->dim))) return false;
-    if (hp->mla) {
-        if (!model_load_mla(ld, il)) return false;
-    } else if (hp->arch == MODEL_ARCH_PHI3) {
-        return model_phi3_layer(ld, il);
-    } else if (!model_load_attn(ld, il)) {
-        return false;
-    }
+    if (hp->mla ? !model_load_mla(ld, il) : !model_load_attn(ld, il)) return false;
     return model_load_ffn(ld, il);
 }
 
@@ -1036,11 +1035,11 @@ gguf_status model_load(const char *path, const model_opts *opts, model **out, ch
     if (!model_load_io(&ld)) goto fail;
 
     m->layers = xcalloc((size_t)(hp->n_layers + hp->n_nextn), sizeof *m->layers);
-    if (hp->arch == MODEL_ARCH_DEEPSEEK4) {
-        if (!model_dsv4_load(&ld)) goto fail;
+    if (ad->layers) {
+        if (!ad->layers(&ld)) goto fail;
     } else {
-        for (int il = 0; il < hp->n_layers + hp->n_nextn; il++)
-            if (!model_load_layer(&ld, il)) goto fail;
+        for (int il = 0; il < hp->n_layers + hp->n_nextn; il++)   /* the MTP layers last */
+            if (!(ad->layer ? ad->layer(&ld, il) : model_load_layer(&ld, il))) goto fail;
         if (hp->n_nextn > 0 && !model_load_nextn(&ld)) goto fail;
     }
     if (!model_fingerprint(m, path, opts)) {
