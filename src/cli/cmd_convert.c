@@ -229,27 +229,23 @@ static int convert_llama2c(const char *wpath, const char *tpath, const char *out
     CONVERT_ADD("token_embd.weight", f + o_emb, dim, V);
     CONVERT_ADD("output_norm.weight", f + o_fin, dim, 1);
     if (!c.shared) CONVERT_ADD("output.weight", f + o_cls, dim, V);
+    /* each layer's tensors: llama2.c's per-layer arrays, layer l at l * ne0 * ne1 floats */
+    const struct {
+        const char *suffix;
+        int64_t off, ne0, ne1;   /* the array's offset in floats, and its (ne0, ne1) per layer */
+    } lt[] = {
+        { "attn_norm.weight", o_att, dim, 1 },   { "attn_q.weight", o_wq, dim, dim },
+        { "attn_k.weight", o_wk, dim, kv_dim },  { "attn_v.weight", o_wv, dim, kv_dim },
+        { "attn_output.weight", o_wo, dim, dim }, { "ffn_norm.weight", o_ffn, dim, 1 },
+        { "ffn_gate.weight", o_w1, dim, hid },   { "ffn_down.weight", o_w2, hid, dim },
+        { "ffn_up.weight", o_w3, dim, hid },
+    };
     char tn[96];
-    for (int64_t l = 0; l < L; l++) {
-        snprintf(tn, sizeof tn, "blk.%lld.attn_norm.weight", (long long)l);
-        CONVERT_ADD(tn, f + o_att + l * dim, dim, 1);
-        snprintf(tn, sizeof tn, "blk.%lld.attn_q.weight", (long long)l);
-        CONVERT_ADD(tn, f + o_wq + l * dim * dim, dim, dim);
-        snprintf(tn, sizeof tn, "blk.%lld.attn_k.weight", (long long)l);
-        CONVERT_ADD(tn, f + o_wk + l * kv_dim * dim, dim, kv_dim);
-        snprintf(tn, sizeof tn, "blk.%lld.attn_v.weight", (long long)l);
-        CONVERT_ADD(tn, f + o_wv + l * kv_dim * dim, dim, kv_dim);
-        snprintf(tn, sizeof tn, "blk.%lld.attn_output.weight", (long long)l);
-        CONVERT_ADD(tn, f + o_wo + l * dim * dim, dim, dim);
-        snprintf(tn, sizeof tn, "blk.%lld.ffn_norm.weight", (long long)l);
-        CONVERT_ADD(tn, f + o_ffn + l * dim, dim, 1);
-        snprintf(tn, sizeof tn, "blk.%lld.ffn_gate.weight", (long long)l);
-        CONVERT_ADD(tn, f + o_w1 + l * hid * dim, dim, hid);
-        snprintf(tn, sizeof tn, "blk.%lld.ffn_down.weight", (long long)l);
-        CONVERT_ADD(tn, f + o_w2 + l * dim * hid, hid, dim);
-        snprintf(tn, sizeof tn, "blk.%lld.ffn_up.weight", (long long)l);
-        CONVERT_ADD(tn, f + o_w3 + l * hid * dim, dim, hid);
-    }
+    for (int64_t l = 0; l < L; l++)
+        for (size_t i = 0; i < TM_ARRAY_LEN(lt); i++) {
+            snprintf(tn, sizeof tn, "blk.%lld.%s", (long long)l, lt[i].suffix);
+            CONVERT_ADD(tn, f + lt[i].off + l * lt[i].ne0 * lt[i].ne1, lt[i].ne0, lt[i].ne1);
+        }
 #undef CONVERT_ADD
 
     char err[512];

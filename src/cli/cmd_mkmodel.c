@@ -523,6 +523,12 @@ typedef struct {
     bool k_m;               /* q3_k_m / q4_k_m / q5_k_m mix */
 } mk_model;
 
+/* The seed of the tensor named name (mk_add3 draws with it): a copy under another name draws the same. */
+static uint64_t mk_seed_of(const mk_opts *o, const char *name)
+{
+    return mk_hash(0xcbf29ce484222325ULL ^ o->seed * 0x9E3779B97F4A7C15ULL, name);
+}
+
 /* A tensor of 1..3 dims (ne2 > 1: 3-D, a stack of ne2 matrices of ne1 rows). */
 static void mk_add3(mk_model *m, const char *name, mk_init init, float std, qtype type, int n_dims, int64_t ne0,
                     int64_t ne1, int64_t ne2)
@@ -535,7 +541,7 @@ static void mk_add3(mk_model *m, const char *name, mk_init init, float std, qtyp
     mk_tensor *t = &m->ts[m->n++];
     int64_t ne[3] = { ne0, ne1, ne2 };
     if (n_dims >= 2) type = mk_fit_type(type, ne0);
-    *t = (mk_tensor){ .seed = mk_hash(0xcbf29ce484222325ULL ^ m->o->seed * 0x9E3779B97F4A7C15ULL, name), .init = init,
+    *t = (mk_tensor){ .seed = mk_seed_of(m->o, name), .init = init,
                       .std = std, .type = type, .ne0 = ne0, .nrows = n_dims >= 2 ? ne1 * ne2 : 1, .o = m->o };
     gguf_writer_add_tensor_fill(m->w, name, type, n_dims, ne, mk_fill, t);
 }
@@ -692,16 +698,44 @@ static void mk_phi3_layer(mk_model *m, int l, qtype more)
 #undef MK_T
 }
 
-static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *preset)
+/* deepseek2's keys as llama.cpp's converter writes MLA: one kv head of the latent plus the
+ * RoPE key, the ranks, the dense lead, the shared experts, the router and V2-Lite's YaRN. */
+static void mk_mla_keys(gguf_writer *w, const mk_opts *o)
 {
-    qtype base = QTYPE_F32;
-    bool k_m = false;
-    uint32_t ftype = 0;
-    mk_parse_type(o->type, &base, &k_m, &ftype);
+    char k[128];
     const char *A = o->arch;
-    int64_t dim = o->dim, q_dim = (int64_t)o->n_heads * o->head_dim, kv_dim = (int64_t)o->n_kv_heads * o->head_dim;
-    int64_t V = v->n, ffn = o->ffn;
-    gguf_writer *w = gguf_writer_new();
+#define MK_KEY(suffix) (snprintf(k, sizeof k, "%s." suffix, A), k)
+    gguf_writer_set_u32(w, MK_KEY("attention.key_length"), (uint32_t)(o->kv_lora + o->rope_dim));
+    gguf_writer_set_u32(w, MK_KEY("attention.value_length"), (uint32_t)o->kv_lora);
+    gguf_writer_set_u32(w, MK_KEY("attention.key_length_mla"), (uint32_t)(o->nope_dim + o->rope_dim));
+    gguf_writer_set_u32(w, MK_KEY("attention.value_length_mla"), (uint32_t)o->v_dim);
+    gguf_writer_set_u32(w, MK_KEY("rope.dimension_count"), (uint32_t)o->rope_dim);
+    /* 0 without q-LoRA: llama.cpp reads the key for every depth but V2-Lite's */
+    gguf_writer_set_u32(w, MK_KEY("attention.q_lora_rank"), (uint32_t)o->q_lora);
+    gguf_writer_set_u32(w, MK_KEY("attention.kv_lora_rank"), (uint32_t)o->kv_lora);
+    gguf_writer_set_u32(w, MK_KEY("leading_dense_block_count"), (uint32_t)o->n_dense);
+    gguf_writer_set_u32(w, MK_KEY("expert_shared_count"), (uint32_t)o->n_shared);
+    gguf_writer_set_f32(w, MK_KEY("expert_weights_scale"), (float)o->w_scale);
+    gguf_writer_set_bool(w, MK_KEY("expert_weights_norm"), o->w_norm);
+    gguf_writer_set_u32(w, MK_KEY("expert_gating_func"), o->sigmoid ? 2u : 1u);
+    if (o->rope_yarn) {   /* DeepSeek-V2-Lite's: factor 40, mscale_all_dim 0.707 (written x 0.1) */
+        gguf_writer_set_str(w, MK_KEY("rope.scaling.type"), "yarn");
+        gguf_writer_set_f32(w, MK_KEY("rope.scaling.factor"), 40.0f);
+        gguf_writer_set_u32(w, MK_KEY("rope.scaling.original_context_length"), 4096);
+        gguf_writer_set_f32(w, MK_KEY("rope.scaling.yarn_log_multiplier"), 0.0707f);
+    }
+    if (o->n_groups > 1) {
+        gguf_writer_set_u32(w, MK_KEY("expert_group_count"), (uint32_t)o->n_groups);
+        gguf_writer_set_u32(w, MK_KEY("expert_group_used_count"), (uint32_t)o->n_groups_used);
+    }
+#undef MK_KEY
+}
+
+/* Every key before the vocabulary's: general.*, then the architecture's hyper-parameters
+ * (a reranker's labels and prompt, each family's own). */
+static void mk_write_keys(gguf_writer *w, const mk_opts *o, int64_t V, qtype base, uint32_t ftype, const char *preset)
+{
+    const char *A = o->arch;
     char k[128], name[128];
     gguf_writer_set_str(w, "general.architecture", A);
     /* not "phi3": llama.cpp then looks up Phi-3's special tokens by text in the vocabulary */
@@ -735,30 +769,7 @@ static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *
     gguf_writer_set_f32(w, MK_KEY("rope.freq_base"), (float)o->rope_base);
     gguf_writer_set_f32(w, MK_KEY("attention.layer_norm_rms_epsilon"), (float)o->eps);
     if (mla) {
-        /* as llama.cpp's converter writes MLA: one kv head of the latent plus the RoPE key */
-        gguf_writer_set_u32(w, MK_KEY("attention.key_length"), (uint32_t)(o->kv_lora + o->rope_dim));
-        gguf_writer_set_u32(w, MK_KEY("attention.value_length"), (uint32_t)o->kv_lora);
-        gguf_writer_set_u32(w, MK_KEY("attention.key_length_mla"), (uint32_t)(o->nope_dim + o->rope_dim));
-        gguf_writer_set_u32(w, MK_KEY("attention.value_length_mla"), (uint32_t)o->v_dim);
-        gguf_writer_set_u32(w, MK_KEY("rope.dimension_count"), (uint32_t)o->rope_dim);
-        /* 0 without q-LoRA: llama.cpp reads the key for every depth but V2-Lite's */
-        gguf_writer_set_u32(w, MK_KEY("attention.q_lora_rank"), (uint32_t)o->q_lora);
-        gguf_writer_set_u32(w, MK_KEY("attention.kv_lora_rank"), (uint32_t)o->kv_lora);
-        gguf_writer_set_u32(w, MK_KEY("leading_dense_block_count"), (uint32_t)o->n_dense);
-        gguf_writer_set_u32(w, MK_KEY("expert_shared_count"), (uint32_t)o->n_shared);
-        gguf_writer_set_f32(w, MK_KEY("expert_weights_scale"), (float)o->w_scale);
-        gguf_writer_set_bool(w, MK_KEY("expert_weights_norm"), o->w_norm);
-        gguf_writer_set_u32(w, MK_KEY("expert_gating_func"), o->sigmoid ? 2u : 1u);
-        if (o->rope_yarn) {   /* DeepSeek-V2-Lite's: factor 40, mscale_all_dim 0.707 (written x 0.1) */
-            gguf_writer_set_str(w, MK_KEY("rope.scaling.type"), "yarn");
-            gguf_writer_set_f32(w, MK_KEY("rope.scaling.factor"), 40.0f);
-            gguf_writer_set_u32(w, MK_KEY("rope.scaling.original_context_length"), 4096);
-            gguf_writer_set_f32(w, MK_KEY("rope.scaling.yarn_log_multiplier"), 0.0707f);
-        }
-        if (o->n_groups > 1) {
-            gguf_writer_set_u32(w, MK_KEY("expert_group_count"), (uint32_t)o->n_groups);
-            gguf_writer_set_u32(w, MK_KEY("expert_group_used_count"), (uint32_t)o->n_groups_used);
-        }
+        mk_mla_keys(w, o);
     } else {
         gguf_writer_set_u32(w, MK_KEY("attention.key_length"), (uint32_t)o->head_dim);
         gguf_writer_set_u32(w, MK_KEY("attention.value_length"), (uint32_t)o->head_dim);
@@ -773,13 +784,92 @@ static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *
         gguf_writer_set_u32(w, MK_KEY("rope.scaling.original_context_length"), 4096);
     }
     gguf_writer_set_u32(w, MK_KEY("vocab_size"), (uint32_t)V);
-    bool moe = o->n_expert > 0;
-    if (moe) {
+    if (o->n_expert > 0) {
         gguf_writer_set_u32(w, MK_KEY("expert_count"), (uint32_t)o->n_expert);
         gguf_writer_set_u32(w, MK_KEY("expert_used_count"), (uint32_t)o->n_expert_used);
         gguf_writer_set_u32(w, MK_KEY("expert_feed_forward_length"), (uint32_t)o->expert_ffn);
     }
 #undef MK_KEY
+}
+
+/* A deepseek2 MTP layer's own tensors after its MLA layer: the input projection and norms,
+ * and V3's copies of the embedding and the head (drawn with their seeds). */
+static void mk_nextn_layer(mk_model *m, int l, float emb_std, qtype out_type, int64_t V)
+{
+    const mk_opts *o = m->o;
+    const int64_t dim = o->dim;
+    char name[128];
+#define MK_T(suffix) (snprintf(name, sizeof name, "blk.%d." suffix, l), name)
+    mk_add(m, MK_T("nextn.eh_proj.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)(2 * dim)), m->base, 2, 2 * dim, dim);
+    mk_add(m, MK_T("nextn.enorm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, dim, 1);
+    mk_add(m, MK_T("nextn.hnorm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, dim, 1);
+    mk_add(m, MK_T("nextn.shared_head_norm.weight"), MK_INIT_NORM, 20.0f, QTYPE_F32, 1, dim, 1);
+    mk_add(m, MK_T("nextn.embed_tokens.weight"), MK_INIT_NOISE, emb_std, o->tied ? out_type : m->base, 2, dim, V);
+    m->ts[m->n - 1].seed = mk_seed_of(o, "token_embd.weight");
+    mk_add(m, MK_T("nextn.shared_head_head.weight"), MK_INIT_NOISE, emb_std, out_type, 2, dim, V);
+    m->ts[m->n - 1].seed = mk_seed_of(o, o->tied ? "token_embd.weight" : "output.weight");
+#undef MK_T
+}
+
+/* A llama, qwen2, qwen3, qwen3moe or mistral3 layer after its attn_norm: the attention
+ * (qwen2's biases, qwen3's head norms), ffn_norm, then routed experts or a dense FFN. l is
+ * the layer; more the type of the tensors a K-quant mix gives more bits. */
+static void mk_dense_layer(mk_model *m, int l, qtype more)
+{
+    const mk_opts *o = m->o;
+    const char *A = o->arch;
+    const qtype base = m->base;
+    const int64_t dim = o->dim, q_dim = (int64_t)o->n_heads * o->head_dim, kv_dim = (int64_t)o->n_kv_heads * o->head_dim;
+    const int64_t ffn = o->ffn;
+    char name[128];
+    /* Q3_K_M (llama.cpp's rule for dense models): attn_v Q5_K in the first 2 layers, ffn_down in
+     * the first n/16, Q4_K after; attn_output Q4_K */
+    qtype v_t = more, down_t = more, o_t = base;
+    if (m->k_m && base == QTYPE_Q3_K)
+        v_t = l < 2 ? QTYPE_Q5_K : QTYPE_Q4_K, down_t = l < o->n_layers / 16 ? QTYPE_Q5_K : QTYPE_Q4_K, o_t = QTYPE_Q4_K;
+#define MK_T(suffix) (snprintf(name, sizeof name, "blk.%d." suffix, l), name)
+    mk_add(m, MK_T("attn_q.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 2, dim, q_dim);
+    mk_add(m, MK_T("attn_k.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 2, dim, kv_dim);
+    mk_add(m, MK_T("attn_v.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), v_t, 2, dim, kv_dim);
+    if (!strcmp(A, "qwen2")) {
+        mk_add(m, MK_T("attn_q.bias"), MK_INIT_NOISE, 0.3f, QTYPE_F32, 1, q_dim, 1);
+        mk_add(m, MK_T("attn_k.bias"), MK_INIT_NOISE, 0.3f, QTYPE_F32, 1, kv_dim, 1);
+        mk_add(m, MK_T("attn_v.bias"), MK_INIT_NOISE, 0.3f, QTYPE_F32, 1, kv_dim, 1);
+    }
+    if (!strcmp(A, "qwen3") || !strcmp(A, "qwen3moe")) {
+        mk_add(m, MK_T("attn_q_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, o->head_dim, 1);
+        mk_add(m, MK_T("attn_k_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, o->head_dim, 1);
+    }
+    mk_add(m, MK_T("attn_output.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)q_dim), o_t, 2, q_dim, dim);
+    mk_add(m, MK_T("ffn_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, dim, 1);
+    if (o->n_expert > 0) {
+        /* the router stays F32 (llama.cpp's converter and quantiser keep it so); its
+         * logits have a standard deviation near 2, so that routing is rarely a near-tie */
+        int64_t ne = o->n_expert, ef = o->expert_ffn;
+        mk_add(m, MK_T("ffn_gate_inp.weight"), MK_INIT_NOISE, 2.0f / sqrtf((float)dim), QTYPE_F32, 2, dim, ne);
+        mk_add3(m, MK_T("ffn_gate_exps.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 3, dim, ef, ne);
+        mk_add3(m, MK_T("ffn_up_exps.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 3, dim, ef, ne);
+        mk_add3(m, MK_T("ffn_down_exps.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)ef), down_t, 3, ef, dim, ne);
+        return;
+    }
+    mk_add(m, MK_T("ffn_gate.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 2, dim, ffn);
+    mk_add(m, MK_T("ffn_up.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 2, dim, ffn);
+    mk_add(m, MK_T("ffn_down.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)ffn), down_t, 2, ffn, dim);
+#undef MK_T
+}
+
+static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *preset)
+{
+    qtype base = QTYPE_F32;
+    bool k_m = false;
+    uint32_t ftype = 0;
+    mk_parse_type(o->type, &base, &k_m, &ftype);
+    const char *A = o->arch;
+    const int64_t dim = o->dim, V = v->n;
+    const bool moe = o->n_expert > 0;
+    gguf_writer *w = gguf_writer_new();
+    char name[128];
+    mk_write_keys(w, o, V, base, ftype, preset);
     mk_vocab_write(v, w);
 
     mk_model m = { .w = w, .o = o, .base = base, .k_m = k_m, .cap = 8 + 28 * (o->n_layers + o->n_nextn) };
@@ -800,68 +890,20 @@ static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *
         mk_add(&m, "rope_factors_short.weight", MK_INIT_NORM, 1.0f, QTYPE_F32, 1, o->rope_dim / 2, 1);
     }
     if (o->rope_llama3) mk_add(&m, "rope_freqs.weight", MK_INIT_ROPE_FREQS, 0, QTYPE_F32, 1, o->head_dim / 2, 1);
-    bool qwen2 = !strcmp(A, "qwen2"), qwen3 = !strcmp(A, "qwen3") || !strcmp(A, "qwen3moe");
     for (int l = 0; l < o->n_layers + o->n_nextn; l++) {   /* the MTP layers last */
         qtype more = k_m && l < o->n_layers && mk_use_more_bits(l, o->n_layers) ? QTYPE_Q6_K : base;
-        /* Q3_K_M (llama.cpp's rule for dense models): attn_v Q5_K in the first 2 layers, ffn_down in
-         * the first n/16, Q4_K after; attn_output Q4_K */
-        qtype v_t = more, down_t = more, o_t = base;
-        if (k_m && base == QTYPE_Q3_K)
-            v_t = l < 2 ? QTYPE_Q5_K : QTYPE_Q4_K, down_t = l < o->n_layers / 16 ? QTYPE_Q5_K : QTYPE_Q4_K, o_t = QTYPE_Q4_K;
-#define MK_T(suffix) (snprintf(name, sizeof name, "blk.%d." suffix, l), name)
-        mk_add(&m, MK_T("attn_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, dim, 1);
-        if (mla) {
+        snprintf(name, sizeof name, "blk.%d.attn_norm.weight", l);
+        mk_add(&m, name, MK_INIT_NORM, 1.0f, QTYPE_F32, 1, dim, 1);
+        if (!strcmp(A, "deepseek2")) {
             mk_mla_layer(&m, l, more);
-            if (l >= o->n_layers) {
-                mk_add(&m, MK_T("nextn.eh_proj.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)(2 * dim)), base, 2, 2 * dim, dim);
-                mk_add(&m, MK_T("nextn.enorm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, dim, 1);
-                mk_add(&m, MK_T("nextn.hnorm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, dim, 1);
-                mk_add(&m, MK_T("nextn.shared_head_norm.weight"), MK_INIT_NORM, 20.0f, QTYPE_F32, 1, dim, 1);
-                /* V3's MTP layer holds copies of the embedding and the head: the same seeds */
-                mk_add(&m, MK_T("nextn.embed_tokens.weight"), MK_INIT_NOISE, emb_std, o->tied ? out_type : base, 2, dim, V);
-                m.ts[m.n - 1].seed = mk_hash(0xcbf29ce484222325ULL ^ o->seed * 0x9E3779B97F4A7C15ULL, "token_embd.weight");
-                mk_add(&m, MK_T("nextn.shared_head_head.weight"), MK_INIT_NOISE, emb_std, out_type, 2, dim, V);
-                m.ts[m.n - 1].seed = mk_hash(0xcbf29ce484222325ULL ^ o->seed * 0x9E3779B97F4A7C15ULL,
-                                             o->tied ? "token_embd.weight" : "output.weight");
-            }
-            continue;
-        }
-        if (o->n_swa > 0) {
+            if (l >= o->n_layers) mk_nextn_layer(&m, l, emb_std, out_type, V);
+        } else if (o->n_swa > 0) {
             mk_gptoss_layer(&m, l);
-            continue;
-        }
-        if (!strcmp(A, "phi3")) {
+        } else if (!strcmp(A, "phi3")) {
             mk_phi3_layer(&m, l, more);
-            continue;
+        } else {
+            mk_dense_layer(&m, l, more);
         }
-        mk_add(&m, MK_T("attn_q.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 2, dim, q_dim);
-        mk_add(&m, MK_T("attn_k.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 2, dim, kv_dim);
-        mk_add(&m, MK_T("attn_v.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), v_t, 2, dim, kv_dim);
-        if (qwen2) {
-            mk_add(&m, MK_T("attn_q.bias"), MK_INIT_NOISE, 0.3f, QTYPE_F32, 1, q_dim, 1);
-            mk_add(&m, MK_T("attn_k.bias"), MK_INIT_NOISE, 0.3f, QTYPE_F32, 1, kv_dim, 1);
-            mk_add(&m, MK_T("attn_v.bias"), MK_INIT_NOISE, 0.3f, QTYPE_F32, 1, kv_dim, 1);
-        }
-        if (qwen3) {
-            mk_add(&m, MK_T("attn_q_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, o->head_dim, 1);
-            mk_add(&m, MK_T("attn_k_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, o->head_dim, 1);
-        }
-        mk_add(&m, MK_T("attn_output.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)q_dim), o_t, 2, q_dim, dim);
-        mk_add(&m, MK_T("ffn_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, dim, 1);
-        if (moe) {
-            /* the router stays F32 (llama.cpp's converter and quantiser keep it so); its
-             * logits have a standard deviation near 2, so that routing is rarely a near-tie */
-            int64_t ne = o->n_expert, ef = o->expert_ffn;
-            mk_add(&m, MK_T("ffn_gate_inp.weight"), MK_INIT_NOISE, 2.0f / sqrtf((float)dim), QTYPE_F32, 2, dim, ne);
-            mk_add3(&m, MK_T("ffn_gate_exps.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 3, dim, ef, ne);
-            mk_add3(&m, MK_T("ffn_up_exps.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 3, dim, ef, ne);
-            mk_add3(&m, MK_T("ffn_down_exps.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)ef), down_t, 3, ef, dim, ne);
-            continue;
-        }
-        mk_add(&m, MK_T("ffn_gate.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 2, dim, ffn);
-        mk_add(&m, MK_T("ffn_up.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 2, dim, ffn);
-        mk_add(&m, MK_T("ffn_down.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)ffn), down_t, 2, ffn, dim);
-#undef MK_T
     }
     double t0 = util_now();
     char err[512];
@@ -879,19 +921,125 @@ static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *
     return st == GGUF_OK ? 0 : 1;
 }
 
+/* The command line as given, before the preset fills the gaps: 0, -1 (where 0 is a value)
+ * or NULL is "not given". */
+typedef struct {
+    const char *preset, *vocab, *out, *rope_scaling, *pooling, *router;
+    long layers, dim, ffn, heads, kv, hd, ctx, nv, threads;     /* shape options */
+    long experts, experts_used, expert_ffn, window, nextn;
+    long q_lora, kv_lora, rope_dim, nope_dim, v_dim, shared, dense, groups, groups_used;   /* deepseek2 */
+    double routed_scale;
+    int tied;                       /* 1 --tied, 0 --untied, -1 the preset's */
+    double rope_base, eps;          /* 0: the preset's or the arch's */
+} mk_args;
+
+/* Says why --type T cannot be written: read but not written (needs an importance matrix,
+ * or its quantiser is not ported), or unknown. */
+static void mk_type_refused(const char *type)
+{
+    int id = -1;   /* a type tokenmill reads but cannot write says so */
+    for (int i = 0; i < QTYPE_COUNT_MAX && id < 0; i++)
+        if (quant_ggml_type_name(i) && !strcasecmp(quant_ggml_type_name(i), type) && quant_weight_type(i)) id = i;
+    if (id == QTYPE_IQ2_XXS || id == QTYPE_IQ2_XS || id == QTYPE_IQ1_S)
+        fprintf(stderr, "tokenmill mkmodel: type '%s' is read but not written: ggml quantises it only with an "
+                "importance matrix\n", type);
+    else if (id >= 0)
+        fprintf(stderr, "tokenmill mkmodel: type '%s' is read but not written: its quantiser is not ported\n", type);
+    else
+        fprintf(stderr, "tokenmill mkmodel: unknown type '%s'\n", type);
+}
+
+/* The experts, MLA and window of o's architecture from the options, else the preset's or the
+ * family's defaults; 0, or 2 with a message when an option does not fit the architecture. */
+static int mk_resolve_experts(mk_opts *o, const mk_args *a, const mk_preset *p)
+{
+    bool mla = !strcmp(o->arch, "deepseek2"), gptoss = !strcmp(o->arch, "gpt-oss");
+    if (mla) {
+        /* a dense preset under --arch deepseek2: V2-Lite's attention and router on its width */
+        const mk_preset *d = !strcmp(p->arch ? p->arch : "", "deepseek2") ? p : &mk_presets[TM_ARRAY_LEN(mk_presets) - 2];
+        o->q_lora = a->q_lora >= 0 ? (int)a->q_lora : d->q_lora;
+        o->kv_lora = a->kv_lora ? (int)a->kv_lora : d->kv_lora;
+        o->nope_dim = a->nope_dim ? (int)a->nope_dim : d->nope_dim;
+        o->rope_dim = a->rope_dim ? (int)a->rope_dim : d->rope_dim;
+        o->v_dim = a->v_dim ? (int)a->v_dim : d->v_dim;
+        o->n_shared = a->shared >= 0 ? (int)a->shared : d->n_shared;
+        o->n_dense = a->dense >= 0 ? (int)a->dense : d->n_dense;
+        o->sigmoid = a->router ? !strcmp(a->router, "sigmoid") : d->sigmoid;
+        o->w_norm = o->sigmoid ? true : d->w_norm;
+        o->w_scale = a->routed_scale > 0 ? a->routed_scale : d->w_scale;
+        o->n_groups = a->groups >= 0 ? (int)a->groups : d->n_groups;
+        o->n_groups_used = a->groups_used ? (int)a->groups_used : d->n_groups_used;
+        o->n_expert = a->experts ? a->experts : d->n_expert;
+        o->n_expert_used = a->experts_used ? a->experts_used : d->n_expert_used;
+        o->expert_ffn = a->expert_ffn ? a->expert_ffn : d->expert_ffn;
+        o->head_dim = o->nope_dim + o->rope_dim;
+        o->n_nextn = (int)a->nextn;
+        o->n_kv_heads = o->n_heads;
+        if ((a->router && strcmp(a->router, "softmax") && strcmp(a->router, "sigmoid")) || o->n_expert_used > o->n_expert ||
+            o->kv_lora <= 0 || o->rope_dim <= 0 || o->rope_dim % 2 || o->nope_dim <= 0 || o->v_dim <= 0 ||
+            (o->n_groups > 1 && (o->n_expert % o->n_groups || o->n_groups_used < 1 || o->n_groups_used > o->n_groups))) {
+            fprintf(stderr, "tokenmill mkmodel: bad deepseek2 options (router softmax|sigmoid, experts-used <= experts, "
+                            "positive latent/rope/nope/v dims, experts a multiple of the groups, groups-used in 1..groups)\n");
+            return 2;
+        }
+    } else if (a->q_lora >= 0 || a->kv_lora || a->rope_dim || a->nope_dim || a->v_dim || a->shared >= 0 || a->dense >= 0 || a->router ||
+               a->groups >= 0 || a->groups_used || a->routed_scale > 0 || a->nextn) {
+        fprintf(stderr, "tokenmill mkmodel: the MLA, shared-expert and --nextn options are for --arch deepseek2\n");
+        return 2;
+    } else if (gptoss) {
+        /* a dense preset under --arch gpt-oss: 32 experts, 4 per token, each of the ffn size;
+         * a 128-token window */
+        o->n_expert = a->experts ? a->experts : p->n_expert ? p->n_expert : 32;
+        o->n_expert_used = a->experts_used ? a->experts_used : p->n_expert_used ? p->n_expert_used : 4;
+        o->expert_ffn = a->expert_ffn ? a->expert_ffn : p->expert_ffn ? p->expert_ffn : o->ffn;
+        o->n_swa = a->window ? (int)a->window : p->n_swa ? p->n_swa : 128;
+        if (o->n_expert_used > o->n_expert) {
+            fprintf(stderr, "tokenmill mkmodel: --experts-used %d is more than --experts %d\n", o->n_expert_used, o->n_expert);
+            return 2;
+        }
+    } else if (!strcmp(o->arch, "qwen3moe")) {
+        /* a dense preset under --arch qwen3moe: 8 experts, 2 per token, each of the ffn size */
+        o->n_expert = a->experts ? a->experts : p->n_expert ? p->n_expert : 8;
+        o->n_expert_used = a->experts_used ? a->experts_used : p->n_expert_used ? p->n_expert_used : 2;
+        o->expert_ffn = a->expert_ffn ? a->expert_ffn : p->expert_ffn ? p->expert_ffn : o->ffn;
+        if (o->n_expert_used > o->n_expert) {
+            fprintf(stderr, "tokenmill mkmodel: --experts-used %d is more than --experts %d\n", o->n_expert_used, o->n_expert);
+            return 2;
+        }
+    } else if (a->experts || a->experts_used || a->expert_ffn) {
+        fprintf(stderr, "tokenmill mkmodel: --experts, --experts-used and --expert-ffn are for --arch qwen3moe, deepseek2 or gpt-oss\n");
+        return 2;
+    }
+    return 0;
+}
+
+/* RoPE scaling: the preset's (Llama 3's, DeepSeek's YaRN) unless --rope-scaling says; 0, or
+ * 2 with a message. */
+static int mk_resolve_rope(mk_opts *o, const mk_args *a, const mk_preset *p)
+{
+    bool mla = !strcmp(o->arch, "deepseek2");
+    o->rope_llama3 = p->rope_llama3 && !strcmp(o->arch, "llama");
+    o->rope_yarn = mla && p->arch && !strcmp(p->arch, "deepseek2");   /* the DeepSeek presets' */
+    if (a->rope_scaling) {
+        if (!strcmp(a->rope_scaling, "llama3")) o->rope_llama3 = true;
+        else if (!strcmp(a->rope_scaling, "yarn") && mla) o->rope_yarn = true;
+        else if (!strcmp(a->rope_scaling, "none")) o->rope_llama3 = o->rope_yarn = false;
+        else {
+            fprintf(stderr, "tokenmill mkmodel: --rope-scaling takes llama3, yarn (deepseek2) or none\n");
+            return 2;
+        }
+    }
+    if (o->rope_llama3 && strcmp(o->arch, "llama")) {
+        fprintf(stderr, "tokenmill mkmodel: --rope-scaling llama3 is for --arch llama\n");
+        return 2;
+    }
+    return 0;
+}
+
 int cmd_mkmodel(int argc, char **argv)
 {
     mk_opts o = { .arch = NULL, .seed = 1, .n_threads = 0 };
-    const char *preset = NULL, *vocab = NULL, *out = NULL, *rope_scaling = NULL;
-    /* shape options: 0 (as if not given) takes the preset's value */
-    long layers = 0, dim = 0, ffn = 0, heads = 0, kv = 0, hd = 0, ctx = 0, nv = 0, threads = 0;
-    long experts = 0, experts_used = 0, expert_ffn = 0, window = 0, nextn = 0;
-    const char *pooling = NULL;
-    long q_lora = -1, kv_lora = 0, rope_dim = 0, nope_dim = 0, v_dim = 0, shared = -1, dense = -1, groups = -1, groups_used = 0;
-    double routed_scale = 0;
-    const char *router = NULL;
-    int tied = -1;
-    double rope_base = 0, eps = 0;   /* 0: the preset's or the arch's */
+    mk_args a = { .q_lora = -1, .shared = -1, .dense = -1, .groups = -1, .tied = -1 };
     cmd_opt_u64 seed = { 0 };
     char preset_help[512];
     size_t ph = (size_t)snprintf(preset_help, sizeof preset_help, "a real model's shape:");
@@ -899,42 +1047,42 @@ int cmd_mkmodel(int argc, char **argv)
         ph += (size_t)snprintf(preset_help + ph, sizeof preset_help - ph, " %s", mk_presets[i].name);
     const cmd_opt opts[] = {
         { "--arch", NULL, CMD_OPT_STR, &o.arch, .arg = "llama|qwen2|qwen3|qwen3moe|deepseek2|gpt-oss|phi3|mistral3", .help = "architecture (or the preset's)" },
-        { "--preset", NULL, CMD_OPT_STR, &preset, .arg = "NAME", .help = preset_help },
-        { "--layers", NULL, CMD_OPT_LONG, &layers, 0, 4096, .arg = "N", .help = "shape options override the preset's" },
-        { "--dim", NULL, CMD_OPT_LONG, &dim, 0, 1 << 20, .arg = "N", .help = "hidden size" },
-        { "--ffn", NULL, CMD_OPT_LONG, &ffn, 0, 1 << 20, .arg = "N", .help = "feed-forward size" },
-        { "--heads", NULL, CMD_OPT_LONG, &heads, 0, 4096, .arg = "N", .help = "query heads" },
-        { "--kv-heads", NULL, CMD_OPT_LONG, &kv, 0, 4096, .arg = "N", .help = "key/value heads" },
-        { "--head-dim", NULL, CMD_OPT_LONG, &hd, 0, 1 << 16, .arg = "N", .help = "per head (default dim / heads)" },
-        { "--experts", NULL, CMD_OPT_LONG, &experts, 0, 1024, .arg = "N", .help = "qwen3moe: experts per layer" },
-        { "--experts-used", NULL, CMD_OPT_LONG, &experts_used, 0, 1024, .arg = "K", .help = "qwen3moe: experts per token" },
-        { "--expert-ffn", NULL, CMD_OPT_LONG, &expert_ffn, 0, 1 << 20, .arg = "N", .help = "qwen3moe: an expert's hidden size" },
-        { "--q-lora", NULL, CMD_OPT_LONG, &q_lora, 0, 1 << 16, .arg = "N", .help = "deepseek2: query low-rank size (0: none)" },
-        { "--kv-lora", NULL, CMD_OPT_LONG, &kv_lora, 0, 1 << 16, .arg = "N", .help = "deepseek2: latent (compressed KV) size" },
-        { "--nope-dim", NULL, CMD_OPT_LONG, &nope_dim, 0, 1 << 12, .arg = "N", .help = "deepseek2: per-head query/key dims without RoPE" },
-        { "--rope-dim", NULL, CMD_OPT_LONG, &rope_dim, 0, 1 << 12, .arg = "N", .help = "deepseek2: per-head RoPE dims" },
-        { "--v-dim", NULL, CMD_OPT_LONG, &v_dim, 0, 1 << 12, .arg = "N", .help = "deepseek2: per-head value dims" },
-        { "--shared-experts", NULL, CMD_OPT_LONG, &shared, 0, 64, .arg = "N", .help = "deepseek2: shared experts" },
-        { "--dense-layers", NULL, CMD_OPT_LONG, &dense, 0, 4096, .arg = "N", .help = "deepseek2: leading dense layers" },
-        { "--router", NULL, CMD_OPT_STR, &router, .arg = "softmax|sigmoid", .help = "deepseek2: V2's or V3's router" },
-        { "--expert-groups", NULL, CMD_OPT_LONG, &groups, 0, 1024, .arg = "G", .help = "deepseek2: group-limited routing" },
-        { "--groups-used", NULL, CMD_OPT_LONG, &groups_used, 0, 1024, .arg = "N", .help = "deepseek2: groups kept per token" },
-        { "--routed-scale", NULL, CMD_OPT_DOUBLE, &routed_scale, 0, 1000, .arg = "F", .help = "deepseek2: routed experts' weight scale" },
-        { "--nextn", NULL, CMD_OPT_LONG, &nextn, 0, 16, .arg = "N", .help = "deepseek2: N multi-token prediction (MTP) layers after the model's" },
-        { "--window", NULL, CMD_OPT_LONG, &window, 0, 1 << 24, .arg = "N", .help = "gpt-oss: sliding window of the even layers" },
-        { "--ctx", NULL, CMD_OPT_LONG, &ctx, 0, 1 << 24, .arg = "N", .help = "training context" },
-        { "--vocab-size", NULL, CMD_OPT_LONG, &nv, 0, 1 << 24, .arg = "N", .help = "without --vocab: a synthetic vocabulary" },
-        { "--vocab", NULL, CMD_OPT_STR, &vocab, .arg = "FILE.gguf|tokenizer.json", .help = "a real vocabulary" },
+        { "--preset", NULL, CMD_OPT_STR, &a.preset, .arg = "NAME", .help = preset_help },
+        { "--layers", NULL, CMD_OPT_LONG, &a.layers, 0, 4096, .arg = "N", .help = "shape options override the preset's" },
+        { "--dim", NULL, CMD_OPT_LONG, &a.dim, 0, 1 << 20, .arg = "N", .help = "hidden size" },
+        { "--ffn", NULL, CMD_OPT_LONG, &a.ffn, 0, 1 << 20, .arg = "N", .help = "feed-forward size" },
+        { "--heads", NULL, CMD_OPT_LONG, &a.heads, 0, 4096, .arg = "N", .help = "query heads" },
+        { "--kv-heads", NULL, CMD_OPT_LONG, &a.kv, 0, 4096, .arg = "N", .help = "key/value heads" },
+        { "--head-dim", NULL, CMD_OPT_LONG, &a.hd, 0, 1 << 16, .arg = "N", .help = "per head (default dim / heads)" },
+        { "--experts", NULL, CMD_OPT_LONG, &a.experts, 0, 1024, .arg = "N", .help = "qwen3moe: experts per layer" },
+        { "--experts-used", NULL, CMD_OPT_LONG, &a.experts_used, 0, 1024, .arg = "K", .help = "qwen3moe: experts per token" },
+        { "--expert-ffn", NULL, CMD_OPT_LONG, &a.expert_ffn, 0, 1 << 20, .arg = "N", .help = "qwen3moe: an expert's hidden size" },
+        { "--q-lora", NULL, CMD_OPT_LONG, &a.q_lora, 0, 1 << 16, .arg = "N", .help = "deepseek2: query low-rank size (0: none)" },
+        { "--kv-lora", NULL, CMD_OPT_LONG, &a.kv_lora, 0, 1 << 16, .arg = "N", .help = "deepseek2: latent (compressed KV) size" },
+        { "--nope-dim", NULL, CMD_OPT_LONG, &a.nope_dim, 0, 1 << 12, .arg = "N", .help = "deepseek2: per-head query/key dims without RoPE" },
+        { "--rope-dim", NULL, CMD_OPT_LONG, &a.rope_dim, 0, 1 << 12, .arg = "N", .help = "deepseek2: per-head RoPE dims" },
+        { "--v-dim", NULL, CMD_OPT_LONG, &a.v_dim, 0, 1 << 12, .arg = "N", .help = "deepseek2: per-head value dims" },
+        { "--shared-experts", NULL, CMD_OPT_LONG, &a.shared, 0, 64, .arg = "N", .help = "deepseek2: shared experts" },
+        { "--dense-layers", NULL, CMD_OPT_LONG, &a.dense, 0, 4096, .arg = "N", .help = "deepseek2: leading dense layers" },
+        { "--router", NULL, CMD_OPT_STR, &a.router, .arg = "softmax|sigmoid", .help = "deepseek2: V2's or V3's router" },
+        { "--expert-groups", NULL, CMD_OPT_LONG, &a.groups, 0, 1024, .arg = "G", .help = "deepseek2: group-limited routing" },
+        { "--groups-used", NULL, CMD_OPT_LONG, &a.groups_used, 0, 1024, .arg = "N", .help = "deepseek2: groups kept per token" },
+        { "--routed-scale", NULL, CMD_OPT_DOUBLE, &a.routed_scale, 0, 1000, .arg = "F", .help = "deepseek2: routed experts' weight scale" },
+        { "--nextn", NULL, CMD_OPT_LONG, &a.nextn, 0, 16, .arg = "N", .help = "deepseek2: N multi-token prediction (MTP) layers after the model's" },
+        { "--window", NULL, CMD_OPT_LONG, &a.window, 0, 1 << 24, .arg = "N", .help = "gpt-oss: sliding window of the even layers" },
+        { "--ctx", NULL, CMD_OPT_LONG, &a.ctx, 0, 1 << 24, .arg = "N", .help = "training context" },
+        { "--vocab-size", NULL, CMD_OPT_LONG, &a.nv, 0, 1 << 24, .arg = "N", .help = "without --vocab: a synthetic vocabulary" },
+        { "--vocab", NULL, CMD_OPT_STR, &a.vocab, .arg = "FILE.gguf|tokenizer.json", .help = "a real vocabulary" },
         { "--type", NULL, CMD_OPT_STR, &o.type, .arg = "T", .help = "f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k|q3_k_m|q4_k|q4_k_m|q5_k|q5_k_m|q6_k|iq4_nl|iq4_xs|iq3_xxs|iq3_s|iq2_s|tq1_0|tq2_0|mxfp4 (mxfp4: gpt-oss experts, the rest q8_0)", .required = true },
         { "--seed", NULL, CMD_OPT_U64, &seed, .arg = "S", .help = "weights' seed", .required = true },
-        { "--tied", NULL, CMD_OPT_SET, &tied, .set = 1, .help = "output head shares the embedding" },
-        { "--pooling", NULL, CMD_OPT_STR, &pooling, .arg = "mean|last|rank", .help = "an embedding model's pooling_type (rank: a Qwen3-Reranker, with cls.output and its prompt)" },
-        { "--untied", NULL, CMD_OPT_SET, &tied, .set = 0, .help = "output head of its own" },
-        { "--rope-base", NULL, CMD_OPT_DOUBLE, &rope_base, 0, 1e12, .arg = "F", .help = "RoPE frequency base" },
-        { "--rope-scaling", NULL, CMD_OPT_STR, &rope_scaling, .arg = "llama3|yarn|none", .help = "Llama 3 or (deepseek2) YaRN RoPE scaling" },
-        { "--eps", NULL, CMD_OPT_DOUBLE, &eps, 0, 1, .arg = "F", .help = "RMS norm epsilon" },
-        { "--threads", NULL, CMD_OPT_LONG, &threads, 0, 1024, .arg = "N", .help = "threads for quantising" },
-        { "--output", "-o", CMD_OPT_STR, &out, .arg = "OUT.gguf", .help = "the GGUF to write", .required = true },
+        { "--tied", NULL, CMD_OPT_SET, &a.tied, .set = 1, .help = "output head shares the embedding" },
+        { "--pooling", NULL, CMD_OPT_STR, &a.pooling, .arg = "mean|last|rank", .help = "an embedding model's pooling_type (rank: a Qwen3-Reranker, with cls.output and its prompt)" },
+        { "--untied", NULL, CMD_OPT_SET, &a.tied, .set = 0, .help = "output head of its own" },
+        { "--rope-base", NULL, CMD_OPT_DOUBLE, &a.rope_base, 0, 1e12, .arg = "F", .help = "RoPE frequency base" },
+        { "--rope-scaling", NULL, CMD_OPT_STR, &a.rope_scaling, .arg = "llama3|yarn|none", .help = "Llama 3 or (deepseek2) YaRN RoPE scaling" },
+        { "--eps", NULL, CMD_OPT_DOUBLE, &a.eps, 0, 1, .arg = "F", .help = "RMS norm epsilon" },
+        { "--threads", NULL, CMD_OPT_LONG, &a.threads, 0, 1024, .arg = "N", .help = "threads for quantising" },
+        { "--output", "-o", CMD_OPT_STR, &a.out, .arg = "OUT.gguf", .help = "the GGUF to write", .required = true },
         { 0 },
     };
     const char *synopsis = "mkmodel --arch A|--preset P --type T --seed S -o OUT.gguf [options]: a random-weight GGUF";
@@ -942,12 +1090,12 @@ int cmd_mkmodel(int argc, char **argv)
     if (ost != CMD_OPTS_OK) return cmd_opts_exit(ost);
     o.seed = seed.value;
     const mk_preset *p = &mk_presets[0];
-    if (preset) {
+    if (a.preset) {
         p = NULL;
         for (size_t i = 0; i < TM_ARRAY_LEN(mk_presets); i++)
-            if (!strcmp(preset, mk_presets[i].name)) p = &mk_presets[i];
+            if (!strcmp(a.preset, mk_presets[i].name)) p = &mk_presets[i];
         if (!p) {
-            fprintf(stderr, "tokenmill mkmodel: unknown preset '%s'\n", preset);
+            fprintf(stderr, "tokenmill mkmodel: unknown preset '%s'\n", a.preset);
             cmd_opts_hint("mkmodel", synopsis);
             return 2;
         }
@@ -969,124 +1117,45 @@ int cmd_mkmodel(int argc, char **argv)
     }
     bool gptoss = !strcmp(o.arch, "gpt-oss");
     if (!mk_parse_type(o.type, &qt, &km, &ft)) {
-        int id = -1;   /* a type tokenmill reads but cannot write says so */
-        for (int i = 0; i < QTYPE_COUNT_MAX && id < 0; i++)
-            if (quant_ggml_type_name(i) && !strcasecmp(quant_ggml_type_name(i), o.type) && quant_weight_type(i)) id = i;
-        if (id == QTYPE_IQ2_XXS || id == QTYPE_IQ2_XS || id == QTYPE_IQ1_S)
-            fprintf(stderr, "tokenmill mkmodel: type '%s' is read but not written: ggml quantises it only with an "
-                    "importance matrix\n", o.type);
-        else if (id >= 0)
-            fprintf(stderr, "tokenmill mkmodel: type '%s' is read but not written: its quantiser is not ported\n", o.type);
-        else
-            fprintf(stderr, "tokenmill mkmodel: unknown type '%s'\n", o.type);
+        mk_type_refused(o.type);
         cmd_opts_hint("mkmodel", synopsis);
         return 2;
     }
     bool qwen = strcmp(o.arch, "llama") != 0 && strcmp(o.arch, "phi3") != 0 && strcmp(o.arch, "mistral3") != 0;   /* RoPE base 1e6, eps 1e-6 */
-    o.n_layers = layers ? layers : p->n_layers;
-    o.dim = dim ? dim : p->dim;
-    o.ffn = ffn ? ffn : p->ffn;
-    o.n_heads = heads ? heads : p->n_heads;
-    o.n_kv_heads = kv ? kv : (heads ? heads : p->n_kv_heads);
-    o.head_dim = hd ? hd : (dim || heads ? o.dim / o.n_heads : p->head_dim);
-    o.ctx = ctx ? ctx : p->ctx;
+    o.n_layers = a.layers ? a.layers : p->n_layers;
+    o.dim = a.dim ? a.dim : p->dim;
+    o.ffn = a.ffn ? a.ffn : p->ffn;
+    o.n_heads = a.heads ? a.heads : p->n_heads;
+    o.n_kv_heads = a.kv ? a.kv : (a.heads ? a.heads : p->n_kv_heads);
+    o.head_dim = a.hd ? a.hd : (a.dim || a.heads ? o.dim / o.n_heads : p->head_dim);
+    o.ctx = a.ctx ? a.ctx : p->ctx;
     o.pooling = -1;
-    if (pooling && !strcmp(pooling, "mean")) o.pooling = MODEL_POOL_MEAN;
-    else if (pooling && !strcmp(pooling, "last")) o.pooling = MODEL_POOL_LAST;
-    else if (pooling && !strcmp(pooling, "rank")) o.pooling = MODEL_POOL_RANK;
-    else if (pooling) {
-        fprintf(stderr, "tokenmill mkmodel: --pooling takes mean, last or rank, not '%s'\n", pooling);
+    if (a.pooling && !strcmp(a.pooling, "mean")) o.pooling = MODEL_POOL_MEAN;
+    else if (a.pooling && !strcmp(a.pooling, "last")) o.pooling = MODEL_POOL_LAST;
+    else if (a.pooling && !strcmp(a.pooling, "rank")) o.pooling = MODEL_POOL_RANK;
+    else if (a.pooling) {
+        fprintf(stderr, "tokenmill mkmodel: --pooling takes mean, last or rank, not '%s'\n", a.pooling);
         return 2;
     }
-    bool mla = !strcmp(o.arch, "deepseek2");
-    if (mla) {
-        /* a dense preset under --arch deepseek2: V2-Lite's attention and router on its width */
-        const mk_preset *d = !strcmp(p->arch ? p->arch : "", "deepseek2") ? p : &mk_presets[TM_ARRAY_LEN(mk_presets) - 2];
-        o.q_lora = q_lora >= 0 ? (int)q_lora : d->q_lora;
-        o.kv_lora = kv_lora ? (int)kv_lora : d->kv_lora;
-        o.nope_dim = nope_dim ? (int)nope_dim : d->nope_dim;
-        o.rope_dim = rope_dim ? (int)rope_dim : d->rope_dim;
-        o.v_dim = v_dim ? (int)v_dim : d->v_dim;
-        o.n_shared = shared >= 0 ? (int)shared : d->n_shared;
-        o.n_dense = dense >= 0 ? (int)dense : d->n_dense;
-        o.sigmoid = router ? !strcmp(router, "sigmoid") : d->sigmoid;
-        o.w_norm = o.sigmoid ? true : d->w_norm;
-        o.w_scale = routed_scale > 0 ? routed_scale : d->w_scale;
-        o.n_groups = groups >= 0 ? (int)groups : d->n_groups;
-        o.n_groups_used = groups_used ? (int)groups_used : d->n_groups_used;
-        o.n_expert = experts ? experts : d->n_expert;
-        o.n_expert_used = experts_used ? experts_used : d->n_expert_used;
-        o.expert_ffn = expert_ffn ? expert_ffn : d->expert_ffn;
-        o.head_dim = o.nope_dim + o.rope_dim;
-        o.n_nextn = (int)nextn;
-        o.n_kv_heads = o.n_heads;
-        if ((router && strcmp(router, "softmax") && strcmp(router, "sigmoid")) || o.n_expert_used > o.n_expert ||
-            o.kv_lora <= 0 || o.rope_dim <= 0 || o.rope_dim % 2 || o.nope_dim <= 0 || o.v_dim <= 0 ||
-            (o.n_groups > 1 && (o.n_expert % o.n_groups || o.n_groups_used < 1 || o.n_groups_used > o.n_groups))) {
-            fprintf(stderr, "tokenmill mkmodel: bad deepseek2 options (router softmax|sigmoid, experts-used <= experts, "
-                            "positive latent/rope/nope/v dims, experts a multiple of the groups, groups-used in 1..groups)\n");
-            return 2;
-        }
-    } else if (q_lora >= 0 || kv_lora || rope_dim || nope_dim || v_dim || shared >= 0 || dense >= 0 || router ||
-               groups >= 0 || groups_used || routed_scale > 0 || nextn) {
-        fprintf(stderr, "tokenmill mkmodel: the MLA, shared-expert and --nextn options are for --arch deepseek2\n");
-        return 2;
-    } else if (gptoss) {
-        /* a dense preset under --arch gpt-oss: 32 experts, 4 per token, each of the ffn size;
-         * a 128-token window */
-        o.n_expert = experts ? experts : p->n_expert ? p->n_expert : 32;
-        o.n_expert_used = experts_used ? experts_used : p->n_expert_used ? p->n_expert_used : 4;
-        o.expert_ffn = expert_ffn ? expert_ffn : p->expert_ffn ? p->expert_ffn : o.ffn;
-        o.n_swa = window ? (int)window : p->n_swa ? p->n_swa : 128;
-        if (o.n_expert_used > o.n_expert) {
-            fprintf(stderr, "tokenmill mkmodel: --experts-used %d is more than --experts %d\n", o.n_expert_used, o.n_expert);
-            return 2;
-        }
-    } else if (!strcmp(o.arch, "qwen3moe")) {
-        /* a dense preset under --arch qwen3moe: 8 experts, 2 per token, each of the ffn size */
-        o.n_expert = experts ? experts : p->n_expert ? p->n_expert : 8;
-        o.n_expert_used = experts_used ? experts_used : p->n_expert_used ? p->n_expert_used : 2;
-        o.expert_ffn = expert_ffn ? expert_ffn : p->expert_ffn ? p->expert_ffn : o.ffn;
-        if (o.n_expert_used > o.n_expert) {
-            fprintf(stderr, "tokenmill mkmodel: --experts-used %d is more than --experts %d\n", o.n_expert_used, o.n_expert);
-            return 2;
-        }
-    } else if (!mla && (experts || experts_used || expert_ffn)) {
-        fprintf(stderr, "tokenmill mkmodel: --experts, --experts-used and --expert-ffn are for --arch qwen3moe, deepseek2 or gpt-oss\n");
-        return 2;
-    }
-    if (!gptoss && (window || !strcasecmp(o.type, "mxfp4"))) {
+    if (mk_resolve_experts(&o, &a, p) != 0) return 2;
+    if (!gptoss && (a.window || !strcasecmp(o.type, "mxfp4"))) {
         fprintf(stderr, "tokenmill mkmodel: --window and --type mxfp4 are for --arch gpt-oss\n");
         return 2;
     }
     o.exps_type = !strcasecmp(o.type, "mxfp4") ? QTYPE_MXFP4 : qt;
-    o.n_vocab = nv ? nv : p->n_vocab;
-    o.rope_base = rope_base > 0 ? rope_base : p->rope_base > 0 ? p->rope_base : gptoss ? 150000 : qwen ? 1e6 : 10000;
-    o.eps = eps > 0 ? eps : qwen && !gptoss ? 1e-6 : 1e-5;
-    o.tied = tied >= 0 ? tied == 1 : p->tied;
+    o.n_vocab = a.nv ? a.nv : p->n_vocab;
+    o.rope_base = a.rope_base > 0 ? a.rope_base : p->rope_base > 0 ? p->rope_base : gptoss ? 150000 : qwen ? 1e6 : 10000;
+    o.eps = a.eps > 0 ? a.eps : qwen && !gptoss ? 1e-6 : 1e-5;
+    o.tied = a.tied >= 0 ? a.tied == 1 : p->tied;
     if (gptoss && o.tied) {   /* llama.cpp's gpt-oss requires output.weight */
-        if (tied == 1) {
+        if (a.tied == 1) {
             fprintf(stderr, "tokenmill mkmodel: gpt-oss has no tied output (--untied)\n");
             return 2;
         }
         o.tied = false;
     }
-    o.rope_llama3 = p->rope_llama3 && !strcmp(o.arch, "llama");
-    o.rope_yarn = mla && p->arch && !strcmp(p->arch, "deepseek2");   /* the DeepSeek presets' */
-    if (rope_scaling) {
-        if (!strcmp(rope_scaling, "llama3")) o.rope_llama3 = true;
-        else if (!strcmp(rope_scaling, "yarn") && mla) o.rope_yarn = true;
-        else if (!strcmp(rope_scaling, "none")) o.rope_llama3 = o.rope_yarn = false;
-        else {
-            fprintf(stderr, "tokenmill mkmodel: --rope-scaling takes llama3, yarn (deepseek2) or none\n");
-            return 2;
-        }
-    }
-    if (o.rope_llama3 && strcmp(o.arch, "llama")) {
-        fprintf(stderr, "tokenmill mkmodel: --rope-scaling llama3 is for --arch llama\n");
-        return 2;
-    }
-    o.n_threads = (int)threads;
+    if (mk_resolve_rope(&o, &a, p) != 0) return 2;
+    o.n_threads = (int)a.threads;
     if (o.n_threads <= 0) o.n_threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (o.n_threads <= 0) o.n_threads = 1;
     if (o.n_layers <= 0 || o.dim <= 0 || o.ffn <= 0 || o.n_heads <= 0 || o.n_kv_heads <= 0 || o.head_dim <= 0 ||
@@ -1098,11 +1167,12 @@ int cmd_mkmodel(int argc, char **argv)
     }
     if (!strcmp(o.arch, "phi3")) o.rope_dim = o.head_dim * 3 / 4 / 2 * 2;   /* partial_rotary_factor 0.75 */
     mk_vocab v = { 0 };
-    if (!mk_vocab_load(&v, vocab, &o, nv ? nv : (preset ? p->n_vocab : 0))) {
+    if (!mk_vocab_load(&v, a.vocab, &o, a.nv ? a.nv : (a.preset ? p->n_vocab : 0))) {
         mk_vocab_free(&v);
         return 1;
     }
-    int rc = mk_write(&o, &v, out, p->name);
+    int rc = mk_write(&o, &v, a.out, p->name);
     mk_vocab_free(&v);
     return rc;
 }
+

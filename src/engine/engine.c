@@ -366,6 +366,245 @@ static void *engine_scratch_alloc(engine *e, size_t bytes)
     return p;
 }
 
+/* The KV pool in the model's geometry and the cache type asked for, of *n_blocks blocks, and
+ * the Walsh-Hadamard rotation a quantised cache takes. */
+static engine_status engine_new_kv(engine *e, const engine_opts *o, int *n_blocks, char *err, size_t errsz)
+{
+    const model *m = e->m;
+    const model_hparams *hp = &m->hp;
+    int32_t *lw = xcalloc((size_t)hp->n_layers, sizeof *lw);
+    kvpool_opts ko = engine_kv_geometry(m, o->kv_type, lw);
+    if (!kvpool_type_ok(ko.dtype, ko.head_dim)) {
+        snprintf(err, errsz, "a %s KV cache needs a head size that is a multiple of 32; this model's is %d",
+                 quant_type_name(ko.dtype), ko.head_dim);
+        free(lw);
+        return ENGINE_ERR_ARG;
+    }
+    if (hp->mla && (ko.dtype == QTYPE_Q8_0 || ko.dtype == QTYPE_Q4_0)) {
+        snprintf(err, errsz, "a %s KV cache is not supported for multi-head latent attention models (use f16 or f32)",
+                 quant_type_name(ko.dtype));
+        free(lw);
+        return ENGINE_ERR_ARG;
+    }
+    /* llama.cpp rotates Q, K and V by a Walsh-Hadamard matrix before a quantised cache stores
+     * them (the largest power-of-two piece of the head for K, 64 for V) and the attention
+     * output back: an outlier is spread over its piece, so the 32-value blocks quantise with
+     * less error; scores are unchanged (the matrix is orthonormal). Same condition as its. */
+    if ((ko.dtype == QTYPE_Q8_0 || ko.dtype == QTYPE_Q4_0) && ko.head_dim % 64 == 0) {
+        e->rot_k = 64;
+        while (ko.head_dim % (2 * e->rot_k) == 0) e->rot_k *= 2;
+        e->rot_v = 64;
+    }
+    if (o->n_kv_blocks > 0) ko.n_blocks = o->n_kv_blocks;
+    else if (o->kv_bytes > 0) ko.n_blocks = kvpool_blocks_for_bytes(&ko, o->kv_bytes);
+    else ko.n_blocks = 4096 / KVPOOL_BLOCK;
+    *n_blocks = ko.n_blocks;
+    kvpool_status ks = kvpool_new(&ko, &e->kv);
+    free(lw);
+    if (ks != KVPOOL_OK) {
+        snprintf(err, errsz, "KV cache of %d blocks: %s", ko.n_blocks, kvpool_status_name(ks));
+        return ENGINE_ERR_NOMEM;
+    }
+    return ENGINE_OK;
+}
+
+/* Sliding-window layers: the staging of a step's window rows and the states captured at
+ * block boundaries. */
+static engine_status engine_new_window(engine *e, size_t T, char *err, size_t errsz)
+{
+    const model_hparams *hp = &e->m->hp;
+    e->wrow = quant_row_bytes(kvpool_dtype(e->kv), hp->head_dim);
+    e->wstage = engine_scratch_alloc(e, T * 2 * (size_t)hp->n_kv_heads * e->wrow);
+    e->run0 = xmalloc(T * sizeof *e->run0);
+    e->prev_run = xmalloc(T * sizeof *e->prev_run);
+    e->n_wsnap_max = (int)(T / KVPOOL_BLOCK) + 16;
+    e->wsnap = xcalloc((size_t)e->n_wsnap_max, sizeof *e->wsnap);
+    e->wsnap_t = xcalloc((size_t)e->n_wsnap_max, sizeof *e->wsnap_t);
+    /* faulted in as states are captured: most steps cross no block boundary */
+    e->wsnap_data = calloc((size_t)e->n_wsnap_max, kvpool_window_state_bytes(e->kv));
+    if (!e->wstage || !e->wsnap_data) {
+        snprintf(err, errsz, "out of memory for the window layers' staging of %zu tokens", T);
+        return ENGINE_ERR_NOMEM;
+    }
+    return ENGINE_OK;
+}
+
+/* The activation scratch the largest matmul outside the routed experts needs for T rows. */
+static size_t engine_matmul_scratch_bytes(const model *m, int T)
+{
+    const model_hparams *hp = &m->hp;
+    size_t sc = 0;
+    for (int il = 0; il < hp->n_layers; il++) {
+        const model_layer *L = &m->layers[il];
+        if (hp->mla) {
+            const ops_weight *qk[2] = { L->wq_a.data ? &L->wq_a : &L->wq, &L->wkv_a };
+            sc = TM_MAX(sc, ops_matmul_multi_scratch_bytes(2, qk, T));
+            if (L->wq_b.data) sc = engine_scratch_need(&L->wq_b, T, sc);
+        } else {
+            const ops_weight *qkv[3] = { &L->wq, &L->wk, &L->wv };
+            sc = TM_MAX(sc, ops_matmul_multi_scratch_bytes(3, qkv, T));
+        }
+        sc = engine_scratch_need(&L->wo, T, sc);
+        if (L->gate_shexp.data) {
+            const ops_weight *gu[2] = { &L->gate_shexp, &L->up_shexp };
+            sc = TM_MAX(sc, ops_matmul_multi_scratch_bytes(2, gu, T));
+            sc = engine_scratch_need(&L->down_shexp, T, sc);
+        }
+        if (L->gate_inp.data) {
+            sc = engine_scratch_need(&L->gate_inp, T, sc);   /* the experts' own: moe_tmp */
+        } else {
+            const ops_weight *gu[2] = { &L->gate, &L->up };
+            sc = TM_MAX(sc, ops_matmul_multi_scratch_bytes(2, gu, T));
+            sc = engine_scratch_need(&L->down, T, sc);
+        }
+    }
+    sc = engine_scratch_need(&m->output, T, sc);
+    return TM_MAX(sc, engine_qwen35_scratch_bytes(m, T));
+}
+
+/* The routed experts: router, grouping of tokens by expert, each thread's chunk scratch, and
+ * the per-expert statistics. */
+static engine_status engine_new_moe(engine *e, size_t T, int n_threads, char *err, size_t errsz)
+{
+    const model *m = e->m;
+    const model_hparams *hp = &m->hp;
+    int Ti = (int)T;
+    size_t E = (size_t)hp->n_expert, Tk = T * (size_t)hp->n_expert_used;
+    e->r_logits = engine_scratch_alloc(e, T * E * sizeof(float));
+    e->router = (moe_router){ .gate = hp->router_sigmoid ? MOE_GATE_SIGMOID
+                                      : hp->router_logit_topk ? MOE_GATE_SOFTMAX_WEIGHT : MOE_GATE_SOFTMAX,
+                              .n_expert = hp->n_expert, .k = hp->n_expert_used, .norm_w = hp->router_norm,
+                              .w_scale = hp->router_scale, .n_groups = hp->n_groups,
+                              .n_groups_used = hp->n_groups_used };
+    e->r_probs = engine_scratch_alloc(e, (size_t)n_threads * MOE_SCRATCH(E) * sizeof(float));
+    e->r_idx = engine_scratch_alloc(e, (size_t)n_threads * MOE_SCRATCH(E) * sizeof(int32_t));
+    e->r_sel = engine_scratch_alloc(e, Tk * sizeof(int32_t));
+    e->r_w = engine_scratch_alloc(e, Tk * sizeof(float));
+    e->r_margin = engine_scratch_alloc(e, T * sizeof(float));
+    e->x_off = engine_scratch_alloc(e, (E + 1) * sizeof(int32_t));
+    e->x_row = engine_scratch_alloc(e, Tk * sizeof(int32_t));
+    e->x_tok = engine_scratch_alloc(e, Tk * sizeof(int32_t));
+    e->x_act = engine_scratch_alloc(e, E * sizeof(int32_t));
+    e->xg = engine_scratch_alloc(e, Tk * (size_t)hp->dim * sizeof(float));
+    e->fe = engine_scratch_alloc(e, Tk * (size_t)hp->expert_ffn * sizeof(float));
+    e->ye = engine_scratch_alloc(e, Tk * (size_t)hp->dim * sizeof(float));
+    /* per thread: gate and up of a chunk (T, ENGINE_MOE_ROWS), then the activation
+     * scratch of a chunk's matmul (a view of any rows needs what the whole expert does) */
+    size_t msc = 0;
+    for (int il = hp->n_dense_lead; il < hp->n_layers; il++) {
+        const model_layer *L = &m->layers[il];
+        ops_weight g = model_expert(&L->gate_exps, hp->n_expert, 0), u = model_expert(&L->up_exps, hp->n_expert, 0);
+        ops_weight d = model_expert(&L->down_exps, hp->n_expert, 0);
+        const ops_weight *gu[2] = { &g, &u };
+        msc = TM_MAX(msc, ops_matmul_multi_scratch_bytes(2, gu, Ti));
+        msc = engine_scratch_need(&d, Ti, msc);
+        if (L->gate_shexp.data) {   /* slices of the shared experts, fused into the round */
+            const ops_weight *sgu[2] = { &L->gate_shexp, &L->up_shexp };
+            msc = TM_MAX(msc, ops_matmul_multi_scratch_bytes(2, sgu, Ti));
+            msc = engine_scratch_need(&L->down_shexp, Ti, msc);
+        }
+    }
+    e->moe_tmp_stride = TM_ALIGN_UP(2 * T * ENGINE_MOE_ROWS + (msc + 64) / sizeof(float), 16);
+    e->moe_tmp = engine_scratch_alloc(e, (size_t)n_threads * e->moe_tmp_stride * sizeof(float));
+    e->stats = engine_moe_stats_new(hp->n_layers, hp->n_expert, ENGINE_MOE_WINDOW);
+    if (!e->r_logits || !e->r_probs || !e->r_idx || !e->r_sel || !e->r_w || !e->r_margin || !e->x_off ||
+        !e->x_row || !e->x_tok || !e->x_act || !e->xg || !e->fe || !e->ye || !e->moe_tmp || !e->stats) {
+        snprintf(err, errsz, "out of memory for the expert buffers of %d tokens", Ti);
+        return ENGINE_ERR_NOMEM;
+    }
+    return ENGINE_OK;
+}
+
+/* Multi-head latent attention: the query's low-rank and raw rows, the values, the shared
+ * expert's input, and each thread's per-head scratch. */
+static engine_status engine_new_mla(engine *e, size_t T, int n_threads, char *err, size_t errsz)
+{
+    const model *m = e->m;
+    const model_hparams *hp = &m->hp;
+    int Ti = (int)T;
+    size_t H = (size_t)hp->n_heads, kq = (size_t)(hp->nope_dim + hp->n_rot), lr = (size_t)hp->kv_lora;
+    e->qa = engine_scratch_alloc(e, T * (size_t)TM_MAX(hp->q_lora, 1) * sizeof(float));
+    e->qraw = engine_scratch_alloc(e, T * H * kq * sizeof(float));
+    e->att_v = engine_scratch_alloc(e, T * H * (size_t)hp->v_dim * sizeof(float));
+    e->shx = engine_scratch_alloc(e, T * (size_t)hp->dim * sizeof(float));
+    /* per thread: a head's input rows (T, max(nope, kv_lora)), its output rows (T,
+     * max(kv_lora, v_dim)), then the activation scratch of its matmul */
+    size_t msc = 0;
+    for (int il = 0; il < hp->n_layers; il++) {
+        ops_weight kb = model_expert(&m->layers[il].wk_b, hp->n_heads, 0);
+        ops_weight vb = model_expert(&m->layers[il].wv_b, hp->n_heads, 0);
+        msc = engine_scratch_need(&kb, Ti, engine_scratch_need(&vb, Ti, msc));
+    }
+    e->mla_tmp_stride = TM_ALIGN_UP(T * TM_MAX((size_t)hp->nope_dim, lr) + T * TM_MAX(lr, (size_t)hp->v_dim) +
+                                    (msc + 64) / sizeof(float), 16);
+    e->mla_tmp = engine_scratch_alloc(e, (size_t)n_threads * e->mla_tmp_stride * sizeof(float));
+    if (!e->qa || !e->qraw || !e->att_v || !e->shx || !e->mla_tmp) {
+        snprintf(err, errsz, "out of memory for the latent attention buffers of %d tokens", Ti);
+        return ENGINE_ERR_NOMEM;
+    }
+    return ENGINE_OK;
+}
+
+/* Every activation of a step of T tokens, the matmul and attention scratch, and the
+ * family's own buffers (window staging, linear attention, MTP input, experts, MLA). */
+static engine_status engine_new_buffers(engine *e, const engine_opts *o, char *err, size_t errsz)
+{
+    const model *m = e->m;
+    const model_hparams *hp = &m->hp;
+    engine_status st;
+    size_t T = (size_t)o->max_batch_tokens;
+    int Ti = (int)T;
+    size_t qd = (size_t)hp->n_heads * hp->head_dim, kvd = (size_t)hp->n_kv_heads * hp->head_dim;
+    e->x = engine_scratch_alloc(e, T * hp->dim * sizeof(float));
+    e->xn = engine_scratch_alloc(e, T * hp->dim * sizeof(float));
+    e->q = engine_scratch_alloc(e, T * qd * sizeof(float));
+    e->k = engine_scratch_alloc(e, T * kvd * sizeof(float));
+    e->v = engine_scratch_alloc(e, T * kvd * sizeof(float));
+    e->att = engine_scratch_alloc(e, T * qd * sizeof(float));
+    /* dense layers: ffn_dim; shared experts: n_shared * expert_ffn; routed experts use fe */
+    size_t ffn = hp->n_expert > 0 && hp->n_dense_lead == 0 ? 1 : (size_t)hp->ffn_dim;
+    ffn = TM_MAX(ffn, (size_t)hp->n_shared * (size_t)hp->expert_ffn);
+    e->ffa = engine_scratch_alloc(e, T * ffn * sizeof(float));
+    e->ffb = engine_scratch_alloc(e, T * ffn * sizeof(float));
+    e->xo = engine_scratch_alloc(e, T * hp->dim * sizeof(float));
+    e->pos = engine_scratch_alloc(e, T * sizeof(int32_t));
+    if (kvpool_n_window_layers(e->kv) > 0 && (st = engine_new_window(e, T, err, errsz)) != ENGINE_OK) return st;
+
+    size_t sc = engine_matmul_scratch_bytes(m, Ti);
+    if (hp->n_recurrent > 0 && !(e->q35 = engine_qwen35_new(m, Ti, o->n_threads))) {
+        snprintf(err, errsz, "out of memory for the linear-attention buffers of %d tokens", Ti);
+        return ENGINE_ERR_NOMEM;
+    }
+    if (m->mtp_view) {
+        sc = engine_scratch_need(&m->layers[0].eh_proj, Ti, sc);
+        e->mtp_cat = engine_scratch_alloc(e, T * 2 * (size_t)hp->dim * sizeof(float));
+        if (!e->mtp_cat) {
+            snprintf(err, errsz, "out of memory for the MTP input of %d tokens", Ti);
+            return ENGINE_ERR_NOMEM;
+        }
+    }
+    e->mm_scratch = engine_scratch_alloc(e, sc + 64);
+    /* per thread: K and V block in f32 and K transposed (3 * 128 * hd), and for the tile's
+     * query rows (att_tile * gqa, rounded up to 16): queries transposed and accumulators (hd
+     * each), scores (128), max, sum and causal limit (3); the per-key path needs less */
+    int gqa = hp->n_heads / hp->n_kv_heads;
+    e->att_tile = TM_MAX(1, TM_MIN(ENGINE_ATT_TILE_MAX, ENGINE_ATT_ROWS / gqa));
+    size_t hdz = (size_t)hp->head_dim;
+    size_t nqp = TM_ALIGN_UP((size_t)e->att_tile * (size_t)gqa, 16);
+    e->att_stride = TM_ALIGN_UP(3 * KVPOOL_BLOCK * hdz + nqp * (2 * hdz + KVPOOL_BLOCK + 3), 16);
+    e->att_scratch = engine_scratch_alloc(e, (size_t)o->n_threads * e->att_stride * sizeof(float));
+    e->tile_start = engine_scratch_alloc(e, (T + 1) * sizeof(int32_t));
+    if (!e->tile_start || !e->x || !e->xn || !e->q || !e->k || !e->v || !e->att || !e->ffa || !e->ffb || !e->xo ||
+        !e->pos || !e->mm_scratch || !e->att_scratch) {
+        snprintf(err, errsz, "out of memory for activations of %d tokens", Ti);
+        return ENGINE_ERR_NOMEM;
+    }
+    if (hp->n_expert > 0 && (st = engine_new_moe(e, T, o->n_threads, err, errsz)) != ENGINE_OK) return st;
+    if (hp->mla) return engine_new_mla(e, T, o->n_threads, err, errsz);
+    if (hp->n_shared > 0) e->shx = engine_scratch_alloc(e, T * (size_t)hp->dim * sizeof(float));
+    return ENGINE_OK;
+}
+
 engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *err, size_t errsz)
 {
     *out = NULL;
@@ -392,226 +631,25 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
         engine_free(e);
         return ENGINE_ERR_NOMEM;
     }
-
-    int32_t *lw = xcalloc((size_t)hp->n_layers, sizeof *lw);
-    kvpool_opts ko = engine_kv_geometry(m, o.kv_type, lw);
-    if (!kvpool_type_ok(ko.dtype, ko.head_dim)) {
-        snprintf(err, errsz, "a %s KV cache needs a head size that is a multiple of 32; this model's is %d",
-                 quant_type_name(ko.dtype), ko.head_dim);
-        free(lw);
-        engine_free(e);
-        return ENGINE_ERR_ARG;
-    }
-    if (hp->mla && (ko.dtype == QTYPE_Q8_0 || ko.dtype == QTYPE_Q4_0)) {
-        snprintf(err, errsz, "a %s KV cache is not supported for multi-head latent attention models (use f16 or f32)",
-                 quant_type_name(ko.dtype));
-        free(lw);
-        engine_free(e);
-        return ENGINE_ERR_ARG;
-    }
-    /* llama.cpp rotates Q, K and V by a Walsh-Hadamard matrix before a quantised cache stores
-     * them (the largest power-of-two piece of the head for K, 64 for V) and the attention
-     * output back: an outlier is spread over its piece, so the 32-value blocks quantise with
-     * less error; scores are unchanged (the matrix is orthonormal). Same condition as its. */
-    if ((ko.dtype == QTYPE_Q8_0 || ko.dtype == QTYPE_Q4_0) && ko.head_dim % 64 == 0) {
-        e->rot_k = 64;
-        while (ko.head_dim % (2 * e->rot_k) == 0) e->rot_k *= 2;
-        e->rot_v = 64;
-    }
-    if (o.n_kv_blocks > 0) ko.n_blocks = o.n_kv_blocks;
-    else if (o.kv_bytes > 0) ko.n_blocks = kvpool_blocks_for_bytes(&ko, o.kv_bytes);
-    else ko.n_blocks = 4096 / KVPOOL_BLOCK;
-    kvpool_status ks = kvpool_new(&ko, &e->kv);
-    free(lw);
-    if (ks != KVPOOL_OK) {
-        snprintf(err, errsz, "KV cache of %d blocks: %s", ko.n_blocks, kvpool_status_name(ks));
-        engine_free(e);
-        return ENGINE_ERR_NOMEM;
-    }
-    if (hp->bidirectional) {
+    int n_blocks = 0;
+    engine_status st = engine_new_kv(e, &o, &n_blocks, err, errsz);
+    if (st == ENGINE_OK && hp->bidirectional) {
         e->bert = engine_bert_new(m, e->tp, o.max_batch_tokens);
         e->x = engine_scratch_alloc(e, (size_t)o.max_batch_tokens * hp->dim * sizeof(float));
         if (!e->bert || !e->x) {
             snprintf(err, errsz, "out of memory for the encoder's buffers of %d tokens", o.max_batch_tokens);
-            engine_free(e);
-            return ENGINE_ERR_NOMEM;
+            st = ENGINE_ERR_NOMEM;
         }
-        *out = e;
-        return ENGINE_OK;
-    }
-    if (hp->arch == MODEL_ARCH_DEEPSEEK4) {
-        e->dsv4 = engine_dsv4_new(m, e->tp, e->kv, o.max_batch_tokens, ko.n_blocks * KVPOOL_BLOCK, err, errsz);
+    } else if (st == ENGINE_OK && hp->arch == MODEL_ARCH_DEEPSEEK4) {
+        e->dsv4 = engine_dsv4_new(m, e->tp, e->kv, o.max_batch_tokens, n_blocks * KVPOOL_BLOCK, err, errsz);
         e->x = engine_scratch_alloc(e, (size_t)o.max_batch_tokens * hp->dim * sizeof(float));
-        if (!e->dsv4 || !e->x) {
-            engine_free(e);
-            return ENGINE_ERR_NOMEM;
-        }
-        *out = e;
-        return ENGINE_OK;
+        if (!e->dsv4 || !e->x) st = ENGINE_ERR_NOMEM;
+    } else if (st == ENGINE_OK) {
+        st = engine_new_buffers(e, &o, err, errsz);
     }
-
-    size_t T = (size_t)o.max_batch_tokens;
-    size_t qd = (size_t)hp->n_heads * hp->head_dim, kvd = (size_t)hp->n_kv_heads * hp->head_dim;
-    e->x = engine_scratch_alloc(e, T * hp->dim * sizeof(float));
-    e->xn = engine_scratch_alloc(e, T * hp->dim * sizeof(float));
-    e->q = engine_scratch_alloc(e, T * qd * sizeof(float));
-    e->k = engine_scratch_alloc(e, T * kvd * sizeof(float));
-    e->v = engine_scratch_alloc(e, T * kvd * sizeof(float));
-    e->att = engine_scratch_alloc(e, T * qd * sizeof(float));
-    /* dense layers: ffn_dim; shared experts: n_shared * expert_ffn; routed experts use fe */
-    size_t ffn = hp->n_expert > 0 && hp->n_dense_lead == 0 ? 1 : (size_t)hp->ffn_dim;
-    ffn = TM_MAX(ffn, (size_t)hp->n_shared * (size_t)hp->expert_ffn);
-    e->ffa = engine_scratch_alloc(e, T * ffn * sizeof(float));
-    e->ffb = engine_scratch_alloc(e, T * ffn * sizeof(float));
-    e->xo = engine_scratch_alloc(e, T * hp->dim * sizeof(float));
-    e->pos = engine_scratch_alloc(e, T * sizeof(int32_t));
-
-    if (kvpool_n_window_layers(e->kv) > 0) {
-        e->wrow = quant_row_bytes(kvpool_dtype(e->kv), hp->head_dim);
-        e->wstage = engine_scratch_alloc(e, T * 2 * (size_t)hp->n_kv_heads * e->wrow);
-        e->run0 = xmalloc(T * sizeof *e->run0);
-        e->prev_run = xmalloc(T * sizeof *e->prev_run);
-        e->n_wsnap_max = (int)(T / KVPOOL_BLOCK) + 16;
-        e->wsnap = xcalloc((size_t)e->n_wsnap_max, sizeof *e->wsnap);
-        e->wsnap_t = xcalloc((size_t)e->n_wsnap_max, sizeof *e->wsnap_t);
-        /* faulted in as states are captured: most steps cross no block boundary */
-        e->wsnap_data = calloc((size_t)e->n_wsnap_max, kvpool_window_state_bytes(e->kv));
-        if (!e->wstage || !e->wsnap_data) {
-            snprintf(err, errsz, "out of memory for the window layers' staging of %zu tokens", T);
-            engine_free(e);
-            return ENGINE_ERR_NOMEM;
-        }
-    }
-
-    int Ti = (int)T;
-    size_t sc = 0;
-    for (int il = 0; il < hp->n_layers; il++) {
-        const model_layer *L = &m->layers[il];
-        if (hp->mla) {
-            const ops_weight *qk[2] = { L->wq_a.data ? &L->wq_a : &L->wq, &L->wkv_a };
-            sc = TM_MAX(sc, ops_matmul_multi_scratch_bytes(2, qk, Ti));
-            if (L->wq_b.data) sc = engine_scratch_need(&L->wq_b, Ti, sc);
-        } else {
-            const ops_weight *qkv[3] = { &L->wq, &L->wk, &L->wv };
-            sc = TM_MAX(sc, ops_matmul_multi_scratch_bytes(3, qkv, Ti));
-        }
-        sc = engine_scratch_need(&L->wo, Ti, sc);
-        if (L->gate_shexp.data) {
-            const ops_weight *gu[2] = { &L->gate_shexp, &L->up_shexp };
-            sc = TM_MAX(sc, ops_matmul_multi_scratch_bytes(2, gu, Ti));
-            sc = engine_scratch_need(&L->down_shexp, Ti, sc);
-        }
-        if (L->gate_inp.data) {
-            sc = engine_scratch_need(&L->gate_inp, Ti, sc);   /* the experts' own: moe_tmp */
-        } else {
-            const ops_weight *gu[2] = { &L->gate, &L->up };
-            sc = TM_MAX(sc, ops_matmul_multi_scratch_bytes(2, gu, Ti));
-            sc = engine_scratch_need(&L->down, Ti, sc);
-        }
-    }
-    sc = engine_scratch_need(&m->output, Ti, sc);
-    sc = TM_MAX(sc, engine_qwen35_scratch_bytes(m, Ti));
-    if (hp->n_recurrent > 0 && !(e->q35 = engine_qwen35_new(m, Ti, o.n_threads))) {
-        snprintf(err, errsz, "out of memory for the linear-attention buffers of %d tokens", Ti);
+    if (st != ENGINE_OK) {
         engine_free(e);
-        return ENGINE_ERR_NOMEM;
-    }
-    if (m->mtp_view) {
-        sc = engine_scratch_need(&m->layers[0].eh_proj, Ti, sc);
-        e->mtp_cat = engine_scratch_alloc(e, T * 2 * (size_t)hp->dim * sizeof(float));
-        if (!e->mtp_cat) {
-            snprintf(err, errsz, "out of memory for the MTP input of %d tokens", Ti);
-            engine_free(e);
-            return ENGINE_ERR_NOMEM;
-        }
-    }
-    e->mm_scratch = engine_scratch_alloc(e, sc + 64);
-    /* per thread: K and V block in f32 and K transposed (3 * 128 * hd), and for the tile's
-     * query rows (att_tile * gqa, rounded up to 16): queries transposed and accumulators (hd
-     * each), scores (128), max, sum and causal limit (3); the per-key path needs less */
-    int gqa = hp->n_heads / hp->n_kv_heads;
-    e->att_tile = TM_MAX(1, TM_MIN(ENGINE_ATT_TILE_MAX, ENGINE_ATT_ROWS / gqa));
-    size_t hdz = (size_t)hp->head_dim;
-    size_t nqp = TM_ALIGN_UP((size_t)e->att_tile * (size_t)gqa, 16);
-    e->att_stride = TM_ALIGN_UP(3 * KVPOOL_BLOCK * hdz + nqp * (2 * hdz + KVPOOL_BLOCK + 3), 16);
-    e->att_scratch = engine_scratch_alloc(e, (size_t)o.n_threads * e->att_stride * sizeof(float));
-    e->tile_start = engine_scratch_alloc(e, (T + 1) * sizeof(int32_t));
-    if (!e->tile_start || !e->x || !e->xn || !e->q || !e->k || !e->v || !e->att || !e->ffa || !e->ffb || !e->xo ||
-        !e->pos || !e->mm_scratch || !e->att_scratch) {
-        snprintf(err, errsz, "out of memory for activations of %d tokens", Ti);
-        engine_free(e);
-        return ENGINE_ERR_NOMEM;
-    }
-    if (hp->n_expert > 0) {
-        size_t E = (size_t)hp->n_expert, Tk = T * (size_t)hp->n_expert_used;
-        e->r_logits = engine_scratch_alloc(e, T * E * sizeof(float));
-        e->router = (moe_router){ .gate = hp->router_sigmoid ? MOE_GATE_SIGMOID
-                                          : hp->router_logit_topk ? MOE_GATE_SOFTMAX_WEIGHT : MOE_GATE_SOFTMAX,
-                                  .n_expert = hp->n_expert, .k = hp->n_expert_used, .norm_w = hp->router_norm,
-                                  .w_scale = hp->router_scale, .n_groups = hp->n_groups,
-                                  .n_groups_used = hp->n_groups_used };
-        e->r_probs = engine_scratch_alloc(e, (size_t)o.n_threads * MOE_SCRATCH(E) * sizeof(float));
-        e->r_idx = engine_scratch_alloc(e, (size_t)o.n_threads * MOE_SCRATCH(E) * sizeof(int32_t));
-        e->r_sel = engine_scratch_alloc(e, Tk * sizeof(int32_t));
-        e->r_w = engine_scratch_alloc(e, Tk * sizeof(float));
-        e->r_margin = engine_scratch_alloc(e, T * sizeof(float));
-        e->x_off = engine_scratch_alloc(e, (E + 1) * sizeof(int32_t));
-        e->x_row = engine_scratch_alloc(e, Tk * sizeof(int32_t));
-        e->x_tok = engine_scratch_alloc(e, Tk * sizeof(int32_t));
-        e->x_act = engine_scratch_alloc(e, E * sizeof(int32_t));
-        e->xg = engine_scratch_alloc(e, Tk * (size_t)hp->dim * sizeof(float));
-        e->fe = engine_scratch_alloc(e, Tk * (size_t)hp->expert_ffn * sizeof(float));
-        e->ye = engine_scratch_alloc(e, Tk * (size_t)hp->dim * sizeof(float));
-        /* per thread: gate and up of a chunk (T, ENGINE_MOE_ROWS), then the activation
-         * scratch of a chunk's matmul (a view of any rows needs what the whole expert does) */
-        size_t msc = 0;
-        for (int il = hp->n_dense_lead; il < hp->n_layers; il++) {
-            const model_layer *L = &m->layers[il];
-            ops_weight g = model_expert(&L->gate_exps, hp->n_expert, 0), u = model_expert(&L->up_exps, hp->n_expert, 0);
-            ops_weight d = model_expert(&L->down_exps, hp->n_expert, 0);
-            const ops_weight *gu[2] = { &g, &u };
-            msc = TM_MAX(msc, ops_matmul_multi_scratch_bytes(2, gu, Ti));
-            msc = engine_scratch_need(&d, Ti, msc);
-            if (L->gate_shexp.data) {   /* slices of the shared experts, fused into the round */
-                const ops_weight *sgu[2] = { &L->gate_shexp, &L->up_shexp };
-                msc = TM_MAX(msc, ops_matmul_multi_scratch_bytes(2, sgu, Ti));
-                msc = engine_scratch_need(&L->down_shexp, Ti, msc);
-            }
-        }
-        e->moe_tmp_stride = TM_ALIGN_UP(2 * T * ENGINE_MOE_ROWS + (msc + 64) / sizeof(float), 16);
-        e->moe_tmp = engine_scratch_alloc(e, (size_t)o.n_threads * e->moe_tmp_stride * sizeof(float));
-        e->stats = engine_moe_stats_new(hp->n_layers, hp->n_expert, ENGINE_MOE_WINDOW);
-        if (!e->r_logits || !e->r_probs || !e->r_idx || !e->r_sel || !e->r_w || !e->r_margin || !e->x_off ||
-            !e->x_row || !e->x_tok || !e->x_act || !e->xg || !e->fe || !e->ye || !e->moe_tmp || !e->stats) {
-            snprintf(err, errsz, "out of memory for the expert buffers of %d tokens", Ti);
-            engine_free(e);
-            return ENGINE_ERR_NOMEM;
-        }
-    }
-    if (hp->mla) {
-        size_t H = (size_t)hp->n_heads, kq = (size_t)(hp->nope_dim + hp->n_rot), lr = (size_t)hp->kv_lora;
-        e->qa = engine_scratch_alloc(e, T * (size_t)TM_MAX(hp->q_lora, 1) * sizeof(float));
-        e->qraw = engine_scratch_alloc(e, T * H * kq * sizeof(float));
-        e->att_v = engine_scratch_alloc(e, T * H * (size_t)hp->v_dim * sizeof(float));
-        e->shx = engine_scratch_alloc(e, T * (size_t)hp->dim * sizeof(float));
-        /* per thread: a head's input rows (T, max(nope, kv_lora)), its output rows (T,
-         * max(kv_lora, v_dim)), then the activation scratch of its matmul */
-        size_t msc = 0;
-        for (int il = 0; il < hp->n_layers; il++) {
-            ops_weight kb = model_expert(&m->layers[il].wk_b, hp->n_heads, 0);
-            ops_weight vb = model_expert(&m->layers[il].wv_b, hp->n_heads, 0);
-            msc = engine_scratch_need(&kb, Ti, engine_scratch_need(&vb, Ti, msc));
-        }
-        e->mla_tmp_stride = TM_ALIGN_UP(T * TM_MAX((size_t)hp->nope_dim, lr) + T * TM_MAX(lr, (size_t)hp->v_dim) +
-                                        (msc + 64) / sizeof(float), 16);
-        e->mla_tmp = engine_scratch_alloc(e, (size_t)o.n_threads * e->mla_tmp_stride * sizeof(float));
-        if (!e->qa || !e->qraw || !e->att_v || !e->shx || !e->mla_tmp) {
-            snprintf(err, errsz, "out of memory for the latent attention buffers of %d tokens", Ti);
-            engine_free(e);
-            return ENGINE_ERR_NOMEM;
-        }
-    } else if (hp->n_shared > 0) {
-        e->shx = engine_scratch_alloc(e, T * (size_t)hp->dim * sizeof(float));
+        return st;
     }
     *out = e;
     return ENGINE_OK;
@@ -1589,10 +1627,10 @@ engine_status engine_warmup(engine *e)
 
 engine_status engine_step(engine *e, const engine_batch *b, float *logits)
 {
-    return engine_step_mtp(e, b, NULL, logits);
+    return engine_forward(e, b, NULL, logits);
 }
 
-engine_status engine_step_mtp(engine *e, const engine_batch *b, const float *hidden, float *logits)
+engine_status engine_forward(engine *e, const engine_batch *b, const float *hidden, float *logits)
 {
     const model *m = e->m;
     const model_hparams *hp = &m->hp;

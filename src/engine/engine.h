@@ -39,7 +39,7 @@
  *
  * Multi-token prediction: an engine over an MTP view (model_mtp_view) makes each entry's input
  * eh_proj([rmsnorm(embedding) * enorm; rmsnorm(hidden) * hnorm]) from the hidden states given
- * to engine_step_mtp, then runs the view's one layer, head norm and head as any model;
+ * to engine_forward, then runs the view's one layer, head norm and head as any model;
  * engine_hidden gives every step's hidden states (the model's, which the MTP draft continues;
  * the view's, to chain it), read in place: nothing is copied on the model's step.
  *
@@ -202,12 +202,13 @@ void engine_hidden_normed(const engine *e, int t, float *out);
  * Valid until the next engine_step. */
 const float *engine_route_margins(const engine *e);
 
-/* Runs one forward step. logits receives (n_out, n_vocab) floats, one row per entry with
- * want_logits, in batch order; it may be NULL when no entry wants logits. */
+/* The forward pass, one step over the batch. logits receives (n_out, n_vocab) floats, one row
+ * per entry with want_logits, in batch order; it may be NULL when no entry wants logits.
+ * hidden is NULL for a model and (n_tokens, dim) floats for an engine over an MTP view
+ * (model_mtp_view): the hidden state each entry continues; either other way is refused. */
+engine_status engine_forward(engine *e, const engine_batch *b, const float *hidden, float *logits);
+/* engine_forward of a model (hidden NULL): what every caller but the MTP drafter runs. */
 engine_status engine_step(engine *e, const engine_batch *b, float *logits);
-/* engine_step on an engine over an MTP view (model_mtp_view; engine_step refuses it), hidden
- * (n_tokens, dim) being the hidden state each entry continues. */
-engine_status engine_step_mtp(engine *e, const engine_batch *b, const float *hidden, float *logits);
 
 /* Every activation and scratch buffer written once (each pool thread its share, so a
  * per-thread buffer is first touched by its own thread), then a step of one token (id 0 at

@@ -11,20 +11,20 @@
  * file calls it before each step's plan.
  *
  * The handle itself is freed by whoever lets go of it last: the caller (sched_release) or the
- * engine thread (when it drops a request the caller has already released). `engine_held` and
- * `released` decide that, under s->mu.
+ * engine thread (when it drops a request the caller has already released). `pub.engine_held`
+ * and `pub.released` decide that, under s->mu.
  *
  * What the engine thread alone touches (no lock): the kvpool, the samplers, every request's
  * token array beyond n_prompt, seq, n_done, and the running array (which it changes only
  * under s->mu, so that the cancel-all calls may walk it). What s->mu guards: the waiting
- * queue, each request's output ring and flags (cancel, released, engine_held,
+ * queue, each request's `pub` (output ring, cancel, released, engine_held,
  * finish_returned), the count of unfinished requests, the statistics and histograms.
  *
  * Publishing (the overlapped step loop): a step's outputs wait in pub_* from the handoff
  * (sched_step_publish_locked) until sched_pub_flush_locked pushes them, on the publisher
  * thread or on the engine thread (before the next handoff, before any FINISH, with
  * no_overlap). A request ended at the handoff is out of the running set with its KV released
- * but keeps engine_held until its FINISH is pushed, so the handle outlives its records.
+ * but keeps pub.engine_held until its FINISH is pushed, so the handle outlives its records.
  *
  * Stopping: sched_drain refuses new submissions; sched_abort and sched_shutdown also mark
  * every request cancelled, with the finish it must end with (ABORTED or CANCELLED), and the
@@ -65,17 +65,17 @@ void sched_hist_add(sched_hist *h, double v)
 
 sched_output *sched_push(sched_req *r)
 {
-    if (r->ring_n == r->ring_cap) {
-        int ncap = r->ring_cap ? r->ring_cap * 2 : 16;
+    if (r->pub.ring_n == r->pub.ring_cap) {
+        int ncap = r->pub.ring_cap ? r->pub.ring_cap * 2 : 16;
         sched_output *nr = xmalloc((size_t)ncap * sizeof *nr);
-        for (int i = 0; i < r->ring_n; i++) nr[i] = r->ring[(r->ring_head + i) % r->ring_cap];
-        free(r->ring);
-        r->ring = nr;
-        r->ring_cap = ncap;
-        r->ring_head = 0;
+        for (int i = 0; i < r->pub.ring_n; i++) nr[i] = r->pub.ring[(r->pub.ring_head + i) % r->pub.ring_cap];
+        free(r->pub.ring);
+        r->pub.ring = nr;
+        r->pub.ring_cap = ncap;
+        r->pub.ring_head = 0;
     }
-    sched_output *o = &r->ring[(r->ring_head + r->ring_n) % r->ring_cap];
-    r->ring_n++;
+    sched_output *o = &r->pub.ring[(r->pub.ring_head + r->pub.ring_n) % r->pub.ring_cap];
+    r->pub.ring_n++;
     memset(o, 0, sizeof *o);
     return o;
 }
@@ -83,15 +83,15 @@ sched_output *sched_push(sched_req *r)
 static void sched_req_destroy(sched_req *r)
 {
     if (!r) return;
-    if (r->load) blockio_load_free(r->s->o.bio, r->load);
-    sample_free(r->smp);
-    grammar_match_free(r->gm);
-    grammar_match_free(r->gm_draft);
+    if (r->load.io) blockio_load_free(r->s->o.bio, r->load.io);
+    sample_free(r->samp.smp);
+    grammar_match_free(r->samp.gm);
+    grammar_match_free(r->draft.gm);
     free(r->tokens);
-    free(r->chain);
-    free(r->ring);
+    free(r->prefix.chain);
+    free(r->pub.ring);
     free(r->embd);
-    pthread_cond_destroy(&r->cv);
+    pthread_cond_destroy(&r->pub.cv);
     free(r);
 }
 
@@ -117,28 +117,28 @@ static void sched_finish_release(sched *s, sched_req *r)
 /* Publishes r's FINISH record with why, unless it has one. Under mu. */
 void sched_finish_push_locked(sched *s, sched_req *r, sched_finish why)
 {
-    if (!r->finished) {
+    if (!r->pub.finished) {
         if (--s->n_live == 0) pthread_cond_broadcast(&s->idle_cv);
         sched_output *o = sched_push(r);
         o->kind = SCHED_OUT_FINISH;
         o->token = -1;
         o->finish = why;
         o->usage.prompt_tokens = r->n_prompt;
-        o->usage.cached_tokens = r->n_cached;
+        o->usage.cached_tokens = r->prefix.n_cached;
         o->usage.completion_tokens = r->n_tokens - r->n_prompt;
-        o->usage.accepted_drafts = r->n_drafts_accepted;
-        o->usage.rejected_drafts = r->n_drafts_verified - r->n_drafts_accepted;
+        o->usage.accepted_drafts = r->spec.n_accepted;
+        o->usage.rejected_drafts = r->spec.n_verified - r->spec.n_accepted;
         o->ttft_s = r->ttft;
-        r->finished = true;
+        r->pub.finished = true;
         s->st.n_finished[why]++;
         int n_gen = r->n_tokens - r->n_prompt;
         double span = r->ttft >= 0 && r->t_last > 0 ? r->t_last - (r->t_submit + r->ttft) : 0;
         log_debug("sched: req %llu finished at step %llu (%s): prompt %d, %d tokens generated, %.1f ms from the "
                   "first to the last (%.1f tok/s), drafts verified %d accepted %d",
                   (unsigned long long)r->id, (unsigned long long)s->n_planned, sched_finish_name(why), r->n_prompt,
-                  n_gen, span * 1e3, n_gen > 1 && span > 0 ? (n_gen - 1) / span : 0.0, r->n_drafts_verified,
-                  r->n_drafts_accepted);
-        pthread_cond_broadcast(&r->cv);
+                  n_gen, span * 1e3, n_gen > 1 && span > 0 ? (n_gen - 1) / span : 0.0, r->spec.n_verified,
+                  r->spec.n_accepted);
+        pthread_cond_broadcast(&r->pub.cv);
         if (r->p.on_output) r->p.on_output(r->p.out_arg);
     }
 }
@@ -146,8 +146,8 @@ void sched_finish_push_locked(sched *s, sched_req *r, sched_finish why)
 /* The engine drops its reference; frees the handle if the caller already released it. */
 void sched_drop_locked(sched_req *r)
 {
-    r->engine_held = false;
-    if (r->released) sched_req_destroy(r);
+    r->pub.engine_held = false;
+    if (r->pub.released) sched_req_destroy(r);
 }
 
 /* Ends r with why: releases its KV (engine thread), then publishes FINISH after the outputs
@@ -195,9 +195,9 @@ static void sched_preempt_locked(sched *s, int i)
     r->n_done = 0;
     sched_spec_release(s, r);
     r->state = REQ_QUEUED;
-    r->first_run = false;
-    r->load_started = false;   /* the resume may load its blocks back from the store */
-    r->tail_looked = false;    /* and pin the tail it kept */
+    r->prefix.first_run = false;
+    r->load.started = false;   /* the resume may load its blocks back from the store */
+    r->load.tail_looked = false;    /* and pin the tail it kept */
     sched_running_remove(s, i);
     sched_wait_push_front(s, r);
     s->st.n_preempted++;
@@ -247,7 +247,7 @@ replan:
         for (int i = 0; i < s->n_running; i++) {
             int left = s->running[i]->n_tokens - s->running[i]->n_done;
             n_dec += left == 1;
-            prefill |= left > 1 && !s->running[i]->share_wait;
+            prefill |= left > 1 && !s->running[i]->prefix.share_wait;
         }
         sched_spec_plan_locked(s, budget - n_dec - (prefill ? SCHED_TIME_MIN_CHUNK : 0));
     }
@@ -264,8 +264,8 @@ replan:
             sched_req *r = s->running[i];
             int left = r->n_tokens - r->n_done;
             /* an encoder's inputs are all prompts: one token is no decode (pass 1's budget) */
-            if ((pass == 0) != (left == 1 && !s->whole) || r->share_wait) continue;
-            int k = pass == 0 && s->o.spec_sources ? TM_MIN(r->n_verify, budget - 1) : 0;
+            if ((pass == 0) != (left == 1 && !s->whole) || r->prefix.share_wait) continue;
+            int k = pass == 0 && s->o.spec_sources ? TM_MIN(r->draft.n_verify, budget - 1) : 0;
             int chunk = pass == 0 ? 1 + k : sched_prefill_chunk(s, x, r, budget, target_s);
             if (pass == 1 && s->whole) {   /* an encoder's sequence is one step's, whole */
                 if (left > budget) continue;   /* the next step's (sched_new bounds the prompt) */
@@ -294,7 +294,7 @@ replan:
             bool last = (pass == 0 || chunk == left) && !r->embd;   /* an embedding samples nothing */
             for (int j = 0; j < chunk; j++) {
                 engine_tok *t = &s->batch[n_tok++];
-                t->token = j == 0 || pass == 1 ? r->tokens[r->n_done + j] : r->draft[j - 1];
+                t->token = j == 0 || pass == 1 ? r->tokens[r->n_done + j] : r->draft.tok[j - 1];
                 t->pos = r->n_done + j;
                 t->seq = r->seq;
                 t->want_logits = last && j >= chunk - 1 - k;   /* a decode's verify rows all do */
@@ -306,8 +306,8 @@ replan:
             s->batch_n[*n_reqs] = chunk;
             s->batch_row[*n_reqs] = last ? n_rows : -1;
             s->batch_k[*n_reqs] = k;
-            s->batch_nd[*n_reqs] = pass == 0 ? r->n_draft : 0;
-            s->batch_src[*n_reqs] = r->draft_src;
+            s->batch_nd[*n_reqs] = pass == 0 ? r->draft.n : 0;
+            s->batch_src[*n_reqs] = r->draft.src;
             n_rows += last ? 1 + k : 0;
             (*n_reqs)++;
             budget -= chunk;
@@ -372,7 +372,7 @@ static void sched_trace_plan(sched *s, int n_reqs, int n_tok)
             r->tr.n_chunk++;
             r->tr.n_mixed += n_dec > 0;
             r->tr.n_computed += s->batch_n[k];
-        } else if (r->share_wait) {
+        } else if (r->prefix.share_wait) {
             r->tr.n_share++;
         } else {
             r->tr.n_starved++;
@@ -535,8 +535,8 @@ static void sched_step_count_locked(sched *s, const sched_step *st)
             s->st.spec_verifies++;
             s->st.spec_src_verified[s->batch_src[i]] += (uint64_t)s->batch_k[i];
             s->st.spec_src_accepted[s->batch_src[i]] += (uint64_t)s->batch_acc[i];
-            s->batch_req[i]->n_drafts_verified += s->batch_k[i];
-            s->batch_req[i]->n_drafts_accepted += s->batch_acc[i];
+            s->batch_req[i]->spec.n_verified += s->batch_k[i];
+            s->batch_req[i]->spec.n_accepted += s->batch_acc[i];
         }
     }
     if (dec && pre) s->st.n_mixed_steps++;
@@ -678,47 +678,52 @@ static void *sched_thread(void *arg)
 
 /* ---- public ---- */
 
+/* names[v], or "?" for a value outside the table or without a name. */
+static const char *sched_enum_name(const char *const *names, size_t n, int v)
+{
+    return v >= 0 && (size_t)v < n && names[v] ? names[v] : "?";
+}
+
 const char *sched_status_name(sched_status st)
 {
-    switch (st) {
-    case SCHED_OK: return "ok";
-    case SCHED_ERR_QUEUE_FULL: return "queue full";
-    case SCHED_ERR_TOO_LONG: return "prompt too long";
-    case SCHED_ERR_ARG: return "bad argument";
-    case SCHED_ERR_NOMEM: return "out of memory";
-    case SCHED_ERR_STOPPED: return "shutting down";
-    }
-    return "?";
+    static const char *const names[] = {
+        [SCHED_OK] = "ok",
+        [SCHED_ERR_QUEUE_FULL] = "queue full",
+        [SCHED_ERR_TOO_LONG] = "prompt too long",
+        [SCHED_ERR_ARG] = "bad argument",
+        [SCHED_ERR_NOMEM] = "out of memory",
+        [SCHED_ERR_STOPPED] = "shutting down",
+    };
+    return sched_enum_name(names, TM_ARRAY_LEN(names), (int)st);
 }
 
 const char *sched_gap_part_name(sched_gap_part p)
 {
-    switch (p) {
-    case SCHED_GAP_COMMIT: return "commit";
-    case SCHED_GAP_SAMPLE: return "sample";
-    case SCHED_GAP_DRAFT: return "draft";
-    case SCHED_GAP_LOCK: return "lock";
-    case SCHED_GAP_PUBLISH: return "publish";
-    case SCHED_GAP_HANDOFF: return "handoff";
-    case SCHED_GAP_PLAN: return "plan";
-    case SCHED_GAP_LAUNCH: return "launch";
-    case SCHED_GAP_N: break;
-    }
-    return "?";
+    static const char *const names[SCHED_GAP_N] = {
+        [SCHED_GAP_COMMIT] = "commit",
+        [SCHED_GAP_SAMPLE] = "sample",
+        [SCHED_GAP_DRAFT] = "draft",
+        [SCHED_GAP_LOCK] = "lock",
+        [SCHED_GAP_PUBLISH] = "publish",
+        [SCHED_GAP_HANDOFF] = "handoff",
+        [SCHED_GAP_PLAN] = "plan",
+        [SCHED_GAP_LAUNCH] = "launch",
+    };
+    return sched_enum_name(names, TM_ARRAY_LEN(names), (int)p);
 }
 
 const char *sched_finish_name(sched_finish f)
 {
-    switch (f) {
-    case SCHED_FINISH_NONE: return "none";
-    case SCHED_FINISH_STOP: return "stop";
-    case SCHED_FINISH_LENGTH: return "length";
-    case SCHED_FINISH_CANCELLED: return "cancelled";
-    case SCHED_FINISH_ERROR: return "error";
-    case SCHED_FINISH_ABORTED: return "aborted";
-    case SCHED_FINISH_REFUSED: return "refused";
-    }
-    return "?";
+    static const char *const names[] = {
+        [SCHED_FINISH_NONE] = "none",
+        [SCHED_FINISH_STOP] = "stop",
+        [SCHED_FINISH_LENGTH] = "length",
+        [SCHED_FINISH_CANCELLED] = "cancelled",
+        [SCHED_FINISH_ERROR] = "error",
+        [SCHED_FINISH_ABORTED] = "aborted",
+        [SCHED_FINISH_REFUSED] = "refused",
+    };
+    return sched_enum_name(names, TM_ARRAY_LEN(names), (int)f);
 }
 
 int sched_default_step_tokens(int max_seqs)
@@ -884,9 +889,9 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
 /* Marks r to end with why before its next step, unless it ended or was cancelled already. */
 static void sched_cancel_locked(sched *s, sched_req *r, sched_finish why)
 {
-    if (r->finished || r->cancel) return;
-    r->cancel = true;
-    r->cancel_why = why;
+    if (r->pub.finished || r->pub.cancel) return;
+    r->pub.cancel = true;
+    r->pub.cancel_why = why;
     pthread_cond_signal(&s->work_cv);
 }
 
@@ -1020,8 +1025,8 @@ sched_status sched_submit(sched *s, const sched_params *p, sched_req **out)
     r->p.cache_salt = NULL;
     r->p.gen = NULL;
     if (p->cache_salt && *p->cache_salt) {
-        blockkey_root(p->cache_salt, strlen(p->cache_salt), r->root);
-        r->salted = true;
+        blockkey_root(p->cache_salt, strlen(p->cache_salt), r->prefix.root);
+        r->prefix.salted = true;
     }
     r->n_prompt = p->n_prompt;
     r->n_tokens = p->n_prompt;
@@ -1029,22 +1034,22 @@ sched_status sched_submit(sched *s, const sched_params *p, sched_req **out)
     r->max_gen = p->embed ? 0 : p->max_tokens > 0 ? TM_MIN(p->max_tokens, room) : room;
     r->cap = p->n_prompt + r->max_gen;
     r->tokens = malloc((size_t)r->cap * sizeof *r->tokens);
-    r->chain = malloc(((size_t)r->cap / KVPOOL_BLOCK + 1) * sizeof *r->chain);
-    r->smp = sample_new(s->n_vocab, &p->sample);
+    r->prefix.chain = malloc(((size_t)r->cap / KVPOOL_BLOCK + 1) * sizeof *r->prefix.chain);
+    r->samp.smp = sample_new(s->n_vocab, &p->sample);
     if (p->embed) {
         /* the sum, then a row of scratch; a root of its own: it attaches no one's blocks */
         r->embd = calloc(2 * (size_t)s->e_dim, sizeof *r->embd);
         uint64_t nonce[2] = { (uint64_t)(uintptr_t)r, (uint64_t)(util_now() * 1e9) };
-        blockkey_root((const char *)nonce, sizeof nonce, r->root);
-        r->salted = true;
+        blockkey_root((const char *)nonce, sizeof nonce, r->prefix.root);
+        r->prefix.salted = true;
     }
-    if (!r->tokens || !r->chain || !r->smp || (p->embed && !r->embd)) {
+    if (!r->tokens || !r->prefix.chain || !r->samp.smp || (p->embed && !r->embd)) {
         sched_req_destroy(r);
         return SCHED_ERR_NOMEM;
     }
     memcpy(r->tokens, p->prompt, (size_t)p->n_prompt * sizeof *r->tokens);
-    for (int i = 0; i < p->n_prompt; i++) sample_accept(r->smp, p->prompt[i]);
-    r->in_think = p->think_open;
+    for (int i = 0; i < p->n_prompt; i++) sample_accept(r->samp.smp, p->prompt[i]);
+    r->samp.in_think = p->think_open;
     r->p.grammar = NULL;  /* the matcher holds the reference */
     if (p->grammar) {
         int32_t stops[4 + SCHED_MAX_STOP_IDS];
@@ -1052,31 +1057,31 @@ sched_status sched_submit(sched *s, const sched_params *p, sched_req **out)
         for (int i = 0; i < 4 && !p->ignore_eos; i++)
             if (s->o.eos_ids[i] >= 0) stops[n_stops++] = s->o.eos_ids[i];
         for (int i = 0; i < p->n_stop_ids; i++) stops[n_stops++] = p->stop_ids[i];
-        r->gm = grammar_match_new(p->grammar, p->grammar_vocab, stops, n_stops);
-        r->g_on = !p->grammar_lazy;
+        r->samp.gm = grammar_match_new(p->grammar, p->grammar_vocab, stops, n_stops);
+        r->samp.g_on = !p->grammar_lazy;
         /* the copy drafts are checked on, made here: the engine thread allocates nothing */
-        if (s->o.spec_sources) r->gm_draft = grammar_match_clone(r->gm);
+        if (s->o.spec_sources) r->draft.gm = grammar_match_clone(r->samp.gm);
     }
     if (p->n_gen > 0) {   /* continue a request generated elsewhere: same sampler state */
         memcpy(r->tokens + p->n_prompt, p->gen, (size_t)p->n_gen * sizeof *r->tokens);
         r->n_tokens += p->n_gen;
         for (int i = 0; i < p->n_gen; i++) {
-            sample_accept(r->smp, p->gen[i]);
+            sample_accept(r->samp.smp, p->gen[i]);
             if (!sched_sample_grammar_track(r, p->gen[i])) {
                 sched_req_destroy(r);
                 return SCHED_ERR_ARG;  /* the tokens generated elsewhere leave the grammar */
             }
             sched_sample_think_track(r, p->gen[i]);
         }
-        sample_skip_draws(r->smp, p->n_sampled);
+        sample_skip_draws(r->samp.smp, p->n_sampled);
     }
     r->ttft = -1;
-    for (int i = 0; i < SPEC_N_SRC; i++) spec_seq_init(&r->spec[i]);
-    spec_probe_init(&r->probe);
-    r->draft_at = -1;
+    for (int i = 0; i < SPEC_N_SRC; i++) spec_seq_init(&r->spec.src[i]);
+    spec_probe_init(&r->spec.probe);
+    r->draft.at = -1;
     r->t_submit = util_now();
-    r->engine_held = true;
-    util_cond_init(&r->cv);
+    r->pub.engine_held = true;
+    util_cond_init(&r->pub.cv);
 
     pthread_mutex_lock(&s->mu);
     if (s->shutdown) {
@@ -1110,20 +1115,20 @@ int sched_poll(sched_req *r, sched_output *out, int max, int timeout_ms)
 {
     sched *s = r->s;
     pthread_mutex_lock(&s->mu);
-    if (r->ring_n == 0 && !r->finish_returned && timeout_ms != 0) {
+    if (r->pub.ring_n == 0 && !r->pub.finish_returned && timeout_ms != 0) {
         struct timespec ts;
         if (timeout_ms > 0) util_deadline(&ts, CLOCK_MONOTONIC, timeout_ms);
-        while (r->ring_n == 0) {
-            if (timeout_ms < 0) pthread_cond_wait(&r->cv, &s->mu);
-            else if (!util_cond_wait_until(&r->cv, &s->mu, &ts)) break;
+        while (r->pub.ring_n == 0) {
+            if (timeout_ms < 0) pthread_cond_wait(&r->pub.cv, &s->mu);
+            else if (!util_cond_wait_until(&r->pub.cv, &s->mu, &ts)) break;
         }
     }
     int n = 0;
-    while (n < max && r->ring_n > 0) {
-        out[n] = r->ring[r->ring_head];
-        r->ring_head = (r->ring_head + 1) % r->ring_cap;
-        r->ring_n--;
-        if (out[n].kind == SCHED_OUT_FINISH) r->finish_returned = true;
+    while (n < max && r->pub.ring_n > 0) {
+        out[n] = r->pub.ring[r->pub.ring_head];
+        r->pub.ring_head = (r->pub.ring_head + 1) % r->pub.ring_cap;
+        r->pub.ring_n--;
+        if (out[n].kind == SCHED_OUT_FINISH) r->pub.finish_returned = true;
         n++;
     }
     pthread_mutex_unlock(&s->mu);
@@ -1132,14 +1137,14 @@ int sched_poll(sched_req *r, sched_output *out, int max, int timeout_ms)
 
 const float *sched_embedding(const sched_req *r)
 {
-    return r->embd && r->finish_returned && r->n_done >= r->n_prompt ? r->embd : NULL;
+    return r->embd && r->pub.finish_returned && r->n_done >= r->n_prompt ? r->embd : NULL;
 }
 
 bool sched_done(const sched_req *r)
 {
     sched *s = r->s;
     pthread_mutex_lock(&s->mu);
-    bool d = r->finish_returned;
+    bool d = r->pub.finish_returned;
     pthread_mutex_unlock(&s->mu);
     return d;
 }
@@ -1157,8 +1162,8 @@ void sched_release(sched_req *r)
     if (!r) return;
     sched *s = r->s;
     pthread_mutex_lock(&s->mu);
-    r->released = true;
-    if (r->engine_held) {
+    r->pub.released = true;
+    if (r->pub.engine_held) {
         sched_cancel_locked(s, r, SCHED_FINISH_CANCELLED);
         pthread_mutex_unlock(&s->mu);
         return;

@@ -68,9 +68,8 @@ typedef enum {
 #define SCHED_MAX_TOP_LOGPROBS 20   /* most alternatives per token (OpenAI allows 20) */
 #define SCHED_MAX_STOP_IDS 8        /* most extra stop token ids per request */
 
-/* Prefill tokens per step that the default budget leaves next to max_seqs decodes: large
- * enough that chunking costs little prefill speed (a step of 64+ tokens is compute-bound on a
- * CPU), small enough that a step with a chunk stays within a few decode-only steps. */
+/* Prefill tokens per step that the default budget leaves next to max_seqs decodes (why this
+ * size: docs/architecture.md, "Scheduler"). */
 #define SCHED_PREFILL_CHUNK 64
 /* Default budget of a step without decodes (prefill chunks only). */
 #define SCHED_PREFILL_STEP 512

@@ -53,19 +53,20 @@
 static const uint8_t *sched_root_key(const sched_req *r)
 {
     static const uint8_t zeros[32];
-    return r->salted ? r->root : zeros;
+    return r->prefix.salted ? r->prefix.root : zeros;
 }
 
 /* Key of r's full block bi of tokens ((bi + 1) * 128 <= n_tokens), computed once: the tokens
  * of a request never change, the generated ones included. */
 static const uint8_t *sched_chain_key(sched *s, sched_req *r, int bi)
 {
-    while (r->n_chain <= bi) {
-        const uint8_t *parent = r->n_chain ? r->chain[r->n_chain - 1] : sched_root_key(r);
-        kvpool_block_key(s->pool, parent, r->tokens + (size_t)r->n_chain * KVPOOL_BLOCK, r->chain[r->n_chain]);
-        r->n_chain++;
+    sched_req_prefix *px = &r->prefix;
+    while (px->n_chain <= bi) {
+        const uint8_t *parent = px->n_chain ? px->chain[px->n_chain - 1] : sched_root_key(r);
+        kvpool_block_key(s->pool, parent, r->tokens + (size_t)px->n_chain * KVPOOL_BLOCK, px->chain[px->n_chain]);
+        px->n_chain++;
     }
-    return r->chain[bi];
+    return px->chain[bi];
 }
 
 /* The key block bi of r's tokens chains from: block bi-1's, or the root for block 0. */
@@ -96,8 +97,8 @@ void sched_admit_keep_tails(sched *s, sched_req *r)
 /* Lets go of the tail r pinned while it waited (engine thread). */
 void sched_admit_tail_unpin(sched *s, sched_req *r)
 {
-    if (r->tail_pin) kvpool_tail_unpin(s->pool, r->tail_pin - 1);
-    r->tail_pin = 0;
+    if (r->load.tail_pin) kvpool_tail_unpin(s->pool, r->load.tail_pin - 1);
+    r->load.tail_pin = 0;
 }
 
 /* Waiting r: pins the tail it would copy rows from once admitted, the one after the longest
@@ -106,13 +107,13 @@ void sched_admit_tail_unpin(sched *s, sched_req *r)
  * block store to be loaded back. Once per (re)admission, in the admission window. */
 static void sched_tail_pin(sched *s, sched_req *r)
 {
-    if (r->tail_looked || s->wc) return;
-    r->tail_looked = true;
-    for (int k = (r->n_tokens - 2) / KVPOOL_BLOCK; k >= 0 && !r->tail_pin; k--) {
+    if (r->load.tail_looked || s->wc) return;
+    r->load.tail_looked = true;
+    for (int k = (r->n_tokens - 2) / KVPOOL_BLOCK; k >= 0 && !r->load.tail_pin; k--) {
         const uint8_t *parent = sched_parent_key(s, r, k);
         int lim = TM_MIN(KVPOOL_BLOCK, r->n_tokens - 1 - k * KVPOOL_BLOCK);
-        r->tail_pin = 1 + kvpool_tail_pin(s->pool, parent, r->tokens + (size_t)k * KVPOOL_BLOCK, lim,
-                                          SCHED_SHARE_MIN_ROWS);
+        r->load.tail_pin = 1 + kvpool_tail_pin(s->pool, parent, r->tokens + (size_t)k * KVPOOL_BLOCK, lim,
+                                               SCHED_SHARE_MIN_ROWS);
     }
 }
 
@@ -123,9 +124,9 @@ bool sched_admit_tail_unpin_all(sched *s)
 {
     bool any = false;
     for (sched_req *r = s->wait_head; r; r = r->next) {
-        any |= r->tail_pin != 0;
+        any |= r->load.tail_pin != 0;
         sched_admit_tail_unpin(s, r);
-        r->tail_looked = false;
+        r->load.tail_looked = false;
     }
     return any;
 }
@@ -196,8 +197,9 @@ static int sched_ram_blocks(sched *s, sched_req *r, int max)
  * continues its RAM-tier prefix: blocks were reclaimed since it started. */
 static bool sched_load_stale(sched *s, sched_req *r)
 {
-    if (r->load_retries >= SCHED_LOAD_RETRIES || (r->load && !blockio_load_ready(s->o.bio, r->load))) return false;
-    return sched_ram_blocks(s, r, r->load_ram) < r->load_ram;
+    if (r->load.retries >= SCHED_LOAD_RETRIES || (r->load.io && !blockio_load_ready(s->o.bio, r->load.io)))
+        return false;
+    return sched_ram_blocks(s, r, r->load.ram) < r->load.ram;
 }
 
 /* Full blocks r would not compute if admitted now: cached in the RAM tier, in flight, or held
@@ -205,9 +207,9 @@ static bool sched_load_stale(sched *s, sched_req *r)
 static int sched_reusable_blocks(sched *s, sched_req *r)
 {
     int nb = 0, l0 = 0, l1 = 0;
-    if (r->load) {
-        l0 = blockio_load_first_block(r->load);
-        l1 = blockio_load_end_block(s->o.bio, r->load);
+    if (r->load.io) {
+        l0 = blockio_load_first_block(r->load.io);
+        l1 = blockio_load_end_block(s->o.bio, r->load.io);
     }
     while ((nb + 1) * KVPOOL_BLOCK < r->n_tokens) {   /* as attach: at least one token is computed */
         if (nb >= l0 && nb < l1) {   /* loaded, and the blocks before it reusable: no gap */
@@ -263,9 +265,9 @@ void sched_admit_locked(sched *s)
     /* cancels of running requests */
     for (int i = 0; i < s->n_running;) {
         sched_req *r = s->running[i];
-        if (r->cancel) {
+        if (r->pub.cancel) {
             sched_running_remove(s, i);
-            sched_finish_locked(s, r, r->cancel_why);
+            sched_finish_locked(s, r, r->pub.cancel_why);
             sched_drop_locked(r);
         } else {
             i++;
@@ -274,11 +276,11 @@ void sched_admit_locked(sched *s)
     /* cancels of waiting requests */
     for (sched_req **pp = &s->wait_head, *prev = NULL; *pp;) {
         sched_req *r = *pp;
-        if (r->cancel) {
+        if (r->pub.cancel) {
             *pp = r->next;
             if (s->wait_tail == r) s->wait_tail = prev;
             s->n_waiting--;
-            sched_finish_locked(s, r, r->cancel_why);
+            sched_finish_locked(s, r, r->pub.cancel_why);
             sched_drop_locked(r);
         } else {
             prev = r;
@@ -296,39 +298,39 @@ void sched_admit_locked(sched *s)
         for (sched_req *r = s->wait_head; r; r = r->next, k++) {
             if (r->embd) continue;   /* an embedding's root is its own: the store holds nothing of it */
             if (kvpool_state_bytes(s->pool)) break;   /* a recurrent model keys no block */
-            if (!r->load_started || (k < SCHED_ADMIT_WINDOW && sched_load_stale(s, r))) {
-                if (r->load_started) r->load_retries++;
-                r->load_started = true;
-                blockio_load_free(s->o.bio, r->load);
-                r->load_ram = sched_ram_blocks(s, r, r->n_tokens);
-                r->load = blockio_load_start_class(s->o.bio, r->salted ? r->root : NULL, r->tokens, r->n_tokens,
-                                                  r->p.cache_class);
-                r->t_load = util_now();
-                if (r->t_load0 == 0 && r->load) r->t_load0 = r->t_load;
+            if (!r->load.started || (k < SCHED_ADMIT_WINDOW && sched_load_stale(s, r))) {
+                if (r->load.started) r->load.retries++;
+                r->load.started = true;
+                blockio_load_free(s->o.bio, r->load.io);
+                r->load.ram = sched_ram_blocks(s, r, r->n_tokens);
+                r->load.io = blockio_load_start_class(s->o.bio, r->prefix.salted ? r->prefix.root : NULL, r->tokens,
+                                                      r->n_tokens, r->p.cache_class);
+                r->load.t = util_now();
+                if (r->load.t0 == 0 && r->load.io) r->load.t0 = r->load.t;
             }
         }
     /* admissions, fewest blocks to compute first within the age bound, while KV allows */
     while (s->n_running < s->o.max_seqs && s->wait_head) {
         sched_req *r = sched_admit_pick(s);
-        if (r->load && !blockio_load_ready(s->o.bio, r->load)) {
-            if (util_now() - r->t_load < SCHED_LOAD_WAIT_S) break;   /* the store is slow: */
-            blockio_load_free(s->o.bio, r->load);                    /* compute instead */
-            r->load = NULL;
+        if (r->load.io && !blockio_load_ready(s->o.bio, r->load.io)) {
+            if (util_now() - r->load.t < SCHED_LOAD_WAIT_S) break;   /* the store is slow: */
+            blockio_load_free(s->o.bio, r->load.io);                    /* compute instead */
+            r->load.io = NULL;
         }
         kvpool_seq *seq = kvpool_seq_new(s->pool);
-        if (r->salted) kvpool_seq_set_root(seq, r->root);
+        if (r->prefix.salted) kvpool_seq_set_root(seq, r->prefix.root);
         int att = kvpool_seq_attach_prefix(s->pool, seq, r->tokens, r->n_tokens);
-        if (r->load && att < blockio_load_first_block(r->load) * KVPOOL_BLOCK) {
+        if (r->load.io && att < blockio_load_first_block(r->load.io) * KVPOOL_BLOCK) {
             /* the RAM tier lost blocks since the load started: load again from where it
              * ends now (a few times at most), then compute what is missing */
-            blockio_load_free(s->o.bio, r->load);
-            r->load = NULL;
-            if (r->load_retries++ < SCHED_LOAD_RETRIES) {
-                r->load = blockio_load_start_class(s->o.bio, r->salted ? r->root : NULL, r->tokens, r->n_tokens,
-                                                  r->p.cache_class);
-                r->t_load = util_now();
+            blockio_load_free(s->o.bio, r->load.io);
+            r->load.io = NULL;
+            if (r->load.retries++ < SCHED_LOAD_RETRIES) {
+                r->load.io = blockio_load_start_class(s->o.bio, r->prefix.salted ? r->prefix.root : NULL, r->tokens,
+                                                      r->n_tokens, r->p.cache_class);
+                r->load.t = util_now();
             }
-            if (r->load) {
+            if (r->load.io) {
                 kvpool_seq_free(s->pool, seq);
                 break;
             }
@@ -352,31 +354,31 @@ void sched_admit_locked(sched *s)
         }
         sched_wait_take(s, r);
         sched_admit_tail_unpin(s, r);   /* to the LRU's head: the plan's share pass copies its rows */
-        if (r->t_load0 > 0) {   /* it waited for a load (finished, or given up for slowness) */
-            sched_hist_add(&s->h_load_wait, util_now() - r->t_load0);
-            r->t_load0 = 0;
+        if (r->load.t0 > 0) {   /* it waited for a load (finished, or given up for slowness) */
+            sched_hist_add(&s->h_load_wait, util_now() - r->load.t0);
+            r->load.t0 = 0;
         }
         /* RAM-tier hits never read the store: refresh their last use there (LRU, TTL) */
         if (s->o.bio && att) blockio_touch(s->o.bio, seq, att / KVPOOL_BLOCK, r->p.cache_class);
-        if (r->load) {   /* loaded blocks take pool blocks as computed ones would: in need */
-            att += blockio_load_finish(s->o.bio, r->load, seq);
-            r->load = NULL;
+        if (r->load.io) {   /* loaded blocks take pool blocks as computed ones would: in need */
+            att += blockio_load_finish(s->o.bio, r->load.io, seq);
+            r->load.io = NULL;
         }
         if (r->p.kv_in) att = r->p.kv_in(r->p.kv_arg, s->pool, seq, att);
         r->seq = seq;
         r->n_done = sched_window_attach(s, r, att);
-        if (!r->admitted_once) {
+        if (!r->prefix.admitted_once) {
             r->tr.admit_step = s->n_planned;
-            r->n_cached = sched_cached_cap(s, r, TM_MIN(att, r->n_prompt));
-            r->tr.n_cached_at_admit = r->n_cached;
+            r->prefix.n_cached = sched_cached_cap(s, r, TM_MIN(att, r->n_prompt));
+            r->tr.n_cached_at_admit = r->prefix.n_cached;
             log_debug("sched: req %llu admitted at step %llu: submitted at step %llu, prompt %d, %d positions "
                       "attached, %d running, %d waiting, passed %d times", (unsigned long long)r->id,
                       (unsigned long long)s->n_planned, (unsigned long long)r->tr.step0, r->n_prompt, att,
                       s->n_running, s->n_waiting, r->n_passed);
-            r->admitted_once = true;
-            r->first_run = true;
+            r->prefix.admitted_once = true;
+            r->prefix.first_run = true;
             s->st.n_prompt_tokens += (uint64_t)r->n_prompt;
-            s->st.n_cached_tokens += (uint64_t)r->n_cached;
+            s->st.n_cached_tokens += (uint64_t)r->prefix.n_cached;
         }
         r->n_passed = 0;
         r->state = REQ_RUNNING;
@@ -419,7 +421,8 @@ static void sched_share_rows(sched *s, sched_req *r, int bi)
         sched_req *q = s->running[j];
         if (q == r || q->n_tokens <= base) continue;
         if (pk ? memcmp(sched_chain_key(s, q, bi - 1), pk, 32) != 0
-               : q->salted != r->salted || (r->salted && memcmp(q->root, r->root, 32) != 0))
+               : q->prefix.salted != r->prefix.salted ||
+                     (r->prefix.salted && memcmp(q->prefix.root, r->prefix.root, 32) != 0))
             continue;   /* another prefix or tenant */
         int n = 0, m = TM_MIN(lim, q->n_tokens - base);
         while (n < m && q->tokens[base + n] == r->tokens[base + n]) n++;
@@ -433,9 +436,9 @@ static void sched_share_rows(sched *s, sched_req *r, int bi)
     }
     if (!best) {   /* none running: the rows a finished request kept after the same blocks */
         int n = kvpool_seq_copy_tail(s->pool, r->seq, r->tokens + base, lim, SCHED_SHARE_MIN_ROWS);
-        if (n && r->first_run) {
+        if (n && r->prefix.first_run) {
             int hits = TM_MIN(base + n, r->n_prompt) - TM_MIN(base, r->n_prompt);
-            r->n_cached += hits;
+            r->prefix.n_cached += hits;
             s->st.n_cached_tokens += (uint64_t)hits;
             s->st.n_tail_tokens += (uint64_t)hits;
         }
@@ -443,15 +446,15 @@ static void sched_share_rows(sched *s, sched_req *r, int bi)
         return;
     }
     if (!best_ready) {   /* q computes them in its next steps */
-        r->share_wait = true;
+        r->prefix.share_wait = true;
         return;
     }
     if (kvpool_seq_reserve(s->pool, r->seq, base + best_n) != KVPOOL_OK) return;   /* compute them */
     if (kvpool_seq_n_keyed(best->seq) > base) kvpool_fill_wait(s->pool, -1);   /* a loaded block */
     kvpool_seq_copy_rows(s->pool, r->seq, best->seq, base, base + best_n);
-    if (r->first_run) {
+    if (r->prefix.first_run) {
         int hits = TM_MIN(base + best_n, r->n_prompt) - TM_MIN(base, r->n_prompt);
-        r->n_cached += hits;
+        r->prefix.n_cached += hits;
         s->st.n_cached_tokens += (uint64_t)hits;
         s->st.n_shared_tokens += (uint64_t)hits;
     }
@@ -460,7 +463,7 @@ static void sched_share_rows(sched *s, sched_req *r, int bi)
 
 /* Prefixes shared in flight, before each plan: every running request between prompt blocks
  * first attaches the blocks others completed since (counted as cached in its first run), then
- * waits this step (share_wait) when its next block is being computed by a request that is
+ * waits this step (prefix.share_wait) when its next block is being computed by a request that is
  * ahead of it: same block key, that block not complete yet, and either further on or, at the
  * same position, admitted earlier. "Ahead" is a strict order, so the request at its top never
  * waits and every wait ends when that block is committed (attached at the next plan) or when
@@ -470,17 +473,17 @@ void sched_admit_share_locked(sched *s)
 {
     for (int i = 0; i < s->n_running; i++) {
         sched_req *r = s->running[i];
-        r->share_wait = false;
+        r->prefix.share_wait = false;
         if (kvpool_state_bytes(s->pool)) continue;   /* a recurrent model's rows continue no one */
         if (r->n_tokens - r->n_done <= 1 || r->n_done % KVPOOL_BLOCK != 0 ||
             kvpool_seq_capacity(r->seq) != r->n_done || kvpool_seq_n_keyed(r->seq) != r->n_done)
             continue;   /* decoding, or inside a block of its own */
         int att = kvpool_seq_attach_prefix(s->pool, r->seq, r->tokens, r->n_tokens);
         if (att > r->n_done) {
-            if (r->first_run) {
-                int hits = sched_cached_cap(s, r, TM_MIN(att, r->n_prompt)) - r->n_cached;
+            if (r->prefix.first_run) {
+                int hits = sched_cached_cap(s, r, TM_MIN(att, r->n_prompt)) - r->prefix.n_cached;
                 hits = TM_MAX(0, hits);
-                r->n_cached += hits;
+                r->prefix.n_cached += hits;
                 s->st.n_cached_tokens += (uint64_t)hits;
                 s->st.n_shared_tokens += (uint64_t)hits;
             }
@@ -496,10 +499,10 @@ void sched_admit_share_locked(sched *s)
             if (!sched_ahead(q, r)) continue;
             if (!key) key = sched_chain_key(s, r, bi);
             if (!memcmp(sched_chain_key(s, q, bi), key, 32)) {
-                r->share_wait = true;
+                r->prefix.share_wait = true;
                 break;
             }
         }
-        if (!r->share_wait && !s->wc) sched_share_rows(s, r, bi);
+        if (!r->prefix.share_wait && !s->wc) sched_share_rows(s, r, bi);
     }
 }

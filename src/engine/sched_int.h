@@ -71,6 +71,80 @@ typedef struct {
                                   * noisy timings say */
 } sched_drafter;
 
+/* A request's sampling state (engine thread and the sampling workers, one request each). */
+typedef struct {
+    sampler *smp;                /* own sampler, seeded from p.sample */
+    grammar_match *gm;           /* p.grammar's matcher, or NULL */
+    bool in_think;               /* the output is inside a think block (p.think_*) */
+    bool g_on;                   /* gm binds the next token (off: before a lazy grammar's
+                                  * trigger, or after its document ended) */
+    int n_think;                 /* tokens generated inside think blocks so far */
+} sched_req_sample;
+
+/* A request's prompt prefix in the cache: its key chain and what it attached (engine thread). */
+typedef struct {
+    int n_cached;                /* prompt positions attached from the cache in its first run
+                                  * (at admission, and from prefixes computed in flight) */
+    bool admitted_once;          /* has run before (a resume does not count cache hits again) */
+    bool first_run;              /* RUNNING for the first time: attached blocks count as hits */
+    uint8_t (*chain)[32];        /* (cap / 128) keys of the full blocks of tokens, from root:
+                                  * equal keys at block i = same tenant and tokens up to its end */
+    int n_chain;                 /* entries of chain computed so far (lazily) */
+    bool share_wait;             /* this step: another request is computing its next block */
+    bool salted;                 /* root holds the key chain's root (cache_salt) */
+    uint8_t root[32];            /* blockkey_root(cache_salt) */
+} sched_req_prefix;
+
+/* A request's block store load and the tail it pinned while it waits (engine thread). */
+typedef struct {
+    blockio_load *io;            /* the load in flight, or NULL */
+    bool started;                /* a load was tried for this (re)admission */
+    int retries;                 /* loads restarted because the RAM tier changed */
+    int ram;                     /* full blocks prefixing it in the RAM tier when its load started */
+    bool tail_looked;            /* looked for a tail to pin for this (re)admission */
+    int tail_pin;                /* 1 + the pool block of the tail it pinned while it waits
+                                  * (kvpool_tail_pin), 0: none */
+    double t;                    /* util_now() when the load started */
+    double t0;                   /* util_now() when the first load of this (re)admission
+                                  * started, 0 when none: admission observes the wait */
+} sched_req_load;
+
+/* What speculation has learnt of a request's drafts (engine thread unless said). */
+typedef struct {
+    spec_seq src[SPEC_N_SRC];    /* the running acceptance of each source's drafts */
+    spec_probe probe;            /* when its drafts are made and verified anyway */
+    bool rejected;               /* the last step rejected one of its drafts */
+    int n_verified;              /* its drafted tokens verified so far (under mu) */
+    int n_accepted;              /* of those, accepted (under mu) */
+} sched_req_spec;
+
+/* A request's current draft and its drafting state (engine thread). */
+typedef struct {
+    grammar_match *gm;           /* a copy of samp.gm that drafted tokens are checked on, made
+                                  * at submit when samp.gm is and speculation is on */
+    int32_t tok[SPEC_MAX_K];     /* the drafted continuation of tokens[0..at) */
+    float prob[SPEC_MAX_K];      /* its source's confidence in each (spec_seq_gains' prob) */
+    int n;                       /* entries of tok */
+    int at;                      /* n_tokens the draft continues (stale unless equal), -1: none */
+    int src;                     /* index of the source that drafted it */
+    int n_verify;                /* of which verified in this step (its decode carries 1 + that) */
+    kvpool_seq *seq[SCHED_N_DRAFTERS]; /* its KV in each drafting model's pool, or NULL */
+    int done[SCHED_N_DRAFTERS];  /* positions of seq[i] whose tokens are final */
+} sched_req_draft;
+
+/* A request's outputs and its end, guarded by s->mu. */
+typedef struct {
+    sched_output *ring;          /* (ring_cap) pending outputs, ring_n from ring_head */
+    int ring_cap, ring_head, ring_n;
+    bool cancel;                 /* sched_cancel or sched_abort was called */
+    sched_finish cancel_why;     /* what the cancel ends it with: CANCELLED, or ABORTED */
+    bool finished;               /* FINISH record pushed */
+    bool finish_returned;        /* FINISH record handed to the caller */
+    bool released;               /* the caller let go of the handle */
+    bool engine_held;            /* the engine thread still references it */
+    pthread_cond_t cv;           /* signalled when outputs are pushed */
+} sched_req_pub;
+
 struct sched_req {
     sched *s;                    /* owner */
     uint64_t id;                 /* admission order tie-breaker (submit order) */
@@ -81,51 +155,10 @@ struct sched_req {
     int cap;                     /* entries of tokens: most positions this request can use */
     int max_gen;                 /* generated tokens at most (<= cap - n_prompt) */
     sched_params p;              /* copy (prompt pointer not used after submit) */
-    sampler *smp;                /* own sampler, seeded from p.sample */
-    grammar_match *gm;           /* (sampling) p.grammar's matcher, or NULL */
-    grammar_match *gm_draft;     /* (speculation) a copy that drafted tokens are checked on,
-                                  * made at submit when gm is and speculation is on */
     kvpool_seq *seq;             /* KV while RUNNING, else NULL */
     int n_done;                  /* positions of tokens whose KV is in seq */
-    bool in_think;               /* (sampling) the output is inside a think block (p.think_*) */
-    bool g_on;                   /* (sampling) gm binds the next token (off: before a lazy
-                                  * grammar's trigger, or after its document ended) */
-    int n_think;                 /* (sampling) tokens generated inside think blocks so far */
-    int n_cached;                /* prompt positions attached from the cache in its first run
-                                  * (at admission, and from prefixes computed in flight) */
-    bool admitted_once;          /* has run before (a resume does not count cache hits again) */
-    bool first_run;              /* RUNNING for the first time: attached blocks count as hits */
-    uint8_t (*chain)[32];        /* (cap / 128) keys of the full blocks of tokens, from root:
-                                  * equal keys at block i = same tenant and tokens up to its end */
-    int n_chain;                 /* entries of chain computed so far (engine thread, lazily) */
-    bool share_wait;             /* this step: another request is computing its next block */
     int n_passed;                /* admissions that overtook it while it waited */
-    blockio_load *load;          /* block store load in flight, or NULL (engine thread) */
-    bool load_started;           /* a load was tried for this (re)admission */
-    int load_retries;            /* loads restarted because the RAM tier changed */
-    int load_ram;                /* full blocks prefixing it in the RAM tier when its load started */
-    bool tail_looked;            /* looked for a tail to pin for this (re)admission */
-    int tail_pin;                /* 1 + the pool block of the tail it pinned while it waits
-                                  * (kvpool_tail_pin), 0: none (engine thread) */
-    double t_load;               /* util_now() when it started */
-    double t_load0;              /* util_now() when the first load of this (re)admission
-                                  * started, 0 when none: admission observes the wait */
-    bool salted;                 /* root holds the key chain's root (cache_salt) */
-    uint8_t root[32];            /* blockkey_root(cache_salt) */
     uint64_t admit_no;           /* order of (re)admission: the newest is preempted first */
-    spec_seq spec[SPEC_N_SRC];   /* (speculation) the running acceptance of each source's drafts */
-    spec_probe probe;            /* (speculation) when its drafts are made and verified anyway */
-    bool spec_rejected;          /* (speculation) the last step rejected one of its drafts */
-    int n_drafts_verified;       /* (speculation) its drafted tokens verified so far (under mu) */
-    int n_drafts_accepted;       /* of those, accepted */
-    int32_t draft[SPEC_MAX_K];   /* (speculation) drafted continuation of tokens[0..draft_at) */
-    float draft_prob[SPEC_MAX_K]; /* its source's confidence in each (spec_seq_gains' prob) */
-    int n_draft;                 /* entries of draft */
-    int draft_at;                /* n_tokens the draft continues (stale unless equal), -1: none */
-    int draft_src;               /* index of the source that drafted it */
-    int n_verify;                /* of which verified in this step (its decode carries 1 + that) */
-    kvpool_seq *dseq[SCHED_N_DRAFTERS]; /* (drafting models) its KV in each one's pool, or NULL */
-    int d_done[SCHED_N_DRAFTERS]; /* positions of dseq[i] whose tokens are final */
     float *embd;                 /* (e_dim) an embedding request's pooled sum so far, or NULL
                                   * (engine thread until its FINISH is pushed) */
     req_state state;
@@ -134,17 +167,13 @@ struct sched_req {
                                   * set by whoever publishes) */
     double ttft;                 /* seconds to the first token, -1 before it (the same) */
     sched_trace tr;              /* counts until its first token, for the -v line */
-    /* guarded by s->mu */
-    sched_output *ring;          /* (ring_cap) pending outputs, ring_n from ring_head */
-    int ring_cap, ring_head, ring_n;
-    bool cancel;                 /* sched_cancel or sched_abort was called */
-    sched_finish cancel_why;     /* what the cancel ends it with: CANCELLED, or ABORTED */
-    bool finished;               /* FINISH record pushed */
-    bool finish_returned;        /* FINISH record handed to the caller */
-    bool released;               /* the caller let go of the handle */
-    bool engine_held;            /* the engine thread still references it */
-    pthread_cond_t cv;           /* signalled when outputs are pushed */
-    sched_req *next;             /* waiting queue link */
+    sched_req_sample samp;     /* sampling */
+    sched_req_prefix prefix;   /* its prefix in the cache */
+    sched_req_load load;       /* its block store load */
+    sched_req_spec spec;       /* speculation's view of its drafts */
+    sched_req_draft draft;     /* its current draft */
+    sched_req_pub pub;         /* its outputs and end (under s->mu) */
+    sched_req *next;             /* waiting queue link (under s->mu) */
 };
 
 struct sched {

@@ -53,8 +53,8 @@ static void sched_trace_log(const sched *s, const sched_req *r)
               "(shared in flight %d), computed %d; steps since submit %llu: queued %llu, waited on a shared "
               "prefix %d, own chunks %d (%d with decodes), left out by the budget %d; tokens in those steps "
               "%llu (%llu decode rows)",
-              (unsigned long long)r->id, (unsigned long long)s->n_planned, r->ttft * 1e3, r->n_prompt, r->n_cached,
-              r->n_cached - TM_MIN(r->n_cached, t->n_cached_at_admit), t->n_computed,
+              (unsigned long long)r->id, (unsigned long long)s->n_planned, r->ttft * 1e3, r->n_prompt,
+              r->prefix.n_cached, r->prefix.n_cached - TM_MIN(r->prefix.n_cached, t->n_cached_at_admit), t->n_computed,
               (unsigned long long)(s->n_planned - t->step0), (unsigned long long)(t->admit_step - t->step0),
               t->n_share, t->n_chunk, t->n_mixed, t->n_starved, (unsigned long long)(s->tok_planned - t->tok0),
               (unsigned long long)(s->dec_planned - t->dec0));
@@ -70,7 +70,7 @@ static void sched_pub_token_locked(sched *s, sched_req *r, int32_t tok, const sc
     o->token = tok;
     o->is_stop = sched_is_stop(s, r, tok);   /* only a request's last token can be one */
     o->usage.prompt_tokens = r->n_prompt;
-    o->usage.cached_tokens = r->n_cached;
+    o->usage.cached_tokens = r->prefix.n_cached;
     if (r->p.logprobs) {
         o->logprob = so->logprob;
         o->n_top = so->n_top;
@@ -84,7 +84,7 @@ static void sched_pub_token_locked(sched *s, sched_req *r, int32_t tok, const sc
         sched_hist_add(&s->h_itl, t - r->t_last);
     }
     r->t_last = t;
-    pthread_cond_broadcast(&r->cv);
+    pthread_cond_broadcast(&r->pub.cv);
     if (r->p.on_output) r->p.on_output(r->p.out_arg);
 }
 

@@ -22,10 +22,10 @@
  * them free (p.think_*). */
 void sched_sample_think_track(sched_req *r, int32_t tok)
 {
-    if (r->p.think_budget <= 0 && !r->gm) return;
-    if (!r->in_think && tok == r->p.think_start && tok >= 0) r->in_think = true;
-    else if (r->in_think && tok == r->p.think_end && tok >= 0) r->in_think = false;
-    else if (r->in_think) r->n_think++;
+    if (r->p.think_budget <= 0 && !r->samp.gm) return;
+    if (!r->samp.in_think && tok == r->p.think_start && tok >= 0) r->samp.in_think = true;
+    else if (r->samp.in_think && tok == r->p.think_end && tok >= 0) r->samp.in_think = false;
+    else if (r->samp.in_think) r->samp.n_think++;
 }
 
 /* Feeds a generated token to the request's grammar: outside think blocks, a bound token
@@ -34,15 +34,15 @@ void sched_sample_think_track(sched_req *r, int32_t tok)
  * sched_sample_think_track (the token's own think state is the one before it). */
 bool sched_sample_grammar_track(sched_req *r, int32_t tok)
 {
-    if (!r->gm || r->in_think) return true;
-    if (r->g_on) {
-        if (!grammar_match_accept(r->gm, tok)) return false;
-        if (r->p.grammar_lazy && grammar_match_done(r->gm)) {
-            grammar_match_reset(r->gm);
-            r->g_on = false;
+    if (!r->samp.gm || r->samp.in_think) return true;
+    if (r->samp.g_on) {
+        if (!grammar_match_accept(r->samp.gm, tok)) return false;
+        if (r->p.grammar_lazy && grammar_match_done(r->samp.gm)) {
+            grammar_match_reset(r->samp.gm);
+            r->samp.g_on = false;
         }
     } else if (r->p.grammar_lazy && tok == r->p.grammar_trigger) {
-        r->g_on = true;
+        r->samp.g_on = true;
     }
     return true;
 }
@@ -65,12 +65,13 @@ static void sched_sample_rows(sched *s, int ith, int nth)
         bool rejected = false;
         for (int j = 0; j <= k; j++) {
             float *row = s->logits + (size_t)(s->batch_row[i] + j) * s->n_vocab;
-            bool constrained = r->gm && r->g_on && !r->in_think;  /* reasoning stays free */
-            if (constrained) grammar_match_apply(r->gm, row);
-            int32_t tok = sample_token(r->smp, row);
-            if (r->in_think && r->p.think_budget > 0 && r->n_think >= r->p.think_budget && r->p.think_end >= 0)
+            bool constrained = r->samp.gm && r->samp.g_on && !r->samp.in_think;  /* reasoning stays free */
+            if (constrained) grammar_match_apply(r->samp.gm, row);
+            int32_t tok = sample_token(r->samp.smp, row);
+            if (r->samp.in_think && r->p.think_budget > 0 && r->samp.n_think >= r->p.think_budget &&
+                r->p.think_end >= 0)
                 tok = r->p.think_end;  /* the reasoning budget is spent: close the block */
-            sample_accept(r->smp, tok);
+            sample_accept(r->samp.smp, tok);
             sched_sample_grammar_track(r, tok);
             sched_sample_think_track(r, tok);
             size_t at = (size_t)i * s->tok_stride + j;
@@ -80,7 +81,7 @@ static void sched_sample_rows(sched *s, int ith, int nth)
             o->logprob = 0;   /* the log-probs are post-processing: sched_pub_logprobs */
             s->batch_ntok[i] = j + 1;
             if (j == k) break;
-            if (tok != r->draft[j]) {
+            if (tok != r->draft.tok[j]) {
                 rejected = true;
                 break;
             }
@@ -88,8 +89,8 @@ static void sched_sample_rows(sched *s, int ith, int nth)
             int gen = r->n_tokens + j + 1;   /* the request ends at this token: drafts after it are moot */
             if (sched_is_stop(s, r, tok) || gen - r->n_prompt >= r->max_gen || gen >= r->cap) break;
         }
-        r->spec_rejected = rejected;
-        if (k > 0) spec_seq_observe(&r->spec[r->draft_src], s->batch_acc[i], rejected, r->draft_prob);
+        r->spec.rejected = rejected;
+        if (k > 0) spec_seq_observe(&r->spec.src[r->draft.src], s->batch_acc[i], rejected, r->draft.prob);
     }
 }
 
@@ -99,7 +100,8 @@ static void sched_sample_mask_part(sched *s, int ith, int nth)
 {
     for (int i = ith; i < s->batch_n_reqs; i += nth) {
         sched_req *r = s->batch_req[i];
-        if (s->batch_row[i] >= 0 && r->gm && r->g_on && !r->in_think) grammar_match_mask(r->gm, NULL);
+        if (s->batch_row[i] >= 0 && r->samp.gm && r->samp.g_on && !r->samp.in_think)
+            grammar_match_mask(r->samp.gm, NULL);
     }
 }
 
@@ -154,8 +156,10 @@ bool sched_sample_masks_start(sched *s, int n_reqs)
 {
     if (s->n_workers == 0) return false;
     bool any = false;
-    for (int i = 0; i < n_reqs && !any; i++)
-        any = s->batch_row[i] >= 0 && s->batch_req[i]->gm && s->batch_req[i]->g_on && !s->batch_req[i]->in_think;
+    for (int i = 0; i < n_reqs && !any; i++) {
+        const sched_req_sample *sm = &s->batch_req[i]->samp;
+        any = s->batch_row[i] >= 0 && sm->gm && sm->g_on && !sm->in_think;
+    }
     if (!any) return false;
     s->batch_n_reqs = n_reqs;
     sched_sample_pool_start(s, true);

@@ -20,12 +20,12 @@
 void sched_spec_release(sched *s, sched_req *r)
 {
     for (int d = 0; d < SCHED_N_DRAFTERS; d++) {
-        if (r->dseq[d]) kvpool_seq_free(engine_kvpool(s->dr[d].e), r->dseq[d]);
-        r->dseq[d] = NULL;
-        r->d_done[d] = 0;
+        if (r->draft.seq[d]) kvpool_seq_free(engine_kvpool(s->dr[d].e), r->draft.seq[d]);
+        r->draft.seq[d] = NULL;
+        r->draft.done[d] = 0;
     }
-    r->n_draft = 0;
-    r->draft_at = -1;
+    r->draft.n = 0;
+    r->draft.at = -1;
 }
 
 /* The step-time curve the chooser sees: the step as it will be planned (its decodes and the
@@ -53,7 +53,7 @@ static void sched_spec_prefill_part(const sched *s, int n_dec, steptime_x *x)
     int budget = s->o.step_tokens - s->o.spec_room - n_dec;
     for (int i = 0; i < s->n_running && budget > 0; i++) {
         const sched_req *r = s->running[i];
-        if (r->n_tokens - r->n_done <= 1 || r->share_wait) continue;
+        if (r->n_tokens - r->n_done <= 1 || r->prefix.share_wait) continue;
         int chunk = sched_prefill_chunk(s, x, r, budget, s->o.step_ms / 1e3);
         if (chunk == 0) break;
         x->n_prefill += chunk;
@@ -63,7 +63,7 @@ static void sched_spec_prefill_part(const sched *s, int n_dec, steptime_x *x)
 }
 
 /* Speculation, before a step is planned: sets how many of its drafts every decoding request
- * verifies (n_verify), at most max_extra in all: the fixed count, the most while the step
+ * verifies (draft.n_verify), at most max_extra in all: the fixed count, the most while the step
  * time is not learned yet, else spec_choose's count. A verify row makes the step longer for
  * every running request (those reading their prompts too), and an accepted draft saves its
  * request a step: so the count maximises (running requests + expected accepted drafts) / the
@@ -79,14 +79,14 @@ void sched_spec_plan_locked(sched *s, int max_extra)
     sched_spec_curve cv = { .tm = &s->tm };
     for (int i = 0; i < s->n_running; i++) {
         sched_req *r = s->running[i];
-        r->n_verify = 0;
-        if (r->n_tokens - r->n_done != 1 || r->share_wait) continue;
-        if (r->draft_at != r->n_tokens) r->n_draft = 0;
+        r->draft.n_verify = 0;
+        if (r->n_tokens - r->n_done != 1 || r->prefix.share_wait) continue;
+        if (r->draft.at != r->n_tokens) r->draft.n = 0;
         cv.x.n_dec++;
         cv.x.depth += r->n_done + 1;
         s->spec_req[n] = r;
-        s->spec_nd[n] = r->n_draft;
-        spec_seq_gains(&r->spec[r->draft_src], r->draft_prob, r->n_draft,
+        s->spec_nd[n] = r->draft.n;
+        spec_seq_gains(&r->spec.src[r->draft.src], r->draft.prob, r->draft.n,
                        s->spec_gains + (size_t)n * SPEC_MAX_K);
         n++;
     }
@@ -102,9 +102,9 @@ void sched_spec_plan_locked(sched *s, int max_extra)
     }
     for (int j = 0; j < n; j++) {
         int k = chosen ? s->spec_k[j] : TM_MIN(s->spec_nd[j], s->o.spec_fixed > 0 ? s->o.spec_fixed : s->o.spec_max);
-        if (k == 0 && s->spec_nd[j] > 0 && spec_probe_due(&s->spec_req[j]->probe)) k = 1;
+        if (k == 0 && s->spec_nd[j] > 0 && spec_probe_due(&s->spec_req[j]->spec.probe)) k = 1;
         k = TM_MIN(k, max_extra);
-        s->spec_req[j]->n_verify = k;
+        s->spec_req[j]->draft.n_verify = k;
         max_extra -= k;
     }
 }
@@ -115,16 +115,16 @@ void sched_spec_plan_locked(sched *s, int max_extra)
  * checking (the grammar leaves reasoning free). Returns the drafts kept. */
 static int sched_spec_grammar_cut(sched_req *r)
 {
-    if (r->in_think) return r->n_draft;
-    grammar_match_copy_state(r->gm_draft, r->gm);
-    bool on = r->g_on;   /* a lazy grammar binds from its trigger to the end of a document */
-    for (int j = 0; j < r->n_draft; j++) {
-        int32_t tok = r->draft[j];
-        if ((tok == r->p.think_start || tok == r->p.think_end) && tok >= 0) return r->n_draft;
+    if (r->samp.in_think) return r->draft.n;
+    grammar_match_copy_state(r->draft.gm, r->samp.gm);
+    bool on = r->samp.g_on;   /* a lazy grammar binds from its trigger to the end of a document */
+    for (int j = 0; j < r->draft.n; j++) {
+        int32_t tok = r->draft.tok[j];
+        if ((tok == r->p.think_start || tok == r->p.think_end) && tok >= 0) return r->draft.n;
         if (on) {
-            if (!grammar_match_accept(r->gm_draft, tok)) return j;
-            if (r->p.grammar_lazy && grammar_match_done(r->gm_draft)) {
-                grammar_match_reset(r->gm_draft);
+            if (!grammar_match_accept(r->draft.gm, tok)) return j;
+            if (r->p.grammar_lazy && grammar_match_done(r->draft.gm)) {
+                grammar_match_reset(r->draft.gm);
                 on = false;
             }
         } else if (r->p.grammar_lazy && tok == r->p.grammar_trigger) {
@@ -132,7 +132,7 @@ static int sched_spec_grammar_cut(sched_req *r)
         }
         if (sched_is_stop(r->s, r, tok)) return j + 1;
     }
-    return r->n_draft;
+    return r->draft.n;
 }
 
 /* Most tokens r may draft once it holds nt tokens: spec_max, within what it may still emit
@@ -145,10 +145,10 @@ static int sched_spec_kmax(const sched *s, const sched_req *r, int nt)
 /* Prompt lookup for r once it holds nt tokens, at most kmax. */
 static void sched_spec_ngram(sched *s, sched_req *r, int nt, int kmax)
 {
-    r->n_draft = spec_ngram_draft(r->tokens, nt, SPEC_NGRAM_MAX, SPEC_NGRAM_MIN, kmax, r->draft, r->draft_prob);
-    r->draft_src = 0;
-    r->draft_at = r->n_draft > 0 ? nt : -1;
-    s->drafted_run[0] += (uint64_t)r->n_draft;
+    r->draft.n = spec_ngram_draft(r->tokens, nt, SPEC_NGRAM_MAX, SPEC_NGRAM_MIN, kmax, r->draft.tok, r->draft.prob);
+    r->draft.src = 0;
+    r->draft.at = r->draft.n > 0 ? nt : -1;
+    s->drafted_run[0] += (uint64_t)r->draft.n;
 }
 
 /* What the step just sampled taught of r's drafts: the server-wide rate of the source that
@@ -158,16 +158,16 @@ static void sched_spec_learn(sched *s, sched_req *r, int i)
 {
     int k = s->batch_k[i];
     if (k > 0) {
-        spec_seq_observe(&s->spec_all[r->draft_src], s->batch_acc[i], r->spec_rejected, r->draft_prob);
+        spec_seq_observe(&s->spec_all[r->draft.src], s->batch_acc[i], r->spec.rejected, r->draft.prob);
     }
-    if (s->batch_n[i] - k == 1 && s->batch_row[i] >= 0) spec_probe_step(&r->probe, k, s->batch_acc[i]);
-    for (int src = 0; src < SPEC_N_SRC; src++) spec_seq_prior(&r->spec[src], &s->spec_all[src]);
+    if (s->batch_n[i] - k == 1 && s->batch_row[i] >= 0) spec_probe_step(&r->spec.probe, k, s->batch_acc[i]);
+    for (int src = 0; src < SPEC_N_SRC; src++) spec_seq_prior(&r->spec.src[src], &s->spec_all[src]);
 }
 
 /* How many tokens drafter d drafts for r (at most kmax), from the expected gains of its
  * drafts against what its steps cost; when that is none and d's probe is due (probe_due, its
  * clock read at now), r may probe it: one token anyway, if what d has not seen of r (nt - its
- * d_done) costs at most SPEC_PROBE_SHARE of the time since d's last probe (or since the
+ * draft.done) costs at most SPEC_PROBE_SHARE of the time since d's last probe (or since the
  * scheduler started: a first probe is no cheaper than the others; a new server's first
  * requests try the drafter anyway, from the prior rate). Until d's drafts were tested often
  * enough server-wide to give new requests a measured prior, a request's first drafts with it
@@ -179,7 +179,7 @@ static void sched_spec_learn(sched *s, sched_req *r, int i)
 static int sched_spec_model_len(sched *s, int d, sched_req *r, int nt, int kmax, bool *probe_due, double now)
 {
     sched_drafter *dr = &s->dr[d];
-    const spec_seq *q = &r->spec[SCHED_DRAFTER_SRC(d)];
+    const spec_seq *q = &r->spec.src[SCHED_DRAFTER_SRC(d)];
     if (kmax <= 0) return 0;
     if (s->o.spec_fixed > 0) return kmax;
     /* what a draft step costs as a fraction of a target step: measured, but never below the
@@ -190,8 +190,8 @@ static int sched_spec_model_len(sched *s, int d, sched_req *r, int nt, int kmax,
     /* a catch-up token: as the drafting model's catch-ups measured, or before one was, the
      * target's prefill token by its share of the weights */
     double per_tok = TM_MAX(steptime_prefill_token_s(&s->tm) * dr->cost_floor, dr->catchup_tok_s);
-    bool affordable = (double)(nt - r->d_done[d]) * per_tok <= SPEC_PROBE_SHARE * (now - dr->probe_t);
-    bool unproven = !spec_seq_proven(&s->spec_all[SCHED_DRAFTER_SRC(d)]) && r->d_done[d] == 0;
+    bool affordable = (double)(nt - r->draft.done[d]) * per_tok <= SPEC_PROBE_SHARE * (now - dr->probe_t);
+    bool unproven = !spec_seq_proven(&s->spec_all[SCHED_DRAFTER_SRC(d)]) && r->draft.done[d] == 0;
     if (unproven && !affordable) return 0;
     bool probe = *probe_due && affordable;
     int k = spec_seq_draft_len(q, kmax, min_gain, probe);
@@ -199,7 +199,7 @@ static int sched_spec_model_len(sched *s, int d, sched_req *r, int nt, int kmax,
         *probe_due = false;
         dr->probe_t = now;
         spec_probe_taken(&dr->probe);
-        spec_probe_force(&r->probe);
+        spec_probe_force(&r->spec.probe);
     }
     return k;
 }
@@ -210,12 +210,12 @@ static int sched_spec_model_len(sched *s, int d, sched_req *r, int nt, int kmax,
 static void sched_spec_queue(sched *s, int d, sched_req *r, int nt, int k_max, int first, int n_rows)
 {
     sched_drafter *dr = &s->dr[d];
-    if (!r->dseq[d]) r->dseq[d] = kvpool_seq_new(engine_kvpool(dr->e));
+    if (!r->draft.seq[d]) r->draft.seq[d] = kvpool_seq_new(engine_kvpool(dr->e));
     specdraft_seq *q = &dr->q[dr->nq];
-    q->seq = r->dseq[d];
+    q->seq = r->draft.seq[d];
     q->tokens = r->tokens;
     q->n_tokens = nt;
-    q->n_done = r->d_done[d];
+    q->n_done = r->draft.done[d];
     q->k_max = k_max;
     bool mtp = specdraft_is_mtp(dr->sd);
     q->hid = mtp ? engine_hidden(s->e) + (size_t)first * s->e_dim : NULL;
@@ -266,9 +266,9 @@ void sched_spec_draft(sched *s, int n_reqs)
         row0 += s->batch_n[i];
         sched_spec_learn(s, r, i);
         for (int d = 0; d < SCHED_N_DRAFTERS; d++)
-            if (r->dseq[d]) r->d_done[d] = TM_MIN(r->d_done[d], r->n_done);
-        r->n_draft = 0;
-        r->draft_at = -1;
+            if (r->draft.seq[d]) r->draft.done[d] = TM_MIN(r->draft.done[d], r->n_done);
+        r->draft.n = 0;
+        r->draft.at = -1;
         if (ntok == 0 && !mtp) continue;
         int nt = ntok ? r->n_tokens + ntok : r->n_done + 1;   /* tokens once this step is published */
         int kmax = ntok ? sched_spec_kmax(s, r, nt) : 0;
@@ -280,14 +280,14 @@ void sched_spec_draft(sched *s, int n_reqs)
             int src = by_cost[j];
             if (!(s->o.spec_sources & (1 << src))) continue;
             int at = n_src++;
-            while (at > 0 && r->spec[order[at - 1]].rate[0] < r->spec[src].rate[0]) {
+            while (at > 0 && r->spec.src[order[at - 1]].rate[0] < r->spec.src[src].rate[0]) {
                 order[at] = order[at - 1];
                 at--;
             }
             order[at] = src;
         }
         int queued = -1;   /* the drafter r drafts with this round */
-        for (int j = 0; j < n_src && ntok && r->n_draft == 0 && queued < 0; j++) {
+        for (int j = 0; j < n_src && ntok && r->draft.n == 0 && queued < 0; j++) {
             int src = order[j];
             if (src == 0) {
                 sched_spec_ngram(s, r, nt, kmax);
@@ -326,22 +326,22 @@ void sched_spec_draft(sched *s, int n_reqs)
         for (int j = 0; j < dr->nq; j++) {
             sched_req *r = dr->q_req[j];
             specdraft_seq *q = &dr->q[j];
-            r->d_done[d] = q->n_done;
+            r->draft.done[d] = q->n_done;
             if (q->k_max == 0) continue;   /* caught up only */
-            r->draft_at = q->n_tokens;
-            r->draft_src = SCHED_DRAFTER_SRC(d);
-            r->n_draft = q->n_draft;
-            memcpy(r->draft, q->draft, (size_t)q->n_draft * sizeof *r->draft);
-            memcpy(r->draft_prob, q->prob, (size_t)q->n_draft * sizeof *r->draft_prob);
-            s->drafted_run[r->draft_src] += (uint64_t)r->n_draft;
+            r->draft.at = q->n_tokens;
+            r->draft.src = SCHED_DRAFTER_SRC(d);
+            r->draft.n = q->n_draft;
+            memcpy(r->draft.tok, q->draft, (size_t)q->n_draft * sizeof *r->draft.tok);
+            memcpy(r->draft.prob, q->prob, (size_t)q->n_draft * sizeof *r->draft.prob);
+            s->drafted_run[r->draft.src] += (uint64_t)r->draft.n;
             /* nothing drafted (a backlog still catching up, no KV room): prompt lookup, when
              * it ranked below this model and was not tried */
-            if (r->n_draft == 0 && ngram && r->spec[0].rate[0] < r->spec[r->draft_src].rate[0])
+            if (r->draft.n == 0 && ngram && r->spec.src[0].rate[0] < r->spec.src[r->draft.src].rate[0])
                 sched_spec_ngram(s, r, q->n_tokens, sched_spec_kmax(s, r, q->n_tokens));
         }
     }
     for (int i = 0; i < n_reqs; i++) {
         sched_req *r = s->batch_req[i];
-        if (r->gm && r->n_draft > 0 && !r->in_think) r->n_draft = sched_spec_grammar_cut(r);
+        if (r->samp.gm && r->draft.n > 0 && !r->samp.in_think) r->draft.n = sched_spec_grammar_cut(r);
     }
 }

@@ -17,8 +17,8 @@
  *   the rule of succession, so one occurrence says 2/3; a draft past what any occurrence
  *   shows, in a loop's first repetition, is the token one period back again and takes its
  *   confidence). A suffix that recurs in a loop is followed the same way every time and its
- *   drafts nearly always pass; one followed by different tokens before often fails (on the
- *   quoting workload's outputs: 93 % of first drafts accepted against 38-66 %).
+ *   drafts nearly always pass; one followed by different tokens before often fails (measured in
+ *   docs/spec.md).
  * - Acceptance estimate: the k-th drafted token of a step is tested only if all before it
  *   were accepted, so each request keeps one running rate per draft position: of its k-th
  *   drafts tested, the share accepted (an exponential average that starts from a prior: the

@@ -123,7 +123,7 @@ int specdraft_run(specdraft *sd, specdraft_seq *seqs, int n)
     if (nt == 0) return 0;
     engine_batch b = { .n_tokens = nt, .toks = sd->batch };
     const float *hin = sd->mtp ? sd->hin : NULL;
-    if (engine_step_mtp(sd->e, &b, hin, sd->logits) != ENGINE_OK) return 1;
+    if (engine_forward(sd->e, &b, hin, sd->logits) != ENGINE_OK) return 1;
     int n_steps = 1;
     for (int i = 0; i < n; i++) {
         specdraft_seq *q = &seqs[i];
@@ -154,7 +154,7 @@ int specdraft_run(specdraft *sd, specdraft_seq *seqs, int n)
         if (nt == 0) return n_steps;
         b.n_tokens = nt;
         n_steps++;
-        if (engine_step_mtp(sd->e, &b, hin, sd->logits) != ENGINE_OK) return n_steps;   /* keep the drafts so far */
+        if (engine_forward(sd->e, &b, hin, sd->logits) != ENGINE_OK) return n_steps;   /* keep the drafts so far */
         for (int i = 0; i < n; i++) {
             specdraft_seq *q = &seqs[i];
             if (sd->row[i] < 0) continue;

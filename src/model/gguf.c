@@ -145,6 +145,24 @@ static bool gguf_rd_str(gguf_rd *r, size_t *off, uint64_t *len, const char *what
     return true;
 }
 
+/* A key's or a tensor's name (label i, e.g. "metadata key 3") as an owned NUL-terminated copy
+ * in *out. *out is set once the copy is made, also when the name is then refused for a NUL
+ * byte, so that the caller can count it to be freed. */
+static bool gguf_rd_name(gguf_rd *r, const char *what, const char *kind, const char *label, uint64_t i, char **out)
+{
+    size_t off;
+    uint64_t len;
+    if (!gguf_rd_str(r, &off, &len, what)) return false;
+    char *name = malloc(len + 1);
+    if (!name) return gguf_fail(r, GGUF_ERR_NOMEM, "no memory for a %s name", kind);
+    memcpy(name, r->base + off, len);
+    name[len] = 0;
+    *out = name;
+    if (strlen(name) != len)
+        return gguf_fail(r, GGUF_ERR_FORMAT, "%s %llu has a NUL byte in its name", label, (unsigned long long)i);
+    return true;
+}
+
 static size_t gguf_vtype_size(gguf_vtype t)
 {
     switch (t) {
@@ -278,18 +296,11 @@ static bool gguf_parse(gguf *g, gguf_rd *r)
     if (!g->kv) return gguf_fail(r, GGUF_ERR_NOMEM, "no memory for %llu keys", (unsigned long long)n_kv);
     for (uint64_t i = 0; i < n_kv; i++) {
         gguf_kv *kv = &g->kv[i];
-        size_t off;
-        uint64_t len;
         char what[64];
         snprintf(what, sizeof what, "metadata key %llu", (unsigned long long)i);
-        if (!gguf_rd_str(r, &off, &len, what)) return false;
-        kv->name = malloc(len + 1);
-        if (!kv->name) return gguf_fail(r, GGUF_ERR_NOMEM, "no memory for a key name");
-        memcpy(kv->name, r->base + off, len);
-        kv->name[len] = 0;
-        g->n_kv = (int)i + 1;
-        if (strlen(kv->name) != len)
-            return gguf_fail(r, GGUF_ERR_FORMAT, "metadata key %llu has a NUL byte in its name", (unsigned long long)i);
+        bool ok = gguf_rd_name(r, what, "key", "metadata key", i, &kv->name);
+        if (kv->name) g->n_kv = (int)i + 1;
+        if (!ok) return false;
         uint32_t type;
         if (!gguf_rd_u32(r, &type, what)) return false;
         kv->type = (gguf_vtype)type;
@@ -315,19 +326,14 @@ static bool gguf_parse(gguf *g, gguf_rd *r)
     if (!g->tensors) return gguf_fail(r, GGUF_ERR_NOMEM, "no memory for %llu tensors", (unsigned long long)n_tensors);
     for (uint64_t i = 0; i < n_tensors; i++) {
         gguf_tensor *t = &g->tensors[i];
-        size_t off;
-        uint64_t len;
-        char what[64];
+        char what[64], *name = NULL;
         snprintf(what, sizeof what, "tensor info %llu", (unsigned long long)i);
-        if (!gguf_rd_str(r, &off, &len, what)) return false;
-        char *name = malloc(len + 1);
-        if (!name) return gguf_fail(r, GGUF_ERR_NOMEM, "no memory for a tensor name");
-        memcpy(name, r->base + off, len);
-        name[len] = 0;
-        t->name = name;
-        g->n_tensors = (int)i + 1;
-        if (strlen(name) != len)
-            return gguf_fail(r, GGUF_ERR_FORMAT, "tensor %llu has a NUL byte in its name", (unsigned long long)i);
+        bool ok = gguf_rd_name(r, what, "tensor", "tensor", i, &name);
+        if (name) {
+            t->name = name;
+            g->n_tensors = (int)i + 1;
+        }
+        if (!ok) return false;
         uint32_t n_dims, type;
         if (!gguf_rd_u32(r, &n_dims, what)) return false;
         if (n_dims < 1 || n_dims > 4)

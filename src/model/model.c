@@ -251,15 +251,15 @@ float *model_own(model *m, size_t n)
     return v;
 }
 
-/* Reads the hyper-parameters of architecture arch_name. */
-static bool model_read_hparams(model_ld *ld, const char *an)
+/* Builds "ARCH.SUFFIX" in the caller's key[128]: every hyper-parameter key is its family's. */
+#define KEY(suffix) (snprintf(key, sizeof key, "%s.%s", an, suffix), key)
+
+/* The sizes every family has: width, layers (less the MTP ones), heads. */
+static bool model_read_counts(model_ld *ld, const char *an)
 {
     model_hparams *hp = &ld->m->hp;
     char key[128];
     int64_t v;
-    double f;
-
-#define KEY(suffix) (snprintf(key, sizeof key, "%s.%s", an, suffix), key)
     if (!model_key_int(ld, KEY("embedding_length"), true, 0, &v)) return false;
     hp->dim = (int)v;
     if (!model_key_int(ld, KEY("block_count"), true, 0, &v)) return false;
@@ -276,84 +276,108 @@ static bool model_read_hparams(model_ld *ld, const char *an)
     hp->n_heads = (int)v;
     if (!model_key_int(ld, KEY("attention.head_count_kv"), false, hp->n_heads, &v)) return false;
     hp->n_kv_heads = (int)v;
-    bool moe = hp->arch == MODEL_ARCH_QWEN3MOE || hp->arch == MODEL_ARCH_DEEPSEEK2 || hp->arch == MODEL_ARCH_GPTOSS ||
-               hp->arch == MODEL_ARCH_QWEN35MOE;
-    hp->mla = hp->arch == MODEL_ARCH_DEEPSEEK2;
-    if (moe) {
-        if (!model_key_int(ld, KEY("expert_count"), true, 0, &v)) return false;
-        hp->n_expert = (int)v;
-        if (!model_key_int(ld, KEY("expert_used_count"), true, 0, &v)) return false;
-        hp->n_expert_used = (int)v;
-        if (!model_key_int(ld, KEY("expert_feed_forward_length"), true, 0, &v)) return false;
-        hp->expert_ffn = (int)v;
-        if (hp->n_expert <= 0 || hp->n_expert > MODEL_MAX_EXPERTS || hp->n_expert_used <= 0 ||
-            hp->n_expert_used > hp->n_expert || hp->expert_ffn <= 0 || hp->expert_ffn > (1 << 22)) {
-            model_fail(ld, GGUF_ERR_FORMAT, "bad expert hyper-parameters: %d experts (at most %d), %d used, expert ffn %d",
-                       hp->n_expert, MODEL_MAX_EXPERTS, hp->n_expert_used, hp->expert_ffn);
-            return false;
-        }
+    return true;
+}
+
+/* The routed experts of a MoE family: how many, how many per token, their FFN width. */
+static bool model_read_experts(model_ld *ld, const char *an)
+{
+    model_hparams *hp = &ld->m->hp;
+    char key[128];
+    int64_t v;
+    if (!model_key_int(ld, KEY("expert_count"), true, 0, &v)) return false;
+    hp->n_expert = (int)v;
+    if (!model_key_int(ld, KEY("expert_used_count"), true, 0, &v)) return false;
+    hp->n_expert_used = (int)v;
+    if (!model_key_int(ld, KEY("expert_feed_forward_length"), true, 0, &v)) return false;
+    hp->expert_ffn = (int)v;
+    if (hp->n_expert <= 0 || hp->n_expert > MODEL_MAX_EXPERTS || hp->n_expert_used <= 0 ||
+        hp->n_expert_used > hp->n_expert || hp->expert_ffn <= 0 || hp->expert_ffn > (1 << 22)) {
+        model_fail(ld, GGUF_ERR_FORMAT, "bad expert hyper-parameters: %d experts (at most %d), %d used, expert ffn %d",
+                   hp->n_expert, MODEL_MAX_EXPERTS, hp->n_expert_used, hp->expert_ffn);
+        return false;
     }
-    /* a MoE model's dense FFN size is informational only, unless it has dense layers */
-    if (!model_key_int(ld, KEY("feed_forward_length"), !moe, hp->expert_ffn, &v)) return false;
-    hp->ffn_dim = (int)v;
-    hp->router_norm = hp->arch == MODEL_ARCH_QWEN3MOE || hp->arch == MODEL_ARCH_QWEN35MOE;
-    if (hp->arch == MODEL_ARCH_GPTOSS) {
-        /* llama.cpp's gpt-oss: the window and its layer pattern (default 2: even layers
-         * windowed), the router's softmax over the chosen logits, SwiGLU clamped at 7 */
-        hp->router_logit_topk = true;
-        hp->swiglu_limit = 7.0f;
-        if (!model_key_int(ld, KEY("attention.sliding_window"), true, 0, &v)) return false;
-        hp->n_swa = (int)TM_MAX(TM_MIN(v, (int64_t)INT32_MAX), (int64_t)-1);
-        if (!model_key_int(ld, KEY("attention.sliding_window_pattern"), false, 2, &v)) return false;
-        hp->swa_pattern = (int)TM_MAX(TM_MIN(v, (int64_t)INT32_MAX), (int64_t)-1);
-        double fb, fbs;
-        if (!model_key_float(ld, KEY("rope.freq_base"), 10000.0, &fb)) return false;
-        if (!model_key_float(ld, KEY("rope.freq_base_swa"), fb, &fbs)) return false;
-        if (hp->n_swa <= 0 || hp->n_swa > (1 << 24) || hp->swa_pattern < 0 || hp->swa_pattern > 4096 || fbs != fb) {
-            model_fail(ld, GGUF_ERR_FORMAT, "bad gpt-oss hyper-parameters: sliding_window %d (1..%d), "
-                       "sliding_window_pattern %d (0..4096), rope.freq_base_swa %g (only the rope.freq_base %g)",
-                       hp->n_swa, 1 << 24, hp->swa_pattern, fbs, fb);
-            return false;
-        }
+    return true;
+}
+
+/* gpt-oss as llama.cpp runs it: the window and its layer pattern (default 2: even layers
+ * windowed), the router's softmax over the chosen logits, SwiGLU clamped at 7. */
+static bool model_read_gptoss(model_ld *ld, const char *an)
+{
+    model_hparams *hp = &ld->m->hp;
+    char key[128];
+    int64_t v;
+    hp->router_logit_topk = true;
+    hp->swiglu_limit = 7.0f;
+    if (!model_key_int(ld, KEY("attention.sliding_window"), true, 0, &v)) return false;
+    hp->n_swa = (int)TM_MAX(TM_MIN(v, (int64_t)INT32_MAX), (int64_t)-1);
+    if (!model_key_int(ld, KEY("attention.sliding_window_pattern"), false, 2, &v)) return false;
+    hp->swa_pattern = (int)TM_MAX(TM_MIN(v, (int64_t)INT32_MAX), (int64_t)-1);
+    double fb, fbs;
+    if (!model_key_float(ld, KEY("rope.freq_base"), 10000.0, &fb)) return false;
+    if (!model_key_float(ld, KEY("rope.freq_base_swa"), fb, &fbs)) return false;
+    if (hp->n_swa <= 0 || hp->n_swa > (1 << 24) || hp->swa_pattern < 0 || hp->swa_pattern > 4096 || fbs != fb) {
+        model_fail(ld, GGUF_ERR_FORMAT, "bad gpt-oss hyper-parameters: sliding_window %d (1..%d), "
+                   "sliding_window_pattern %d (0..4096), rope.freq_base_swa %g (only the rope.freq_base %g)",
+                   hp->n_swa, 1 << 24, hp->swa_pattern, fbs, fb);
+        return false;
     }
-    if (hp->mla) {
-        bool b;
-        if (!model_key_int(ld, KEY("leading_dense_block_count"), false, 0, &v)) return false;
-        hp->n_dense_lead = (int)v;
-        if (!model_key_int(ld, KEY("expert_shared_count"), false, 0, &v)) return false;
-        hp->n_shared = (int)v;
-        if (!model_key_int(ld, KEY("expert_gating_func"), false, 1, &v)) return false;
-        hp->router_sigmoid = v == 2;
-        if (v != 1 && v != 2) {
-            model_fail(ld, GGUF_ERR_FORMAT, "unsupported %s %lld (1 softmax, 2 sigmoid)", key, (long long)v);
-            return false;
-        }
-        hp->router_norm = gguf_get_bool(ld->m->g, KEY("expert_weights_norm"), &b) && b;
-        if (!model_key_float(ld, KEY("expert_weights_scale"), 0.0, &f)) return false;
-        hp->router_scale = (float)f;
-        if (!model_key_int(ld, KEY("expert_group_count"), false, 0, &v)) return false;
-        hp->n_groups = (int)v;
-        if (!model_key_int(ld, KEY("expert_group_used_count"), false, 0, &v)) return false;
-        hp->n_groups_used = (int)v;
-        if (!model_key_int(ld, KEY("attention.q_lora_rank"), false, 0, &v)) return false;
-        hp->q_lora = (int)v;
-        if (!model_key_int(ld, KEY("attention.kv_lora_rank"), true, 0, &v)) return false;
-        hp->kv_lora = (int)v;
-        int64_t kmla, vmla;
-        if (!model_key_int(ld, KEY("attention.key_length_mla"), true, 0, &kmla)) return false;
-        if (!model_key_int(ld, KEY("attention.value_length_mla"), true, 0, &vmla)) return false;
-        hp->v_dim = (int)vmla;
-        hp->nope_dim = (int)kmla;   /* minus n_rot below */
-        if (hp->n_dense_lead < 0 || hp->n_dense_lead > hp->n_layers || hp->n_shared < 0 || hp->n_shared > 64 ||
-            hp->q_lora < 0 || hp->q_lora > (1 << 16) || hp->kv_lora <= 0 || hp->kv_lora > (1 << 16) || vmla <= 0 ||
-            vmla > 4096 || kmla <= 0 || kmla > 4096 ||
-            (hp->n_groups > 1 && (hp->n_expert % hp->n_groups || hp->n_groups_used < 1 || hp->n_groups_used > hp->n_groups))) {
-            model_fail(ld, GGUF_ERR_FORMAT, "bad deepseek2 hyper-parameters: dense layers %d, shared %d, q_lora %d, "
-                       "kv_lora %d, key/value_length_mla %lld/%lld, groups %d/%d", hp->n_dense_lead, hp->n_shared,
-                       hp->q_lora, hp->kv_lora, (long long)kmla, (long long)vmla, hp->n_groups, hp->n_groups_used);
-            return false;
-        }
+    return true;
+}
+
+/* deepseek2: multi-head latent attention's ranks and head parts, the leading dense layers,
+ * the shared experts and the router (softmax or sigmoid, groups, scale). */
+static bool model_read_mla(model_ld *ld, const char *an)
+{
+    model_hparams *hp = &ld->m->hp;
+    char key[128];
+    int64_t v;
+    double f;
+    bool b;
+    if (!model_key_int(ld, KEY("leading_dense_block_count"), false, 0, &v)) return false;
+    hp->n_dense_lead = (int)v;
+    if (!model_key_int(ld, KEY("expert_shared_count"), false, 0, &v)) return false;
+    hp->n_shared = (int)v;
+    if (!model_key_int(ld, KEY("expert_gating_func"), false, 1, &v)) return false;
+    hp->router_sigmoid = v == 2;
+    if (v != 1 && v != 2) {
+        model_fail(ld, GGUF_ERR_FORMAT, "unsupported %s %lld (1 softmax, 2 sigmoid)", key, (long long)v);
+        return false;
     }
+    hp->router_norm = gguf_get_bool(ld->m->g, KEY("expert_weights_norm"), &b) && b;
+    if (!model_key_float(ld, KEY("expert_weights_scale"), 0.0, &f)) return false;
+    hp->router_scale = (float)f;
+    if (!model_key_int(ld, KEY("expert_group_count"), false, 0, &v)) return false;
+    hp->n_groups = (int)v;
+    if (!model_key_int(ld, KEY("expert_group_used_count"), false, 0, &v)) return false;
+    hp->n_groups_used = (int)v;
+    if (!model_key_int(ld, KEY("attention.q_lora_rank"), false, 0, &v)) return false;
+    hp->q_lora = (int)v;
+    if (!model_key_int(ld, KEY("attention.kv_lora_rank"), true, 0, &v)) return false;
+    hp->kv_lora = (int)v;
+    int64_t kmla, vmla;
+    if (!model_key_int(ld, KEY("attention.key_length_mla"), true, 0, &kmla)) return false;
+    if (!model_key_int(ld, KEY("attention.value_length_mla"), true, 0, &vmla)) return false;
+    hp->v_dim = (int)vmla;
+    hp->nope_dim = (int)kmla;   /* minus n_rot in model_read_rope */
+    if (hp->n_dense_lead < 0 || hp->n_dense_lead > hp->n_layers || hp->n_shared < 0 || hp->n_shared > 64 ||
+        hp->q_lora < 0 || hp->q_lora > (1 << 16) || hp->kv_lora <= 0 || hp->kv_lora > (1 << 16) || vmla <= 0 ||
+        vmla > 4096 || kmla <= 0 || kmla > 4096 ||
+        (hp->n_groups > 1 && (hp->n_expert % hp->n_groups || hp->n_groups_used < 1 || hp->n_groups_used > hp->n_groups))) {
+        model_fail(ld, GGUF_ERR_FORMAT, "bad deepseek2 hyper-parameters: dense layers %d, shared %d, q_lora %d, "
+                   "kv_lora %d, key/value_length_mla %lld/%lld, groups %d/%d", hp->n_dense_lead, hp->n_shared,
+                   hp->q_lora, hp->kv_lora, (long long)kmla, (long long)vmla, hp->n_groups, hp->n_groups_used);
+        return false;
+    }
+    return true;
+}
+
+/* The training context, the pooling, and the shapes checked together; then the head size. */
+static bool model_read_shapes(model_ld *ld, const char *an)
+{
+    model_hparams *hp = &ld->m->hp;
+    char key[128];
+    int64_t v;
     if (!model_key_int(ld, KEY("context_length"), false, 2048, &v)) return false;
     hp->n_ctx_train = (int)v;
     /* llama.cpp's enum llama_pooling_type; a model without the key pools nothing there */
@@ -388,8 +412,58 @@ static bool model_read_hparams(model_ld *ld, const char *an)
                    hp->head_dim, (long long)vlen);
         return false;
     }
-    if (!model_key_float(ld, KEY("attention.layer_norm_rms_epsilon"), 1e-5, &f)) return false;
-    hp->rms_eps = (float)f;
+    return true;
+}
+
+/* What the RoPE scaling keys said, for the frequencies (model_rope_freqs). */
+typedef struct {
+    double factor;          /* rope.scaling.factor (or scale_linear); 0: none given */
+    bool llama3;            /* Llama 3's per-frequency factors from its keys */
+    float yarn_log_mul;     /* YaRN's log multiplier (deepseek2's undone 0.1 x); 0: none */
+} model_rope_scaling;
+
+/* YaRN as llama.cpp sets it up (llama_context's yarn_attn_factor, ggml's corr dims, beta
+ * fast 32 and slow 1), with deepseek2's log multiplier (its converter writes 0.1 x it). */
+static bool model_read_yarn(model_ld *ld, const char *an, double factor, model_rope_scaling *rs)
+{
+    model_hparams *hp = &ld->m->hp;
+    char key[128];
+    hp->rope_freq_scale = 1.0f / (float)factor;
+    double orig_ctx, lm, af;
+    if (!model_key_float(ld, KEY("rope.scaling.original_context_length"), hp->n_ctx_train, &orig_ctx)) return false;
+    if (!model_key_float(ld, KEY("rope.scaling.yarn_log_multiplier"), 0.0, &lm)) return false;
+    if (!model_key_float(ld, KEY("rope.scaling.attn_factor"), 1.0, &af)) return false;
+    float yarn_log_mul = (float)lm;
+    if (hp->mla && yarn_log_mul != 0.0f) yarn_log_mul /= 0.1f;
+    rs->yarn_log_mul = yarn_log_mul;
+    const float fac = 1.0f / hp->rope_freq_scale;
+#define MODEL_YARN_MSCALE(sc, ms) ((sc) <= 1.0f ? 1.0f : (0.1f * (ms) * logf(sc) + 1.0f))
+    float attn;
+    if (yarn_log_mul != 0.0f) {
+        float ms = hp->mla && yarn_log_mul != 1.0f ? yarn_log_mul : 1.0f;
+        attn = MODEL_YARN_MSCALE(fac, ms) / MODEL_YARN_MSCALE(fac, yarn_log_mul);
+    } else {
+        attn = MODEL_YARN_MSCALE(fac, 1.0f);
+    }
+#undef MODEL_YARN_MSCALE
+    attn *= 1.0f / (1.0f + 0.1f * logf(fac));
+    hp->rope_attn_factor = attn * (float)af;
+    float n_dims = (float)hp->n_rot, oc = (float)orig_ctx, base = hp->rope_base;
+    float start = floorf(n_dims * logf(oc / (32.0f * 2 * (float)M_PI)) / (2 * logf(base)));
+    float end = ceilf(n_dims * logf(oc / (1.0f * 2 * (float)M_PI)) / (2 * logf(base)));
+    hp->rope_yarn[0] = 1.0f;
+    hp->rope_yarn[1] = start > 0 ? start : 0;
+    hp->rope_yarn[2] = end < n_dims - 1 ? end : n_dims - 1;
+    return true;
+}
+
+/* RoPE: base, rotated dimensions, and the scaling (linear, llama3, YaRN or none). */
+static bool model_read_rope(model_ld *ld, const char *an, model_rope_scaling *rs)
+{
+    model_hparams *hp = &ld->m->hp;
+    char key[128];
+    int64_t v;
+    double f;
     if (!model_key_float(ld, KEY("rope.freq_base"), 10000.0, &f)) return false;
     hp->rope_base = (float)f;
     if (!model_key_int(ld, KEY("rope.dimension_count"), false, hp->head_dim, &v)) return false;
@@ -423,45 +497,27 @@ static bool model_read_hparams(model_ld *ld, const char *an)
         return false;
     }
     if (is_linear && factor != 0) hp->rope_freq_scale = (float)(1.0 / factor);
-    /* YaRN as llama.cpp sets it up (llama_context's yarn_attn_factor, ggml's corr dims, beta
-     * fast 32 and slow 1), with deepseek2's log multiplier (its converter writes 0.1 x it) */
+    rs->factor = factor;
+    rs->llama3 = is_llama3;
+    rs->yarn_log_mul = 0.0f;
     hp->rope_attn_factor = 1.0f;
-    float yarn_log_mul = 0.0f;
-    if (is_yarn && factor != 0) {
-        hp->rope_freq_scale = 1.0f / (float)factor;
-        double orig_ctx, lm, af;
-        if (!model_key_float(ld, KEY("rope.scaling.original_context_length"), hp->n_ctx_train, &orig_ctx)) return false;
-        if (!model_key_float(ld, KEY("rope.scaling.yarn_log_multiplier"), 0.0, &lm)) return false;
-        if (!model_key_float(ld, KEY("rope.scaling.attn_factor"), 1.0, &af)) return false;
-        yarn_log_mul = (float)lm;
-        if (hp->mla && yarn_log_mul != 0.0f) yarn_log_mul /= 0.1f;
-        const float fac = 1.0f / hp->rope_freq_scale;
-#define MODEL_YARN_MSCALE(sc, ms) ((sc) <= 1.0f ? 1.0f : (0.1f * (ms) * logf(sc) + 1.0f))
-        float attn;
-        if (yarn_log_mul != 0.0f) {
-            float ms = hp->mla && yarn_log_mul != 1.0f ? yarn_log_mul : 1.0f;
-            attn = MODEL_YARN_MSCALE(fac, ms) / MODEL_YARN_MSCALE(fac, yarn_log_mul);
-        } else {
-            attn = MODEL_YARN_MSCALE(fac, 1.0f);
-        }
-#undef MODEL_YARN_MSCALE
-        attn *= 1.0f / (1.0f + 0.1f * logf(fac));
-        hp->rope_attn_factor = attn * (float)af;
-        float n_dims = (float)hp->n_rot, oc = (float)orig_ctx, base = hp->rope_base;
-        float start = floorf(n_dims * logf(oc / (32.0f * 2 * (float)M_PI)) / (2 * logf(base)));
-        float end = ceilf(n_dims * logf(oc / (1.0f * 2 * (float)M_PI)) / (2 * logf(base)));
-        hp->rope_yarn[0] = 1.0f;
-        hp->rope_yarn[1] = start > 0 ? start : 0;
-        hp->rope_yarn[2] = end < n_dims - 1 ? end : n_dims - 1;
-    }
+    return !(is_yarn && factor != 0) || model_read_yarn(ld, an, factor, rs);
+}
 
-    /* inverse frequencies, with per-pair factors from rope_freqs.weight or llama3 keys */
+/* The inverse frequencies, with per-pair factors from rope_freqs.weight or the llama3 keys,
+ * and the attention scale (llama.cpp's kq_scale; MLA's with YaRN's mscale folded in, as
+ * deepseek2's graph does). */
+static bool model_rope_freqs(model_ld *ld, const char *an, const model_rope_scaling *rs)
+{
+    model_hparams *hp = &ld->m->hp;
+    char key[128];
+    double factor = rs->factor;
     float *inv = model_own(ld->m, (size_t)hp->n_rot / 2);
     const float *ff = model_vector(ld, "rope_freqs.weight", false, hp->n_rot / 2);
     if (ld->st != GGUF_OK) return false;
     double lo = 1, hi = 4, orig = 8192;
     float *factors = NULL;
-    if (is_llama3 && !ff) {
+    if (rs->llama3 && !ff) {
         factors = model_own(ld->m, (size_t)hp->n_rot / 2);
         if (!model_key_float(ld, KEY("rope.scaling.low_freq_factor"), 1.0, &lo)) return false;
         if (!model_key_float(ld, KEY("rope.scaling.high_freq_factor"), 4.0, &hi)) return false;
@@ -473,7 +529,7 @@ static bool model_read_hparams(model_ld *ld, const char *an)
         double fac = 1.0;
         if (ff) {
             fac = ff[i];
-        } else if (is_llama3) {
+        } else if (rs->llama3) {
             double wavelen = 2 * M_PI / freq;
             double lo_wl = orig / lo, hi_wl = orig / hi;
             if (wavelen < hi_wl) fac = 1;
@@ -489,16 +545,97 @@ static bool model_read_hparams(model_ld *ld, const char *an)
     hp->rope_inv_freq = inv;
     hp->rope_freq_factors = ff ? ff : factors;
     hp->rope_theta_scale = powf(hp->rope_base, -2.0f / (float)hp->n_rot);
-    /* llama.cpp's kq_scale; MLA's with YaRN's mscale folded in (deepseek2's graph) */
     hp->att_scale = 1.0f / sqrtf((float)(hp->mla ? hp->nope_dim + hp->n_rot : hp->head_dim));
     if (hp->mla && hp->rope_yarn[0] != 0.0f) {
         float org = hp->rope_attn_factor * (1.0f + 0.1f * logf(1.0f / hp->rope_freq_scale));
-        float ms = org * (1.0f + 0.1f * yarn_log_mul * logf(1.0f / hp->rope_freq_scale));
+        float ms = org * (1.0f + 0.1f * rs->yarn_log_mul * logf(1.0f / hp->rope_freq_scale));
         hp->att_scale = 1.0f * ms * ms / sqrtf((float)(hp->nope_dim + hp->n_rot));
     }
-#undef KEY
     return true;
 }
+
+/* One architecture tokenmill runs: its general.architecture name and what the shared readers
+ * do for it. A new family is a row here, its hooks in its own file (model_int.h); a hook left
+ * NULL is the shared reader's part. */
+typedef struct {
+    const char *name;                           /* general.architecture */
+    model_arch arch;
+    bool rope_neox;                             /* RoPE on halves (NEOX), not adjacent pairs */
+    bool moe;                                   /* routed experts: reads the expert keys */
+    bool (*keys)(model_ld *ld, const char *an); /* its keys the shared shape checks need */
+    bool (*hparams)(model_ld *ld);              /* its keys after the shared ones */
+    bool (*layer)(model_ld *ld, int il);        /* every tensor of layer il */
+    bool (*layers)(model_ld *ld);               /* every layer at once, with its own state */
+    bool (*all)(model_ld *ld);                  /* every tensor, embeddings included, and no output
+                                                 * head (the encoders) */
+} model_arch_desc;
+
+/* In the order the error messages list them. */
+static const model_arch_desc model_archs[] = {
+    { .name = "llama", .arch = MODEL_ARCH_LLAMA },
+    { .name = "qwen2", .arch = MODEL_ARCH_QWEN2, .rope_neox = true },
+    { .name = "qwen3", .arch = MODEL_ARCH_QWEN3, .rope_neox = true },
+    { .name = "qwen3moe", .arch = MODEL_ARCH_QWEN3MOE, .rope_neox = true, .moe = true },
+    { .name = "deepseek2", .arch = MODEL_ARCH_DEEPSEEK2, .moe = true, .keys = model_read_mla },
+    { .name = "gpt-oss", .arch = MODEL_ARCH_GPTOSS, .rope_neox = true, .moe = true, .keys = model_read_gptoss },
+    { .name = "phi3", .arch = MODEL_ARCH_PHI3, .rope_neox = true, .hparams = model_phi3_hparams,
+      .layer = model_phi3_layer },
+    { .name = "mistral3", .arch = MODEL_ARCH_MISTRAL3, .hparams = model_mistral3_hparams },
+    { .name = "qwen35", .arch = MODEL_ARCH_QWEN35, .rope_neox = true, .hparams = model_qwen35_hparams,
+      .layer = model_qwen35_layer },
+    { .name = "qwen35moe", .arch = MODEL_ARCH_QWEN35MOE, .rope_neox = true, .moe = true,
+      .hparams = model_qwen35_hparams, .layer = model_qwen35_layer },
+    { .name = "deepseek4", .arch = MODEL_ARCH_DEEPSEEK4, .layers = model_dsv4_load },
+    { .name = "bert", .arch = MODEL_ARCH_BERT, .all = model_bert_load },
+    { .name = "nomic-bert", .arch = MODEL_ARCH_NOMIC_BERT, .rope_neox = true, .all = model_bert_load },
+};
+/* Families llama.cpp runs whose layers the engine lacks: refused as "not supported yet". */
+static const char *const model_archs_later[] = { "mistral4", "gemma3", "gemma4", "glm4moe" };
+
+/* The row for general.architecture, or NULL with the error set. */
+static const model_arch_desc *model_arch_find(model_ld *ld, const char *path, const char *an, size_t an_len)
+{
+    for (size_t i = 0; i < TM_ARRAY_LEN(model_archs); i++)
+        if (strlen(model_archs[i].name) == an_len && !memcmp(an, model_archs[i].name, an_len)) return &model_archs[i];
+    char names[256] = "";
+    for (size_t i = 0; i < TM_ARRAY_LEN(model_archs); i++)
+        snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "", model_archs[i].name);
+    for (size_t i = 0; i < TM_ARRAY_LEN(model_archs_later); i++)
+        if (strlen(model_archs_later[i]) == an_len && !memcmp(an, model_archs_later[i], an_len)) {
+            model_fail(ld, GGUF_ERR_TYPE, "%s: the '%.*s' architecture is not supported yet (its layers are not in the "
+                       "engine; supported: %s)", path, (int)an_len, an, names);
+            return NULL;
+        }
+    model_fail(ld, GGUF_ERR_TYPE, "%s: unsupported architecture '%.*s' (supported: %s)", path, (int)TM_MIN(an_len, 64),
+               an, names);
+    return NULL;
+}
+
+/* Reads the hyper-parameters of architecture ad: the shared keys, the family's own that they
+ * need (ad->keys), RoPE. The family's later keys (ad->hparams) are model_load's to call. */
+static bool model_read_hparams(model_ld *ld, const model_arch_desc *ad)
+{
+    model_hparams *hp = &ld->m->hp;
+    const char *an = ad->name;
+    char key[128];
+    int64_t v;
+    double f;
+    if (!model_read_counts(ld, an)) return false;
+    hp->mla = hp->arch == MODEL_ARCH_DEEPSEEK2;
+    if (ad->moe && !model_read_experts(ld, an)) return false;
+    /* a MoE model's dense FFN size is informational only, unless it has dense layers */
+    if (!model_key_int(ld, KEY("feed_forward_length"), !ad->moe, hp->expert_ffn, &v)) return false;
+    hp->ffn_dim = (int)v;
+    hp->router_norm = hp->arch == MODEL_ARCH_QWEN3MOE || hp->arch == MODEL_ARCH_QWEN35MOE;
+    if (ad->keys && !ad->keys(ld, an)) return false;
+    if (!model_read_shapes(ld, an)) return false;
+    if (!model_key_float(ld, KEY("attention.layer_norm_rms_epsilon"), 1e-5, &f)) return false;
+    hp->rms_eps = (float)f;
+    model_rope_scaling rs;
+    if (!model_read_rope(ld, an, &rs)) return false;
+    return model_rope_freqs(ld, an, &rs);
+}
+#undef KEY
 
 static bool model_fingerprint(model *m, const char *path, const model_opts *opts)
 {
@@ -754,6 +891,127 @@ static bool model_repack(model *m)
     return true;
 }
 
+/* Layer il's attention after its attn_norm: llama's four projections, with qwen2's biases,
+ * qwen3's head norms, or gpt-oss' biases, sinks and window. */
+static bool model_load_attn(model_ld *ld, int il)
+{
+    const model_hparams *hp = &ld->m->hp;
+    model_layer *L = &ld->m->layers[il];
+    int q_dim = hp->n_heads * hp->head_dim, kv_dim = hp->n_kv_heads * hp->head_dim;
+    char nm[96];
+#define TN(suffix) (snprintf(nm, sizeof nm, "blk.%d.%s", il, suffix), nm)
+    if (!model_matrix(ld, TN("attn_q.weight"), hp->dim, q_dim, &L->wq)) return false;
+    if (!model_matrix(ld, TN("attn_k.weight"), hp->dim, kv_dim, &L->wk)) return false;
+    if (!model_matrix(ld, TN("attn_v.weight"), hp->dim, kv_dim, &L->wv)) return false;
+    if (!model_matrix(ld, TN("attn_output.weight"), q_dim, hp->dim, &L->wo)) return false;
+    if (hp->arch == MODEL_ARCH_QWEN2) {
+        if (!(L->bq = model_vector(ld, TN("attn_q.bias"), true, q_dim))) return false;
+        if (!(L->bk = model_vector(ld, TN("attn_k.bias"), true, kv_dim))) return false;
+        if (!(L->bv = model_vector(ld, TN("attn_v.bias"), true, kv_dim))) return false;
+    }
+    if (hp->arch == MODEL_ARCH_QWEN3 || hp->arch == MODEL_ARCH_QWEN3MOE) {
+        if (!(L->q_norm = model_vector(ld, TN("attn_q_norm.weight"), true, hp->head_dim))) return false;
+        if (!(L->k_norm = model_vector(ld, TN("attn_k_norm.weight"), true, hp->head_dim))) return false;
+    }
+    if (hp->arch == MODEL_ARCH_GPTOSS) {
+        if (!(L->bq = model_vector(ld, TN("attn_q.bias"), true, q_dim))) return false;
+        if (!(L->bk = model_vector(ld, TN("attn_k.bias"), true, kv_dim))) return false;
+        if (!(L->bv = model_vector(ld, TN("attn_v.bias"), true, kv_dim))) return false;
+        if (!(L->bo = model_vector(ld, TN("attn_output.bias"), true, hp->dim))) return false;
+        if (!(L->sinks = model_vector(ld, TN("attn_sinks.weight"), true, hp->n_heads))) return false;
+        int pat = hp->swa_pattern;
+        L->window = pat == 0 || il % pat < pat - 1 ? hp->n_swa : 0;
+    }
+#undef TN
+    return true;
+}
+
+/* Layer il's FFN: its norm, then routed experts (with gpt-oss' biases and deepseek2's shared
+ * experts) past the leading dense layers, or a dense gate/up/down. */
+static bool model_load_ffn(model_ld *ld, int il)
+{
+    const model_hparams *hp = &ld->m->hp;
+    model_layer *L = &ld->m->layers[il];
+    const bool gptoss = hp->arch == MODEL_ARCH_GPTOSS;
+    char nm[96];
+#define TN(suffix) (snprintf(nm, sizeof nm, "blk.%d.%s", il, suffix), nm)
+    if (!(L->ffn_norm = model_vector(ld, TN(gptoss ? "post_attention_norm.weight" : "ffn_norm.weight"), true, hp->dim)))
+        return false;
+    if (hp->n_expert > 0 && il >= hp->n_dense_lead) {
+        int ne = hp->n_expert, ef = hp->expert_ffn;
+        if (!model_matrix(ld, TN("ffn_gate_inp.weight"), hp->dim, ne, &L->gate_inp)) return false;
+        if (!model_experts(ld, TN("ffn_gate_exps.weight"), hp->dim, ef, ne, &L->gate_exps)) return false;
+        if (!model_experts(ld, TN("ffn_up_exps.weight"), hp->dim, ef, ne, &L->up_exps)) return false;
+        if (!model_experts(ld, TN("ffn_down_exps.weight"), ef, hp->dim, ne, &L->down_exps)) return false;
+        L->exp_probs_b = model_vector(ld, TN("exp_probs_b.bias"), false, ne);
+        if (ld->st != GGUF_OK) return false;
+        if (gptoss) {
+            if (!(L->gate_inp_b = model_vector(ld, TN("ffn_gate_inp.bias"), true, ne))) return false;
+            if (!(L->gate_exps_b = model_floats(ld, TN("ffn_gate_exps.bias"), true, ef, ne))) return false;
+            if (!(L->up_exps_b = model_floats(ld, TN("ffn_up_exps.bias"), true, ef, ne))) return false;
+            if (!(L->down_exps_b = model_floats(ld, TN("ffn_down_exps.bias"), true, hp->dim, ne))) return false;
+        }
+        if (hp->n_shared > 0) {
+            int64_t sh = (int64_t)ef * hp->n_shared;
+            if (!model_matrix(ld, TN("ffn_gate_shexp.weight"), hp->dim, sh, &L->gate_shexp)) return false;
+            if (!model_matrix(ld, TN("ffn_up_shexp.weight"), hp->dim, sh, &L->up_shexp)) return false;
+            if (!model_matrix(ld, TN("ffn_down_shexp.weight"), sh, hp->dim, &L->down_shexp)) return false;
+        }
+        return true;
+    }
+    if (!model_matrix(ld, TN("ffn_gate.weight"), hp->dim, hp->ffn_dim, &L->gate)) return false;
+    if (!model_matrix(ld, TN("ffn_up.weight"), hp->dim, hp->ffn_dim, &L->up)) return false;
+    if (!model_matrix(ld, TN("ffn_down.weight"), hp->ffn_dim, hp->dim, &L->down)) return false;
+#undef TN
+    return true;
+}
+
+/* Every tensor of layer il of a family without a layer hook: attn_norm, the attention (MLA's
+ * or the shared one) and the FFN. */
+static bool model_load_layer(model_ld *ld, int il)
+{
+    const model_hparams *hp = &ld->m->hp;
+    model_layer *L = &ld->m->layers[il];
+    char nm[96];
+    snprintf(nm, sizeof nm, "blk.%d.attn_norm.weight", il);
+    if (!(L->attn_norm = model_vector(ld, nm, true, hp->dim))) return false;
+    if (hp->mla ? !model_load_mla(ld, il) : !model_load_attn(ld, il)) return false;
+    return model_load_ffn(ld, il);
+}
+
+/* The token embedding (which fixes the vocabulary), the output norm and head (or the tied
+ * embedding), and a ranking model's classifier. */
+static bool model_load_io(model_ld *ld)
+{
+    model *m = ld->m;
+    model_hparams *hp = &m->hp;
+    const gguf_tensor *te = gguf_find_tensor(m->g, "token_embd.weight");
+    if (!te) {
+        model_fail(ld, GGUF_ERR_MISSING, "missing tensor token_embd.weight");
+        return false;
+    }
+    if (te->ne[1] <= 0 || te->ne[1] > (1 << 24)) {
+        model_fail(ld, GGUF_ERR_SHAPE, "tensor token_embd.weight has %lld rows", (long long)te->ne[1]);
+        return false;
+    }
+    hp->n_vocab = (int)te->ne[1];
+    if (!model_matrix(ld, "token_embd.weight", hp->dim, hp->n_vocab, &m->tok_embd)) return false;
+    m->output_norm = model_vector(ld, "output_norm.weight", true, hp->dim);
+    if (!m->output_norm) return false;
+    if (gguf_find_tensor(m->g, "output.weight")) {
+        if (!model_matrix(ld, "output.weight", hp->dim, hp->n_vocab, &m->output)) return false;
+    } else {
+        m->output = m->tok_embd;
+        m->tied_output = true;
+    }
+    const gguf_tensor *cls = gguf_find_tensor(m->g, "cls.output.weight");
+    if (cls && hp->pooling == MODEL_POOL_RANK && cls->n_dims == 2 && cls->ne[1] >= 2 && cls->ne[1] <= 16) {
+        m->n_cls_out = (int)cls->ne[1];
+        if (!(m->cls_out = model_floats(ld, "cls.output.weight", true, hp->dim, m->n_cls_out))) return false;
+    }
+    return true;
+}
+
 gguf_status model_load(const char *path, const model_opts *opts, model **out, char *err, size_t errsz)
 {
     *out = NULL;
@@ -772,156 +1030,26 @@ gguf_status model_load(const char *path, const model_opts *opts, model **out, ch
         model_fail(&ld, GGUF_ERR_MISSING, "%s: missing key general.architecture", path);
         goto fail;
     }
+    const model_arch_desc *ad = model_arch_find(&ld, path, an, an_len);
+    if (!ad) goto fail;
     model_hparams *hp = &m->hp;
-    if (an_len == 5 && !memcmp(an, "llama", 5)) {
-        hp->arch = MODEL_ARCH_LLAMA, hp->arch_name = "llama", hp->rope_neox = false;
-    } else if (an_len == 5 && !memcmp(an, "qwen2", 5)) {
-        hp->arch = MODEL_ARCH_QWEN2, hp->arch_name = "qwen2", hp->rope_neox = true;
-    } else if (an_len == 5 && !memcmp(an, "qwen3", 5)) {
-        hp->arch = MODEL_ARCH_QWEN3, hp->arch_name = "qwen3", hp->rope_neox = true;
-    } else if (an_len == 8 && !memcmp(an, "qwen3moe", 8)) {
-        hp->arch = MODEL_ARCH_QWEN3MOE, hp->arch_name = "qwen3moe", hp->rope_neox = true;
-    } else if (an_len == 9 && !memcmp(an, "deepseek2", 9)) {
-        hp->arch = MODEL_ARCH_DEEPSEEK2, hp->arch_name = "deepseek2", hp->rope_neox = false;
-    } else if (an_len == 7 && !memcmp(an, "gpt-oss", 7)) {
-        hp->arch = MODEL_ARCH_GPTOSS, hp->arch_name = "gpt-oss", hp->rope_neox = true;
-    } else if (an_len == 6 && !memcmp(an, "qwen35", 6)) {
-        hp->arch = MODEL_ARCH_QWEN35, hp->arch_name = "qwen35", hp->rope_neox = true;
-    } else if (an_len == 9 && !memcmp(an, "qwen35moe", 9)) {
-        hp->arch = MODEL_ARCH_QWEN35MOE, hp->arch_name = "qwen35moe", hp->rope_neox = true;
-    } else if (an_len == 4 && !memcmp(an, "phi3", 4)) {
-        hp->arch = MODEL_ARCH_PHI3, hp->arch_name = "phi3", hp->rope_neox = true;
-    } else if (an_len == 8 && !memcmp(an, "mistral3", 8)) {
-        hp->arch = MODEL_ARCH_MISTRAL3, hp->arch_name = "mistral3", hp->rope_neox = false;
-    } else if ((an_len == 8 && !memcmp(an, "mistral4", 8)) ||
-               (an_len == 6 && (!memcmp(an, "gemma3", 6) || !memcmp(an, "gemma4", 6))) ||
-               (an_len == 7 && !memcmp(an, "glm4moe", 7))) {
-        model_fail(&ld, GGUF_ERR_TYPE, "%s: the '%.*s' architecture is not supported yet (its layers are not in the "
-                   "engine; supported: llama, qwen2, qwen3, qwen3moe, deepseek2, gpt-oss, phi3, mistral3, qwen35, qwen35moe, deepseek4, bert, nomic-bert)", path, (int)an_len, an);
-        goto fail;
-    } else if (an_len == 9 && !memcmp(an, "deepseek4", 9)) {
-        hp->arch = MODEL_ARCH_DEEPSEEK4, hp->arch_name = "deepseek4", hp->rope_neox = false;
-    } else if (an_len == 4 && !memcmp(an, "bert", 4)) {
-        hp->arch = MODEL_ARCH_BERT, hp->arch_name = "bert", hp->rope_neox = false;
-    } else if (an_len == 10 && !memcmp(an, "nomic-bert", 10)) {
-        hp->arch = MODEL_ARCH_NOMIC_BERT, hp->arch_name = "nomic-bert", hp->rope_neox = true;
-    } else {
-        model_fail(&ld, GGUF_ERR_TYPE, "%s: unsupported architecture '%.*s' (supported: llama, qwen2, qwen3, qwen3moe, deepseek2, gpt-oss, phi3, mistral3, qwen35, qwen35moe, deepseek4, bert, nomic-bert)",
-                   path, (int)TM_MIN(an_len, 64), an);
-        goto fail;
-    }
-    if (!model_read_hparams(&ld, hp->arch_name)) goto fail;
-    if (hp->arch == MODEL_ARCH_PHI3 && !model_phi3_hparams(&ld)) goto fail;
-    if (hp->arch == MODEL_ARCH_MISTRAL3 && !model_mistral3_hparams(&ld)) goto fail;
-    if (model_is_qwen35(hp) && !model_qwen35_hparams(&ld)) goto fail;
-    if (hp->arch == MODEL_ARCH_BERT || hp->arch == MODEL_ARCH_NOMIC_BERT) {   /* an encoder: no head */
-        if (!model_bert_load(&ld)) goto fail;
+    hp->arch = ad->arch, hp->arch_name = ad->name, hp->rope_neox = ad->rope_neox;
+    if (!model_read_hparams(&ld, ad)) goto fail;
+    if (ad->hparams && !ad->hparams(&ld)) goto fail;
+    if (ad->all) {
+        if (!ad->all(&ld)) goto fail;
         goto loaded;
     }
+    if (!model_load_io(&ld)) goto fail;
 
-    /* token embedding fixes the vocabulary size */
-    const gguf_tensor *te = gguf_find_tensor(m->g, "token_embd.weight");
-    if (!te) {
-        model_fail(&ld, GGUF_ERR_MISSING, "missing tensor token_embd.weight");
-        goto fail;
-    }
-    if (te->ne[1] <= 0 || te->ne[1] > (1 << 24)) {
-        model_fail(&ld, GGUF_ERR_SHAPE, "tensor token_embd.weight has %lld rows", (long long)te->ne[1]);
-        goto fail;
-    }
-    hp->n_vocab = (int)te->ne[1];
-    if (!model_matrix(&ld, "token_embd.weight", hp->dim, hp->n_vocab, &m->tok_embd)) goto fail;
-    m->output_norm = model_vector(&ld, "output_norm.weight", true, hp->dim);
-    if (!m->output_norm) goto fail;
-    if (gguf_find_tensor(m->g, "output.weight")) {
-        if (!model_matrix(&ld, "output.weight", hp->dim, hp->n_vocab, &m->output)) goto fail;
-    } else {
-        m->output = m->tok_embd;
-        m->tied_output = true;
-    }
-
-    const gguf_tensor *cls = gguf_find_tensor(m->g, "cls.output.weight");
-    if (cls && hp->pooling == MODEL_POOL_RANK && cls->n_dims == 2 && cls->ne[1] >= 2 && cls->ne[1] <= 16) {
-        m->n_cls_out = (int)cls->ne[1];
-        if (!(m->cls_out = model_floats(&ld, "cls.output.weight", true, hp->dim, m->n_cls_out))) goto fail;
-    }
-    int q_dim = hp->n_heads * hp->head_dim, kv_dim = hp->n_kv_heads * hp->head_dim;
     m->layers = xcalloc((size_t)(hp->n_layers + hp->n_nextn), sizeof *m->layers);
-    if (hp->arch == MODEL_ARCH_DEEPSEEK4) {
-        if (!model_dsv4_load(&ld)) goto fail;
-        goto loaded;
+    if (ad->layers) {
+        if (!ad->layers(&ld)) goto fail;
+    } else {
+        for (int il = 0; il < hp->n_layers + hp->n_nextn; il++)   /* the MTP layers last */
+            if (!(ad->layer ? ad->layer(&ld, il) : model_load_layer(&ld, il))) goto fail;
+        if (hp->n_nextn > 0 && !model_load_nextn(&ld)) goto fail;
     }
-    for (int il = 0; il < hp->n_layers + hp->n_nextn; il++) {   /* the MTP layers last */
-        model_layer *L = &m->layers[il];
-        const bool gptoss = hp->arch == MODEL_ARCH_GPTOSS;
-        char nm[96];
-        if (model_is_qwen35(hp)) {
-            if (!model_qwen35_layer(&ld, il)) goto fail;
-            continue;
-        }
-#define TN(suffix) (snprintf(nm, sizeof nm, "blk.%d.%s", il, suffix), nm)
-        if (!(L->attn_norm = model_vector(&ld, TN("attn_norm.weight"), true, hp->dim))) goto fail;
-        if (hp->mla) {
-            if (!model_load_mla(&ld, il)) goto fail;
-            goto ffn;
-        }
-        if (hp->arch == MODEL_ARCH_PHI3) {
-            if (!model_phi3_layer(&ld, il)) goto fail;
-            continue;
-        }
-        if (!model_matrix(&ld, TN("attn_q.weight"), hp->dim, q_dim, &L->wq)) goto fail;
-        if (!model_matrix(&ld, TN("attn_k.weight"), hp->dim, kv_dim, &L->wk)) goto fail;
-        if (!model_matrix(&ld, TN("attn_v.weight"), hp->dim, kv_dim, &L->wv)) goto fail;
-        if (!model_matrix(&ld, TN("attn_output.weight"), q_dim, hp->dim, &L->wo)) goto fail;
-        if (hp->arch == MODEL_ARCH_QWEN2) {
-            if (!(L->bq = model_vector(&ld, TN("attn_q.bias"), true, q_dim))) goto fail;
-            if (!(L->bk = model_vector(&ld, TN("attn_k.bias"), true, kv_dim))) goto fail;
-            if (!(L->bv = model_vector(&ld, TN("attn_v.bias"), true, kv_dim))) goto fail;
-        }
-        if (hp->arch == MODEL_ARCH_QWEN3 || hp->arch == MODEL_ARCH_QWEN3MOE) {
-            if (!(L->q_norm = model_vector(&ld, TN("attn_q_norm.weight"), true, hp->head_dim))) goto fail;
-            if (!(L->k_norm = model_vector(&ld, TN("attn_k_norm.weight"), true, hp->head_dim))) goto fail;
-        }
-        if (gptoss) {
-            if (!(L->bq = model_vector(&ld, TN("attn_q.bias"), true, q_dim))) goto fail;
-            if (!(L->bk = model_vector(&ld, TN("attn_k.bias"), true, kv_dim))) goto fail;
-            if (!(L->bv = model_vector(&ld, TN("attn_v.bias"), true, kv_dim))) goto fail;
-            if (!(L->bo = model_vector(&ld, TN("attn_output.bias"), true, hp->dim))) goto fail;
-            if (!(L->sinks = model_vector(&ld, TN("attn_sinks.weight"), true, hp->n_heads))) goto fail;
-            int pat = hp->swa_pattern;
-            L->window = pat == 0 || il % pat < pat - 1 ? hp->n_swa : 0;
-        }
-    ffn:
-        if (!(L->ffn_norm = model_vector(&ld, TN(gptoss ? "post_attention_norm.weight" : "ffn_norm.weight"), true, hp->dim)))
-            goto fail;
-        if (hp->n_expert > 0 && il >= hp->n_dense_lead) {
-            int ne = hp->n_expert, ef = hp->expert_ffn;
-            if (!model_matrix(&ld, TN("ffn_gate_inp.weight"), hp->dim, ne, &L->gate_inp)) goto fail;
-            if (!model_experts(&ld, TN("ffn_gate_exps.weight"), hp->dim, ef, ne, &L->gate_exps)) goto fail;
-            if (!model_experts(&ld, TN("ffn_up_exps.weight"), hp->dim, ef, ne, &L->up_exps)) goto fail;
-            if (!model_experts(&ld, TN("ffn_down_exps.weight"), ef, hp->dim, ne, &L->down_exps)) goto fail;
-            L->exp_probs_b = model_vector(&ld, TN("exp_probs_b.bias"), false, ne);
-            if (ld.st != GGUF_OK) goto fail;
-            if (gptoss) {
-                if (!(L->gate_inp_b = model_vector(&ld, TN("ffn_gate_inp.bias"), true, ne))) goto fail;
-                if (!(L->gate_exps_b = model_floats(&ld, TN("ffn_gate_exps.bias"), true, ef, ne))) goto fail;
-                if (!(L->up_exps_b = model_floats(&ld, TN("ffn_up_exps.bias"), true, ef, ne))) goto fail;
-                if (!(L->down_exps_b = model_floats(&ld, TN("ffn_down_exps.bias"), true, hp->dim, ne))) goto fail;
-            }
-            if (hp->n_shared > 0) {
-                int64_t sh = (int64_t)ef * hp->n_shared;
-                if (!model_matrix(&ld, TN("ffn_gate_shexp.weight"), hp->dim, sh, &L->gate_shexp)) goto fail;
-                if (!model_matrix(&ld, TN("ffn_up_shexp.weight"), hp->dim, sh, &L->up_shexp)) goto fail;
-                if (!model_matrix(&ld, TN("ffn_down_shexp.weight"), sh, hp->dim, &L->down_shexp)) goto fail;
-            }
-            continue;
-        }
-        if (!model_matrix(&ld, TN("ffn_gate.weight"), hp->dim, hp->ffn_dim, &L->gate)) goto fail;
-        if (!model_matrix(&ld, TN("ffn_up.weight"), hp->dim, hp->ffn_dim, &L->up)) goto fail;
-        if (!model_matrix(&ld, TN("ffn_down.weight"), hp->ffn_dim, hp->dim, &L->down)) goto fail;
-#undef TN
-    }
-    if (hp->n_nextn > 0 && !model_load_nextn(&ld)) goto fail;
 loaded:
     if (!model_fingerprint(m, path, opts)) {
         model_fail(&ld, GGUF_ERR_NOMEM, "SHA-256 (libcrypto) failed while fingerprinting");

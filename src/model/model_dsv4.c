@@ -61,17 +61,15 @@ void model_dsv4_free(model_dsv4 *d)
     free(d);
 }
 
-bool model_dsv4_load(model_ld *ld)
+/* The family's keys: the MoE keys model_read_hparams leaves to the MoE families, the
+ * attention's ranks and groups, the hyper-connections, the hash layers and the indexer. */
+static bool dsv4_read_hparams(model_ld *ld)
 {
     model *m = ld->m;
     model_hparams *hp = &m->hp;
-    const gguf *g = m->g;
-    model_dsv4 *d = xcalloc(1, sizeof *d);
-    m->dsv4 = d;
-    const int L = hp->n_layers, dim = hp->dim, H = hp->n_heads, hd = hp->head_dim;
+    model_dsv4 *d = m->dsv4;
+    const int L = hp->n_layers, H = hp->n_heads, hd = hp->head_dim;
     double f;
-
-    /* the common keys model_read_hparams leaves to the MoE families */
     if (!dsv4_int(ld, "expert_count", true, 0, 1, MODEL_MAX_EXPERTS, &hp->n_expert)) return false;
     if (!dsv4_int(ld, "expert_used_count", true, 0, 1, hp->n_expert, &hp->n_expert_used)) return false;
     if (!dsv4_int(ld, "expert_shared_count", false, 0, 0, 64, &hp->n_shared)) return false;
@@ -82,7 +80,7 @@ bool model_dsv4_load(model_ld *ld)
         return false;
     }
     bool b;
-    hp->router_norm = gguf_get_bool(g, "deepseek4.expert_weights_norm", &b) && b;
+    hp->router_norm = gguf_get_bool(m->g, "deepseek4.expert_weights_norm", &b) && b;
     if (!model_key_float(ld, "deepseek4.expert_weights_scale", 1.0, &f)) return false;
     hp->router_scale = (float)f;
     if (hp->n_kv_heads != 1) {
@@ -119,107 +117,149 @@ bool model_dsv4_load(model_ld *ld)
     d->cbase_theta_scale = powf(d->cbase, -2.0f / (float)hp->n_rot);
     hp->att_scale = 1.0f / sqrtf((float)hd);
     hp->n_swa = d->swa;
+    return true;
+}
 
-    d->layers = xcalloc((size_t)L, sizeof *d->layers);
+/* Layer il's entries of the per-layer array keys: compression ratio, expert FFN size and the
+ * SwiGLU clamps. */
+static bool dsv4_layer_keys(model_ld *ld, int il)
+{
+    const gguf *g = ld->m->g;
+    model_dsv4 *d = ld->m->dsv4;
+    model_dsv4_layer *dl = &d->layers[il];
+    double r, ef, ce, cs;
+    if (!dsv4_arr_num(g, "deepseek4.attention.compress_ratios", il, &r) || (r != 0 && r != 4 && r != 128)) {
+        model_fail(ld, GGUF_ERR_FORMAT, "deepseek4.attention.compress_ratios: layer %d missing or not 0, 4 or 128", il);
+        return false;
+    }
+    if (!dsv4_arr_num(g, "deepseek4.expert_feed_forward_length", il, &ef) || ef < 1 || ef > (1 << 22)) {
+        model_fail(ld, GGUF_ERR_FORMAT, "deepseek4.expert_feed_forward_length: layer %d missing or bad", il);
+        return false;
+    }
+    if (!dsv4_arr_num(g, "deepseek4.swiglu_clamp_exp", il, &ce)) ce = 0;
+    if (!dsv4_arr_num(g, "deepseek4.swiglu_clamp_shexp", il, &cs)) cs = ce;
+    dl->ratio = (int)r;
+    dl->ffn = (int)ef;
+    dl->clamp_exp = (float)ce;
+    dl->clamp_shexp = (float)cs;
+    d->max_ffn = TM_MAX(d->max_ffn, dl->ffn);
+    ld->m->layers[il].window = d->swa;
+    return true;
+}
+
+/* Layer il's attention tensors: the low-rank query, the one K = V head, the grouped output,
+ * the two hyper-connections, and the compressor and indexer its ratio asks for. */
+static bool dsv4_layer_attn(model_ld *ld, int il)
+{
+    const model_hparams *hp = &ld->m->hp;
+    const model_dsv4 *d = ld->m->dsv4;
+    model_layer *ly = &ld->m->layers[il];
+    model_dsv4_layer *dl = &d->layers[il];
+    const int dim = hp->dim, H = hp->n_heads, hd = hp->head_dim;
     const int hc = d->hc, mix = (2 + hc) * hc, ql = d->q_lora;
     char nm[96];
 #define TN(suffix) (snprintf(nm, sizeof nm, "blk.%d.%s", il, suffix), nm)
-    for (int il = 0; il < L; il++) {
-        model_layer *ly = &m->layers[il];
-        model_dsv4_layer *dl = &d->layers[il];
-        double r, ef, ce, cs;
-        if (!dsv4_arr_num(g, "deepseek4.attention.compress_ratios", il, &r) || (r != 0 && r != 4 && r != 128)) {
-            model_fail(ld, GGUF_ERR_FORMAT, "deepseek4.attention.compress_ratios: layer %d missing or not 0, 4 or 128", il);
+    if (!(ly->attn_norm = model_vector(ld, TN("attn_norm.weight"), true, dim))) return false;
+    if (!(ly->sinks = model_vector(ld, TN("attn_sinks.weight"), true, H))) return false;
+    if (!model_matrix(ld, TN("attn_q_a.weight"), dim, ql, &ly->wq_a)) return false;
+    if (!(ly->q_a_norm = model_vector(ld, TN("attn_q_a_norm.weight"), true, ql))) return false;
+    if (!model_matrix(ld, TN("attn_q_b.weight"), ql, (int64_t)H * hd, &ly->wq_b)) return false;
+    if (!model_matrix(ld, TN("attn_kv.weight"), dim, hd, &dl->wkv)) return false;
+    if (!(dl->kv_norm = model_vector(ld, TN("attn_kv_a_norm.weight"), true, hd))) return false;
+    if (!model_matrix(ld, TN("attn_output_a.weight"), (int64_t)H * hd / d->o_groups,
+                      (int64_t)d->o_groups * d->o_lora, &dl->wo_a)) return false;
+    if (!model_matrix(ld, TN("attn_output_b.weight"), (int64_t)d->o_groups * d->o_lora, dim, &dl->wo_b)) return false;
+    static const char *const hck[2] = { "attn", "ffn" };
+    for (int k = 0; k < 2; k++) {
+        char sfx[48];
+        snprintf(sfx, sizeof sfx, "hc_%s_fn.weight", hck[k]);
+        if (!model_matrix(ld, TN(sfx), (int64_t)hc * dim, mix, &dl->hc_fn[k])) return false;
+        snprintf(sfx, sizeof sfx, "hc_%s_base.weight", hck[k]);
+        if (!(dl->hc_base[k] = model_vector(ld, TN(sfx), true, mix))) return false;
+        snprintf(sfx, sizeof sfx, "hc_%s_scale.weight", hck[k]);
+        if (!(dl->hc_scale[k] = model_vector(ld, TN(sfx), true, 3))) return false;
+    }
+    if (dl->ratio) {
+        int coff = dl->ratio == 4 ? 2 : 1;
+        if (!model_matrix(ld, TN("attn_compressor_kv.weight"), dim, (int64_t)coff * hd, &dl->comp_kv)) return false;
+        if (!model_matrix(ld, TN("attn_compressor_gate.weight"), dim, (int64_t)coff * hd, &dl->comp_gate)) return false;
+        if (!(dl->comp_ape = model_floats(ld, TN("attn_compressor_ape.weight"), true, (int64_t)coff * hd, dl->ratio)))
             return false;
-        }
-        if (!dsv4_arr_num(g, "deepseek4.expert_feed_forward_length", il, &ef) || ef < 1 || ef > (1 << 22)) {
-            model_fail(ld, GGUF_ERR_FORMAT, "deepseek4.expert_feed_forward_length: layer %d missing or bad", il);
+        if (!(dl->comp_norm = model_vector(ld, TN("attn_compressor_norm.weight"), true, hd))) return false;
+    }
+    if (dl->ratio == 4) {
+        int ih = d->idx_heads, id = d->idx_dim;
+        if (!model_matrix(ld, TN("indexer.proj.weight"), dim, ih, &dl->idx_proj)) return false;
+        if (!model_matrix(ld, TN("indexer.attn_q_b.weight"), ql, (int64_t)ih * id, &dl->idx_q_b)) return false;
+        if (!model_matrix(ld, TN("indexer_compressor_kv.weight"), dim, 2 * (int64_t)id, &dl->icomp_kv)) return false;
+        if (!model_matrix(ld, TN("indexer_compressor_gate.weight"), dim, 2 * (int64_t)id, &dl->icomp_gate)) return false;
+        if (!(dl->icomp_ape = model_floats(ld, TN("indexer_compressor_ape.weight"), true, 2 * (int64_t)id, 4)))
             return false;
-        }
-        if (!dsv4_arr_num(g, "deepseek4.swiglu_clamp_exp", il, &ce)) ce = 0;
-        if (!dsv4_arr_num(g, "deepseek4.swiglu_clamp_shexp", il, &cs)) cs = ce;
-        dl->ratio = (int)r;
-        dl->ffn = (int)ef;
-        dl->clamp_exp = (float)ce;
-        dl->clamp_shexp = (float)cs;
-        d->max_ffn = TM_MAX(d->max_ffn, dl->ffn);
-        ly->window = d->swa;
-
-        if (!(ly->attn_norm = model_vector(ld, TN("attn_norm.weight"), true, dim))) return false;
-        if (!(ly->sinks = model_vector(ld, TN("attn_sinks.weight"), true, H))) return false;
-        if (!model_matrix(ld, TN("attn_q_a.weight"), dim, ql, &ly->wq_a)) return false;
-        if (!(ly->q_a_norm = model_vector(ld, TN("attn_q_a_norm.weight"), true, ql))) return false;
-        if (!model_matrix(ld, TN("attn_q_b.weight"), ql, (int64_t)H * hd, &ly->wq_b)) return false;
-        if (!model_matrix(ld, TN("attn_kv.weight"), dim, hd, &dl->wkv)) return false;
-        if (!(dl->kv_norm = model_vector(ld, TN("attn_kv_a_norm.weight"), true, hd))) return false;
-        if (!model_matrix(ld, TN("attn_output_a.weight"), (int64_t)H * hd / d->o_groups,
-                          (int64_t)d->o_groups * d->o_lora, &dl->wo_a)) return false;
-        if (!model_matrix(ld, TN("attn_output_b.weight"), (int64_t)d->o_groups * d->o_lora, dim, &dl->wo_b)) return false;
-        static const char *const hck[2] = { "attn", "ffn" };
-        for (int k = 0; k < 2; k++) {
-            char sfx[48];
-            snprintf(sfx, sizeof sfx, "hc_%s_fn.weight", hck[k]);
-            if (!model_matrix(ld, TN(sfx), (int64_t)hc * dim, mix, &dl->hc_fn[k])) return false;
-            snprintf(sfx, sizeof sfx, "hc_%s_base.weight", hck[k]);
-            if (!(dl->hc_base[k] = model_vector(ld, TN(sfx), true, mix))) return false;
-            snprintf(sfx, sizeof sfx, "hc_%s_scale.weight", hck[k]);
-            if (!(dl->hc_scale[k] = model_vector(ld, TN(sfx), true, 3))) return false;
-        }
-        if (dl->ratio) {
-            int coff = dl->ratio == 4 ? 2 : 1;
-            if (!model_matrix(ld, TN("attn_compressor_kv.weight"), dim, (int64_t)coff * hd, &dl->comp_kv)) return false;
-            if (!model_matrix(ld, TN("attn_compressor_gate.weight"), dim, (int64_t)coff * hd, &dl->comp_gate)) return false;
-            if (!(dl->comp_ape = model_floats(ld, TN("attn_compressor_ape.weight"), true, (int64_t)coff * hd, dl->ratio)))
-                return false;
-            if (!(dl->comp_norm = model_vector(ld, TN("attn_compressor_norm.weight"), true, hd))) return false;
-        }
-        if (dl->ratio == 4) {
-            int ih = d->idx_heads, id = d->idx_dim;
-            if (!model_matrix(ld, TN("indexer.proj.weight"), dim, ih, &dl->idx_proj)) return false;
-            if (!model_matrix(ld, TN("indexer.attn_q_b.weight"), ql, (int64_t)ih * id, &dl->idx_q_b)) return false;
-            if (!model_matrix(ld, TN("indexer_compressor_kv.weight"), dim, 2 * (int64_t)id, &dl->icomp_kv)) return false;
-            if (!model_matrix(ld, TN("indexer_compressor_gate.weight"), dim, 2 * (int64_t)id, &dl->icomp_gate)) return false;
-            if (!(dl->icomp_ape = model_floats(ld, TN("indexer_compressor_ape.weight"), true, 2 * (int64_t)id, 4)))
-                return false;
-            if (!(dl->icomp_norm = model_vector(ld, TN("indexer_compressor_norm.weight"), true, id))) return false;
-        }
-        /* the FFN: router, hash table or selection bias, experts, shared expert */
-        const int ne = hp->n_expert, k = hp->n_expert_used;
-        if (!(ly->ffn_norm = model_vector(ld, TN("ffn_norm.weight"), true, dim))) return false;
-        if (!model_matrix(ld, TN("ffn_gate_inp.weight"), dim, ne, &ly->gate_inp)) return false;
-        if (il < d->n_hash) {
-            const gguf_tensor *t = gguf_find_tensor(g, TN("ffn_gate_tid2eid.weight"));
-            if (!t) {
-                model_fail(ld, GGUF_ERR_MISSING, "missing tensor %s", nm);
-                return false;
-            }
-            if (t->type != QTYPE_I32 || t->n_dims != 2 || t->ne[0] != k || t->ne[1] != hp->n_vocab) {
-                model_fail(ld, GGUF_ERR_SHAPE, "tensor %s: expected i32 [%d, %d]", nm, k, hp->n_vocab);
-                return false;
-            }
-            const int32_t *tab = t->data;
-            for (int64_t i = 0; i < (int64_t)k * hp->n_vocab; i++)
-                if (tab[i] < 0 || tab[i] >= ne) {
-                    model_fail(ld, GGUF_ERR_FORMAT, "tensor %s: expert %d out of range (%d experts)", nm, (int)tab[i], ne);
-                    return false;
-                }
-            dl->tid2eid = tab;
-        } else if (!(ly->exp_probs_b = model_vector(ld, TN("exp_probs_b.bias"), true, ne))) {
-            return false;
-        }
-        if (!model_experts(ld, TN("ffn_gate_exps.weight"), dim, dl->ffn, ne, &ly->gate_exps)) return false;
-        if (!model_experts(ld, TN("ffn_up_exps.weight"), dim, dl->ffn, ne, &ly->up_exps)) return false;
-        if (!model_experts(ld, TN("ffn_down_exps.weight"), dl->ffn, dim, ne, &ly->down_exps)) return false;
-        if (hp->n_shared > 0) {
-            int64_t sh = (int64_t)dl->ffn * hp->n_shared;
-            if (!model_matrix(ld, TN("ffn_gate_shexp.weight"), dim, sh, &ly->gate_shexp)) return false;
-            if (!model_matrix(ld, TN("ffn_up_shexp.weight"), dim, sh, &ly->up_shexp)) return false;
-            if (!model_matrix(ld, TN("ffn_down_shexp.weight"), sh, dim, &ly->down_shexp)) return false;
-        }
+        if (!(dl->icomp_norm = model_vector(ld, TN("indexer_compressor_norm.weight"), true, id))) return false;
     }
 #undef TN
+    return true;
+}
+
+/* Layer il's FFN: router, hash table (the lead layers, each entry checked) or selection
+ * bias, experts, shared expert. */
+static bool dsv4_layer_ffn(model_ld *ld, int il)
+{
+    const model_hparams *hp = &ld->m->hp;
+    const model_dsv4 *d = ld->m->dsv4;
+    model_layer *ly = &ld->m->layers[il];
+    model_dsv4_layer *dl = &d->layers[il];
+    const int dim = hp->dim, ne = hp->n_expert, k = hp->n_expert_used;
+    char nm[96];
+#define TN(suffix) (snprintf(nm, sizeof nm, "blk.%d.%s", il, suffix), nm)
+    if (!(ly->ffn_norm = model_vector(ld, TN("ffn_norm.weight"), true, dim))) return false;
+    if (!model_matrix(ld, TN("ffn_gate_inp.weight"), dim, ne, &ly->gate_inp)) return false;
+    if (il < d->n_hash) {
+        const gguf_tensor *t = gguf_find_tensor(ld->m->g, TN("ffn_gate_tid2eid.weight"));
+        if (!t) {
+            model_fail(ld, GGUF_ERR_MISSING, "missing tensor %s", nm);
+            return false;
+        }
+        if (t->type != QTYPE_I32 || t->n_dims != 2 || t->ne[0] != k || t->ne[1] != hp->n_vocab) {
+            model_fail(ld, GGUF_ERR_SHAPE, "tensor %s: expected i32 [%d, %d]", nm, k, hp->n_vocab);
+            return false;
+        }
+        const int32_t *tab = t->data;
+        for (int64_t i = 0; i < (int64_t)k * hp->n_vocab; i++)
+            if (tab[i] < 0 || tab[i] >= ne) {
+                model_fail(ld, GGUF_ERR_FORMAT, "tensor %s: expert %d out of range (%d experts)", nm, (int)tab[i], ne);
+                return false;
+            }
+        dl->tid2eid = tab;
+    } else if (!(ly->exp_probs_b = model_vector(ld, TN("exp_probs_b.bias"), true, ne))) {
+        return false;
+    }
+    if (!model_experts(ld, TN("ffn_gate_exps.weight"), dim, dl->ffn, ne, &ly->gate_exps)) return false;
+    if (!model_experts(ld, TN("ffn_up_exps.weight"), dim, dl->ffn, ne, &ly->up_exps)) return false;
+    if (!model_experts(ld, TN("ffn_down_exps.weight"), dl->ffn, dim, ne, &ly->down_exps)) return false;
+    if (hp->n_shared > 0) {
+        int64_t sh = (int64_t)dl->ffn * hp->n_shared;
+        if (!model_matrix(ld, TN("ffn_gate_shexp.weight"), dim, sh, &ly->gate_shexp)) return false;
+        if (!model_matrix(ld, TN("ffn_up_shexp.weight"), dim, sh, &ly->up_shexp)) return false;
+        if (!model_matrix(ld, TN("ffn_down_shexp.weight"), sh, dim, &ly->down_shexp)) return false;
+    }
+#undef TN
+    return true;
+}
+
+bool model_dsv4_load(model_ld *ld)
+{
+    model *m = ld->m;
+    model_hparams *hp = &m->hp;
+    model_dsv4 *d = xcalloc(1, sizeof *d);
+    m->dsv4 = d;
+    if (!dsv4_read_hparams(ld)) return false;
+    d->layers = xcalloc((size_t)hp->n_layers, sizeof *d->layers);
+    for (int il = 0; il < hp->n_layers; il++)
+        if (!dsv4_layer_keys(ld, il) || !dsv4_layer_attn(ld, il) || !dsv4_layer_ffn(ld, il)) return false;
     hp->expert_ffn = d->max_ffn;
-    if (!model_matrix(ld, "output_hc_fn.weight", (int64_t)hc * dim, hc, &d->out_hc_fn)) return false;
+    const int hc = d->hc;
+    if (!model_matrix(ld, "output_hc_fn.weight", (int64_t)hc * hp->dim, hc, &d->out_hc_fn)) return false;
     if (!(d->out_hc_base = model_vector(ld, "output_hc_base.weight", true, hc))) return false;
     if (!(d->out_hc_scale = model_vector(ld, "output_hc_scale.weight", true, 1))) return false;
     return true;

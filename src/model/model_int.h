@@ -31,7 +31,7 @@ const float *model_vector(model_ld *ld, const char *name, bool required, int64_t
 float *model_own(model *m, size_t n);
 
 /* phi3 (model_phi3.c): its RoPE factors and attention factor, after the common
- * hyper-parameters; a layer's tensors after its attn_norm. */
+ * hyper-parameters; every tensor of layer il. */
 bool model_phi3_hparams(model_ld *ld);
 bool model_phi3_layer(model_ld *ld, int il);
 /* mistral3 (model_mistral3.c): its attention temperature and YaRN checks; its tensors are

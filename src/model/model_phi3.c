@@ -73,6 +73,7 @@ bool model_phi3_layer(model_ld *ld, int il)
     const int64_t q_dim = (int64_t)hp->n_heads * hp->head_dim, kv_dim = (int64_t)hp->n_kv_heads * hp->head_dim;
     char nm[96];
 #define TN(suffix) (snprintf(nm, sizeof nm, "blk.%d.%s", il, suffix), nm)
+    if (!(L->attn_norm = model_vector(ld, TN("attn_norm.weight"), true, hp->dim))) return false;
     if (gguf_find_tensor(ld->m->g, TN("attn_qkv.weight"))) {
         ops_weight qkv;
         if (!model_matrix(ld, nm, hp->dim, q_dim + 2 * kv_dim, &qkv)) return false;

@@ -358,9 +358,8 @@ A512_INLINE __m512 a512_e8m0_half16(const uint8_t *e)
  * token's 4 activation bytes broadcast (vpdpbusd), started from the token's -128 (Q4_0: -8)
  * times the sum of the block, give every row's exact integer dot; then y += isum * (d_w * d_x)
  * per block in order, as the scalar reference. The weights stream once through the tile in
- * address order, which the hardware prefetcher follows: software prefetch 1-16 KiB ahead (2
- * or all 17 lines of each Q8_0 struct) measured no faster on a 72 MB matrix, and the full
- * coverage slower. */
+ * address order, which the hardware prefetcher follows, so there is no software prefetch here
+ * (the measurement: docs/benchmarks.md, "Figures behind decisions in the code"). */
 A512_INLINE void a512_x16_q80(int T, int kind, int64_t cols, const char *w, const char *x,
                               size_t xs, float *y, size_t ys)
 {

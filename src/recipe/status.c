@@ -422,20 +422,23 @@ static const char status_css[] =
     ".bar{fill:#3b7dd8}.axis{stroke:#999}.rule{stroke:#d33;stroke-dasharray:4 3}"
     ".ct{font-size:12px;font-weight:600;fill:#333}.cl,.cv{font-size:11px;fill:#444}";
 
-void status_page(status_ring *st, const status_page_in *in, bytebuf *b)
-{
+/* What status_page's sections share: the request windows, the retention classes and one
+ * chart's rows (labels, values, texts; lab holds the window names every window chart uses). */
+typedef struct {
+    status_ring *st;
+    const status_page_in *in;
+    const sched_stats *ss;                 /* NULL on the gateway */
+    const gc_retention *ret;
     status_window win[STATUS_WINDOWS];
-    for (int k = 0; k < STATUS_WINDOWS; k++) status_window_get(st, in->now, status_window_minutes[k], &win[k]);
-    const gc_retention *ret = in->retention;
-    gc_retention def;
-    if (!ret) {
-        gc_retention_default(&def);
-        ret = &def;
-    }
-    const sched_stats *ss = in->sched;
-    char tbuf[64], lab[STATUS_WINDOWS][32], txt[8][48];
+    char lab[STATUS_WINDOWS][32], txt[8][48];
     const char *labels[8], *texts[8];
     double vals[8];
+} page_ctx;
+
+/* The head, the clock and, when several models are served, the links to each one's page. */
+static void page_head(bytebuf *b, const status_page_in *in)
+{
+    char tbuf[64];
     time_t tnow = (time_t)in->now;
     struct tm tm;
     gmtime_r(&tnow, &tm);
@@ -466,19 +469,26 @@ void status_page(status_ring *st, const status_page_in *in, bytebuf *b)
         }
         bytebuf_puts(b, ".</p>");
     }
+}
 
-    if (ss) {  /* the counters /metrics exports, side by side */
-        bytebuf_puts(b, "<section id=\"totals\"><h2>Since start</h2><div class=\"figs\">");
-        page_metric(b, "requests", "tokenmill_requests_total", (double)ss->n_requests);
-        page_metric(b, "prompt tokens", "tokenmill_prompt_tokens_total", (double)ss->n_prompt_tokens);
-        page_metric(b, "cached prompt tokens", "tokenmill_cached_prompt_tokens_total", (double)ss->n_cached_tokens);
-        page_metric(b, "generated tokens", "tokenmill_generated_tokens_total", (double)ss->n_gen_tokens);
-        page_metric(b, "running", "tokenmill_running_sequences", ss->n_running);
-        page_metric(b, "queued", "tokenmill_queue_depth", ss->n_queued);
-        bytebuf_puts(b, "</div></section>");
-    }
+/* The counters /metrics exports, side by side. */
+static void page_totals(bytebuf *b, const sched_stats *ss)
+{
+    bytebuf_puts(b, "<section id=\"totals\"><h2>Since start</h2><div class=\"figs\">");
+    page_metric(b, "requests", "tokenmill_requests_total", (double)ss->n_requests);
+    page_metric(b, "prompt tokens", "tokenmill_prompt_tokens_total", (double)ss->n_prompt_tokens);
+    page_metric(b, "cached prompt tokens", "tokenmill_cached_prompt_tokens_total", (double)ss->n_cached_tokens);
+    page_metric(b, "generated tokens", "tokenmill_generated_tokens_total", (double)ss->n_gen_tokens);
+    page_metric(b, "running", "tokenmill_running_sequences", ss->n_running);
+    page_metric(b, "queued", "tokenmill_queue_depth", ss->n_queued);
+    bytebuf_puts(b, "</div></section>");
+}
 
-    /* 1. where the cache sits */
+/* 1. Where the cache sits: the store, its fill, the RAM tier and the window cache. */
+static void page_cache(bytebuf *b, page_ctx *c)
+{
+    const status_page_in *in = c->in;
+    const sched_stats *ss = c->ss;
     page_section(b, "cache", "1. Where does the cache sit?",
                  "Prompt prefixes are kept as KV blocks: in RAM on this machine first, then in the block store "
                  "below, which every process given the same spec shares.");
@@ -504,26 +514,31 @@ void status_page(status_ring *st, const status_page_in *in, bytebuf *b)
     bytebuf_puts(b, "</div>");
     if (in->store_spec) {
         double fill = in->store_capacity ? (double)in->store_bytes / (double)in->store_capacity : 0;
-        if (in->store_capacity) snprintf(txt[0], sizeof txt[0], "%.1f %%", 100 * fill);
-        else snprintf(txt[0], sizeof txt[0], "no capacity set");
-        labels[0] = "store";
-        texts[0] = txt[0];
-        vals[0] = fill;
-        page_bars(b, "store_fill", "Block store fill (of capacity)", 1, labels, vals, texts, 1.0, -1);
+        if (in->store_capacity) snprintf(c->txt[0], sizeof c->txt[0], "%.1f %%", 100 * fill);
+        else snprintf(c->txt[0], sizeof c->txt[0], "no capacity set");
+        c->labels[0] = "store";
+        c->texts[0] = c->txt[0];
+        c->vals[0] = fill;
+        page_bars(b, "store_fill", "Block store fill (of capacity)", 1, c->labels, c->vals, c->texts, 1.0, -1);
     }
     bytebuf_puts(b, "</section>");
+}
 
-    /* 2. retention */
+/* 2. Retention: each class's TTL, the oldest block, what expired and what was evicted. */
+static void page_retention(bytebuf *b, const page_ctx *c)
+{
+    const status_page_in *in = c->in;
+    const gc_retention *ret = c->ret;
     page_section(b, "retention", "2. How long are entries kept?",
                  "Each traffic class keeps its blocks this long after their last use; past the capacity the "
                  "least recently used go first.");
     bytebuf_puts(b, "<table><tr><th>traffic class</th><th>TTL after last use</th></tr>");
-    for (int c = 0; c < ret->n; c++) {
+    for (int k = 0; k < ret->n; k++) {
         bytebuf_puts(b, "<tr><td>");
-        status_html_esc(b, ret->name[c]);
-        bytebuf_puts(b, c ? "" : " (default)");
+        status_html_esc(b, ret->name[k]);
+        bytebuf_puts(b, k ? "" : " (default)");
         bytebuf_puts(b, "</td><td>");
-        page_duration(b, ret->ttl_s[c]);
+        page_duration(b, ret->ttl_s[k]);
         bytebuf_puts(b, "</td></tr>");
     }
     bytebuf_puts(b, "</table><div class=\"figs\"><div class=\"fig\"><span class=\"v\" data-oldest>");
@@ -534,8 +549,14 @@ void status_page(status_ring *st, const status_page_in *in, bytebuf *b)
                       "blocks expired (TTL)</span></div><div class=\"fig\"><span class=\"v\">%llu</span><span "
                       "class=\"l\">blocks evicted (capacity)</span></div></div></section>",
                    (unsigned long long)in->store_expired, (unsigned long long)in->store_evicted);
+}
 
-    /* 3. measurement */
+/* 3. Measurement: the share of input tokens served from cache, by class and for the viewer's key. */
+static void page_hits(bytebuf *b, page_ctx *c)
+{
+    const status_page_in *in = c->in;
+    const gc_retention *ret = c->ret;
+    const status_window *win = c->win;
     page_section(b, "hits", "3. Does every response report its cache hits?",
                  "Yes: each response's usage carries its cached input tokens (OpenAI prompt_tokens_details."
                  "cached_tokens, Anthropic cache_read_input_tokens); these are their sums, as the share of input "
@@ -543,30 +564,29 @@ void status_page(status_ring *st, const status_page_in *in, bytebuf *b)
     bytebuf_puts(b, "<table><tr><th>traffic class</th>");
     for (int k = 0; k < STATUS_WINDOWS; k++) bytebuf_printf(b, "<th>%s</th>", status_window_names[k]);
     bytebuf_puts(b, "</tr>");
-    for (int c = -1; c < ret->n; c++) {
+    for (int cl = -1; cl < ret->n; cl++) {   /* -1: all classes */
         bytebuf_puts(b, "<tr><td>");
-        if (c < 0) bytebuf_puts(b, "all");
-        else status_html_esc(b, ret->name[c]);
+        if (cl < 0) bytebuf_puts(b, "all");
+        else status_html_esc(b, ret->name[cl]);
         bytebuf_puts(b, "</td>");
         for (int k = 0; k < STATUS_WINDOWS; k++) {
             uint64_t p = 0, h = 0, n = 0;
             for (int cc = 0; cc < GC_MAX_CLASSES; cc++)
-                if (c < 0 || cc == c) {
+                if (cl < 0 || cc == cl) {
                     p += win[k].n_prompt[cc];
                     h += win[k].n_cached[cc];
                     n += win[k].n_req[cc];
                 }
             bytebuf_printf(b, "<td data-window=\"%d\" data-class=\"%s\" data-cached=\"%llu\" data-prompt=\"%llu\">",
-                           status_window_minutes[k], c < 0 ? "*" : ret->name[c], (unsigned long long)h,
+                           status_window_minutes[k], cl < 0 ? "*" : ret->name[cl], (unsigned long long)h,
                            (unsigned long long)p);
             page_share(b, (double)h, (double)p);
             bytebuf_printf(b, " <small>(%llu req)</small></td>", (unsigned long long)n);
-            if (c < 0) {
-                vals[k] = p ? (double)h / (double)p : 0;
-                snprintf(txt[k], sizeof txt[k], p ? "%.1f %%" : "–", 100 * vals[k]);
-                snprintf(lab[k], sizeof lab[k], "%s", status_window_names[k]);
-                labels[k] = lab[k];
-                texts[k] = txt[k];
+            if (cl < 0) {
+                c->vals[k] = p ? (double)h / (double)p : 0;
+                snprintf(c->txt[k], sizeof c->txt[k], p ? "%.1f %%" : "–", 100 * c->vals[k]);
+                c->labels[k] = c->lab[k];
+                c->texts[k] = c->txt[k];
             }
         }
         bytebuf_puts(b, "</tr>");
@@ -584,10 +604,15 @@ void status_page(status_ring *st, const status_page_in *in, bytebuf *b)
         bytebuf_puts(b, "</tr>");
     }
     bytebuf_puts(b, "</table>");
-    page_bars(b, "hits", "Input tokens served from cache", STATUS_WINDOWS, labels, vals, texts, 1.0, -1);
+    page_bars(b, "hits", "Input tokens served from cache", STATUS_WINDOWS, c->labels, c->vals, c->texts, 1.0, -1);
     bytebuf_puts(b, "</section>");
+}
 
-    /* 4. division of labour, TTFT */
+/* 4. Division of labour (the cluster's own lines) and time to first token by input length. */
+static void page_labour(bytebuf *b, page_ctx *c)
+{
+    const status_page_in *in = c->in;
+    const status_window *win = c->win;
     page_section(b, "labour", "4. Are prefill and decode separate? What does time to first token look like?",
                  in->role_text ? in->role_text : "");
     if (in->cluster) in->cluster(in->cluster_ud, b);
@@ -615,14 +640,20 @@ void status_page(status_ring *st, const status_page_in *in, bytebuf *b)
         for (int l = 0; l < STATUS_LEN_N; l++)
             for (int i = 0; i <= SCHED_HIST_N; i++) all[i] += win[k].ttft[l][i];
         double p99 = status_quantile(all, sched_hist_bounds, SCHED_HIST_N, 0.99);
-        vals[k] = TM_MAX(0.0, p99);
-        texts[k] = page_fmt_secs(txt[k], sizeof txt[k], p99);
-        labels[k] = lab[k];
+        c->vals[k] = TM_MAX(0.0, p99);
+        c->texts[k] = page_fmt_secs(c->txt[k], sizeof c->txt[k], p99);
+        c->labels[k] = c->lab[k];
     }
-    page_bars(b, "ttft", "P99 time to first token, all inputs", STATUS_WINDOWS, labels, vals, texts, 0, -1);
+    page_bars(b, "ttft", "P99 time to first token, all inputs", STATUS_WINDOWS, c->labels, c->vals, c->texts, 0, -1);
     bytebuf_puts(b, "</section>");
+}
 
-    /* 5. speed */
+/* 5. Speed: streams at once, each user's tokens/s, the machine's, and the measured curve. */
+static void page_speed_section(bytebuf *b, const page_ctx *c)
+{
+    const status_page_in *in = c->in;
+    const sched_stats *ss = c->ss;
+    const status_window *win = c->win;
     page_section(b, "speed", "5. How many users share the machine, at what speed each?",
                  "Streams decoding at once, each user's tokens/s after the first token (median and the slowest "
                  "tenth), and the machine's generated tokens/s.");
@@ -644,7 +675,7 @@ void status_page(status_ring *st, const status_page_in *in, bytebuf *b)
                        (unsigned long long)win[k].n_gen, win[k].span_s > 0 ? (double)win[k].n_gen / win[k].span_s : 0);
     bytebuf_puts(b, "</tr></table>");
     uint64_t per_min[60];
-    status_minutes_gen(st, in->now, 60, per_min);
+    status_minutes_gen(c->st, in->now, 60, per_min);
     page_columns(b, "gen_per_minute", "Generated tokens per minute, last hour", 60, per_min);
     if (in->curve && in->curve->n) {
         int now_streams = ss ? ss->n_running : 0;
@@ -655,17 +686,22 @@ void status_page(status_ring *st, const status_page_in *in, bytebuf *b)
                         "tokens/s per user", in->curve->n, in->curve->streams, in->curve->user_tok_s);
     }
     bytebuf_puts(b, "</section>");
+}
 
-    /* 6. spare capacity */
+/* 6. Spare capacity: utilisation against the 0.8 rule and the advice drawn from it. */
+static void page_capacity(bytebuf *b, page_ctx *c)
+{
+    const sched_stats *ss = c->ss;
+    const status_window *win = c->win;
     page_section(b, "capacity", "6. How much capacity is spare?",
                  "Utilisation is the share of time the engine was computing. The 0.8 rule: past 80 % busy, "
                  "queueing delay (and so time to first token) grows steeply; add capacity before it.");
     for (int k = 0; k < STATUS_WINDOWS; k++) {
-        vals[k] = TM_MAX(0.0, win[k].busy);
-        if (win[k].busy < 0) snprintf(txt[k], sizeof txt[k], "not sampled yet");
-        else snprintf(txt[k], sizeof txt[k], "%.1f %%", 100 * win[k].busy);
-        texts[k] = txt[k];
-        labels[k] = lab[k];
+        c->vals[k] = TM_MAX(0.0, win[k].busy);
+        if (win[k].busy < 0) snprintf(c->txt[k], sizeof c->txt[k], "not sampled yet");
+        else snprintf(c->txt[k], sizeof c->txt[k], "%.1f %%", 100 * win[k].busy);
+        c->texts[k] = c->txt[k];
+        c->labels[k] = c->lab[k];
     }
     if (ss) {
         bytebuf_puts(b, "<div class=\"figs\">");
@@ -673,8 +709,8 @@ void status_page(status_ring *st, const status_page_in *in, bytebuf *b)
         page_metric(b, "KV blocks free", "tokenmill_kv_blocks_free", ss->kv_blocks_free);
         page_metric(b, "refused (queue full)", "tokenmill_requests_rejected_total", (double)ss->n_rejected);
         bytebuf_puts(b, "</div>");
-        page_bars(b, "utilisation", "Engine utilisation (dashed: the 0.8 rule)", STATUS_WINDOWS, labels, vals, texts,
-                  1.0, 0.8);
+        page_bars(b, "utilisation", "Engine utilisation (dashed: the 0.8 rule)", STATUS_WINDOWS, c->labels, c->vals,
+                  c->texts, 1.0, 0.8);
         double u = win[0].busy;
         bytebuf_puts(b, "<p class=\"advice\"><b>Advice:</b> ");
         if (u < 0) bytebuf_puts(b, "not enough samples yet (the page and /metrics sample the engine).");
@@ -685,31 +721,57 @@ void status_page(status_ring *st, const status_page_in *in, bytebuf *b)
         bytebuf_puts(b, "<p class=\"why\">The cluster's capacity advice and resumed requests are in answer 4.</p>");
     }
     bytebuf_puts(b, "</section>");
+}
 
-    /* cost */
-    if (in->cost_per_hour > 0) {
-        const status_window *w = &win[1];
-        double secs = w->busy >= 0 ? w->busy_s : w->span_s;  /* no engine here (the gateway): wall time */
-        uint64_t p = 0, h = 0;
-        for (int c = 0; c < GC_MAX_CLASSES; c++) {
-            p += w->n_prompt[c];
-            h += w->n_cached[c];
-        }
-        double kinds[3] = { (double)(p - h), (double)h, (double)w->n_gen };
-        const char *names[3] = { "input, uncached", "input, cached", "output" };
-        page_section(b, "cost", "Cost per million tokens",
-                     "The machine's price for the busy time of the last hour, over the tokens of each kind moved "
-                     "in it (each kind as if it alone had used that time: an upper bound per kind).");
-        bytebuf_printf(b, "<p>Price: %.4g per hour; busy time: ", in->cost_per_hour);
-        page_duration(b, secs);
-        bytebuf_puts(b, "</p><table><tr><th>tokens</th><th>count</th><th>cost per million</th></tr>");
-        for (int i = 0; i < 3; i++) {
-            bytebuf_printf(b, "<tr><td>%s</td><td>%.0f</td><td>", names[i], kinds[i]);
-            if (kinds[i] > 0 && secs > 0) bytebuf_printf(b, "%.4g", in->cost_per_hour * secs / 3600 / kinds[i] * 1e6);
-            else bytebuf_puts(b, "–");
-            bytebuf_puts(b, "</td></tr>");
-        }
-        bytebuf_puts(b, "</table></section>");
+/* Cost per million tokens of each kind over the last hour's busy time (only with a price). */
+static void page_cost(bytebuf *b, const page_ctx *c)
+{
+    const status_page_in *in = c->in;
+    const status_window *w = &c->win[1];
+    double secs = w->busy >= 0 ? w->busy_s : w->span_s;  /* no engine here (the gateway): wall time */
+    uint64_t p = 0, h = 0;
+    for (int k = 0; k < GC_MAX_CLASSES; k++) {
+        p += w->n_prompt[k];
+        h += w->n_cached[k];
     }
+    double kinds[3] = { (double)(p - h), (double)h, (double)w->n_gen };
+    const char *names[3] = { "input, uncached", "input, cached", "output" };
+    page_section(b, "cost", "Cost per million tokens",
+                 "The machine's price for the busy time of the last hour, over the tokens of each kind moved "
+                 "in it (each kind as if it alone had used that time: an upper bound per kind).");
+    bytebuf_printf(b, "<p>Price: %.4g per hour; busy time: ", in->cost_per_hour);
+    page_duration(b, secs);
+    bytebuf_puts(b, "</p><table><tr><th>tokens</th><th>count</th><th>cost per million</th></tr>");
+    for (int i = 0; i < 3; i++) {
+        bytebuf_printf(b, "<tr><td>%s</td><td>%.0f</td><td>", names[i], kinds[i]);
+        if (kinds[i] > 0 && secs > 0) bytebuf_printf(b, "%.4g", in->cost_per_hour * secs / 3600 / kinds[i] * 1e6);
+        else bytebuf_puts(b, "–");
+        bytebuf_puts(b, "</td></tr>");
+    }
+    bytebuf_puts(b, "</table></section>");
+}
+
+void status_page(status_ring *st, const status_page_in *in, bytebuf *b)
+{
+    page_ctx ctx = { .st = st }, *c = &ctx;
+    c->in = in;
+    c->ss = in->sched;
+    for (int k = 0; k < STATUS_WINDOWS; k++) {
+        status_window_get(st, in->now, status_window_minutes[k], &c->win[k]);
+        snprintf(c->lab[k], sizeof c->lab[k], "%s", status_window_names[k]);
+    }
+    gc_retention def;
+    if (!in->retention) gc_retention_default(&def);
+    c->ret = in->retention ? in->retention : &def;
+
+    page_head(b, in);
+    if (c->ss) page_totals(b, c->ss);
+    page_cache(b, c);
+    page_retention(b, c);
+    page_hits(b, c);
+    page_labour(b, c);
+    page_speed_section(b, c);
+    page_capacity(b, c);
+    if (in->cost_per_hour > 0) page_cost(b, c);
     bytebuf_puts(b, "</body></html>\n");
 }

@@ -1,7 +1,7 @@
 /*
  * test_mtp: multi-token prediction layers (DeepSeek-V3's MTP, llama.cpp's "nextn" layers) on a
  * tiny deepseek2 file from mkmodel --nextn 1: the model loads them apart and computes the same
- * logits as the file without them; the MTP forward (engine_step_mtp over model_mtp_view) equals
+ * logits as the file without them; the MTP forward (engine_forward over model_mtp_view) equals
  * a reference that builds the layer input eh_proj([enorm(e); hnorm(h)]) by hand (double) and
  * runs the MTP block as an ordinary one-layer model whose embedding rows are those inputs; and
  * specdraft's MTP drafts are the argmax of that forward, chained on the layer's own hidden state;
@@ -68,7 +68,7 @@ TEST(test_load_apart)
         for (int i = 0; i < T; i++) bt[i] = (engine_tok){ toks[i], i, s, true };
         engine_batch bb = { T, bt };
         CHECK(engine_step(e, &bb, out[k]) == ENGINE_OK);
-        CHECK(engine_step_mtp(e, &bb, la, out[k]) == ENGINE_ERR_ARG);   /* not an MTP view */
+        CHECK(engine_forward(e, &bb, la, out[k]) == ENGINE_ERR_ARG);   /* not an MTP view */
         kvpool_seq_free(engine_kvpool(e), s);
         engine_free(e);
     }
@@ -130,7 +130,7 @@ TEST(test_forward_and_drafts)
     for (int i = 0; i <= T; i++) bt[i] = (engine_tok){ toks[i], i, ds, true };
     engine_batch db = { T + 1, bt };
     CHECK(engine_step(d, &db, lg) == ENGINE_ERR_ARG);   /* an MTP view needs hidden states */
-    CHECK(engine_step_mtp(d, &db, h, lg) == ENGINE_OK);
+    CHECK(engine_forward(d, &db, h, lg) == ENGINE_OK);
     static float hmtp[(T + 1) * 64];
     memcpy(hmtp, engine_hidden(d), sizeof hmtp);
 
@@ -178,7 +178,7 @@ TEST(test_forward_and_drafts)
     engine_tok ct = { d1, T + 1, ds, true };
     engine_batch cb = { 1, &ct };
     float lg2[300];
-    CHECK(engine_step_mtp(d, &cb, hmtp + (size_t)T * dim, lg2) == ENGINE_OK);
+    CHECK(engine_forward(d, &cb, hmtp + (size_t)T * dim, lg2) == ENGINE_OK);
     int32_t d2 = argmax(lg2, V);
     kvpool_seq_free(engine_kvpool(d), ds);
 

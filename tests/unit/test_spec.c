@@ -914,23 +914,23 @@ TEST(test_count_prices_the_whole_step)
     for (int i = 0; i < 2; i++) {   /* decoding, 3 drafts each */
         rq[i].n_tokens = 50;
         rq[i].n_done = 49;
-        rq[i].draft_at = 50;
-        rq[i].n_draft = 3;
-        for (int src = 0; src < SPEC_N_SRC; src++) rq[i].spec[src] = seq_at(0.18);
-        rq[i].probe.gap = 1 << 20;   /* no probe due */
+        rq[i].draft.at = 50;
+        rq[i].draft.n = 3;
+        for (int src = 0; src < SPEC_N_SRC; src++) rq[i].spec.src[src] = seq_at(0.18);
+        rq[i].spec.probe.gap = 1 << 20;   /* no probe due */
     }
     rq[2].n_tokens = 200;   /* reading its prompt */
     s->running[0] = &rq[0];
     s->running[1] = &rq[1];
     s->n_running = 2;
     sched_spec_plan_locked(s, 8);
-    CHECKF(rq[0].n_verify == 0 && rq[1].n_verify == 0, "decodes alone: %d and %d verified", rq[0].n_verify,
-           rq[1].n_verify);
+    CHECKF(rq[0].draft.n_verify == 0 && rq[1].draft.n_verify == 0, "decodes alone: %d and %d verified",
+           rq[0].draft.n_verify, rq[1].draft.n_verify);
     s->running[2] = &rq[2];
     s->n_running = 3;
     sched_spec_plan_locked(s, 8);
-    CHECKF(rq[0].n_verify == 1 && rq[1].n_verify == 1, "beside a prompt chunk: %d and %d verified", rq[0].n_verify,
-           rq[1].n_verify);
+    CHECKF(rq[0].draft.n_verify == 1 && rq[1].draft.n_verify == 1, "beside a prompt chunk: %d and %d verified",
+           rq[0].draft.n_verify, rq[1].draft.n_verify);
     s->n_running = 0;
     pthread_mutex_unlock(&s->mu);
 out:
