@@ -142,7 +142,7 @@ test("cache: a deepseek2 (latent attention) model's blocks come back from the st
   const prompt = "the quick brown fox jumps over the lazy dog and runs away ".repeat(20);
   const once = async (cache) => {
     const srv = await startServer(ds, ["--ctx", "1024", "--threads", "2", "--model-name", "ds", "--cache", cache]);
-    assert.match(srv.log, new RegExp(`KV \\d+ blocks of ${kib} KiB per 128 tokens, latent: V is K`));
+    assert.match(srv.log, new RegExp(`KV f16, \\d+ blocks of ${kib} KiB per 128 tokens, latent: V is K`));
     const c = new OpenAI({ baseURL: `${srv.url}/v1`, apiKey: "unused", maxRetries: 0 });
     const r = await c.completions.create({ model: "ds", prompt, max_tokens: 8, temperature: 0 });
     await stopServers();
