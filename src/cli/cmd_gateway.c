@@ -39,6 +39,7 @@
 #include "cli/cmd_common.h"
 #include "cluster/auth.h"
 #include "cluster/gateway.h"
+#include "engine/sched.h"
 #include "grammar/grammar.h"
 #include "http/http.h"
 #include "model/model.h"
@@ -245,6 +246,9 @@ int cmd_gateway(int argc, char **argv)
         cmd_gateway_model *u = &mods[i];
         int n_ctx = ctx > 0 ? (int)ctx
                             : (int)cmd_common_default_ctx("gateway", u->m, eng_default.kv_mib, (engine_kv_type)eng_default.kv_type);
+        /* an encoder's input is computed whole in one step: the workers' bound (sched.c) with
+         * their default step; a worker started with a smaller one refuses longer inputs */
+        if (u->m->hp.bidirectional) n_ctx = TM_MIN(n_ctx, TM_MIN(u->m->hp.n_ctx_train, SCHED_PREFILL_STEP)) + 1;
         gm[i] = (gateway_model){ .model = u->m, .name = u->name, .n_ctx = n_ctx,
                                  .eos_ids = { tokenizer_eos(u->tok), tokenizer_eot(u->tok), -1, -1 } };
     }

@@ -129,9 +129,9 @@ int cmd_worker(int argc, char **argv)
         rc = 2;
         goto out;
     }
-    if (m->hp.bidirectional) {   /* the cluster carries generations only */
-        fprintf(stderr, "tokenmill worker: %s: '%s' is an embedding model: serve it with `tokenmill serve` "
-                "(a cluster carries generations only)\n", path, m->hp.arch_name);
+    if (m->hp.bidirectional && role == PROTO_ROLE_DECODE) {   /* its inputs end where they are computed */
+        fprintf(stderr, "tokenmill worker: %s: '%s' is an embedding model: its worker is a prefill or mixed one "
+                "(an embedding ends in its prefill; there is nothing to decode)\n", path, m->hp.arch_name);
         rc = 2;
         goto out;
     }

@@ -470,7 +470,8 @@ static sched_status gw_submit(void *ud, const sched_params *p, sched_req **out)
         if (p->prompt[i] < 0 || p->prompt[i] >= n_vocab) return SCHED_ERR_ARG;
     if (p->think_budget < 0 || (p->think_budget > 0 && (p->think_end >= n_vocab || p->think_start >= n_vocab)))
         return SCHED_ERR_ARG;   /* as sched_submit */
-    if (p->embed && p->embed != MODEL_POOL_MEAN && p->embed != MODEL_POOL_LAST) return SCHED_ERR_ARG;
+    if (p->embed && p->embed != MODEL_POOL_MEAN && p->embed != MODEL_POOL_LAST && p->embed != MODEL_POOL_CLS)
+        return SCHED_ERR_ARG;
     /* a grammar travels as its source, which the worker compiles (the API layer compiled it
      * here first, so a bad one was a 400 before this) */
     if (p->grammar && (!p->grammar_src || p->grammar_kind < 0 || p->grammar_kind >= PROTO_GRAMMAR_KINDS ||

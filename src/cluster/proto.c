@@ -470,7 +470,7 @@ static bool proto_experts_ok(const proto_experts *x)
 }
 
 /* An embedding PREFILL's pooling and an EMBEDDING's vector (version 3 additions). */
-static bool proto_embed_pool_ok(unsigned pool) { return pool == 1 || pool == 3; }   /* model_pool MEAN, LAST */
+static bool proto_embed_pool_ok(unsigned pool) { return pool >= 1 && pool <= 3; }   /* model_pool MEAN, CLS, LAST */
 
 static bool proto_embedding_ok(const proto_embedding *x)
 {

@@ -312,8 +312,8 @@ static bool worker_job_start(wjob *j)
         sp.prompt = p->prompt;
         sp.n_prompt = (int)p->n_prompt;
         sp.max_tokens = 1;
-        sp.kv_out = worker_kv_out;
         if (j->msg.hdr.flags & PROTO_F_EMBED) sp.embed = (model_pool)p->embed;   /* worker_embed_done answers */
+        else sp.kv_out = worker_kv_out;   /* an embedding hands nothing off */
     } else {
         const proto_decode_job *d = &j->msg.u.decode;
         ok = worker_params(w, &d->params, &sp);

@@ -5,7 +5,8 @@
 // nomic-bert (cosine >= 0.9999, several inputs in one call and each alone), a model without a pooling
 // key pooled by the mean, the openai SDK's embeddings.create (float and base64), and the
 // refusals: text generation in each API's error shape, an input longer than the position
-// table, `tokenmill run`.
+// table, `tokenmill run`; through a gateway and a prefill worker, the same vectors as `serve`'s
+// (CLS pooling on the wire) and a decode worker of an encoder refused.
 import {test, before, after} from 'node:test';
 import assert from 'node:assert/strict';
 import path from 'node:path';
@@ -13,7 +14,7 @@ import {spawnSync} from 'node:child_process';
 import {getLlama} from 'node-llama-cpp';
 import OpenAI from 'openai';
 import {root, bin, oracleFiles} from './oracle_common.mjs';
-import {startServer, stopServers} from './server.mjs';
+import {startServer, startCluster, stopServers} from './server.mjs';
 
 const script = path.join(root, 'tests/oracle/gguf_bert.py');
 const {python, skip, cached} = oracleFiles([script, path.join(root, 'tests/oracle/gguf_arch.py')]);   // it imports finish
@@ -130,4 +131,26 @@ test('no pooling key: the mean; openai SDK float and base64; generation and over
   const run = spawnSync(bin, ['run', '-m', models.none, '-p', 'hi'], {encoding: 'utf8'});
   assert.notEqual(run.status, 0);
   assert.match(run.stderr, /embedding model/);
+});
+
+test('through the gateway: a prefill worker computes the CLS-pooled vectors serve gives; a decode worker is refused', {skip}, async () => {
+  const srv = await startServer(models.cls);
+  const cl = await startCluster(models.cls, ['prefill']);
+  const want = await post(srv.url, '/v1/embeddings', {input: texts});
+  const client = new OpenAI({baseURL: cl.url + '/v1', apiKey: 'x'});
+  const id = (await client.models.list()).data[0].id;
+  const got = await client.embeddings.create({model: id, input: texts, encoding_format: 'float'});
+  assert.equal(got.data.length, texts.length);
+  for (let i = 0; i < texts.length; i++) assert.deepEqual(got.data[i].embedding, want.body.data[i].embedding, `input ${i}`);
+  assert.equal(got.usage.prompt_tokens, want.body.usage.prompt_tokens);
+  const chat = await post(cl.url, '/v1/chat/completions', {messages: [{role: 'user', content: 'hi'}]});
+  assert.equal(chat.status, 400);
+  assert.match(chat.body.error.message, /embedding model/);
+  const long = await post(cl.url, '/v1/embeddings', {input: Array(600).fill(120)});   // past the 512 positions
+  assert.equal(long.status, 400);
+  assert.equal(long.body.error.code, 'context_length_exceeded');
+  const dec = spawnSync(bin, ['worker', '--role', 'decode', '-m', models.cls, '--listen', '127.0.0.1:0', '--cache', 'off'],
+    {encoding: 'utf8', env: cl.env});
+  assert.equal(dec.status, 2);
+  assert.match(dec.stderr, /embedding model: its worker is a prefill or mixed one/);
 });
