@@ -124,11 +124,14 @@ block_status block_parse_header(const void *file, size_t n, block_header *h)
     t.n_parts = block_get32(b + 120);
     if (t.n_parts == 0) t.n_parts = 2;   /* written before the field existed */
     if (t.payload_bytes != (uint64_t)t.n_layers * t.layer_bytes) return BLOCK_ERR_HEADER;
-    /* each dimension bounded so that their product can neither wrap nor reach zero */
+    /* each dimension bounded so that their product can neither wrap nor reach zero; a row of
+     * head_dim values is whole bytes, from a quantised one (Q4_0: 18 bytes per 32 values) up to
+     * f32's 4 per value */
     if (t.n_kv_heads == 0 || t.head_dim == 0 || t.n_tokens == 0 || t.n_parts > 2 ||
-        t.n_kv_heads > BLOCK_DIM_MAX || t.head_dim > BLOCK_DIM_MAX || t.n_tokens > BLOCK_DIM_MAX ||
-        t.layer_bytes % ((uint64_t)t.n_parts * t.n_kv_heads * t.n_tokens * t.head_dim) != 0)
+        t.n_kv_heads > BLOCK_DIM_MAX || t.head_dim > BLOCK_DIM_MAX || t.n_tokens > BLOCK_DIM_MAX)
         return BLOCK_ERR_HEADER;
+    uint64_t rows = (uint64_t)t.n_parts * t.n_kv_heads * t.n_tokens, row = t.layer_bytes / rows;
+    if (t.layer_bytes % rows != 0 || row * 2 < t.head_dim || row > 4ull * t.head_dim) return BLOCK_ERR_HEADER;
     if (h) *h = t;
     return BLOCK_OK;
 }

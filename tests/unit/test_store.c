@@ -15,6 +15,7 @@
 #include "cache/store.h"
 #include "cache/store_dir.h"
 #include "cli/cmd.h"
+#include "model/quant.h"
 
 TEST(test_block_format)
 {
@@ -49,6 +50,23 @@ TEST(test_block_format)
     block_seal(&h, f);
     block_header g;
     CHECK(block_verify(f, block_file_bytes(&h), key, &g) == BLOCK_OK && g.n_parts == 1 && g.layer_bytes == 128 * 24 * 2);
+    free(f);
+    /* a quantised cache's rows are whole bytes per row, not per value: Q8_0 34 and Q4_0 18 bytes
+     * per 32 values (a head of 64: 68 and 36) */
+    const struct { qtype t; int row; } qz[2] = { { QTYPE_Q8_0, 68 }, { QTYPE_Q4_0, 36 } };
+    for (int i = 0; i < 2; i++) {
+        CHECK((int)quant_row_bytes(qz[i].t, 64) == qz[i].row);
+        block_header_init(&h, key, fp, (uint32_t)qz[i].t, qz[i].row, 2, 2, 64, 2);
+        f = block_alloc(&h);
+        block_seal(&h, f);
+        CHECK(block_verify(f, block_file_bytes(&h), key, &g) == BLOCK_OK && g.layer_bytes == 2u * 2 * 128 * qz[i].row);
+        free(f);
+    }
+    /* a row shorter than half a byte per value, or longer than f32's, is no KV row */
+    block_header_init(&h, key, fp, (uint32_t)QTYPE_Q4_0, 31, 2, 2, 64, 2);
+    f = block_alloc(&h);
+    block_seal(&h, f);
+    CHECK(block_verify(f, block_file_bytes(&h), key, NULL) == BLOCK_ERR_HEADER);
     free(f);
     f = storetest_block(key, 3, 1, &n);
     memset(f + 120, 0, 4);
