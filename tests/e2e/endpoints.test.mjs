@@ -6,7 +6,8 @@
 //  - CORS (--cors-origin): preflights answered, the headers on answers, errors and streams,
 //    only for the origins named (the gateway: any);
 //  - Anthropic prompt caching: cache_control on every block type, usage's
-//    cache_creation_input_tokens (the full blocks a request wrote) beside cache reads.
+//    cache_creation_input_tokens (the full blocks a request wrote) beside cache reads, on serve
+//    and through a gateway with a mixed worker.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import path from "node:path";
@@ -139,6 +140,15 @@ test("Anthropic prompt caching: cache_control on every block; cache writes and r
   let start = null;
   for await (const ev of await ant.messages.create({ ...body, stream: true })) if (ev.type === "message_start") start = ev.message.usage;
   assert.deepEqual(start, { ...second, output_tokens: start.output_tokens });
+
+  // through a gateway and a mixed worker: the same fields, from the worker's cached count
+  const cl = await startCluster(stories, ["mixed"]);
+  const viaGw = new Anthropic({ baseURL: cl.url, apiKey: "k", maxRetries: 0 });
+  const g1 = (await viaGw.messages.create(body)).usage;
+  assert.deepEqual([g1.cache_read_input_tokens, g1.cache_creation_input_tokens, g1.input_tokens], [0, full, n - full]);
+  const g2 = (await viaGw.messages.create(body)).usage;
+  assert.ok(g2.cache_read_input_tokens >= 128, JSON.stringify(g2));
+  assert.equal(g2.input_tokens + g2.cache_creation_input_tokens + g2.cache_read_input_tokens, n);
 });
 
 test("--ctx defaults to the model's trained context when its KV fits, and says so", async () => {
