@@ -981,10 +981,10 @@ static bool model_load_layer(model_ld *ld, int il)
 
 /* The token embedding (which fixes the vocabulary), the output norm and head (or the tied
  * embedding), and a ranking model's classifier. */
-static bool model_load_io(model_ld *ld)
+/* token_embd.weight, whose rows fix the vocabulary size (n_vocab). */
+bool model_load_tok_embd(model_ld *ld)
 {
     model *m = ld->m;
-    model_hparams *hp = &m->hp;
     const gguf_tensor *te = gguf_find_tensor(m->g, "token_embd.weight");
     if (!te) {
         model_fail(ld, GGUF_ERR_MISSING, "missing tensor token_embd.weight");
@@ -994,8 +994,15 @@ static bool model_load_io(model_ld *ld)
         model_fail(ld, GGUF_ERR_SHAPE, "tensor token_embd.weight has %lld rows", (long long)te->ne[1]);
         return false;
     }
-    hp->n_vocab = (int)te->ne[1];
-    if (!model_matrix(ld, "token_embd.weight", hp->dim, hp->n_vocab, &m->tok_embd)) return false;
+    m->hp.n_vocab = (int)te->ne[1];
+    return model_matrix(ld, "token_embd.weight", m->hp.dim, m->hp.n_vocab, &m->tok_embd);
+}
+
+static bool model_load_io(model_ld *ld)
+{
+    model *m = ld->m;
+    model_hparams *hp = &m->hp;
+    if (!model_load_tok_embd(ld)) return false;
     m->output_norm = model_vector(ld, "output_norm.weight", true, hp->dim);
     if (!m->output_norm) return false;
     if (gguf_find_tensor(m->g, "output.weight")) {

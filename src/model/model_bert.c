@@ -89,17 +89,7 @@ bool model_bert_load(model_ld *ld)
         return false;
     }
 
-    const gguf_tensor *te = gguf_find_tensor(m->g, "token_embd.weight");
-    if (!te) {
-        model_fail(ld, GGUF_ERR_MISSING, "missing tensor token_embd.weight");
-        return false;
-    }
-    if (te->ne[1] <= 0 || te->ne[1] > (1 << 24)) {
-        model_fail(ld, GGUF_ERR_SHAPE, "tensor token_embd.weight has %lld rows", (long long)te->ne[1]);
-        return false;
-    }
-    hp->n_vocab = (int)te->ne[1];
-    if (!model_matrix(ld, "token_embd.weight", hp->dim, hp->n_vocab, &m->tok_embd)) return false;
+    if (!model_load_tok_embd(ld)) return false;
     m->output = m->tok_embd;   /* no head: the repacker and residency see a valid matrix */
     m->tied_output = true;
 

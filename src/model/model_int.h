@@ -53,6 +53,9 @@ bool model_qwen35_hparams(model_ld *ld);
 /* Every tensor of layer il. */
 bool model_qwen35_layer(model_ld *ld, int il);
 
+/* token_embd.weight, whose rows fix hp.n_vocab (model.c). */
+bool model_load_tok_embd(model_ld *ld);
+
 /* bert (model_bert.c): its hyper-parameters beyond the common ones, the embeddings and every
  * layer's tensors, after model_read_hparams; sets n_vocab. */
 bool model_bert_load(model_ld *ld);
