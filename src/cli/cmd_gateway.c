@@ -118,71 +118,95 @@ static void cmd_gateway_drain(gateway *g, http_server *h, int sig, long drain_ti
     fprintf(stderr, "tokenmill gateway: stopped\n");
 }
 
-int cmd_gateway(int argc, char **argv)
+/* The gateway's command line, parsed (cmd_gateway_parse). */
+typedef struct {
+    const char *paths[GWC_MAX_MODELS];   /* -m's arguments, as given: [NAME=]FILE (argv's) */
+    const char *pre[GWC_MAX];            /* --prefill workers, HOST:PORT each */
+    const char *dec[GWC_MAX];            /* --decode workers, HOST:PORT each */
+    const char *keys[16];                /* --api-key values */
+    int n_models;                        /* entries in paths */
+    int n_pre, n_dec, n_keys;            /* entries in pre, dec, keys */
+    const char *listen;                  /* --listen, HOST:PORT (default 127.0.0.1:8080) */
+    const char *reg;                     /* --register, HOST:PORT, or NULL */
+    const char *cache_spec;              /* --cache, SPEC or "off", or NULL */
+    const char *name;                    /* --model-name, or NULL */
+    const char *tmpl_name;               /* --template, or NULL (auto) */
+    const char *tmpl_file;               /* --template-file, or NULL */
+    const char *key_path;                /* --cluster-key-file, or NULL (the generated key) */
+    long ctx;                            /* --ctx, tokens per sequence; 0: the workers' default */
+    long drain_timeout;                  /* --drain-timeout, seconds */
+    double hb_timeout;                   /* --heartbeat-timeout, seconds */
+    double wait_timeout;                 /* --wait-timeout, seconds */
+    double progress[2];                  /* --progress-timeout, seconds: first, next */
+    double cost_per_hour;                /* --cost-per-hour, price per hour (0: not shown) */
+    http_opts ho;                        /* connection limits from the options; the rest is set later */
+    bool metrics_public;                 /* --metrics-public */
+    bool verbose;                        /* -v */
+    char host[256];                      /* --listen's HOST */
+    long port;                           /* --listen's PORT, 0 .. 65535 */
+} cmd_gateway_opts;
+
+/* Parses the command line into o (grammar limits and -v take effect here) and names the served
+ * models in mods[0 .. o->n_models), which it zeroes first: path and name each (argv's storage),
+ * a name made from the file malloc'd into derived. Returns -1 to go on, else the exit status
+ * (--help, a bad or missing option, two models of one name). */
+static int cmd_gateway_parse(int argc, char **argv, cmd_gateway_opts *o, cmd_gateway_model *mods)
 {
-    const char *paths[GWC_MAX_MODELS], *listen = "127.0.0.1:8080", *reg = NULL, *cache_spec = NULL, *name = NULL, *tmpl_name = NULL, *tmpl_file = NULL;
-    const char *pre[GWC_MAX], *dec[GWC_MAX], *keys[16];
-    int n_pre = 0, n_dec = 0, n_keys = 0;
-    long ctx = 0, drain_timeout = 30;
-    double hb_timeout = 2, wait_timeout = 30, progress[2] = { 30, 10 };   /* progress: first, next */
-    double cost_per_hour = 0;
-    http_opts ho = { 0 };       /* connection limits from the options; the rest below */
-    bool metrics_public = false, verbose = false;
-    const char *key_path = NULL;
-    cmd_opt_list pre_l = { pre, 0, GWC_MAX }, dec_l = { dec, 0, GWC_MAX }, keys_l = { keys, 0, 16 };
-    cmd_opt_list models_l = { paths, 0, GWC_MAX_MODELS };
+    *o = (cmd_gateway_opts){ .listen = "127.0.0.1:8080", .drain_timeout = 30, .hb_timeout = 2, .wait_timeout = 30,
+                             .progress = { 30, 10 } };
+    cmd_opt_list pre_l = { o->pre, 0, GWC_MAX }, dec_l = { o->dec, 0, GWC_MAX }, keys_l = { o->keys, 0, 16 };
+    cmd_opt_list models_l = { o->paths, 0, GWC_MAX_MODELS };
     cmd_opt http[CMD_HTTP_TABLE_N], gram[CMD_GRAMMAR_TABLE_N];
     grammar_limits gl = grammar_limits_get();
     const cmd_opt opts[] = {
         { "--model", "-m", CMD_OPT_LIST, &models_l, .arg = "[NAME=]MODEL", .help = "a served model's GGUF (tokenizer, template, fingerprint); repeat with NAME=FILE for several (the first is the default; required)" },
-        { "--listen", NULL, CMD_OPT_STR, &listen, .arg = "HOST:PORT", .help = "the HTTP API (default 127.0.0.1:8080)" },
+        { "--listen", NULL, CMD_OPT_STR, &o->listen, .arg = "HOST:PORT", .help = "the HTTP API (default 127.0.0.1:8080)" },
         { "--prefill", NULL, CMD_OPT_LIST, &pre_l, .set = 1, .arg = "HOST:PORT,...", .help = "prefill workers to connect to" },
         { "--decode", NULL, CMD_OPT_LIST, &dec_l, .set = 1, .arg = "HOST:PORT,...", .help = "decode (or mixed) workers to connect to" },
-        { "--register", NULL, CMD_OPT_STR, &reg, .arg = "HOST:PORT", .help = "where workers started with --gateway register" },
-        { "--cache", NULL, CMD_OPT_STR, &cache_spec, .arg = "SPEC|off", .help = "the workers' block store (entry-point hits)" },
-        { "--ctx", NULL, CMD_OPT_LONG, &ctx, 1, 1 << 24, .arg = "N", .help = "tokens per sequence (default: the workers' default for the model)" },
-        { "--heartbeat-timeout", NULL, CMD_OPT_DOUBLE, &hb_timeout, 1e-3, 86400, .arg = "S", .help = "a silent worker is dead after S seconds (default 2)" },
-        { "--wait-timeout", NULL, CMD_OPT_DOUBLE, &wait_timeout, 1e-3, 86400, .arg = "S", .help = "with no worker of a role, 503 after S seconds (default 30)" },
-        { "--progress-timeout", NULL, CMD_OPT_FN, progress, .fn = cmd_gateway_progress, .arg = "FIRST[,NEXT]",
+        { "--register", NULL, CMD_OPT_STR, &o->reg, .arg = "HOST:PORT", .help = "where workers started with --gateway register" },
+        { "--cache", NULL, CMD_OPT_STR, &o->cache_spec, .arg = "SPEC|off", .help = "the workers' block store (entry-point hits)" },
+        { "--ctx", NULL, CMD_OPT_LONG, &o->ctx, 1, 1 << 24, .arg = "N", .help = "tokens per sequence (default: the workers' default for the model)" },
+        { "--heartbeat-timeout", NULL, CMD_OPT_DOUBLE, &o->hb_timeout, 1e-3, 86400, .arg = "S", .help = "a silent worker is dead after S seconds (default 2)" },
+        { "--wait-timeout", NULL, CMD_OPT_DOUBLE, &o->wait_timeout, 1e-3, 86400, .arg = "S", .help = "with no worker of a role, 503 after S seconds (default 30)" },
+        { "--progress-timeout", NULL, CMD_OPT_FN, o->progress, .fn = cmd_gateway_progress, .arg = "FIRST[,NEXT]",
           .help = "move a request off a worker with no token for FIRST / NEXT s (default 30,10)" },
-        { "--drain-timeout", NULL, CMD_OPT_LONG, &drain_timeout, 0, 86400, .arg = "S", .help = "at SIGTERM, seconds running requests get (default 30)" },
-        { "--cluster-key-file", NULL, CMD_OPT_STR, &key_path, .arg = "PATH", .help = "the cluster secret (default: generated in ~/.cache/tokenmill)" },
+        { "--drain-timeout", NULL, CMD_OPT_LONG, &o->drain_timeout, 0, 86400, .arg = "S", .help = "at SIGTERM, seconds running requests get (default 30)" },
+        { "--cluster-key-file", NULL, CMD_OPT_STR, &o->key_path, .arg = "PATH", .help = "the cluster secret (default: generated in ~/.cache/tokenmill)" },
         { "--api-key", NULL, CMD_OPT_LIST, &keys_l, .arg = "KEY", .help = "require this key (repeat for several)" },
-        { "--metrics-public", NULL, CMD_OPT_FLAG, &metrics_public, .help = "with --api-key, leave /metrics and the status page open" },
-        { "--cost-per-hour", NULL, CMD_OPT_DOUBLE, &cost_per_hour, 0, 1e9, .arg = "PRICE", .help = "the cluster's price per hour: the status page shows cost per million tokens" },
-        { .kind = CMD_OPT_TABLE, .dst = (void *)cmd_common_http_table(&ho, http) },
+        { "--metrics-public", NULL, CMD_OPT_FLAG, &o->metrics_public, .help = "with --api-key, leave /metrics and the status page open" },
+        { "--cost-per-hour", NULL, CMD_OPT_DOUBLE, &o->cost_per_hour, 0, 1e9, .arg = "PRICE", .help = "the cluster's price per hour: the status page shows cost per million tokens" },
+        { .kind = CMD_OPT_TABLE, .dst = (void *)cmd_common_http_table(&o->ho, http) },
         { .kind = CMD_OPT_TABLE, .dst = (void *)cmd_common_grammar_table(&gl, gram) },
-        { "--model-name", NULL, CMD_OPT_STR, &name, .arg = "NAME", .help = "the one model's name in /v1/models (default: the file's; several: -m NAME=FILE)" },
-        { "--template", NULL, CMD_OPT_STR, &tmpl_name, .arg = "NAME", .help = "chat template: auto (the default: the family whose reference text the template is, else the Jinja interpreter), jinja, or a family" },
-        { "--template-file", NULL, CMD_OPT_STR, &tmpl_file, .arg = "FILE", .help = "a Jinja chat template to use instead of the model's own" },
-        { "-v", NULL, CMD_OPT_FLAG, &verbose, .help = "log more" },
+        { "--model-name", NULL, CMD_OPT_STR, &o->name, .arg = "NAME", .help = "the one model's name in /v1/models (default: the file's; several: -m NAME=FILE)" },
+        { "--template", NULL, CMD_OPT_STR, &o->tmpl_name, .arg = "NAME", .help = "chat template: auto (the default: the family whose reference text the template is, else the Jinja interpreter), jinja, or a family" },
+        { "--template-file", NULL, CMD_OPT_STR, &o->tmpl_file, .arg = "FILE", .help = "a Jinja chat template to use instead of the model's own" },
+        { "-v", NULL, CMD_OPT_FLAG, &o->verbose, .help = "log more" },
         { 0 },
     };
     const char *synopsis = "gateway -m [NAME=]MODEL [-m NAME=MODEL ...] --listen HOST:PORT [--prefill ...] [--decode ...] [--register HOST:PORT] [options]";
     cmd_opts_status ost = cmd_opts_parse("gateway", synopsis, opts, argc, argv, 1, NULL, 0, NULL);
     if (ost != CMD_OPTS_OK) return cmd_opts_exit(ost);
     grammar_limits_set(&gl);
-    if (verbose) util_log_level = LOG_LEVEL_DEBUG;
-    n_pre = pre_l.n;
-    n_dec = dec_l.n;
-    n_keys = keys_l.n;
-    int n_models = models_l.n;
+    if (o->verbose) util_log_level = LOG_LEVEL_DEBUG;
+    o->n_pre = pre_l.n;
+    o->n_dec = dec_l.n;
+    o->n_keys = keys_l.n;
+    int n_models = o->n_models = models_l.n;
     if (n_models == 0) {
         fprintf(stderr, "tokenmill gateway: -m/--model is required\n");
         cmd_opts_hint("gateway", synopsis);
         return 2;
     }
-    static cmd_gateway_model mods[GWC_MAX_MODELS];   /* api_ctx is large: off the stack */
-    memset(mods, 0, sizeof mods);
+    memset(mods, 0, GWC_MAX_MODELS * sizeof *mods);
     for (int i = 0; i < n_models; i++) {
-        mods[i].path = paths[i];
-        if (!cmd_common_model_spec("gateway", (char *)paths[i], &mods[i].name, &mods[i].path)) return 2;   /* argv's */
+        mods[i].path = o->paths[i];
+        if (!cmd_common_model_spec("gateway", (char *)o->paths[i], &mods[i].name, &mods[i].path)) return 2;   /* argv's */
     }
-    if (n_models > 1 && name) {
+    if (n_models > 1 && o->name) {
         fprintf(stderr, "tokenmill gateway: --model-name names the one model; with several, name each as -m NAME=FILE\n");
         return 2;
     }
-    if (n_models == 1 && !mods[0].name) mods[0].name = name;
+    if (n_models == 1 && !mods[0].name) mods[0].name = o->name;
     for (int i = 0; i < n_models; i++) {
         if (!mods[i].name) mods[i].name = mods[i].derived = api_model_default_name(mods[i].path);
         for (int k = 0; k < i; k++)
@@ -193,17 +217,25 @@ int cmd_gateway(int argc, char **argv)
                 return 2;
             }
     }
-    char host[256];
+    const char *listen = o->listen;
     const char *colon = strrchr(listen, ':');
-    if (!colon || colon == listen || (size_t)(colon - listen) >= sizeof host) {
+    if (!colon || colon == listen || (size_t)(colon - listen) >= sizeof o->host) {
         fprintf(stderr, "tokenmill gateway: bad --listen '%s' (want HOST:PORT)\n", listen);
         return 2;
     }
-    memcpy(host, listen, (size_t)(colon - listen));
-    host[colon - listen] = 0;
-    long port;
-    if (!cmd_common_int("gateway", "--listen port", colon + 1, 0, 65535, &port)) return 2;
+    memcpy(o->host, listen, (size_t)(colon - listen));
+    o->host[colon - listen] = 0;
+    if (!cmd_common_int("gateway", "--listen port", colon + 1, 0, 65535, &o->port)) return 2;
+    return -1;
+}
 
+int cmd_gateway(int argc, char **argv)
+{
+    static cmd_gateway_model mods[GWC_MAX_MODELS];   /* api_ctx is large: off the stack */
+    cmd_gateway_opts o;
+    int st_parse = cmd_gateway_parse(argc, argv, &o, mods);
+    if (st_parse >= 0) return st_parse;
+    const int n_models = o.n_models;
     int rc = 1;
     char err[512];
     store *cache = NULL;
@@ -221,21 +253,21 @@ int cmd_gateway(int argc, char **argv)
     for (int i = 0; i < n_models; i++) {
         cmd_gateway_model *u = &mods[i];
         if (!cmd_common_load_model("gateway", u->path, &u->m, &u->tok)) goto out;
-        if (template_open_file(u->tok, u->m->g, tmpl_name, tmpl_file, &u->tmpl, err, sizeof err) != TEMPLATE_OK) {
+        if (template_open_file(u->tok, u->m->g, o.tmpl_name, o.tmpl_file, &u->tmpl, err, sizeof err) != TEMPLATE_OK) {
             fprintf(stderr, "tokenmill gateway: %s: %s\n", u->name, err);
             goto out;
         }
     }
     static auth_key key;   /* 4 KiB: off the stack */
     char key_file[4096];
-    if (!cmd_common_cluster_key("gateway", key_path, &key, key_file, sizeof key_file, true)) {
+    if (!cmd_common_cluster_key("gateway", o.key_path, &key, key_file, sizeof key_file, true)) {
         rc = 2;
         goto out;
     }
-    if (cache_spec && strcmp(cache_spec, "off")) {
+    if (o.cache_spec && strcmp(o.cache_spec, "off")) {
         store_opts sto = { 0 };
-        if (store_open(cache_spec, &sto, &cache) != STORE_OK) {
-            fprintf(stderr, "tokenmill gateway: block store %s unavailable: no entry-point hits\n", cache_spec);
+        if (store_open(o.cache_spec, &sto, &cache) != STORE_OK) {
+            fprintf(stderr, "tokenmill gateway: block store %s unavailable: no entry-point hits\n", o.cache_spec);
             cache = NULL;
         }
     }
@@ -244,7 +276,7 @@ int cmd_gateway(int argc, char **argv)
     gateway_model gm[GWC_MAX_MODELS];
     for (int i = 0; i < n_models; i++) {
         cmd_gateway_model *u = &mods[i];
-        int n_ctx = ctx > 0 ? (int)ctx
+        int n_ctx = o.ctx > 0 ? (int)o.ctx
                             : (int)cmd_common_default_ctx("gateway", u->m, eng_default.kv_mib, (engine_kv_type)eng_default.kv_type);
         /* an encoder's input is computed whole in one step: the workers' bound (sched.c) with
          * their default step; a worker started with a smaller one refuses longer inputs */
@@ -252,10 +284,10 @@ int cmd_gateway(int argc, char **argv)
         gm[i] = (gateway_model){ .model = u->m, .name = u->name, .n_ctx = n_ctx,
                                  .eos_ids = { tokenizer_eos(u->tok), tokenizer_eot(u->tok), -1, -1 } };
     }
-    gateway_opts go = { .models = gm, .n_models = n_models, .cache = cache, .prefill = pre, .n_prefill = n_pre, .decode = dec,
-                        .n_decode = n_dec, .register_listen = reg, .heartbeat_timeout_s = hb_timeout,
-                        .wait_timeout_s = wait_timeout, .key = &key, .progress_first_s = progress[0],
-                        .progress_next_s = progress[1] };
+    gateway_opts go = { .models = gm, .n_models = n_models, .cache = cache, .prefill = o.pre, .n_prefill = o.n_pre, .decode = o.dec,
+                        .n_decode = o.n_dec, .register_listen = o.reg, .heartbeat_timeout_s = o.hb_timeout,
+                        .wait_timeout_s = o.wait_timeout, .key = &key, .progress_first_s = o.progress[0],
+                        .progress_next_s = o.progress[1] };
     if (gateway_new(&go, &g, err, sizeof err) != GATEWAY_OK) {
         fprintf(stderr, "tokenmill gateway: %s\n", err);
         rc = 2;
@@ -272,18 +304,18 @@ int cmd_gateway(int argc, char **argv)
         u->ac = (api_ctx){ .sched = NULL, .model = u->m, .tok = u->tok, .tmpl = u->tmpl, .model_name = u->name,
                            .model_alias = api_model_alias(u->m, u->alias, sizeof u->alias), .n_ctx = gm[i].n_ctx,
                            .n_threads = 1, .created = (int64_t)time(NULL), .retention = &classes,
-                           .backend = gateway_backend(g, i), .metrics_public = metrics_public, .gcache = u->gcache,
-                           .gvocab = u->gvocab, .status = st, .store = cache, .cost_per_hour = cost_per_hour,
+                           .backend = gateway_backend(g, i), .metrics_public = o.metrics_public, .gcache = u->gcache,
+                           .gvocab = u->gvocab, .status = st, .store = cache, .cost_per_hour = o.cost_per_hour,
                            .all = n_models > 1 ? all : NULL, .n_all = n_models > 1 ? n_models : 0 };
         all[i] = &u->ac;
     }
     api_ctx *ac = all[0];   /* the routes route each request by its "model" from here */
-    ho.host = host;
-    ho.port = (int)port;
-    ho.api_keys = keys;
-    ho.n_api_keys = n_keys;
-    api_http_opts(&ho);
-    if (http_server_new(&ho, &h, err, sizeof err) != HTTP_OK) {
+    o.ho.host = o.host;
+    o.ho.port = (int)o.port;
+    o.ho.api_keys = o.keys;
+    o.ho.n_api_keys = o.n_keys;
+    api_http_opts(&o.ho);
+    if (http_server_new(&o.ho, &h, err, sizeof err) != HTTP_OK) {
         fprintf(stderr, "tokenmill gateway: %s\n", err);
         rc = 2;
         goto out;
@@ -298,16 +330,16 @@ int cmd_gateway(int argc, char **argv)
     for (int i = 0; i < n_models; i++)
         fprintf(stderr, "tokenmill gateway: model %s (template %s, tool calls %s)\n", mods[i].name,
                 template_name(mods[i].tmpl), template_tool_format(mods[i].tmpl));
-    if (reg) {
-        const char *rc_ = strrchr(reg, ':');
-        fprintf(stderr, "tokenmill gateway: workers register at %.*s:%d\n", (int)(rc_ ? rc_ - reg : 0), reg,
+    if (o.reg) {
+        const char *rc_ = strrchr(o.reg, ':');
+        fprintf(stderr, "tokenmill gateway: workers register at %.*s:%d\n", (int)(rc_ ? rc_ - o.reg : 0), o.reg,
                 gateway_register_port(g));
     }
-    fprintf(stderr, "tokenmill gateway: listening on http://%s:%d\n", host, http_server_port(h));
+    fprintf(stderr, "tokenmill gateway: listening on http://%s:%d\n", o.host, http_server_port(h));
     fflush(stderr);
     int sig = 0;
     sigwait(&set, &sig);
-    cmd_gateway_drain(g, h, sig, drain_timeout);
+    cmd_gateway_drain(g, h, sig, o.drain_timeout);
     rc = 0;
 out:
     gateway_shutdown(g);

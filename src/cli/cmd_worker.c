@@ -51,6 +51,53 @@ static bool cmd_worker_role(const char *prog, const char *name, const char *v, v
     return true;
 }
 
+/* Whether this worker can serve m in role (path names it in the message); false after saying
+ * why on stderr: the exit status is then 2. */
+static bool cmd_worker_servable(const model *m, int role, const char *path)
+{
+    if (m->hp.arch == MODEL_ARCH_DEEPSEEK4) {   /* its pool rows and blocks are not served yet */
+        fprintf(stderr, "tokenmill worker: %s: DeepSeek V4 ('deepseek4') runs in `tokenmill run` and `eval` only "
+                "for now, not in a cluster\n", path);
+        return false;
+    }
+    if (m->hp.bidirectional && role == PROTO_ROLE_DECODE) {   /* its inputs end where they are computed */
+        fprintf(stderr, "tokenmill worker: %s: '%s' is an embedding model: its worker is a prefill or mixed one "
+                "(an embedding ends in its prefill; there is nothing to decode)\n", path, m->hp.arch_name);
+        return false;
+    }
+    if (m->hp.n_recurrent > 0) {   /* its state per sequence does not travel between workers yet */
+        fprintf(stderr, "tokenmill worker: %s: a model with linear-attention layers (%s) runs in `tokenmill serve`, "
+                "not in a cluster\n", path, m->hp.arch_name);
+        return false;
+    }
+    return true;
+}
+
+/* Serves until the stop signals in set (blocked) say otherwise. SIGTERM / SIGINT: drain (the
+ * running requests get drain_s seconds), then return 0; a second signal: return 1 at once. */
+static int cmd_worker_wait(worker *w, const sigset_t *set, long drain_s)
+{
+    bool draining = false;
+    for (;;) {
+        struct timespec ts = { 0, 100000000 };
+        int sig = sigtimedwait(set, NULL, &ts);
+        const char *sname = sig == SIGINT ? "SIGINT" : "SIGTERM";
+        if (sig > 0 && draining) {
+            fprintf(stderr, "tokenmill worker: second signal (%s), stopping now\n", sname);
+            return 1;
+        }
+        if (sig > 0) {
+            fprintf(stderr, "tokenmill worker: %s, draining (deadline %ld s)\n", sname, drain_s);
+            worker_drain(w, (int)(drain_s * 1000));
+            draining = true;
+        }
+        if (draining && worker_drained(w)) {
+            fprintf(stderr, "tokenmill worker: drained, flushing the block store's writes\n");
+            return 0;
+        }
+    }
+}
+
 int cmd_worker(int argc, char **argv)
 {
     const char *path = NULL, *listen = NULL, *gateway = NULL, *cache_spec = NULL, *name = NULL, *key_path = NULL;
@@ -123,21 +170,7 @@ int cmd_worker(int argc, char **argv)
         goto out;
     }
     if (!cmd_common_load_model("worker", path, &m, &tok)) goto out;
-    if (m->hp.arch == MODEL_ARCH_DEEPSEEK4) {   /* its pool rows and blocks are not served yet */
-        fprintf(stderr, "tokenmill worker: %s: DeepSeek V4 ('deepseek4') runs in `tokenmill run` and `eval` only "
-                "for now, not in a cluster\n", path);
-        rc = 2;
-        goto out;
-    }
-    if (m->hp.bidirectional && role == PROTO_ROLE_DECODE) {   /* its inputs end where they are computed */
-        fprintf(stderr, "tokenmill worker: %s: '%s' is an embedding model: its worker is a prefill or mixed one "
-                "(an embedding ends in its prefill; there is nothing to decode)\n", path, m->hp.arch_name);
-        rc = 2;
-        goto out;
-    }
-    if (m->hp.n_recurrent > 0) {   /* its state per sequence does not travel between workers yet */
-        fprintf(stderr, "tokenmill worker: %s: a model with linear-attention layers (%s) runs in `tokenmill serve`, "
-                "not in a cluster\n", path, m->hp.arch_name);
+    if (!cmd_worker_servable(m, role, path)) {
         rc = 2;
         goto out;
     }
@@ -176,28 +209,7 @@ int cmd_worker(int argc, char **argv)
     fprintf(stderr, "tokenmill worker: serves the model '%s'\n", model_id);
     if (listen) fprintf(stderr, "tokenmill worker: listening on port %d\n", worker_port(w));
     fflush(stderr);
-    /* SIGTERM / SIGINT: drain, then exit 0; a second signal: stop now, status 1 */
-    bool draining = false;
-    rc = 0;
-    for (;;) {
-        struct timespec ts = { 0, 100000000 };
-        int sig = sigtimedwait(&set, NULL, &ts);
-        const char *sname = sig == SIGINT ? "SIGINT" : "SIGTERM";
-        if (sig > 0 && draining) {
-            fprintf(stderr, "tokenmill worker: second signal (%s), stopping now\n", sname);
-            rc = 1;
-            break;
-        }
-        if (sig > 0) {
-            fprintf(stderr, "tokenmill worker: %s, draining (deadline %ld s)\n", sname, drain_s);
-            worker_drain(w, (int)(drain_s * 1000));
-            draining = true;
-        }
-        if (draining && worker_drained(w)) {
-            fprintf(stderr, "tokenmill worker: drained, flushing the block store's writes\n");
-            break;
-        }
-    }
+    rc = cmd_worker_wait(w, &set, drain_s);
 out:
     worker_free(w);
     if (s) sched_shutdown(s);

@@ -234,11 +234,6 @@ static const char *gp_space(gp *p, const char *s, bool newline_ok)
     return s;
 }
 
-static int gp_hex(char c)
-{
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-}
-
 /* One character of a literal or class: an escape or a UTF-8 character. */
 static const char *gp_char(gp *p, const char *s, uint32_t *cp)
 {
@@ -260,7 +255,7 @@ static const char *gp_char(gp *p, const char *s, uint32_t *cp)
     if (nhex) {
         uint32_t v = 0;
         for (int i = 0; i < nhex; i++) {
-            int h = s + 2 + i < p->end ? gp_hex(s[2 + i]) : -1;
+            int h = s + 2 + i < p->end ? util_hexval(s[2 + i]) : -1;
             if (h < 0) {
                 gp_fail(p, s, "expecting %d hex digits after \\%c", nhex, e);
                 return s + 2;

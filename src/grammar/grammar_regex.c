@@ -194,11 +194,6 @@ static uint32_t rx_utf8(rx *x)
     return c;
 }
 
-static int rx_hexval(char c)
-{
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-}
-
 /* A single-character escape after '\' (x->s at the letter); returns the code point or fails. */
 static uint32_t rx_char_escape(rx *x)
 {
@@ -215,16 +210,16 @@ static uint32_t rx_char_escape(rx *x)
         uint32_t v = 0;
         if (c == 'u' && x->s < x->end && *x->s == '{') {
             x->s++;
-            while (x->s < x->end && *x->s != '}' && rx_hexval(*x->s) >= 0) v = v * 16 + (uint32_t)rx_hexval(*x->s++);
+            while (x->s < x->end && *x->s != '}' && util_hexval(*x->s) >= 0) v = v * 16 + (uint32_t)util_hexval(*x->s++);
             if (x->s < x->end && *x->s == '}') x->s++;
             return v;
         }
         for (int i = 0; i < nd; i++) {
-            if (x->s >= x->end || rx_hexval(*x->s) < 0) {
+            if (x->s >= x->end || util_hexval(*x->s) < 0) {
                 rx_fail(x, GRAMMAR_ERR_SYNTAX, "\\%s needs hex digits", c == 'x' ? "x" : "u");
                 return 0;
             }
-            v = v * 16 + (uint32_t)rx_hexval(*x->s++);
+            v = v * 16 + (uint32_t)util_hexval(*x->s++);
         }
         return v;
     }
