@@ -1207,7 +1207,7 @@ TEST(test_requests_routed_by_model)
     CHECKF(v && want_v && !memcmp(v, want_v, (size_t)g_model2->hp.dim * sizeof *v), "embedding differs from b's engine's");
     be_b->release(be_b->ud, h);
     sched_release(er);
-    ep.embed = MODEL_POOL_CLS;   /* pooled on no worker: refused at submit */
+    ep.embed = MODEL_POOL_RANK;   /* a reranker's score is the gateway's own: no worker pools it */
     CHECK(be_b->submit(be_b->ud, &ep, &h) == SCHED_ERR_ARG);
     CHECK(metrics_has(be_a, "tokenmill_worker_up{"));
 
