@@ -36,7 +36,7 @@ const SHAPES = {phi3: {quant: 'q8_0'}, 'phi3-long': {}, mistral3: {quant: 'q8_0'
   // mkmodel's mistral3 with an original context of 512 / 16 = 32: two temperature steps in the prompts
   'mkmodel-mistral3': {mkmodel: ['--arch', 'mistral3', '--ctx', '512', '--untied']}};
 
-const {python, skip, cached} = oracleFiles([script]);
+const {python, skip, cached} = oracleFiles([script, path.join(root, 'tests/oracle/gguf_common.py')]);
 
 const report = [];
 after(() => {

@@ -51,7 +51,7 @@ const FAMILIES = {
   'gpt-oss': {quant: 'mxfp4'},
 };
 
-const {python, skip, cached} = oracleFiles([script]);
+const {python, skip, cached} = oracleFiles([script, path.join(root, 'tests/oracle/gguf_common.py')]);
 
 const report = [];
 after(() => {

@@ -29,7 +29,7 @@ const TIE_ROUTE = 1e-5;
 const LENS = [1, 9, 40, 150];
 const GREEDY = 24;
 
-const {python, skip, cached} = oracleFiles([script, path.join(root, 'tests/oracle/gguf_moe.py')]);
+const {python, skip, cached} = oracleFiles([script, path.join(root, 'tests/oracle/gguf_moe.py'), path.join(root, 'tests/oracle/gguf_common.py')]);
 
 const report = [];
 after(() => {

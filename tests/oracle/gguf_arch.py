@@ -22,6 +22,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "data", "llama.cpp", "gguf-py"))
 import gguf  # noqa: E402
 from gguf.quants import quantize  # noqa: E402
+from gguf_common import copy_vocab, finish  # noqa: E402
 
 SHAPES = {
     "phi3": dict(arch="phi3", layers=3, dim=256, heads=4, kv_heads=2, head_dim=64, rot=48, ffn=512, ctx=4096,
@@ -35,22 +36,6 @@ SHAPES = {
                       orig=32),
 }
 
-
-def copy_vocab(w, path):
-    r = gguf.GGUFReader(path)
-    n = 0
-    for name, f in r.fields.items():
-        if not name.startswith("tokenizer."):
-            continue
-        vt = f.types[0]
-        if vt == gguf.GGUFValueType.ARRAY:
-            vals = f.contents()
-            w.add_key_value(name, vals, vt, sub_type=f.types[-1])
-            if name == "tokenizer.ggml.tokens":
-                n = len(vals)
-        else:
-            w.add_key_value(name, f.contents(), vt)
-    return n
 
 
 def main():
@@ -161,13 +146,6 @@ def write_mistral3(w, s, n_vocab, add, norm):
         add(p + "ffn_up.weight", (ffn, dim), si)
         add(p + "ffn_down.weight", (dim, ffn), 1 / np.sqrt(ffn))
 
-
-def finish(w, out):
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    os.replace(out + ".tmp", out)
 
 
 if __name__ == "__main__":

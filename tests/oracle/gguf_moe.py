@@ -24,6 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "data", "llama.cpp", "gguf-py"))
 import gguf  # noqa: E402
 from gguf.quants import quantize  # noqa: E402
+from gguf_common import copy_vocab, finish  # noqa: E402
 
 SHAPES = {
     # Qwen3-30B-A3B's layer in small: 16 experts, 4 per token, per-head q/k norms
@@ -45,23 +46,6 @@ SHAPES = {
                     expert_ffn=128, ffn=128, window=16),
 }
 
-
-def copy_vocab(w, path):
-    r = gguf.GGUFReader(path)
-    n = 0
-    for name, f in r.fields.items():
-        if not name.startswith("tokenizer."):
-            continue
-        vt = f.types[0]
-        if vt == gguf.GGUFValueType.ARRAY:
-            sub = f.types[-1]
-            vals = f.contents()
-            w.add_key_value(name, vals, vt, sub_type=sub)
-            if name == "tokenizer.ggml.tokens":
-                n = len(vals)
-        else:
-            w.add_key_value(name, f.contents(), vt)
-    return n
 
 
 class Writer:
@@ -224,11 +208,7 @@ def main():
             W.add(p + "ffn_up_shexp.weight", (sh, dim), si)
             W.add(p + "ffn_down_shexp.weight", (dim, sh), 1 / np.sqrt(sh))
 
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    os.replace(a.out + ".tmp", a.out)
+    finish(w, a.out)
 
 
 if __name__ == "__main__":
