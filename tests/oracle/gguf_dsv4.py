@@ -21,8 +21,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "data", "llama.cpp", "gguf-py"))
 import gguf  # noqa: E402
-from gguf.quants import quantize  # noqa: E402
-from gguf_common import copy_vocab, finish  # noqa: E402
+from gguf_common import copy_vocab, finish, put  # noqa: E402
 
 SHAPE = dict(ratios=[0, 4, 128, 4], dim=128, heads=4, head_dim=64, rope=16, q_lora=64, o_groups=2, o_lora=32,
              experts=8, used=2, expert_ffn=64, shared=1, hash_layers=1, window=16, idx_heads=8, idx_dim=64,
@@ -46,12 +45,7 @@ def main():
     def add(name, shape, std, kind="mat", mean=0.0):
         x = (mean + std * rng.standard_normal(shape)).astype(np.float32)
         t = qtype if kind == "mat" else Q.F32
-        if t == Q.F32:
-            w.add_tensor(name, x)
-        elif t == Q.F16:
-            w.add_tensor(name, x.astype(np.float16))
-        else:
-            w.add_tensor(name, quantize(x, t), raw_dtype=t)
+        put(w, name, x, t)
 
     def norm(name, n, mean=1.0):
         add(name, (n,), 0.1 * mean, "f32", mean)

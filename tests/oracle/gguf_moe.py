@@ -23,8 +23,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "data", "llama.cpp", "gguf-py"))
 import gguf  # noqa: E402
-from gguf.quants import quantize  # noqa: E402
-from gguf_common import copy_vocab, finish  # noqa: E402
+from gguf_common import copy_vocab, finish, put  # noqa: E402
 
 SHAPES = {
     # Qwen3-30B-A3B's layer in small: 16 experts, 4 per token, per-head q/k norms
@@ -57,12 +56,7 @@ class Writer:
         experts' type), f32 (always F32: norms, biases, routers)."""
         a = (mean + std * self.rng.standard_normal(shape)).astype(np.float32)
         t = {"mat": self.qtype, "exps": self.exps_qtype, "f32": gguf.GGMLQuantizationType.F32}[kind]
-        if t == gguf.GGMLQuantizationType.F32:
-            self.w.add_tensor(name, a)
-        elif t == gguf.GGMLQuantizationType.F16:
-            self.w.add_tensor(name, a.astype(np.float16))
-        else:
-            self.w.add_tensor(name, quantize(a, t), raw_dtype=t)
+        put(self.w, name, a, t)
 
     def norm(self, name, n, mean=1.0):
         self.add(name, (n,), 0.1 * mean, "f32", mean)

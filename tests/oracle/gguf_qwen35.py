@@ -22,7 +22,6 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "data", "llama.cpp", "gguf-py"))
 import gguf  # noqa: E402
-from gguf.quants import quantize  # noqa: E402
 from gguf_common import copy_vocab, finish  # noqa: E402
 from gguf_moe import Writer  # noqa: E402
 
