@@ -13,7 +13,7 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 
-import { bin, root, startServer as startServerOf, startCluster, stopServers, postCompletion } from "./server.mjs";
+import { bin, root, startServer as startServerOf, startCluster, stopServers, completeCached } from "./server.mjs";
 
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "tm-arch-"));
 const FAMILIES = {
@@ -41,11 +41,7 @@ after(async () => {
   fs.rmSync(tmp, { recursive: true, force: true });
 });
 
-async function complete(srv) {
-  const j = await postCompletion(srv.url, { model: NAME, prompt: PROMPT, max_tokens: 8, temperature: 0 });
-  assert.equal(j.usage.prompt_tokens, PROMPT.length);
-  return { text: j.choices[0].text, cached: j.usage.prompt_tokens_details.cached_tokens };
-}
+const complete = (srv) => completeCached(srv, NAME, PROMPT);
 
 for (const fam of Object.keys(FAMILIES))
 test(`${fam} served: cached blocks in RAM and from the store answer as the uncached prompt`, { timeout: 120000 }, async () => {

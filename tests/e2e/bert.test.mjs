@@ -17,7 +17,7 @@ import {root, bin, oracleFiles} from './oracle_common.mjs';
 import {startServer, startCluster, stopServers} from './server.mjs';
 
 const script = path.join(root, 'tests/oracle/gguf_bert.py');
-const {python, skip, cached} = oracleFiles([script, path.join(root, 'tests/oracle/gguf_arch.py')]);   // it imports finish
+const {python, skip, cached} = oracleFiles([script, path.join(root, 'tests/oracle/gguf_common.py')]);   // it imports gguf_common's finish
 const models = {};
 let llama;
 

@@ -12,7 +12,7 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 
-import { bin, startServer as startServerOf, startCluster, stopServers, postCompletion } from "./server.mjs";
+import { bin, startServer as startServerOf, startCluster, stopServers, completeCached } from "./server.mjs";
 
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "tm-kvtype-"));
 const model = path.join(tmp, "llama.gguf");
@@ -29,11 +29,7 @@ after(async () => {
   fs.rmSync(tmp, { recursive: true, force: true });
 });
 
-async function complete(srv) {
-  const j = await postCompletion(srv.url, { model: NAME, prompt: PROMPT, max_tokens: 8, temperature: 0 });
-  assert.equal(j.usage.prompt_tokens, PROMPT.length);
-  return { text: j.choices[0].text, cached: j.usage.prompt_tokens_details.cached_tokens };
-}
+const complete = (srv) => completeCached(srv, NAME, PROMPT);
 
 // The bytes of one stored block: `store stat`'s size line for the store's one shape.
 function blockBytes(store) {

@@ -17,9 +17,8 @@
 import {test, after} from 'node:test';
 import assert from 'node:assert/strict';
 import {spawnSync} from 'node:child_process';
-import fs from 'node:fs';
 import path from 'node:path';
-import {root, bin, gen, oracleFiles, rng, llamaEval, posDiff} from './oracle_common.mjs';
+import {root, bin, gen, oracleFiles, rng, posDiff, runBoth} from './oracle_common.mjs';
 
 const script = path.join(root, 'tests/oracle/gguf_arch.py');
 const TOP = 10;
@@ -37,7 +36,7 @@ const SHAPES = {phi3: {quant: 'q8_0'}, 'phi3-long': {}, mistral3: {quant: 'q8_0'
   // mkmodel's mistral3 with an original context of 512 / 16 = 32: two temperature steps in the prompts
   'mkmodel-mistral3': {mkmodel: ['--arch', 'mistral3', '--ctx', '512', '--untied']}};
 
-const {python, skip, cached} = oracleFiles([script]);
+const {python, skip, cached} = oracleFiles([script, path.join(root, 'tests/oracle/gguf_common.py')]);
 
 const report = [];
 after(() => {
@@ -68,28 +67,13 @@ function model(shape, type) {
   });
 }
 
-async function runBoth(file, input, kv) {
-  const dir = fs.mkdtempSync(path.join(gen, 'in-arch-'));
-  const inFile = path.join(dir, 'in.json');
-  fs.writeFileSync(inFile, JSON.stringify(input));
-  try {
-    const tm = spawnSync(bin, ['eval', '-m', file, '--input', inFile, '--threads', '2', '--kv', kv],
-      {encoding: 'utf8', maxBuffer: 64 << 20});
-    assert.equal(tm.status, 0, `tokenmill eval failed: ${tm.stderr}`);
-    return {tm: JSON.parse(tm.stdout), ll: await llamaEval(file, inFile, kv)};
-  } finally {
-    fs.rmSync(dir, {recursive: true, force: true});
-  }
-}
 
-// max |Δ logprob| over the tokens both top-Ks hold at one position; a token only one of
-// them holds must be within tol of the other's last
 for (const [shape, fam] of Object.entries(SHAPES)) {
   test(`${shape} (gguf-py, F32, F32 KV): batched prompts and greedy steps agree with llama.cpp`, {skip}, async () => {
     const file = model(shape, 'f32');
     const r = rng(7);
     const seqs = LENS.map((n) => Array.from({length: n}, () => r(8000)));
-    const {tm, ll} = await runBoth(file, {seqs, top: TOP, greedy: GREEDY, batched: true}, 'f32');
+    const {tm, ll} = await runBoth(file, {seqs, top: TOP, greedy: GREEDY, batched: true}, 'f32', 'arch');
     let maxDiff = 0;
     seqs.forEach((sq, s) => {
       const a = tm.seqs[s], b = ll.seqs[s];
@@ -110,7 +94,7 @@ for (const [shape, fam] of Object.entries(SHAPES)) {
     const file = model(shape, fam.quant);
     const r = rng(11);
     const seqs = Array.from({length: N_SINGLES}, () => [r(8000)]);
-    const {tm, ll} = await runBoth(file, {seqs, top: TOP, greedy: 1, batched: true}, 'f32');
+    const {tm, ll} = await runBoth(file, {seqs, top: TOP, greedy: 1, batched: true}, 'f32', 'arch');
     const diffs = seqs.map((_, s) => posDiff(tm.seqs[s].top[0], ll.seqs[s].top[0], SINGLE_TOL, `${shape} ${fam.quant} single ${s}`));
     diffs.sort((x, y) => x - y);
     const median = diffs[diffs.length >> 1], max = diffs.at(-1);

@@ -78,6 +78,22 @@ export function llamaEval(file, inFile, kv = 'f32') {
   });
 }
 
+// Both engines on one input: the input written to a temp dir gen/in-TAG-*, tokenmill eval (2
+// threads) and llamaEval with a KV cache of type kv; {tm, ll}, their parsed answers.
+export async function runBoth(file, input, kv = 'f32', tag = 'oracle') {
+  const dir = fs.mkdtempSync(path.join(gen, `in-${tag}-`));
+  const inFile = path.join(dir, 'in.json');
+  fs.writeFileSync(inFile, JSON.stringify(input));
+  try {
+    const tm = spawnSync(bin, ['eval', '-m', file, '--input', inFile, '--threads', '2', '--kv', kv],
+      {encoding: 'utf8', maxBuffer: 64 << 20});
+    assert.equal(tm.status, 0, `tokenmill eval failed: ${tm.stderr}`);
+    return {tm: JSON.parse(tm.stdout), ll: await llamaEval(file, inFile, kv)};
+  } finally {
+    fs.rmSync(dir, {recursive: true, force: true});
+  }
+}
+
 // max |Δ logprob| over the tokens both top-Ks ([id, logprob] pairs) hold at one position; a
 // token only one of them holds must be within tol of the other's last.
 export function posDiff(got, ref, tol, label) {

@@ -25,7 +25,7 @@ const TOL = 1e-3;
 const LENS = [1, 40, 300];
 const GREEDY = 8;
 
-const {python, skip, cached} = oracleFiles([script]);
+const {python, skip, cached} = oracleFiles([script, path.join(root, 'tests/oracle/gguf_common.py')]);
 
 function model() {
   const vocab = cached('oracle-dsv4-vocab', (out) => {

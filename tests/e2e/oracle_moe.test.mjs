@@ -29,7 +29,7 @@ import assert from 'node:assert/strict';
 import {spawnSync} from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
-import {root, bin, gen, oracleFiles, rng, llamaEval, posDiff} from './oracle_common.mjs';
+import {root, bin, gen, oracleFiles, rng, posDiff, runBoth} from './oracle_common.mjs';
 
 const script = path.join(root, 'tests/oracle/gguf_moe.py');
 const TOP = 10;
@@ -51,7 +51,7 @@ const FAMILIES = {
   'gpt-oss': {quant: 'mxfp4'},
 };
 
-const {python, skip, cached} = oracleFiles([script]);
+const {python, skip, cached} = oracleFiles([script, path.join(root, 'tests/oracle/gguf_common.py')]);
 
 const report = [];
 after(() => {
@@ -76,23 +76,7 @@ function model(shape, type) {
   });
 }
 
-// Both engines on one input (tokenmill with 2 threads, F32 or F16 KV as given).
-async function runBoth(file, input, kv) {
-  const dir = fs.mkdtempSync(path.join(gen, 'in-moe-'));
-  const inFile = path.join(dir, 'in.json');
-  fs.writeFileSync(inFile, JSON.stringify(input));
-  try {
-    const tm = spawnSync(bin, ['eval', '-m', file, '--input', inFile, '--threads', '2', '--kv', kv],
-      {encoding: 'utf8', maxBuffer: 64 << 20});
-    assert.equal(tm.status, 0, `tokenmill eval failed: ${tm.stderr}`);
-    return {tm: JSON.parse(tm.stdout), ll: await llamaEval(file, inFile, kv)};
-  } finally {
-    fs.rmSync(dir, {recursive: true, force: true});
-  }
-}
 
-// max |Δ logprob| over the tokens both top-Ks hold at one position; a token only one of
-// them holds must be within tol of the other's last
 // The first position whose token's routing margin is below TIE (Infinity: none).
 function firstTie(margins) {
   assert.ok(Array.isArray(margins), 'tokenmill eval reports route_margin for a MoE model');
@@ -106,7 +90,7 @@ for (const [shape, fam] of Object.entries(FAMILIES)) {
       const file = model(shape, 'f32');
       const r = rng(7);
       const seqs = LENS.map((n) => Array.from({length: n}, () => r(8000)));
-      const {tm, ll} = await runBoth(file, {seqs, top: TOP, greedy: GREEDY, batched: true}, 'f32');
+      const {tm, ll} = await runBoth(file, {seqs, top: TOP, greedy: GREEDY, batched: true}, 'f32', 'moe');
       let maxDiff = 0, cut = 0;
       seqs.forEach((sq, s) => {
         const a = tm.seqs[s], b = ll.seqs[s], n = sq.length;
@@ -132,7 +116,7 @@ for (const [shape, fam] of Object.entries(FAMILIES)) {
     const file = model(shape, fam.quant);
     const r = rng(11);
     const seqs = Array.from({length: N_SINGLES}, () => [r(8000)]);
-    const {tm, ll} = await runBoth(file, {seqs, top: TOP, greedy: 1, batched: true}, 'f32');
+    const {tm, ll} = await runBoth(file, {seqs, top: TOP, greedy: 1, batched: true}, 'f32', 'moe');
     const diffs = [];
     seqs.forEach((_, s) => {
       if (firstTie(tm.seqs[s].route_margin) === 0) return;

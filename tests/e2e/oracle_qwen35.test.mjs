@@ -19,7 +19,7 @@ import assert from 'node:assert/strict';
 import {spawnSync} from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
-import {root, bin, gen, oracleFiles, rng, llamaEval, posDiff} from './oracle_common.mjs';
+import {root, bin, gen, oracleFiles, rng, posDiff, runBoth} from './oracle_common.mjs';
 
 const script = path.join(root, 'tests/oracle/gguf_qwen35.py');
 const TOP = 10;
@@ -29,7 +29,7 @@ const TIE_ROUTE = 1e-5;
 const LENS = [1, 9, 40, 150];
 const GREEDY = 24;
 
-const {python, skip, cached} = oracleFiles([script, path.join(root, 'tests/oracle/gguf_moe.py')]);
+const {python, skip, cached} = oracleFiles([script, path.join(root, 'tests/oracle/gguf_moe.py'), path.join(root, 'tests/oracle/gguf_common.py')]);
 
 const report = [];
 after(() => {
@@ -61,16 +61,6 @@ function tmEval(file, inFile, args = ['--threads', '2']) {
   return JSON.parse(tm.stdout);
 }
 
-async function runBoth(file, input) {
-  const dir = fs.mkdtempSync(path.join(gen, 'in-q35-'));
-  const inFile = path.join(dir, 'in.json');
-  fs.writeFileSync(inFile, JSON.stringify(input));
-  try {
-    return {tm: tmEval(file, inFile), ll: await llamaEval(file, inFile)};
-  } finally {
-    fs.rmSync(dir, {recursive: true, force: true});
-  }
-}
 
 // The first position (prompt positions, then greedy steps at n - 1 + g) where either side's two
 // best are within TIE_LP or a routing margin is below TIE_ROUTE.
@@ -102,7 +92,7 @@ function firstTie(a, b, n) {
 async function compare(label, file, seed) {
   const r = rng(seed);
   const seqs = LENS.map((n) => Array.from({length: n}, () => r(8000)));
-  const {tm, ll} = await runBoth(file, {seqs, top: TOP, greedy: GREEDY, batched: true});
+  const {tm, ll} = await runBoth(file, {seqs, top: TOP, greedy: GREEDY, batched: true}, 'f32', 'q35');
   let maxDiff = 0, cut = 0;
   seqs.forEach((sq, s) => {
     const a = tm.seqs[s], b = ll.seqs[s], n = sq.length;
@@ -133,7 +123,7 @@ test('qwen35 (gguf-py, Q8_0): one-token sequences agree with llama.cpp', {skip},
   const file = model('qwen35', 'q8_0');
   const r = rng(11);
   const seqs = Array.from({length: 16}, () => [r(8000)]);
-  const {tm, ll} = await runBoth(file, {seqs, top: TOP, greedy: 1, batched: true});
+  const {tm, ll} = await runBoth(file, {seqs, top: TOP, greedy: 1, batched: true}, 'f32', 'q35');
   const diffs = seqs.map((_, s) => posDiff(tm.seqs[s].top[0], ll.seqs[s].top[0], 0.05, `q8_0 single ${s}`));
   diffs.sort((x, y) => x - y);
   const median = diffs[diffs.length >> 1], max = diffs.at(-1);

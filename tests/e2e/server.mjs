@@ -94,6 +94,14 @@ export async function postCompletion(url, body) {
   return j;
 }
 
+// A greedy 8-token completion of prompt (token ids) by model on srv: { text, cached } (the
+// prompt tokens served from cache), asserting that the whole prompt was read.
+export async function completeCached(srv, model, prompt) {
+  const j = await postCompletion(srv.url, { model, prompt, max_tokens: 8, temperature: 0 });
+  assert.equal(j.usage.prompt_tokens, prompt.length);
+  return { text: j.choices[0].text, cached: j.usage.prompt_tokens_details.cached_tokens };
+}
+
 // /metrics as { "name{labels}": value } (key: the API key, when the server has keys).
 export async function fetchMetrics(url, key) {
   const headers = key ? { authorization: `Bearer ${key}` } : {};

@@ -21,7 +21,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "data", "llama.cpp", "gguf-py"))
 import gguf  # noqa: E402
-from gguf.quants import quantize  # noqa: E402
+from gguf_common import copy_vocab, finish, put  # noqa: E402
 
 SHAPES = {
     "phi3": dict(arch="phi3", layers=3, dim=256, heads=4, kv_heads=2, head_dim=64, rot=48, ffn=512, ctx=4096,
@@ -35,22 +35,6 @@ SHAPES = {
                       orig=32),
 }
 
-
-def copy_vocab(w, path):
-    r = gguf.GGUFReader(path)
-    n = 0
-    for name, f in r.fields.items():
-        if not name.startswith("tokenizer."):
-            continue
-        vt = f.types[0]
-        if vt == gguf.GGUFValueType.ARRAY:
-            vals = f.contents()
-            w.add_key_value(name, vals, vt, sub_type=f.types[-1])
-            if name == "tokenizer.ggml.tokens":
-                n = len(vals)
-        else:
-            w.add_key_value(name, f.contents(), vt)
-    return n
 
 
 def main():
@@ -70,12 +54,7 @@ def main():
     def add(name, shape, std, f32=False, mean=0.0):
         x = (mean + std * rng.standard_normal(shape)).astype(np.float32)
         t = Q.F32 if f32 else qtype
-        if t == Q.F32:
-            w.add_tensor(name, x)
-        elif t == Q.F16:
-            w.add_tensor(name, x.astype(np.float16))
-        else:
-            w.add_tensor(name, quantize(x, t), raw_dtype=t)
+        put(w, name, x, t)
 
     def norm(name, n, mean=1.0):
         add(name, (n,), 0.1 * mean, True, mean)
@@ -161,13 +140,6 @@ def write_mistral3(w, s, n_vocab, add, norm):
         add(p + "ffn_up.weight", (ffn, dim), si)
         add(p + "ffn_down.weight", (dim, ffn), 1 / np.sqrt(ffn))
 
-
-def finish(w, out):
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    os.replace(out + ".tmp", out)
 
 
 if __name__ == "__main__":

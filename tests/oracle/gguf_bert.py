@@ -24,7 +24,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "data", "llama.cpp", "gguf-py"))
 import gguf  # noqa: E402
-from gguf_arch import finish  # noqa: E402  (same folder: the one writer's epilogue)
+from gguf_common import finish  # noqa: E402  (same folder)
 
 WORDS = ["the", "quick", "brown", "fox", "jump", "over", "lazy", "dog", "cat", "hello", "world", "once", "upon",
          "time", "there", "was", "little", "a", "an", "is", "it", "run", "park", "cafe", "deja", "vu", "embed", "ding"]

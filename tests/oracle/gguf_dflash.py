@@ -24,22 +24,8 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "data", "llama.cpp", "gguf-py"))
 import gguf  # noqa: E402
+from gguf_common import copy_vocab  # noqa: E402
 
-
-def copy_vocab(w, r):
-    n = 0
-    for name, f in r.fields.items():
-        if not name.startswith("tokenizer.") or name == "tokenizer.ggml.mask_token_id":
-            continue
-        vt = f.types[0]
-        if vt == gguf.GGUFValueType.ARRAY:
-            vals = f.contents()
-            w.add_key_value(name, vals, vt, sub_type=f.types[-1])
-            if name == "tokenizer.ggml.tokens":
-                n = len(vals)
-        else:
-            w.add_key_value(name, f.contents(), vt)
-    return n
 
 
 def field(r, key, default=None):
@@ -77,7 +63,7 @@ def main():
     arch = "dflash"
     w = gguf.GGUFWriter(a.output, arch)
     w.add_name(f"tokenmill-random-dflash-seed{a.seed}")
-    n_vocab = copy_vocab(w, r)
+    n_vocab = copy_vocab(w, r, skip=("tokenizer.ggml.mask_token_id",))
     w.add_mask_token_id(n_vocab - 1)
     w.add_context_length(int(field(r, f"{tarch}.context_length", 4096)))
     w.add_embedding_length(dim)

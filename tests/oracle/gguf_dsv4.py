@@ -21,28 +21,12 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "data", "llama.cpp", "gguf-py"))
 import gguf  # noqa: E402
-from gguf.quants import quantize  # noqa: E402
+from gguf_common import copy_vocab, finish, put  # noqa: E402
 
 SHAPE = dict(ratios=[0, 4, 128, 4], dim=128, heads=4, head_dim=64, rope=16, q_lora=64, o_groups=2, o_lora=32,
              experts=8, used=2, expert_ffn=64, shared=1, hash_layers=1, window=16, idx_heads=8, idx_dim=64,
              idx_topk=6, hc=4, sinkhorn=20, hc_eps=1e-6, swiglu_limit=10.0, w_scale=1.5)
 
-
-def copy_vocab(w, path):
-    r = gguf.GGUFReader(path)
-    n = 0
-    for name, f in r.fields.items():
-        if not name.startswith("tokenizer."):
-            continue
-        vt = f.types[0]
-        if vt == gguf.GGUFValueType.ARRAY:
-            vals = f.contents()
-            w.add_key_value(name, vals, vt, sub_type=f.types[-1])
-            if name == "tokenizer.ggml.tokens":
-                n = len(vals)
-        else:
-            w.add_key_value(name, f.contents(), vt)
-    return n
 
 
 def main():
@@ -61,12 +45,7 @@ def main():
     def add(name, shape, std, kind="mat", mean=0.0):
         x = (mean + std * rng.standard_normal(shape)).astype(np.float32)
         t = qtype if kind == "mat" else Q.F32
-        if t == Q.F32:
-            w.add_tensor(name, x)
-        elif t == Q.F16:
-            w.add_tensor(name, x.astype(np.float16))
-        else:
-            w.add_tensor(name, quantize(x, t), raw_dtype=t)
+        put(w, name, x, t)
 
     def norm(name, n, mean=1.0):
         add(name, (n,), 0.1 * mean, "f32", mean)
@@ -168,11 +147,7 @@ def main():
         add(p + "ffn_up_shexp.weight", (sh, dim), si)
         add(p + "ffn_down_shexp.weight", (dim, sh), 1 / np.sqrt(sh))
 
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    os.replace(a.out + ".tmp", a.out)
+    finish(w, a.out)
 
 
 if __name__ == "__main__":

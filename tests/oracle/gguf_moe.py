@@ -23,7 +23,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "data", "llama.cpp", "gguf-py"))
 import gguf  # noqa: E402
-from gguf.quants import quantize  # noqa: E402
+from gguf_common import copy_vocab, finish, put  # noqa: E402
 
 SHAPES = {
     # Qwen3-30B-A3B's layer in small: 16 experts, 4 per token, per-head q/k norms
@@ -46,23 +46,6 @@ SHAPES = {
 }
 
 
-def copy_vocab(w, path):
-    r = gguf.GGUFReader(path)
-    n = 0
-    for name, f in r.fields.items():
-        if not name.startswith("tokenizer."):
-            continue
-        vt = f.types[0]
-        if vt == gguf.GGUFValueType.ARRAY:
-            sub = f.types[-1]
-            vals = f.contents()
-            w.add_key_value(name, vals, vt, sub_type=sub)
-            if name == "tokenizer.ggml.tokens":
-                n = len(vals)
-        else:
-            w.add_key_value(name, f.contents(), vt)
-    return n
-
 
 class Writer:
     def __init__(self, w, rng, qtype, exps_qtype):
@@ -73,12 +56,7 @@ class Writer:
         experts' type), f32 (always F32: norms, biases, routers)."""
         a = (mean + std * self.rng.standard_normal(shape)).astype(np.float32)
         t = {"mat": self.qtype, "exps": self.exps_qtype, "f32": gguf.GGMLQuantizationType.F32}[kind]
-        if t == gguf.GGMLQuantizationType.F32:
-            self.w.add_tensor(name, a)
-        elif t == gguf.GGMLQuantizationType.F16:
-            self.w.add_tensor(name, a.astype(np.float16))
-        else:
-            self.w.add_tensor(name, quantize(a, t), raw_dtype=t)
+        put(self.w, name, a, t)
 
     def norm(self, name, n, mean=1.0):
         self.add(name, (n,), 0.1 * mean, "f32", mean)
@@ -224,11 +202,7 @@ def main():
             W.add(p + "ffn_up_shexp.weight", (sh, dim), si)
             W.add(p + "ffn_down_shexp.weight", (dim, sh), 1 / np.sqrt(sh))
 
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    os.replace(a.out + ".tmp", a.out)
+    finish(w, a.out)
 
 
 if __name__ == "__main__":

@@ -22,8 +22,8 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "data", "llama.cpp", "gguf-py"))
 import gguf  # noqa: E402
-from gguf.quants import quantize  # noqa: E402
-from gguf_moe import copy_vocab, Writer  # noqa: E402
+from gguf_common import copy_vocab, finish  # noqa: E402
+from gguf_moe import Writer  # noqa: E402
 
 SHAPES = {
     # Qwen3.5-4B's layer in small: 16 q heads of 256 over 4 kv heads there, a quarter rotated;
@@ -136,11 +136,7 @@ def main():
             W.add(p + "ffn_up.weight", (s["ffn"], dim), si)
             W.add(p + "ffn_down.weight", (dim, s["ffn"]), 1 / np.sqrt(s["ffn"]))
 
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    os.replace(a.out + ".tmp", a.out)
+    finish(w, a.out)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "data", "llama.cpp", "gguf-py"))
 import gguf  # noqa: E402
 from gguf.quants import dequantize, quantize  # noqa: E402
+from gguf_common import finish  # noqa: E402
 
 Q = gguf.GGMLQuantizationType
 
@@ -106,11 +107,7 @@ def main():
     missing = set(mapping) - used
     if missing:
         sys.exit(f"gguf_retype: no tensor {sorted(missing)}")
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    os.replace(a.out + ".tmp", a.out)
+    finish(w, a.out)
 
 
 if __name__ == "__main__":
