@@ -21,7 +21,7 @@ const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..')
 const BIN = path.join(ROOT, 'build/tokenmill');
 const MODELS = path.join(ROOT, 'tests/data/llama.cpp/models');
 const VOCABS = ['llama-spm', 'llama-bpe', 'qwen2', 'deepseek-llm', 'gpt-2', 'phi-3'];
-const MORE_VECTORS = ['starcoder', 'falcon', 'mpt', 'refact', 'command-r', 'deepseek-coder', 'qwen35'];
+const MORE_VECTORS = ['starcoder', 'falcon', 'mpt', 'refact', 'command-r', 'deepseek-coder', 'qwen35', 'bert-bge'];
 const N_RANDOM = 1000;
 const SEED = 20240601;
 
@@ -198,7 +198,7 @@ test('tokenize command: usage and model errors', () => {
   assert.equal(run(['tokenize', '-m', path.join(MODELS, 'ggml-vocab-gpt-2.gguf')]), 2);
   assert.equal(run(['tokenize', '-m', path.join(MODELS, 'ggml-vocab-gpt-2.gguf'), '--bogus', 'x']), 2);
   assert.equal(run(['tokenize', '-m', path.join(tmp, 'missing.gguf'), 'x']), 1);
-  assert.equal(run(['tokenize', '-m', path.join(MODELS, 'ggml-vocab-bert-bge.gguf'), 'x']), 1);
+  assert.equal(run(['tokenize', '-m', path.join(MODELS, 'ggml-vocab-nomic-bert-moe.gguf'), 'x']), 1);   // not WordPiece
   const pieces = JSON.parse(execFileSync(BIN, ['tokenize', '-m', path.join(MODELS, 'ggml-vocab-llama-spm.gguf'),
                                                 '--pieces', 'Hello world']).toString());
   assert.deepEqual(pieces, [[1, '<s>'], [15043, ' Hello'], [3186, ' world']]);
