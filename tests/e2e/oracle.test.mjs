@@ -66,6 +66,7 @@ import {spawn, spawnSync} from 'node:child_process';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
+import {rng} from './oracle_common.mjs';
 
 const root = path.resolve(import.meta.dirname, '../..');
 const bin = path.join(root, 'build/tokenmill');
@@ -247,16 +248,6 @@ function model(arch, type, retype = true) {
   return file;
 }
 
-function rng(seed) { // mulberry32
-  let s = seed >>> 0;
-  return (n) => {
-    s = (s + 0x6D2B79F5) >>> 0;
-    let t = s;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) % n;
-  };
-}
 // Random ids among the ordinary tokens (both vocabularies have >100k below their specials).
 const randomSeq = (r, n) => Array.from({length: n}, () => r(100000));
 
