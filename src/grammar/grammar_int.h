@@ -106,10 +106,10 @@ struct grammar {
 /* Scratch for expanding stacks (grows as needed, kept between calls). Expansion is a loop
  * over a work list, never recursion, so a grammar's depth cannot reach the C stack. */
 typedef struct {
-    uint32_t *p;            /* (cap) the work list: per stack its length then its positions */
+    uint32_t *p;            /* (cap) the stacks: per stack its length then its positions */
     int n, cap;
-    int *todo;              /* (cap_todo) offsets in p of the stacks still to expand */
-    int n_todo, cap_todo;
+    int *work;              /* (cap_work) offsets in p of the stacks still to expand */
+    int n_work, cap_work;
     uint32_t *cur;          /* (cap_cur) the stack being expanded */
     int cap_cur;
     uint32_t *alt;          /* (cap_alt) its rule's alternatives' first positions */
@@ -117,7 +117,7 @@ typedef struct {
     grammar_set seen;       /* rule-topped stacks expanded in this step (used once a step's
                              * work passes GRAMMAR_DEDUPE_WORK: ambiguous nullable rules reach
                              * one stack by exponentially many paths) */
-    long work;              /* stacks expanded in this step */
+    long n_expanded;        /* stacks expanded in this step */
     bool truncated;         /* the last step stopped at a budget: past grammar_limits'
                              * max_stacks stacks, or GRAMMAR_WORK_PER_STACK times that work */
 } grammar_scratch;

@@ -116,7 +116,7 @@ bool grammar_set_accepting(const grammar_set *s)
 void grammar_scratch_free(grammar_scratch *sc)
 {
     free(sc->p);
-    free(sc->todo);
+    free(sc->work);
     free(sc->cur);
     free(sc->alt);
     grammar_set_free(&sc->seen);
@@ -142,13 +142,13 @@ static bool grammar_el_ends(const grammar *g, uint32_t pos)
 /* A step starts: no work done, nothing seen. */
 static void grammar_scratch_begin(grammar_scratch *sc)
 {
-    sc->work = 0;
+    sc->n_expanded = 0;
     sc->truncated = false;
     grammar_set_clear(&sc->seen);
 }
 
 /* Appends stk[0..n) to the work list (stk may point into sc->p). */
-static void grammar_todo_push(grammar_scratch *sc, const uint32_t *stk, int n)
+static void grammar_work_push(grammar_scratch *sc, const uint32_t *stk, int n)
 {
     size_t stk_off = (size_t)-1;
     if (sc->p && stk >= sc->p && stk < sc->p + sc->cap) stk_off = (size_t)(stk - sc->p);
@@ -157,11 +157,11 @@ static void grammar_todo_push(grammar_scratch *sc, const uint32_t *stk, int n)
     if (stk_off != (size_t)-1) stk = sc->p + stk_off;
     w[0] = (uint32_t)n;
     memmove(w + 1, stk, (size_t)n * sizeof *w);
-    if (sc->n_todo == sc->cap_todo) {
-        sc->cap_todo = sc->cap_todo ? 2 * sc->cap_todo : 64;
-        sc->todo = xrealloc(sc->todo, (size_t)sc->cap_todo * sizeof *sc->todo);
+    if (sc->n_work == sc->cap_work) {
+        sc->cap_work = sc->cap_work ? 2 * sc->cap_work : 64;
+        sc->work = xrealloc(sc->work, (size_t)sc->cap_work * sizeof *sc->work);
     }
-    sc->todo[sc->n_todo++] = at;
+    sc->work[sc->n_work++] = at;
 }
 
 /* Adds to out every stack that stk[0..n) expands to: a rule reference on top is replaced by
@@ -175,10 +175,10 @@ static void grammar_expand_into(const grammar *g, grammar_scratch *sc, grammar_s
                                 int n)
 {
     long max_stacks = grammar_limits_get().max_stacks, max_work = max_stacks * GRAMMAR_WORK_PER_STACK;
-    int base = sc->n, todo0 = sc->n_todo;
-    grammar_todo_push(sc, stk, n);
-    while (sc->n_todo > todo0 && !sc->truncated) {
-        int o = sc->todo[--sc->n_todo];
+    int base = sc->n, work0 = sc->n_work;
+    grammar_work_push(sc, stk, n);
+    while (sc->n_work > work0 && !sc->truncated) {
+        int o = sc->work[--sc->n_work];
         int k = (int)sc->p[o];
         const uint32_t *w = sc->p + o + 1;
         if (k == 0 || g->el[w[k - 1]].type != GRAMMAR_EL_RULE) {  /* a terminal on top */
@@ -187,11 +187,11 @@ static void grammar_expand_into(const grammar *g, grammar_scratch *sc, grammar_s
             sc->n = o;
             continue;
         }
-        if (++sc->work > max_work) {
+        if (++sc->n_expanded > max_work) {
             sc->truncated = true;
             break;
         }
-        if (sc->work > GRAMMAR_DEDUPE_WORK) {
+        if (sc->n_expanded > GRAMMAR_DEDUPE_WORK) {
             int seen = sc->seen.n_stacks;
             grammar_set_add(&sc->seen, w, k);
             if (sc->seen.n_stacks == seen) {
@@ -225,11 +225,11 @@ static void grammar_expand_into(const grammar *g, grammar_scratch *sc, grammar_s
             uint32_t a = sc->alt[i];
             int len = kb;
             if (!grammar_el_ends(g, a)) sc->cur[len++] = a;
-            grammar_todo_push(sc, sc->cur, len);
+            grammar_work_push(sc, sc->cur, len);
         }
     }
     sc->n = base;
-    sc->n_todo = todo0;
+    sc->n_work = work0;
 }
 
 void grammar_expand(const grammar *g, grammar_scratch *sc, grammar_set *out, uint32_t pos)
