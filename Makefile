@@ -97,7 +97,7 @@ san:
 ARM_CC      ?= aarch64-linux-gnu-gcc
 ARM_SYSROOT := build/arm64/sysroot
 ARM_LIBDIR  := $(ARM_SYSROOT)/usr/lib/aarch64-linux-gnu
-ARM_TESTS   ?= ops quant engine model moe invariance
+ARM_TESTS   ?= ops quant engine model moe invariance threadpool
 arm64:
 	$(MAKE) BUILD=build/arm64 CC=$(ARM_CC) OPT="-O2 -fno-math-errno" \
 	  PKG_CFLAGS="-isystem $(ARM_SYSROOT)/usr/include -isystem $(ARM_SYSROOT)/usr/include/aarch64-linux-gnu" \

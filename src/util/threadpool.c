@@ -8,6 +8,10 @@
  * somebody sleeps (both sides use sequentially consistent operations, so either the worker
  * sees the new gen in futex_wait's check or the caller sees n_sleeping > 0).
  *
+ * threadpool_start is the same round without the caller's share (workers_only: a worker passes
+ * ith - 1 and n - 1), and threadpool_wait is the caller's wait for n_done. threadpool_try_run
+ * takes the `busy` flag first, so concurrent callers never interleave two rounds.
+ *
  * The barrier is a counter with a generation (sense reversal): the last thread to arrive
  * resets the counter and bumps bar_gen; the others spin on bar_gen, then sleep on it.
  *
@@ -32,7 +36,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define THREADPOOL_SPIN 4000 /* pause iterations before sleeping (~100 us) */
+#define THREADPOOL_SPIN 4000 /* default pause iterations before sleeping (~100 us) */
 
 typedef struct {
     _Alignas(64) uint64_t work_ns;  /* inside fn */
@@ -52,9 +56,12 @@ struct threadpool {
     int n_started;                        /* workers successfully created */
     void (*fn)(void *, int, int);         /* the job of the current run */
     void *ctx;                            /* its argument */
+    bool workers_only;                    /* the run is threadpool_start's: no caller share */
+    _Atomic int n_spin;                   /* pause iterations an idle worker spins */
     _Alignas(64) _Atomic uint32_t gen;    /* futex word: bumped once per run */
     _Atomic int stop;                     /* set by threadpool_free */
     _Atomic int n_sleeping;               /* workers in (or entering) futex_wait on gen */
+    _Atomic int busy;                     /* a threadpool_try_run caller holds the pool */
     _Alignas(64) _Atomic int n_done;      /* workers finished with the current run */
     _Alignas(64) _Atomic int bar_count;   /* threads arrived at the current barrier */
     _Atomic uint32_t bar_gen;             /* futex word: bumped when a barrier opens */
@@ -108,10 +115,10 @@ static void threadpool_futex_wake(_Atomic uint32_t *addr)
 
 /* Waits until *word != seen; returns the new value. */
 static uint32_t threadpool_wait_change(_Atomic uint32_t *word, uint32_t seen,
-                                       _Atomic int *n_sleeping)
+                                       _Atomic int *n_sleeping, int n_spin)
 {
     uint32_t g;
-    for (int i = 0; i < THREADPOOL_SPIN; i++) {
+    for (int i = 0; i < n_spin; i++) {
         g = atomic_load_explicit(word, memory_order_acquire);
         if (g != seen) return g;
         threadpool_pause();
@@ -134,15 +141,17 @@ static void *threadpool_main(void *arg)
     threadpool_self = cnt;
     uint32_t seen = 0;
     for (;;) {
-        seen = threadpool_wait_change(&tp->gen, seen, &tp->n_sleeping);
+        seen = threadpool_wait_change(&tp->gen, seen, &tp->n_sleeping,
+                                      atomic_load_explicit(&tp->n_spin, memory_order_relaxed));
         if (atomic_load_explicit(&tp->stop, memory_order_acquire)) break;
+        int ith = w->ith - tp->workers_only, nth = tp->n - tp->workers_only;
         if (tp->prof) {
             uint64_t t0 = threadpool_ns();
             cnt->wake_ns += t0 - tp->t_run;
-            tp->fn(tp->ctx, w->ith, tp->n);
+            tp->fn(tp->ctx, ith, nth);
             cnt->work_ns += threadpool_ns() - t0;
         } else {
-            tp->fn(tp->ctx, w->ith, tp->n);
+            tp->fn(tp->ctx, ith, nth);
         }
         atomic_fetch_add_explicit(&tp->n_done, 1, memory_order_release);
     }
@@ -157,6 +166,7 @@ threadpool *threadpool_new_pinned(int n_threads, const int *cpus)
     threadpool *tp = calloc(1, sizeof *tp);
     if (!tp) return NULL;
     tp->n = n_threads;
+    tp->n_spin = THREADPOOL_SPIN;
     if (cpus) {
         if (!(tp->cpus = malloc((size_t)n_threads * sizeof *tp->cpus))) goto err;
         memcpy(tp->cpus, cpus, (size_t)n_threads * sizeof *tp->cpus);
@@ -197,6 +207,32 @@ void threadpool_free(threadpool *tp)
 
 int threadpool_size(const threadpool *tp) { return tp ? tp->n : 1; }
 
+/* Hands fn/ctx to the workers (a new round). */
+static void threadpool_kick(threadpool *tp, void (*fn)(void *, int, int), void *ctx, bool workers_only)
+{
+    tp->fn = fn;
+    tp->ctx = ctx;
+    tp->workers_only = workers_only;
+    atomic_store_explicit(&tp->n_done, 0, memory_order_relaxed);
+    if (tp->prof) {
+        threadpool_self = &tp->cnt[0];
+        tp->t_run = threadpool_ns();
+        tp->rounds++;
+    }
+    atomic_fetch_add(&tp->gen, 1); /* seq_cst: publishes fn/ctx, orders against n_sleeping */
+    if (atomic_load(&tp->n_sleeping) > 0) threadpool_futex_wake(&tp->gen);
+}
+
+void threadpool_wait(threadpool *tp)
+{
+    if (!tp || tp->n == 1) return;
+    int want = tp->n - 1;
+    for (int i = 0; atomic_load_explicit(&tp->n_done, memory_order_acquire) != want; i++) {
+        if (i < THREADPOOL_SPIN) threadpool_pause();
+        else sched_yield(); /* a worker may have lost its core to another process */
+    }
+}
+
 void threadpool_run(threadpool *tp, void (*fn)(void *ctx, int ith, int nth), void *ctx)
 {
     if (tp && tp->cpus && (!tp->caller_pinned || !pthread_equal(tp->pinned_caller, pthread_self()))) {
@@ -208,24 +244,32 @@ void threadpool_run(threadpool *tp, void (*fn)(void *ctx, int ith, int nth), voi
         fn(ctx, 0, 1);
         return;
     }
-    tp->fn = fn;
-    tp->ctx = ctx;
-    atomic_store_explicit(&tp->n_done, 0, memory_order_relaxed);
-    uint64_t t0 = 0;
-    if (tp->prof) {
-        threadpool_self = &tp->cnt[0];
-        tp->t_run = t0 = threadpool_ns();
-        tp->rounds++;
-    }
-    atomic_fetch_add(&tp->gen, 1); /* seq_cst: publishes fn/ctx, orders against n_sleeping */
-    if (atomic_load(&tp->n_sleeping) > 0) threadpool_futex_wake(&tp->gen);
+    threadpool_kick(tp, fn, ctx, false);
+    uint64_t t0 = tp->prof ? tp->t_run : 0;
     fn(ctx, 0, tp->n);
     if (tp->prof) tp->cnt[0].work_ns += threadpool_ns() - t0;
-    int want = tp->n - 1;
-    for (int i = 0; atomic_load_explicit(&tp->n_done, memory_order_acquire) != want; i++) {
-        if (i < THREADPOOL_SPIN) threadpool_pause();
-        else sched_yield(); /* a worker may have lost its core to another process */
-    }
+    threadpool_wait(tp);
+}
+
+bool threadpool_try_run(threadpool *tp, void (*fn)(void *ctx, int ith, int nth), void *ctx)
+{
+    int idle = 0;
+    if (tp && !atomic_compare_exchange_strong(&tp->busy, &idle, 1)) return false;
+    threadpool_run(tp, fn, ctx);
+    if (tp) atomic_store(&tp->busy, 0);
+    return true;
+}
+
+bool threadpool_start(threadpool *tp, void (*fn)(void *ctx, int ith, int nth), void *ctx)
+{
+    if (!tp || tp->n == 1) return false;
+    threadpool_kick(tp, fn, ctx, true);
+    return true;
+}
+
+void threadpool_set_spin(threadpool *tp, int n_spin)
+{
+    if (tp) atomic_store_explicit(&tp->n_spin, n_spin < 0 ? 0 : n_spin, memory_order_relaxed);
 }
 
 void threadpool_profile(threadpool *tp, bool on)
@@ -260,9 +304,11 @@ void threadpool_barrier(threadpool *tp)
     }
     if (tp->prof) {
         uint64_t t0 = threadpool_ns();
-        threadpool_wait_change(&tp->bar_gen, g, &tp->bar_sleeping);
+        threadpool_wait_change(&tp->bar_gen, g, &tp->bar_sleeping,
+                               atomic_load_explicit(&tp->n_spin, memory_order_relaxed));
         threadpool_self->barrier_ns += threadpool_ns() - t0;
         return;
     }
-    threadpool_wait_change(&tp->bar_gen, g, &tp->bar_sleeping);
+    threadpool_wait_change(&tp->bar_gen, g, &tp->bar_sleeping,
+                           atomic_load_explicit(&tp->n_spin, memory_order_relaxed));
 }

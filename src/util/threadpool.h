@@ -8,7 +8,13 @@
  * microseconds while calls come back to back, and nothing while the pool is idle.
  *
  * One caller at a time: threadpool_run must not be called concurrently on the same pool, nor
- * from inside fn.
+ * from inside fn. A pool that several threads share (each wanting a parallel loop now and
+ * then) is run with threadpool_try_run, which declines while another caller holds the pool.
+ *
+ * Two ways to use it besides a plain run: threadpool_start hands a job to the workers alone
+ * and returns, so the caller computes something else meanwhile and meets them in
+ * threadpool_wait; threadpool_set_spin(tp, 0) makes idle workers sleep at once, for a pool
+ * whose rounds are rare beside another pool's (their spin would take cores that pool wants).
  *
  * Profiling (threadpool_profile, off by default): each thread adds up, in its own counters,
  * the time it spent inside fn (work), waiting for a round to reach it after the caller
@@ -37,6 +43,23 @@ int threadpool_size(const threadpool *tp);     /* n_threads; 1 for a NULL pool *
 /* Runs fn(ctx, ith, nth) on every thread (ith = 0 .. nth-1, the caller is 0) and waits.
  * A NULL pool runs fn(ctx, 0, 1) on the caller. */
 void threadpool_run(threadpool *tp, void (*fn)(void *ctx, int ith, int nth), void *ctx);
+
+/* As threadpool_run, when no other caller of threadpool_try_run holds the pool; false (fn not
+ * run) when one does: the caller then does the work itself (fn(ctx, 0, 1)). Callers that
+ * share a pool all use this, never threadpool_run. */
+bool threadpool_try_run(threadpool *tp, void (*fn)(void *ctx, int ith, int nth), void *ctx);
+
+/* Starts fn(ctx, ith, nth) on the workers only (ith = 0 .. nth-1, nth = threadpool_size - 1)
+ * and returns at once; threadpool_wait waits for them. False, nothing started, when the pool
+ * has no worker (NULL or one thread). Between the two the pool is busy: no run, no start, and
+ * fn may not call threadpool_barrier. */
+bool threadpool_start(threadpool *tp, void (*fn)(void *ctx, int ith, int nth), void *ctx);
+/* Waits until the job threadpool_start started has returned on every worker. */
+void threadpool_wait(threadpool *tp);
+
+/* Pause iterations an idle worker spins before it sleeps (default about 100 us; 0: sleeps at
+ * once). Not during a run. */
+void threadpool_set_spin(threadpool *tp, int n_spin);
 
 /* Inside fn: waits until every thread of the pool has reached the barrier. All threads must
  * call it the same number of times. No-op for a NULL or one-thread pool. */

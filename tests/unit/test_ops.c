@@ -10,7 +10,6 @@
 #include "harness.h"
 
 #include <float.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 
 #include "model/ops.h"
@@ -810,51 +809,9 @@ TEST(test_att_block)
     ops_force_level(cpu_get_hw_level());
 }
 
-static void tp_count(void *ctx, int ith, int nth)
-{
-    _Atomic int *c = ctx;
-    atomic_fetch_add(&c[ith], 1);
-    threadpool_barrier(NULL);
-    (void)nth;
-}
-
-typedef struct {
-    threadpool *tp;
-    _Atomic int phase_a, bad;
-} tp_bar_ctx;
-
-static void tp_barrier_fn(void *arg, int ith, int nth)
-{
-    tp_bar_ctx *c = arg;
-    for (int round = 0; round < 50; round++) {
-        atomic_fetch_add(&c->phase_a, 1);
-        threadpool_barrier(c->tp);
-        if (atomic_load(&c->phase_a) != nth * (round + 1)) atomic_fetch_add(&c->bad, 1);
-        threadpool_barrier(c->tp);
-    }
-    (void)ith;
-}
-
-TEST(test_threadpool)
-{
-    for (int n = 1; n <= 4; n++) {
-        threadpool *tp = threadpool_new(n);
-        CHECK(tp && threadpool_size(tp) == n);
-        _Atomic int cnt[4] = {0};
-        for (int i = 0; i < 1000; i++) threadpool_run(tp, tp_count, cnt);
-        for (int i = 0; i < n; i++) CHECK(atomic_load(&cnt[i]) == 1000);
-        tp_bar_ctx bc = {tp, 0, 0};
-        threadpool_run(tp, tp_barrier_fn, &bc);
-        CHECK(atomic_load(&bc.bad) == 0);
-        threadpool_free(tp);
-    }
-    CHECK(threadpool_size(NULL) == 1);
-}
-
 int main(void)
 {
     for (int i = 0; i < 3; i++) pools[i] = threadpool_new(i + 1);
-    RUN(test_threadpool);
     RUN(test_matmul_all_types);
     RUN(test_matmul_odd_cols);
     RUN(test_matmul_batch_invariant);
