@@ -466,7 +466,7 @@ static void sched_step_run(sched *s, sched_step *st)
     st->pred_s = steptime_predict(&s->tm, &s->plan_x);
     st->est = engine_step(s->e, &b, s->logits);
     st->t1 = util_now();
-    if (masks) sched_sample_pool_wait(s);
+    if (masks) sched_sample_masks_wait(s);
     if (st->est == ENGINE_OK) steptime_observe(&s->tm, &s->plan_x, st->t1 - st->t0);
     if (st->est == ENGINE_OK)
         s->main_step_s = s->main_step_s > 0 ? 0.9 * s->main_step_s + 0.1 * (st->t1 - st->t0) : st->t1 - st->t0;
@@ -870,7 +870,9 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
     pthread_cond_init(&s->lp_cv, NULL);
     if (!o.no_overlap) s->pub_started = pthread_create(&s->publisher, NULL, sched_pub_thread, s) == 0;
     if (!s->pub_started) s->o.no_overlap = true;   /* no thread: the engine thread publishes */
+    sched_sample_start(s, TM_MIN(engine_n_threads(e), 16) - 1);
     if (pthread_create(&s->thread, NULL, sched_thread, s) != 0) {
+        sched_sample_stop(s);
         sched_pub_stop(s);
         pthread_mutex_destroy(&s->mu);
         pthread_cond_destroy(&s->work_cv);
@@ -880,7 +882,6 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
         sched_free(s);
         return SCHED_ERR_NOMEM;
     }
-    sched_sample_start(s, TM_MIN(engine_n_threads(e), 16) - 1);
     if (o.bio) blockio_set_ready_hook(o.bio, sched_load_ready, s);
     *out = s;
     return SCHED_OK;

@@ -26,6 +26,7 @@
 #include "engine/specdraft.h"
 #include "engine/steptime.h"
 #include "engine/wincache.h"
+#include "util/threadpool.h"
 
 typedef enum { REQ_QUEUED = 0, REQ_RUNNING, REQ_FINISHED } req_state;
 
@@ -246,20 +247,11 @@ struct sched {
     steptime tm;                 /* learned step time (engine thread; its error sums are copied
                                   * into st after each step) */
     steptime_x plan_x;           /* make-up of the step planned last, for tm */
-    /* sampling workers: the step's requests are split by ith/nth between the engine thread
-     * (ith 0) and n_workers helpers (ith 1..), which sleep between steps. While the engine
-     * computes a step, the helpers compute the grammar masks its constrained sequences will
-     * need (their matchers' states are known before the step), so sampling finds them ready */
-    int n_workers;
-    pthread_t *workers;          /* (n_workers) */
-    pthread_mutex_t pool_mu;
-    pthread_cond_t pool_go;      /* job_gen advanced or pool_stop */
-    pthread_cond_t pool_done;    /* job_left reached 0 */
-    uint64_t job_gen;            /* job number */
-    int job_left;                /* workers still on the current job */
-    bool job_masks;              /* the job is the batch's grammar masks (during the engine
-                                  * step, workers only), not sampling */
-    bool pool_stop;
+    /* the sampling pool: the step's requests are split by ith/nth between the engine thread
+     * (ith 0) and its workers, which sleep between steps. While the engine computes a step,
+     * the workers alone compute the grammar masks its constrained sequences will need (their
+     * matchers' states are known before the step), so sampling finds them ready */
+    threadpool *samplers;        /* NULL: the engine thread samples alone */
     /* publishing: a step's outputs wait in pub_* until published (sched_pub_flush_locked), by
      * the publisher thread while the next step computes, or by the engine thread when it must
      * publish first (a FINISH, the next step's outputs, o.no_overlap). pub_pending and the
@@ -326,16 +318,16 @@ bool sched_admit_tail_unpin_all(sched *s);
 void sched_admit_window_put(sched *s, int n_reqs);
 
 /* sched_sample.c */
-/* Starts up to n_workers sampling workers (fewer when threads cannot be made; none when
- * n_workers <= 0). After mu is set up; sched_sample_stop joins them. */
+/* Makes the sampling pool: the engine thread and n_workers workers (none when n_workers <= 0
+ * or threads cannot be made). Before the engine thread starts; sched_sample_stop frees it. */
 void sched_sample_start(sched *s, int n_workers);
-/* Stops and joins the workers sched_sample_start made (the engine thread has exited). */
+/* Frees the pool sched_sample_start made (the engine thread has exited). */
 void sched_sample_stop(sched *s);
 /* Engine thread: starts the grammar masks of the step's constrained requests on the workers,
  * to run during the engine step; false when there is none or no worker. Then, after the
- * step, sched_sample_pool_wait waits for them. */
+ * step, sched_sample_masks_wait waits for them. */
 bool sched_sample_masks_start(sched *s, int n_reqs);
-void sched_sample_pool_wait(sched *s);
+void sched_sample_masks_wait(sched *s);
 /* Engine thread: samples every request of the step that wants a token (batch_tok, batch_ntok,
  * batch_acc), on the workers when it pays. */
 void sched_sample_step(sched *s, int n_reqs);

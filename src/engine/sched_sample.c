@@ -1,16 +1,16 @@
 /*
  * sched_sample: the scheduler's sampling (the step loop: docs/architecture.md, "Scheduler").
- * A step's requests are split by ith/nth between the engine thread (ith 0) and the sampling workers (ith 1..), which
- * sleep on pool_go between jobs; each request's sampler, grammar and think state are its own,
- * so the split changes no result. While the engine computes a step, the workers compute the
- * grammar masks its constrained requests will need. A request verifying drafts samples its
- * verify rows in order here (the acceptance rule); sched.c commits what was accepted.
- * Engine thread and workers; pool_mu guards the job fields (sched_int.h).
+ * A step's requests are split by ith/nth over the sampling pool (util/threadpool: the engine
+ * thread is ith 0, the workers sleep between steps); each request's sampler, grammar and think
+ * state are its own, so the split changes no result. While the engine computes a step, the
+ * pool's workers alone compute the grammar masks its constrained requests will need
+ * (threadpool_start / threadpool_wait). A request verifying drafts samples its verify rows in
+ * order here (the acceptance rule); sched.c commits what was accepted. Engine thread and the
+ * pool's workers; the pool's rounds order their writes.
  */
 #include "engine/sched_int.h"
 
-#include <stdlib.h>
-
+#include "util/threadpool.h"
 #include "util/util.h"
 
 /* Fewest logits (rows x vocabulary) a step's sampling splits over the sampling workers:
@@ -105,56 +105,16 @@ static void sched_sample_mask_part(sched *s, int ith, int nth)
     }
 }
 
-typedef struct {
-    sched *s;
-    int ith;
-} sched_sample_worker_arg;
+static void sched_sample_rows_job(void *ctx, int ith, int nth) { sched_sample_rows(ctx, ith, nth); }
+static void sched_sample_masks_job(void *ctx, int ith, int nth) { sched_sample_mask_part(ctx, ith, nth); }
 
-static void *sched_sample_worker(void *arg)
-{
-    sched_sample_worker_arg *wa = arg;
-    sched *s = wa->s;
-    int ith = wa->ith;
-    free(wa);
-    uint64_t seen = 0;
-    pthread_mutex_lock(&s->pool_mu);
-    for (;;) {
-        while (s->job_gen == seen && !s->pool_stop) pthread_cond_wait(&s->pool_go, &s->pool_mu);
-        if (s->pool_stop) break;
-        seen = s->job_gen;
-        bool masks = s->job_masks;
-        pthread_mutex_unlock(&s->pool_mu);
-        if (masks) sched_sample_mask_part(s, ith - 1, s->n_workers);
-        else sched_sample_rows(s, ith, s->n_workers + 1);
-        pthread_mutex_lock(&s->pool_mu);
-        if (--s->job_left == 0) pthread_cond_signal(&s->pool_done);
-    }
-    pthread_mutex_unlock(&s->pool_mu);
-    return NULL;
-}
-
-static void sched_sample_pool_start(sched *s, bool masks)
-{
-    pthread_mutex_lock(&s->pool_mu);
-    s->job_masks = masks;
-    s->job_left = s->n_workers;
-    s->job_gen++;
-    pthread_cond_broadcast(&s->pool_go);
-    pthread_mutex_unlock(&s->pool_mu);
-}
-
-void sched_sample_pool_wait(sched *s)
-{
-    pthread_mutex_lock(&s->pool_mu);
-    while (s->job_left > 0) pthread_cond_wait(&s->pool_done, &s->pool_mu);
-    pthread_mutex_unlock(&s->pool_mu);
-}
+void sched_sample_masks_wait(sched *s) { threadpool_wait(s->samplers); }
 
 /* Starts the masks of the step's constrained requests on the workers, to run during the
  * engine step; false when there is none to compute or no worker (sampling computes them). */
 bool sched_sample_masks_start(sched *s, int n_reqs)
 {
-    if (s->n_workers == 0) return false;
+    if (threadpool_size(s->samplers) == 1) return false;
     bool any = false;
     for (int i = 0; i < n_reqs && !any; i++) {
         const sched_req_sample *sm = &s->batch_req[i]->samp;
@@ -162,8 +122,7 @@ bool sched_sample_masks_start(sched *s, int n_reqs)
     }
     if (!any) return false;
     s->batch_n_reqs = n_reqs;
-    sched_sample_pool_start(s, true);
-    return true;
+    return threadpool_start(s->samplers, sched_sample_masks_job, s);
 }
 
 /* Samples every request of the step that wants a token, on the workers when it pays. */
@@ -172,42 +131,19 @@ void sched_sample_step(sched *s, int n_reqs)
     s->batch_n_reqs = n_reqs;
     int n_rows = 0;
     for (int i = 0; i < n_reqs; i++) n_rows += s->batch_row[i] >= 0 ? 1 + s->batch_k[i] : 0;
-    if (s->n_workers == 0 || n_rows < 2 || (double)n_rows * s->n_vocab < SCHED_SAMPLE_SPLIT_MIN) {
-        sched_sample_rows(s, 0, 1);
-        return;
-    }
-    sched_sample_pool_start(s, false);
-    sched_sample_rows(s, 0, s->n_workers + 1);
-    sched_sample_pool_wait(s);
+    if (n_rows < 2 || (double)n_rows * s->n_vocab < SCHED_SAMPLE_SPLIT_MIN) sched_sample_rows(s, 0, 1);
+    else threadpool_run(s->samplers, sched_sample_rows_job, s);
 }
 
 void sched_sample_start(sched *s, int n_workers)
 {
-    pthread_mutex_init(&s->pool_mu, NULL);
-    pthread_cond_init(&s->pool_go, NULL);
-    pthread_cond_init(&s->pool_done, NULL);
-    s->workers = xcalloc((size_t)(n_workers > 0 ? n_workers : 1), sizeof *s->workers);
-    for (int i = 0; i < n_workers; i++) {
-        sched_sample_worker_arg *wa = xmalloc(sizeof *wa);
-        wa->s = s;
-        wa->ith = i + 1;
-        if (pthread_create(&s->workers[i], NULL, sched_sample_worker, wa) != 0) {
-            free(wa);
-            break;
-        }
-        s->n_workers++;
-    }
+    s->samplers = n_workers > 0 ? threadpool_new(n_workers + 1) : NULL;
+    /* a round per step beside the engine's own pool: idle samplers must not spin on its cores */
+    threadpool_set_spin(s->samplers, 0);
 }
 
 void sched_sample_stop(sched *s)
 {
-    pthread_mutex_lock(&s->pool_mu);
-    s->pool_stop = true;
-    pthread_cond_broadcast(&s->pool_go);
-    pthread_mutex_unlock(&s->pool_mu);
-    for (int i = 0; i < s->n_workers; i++) pthread_join(s->workers[i], NULL);
-    pthread_mutex_destroy(&s->pool_mu);
-    pthread_cond_destroy(&s->pool_go);
-    pthread_cond_destroy(&s->pool_done);
-    free(s->workers);
+    threadpool_free(s->samplers);
+    s->samplers = NULL;
 }
