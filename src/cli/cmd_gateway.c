@@ -303,7 +303,7 @@ int cmd_gateway(int argc, char **argv)
         u->gcache = grammar_cache_new(256);
         u->ac = (api_ctx){ .sched = NULL, .model = u->m, .tok = u->tok, .tmpl = u->tmpl, .model_name = u->name,
                            .model_alias = api_model_alias(u->m, u->alias, sizeof u->alias), .n_ctx = gm[i].n_ctx,
-                           .n_threads = 1, .created = (int64_t)time(NULL), .retention = &classes,
+                           .created = (int64_t)time(NULL), .retention = &classes,
                            .backend = gateway_backend(g, i), .metrics_public = o.metrics_public, .gcache = u->gcache,
                            .gvocab = u->gvocab, .status = st, .store = cache, .cost_per_hour = o.cost_per_hour,
                            .all = n_models > 1 ? all : NULL, .n_all = n_models > 1 ? n_models : 0 };

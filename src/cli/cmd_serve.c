@@ -73,6 +73,7 @@
 #include "recipe/status.h"
 #include "recipe/template.h"
 #include "recipe/tokenizer.h"
+#include "util/threadpool.h"
 #include "util/util.h"
 
 #define SERVE_MAX_KEYS 16
@@ -130,6 +131,7 @@ typedef struct {
     grammar_cache *gcache;       /* structured output: compiled grammars, by content */
     grammar_vocab *gvocab;       /* the tokenizer's token bytes, for the grammars' masks */
     status_ring *status;         /* the status page's ring of this model */
+    threadpool *tok_pool;        /* tokenises long prompts (api_ctx.tok_pool), or NULL */
     api_ctx ac;                  /* what every route sees of it; outlives the HTTP server */
 } serve_unit;
 
@@ -342,10 +344,12 @@ static int serve_routes(serve *sv)
         serve_unit *u = &sv->u[i];
         u->gvocab = tokenizer_grammar_vocab(u->tok);
         u->gcache = grammar_cache_new(256);
+        u->tok_pool = threadpool_new(TM_MIN(engine_n_threads(u->e), 16));
+        threadpool_set_spin(u->tok_pool, 0);   /* rare rounds: idle, it leaves the engine its cores */
         u->ac = (api_ctx){
             .sched = u->s, .model = u->m, .tok = u->tok, .tmpl = u->tmpl, .model_name = u->name,
             .model_alias = api_model_alias(u->m, u->alias_buf, sizeof u->alias_buf), .n_ctx = sched_n_ctx(u->s),
-            .n_threads = engine_n_threads(u->e), .created = created, .retention = &o->classes,
+            .tok_pool = u->tok_pool, .created = created, .retention = &o->classes,
             .metrics_public = o->metrics_public, .gcache = u->gcache, .gvocab = u->gvocab,
             .status = u->status = status_new(gc_wall_now()),
             .store = u->bio ? sv->cache : NULL, .store_capacity = o->cache_capacity, .cost_per_hour = o->cost_per_hour,
@@ -475,6 +479,7 @@ static void serve_free(serve *sv)
         cmd_common_draft_free(&u->eng);
         template_free(u->tmpl);
         grammar_cache_free(u->gcache);
+        threadpool_free(u->tok_pool);
         grammar_vocab_free(u->gvocab);
         tokenizer_free(u->tok);
         model_free(u->m);

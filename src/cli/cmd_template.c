@@ -32,6 +32,7 @@
 #include "recipe/conv.h"
 #include "recipe/template.h"
 #include "recipe/tokenizer.h"
+#include "util/threadpool.h"
 #include "util/util.h"
 
 /* Appends the content of a message (string, null or array of text parts) as `kind`. */
@@ -132,7 +133,7 @@ static bool cmd_template_parse(conv *c, json_t *root, char *err, size_t errsz)
 }
 
 /* Renders one conversation and prints its JSON line; 0 on success. */
-static int cmd_template_one(const template *t, json_t *root, int threads)
+static int cmd_template_one(const template *t, json_t *root, threadpool *tp)
 {
     char err[512] = "";
     conv c;
@@ -143,7 +144,7 @@ static int cmd_template_one(const template *t, json_t *root, int threads)
         fprintf(stderr, "tokenmill template: %s\n", err);
         goto out;
     }
-    if (template_apply(t, &c, threads, &p, err, sizeof err) != TEMPLATE_OK) {
+    if (template_apply(t, &c, tp, &p, err, sizeof err) != TEMPLATE_OK) {
         fprintf(stderr, "tokenmill template: %s\n", err);
         goto out;
     }
@@ -211,6 +212,7 @@ int cmd_template(int argc, char **argv)
     tokenizer *tok = NULL;
     template *t = NULL;
     json_t *root = NULL;
+    threadpool *tp = NULL;
 
     if (gguf_open(model_path, &g, err, sizeof err) != GGUF_OK) {
         fprintf(stderr, "tokenmill template: %s\n", err);
@@ -231,18 +233,20 @@ int cmd_template(int argc, char **argv)
         fprintf(stderr, "tokenmill template: %s: %s (line %d)\n", input, jerr.text, jerr.line);
         goto done;
     }
+    if (threads > 1) tp = threadpool_new((int)TM_MIN(threads, 16));   /* more would split no further */
     if (json_is_array(root)) {
         /* a batch: one output line per conversation */
         size_t i;
         json_t *one;
         rc = 0;
         json_array_foreach(root, i, one) {
-            if (cmd_template_one(t, one, threads) != 0) rc = 1;
+            if (cmd_template_one(t, one, tp) != 0) rc = 1;
         }
     } else {
-        rc = cmd_template_one(t, root, threads);
+        rc = cmd_template_one(t, root, tp);
     }
 done:
+    threadpool_free(tp);
     json_decref(root);
     template_free(t);
     tokenizer_free(tok);

@@ -557,7 +557,7 @@ static bool api_job_prompt(api_job *j, api_error *e)
     if (qm->tools_mode == API_TOOLS_NAMED) qm->conv.forced_call = qm->tool_name;
     else if (qm->tools_mode == API_TOOLS_REQUIRED && qm->conv.n_tools == 1) qm->conv.forced_call = qm->conv.tools[0].name;
     char err[256] = "";
-    template_status ts = template_apply(c->tmpl, &q->conv, c->n_threads, &j->prompt, err, sizeof err);
+    template_status ts = template_apply(c->tmpl, &q->conv, c->tok_pool, &j->prompt, err, sizeof err);
     if (ts != TEMPLATE_OK) {
         api_error_set(e, ts == TEMPLATE_ERR_TOKENIZE ? 500 : 400, "messages", NULL, "The conversation cannot be rendered: %s",
                       err[0] ? err : "template error");

@@ -71,6 +71,7 @@
 
 typedef struct tokenizer tokenizer;   /* recipe/tokenizer.h */
 typedef struct template template;     /* recipe/template.h */
+typedef struct threadpool threadpool; /* util/threadpool.h */
 
 /* BACKEND: where the routes run their requests. api_ctx.backend NULL is the local scheduler
  * (api_ctx.sched, the one-process `tokenmill serve`); the gateway (cluster/gateway.h) gives its
@@ -111,7 +112,8 @@ typedef struct api_ctx {
     const char *model_name;   /* id reported by /v1/models and accepted in "model" */
     const char *model_alias;  /* also accepted in "model" (the GGUF's general.name), or NULL */
     int n_ctx;                /* positions per sequence (prompt + completion) */
-    int n_threads;            /* threads the handlers may use to tokenise long inputs */
+    threadpool *tok_pool;     /* the pool the handlers share to tokenise long inputs (one at
+                               * a time; the others alone), or NULL */
     int64_t created;          /* unix seconds the server started ("created" fields) */
     const gc_retention *retention; /* the block store's traffic classes (--retention over the
                                     * defaults), which cache_class may name; NULL: defaults */

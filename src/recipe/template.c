@@ -19,7 +19,6 @@
 #include "recipe/template.h"
 #include "recipe/template_int.h"
 
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,10 +26,11 @@
 #include "util/jsonfmt.h"
 #include "util/unicode.h"
 #include "util/sha256.h"
+#include "util/threadpool.h"
 #include "util/util.h"
 
-#define TMPL_PARALLEL_MIN_BYTES (32 * 1024)  /* tokenise runs in threads above this much text */
-#define TMPL_MAX_THREADS 16
+#define TMPL_PARALLEL_MIN_BYTES (32 * 1024)  /* tokenise runs on the pool above this much text */
+#define TMPL_MAX_GROUPS 16                   /* most groups the runs are split into */
 
 typedef struct {
     int32_t id;          /* token id */
@@ -1030,26 +1030,27 @@ typedef struct {
     size_t n_runs;
     int32_t **ids;        /* (n_runs) token ids of each run */
     size_t *n_ids;        /* (n_runs) */
-    int ith, nth;         /* this worker's share: runs balanced by bytes */
-    size_t *bounds;       /* (nth + 1) run index where each worker starts */
-    bool failed;
+    int n_groups;         /* contiguous groups of runs, of about equal bytes */
+    size_t bounds[TMPL_MAX_GROUPS + 1]; /* (n_groups + 1) run index where each group starts */
+    bool failed[TMPL_MAX_GROUPS];       /* (n_groups) a run of the group did not tokenise */
 } tmpl_job;
 
-static void *tmpl_worker(void *arg)
+/* A pool job: groups ith, ith+nth, ... of the runs. */
+static void tmpl_tokenize_part(void *ctx, int ith, int nth)
 {
-    tmpl_job *j = arg;
-    for (size_t r = j->bounds[j->ith]; r < j->bounds[j->ith + 1]; r++) {
-        const tmpl_seg *g = &j->b->segs[j->run_seg[r]];
-        size_t cap = 0;
-        j->n_ids[r] = 0;
-        j->ids[r] = NULL;
-        if (template_tokenize_plain(j->t, j->b->runs.p + g->off, g->len, &j->ids[r], &j->n_ids[r], &cap) < 0)
-            j->failed = true;
-    }
-    return NULL;
+    tmpl_job *j = ctx;
+    for (int k = ith; k < j->n_groups; k += nth)
+        for (size_t r = j->bounds[k]; r < j->bounds[k + 1]; r++) {
+            const tmpl_seg *g = &j->b->segs[j->run_seg[r]];
+            size_t cap = 0;
+            j->n_ids[r] = 0;
+            j->ids[r] = NULL;
+            if (template_tokenize_plain(j->t, j->b->runs.p + g->off, g->len, &j->ids[r], &j->n_ids[r], &cap) < 0)
+                j->failed[k] = true;
+        }
 }
 
-static bool tmpl_tokenize(const template *t, const tmpl_b *b, int n_threads, template_prompt *out)
+static bool tmpl_tokenize(const template *t, const tmpl_b *b, threadpool *tp, template_prompt *out)
 {
     size_t n_runs = 0, total = 0;
     for (size_t i = 0; i < b->n_segs; i++)
@@ -1062,34 +1063,22 @@ static bool tmpl_tokenize(const template *t, const tmpl_b *b, int n_threads, tem
     size_t *n_ids = xcalloc(n_runs ? n_runs : 1, sizeof *n_ids);
     for (size_t i = 0, r = 0; i < b->n_segs; i++)
         if (b->segs[i].id < 0) run_seg[r++] = i;
-    int nth = 1;
+    tmpl_job job = { .t = t, .b = b, .run_seg = run_seg, .n_runs = n_runs, .ids = ids, .n_ids = n_ids, .n_groups = 1 };
+    int n_threads = threadpool_size(tp);
     if (n_threads > 1 && total >= TMPL_PARALLEL_MIN_BYTES && n_runs > 1)
-        nth = (int)TM_MIN((size_t)TM_MIN(n_threads, TMPL_MAX_THREADS), n_runs);
-    /* split the runs into nth contiguous groups of about equal bytes */
-    size_t bounds[TMPL_MAX_THREADS + 1];
-    bounds[0] = 0;
+        job.n_groups = (int)TM_MIN((size_t)TM_MIN(n_threads, TMPL_MAX_GROUPS), n_runs);
+    /* split the runs into n_groups contiguous groups of about equal bytes */
     size_t acc = 0, r = 0;
-    for (int k = 1; k < nth; k++) {
-        size_t goal = total * (size_t)k / (size_t)nth;
+    for (int k = 1; k < job.n_groups; k++) {
+        size_t goal = total * (size_t)k / (size_t)job.n_groups;
         while (r < n_runs && acc < goal) acc += b->segs[run_seg[r++]].len;
-        bounds[k] = r;
+        job.bounds[k] = r;
     }
-    bounds[nth] = n_runs;
-    tmpl_job jobs[TMPL_MAX_THREADS];
-    pthread_t th[TMPL_MAX_THREADS];
-    bool started[TMPL_MAX_THREADS] = { 0 };
-    for (int k = 0; k < nth; k++) {
-        jobs[k] = (tmpl_job){ .t = t, .b = b, .run_seg = run_seg, .n_runs = n_runs, .ids = ids,
-                              .n_ids = n_ids, .ith = k, .nth = nth, .bounds = bounds };
-        if (k > 0) started[k] = pthread_create(&th[k], NULL, tmpl_worker, &jobs[k]) == 0;
-        if (k > 0 && !started[k]) tmpl_worker(&jobs[k]);
-    }
-    tmpl_worker(&jobs[0]);
-    bool ok = !jobs[0].failed;
-    for (int k = 1; k < nth; k++) {
-        if (started[k]) pthread_join(th[k], NULL);
-        ok = ok && !jobs[k].failed;
-    }
+    job.bounds[job.n_groups] = n_runs;
+    /* the pool is shared by every request's handler: one that finds it busy tokenises alone */
+    if (job.n_groups == 1 || !threadpool_try_run(tp, tmpl_tokenize_part, &job)) tmpl_tokenize_part(&job, 0, 1);
+    bool ok = true;
+    for (int k = 0; k < job.n_groups; k++) ok = ok && !job.failed[k];
     size_t count = 0;
     for (size_t i = 0; i < b->n_segs; i++) count += b->segs[i].id >= 0 ? 1 : 0;
     for (size_t k = 0; k < n_runs; k++) count += n_ids[k];
@@ -1111,7 +1100,7 @@ static bool tmpl_tokenize(const template *t, const tmpl_b *b, int n_threads, tem
     return ok;
 }
 
-template_status template_apply(const template *t, const conv *c, int n_threads, template_prompt *out,
+template_status template_apply(const template *t, const conv *c, threadpool *tp, template_prompt *out,
                                char *err, size_t errsz)
 {
     memset(out, 0, sizeof *out);
@@ -1123,7 +1112,7 @@ template_status template_apply(const template *t, const conv *c, int n_threads, 
         tmpl_b_free(&b);
         return st;
     }
-    if (!tmpl_tokenize(t, &b, n_threads, out)) {
+    if (!tmpl_tokenize(t, &b, tp, out)) {
         snprintf(b.err, b.errsz, "the tokenizer failed");
         tmpl_b_free(&b);
         template_prompt_free(out);

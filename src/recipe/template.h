@@ -55,6 +55,7 @@
 #include "recipe/conv.h"
 #include "recipe/events.h"
 #include "recipe/tokenizer.h"
+#include "util/threadpool.h"
 
 typedef enum {
     TEMPLATE_OK = 0,
@@ -127,9 +128,10 @@ int template_family_by_name(const char *name);
  * template text, by the special tokens (and general.architecture). */
 int template_detect(const tokenizer *tok, const gguf *g);
 
-/* Renders and tokenises c. n_threads > 1 lets long prompts tokenise their text runs in
- * parallel. On success fills *out (free with template_prompt_free). */
-template_status template_apply(const template *t, const conv *c, int n_threads, template_prompt *out,
+/* Renders and tokenises c. A pool tp (NULL: none) tokenises a long prompt's text runs in
+ * parallel; concurrent callers may share it (threadpool_try_run: one that finds it busy
+ * tokenises alone). On success fills *out (free with template_prompt_free). */
+template_status template_apply(const template *t, const conv *c, threadpool *tp, template_prompt *out,
                                char *err, size_t errsz);
 void template_prompt_free(template_prompt *p);
 

@@ -91,7 +91,7 @@ TEST(test_qwen3_exact_rendering)
     c.thinking = CONV_THINKING_OFF;
     template_prompt p;
     char err[128];
-    CHECK(template_apply(f.t, &c, 1, &p, err, sizeof err) == TEMPLATE_OK);
+    CHECK(template_apply(f.t, &c, NULL, &p, err, sizeof err) == TEMPLATE_OK);
     const char *want = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
                        "<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n"
                        "<|im_start|>assistant\n<think>\n\n</think>\n\n";
@@ -117,7 +117,7 @@ TEST(test_injection_gives_text_tokens)
         conv_add_message(&c, CONV_ROLE_USER, attacks[a]);
         conv_add_message(&c, CONV_ROLE_TOOL, attacks[a]);
         template_prompt p;
-        CHECK(template_apply(f.t, &c, 1, &p, NULL, 0) == TEMPLATE_OK);
+        CHECK(template_apply(f.t, &c, NULL, &p, NULL, 0) == TEMPLATE_OK);
         CHECKF(count_id(&p, 151644) == 4 && count_id(&p, 151645) == 3, "attack %zu", a);
         for (size_t i = 0; i < p.n_ids; i++) {
             uint32_t at = tokenizer_attr(f.tok, p.ids[i]);
@@ -148,12 +148,12 @@ TEST(test_llama3_tools_and_errors)
     template_prompt p;
     char err[128];
     /* tools but no user turn to put them in */
-    CHECK(template_apply(f.t, &c, 1, &p, err, sizeof err) == TEMPLATE_ERR_CONV);
+    CHECK(template_apply(f.t, &c, NULL, &p, err, sizeof err) == TEMPLATE_ERR_CONV);
     conv_add_message(&c, CONV_ROLE_USER, " call f ");
     conv_add_turn(&c, CONV_ROLE_ASSISTANT);
     conv_add_tool_call(&c, "id1", "f", "{\"x\": 1.50}", 11);
     conv_add_message(&c, CONV_ROLE_TOOL, "ok");
-    CHECK(template_apply(f.t, &c, 1, &p, err, sizeof err) == TEMPLATE_OK);
+    CHECK(template_apply(f.t, &c, NULL, &p, err, sizeof err) == TEMPLATE_OK);
     const char *want =
         "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\n"
         "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\nsys<|eot_id|>"
@@ -173,7 +173,7 @@ TEST(test_llama3_tools_and_errors)
     CHECK(m.toolfmt == EVENTS_TOOLFMT_LLAMA3 && m.tools_enabled && m.trim);
     /* bad JSON in a tool definition */
     conv_add_tool(&c, "g", NULL, "{oops");
-    CHECK(template_apply(f.t, &c, 1, &p, err, sizeof err) == TEMPLATE_ERR_JSON);
+    CHECK(template_apply(f.t, &c, NULL, &p, err, sizeof err) == TEMPLATE_ERR_JSON);
     conv_free(&c);
     fx_close(&f);
 }
@@ -188,7 +188,7 @@ TEST(test_deepseek3_thinking_markers)
     conv_add_message(&c, CONV_ROLE_USER, "Q");
     c.thinking = CONV_THINKING_ON;
     template_prompt p;
-    CHECK(template_apply(f.t, &c, 1, &p, NULL, 0) == TEMPLATE_OK);
+    CHECK(template_apply(f.t, &c, NULL, &p, NULL, 0) == TEMPLATE_OK);
     CHECKF(!strcmp(p.text, "<｜begin▁of▁sentence｜>S<｜User｜>Q<｜Assistant｜><think>"), "%s", p.text);
     CHECK(p.ids[0] == 100000);
     events_markers m;
@@ -211,7 +211,7 @@ TEST(test_plain_is_bos_and_text)
     conv_init(&c);
     conv_add_message(&c, CONV_ROLE_USER, "Once upon a time");
     template_prompt p;
-    CHECK(template_apply(f.t, &c, 1, &p, NULL, 0) == TEMPLATE_OK);
+    CHECK(template_apply(f.t, &c, NULL, &p, NULL, 0) == TEMPLATE_OK);
     int32_t want[64];
     int32_t n = tokenizer_encode(f.tok, "Once upon a time", 16, true, false, want, 64);
     CHECK(n > 1 && (size_t)n == p.n_ids && !memcmp(want, p.ids, (size_t)n * sizeof *want));
@@ -237,8 +237,10 @@ TEST(test_parallel_equals_serial)
         conv_add_text(&c, big, len);
     }
     template_prompt a, b;
-    CHECK(template_apply(f.t, &c, 1, &a, NULL, 0) == TEMPLATE_OK);
-    CHECK(template_apply(f.t, &c, 3, &b, NULL, 0) == TEMPLATE_OK);
+    threadpool *tp = threadpool_new(3);
+    CHECK(template_apply(f.t, &c, NULL, &a, NULL, 0) == TEMPLATE_OK);
+    CHECK(template_apply(f.t, &c, tp, &b, NULL, 0) == TEMPLATE_OK);
+    threadpool_free(tp);
     CHECK(a.n_ids == b.n_ids && !memcmp(a.ids, b.ids, a.n_ids * sizeof *a.ids));
     CHECK(round_trips(f.tok, &b));
     template_prompt_free(&a);
@@ -267,7 +269,7 @@ TEST(test_qwen2_and_chatml_write_tools_as_their_references)
         conv_add_tool_result(&c, "id1", "f", "r", 1);
         template_prompt p;
         char err[128], want[512];
-        CHECK(template_apply(f.t, &c, 1, &p, err, sizeof err) == TEMPLATE_OK);
+        CHECK(template_apply(f.t, &c, NULL, &p, err, sizeof err) == TEMPLATE_OK);
         snprintf(want, sizeof want, "%s<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<|im_end|>\n"
                  "<|im_start|>tool\nr<|im_end|>\n<|im_start|>assistant\n", heads[k]);
         CHECKF(!strcmp(p.text, want), "%s: %s", fams[k], p.text);
@@ -439,7 +441,7 @@ TEST(test_harmony_odd_schemas)
         conv_add_message(&c, CONV_ROLE_USER, "hi");
         template_prompt p;
         char err[256] = "";
-        CHECKF(template_apply(f.t, &c, 1, &p, err, sizeof err) == TEMPLATE_OK, "schema %zu: %s", k, err);
+        CHECKF(template_apply(f.t, &c, NULL, &p, err, sizeof err) == TEMPLATE_OK, "schema %zu: %s", k, err);
         CHECKF(strstr(p.text, "type t = "), "schema %zu: %s", k, p.text);
         template_prompt_free(&p);
         conv_free(&c);
@@ -459,7 +461,7 @@ TEST(test_harmony_odd_schemas)
     c.forced_call = "deep";
     template_prompt p;
     char err[256] = "";
-    CHECK(template_apply(f.t, &c, 1, &p, err, sizeof err) == TEMPLATE_OK);
+    CHECK(template_apply(f.t, &c, NULL, &p, err, sizeof err) == TEMPLATE_OK);
     CHECKF(strstr(p.text, "a?: any[]"), "%s", p.text);  /* a long inner type becomes "any[]" */
     size_t tl = strlen(p.text), hl = strlen("<|start|>assistant<|channel|>commentary to=functions.deep <|constrain|>json<|message|>");
     CHECKF(tl > hl && !strcmp(p.text + tl - hl, "<|start|>assistant<|channel|>commentary to=functions.deep <|constrain|>json<|message|>"), "%s", p.text);
