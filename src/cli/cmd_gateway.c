@@ -278,9 +278,9 @@ int cmd_gateway(int argc, char **argv)
         cmd_gateway_model *u = &mods[i];
         int n_ctx = o.ctx > 0 ? (int)o.ctx
                             : (int)cmd_common_default_ctx("gateway", u->m, eng_default.kv_mib, (engine_kv_type)eng_default.kv_type);
-        /* an encoder's input is computed whole in one step: the workers' bound (sched.c) with
-         * their default step; a worker started with a smaller one refuses longer inputs */
-        if (u->m->hp.bidirectional) n_ctx = TM_MIN(n_ctx, TM_MIN(u->m->hp.n_ctx_train, SCHED_PREFILL_STEP)) + 1;
+        /* an encoder's input is within its position table (sched.c); the step that computes it
+         * whole bounds it too, which the gateway learns from its workers (max_input) */
+        if (u->m->hp.bidirectional) n_ctx = TM_MIN(n_ctx, u->m->hp.n_ctx_train) + 1;
         gm[i] = (gateway_model){ .model = u->m, .name = u->name, .n_ctx = n_ctx,
                                  .eos_ids = { tokenizer_eos(u->tok), tokenizer_eot(u->tok), -1, -1 } };
     }

@@ -410,9 +410,12 @@ bool gw_on_msg(gateway *g, int slot, proto_msg *m, const char **refused)
         } else {
             log_warn("gateway: req %llu failed on %s: error %u: %s", (unsigned long long)id, w->addr, m->u.error.code,
                      m->u.error.msg ? m->u.error.msg : "");
-            /* ARG: the worker refused what the request asks (its grammar did not compile there):
-             * the client's fault as that worker sees it, a 400 in the client's API shape */
-            gw_finish(g, r, m->u.error.code == PROTO_E_ARG ? SCHED_FINISH_REFUSED : SCHED_FINISH_ERROR);
+            /* ARG, TOO_LONG: the worker refused what the request asks (its grammar did not
+             * compile there; its prompt is longer than that worker takes, as an encoder's input
+             * past a worker that joined with a smaller step): the client's fault as that worker
+             * sees it, a 400 in the client's API shape */
+            bool by_client = m->u.error.code == PROTO_E_ARG || m->u.error.code == PROTO_E_TOO_LONG;
+            gw_finish(g, r, by_client ? SCHED_FINISH_REFUSED : SCHED_FINISH_ERROR);
         }
         break;
     case PROTO_DRAIN:
@@ -432,6 +435,26 @@ static bool gw_has_role(const gateway *g, int mi, bool prefill)
     for (int i = 0; i < g->n_slots; i++)
         if (gw_fits(&g->w[i], mi, prefill)) return true;
     return false;
+}
+
+/* An encoder computes an input whole in one step of the worker: the longest input every
+ * prefill worker of model mi now up takes (0: none is up). */
+static int gw_encoder_bound(const gateway *g, int mi)
+{
+    int bound = 0;
+    for (int i = 0; i < g->n_slots; i++)
+        if (gw_fits(&g->w[i], mi, true) && (bound == 0 || g->w[i].max_input < bound)) bound = g->w[i].max_input;
+    return bound;
+}
+
+static int gw_max_input(void *ud)
+{
+    gw_model *gm = ud;
+    if (!gm->o.model->hp.bidirectional) return 0;
+    pthread_mutex_lock(&gm->g->mu);
+    int bound = gw_encoder_bound(gm->g, gm->i);
+    pthread_mutex_unlock(&gm->g->mu);
+    return bound;
 }
 
 /* The block keys of the prompt's full blocks, the block of its last token excepted (that
@@ -495,6 +518,11 @@ static sched_status gw_submit(void *ud, const sched_params *p, sched_req **out)
         g->n_rejected++;
         pthread_mutex_unlock(&g->mu);
         return SCHED_ERR_STOPPED;
+    }
+    int bound = gm->o.model->hp.bidirectional ? gw_encoder_bound(g, gm->i) : 0;
+    if (bound > 0 && p->n_prompt > bound) {   /* no worker of the model could take it */
+        pthread_mutex_unlock(&g->mu);
+        return SCHED_ERR_TOO_LONG;
     }
     int kv_dtype = gm->kv_dtype;
     pthread_mutex_unlock(&g->mu);
@@ -707,7 +735,7 @@ gateway_status gateway_new(const gateway_opts *o, gateway **out, char *err, size
         gm->kv_dtype = -1;
         gm->be = (api_backend){ .ud = gm, .submit = gw_submit, .poll = gw_poll, .cancel = gw_cancel, .release = gw_release,
                                 .metrics = gw_metrics, .status = gw_status, .draining = gw_draining,
-                                .done = gw_done, .embedding = gw_embedding,
+                                .done = gw_done, .embedding = gw_embedding, .max_input = gw_max_input,
                                 .role_text = "Yes: prefill workers compute prompts, decode workers generate; the gateway hands each request's KV from one to the other." };
     }
     g->o.models = NULL;   /* g->m holds them */

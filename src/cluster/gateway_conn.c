@@ -305,6 +305,7 @@ static void gw_attach(gateway *g, int slot, proto_conn *pc, const proto_hello *h
     w->role = h->role;
     w->max_seqs = h->max_seqs;
     w->kv_dtype = h->kv_dtype;
+    w->max_input = (int)TM_MIN(TM_MIN(h->max_batch_tokens, h->n_ctx), (uint32_t)INT32_MAX);
     w->model = mi;
     if (g->m[mi].kv_dtype < 0) g->m[mi].kv_dtype = h->kv_dtype;
     snprintf(w->name, sizeof w->name, "%s", h->name ? h->name : "");

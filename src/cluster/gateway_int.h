@@ -62,6 +62,8 @@ typedef struct {
     bal_speed speed;          /* prefill tokens/s learned from the reports (balance.h) */
     uint32_t max_seqs;        /* HELLO */
     int kv_dtype;             /* HELLO */
+    int max_input;            /* HELLO: tokens it computes in one step, within its context
+                               * (min of max_batch_tokens and n_ctx): an encoder's longest input */
     int model;                /* the gw_model it serves (HELLO), index in gateway.m; -1 before */
     /* the gateway's own load figures (what it sent and has not seen finish) */
     double queued_s;          /* prefill: cost-model seconds queued */

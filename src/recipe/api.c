@@ -126,6 +126,12 @@ int api_ctx_n_vocab(const api_ctx *c)
     return c->model && c->model->hp.n_vocab < n ? c->model->hp.n_vocab : n;
 }
 
+int api_ctx_max_input(const api_ctx *c)
+{
+    int n = c->n_ctx - 1, be = c->backend && c->backend->max_input ? c->backend->max_input(c->backend->ud) : 0;
+    return be > 0 && be < n ? be : n;
+}
+
 sched_status api_be_submit(const api_ctx *c, const sched_params *p, sched_req **out)
 {
     return c->backend ? c->backend->submit(c->backend->ud, p, out) : sched_submit(c->sched, p, out);
@@ -465,14 +471,15 @@ static bool api_job_pump(api_job *j, int timeout_ms)
 }
 
 /* The error that ends a failed (500), a refused (400: a cluster worker could not take its
- * format) or, for Messages, a server-stopped (503) request; returns its status. */
+ * format or its length) or, for Messages, a server-stopped (503) request; returns its status. */
 static int api_job_error_body(api_job *j, bytebuf *b)
 {
     api_error e;
     if (j->refused)
         api_error_set(&e, 400, NULL, "invalid_value",
-                      "The worker the request ran on refused its format (it could not compile it there; the "
-                      "gateway and its workers may run different builds).");
+                      "The worker the request ran on refused it (its format did not compile there, or its "
+                      "prompt is longer than that worker takes; the gateway and its workers may run "
+                      "different builds or options).");
     else if (j->error)
         api_error_set(&e, 500, NULL, NULL, "The request failed in the engine (the KV cache may be too small for it).");
     else

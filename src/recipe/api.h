@@ -96,6 +96,9 @@ typedef struct api_backend {
     /* sched_embedding's meaning (NULL: the backend runs no embeddings, and the embedding and
      * rerank routes answer 501) */
     const float *(*embedding)(void *ud, sched_req *r);
+    /* (may be NULL) the longest prompt the backend takes now when that is less than the
+     * context (a gateway's encoder: its workers' smallest step), 0 when the context bounds */
+    int (*max_input)(void *ud);
 } api_backend;
 
 /* SEVERAL MODELS: `serve -m a=A.gguf -m b=B.gguf` makes one api_ctx per model (each its own
@@ -137,6 +140,9 @@ typedef struct api_ctx {
 
 /* Token ids a request may name: the tokenizer's and the model's output rows both. */
 int api_ctx_n_vocab(const api_ctx *c);
+/* The longest prompt an embedding may have: within the context (n_ctx - 1), and within what
+ * the backend takes now (api_backend.max_input). */
+int api_ctx_max_input(const api_ctx *c);
 /* The routes' calls into the backend: c->backend's, or sched_submit/poll/cancel/release. */
 sched_status api_be_submit(const api_ctx *c, const sched_params *p, sched_req **out);
 int api_be_poll(const api_ctx *c, sched_req *r, sched_output *out, int max, int timeout_ms);

@@ -124,9 +124,9 @@ static bool emb_input_ids(const api_ctx *c, json_t *v, const char *path, emb_inp
         }
         in->n = (int32_t)n;
     }
-    if (in->n >= c->n_ctx) {
+    if (in->n > api_ctx_max_input(c)) {
         api_error_set(e, 400, path, "context_length_exceeded",
-                      "This model's maximum context length is %d tokens, however %s has %d tokens.", c->n_ctx - 1,
+                      "This model's maximum context length is %d tokens, however %s has %d tokens.", api_ctx_max_input(c),
                       path, in->n);
         return false;
     }
@@ -179,17 +179,24 @@ static bool emb_inputs(const api_ctx *c, json_t *input, emb_input **ins, int *n,
 
 /* Waits for in's request to finish and keeps its vector. Returns false (and sets e) when it
  * did not end with its vector (cancelled, error). */
-static bool emb_collect(const api_ctx *c, http_request *r, emb_input *in, int dim, api_error *e)
+static bool emb_collect(const api_ctx *c, http_request *r, emb_input *in, int dim, const char *param, api_error *e)
 {
     sched_output out[4];
     while (!api_be_done(c, in->req)) {
         int k = api_be_poll(c, in->req, out, 4, 200);
-        for (int i = 0; i < k; i++)
-            if (out[i].kind == SCHED_OUT_FINISH && out[i].finish != SCHED_FINISH_STOP) {
+        for (int i = 0; i < k; i++) {
+            if (out[i].kind != SCHED_OUT_FINISH || out[i].finish == SCHED_FINISH_STOP) continue;
+            /* refused: a cluster worker took it for longer than it computes in one step (one
+             * that joined after the gateway checked the input against the others) */
+            if (out[i].finish == SCHED_FINISH_REFUSED)
+                api_error_set(e, 400, param, "context_length_exceeded",
+                              "The worker the input ran on refused it: %s has %d tokens, more than that worker "
+                              "computes in one step.", param, in->n);
+            else
                 api_error_set(e, out[i].finish == SCHED_FINISH_ABORTED ? 503 : 500, NULL, NULL,
                               "The embedding was not computed (%s).", sched_finish_name(out[i].finish));
-                return false;
-            }
+            return false;
+        }
         if (k == 0 && http_request_client_gone(r)) {
             api_error_set(e, 499, NULL, NULL, "The client has gone.");
             return false;
@@ -225,7 +232,7 @@ static int emb_run(const api_ctx *c, http_request *r, emb_input *ins, int n, mod
             *n_tokens += ins[next].n;
             next++;
         }
-        if (!emb_collect(c, r, &ins[i], c->model->hp.dim, e)) return -1;
+        if (!emb_collect(c, r, &ins[i], c->model->hp.dim, param, e)) return -1;
     }
     return 0;
 }
@@ -457,10 +464,10 @@ static void rr_handle(http_request *r, void *user)
             api_error_set(&e, 500, NULL, NULL, "The text could not be tokenised.");
             goto bad;
         }
-        if (ins[i].n >= c->n_ctx || ins[i].n == 0) {
+        if (ins[i].n > api_ctx_max_input(c) || ins[i].n == 0) {
             api_error_set(&e, 400, path, "context_length_exceeded",
                           "This model's maximum context length is %d tokens, however the prompt of %s has %d tokens.",
-                          c->n_ctx - 1, path, ins[i].n);
+                          api_ctx_max_input(c), path, ins[i].n);
             goto bad;
         }
     }

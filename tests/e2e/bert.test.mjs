@@ -6,7 +6,8 @@
 // key pooled by the mean, the openai SDK's embeddings.create (float and base64), and the
 // refusals: text generation in each API's error shape, an input longer than the position
 // table, `tokenmill run`; through a gateway and a prefill worker, the same vectors as `serve`'s
-// (CLS pooling on the wire) and a decode worker of an encoder refused.
+// (CLS pooling on the wire), inputs bounded by the worker's step (a 400, not the worker's
+// refusal as a 500) and a decode worker of an encoder refused.
 import {test, before, after} from 'node:test';
 import assert from 'node:assert/strict';
 import path from 'node:path';
@@ -135,7 +136,9 @@ test('no pooling key: the mean; openai SDK float and base64; generation and over
 
 test('through the gateway: a prefill worker computes the CLS-pooled vectors serve gives; a decode worker is refused', {skip}, async () => {
   const srv = await startServer(models.cls);
-  const cl = await startCluster(models.cls, ['prefill']);
+  // the worker computes an input whole in one step of at most 100 tokens (its --prefill-step-tokens):
+  // the gateway bounds inputs by that, not by the 512 positions
+  const cl = await startCluster(models.cls, ['prefill'], {workerArgs: ['--prefill-step-tokens', '100']});
   const want = await post(srv.url, '/v1/embeddings', {input: texts});
   const client = new OpenAI({baseURL: cl.url + '/v1', apiKey: 'x'});
   const id = (await client.models.list()).data[0].id;
@@ -149,6 +152,14 @@ test('through the gateway: a prefill worker computes the CLS-pooled vectors serv
   const long = await post(cl.url, '/v1/embeddings', {input: Array(600).fill(120)});   // past the 512 positions
   assert.equal(long.status, 400);
   assert.equal(long.body.error.code, 'context_length_exceeded');
+  const step = await post(cl.url, '/v1/embeddings', {input: [[120], Array(101).fill(120)]});   // past the worker's step
+  assert.equal(step.status, 400, JSON.stringify(step.body));
+  assert.equal(step.body.error.code, 'context_length_exceeded');
+  assert.equal(step.body.error.param, 'input[1]');
+  assert.match(step.body.error.message, /maximum context length is 100 tokens/);
+  const whole = await post(cl.url, '/v1/embeddings', {input: Array(100).fill(120)});
+  assert.equal(whole.status, 200, JSON.stringify(whole.body));
+  assert.deepEqual(whole.body.data[0].embedding, (await post(srv.url, '/v1/embeddings', {input: Array(100).fill(120)})).body.data[0].embedding);
   const dec = spawnSync(bin, ['worker', '--role', 'decode', '-m', models.cls, '--listen', '127.0.0.1:0', '--cache', 'off'],
     {encoding: 'utf8', env: cl.env});
   assert.equal(dec.status, 2);

@@ -31,7 +31,8 @@
  *     on one of them goes to that one (not to the idle one), counted as shared in flight; an
  *     unrelated prompt then goes to the idle one;
  *   - a request's grammar travels as its source (flag GRAMMAR), and a worker's refusal of it
- *     (ERROR ARG) ends the request REFUSED, not as an engine error;
+ *     (ERROR ARG), or of a prompt longer than it takes (ERROR TOO_LONG), ends the request
+ *     REFUSED, not as an engine error;
  *   - window states: a prefill worker reports the state at 256 (WINDOW); the DECODE after its
  *     HANDOFF waits for the state fetched from it (WINFETCH) and reaches the decode worker right
  *     after it (WINSTATE, then DECODE); a holder that answers nothing, or does not answer, only
@@ -994,7 +995,8 @@ TEST(test_prefill_goes_where_its_prefix_is_in_flight)
  * think markers as a budget that never forces (max_tokens) when it has no budget of its own,
  * so the worker knows where reasoning ends; a grammar without its source is refused at
  * submit. A worker that refuses the job's arguments (ERROR ARG: it could not compile the
- * grammar) ends the request REFUSED (a 400 in the client's shape), not as an engine error. */
+ * grammar; ERROR TOO_LONG: the prompt is longer than it takes) ends the request REFUSED (a
+ * 400 in the client's shape), not as an engine error. */
 TEST(test_grammar_travels_and_worker_refusal)
 {
     gw_env G = gw_start();
@@ -1036,6 +1038,21 @@ TEST(test_grammar_travels_and_worker_refusal)
     CHECK(proto_send_msg(PC(fd), &m) == PROTO_OK);
     int32_t out[4];
     sched_finish fin;
+    CHECK(collect(G.be, h, out, 4, &fin) == 0);
+    CHECKF(fin == SCHED_FINISH_REFUSED, "finish %s", sched_finish_name(fin));
+    G.be->release(G.be->ud, h);
+    /* a prompt longer than the worker takes (ERROR TOO_LONG) is refused the same way */
+    sched_params q = greedy(prompt, 40);
+    CHECK(G.be->submit(G.be->ud, &q, &h) == SCHED_OK);
+    CHECK(fake_expect(fd, PROTO_PREFILL, &m));
+    id = m.hdr.req_id;
+    proto_msg_free(&m);
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_ERROR;
+    m.hdr.req_id = id;
+    m.u.error.code = PROTO_E_TOO_LONG;
+    m.u.error.msg = (char *)"prompt too long";
+    CHECK(proto_send_msg(PC(fd), &m) == PROTO_OK);
     CHECK(collect(G.be, h, out, 4, &fin) == 0);
     CHECKF(fin == SCHED_FINISH_REFUSED, "finish %s", sched_finish_name(fin));
     G.be->release(G.be->ud, h);
