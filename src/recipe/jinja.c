@@ -35,110 +35,9 @@
 #define JINJA_DEFAULT_OUTPUT  ((size_t)32 << 20)
 #define JINJA_DEFAULT_MEMORY  ((size_t)128 << 20)
 
-/* ---- values -------------------------------------------------------------------------- */
+/* ---- values (their types: jinja_int.h) ------------------------------------------------ */
 
-typedef struct {
-    size_t n;               /* bytes */
-    const char *p;          /* n bytes + NUL */
-    const uint8_t *t;       /* n taint flags, NULL: none tainted */
-} jstr;
-
-typedef enum {
-    JV_UNDEF = 0, JV_NONE, JV_BOOL, JV_INT, JV_FLOAT, JV_STR, JV_LIST, JV_DICT, JV_NS, JV_FUNC, JV_LOOP,
-} jv_kind;
-
-typedef struct jlist jlist;
-typedef struct jdict jdict;
-typedef struct jfunc jfunc;
-typedef struct jloop jloop;
-
-typedef struct {
-    jv_kind kind;
-    bool tuple;             /* JV_LIST: made by a tuple literal */
-    union {
-        bool b;
-        int64_t i;
-        double f;
-        const jstr *s;
-        jlist *l;
-        jdict *d;           /* JV_DICT and JV_NS */
-        jfunc *fn;
-        jloop *loop;
-    };
-} jv;
-
-struct jlist {
-    size_t n;
-    jv *v;                  /* n items */
-};
-
-struct jdict {
-    size_t n, cap;
-    const jstr **k;         /* n keys */
-    jv *v;                  /* n values */
-};
-
-typedef struct jenv jenv;
-struct jenv {
-    jenv *parent;
-    size_t n, cap;
-    const char **names;     /* n names (NUL-terminated, owned by the program or the caller) */
-    jv *vals;
-};
-
-typedef enum {
-    JF_NAMESPACE = 0, JF_RAISE, JF_RANGE, JF_STRFTIME, JF_MACRO, JF_CALLER, JF_METHOD,
-} jfunc_kind;
-
-struct jfunc {
-    jfunc_kind kind;
-    const jnode *node;      /* MACRO: the macro; CALLER: the call statement */
-    jenv *env;              /* CALLER: where the call statement is */
-    jv self;                /* METHOD: the receiver */
-    const char *method;     /* METHOD: its name */
-};
-
-struct jloop {
-    size_t i, n;            /* iteration (0-based) of n */
-    const jv *items;        /* n items iterated */
-};
-
-/* A growing string with its taint, in the arena. */
-typedef struct {
-    char *p;
-    uint8_t *t;
-    size_t n, cap;
-    bool tainted;           /* some flag is 1 */
-} jsb;
-
-/* Function arguments: positional then keyword. */
-typedef struct {
-    jv *pos;
-    size_t n_pos;
-    const jstr **kw_k;
-    jv *kw_v;
-    size_t n_kw;
-    bool has_kw;            /* a keyword-arguments value was passed (even empty: call blocks) */
-} jargs;
-
-typedef struct {
-    jarena arena;
-    jmp_buf jb;
-    jinja_status st;
-    char *err;
-    size_t errsz;
-    uint64_t steps, max_steps;
-    size_t max_output;
-    int depth;
-    jsb *out;               /* where statements write */
-    const char *today;
-} jx;
-
-static const jv JV_UNDEF_V = { .kind = JV_UNDEF };
-static const jv JV_NONE_V = { .kind = JV_NONE };
-
-static void jx_fail(jx *x, jinja_status st, const char *fmt, ...) __attribute__((noreturn, format(printf, 3, 4)));
-static void jx_fail(jx *x, jinja_status st, const char *fmt, ...)
+void jx_fail(jx *x, jinja_status st, const char *fmt, ...)
 {
     x->st = st;
     va_list ap;
@@ -165,7 +64,7 @@ static void *jx_grow(jx *x, const void *old, size_t n, size_t cap, size_t sz)
     return p;
 }
 
-static void jx_step(jx *x)
+void jx_step(jx *x)
 {
     if (++x->steps > x->max_steps)
         jx_fail(x, JINJA_ERR_LIMIT, "template rendering took more than %llu steps", (unsigned long long)x->max_steps);
@@ -178,7 +77,7 @@ static void jx_enter(jx *x, const jnode *n)
                 n ? n->line : 0);
 }
 
-static const char *jv_type(jv v)
+const char *jv_type(jv v)
 {
     static const char *const names[] = { "undefined", "none", "boolean", "integer", "float", "string", "list",
                                          "dict", "namespace", "function", "loop" };
@@ -218,12 +117,12 @@ static void jsb_put(jx *x, jsb *b, const char *s, size_t n, const uint8_t *t, ui
     b->p[b->n] = 0;
 }
 
-static void jsb_lit(jx *x, jsb *b, const char *z) { jsb_put(x, b, z, strlen(z), NULL, 0); }
-static void jsb_str(jx *x, jsb *b, const jstr *s) { jsb_put(x, b, s->p, s->n, s->t, 0); }
+void jsb_lit(jx *x, jsb *b, const char *z) { jsb_put(x, b, z, strlen(z), NULL, 0); }
+void jsb_str(jx *x, jsb *b, const jstr *s) { jsb_put(x, b, s->p, s->n, s->t, 0); }
 /* s[off..off+n) with its flags */
-static void jsb_sub(jx *x, jsb *b, const jstr *s, size_t off, size_t n) { jsb_put(x, b, s->p + off, n, s->t ? s->t + off : NULL, 0); }
+void jsb_sub(jx *x, jsb *b, const jstr *s, size_t off, size_t n) { jsb_put(x, b, s->p + off, n, s->t ? s->t + off : NULL, 0); }
 
-static const jstr *jsb_done(jx *x, jsb *b)
+const jstr *jsb_done(jx *x, jsb *b)
 {
     jstr *s = jx_alloc(x, sizeof *s);
     s->n = b->n;
@@ -236,14 +135,14 @@ static const jstr *jsb_done(jx *x, jsb *b)
     return s;
 }
 
-static const jstr *jstr_new(jx *x, const char *p, size_t n, bool tainted)
+const jstr *jstr_new(jx *x, const char *p, size_t n, bool tainted)
 {
     jsb b = { 0 };
     jsb_put(x, &b, p, n, NULL, tainted);
     return jsb_done(x, &b);
 }
 
-static const jstr *jstr_lit(jx *x, const char *z)
+const jstr *jstr_lit(jx *x, const char *z)
 {
     jstr *s = jx_alloc(x, sizeof *s);
     s->p = z;
@@ -251,16 +150,11 @@ static const jstr *jstr_lit(jx *x, const char *z)
     return s;
 }
 
-static jv jv_str(const jstr *s) { return (jv){ .kind = JV_STR, .s = s }; }
-static jv jv_bool(bool b) { return (jv){ .kind = JV_BOOL, .b = b }; }
-static jv jv_int(int64_t i) { return (jv){ .kind = JV_INT, .i = i }; }
-static jv jv_float(double f) { return (jv){ .kind = JV_FLOAT, .f = f }; }
-
 static bool jstr_eq(const jstr *a, const jstr *b) { return a->n == b->n && !memcmp(a->p, b->p, a->n); }
 static bool jstr_eqz(const jstr *a, const char *z) { return a->n == strlen(z) && !memcmp(a->p, z, a->n); }
 
 /* JavaScript's whitespace (String#trim, \s); the byte length of one at s, 0 if none. */
-static size_t js_space_at(const char *s, size_t n)
+size_t js_space_at(const char *s, size_t n)
 {
     const unsigned char *u = (const unsigned char *)s;
     if (!n) return 0;
@@ -274,7 +168,7 @@ static size_t js_space_at(const char *s, size_t n)
     return 0;
 }
 
-static const jstr *jstr_trim(jx *x, const jstr *s, bool left, bool right)
+const jstr *jstr_trim(jx *x, const jstr *s, bool left, bool right)
 {
     size_t a = 0, e = s->n, k;
     while (left && a < e && (k = js_space_at(s->p + a, e - a)) > 0) a += k;
@@ -291,7 +185,7 @@ static const jstr *jstr_trim(jx *x, const jstr *s, bool left, bool right)
 }
 
 /* ASCII case mapping (what chat templates apply it to: roles, names, booleans). */
-static const jstr *jstr_case(jx *x, const jstr *s, int mode /* 0 lower, 1 upper, 2 title, 3 capitalize */)
+const jstr *jstr_case(jx *x, const jstr *s, int mode /* 0 lower, 1 upper, 2 title, 3 capitalize */)
 {
     jsb b = { 0 };
     jsb_sub(x, &b, s, 0, s->n);
@@ -308,7 +202,7 @@ static const jstr *jstr_case(jx *x, const jstr *s, int mode /* 0 lower, 1 upper,
 }
 
 /* Code points of s: their byte offsets into *offs (n + 1 entries, the last s->n). */
-static size_t jstr_cps(jx *x, const jstr *s, size_t **offs)
+size_t jstr_cps(jx *x, const jstr *s, size_t **offs)
 {
     size_t n = 0;
     for (size_t i = 0; i < s->n;) {
@@ -329,7 +223,7 @@ static size_t jstr_cps(jx *x, const jstr *s, size_t **offs)
 }
 
 /* Length in UTF-16 code units, as JavaScript counts. */
-static int64_t jstr_len16(const jstr *s)
+int64_t jstr_len16(const jstr *s)
 {
     int64_t n = 0;
     for (size_t i = 0; i < s->n;) {
@@ -351,7 +245,7 @@ static const uint8_t *jstr_find(const jstr *h, size_t from, const jstr *nd)
 
 /* ---- lists and dicts ----------------------------------------------------------------- */
 
-static jv jv_list(jx *x, size_t n)
+jv jv_list(jx *x, size_t n)
 {
     jlist *l = jx_alloc(x, sizeof *l);
     l->n = n;
@@ -365,7 +259,7 @@ static jv jv_dict(jx *x, jv_kind kind)
     return (jv){ .kind = kind, .d = d };
 }
 
-static jv *jdict_get(const jdict *d, const jstr *k)
+jv *jdict_get(const jdict *d, const jstr *k)
 {
     for (size_t i = 0; i < d->n; i++)
         if (jstr_eq(d->k[i], k)) return &d->v[i];
@@ -390,7 +284,7 @@ static void jdict_set(jx *x, jdict *d, const jstr *k, jv v)
 }
 
 /* dict.keys(), dict.values(), dict.items() */
-static jv jdict_view(jx *x, const jdict *d, int which /* 0 keys, 1 values, 2 items */)
+jv jdict_view(jx *x, const jdict *d, int which /* 0 keys, 1 values, 2 items */)
 {
     jv l = jv_list(x, d->n);
     for (size_t i = 0; i < d->n; i++) {
@@ -460,12 +354,6 @@ static void jnum_float(bytebuf *b, double f)
     jnum_js(b, f);
 }
 
-typedef struct {
-    int indent;             /* 0: none */
-    bool ensure_ascii, sort_keys, undef_null;
-    const char *item_sep, *key_sep;
-} jjson_opt;
-
 static void jjson_string(jx *x, jsb *b, const jstr *s, bool ensure_ascii)
 {
     jsb_lit(x, b, "\"");
@@ -522,15 +410,13 @@ static int jjson_cmp_keys(const void *a, const void *b)
     return c ? c : (x->n > y->n) - (x->n < y->n);
 }
 
-static void jjson(jx *x, jsb *b, jv v, const jjson_opt *o, int depth);
-
 static void jjson_pad(jx *x, jsb *b, const jjson_opt *o, int depth)
 {
     jsb_lit(x, b, "\n");
     for (int k = 0; k < o->indent * depth; k++) jsb_lit(x, b, " ");
 }
 
-static void jjson(jx *x, jsb *b, jv v, const jjson_opt *o, int depth)
+void jjson(jx *x, jsb *b, jv v, const jjson_opt *o, int depth)
 {
     jx_step(x);
     if (depth > JINJA_MAX_DEPTH) jx_fail(x, JINJA_ERR_LIMIT, "tojson: value nested deeper than %d levels", JINJA_MAX_DEPTH);
@@ -591,11 +477,11 @@ static void jjson(jx *x, jsb *b, jv v, const jjson_opt *o, int depth)
     bytebuf_free(&nb);
 }
 
-static const jjson_opt jjson_default = { 0, false, false, true, ", ", ": " };
-static const jjson_opt jjson_print = { 0, false, false, false, ", ", ": " };
+const jjson_opt jjson_default = { 0, false, false, true, ", ", ": " };
+const jjson_opt jjson_print = { 0, false, false, false, ", ", ": " };
 
 /* Appends v as the output of {{ v }} (toString). */
-static void jv_print(jx *x, jsb *b, jv v)
+void jv_print(jx *x, jsb *b, jv v)
 {
     bytebuf nb = { 0 };
     switch (v.kind) {
@@ -615,7 +501,7 @@ static void jv_print(jx *x, jsb *b, jv v)
 }
 
 /* Appends v as JavaScript's String(value) writes the raw value (the + and ~ operators, join). */
-static void jv_js(jx *x, jsb *b, jv v)
+void jv_js(jx *x, jsb *b, jv v)
 {
     bytebuf nb = { 0 };
     switch (v.kind) {
@@ -638,7 +524,7 @@ static void jv_js(jx *x, jsb *b, jv v)
 
 /* ---- truth, equality, comparison ----------------------------------------------------- */
 
-static bool jv_truthy(jv v)
+bool jv_truthy(jv v)
 {
     switch (v.kind) {
     case JV_UNDEF:
@@ -654,7 +540,6 @@ static bool jv_truthy(jv v)
 }
 
 static bool jv_numeric(jv v) { return v.kind == JV_INT || v.kind == JV_FLOAT || v.kind == JV_BOOL; }
-static double jv_num(jv v) { return v.kind == JV_INT ? (double)v.i : v.kind == JV_FLOAT ? v.f : v.b ? 1 : 0; }
 
 /* JavaScript's Number(string) for loose equality. */
 static double js_to_number(const jstr *s)
@@ -692,7 +577,7 @@ static bool jv_loose_eq(jv a, jv b)
 }
 
 /* JavaScript's === on the raw values (`in` on lists, unique). */
-static bool jv_strict_eq(jv a, jv b)
+bool jv_strict_eq(jv a, jv b)
 {
     bool anum = a.kind == JV_INT || a.kind == JV_FLOAT, bnum = b.kind == JV_INT || b.kind == JV_FLOAT;
     if (anum && bnum) return jv_num(a) == jv_num(b);
@@ -710,7 +595,7 @@ static bool jv_strict_eq(jv a, jv b)
 }
 
 /* compareRuntimeValues: -1, 0, 1 or an error. */
-static int jv_compare(jx *x, jv a, jv b, bool case_sensitive)
+int jv_compare(jx *x, jv a, jv b, bool case_sensitive)
 {
     if (a.kind == JV_NONE && b.kind == JV_NONE) return 0;
     if (a.kind == JV_UNDEF && b.kind == JV_UNDEF) return 0;
@@ -735,13 +620,6 @@ static int jv_compare(jx *x, jv a, jv b, bool case_sensitive)
 }
 
 /* Stable merge sort of v[0..n) by jv_compare on key(v) (an attribute path or the item). */
-typedef struct {
-    const jstr *attr;       /* NULL: the item itself */
-    bool case_sensitive, reverse, by_value_of_pair;
-    int pair_index;         /* -1 or the index into [key, value] pairs */
-} jsort_key;
-
-static jv jv_attr_path(jx *x, jv item, const jstr *path);
 
 static jv jsort_get(jx *x, jv v, const jsort_key *k)
 {
@@ -749,7 +627,7 @@ static jv jsort_get(jx *x, jv v, const jsort_key *k)
     return k->attr ? jv_attr_path(x, v, k->attr) : v;
 }
 
-static void jsort(jx *x, jv *v, size_t n, const jsort_key *k)
+void jsort(jx *x, jv *v, size_t n, const jsort_key *k)
 {
     if (n < 2) return;
     jv *tmp = jx_alloc(x, n * sizeof *tmp);
@@ -770,7 +648,7 @@ static void jsort(jx *x, jv *v, size_t n, const jsort_key *k)
 }
 
 /* getAttributeValue: "a.b.0" through dicts, namespaces and lists. */
-static jv jv_attr_path(jx *x, jv item, const jstr *path)
+jv jv_attr_path(jx *x, jv item, const jstr *path)
 {
     jv v = item;
     size_t i = 0;
@@ -813,7 +691,7 @@ static const jstr *jx_render_block(jx *x, jenv *env, jnode *const *v, size_t n, 
     return jsb_done(x, &b);
 }
 
-static void jx_eval_args(jx *x, jenv *env, jnode *const *v, size_t n, jargs *a)
+void jx_eval_args(jx *x, jenv *env, jnode *const *v, size_t n, jargs *a)
 {
     memset(a, 0, sizeof *a);
     /* positional first, in order */
@@ -876,7 +754,7 @@ static void jx_eval_args(jx *x, jenv *env, jnode *const *v, size_t n, jargs *a)
 }
 
 /* Positional argument i, else keyword `name`, else NULL. */
-static const jv *jarg(const jargs *a, size_t i, const char *name)
+const jv *jarg(const jargs *a, size_t i, const char *name)
 {
     if (i < a->n_pos) return &a->pos[i];
     if (name)
@@ -1054,7 +932,7 @@ static jv jx_dictsort(jx *x, const jdict *d, const jargs *a)
     return l;
 }
 
-static jv jx_method(jx *x, jv self, const char *m, const jargs *a)
+jv jx_method(jx *x, jv self, const char *m, const jargs *a)
 {
     if (self.kind == JV_STR) {
         const jstr *s = self.s;
@@ -1118,7 +996,7 @@ static bool jx_is_str_method(const char *m)
     return false;
 }
 
-static bool jx_is_dict_method(const char *m)
+bool jx_is_dict_method(const char *m)
 {
     return !strcmp(m, "get") || !strcmp(m, "items") || !strcmp(m, "keys") || !strcmp(m, "values") || !strcmp(m, "dictsort");
 }
@@ -1223,7 +1101,7 @@ static jv jx_member(jx *x, jv obj, jv prop, const jnode *at)
 
 /* ---- tests --------------------------------------------------------------------------- */
 
-static bool jx_test(jx *x, const char *name, jv v, const jv *arg, int line)
+bool jx_test(jx *x, const char *name, jv v, const jv *arg, int line)
 {
     if (!strcmp(name, "boolean")) return v.kind == JV_BOOL;
     if (!strcmp(name, "callable")) return v.kind == JV_FUNC;
@@ -1263,357 +1141,6 @@ static bool jx_test(jx *x, const char *name, jv v, const jv *arg, int line)
         return false;
     }
     jx_fail(x, JINJA_ERR_RUNTIME, "unknown test '%s' (line %d)", name, line);
-}
-
-/* ---- filters ------------------------------------------------------------------------- */
-
-static jv jx_join(jx *x, jv v, const jstr *sep)
-{
-    jsb b = { 0 };
-    if (v.kind == JV_STR) {
-        size_t *o;
-        size_t n = jstr_cps(x, v.s, &o);
-        for (size_t i = 0; i < n; i++) {
-            if (i && sep) jsb_str(x, &b, sep);
-            jsb_sub(x, &b, v.s, o[i], o[i + 1] - o[i]);
-        }
-    } else {
-        for (size_t i = 0; i < v.l->n; i++) {
-            if (i && sep) jsb_str(x, &b, sep);
-            jv_js(x, &b, v.l->v[i]);
-        }
-    }
-    return jv_str(jsb_done(x, &b));
-}
-
-static jv jx_tojson(jx *x, jv v, const jargs *a)
-{
-    jjson_opt o = jjson_default;
-    const jv *ind = jarg(a, SIZE_MAX, "indent"), *ea = jarg(a, SIZE_MAX, "ensure_ascii");
-    const jv *sk = jarg(a, SIZE_MAX, "sort_keys"), *sep = jarg(a, SIZE_MAX, "separators");
-    if (ind && ind->kind != JV_INT && ind->kind != JV_NONE) jx_fail(x, JINJA_ERR_RUNTIME, "if set, indent must be a number");
-    if (ea && ea->kind != JV_BOOL) jx_fail(x, JINJA_ERR_RUNTIME, "if set, ensure_ascii must be a boolean");
-    if (sk && sk->kind != JV_BOOL) jx_fail(x, JINJA_ERR_RUNTIME, "if set, sort_keys must be a boolean");
-    if (ind && ind->kind == JV_INT) {
-        if (ind->i < 0 || ind->i > 64) jx_fail(x, JINJA_ERR_RUNTIME, "tojson: indent out of range");
-        o.indent = (int)ind->i;
-        if (o.indent) o.item_sep = ",";
-    }
-    o.ensure_ascii = ea && ea->b;
-    o.sort_keys = sk && sk->b;
-    if (sep && sep->kind != JV_NONE) {
-        if (sep->kind != JV_LIST || sep->l->n != 2 || sep->l->v[0].kind != JV_STR || sep->l->v[1].kind != JV_STR)
-            jx_fail(x, JINJA_ERR_RUNTIME, "separators must be a tuple of two strings");
-        o.item_sep = sep->l->v[0].s->p;
-        o.key_sep = sep->l->v[1].s->p;
-    }
-    jsb b = { 0 };
-    jjson(x, &b, v, &o, 0);
-    return jv_str(jsb_done(x, &b));
-}
-
-static jv jx_indent(jx *x, const jstr *s, int64_t width, bool first, bool blank)
-{
-    if (width < 0 || width > 1024) jx_fail(x, JINJA_ERR_RUNTIME, "indent: width out of range");
-    jsb b = { 0 };
-    size_t i = 0, line = 0;
-    for (;;) {
-        size_t e = i;
-        while (e < s->n && s->p[e] != '\n') e++;
-        bool empty = e == i;
-        if (!((!first && line == 0) || (!blank && empty)))
-            for (int64_t k = 0; k < width; k++) jsb_lit(x, &b, " ");
-        jsb_sub(x, &b, s, i, e - i);
-        if (e >= s->n) break;
-        jsb_sub(x, &b, s, e, 1);
-        i = e + 1;
-        line++;
-    }
-    return jv_str(jsb_done(x, &b));
-}
-
-/* parseInt / parseFloat on a string */
-static bool js_parse_num(const jstr *s, bool is_int, double *out)
-{
-    size_t i = 0, k;
-    while (i < s->n && (k = js_space_at(s->p + i, s->n - i)) > 0) i += k;
-    char tmp[64];
-    size_t n = TM_MIN(s->n - i, sizeof tmp - 1);
-    memcpy(tmp, s->p + i, n);
-    tmp[n] = 0;
-    char *end;
-    if (is_int) {
-        long long v = strtoll(tmp, &end, 10);
-        if (end == tmp) return false;
-        *out = (double)v;
-        return true;
-    }
-    double d = strtod(tmp, &end);
-    if (end == tmp) return false;
-    *out = d;
-    return true;
-}
-
-/* selectattr / rejectattr: their arguments are string literals (the attribute, a test and its
- * argument), not values. */
-static jv jx_filter_select(jx *x, jv v, const char *name, const jnode *f, int line)
-{
-    if (v.kind != JV_LIST) jx_fail(x, JINJA_ERR_RUNTIME, "cannot apply filter %s to a %s (line %d)", name, jv_type(v), line);
-    for (size_t i = 0; i < f->n; i++)
-        if (f->v[i]->kind != JN_STR) jx_fail(x, JINJA_ERR_RUNTIME, "arguments of %s must be strings (line %d)", name, line);
-    for (size_t i = 0; i < v.l->n; i++)
-        if (v.l->v[i].kind != JV_DICT && v.l->v[i].kind != JV_NS)
-            jx_fail(x, JINJA_ERR_RUNTIME, "%s can only be applied to a list of objects (line %d)", name, line);
-    if (f->n < 1) jx_fail(x, JINJA_ERR_RUNTIME, "%s needs an attribute (line %d)", name, line);
-    jstr attr = { f->v[0]->sn, f->v[0]->s, NULL };
-    const char *test = f->n > 1 ? f->v[1]->s : NULL;
-    jv arg = f->n > 2 ? jv_str(jstr_lit(x, f->v[2]->s)) : JV_UNDEF_V;
-    bool sel = name[0] == 's';
-    jv out = jv_list(x, v.l->n);
-    size_t k = 0;
-    for (size_t i = 0; i < v.l->n; i++) {
-        jx_step(x);
-        jv *av = jdict_get(v.l->v[i].d, &attr);
-        bool r = false;
-        if (av) r = test ? jx_test(x, test, *av, f->n > 2 ? &arg : NULL, line) : jv_truthy(*av);
-        if (r == sel) out.l->v[k++] = v.l->v[i];
-    }
-    out.l->n = k;
-    return out;
-}
-
-/* A filter applied: its name, its evaluated arguments, whether it was called with
- * parentheses, and its line (for messages). */
-typedef struct {
-    const char *name;
-    jargs args;
-    bool call;
-    int line;
-} jfilter;
-
-/* A family's filter stores its result and says the name was one of its own. */
-static bool jx_filter_done(jv *out, jv r)
-{
-    *out = r;
-    return true;
-}
-
-/* Filters of any value: safe, tojson, default, and join / int / float with arguments. */
-static bool jx_filter_any(jx *x, jv v, jfilter *fc, jv *out)
-{
-    const char *name = fc->name;
-    int line = fc->line;
-    bool call = fc->call;
-    jargs *a = &fc->args;
-    if (!strcmp(name, "safe")) return jx_filter_done(out, v);
-    if (!strcmp(name, "tojson")) return jx_filter_done(out, jx_tojson(x, v, a));
-    if (!strcmp(name, "default") || !strcmp(name, "d")) {
-        const jv *def = jarg(a, 0, "default_value");
-        const jv *boolean = jarg(a, 1, "boolean");
-        if (boolean && boolean->kind != JV_BOOL) jx_fail(x, JINJA_ERR_RUNTIME, "default filter flag must be a boolean");
-        if (v.kind == JV_UNDEF || (boolean && boolean->b && !jv_truthy(v))) return jx_filter_done(out, def ? *def : jv_str(jstr_lit(x, "")));
-        return jx_filter_done(out, v);
-    }
-    if (call && !strcmp(name, "join")) {
-        if (v.kind != JV_STR && v.kind != JV_LIST) jx_fail(x, JINJA_ERR_RUNTIME, "cannot apply filter join to a %s (line %d)", jv_type(v), line);
-        const jv *sep = jarg(a, 0, "separator");
-        if (sep && sep->kind != JV_STR) jx_fail(x, JINJA_ERR_RUNTIME, "separator must be a string");
-        return jx_filter_done(out, jx_join(x, v, sep ? sep->s : NULL));
-    }
-    if (call && (!strcmp(name, "int") || !strcmp(name, "float"))) {
-        bool is_int = name[0] == 'i';
-        const jv *def = jarg(a, 0, "default");
-        if (v.kind == JV_STR) {
-            double d;
-            if (!js_parse_num(v.s, is_int, &d)) return jx_filter_done(out, def ? *def : is_int ? jv_int(0) : jv_float(0));
-            return jx_filter_done(out, is_int ? jv_int((int64_t)d) : jv_float(d));
-        }
-        if (v.kind == JV_INT || v.kind == JV_FLOAT) return jx_filter_done(out, v);
-        if (v.kind == JV_BOOL) return jx_filter_done(out, is_int ? jv_int(v.b) : jv_float(v.b));
-        jx_fail(x, JINJA_ERR_RUNTIME, "cannot apply filter %s to a %s (line %d)", name, jv_type(v), line);
-    }
-    return false;
-}
-
-/* Filters of a list. */
-static bool jx_filter_list(jx *x, jv v, jfilter *fc, jv *out)
-{
-    const char *name = fc->name;
-    int line = fc->line;
-    jargs *a = &fc->args;
-    const jlist *l = v.l;
-    if (!strcmp(name, "list")) return jx_filter_done(out, v);
-    if (!strcmp(name, "first")) return jx_filter_done(out, l->n ? l->v[0] : JV_UNDEF_V);
-    if (!strcmp(name, "last")) return jx_filter_done(out, l->n ? l->v[l->n - 1] : JV_UNDEF_V);
-    if (!strcmp(name, "length") || !strcmp(name, "count")) return jx_filter_done(out, jv_int((int64_t)l->n));
-    if (!strcmp(name, "reverse")) {
-        jv r = jv_list(x, l->n);
-        for (size_t i = 0; i < l->n; i++) r.l->v[i] = l->v[l->n - 1 - i];
-        return jx_filter_done(out, r);
-    }
-    if (!strcmp(name, "join")) return jx_filter_done(out, jx_join(x, v, NULL));
-    if (!strcmp(name, "string")) {
-        jsb b = { 0 };
-        jjson(x, &b, v, &jjson_print, 0);
-        return jx_filter_done(out, jv_str(jsb_done(x, &b)));
-    }
-    if (!strcmp(name, "unique")) {
-        jv r = jv_list(x, l->n);
-        size_t k = 0;
-        for (size_t i = 0; i < l->n; i++) {
-            bool seen = false;
-            for (size_t j = 0; j < k && !seen; j++) {
-                jx_step(x);
-                seen = jv_strict_eq(r.l->v[j], l->v[i]);
-            }
-            if (!seen) r.l->v[k++] = l->v[i];
-        }
-        r.l->n = k;
-        return jx_filter_done(out, r);
-    }
-    if (!strcmp(name, "sort")) {
-        const jv *rev = jarg(a, 0, "reverse"), *cs = jarg(a, 1, "case_sensitive"), *at = jarg(a, 2, "attribute");
-        if (rev && rev->kind != JV_BOOL) jx_fail(x, JINJA_ERR_RUNTIME, "reverse must be a boolean");
-        if (cs && cs->kind != JV_BOOL) jx_fail(x, JINJA_ERR_RUNTIME, "case_sensitive must be a boolean");
-        jsort_key k = { .reverse = rev && rev->b, .case_sensitive = cs && cs->b, .pair_index = -1 };
-        if (at && at->kind == JV_STR) k.attr = at->s;
-        else if (at && at->kind == JV_INT) {
-            char tmp[32];
-            snprintf(tmp, sizeof tmp, "%lld", (long long)at->i);
-            k.attr = jstr_new(x, tmp, strlen(tmp), false);
-        }
-        jv r = jv_list(x, l->n);
-        if (l->n) memcpy(r.l->v, l->v, l->n * sizeof *l->v);
-        jsort(x, r.l->v, r.l->n, &k);
-        return jx_filter_done(out, r);
-    }
-    if (!strcmp(name, "map")) {
-        const jv *at = jarg(a, SIZE_MAX, "attribute");
-        if (!at) jx_fail(x, JINJA_ERR_RUNTIME, "map without attribute= is not supported (line %d)", line);
-        if (at->kind != JV_STR) jx_fail(x, JINJA_ERR_RUNTIME, "attribute must be a string");
-        const jv *def = jarg(a, SIZE_MAX, "default");
-        jv r = jv_list(x, l->n);
-        for (size_t i = 0; i < l->n; i++) {
-            if (l->v[i].kind != JV_DICT && l->v[i].kind != JV_NS) jx_fail(x, JINJA_ERR_RUNTIME, "items in map must be objects");
-            jv e = jv_attr_path(x, l->v[i], at->s);
-            r.l->v[i] = e.kind == JV_UNDEF && def ? *def : e;
-        }
-        return jx_filter_done(out, r);
-    }
-    if (!strcmp(name, "min") || !strcmp(name, "max")) {
-        if (!l->n) return jx_filter_done(out, JV_UNDEF_V);
-        jv best = l->v[0];
-        for (size_t i = 1; i < l->n; i++) {
-            int c = jv_compare(x, l->v[i], best, false);
-            if (name[1] == 'i' ? c < 0 : c > 0) best = l->v[i];
-        }
-        return jx_filter_done(out, best);
-    }
-    return false;
-}
-
-/* Filters of a string. */
-static bool jx_filter_str(jx *x, jv v, jfilter *fc, jv *out)
-{
-    const char *name = fc->name;
-    bool call = fc->call;
-    jargs *a = &fc->args;
-    const jstr *s = v.s;
-    if (!strcmp(name, "length") || !strcmp(name, "count")) return jx_filter_done(out, jv_int(jstr_len16(s)));
-    if (!strcmp(name, "upper")) return jx_filter_done(out, jv_str(jstr_case(x, s, 1)));
-    if (!strcmp(name, "lower")) return jx_filter_done(out, jv_str(jstr_case(x, s, 0)));
-    if (!strcmp(name, "title")) return jx_filter_done(out, jv_str(jstr_case(x, s, 2)));
-    if (!strcmp(name, "capitalize")) return jx_filter_done(out, jv_str(jstr_case(x, s, 3)));
-    if (!strcmp(name, "trim")) return jx_filter_done(out, jv_str(jstr_trim(x, s, true, true)));
-    if (!strcmp(name, "join") || !strcmp(name, "string")) return jx_filter_done(out, v);
-    if (!strcmp(name, "int") || !strcmp(name, "float")) {
-        double d;
-        bool ok = js_parse_num(s, name[0] == 'i', &d);
-        return jx_filter_done(out, name[0] == 'i' ? jv_int(ok ? (int64_t)d : 0) : jv_float(ok ? d : 0));
-    }
-    if (!strcmp(name, "indent")) {
-        const jv *w = jarg(a, 0, "width"), *fi = jarg(a, 1, "first"), *bl = jarg(a, 2, "blank");
-        if (w && w->kind != JV_INT) jx_fail(x, JINJA_ERR_RUNTIME, "width must be a number");
-        return jx_filter_done(out, jx_indent(x, s, w ? w->i : 4, fi && jv_truthy(*fi), bl && jv_truthy(*bl)));
-    }
-    if (!strcmp(name, "replace") && call) return jx_filter_done(out, jx_method(x, v, "replace", a));
-    if (!strcmp(name, "list")) {
-        size_t *o;
-        size_t n = jstr_cps(x, s, &o);
-        jv r = jv_list(x, n);
-        for (size_t i = 0; i < n; i++) {
-            jsb b = { 0 };
-            jsb_sub(x, &b, s, o[i], o[i + 1] - o[i]);
-            r.l->v[i] = jv_str(jsb_done(x, &b));
-        }
-        return jx_filter_done(out, r);
-    }
-    return false;
-}
-
-/* Filters of a number. */
-static bool jx_filter_num(jx *x, jv v, jfilter *fc, jv *out)
-{
-    const char *name = fc->name;
-    jargs *a = &fc->args;
-    if (!strcmp(name, "abs")) return jx_filter_done(out, v.kind == JV_INT ? jv_int(v.i < 0 ? -v.i : v.i) : jv_float(fabs(v.f)));
-    if (!strcmp(name, "int")) return jx_filter_done(out, v.kind == JV_INT ? v : jv_int((int64_t)floor(v.f)));
-    if (!strcmp(name, "float")) return jx_filter_done(out, jv_float(jv_num(v)));
-    if (!strcmp(name, "string")) {
-        jsb b = { 0 };
-        jv_print(x, &b, v);
-        return jx_filter_done(out, jv_str(jsb_done(x, &b)));
-    }
-    if (!strcmp(name, "round")) {
-        const jv *p = jarg(a, 0, "precision");
-        double m = p && p->kind == JV_INT ? pow(10, (double)p->i) : 1;
-        return jx_filter_done(out, jv_float(round(jv_num(v) * m) / m));
-    }
-    return false;
-}
-
-/* Filters of a dict. */
-static bool jx_filter_dict(jx *x, jv v, jfilter *fc, jv *out)
-{
-    const char *name = fc->name;
-    jargs *a = &fc->args;
-    if (!strcmp(name, "items")) return jx_filter_done(out, jdict_view(x, v.d, 2));
-    if (!strcmp(name, "length") || !strcmp(name, "count")) return jx_filter_done(out, jv_int((int64_t)v.d->n));
-    if (jx_is_dict_method(name)) return jx_filter_done(out, jx_method(x, v, name, a));
-    return false;
-}
-
-/* Filters of a boolean. */
-static bool jx_filter_bool(jx *x, jv v, jfilter *fc, jv *out)
-{
-    const char *name = fc->name;
-    if (!strcmp(name, "bool")) return jx_filter_done(out, v);
-    if (!strcmp(name, "int")) return jx_filter_done(out, jv_int(v.b));
-    if (!strcmp(name, "float")) return jx_filter_done(out, jv_float(v.b));
-    if (!strcmp(name, "string")) return jx_filter_done(out, jv_str(jstr_lit(x, v.b ? "true" : "false")));
-    return false;
-}
-
-typedef bool (*jx_filter_fn)(jx *x, jv v, jfilter *fc, jv *out);
-
-/* The filters of each kind of value (the type-independent ones are tried first). */
-static const jx_filter_fn jx_filter_by_kind[JV_LOOP + 1] = {
-    [JV_LIST] = jx_filter_list, [JV_STR] = jx_filter_str, [JV_INT] = jx_filter_num,
-    [JV_FLOAT] = jx_filter_num, [JV_DICT] = jx_filter_dict, [JV_BOOL] = jx_filter_bool,
-};
-
-static jv jx_filter(jx *x, jenv *env, jv v, const jnode *f)
-{
-    jfilter fc = { .name = f->kind == JN_IDENT ? f->s : f->a->s, .call = f->kind == JN_CALL, .line = f->line };
-    if (fc.call && f->a->kind != JN_IDENT) jx_fail(x, JINJA_ERR_RUNTIME, "unknown filter (line %d)", fc.line);
-    if (fc.call && (!strcmp(fc.name, "selectattr") || !strcmp(fc.name, "rejectattr")))
-        return jx_filter_select(x, v, fc.name, f, fc.line);
-    if (fc.call) jx_eval_args(x, env, f->v, f->n, &fc.args);
-    jv out;
-    if (jx_filter_any(x, v, &fc, &out)) return out;
-    jx_filter_fn fn = (unsigned)v.kind <= JV_LOOP ? jx_filter_by_kind[v.kind] : NULL;
-    if (fn && fn(x, v, &fc, &out)) return out;
-    jx_fail(x, JINJA_ERR_RUNTIME, "cannot apply filter %s to a %s (line %d)", fc.name, jv_type(v), fc.line);
 }
 
 /* ---- binary operators ---------------------------------------------------------------- */
