@@ -1142,31 +1142,41 @@ TEST(test_handshake_wrong_key)
 
 /* A peer without a key (it skips the handshake: a HELLO first, in this version or the last one)
  * is refused before anything else is read. */
+/* The gateway's end of a handshake whose peer sends m first, in protocol version `version` (0:
+ * this build's), and nothing else: g holds the outcome, *peer the peer's socket (the caller
+ * checks g, then hs_close(g) and closes *peer). */
+static void hs_first_frame(hs_end *g, int *peer, const proto_msg *m, int version)
+{
+    int sv[2];
+    CHECK(!socketpair(AF_UNIX, SOCK_STREAM, 0, sv));
+    bound_waits(sv[0]);
+    memset(g, 0, sizeof *g);
+    proto_conn_init(&g->c, sv[0]);
+    g->k = &key_a;
+    g->side = AUTH_SIDE_GATEWAY;
+    bytebuf b = { 0 };
+    CHECK(proto_encode(&b, m) == PROTO_OK);
+    if (version) b.p[4] = (char)version;
+    CHECK(proto_send(sv[1], b.p, b.len) == PROTO_OK);
+    bytebuf_free(&b);
+    hs_thread(g);
+    *peer = sv[1];
+}
+
 TEST(test_handshake_no_key)
 {
     for (int old = 0; old < 2; old++) {
-        int sv[2];
-        CHECK(!socketpair(AF_UNIX, SOCK_STREAM, 0, sv));
-        bound_waits(sv[0]);
-        hs_end g;
-        memset(&g, 0, sizeof g);
-        proto_conn_init(&g.c, sv[0]);
-        g.k = &key_a;
-        g.side = AUTH_SIDE_GATEWAY;
-        bytebuf b = { 0 };
         proto_msg m;
         memset(&m, 0, sizeof m);
         m.hdr.type = PROTO_HELLO;
         m.hdr.flags = PROTO_F_REGISTER;
         m.u.hello.role = PROTO_ROLE_DECODE;
-        CHECK(proto_encode(&b, &m) == PROTO_OK);
-        if (old) b.p[4] = 1;   /* version 1: the frames before the handshake existed */
-        CHECK(proto_send(sv[1], b.p, b.len) == PROTO_OK);
-        bytebuf_free(&b);
-        hs_thread(&g);
+        hs_end g;
+        int peer;
+        hs_first_frame(&g, &peer, &m, old ? 1 : 0);   /* version 1: the frames before the handshake existed */
         CHECKF(g.st == AUTH_ERR_PROTO && !g.c.sealed, "%d: %s", g.st, g.why);
         hs_close(&g);
-        close(sv[1]);
+        close(peer);
     }
 }
 
@@ -1229,27 +1239,16 @@ TEST(test_roundtrip_embedding)
  * and the refusal says what to do: the same release everywhere. */
 TEST(test_handshake_old_version)
 {
-    int sv[2];
-    CHECK(!socketpair(AF_UNIX, SOCK_STREAM, 0, sv));
-    bound_waits(sv[0]);
-    hs_end g;
-    memset(&g, 0, sizeof g);
-    proto_conn_init(&g.c, sv[0]);
-    g.k = &key_a;
-    g.side = AUTH_SIDE_GATEWAY;
-    bytebuf b = { 0 };
     proto_msg m;
     memset(&m, 0, sizeof m);
     m.hdr.type = PROTO_CHALLENGE;
-    CHECK(proto_encode(&b, &m) == PROTO_OK);
-    b.p[4] = 2;   /* version 2: the CHALLENGE an older build sends */
-    CHECK(proto_send(sv[1], b.p, b.len) == PROTO_OK);
-    bytebuf_free(&b);
-    hs_thread(&g);
+    hs_end g;
+    int peer;
+    hs_first_frame(&g, &peer, &m, 2);   /* version 2: the CHALLENGE an older build sends */
     CHECKF(g.st == AUTH_ERR_PROTO && !g.c.sealed && strstr(g.why, "protocol version") && strstr(g.why, "same tokenmill release"),
            "%d: %s", g.st, g.why);
     hs_close(&g);
-    close(sv[1]);
+    close(peer);
 }
 
 /* Copies bytes from one socket to another until the first ends (recording them in rec when
