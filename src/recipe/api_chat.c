@@ -38,15 +38,10 @@ static const char *const api_chat_keys[] = {
 /* Appends the text of a content value (string or array of text parts, joined with nothing
  * between as the reference templates join them) to the last turn as one text part. Returns
  * false with e filled on a bad value. */
-static const char *const api_chat_text_types[] = {"text", "input_text", "refusal", NULL};
-static const api_parts_words api_chat_text_words = {
-    "a string or an array of content parts", "an object", "a string",
-    "content part type '%s' is not supported by this model (text only).", api_chat_text_types, true, ""};
-
 static bool api_chat_content(conv *c, json_t *content, const char *path, bool as_result, const char *call_id,
                              api_error *e)
 {
-    char *text = api_json_parts_text(API_KIND_CHAT, content, path, &api_chat_text_words, e);
+    char *text = api_json_parts_text(API_KIND_CHAT, content, path, e);
     if (!text) return false;
     if (as_result) conv_add_tool_result(c, call_id, NULL, text, strlen(text));
     else conv_add_text(c, text, strlen(text));

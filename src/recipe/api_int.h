@@ -70,22 +70,10 @@ bool api_json_tool(api_kind kind, json_t *fn, const char *p, const char *prefix,
 /* OpenAI's tool_choice word ("none", "auto", "required") into r->tools_mode; false with e
  * filled for any other word. */
 bool api_json_tool_choice_word(const char *v, api_req *r, api_error *e);
-/* The vendor's words for a content value made of text parts (api_json_parts_text). */
-typedef struct {
-    const char *want_value;     /* expected type of the value: "a string or an array of content parts" */
-    const char *want_part;      /* of each part: "an object" / "a valid dictionary" */
-    const char *want_text;      /* of a part's text member: "a string" / "a valid string" */
-    const char *unsupported;    /* format with one %s (the part's type) for a part that is not text */
-    const char *const *types;   /* the accepted part types (NULL-terminated); "refusal" reads its
-                                 * member "refusal", every other type its member "text" */
-    bool type_required;         /* a part without a string "type" is a missing field (else it is
-                                 * an unsupported type "") */
-    const char *sep;            /* put between the parts' texts ("" or "\n") */
-} api_parts_words;
-
 /* A content value that is a string or an array of text parts (`path` names it), as one string
- * (malloc'd), the parts joined with w->sep. NULL with e filled in the vendor's words. */
-char *api_json_parts_text(api_kind kind, json_t *v, const char *path, const api_parts_words *w, api_error *e);
+ * (malloc'd), the parts joined as the API joins them (Messages by newlines, the OpenAI APIs
+ * with nothing between). NULL with e filled in the API's words. Chat, Responses and Messages. */
+char *api_json_parts_text(api_kind kind, json_t *v, const char *path, api_error *e);
 /* Reads a response format object at `path` (chat's response_format, where a json_schema
  * format holds {name, schema, strict} in member json_schema; Responses' text.format, where
  * name / schema / strict are the format's own members: flat) into r. Type "text" leaves r

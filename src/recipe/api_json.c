@@ -529,8 +529,39 @@ bool api_json_stop(api_kind kind, json_t *root, const char *key, api_req *r, api
     return true;
 }
 
-char *api_json_parts_text(api_kind kind, json_t *v, const char *path, const api_parts_words *w, api_error *e)
+/* The vendors' words for a content value made of text parts, by API (api_json_parts_text). */
+typedef struct {
+    const char *want_value;     /* expected type of the value: "a string or an array of content parts" */
+    const char *want_part;      /* of each part: "an object" / "a valid dictionary" */
+    const char *want_text;      /* of a part's text member: "a string" / "a valid string" */
+    const char *unsupported;    /* format with one %s (the part's type) for a part that is not text */
+    const char *const *types;   /* the accepted part types (NULL-terminated); "refusal" reads its
+                                 * member "refusal", every other type its member "text" */
+    bool type_required;         /* a part without a string "type" is a missing field (else it is
+                                 * an unsupported type "") */
+    const char *sep;            /* put between the parts' texts ("" or "\n") */
+} api_parts_words;
+
+static const char *const api_chat_text_types[] = {"text", "input_text", "refusal", NULL};
+static const char *const api_responses_text_types[] = {"input_text", "output_text", "text", "reasoning_text",
+                                                       "summary_text", "refusal", NULL};
+static const char *const api_messages_text_types[] = {"text", NULL};
+static const api_parts_words api_parts_words_of[] = {
+    /* chat: joined with nothing between, as the reference templates join them */
+    [API_KIND_CHAT] = {"a string or an array of content parts", "an object", "a string",
+                       "content part type '%s' is not supported by this model (text only).", api_chat_text_types, true, ""},
+    [API_KIND_RESPONSES] = {"a string or an array of content parts", "an object", "a string",
+                            "content part type '%s' is not supported by this model (text only).", api_responses_text_types,
+                            false, ""},
+    /* tool_result content or system: a list of text blocks, joined by newlines */
+    [API_KIND_MESSAGES] = {"a valid string or a valid list", "a valid dictionary", "a valid string",
+                           "content blocks of type '%s' are not supported here (text only)", api_messages_text_types, false, "\n"},
+};
+
+char *api_json_parts_text(api_kind kind, json_t *v, const char *path, api_error *e)
 {
+    const api_parts_words *w = &api_parts_words_of[kind];
+    if (!w->want_value) w = &api_parts_words_of[API_KIND_CHAT];   /* completions: OpenAI's words */
     if (json_is_string(v)) return xstrdup(json_string_value(v));
     if (!json_is_array(v)) {
         api_json_type_error(kind, e, path, w->want_value, v);

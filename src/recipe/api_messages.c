@@ -42,17 +42,6 @@ static const char *const api_messages_keys[] = {
 static const char *const api_messages_count_keys[] = {"model", "messages", "system", "tools", "tool_choice", "thinking", "output_config", "output_format",
                                                       "mcp_servers", "context_management", "return_token_ids", NULL};
 
-/* Text of tool_result content or system: a string or a list of text blocks (joined by newlines). */
-static const char *const api_messages_text_types[] = {"text", NULL};
-static const api_parts_words api_messages_text_words = {
-    "a valid string or a valid list", "a valid dictionary", "a valid string",
-    "content blocks of type '%s' are not supported here (text only)", api_messages_text_types, false, "\n"};
-
-static char *api_messages_text(json_t *v, const char *path, api_error *e)
-{
-    return api_json_parts_text(K, v, path, &api_messages_text_words, e);
-}
-
 static bool api_messages_messages(api_req *r, json_t *msgs, api_error *e)
 {
     char p[64], q[96], bp[128];
@@ -165,7 +154,7 @@ static bool api_messages_messages(api_req *r, json_t *msgs, api_error *e)
                     api_json_bad(K, e, fp, "a valid string", id);
                     return false;
                 }
-                char *text = (c && !json_is_null(c)) ? api_messages_text(c, api_path(fp, sizeof fp, bp, "content", -1), e)
+                char *text = (c && !json_is_null(c)) ? api_json_parts_text(K, c, api_path(fp, sizeof fp, bp, "content", -1), e)
                                                      : xstrdup("");
                 if (!text) return false;
                 conv_add_turn(&r->conv, CONV_ROLE_TOOL);
@@ -282,7 +271,7 @@ static bool api_messages_common(json_t *root, api_req *r, long long max_tokens, 
     if (!api_messages_cache_controls(root, e)) return false;
     json_t *sys = json_object_get(root, "system");
     if (sys && !json_is_null(sys)) {
-        char *text = api_messages_text(sys, "system", e);
+        char *text = api_json_parts_text(K, sys, "system", e);
         if (!text) return false;
         conv_add_turn(&r->conv, CONV_ROLE_SYSTEM);
         conv_add_text(&r->conv, text, strlen(text));

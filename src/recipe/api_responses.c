@@ -41,19 +41,6 @@ static const char *const api_responses_keys[] = {
 
 static const api_kind K = API_KIND_RESPONSES;
 
-/* Text of a content value: a string or an array of text parts. Returns a malloc'd string or
- * NULL with e filled. */
-static const char *const api_responses_text_types[] = {"input_text", "output_text", "text", "reasoning_text",
-                                                       "summary_text", "refusal", NULL};
-static const api_parts_words api_responses_text_words = {
-    "a string or an array of content parts", "an object", "a string",
-    "content part type '%s' is not supported by this model (text only).", api_responses_text_types, false, ""};
-
-static char *api_responses_text(json_t *content, const char *path, api_error *e)
-{
-    return api_json_parts_text(K, content, path, &api_responses_text_words, e);
-}
-
 static bool api_responses_input(api_req *r, json_t *input, api_error *e)
 {
     if (json_is_string(input)) {
@@ -103,7 +90,7 @@ static bool api_responses_input(api_req *r, json_t *input, api_error *e)
                 api_json_missing(K, e, q);
                 return false;
             }
-            char *text = api_responses_text(content, q, e);
+            char *text = api_json_parts_text(K, content, q, e);
             if (!text) return false;
             if (!(cr == CONV_ROLE_ASSISTANT && asst_open)) conv_add_turn(&r->conv, cr);
             conv_add_text(&r->conv, text, strlen(text));
@@ -140,7 +127,7 @@ static bool api_responses_input(api_req *r, json_t *input, api_error *e)
                 api_json_missing(K, e, q);
                 return false;
             }
-            char *text = api_responses_text(out, q, e);
+            char *text = api_json_parts_text(K, out, q, e);
             if (!text) return false;
             conv_add_turn(&r->conv, CONV_ROLE_TOOL);
             conv_add_tool_result(&r->conv, json_string_value(cid), NULL, text, strlen(text));
@@ -149,7 +136,7 @@ static bool api_responses_input(api_req *r, json_t *input, api_error *e)
         } else if (!strcmp(t, "reasoning")) {
             json_t *content = json_object_get(it, "content");
             if (!content || json_is_null(content)) content = json_object_get(it, "summary");
-            char *text = content && !json_is_null(content) ? api_responses_text(content, api_path(q, sizeof q, p, "content", -1), e)
+            char *text = content && !json_is_null(content) ? api_json_parts_text(K, content, api_path(q, sizeof q, p, "content", -1), e)
                                                            : xstrdup("");
             if (!text) return false;
             if (!asst_open) conv_add_turn(&r->conv, CONV_ROLE_ASSISTANT);
