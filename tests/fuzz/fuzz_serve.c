@@ -119,7 +119,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         template_new(tok, g, NULL, &tmpl, err, sizeof err) != TEMPLATE_OK)
         fuzz_die(MODEL, err);
     ctx = (api_ctx){
-        .model = mdl, .tok = tok, .tmpl = tmpl, .model_name = "stories260K", .n_ctx = N_CTX, .n_threads = 1,
+        .model = mdl, .tok = tok, .tmpl = tmpl, .model_name = "stories260K", .n_ctx = N_CTX,
         .backend = &echo_backend,
     };
     http_opts o = { .host = "127.0.0.1", .port = 0, .max_body = 1 << 20, .idle_timeout_s = REPLY_TIMEOUT_S };

@@ -162,7 +162,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     template_prompt out;
     char err[256];
-    if (template_apply(tmpls[fi], &c, 1, &out, err, sizeof err) == TEMPLATE_OK) {
+    if (template_apply(tmpls[fi], &c, NULL, &out, err, sizeof err) == TEMPLATE_OK) {
         if (fi != 0) check_prompt(tmpl_tok[fi], &out);   /* plain: SentencePiece's leading space */
         template_prompt_free(&out);
     }
