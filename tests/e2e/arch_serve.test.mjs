@@ -13,7 +13,8 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 
-import { bin, root, startServer as startServerOf, startCluster, stopServers, completeCached } from "./server.mjs";
+import { bin, root, startServer as startServerOf, startCluster, stopServers, completeCached, assertCachedAndRestored }
+  from "./server.mjs";
 
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "tm-arch-"));
 const FAMILIES = {
@@ -45,18 +46,7 @@ const complete = (srv) => completeCached(srv, NAME, PROMPT);
 
 for (const fam of Object.keys(FAMILIES))
 test(`${fam} served: cached blocks in RAM and from the store answer as the uncached prompt`, { timeout: 120000 }, async () => {
-  let S = await startServer(modelOf(fam));
-  const first = await complete(S);
-  assert.equal(first.cached, 0);
-  const again = await complete(S);
-  assert.ok(again.cached >= 256, `two full blocks attached (${again.cached} cached)`);
-  assert.equal(again.text, first.text);
-  await stopServers();
-  S = await startServer(modelOf(fam));
-  const restarted = await complete(S);
-  assert.ok(restarted.cached >= 256, `the blocks come back from the store (${restarted.cached} cached)`);
-  assert.equal(restarted.text, first.text);
-  await stopServers();
+  const first = await assertCachedAndRestored(() => startServer(modelOf(fam)), complete);
   // split: a prefill and a decode worker behind a gateway answer as the one process
   const C = await startCluster(modelOf(fam), ["prefill", "decode"], { gatewayArgs: ["--model-name", NAME] });
   const split = await complete(C);

@@ -14,19 +14,16 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import OpenAI from "openai";
-import { root, bin, startServer, startCluster, stopServers } from "./server.mjs";
+import { root, bin, startServer, startCluster, stopServers, twoTinyModels } from "./server.mjs";
 
 const V = path.join(root, "tests/data/llama.cpp/models");
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "tm-gwmodels-"));
-const A = path.join(tmp, "a.gguf"), B = path.join(tmp, "b.gguf"), C = path.join(tmp, "c.gguf");
+const C = path.join(tmp, "c.gguf");
 const common = ["--ctx", "512", "--max-seqs", "2", "--kv-mib", "32"];
-let G, S, gw, ref;
+let A, B, G, S, gw, ref;
 
 before(async () => {
-  execFileSync(bin, ["mkmodel", "--arch", "qwen3", "--preset", "tiny", "--vocab", path.join(V, "ggml-vocab-qwen2.gguf"),
-    "--type", "q8_0", "--seed", "5", "-o", A], { stdio: "pipe" });
-  execFileSync(bin, ["mkmodel", "--arch", "llama", "--preset", "tiny", "--vocab", path.join(V, "ggml-vocab-llama-bpe.gguf"),
-    "--type", "q8_0", "--seed", "6", "--dim", "96", "--heads", "3", "--kv-heads", "1", "-o", B], { stdio: "pipe" });
+  [A, B] = twoTinyModels(tmp);
   execFileSync(bin, ["mkmodel", "--arch", "qwen3", "--preset", "tiny", "--vocab", path.join(V, "ggml-vocab-qwen2.gguf"),
     "--type", "q8_0", "--seed", "7", "-o", C], { stdio: "pipe" });
   G = await startCluster([`a=${A}`, `b=${B}`], ["mixed", "mixed"], {

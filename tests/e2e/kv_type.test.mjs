@@ -12,7 +12,8 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 
-import { bin, startServer as startServerOf, startCluster, stopServers, completeCached } from "./server.mjs";
+import { bin, startServer as startServerOf, startCluster, stopServers, completeCached, assertCachedAndRestored }
+  from "./server.mjs";
 
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "tm-kvtype-"));
 const model = path.join(tmp, "llama.gguf");
@@ -44,19 +45,11 @@ async function served(kv) {
   const store = path.join(tmp, `store-${kv}`);
   fs.mkdirSync(store);
   const args = ["--ctx", "512", "--max-seqs", "2", "--model-name", NAME, "--cache-dir", store, "--kv-type", kv];
-  let S = await startServerOf(model, args);
-  assert.match(S.log, new RegExp(`KV ${kv}, \\d+ blocks`), "the start-up line names the KV type");
-  const first = await complete(S);
-  assert.equal(first.cached, 0);
-  const again = await complete(S);
-  assert.ok(again.cached >= 256, `two full blocks attached (${again.cached} cached)`);
-  assert.equal(again.text, first.text);
-  await stopServers();
-  S = await startServerOf(model, args);
-  const restarted = await complete(S);
-  assert.ok(restarted.cached >= 256, `the blocks come back from the store (${restarted.cached} cached)`);
-  assert.equal(restarted.text, first.text);
-  await stopServers();
+  const first = await assertCachedAndRestored(async () => {
+    const S = await startServerOf(model, args);
+    assert.match(S.log, new RegExp(`KV ${kv}, \\d+ blocks`), "the start-up line names the KV type");
+    return S;
+  }, complete);
   return { first, bytes: blockBytes(store) };
 }
 

@@ -8,25 +8,20 @@
 // combinations are refused.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { execFileSync, spawnSync } from "node:child_process";
+import { spawnSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import OpenAI from "openai";
 import Anthropic from "@anthropic-ai/sdk";
-import { root, bin, startServer, stopServers } from "./server.mjs";
+import { bin, startServer, stopServers, twoTinyModels } from "./server.mjs";
 
-const V = path.join(root, "tests/data/llama.cpp/models");
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "tm-multi-"));
-const A = path.join(tmp, "a.gguf"), B = path.join(tmp, "b.gguf");
 const common = ["--ctx", "512", "--max-seqs", "2", "--kv-mib", "64"];
-let S, solo, oai, ant;
+let A, B, S, solo, oai, ant;
 
 before(async () => {
-  execFileSync(bin, ["mkmodel", "--arch", "qwen3", "--preset", "tiny", "--vocab", path.join(V, "ggml-vocab-qwen2.gguf"),
-    "--type", "q8_0", "--seed", "5", "-o", A], { stdio: "pipe" });
-  execFileSync(bin, ["mkmodel", "--arch", "llama", "--preset", "tiny", "--vocab", path.join(V, "ggml-vocab-llama-bpe.gguf"),
-    "--type", "q8_0", "--seed", "6", "--dim", "96", "--heads", "3", "--kv-heads", "1", "-o", B], { stdio: "pipe" });
+  [A, B] = twoTinyModels(tmp);
   S = await startServer(`a=${A}`, ["-m", `b=${B}`, ...common]);
   solo = await startServer(B, [...common, "--kv-mib", "32", "--model-name", "b"]);
   oai = new OpenAI({ baseURL: `${S.url}/v1`, apiKey: "x", maxRetries: 0 });

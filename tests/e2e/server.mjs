@@ -6,7 +6,7 @@
 // hangs, and removes the temporary stores. startCluster does the same for a gateway and its
 // workers. assertSameStores checks that two runs wrote the same blocks.
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
+import { execFileSync, spawn } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
@@ -100,6 +100,40 @@ export async function completeCached(srv, model, prompt) {
   const j = await postCompletion(srv.url, { model, prompt, max_tokens: 8, temperature: 0 });
   assert.equal(j.usage.prompt_tokens, prompt.length);
   return { text: j.choices[0].text, cached: j.usage.prompt_tokens_details.cached_tokens };
+}
+
+// The prefix cache end to end: a greedy completion of prompt computed cold, again with its
+// full blocks attached from RAM, then, after a restart (start() again), from the block store,
+// the same text each time. start() starts the server (its store kept across the restart);
+// complete(srv) is completeCached's { text, cached }. Returns the cold answer; the servers are
+// stopped.
+export async function assertCachedAndRestored(start, complete) {
+  let srv = await start();
+  const first = await complete(srv);
+  assert.equal(first.cached, 0);
+  const again = await complete(srv);
+  assert.ok(again.cached >= 256, `two full blocks attached (${again.cached} cached)`);
+  assert.equal(again.text, first.text);
+  await stopServers();
+  srv = await start();
+  const restarted = await complete(srv);
+  assert.ok(restarted.cached >= 256, `the blocks come back from the store (${restarted.cached} cached)`);
+  assert.equal(restarted.text, first.text);
+  await stopServers();
+  return first;
+}
+
+// Two tiny random models of different families and vocabularies in dir, as the multi-model
+// tests serve them: a.gguf (qwen3 on Qwen2's vocabulary, seed 5) and b.gguf (llama on Llama
+// 3's, seed 6, its own width and heads). Returns [A, B], their paths.
+export function twoTinyModels(dir) {
+  const V = path.join(root, "tests/data/llama.cpp/models");
+  const A = path.join(dir, "a.gguf"), B = path.join(dir, "b.gguf");
+  execFileSync(bin, ["mkmodel", "--arch", "qwen3", "--preset", "tiny", "--vocab", path.join(V, "ggml-vocab-qwen2.gguf"),
+    "--type", "q8_0", "--seed", "5", "-o", A], { stdio: "pipe" });
+  execFileSync(bin, ["mkmodel", "--arch", "llama", "--preset", "tiny", "--vocab", path.join(V, "ggml-vocab-llama-bpe.gguf"),
+    "--type", "q8_0", "--seed", "6", "--dim", "96", "--heads", "3", "--kv-heads", "1", "-o", B], { stdio: "pipe" });
+  return [A, B];
 }
 
 // /metrics as { "name{labels}": value } (key: the API key, when the server has keys).
