@@ -997,6 +997,25 @@ TEST(test_prefill_goes_where_its_prefix_is_in_flight)
  * submit. A worker that refuses the job's arguments (ERROR ARG: it could not compile the
  * grammar; ERROR TOO_LONG: the prompt is longer than it takes) ends the request REFUSED (a
  * 400 in the client's shape), not as an engine error. */
+/* The fake worker on fd answers request id (the gateway's h) with ERROR code; true when the
+ * request then ends REFUSED (h is released either way). */
+static bool fake_refuse(const gw_env *G, int fd, sched_req *h, uint64_t id, uint32_t code, const char *why)
+{
+    proto_msg m;
+    memset(&m, 0, sizeof m);
+    m.hdr.type = PROTO_ERROR;
+    m.hdr.req_id = id;
+    m.u.error.code = code;
+    m.u.error.msg = (char *)why;
+    bool ok = proto_send_msg(PC(fd), &m) == PROTO_OK;
+    int32_t out[4];
+    sched_finish fin = SCHED_FINISH_NONE;
+    ok = ok && collect(G->be, h, out, 4, &fin) == 0;
+    if (fin != SCHED_FINISH_REFUSED) fprintf(stderr, "  error %u: finish %s\n", code, sched_finish_name(fin));
+    G->be->release(G->be->ud, h);
+    return ok && fin == SCHED_FINISH_REFUSED;
+}
+
 TEST(test_grammar_travels_and_worker_refusal)
 {
     gw_env G = gw_start();
@@ -1030,32 +1049,14 @@ TEST(test_grammar_travels_and_worker_refusal)
     CHECK(pp->think_budget == 20 && pp->think_start == 4 && pp->think_end == 5);
     uint64_t id = m.hdr.req_id;
     proto_msg_free(&m);
-    memset(&m, 0, sizeof m);
-    m.hdr.type = PROTO_ERROR;
-    m.hdr.req_id = id;
-    m.u.error.code = PROTO_E_ARG;
-    m.u.error.msg = (char *)"grammar: not compiled here";
-    CHECK(proto_send_msg(PC(fd), &m) == PROTO_OK);
-    int32_t out[4];
-    sched_finish fin;
-    CHECK(collect(G.be, h, out, 4, &fin) == 0);
-    CHECKF(fin == SCHED_FINISH_REFUSED, "finish %s", sched_finish_name(fin));
-    G.be->release(G.be->ud, h);
+    CHECK(fake_refuse(&G, fd, h, id, PROTO_E_ARG, "grammar: not compiled here"));
     /* a prompt longer than the worker takes (ERROR TOO_LONG) is refused the same way */
     sched_params q = greedy(prompt, 40);
     CHECK(G.be->submit(G.be->ud, &q, &h) == SCHED_OK);
     CHECK(fake_expect(fd, PROTO_PREFILL, &m));
     id = m.hdr.req_id;
     proto_msg_free(&m);
-    memset(&m, 0, sizeof m);
-    m.hdr.type = PROTO_ERROR;
-    m.hdr.req_id = id;
-    m.u.error.code = PROTO_E_TOO_LONG;
-    m.u.error.msg = (char *)"prompt too long";
-    CHECK(proto_send_msg(PC(fd), &m) == PROTO_OK);
-    CHECK(collect(G.be, h, out, 4, &fin) == 0);
-    CHECKF(fin == SCHED_FINISH_REFUSED, "finish %s", sched_finish_name(fin));
-    G.be->release(G.be->ud, h);
+    CHECK(fake_refuse(&G, fd, h, id, PROTO_E_TOO_LONG, "prompt too long"));
     grammar_free(gr);
     gateway_shutdown(G.g);
     gateway_free(G.g);
