@@ -341,10 +341,10 @@ int cmd_bench(int argc, char **argv)
     if (argc > 1 && !strcmp(argv[1], "profile")) return cmd_bench_profile(argc - 1, argv + 1);
     const char *model_path = NULL, *seqs_arg = "1,4,16", *prompts_path = NULL, *cpus_list = NULL;
     long threads = 0, pp = 512, tg = 128, reps = 3, maxb = 512, depth = 0, groups = 8;
+    cmd_opt place[CMD_PLACE_TABLE_N];
     const cmd_opt opts[] = {
         { "--model", "-m", CMD_OPT_STR, &model_path, .arg = "MODEL", .help = "the GGUF to time", .required = true },
-        { "--threads", "-t", CMD_OPT_LONG, &threads, 0, 1024, .arg = "N", .help = "kernel threads (default: one per physical core)" },
-        { "--cpus", NULL, CMD_OPT_STR, &cpus_list, .arg = "LIST", .help = "CPUs the kernel threads run on (default: all allowed)" },
+        { .kind = CMD_OPT_TABLE, .dst = (void *)cmd_common_place_table(&threads, &cpus_list, place) },
         { "--pp", NULL, CMD_OPT_LONG, &pp, 0, 1 << 24, .arg = "N", .help = "prompt tokens to prefill (default 512)" },
         { "--tg", NULL, CMD_OPT_LONG, &tg, 0, 1 << 24, .arg = "N", .help = "tokens to decode (default 128)" },
         { "--seqs", NULL, CMD_OPT_STR, &seqs_arg, .arg = "S,S,..", .help = "batched decode sequence counts (default 1,4,16)" },
@@ -596,10 +596,10 @@ static int cmd_bench_profile(int argc, char **argv)
     const char *model_path = NULL, *cpus_list = NULL;
     long threads = 0, tg = 64, depth = 32;
     bool json = false;
+    cmd_opt place[CMD_PLACE_TABLE_N];
     const cmd_opt opts[] = {
         { "--model", "-m", CMD_OPT_STR, &model_path, .arg = "MODEL", .help = "the GGUF to profile", .required = true },
-        { "--threads", "-t", CMD_OPT_LONG, &threads, 0, 1024, .arg = "N", .help = "kernel threads (default: one per physical core)" },
-        { "--cpus", NULL, CMD_OPT_STR, &cpus_list, .arg = "LIST", .help = "CPUs the kernel threads run on (default: all allowed)" },
+        { .kind = CMD_OPT_TABLE, .dst = (void *)cmd_common_place_table(&threads, &cpus_list, place) },
         { "--tg", NULL, CMD_OPT_LONG, &tg, 1, 1 << 20, .arg = "N", .help = "decode steps profiled (default 64)" },
         { "--depth", "-d", CMD_OPT_LONG, &depth, 0, 1 << 20, .arg = "D", .help = "prompt tokens before them (default 32)" },
         { "--json", NULL, CMD_OPT_FLAG, &json, .help = "print JSON instead of the table" },

@@ -146,11 +146,22 @@ bool cmd_common_load_vocab(const char *prog, const char *path, tokenizer **tok)
     return true;
 }
 
+const cmd_opt *cmd_common_place_table(long *threads, const char **cpus, cmd_opt out[CMD_PLACE_TABLE_N])
+{
+    const cmd_opt t[CMD_PLACE_TABLE_N] = {
+        { "--threads", "-t", CMD_OPT_LONG, threads, 0, 1024, .arg = "N", .help = "kernel threads (default: one per physical core)" },
+        { "--cpus", NULL, CMD_OPT_STR, cpus, .arg = "LIST", .help = "CPUs the kernel threads run on, e.g. 0-15,32-47 (default: all allowed)" },
+        { 0 },
+    };
+    memcpy(out, t, sizeof t);
+    return out;
+}
+
 const cmd_opt *cmd_common_engine_table(cmd_engine_opts *o, cmd_opt out[CMD_ENGINE_TABLE_N])
 {
-    const cmd_opt t[CMD_ENGINE_TABLE_N] = {
-        { "--threads", "-t", CMD_OPT_LONG, &o->threads, 0, 1024, .arg = "N", .help = "kernel threads (default: one per physical core)" },
-        { "--cpus", NULL, CMD_OPT_STR, &o->cpus, .arg = "LIST", .help = "CPUs the kernel threads run on, e.g. 0-15,32-47 (default: all allowed)" },
+    cmd_opt *place = out + CMD_ENGINE_TABLE_N - CMD_PLACE_TABLE_N;   /* the tail of out holds it */
+    const cmd_opt t[CMD_ENGINE_TABLE_N - CMD_PLACE_TABLE_N] = {
+        { .kind = CMD_OPT_TABLE, .dst = (void *)cmd_common_place_table(&o->threads, &o->cpus, place) },
         { "--ctx", "-c", CMD_OPT_LONG, &o->ctx, 0, 1 << 24, .arg = "N", .help = "tokens per sequence (default: the model's trained context if its KV fits --kv-mib)" },
         { "--max-seqs", NULL, CMD_OPT_LONG, &o->max_seqs, 1, 4096, .arg = "N", .help = "sequences running at once (default 16)" },
         { "--kv-mib", NULL, CMD_OPT_LONG, &o->kv_mib, 1, 1 << 24, .arg = "N", .help = "cap of the KV pool in MiB (default 2048)" },

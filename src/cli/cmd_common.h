@@ -77,8 +77,13 @@ long cmd_common_default_ctx(const char *prog, const model *m, long kv_mib, engin
  * --draft-layers, --no-overlap)
  * writing into *o, in out (a table of its own, END-terminated): include it with
  * { .kind = CMD_OPT_TABLE, .dst = out }. */
-#define CMD_ENGINE_TABLE_N 21
+#define CMD_PLACE_TABLE_N 3
+#define CMD_ENGINE_TABLE_N (20 + CMD_PLACE_TABLE_N)   /* its entries, then the placement table it includes */
 const cmd_opt *cmd_common_engine_table(cmd_engine_opts *o, cmd_opt out[CMD_ENGINE_TABLE_N]);
+/* The same for the kernel threads' placement that cmd_common_place reads: --threads/-t and
+ * --cpus (the engine table includes it; bench and expert, which take no other engine option,
+ * include it alone). */
+const cmd_opt *cmd_common_place_table(long *threads, const char **cpus, cmd_opt out[CMD_PLACE_TABLE_N]);
 /* The same for the HTTP layer's connection limits (http/http.h): --max-connections,
  * --max-client-connections, --request-timeout. */
 #define CMD_HTTP_TABLE_N 5

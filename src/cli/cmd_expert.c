@@ -25,11 +25,11 @@ int cmd_expert(int argc, char **argv)
     const char *path = NULL, *listen = NULL, *key_path = NULL, *cpus = NULL;
     long threads = 0;
     bool verbose = false;
+    cmd_opt place[CMD_PLACE_TABLE_N];
     const cmd_opt opts[] = {
         { "--model", "-m", CMD_OPT_STR, &path, .arg = "MODEL", .help = "the GGUF (the leader's file)", .required = true },
         { "--listen", NULL, CMD_OPT_STR, &listen, .arg = "HOST:PORT", .help = "where the group's leader connects", .required = true },
-        { "--threads", "-t", CMD_OPT_LONG, &threads, 0, 1024, .arg = "N", .help = "kernel threads (default: one per physical core)" },
-        { "--cpus", NULL, CMD_OPT_STR, &cpus, .arg = "LIST", .help = "CPUs the kernel threads run on (default: all allowed)" },
+        { .kind = CMD_OPT_TABLE, .dst = (void *)cmd_common_place_table(&threads, &cpus, place) },
         { "--cluster-key-file", NULL, CMD_OPT_STR, &key_path, .arg = "PATH", .help = "the cluster secret (default: generated in ~/.cache/tokenmill)" },
         { "-v", NULL, CMD_OPT_FLAG, &verbose, .help = "log more" },
         { 0 },
