@@ -25,6 +25,16 @@
  * shares the cluster key; the leader takes the gateway's side of the handshake) and both ends
  * exchange HELLO (role expert) with the model fingerprint, which must match.
  *
+ * Overlap (micro_batches 2, the default): a member's share of a layer is cut in two
+ * micro-batches at the expert where its rows reach half (the first's last frame carries
+ * PROTO_F_LAST | PROTO_F_MORE); the member still reads both before writing, then computes the
+ * first, answers it, and computes the second while the first's outputs are on the wire. The
+ * cut is by expert, not by token: each expert's weights are still read once per step (a token
+ * split reads every expert two micro-batches share twice, and a step on CPUs is bound by
+ * those reads), and each row is computed as before, so the bits do not change. What the
+ * leader overlaps with the exchange is its own experts (and shared experts); hiding the
+ * exchange behind attention needs the layer loop run per micro-batch (docs/ep.md).
+ *
  * Failure: a member whose send fails, whose reply is malformed, or which does not answer
  * within timeout_s is closed and marked down; the experts it held for that layer are
  * computed by the leader (which maps the whole file), and so are its experts from then on,
@@ -56,6 +66,7 @@ typedef struct {
     double timeout_s;             /* longest a member may take to answer a layer, seconds */
     double rebalance_s;           /* seconds between EPLB placements from the live load; 0:
                                    * only at start (uniform load) */
+    int micro_batches;            /* per member and layer: 1, or 2 (overlap: the default, 0) */
 } ep_opts;
 
 typedef struct ep_group ep_group;

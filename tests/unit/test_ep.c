@@ -230,12 +230,81 @@ TEST(test_eplb_global_and_imbalance)
     CHECK(!ep_eplb(u, 16, 18, 1, 4, 4, q, c2));   /* not a multiple of the processes */
 }
 
+static const auth_key key = { .secret = "ep test key 0123456789abcdef", .n = 28 };
+
+/* A metric's value in the group's /metrics text (-1 when absent). */
+static double ep_metric(ep_group *g, const char *name)
+{
+    bytebuf b = { 0 };
+    ep_group_metrics(g, &b);
+    bytebuf_putc(&b, 0);
+    char want[128];
+    snprintf(want, sizeof want, "\n%s ", name);
+    const char *p = strstr(b.p, want);
+    double v = p ? atof(p + strlen(want)) : -1;
+    bytebuf_free(&b);
+    return v;
+}
+
+/* The real group over loopback: two members (ep_member, one thread each) and a leader
+ * (ep_group), with one micro-batch per member and layer and with two (overlap): the logits
+ * are one process's, bit for bit, and with overlap the members' shares went as two
+ * micro-batches, without as one. qwen3moe and deepseek2 (shared experts, expert groups). */
+TEST(test_group_micro_batches_same_bits)
+{
+    const char *archs[] = { "qwen3moe", "deepseek2" };
+    for (size_t a = 0; a < TM_ARRAY_LEN(archs); a++) {
+        model *m = mk(archs[a]);
+        CHECK(m != NULL);
+        if (!m) continue;
+        char err[256];
+        ep_member *mb[2];
+        char addr[2][64];
+        const char *members[2] = { addr[0], addr[1] };
+        for (int i = 0; i < 2; i++) {
+            mb[i] = ep_member_new(m, 1, "127.0.0.1:0", &key, err, sizeof err);
+            CHECKF(mb[i] != NULL, "%s", err);
+            snprintf(addr[i], sizeof addr[i], "127.0.0.1:%d", mb[i] ? ep_member_port(mb[i]) : 0);
+        }
+        size_t n_out = (size_t)(N + 2 * G) * V;
+        float *want = xmalloc(n_out * sizeof(float)), *got = xmalloc(n_out * sizeof(float));
+        engine *one = mk_engine(m, 2);
+        CHECK(one && run(one, want));
+        for (int n_mb = 1; n_mb <= 2 && mb[0] && mb[1]; n_mb++) {
+            engine *lead = mk_engine(m, 2);
+            ep_opts o = { .members = members, .n_members = 2, .key = &key, .timeout_s = 30, .micro_batches = n_mb };
+            ep_group *g = lead ? ep_group_new(lead, &o, err, sizeof err) : NULL;
+            CHECKF(g != NULL, "%s", err);
+            if (g) {
+                memset(got, 0, n_out * sizeof(float));
+                CHECK(run(lead, got));
+                CHECKF(!memcmp(want, got, n_out * sizeof(float)), "%s, %d micro-batches: logits differ", archs[a], n_mb);
+                double split = ep_metric(g, "tokenmill_ep_split_exchanges_total");
+                double ex = ep_metric(g, "tokenmill_ep_exchanges_total");
+                CHECKF(ex > 0 && (n_mb == 2 ? split > 0 : split == 0), "%s, %d micro-batches: %.0f exchanges, %.0f split",
+                       archs[a], n_mb, ex, split);
+                CHECK(ep_metric(g, "tokenmill_ep_micro_batches") == n_mb);
+                CHECK(ep_group_up(g) == 2);
+                ep_group_free(g);
+            }
+            engine_free(lead);
+        }
+        for (int i = 0; i < 2; i++) ep_member_free(mb[i]);
+        free(want);
+        free(got);
+        engine_free(one);
+        model_free(m);
+    }
+}
+
+
 int main(void)
 {
     if (!mkdtemp(tmpdir)) return 1;
     RUN(test_split_experts_same_bits);
     RUN(test_eplb_reference);
     RUN(test_eplb_global_and_imbalance);
+    RUN(test_group_micro_batches_same_bits);
     rmdir(tmpdir);
     HARNESS_END();
 }
