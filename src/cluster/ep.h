@@ -9,8 +9,8 @@
  * DESIGN. Placement: per layer, each expert has one or more holders among the group's
  * processes (0 = the leader, 1..N = members). Without redundant experts they are contiguous
  * ranges of E / (N + 1); with --redundant-experts R the placement is DeepSeek's EPLB
- * (ep_eplb: hierarchical when the router's expert groups divide among the processes, global
- * otherwise) over the engine's expert load window, recomputed every rebalance_s seconds
+ * (ep_eplb's global policy: every process is a machine of its own, and the hierarchical one
+ * keeps copies within a machine) over the engine's expert load window, recomputed every rebalance_s seconds
  * between steps (the new table is built beside the old and swapped at a step's first MoE
  * layer). In a step, an expert with several holders goes to the holder given the fewest rows
  * so far in that layer (lowest index on ties), so replicas share the load and the choice is a
@@ -99,8 +99,8 @@ void ep_group_summary(ep_group *g, ep_summary *s);
  * a machine, slots onto its processes) when n_groups is a multiple of n_nodes, else global
  * (the same with one group and one machine). Out: phys2log (n_phys), slot s on process
  * s / (n_phys / n_gpus); logcnt (n_log) replicas of each expert. Ties break to the lower
- * index (eplb.py leaves them to torch's sort). false on bad sizes. The group runs it with
- * one process per machine. */
+ * index (eplb.py leaves them to torch's sort). false on bad sizes. The group runs the global
+ * policy (n_groups 1, n_nodes 1, n_gpus its processes). */
 bool ep_eplb(const double *load, int n_log, int n_phys, int n_groups, int n_nodes, int n_gpus, int32_t *phys2log,
              int32_t *logcnt);
 /* Holders of each expert as bit masks (bit p: process p) from an EPLB placement:
