@@ -13,7 +13,7 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 
-import { root, bin, startServer, stopServers } from "./server.mjs";
+import { root, bin, startServer, stopServers, startCluster } from "./server.mjs";
 
 const vocab = path.join(root, "tests/data/llama.cpp/models/ggml-vocab-qwen2.gguf");
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "tm-ep-"));
@@ -87,7 +87,7 @@ before(async () => {
   fs.writeFileSync(key, "ep-test-key-0123456789abcdef\n", { mode: 0o600 });
   execFileSync(bin, ["mkmodel", "--arch", "qwen3moe", "--preset", "tiny", "--experts", "16", "--experts-used", "4",
     "--expert-ffn", "256", "--vocab", vocab, "--type", "q8_0", "--seed", "7", "-o", model], { stdio: "pipe" });
-  // DeepSeek V3's router: 8 groups of which 4 kept, so EPLB's hierarchical policy applies
+  // DeepSeek V3's router: 8 groups of which 4 kept
   execFileSync(bin, ["mkmodel", "--arch", "deepseek2", "--preset", "tiny", "--q-lora", "64", "--kv-lora", "128",
     "--nope-dim", "32", "--rope-dim", "32", "--v-dim", "32", "--experts", "16", "--experts-used", "4", "--expert-ffn", "128",
     "--shared-experts", "1", "--dense-layers", "1", "--router", "sigmoid", "--expert-groups", "8", "--groups-used", "4",
@@ -151,9 +151,31 @@ test("loopback group: one process's completions, through a killed, a silent and 
   await exited(back.proc);
 });
 
+test("gateway workers leading groups: a gateway's answers equal one process's; a member killed mid-stream loses nothing", { skip }, async () => {
+  // the prefill worker leads a group of one member, the decode worker one of two (it shares
+  // the first: a member serves several leaders); the whole cluster on the members' key
+  const [m1, m2] = await Promise.all([startMember(model), startMember(model)]);
+  const ep = (...ms) => ["--cluster-key-file", key, "--ep-timeout", "1", "--ep-member", ms.map((m) => `127.0.0.1:${m.port}`).join(",")];
+  const gw = await startCluster(model, ["prefill", "decode"], { gatewayArgs: ["--cluster-key-file", key],
+    workerArgs: ["--ctx", "512", "--max-seqs", "8"], perWorkerArgs: [ep(m1), ep(m1, m2)] });
+  const want = await Promise.all(PROMPTS.map((p) => complete(ref.url, p)));
+  const got = await Promise.all(PROMPTS.map((p) => complete(gw.url, p)));
+  assert.deepEqual(got, want);   // text, log-probabilities and finish reason
+  const leaders = (m) => (m.log().match(/ep member: leader \S+ is in/g) || []).length;
+  assert.equal(leaders(m1), 2, "both workers lead a group with the first member");
+  assert.equal(leaders(m2), 1);
+  // a member killed in the middle of a decode worker's stream: the stream goes on, the same text
+  const long = "Tell me everything about mixtures of experts";
+  const wantLong = (await complete(ref.url, long, { max_tokens: 48, logprobs: undefined })).text;
+  const text = await stream(gw.url, long, 48, (i) => { if (i === 3) m2.proc.kill("SIGKILL"); });
+  assert.equal(text, wantLong);
+  await exited(m2.proc);
+  assert.deepEqual((await complete(gw.url, PROMPTS[0])).text, want[0].text);
+});
+
 test("redundant experts: EPLB placements from the live load, switched between steps, same completions; the status page", { skip }, async () => {
   const [m1, m2, m3] = await Promise.all([startMember(ds), startMember(ds), startMember(ds)]);
-  // 16 experts + 4 copies on 4 processes; 8 groups over 4 processes: the hierarchical policy
+  // 16 experts + 4 copies on 4 processes (EPLB's global policy)
   const S = await startServer(ds, ["--ctx", "512", "--max-seqs", "8", "--cluster-key-file", key,
     "--ep-member", `127.0.0.1:${m1.port}`, "--ep-member", `127.0.0.1:${m2.port}`, "--ep-member", `127.0.0.1:${m3.port}`,
     "--redundant-experts", "4", "--ep-rebalance", "0.05"]);
