@@ -113,7 +113,7 @@ typedef struct {
     double w_scale;
     int n_groups, n_groups_used;
     double router_skew;     /* deepseek2 sigmoid router: added to expert x's selection bias
-                             * times (E - 1 - x) / (E - 1), 0: none */
+                             * times x / (E - 1), 0: none */
     int n_vocab;            /* requested (generated vocab size, or pad target) */
     double rope_base;
     double eps;
@@ -452,7 +452,7 @@ static void *mk_fill_rows(void *arg)
             uint64_t x = util_rng_next(&rng);
             float u = (float)(x >> 40) * (1.0f / 8388608.0f) - 1.0f; /* [-1, 1) */
             row[i] = t->init == MK_INIT_NORM ? t->std * (1.0f + 0.2f * u) : a * u;
-            if (t->init == MK_INIT_SKEW) row[i] += (float)(t->o->router_skew * (double)(t->ne0 - 1 - i) / (double)(t->ne0 - 1));
+            if (t->init == MK_INIT_SKEW) row[i] += (float)(t->o->router_skew * (double)i / (double)(t->ne0 - 1));
         }
         quant_quantize_row(t->type, row, j->dst + (size_t)r * rb, t->ne0);
     }
@@ -587,7 +587,9 @@ static void mk_mla_layer(mk_model *m, int l, qtype more)
     }
     int64_t ne = o->n_expert, ef = o->expert_ffn, sh = ef * o->n_shared;
     mk_add(m, MK_T("ffn_gate_inp.weight"), MK_INIT_NOISE, 2.0f * s_in, QTYPE_F32, 2, dim, ne);
-    if (o->sigmoid)   /* a skewed router on purpose (a random one spreads tokens evenly): the low ids favoured */
+    /* a skewed router on purpose (a random one spreads tokens evenly): the high ids favoured, so
+     * that EPLB's ties to the lower index (a uniform load) do not copy the hot experts by luck */
+    if (o->sigmoid)
         mk_add(m, MK_T("exp_probs_b.bias"), o->router_skew > 0 ? MK_INIT_SKEW : MK_INIT_NOISE, 0.05f, QTYPE_F32, 1, ne, 1);
     mk_add3(m, MK_T("ffn_gate_exps.weight"), MK_INIT_NOISE, s_in, base, 3, dim, ef, ne);
     mk_add3(m, MK_T("ffn_up_exps.weight"), MK_INIT_NOISE, s_in, base, 3, dim, ef, ne);
@@ -1078,7 +1080,7 @@ int cmd_mkmodel(int argc, char **argv)
         { "--expert-groups", NULL, CMD_OPT_LONG, &a.groups, 0, 1024, .arg = "G", .help = "deepseek2: group-limited routing" },
         { "--groups-used", NULL, CMD_OPT_LONG, &a.groups_used, 0, 1024, .arg = "N", .help = "deepseek2: groups kept per token" },
         { "--routed-scale", NULL, CMD_OPT_DOUBLE, &a.routed_scale, 0, 1000, .arg = "F", .help = "deepseek2: routed experts' weight scale" },
-        { "--router-skew", NULL, CMD_OPT_DOUBLE, &a.router_skew, 0, 100, .arg = "F", .help = "deepseek2 sigmoid router: a load skewed on purpose, expert x's selection bias + F (E-1-x)/(E-1)" },
+        { "--router-skew", NULL, CMD_OPT_DOUBLE, &a.router_skew, 0, 100, .arg = "F", .help = "deepseek2 sigmoid router: a load skewed on purpose, expert x's selection bias + F x/(E-1)" },
         { "--nextn", NULL, CMD_OPT_LONG, &a.nextn, 0, 16, .arg = "N", .help = "deepseek2: N multi-token prediction (MTP) layers after the model's" },
         { "--window", NULL, CMD_OPT_LONG, &a.window, 0, 1 << 24, .arg = "N", .help = "gpt-oss: sliding window of the even layers" },
         { "--ctx", NULL, CMD_OPT_LONG, &a.ctx, 0, 1 << 24, .arg = "N", .help = "training context" },

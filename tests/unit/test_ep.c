@@ -334,7 +334,7 @@ TEST(test_eplb_skewed_load)
 }
 
 /* The same through a model whose router is skewed on purpose (mkmodel --router-skew: the
- * selection bias favours the low expert ids) and a group with redundant experts placed from
+ * selection bias favours the high expert ids) and a group with redundant experts placed from
  * the live load: after a few steps the contiguous ranges' imbalance is far above 1 and the
  * placement the group switched to (a rebalance at every step's first MoE layer) is lower;
  * the logits stay one process's. */
