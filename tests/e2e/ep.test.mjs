@@ -2,7 +2,9 @@
 // `tokenmill expert` members (--ep-member) over authenticated links; its completions must equal
 // one process's (tokens and log-probabilities), while members are killed, stopped (a silent
 // member is detected by --ep-timeout) and restarted (it rejoins), with redundant experts placed
-// by EPLB and rebalanced from the live load; /metrics and the status page show the group. Then
+// by EPLB and rebalanced from the live load, with two micro-batches per member and layer (the
+// default) and one (--ep-overlap off); /metrics and the status page show the group. Gateway
+// workers (prefill, decode) leading groups of their own answer as one process. Then
 // the same across network namespaces (one per member, veth links, netem latency and loss where
 // the kernel has it), set up and torn down here; skipped with the reason where `ip netns`
 // cannot run. And the refusals: a dense model, another key, another model, bad options.
@@ -107,7 +109,7 @@ test("loopback group: one process's completions, through a killed, a silent and 
   const [m1, m2] = await Promise.all([startMember(model), startMember(model)]);
   const S = await startServer(model, ["--ctx", "512", "--max-seqs", "8", "--cluster-key-file", key,
     "--ep-member", `127.0.0.1:${m1.port},127.0.0.1:${m2.port}`, "--ep-timeout", "1"]);
-  assert.match(S.log, /expert group of 3 processes \(this one and 2 members\), 16 experts per layer/);
+  assert.match(S.log, /expert group of 3 processes \(this one and 2 members\), 16 experts per layer, .* two micro-batches per member and layer/);
   // concurrently: the steps carry several sequences and prefill chunks at once
   const want = await Promise.all(PROMPTS.map((p) => complete(ref.url, p)));
   assert.deepEqual(await Promise.all(PROMPTS.map((p) => complete(S.url, p))), want);
@@ -118,6 +120,8 @@ test("loopback group: one process's completions, through a killed, a silent and 
   assert.ok(metric(text, /^tokenmill_ep_exchange_seconds_total (\S+)$/m) > 0);
   const hidden = metric(text, /^tokenmill_ep_hidden_ratio (\S+)$/m);
   assert.ok(hidden >= 0 && hidden <= 1, `hidden ${hidden}`);
+  assert.equal(metric(text, /^tokenmill_ep_micro_batches (\d+)$/m), 2);   // --ep-overlap on, the default
+  assert.ok(metric(text, /^tokenmill_ep_split_exchanges_total (\d+)$/m) > 0);
   const im = metric(text, /^tokenmill_ep_imbalance\{placement="contiguous"\} (\S+)$/m);
   assert.ok(im >= 1 && im <= 3, `imbalance ${im}`);
 
@@ -178,11 +182,12 @@ test("redundant experts: EPLB placements from the live load, switched between st
   // 16 experts + 4 copies on 4 processes (EPLB's global policy)
   const S = await startServer(ds, ["--ctx", "512", "--max-seqs", "8", "--cluster-key-file", key,
     "--ep-member", `127.0.0.1:${m1.port}`, "--ep-member", `127.0.0.1:${m2.port}`, "--ep-member", `127.0.0.1:${m3.port}`,
-    "--redundant-experts", "4", "--ep-rebalance", "0.05"]);
-  assert.match(S.log, /expert group of 4 processes .* 4 redundant/);
+    "--redundant-experts", "4", "--ep-rebalance", "0.05", "--ep-overlap", "off"]);
+  assert.match(S.log, /expert group of 4 processes .* 4 redundant, one micro-batch per member and layer/);
   for (const p of PROMPTS) assert.deepEqual(await complete(S.url, p), await complete(refDs.url, p));
   const text = await (await fetch(`${S.url}/metrics`)).text();
   assert.ok(metric(text, /^tokenmill_ep_rebalances_total (\d+)$/m) >= 1, "placed again from the load");
+  assert.equal(metric(text, /^tokenmill_ep_split_exchanges_total (\d+)$/m), 0);   // --ep-overlap off
   const ic = metric(text, /^tokenmill_ep_imbalance\{placement="contiguous"\} (\S+)$/m);
   const ip = metric(text, /^tokenmill_ep_imbalance\{placement="current"\} (\S+)$/m);
   assert.ok(ic >= 1 && ip >= 1, `imbalance ${ic} / ${ip}`);
