@@ -558,6 +558,7 @@ const cmd_opt *cmd_common_ep_table(cmd_ep_opts *o, cmd_opt out[CMD_EP_TABLE_N])
         { "--redundant-experts", NULL, CMD_OPT_LONG, &o->redundant, 0, 1 << 16, .arg = "N", .help = "with --ep-member: extra expert copies per layer, placed by EPLB from the live load (default 0)" },
         { "--ep-timeout", NULL, CMD_OPT_DOUBLE, &o->timeout_s, 0.01, 3600, .arg = "S", .help = "with --ep-member: a member silent this long is down, its experts run here (default 5)" },
         { "--ep-rebalance", NULL, CMD_OPT_DOUBLE, &o->rebalance_s, 0, 1e7, .arg = "S", .help = "with --redundant-experts: seconds between placements (default 60; 0: once)" },
+        { "--ep-overlap", NULL, CMD_OPT_CHOICE, &o->overlap_off, .choices = "on|off", .help = "with --ep-member: each member's share of a layer in two micro-batches, the first's outputs on the wire while the second computes (default on)" },
         { 0 },
     };
     memcpy(out, t, sizeof t);
@@ -592,15 +593,17 @@ bool cmd_common_ep_start(const char *prog, engine *e, cmd_ep_opts *o, const char
     char key_file[4096], err[512];
     if (!cmd_common_cluster_key(prog, key_path, &key, key_file, sizeof key_file, false)) return false;
     ep_opts eo = { .members = o->members.v, .n_members = o->members.n, .key = &key, .redundant = (int)o->redundant,
-                   .timeout_s = o->timeout_s, .rebalance_s = o->rebalance_s };
+                   .timeout_s = o->timeout_s, .rebalance_s = o->rebalance_s, .micro_batches = o->overlap_off ? 1 : 2 };
     ep_group *g = ep_group_new(e, &eo, err, sizeof err);
     if (!g) {
         fprintf(stderr, "tokenmill %s: %s\n", prog, err);
         return false;
     }
     const model *m = engine_model(e);
-    fprintf(stderr, "tokenmill %s: expert group of %d processes (this one and %d members), %d experts per layer, %ld redundant, cluster key %s\n",
-            prog, ep_group_size(g), o->members.n, m->hp.n_expert, o->redundant, key_file);
+    fprintf(stderr, "tokenmill %s: expert group of %d processes (this one and %d members), %d experts per layer, %ld redundant, "
+                    "%s micro-batch%s per member and layer, cluster key %s\n",
+            prog, ep_group_size(g), o->members.n, m->hp.n_expert, o->redundant, o->overlap_off ? "one" : "two",
+            o->overlap_off ? "" : "es", key_file);
     *out = g;
     return true;
 }

@@ -152,11 +152,12 @@ typedef struct {
     long redundant;              /* --redundant-experts N */
     double timeout_s;            /* --ep-timeout S */
     double rebalance_s;          /* --ep-rebalance S */
+    int overlap_off;             /* --ep-overlap on|off: index, 0 on (two micro-batches) */
 } cmd_ep_opts;
 #define CMD_EP_OPTS_DEFAULT { .timeout_s = 5, .rebalance_s = 60 }
 /* The option table entries of those (--ep-member, --redundant-experts, --ep-timeout,
- * --ep-rebalance), as cmd_common_engine_table. */
-#define CMD_EP_TABLE_N 5
+ * --ep-rebalance, --ep-overlap), as cmd_common_engine_table. */
+#define CMD_EP_TABLE_N 6
 const cmd_opt *cmd_common_ep_table(cmd_ep_opts *o, cmd_opt out[CMD_EP_TABLE_N]);
 /* The cluster key from key_path (NULL: the default key, generated on first use) into key, and
  * the file it came from into used (usedsz bytes); with say, "tokenmill PROG: cluster key FILE"

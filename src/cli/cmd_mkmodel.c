@@ -112,6 +112,8 @@ typedef struct {
     bool sigmoid, w_norm;
     double w_scale;
     int n_groups, n_groups_used;
+    double router_skew;     /* deepseek2 sigmoid router: added to expert x's selection bias
+                             * times x / (E - 1), 0: none */
     int n_vocab;            /* requested (generated vocab size, or pad target) */
     double rope_base;
     double eps;
@@ -413,7 +415,7 @@ static void mk_vocab_write(mk_vocab *v, gguf_writer *w)
 
 /* ---- weights ------------------------------------------------------------------------- */
 
-typedef enum { MK_INIT_NOISE, MK_INIT_NORM, MK_INIT_ROPE_FREQS } mk_init;
+typedef enum { MK_INIT_NOISE, MK_INIT_NORM, MK_INIT_ROPE_FREQS, MK_INIT_SKEW } mk_init;   /* SKEW: noise + router_skew's ramp */
 
 typedef struct {
     uint64_t seed;          /* per-tensor seed (run seed mixed with the name) */
@@ -450,6 +452,7 @@ static void *mk_fill_rows(void *arg)
             uint64_t x = util_rng_next(&rng);
             float u = (float)(x >> 40) * (1.0f / 8388608.0f) - 1.0f; /* [-1, 1) */
             row[i] = t->init == MK_INIT_NORM ? t->std * (1.0f + 0.2f * u) : a * u;
+            if (t->init == MK_INIT_SKEW) row[i] += (float)(t->o->router_skew * (double)i / (double)(t->ne0 - 1));
         }
         quant_quantize_row(t->type, row, j->dst + (size_t)r * rb, t->ne0);
     }
@@ -584,7 +587,10 @@ static void mk_mla_layer(mk_model *m, int l, qtype more)
     }
     int64_t ne = o->n_expert, ef = o->expert_ffn, sh = ef * o->n_shared;
     mk_add(m, MK_T("ffn_gate_inp.weight"), MK_INIT_NOISE, 2.0f * s_in, QTYPE_F32, 2, dim, ne);
-    if (o->sigmoid) mk_add(m, MK_T("exp_probs_b.bias"), MK_INIT_NOISE, 0.05f, QTYPE_F32, 1, ne, 1);
+    /* a skewed router on purpose (a random one spreads tokens evenly): the high ids favoured, so
+     * that EPLB's ties to the lower index (a uniform load) do not copy the hot experts by luck */
+    if (o->sigmoid)
+        mk_add(m, MK_T("exp_probs_b.bias"), o->router_skew > 0 ? MK_INIT_SKEW : MK_INIT_NOISE, 0.05f, QTYPE_F32, 1, ne, 1);
     mk_add3(m, MK_T("ffn_gate_exps.weight"), MK_INIT_NOISE, s_in, base, 3, dim, ef, ne);
     mk_add3(m, MK_T("ffn_up_exps.weight"), MK_INIT_NOISE, s_in, base, 3, dim, ef, ne);
     mk_add3(m, MK_T("ffn_down_exps.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)ef), more, 3, ef, dim, ne);
@@ -929,6 +935,7 @@ typedef struct {
     long experts, experts_used, expert_ffn, window, nextn;
     long q_lora, kv_lora, rope_dim, nope_dim, v_dim, shared, dense, groups, groups_used;   /* deepseek2 */
     double routed_scale;
+    double router_skew;             /* deepseek2 --router-skew */
     int tied;                       /* 1 --tied, 0 --untied, -1 the preset's */
     double rope_base, eps;          /* 0: the preset's or the arch's */
 } mk_args;
@@ -969,6 +976,11 @@ static int mk_resolve_experts(mk_opts *o, const mk_args *a, const mk_preset *p)
         o->w_scale = a->routed_scale > 0 ? a->routed_scale : d->w_scale;
         o->n_groups = a->groups >= 0 ? (int)a->groups : d->n_groups;
         o->n_groups_used = a->groups_used ? (int)a->groups_used : d->n_groups_used;
+        o->router_skew = a->router_skew;
+        if (o->router_skew > 0 && !o->sigmoid) {
+            fprintf(stderr, "tokenmill mkmodel: --router-skew needs --router sigmoid (it skews the selection bias)\n");
+            return 2;
+        }
         o->n_expert = a->experts ? a->experts : d->n_expert;
         o->n_expert_used = a->experts_used ? a->experts_used : d->n_expert_used;
         o->expert_ffn = a->expert_ffn ? a->expert_ffn : d->expert_ffn;
@@ -983,8 +995,8 @@ static int mk_resolve_experts(mk_opts *o, const mk_args *a, const mk_preset *p)
             return 2;
         }
     } else if (a->q_lora >= 0 || a->kv_lora || a->rope_dim || a->nope_dim || a->v_dim || a->shared >= 0 || a->dense >= 0 || a->router ||
-               a->groups >= 0 || a->groups_used || a->routed_scale > 0 || a->nextn) {
-        fprintf(stderr, "tokenmill mkmodel: the MLA, shared-expert and --nextn options are for --arch deepseek2\n");
+               a->groups >= 0 || a->groups_used || a->routed_scale > 0 || a->nextn || a->router_skew > 0) {
+        fprintf(stderr, "tokenmill mkmodel: the MLA, shared-expert, --router-skew and --nextn options are for --arch deepseek2\n");
         return 2;
     } else if (gptoss) {
         /* a dense preset under --arch gpt-oss: 32 experts, 4 per token, each of the ffn size;
@@ -1068,6 +1080,7 @@ int cmd_mkmodel(int argc, char **argv)
         { "--expert-groups", NULL, CMD_OPT_LONG, &a.groups, 0, 1024, .arg = "G", .help = "deepseek2: group-limited routing" },
         { "--groups-used", NULL, CMD_OPT_LONG, &a.groups_used, 0, 1024, .arg = "N", .help = "deepseek2: groups kept per token" },
         { "--routed-scale", NULL, CMD_OPT_DOUBLE, &a.routed_scale, 0, 1000, .arg = "F", .help = "deepseek2: routed experts' weight scale" },
+        { "--router-skew", NULL, CMD_OPT_DOUBLE, &a.router_skew, 0, 100, .arg = "F", .help = "deepseek2 sigmoid router: a load skewed on purpose, expert x's selection bias + F x/(E-1)" },
         { "--nextn", NULL, CMD_OPT_LONG, &a.nextn, 0, 16, .arg = "N", .help = "deepseek2: N multi-token prediction (MTP) layers after the model's" },
         { "--window", NULL, CMD_OPT_LONG, &a.window, 0, 1 << 24, .arg = "N", .help = "gpt-oss: sliding window of the even layers" },
         { "--ctx", NULL, CMD_OPT_LONG, &a.ctx, 0, 1 << 24, .arg = "N", .help = "training context" },

@@ -159,6 +159,8 @@ typedef struct {
     int32_t *rows;               /* (E) their row counts */
     int n_frames;
     int32_t *frame0;             /* (E + 1) first expert of each frame */
+    int n_mb;                    /* micro-batches of the exchange: 1, or 2 with overlap */
+    int mb_frame[3];             /* frames [mb_frame[m], mb_frame[m + 1]) carry micro-batch m */
     float *gbuf;                 /* gathered rows of one frame */
     size_t gcap;                 /* floats */
     bytebuf buf;                 /* encoded frame */
@@ -173,8 +175,9 @@ struct ep_group {
     engine *e;
     const model *m;
     int n_procs, n_members;      /* members + 1 (the leader is process 0) */
-    int E, n_layers, dim, first_moe;
+    int E, n_layers, dim, first_moe, last_moe;
     int redundant;
+    int micro_batches;           /* per member and layer: 2 (overlap) or 1 */
     double timeout_s, rebalance_s;
     auth_key key;
     engine_ep_hooks hooks;
@@ -193,10 +196,21 @@ struct ep_group {
     int32_t *tmp;                /* (E) */
     int64_t assigned[EP_MAX_MEMBERS + 1];
     double t0, t_sent;
+    double step_exch_s, step_wait_s; /* this step's share of exch_s, wait_s (the step log) */
+    int step_n;                  /* this step's exchanges */
     /* counters */
     uint64_t rows_local, n_exchanges;
+    uint64_t n_split;            /* member exchanges sent as two micro-batches */
     double exch_s, wait_s;       /* dispatch start to replies in; blocked in combine */
 };
+
+/* The flags of frame f of an exchange of n_frames frames in n_mb micro-batches (mb_frame as
+ * ep_link's): LAST ends a micro-batch, MORE with it says a second one follows. Both sides'. */
+static uint32_t ep_frame_flags(int n_mb, const int *mb_frame, int n_frames, int f)
+{
+    if (n_mb == 2 && f == mb_frame[1] - 1) return PROTO_F_LAST | PROTO_F_MORE;
+    return f == n_frames - 1 ? PROTO_F_LAST : 0;
+}
 
 static void ep_link_close(ep_link *l)
 {
@@ -310,11 +324,13 @@ static void ep_contiguous(int E, int P, uint64_t *holders)
 }
 
 /* An EPLB placement of every MoE layer from the engine's load window (uniform where nothing
- * was counted yet) into g->holders_next. */
+ * was counted yet) into g->holders_next. The global policy, the group as one node of P
+ * processes: the hierarchical one keeps an expert's copies on its own node, and each process
+ * of the group is a machine of its own, so a copy would land beside its original and balance
+ * nothing (test_ep's skewed load: 2.46 before and after). */
 static void ep_place(ep_group *g)
 {
     const int E = g->E, P = g->n_procs, n_phys = E + g->redundant;
-    int n_groups = g->m->hp.n_groups > 1 ? g->m->hp.n_groups : 1;
     uint64_t *win = xmalloc((size_t)E * sizeof *win);
     double *load = xmalloc((size_t)E * sizeof *load);
     int32_t *p2l = xmalloc((size_t)n_phys * sizeof *p2l), *cnt = xmalloc((size_t)E * sizeof *cnt);
@@ -325,7 +341,7 @@ static void ep_place(ep_group *g)
         if (engine_moe_load(g->e, il, win, NULL, NULL))
             for (int x = 0; x < E; x++) all += (double)win[x];
         for (int x = 0; x < E; x++) load[x] = all > 0 ? (double)win[x] : 1.0;
-        if (g->redundant > 0 && ep_eplb(load, E, n_phys, n_groups, P, P, p2l, cnt)) ep_eplb_holders(p2l, n_phys, P, E, h);
+        if (g->redundant > 0 && ep_eplb(load, E, n_phys, 1, 1, P, p2l, cnt)) ep_eplb_holders(p2l, n_phys, P, E, h);
         else ep_contiguous(E, P, h);
     }
     free(win);
@@ -348,6 +364,8 @@ static void ep_step_start(ep_group *g)
         }
     }
     pthread_mutex_unlock(&g->mu);
+    g->step_exch_s = g->step_wait_s = 0;
+    g->step_n = 0;
     if (g->redundant > 0 && g->rebalance_s > 0 && util_now() >= g->next_rebalance) {
         ep_place(g);   /* beside the current one, which the metrics may be reading */
         pthread_mutex_lock(&g->mu);
@@ -360,7 +378,7 @@ static void ep_step_start(ep_group *g)
     }
 }
 
-static bool ep_send_frame(ep_group *g, ep_link *l, int il, int f, bool last, const float *xg)
+static bool ep_send_frame(ep_group *g, ep_link *l, int il, int f, const float *xg)
 {
     const int dim = g->dim;
     int a = l->frame0[f], b = l->frame0[f + 1];
@@ -377,7 +395,7 @@ static bool ep_send_frame(ep_group *g, ep_link *l, int il, int f, bool last, con
         memcpy(l->gbuf + o, xg + (size_t)g->off[l->exp[i]] * dim, k * sizeof(float));
         o += k;
     }
-    proto_msg m = { .hdr = { .type = PROTO_EXPERTS, .flags = last ? PROTO_F_LAST : 0 } };
+    proto_msg m = { .hdr = { .type = PROTO_EXPERTS, .flags = ep_frame_flags(l->n_mb, l->mb_frame, l->n_frames, f) } };
     m.u.experts = (proto_experts){ .layer = (uint16_t)il, .dim = (uint32_t)dim, .n_exp = (uint32_t)(b - a),
                                    .experts = l->exp + a, .n_rows = l->rows + a, .n_floats = (uint32_t)n, .x = l->gbuf };
     l->buf.len = 0;
@@ -419,19 +437,35 @@ static int ep_dispatch(void *ctx, int il, int32_t *act, int n_act, const int32_t
     for (int i = 0; i < g->n_members; i++) {
         ep_link *l = &g->links[i];
         if (!l->n_exp) continue;
+        /* two micro-batches: the experts cut where the rows reach half, so that the member
+         * computes the second while the first's outputs are on the wire */
+        int cut = l->n_exp;
+        if (g->micro_batches > 1 && l->n_exp > 1) {
+            int64_t all = 0, run = l->rows[0];
+            for (int k = 0; k < l->n_exp; k++) all += l->rows[k];
+            for (cut = 1; cut < l->n_exp - 1 && 2 * run < all; cut++) run += l->rows[cut];
+        }
         size_t fl = 0;
         l->frame0[0] = 0;
+        l->n_mb = 1;
+        l->mb_frame[0] = 0;
         for (int k = 0; k < l->n_exp; k++) {
             size_t r = (size_t)l->rows[k] * g->dim;
-            if (fl > 0 && fl + r > EP_FRAME_FLOATS) {
+            if (k == cut) {
+                l->frame0[++l->n_frames] = k;
+                l->mb_frame[l->n_mb++] = l->n_frames;
+                fl = 0;
+            } else if (fl > 0 && fl + r > EP_FRAME_FLOATS) {
                 l->frame0[++l->n_frames] = k;
                 fl = 0;
             }
             fl += r;
         }
         l->frame0[++l->n_frames] = l->n_exp;
+        l->mb_frame[l->n_mb] = l->n_frames;
+        g->n_split += l->n_mb == 2;
         bool ok = true;
-        for (int f = 0; f < l->n_frames && ok; f++) ok = ep_send_frame(g, l, il, f, f == l->n_frames - 1, xg);
+        for (int f = 0; f < l->n_frames && ok; f++) ok = ep_send_frame(g, l, il, f, xg);
         if (!ok) {
             char why[64];
             snprintf(why, sizeof why, "send: %s", strerror(errno));
@@ -457,7 +491,8 @@ static bool ep_recv_frame(ep_group *g, ep_link *l, int il, int f, float *ye, cha
     }
     int a = l->frame0[f], b = l->frame0[f + 1];
     bool ok = m.hdr.type == PROTO_EXPERTS_OUT && m.u.experts.layer == il && (int)m.u.experts.dim == g->dim &&
-              (int)m.u.experts.n_exp == b - a && !!(m.hdr.flags & PROTO_F_LAST) == (f == l->n_frames - 1);
+              (int)m.u.experts.n_exp == b - a &&
+              m.hdr.flags == ep_frame_flags(l->n_mb, l->mb_frame, l->n_frames, f);
     for (int i = 0; ok && i < b - a; i++) ok = m.u.experts.experts[i] == l->exp[a + i] && m.u.experts.n_rows[i] == l->rows[a + i];
     if (!ok) {
         if (m.hdr.type == PROTO_ERROR) snprintf(why, whysz, "error: %s", m.u.error.msg ? m.u.error.msg : "?");
@@ -504,7 +539,14 @@ static int ep_combine(void *ctx, int il, float *ye, int32_t *act)
         g->wait_s += now - t;
         g->n_exchanges++;
         pthread_mutex_unlock(&g->mu);
+        g->step_exch_s += now - g->t0;
+        g->step_wait_s += now - t;
+        g->step_n++;
     }
+    if (il == g->last_moe && g->step_n > 0)
+        log_debug("ep: step: %d layers exchanged, %.3f ms from dispatch to the last reply, %.3f ms waited for it, "
+                  "%.0f%% hidden", g->step_n, 1e3 * g->step_exch_s, 1e3 * g->step_wait_s,
+                  g->step_exch_s > 0 ? 100 * (1 - g->step_wait_s / g->step_exch_s) : 0.0);
     return n_fail;
 }
 
@@ -554,9 +596,13 @@ ep_group *ep_group_new(engine *e, const ep_opts *o, char *err, size_t errsz)
     g->timeout_s = o->timeout_s > 0 ? o->timeout_s : 5.0;
     g->rebalance_s = o->rebalance_s;
     g->key = *o->key;
-    g->first_moe = -1;
-    for (int il = 0; il < hp->n_layers && g->first_moe < 0; il++)
-        if (m->layers[il].gate_exps.data) g->first_moe = il;
+    g->micro_batches = o->micro_batches == 1 ? 1 : 2;
+    g->first_moe = g->last_moe = -1;
+    for (int il = 0; il < hp->n_layers; il++)
+        if (m->layers[il].gate_exps.data) {
+            if (g->first_moe < 0) g->first_moe = il;
+            g->last_moe = il;
+        }
     pthread_mutex_init(&g->mu, NULL);
     util_cond_init(&g->cv);
     g->links = xcalloc((size_t)o->n_members, sizeof *g->links);
@@ -714,8 +760,13 @@ void ep_group_metrics(ep_group *g, bytebuf *b)
                       "# HELP tokenmill_ep_wait_seconds_total Of that, the time the step waited for replies after its own experts.\n"
                       "# TYPE tokenmill_ep_wait_seconds_total counter\ntokenmill_ep_wait_seconds_total %.6f\n"
                       "# HELP tokenmill_ep_hidden_ratio Share of the exchange time hidden behind the leader's own experts.\n"
-                      "# TYPE tokenmill_ep_hidden_ratio gauge\ntokenmill_ep_hidden_ratio %.4f\n",
-                   (unsigned long long)g->n_exchanges, g->exch_s, g->wait_s, s.hidden);
+                      "# TYPE tokenmill_ep_hidden_ratio gauge\ntokenmill_ep_hidden_ratio %.4f\n"
+                      "# HELP tokenmill_ep_micro_batches Micro-batches per member and layer (2: --ep-overlap on).\n"
+                      "# TYPE tokenmill_ep_micro_batches gauge\ntokenmill_ep_micro_batches %d\n"
+                      "# HELP tokenmill_ep_split_exchanges_total Member exchanges sent as two micro-batches (a member given one expert gets one).\n"
+                      "# TYPE tokenmill_ep_split_exchanges_total counter\ntokenmill_ep_split_exchanges_total %llu\n",
+                   (unsigned long long)g->n_exchanges, g->exch_s, g->wait_s, s.hidden, g->micro_batches,
+                   (unsigned long long)g->n_split);
     bytebuf_printf(b, "# HELP tokenmill_ep_imbalance Busiest process's expert load over the mean, over the load window, mean over MoE layers: with experts in contiguous ranges, and with the current placement.\n"
                       "# TYPE tokenmill_ep_imbalance gauge\n"
                       "tokenmill_ep_imbalance{placement=\"contiguous\"} %.6g\ntokenmill_ep_imbalance{placement=\"current\"} %.6g\n"
@@ -741,6 +792,7 @@ struct ep_member {
     int fds[EP_MEMBER_CONNS];
     bool stop;
     uint64_t served;
+    double delay_s;              /* TOKENMILL_EP_DELAY_MS: an emulated one-way link latency, 0: none */
 };
 
 typedef struct {
@@ -753,6 +805,8 @@ typedef struct {
     int n_exp, cap_exp;
     int32_t *frame0;             /* (cap_exp + 1) */
     int n_frames;
+    int n_mb;                    /* micro-batches: 1 or 2 */
+    int mb_frame[3], mb_exp[3];  /* each one's first frame and first expert, then the ends */
     float *x, *y;                /* (cap_f) */
     size_t n_f, cap_f;
     int layer;
@@ -809,6 +863,65 @@ static bool ep_mconn_take(ep_mconn *c, const proto_experts *x, bool first, const
     return true;
 }
 
+/* Sleeps until util_now() reaches t. */
+static void ep_sleep_until(double t)
+{
+    double d = t - util_now();
+    if (d > 0) usleep((useconds_t)(d * 1e6));
+}
+
+/* Sends micro-batch k's outputs (frames mb_frame[k]..mb_frame[k + 1] of y from float *yo). */
+static bool ep_mconn_send(ep_mconn *c, int k, size_t *yo)
+{
+    const int dim = c->mb->m->hp.dim;
+    for (int f = c->mb_frame[k]; f < c->mb_frame[k + 1]; f++) {
+        int a = c->frame0[f], b = c->frame0[f + 1];
+        size_t n = 0;
+        for (int i = a; i < b; i++) n += (size_t)c->rows[i] * dim;
+        proto_msg out = { .hdr = { .type = PROTO_EXPERTS_OUT,
+                                   .flags = ep_frame_flags(c->n_mb, c->mb_frame, c->n_frames, f) } };
+        out.u.experts = (proto_experts){ .layer = (uint16_t)c->layer, .dim = (uint32_t)dim, .n_exp = (uint32_t)(b - a),
+                                         .experts = c->exp + a, .n_rows = c->rows + a, .n_floats = (uint32_t)n,
+                                         .x = c->y + *yo };
+        if (proto_send_msg(&c->pc, &out) != PROTO_OK) return false;
+        *yo += n;
+    }
+    return true;
+}
+
+/* Computes the layer's micro-batches in turn and answers each as soon as it is done (and due,
+ * under an emulated latency), so that the first one's outputs travel while the second is
+ * computed. false when the link is to be closed. */
+static bool ep_mconn_answer(ep_mconn *c)
+{
+    ep_member *mb = c->mb;
+    const int dim = mb->m->hp.dim;
+    double due[2];
+    size_t xo = 0, yo = 0;
+    int sent = 0;
+    ep_sleep_until(util_now() + mb->delay_s);   /* the request's way over the emulated link */
+    for (int k = 0; k < c->n_mb; k++) {
+        int a = c->mb_exp[k], b = c->mb_exp[k + 1];
+        size_t n = 0;
+        for (int i = a; i < b; i++) n += (size_t)c->rows[i] * dim;
+        pthread_mutex_lock(&mb->mu);
+        engine_status es = engine_moe_experts_run(mb->e, c->layer, b - a, c->exp + a, c->rows + a, c->x + xo, c->y + xo);
+        mb->served += k == 0;
+        pthread_mutex_unlock(&mb->mu);
+        if (es != ENGINE_OK) {
+            ep_mconn_error(c, PROTO_E_ARG, "the experts' rows do not fit this member's batch");
+            return false;
+        }
+        xo += n;
+        due[k] = util_now() + mb->delay_s;
+        for (; sent <= k && (k == c->n_mb - 1 || due[sent] <= util_now()); sent++) {
+            ep_sleep_until(due[sent]);
+            if (!ep_mconn_send(c, sent, &yo)) return false;
+        }
+    }
+    return true;
+}
+
 static void ep_member_serve(ep_mconn *c)
 {
     ep_member *mb = c->mb;
@@ -860,8 +973,11 @@ static void ep_member_serve(ep_mconn *c)
         c->n_exp = c->n_frames = 0;
         c->n_f = 0;
         c->frame0[0] = 0;
+        c->n_mb = 1;
+        c->mb_frame[0] = c->mb_exp[0] = 0;
         const char *bad = NULL;
         bool last = false;
+        /* every frame of the layer (both micro-batches) is read before anything is written */
         while (!last) {
             proto_msg q;
             proto_status st = proto_recv(&c->pc, &q);
@@ -870,35 +986,25 @@ static void ep_member_serve(ep_mconn *c)
                 else log_info("ep member: leader %s left", c->peer);
                 return;
             }
+            uint32_t fl = q.hdr.flags;
             if (q.hdr.type != PROTO_EXPERTS) bad = "a frame other than EXPERTS";
             else if (!ep_mconn_take(c, &q.u.experts, c->n_frames == 0, &bad)) {}
-            last = q.hdr.type == PROTO_EXPERTS && (q.hdr.flags & PROTO_F_LAST);
+            else if ((fl & PROTO_F_MORE) && (!(fl & PROTO_F_LAST) || c->n_mb == 2))
+                bad = "more than two micro-batches, or MORE without LAST";
+            else if (fl & PROTO_F_MORE) {
+                c->mb_frame[1] = c->n_frames;
+                c->mb_exp[1] = c->n_exp;
+                c->n_mb = 2;
+            } else last = fl & PROTO_F_LAST;
             proto_msg_free(&q);
             if (bad) {
                 ep_mconn_error(c, PROTO_E_ARG, bad);
                 return;
             }
         }
-        pthread_mutex_lock(&mb->mu);
-        engine_status es = engine_moe_experts_run(mb->e, c->layer, c->n_exp, c->exp, c->rows, c->x, c->y);
-        mb->served++;
-        pthread_mutex_unlock(&mb->mu);
-        if (es != ENGINE_OK) {
-            ep_mconn_error(c, PROTO_E_ARG, "the experts' rows do not fit this member's batch");
-            return;
-        }
-        size_t o = 0;
-        for (int f = 0; f < c->n_frames; f++) {
-            int a = c->frame0[f], b = c->frame0[f + 1];
-            size_t n = 0;
-            for (int i = a; i < b; i++) n += (size_t)c->rows[i] * m->hp.dim;
-            proto_msg out = { .hdr = { .type = PROTO_EXPERTS_OUT, .flags = f == c->n_frames - 1 ? PROTO_F_LAST : 0 } };
-            out.u.experts = (proto_experts){ .layer = (uint16_t)c->layer, .dim = (uint32_t)m->hp.dim,
-                                             .n_exp = (uint32_t)(b - a), .experts = c->exp + a, .n_rows = c->rows + a,
-                                             .n_floats = (uint32_t)n, .x = c->y + o };
-            if (proto_send_msg(&c->pc, &out) != PROTO_OK) return;
-            o += n;
-        }
+        c->mb_frame[c->n_mb] = c->n_frames;
+        c->mb_exp[c->n_mb] = c->n_exp;
+        if (!ep_mconn_answer(c)) return;
     }
 }
 
@@ -983,6 +1089,11 @@ ep_member *ep_member_new(model *m, int n_threads, const char *hostport, const au
     ep_member *mb = xcalloc(1, sizeof *mb);
     mb->m = m;
     mb->n_threads = n_threads;
+    const char *dz = getenv("TOKENMILL_EP_DELAY_MS");   /* benchmarks: see docs/ep.md */
+    mb->delay_s = dz && atof(dz) > 0 ? atof(dz) / 1e3 : 0;
+    if (mb->delay_s > 0)
+        log_warn("ep member: TOKENMILL_EP_DELAY_MS: each layer's request and answer held %.3f ms (an emulated link "
+                 "latency)", mb->delay_s * 1e3);
     mb->key = key;
     for (int i = 0; i < EP_MEMBER_CONNS; i++) mb->fds[i] = -1;
     pthread_mutex_init(&mb->mu, NULL);

@@ -9,8 +9,8 @@
  * DESIGN. Placement: per layer, each expert has one or more holders among the group's
  * processes (0 = the leader, 1..N = members). Without redundant experts they are contiguous
  * ranges of E / (N + 1); with --redundant-experts R the placement is DeepSeek's EPLB
- * (ep_eplb: hierarchical when the router's expert groups divide among the processes, global
- * otherwise) over the engine's expert load window, recomputed every rebalance_s seconds
+ * (ep_eplb's global policy: every process is a machine of its own, and the hierarchical one
+ * keeps copies within a machine) over the engine's expert load window, recomputed every rebalance_s seconds
  * between steps (the new table is built beside the old and swapped at a step's first MoE
  * layer). In a step, an expert with several holders goes to the holder given the fewest rows
  * so far in that layer (lowest index on ties), so replicas share the load and the choice is a
@@ -24,6 +24,16 @@
  * deadlock on full socket buffers. The links are authenticated (cluster/auth.h: the group
  * shares the cluster key; the leader takes the gateway's side of the handshake) and both ends
  * exchange HELLO (role expert) with the model fingerprint, which must match.
+ *
+ * Overlap (micro_batches 2, the default): a member's share of a layer is cut in two
+ * micro-batches at the expert where its rows reach half (the first's last frame carries
+ * PROTO_F_LAST | PROTO_F_MORE); the member still reads both before writing, then computes the
+ * first, answers it, and computes the second while the first's outputs are on the wire. The
+ * cut is by expert, not by token: each expert's weights are still read once per step (a token
+ * split reads every expert two micro-batches share twice, and a step on CPUs is bound by
+ * those reads), and each row is computed as before, so the bits do not change. What the
+ * leader overlaps with the exchange is its own experts (and shared experts); hiding the
+ * exchange behind attention needs the layer loop run per micro-batch (docs/ep.md).
  *
  * Failure: a member whose send fails, whose reply is malformed, or which does not answer
  * within timeout_s is closed and marked down; the experts it held for that layer are
@@ -56,6 +66,7 @@ typedef struct {
     double timeout_s;             /* longest a member may take to answer a layer, seconds */
     double rebalance_s;           /* seconds between EPLB placements from the live load; 0:
                                    * only at start (uniform load) */
+    int micro_batches;            /* per member and layer: 1, or 2 (overlap: the default, 0) */
 } ep_opts;
 
 typedef struct ep_group ep_group;
@@ -88,8 +99,8 @@ void ep_group_summary(ep_group *g, ep_summary *s);
  * a machine, slots onto its processes) when n_groups is a multiple of n_nodes, else global
  * (the same with one group and one machine). Out: phys2log (n_phys), slot s on process
  * s / (n_phys / n_gpus); logcnt (n_log) replicas of each expert. Ties break to the lower
- * index (eplb.py leaves them to torch's sort). false on bad sizes. The group runs it with
- * one process per machine. */
+ * index (eplb.py leaves them to torch's sort). false on bad sizes. The group runs the global
+ * policy (n_groups 1, n_nodes 1, n_gpus its processes). */
 bool ep_eplb(const double *load, int n_log, int n_phys, int n_groups, int n_nodes, int n_gpus, int32_t *phys2log,
              int32_t *logcnt);
 /* Holders of each expert as bit masks (bit p: process p) from an EPLB placement:

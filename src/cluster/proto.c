@@ -184,7 +184,7 @@ static uint32_t proto_allowed_flags(int type)
     case PROTO_FINISH: return PROTO_F_DRAFTS;
     case PROTO_DRAIN: return PROTO_F_UNDRAIN;
     case PROTO_EXPERTS:
-    case PROTO_EXPERTS_OUT: return PROTO_F_LAST;
+    case PROTO_EXPERTS_OUT: return PROTO_F_LAST | PROTO_F_MORE;
     default: return 0;
     }
 }

@@ -121,6 +121,8 @@ typedef enum {
                                    * follows the params (and the THINK section); the worker
                                    * compiles it (added within version 2, like THINK) */
 #define PROTO_F_LAST 0x1u         /* EXPERTS / EXPERTS_OUT: the last frame of a layer's exchange */
+#define PROTO_F_MORE 0x2u         /* EXPERTS / EXPERTS_OUT with LAST: the last frame of a layer's first
+                                   * micro-batch; the second follows (cluster/ep.h) */
 #define PROTO_F_EMBED 0x20u       /* PREFILL: an embedding, not a generation: a u8 pooling (model_pool:
                                    * mean or last) follows the prompt; the worker answers EMBEDDING
                                    * then FINISH (version 3) */

@@ -2,7 +2,9 @@
 // `tokenmill expert` members (--ep-member) over authenticated links; its completions must equal
 // one process's (tokens and log-probabilities), while members are killed, stopped (a silent
 // member is detected by --ep-timeout) and restarted (it rejoins), with redundant experts placed
-// by EPLB and rebalanced from the live load; /metrics and the status page show the group. Then
+// by EPLB and rebalanced from the live load, with two micro-batches per member and layer (the
+// default) and one (--ep-overlap off); /metrics and the status page show the group. Gateway
+// workers (prefill, decode) leading groups of their own answer as one process. Then
 // the same across network namespaces (one per member, veth links, netem latency and loss where
 // the kernel has it), set up and torn down here; skipped with the reason where `ip netns`
 // cannot run. And the refusals: a dense model, another key, another model, bad options.
@@ -13,7 +15,7 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 
-import { root, bin, startServer, stopServers } from "./server.mjs";
+import { root, bin, startServer, stopServers, startCluster } from "./server.mjs";
 
 const vocab = path.join(root, "tests/data/llama.cpp/models/ggml-vocab-qwen2.gguf");
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "tm-ep-"));
@@ -87,7 +89,7 @@ before(async () => {
   fs.writeFileSync(key, "ep-test-key-0123456789abcdef\n", { mode: 0o600 });
   execFileSync(bin, ["mkmodel", "--arch", "qwen3moe", "--preset", "tiny", "--experts", "16", "--experts-used", "4",
     "--expert-ffn", "256", "--vocab", vocab, "--type", "q8_0", "--seed", "7", "-o", model], { stdio: "pipe" });
-  // DeepSeek V3's router: 8 groups of which 4 kept, so EPLB's hierarchical policy applies
+  // DeepSeek V3's router: 8 groups of which 4 kept
   execFileSync(bin, ["mkmodel", "--arch", "deepseek2", "--preset", "tiny", "--q-lora", "64", "--kv-lora", "128",
     "--nope-dim", "32", "--rope-dim", "32", "--v-dim", "32", "--experts", "16", "--experts-used", "4", "--expert-ffn", "128",
     "--shared-experts", "1", "--dense-layers", "1", "--router", "sigmoid", "--expert-groups", "8", "--groups-used", "4",
@@ -107,7 +109,7 @@ test("loopback group: one process's completions, through a killed, a silent and 
   const [m1, m2] = await Promise.all([startMember(model), startMember(model)]);
   const S = await startServer(model, ["--ctx", "512", "--max-seqs", "8", "--cluster-key-file", key,
     "--ep-member", `127.0.0.1:${m1.port},127.0.0.1:${m2.port}`, "--ep-timeout", "1"]);
-  assert.match(S.log, /expert group of 3 processes \(this one and 2 members\), 16 experts per layer/);
+  assert.match(S.log, /expert group of 3 processes \(this one and 2 members\), 16 experts per layer, .* two micro-batches per member and layer/);
   // concurrently: the steps carry several sequences and prefill chunks at once
   const want = await Promise.all(PROMPTS.map((p) => complete(ref.url, p)));
   assert.deepEqual(await Promise.all(PROMPTS.map((p) => complete(S.url, p))), want);
@@ -118,6 +120,8 @@ test("loopback group: one process's completions, through a killed, a silent and 
   assert.ok(metric(text, /^tokenmill_ep_exchange_seconds_total (\S+)$/m) > 0);
   const hidden = metric(text, /^tokenmill_ep_hidden_ratio (\S+)$/m);
   assert.ok(hidden >= 0 && hidden <= 1, `hidden ${hidden}`);
+  assert.equal(metric(text, /^tokenmill_ep_micro_batches (\d+)$/m), 2);   // --ep-overlap on, the default
+  assert.ok(metric(text, /^tokenmill_ep_split_exchanges_total (\d+)$/m) > 0);
   const im = metric(text, /^tokenmill_ep_imbalance\{placement="contiguous"\} (\S+)$/m);
   assert.ok(im >= 1 && im <= 3, `imbalance ${im}`);
 
@@ -151,16 +155,39 @@ test("loopback group: one process's completions, through a killed, a silent and 
   await exited(back.proc);
 });
 
+test("gateway workers leading groups: a gateway's answers equal one process's; a member killed mid-stream loses nothing", { skip }, async () => {
+  // the prefill worker leads a group of one member, the decode worker one of two (it shares
+  // the first: a member serves several leaders); the whole cluster on the members' key
+  const [m1, m2] = await Promise.all([startMember(model), startMember(model)]);
+  const ep = (...ms) => ["--cluster-key-file", key, "--ep-timeout", "1", "--ep-member", ms.map((m) => `127.0.0.1:${m.port}`).join(",")];
+  const gw = await startCluster(model, ["prefill", "decode"], { gatewayArgs: ["--cluster-key-file", key],
+    workerArgs: ["--ctx", "512", "--max-seqs", "8"], perWorkerArgs: [ep(m1), ep(m1, m2)] });
+  const want = await Promise.all(PROMPTS.map((p) => complete(ref.url, p)));
+  const got = await Promise.all(PROMPTS.map((p) => complete(gw.url, p)));
+  assert.deepEqual(got, want);   // text, log-probabilities and finish reason
+  const leaders = (m) => (m.log().match(/ep member: leader \S+ is in/g) || []).length;
+  assert.equal(leaders(m1), 2, "both workers lead a group with the first member");
+  assert.equal(leaders(m2), 1);
+  // a member killed in the middle of a decode worker's stream: the stream goes on, the same text
+  const long = "Tell me everything about mixtures of experts";
+  const wantLong = (await complete(ref.url, long, { max_tokens: 48, logprobs: undefined })).text;
+  const text = await stream(gw.url, long, 48, (i) => { if (i === 3) m2.proc.kill("SIGKILL"); });
+  assert.equal(text, wantLong);
+  await exited(m2.proc);
+  assert.deepEqual((await complete(gw.url, PROMPTS[0])).text, want[0].text);
+});
+
 test("redundant experts: EPLB placements from the live load, switched between steps, same completions; the status page", { skip }, async () => {
   const [m1, m2, m3] = await Promise.all([startMember(ds), startMember(ds), startMember(ds)]);
-  // 16 experts + 4 copies on 4 processes; 8 groups over 4 processes: the hierarchical policy
+  // 16 experts + 4 copies on 4 processes (EPLB's global policy)
   const S = await startServer(ds, ["--ctx", "512", "--max-seqs", "8", "--cluster-key-file", key,
     "--ep-member", `127.0.0.1:${m1.port}`, "--ep-member", `127.0.0.1:${m2.port}`, "--ep-member", `127.0.0.1:${m3.port}`,
-    "--redundant-experts", "4", "--ep-rebalance", "0.05"]);
-  assert.match(S.log, /expert group of 4 processes .* 4 redundant/);
+    "--redundant-experts", "4", "--ep-rebalance", "0.05", "--ep-overlap", "off"]);
+  assert.match(S.log, /expert group of 4 processes .* 4 redundant, one micro-batch per member and layer/);
   for (const p of PROMPTS) assert.deepEqual(await complete(S.url, p), await complete(refDs.url, p));
   const text = await (await fetch(`${S.url}/metrics`)).text();
   assert.ok(metric(text, /^tokenmill_ep_rebalances_total (\d+)$/m) >= 1, "placed again from the load");
+  assert.equal(metric(text, /^tokenmill_ep_split_exchanges_total (\d+)$/m), 0);   // --ep-overlap off
   const ic = metric(text, /^tokenmill_ep_imbalance\{placement="contiguous"\} (\S+)$/m);
   const ip = metric(text, /^tokenmill_ep_imbalance\{placement="current"\} (\S+)$/m);
   assert.ok(ic >= 1 && ip >= 1, `imbalance ${ic} / ${ip}`);

@@ -180,8 +180,9 @@ function spawnUntil(args, re, env, what, timeoutMs) {
 // Resolves once the gateway lists every worker up, to { url, register (the --register address
 // when given), env (the cluster's, its key) }; stopServers stops them all. Several models:
 // model is then the gateway's list of -m values (["a=A.gguf", "b=B.gguf"]) and workerModels
-// the -m of each worker, in the order of roles.
-export async function startCluster(model, roles = ["prefill", "decode"], { gatewayArgs = [], workerArgs = [], workerModels, timeoutMs = 30000 } = {}) {
+// the -m of each worker, in the order of roles; perWorkerArgs, options of each worker after
+// workerArgs, in that order too.
+export async function startCluster(model, roles = ["prefill", "decode"], { gatewayArgs = [], workerArgs = [], workerModels, perWorkerArgs = [], timeoutMs = 30000 } = {}) {
   const d = fs.mkdtempSync(path.join(os.tmpdir(), "tm-cluster-"));
   dirs.push(d);
   const env = { ...process.env, XDG_CACHE_HOME: path.join(d, "xdg") };
@@ -189,7 +190,7 @@ export async function startCluster(model, roles = ["prefill", "decode"], { gatew
   const addrs = { prefill: [], decode: [] };
   for (const [i, role] of roles.entries()) {   // one after another: the first makes the key
     const m = await spawnUntil(["worker", "--role", role, "-m", workerModels ? workerModels[i] : model, "--listen", "127.0.0.1:0", "--cache", cache,
-      "--threads", "1", "--name", `${role}${i}`, ...workerArgs], /listening on port (\d+)/, env, `worker ${role}${i}`, timeoutMs);
+      "--threads", "1", "--name", `${role}${i}`, ...workerArgs, ...(perWorkerArgs[i] ?? [])], /listening on port (\d+)/, env, `worker ${role}${i}`, timeoutMs);
     addrs[role === "decode" ? "decode" : "prefill"].push(`127.0.0.1:${m[1]}`);
   }
   const lists = [];

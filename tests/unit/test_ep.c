@@ -19,7 +19,7 @@
 
 static char tmpdir[] = "/tmp/tm_test_ep_XXXXXX";
 
-static model *mk(const char *arch)
+static model *mk_skew(const char *arch, const char *skew)
 {
     char path[256], err[256];
     snprintf(path, sizeof path, "%s/%s.gguf", tmpdir, arch);
@@ -31,7 +31,7 @@ static model *mk(const char *arch)
                    "--experts", "8", "--experts-used", "2", "--expert-ffn", "256", "--shared-experts", "1",
                    "--dense-layers", "1", "--router", "sigmoid", "--expert-groups", "4", "--groups-used", "2",
                    "--routed-scale", "2.5", "--vocab-size", "512", "--type", "q8_0", "--seed", "3",
-                   "--threads", "2", "-o", path, NULL };
+                   "--threads", "2", "--router-skew", (char *)skew, "-o", path, NULL };
     char *oss[] = { "mkmodel", "--arch", "gpt-oss", "--layers", "2", "--dim", "256", "--ffn", "256", "--heads", "4",
                     "--kv-heads", "2", "--head-dim", "64", "--experts", "8", "--experts-used", "2", "--expert-ffn", "256",
                     "--window", "16", "--vocab-size", "512", "--type", "mxfp4", "--seed", "4",
@@ -45,6 +45,8 @@ static model *mk(const char *arch)
     unlink(path);
     return m;
 }
+
+static model *mk(const char *arch) { return mk_skew(arch, "0"); }
 
 static engine *mk_engine(model *m, int threads)
 {
@@ -230,12 +232,161 @@ TEST(test_eplb_global_and_imbalance)
     CHECK(!ep_eplb(u, 16, 18, 1, 4, 4, q, c2));   /* not a multiple of the processes */
 }
 
+static const auth_key key = { .secret = "ep test key 0123456789abcdef", .n = 28 };
+
+/* A metric's value in the group's /metrics text (-1 when absent). */
+static double ep_metric(ep_group *g, const char *name)
+{
+    bytebuf b = { 0 };
+    ep_group_metrics(g, &b);
+    bytebuf_putc(&b, 0);
+    char want[128];
+    snprintf(want, sizeof want, "\n%s ", name);
+    const char *p = strstr(b.p, want);
+    double v = p ? atof(p + strlen(want)) : -1;
+    bytebuf_free(&b);
+    return v;
+}
+
+/* The real group over loopback: two members (ep_member, one thread each) and a leader
+ * (ep_group), with one micro-batch per member and layer and with two (overlap): the logits
+ * are one process's, bit for bit, and with overlap the members' shares went as two
+ * micro-batches, without as one. qwen3moe and deepseek2 (shared experts, expert groups). */
+TEST(test_group_micro_batches_same_bits)
+{
+    const char *archs[] = { "qwen3moe", "deepseek2" };
+    for (size_t a = 0; a < TM_ARRAY_LEN(archs); a++) {
+        model *m = mk(archs[a]);
+        CHECK(m != NULL);
+        if (!m) continue;
+        char err[256];
+        ep_member *mb[2];
+        char addr[2][64];
+        const char *members[2] = { addr[0], addr[1] };
+        for (int i = 0; i < 2; i++) {
+            mb[i] = ep_member_new(m, 1, "127.0.0.1:0", &key, err, sizeof err);
+            CHECKF(mb[i] != NULL, "%s", err);
+            snprintf(addr[i], sizeof addr[i], "127.0.0.1:%d", mb[i] ? ep_member_port(mb[i]) : 0);
+        }
+        size_t n_out = (size_t)(N + 2 * G) * V;
+        float *want = xmalloc(n_out * sizeof(float)), *got = xmalloc(n_out * sizeof(float));
+        engine *one = mk_engine(m, 2);
+        CHECK(one && run(one, want));
+        for (int n_mb = 1; n_mb <= 2 && mb[0] && mb[1]; n_mb++) {
+            engine *lead = mk_engine(m, 2);
+            ep_opts o = { .members = members, .n_members = 2, .key = &key, .timeout_s = 30, .micro_batches = n_mb };
+            ep_group *g = lead ? ep_group_new(lead, &o, err, sizeof err) : NULL;
+            CHECKF(g != NULL, "%s", err);
+            if (g) {
+                memset(got, 0, n_out * sizeof(float));
+                CHECK(run(lead, got));
+                CHECKF(!memcmp(want, got, n_out * sizeof(float)), "%s, %d micro-batches: logits differ", archs[a], n_mb);
+                double split = ep_metric(g, "tokenmill_ep_split_exchanges_total");
+                double ex = ep_metric(g, "tokenmill_ep_exchanges_total");
+                CHECKF(ex > 0 && (n_mb == 2 ? split > 0 : split == 0), "%s, %d micro-batches: %.0f exchanges, %.0f split",
+                       archs[a], n_mb, ex, split);
+                CHECK(ep_metric(g, "tokenmill_ep_micro_batches") == n_mb);
+                CHECK(ep_group_up(g) == 2);
+                ep_group_free(g);
+            }
+            engine_free(lead);
+        }
+        for (int i = 0; i < 2; i++) ep_member_free(mb[i]);
+        free(want);
+        free(got);
+        engine_free(one);
+        model_free(m);
+    }
+}
+
+/* The balancer on a skewed load: a Zipf load over 16 experts (expert x gets 1 / (x + 1) of
+ * the hottest one's tokens; a random router spreads tokens evenly, so a balancer has nothing
+ * to do there), 4 processes. The contiguous ranges put the four hottest experts on process 0;
+ * EPLB's global policy packs them (16 slots: no copies), with 4 and 12 copies of the hottest
+ * more so. Its hierarchical policy with one process per node (4 groups on 4 nodes) copies
+ * within a node, onto the process of the original: no better than the ranges, which is why
+ * the group places globally. Exact figures: a placement is a deterministic function of the
+ * load. */
+TEST(test_eplb_skewed_load)
+{
+    double load[16];
+    for (int x = 0; x < 16; x++) load[x] = 1e6 / (x + 1);
+    uint64_t cont[16];
+    for (int p = 0; p < 4; p++)
+        for (int x = 4 * p; x < 4 * (p + 1); x++) cont[x] = 1ull << p;
+    const double ic = ep_placement_imbalance(load, 16, cont, 4);
+    CHECKF(fabs(ic - 2.4649515977244962) < 1e-12, "contiguous %.17g", ic);
+    struct { int n_phys, n_groups, n_nodes; double want; } cases[] = {
+        { 16, 1, 1, 1.4205163921743742 },   /* global, no copies: packing alone */
+        { 20, 1, 1, 1.1092282189760234 },   /* global, 4 copies */
+        { 28, 1, 1, 1.0301576936983674 },   /* global, 12 copies */
+        { 20, 4, 4, 2.4649515977244962 },   /* hierarchical, a node per process: the ranges' */
+    };
+    for (size_t c = 0; c < TM_ARRAY_LEN(cases); c++) {
+        int32_t p2l[32], cnt[16];
+        uint64_t h[16];
+        CHECK(ep_eplb(load, 16, cases[c].n_phys, cases[c].n_groups, cases[c].n_nodes, 4, p2l, cnt));
+        ep_eplb_holders(p2l, cases[c].n_phys, 4, 16, h);
+        double ip = ep_placement_imbalance(load, 16, h, 4);
+        CHECKF(fabs(ip - cases[c].want) < 1e-12, "%d slots, %d groups on %d nodes: %.17g, want %.17g", cases[c].n_phys,
+               cases[c].n_groups, cases[c].n_nodes, ip, cases[c].want);
+    }
+}
+
+/* The same through a model whose router is skewed on purpose (mkmodel --router-skew: the
+ * selection bias favours the high expert ids) and a group with redundant experts placed from
+ * the live load: after a few steps the contiguous ranges' imbalance is far above 1 and the
+ * placement the group switched to (a rebalance at every step's first MoE layer) is lower;
+ * the logits stay one process's. */
+TEST(test_group_skewed_router_rebalanced)
+{
+    /* the skew is the sigmoid router's selection bias: refused for another router */
+    char *bad[] = { "mkmodel", "--arch", "deepseek2", "--preset", "tiny", "--router", "softmax", "--router-skew", "1",
+                    "--vocab-size", "512", "--type", "q8_0", "--seed", "1", "-o", "/dev/null", NULL };
+    CHECK(cmd_mkmodel(17, bad) == 2);
+    model *m = mk_skew("deepseek2", "1.5");
+    CHECK(m != NULL);
+    if (!m) return;
+    char err[256];
+    ep_member *mb = ep_member_new(m, 1, "127.0.0.1:0", &key, err, sizeof err);
+    CHECKF(mb != NULL, "%s", err);
+    if (!mb) { model_free(m); return; }
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", ep_member_port(mb));
+    const char *members[1] = { addr };
+    size_t n_out = (size_t)(N + 2 * G) * V;
+    float *want = xmalloc(n_out * sizeof(float)), *got = xmalloc(n_out * sizeof(float));
+    engine *one = mk_engine(m, 2), *lead = mk_engine(m, 2);
+    CHECK(one && lead && run(one, want));
+    ep_opts o = { .members = members, .n_members = 1, .key = &key, .timeout_s = 30, .redundant = 2, .rebalance_s = 1e-9 };
+    ep_group *g = lead ? ep_group_new(lead, &o, err, sizeof err) : NULL;
+    CHECKF(g != NULL, "%s", err);
+    if (g) {
+        CHECK(run(lead, got));
+        CHECK(!memcmp(want, got, n_out * sizeof(float)));
+        ep_summary s;
+        ep_group_summary(g, &s);
+        CHECKF(s.imb_contiguous > 1.3 && s.imb_placed < s.imb_contiguous && s.n_rebalances > 0,
+               "contiguous %.3f, placed %.3f, %llu rebalances", s.imb_contiguous, s.imb_placed, (unsigned long long)s.n_rebalances);
+        ep_group_free(g);
+    }
+    engine_free(one);
+    engine_free(lead);
+    ep_member_free(mb);
+    free(want);
+    free(got);
+    model_free(m);
+}
+
 int main(void)
 {
     if (!mkdtemp(tmpdir)) return 1;
     RUN(test_split_experts_same_bits);
     RUN(test_eplb_reference);
     RUN(test_eplb_global_and_imbalance);
+    RUN(test_eplb_skewed_load);
+    RUN(test_group_micro_batches_same_bits);
+    RUN(test_group_skewed_router_rebalanced);
     rmdir(tmpdir);
     HARNESS_END();
 }
