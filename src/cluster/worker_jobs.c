@@ -29,9 +29,10 @@ static void worker_kv_out(void *arg, const kvpool *pool, const kvpool_seq *seq, 
     wjob *j = arg;
     const model *m = j->w->m;
     int start = n_done / KVPOOL_BLOCK * KVPOOL_BLOCK, n = n_done - start;
-    /* window layers live in a ring, not in the tail's slabs: the decode worker computes the
-     * partial block itself (and the window state as a window-cache miss) */
-    if (n <= 0 || j->tail || kvpool_n_window_layers(pool) > 0) return;
+    /* window layers live in a ring, not in the tail's slabs, and a recurrent state is captured
+     * only at block ends: the decode worker computes the partial block itself (from the state
+     * at the block end, fetched or replayed as a window-cache miss) */
+    if (n <= 0 || j->tail || kvpool_n_window_layers(pool) > 0 || kvpool_state_bytes(pool) > 0) return;
     size_t row = worker_row(pool, m);
     int parts = kvpool_n_parts(pool);
     size_t bytes = (size_t)m->hp.n_layers * (size_t)parts * (size_t)m->hp.n_kv_heads * (size_t)n * row;

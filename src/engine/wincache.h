@@ -75,6 +75,9 @@ void wincache_put(wincache *c, const uint8_t key[32], const void *state, double 
 /* Copies the state of key into dst and returns true, or false (a miss) when there is none or
  * it has expired (then dropped). */
 bool wincache_get(wincache *c, const uint8_t key[32], void *dst, double now);
+/* Whether a state of key is held and unexpired, counting nothing and moving nothing (a probe
+ * for the longest prefix a state continues). */
+bool wincache_contains(wincache *c, const uint8_t key[32], double now);
 /* Counts a replay of n positions (exact or bounded). */
 void wincache_count_replay(wincache *c, bool exact, int n);
 void wincache_get_stats(wincache *c, wincache_stats *st);
