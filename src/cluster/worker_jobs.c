@@ -206,7 +206,9 @@ void worker_window_serve(worker *w, wconn *c, const proto_msg *q)
     m.hdr.req_id = q->hdr.req_id;
     memcpy(m.u.winstate.key, q->u.winfetch.key, 32);
     size_t eb = wincache_entry_bytes(w->wc);
-    uint8_t *buf = eb ? malloc(eb) : NULL;
+    /* a state larger than a frame (a big recurrent model's) is answered as not held: the job
+     * replays, as for any state it cannot get */
+    uint8_t *buf = eb && eb <= PROTO_MAX_PAYLOAD - 64 ? malloc(eb) : NULL;
     if (buf && wincache_peek(w->wc, q->u.winfetch.key, buf, util_now())) {
         m.u.winstate.n_bytes = (uint32_t)eb;
         m.u.winstate.data = buf;

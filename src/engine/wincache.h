@@ -11,6 +11,10 @@
  * from when they were put (DeepSeek keeps theirs about 180 s: a state is only useful to the
  * next turn of a conversation) within max_bytes, least recently used first out.
  *
+ * A model with recurrent layers (Qwen3.5) keeps its whole recurrent state here the same way
+ * (engine_qwen35_states): a recurrent state cannot be replayed from a bounded span, so a miss
+ * falls back to the furthest earlier state held (wincache_contains probes for it).
+ *
  * Every entry has the same size (one model per process), so the store is an array of slots
  * allocated once (faulted in as used), a free list, an LRU and a hash map by key: no
  * allocation after wincache_new. The engine thread puts and gets; a mutex guards everything
