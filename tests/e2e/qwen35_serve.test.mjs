@@ -4,11 +4,12 @@
 // the window cache, so a prompt that attaches cached blocks continues from the state where they
 // end. Every answer (text and top log-probabilities) equals the same prompt's alone on a fresh
 // server: the same 300-token prompt sent again (256 cached), prompts sharing 200 tokens (128
-// cached, 256 for the one that crossed 256 itself), those sent together (batched in the same steps). After a restart the blocks are in
-// the store but no state is: nothing can continue them, so the prompt is computed whole (0
-// cached) rather than loaded. Through a gateway with a prefill and a decode worker, the decode
-// worker attaches the stored blocks and gets the state where they end from the prefill worker
-// (a window-state fetch), with the same answer.
+// cached, 256 for the one that crossed 256 itself), those sent together (batched in the same
+// steps). After a restart the blocks are in the store but no state is: nothing can continue
+// them, so the prompt is computed whole (0 cached) rather than loaded; prompts sharing a prefix
+// sent together cold share it in flight. Through a gateway with a prefill and a decode worker,
+// the decode worker attaches the stored blocks and gets the state where they end from the
+// prefill worker (a window-state fetch), with the same answer.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
@@ -94,6 +95,14 @@ test("qwen35 serve: prefixes reused from the cached recurrent state answer as co
     expect("after a restart", await complete(S.url, prompts[0]), 0, 0);
     assert.equal(await wm(S.url, "hits_total"), 0);
     expect("after a restart, again", await complete(S.url, prompts[0]), 0, 256);
+    // the prompts sharing a prefix, cold and together: whoever computes the shared block
+    // first, the others continue its state (in flight) or compute it too, with the same answers
+    const cold = await Promise.all(prompts.slice(1).map((p) => complete(S.url, p)));
+    cold.forEach((g, i) => {
+      expect("cold, together", g, i + 1);
+      assert.ok(g.cached === 0 || g.cached === 128, `cold, together, prompt ${i + 1}: ${g.cached} cached`);
+    });
+    assert.equal(await wm(S.url, "misses_total"), 0);
     await stopServers();
   });
 
