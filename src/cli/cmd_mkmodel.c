@@ -107,6 +107,11 @@ static const mk_preset mk_presets[] = {
      * positions to 131072, the o200k vocabulary padded to 200064, tied embeddings */
     { .name = "phi-4-mini", .arch = "phi3", .n_layers = 32, .dim = 3072, .ffn = 8192, .n_heads = 24, .n_kv_heads = 8,
       .head_dim = 128, .ctx = 131072, .n_vocab = 200064, .rope_base = 10000, .tied = true },
+    /* Ministral 3 14B (Ministral-3-14B-*-2512, the text model): 40 layers of 5120, 32 q heads
+     * of 128 over 8 kv heads, FFN 16384, RoPE base 1e9 with YaRN x16 to 262144, the 131072
+     * Tekken vocabulary, untied */
+    { .name = "ministral3-14b", .arch = "mistral3", .n_layers = 40, .dim = 5120, .ffn = 16384, .n_heads = 32,
+      .n_kv_heads = 8, .head_dim = 128, .ctx = 262144, .n_vocab = 131072, .rope_base = 1e9 },
     /* Qwen3.5-4B's config.json: 32 layers, every 4th full attention (16 q heads of 256 over 4
      * kv heads, a quarter rotated), the others gated delta nets of 16 q/k heads and 32 v heads
      * of 128 with 4 conv taps; 248320 tokens, tied embeddings, RoPE base 1e7 */
