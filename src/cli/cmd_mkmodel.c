@@ -830,6 +830,31 @@ static void mk_write_keys(gguf_writer *w, const mk_opts *o, int64_t V, qtype bas
 #undef MK_KEY
 }
 
+/* Layer l's FFN after its norm: routed experts (an F32 router, 3-D gate/up/down) or a dense
+ * one; down_t the type of ffn_down (a K-quant mix gives it more bits). */
+static void mk_ffn(mk_model *m, int l, qtype down_t)
+{
+    const mk_opts *o = m->o;
+    const int64_t dim = o->dim, ffn = o->ffn;
+    const qtype base = m->base;
+    char name[128];
+#define MK_T(suffix) (snprintf(name, sizeof name, "blk.%d." suffix, l), name)
+    if (o->n_expert > 0) {
+        /* the router stays F32 (llama.cpp's converter and quantiser keep it so); its
+         * logits have a standard deviation near 2, so that routing is rarely a near-tie */
+        int64_t ne = o->n_expert, ef = o->expert_ffn;
+        mk_add(m, MK_T("ffn_gate_inp.weight"), MK_INIT_NOISE, 2.0f / sqrtf((float)dim), QTYPE_F32, 2, dim, ne);
+        mk_add3(m, MK_T("ffn_gate_exps.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 3, dim, ef, ne);
+        mk_add3(m, MK_T("ffn_up_exps.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 3, dim, ef, ne);
+        mk_add3(m, MK_T("ffn_down_exps.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)ef), down_t, 3, ef, dim, ne);
+        return;
+    }
+    mk_add(m, MK_T("ffn_gate.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 2, dim, ffn);
+    mk_add(m, MK_T("ffn_up.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 2, dim, ffn);
+    mk_add(m, MK_T("ffn_down.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)ffn), down_t, 2, ffn, dim);
+#undef MK_T
+}
+
 /* A qwen35/qwen35moe layer after its attn_norm: a gated delta net, or (every 4th) full
  * attention with the query's gate and head norms; post_attention_norm; then routed experts and
  * the gated shared expert, or a dense FFN. */
@@ -861,21 +886,14 @@ static void mk_qwen35_layer(mk_model *m, int l)
         mk_add(m, MK_T("attn_output.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)q_dim), base, 2, q_dim, dim);
     }
     mk_add(m, MK_T("post_attention_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, dim, 1);
-    if (o->n_expert > 0) {
-        int64_t ne = o->n_expert, ef = o->expert_ffn;
-        mk_add(m, MK_T("ffn_gate_inp.weight"), MK_INIT_NOISE, 2.0f * sd, QTYPE_F32, 2, dim, ne);
-        mk_add3(m, MK_T("ffn_gate_exps.weight"), MK_INIT_NOISE, sd, base, 3, dim, ef, ne);
-        mk_add3(m, MK_T("ffn_up_exps.weight"), MK_INIT_NOISE, sd, base, 3, dim, ef, ne);
-        mk_add3(m, MK_T("ffn_down_exps.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)ef), base, 3, ef, dim, ne);
+    mk_ffn(m, l, base);
+    if (o->n_expert > 0) {   /* the shared expert and its gate */
+        int64_t ef = o->expert_ffn;
         mk_add(m, MK_T("ffn_gate_inp_shexp.weight"), MK_INIT_NOISE, sd, QTYPE_F32, 1, dim, 1);
         mk_add(m, MK_T("ffn_gate_shexp.weight"), MK_INIT_NOISE, sd, base, 2, dim, ef);
         mk_add(m, MK_T("ffn_up_shexp.weight"), MK_INIT_NOISE, sd, base, 2, dim, ef);
         mk_add(m, MK_T("ffn_down_shexp.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)ef), base, 2, ef, dim);
-        return;
     }
-    mk_add(m, MK_T("ffn_gate.weight"), MK_INIT_NOISE, sd, base, 2, dim, o->ffn);
-    mk_add(m, MK_T("ffn_up.weight"), MK_INIT_NOISE, sd, base, 2, dim, o->ffn);
-    mk_add(m, MK_T("ffn_down.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)o->ffn), base, 2, o->ffn, dim);
 #undef MK_T
 }
 
@@ -907,7 +925,6 @@ static void mk_dense_layer(mk_model *m, int l, qtype more)
     const char *A = o->arch;
     const qtype base = m->base;
     const int64_t dim = o->dim, q_dim = (int64_t)o->n_heads * o->head_dim, kv_dim = (int64_t)o->n_kv_heads * o->head_dim;
-    const int64_t ffn = o->ffn;
     char name[128];
     /* Q3_K_M (llama.cpp's rule for dense models): attn_v Q5_K in the first 2 layers, ffn_down in
      * the first n/16, Q4_K after; attn_output Q4_K */
@@ -929,19 +946,7 @@ static void mk_dense_layer(mk_model *m, int l, qtype more)
     }
     mk_add(m, MK_T("attn_output.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)q_dim), o_t, 2, q_dim, dim);
     mk_add(m, MK_T("ffn_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, dim, 1);
-    if (o->n_expert > 0) {
-        /* the router stays F32 (llama.cpp's converter and quantiser keep it so); its
-         * logits have a standard deviation near 2, so that routing is rarely a near-tie */
-        int64_t ne = o->n_expert, ef = o->expert_ffn;
-        mk_add(m, MK_T("ffn_gate_inp.weight"), MK_INIT_NOISE, 2.0f / sqrtf((float)dim), QTYPE_F32, 2, dim, ne);
-        mk_add3(m, MK_T("ffn_gate_exps.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 3, dim, ef, ne);
-        mk_add3(m, MK_T("ffn_up_exps.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 3, dim, ef, ne);
-        mk_add3(m, MK_T("ffn_down_exps.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)ef), down_t, 3, ef, dim, ne);
-        return;
-    }
-    mk_add(m, MK_T("ffn_gate.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 2, dim, ffn);
-    mk_add(m, MK_T("ffn_up.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 2, dim, ffn);
-    mk_add(m, MK_T("ffn_down.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)ffn), down_t, 2, ffn, dim);
+    mk_ffn(m, l, down_t);
 #undef MK_T
 }
 
