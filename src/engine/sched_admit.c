@@ -539,6 +539,8 @@ void sched_admit_share_locked(sched *s)
         int lim = sched_recurrent(s) ? sched_state_reach(s, r, r->n_done, true) + 1 : r->n_tokens;
         int att = kvpool_seq_attach_prefix(s->pool, r->seq, r->tokens, lim);
         if (att > r->n_done) {
+            r->n_done = sched_window_attach(s, r, att);
+            if (sched_recurrent(s)) att = r->n_done;   /* blocks past the state restored were let go */
             if (r->prefix.first_run) {
                 int hits = sched_cached_cap(s, r, TM_MIN(att, r->n_prompt)) - r->prefix.n_cached;
                 hits = TM_MAX(0, hits);
@@ -546,7 +548,6 @@ void sched_admit_share_locked(sched *s)
                 s->st.n_cached_tokens += (uint64_t)hits;
                 s->st.n_shared_tokens += (uint64_t)hits;
             }
-            r->n_done = sched_window_attach(s, r, att);
         }
         if (r->n_done < kvpool_seq_n_keyed(r->seq)) continue;   /* replaying window layers */
         int end = r->n_done + KVPOOL_BLOCK;   /* the next block, attachable if it leaves a token */
