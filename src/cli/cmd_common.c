@@ -446,8 +446,8 @@ engine *cmd_common_engine_new(const char *prog, model *m, cmd_engine_opts *o)
                  kvpool_ring_bytes(kv) / 1048576.0, kvpool_n_block_layers(kv), kvpool_block_bytes(kv),
                  kvpool_window_state_bytes(kv) / 1048576.0);
     if (kvpool_state_bytes(kv) > 0)
-        log_info("%s: %d linear-attention layers keep a recurrent state of %.2f MiB per sequence; %d full layers in "
-                 "%zu-byte blocks; no prefix reuse (every prompt is computed whole) and no speculative decoding",
+        log_info("%s: %d linear-attention layers keep a recurrent state of %.2f MiB per sequence, cached at block "
+                 "ends for prefix reuse (the window cache); %d full layers in %zu-byte blocks; no speculative decoding",
                  prog, engine_model(e)->hp.n_recurrent, kvpool_state_bytes(kv) / 1048576.0,
                  kvpool_n_block_layers(kv), kvpool_block_bytes(kv));
     return e;

@@ -2,7 +2,7 @@
  * cmd_mkmodel: writes a random-weight GGUF model of a real architecture and shape, which
  * llama.cpp also loads: the test and benchmark models of tokenmill.
  *
- *   tokenmill mkmodel --arch llama|qwen2|qwen3|qwen3moe|deepseek2|gpt-oss|phi3|mistral3 [--preset NAME] [shape options] [--vocab FILE]
+ *   tokenmill mkmodel --arch llama|qwen2|qwen3|qwen3moe|deepseek2|gpt-oss|phi3|mistral3|qwen35|qwen35moe [--preset NAME] [shape options] [--vocab FILE]
  *                     --type T --seed S [--tied|--untied] [--rope-scaling llama3] -o OUT.gguf
  *
  * Tensors and metadata follow llama.cpp's converters: `llama` (rope_freqs.weight when
@@ -14,7 +14,11 @@
  * --type mxfp4 is llama.cpp's MXFP4_MOE: experts in MXFP4, other matrices in Q8_0), `phi3`
  * (Phi-4-mini's: fused attn_qkv and ffn_up, 3/4 of each head rotated, LongRoPE's factor tensors
  * and attn_factor when the context exceeds 4096, sliding_window 0), `mistral3` (llama's tensors,
- * Ministral 3's YaRN and attention temperature keys). Norms, biases and rope
+ * Ministral 3's YaRN and attention temperature keys), `qwen35`/`qwen35moe` (Qwen3.5's: every 4th
+ * layer full attention with the query's gate (attn_q twice as wide) and q/k norms, a quarter of
+ * each head rotated over three interleaved M-RoPE sections; the others gated delta nets:
+ * attn_qkv, attn_gate, ssm_beta/alpha, an F32 ssm_conv1d of 4 taps, ssm_dt.bias, ssm_a < 0,
+ * ssm_norm, ssm_out; post_attention_norm; the MoE with its gated shared expert). Norms, biases and rope
  * factors stay F32; every matrix gets
  * --type (q4_1, q5_0, q5_1, q2_k, q3_k, iq4_nl, iq4_xs, iq3_xxs, iq3_s, iq2_s, tq1_0, tq2_0 too, ggml's reference quantisers; every matrix
  * in the one type), for q3_k_m llama.cpp's Q3_K_M mix (Q3_K, attn_v/ffn_down/attn_output in Q4_K/Q5_K, output Q6_K),
@@ -72,15 +76,16 @@ typedef struct {
     double w_scale;
     int n_groups, n_groups_used;
     int n_swa;              /* gpt-oss: sliding window (every other layer) */
+    int ssm_k_heads, ssm_v_heads, ssm_state;   /* qwen35: the linear layers' q/k heads, v heads, head size */
 } mk_preset;
 
 static const mk_preset mk_presets[] = {
-    { "tiny", NULL, 2, 256, 512, 4, 2, 64, 2048, 1024, 0, true, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0, 0 },
-    { "small", NULL, 4, 512, 1536, 8, 4, 64, 4096, 4096, 0, true, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0, 0 },
-    { "qwen3-0.6b", "qwen3", 28, 1024, 3072, 16, 8, 128, 40960, 151936, 1e6, true, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0, 0 },
-    { "qwen2-0.5b", "qwen2", 24, 896, 4864, 14, 2, 64, 32768, 151936, 1e6, true, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0, 0 },
-    { "llama3.2-1b", "llama", 16, 2048, 8192, 32, 8, 64, 131072, 128256, 500000, true, true, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0, 0 },
-    { "qwen3-30b-a3b", "qwen3moe", 48, 2048, 6144, 32, 4, 128, 40960, 151936, 1e6, false, false, 128, 8, 768, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0, 0 },
+    { "tiny", NULL, 2, 256, 512, 4, 2, 64, 2048, 1024, 0, true, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0, 0, 0, 0, 0 },
+    { "small", NULL, 4, 512, 1536, 8, 4, 64, 4096, 4096, 0, true, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0, 0, 0, 0, 0 },
+    { "qwen3-0.6b", "qwen3", 28, 1024, 3072, 16, 8, 128, 40960, 151936, 1e6, true, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0, 0, 0, 0, 0 },
+    { "qwen2-0.5b", "qwen2", 24, 896, 4864, 14, 2, 64, 32768, 151936, 1e6, true, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0, 0, 0, 0, 0 },
+    { "llama3.2-1b", "llama", 16, 2048, 8192, 32, 8, 64, 131072, 128256, 500000, true, true, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0, 0, 0, 0, 0 },
+    { "qwen3-30b-a3b", "qwen3moe", 48, 2048, 6144, 32, 4, 128, 40960, 151936, 1e6, false, false, 128, 8, 768, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0, 0, 0, 0, 0 },
     { .name = "deepseek-v2-lite", .arch = "deepseek2", .n_layers = 27, .dim = 2048, .ffn = 10944, .n_heads = 16,
       .n_kv_heads = 1, .head_dim = 192, .ctx = 163840, .n_vocab = 102400, .rope_base = 10000, .n_expert = 64,
       .n_expert_used = 6, .expert_ffn = 1408, .kv_lora = 512, .nope_dim = 128, .rope_dim = 64, .v_dim = 128,
@@ -102,6 +107,17 @@ static const mk_preset mk_presets[] = {
      * positions to 131072, the o200k vocabulary padded to 200064, tied embeddings */
     { .name = "phi-4-mini", .arch = "phi3", .n_layers = 32, .dim = 3072, .ffn = 8192, .n_heads = 24, .n_kv_heads = 8,
       .head_dim = 128, .ctx = 131072, .n_vocab = 200064, .rope_base = 10000, .tied = true },
+    /* Ministral 3 14B (Ministral-3-14B-*-2512, the text model): 40 layers of 5120, 32 q heads
+     * of 128 over 8 kv heads, FFN 16384, RoPE base 1e9 with YaRN x16 to 262144, the 131072
+     * Tekken vocabulary, untied */
+    { .name = "ministral3-14b", .arch = "mistral3", .n_layers = 40, .dim = 5120, .ffn = 16384, .n_heads = 32,
+      .n_kv_heads = 8, .head_dim = 128, .ctx = 262144, .n_vocab = 131072, .rope_base = 1e9 },
+    /* Qwen3.5-4B's config.json: 32 layers, every 4th full attention (16 q heads of 256 over 4
+     * kv heads, a quarter rotated), the others gated delta nets of 16 q/k heads and 32 v heads
+     * of 128 with 4 conv taps; 248320 tokens, tied embeddings, RoPE base 1e7 */
+    { .name = "qwen3.5-4b", .arch = "qwen35", .n_layers = 32, .dim = 2560, .ffn = 9216, .n_heads = 16, .n_kv_heads = 4,
+      .head_dim = 256, .ctx = 262144, .n_vocab = 248320, .rope_base = 1e7, .tied = true, .ssm_k_heads = 16,
+      .ssm_v_heads = 32, .ssm_state = 128 },
 };
 
 typedef struct {
@@ -123,6 +139,7 @@ typedef struct {
                              * factor 32, its own) */
     int n_swa;              /* gpt-oss: sliding window */
     int n_nextn;            /* deepseek2: MTP layers after the n_layers */
+    int ssm_k_heads, ssm_v_heads, ssm_state;   /* qwen35: linear layers' q/k heads, v heads, head size */
     int pooling;            /* {arch}.pooling_type to write (llama.cpp's values), -1: none */
     qtype exps_type;        /* the experts' type (mxfp4: MXFP4, else the base type) */
     const char *type;       /* --type */
@@ -739,6 +756,26 @@ static void mk_mla_keys(gguf_writer *w, const mk_opts *o)
 
 /* Every key before the vocabulary's: general.*, then the architecture's hyper-parameters
  * (a reranker's labels and prompt, each family's own). */
+/* qwen35/qwen35moe's keys, as llama.cpp's converter writes Qwen3.5's: the linear layers'
+ * geometry (4 conv taps, every 4th layer full), the interleaved M-RoPE sections over the
+ * rotated pairs (all three text sections, as the model loader requires) and the shared
+ * expert's size. */
+static void mk_qwen35_keys(gguf_writer *w, const mk_opts *o)
+{
+    char k[128];
+#define MK_KEY(suffix) (snprintf(k, sizeof k, "%s." suffix, o->arch), k)
+    gguf_writer_set_u32(w, MK_KEY("ssm.conv_kernel"), 4);
+    gguf_writer_set_u32(w, MK_KEY("ssm.inner_size"), (uint32_t)(o->ssm_v_heads * o->ssm_state));
+    gguf_writer_set_u32(w, MK_KEY("ssm.state_size"), (uint32_t)o->ssm_state);
+    gguf_writer_set_u32(w, MK_KEY("ssm.time_step_rank"), (uint32_t)o->ssm_v_heads);
+    gguf_writer_set_u32(w, MK_KEY("ssm.group_count"), (uint32_t)o->ssm_k_heads);
+    gguf_writer_set_u32(w, MK_KEY("full_attention_interval"), 4);
+    int32_t pairs = o->rope_dim / 2, sec[4] = { (pairs + 2) / 3, (pairs + 1) / 3, pairs / 3, 0 };
+    gguf_writer_set_arr_i32(w, MK_KEY("rope.dimension_sections"), sec, 4);
+    if (o->n_expert > 0) gguf_writer_set_u32(w, MK_KEY("expert_shared_feed_forward_length"), (uint32_t)o->expert_ffn);
+#undef MK_KEY
+}
+
 static void mk_write_keys(gguf_writer *w, const mk_opts *o, int64_t V, qtype base, uint32_t ftype, const char *preset)
 {
     const char *A = o->arch;
@@ -783,6 +820,7 @@ static void mk_write_keys(gguf_writer *w, const mk_opts *o, int64_t V, qtype bas
     }
     if (!strcmp(A, "phi3")) mk_phi3_keys(w, o);
     if (!strcmp(A, "mistral3")) mk_mistral3_keys(w, o);
+    if (o->ssm_state > 0) mk_qwen35_keys(w, o);
     if (o->n_swa > 0) {   /* gpt-oss, as its converter writes it (the layer pattern: llama.cpp's default 2) */
         gguf_writer_set_u32(w, MK_KEY("attention.sliding_window"), (uint32_t)o->n_swa);
         gguf_writer_set_str(w, MK_KEY("rope.scaling.type"), "yarn");
@@ -796,6 +834,73 @@ static void mk_write_keys(gguf_writer *w, const mk_opts *o, int64_t V, qtype bas
         gguf_writer_set_u32(w, MK_KEY("expert_feed_forward_length"), (uint32_t)o->expert_ffn);
     }
 #undef MK_KEY
+}
+
+/* Layer l's FFN after its norm: routed experts (an F32 router, 3-D gate/up/down) or a dense
+ * one; down_t the type of ffn_down (a K-quant mix gives it more bits). */
+static void mk_ffn(mk_model *m, int l, qtype down_t)
+{
+    const mk_opts *o = m->o;
+    const int64_t dim = o->dim, ffn = o->ffn;
+    const qtype base = m->base;
+    char name[128];
+#define MK_T(suffix) (snprintf(name, sizeof name, "blk.%d." suffix, l), name)
+    if (o->n_expert > 0) {
+        /* the router stays F32 (llama.cpp's converter and quantiser keep it so); its
+         * logits have a standard deviation near 2, so that routing is rarely a near-tie */
+        int64_t ne = o->n_expert, ef = o->expert_ffn;
+        mk_add(m, MK_T("ffn_gate_inp.weight"), MK_INIT_NOISE, 2.0f / sqrtf((float)dim), QTYPE_F32, 2, dim, ne);
+        mk_add3(m, MK_T("ffn_gate_exps.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 3, dim, ef, ne);
+        mk_add3(m, MK_T("ffn_up_exps.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 3, dim, ef, ne);
+        mk_add3(m, MK_T("ffn_down_exps.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)ef), down_t, 3, ef, dim, ne);
+        return;
+    }
+    mk_add(m, MK_T("ffn_gate.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 2, dim, ffn);
+    mk_add(m, MK_T("ffn_up.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 2, dim, ffn);
+    mk_add(m, MK_T("ffn_down.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)ffn), down_t, 2, ffn, dim);
+#undef MK_T
+}
+
+/* A qwen35/qwen35moe layer after its attn_norm: a gated delta net, or (every 4th) full
+ * attention with the query's gate and head norms; post_attention_norm; then routed experts and
+ * the gated shared expert, or a dense FFN. */
+static void mk_qwen35_layer(mk_model *m, int l)
+{
+    const mk_opts *o = m->o;
+    const qtype base = m->base;
+    const int64_t dim = o->dim, q_dim = (int64_t)o->n_heads * o->head_dim, kv_dim = (int64_t)o->n_kv_heads * o->head_dim;
+    const int64_t S = o->ssm_state, H = o->ssm_v_heads, ch = (2 * (int64_t)o->ssm_k_heads + H) * S;
+    const float sd = 1.0f / sqrtf((float)dim);
+    char name[128];
+#define MK_T(suffix) (snprintf(name, sizeof name, "blk.%d." suffix, l), name)
+    if ((l + 1) % 4 != 0) {
+        mk_add(m, MK_T("attn_qkv.weight"), MK_INIT_NOISE, sd, base, 2, dim, ch);
+        mk_add(m, MK_T("attn_gate.weight"), MK_INIT_NOISE, sd, base, 2, dim, H * S);
+        mk_add(m, MK_T("ssm_beta.weight"), MK_INIT_NOISE, sd, base, 2, dim, H);
+        mk_add(m, MK_T("ssm_alpha.weight"), MK_INIT_NOISE, sd, base, 2, dim, H);
+        mk_add(m, MK_T("ssm_conv1d.weight"), MK_INIT_NOISE, 0.5f, QTYPE_F32, 2, 4, ch);
+        mk_add(m, MK_T("ssm_dt.bias"), MK_INIT_NOISE, 0.5f, QTYPE_F32, 1, H, 1);
+        mk_add(m, MK_T("ssm_a"), MK_INIT_NORM, -4.0f, QTYPE_F32, 1, H, 1);   /* A = -exp(A_log): a decay */
+        mk_add(m, MK_T("ssm_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, S, 1);
+        mk_add(m, MK_T("ssm_out.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)(H * S)), base, 2, H * S, dim);
+    } else {
+        mk_add(m, MK_T("attn_q.weight"), MK_INIT_NOISE, sd, base, 2, dim, 2 * q_dim);
+        mk_add(m, MK_T("attn_k.weight"), MK_INIT_NOISE, sd, base, 2, dim, kv_dim);
+        mk_add(m, MK_T("attn_v.weight"), MK_INIT_NOISE, sd, base, 2, dim, kv_dim);
+        mk_add(m, MK_T("attn_q_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, o->head_dim, 1);
+        mk_add(m, MK_T("attn_k_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, o->head_dim, 1);
+        mk_add(m, MK_T("attn_output.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)q_dim), base, 2, q_dim, dim);
+    }
+    mk_add(m, MK_T("post_attention_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, dim, 1);
+    mk_ffn(m, l, base);
+    if (o->n_expert > 0) {   /* the shared expert and its gate */
+        int64_t ef = o->expert_ffn;
+        mk_add(m, MK_T("ffn_gate_inp_shexp.weight"), MK_INIT_NOISE, sd, QTYPE_F32, 1, dim, 1);
+        mk_add(m, MK_T("ffn_gate_shexp.weight"), MK_INIT_NOISE, sd, base, 2, dim, ef);
+        mk_add(m, MK_T("ffn_up_shexp.weight"), MK_INIT_NOISE, sd, base, 2, dim, ef);
+        mk_add(m, MK_T("ffn_down_shexp.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)ef), base, 2, ef, dim);
+    }
+#undef MK_T
 }
 
 /* A deepseek2 MTP layer's own tensors after its MLA layer: the input projection and norms,
@@ -826,7 +931,6 @@ static void mk_dense_layer(mk_model *m, int l, qtype more)
     const char *A = o->arch;
     const qtype base = m->base;
     const int64_t dim = o->dim, q_dim = (int64_t)o->n_heads * o->head_dim, kv_dim = (int64_t)o->n_kv_heads * o->head_dim;
-    const int64_t ffn = o->ffn;
     char name[128];
     /* Q3_K_M (llama.cpp's rule for dense models): attn_v Q5_K in the first 2 layers, ffn_down in
      * the first n/16, Q4_K after; attn_output Q4_K */
@@ -848,19 +952,7 @@ static void mk_dense_layer(mk_model *m, int l, qtype more)
     }
     mk_add(m, MK_T("attn_output.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)q_dim), o_t, 2, q_dim, dim);
     mk_add(m, MK_T("ffn_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, dim, 1);
-    if (o->n_expert > 0) {
-        /* the router stays F32 (llama.cpp's converter and quantiser keep it so); its
-         * logits have a standard deviation near 2, so that routing is rarely a near-tie */
-        int64_t ne = o->n_expert, ef = o->expert_ffn;
-        mk_add(m, MK_T("ffn_gate_inp.weight"), MK_INIT_NOISE, 2.0f / sqrtf((float)dim), QTYPE_F32, 2, dim, ne);
-        mk_add3(m, MK_T("ffn_gate_exps.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 3, dim, ef, ne);
-        mk_add3(m, MK_T("ffn_up_exps.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 3, dim, ef, ne);
-        mk_add3(m, MK_T("ffn_down_exps.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)ef), down_t, 3, ef, dim, ne);
-        return;
-    }
-    mk_add(m, MK_T("ffn_gate.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 2, dim, ffn);
-    mk_add(m, MK_T("ffn_up.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 2, dim, ffn);
-    mk_add(m, MK_T("ffn_down.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)ffn), down_t, 2, ffn, dim);
+    mk_ffn(m, l, down_t);
 #undef MK_T
 }
 
@@ -907,6 +999,8 @@ static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *
             mk_gptoss_layer(&m, l);
         } else if (!strcmp(A, "phi3")) {
             mk_phi3_layer(&m, l, more);
+        } else if (o->ssm_state > 0) {
+            mk_qwen35_layer(&m, l);
         } else {
             mk_dense_layer(&m, l, more);
         }
@@ -1009,7 +1103,7 @@ static int mk_resolve_experts(mk_opts *o, const mk_args *a, const mk_preset *p)
             fprintf(stderr, "tokenmill mkmodel: --experts-used %d is more than --experts %d\n", o->n_expert_used, o->n_expert);
             return 2;
         }
-    } else if (!strcmp(o->arch, "qwen3moe")) {
+    } else if (!strcmp(o->arch, "qwen3moe") || !strcmp(o->arch, "qwen35moe")) {
         /* a dense preset under --arch qwen3moe: 8 experts, 2 per token, each of the ffn size */
         o->n_expert = a->experts ? a->experts : p->n_expert ? p->n_expert : 8;
         o->n_expert_used = a->experts_used ? a->experts_used : p->n_expert_used ? p->n_expert_used : 2;
@@ -1019,7 +1113,7 @@ static int mk_resolve_experts(mk_opts *o, const mk_args *a, const mk_preset *p)
             return 2;
         }
     } else if (a->experts || a->experts_used || a->expert_ffn) {
-        fprintf(stderr, "tokenmill mkmodel: --experts, --experts-used and --expert-ffn are for --arch qwen3moe, deepseek2 or gpt-oss\n");
+        fprintf(stderr, "tokenmill mkmodel: --experts, --experts-used and --expert-ffn are for --arch qwen3moe, qwen35moe, deepseek2 or gpt-oss\n");
         return 2;
     }
     return 0;
@@ -1058,7 +1152,7 @@ int cmd_mkmodel(int argc, char **argv)
     for (size_t i = 0; i < TM_ARRAY_LEN(mk_presets) && ph < sizeof preset_help; i++)
         ph += (size_t)snprintf(preset_help + ph, sizeof preset_help - ph, " %s", mk_presets[i].name);
     const cmd_opt opts[] = {
-        { "--arch", NULL, CMD_OPT_STR, &o.arch, .arg = "llama|qwen2|qwen3|qwen3moe|deepseek2|gpt-oss|phi3|mistral3", .help = "architecture (or the preset's)" },
+        { "--arch", NULL, CMD_OPT_STR, &o.arch, .arg = "llama|qwen2|qwen3|qwen3moe|deepseek2|gpt-oss|phi3|mistral3|qwen35|qwen35moe", .help = "architecture (or the preset's)" },
         { "--preset", NULL, CMD_OPT_STR, &a.preset, .arg = "NAME", .help = preset_help },
         { "--layers", NULL, CMD_OPT_LONG, &a.layers, 0, 4096, .arg = "N", .help = "shape options override the preset's" },
         { "--dim", NULL, CMD_OPT_LONG, &a.dim, 0, 1 << 20, .arg = "N", .help = "hidden size" },
@@ -1123,8 +1217,10 @@ int cmd_mkmodel(int argc, char **argv)
         return 2;
     }
     if (strcmp(o.arch, "llama") && strcmp(o.arch, "qwen2") && strcmp(o.arch, "qwen3") && strcmp(o.arch, "qwen3moe") &&
-        strcmp(o.arch, "deepseek2") && strcmp(o.arch, "gpt-oss") && strcmp(o.arch, "phi3") && strcmp(o.arch, "mistral3")) {
-        fprintf(stderr, "tokenmill mkmodel: unknown arch '%s' (llama, qwen2, qwen3, qwen3moe, deepseek2, gpt-oss, phi3, mistral3)\n",
+        strcmp(o.arch, "deepseek2") && strcmp(o.arch, "gpt-oss") && strcmp(o.arch, "phi3") && strcmp(o.arch, "mistral3") &&
+        strcmp(o.arch, "qwen35") && strcmp(o.arch, "qwen35moe")) {
+        fprintf(stderr, "tokenmill mkmodel: unknown arch '%s' (llama, qwen2, qwen3, qwen3moe, deepseek2, gpt-oss, phi3, mistral3, "
+                "qwen35, qwen35moe)\n",
                 o.arch);
         return 2;
     }
@@ -1179,6 +1275,14 @@ int cmd_mkmodel(int argc, char **argv)
         return 2;
     }
     if (!strcmp(o.arch, "phi3")) o.rope_dim = o.head_dim * 3 / 4 / 2 * 2;   /* partial_rotary_factor 0.75 */
+    if (!strncmp(o.arch, "qwen35", 6)) {
+        /* a quarter of each head rotated; a non-qwen35 preset's linear layers: as many q/k
+         * heads as kv heads, twice as many v heads, of half the head size */
+        o.rope_dim = TM_MAX(2, o.head_dim / 4 / 2 * 2);
+        o.ssm_k_heads = p->ssm_k_heads ? p->ssm_k_heads : o.n_kv_heads;
+        o.ssm_v_heads = p->ssm_v_heads ? p->ssm_v_heads : 2 * o.ssm_k_heads;
+        o.ssm_state = p->ssm_state ? p->ssm_state : TM_MAX(16, o.head_dim / 2);
+    }
     mk_vocab v = { 0 };
     if (!mk_vocab_load(&v, a.vocab, &o, a.nv ? a.nv : (a.preset ? p->n_vocab : 0))) {
         mk_vocab_free(&v);

@@ -65,11 +65,6 @@ static bool cmd_worker_servable(const model *m, int role, const char *path)
                 "(an embedding ends in its prefill; there is nothing to decode)\n", path, m->hp.arch_name);
         return false;
     }
-    if (m->hp.n_recurrent > 0) {   /* its state per sequence does not travel between workers yet */
-        fprintf(stderr, "tokenmill worker: %s: a model with linear-attention layers (%s) runs in `tokenmill serve`, "
-                "not in a cluster\n", path, m->hp.arch_name);
-        return false;
-    }
     return true;
 }
 

@@ -29,9 +29,10 @@ static void worker_kv_out(void *arg, const kvpool *pool, const kvpool_seq *seq, 
     wjob *j = arg;
     const model *m = j->w->m;
     int start = n_done / KVPOOL_BLOCK * KVPOOL_BLOCK, n = n_done - start;
-    /* window layers live in a ring, not in the tail's slabs: the decode worker computes the
-     * partial block itself (and the window state as a window-cache miss) */
-    if (n <= 0 || j->tail || kvpool_n_window_layers(pool) > 0) return;
+    /* window layers live in a ring, not in the tail's slabs, and a recurrent state is captured
+     * only at block ends: the decode worker computes the partial block itself (from the state
+     * at the block end, fetched or replayed as a window-cache miss) */
+    if (n <= 0 || j->tail || kvpool_n_window_layers(pool) > 0 || kvpool_state_bytes(pool) > 0) return;
     size_t row = worker_row(pool, m);
     int parts = kvpool_n_parts(pool);
     size_t bytes = (size_t)m->hp.n_layers * (size_t)parts * (size_t)m->hp.n_kv_heads * (size_t)n * row;
@@ -205,7 +206,9 @@ void worker_window_serve(worker *w, wconn *c, const proto_msg *q)
     m.hdr.req_id = q->hdr.req_id;
     memcpy(m.u.winstate.key, q->u.winfetch.key, 32);
     size_t eb = wincache_entry_bytes(w->wc);
-    uint8_t *buf = eb ? malloc(eb) : NULL;
+    /* a state larger than a frame (a big recurrent model's) is answered as not held: the job
+     * replays, as for any state it cannot get */
+    uint8_t *buf = eb && eb <= PROTO_MAX_PAYLOAD - 64 ? malloc(eb) : NULL;
     if (buf && wincache_peek(w->wc, q->u.winfetch.key, buf, util_now())) {
         m.u.winstate.n_bytes = (uint32_t)eb;
         m.u.winstate.data = buf;

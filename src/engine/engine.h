@@ -134,13 +134,16 @@ double engine_moe_imbalance(const uint64_t *counts, int n_expert, int n_groups);
 
 /* A window layers' state captured by a step (models with sliding-window layers): the state
  * of seq at end (a multiple of 128 its step crossed, where the state is exact), in the layout
- * of kvpool_seq_window_save. */
+ * of kvpool_seq_window_save. On a model with recurrent layers (Qwen3.5) the same for the
+ * sequence's recurrent state (kvpool_seq_state's bytes at end; engine_qwen35_states). */
 typedef struct {
     kvpool_seq *seq;
     int end;                  /* positions [end - window, end) */
-    const void *state;        /* kvpool_window_state_bytes; valid until the next engine_step */
+    const void *state;        /* kvpool_window_state_bytes (recurrent: kvpool_state_bytes);
+                               * valid until the next engine_step */
 } engine_window_state;
-/* The states captured by the last engine_step (0 for a model without window layers). On a
+/* The states captured by the last engine_step (0 for a model with neither window nor
+ * recurrent layers). On a
  * model with window layers a sequence's entries in one step must be at consecutive positions
  * in batch order (runs of it may have other sequences' entries between them), starting at
  * most KVPOOL_RING_SPARE positions before kvpool_seq_ring_next, else ENGINE_ERR_ARG: its

@@ -206,6 +206,7 @@ bool engine_window_plan(engine *e, const engine_batch *b)
 
 int engine_window_states(const engine *e, const engine_window_state **out)
 {
+    if (e->q35) return engine_qwen35_states(e->q35, out);
     *out = e->wsnap;
     return e->wsnap ? e->n_wsnap : 0;
 }

@@ -62,6 +62,12 @@ struct engine_qwen35 {
     int32_t *last;           /* (T) its last entry */
     int32_t *nxt;            /* (T) the entry after entry t of the same sequence, -1 */
     bool *reset;             /* (T) restarts at position 0 */
+    /* states captured at the block ends the step crosses (engine_qwen35_states) */
+    engine_window_state *snap; /* (n_snap_max) */
+    uint8_t *snap_data;      /* (n_snap_max, state_bytes) header then the layers, as a sequence's */
+    int32_t *snap_at;        /* (T) the capture taken after entry t (its position is end - 1), -1 */
+    int n_snap, n_snap_max;
+    uint64_t n_snap_dropped; /* captures skipped for want of a slot, lifetime */
     /* the running round */
     int il;                  /* layer */
     int next;                /* work item counter */
@@ -111,6 +117,9 @@ void engine_qwen35_free(engine_qwen35 *q)
     free(q->last);
     free(q->nxt);
     free(q->reset);
+    free(q->snap);
+    free(q->snap_data);
+    free(q->snap_at);
     free(q);
 }
 
@@ -145,7 +154,12 @@ engine_qwen35 *engine_qwen35_new(const model *m, int max_tokens, int n_threads)
     q->last = calloc(T, sizeof *q->last);
     q->nxt = calloc(T, sizeof *q->nxt);
     q->reset = calloc(T, sizeof *q->reset);
-    if (!q->mix || !q->cv || !q->z || !q->beta || !q->alpha || !q->o || !q->qg || !q->gate || !q->shg || !q->tmp ||
+    q->n_snap_max = (int)(T / KVPOOL_BLOCK) + 16;
+    q->snap = calloc((size_t)q->n_snap_max, sizeof *q->snap);
+    /* faulted in as states are captured: most steps cross no block boundary */
+    q->snap_data = calloc((size_t)q->n_snap_max, engine_qwen35_state_bytes(m));
+    q->snap_at = calloc(T, sizeof *q->snap_at);
+    if (!q->snap || !q->snap_data || !q->snap_at || !q->mix || !q->cv || !q->z || !q->beta || !q->alpha || !q->o || !q->qg || !q->gate || !q->shg || !q->tmp ||
         !q->st || !q->npos || !q->first || !q->last || !q->nxt || !q->reset) {
         engine_qwen35_free(q);
         return NULL;
@@ -179,9 +193,40 @@ bool engine_qwen35_plan(engine_qwen35 *q, kvpool *kv, const engine_batch *b)
     }
     for (int si = 0; si < n; si++)
         if (q->reset[si]) memset(q->npos[si], 0, engine_qwen35_state_bytes(q->m));
+    /* the block ends crossed: the state after the entry at end - 1 */
+    const size_t sb = engine_qwen35_state_bytes(q->m);
+    q->n_snap = 0;
+    for (int t = 0; t < T; t++) {
+        q->snap_at[t] = -1;
+        int end = b->toks[t].pos + 1;
+        if (end % KVPOOL_BLOCK) continue;
+        if (q->n_snap == q->n_snap_max) {
+            q->n_snap_dropped++;
+            continue;
+        }
+        uint8_t *dst = q->snap_data + (size_t)q->n_snap * sb;
+        memset(dst, 0, Q35_HEADER);
+        *(int64_t *)dst = end;
+        q->snap[q->n_snap] = (engine_window_state){ .seq = b->toks[t].seq, .end = end, .state = dst };
+        q->snap_at[t] = q->n_snap++;
+    }
     q->b = b;
     q->n_sq = n;
     return true;
+}
+
+int engine_qwen35_states(const engine_qwen35 *q, const engine_window_state **out)
+{
+    *out = q->snap;
+    return q->n_snap;
+}
+
+/* The state buffer of capture i for (recurrent layer r): what q->st[si] + r * layer_floats is
+ * for the sequence. */
+static float *q35_snap_layer(engine_qwen35 *q, int i, int r)
+{
+    return (float *)(q->snap_data + (size_t)i * engine_qwen35_state_bytes(q->m) + Q35_HEADER) +
+           (size_t)r * q->layer_floats;
 }
 
 void engine_qwen35_commit(engine_qwen35 *q)
@@ -236,6 +281,9 @@ static void q35_job_conv(void *ctx, int ith, int nth)
                 for (int k = 0; k + 1 < K - 1; k++) s[k] = s[k + 1];
                 s[K - 2] = x[c];
             }
+            if (q->snap_at[t] >= 0)
+                memcpy(q35_snap_layer(q, q->snap_at[t], r) + (size_t)c0 * (K - 1), cs + (size_t)c0 * (K - 1),
+                       (size_t)(c1 - c0) * (K - 1) * sizeof(float));
         }
     }
 }
@@ -270,6 +318,9 @@ static void q35_job_delta(void *ctx, int ith, int nth)
                 for (int i = 0; i < S; i++) row[i] += kn[i] * d;
                 o[j] = q35_dot(row, qn, S) * scale;
             }
+            if (q->snap_at[t] >= 0)
+                memcpy(q35_snap_layer(q, q->snap_at[t], r) + q->conv_floats + (size_t)h * S * S, M,
+                       (size_t)S * S * sizeof(float));
         }
     }
 }

@@ -35,6 +35,12 @@ void engine_qwen35_free(engine_qwen35 *q);
 bool engine_qwen35_plan(engine_qwen35 *q, kvpool *kv, const engine_batch *b);
 /* After the step: each sequence's state holds its positions up to its last entry. */
 void engine_qwen35_commit(engine_qwen35 *q);
+/* The states the last step captured: for each entry at a position end - 1 with end a multiple
+ * of 128, the sequence's whole state (engine_qwen35_state_bytes, its header saying end) as it
+ * was right after that entry, whatever else the step computed after it. Restored into a
+ * sequence that attached the blocks up to end, it continues exactly as one that computed
+ * every position. Valid until the next step. */
+int engine_qwen35_states(const engine_qwen35 *q, const engine_window_state **out);
 
 /* Linear-attention layer il: xn (T, dim) in, its output (T, dim) in xn. */
 void engine_qwen35_linear(engine_qwen35 *q, threadpool *tp, int il, float *xn, void *mm_scratch);

@@ -357,7 +357,6 @@ void kvpool_seq_free(kvpool *p, kvpool_seq *s)
 
 int kvpool_seq_attach_prefix(kvpool *p, kvpool_seq *s, const int32_t *tokens, int n)
 {
-    if (p->o.state_bytes) return s->n_keyed * KVPOOL_BLOCK;   /* blocks alone do not continue it */
     if (s->n != s->n_keyed) return s->n_keyed * KVPOOL_BLOCK;   /* a block being written ends the chain */
     uint8_t key[32];
     while ((s->n + 1) * KVPOOL_BLOCK < n) {  /* strictly less: keep >= 1 token to compute */
@@ -387,7 +386,6 @@ kvpool_status kvpool_seq_reserve(kvpool *p, kvpool_seq *s, int n_total)
 
 void kvpool_seq_commit_full_blocks(kvpool *p, kvpool_seq *s, const int32_t *tokens, int n_tokens)
 {
-    if (p->o.state_bytes) return;   /* a recurrent model's blocks continue no one */
     uint8_t key[32];
     while (s->n_keyed < s->n && (s->n_keyed + 1) * KVPOOL_BLOCK <= n_tokens) {
         int bi = s->n_keyed;
@@ -435,7 +433,7 @@ static int kvpool_seq_append_keyed(kvpool *p, kvpool_seq *s, const uint8_t key[3
 {
     *fresh = false;
     *st = KVPOOL_OK;
-    if (s->n_keyed != s->n || s->n >= p->o.n_blocks || p->o.state_bytes) {
+    if (s->n_keyed != s->n || s->n >= p->o.n_blocks) {
         *st = KVPOOL_ERR_ARG;
         return -1;
     }

@@ -291,11 +291,12 @@ int kvpool_seq_window_replay(const kvpool *p, kvpool_seq *s, int end, bool exact
 /* ---- recurrent state ----
  * A model with recurrent layers (Qwen3.5's linear attention) keeps, per sequence, a state of
  * opts.state_bytes that the engine reads and writes in place: zeroed by kvpool_seq_new and
- * kvpool_seq_reset (a sequence computed from position 0). A block's KV alone does not continue
- * such a sequence, so a pool with a state keys no block and attaches, copies or keeps nothing
- * of another sequence: kvpool_seq_attach_prefix and kvpool_cached_prefix find nothing,
- * kvpool_seq_commit_full_blocks keys nothing (nothing goes to the block store), tails are
- * neither kept nor copied; every sequence computes its whole prompt. */
+ * kvpool_seq_reset (a sequence computed from position 0). Blocks hold the full layers only and
+ * are keyed, attached, stored and loaded as any, but a block's KV alone does not continue such
+ * a sequence: whoever attaches blocks up to P must also put the state at P into the sequence
+ * (kvpool_seq_state; the scheduler keeps them in the window cache), or the engine refuses the
+ * step (it continues a sequence only where its state ends). Tails are neither kept nor
+ * copied: no state is captured inside a block. */
 void *kvpool_seq_state(const kvpool *p, const kvpool_seq *s);   /* NULL: no state */
 size_t kvpool_state_bytes(const kvpool *p);
 

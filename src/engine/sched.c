@@ -788,8 +788,9 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
         return SCHED_ERR_ARG;
     }
     s->o = o;
-    if (kvpool_n_window_layers(s->pool) > 0) {
-        size_t sb = kvpool_window_state_bytes(s->pool);
+    /* the window cache: the window layers' states, or a recurrent model's, at block ends */
+    if (kvpool_n_window_layers(s->pool) > 0 || kvpool_state_bytes(s->pool) > 0) {
+        size_t sb = kvpool_n_window_layers(s->pool) > 0 ? kvpool_window_state_bytes(s->pool) : kvpool_state_bytes(s->pool);
         wincache_opts wo = { .entry_bytes = sb, .ttl_s = o.window_ttl_s,
                              .max_bytes = (size_t)(o.window_mib < 0 ? 0 : (o.window_mib == 0 ? 1024 : o.window_mib) * 1048576.0) };
         s->wc = wincache_new(&wo);

@@ -144,23 +144,67 @@ static bool sched_in_flight(sched *s, int bi, const uint8_t key[32])
     return false;
 }
 
+/* Whether the model has recurrent layers: its state cache (s->wc) holds their states, which
+ * a prefix needs as a window model's needs its window layers' (see sched_window_attach). */
+static bool sched_recurrent(const sched *s) { return kvpool_state_bytes(s->pool) > 0; }
+
 /* Cached tokens as usage counts them: on a model with window layers at most L - 134 of a
- * prompt of L. */
+ * prompt of L; on a recurrent one the positions its restored state continues (att is those). */
 static int sched_cached_cap(const sched *s, const sched_req *r, int n)
 {
-    if (!s->wc) return n;
+    if (!s->wc || sched_recurrent(s)) return n;
     return TM_MAX(0, TM_MIN(n, r->n_prompt - SCHED_WINDOW_UNCACHED));
 }
 
+/* On a recurrent model: the furthest block end b above `from` (leaving a token of r to
+ * compute) whose state the cache holds and, with in_pool, whose blocks from `from` on are all
+ * in the pool (attachable); `from` when there is none. */
+static int sched_state_reach(sched *s, sched_req *r, int from, bool in_pool)
+{
+    int best = from;
+    double now = util_now();
+    for (int b = from + KVPOOL_BLOCK; b < r->n_tokens; b += KVPOOL_BLOCK) {
+        const uint8_t *key = sched_chain_key(s, r, b / KVPOOL_BLOCK - 1);
+        if (in_pool && !kvpool_key_cached(s->pool, key)) break;
+        if (wincache_contains(s->wc, key, now)) best = b;
+    }
+    return best;
+}
+
+/* A recurrent model's sequence attached blocks up to att but its state there is not held:
+ * unlike a window, a recurrent state depends on every position before it, so the replay is
+ * from the furthest end below att whose state is held (restored), or from 0; the blocks past
+ * it are let go (the replay computes them again, as a cold run would). Returns where it is. */
+static int sched_state_replay(sched *s, sched_req *r, int att)
+{
+    double now = util_now();
+    int b = att - KVPOOL_BLOCK;
+    while (b > 0 && !wincache_contains(s->wc, sched_chain_key(s, r, b / KVPOOL_BLOCK - 1), now)) b -= KVPOOL_BLOCK;
+    kvpool_seq_reset(s->pool, r->seq);
+    if (r->prefix.salted) kvpool_seq_set_root(r->seq, r->prefix.root);
+    int got = b > 0 ? kvpool_seq_attach_prefix(s->pool, r->seq, r->tokens, b + 1) : 0;
+    if (got > 0 && (got != b || !wincache_get(s->wc, sched_chain_key(s, r, b / KVPOOL_BLOCK - 1), s->wstate, now))) {
+        kvpool_seq_reset(s->pool, r->seq);   /* expired meanwhile: from 0 */
+        if (r->prefix.salted) kvpool_seq_set_root(r->seq, r->prefix.root);
+        got = 0;
+    }
+    if (got > 0) memcpy(kvpool_seq_state(s->pool, r->seq), s->wstate, kvpool_state_bytes(s->pool));
+    wincache_count_replay(s->wc, true, att - got);
+    return got;
+}
+
 /* After r's sequence attached blocks up to att (a multiple of 128, or 0): the window layers'
- * state at att from the window cache, else a replay. Returns the position to compute from. */
+ * state (or the recurrent state) at att from the window cache, else a replay. Returns the
+ * position to compute from. */
 static int sched_window_attach(sched *s, sched_req *r, int att)
 {
     if (!s->wc || att <= 0 || att % KVPOOL_BLOCK) return att;
     if (wincache_get(s->wc, sched_chain_key(s, r, att / KVPOOL_BLOCK - 1), s->wstate, util_now())) {
-        kvpool_seq_window_restore(s->pool, r->seq, att, s->wstate);
+        if (sched_recurrent(s)) memcpy(kvpool_seq_state(s->pool, r->seq), s->wstate, kvpool_state_bytes(s->pool));
+        else kvpool_seq_window_restore(s->pool, r->seq, att, s->wstate);
         return att;
     }
+    if (sched_recurrent(s)) return sched_state_replay(s, r, att);
     int from = kvpool_seq_window_replay(s->pool, r->seq, att, s->o.window_exact);
     wincache_count_replay(s->wc, s->o.window_exact, att - from);
     return from;
@@ -191,6 +235,16 @@ static int sched_ram_blocks(sched *s, sched_req *r, int max)
     while (nb < max && (nb + 1) * KVPOOL_BLOCK < r->n_tokens && kvpool_key_cached(s->pool, sched_chain_key(s, r, nb)))
         nb++;
     return nb;
+}
+
+/* Tokens of r whose blocks a store load looks up: all, but on a recurrent model only up to the
+ * furthest block end whose state is held (blocks beyond it could not be used), none when no
+ * state is (after a restart: the state cache is in RAM only). */
+static int sched_load_tokens(sched *s, sched_req *r)
+{
+    if (!sched_recurrent(s)) return r->n_tokens;
+    int b = sched_state_reach(s, r, 0, false);
+    return b > 0 ? b + 1 : 0;
 }
 
 /* Whether waiting r's store load (finished, or none: nothing was left to look up) no longer
@@ -297,14 +351,16 @@ void sched_admit_locked(sched *s)
     if (s->o.bio)
         for (sched_req *r = s->wait_head; r; r = r->next, k++) {
             if (r->embd) continue;   /* an embedding's root is its own: the store holds nothing of it */
-            if (kvpool_state_bytes(s->pool)) break;   /* a recurrent model keys no block */
             if (!r->load.started || (k < SCHED_ADMIT_WINDOW && sched_load_stale(s, r))) {
                 if (r->load.started) r->load.retries++;
                 r->load.started = true;
                 blockio_load_free(s->o.bio, r->load.io);
+                r->load.io = NULL;
                 r->load.ram = sched_ram_blocks(s, r, r->n_tokens);
-                r->load.io = blockio_load_start_class(s->o.bio, r->prefix.salted ? r->prefix.root : NULL, r->tokens,
-                                                      r->n_tokens, r->p.cache_class);
+                int n_load = sched_load_tokens(s, r);
+                if (n_load > 0)
+                    r->load.io = blockio_load_start_class(s->o.bio, r->prefix.salted ? r->prefix.root : NULL, r->tokens,
+                                                          n_load, r->p.cache_class);
                 r->load.t = util_now();
                 if (r->load.t0 == 0 && r->load.io) r->load.t0 = r->load.t;
             }
@@ -325,9 +381,10 @@ void sched_admit_locked(sched *s)
              * ends now (a few times at most), then compute what is missing */
             blockio_load_free(s->o.bio, r->load.io);
             r->load.io = NULL;
-            if (r->load.retries++ < SCHED_LOAD_RETRIES) {
+            int n_load = sched_load_tokens(s, r);
+            if (r->load.retries++ < SCHED_LOAD_RETRIES && n_load > 0) {
                 r->load.io = blockio_load_start_class(s->o.bio, r->prefix.salted ? r->prefix.root : NULL, r->tokens,
-                                                      r->n_tokens, r->p.cache_class);
+                                                      n_load, r->p.cache_class);
                 r->load.t = util_now();
             }
             if (r->load.io) {
@@ -367,6 +424,7 @@ void sched_admit_locked(sched *s)
         if (r->p.kv_in) att = r->p.kv_in(r->p.kv_arg, s->pool, seq, att);
         r->seq = seq;
         r->n_done = sched_window_attach(s, r, att);
+        if (sched_recurrent(s)) att = r->n_done;   /* blocks past the state restored were let go */
         if (!r->prefix.admitted_once) {
             r->tr.admit_step = s->n_planned;
             r->prefix.n_cached = sched_cached_cap(s, r, TM_MIN(att, r->n_prompt));
@@ -474,12 +532,15 @@ void sched_admit_share_locked(sched *s)
     for (int i = 0; i < s->n_running; i++) {
         sched_req *r = s->running[i];
         r->prefix.share_wait = false;
-        if (kvpool_state_bytes(s->pool)) continue;   /* a recurrent model's rows continue no one */
         if (r->n_tokens - r->n_done <= 1 || r->n_done % KVPOOL_BLOCK != 0 ||
             kvpool_seq_capacity(r->seq) != r->n_done || kvpool_seq_n_keyed(r->seq) != r->n_done)
             continue;   /* decoding, or inside a block of its own */
-        int att = kvpool_seq_attach_prefix(s->pool, r->seq, r->tokens, r->n_tokens);
+        /* a recurrent model attaches only as far as a state it can restore */
+        int lim = sched_recurrent(s) ? sched_state_reach(s, r, r->n_done, true) + 1 : r->n_tokens;
+        int att = kvpool_seq_attach_prefix(s->pool, r->seq, r->tokens, lim);
         if (att > r->n_done) {
+            r->n_done = sched_window_attach(s, r, att);
+            if (sched_recurrent(s)) att = r->n_done;   /* blocks past the state restored were let go */
             if (r->prefix.first_run) {
                 int hits = sched_cached_cap(s, r, TM_MIN(att, r->n_prompt)) - r->prefix.n_cached;
                 hits = TM_MAX(0, hits);
@@ -487,7 +548,6 @@ void sched_admit_share_locked(sched *s)
                 s->st.n_cached_tokens += (uint64_t)hits;
                 s->st.n_shared_tokens += (uint64_t)hits;
             }
-            r->n_done = sched_window_attach(s, r, att);
         }
         if (r->n_done < kvpool_seq_n_keyed(r->seq)) continue;   /* replaying window layers */
         int end = r->n_done + KVPOOL_BLOCK;   /* the next block, attachable if it leaves a token */

@@ -146,6 +146,16 @@ bool wincache_get(wincache *c, const uint8_t key[32], void *dst, double now)
     return i >= 0;
 }
 
+bool wincache_contains(wincache *c, const uint8_t key[32], double now)
+{
+    if (!c) return false;
+    pthread_mutex_lock(&c->mu);
+    int i = slottab_find(&c->tab, key);
+    bool ok = i >= 0 && now - c->slot[i].t_put <= c->o.ttl_s;
+    pthread_mutex_unlock(&c->mu);
+    return ok;
+}
+
 void wincache_count_replay(wincache *c, bool exact, int n)
 {
     if (!c) return;

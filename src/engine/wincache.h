@@ -11,6 +11,10 @@
  * from when they were put (DeepSeek keeps theirs about 180 s: a state is only useful to the
  * next turn of a conversation) within max_bytes, least recently used first out.
  *
+ * A model with recurrent layers (Qwen3.5) keeps its whole recurrent state here the same way
+ * (engine_qwen35_states): a recurrent state cannot be replayed from a bounded span, so a miss
+ * falls back to the furthest earlier state held (wincache_contains probes for it).
+ *
  * Every entry has the same size (one model per process), so the store is an array of slots
  * allocated once (faulted in as used), a free list, an LRU and a hash map by key: no
  * allocation after wincache_new. The engine thread puts and gets; a mutex guards everything
@@ -75,6 +79,9 @@ void wincache_put(wincache *c, const uint8_t key[32], const void *state, double 
 /* Copies the state of key into dst and returns true, or false (a miss) when there is none or
  * it has expired (then dropped). */
 bool wincache_get(wincache *c, const uint8_t key[32], void *dst, double now);
+/* Whether a state of key is held and unexpired, counting nothing and moving nothing (a probe
+ * for the longest prefix a state continues). */
+bool wincache_contains(wincache *c, const uint8_t key[32], double now);
 /* Counts a replay of n positions (exact or bounded). */
 void wincache_count_replay(wincache *c, bool exact, int n);
 void wincache_get_stats(wincache *c, wincache_stats *st);

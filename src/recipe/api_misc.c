@@ -175,7 +175,8 @@ static void misc_metrics_model(bytebuf *b, const api_ctx *c)
     api_metric(b, "tokenmill_kv_blocks_used", "gauge", "KV blocks held by running sequences.", st.kv_blocks_used);
     api_metric(b, "tokenmill_kv_blocks_cached", "gauge", "Unreferenced KV blocks kept for prefix reuse (reclaimable).", st.kv_blocks_cached);
     api_metric(b, "tokenmill_kv_blocks_free", "gauge", "KV blocks on the free list.", st.kv_blocks_free);
-    if (st.window) {   /* models with sliding-window layers: the window cache */
+    if (st.window) {   /* models with sliding-window or recurrent layers: the window cache (a recurrent
+                        * model's states count as window-layer states; replays are exact) */
         api_metric(b, "tokenmill_window_entries", "gauge", "Window-layer states held in the window cache.", (double)st.window_entries);
         api_metric(b, "tokenmill_window_bytes", "gauge", "Bytes of window-layer states held.", (double)st.window_bytes);
         api_metric(b, "tokenmill_window_puts_total", "counter", "Window-layer states kept at block ends.", (double)st.window_puts);
