@@ -346,6 +346,16 @@ kvpool_opts engine_kv_geometry(const model *m, engine_kv_type kv_type, int32_t *
     return ko;
 }
 
+void engine_kv_shape(const model *m, int *n_parts, int *n_kv_heads, int *head_dim)
+{
+    int32_t *lw = xcalloc((size_t)m->hp.n_layers, sizeof *lw);
+    kvpool_opts ko = engine_kv_geometry(m, ENGINE_KV_F32, lw);
+    free(lw);
+    *n_parts = ko.v_is_k ? 1 : 2;
+    *n_kv_heads = ko.n_kv_heads;
+    *head_dim = ko.head_dim;
+}
+
 static size_t engine_scratch_need(const ops_weight *w, int T, size_t cur)
 {
     size_t n = ops_matmul_scratch_bytes(w->type, w->cols, T);
