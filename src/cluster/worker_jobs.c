@@ -36,6 +36,10 @@ static void worker_kv_out(void *arg, const kvpool *pool, const kvpool_seq *seq, 
     size_t row = worker_row(pool);
     int parts = kvpool_n_parts(pool), heads = kvpool_n_kv_heads(pool);
     size_t bytes = (size_t)m->hp.n_layers * (size_t)parts * (size_t)heads * (size_t)n * row;
+    /* a tail must fit in the HANDOFF frame beside the prompt's ids (PROTO_MAX_TOKENS of them at
+     * most): a DeepSeek V4 row is a position's whole state, and 127 rows of the real shape are
+     * ~80 MB. Without it the decode worker computes the partial block itself. */
+    if (bytes > PROTO_MAX_PAYLOAD - (size_t)PROTO_MAX_TOKENS * 4 - 4096) return;
     uint8_t *buf = malloc(bytes);
     if (!buf) return;
     uint8_t *p = buf;
