@@ -11,11 +11,12 @@
 // flight) and streamed, answer what each answers alone on a fresh server.
 import { test, after } from "node:test";
 import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 
-import { startServer, startCluster, stopServers, postCompletion, fetchMetrics } from "./server.mjs";
+import { bin, startServer, startCluster, stopServers, postCompletion, fetchMetrics } from "./server.mjs";
 import { dsv4Model, skip } from "./dsv4_model.mjs";
 import { rng } from "./oracle_common.mjs";
 
@@ -82,6 +83,9 @@ test("deepseek4 serve: prefix reuse from the pool and from the store after a res
   const streams = await Promise.all(SHARED.map((p) => streamed(S.url, p)));
   streams.forEach((t, i) => assert.equal(t, alone[i + 1].text, `streamed prompt ${i}`));
   await stopServers();   // SIGTERM: the queued blocks are written
+  const stat = spawnSync(bin, ["store", "stat", `dir:${dir}`], { encoding: "utf8" });
+  assert.equal(stat.status, 0, stat.stderr);
+  assert.match(stat.stdout, /1408\.0 KiB: 4 layers x 1 kv head x 704, V is K \(latent\), f32: \d+ blocks/, "block size from the headers");
 
   S = await startServer(model, [...ARGS, "--cache-dir", dir]);
   const restored = await complete(S.url, LONG);
