@@ -182,7 +182,7 @@ int cmd_worker(int argc, char **argv)
             goto out;
         }
         blockio_opts bo = { .n_write_slots = 32 };
-        bio = blockio_new(cache, engine_kvpool(e), m, &bo);
+        if (!m->hp.bidirectional) bio = blockio_new(cache, engine_kvpool(e), m, &bo);   /* an encoder keeps no KV to store */
     }
     sched_opts so = cmd_common_sched_opts(&eng, bio, tok);
     if (sched_new(e, &so, &s) != SCHED_OK) {
