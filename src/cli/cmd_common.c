@@ -458,8 +458,12 @@ void cmd_common_kv_desc(engine *e, char *buf, size_t n)
     kvpool *p = engine_kvpool(e);
     kvpool_stats st;
     kvpool_get_stats(p, &st);
+    /* a DeepSeek V4 row is a position's whole state, not a latent (engine_dsv4.h) */
+    const char *rows = engine_model(e)->hp.arch == MODEL_ARCH_DEEPSEEK4
+                           ? ", a row per position: raw K=V, compressor and indexer rows, compressed entries"
+                           : kvpool_n_parts(p) == 1 ? ", latent: V is K" : "";
     snprintf(buf, n, "KV %s, %d blocks of %.1f KiB per 128 tokens%s", quant_type_name(kvpool_dtype(p)), st.n_blocks,
-             (double)kvpool_block_bytes(p) / 1024.0, kvpool_n_parts(p) == 1 ? ", latent: V is K" : "");
+             (double)kvpool_block_bytes(p) / 1024.0, rows);
 }
 
 bool cmd_common_place(const char *prog, long threads, const char *cpus_list, int *n, int *cpus, bool *pinned)

@@ -260,11 +260,6 @@ static int serve_model(serve *sv)
                 return 2;
             }
         if (!cmd_common_load_model("serve", u->path, &u->m, &u->tok)) return 1;
-        if (u->m->hp.arch == MODEL_ARCH_DEEPSEEK4) {   /* its pool rows and blocks are not served yet */
-            fprintf(stderr, "tokenmill serve: %s: DeepSeek V4 ('deepseek4') runs in `tokenmill run` and `eval` only for now\n",
-                    u->path);
-            return 2;
-        }
         if (template_open_file(u->tok, u->m->g, sv->o.tmpl_name, sv->o.tmpl_file, &u->tmpl, err, sizeof err) != TEMPLATE_OK) {
             fprintf(stderr, "tokenmill serve: %s: %s\n", u->name, err);
             return sv->o.tmpl_name || sv->o.tmpl_file ? 2 : 1;

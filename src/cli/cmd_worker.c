@@ -55,11 +55,6 @@ static bool cmd_worker_role(const char *prog, const char *name, const char *v, v
  * why on stderr: the exit status is then 2. */
 static bool cmd_worker_servable(const model *m, int role, const char *path)
 {
-    if (m->hp.arch == MODEL_ARCH_DEEPSEEK4) {   /* its pool rows and blocks are not served yet */
-        fprintf(stderr, "tokenmill worker: %s: DeepSeek V4 ('deepseek4') runs in `tokenmill run` and `eval` only "
-                "for now, not in a cluster\n", path);
-        return false;
-    }
     if (m->hp.bidirectional && role == PROTO_ROLE_DECODE) {   /* its inputs end where they are computed */
         fprintf(stderr, "tokenmill worker: %s: '%s' is an embedding model: its worker is a prefill or mixed one "
                 "(an embedding ends in its prefill; there is nothing to decode)\n", path, m->hp.arch_name);
@@ -182,7 +177,7 @@ int cmd_worker(int argc, char **argv)
             goto out;
         }
         blockio_opts bo = { .n_write_slots = 32 };
-        bio = blockio_new(cache, engine_kvpool(e), m, &bo);
+        if (!m->hp.bidirectional) bio = blockio_new(cache, engine_kvpool(e), m, &bo);   /* an encoder keeps no KV to store */
     }
     sched_opts so = cmd_common_sched_opts(&eng, bio, tok);
     if (sched_new(e, &so, &s) != SCHED_OK) {

@@ -20,6 +20,7 @@
 #include "cluster/balance.h"
 #include "cluster/gateway_int.h"
 #include "cluster/proto.h"
+#include "engine/engine.h"
 #include "util/util.h"
 
 /* ------------------------------------------------------------------ helpers */
@@ -265,8 +266,9 @@ static const char *gw_check_msg(const gateway *g, const gw_worker *w, const prot
         if (r->params.max_tokens == 1) return "HANDOFF of a request that ended";
         if (m->hdr.flags & PROTO_F_HAS_TAIL) {
             const proto_kv *kv = &h->kv;
-            if (kv->dtype != w->kv_dtype || kv->n_parts != (hp->mla ? 1 : 2) || kv->n_layers != hp->n_layers ||
-                kv->n_kv_heads != hp->n_kv_heads || kv->head_dim != hp->head_dim)
+            const gw_model *gm = &g->m[r->model];
+            if (kv->dtype != w->kv_dtype || kv->n_parts != gm->kv_parts || kv->n_layers != hp->n_layers ||
+                kv->n_kv_heads != gm->kv_heads || kv->head_dim != gm->kv_dim)
                 return "HANDOFF: tail KV of another geometry";
             if (kv->start != h->n_stored || kv->start + kv->n != h->n_prompt) return "HANDOFF: tail KV at the wrong positions";
         }
@@ -733,6 +735,7 @@ gateway_status gateway_new(const gateway_opts *o, gateway **out, char *err, size
         gm->g = g;
         gm->i = i;
         gm->kv_dtype = -1;
+        engine_kv_shape(gm->o.model, &gm->kv_parts, &gm->kv_heads, &gm->kv_dim);
         gm->be = (api_backend){ .ud = gm, .submit = gw_submit, .poll = gw_poll, .cancel = gw_cancel, .release = gw_release,
                                 .metrics = gw_metrics, .status = gw_status, .draining = gw_draining,
                                 .done = gw_done, .embedding = gw_embedding, .max_input = gw_max_input,

@@ -143,6 +143,7 @@ typedef struct {             /* one served model (gateway_model) and its backend
     api_backend be;
     int kv_dtype;             /* its workers' KV type (pool fingerprint of its block keys), -1
                                * until the first of them said */
+    int kv_parts, kv_heads, kv_dim;   /* its pool's row shape (engine_kv_shape): a tail KV's */
 } gw_model;
 
 struct gateway {

@@ -20,8 +20,9 @@
 
 /* ---- tail KV hooks (engine thread) ---- */
 
-/* Bytes of one head_dim row of the pool's type. */
-static size_t worker_row(const kvpool *pool, const model *m) { return quant_row_bytes(kvpool_dtype(pool), m->hp.head_dim); }
+/* Bytes of one row of the pool (its head_dim in its type: the pool's geometry, not the model's
+ * heads, which differ for DeepSeek V4). */
+static size_t worker_row(const kvpool *pool) { return quant_row_bytes(kvpool_dtype(pool), kvpool_head_dim(pool)); }
 
 /* kv_out: copies the partial last block [n_done/128*128, n_done) out of the pool. */
 static void worker_kv_out(void *arg, const kvpool *pool, const kvpool_seq *seq, int n_done)
@@ -33,15 +34,19 @@ static void worker_kv_out(void *arg, const kvpool *pool, const kvpool_seq *seq, 
      * only at block ends: the decode worker computes the partial block itself (from the state
      * at the block end, fetched or replayed as a window-cache miss) */
     if (n <= 0 || j->tail || kvpool_n_window_layers(pool) > 0 || kvpool_state_bytes(pool) > 0) return;
-    size_t row = worker_row(pool, m);
-    int parts = kvpool_n_parts(pool);
-    size_t bytes = (size_t)m->hp.n_layers * (size_t)parts * (size_t)m->hp.n_kv_heads * (size_t)n * row;
+    size_t row = worker_row(pool);
+    int parts = kvpool_n_parts(pool), heads = kvpool_n_kv_heads(pool);
+    size_t bytes = (size_t)m->hp.n_layers * (size_t)parts * (size_t)heads * (size_t)n * row;
+    /* a tail must fit in the HANDOFF frame beside the prompt's ids (PROTO_MAX_TOKENS of them at
+     * most): a DeepSeek V4 row is a position's whole state, and 127 rows of the real shape are
+     * ~80 MB. Without it the decode worker computes the partial block itself. */
+    if (bytes > PROTO_MAX_PAYLOAD - (size_t)PROTO_MAX_TOKENS * 4 - 4096) return;
     uint8_t *buf = malloc(bytes);
     if (!buf) return;
     uint8_t *p = buf;
     for (int l = 0; l < m->hp.n_layers; l++)
         for (int kv = 0; kv < parts; kv++)
-            for (int h = 0; h < m->hp.n_kv_heads; h++) {
+            for (int h = 0; h < heads; h++) {
                 const uint8_t *slab = kvpool_seq_slab(pool, seq, start / KVPOOL_BLOCK, l, kv, h);
                 memcpy(p, slab, (size_t)n * row);
                 p += (size_t)n * row;
@@ -66,18 +71,18 @@ static int worker_kv_in(void *arg, kvpool *pool, kvpool_seq *seq, int n_attached
     if (j->tail_used || !kv->data || kv->n == 0) return n_attached;
     if ((int)kv->start != n_attached || kv->dtype != kvpool_dtype(pool) || kv->n_parts != kvpool_n_parts(pool) ||
         kv->n_layers != m->hp.n_layers ||
-        kv->n_kv_heads != m->hp.n_kv_heads || kv->head_dim != m->hp.head_dim) {
+        kv->n_kv_heads != kvpool_n_kv_heads(pool) || kv->head_dim != kvpool_head_dim(pool)) {
         log_debug("worker: req %llu: tail KV at %u not used (attached %d): recomputed",
                   (unsigned long long)j->id, kv->start, n_attached);
         return n_attached;
     }
     double t0 = util_now();
     if (kvpool_seq_reserve(pool, seq, (int)(kv->start + kv->n)) != KVPOOL_OK) return n_attached;
-    size_t row = worker_row(pool, m);
+    size_t row = worker_row(pool);
     const uint8_t *p = kv->data;
     for (int l = 0; l < m->hp.n_layers; l++)
         for (int k = 0; k < kv->n_parts; k++)
-            for (int h = 0; h < m->hp.n_kv_heads; h++) {
+            for (int h = 0; h < kv->n_kv_heads; h++) {
                 uint8_t *slab = kvpool_seq_slab(pool, seq, (int)kv->start / KVPOOL_BLOCK, l, k, h);
                 memcpy(slab, p, (size_t)kv->n * row);
                 p += (size_t)kv->n * row;
@@ -428,8 +433,8 @@ static void worker_prefill_done(wjob *j)
         h->kv.dtype = (uint8_t)kvpool_dtype(pool);
         h->kv.n_parts = (uint8_t)kvpool_n_parts(pool);
         h->kv.n_layers = (uint16_t)w->m->hp.n_layers;
-        h->kv.n_kv_heads = (uint16_t)w->m->hp.n_kv_heads;
-        h->kv.head_dim = (uint16_t)w->m->hp.head_dim;
+        h->kv.n_kv_heads = (uint16_t)kvpool_n_kv_heads(pool);
+        h->kv.head_dim = (uint16_t)kvpool_head_dim(pool);
         h->kv.start = (uint32_t)j->tail_start;
         h->kv.n = (uint32_t)j->tail_n;
         h->kv.n_bytes = (uint32_t)j->tail_bytes;

@@ -469,11 +469,11 @@ blockio *blockio_new(store *st, kvpool *pool, const model *m, const blockio_opts
     if (b->o.touch_every_s <= 0) b->o.touch_every_s = 60;
     if (b->o.n_read_bufs <= 0) b->o.n_read_bufs = 16;
     qtype dt = kvpool_dtype(pool);
-    int row = (int)quant_row_bytes(dt, m->hp.head_dim);
+    int row = (int)quant_row_bytes(dt, kvpool_head_dim(pool));
     uint8_t fp[32], zero[32] = { 0 };
     blockkey_pool_fp(m->fingerprint, (int32_t)dt, fp);
-    block_header_init(&b->proto, zero, fp, (uint32_t)dt, row, kvpool_n_block_layers(pool), m->hp.n_kv_heads,
-                      m->hp.head_dim, kvpool_n_parts(pool));
+    block_header_init(&b->proto, zero, fp, (uint32_t)dt, row, kvpool_n_block_layers(pool), kvpool_n_kv_heads(pool),
+                      kvpool_head_dim(pool), kvpool_n_parts(pool));
     b->block_bytes = kvpool_block_bytes(pool);
     if (b->proto.payload_bytes != b->block_bytes) {
         log_error("blockio: KV pool blocks (%zu bytes) do not match the model geometry (%llu bytes)", b->block_bytes,

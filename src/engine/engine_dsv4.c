@@ -646,6 +646,7 @@ void engine_dsv4_step(engine_dsv4 *d, int T, const void *toks_, float *logits, f
         d->npos[t] = -toks[t].pos;
     }
     for (int il = 0; il < hp->n_layers; il++) {
+        kvpool_fill_wait(d->kv, il);   /* layer il of blocks still loading from the store */
         dsv4_attention(d, il, T);
         dsv4_moe(d, il, T);
     }

@@ -55,6 +55,16 @@ kvpool_opts engine_kv_geometry(const model *m, engine_kv_type kv_type, int32_t *
     return ko;
 }
 
+void engine_kv_shape(const model *m, int *n_parts, int *n_kv_heads, int *head_dim)
+{
+    int32_t *lw = xcalloc((size_t)m->hp.n_layers, sizeof *lw);
+    kvpool_opts ko = engine_kv_geometry(m, ENGINE_KV_F32, lw);
+    free(lw);
+    *n_parts = ko.v_is_k ? 1 : 2;
+    *n_kv_heads = ko.n_kv_heads;
+    *head_dim = ko.head_dim;
+}
+
 /* The KV pool in the model's geometry and the cache type asked for, of *n_blocks blocks, and
  * the Walsh-Hadamard rotation a quantised cache takes. */
 engine_status engine_new_kv(engine *e, const engine_opts *o, int *n_blocks, char *err, size_t errsz)

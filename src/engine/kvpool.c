@@ -238,6 +238,8 @@ void kvpool_free(kvpool *p)
 
 size_t kvpool_block_bytes(const kvpool *p) { return p->block_bytes; }
 int kvpool_n_parts(const kvpool *p) { return p->n_parts; }
+int kvpool_n_kv_heads(const kvpool *p) { return p->o.n_kv_heads; }
+int kvpool_head_dim(const kvpool *p) { return p->o.head_dim; }
 qtype kvpool_dtype(const kvpool *p) { return p->o.dtype; }
 void kvpool_get_stats(const kvpool *p, kvpool_stats *st) { *st = p->st; }
 

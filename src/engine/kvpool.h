@@ -105,6 +105,11 @@ size_t kvpool_block_bytes(const kvpool *p);
 size_t kvpool_geom_block_bytes(const kvpool_opts *opts);
 /* Slabs per (layer, kv head) in a block: 2 (K and V) or 1 (v_is_k). */
 int kvpool_n_parts(const kvpool *p);
+/* The row geometry the pool was made with: a block's slabs are (128, head_dim) per (layer, part,
+ * kv head). Not always the model's heads: a DeepSeek V4 pool has one "head" whose row is a
+ * position's whole state (engine_dsv4.h); blocks, tails and handoffs take their shape from here. */
+int kvpool_n_kv_heads(const kvpool *p);
+int kvpool_head_dim(const kvpool *p);
 /* Blocks that fit in `bytes` for the given geometry (at least 1). */
 int kvpool_blocks_for_bytes(const kvpool_opts *opts, size_t bytes);
 void kvpool_get_stats(const kvpool *p, kvpool_stats *st);
