@@ -159,6 +159,21 @@ static bool api_json_in(const char *a, size_t an, const char *s, size_t n)
     return false;
 }
 
+/* The properties object and required array of tool t's schema when it binds the arguments
+ * (*req NULL when the schema has none); false when it does not bind them or has no
+ * properties object (the call's keys and values are free). */
+static bool api_tool_props(const api_tool_alt *t, const char **props, size_t *prl, const char **req, size_t *rl)
+{
+    const char *ps = t->bind ? t->params : NULL;
+    size_t pl = ps ? strlen(ps) : 0;
+    if (!ps || !jsonfmt_get_member(ps, pl, "properties", props, prl) || (*props)[0] != '{') return false;
+    if (!jsonfmt_get_member(ps, pl, "required", req, rl) || (*req)[0] != '[') {
+        *req = NULL;
+        *rl = 0;
+    }
+    return true;
+}
+
 /* Does the property schema v[0..vn) type it "string"? */
 static bool api_tool_string_prop(const char *v, size_t vn)
 {
@@ -238,15 +253,14 @@ static bool api_tool_syntax_glm(bytebuf *g, const events_markers *mk, const api_
     bytebuf key = {0}, extra = {0};
     bool ok = true;
     for (int i = 0; i < n && ok; i++) {
-        const char *ps = t[i].bind ? t[i].params : NULL, *props = NULL, *req = NULL;
-        size_t pl = ps ? strlen(ps) : 0, prl = 0, rl = 0;
-        if (!ps || !jsonfmt_get_member(ps, pl, "properties", &props, &prl) || props[0] != '{') {
+        const char *props = NULL, *req = NULL;
+        size_t prl = 0, rl = 0;
+        if (!api_tool_props(&t[i], &props, &prl, &req, &rl)) {
             /* free keys and values */
             bytebuf_printf(g, "g%d ::= (<[%d]> gtext <[%d]> gnl <[%d]> gtext <[%d]> gnl)*\n", i, mk->arg_key,
                            mk->arg_key_end, mk->arg_val, mk->arg_val_end);
             continue;
         }
-        if (!jsonfmt_get_member(ps, pl, "required", &req, &rl) || req[0] != '[') req = NULL;
         bytebuf_printf(g, "g%d ::=", i);
         size_t pos = 0, at = g->len;
         const char *v;
@@ -316,13 +330,12 @@ static bool api_tool_syntax_dsml(bytebuf *g, const events_markers *mk, const api
     bytebuf key = {0}, extra = {0}, rules = {0};
     bool ok = true;
     for (int i = 0; i < n && ok; i++) {
-        const char *ps = t[i].bind ? t[i].params : NULL, *props = NULL, *req = NULL;
-        size_t pl = ps ? strlen(ps) : 0, prl = 0, rl = 0;
-        if (!ps || !jsonfmt_get_member(ps, pl, "properties", &props, &prl) || props[0] != '{') {
+        const char *props = NULL, *req = NULL;
+        size_t prl = 0, rl = 0;
+        if (!api_tool_props(&t[i], &props, &prl, &req, &rl)) {
             bytebuf_printf(g, "d%d ::= dpar+ | \"\\n\"\n", i);  /* free names and values */
             continue;
         }
-        if (!jsonfmt_get_member(ps, pl, "required", &req, &rl) || req[0] != '[') req = NULL;
         bytebuf_printf(g, "d%d ::=", i);
         size_t pos = 0, at = g->len;
         const char *v;
