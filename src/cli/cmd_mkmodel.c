@@ -41,7 +41,10 @@
  * are the same bytes with and without them (seeds come from tensor names).
  *
  * Vocabulary: --vocab copies every tokenizer.* key of a GGUF, or reads a Hugging Face
- * tokenizer.json (BPE); without it a small byte-level BPE vocabulary is generated.
+ * tokenizer.json (BPE; its added_tokens as the converter writes them: "special" ones control
+ * tokens, the others user-defined); without it a small byte-level BPE vocabulary is
+ * generated. --chat-template FILE stores that text as tokenizer.chat_template (replacing a
+ * GGUF vocabulary's own), as the converter copies tokenizer_config.json's.
  */
 #include <errno.h>
 #include <jansson.h>
@@ -160,6 +163,7 @@ typedef struct {
     bool add_bos;
     const char *pre;        /* tokenizer.ggml.pre */
     gguf *src;              /* GGUF vocabulary source (keys copied), or NULL */
+    char *chat_template;    /* tokenizer.chat_template to write (--chat-template), or NULL */
 } mk_vocab;
 
 static void mk_vocab_free(mk_vocab *v)
@@ -171,6 +175,7 @@ static void mk_vocab_free(mk_vocab *v)
     free(v->type);
     for (int i = 0; i < v->n_merges; i++) free(v->merges[i]);
     free(v->merges);
+    free(v->chat_template);
     if (v->src) gguf_close(v->src);
 }
 
@@ -366,13 +371,25 @@ static bool mk_vocab_tokenizer_json(mk_vocab *v, const char *path, int pad_to, c
     v->add_bos = false;
     /* o200k (gpt-oss) as llama.cpp's converter writes it: the gpt-4o pre-tokenizer (its split
        regex is the one with the cased-letter classes), bos <|startoftext|>, eos <|return|>,
-       pad <|endoftext|>; the Qwen vocabularies: <|endoftext|> for all three */
+       pad <|endoftext|>; DeepSeek V3's (and V4's, which adds tokens to it): the deepseek-v3
+       pre-tokenizer, bos <｜begin▁of▁sentence｜> added, eos and pad <｜end▁of▁sentence｜>, as
+       its tokenizer_config.json names them; the Qwen vocabularies: <|endoftext|> for all
+       three */
     char *pre = json_dumps(json_object_get(root, "pre_tokenizer"), JSON_COMPACT);
     bool o200k = pre && strstr(pre, "p{Lu}") && strstr(pre, "p{Ll}") && strstr(pre, "p{N}{1,3}");
     free(pre);
     v->pre = o200k ? "gpt-4o" : "qwen2";
+    bool deepseek = false;
+    for (int k = 0; k < v->n && !o200k && !deepseek; k++) deepseek = v->tok[k] && !strcmp(v->tok[k], "<｜begin▁of▁sentence｜>");
+    if (deepseek) {
+        v->pre = "deepseek-v3";
+        v->add_bos = true;
+    }
     for (int k = 0; k < v->n; k++) {
-        if (o200k) {
+        if (deepseek) {
+            if (!strcmp(v->tok[k], "<｜begin▁of▁sentence｜>")) v->bos = k;
+            if (!strcmp(v->tok[k], "<｜end▁of▁sentence｜>")) v->eos = v->pad = k;
+        } else if (o200k) {
             if (!strcmp(v->tok[k], "<|startoftext|>")) v->bos = k;
             if (!strcmp(v->tok[k], "<|return|>")) v->eos = k;
             if (!strcmp(v->tok[k], "<|endoftext|>")) v->pad = k;
@@ -411,9 +428,11 @@ static bool mk_vocab_load(mk_vocab *v, const char *path, const mk_opts *o, int p
 
 static void mk_vocab_write(mk_vocab *v, gguf_writer *w)
 {
+    if (v->chat_template) gguf_writer_set_str(w, "tokenizer.chat_template", v->chat_template);
     if (v->src) {
         for (int i = 0; i < gguf_n_keys(v->src); i++) {
             const char *k = gguf_key_name(v->src, i);
+            if (v->chat_template && !strcmp(k, "tokenizer.chat_template")) continue;
             if (!strncmp(k, "tokenizer.", 10)) gguf_writer_copy_key(w, v->src, k);
         }
         return;
@@ -1024,7 +1043,7 @@ static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *
 /* The command line as given, before the preset fills the gaps: 0, -1 (where 0 is a value)
  * or NULL is "not given". */
 typedef struct {
-    const char *preset, *vocab, *out, *rope_scaling, *pooling, *router;
+    const char *preset, *vocab, *out, *rope_scaling, *pooling, *router, *chat_template;
     long layers, dim, ffn, heads, kv, hd, ctx, nv, threads;     /* shape options */
     long experts, experts_used, expert_ffn, window, nextn;
     long q_lora, kv_lora, rope_dim, nope_dim, v_dim, shared, dense, groups, groups_used;   /* deepseek2 */
@@ -1180,6 +1199,7 @@ int cmd_mkmodel(int argc, char **argv)
         { "--ctx", NULL, CMD_OPT_LONG, &a.ctx, 0, 1 << 24, .arg = "N", .help = "training context" },
         { "--vocab-size", NULL, CMD_OPT_LONG, &a.nv, 0, 1 << 24, .arg = "N", .help = "without --vocab: a synthetic vocabulary" },
         { "--vocab", NULL, CMD_OPT_STR, &a.vocab, .arg = "FILE.gguf|tokenizer.json", .help = "a real vocabulary" },
+        { "--chat-template", NULL, CMD_OPT_STR, &a.chat_template, .arg = "FILE", .help = "store FILE's text as tokenizer.chat_template" },
         { "--type", NULL, CMD_OPT_STR, &o.type, .arg = "T", .help = "f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k|q3_k_m|q4_k|q4_k_m|q5_k|q5_k_m|q6_k|iq4_nl|iq4_xs|iq3_xxs|iq3_s|iq2_s|tq1_0|tq2_0|mxfp4 (mxfp4: gpt-oss experts, the rest q8_0)", .required = true },
         { "--seed", NULL, CMD_OPT_U64, &seed, .arg = "S", .help = "weights' seed", .required = true },
         { "--tied", NULL, CMD_OPT_SET, &a.tied, .set = 1, .help = "output head shares the embedding" },
@@ -1285,6 +1305,11 @@ int cmd_mkmodel(int argc, char **argv)
     }
     mk_vocab v = { 0 };
     if (!mk_vocab_load(&v, a.vocab, &o, a.nv ? a.nv : (a.preset ? p->n_vocab : 0))) {
+        mk_vocab_free(&v);
+        return 1;
+    }
+    if (a.chat_template && !(v.chat_template = util_read_file(a.chat_template, NULL))) {
+        fprintf(stderr, "tokenmill mkmodel: cannot read the chat template %s: %s\n", a.chat_template, strerror(errno));
         mk_vocab_free(&v);
         return 1;
     }

@@ -159,6 +159,75 @@ static bool api_json_in(const char *a, size_t an, const char *s, size_t n)
     return false;
 }
 
+/* The properties object and required array of tool t's schema when it binds the arguments
+ * (*req NULL when the schema has none); false when it does not bind them or has no
+ * properties object (the call's keys and values are free). */
+static bool api_tool_props(const api_tool_alt *t, const char **props, size_t *prl, const char **req, size_t *rl)
+{
+    const char *ps = t->bind ? t->params : NULL;
+    size_t pl = ps ? strlen(ps) : 0;
+    if (!ps || !jsonfmt_get_member(ps, pl, "properties", props, prl) || (*props)[0] != '{') return false;
+    if (!jsonfmt_get_member(ps, pl, "required", req, rl) || (*req)[0] != '[') {
+        *req = NULL;
+        *rl = 0;
+    }
+    return true;
+}
+
+/* Does the property schema v[0..vn) type it "string"? */
+static bool api_tool_string_prop(const char *v, size_t vn)
+{
+    const char *ty;
+    size_t tl;
+    return v[0] == '{' && jsonfmt_get_member(v, vn, "type", &ty, &tl) && tl == 8 && !memcmp(ty, "\"string\"", 8);
+}
+
+/* A property's value where the call syntax writes it raw (GLM's <arg_value>, DSML's
+ * <parameter>), as rule text appended to rules: a "string" property its enum's strings or
+ * textrule (any text), another the GBNF of its own schema v[0..vn) under the rule prefix pre,
+ * whose rules go to extra. False when the schema does not compile. */
+static bool api_tool_raw_value(bytebuf *rules, const char *v, size_t vn, const char *pre, const char *textrule,
+                               bytebuf *extra)
+{
+    const char *en;
+    size_t enl;
+    bool str = api_tool_string_prop(v, vn);
+    if (str && jsonfmt_get_member(v, vn, "enum", &en, &enl) && en[0] == '[') {
+        /* the enum's strings, raw */
+        size_t ep = 0;
+        const char *ev;
+        size_t evn;
+        int ne = 0;
+        bytebuf dec = {0};
+        bytebuf_putc(rules, '(');
+        while (jsonfmt_next(en, enl, &ep, NULL, &ev, &evn)) {
+            dec.len = 0;
+            if (ev[0] != '"' || !jsonfmt_decode_string(&dec, ev, evn)) continue;
+            if (ne++) bytebuf_puts(rules, " | ");
+            api_json_gbnf_literal(rules, dec.p ? dec.p : "", dec.len);
+        }
+        bytebuf_free(&dec);
+        if (!ne) bytebuf_puts(rules, textrule);
+        bytebuf_putc(rules, ')');
+        return true;
+    }
+    if (str) {
+        bytebuf_puts(rules, textrule);
+        return true;
+    }
+    grammar_status st;
+    char gerr[256] = "";
+    char *pg = grammar_to_gbnf(GRAMMAR_KIND_SCHEMA, v, vn, &st, gerr, sizeof gerr);
+    if (!pg) return false;
+    char *pp = grammar_gbnf_prefix(pg, strlen(pg), pre);
+    free(pg);
+    bytebuf_printf(rules, "%sroot", pre);
+    bytebuf_puts(extra, pp);
+    bytebuf_putc(extra, '\n');
+    free(pp);
+    return true;
+}
+
 /* <tool_call>N (<arg_key>K</arg_key><arg_value>V</arg_value>)* </tool_call>, GLM's form (the
  * newlines of GLM-4.5/4.6 optional). With a binding schema, its properties in the schema's
  * order (the required ones present): a "string" property's value is raw text (no marker can
@@ -181,18 +250,17 @@ static bool api_tool_syntax_glm(bytebuf *g, const events_markers *mk, const api_
         bytebuf_printf(g, " gnl g%d", i);
     }
     bytebuf_putc(g, '\n');
-    bytebuf key = {0};
+    bytebuf key = {0}, extra = {0};
     bool ok = true;
     for (int i = 0; i < n && ok; i++) {
-        const char *ps = t[i].bind ? t[i].params : NULL, *props = NULL, *req = NULL;
-        size_t pl = ps ? strlen(ps) : 0, prl = 0, rl = 0;
-        if (!ps || !jsonfmt_get_member(ps, pl, "properties", &props, &prl) || props[0] != '{') {
+        const char *props = NULL, *req = NULL;
+        size_t prl = 0, rl = 0;
+        if (!api_tool_props(&t[i], &props, &prl, &req, &rl)) {
             /* free keys and values */
             bytebuf_printf(g, "g%d ::= (<[%d]> gtext <[%d]> gnl <[%d]> gtext <[%d]> gnl)*\n", i, mk->arg_key,
                            mk->arg_key_end, mk->arg_val, mk->arg_val_end);
             continue;
         }
-        if (!jsonfmt_get_member(ps, pl, "required", &req, &rl) || req[0] != '[') req = NULL;
         bytebuf_printf(g, "g%d ::=", i);
         size_t pos = 0, at = g->len;
         const char *v;
@@ -204,51 +272,18 @@ static bool api_tool_syntax_glm(bytebuf *g, const events_markers *mk, const api_
             jsonfmt_write_string(&lit, key.p ? key.p : "", key.len);
             bool required = api_json_in(req, rl, lit.p, lit.len);
             bytebuf_free(&lit);
-            const char *ty;
-            size_t tl;
-            bool str = v[0] == '{' && jsonfmt_get_member(v, vn, "type", &ty, &tl) && tl == 8 && !memcmp(ty, "\"string\"", 8);
             bytebuf_printf(&rules, "g%d-%d ::= <[%d]> ", i, k, mk->arg_key);
             api_json_gbnf_literal(&rules, key.p ? key.p : "", key.len);
             bytebuf_printf(&rules, " <[%d]> gnl <[%d]> ", mk->arg_key_end, mk->arg_val);
-            const char *en;
-            size_t enl;
-            if (str && jsonfmt_get_member(v, vn, "enum", &en, &enl) && en[0] == '[') {
-                /* the enum's strings, raw */
-                size_t ep = 0;
-                const char *ev;
-                size_t evn;
-                int ne = 0;
-                bytebuf dec = {0};
-                bytebuf_putc(&rules, '(');
-                while (jsonfmt_next(en, enl, &ep, NULL, &ev, &evn)) {
-                    dec.len = 0;
-                    if (ev[0] != '"' || !jsonfmt_decode_string(&dec, ev, evn)) continue;
-                    if (ne++) bytebuf_puts(&rules, " | ");
-                    api_json_gbnf_literal(&rules, dec.p ? dec.p : "", dec.len);
-                }
-                bytebuf_free(&dec);
-                bytebuf_puts(&rules, ne ? ")" : "gtext)");
-            } else if (str) {
-                bytebuf_puts(&rules, "gtext");
-            } else {
-                grammar_status st;
-                char gerr[256] = "", pre[32];
-                char *pg = grammar_to_gbnf(GRAMMAR_KIND_SCHEMA, v, vn, &st, gerr, sizeof gerr);
-                if (!pg) {
-                    ok = false;
-                    break;
-                }
-                snprintf(pre, sizeof pre, "g%d-%d-", i, k);
-                char *pp = grammar_gbnf_prefix(pg, strlen(pg), pre);
-                free(pg);
-                bytebuf_printf(&rules, "%sroot", pre);
-                bytebuf_printf(&rules, " <[%d]> gnl\n%s\n", mk->arg_val_end, pp);
-                free(pp);
-                bytebuf_printf(g, " g%d-%d%s", i, k, required ? "" : "?");
-                k++;
-                continue;
+            char pre[32];
+            snprintf(pre, sizeof pre, "g%d-%d-", i, k);
+            extra.len = 0;
+            if (!api_tool_raw_value(&rules, v, vn, pre, "gtext", &extra)) {
+                ok = false;
+                break;
             }
             bytebuf_printf(&rules, " <[%d]> gnl\n", mk->arg_val_end);
+            bytebuf_append(&rules, extra.p, extra.len);
             bytebuf_printf(g, " g%d-%d%s", i, k, required ? "" : "?");
             k++;
         }
@@ -258,6 +293,85 @@ static bool api_tool_syntax_glm(bytebuf *g, const events_markers *mk, const api_
         bytebuf_free(&rules);
     }
     bytebuf_free(&key);
+    bytebuf_free(&extra);
+    return ok;
+}
+
+/* <｜DSML｜tool_calls>\n (<｜DSML｜invoke name="N">\n PARAMETERS </｜DSML｜invoke>\n)
+ * </｜DSML｜tool_calls>, as DeepSeek V4's template writes calls (V3.2: function_calls). Only
+ * ｜DSML｜ is a token; the '<' before it is text, so a forced answer's grammar starts with that
+ * '<' (no trigger) and a lazy one binds what follows the ｜DSML｜ token that opens the block.
+ * Each parameter is <｜DSML｜parameter name="K" string="true|false">V</｜DSML｜parameter>\n. With
+ * a binding schema, the schema's properties in its order (the required ones present): a
+ * "string" property's value raw with string="true", another the JSON its own schema describes
+ * with string="false"; without one, any names and raw values. No parameter: a blank line. */
+static bool api_tool_syntax_dsml(bytebuf *g, const events_markers *mk, const api_tool_alt *t, int n, bool lazy,
+                                 bool one, int32_t *trigger)
+{
+    int d = mk->tool_start;
+    if (d < 0) return false;
+    const char *blk = mk->dsml_v32 ? "function_calls" : "tool_calls";
+    *trigger = lazy ? d : -1;
+    bytebuf_puts(g, "calls ::= ");
+    if (!lazy) bytebuf_printf(g, "\"<\" <[%d]> ", d);
+    bytebuf_printf(g, "\"%s>\\n\" inv%s \"</\" <[%d]> \"%s>\"%s\n", blk, lazy && !one ? "+" : "", d, blk,
+                   lazy && one ? " text" : "");
+    if (lazy && one) bytebuf_puts(g, API_GBNF_TEXT);
+    bytebuf_puts(g, "dtext ::= [^\\x00]*\n");
+    bytebuf_printf(g, "dpar ::= \"<\" <[%d]> \"parameter name=\\\"\" [^\"\\x00]+ \"\\\" string=\\\"\" (\"true\" | \"false\") "
+                      "\"\\\">\" dtext \"</\" <[%d]> \"parameter>\\n\"\n", d, d);
+    bytebuf_printf(g, "inv ::= \"<\" <[%d]> \"invoke name=\\\"\" (", d);
+    for (int i = 0; i < n; i++) {
+        if (i) bytebuf_puts(g, " | ");
+        api_json_gbnf_literal(g, t[i].name, strlen(t[i].name));
+        bytebuf_printf(g, " \"\\\">\\n\" d%d", i);
+    }
+    bytebuf_printf(g, ") \"</\" <[%d]> \"invoke>\\n\"\n", d);
+    bytebuf key = {0}, extra = {0}, rules = {0};
+    bool ok = true;
+    for (int i = 0; i < n && ok; i++) {
+        const char *props = NULL, *req = NULL;
+        size_t prl = 0, rl = 0;
+        if (!api_tool_props(&t[i], &props, &prl, &req, &rl)) {
+            bytebuf_printf(g, "d%d ::= dpar+ | \"\\n\"\n", i);  /* free names and values */
+            continue;
+        }
+        bytebuf_printf(g, "d%d ::=", i);
+        size_t pos = 0, at = g->len;
+        const char *v;
+        size_t vn;
+        int k = 0;
+        bool required_any = false;
+        rules.len = 0;
+        while (jsonfmt_next(props, prl, &pos, &key, &v, &vn)) {
+            bytebuf lit = {0};
+            jsonfmt_write_string(&lit, key.p ? key.p : "", key.len);
+            bool required = api_json_in(req, rl, lit.p, lit.len);
+            bytebuf_free(&lit);
+            required_any = required_any || required;
+            bytebuf_printf(&rules, "d%d-%d ::= \"<\" <[%d]> \"parameter name=\\\"\" ", i, k, d);
+            api_json_gbnf_literal(&rules, key.p ? key.p : "", key.len);
+            char pre[32];
+            snprintf(pre, sizeof pre, "d%d-%d-", i, k);
+            extra.len = 0;
+            bytebuf_printf(&rules, " \"\\\" string=\\\"%s\\\">\" ", api_tool_string_prop(v, vn) ? "true" : "false");
+            if (!api_tool_raw_value(&rules, v, vn, pre, "dtext", &extra)) {
+                ok = false;
+                break;
+            }
+            bytebuf_printf(&rules, " \"</\" <[%d]> \"parameter>\\n\"\n", d);
+            bytebuf_append(&rules, extra.p, extra.len);
+            bytebuf_printf(g, " d%d-%d%s", i, k, required ? "" : "?");
+            k++;
+        }
+        /* nothing required: no parameter at all is the blank line */
+        if (!required_any) bytebuf_puts(g, g->len == at ? " \"\\n\"" : " | \"\\n\"");
+        bytebuf_putc(g, '\n');
+        bytebuf_append(g, rules.p, rules.len);
+    }
+    bytebuf_free(&key);
+    bytebuf_free(&extra);
+    bytebuf_free(&rules);
     return ok;
 }
 
@@ -268,6 +382,7 @@ static const api_tool_syntax_fn api_tool_syntaxes[] = {
     [EVENTS_TOOLFMT_LLAMA3] = api_tool_syntax_llama3,
     [EVENTS_TOOLFMT_DEEPSEEK] = api_tool_syntax_deepseek,
     [EVENTS_TOOLFMT_HARMONY] = api_tool_syntax_harmony,
+    [EVENTS_TOOLFMT_DSML] = api_tool_syntax_dsml,
 };
 
 char *api_tool_gbnf(const conv *c, const events_markers *mk, const char *only, bool lazy, bool one, int32_t *trigger,
@@ -364,7 +479,8 @@ char *api_format_calls_gbnf(const conv *c, const events_markers *mk, int kind, c
     }
     char *pf = grammar_gbnf_prefix(fg, strlen(fg), "f-"), *pc = grammar_gbnf_prefix(calls, strlen(calls), "c-");
     bytebuf g = {0};
-    bytebuf_printf(&g, "root ::= f-root | <[%d]> c-root\n", trigger);
+    /* DSML: the '<' before the ｜DSML｜ token that opens the block is text */
+    bytebuf_printf(&g, "root ::= f-root | %s<[%d]> c-root\n", mk->toolfmt == EVENTS_TOOLFMT_DSML ? "\"<\" " : "", trigger);
     bytebuf_puts(&g, pf);
     bytebuf_putc(&g, '\n');
     bytebuf_puts(&g, pc);

@@ -41,6 +41,7 @@ typedef enum {
     EVENTS_ST_GLM_GAP,     /* GLM: after </arg_key>, before <arg_value> */
     EVENTS_ST_GLM_VAL,     /* GLM: inside <arg_value> */
     EVENTS_ST_GLM_AFTER,   /* GLM: after </arg_value> */
+    EVENTS_ST_DSML,        /* DSML: inside a <｜DSML｜tool_calls> block (dsml_lvl says where) */
     EVENTS_ST_DONE,
 } events_state;
 
@@ -73,6 +74,10 @@ struct events {
     bytebuf head;      /* HARMONY: the header being read; \x01 stands for <|channel|>, \x02 for <|constrain|>;
                           GLM: the argument key being read */
     bytebuf val;       /* GLM: the argument value being read */
+    bool dsml_lt;          /* DSML: a '<' of the text is held back (the next token may be ｜DSML｜) */
+    int dsml_lvl;          /* DSML: 0 before the block's opening tag, 1 between invokes, 2 inside one */
+    size_t dsml_at;        /* DSML: offset in body up to which the block was parsed */
+    int dsml_calls;        /* DSML: invokes opened in this block */
     char id[32];           /* current call id */
 };
 
@@ -140,6 +145,10 @@ void events_reset(events *ev, const events_markers *m, uint64_t seed)
     events_clear(&ev->body);
     events_clear(&ev->args);
     events_clear(&ev->val);
+    ev->dsml_lt = false;
+    ev->dsml_lvl = 0;
+    ev->dsml_at = 0;
+    ev->dsml_calls = 0;
     ev->id[0] = 0;
     if (m->toolfmt == EVENTS_TOOLFMT_HARMONY && m->h_forced) {  /* the prompt opened a call */
         bytebuf_puts(&ev->name, m->h_forced);
@@ -665,6 +674,186 @@ static void events_glm_feed(events *ev, int32_t tok, const char *text, size_t le
     if (bad) events_close_call(ev);  /* a state that cannot end a call: malformed */
 }
 
+/* ---- dsml ----
+ * The block is kept in body with the ｜DSML｜ token as byte 0x01 (text holding that byte
+ * makes the block malformed), so a tag spelled by ordinary tokens never matches; raw keeps the
+ * text for the malformed rule. dsml_at: how far body was read. */
+
+#define EVENTS_DSML_MAX_NAME 256  /* bytes: a longer tool or argument name is not one */
+
+static void events_dsml_end(events *ev);
+
+/* Matches one of the literals z[0..nz) at s[*i..n) after blanks: its index (*i past it), -1
+ * the text ends inside one of them, -2 none can stand there. */
+static int events_dsml_alt(const char *s, size_t n, size_t *i, const char *const *z, int nz)
+{
+    int r = -2;
+    for (int k = 0; k < nz; k++) {
+        size_t j = *i;
+        int m = events_match(s, n, &j, z[k]);
+        if (m > 0) {
+            *i = j;
+            return k;
+        }
+        if (m == 0) r = -1;
+    }
+    return r;
+}
+
+/* A name="..." value at s[*i..n) up to its closing quote: 1 (*i past the quote, [*at, *at +
+ * *nl) the name), 0 not complete yet, -1 too long or empty. */
+static int events_dsml_name(const char *s, size_t n, size_t *i, size_t *at, size_t *nl)
+{
+    const char *q = memchr(s + *i, '"', n - *i);
+    if (!q) return n - *i > EVENTS_DSML_MAX_NAME ? -1 : 0;
+    *at = *i;
+    *nl = (size_t)(q - (s + *i));
+    if (!*nl || *nl > EVENTS_DSML_MAX_NAME) return -1;
+    *i = (size_t)(q - s) + 1;
+    return 1;
+}
+
+/* One <parameter> read whole: its key and value join ev->args and are sent. A string="true"
+ * value is a JSON string of its raw text; another is the JSON value it spells (trimmed),
+ * else a string of its raw text. */
+static void events_dsml_arg(events *ev, const char *k, size_t kn, bool str, const char *v, size_t vn)
+{
+    size_t at = ev->args.len;
+    bytebuf_putc(&ev->args, at ? ',' : '{');
+    jsonfmt_write_string(&ev->args, k, kn);
+    bytebuf_putc(&ev->args, ':');
+    const char *tv = v;
+    size_t tn = vn;
+    events_trim(&tv, &tn);
+    if (str || !tn || !jsonfmt_write(&ev->args, tv, tn, JSONFMT_COMPACT, 0)) jsonfmt_write_string(&ev->args, v, vn);
+    events_send_args(ev, ev->args.p + ev->sent.len, ev->args.len - ev->sent.len);
+}
+
+/* Reads the block in body from dsml_at as far as it is complete; false when it cannot be a
+ * DSML block. Calls stream as they are read: TOOL_START at an invoke's opening tag, each
+ * parameter when its closing tag arrives, TOOL_END at the invoke's closing tag. */
+static bool events_dsml_parse(events *ev)
+{
+    static const char *const open[] = { "<\x01tool_calls>", "<\x01" "function_calls>" };
+    static const char *const block[] = { "</\x01tool_calls>", "</\x01" "function_calls>", "<\x01invoke name=\"" };
+    static const char *const invoke[] = { "</\x01invoke>", "<\x01parameter name=\"" };
+    static const char *const kind[] = { "true\">", "false\">" };
+    for (;;) {
+        const char *s = ev->body.p ? ev->body.p : "";
+        size_t n = ev->body.len, i = ev->dsml_at;
+        if (ev->dsml_lvl == 0) {
+            int r = events_dsml_alt(s, n, &i, open, 2);
+            if (r < 0) return r == -1;
+            ev->dsml_lvl = 1;
+        } else if (ev->dsml_lvl == 1) {
+            int r = events_dsml_alt(s, n, &i, block, 3);
+            if (r < 0) return r == -1;
+            if (r < 2) {  /* the block ends: what follows in this piece is answer text */
+                ev->dsml_lvl = 0;
+                events_after_call(ev, EVENTS_ST_TEXT);
+                if (n > i) events_section_text(ev, EVENTS_TEXT, s + i, n - i);
+                return true;
+            }
+            size_t at, nl;
+            int q = events_dsml_name(s, n, &i, &at, &nl);
+            if (q <= 0) return q == 0;
+            if (i >= n) return true;
+            if (s[i] != '>') return false;
+            i++;
+            events_clear(&ev->cname);
+            bytebuf_append(&ev->cname, s + at, nl);
+            events_clear(&ev->args);
+            events_clear(&ev->sent);
+            ev->committed = true;
+            ev->dsml_calls++;
+            events_new_id(ev);
+            events_emit(ev, EVENTS_TOOL_START, NULL, 0);
+            ev->dsml_lvl = 2;
+        } else {
+            int r = events_dsml_alt(s, n, &i, invoke, 2);
+            if (r < 0) return r == -1;
+            if (r == 0) {
+                bytebuf_puts(&ev->args, ev->args.len ? "}" : "{}");
+                events_end_committed(ev, true);
+                ev->dsml_lvl = 1;
+            } else {
+                size_t at, nl;
+                int q = events_dsml_name(s, n, &i, &at, &nl);
+                if (q <= 0) return q == 0;
+                int m = events_match(s, n, &i, "string=\"");
+                if (m <= 0) return m == 0;
+                int sk = events_dsml_alt(s, n, &i, kind, 2);
+                if (sk < 0) return sk == -1;
+                const char *e = memmem(s + i, n - i, "</\x01parameter>", strlen("</\x01parameter>"));
+                if (!e) return true;
+                events_dsml_arg(ev, s + at, nl, sk == 0, s + i, (size_t)(e - (s + i)));
+                i = (size_t)(e - s) + strlen("</\x01parameter>");
+            }
+        }
+        ev->dsml_at = i;
+    }
+}
+
+/* The block ends unfinished (malformed, or the output ended): a committed call is closed as
+ * far as it was sent; a block that opened no call is answer text. */
+static void events_dsml_end(events *ev)
+{
+    if (ev->committed) events_end_committed(ev, false);
+    ev->st = EVENTS_ST_TEXT;
+    ev->dsml_lvl = 0;
+    if (!ev->dsml_calls) {
+        ev->text_started = true;
+        events_call_as_text(ev);
+    }
+    events_after_call(ev, EVENTS_ST_TEXT);
+}
+
+static void events_dsml_feed(events *ev, int32_t tok, const char *text, size_t len)
+{
+    bytebuf_append(&ev->raw, text, len);
+    if (tok >= 0 && tok == ev->m.tool_start) {
+        bytebuf_putc(&ev->body, '\x01');
+    } else if (memchr(text, '\x01', len)) {
+        events_dsml_end(ev);
+        return;
+    } else {
+        bytebuf_append(&ev->body, text, len);
+    }
+    if (!events_dsml_parse(ev)) events_dsml_end(ev);
+}
+
+/* DSML, in answer text or reasoning: a '<' held back by events_dsml_section meets the next
+ * token. The ｜DSML｜ token opens a block (reasoning ends there, as the reference parser's
+ * does); anything else sends the '<' on. True when the token was taken. */
+static bool events_dsml_lt(events *ev, int32_t tok, const char *text, size_t len)
+{
+    ev->dsml_lt = false;
+    if (tok >= 0 && tok == ev->m.tool_start) {
+        events_begin_call(ev, EVENTS_ST_DSML, "<", 1);
+        ev->dsml_lvl = 0;
+        ev->dsml_at = 0;
+        ev->dsml_calls = 0;
+        bytebuf_append(&ev->raw, text, len);
+        bytebuf_puts(&ev->body, "<\x01");
+        if (!events_dsml_parse(ev)) events_dsml_end(ev);
+        return true;
+    }
+    events_section_text(ev, ev->st == EVENTS_ST_REASONING ? EVENTS_REASONING : EVENTS_TEXT, "<", 1);
+    return false;
+}
+
+/* events_section_text, except that with DSML calls possible a final '<' waits for the next
+ * token. */
+static void events_dsml_section(events *ev, events_kind kind, const char *s, size_t n)
+{
+    if (ev->m.toolfmt == EVENTS_TOOLFMT_DSML && ev->m.tools_enabled && n && s[n - 1] == '<') {
+        events_section_text(ev, kind, s, n - 1);
+        ev->dsml_lt = true;
+        return;
+    }
+    events_section_text(ev, kind, s, n);
+}
+
 /* MISTRAL, the older form: body holds the text after [TOOL_CALLS]. When it is a complete JSON
  * array of calls (or one call object), they are sent; at_end: the output ended (or another
  * [TOOL_CALLS] came), so what is not such a value is text. Text after the value is answer
@@ -826,6 +1015,9 @@ static void events_close_call(events *ev)
     case EVENTS_ST_GLM_VAL:
         ok = false;
         break;
+    case EVENTS_ST_DSML:
+        events_dsml_end(ev);
+        return;
     default:
         return;
     }
@@ -1021,6 +1213,7 @@ void events_feed(events *ev, int32_t tok, const char *text, size_t len)
         events_h_feed(ev, tok, text, len);
         return;
     }
+    if (ev->dsml_lt && events_dsml_lt(ev, tok, text, len)) return;
     switch (ev->st) {
     case EVENTS_ST_DONE:
         return;
@@ -1072,7 +1265,7 @@ void events_feed(events *ev, int32_t tok, const char *text, size_t len)
                 return;
             }
         }
-        events_section_text(ev, EVENTS_TEXT, text, len);
+        events_dsml_section(ev, EVENTS_TEXT, text, len);
         return;
     case EVENTS_ST_REASONING:
         if (tok == m->think_end && tok >= 0) {
@@ -1082,7 +1275,7 @@ void events_feed(events *ev, int32_t tok, const char *text, size_t len)
             return;
         }
         if (tok == m->think_start && tok >= 0) return;
-        events_section_text(ev, EVENTS_REASONING, text, len);
+        events_dsml_section(ev, EVENTS_REASONING, text, len);
         return;
     case EVENTS_ST_QWEN_CALL:
         bytebuf_append(&ev->raw, text, len);
@@ -1144,6 +1337,9 @@ void events_feed(events *ev, int32_t tok, const char *text, size_t len)
     case EVENTS_ST_GLM_AFTER:
         events_glm_feed(ev, tok, text, len);
         return;
+    case EVENTS_ST_DSML:
+        events_dsml_feed(ev, tok, text, len);
+        return;
     case EVENTS_ST_H_HEAD:
     case EVENTS_ST_H_CALL:
     case EVENTS_ST_H_AFTER:
@@ -1154,6 +1350,7 @@ void events_feed(events *ev, int32_t tok, const char *text, size_t len)
 void events_finish(events *ev, events_finish_reason reason)
 {
     if (ev->st == EVENTS_ST_DONE) return;
+    if (ev->dsml_lt) events_dsml_lt(ev, -1, "", 0);
     if (ev->st == EVENTS_ST_LLAMA_JSON) {
         const char *s = ev->body.p ? ev->body.p : "";
         size_t n = ev->body.len;

@@ -31,6 +31,16 @@
  *             when the tool's schema types that argument "string"; otherwise the JSON value
  *             it spells when it parses (trimmed), else a string of its raw text. The call is
  *             committed at its first complete argument, each argument sent whole.
+ *   DSML      DeepSeek V4 (and V3.2): <｜DSML｜tool_calls> (V3.2: function_calls), then per
+ *             call <｜DSML｜invoke name="N"> with <｜DSML｜parameter name="K"
+ *             string="true|false">V</｜DSML｜parameter> per argument, </｜DSML｜invoke>, and
+ *             </｜DSML｜tool_calls>. Only "｜DSML｜" is a token (tool_start); the '<', '</' and
+ *             tag names around it are text, so a '<' ending a text piece is held back until the
+ *             next token shows whether the ｜DSML｜ token follows it. A block may open inside
+ *             reasoning (the reasoning ends there). A string="true" value is a JSON string of
+ *             its raw text; another the JSON value it spells (trimmed), else a string. The call
+ *             is committed at its invoke tag, each argument sent whole; a block that opened no
+ *             call before it went wrong is answer text.
  *   HARMONY   gpt-oss: the output is a list of messages. Each has a header, read up to
  *             <|message|>: the role (the prompt already wrote "<|start|>assistant" for the
  *             first), <|channel|> and the channel name (the last one counts), optionally a
@@ -89,6 +99,7 @@ typedef enum {
     EVENTS_TOOLFMT_HARMONY,
     EVENTS_TOOLFMT_MISTRAL,
     EVENTS_TOOLFMT_GLM,
+    EVENTS_TOOLFMT_DSML,
 } events_toolfmt;
 
 /* Token ids of the markers; -1 where the vocabulary has none. */
@@ -97,7 +108,7 @@ typedef struct {
     int32_t think_end;         /* </think> */
     events_toolfmt toolfmt;    /* how tool calls are written */
     int32_t tool_start;        /* QWEN, GLM <tool_call>; DEEPSEEK <｜tool▁call▁begin｜>; LLAMA3 <|python_tag|>;
-                                  MISTRAL [TOOL_CALLS] */
+                                  MISTRAL [TOOL_CALLS]; DSML ｜DSML｜ */
     int32_t tool_end;          /* QWEN, GLM </tool_call>; DEEPSEEK <｜tool▁call▁end｜> */
     int32_t tools_begin;       /* DEEPSEEK <｜tool▁calls▁begin｜> */
     int32_t tools_end;         /* DEEPSEEK <｜tool▁calls▁end｜> */
@@ -107,7 +118,8 @@ typedef struct {
     int32_t arg_key_end;       /* GLM </arg_key> */
     int32_t arg_val;           /* GLM <arg_value> */
     int32_t arg_val_end;       /* GLM </arg_value> */
-    const conv *tools;         /* GLM: the request, whose tool schemas say which arguments are
+    bool dsml_v32;             /* DSML: the block is <｜DSML｜function_calls> (V3.2), not tool_calls */
+    const conv *tools;         /* GLM, DSML: the request, whose tool schemas say which arguments are
                                   strings; NULL: none. Must outlive the splitter */
     int32_t h_start;           /* HARMONY <|start|> */
     int32_t h_channel;         /* HARMONY <|channel|> */

@@ -53,7 +53,8 @@ struct template {
 static const char *const template_names[] = {
     [TEMPLATE_PLAIN] = "plain", [TEMPLATE_CHATML] = "chatml", [TEMPLATE_QWEN25] = "qwen2.5",
     [TEMPLATE_QWEN2] = "qwen2", [TEMPLATE_QWEN3] = "qwen3", [TEMPLATE_LLAMA3] = "llama3", [TEMPLATE_DEEPSEEK3] = "deepseek3",
-    [TEMPLATE_DEEPSEEK_R1] = "deepseek-r1", [TEMPLATE_HARMONY] = "harmony", [TEMPLATE_JINJA] = "jinja",
+    [TEMPLATE_DEEPSEEK_R1] = "deepseek-r1", [TEMPLATE_HARMONY] = "harmony", [TEMPLATE_DEEPSEEK4] = "deepseek4",
+    [TEMPLATE_DEEPSEEK4_FLASH] = "deepseek4-flash-0731", [TEMPLATE_JINJA] = "jinja",
 };
 
 static bool tmpl_blank(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
@@ -67,6 +68,7 @@ int template_family_by_name(const char *name)
     if (!strcmp(name, "deepseek-r1") || !strcmp(name, "r1")) return TEMPLATE_DEEPSEEK_R1;
     if (!strcmp(name, "gpt-oss")) return TEMPLATE_HARMONY;
     if (!strcmp(name, "interpreter")) return TEMPLATE_JINJA;
+    if (!strcmp(name, "deepseek-v4") || !strcmp(name, "dsv4")) return TEMPLATE_DEEPSEEK4;
     if (!strcmp(name, "deepseek") || !strcmp(name, "deepseek3.1") || !strcmp(name, "deepseek-v3")) return TEMPLATE_DEEPSEEK3;
     return -1;
 }
@@ -100,6 +102,8 @@ static const struct {
     { TEMPLATE_DEEPSEEK3, "d9f5f351b276cf9e81d009db08830db7d38e94927aecd09a7beb43e2aafee94e", "DeepSeek V3.1" },
     { TEMPLATE_DEEPSEEK_R1, "bbe594884b44d740667ee65a70bc8d333a565eab3d63ea59f291ea73ada84ba6", "DeepSeek R1 distills (llama.cpp's copy)" },
     { TEMPLATE_HARMONY, "a4c9919cbbd4acdd51ccffe22da049264b1b73e59055fa58811a99efbd7c8146", "gpt-oss (openai-gpt-oss-120b)" },
+    { TEMPLATE_DEEPSEEK4, "f8b442fab67e75b3aa468334b5cdda671003b852ffd71f23cb23377d31d9c7be", "DeepSeek V4" },
+    { TEMPLATE_DEEPSEEK4_FLASH, "8b6f730567ea3e0a994ce80ac79c18a4d49716e821fd13ad7a2c061b712e3520", "DeepSeek V4-Flash-0731" },
 };
 
 /* The family whose reference text z[0..n) is; -1 if none. */
@@ -1004,6 +1008,8 @@ static bool tmpl_render(tmpl_b *b, const conv *c, bool *open_think)
     case TEMPLATE_DEEPSEEK3: tmpl_render_deepseek3(b, c, m, open_think); break;
     case TEMPLATE_DEEPSEEK_R1: tmpl_render_deepseek_r1(b, c, m, open_think); break;
     case TEMPLATE_HARMONY: tmpl_render_harmony(b, c, m); break;
+    case TEMPLATE_DEEPSEEK4:
+    case TEMPLATE_DEEPSEEK4_FLASH: tmpl_render_deepseek4(b, c, m, b->t->family == TEMPLATE_DEEPSEEK4_FLASH, open_think); break;
     case TEMPLATE_PLAIN: tmpl_render_plain(b, c, m); break;
     case TEMPLATE_JINJA: tmpl_render_jinja(b, c, b->t->jinja); break;
     }
@@ -1166,6 +1172,9 @@ void tmpl_tool_markers(const tokenizer *tok, events_toolfmt fmt, events_markers 
         m->h_call = tmpl_find(tok, "<|call|>");
         m->h_return = tmpl_find(tok, "<|return|>");
         break;
+    case EVENTS_TOOLFMT_DSML:
+        m->tool_start = tmpl_find(tok, "｜DSML｜");
+        break;
     default:
         break;
     }
@@ -1212,6 +1221,10 @@ void template_markers(const template *t, const conv *c, events_markers *m)
         tmpl_tool_markers(tok, EVENTS_TOOLFMT_HARMONY, m);
         if (c->add_generation_prompt) m->h_forced = c->forced_call;
         break;
+    case TEMPLATE_DEEPSEEK4:
+    case TEMPLATE_DEEPSEEK4_FLASH:
+        tmpl_deepseek4_markers(tok, c, m);
+        break;
     case TEMPLATE_PLAIN:
         break;
     case TEMPLATE_JINJA:
@@ -1225,7 +1238,7 @@ const char *template_tool_format(const template *t)
     static const char *const names[] = { [EVENTS_TOOLFMT_NONE] = "none", [EVENTS_TOOLFMT_QWEN] = "qwen",
                                          [EVENTS_TOOLFMT_DEEPSEEK] = "deepseek", [EVENTS_TOOLFMT_LLAMA3] = "llama3",
                                          [EVENTS_TOOLFMT_HARMONY] = "harmony", [EVENTS_TOOLFMT_MISTRAL] = "mistral",
-                                         [EVENTS_TOOLFMT_GLM] = "glm" };
+                                         [EVENTS_TOOLFMT_GLM] = "glm", [EVENTS_TOOLFMT_DSML] = "dsml" };
     conv c;
     conv_init(&c);
     events_markers m;

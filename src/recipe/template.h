@@ -12,6 +12,10 @@
  *   llama3     Llama 3 / 3.1 header ids; tools in the first user turn, "Environment: ipython",
  *              JSON tool calls, tool results as ipython turns.
  *   deepseek3  DeepSeek V3.1: <｜User｜>/<｜Assistant｜>, <think> and the tool-call tokens.
+ *   deepseek4  DeepSeek V4 (deepseek4-flash-0731: the V4-Flash-0731 revision, whose "high"
+ *              reasoning effort writes its effort text): tools in the system prompt, DSML
+ *              tool calls (<｜DSML｜tool_calls> / invoke / parameter), <tool_result> in the
+ *              user turn, <think> reasoning kept or dropped as the template decides.
  *   deepseek-r1  DeepSeek R1 (and its distills): "<｜Assistant｜><think>\n" generation prompt,
  *              reasoning dropped from history, "function<｜tool▁sep｜>NAME\n```json" calls.
  *   harmony    gpt-oss (alias gpt-oss): <|start|>ROLE<|channel|>CHANNEL<|message|>...<|end|>; a
@@ -22,7 +26,8 @@
  *   plain      base models (stories260K): BOS (if the vocabulary asks for it) and the text.
  * Each mirrors, turn for turn, the reference Jinja template of its family in llama.cpp's
  * models/templates (Qwen-Qwen3-0.6B, Qwen-Qwen2.5-7B-Instruct,
- * meta-llama-Llama-3.1-8B-Instruct, deepseek-ai-DeepSeek-V3.1, openai-gpt-oss-120b, deepseek-ai-DeepSeek-R1-Distill-Qwen-32B
+ * meta-llama-Llama-3.1-8B-Instruct, deepseek-ai-DeepSeek-V3.1, deepseek-ai-DeepSeek-V4 and
+ * -V4-Flash-0731, openai-gpt-oss-120b, deepseek-ai-DeepSeek-R1-Distill-Qwen-32B
  * (llama.cpp's copy, whose thinking defaults to off); qwen2: the chat_template of
  * llama.cpp's ggml-vocab-qwen2.gguf; chatml: llama.cpp's ChatML test template), with Python
  * Jinja semantics, tools included: DeepSeek's references write tool calls and results but
@@ -80,6 +85,8 @@ typedef enum {
     TEMPLATE_DEEPSEEK3,
     TEMPLATE_DEEPSEEK_R1,
     TEMPLATE_HARMONY,
+    TEMPLATE_DEEPSEEK4,     /* DeepSeek V4 (template_dsv4.c) */
+    TEMPLATE_DEEPSEEK4_FLASH, /* DeepSeek V4-Flash-0731: V4 with its "high" effort text */
     TEMPLATE_JINJA,         /* any other template text, run by the Jinja interpreter (jinja.h) */
 } template_family;
 
@@ -116,7 +123,7 @@ void template_free(template *t);
 /* The family's name; "jinja" for the interpreter. */
 const char *template_name(const template *t);
 /* The tool-call syntax the output parser reads for this template: "qwen", "llama3",
- * "deepseek", "harmony", "mistral", "glm" or "none" (answers are text). */
+ * "deepseek", "harmony", "mistral", "glm", "dsml" or "none" (answers are text). */
 const char *template_tool_format(const template *t);
 /* The vocabulary the template was made for. */
 const tokenizer *template_tokenizer(const template *t);

@@ -7,6 +7,7 @@
  *                       per-turn view, every family but harmony, tokenising the runs
  *   template_harmony.c  the harmony (gpt-oss) family: the TypeScript tool namespace, the
  *                       channels, the call and result messages
+ *   template_dsv4.c     the DeepSeek V4 family: the tools section, DSML calls, <tool_result>
  *   template_jinja.c    any other template text, through the Jinja interpreter (jinja.h)
  */
 #ifndef TM_TEMPLATE_INT_H
@@ -87,6 +88,12 @@ void tmpl_tool_openai(bytebuf *o, const conv_tool *tl);
 
 /* The harmony (gpt-oss) family's prompt for c, turns m (template_harmony.c). */
 void tmpl_render_harmony(tmpl_b *b, const conv *c, const tmpl_msg *m);
+
+/* The DeepSeek V4 family's prompt for c, turns m (template_dsv4.c); flash_0731: the
+ * V4-Flash-0731 text (its "high" effort line); *open_think: the prompt ends inside <think>. */
+void tmpl_render_deepseek4(tmpl_b *b, const conv *c, const tmpl_msg *m, bool flash_0731, bool *open_think);
+/* Its splitter markers for a response to c. */
+void tmpl_deepseek4_markers(const tokenizer *tok, const conv *c, events_markers *m);
 
 /* Parses text[0..n) for t and renders a plain conversation with it (template_jinja.c). */
 template_status tmpl_jinja_new(const template *t, const char *text, size_t n, tmpl_jinja **out, char *err, size_t errsz);

@@ -22,8 +22,8 @@
  * Tool calls in the output are parsed by the splitter of the format the template itself
  * writes: its text is searched for the known call syntaxes (Qwen/Hermes <tool_call>, DeepSeek
  * tool-call tokens, harmony channels, Llama 3's <|python_tag|> or JSON calls under header ids,
- * Mistral's [TOOL_CALLS], GLM's <tool_call> with <arg_key>); a template with none of them gets
- * text answers.
+ * Mistral's [TOOL_CALLS], GLM's <tool_call> with <arg_key>, DeepSeek V3.2/V4's DSML tags); a
+ * template with none of them gets text answers.
  */
 #define _GNU_SOURCE /* memmem */
 #include "recipe/template_int.h"
@@ -284,7 +284,10 @@ template_status tmpl_jinja_new(const template *t, const char *text, size_t n, tm
     j->developer = tj_has(j, "developer");
     j->thinks = tj_has(j, "<think>");
     j->mistral_think = tj_has(j, "[THINK]");
-    if (tj_has(j, "<arg_key>") && tj_has(j, "<tool_call>")) j->toolfmt = EVENTS_TOOLFMT_GLM;
+    /* DeepSeek V3.2 / V4 spell their DSML tags through a variable */
+    if (tj_has(j, "dsml_token") && tj_has(j, "DSML") && (tj_has(j, "function_calls") || tj_has(j, "tool_calls")))
+        j->toolfmt = EVENTS_TOOLFMT_DSML;
+    else if (tj_has(j, "<arg_key>") && tj_has(j, "<tool_call>")) j->toolfmt = EVENTS_TOOLFMT_GLM;
     else if (tj_has(j, "[TOOL_CALLS]")) j->toolfmt = EVENTS_TOOLFMT_MISTRAL;
     else if (tj_has(j, "<tool_call>")) j->toolfmt = EVENTS_TOOLFMT_QWEN;
     else if (tj_has(j, "<｜tool▁calls▁begin｜>") || tj_has(j, "<｜tool▁call▁begin｜>")) j->toolfmt = EVENTS_TOOLFMT_DEEPSEEK;
@@ -350,6 +353,11 @@ void tmpl_jinja_markers(const template *t, const tmpl_jinja *j, const conv *c, e
     case EVENTS_TOOLFMT_QWEN:
     case EVENTS_TOOLFMT_DEEPSEEK:
     case EVENTS_TOOLFMT_MISTRAL:
+        if (m->tool_start < 0) m->toolfmt = EVENTS_TOOLFMT_NONE;
+        break;
+    case EVENTS_TOOLFMT_DSML:
+        m->tools = c;
+        m->dsml_v32 = !tj_has(j, "tool_calls");
         if (m->tool_start < 0) m->toolfmt = EVENTS_TOOLFMT_NONE;
         break;
     case EVENTS_TOOLFMT_GLM:

@@ -160,6 +160,8 @@ const FAMILIES = [
   ["deepseek3", "deepseek-ai-DeepSeek-V3.1.jinja", "ggml-vocab-deepseek-llm.gguf"],
   ["deepseek-r1", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", "ggml-vocab-deepseek-llm.gguf"],
   ["harmony", "openai-gpt-oss-120b.jinja", "ggml-vocab-qwen2.gguf", [6]],
+  ["deepseek4", "deepseek-ai-DeepSeek-V4.jinja", "ggml-vocab-deepseek-llm.gguf"],
+  ["deepseek4-flash-0731", "deepseek-ai-DeepSeek-V4-Flash-0731.jinja", "ggml-vocab-deepseek-llm.gguf"],
 ];
 test("the built-in families give the interpreter's ids on their own templates", { skip: !haveData && "no test data" }, () => {
   const failures = [];

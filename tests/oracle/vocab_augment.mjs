@@ -4,6 +4,7 @@
 //   qwen3      ggml-vocab-qwen2.gguf     + Qwen3's <tool_call>, <think>, <tool_response>, ...
 //   llama31    ggml-vocab-llama-bpe.gguf + Llama 3.1's <|python_tag|>, <|eom_id|>
 //   deepseek3  ggml-vocab-deepseek-llm   + DeepSeek V3's <｜User｜>, <｜Assistant｜>, tool tokens
+//   deepseek4  deepseek3                  + V4's ｜DSML｜ (the one token of its DSML tool-call tags)
 // Token types follow the models' GGUFs: 3 = control, 4 = user-defined (HF "special": false).
 // Everything else (merges, pre-tokenizer, ids of existing tokens) is copied unchanged.
 //   node tests/oracle/vocab_augment.mjs NAME OUT.gguf     (or import { augment })
@@ -40,6 +41,7 @@ export const AUGMENTS = {
     ].map((t, i) => [100015 + i, t, 4]),
   },
 };
+AUGMENTS.deepseek4 = { src: AUGMENTS.deepseek3.src, tokens: [...AUGMENTS.deepseek3.tokens, [100028, "｜DSML｜", 4]] };
 
 // --- minimal GGUF reader/writer for metadata-only files ---------------------------------
 const SCALAR = { 0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8 };
@@ -130,7 +132,7 @@ export function augment(name, out, chatTemplate) {
 if (import.meta.url === `file://${process.argv[1]}`) {
   const [name, out] = process.argv.slice(2);
   if (!name || !out) {
-    console.error("usage: vocab_augment.mjs qwen3|llama31|deepseek3 OUT.gguf");
+    console.error("usage: vocab_augment.mjs qwen3|llama31|deepseek3|deepseek4 OUT.gguf");
     process.exit(2);
   }
   augment(name, out);

@@ -15,6 +15,8 @@ enum { THINK = 5000, UNTHINK, TC, UNTC, CALLS_B, CALLS_E, CALL_B, CALL_E, SEP, P
  * </arg_key> <arg_value> </arg_value> */
 enum { MI_CALLS = 7000, MI_ARGS, MI_CALLID, MI_THINK, MI_UNTHINK };
 enum { G_TC = 7100, G_UNTC, G_KEY, G_UNKEY, G_VAL, G_UNVAL };
+/* DeepSeek V4: ｜DSML｜ (the only DSML token; think markers are THINK/UNTHINK) */
+enum { DSML = 7200 };
 /* harmony (gpt-oss) */
 enum { H_START = 6000, H_CHANNEL, H_MESSAGE, H_CONSTRAIN, H_END, H_CALL, H_RETURN };
 
@@ -105,6 +107,19 @@ static inline events_markers eventstest_glm(void)
     m.arg_key_end = G_UNKEY;
     m.arg_val = G_VAL;
     m.arg_val_end = G_UNVAL;
+    m.tools_enabled = true;
+    m.trim = true;
+    return m;
+}
+
+static inline events_markers eventstest_dsml(void)
+{
+    events_markers m;
+    events_markers_none(&m);
+    m.think_start = THINK;
+    m.think_end = UNTHINK;
+    m.toolfmt = EVENTS_TOOLFMT_DSML;
+    m.tool_start = DSML;
     m.tools_enabled = true;
     m.trim = true;
     return m;

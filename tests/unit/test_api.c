@@ -971,6 +971,85 @@ TEST(test_tool_arguments_stream_sse)
     }
 }
 
+/* DeepSeek V4 output (the prompt opened <think>): reasoning, </think>, text, then a DSML block
+ * of one call whose '<' and tag names are text and ｜DSML｜ a token, through the real splitter
+ * and each API's formatter. Non-streaming bodies are checked here; the streams are written for
+ * the e2e replay through the SDKs (*_dsml.sse). */
+static void feed_dsml(api_out *o)
+{
+    static const char *const toks[] = {
+        "deep", " thought", "#5001:</think>", "Sure", "\n\n", "<", "#7200", "tool_calls>\n", "<", "#7200", "invoke name=\"get\">\n", "<",
+        "#7200", "parameter name=\"city\" string=\"true\">", "Oslo", "</", "#7200", "parameter>\n", "<", "#7200",
+        "parameter name=\"days\" string=\"false\">", "3", "</", "#7200", "parameter>\n", "</", "#7200", "invoke>\n", "</", "#7200",
+        "tool_calls>",
+    };
+    for (size_t i = 0; i < sizeof toks / sizeof toks[0]; i++) {
+        const char *t = toks[i];
+        if (t[0] == '#') {
+            int32_t id = (int32_t)strtol(t + 1, NULL, 10);
+            const char *x = id == DSML ? "｜DSML｜" : strchr(t, ':') + 1;
+            api_out_token(o, 0, id, x, strlen(x), NULL);
+        } else {
+            api_out_token(o, 0, 1, t, strlen(t), NULL);
+        }
+    }
+    api_out_finish(o, 0, EVENTS_FINISH_STOP);
+    api_out_end(o);
+}
+
+TEST(test_dsml_outputs)
+{
+    const char *bodies[3] = {
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]%s}",
+        "{\"model\":\"m\",\"input\":\"x\",\"store\":false%s}",
+        "{\"model\":\"m\",\"max_tokens\":500,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]%s}"};
+    const char *names[3] = {"chat_dsml.sse", "responses_dsml.sse", "messages_dsml.sse"};
+    events_markers mk = eventstest_dsml();
+    mk.starts_in_reasoning = true;
+    for (int k = 0; k < 3; k++) {
+        api_kind kind = k == 0 ? API_KIND_CHAT : k == 1 ? API_KIND_RESPONSES : API_KIND_MESSAGES;
+        for (int stream = 0; stream < 2; stream++) {
+            char body[512];
+            snprintf(body, sizeof body, bodies[k], stream ? ",\"stream\":true" : "");
+            api_req r;
+            api_error e;
+            CHECK(parse(kind, body, &r, &e) == API_OK);
+            api_out o;
+            api_out_init(&o, &r, &mk, 5, "m");
+            api_out_set_prompt(&o, 10, 0, NULL, 0);
+            api_out_begin(&o);
+            feed_dsml(&o);
+            CHECKF(!strstr(o.out.p, "DSML") && !strstr(o.out.p, "invoke") && !strstr(o.out.p, "think>"), "%s", o.out.p);
+            if (stream) {
+                dump(names[k], &o.out);
+                bool names_ok;
+                json_t *ev = sse_parse(o.out.p, &names_ok);
+                CHECK(names_ok && json_array_size(ev) > 3);
+                json_decref(ev);
+            } else {
+                json_error_t je;
+                json_t *j = json_loadb(o.out.p, o.out.len, 0, &je);
+                CHECKF(j != NULL, "%s", o.out.p);
+                char *d = json_dumps(j, JSON_COMPACT);
+                CHECKF(strstr(d, "deep thought") && strstr(d, "Sure") && strstr(d, "Oslo") && strstr(d, "days"), "%s", d);
+                if (kind == API_KIND_CHAT) {
+                    json_t *c0 = json_array_get(json_object_get(j, "choices"), 0), *msg = json_object_get(c0, "message");
+                    json_t *f = json_object_get(json_array_get(json_object_get(msg, "tool_calls"), 0), "function");
+                    CHECKF(!strcmp(json_string_value(json_object_get(f, "name")), "get") &&
+                           !strcmp(json_string_value(json_object_get(f, "arguments")), "{\"city\":\"Oslo\",\"days\":3}"), "%s", d);
+                    CHECKF(!strcmp(json_string_value(json_object_get(msg, "content")), "Sure"), "%s", d);
+                    CHECKF(!strcmp(json_string_value(json_object_get(c0, "finish_reason")), "tool_calls"), "%s", d);
+                }
+                if (kind == API_KIND_MESSAGES) CHECKF(strstr(d, "\"stop_reason\":\"tool_use\""), "%s", d);
+                free(d);
+                json_decref(j);
+            }
+            api_out_free(&o);
+            api_req_free(&r);
+        }
+    }
+}
+
 TEST(test_store_bound)
 {
     api_store *s = api_store_new(2);
@@ -1455,6 +1534,66 @@ static bool tokens_accepted(const char *gbnf, const char *const *pieces)
     return ok;
 }
 
+/* DeepSeek V4's DSML: only ｜DSML｜ is a token (5500 here, within tokens_accepted's
+ * vocabulary), the '<' before it text, so a forced grammar starts with that '<' (no trigger)
+ * and a lazy one after the token; string properties raw with string="true", others their
+ * schema's JSON with string="false", in the schema's order; a blank line for no parameters. */
+TEST(test_structured_tool_gbnf_dsml)
+{
+    conv c;
+    conv_init(&c);
+    conv_add_tool(&c, "get_weather", NULL,
+                  "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"},\"days\":{\"type\":\"integer\"},"
+                  "\"unit\":{\"type\":\"string\",\"enum\":[\"c\",\"f\"]}},\"required\":[\"city\",\"days\"],\"additionalProperties\":false}");
+    conv_add_tool(&c, "now", NULL, "{\"type\":\"object\",\"properties\":{}}");
+    char err[256];
+    int32_t trig;
+    events_markers m = eventstest_dsml();
+    m.tool_start = 5500;
+#define D "#5500"
+    char *g = api_tool_gbnf(&c, &m, NULL, false, true, &trig, err, sizeof err);
+    CHECKF(g && trig == -1, "%s", err);
+    if (g) {
+        const char *ok[] = {"<", D, "tool_calls>\n<", D, "invoke name=\"get_weather\">\n<", D, "parameter name=\"city\" string=\"true\">New </York",
+                            "</", D, "parameter>\n<", D, "parameter name=\"days\" string=\"false\">3</", D, "parameter>\n<", D,
+                            "parameter name=\"unit\" string=\"true\">f</", D, "parameter>\n</", D, "invoke>\n</", D, "tool_calls>", NULL};
+        const char *opt[] = {"<", D, "tool_calls>\n<", D, "invoke name=\"get_weather\">\n<", D, "parameter name=\"city\" string=\"true\">x</",
+                             D, "parameter>\n<", D, "parameter name=\"days\" string=\"false\">-1</", D, "parameter>\n</", D, "invoke>\n</", D,
+                             "tool_calls>", NULL};
+        const char *none[] = {"<", D, "tool_calls>\n<", D, "invoke name=\"now\">\n\n</", D, "invoke>\n</", D, "tool_calls>", NULL};
+        const char *missing[] = {"<", D, "tool_calls>\n<", D, "invoke name=\"get_weather\">\n\n</", D, "invoke>\n</", D, "tool_calls>", NULL};
+        const char *bad_int[] = {"<", D, "tool_calls>\n<", D, "invoke name=\"get_weather\">\n<", D, "parameter name=\"city\" string=\"true\">x</",
+                                 D, "parameter>\n<", D, "parameter name=\"days\" string=\"true\">3</", D, "parameter>\n</", D, "invoke>\n</", D,
+                                 "tool_calls>", NULL};
+        const char *spelled[] = {"<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"now\">\n\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>", NULL};
+        const char *two[] = {"<", D, "tool_calls>\n<", D, "invoke name=\"now\">\n\n</", D, "invoke>\n<", D, "invoke name=\"now\">\n\n</", D,
+                             "invoke>\n</", D, "tool_calls>", NULL};
+        CHECK(tokens_accepted(g, ok) && tokens_accepted(g, opt) && tokens_accepted(g, none));
+        CHECK(!tokens_accepted(g, missing) && !tokens_accepted(g, bad_int) && !tokens_accepted(g, spelled) && !tokens_accepted(g, two));
+    }
+    free(g);
+    /* lazy (strict tools under auto): after the ｜DSML｜ token, several calls, then nothing */
+    c.tools[1].strict = true;
+    g = api_tool_gbnf(&c, &m, NULL, true, false, &trig, err, sizeof err);
+    CHECK(g && trig == 5500);
+    if (g) {
+        const char *two[] = {"tool_calls>\n<", D, "invoke name=\"now\">\n\n</", D, "invoke>\n<", D, "invoke name=\"get_weather\">\n<", D,
+                             "parameter name=\"q\" string=\"false\">{\"a\": 1}</", D, "parameter>\n</", D, "invoke>\n</", D, "tool_calls>", NULL};
+        CHECK(tokens_accepted(g, two));
+    }
+    free(g);
+    /* V3.2's block name; a vocabulary without ｜DSML｜: no grammar, no error */
+    m.dsml_v32 = true;
+    g = api_tool_gbnf(&c, &m, "now", false, true, &trig, err, sizeof err);
+    const char *v32[] = {"<", D, "function_calls>\n<", D, "invoke name=\"now\">\n\n</", D, "invoke>\n</", D, "function_calls>", NULL};
+    CHECK(g && tokens_accepted(g, v32));
+    free(g);
+    m.tool_start = -1;
+    CHECK(api_tool_gbnf(&c, &m, NULL, false, true, &trig, err, sizeof err) == NULL && err[0] == 0);
+#undef D
+    conv_free(&c);
+}
+
 TEST(test_structured_tool_gbnf)
 {
     conv c;
@@ -1791,6 +1930,8 @@ int main(void)
     RUN(test_chat_logprobs);
     RUN(test_responses_output);
     RUN(test_tool_arguments_stream_sse);
+    RUN(test_dsml_outputs);
+    RUN(test_structured_tool_gbnf_dsml);
     RUN(test_harmony_outputs);
     RUN(test_reasoning_effort_fields);
     RUN(test_store_bound);

@@ -645,6 +645,85 @@ TEST(test_mistral_glm_random_sequences)
     }
 }
 
+/* DeepSeek V4's DSML calls, llama.cpp's test strings (test-chat.cpp) cut into tokens as V4's
+ * vocabulary cuts them: only ｜DSML｜ is a token, the '<' before it ends a text piece. */
+#define D "#7200:｜DSML｜"
+TEST(test_dsml_tool_calls)
+{
+    events_markers m = eventstest_dsml();
+    rec r;
+    const char *p[] = { "Let me check the time", "#5001:</think>", "\n\n", "<", D, "tool", "_calls", ">\n", "<", D, "invoke",
+                        " name=\"get_time\">\n", "<", D, "parameter name=\"city\" string=\"true\">", "Tokyo", "</", D,
+                        "parameter>\n", "</", D, "invoke>\n", "</", D, "tool_calls>", NULL };
+    m.starts_in_reasoning = true;
+    char *s = run(&m, EVENTS_FINISH_STOP, p, &r);
+    EXPECT(s, "R:Let me check the time|S0:get_time|A0:{\"city\":\"Tokyo\"}|E0|F:tool_calls");
+    CHECK(!strncmp(r.ids[0], "call_", 5));
+    bytebuf_free(&r.log);
+    m.starts_in_reasoning = false;
+    /* text before the block; two calls; string="false" values are JSON; no parameters: {} */
+    const char *q[] = { "Let me call the function.", "\n\n<", D, "tool_calls>\n<", D, "invoke name=\"magic_int\">\n<", D,
+                        "parameter name=\"ref\" string=\"false\">42</", D, "parameter>\n<", D,
+                        "parameter name=\"name\" string=\"true\">foo bar</", D, "parameter>\n<", D,
+                        "parameter name=\"opts\" string=\"false\">{\"a\": [1, true]}</", D, "parameter>\n</", D, "invoke>\n<", D,
+                        "invoke name=\"g\">\n\n</", D, "invoke>\n</", D, "tool_calls>", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, q, NULL), "T:Let me call the function.|S0:magic_int|A0:{\"ref\":42,\"name\":\"foo bar\","
+                                               "\"opts\":{\"a\":[1,true]}}|E0|S1:g|A1:{}|E1|F:tool_calls");
+    /* a string="false" value that is not JSON stays a string; V3.2's function_calls block */
+    const char *v[] = { "<", D, "function_calls>\n<", D, "invoke name=\"f\">\n<", D, "parameter name=\"x\" string=\"false\">",
+                        "not json</", D, "parameter>\n</", D, "invoke>\n</", D, "function_calls>", " after", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, v, NULL), "S0:f|A0:{\"x\":\"not json\"}|E0|T:after|F:tool_calls");
+    /* the block may open inside reasoning, which ends there */
+    m.starts_in_reasoning = true;
+    const char *w[] = { "Let me check\n\n<", D, "tool_calls>\n<", D, "invoke name=\"f\">\n</", D, "invoke>\n</", D, "tool_calls>", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, w, NULL), "R:Let me check|S0:f|A0:{}|E0|F:tool_calls");
+    m.starts_in_reasoning = false;
+    /* a '<' not followed by ｜DSML｜ is text, held back only until the next token */
+    const char *x[] = { "a <", " b<", "<", "#5000:<think>", "t", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, x, NULL), "T:a < b<<|R:t|F:stop");
+    const char *y[] = { "1 <", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, y, NULL), "T:1 <|F:stop");
+}
+
+TEST(test_dsml_malformed_is_text)
+{
+    events_markers m = eventstest_dsml();
+    /* the tags spelled by ordinary tokens are text */
+    const char *p[] = { "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, p, NULL), "T:<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>|F:stop");
+    /* a block that opened no call: its text (the blanks before it included); what follows
+       is text again, a new section */
+    const char *q[] = { "ok\n\n<", D, "tool_calls>\n<", D, "nonsense>", " more", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, q, NULL), "T:ok\n\n<｜DSML｜tool_calls>\n<｜DSML｜nonsense>more|F:stop");
+    /* committed, then cut: the call is closed where it was valid */
+    const char *r1[] = { "<", D, "tool_calls>\n<", D, "invoke name=\"f\">\n<", D, "parameter name=\"a\" string=\"false\">1</", D,
+                         "parameter>\n<", D, "parameter name=\"b\" string=\"true\">xy", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_LENGTH, r1, NULL), "S0:f|A0:{\"a\":1}|E0|F:length");
+    /* without tools offered the block is text */
+    m.tools_enabled = false;
+    const char *t[] = { "<", D, "tool_calls>", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, t, NULL), "T:<｜DSML｜tool_calls>|F:stop");
+}
+
+/* Random token sequences over the DSML pieces never crash and always leave valid arguments. */
+TEST(test_dsml_random_sequences)
+{
+    static const char *const ds[] = { D, "<", "</", "tool_calls>", "invoke name=\"f\">", "parameter name=\"a\" string=\"false\">",
+                                      "parameter name=\"b\" string=\"true\">", "parameter>", "invoke>", "1", "{", "\"", " ", "\n",
+                                      "#5000:<think>", "#5001:</think>", "\x01" };
+    util_rng rng;
+    util_rng_seed(&rng, 11);
+    for (int round = 0; round < 2000; round++) {
+        events_markers m = eventstest_dsml();
+        const char *p[32];
+        int n = 1 + (int)(util_rng_next(&rng) % 30);
+        for (int i = 0; i < n; i++) p[i] = ds[util_rng_next(&rng) % TM_ARRAY_LEN(ds)];
+        p[n] = NULL;
+        free(run(&m, util_rng_next(&rng) & 1 ? EVENTS_FINISH_STOP : EVENTS_FINISH_LENGTH, p, NULL));
+    }
+}
+#undef D
+
 int main(void)
 {
     RUN(test_plain_text);
@@ -672,5 +751,8 @@ int main(void)
     RUN(test_glm_tool_calls);
     RUN(test_glm_malformed_is_text);
     RUN(test_mistral_glm_random_sequences);
+    RUN(test_dsml_tool_calls);
+    RUN(test_dsml_malformed_is_text);
+    RUN(test_dsml_random_sequences);
     HARNESS_END();
 }

@@ -340,6 +340,8 @@ TEST(test_only_reference_texts_are_recognised)
         { "deepseek-ai-DeepSeek-V3.1.jinja", TEMPLATE_DEEPSEEK3 },
         { "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", TEMPLATE_DEEPSEEK_R1 },
         { "openai-gpt-oss-120b.jinja", TEMPLATE_HARMONY },
+        { "deepseek-ai-DeepSeek-V4.jinja", TEMPLATE_DEEPSEEK4 },
+        { "deepseek-ai-DeepSeek-V4-Flash-0731.jinja", TEMPLATE_DEEPSEEK4_FLASH },
     };
     int n_files = 0, n_known = 0;
     struct dirent *e;
@@ -359,7 +361,7 @@ TEST(test_only_reference_texts_are_recognised)
         free(text);
     }
     closedir(d);
-    CHECKF(n_files >= 50 && n_known == 7, "%d files, %d known", n_files, n_known);
+    CHECKF(n_files >= 50 && n_known == 9, "%d files, %d known", n_files, n_known);
     /* the vocabulary's own template (Qwen2's) */
     CHECK(template_detect(f.tok, f.g) == TEMPLATE_QWEN2);
     /* ChatML: llama.cpp's test template; surrounding blanks do not matter, anything else does */
@@ -471,11 +473,147 @@ TEST(test_harmony_odd_schemas)
     fx_close(&f);
 }
 
+/* The DeepSeek V4 family renders both V4 template texts exactly as the Jinja interpreter runs
+ * them (which tests/e2e/jinja.test.mjs holds equal to @huggingface/jinja): text and ids, over
+ * conversations with tools, calls (string, JSON and empty arguments), results in a row,
+ * thinking on and off, earlier reasoning dropped or kept, developer and several system turns,
+ * the reasoning efforts, and no generation prompt. */
+static void dsv4_conv(conv *c, int k)
+{
+    static const char *const wx = "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\",\"description\":\"Ciudad — ü\"},"
+                                  "\"days\":{\"type\":\"integer\"}},\"required\":[\"city\"]}";
+    conv_init(c);
+    c->date = "2026-01-01";
+    c->add_generation_prompt = true;
+    switch (k % 8) {
+    case 0: /* plain */
+        conv_add_message(c, CONV_ROLE_SYSTEM, "You are terse.");
+        conv_add_message(c, CONV_ROLE_USER, "Hello <｜User｜> </think> <｜DSML｜tool_calls>");
+        break;
+    case 1: /* tools, a call with string / JSON / nested arguments, two results, then more */
+    case 2:
+        conv_add_tool(c, "get_weather", "Weather in a city.", wx);
+        conv_add_tool(c, "now", NULL, NULL);
+        conv_add_message(c, CONV_ROLE_SYSTEM, "S1");
+        conv_add_message(c, CONV_ROLE_USER, "Weather in Paris and the time?");
+        conv_add_turn(c, CONV_ROLE_ASSISTANT);
+        conv_add_reasoning(c, "Two calls.", 10);
+        conv_add_text(c, "Checking.", 9);
+        const char *args = "{\"city\": \"Paris\", \"days\": 3, \"opts\": {\"a\": [1, null, \"x\"], \"b\": 1.5e3}}";
+        conv_add_tool_call(c, "call_1", "get_weather", args, strlen(args));
+        conv_add_tool_call(c, "call_2", "now", "{}", 2);
+        conv_add_turn(c, CONV_ROLE_TOOL);
+        conv_add_tool_result(c, "call_1", "get_weather", "{\"temp\": 20}", 12);
+        conv_add_turn(c, CONV_ROLE_TOOL);
+        conv_add_tool_result(c, "call_2", "now", "12:00", 5);
+        if (k % 8 == 2) {
+            conv_add_turn(c, CONV_ROLE_ASSISTANT);
+            conv_add_reasoning(c, "Got both.", 9);
+            conv_add_text(c, "20 degrees at noon.", 19);
+            conv_add_message(c, CONV_ROLE_USER, "Thanks");
+        }
+        break;
+    case 3: /* multi-turn with reasoning and no tools: earlier reasoning dropped when thinking */
+        conv_add_message(c, CONV_ROLE_USER, "Q1");
+        conv_add_turn(c, CONV_ROLE_ASSISTANT);
+        conv_add_reasoning(c, "R1", 2);
+        conv_add_text(c, "A1", 2);
+        conv_add_message(c, CONV_ROLE_USER, "Q2");
+        conv_add_turn(c, CONV_ROLE_ASSISTANT);
+        conv_add_reasoning(c, "R2", 2);
+        conv_add_text(c, "A2", 2);
+        c->add_generation_prompt = false;  /* the last turn comes after the last user turn */
+        break;
+    case 4: /* developer and several system turns, users in a row */
+        conv_add_message(c, CONV_ROLE_SYSTEM, "");
+        conv_add_message(c, CONV_ROLE_DEVELOPER, "Dev says");
+        conv_add_message(c, CONV_ROLE_SYSTEM, "Second");
+        conv_add_message(c, CONV_ROLE_USER, "U1");
+        conv_add_message(c, CONV_ROLE_USER, "U2");
+        break;
+    case 5: /* tools with an empty system prompt */
+        conv_add_message(c, CONV_ROLE_SYSTEM, "");
+        conv_add_tool(c, "now", "Time.", "{\"type\":\"object\",\"properties\":{}}");
+        conv_add_message(c, CONV_ROLE_USER, "Time?");
+        break;
+    case 6: /* no turns */
+        break;
+    case 7: /* a call with no text and no reasoning, its result last */
+        conv_add_tool(c, "get_weather", NULL, wx);
+        conv_add_message(c, CONV_ROLE_USER, "Oslo?");
+        conv_add_turn(c, CONV_ROLE_ASSISTANT);
+        const char *a7 = "{\"city\":\"Oslo\\n\\\"x\\\"\"}";
+        conv_add_tool_call(c, "c1", "get_weather", a7, strlen(a7));
+        conv_add_turn(c, CONV_ROLE_TOOL);
+        conv_add_tool_result(c, "c1", "get_weather", "cold", 4);
+        break;
+    }
+}
+
+TEST(test_deepseek4_equals_the_interpreter)
+{
+    fixture f;
+    if (!fx_open(&f, VOCABS "ggml-vocab-deepseek-llm.gguf", "deepseek3")) return;
+    static const struct { const char *file; int family; } files[] = {
+        { JINJA "deepseek-ai-DeepSeek-V4.jinja", TEMPLATE_DEEPSEEK4 },
+        { JINJA "deepseek-ai-DeepSeek-V4-Flash-0731.jinja", TEMPLATE_DEEPSEEK4_FLASH },
+    };
+    int n_cmp = 0;
+    for (size_t fi = 0; fi < sizeof files / sizeof files[0]; fi++) {
+        char *text = read_text(files[fi].file);
+        if (!text) continue;
+        template *own = NULL, *jin = NULL;
+        char err[512] = "";
+        CHECKF(template_open(f.tok, f.g, NULL, text, strlen(text), &own, err, sizeof err) == TEMPLATE_OK, "%s", err);
+        CHECKF(template_open(f.tok, f.g, "jinja", text, strlen(text), &jin, err, sizeof err) == TEMPLATE_OK, "%s", err);
+        if (!own || !jin) { template_free(own); template_free(jin); free(text); continue; }
+        CHECK((int)template_get_family(own) == files[fi].family && template_get_family(jin) == TEMPLATE_JINJA);
+        /* this vocabulary has no ｜DSML｜ token: neither writes calls (e2e: tools_dsv4.test.mjs) */
+        CHECK(!strcmp(template_tool_format(own), "none") && !strcmp(template_tool_format(jin), "none"));
+        for (int k = 0; k < 8; k++) {
+            for (int th = 0; th < 3; th++) {
+                for (int ef = 0; ef < 4; ef++) {
+                    conv c;
+                    dsv4_conv(&c, k);
+                    c.thinking = (conv_thinking)th;
+                    c.effort = (conv_effort)ef;
+                    template_prompt a, b;
+                    char ea[256] = "", eb[256] = "";
+                    template_status sa = template_apply(own, &c, 1, &a, ea, sizeof ea);
+                    template_status sb = template_apply(jin, &c, 1, &b, eb, sizeof eb);
+                    CHECKF(sa == TEMPLATE_OK && sb == TEMPLATE_OK, "conv %d: %s / %s", k, ea, eb);
+                    if (sa == TEMPLATE_OK && sb == TEMPLATE_OK) {
+                        CHECKF(a.text_len == b.text_len && !memcmp(a.text, b.text, a.text_len),
+                               "%s conv %d thinking %d effort %d:\n--- own\n%s\n--- jinja\n%s", files[fi].file, k, th, ef, a.text, b.text);
+                        CHECKF(a.n_ids == b.n_ids && !memcmp(a.ids, b.ids, a.n_ids * sizeof *a.ids), "conv %d: ids differ", k);
+                        /* the splitter starts in reasoning exactly when the prompt opens <think> */
+                        events_markers ma, mb;
+                        template_markers(own, &c, &ma);
+                        template_markers(jin, &c, &mb);
+                        CHECKF(ma.starts_in_reasoning == mb.starts_in_reasoning, "conv %d thinking %d", k, th);
+                        n_cmp++;
+                    }
+                    if (sa == TEMPLATE_OK) template_prompt_free(&a);
+                    if (sb == TEMPLATE_OK) template_prompt_free(&b);
+                    conv_free(&c);
+                }
+            }
+        }
+        template_free(own);
+        template_free(jin);
+        free(text);
+    }
+    CHECKF(n_cmp == 0 || n_cmp == 2 * 8 * 3 * 4, "%d comparisons", n_cmp);
+    fx_close(&f);
+}
+
 TEST(test_names)
 {
     CHECK(template_family_by_name("qwen3") == TEMPLATE_QWEN3);
     CHECK(template_family_by_name("llama3") == TEMPLATE_LLAMA3);
     CHECK(template_family_by_name("deepseek3") == TEMPLATE_DEEPSEEK3);
+    CHECK(template_family_by_name("deepseek4") == TEMPLATE_DEEPSEEK4);
+    CHECK(template_family_by_name("deepseek4-flash-0731") == TEMPLATE_DEEPSEEK4_FLASH);
     CHECK(template_family_by_name("nope") == -1);
 }
 
@@ -492,5 +630,6 @@ int main(void)
     RUN(test_unrecognised_template_runs_in_the_interpreter);
     RUN(test_names);
     RUN(test_harmony_odd_schemas);
+    RUN(test_deepseek4_equals_the_interpreter);
     HARNESS_END();
 }
