@@ -579,8 +579,8 @@ TEST(test_deepseek4_equals_the_interpreter)
                     c.effort = (conv_effort)ef;
                     template_prompt a, b;
                     char ea[256] = "", eb[256] = "";
-                    template_status sa = template_apply(own, &c, 1, &a, ea, sizeof ea);
-                    template_status sb = template_apply(jin, &c, 1, &b, eb, sizeof eb);
+                    template_status sa = template_apply(own, &c, NULL, &a, ea, sizeof ea);
+                    template_status sb = template_apply(jin, &c, NULL, &b, eb, sizeof eb);
                     CHECKF(sa == TEMPLATE_OK && sb == TEMPLATE_OK, "conv %d: %s / %s", k, ea, eb);
                     if (sa == TEMPLATE_OK && sb == TEMPLATE_OK) {
                         CHECKF(a.text_len == b.text_len && !memcmp(a.text, b.text, a.text_len),
