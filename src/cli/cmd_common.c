@@ -16,6 +16,7 @@
 #include "cluster/auth.h"
 #include "cluster/ep.h"
 #include "engine/kvpool.h"
+#include "model/model_dflash.h"
 #include "util/threadpool.h"
 #include "recipe/api.h"
 #include "util/topo.h"
@@ -340,6 +341,16 @@ static bool cmd_common_draft_new(const char *prog, model *m, cmd_engine_opts *o,
         tokenizer_free(ttok);
         if (!same) {
             fprintf(stderr, "tokenmill %s: --draft %s: not the model's vocabulary (%s)\n", prog, o->draft, why);
+            model_free(dm);
+            return false;
+        }
+        if (dm->dflash) {   /* engine_dflash drafts for eval's oracle rounds; the scheduler does not drive it yet */
+            if (!model_dflash_match(m, dm, err, sizeof err))
+                fprintf(stderr, "tokenmill %s: --draft %s: the dflash drafter does not fit the model: %s\n", prog,
+                        o->draft, err);
+            else
+                fprintf(stderr, "tokenmill %s: --draft %s: dflash / DSpark drafters are not served yet (the drafter "
+                        "fits the model)\n", prog, o->draft);
             model_free(dm);
             return false;
         }
