@@ -200,6 +200,10 @@ struct engine {
     threadpool_stats prof_tp;/* the pool's counters at the last mark */
     engine_qwen35 *q35;      /* Qwen3.5's linear-attention layers and gates, or NULL */
     engine_bert *bert;       /* an encoder's step (engine_bert.h), or NULL */
+    /* layer inputs kept for a dflash drafter (engine_capture_layers), NULL: none */
+    int8_t *cap_slot;        /* (n_layers) where layer il's input goes in a row of cap, -1: not kept */
+    float *cap;              /* (max_tokens, n_cap * dim) */
+    int n_cap;
 };
 
 const char *engine_prof_op_name(engine_prof_op op)
@@ -302,6 +306,8 @@ void engine_free(engine *e)
     engine_qwen35_free(e->q35);
     engine_dsv4_free(e->dsv4);
     engine_bert_free(e->bert);
+    free(e->cap_slot);
+    free(e->cap);
     free(e);
 }
 
@@ -616,6 +622,10 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
         o.cpus = NULL;
     }
     if (o.max_batch_tokens <= 0) o.max_batch_tokens = 512;
+    if (m->dflash) {   /* its pass reads a target's states: engine_dflash.h */
+        snprintf(err, errsz, "a dflash drafter is not a model to run: it drafts for one (--draft FILE)");
+        return ENGINE_ERR_ARG;
+    }
     if (hp->n_heads / hp->n_kv_heads > ENGINE_ATT_GQA_MAX) {
         snprintf(err, errsz, "%d query heads per kv head: at most %d are supported", hp->n_heads / hp->n_kv_heads,
                  ENGINE_ATT_GQA_MAX);
@@ -1564,6 +1574,38 @@ static void engine_mla_out(engine *e, engine_job *job, int il, int T)
 
 const float *engine_hidden(const engine *e) { return e->x; }
 
+bool engine_capture_layers(engine *e, const int32_t *layers, int n)
+{
+    const int L = e->m->hp.n_layers;
+    for (int i = 0; i < n; i++)
+        if (layers[i] < 0 || layers[i] >= L || n > 127 || e->dsv4 || e->bert) return false;
+    free(e->cap_slot), free(e->cap);
+    e->cap_slot = NULL, e->cap = NULL, e->n_cap = 0;
+    if (n == 0) return true;
+    e->cap_slot = malloc((size_t)L);
+    e->cap = malloc((size_t)e->max_tokens * (size_t)n * (size_t)e->m->hp.dim * sizeof(float));
+    if (!e->cap_slot || !e->cap) {
+        free(e->cap_slot), free(e->cap);
+        e->cap_slot = NULL, e->cap = NULL;
+        return false;
+    }
+    memset(e->cap_slot, -1, (size_t)L);
+    for (int i = 0; i < n; i++) e->cap_slot[layers[i]] = (int8_t)i;
+    e->n_cap = n;
+    return true;
+}
+
+const float *engine_layer_inputs(const engine *e) { return e->cap; }
+
+/* Layer il's input rows into their slot of cap (engine_capture_layers). */
+static void engine_capture(engine *e, int il, int T)
+{
+    const int dim = e->m->hp.dim, k = e->cap_slot[il];
+    const size_t row = (size_t)e->n_cap * dim;
+    for (int t = 0; t < T; t++)
+        memcpy(e->cap + (size_t)t * row + (size_t)k * dim, e->x + (size_t)t * dim, (size_t)dim * sizeof(float));
+}
+
 void engine_hidden_normed(const engine *e, int t, float *out)
 {
     const int dim = e->m->hp.dim;
@@ -1683,6 +1725,7 @@ engine_status engine_forward(engine *e, const engine_batch *b, const float *hidd
     for (int il = 0; il < hp->n_layers; il++) {
         const model_layer *L = &m->layers[il];
         job.layer = il;
+        if (e->cap && e->cap_slot[il] >= 0) engine_capture(e, il, T);
         if (L->ssm_out.data) {   /* Qwen3.5's linear attention: xn in, its output in xn */
             engine_qwen35_linear(e->q35, tp, il, e->xn, e->mm_scratch);
             engine_prof_mark(e, il, ENGINE_PROF_ATTENTION);
