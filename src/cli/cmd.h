@@ -11,10 +11,6 @@ int cmd_tokenize(int argc, char **argv);  /* print token ids as JSON */
 int cmd_convert(int argc, char **argv);   /* llama2.c checkpoint -> GGUF */
 int cmd_mkmodel(int argc, char **argv);   /* random-weight GGUF of a real shape and vocab */
 int cmd_eval(int argc, char **argv);      /* per-position top log-probs + greedy, as JSON (tests) */
-/* eval --draft: a dflash drafter's rounds beside model m on IN.json's root (cmd_eval_dflash.c) */
-struct model;
-struct json_t;
-int cmd_eval_dflash(struct model *m, const char *draft_path, struct json_t *root, int threads, int kv_type);
 int cmd_bench(int argc, char **argv);     /* pp/tg timings as JSON (bench/engine); curves; profile */
 int cmd_template(int argc, char **argv);  /* chat template rendering as token ids (tests) */
 int cmd_grammar(int argc, char **argv);   /* structured output: print / check / sample / bench (tests, tools) */

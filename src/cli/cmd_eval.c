@@ -23,6 +23,7 @@
 #include <jansson.h>
 
 #include "cli/cmd.h"
+#include "cli/cmd_eval_dflash.h"
 #include "cli/cmd_opts.h"
 #include "engine/engine.h"
 #include "model/model.h"

@@ -21,6 +21,7 @@
 #include <jansson.h>
 
 #include "cli/cmd.h"
+#include "cli/cmd_eval_dflash.h"
 #include "engine/engine.h"
 #include "engine/engine_dflash.h"
 #include "model/model.h"

@@ -66,6 +66,8 @@ void engine_dflash_free(engine_dflash *ed)
 
 kvpool *engine_dflash_kvpool(engine_dflash *ed) { return ed->kv; }
 const model_dflash *engine_dflash_model(const engine_dflash *ed) { return ed->df; }
+const model *engine_dflash_drafter(const engine_dflash *ed) { return ed->d; }
+int engine_dflash_features(const engine_dflash *ed) { return ed->df->n_tl * ed->d->hp.dim; }
 
 static size_t engine_dflash_mm_bytes(const engine_dflash *ed)
 {

@@ -56,6 +56,10 @@ void engine_dflash_free(engine_dflash *ed);
 /* The pool the sequences live in (kvpool_seq_new / kvpool_seq_free on it). */
 kvpool *engine_dflash_kvpool(engine_dflash *ed);
 const model_dflash *engine_dflash_model(const engine_dflash *ed);
+/* The drafter model. */
+const model *engine_dflash_drafter(const engine_dflash *ed);
+/* Floats of one position's target features (n_tl * dim). */
+int engine_dflash_features(const engine_dflash *ed);
 
 /* One injected position. */
 typedef struct {

@@ -14,8 +14,8 @@
 // batched pass per round; llama.cpp one prompt at a time.
 //
 // Mismatched drafters are refused by name: another width (llama.cpp refuses it too: fc's
-// shape), a target layer the model lacks, another vocabulary; and `serve --draft` on a fitting
-// drafter says it is not served yet. F32 weights and KV on both sides. Needs python3 with
+// shape), a target layer the model lacks, another vocabulary (and `serve --draft` refuses the
+// first the same way; serving is spec_dflash.test.mjs). F32 weights and KV on both sides. Needs python3 with
 // numpy and g++; skipped without them. Models and the harness are cached under tests/data/gen/.
 import {test, after} from 'node:test';
 import assert from 'node:assert/strict';
@@ -138,7 +138,7 @@ test('DFlash (no Markov head): [last, mask x K] blocks as llama.cpp\'s', {skip},
   compare('dflash block 2', f, 2, 'dflash');
 });
 
-test('a drafter that does not fit the model is refused by name; serve says dflash is not served yet', {skip}, () => {
+test('a drafter that does not fit the model is refused by name, by eval and by serve', {skip}, () => {
   const t = target();
   const dir = fs.mkdtempSync(path.join(gen, 'in-dflash-'));
   const inFile = path.join(dir, 'in.json');
@@ -161,10 +161,6 @@ test('a drafter that does not fit the model is refused by name; serve says dflas
   r = evalWith(drafter('othervocab', ['--block', '6'], small));
   assert.equal(r.status, 1);
   assert.match(r.stderr, /vocabulary: the drafter has 1024 tokens, the model 2048/);
-  r = spawnSync(bin, ['serve', '-m', t, '--draft', drafter('dspark', ['--block', '6', '--markov', '16', '--conf']),
-    '--host', '127.0.0.1', '--port', '0', '--threads', '1'], {encoding: 'utf8', timeout: 60000});
-  assert.notEqual(r.status, 0);
-  assert.match(r.stderr, /dflash \/ DSpark drafters are not served yet \(the drafter fits the model\)/);
   r = spawnSync(bin, ['serve', '-m', t, '--draft', narrow, '--host', '127.0.0.1', '--port', '0', '--threads', '1'],
     {encoding: 'utf8', timeout: 60000});
   assert.notEqual(r.status, 0);
