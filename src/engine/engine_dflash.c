@@ -39,6 +39,8 @@ struct engine_dflash {
     float *bias;             /* (max_seqs, n_vocab) the Markov bias of one slot */
     float *w1p;              /* (max_seqs, R) w1[prev] of one slot */
     int32_t *pos;            /* (max_rows) */
+    kvpool_seq **rseq;       /* (max_rows) the sequence of each row */
+    int32_t *prev;           /* (max_seqs) the Markov chain's previous token of each block */
     void *mm;                /* matmul scratch */
     float *att_tmp;          /* (n_threads, ENGINE_DFLASH_MAX_BLOCK * (KVPOOL_BLOCK + head_dim + 2)) */
     size_t att_stride;       /* floats per thread */
@@ -60,7 +62,7 @@ void engine_dflash_free(engine_dflash *ed)
     threadpool_free(ed->tp);
     free(ed->feat), free(ed->x), free(ed->xn), free(ed->q), free(ed->k), free(ed->v), free(ed->att);
     free(ed->ffa), free(ed->ffb), free(ed->logits), free(ed->bias), free(ed->w1p), free(ed->pos);
-    free(ed->mm), free(ed->att_tmp);
+    free(ed->mm), free(ed->att_tmp), free(ed->rseq), free(ed->prev);
     free(ed);
 }
 
@@ -121,11 +123,13 @@ engine_dflash *engine_dflash_new(const model *d, const model *t, const engine_df
     ed->bias = malloc((size_t)ed->max_seqs * nv * sizeof(float));
     ed->w1p = malloc((size_t)ed->max_seqs * (size_t)TM_MAX(df->markov_rank, 1) * sizeof(float));
     ed->pos = malloc(R * sizeof(int32_t));
+    ed->rseq = malloc(R * sizeof *ed->rseq);
+    ed->prev = malloc((size_t)ed->max_seqs * sizeof *ed->prev);
     ed->mm = aligned_alloc(64, TM_ALIGN_UP(engine_dflash_mm_bytes(ed), 64));
     ed->att_stride = (size_t)ENGINE_DFLASH_MAX_BLOCK * (KVPOOL_BLOCK + (size_t)hp->head_dim + 2);
     ed->att_tmp = malloc((size_t)nth * ed->att_stride * sizeof(float));
     if (!ed->feat || !ed->x || !ed->xn || !ed->q || !ed->k || !ed->v || !ed->att || !ed->ffa || !ed->ffb ||
-        !ed->logits || !ed->bias || !ed->w1p || !ed->pos || !ed->mm || !ed->att_tmp)
+        !ed->logits || !ed->bias || !ed->w1p || !ed->pos || !ed->mm || !ed->att_tmp || !ed->rseq || !ed->prev)
         goto nomem;
     return ed;
 nomem:
@@ -159,9 +163,9 @@ engine_status engine_dflash_inject(engine_dflash *ed, int n, const engine_dflash
     const model_hparams *hp = &ed->d->hp;
     const model_dflash *df = ed->df;
     const size_t F = (size_t)df->n_tl * hp->dim;
-    kvpool_seq *seqs[64];
-    for (int i0 = 0; i0 < n; i0 += 64) {
-        const int m = TM_MIN(64, n - i0);
+    kvpool_seq **seqs = ed->rseq;
+    for (int i0 = 0; i0 < n; i0 += ed->max_tokens) {
+        const int m = TM_MIN(ed->max_tokens, n - i0);
         for (int r = 0; r < m; r++) {
             const engine_dflash_inj *e = &inj[i0 + r];
             if (e->pos < 0 || !e->seq || !e->feat) return ENGINE_ERR_ARG;
@@ -258,7 +262,7 @@ static void engine_dflash_markov(engine_dflash *ed, int n, engine_dflash_block *
     const model_dflash *df = ed->df;
     const int R = df->markov_rank, nv = ed->d->hp.n_vocab, dim = ed->d->hp.dim;
     const int i0 = df->sample_from_anchor ? 0 : 1;
-    int32_t prev[64];
+    int32_t *prev = ed->prev;
     for (int b = 0; b < n; b++) prev[b] = blocks[b].anchor;
     for (int i = i0; i < B; i++) {
         for (int b = 0; b < n; b++)
@@ -283,11 +287,11 @@ engine_status engine_dflash_draft(engine_dflash *ed, int n, engine_dflash_block 
     const model *d = ed->d;
     const model_hparams *hp = &d->hp;
     const model_dflash *df = ed->df;
-    if (n <= 0 || n > ed->max_seqs || n > 64) return ENGINE_ERR_ARG;
+    if (n <= 0 || n > ed->max_seqs) return ENGINE_ERR_ARG;
     const int B = blocks[0].n_slots;
     if (B < 1 || B > ENGINE_DFLASH_MAX_BLOCK) return ENGINE_ERR_ARG;
     const int T = n * B, dim = hp->dim, nv = hp->n_vocab;
-    kvpool_seq *seqs[64 * ENGINE_DFLASH_MAX_BLOCK];
+    kvpool_seq **seqs = ed->rseq;
     for (int b = 0; b < n; b++) {
         engine_dflash_block *bk = &blocks[b];
         if (bk->n_slots != B || bk->anchor < 0 || bk->anchor >= nv || bk->pos < 0 || !bk->seq) return ENGINE_ERR_ARG;
