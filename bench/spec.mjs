@@ -59,7 +59,7 @@ const o = parseArgs("bench/spec", [
   { name: "--draft-layers", kind: "number", default: 7, help: "the self-speculation configuration's --draft-layers" },
   { name: "--no-llama", key: "llama", kind: "flag", value: false, default: true, help: "tokenmill only" },
   { name: "--reps", kind: "number", default: 1, help: "rounds over the configurations (each round runs them all in order; the table shows medians)" },
-  { name: "--configs", kind: "list", default: null, help: "only these configurations: none, k1..k5, adaptive, self, self-k1, draft, draft-k1 (default all)" },
+  { name: "--configs", kind: "list", default: null, help: "only these configurations: none, k1..k5, adaptive, self, self-k1, draft, draft-k1, dspark, dspark-k5, dflash (default all)" },
   { name: "--json", arg: "OUT.json", default: null, help: "write the figures there too" },
   { name: "--workload", choices: ["quote", "mixed"], default: "quote", help: "quote: every stream greedy; mixed: every other stream samples at --mixed-temperature (seeded)" },
   { name: "--mixed-temperature", arg: "T", kind: "number", default: 2, help: "the sampled streams' temperature in --workload mixed" },
@@ -191,10 +191,28 @@ configs.push(["self", `self --draft-layers ${o.draftLayers}`, ["--draft-layers",
 configs.push(["self-k1", `self --draft-layers ${o.draftLayers} K=1`, ["--draft-layers", String(o.draftLayers), "--spec-fixed", "1"]]);
 configs.push(["draft", "draft model (2 layers)", ["--draft", draft]]);
 configs.push(["draft-k1", "draft model (2 layers) K=1", ["--draft", draft, "--spec-fixed", "1"]]);
+// DSpark / DFlash (--configs dspark,dspark-k5,dflash): a random drafter for the preset written by
+// tests/oracle/gguf_dflash.py (python3 with numpy): 2 layers reading the target's layers 1 and
+// L-1, a Markov head of rank 16 and a confidence head; adaptive and verifying all 5.
+const dsparkFile = path.join(root, "bench/out", `${o.preset}-${o.type}-dspark-s1.gguf`);
+function dsparkDrafter() {
+  if (fs.existsSync(dsparkFile)) return dsparkFile;
+  const py = ["python3", "/usr/bin/python3"].find((p) => spawnSync(p, ["-c", "import numpy"]).status === 0);
+  if (!py) throw new Error("the dspark configurations need python3 with numpy (tests/oracle/gguf_dflash.py)");
+  const args = [path.join(root, "tests/oracle/gguf_dflash.py"), "--target", model, "--block", "6", "--markov", "16", "--conf", "-o", dsparkFile];
+  log(`${py} ${args.join(" ")}`);
+  const r = spawnSync(py, args, { cwd: root, encoding: "utf8" });
+  if (r.status !== 0) throw new Error(r.stderr);
+  return dsparkFile;
+}
+const lazy = (f) => ({ lazy: f });
+configs.push(["dspark", "DSpark adaptive", lazy(() => ["--draft", dsparkDrafter(), "--spec", "dspark"])]);
+configs.push(["dspark-k5", "DSpark verify-all-5", lazy(() => ["--draft", dsparkDrafter(), "--spec", "dspark", "--spec-fixed", "5"])]);
+configs.push(["dflash", "DFlash adaptive (no confidence)", lazy(() => ["--draft", dsparkDrafter(), "--spec", "dflash"])]);
 if (o.configs) {
   const unknown = o.configs.filter((c) => !configs.some(([id]) => id === c));
   if (unknown.length) {
-    console.error(`bench/spec: --configs: no configuration ${unknown.join(", ")} (none, k1..k5, adaptive, self, self-k1, draft, draft-k1)`);
+    console.error(`bench/spec: --configs: no configuration ${unknown.join(", ")} (none, k1..k5, adaptive, self, self-k1, draft, draft-k1, dspark, dspark-k5, dflash)`);
     process.exit(2);
   }
   configs = configs.filter(([id]) => id === "none" || o.configs.includes(id));   /* the ratios need none */
@@ -206,7 +224,7 @@ const runs = [];
 for (let rep = 0; rep < Math.max(1, o.reps); rep++)
   for (let i = 0; i < configs.length; i++) {
     const [id, name, args] = configs[(i + rep) % configs.length];
-    runs.push(...await runConfig(id, name, args, rep));
+    runs.push(...await runConfig(id, name, args.lazy ? args.lazy() : args, rep));
   }
 // The modelled per-user rate (with --server-log): the machine's speed drifts by tens of percent
 // between a configuration's rounds, more than the configurations differ. So the step lines of

@@ -15,7 +15,9 @@
 
 #include "cluster/auth.h"
 #include "cluster/ep.h"
+#include "engine/engine_dflash.h"
 #include "engine/kvpool.h"
+#include "model/model_dflash.h"
 #include "util/threadpool.h"
 #include "recipe/api.h"
 #include "util/topo.h"
@@ -174,7 +176,8 @@ const cmd_opt *cmd_common_engine_table(cmd_engine_opts *o, cmd_opt out[CMD_ENGIN
         { "--window-mib", NULL, CMD_OPT_DOUBLE, &o->window_mib, 0, 1 << 24, .arg = "N", .help = "sliding-window models: RAM for the window cache in MiB (default 1024; 0: keep none)" },
         { "--window-ttl", NULL, CMD_OPT_DOUBLE, &o->window_ttl, 0.001, 1e7, .arg = "S", .help = "seconds a window state is kept (default 180)" },
         { "--window-replay", NULL, CMD_OPT_CHOICE, &o->window_replay, .choices = "bounded|exact", .help = "a missing window state: recompute the last block (default) or exactly" },
-        { "--spec", NULL, CMD_OPT_CHOICE, &o->spec, .choices = "off|ngram|mtp", .arg = "SRC", .help = "speculative decoding: ngram drafts by prompt lookup (with the model's MTP layers too, if it has them), mtp by its MTP layers (default off)" },
+        { "--spec", NULL, CMD_OPT_CHOICE, &o->spec, .choices = "off|ngram|mtp|dspark|dflash", .arg = "SRC", .help = "speculative decoding: ngram drafts by prompt lookup (with the model's MTP layers too, if it has them), mtp by its MTP layers, dspark / dflash by the --draft dflash drafter with / without its confidence head as the acceptance estimate (default off)" },
+        { "--spec-p-min", NULL, CMD_OPT_DOUBLE, &o->spec_p_min, 0, 1, .arg = "P", .help = "a dflash drafter's draft ends before its first token whose confidence (dspark) or probability (dflash) is below P (default 0: none)" },
         { "--spec-max", NULL, CMD_OPT_LONG, &o->spec_max, 1, SPEC_MAX_K, .arg = "K", .help = "most drafted tokens a sequence verifies per step (default 5)" },
         { "--spec-fixed", NULL, CMD_OPT_LONG, &o->spec_fixed, 1, SPEC_MAX_K, .arg = "K", .help = "always verify K drafted tokens (default: chosen per step from the step time)" },
         { "--draft", NULL, CMD_OPT_STR, &o->draft, .arg = "FILE", .help = "speculative decoding with a draft model of the same vocabulary (beside prompt lookup and the model's MTP layers when --spec is on: each request drafts from the source it accepts best)" },
@@ -319,6 +322,38 @@ static bool cmd_common_mtp_new(const char *prog, const model *m, cmd_engine_opts
     return true;
 }
 
+/* A dflash drafter dm (--draft FILE) beside m: checked against it, its pass into o->dflash
+ * (dm into o->draft_model, or freed). --spec dspark wants its confidence head. */
+static bool cmd_common_dflash_new(const char *prog, model *m, model *dm, cmd_engine_opts *o)
+{
+    char err[256];
+    const model_dflash *df = dm->dflash;
+    if (!model_dflash_match(m, dm, err, sizeof err)) {
+        fprintf(stderr, "tokenmill %s: --draft %s: the dflash drafter does not fit the model: %s\n", prog, o->draft, err);
+        model_free(dm);
+        return false;
+    }
+    if (o->spec == 3 && !df->has_conf) {
+        fprintf(stderr, "tokenmill %s: --spec dspark: %s has no confidence head (conf_proj); --spec dflash drafts with "
+                "it\n", prog, o->draft);
+        model_free(dm);
+        return false;
+    }
+    engine_dflash_opts dopt = { .max_seqs = (int)o->max_seqs, .max_tokens = 512, .n_ctx = (int)o->ctx,
+                                .n_threads = (int)o->threads };
+    if (!(o->dflash = engine_dflash_new(dm, m, &dopt, err, sizeof err))) {
+        fprintf(stderr, "tokenmill %s: --draft %s: %s\n", prog, o->draft, err);
+        model_free(dm);
+        return false;
+    }
+    o->draft_model = dm;
+    o->draft_shares = false;
+    log_info("%s: speculative drafts by the %s drafter %s (%d layers over %d of the model's, blocks of %d%s)", prog,
+             df->markov_rank ? "DSpark" : "DFlash", o->draft, dm->hp.n_layers, df->n_tl, df->block_size,
+             o->spec != 4 && df->has_conf ? ", its confidence head as the acceptance estimate" : "");
+    return true;
+}
+
 /* The draft model of speculative decoding (--draft FILE or --draft-layers N) and its engine,
  * into o->draft_model / o->draft_engine. */
 static bool cmd_common_draft_new(const char *prog, model *m, cmd_engine_opts *o, const engine_opts *main_eo)
@@ -354,6 +389,7 @@ static bool cmd_common_draft_new(const char *prog, model *m, cmd_engine_opts *o,
             model_free(dm);
             return false;
         }
+        if (dm->dflash) return cmd_common_dflash_new(prog, m, dm, o);
         o->draft_shares = false;
     }
     engine_opts eo = *main_eo;
@@ -370,6 +406,8 @@ static bool cmd_common_draft_new(const char *prog, model *m, cmd_engine_opts *o,
 
 void cmd_common_draft_free(cmd_engine_opts *o)
 {
+    engine_dflash_free(o->dflash);
+    o->dflash = NULL;
     engine_free(o->draft_engine);
     if (o->draft_shares) free(o->draft_model);
     else model_free(o->draft_model);
@@ -387,8 +425,17 @@ engine *cmd_common_engine_new(const char *prog, model *m, cmd_engine_opts *o)
                 m->hp.arch_name);
         return NULL;
     }
+    if ((o->spec == 3 || o->spec == 4) && !o->draft) {
+        fprintf(stderr, "tokenmill %s: --spec %s needs --draft FILE: a dflash drafter\n", prog,
+                o->spec == 3 ? "dspark" : "dflash");
+        return NULL;
+    }
+    if (o->spec_p_min > 0 && o->spec != 3 && o->spec != 4) {
+        fprintf(stderr, "tokenmill %s: --spec-p-min needs --spec dspark or dflash\n", prog);
+        return NULL;
+    }
     /* with prompt lookup on, a model's MTP layers draft too (and a draft model beside them) */
-    bool mtp = o->spec && m->hp.n_nextn > 0;
+    bool mtp = (o->spec == 1 || o->spec == 2) && m->hp.n_nextn > 0;
     bool drafted = o->draft || o->draft_layers > 0 || mtp;
     if (o->spec_fixed > 0 && !o->spec && !drafted) {
         fprintf(stderr, "tokenmill %s: --spec-fixed needs --spec, --draft or --draft-layers\n", prog);
@@ -543,9 +590,10 @@ sched_opts cmd_common_sched_opts(const cmd_engine_opts *o, blockio *bio, const t
                       .n_ctx = (int)o->ctx, .eos_ids = { -1, -1, -1, -1 },
                       .window_mib = o->window_mib > 0 ? o->window_mib : -1, .window_ttl_s = o->window_ttl,
                       .window_exact = o->window_replay == 1,
-                      .spec_sources = (o->spec == 1 ? SPEC_SRC_NGRAM : 0) | (o->draft_engine ? SPEC_SRC_MODEL : 0) |
+                      .spec_sources = (o->spec == 1 ? SPEC_SRC_NGRAM : 0) | (o->draft_engine || o->dflash ? SPEC_SRC_MODEL : 0) |
                                       (o->mtp_engine ? SPEC_SRC_MTP : 0),
                       .spec_max = (int)o->spec_max, .spec_fixed = (int)o->spec_fixed, .draft = o->draft_engine,
+                      .dflash = o->dflash, .dflash_conf = o->spec != 4, .spec_p_min = (float)o->spec_p_min,
                       .mtp = o->mtp_engine,
                       .no_overlap = o->no_overlap };
     so.eos_ids[0] = tokenizer_eos(tok);

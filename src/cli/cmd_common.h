@@ -48,7 +48,9 @@ typedef struct {
     double window_ttl;   /* seconds a window state is kept */
     int window_replay;   /* 0: bounded, 1: exact (a missing window state) */
     int spec;            /* --spec: 0 off, 1 ngram (prompt lookup; and the model's MTP layers
-                          * if it has them), 2 mtp (the model's MTP layers only) */
+                          * if it has them), 2 mtp (the model's MTP layers only), 3 dspark, 4
+                          * dflash (the --draft dflash drafter with / without its confidence head) */
+    double spec_p_min;   /* --spec-p-min: a dflash draft ends before its first token below it */
     long spec_max;       /* most drafted tokens verified per sequence and step */
     long spec_fixed;     /* 0: the count is chosen per step; else always this many */
     const char *draft;   /* --draft: a draft model's GGUF, or NULL */
@@ -58,6 +60,8 @@ typedef struct {
     model *draft_model;  /* the draft (with --draft-layers a view of the model's weights) */
     engine *draft_engine;
     bool draft_shares;   /* draft_model shares the model's weights (free the view only) */
+    struct engine_dflash *dflash; /* --draft on a dflash drafter: its pass (draft_model the drafter,
+                          * draft_engine NULL) */
     model *mtp_model;    /* a view of the model's first MTP layer (model_mtp_view) */
     engine *mtp_engine;
     const char *cpus;    /* --cpus LIST: the CPUs the kernel threads may run on, or NULL: all allowed */
@@ -73,12 +77,12 @@ typedef struct {
 long cmd_common_default_ctx(const char *prog, const model *m, long kv_mib, engine_kv_type kv_type);
 /* The option table entries of the engine options (--threads/-t, --cpus, --ctx/-c, --max-seqs,
  * --kv-mib, --kv-type, --max-queue, --step-tokens, --prefill-step-tokens, --step-ms, --prefill-step-ms,
- * --window-mib, --window-ttl, --window-replay, --spec, --spec-max, --spec-fixed, --draft,
+ * --window-mib, --window-ttl, --window-replay, --spec, --spec-p-min, --spec-max, --spec-fixed, --draft,
  * --draft-layers, --no-overlap)
  * writing into *o, in out (a table of its own, END-terminated): include it with
  * { .kind = CMD_OPT_TABLE, .dst = out }. */
 #define CMD_PLACE_TABLE_N 3
-#define CMD_ENGINE_TABLE_N (20 + CMD_PLACE_TABLE_N)   /* its entries, then the placement table it includes */
+#define CMD_ENGINE_TABLE_N (21 + CMD_PLACE_TABLE_N)   /* its entries, then the placement table it includes */
 const cmd_opt *cmd_common_engine_table(cmd_engine_opts *o, cmd_opt out[CMD_ENGINE_TABLE_N]);
 /* The same for the kernel threads' placement that cmd_common_place reads: --threads/-t and
  * --cpus (the engine table includes it; bench and expert, which take no other engine option,

@@ -23,6 +23,7 @@
 #include <jansson.h>
 
 #include "cli/cmd.h"
+#include "cli/cmd_eval_dflash.h"
 #include "cli/cmd_opts.h"
 #include "engine/engine.h"
 #include "model/model.h"
@@ -163,7 +164,7 @@ static bool cmd_eval_group(cmd_eval_ctx *c, cmd_eval_seq **seqs, int ns)
 
 int cmd_eval(int argc, char **argv)
 {
-    const char *model_path = NULL, *input = NULL;
+    const char *model_path = NULL, *input = NULL, *draft = NULL;
     long threads = 0, maxb = 512;
     int kv_type = ENGINE_KV_F16;
     const cmd_opt opts[] = {
@@ -172,6 +173,7 @@ int cmd_eval(int argc, char **argv)
         { "--threads", "-t", CMD_OPT_LONG, &threads, 0, 1024, .arg = "N", .help = "kernel threads (default: one per core)" },
         { "--batch", NULL, CMD_OPT_LONG, &maxb, 1, 1 << 16, .arg = "N", .help = "engine batch in tokens (default 512)" },
         { "--kv", NULL, CMD_OPT_CHOICE, &kv_type, .choices = "f16|f32|q8_0|q4_0", .help = "KV cache type (default f16)" },
+        { "--draft", NULL, CMD_OPT_STR, &draft, .arg = "DRAFTER", .help = "a dflash drafter: its drafting rounds instead (cmd_eval_dflash.c)" },
         { 0 },
     };
     const char *synopsis = "eval -m MODEL --input IN.json [options]: top log-probs at every position as JSON";
@@ -182,6 +184,18 @@ int cmd_eval(int argc, char **argv)
     if (!root) {
         fprintf(stderr, "tokenmill eval: %s: %s (line %d)\n", input, jerr.text, jerr.line);
         return 1;
+    }
+    if (draft) {
+        char derr[512];
+        model *t = NULL;
+        int drc = 1;
+        if (model_load(model_path, NULL, &t, derr, sizeof derr) != GGUF_OK)
+            fprintf(stderr, "tokenmill eval: cannot load %s: %s\n", model_path, derr);
+        else
+            drc = cmd_eval_dflash(t, draft, root, (int)threads, kv_type);
+        model_free(t);
+        json_decref(root);
+        return drc;
     }
     json_t *jseqs = json_object_get(root, "seqs");
     int K = (int)json_integer_value(json_object_get(root, "top"));

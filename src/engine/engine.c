@@ -171,6 +171,8 @@ void engine_free(engine *e)
     engine_qwen35_free(e->q35);
     engine_dsv4_free(e->dsv4);
     engine_bert_free(e->bert);
+    free(e->cap_slot);
+    free(e->cap);
     free(e);
 }
 
@@ -381,6 +383,10 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
         o.cpus = NULL;
     }
     if (o.max_batch_tokens <= 0) o.max_batch_tokens = 512;
+    if (m->dflash) {   /* its pass reads a target's states: engine_dflash.h */
+        snprintf(err, errsz, "a dflash drafter is not a model to run: it drafts for one (--draft FILE)");
+        return ENGINE_ERR_ARG;
+    }
     if (hp->n_heads / hp->n_kv_heads > ENGINE_ATT_GQA_MAX) {
         snprintf(err, errsz, "%d query heads per kv head: at most %d are supported", hp->n_heads / hp->n_kv_heads,
                  ENGINE_ATT_GQA_MAX);
@@ -460,6 +466,29 @@ double engine_moe_imbalance(const uint64_t *counts, int n_expert, int n_groups)
 }
 
 const float *engine_hidden(const engine *e) { return e->x; }
+
+bool engine_capture_layers(engine *e, const int32_t *layers, int n)
+{
+    const int L = e->m->hp.n_layers;
+    for (int i = 0; i < n; i++)
+        if (layers[i] < 0 || layers[i] >= L || n > 127 || e->dsv4 || e->bert) return false;
+    free(e->cap_slot), free(e->cap);
+    e->cap_slot = NULL, e->cap = NULL, e->n_cap = 0;
+    if (n == 0) return true;
+    e->cap_slot = malloc((size_t)L);
+    e->cap = malloc((size_t)e->max_tokens * (size_t)n * (size_t)e->m->hp.dim * sizeof(float));
+    if (!e->cap_slot || !e->cap) {
+        free(e->cap_slot), free(e->cap);
+        e->cap_slot = NULL, e->cap = NULL;
+        return false;
+    }
+    memset(e->cap_slot, -1, (size_t)L);
+    for (int i = 0; i < n; i++) e->cap_slot[layers[i]] = (int8_t)i;
+    e->n_cap = n;
+    return true;
+}
+
+const float *engine_layer_inputs(const engine *e) { return e->cap; }
 
 void engine_hidden_normed(const engine *e, int t, float *out)
 {

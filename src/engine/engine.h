@@ -197,6 +197,16 @@ const char *engine_prof_op_name(engine_prof_op op);
  * from). Valid until the next engine_step. */
 const float *engine_hidden(const engine *e);
 
+/* Keep the inputs of layers[0..n) (the residual stream entering each, as llama.cpp's
+ * embeddings_layer_inp) of every entry of every step from now on, for a DFlash drafter
+ * (engine_dflash.h); n = 0 stops. Allocates (not during a step); false for a layer out of
+ * range, an engine with its own step (V4, encoders) or out of memory. */
+bool engine_capture_layers(engine *e, const int32_t *layers, int n);
+/* The last engine_step's kept layer inputs, (n_tokens, n * dim) in batch order: entry t's row
+ * is its inputs of layers[0], layers[1], ... side by side. NULL without engine_capture_layers.
+ * Valid until the next engine_step. */
+const float *engine_layer_inputs(const engine *e);
+
 /* The hidden state of the last engine_step's entry t (< its n_tokens) after the model's output
  * norm, (dim) floats into out: the token state llama.cpp pools into an embedding. Valid until
  * the next engine_step; allocates nothing. */

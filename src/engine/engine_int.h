@@ -135,6 +135,10 @@ struct engine {
     threadpool_stats prof_tp;/* the pool's counters at the last mark */
     engine_qwen35 *q35;      /* Qwen3.5's linear-attention layers and gates, or NULL */
     engine_bert *bert;       /* an encoder's step (engine_bert.h), or NULL */
+    /* layer inputs kept for a dflash drafter (engine_capture_layers), NULL: none */
+    int8_t *cap_slot;        /* (n_layers) where layer il's input goes in a row of cap, -1: not kept */
+    float *cap;              /* (max_tokens, n_cap * dim) */
+    int n_cap;
 };
 
 typedef struct {

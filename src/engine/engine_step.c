@@ -807,6 +807,15 @@ engine_status engine_step(engine *e, const engine_batch *b, float *logits)
     return engine_forward(e, b, NULL, logits);
 }
 
+/* Layer il's input rows into their slot of cap (engine_capture_layers). */
+static void engine_capture(engine *e, int il, int T)
+{
+    const int dim = e->m->hp.dim, k = e->cap_slot[il];
+    const size_t row = (size_t)e->n_cap * dim;
+    for (int t = 0; t < T; t++)
+        memcpy(e->cap + (size_t)t * row + (size_t)k * dim, e->x + (size_t)t * dim, (size_t)dim * sizeof(float));
+}
+
 engine_status engine_forward(engine *e, const engine_batch *b, const float *hidden, float *logits)
 {
     const model *m = e->m;
@@ -860,6 +869,7 @@ engine_status engine_forward(engine *e, const engine_batch *b, const float *hidd
     for (int il = 0; il < hp->n_layers; il++) {
         const model_layer *L = &m->layers[il];
         job.layer = il;
+        if (e->cap && e->cap_slot[il] >= 0) engine_capture(e, il, T);
         if (L->ssm_out.data) {   /* Qwen3.5's linear attention: xn in, its output in xn */
             engine_qwen35_linear(e->q35, tp, il, e->xn, e->mm_scratch);
             engine_prof_mark(e, il, ENGINE_PROF_ATTENTION);

@@ -43,6 +43,7 @@
 
 #include "cache/blockkey.h"
 #include "engine/blockio.h"
+#include "engine/engine_dflash.h"
 #include "engine/specdraft.h"
 #include "engine/steptime.h"
 #include "engine/wincache.h"
@@ -776,9 +777,18 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
     /* a recurrent state cannot go back to before a rejected draft: no speculation */
     if (kvpool_state_bytes(engine_kvpool(e))) o.spec_sources = 0, o.spec_room = 0;
     o.spec_fixed = TM_MIN(TM_MAX(o.spec_fixed, 0), o.spec_max);
-    if (!o.draft) o.spec_sources &= ~SPEC_SRC_MODEL;
+    if (o.draft && o.dflash) {
+        free(s);
+        return SCHED_ERR_ARG;
+    }
+    if (!o.draft && !o.dflash) o.spec_sources &= ~SPEC_SRC_MODEL;
     if (!o.mtp) o.spec_sources &= ~SPEC_SRC_MTP;
-    if (!(o.spec_sources & SPEC_SRC_MODEL)) o.draft = NULL;
+    if (!(o.spec_sources & SPEC_SRC_MODEL)) o.draft = NULL, o.dflash = NULL;
+    /* a dflash drafter reads the inputs of some of the model's layers at every step */
+    if (o.dflash && !engine_capture_layers(e, engine_dflash_model(o.dflash)->tl, engine_dflash_model(o.dflash)->n_tl)) {
+        free(s);
+        return SCHED_ERR_ARG;
+    }
     if (!(o.spec_sources & SPEC_SRC_MTP)) o.mtp = NULL;
     /* a drafter's ids are the target's; an MTP layer's engine continues the model's hidden states */
     if ((o.draft && (engine_model(o.draft)->hp.n_vocab != m->hp.n_vocab || engine_model(o.draft)->mtp_view)) ||
@@ -837,10 +847,12 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
             dr->e = de[d];
             spec_probe_init(&dr->probe);
             dr->probe_t = util_now();
-            if (!de[d]) continue;
-            dr->sd = specdraft_new(de[d], o.max_seqs);
+            const model *dm = de[d] ? engine_model(de[d]) : d == 0 && o.dflash ? engine_dflash_drafter(o.dflash) : NULL;
+            if (!dm) continue;
+            dr->sd = de[d] ? specdraft_new(de[d], o.max_seqs)
+                           : specdraft_new_dflash(o.dflash, o.max_seqs, o.dflash_conf, o.spec_p_min);
             size_t tb = model_active_weight_bytes(engine_model(e));
-            dr->cost_floor = tb ? (double)model_active_weight_bytes(engine_model(de[d])) / (double)tb : 0;
+            dr->cost_floor = tb ? (double)model_active_weight_bytes(dm) / (double)tb : 0;
             dr->q = xcalloc((size_t)o.max_seqs, sizeof *dr->q);
             dr->q_req = xcalloc((size_t)o.max_seqs, sizeof *dr->q_req);
         }
@@ -853,7 +865,7 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
     s->logits = malloc(logits_sz);
     if (!o.no_overlap) s->logits_twin = malloc(logits_sz);
     if (!s->logits || (!o.no_overlap && !s->logits_twin) || (o.spec_sources && !s->chooser) ||
-        (o.draft && !s->dr[0].sd) || (o.mtp && !s->dr[1].sd)) {
+        ((o.draft || o.dflash) && !s->dr[0].sd) || (o.mtp && !s->dr[1].sd)) {
         sched_free(s);
         return SCHED_ERR_NOMEM;
     }

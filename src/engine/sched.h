@@ -118,6 +118,12 @@ typedef struct {
                              * time and the acceptance estimates */
     engine *draft;          /* with SPEC_SRC_MODEL: the draft model's engine (same vocabulary,
                              * its own KV pool; engine/specdraft.h); must outlive the scheduler */
+    struct engine_dflash *dflash; /* with SPEC_SRC_MODEL instead of draft: a DFlash / DSpark
+                             * drafter (engine/engine_dflash.h) beside this model; must outlive
+                             * the scheduler */
+    bool dflash_conf;       /* its confidence head's values are the acceptance estimates' input
+                             * (DSpark), else its softmax probabilities (DFlash) */
+    float spec_p_min;       /* > 0: a dflash draft ends before its first token below this */
     engine *mtp;            /* with SPEC_SRC_MTP: an engine over the model's MTP layer
                              * (model_mtp_view; its own KV pool); must outlive the scheduler */
     bool no_overlap;        /* publish a step's outputs on the engine thread before planning

@@ -20,7 +20,7 @@
 void sched_spec_release(sched *s, sched_req *r)
 {
     for (int d = 0; d < SCHED_N_DRAFTERS; d++) {
-        if (r->draft.seq[d]) kvpool_seq_free(engine_kvpool(s->dr[d].e), r->draft.seq[d]);
+        if (r->draft.seq[d]) kvpool_seq_free(specdraft_kvpool(s->dr[d].sd), r->draft.seq[d]);
         r->draft.seq[d] = NULL;
         r->draft.done[d] = 0;
     }
@@ -210,15 +210,14 @@ static int sched_spec_model_len(sched *s, int d, sched_req *r, int nt, int kmax,
 static void sched_spec_queue(sched *s, int d, sched_req *r, int nt, int k_max, int first, int n_rows)
 {
     sched_drafter *dr = &s->dr[d];
-    if (!r->draft.seq[d]) r->draft.seq[d] = kvpool_seq_new(engine_kvpool(dr->e));
+    if (!r->draft.seq[d]) r->draft.seq[d] = kvpool_seq_new(specdraft_kvpool(dr->sd));
     specdraft_seq *q = &dr->q[dr->nq];
     q->seq = r->draft.seq[d];
     q->tokens = r->tokens;
     q->n_tokens = nt;
     q->n_done = r->draft.done[d];
     q->k_max = k_max;
-    bool mtp = specdraft_is_mtp(dr->sd);
-    q->hid = mtp ? engine_hidden(s->e) + (size_t)first * s->e_dim : NULL;
+    q->hid = specdraft_step_rows(dr->sd, s->e, first);
     q->hid_pos = s->batch[first].pos;
     q->n_hid = n_rows;
     dr->q_req[dr->nq++] = r;
@@ -259,7 +258,10 @@ void sched_spec_draft(sched *s, int n_reqs)
         if (now == 0 && (probe_due[d] || !spec_seq_proven(&s->spec_all[SCHED_DRAFTER_SRC(d)])))
             now = util_now();
     }
-    bool mtp = s->dr[1].sd != NULL;
+    /* the drafters that follow every step (an MTP layer, a dflash drafter) */
+    bool follows[SCHED_N_DRAFTERS], any_follows = false;
+    for (int d = 0; d < SCHED_N_DRAFTERS; d++)
+        any_follows |= follows[d] = s->dr[d].sd && specdraft_follows(s->dr[d].sd);
     for (int i = 0; i < n_reqs; i++) {
         sched_req *r = s->batch_req[i];
         int ntok = s->batch_ntok[i], first = row0;
@@ -269,7 +271,7 @@ void sched_spec_draft(sched *s, int n_reqs)
             if (r->draft.seq[d]) r->draft.done[d] = TM_MIN(r->draft.done[d], r->n_done);
         r->draft.n = 0;
         r->draft.at = -1;
-        if (ntok == 0 && !mtp) continue;
+        if (ntok == 0 && !any_follows) continue;
         int nt = ntok ? r->n_tokens + ntok : r->n_done + 1;   /* tokens once this step is published */
         int kmax = ntok ? sched_spec_kmax(s, r, nt) : 0;
         if (ntok && (kmax <= 0 || sched_is_stop(s, r, r->tokens[nt - 1]))) continue;   /* it ends */
@@ -299,7 +301,8 @@ void sched_spec_draft(sched *s, int n_reqs)
             sched_spec_queue(s, d, r, nt, k, first, s->batch_n[i]);
             queued = d;
         }
-        if (mtp && queued != 1) sched_spec_queue(s, 1, r, nt, 0, first, s->batch_n[i]);   /* catch-up */
+        for (int d = 0; d < SCHED_N_DRAFTERS; d++)
+            if (follows[d] && queued != d) sched_spec_queue(s, d, r, nt, 0, first, s->batch_n[i]);   /* catch-up */
     }
     for (int d = 0; d < SCHED_N_DRAFTERS; d++) {
         sched_drafter *dr = &s->dr[d];

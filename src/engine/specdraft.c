@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/engine_dflash.h"
 #include "engine/sample.h"
 #include "util/util.h"
 
@@ -25,6 +26,15 @@ struct specdraft {
     int dim;                    /* hidden state width */
     float *hin;                 /* (max_batch, dim) MTP: the hidden state of each step entry */
     int *last;                  /* (max_seqs) MTP: batch entry of each sequence's logits row */
+    engine_dflash *ed;          /* a dflash drafter (e NULL), or NULL */
+    bool conf;                  /* dflash: the confidence head's values are the drafts' prob */
+    float p_min;                /* dflash: a draft ends before its first prob below it; 0: none */
+    int feat;                   /* dflash: floats of one position's target features */
+    engine_dflash_inj *inj;     /* (max_batch) dflash: one round's injections */
+    engine_dflash_block *blk;   /* (max_seqs) dflash: one round's blocks */
+    int *bseq;                  /* (max_seqs) dflash: the sequence of each block */
+    float *zeros;               /* (feat) dflash: the features of a position the target did not
+                                 * compute here */
 };
 
 specdraft *specdraft_new(engine *d, int max_seqs)
@@ -57,9 +67,94 @@ specdraft *specdraft_new(engine *d, int max_seqs)
     return sd;
 }
 
+specdraft *specdraft_new_dflash(engine_dflash *ed, int max_seqs, bool conf, float p_min)
+{
+    if (!ed || max_seqs < 1) return NULL;
+    specdraft *sd = xcalloc(1, sizeof *sd);
+    const model_dflash *df = engine_dflash_model(ed);
+    sd->ed = ed;
+    sd->pool = engine_dflash_kvpool(ed);
+    sd->max_seqs = max_seqs;
+    sd->max_batch = 512;
+    sd->conf = conf && df->has_conf;
+    sd->p_min = p_min;
+    sd->feat = engine_dflash_features(ed);
+    sd->inj = xcalloc((size_t)sd->max_batch, sizeof *sd->inj);
+    sd->blk = xcalloc((size_t)max_seqs, sizeof *sd->blk);
+    sd->bseq = xcalloc((size_t)max_seqs, sizeof *sd->bseq);
+    sd->zeros = xcalloc((size_t)sd->feat, sizeof *sd->zeros);
+    return sd;
+}
+
+bool specdraft_follows(const specdraft *sd) { return sd->mtp || sd->ed; }
+kvpool *specdraft_kvpool(const specdraft *sd) { return sd->pool; }
+
+const float *specdraft_step_rows(const specdraft *sd, const engine *t, int first)
+{
+    if (sd->mtp) return engine_hidden(t) + (size_t)first * engine_model(t)->hp.dim;
+    if (sd->ed) return engine_layer_inputs(t) + (size_t)first * sd->feat;
+    return NULL;
+}
+
+/* A dflash drafter's round (specdraft_new_dflash): injections, then one block pass. */
+static int specdraft_run_dflash(specdraft *sd, specdraft_seq *seqs, int n)
+{
+    const model_dflash *df = engine_dflash_model(sd->ed);
+    int ni = 0, nb = 0, kmax = 0;
+    for (int i = 0; i < n; i++) {
+        specdraft_seq *q = &seqs[i];
+        q->n_draft = 0;
+        for (int p = q->n_done; p < q->n_tokens - 1; p++) {
+            int r = p - q->hid_pos;
+            sd->inj[ni++] = (engine_dflash_inj){ .seq = q->seq, .pos = p,
+                .feat = q->hid && r >= 0 && r < q->n_hid ? q->hid + (size_t)r * sd->feat : sd->zeros };
+            if (ni == sd->max_batch) {
+                if (engine_dflash_inject(sd->ed, ni, sd->inj) != ENGINE_OK) goto fail;
+                ni = 0;
+            }
+        }
+        if (q->n_tokens - 1 > q->n_done) q->n_done = q->n_tokens - 1;
+        if (q->k_max > 0 && q->n_done == q->n_tokens - 1) {
+            sd->bseq[nb++] = i;
+            kmax = TM_MAX(kmax, TM_MIN(q->k_max, SPEC_MAX_K));
+        }
+    }
+    if (ni > 0 && engine_dflash_inject(sd->ed, ni, sd->inj) != ENGINE_OK) goto fail;
+    if (nb == 0) return ni > 0;
+    /* anchor-first (DSpark's layout) reads slots 0..K-1, else [last, mask x K] slots 1..K */
+    const bool anchor_first = df->markov_rank > 0 && df->sample_from_anchor;
+    const int B = TM_MIN(anchor_first ? kmax : kmax + 1, ENGINE_DFLASH_MAX_BLOCK), i0 = anchor_first ? 0 : 1;
+    for (int b = 0; b < nb; b++) {
+        const specdraft_seq *q = &seqs[sd->bseq[b]];
+        sd->blk[b] = (engine_dflash_block){ .seq = q->seq, .pos = q->n_done, .anchor = q->tokens[q->n_tokens - 1],
+                                            .n_slots = B };
+    }
+    if (engine_dflash_draft(sd->ed, nb, sd->blk) != ENGINE_OK) return 1;
+    for (int b = 0; b < nb; b++) {
+        specdraft_seq *q = &seqs[sd->bseq[b]];
+        const engine_dflash_block *bk = &sd->blk[b];
+        int k = 0;
+        for (; k < TM_MIN(q->k_max, B - i0); k++) {
+            float p = sd->conf && bk->conf[i0 + k] >= 0 ? bk->conf[i0 + k] : expf(bk->logprob[i0 + k]);
+            if (sd->p_min > 0 && p < sd->p_min) break;
+            q->draft[k] = bk->token[i0 + k];
+            q->prob[k] = p;
+        }
+        q->n_draft = k;
+    }
+    return 1 + (ni > 0);
+fail:   /* no pool room: which positions were written is unknown, so all of them again next time */
+    for (int i = 0; i < n; i++) seqs[i].n_done = 0, seqs[i].n_draft = 0;
+    return 0;
+}
+
 void specdraft_free(specdraft *sd)
 {
     if (!sd) return;
+    free(sd->inj);
+    free(sd->blk);
+    free(sd->bseq);
+    free(sd->zeros);
     free(sd->batch);
     free(sd->row);
     free(sd->adv);
@@ -95,6 +190,7 @@ static int32_t specdraft_argmax(specdraft *sd, const float *l, float *prob)
 int specdraft_run(specdraft *sd, specdraft_seq *seqs, int n)
 {
     n = TM_MIN(n, sd->max_seqs);
+    if (sd->ed) return specdraft_run_dflash(sd, seqs, n);
     /* step 0: what each sequence's draft KV has not seen, the last token wanting logits */
     int nt = 0, nr = 0;
     for (int i = 0; i < n; i++) {

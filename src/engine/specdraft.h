@@ -52,6 +52,7 @@ typedef struct {
 } specdraft_seq;
 
 typedef struct specdraft specdraft;
+struct engine_dflash;
 
 /* A drafter for at most max_seqs sequences a round on engine d (which it does not own). */
 specdraft *specdraft_new(engine *d, int max_seqs);
@@ -59,6 +60,23 @@ void specdraft_free(specdraft *sd);
 /* Whether sd drafts with an MTP layer (its engine is over model_mtp_view): its sequences need
  * the model's hidden states (specdraft_seq.hid) and catch up on every step's positions. */
 bool specdraft_is_mtp(const specdraft *sd);
+/* A drafter over a DFlash / DSpark drafter (engine_dflash.h; not owned) beside target engine t,
+ * which must keep the drafter's layer inputs (engine_capture_layers). Its sequences follow the
+ * target like an MTP layer's: every round injects the positions n_done .. n_tokens - 2 from
+ * specdraft_seq.hid (the target's layer inputs of its rows in the step just run, from
+ * hid_pos; zeros for a position not among them, as a prefix from the cache), then one pass
+ * drafts a block for every sequence with k_max > 0 (k_max slots each, the block as long as the
+ * longest). A draft's prob is the confidence head's value with conf (DSpark), else its
+ * softmax probability; p_min > 0 cuts a draft before its first token below p_min. */
+specdraft *specdraft_new_dflash(struct engine_dflash *ed, int max_seqs, bool conf, float p_min);
+/* Whether sd follows every step of the target (an MTP layer, a dflash drafter): its sequences
+ * catch up on every step's rows, drafting or not. */
+bool specdraft_follows(const specdraft *sd);
+/* The pool sd's sequences live in. */
+kvpool *specdraft_kvpool(const specdraft *sd);
+/* What sd reads of target engine t's last step for the row `first` on: the hidden states (MTP),
+ * the layer inputs (dflash), NULL for a draft model. */
+const float *specdraft_step_rows(const specdraft *sd, const engine *t, int first);
 /* Drafts for seqs[0..n) (n <= max_seqs). A sequence whose KV cannot be reserved in the draft
  * pool drafts nothing (its n_done unchanged); a failed engine step drafts nothing for any.
  * Returns the draft engine steps run. */

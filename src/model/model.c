@@ -16,6 +16,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "model/model_dflash.h"
 #include "model/model_dsv4.h"
 #include "model/model_int.h"
 #include "model/modelhash.h"
@@ -588,6 +589,7 @@ static const model_arch_desc model_archs[] = {
     { .name = "deepseek4", .arch = MODEL_ARCH_DEEPSEEK4, .layers = model_dsv4_load },
     { .name = "bert", .arch = MODEL_ARCH_BERT, .all = model_bert_load },
     { .name = "nomic-bert", .arch = MODEL_ARCH_NOMIC_BERT, .rope_neox = true, .all = model_bert_load },
+    { .name = "dflash", .arch = MODEL_ARCH_DFLASH, .rope_neox = true, .all = model_dflash_load },
 };
 /* Families llama.cpp runs whose layers the engine lacks: refused as "not supported yet". */
 static const char *const model_archs_later[] = { "mistral4", "gemma3", "gemma4", "glm4moe" };
@@ -1083,6 +1085,7 @@ void model_free(model *m)
     free(m->repacked);
     free(m->layers);
     model_dsv4_free(m->dsv4);
+    model_dflash_free(m->dflash);
     gguf_close(m->g);
     free(m);
 }

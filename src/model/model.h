@@ -96,6 +96,8 @@ typedef enum {
                               * post-LayerNorm blocks, GELU FFN (model_bert.c, engine_bert.c) */
     MODEL_ARCH_NOMIC_BERT,   /* bert's blocks with NEOX RoPE instead of absolute positions,
                               * fused QKV, a SwiGLU FFN (model_bert.c, engine_bert.c) */
+    MODEL_ARCH_DFLASH,       /* a DFlash / DSpark drafter: drafts a block from a target's hidden
+                              * states (model_dflash.h, engine_dflash.c); not a model to serve */
 } model_arch;
 
 typedef struct {
@@ -267,6 +269,7 @@ typedef struct model {
     void *repacked;          /* repacked matrices, one 64-byte aligned allocation, or NULL */
     size_t repacked_bytes;   /* its size */
     struct model_dsv4 *dsv4; /* DeepSeek V4's own hyper-parameters and tensors (model_dsv4.h), or NULL */
+    struct model_dflash *dflash; /* a DFlash drafter's own tensors (model_dflash.h), or NULL */
     /* bert's input: token row + token type 0's row + the position's row, then a LayerNorm */
     const float *type_row;   /* (dim) f32 token_types row 0 ("sentence A"), or NULL */
     const float *pos_embd;   /* (n_ctx_train, dim) f32 absolute position embeddings, or NULL

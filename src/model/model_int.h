@@ -64,4 +64,8 @@ bool model_bert_load(model_ld *ld);
  * (model_dsv4.c), after the common hyper-parameters, the embedding and the output. */
 bool model_dsv4_load(model_ld *ld);
 
+/* A DFlash / DSpark drafter's block metadata, heads and layers (model_dflash.c), after the
+ * common hyper-parameters; its embedding and head only when the file has them. */
+bool model_dflash_load(model_ld *ld);
+
 #endif

@@ -1,0 +1,179 @@
+/*
+ * cmd_eval_dflash: `tokenmill eval -m TARGET --draft DRAFTER --input IN.json` for the DFlash
+ * oracle test: the drafting rounds tests/oracle/dflash_llama.cpp runs on llama.cpp, on
+ * tokenmill's target engine and engine_dflash, printing the same JSON lines.
+ *
+ * IN.json: {"seqs": [[id, ...], ...], "n_draft": K, "rounds": R, "mode": "dspark"|"dflash"}
+ * Each sequence's prompt goes through the target (one step for all of them) with the inputs of
+ * the drafter's target layers kept, which are injected; then every round drafts a block for
+ * every sequence in one pass after the target's greedy next token (anchor-first, K slots, for
+ * dspark with a sample_from_anchor drafter; [last, mask x K] otherwise), accepts the target's
+ * greedy token and the drafts it agrees with (one target step per token, each injected), as
+ * the oracle does. stdout, per round and sequence:
+ *   {"seq": i, "round": r, "pos": n, "anchor": t, "slots": [{"token", "logprob", "conf"}...]}
+ * conf is -1 without a confidence head (or in dflash mode).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "cli/cmd.h"
+#include "cli/cmd_eval_dflash.h"
+#include "engine/engine.h"
+#include "engine/engine_dflash.h"
+#include "model/model.h"
+#include "model/model_dflash.h"
+#include "util/util.h"
+
+#define CMD_EVAL_DFLASH_CTX 1024   /* positions a sequence may reach (as the oracle's n_ctx) */
+
+typedef struct {
+    int32_t toks[CMD_EVAL_DFLASH_CTX];
+    int n;                   /* tokens final (their target KV and drafter KV written) */
+    int32_t last;            /* the target's greedy token after them */
+    kvpool_seq *tseq, *dseq;
+} cmd_evd_seq;
+
+typedef struct {
+    engine *e;
+    engine_dflash *ed;
+    const model_dflash *df;
+    int V, F;                /* vocabulary; floats of one position's target features */
+    float *logits;           /* (CMD_EVAL_DFLASH_CTX, V) */
+    engine_tok *bt;          /* (CMD_EVAL_DFLASH_CTX) */
+    engine_dflash_inj *inj;  /* (CMD_EVAL_DFLASH_CTX) */
+} cmd_evd;
+
+static int32_t cmd_evd_argmax(const float *l, int n)
+{
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (l[i] > l[b]) b = i;
+    return b;
+}
+
+/* Target step over s->toks[s->n .. s->n + k), injecting those positions; s->n += k and
+ * s->last = the greedy token after them. */
+static bool cmd_evd_feed(cmd_evd *c, cmd_evd_seq *s, int k)
+{
+    for (int i = 0; i < k; i++)
+        c->bt[i] = (engine_tok){ .token = s->toks[s->n + i], .pos = s->n + i, .seq = s->tseq, .want_logits = i == k - 1 };
+    engine_batch b = { .n_tokens = k, .toks = c->bt };
+    if (engine_step(c->e, &b, c->logits) != ENGINE_OK) return false;
+    const float *feat = engine_layer_inputs(c->e);
+    for (int i = 0; i < k; i++)
+        c->inj[i] = (engine_dflash_inj){ .seq = s->dseq, .pos = s->n + i, .feat = feat + (size_t)i * c->F };
+    if (engine_dflash_inject(c->ed, k, c->inj) != ENGINE_OK) return false;
+    s->n += k;
+    s->last = cmd_evd_argmax(c->logits, c->V);
+    return true;
+}
+
+int cmd_eval_dflash(model *m, const char *draft_path, json_t *root, int threads, int kv_type)
+{
+    char err[512];
+    json_t *jseqs = json_object_get(root, "seqs");
+    int K = (int)json_integer_value(json_object_get(root, "n_draft"));
+    int R = (int)json_integer_value(json_object_get(root, "rounds"));
+    const char *mode = json_string_value(json_object_get(root, "mode"));
+    int ns = json_is_array(jseqs) ? (int)json_array_size(jseqs) : 0;
+    if (ns < 1 || ns > 64 || K < 1 || K >= ENGINE_DFLASH_MAX_BLOCK || R < 0 || !mode ||
+        (strcmp(mode, "dspark") && strcmp(mode, "dflash"))) {
+        fprintf(stderr, "tokenmill eval: --draft needs {\"seqs\": [[ids]...] (1..64), \"n_draft\": K (1..%d), "
+                "\"rounds\": R, \"mode\": \"dspark\"|\"dflash\"}\n", ENGINE_DFLASH_MAX_BLOCK - 1);
+        return 1;
+    }
+    model *d = NULL;
+    if (model_load(draft_path, NULL, &d, err, sizeof err) != GGUF_OK) {
+        fprintf(stderr, "tokenmill eval: cannot load %s: %s\n", draft_path, err);
+        return 1;
+    }
+    if (!model_dflash_match(m, d, err, sizeof err)) {
+        fprintf(stderr, "tokenmill eval: --draft %s does not fit the model: %s\n", draft_path, err);
+        model_free(d);
+        return 1;
+    }
+    const model_dflash *df = d->dflash;
+    int rc = 1;
+    cmd_evd c = { .df = df, .V = m->hp.n_vocab, .F = df->n_tl * m->hp.dim };
+    cmd_evd_seq *seqs = xcalloc((size_t)ns, sizeof *seqs);
+    engine_dflash_block *blocks = xcalloc((size_t)ns, sizeof *blocks);
+    engine_opts eo = { .n_threads = threads, .n_kv_blocks = ns * (CMD_EVAL_DFLASH_CTX / KVPOOL_BLOCK + 1),
+                       .max_batch_tokens = CMD_EVAL_DFLASH_CTX, .kv_type = (engine_kv_type)kv_type };
+    engine_dflash_opts dopt = { .max_seqs = ns, .max_tokens = 512, .n_ctx = CMD_EVAL_DFLASH_CTX, .n_threads = threads };
+    if (engine_new(m, &eo, &c.e, err, sizeof err) != ENGINE_OK ||
+        !(c.ed = engine_dflash_new(d, m, &dopt, err, sizeof err))) {
+        fprintf(stderr, "tokenmill eval: %s\n", err);
+        goto out;
+    }
+    if (!engine_capture_layers(c.e, df->tl, df->n_tl)) {
+        fprintf(stderr, "tokenmill eval: cannot keep the target's layer inputs\n");
+        goto out;
+    }
+    c.logits = xmalloc((size_t)CMD_EVAL_DFLASH_CTX * (size_t)c.V * sizeof(float));
+    c.bt = xmalloc(CMD_EVAL_DFLASH_CTX * sizeof *c.bt);
+    c.inj = xmalloc(CMD_EVAL_DFLASH_CTX * sizeof *c.inj);
+    for (int i = 0; i < ns; i++) {
+        json_t *a = json_array_get(jseqs, (size_t)i);
+        int n = json_is_array(a) ? (int)json_array_size(a) : 0;
+        if (n < 1 || n > CMD_EVAL_DFLASH_CTX / 2) {
+            fprintf(stderr, "tokenmill eval: sequence %d: 1..%d ids\n", i, CMD_EVAL_DFLASH_CTX / 2);
+            goto out;
+        }
+        for (int k = 0; k < n; k++) {
+            json_int_t id = json_integer_value(json_array_get(a, (size_t)k));
+            if (id < 0 || id >= c.V) {
+                fprintf(stderr, "tokenmill eval: sequence %d token %d is not an id below %d\n", i, k, c.V);
+                goto out;
+            }
+            seqs[i].toks[k] = (int32_t)id;
+        }
+        seqs[i].tseq = kvpool_seq_new(engine_kvpool(c.e));
+        seqs[i].dseq = kvpool_seq_new(engine_dflash_kvpool(c.ed));
+        if (!cmd_evd_feed(&c, &seqs[i], n)) goto fail;
+    }
+    const bool anchor_first = !strcmp(mode, "dspark") && df->markov_rank > 0 && df->sample_from_anchor;
+    const int B = anchor_first ? K : K + 1, i0 = anchor_first ? 0 : 1;
+    const bool show_conf = !strcmp(mode, "dspark");
+    for (int r = 0; r < R; r++) {
+        for (int i = 0; i < ns; i++)
+            blocks[i] = (engine_dflash_block){ .seq = seqs[i].dseq, .pos = seqs[i].n, .anchor = seqs[i].last,
+                                               .n_slots = B };
+        if (engine_dflash_draft(c.ed, ns, blocks) != ENGINE_OK) goto fail;
+        for (int i = 0; i < ns; i++) {
+            cmd_evd_seq *s = &seqs[i];
+            const engine_dflash_block *bk = &blocks[i];
+            printf("{\"seq\":%d,\"round\":%d,\"pos\":%d,\"anchor\":%d,\"slots\":[", i, r, s->n, s->last);
+            for (int j = i0; j < B; j++)
+                printf("%s{\"token\":%d,\"logprob\":%.6f,\"conf\":%.6f}", j > i0 ? "," : "", bk->token[j],
+                       (double)bk->logprob[j], show_conf ? (double)bk->conf[j] : -1.0);
+            printf("]}\n");
+            /* verification: the anchor is final, then each draft the target's greedy choice confirms */
+            if (s->n + 1 + (B - i0) >= CMD_EVAL_DFLASH_CTX - ENGINE_DFLASH_MAX_BLOCK) continue;
+            s->toks[s->n] = s->last;
+            if (!cmd_evd_feed(&c, s, 1)) goto fail;
+            for (int j = i0; j < B && bk->token[j] == s->last; j++) {
+                s->toks[s->n] = s->last;
+                if (!cmd_evd_feed(&c, s, 1)) goto fail;
+            }
+        }
+    }
+    fflush(stdout);
+    rc = 0;
+    goto out;
+fail:
+    fprintf(stderr, "tokenmill eval: a target step, injection or draft pass failed\n");
+out:
+    for (int i = 0; i < ns; i++) {
+        if (seqs[i].tseq) kvpool_seq_free(engine_kvpool(c.e), seqs[i].tseq);
+        if (seqs[i].dseq) kvpool_seq_free(engine_dflash_kvpool(c.ed), seqs[i].dseq);
+    }
+    free(seqs), free(blocks), free(c.logits), free(c.bt), free(c.inj);
+    engine_dflash_free(c.ed);
+    engine_free(c.e);
+    model_free(d);
+    return rc;
+}
