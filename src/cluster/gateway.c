@@ -148,6 +148,11 @@ void gw_finish(gateway *g, gw_req *r, sched_finish f)
 void gw_requeue(gateway *g, gw_req *r, bool count)
 {
     if (r->finished) return;
+    if (count && ++r->moves > GW_MAX_MOVES) {
+        log_warn("gateway: req %llu: moved off %d workers, failing it", (unsigned long long)r->id, GW_MAX_MOVES);
+        gw_finish(g, r, SCHED_FINISH_ERROR);
+        return;
+    }
     bool was_prefill = r->state == GW_PREFILL || r->state == GW_WAIT_PREFILL;
     gw_unload(g, r);
     if (was_prefill) {

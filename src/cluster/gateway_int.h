@@ -30,6 +30,10 @@
 
 #define GW_MAX_WORKERS 64
 #define GW_MAX_RETRIES 8      /* re-sends of one request after BUSY / DRAINING answers */
+/* moves of one request off a worker that died, stalled, drained or sent a frame the gateway
+ * refused: past it the request fails, so one that brings down every worker it meets (or that
+ * a worker keeps answering wrongly) ends instead of circling for ever */
+#define GW_MAX_MOVES 12
 #define GW_RATE_SLOTS 10      /* seconds of history for the prefill token rate */
 
 typedef enum { GW_WAIT_PREFILL = 0, GW_PREFILL, GW_WAIT_DECODE, GW_DECODE, GW_DONE } gw_state;
@@ -109,6 +113,7 @@ typedef struct gw_req {
     bool finished;            /* FINISH queued */
     bool done;                /* FINISH polled */
     int retries;
+    int moves;                /* times moved off a worker (gw_requeue counted), <= GW_MAX_MOVES */
     double t_submit, t_wait;  /* util_now(): submit, entering the current wait */
     double t_job;             /* util_now(): the current job sent, or its last token (stall check) */
     int job_tokens;           /* tokens the current job has produced */

@@ -58,6 +58,7 @@
 
 #include "cache/store.h"
 #include "cluster/gateway.h"
+#include "cluster/gateway_int.h"
 #include "cache/blockkey.h"
 #include "cluster/proto.h"
 #include "grammar/grammar.h"
@@ -560,6 +561,47 @@ TEST(test_bad_values_close_the_worker_and_reroute)
     gateway_free(G.g);
     node_free(&ref);
     node_free(&R);
+}
+
+/* A request that every worker it meets answers wrongly (here: a handoff token out of the
+ * vocabulary, refused each time, the worker closed): it is moved at most GW_MAX_MOVES times,
+ * then fails, instead of circling between reconnecting workers for ever. */
+TEST(test_request_moved_too_often_fails)
+{
+    gw_env G = gw_start();
+    int n_prompt = 24;
+    int32_t prompt[24];
+    make_prompt(prompt, n_prompt, 7);
+    sched_req *h = NULL;
+    int sent = 0;
+    for (int i = 0; i <= GW_MAX_MOVES; i++) {   /* moved GW_MAX_MOVES times: sent GW_MAX_MOVES + 1 */
+        CHECKF(WAIT_UNTIL(workers_up(G.be) == 0, 30), "round %d: a worker is still up", i);
+        int fd = fake_connect(&G);
+        CHECK(WAIT_UNTIL(workers_up(G.be) == 1, 30));
+        if (i == 0) {
+            sched_params sp = greedy(prompt, n_prompt);
+            CHECK(G.be->submit(G.be->ud, &sp, &h) == SCHED_OK);
+        }
+        proto_msg m;
+        if (!fake_expect(fd, PROTO_PREFILL, &m)) {
+            fake_close(fd);
+            break;
+        }
+        uint64_t id = m.hdr.req_id;
+        proto_msg_free(&m);
+        sent++;
+        fake_handoff(fd, id, n_prompt, N_VOCAB, NULL);
+        CHECKF(fake_refused(fd), "round %d: no ERROR MALFORMED", i);
+        fake_close(fd);
+    }
+    CHECKF(sent == GW_MAX_MOVES + 1, "sent %d times, want %d", sent, GW_MAX_MOVES + 1);
+    int32_t got[N_GEN + 4];
+    sched_finish fin = SCHED_FINISH_LENGTH;
+    int k = h ? collect(G.be, h, got, N_GEN + 4, &fin) : -1;
+    if (h) G.be->release(G.be->ud, h);
+    CHECKF(k == 0 && fin == SCHED_FINISH_ERROR, "%d tokens, finish %d", k, fin);
+    gateway_shutdown(G.g);
+    gateway_free(G.g);
 }
 
 /* A frame that does not decode (bad magic): the gateway says ERROR MALFORMED, closes that
@@ -1338,6 +1380,7 @@ int main(void)
     RUN(test_split_run_and_handoff_metrics);
     RUN(test_window_state_fetched_for_the_decode_worker);
     RUN(test_bad_values_close_the_worker_and_reroute);
+    RUN(test_request_moved_too_often_fails);
     RUN(test_malformed_frame_is_answered_and_closed);
     RUN(test_rogue_workers_refused);
     RUN(test_trickling_strangers_do_not_keep_workers_out);
