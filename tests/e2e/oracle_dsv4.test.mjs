@@ -16,7 +16,7 @@ import assert from 'node:assert/strict';
 import {spawn, spawnSync} from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
-import {root, bin, gen, oracleFiles, rng} from './oracle_common.mjs';
+import {root, bin, gen, oracleFiles, rng, runBoth, posDiff} from './oracle_common.mjs';
 
 const script = path.join(root, 'tests/oracle/gguf_dsv4.py');
 const refScript = path.join(root, 'tests/oracle/dsv4_ref.py');
@@ -27,16 +27,32 @@ const GREEDY = 8;
 
 const {python, skip, cached} = oracleFiles([script, path.join(root, 'tests/oracle/gguf_common.py')]);
 
-function model() {
+// The test model at weight type `type`, with extra gguf_dsv4.py arguments (tag names them in the cache).
+function model(type = 'f32', extra = [], tag = '') {
   const vocab = cached('oracle-dsv4-vocab', (out) => {
     const r = spawnSync(bin, ['mkmodel', '--arch', 'qwen3', '--preset', 'tiny', '--layers', '1', '--vocab-size', '8192',
       '--type', 'f32', '--seed', '1', '-o', out], {encoding: 'utf8'});
     assert.equal(r.status, 0, r.stderr);
   });
-  return cached('oracle-dsv4-f32', (out) => {
-    const r = spawnSync(python, [script, '--vocab', vocab, '--type', 'f32', '--seed', '1', '-o', out], {encoding: 'utf8'});
+  return cached(`oracle-dsv4-${type}${tag}`, (out) => {
+    const r = spawnSync(python, [script, '--vocab', vocab, '--type', type, '--seed', '1', ...extra, '-o', out],
+      {encoding: 'utf8'});
     assert.equal(r.status, 0, `gguf_dsv4.py failed: ${r.stderr}`);
   });
+}
+
+// max |Δ logprob| of tokenmill's answer against llama.cpp's over every position (a token in one
+// top-K only must be within tol of the other's last), greedy continuations identical.
+function compare(tm, ll, seqs, tol, label) {
+  let maxDiff = 0;
+  seqs.forEach((sq, s) => {
+    assert.equal(tm.seqs[s].top.length, sq.length);
+    for (let i = 0; i < sq.length; i++) maxDiff = Math.max(maxDiff, posDiff(tm.seqs[s].top[i], ll.seqs[s].top[i], tol,
+      `${label} seq ${s} position ${i}`));
+    assert.deepEqual(tm.seqs[s].greedy, ll.seqs[s].greedy, `${label} seq ${s}: greedy continuations`);
+  });
+  assert.ok(maxDiff <= tol, `${label}: max |Δ logprob| ${maxDiff} > ${tol}`);
+  return maxDiff;
 }
 
 function run(cmd, args, env) {
@@ -119,4 +135,19 @@ test('deepseek4 (gguf-py, F32): tokenmill agrees with llama.cpp past the window,
   } finally {
     fs.rmSync(dir, {recursive: true, force: true});
   }
+});
+
+// YaRN as the published V4 files carry it (rope.scaling type yarn, factor, original context):
+// llama.cpp applies it to the compressed layers only (queries, keys, compressed entries and the
+// indexer's queries, on the compressed base) with V4's own attention factor, the ratio-0 layers
+// keep the plain base unscaled. Factor 8 from 64 positions: a 300-token prompt and its greedy
+// continuation run far past the original context.
+test('deepseek4 with YaRN (factor 8 from 64 positions): tokenmill agrees with llama.cpp past the original ' +
+  'context', {skip}, async () => {
+  const file = model('f32', ['--yarn', '8:64'], '-yarn');
+  const r = rng(8);
+  const seqs = [Array.from({length: 300}, () => r(8000))];
+  const {tm, ll} = await runBoth(file, {seqs, top: TOP, greedy: GREEDY, batched: true}, 'f32', 'dsv4-yarn');
+  const maxDiff = compare(tm, ll, seqs, TOL, 'yarn');
+  console.log(`oracle_dsv4: YaRN tokenmill vs llama.cpp max |Δ logprob| ${maxDiff.toExponential(2)} over 300 tokens`);
 });

@@ -4,14 +4,16 @@
 # and tensors that llama.cpp's converter (conversion/deepseek.py, DeepseekV4Model) writes and
 # its loader (src/models/deepseek4.cpp) reads, in a shape small enough for a test.
 #
-#   gguf_dsv4.py --vocab VOCAB.gguf [--type f32|f16|q8_0] [--seed N] -o OUT.gguf
+#   gguf_dsv4.py --vocab VOCAB.gguf [--type f32|f16|q8_0] [--seed N] [--yarn FACTOR:ORIG_CTX] -o OUT.gguf
 #
 # The shape (SHAPE) has every kind of layer V4 has: compression ratios 0, 4 (with the
 # lightning indexer) and 128, a hash-routed lead layer (tid2eid), the sqrt-softplus router
 # with its selection bias, a shared expert, the clamped SwiGLU, 4 hyper-connection streams,
 # the grouped low-rank output, sinks; the sliding window (16) and the indexer's top-k (6)
 # are small so that a few hundred tokens cross both, and several 128-token HCA groups.
-# The vocabulary (every tokenizer.* key) is copied from VOCAB.gguf. Needs numpy.
+# --yarn writes the rope.scaling keys the converter writes for the published V4 files (type
+# yarn, the factor, the original context length), which llama.cpp applies to the compressed
+# layers' RoPE. The vocabulary (every tokenizer.* key) is copied from VOCAB.gguf. Needs numpy.
 import argparse
 import os
 import sys
@@ -34,6 +36,7 @@ def main():
     ap.add_argument("--vocab", required=True)
     ap.add_argument("--type", default="f32", choices=["f32", "f16", "q8_0"])
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--yarn", default=None, help="FACTOR:ORIG_CTX")
     ap.add_argument("-o", "--out", required=True)
     a = ap.parse_args()
     s = SHAPE
@@ -66,6 +69,11 @@ def main():
     w.add_key_length(hd)
     w.add_value_length(hd)
     w.add_rope_freq_base(10000.0)
+    if a.yarn:
+        factor, orig = a.yarn.split(":")
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(float(factor))
+        w.add_rope_scaling_orig_ctx_len(int(orig))
     w.add_layer_norm_rms_eps(1e-6)
     w.add_expert_count(ne)
     w.add_expert_used_count(s["used"])
