@@ -163,19 +163,23 @@ test('deepseek4 with YaRN (factor 8 from 64 positions): tokenmill agrees with ll
 // random model amplifies the 4e-4 change to ~0.2 in log-probability (docs/deepseek4.md). So the
 // check is on 1- and 40-token prompts, which cross the window, ratio-4 groups and the indexer's
 // top-k without such a crossing: median and max as the other families' Q8_0 checks.
-test('deepseek4 (gguf-py, Q8_0): tokenmill agrees with llama.cpp on 1- and 40-token prompts', {skip}, async () => {
-  const file = model('q8_0');
-  const r = rng(7);
-  const seqs = [1, 40].map((n) => Array.from({length: n}, () => r(8000)));
-  const {tm, ll} = await runBoth(file, {seqs, top: TOP, greedy: GREEDY, batched: true}, 'f32', 'dsv4-q8');
-  const diffs = [];
-  seqs.forEach((sq, s) => {
-    for (let i = 0; i < sq.length; i++) diffs.push(posDiff(tm.seqs[s].top[i], ll.seqs[s].top[i], Q8_MAX, `q8_0 seq ${s} position ${i}`));
-    assert.deepEqual(tm.seqs[s].greedy, ll.seqs[s].greedy, `q8_0 seq ${s}: greedy continuations`);
+// MXFP4 routed experts with Q8_0 elsewhere (the published files' mix) likewise.
+for (const type of ['q8_0', 'mxfp4']) {
+  const what = type === 'q8_0' ? 'Q8_0' : 'MXFP4 experts, Q8_0 elsewhere';
+  test(`deepseek4 (gguf-py, ${what}): tokenmill agrees with llama.cpp on 1- and 40-token prompts`, {skip}, async () => {
+    const file = model(type);
+    const r = rng(7);
+    const seqs = [1, 40].map((n) => Array.from({length: n}, () => r(8000)));
+    const {tm, ll} = await runBoth(file, {seqs, top: TOP, greedy: GREEDY, batched: true}, 'f32', `dsv4-${type}`);
+    const diffs = [];
+    seqs.forEach((sq, s) => {
+      for (let i = 0; i < sq.length; i++) diffs.push(posDiff(tm.seqs[s].top[i], ll.seqs[s].top[i], Q8_MAX, `${type} seq ${s} position ${i}`));
+      assert.deepEqual(tm.seqs[s].greedy, ll.seqs[s].greedy, `${type} seq ${s}: greedy continuations`);
+    });
+    diffs.sort((a, b) => a - b);
+    const median = diffs[diffs.length >> 1], max = diffs.at(-1);
+    assert.ok(median <= Q8_MEDIAN, `${type}: median |Δ logprob| ${median} > ${Q8_MEDIAN}`);
+    assert.ok(max <= Q8_MAX, `${type}: max |Δ logprob| ${max} > ${Q8_MAX}`);
+    console.log(`oracle_dsv4: ${type} tokenmill vs llama.cpp median ${median.toExponential(2)} max ${max.toExponential(2)}`);
   });
-  diffs.sort((a, b) => a - b);
-  const median = diffs[diffs.length >> 1], max = diffs.at(-1);
-  assert.ok(median <= Q8_MEDIAN, `q8_0: median |Δ logprob| ${median} > ${Q8_MEDIAN}`);
-  assert.ok(max <= Q8_MAX, `q8_0: max |Δ logprob| ${max} > ${Q8_MAX}`);
-  console.log(`oracle_dsv4: Q8_0 tokenmill vs llama.cpp median ${median.toExponential(2)} max ${max.toExponential(2)}`);
-});
+}
