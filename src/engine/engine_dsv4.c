@@ -272,14 +272,14 @@ static float *dsv4_row(const engine_dsv4 *d, const kvpool_seq *s, int il, int po
 
 static float dsv4_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-/* RoPE on the last n_rot of each head_dim values of rows * n_heads heads, at positions pos
- * (negated: the inverse rotation), with theta_scale's base. */
+/* RoPE rp on the last n_rot of each head_dim values of rows * n_heads heads, at positions pos
+ * (negated: the inverse rotation). */
 static void dsv4_rope(const engine_dsv4 *d, float *x, const int32_t *pos, int rows, int n_heads, int head_dim,
-                      float theta_scale)
+                      const model_dsv4_rope *rp)
 {
     const int n_rot = d->m->hp.n_rot;
     ops_rope_ggml(rows * n_heads >= 64 ? d->tp : NULL, x + (head_dim - n_rot), pos, rows, n_heads, head_dim, n_rot, 0,
-                  theta_scale, 1.0f, NULL, 1.0f, NULL);
+                  rp->theta_scale, rp->freq_scale, NULL, rp->mscale, rp->yarn[0] != 0.0f ? rp->yarn : NULL);
 }
 
 /* Hyper-connection mixes of the step's rows (which: 0 attention, 1 ffn), and the sublayer
@@ -384,7 +384,7 @@ static void dsv4_compress(const engine_dsv4 *d, const kvpool_seq *s, int il, int
     }
     ops_rmsnorm(NULL, out, tmp, norm, 1, w, d->m->hp.rms_eps);
     int32_t p = r * j;
-    dsv4_rope(d, out, &p, 1, 1, w, d->d->cbase_theta_scale);
+    dsv4_rope(d, out, &p, 1, 1, w, &d->d->rope_comp);
 }
 
 /* ---- indexer and attention (pool rounds) ---------------------------------------------- */
@@ -485,7 +485,7 @@ static void dsv4_attention(engine_dsv4 *d, int il, int T)
     const dsv4_layout *lay = &d->lay[il];
     const int H = hp->n_heads, hd = hp->head_dim, r = dl->ratio, id = md->idx_dim, ih = md->idx_heads;
     const float eps = hp->rms_eps;
-    const float ts = r ? md->cbase_theta_scale : hp->rope_theta_scale;
+    const model_dsv4_rope *rp = r ? &md->rope_comp : &md->rope_raw;
 
     dsv4_hc_pre(d, T, &dl->hc_fn[0], dl->hc_base[0], dl->hc_scale[0], L->attn_norm);
     const ops_weight *in[7] = { &L->wq_a, &dl->wkv, &dl->comp_kv, &dl->comp_gate, &dl->icomp_kv, &dl->icomp_gate,
@@ -495,12 +495,12 @@ static void dsv4_attention(engine_dsv4 *d, int il, int T)
     ops_rmsnorm(d->tp, d->qa, d->qa, L->q_a_norm, T, md->q_lora, eps);
     ops_matmul(d->tp, &L->wq_b, d->qa, T, d->q, d->mm_scratch);
     ops_rmsnorm(d->tp, d->q, d->q, NULL, T * H, hd, eps);
-    dsv4_rope(d, d->q, d->pos, T, H, hd, ts);
+    dsv4_rope(d, d->q, d->pos, T, H, hd, rp);
     ops_rmsnorm(d->tp, d->kvr, d->kvr, dl->kv_norm, T, hd, eps);
-    dsv4_rope(d, d->kvr, d->pos, T, 1, hd, ts);
+    dsv4_rope(d, d->kvr, d->pos, T, 1, hd, rp);
     if (r == 4) {
         ops_matmul(d->tp, &dl->idx_q_b, d->qa, T, d->iq, d->mm_scratch);
-        dsv4_rope(d, d->iq, d->pos, T, ih, id, md->cbase_theta_scale);
+        dsv4_rope(d, d->iq, d->pos, T, ih, id, &md->rope_comp);
         float s = 1.0f / sqrtf((float)id * (float)ih);
         for (int i = 0; i < T * ih; i++) d->iw[i] *= s;
     }
@@ -533,7 +533,7 @@ static void dsv4_attention(engine_dsv4 *d, int il, int T)
     threadpool_run(d->tp, dsv4_job_attention, d);
 
     /* de-rope, then the grouped low-rank output */
-    dsv4_rope(d, d->att, d->npos, T, H, hd, ts);
+    dsv4_rope(d, d->att, d->npos, T, H, hd, rp);
     const int G = md->o_groups, gd = H * hd / G, ol = md->o_lora;
     const size_t rb = quant_row_bytes(dl->wo_a.type, dl->wo_a.cols);
     for (int g = 0; g < G; g++) {

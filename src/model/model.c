@@ -423,6 +423,15 @@ typedef struct {
     float yarn_log_mul;     /* YaRN's log multiplier (deepseek2's undone 0.1 x); 0: none */
 } model_rope_scaling;
 
+void model_yarn_corr_dims(int n_rot, float orig_ctx, float base, float dims[2])
+{
+    float n_dims = (float)n_rot;
+    float start = floorf(n_dims * logf(orig_ctx / (32.0f * 2 * (float)M_PI)) / (2 * logf(base)));
+    float end = ceilf(n_dims * logf(orig_ctx / (1.0f * 2 * (float)M_PI)) / (2 * logf(base)));
+    dims[0] = start > 0 ? start : 0;
+    dims[1] = end < n_dims - 1 ? end : n_dims - 1;
+}
+
 /* YaRN as llama.cpp sets it up (llama_context's yarn_attn_factor, ggml's corr dims, beta
  * fast 32 and slow 1), with deepseek2's log multiplier (its converter writes 0.1 x it). */
 static bool model_read_yarn(model_ld *ld, const char *an, double factor, model_rope_scaling *rs)
@@ -449,12 +458,8 @@ static bool model_read_yarn(model_ld *ld, const char *an, double factor, model_r
 #undef MODEL_YARN_MSCALE
     attn *= 1.0f / (1.0f + 0.1f * logf(fac));
     hp->rope_attn_factor = attn * (float)af;
-    float n_dims = (float)hp->n_rot, oc = (float)orig_ctx, base = hp->rope_base;
-    float start = floorf(n_dims * logf(oc / (32.0f * 2 * (float)M_PI)) / (2 * logf(base)));
-    float end = ceilf(n_dims * logf(oc / (1.0f * 2 * (float)M_PI)) / (2 * logf(base)));
     hp->rope_yarn[0] = 1.0f;
-    hp->rope_yarn[1] = start > 0 ? start : 0;
-    hp->rope_yarn[2] = end < n_dims - 1 ? end : n_dims - 1;
+    model_yarn_corr_dims(hp->n_rot, (float)orig_ctx, hp->rope_base, hp->rope_yarn + 1);
     return true;
 }
 

@@ -54,6 +54,35 @@ static bool dsv4_int(model_ld *ld, const char *suffix, bool required, int64_t de
     return true;
 }
 
+/* The two RoPEs as llama.cpp's V4 graph sets them: ratio-0 layers rotate with the plain base
+ * and no scaling whatever the file says; compressed layers with the compressed base and the
+ * file's scaling (freq_scale = 1 / rope.scaling.factor), under YaRN with ext_factor 1, the
+ * ramp of the compressed base over rope.scaling.original_context_length, and V4's own
+ * attention factor (not model.c's rope_attn_factor, which V4's graph does not use). */
+static bool dsv4_read_rope(model_ld *ld)
+{
+    model_hparams *hp = &ld->m->hp;
+    model_dsv4 *d = ld->m->dsv4;
+    const float n_rot = (float)hp->n_rot;
+    d->rope_raw = (model_dsv4_rope){ .theta_scale = hp->rope_theta_scale, .freq_scale = 1.0f, .mscale = 1.0f };
+    model_dsv4_rope *c = &d->rope_comp;
+    *c = (model_dsv4_rope){ .theta_scale = powf(d->cbase, -2.0f / n_rot), .freq_scale = hp->rope_freq_scale,
+                            .mscale = 1.0f };
+    if (hp->rope_yarn[0] != 0.0f) {
+        double orig;
+        if (!model_key_float(ld, "deepseek4.rope.scaling.original_context_length", hp->n_ctx_train, &orig))
+            return false;
+        if (!(orig >= 1)) {
+            model_fail(ld, GGUF_ERR_FORMAT, "bad deepseek4.rope.scaling.original_context_length %g", orig);
+            return false;
+        }
+        c->yarn[0] = 1.0f;
+        model_yarn_corr_dims(hp->n_rot, (float)orig, d->cbase, c->yarn + 1);
+        c->mscale = 1.0f / (1.0f + 0.1f * logf(1.0f / c->freq_scale));
+    }
+    return true;
+}
+
 void model_dsv4_free(model_dsv4 *d)
 {
     if (!d) return;
@@ -87,10 +116,9 @@ static bool dsv4_read_hparams(model_ld *ld)
         model_fail(ld, GGUF_ERR_FORMAT, "deepseek4: %d kv heads, the family has one (K = V)", hp->n_kv_heads);
         return false;
     }
-    if (hp->rope_yarn[0] != 0.0f || hp->rope_freq_scale != 1.0f || hp->rope_freq_factors) {
-        /* the compressed layers' YaRN (on the compressed base) is not implemented: refuse
-         * rather than run positions differently from llama.cpp */
-        model_fail(ld, GGUF_ERR_FORMAT, "deepseek4 with RoPE scaling (YaRN / rope.scaling.*) is not supported yet");
+    if (hp->rope_freq_factors) {
+        model_fail(ld, GGUF_ERR_FORMAT, "deepseek4 with per-frequency RoPE factors (rope_freqs / llama3 scaling) "
+                   "is not supported: llama.cpp's V4 scales by YaRN or linearly only");
         return false;
     }
 
@@ -114,7 +142,7 @@ static bool dsv4_read_hparams(model_ld *ld)
                    hp->n_rot);
         return false;
     }
-    d->cbase_theta_scale = powf(d->cbase, -2.0f / (float)hp->n_rot);
+    if (!dsv4_read_rope(ld)) return false;
     hp->att_scale = 1.0f / sqrtf((float)hd);
     hp->n_swa = d->swa;
     return true;

@@ -20,6 +20,15 @@
 
 #include "model/model.h"
 
+/* One RoPE as ggml_rope_ext takes it (ops_rope_ggml's arguments). */
+typedef struct {
+    float theta_scale;       /* powf(base, -2 / n_rot) */
+    float freq_scale;        /* 1 / the scaling factor; 1: none */
+    float mscale;            /* cos/sin multiplier: V4's attention factor, 1 / (1 + 0.1 ln factor)
+                              * under YaRN, which cancels ggml's YaRN magnitude (net 1) */
+    float yarn[3];           /* ext_factor (0: no YaRN), the ramp's corr dims for this base */
+} model_dsv4_rope;
+
 typedef struct {
     int ratio;               /* compression ratio: 0 (window only), 4 (with the indexer), 128 */
     int ffn;                 /* the routed experts' hidden size in this layer */
@@ -59,7 +68,9 @@ typedef struct model_dsv4 {
     int idx_heads, idx_dim;  /* lightning indexer heads and key size */
     int idx_topk;            /* compressed entries an indexed layer attends to at most */
     float cbase;             /* RoPE base of compressed layers (attention.compress_rope_freq_base) */
-    float cbase_theta_scale; /* powf(cbase, -2 / n_rot) */
+    model_dsv4_rope rope_raw;  /* RoPE of ratio-0 layers: the plain base, never scaled */
+    model_dsv4_rope rope_comp; /* of compressed layers (queries, keys, entries, the indexer):
+                                * the compressed base with the file's scaling (YaRN) */
     int max_ffn;             /* largest expert hidden size over the layers */
     ops_weight out_hc_fn;    /* (hc, hc * dim) the head's collapse of the streams */
     const float *out_hc_base;/* (hc) f32 */

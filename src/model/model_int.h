@@ -30,6 +30,11 @@ const float *model_vector(model_ld *ld, const char *name, bool required, int64_t
 /* n zeroed floats owned by the model. */
 float *model_own(model *m, size_t n);
 
+/* YaRN's ramp over the rotated pairs for a base (ggml_rope_yarn_corr_dims with beta fast 32 and
+ * slow 1, llama.cpp's defaults): pairs up to dims[0] keep their angle, pairs from dims[1] on
+ * are interpolated by the scaling factor, those between mix the two linearly. */
+void model_yarn_corr_dims(int n_rot, float orig_ctx, float base, float dims[2]);
+
 /* phi3 (model_phi3.c): its RoPE factors and attention factor, after the common
  * hyper-parameters; every tensor of layer il. */
 bool model_phi3_hparams(model_ld *ld);

@@ -4,14 +4,17 @@
 # and tensors that llama.cpp's converter (conversion/deepseek.py, DeepseekV4Model) writes and
 # its loader (src/models/deepseek4.cpp) reads, in a shape small enough for a test.
 #
-#   gguf_dsv4.py --vocab VOCAB.gguf [--type f32|f16|q8_0] [--seed N] -o OUT.gguf
+#   gguf_dsv4.py --vocab VOCAB.gguf [--type f32|f16|q8_0|mxfp4] [--seed N] [--yarn FACTOR:ORIG_CTX] -o OUT.gguf
 #
 # The shape (SHAPE) has every kind of layer V4 has: compression ratios 0, 4 (with the
 # lightning indexer) and 128, a hash-routed lead layer (tid2eid), the sqrt-softplus router
 # with its selection bias, a shared expert, the clamped SwiGLU, 4 hyper-connection streams,
 # the grouped low-rank output, sinks; the sliding window (16) and the indexer's top-k (6)
 # are small so that a few hundred tokens cross both, and several 128-token HCA groups.
-# The vocabulary (every tokenizer.* key) is copied from VOCAB.gguf. Needs numpy.
+# --type mxfp4 is the published V4 files' mix (llama.cpp's MXFP4_MOE): routed experts in MXFP4
+# (gguf-py's quantiser), every other matrix in Q8_0. --yarn writes the rope.scaling keys the converter writes for the published V4 files (type
+# yarn, the factor, the original context length), which llama.cpp applies to the compressed
+# layers' RoPE. The vocabulary (every tokenizer.* key) is copied from VOCAB.gguf. Needs numpy.
 import argparse
 import os
 import sys
@@ -32,19 +35,21 @@ SHAPE = dict(ratios=[0, 4, 128, 4], dim=128, heads=4, head_dim=64, rope=16, q_lo
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--vocab", required=True)
-    ap.add_argument("--type", default="f32", choices=["f32", "f16", "q8_0"])
+    ap.add_argument("--type", default="f32", choices=["f32", "f16", "q8_0", "mxfp4"])
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--yarn", default=None, help="FACTOR:ORIG_CTX")
     ap.add_argument("-o", "--out", required=True)
     a = ap.parse_args()
     s = SHAPE
     Q = gguf.GGMLQuantizationType
-    qtype = {"f32": Q.F32, "f16": Q.F16, "q8_0": Q.Q8_0}[a.type]
+    qtype = {"f32": Q.F32, "f16": Q.F16, "q8_0": Q.Q8_0, "mxfp4": Q.Q8_0}[a.type]
+    exps_qtype = Q.MXFP4 if a.type == "mxfp4" else qtype
     w = gguf.GGUFWriter(a.out + ".tmp", "deepseek4")
     rng = np.random.default_rng(a.seed)
 
     def add(name, shape, std, kind="mat", mean=0.0):
         x = (mean + std * rng.standard_normal(shape)).astype(np.float32)
-        t = qtype if kind == "mat" else Q.F32
+        t = exps_qtype if kind == "exps" else qtype if kind == "mat" else Q.F32
         put(w, name, x, t)
 
     def norm(name, n, mean=1.0):
@@ -53,7 +58,7 @@ def main():
     L, dim, H, hd = len(s["ratios"]), s["dim"], s["heads"], s["head_dim"]
     ne, ef, hc = s["experts"], s["expert_ffn"], s["hc"]
     w.add_name(f"gguf-py-random-deepseek4-seed{a.seed}")
-    w.add_file_type({"f32": 0, "f16": 1, "q8_0": 7}[a.type])
+    w.add_file_type({"f32": 0, "f16": 1, "q8_0": 7, "mxfp4": 38}[a.type])
     if qtype not in (Q.F32, Q.F16):
         w.add_quantization_version(2)
     n_vocab = copy_vocab(w, a.vocab)
@@ -66,6 +71,11 @@ def main():
     w.add_key_length(hd)
     w.add_value_length(hd)
     w.add_rope_freq_base(10000.0)
+    if a.yarn:
+        factor, orig = a.yarn.split(":")
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(float(factor))
+        w.add_rope_scaling_orig_ctx_len(int(orig))
     w.add_layer_norm_rms_eps(1e-6)
     w.add_expert_count(ne)
     w.add_expert_used_count(s["used"])
@@ -139,9 +149,9 @@ def main():
         else:
             add(p + "exp_probs_b.bias", (ne,), 0.05, "f32")
         norm(p + "ffn_norm.weight", dim)
-        add(p + "ffn_gate_exps.weight", (ne, ef, dim), si)
-        add(p + "ffn_up_exps.weight", (ne, ef, dim), si)
-        add(p + "ffn_down_exps.weight", (ne, dim, ef), 1 / np.sqrt(ef))
+        add(p + "ffn_gate_exps.weight", (ne, ef, dim), si, "exps")
+        add(p + "ffn_up_exps.weight", (ne, ef, dim), si, "exps")
+        add(p + "ffn_down_exps.weight", (ne, dim, ef), 1 / np.sqrt(ef), "exps")
         sh = ef * s["shared"]
         add(p + "ffn_gate_shexp.weight", (sh, dim), si)
         add(p + "ffn_up_shexp.weight", (sh, dim), si)
