@@ -1,6 +1,6 @@
 /*
  * model: hyper-parameters and weight views of llama / qwen2 / qwen3 / qwen3moe / deepseek2 /
- * gpt-oss / phi3 (model_phi3.c) / mistral3 (model_mistral3.c) / bert (model_bert.c) GGUF files. See model.h
+ * gpt-oss / phi3 (model_phi3.c) / mistral3 (model_mistral3.c) / gemma3 (model_gemma3.c) / bert (model_bert.c) GGUF files. See model.h
  * for the design; this file is the loading and validation, one tensor at a time, each error
  * naming what is wrong.
  */
@@ -581,6 +581,8 @@ static const model_arch_desc model_archs[] = {
     { .name = "phi3", .arch = MODEL_ARCH_PHI3, .rope_neox = true, .hparams = model_phi3_hparams,
       .layer = model_phi3_layer },
     { .name = "mistral3", .arch = MODEL_ARCH_MISTRAL3, .hparams = model_mistral3_hparams },
+    { .name = "gemma3", .arch = MODEL_ARCH_GEMMA3, .rope_neox = true, .hparams = model_gemma3_hparams,
+      .layer = model_gemma3_layer },
     { .name = "qwen35", .arch = MODEL_ARCH_QWEN35, .rope_neox = true, .hparams = model_qwen35_hparams,
       .layer = model_qwen35_layer },
     { .name = "qwen35moe", .arch = MODEL_ARCH_QWEN35MOE, .rope_neox = true, .moe = true,
@@ -590,7 +592,7 @@ static const model_arch_desc model_archs[] = {
     { .name = "nomic-bert", .arch = MODEL_ARCH_NOMIC_BERT, .rope_neox = true, .all = model_bert_load },
 };
 /* Families llama.cpp runs whose layers the engine lacks: refused as "not supported yet". */
-static const char *const model_archs_later[] = { "mistral4", "gemma3", "gemma4", "glm4moe" };
+static const char *const model_archs_later[] = { "mistral4", "gemma4", "glm4moe" };
 
 /* The row for general.architecture, or NULL with the error set. */
 static const model_arch_desc *model_arch_find(model_ld *ld, const char *path, const char *an, size_t an_len)
@@ -658,6 +660,7 @@ static bool model_fingerprint(model *m, const char *path, const model_opts *opts
     float fl[] = { hp->rms_eps, hp->rope_base, hp->rope_freq_scale };
     int32_t moe[] = { hp->n_expert, hp->n_expert_used, hp->expert_ffn };
     int32_t swa[] = { hp->n_swa, hp->swa_pattern };
+    float gemma[] = { hp->rope_base_swa, hp->embd_scale, hp->logit_softcap, hp->att_scale };
     uint64_t fsz = gguf_file_size(m->g);
     /* every tensor's name, type, shape and offset */
     bytebuf tt = { 0 };
@@ -677,6 +680,7 @@ static bool model_fingerprint(model *m, const char *path, const model_opts *opts
         { fl, sizeof fl },
         { moe, hp->n_expert > 0 ? sizeof moe : 0 },
         { swa, hp->n_swa > 0 ? sizeof swa : 0 },
+        { gemma, hp->embd_scale != 0 ? sizeof gemma : 0 },
         { hp->rope_inv_freq, sizeof(float) * (size_t)(hp->n_rot / 2) },
         { &fsz, sizeof fsz },
         { tt.p, tt.len },
