@@ -1023,6 +1023,18 @@ static bool model_load_io(model_ld *ld)
     return true;
 }
 
+/* The KV pool keeps its blocks for the global layers: a model whose every layer is a window
+ * one (a gemma3 file of fewer than 6 layers, a gpt-oss pattern of 0) has none to key them by. */
+static bool model_check_windows(model_ld *ld)
+{
+    const model_hparams *hp = &ld->m->hp;
+    for (int il = 0; il < hp->n_layers; il++)
+        if (model_layer_window(ld->m, il) == 0) return true;
+    model_fail(ld, GGUF_ERR_FORMAT, "every one of the %d layers is a sliding-window layer (window %d): at least one "
+               "global layer is needed", hp->n_layers, hp->n_swa);
+    return false;
+}
+
 gguf_status model_load(const char *path, const model_opts *opts, model **out, char *err, size_t errsz)
 {
     *out = NULL;
@@ -1060,6 +1072,7 @@ gguf_status model_load(const char *path, const model_opts *opts, model **out, ch
         for (int il = 0; il < hp->n_layers + hp->n_nextn; il++)   /* the MTP layers last */
             if (!(ad->layer ? ad->layer(&ld, il) : model_load_layer(&ld, il))) goto fail;
         if (hp->n_nextn > 0 && !model_load_nextn(&ld)) goto fail;
+        if (!model_check_windows(&ld)) goto fail;   /* deepseek4's pool is its own (engine_dsv4.c) */
     }
 loaded:
     if (!model_fingerprint(m, path, opts)) {

@@ -10,7 +10,7 @@
 // byte with @huggingface/jinja).
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { execFileSync } from "node:child_process";
+import { execFileSync, spawnSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
@@ -68,6 +68,15 @@ test(`${fam} served: cached blocks in RAM and from the store answer as the uncac
   const split = await complete(C);
   assert.equal(split.text, first.text, "gateway + workers answer as serve");
   await stopServers();
+});
+
+test("gemma3 with every layer a window one (fewer than its period of 6) is refused at load, naming why", () => {
+  const f = path.join(tmp, "gemma3-all-window.gguf");
+  execFileSync(bin, ["mkmodel", "--arch", "gemma3", "--layers", "3", "--vocab-size", "512", "--type", "q8_0", "--seed", "1",
+    "-o", f], { stdio: "ignore" });
+  const r = spawnSync(bin, ["run", "-m", f, "-p", "hi", "-n", "1"], { encoding: "utf8" });
+  assert.notEqual(r.status, 0);
+  assert.match(r.stderr, /every one of the 3 layers is a sliding-window layer/);
 });
 
 for (const [fam, name] of Object.entries(TEMPLATES))
