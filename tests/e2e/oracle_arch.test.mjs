@@ -6,7 +6,7 @@
 // layer: YaRN and Llama 4's attention temperature), gemma3 (Gemma 3's layer: 16-position windows
 // on 2 of 3 layers with their own RoPE base, global layers with linear scaling, post-norms, GELU,
 // scaled embeddings, the logit soft cap); and
-// mkmodel's phi3, mistral3 and gemma3.
+// mkmodel's phi3 and mistral3.
 //
 // F32 weights with an F32 KV cache on both sides: sequences of 1..150 tokens (crossing a
 // 128-token block) in one step, then GREEDY greedy steps together; every position's top-10
@@ -44,8 +44,6 @@ const N_SINGLES = 16;
 // a 4096-token context), made afresh each run (a fraction of a second)
 const SHAPES = {phi3: {quant: 'q8_0'}, 'phi3-long': {}, mistral3: {quant: 'q8_0'}, 'mkmodel-phi3': {mkmodel: ['--arch', 'phi3', '--ctx', '4096']},
   gemma3: {quant: 'q8_0', tol: GELU_TOL},
-  // mkmodel's gemma3 past 32768 positions (linear scaling of the global layers), a 32-token window on 5 of 6 layers
-  'mkmodel-gemma3': {mkmodel: ['--arch', 'gemma3', '--layers', '6', '--window', '32', '--ctx', '65536'], tol: GELU_TOL},
   // mkmodel's mistral3 with an original context of 512 / 16 = 32: two temperature steps in the prompts
   'mkmodel-mistral3': {mkmodel: ['--arch', 'mistral3', '--ctx', '512', '--untied']}};
 
