@@ -896,8 +896,8 @@ static bool model_repack(model *m)
 }
 
 /* Layer il's attention after its attn_norm: llama's four projections, with qwen2's biases,
- * qwen3's head norms, or gpt-oss' biases, sinks and window. */
-static bool model_load_attn(model_ld *ld, int il)
+ * qwen3's (and gemma3's) head norms, or gpt-oss' biases, sinks and window. */
+bool model_load_attn(model_ld *ld, int il)
 {
     const model_hparams *hp = &ld->m->hp;
     model_layer *L = &ld->m->layers[il];
@@ -913,7 +913,7 @@ static bool model_load_attn(model_ld *ld, int il)
         if (!(L->bk = model_vector(ld, TN("attn_k.bias"), true, kv_dim))) return false;
         if (!(L->bv = model_vector(ld, TN("attn_v.bias"), true, kv_dim))) return false;
     }
-    if (hp->arch == MODEL_ARCH_QWEN3 || hp->arch == MODEL_ARCH_QWEN3MOE) {
+    if (hp->arch == MODEL_ARCH_QWEN3 || hp->arch == MODEL_ARCH_QWEN3MOE || hp->arch == MODEL_ARCH_GEMMA3) {
         if (!(L->q_norm = model_vector(ld, TN("attn_q_norm.weight"), true, hp->head_dim))) return false;
         if (!(L->k_norm = model_vector(ld, TN("attn_k_norm.weight"), true, hp->head_dim))) return false;
     }
@@ -932,7 +932,7 @@ static bool model_load_attn(model_ld *ld, int il)
 
 /* Layer il's FFN: its norm, then routed experts (with gpt-oss' biases and deepseek2's shared
  * experts) past the leading dense layers, or a dense gate/up/down. */
-static bool model_load_ffn(model_ld *ld, int il)
+bool model_load_ffn(model_ld *ld, int il)
 {
     const model_hparams *hp = &ld->m->hp;
     model_layer *L = &ld->m->layers[il];

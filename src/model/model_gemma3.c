@@ -67,25 +67,18 @@ bool model_gemma3_hparams(model_ld *ld)
     return true;
 }
 
+/* Llama's layer with qwen3's head norms (model.c's readers), and the norms of each sublayer's
+ * output. */
 bool model_gemma3_layer(model_ld *ld, int il)
 {
     const model_hparams *hp = &ld->m->hp;
     model_layer *L = &ld->m->layers[il];
-    const int64_t q_dim = (int64_t)hp->n_heads * hp->head_dim, kv_dim = (int64_t)hp->n_kv_heads * hp->head_dim;
     char nm[96];
 #define TN(suffix) (snprintf(nm, sizeof nm, "blk.%d.%s", il, suffix), nm)
     if (!(L->attn_norm = model_vector(ld, TN("attn_norm.weight"), true, hp->dim))) return false;
-    if (!model_matrix(ld, TN("attn_q.weight"), hp->dim, q_dim, &L->wq)) return false;
-    if (!model_matrix(ld, TN("attn_k.weight"), hp->dim, kv_dim, &L->wk)) return false;
-    if (!model_matrix(ld, TN("attn_v.weight"), hp->dim, kv_dim, &L->wv)) return false;
-    if (!model_matrix(ld, TN("attn_output.weight"), q_dim, hp->dim, &L->wo)) return false;
-    if (!(L->q_norm = model_vector(ld, TN("attn_q_norm.weight"), true, hp->head_dim))) return false;
-    if (!(L->k_norm = model_vector(ld, TN("attn_k_norm.weight"), true, hp->head_dim))) return false;
+    if (!model_load_attn(ld, il)) return false;
     if (!(L->attn_post_norm = model_vector(ld, TN("post_attention_norm.weight"), true, hp->dim))) return false;
-    if (!(L->ffn_norm = model_vector(ld, TN("ffn_norm.weight"), true, hp->dim))) return false;
-    if (!model_matrix(ld, TN("ffn_gate.weight"), hp->dim, hp->ffn_dim, &L->gate)) return false;
-    if (!model_matrix(ld, TN("ffn_up.weight"), hp->dim, hp->ffn_dim, &L->up)) return false;
-    if (!model_matrix(ld, TN("ffn_down.weight"), hp->ffn_dim, hp->dim, &L->down)) return false;
+    if (!model_load_ffn(ld, il)) return false;
     if (!(L->ffn_post_norm = model_vector(ld, TN("post_ffw_norm.weight"), true, hp->dim))) return false;
 #undef TN
     const int pat = hp->swa_pattern;   /* llama.cpp's set_swa_pattern */

@@ -38,6 +38,11 @@ bool model_phi3_layer(model_ld *ld, int il);
  * llama's (model.c). */
 bool model_mistral3_hparams(model_ld *ld);
 
+/* Layer il's attention after attn_norm (llama's projections and each family's extras), and its
+ * FFN with ffn_norm (model.c): for a family's layer hook that adds tensors around them. */
+bool model_load_attn(model_ld *ld, int il);
+bool model_load_ffn(model_ld *ld, int il);
+
 /* gemma3 (model_gemma3.c): the window layers, their RoPE base, the soft cap, the embedding
  * scale, after the common hyper-parameters; every tensor of layer il. */
 bool model_gemma3_hparams(model_ld *ld);

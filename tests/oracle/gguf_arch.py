@@ -111,18 +111,40 @@ def main():
     finish(w, a.out)
 
 
-def write_mistral3(w, s, n_vocab, add, norm):
-    dim, L, H, kvh, hd, ffn = s["dim"], s["layers"], s["heads"], s["kv_heads"], s["head_dim"], s["ffn"]
-    # LlamaModel.set_gguf_parameters, then Ministral3Model's YaRN and temperature keys
+def write_shape(w, s, eps):
+    """The shape keys of llama's layout (TextModel.set_gguf_parameters, head sizes given)."""
     w.add_context_length(s["ctx"])
-    w.add_embedding_length(dim)
-    w.add_feed_forward_length(ffn)
-    w.add_block_count(L)
-    w.add_head_count(H)
-    w.add_head_count_kv(kvh)
-    w.add_key_length(hd)
-    w.add_value_length(hd)
-    w.add_layer_norm_rms_eps(1e-5)
+    w.add_embedding_length(s["dim"])
+    w.add_feed_forward_length(s["ffn"])
+    w.add_block_count(s["layers"])
+    w.add_head_count(s["heads"])
+    w.add_head_count_kv(s["kv_heads"])
+    w.add_key_length(s["head_dim"])
+    w.add_value_length(s["head_dim"])
+    w.add_layer_norm_rms_eps(eps)
+
+
+def add_llama_layer(s, add, norm, p, ffn_between=lambda: None):
+    """Llama's attention and gated FFN tensors of one layer (prefix p); ffn_between adds what
+    comes between the attention and ffn_norm."""
+    dim, H, kvh, hd, ffn = s["dim"], s["heads"], s["kv_heads"], s["head_dim"], s["ffn"]
+    si = 1.0 / np.sqrt(dim)
+    norm(p + "attn_norm.weight", dim)
+    add(p + "attn_q.weight", (H * hd, dim), si)
+    add(p + "attn_k.weight", (kvh * hd, dim), si)
+    add(p + "attn_v.weight", (kvh * hd, dim), si)
+    add(p + "attn_output.weight", (dim, H * hd), 1 / np.sqrt(H * hd))
+    ffn_between()
+    norm(p + "ffn_norm.weight", dim)
+    add(p + "ffn_gate.weight", (ffn, dim), si)
+    add(p + "ffn_up.weight", (ffn, dim), si)
+    add(p + "ffn_down.weight", (dim, ffn), 1 / np.sqrt(ffn))
+
+
+def write_mistral3(w, s, n_vocab, add, norm):
+    dim, L, hd = s["dim"], s["layers"], s["head_dim"]
+    # LlamaModel.set_gguf_parameters, then Ministral3Model's YaRN and temperature keys
+    write_shape(w, s, 1e-5)
     w.add_rope_dimension_count(hd)
     w.add_rope_freq_base(1000000.0)
     w.add_vocab_size(n_vocab)
@@ -138,30 +160,13 @@ def write_mistral3(w, s, n_vocab, add, norm):
     norm("output_norm.weight", dim, 20.0)
     add("output.weight", (n_vocab, dim), 0.5 * si)
     for il in range(L):
-        p = f"blk.{il}."
-        norm(p + "attn_norm.weight", dim)
-        add(p + "attn_q.weight", (H * hd, dim), si)
-        add(p + "attn_k.weight", (kvh * hd, dim), si)
-        add(p + "attn_v.weight", (kvh * hd, dim), si)
-        add(p + "attn_output.weight", (dim, H * hd), 1 / np.sqrt(H * hd))
-        norm(p + "ffn_norm.weight", dim)
-        add(p + "ffn_gate.weight", (ffn, dim), si)
-        add(p + "ffn_up.weight", (ffn, dim), si)
-        add(p + "ffn_down.weight", (dim, ffn), 1 / np.sqrt(ffn))
+        add_llama_layer(s, add, norm, f"blk.{il}.")
 
 
 def write_gemma3(w, s, n_vocab, add, norm):
-    dim, L, H, kvh, hd, ffn = s["dim"], s["layers"], s["heads"], s["kv_heads"], s["head_dim"], s["ffn"]
+    dim, L, hd = s["dim"], s["layers"], s["head_dim"]
     # TextModel.set_gguf_parameters, then Gemma3Model's (norm weights stored as 1 + w)
-    w.add_context_length(s["ctx"])
-    w.add_embedding_length(dim)
-    w.add_feed_forward_length(ffn)
-    w.add_block_count(L)
-    w.add_head_count(H)
-    w.add_head_count_kv(kvh)
-    w.add_key_length(hd)
-    w.add_value_length(hd)
-    w.add_layer_norm_rms_eps(1e-6)
+    write_shape(w, s, 1e-6)
     w.add_rope_freq_base(1000000.0)
     w.add_rope_freq_base_swa(10000.0)
     w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
@@ -175,18 +180,12 @@ def write_gemma3(w, s, n_vocab, add, norm):
     norm("output_norm.weight", dim, s["out_norm"])
     for il in range(L):
         p = f"blk.{il}."
-        norm(p + "attn_norm.weight", dim)
-        add(p + "attn_q.weight", (H * hd, dim), si)
-        add(p + "attn_k.weight", (kvh * hd, dim), si)
-        add(p + "attn_v.weight", (kvh * hd, dim), si)
-        add(p + "attn_output.weight", (dim, H * hd), 1 / np.sqrt(H * hd))
-        norm(p + "attn_q_norm.weight", hd)
-        norm(p + "attn_k_norm.weight", hd)
-        norm(p + "post_attention_norm.weight", dim, 0.3)
-        norm(p + "ffn_norm.weight", dim)
-        add(p + "ffn_gate.weight", (ffn, dim), si)
-        add(p + "ffn_up.weight", (ffn, dim), si)
-        add(p + "ffn_down.weight", (dim, ffn), 1 / np.sqrt(ffn))
+
+        def head_norms(p=p):   # qwen3's head norms, then the attention output's norm
+            norm(p + "attn_q_norm.weight", hd)
+            norm(p + "attn_k_norm.weight", hd)
+            norm(p + "post_attention_norm.weight", dim, 0.3)
+        add_llama_layer(s, add, norm, p, head_norms)
         norm(p + "post_ffw_norm.weight", dim, 0.3)
 
 
