@@ -107,15 +107,16 @@ static const mk_preset mk_presets[] = {
       .head_dim = 128, .ctx = 131072, .n_vocab = 200064, .rope_base = 10000, .tied = true },
     /* Gemma 3 (google/gemma-3-{1b,4b,12b,27b}-it config.json, the 4b..27b text_config): a
      * 512 / 1024-token window on 5 of each 6 layers, global layers with rope_theta 1e6 (linear
-     * scaling 8 past 1b's 32768 positions), tied embeddings of 262144 / 262208 tokens */
+     * scaling 8 past 1b's 32768 positions), tied embeddings of 262144 tokens (4b..27b's configs
+     * say 262208: the converter keeps only the tokenizer's 262144 rows) */
     { .name = "gemma-3-1b", .arch = "gemma3", .n_layers = 26, .dim = 1152, .ffn = 6912, .n_heads = 4, .n_kv_heads = 1,
       .head_dim = 256, .ctx = 32768, .n_vocab = 262144, .rope_base = 1e6, .tied = true, .n_swa = 512 },
     { .name = "gemma-3-4b", .arch = "gemma3", .n_layers = 34, .dim = 2560, .ffn = 10240, .n_heads = 8, .n_kv_heads = 4,
-      .head_dim = 256, .ctx = 131072, .n_vocab = 262208, .rope_base = 1e6, .tied = true, .n_swa = 1024 },
+      .head_dim = 256, .ctx = 131072, .n_vocab = 262144, .rope_base = 1e6, .tied = true, .n_swa = 1024 },
     { .name = "gemma-3-12b", .arch = "gemma3", .n_layers = 48, .dim = 3840, .ffn = 15360, .n_heads = 16, .n_kv_heads = 8,
-      .head_dim = 256, .ctx = 131072, .n_vocab = 262208, .rope_base = 1e6, .tied = true, .n_swa = 1024 },
+      .head_dim = 256, .ctx = 131072, .n_vocab = 262144, .rope_base = 1e6, .tied = true, .n_swa = 1024 },
     { .name = "gemma-3-27b", .arch = "gemma3", .n_layers = 62, .dim = 5376, .ffn = 21504, .n_heads = 32, .n_kv_heads = 16,
-      .head_dim = 128, .ctx = 131072, .n_vocab = 262208, .rope_base = 1e6, .tied = true, .n_swa = 1024 },
+      .head_dim = 128, .ctx = 131072, .n_vocab = 262144, .rope_base = 1e6, .tied = true, .n_swa = 1024 },
 };
 
 typedef struct {
