@@ -1754,9 +1754,7 @@ engine_status engine_forward(engine *e, const engine_batch *b, const float *hidd
         ops_rmsnorm(tp, e->xo, e->xo, m->output_norm, n_out, dim, eps);
         engine_prof_mark(e, il_out, ENGINE_PROF_OUT_NORM);
         ops_matmul(tp, &m->output, e->xo, n_out, logits, e->mm_scratch);
-        if (hp->logit_softcap != 0.0f)   /* gemma3, as ggml: scale by 1/c, tanh, scale by c */
-            for (size_t i = 0; i < (size_t)n_out * (size_t)hp->n_vocab; i++)
-                logits[i] = tanhf(logits[i] * (1.0f / hp->logit_softcap)) * hp->logit_softcap;
+        if (hp->logit_softcap != 0.0f) ops_softcap(tp, logits, (int64_t)n_out * hp->n_vocab, hp->logit_softcap);   /* gemma3 */
         engine_prof_mark(e, il_out, ENGINE_PROF_OUTPUT);
     }
     if (e->prof_on) ops_profile_attach(NULL);

@@ -1014,6 +1014,25 @@ void ops_geglu(threadpool *tp, float *out, const float *gate, const float *up, i
     threadpool_run(tp, ops_geglu_thread, &c);
 }
 
+static void ops_softcap_thread(void *arg, int ith, int nth)
+{
+    ops_flat_ctx *c = arg;
+    int64_t i0, i1;
+    ops_split(c->n, ith, nth, &i0, &i1);
+    const float cap = c->a[0], inv = 1.0f / cap;
+    for (int64_t i = i0; i < i1; i++) c->out[i] = tanhf(c->out[i] * inv) * cap;
+}
+
+void ops_softcap(threadpool *tp, float *x, int64_t n, float cap)
+{
+    ops_flat_ctx c = {ops_get(), x, &cap, NULL, n};
+    if (n < 4096) {
+        ops_softcap_thread(&c, 0, 1);
+        return;
+    }
+    threadpool_run(tp, ops_softcap_thread, &c);
+}
+
 void ops_swiglu_oai(float *out, const float *gate, const float *up, int64_t n, float alpha, float limit)
 {
     for (int64_t i = 0; i < n; i++) {
