@@ -2,7 +2,7 @@
  * cmd_mkmodel: writes a random-weight GGUF model of a real architecture and shape, which
  * llama.cpp also loads: the test and benchmark models of tokenmill.
  *
- *   tokenmill mkmodel --arch llama|qwen2|qwen3|qwen3moe|deepseek2|gpt-oss|phi3|mistral3|qwen35|qwen35moe [--preset NAME] [shape options] [--vocab FILE]
+ *   tokenmill mkmodel --arch llama|qwen2|qwen3|qwen3moe|deepseek2|gpt-oss|phi3|mistral3|qwen35|qwen35moe|gemma3 [--preset NAME] [shape options] [--vocab FILE]
  *                     --type T --seed S [--tied|--untied] [--rope-scaling llama3] -o OUT.gguf
  *
  * Tensors and metadata follow llama.cpp's converters: `llama` (rope_freqs.weight when
@@ -18,7 +18,10 @@
  * layer full attention with the query's gate (attn_q twice as wide) and q/k norms, a quarter of
  * each head rotated over three interleaved M-RoPE sections; the others gated delta nets:
  * attn_qkv, attn_gate, ssm_beta/alpha, an F32 ssm_conv1d of 4 taps, ssm_dt.bias, ssm_a < 0,
- * ssm_norm, ssm_out; post_attention_norm; the MoE with its gated shared expert). Norms, biases and rope
+ * ssm_norm, ssm_out; post_attention_norm; the MoE with its gated shared expert), `gemma3` (qwen3's head norms, post_attention_norm and
+ * post_ffw_norm, attention.sliding_window (--window, default 512) on 5 of each 6 layers,
+ * rope.freq_base_swa 10000 and, past a 32768-token context, linear scaling 8 for the global
+ * layers, as conversion/gemma.py writes Gemma 3's; tied embeddings). Norms, biases and rope
  * factors stay F32; every matrix gets
  * --type (q4_1, q5_0, q5_1, q2_k, q3_k, iq4_nl, iq4_xs, iq3_xxs, iq3_s, iq2_s, tq1_0, tq2_0 too, ggml's reference quantisers; every matrix
  * in the one type), for q3_k_m llama.cpp's Q3_K_M mix (Q3_K, attn_v/ffn_down/attn_output in Q4_K/Q5_K, output Q6_K),
@@ -78,7 +81,7 @@ typedef struct {
     bool sigmoid, w_norm;
     double w_scale;
     int n_groups, n_groups_used;
-    int n_swa;              /* gpt-oss: sliding window (every other layer) */
+    int n_swa;              /* gpt-oss: sliding window (every other layer); gemma3: 5 of 6 */
     int ssm_k_heads, ssm_v_heads, ssm_state;   /* qwen35: the linear layers' q/k heads, v heads, head size */
 } mk_preset;
 
@@ -121,6 +124,18 @@ static const mk_preset mk_presets[] = {
     { .name = "qwen3.5-4b", .arch = "qwen35", .n_layers = 32, .dim = 2560, .ffn = 9216, .n_heads = 16, .n_kv_heads = 4,
       .head_dim = 256, .ctx = 262144, .n_vocab = 248320, .rope_base = 1e7, .tied = true, .ssm_k_heads = 16,
       .ssm_v_heads = 32, .ssm_state = 128 },
+    /* Gemma 3 (google/gemma-3-{1b,4b,12b,27b}-it config.json, the 4b..27b text_config): a
+     * 512 / 1024-token window on 5 of each 6 layers, global layers with rope_theta 1e6 (linear
+     * scaling 8 past 1b's 32768 positions), tied embeddings of 262144 tokens (4b..27b's configs
+     * say 262208: the converter keeps only the tokenizer's 262144 rows) */
+    { .name = "gemma-3-1b", .arch = "gemma3", .n_layers = 26, .dim = 1152, .ffn = 6912, .n_heads = 4, .n_kv_heads = 1,
+      .head_dim = 256, .ctx = 32768, .n_vocab = 262144, .rope_base = 1e6, .tied = true, .n_swa = 512 },
+    { .name = "gemma-3-4b", .arch = "gemma3", .n_layers = 34, .dim = 2560, .ffn = 10240, .n_heads = 8, .n_kv_heads = 4,
+      .head_dim = 256, .ctx = 131072, .n_vocab = 262144, .rope_base = 1e6, .tied = true, .n_swa = 1024 },
+    { .name = "gemma-3-12b", .arch = "gemma3", .n_layers = 48, .dim = 3840, .ffn = 15360, .n_heads = 16, .n_kv_heads = 8,
+      .head_dim = 256, .ctx = 131072, .n_vocab = 262144, .rope_base = 1e6, .tied = true, .n_swa = 1024 },
+    { .name = "gemma-3-27b", .arch = "gemma3", .n_layers = 62, .dim = 5376, .ffn = 21504, .n_heads = 32, .n_kv_heads = 16,
+      .head_dim = 128, .ctx = 131072, .n_vocab = 262144, .rope_base = 1e6, .tied = true, .n_swa = 1024 },
 };
 
 typedef struct {
@@ -140,7 +155,7 @@ typedef struct {
     bool rope_llama3;
     bool rope_yarn;         /* YaRN: factor 40 from 4096 positions, DeepSeek's settings (gpt-oss:
                              * factor 32, its own) */
-    int n_swa;              /* gpt-oss: sliding window */
+    int n_swa;              /* gpt-oss, gemma3: sliding window */
     int n_nextn;            /* deepseek2: MTP layers after the n_layers */
     int ssm_k_heads, ssm_v_heads, ssm_state;   /* qwen35: linear layers' q/k heads, v heads, head size */
     int pooling;            /* {arch}.pooling_type to write (llama.cpp's values), -1: none */
@@ -724,6 +739,19 @@ static void mk_mistral3_keys(gguf_writer *w, const mk_opts *o)
     gguf_writer_set_f32(w, "mistral3.attention.temperature_scale", 0.1f);
 }
 
+/* gemma3's keys beyond the common ones, as conversion/gemma.py writes Gemma 3's: the window
+ * (sliding_window_pattern not written: llama.cpp's default 6), the window layers' RoPE base,
+ * and for a context past 32768 (4b..27b) linear scaling 8 of the global layers. */
+static void mk_gemma3_keys(gguf_writer *w, const mk_opts *o)
+{
+    gguf_writer_set_u32(w, "gemma3.attention.sliding_window", (uint32_t)o->n_swa);
+    gguf_writer_set_f32(w, "gemma3.rope.freq_base_swa", 10000.0f);
+    if (o->ctx > 32768) {
+        gguf_writer_set_str(w, "gemma3.rope.scaling.type", "linear");
+        gguf_writer_set_f32(w, "gemma3.rope.scaling.factor", 8.0f);
+    }
+}
+
 /* A phi3 layer after its attn_norm: Q, K and V in one matrix (q rows, then k, then v), the
  * FFN's gate and up in one ffn_up of 2 * ffn rows (gate first). */
 static void mk_phi3_layer(mk_model *m, int l, qtype more)
@@ -840,7 +868,8 @@ static void mk_write_keys(gguf_writer *w, const mk_opts *o, int64_t V, qtype bas
     if (!strcmp(A, "phi3")) mk_phi3_keys(w, o);
     if (!strcmp(A, "mistral3")) mk_mistral3_keys(w, o);
     if (o->ssm_state > 0) mk_qwen35_keys(w, o);
-    if (o->n_swa > 0) {   /* gpt-oss, as its converter writes it (the layer pattern: llama.cpp's default 2) */
+    if (!strcmp(A, "gemma3")) mk_gemma3_keys(w, o);
+    if (!strcmp(A, "gpt-oss")) {   /* gpt-oss, as its converter writes it (the layer pattern: llama.cpp's default 2) */
         gguf_writer_set_u32(w, MK_KEY("attention.sliding_window"), (uint32_t)o->n_swa);
         gguf_writer_set_str(w, MK_KEY("rope.scaling.type"), "yarn");
         gguf_writer_set_f32(w, MK_KEY("rope.scaling.factor"), 32.0f);
@@ -965,12 +994,16 @@ static void mk_dense_layer(mk_model *m, int l, qtype more)
         mk_add(m, MK_T("attn_k.bias"), MK_INIT_NOISE, 0.3f, QTYPE_F32, 1, kv_dim, 1);
         mk_add(m, MK_T("attn_v.bias"), MK_INIT_NOISE, 0.3f, QTYPE_F32, 1, kv_dim, 1);
     }
-    if (!strcmp(A, "qwen3") || !strcmp(A, "qwen3moe")) {
+    const bool gemma = !strcmp(A, "gemma3");
+    if (!strcmp(A, "qwen3") || !strcmp(A, "qwen3moe") || gemma) {
         mk_add(m, MK_T("attn_q_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, o->head_dim, 1);
         mk_add(m, MK_T("attn_k_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, o->head_dim, 1);
     }
     mk_add(m, MK_T("attn_output.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)q_dim), o_t, 2, q_dim, dim);
+    /* gemma3's norms of each sublayer's output: small, as the scaled embeddings' (about 0.5) */
+    if (gemma) mk_add(m, MK_T("post_attention_norm.weight"), MK_INIT_NORM, 0.3f, QTYPE_F32, 1, dim, 1);
     mk_add(m, MK_T("ffn_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, dim, 1);
+    if (gemma) mk_add(m, MK_T("post_ffw_norm.weight"), MK_INIT_NORM, 0.3f, QTYPE_F32, 1, dim, 1);
     mk_ffn(m, l, down_t);
 #undef MK_T
 }
@@ -1014,7 +1047,7 @@ static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *
         if (!strcmp(A, "deepseek2")) {
             mk_mla_layer(&m, l, more);
             if (l >= o->n_layers) mk_nextn_layer(&m, l, emb_std, out_type, V);
-        } else if (o->n_swa > 0) {
+        } else if (!strcmp(A, "gpt-oss")) {
             mk_gptoss_layer(&m, l);
         } else if (!strcmp(A, "phi3")) {
             mk_phi3_layer(&m, l, more);
@@ -1135,6 +1168,7 @@ static int mk_resolve_experts(mk_opts *o, const mk_args *a, const mk_preset *p)
         fprintf(stderr, "tokenmill mkmodel: --experts, --experts-used and --expert-ffn are for --arch qwen3moe, qwen35moe, deepseek2 or gpt-oss\n");
         return 2;
     }
+    if (!strcmp(o->arch, "gemma3")) o->n_swa = a->window ? (int)a->window : p->n_swa ? p->n_swa : 512;
     return 0;
 }
 
@@ -1171,7 +1205,7 @@ int cmd_mkmodel(int argc, char **argv)
     for (size_t i = 0; i < TM_ARRAY_LEN(mk_presets) && ph < sizeof preset_help; i++)
         ph += (size_t)snprintf(preset_help + ph, sizeof preset_help - ph, " %s", mk_presets[i].name);
     const cmd_opt opts[] = {
-        { "--arch", NULL, CMD_OPT_STR, &o.arch, .arg = "llama|qwen2|qwen3|qwen3moe|deepseek2|gpt-oss|phi3|mistral3|qwen35|qwen35moe", .help = "architecture (or the preset's)" },
+        { "--arch", NULL, CMD_OPT_STR, &o.arch, .arg = "llama|qwen2|qwen3|qwen3moe|deepseek2|gpt-oss|phi3|mistral3|qwen35|qwen35moe|gemma3", .help = "architecture (or the preset's)" },
         { "--preset", NULL, CMD_OPT_STR, &a.preset, .arg = "NAME", .help = preset_help },
         { "--layers", NULL, CMD_OPT_LONG, &a.layers, 0, 4096, .arg = "N", .help = "shape options override the preset's" },
         { "--dim", NULL, CMD_OPT_LONG, &a.dim, 0, 1 << 20, .arg = "N", .help = "hidden size" },
@@ -1195,7 +1229,7 @@ int cmd_mkmodel(int argc, char **argv)
         { "--routed-scale", NULL, CMD_OPT_DOUBLE, &a.routed_scale, 0, 1000, .arg = "F", .help = "deepseek2: routed experts' weight scale" },
         { "--router-skew", NULL, CMD_OPT_DOUBLE, &a.router_skew, 0, 100, .arg = "F", .help = "deepseek2 sigmoid router: a load skewed on purpose, expert x's selection bias + F x/(E-1)" },
         { "--nextn", NULL, CMD_OPT_LONG, &a.nextn, 0, 16, .arg = "N", .help = "deepseek2: N multi-token prediction (MTP) layers after the model's" },
-        { "--window", NULL, CMD_OPT_LONG, &a.window, 0, 1 << 24, .arg = "N", .help = "gpt-oss: sliding window of the even layers" },
+        { "--window", NULL, CMD_OPT_LONG, &a.window, 0, 1 << 24, .arg = "N", .help = "gpt-oss: sliding window of the even layers; gemma3: of 5 in 6 layers" },
         { "--ctx", NULL, CMD_OPT_LONG, &a.ctx, 0, 1 << 24, .arg = "N", .help = "training context" },
         { "--vocab-size", NULL, CMD_OPT_LONG, &a.nv, 0, 1 << 24, .arg = "N", .help = "without --vocab: a synthetic vocabulary" },
         { "--vocab", NULL, CMD_OPT_STR, &a.vocab, .arg = "FILE.gguf|tokenizer.json", .help = "a real vocabulary" },
@@ -1238,9 +1272,9 @@ int cmd_mkmodel(int argc, char **argv)
     }
     if (strcmp(o.arch, "llama") && strcmp(o.arch, "qwen2") && strcmp(o.arch, "qwen3") && strcmp(o.arch, "qwen3moe") &&
         strcmp(o.arch, "deepseek2") && strcmp(o.arch, "gpt-oss") && strcmp(o.arch, "phi3") && strcmp(o.arch, "mistral3") &&
-        strcmp(o.arch, "qwen35") && strcmp(o.arch, "qwen35moe")) {
+        strcmp(o.arch, "qwen35") && strcmp(o.arch, "qwen35moe") && strcmp(o.arch, "gemma3")) {
         fprintf(stderr, "tokenmill mkmodel: unknown arch '%s' (llama, qwen2, qwen3, qwen3moe, deepseek2, gpt-oss, phi3, mistral3, "
-                "qwen35, qwen35moe)\n",
+                "qwen35, qwen35moe, gemma3)\n",
                 o.arch);
         return 2;
     }
@@ -1267,8 +1301,8 @@ int cmd_mkmodel(int argc, char **argv)
         return 2;
     }
     if (mk_resolve_experts(&o, &a, p) != 0) return 2;
-    if (!gptoss && (a.window || !strcasecmp(o.type, "mxfp4"))) {
-        fprintf(stderr, "tokenmill mkmodel: --window and --type mxfp4 are for --arch gpt-oss\n");
+    if ((!gptoss && !strcasecmp(o.type, "mxfp4")) || (!gptoss && strcmp(o.arch, "gemma3") && a.window)) {
+        fprintf(stderr, "tokenmill mkmodel: --window is for --arch gpt-oss or gemma3, --type mxfp4 for gpt-oss\n");
         return 2;
     }
     o.exps_type = !strcasecmp(o.type, "mxfp4") ? QTYPE_MXFP4 : qt;
@@ -1287,6 +1321,7 @@ int cmd_mkmodel(int argc, char **argv)
     o.n_threads = (int)a.threads;
     if (o.n_threads <= 0) o.n_threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (o.n_threads <= 0) o.n_threads = 1;
+    if (!strcmp(o.arch, "gemma3") && a.tied < 0) o.tied = true;   /* Gemma's output is its embedding */
     if (o.n_layers <= 0 || o.dim <= 0 || o.ffn <= 0 || o.n_heads <= 0 || o.n_kv_heads <= 0 || o.head_dim <= 0 ||
         o.head_dim % 2 || o.ctx <= 0 || o.n_heads % o.n_kv_heads || o.n_vocab <= 0 || o.n_layers > 4096) {
         fprintf(stderr, "tokenmill mkmodel: bad shape: layers %d dim %d ffn %d heads %d kv-heads %d head-dim %d ctx %d vocab %d "

@@ -31,14 +31,7 @@ struct engine_bert {
     int32_t *run0;           /* (T + 1) first entry of each sequence's run, then n */
     int n_runs;
     void *mm_scratch;        /* matmul activation scratch */
-    float gelu[1 << 16];     /* ggml's table: gelu of every fp16 value, rounded to fp16 */
 };
-
-static float engine_bert_gelu_tanh(float x)
-{
-    const float c = 0.79788456080286535587989211986876f, a = 0.044715f;
-    return 0.5f * x * (1.0f + tanhf(c * x * (1.0f + a * x * x)));
-}
 
 void engine_bert_free(engine_bert *b)
 {
@@ -100,8 +93,6 @@ engine_bert *engine_bert_new(const model *m, threadpool *tp, int max_tokens)
         engine_bert_free(b);
         return NULL;
     }
-    for (uint32_t i = 0; i < (1u << 16); i++)
-        b->gelu[i] = quant_fp16_to_fp32(quant_fp32_to_fp16(engine_bert_gelu_tanh(quant_fp16_to_fp32((fp16_t)i))));
     return b;
 }
 
@@ -217,8 +208,7 @@ static void engine_bert_run(void *ctx, int ith, int nth)
         case BERT_JOB_GELU: {
             float *f = b->ff + (size_t)t * hp->ffn_dim;
             engine_bert_bias(f, L->up_b, hp->ffn_dim);
-            for (int d = 0; d < hp->ffn_dim; d++)
-                f[d] = f[d] <= -10.0f ? 0.0f : f[d] >= 10.0f ? f[d] : b->gelu[quant_fp32_to_fp16(f[d])];
+            for (int d = 0; d < hp->ffn_dim; d++) f[d] = ops_gelu(f[d]);
             break;
         }
         default:

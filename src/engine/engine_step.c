@@ -37,10 +37,13 @@ static void engine_job_qkv_post(void *ctx, int ith, int nth)
         ops_rmsnorm(NULL, q, q, L->q_norm, n * hp->n_heads, hd, hp->rms_eps);
         ops_rmsnorm(NULL, k, k, L->k_norm, n * hp->n_kv_heads, hd, hp->rms_eps);
     }
-    ops_rope_ggml(NULL, q, e->pos + t0, n, hp->n_heads, hd, hp->n_rot, hp->rope_neox, hp->rope_theta_scale,
-                  hp->rope_freq_scale, hp->rope_freq_factors, hp->rope_attn_factor, hp->rope_yarn[0] != 0 ? hp->rope_yarn : NULL);
-    ops_rope_ggml(NULL, k, e->pos + t0, n, hp->n_kv_heads, hd, hp->n_rot, hp->rope_neox, hp->rope_theta_scale,
-                  hp->rope_freq_scale, hp->rope_freq_factors, hp->rope_attn_factor, hp->rope_yarn[0] != 0 ? hp->rope_yarn : NULL);
+    /* gemma3: window layers rotate with their own base and no frequency scaling */
+    const bool rope_swa = hp->rope_theta_scale_swa != 0.0f && L->window > 0;
+    const float theta = rope_swa ? hp->rope_theta_scale_swa : hp->rope_theta_scale, fscale = rope_swa ? 1.0f : hp->rope_freq_scale;
+    ops_rope_ggml(NULL, q, e->pos + t0, n, hp->n_heads, hd, hp->n_rot, hp->rope_neox, theta,
+                  fscale, hp->rope_freq_factors, hp->rope_attn_factor, hp->rope_yarn[0] != 0 ? hp->rope_yarn : NULL);
+    ops_rope_ggml(NULL, k, e->pos + t0, n, hp->n_kv_heads, hd, hp->n_rot, hp->rope_neox, theta,
+                  fscale, hp->rope_freq_factors, hp->rope_attn_factor, hp->rope_yarn[0] != 0 ? hp->rope_yarn : NULL);
     if (hp->attn_temp_scale != 0.0f)   /* mistral3: Llama 4's temperature, as llama.cpp's inp_attn_scale */
         for (int t = 0; t < n; t++) {
             float s = (float)(log(floorf((float)e->pos[t0 + t] / (float)hp->attn_temp_floor) + 1.0) * hp->attn_temp_scale + 1.0);
@@ -860,6 +863,7 @@ engine_status engine_forward(engine *e, const engine_batch *b, const float *hidd
     const float eps = hp->rms_eps;
     for (int t = 0; t < T; t++) {
         model_embed_row(m, b->toks[t].token, e->x + (size_t)t * dim);
+        if (hp->embd_scale != 0.0f) ops_vec_scale_f32(dim, e->x + (size_t)t * dim, hp->embd_scale);   /* gemma3 */
         e->pos[t] = b->toks[t].pos;
     }
     engine_job job = { .e = e, .b = b };
@@ -900,6 +904,7 @@ engine_status engine_forward(engine *e, const engine_batch *b, const float *hidd
         engine_prof_mark(e, il, ENGINE_PROF_ATTENTION);
         if (hp->mla) engine_mla_out(e, &job, il, T);
         else ops_matmul(tp, &L->wo, e->att, T, e->xn, e->mm_scratch);
+        if (L->attn_post_norm) ops_rmsnorm(tp, e->xn, e->xn, L->attn_post_norm, T, dim, eps);   /* gemma3 */
         engine_prof_mark(e, il, ENGINE_PROF_WO);
     add_attention:
         job.norm = L->ffn_norm;
@@ -915,9 +920,11 @@ engine_status engine_forward(engine *e, const engine_batch *b, const float *hidd
             float *gu_out[2] = { e->ffa, e->ffb };
             ops_matmul_multi(tp, 2, gu, e->xn, T, gu_out, e->mm_scratch);
             engine_prof_mark(e, il, ENGINE_PROF_FFN_UP);
-            ops_swiglu(tp, e->ffa, e->ffa, e->ffb, T, hp->ffn_dim);
+            if (hp->ffn_gelu) ops_geglu(tp, e->ffa, e->ffa, e->ffb, T, hp->ffn_dim);
+            else ops_swiglu(tp, e->ffa, e->ffa, e->ffb, T, hp->ffn_dim);
             engine_prof_mark(e, il, ENGINE_PROF_SWIGLU);
             ops_matmul(tp, &L->down, e->ffa, T, e->xn, e->mm_scratch);
+            if (L->ffn_post_norm) ops_rmsnorm(tp, e->xn, e->xn, L->ffn_post_norm, T, dim, eps);   /* gemma3 */
             engine_prof_mark(e, il, ENGINE_PROF_FFN_DOWN);
         }
         job.norm = il + 1 < hp->n_layers ? m->layers[il + 1].attn_norm : NULL;
@@ -934,6 +941,7 @@ engine_status engine_forward(engine *e, const engine_batch *b, const float *hidd
         ops_rmsnorm(tp, e->xo, e->xo, m->output_norm, n_out, dim, eps);
         engine_prof_mark(e, il_out, ENGINE_PROF_OUT_NORM);
         ops_matmul(tp, &m->output, e->xo, n_out, logits, e->mm_scratch);
+        if (hp->logit_softcap != 0.0f) ops_softcap(tp, logits, (int64_t)n_out * hp->n_vocab, hp->logit_softcap);   /* gemma3 */
         engine_prof_mark(e, il_out, ENGINE_PROF_OUTPUT);
     }
     if (e->prof_on) ops_profile_attach(NULL);

@@ -1,6 +1,6 @@
 /*
  * model: hyper-parameters and weight views of llama / qwen2 / qwen3 / qwen3moe / deepseek2 /
- * gpt-oss / phi3 (model_phi3.c) / mistral3 (model_mistral3.c) / bert (model_bert.c) GGUF files. See model.h
+ * gpt-oss / phi3 (model_phi3.c) / mistral3 (model_mistral3.c) / gemma3 (model_gemma3.c) / bert (model_bert.c) GGUF files. See model.h
  * for the design; this file is the loading and validation, one tensor at a time, each error
  * naming what is wrong.
  */
@@ -587,6 +587,8 @@ static const model_arch_desc model_archs[] = {
     { .name = "phi3", .arch = MODEL_ARCH_PHI3, .rope_neox = true, .hparams = model_phi3_hparams,
       .layer = model_phi3_layer },
     { .name = "mistral3", .arch = MODEL_ARCH_MISTRAL3, .hparams = model_mistral3_hparams },
+    { .name = "gemma3", .arch = MODEL_ARCH_GEMMA3, .rope_neox = true, .hparams = model_gemma3_hparams,
+      .layer = model_gemma3_layer },
     { .name = "qwen35", .arch = MODEL_ARCH_QWEN35, .rope_neox = true, .hparams = model_qwen35_hparams,
       .layer = model_qwen35_layer },
     { .name = "qwen35moe", .arch = MODEL_ARCH_QWEN35MOE, .rope_neox = true, .moe = true,
@@ -597,7 +599,7 @@ static const model_arch_desc model_archs[] = {
     { .name = "dflash", .arch = MODEL_ARCH_DFLASH, .rope_neox = true, .all = model_dflash_load },
 };
 /* Families llama.cpp runs whose layers the engine lacks: refused as "not supported yet". */
-static const char *const model_archs_later[] = { "mistral4", "gemma3", "gemma4", "glm4moe" };
+static const char *const model_archs_later[] = { "mistral4", "gemma4", "glm4moe" };
 
 /* The row for general.architecture, or NULL with the error set. */
 static const model_arch_desc *model_arch_find(model_ld *ld, const char *path, const char *an, size_t an_len)
@@ -665,6 +667,7 @@ static bool model_fingerprint(model *m, const char *path, const model_opts *opts
     float fl[] = { hp->rms_eps, hp->rope_base, hp->rope_freq_scale };
     int32_t moe[] = { hp->n_expert, hp->n_expert_used, hp->expert_ffn };
     int32_t swa[] = { hp->n_swa, hp->swa_pattern };
+    float gemma[] = { hp->rope_base_swa, hp->embd_scale, hp->logit_softcap, hp->att_scale };
     uint64_t fsz = gguf_file_size(m->g);
     /* every tensor's name, type, shape and offset */
     bytebuf tt = { 0 };
@@ -684,6 +687,7 @@ static bool model_fingerprint(model *m, const char *path, const model_opts *opts
         { fl, sizeof fl },
         { moe, hp->n_expert > 0 ? sizeof moe : 0 },
         { swa, hp->n_swa > 0 ? sizeof swa : 0 },
+        { gemma, hp->embd_scale != 0 ? sizeof gemma : 0 },
         { hp->rope_inv_freq, sizeof(float) * (size_t)(hp->n_rot / 2) },
         { &fsz, sizeof fsz },
         { tt.p, tt.len },
@@ -899,8 +903,8 @@ static bool model_repack(model *m)
 }
 
 /* Layer il's attention after its attn_norm: llama's four projections, with qwen2's biases,
- * qwen3's head norms, or gpt-oss' biases, sinks and window. */
-static bool model_load_attn(model_ld *ld, int il)
+ * qwen3's (and gemma3's) head norms, or gpt-oss' biases, sinks and window. */
+bool model_load_attn(model_ld *ld, int il)
 {
     const model_hparams *hp = &ld->m->hp;
     model_layer *L = &ld->m->layers[il];
@@ -916,7 +920,7 @@ static bool model_load_attn(model_ld *ld, int il)
         if (!(L->bk = model_vector(ld, TN("attn_k.bias"), true, kv_dim))) return false;
         if (!(L->bv = model_vector(ld, TN("attn_v.bias"), true, kv_dim))) return false;
     }
-    if (hp->arch == MODEL_ARCH_QWEN3 || hp->arch == MODEL_ARCH_QWEN3MOE) {
+    if (hp->arch == MODEL_ARCH_QWEN3 || hp->arch == MODEL_ARCH_QWEN3MOE || hp->arch == MODEL_ARCH_GEMMA3) {
         if (!(L->q_norm = model_vector(ld, TN("attn_q_norm.weight"), true, hp->head_dim))) return false;
         if (!(L->k_norm = model_vector(ld, TN("attn_k_norm.weight"), true, hp->head_dim))) return false;
     }
@@ -935,7 +939,7 @@ static bool model_load_attn(model_ld *ld, int il)
 
 /* Layer il's FFN: its norm, then routed experts (with gpt-oss' biases and deepseek2's shared
  * experts) past the leading dense layers, or a dense gate/up/down. */
-static bool model_load_ffn(model_ld *ld, int il)
+bool model_load_ffn(model_ld *ld, int il)
 {
     const model_hparams *hp = &ld->m->hp;
     model_layer *L = &ld->m->layers[il];
@@ -1026,6 +1030,18 @@ static bool model_load_io(model_ld *ld)
     return true;
 }
 
+/* The KV pool keeps its blocks for the global layers: a model whose every layer is a window
+ * one (a gemma3 file of fewer than 6 layers, a gpt-oss pattern of 0) has none to key them by. */
+static bool model_check_windows(model_ld *ld)
+{
+    const model_hparams *hp = &ld->m->hp;
+    for (int il = 0; il < hp->n_layers; il++)
+        if (model_layer_window(ld->m, il) == 0) return true;
+    model_fail(ld, GGUF_ERR_FORMAT, "every one of the %d layers is a sliding-window layer (window %d): at least one "
+               "global layer is needed", hp->n_layers, hp->n_swa);
+    return false;
+}
+
 gguf_status model_load(const char *path, const model_opts *opts, model **out, char *err, size_t errsz)
 {
     *out = NULL;
@@ -1063,6 +1079,7 @@ gguf_status model_load(const char *path, const model_opts *opts, model **out, ch
         for (int il = 0; il < hp->n_layers + hp->n_nextn; il++)   /* the MTP layers last */
             if (!(ad->layer ? ad->layer(&ld, il) : model_load_layer(&ld, il))) goto fail;
         if (hp->n_nextn > 0 && !model_load_nextn(&ld)) goto fail;
+        if (!model_check_windows(&ld)) goto fail;   /* deepseek4's pool is its own (engine_dsv4.c) */
     }
 loaded:
     if (!model_fingerprint(m, path, opts)) {

@@ -1,7 +1,7 @@
 /*
  * model: a transformer described by a GGUF file: the hyper-parameters and the weights of the
  * architectures we run (the decoders `llama`, `qwen2`, `qwen3`, `qwen3moe`, `deepseek2`,
- * `gpt-oss`, `phi3`, `mistral3`, ..., and the BERT-style encoder `bert` for embeddings,
+ * `gpt-oss`, `phi3`, `mistral3`, `gemma3`, ..., and the BERT-style encoder `bert` for embeddings,
  * model_bert.c: docs/architectures.md), ready for the engine.
  *
  * model_load opens the GGUF (gguf.c: read-only shared mmap) and keeps it open for the
@@ -98,6 +98,9 @@ typedef enum {
                               * fused QKV, a SwiGLU FFN (model_bert.c, engine_bert.c) */
     MODEL_ARCH_DFLASH,       /* a DFlash / DSpark drafter: drafts a block from a target's hidden
                               * states (model_dflash.h, engine_dflash.c); not a model to serve */
+    MODEL_ARCH_GEMMA3,       /* window and global layers with their own RoPE bases, norms after
+                              * each sublayer too, GELU FFN, scaled embeddings, capped logits
+                              * (model_gemma3.c) */
 } model_arch;
 
 typedef struct {
@@ -116,7 +119,10 @@ typedef struct {
                               * 0: every earlier key (see model_layer_window) */
     const float *q_norm;     /* (head_dim) f32, qwen3 only, else NULL */
     const float *k_norm;     /* (head_dim) f32, qwen3 only, else NULL */
+    const float *attn_post_norm; /* (dim) f32 gemma3: RMS norm of the attention's output before
+                              * its residual add, else NULL */
     const float *ffn_norm;   /* (dim) f32 */
+    const float *ffn_post_norm; /* (dim) f32 gemma3: the same for the FFN's output, else NULL */
     ops_weight gate;         /* (ffn_dim, dim) */
     ops_weight up;           /* (ffn_dim, dim) */
     ops_weight down;         /* (dim, ffn_dim) */
@@ -234,6 +240,13 @@ typedef struct {
     float attn_temp_scale;   /* mistral3: queries at p scaled by 1 + this * ln(floor(p /
                               * attn_temp_floor) + 1) after RoPE (Llama 4's); 0: none */
     int attn_temp_floor;     /* positions per step of that scale */
+    /* gemma3 (0 / false for other families) */
+    float rope_base_swa;     /* window layers' RoPE base ({arch}.rope.freq_base_swa) */
+    float rope_theta_scale_swa; /* powf(rope_base_swa, -2/n_rot): the window layers rotate with
+                              * it and no frequency scaling; 0: every layer as rope_theta_scale */
+    float embd_scale;        /* token embeddings times this (sqrt(dim)); 0: as stored */
+    float logit_softcap;     /* final logits c * tanh(logit / c) with this c; 0: none */
+    bool ffn_gelu;           /* dense FFN gelu(gate) * up (ggml's tanh GELU), not SwiGLU */
     /* Qwen3.5's linear-attention layers (0 for other families) */
     int ssm_conv;            /* {arch}.ssm.conv_kernel: causal conv taps */
     int ssm_k_heads;         /* {arch}.ssm.group_count: q and k heads */

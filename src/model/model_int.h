@@ -1,6 +1,6 @@
 /*
  * model_int: what only model*.c may see: the loading context and the checked readers of keys
- * and tensors (model.c), which the files of one family each (model_phi3.c, model_qwen35.c, model_dsv4.c) load with, so that
+ * and tensors (model.c), which the files of one family each (model_phi3.c, model_gemma3.c, model_qwen35.c, model_dsv4.c) load with, so that
  * every family's error names its key or tensor the same way.
  */
 #ifndef TM_MODEL_INT_H
@@ -42,6 +42,16 @@ bool model_phi3_layer(model_ld *ld, int il);
 /* mistral3 (model_mistral3.c): its attention temperature and YaRN checks; its tensors are
  * llama's (model.c). */
 bool model_mistral3_hparams(model_ld *ld);
+
+/* Layer il's attention after attn_norm (llama's projections and each family's extras), and its
+ * FFN with ffn_norm (model.c): for a family's layer hook that adds tensors around them. */
+bool model_load_attn(model_ld *ld, int il);
+bool model_load_ffn(model_ld *ld, int il);
+
+/* gemma3 (model_gemma3.c): the window layers, their RoPE base, the soft cap, the embedding
+ * scale, after the common hyper-parameters; every tensor of layer il. */
+bool model_gemma3_hparams(model_ld *ld);
+bool model_gemma3_layer(model_ld *ld, int il);
 
 /* A stacked expert tensor [cols, rows, n_expert] viewed as n_expert * rows rows. */
 bool model_experts(model_ld *ld, const char *name, int64_t cols, int64_t rows, int n_expert, ops_weight *w);

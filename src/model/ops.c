@@ -19,6 +19,7 @@
 #include "util/util.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -970,6 +971,66 @@ void ops_swiglu(threadpool *tp, float *out, const float *gate, const float *up, 
         return;
     }
     threadpool_run(tp, ops_swiglu_thread, &c);
+}
+
+/* ggml's table (ggml_table_gelu_f16): built once, on first use */
+static float ops_gelu_tab[1 << 16];
+static pthread_once_t ops_gelu_once = PTHREAD_ONCE_INIT;
+
+static void ops_gelu_init(void)
+{
+    const float c = 0.79788456080286535587989211986876f, a = 0.044715f;   /* sqrt(2/pi), ggml's */
+    for (uint32_t i = 0; i < (1u << 16); i++) {
+        float x = quant_fp16_to_fp32((fp16_t)i);
+        ops_gelu_tab[i] = quant_fp16_to_fp32(quant_fp32_to_fp16(0.5f * x * (1.0f + tanhf(c * x * (1.0f + a * x * x)))));
+    }
+}
+
+float ops_gelu(float x)
+{
+    pthread_once(&ops_gelu_once, ops_gelu_init);
+    return x <= -10.0f ? 0.0f : x >= 10.0f ? x : ops_gelu_tab[quant_fp32_to_fp16(x)];
+}
+
+static void ops_geglu_thread(void *arg, int ith, int nth)
+{
+    ops_flat_ctx *c = arg;
+    int64_t i0, i1;
+    ops_split(c->n, ith, nth, &i0, &i1);
+    for (int64_t i = i0; i < i1; i++) {
+        const float x = c->a[i], g = c->b[i];
+        c->out[i] = (x <= -10.0f ? 0.0f : x >= 10.0f ? x : ops_gelu_tab[quant_fp32_to_fp16(x)]) * g;
+    }
+}
+
+void ops_geglu(threadpool *tp, float *out, const float *gate, const float *up, int rows, int n)
+{
+    pthread_once(&ops_gelu_once, ops_gelu_init);
+    ops_flat_ctx c = {ops_get(), out, gate, up, (int64_t)rows * n};
+    if (c.n < 4096) {
+        ops_geglu_thread(&c, 0, 1);
+        return;
+    }
+    threadpool_run(tp, ops_geglu_thread, &c);
+}
+
+static void ops_softcap_thread(void *arg, int ith, int nth)
+{
+    ops_flat_ctx *c = arg;
+    int64_t i0, i1;
+    ops_split(c->n, ith, nth, &i0, &i1);
+    const float cap = c->a[0], inv = 1.0f / cap;
+    for (int64_t i = i0; i < i1; i++) c->out[i] = tanhf(c->out[i] * inv) * cap;
+}
+
+void ops_softcap(threadpool *tp, float *x, int64_t n, float cap)
+{
+    ops_flat_ctx c = {ops_get(), x, &cap, NULL, n};
+    if (n < 4096) {
+        ops_softcap_thread(&c, 0, 1);
+        return;
+    }
+    threadpool_run(tp, ops_softcap_thread, &c);
 }
 
 void ops_swiglu_oai(float *out, const float *gate, const float *up, int64_t n, float alpha, float limit)

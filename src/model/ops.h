@@ -69,6 +69,14 @@ void ops_rmsnorm(threadpool *tp, float *out, const float *x, const float *w, int
                  float eps);
 /* out = silu(gate) * up, (rows, n); out may equal gate or up. */
 void ops_swiglu(threadpool *tp, float *out, const float *gate, const float *up, int rows, int n);
+/* ggml's GELU (tanh form) as its CPU backend computes it: 0 for x <= -10, x for x >= 10, else
+ * x rounded to fp16 looked up in a table of every fp16 value's GELU rounded to fp16. */
+float ops_gelu(float x);
+/* out = gelu(gate) * up with that GELU (ggml's geglu), (rows, n); out may equal gate or up. */
+void ops_geglu(threadpool *tp, float *out, const float *gate, const float *up, int rows, int n);
+/* x = c * tanh(x / c) in place, n floats (a final logit soft cap), as ggml computes it: x times
+ * 1/c, tanhf, times c. */
+void ops_softcap(threadpool *tp, float *x, int64_t n, float c);
 /* gpt-oss's clamped SwiGLU, as ggml's swiglu_oai computes it (scalar there too, so one
  * scalar version here): x = min(gate, limit), y = clamp(up, -limit, limit),
  * out = x / (1 + exp(-alpha x)) * (y + 1), n floats, on the caller's thread; out may equal

@@ -312,7 +312,8 @@ static tokenizer_status tokenizer_nomem(char *err, size_t errsz)
     return TOKENIZER_ERR_NOMEM;
 }
 
-/* tokenizer.ggml.model: "llama" (SentencePiece), "gpt2" (byte-level BPE) or "bert" (WordPiece). */
+/* tokenizer.ggml.model: "llama" (SentencePiece), "gpt2" (byte-level BPE), "gemma4" (BPE on
+ * SentencePiece's spelling, tokenizer_bpe.c) or "bert" (WordPiece). */
 static tokenizer_status tokenizer_load_kind(tokenizer *t, const gguf *g, char *err, size_t errsz)
 {
     const char *model;
@@ -324,8 +325,9 @@ static tokenizer_status tokenizer_load_kind(tokenizer *t, const gguf *g, char *e
     if (nmodel == 5 && !memcmp(model, "llama", 5)) t->kind = TOKENIZER_KIND_SPM;
     else if (nmodel == 4 && !memcmp(model, "gpt2", 4)) t->kind = TOKENIZER_KIND_BPE;
     else if (nmodel == 4 && !memcmp(model, "bert", 4)) t->kind = TOKENIZER_KIND_WPM;
+    else if (nmodel == 6 && !memcmp(model, "gemma4", 6)) t->kind = TOKENIZER_KIND_BPE, t->spm_bpe = true;
     else {
-        tokenizer_err(err, errsz, "unsupported tokenizer.ggml.model '%.*s' (supported: llama, gpt2, bert)", (int)TM_MIN(nmodel, 64), model);
+        tokenizer_err(err, errsz, "unsupported tokenizer.ggml.model '%.*s' (supported: llama, gpt2, gemma4, bert)", (int)TM_MIN(nmodel, 64), model);
         return TOKENIZER_ERR_UNSUPPORTED;
     }
     return TOKENIZER_OK;
@@ -486,6 +488,9 @@ static tokenizer_status tokenizer_load_specials(tokenizer *t, const gguf *g, int
         if (t->sep >= t->n_vocab) t->sep = -1;
         tokenizer_get_id(t, g, "tokenizer.ggml.seperator_token_id", &t->sep);   /* llama.cpp's spelling */
         if (gguf_get_bool(g, "tokenizer.ggml.add_sep_token", &bv)) t->add_sep = bv;
+    } else if (t->spm_bpe) {   /* no pre-tokenizer regex (tokenizer_bpe.c cuts at newlines), ids from the file */
+        tokenizer_status st = tokenizer_load_merges(t, g, err, errsz);
+        if (st != TOKENIZER_OK) return st;
     } else {
         t->bos = 11, t->eos = 11;
         tokenizer_status st = tokenizer_pre_load(t, g, err, errsz);
@@ -513,6 +518,7 @@ static tokenizer_status tokenizer_load_specials(tokenizer *t, const gguf *g, int
     tokenizer_get_id(t, g, "tokenizer.ggml.middle_token_id", &fim[2]);
     if (gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &bv)) t->add_bos = bv;
     if (gguf_get_bool(g, "tokenizer.ggml.add_eos_token", &bv)) t->add_eos = bv;
+    if (t->spm_bpe) t->add_bos = true;   /* llama.cpp overrides a gemma4 file's false */
     return TOKENIZER_OK;
 }
 

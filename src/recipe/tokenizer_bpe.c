@@ -10,10 +10,16 @@
  * Byte-level BPE: the pre-tokenizer (tokenizer_pre.c) splits a fragment's code points into
  * words; each word is mapped byte by byte to GPT-2 code points and merged; a merged symbol
  * that is no token is emitted as one-byte tokens, as llama.cpp does.
+ *
+ * SentencePiece-spelled BPE (Gemma 4's "gemma4" vocabulary, spm_bpe): spaces become U+2581, the
+ * text is cut into runs of newlines and runs of anything else (llama.cpp's "[^\n]+|[\n]+"),
+ * and each run is merged on its raw UTF-8; a run of newlines that is itself a token is taken
+ * whole; a merged symbol that is no token falls back to <0xXX> byte tokens.
  */
 #include "recipe/tokenizer_int.h"
 #include "util/unicode.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 
 /* ---------------------------------------------------------------------------------------- */
@@ -109,6 +115,11 @@ static bool tokenizer_merge(const tokenizer *t, tokenizer_scratch *s, const char
  * (llama.cpp drops the byte when there is none). */
 static int32_t tokenizer_byte_fallback(const tokenizer *t, const char *c)
 {
+    if (t->spm_bpe) {   /* only the <0xXX> token; without one llama.cpp drops the byte */
+        char hex[8];
+        snprintf(hex, sizeof hex, "<0x%02X>", (uint8_t)*c);
+        return tokenizer_find(t, hex, 6);
+    }
     if (t->kind == TOKENIZER_KIND_BPE) return tokenizer_find(t, c, 1);
     int32_t b = t->byte_tok[(uint8_t)*c];
     return b >= 0 ? b : t->unk;
@@ -159,8 +170,36 @@ static void tokenizer_bpe_word(const tokenizer *t, tokenizer_scratch *s, const u
     tokenizer_bpe_merge(t, s, w, wn);
 }
 
+/* spm_bpe on one fragment (see the file comment). */
+static void tokenizer_spm_bpe(const tokenizer *t, tokenizer_scratch *s, const char *text, size_t len)
+{
+    s->word.len = 0;
+    for (size_t i = 0; i < len; i++) {
+        bool ok = text[i] == ' ' ? bytebuf_try_append(&s->word, "\xe2\x96\x81", 3) : bytebuf_try_append(&s->word, text + i, 1);
+        if (!ok) {
+            s->oom = true;
+            return;
+        }
+    }
+    const char *w = s->word.p;
+    const size_t n = s->word.len;
+    for (size_t a = 0; a < n && !s->oom;) {
+        const bool nl = w[a] == '\n';
+        size_t b = a;
+        while (b < n && (w[b] == '\n') == nl) b++;
+        int32_t id = nl ? tokenizer_find(t, w + a, b - a) : -1;
+        if (id >= 0) tokenizer_encode_emit(s, id);
+        else tokenizer_bpe_merge(t, s, w + a, b - a);
+        a = b;
+    }
+}
+
 static void tokenizer_bpe(const tokenizer *t, tokenizer_scratch *s, const char *text, size_t len)
 {
+    if (t->spm_bpe) {
+        tokenizer_spm_bpe(t, s, text, len);
+        return;
+    }
     if (!tokenizer_grow((void **)&s->cpts, &s->cap_cpts, len + 1, sizeof *s->cpts)) {
         s->oom = true;
         return;

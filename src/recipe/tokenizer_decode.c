@@ -1,5 +1,5 @@
 /*
- * tokenizer_decode: token ids -> text. Every token's decoded piece (U+2581 -> space for SPM,
+ * tokenizer_decode: token ids -> text. Every token's decoded piece (U+2581 -> space for SPM and gemma4,
  * GPT-2 code points -> bytes for BPE, <0xXX> -> the byte) is computed once at load into the
  * arena; token_to_piece copies it, and the streaming detokenizer holds back an unfinished
  * UTF-8 character until the next token completes it or flush. The grammar's view of the
@@ -25,7 +25,7 @@ bool tokenizer_decode_piece(const tokenizer *t, int32_t id, bytebuf *b)
     if (a & (TOKENIZER_ATTR_UNKNOWN | TOKENIZER_ATTR_CONTROL | TOKENIZER_ATTR_USER_DEFINED))
         return bytebuf_try_append(b, s, n);
     if (a & TOKENIZER_ATTR_NORMAL) {
-        if (t->kind == TOKENIZER_KIND_SPM || t->kind == TOKENIZER_KIND_WPM) {   /* U+2581 -> space */
+        if (t->kind == TOKENIZER_KIND_SPM || t->kind == TOKENIZER_KIND_WPM || t->spm_bpe) {   /* U+2581 -> space */
             for (size_t i = 0; i < n;) {
                 if (i + 3 <= n && !memcmp(s + i, "\xe2\x96\x81", 3)) {
                     if (!bytebuf_try_append(b, " ", 1)) return false;

@@ -69,6 +69,9 @@ struct tokenizer {
     bool add_bos, add_eos;
     bool add_space_prefix;       /* SPM: prefix a space to text at the start/after a special */
     bool ignore_merges;          /* BPE: a word that is a whole token is taken as is */
+    bool spm_bpe;                /* BPE as SentencePiece spells it (tokenizer.ggml.model gemma4):
+                                  * spaces written U+2581, merges on the raw UTF-8 of runs of
+                                  * newlines and of anything else, <0xXX> byte fallback */
     int32_t sep;                 /* WPM: [SEP], appended after the text (add_sep), -1 if none */
     bool add_sep;
     bool wpm_lower;              /* WPM: lowercase the text (tokenizer.ggml.normalizer.lowercase) */

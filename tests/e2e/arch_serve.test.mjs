@@ -1,6 +1,8 @@
 // arch_serve: the families of model_<family>.c through the real `tokenmill serve` with the
 // block store: generated phi3 (fused QKV and gate-up, partial RoPE, LongRoPE's long factors at
-// its 8192-token trained context) and mistral3 (YaRN, the attention temperature) models. A 300-token prompt computes two full blocks;
+// its 8192-token trained context), mistral3 (YaRN, the attention temperature) and gemma3 (a
+// 32-position window on 5 of its 6 layers: the window layers' state comes from the window cache,
+// in RAM, from the store's directory, and handed to the decode worker) models. A 300-token prompt computes two full blocks;
 // sent again it attaches them and answers as the first time; after a restart the blocks come
 // from the store, with the same answer, and so does a gateway with a prefill and a decode
 // worker. A chat request renders the family's bundled template
@@ -8,7 +10,7 @@
 // byte with @huggingface/jinja).
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { execFileSync } from "node:child_process";
+import { execFileSync, spawnSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
@@ -20,6 +22,7 @@ const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "tm-arch-"));
 const FAMILIES = {
   phi3: ["--arch", "phi3", "--ctx", "8192"],
   mistral3: ["--arch", "mistral3", "--ctx", "4096"],
+  gemma3: ["--arch", "gemma3", "--ctx", "65536", "--window", "32", "--layers", "6"],
 };
 const modelOf = (fam) => path.join(tmp, `${fam}.gguf`);
 const store = path.join(tmp, "store");
@@ -33,7 +36,7 @@ const startServer = (model, args = []) => startServerOf(model, ["--ctx", "512", 
 before(() => {
   fs.mkdirSync(store);
   for (const [fam, args] of Object.entries(FAMILIES))
-    execFileSync(bin, ["mkmodel", ...args, "--layers", "3", "--vocab-size", "4096", "--type", "q8_0", "--seed", "3",
+    execFileSync(bin, ["mkmodel", "--layers", "3", ...args, "--vocab-size", "4096", "--type", "q8_0", "--seed", "3",
       "-o", modelOf(fam)], { stdio: "ignore" });
 });
 
@@ -43,15 +46,27 @@ after(async () => {
 });
 
 const complete = (srv) => completeCached(srv, NAME, PROMPT);
+// usage counts at most L - 134 cached tokens of a prompt of L on a model with window layers
+// (window.test.mjs): two attached blocks show as that many
+const cachedMin = (fam) => (FAMILIES[fam].includes("--window") ? PROMPT.length - 134 : 256);
 
 for (const fam of Object.keys(FAMILIES))
 test(`${fam} served: cached blocks in RAM and from the store answer as the uncached prompt`, { timeout: 120000 }, async () => {
-  const first = await assertCachedAndRestored(() => startServer(modelOf(fam)), complete);
+  const first = await assertCachedAndRestored(() => startServer(modelOf(fam)), complete, cachedMin(fam));
   // split: a prefill and a decode worker behind a gateway answer as the one process
   const C = await startCluster(modelOf(fam), ["prefill", "decode"], { gatewayArgs: ["--model-name", NAME] });
   const split = await complete(C);
   assert.equal(split.text, first.text, "gateway + workers answer as serve");
   await stopServers();
+});
+
+test("gemma3 with every layer a window one (fewer than its period of 6) is refused at load, naming why", () => {
+  const f = path.join(tmp, "gemma3-all-window.gguf");
+  execFileSync(bin, ["mkmodel", "--arch", "gemma3", "--layers", "3", "--vocab-size", "512", "--type", "q8_0", "--seed", "1",
+    "-o", f], { stdio: "ignore" });
+  const r = spawnSync(bin, ["run", "-m", f, "-p", "hi", "-n", "1"], { encoding: "utf8" });
+  assert.notEqual(r.status, 0);
+  assert.match(r.stderr, /every one of the 3 layers is a sliding-window layer/);
 });
 
 for (const [fam, name] of Object.entries(TEMPLATES))

@@ -150,6 +150,34 @@ test("every reference template renders as @huggingface/jinja does, byte for byte
   assert.ok(compared.length >= FILES.length * CONVS.length * 0.8, `${compared.length} compared, ${refused.length} the reference refused`);
 });
 
+// Gemma 4: both bundled templates, and the one its vocabulary file carries (`--template auto`),
+// on Gemma 4's own vocabulary: the text is the reference renderer's byte for byte, and the turn
+// markers <|turn> and <turn|> reach the model as their control ids (105, 106) after <bos> (2).
+// That the rest tokenises as llama.cpp does is tokenizer.test.mjs's (its gemma-4 vocabulary,
+// special parsing on and off); loading that vocabulary into llama.cpp here too would double it.
+const GEMMA4 = path.join(models, "ggml-vocab-gemma-4.gguf");
+test("Gemma 4's templates on its vocabulary render as the reference, turn markers as control ids", { skip: !haveData && "no test data" }, async () => {
+  const own = (await readGgufFileInfo(GEMMA4, { readTensorInfo: false })).metadata.tokenizer.chat_template;
+  const runs = [...FILES.filter((f) => f.startsWith("google-gemma-4")).map((f) => [f, fs.readFileSync(path.join(templates, f), "utf8"),
+    ["--template", "jinja", "--template-file", path.join(templates, f)]]), ["the vocabulary's", own, []]];
+  const failures = [];
+  let compared = 0;
+  for (const [name, src, args] of runs) {
+    const r = ours(GEMMA4, CONVS, args);
+    assert.equal(r.status, 0, `${name}: ${r.stderr}`);
+    r.lines.forEach((got, i) => {
+      if (i === 0) assert.deepEqual(got.ids.slice(0, 2), [2, 105], `${name}: <bos><|turn> as ids`);
+      if (got.ids.filter((id) => id === 105).length !== (got.text.match(/<\|turn>/g) ?? []).length) failures.push(`${name}#${i}: a <|turn> as text`);
+      const ref = reference(src, CONVS[i], got.bos_token ?? "", got.eos_token ?? "");
+      if (ref.error !== undefined) return;
+      if (got.text !== ref.text) failures.push(`${name}#${i}: text differs`);
+      else compared++;
+    });
+  }
+  assert.deepEqual(failures, []);
+  assert.ok(compared >= runs.length * CONVS.length * 0.8, `${compared} compared`);
+});
+
 // The C families are the fast path; on their own reference templates the interpreter agrees.
 // gpt-oss: the family asks for "Reasoning: low" when thinking is switched off, a switch its
 // template does not have (the interpreter passes enable_thinking, which it ignores).

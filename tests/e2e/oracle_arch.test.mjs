@@ -3,12 +3,21 @@
 // names and metadata of llama.cpp's converter): phi3 (Phi-4-mini's layer in small: fused QKV
 // and gate-up, 3/4 of each head rotated, LongRoPE's short factors) and phi3-long (the long
 // factors: both engines' context exceeds its original_context_length), mistral3 (Ministral 3's
-// layer: YaRN and Llama 4's attention temperature); and mkmodel's phi3 and mistral3.
+// layer: YaRN and Llama 4's attention temperature), gemma3 (Gemma 3's layer: 16-position windows
+// on 2 of 3 layers with their own RoPE base, global layers with linear scaling, post-norms, GELU,
+// scaled embeddings, the logit soft cap); and
+// mkmodel's phi3 and mistral3.
 //
 // F32 weights with an F32 KV cache on both sides: sequences of 1..150 tokens (crossing a
 // 128-token block) in one step, then GREEDY greedy steps together; every position's top-10
 // log-probabilities within 1e-3, and the greedy continuations identical up to a step where
 // llama.cpp's own top-2 gap is below that tolerance (a near-tie, which the report names).
+// Gemma's FFN is GELU, which ggml computes from a table of fp16 inputs: an input that differs
+// from tokenmill's in its last float bit (attention sums in another order) may round to the
+// neighbouring fp16 value, moving that output by 2^-11 of itself. So past position 0 (where
+// attention is exact and the shapes agree within 2e-5) such flips move logprobs by up to a few
+// 1e-3 (an exact GELU on one side, every activation off by its rounding: 2e-3..4e-3 measured):
+// the gemma3 shapes are held to GELU_TOL there, and to TOL_F32 at position 0.
 // Q8_0 (gguf-py's quantiser): one-token sequences, 3/4 of them (so the median) within 2e-3,
 // every one within 1 (a rounding flip, below).
 //
@@ -24,6 +33,7 @@ const script = path.join(root, 'tests/oracle/gguf_arch.py');
 const TOP = 10;
 const TOL_F32 = 1e-3;
 const MEDIAN_TOL = 2e-3;
+const GELU_TOL = 1e-2;
 // an activation on an int8 rounding boundary quantised to the other value by one engine (a
 // flip, see oracle.test.mjs) moves one sequence's logprobs by 0.1-1; the others agree ~1e-5
 const SINGLE_TOL = 1;
@@ -33,6 +43,7 @@ const N_SINGLES = 16;
 // mkmodel: the same family as tokenmill's mkmodel writes it (its test shape, no LongRoPE at
 // a 4096-token context), made afresh each run (a fraction of a second)
 const SHAPES = {phi3: {quant: 'q8_0'}, 'phi3-long': {}, mistral3: {quant: 'q8_0'}, 'mkmodel-phi3': {mkmodel: ['--arch', 'phi3', '--ctx', '4096']},
+  gemma3: {quant: 'q8_0', tol: GELU_TOL},
   // mkmodel's mistral3 with an original context of 512 / 16 = 32: two temperature steps in the prompts
   'mkmodel-mistral3': {mkmodel: ['--arch', 'mistral3', '--ctx', '512', '--untied']}};
 
@@ -74,19 +85,23 @@ for (const [shape, fam] of Object.entries(SHAPES)) {
     const r = rng(7);
     const seqs = LENS.map((n) => Array.from({length: n}, () => r(8000)));
     const {tm, ll} = await runBoth(file, {seqs, top: TOP, greedy: GREEDY, batched: true}, 'f32', 'arch');
+    const tol = fam.tol ?? TOL_F32;
     let maxDiff = 0;
     seqs.forEach((sq, s) => {
       const a = tm.seqs[s], b = ll.seqs[s];
-      for (let i = 0; i < sq.length; i++)
-        maxDiff = Math.max(maxDiff, posDiff(a.top[i], b.top[i], TOL_F32, `${shape} seq ${s} position ${i}`));
+      for (let i = 0; i < sq.length; i++) {
+        const d = posDiff(a.top[i], b.top[i], i ? tol : TOL_F32, `${shape} seq ${s} position ${i}`);
+        assert.ok(i > 0 || d <= TOL_F32, `${shape} seq ${s} position 0: |Δ logprob| ${d} > ${TOL_F32}`);
+        maxDiff = Math.max(maxDiff, d);
+      }
       const k = b.greedy.findIndex((t, j) => t !== a.greedy[j]);
       if (k < 0) return;
       const dist = b.greedy_top[k], gap = dist[0][1] - dist[1][1];
-      assert.ok(gap < TOL_F32 && dist.slice(0, 2).some(([id]) => id === a.greedy[k]),
+      assert.ok(gap < tol && dist.slice(0, 2).some(([id]) => id === a.greedy[k]),
         `${shape} seq ${s}: greedy continuations differ at step ${k} where llama.cpp's top-2 gap is ${gap}`);
       report.push(`${shape} seq ${s}: greedy near-tie at step ${k} (gap ${gap.toExponential(2)}): compared up to it`);
     });
-    assert.ok(maxDiff <= TOL_F32, `${shape}: max |Δ logprob| ${maxDiff} > ${TOL_F32}`);
+    assert.ok(maxDiff <= tol, `${shape}: max |Δ logprob| ${maxDiff} > ${tol}`);
     report.push(`${shape} f32: max |Δ logprob| ${maxDiff.toExponential(2)} over ${LENS.join('/')} tokens, ${GREEDY} greedy steps`);
   });
 
