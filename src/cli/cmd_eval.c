@@ -162,6 +162,38 @@ static bool cmd_eval_group(cmd_eval_ctx *c, cmd_eval_seq **seqs, int ns)
     return true;
 }
 
+/* The result as JSON on stdout: per sequence the top K per position, the greedy ids, and for
+ * an MoE the routing margins. */
+static void cmd_eval_print(const cmd_eval_seq *seqs, int ns, int K, bool moe)
+{
+    FILE *f = stdout;
+    fputs("{\"seqs\": [", f);
+    for (int i = 0; i < ns; i++) {
+        const cmd_eval_seq *s = &seqs[i];
+        fprintf(f, "%s\n{\"top\": [", i ? "," : "");
+        for (int p = 0; p < s->n; p++) {
+            fputs(p ? ",\n[" : "[", f);
+            for (int k = 0; k < K; k++)
+                fprintf(f, "%s[%d, %.9g]", k ? ", " : "", s->top_id[(size_t)p * K + k], s->top_lp[(size_t)p * K + k]);
+            fputc(']', f);
+        }
+        fputs("], \"greedy\": [", f);
+        for (int g = 0; g < s->n_gen; g++) fprintf(f, "%s%d", g ? ", " : "", s->toks[s->n + g]);
+        fputc(']', f);
+        if (moe) {
+            fputs(", \"route_margin\": [", f);
+            for (int p = 0; p < s->n + TM_MAX(s->n_gen - 1, 0); p++) {
+                if (isinf(s->margin[p])) fprintf(f, "%snull", p ? ", " : "");
+                else fprintf(f, "%s%.3e", p ? ", " : "", (double)s->margin[p]);
+            }
+            fputc(']', f);
+        }
+        fputc('}', f);
+    }
+    fputs("]}\n", f);
+    fflush(f);
+}
+
 int cmd_eval(int argc, char **argv)
 {
     const char *model_path = NULL, *input = NULL, *draft = NULL;
@@ -276,32 +308,7 @@ int cmd_eval(int argc, char **argv)
         }
     }
     if (ok) {
-        FILE *f = stdout;
-        fputs("{\"seqs\": [", f);
-        for (int i = 0; i < ns; i++) {
-            cmd_eval_seq *s = &seqs[i];
-            fprintf(f, "%s\n{\"top\": [", i ? "," : "");
-            for (int p = 0; p < s->n; p++) {
-                fputs(p ? ",\n[" : "[", f);
-                for (int k = 0; k < K; k++)
-                    fprintf(f, "%s[%d, %.9g]", k ? ", " : "", s->top_id[(size_t)p * K + k], s->top_lp[(size_t)p * K + k]);
-                fputc(']', f);
-            }
-            fputs("], \"greedy\": [", f);
-            for (int g = 0; g < s->n_gen; g++) fprintf(f, "%s%d", g ? ", " : "", s->toks[s->n + g]);
-            fputc(']', f);
-            if (m->hp.n_expert > 0) {
-                fputs(", \"route_margin\": [", f);
-                for (int p = 0; p < s->n + TM_MAX(s->n_gen - 1, 0); p++) {
-                    if (isinf(s->margin[p])) fprintf(f, "%snull", p ? ", " : "");
-                    else fprintf(f, "%s%.3e", p ? ", " : "", (double)s->margin[p]);
-                }
-                fputc(']', f);
-            }
-            fputc('}', f);
-        }
-        fputs("]}\n", f);
-        fflush(f);
+        cmd_eval_print(seqs, ns, K, m->hp.n_expert > 0);
         rc = 0;
     }
     for (int i = 0; i < ns; i++) kvpool_seq_free(engine_kvpool(e), seqs[i].seq), seqs[i].seq = NULL;

@@ -741,6 +741,57 @@ static void sched_load_ready(void *arg)
     pthread_mutex_unlock(&s->mu);
 }
 
+/* The options as the scheduler runs them: defaults filled in, bounds of the engine's step and
+ * the model's state applied, the drafters kept that fit the model. False: a drafter does not
+ * fit (another vocabulary, or an MTP layer of another width), or two drafters of one kind. */
+static bool sched_opts_resolve(engine *e, sched_opts *o)
+{
+    const model *m = engine_model(e);
+    if (o->max_seqs <= 0) o->max_seqs = 16;
+    if (o->max_queue <= 0) o->max_queue = 256;
+    int mb = engine_max_batch(e);
+    if (o->step_tokens <= 0) o->step_tokens = sched_default_step_tokens(o->max_seqs);
+    if (o->step_tokens > mb) o->step_tokens = mb;
+    if (o->max_seqs > o->step_tokens) o->max_seqs = o->step_tokens;
+    o->spec_room = o->spec_sources ? TM_MAX(0, TM_MIN(o->spec_room, o->step_tokens - o->max_seqs - 1)) : 0;
+    if (o->prefill_step_tokens <= 0) o->prefill_step_tokens = SCHED_PREFILL_STEP;
+    o->prefill_step_tokens = TM_MAX(o->step_tokens, TM_MIN(o->prefill_step_tokens, mb));
+    if (!(o->step_ms > 0)) o->step_ms = 0;
+    if (!(o->prefill_step_ms > 0)) o->prefill_step_ms = o->step_ms * SCHED_PREFILL_STEP_MS_FACTOR;
+    o->prefill_step_ms = TM_MAX(o->prefill_step_ms, o->step_ms);
+    if (o->n_ctx <= 0) o->n_ctx = m->hp.n_ctx_train;
+    /* an encoder computes a sequence whole in one step, within its position table, and
+     * generates nothing: a prompt of at most min(n_ctx, n_ctx_train, an empty step's budget)
+     * tokens (n_ctx bounds a prompt exclusive, keeping room for a generated token) */
+    if (m->hp.bidirectional) o->n_ctx = TM_MIN(o->n_ctx, TM_MIN(m->hp.n_ctx_train, o->prefill_step_tokens)) + 1;
+    if (o->spec_max <= 0) o->spec_max = SPEC_DEFAULT_MAX;
+    o->spec_max = TM_MIN(o->spec_max, SPEC_MAX_K);
+    /* window layers keep KVPOOL_RING_SPARE slots beyond the window: a step goes back at most
+     * that many positions, which is K when all K drafts are rejected */
+    if (kvpool_n_window_layers(engine_kvpool(e)) > 0) o->spec_max = TM_MIN(o->spec_max, KVPOOL_RING_SPARE);
+    /* a recurrent state cannot go back to before a rejected draft: no speculation */
+    if (kvpool_state_bytes(engine_kvpool(e))) o->spec_sources = 0, o->spec_room = 0;
+    o->spec_fixed = TM_MIN(TM_MAX(o->spec_fixed, 0), o->spec_max);
+    if (o->draft && o->dflash) {
+        return false;
+    }
+    if (!o->draft && !o->dflash) o->spec_sources &= ~SPEC_SRC_MODEL;
+    if (!o->mtp) o->spec_sources &= ~SPEC_SRC_MTP;
+    if (!(o->spec_sources & SPEC_SRC_MODEL)) o->draft = NULL, o->dflash = NULL;
+    /* a dflash drafter reads the inputs of some of the model's layers at every step */
+    if (o->dflash && !engine_capture_layers(e, engine_dflash_model(o->dflash)->tl, engine_dflash_model(o->dflash)->n_tl)) {
+        return false;
+    }
+    if (!(o->spec_sources & SPEC_SRC_MTP)) o->mtp = NULL;
+    /* a drafter's ids are the target's; an MTP layer's engine continues the model's hidden states */
+    if ((o->draft && (engine_model(o->draft)->hp.n_vocab != m->hp.n_vocab || engine_model(o->draft)->mtp_view)) ||
+        (o->mtp && (engine_model(o->mtp)->hp.n_vocab != m->hp.n_vocab || !engine_model(o->mtp)->mtp_view ||
+                   engine_model(o->mtp)->hp.dim != m->hp.dim))) {
+        return false;
+    }
+    return true;
+}
+
 sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
 {
     *out = NULL;
@@ -752,48 +803,7 @@ sched_status sched_new(engine *e, const sched_opts *opts, sched **out)
     s->e_dim = m->hp.dim;
     s->whole = m->hp.bidirectional;
     sched_opts o = opts ? *opts : (sched_opts){ .eos_ids = { -1, -1, -1, -1 } };
-    if (o.max_seqs <= 0) o.max_seqs = 16;
-    if (o.max_queue <= 0) o.max_queue = 256;
-    int mb = engine_max_batch(e);
-    if (o.step_tokens <= 0) o.step_tokens = sched_default_step_tokens(o.max_seqs);
-    if (o.step_tokens > mb) o.step_tokens = mb;
-    if (o.max_seqs > o.step_tokens) o.max_seqs = o.step_tokens;
-    o.spec_room = o.spec_sources ? TM_MAX(0, TM_MIN(o.spec_room, o.step_tokens - o.max_seqs - 1)) : 0;
-    if (o.prefill_step_tokens <= 0) o.prefill_step_tokens = SCHED_PREFILL_STEP;
-    o.prefill_step_tokens = TM_MAX(o.step_tokens, TM_MIN(o.prefill_step_tokens, mb));
-    if (!(o.step_ms > 0)) o.step_ms = 0;
-    if (!(o.prefill_step_ms > 0)) o.prefill_step_ms = o.step_ms * SCHED_PREFILL_STEP_MS_FACTOR;
-    o.prefill_step_ms = TM_MAX(o.prefill_step_ms, o.step_ms);
-    if (o.n_ctx <= 0) o.n_ctx = m->hp.n_ctx_train;
-    /* an encoder computes a sequence whole in one step, within its position table, and
-     * generates nothing: a prompt of at most min(n_ctx, n_ctx_train, an empty step's budget)
-     * tokens (n_ctx bounds a prompt exclusive, keeping room for a generated token) */
-    if (m->hp.bidirectional) o.n_ctx = TM_MIN(o.n_ctx, TM_MIN(m->hp.n_ctx_train, o.prefill_step_tokens)) + 1;
-    if (o.spec_max <= 0) o.spec_max = SPEC_DEFAULT_MAX;
-    o.spec_max = TM_MIN(o.spec_max, SPEC_MAX_K);
-    /* window layers keep KVPOOL_RING_SPARE slots beyond the window: a step goes back at most
-     * that many positions, which is K when all K drafts are rejected */
-    if (kvpool_n_window_layers(engine_kvpool(e)) > 0) o.spec_max = TM_MIN(o.spec_max, KVPOOL_RING_SPARE);
-    /* a recurrent state cannot go back to before a rejected draft: no speculation */
-    if (kvpool_state_bytes(engine_kvpool(e))) o.spec_sources = 0, o.spec_room = 0;
-    o.spec_fixed = TM_MIN(TM_MAX(o.spec_fixed, 0), o.spec_max);
-    if (o.draft && o.dflash) {
-        free(s);
-        return SCHED_ERR_ARG;
-    }
-    if (!o.draft && !o.dflash) o.spec_sources &= ~SPEC_SRC_MODEL;
-    if (!o.mtp) o.spec_sources &= ~SPEC_SRC_MTP;
-    if (!(o.spec_sources & SPEC_SRC_MODEL)) o.draft = NULL, o.dflash = NULL;
-    /* a dflash drafter reads the inputs of some of the model's layers at every step */
-    if (o.dflash && !engine_capture_layers(e, engine_dflash_model(o.dflash)->tl, engine_dflash_model(o.dflash)->n_tl)) {
-        free(s);
-        return SCHED_ERR_ARG;
-    }
-    if (!(o.spec_sources & SPEC_SRC_MTP)) o.mtp = NULL;
-    /* a drafter's ids are the target's; an MTP layer's engine continues the model's hidden states */
-    if ((o.draft && (engine_model(o.draft)->hp.n_vocab != m->hp.n_vocab || engine_model(o.draft)->mtp_view)) ||
-        (o.mtp && (engine_model(o.mtp)->hp.n_vocab != m->hp.n_vocab || !engine_model(o.mtp)->mtp_view ||
-                   engine_model(o.mtp)->hp.dim != m->hp.dim))) {
+    if (!sched_opts_resolve(e, &o)) {
         free(s);
         return SCHED_ERR_ARG;
     }
