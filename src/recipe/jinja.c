@@ -160,12 +160,7 @@ size_t js_space_at(const char *s, size_t n)
     if (!n) return 0;
     if (u[0] == ' ' || (u[0] >= 0x09 && u[0] <= 0x0d)) return 1;
     if (n >= 2 && u[0] == 0xC2 && u[1] == 0xA0) return 2;
-    if (n >= 3 && u[0] == 0xE1 && u[1] == 0x9A && u[2] == 0x80) return 3;
-    if (n >= 3 && u[0] == 0xE2 && u[1] == 0x80 && (u[2] <= 0x8A || u[2] == 0xA8 || u[2] == 0xA9 || u[2] == 0xAF)) return 3;
-    if (n >= 3 && u[0] == 0xE2 && u[1] == 0x81 && u[2] == 0x9F) return 3;
-    if (n >= 3 && u[0] == 0xE3 && u[1] == 0x80 && u[2] == 0x80) return 3;
-    if (n >= 3 && u[0] == 0xEF && u[1] == 0xBB && u[2] == 0xBF) return 3;
-    return 0;
+    return unicode_space3_at(s, n);
 }
 
 const jstr *jstr_trim(jx *x, const jstr *s, bool left, bool right)

@@ -204,3 +204,15 @@ uint32_t unicode_nfd_base(uint32_t cpt)
     }
     return lo > 0 && cpt <= unicode_fold_nfd[lo - 1][1] ? unicode_fold_nfd[lo - 1][2] : cpt;
 }
+
+size_t unicode_space3_at(const char *s, size_t n)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    if (n < 3) return 0;
+    if (u[0] == 0xE1 && u[1] == 0x9A && u[2] == 0x80) return 3;
+    if (u[0] == 0xE2 && u[1] == 0x80 && (u[2] <= 0x8A || u[2] == 0xA8 || u[2] == 0xA9 || u[2] == 0xAF)) return 3;
+    if (u[0] == 0xE2 && u[1] == 0x81 && u[2] == 0x9F) return 3;
+    if (u[0] == 0xE3 && u[1] == 0x80 && u[2] == 0x80) return 3;
+    if (u[0] == 0xEF && u[1] == 0xBB && u[2] == 0xBF) return 3;
+    return 0;
+}

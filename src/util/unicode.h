@@ -86,4 +86,10 @@ extern const uint32_t unicode_fold_n_lower;
 extern const uint32_t unicode_fold_nfd[][3];
 extern const uint32_t unicode_fold_n_nfd;
 
+/* The byte length of a blank of three UTF-8 bytes at s, as JavaScript's \s and Jinja's trim
+ * count them (U+1680, U+2000..200A, U+2028/2029, U+202F, U+205F, U+3000, U+FEFF), 0 if none:
+ * the part of "whitespace" the template interpreters agree on beyond their one- and two-byte
+ * sets. */
+size_t unicode_space3_at(const char *s, size_t n);
+
 #endif

@@ -152,6 +152,18 @@ TEST(test_utf8_strict)
     CHECK(unicode_utf8_valid("", 0) && !unicode_utf8_valid("a\x80", 2));
 }
 
+/* The three-byte blanks the template interpreters share: each one found with its length, the
+ * code points next to them and a truncated sequence not. */
+TEST(test_space3)
+{
+    static const char *yes[] = { "\u1680", "\u2000", "\u200a", "\u2028", "\u2029", "\u202f", "\u205f", "\u3000", "\ufeff" };
+    for (size_t i = 0; i < sizeof yes / sizeof *yes; i++) CHECKF(unicode_space3_at(yes[i], 3) == 3, "%zu", i);
+    static const char *no[] = { "\u200b", "\u2027", "\u202e", "\u2060", "\u3001", "\ufefe", " ab", "\u00a0x" };
+    for (size_t i = 0; i < sizeof no / sizeof *no; i++) CHECKF(unicode_space3_at(no[i], strlen(no[i])) == 0, "%zu", i);
+    CHECK(unicode_space3_at("\u3000", 2) == 0);
+    CHECK(unicode_space3_at("", 0) == 0);
+}
+
 int main(void)
 {
     RUN(test_decode_lenient);
@@ -160,5 +172,6 @@ int main(void)
     RUN(test_gpt2_byte_map);
     RUN(test_utf8_repair);
     RUN(test_utf8_strict);
+    RUN(test_space3);
     HARNESS_END();
 }
