@@ -735,7 +735,7 @@ static void events_dsml_arg(events *ev, const char *k, size_t kn, bool str, cons
 static bool events_dsml_parse(events *ev)
 {
     static const char *const open[] = { "<\x01tool_calls>", "<\x01" "function_calls>" };
-    static const char *const block[] = { "</\x01tool_calls>", "</\x01" "function_calls>", "<\x01invoke name=\"" };
+    static const char *const block[] = { "</\x01tool_calls>", ("</\x01" "function_calls>"), "<\x01invoke name=\"" };
     static const char *const invoke[] = { "</\x01invoke>", "<\x01parameter name=\"" };
     static const char *const kind[] = { "true\">", "false\">" };
     for (;;) {
