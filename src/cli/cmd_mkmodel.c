@@ -1102,6 +1102,14 @@ static void mk_type_refused(const char *type)
         fprintf(stderr, "tokenmill mkmodel: unknown type '%s'\n", type);
 }
 
+/* The preset called NAME, or NULL. */
+static const mk_preset *mk_preset_find(const char *name)
+{
+    for (size_t i = 0; i < TM_ARRAY_LEN(mk_presets); i++)
+        if (!strcmp(name, mk_presets[i].name)) return &mk_presets[i];
+    return NULL;
+}
+
 /* The experts, MLA and window of o's architecture from the options, else the preset's or the
  * family's defaults; 0, or 2 with a message when an option does not fit the architecture. */
 static int mk_resolve_experts(mk_opts *o, const mk_args *a, const mk_preset *p)
@@ -1109,7 +1117,7 @@ static int mk_resolve_experts(mk_opts *o, const mk_args *a, const mk_preset *p)
     bool mla = !strcmp(o->arch, "deepseek2"), gptoss = !strcmp(o->arch, "gpt-oss");
     if (mla) {
         /* a dense preset under --arch deepseek2: V2-Lite's attention and router on its width */
-        const mk_preset *d = !strcmp(p->arch ? p->arch : "", "deepseek2") ? p : &mk_presets[TM_ARRAY_LEN(mk_presets) - 2];
+        const mk_preset *d = !strcmp(p->arch ? p->arch : "", "deepseek2") ? p : mk_preset_find("deepseek-v2-lite");
         o->q_lora = a->q_lora >= 0 ? (int)a->q_lora : d->q_lora;
         o->kv_lora = a->kv_lora ? (int)a->kv_lora : d->kv_lora;
         o->nope_dim = a->nope_dim ? (int)a->nope_dim : d->nope_dim;
@@ -1252,10 +1260,7 @@ int cmd_mkmodel(int argc, char **argv)
     o.seed = seed.value;
     const mk_preset *p = &mk_presets[0];
     if (a.preset) {
-        p = NULL;
-        for (size_t i = 0; i < TM_ARRAY_LEN(mk_presets); i++)
-            if (!strcmp(a.preset, mk_presets[i].name)) p = &mk_presets[i];
-        if (!p) {
+        if (!(p = mk_preset_find(a.preset))) {
             fprintf(stderr, "tokenmill mkmodel: unknown preset '%s'\n", a.preset);
             cmd_opts_hint("mkmodel", synopsis);
             return 2;
