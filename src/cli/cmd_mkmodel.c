@@ -1288,10 +1288,18 @@ static int mk_resolve_dsv4(mk_opts *o, const mk_args *a, const mk_preset *p)
     o->w_scale = a->routed_scale > 0 ? a->routed_scale : d->w_scale;
     o->n_swa = a->window ? (int)a->window : d->n_swa;
     o->o_groups = 2, o->o_lora = 32, o->idx_heads = 8, o->idx_dim = 64, o->idx_topk = 6, o->n_hc = 4, o->n_hash = 1;
+    if (a->kv > 1) {
+        fprintf(stderr, "tokenmill mkmodel: deepseek4 has one key/value head (--kv-heads 1)\n");
+        return 2;
+    }
+    o->n_kv_heads = 1;   /* one raw key/value row per position, whatever the preset's */
+    /* as the loader requires: the heads split into the output groups, the indexer's heads rotate
+     * the same dims as the attention's */
     if (o->n_expert_used > o->n_expert || o->q_lora <= 0 || o->n_shared <= 0 || o->rope_dim <= 0 || o->rope_dim % 2 ||
-        o->rope_dim >= o->head_dim || (int64_t)o->n_heads * o->head_dim % o->o_groups) {
+        o->rope_dim >= o->head_dim || o->rope_dim > o->idx_dim || o->n_heads % o->o_groups) {
         fprintf(stderr, "tokenmill mkmodel: bad deepseek4 options (experts-used <= experts, a positive --q-lora and "
-                        "--shared-experts, an even --rope-dim below the head size, heads x head size even)\n");
+                        "--shared-experts, an even --rope-dim below the head size and at most %d, heads a multiple of %d)\n",
+                o->idx_dim, o->o_groups);
         return 2;
     }
     return 0;

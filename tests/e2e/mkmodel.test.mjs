@@ -175,7 +175,7 @@ test("--arch deepseek2 on a dense preset takes DeepSeek-V2-Lite's attention and 
 });
 
 test("deepseek4's options that do not fit it are usage errors", () => {
-  for (const extra of [["--kv-lora", "64"], ["--nextn", "1"], ["--experts", "2", "--experts-used", "4"], ["--rope-dim", "64"], ["--tied"]]) {
+  for (const extra of [["--kv-lora", "64"], ["--nextn", "1"], ["--experts", "2", "--experts-used", "4"], ["--rope-dim", "64"], ["--tied"], ["--heads", "3"], ["--kv-heads", "2"]]) {
     const r = spawnSync(bin, ["mkmodel", "--arch", "deepseek4", "--type", "f32", "--seed", "1", ...extra, "-o", path.join(tmp, "x.gguf")], { encoding: "utf8" });
     assert.equal(r.status, 2, extra.join(" "));
     assert.match(r.stderr, /tokenmill mkmodel: /, extra.join(" "));
