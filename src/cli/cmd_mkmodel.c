@@ -2,7 +2,7 @@
  * cmd_mkmodel: writes a random-weight GGUF model of a real architecture and shape, which
  * llama.cpp also loads: the test and benchmark models of tokenmill.
  *
- *   tokenmill mkmodel --arch llama|qwen2|qwen3|qwen3moe|deepseek2|gpt-oss|phi3|mistral3|qwen35|qwen35moe|gemma3 [--preset NAME] [shape options] [--vocab FILE]
+ *   tokenmill mkmodel --arch llama|qwen2|qwen3|qwen3moe|deepseek2|gpt-oss|phi3|mistral3|qwen35|qwen35moe|gemma3|deepseek4 [--preset NAME] [shape options] [--vocab FILE]
  *                     --type T --seed S [--tied|--untied] [--rope-scaling llama3] -o OUT.gguf
  *
  * Tensors and metadata follow llama.cpp's converters: `llama` (rope_freqs.weight when
@@ -21,8 +21,13 @@
  * ssm_norm, ssm_out; post_attention_norm; the MoE with its gated shared expert), `gemma3` (qwen3's head norms, post_attention_norm and
  * post_ffw_norm, attention.sliding_window (--window, default 512) on 5 of each 6 layers,
  * rope.freq_base_swa 10000 and, past a 32768-token context, linear scaling 8 for the global
- * layers, as conversion/gemma.py writes Gemma 3's; tied embeddings). Norms, biases and rope
- * factors stay F32; every matrix gets
+ * layers, as conversion/gemma.py writes Gemma 3's; tied embeddings), `deepseek4` (DeepSeek V4's, as
+ * conversion/deepseek.py writes them and tests/oracle/gguf_dsv4.py lists them: layer 0
+ * uncompressed then compression ratios 4 and 128 in turn, the compressors and the lightning
+ * indexer, the grouped low-rank output, sinks, 4 hyper-connection streams, the sqrt-softplus
+ * router with a hash-routed lead layer (an I32 tid2eid table of distinct experts per token) and
+ * a selection bias after it, the clamped SwiGLU experts and a shared one; untied; --type mxfp4
+ * as gpt-oss's). Norms, biases and rope factors stay F32; every matrix gets
  * --type (q4_1, q5_0, q5_1, q2_k, q3_k, iq4_nl, iq4_xs, iq3_xxs, iq3_s, iq2_s, tq1_0, tq2_0 too, ggml's reference quantisers; every matrix
  * in the one type), for q3_k_m llama.cpp's Q3_K_M mix (Q3_K, attn_v/ffn_down/attn_output in Q4_K/Q5_K, output Q6_K),
  * or for q4_k_m / q5_k_m the Q4_K (Q5_K) / Q6_K mix of llama.cpp's Q4_K_M / Q5_K_M (output or tied embedding,
@@ -136,6 +141,13 @@ static const mk_preset mk_presets[] = {
       .head_dim = 256, .ctx = 131072, .n_vocab = 262144, .rope_base = 1e6, .tied = true, .n_swa = 1024 },
     { .name = "gemma-3-27b", .arch = "gemma3", .n_layers = 62, .dim = 5376, .ffn = 21504, .n_heads = 32, .n_kv_heads = 16,
       .head_dim = 128, .ctx = 131072, .n_vocab = 262144, .rope_base = 1e6, .tied = true, .n_swa = 1024 },
+    /* DeepSeek V4's test shape (tests/oracle/gguf_dsv4.py's): 4 layers of ratios 0, 4, 128, 4,
+     * 4 heads of 64 (16 rotated) over one kv head, 8 experts of 64 (2 per token) and one shared;
+     * the rest of V4's hyper-parameters are mk_resolve_dsv4's. No preset of the published V4
+     * shapes: the bundled llama.cpp names only their layer count (docs/deepseek4.md). */
+    { .name = "dsv4-tiny", .arch = "deepseek4", .n_layers = 4, .dim = 128, .ffn = 64, .n_heads = 4, .n_kv_heads = 1,
+      .head_dim = 64, .ctx = 4096, .n_vocab = 1024, .rope_base = 10000, .n_expert = 8, .n_expert_used = 2,
+      .expert_ffn = 64, .q_lora = 64, .rope_dim = 16, .n_shared = 1, .w_scale = 1.5, .n_swa = 16 },
 };
 
 typedef struct {
@@ -158,6 +170,12 @@ typedef struct {
     int n_swa;              /* gpt-oss, gemma3: sliding window */
     int n_nextn;            /* deepseek2: MTP layers after the n_layers */
     int ssm_k_heads, ssm_v_heads, ssm_state;   /* qwen35: linear layers' q/k heads, v heads, head size */
+    /* deepseek4 (with q_lora, rope_dim, n_shared, w_scale, n_swa above): the grouped low-rank
+     * output, the lightning indexer, the hyper-connection streams, the hash-routed lead layers */
+    int o_groups, o_lora;           /* output groups, each's low rank */
+    int idx_heads, idx_dim, idx_topk;   /* indexer heads, head size, compressed entries kept */
+    int n_hc;                       /* hyper-connection streams */
+    int n_hash;                     /* leading layers routed by token id (tid2eid) */
     int pooling;            /* {arch}.pooling_type to write (llama.cpp's values), -1: none */
     qtype exps_type;        /* the experts' type (mxfp4: MXFP4, else the base type) */
     const char *type;       /* --type */
@@ -466,7 +484,8 @@ static void mk_vocab_write(mk_vocab *v, gguf_writer *w)
 
 /* ---- weights ------------------------------------------------------------------------- */
 
-typedef enum { MK_INIT_NOISE, MK_INIT_NORM, MK_INIT_ROPE_FREQS, MK_INIT_SKEW } mk_init;   /* SKEW: noise + router_skew's ramp */
+/* SKEW: noise + router_skew's ramp; TID2EID: I32 rows of distinct expert ids in 0..n_expert-1 */
+typedef enum { MK_INIT_NOISE, MK_INIT_NORM, MK_INIT_ROPE_FREQS, MK_INIT_SKEW, MK_INIT_TID2EID } mk_init;
 
 typedef struct {
     uint64_t seed;          /* per-tensor seed (run seed mixed with the name) */
@@ -529,11 +548,35 @@ static void mk_rope_freqs(const mk_opts *o, float *out)
     }
 }
 
+/* deepseek4's hash routing table: per token (row) ne0 distinct experts, a partial shuffle of
+ * 0..n_expert-1 with the row's generator. */
+static void mk_tid2eid(const mk_tensor *t, int32_t *dst)
+{
+    const int ne = t->o->n_expert;
+    int32_t *perm = xmalloc((size_t)ne * sizeof *perm);
+    for (int64_t r = 0; r < t->nrows; r++) {
+        util_rng rng;
+        util_rng_seed(&rng, t->seed ^ ((uint64_t)r * 0x9E3779B97F4A7C15ULL));
+        for (int i = 0; i < ne; i++) perm[i] = i;
+        for (int64_t i = 0; i < t->ne0; i++) {
+            int j = (int)i + (int)(util_rng_next(&rng) % (uint64_t)(ne - i));
+            int32_t x = perm[i];
+            perm[i] = perm[j], perm[j] = x;
+            dst[r * t->ne0 + i] = perm[i];
+        }
+    }
+    free(perm);
+}
+
 static void mk_fill(void *ctx, const char *name, void *dst, size_t nbytes)
 {
     const mk_tensor *t = ctx;
     if (t->init == MK_INIT_ROPE_FREQS) {
         mk_rope_freqs(t->o, dst);
+        return;
+    }
+    if (t->init == MK_INIT_TID2EID) {
+        mk_tid2eid(t, dst);
         return;
     }
     int nth = t->o->n_threads;
@@ -575,6 +618,7 @@ typedef struct {
     const mk_opts *o;
     qtype base;             /* type of ordinary matrices */
     bool k_m;               /* q3_k_m / q4_k_m / q5_k_m mix */
+    int64_t n_vocab;        /* tokens (deepseek4's tid2eid has a row per token) */
 } mk_model;
 
 /* The seed of the tensor named name (mk_add3 draws with it): a copy under another name draws the same. */
@@ -649,6 +693,109 @@ static void mk_mla_layer(mk_model *m, int l, qtype more)
     mk_add(m, MK_T("ffn_up_shexp.weight"), MK_INIT_NOISE, s_in, base, 2, dim, sh);
     mk_add(m, MK_T("ffn_down_shexp.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)sh), more, 2, sh, dim);
 #undef MK_T
+}
+
+/* deepseek4's compression ratio of layer l: the first uncompressed, then 4 and 128 in turn. */
+static int mk_dsv4_ratio(int l)
+{
+    return l == 0 ? 0 : l % 2 ? 4 : 128;
+}
+
+/* One deepseek4 layer after its attn_norm, as llama.cpp's converter writes V4's (the tensors
+ * gguf_dsv4.py lists): the sinks, low-rank queries, the one raw key/value row, the grouped
+ * low-rank output, the two hyper-connection mixes; a compressed layer's compressor (with the
+ * overlap's double width and the lightning indexer at ratio 4); the router, a hash table
+ * (leading layers) or a selection bias, the experts and the shared expert. Mixes, sinks, the
+ * compressors' position biases and the router stay F32. */
+static void mk_dsv4_layer(mk_model *m, int l)
+{
+    const mk_opts *o = m->o;
+    const qtype base = m->base;
+    const int64_t dim = o->dim, H = o->n_heads, hd = o->head_dim, ql = o->q_lora, hc = o->n_hc, mix = (2 + hc) * hc;
+    const int64_t gdim = H * hd / o->o_groups, orank = (int64_t)o->o_groups * o->o_lora;
+    const int64_t ne = o->n_expert, ef = o->expert_ffn, sh = ef * o->n_shared, ih = o->idx_heads, idim = o->idx_dim;
+    const int ratio = mk_dsv4_ratio(l);
+    const float s_in = 1.0f / sqrtf((float)dim), s_hc = 1.0f / sqrtf((float)(hc * dim));
+    char name[128];
+#define MK_T(suffix) (snprintf(name, sizeof name, "blk.%d." suffix, l), name)
+    mk_add(m, MK_T("attn_sinks.weight"), MK_INIT_NOISE, 1.0f, QTYPE_F32, 1, H, 1);
+    mk_add(m, MK_T("attn_q_a.weight"), MK_INIT_NOISE, s_in, base, 2, dim, ql);
+    mk_add(m, MK_T("attn_q_a_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, ql, 1);
+    mk_add(m, MK_T("attn_q_b.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)ql), base, 2, ql, H * hd);
+    mk_add(m, MK_T("attn_kv.weight"), MK_INIT_NOISE, s_in, base, 2, dim, hd);
+    mk_add(m, MK_T("attn_kv_a_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, hd, 1);
+    mk_add(m, MK_T("attn_output_a.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)gdim), base, 2, gdim, orank);
+    mk_add(m, MK_T("attn_output_b.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)orank), base, 2, orank, dim);
+    mk_add(m, MK_T("hc_attn_fn.weight"), MK_INIT_NOISE, s_hc, QTYPE_F32, 2, hc * dim, mix);
+    mk_add(m, MK_T("hc_attn_base.weight"), MK_INIT_NOISE, 0.5f, QTYPE_F32, 1, mix, 1);
+    mk_add(m, MK_T("hc_attn_scale.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, 3, 1);
+    mk_add(m, MK_T("hc_ffn_fn.weight"), MK_INIT_NOISE, s_hc, QTYPE_F32, 2, hc * dim, mix);
+    mk_add(m, MK_T("hc_ffn_base.weight"), MK_INIT_NOISE, 0.5f, QTYPE_F32, 1, mix, 1);
+    mk_add(m, MK_T("hc_ffn_scale.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, 3, 1);
+    if (ratio) {
+        const int64_t coff = ratio == 4 ? 2 : 1;   /* ratio 4's groups overlap: two rows per position */
+        mk_add(m, MK_T("attn_compressor_kv.weight"), MK_INIT_NOISE, s_in, base, 2, dim, coff * hd);
+        mk_add(m, MK_T("attn_compressor_gate.weight"), MK_INIT_NOISE, s_in, base, 2, dim, coff * hd);
+        mk_add(m, MK_T("attn_compressor_ape.weight"), MK_INIT_NOISE, 0.5f, QTYPE_F32, 2, coff * hd, ratio);
+        mk_add(m, MK_T("attn_compressor_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, hd, 1);
+        if (ratio == 4) {
+            mk_add(m, MK_T("indexer.proj.weight"), MK_INIT_NOISE, s_in, base, 2, dim, ih);
+            mk_add(m, MK_T("indexer.attn_q_b.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)ql), base, 2, ql, ih * idim);
+            mk_add(m, MK_T("indexer_compressor_kv.weight"), MK_INIT_NOISE, s_in, base, 2, dim, 2 * idim);
+            mk_add(m, MK_T("indexer_compressor_gate.weight"), MK_INIT_NOISE, s_in, base, 2, dim, 2 * idim);
+            mk_add(m, MK_T("indexer_compressor_ape.weight"), MK_INIT_NOISE, 0.5f, QTYPE_F32, 2, 2 * idim, ratio);
+            mk_add(m, MK_T("indexer_compressor_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, idim, 1);
+        }
+    }
+    mk_add(m, MK_T("ffn_gate_inp.weight"), MK_INIT_NOISE, 2.0f * s_in, QTYPE_F32, 2, dim, ne);
+    if (l < o->n_hash)
+        mk_add(m, MK_T("ffn_gate_tid2eid.weight"), MK_INIT_TID2EID, 0, QTYPE_I32, 2, o->n_expert_used, m->n_vocab);
+    else
+        mk_add(m, MK_T("exp_probs_b.bias"), MK_INIT_NOISE, 0.05f, QTYPE_F32, 1, ne, 1);
+    mk_add(m, MK_T("ffn_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, dim, 1);
+    mk_add3(m, MK_T("ffn_gate_exps.weight"), MK_INIT_NOISE, s_in, o->exps_type, 3, dim, ef, ne);
+    mk_add3(m, MK_T("ffn_up_exps.weight"), MK_INIT_NOISE, s_in, o->exps_type, 3, dim, ef, ne);
+    mk_add3(m, MK_T("ffn_down_exps.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)ef), o->exps_type, 3, ef, dim, ne);
+    mk_add(m, MK_T("ffn_gate_shexp.weight"), MK_INIT_NOISE, s_in, base, 2, dim, sh);
+    mk_add(m, MK_T("ffn_up_shexp.weight"), MK_INIT_NOISE, s_in, base, 2, dim, sh);
+    mk_add(m, MK_T("ffn_down_shexp.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)sh), base, 2, sh, dim);
+#undef MK_T
+}
+
+/* deepseek4's keys beyond the common ones, as conversion/deepseek.py's DeepseekV4Model writes
+ * them: the sqrt-softplus router (gating 4) with its normalised, scaled weights, the SwiGLU
+ * clamp of every layer, the indexer, the grouped output, each layer's ratio, the compressed
+ * layers' RoPE base, the hyper-connections and the hash-routed lead. */
+static void mk_dsv4_keys(gguf_writer *w, const mk_opts *o)
+{
+    char k[128];
+#define MK_KEY(suffix) (snprintf(k, sizeof k, "deepseek4." suffix), k)
+    gguf_writer_set_u32(w, MK_KEY("expert_gating_func"), 4);
+    gguf_writer_set_u32(w, MK_KEY("attention.q_lora_rank"), (uint32_t)o->q_lora);
+    gguf_writer_set_u32(w, MK_KEY("attention.sliding_window"), (uint32_t)o->n_swa);
+    gguf_writer_set_u32(w, MK_KEY("expert_shared_count"), (uint32_t)o->n_shared);
+    gguf_writer_set_f32(w, MK_KEY("expert_weights_scale"), (float)o->w_scale);
+    gguf_writer_set_bool(w, MK_KEY("expert_weights_norm"), true);
+    float *clamp = xmalloc((size_t)o->n_layers * sizeof *clamp);
+    int32_t *ratios = xmalloc((size_t)o->n_layers * sizeof *ratios);
+    for (int l = 0; l < o->n_layers; l++) clamp[l] = 10.0f, ratios[l] = mk_dsv4_ratio(l);   /* V4's swiglu_limit */
+    gguf_writer_set_arr_f32(w, MK_KEY("swiglu_clamp_exp"), clamp, (uint64_t)o->n_layers);
+    gguf_writer_set_arr_f32(w, MK_KEY("swiglu_clamp_shexp"), clamp, (uint64_t)o->n_layers);
+    gguf_writer_set_u32(w, MK_KEY("attention.indexer.head_count"), (uint32_t)o->idx_heads);
+    gguf_writer_set_u32(w, MK_KEY("attention.indexer.key_length"), (uint32_t)o->idx_dim);
+    gguf_writer_set_u32(w, MK_KEY("attention.indexer.top_k"), (uint32_t)o->idx_topk);
+    gguf_writer_set_u32(w, MK_KEY("attention.output_group_count"), (uint32_t)o->o_groups);
+    gguf_writer_set_u32(w, MK_KEY("attention.output_lora_rank"), (uint32_t)o->o_lora);
+    gguf_writer_set_arr_i32(w, MK_KEY("attention.compress_ratios"), ratios, (uint64_t)o->n_layers);
+    gguf_writer_set_f32(w, MK_KEY("attention.compress_rope_freq_base"), 160000.0f);
+    gguf_writer_set_u32(w, MK_KEY("hyper_connection.count"), (uint32_t)o->n_hc);
+    gguf_writer_set_u32(w, MK_KEY("hyper_connection.sinkhorn_iterations"), 20);
+    gguf_writer_set_f32(w, MK_KEY("hyper_connection.epsilon"), 1e-6f);
+    gguf_writer_set_u32(w, MK_KEY("hash_layer_count"), (uint32_t)o->n_hash);
+    gguf_writer_set_u32(w, MK_KEY("embedding_length_out"), (uint32_t)(o->dim * o->n_hc));
+    free(clamp);
+    free(ratios);
+#undef MK_KEY
 }
 
 /* One gpt-oss layer after its attn_norm (llama.cpp's LLM_ARCH_OPENAI_MOE tensors): q/k/v/o
@@ -854,8 +1001,8 @@ static void mk_write_keys(gguf_writer *w, const mk_opts *o, int64_t V, qtype bas
     gguf_writer_set_u32(w, MK_KEY("embedding_length"), (uint32_t)o->dim);
     gguf_writer_set_u32(w, MK_KEY("feed_forward_length"), (uint32_t)o->ffn);
     gguf_writer_set_u32(w, MK_KEY("attention.head_count"), (uint32_t)o->n_heads);
-    bool mla = !strcmp(A, "deepseek2");
-    gguf_writer_set_u32(w, MK_KEY("attention.head_count_kv"), mla ? 1u : (uint32_t)o->n_kv_heads);
+    bool mla = !strcmp(A, "deepseek2"), dsv4 = !strcmp(A, "deepseek4");
+    gguf_writer_set_u32(w, MK_KEY("attention.head_count_kv"), mla || dsv4 ? 1u : (uint32_t)o->n_kv_heads);
     gguf_writer_set_f32(w, MK_KEY("rope.freq_base"), (float)o->rope_base);
     gguf_writer_set_f32(w, MK_KEY("attention.layer_norm_rms_epsilon"), (float)o->eps);
     if (mla) {
@@ -869,6 +1016,7 @@ static void mk_write_keys(gguf_writer *w, const mk_opts *o, int64_t V, qtype bas
     if (!strcmp(A, "mistral3")) mk_mistral3_keys(w, o);
     if (o->ssm_state > 0) mk_qwen35_keys(w, o);
     if (!strcmp(A, "gemma3")) mk_gemma3_keys(w, o);
+    if (dsv4) mk_dsv4_keys(w, o);
     if (!strcmp(A, "gpt-oss")) {   /* gpt-oss, as its converter writes it (the layer pattern: llama.cpp's default 2) */
         gguf_writer_set_u32(w, MK_KEY("attention.sliding_window"), (uint32_t)o->n_swa);
         gguf_writer_set_str(w, MK_KEY("rope.scaling.type"), "yarn");
@@ -1022,7 +1170,7 @@ static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *
     mk_write_keys(w, o, V, base, ftype, preset);
     mk_vocab_write(v, w);
 
-    mk_model m = { .w = w, .o = o, .base = base, .k_m = k_m, .cap = 8 + 28 * (o->n_layers + o->n_nextn) };
+    mk_model m = { .w = w, .o = o, .base = base, .k_m = k_m, .n_vocab = V, .cap = 16 + 48 * (o->n_layers + o->n_nextn) };
     m.ts = xcalloc((size_t)m.cap, sizeof *m.ts);
     /* Embeddings are small (0.5/sqrt(dim)) so that, with a tied output, the input token's own
      * embedding in the residual stream does not dominate the logits (random models otherwise
@@ -1040,6 +1188,11 @@ static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *
         mk_add(&m, "rope_factors_short.weight", MK_INIT_NORM, 1.0f, QTYPE_F32, 1, o->rope_dim / 2, 1);
     }
     if (o->rope_llama3) mk_add(&m, "rope_freqs.weight", MK_INIT_ROPE_FREQS, 0, QTYPE_F32, 1, o->head_dim / 2, 1);
+    if (!strcmp(A, "deepseek4")) {   /* the head's mix of the hyper-connection streams */
+        mk_add(&m, "output_hc_fn.weight", MK_INIT_NOISE, 1.0f / sqrtf((float)(o->n_hc * dim)), QTYPE_F32, 2, o->n_hc * dim, o->n_hc);
+        mk_add(&m, "output_hc_base.weight", MK_INIT_NOISE, 0.5f, QTYPE_F32, 1, o->n_hc, 1);
+        mk_add(&m, "output_hc_scale.weight", MK_INIT_NORM, 1.0f, QTYPE_F32, 1, 1, 1);
+    }
     for (int l = 0; l < o->n_layers + o->n_nextn; l++) {   /* the MTP layers last */
         qtype more = k_m && l < o->n_layers && mk_use_more_bits(l, o->n_layers) ? QTYPE_Q6_K : base;
         snprintf(name, sizeof name, "blk.%d.attn_norm.weight", l);
@@ -1047,6 +1200,8 @@ static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *
         if (!strcmp(A, "deepseek2")) {
             mk_mla_layer(&m, l, more);
             if (l >= o->n_layers) mk_nextn_layer(&m, l, emb_std, out_type, V);
+        } else if (!strcmp(A, "deepseek4")) {
+            mk_dsv4_layer(&m, l);
         } else if (!strcmp(A, "gpt-oss")) {
             mk_gptoss_layer(&m, l);
         } else if (!strcmp(A, "phi3")) {
@@ -1102,6 +1257,54 @@ static void mk_type_refused(const char *type)
         fprintf(stderr, "tokenmill mkmodel: unknown type '%s'\n", type);
 }
 
+/* The preset called NAME, or NULL. */
+static const mk_preset *mk_preset_find(const char *name)
+{
+    for (size_t i = 0; i < TM_ARRAY_LEN(mk_presets); i++)
+        if (!strcmp(name, mk_presets[i].name)) return &mk_presets[i];
+    return NULL;
+}
+
+/* deepseek4's shape beyond the common options: the test preset's V4 parts (its rank, rotated
+ * dims, shared experts, routed scale and window unless --q-lora, --rope-dim, --shared-experts,
+ * --routed-scale or --window say), with gguf_dsv4.py's indexer (8 heads of 64, top-k 6), two
+ * output groups of rank 32, 4 hyper-connection streams and one hash-routed layer. 0, or 2 with
+ * a message. */
+static int mk_resolve_dsv4(mk_opts *o, const mk_args *a, const mk_preset *p)
+{
+    const mk_preset *d = mk_preset_find("dsv4-tiny");
+    if (a->kv_lora || a->nope_dim || a->v_dim || a->dense >= 0 || a->router || a->groups >= 0 || a->groups_used ||
+        a->nextn || a->router_skew > 0) {
+        fprintf(stderr, "tokenmill mkmodel: --kv-lora, --nope-dim, --v-dim, --dense-layers, --router, --expert-groups, "
+                        "--groups-used, --nextn and --router-skew are for --arch deepseek2\n");
+        return 2;
+    }
+    o->n_expert = a->experts ? (int)a->experts : p->n_expert ? p->n_expert : d->n_expert;
+    o->n_expert_used = a->experts_used ? (int)a->experts_used : p->n_expert_used ? p->n_expert_used : d->n_expert_used;
+    o->expert_ffn = a->expert_ffn ? (int)a->expert_ffn : p->expert_ffn ? p->expert_ffn : o->ffn;
+    o->q_lora = a->q_lora >= 0 ? (int)a->q_lora : d->q_lora;
+    o->rope_dim = a->rope_dim ? (int)a->rope_dim : d->rope_dim;
+    o->n_shared = a->shared >= 0 ? (int)a->shared : d->n_shared;
+    o->w_scale = a->routed_scale > 0 ? a->routed_scale : d->w_scale;
+    o->n_swa = a->window ? (int)a->window : d->n_swa;
+    o->o_groups = 2, o->o_lora = 32, o->idx_heads = 8, o->idx_dim = 64, o->idx_topk = 6, o->n_hc = 4, o->n_hash = 1;
+    if (a->kv > 1) {
+        fprintf(stderr, "tokenmill mkmodel: deepseek4 has one key/value head (--kv-heads 1)\n");
+        return 2;
+    }
+    o->n_kv_heads = 1;   /* one raw key/value row per position, whatever the preset's */
+    /* as the loader requires: the heads split into the output groups, the indexer's heads rotate
+     * the same dims as the attention's */
+    if (o->n_expert_used > o->n_expert || o->q_lora <= 0 || o->n_shared <= 0 || o->rope_dim <= 0 || o->rope_dim % 2 ||
+        o->rope_dim >= o->head_dim || o->rope_dim > o->idx_dim || o->n_heads % o->o_groups) {
+        fprintf(stderr, "tokenmill mkmodel: bad deepseek4 options (experts-used <= experts, a positive --q-lora and "
+                        "--shared-experts, an even --rope-dim below the head size and at most %d, heads a multiple of %d)\n",
+                o->idx_dim, o->o_groups);
+        return 2;
+    }
+    return 0;
+}
+
 /* The experts, MLA and window of o's architecture from the options, else the preset's or the
  * family's defaults; 0, or 2 with a message when an option does not fit the architecture. */
 static int mk_resolve_experts(mk_opts *o, const mk_args *a, const mk_preset *p)
@@ -1109,7 +1312,7 @@ static int mk_resolve_experts(mk_opts *o, const mk_args *a, const mk_preset *p)
     bool mla = !strcmp(o->arch, "deepseek2"), gptoss = !strcmp(o->arch, "gpt-oss");
     if (mla) {
         /* a dense preset under --arch deepseek2: V2-Lite's attention and router on its width */
-        const mk_preset *d = !strcmp(p->arch ? p->arch : "", "deepseek2") ? p : &mk_presets[TM_ARRAY_LEN(mk_presets) - 2];
+        const mk_preset *d = !strcmp(p->arch ? p->arch : "", "deepseek2") ? p : mk_preset_find("deepseek-v2-lite");
         o->q_lora = a->q_lora >= 0 ? (int)a->q_lora : d->q_lora;
         o->kv_lora = a->kv_lora ? (int)a->kv_lora : d->kv_lora;
         o->nope_dim = a->nope_dim ? (int)a->nope_dim : d->nope_dim;
@@ -1140,6 +1343,8 @@ static int mk_resolve_experts(mk_opts *o, const mk_args *a, const mk_preset *p)
                             "positive latent/rope/nope/v dims, experts a multiple of the groups, groups-used in 1..groups)\n");
             return 2;
         }
+    } else if (!strcmp(o->arch, "deepseek4")) {
+        return mk_resolve_dsv4(o, a, p);
     } else if (a->q_lora >= 0 || a->kv_lora || a->rope_dim || a->nope_dim || a->v_dim || a->shared >= 0 || a->dense >= 0 || a->router ||
                a->groups >= 0 || a->groups_used || a->routed_scale > 0 || a->nextn || a->router_skew > 0) {
         fprintf(stderr, "tokenmill mkmodel: the MLA, shared-expert, --router-skew and --nextn options are for --arch deepseek2\n");
@@ -1205,7 +1410,7 @@ int cmd_mkmodel(int argc, char **argv)
     for (size_t i = 0; i < TM_ARRAY_LEN(mk_presets) && ph < sizeof preset_help; i++)
         ph += (size_t)snprintf(preset_help + ph, sizeof preset_help - ph, " %s", mk_presets[i].name);
     const cmd_opt opts[] = {
-        { "--arch", NULL, CMD_OPT_STR, &o.arch, .arg = "llama|qwen2|qwen3|qwen3moe|deepseek2|gpt-oss|phi3|mistral3|qwen35|qwen35moe|gemma3", .help = "architecture (or the preset's)" },
+        { "--arch", NULL, CMD_OPT_STR, &o.arch, .arg = "llama|qwen2|qwen3|qwen3moe|deepseek2|gpt-oss|phi3|mistral3|qwen35|qwen35moe|gemma3|deepseek4", .help = "architecture (or the preset's)" },
         { "--preset", NULL, CMD_OPT_STR, &a.preset, .arg = "NAME", .help = preset_help },
         { "--layers", NULL, CMD_OPT_LONG, &a.layers, 0, 4096, .arg = "N", .help = "shape options override the preset's" },
         { "--dim", NULL, CMD_OPT_LONG, &a.dim, 0, 1 << 20, .arg = "N", .help = "hidden size" },
@@ -1252,16 +1457,14 @@ int cmd_mkmodel(int argc, char **argv)
     o.seed = seed.value;
     const mk_preset *p = &mk_presets[0];
     if (a.preset) {
-        p = NULL;
-        for (size_t i = 0; i < TM_ARRAY_LEN(mk_presets); i++)
-            if (!strcmp(a.preset, mk_presets[i].name)) p = &mk_presets[i];
-        if (!p) {
+        if (!(p = mk_preset_find(a.preset))) {
             fprintf(stderr, "tokenmill mkmodel: unknown preset '%s'\n", a.preset);
             cmd_opts_hint("mkmodel", synopsis);
             return 2;
         }
     }
     if (!o.arch) o.arch = p->arch;
+    if (!a.preset && o.arch && !strcmp(o.arch, "deepseek4")) p = mk_preset_find("dsv4-tiny");   /* its own shape */
     qtype qt;
     bool km;
     uint32_t ft;
@@ -1272,9 +1475,9 @@ int cmd_mkmodel(int argc, char **argv)
     }
     if (strcmp(o.arch, "llama") && strcmp(o.arch, "qwen2") && strcmp(o.arch, "qwen3") && strcmp(o.arch, "qwen3moe") &&
         strcmp(o.arch, "deepseek2") && strcmp(o.arch, "gpt-oss") && strcmp(o.arch, "phi3") && strcmp(o.arch, "mistral3") &&
-        strcmp(o.arch, "qwen35") && strcmp(o.arch, "qwen35moe") && strcmp(o.arch, "gemma3")) {
+        strcmp(o.arch, "qwen35") && strcmp(o.arch, "qwen35moe") && strcmp(o.arch, "gemma3") && strcmp(o.arch, "deepseek4")) {
         fprintf(stderr, "tokenmill mkmodel: unknown arch '%s' (llama, qwen2, qwen3, qwen3moe, deepseek2, gpt-oss, phi3, mistral3, "
-                "qwen35, qwen35moe, gemma3)\n",
+                "qwen35, qwen35moe, gemma3, deepseek4)\n",
                 o.arch);
         return 2;
     }
@@ -1301,8 +1504,9 @@ int cmd_mkmodel(int argc, char **argv)
         return 2;
     }
     if (mk_resolve_experts(&o, &a, p) != 0) return 2;
-    if ((!gptoss && !strcasecmp(o.type, "mxfp4")) || (!gptoss && strcmp(o.arch, "gemma3") && a.window)) {
-        fprintf(stderr, "tokenmill mkmodel: --window is for --arch gpt-oss or gemma3, --type mxfp4 for gpt-oss\n");
+    bool dsv4 = !strcmp(o.arch, "deepseek4");
+    if ((!gptoss && !dsv4 && !strcasecmp(o.type, "mxfp4")) || (!gptoss && !dsv4 && strcmp(o.arch, "gemma3") && a.window)) {
+        fprintf(stderr, "tokenmill mkmodel: --window is for --arch gpt-oss, gemma3 or deepseek4, --type mxfp4 for gpt-oss or deepseek4\n");
         return 2;
     }
     o.exps_type = !strcasecmp(o.type, "mxfp4") ? QTYPE_MXFP4 : qt;
@@ -1310,9 +1514,9 @@ int cmd_mkmodel(int argc, char **argv)
     o.rope_base = a.rope_base > 0 ? a.rope_base : p->rope_base > 0 ? p->rope_base : gptoss ? 150000 : qwen ? 1e6 : 10000;
     o.eps = a.eps > 0 ? a.eps : qwen && !gptoss ? 1e-6 : 1e-5;
     o.tied = a.tied >= 0 ? a.tied == 1 : p->tied;
-    if (gptoss && o.tied) {   /* llama.cpp's gpt-oss requires output.weight */
+    if ((gptoss || dsv4) && o.tied) {   /* llama.cpp's gpt-oss and deepseek4 require output.weight */
         if (a.tied == 1) {
-            fprintf(stderr, "tokenmill mkmodel: gpt-oss has no tied output (--untied)\n");
+            fprintf(stderr, "tokenmill mkmodel: %s has no tied output (--untied)\n", o.arch);
             return 2;
         }
         o.tied = false;

@@ -233,7 +233,7 @@ static void cmd_opts_usage_lines(FILE *f, const cmd_opt *opts)
             continue;
         }
         if (!o->help) continue;
-        char head[96];
+        char head[160];   /* an option with its value's choices (mkmodel's --arch list) */
         int n = snprintf(head, sizeof head, "%s%s%s", o->alias ? o->alias : "", o->alias ? ", " : "", o->name);
         if (cmd_opts_takes_value(o->kind) && n > 0 && (size_t)n < sizeof head)
             snprintf(head + n, sizeof head - (size_t)n, " %s",

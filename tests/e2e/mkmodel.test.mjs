@@ -168,6 +168,20 @@ test("--vocab from gpt-oss's tokenizer.json: the o200k_harmony vocabulary as lla
   await llama.dispose();
 });
 
+test("--arch deepseek2 on a dense preset takes DeepSeek-V2-Lite's attention and router", async () => {
+  const md = (await tensors(mk("ds2.gguf", "--arch", "deepseek2", "--layers", "2", "--type", "f32", "--seed", "1"))).md.deepseek2;
+  assert.equal(md.attention.kv_lora_rank, 512);
+  assert.equal(md.expert_count, 64);
+});
+
+test("deepseek4's options that do not fit it are usage errors", () => {
+  for (const extra of [["--kv-lora", "64"], ["--nextn", "1"], ["--experts", "2", "--experts-used", "4"], ["--rope-dim", "64"], ["--tied"], ["--heads", "3"], ["--kv-heads", "2"]]) {
+    const r = spawnSync(bin, ["mkmodel", "--arch", "deepseek4", "--type", "f32", "--seed", "1", ...extra, "-o", path.join(tmp, "x.gguf")], { encoding: "utf8" });
+    assert.equal(r.status, 2, extra.join(" "));
+    assert.match(r.stderr, /tokenmill mkmodel: /, extra.join(" "));
+  }
+});
+
 test("bad options are usage errors", () => {
   for (const args of [["--arch", "gpt9", "--type", "f32", "--seed", "1", "-o", "x"], ["--arch", "llama", "--type", "iq2_xxs", "--seed", "1", "-o", "x"],
     ["--arch", "llama", "--type", "f32", "-o", "x"], ["--arch", "llama", "--type", "f32", "--seed", "1", "--heads", "3", "--kv-heads", "2", "-o", "x"]]) {

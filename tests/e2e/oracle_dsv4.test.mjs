@@ -183,3 +183,38 @@ for (const type of ['q8_0', 'mxfp4']) {
     console.log(`oracle_dsv4: ${type} tokenmill vs llama.cpp median ${median.toExponential(2)} max ${max.toExponential(2)}`);
   });
 }
+
+// `tokenmill mkmodel --arch deepseek4` (the dsv4-tiny shape, gguf_dsv4.py's) on the oracle's
+// vocabulary: the same keys, key types and tensors (names, types, shapes) as gguf-py's file,
+// llama.cpp loads it and tokenmill agrees with it over a 40-token prompt (the window, ratio-4
+// groups and the indexer's top-k crossed; F32, so the F32 test's tolerance), and `run`
+// generates from it. Skipped with the other tests (llama.cpp's loader is the point).
+test('deepseek4 (mkmodel, F32): the keys and tensors of gguf-py\'s file, tokenmill agrees with llama.cpp, ' +
+  'tokenmill run generates', {skip}, async () => {
+  const ref = model();
+  const vocab = cached('oracle-dsv4-vocab', () => assert.fail('vocabulary not written'));
+  const file = cached('oracle-dsv4-mkmodel', (out) => {
+    const r = spawnSync(bin, ['mkmodel', '--arch', 'deepseek4', '--vocab', vocab, '--type', 'f32', '--seed', '3', '-o', out],
+      {encoding: 'utf8'});
+    assert.equal(r.status, 0, r.stderr);
+  });
+  const layout = (f) => {   // every key but the name with its type, every tensor with its type and shape
+    const r = spawnSync(python, ['-c', `import sys; sys.path.insert(0, ${JSON.stringify(path.join(root, 'tests/data/llama.cpp/gguf-py'))})
+import gguf
+r = gguf.GGUFReader(sys.argv[1])
+for k, f in r.fields.items():
+    if k != 'general.name': print(k, [t.name for t in f.types], f.contents() if not k.startswith('tokenizer.') else '')
+for t in r.tensors: print(t.name, t.tensor_type.name, list(map(int, t.shape)))`, f], {encoding: 'utf8', maxBuffer: 16 << 20});
+    assert.equal(r.status, 0, r.stderr);
+    return r.stdout.split('\n').sort();
+  };
+  assert.deepEqual(layout(file), layout(ref));
+  const r = rng(9);
+  const seqs = [Array.from({length: 40}, () => r(8000))];
+  const {tm, ll} = await runBoth(file, {seqs, top: TOP, greedy: GREEDY, batched: true}, 'f32', 'dsv4-mkmodel');
+  const maxDiff = compare(tm, ll, seqs, TOL, 'mkmodel');
+  console.log(`oracle_dsv4: mkmodel file tokenmill vs llama.cpp max |Δ logprob| ${maxDiff.toExponential(2)} over 40 tokens`);
+  const run = spawnSync(bin, ['run', '-m', file, '-p', 'Hello world', '-n', '8', '--temp', '0'], {encoding: 'utf8'});
+  assert.equal(run.status, 0, run.stderr);
+  assert.match(run.stderr, /generation: 8 tokens/);
+});
