@@ -1400,6 +1400,33 @@ static int mk_resolve_rope(mk_opts *o, const mk_args *a, const mk_preset *p)
     return 0;
 }
 
+/* The architectures mkmodel writes; false (and said) for another. */
+static bool mk_arch_known(const char *arch)
+{
+    static const char *const known[] = { "llama", "qwen2", "qwen3", "qwen3moe", "deepseek2", "gpt-oss", "phi3",
+                                         "mistral3", "qwen35", "qwen35moe", "gemma3", "deepseek4" };
+    for (size_t i = 0; i < TM_ARRAY_LEN(known); i++)
+        if (!strcmp(arch, known[i])) return true;
+    fprintf(stderr, "tokenmill mkmodel: unknown arch '%s' (", arch);
+    for (size_t i = 0; i < TM_ARRAY_LEN(known); i++) fprintf(stderr, "%s%s", i ? ", " : "", known[i]);
+    fprintf(stderr, ")\n");
+    return false;
+}
+
+/* The families that rotate part of each head, and Qwen3.5's linear layers' shape. */
+static void mk_partial_rope(mk_opts *o, const mk_preset *p)
+{
+    if (!strcmp(o->arch, "phi3")) o->rope_dim = o->head_dim * 3 / 4 / 2 * 2;   /* partial_rotary_factor 0.75 */
+    if (!strncmp(o->arch, "qwen35", 6)) {
+        /* a quarter of each head rotated; a non-qwen35 preset's linear layers: as many q/k
+         * heads as kv heads, twice as many v heads, of half the head size */
+        o->rope_dim = TM_MAX(2, o->head_dim / 4 / 2 * 2);
+        o->ssm_k_heads = p->ssm_k_heads ? p->ssm_k_heads : o->n_kv_heads;
+        o->ssm_v_heads = p->ssm_v_heads ? p->ssm_v_heads : 2 * o->ssm_k_heads;
+        o->ssm_state = p->ssm_state ? p->ssm_state : TM_MAX(16, o->head_dim / 2);
+    }
+}
+
 int cmd_mkmodel(int argc, char **argv)
 {
     mk_opts o = { .arch = NULL, .seed = 1, .n_threads = 0 };
@@ -1473,14 +1500,7 @@ int cmd_mkmodel(int argc, char **argv)
         cmd_opts_hint("mkmodel", synopsis);
         return 2;
     }
-    if (strcmp(o.arch, "llama") && strcmp(o.arch, "qwen2") && strcmp(o.arch, "qwen3") && strcmp(o.arch, "qwen3moe") &&
-        strcmp(o.arch, "deepseek2") && strcmp(o.arch, "gpt-oss") && strcmp(o.arch, "phi3") && strcmp(o.arch, "mistral3") &&
-        strcmp(o.arch, "qwen35") && strcmp(o.arch, "qwen35moe") && strcmp(o.arch, "gemma3") && strcmp(o.arch, "deepseek4")) {
-        fprintf(stderr, "tokenmill mkmodel: unknown arch '%s' (llama, qwen2, qwen3, qwen3moe, deepseek2, gpt-oss, phi3, mistral3, "
-                "qwen35, qwen35moe, gemma3, deepseek4)\n",
-                o.arch);
-        return 2;
-    }
+    if (!mk_arch_known(o.arch)) return 2;
     bool gptoss = !strcmp(o.arch, "gpt-oss");
     if (!mk_parse_type(o.type, &qt, &km, &ft)) {
         mk_type_refused(o.type);
@@ -1533,15 +1553,7 @@ int cmd_mkmodel(int argc, char **argv)
                 o.n_layers, o.dim, o.ffn, o.n_heads, o.n_kv_heads, o.head_dim, o.ctx, o.n_vocab);
         return 2;
     }
-    if (!strcmp(o.arch, "phi3")) o.rope_dim = o.head_dim * 3 / 4 / 2 * 2;   /* partial_rotary_factor 0.75 */
-    if (!strncmp(o.arch, "qwen35", 6)) {
-        /* a quarter of each head rotated; a non-qwen35 preset's linear layers: as many q/k
-         * heads as kv heads, twice as many v heads, of half the head size */
-        o.rope_dim = TM_MAX(2, o.head_dim / 4 / 2 * 2);
-        o.ssm_k_heads = p->ssm_k_heads ? p->ssm_k_heads : o.n_kv_heads;
-        o.ssm_v_heads = p->ssm_v_heads ? p->ssm_v_heads : 2 * o.ssm_k_heads;
-        o.ssm_state = p->ssm_state ? p->ssm_state : TM_MAX(16, o.head_dim / 2);
-    }
+    mk_partial_rope(&o, p);
     mk_vocab v = { 0 };
     if (!mk_vocab_load(&v, a.vocab, &o, a.nv ? a.nv : (a.preset ? p->n_vocab : 0))) {
         mk_vocab_free(&v);
