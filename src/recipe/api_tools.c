@@ -375,6 +375,74 @@ static bool api_tool_syntax_dsml(bytebuf *g, const events_markers *mk, const api
     return ok;
 }
 
+/* <tool_call>\n<function=N>\n (<parameter=K>\nV\n</parameter>\n)* </function>\n</tool_call>, as
+ * Qwen3.5's template writes calls: only <tool_call> and </tool_call> are tokens, one call per
+ * opening. With a binding schema, its properties in the schema's order (the required ones
+ * present): a "string" property's value raw, another the JSON its own schema describes;
+ * without one, any names and raw values. A raw value never holds "</", so the splitter's
+ * first </parameter> is its end. */
+static bool api_tool_syntax_xml(bytebuf *g, const events_markers *mk, const api_tool_alt *t, int n, bool lazy,
+                                bool one, int32_t *trigger)
+{
+    if (mk->tool_start < 0 || mk->tool_end < 0) return false;
+    *trigger = mk->tool_start;
+    bytebuf_printf(g, "calls ::= \"\\n<function=\" call \"</function>\\n\" <[%d]>%s\n", mk->tool_end,
+                   lazy && one ? " text" : "");
+    if (lazy && one) bytebuf_puts(g, API_GBNF_TEXT);
+    bytebuf_puts(g, "xtext ::= ([^<\\x00] | \"<\" [^/\\x00])*\n");
+    bytebuf_puts(g, "xpar ::= \"<parameter=\" [^>\\n\\x00]+ \">\\n\" xtext \"\\n</parameter>\\n\"\n");
+    bytebuf_puts(g, "call ::= ");
+    for (int i = 0; i < n; i++) {
+        if (i) bytebuf_puts(g, " | ");
+        api_json_gbnf_literal(g, t[i].name, strlen(t[i].name));
+        bytebuf_printf(g, " \">\\n\" x%d", i);
+    }
+    bytebuf_putc(g, '\n');
+    bytebuf key = {0}, extra = {0}, rules = {0};
+    bool ok = true;
+    for (int i = 0; i < n && ok; i++) {
+        const char *props = NULL, *req = NULL;
+        size_t prl = 0, rl = 0;
+        if (!api_tool_props(&t[i], &props, &prl, &req, &rl)) {
+            bytebuf_printf(g, "x%d ::= xpar*\n", i);  /* free names and values */
+            continue;
+        }
+        bytebuf_printf(g, "x%d ::=", i);
+        size_t pos = 0, at = g->len;
+        const char *v;
+        size_t vn;
+        int k = 0;
+        rules.len = 0;
+        while (jsonfmt_next(props, prl, &pos, &key, &v, &vn)) {
+            bytebuf lit = {0};
+            jsonfmt_write_string(&lit, key.p ? key.p : "", key.len);
+            bool required = api_json_in(req, rl, lit.p, lit.len);
+            bytebuf_free(&lit);
+            bytebuf_printf(&rules, "x%d-%d ::= \"<parameter=\" ", i, k);
+            api_json_gbnf_literal(&rules, key.p ? key.p : "", key.len);
+            bytebuf_puts(&rules, " \">\\n\" ");
+            char pre[32];
+            snprintf(pre, sizeof pre, "x%d-%d-", i, k);
+            extra.len = 0;
+            if (!api_tool_raw_value(&rules, v, vn, pre, "xtext", &extra)) {
+                ok = false;
+                break;
+            }
+            bytebuf_puts(&rules, " \"\\n</parameter>\\n\"\n");
+            bytebuf_append(&rules, extra.p, extra.len);
+            bytebuf_printf(g, " x%d-%d%s", i, k, required ? "" : "?");
+            k++;
+        }
+        if (g->len == at) bytebuf_puts(g, " \"\"");
+        bytebuf_putc(g, '\n');
+        bytebuf_append(g, rules.p, rules.len);
+    }
+    bytebuf_free(&key);
+    bytebuf_free(&extra);
+    bytebuf_free(&rules);
+    return ok;
+}
+
 static const api_tool_syntax_fn api_tool_syntaxes[] = {
     [EVENTS_TOOLFMT_MISTRAL] = api_tool_syntax_mistral,
     [EVENTS_TOOLFMT_GLM] = api_tool_syntax_glm,
@@ -383,6 +451,7 @@ static const api_tool_syntax_fn api_tool_syntaxes[] = {
     [EVENTS_TOOLFMT_DEEPSEEK] = api_tool_syntax_deepseek,
     [EVENTS_TOOLFMT_HARMONY] = api_tool_syntax_harmony,
     [EVENTS_TOOLFMT_DSML] = api_tool_syntax_dsml,
+    [EVENTS_TOOLFMT_XML] = api_tool_syntax_xml,
 };
 
 char *api_tool_gbnf(const conv *c, const events_markers *mk, const char *only, bool lazy, bool one, int32_t *trigger,

@@ -42,6 +42,7 @@ typedef enum {
     EVENTS_ST_GLM_VAL,     /* GLM: inside <arg_value> */
     EVENTS_ST_GLM_AFTER,   /* GLM: after </arg_value> */
     EVENTS_ST_DSML,        /* DSML: inside a <｜DSML｜tool_calls> block (dsml_lvl says where) */
+    EVENTS_ST_XML,         /* XML: after <tool_call> (xml_lvl says where) */
     EVENTS_ST_DONE,
 } events_state;
 
@@ -78,6 +79,9 @@ struct events {
     int dsml_lvl;          /* DSML: 0 before the block's opening tag, 1 between invokes, 2 inside one */
     size_t dsml_at;        /* DSML: offset in body up to which the block was parsed */
     int dsml_calls;        /* DSML: invokes opened in this block */
+    int xml_lvl;           /* XML: 0 before <function=N>, 1 inside it, 2 after </function>; it went
+                              bad: 3 after a sent call (the rest dropped), 4 before (all text) */
+    size_t xml_at;         /* XML: offset in body up to which the call was parsed */
     char id[32];           /* current call id */
 };
 
@@ -854,6 +858,116 @@ static void events_dsml_section(events *ev, events_kind kind, const char *s, siz
     events_section_text(ev, kind, s, n);
 }
 
+/* ---- xml ----
+ * The call's text after <tool_call> is kept in body and read from xml_at as it grows; the
+ * tags are text, so they are matched on the text (blanks between tags skipped). */
+
+/* A tag name up to its '>' at s[*i..n): 1 (*i past the '>', [*at, *at + *nl) the name), 0 not
+ * complete yet, -1 empty, too long or not one line. */
+static int events_xml_name(const char *s, size_t n, size_t *i, size_t *at, size_t *nl)
+{
+    const char *gt = memchr(s + *i, '>', n - *i);
+    if (!gt) return n - *i > EVENTS_DSML_MAX_NAME || memchr(s + *i, '\n', n - *i) ? -1 : 0;
+    *at = *i;
+    *nl = (size_t)(gt - (s + *i));
+    if (!*nl || *nl > EVENTS_DSML_MAX_NAME || memchr(s + *i, '\n', *nl)) return -1;
+    *i = (size_t)(gt - s) + 1;
+    return 1;
+}
+
+/* Reads the call in body from xml_at as far as it is complete; false when it cannot be one.
+ * TOOL_START at <function=N>, each parameter sent at its </parameter>. */
+static bool events_xml_parse(events *ev)
+{
+    static const char *const inside[] = { "</function>", "<parameter=" };
+    for (;;) {
+        const char *s = ev->body.p ? ev->body.p : "";
+        size_t n = ev->body.len, i = ev->xml_at, at, nl;
+        if (ev->xml_lvl == 0) {
+            int r = events_match(s, n, &i, "<function=");
+            if (r <= 0) return r == 0;
+            int q = events_xml_name(s, n, &i, &at, &nl);
+            if (q <= 0) return q == 0;
+            events_clear(&ev->cname);
+            bytebuf_append(&ev->cname, s + at, nl);
+            events_clear(&ev->args);
+            events_clear(&ev->sent);
+            ev->committed = true;
+            events_new_id(ev);
+            events_emit(ev, EVENTS_TOOL_START, NULL, 0);
+            ev->xml_lvl = 1;
+        } else if (ev->xml_lvl == 1) {
+            int r = events_dsml_alt(s, n, &i, inside, 2);
+            if (r < 0) return r == -1;
+            if (r == 0) {
+                bytebuf_puts(&ev->args, ev->args.len ? "}" : "{}");
+                ev->xml_lvl = 2;
+            } else {
+                int q = events_xml_name(s, n, &i, &at, &nl);
+                if (q <= 0) return q == 0;
+                const char *e = memmem(s + i, n - i, "</parameter>", strlen("</parameter>"));
+                if (!e) return true;
+                const char *v = s + i;
+                size_t vn = (size_t)(e - v);
+                /* the newlines framing the value are the format's */
+                if (vn && v[0] == '\n') { v++; vn--; }
+                if (vn && v[vn - 1] == '\n') vn--;
+                bool str = events_glm_string_arg(ev, ev->cname.p, s + at, nl);
+                events_dsml_arg(ev, s + at, nl, str, v, vn);
+                i = (size_t)(e - s) + strlen("</parameter>");
+            }
+        } else if (ev->xml_lvl == 2) {  /* after </function>: blanks until </tool_call> */
+            while (i < n && events_blank(s[i])) i++;
+            return i == n;
+        } else {
+            return true;  /* it went bad (lvl 3, 4): read on to </tool_call> */
+        }
+        ev->xml_at = i;
+    }
+}
+
+/* The call ends: at </tool_call>, at finish, or malformed. A committed call is closed as far
+ * as it was sent (whole when </function> was read); one that never opened is answer text. */
+static void events_xml_end(events *ev)
+{
+    ev->st = EVENTS_ST_TEXT;
+    if (ev->committed) {
+        events_end_committed(ev, ev->xml_lvl == 2);
+    } else if (ev->xml_lvl != 3) {
+        ev->text_started = true; /* keep the raw text's own blanks */
+        events_call_as_text(ev);
+    }
+    events_after_call(ev, EVENTS_ST_TEXT);
+}
+
+static void events_xml_begin(events *ev, const char *text, size_t len)
+{
+    events_begin_call(ev, EVENTS_ST_XML, text, len);
+    ev->xml_lvl = 0;
+    ev->xml_at = 0;
+}
+
+static void events_xml_feed(events *ev, int32_t tok, const char *text, size_t len)
+{
+    bytebuf_append(&ev->raw, text, len);
+    if (tok >= 0 && tok == ev->m.tool_end) {
+        events_xml_end(ev);
+        return;
+    }
+    if (tok >= 0 && tok == ev->m.tool_start) {  /* a call left open: the next one begins */
+        ev->raw.len -= len;
+        events_xml_end(ev);
+        events_xml_begin(ev, text, len);
+        return;
+    }
+    bytebuf_append(&ev->body, text, len);
+    if (events_xml_parse(ev)) return;
+    /* malformed: a sent call is closed as far as it was sent, one not sent becomes text; either
+       way the block is read on to </tool_call> (or the end) */
+    ev->xml_lvl = ev->committed ? 3 : 4;
+    if (ev->committed) events_end_committed(ev, false);
+}
+
 /* MISTRAL, the older form: body holds the text after [TOOL_CALLS]. When it is a complete JSON
  * array of calls (or one call object), they are sent; at_end: the output ended (or another
  * [TOOL_CALLS] came), so what is not such a value is text. Text after the value is answer
@@ -1017,6 +1131,9 @@ static void events_close_call(events *ev)
         break;
     case EVENTS_ST_DSML:
         events_dsml_end(ev);
+        return;
+    case EVENTS_ST_XML:
+        events_xml_end(ev);
         return;
     default:
         return;
@@ -1237,6 +1354,10 @@ void events_feed(events *ev, int32_t tok, const char *text, size_t len)
             events_begin_call(ev, EVENTS_ST_GLM_NAME, text, len);
             return;
         }
+        if (m->toolfmt == EVENTS_TOOLFMT_XML && m->tools_enabled && tok >= 0 && tok == m->tool_start) {
+            events_xml_begin(ev, text, len);
+            return;
+        }
         if (m->toolfmt == EVENTS_TOOLFMT_DEEPSEEK && m->tools_enabled && tok >= 0 && tok == m->tools_begin) {
             events_begin_call(ev, EVENTS_ST_DS_CALLS, text, len);
             ev->ds_block = true;
@@ -1275,6 +1396,10 @@ void events_feed(events *ev, int32_t tok, const char *text, size_t len)
             return;
         }
         if (tok == m->think_start && tok >= 0) return;
+        if (m->toolfmt == EVENTS_TOOLFMT_XML && m->tools_enabled && tok >= 0 && tok == m->tool_start) {
+            events_xml_begin(ev, text, len);  /* a call ends the reasoning, as the reference parser's does */
+            return;
+        }
         events_dsml_section(ev, EVENTS_REASONING, text, len);
         return;
     case EVENTS_ST_QWEN_CALL:
@@ -1339,6 +1464,9 @@ void events_feed(events *ev, int32_t tok, const char *text, size_t len)
         return;
     case EVENTS_ST_DSML:
         events_dsml_feed(ev, tok, text, len);
+        return;
+    case EVENTS_ST_XML:
+        events_xml_feed(ev, tok, text, len);
         return;
     case EVENTS_ST_H_HEAD:
     case EVENTS_ST_H_CALL:

@@ -41,6 +41,14 @@
  *             its raw text; another the JSON value it spells (trimmed), else a string. The call
  *             is committed at its invoke tag, each argument sent whole; a block that opened no
  *             call before it went wrong is answer text.
+ *   XML       Qwen3.5, Qwen3-Coder: <tool_call> <function=N> (<parameter=K> V </parameter>)*
+ *             </function> </tool_call> per call; only <tool_call> and </tool_call> are tokens,
+ *             the tags inside are text. One newline after <parameter=K> and one before
+ *             </parameter> frame the value and are not part of it. A value is typed as GLM's
+ *             (a string of its raw text when the schema types it "string", else the JSON value
+ *             it spells, else a string). The call is committed at its <function=N> tag, each
+ *             parameter sent whole at its closing tag; a call that never opened its function
+ *             tag is answer text.
  *   HARMONY   gpt-oss: the output is a list of messages. Each has a header, read up to
  *             <|message|>: the role (the prompt already wrote "<|start|>assistant" for the
  *             first), <|channel|> and the channel name (the last one counts), optionally a
@@ -100,6 +108,7 @@ typedef enum {
     EVENTS_TOOLFMT_MISTRAL,
     EVENTS_TOOLFMT_GLM,
     EVENTS_TOOLFMT_DSML,
+    EVENTS_TOOLFMT_XML,
 } events_toolfmt;
 
 /* Token ids of the markers; -1 where the vocabulary has none. */
@@ -107,9 +116,9 @@ typedef struct {
     int32_t think_start;       /* <think> */
     int32_t think_end;         /* </think> */
     events_toolfmt toolfmt;    /* how tool calls are written */
-    int32_t tool_start;        /* QWEN, GLM <tool_call>; DEEPSEEK <｜tool▁call▁begin｜>; LLAMA3 <|python_tag|>;
+    int32_t tool_start;        /* QWEN, GLM, XML <tool_call>; DEEPSEEK <｜tool▁call▁begin｜>; LLAMA3 <|python_tag|>;
                                   MISTRAL [TOOL_CALLS]; DSML ｜DSML｜ */
-    int32_t tool_end;          /* QWEN, GLM </tool_call>; DEEPSEEK <｜tool▁call▁end｜> */
+    int32_t tool_end;          /* QWEN, GLM, XML </tool_call>; DEEPSEEK <｜tool▁call▁end｜> */
     int32_t tools_begin;       /* DEEPSEEK <｜tool▁calls▁begin｜> */
     int32_t tools_end;         /* DEEPSEEK <｜tool▁calls▁end｜> */
     int32_t tool_sep;          /* DEEPSEEK <｜tool▁sep｜>; MISTRAL [ARGS] */
@@ -119,7 +128,7 @@ typedef struct {
     int32_t arg_val;           /* GLM <arg_value> */
     int32_t arg_val_end;       /* GLM </arg_value> */
     bool dsml_v32;             /* DSML: the block is <｜DSML｜function_calls> (V3.2), not tool_calls */
-    const conv *tools;         /* GLM, DSML: the request, whose tool schemas say which arguments are
+    const conv *tools;         /* GLM, DSML, XML: the request, whose tool schemas say which arguments are
                                   strings; NULL: none. Must outlive the splitter */
     int32_t h_start;           /* HARMONY <|start|> */
     int32_t h_channel;         /* HARMONY <|channel|> */

@@ -1150,6 +1150,10 @@ void tmpl_tool_markers(const tokenizer *tok, events_toolfmt fmt, events_markers 
         m->tool_sep = tmpl_find(tok, "[ARGS]");
         m->call_id = tmpl_find(tok, "[CALL_ID]");
         break;
+    case EVENTS_TOOLFMT_XML:
+        m->tool_start = tmpl_find(tok, "<tool_call>");
+        m->tool_end = tmpl_find(tok, "</tool_call>");
+        break;
     case EVENTS_TOOLFMT_GLM:
         m->tool_start = tmpl_find(tok, "<tool_call>");
         m->tool_end = tmpl_find(tok, "</tool_call>");
@@ -1233,7 +1237,8 @@ const char *template_tool_format(const template *t)
     static const char *const names[] = { [EVENTS_TOOLFMT_NONE] = "none", [EVENTS_TOOLFMT_QWEN] = "qwen",
                                          [EVENTS_TOOLFMT_DEEPSEEK] = "deepseek", [EVENTS_TOOLFMT_LLAMA3] = "llama3",
                                          [EVENTS_TOOLFMT_HARMONY] = "harmony", [EVENTS_TOOLFMT_MISTRAL] = "mistral",
-                                         [EVENTS_TOOLFMT_GLM] = "glm", [EVENTS_TOOLFMT_DSML] = "dsml" };
+                                         [EVENTS_TOOLFMT_GLM] = "glm", [EVENTS_TOOLFMT_DSML] = "dsml",
+                                         [EVENTS_TOOLFMT_XML] = "xml" };
     conv c;
     conv_init(&c);
     events_markers m;

@@ -22,7 +22,8 @@
  * Tool calls in the output are parsed by the splitter of the format the template itself
  * writes: its text is searched for the known call syntaxes (Qwen/Hermes <tool_call>, DeepSeek
  * tool-call tokens, harmony channels, Llama 3's <|python_tag|> or JSON calls under header ids,
- * Mistral's [TOOL_CALLS], GLM's <tool_call> with <arg_key>, DeepSeek V3.2/V4's DSML tags); a
+ * Mistral's [TOOL_CALLS], GLM's <tool_call> with <arg_key>, Qwen3.5's <tool_call> with
+ * <function=N> and <parameter=K> tags, DeepSeek V3.2/V4's DSML tags); a
  * template with none of them gets text answers.
  */
 #define _GNU_SOURCE /* memmem */
@@ -288,6 +289,8 @@ template_status tmpl_jinja_new(const template *t, const char *text, size_t n, tm
     if (tj_has(j, "dsml_token") && tj_has(j, "DSML") && (tj_has(j, "function_calls") || tj_has(j, "tool_calls")))
         j->toolfmt = EVENTS_TOOLFMT_DSML;
     else if (tj_has(j, "<arg_key>") && tj_has(j, "<tool_call>")) j->toolfmt = EVENTS_TOOLFMT_GLM;
+    else if (tj_has(j, "<tool_call>") && tj_has(j, "<function=") && tj_has(j, "<parameter="))
+        j->toolfmt = EVENTS_TOOLFMT_XML;  /* Qwen3.5, Qwen3-Coder */
     else if (tj_has(j, "[TOOL_CALLS]")) j->toolfmt = EVENTS_TOOLFMT_MISTRAL;
     else if (tj_has(j, "<tool_call>")) j->toolfmt = EVENTS_TOOLFMT_QWEN;
     else if (tj_has(j, "<｜tool▁calls▁begin｜>") || tj_has(j, "<｜tool▁call▁begin｜>")) j->toolfmt = EVENTS_TOOLFMT_DEEPSEEK;
@@ -359,6 +362,10 @@ void tmpl_jinja_markers(const template *t, const tmpl_jinja *j, const conv *c, e
         m->tools = c;
         m->dsml_v32 = !tj_has(j, "tool_calls");
         if (m->tool_start < 0) m->toolfmt = EVENTS_TOOLFMT_NONE;
+        break;
+    case EVENTS_TOOLFMT_XML:
+        m->tools = c;
+        if (m->tool_start < 0 || m->tool_end < 0) m->toolfmt = EVENTS_TOOLFMT_NONE;
         break;
     case EVENTS_TOOLFMT_GLM:
         m->tools = c;

@@ -112,6 +112,21 @@ static inline events_markers eventstest_glm(void)
     return m;
 }
 
+/* Qwen3.5's XML calls: only <tool_call> and </tool_call> are tokens (GLM's ids reused) */
+static inline events_markers eventstest_xml(void)
+{
+    events_markers m;
+    events_markers_none(&m);
+    m.think_start = THINK;
+    m.think_end = UNTHINK;
+    m.toolfmt = EVENTS_TOOLFMT_XML;
+    m.tool_start = G_TC;
+    m.tool_end = G_UNTC;
+    m.tools_enabled = true;
+    m.trim = true;
+    return m;
+}
+
 static inline events_markers eventstest_dsml(void)
 {
     events_markers m;

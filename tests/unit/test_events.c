@@ -724,6 +724,93 @@ TEST(test_dsml_random_sequences)
 }
 #undef D
 
+/* Qwen3.5's XML calls, llama.cpp's test strings (test-chat.cpp, Qwen3.5-4B) cut into tokens:
+ * only <tool_call> and </tool_call> are tokens, the tags are text split anywhere. */
+#define TC "#7100:<tool_call>"
+#define UNTC "#7101:</tool_call>"
+TEST(test_xml_tool_calls)
+{
+    events_markers m = eventstest_xml();
+    conv c;
+    conv_init(&c);
+    conv_add_tool(&c, "special_function", NULL, "{\"type\":\"object\",\"properties\":{\"arg1\":{\"type\":\"integer\"}}}");
+    conv_add_tool(&c, "special_function_with_opt", NULL,
+                  "{\"type\":\"object\",\"properties\":{\"arg1\":{\"type\":\"integer\"},\"arg2\":{\"type\":\"integer\"}}}");
+    conv_add_tool(&c, "python", NULL, "{\"type\":\"object\",\"properties\":{\"code\":{\"type\":\"string\"}}}");
+    conv_add_tool(&c, "f", NULL, "{\"type\":\"object\",\"properties\":{\"zip\":{\"type\":\"string\"},\"o\":{\"type\":\"object\"}}}");
+    m.tools = &c;
+    rec r;
+    const char *p[] = { TC, "\n<function=special_function>\n<parameter=arg1>\n1\n</parameter>\n</function>\n", UNTC, NULL };
+    char *s = run(&m, EVENTS_FINISH_STOP, p, &r);
+    EXPECT(s, "S0:special_function|A0:{\"arg1\":1}|E0|F:tool_calls");
+    CHECK(!strncmp(r.ids[0], "call_", 5));
+    bytebuf_free(&r.log);
+    /* reasoning first (the prompt opened it), then two calls, the tags cut mid-word */
+    m.starts_in_reasoning = true;
+    const char *q[] = { "I'm\nthinking\n", "#5001:</think>", "\n\n", TC, "\n<func", "tion=special_function>\n<param", "eter=arg1>\n1",
+                        "\n</parameter>\n</function>\n", UNTC, "\n", TC, "\n<function=special_function_with_opt>\n",
+                        "<parameter=arg1>\n1\n</parameter>\n<parameter=arg2>\n2\n</para", "meter>\n</function>\n", UNTC, NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, q, NULL), "R:I'm\nthinking|S0:special_function|A0:{\"arg1\":1}|E0"
+                                               "|S1:special_function_with_opt|A1:{\"arg1\":1,\"arg2\":2}|E1|F:tool_calls");
+    m.starts_in_reasoning = false;
+    /* a string parameter is its raw text (the framing newlines removed); others JSON */
+    const char *py[] = { TC, "\n<function=python>\n<parameter=code>\ndef hello():\n    print(\"Hello, world!\")\n\nhello()\n</parameter>\n",
+                         "</function>\n", UNTC, NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, py, NULL),
+           "S0:python|A0:{\"code\":\"def hello():\\n    print(\\\"Hello, world!\\\")\\n\\nhello()\"}|E0|F:tool_calls");
+    const char *t[] = { "Sure.", TC, "\n<function=f>\n<parameter=zip>\n01234\n</parameter>\n<parameter=o>\n{\"a\": [1, true]}\n</parameter>\n",
+                        "<parameter=n>\nabc\n</parameter>\n</function>\n", UNTC, "\n", TC, "<function=g>\n</function>", UNTC, NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, t, NULL), "T:Sure.|S0:f|A0:{\"zip\":\"01234\",\"o\":{\"a\":[1,true]},\"n\":\"abc\"}"
+                                               "|E0|S1:g|A1:{}|E1|F:tool_calls");
+    /* a call may end the reasoning */
+    m.starts_in_reasoning = true;
+    const char *u[] = { "hmm", TC, "<function=g>", "</function>", UNTC, NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, u, NULL), "R:hmm|S0:g|A0:{}|E0|F:tool_calls");
+    conv_free(&c);
+}
+
+TEST(test_xml_malformed_is_text)
+{
+    events_markers m = eventstest_xml();
+    /* no function tag, junk in its place, cut before the name ends: text */
+    const char *p[] = { "ok ", TC, "\n<parameter=a>\n1\n</parameter>\n", UNTC, NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, p, NULL), "T:ok <tool_call>\n<parameter=a>\n1\n</parameter>\n</tool_call>|F:stop");
+    const char *q[] = { TC, "junk", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, q, NULL), "T:<tool_call>junk|F:stop");
+    const char *r1[] = { TC, "<function=f", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_LENGTH, r1, NULL), "T:<tool_call><function=f|F:length");
+    /* committed (one parameter sent), then cut or junk: the call is closed as sent */
+    const char *r2[] = { TC, "<function=f>\n<parameter=a>\n1\n</parameter>\n<parameter=b>\nx", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_LENGTH, r2, NULL), "S0:f|A0:{\"a\":1}|E0|F:length");
+    const char *r3[] = { TC, "<function=f>\nnot a tag", "<parameter=a>\n1\n</parameter>", UNTC, "after", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, r3, NULL), "S0:f|A0:{}|E0|T:after|F:tool_calls");
+    /* the markers spelled in text are text; without tools offered the marker is too */
+    const char *t[] = { "<tool_call><function=f></function></tool_call>", NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, t, NULL), "T:<tool_call><function=f></function></tool_call>|F:stop");
+    m.tools_enabled = false;
+    const char *t2[] = { TC, "<function=f></function>", UNTC, NULL };
+    EXPECT(run(&m, EVENTS_FINISH_STOP, t2, NULL), "T:<tool_call><function=f></function></tool_call>|F:stop");
+}
+
+/* Random token sequences over the XML pieces never crash and always leave valid arguments. */
+TEST(test_xml_random_sequences)
+{
+    static const char *const xs[] = { TC, UNTC, "<function=f>", "<function=", "</function>", "<parameter=a>", "<parameter=",
+                                      "</parameter>", "</para", "1", "{", "\"", " ", "\n", ">", "#5000:<think>", "#5001:</think>" };
+    util_rng rng;
+    util_rng_seed(&rng, 13);
+    for (int round = 0; round < 2000; round++) {
+        events_markers m = eventstest_xml();
+        const char *p[32];
+        int n = 1 + (int)(util_rng_next(&rng) % 30);
+        for (int i = 0; i < n; i++) p[i] = xs[util_rng_next(&rng) % TM_ARRAY_LEN(xs)];
+        p[n] = NULL;
+        free(run(&m, util_rng_next(&rng) & 1 ? EVENTS_FINISH_STOP : EVENTS_FINISH_LENGTH, p, NULL));
+    }
+}
+#undef TC
+#undef UNTC
+
 int main(void)
 {
     RUN(test_plain_text);
@@ -754,5 +841,8 @@ int main(void)
     RUN(test_dsml_tool_calls);
     RUN(test_dsml_malformed_is_text);
     RUN(test_dsml_random_sequences);
+    RUN(test_xml_tool_calls);
+    RUN(test_xml_malformed_is_text);
+    RUN(test_xml_random_sequences);
     HARNESS_END();
 }

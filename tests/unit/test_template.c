@@ -617,6 +617,46 @@ TEST(test_names)
     CHECK(template_family_by_name("nope") == -1);
 }
 
+/* Qwen3.5's template runs in the interpreter and a call in the history is written back in its
+ * XML form. llama.cpp's Qwen3.5 vocabulary file lacks the <tool_call> and </tool_call> tokens,
+ * so there the calls are text (tests/e2e/tools_qwen35.test.mjs has the real vocabulary). */
+TEST(test_qwen35_xml_tool_format)
+{
+    fixture f;
+    if (!fx_open(&f, VOCABS "ggml-vocab-qwen35.gguf", "qwen3")) return;
+    char *text = read_text(JINJA "Qwen3.5-4B.jinja");
+    if (!text) { fx_close(&f); return; }
+    char path[] = "/tmp/tm-test-template-XXXXXX", err[512];
+    gguf *g = gguf_with_template(text, path);
+    CHECK(g != NULL);
+    template *t = NULL;
+    CHECKF(template_new(f.tok, g, NULL, &t, err, sizeof err) == TEMPLATE_OK && template_get_family(t) == TEMPLATE_JINJA, "%s", err);
+    CHECK(!strcmp(template_tool_format(t), "none"));
+    conv c;
+    conv_init(&c);
+    c.add_generation_prompt = true;
+    conv_add_tool(&c, "f", "F.", "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"},\"n\":{\"type\":\"integer\"}}}");
+    conv_add_message(&c, CONV_ROLE_USER, "Call f.");
+    conv_add_turn(&c, CONV_ROLE_ASSISTANT);
+    conv_add_tool_call(&c, "call_1", "f", "{\"a\":\"x y\",\"n\":2}", 17);
+    conv_add_turn(&c, CONV_ROLE_TOOL);
+    conv_add_tool_result(&c, "call_1", "f", "ok", 2);
+    template_prompt p;
+    CHECKF(template_apply(t, &c, NULL, &p, err, sizeof err) == TEMPLATE_OK, "%s", err);
+    CHECKF(strstr(p.text, "<|im_start|>assistant\n<think>\n\n</think>\n\n<tool_call>\n<function=f>\n<parameter=a>\nx y\n</parameter>\n"
+                          "<parameter=n>\n2\n</parameter>\n</function>\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\nok\n"
+                          "</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\n"), "%s", p.text);
+    template_prompt_free(&p);
+    events_markers m;
+    template_markers(t, &c, &m);
+    CHECK(m.toolfmt == EVENTS_TOOLFMT_NONE && m.tools_enabled);
+    conv_free(&c);
+    template_free(t);
+    gguf_with_template_close(g, path);
+    free(text);
+    fx_close(&f);
+}
+
 int main(void)
 {
     RUN(test_qwen3_exact_rendering);
@@ -631,5 +671,6 @@ int main(void)
     RUN(test_names);
     RUN(test_harmony_odd_schemas);
     RUN(test_deepseek4_equals_the_interpreter);
+    RUN(test_qwen35_xml_tool_format);
     HARNESS_END();
 }
