@@ -1321,6 +1321,65 @@ static void events_h_feed(events *ev, int32_t tok, const char *text, size_t len)
     }
 }
 
+/* A token in the answer text: a marker opening reasoning or a call of the family's format, or
+ * text (DSML's held-back '<' included). */
+static void events_text_feed(events *ev, int32_t tok, const char *text, size_t len)
+{
+    const events_markers *m = &ev->m;
+    if (tok == m->think_start && tok >= 0) {
+        events_section_end(ev);
+        ev->st = EVENTS_ST_REASONING;
+        ev->reason_started = false;
+        return;
+    }
+    if (tok == m->think_end && tok >= 0) return; /* stray: the marker carries no text */
+    if (m->toolfmt == EVENTS_TOOLFMT_QWEN && m->tools_enabled && tok == m->tool_start && tok >= 0) {
+        events_begin_call(ev, EVENTS_ST_QWEN_CALL, text, len);
+        return;
+    }
+    if (m->toolfmt == EVENTS_TOOLFMT_MISTRAL && m->tools_enabled && tok >= 0 && tok == m->tool_start) {
+        events_begin_call(ev, EVENTS_ST_MI_NAME, text, len);
+        return;
+    }
+    if (m->toolfmt == EVENTS_TOOLFMT_GLM && m->tools_enabled && tok >= 0 && tok == m->tool_start) {
+        events_begin_call(ev, EVENTS_ST_GLM_NAME, text, len);
+        return;
+    }
+    if (m->toolfmt == EVENTS_TOOLFMT_XML && m->tools_enabled && tok >= 0 && tok == m->tool_start) {
+        events_xml_begin(ev, text, len);
+        return;
+    }
+    if (m->toolfmt == EVENTS_TOOLFMT_DEEPSEEK && m->tools_enabled && tok >= 0 && tok == m->tools_begin) {
+        events_begin_call(ev, EVENTS_ST_DS_CALLS, text, len);
+        ev->ds_block = true;
+        return;
+    }
+    if (m->toolfmt == EVENTS_TOOLFMT_DEEPSEEK && m->tools_enabled && tok >= 0 && tok == m->tool_start) {
+        events_begin_call(ev, EVENTS_ST_DS_NAME, text, len);
+        ev->ds_block = false;
+        return;
+    }
+    if (m->toolfmt == EVENTS_TOOLFMT_LLAMA3 && m->tools_enabled && !ev->llama_checked) {
+        if (tok >= 0 && tok == m->tool_start) {
+            ev->llama_checked = true;
+            events_begin_call(ev, EVENTS_ST_LLAMA_JSON, text, len);
+            return;
+        }
+        size_t i = 0;
+        while (i < len && events_blank(text[i])) i++;
+        if (i == len) return; /* still nothing but blanks: dropped in any case */
+        ev->llama_checked = true;
+        if (text[i] == '{') {
+            events_begin_call(ev, EVENTS_ST_LLAMA_JSON, text, len);
+            bytebuf_append(&ev->body, text + i, len - i);
+            events_stream_args(ev);
+            events_llama_check(ev);
+            return;
+        }
+    }
+    events_dsml_section(ev, EVENTS_TEXT, text, len);
+}
+
 void events_feed(events *ev, int32_t tok, const char *text, size_t len)
 {
     const events_markers *m = &ev->m;
@@ -1335,58 +1394,7 @@ void events_feed(events *ev, int32_t tok, const char *text, size_t len)
     case EVENTS_ST_DONE:
         return;
     case EVENTS_ST_TEXT:
-        if (tok == m->think_start && tok >= 0) {
-            events_section_end(ev);
-            ev->st = EVENTS_ST_REASONING;
-            ev->reason_started = false;
-            return;
-        }
-        if (tok == m->think_end && tok >= 0) return; /* stray: the marker carries no text */
-        if (m->toolfmt == EVENTS_TOOLFMT_QWEN && m->tools_enabled && tok == m->tool_start && tok >= 0) {
-            events_begin_call(ev, EVENTS_ST_QWEN_CALL, text, len);
-            return;
-        }
-        if (m->toolfmt == EVENTS_TOOLFMT_MISTRAL && m->tools_enabled && tok >= 0 && tok == m->tool_start) {
-            events_begin_call(ev, EVENTS_ST_MI_NAME, text, len);
-            return;
-        }
-        if (m->toolfmt == EVENTS_TOOLFMT_GLM && m->tools_enabled && tok >= 0 && tok == m->tool_start) {
-            events_begin_call(ev, EVENTS_ST_GLM_NAME, text, len);
-            return;
-        }
-        if (m->toolfmt == EVENTS_TOOLFMT_XML && m->tools_enabled && tok >= 0 && tok == m->tool_start) {
-            events_xml_begin(ev, text, len);
-            return;
-        }
-        if (m->toolfmt == EVENTS_TOOLFMT_DEEPSEEK && m->tools_enabled && tok >= 0 && tok == m->tools_begin) {
-            events_begin_call(ev, EVENTS_ST_DS_CALLS, text, len);
-            ev->ds_block = true;
-            return;
-        }
-        if (m->toolfmt == EVENTS_TOOLFMT_DEEPSEEK && m->tools_enabled && tok >= 0 && tok == m->tool_start) {
-            events_begin_call(ev, EVENTS_ST_DS_NAME, text, len);
-            ev->ds_block = false;
-            return;
-        }
-        if (m->toolfmt == EVENTS_TOOLFMT_LLAMA3 && m->tools_enabled && !ev->llama_checked) {
-            if (tok >= 0 && tok == m->tool_start) {
-                ev->llama_checked = true;
-                events_begin_call(ev, EVENTS_ST_LLAMA_JSON, text, len);
-                return;
-            }
-            size_t i = 0;
-            while (i < len && events_blank(text[i])) i++;
-            if (i == len) return; /* still nothing but blanks: dropped in any case */
-            ev->llama_checked = true;
-            if (text[i] == '{') {
-                events_begin_call(ev, EVENTS_ST_LLAMA_JSON, text, len);
-                bytebuf_append(&ev->body, text + i, len - i);
-                events_stream_args(ev);
-                events_llama_check(ev);
-                return;
-            }
-        }
-        events_dsml_section(ev, EVENTS_TEXT, text, len);
+        events_text_feed(ev, tok, text, len);
         return;
     case EVENTS_ST_REASONING:
         if (tok == m->think_end && tok >= 0) {
