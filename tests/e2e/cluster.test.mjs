@@ -857,7 +857,7 @@ test("a worker's refusal of a request's grammar is a 400 in the client's API sha
     const body = await res.json();
     assert.equal(res.status, 400, JSON.stringify(body));
     assert.equal(body.error?.type, "invalid_request_error", JSON.stringify(body));
-    assert.match(body.error.message, /refused its format/);
+    assert.match(body.error.message, /refused it \(its format did not compile there/);
     assert.equal(jobs.length, 1, "one PREFILL, not retried elsewhere");
     assert.ok(jobs[0].payload.includes(Buffer.from(re)), "the PREFILL carried the regex");
     w.end();
