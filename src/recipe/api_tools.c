@@ -228,6 +228,101 @@ static bool api_tool_raw_value(bytebuf *rules, const char *v, size_t vn, const c
     return true;
 }
 
+/* How a call syntax writes one named parameter around its value (api_tool_params). */
+typedef struct {
+    char c;                  /* the rules' prefix */
+    const char *text;        /* the rule of a raw value */
+    bool blank_optional;     /* a call with no required parameter may be a blank line (DSML) */
+    void (*open)(bytebuf *r, const events_markers *mk, const char *key, size_t kn, const char *v, size_t vn);
+    void (*close)(bytebuf *r, const events_markers *mk);
+} api_param_syntax;
+
+/* Tool i's parameters as its binding schema lays them out: "<c>i ::=" the properties in the
+ * schema's order, each "<c>i-k" (optional unless required), a rule of the syntax's opening, the
+ * value (raw or the JSON its schema describes) and closing. False: a value's schema did not
+ * compile. */
+static bool api_tool_params(bytebuf *g, const events_markers *mk, const api_param_syntax *ps, int i,
+                            const char *props, size_t prl, const char *req, size_t rl)
+{
+    bytebuf key = {0}, extra = {0}, rules = {0};
+    bool ok = true, required_any = false;
+    bytebuf_printf(g, "%c%d ::=", ps->c, i);
+    size_t pos = 0, at = g->len;
+    const char *v;
+    size_t vn;
+    int k = 0;
+    while (jsonfmt_next(props, prl, &pos, &key, &v, &vn)) {
+        bytebuf lit = {0};
+        jsonfmt_write_string(&lit, key.p ? key.p : "", key.len);
+        bool required = api_json_in(req, rl, lit.p, lit.len);
+        bytebuf_free(&lit);
+        required_any = required_any || required;
+        bytebuf_printf(&rules, "%c%d-%d ::= ", ps->c, i, k);
+        ps->open(&rules, mk, key.p ? key.p : "", key.len, v, vn);
+        char pre[32];
+        snprintf(pre, sizeof pre, "%c%d-%d-", ps->c, i, k);
+        extra.len = 0;
+        if (!api_tool_raw_value(&rules, v, vn, pre, ps->text, &extra)) {
+            ok = false;
+            break;
+        }
+        ps->close(&rules, mk);
+        bytebuf_append(&rules, extra.p, extra.len);
+        bytebuf_printf(g, " %c%d-%d%s", ps->c, i, k, required ? "" : "?");
+        k++;
+    }
+    if (ps->blank_optional) {   /* nothing required: no parameter at all is the blank line */
+        if (!required_any) bytebuf_puts(g, g->len == at ? " \"\\n\"" : " | \"\\n\"");
+    } else if (g->len == at) {
+        bytebuf_puts(g, " \"\"");
+    }
+    bytebuf_putc(g, '\n');
+    bytebuf_append(g, rules.p, rules.len);
+    bytebuf_free(&key);
+    bytebuf_free(&extra);
+    bytebuf_free(&rules);
+    return ok;
+}
+
+/* GLM: <arg_key>K</arg_key>\n<arg_value>V</arg_value>\n, the four tags tokens. */
+static void api_param_glm_open(bytebuf *r, const events_markers *mk, const char *key, size_t kn, const char *v, size_t vn)
+{
+    bytebuf_printf(r, "<[%d]> ", mk->arg_key);
+    api_json_gbnf_literal(r, key, kn);
+    bytebuf_printf(r, " <[%d]> gnl <[%d]> ", mk->arg_key_end, mk->arg_val);
+}
+
+static void api_param_glm_close(bytebuf *r, const events_markers *mk) { bytebuf_printf(r, " <[%d]> gnl\n", mk->arg_val_end); }
+
+static const api_param_syntax api_param_glm = { 'g', "gtext", false, api_param_glm_open, api_param_glm_close };
+
+/* DSML: <｜DSML｜parameter name="K" string="true|false">V</｜DSML｜parameter>\n. */
+static void api_param_dsml_open(bytebuf *r, const events_markers *mk, const char *key, size_t kn, const char *v, size_t vn)
+{
+    bytebuf_printf(r, "\"<\" <[%d]> \"parameter name=\\\"\" ", mk->tool_start);
+    api_json_gbnf_literal(r, key, kn);
+    bytebuf_printf(r, " \"\\\" string=\\\"%s\\\">\" ", api_tool_string_prop(v, vn) ? "true" : "false");
+}
+
+static void api_param_dsml_close(bytebuf *r, const events_markers *mk)
+{
+    bytebuf_printf(r, " \"</\" <[%d]> \"parameter>\\n\"\n", mk->tool_start);
+}
+
+static const api_param_syntax api_param_dsml = { 'd', "dtext", true, api_param_dsml_open, api_param_dsml_close };
+
+/* XML: <parameter=K>\nV\n</parameter>\n, all text. */
+static void api_param_xml_open(bytebuf *r, const events_markers *mk, const char *key, size_t kn, const char *v, size_t vn)
+{
+    bytebuf_puts(r, "\"<parameter=\" ");
+    api_json_gbnf_literal(r, key, kn);
+    bytebuf_puts(r, " \">\\n\" ");
+}
+
+static void api_param_xml_close(bytebuf *r, const events_markers *mk) { bytebuf_puts(r, " \"\\n</parameter>\\n\"\n"); }
+
+static const api_param_syntax api_param_xml = { 'x', "xtext", false, api_param_xml_open, api_param_xml_close };
+
 /* <tool_call>N (<arg_key>K</arg_key><arg_value>V</arg_value>)* </tool_call>, GLM's form (the
  * newlines of GLM-4.5/4.6 optional). With a binding schema, its properties in the schema's
  * order (the required ones present): a "string" property's value is raw text (no marker can
@@ -250,7 +345,6 @@ static bool api_tool_syntax_glm(bytebuf *g, const events_markers *mk, const api_
         bytebuf_printf(g, " gnl g%d", i);
     }
     bytebuf_putc(g, '\n');
-    bytebuf key = {0}, extra = {0};
     bool ok = true;
     for (int i = 0; i < n && ok; i++) {
         const char *props = NULL, *req = NULL;
@@ -261,39 +355,8 @@ static bool api_tool_syntax_glm(bytebuf *g, const events_markers *mk, const api_
                            mk->arg_key_end, mk->arg_val, mk->arg_val_end);
             continue;
         }
-        bytebuf_printf(g, "g%d ::=", i);
-        size_t pos = 0, at = g->len;
-        const char *v;
-        size_t vn;
-        int k = 0;
-        bytebuf rules = {0};
-        while (ok && jsonfmt_next(props, prl, &pos, &key, &v, &vn)) {
-            bytebuf lit = {0};
-            jsonfmt_write_string(&lit, key.p ? key.p : "", key.len);
-            bool required = api_json_in(req, rl, lit.p, lit.len);
-            bytebuf_free(&lit);
-            bytebuf_printf(&rules, "g%d-%d ::= <[%d]> ", i, k, mk->arg_key);
-            api_json_gbnf_literal(&rules, key.p ? key.p : "", key.len);
-            bytebuf_printf(&rules, " <[%d]> gnl <[%d]> ", mk->arg_key_end, mk->arg_val);
-            char pre[32];
-            snprintf(pre, sizeof pre, "g%d-%d-", i, k);
-            extra.len = 0;
-            if (!api_tool_raw_value(&rules, v, vn, pre, "gtext", &extra)) {
-                ok = false;
-                break;
-            }
-            bytebuf_printf(&rules, " <[%d]> gnl\n", mk->arg_val_end);
-            bytebuf_append(&rules, extra.p, extra.len);
-            bytebuf_printf(g, " g%d-%d%s", i, k, required ? "" : "?");
-            k++;
-        }
-        if (g->len == at) bytebuf_puts(g, " \"\"");
-        bytebuf_putc(g, '\n');
-        bytebuf_append(g, rules.p, rules.len);
-        bytebuf_free(&rules);
+        ok = api_tool_params(g, mk, &api_param_glm, i, props, prl, req, rl);
     }
-    bytebuf_free(&key);
-    bytebuf_free(&extra);
     return ok;
 }
 
@@ -327,7 +390,6 @@ static bool api_tool_syntax_dsml(bytebuf *g, const events_markers *mk, const api
         bytebuf_printf(g, " \"\\\">\\n\" d%d", i);
     }
     bytebuf_printf(g, ") \"</\" <[%d]> \"invoke>\\n\"\n", d);
-    bytebuf key = {0}, extra = {0}, rules = {0};
     bool ok = true;
     for (int i = 0; i < n && ok; i++) {
         const char *props = NULL, *req = NULL;
@@ -336,42 +398,8 @@ static bool api_tool_syntax_dsml(bytebuf *g, const events_markers *mk, const api
             bytebuf_printf(g, "d%d ::= dpar+ | \"\\n\"\n", i);  /* free names and values */
             continue;
         }
-        bytebuf_printf(g, "d%d ::=", i);
-        size_t pos = 0, at = g->len;
-        const char *v;
-        size_t vn;
-        int k = 0;
-        bool required_any = false;
-        rules.len = 0;
-        while (jsonfmt_next(props, prl, &pos, &key, &v, &vn)) {
-            bytebuf lit = {0};
-            jsonfmt_write_string(&lit, key.p ? key.p : "", key.len);
-            bool required = api_json_in(req, rl, lit.p, lit.len);
-            bytebuf_free(&lit);
-            required_any = required_any || required;
-            bytebuf_printf(&rules, "d%d-%d ::= \"<\" <[%d]> \"parameter name=\\\"\" ", i, k, d);
-            api_json_gbnf_literal(&rules, key.p ? key.p : "", key.len);
-            char pre[32];
-            snprintf(pre, sizeof pre, "d%d-%d-", i, k);
-            extra.len = 0;
-            bytebuf_printf(&rules, " \"\\\" string=\\\"%s\\\">\" ", api_tool_string_prop(v, vn) ? "true" : "false");
-            if (!api_tool_raw_value(&rules, v, vn, pre, "dtext", &extra)) {
-                ok = false;
-                break;
-            }
-            bytebuf_printf(&rules, " \"</\" <[%d]> \"parameter>\\n\"\n", d);
-            bytebuf_append(&rules, extra.p, extra.len);
-            bytebuf_printf(g, " d%d-%d%s", i, k, required ? "" : "?");
-            k++;
-        }
-        /* nothing required: no parameter at all is the blank line */
-        if (!required_any) bytebuf_puts(g, g->len == at ? " \"\\n\"" : " | \"\\n\"");
-        bytebuf_putc(g, '\n');
-        bytebuf_append(g, rules.p, rules.len);
+        ok = api_tool_params(g, mk, &api_param_dsml, i, props, prl, req, rl);
     }
-    bytebuf_free(&key);
-    bytebuf_free(&extra);
-    bytebuf_free(&rules);
     return ok;
 }
 
@@ -398,7 +426,6 @@ static bool api_tool_syntax_xml(bytebuf *g, const events_markers *mk, const api_
         bytebuf_printf(g, " \">\\n\" x%d", i);
     }
     bytebuf_putc(g, '\n');
-    bytebuf key = {0}, extra = {0}, rules = {0};
     bool ok = true;
     for (int i = 0; i < n && ok; i++) {
         const char *props = NULL, *req = NULL;
@@ -407,39 +434,8 @@ static bool api_tool_syntax_xml(bytebuf *g, const events_markers *mk, const api_
             bytebuf_printf(g, "x%d ::= xpar*\n", i);  /* free names and values */
             continue;
         }
-        bytebuf_printf(g, "x%d ::=", i);
-        size_t pos = 0, at = g->len;
-        const char *v;
-        size_t vn;
-        int k = 0;
-        rules.len = 0;
-        while (jsonfmt_next(props, prl, &pos, &key, &v, &vn)) {
-            bytebuf lit = {0};
-            jsonfmt_write_string(&lit, key.p ? key.p : "", key.len);
-            bool required = api_json_in(req, rl, lit.p, lit.len);
-            bytebuf_free(&lit);
-            bytebuf_printf(&rules, "x%d-%d ::= \"<parameter=\" ", i, k);
-            api_json_gbnf_literal(&rules, key.p ? key.p : "", key.len);
-            bytebuf_puts(&rules, " \">\\n\" ");
-            char pre[32];
-            snprintf(pre, sizeof pre, "x%d-%d-", i, k);
-            extra.len = 0;
-            if (!api_tool_raw_value(&rules, v, vn, pre, "xtext", &extra)) {
-                ok = false;
-                break;
-            }
-            bytebuf_puts(&rules, " \"\\n</parameter>\\n\"\n");
-            bytebuf_append(&rules, extra.p, extra.len);
-            bytebuf_printf(g, " x%d-%d%s", i, k, required ? "" : "?");
-            k++;
-        }
-        if (g->len == at) bytebuf_puts(g, " \"\"");
-        bytebuf_putc(g, '\n');
-        bytebuf_append(g, rules.p, rules.len);
+        ok = api_tool_params(g, mk, &api_param_xml, i, props, prl, req, rl);
     }
-    bytebuf_free(&key);
-    bytebuf_free(&extra);
-    bytebuf_free(&rules);
     return ok;
 }
 
