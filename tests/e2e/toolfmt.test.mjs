@@ -15,6 +15,7 @@ import os from "node:os";
 import path from "node:path";
 import OpenAI from "openai";
 import Anthropic from "@anthropic-ai/sdk";
+import { weatherTool, streamedCall } from "./tools_common.mjs";
 import { startServer, stopServers, root, bin } from "./server.mjs";
 
 const templates = path.join(root, "tests/data/llama.cpp/models/templates");
@@ -23,14 +24,7 @@ const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "tm-toolfmt-"));
 const FORMATS = { mistral: "Mistral-Small-3.2-24B-Instruct-2506.jinja", glm: "GLM-4.6.jinja" };
 const urls = {};
 
-const weather = {
-  type: "function",
-  function: {
-    name: "get_weather",
-    description: "Weather in a city.",
-    parameters: { type: "object", properties: { city: { type: "string", enum: ["Paris", "Oslo"] }, days: { type: "integer", enum: [1, 3, 7] } }, required: ["city", "days"], additionalProperties: false },
-  },
-};
+const weather = weatherTool;
 const checkArgs = (a) => {
   const o = JSON.parse(a);
   assert.ok(["Paris", "Oslo"].includes(o.city) && Number.isInteger(o.days), a);
@@ -79,15 +73,7 @@ for (const fmt of Object.keys(FORMATS)) {
     checkArgs(r2.choices[0].message.tool_calls[0].function.arguments);
     // streamed: the fragments add up to valid arguments
     const stream = await oai.chat.completions.create({ model: "m", messages, tools: [weather], tool_choice: "required", max_tokens: 80, temperature: 0, stream: true });
-    let args = "", name = "", finish = null;
-    for await (const ch of stream) {
-      const d = ch.choices[0];
-      for (const tc of d?.delta?.tool_calls ?? []) {
-        if (tc.function?.name) name += tc.function.name;
-        args += tc.function?.arguments ?? "";
-      }
-      if (d?.finish_reason) finish = d.finish_reason;
-    }
+    const { args, name, finish } = await streamedCall(stream);
     assert.equal(name, "get_weather");
     assert.equal(finish, "tool_calls");
     checkArgs(args);

@@ -16,6 +16,7 @@ import os from "node:os";
 import path from "node:path";
 import OpenAI from "openai";
 import Anthropic from "@anthropic-ai/sdk";
+import { weatherTool, streamedCall } from "./tools_common.mjs";
 import { startServer, stopServers, root, bin } from "./server.mjs";
 
 const template = path.join(root, "tests/data/llama.cpp/models/templates/Qwen3.5-4B.jinja");
@@ -24,14 +25,7 @@ const haveData = fs.existsSync(template) && fs.existsSync(vocabJson);
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "tm-q35xml-"));
 let url = null;
 
-const weather = {
-  type: "function",
-  function: {
-    name: "get_weather",
-    description: "Weather in a city.",
-    parameters: { type: "object", properties: { city: { type: "string", enum: ["Paris", "Oslo"] }, days: { type: "integer", enum: [1, 3, 7] } }, required: ["city", "days"], additionalProperties: false },
-  },
-};
+const weather = weatherTool;
 // the string parameter comes back a string, the integer one a number
 const checkArgs = (a) => {
   const o = typeof a === "string" ? JSON.parse(a) : a;
@@ -71,15 +65,7 @@ test("chat: forced calls as XML, typed arguments, the call sent back, streamed",
   assert.equal(r2.choices[0].finish_reason, "tool_calls");
   checkArgs(r2.choices[0].message.tool_calls[0].function.arguments);
   const stream = await oai.chat.completions.create({ model: "m", messages, tools: [weather], tool_choice: "required", max_tokens: 80, temperature: 0, stream: true, ...off });
-  let args = "", name = "", finish = null;
-  for await (const ch of stream) {
-    const d = ch.choices[0];
-    for (const tc of d?.delta?.tool_calls ?? []) {
-      if (tc.function?.name) name += tc.function.name;
-      args += tc.function?.arguments ?? "";
-    }
-    if (d?.finish_reason) finish = d.finish_reason;
-  }
+  const { args, name, finish } = await streamedCall(stream);
   assert.equal(name, "get_weather");
   assert.equal(finish, "tool_calls");
   assert.equal(args, call.function.arguments);
