@@ -14,14 +14,17 @@ const files = oracleFiles([script, path.join(root, 'tests/oracle/gguf_common.py'
 
 export const skip = files.skip;
 
-export function dsv4Model() {
+// The test model at weight type `type`, with extra gguf_dsv4.py arguments (tag names them in the
+// cache); the default is the serving tests' F32 model.
+export function dsv4Model(type = 'f32', extra = [], tag = '') {
   const vocab = files.cached('oracle-dsv4-vocab', (out) => {
     const r = spawnSync(bin, ['mkmodel', '--arch', 'qwen3', '--preset', 'tiny', '--layers', '1', '--vocab-size', '8192',
       '--type', 'f32', '--seed', '1', '-o', out], {encoding: 'utf8'});
     assert.equal(r.status, 0, r.stderr);
   });
-  return files.cached('oracle-dsv4-f32', (out) => {
-    const r = spawnSync(files.python, [script, '--vocab', vocab, '--type', 'f32', '--seed', '1', '-o', out], {encoding: 'utf8'});
+  return files.cached(`oracle-dsv4-${type}${tag}`, (out) => {
+    const r = spawnSync(files.python, [script, '--vocab', vocab, '--type', type, '--seed', '1', ...extra, '-o', out],
+      {encoding: 'utf8'});
     assert.equal(r.status, 0, `gguf_dsv4.py failed: ${r.stderr}`);
   });
 }

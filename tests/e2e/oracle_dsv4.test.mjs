@@ -18,6 +18,7 @@ import {spawn, spawnSync} from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import {root, bin, gen, oracleFiles, rng, runBoth, posDiff} from './oracle_common.mjs';
+import {dsv4Model} from './dsv4_model.mjs';
 
 const script = path.join(root, 'tests/oracle/gguf_dsv4.py');
 const refScript = path.join(root, 'tests/oracle/dsv4_ref.py');
@@ -30,19 +31,7 @@ const Q8_MAX = 0.05;
 
 const {python, skip, cached} = oracleFiles([script, path.join(root, 'tests/oracle/gguf_common.py')]);
 
-// The test model at weight type `type`, with extra gguf_dsv4.py arguments (tag names them in the cache).
-function model(type = 'f32', extra = [], tag = '') {
-  const vocab = cached('oracle-dsv4-vocab', (out) => {
-    const r = spawnSync(bin, ['mkmodel', '--arch', 'qwen3', '--preset', 'tiny', '--layers', '1', '--vocab-size', '8192',
-      '--type', 'f32', '--seed', '1', '-o', out], {encoding: 'utf8'});
-    assert.equal(r.status, 0, r.stderr);
-  });
-  return cached(`oracle-dsv4-${type}${tag}`, (out) => {
-    const r = spawnSync(python, [script, '--vocab', vocab, '--type', type, '--seed', '1', ...extra, '-o', out],
-      {encoding: 'utf8'});
-    assert.equal(r.status, 0, `gguf_dsv4.py failed: ${r.stderr}`);
-  });
-}
+const model = dsv4Model;
 
 // max |Δ logprob| of tokenmill's answer against llama.cpp's over every position (a token in one
 // top-K only must be within tol of the other's last), greedy continuations identical.
