@@ -9,6 +9,7 @@
  * with the same rounding.
  */
 #include "model/ops_int.h"
+#include "model/ops_kblk.h"
 
 #include <immintrin.h>
 #include <stddef.h>
@@ -897,72 +898,8 @@ A2_GEMM_FROM_DOT(a2_gemm_iq4_nl, a2_dot_iq4_nl, block_q8_1)
 
 /* ---- Q2_K, Q3_K, IQ4_XS for batches: unpack once, dot many tokens -------------------- */
 
-/* For more than one token the per-row dots above spend most of their time unpacking the
- * weight bits again for every token. These kernels unpack a super-block of A2_KR rows once
- * (into bytes and 16-bit scale vectors, in L1) and then run every token of the call over it,
- * loading each token's activations once for the A2_KR rows. A (row, token) element gets the
- * same exact integer sum per super-block as the per-row dot and the same float arithmetic in
- * the same order (y starts at 0 and takes each super-block's term in block order), so the
- * results are bit-identical to the per-row dot's whatever the tile (batch invariance). */
-#define A2_KR 4 /* weight rows unpacked together */
-
-typedef struct {
-    __m256i u[A2_KR][8];   /* (row, chunk of 32 columns): unsigned values, Q3_K 0..7, Q2_K 0..3;
-                            * IQ4_XS: |value| */
-    __m256i v[A2_KR][8];   /* IQ4_XS only: the signed values */
-    __m256i sc[A2_KR][8];  /* (row, chunk): int16 scales, low half the chunk's first 16 columns' */
-    __m256i sg[A2_KR];     /* per row, 16 x int16 in group order: Q3_K sc - 32, Q2_K the mins */
-    float d[A2_KR], dmin[A2_KR]; /* per row: fp32 of the super-block's d (and Q2_K's dmin) */
-} a2_kblk;
-
-A2_INLINE __m256i a2_sc_pair(int lo, int hi)
-{
-    return _mm256_set_m128i(_mm_set1_epi16((int16_t)hi), _mm_set1_epi16((int16_t)lo));
-}
-
-static void a2_unpack_q3_K(const block_q3_K *w, a2_kblk *k, int r)
-{
-    const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
-    int8_t sc[16];
-    quant_q3_K_scales(w->scales, sc);
-    __m256i hm = _mm256_loadu_si256((const __m256i *)w->hmask);
-    for (int c = 0; c < 8; c++) {
-        __m256i q = _mm256_loadu_si256((const __m256i *)(w->qs + 32 * (c / 4)));
-        q = _mm256_and_si256(_mm256_srli_epi16(q, 2 * (c % 4)), m3);
-        __m256i h = _mm256_and_si256(_mm256_srli_epi16(hm, c), one);
-        k->u[r][c] = _mm256_or_si256(q, _mm256_slli_epi16(h, 2));
-        k->sc[r][c] = a2_sc_pair(sc[2 * c] - 32, sc[2 * c + 1] - 32);
-    }
-    k->sg[r] = _mm256_sub_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc)), _mm256_set1_epi16(32));
-    k->d[r] = _cvtsh_ss(w->d);
-}
-
-static void a2_unpack_q2_K(const block_q2_K *w, a2_kblk *k, int r)
-{
-    const __m256i m3 = _mm256_set1_epi8(3);
-    for (int c = 0; c < 8; c++) {
-        __m256i q = _mm256_loadu_si256((const __m256i *)(w->qs + 32 * (c / 4)));
-        k->u[r][c] = _mm256_and_si256(_mm256_srli_epi16(q, 2 * (c % 4)), m3);
-        k->sc[r][c] = a2_sc_pair(w->scales[2 * c] & 0xF, w->scales[2 * c + 1] & 0xF);
-    }
-    __m256i s = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)w->scales));
-    k->sg[r] = _mm256_srli_epi16(s, 4);
-    k->d[r] = _cvtsh_ss(w->d);
-    k->dmin[r] = _cvtsh_ss(w->dmin);
-}
-
-static void a2_unpack_iq4_xs(const block_iq4_xs *w, a2_kblk *k, int r)
-{
-    for (int c = 0; c < 8; c++) {
-        __m256i v = a2_iq4_lookup(a2_nibbles(w->qs + 16 * c));
-        k->v[r][c] = v;
-        k->u[r][c] = _mm256_sign_epi8(v, v);
-        int s = quant_iq4_xs_scale(w, c) - 32;
-        k->sc[r][c] = a2_sc_pair(s, s);
-    }
-    k->d[r] = _cvtsh_ss(w->d);
-}
-
+/* The per-row dots above unpack the weight bits again for every token; for batches the
+ * driver in ops_kblk.h unpacks 4 rows' super-block once and calls a2_kblk_dot per token. */
 /* The four int32 lane sums of a0..a3, in that order (integer adds: exact in any order). */
 A2_INLINE __m128i a2_hsum4_i32(__m256i a0, __m256i a1, __m256i a2, __m256i a3)
 {
@@ -970,18 +907,19 @@ A2_INLINE __m128i a2_hsum4_i32(__m256i a0, __m256i a1, __m256i a2, __m256i a3)
     return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
 }
 
-/* One token's super-block xb against the A2_KR unpacked rows of k, added to that token's
+/* Q2_K, Q3_K, IQ4_XS for batches (ops_kblk.h): one token's super-block xb against the
+ * OPS_KBLK_ROWS unpacked rows of k, added to that token's
  * y[0..3] with the per-row dots' float arithmetic lane by lane: Q3_K y = fma(d_x*d, isum -
  * 4 * sum_g sg_g*bsum_g, y); Q2_K y += fma(d_x*d, isum, -((d_x*dmin) * sum_g m_g*bsum_g));
  * IQ4_XS y = fma(d_x*d, isum, y). The fused multiply-adds are explicit on both paths, so that
  * the compiler's contraction of plain float expressions cannot make them differ. */
-A2_INLINE void a2_kblk_dot(const a2_kblk *k, qtype t, const block_q8_K *xb, float *y)
+A2_INLINE void a2_kblk_dot(const ops_kblk *k, qtype t, const block_q8_K *xb, float *y)
 {
-    __m256i acc[A2_KR];
-    for (int r = 0; r < A2_KR; r++) acc[r] = _mm256_setzero_si256();
-    for (int c = 0; c < 8; c++) {
+    __m256i acc[OPS_KBLK_ROWS];
+    _Pragma("GCC unroll 8") for (int r = 0; r < OPS_KBLK_ROWS; r++) acc[r] = _mm256_setzero_si256();
+    _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) {
         __m256i xv = _mm256_loadu_si256((const __m256i *)(xb->qs + 32 * c));
-        for (int r = 0; r < A2_KR; r++) {
+        _Pragma("GCC unroll 8") for (int r = 0; r < OPS_KBLK_ROWS; r++) {
             __m256i p = t == QTYPE_IQ4_XS ? _mm256_maddubs_epi16(k->u[r][c], _mm256_sign_epi8(xv, k->v[r][c]))
                                           : _mm256_maddubs_epi16(k->u[r][c], xv);
             acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(p, k->sc[r][c]));
@@ -991,7 +929,7 @@ A2_INLINE void a2_kblk_dot(const a2_kblk *k, qtype t, const block_q8_K *xb, floa
     __m128 dx = _mm_mul_ps(xd, _mm_loadu_ps(k->d));
     if (t == QTYPE_Q3_K) {
         __m256i bs = _mm256_loadu_si256((const __m256i *)xb->bsums);
-        for (int r = 0; r < A2_KR; r++)
+        _Pragma("GCC unroll 8") for (int r = 0; r < OPS_KBLK_ROWS; r++)
             acc[r] = _mm256_sub_epi32(acc[r], _mm256_slli_epi32(_mm256_madd_epi16(k->sg[r], bs), 2));
     }
     __m128 isum = _mm_cvtepi32_ps(a2_hsum4_i32(acc[0], acc[1], acc[2], acc[3]));
@@ -1007,33 +945,6 @@ A2_INLINE void a2_kblk_dot(const a2_kblk *k, qtype t, const block_q8_K *xb, floa
     _mm_storeu_ps(y, yv);
 }
 
-/* The gemm driver (ops_gemm_fn) for the three types; t is a constant in each caller. Rows
- * past the last whole group of A2_KR take the per-row dot `dot`. */
-A2_INLINE void a2_gemm_kblk(qtype t, float (*dot)(int64_t, const void *, const block_q8_K *), int64_t cols,
-                            const void *w, size_t ws, int nr, const void *x, size_t xs, int nt, float *y,
-                            size_t ys)
-{
-    const size_t bb = t == QTYPE_Q3_K ? sizeof(block_q3_K) : t == QTYPE_Q2_K ? sizeof(block_q2_K) : sizeof(block_iq4_xs);
-    const int nr4 = nr / A2_KR * A2_KR;
-    a2_kblk k;
-    for (int tt = 0; tt < nt; tt++)
-        for (int r = 0; r < nr4; r++) y[(size_t)tt * ys + r] = 0;
-    for (int r0 = 0; r0 < nr4; r0 += A2_KR)
-        for (int64_t b = 0; b < cols / QK_K; b++) {
-            for (int r = 0; r < A2_KR; r++) {
-                const void *wb = (const char *)w + (size_t)(r0 + r) * ws + (size_t)b * bb;
-                if (t == QTYPE_Q3_K) a2_unpack_q3_K(wb, &k, r);
-                else if (t == QTYPE_Q2_K) a2_unpack_q2_K(wb, &k, r);
-                else a2_unpack_iq4_xs(wb, &k, r);
-            }
-            for (int tt = 0; tt < nt; tt++)
-                a2_kblk_dot(&k, t, (const block_q8_K *)((const char *)x + (size_t)tt * xs) + b, y + (size_t)tt * ys + r0);
-        }
-    for (int tt = 0; tt < nt; tt++)
-        for (int r = nr4; r < nr; r++)
-            y[(size_t)tt * ys + r] = dot(cols, (const char *)w + r * ws, (const block_q8_K *)((const char *)x + (size_t)tt * xs));
-}
-
 #define A2_GEMM_KBLK(name, dot, t)                                                            \
     static void name(int64_t cols, const void *w, size_t ws, int nr, const void *x, size_t xs, \
                      int nt, float *y, size_t ys)                                             \
@@ -1042,7 +953,7 @@ A2_INLINE void a2_gemm_kblk(qtype t, float (*dot)(int64_t, const void *, const b
             for (int r = 0; r < nr; r++) y[r] = dot(cols, (const char *)w + r * ws, x);       \
             return;                                                                           \
         }                                                                                     \
-        a2_gemm_kblk(t, dot, cols, w, ws, nr, x, xs, nt, y, ys);                                         \
+        ops_kblk_gemm(t, a2_kblk_dot, dot, cols, w, ws, nr, x, xs, nt, y, ys);                                   \
     }
 A2_GEMM_KBLK(a2_gemm_q2_K, a2_dot_q2_K, QTYPE_Q2_K)
 A2_GEMM_KBLK(a2_gemm_q3_K, a2_dot_q3_K, QTYPE_Q3_K)

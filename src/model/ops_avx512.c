@@ -26,6 +26,7 @@
  * - F16 / BF16 / F32: plain rows.
  */
 #include "model/ops_int.h"
+#include "model/ops_kblk.h"
 #include "util/util.h"
 
 #include <immintrin.h>
@@ -847,6 +848,84 @@ A512_INLINE void a512_x16_q6_K(int T, bool PF, int64_t nb, const block_q6_Kx16 *
 A512_X16_GEMM(a512_gemm_q4_Kx16, a512_x16_q4_K, block_q4_Kx16)
 A512_X16_GEMM(a512_gemm_q6_Kx16, a512_x16_q6_K, block_q6_Kx16)
 
+/* ---- Q2_K / Q3_K / IQ4_XS x Q8_K for batches (ops_kblk.h) ------------------------------ */
+
+/* The AVX2 level's per-row dots serve one token (a decode step) and the rows past the last
+ * group of 4 here too: ops_kernels_init_avx512 keeps its gemm entries, and these call them.
+ * The batch dot below gives the same integer sums and float chain as those, so the results
+ * are bit-identical (test_ops' batch invariance). */
+static ops_gemm_fn a512_kblk_row_gemm[3]; /* the AVX2 gemms: Q2_K, Q3_K, IQ4_XS */
+
+A512_INLINE float a512_kblk_row_dot(int i, int64_t cols, const void *w, const block_q8_K *x)
+{
+    float y;
+    a512_kblk_row_gemm[i](cols, w, 0, 1, x, 0, 1, &y, 0);
+    return y;
+}
+static float a512_row_dot_q2_K(int64_t n, const void *w, const block_q8_K *x) { return a512_kblk_row_dot(0, n, w, x); }
+static float a512_row_dot_q3_K(int64_t n, const void *w, const block_q8_K *x) { return a512_kblk_row_dot(1, n, w, x); }
+static float a512_row_dot_iq4_xs(int64_t n, const void *w, const block_q8_K *x) { return a512_kblk_row_dot(2, n, w, x); }
+
+/* The four int32 lane sums of a0..a3, in that order (integer adds: exact in any order). */
+A512_INLINE __m128i a512_hsum4_i32(__m256i a0, __m256i a1, __m256i a2, __m256i a3)
+{
+    __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(a0, a1), _mm256_hadd_epi32(a2, a3));
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+/* One token's super-block xb against the 4 unpacked rows of k, added to the token's y[0..3]:
+ * ops_avx2.c's a2_kblk_dot with 64-byte vectors. vpmaddubsw of unsigned weights (IQ4_XS: |v|,
+ * the activations negated where v < 0, as vpsignb would) then vpdpwssd with the sub-block
+ * scales: the same exact integer sums. Float: Q3_K y = fma(d_x*d, isum - 4 * sum_g sg_g*bsum_g,
+ * y); Q2_K y += fma(d_x*d, isum, -((d_x*dmin) * sum_g m_g*bsum_g)); IQ4_XS y = fma(d_x*d,
+ * isum, y), lane by lane as the per-row dots. */
+A512_INLINE void a512_kblk_dot(const ops_kblk *k, qtype t, const block_q8_K *xb, float *y)
+{
+    __m512i acc[OPS_KBLK_ROWS];
+    _Pragma("GCC unroll 8") for (int r = 0; r < OPS_KBLK_ROWS; r++) acc[r] = _mm512_setzero_si512();
+    _Pragma("GCC unroll 8") for (int j = 0; j < 4; j++) {
+        __m512i xv = _mm512_loadu_si512(xb->qs + 64 * j);
+        _Pragma("GCC unroll 8") for (int r = 0; r < OPS_KBLK_ROWS; r++) {
+            __m512i u = _mm512_loadu_si512(&k->u[r][2 * j]), xs = xv;
+            if (t == QTYPE_IQ4_XS) {
+                __mmask64 neg = _mm512_movepi8_mask(_mm512_loadu_si512(&k->v[r][2 * j]));
+                xs = _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv);
+            }
+            acc[r] = _mm512_dpwssd_epi32(acc[r], _mm512_maddubs_epi16(u, xs), _mm512_loadu_si512(&k->sc[r][2 * j]));
+        }
+    }
+    __m256i a[OPS_KBLK_ROWS];
+    _Pragma("GCC unroll 8") for (int r = 0; r < OPS_KBLK_ROWS; r++)
+        a[r] = _mm256_add_epi32(_mm512_castsi512_si256(acc[r]), _mm512_extracti64x4_epi64(acc[r], 1));
+    __m128 xd = _mm_set1_ps(xb->d), yv = _mm_loadu_ps(y);
+    __m128 dx = _mm_mul_ps(xd, _mm_loadu_ps(k->d));
+    __m256i bs = _mm256_loadu_si256((const __m256i *)xb->bsums);
+    if (t == QTYPE_Q3_K)
+        _Pragma("GCC unroll 8") for (int r = 0; r < OPS_KBLK_ROWS; r++)
+            a[r] = _mm256_sub_epi32(a[r], _mm256_slli_epi32(_mm256_madd_epi16(k->sg[r], bs), 2));
+    __m128 isum = _mm_cvtepi32_ps(a512_hsum4_i32(a[0], a[1], a[2], a[3]));
+    if (t == QTYPE_Q2_K) {
+        __m128 imin = _mm_cvtepi32_ps(a512_hsum4_i32(_mm256_madd_epi16(k->sg[0], bs), _mm256_madd_epi16(k->sg[1], bs),
+                                                      _mm256_madd_epi16(k->sg[2], bs), _mm256_madd_epi16(k->sg[3], bs)));
+        __m128 dm = _mm_mul_ps(xd, _mm_loadu_ps(k->dmin));
+        yv = _mm_add_ps(yv, _mm_fmadd_ps(dx, isum, _mm_sub_ps(_mm_setzero_ps(), _mm_mul_ps(dm, imin))));
+    } else {
+        yv = _mm_fmadd_ps(dx, isum, yv);
+    }
+    _mm_storeu_ps(y, yv);
+}
+
+#define A512_GEMM_KBLK(name, i, rowdot, t)                                                      \
+    static void name(int64_t cols, const void *w, size_t ws, int nr, const void *x, size_t xs,  \
+                     int nt, float *y, size_t ys)                                              \
+    {                                                                                          \
+        if (nt == 1) a512_kblk_row_gemm[i](cols, w, ws, nr, x, xs, nt, y, ys);                 \
+        else ops_kblk_gemm(t, a512_kblk_dot, rowdot, cols, w, ws, nr, x, xs, nt, y, ys);       \
+    }
+A512_GEMM_KBLK(a512_gemm_q2_K, 0, a512_row_dot_q2_K, QTYPE_Q2_K)
+A512_GEMM_KBLK(a512_gemm_q3_K, 1, a512_row_dot_q3_K, QTYPE_Q3_K)
+A512_GEMM_KBLK(a512_gemm_iq4_xs, 2, a512_row_dot_iq4_xs, QTYPE_IQ4_XS)
+
 /* ---- float weights -------------------------------------------------------------------- */
 
 A512_INLINE __m512 a512_load_f32(const void *p, int64_t i, __mmask16 k)
@@ -1333,6 +1412,12 @@ static void a512_add(float *y, const float *x, int64_t n)
 
 void ops_kernels_init_avx512(ops_kernels *k)
 {
+    a512_kblk_row_gemm[0] = k->gemm[QTYPE_Q2_K];
+    a512_kblk_row_gemm[1] = k->gemm[QTYPE_Q3_K];
+    a512_kblk_row_gemm[2] = k->gemm[QTYPE_IQ4_XS];
+    k->gemm[QTYPE_Q2_K] = a512_gemm_q2_K;
+    k->gemm[QTYPE_Q3_K] = a512_gemm_q3_K;
+    k->gemm[QTYPE_IQ4_XS] = a512_gemm_iq4_xs;
     k->quant_q8_0 = a512_quant_q8_0;
     k->gemm[QTYPE_Q8_0] = a512_gemm_q8_0;
     k->gemm[QTYPE_Q4_0] = a512_gemm_q4_0;
