@@ -8,7 +8,7 @@
 // scaled embeddings, the logit soft cap), gemma4 (Gemma 4's layer, tests/oracle/gguf_gemma4.py:
 // window and global layers of different head sizes and kv heads, proportional RoPE on the
 // global layers, V normed without a weight and V = K where attn_v is absent, the layer output
-// scale); and mkmodel's phi3 and mistral3.
+// scale); and mkmodel's phi3, mistral3 and gemma4.
 //
 // F32 weights with an F32 KV cache on both sides: sequences of 1..150 tokens (crossing a
 // 128-token block) in one step, then GREEDY greedy steps together; every position's top-10
@@ -49,6 +49,9 @@ const N_SINGLES = 16;
 const SHAPES = {phi3: {quant: 'q8_0'}, 'phi3-long': {}, mistral3: {quant: 'q8_0'}, 'mkmodel-phi3': {mkmodel: ['--arch', 'phi3', '--ctx', '4096']},
   gemma3: {quant: 'q8_0', tol: GELU_TOL},
   gemma4: {quant: 'q8_0', tol: GELU_TOL},
+  // mkmodel's gemma4: 5 window layers of 8 heads of 32 over 4 kv heads, a global one of 64 over 1
+  'mkmodel-gemma4': {mkmodel: ['--arch', 'gemma4', '--layers', '6', '--heads', '8', '--kv-heads', '4', '--head-dim', '32',
+    '--window', '16', '--ctx', '4096'], tol: GELU_TOL},
   // mkmodel's mistral3 with an original context of 512 / 16 = 32: two temperature steps in the prompts
   'mkmodel-mistral3': {mkmodel: ['--arch', 'mistral3', '--ctx', '512', '--untied']}};
 
