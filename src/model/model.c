@@ -1,6 +1,6 @@
 /*
  * model: hyper-parameters and weight views of llama / qwen2 / qwen3 / qwen3moe / deepseek2 /
- * gpt-oss / phi3 (model_phi3.c) / mistral3 (model_mistral3.c) / gemma3 (model_gemma3.c) / bert (model_bert.c) GGUF files. See model.h
+ * gpt-oss / phi3 (model_phi3.c) / mistral3 (model_mistral3.c) / gemma3 (model_gemma3.c) / gemma4 (model_gemma4.c) / bert (model_bert.c) GGUF files. See model.h
  * for the design; this file is the loading and validation, one tensor at a time, each error
  * naming what is wrong.
  */

@@ -1,7 +1,7 @@
 /*
  * model: a transformer described by a GGUF file: the hyper-parameters and the weights of the
  * architectures we run (the decoders `llama`, `qwen2`, `qwen3`, `qwen3moe`, `deepseek2`,
- * `gpt-oss`, `phi3`, `mistral3`, `gemma3`, ..., and the BERT-style encoder `bert` for embeddings,
+ * `gpt-oss`, `phi3`, `mistral3`, `gemma3`, `gemma4`, ..., and the BERT-style encoder `bert` for embeddings,
  * model_bert.c: docs/architectures.md), ready for the engine.
  *
  * model_load opens the GGUF (gguf.c: read-only shared mmap) and keeps it open for the

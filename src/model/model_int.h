@@ -1,6 +1,6 @@
 /*
  * model_int: what only model*.c may see: the loading context and the checked readers of keys
- * and tensors (model.c), which the files of one family each (model_phi3.c, model_gemma3.c, model_qwen35.c, model_dsv4.c) load with, so that
+ * and tensors (model.c), which the files of one family each (model_phi3.c, model_gemma3.c, model_gemma4.c, model_qwen35.c, model_dsv4.c) load with, so that
  * every family's error names its key or tensor the same way.
  */
 #ifndef TM_MODEL_INT_H
