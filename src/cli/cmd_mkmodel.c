@@ -2,7 +2,7 @@
  * cmd_mkmodel: writes a random-weight GGUF model of a real architecture and shape, which
  * llama.cpp also loads: the test and benchmark models of tokenmill.
  *
- *   tokenmill mkmodel --arch llama|qwen2|qwen3|qwen3moe|deepseek2|gpt-oss|phi3|mistral3|qwen35|qwen35moe|gemma3|deepseek4 [--preset NAME] [shape options] [--vocab FILE]
+ *   tokenmill mkmodel --arch llama|qwen2|qwen3|qwen3moe|deepseek2|gpt-oss|phi3|mistral3|qwen35|qwen35moe|gemma3|gemma4|deepseek4 [--preset NAME] [shape options] [--vocab FILE]
  *                     --type T --seed S [--tied|--untied] [--rope-scaling llama3] -o OUT.gguf
  *
  * Tensors and metadata follow llama.cpp's converters: `llama` (rope_freqs.weight when
@@ -21,7 +21,11 @@
  * ssm_norm, ssm_out; post_attention_norm; the MoE with its gated shared expert), `gemma3` (qwen3's head norms, post_attention_norm and
  * post_ffw_norm, attention.sliding_window (--window, default 512) on 5 of each 6 layers,
  * rope.freq_base_swa 10000 and, past a 32768-token context, linear scaling 8 for the global
- * layers, as conversion/gemma.py writes Gemma 3's; tied embeddings), `deepseek4` (DeepSeek V4's, as
+ * layers, as conversion/gemma.py writes Gemma 3's; tied embeddings), `gemma4` (gemma3's tensors
+ * with 5 of each 6 layers window ones of --head-dim and the 6th global, twice as wide heads, a
+ * quarter of the kv heads, no attn_v, proportional RoPE (rope_freqs), a layer_output_scale, the
+ * soft cap 30, as conversion/gemma.py's Gemma4Model writes them; no per-layer embeddings, shared
+ * KV layers or experts), `deepseek4` (DeepSeek V4's, as
  * conversion/deepseek.py writes them and tests/oracle/gguf_dsv4.py lists them: layer 0
  * uncompressed then compression ratios 4 and 128 in turn, the compressors and the lightning
  * indexer, the grouped low-rank output, sinks, 4 hyper-connection streams, the sqrt-softplus
@@ -485,7 +489,9 @@ static void mk_vocab_write(mk_vocab *v, gguf_writer *w)
 /* ---- weights ------------------------------------------------------------------------- */
 
 /* SKEW: noise + router_skew's ramp; TID2EID: I32 rows of distinct expert ids in 0..n_expert-1 */
-typedef enum { MK_INIT_NOISE, MK_INIT_NORM, MK_INIT_ROPE_FREQS, MK_INIT_SKEW, MK_INIT_TID2EID } mk_init;
+/* PROPORTIONAL: gemma4's rope_freqs, 1 on the first quarter of the pairs and 1e30 (unrotated) on
+ * the rest, as conversion/gemma.py writes partial_rotary_factor 0.25 */
+typedef enum { MK_INIT_NOISE, MK_INIT_NORM, MK_INIT_ROPE_FREQS, MK_INIT_SKEW, MK_INIT_TID2EID, MK_INIT_PROPORTIONAL } mk_init;
 
 typedef struct {
     uint64_t seed;          /* per-tensor seed (run seed mixed with the name) */
@@ -577,6 +583,11 @@ static void mk_fill(void *ctx, const char *name, void *dst, size_t nbytes)
     }
     if (t->init == MK_INIT_TID2EID) {
         mk_tid2eid(t, dst);
+        return;
+    }
+    if (t->init == MK_INIT_PROPORTIONAL) {
+        float *f = dst;
+        for (int64_t i = 0; i < t->ne0; i++) f[i] = i < t->ne0 / 4 ? 1.0f : 1e30f;
         return;
     }
     int nth = t->o->n_threads;
@@ -970,6 +981,65 @@ static void mk_qwen35_keys(gguf_writer *w, const mk_opts *o)
 #undef MK_KEY
 }
 
+/* gemma4's shape: of each 6 layers the first 5 are window layers of head_dim, the 6th a global
+ * one with heads twice as wide, a quarter of their kv heads (the 31B's 256/512 and 16/4) and
+ * no attn_v (V is K, the 31B's attention_k_eq_v). */
+static bool mk_gemma4_swa(int l) { return l % 6 < 5; }
+static int mk_gemma4_hd(const mk_opts *o, int l) { return mk_gemma4_swa(l) ? o->head_dim : 2 * o->head_dim; }
+static int mk_gemma4_kv(const mk_opts *o, int l)
+{
+    return mk_gemma4_swa(l) || o->n_kv_heads % 4 ? o->n_kv_heads : o->n_kv_heads / 4;
+}
+
+/* gemma4's keys beyond the common ones, as conversion/gemma.py's Gemma4Model writes them: the
+ * per-layer window pattern and kv heads, the global (key_length, rope.dimension_count) and
+ * window (_swa) head sizes, the window layers' RoPE base, the soft cap, and the features
+ * tokenmill does not run set to none (per-layer embeddings, shared KV layers). */
+static void mk_gemma4_keys(gguf_writer *w, const mk_opts *o)
+{
+    int32_t kv[4096];
+    uint8_t swa[4096];
+    for (int l = 0; l < o->n_layers; l++) kv[l] = mk_gemma4_kv(o, l), swa[l] = mk_gemma4_swa(l);
+    gguf_writer_set_arr_i32(w, "gemma4.attention.head_count_kv", kv, (uint64_t)o->n_layers);
+    gguf_writer_set_arr(w, "gemma4.attention.sliding_window_pattern", GGUF_VT_BOOL, swa, (uint64_t)o->n_layers);
+    gguf_writer_set_u32(w, "gemma4.attention.sliding_window", (uint32_t)o->n_swa);
+    gguf_writer_set_u32(w, "gemma4.attention.key_length", (uint32_t)(2 * o->head_dim));
+    gguf_writer_set_u32(w, "gemma4.attention.value_length", (uint32_t)(2 * o->head_dim));
+    gguf_writer_set_u32(w, "gemma4.attention.key_length_swa", (uint32_t)o->head_dim);
+    gguf_writer_set_u32(w, "gemma4.attention.value_length_swa", (uint32_t)o->head_dim);
+    gguf_writer_set_u32(w, "gemma4.rope.dimension_count", (uint32_t)(2 * o->head_dim));
+    gguf_writer_set_u32(w, "gemma4.rope.dimension_count_swa", (uint32_t)o->head_dim);
+    gguf_writer_set_f32(w, "gemma4.rope.freq_base_swa", 10000.0f);
+    gguf_writer_set_f32(w, "gemma4.final_logit_softcapping", 30.0f);
+    gguf_writer_set_u32(w, "gemma4.attention.shared_kv_layers", 0);
+    gguf_writer_set_u32(w, "gemma4.embedding_length_per_layer_input", 0);
+}
+
+static void mk_ffn(mk_model *m, int l, qtype down_t);
+
+/* A gemma4 layer after its attn_norm: its own head size and kv heads (mk_gemma4_*), q/k head
+ * norms, the sublayers' output norms, GELU FFN, the layer output scale. */
+static void mk_gemma4_layer(mk_model *m, int l)
+{
+    const mk_opts *o = m->o;
+    const qtype base = m->base;
+    const int64_t dim = o->dim, hd = mk_gemma4_hd(o, l), q_dim = (int64_t)o->n_heads * hd, kv_dim = mk_gemma4_kv(o, l) * hd;
+    char name[128];
+#define MK_T(suffix) (snprintf(name, sizeof name, "blk.%d." suffix, l), name)
+    mk_add(m, MK_T("attn_q.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 2, dim, q_dim);
+    mk_add(m, MK_T("attn_k.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 2, dim, kv_dim);
+    if (mk_gemma4_swa(l)) mk_add(m, MK_T("attn_v.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 2, dim, kv_dim);
+    mk_add(m, MK_T("attn_q_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, hd, 1);
+    mk_add(m, MK_T("attn_k_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, hd, 1);
+    mk_add(m, MK_T("attn_output.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)q_dim), base, 2, q_dim, dim);
+    mk_add(m, MK_T("post_attention_norm.weight"), MK_INIT_NORM, 0.3f, QTYPE_F32, 1, dim, 1);
+    mk_add(m, MK_T("ffn_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, dim, 1);
+    mk_add(m, MK_T("post_ffw_norm.weight"), MK_INIT_NORM, 0.3f, QTYPE_F32, 1, dim, 1);
+    mk_add(m, MK_T("layer_output_scale.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, 1, 1);
+    mk_ffn(m, l, base);
+#undef MK_T
+}
+
 static void mk_write_keys(gguf_writer *w, const mk_opts *o, int64_t V, qtype base, uint32_t ftype, const char *preset)
 {
     const char *A = o->arch;
@@ -1016,6 +1086,7 @@ static void mk_write_keys(gguf_writer *w, const mk_opts *o, int64_t V, qtype bas
     if (!strcmp(A, "mistral3")) mk_mistral3_keys(w, o);
     if (o->ssm_state > 0) mk_qwen35_keys(w, o);
     if (!strcmp(A, "gemma3")) mk_gemma3_keys(w, o);
+    if (!strcmp(A, "gemma4")) mk_gemma4_keys(w, o);
     if (dsv4) mk_dsv4_keys(w, o);
     if (!strcmp(A, "gpt-oss")) {   /* gpt-oss, as its converter writes it (the layer pattern: llama.cpp's default 2) */
         gguf_writer_set_u32(w, MK_KEY("attention.sliding_window"), (uint32_t)o->n_swa);
@@ -1188,6 +1259,7 @@ static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *
         mk_add(&m, "rope_factors_short.weight", MK_INIT_NORM, 1.0f, QTYPE_F32, 1, o->rope_dim / 2, 1);
     }
     if (o->rope_llama3) mk_add(&m, "rope_freqs.weight", MK_INIT_ROPE_FREQS, 0, QTYPE_F32, 1, o->head_dim / 2, 1);
+    if (!strcmp(A, "gemma4")) mk_add(&m, "rope_freqs.weight", MK_INIT_PROPORTIONAL, 0, QTYPE_F32, 1, o->head_dim, 1);
     if (!strcmp(A, "deepseek4")) {   /* the head's mix of the hyper-connection streams */
         mk_add(&m, "output_hc_fn.weight", MK_INIT_NOISE, 1.0f / sqrtf((float)(o->n_hc * dim)), QTYPE_F32, 2, o->n_hc * dim, o->n_hc);
         mk_add(&m, "output_hc_base.weight", MK_INIT_NOISE, 0.5f, QTYPE_F32, 1, o->n_hc, 1);
@@ -1206,6 +1278,8 @@ static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *
             mk_gptoss_layer(&m, l);
         } else if (!strcmp(A, "phi3")) {
             mk_phi3_layer(&m, l, more);
+        } else if (!strcmp(A, "gemma4")) {
+            mk_gemma4_layer(&m, l);
         } else if (o->ssm_state > 0) {
             mk_qwen35_layer(&m, l);
         } else {
@@ -1373,7 +1447,7 @@ static int mk_resolve_experts(mk_opts *o, const mk_args *a, const mk_preset *p)
         fprintf(stderr, "tokenmill mkmodel: --experts, --experts-used and --expert-ffn are for --arch qwen3moe, qwen35moe, deepseek2 or gpt-oss\n");
         return 2;
     }
-    if (!strcmp(o->arch, "gemma3")) o->n_swa = a->window ? (int)a->window : p->n_swa ? p->n_swa : 512;
+    if (!strncmp(o->arch, "gemma", 5)) o->n_swa = a->window ? (int)a->window : p->n_swa ? p->n_swa : 512;
     return 0;
 }
 
@@ -1404,7 +1478,7 @@ static int mk_resolve_rope(mk_opts *o, const mk_args *a, const mk_preset *p)
 static bool mk_arch_known(const char *arch)
 {
     static const char *const known[] = { "llama", "qwen2", "qwen3", "qwen3moe", "deepseek2", "gpt-oss", "phi3",
-                                         "mistral3", "qwen35", "qwen35moe", "gemma3", "deepseek4" };
+                                         "mistral3", "qwen35", "qwen35moe", "gemma3", "gemma4", "deepseek4" };
     for (size_t i = 0; i < TM_ARRAY_LEN(known); i++)
         if (!strcmp(arch, known[i])) return true;
     fprintf(stderr, "tokenmill mkmodel: unknown arch '%s' (", arch);
@@ -1437,7 +1511,7 @@ int cmd_mkmodel(int argc, char **argv)
     for (size_t i = 0; i < TM_ARRAY_LEN(mk_presets) && ph < sizeof preset_help; i++)
         ph += (size_t)snprintf(preset_help + ph, sizeof preset_help - ph, " %s", mk_presets[i].name);
     const cmd_opt opts[] = {
-        { "--arch", NULL, CMD_OPT_STR, &o.arch, .arg = "llama|qwen2|qwen3|qwen3moe|deepseek2|gpt-oss|phi3|mistral3|qwen35|qwen35moe|gemma3|deepseek4", .help = "architecture (or the preset's)" },
+        { "--arch", NULL, CMD_OPT_STR, &o.arch, .arg = "llama|qwen2|qwen3|qwen3moe|deepseek2|gpt-oss|phi3|mistral3|qwen35|qwen35moe|gemma3|gemma4|deepseek4", .help = "architecture (or the preset's)" },
         { "--preset", NULL, CMD_OPT_STR, &a.preset, .arg = "NAME", .help = preset_help },
         { "--layers", NULL, CMD_OPT_LONG, &a.layers, 0, 4096, .arg = "N", .help = "shape options override the preset's" },
         { "--dim", NULL, CMD_OPT_LONG, &a.dim, 0, 1 << 20, .arg = "N", .help = "hidden size" },
@@ -1461,7 +1535,7 @@ int cmd_mkmodel(int argc, char **argv)
         { "--routed-scale", NULL, CMD_OPT_DOUBLE, &a.routed_scale, 0, 1000, .arg = "F", .help = "deepseek2: routed experts' weight scale" },
         { "--router-skew", NULL, CMD_OPT_DOUBLE, &a.router_skew, 0, 100, .arg = "F", .help = "deepseek2 sigmoid router: a load skewed on purpose, expert x's selection bias + F x/(E-1)" },
         { "--nextn", NULL, CMD_OPT_LONG, &a.nextn, 0, 16, .arg = "N", .help = "deepseek2: N multi-token prediction (MTP) layers after the model's" },
-        { "--window", NULL, CMD_OPT_LONG, &a.window, 0, 1 << 24, .arg = "N", .help = "gpt-oss: sliding window of the even layers; gemma3: of 5 in 6 layers" },
+        { "--window", NULL, CMD_OPT_LONG, &a.window, 0, 1 << 24, .arg = "N", .help = "gpt-oss: sliding window of the even layers; gemma3, gemma4: of 5 in 6 layers" },
         { "--ctx", NULL, CMD_OPT_LONG, &a.ctx, 0, 1 << 24, .arg = "N", .help = "training context" },
         { "--vocab-size", NULL, CMD_OPT_LONG, &a.nv, 0, 1 << 24, .arg = "N", .help = "without --vocab: a synthetic vocabulary" },
         { "--vocab", NULL, CMD_OPT_STR, &a.vocab, .arg = "FILE.gguf|tokenizer.json", .help = "a real vocabulary" },
@@ -1525,8 +1599,8 @@ int cmd_mkmodel(int argc, char **argv)
     }
     if (mk_resolve_experts(&o, &a, p) != 0) return 2;
     bool dsv4 = !strcmp(o.arch, "deepseek4");
-    if ((!gptoss && !dsv4 && !strcasecmp(o.type, "mxfp4")) || (!gptoss && !dsv4 && strcmp(o.arch, "gemma3") && a.window)) {
-        fprintf(stderr, "tokenmill mkmodel: --window is for --arch gpt-oss, gemma3 or deepseek4, --type mxfp4 for gpt-oss or deepseek4\n");
+    if ((!gptoss && !dsv4 && !strcasecmp(o.type, "mxfp4")) || (!gptoss && !dsv4 && strncmp(o.arch, "gemma", 5) && a.window)) {
+        fprintf(stderr, "tokenmill mkmodel: --window is for --arch gpt-oss, gemma3, gemma4 or deepseek4, --type mxfp4 for gpt-oss or deepseek4\n");
         return 2;
     }
     o.exps_type = !strcasecmp(o.type, "mxfp4") ? QTYPE_MXFP4 : qt;
@@ -1545,7 +1619,7 @@ int cmd_mkmodel(int argc, char **argv)
     o.n_threads = (int)a.threads;
     if (o.n_threads <= 0) o.n_threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (o.n_threads <= 0) o.n_threads = 1;
-    if (!strcmp(o.arch, "gemma3") && a.tied < 0) o.tied = true;   /* Gemma's output is its embedding */
+    if (!strncmp(o.arch, "gemma", 5) && a.tied < 0) o.tied = true;   /* Gemma's output is its embedding */
     if (o.n_layers <= 0 || o.dim <= 0 || o.ffn <= 0 || o.n_heads <= 0 || o.n_kv_heads <= 0 || o.head_dim <= 0 ||
         o.head_dim % 2 || o.ctx <= 0 || o.n_heads % o.n_kv_heads || o.n_vocab <= 0 || o.n_layers > 4096) {
         fprintf(stderr, "tokenmill mkmodel: bad shape: layers %d dim %d ffn %d heads %d kv-heads %d head-dim %d ctx %d vocab %d "

@@ -369,6 +369,10 @@ static engine_status engine_new_buffers(engine *e, const engine_opts *o, char *e
     if (hp->n_expert > 0 && (st = engine_new_moe(e, T, o->n_threads, err, errsz)) != ENGINE_OK) return st;
     if (hp->mla) return engine_new_mla(e, T, o->n_threads, err, errsz);
     if (hp->n_shared > 0) e->shx = engine_scratch_alloc(e, T * (size_t)hp->dim * sizeof(float));
+    if (hp->arch == MODEL_ARCH_GEMMA4 && !(e->g4 = engine_scratch_alloc(e, T * (qd + 2 * kvd) * sizeof(float)))) {
+        snprintf(err, errsz, "out of memory for gemma4's projections of %d tokens", Ti);
+        return ENGINE_ERR_NOMEM;
+    }
     return ENGINE_OK;
 }
 

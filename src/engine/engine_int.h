@@ -139,6 +139,8 @@ struct engine {
     int8_t *cap_slot;        /* (n_layers) where layer il's input goes in a row of cap, -1: not kept */
     float *cap;              /* (max_tokens, n_cap * dim) */
     int n_cap;
+    float *g4;               /* gemma4 (engine_gemma4.c): (T, n_heads*head_dim) q, then (T,
+                              * n_kv_heads*head_dim) k and v, in each layer's own geometry; or NULL */
 };
 
 typedef struct {
@@ -147,6 +149,7 @@ typedef struct {
     int layer;
     const float *norm;       /* add + norm: the norm's weights (NULL: the sum only) */
     const float *bias;       /* add + norm: (dim) added to xn first (attention output bias), or NULL */
+    float scale;             /* add + norm: the sum times this before the norm (gemma4), 0: none */
     int n_items;             /* attention: T * n_heads */
     int next;                /* attention, experts: shared item counter (atomic) */
     int next2;               /* experts: the down projection's item counter (atomic) */
@@ -156,6 +159,14 @@ typedef struct {
     bool mla_v;              /* MLA heads: values through v_b (else queries through k_b) */
     bool shexp;              /* experts: the shared experts' FFN is in the round (into shx) */
 } engine_job;
+
+/* engine_gemma4.c: a gemma4 layer's own q/k/v (raw projections in g4) into hp's rows in q, k,
+ * v for rows [t0, t0 + n); its attention output compacted back to its own geometry (returned,
+ * (T, n_heads * l_head_dim) in g4). */
+void engine_gemma4_rows(engine *e, const model_layer *L, int t0, int n);
+const float *engine_gemma4_att(engine *e, const model_layer *L, int T);
+/* Where the layer's raw projections go: q, k and v (v NULL-free even without attn_v). */
+void engine_gemma4_raw(engine *e, float **q, float **k, float **v);
 
 /* engine.c */
 /* A buffer of engine_new, registered for engine_warmup and engine_free (NULL: out of memory

@@ -27,6 +27,10 @@ static void engine_job_qkv_post(void *ctx, int ith, int nth)
     const int t0 = (int)((int64_t)T * ith / nth), t1 = (int)((int64_t)T * (ith + 1) / nth), n = t1 - t0;
     if (n <= 0) return;
     float *q = e->q + (size_t)t0 * qd, *k = e->k + (size_t)t0 * kvd, *v = e->v + (size_t)t0 * kvd;
+    if (L->l_head_dim) {   /* gemma4: norms and RoPE in the layer's own geometry, into hp's rows */
+        engine_gemma4_rows(e, L, t0, n);
+        goto rotate_store;
+    }
     if (L->bq)
         for (int t = 0; t < n; t++) {
             for (int i = 0; i < qd; i++) q[(size_t)t * qd + i] += L->bq[i];
@@ -49,6 +53,7 @@ static void engine_job_qkv_post(void *ctx, int ith, int nth)
             float s = (float)(log(floorf((float)e->pos[t0 + t] / (float)hp->attn_temp_floor) + 1.0) * hp->attn_temp_scale + 1.0);
             ops_vec_scale_f32(qd, q + (size_t)t * qd, s);
         }
+rotate_store:
     if (e->rot_k) {
         ops_hadamard_rows(q, (int64_t)n * qd / e->rot_k, e->rot_k);
         ops_hadamard_rows(k, (int64_t)n * kvd / e->rot_k, e->rot_k);
@@ -99,6 +104,7 @@ static void engine_job_add_norm(void *ctx, int ith, int nth)
     if (j->bias)   /* ggml: (W x + b), then the residual add */
         for (int t = 0; t < t1 - t0; t++) ops_add(NULL, xn + (size_t)t * dim, j->bias, dim);
     ops_add(NULL, x, xn, (int64_t)(t1 - t0) * dim);
+    if (j->scale != 0.0f) ops_vec_scale_f32((int64_t)(t1 - t0) * dim, x, j->scale);   /* gemma4's layer scale */
     if (j->norm) ops_rmsnorm(NULL, xn, x, j->norm, t1 - t0, dim, e->m->hp.rms_eps);
 }
 
@@ -885,7 +891,8 @@ engine_status engine_forward(engine *e, const engine_batch *b, const float *hidd
         } else {
             const ops_weight *qkv[3] = { &L->wq, &L->wk, &L->wv };
             float *qkv_out[3] = { L->attn_gated ? engine_qwen35_qg(e->q35) : e->q, e->k, e->v };
-            ops_matmul_multi(tp, 3, qkv, e->xn, T, qkv_out, e->mm_scratch);
+            if (L->l_head_dim) engine_gemma4_raw(e, &qkv_out[0], &qkv_out[1], &qkv_out[2]);
+            ops_matmul_multi(tp, L->l_head_dim && !L->wv.data ? 2 : 3, qkv, e->xn, T, qkv_out, e->mm_scratch);   /* gemma4: V may be K */
             if (L->attn_gated) engine_qwen35_split(e->q35, T, e->q);
             engine_prof_mark(e, il, ENGINE_PROF_QKV);
             engine_run_rows(e, engine_job_qkv_post, &job, (int64_t)T * (hp->n_heads + 2 * hp->n_kv_heads) * hd);
@@ -903,7 +910,7 @@ engine_status engine_forward(engine *e, const engine_batch *b, const float *hidd
         if (L->attn_gated) engine_qwen35_gate(e->q35, T, e->att);
         engine_prof_mark(e, il, ENGINE_PROF_ATTENTION);
         if (hp->mla) engine_mla_out(e, &job, il, T);
-        else ops_matmul(tp, &L->wo, e->att, T, e->xn, e->mm_scratch);
+        else ops_matmul(tp, &L->wo, L->l_head_dim ? engine_gemma4_att(e, L, T) : e->att, T, e->xn, e->mm_scratch);
         if (L->attn_post_norm) ops_rmsnorm(tp, e->xn, e->xn, L->attn_post_norm, T, dim, eps);   /* gemma3 */
         engine_prof_mark(e, il, ENGINE_PROF_WO);
     add_attention:
@@ -928,7 +935,9 @@ engine_status engine_forward(engine *e, const engine_batch *b, const float *hidd
             engine_prof_mark(e, il, ENGINE_PROF_FFN_DOWN);
         }
         job.norm = il + 1 < hp->n_layers ? m->layers[il + 1].attn_norm : NULL;
+        job.scale = L->out_scale;
         engine_run_rows(e, engine_job_add_norm, &job, (int64_t)T * dim);   /* x += ffn; xn = next layer's input */
+        job.scale = 0.0f;
         engine_prof_mark(e, il, ENGINE_PROF_ADD_NORM);
     }
     if (e->stats) engine_moe_stats_step(e->stats);

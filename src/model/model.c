@@ -1,6 +1,6 @@
 /*
  * model: hyper-parameters and weight views of llama / qwen2 / qwen3 / qwen3moe / deepseek2 /
- * gpt-oss / phi3 (model_phi3.c) / mistral3 (model_mistral3.c) / gemma3 (model_gemma3.c) / bert (model_bert.c) GGUF files. See model.h
+ * gpt-oss / phi3 (model_phi3.c) / mistral3 (model_mistral3.c) / gemma3 (model_gemma3.c) / gemma4 (model_gemma4.c) / bert (model_bert.c) GGUF files. See model.h
  * for the design; this file is the loading and validation, one tensor at a time, each error
  * naming what is wrong.
  */
@@ -275,7 +275,17 @@ static bool model_read_counts(model_ld *ld, const char *an)
     hp->n_layers -= hp->n_nextn;
     if (!model_key_int(ld, KEY("attention.head_count"), true, 0, &v)) return false;
     hp->n_heads = (int)v;
-    if (!model_key_int(ld, KEY("attention.head_count_kv"), false, hp->n_heads, &v)) return false;
+    /* a per-layer array (gemma4): its largest here, each layer's for the family to read */
+    gguf_vtype elt;
+    uint64_t na;
+    const void *arr;
+    if (gguf_get_arr(ld->m->g, KEY("attention.head_count_kv"), &elt, &na, &arr) &&
+        (elt == GGUF_VT_UINT32 || elt == GGUF_VT_INT32)) {
+        v = 0;
+        for (uint64_t i = 0; i < na; i++) v = TM_MAX(v, (int64_t)((const int32_t *)arr)[i]);
+    } else if (!model_key_int(ld, KEY("attention.head_count_kv"), false, hp->n_heads, &v)) {
+        return false;
+    }
     hp->n_kv_heads = (int)v;
     return true;
 }
@@ -589,6 +599,8 @@ static const model_arch_desc model_archs[] = {
     { .name = "mistral3", .arch = MODEL_ARCH_MISTRAL3, .hparams = model_mistral3_hparams },
     { .name = "gemma3", .arch = MODEL_ARCH_GEMMA3, .rope_neox = true, .hparams = model_gemma3_hparams,
       .layer = model_gemma3_layer },
+    { .name = "gemma4", .arch = MODEL_ARCH_GEMMA4, .rope_neox = true, .hparams = model_gemma4_hparams,
+      .layer = model_gemma4_layer },
     { .name = "qwen35", .arch = MODEL_ARCH_QWEN35, .rope_neox = true, .hparams = model_qwen35_hparams,
       .layer = model_qwen35_layer },
     { .name = "qwen35moe", .arch = MODEL_ARCH_QWEN35MOE, .rope_neox = true, .moe = true,
@@ -599,7 +611,7 @@ static const model_arch_desc model_archs[] = {
     { .name = "dflash", .arch = MODEL_ARCH_DFLASH, .rope_neox = true, .all = model_dflash_load },
 };
 /* Families llama.cpp runs whose layers the engine lacks: refused as "not supported yet". */
-static const char *const model_archs_later[] = { "mistral4", "gemma4", "glm4moe" };
+static const char *const model_archs_later[] = { "mistral4", "glm4moe" };
 
 /* The row for general.architecture, or NULL with the error set. */
 static const model_arch_desc *model_arch_find(model_ld *ld, const char *path, const char *an, size_t an_len)

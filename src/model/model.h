@@ -1,7 +1,7 @@
 /*
  * model: a transformer described by a GGUF file: the hyper-parameters and the weights of the
  * architectures we run (the decoders `llama`, `qwen2`, `qwen3`, `qwen3moe`, `deepseek2`,
- * `gpt-oss`, `phi3`, `mistral3`, `gemma3`, ..., and the BERT-style encoder `bert` for embeddings,
+ * `gpt-oss`, `phi3`, `mistral3`, `gemma3`, `gemma4`, ..., and the BERT-style encoder `bert` for embeddings,
  * model_bert.c: docs/architectures.md), ready for the engine.
  *
  * model_load opens the GGUF (gguf.c: read-only shared mmap) and keeps it open for the
@@ -101,6 +101,8 @@ typedef enum {
     MODEL_ARCH_GEMMA3,       /* window and global layers with their own RoPE bases, norms after
                               * each sublayer too, GELU FFN, scaled embeddings, capped logits
                               * (model_gemma3.c) */
+    MODEL_ARCH_GEMMA4,       /* gemma3's layer with per-layer head sizes and kv heads, V from K,
+                              * a layer output scale (model_gemma4.c, engine_gemma4.c) */
 } model_arch;
 
 typedef struct {
@@ -123,6 +125,16 @@ typedef struct {
                               * its residual add, else NULL */
     const float *ffn_norm;   /* (dim) f32 */
     const float *ffn_post_norm; /* (dim) f32 gemma3: the same for the FFN's output, else NULL */
+    /* gemma4: this layer's own attention geometry; hp.head_dim and hp.n_kv_heads are then the
+     * widest over the layers, the shape of the engine's K/V rows (engine_gemma4.c) */
+    int l_head_dim;          /* head size of q, k and v; 0: hp's geometry (every other family) */
+    int l_kv_heads;          /* kv heads, a divisor of hp.n_kv_heads */
+    int l_n_rot;             /* rotated dims per head (NEOX) */
+    float l_theta_scale;     /* base^(-2/l_n_rot), its own RoPE base's per-pair step */
+    const float *l_rope_factors; /* (l_n_rot/2) f32 frequency divisors (rope_freqs), or NULL */
+    const float *v_norm;     /* (l_head_dim) f32 ones: each v head RMS-normed without a weight */
+    float out_scale;         /* layer_output_scale: the layer's output, residual included, times
+                              * this; 0: none */
     ops_weight gate;         /* (ffn_dim, dim) */
     ops_weight up;           /* (ffn_dim, dim) */
     ops_weight down;         /* (dim, ffn_dim) */

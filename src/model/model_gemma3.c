@@ -19,8 +19,8 @@
  *   scaled by 1/sqrt(dim / n_heads) as Gemma's reference config (and llama.cpp) do;
  * - final_logit_softcapping c, when the file has it: logits = c * tanh(logits / c).
  *
- * Vision tensors live in a separate mmproj file; a text GGUF has none. Gemma 4 (`gemma4`:
- * per-layer head sizes, shared KV layers, per-layer embeddings) is refused in model.c.
+ * Vision tensors live in a separate mmproj file; a text GGUF has none. Gemma 4 (`gemma4`) is
+ * model_gemma4.c's.
  */
 #include <math.h>
 #include <stdio.h>

@@ -7,7 +7,9 @@
 // from the store, with the same answer, and so does a gateway with a prefill and a decode
 // worker. A chat request renders the family's bundled template
 // (Phi-3.5, Ministral 3) through the Jinja interpreter (which jinja.test.mjs compares byte for
-// byte with @huggingface/jinja).
+// byte with @huggingface/jinja). gemma4 (window and global layers of different head sizes and
+// kv heads) is served the same way, and a gemma4 model on Gemma 4's own vocabulary answers a
+// chat request through the bundled Gemma 4 template, its turn markers one token each.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { execFileSync, spawnSync } from "node:child_process";
@@ -23,6 +25,9 @@ const FAMILIES = {
   phi3: ["--arch", "phi3", "--ctx", "8192"],
   mistral3: ["--arch", "mistral3", "--ctx", "4096"],
   gemma3: ["--arch", "gemma3", "--ctx", "65536", "--window", "32", "--layers", "6"],
+  // window layers of 4 kv heads of 32 beside a global one of 1 of 64 (engine_gemma4.c's padding)
+  gemma4: ["--arch", "gemma4", "--ctx", "65536", "--window", "32", "--layers", "6", "--heads", "8", "--kv-heads", "4",
+    "--head-dim", "32"],
 };
 const modelOf = (fam) => path.join(tmp, `${fam}.gguf`);
 const store = path.join(tmp, "store");
@@ -82,3 +87,30 @@ test(`${fam} served: a chat request through the bundled ${name}`, { skip: !fs.ex
   assert.equal(j.choices[0].message.role, "assistant");
   await stopServers();
 });
+
+const gemma4Vocab = path.join(root, "tests/data/llama.cpp/models/ggml-vocab-gemma-4.gguf");
+test("gemma4 served on Gemma 4's vocabulary: a chat request through the bundled Gemma 4 template",
+  { skip: (!fs.existsSync(templates) || !fs.existsSync(gemma4Vocab)) && "no bundled templates or vocabulary", timeout: 60000 },
+  async () => {
+    const f = path.join(tmp, "gemma4-vocab.gguf");
+    execFileSync(bin, ["mkmodel", "--arch", "gemma4", "--layers", "6", "--dim", "128", "--heads", "4", "--kv-heads", "4",
+      "--head-dim", "32", "--window", "32", "--ctx", "65536", "--vocab", gemma4Vocab, "--type", "q8_0", "--seed", "3",
+      "-o", f], { stdio: "ignore" });
+    const S = await startServer(f, ["--template-file", path.join(templates, "google-gemma-4-31B-it.jinja")]);
+    const messages = [{ role: "system", content: "Be brief." }, { role: "user", content: "Hello there" }];
+    const r = await fetch(`${S.url}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" },
+      body: JSON.stringify({ model: NAME, max_tokens: 4, temperature: 0, messages }) });
+    assert.equal(r.status, 200, await r.clone().text());
+    const j = await r.json();
+    assert.equal(j.choices[0].message.role, "assistant");
+    // the prompt as `tokenmill template` renders and tokenizes it: <|turn> and <turn|> are single
+    // tokens of the vocabulary, so the two short turns and the model's opening take few tokens
+    const conv = path.join(tmp, "conv.json");
+    fs.writeFileSync(conv, JSON.stringify({ messages, add_generation_prompt: true }));
+    const { ids, text } = JSON.parse(execFileSync(bin, ["template", "-m", f, "--input", conv, "--template-file",
+      path.join(templates, "google-gemma-4-31B-it.jinja")], { encoding: "utf8" }));
+    assert.ok(text.startsWith("<bos><|turn>system\nBe brief.<turn|>\n<|turn>user\nHello there<turn|>\n<|turn>model\n"), text);
+    assert.equal(j.usage.prompt_tokens, ids.length);
+    assert.ok(ids.length > 10 && ids.length < 30, `${ids.length} prompt tokens`);
+    await stopServers();
+  });

@@ -5,8 +5,10 @@
 // factors: both engines' context exceeds its original_context_length), mistral3 (Ministral 3's
 // layer: YaRN and Llama 4's attention temperature), gemma3 (Gemma 3's layer: 16-position windows
 // on 2 of 3 layers with their own RoPE base, global layers with linear scaling, post-norms, GELU,
-// scaled embeddings, the logit soft cap); and
-// mkmodel's phi3 and mistral3.
+// scaled embeddings, the logit soft cap), gemma4 (Gemma 4's layer, tests/oracle/gguf_gemma4.py:
+// window and global layers of different head sizes and kv heads, proportional RoPE on the
+// global layers, V normed without a weight and V = K where attn_v is absent, the layer output
+// scale); and mkmodel's phi3, mistral3 and gemma4.
 //
 // F32 weights with an F32 KV cache on both sides: sequences of 1..150 tokens (crossing a
 // 128-token block) in one step, then GREEDY greedy steps together; every position's top-10
@@ -18,6 +20,7 @@
 // attention is exact and the shapes agree within 2e-5) such flips move logprobs by up to a few
 // 1e-3 (an exact GELU on one side, every activation off by its rounding: 2e-3..4e-3 measured):
 // the gemma3 shapes are held to GELU_TOL there, and to TOL_F32 at position 0.
+// gemma4 also: batched on two threads bit-identical to each sequence alone on one thread.
 // Q8_0 (gguf-py's quantiser): one-token sequences, 3/4 of them (so the median) within 2e-3,
 // every one within 1 (a rounding flip, below).
 //
@@ -26,6 +29,7 @@
 import {test, after} from 'node:test';
 import assert from 'node:assert/strict';
 import {spawnSync} from 'node:child_process';
+import fs from 'node:fs';
 import path from 'node:path';
 import {root, bin, gen, oracleFiles, rng, posDiff, runBoth} from './oracle_common.mjs';
 
@@ -44,10 +48,15 @@ const N_SINGLES = 16;
 // a 4096-token context), made afresh each run (a fraction of a second)
 const SHAPES = {phi3: {quant: 'q8_0'}, 'phi3-long': {}, mistral3: {quant: 'q8_0'}, 'mkmodel-phi3': {mkmodel: ['--arch', 'phi3', '--ctx', '4096']},
   gemma3: {quant: 'q8_0', tol: GELU_TOL},
+  gemma4: {quant: 'q8_0', tol: GELU_TOL},
+  // mkmodel's gemma4: 5 window layers of 8 heads of 32 over 4 kv heads, a global one of 64 over 1
+  'mkmodel-gemma4': {mkmodel: ['--arch', 'gemma4', '--layers', '6', '--heads', '8', '--kv-heads', '4', '--head-dim', '32',
+    '--window', '16', '--ctx', '4096'], tol: GELU_TOL},
   // mkmodel's mistral3 with an original context of 512 / 16 = 32: two temperature steps in the prompts
   'mkmodel-mistral3': {mkmodel: ['--arch', 'mistral3', '--ctx', '512', '--untied']}};
 
-const {python, skip, cached} = oracleFiles([script, path.join(root, 'tests/oracle/gguf_common.py')]);
+const {python, skip, cached} = oracleFiles([script, path.join(root, 'tests/oracle/gguf_common.py'),
+  path.join(root, 'tests/oracle/gguf_gemma4.py')]);
 
 const report = [];
 after(() => {
@@ -120,3 +129,28 @@ for (const [shape, fam] of Object.entries(SHAPES)) {
     report.push(`${shape} ${fam.quant}: one-token sequences median ${median.toExponential(2)} max ${max.toExponential(2)}`);
   });
 }
+
+// gemma4's layers run in the widest head shape (engine_gemma4.c): a sequence's numbers still do
+// not depend on how it is batched or split over threads, window layers included (130 tokens
+// cross the 16-position window and a 128-token block)
+test('gemma4: batched on two threads equals each sequence alone on one thread in 7-token steps, bit for bit', {skip},
+  () => {
+    const file = model('gemma4', 'f32');
+    const r = rng(5);
+    const seqs = [3, 20, 130].map((n) => Array.from({length: n}, () => r(8000)));
+    const dir = fs.mkdtempSync(path.join(gen, 'in-g4-'));
+    const run = (input, args) => {
+      const f = path.join(dir, `${args.join('')}.json`);
+      fs.writeFileSync(f, JSON.stringify(input));
+      const tm = spawnSync(bin, ['eval', '-m', file, '--input', f, '--kv', 'f32', ...args], {encoding: 'utf8', maxBuffer: 64 << 20});
+      assert.equal(tm.status, 0, `tokenmill eval failed: ${tm.stderr}`);
+      return JSON.parse(tm.stdout);
+    };
+    try {
+      const x = run({seqs, top: 5, greedy: 6, batched: true}, ['--threads', '2']);
+      const y = run({seqs, top: 5, greedy: 6, batched: false}, ['--threads', '1', '--batch', '7']);
+      assert.deepEqual(x.seqs.map((q) => [q.top, q.greedy]), y.seqs.map((q) => [q.top, q.greedy]));
+    } finally {
+      fs.rmSync(dir, {recursive: true, force: true});
+    }
+  });

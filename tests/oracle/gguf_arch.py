@@ -3,7 +3,7 @@
 # (tests/data/llama.cpp/gguf-py), so that the oracle tests read tensor names, shapes and
 # metadata as llama.cpp's converter writes them (conversion/phi.py for phi3), not mkmodel's.
 #
-#   gguf_arch.py --shape phi3|phi3-long|mistral3|gemma3 --vocab VOCAB.gguf [--type f32|f16|q8_0] [--seed N] -o OUT.gguf
+#   gguf_arch.py --shape phi3|phi3-long|mistral3|gemma3|gemma4 --vocab VOCAB.gguf [--type f32|f16|q8_0] [--seed N] -o OUT.gguf
 #
 # phi3: Phi-4-mini's layer in small: fused attn_qkv and ffn_up (gate then up), 3/4 of each
 # head rotated (NEOX), LongRoPE's rope_factors_long/short and rope.scaling.attn_factor, a
@@ -14,6 +14,7 @@
 # after the attention and the FFN, GELU FFN, a 16-position window on 2 of each 3 layers (rotated
 # with freq_base_swa 10000) and global layers with freq_base 1e6 and linear scaling 8, the final
 # logit soft cap (10, on logits of a standard deviation near 10).
+# gemma4: Gemma 4's text layer in small (gguf_gemma4.py).
 # The vocabulary (every tokenizer.* key) is copied from VOCAB.gguf. Needs numpy.
 import argparse
 import math
@@ -26,6 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "data", "llama.cpp", "gguf-py"))
 import gguf  # noqa: E402
 from gguf_common import copy_vocab, finish, put  # noqa: E402
+from gguf_gemma4 import SHAPES as GEMMA4_SHAPES, write_gemma4  # noqa: E402
 
 SHAPES = {
     "phi3": dict(arch="phi3", layers=3, dim=256, heads=4, kv_heads=2, head_dim=64, rot=48, ffn=512, ctx=4096,
@@ -39,6 +41,7 @@ SHAPES = {
                    window=16, pattern=3, softcap=10.0, out_norm=20.0),
     "phi3-long": dict(arch="phi3", layers=3, dim=256, heads=4, kv_heads=2, head_dim=64, rot=48, ffn=512, ctx=4096,
                       orig=32),
+    **GEMMA4_SHAPES,
 }
 
 
@@ -78,6 +81,9 @@ def main():
         return finish(w, a.out)
     if s["arch"] == "gemma3":
         write_gemma3(w, s, n_vocab, add, norm)
+        return finish(w, a.out)
+    if s["arch"] == "gemma4":
+        write_gemma4(w, s, n_vocab, add, norm)
         return finish(w, a.out)
     # conversion/phi.py's Phi3MiniModel.set_gguf_parameters
     w.add_context_length(s["ctx"])

@@ -1,0 +1,186 @@
+/*
+ * model_gemma4: `gemma4` files (Gemma 4 text, as llama.cpp's Gemma4Model converts it), run as
+ * llama.cpp's gemma4 graph does. Gemma 3's layer (model_gemma3.c: post-norms, GELU, embedding
+ * scale, soft cap) with these differences:
+ *
+ * - window and global layers have their own head size (key_length_swa vs key_length: 256 and
+ *   512 in the 31B) and may have their own kv head count (head_count_kv as a per-layer array);
+ *   attention.sliding_window_pattern is a per-layer array of bools (true: a window layer);
+ * - window layers rotate rope.dimension_count_swa dims with rope.freq_base_swa; global layers
+ *   rotate their whole head with rope.freq_base and the `rope_freqs` factors (1 on the rotated
+ *   pairs, 1e30 on the rest: Gemma's "proportional" partial rotation as NEOX can hold it);
+ * - q and k heads RMS-normed with their weights, v heads RMS-normed without one; a layer
+ *   without attn_v uses K's projection as V (before K's norm), as llama.cpp does;
+ * - no score scale (1.0: the normed q and k stand for it);
+ * - layer_output_scale: the layer's output, residual included, times a scalar.
+ *
+ * The engine holds every layer's K/V at the widest head size and the most kv heads (hp.head_dim,
+ * hp.n_kv_heads; each layer's own in model_layer.l_*): see engine_gemma4.c for the cost.
+ *
+ * Refused by name at load (not in the engine yet): per-layer embeddings
+ * (embedding_length_per_layer_input > 0: E2B/E4B), shared KV layers (shared_kv_layers > 0),
+ * routed experts (expert_count > 0: 26B-A4B), and per-layer FFN widths (the double-wide MLP).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "model/model_int.h"
+
+/* Element il of the integer or bool array KEY, or the scalar KEY for every layer; def when
+ * absent. False with the error set when it is of another type or too short. */
+static bool model_gemma4_at(model_ld *ld, const char *key, int il, int64_t def, int64_t *out)
+{
+    gguf_vtype elt;
+    uint64_t n;
+    const void *data;
+    if (!gguf_get_arr(ld->m->g, key, &elt, &n, &data)) return model_key_int(ld, key, false, def, out);
+    if (n != (uint64_t)(ld->m->hp.n_layers + ld->m->hp.n_nextn) && n != (uint64_t)ld->m->hp.n_layers) {
+        model_fail(ld, GGUF_ERR_FORMAT, "%s has %llu elements, not one per layer (%d)", key, (unsigned long long)n,
+                   ld->m->hp.n_layers);
+        return false;
+    }
+    switch (elt) {
+    case GGUF_VT_BOOL: case GGUF_VT_UINT8: *out = ((const uint8_t *)data)[il]; return true;
+    case GGUF_VT_INT8: *out = ((const int8_t *)data)[il]; return true;
+    case GGUF_VT_UINT32: *out = ((const uint32_t *)data)[il]; return true;
+    case GGUF_VT_INT32: *out = ((const int32_t *)data)[il]; return true;
+    default:
+        model_fail(ld, GGUF_ERR_FORMAT, "%s: an array of type %d, not of integers or bools", key, (int)elt);
+        return false;
+    }
+}
+
+/* A feature of some Gemma 4 files that the engine lacks: refused by name when its key says so. */
+static bool model_gemma4_refuse(model_ld *ld, const char *key, const char *feature)
+{
+    int64_t v;
+    gguf_vtype elt;
+    uint64_t n;
+    const void *data;
+    if (gguf_get_arr(ld->m->g, key, &elt, &n, &data)) {
+        model_fail(ld, GGUF_ERR_TYPE, "gemma4: %s (%s as a per-layer array) is not supported yet", feature, key);
+        return false;
+    }
+    if (!model_key_int(ld, key, false, 0, &v)) return false;
+    if (v != 0) {
+        model_fail(ld, GGUF_ERR_TYPE, "gemma4: %s (%s = %lld) is not supported yet", feature, key, (long long)v);
+        return false;
+    }
+    return true;
+}
+
+bool model_gemma4_hparams(model_ld *ld)
+{
+    model *m = ld->m;
+    model_hparams *hp = &m->hp;
+    if (!model_gemma4_refuse(ld, "gemma4.embedding_length_per_layer_input", "per-layer embeddings") ||
+        !model_gemma4_refuse(ld, "gemma4.attention.shared_kv_layers", "shared KV layers") ||
+        !model_gemma4_refuse(ld, "gemma4.expert_count", "the mixture of experts"))
+        return false;
+    int64_t swa, kl, kl_swa, vl_swa, rot_swa;
+    double base_swa, cap;
+    if (!model_key_int(ld, "gemma4.attention.sliding_window", true, 0, &swa)) return false;
+    if (!model_key_float(ld, "gemma4.rope.freq_base_swa", 10000.0, &base_swa)) return false;
+    if (!model_key_float(ld, "gemma4.final_logit_softcapping", 0.0, &cap)) return false;
+    kl = hp->head_dim;   /* key_length: the global layers' (model.c checked value_length) */
+    if (!model_key_int(ld, "gemma4.attention.key_length_swa", false, kl, &kl_swa)) return false;
+    if (!model_key_int(ld, "gemma4.attention.value_length_swa", false, kl_swa, &vl_swa)) return false;
+    if (!model_key_int(ld, "gemma4.rope.dimension_count_swa", false, hp->n_rot, &rot_swa)) return false;
+    if (swa <= 0 || swa > (1 << 24) || !(base_swa > 0) || !(cap >= 0 && cap < 1e6) || kl_swa <= 0 || kl_swa > 1024 ||
+        kl_swa % 2 || vl_swa != kl_swa || rot_swa <= 0 || rot_swa > kl_swa || rot_swa % 2) {
+        model_fail(ld, GGUF_ERR_FORMAT, "bad gemma4 hyper-parameters: sliding_window %lld (1..%d), rope.freq_base_swa %g, "
+                   "final_logit_softcapping %g, key_length_swa %lld, value_length_swa %lld, rope.dimension_count_swa %lld",
+                   (long long)swa, 1 << 24, base_swa, cap, (long long)kl_swa, (long long)vl_swa, (long long)rot_swa);
+        return false;
+    }
+    if (hp->rope_yarn[0] != 0.0f || hp->rope_freq_scale != 1.0f) {
+        model_fail(ld, GGUF_ERR_FORMAT, "gemma4: unsupported RoPE scaling (only rope_freqs' factors)");
+        return false;
+    }
+    /* every layer's kv heads divide the widest (the pool's), which the query heads are a multiple of */
+    int kv_max = 0;
+    for (int il = 0; il < hp->n_layers; il++) {
+        int64_t is_swa, kv;
+        if (!model_gemma4_at(ld, "gemma4.attention.sliding_window_pattern", il, 0, &is_swa)) return false;
+        if (!model_gemma4_at(ld, "gemma4.attention.head_count_kv", il, hp->n_heads, &kv)) return false;
+        if (kv <= 0 || kv > hp->n_heads || hp->n_heads % kv) {
+            model_fail(ld, GGUF_ERR_FORMAT, "gemma4: layer %d has %lld kv heads for %d query heads", il, (long long)kv,
+                       hp->n_heads);
+            return false;
+        }
+        kv_max = kv > kv_max ? (int)kv : kv_max;
+    }
+    for (int il = 0; il < hp->n_layers; il++) {
+        int64_t kv;
+        if (!model_gemma4_at(ld, "gemma4.attention.head_count_kv", il, hp->n_heads, &kv)) return false;
+        if (kv_max % kv) {
+            model_fail(ld, GGUF_ERR_FORMAT, "gemma4: layer %d's %lld kv heads do not divide the widest layer's %d", il,
+                       (long long)kv, kv_max);
+            return false;
+        }
+    }
+    hp->n_kv_heads = kv_max;
+    hp->head_dim = (int)(kl > kl_swa ? kl : kl_swa);
+    hp->n_swa = (int)swa;
+    hp->swa_pattern = 0;   /* per layer, from the array (model_gemma4_layer) */
+    hp->rope_base_swa = (float)base_swa;
+    hp->logit_softcap = (float)cap;
+    hp->embd_scale = sqrtf((float)hp->dim);
+    hp->ffn_gelu = true;
+    hp->att_scale = 1.0f;
+    /* model.c read rope_freqs (global layers only) as every layer's: the layers take it over */
+    hp->rope_freq_factors = NULL;
+    return true;
+}
+
+bool model_gemma4_layer(model_ld *ld, int il)
+{
+    model *m = ld->m;
+    const model_hparams *hp = &m->hp;
+    model_layer *L = &m->layers[il];
+    char nm[96], key[128];
+    int64_t is_swa, kv, kl, rot;
+    if (!model_gemma4_at(ld, "gemma4.attention.sliding_window_pattern", il, 0, &is_swa)) return false;
+    if (!model_gemma4_at(ld, "gemma4.attention.head_count_kv", il, hp->n_heads, &kv)) return false;
+    snprintf(key, sizeof key, "gemma4.attention.key_length%s", is_swa ? "_swa" : "");
+    if (!model_key_int(ld, key, !is_swa, 0, &kl)) return false;
+    if (is_swa && kl == 0 && !model_key_int(ld, "gemma4.attention.key_length", true, 0, &kl)) return false;
+    rot = kl;   /* global layers: the whole head, rope_freqs marking the pairs left unrotated */
+    if (is_swa && !model_key_int(ld, "gemma4.rope.dimension_count_swa", false, rot, &rot)) return false;
+    if (!is_swa && !model_key_int(ld, "gemma4.rope.dimension_count", false, rot, &rot)) return false;
+    if (rot <= 0 || rot > kl || rot % 2) {
+        model_fail(ld, GGUF_ERR_FORMAT, "gemma4: layer %d rotates %lld of its %lld head dims", il, (long long)rot,
+                   (long long)kl);
+        return false;
+    }
+    const int hd = (int)kl, q_dim = hp->n_heads * hd, kv_dim = (int)kv * hd;
+    L->l_head_dim = hd;
+    L->l_kv_heads = (int)kv;
+    L->l_n_rot = (int)rot;
+    L->l_theta_scale = powf(is_swa ? hp->rope_base_swa : hp->rope_base, -2.0f / (float)rot);
+    L->window = is_swa ? hp->n_swa : 0;
+#define TN(suffix) (snprintf(nm, sizeof nm, "blk.%d.%s", il, suffix), nm)
+    if (!is_swa && !(L->l_rope_factors = model_vector(ld, "rope_freqs.weight", false, rot / 2)) && ld->st != GGUF_OK)
+        return false;
+    if (!(L->attn_norm = model_vector(ld, TN("attn_norm.weight"), true, hp->dim))) return false;
+    if (!model_matrix(ld, TN("attn_q.weight"), hp->dim, q_dim, &L->wq)) return false;
+    if (!model_matrix(ld, TN("attn_k.weight"), hp->dim, kv_dim, &L->wk)) return false;
+    /* no attn_v (the 31B's global layers): V is K's projection */
+    if (gguf_find_tensor(m->g, TN("attn_v.weight")) && !model_matrix(ld, nm, hp->dim, kv_dim, &L->wv)) return false;
+    if (!model_matrix(ld, TN("attn_output.weight"), q_dim, hp->dim, &L->wo)) return false;
+    if (!(L->q_norm = model_vector(ld, TN("attn_q_norm.weight"), true, hd))) return false;
+    if (!(L->k_norm = model_vector(ld, TN("attn_k_norm.weight"), true, hd))) return false;
+    if (!(L->attn_post_norm = model_vector(ld, TN("post_attention_norm.weight"), true, hp->dim))) return false;
+    const float *os = model_vector(ld, TN("layer_output_scale.weight"), false, 1);
+    if (ld->st != GGUF_OK) return false;
+    L->out_scale = os ? os[0] : 0.0f;
+    if (!model_load_ffn(ld, il)) return false;
+    if (!(L->ffn_post_norm = model_vector(ld, TN("post_ffw_norm.weight"), true, hp->dim))) return false;
+#undef TN
+    /* V's norm has no weight: ones, so that the shared RMS norm serves (x * 1 is exact) */
+    float *ones = model_own(m, (size_t)hd);
+    for (int i = 0; i < hd; i++) ones[i] = 1.0f;
+    L->v_norm = ones;
+    return true;
+}
