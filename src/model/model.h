@@ -101,6 +101,11 @@ typedef enum {
     MODEL_ARCH_GEMMA3,       /* window and global layers with their own RoPE bases, norms after
                               * each sublayer too, GELU FFN, scaled embeddings, capped logits
                               * (model_gemma3.c) */
+    MODEL_ARCH_GLM4MOE,      /* GLM-4.5: biased Q/K/V, optional q/k head norms, partial NEOX
+                              * RoPE, a dense lead, sigmoid-routed and shared experts, an MTP
+                              * layer (model_glm4moe.c) */
+    MODEL_ARCH_MISTRAL4,     /* Mistral 4: deepseek2's latent attention and experts under its
+                              * own name (model.c) */
 } model_arch;
 
 typedef struct {
