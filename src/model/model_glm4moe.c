@@ -88,6 +88,13 @@ bool model_glm4moe_layer(model_ld *ld, int il)
         model_fail(ld, GGUF_ERR_MISSING, "blk.%d: attn_q_norm and attn_k_norm must both be present or both absent", il);
         return false;
     }
+    if (!model_load_ffn(ld, il)) return false;
+    /* llama.cpp requires the selection bias of every routed layer; without it the choice of
+     * experts would differ from the model's */
+    if (L->gate_inp.data && !L->exp_probs_b) {
+        model_fail(ld, GGUF_ERR_MISSING, "missing tensor %s", TN("exp_probs_b.bias"));
+        return false;
+    }
 #undef TN
-    return model_load_ffn(ld, il);
+    return true;
 }

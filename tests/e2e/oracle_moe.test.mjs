@@ -167,6 +167,35 @@ for (const [shape, fam] of Object.entries(FAMILIES)) {
   });
 }
 
+// Malformed glm4moe / mistral4 files (gguf-py's, one part dropped or one key added) are refused
+// at load with a message naming what is wrong, never run.
+test('glm4moe and mistral4: malformed files are refused naming the tensor or key', {skip}, () => {
+  const vocab = vocabFile();
+  const dir = fs.mkdtempSync(path.join(gen, 'bad-moe-'));
+  try {
+    const cases = [
+      ['glm4moe', ['--drop', 'blk.1.attn_k.bias'], /blk\.1: attn_q\/k\/v\.bias must all be present or all absent/],
+      ['glm4moe-qknorm', ['--drop', 'blk.0.attn_k_norm'], /blk\.0: attn_q_norm and attn_k_norm must both be present/],
+      ['glm4moe', ['--drop', 'blk.2.exp_probs_b'], /missing tensor blk\.2\.exp_probs_b\.bias/],
+      ['glm4moe', ['--drop', 'blk.1.post_attention_norm'], /missing tensor blk\.1\.post_attention_norm\.weight/],
+      ['glm4moe', ['--drop', 'blk.3.nextn.hnorm'], /missing tensor blk\.3\.nextn\.hnorm\.weight/],
+      ['glm4moe', ['--extra', 'glm4moe.expert_group_count=4'], /glm4moe\.expert_group_count: group-limited routing/],
+      ['glm4moe', ['--extra', 'glm4moe.rope.dimension_sections=8,8,0,0'], /multi-section RoPE/],
+      ['mistral4', ['--extra', 'mistral4.attention.temperature_scale=0.1'], /mistral4\.attention\.temperature_scale 0\.1/],
+    ];
+    cases.forEach(([shape, extra, re], i) => {
+      const f = path.join(dir, `bad${i}.gguf`);
+      const g = spawnSync(python, [script, '--shape', shape, '--vocab', vocab, '--seed', '1', ...extra, '-o', f], {encoding: 'utf8'});
+      assert.equal(g.status, 0, g.stderr);
+      const r = spawnSync(bin, ['run', '-m', f, '-p', 'hi', '-n', '1'], {encoding: 'utf8'});
+      assert.notEqual(r.status, 0, `${shape} ${extra.join(' ')}: loaded`);
+      assert.match(r.stderr, re, `${shape} ${extra.join(' ')}`);
+    });
+  } finally {
+    fs.rmSync(dir, {recursive: true, force: true});
+  }
+});
+
 // A dense model has no router: eval reports no margins.
 test('eval: route_margin only for a model with experts', {skip}, () => {
   const vocab = vocabFile();

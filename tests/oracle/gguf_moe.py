@@ -6,7 +6,10 @@
 #
 #   gguf_moe.py --shape qwen3moe|deepseek2-v3|deepseek2-v2|gpt-oss|glm4moe|glm4moe-qknorm|mistral4
 #               --vocab VOCAB.gguf
-#               [--type f32|f16|q8_0|mxfp4] [--seed N] -o OUT.gguf
+#               [--type f32|f16|q8_0|mxfp4] [--seed N] [--drop SUBSTR] [--extra KEY=V] -o OUT.gguf
+#
+# --drop leaves out every tensor whose name contains SUBSTR and --extra adds a key (an integer,
+# a float, or a comma-separated int32 array): the loaders' tests of malformed files.
 #
 # The vocabulary (every tokenizer.* key) is copied from VOCAB.gguf. Shapes are the families'
 # layers in small (see SHAPES); the metadata is what llama.cpp's converters write for the
@@ -65,13 +68,15 @@ MLA = ("deepseek2", "mistral4")
 
 
 class Writer:
-    def __init__(self, w, rng, qtype, exps_qtype):
-        self.w, self.rng, self.qtype, self.exps_qtype = w, rng, qtype, exps_qtype
+    def __init__(self, w, rng, qtype, exps_qtype, drop=()):
+        self.w, self.rng, self.qtype, self.exps_qtype, self.drop = w, rng, qtype, exps_qtype, drop
 
     def add(self, name, shape, std, kind="mat", mean=0.0):
         """shape in numpy order (rows..., cols); kind: mat (the file's type), exps (the
         experts' type), f32 (always F32: norms, biases, routers)."""
         a = (mean + std * self.rng.standard_normal(shape)).astype(np.float32)
+        if any(d in name for d in self.drop):   # drawn all the same: the other tensors keep their values
+            return
         t = {"mat": self.qtype, "exps": self.exps_qtype, "f32": gguf.GGMLQuantizationType.F32}[kind]
         put(self.w, name, a, t)
 
@@ -87,6 +92,8 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=INT",
                     help="override one of the shape's numbers (e.g. q_lora=128)")
+    ap.add_argument("--drop", action="append", default=[], metavar="SUBSTR")
+    ap.add_argument("--extra", action="append", default=[], metavar="KEY=V")
     ap.add_argument("-o", "--out", required=True)
     a = ap.parse_args()
     s = dict(SHAPES[a.shape])
@@ -103,7 +110,15 @@ def main():
     arch = s["arch"]
     w = gguf.GGUFWriter(a.out + ".tmp", arch)
     rng = np.random.default_rng(a.seed)
-    W = Writer(w, rng, qtype, exps_qtype)
+    W = Writer(w, rng, qtype, exps_qtype, a.drop)
+    for kv in a.extra:
+        k, v = kv.split("=", 1)
+        if "," in v:
+            w.add_array(k, [int(x) for x in v.split(",")])
+        elif "." in v:
+            w.add_float32(k, float(v))
+        else:
+            w.add_uint32(k, int(v))
 
     w.add_name(f"gguf-py-random-{a.shape}-seed{a.seed}")
     w.add_file_type({"f32": 0, "f16": 1, "q8_0": 7, "mxfp4": 38}[a.type])
