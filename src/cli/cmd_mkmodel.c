@@ -2,7 +2,7 @@
  * cmd_mkmodel: writes a random-weight GGUF model of a real architecture and shape, which
  * llama.cpp also loads: the test and benchmark models of tokenmill.
  *
- *   tokenmill mkmodel --arch llama|qwen2|qwen3|qwen3moe|deepseek2|gpt-oss|phi3|mistral3|qwen35|qwen35moe|gemma3|gemma4|deepseek4 [--preset NAME] [shape options] [--vocab FILE]
+ *   tokenmill mkmodel --arch llama|qwen2|qwen3|qwen3moe|deepseek2|mistral4|gpt-oss|phi3|mistral3|qwen35|qwen35moe|gemma3|glm4moe|gemma4|deepseek4 [--preset NAME] [shape options] [--vocab FILE]
  *                     --type T --seed S [--tied|--untied] [--rope-scaling llama3] -o OUT.gguf
  *
  * Tensors and metadata follow llama.cpp's converters: `llama` (rope_freqs.weight when
@@ -31,7 +31,12 @@
  * indexer, the grouped low-rank output, sinks, 4 hyper-connection streams, the sqrt-softplus
  * router with a hash-routed lead layer (an I32 tid2eid table of distinct experts per token) and
  * a selection bias after it, the clamped SwiGLU experts and a shared one; untied; --type mxfp4
- * as gpt-oss's). Norms, biases and rope factors stay F32; every matrix gets
+ * as gpt-oss's), `glm4moe` (GLM-4.5's as Glm4MoeModel writes it: q/k/v biases, half of each
+ * head rotated (NEOX), post_attention_norm, a dense lead layer (--dense-layers, default 1), then
+ * an F32 router with its exp_probs_b selection bias, the experts and a shared expert
+ * (--shared-experts, default 1), the sigmoid gating, normalised weights and --routed-scale
+ * keys), `mistral4` (deepseek2's tensors and keys under Mistral 4's name, as Mistral3Model's
+ * Mistral4Model converter writes them). Norms, biases and rope factors stay F32; every matrix gets
  * --type (q4_1, q5_0, q5_1, q2_k, q3_k, iq4_nl, iq4_xs, iq3_xxs, iq3_s, iq2_s, tq1_0, tq2_0 too, ggml's reference quantisers; every matrix
  * in the one type), for q3_k_m llama.cpp's Q3_K_M mix (Q3_K, attn_v/ffn_down/attn_output in Q4_K/Q5_K, output Q6_K),
  * or for q4_k_m / q5_k_m the Q4_K (Q5_K) / Q6_K mix of llama.cpp's Q4_K_M / Q5_K_M (output or tied embedding,
@@ -45,7 +50,7 @@
  * is the same for a seed whatever the thread count. Tensors are generated and quantised at
  * write time (gguf_writer_add_tensor_fill), rows split across threads.
  *
- * `--nextn N` (deepseek2) appends N multi-token prediction layers as llama.cpp's converter
+ * `--nextn N` (deepseek2, glm4moe) appends N multi-token prediction layers as llama.cpp's converter
  * writes DeepSeek-V3's: block_count counts them, nextn_predict_layers = N, and each is a whole
  * layer (MoE, as V3's) plus nextn.eh_proj [2 dim, dim], nextn.enorm, nextn.hnorm,
  * nextn.shared_head_norm, nextn.embed_tokens and nextn.shared_head_head (copies of the
@@ -133,6 +138,15 @@ static const mk_preset mk_presets[] = {
     { .name = "qwen3.5-4b", .arch = "qwen35", .n_layers = 32, .dim = 2560, .ffn = 9216, .n_heads = 16, .n_kv_heads = 4,
       .head_dim = 256, .ctx = 262144, .n_vocab = 248320, .rope_base = 1e7, .tied = true, .ssm_k_heads = 16,
       .ssm_v_heads = 32, .ssm_state = 128 },
+    /* GLM-4.5-Air (zai-org/GLM-4.5-Air's config.json): 46 layers of 4096 (llama.cpp's glm4moe
+     * names that depth 106B-A12B), 96 q heads of 128 over 8 kv heads, half of each head rotated,
+     * the first layer dense (FFN 10944), then 128 experts of 1408 with 8 per token and one shared,
+     * routed_scaling_factor 1, norm_topk_prob; 151552 tokens, 131072 positions, rope_theta 1e6,
+     * untied; add --nextn 1 for its MTP layer */
+    { .name = "glm-4.5-air", .arch = "glm4moe", .n_layers = 46, .dim = 4096, .ffn = 10944, .n_heads = 96,
+      .n_kv_heads = 8, .head_dim = 128, .ctx = 131072, .n_vocab = 151552, .rope_base = 1e6, .n_expert = 128,
+      .n_expert_used = 8, .expert_ffn = 1408, .n_shared = 1, .n_dense = 1, .sigmoid = true, .w_norm = true,
+      .w_scale = 1.0 },
     /* Gemma 3 (google/gemma-3-{1b,4b,12b,27b}-it config.json, the 4b..27b text_config): a
      * 512 / 1024-token window on 5 of each 6 layers, global layers with rope_theta 1e6 (linear
      * scaling 8 past 1b's 32768 positions), tied embeddings of 262144 tokens (4b..27b's configs
@@ -926,6 +940,12 @@ static void mk_phi3_layer(mk_model *m, int l, qtype more)
 #undef MK_T
 }
 
+/* deepseek2 and mistral4 (the same converter under another name) have latent attention. */
+static bool mk_is_mla(const char *arch)
+{
+    return !strcmp(arch, "deepseek2") || !strcmp(arch, "mistral4");
+}
+
 /* deepseek2's keys as llama.cpp's converter writes MLA: one kv head of the latent plus the
  * RoPE key, the ranks, the dense lead, the shared experts, the router and V2-Lite's YaRN. */
 static void mk_mla_keys(gguf_writer *w, const mk_opts *o)
@@ -1071,7 +1091,7 @@ static void mk_write_keys(gguf_writer *w, const mk_opts *o, int64_t V, qtype bas
     gguf_writer_set_u32(w, MK_KEY("embedding_length"), (uint32_t)o->dim);
     gguf_writer_set_u32(w, MK_KEY("feed_forward_length"), (uint32_t)o->ffn);
     gguf_writer_set_u32(w, MK_KEY("attention.head_count"), (uint32_t)o->n_heads);
-    bool mla = !strcmp(A, "deepseek2"), dsv4 = !strcmp(A, "deepseek4");
+    bool mla = mk_is_mla(A), dsv4 = !strcmp(A, "deepseek4");
     gguf_writer_set_u32(w, MK_KEY("attention.head_count_kv"), mla || dsv4 ? 1u : (uint32_t)o->n_kv_heads);
     gguf_writer_set_f32(w, MK_KEY("rope.freq_base"), (float)o->rope_base);
     gguf_writer_set_f32(w, MK_KEY("attention.layer_norm_rms_epsilon"), (float)o->eps);
@@ -1088,6 +1108,13 @@ static void mk_write_keys(gguf_writer *w, const mk_opts *o, int64_t V, qtype bas
     if (!strcmp(A, "gemma3")) mk_gemma3_keys(w, o);
     if (!strcmp(A, "gemma4")) mk_gemma4_keys(w, o);
     if (dsv4) mk_dsv4_keys(w, o);
+    if (!strcmp(A, "glm4moe")) {   /* as Glm4MoeModel writes GLM-4.5's router and lead */
+        gguf_writer_set_u32(w, MK_KEY("leading_dense_block_count"), (uint32_t)o->n_dense);
+        gguf_writer_set_u32(w, MK_KEY("expert_shared_count"), (uint32_t)o->n_shared);
+        gguf_writer_set_u32(w, MK_KEY("expert_gating_func"), 2u);
+        gguf_writer_set_f32(w, MK_KEY("expert_weights_scale"), (float)o->w_scale);
+        gguf_writer_set_bool(w, MK_KEY("expert_weights_norm"), true);
+    }
     if (!strcmp(A, "gpt-oss")) {   /* gpt-oss, as its converter writes it (the layer pattern: llama.cpp's default 2) */
         gguf_writer_set_u32(w, MK_KEY("attention.sliding_window"), (uint32_t)o->n_swa);
         gguf_writer_set_str(w, MK_KEY("rope.scaling.type"), "yarn");
@@ -1166,6 +1193,45 @@ static void mk_qwen35_layer(mk_model *m, int l)
         mk_add(m, MK_T("ffn_gate_shexp.weight"), MK_INIT_NOISE, sd, base, 2, dim, ef);
         mk_add(m, MK_T("ffn_up_shexp.weight"), MK_INIT_NOISE, sd, base, 2, dim, ef);
         mk_add(m, MK_T("ffn_down_shexp.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)ef), base, 2, ef, dim);
+    }
+#undef MK_T
+}
+
+/* A glm4moe layer after its attn_norm: biased Q/K/V, the output, post_attention_norm, then a
+ * dense FFN (the first n_dense layers) or the router, its selection bias, the experts and the
+ * shared expert. */
+static void mk_glm4moe_layer(mk_model *m, int l, qtype more)
+{
+    const mk_opts *o = m->o;
+    const qtype base = m->base;
+    const int64_t dim = o->dim, q_dim = (int64_t)o->n_heads * o->head_dim, kv_dim = (int64_t)o->n_kv_heads * o->head_dim;
+    const float s_in = 1.0f / sqrtf((float)dim);
+    char name[128];
+#define MK_T(suffix) (snprintf(name, sizeof name, "blk.%d." suffix, l), name)
+    mk_add(m, MK_T("attn_q.weight"), MK_INIT_NOISE, s_in, base, 2, dim, q_dim);
+    mk_add(m, MK_T("attn_k.weight"), MK_INIT_NOISE, s_in, base, 2, dim, kv_dim);
+    mk_add(m, MK_T("attn_v.weight"), MK_INIT_NOISE, s_in, more, 2, dim, kv_dim);
+    mk_add(m, MK_T("attn_q.bias"), MK_INIT_NOISE, 0.3f, QTYPE_F32, 1, q_dim, 1);
+    mk_add(m, MK_T("attn_k.bias"), MK_INIT_NOISE, 0.3f, QTYPE_F32, 1, kv_dim, 1);
+    mk_add(m, MK_T("attn_v.bias"), MK_INIT_NOISE, 0.3f, QTYPE_F32, 1, kv_dim, 1);
+    mk_add(m, MK_T("attn_output.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)q_dim), base, 2, q_dim, dim);
+    mk_add(m, MK_T("post_attention_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, dim, 1);
+    if (l < o->n_dense) {
+        mk_add(m, MK_T("ffn_gate.weight"), MK_INIT_NOISE, s_in, base, 2, dim, o->ffn);
+        mk_add(m, MK_T("ffn_up.weight"), MK_INIT_NOISE, s_in, base, 2, dim, o->ffn);
+        mk_add(m, MK_T("ffn_down.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)o->ffn), more, 2, o->ffn, dim);
+        return;
+    }
+    int64_t ne = o->n_expert, ef = o->expert_ffn, sh = ef * o->n_shared;
+    mk_add(m, MK_T("ffn_gate_inp.weight"), MK_INIT_NOISE, 2.0f * s_in, QTYPE_F32, 2, dim, ne);
+    mk_add(m, MK_T("exp_probs_b.bias"), MK_INIT_NOISE, 0.05f, QTYPE_F32, 1, ne, 1);
+    mk_add3(m, MK_T("ffn_gate_exps.weight"), MK_INIT_NOISE, s_in, base, 3, dim, ef, ne);
+    mk_add3(m, MK_T("ffn_up_exps.weight"), MK_INIT_NOISE, s_in, base, 3, dim, ef, ne);
+    mk_add3(m, MK_T("ffn_down_exps.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)ef), more, 3, ef, dim, ne);
+    if (sh > 0) {
+        mk_add(m, MK_T("ffn_gate_shexp.weight"), MK_INIT_NOISE, s_in, base, 2, dim, sh);
+        mk_add(m, MK_T("ffn_up_shexp.weight"), MK_INIT_NOISE, s_in, base, 2, dim, sh);
+        mk_add(m, MK_T("ffn_down_shexp.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)sh), more, 2, sh, dim);
     }
 #undef MK_T
 }
@@ -1269,8 +1335,11 @@ static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *
         qtype more = k_m && l < o->n_layers && mk_use_more_bits(l, o->n_layers) ? QTYPE_Q6_K : base;
         snprintf(name, sizeof name, "blk.%d.attn_norm.weight", l);
         mk_add(&m, name, MK_INIT_NORM, 1.0f, QTYPE_F32, 1, dim, 1);
-        if (!strcmp(A, "deepseek2")) {
+        if (mk_is_mla(A)) {
             mk_mla_layer(&m, l, more);
+            if (l >= o->n_layers) mk_nextn_layer(&m, l, emb_std, out_type, V);
+        } else if (!strcmp(A, "glm4moe")) {
+            mk_glm4moe_layer(&m, l, more);
             if (l >= o->n_layers) mk_nextn_layer(&m, l, emb_std, out_type, V);
         } else if (!strcmp(A, "deepseek4")) {
             mk_dsv4_layer(&m, l);
@@ -1379,12 +1448,42 @@ static int mk_resolve_dsv4(mk_opts *o, const mk_args *a, const mk_preset *p)
     return 0;
 }
 
+/* glm4moe's experts, lead and router from the options, else GLM's preset's, else 16 experts
+ * of a quarter of the FFN with 4 per token, one shared, one dense layer, scale 1; 0, or 2 with
+ * a message. */
+static int mk_resolve_glm4moe(mk_opts *o, const mk_args *a, const mk_preset *p)
+{
+    const bool glm = p->arch && !strcmp(p->arch, "glm4moe");
+    if (a->q_lora >= 0 || a->kv_lora || a->rope_dim || a->nope_dim || a->v_dim || a->router || a->groups >= 0 ||
+        a->groups_used || a->router_skew > 0) {
+        fprintf(stderr, "tokenmill mkmodel: the MLA, --router, --expert-groups, --groups-used and --router-skew options "
+                        "are for --arch deepseek2 (glm4moe's router is sigmoid, without groups)\n");
+        return 2;
+    }
+    o->n_expert = a->experts ? (int)a->experts : glm ? p->n_expert : 16;
+    o->n_expert_used = a->experts_used ? (int)a->experts_used : glm ? p->n_expert_used : 4;
+    o->expert_ffn = a->expert_ffn ? (int)a->expert_ffn : glm ? p->expert_ffn : TM_MAX(o->ffn / 4, 16);
+    o->n_shared = a->shared >= 0 ? (int)a->shared : glm ? p->n_shared : 1;
+    o->n_dense = a->dense >= 0 ? (int)a->dense : glm ? p->n_dense : 1;
+    o->w_scale = a->routed_scale > 0 ? a->routed_scale : glm ? p->w_scale : 1.0;
+    o->sigmoid = o->w_norm = true;
+    o->n_nextn = (int)a->nextn;
+    if (o->n_expert_used > o->n_expert || o->n_dense > o->n_layers) {
+        fprintf(stderr, "tokenmill mkmodel: bad glm4moe options (experts-used %d <= experts %d, dense layers %d <= layers %d)\n",
+                o->n_expert_used, o->n_expert, o->n_dense, o->n_layers);
+        return 2;
+    }
+    return 0;
+}
+
 /* The experts, MLA and window of o's architecture from the options, else the preset's or the
  * family's defaults; 0, or 2 with a message when an option does not fit the architecture. */
 static int mk_resolve_experts(mk_opts *o, const mk_args *a, const mk_preset *p)
 {
-    bool mla = !strcmp(o->arch, "deepseek2"), gptoss = !strcmp(o->arch, "gpt-oss");
-    if (mla) {
+    bool mla = mk_is_mla(o->arch), gptoss = !strcmp(o->arch, "gpt-oss");
+    if (!strcmp(o->arch, "glm4moe")) {
+        return mk_resolve_glm4moe(o, a, p);
+    } else if (mla) {
         /* a dense preset under --arch deepseek2: V2-Lite's attention and router on its width */
         const mk_preset *d = !strcmp(p->arch ? p->arch : "", "deepseek2") ? p : mk_preset_find("deepseek-v2-lite");
         o->q_lora = a->q_lora >= 0 ? (int)a->q_lora : d->q_lora;
@@ -1413,8 +1512,8 @@ static int mk_resolve_experts(mk_opts *o, const mk_args *a, const mk_preset *p)
         if ((a->router && strcmp(a->router, "softmax") && strcmp(a->router, "sigmoid")) || o->n_expert_used > o->n_expert ||
             o->kv_lora <= 0 || o->rope_dim <= 0 || o->rope_dim % 2 || o->nope_dim <= 0 || o->v_dim <= 0 ||
             (o->n_groups > 1 && (o->n_expert % o->n_groups || o->n_groups_used < 1 || o->n_groups_used > o->n_groups))) {
-            fprintf(stderr, "tokenmill mkmodel: bad deepseek2 options (router softmax|sigmoid, experts-used <= experts, "
-                            "positive latent/rope/nope/v dims, experts a multiple of the groups, groups-used in 1..groups)\n");
+            fprintf(stderr, "tokenmill mkmodel: bad %s options (router softmax|sigmoid, experts-used <= experts, "
+                            "positive latent/rope/nope/v dims, experts a multiple of the groups, groups-used in 1..groups)\n", o->arch);
             return 2;
         }
     } else if (!strcmp(o->arch, "deepseek4")) {
@@ -1455,7 +1554,7 @@ static int mk_resolve_experts(mk_opts *o, const mk_args *a, const mk_preset *p)
  * 2 with a message. */
 static int mk_resolve_rope(mk_opts *o, const mk_args *a, const mk_preset *p)
 {
-    bool mla = !strcmp(o->arch, "deepseek2");
+    bool mla = mk_is_mla(o->arch);
     o->rope_llama3 = p->rope_llama3 && !strcmp(o->arch, "llama");
     o->rope_yarn = mla && p->arch && !strcmp(p->arch, "deepseek2");   /* the DeepSeek presets' */
     if (a->rope_scaling) {
@@ -1477,8 +1576,8 @@ static int mk_resolve_rope(mk_opts *o, const mk_args *a, const mk_preset *p)
 /* The architectures mkmodel writes; false (and said) for another. */
 static bool mk_arch_known(const char *arch)
 {
-    static const char *const known[] = { "llama", "qwen2", "qwen3", "qwen3moe", "deepseek2", "gpt-oss", "phi3",
-                                         "mistral3", "qwen35", "qwen35moe", "gemma3", "gemma4", "deepseek4" };
+    static const char *const known[] = { "llama", "qwen2", "qwen3", "qwen3moe", "deepseek2", "mistral4", "gpt-oss", "phi3",
+                                         "mistral3", "qwen35", "qwen35moe", "gemma3", "glm4moe", "gemma4", "deepseek4" };
     for (size_t i = 0; i < TM_ARRAY_LEN(known); i++)
         if (!strcmp(arch, known[i])) return true;
     fprintf(stderr, "tokenmill mkmodel: unknown arch '%s' (", arch);
@@ -1491,6 +1590,7 @@ static bool mk_arch_known(const char *arch)
 static void mk_partial_rope(mk_opts *o, const mk_preset *p)
 {
     if (!strcmp(o->arch, "phi3")) o->rope_dim = o->head_dim * 3 / 4 / 2 * 2;   /* partial_rotary_factor 0.75 */
+    if (!strcmp(o->arch, "glm4moe")) o->rope_dim = o->head_dim / 2 / 2 * 2;    /* partial_rotary_factor 0.5 */
     if (!strncmp(o->arch, "qwen35", 6)) {
         /* a quarter of each head rotated; a non-qwen35 preset's linear layers: as many q/k
          * heads as kv heads, twice as many v heads, of half the head size */
@@ -1511,7 +1611,7 @@ int cmd_mkmodel(int argc, char **argv)
     for (size_t i = 0; i < TM_ARRAY_LEN(mk_presets) && ph < sizeof preset_help; i++)
         ph += (size_t)snprintf(preset_help + ph, sizeof preset_help - ph, " %s", mk_presets[i].name);
     const cmd_opt opts[] = {
-        { "--arch", NULL, CMD_OPT_STR, &o.arch, .arg = "llama|qwen2|qwen3|qwen3moe|deepseek2|gpt-oss|phi3|mistral3|qwen35|qwen35moe|gemma3|gemma4|deepseek4", .help = "architecture (or the preset's)" },
+        { "--arch", NULL, CMD_OPT_STR, &o.arch, .arg = "llama|qwen2|qwen3|qwen3moe|deepseek2|mistral4|gpt-oss|phi3|mistral3|qwen35|qwen35moe|gemma3|glm4moe|gemma4|deepseek4", .help = "architecture (or the preset's)" },
         { "--preset", NULL, CMD_OPT_STR, &a.preset, .arg = "NAME", .help = preset_help },
         { "--layers", NULL, CMD_OPT_LONG, &a.layers, 0, 4096, .arg = "N", .help = "shape options override the preset's" },
         { "--dim", NULL, CMD_OPT_LONG, &a.dim, 0, 1 << 20, .arg = "N", .help = "hidden size" },
@@ -1527,14 +1627,14 @@ int cmd_mkmodel(int argc, char **argv)
         { "--nope-dim", NULL, CMD_OPT_LONG, &a.nope_dim, 0, 1 << 12, .arg = "N", .help = "deepseek2: per-head query/key dims without RoPE" },
         { "--rope-dim", NULL, CMD_OPT_LONG, &a.rope_dim, 0, 1 << 12, .arg = "N", .help = "deepseek2: per-head RoPE dims" },
         { "--v-dim", NULL, CMD_OPT_LONG, &a.v_dim, 0, 1 << 12, .arg = "N", .help = "deepseek2: per-head value dims" },
-        { "--shared-experts", NULL, CMD_OPT_LONG, &a.shared, 0, 64, .arg = "N", .help = "deepseek2: shared experts" },
-        { "--dense-layers", NULL, CMD_OPT_LONG, &a.dense, 0, 4096, .arg = "N", .help = "deepseek2: leading dense layers" },
+        { "--shared-experts", NULL, CMD_OPT_LONG, &a.shared, 0, 64, .arg = "N", .help = "deepseek2, glm4moe: shared experts" },
+        { "--dense-layers", NULL, CMD_OPT_LONG, &a.dense, 0, 4096, .arg = "N", .help = "deepseek2, glm4moe: leading dense layers" },
         { "--router", NULL, CMD_OPT_STR, &a.router, .arg = "softmax|sigmoid", .help = "deepseek2: V2's or V3's router" },
         { "--expert-groups", NULL, CMD_OPT_LONG, &a.groups, 0, 1024, .arg = "G", .help = "deepseek2: group-limited routing" },
         { "--groups-used", NULL, CMD_OPT_LONG, &a.groups_used, 0, 1024, .arg = "N", .help = "deepseek2: groups kept per token" },
-        { "--routed-scale", NULL, CMD_OPT_DOUBLE, &a.routed_scale, 0, 1000, .arg = "F", .help = "deepseek2: routed experts' weight scale" },
+        { "--routed-scale", NULL, CMD_OPT_DOUBLE, &a.routed_scale, 0, 1000, .arg = "F", .help = "deepseek2, glm4moe: routed experts' weight scale" },
         { "--router-skew", NULL, CMD_OPT_DOUBLE, &a.router_skew, 0, 100, .arg = "F", .help = "deepseek2 sigmoid router: a load skewed on purpose, expert x's selection bias + F x/(E-1)" },
-        { "--nextn", NULL, CMD_OPT_LONG, &a.nextn, 0, 16, .arg = "N", .help = "deepseek2: N multi-token prediction (MTP) layers after the model's" },
+        { "--nextn", NULL, CMD_OPT_LONG, &a.nextn, 0, 16, .arg = "N", .help = "deepseek2, glm4moe: N multi-token prediction (MTP) layers after the model's" },
         { "--window", NULL, CMD_OPT_LONG, &a.window, 0, 1 << 24, .arg = "N", .help = "gpt-oss: sliding window of the even layers; gemma3, gemma4: of 5 in 6 layers" },
         { "--ctx", NULL, CMD_OPT_LONG, &a.ctx, 0, 1 << 24, .arg = "N", .help = "training context" },
         { "--vocab-size", NULL, CMD_OPT_LONG, &a.nv, 0, 1 << 24, .arg = "N", .help = "without --vocab: a synthetic vocabulary" },

@@ -1,6 +1,6 @@
 /*
  * model: hyper-parameters and weight views of llama / qwen2 / qwen3 / qwen3moe / deepseek2 /
- * gpt-oss / phi3 (model_phi3.c) / mistral3 (model_mistral3.c) / gemma3 (model_gemma3.c) / gemma4 (model_gemma4.c) / bert (model_bert.c) GGUF files. See model.h
+ * gpt-oss / phi3 (model_phi3.c) / mistral3 (model_mistral3.c) / gemma3 (model_gemma3.c) / gemma4 (model_gemma4.c) / mistral4 (deepseek2's) / glm4moe (model_glm4moe.c) / bert (model_bert.c) GGUF files. See model.h
  * for the design; this file is the loading and validation, one tensor at a time, each error
  * naming what is wrong.
  */
@@ -375,9 +375,16 @@ static bool model_read_mla(model_ld *ld, const char *an)
         hp->q_lora < 0 || hp->q_lora > (1 << 16) || hp->kv_lora <= 0 || hp->kv_lora > (1 << 16) || vmla <= 0 ||
         vmla > 4096 || kmla <= 0 || kmla > 4096 ||
         (hp->n_groups > 1 && (hp->n_expert % hp->n_groups || hp->n_groups_used < 1 || hp->n_groups_used > hp->n_groups))) {
-        model_fail(ld, GGUF_ERR_FORMAT, "bad deepseek2 hyper-parameters: dense layers %d, shared %d, q_lora %d, "
-                   "kv_lora %d, key/value_length_mla %lld/%lld, groups %d/%d", hp->n_dense_lead, hp->n_shared,
+        model_fail(ld, GGUF_ERR_FORMAT, "bad %s hyper-parameters: dense layers %d, shared %d, q_lora %d, "
+                   "kv_lora %d, key/value_length_mla %lld/%lld, groups %d/%d", an, hp->n_dense_lead, hp->n_shared,
                    hp->q_lora, hp->kv_lora, (long long)kmla, (long long)vmla, hp->n_groups, hp->n_groups_used);
+        return false;
+    }
+    /* llama.cpp's deepseek2 graph scales the queries by Llama 4's temperature when a file has
+     * it (Mistral Large 3); the MLA stage here does not, so such a file is refused, not run wrong */
+    if (!model_key_float(ld, KEY("attention.temperature_scale"), 0.0, &f)) return false;
+    if (f != 0.0) {
+        model_fail(ld, GGUF_ERR_FORMAT, "%s %g: the attention temperature is not supported with latent attention", key, f);
         return false;
     }
     return true;
@@ -609,9 +616,12 @@ static const model_arch_desc model_archs[] = {
     { .name = "bert", .arch = MODEL_ARCH_BERT, .all = model_bert_load },
     { .name = "nomic-bert", .arch = MODEL_ARCH_NOMIC_BERT, .rope_neox = true, .all = model_bert_load },
     { .name = "dflash", .arch = MODEL_ARCH_DFLASH, .rope_neox = true, .all = model_dflash_load },
+    { .name = "glm4moe", .arch = MODEL_ARCH_GLM4MOE, .rope_neox = true, .moe = true, .keys = model_glm4moe_keys,
+      .layer = model_glm4moe_layer },
+    { .name = "mistral4", .arch = MODEL_ARCH_MISTRAL4, .moe = true, .keys = model_read_mla },
 };
 /* Families llama.cpp runs whose layers the engine lacks: refused as "not supported yet". */
-static const char *const model_archs_later[] = { "mistral4", "glm4moe" };
+static const char *const model_archs_later[] = { "nomic-bert-moe" };
 
 /* The row for general.architecture, or NULL with the error set. */
 static const model_arch_desc *model_arch_find(model_ld *ld, const char *path, const char *an, size_t an_len)
@@ -642,7 +652,7 @@ static bool model_read_hparams(model_ld *ld, const model_arch_desc *ad)
     int64_t v;
     double f;
     if (!model_read_counts(ld, an)) return false;
-    hp->mla = hp->arch == MODEL_ARCH_DEEPSEEK2;
+    hp->mla = hp->arch == MODEL_ARCH_DEEPSEEK2 || hp->arch == MODEL_ARCH_MISTRAL4;   /* mistral4: deepseek2's layer */
     if (ad->moe && !model_read_experts(ld, an)) return false;
     /* a MoE model's dense FFN size is informational only, unless it has dense layers */
     if (!model_key_int(ld, KEY("feed_forward_length"), !ad->moe, hp->expert_ffn, &v)) return false;
@@ -955,10 +965,10 @@ bool model_load_ffn(model_ld *ld, int il)
 {
     const model_hparams *hp = &ld->m->hp;
     model_layer *L = &ld->m->layers[il];
-    const bool gptoss = hp->arch == MODEL_ARCH_GPTOSS;
+    const bool gptoss = hp->arch == MODEL_ARCH_GPTOSS, post_norm = gptoss || hp->arch == MODEL_ARCH_GLM4MOE;
     char nm[96];
 #define TN(suffix) (snprintf(nm, sizeof nm, "blk.%d.%s", il, suffix), nm)
-    if (!(L->ffn_norm = model_vector(ld, TN(gptoss ? "post_attention_norm.weight" : "ffn_norm.weight"), true, hp->dim)))
+    if (!(L->ffn_norm = model_vector(ld, TN(post_norm ? "post_attention_norm.weight" : "ffn_norm.weight"), true, hp->dim)))
         return false;
     if (hp->n_expert > 0 && il >= hp->n_dense_lead) {
         int ne = hp->n_expert, ef = hp->expert_ffn;

@@ -103,6 +103,11 @@ typedef enum {
                               * (model_gemma3.c) */
     MODEL_ARCH_GEMMA4,       /* gemma3's layer with per-layer head sizes and kv heads, V from K,
                               * a layer output scale (model_gemma4.c, engine_gemma4.c) */
+    MODEL_ARCH_GLM4MOE,      /* GLM-4.5: biased Q/K/V, optional q/k head norms, partial NEOX
+                              * RoPE, a dense lead, sigmoid-routed and shared experts, an MTP
+                              * layer (model_glm4moe.c) */
+    MODEL_ARCH_MISTRAL4,     /* Mistral 4: deepseek2's latent attention and experts under its
+                              * own name (model.c) */
 } model_arch;
 
 typedef struct {

@@ -1,6 +1,6 @@
 /*
  * model_int: what only model*.c may see: the loading context and the checked readers of keys
- * and tensors (model.c), which the files of one family each (model_phi3.c, model_gemma3.c, model_gemma4.c, model_qwen35.c, model_dsv4.c) load with, so that
+ * and tensors (model.c), which the files of one family each (model_phi3.c, model_gemma3.c, model_gemma4.c, model_glm4moe.c, model_qwen35.c, model_dsv4.c) load with, so that
  * every family's error names its key or tensor the same way.
  */
 #ifndef TM_MODEL_INT_H
@@ -56,6 +56,11 @@ bool model_gemma3_layer(model_ld *ld, int il);
  * the refusals of what the engine lacks; every tensor of layer il. */
 bool model_gemma4_hparams(model_ld *ld);
 bool model_gemma4_layer(model_ld *ld, int il);
+
+/* glm4moe (model_glm4moe.c): its dense lead, shared experts and router keys (before the
+ * shared shape checks); every tensor of layer il (the NextN block's too). */
+bool model_glm4moe_keys(model_ld *ld, const char *an);
+bool model_glm4moe_layer(model_ld *ld, int il);
 
 /* A stacked expert tensor [cols, rows, n_expert] viewed as n_expert * rows rows. */
 bool model_experts(model_ld *ld, const char *name, int64_t cols, int64_t rows, int n_expert, ops_weight *w);

@@ -1,6 +1,8 @@
 // arch_serve: the families of model_<family>.c through the real `tokenmill serve` with the
 // block store: generated phi3 (fused QKV and gate-up, partial RoPE, LongRoPE's long factors at
-// its 8192-token trained context), mistral3 (YaRN, the attention temperature) and gemma3 (a
+// its 8192-token trained context), mistral3 (YaRN, the attention temperature), glm4moe (biased
+// Q/K/V, half-rotated heads, a dense lead, sigmoid-routed and shared experts), mistral4
+// (deepseek2's latent attention: its blocks hold the latent once, V is K) and gemma3 (a
 // 32-position window on 5 of its 6 layers: the window layers' state comes from the window cache,
 // in RAM, from the store's directory, and handed to the decode worker) models. A 300-token prompt computes two full blocks;
 // sent again it attaches them and answers as the first time; after a restart the blocks come
@@ -28,6 +30,9 @@ const FAMILIES = {
   // window layers of 4 kv heads of 32 beside a global one of 1 of 64 (engine_gemma4.c's padding)
   gemma4: ["--arch", "gemma4", "--ctx", "65536", "--window", "32", "--layers", "6", "--heads", "8", "--kv-heads", "4",
     "--head-dim", "32"],
+  glm4moe: ["--arch", "glm4moe", "--ctx", "4096"],
+  mistral4: ["--arch", "mistral4", "--ctx", "4096", "--dim", "256", "--heads", "4", "--q-lora", "64", "--kv-lora", "128",
+    "--nope-dim", "32", "--rope-dim", "32", "--v-dim", "32", "--experts", "8", "--experts-used", "2", "--expert-ffn", "128"],
 };
 const modelOf = (fam) => path.join(tmp, `${fam}.gguf`);
 const store = path.join(tmp, "store");

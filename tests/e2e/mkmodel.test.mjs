@@ -174,6 +174,39 @@ test("--arch deepseek2 on a dense preset takes DeepSeek-V2-Lite's attention and 
   assert.equal(md.expert_count, 64);
 });
 
+test("--preset glm-4.5-air in small: GLM-4.5's keys and tensors as Glm4MoeModel writes them; llama.cpp loads it", async () => {
+  const f = mk("glm.gguf", "--preset", "glm-4.5-air", "--layers", "2", "--dim", "64", "--heads", "2", "--kv-heads", "1",
+    "--head-dim", "32", "--ffn", "64", "--experts", "4", "--experts-used", "2", "--expert-ffn", "32", "--nextn", "1",
+    "--vocab-size", "512", "--type", "q8_0", "--seed", "1");
+  const got = await tensors(f);
+  const md = got.md.glm4moe;
+  assert.equal(got.md.general.architecture, "glm4moe");
+  assert.equal(md.block_count, 3);
+  assert.equal(md.nextn_predict_layers, 1);
+  assert.equal(md.leading_dense_block_count, 1);
+  assert.equal(md.expert_shared_count, 1);
+  assert.equal(md.expert_gating_func, 2);
+  assert.equal(md.expert_weights_norm, true);
+  assert.equal(md.expert_weights_scale, 1);
+  assert.equal(md.rope.dimension_count, 16);   // partial_rotary_factor 0.5
+  assert.equal(md.rope.freq_base, 1e6);
+  assert.equal(md.context_length, 131072);
+  assert.ok(got.t.has("blk.0.ffn_gate.weight") && !got.t.has("blk.0.ffn_gate_inp.weight"), "layer 0 dense");
+  for (const n of ["blk.1.attn_q.bias", "blk.1.post_attention_norm.weight", "blk.1.exp_probs_b.bias", "blk.1.ffn_up_shexp.weight",
+    "blk.2.ffn_gate_exps.weight", "blk.2.nextn.eh_proj.weight", "blk.2.nextn.shared_head_norm.weight"])
+    assert.ok(got.t.has(n), n);
+  const llama = await getLlama({ gpu: false, logLevel: LlamaLogLevel.error, build: "never" });
+  const m = await llama.loadModel({ modelPath: f });
+  await m.dispose();
+  await llama.dispose();
+  for (const extra of [["--router", "softmax"], ["--expert-groups", "2"], ["--kv-lora", "64"], ["--dense-layers", "3"]]) {
+    const r = spawnSync(bin, ["mkmodel", "--arch", "glm4moe", "--layers", "2", "--type", "f32", "--seed", "1", ...extra, "-o",
+      path.join(tmp, "x.gguf")], { encoding: "utf8" });
+    assert.equal(r.status, 2, extra.join(" "));
+    assert.match(r.stderr, /tokenmill mkmodel: /, extra.join(" "));
+  }
+});
+
 test("deepseek4's options that do not fit it are usage errors", () => {
   for (const extra of [["--kv-lora", "64"], ["--nextn", "1"], ["--experts", "2", "--experts-used", "4"], ["--rope-dim", "64"], ["--tied"], ["--heads", "3"], ["--kv-heads", "2"]]) {
     const r = spawnSync(bin, ["mkmodel", "--arch", "deepseek4", "--type", "f32", "--seed", "1", ...extra, "-o", path.join(tmp, "x.gguf")], { encoding: "utf8" });

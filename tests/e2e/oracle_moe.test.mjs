@@ -4,7 +4,11 @@
 // them, not mkmodel's C), one per family: qwen3moe, deepseek2 in DeepSeek-V3's shape (q-LoRA
 // 96, the sigmoid router with its selection bias, 8 groups of which 4 kept, routed scaling,
 // a shared expert, a dense lead layer) and in V2-Lite's (softmax, no renormalisation, 2 shared
-// experts), gpt-oss (sliding-window layers, sinks, biases, the clamped SwiGLU).
+// experts), gpt-oss (sliding-window layers, sinks, biases, the clamped SwiGLU), glm4moe in
+// GLM-4.5-Air's shape (biased Q/K/V, NEOX RoPE over half of each head, a dense lead layer, the
+// sigmoid router with its bias and routed scale, a shared expert, a NextN block that the model
+// runs without) and with GLM-4.5's q/k head norms, and mistral4 (deepseek2's layer under its own
+// name, as Mistral3Model's Mistral4Model converter writes it).
 //
 // F32 weights with an F32 KV cache on both sides (no f16 or int8 rounding to flip): batched
 // sequences of 1..100 tokens in one step, then 24 greedy steps together; every position's
@@ -49,6 +53,13 @@ const FAMILIES = {
   'deepseek2-v3': {quant: 'q8_0'},
   'deepseek2-v2': {},
   'gpt-oss': {quant: 'mxfp4'},
+  // flips: sequences allowed past SINGLE_TOL (at most 1 in logprob): an activation on an int8
+  // rounding boundary that one engine quantises to the other value (oracle_arch.test.mjs) moves
+  // one sequence by 0.1-1; glm4moe's Q8_0 file has one such (0.27, its router margin 2e-2: not a
+  // routing difference), the other 23 agree within 1e-5
+  glm4moe: {quant: 'q8_0', lens: [1, 40, 150], invariance: true, flips: 1},
+  'glm4moe-qknorm': {},
+  mistral4: {},
 };
 
 const {python, skip, cached} = oracleFiles([script, path.join(root, 'tests/oracle/gguf_common.py')]);
@@ -89,7 +100,8 @@ for (const [shape, fam] of Object.entries(FAMILIES)) {
     {skip}, async () => {
       const file = model(shape, 'f32');
       const r = rng(7);
-      const seqs = LENS.map((n) => Array.from({length: n}, () => r(8000)));
+      const lens = fam.lens ?? LENS;
+      const seqs = lens.map((n) => Array.from({length: n}, () => r(8000)));
       const {tm, ll} = await runBoth(file, {seqs, top: TOP, greedy: GREEDY, batched: true}, 'f32', 'moe');
       let maxDiff = 0, cut = 0;
       seqs.forEach((sq, s) => {
@@ -108,9 +120,30 @@ for (const [shape, fam] of Object.entries(FAMILIES)) {
       });
       assert.ok(maxDiff <= TOL_F32, `${shape}: max |Δ logprob| ${maxDiff} > ${TOL_F32}`);
       assert.ok(cut < seqs.length, `${shape}: every sequence stopped at a router near-tie`);
-      report.push(`${shape} f32: max |Δ logprob| ${maxDiff.toExponential(2)} over ${LENS.join('/')} tokens, ` +
+      report.push(`${shape} f32: max |Δ logprob| ${maxDiff.toExponential(2)} over ${lens.join('/')} tokens, ` +
         `greedy ${GREEDY} steps identical${cut ? ` (${cut} sequences up to a router near-tie)` : ''}`);
     });
+
+  // batch invariance: each sequence alone gives the bits it gives batched with the others
+  if (fam.invariance) test(`${shape} (gguf-py, F32): batched and alone give identical numbers`, {skip}, () => {
+    const file = model(shape, 'f32');
+    const r = rng(13);
+    const seqs = (fam.lens ?? LENS).map((n) => Array.from({length: n}, () => r(8000)));
+    const dir = fs.mkdtempSync(path.join(gen, 'inv-moe-'));
+    try {
+      const out = (batched) => {
+        const inFile = path.join(dir, `in-${batched}.json`);
+        fs.writeFileSync(inFile, JSON.stringify({seqs, top: TOP, greedy: 8, batched}));
+        const p = spawnSync(bin, ['eval', '-m', file, '--input', inFile, '--threads', '2', '--kv', 'f32'],
+          {encoding: 'utf8', maxBuffer: 1 << 26});
+        assert.equal(p.status, 0, p.stderr);
+        return JSON.parse(p.stdout).seqs;
+      };
+      assert.deepEqual(out(true), out(false), `${shape}: batched and alone differ`);
+    } finally {
+      fs.rmSync(dir, {recursive: true, force: true});
+    }
+  });
 
   if (fam.quant) test(`${shape} (gguf-py, ${fam.quant}): one-token sequences agree with llama.cpp`, {skip}, async () => {
     const file = model(shape, fam.quant);
@@ -120,16 +153,48 @@ for (const [shape, fam] of Object.entries(FAMILIES)) {
     const diffs = [];
     seqs.forEach((_, s) => {
       if (firstTie(tm.seqs[s].route_margin) === 0) return;
-      diffs.push(posDiff(tm.seqs[s].top[0], ll.seqs[s].top[0], SINGLE_TOL, `${shape} ${fam.quant} single ${s}`));
+      diffs.push(posDiff(tm.seqs[s].top[0], ll.seqs[s].top[0], fam.flips ? 1 : SINGLE_TOL, `${shape} ${fam.quant} single ${s}`));
     });
     diffs.sort((x, y) => x - y);
     const median = diffs[diffs.length >> 1], max = diffs.at(-1);
     assert.ok(diffs.length >= N_SINGLES / 2, `${shape}: too many router near-ties`);
     assert.ok(median <= MEDIAN_TOL, `${shape} ${fam.quant}: median |Δ logprob| ${median} > ${MEDIAN_TOL}`);
-    assert.ok(max <= SINGLE_TOL, `${shape} ${fam.quant}: max |Δ logprob| ${max} > ${SINGLE_TOL}`);
-    report.push(`${shape} ${fam.quant}: one-token sequences median ${median.toExponential(2)} max ${max.toExponential(2)}`);
+    const far = diffs.filter((d) => d > SINGLE_TOL);
+    assert.ok(far.length <= (fam.flips ?? 0) && max <= 1,
+      `${shape} ${fam.quant}: ${far.length} sequences past ${SINGLE_TOL} (${far.join(', ')}), ${fam.flips ?? 0} allowed`);
+    report.push(`${shape} ${fam.quant}: one-token sequences median ${median.toExponential(2)} max ${max.toExponential(2)}` +
+      (far.length ? ` (${far.length} rounding flip${far.length > 1 ? 's' : ''})` : ''));
   });
 }
+
+// Malformed glm4moe / mistral4 files (gguf-py's, one part dropped or one key added) are refused
+// at load with a message naming what is wrong, never run.
+test('glm4moe and mistral4: malformed files are refused naming the tensor or key', {skip}, () => {
+  const vocab = vocabFile();
+  const dir = fs.mkdtempSync(path.join(gen, 'bad-moe-'));
+  try {
+    const cases = [
+      ['glm4moe', ['--drop', 'blk.1.attn_k.bias'], /blk\.1: attn_q\/k\/v\.bias must all be present or all absent/],
+      ['glm4moe-qknorm', ['--drop', 'blk.0.attn_k_norm'], /blk\.0: attn_q_norm and attn_k_norm must both be present/],
+      ['glm4moe', ['--drop', 'blk.2.exp_probs_b'], /missing tensor blk\.2\.exp_probs_b\.bias/],
+      ['glm4moe', ['--drop', 'blk.1.post_attention_norm'], /missing tensor blk\.1\.post_attention_norm\.weight/],
+      ['glm4moe', ['--drop', 'blk.3.nextn.hnorm'], /missing tensor blk\.3\.nextn\.hnorm\.weight/],
+      ['glm4moe', ['--extra', 'glm4moe.expert_group_count=4'], /glm4moe\.expert_group_count: group-limited routing/],
+      ['glm4moe', ['--extra', 'glm4moe.rope.dimension_sections=8,8,0,0'], /multi-section RoPE/],
+      ['mistral4', ['--extra', 'mistral4.attention.temperature_scale=0.1'], /mistral4\.attention\.temperature_scale 0\.1/],
+    ];
+    cases.forEach(([shape, extra, re], i) => {
+      const f = path.join(dir, `bad${i}.gguf`);
+      const g = spawnSync(python, [script, '--shape', shape, '--vocab', vocab, '--seed', '1', ...extra, '-o', f], {encoding: 'utf8'});
+      assert.equal(g.status, 0, g.stderr);
+      const r = spawnSync(bin, ['run', '-m', f, '-p', 'hi', '-n', '1'], {encoding: 'utf8'});
+      assert.notEqual(r.status, 0, `${shape} ${extra.join(' ')}: loaded`);
+      assert.match(r.stderr, re, `${shape} ${extra.join(' ')}`);
+    });
+  } finally {
+    fs.rmSync(dir, {recursive: true, force: true});
+  }
+});
 
 // A dense model has no router: eval reports no margins.
 test('eval: route_margin only for a model with experts', {skip}, () => {
