@@ -13,9 +13,15 @@ const root = path.resolve(import.meta.dirname, '..');
 // beyond the preset (a MoE model cut in depth to fit this machine: Qwen3-30B-A3B's layers,
 // 4 of its 48; DeepSeek-V2-Lite's, 4 of its 27: the leading dense layer and 3 MoE layers with
 // latent attention; gpt-oss-20b's, 4 of its 24: two sliding-window and two full layers, with
-// its o200k vocabulary from the npm package, vocabPath, instead of llama.cpp's test data)
+// its o200k vocabulary from the npm package, vocabPath, instead of llama.cpp's test data;
+// qwen3-0.6b-l4: Qwen3-0.6B's shape cut to 4 layers, for the drafter rows of bench/spec on a
+// shared 2-core machine; deepseek-v2-lite-mtp: the 4-layer DeepSeek-V2-Lite cut with one MTP
+// layer, for bench/spec's mtp row)
 export const benchPresets = {
   'qwen3-0.6b': {arch: 'qwen3', vocab: 'ggml-vocab-qwen2.gguf'},
+  'qwen3-0.6b-l4': {arch: 'qwen3', preset: 'qwen3-0.6b', vocab: 'ggml-vocab-qwen2.gguf', extra: ['--layers', '4']},
+  'deepseek-v2-lite-mtp': {arch: 'deepseek2', preset: 'deepseek-v2-lite', vocab: 'ggml-vocab-deepseek-llm.gguf',
+    extra: ['--layers', '4', '--nextn', '1']},
   'llama3.2-1b': {arch: 'llama', vocab: 'ggml-vocab-llama-bpe.gguf'},
   'qwen3-30b-a3b': {arch: 'qwen3moe', vocab: 'ggml-vocab-qwen2.gguf', extra: ['--layers', '4']},
   'deepseek-v2-lite': {arch: 'deepseek2', vocab: 'ggml-vocab-deepseek-llm.gguf', extra: ['--layers', '4']},
@@ -46,7 +52,7 @@ export function benchModel(preset, type, {tokenmill = path.join(root, 'build/tok
   fs.mkdirSync(outDir, {recursive: true});
   const vocab = p.vocabPath ?? path.join('tests/data/llama.cpp/models', p.vocab);
   const file = path.join('bench/out', `${preset}-${type}-s1.gguf`);
-  const args = ['mkmodel', '--arch', p.arch, '--preset', preset, ...(p.extra ?? []), '--type', type, '--seed', '1'];
+  const args = ['mkmodel', '--arch', p.arch, '--preset', p.preset ?? preset, ...(p.extra ?? []), '--type', type, '--seed', '1'];
   if (fs.existsSync(path.join(root, vocab))) args.push('--vocab', vocab);
   args.push('-o', file);
   const key = JSON.stringify({args, src: mkmodelSourceHash()});

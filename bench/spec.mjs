@@ -40,7 +40,7 @@ import fs from "node:fs";
 import http from "node:http";
 import path from "node:path";
 import { parseArgs } from "./args.mjs";
-import { benchModel } from "./models.mjs";
+import { benchModel, benchPresets } from "./models.mjs";
 import { onSseJson } from "./sse.mjs";
 
 if (process.env.UV_THREADPOOL_SIZE !== "1") {  // llama.cpp's best speed on 2 cores: see bench/llama_bench.mjs
@@ -59,7 +59,7 @@ const o = parseArgs("bench/spec", [
   { name: "--draft-layers", kind: "number", default: 7, help: "the self-speculation configuration's --draft-layers" },
   { name: "--no-llama", key: "llama", kind: "flag", value: false, default: true, help: "tokenmill only" },
   { name: "--reps", kind: "number", default: 1, help: "rounds over the configurations (each round runs them all in order; the table shows medians)" },
-  { name: "--configs", kind: "list", default: null, help: "only these configurations: none, k1..k5, adaptive, self, self-k1, draft, draft-k1, dspark, dspark-k5, dflash (default all)" },
+  { name: "--configs", kind: "list", default: null, help: "only these configurations: none, k1..k5, adaptive, self, self-k1, draft, draft-k1, dspark, dspark-k5, dflash, mtp (default all but mtp)" },
   { name: "--json", arg: "OUT.json", default: null, help: "write the figures there too" },
   { name: "--workload", choices: ["quote", "mixed"], default: "quote", help: "quote: every stream greedy; mixed: every other stream samples at --mixed-temperature (seeded)" },
   { name: "--mixed-temperature", arg: "T", kind: "number", default: 2, help: "the sampled streams' temperature in --workload mixed" },
@@ -71,7 +71,7 @@ const model = benchModel(o.preset, o.type, { log });
 const draft = path.join(root, "bench/out", `${o.preset}-${o.type}-2layers-s2.gguf`);
 if (!fs.existsSync(draft)) {
   const vocab = fs.readFileSync(model + ".args", "utf8").match(/"--vocab","([^"]+)"/)?.[1];
-  const args = ["mkmodel", "--preset", o.preset, "--layers", "2", "--type", o.type, "--seed", "2", ...(vocab ? ["--vocab", vocab] : []), "-o", draft];
+  const args = ["mkmodel", "--preset", benchPresets[o.preset].preset ?? o.preset, "--layers", "2", "--type", o.type, "--seed", "2", ...(vocab ? ["--vocab", vocab] : []), "-o", draft];
   log(`${bin} ${args.join(" ")}`);
   const r = spawnSync(bin, args, { cwd: root, encoding: "utf8" });
   if (r.status !== 0) throw new Error(r.stderr);
@@ -206,16 +206,21 @@ function dsparkDrafter() {
   return dsparkFile;
 }
 const lazy = (f) => ({ lazy: f });
+// MTP (--configs mtp): the model's own MTP layers, adaptive; a preset with them
+// (deepseek-v2-lite-mtp) is needed, others refuse --spec mtp at start.
+configs.push(["mtp", "MTP layers adaptive", ["--spec", "mtp"]]);
 configs.push(["dspark", "DSpark adaptive", lazy(() => ["--draft", dsparkDrafter(), "--spec", "dspark"])]);
 configs.push(["dspark-k5", "DSpark verify-all-5", lazy(() => ["--draft", dsparkDrafter(), "--spec", "dspark", "--spec-fixed", "5"])]);
 configs.push(["dflash", "DFlash adaptive (no confidence)", lazy(() => ["--draft", dsparkDrafter(), "--spec", "dflash"])]);
 if (o.configs) {
   const unknown = o.configs.filter((c) => !configs.some(([id]) => id === c));
   if (unknown.length) {
-    console.error(`bench/spec: --configs: no configuration ${unknown.join(", ")} (none, k1..k5, adaptive, self, self-k1, draft, draft-k1, dspark, dspark-k5, dflash)`);
+    console.error(`bench/spec: --configs: no configuration ${unknown.join(", ")} (none, k1..k5, adaptive, self, self-k1, draft, draft-k1, dspark, dspark-k5, dflash, mtp)`);
     process.exit(2);
   }
   configs = configs.filter(([id]) => id === "none" || o.configs.includes(id));   /* the ratios need none */
+} else {
+  configs = configs.filter(([id]) => id !== "mtp");
 }
 // Rounds alternate the configurations, so a change in the machine's load between two of them
 // shows in every round and the median of each is measured under the same mix of conditions;

@@ -473,22 +473,24 @@ const float *engine_hidden(const engine *e) { return e->x; }
 
 bool engine_capture_layers(engine *e, const int32_t *layers, int n)
 {
-    const int L = e->m->hp.n_layers;
+    const int L = e->m->hp.n_layers, max_l = e->dsv4 ? L : L - 1;   /* V4: the final streams too */
     for (int i = 0; i < n; i++)
-        if (layers[i] < 0 || layers[i] >= L || n > 127 || e->dsv4 || e->bert) return false;
+        if (layers[i] < 0 || layers[i] > max_l || n > 127 || e->bert) return false;
+    if (e->dsv4) engine_dsv4_capture(e->dsv4, NULL, 0, NULL);
     free(e->cap_slot), free(e->cap);
     e->cap_slot = NULL, e->cap = NULL, e->n_cap = 0;
     if (n == 0) return true;
-    e->cap_slot = malloc((size_t)L);
+    e->cap_slot = malloc((size_t)L + 1);
     e->cap = malloc((size_t)e->max_tokens * (size_t)n * (size_t)e->m->hp.dim * sizeof(float));
     if (!e->cap_slot || !e->cap) {
         free(e->cap_slot), free(e->cap);
         e->cap_slot = NULL, e->cap = NULL;
         return false;
     }
-    memset(e->cap_slot, -1, (size_t)L);
+    memset(e->cap_slot, -1, (size_t)L + 1);
     for (int i = 0; i < n; i++) e->cap_slot[layers[i]] = (int8_t)i;
     e->n_cap = n;
+    if (e->dsv4) engine_dsv4_capture(e->dsv4, e->cap_slot, n, e->cap);
     return true;
 }
 

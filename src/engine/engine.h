@@ -200,7 +200,8 @@ const float *engine_hidden(const engine *e);
 /* Keep the inputs of layers[0..n) (the residual stream entering each, as llama.cpp's
  * embeddings_layer_inp) of every entry of every step from now on, for a DFlash drafter
  * (engine_dflash.h); n = 0 stops. Allocates (not during a step); false for a layer out of
- * range, an engine with its own step (V4, encoders) or out of memory. */
+ * range, an encoder or out of memory. A V4 model keeps the mean of its streams, and layers[i] may
+ * be n_layers there (the streams after the last layer). */
 bool engine_capture_layers(engine *e, const int32_t *layers, int n);
 /* The last engine_step's kept layer inputs, (n_tokens, n * dim) in batch order: entry t's row
  * is its inputs of layers[0], layers[1], ... side by side. NULL without engine_capture_layers.

@@ -6,6 +6,13 @@
  * call, and attention is one (block, head) item per thread at a time with an online softmax
  * over the sequence's 128-position slabs (F32 KV: the drafter's cache keeps no rounding of
  * its own, as the oracle's F32 cache).
+ *
+ * A drafter with the DeepSeek V4 backbone (m->dsv4) runs its layers through engine_dsv4 over a
+ * pool of V4 rows (engine_dsv4_kv_geometry: one K=V row per layer and position): injection
+ * writes rope(kv_norm(wkv . g)) with the uncompressed layers' RoPE into the rows, the block pass
+ * is engine_dsv4_block (hyper-connections, sinks, the window, MoE) with the block non-causal;
+ * the confidence head then reads the collapsed streams before the output norm, as llama.cpp's
+ * dsv4 graph does.
  */
 #include <math.h>
 #include <stdatomic.h>
@@ -15,6 +22,8 @@
 #include <unistd.h>
 
 #include "engine/engine_dflash.h"
+#include "engine/engine_dsv4.h"
+#include "model/model_dsv4.h"
 #include "util/threadpool.h"
 #include "util/util.h"
 
@@ -44,6 +53,10 @@ struct engine_dflash {
     void *mm;                /* matmul scratch */
     float *att_tmp;          /* (n_threads, ENGINE_DFLASH_MAX_BLOCK * (KVPOOL_BLOCK + head_dim + 2)) */
     size_t att_stride;       /* floats per thread */
+    /* the V4 backbone, NULL for Qwen3's */
+    engine_dsv4 *v4;         /* its layers over kv */
+    engine_tok *toks;        /* (max_rows) a block pass's entries */
+    int32_t *last;           /* (max_rows) each entry's block end */
 };
 
 /* One draft pass's attention job: items are (block, head). */
@@ -58,6 +71,8 @@ typedef struct {
 void engine_dflash_free(engine_dflash *ed)
 {
     if (!ed) return;
+    engine_dsv4_free(ed->v4);
+    free(ed->toks), free(ed->last);
     kvpool_free(ed->kv);
     threadpool_free(ed->tp);
     free(ed->feat), free(ed->x), free(ed->xn), free(ed->q), free(ed->k), free(ed->v), free(ed->att);
@@ -77,9 +92,10 @@ static size_t engine_dflash_mm_bytes(const engine_dflash *ed)
     size_t b = ops_matmul_scratch_bytes(ed->df->fc.type, ed->df->fc.cols, ed->max_tokens);
     for (int il = 0; il < d->hp.n_layers; il++) {
         const model_layer *L = &d->layers[il];
-        const ops_weight *ws[] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down };
+        const ops_weight *ws[] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down,
+                                   d->dsv4 ? &d->dsv4->layers[il].wkv : &L->wk };
         for (size_t i = 0; i < TM_ARRAY_LEN(ws); i++)
-            b = TM_MAX(b, ops_matmul_scratch_bytes(ws[i]->type, ws[i]->cols, ed->max_rows));
+            if (ws[i]->data) b = TM_MAX(b, ops_matmul_scratch_bytes(ws[i]->type, ws[i]->cols, ed->max_rows));
     }
     b = TM_MAX(b, ops_matmul_scratch_bytes(ed->head->type, ed->head->cols, ed->max_rows));
     if (ed->df->markov_rank)
@@ -104,10 +120,19 @@ engine_dflash *engine_dflash_new(const model *d, const model *t, const engine_df
     ed->tp = threadpool_new(nth);
     int n_ctx = TM_MAX(o->n_ctx, 1) + ENGINE_DFLASH_MAX_BLOCK;
     kvpool_opts ko = { .n_layers = hp->n_layers, .n_kv_heads = hp->n_kv_heads, .head_dim = hp->head_dim,
-                       .dtype = QTYPE_F32,
-                       .n_blocks = ed->max_seqs * ((n_ctx + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK) };
+                       .dtype = QTYPE_F32 };
+    if (d->dsv4) ko = engine_dsv4_kv_geometry(d);
+    ko.n_blocks = ed->max_seqs * ((n_ctx + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK);
     memcpy(ko.model_fp, d->fingerprint, 32);
     if (!ed->tp || kvpool_new(&ko, &ed->kv) != KVPOOL_OK) goto nomem;
+    if (d->dsv4) {
+        /* the attention scratch holds the window plus a block: max_pos covers it */
+        ed->v4 = engine_dsv4_new(d, ed->tp, ed->kv, ed->max_rows, TM_MAX(n_ctx, 4 * ENGINE_DFLASH_MAX_BLOCK), err,
+                                 errsz);
+        ed->toks = malloc((size_t)ed->max_rows * sizeof *ed->toks);
+        ed->last = malloc((size_t)ed->max_rows * sizeof *ed->last);
+        if (!ed->v4 || !ed->toks || !ed->last) goto nomem;
+    }
     const size_t R = (size_t)ed->max_rows, dim = (size_t)hp->dim, qd = (size_t)hp->n_heads * hp->head_dim,
                  kvd = (size_t)hp->n_kv_heads * hp->head_dim, nv = (size_t)hp->n_vocab;
     ed->feat = malloc((size_t)ed->max_tokens * (size_t)df->n_tl * dim * sizeof(float));
@@ -158,6 +183,29 @@ static void engine_dflash_kv_rows(engine_dflash *ed, int il, int n, bool with_q,
                              ed->v + (size_t)r * kvd + (size_t)h * hd);
 }
 
+/* V4 backbone: each layer's K=V row of the m rows of g in ed->x, as dflash.cpp's dsv4 graph
+ * injects it (kv_norm(wkv . g), RoPE on the last n_rot dims with the uncompressed layers'
+ * parameters), into offset 0 of the pool's row (engine_dsv4.h's raw K=V). */
+static void engine_dflash_inject_v4(engine_dflash *ed, int m, kvpool_seq *const *seqs)
+{
+    const model *d = ed->d;
+    const model_dsv4 *md = d->dsv4;
+    const int hd = d->hp.head_dim, n_rot = d->hp.n_rot, row = engine_dsv4_row(d);
+    const model_dsv4_rope *rp = &md->rope_raw;
+    for (int il = 0; il < d->hp.n_layers; il++) {
+        const model_dsv4_layer *dl = &md->layers[il];
+        ops_matmul(ed->tp, &dl->wkv, ed->x, m, ed->k, ed->mm);
+        ops_rmsnorm(ed->tp, ed->k, ed->k, dl->kv_norm, m, hd, d->hp.rms_eps);
+        ops_rope_ggml(NULL, ed->k + (hd - n_rot), ed->pos, m, 1, hd, n_rot, 0, rp->theta_scale, rp->freq_scale, NULL,
+                      rp->mscale, rp->yarn[0] != 0.0f ? rp->yarn : NULL);
+        for (int r = 0; r < m; r++) {
+            float *slab = kvpool_seq_slab(ed->kv, seqs[r], ed->pos[r] / KVPOOL_BLOCK, il, 0, 0);
+            memcpy(slab + (size_t)(ed->pos[r] % KVPOOL_BLOCK) * (size_t)row, ed->k + (size_t)r * hd,
+                   (size_t)hd * sizeof(float));
+        }
+    }
+}
+
 engine_status engine_dflash_inject(engine_dflash *ed, int n, const engine_dflash_inj *inj)
 {
     const model_hparams *hp = &ed->d->hp;
@@ -176,6 +224,10 @@ engine_status engine_dflash_inject(engine_dflash *ed, int n, const engine_dflash
         }
         ops_matmul(ed->tp, &df->fc, ed->feat, m, ed->x, ed->mm);
         ops_rmsnorm(ed->tp, ed->x, ed->x, df->enc_norm, m, hp->dim, hp->rms_eps);
+        if (ed->v4) {
+            engine_dflash_inject_v4(ed, m, seqs);
+            continue;
+        }
         for (int il = 0; il < hp->n_layers; il++) {
             const model_layer *L = &ed->d->layers[il];
             const ops_weight *kv[2] = { &L->wk, &L->wv };
@@ -257,7 +309,7 @@ static float engine_dflash_logprob(const float *l, int n, int t)
 
 /* The Markov head and the confidence head over the pass's logits (dflash.cpp's
  * build_dspark_markov_head): slot by slot, all blocks at once. */
-static void engine_dflash_markov(engine_dflash *ed, int n, engine_dflash_block *blocks, int B)
+static void engine_dflash_markov(engine_dflash *ed, int n, engine_dflash_block *blocks, int B, const float *hid)
 {
     const model_dflash *df = ed->df;
     const int R = df->markov_rank, nv = ed->d->hp.n_vocab, dim = ed->d->hp.dim;
@@ -272,13 +324,42 @@ static void engine_dflash_markov(engine_dflash *ed, int n, engine_dflash_block *
             float *l = ed->logits + ((size_t)b * B + i) * nv;
             ops_add(NULL, l, ed->bias + (size_t)b * nv, nv);
             if (df->conf_w) {
-                const float *h = ed->xn + ((size_t)b * B + i) * dim;
+                const float *h = hid + ((size_t)b * B + i) * dim;
                 double z = (double)ops_vec_dot_f32(dim, df->conf_w, h) +
                            (double)ops_vec_dot_f32(R, df->conf_w + dim, ed->w1p + (size_t)b * R) + df->conf_b;
                 blocks[b].conf[i] = (float)(1.0 / (1.0 + exp(-z)));
             }
             prev[b] = engine_dflash_argmax(l, nv);
         }
+    }
+}
+
+/* The Qwen3 backbone's layers over the T = n * B rows of ed->x. */
+static void engine_dflash_layers(engine_dflash *ed, int n, engine_dflash_block *blocks, int B)
+{
+    const model *d = ed->d;
+    const model_hparams *hp = &d->hp;
+    const int T = n * B, dim = hp->dim;
+    kvpool_seq **seqs = ed->rseq;
+    for (int il = 0; il < hp->n_layers; il++) {
+        const model_layer *L = &d->layers[il];
+        ops_rmsnorm(ed->tp, ed->xn, ed->x, L->attn_norm, T, dim, hp->rms_eps);
+        const ops_weight *qkv[3] = { &L->wq, &L->wk, &L->wv };
+        float *qkv_out[3] = { ed->q, ed->k, ed->v };
+        ops_matmul_multi(ed->tp, 3, qkv, ed->xn, T, qkv_out, ed->mm);
+        engine_dflash_kv_rows(ed, il, T, true, seqs);
+        dflash_att_job job = { .ed = ed, .blocks = blocks, .B = B, .layer = il, .n_items = n * hp->n_heads };
+        atomic_init(&job.next, 0);
+        threadpool_run(ed->tp, engine_dflash_job_att, &job);
+        ops_matmul(ed->tp, &L->wo, ed->att, T, ed->xn, ed->mm);
+        ops_add(ed->tp, ed->x, ed->xn, (int64_t)T * dim);
+        ops_rmsnorm(ed->tp, ed->xn, ed->x, L->ffn_norm, T, dim, hp->rms_eps);
+        const ops_weight *gu[2] = { &L->gate, &L->up };
+        float *gu_out[2] = { ed->ffa, ed->ffb };
+        ops_matmul_multi(ed->tp, 2, gu, ed->xn, T, gu_out, ed->mm);
+        ops_swiglu(ed->tp, ed->ffa, ed->ffa, ed->ffb, T, hp->ffn_dim);
+        ops_matmul(ed->tp, &L->down, ed->ffa, T, ed->xn, ed->mm);
+        ops_add(ed->tp, ed->x, ed->xn, (int64_t)T * dim);
     }
 }
 
@@ -304,29 +385,21 @@ engine_status engine_dflash_draft(engine_dflash *ed, int n, engine_dflash_block 
             bk->conf[i] = -1.0f;
         }
     }
-    for (int il = 0; il < hp->n_layers; il++) {
-        const model_layer *L = &d->layers[il];
-        ops_rmsnorm(ed->tp, ed->xn, ed->x, L->attn_norm, T, dim, hp->rms_eps);
-        const ops_weight *qkv[3] = { &L->wq, &L->wk, &L->wv };
-        float *qkv_out[3] = { ed->q, ed->k, ed->v };
-        ops_matmul_multi(ed->tp, 3, qkv, ed->xn, T, qkv_out, ed->mm);
-        engine_dflash_kv_rows(ed, il, T, true, seqs);
-        dflash_att_job job = { .ed = ed, .blocks = blocks, .B = B, .layer = il, .n_items = n * hp->n_heads };
-        atomic_init(&job.next, 0);
-        threadpool_run(ed->tp, engine_dflash_job_att, &job);
-        ops_matmul(ed->tp, &L->wo, ed->att, T, ed->xn, ed->mm);
-        ops_add(ed->tp, ed->x, ed->xn, (int64_t)T * dim);
-        ops_rmsnorm(ed->tp, ed->xn, ed->x, L->ffn_norm, T, dim, hp->rms_eps);
-        const ops_weight *gu[2] = { &L->gate, &L->up };
-        float *gu_out[2] = { ed->ffa, ed->ffb };
-        ops_matmul_multi(ed->tp, 2, gu, ed->xn, T, gu_out, ed->mm);
-        ops_swiglu(ed->tp, ed->ffa, ed->ffa, ed->ffb, T, hp->ffn_dim);
-        ops_matmul(ed->tp, &L->down, ed->ffa, T, ed->xn, ed->mm);
-        ops_add(ed->tp, ed->x, ed->xn, (int64_t)T * dim);
+    if (ed->v4) {
+        for (int r = 0; r < T; r++) {
+            const engine_dflash_block *bk = &blocks[r / B];
+            ed->toks[r] = (engine_tok){ .token = r % B == 0 ? bk->anchor : df->mask_token, .pos = ed->pos[r],
+                                        .seq = bk->seq };
+            ed->last[r] = bk->pos + B - 1;
+        }
+        engine_dsv4_block(ed->v4, T, ed->toks, ed->last, ed->embd, ed->x);
+    } else {
+        engine_dflash_layers(ed, n, blocks, B);
     }
     ops_rmsnorm(ed->tp, ed->xn, ed->x, d->output_norm, T, dim, hp->rms_eps);
     ops_matmul(ed->tp, ed->head, ed->xn, T, ed->logits, ed->mm);
-    if (df->markov_rank && B <= df->block_size) engine_dflash_markov(ed, n, blocks, B);
+    /* the confidence head reads the normed state (Qwen3), the collapsed streams before the norm (V4) */
+    if (df->markov_rank && B <= df->block_size) engine_dflash_markov(ed, n, blocks, B, ed->v4 ? ed->x : ed->xn);
     for (int b = 0; b < n; b++)
         for (int i = 0; i < B; i++) {
             const float *l = ed->logits + ((size_t)b * B + i) * nv;

@@ -92,6 +92,13 @@ struct engine_dsv4 {
     const engine_tok *toks;  /* the step's batch */
     int n_tok;
     int layer;               /* the layer of the current pool round */
+    /* a DSpark drafter's block pass (engine_dsv4_block), NULL outside one */
+    const int32_t *last;     /* (n_tok) the last key position of each entry: non-causal */
+    const model *embd;       /* whose token_embd the entries read (NULL: m's) */
+    /* layer inputs kept for a drafter (engine_dsv4_capture), NULL: none */
+    const int8_t *cap_slot;  /* (n_layers + 1) slot of layer il's input in a cap row, -1: not kept */
+    float *cap;              /* (max_tokens, n_cap * dim) */
+    int n_cap;
 };
 
 static dsv4_layout dsv4_layout_of(const model *m, int il, int *width)
@@ -446,11 +453,11 @@ static void dsv4_job_attention(void *ctx, int ith, int nth)
     for (int it = ith; it < d->n_tok * H; it += nth) {
         int t = it / H, h = it % H;
         const engine_tok *tk = &d->toks[t];
-        const int p = tk->pos, lo = TM_MAX(0, p - d->d->swa + 1);
+        const int p = tk->pos, lo = TM_MAX(0, p - d->d->swa + 1), hi = d->last ? d->last[t] : p;
         const float *q = d->q + ((size_t)t * H + h) * hd;
         float *o = d->att + ((size_t)t * H + h) * hd;
         int nk = 0;
-        for (int pp = lo; pp <= p; pp++) sc[nk++] = ops_vec_dot_f32(hd, q, dsv4_row(d, tk->seq, il, pp) + l->raw) * scale;
+        for (int pp = lo; pp <= hi; pp++) sc[nk++] = ops_vec_dot_f32(hd, q, dsv4_row(d, tk->seq, il, pp) + l->raw) * scale;
         int ne = 0;
         if (r == 4) ne = d->n_sel[t];
         else if (r > 0) ne = (p + 1) / r;
@@ -464,7 +471,7 @@ static void dsv4_job_attention(void *ctx, int ith, int nth)
         for (int i = 0; i < nk; i++) sum += (sc[i] = expf(sc[i] - mx));
         memset(o, 0, (size_t)hd * sizeof(float));
         int i = 0;
-        for (int pp = lo; pp <= p; pp++) ops_vec_mad_f32(hd, o, dsv4_row(d, tk->seq, il, pp) + l->raw, sc[i++]);
+        for (int pp = lo; pp <= hi; pp++) ops_vec_mad_f32(hd, o, dsv4_row(d, tk->seq, il, pp) + l->raw, sc[i++]);
         for (int e = 0; e < ne; e++) {
             int j = r == 4 ? d->sel[(size_t)t * d->d->idx_topk + e] : e;
             ops_vec_mad_f32(hd, o, dsv4_row(d, tk->seq, il, r * j + r - 1) + l->comp, sc[i++]);
@@ -630,6 +637,32 @@ static void dsv4_moe(engine_dsv4 *d, int il, int T)
     dsv4_hc_post(d, T);
 }
 
+void engine_dsv4_capture(engine_dsv4 *d, const int8_t *slot, int n_cap, float *cap)
+{
+    d->cap_slot = slot, d->n_cap = n_cap, d->cap = cap;
+}
+
+/* The mean of the T entries' streams into their slot k of cap (llama.cpp's dsv4_hc_mean). */
+static void dsv4_capture(engine_dsv4 *d, int k, int T)
+{
+    const int hc = d->d->hc, dim = d->m->hp.dim;
+    for (int t = 0; t < T; t++) {
+        const float *X = d->X + (size_t)t * hc * dim;
+        float *o = d->cap + (size_t)t * d->n_cap * dim + (size_t)k * dim;
+        memcpy(o, X, (size_t)dim * sizeof(float));
+        for (int h = 1; h < hc; h++) ops_add(NULL, o, X + (size_t)h * dim, dim);
+        ops_vec_scale_f32(dim, o, 1.0f / (float)hc);
+    }
+}
+
+void engine_dsv4_block(engine_dsv4 *d, int T, const void *toks, const int32_t *last, const model *embd,
+                       float *hidden)
+{
+    d->last = last, d->embd = embd;
+    engine_dsv4_step(d, T, toks, NULL, hidden);
+    d->last = NULL, d->embd = NULL;
+}
+
 void engine_dsv4_step(engine_dsv4 *d, int T, const void *toks_, float *logits, float *hidden)
 {
     const model *m = d->m;
@@ -640,16 +673,18 @@ void engine_dsv4_step(engine_dsv4 *d, int T, const void *toks_, float *logits, f
     d->toks = toks, d->n_tok = T;
     for (int t = 0; t < T; t++) {
         float *X = d->X + (size_t)t * hc * dim;
-        model_embed_row(m, toks[t].token, X);
+        model_embed_row(d->embd ? d->embd : m, toks[t].token, X);
         for (int h = 1; h < hc; h++) memcpy(X + (size_t)h * dim, X, (size_t)dim * sizeof(float));
         d->pos[t] = toks[t].pos;
         d->npos[t] = -toks[t].pos;
     }
     for (int il = 0; il < hp->n_layers; il++) {
         kvpool_fill_wait(d->kv, il);   /* layer il of blocks still loading from the store */
+        if (d->cap && d->cap_slot[il] >= 0) dsv4_capture(d, d->cap_slot[il], T);
         dsv4_attention(d, il, T);
         dsv4_moe(d, il, T);
     }
+    if (d->cap && d->cap_slot[hp->n_layers] >= 0) dsv4_capture(d, d->cap_slot[hp->n_layers], T);
     /* the head: the streams collapsed by their own mix (pre only), the output norm */
     ops_rmsnorm(d->tp, d->xf, d->X, NULL, T, hc * dim, hp->rms_eps);
     ops_matmul(d->tp, &md->out_hc_fn, d->xf, T, d->mix, d->mm_scratch);
@@ -664,7 +699,7 @@ void engine_dsv4_step(engine_dsv4 *d, int T, const void *toks_, float *logits, f
             for (int h = 0; h < hc; h++) a += pre[h] * X[(size_t)h * dim + i];
             y[i] = a;
         }
-        if (toks[t].want_logits) memcpy(d->cur + (size_t)n_out++ * dim, y, (size_t)dim * sizeof(float));
+        if (toks[t].want_logits && logits) memcpy(d->cur + (size_t)n_out++ * dim, y, (size_t)dim * sizeof(float));
     }
     if (n_out > 0) {
         ops_rmsnorm(d->tp, d->cur, d->cur, m->output_norm, n_out, dim, hp->rms_eps);

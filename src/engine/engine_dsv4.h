@@ -41,4 +41,20 @@ void engine_dsv4_free(engine_dsv4 *d);
  * residual stream before the output norm. */
 void engine_dsv4_step(engine_dsv4 *d, int n, const void *toks, float *logits, float *hidden);
 
+/* Keep the inputs of some layers of every entry of every step from now on, for a DSpark drafter
+ * (engine_dflash.h): slot (n_layers + 1 entries, -1: not kept; slot[n_layers] is the streams
+ * after the last layer) says where layer il's input goes in an entry's row of cap (n_cap * dim
+ * floats, max_tokens rows). The input is the mean of the hyper-connection streams entering the
+ * layer, what llama.cpp's deepseek4 graph gives a drafter. NULL cap stops; the arrays stay the
+ * caller's. */
+void engine_dsv4_capture(engine_dsv4 *d, const int8_t *slot, int n_cap, float *cap);
+
+/* A V4-backbone DSpark drafter's block pass (d made on the drafter's model and pool): the step
+ * over n entries whose K=V rows at positions before the blocks were injected, every entry
+ * attending to the window before it and to every position up to last[t] (its block's end: the
+ * non-causal block), with the embedding of embd (the target's when the drafter has none). Only
+ * hidden (n, dim), the collapsed streams before the output norm, is written. */
+void engine_dsv4_block(engine_dsv4 *d, int n, const void *toks, const int32_t *last, const model *embd,
+                       float *hidden);
+
 #endif

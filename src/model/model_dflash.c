@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "model/model_dflash.h"
+#include "model/model_dsv4.h"
 #include "model/model_int.h"
 #include "util/util.h"
 
@@ -57,29 +58,46 @@ static bool model_dflash_keys(model_ld *ld, model_dflash *d)
     return true;
 }
 
-/* The parts llama.cpp's dflash has that the engine does not run: refused by name. */
-static bool model_dflash_unsupported(model_ld *ld)
+/* The parts llama.cpp's dflash has that the engine does not run: refused by name. Sinks and
+ * the sliding window belong to the V4 backbone (v4), which has both. */
+static bool model_dflash_unsupported(model_ld *ld, bool v4)
 {
     const gguf *g = ld->m->g;
-    int64_t hc = 0;
-    if (gguf_get_int(g, "dflash.hyper_connection_count", &hc) && hc > 0) {
-        model_fail(ld, GGUF_ERR_TYPE, "DSpark drafter with a DeepSeek V4 backbone (dflash.hyper_connection_count %lld): "
-                   "not supported yet (Qwen3-style drafters are)", (long long)hc);
-        return false;
-    }
     static const char *const no[][2] = {
         { "d2t", "a reduced draft vocabulary (d2t)" },
         { "selector_hidden.weight", "DFlash2's conv and selector heads" },
         { "blk.0.attn_sinks.weight", "attention sinks" },
     };
-    for (size_t i = 0; i < TM_ARRAY_LEN(no); i++)
+    for (size_t i = 0; i < TM_ARRAY_LEN(no) - (v4 ? 1 : 0); i++)
         if (gguf_find_tensor(g, no[i][0])) {
             model_fail(ld, GGUF_ERR_TYPE, "dflash drafter with %s (tensor %s): not supported yet", no[i][1], no[i][0]);
             return false;
         }
     int64_t swa = 0;
-    if (gguf_get_int(g, "dflash.attention.sliding_window", &swa) && swa > 0) {
+    if (!v4 && gguf_get_int(g, "dflash.attention.sliding_window", &swa) && swa > 0) {
         model_fail(ld, GGUF_ERR_TYPE, "dflash drafter with sliding-window attention: not supported yet");
+        return false;
+    }
+    return true;
+}
+
+/* The DeepSeek V4 backbone (conversion/deepseek.py's DeepseekV4DSparkModel): V4 layers read by
+ * model_dsv4_load under the dflash prefix, every one uncompressed and routed by its router (as
+ * llama.cpp's dflash loader demands: "expects uncompressed attention on all stages"). */
+static bool model_dflash_v4(model_ld *ld)
+{
+    model *m = ld->m;
+    m->layers = xcalloc((size_t)m->hp.n_layers, sizeof *m->layers);
+    if (!model_dsv4_load(ld)) return false;
+    for (int il = 0; il < m->hp.n_layers; il++)
+        if (m->dsv4->layers[il].ratio != 0) {
+            model_fail(ld, GGUF_ERR_FORMAT, "DSpark drafter with a DeepSeek V4 backbone: layer %d has compression "
+                       "ratio %d (a drafter's layers are uncompressed)", il, m->dsv4->layers[il].ratio);
+            return false;
+        }
+    if (m->dsv4->n_hash > 0) {
+        model_fail(ld, GGUF_ERR_FORMAT, "DSpark drafter with a DeepSeek V4 backbone: %d hash-routed layers (a "
+                   "drafter has none)", m->dsv4->n_hash);
         return false;
     }
     return true;
@@ -138,7 +156,9 @@ bool model_dflash_load(model_ld *ld)
     model *m = ld->m;
     model_hparams *hp = &m->hp;
     model_dflash *d = m->dflash = xcalloc(1, sizeof *d);
-    if (!model_dflash_unsupported(ld) || !model_dflash_keys(ld, d) || !model_dflash_vocab(ld, d)) return false;
+    int64_t hc = 0;
+    const bool v4 = gguf_get_int(m->g, "dflash.hyper_connection.count", &hc) && hc > 0;
+    if (!model_dflash_unsupported(ld, v4) || !model_dflash_keys(ld, d) || !model_dflash_vocab(ld, d)) return false;
     const int dim = hp->dim;
     /* the usual cause of a wrong fc: a drafter made for a target of another width */
     const gguf_tensor *fc = gguf_find_tensor(m->g, "fc.weight");
@@ -180,6 +200,7 @@ bool model_dflash_load(model_ld *ld)
         model_fail(ld, GGUF_ERR_TYPE, "tensor fc.scale: scaled matrices are not supported yet");
         return false;
     }
+    if (v4) return model_dflash_v4(ld);
     m->layers = xcalloc((size_t)hp->n_layers, sizeof *m->layers);
     for (int il = 0; il < hp->n_layers; il++)
         if (!model_dflash_layer(ld, il)) return false;
@@ -193,9 +214,14 @@ bool model_dflash_match(const model *t, const model *d, char *err, size_t errsz)
         snprintf(err, errsz, "not a dflash drafter");
         return false;
     }
-    if (t->hp.arch == MODEL_ARCH_DFLASH || t->hp.bidirectional || t->dsv4 || t->mtp_view) {
-        snprintf(err, errsz, "a dflash drafter drafts for a decoder of llama's, qwen's or deepseek2's layers, not '%s'",
+    if (d->dsv4 && !t->dsv4) {
+        snprintf(err, errsz, "a DSpark drafter with the DeepSeek V4 backbone drafts for a deepseek4 model, not '%s'",
                  t->hp.arch_name);
+        return false;
+    }
+    if (!d->dsv4 && (t->hp.arch == MODEL_ARCH_DFLASH || t->hp.bidirectional || t->dsv4 || t->mtp_view)) {
+        snprintf(err, errsz, "a dflash drafter with the Qwen3 backbone drafts for a decoder of llama's, qwen's or "
+                 "deepseek2's layers, not '%s'", t->hp.arch_name);
         return false;
     }
     if (d->hp.n_vocab != t->hp.n_vocab) {
@@ -207,10 +233,12 @@ bool model_dflash_match(const model *t, const model *d, char *err, size_t errsz)
                  d->hp.dim, t->hp.dim);
         return false;
     }
+    /* a V4 target also gives the streams after its last layer (llama.cpp's deepseek4 graph) */
+    const int max_tl = t->dsv4 ? t->hp.n_layers : t->hp.n_layers - 1;
     for (int i = 0; i < df->n_tl; i++)
-        if (df->tl[i] >= t->hp.n_layers) {
+        if (df->tl[i] > max_tl) {
             snprintf(err, errsz, "target layers: the drafter reads layer %d, the model has %d (0..%d)", df->tl[i],
-                     t->hp.n_layers, t->hp.n_layers - 1);
+                     t->hp.n_layers, max_tl);
             return false;
         }
     if ((!df->own_embd && !t->tok_embd.data) || (!df->own_head && !t->output.data)) {

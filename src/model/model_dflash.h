@@ -11,9 +11,14 @@
  * `token_embd` / `output` borrows the target's (hp.n_vocab then comes from its tokenizer).
  * engine/engine_dflash.c runs it; docs/spec.md writes the arithmetic out.
  *
- * Refused at load with a message naming the part: the DeepSeek V4 backbone
- * (hyper-connections), DFlash2's conv and selector tensors, a reduced draft vocabulary (`d2t`),
- * attention sinks and sliding windows (not in the engine yet).
+ * A file with dflash.hyper_connection.count > 0 has the DeepSeek V4 backbone instead
+ * (conversion/deepseek.py's DeepseekV4DSparkModel): its layers are V4 layers, loaded by
+ * model_dsv4_load under the `dflash.` prefix into m->dsv4 (all uncompressed, no hash layers),
+ * and it drafts for a `deepseek4` target only.
+ *
+ * Refused at load with a message naming the part: DFlash2's conv and selector tensors, a
+ * reduced draft vocabulary (`d2t`), and on the Qwen3 backbone attention sinks and sliding
+ * windows (not in the engine yet).
  */
 #ifndef TM_MODEL_DFLASH_H
 #define TM_MODEL_DFLASH_H
@@ -39,16 +44,17 @@ typedef struct model_dflash {
     int markov_rank;         /* R, 0: no Markov head */
     const float *markov_w1;  /* (n_vocab, R) f32: row prev is the previous token's code */
     ops_weight markov_w2;    /* (n_vocab, R): bias = w2 . w1[prev] */
-    const float *conf_w;     /* (dim + R) f32 conf_proj over [normed hidden; w1[prev]], or NULL */
+    const float *conf_w;     /* (dim + R) f32 conf_proj over [hidden; w1[prev]] (hidden: normed on
+                              * Qwen3, the collapsed streams before the norm on V4), or NULL */
     float conf_b;            /* its bias (0 without) */
 } model_dflash;
 
 void model_dflash_free(model_dflash *d);
 
-/* Whether drafter d can draft for target t: the same vocabulary size, the drafter's width the
- * target's, every target layer below t's layer count, a target with the embedding and head a
- * drafter without its own borrows (a dense Qwen3 / Llama-shaped target), the mask token in
- * range. false with a message naming what differs. The vocabularies' tokens are the caller's
+/* Whether drafter d can draft for target t: the backbone's family (V4 for a deepseek4 target,
+ * Qwen3 for the others), the same vocabulary size, the drafter's width the target's, every
+ * target layer below t's layer count (up to it on V4: the final streams), a target with the
+ * embedding and head a drafter without its own borrows, the mask token in range. false with a message naming what differs. The vocabularies' tokens are the caller's
  * to compare (tokenizer). */
 bool model_dflash_match(const model *t, const model *d, char *err, size_t errsz);
 

@@ -40,10 +40,18 @@ static bool dsv4_arr_num(const gguf *g, const char *key, int i, double *out)
     }
 }
 
+/* The file's key arch.suffix: "deepseek4." for a V4 model, "dflash." for a DSpark drafter with
+ * the V4 backbone (model_dflash.c), whose converter writes the same keys under its prefix. */
+static const char *dsv4_key(const model_ld *ld, const char *suffix, char *buf, size_t sz)
+{
+    snprintf(buf, sz, "%s.%s", ld->m->hp.arch_name, suffix);
+    return buf;
+}
+
 static bool dsv4_int(model_ld *ld, const char *suffix, bool required, int64_t def, int64_t lo, int64_t hi, int *out)
 {
     char key[128];
-    snprintf(key, sizeof key, "deepseek4.%s", suffix);
+    dsv4_key(ld, suffix, key, sizeof key);
     int64_t v;
     if (!model_key_int(ld, key, required, def, &v)) return false;
     if (v < lo || v > hi) {
@@ -64,13 +72,15 @@ static bool dsv4_read_rope(model_ld *ld)
     model_hparams *hp = &ld->m->hp;
     model_dsv4 *d = ld->m->dsv4;
     const float n_rot = (float)hp->n_rot;
+    char kb[128];
     d->rope_raw = (model_dsv4_rope){ .theta_scale = hp->rope_theta_scale, .freq_scale = 1.0f, .mscale = 1.0f };
     model_dsv4_rope *c = &d->rope_comp;
     *c = (model_dsv4_rope){ .theta_scale = powf(d->cbase, -2.0f / n_rot), .freq_scale = hp->rope_freq_scale,
                             .mscale = 1.0f };
     if (hp->rope_yarn[0] != 0.0f) {
         double orig;
-        if (!model_key_float(ld, "deepseek4.rope.scaling.original_context_length", hp->n_ctx_train, &orig))
+        if (!model_key_float(ld, dsv4_key(ld, "rope.scaling.original_context_length", kb, sizeof kb), hp->n_ctx_train,
+                             &orig))
             return false;
         if (!(orig >= 1)) {
             model_fail(ld, GGUF_ERR_FORMAT, "bad deepseek4.rope.scaling.original_context_length %g", orig);
@@ -99,18 +109,20 @@ static bool dsv4_read_hparams(model_ld *ld)
     model_dsv4 *d = m->dsv4;
     const int L = hp->n_layers, H = hp->n_heads, hd = hp->head_dim;
     double f;
+    char kb[128];
     if (!dsv4_int(ld, "expert_count", true, 0, 1, MODEL_MAX_EXPERTS, &hp->n_expert)) return false;
     if (!dsv4_int(ld, "expert_used_count", true, 0, 1, hp->n_expert, &hp->n_expert_used)) return false;
     if (!dsv4_int(ld, "expert_shared_count", false, 0, 0, 64, &hp->n_shared)) return false;
     int gating;
     if (!dsv4_int(ld, "expert_gating_func", true, 0, 0, 16, &gating)) return false;
     if (gating != 4) {
-        model_fail(ld, GGUF_ERR_FORMAT, "deepseek4.expert_gating_func %d: only 4 (sqrt-softplus) is supported", gating);
+        model_fail(ld, GGUF_ERR_FORMAT, "%s %d: only 4 (sqrt-softplus) is supported",
+                   dsv4_key(ld, "expert_gating_func", kb, sizeof kb), gating);
         return false;
     }
     bool b;
-    hp->router_norm = gguf_get_bool(m->g, "deepseek4.expert_weights_norm", &b) && b;
-    if (!model_key_float(ld, "deepseek4.expert_weights_scale", 1.0, &f)) return false;
+    hp->router_norm = gguf_get_bool(m->g, dsv4_key(ld, "expert_weights_norm", kb, sizeof kb), &b) && b;
+    if (!model_key_float(ld, dsv4_key(ld, "expert_weights_scale", kb, sizeof kb), 1.0, &f)) return false;
     hp->router_scale = (float)f;
     if (hp->n_kv_heads != 1) {
         model_fail(ld, GGUF_ERR_FORMAT, "deepseek4: %d kv heads, the family has one (K = V)", hp->n_kv_heads);
@@ -128,13 +140,13 @@ static bool dsv4_read_hparams(model_ld *ld)
     if (!dsv4_int(ld, "attention.output_lora_rank", true, 0, 1, 1 << 16, &d->o_lora)) return false;
     if (!dsv4_int(ld, "hyper_connection.count", true, 0, 1, 16, &d->hc)) return false;
     if (!dsv4_int(ld, "hyper_connection.sinkhorn_iterations", true, 0, 1, 1000, &d->sk_iters)) return false;
-    if (!model_key_float(ld, "deepseek4.hyper_connection.epsilon", 1e-6, &f)) return false;
+    if (!model_key_float(ld, dsv4_key(ld, "hyper_connection.epsilon", kb, sizeof kb), 1e-6, &f)) return false;
     d->hc_eps = (float)f;
     if (!dsv4_int(ld, "hash_layer_count", false, 0, 0, L, &d->n_hash)) return false;
     if (!dsv4_int(ld, "attention.indexer.head_count", true, 0, 1, 4096, &d->idx_heads)) return false;
     if (!dsv4_int(ld, "attention.indexer.key_length", true, 0, 2, 4096, &d->idx_dim)) return false;
     if (!dsv4_int(ld, "attention.indexer.top_k", true, 0, 1, 1 << 24, &d->idx_topk)) return false;
-    if (!model_key_float(ld, "deepseek4.attention.compress_rope_freq_base", 0.0, &f)) return false;
+    if (!model_key_float(ld, dsv4_key(ld, "attention.compress_rope_freq_base", kb, sizeof kb), 0.0, &f)) return false;
     d->cbase = (float)f;
     if (H % d->o_groups != 0 || d->cbase <= 0 || hp->n_rot > d->idx_dim || d->idx_dim % 2) {
         model_fail(ld, GGUF_ERR_FORMAT, "bad deepseek4 hyper-parameters: %d heads in %d output groups, compressed "
@@ -156,16 +168,19 @@ static bool dsv4_layer_keys(model_ld *ld, int il)
     model_dsv4 *d = ld->m->dsv4;
     model_dsv4_layer *dl = &d->layers[il];
     double r, ef, ce, cs;
-    if (!dsv4_arr_num(g, "deepseek4.attention.compress_ratios", il, &r) || (r != 0 && r != 4 && r != 128)) {
-        model_fail(ld, GGUF_ERR_FORMAT, "deepseek4.attention.compress_ratios: layer %d missing or not 0, 4 or 128", il);
+    char kb[128];
+    if (!dsv4_arr_num(g, dsv4_key(ld, "attention.compress_ratios", kb, sizeof kb), il, &r) ||
+        (r != 0 && r != 4 && r != 128)) {
+        model_fail(ld, GGUF_ERR_FORMAT, "%s: layer %d missing or not 0, 4 or 128", kb, il);
         return false;
     }
-    if (!dsv4_arr_num(g, "deepseek4.expert_feed_forward_length", il, &ef) || ef < 1 || ef > (1 << 22)) {
-        model_fail(ld, GGUF_ERR_FORMAT, "deepseek4.expert_feed_forward_length: layer %d missing or bad", il);
+    if (!dsv4_arr_num(g, dsv4_key(ld, "expert_feed_forward_length", kb, sizeof kb), il, &ef) || ef < 1 ||
+        ef > (1 << 22)) {
+        model_fail(ld, GGUF_ERR_FORMAT, "%s: layer %d missing or bad", kb, il);
         return false;
     }
-    if (!dsv4_arr_num(g, "deepseek4.swiglu_clamp_exp", il, &ce)) ce = 0;
-    if (!dsv4_arr_num(g, "deepseek4.swiglu_clamp_shexp", il, &cs)) cs = ce;
+    if (!dsv4_arr_num(g, dsv4_key(ld, "swiglu_clamp_exp", kb, sizeof kb), il, &ce)) ce = 0;
+    if (!dsv4_arr_num(g, dsv4_key(ld, "swiglu_clamp_shexp", kb, sizeof kb), il, &cs)) cs = ce;
     dl->ratio = (int)r;
     dl->ffn = (int)ef;
     dl->clamp_exp = (float)ce;

@@ -13,6 +13,13 @@
 // and DFlash (no Markov head, [last, mask x K]). tokenmill runs all prompts of a case in one
 // batched pass per round; llama.cpp one prompt at a time.
 //
+// DSpark drafters with the DeepSeek V4 backbone (tests/oracle/gguf_dspark_v4.py: hyper-connections,
+// V4 attention with sinks over a sliding window, MoE; conversion/deepseek.py's
+// DeepseekV4DSparkModel) for the gguf_dsv4.py V4 target, reading the mean of its streams at
+// layer 1 and after its last layer: the same comparison, with the Markov and confidence heads
+// (blocks of 3 and 5, and 7 past the trained 6), without the confidence head, without the
+// Markov head (DFlash rounds), with its own head, and a window of 8 that the prompts cross.
+//
 // Mismatched drafters are refused by name: another width (llama.cpp refuses it too: fc's
 // shape), a target layer the model lacks, another vocabulary (and `serve --draft` refuses the
 // first the same way; serving is spec_dflash.test.mjs). F32 weights and KV on both sides. Needs python3 with
@@ -24,6 +31,7 @@ import crypto from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
 import {root, bin, gen, oracleFiles} from './oracle_common.mjs';
+import {dsv4Model, skip as skipV4Model} from './dsv4_model.mjs';
 
 const script = path.join(root, 'tests/oracle/gguf_dflash.py');
 const harness = path.join(root, 'tests/oracle/dflash_llama.cpp');
@@ -76,8 +84,7 @@ function rounds(text) {
 // tokenmill's rounds for all prompts at once, llama.cpp's per prompt; compared round by round
 // noHead: a block longer than the trained one, where both skip the Markov and confidence heads
 // (llama.cpp's confidence rows are then zeros, tokenmill says -1: none)
-function compare(name, file, nDraft, mode, noHead = false) {
-  const t = target();
+function compare(name, file, nDraft, mode, noHead = false, t = target()) {
   const dir = fs.mkdtempSync(path.join(gen, 'in-dflash-'));
   const inFile = path.join(dir, 'in.json');
   fs.writeFileSync(inFile, JSON.stringify({seqs: PROMPTS, n_draft: nDraft, rounds: ROUNDS, mode}));
@@ -136,6 +143,49 @@ test('DFlash (no Markov head): [last, mask x K] blocks as llama.cpp\'s', {skip},
   const f = drafter('dflash', ['--block', '6']);
   compare('dflash block 4', f, 4, 'dflash');
   compare('dflash block 2', f, 2, 'dflash');
+});
+
+const v4Script = path.join(root, 'tests/oracle/gguf_dspark_v4.py');
+const v4Files = oracleFiles([v4Script, path.join(root, 'tests/oracle/gguf_dsv4.py'),
+  path.join(root, 'tests/oracle/gguf_common.py')]);
+const skipV4 = skip || skipV4Model || v4Files.skip;
+const v4Drafter = (name, args) => v4Files.cached(`dspark-v4-${name}`, (tmp) =>
+  run(v4Files.python, [v4Script, '--target', dsv4Model(), ...args, '-o', tmp], `gguf_dspark_v4 ${name}`));
+
+test('DSpark with the DeepSeek V4 backbone on a V4 target: as llama.cpp\'s', {skip: skipV4}, () => {
+  const t = dsv4Model();
+  const f = v4Drafter('conf', ['--block', '6', '--markov', '16', '--conf']);
+  for (const k of [3, 5]) {
+    const tm = compare(`v4 dspark-conf block ${k}`, f, k, 'dspark', false, t);
+    const confs = tm.flatMap((r) => r.slots.map((s) => s.conf));
+    assert.ok(confs.every((c) => c > 0 && c < 1), 'confidences in (0, 1)');
+  }
+  compare('v4 dspark-conf block 7 (past the trained 6)', f, 7, 'dspark', true, t);
+  compare('v4 dspark-noconf window 8', v4Drafter('noconf-w8', ['--block', '6', '--markov', '8', '--window', '8']), 4,
+    'dspark', false, t);
+  compare('v4 dspark-ownhead', v4Drafter('ownhead', ['--block', '8', '--markov', '8', '--conf', '--own-head',
+    '--layers', '1', '--seed', '3']), 5, 'dspark', false, t);
+  const df = v4Drafter('dflash', ['--block', '6']);
+  compare('v4 dflash block 4', df, 4, 'dflash', false, t);
+  compare('v4 dflash block 2', df, 2, 'dflash', false, t);
+});
+
+test('V4 and Qwen3 drafters are refused beside the other family\'s target', {skip: skipV4}, () => {
+  const dir = fs.mkdtempSync(path.join(gen, 'in-dflash-'));
+  const inFile = path.join(dir, 'in.json');
+  fs.writeFileSync(inFile, JSON.stringify({seqs: [[1, 2, 3]], n_draft: 3, rounds: 1, mode: 'dspark'}));
+  const evalWith = (m, file) => spawnSync(bin, ['eval', '-m', m, '--draft', file, '--input', inFile, '--threads', '1'],
+    {encoding: 'utf8'});
+  let r = evalWith(dsv4Model(), v4Drafter('deep', ['--target-layers', '1,5']));
+  assert.equal(r.status, 1);
+  assert.match(r.stderr, /target layers: the drafter reads layer 5, the model has 4 \(0\.\.4\)/);
+  r = evalWith(target(), v4Drafter('conf', ['--block', '6', '--markov', '16', '--conf']));
+  assert.equal(r.status, 1);
+  assert.match(r.stderr, /DeepSeek V4 backbone drafts for a deepseek4 model, not 'qwen3'/);
+  r = evalWith(dsv4Model(), drafter('dflash', ['--block', '6']));
+  assert.equal(r.status, 1);
+  assert.match(r.stderr, /Qwen3 backbone drafts for a decoder .* not 'deepseek4'/);
+  fs.rmSync(dir, {recursive: true, force: true});
 });
 
 test('a drafter that does not fit the model is refused by name, by eval and by serve', {skip}, () => {

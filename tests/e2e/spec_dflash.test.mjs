@@ -13,6 +13,7 @@ import path from "node:path";
 
 import { bin, fetchMetrics, postCompletion, startCluster, startServer, stopServers } from "./server.mjs";
 import { root, oracleFiles } from "./oracle_common.mjs";
+import { dsv4Model, skip as dsv4Skip } from "./dsv4_model.mjs";
 
 const script = path.join(root, "tests/oracle/gguf_dflash.py");
 const { python, skip, cached } = oracleFiles([script, path.join(root, "tests/oracle/gguf_common.py")]);
@@ -93,4 +94,38 @@ test("bad DSpark / DFlash options are refused at start", { skip }, () => {
     assert.notEqual(r.status, 0, args.join(" "));
     assert.match(r.stderr, msg);
   }
+});
+
+// The DeepSeek V4 backbone: a DSpark drafter of tests/oracle/gguf_dspark_v4.py (hyper-connections,
+// V4 layers, Markov and confidence heads) on the gguf_dsv4.py V4 target; its arithmetic is
+// oracle_dflash.test.mjs's. Greedy answers, alone and concurrent, equal those without
+// speculation, drafts are verified, and a decode worker behind a gateway drafts with it too.
+const v4Script = path.join(root, "tests/oracle/gguf_dspark_v4.py");
+const v4Files = oracleFiles([v4Script, path.join(root, "tests/oracle/gguf_dsv4.py"), path.join(root, "tests/oracle/gguf_common.py")]);
+const skipV4 = skip || v4Files.skip || dsv4Skip;
+
+test("DSpark with the V4 backbone on a deepseek4 target: greedy answers equal those without", { skip: skipV4, timeout: 120000 }, async () => {
+  const t = dsv4Model();
+  const d = v4Files.cached("dspark-v4-conf", (tmp) => run(v4Files.python, [v4Script, "--target", t, "--block", "6", "--markov", "16", "--conf", "-o", tmp]));
+  const common = ["--threads", "1", "--max-seqs", "4", "--cache", "off"];
+  const [p, a, f] = await Promise.all([
+    startServer(t, common),
+    startServer(t, [...common, "--draft", d, "--spec", "dspark"]),
+    startServer(t, [...common, "--draft", d, "--spec", "dspark", "--spec-fixed", "5", "--spec-p-min", "0.2"]),
+  ]);
+  const ask = async (url, c) => (await postCompletion(url, { model: path.basename(t, ".gguf"), prompt: prompt(c), max_tokens: MAX, ignore_eos: true, temperature: 0 })).choices[0].text;
+  const want = [];
+  for (let c = 0; c < N; c++) want.push(await ask(p.url, c));
+  for (const [name, S] of [["v4 dspark adaptive", a], ["v4 dspark verify 5, p-min 0.2", f]]) {
+    assert.equal(await ask(S.url, 0), want[0], `${name}, prompt 0 alone`);
+    const together = await Promise.all(Array.from({ length: N }, (_, c) => ask(S.url, c)));
+    together.forEach((x, c) => assert.equal(x, want[c], `${name}, prompt ${c} concurrent`));
+    const m = await fetchMetrics(S.url);
+    assert.ok(m['tokenmill_spec_source_verified_tokens_total{source="model"}'] > 0, `${name}: no draft verified ${JSON.stringify(m)}`);
+  }
+  const C = await startCluster(t, ["prefill", "decode"], { workerArgs: ["--draft", d, "--spec", "dspark", "--spec-fixed", "3"] });
+  const j = await postCompletion(C.url, { model: path.basename(t, ".gguf"), prompt: prompt(2), max_tokens: MAX, ignore_eos: true, temperature: 0 });
+  assert.equal(j.choices[0].text, want[2], "v4 dspark on a decode worker");
+  const det = j.usage.completion_tokens_details;
+  assert.ok(det.accepted_prediction_tokens + det.rejected_prediction_tokens > 0, JSON.stringify(j.usage));
 });
