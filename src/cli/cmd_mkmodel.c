@@ -22,10 +22,11 @@
  * post_ffw_norm, attention.sliding_window (--window, default 512) on 5 of each 6 layers,
  * rope.freq_base_swa 10000 and, past a 32768-token context, linear scaling 8 for the global
  * layers, as conversion/gemma.py writes Gemma 3's; tied embeddings), `deepseek4` (DeepSeek V4's, as
- * conversion/deepseek.py writes them and tests/oracle/gguf_dsv4.py lists them: layer 0
- * uncompressed then compression ratios 4 and 128 in turn, the compressors and the lightning
+ * conversion/deepseek.py writes them and tests/oracle/gguf_dsv4.py lists them: --plain-layers
+ * leading layers uncompressed (dsv4-tiny 1, deepseek-v4-flash 2) then compression ratios 4
+ * and 128 in turn, the compressors and the lightning
  * indexer, the grouped low-rank output, sinks, 4 hyper-connection streams, the sqrt-softplus
- * router with a hash-routed lead layer (an I32 tid2eid table of distinct experts per token) and
+ * router with --hash-layers hash-routed lead layers (an I32 tid2eid table of distinct experts per token) and
  * a selection bias after it, the clamped SwiGLU experts and a shared one; untied; --type mxfp4
  * as gpt-oss's). Norms, biases and rope factors stay F32; every matrix gets
  * --type (q4_1, q5_0, q5_1, q2_k, q3_k, iq4_nl, iq4_xs, iq3_xxs, iq3_s, iq2_s, tq1_0, tq2_0 too, ggml's reference quantisers; every matrix
