@@ -26,10 +26,11 @@
  * quarter of the kv heads, no attn_v, proportional RoPE (rope_freqs), a layer_output_scale, the
  * soft cap 30, as conversion/gemma.py's Gemma4Model writes them; no per-layer embeddings, shared
  * KV layers or experts), `deepseek4` (DeepSeek V4's, as
- * conversion/deepseek.py writes them and tests/oracle/gguf_dsv4.py lists them: layer 0
- * uncompressed then compression ratios 4 and 128 in turn, the compressors and the lightning
+ * conversion/deepseek.py writes them and tests/oracle/gguf_dsv4.py lists them: --plain-layers
+ * leading layers uncompressed (dsv4-tiny 1, deepseek-v4-flash 2) then compression ratios 4
+ * and 128 in turn, the compressors and the lightning
  * indexer, the grouped low-rank output, sinks, 4 hyper-connection streams, the sqrt-softplus
- * router with a hash-routed lead layer (an I32 tid2eid table of distinct experts per token) and
+ * router with --hash-layers hash-routed lead layers (an I32 tid2eid table of distinct experts per token) and
  * a selection bias after it, the clamped SwiGLU experts and a shared one; untied; --type mxfp4
  * as gpt-oss's), `glm4moe` (GLM-4.5's as Glm4MoeModel writes it: q/k/v biases, half of each
  * head rotated (NEOX), post_attention_norm, a dense lead layer (--dense-layers, default 1), then
@@ -97,15 +98,18 @@ typedef struct {
     int n_groups, n_groups_used;
     int n_swa;              /* gpt-oss: sliding window (every other layer); gemma3: 5 of 6 */
     int ssm_k_heads, ssm_v_heads, ssm_state;   /* qwen35: the linear layers' q/k heads, v heads, head size */
+    /* deepseek4: output groups and each's rank, the indexer's heads, head size and top-k, the
+     * hash-routed leading layers, the leading uncompressed (window-only) layers */
+    int o_groups, o_lora, idx_heads, idx_dim, idx_topk, n_hash, n_plain;
 } mk_preset;
 
 static const mk_preset mk_presets[] = {
-    { "tiny", NULL, 2, 256, 512, 4, 2, 64, 2048, 1024, 0, true, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0, 0, 0, 0, 0 },
-    { "small", NULL, 4, 512, 1536, 8, 4, 64, 4096, 4096, 0, true, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0, 0, 0, 0, 0 },
-    { "qwen3-0.6b", "qwen3", 28, 1024, 3072, 16, 8, 128, 40960, 151936, 1e6, true, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0, 0, 0, 0, 0 },
-    { "qwen2-0.5b", "qwen2", 24, 896, 4864, 14, 2, 64, 32768, 151936, 1e6, true, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0, 0, 0, 0, 0 },
-    { "llama3.2-1b", "llama", 16, 2048, 8192, 32, 8, 64, 131072, 128256, 500000, true, true, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0, 0, 0, 0, 0 },
-    { "qwen3-30b-a3b", "qwen3moe", 48, 2048, 6144, 32, 4, 128, 40960, 151936, 1e6, false, false, 128, 8, 768, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0, 0, 0, 0, 0 },
+    { "tiny", NULL, 2, 256, 512, 4, 2, 64, 2048, 1024, 0, true, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 },
+    { "small", NULL, 4, 512, 1536, 8, 4, 64, 4096, 4096, 0, true, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 },
+    { "qwen3-0.6b", "qwen3", 28, 1024, 3072, 16, 8, 128, 40960, 151936, 1e6, true, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 },
+    { "qwen2-0.5b", "qwen2", 24, 896, 4864, 14, 2, 64, 32768, 151936, 1e6, true, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 },
+    { "llama3.2-1b", "llama", 16, 2048, 8192, 32, 8, 64, 131072, 128256, 500000, true, true, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 },
+    { "qwen3-30b-a3b", "qwen3moe", 48, 2048, 6144, 32, 4, 128, 40960, 151936, 1e6, false, false, 128, 8, 768, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 },
     { .name = "deepseek-v2-lite", .arch = "deepseek2", .n_layers = 27, .dim = 2048, .ffn = 10944, .n_heads = 16,
       .n_kv_heads = 1, .head_dim = 192, .ctx = 163840, .n_vocab = 102400, .rope_base = 10000, .n_expert = 64,
       .n_expert_used = 6, .expert_ffn = 1408, .kv_lora = 512, .nope_dim = 128, .rope_dim = 64, .v_dim = 128,
@@ -160,12 +164,23 @@ static const mk_preset mk_presets[] = {
     { .name = "gemma-3-27b", .arch = "gemma3", .n_layers = 62, .dim = 5376, .ffn = 21504, .n_heads = 32, .n_kv_heads = 16,
       .head_dim = 128, .ctx = 131072, .n_vocab = 262144, .rope_base = 1e6, .tied = true, .n_swa = 1024 },
     /* DeepSeek V4's test shape (tests/oracle/gguf_dsv4.py's): 4 layers of ratios 0, 4, 128, 4,
-     * 4 heads of 64 (16 rotated) over one kv head, 8 experts of 64 (2 per token) and one shared;
-     * the rest of V4's hyper-parameters are mk_resolve_dsv4's. No preset of the published V4
-     * shapes: the bundled llama.cpp names only their layer count (docs/deepseek4.md). */
+     * 4 heads of 64 (16 rotated) over one kv head, 8 experts of 64 (2 per token) and one shared,
+     * the indexer's 8 heads of 64 keeping 6 entries, 2 output groups of rank 32, one hash layer */
     { .name = "dsv4-tiny", .arch = "deepseek4", .n_layers = 4, .dim = 128, .ffn = 64, .n_heads = 4, .n_kv_heads = 1,
       .head_dim = 64, .ctx = 4096, .n_vocab = 1024, .rope_base = 10000, .n_expert = 8, .n_expert_used = 2,
-      .expert_ffn = 64, .q_lora = 64, .rope_dim = 16, .n_shared = 1, .w_scale = 1.5, .n_swa = 16 },
+      .expert_ffn = 64, .q_lora = 64, .rope_dim = 16, .n_shared = 1, .w_scale = 1.5, .n_swa = 16, .o_groups = 2,
+      .o_lora = 32, .idx_heads = 8, .idx_dim = 64, .idx_topk = 6, .n_hash = 1, .n_plain = 1 },
+    /* DeepSeek-V4-Flash (deepseek-ai/DeepSeek-V4-Flash's config.json as the model card and
+     * NeMo AutoModel's model page give it, docs/deepseek4.md "mkmodel"): 43 layers of 4096, 64
+     * heads of 512 (64 rotated) over one kv head, q rank 1024, 8 output groups of rank 1024, a
+     * 128-token window, layers 0-1 uncompressed then ratios 4 and 128 in turn, the indexer's 64
+     * heads of 128 keeping 512 entries, 256 experts of 2048 (6 per token, scale 1.5) and one
+     * shared, 3 hash-routed layers, 129280 tokens, 1M positions. */
+    { .name = "deepseek-v4-flash", .arch = "deepseek4", .n_layers = 43, .dim = 4096, .ffn = 2048, .n_heads = 64,
+      .n_kv_heads = 1, .head_dim = 512, .ctx = 1048576, .n_vocab = 129280, .rope_base = 10000, .n_expert = 256,
+      .n_expert_used = 6, .expert_ffn = 2048, .q_lora = 1024, .rope_dim = 64, .n_shared = 1, .w_scale = 1.5,
+      .n_swa = 128, .o_groups = 8, .o_lora = 1024, .idx_heads = 64, .idx_dim = 128, .idx_topk = 512, .n_hash = 3,
+      .n_plain = 2 },
 };
 
 typedef struct {
@@ -194,6 +209,7 @@ typedef struct {
     int idx_heads, idx_dim, idx_topk;   /* indexer heads, head size, compressed entries kept */
     int n_hc;                       /* hyper-connection streams */
     int n_hash;                     /* leading layers routed by token id (tid2eid) */
+    int n_plain;                    /* leading uncompressed layers (ratio 0), then ratios 4, 128 in turn */
     int pooling;            /* {arch}.pooling_type to write (llama.cpp's values), -1: none */
     qtype exps_type;        /* the experts' type (mxfp4: MXFP4, else the base type) */
     const char *type;       /* --type */
@@ -720,10 +736,11 @@ static void mk_mla_layer(mk_model *m, int l, qtype more)
 #undef MK_T
 }
 
-/* deepseek4's compression ratio of layer l: the first uncompressed, then 4 and 128 in turn. */
-static int mk_dsv4_ratio(int l)
+/* deepseek4's compression ratio of layer l: the n_plain leading layers uncompressed, then 4
+ * and 128 in turn (V4-Flash: 0, 0, 4, 128, 4, ...; the test shape: 0, 4, 128, 4). */
+static int mk_dsv4_ratio(const mk_opts *o, int l)
 {
-    return l == 0 ? 0 : l % 2 ? 4 : 128;
+    return l < o->n_plain ? 0 : (l - o->n_plain) % 2 ? 128 : 4;
 }
 
 /* One deepseek4 layer after its attn_norm, as llama.cpp's converter writes V4's (the tensors
@@ -739,7 +756,7 @@ static void mk_dsv4_layer(mk_model *m, int l)
     const int64_t dim = o->dim, H = o->n_heads, hd = o->head_dim, ql = o->q_lora, hc = o->n_hc, mix = (2 + hc) * hc;
     const int64_t gdim = H * hd / o->o_groups, orank = (int64_t)o->o_groups * o->o_lora;
     const int64_t ne = o->n_expert, ef = o->expert_ffn, sh = ef * o->n_shared, ih = o->idx_heads, idim = o->idx_dim;
-    const int ratio = mk_dsv4_ratio(l);
+    const int ratio = mk_dsv4_ratio(o, l);
     const float s_in = 1.0f / sqrtf((float)dim), s_hc = 1.0f / sqrtf((float)(hc * dim));
     char name[128];
 #define MK_T(suffix) (snprintf(name, sizeof name, "blk.%d." suffix, l), name)
@@ -803,7 +820,7 @@ static void mk_dsv4_keys(gguf_writer *w, const mk_opts *o)
     gguf_writer_set_bool(w, MK_KEY("expert_weights_norm"), true);
     float *clamp = xmalloc((size_t)o->n_layers * sizeof *clamp);
     int32_t *ratios = xmalloc((size_t)o->n_layers * sizeof *ratios);
-    for (int l = 0; l < o->n_layers; l++) clamp[l] = 10.0f, ratios[l] = mk_dsv4_ratio(l);   /* V4's swiglu_limit */
+    for (int l = 0; l < o->n_layers; l++) clamp[l] = 10.0f, ratios[l] = mk_dsv4_ratio(o, l);   /* V4's swiglu_limit */
     gguf_writer_set_arr_f32(w, MK_KEY("swiglu_clamp_exp"), clamp, (uint64_t)o->n_layers);
     gguf_writer_set_arr_f32(w, MK_KEY("swiglu_clamp_shexp"), clamp, (uint64_t)o->n_layers);
     gguf_writer_set_u32(w, MK_KEY("attention.indexer.head_count"), (uint32_t)o->idx_heads);
@@ -1378,6 +1395,7 @@ typedef struct {
     long layers, dim, ffn, heads, kv, hd, ctx, nv, threads;     /* shape options */
     long experts, experts_used, expert_ffn, window, nextn;
     long q_lora, kv_lora, rope_dim, nope_dim, v_dim, shared, dense, groups, groups_used;   /* deepseek2 */
+    long o_groups, o_lora, idx_heads, idx_dim, idx_topk, hash_layers, plain_layers;   /* deepseek4; -1 for the last two */
     double routed_scale;
     double router_skew;             /* deepseek2 --router-skew */
     int tied;                       /* 1 --tied, 0 --untied, -1 the preset's */
@@ -1408,14 +1426,12 @@ static const mk_preset *mk_preset_find(const char *name)
     return NULL;
 }
 
-/* deepseek4's shape beyond the common options: the test preset's V4 parts (its rank, rotated
- * dims, shared experts, routed scale and window unless --q-lora, --rope-dim, --shared-experts,
- * --routed-scale or --window say), with gguf_dsv4.py's indexer (8 heads of 64, top-k 6), two
- * output groups of rank 32, 4 hyper-connection streams and one hash-routed layer. 0, or 2 with
- * a message. */
+/* deepseek4's shape beyond the common options: the V4 parts of the preset (dsv4-tiny's under a
+ * preset of another family) unless an option says otherwise; the hash-routed and uncompressed
+ * leading layers cut to the layers written. 0, or 2 with a message. */
 static int mk_resolve_dsv4(mk_opts *o, const mk_args *a, const mk_preset *p)
 {
-    const mk_preset *d = mk_preset_find("dsv4-tiny");
+    const mk_preset *d = p->arch && !strcmp(p->arch, "deepseek4") ? p : mk_preset_find("dsv4-tiny");
     if (a->kv_lora || a->nope_dim || a->v_dim || a->dense >= 0 || a->router || a->groups >= 0 || a->groups_used ||
         a->nextn || a->router_skew > 0) {
         fprintf(stderr, "tokenmill mkmodel: --kv-lora, --nope-dim, --v-dim, --dense-layers, --router, --expert-groups, "
@@ -1430,7 +1446,15 @@ static int mk_resolve_dsv4(mk_opts *o, const mk_args *a, const mk_preset *p)
     o->n_shared = a->shared >= 0 ? (int)a->shared : d->n_shared;
     o->w_scale = a->routed_scale > 0 ? a->routed_scale : d->w_scale;
     o->n_swa = a->window ? (int)a->window : d->n_swa;
-    o->o_groups = 2, o->o_lora = 32, o->idx_heads = 8, o->idx_dim = 64, o->idx_topk = 6, o->n_hc = 4, o->n_hash = 1;
+    o->o_groups = a->o_groups ? (int)a->o_groups : d->o_groups;
+    o->o_lora = a->o_lora ? (int)a->o_lora : d->o_lora;
+    o->idx_heads = a->idx_heads ? (int)a->idx_heads : d->idx_heads;
+    o->idx_dim = a->idx_dim ? (int)a->idx_dim : d->idx_dim;
+    o->idx_topk = a->idx_topk ? (int)a->idx_topk : d->idx_topk;
+    o->n_hc = 4;
+    /* a model cut to fewer layers keeps as many of the leading kinds as fit */
+    o->n_hash = TM_MIN(a->hash_layers >= 0 ? (int)a->hash_layers : d->n_hash, o->n_layers);
+    o->n_plain = TM_MIN(a->plain_layers >= 0 ? (int)a->plain_layers : d->n_plain, o->n_layers);
     if (a->kv > 1) {
         fprintf(stderr, "tokenmill mkmodel: deepseek4 has one key/value head (--kv-heads 1)\n");
         return 2;
@@ -1439,9 +1463,11 @@ static int mk_resolve_dsv4(mk_opts *o, const mk_args *a, const mk_preset *p)
     /* as the loader requires: the heads split into the output groups, the indexer's heads rotate
      * the same dims as the attention's */
     if (o->n_expert_used > o->n_expert || o->q_lora <= 0 || o->n_shared <= 0 || o->rope_dim <= 0 || o->rope_dim % 2 ||
-        o->rope_dim >= o->head_dim || o->rope_dim > o->idx_dim || o->n_heads % o->o_groups) {
-        fprintf(stderr, "tokenmill mkmodel: bad deepseek4 options (experts-used <= experts, a positive --q-lora and "
-                        "--shared-experts, an even --rope-dim below the head size and at most %d, heads a multiple of %d)\n",
+        o->rope_dim >= o->head_dim || o->rope_dim > o->idx_dim || o->n_heads % o->o_groups ||
+        (int64_t)o->n_heads * o->head_dim / o->o_groups <= 0 || o->n_swa <= 0) {
+        fprintf(stderr, "tokenmill mkmodel: bad deepseek4 options (experts-used <= experts, a positive --q-lora, "
+                        "--shared-experts and --window, an even --rope-dim below the head size and at most the "
+                        "indexer's head size %d, heads a multiple of the %d output groups)\n",
                 o->idx_dim, o->o_groups);
         return 2;
     }
@@ -1604,7 +1630,7 @@ static void mk_partial_rope(mk_opts *o, const mk_preset *p)
 int cmd_mkmodel(int argc, char **argv)
 {
     mk_opts o = { .arch = NULL, .seed = 1, .n_threads = 0 };
-    mk_args a = { .q_lora = -1, .shared = -1, .dense = -1, .groups = -1, .tied = -1 };
+    mk_args a = { .q_lora = -1, .shared = -1, .dense = -1, .groups = -1, .tied = -1, .hash_layers = -1, .plain_layers = -1 };
     cmd_opt_u64 seed = { 0 };
     char preset_help[512];
     size_t ph = (size_t)snprintf(preset_help, sizeof preset_help, "a real model's shape:");
@@ -1635,6 +1661,13 @@ int cmd_mkmodel(int argc, char **argv)
         { "--routed-scale", NULL, CMD_OPT_DOUBLE, &a.routed_scale, 0, 1000, .arg = "F", .help = "deepseek2, glm4moe: routed experts' weight scale" },
         { "--router-skew", NULL, CMD_OPT_DOUBLE, &a.router_skew, 0, 100, .arg = "F", .help = "deepseek2 sigmoid router: a load skewed on purpose, expert x's selection bias + F x/(E-1)" },
         { "--nextn", NULL, CMD_OPT_LONG, &a.nextn, 0, 16, .arg = "N", .help = "deepseek2, glm4moe: N multi-token prediction (MTP) layers after the model's" },
+        { "--out-groups", NULL, CMD_OPT_LONG, &a.o_groups, 0, 4096, .arg = "G", .help = "deepseek4: output projection groups" },
+        { "--out-lora", NULL, CMD_OPT_LONG, &a.o_lora, 0, 1 << 16, .arg = "N", .help = "deepseek4: each output group's low rank" },
+        { "--indexer-heads", NULL, CMD_OPT_LONG, &a.idx_heads, 0, 4096, .arg = "N", .help = "deepseek4: lightning indexer heads" },
+        { "--indexer-dim", NULL, CMD_OPT_LONG, &a.idx_dim, 0, 1 << 12, .arg = "N", .help = "deepseek4: indexer head size" },
+        { "--indexer-top-k", NULL, CMD_OPT_LONG, &a.idx_topk, 0, 1 << 20, .arg = "K", .help = "deepseek4: compressed entries kept per query" },
+        { "--hash-layers", NULL, CMD_OPT_LONG, &a.hash_layers, 0, 4096, .arg = "N", .help = "deepseek4: leading layers routed by token id" },
+        { "--plain-layers", NULL, CMD_OPT_LONG, &a.plain_layers, 0, 4096, .arg = "N", .help = "deepseek4: leading uncompressed layers (then ratios 4, 128 in turn)" },
         { "--window", NULL, CMD_OPT_LONG, &a.window, 0, 1 << 24, .arg = "N", .help = "gpt-oss: sliding window of the even layers; gemma3, gemma4: of 5 in 6 layers" },
         { "--ctx", NULL, CMD_OPT_LONG, &a.ctx, 0, 1 << 24, .arg = "N", .help = "training context" },
         { "--vocab-size", NULL, CMD_OPT_LONG, &a.nv, 0, 1 << 24, .arg = "N", .help = "without --vocab: a synthetic vocabulary" },

@@ -207,3 +207,36 @@ for t in r.tensors: print(t.name, t.tensor_type.name, list(map(int, t.shape)))`,
   assert.equal(run.status, 0, run.stderr);
   assert.match(run.stderr, /generation: 8 tokens/);
 });
+
+// `mkmodel --preset deepseek-v4-flash` at small widths (the preset's pattern, its parts made
+// narrow so that the test stays fast): two uncompressed leading layers, then ratios 4 and 128 in
+// turn, three hash-routed layers, eight output groups, six experts per token. llama.cpp loads it
+// and tokenmill agrees with it over a 160-token prompt (one ratio-128 entry, 40 ratio-4 entries
+// against the indexer's top-k of 8). The real widths are the bench's (bench/engine --preset).
+test('deepseek4 (mkmodel --preset deepseek-v4-flash, narrow, F32): tokenmill agrees with llama.cpp', {skip}, async () => {
+  model();
+  const vocab = cached('oracle-dsv4-vocab', () => assert.fail('vocabulary not written'));
+  const file = cached('oracle-dsv4-flash-narrow', (out) => {
+    const r = spawnSync(bin, ['mkmodel', '--preset', 'deepseek-v4-flash', '--layers', '6', '--dim', '256', '--heads', '8',
+      '--head-dim', '64', '--q-lora', '64', '--rope-dim', '16', '--out-lora', '32', '--indexer-heads', '8',
+      '--indexer-dim', '64', '--indexer-top-k', '8', '--experts', '16', '--expert-ffn', '64', '--window', '16',
+      '--ctx', '4096', '--vocab', vocab, '--vocab-size', '8192', '--type', 'f32', '--seed', '5', '-o', out],
+    {encoding: 'utf8'});
+    assert.equal(r.status, 0, r.stderr);
+  });
+  const keys = spawnSync(python, ['-c', `import sys; sys.path.insert(0, ${JSON.stringify(path.join(root, 'tests/data/llama.cpp/gguf-py'))})
+import gguf
+r = gguf.GGUFReader(sys.argv[1])
+for k in ('deepseek4.attention.compress_ratios', 'deepseek4.hash_layer_count', 'deepseek4.attention.output_group_count', 'deepseek4.expert_used_count'):
+    print(k, r.fields[k].contents())`, file], {encoding: 'utf8'});
+  assert.equal(keys.status, 0, keys.stderr);
+  assert.match(keys.stdout, /compress_ratios \[0, 0, 4, 128, 4, 128\]/);
+  assert.match(keys.stdout, /hash_layer_count 3\n/);
+  assert.match(keys.stdout, /output_group_count 8\n/);
+  assert.match(keys.stdout, /expert_used_count 6\n/);
+  const r = rng(11);
+  const seqs = [Array.from({length: 160}, () => r(8000))];
+  const {tm, ll} = await runBoth(file, {seqs, top: TOP, greedy: GREEDY, batched: true}, 'f32', 'dsv4-flash-narrow');
+  const maxDiff = compare(tm, ll, seqs, TOL, 'flash-narrow');
+  console.log(`oracle_dsv4: deepseek-v4-flash narrow tokenmill vs llama.cpp max |Δ logprob| ${maxDiff.toExponential(2)} over 160 tokens`);
+});
