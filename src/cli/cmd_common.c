@@ -16,6 +16,7 @@
 #include "cluster/auth.h"
 #include "cluster/ep.h"
 #include "engine/engine_dflash.h"
+#include "engine/engine_dsv4.h"
 #include "engine/kvpool.h"
 #include "model/model_dflash.h"
 #include "util/threadpool.h"
@@ -497,6 +498,16 @@ engine *cmd_common_engine_new(const char *prog, model *m, cmd_engine_opts *o)
                  "ends for prefix reuse (the window cache); %d full layers in %zu-byte blocks; no speculative decoding",
                  prog, engine_model(e)->hp.n_recurrent, kvpool_state_bytes(kv) / 1048576.0,
                  kvpool_n_block_layers(kv), kvpool_block_bytes(kv));
+    if (engine_model(e)->hp.arch == MODEL_ARCH_DEEPSEEK4) {
+        /* what the pool's rows cost against the layout V4 is designed for (docs/deepseek4.md) */
+        engine_dsv4_sizes z;
+        engine_dsv4_model_sizes(engine_model(e), &z);
+        log_info("%s: deepseek4's compressed layout (not built: the pool keeps every row) would keep %.1f KiB per "
+                 "128-token block in F16 (the pool's rows: %.1f KiB in F32), window states of %.1f KiB (F16) and "
+                 "%.1f KiB of ratio-4 carry (F32), a ring of %.2f MiB per sequence (F32)",
+                 prog, (double)z.block * 2 / 1024.0, (double)z.rows * 4 / 1024.0, (double)z.window * 2 / 1024.0,
+                 (double)z.carry * 4 / 1024.0, (double)z.ring * 4 / 1048576.0);
+    }
     return e;
 }
 

@@ -101,10 +101,10 @@ struct engine_dsv4 {
     int n_cap;
 };
 
-static dsv4_layout dsv4_layout_of(const model *m, int il, int *width)
+/* The row of a layer of ratio r (heads of hd, indexer keys of id): its parts' offsets, and its
+ * width in *width. */
+static dsv4_layout dsv4_layout_of(int r, int hd, int id, int *width)
 {
-    const model_dsv4 *d = m->dsv4;
-    const int hd = m->hp.head_dim, r = d->layers[il].ratio, id = d->idx_dim;
     dsv4_layout l = { 0, -1, -1, -1, -1, -1, -1 };
     int w = hd;
     if (r > 0) {
@@ -126,10 +126,62 @@ int engine_dsv4_row(const model *m)
 {
     int wmax = 0, w;
     for (int il = 0; il < m->hp.n_layers; il++) {
-        dsv4_layout_of(m, il, &w);
+        dsv4_layout_of(m->dsv4->layers[il].ratio, m->hp.head_dim, m->dsv4->idx_dim, &w);
         wmax = TM_MAX(wmax, w);
     }
     return TM_ALIGN_UP(wmax, 16);
+}
+
+bool engine_dsv4_sizes_of(const engine_dsv4_shape *s, engine_dsv4_sizes *out, char *err, size_t errsz)
+{
+    memset(out, 0, sizeof *out);
+    if (s->n_layers <= 0 || !s->ratio || s->head_dim <= 0 || s->idx_dim < 0 || s->swa <= 0) {
+        snprintf(err, errsz, "deepseek4 layout: %d layers, head size %d, indexer key size %d, window %d: each must "
+                 "be positive (the indexer's may be 0 without ratio-4 layers)", s->n_layers, s->head_dim, s->idx_dim,
+                 s->swa);
+        return false;
+    }
+    const int64_t hd = s->head_dim, id = s->idx_dim, B = KVPOOL_BLOCK, sp = KVPOOL_RING_SPARE;
+    int wmax = 0;
+    for (int il = 0; il < s->n_layers; il++) {
+        const int r = s->ratio[il];
+        if (r != 0 && r != 4 && r != 128) {
+            snprintf(err, errsz, "deepseek4 layout: layer %d has compression ratio %d; only 0, 4 and 128 divide "
+                     "a 128-position block as the compressed layout needs", il, r);
+            return false;
+        }
+        if (r == 4 && id <= 0) {
+            snprintf(err, errsz, "deepseek4 layout: layer %d has ratio 4 but the indexer's key size is %d", il, s->idx_dim);
+            return false;
+        }
+        int w;
+        dsv4_layout_of(r, s->head_dim, s->idx_dim, &w);
+        wmax = TM_MAX(wmax, w);
+        out->window += s->swa * hd;
+        out->ring += (s->swa + sp) * hd;
+        if (r == 4) {
+            out->block += B / 4 * (hd + id);
+            out->carry += 4 * (2 * hd + 2 * id);              /* kv and score, first halves */
+            out->ring += (2 * 4 + sp) * (2 * 2 * hd + 2 * 2 * id);   /* this and the previous group */
+        } else if (r == 128) {
+            out->block += hd;
+            out->ring += (B + sp) * 2 * hd;                    /* the open group, up to 127 behind */
+        }
+    }
+    out->rows = (int64_t)TM_ALIGN_UP(wmax, 16) * B * s->n_layers;
+    return true;
+}
+
+void engine_dsv4_model_sizes(const model *m, engine_dsv4_sizes *out)
+{
+    const int L = m->hp.n_layers;
+    int32_t *ratio = xcalloc((size_t)L, sizeof *ratio);
+    for (int il = 0; il < L; il++) ratio[il] = m->dsv4->layers[il].ratio;
+    engine_dsv4_shape s = { L, ratio, m->hp.head_dim, m->dsv4->idx_dim, m->dsv4->swa };
+    char err[256];
+    /* the loader accepted the model's ratios and sizes (model_dsv4.c), so this cannot fail */
+    if (!engine_dsv4_sizes_of(&s, out, err, sizeof err)) memset(out, 0, sizeof *out);
+    free(ratio);
 }
 
 kvpool_opts engine_dsv4_kv_geometry(const model *m)
@@ -172,7 +224,7 @@ engine_dsv4 *engine_dsv4_new(const model *m, threadpool *tp, kvpool *kv, int max
     d->max_ent = max_pos / 4 + 1;
     d->lay = xcalloc((size_t)hp->n_layers, sizeof *d->lay);
     int w;
-    for (int il = 0; il < hp->n_layers; il++) d->lay[il] = dsv4_layout_of(m, il, &w);
+    for (int il = 0; il < hp->n_layers; il++) d->lay[il] = dsv4_layout_of(md->layers[il].ratio, hp->head_dim, md->idx_dim, &w);
 
     const size_t T = (size_t)max_tokens, dim = (size_t)hp->dim, hc = (size_t)md->hc, H = (size_t)hp->n_heads;
     const size_t hd = (size_t)hp->head_dim, id = (size_t)md->idx_dim, E = (size_t)hp->n_expert;

@@ -16,6 +16,7 @@
 
 #include <stddef.h>
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "engine/kvpool.h"
 #include "model/model.h"
@@ -27,6 +28,42 @@ typedef struct engine_dsv4 engine_dsv4;
  * position, in blocks (no ring: the window is read from the blocks). */
 kvpool_opts engine_dsv4_kv_geometry(const model *m);
 int engine_dsv4_row(const model *m);
+
+/* The compressed layout's sizes (docs/deepseek4.md, "Per-sequence state and the 128-token
+ * block"): what V4 keeps for the whole text per 128-token block, and what a sequence needs
+ * besides, in the window. The pool does not use this layout yet (it keeps engine_dsv4_row per
+ * position, `rows` below); these are the figures the start-up line and the docs compare it with.
+ * Counts are values, not bytes: the element type is the caller's. */
+typedef struct {
+    int n_layers;
+    const int32_t *ratio;    /* (n_layers) compression ratio of each layer: 0, 4 or 128 */
+    int head_dim;            /* hd: K = V, and a compressed entry's width */
+    int idx_dim;             /* the lightning indexer's key size (ratio-4 layers) */
+    int swa;                 /* sliding window in positions */
+} engine_dsv4_shape;
+
+typedef struct {
+    int64_t block;           /* values per 128-token block, final for the whole text: per ratio-4
+                              * layer 32 entries of hd and 32 indexer entries of idx_dim, per
+                              * ratio-128 layer one entry of hd, nothing on ratio 0 */
+    int64_t window;          /* the window state at a multiple of 128: every layer's raw K=V rows
+                              * of the last swa positions */
+    int64_t carry;           /* beside it, the ratio-4 compressors' overlap carry there: the
+                              * previous group's 4 rows, first halves of kv and score, of the
+                              * compressor (hd) and the indexer (idx_dim); no ratio-128 group is
+                              * open at a multiple of 128 */
+    int64_t ring;            /* per sequence at any position: raw rows of swa + KVPOOL_RING_SPARE
+                              * positions per layer, the ratio-4 projections (kv, score, both
+                              * halves) of 8 + spare positions, the ratio-128 ones of 128 + spare */
+    int64_t rows;            /* today's pool: values per 128-token block (a row of engine_dsv4_row
+                              * per layer and position) */
+} engine_dsv4_sizes;
+
+/* Sizes for a shape; false and err for a shape the layout cannot hold (a ratio other than 0,
+ * 4, 128; a size not positive). */
+bool engine_dsv4_sizes_of(const engine_dsv4_shape *s, engine_dsv4_sizes *out, char *err, size_t errsz);
+/* The sizes of a loaded V4 model (its shape was checked by the loader). */
+void engine_dsv4_model_sizes(const model *m, engine_dsv4_sizes *out);
 
 /* Scratch for batches of up to max_tokens entries on pool kv (max_pos: the most positions a
  * sequence can hold, for the indexer's and attention's per-thread buffers). NULL and err

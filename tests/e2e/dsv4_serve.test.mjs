@@ -67,6 +67,9 @@ test("deepseek4 serve: prefix reuse from the pool and from the store after a res
   fs.mkdirSync(dir);
   let S = await startServer(model, [...ARGS, "--cache-dir", dir]);
   assert.match(S.log, /\(deepseek4, 4 layers, ctx 512, KV f32, \d+ blocks of 1408.0 KiB per 128 tokens, a row per position/);
+  // the compressed layout's block by hand: two ratio-4 layers of 32 entries of 64 and 32 indexer
+  // entries of 64, one ratio-128 entry of 64: 8256 values, 16,512 bytes in F16
+  assert.match(S.log, /compressed layout \(not built[^)]*\) would keep 16\.1 KiB per 128-token block in F16 \(the pool's rows: 1408\.0 KiB in F32\), window states of 8\.0 KiB/);
   const cold = await complete(S.url, LONG);
   assert.equal(cold.cached, 0);
   const warm = await complete(S.url, LONG);
