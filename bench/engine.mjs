@@ -3,11 +3,12 @@
 //
 //   bench/engine [--threads N] [--reps R] [--models q8_0,q4_k_m] [--pp 512] [--tg 128]
 //                [--seqs 1,4,16] [--only tokenmill|llama] [--quick] [--model-file GGUF] [--wait-quiet S]
-//                [--preset qwen3-0.6b|llama3.2-1b|qwen3-30b-a3b|deepseek-v2-lite|gpt-oss-20b] [--baseline BIN]
+//                [--preset qwen3-0.6b|llama3.2-1b|qwen3-30b-a3b|deepseek-v2-lite|gpt-oss-20b|deepseek-v4-flash] [--baseline BIN]
 //
 // 1. Builds the models with `tokenmill mkmodel` (--preset's shape, by default Qwen3-0.6B;
 //    qwen3-30b-a3b, deepseek-v2-lite and gpt-oss-20b: the MoE models' layers, 4 of them (for
-//    gpt-oss, --models mxfp4 makes its MXFP4 experts, the rest Q8_0); random weights,
+//    gpt-oss, --models mxfp4 makes its MXFP4 experts, the rest Q8_0; deepseek-v4-flash: 3 of
+//    its 43 layers at real widths, --models mxfp4 as its published files); random weights,
 //    seed 1),
 //    cached in bench/out/ under a name made of their arguments (a .args file beside each
 //    records the full command; a changed command or mkmodel source rebuilds).
@@ -89,7 +90,9 @@ async function weightInfo(file) {
     total += bytes;
     types[t.ggmlType] = (types[t.ggmlType] ?? 0) + bytes;
     const embOnly = t.name === 'token_embd.weight' && names.has('output.weight');
-    perStep += embOnly ? bytes / Number(t.dimensions[1]) : /_exps\.weight$/.test(t.name) ? bytes * expertShare : bytes;
+    // a hash-routed layer's token -> experts table (deepseek4): one row per token
+    const rowOnly = embOnly || /ffn_gate_tid2eid\.weight$/.test(t.name);
+    perStep += rowOnly ? bytes / Number(t.dimensions[1]) : /_exps\.weight$/.test(t.name) ? bytes * expertShare : bytes;
   }
   return {weight_bytes: total, bytes_per_decode_step: perStep, bytes_by_ggml_type: types};
 }

