@@ -19,7 +19,7 @@ static const struct {
     { "run", cmd_run, "run -m MODEL -p PROMPT [-n N] [--temp T] [--seed S] [--threads N]: generate text" },
     { "tokenize", cmd_tokenize, "tokenize -m MODEL [--special] [--pieces] [--no-bos] [--file F | --batch F.json | TEXT]: token ids as JSON" },
     { "convert", cmd_convert, "convert llama2c WEIGHTS.bin TOKENIZER.bin -o OUT.gguf" },
-    { "mkmodel", cmd_mkmodel, "mkmodel --arch llama|qwen2|qwen3|qwen3moe|deepseek2|mistral4|gpt-oss|phi3|mistral3|qwen35|qwen35moe|gemma3|glm4moe|deepseek4 [--preset P] [--vocab F] --type T --seed S -o OUT.gguf" },
+    { "mkmodel", cmd_mkmodel, "mkmodel --arch llama|qwen2|qwen3|qwen3moe|deepseek2|mistral4|gpt-oss|phi3|mistral3|qwen35|qwen35moe|gemma3|glm4moe|gemma4|deepseek4 [--preset P] [--vocab F] --type T --seed S -o OUT.gguf" },
     { "eval", cmd_eval, "eval -m MODEL --input FILE.json: top log-probs at every position (testing)" },
     { "template", cmd_template, "template -m MODEL [--template NAME] --input CONV.json: prompt ids as JSON (testing)" },
     { "grammar", cmd_grammar, "grammar print|check|sample|bench (--schema F | --regex R | --gbnf F | --json) [--input DOCS.json] [-m MODEL -n N]: structured output (testing)" },
