@@ -336,9 +336,10 @@ static bool model_read_gptoss(model_ld *ld, const char *an)
     return true;
 }
 
-/* deepseek2: multi-head latent attention's ranks and head parts, the leading dense layers,
- * the shared experts and the router (softmax or sigmoid, groups, scale). */
-static bool model_read_mla(model_ld *ld, const char *an)
+/* The DeepSeek-style router's keys that deepseek2 and glm4moe share: the leading dense layers,
+ * the shared experts (required or 0), the gating function (gating_default when absent: 1
+ * softmax, 2 sigmoid), the weights' normalisation and scale. */
+bool model_read_router(model_ld *ld, const char *an, bool shared_required, int64_t gating_default)
 {
     model_hparams *hp = &ld->m->hp;
     char key[128];
@@ -347,17 +348,29 @@ static bool model_read_mla(model_ld *ld, const char *an)
     bool b;
     if (!model_key_int(ld, KEY("leading_dense_block_count"), false, 0, &v)) return false;
     hp->n_dense_lead = (int)v;
-    if (!model_key_int(ld, KEY("expert_shared_count"), false, 0, &v)) return false;
+    if (!model_key_int(ld, KEY("expert_shared_count"), shared_required, 0, &v)) return false;
     hp->n_shared = (int)v;
-    if (!model_key_int(ld, KEY("expert_gating_func"), false, 1, &v)) return false;
-    hp->router_sigmoid = v == 2;
+    if (!model_key_int(ld, KEY("expert_gating_func"), false, gating_default, &v)) return false;
     if (v != 1 && v != 2) {
         model_fail(ld, GGUF_ERR_FORMAT, "unsupported %s %lld (1 softmax, 2 sigmoid)", key, (long long)v);
         return false;
     }
+    hp->router_sigmoid = v == 2;
     hp->router_norm = gguf_get_bool(ld->m->g, KEY("expert_weights_norm"), &b) && b;
     if (!model_key_float(ld, KEY("expert_weights_scale"), 0.0, &f)) return false;
     hp->router_scale = (float)f;
+    return true;
+}
+
+/* deepseek2: multi-head latent attention's ranks and head parts, the leading dense layers,
+ * the shared experts and the router (softmax or sigmoid, groups, scale). */
+static bool model_read_mla(model_ld *ld, const char *an)
+{
+    model_hparams *hp = &ld->m->hp;
+    char key[128];
+    int64_t v;
+    double f;
+    if (!model_read_router(ld, an, false, 1)) return false;
     if (!model_key_int(ld, KEY("expert_group_count"), false, 0, &v)) return false;
     hp->n_groups = (int)v;
     if (!model_key_int(ld, KEY("expert_group_used_count"), false, 0, &v)) return false;

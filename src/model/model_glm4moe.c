@@ -20,23 +20,8 @@ bool model_glm4moe_keys(model_ld *ld, const char *an)
 {
     model_hparams *hp = &ld->m->hp;
     char key[128];
-    int64_t v;
-    double f;
-    bool b;
-    if (!model_key_int(ld, KEY("leading_dense_block_count"), false, 0, &v)) return false;
-    hp->n_dense_lead = (int)v;
-    if (!model_key_int(ld, KEY("expert_shared_count"), true, 0, &v)) return false;
-    hp->n_shared = (int)v;
     /* the converter always writes sigmoid; llama.cpp takes sigmoid when the key is absent */
-    if (!model_key_int(ld, KEY("expert_gating_func"), false, 2, &v)) return false;
-    if (v != 1 && v != 2) {
-        model_fail(ld, GGUF_ERR_FORMAT, "unsupported %s %lld (1 softmax, 2 sigmoid)", key, (long long)v);
-        return false;
-    }
-    hp->router_sigmoid = v == 2;
-    hp->router_norm = gguf_get_bool(ld->m->g, KEY("expert_weights_norm"), &b) && b;
-    if (!model_key_float(ld, KEY("expert_weights_scale"), 0.0, &f)) return false;
-    hp->router_scale = (float)f;
+    if (!model_read_router(ld, an, true, 2)) return false;
     /* GLM's config has n_group 1 (no group routing) and the converter writes no group keys;
      * a file with them would route differently in llama.cpp's graph, which ignores them */
     if (gguf_find_key(ld->m->g, KEY("expert_group_count")) >= 0) {

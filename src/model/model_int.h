@@ -57,6 +57,9 @@ bool model_gemma3_layer(model_ld *ld, int il);
 bool model_gemma4_hparams(model_ld *ld);
 bool model_gemma4_layer(model_ld *ld, int il);
 
+/* The DeepSeek-style router keys deepseek2 and glm4moe share (model.c). */
+bool model_read_router(model_ld *ld, const char *an, bool shared_required, int64_t gating_default);
+
 /* glm4moe (model_glm4moe.c): its dense lead, shared experts and router keys (before the
  * shared shape checks); every tensor of layer il (the NextN block's too). */
 bool model_glm4moe_keys(model_ld *ld, const char *an);
