@@ -690,6 +690,39 @@ static void mk_add(mk_model *m, const char *name, mk_init init, float std, qtype
     mk_add3(m, name, init, std, type, n_dims, ne0, ne1, 1);
 }
 
+/* The FFN of a DeepSeek-style layer l (deepseek2, glm4moe): a dense one in the first n_dense
+ * layers, else the F32 router, its selection bias (skewed on purpose with --router-skew: a
+ * random router spreads tokens evenly, and the high ids favoured keep EPLB's ties to the lower
+ * index from copying the hot experts by luck), the experts and the shared expert. */
+static void mk_ds_ffn(mk_model *m, int l, qtype more, bool probs_bias)
+{
+    const mk_opts *o = m->o;
+    const qtype base = m->base;
+    const int64_t dim = o->dim;
+    const float s_in = 1.0f / sqrtf((float)dim);
+    char name[128];
+#define MK_T(suffix) (snprintf(name, sizeof name, "blk.%d." suffix, l), name)
+    if (l < o->n_dense) {
+        mk_add(m, MK_T("ffn_gate.weight"), MK_INIT_NOISE, s_in, base, 2, dim, o->ffn);
+        mk_add(m, MK_T("ffn_up.weight"), MK_INIT_NOISE, s_in, base, 2, dim, o->ffn);
+        mk_add(m, MK_T("ffn_down.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)o->ffn), more, 2, o->ffn, dim);
+        return;
+    }
+    int64_t ne = o->n_expert, ef = o->expert_ffn, sh = ef * o->n_shared;
+    mk_add(m, MK_T("ffn_gate_inp.weight"), MK_INIT_NOISE, 2.0f * s_in, QTYPE_F32, 2, dim, ne);
+    if (probs_bias)
+        mk_add(m, MK_T("exp_probs_b.bias"), o->router_skew > 0 ? MK_INIT_SKEW : MK_INIT_NOISE, 0.05f, QTYPE_F32, 1, ne, 1);
+    mk_add3(m, MK_T("ffn_gate_exps.weight"), MK_INIT_NOISE, s_in, base, 3, dim, ef, ne);
+    mk_add3(m, MK_T("ffn_up_exps.weight"), MK_INIT_NOISE, s_in, base, 3, dim, ef, ne);
+    mk_add3(m, MK_T("ffn_down_exps.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)ef), more, 3, ef, dim, ne);
+    if (sh > 0) {
+        mk_add(m, MK_T("ffn_gate_shexp.weight"), MK_INIT_NOISE, s_in, base, 2, dim, sh);
+        mk_add(m, MK_T("ffn_up_shexp.weight"), MK_INIT_NOISE, s_in, base, 2, dim, sh);
+        mk_add(m, MK_T("ffn_down_shexp.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)sh), more, 2, sh, dim);
+    }
+#undef MK_T
+}
+
 /* One deepseek2 layer after its attn_norm: multi-head latent attention with the split
  * attn_k_b / attn_v_b (3-D, one matrix per head) of llama.cpp's current converter, then a
  * dense FFN (the first n_dense layers) or routed experts, the selection bias (sigmoid
@@ -715,24 +748,7 @@ static void mk_mla_layer(mk_model *m, int l, qtype more)
     mk_add3(m, MK_T("attn_v_b.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)lr), more, 3, lr, o->v_dim, H);
     mk_add(m, MK_T("attn_output.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)(H * o->v_dim)), base, 2, H * o->v_dim, dim);
     mk_add(m, MK_T("ffn_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, dim, 1);
-    if (l < o->n_dense) {
-        mk_add(m, MK_T("ffn_gate.weight"), MK_INIT_NOISE, s_in, base, 2, dim, o->ffn);
-        mk_add(m, MK_T("ffn_up.weight"), MK_INIT_NOISE, s_in, base, 2, dim, o->ffn);
-        mk_add(m, MK_T("ffn_down.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)o->ffn), more, 2, o->ffn, dim);
-        return;
-    }
-    int64_t ne = o->n_expert, ef = o->expert_ffn, sh = ef * o->n_shared;
-    mk_add(m, MK_T("ffn_gate_inp.weight"), MK_INIT_NOISE, 2.0f * s_in, QTYPE_F32, 2, dim, ne);
-    /* a skewed router on purpose (a random one spreads tokens evenly): the high ids favoured, so
-     * that EPLB's ties to the lower index (a uniform load) do not copy the hot experts by luck */
-    if (o->sigmoid)
-        mk_add(m, MK_T("exp_probs_b.bias"), o->router_skew > 0 ? MK_INIT_SKEW : MK_INIT_NOISE, 0.05f, QTYPE_F32, 1, ne, 1);
-    mk_add3(m, MK_T("ffn_gate_exps.weight"), MK_INIT_NOISE, s_in, base, 3, dim, ef, ne);
-    mk_add3(m, MK_T("ffn_up_exps.weight"), MK_INIT_NOISE, s_in, base, 3, dim, ef, ne);
-    mk_add3(m, MK_T("ffn_down_exps.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)ef), more, 3, ef, dim, ne);
-    mk_add(m, MK_T("ffn_gate_shexp.weight"), MK_INIT_NOISE, s_in, base, 2, dim, sh);
-    mk_add(m, MK_T("ffn_up_shexp.weight"), MK_INIT_NOISE, s_in, base, 2, dim, sh);
-    mk_add(m, MK_T("ffn_down_shexp.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)sh), more, 2, sh, dim);
+    mk_ds_ffn(m, l, more, o->sigmoid);
 #undef MK_T
 }
 
@@ -1233,23 +1249,7 @@ static void mk_glm4moe_layer(mk_model *m, int l, qtype more)
     mk_add(m, MK_T("attn_v.bias"), MK_INIT_NOISE, 0.3f, QTYPE_F32, 1, kv_dim, 1);
     mk_add(m, MK_T("attn_output.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)q_dim), base, 2, q_dim, dim);
     mk_add(m, MK_T("post_attention_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, dim, 1);
-    if (l < o->n_dense) {
-        mk_add(m, MK_T("ffn_gate.weight"), MK_INIT_NOISE, s_in, base, 2, dim, o->ffn);
-        mk_add(m, MK_T("ffn_up.weight"), MK_INIT_NOISE, s_in, base, 2, dim, o->ffn);
-        mk_add(m, MK_T("ffn_down.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)o->ffn), more, 2, o->ffn, dim);
-        return;
-    }
-    int64_t ne = o->n_expert, ef = o->expert_ffn, sh = ef * o->n_shared;
-    mk_add(m, MK_T("ffn_gate_inp.weight"), MK_INIT_NOISE, 2.0f * s_in, QTYPE_F32, 2, dim, ne);
-    mk_add(m, MK_T("exp_probs_b.bias"), MK_INIT_NOISE, 0.05f, QTYPE_F32, 1, ne, 1);
-    mk_add3(m, MK_T("ffn_gate_exps.weight"), MK_INIT_NOISE, s_in, base, 3, dim, ef, ne);
-    mk_add3(m, MK_T("ffn_up_exps.weight"), MK_INIT_NOISE, s_in, base, 3, dim, ef, ne);
-    mk_add3(m, MK_T("ffn_down_exps.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)ef), more, 3, ef, dim, ne);
-    if (sh > 0) {
-        mk_add(m, MK_T("ffn_gate_shexp.weight"), MK_INIT_NOISE, s_in, base, 2, dim, sh);
-        mk_add(m, MK_T("ffn_up_shexp.weight"), MK_INIT_NOISE, s_in, base, 2, dim, sh);
-        mk_add(m, MK_T("ffn_down_shexp.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)sh), more, 2, sh, dim);
-    }
+    mk_ds_ffn(m, l, more, true);
 #undef MK_T
 }
 
