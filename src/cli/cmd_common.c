@@ -19,6 +19,7 @@
 #include "engine/engine_dsv4.h"
 #include "engine/kvpool.h"
 #include "model/model_dflash.h"
+#include "model/model_dsv4.h"
 #include "util/threadpool.h"
 #include "recipe/api.h"
 #include "util/topo.h"
@@ -323,6 +324,55 @@ static bool cmd_common_mtp_new(const char *prog, const model *m, cmd_engine_opts
     return true;
 }
 
+/* DeepSeek V4's MTP-only file dm (--draft FILE, as llama.cpp's converter writes it with --mtp)
+ * beside m: checked against it (its block continues m's streams after m's last layer), its
+ * block on an engine of its own as cmd_common_mtp_new's (dm into o->mtp_file, or freed). */
+static bool cmd_common_mtp_file(const char *prog, const model *m, model *dm, cmd_engine_opts *o,
+                                const engine_opts *main_eo)
+{
+    char err[256];
+    const model_dsv4 *d = dm->dsv4;
+    if (o->spec == 3 || o->spec == 4) {
+        fprintf(stderr, "tokenmill %s: --draft %s is a deepseek4 MTP-only file: --spec mtp drafts with it, not --spec "
+                "%s\n", prog, o->draft, o->spec == 3 ? "dspark" : "dflash");
+        model_free(dm);
+        return false;
+    }
+    if (!m->dsv4 || m->dsv4->mtp_only) {
+        snprintf(err, sizeof err, "the model is %s, not a deepseek4 trunk", m->dsv4 ? "an MTP-only file too" :
+                 m->hp.arch_name);
+    } else if (dm->hp.dim != m->hp.dim || d->hc != m->dsv4->hc) {
+        snprintf(err, sizeof err, "its block takes %d streams of %d (%d x %d), the model's are %d of %d", d->hc,
+                 dm->hp.dim, d->hc, dm->hp.dim, m->dsv4->hc, m->hp.dim);
+    } else if (dm->hp.n_layers != m->hp.n_layers) {
+        snprintf(err, sizeof err, "its block is blk.%d, after a trunk of %d layers; the model has %d", dm->hp.n_layers,
+                 dm->hp.n_layers, m->hp.n_layers);
+    } else {
+        err[0] = '\0';
+    }
+    if (err[0]) {
+        fprintf(stderr, "tokenmill %s: --draft %s: the MTP file does not fit the model: %s\n", prog, o->draft, err);
+        model_free(dm);
+        return false;
+    }
+    model *view = xmalloc(sizeof *view);
+    model_mtp_view(dm, 0, view);
+    engine_opts eo = *main_eo;
+    eo.n_kv_blocks = cmd_common_kv_blocks(view, o);
+    eo.max_batch_tokens += (int)o->max_seqs;   /* a step's rows and each new sequence's first */
+    if (engine_new(view, &eo, &o->mtp_engine, err, sizeof err) != ENGINE_OK) {
+        fprintf(stderr, "tokenmill %s: --draft %s: MTP block: %s\n", prog, o->draft, err);
+        free(view);
+        model_free(dm);
+        return false;
+    }
+    o->mtp_model = view;
+    o->mtp_file = dm;
+    log_info("%s: speculative drafts by the MTP block of %s (blk.%d, %d streams of %d, window %d)", prog, o->draft,
+             dm->hp.n_layers, d->hc, dm->hp.dim, d->swa);
+    return true;
+}
+
 /* A dflash drafter dm (--draft FILE) beside m: checked against it, its pass into o->dflash
  * (dm into o->draft_model, or freed). --spec dspark wants its confidence head. */
 static bool cmd_common_dflash_new(const char *prog, model *m, model *dm, cmd_engine_opts *o)
@@ -391,6 +441,14 @@ static bool cmd_common_draft_new(const char *prog, model *m, cmd_engine_opts *o,
             return false;
         }
         if (dm->dflash) return cmd_common_dflash_new(prog, m, dm, o);
+        if (dm->dsv4 && dm->dsv4->mtp_only) return cmd_common_mtp_file(prog, m, dm, o, main_eo);
+        if (o->spec == 2) {
+            fprintf(stderr, "tokenmill %s: --spec mtp: --draft %s is not an MTP-only file (a deepseek4 file of "
+                    "nextn_predict_layers > 0 without the trunk's tensors, as llama.cpp's converter writes with "
+                    "--mtp)\n", prog, o->draft);
+            model_free(dm);
+            return false;
+        }
         o->draft_shares = false;
     }
     engine_opts eo = *main_eo;
@@ -414,16 +472,17 @@ void cmd_common_draft_free(cmd_engine_opts *o)
     else model_free(o->draft_model);
     engine_free(o->mtp_engine);
     free(o->mtp_model);
+    model_free(o->mtp_file);
     o->draft_engine = o->mtp_engine = NULL;
-    o->draft_model = o->mtp_model = NULL;
+    o->draft_model = o->mtp_model = o->mtp_file = NULL;
 }
 
 engine *cmd_common_engine_new(const char *prog, model *m, cmd_engine_opts *o)
 {
     char err[256];
-    if (o->spec == 2 && m->hp.n_nextn == 0) {
-        fprintf(stderr, "tokenmill %s: --spec mtp: the model has no MTP layers (%s.nextn_predict_layers)\n", prog,
-                m->hp.arch_name);
+    if (o->spec == 2 && m->hp.n_nextn == 0 && !(m->dsv4 && o->draft)) {
+        fprintf(stderr, "tokenmill %s: --spec mtp: the model has no MTP layers (%s.nextn_predict_layers)%s\n", prog,
+                m->hp.arch_name, m->dsv4 ? "; a deepseek4 model's MTP block is a file of its own: --draft FILE" : "");
         return NULL;
     }
     if ((o->spec == 3 || o->spec == 4) && !o->draft) {

@@ -63,6 +63,8 @@ typedef struct {
     struct engine_dflash *dflash; /* --draft on a dflash drafter: its pass (draft_model the drafter,
                           * draft_engine NULL) */
     model *mtp_model;    /* a view of the model's first MTP layer (model_mtp_view) */
+    model *mtp_file;     /* the MTP-only file the view is of (deepseek4, --draft FILE), or NULL:
+                          * the model's own layer */
     engine *mtp_engine;
     const char *cpus;    /* --cpus LIST: the CPUs the kernel threads may run on, or NULL: all allowed */
     bool no_overlap;     /* --no-overlap: outputs published before the next step is planned */

@@ -205,7 +205,7 @@ int cmd_eval(int argc, char **argv)
         { "--threads", "-t", CMD_OPT_LONG, &threads, 0, 1024, .arg = "N", .help = "kernel threads (default: one per core)" },
         { "--batch", NULL, CMD_OPT_LONG, &maxb, 1, 1 << 16, .arg = "N", .help = "engine batch in tokens (default 512)" },
         { "--kv", NULL, CMD_OPT_CHOICE, &kv_type, .choices = "f16|f32|q8_0|q4_0", .help = "KV cache type (default f16)" },
-        { "--draft", NULL, CMD_OPT_STR, &draft, .arg = "DRAFTER", .help = "a dflash drafter: its drafting rounds instead (cmd_eval_dflash.c)" },
+        { "--draft", NULL, CMD_OPT_STR, &draft, .arg = "DRAFTER", .help = "a dflash drafter or a deepseek4 MTP-only file: its drafting rounds instead (cmd_eval_dflash.c)" },
         { 0 },
     };
     const char *synopsis = "eval -m MODEL --input IN.json [options]: top log-probs at every position as JSON";

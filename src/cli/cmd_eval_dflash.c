@@ -12,6 +12,13 @@
  * the oracle does. stdout, per round and sequence:
  *   {"seq": i, "round": r, "pos": n, "anchor": t, "slots": [{"token", "logprob", "conf"}...]}
  * conf is -1 without a confidence head (or in dflash mode).
+ *
+ * With a DeepSeek V4 MTP-only file as the drafter (model_dsv4.h; "mode": "mtp"), the rounds of
+ * tests/oracle/dsv4_mtp_llama.cpp: every target step's positions are caught up in the MTP
+ * block (entry p: token p with the target's streams of p - 1, zeros for p = 0), then a round
+ * drafts K tokens by chaining the block from the anchor (the target's greedy token, with the
+ * streams of the position before it; each later step with the block's own streams of the step
+ * before), and verification is the same; conf is -1.
  */
 #include <math.h>
 #include <stdio.h>
@@ -26,6 +33,7 @@
 #include "engine/engine_dflash.h"
 #include "model/model.h"
 #include "model/model_dflash.h"
+#include "model/model_dsv4.h"
 #include "util/util.h"
 
 #define CMD_EVAL_DFLASH_CTX 1024   /* positions a sequence may reach (as the oracle's n_ctx) */
@@ -72,6 +80,118 @@ static bool cmd_evd_feed(cmd_evd *c, cmd_evd_seq *s, int k)
     return true;
 }
 
+/* The MTP rounds (the file comment): one sequence at a time, on target engine e and the MTP
+ * block's engine me. */
+typedef struct {
+    engine *e, *me;
+    int V, H;                /* vocabulary; floats of one position's streams (hc * dim) */
+    float *logits;           /* (CMD_EVAL_DFLASH_CTX, V) */
+    float *hin;              /* (CMD_EVAL_DFLASH_CTX, H) the MTP entries' target streams */
+    float *pend;             /* (H) the streams of the position before the next entry */
+    engine_tok *bt;          /* (CMD_EVAL_DFLASH_CTX) */
+} cmd_evm;
+
+/* Target step over s->toks[s->n .. s->n + k), then the MTP block's catch-up of those positions;
+ * s->n += k, s->last = the target's greedy token after them. */
+static bool cmd_evm_feed(cmd_evm *c, cmd_evd_seq *s, int k)
+{
+    for (int i = 0; i < k; i++)
+        c->bt[i] = (engine_tok){ .token = s->toks[s->n + i], .pos = s->n + i, .seq = s->tseq, .want_logits = i == k - 1 };
+    engine_batch b = { .n_tokens = k, .toks = c->bt };
+    if (engine_step(c->e, &b, c->logits) != ENGINE_OK) return false;
+    s->last = cmd_evd_argmax(c->logits, c->V);
+    const float *h = engine_hidden(c->e);
+    const size_t rb = (size_t)c->H * sizeof(float);
+    memcpy(c->hin, c->pend, rb);
+    memcpy(c->hin + c->H, h, (size_t)(k - 1) * rb);
+    memcpy(c->pend, h + (size_t)(k - 1) * c->H, rb);
+    for (int i = 0; i < k; i++) c->bt[i].seq = s->dseq, c->bt[i].want_logits = false;
+    if (engine_forward(c->me, &b, c->hin, NULL) != ENGINE_OK) return false;
+    s->n += k;
+    return true;
+}
+
+static int cmd_eval_mtp(model *m, model *d, json_t *jseqs, int K, int R, int threads, int kv_type)
+{
+    char err[512];
+    const int ns = (int)json_array_size(jseqs);
+    model view;
+    model_mtp_view(d, 0, &view);
+    cmd_evm c = { .V = m->hp.n_vocab, .H = m->dsv4->hc * m->hp.dim };
+    int rc = 1;
+    engine_opts eo = { .n_threads = threads, .n_kv_blocks = CMD_EVAL_DFLASH_CTX / KVPOOL_BLOCK + 1,
+                       .max_batch_tokens = CMD_EVAL_DFLASH_CTX, .kv_type = (engine_kv_type)kv_type };
+    cmd_evd_seq *s = xcalloc(1, sizeof *s);
+    if (engine_new(m, &eo, &c.e, err, sizeof err) != ENGINE_OK || engine_new(&view, &eo, &c.me, err, sizeof err) != ENGINE_OK) {
+        fprintf(stderr, "tokenmill eval: %s\n", err);
+        goto out;
+    }
+    c.logits = xmalloc((size_t)CMD_EVAL_DFLASH_CTX * (size_t)c.V * sizeof(float));
+    c.hin = xmalloc((size_t)CMD_EVAL_DFLASH_CTX * (size_t)c.H * sizeof(float));
+    c.pend = xmalloc((size_t)c.H * sizeof(float));
+    c.bt = xmalloc(CMD_EVAL_DFLASH_CTX * sizeof *c.bt);
+    for (int i = 0; i < ns; i++) {
+        json_t *a = json_array_get(jseqs, (size_t)i);
+        int n = json_is_array(a) ? (int)json_array_size(a) : 0;
+        if (n < 1 || n > CMD_EVAL_DFLASH_CTX / 2) {
+            fprintf(stderr, "tokenmill eval: sequence %d: 1..%d ids\n", i, CMD_EVAL_DFLASH_CTX / 2);
+            goto out;
+        }
+        memset(s, 0, sizeof *s);
+        for (int k = 0; k < n; k++) {
+            json_int_t id = json_integer_value(json_array_get(a, (size_t)k));
+            if (id < 0 || id >= c.V) {
+                fprintf(stderr, "tokenmill eval: sequence %d token %d is not an id below %d\n", i, k, c.V);
+                goto out;
+            }
+            s->toks[k] = (int32_t)id;
+        }
+        memset(c.pend, 0, (size_t)c.H * sizeof(float));
+        s->tseq = kvpool_seq_new(engine_kvpool(c.e));
+        s->dseq = kvpool_seq_new(engine_kvpool(c.me));
+        if (!cmd_evm_feed(&c, s, n)) goto fail;
+        for (int r = 0; r < R; r++) {
+            int32_t draft[64];
+            printf("{\"seq\":%d,\"round\":%d,\"pos\":%d,\"anchor\":%d,\"slots\":[", i, r, s->n, s->last);
+            memcpy(c.hin, c.pend, (size_t)c.H * sizeof(float));
+            for (int j = 0; j < K; j++) {
+                c.bt[0] = (engine_tok){ .token = j ? draft[j - 1] : s->last, .pos = s->n + j, .seq = s->dseq,
+                                        .want_logits = true };
+                engine_batch b = { .n_tokens = 1, .toks = c.bt };
+                if (engine_forward(c.me, &b, c.hin, c.logits) != ENGINE_OK) goto fail;
+                memcpy(c.hin, engine_hidden(c.me), (size_t)c.H * sizeof(float));
+                draft[j] = cmd_evd_argmax(c.logits, c.V);
+                double mx = c.logits[draft[j]], sum = 0;
+                for (int v = 0; v < c.V; v++) sum += exp((double)c.logits[v] - mx);
+                printf("%s{\"token\":%d,\"logprob\":%.6f,\"conf\":-1}", j ? "," : "", draft[j], -log(sum));
+            }
+            printf("]}\n");
+            if (s->n + 1 + K >= CMD_EVAL_DFLASH_CTX - 8) continue;
+            s->toks[s->n] = s->last;
+            if (!cmd_evm_feed(&c, s, 1)) goto fail;
+            for (int j = 0; j < K && draft[j] == s->last; j++) {
+                s->toks[s->n] = s->last;
+                if (!cmd_evm_feed(&c, s, 1)) goto fail;
+            }
+        }
+        kvpool_seq_free(engine_kvpool(c.e), s->tseq);
+        kvpool_seq_free(engine_kvpool(c.me), s->dseq);
+        s->tseq = s->dseq = NULL;
+    }
+    fflush(stdout);
+    rc = 0;
+    goto out;
+fail:
+    fprintf(stderr, "tokenmill eval: a target or MTP step failed\n");
+out:
+    if (s->tseq) kvpool_seq_free(engine_kvpool(c.e), s->tseq);
+    if (s->dseq) kvpool_seq_free(engine_kvpool(c.me), s->dseq);
+    free(s), free(c.logits), free(c.hin), free(c.pend), free(c.bt);
+    engine_free(c.me);
+    engine_free(c.e);
+    return rc;
+}
+
 int cmd_eval_dflash(model *m, const char *draft_path, json_t *root, int threads, int kv_type)
 {
     char err[512];
@@ -81,15 +201,26 @@ int cmd_eval_dflash(model *m, const char *draft_path, json_t *root, int threads,
     const char *mode = json_string_value(json_object_get(root, "mode"));
     int ns = json_is_array(jseqs) ? (int)json_array_size(jseqs) : 0;
     if (ns < 1 || ns > 64 || K < 1 || K >= ENGINE_DFLASH_MAX_BLOCK || R < 0 || !mode ||
-        (strcmp(mode, "dspark") && strcmp(mode, "dflash"))) {
+        (strcmp(mode, "dspark") && strcmp(mode, "dflash") && strcmp(mode, "mtp"))) {
         fprintf(stderr, "tokenmill eval: --draft needs {\"seqs\": [[ids]...] (1..64), \"n_draft\": K (1..%d), "
-                "\"rounds\": R, \"mode\": \"dspark\"|\"dflash\"}\n", ENGINE_DFLASH_MAX_BLOCK - 1);
+                "\"rounds\": R, \"mode\": \"dspark\"|\"dflash\"|\"mtp\"}\n", ENGINE_DFLASH_MAX_BLOCK - 1);
         return 1;
     }
     model *d = NULL;
     if (model_load(draft_path, NULL, &d, err, sizeof err) != GGUF_OK) {
         fprintf(stderr, "tokenmill eval: cannot load %s: %s\n", draft_path, err);
         return 1;
+    }
+    if (!strcmp(mode, "mtp") || (d->dsv4 && d->dsv4->mtp_only)) {
+        int mrc = 1;
+        if (!strcmp(mode, "mtp") && d->dsv4 && d->dsv4->mtp_only && m->dsv4 && !m->dsv4->mtp_only &&
+            m->dsv4->hc == d->dsv4->hc && m->hp.dim == d->hp.dim && m->hp.n_vocab == d->hp.n_vocab)
+            mrc = cmd_eval_mtp(m, d, jseqs, K, R, threads, kv_type);
+        else
+            fprintf(stderr, "tokenmill eval: mode mtp takes a deepseek4 model and its MTP-only file (same width, "
+                    "streams and vocabulary)\n");
+        model_free(d);
+        return mrc;
     }
     if (!model_dflash_match(m, d, err, sizeof err)) {
         fprintf(stderr, "tokenmill eval: --draft %s does not fit the model: %s\n", draft_path, err);

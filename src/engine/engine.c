@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "model/model_dsv4.h"
 #include "util/util.h"
 
 struct engine_moe_stats {
@@ -169,6 +170,7 @@ void engine_free(engine *e)
     free(e->wsnap_data);
     engine_moe_stats_free(e->stats);
     engine_qwen35_free(e->q35);
+    engine_dsv4_mtp_free(e->dsv4_mtp);
     engine_dsv4_free(e->dsv4);
     engine_bert_free(e->bert);
     free(e->cap_slot);
@@ -391,6 +393,11 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
         snprintf(err, errsz, "a dflash drafter is not a model to run: it drafts for one (--draft FILE)");
         return ENGINE_ERR_ARG;
     }
+    if (m->dsv4 && m->dsv4->mtp_only && !m->mtp_view) {
+        snprintf(err, errsz, "a deepseek4 MTP-only file (the MTP block alone) is not a model to run: it drafts beside "
+                 "its trunk (--draft FILE --spec mtp)");
+        return ENGINE_ERR_ARG;
+    }
     if (hp->n_heads / hp->n_kv_heads > ENGINE_ATT_GQA_MAX) {
         snprintf(err, errsz, "%d query heads per kv head: at most %d are supported", hp->n_heads / hp->n_kv_heads,
                  ENGINE_ATT_GQA_MAX);
@@ -419,6 +426,9 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
         e->dsv4 = engine_dsv4_new(m, e->tp, e->kv, o.max_batch_tokens, n_blocks * KVPOOL_BLOCK, err, errsz);
         e->x = engine_scratch_alloc(e, (size_t)o.max_batch_tokens * hp->dim * sizeof(float));
         if (!e->dsv4 || !e->x) st = ENGINE_ERR_NOMEM;
+        if (st == ENGINE_OK && m->mtp_view &&
+            !(e->dsv4_mtp = engine_dsv4_mtp_new(m, e->dsv4, e->tp, o.max_batch_tokens, err, errsz)))
+            st = ENGINE_ERR_NOMEM;
     } else if (st == ENGINE_OK) {
         st = engine_new_buffers(e, &o, err, errsz);
     }
@@ -469,7 +479,8 @@ double engine_moe_imbalance(const uint64_t *counts, int n_expert, int n_groups)
     return all ? (double)max * n_groups / (double)all : 0;
 }
 
-const float *engine_hidden(const engine *e) { return e->x; }
+const float *engine_hidden(const engine *e) { return e->dsv4 ? engine_dsv4_streams(e->dsv4) : e->x; }
+int engine_hidden_dim(const engine *e) { return e->dsv4 ? e->m->dsv4->hc * e->m->hp.dim : e->m->hp.dim; }
 
 bool engine_capture_layers(engine *e, const int32_t *layers, int n)
 {

@@ -39,7 +39,8 @@
  *
  * Multi-token prediction: an engine over an MTP view (model_mtp_view) makes each entry's input
  * eh_proj([rmsnorm(embedding) * enorm; rmsnorm(hidden) * hnorm]) from the hidden states given
- * to engine_forward, then runs the view's one layer, head norm and head as any model;
+ * to engine_forward, then runs the view's one layer, head norm and head as any model (V4: per
+ * hyper-connection stream, engine_dsv4_mtp.h);
  * engine_hidden gives every step's hidden states (the model's, which the MTP draft continues;
  * the view's, to chain it), read in place: nothing is copied on the model's step.
  *
@@ -192,10 +193,13 @@ bool engine_profile(engine *e, bool on);
 const engine_prof_cell *engine_profile_cells(const engine *e, int64_t *n_steps);
 const char *engine_prof_op_name(engine_prof_op op);
 
-/* The hidden states of the last engine_step's entries, (n_tokens, dim) in batch order: the
- * residual stream after the last layer, before the output norm (what an MTP layer continues
- * from). Valid until the next engine_step. */
+/* The hidden states of the last engine_step's entries, (n_tokens, engine_hidden_dim) in batch
+ * order: the residual stream after the last layer, before the output norm (what an MTP layer
+ * continues from); of a V4 model its hc streams, before the head's collapse. Valid until the
+ * next engine_step. */
 const float *engine_hidden(const engine *e);
+/* The width of an engine_hidden row: dim, or hc * dim for a V4 model (its MTP view's too). */
+int engine_hidden_dim(const engine *e);
 
 /* Keep the inputs of layers[0..n) (the residual stream entering each, as llama.cpp's
  * embeddings_layer_inp) of every entry of every step from now on, for a DFlash drafter

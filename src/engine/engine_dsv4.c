@@ -95,6 +95,8 @@ struct engine_dsv4 {
     /* a DSpark drafter's block pass (engine_dsv4_block), NULL outside one */
     const int32_t *last;     /* (n_tok) the last key position of each entry: non-causal */
     const model *embd;       /* whose token_embd the entries read (NULL: m's) */
+    const float *x0;         /* (n_tok, hc, dim) the entries' input streams given by the caller
+                              * (an MTP block's, engine_dsv4_step_from), NULL: the embedding */
     /* layer inputs kept for a drafter (engine_dsv4_capture), NULL: none */
     const int8_t *cap_slot;  /* (n_layers + 1) slot of layer il's input in a cap row, -1: not kept */
     float *cap;              /* (max_tokens, n_cap * dim) */
@@ -715,6 +717,15 @@ void engine_dsv4_block(engine_dsv4 *d, int T, const void *toks, const int32_t *l
     d->last = NULL, d->embd = NULL;
 }
 
+void engine_dsv4_step_from(engine_dsv4 *d, int T, const void *toks, const float *x0, float *logits, float *hidden)
+{
+    d->x0 = x0;
+    engine_dsv4_step(d, T, toks, logits, hidden);
+    d->x0 = NULL;
+}
+
+const float *engine_dsv4_streams(const engine_dsv4 *d) { return d->X; }
+
 void engine_dsv4_step(engine_dsv4 *d, int T, const void *toks_, float *logits, float *hidden)
 {
     const model *m = d->m;
@@ -725,8 +736,12 @@ void engine_dsv4_step(engine_dsv4 *d, int T, const void *toks_, float *logits, f
     d->toks = toks, d->n_tok = T;
     for (int t = 0; t < T; t++) {
         float *X = d->X + (size_t)t * hc * dim;
-        model_embed_row(d->embd ? d->embd : m, toks[t].token, X);
-        for (int h = 1; h < hc; h++) memcpy(X + (size_t)h * dim, X, (size_t)dim * sizeof(float));
+        if (d->x0) {
+            memcpy(X, d->x0 + (size_t)t * hc * dim, (size_t)hc * dim * sizeof(float));
+        } else {
+            model_embed_row(d->embd ? d->embd : m, toks[t].token, X);
+            for (int h = 1; h < hc; h++) memcpy(X + (size_t)h * dim, X, (size_t)dim * sizeof(float));
+        }
         d->pos[t] = toks[t].pos;
         d->npos[t] = -toks[t].pos;
     }

@@ -78,6 +78,15 @@ void engine_dsv4_free(engine_dsv4 *d);
  * residual stream before the output norm. */
 void engine_dsv4_step(engine_dsv4 *d, int n, const void *toks, float *logits, float *hidden);
 
+/* The step with the entries' input streams x0 (n, hc, dim) given, in place of the embedding
+ * copied into every stream: an MTP block's (engine_dsv4_mtp.h). */
+void engine_dsv4_step_from(engine_dsv4 *d, int n, const void *toks, const float *x0, float *logits, float *hidden);
+
+/* The last step's residual streams after the last layer, (n, hc, dim) in batch order, before
+ * the head's collapse: what an MTP block continues (llama.cpp's h_nextn). Valid until the next
+ * step. */
+const float *engine_dsv4_streams(const engine_dsv4 *d);
+
 /* Keep the inputs of some layers of every entry of every step from now on, for a DSpark drafter
  * (engine_dflash.h): slot (n_layers + 1 entries, -1: not kept; slot[n_layers] is the streams
  * after the last layer) says where layer il's input goes in an entry's row of cap (n_cap * dim

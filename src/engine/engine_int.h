@@ -19,6 +19,7 @@
 #include "engine/engine.h"
 #include "engine/engine_bert.h"
 #include "engine/engine_dsv4.h"
+#include "engine/engine_dsv4_mtp.h"
 #include "engine/engine_qwen35.h"
 #include "model/moe.h"
 #include "model/ops.h"
@@ -127,6 +128,7 @@ struct engine {
     uint64_t n_wsnap_dropped; /* states not captured for want of a slot, lifetime */
     /* profile (engine_profile): cells NULL until first enabled */
     engine_dsv4 *dsv4;       /* DeepSeek V4's step (engine_dsv4.h), or NULL */
+    engine_dsv4_mtp *dsv4_mtp; /* over an MTP-only file's block: its input (engine_dsv4_mtp.h) */
     engine_prof_cell *prof;  /* (n_layers + 1, ENGINE_PROF_N) */
     bool prof_on;            /* counting */
     int64_t prof_steps;      /* steps counted */

@@ -786,7 +786,7 @@ static bool sched_opts_resolve(engine *e, sched_opts *o)
     /* a drafter's ids are the target's; an MTP layer's engine continues the model's hidden states */
     if ((o->draft && (engine_model(o->draft)->hp.n_vocab != m->hp.n_vocab || engine_model(o->draft)->mtp_view)) ||
         (o->mtp && (engine_model(o->mtp)->hp.n_vocab != m->hp.n_vocab || !engine_model(o->mtp)->mtp_view ||
-                   engine_model(o->mtp)->hp.dim != m->hp.dim))) {
+                   engine_hidden_dim(o->mtp) != engine_hidden_dim(e)))) {
         return false;
     }
     return true;

@@ -23,7 +23,7 @@ struct specdraft {
     float *logits;              /* (max_seqs, n_vocab) */
     sampler *greedy;            /* temperature 0, no penalties: the argmax as requests take it */
     bool mtp;                   /* the engine is an MTP view's: steps take hidden states */
-    int dim;                    /* hidden state width */
+    int dim;                    /* hidden state width (engine_hidden_dim: V4's hc * dim) */
     float *hin;                 /* (max_batch, dim) MTP: the hidden state of each step entry */
     int *last;                  /* (max_seqs) MTP: batch entry of each sequence's logits row */
     engine_dflash *ed;          /* a dflash drafter (e NULL), or NULL */
@@ -55,7 +55,7 @@ specdraft *specdraft_new(engine *d, int max_seqs)
     gp.penalty_last_n = 0;
     sd->greedy = sample_new(sd->n_vocab, &gp);
     sd->mtp = engine_model(d)->mtp_view;
-    sd->dim = engine_model(d)->hp.dim;
+    sd->dim = engine_hidden_dim(d);
     if (sd->mtp) {
         sd->hin = malloc((size_t)sd->max_batch * (size_t)sd->dim * sizeof(float));
         sd->last = xcalloc((size_t)max_seqs, sizeof *sd->last);
@@ -91,7 +91,7 @@ kvpool *specdraft_kvpool(const specdraft *sd) { return sd->pool; }
 
 const float *specdraft_step_rows(const specdraft *sd, const engine *t, int first)
 {
-    if (sd->mtp) return engine_hidden(t) + (size_t)first * engine_model(t)->hp.dim;
+    if (sd->mtp) return engine_hidden(t) + (size_t)first * engine_hidden_dim(t);
     if (sd->ed) return engine_layer_inputs(t) + (size_t)first * sd->feat;
     return NULL;
 }

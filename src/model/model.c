@@ -194,7 +194,7 @@ static bool model_load_mla(model_ld *ld, int il)
 }
 
 /* The MTP tensors of the layers after the model's (model.h): m->mtp. */
-static bool model_load_nextn(model_ld *ld)
+bool model_load_nextn(model_ld *ld)
 {
     model *m = ld->m;
     const model_hparams *hp = &m->hp;
@@ -229,6 +229,7 @@ void model_mtp_view(const model *m, int i, model *out)
     out->layers = &m->mtp[i];
     out->mtp = NULL;
     out->mtp_view = true;
+    if (m->dsv4) out->dsv4 = m->dsv4->mtp;   /* V4: its block's own parameters (model_dsv4.h) */
     if (L->embed.data) out->tok_embd = L->embed;
     if (L->head_norm) out->output_norm = L->head_norm;
     if (L->head.data) {

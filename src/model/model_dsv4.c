@@ -96,6 +96,7 @@ static bool dsv4_read_rope(model_ld *ld)
 void model_dsv4_free(model_dsv4 *d)
 {
     if (!d) return;
+    free(d->mtp);
     free(d->layers);
     free(d);
 }
@@ -142,7 +143,7 @@ static bool dsv4_read_hparams(model_ld *ld)
     if (!dsv4_int(ld, "hyper_connection.sinkhorn_iterations", true, 0, 1, 1000, &d->sk_iters)) return false;
     if (!model_key_float(ld, dsv4_key(ld, "hyper_connection.epsilon", kb, sizeof kb), 1e-6, &f)) return false;
     d->hc_eps = (float)f;
-    if (!dsv4_int(ld, "hash_layer_count", false, 0, 0, L, &d->n_hash)) return false;
+    if (!dsv4_int(ld, "hash_layer_count", false, 0, 0, L + hp->n_nextn, &d->n_hash)) return false;
     if (!dsv4_int(ld, "attention.indexer.head_count", true, 0, 1, 4096, &d->idx_heads)) return false;
     if (!dsv4_int(ld, "attention.indexer.key_length", true, 0, 2, 4096, &d->idx_dim)) return false;
     if (!dsv4_int(ld, "attention.indexer.top_k", true, 0, 1, 1 << 24, &d->idx_topk)) return false;
@@ -290,6 +291,36 @@ static bool dsv4_layer_ffn(model_ld *ld, int il)
     return true;
 }
 
+/* An MTP-only file's block (model_dsv4.h): blk.L with L the trunk's layer count, checked to be
+ * what llama.cpp's graph_mtp runs, and its view for model_mtp_view. */
+static bool dsv4_load_mtp(model_ld *ld)
+{
+    model *m = ld->m;
+    model_hparams *hp = &m->hp;
+    model_dsv4 *d = m->dsv4;
+    const int il = hp->n_layers;
+    char kb[128];
+    if (hp->n_nextn != 1) {
+        model_fail(ld, GGUF_ERR_FORMAT, "%s %d: a deepseek4 MTP-only file with more than one MTP block (llama.cpp's "
+                   "graph runs one)", dsv4_key(ld, "nextn_predict_layers", kb, sizeof kb), hp->n_nextn);
+        return false;
+    }
+    if (il < d->n_hash) {
+        model_fail(ld, GGUF_ERR_FORMAT, "%s %d: the MTP block blk.%d is hash-routed, which llama.cpp's MTP graph "
+                   "refuses", dsv4_key(ld, "hash_layer_count", kb, sizeof kb), d->n_hash, il);
+        return false;
+    }
+    if (!dsv4_layer_keys(ld, il)) return false;
+    if (d->layers[il].ratio != 0) {
+        model_fail(ld, GGUF_ERR_FORMAT, "%s: the MTP block blk.%d has ratio %d; its attention is the raw window "
+                   "only (0)", dsv4_key(ld, "attention.compress_ratios", kb, sizeof kb), il, d->layers[il].ratio);
+        return false;
+    }
+    if (!dsv4_layer_attn(ld, il) || !dsv4_layer_ffn(ld, il) || !model_load_nextn(ld)) return false;
+    d->mtp_only = true;
+    return true;
+}
+
 bool model_dsv4_load(model_ld *ld)
 {
     model *m = ld->m;
@@ -297,13 +328,25 @@ bool model_dsv4_load(model_ld *ld)
     model_dsv4 *d = xcalloc(1, sizeof *d);
     m->dsv4 = d;
     if (!dsv4_read_hparams(ld)) return false;
-    d->layers = xcalloc((size_t)hp->n_layers, sizeof *d->layers);
-    for (int il = 0; il < hp->n_layers; il++)
-        if (!dsv4_layer_keys(ld, il) || !dsv4_layer_attn(ld, il) || !dsv4_layer_ffn(ld, il)) return false;
+    d->layers = xcalloc((size_t)(hp->n_layers + hp->n_nextn), sizeof *d->layers);
+    if (hp->n_nextn > 0 && !gguf_find_tensor(m->g, "blk.0.attn_norm.weight")) {
+        if (!dsv4_load_mtp(ld)) return false;
+    } else {
+        for (int il = 0; il < hp->n_layers; il++)
+            if (!dsv4_layer_keys(ld, il) || !dsv4_layer_attn(ld, il) || !dsv4_layer_ffn(ld, il)) return false;
+        hp->n_nextn = 0;   /* MTP layers inside a trunk file are not read (the file comment) */
+    }
     hp->expert_ffn = d->max_ffn;
     const int hc = d->hc;
     if (!model_matrix(ld, "output_hc_fn.weight", (int64_t)hc * hp->dim, hc, &d->out_hc_fn)) return false;
     if (!(d->out_hc_base = model_vector(ld, "output_hc_base.weight", true, hc))) return false;
     if (!(d->out_hc_scale = model_vector(ld, "output_hc_scale.weight", true, 1))) return false;
+    if (d->mtp_only) {   /* the view model_mtp_view gives an engine: its block as layer 0 */
+        d->mtp = xmalloc(sizeof *d->mtp);
+        *d->mtp = *d;
+        d->mtp->layers = d->layers + hp->n_layers;
+        d->mtp->n_hash = 0;
+        d->mtp->mtp = NULL;
+    }
     return true;
 }

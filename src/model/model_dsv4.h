@@ -10,8 +10,16 @@
  * indexer of compressed layers, the hash-routing table. The forward pass is
  * engine/engine_dsv4.c; docs/deepseek4.md writes it out.
  *
- * Not read: the MTP (`nextn`) layers stored after the model's (hp.n_nextn counts them; the
- * model runs without them, as llama.cpp's does unless asked to load them).
+ * MTP. llama.cpp's converter writes V4's MTP block only into a file of its own (`--mtp`): an
+ * MTP-only file, which llama.cpp's loader recognises by nextn_predict_layers > 0 and no
+ * blk.0.attn_norm.weight. Its block_count counts the block after the trunk's layers (blk.L,
+ * L = num_hidden_layers), it holds the shared embedding, output norm and head, the block's own
+ * output_hc_* and the block (attention without compressor, hyper-connections, biased MoE, the
+ * nextn tensors). Such a file loads as a model of L layers of which only the MTP block is
+ * read (mtp_only, m->mtp, and `mtp` below for model_mtp_view); it is not a model to run, only
+ * to draft beside its trunk (engine/engine_dsv4_mtp.c). One block only (llama.cpp's graph
+ * runs one), of ratio 0, not hash-routed: anything else is refused at load. MTP layers inside
+ * a trunk file (which the converter never writes) are not read: hp.n_nextn is set to 0.
  */
 #ifndef TM_MODEL_DSV4_H
 #define TM_MODEL_DSV4_H
@@ -75,7 +83,10 @@ typedef struct model_dsv4 {
     ops_weight out_hc_fn;    /* (hc, hc * dim) the head's collapse of the streams */
     const float *out_hc_base;/* (hc) f32 */
     const float *out_hc_scale; /* (1) f32 */
-    model_dsv4_layer *layers;/* (n_layers) */
+    model_dsv4_layer *layers;/* (n_layers + n_nextn); of an MTP-only file only [n_layers] is read */
+    bool mtp_only;           /* an MTP-only file (see the file comment) */
+    struct model_dsv4 *mtp;  /* an MTP-only file's view of its block (layers = &layers[n_layers],
+                              * no hash layers), model_mtp_view's; NULL otherwise */
 } model_dsv4;
 
 /* Frees what model_dsv4_load allocated (NULL is fine); the model's owned arrays are its own. */

@@ -83,12 +83,17 @@ bool model_qwen35_layer(model_ld *ld, int il);
 /* token_embd.weight, whose rows fix hp.n_vocab (model.c). */
 bool model_load_tok_embd(model_ld *ld);
 
+/* The nextn tensors (eh_proj, enorm, hnorm, and the optional shared head norm, embedding and
+ * head) of the MTP layers after the model's, into m->mtp = m->layers + n_layers (model.c). */
+bool model_load_nextn(model_ld *ld);
+
 /* bert (model_bert.c): its hyper-parameters beyond the common ones, the embeddings and every
  * layer's tensors, after model_read_hparams; sets n_vocab. */
 bool model_bert_load(model_ld *ld);
 
 /* Reads DeepSeek V4's hyper-parameters and every layer's tensors into m->layers and m->dsv4
- * (model_dsv4.c), after the common hyper-parameters, the embedding and the output. */
+ * (model_dsv4.c), after the common hyper-parameters, the embedding and the output; of an
+ * MTP-only file (model_dsv4.h), the MTP block alone. */
 bool model_dsv4_load(model_ld *ld);
 
 /* A DFlash / DSpark drafter's block metadata, heads and layers (model_dflash.c), after the

@@ -4,7 +4,8 @@
 # and tensors that llama.cpp's converter (conversion/deepseek.py, DeepseekV4Model) writes and
 # its loader (src/models/deepseek4.cpp) reads, in a shape small enough for a test.
 #
-#   gguf_dsv4.py --vocab VOCAB.gguf [--type f32|f16|q8_0|mxfp4] [--seed N] [--yarn FACTOR:ORIG_CTX] -o OUT.gguf
+#   gguf_dsv4.py --vocab VOCAB.gguf [--type f32|f16|q8_0|mxfp4] [--seed N] [--yarn FACTOR:ORIG_CTX]
+#                [--mtp [--mtp-hash]] [--dim N] [--hc N] [--idx-dim N] -o OUT.gguf
 #
 # The shape (SHAPE) has every kind of layer V4 has: compression ratios 0, 4 (with the
 # lightning indexer) and 128, a hash-routed lead layer (tid2eid), the sqrt-softplus router
@@ -15,6 +16,24 @@
 # (gguf-py's quantiser), every other matrix in Q8_0. --yarn writes the rope.scaling keys the converter writes for the published V4 files (type
 # yarn, the factor, the original context length), which llama.cpp applies to the compressed
 # layers' RoPE. The vocabulary (every tokenizer.* key) is copied from VOCAB.gguf. Needs numpy.
+#
+# --mtp writes the MTP-only companion of the model of the same seed and options, as the
+# converter's `--mtp` does (DeepseekV4Model with mtp_only): block_count counts the MTP block
+# (num_hidden_layers + 1), nextn_predict_layers 1, the per-layer arrays (compress_ratios, the
+# SwiGLU clamps) one entry longer (the MTP block's ratio 0), and only the shared embedding,
+# output norm and head (the trunk's values: the same draws), the MTP block's own output_hc_*
+# (mtp.0.hc_head_*), and blk.L.* for L = the trunk's layer count: attention without compressor,
+# both hyper-connections, the biased router, experts, shared expert, and nextn.eh_proj
+# ([e_proj | h_proj], (dim, 2 dim)), nextn.enorm, nextn.hnorm, nextn.shared_head_norm. The
+# trunk's tensors are absent: llama.cpp's loader recognises the file by nextn_predict_layers > 0
+# and no blk.0.attn_norm.weight. (The converter forces eh_proj to Q8_0; here it follows --type,
+# so an F32 file compares without rounding.) --mtp-hash counts the MTP block among the
+# hash-routed layers (a file llama.cpp's graph refuses, for the refusal test). --dim / --hc
+# change the width and the hyper-connection count (mismatched companions). --idx-dim sets the
+# indexer's key size: the pinned llama.cpp's MTP context divides by zero when it equals the
+# head size (its iswa cache forces V4's Hadamard rotation on, and the full-attention half of
+# that cache has no layer, so no head size to size the rotation by), so the MTP oracle test
+# writes 128 against heads of 64.
 import argparse
 import os
 import sys
@@ -38,31 +57,50 @@ def main():
     ap.add_argument("--type", default="f32", choices=["f32", "f16", "q8_0", "mxfp4"])
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--yarn", default=None, help="FACTOR:ORIG_CTX")
+    ap.add_argument("--mtp", action="store_true", help="write the MTP-only companion file")
+    ap.add_argument("--mtp-hash", action="store_true", help="the MTP block hash-routed (refused)")
+    ap.add_argument("--dim", type=int, default=None)
+    ap.add_argument("--hc", type=int, default=None)
+    ap.add_argument("--idx-dim", type=int, default=None)
     ap.add_argument("-o", "--out", required=True)
     a = ap.parse_args()
-    s = SHAPE
+    s = dict(SHAPE)
+    if a.dim:
+        s["dim"] = a.dim
+    if a.hc:
+        s["hc"] = a.hc
+    if a.idx_dim:
+        s["idx_dim"] = a.idx_dim
     Q = gguf.GGMLQuantizationType
     qtype = {"f32": Q.F32, "f16": Q.F16, "q8_0": Q.Q8_0, "mxfp4": Q.Q8_0}[a.type]
     exps_qtype = Q.MXFP4 if a.type == "mxfp4" else qtype
     w = gguf.GGUFWriter(a.out + ".tmp", "deepseek4")
     rng = np.random.default_rng(a.seed)
 
+    # --mtp: every trunk tensor is still drawn (so the shared ones are the trunk file's values),
+    # only the shared ones and the MTP block are written
+    shared = ("token_embd.weight", "output_norm.weight", "output.weight")
+    writing = [True]
+
     def add(name, shape, std, kind="mat", mean=0.0):
         x = (mean + std * rng.standard_normal(shape)).astype(np.float32)
         t = exps_qtype if kind == "exps" else qtype if kind == "mat" else Q.F32
-        put(w, name, x, t)
+        if writing[0] or name in shared:
+            put(w, name, x, t)
 
     def norm(name, n, mean=1.0):
         add(name, (n,), 0.1 * mean, "f32", mean)
 
     L, dim, H, hd = len(s["ratios"]), s["dim"], s["heads"], s["head_dim"]
+    nb = L + 1 if a.mtp else L   # block_count: the converter counts the MTP block in an MTP-only file
+    ratios = s["ratios"] + [0] if a.mtp else s["ratios"]
     ne, ef, hc = s["experts"], s["expert_ffn"], s["hc"]
     w.add_name(f"gguf-py-random-deepseek4-seed{a.seed}")
     w.add_file_type({"f32": 0, "f16": 1, "q8_0": 7, "mxfp4": 38}[a.type])
     if qtype not in (Q.F32, Q.F16):
         w.add_quantization_version(2)
     n_vocab = copy_vocab(w, a.vocab)
-    w.add_block_count(L)
+    w.add_block_count(nb)
     w.add_context_length(4096)
     w.add_embedding_length(dim)
     w.add_feed_forward_length(ef)
@@ -89,23 +127,26 @@ def main():
     w.add_expert_shared_count(s["shared"])
     w.add_expert_weights_scale(s["w_scale"])
     w.add_expert_weights_norm(True)
-    w.add_swiglu_clamp_exp([s["swiglu_limit"]] * L)
-    w.add_swiglu_clamp_shexp([s["swiglu_limit"]] * L)
+    w.add_swiglu_clamp_exp([s["swiglu_limit"]] * nb)
+    w.add_swiglu_clamp_shexp([s["swiglu_limit"]] * nb)
     w.add_indexer_head_count(s["idx_heads"])
     w.add_indexer_key_length(s["idx_dim"])
     w.add_indexer_top_k(s["idx_topk"])
     w.add_attention_output_group_count(s["o_groups"])
     w.add_attention_output_lora_rank(s["o_lora"])
-    w.add_attention_compress_ratios(s["ratios"])
+    w.add_attention_compress_ratios(ratios)
     w.add_attention_compress_rope_freq_base(160000.0)
     w.add_hyper_connection_count(hc)
     w.add_hyper_connection_sinkhorn_iterations(s["sinkhorn"])
     w.add_hyper_connection_epsilon(s["hc_eps"])
-    w.add_hash_layer_count(s["hash_layers"])
+    w.add_hash_layer_count(nb if a.mtp_hash else s["hash_layers"])
     w.add_embedding_length_out(dim * hc)
+    if a.mtp:
+        w.add_nextn_predict_layers(1)
 
     si = 1.0 / np.sqrt(dim)
     mix = (2 + hc) * hc
+    writing[0] = not a.mtp
     add("token_embd.weight", (n_vocab, dim), 0.5 * si)
     norm("output_norm.weight", dim, 20.0)
     add("output.weight", (n_vocab, dim), 0.5 * si)
@@ -113,7 +154,17 @@ def main():
     add("output_hc_base.weight", (hc,), 0.5, "f32")
     add("output_hc_scale.weight", (1,), 0.3, "f32", 1.0)
     ql, ih, idim = s["q_lora"], s["idx_heads"], s["idx_dim"]
-    for il, ratio in enumerate(s["ratios"]):
+    for il, ratio in enumerate(ratios):
+        if a.mtp and il == L:
+            # the MTP block (after every trunk draw): its own head collapse, its input projection
+            writing[0] = True
+            add("output_hc_fn.weight", (hc, hc * dim), 1.0 / np.sqrt(hc * dim), "f32")
+            add("output_hc_base.weight", (hc,), 0.5, "f32")
+            add("output_hc_scale.weight", (1,), 0.3, "f32", 1.0)
+            add(f"blk.{il}.nextn.eh_proj.weight", (dim, 2 * dim), 1 / np.sqrt(2 * dim))
+            norm(f"blk.{il}.nextn.enorm.weight", dim)
+            norm(f"blk.{il}.nextn.hnorm.weight", dim)
+            norm(f"blk.{il}.nextn.shared_head_norm.weight", dim, 20.0)
         p = f"blk.{il}."
         norm(p + "attn_norm.weight", dim)
         add(p + "attn_sinks.weight", (H,), 1.0, "f32")
@@ -143,9 +194,10 @@ def main():
                 add(p + "indexer_compressor_ape.weight", (ratio, 2 * idim), 0.5, "f32")
                 norm(p + "indexer_compressor_norm.weight", idim)
         add(p + "ffn_gate_inp.weight", (ne, dim), 2 * si, "f32")
-        if il < s["hash_layers"]:
+        if il < s["hash_layers"] or (a.mtp_hash and il == L):
             tid = np.stack([rng.permutation(ne)[:s["used"]] for _ in range(n_vocab)]).astype(np.int32)
-            w.add_tensor(p + "ffn_gate_tid2eid.weight", tid)
+            if writing[0]:
+                w.add_tensor(p + "ffn_gate_tid2eid.weight", tid)
         else:
             add(p + "exp_probs_b.bias", (ne,), 0.05, "f32")
         norm(p + "ffn_norm.weight", dim)
