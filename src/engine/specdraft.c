@@ -9,6 +9,7 @@
 
 #include "engine/engine_dflash.h"
 #include "engine/sample.h"
+#include "model/ops.h"
 #include "util/util.h"
 
 struct specdraft {
@@ -167,13 +168,15 @@ void specdraft_free(specdraft *sd)
 
 bool specdraft_is_mtp(const specdraft *sd) { return sd->mtp; }
 
-/* MTP: into row nt of hin, the model's hidden state of position p - 1 for entry p of q, or
- * zeros when the caller did not pass it. */
+/* MTP: into row nt of hin, the model's hidden state of position p - 1 for entry p of q after
+ * the model's output norm (the normed state is what the MTP layer was trained on: DeepSeek's
+ * and GLM's, as llama.cpp and vLLM feed it), or zeros when the caller did not pass it. */
 static void specdraft_mtp_state(specdraft *sd, const specdraft_seq *q, int nt, int p)
 {
+    const model *v = engine_model(sd->e);
     float *dst = sd->hin + (size_t)nt * sd->dim;
     int i = p - 1 - q->hid_pos;
-    if (q->hid && i >= 0 && i < q->n_hid) memcpy(dst, q->hid + (size_t)i * sd->dim, (size_t)sd->dim * sizeof(float));
+    if (q->hid && i >= 0 && i < q->n_hid) ops_rmsnorm(NULL, dst, q->hid + (size_t)i * sd->dim, v->trunk_norm, 1, sd->dim, v->hp.rms_eps);
     else memset(dst, 0, (size_t)sd->dim * sizeof(float));
 }
 
@@ -240,9 +243,11 @@ int specdraft_run(specdraft *sd, specdraft_seq *seqs, int n)
             t->pos = q->n_tokens + k - 1;
             t->seq = q->seq;
             t->want_logits = true;
-            if (sd->mtp) {   /* the layer's own state of the entry before: copied before the step overwrites it */
-                memcpy(sd->hin + (size_t)nt * sd->dim, engine_hidden(sd->e) + (size_t)sd->last[i] * sd->dim,
-                       (size_t)sd->dim * sizeof(float));
+            if (sd->mtp) {   /* the layer's own state of the entry before, after its head norm (as
+                              * llama.cpp chains it): copied before the step overwrites it */
+                const model *v = engine_model(sd->e);
+                ops_rmsnorm(NULL, sd->hin + (size_t)nt * sd->dim, engine_hidden(sd->e) + (size_t)sd->last[i] * sd->dim,
+                            v->output_norm, 1, sd->dim, v->hp.rms_eps);
                 sd->last[i] = nt;
             }
             sd->row[i] = nt++;
