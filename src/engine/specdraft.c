@@ -9,6 +9,7 @@
 
 #include "engine/engine_dflash.h"
 #include "engine/sample.h"
+#include "model/ops.h"
 #include "util/util.h"
 
 struct specdraft {
@@ -24,6 +25,9 @@ struct specdraft {
     sampler *greedy;            /* temperature 0, no penalties: the argmax as requests take it */
     bool mtp;                   /* the engine is an MTP view's: steps take hidden states */
     int dim;                    /* hidden state width (engine_hidden_dim: V4's hc * dim) */
+    bool raw;                   /* MTP: states taken as they are, not normed (V4: llama.cpp's
+                                 * deepseek4 graphs hand over the streams before the head's
+                                 * collapse and norm, the target's and the block's own) */
     float *hin;                 /* (max_batch, dim) MTP: the hidden state of each step entry */
     int *last;                  /* (max_seqs) MTP: batch entry of each sequence's logits row */
     engine_dflash *ed;          /* a dflash drafter (e NULL), or NULL */
@@ -56,6 +60,7 @@ specdraft *specdraft_new(engine *d, int max_seqs)
     sd->greedy = sample_new(sd->n_vocab, &gp);
     sd->mtp = engine_model(d)->mtp_view;
     sd->dim = engine_hidden_dim(d);
+    sd->raw = engine_model(d)->dsv4 != NULL;
     if (sd->mtp) {
         sd->hin = malloc((size_t)sd->max_batch * (size_t)sd->dim * sizeof(float));
         sd->last = xcalloc((size_t)max_seqs, sizeof *sd->last);
@@ -167,13 +172,17 @@ void specdraft_free(specdraft *sd)
 
 bool specdraft_is_mtp(const specdraft *sd) { return sd->mtp; }
 
-/* MTP: into row nt of hin, the model's hidden state of position p - 1 for entry p of q, or
- * zeros when the caller did not pass it. */
+/* MTP: into row nt of hin, the model's hidden state of position p - 1 for entry p of q after
+ * the model's output norm (the normed state is what the MTP layer was trained on: DeepSeek's
+ * and GLM's, as llama.cpp and vLLM feed it), or zeros when the caller did not pass it. */
 static void specdraft_mtp_state(specdraft *sd, const specdraft_seq *q, int nt, int p)
 {
+    const model *v = engine_model(sd->e);
     float *dst = sd->hin + (size_t)nt * sd->dim;
     int i = p - 1 - q->hid_pos;
-    if (q->hid && i >= 0 && i < q->n_hid) memcpy(dst, q->hid + (size_t)i * sd->dim, (size_t)sd->dim * sizeof(float));
+    const float *src = q->hid && i >= 0 && i < q->n_hid ? q->hid + (size_t)i * sd->dim : NULL;
+    if (src && sd->raw) memcpy(dst, src, (size_t)sd->dim * sizeof(float));
+    else if (src) ops_rmsnorm(NULL, dst, src, v->trunk_norm, 1, sd->dim, v->hp.rms_eps);
     else memset(dst, 0, (size_t)sd->dim * sizeof(float));
 }
 
@@ -240,9 +249,12 @@ int specdraft_run(specdraft *sd, specdraft_seq *seqs, int n)
             t->pos = q->n_tokens + k - 1;
             t->seq = q->seq;
             t->want_logits = true;
-            if (sd->mtp) {   /* the layer's own state of the entry before: copied before the step overwrites it */
-                memcpy(sd->hin + (size_t)nt * sd->dim, engine_hidden(sd->e) + (size_t)sd->last[i] * sd->dim,
-                       (size_t)sd->dim * sizeof(float));
+            if (sd->mtp) {   /* the layer's own state of the entry before, after its head norm (as
+                              * llama.cpp chains it): copied before the step overwrites it */
+                const model *v = engine_model(sd->e);
+                const float *own = engine_hidden(sd->e) + (size_t)sd->last[i] * sd->dim;
+                if (sd->raw) memcpy(sd->hin + (size_t)nt * sd->dim, own, (size_t)sd->dim * sizeof(float));
+                else ops_rmsnorm(NULL, sd->hin + (size_t)nt * sd->dim, own, v->output_norm, 1, sd->dim, v->hp.rms_eps);
                 sd->last[i] = nt;
             }
             sd->row[i] = nt++;

@@ -19,12 +19,16 @@
  *
  * MTP (DeepSeek-V3's multi-token prediction, on an engine over model_mtp_view): the same
  * rounds, where draft entry p is the token t_p with the model's hidden state of position p - 1
- * (the state that predicted t_p), and predicts t_{p+1}. The caller passes the model's hidden
- * states of the step it just ran (engine_hidden); entries whose state is not among them (the
- * first position, a prefix taken from the cache, a backlog caught up in pieces) take a zero
- * state (hnorm of zero is zero: the entry sees its token alone). Drafted entries continue the
- * MTP layer's own hidden state of the entry before and are never final: n_done stays at the
+ * (the state that predicted t_p) after the model's output norm, and predicts t_{p+1}. The
+ * caller passes the model's hidden states of the step it just ran (engine_hidden, before the
+ * norm: specdraft applies it); entries whose state is not among them (the first position, a
+ * prefix taken from the cache, a backlog caught up in pieces) take a zero state (hnorm of zero
+ * is zero: the entry sees its token alone). Drafted entries continue the MTP layer's own hidden
+ * state of the entry before (after its head norm) and are never final: n_done stays at the
  * last entry computed from the model's states, so they are recomputed once those exist.
+ * DeepSeek V4's block (a view of its MTP-only file, engine_dsv4_mtp.h) takes both states as
+ * they are, hc * dim wide: llama.cpp's deepseek4 graphs hand over the residual streams before
+ * the head's collapse and norm, the model's and the block's own.
  *
  * Engine thread only, like the engine it drives; nothing allocates after specdraft_new.
  */

@@ -229,6 +229,7 @@ void model_mtp_view(const model *m, int i, model *out)
     out->layers = &m->mtp[i];
     out->mtp = NULL;
     out->mtp_view = true;
+    out->trunk_norm = m->output_norm;
     if (m->dsv4) out->dsv4 = m->dsv4->mtp;   /* V4: its block's own parameters (model_dsv4.h) */
     if (L->embed.data) out->tok_embd = L->embed;
     if (L->head_norm) out->output_norm = L->head_norm;

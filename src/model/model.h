@@ -291,6 +291,9 @@ typedef struct model {
     model_layer *mtp;        /* (n_nextn) layers + n_layers, or NULL: no MTP layers */
     bool mtp_view;           /* a view of one MTP layer (model_mtp_view): its steps take the
                               * model's hidden states (engine_batch.hidden) */
+    const float *trunk_norm; /* (dim) f32, an MTP view's: the model's output norm, which the
+                              * model's hidden states pass through before the view reads them
+                              * (the state llama.cpp's and vLLM's MTP drafts are fed); NULL else */
     uint8_t fingerprint[32]; /* SHA-256, see the file comment */
     char fingerprint_hex[65];
     /* owned f32 copies of the 1-D tensors, freed with the model */

@@ -18,6 +18,7 @@
 #include "engine/sched.h"
 #include "engine/specdraft.h"
 #include "model/model.h"
+#include "model/ops.h"
 #include "util/util.h"
 
 static char tmpdir[] = "/tmp/tm_test_mtp_XXXXXX";
@@ -113,8 +114,13 @@ TEST(test_forward_and_drafts)
     for (int i = 0; i < T; i++) bt[i] = (engine_tok){ toks[i], i, s, false };
     engine_batch bb = { T, bt };
     CHECK(engine_step(e, &bb, NULL) == ENGINE_OK);
-    memset(h, 0, sizeof h);   /* entry 0 has no state before it: zeros */
-    memcpy(h + dim, engine_hidden(e), (size_t)T * dim * sizeof(float));
+    /* what the MTP layer reads (and specdraft feeds it): the states after the model's output
+     * norm; entry 0 has no state before it: zeros */
+    static float hraw[T * 64];
+    memcpy(hraw, engine_hidden(e), (size_t)T * dim * sizeof(float));
+    memset(h, 0, sizeof h);
+    for (int p = 0; p < T; p++)
+        ops_rmsnorm(NULL, h + (size_t)(p + 1) * dim, hraw + (size_t)p * dim, m->output_norm, 1, dim, m->hp.rms_eps);
     kvpool_seq_free(engine_kvpool(e), s);
     engine_free(e);
 
@@ -178,7 +184,9 @@ TEST(test_forward_and_drafts)
     engine_tok ct = { d1, T + 1, ds, true };
     engine_batch cb = { 1, &ct };
     float lg2[300];
-    CHECK(engine_forward(d, &cb, hmtp + (size_t)T * dim, lg2) == ENGINE_OK);
+    float hc[64];   /* chained on the layer's state after its head norm, as llama.cpp does */
+    ops_rmsnorm(NULL, hc, hmtp + (size_t)T * dim, view->output_norm, 1, dim, m->hp.rms_eps);
+    CHECK(engine_forward(d, &cb, hc, lg2) == ENGINE_OK);
     int32_t d2 = argmax(lg2, V);
     kvpool_seq_free(engine_kvpool(d), ds);
 
@@ -188,10 +196,18 @@ TEST(test_forward_and_drafts)
     CHECK(sd && specdraft_is_mtp(sd));
     if (sd) {
         specdraft_seq q = { .seq = kvpool_seq_new(engine_kvpool(d)), .tokens = toks, .n_tokens = T + 1, .n_done = 0,
-                            .k_max = 2, .hid = h + dim, .hid_pos = 0, .n_hid = T };
+                            .k_max = 2, .hid = hraw, .hid_pos = 0, .n_hid = T };
         CHECK(specdraft_run(sd, &q, 1) == 2);
         CHECKF(q.n_draft == 2 && q.draft[0] == d1 && q.draft[1] == d2, "drafts %d: %d %d, want %d %d", q.n_draft,
                q.draft[0], q.draft[1], d1, d2);
+        /* the same logits, not only the same argmax: the states went through the same norms */
+        double s1 = 0, s2 = 0;
+        for (int i = 0; i < V; i++) {
+            s1 += exp((double)(lg[(size_t)T * V + i] - lg[(size_t)T * V + d1]));
+            s2 += exp((double)(lg2[i] - lg2[d2]));
+        }
+        CHECKF(q.prob[0] == (float)(1.0 / s1) && q.prob[1] == (float)(1.0 / s2), "probs %.9g %.9g, want %.9g %.9g",
+               q.prob[0], q.prob[1], 1.0 / s1, 1.0 / s2);
         CHECK(q.n_done == T + 1);
         kvpool_seq_free(engine_kvpool(d), q.seq);
         specdraft_free(sd);
