@@ -14,11 +14,12 @@
  * conf is -1 without a confidence head (or in dflash mode).
  *
  * With a DeepSeek V4 MTP-only file as the drafter (model_dsv4.h; "mode": "mtp"), the rounds of
- * tests/oracle/dsv4_mtp_llama.cpp: every target step's positions are caught up in the MTP
- * block (entry p: token p with the target's streams of p - 1, zeros for p = 0), then a round
- * drafts K tokens by chaining the block from the anchor (the target's greedy token, with the
- * streams of the position before it; each later step with the block's own streams of the step
- * before), and verification is the same; conf is -1.
+ * tests/oracle/dsv4_mtp_llama.cpp, drafted by specdraft as the server drafts: every round
+ * catches the MTP block up on the positions the target made final (entry p: token p with the
+ * target's streams of p - 1, zeros for p = 0) and drafts K (at most SPEC_MAX_K) tokens by
+ * chaining the block from the anchor; the target verifies the anchor and the drafts in one step
+ * and accepts the drafts its greedy choices confirm (what llama.cpp's one-token steps give, a
+ * position's logits not depending on the batch); conf is -1.
  */
 #include <math.h>
 #include <stdio.h>
@@ -31,6 +32,7 @@
 #include "cli/cmd_eval_dflash.h"
 #include "engine/engine.h"
 #include "engine/engine_dflash.h"
+#include "engine/specdraft.h"
 #include "model/model.h"
 #include "model/model_dflash.h"
 #include "model/model_dsv4.h"
@@ -80,56 +82,34 @@ static bool cmd_evd_feed(cmd_evd *c, cmd_evd_seq *s, int k)
     return true;
 }
 
-/* The MTP rounds (the file comment): one sequence at a time, on target engine e and the MTP
- * block's engine me. */
-typedef struct {
-    engine *e, *me;
-    int V, H;                /* vocabulary; floats of one position's streams (hc * dim) */
-    float *logits;           /* (CMD_EVAL_DFLASH_CTX, V) */
-    float *hin;              /* (CMD_EVAL_DFLASH_CTX, H) the MTP entries' target streams */
-    float *pend;             /* (H) the streams of the position before the next entry */
-    engine_tok *bt;          /* (CMD_EVAL_DFLASH_CTX) */
-} cmd_evm;
-
-/* Target step over s->toks[s->n .. s->n + k), then the MTP block's catch-up of those positions;
- * s->n += k, s->last = the target's greedy token after them. */
-static bool cmd_evm_feed(cmd_evm *c, cmd_evd_seq *s, int k)
-{
-    for (int i = 0; i < k; i++)
-        c->bt[i] = (engine_tok){ .token = s->toks[s->n + i], .pos = s->n + i, .seq = s->tseq, .want_logits = i == k - 1 };
-    engine_batch b = { .n_tokens = k, .toks = c->bt };
-    if (engine_step(c->e, &b, c->logits) != ENGINE_OK) return false;
-    s->last = cmd_evd_argmax(c->logits, c->V);
-    const float *h = engine_hidden(c->e);
-    const size_t rb = (size_t)c->H * sizeof(float);
-    memcpy(c->hin, c->pend, rb);
-    memcpy(c->hin + c->H, h, (size_t)(k - 1) * rb);
-    memcpy(c->pend, h + (size_t)(k - 1) * c->H, rb);
-    for (int i = 0; i < k; i++) c->bt[i].seq = s->dseq, c->bt[i].want_logits = false;
-    if (engine_forward(c->me, &b, c->hin, NULL) != ENGINE_OK) return false;
-    s->n += k;
-    return true;
-}
-
+/* The MTP rounds (the file comment), through specdraft as the server drafts: one sequence at a
+ * time, target engine e, the MTP block's engine me. */
 static int cmd_eval_mtp(model *m, model *d, json_t *jseqs, int K, int R, int threads, int kv_type)
 {
     char err[512];
-    const int ns = (int)json_array_size(jseqs);
+    const int ns = (int)json_array_size(jseqs), V = m->hp.n_vocab;
+    if (K > SPEC_MAX_K) {
+        fprintf(stderr, "tokenmill eval: mode mtp drafts at most %d tokens a round\n", SPEC_MAX_K);
+        return 1;
+    }
     model view;
     model_mtp_view(d, 0, &view);
-    cmd_evm c = { .V = m->hp.n_vocab, .H = m->dsv4->hc * m->hp.dim };
+    engine *e = NULL, *me = NULL;
+    specdraft *sd = NULL;
     int rc = 1;
     engine_opts eo = { .n_threads = threads, .n_kv_blocks = CMD_EVAL_DFLASH_CTX / KVPOOL_BLOCK + 1,
                        .max_batch_tokens = CMD_EVAL_DFLASH_CTX, .kv_type = (engine_kv_type)kv_type };
     cmd_evd_seq *s = xcalloc(1, sizeof *s);
-    if (engine_new(m, &eo, &c.e, err, sizeof err) != ENGINE_OK || engine_new(&view, &eo, &c.me, err, sizeof err) != ENGINE_OK) {
+    float *logits = xmalloc((size_t)(SPEC_MAX_K + 1) * (size_t)V * sizeof(float));
+    engine_tok *bt = xmalloc(CMD_EVAL_DFLASH_CTX * sizeof *bt);
+    if (engine_new(m, &eo, &e, err, sizeof err) != ENGINE_OK || engine_new(&view, &eo, &me, err, sizeof err) != ENGINE_OK) {
         fprintf(stderr, "tokenmill eval: %s\n", err);
         goto out;
     }
-    c.logits = xmalloc((size_t)CMD_EVAL_DFLASH_CTX * (size_t)c.V * sizeof(float));
-    c.hin = xmalloc((size_t)CMD_EVAL_DFLASH_CTX * (size_t)c.H * sizeof(float));
-    c.pend = xmalloc((size_t)c.H * sizeof(float));
-    c.bt = xmalloc(CMD_EVAL_DFLASH_CTX * sizeof *c.bt);
+    if (!(sd = specdraft_new(me, 1))) {
+        fprintf(stderr, "tokenmill eval: out of memory for the MTP drafter\n");
+        goto out;
+    }
     for (int i = 0; i < ns; i++) {
         json_t *a = json_array_get(jseqs, (size_t)i);
         int n = json_is_array(a) ? (int)json_array_size(a) : 0;
@@ -140,55 +120,63 @@ static int cmd_eval_mtp(model *m, model *d, json_t *jseqs, int K, int R, int thr
         memset(s, 0, sizeof *s);
         for (int k = 0; k < n; k++) {
             json_int_t id = json_integer_value(json_array_get(a, (size_t)k));
-            if (id < 0 || id >= c.V) {
-                fprintf(stderr, "tokenmill eval: sequence %d token %d is not an id below %d\n", i, k, c.V);
+            if (id < 0 || id >= V) {
+                fprintf(stderr, "tokenmill eval: sequence %d token %d is not an id below %d\n", i, k, V);
                 goto out;
             }
             s->toks[k] = (int32_t)id;
         }
-        memset(c.pend, 0, (size_t)c.H * sizeof(float));
-        s->tseq = kvpool_seq_new(engine_kvpool(c.e));
-        s->dseq = kvpool_seq_new(engine_kvpool(c.me));
-        if (!cmd_evm_feed(&c, s, n)) goto fail;
-        for (int r = 0; r < R; r++) {
-            int32_t draft[64];
-            printf("{\"seq\":%d,\"round\":%d,\"pos\":%d,\"anchor\":%d,\"slots\":[", i, r, s->n, s->last);
-            memcpy(c.hin, c.pend, (size_t)c.H * sizeof(float));
-            for (int j = 0; j < K; j++) {
-                c.bt[0] = (engine_tok){ .token = j ? draft[j - 1] : s->last, .pos = s->n + j, .seq = s->dseq,
-                                        .want_logits = true };
-                engine_batch b = { .n_tokens = 1, .toks = c.bt };
-                if (engine_forward(c.me, &b, c.hin, c.logits) != ENGINE_OK) goto fail;
-                memcpy(c.hin, engine_hidden(c.me), (size_t)c.H * sizeof(float));
-                draft[j] = cmd_evd_argmax(c.logits, c.V);
-                double mx = c.logits[draft[j]], sum = 0;
-                for (int v = 0; v < c.V; v++) sum += exp((double)c.logits[v] - mx);
-                printf("%s{\"token\":%d,\"logprob\":%.6f,\"conf\":-1}", j ? "," : "", draft[j], -log(sum));
-            }
-            printf("]}\n");
-            if (s->n + 1 + K >= CMD_EVAL_DFLASH_CTX - 8) continue;
+        s->tseq = kvpool_seq_new(engine_kvpool(e));
+        s->dseq = kvpool_seq_new(engine_kvpool(me));
+        for (int k = 0; k < n; k++)
+            bt[k] = (engine_tok){ .token = s->toks[k], .pos = k, .seq = s->tseq, .want_logits = k == n - 1 };
+        engine_batch b = { .n_tokens = n, .toks = bt };
+        if (engine_step(e, &b, logits) != ENGINE_OK) goto fail;
+        s->n = n;
+        s->last = cmd_evd_argmax(logits, V);
+        specdraft_seq q = { .seq = s->dseq, .tokens = s->toks, .hid_pos = 0, .n_hid = n };
+        for (int r = 0; r < R && s->n + K + 1 < CMD_EVAL_DFLASH_CTX; r++) {
+            /* the drafts after the anchor, from the states of the target's last step */
             s->toks[s->n] = s->last;
-            if (!cmd_evm_feed(&c, s, 1)) goto fail;
-            for (int j = 0; j < K && draft[j] == s->last; j++) {
-                s->toks[s->n] = s->last;
-                if (!cmd_evm_feed(&c, s, 1)) goto fail;
+            q.n_tokens = s->n + 1, q.k_max = K, q.hid = engine_hidden(e);
+            specdraft_run(sd, &q, 1);
+            if (q.n_draft != K) goto fail;
+            printf("{\"seq\":%d,\"round\":%d,\"pos\":%d,\"anchor\":%d,\"slots\":[", i, r, s->n, s->last);
+            for (int j = 0; j < K; j++)
+                printf("%s{\"token\":%d,\"logprob\":%.6f,\"conf\":-1}", j ? "," : "", q.draft[j], log((double)q.prob[j]));
+            printf("]}\n");
+            /* verification as the server's: the anchor and the drafts in one target step, the
+             * drafts its greedy choices confirm accepted */
+            for (int j = 0; j <= K; j++)
+                bt[j] = (engine_tok){ .token = j ? q.draft[j - 1] : s->last, .pos = s->n + j, .seq = s->tseq,
+                                      .want_logits = true };
+            b.n_tokens = K + 1;
+            if (engine_step(e, &b, logits) != ENGINE_OK) goto fail;
+            int acc = 0;
+            while (acc < K && cmd_evd_argmax(logits + (size_t)acc * V, V) == q.draft[acc]) {
+                s->toks[s->n + 1 + acc] = q.draft[acc];
+                acc++;
             }
+            q.hid_pos = s->n, q.n_hid = K + 1;
+            s->last = cmd_evd_argmax(logits + (size_t)acc * V, V);
+            s->n += 1 + acc;
         }
-        kvpool_seq_free(engine_kvpool(c.e), s->tseq);
-        kvpool_seq_free(engine_kvpool(c.me), s->dseq);
+        kvpool_seq_free(engine_kvpool(e), s->tseq);
+        kvpool_seq_free(engine_kvpool(me), s->dseq);
         s->tseq = s->dseq = NULL;
     }
     fflush(stdout);
     rc = 0;
     goto out;
 fail:
-    fprintf(stderr, "tokenmill eval: a target or MTP step failed\n");
+    fprintf(stderr, "tokenmill eval: a target step or an MTP round failed\n");
 out:
-    if (s->tseq) kvpool_seq_free(engine_kvpool(c.e), s->tseq);
-    if (s->dseq) kvpool_seq_free(engine_kvpool(c.me), s->dseq);
-    free(s), free(c.logits), free(c.hin), free(c.pend), free(c.bt);
-    engine_free(c.me);
-    engine_free(c.e);
+    if (s->tseq) kvpool_seq_free(engine_kvpool(e), s->tseq);
+    if (s->dseq) kvpool_seq_free(engine_kvpool(me), s->dseq);
+    free(s), free(logits), free(bt);
+    specdraft_free(sd);
+    engine_free(me);
+    engine_free(e);
     return rc;
 }
 
