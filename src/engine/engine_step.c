@@ -846,8 +846,7 @@ engine_status engine_forward(engine *e, const engine_batch *b, const float *hidd
     }
 
     if (e->dsv4) {
-        engine_dsv4_step(e->dsv4, T, b->toks, logits, e->x);
-        return ENGINE_OK;
+        return engine_dsv4_step(e->dsv4, T, b->toks, logits, e->x) ? ENGINE_OK : ENGINE_ERR_ARG;
     }
     if (e->bert) return engine_bert_step(e->bert, T, b->toks, e->x) ? ENGINE_OK : ENGINE_ERR_ARG;
     if (e->wstage && !engine_window_plan(e, b)) return ENGINE_ERR_ARG;

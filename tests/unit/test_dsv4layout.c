@@ -57,9 +57,27 @@ TEST(test_flash_figures)
     CHECK(z.block * 2 == 880640);                               /* 860 KiB in F16 */
     CHECK(z.window == 43LL * 128 * 512);                        /* 5.4 MiB in F16 */
     CHECK(z.carry * 4 == 420 * 1024);                           /* 420 KiB in F32 */
-    /* today's pool: 3712 values per (layer, position) row, 77.9 MiB per block */
-    CHECK(z.rows == 3712LL * 128 * 43);
-    CHECKF(z.rows * 4 / (z.block * 2) == 92, "%lld", (long long)(z.rows * 4 / (z.block * 2)));
+    /* the pool: rows of the widest ring row (512 raw + 2 x 1024 compressor + 2 x 256 indexer),
+     * the 440,320 values packed into 2 slabs of (128, 3072) */
+    CHECK(z.width == 3072);
+    CHECK(z.n_slabs == 2);
+    CHECK(z.pool_block == 2LL * 128 * 3072);
+    CHECK(z.pool_state == 43LL * 128 * 3072);
+    CHECK(z.pool_ring == 43LL * (128 + KVPOOL_RING_SPARE) * 3072);
+    /* kvpool in that geometry (engine_dsv4_kv_geometry's: the model's layers as window layers,
+     * v_is_k, F32 rings, then the entry slabs) has exactly those sizes */
+    int32_t lw[45];
+    for (int il = 0; il < 45; il++) lw[il] = il < 43 ? 128 : 0;
+    kvpool_opts ko = { .n_layers = 45, .n_kv_heads = 1, .head_dim = z.width, .v_is_k = true, .dtype = QTYPE_F16,
+                       .n_blocks = 2, .layer_window = lw, .ring_f32 = true };
+    CHECK(kvpool_geom_block_bytes(&ko) == (size_t)z.pool_block * 2);   /* 1.5 MiB against 860 KiB */
+    kvpool *p = NULL;
+    CHECK(kvpool_new(&ko, &p) == KVPOOL_OK);
+    CHECK(kvpool_n_window_layers(p) == 43 && kvpool_n_block_layers(p) == 2 && kvpool_window(p) == 128);
+    CHECK(kvpool_ring_dtype(p) == QTYPE_F32);
+    CHECK(kvpool_ring_bytes(p) == (size_t)z.pool_ring * 4);
+    CHECK(kvpool_window_state_bytes(p) == (size_t)z.pool_state * 4);
+    kvpool_free(p);
     int64_t ring = 0;
     for (int il = 0; il < 43; il++) {
         int r = ratio[il];
@@ -100,7 +118,7 @@ TEST(test_bad_shapes)
     CHECK(!engine_dsv4_sizes_of(&s, &z, err, sizeof err));
     s.swa = 16, s.ratio = NULL;
     CHECK(!engine_dsv4_sizes_of(&s, &z, err, sizeof err));
-    CHECK(z.block == 0 && z.rows == 0);
+    CHECK(z.block == 0 && z.pool_block == 0);
 }
 
 int main(void)
