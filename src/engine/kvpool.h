@@ -109,8 +109,9 @@ size_t kvpool_geom_block_bytes(const kvpool_opts *opts);
 /* Slabs per (layer, kv head) in a block: 2 (K and V) or 1 (v_is_k). */
 int kvpool_n_parts(const kvpool *p);
 /* The row geometry the pool was made with: a block's slabs are (128, head_dim) per (layer, part,
- * kv head). Not always the model's heads: a DeepSeek V4 pool has one "head" whose row is a
- * position's whole state (engine_dsv4.h); blocks, tails and handoffs take their shape from here. */
+ * kv head). Not always the model's heads: a DeepSeek V4 pool has one "head" as wide as its widest
+ * ring row, its blocks' slabs packed with compressed entries (engine_dsv4.h); blocks, tails and
+ * handoffs take their shape from here. */
 int kvpool_n_kv_heads(const kvpool *p);
 int kvpool_head_dim(const kvpool *p);
 /* Blocks that fit in `bytes` for the given geometry (at least 1). */
@@ -256,6 +257,10 @@ const uint8_t *kvpool_seq_block_key(const kvpool *p, const kvpool_seq *s, int bi
  * layer (position p at slot p % ring_len): memory per sequence bounded by the window, not the
  * context. The engine writes the ring after attention (it reads a step's own keys from its
  * staging rows), so the ring needs no room for a whole prefill chunk.
+ *
+ * In a v_is_k pool a ring keeps one part (K is V). With opts.ring_f32 the rings and window
+ * states are F32 whatever the blocks' dtype (DeepSeek V4: its ring rows also hold compressor
+ * projections, and its blocks hold no rows at all but packed compressed entries).
  *
  * A sequence that attaches a prefix of P positions from blocks has the full layers' KV but not
  * the window layers' state: either kvpool_seq_window_restore copies the state at P (the window
