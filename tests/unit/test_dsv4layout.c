@@ -4,10 +4,25 @@
  * cannot hold. The block and ring counts are checked against a walk over positions that
  * applies the forward pass's rules (which position completes an entry, which rows a position
  * reads) rather than against the same closed forms.
+ *
+ * Then the layout in the engine, on a generated deepseek4 model (dsv4-tiny's 4 layers of
+ * ratios 0, 4, 128, 4 with a 64-position window, so that the last block's replay is not exact):
+ * the pool holds the entries in one slab per block and every layer in rings; the window state
+ * captured inside a long step equals the ring's after a token-by-token run; attaching the
+ * blocks and restoring it, or replaying exactly, gives logits bit-identical to computing
+ * everything; bounded replay differs; replays never write the attached blocks; a sequence in
+ * two runs of one step, and a rejected draft's few positions, compute exactly.
  */
 #include "harness.h"
 
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli/cmd.h"
+#include "engine/engine.h"
 #include "engine/engine_dsv4.h"
+#include "model/model.h"
 #include "util/util.h"
 
 /* V4-Flash (model card): 43 layers, ratios 0, 0 then 4 and 128 alternating, heads of 512,
@@ -121,10 +136,179 @@ TEST(test_bad_shapes)
     CHECK(z.block == 0 && z.pool_block == 0);
 }
 
+enum { N = 300, V = 300, CHUNK = 100 };
+
+static char tmpdir[] = "/tmp/tm_test_dsv4layout_XXXXXX";
+
+static model *mk_model(void)
+{
+    char path[256], err[256];
+    snprintf(path, sizeof path, "%s/dsv4.gguf", tmpdir);
+    char *argv[] = { "mkmodel", "--arch", "deepseek4", "--window", "64", "--vocab-size", "300", "--type", "f32",
+                     "--seed", "5", "-o", path, NULL };
+    if (cmd_mkmodel((int)TM_ARRAY_LEN(argv) - 1, argv) != 0) return NULL;
+    model *m = NULL;
+    if (model_load(path, NULL, &m, err, sizeof err) != GGUF_OK) fprintf(stderr, "%s\n", err);
+    unlink(path);
+    return m;
+}
+
+/* Computes positions [from, N) of s in steps of `chunk`, logits of every position into out (N, V);
+ * after each step the full blocks are committed and the state captured at 256 copied into st256
+ * (when set). */
+static bool run_from(engine *e, kvpool_seq *s, const int32_t *toks, int from, int chunk, float *out, uint8_t *st256)
+{
+    kvpool *kv = engine_kvpool(e);
+    static engine_tok bt[CHUNK];
+    for (int p = from; p < N;) {
+        int n = TM_MIN(chunk, N - p);
+        for (int k = 0; k < n; k++) bt[k] = (engine_tok){ toks[p + k], p + k, s, true };
+        engine_batch b = { n, bt };
+        if (engine_step(e, &b, out + (size_t)p * V) != ENGINE_OK) return false;
+        p += n;
+        kvpool_seq_commit_full_blocks(kv, s, toks, p);
+        const engine_window_state *ws;
+        int ns = engine_window_states(e, &ws);
+        for (int i = 0; i < ns && st256; i++)
+            if (ws[i].seq == s && ws[i].end == 256) memcpy(st256, ws[i].state, kvpool_window_state_bytes(kv));
+    }
+    return true;
+}
+
+static int first_diff(const float *a, const float *b, int from)
+{
+    for (int p = from; p < N; p++)
+        if (memcmp(a + (size_t)p * V, b + (size_t)p * V, V * sizeof(float))) return p;
+    return -1;
+}
+
+TEST(test_engine_window)
+{
+    model *m = mk_model();
+    CHECK(m != NULL);
+    if (!m) return;
+    engine_opts eo = { .n_threads = 2, .n_kv_blocks = 16, .max_batch_tokens = CHUNK, .kv_type = ENGINE_KV_F16 };
+    engine *e = NULL;
+    char err[256];
+    CHECK(engine_new(m, &eo, &e, err, sizeof err) == ENGINE_OK);
+    if (!e) {
+        model_free(m);
+        return;
+    }
+    kvpool *kv = engine_kvpool(e);
+    engine_dsv4_sizes z;
+    engine_dsv4_model_sizes(m, &z);
+    CHECK(z.width == 576 && z.n_slabs == 1 && z.block == 2 * 32 * (64 + 64) + 64);
+    CHECK(kvpool_n_window_layers(kv) == 4 && kvpool_n_block_layers(kv) == 1 && kvpool_window(kv) == 128);
+    CHECK(kvpool_dtype(kv) == QTYPE_F16 && kvpool_ring_dtype(kv) == QTYPE_F32);
+    CHECK(kvpool_block_bytes(kv) == (size_t)z.pool_block * 2);
+    CHECK(kvpool_window_state_bytes(kv) == (size_t)z.pool_state * 4);
+    /* a quantised cache is refused for V4 */
+    engine *q = NULL;
+    eo.kv_type = ENGINE_KV_Q8_0;
+    CHECK(engine_new(m, &eo, &q, err, sizeof err) != ENGINE_OK && strstr(err, "deepseek4"));
+    eo.kv_type = ENGINE_KV_F16;
+
+    int32_t toks[N];
+    for (int i = 0; i < N; i++) toks[i] = (i * 37 + i * i / 3 + 5) % V;
+    static float ref[N * V], got[N * V];
+    const size_t sb = kvpool_window_state_bytes(kv);
+    uint8_t *st = malloc(sb), *saved = malloc(sb);
+    memset(st, 0xff, sb);
+
+    /* the reference in 100-token steps: the state at 256 is captured inside the step 200..299 */
+    kvpool_seq *a = kvpool_seq_new(kv);
+    CHECK(run_from(e, a, toks, 0, CHUNK, ref, st));
+    /* token by token up to 256: the ring then holds the same state */
+    kvpool_seq *t = kvpool_seq_new(kv);
+    for (int p = 0; p < 256; p++) {
+        engine_tok bt = { toks[p], p, t, false };
+        engine_batch b = { 1, &bt };
+        CHECK(engine_step(e, &b, NULL) == ENGINE_OK);
+    }
+    kvpool_seq_window_save(kv, t, 256, saved);
+    CHECKF(!memcmp(saved, st, sb), "the state captured inside a 100-token step differs from the ring's");
+    kvpool_seq_free(kv, t);
+
+    /* attach the 2 blocks, restore the state at 256: identical logits */
+    kvpool_seq *b = kvpool_seq_new(kv);
+    CHECK(kvpool_seq_attach_prefix(kv, b, toks, N) == 256);
+    kvpool_seq_window_restore(kv, b, 256, st);
+    CHECK(run_from(e, b, toks, 256, CHUNK, got, NULL));
+    int d = first_diff(ref, got, 256);
+    CHECKF(d < 0, "window state restored: position %d differs", d);
+    kvpool_seq_free(kv, b);
+
+    /* exact replay (here from 0: the span 128 + 3 x 127 is longer than 256): identical */
+    kvpool_seq *c = kvpool_seq_new(kv);
+    CHECK(kvpool_seq_attach_prefix(kv, c, toks, N) == 256);
+    int from = kvpool_seq_window_replay(kv, c, 256, true);
+    CHECK(from == 0);
+    CHECK(run_from(e, c, toks, from, CHUNK, got, NULL));
+    d = first_diff(ref, got, 256);
+    CHECKF(d < 0, "exact replay: position %d differs", d);
+    kvpool_seq_free(kv, c);
+
+    /* bounded replay, the last block: an approximation (the window reaches 253 back) */
+    kvpool_seq *bd = kvpool_seq_new(kv);
+    CHECK(kvpool_seq_attach_prefix(kv, bd, toks, N) == 256);
+    from = kvpool_seq_window_replay(kv, bd, 256, false);
+    CHECK(from == 128 && kvpool_seq_win_lo(bd) == 128);
+    CHECK(run_from(e, bd, toks, from, 7, got, NULL));
+    d = first_diff(ref, got, 256);
+    CHECKF(d == 256, "bounded replay should differ at 256 (first diff %d)", d);
+    kvpool_seq_free(kv, bd);
+
+    /* the attached blocks were not written by the replays */
+    kvpool_seq *r2 = kvpool_seq_new(kv);
+    CHECK(kvpool_seq_attach_prefix(kv, r2, toks, N) == 256);
+    kvpool_seq_window_restore(kv, r2, 256, st);
+    CHECK(run_from(e, r2, toks, 256, CHUNK, got, NULL));
+    CHECK(first_diff(ref, got, 256) < 0);
+    kvpool_seq_free(kv, r2);
+
+    /* a sequence in two runs of one step reads the first run's raw rows from the step */
+    kvpool_seq *x = kvpool_seq_new(kv), *y = kvpool_seq_new(kv);
+    static engine_tok split[CHUNK];
+    int ns = 0;
+    for (int p = 0; p < 50; p++) split[ns++] = (engine_tok){ toks[p], p, x, true };
+    split[ns++] = (engine_tok){ toks[0], 0, y, true };
+    for (int p = 50; p < 99; p++) split[ns++] = (engine_tok){ toks[p], p, x, true };
+    static float lsplit[CHUNK * V];
+    engine_batch sb2 = { ns, split };
+    CHECK(engine_step(e, &sb2, lsplit) == ENGINE_OK);
+    bool same = true;
+    for (int k = 0; k < ns; k++)
+        if (split[k].seq == x) same &= !memcmp(lsplit + (size_t)k * V, ref + (size_t)split[k].pos * V, V * sizeof(float));
+    CHECKF(same, "a sequence split in two runs of one step differs from computing it alone");
+    kvpool_seq_reset(kv, x);
+    engine_tok gap[2] = { { toks[0], 0, x, false }, { toks[5], 5, x, false } };
+    engine_batch tb = { 2, gap };
+    CHECK(engine_step(e, &tb, NULL) == ENGINE_ERR_ARG);
+    kvpool_seq_free(kv, x);
+    kvpool_seq_free(kv, y);
+
+    /* going back 6 positions (a rejected draft) recomputes exactly; further is refused */
+    engine_tok back = { toks[N - 6], N - 6, a, true };
+    engine_batch bb = { 1, &back };
+    CHECK(engine_step(e, &bb, got) == ENGINE_OK && !memcmp(got, ref + (size_t)(N - 6) * V, V * sizeof(float)));
+    back = (engine_tok){ toks[10], 10, a, true };
+    CHECK(engine_step(e, &bb, got) == ENGINE_ERR_ARG);
+
+    kvpool_seq_free(kv, a);
+    free(st);
+    free(saved);
+    engine_free(e);
+    model_free(m);
+}
+
 int main(void)
 {
+    if (!mkdtemp(tmpdir)) return 1;
     RUN(test_flash_figures);
     RUN(test_small_window);
     RUN(test_bad_shapes);
+    RUN(test_engine_window);
+    rmdir(tmpdir);
     HARNESS_END();
 }
