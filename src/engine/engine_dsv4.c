@@ -226,9 +226,10 @@ kvpool_opts engine_dsv4_kv_geometry(const model *m, qtype t, int32_t *layer_wind
     engine_dsv4_model_sizes(m, &z);
     const int L = m->hp.n_layers;
     const bool comp = z.block > 0;
-    for (int il = 0; il < engine_dsv4_pool_layers(m); il++)
-        layer_window[il] = comp && il < L ? TM_MAX(m->dsv4->swa, KVPOOL_BLOCK) : 0;
-    kvpool_opts ko = { .n_layers = engine_dsv4_pool_layers(m), .n_kv_heads = 1, .head_dim = z.width, .v_is_k = true,
+    const int n = comp ? L + z.n_slabs : L;   /* engine_dsv4_pool_layers */
+    /* window max(swa, 128): a ratio-128 group's projections, up to 127 rows back, stay in the ring */
+    for (int il = 0; il < n; il++) layer_window[il] = comp && il < L ? TM_MAX(m->dsv4->swa, KVPOOL_BLOCK) : 0;
+    kvpool_opts ko = { .n_layers = n, .n_kv_heads = 1, .head_dim = z.width, .v_is_k = true,
                        .dtype = comp ? t : QTYPE_F32, .layer_window = layer_window, .ring_f32 = true };
     memcpy(ko.model_fp, m->fingerprint, 32);
     return ko;
