@@ -215,7 +215,7 @@ long cmd_common_default_ctx(const char *prog, const model *m, long kv_mib, engin
 {
     long train = m->hp.n_ctx_train > 0 ? m->hp.n_ctx_train : CMD_CTX_SHORT;
     long floor_ctx = TM_MIN(train, CMD_CTX_SHORT);
-    int32_t *lw = xcalloc((size_t)engine_kv_pool_layers(m), sizeof *lw);
+    int32_t *lw = xcalloc((size_t)engine_kv_geometry_room(m), sizeof *lw);
     kvpool_opts ko = engine_kv_geometry(m, kv_type, lw);
     /* blocks of the cap, less the one a sequence's next token may open past its context */
     long fit = ((long)kvpool_blocks_for_bytes(&ko, (size_t)kv_mib << 20) - 1) * KVPOOL_BLOCK;
@@ -271,7 +271,7 @@ const cmd_opt *cmd_common_grammar_table(grammar_limits *o, cmd_opt out[CMD_GRAMM
  * of kv_mib even for a model whose every request is short. */
 static int cmd_common_kv_blocks(const model *m, const cmd_engine_opts *o)
 {
-    int32_t *lw = xcalloc((size_t)engine_kv_pool_layers(m), sizeof *lw);   /* window layers keep no KV in blocks */
+    int32_t *lw = xcalloc((size_t)engine_kv_geometry_room(m), sizeof *lw);   /* window layers keep no KV in blocks */
     kvpool_opts ko = engine_kv_geometry(m, (engine_kv_type)o->kv_type, lw);
     size_t ctx_blocks = (size_t)(o->ctx + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK;
     long per_seq = o->ctx_default ? TM_MIN(o->ctx, CMD_CTX_SHORT) : o->ctx;

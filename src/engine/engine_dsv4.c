@@ -66,6 +66,8 @@ struct engine_dsv4 {
     engine_window_state *wsnap; /* (n_wsnap_max) states captured this step */
     int32_t *wsnap_t;        /* (n_wsnap_max) a batch entry of the run that crosses each */
     float *wsnap_data;       /* (n_wsnap_max, kvpool_window_state_bytes / 4) their rows */
+    int32_t *rw;             /* (n_layers) a layer's ring row width, floats */
+    size_t *st_off;          /* (n_layers) float offset of a layer's rows in a window state */
     int n_wsnap, n_wsnap_max;
     /* activations, (max_tokens, width) f32 */
     float *X;                /* (T, hc, dim) residual streams */
@@ -186,14 +188,19 @@ bool engine_dsv4_sizes_of(const engine_dsv4_shape *s, engine_dsv4_sizes *out, ch
             out->ring += (B + sp) * 2 * hd;                    /* the open group, up to 127 behind */
         }
     }
-    /* the pool: kvpool's one row width per pool pads the entries to whole slabs and every
-     * ring row to the widest; without compressed layers the raw rows are in blocks */
+    /* the pool: kvpool's one row width per pool pads the entries to whole slabs of the widest
+     * ring row, and each layer's ring row holds all 128 positions' projections, not only the
+     * carry's; without compressed layers the raw rows are in blocks */
     const int64_t W = TM_MAX(s->swa, KVPOOL_BLOCK);
     out->width = TM_ALIGN_UP(wmax, 16);
     if (out->block > 0) {
         out->n_slabs = (int)((out->block + B * out->width - 1) / (B * out->width));
-        out->pool_state = s->n_layers * W * out->width;
-        out->pool_ring = s->n_layers * (W + sp) * out->width;
+        for (int il = 0; il < s->n_layers; il++) {
+            int w;
+            dsv4_layout_of(s->ratio[il], s->head_dim, s->idx_dim, &w);
+            out->pool_state += W * TM_ALIGN_UP(w, 16);
+            out->pool_ring += (W + sp) * TM_ALIGN_UP(w, 16);
+        }
     } else {
         out->n_slabs = s->n_layers;
     }
@@ -227,10 +234,19 @@ kvpool_opts engine_dsv4_kv_geometry(const model *m, qtype t, int32_t *layer_wind
     const int L = m->hp.n_layers;
     const bool comp = z.block > 0;
     const int n = comp ? L + z.n_slabs : L;   /* engine_dsv4_pool_layers */
+    int32_t *width = layer_window + n;
     /* window max(swa, 128): a ratio-128 group's projections, up to 127 rows back, stay in the ring */
-    for (int il = 0; il < n; il++) layer_window[il] = comp && il < L ? TM_MAX(m->dsv4->swa, KVPOOL_BLOCK) : 0;
+    for (int il = 0; il < n; il++) {
+        layer_window[il] = comp && il < L ? TM_MAX(m->dsv4->swa, KVPOOL_BLOCK) : 0;
+        width[il] = 0;
+        if (comp && il < L) {
+            dsv4_layout_of(m->dsv4->layers[il].ratio, m->hp.head_dim, m->dsv4->idx_dim, &width[il]);
+            width[il] = TM_ALIGN_UP(width[il], 16);
+        }
+    }
     kvpool_opts ko = { .n_layers = n, .n_kv_heads = 1, .head_dim = z.width, .v_is_k = true,
-                       .dtype = comp ? t : QTYPE_F32, .layer_window = layer_window, .ring_f32 = true };
+                       .dtype = comp ? t : QTYPE_F32, .layer_window = layer_window, .layer_width = width,
+                       .ring_f32 = true };
     memcpy(ko.model_fp, m->fingerprint, 32);
     return ko;
 }
@@ -242,7 +258,8 @@ void engine_dsv4_free(engine_dsv4 *d)
                      d->ck, d->cg, d->ik, d->ig, d->iq, d->iw, d->att, d->og, d->ot, d->oa, d->pos, d->npos,
                      d->sel, d->n_sel, d->r_logits, d->r_probs, d->r_sel, d->r_w, d->r_idx, d->r_sc, d->x_row,
                      d->x_slot, d->xg, d->fg, d->fu, d->ye, d->shg, d->shu, d->sh, d->mm_scratch, d->th_f, d->th_i,
-                     d->ent, d->h16, d->run0, d->prev_run, d->wsnap, d->wsnap_t, d->wsnap_data };
+                     d->ent, d->h16, d->run0, d->prev_run, d->wsnap, d->wsnap_t, d->wsnap_data, d->rw,
+                     d->st_off };
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(d);
 }
@@ -270,6 +287,8 @@ engine_dsv4 *engine_dsv4_new(const model *m, threadpool *tp, kvpool *kv, int max
     d->esz = d->bt == QTYPE_F16 ? sizeof(fp16_t) : sizeof(float);
     d->max_ent = max_pos / 4 + 1;
     d->lay = xcalloc((size_t)hp->n_layers, sizeof *d->lay);
+    d->rw = xcalloc((size_t)hp->n_layers, sizeof *d->rw);
+    d->st_off = xcalloc((size_t)hp->n_layers, sizeof *d->st_off);
     int w, wmax = 0;
     int64_t n_ent = 0;   /* values of a block's packed entries */
     for (int il = 0; il < hp->n_layers; il++) {
@@ -277,6 +296,8 @@ engine_dsv4 *engine_dsv4_new(const model *m, threadpool *tp, kvpool *kv, int max
         dsv4_layout *l = &d->lay[il];
         *l = dsv4_layout_of(r, hp->head_dim, md->idx_dim, &w);
         wmax = TM_MAX(wmax, w);
+        d->rw[il] = TM_ALIGN_UP(w, 16);
+        d->st_off[il] = il ? d->st_off[il - 1] + (size_t)d->rw[il - 1] * (size_t)kvpool_window(kv) : 0;
         if (r > 0) l->ent = (int)n_ent, n_ent += (int64_t)(KVPOOL_BLOCK / r) * hp->head_dim;
         if (r == 4) l->ient = (int)n_ent, n_ent += (int64_t)(KVPOOL_BLOCK / 4) * md->idx_dim;
     }
@@ -286,8 +307,7 @@ engine_dsv4 *engine_dsv4_new(const model *m, threadpool *tp, kvpool *kv, int max
                      (int64_t)kvpool_block_bytes(kv) < n_ent * (int64_t)d->esz))) {
         snprintf(err, errsz, "deepseek4: the KV pool's geometry (rows of %d %s) does not hold this model's state",
                  d->row, quant_type_name(d->bt));
-        free(d->lay);
-        free(d);
+        engine_dsv4_free(d);
         return NULL;
     }
 
@@ -707,8 +727,7 @@ static bool dsv4_plan(engine_dsv4 *d)
 /* Layer il's rows of state i (kvpool_seq_window_save's layout: (layer, window, row) F32). */
 static float *dsv4_state_rows(const engine_dsv4 *d, int i, int il)
 {
-    const int W = kvpool_window(d->kv);
-    return d->wsnap_data + (size_t)i * (kvpool_window_state_bytes(d->kv) / sizeof(float)) + (size_t)il * W * (size_t)d->row;
+    return d->wsnap_data + (size_t)i * (kvpool_window_state_bytes(d->kv) / sizeof(float)) + d->st_off[il];
 }
 
 /* Layer il's ring rows [end - window, end) into state i, just after the projections of its
@@ -718,8 +737,8 @@ static void dsv4_capture_rows(const engine_dsv4 *d, int i, int il)
     const int W = kvpool_window(d->kv), end = d->wsnap[i].end;
     float *dst = dsv4_state_rows(d, i, il);
     for (int k = 0; k < W; k++)
-        memcpy(dst + (size_t)k * d->row, kvpool_seq_ring_row(d->kv, d->wsnap[i].seq, il, 0, 0, end - W + k),
-               (size_t)d->row * sizeof(float));
+        memcpy(dst + (size_t)k * d->rw[il], kvpool_seq_ring_row(d->kv, d->wsnap[i].seq, il, 0, 0, end - W + k),
+               (size_t)d->rw[il] * sizeof(float));
 }
 
 /* After layer il's attention: the raw rows of the states captured this step (the step's own
@@ -731,7 +750,7 @@ static void dsv4_commit(engine_dsv4 *d, int il)
     const size_t rb = (size_t)hd * sizeof(float);
     for (int i = 0; i < d->n_wsnap; i++) {
         float *dst = dsv4_state_rows(d, i, il);
-        for (int k = 0; k < W; k++) memcpy(dst + (size_t)k * d->row, dsv4_raw(d, d->wsnap_t[i], il, d->wsnap[i].end - W + k), rb);
+        for (int k = 0; k < W; k++) memcpy(dst + (size_t)k * d->rw[il], dsv4_raw(d, d->wsnap_t[i], il, d->wsnap[i].end - W + k), rb);
     }
     for (int t = 0; t < d->n_tok;) {
         int r = t + 1;

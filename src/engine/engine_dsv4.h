@@ -32,19 +32,21 @@
 typedef struct engine_dsv4 engine_dsv4;
 
 /* Layers of a V4 model's pool: the model's (window layers) and, with compressed layers, the
- * block layers that hold the packed entries after them; layer_window of engine_dsv4_kv_geometry
- * has room for this many. */
+ * block layers that hold the packed entries after them. */
 int engine_dsv4_pool_layers(const model *m);
 /* The pool geometry of a V4 model in element type t (F16 or F32; F32 without compressed
- * layers), layer_window filled: one "head" of engine_dsv4_row(m) elements, v_is_k. */
+ * layers): one "head" of engine_dsv4_row(m) elements, v_is_k; each window layer's ring row as
+ * wide as its layer's (raw, and the projections of its ratio). layer_window (room for 2 *
+ * engine_dsv4_pool_layers values) gets the windows, then the widths; the result points into it. */
 kvpool_opts engine_dsv4_kv_geometry(const model *m, qtype t, int32_t *layer_window);
 /* The pool's row width: the widest ring row (raw + projections), rounded up to 16. */
 int engine_dsv4_row(const model *m);
 
 /* The compressed layout's sizes (docs/deepseek4.md, "Per-sequence state and the 128-token
  * block"): what V4 keeps for the whole text per 128-token block, and what a sequence needs
- * besides, in the window; and what the pool takes for them (kvpool has one row width per pool,
- * so the packed entries take whole (128, width) slabs and every ring row is the widest).
+ * besides, in the window; and what the pool takes for them (kvpool has one block row width per
+ * pool, so the packed entries take whole (128, width) slabs; a ring row keeps all 128 positions'
+ * projections, and F32 raw rows).
  * Counts are values, not bytes: the element type is the caller's. */
 typedef struct {
     int n_layers;
@@ -70,8 +72,9 @@ typedef struct {
     int width;               /* the pool's row width (engine_dsv4_row) */
     int n_slabs;             /* block layers holding a block's packed entries: ceil(block / (128 width)) */
     int64_t pool_block;      /* values per block in the pool: n_slabs * 128 * width */
-    int64_t pool_state;      /* values of the pool's window state: n_layers * 128 * width */
-    int64_t pool_ring;       /* values of the pool's ring per sequence: n_layers * (128 + spare) * width */
+    int64_t pool_state;      /* values of the pool's window state: 128 rows of each layer's ring
+                              * row width (its raw row and projections, rounded up to 16) */
+    int64_t pool_ring;       /* values of the pool's ring per sequence: 128 + spare such rows */
 } engine_dsv4_sizes;
 
 /* Sizes for a shape; false and err for a shape the layout cannot hold (a ratio other than 0,

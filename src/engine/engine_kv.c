@@ -55,14 +55,14 @@ kvpool_opts engine_kv_geometry(const model *m, engine_kv_type kv_type, int32_t *
     return ko;
 }
 
-int engine_kv_pool_layers(const model *m)
+int engine_kv_geometry_room(const model *m)
 {
-    return m->hp.arch == MODEL_ARCH_DEEPSEEK4 ? engine_dsv4_pool_layers(m) : m->hp.n_layers;
+    return m->hp.arch == MODEL_ARCH_DEEPSEEK4 ? 2 * engine_dsv4_pool_layers(m) : m->hp.n_layers;
 }
 
 void engine_kv_shape(const model *m, int *n_parts, int *n_kv_heads, int *head_dim)
 {
-    int32_t *lw = xcalloc((size_t)engine_kv_pool_layers(m), sizeof *lw);
+    int32_t *lw = xcalloc((size_t)engine_kv_geometry_room(m), sizeof *lw);
     kvpool_opts ko = engine_kv_geometry(m, ENGINE_KV_F32, lw);
     free(lw);
     *n_parts = ko.v_is_k ? 1 : 2;
@@ -76,7 +76,7 @@ engine_status engine_new_kv(engine *e, const engine_opts *o, int *n_blocks, char
 {
     const model *m = e->m;
     const model_hparams *hp = &m->hp;
-    int32_t *lw = xcalloc((size_t)engine_kv_pool_layers(m), sizeof *lw);
+    int32_t *lw = xcalloc((size_t)engine_kv_geometry_room(m), sizeof *lw);
     kvpool_opts ko = engine_kv_geometry(m, o->kv_type, lw);
     if (!kvpool_type_ok(ko.dtype, ko.head_dim)) {
         snprintf(err, errsz, "a %s KV cache needs a head size that is a multiple of 32; this model's is %d",

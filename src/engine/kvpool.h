@@ -67,6 +67,9 @@ typedef struct {
     size_t state_bytes;          /* per sequence: a recurrent model's state (kvpool_seq_state),
                                   * 0: none. A pool with it shares nothing between sequences
                                   * (see kvpool_seq_state) */
+    const int32_t *layer_width;  /* (n_layers) a window layer's ring row in elements (<= head_dim),
+                                  * 0 or NULL: head_dim; only read by kvpool_new. DeepSeek V4's
+                                  * layers keep rows of different widths */
     bool ring_f32;               /* the window layers' rings (and window states) in F32 whatever
                                   * dtype: DeepSeek V4's rings hold its compressors' running
                                   * projections, which llama.cpp keeps in F32 */
@@ -274,13 +277,14 @@ int kvpool_n_window_layers(const kvpool *p);
 int kvpool_window(const kvpool *p);                 /* the largest window, 0 if none */
 size_t kvpool_ring_bytes(const kvpool *p);          /* ring bytes per sequence */
 qtype kvpool_ring_dtype(const kvpool *p);           /* the rings' elements: dtype, or F32 (ring_f32) */
-/* Bytes of a window state: (n_window_layers, n_parts, n_kv_heads, window) rows of the ring dtype. */
+/* Bytes of a window state: per window layer (n_parts, n_kv_heads, window) rows of its width in
+ * the ring dtype. */
 size_t kvpool_window_state_bytes(const kvpool *p);
 /* Positions to recompute before P so that the window layers' state at P is exactly that of
  * the full computation: window + (n_window_layers - 1) * (window - 1). */
 int kvpool_window_exact_span(const kvpool *p);
-/* Row (head_dim elements of the ring dtype) of window layer `layer`'s ring for position pos (in a
- * v_is_k pool one part: kv is ignored). */
+/* Row (head_dim elements, or the layer's opts.layer_width, of the ring dtype) of window layer
+ * `layer`'s ring for position pos (in a v_is_k pool one part: kv is ignored). */
 void *kvpool_seq_ring_row(const kvpool *p, const kvpool_seq *s, int layer, int kv, int kv_head, int pos);
 int kvpool_seq_win_lo(const kvpool_seq *s);         /* window layers see no key below it */
 int kvpool_seq_full_from(const kvpool_seq *s);      /* full layers' KV below it is in blocks */

@@ -77,14 +77,20 @@ TEST(test_flash_figures)
     CHECK(z.width == 3072);
     CHECK(z.n_slabs == 2);
     CHECK(z.pool_block == 2LL * 128 * 3072);
-    CHECK(z.pool_state == 43LL * 128 * 3072);
-    CHECK(z.pool_ring == 43LL * (128 + KVPOOL_RING_SPARE) * 3072);
-    /* kvpool in that geometry (engine_dsv4_kv_geometry's: the model's layers as window layers,
-     * v_is_k, F32 rings, then the entry slabs) has exactly those sizes */
-    int32_t lw[45];
-    for (int il = 0; il < 45; il++) lw[il] = il < 43 ? 128 : 0;
+    /* ring rows per layer: 512 raw on ratio 0, 3072 on ratio 4, 512 + 2 x 512 on ratio 128 */
+    const int64_t per_pos = 2 * 512 + 21 * 3072 + 20 * 1536;
+    CHECK(z.pool_state == 128 * per_pos);                       /* 47.0 MiB in F32 */
+    CHECK(z.pool_ring == (128 + KVPOOL_RING_SPARE) * per_pos);  /* 49.2 MiB */
+    CHECK(z.pool_state * 4 < 64LL << 20);                       /* a cluster frame carries it */
+    /* kvpool in that geometry (engine_dsv4_kv_geometry's: the model's layers as window layers
+     * with their own ring widths, v_is_k, F32 rings, then the entry slabs) has those sizes */
+    int32_t lw[45], width[45];
+    for (int il = 0; il < 45; il++) {
+        lw[il] = il < 43 ? 128 : 0;
+        width[il] = il >= 43 ? 0 : ratio[il] == 4 ? 3072 : ratio[il] == 128 ? 1536 : 512;
+    }
     kvpool_opts ko = { .n_layers = 45, .n_kv_heads = 1, .head_dim = z.width, .v_is_k = true, .dtype = QTYPE_F16,
-                       .n_blocks = 2, .layer_window = lw, .ring_f32 = true };
+                       .n_blocks = 4, .layer_window = lw, .layer_width = width, .ring_f32 = true };
     CHECK(kvpool_geom_block_bytes(&ko) == (size_t)z.pool_block * 2);   /* 1.5 MiB against 860 KiB */
     kvpool *p = NULL;
     CHECK(kvpool_new(&ko, &p) == KVPOOL_OK);
@@ -92,6 +98,28 @@ TEST(test_flash_figures)
     CHECK(kvpool_ring_dtype(p) == QTYPE_F32);
     CHECK(kvpool_ring_bytes(p) == (size_t)z.pool_ring * 4);
     CHECK(kvpool_window_state_bytes(p) == (size_t)z.pool_state * 4);
+    /* a window state round-trips through rings of different widths, each layer's rows its own */
+    kvpool_seq *sq = kvpool_seq_new(p), *s2 = kvpool_seq_new(p);
+    CHECK(kvpool_seq_reserve(p, sq, 256) == KVPOOL_OK && kvpool_seq_reserve(p, s2, 256) == KVPOOL_OK);
+    float row[3072], back[3072];
+    for (int pos = 100; pos < 256; pos++)
+        for (int il = 0; il < 43; il++) {
+            for (int i = 0; i < width[il]; i++) row[i] = (float)(pos * 7 + il * 131 + i);
+            kvpool_seq_store(p, sq, pos, il, 0, row, NULL);
+        }
+    uint8_t *st = malloc(kvpool_window_state_bytes(p));
+    kvpool_seq_window_save(p, sq, 256, st);
+    kvpool_seq_window_restore(p, s2, 256, st);
+    bool same = true;
+    for (int pos = 128; pos < 256; pos++)
+        for (int il = 0; il < 43; il++) {
+            kvpool_seq_load(p, s2, pos, il, 0, back, back);
+            for (int i = 0; i < width[il]; i++) same &= back[i] == (float)(pos * 7 + il * 131 + i);
+        }
+    CHECK(same);
+    free(st);
+    kvpool_seq_free(p, sq);
+    kvpool_seq_free(p, s2);
     kvpool_free(p);
     int64_t ring = 0;
     for (int il = 0; il < 43; il++) {
@@ -199,6 +227,7 @@ TEST(test_engine_window)
     engine_dsv4_sizes z;
     engine_dsv4_model_sizes(m, &z);
     CHECK(z.width == 576 && z.n_slabs == 1 && z.block == 2 * 32 * (64 + 64) + 64);
+    CHECK(z.pool_state == 128 * (64 + 576 + 192 + 576));
     CHECK(kvpool_n_window_layers(kv) == 4 && kvpool_n_block_layers(kv) == 1 && kvpool_window(kv) == 128);
     CHECK(kvpool_dtype(kv) == QTYPE_F16 && kvpool_ring_dtype(kv) == QTYPE_F32);
     CHECK(kvpool_block_bytes(kv) == (size_t)z.pool_block * 2);
