@@ -6,8 +6,9 @@
  * A step runs layer by layer over the whole batch: every projection is one ops_matmul over
  * the batch's rows (weights read once per step), the routed experts run once per step over
  * the rows routed to them. What depends on earlier positions runs per entry in batch order
- * on the step thread: the rows of a layer are written to the pool and the compression groups
- * a position completes are compressed, so that a later entry of the same sequence finds them;
+ * on the step thread: a layer's projections are written to the ring and the compression groups
+ * a position completes are compressed into the blocks, so that a later entry of the same
+ * sequence finds them;
  * then the indexer's selection and attention run per entry (and head) on the pool's threads,
  * each output computed by one thread in a fixed order. A (sequence, position)'s logits
  * therefore do not depend on what else shares the step, on how its prompt was chunked or on
