@@ -216,7 +216,7 @@ long cmd_common_default_ctx(const char *prog, const model *m, long kv_mib, engin
 {
     long train = m->hp.n_ctx_train > 0 ? m->hp.n_ctx_train : CMD_CTX_SHORT;
     long floor_ctx = TM_MIN(train, CMD_CTX_SHORT);
-    int32_t *lw = xcalloc((size_t)m->hp.n_layers, sizeof *lw);
+    int32_t *lw = xcalloc((size_t)engine_kv_geometry_room(m), sizeof *lw);
     kvpool_opts ko = engine_kv_geometry(m, kv_type, lw);
     /* blocks of the cap, less the one a sequence's next token may open past its context */
     long fit = ((long)kvpool_blocks_for_bytes(&ko, (size_t)kv_mib << 20) - 1) * KVPOOL_BLOCK;
@@ -272,7 +272,7 @@ const cmd_opt *cmd_common_grammar_table(grammar_limits *o, cmd_opt out[CMD_GRAMM
  * of kv_mib even for a model whose every request is short. */
 static int cmd_common_kv_blocks(const model *m, const cmd_engine_opts *o)
 {
-    int32_t *lw = xcalloc((size_t)m->hp.n_layers, sizeof *lw);   /* window layers keep no KV in blocks */
+    int32_t *lw = xcalloc((size_t)engine_kv_geometry_room(m), sizeof *lw);   /* window layers keep no KV in blocks */
     kvpool_opts ko = engine_kv_geometry(m, (engine_kv_type)o->kv_type, lw);
     size_t ctx_blocks = (size_t)(o->ctx + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK;
     long per_seq = o->ctx_default ? TM_MIN(o->ctx, CMD_CTX_SHORT) : o->ctx;
@@ -558,14 +558,19 @@ engine *cmd_common_engine_new(const char *prog, model *m, cmd_engine_opts *o)
                  prog, engine_model(e)->hp.n_recurrent, kvpool_state_bytes(kv) / 1048576.0,
                  kvpool_n_block_layers(kv), kvpool_block_bytes(kv));
     if (engine_model(e)->hp.arch == MODEL_ARCH_DEEPSEEK4) {
-        /* what the pool's rows cost against the layout V4 is designed for (docs/deepseek4.md) */
+        /* the compressed layout's true sizes against what kvpool's one row width makes of them
+         * (docs/deepseek4.md, "Per-sequence state and the 128-token block") */
         engine_dsv4_sizes z;
         engine_dsv4_model_sizes(engine_model(e), &z);
-        log_info("%s: deepseek4's compressed layout (not built: the pool keeps every row) would keep %.1f KiB per "
-                 "128-token block in F16 (the pool's rows: %.1f KiB in F32), window states of %.1f KiB (F16) and "
-                 "%.1f KiB of ratio-4 carry (F32), a ring of %.2f MiB per sequence (F32)",
-                 prog, (double)z.block * 2 / 1024.0, (double)z.rows * 4 / 1024.0, (double)z.window * 2 / 1024.0,
-                 (double)z.carry * 4 / 1024.0, (double)z.ring * 4 / 1048576.0);
+        const double es = (double)quant_row_bytes(kvpool_dtype(kv), 1);
+        if (z.block > 0)
+            log_info("%s: deepseek4 keeps compressed entries in blocks: %.1f KiB per 128-token block in %s (%.1f KiB "
+                     "padded to %d slab(s) of 128 x %d); window states of %.2f MiB F32 (%.1f KiB of raw rows in %s and "
+                     "%.1f KiB of ratio-4 carry in F32 unpadded); a ring of %.2f MiB per sequence (%.2f MiB unpadded)",
+                     prog, (double)z.block * es / 1024.0, quant_type_name(kvpool_dtype(kv)),
+                     (double)z.pool_block * es / 1024.0, z.n_slabs, z.width, (double)z.pool_state * 4 / 1048576.0,
+                     (double)z.window * es / 1024.0, quant_type_name(kvpool_dtype(kv)), (double)z.carry * 4 / 1024.0,
+                     (double)z.pool_ring * 4 / 1048576.0, (double)z.ring * 4 / 1048576.0);
     }
     return e;
 }
@@ -575,9 +580,10 @@ void cmd_common_kv_desc(engine *e, char *buf, size_t n)
     kvpool *p = engine_kvpool(e);
     kvpool_stats st;
     kvpool_get_stats(p, &st);
-    /* a DeepSeek V4 row is a position's whole state, not a latent (engine_dsv4.h) */
+    /* a DeepSeek V4 block holds compressed entries, not rows (engine_dsv4.h) */
     const char *rows = engine_model(e)->hp.arch == MODEL_ARCH_DEEPSEEK4
-                           ? ", a row per position: raw K=V, compressor and indexer rows, compressed entries"
+                           ? (kvpool_n_window_layers(p) > 0 ? ", compressed entries (the window in rings)"
+                                                            : ", a raw K=V row per position")
                            : kvpool_n_parts(p) == 1 ? ", latent: V is K" : "";
     snprintf(buf, n, "KV %s, %d blocks of %.1f KiB per 128 tokens%s", quant_type_name(kvpool_dtype(p)), st.n_blocks,
              (double)kvpool_block_bytes(p) / 1024.0, rows);

@@ -1668,7 +1668,7 @@ int cmd_mkmodel(int argc, char **argv)
         { "--indexer-top-k", NULL, CMD_OPT_LONG, &a.idx_topk, 0, 1 << 20, .arg = "K", .help = "deepseek4: compressed entries kept per query" },
         { "--hash-layers", NULL, CMD_OPT_LONG, &a.hash_layers, 0, 4096, .arg = "N", .help = "deepseek4: leading layers routed by token id" },
         { "--plain-layers", NULL, CMD_OPT_LONG, &a.plain_layers, 0, 4096, .arg = "N", .help = "deepseek4: leading uncompressed layers (then ratios 4, 128 in turn)" },
-        { "--window", NULL, CMD_OPT_LONG, &a.window, 0, 1 << 24, .arg = "N", .help = "gpt-oss: sliding window of the even layers; gemma3, gemma4: of 5 in 6 layers" },
+        { "--window", NULL, CMD_OPT_LONG, &a.window, 0, 1 << 24, .arg = "N", .help = "gpt-oss: sliding window of the even layers; gemma3, gemma4: of 5 in 6 layers; deepseek4: of every layer" },
         { "--ctx", NULL, CMD_OPT_LONG, &a.ctx, 0, 1 << 24, .arg = "N", .help = "training context" },
         { "--vocab-size", NULL, CMD_OPT_LONG, &a.nv, 0, 1 << 24, .arg = "N", .help = "without --vocab: a synthetic vocabulary" },
         { "--vocab", NULL, CMD_OPT_STR, &a.vocab, .arg = "FILE.gguf|tokenizer.json", .help = "a real vocabulary" },

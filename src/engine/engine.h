@@ -119,6 +119,9 @@ kvpool *engine_kvpool(engine *e);
  * window layers keep no KV in blocks. layer_window: (n_layers) the caller's array, which the
  * result points to (filled with model_layer_window). */
 kvpool_opts engine_kv_geometry(const model *m, engine_kv_type kv_type, int32_t *layer_window);
+/* The values the layer_window array of engine_kv_geometry must have room for: the model's
+ * layers, or DeepSeek V4's (engine_dsv4_kv_geometry: its pool's layers and their ring widths). */
+int engine_kv_geometry_room(const model *m);
 /* The row shape of that geometry (whatever the KV type): slabs per (layer, kv head), kv heads
  * and values per row, as a handoff's tail KV carries them (for a gateway, which has no pool). */
 void engine_kv_shape(const model *m, int *n_parts, int *n_kv_heads, int *head_dim);

@@ -8,7 +8,8 @@
  * its own, as the oracle's F32 cache).
  *
  * A drafter with the DeepSeek V4 backbone (m->dsv4) runs its layers through engine_dsv4 over a
- * pool of V4 rows (engine_dsv4_kv_geometry: one K=V row per layer and position): injection
+ * pool of V4 rows (engine_dsv4_kv_geometry without compressed layers: one raw K=V row per layer
+ * and position, in blocks): injection
  * writes rope(kv_norm(wkv . g)) with the uncompressed layers' RoPE into the rows, the block pass
  * is engine_dsv4_block (hyper-connections, sinks, the window, MoE) with the block non-causal;
  * the confidence head then reads the collapsed streams before the output norm, as llama.cpp's
@@ -121,10 +122,14 @@ engine_dflash *engine_dflash_new(const model *d, const model *t, const engine_df
     int n_ctx = TM_MAX(o->n_ctx, 1) + ENGINE_DFLASH_MAX_BLOCK;
     kvpool_opts ko = { .n_layers = hp->n_layers, .n_kv_heads = hp->n_kv_heads, .head_dim = hp->head_dim,
                        .dtype = QTYPE_F32 };
-    if (d->dsv4) ko = engine_dsv4_kv_geometry(d);
+    /* a drafter's layers are uncompressed (model_dflash.c): its raw rows are in blocks, F32 */
+    int32_t *lw = d->dsv4 ? xcalloc(2 * (size_t)engine_dsv4_pool_layers(d), sizeof *lw) : NULL;
+    if (d->dsv4) ko = engine_dsv4_kv_geometry(d, QTYPE_F32, lw);
     ko.n_blocks = ed->max_seqs * ((n_ctx + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK);
     memcpy(ko.model_fp, d->fingerprint, 32);
-    if (!ed->tp || kvpool_new(&ko, &ed->kv) != KVPOOL_OK) goto nomem;
+    bool kv_ok = ed->tp && kvpool_new(&ko, &ed->kv) == KVPOOL_OK;
+    free(lw);
+    if (!kv_ok) goto nomem;
     if (d->dsv4) {
         /* the attention scratch holds the window plus a block: max_pos covers it */
         ed->v4 = engine_dsv4_new(d, ed->tp, ed->kv, ed->max_rows, TM_MAX(n_ctx, 4 * ENGINE_DFLASH_MAX_BLOCK), err,

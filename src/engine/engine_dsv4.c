@@ -6,17 +6,22 @@
  * A step runs layer by layer over the whole batch: every projection is one ops_matmul over
  * the batch's rows (weights read once per step), the routed experts run once per step over
  * the rows routed to them. What depends on earlier positions runs per entry in batch order
- * on the step thread: the rows of a layer are written to the pool and the compression groups
- * a position completes are compressed, so that a later entry of the same sequence finds them;
+ * on the step thread: a layer's projections are written to the ring and the compression groups
+ * a position completes are compressed into the blocks, so that a later entry of the same
+ * sequence finds them;
  * then the indexer's selection and attention run per entry (and head) on the pool's threads,
  * each output computed by one thread in a fixed order. A (sequence, position)'s logits
  * therefore do not depend on what else shares the step, on how its prompt was chunked or on
  * the thread count.
  *
- * Row of (layer, position), F32, offsets from dsv4_layout: raw K=V (hd); ratio r > 0: the
- * compressor's kv (coff * hd) and score (coff * hd, ape[pos % r] added), the entry completed
- * at this position (hd, valid at pos % r == r - 1); ratio 4: the indexer's kv (2 * idim),
- * score (2 * idim) and entry (idim).
+ * Ring row of (layer, position), F32, offsets from dsv4_layout: raw K=V (hd); ratio r > 0:
+ * the compressor's kv (coff * hd) and score (coff * hd, ape[pos % r] added); ratio 4: the
+ * indexer's kv (2 * idim) and score (2 * idim). A layer's raw rows go into the ring after its
+ * attention (which reads the step's own from kvr), its projections before it, in batch order
+ * (a compression reads at most 127 rows back, always still in the ring; raw and projection
+ * columns are disjoint, so a long chunk's projections never overwrite raw rows its attention
+ * reads). A block's packed entries: per compressed layer in layer order, its 128 / r entries
+ * (hd each), then on ratio 4 its 32 indexer entries (idim each).
  */
 #include "engine/engine_dsv4.h"
 
@@ -34,8 +39,10 @@
 #define DSV4_MAX_MIX 64          /* (2 + hc) * hc at most: hc <= 6 */
 
 typedef struct {
-    int raw, ckv, csc, comp;     /* float offsets in the row; -1: absent */
-    int ikv, isc, icomp;
+    int raw, ckv, csc;           /* float offsets in the ring row; -1: absent */
+    int ikv, isc;
+    int ent, ient;               /* value offsets of the layer's entries / indexer entries in a
+                                  * block's packed entries; -1: absent */
 } dsv4_layout;
 
 struct engine_dsv4 {
@@ -44,9 +51,25 @@ struct engine_dsv4 {
     threadpool *tp;
     kvpool *kv;
     int max_tokens;
-    int row;                 /* floats per (layer, position) row */
+    int row;                 /* elements per (layer, position) row: the pool's head_dim */
+    bool ring;               /* the layers are the pool's window layers (the compressed layout);
+                              * false: raw rows in blocks (no compressed layers) */
+    qtype bt;                /* the blocks' element type: F16 or F32 */
+    size_t esz;              /* bytes of one block element */
     int max_ent;             /* compressed entries a sequence can reach (max_pos / 4) + 1 */
     dsv4_layout *lay;        /* (n_layers) */
+    float *ent;              /* (max(hd, idim)) an entry before it goes into its block */
+    fp16_t *h16;             /* (hd) a raw row rounded through the F16 cache */
+    /* runs and window states of the step (the compressed layout only) */
+    int32_t *run0;           /* (T) first batch entry of each entry's run */
+    int32_t *prev_run;       /* (T) at a run's first entry: the first entry of the sequence's
+                              * previous run in this step, -1 if none */
+    engine_window_state *wsnap; /* (n_wsnap_max) states captured this step */
+    int32_t *wsnap_t;        /* (n_wsnap_max) a batch entry of the run that crosses each */
+    float *wsnap_data;       /* (n_wsnap_max, kvpool_window_state_bytes / 4) their rows */
+    int32_t *rw;             /* (n_layers) a layer's ring row width, floats */
+    size_t *st_off;          /* (n_layers) float offset of a layer's rows in a window state */
+    int n_wsnap, n_wsnap_max;
     /* activations, (max_tokens, width) f32 */
     float *X;                /* (T, hc, dim) residual streams */
     float *xf;               /* (T, hc * dim) normed flattened streams */
@@ -113,12 +136,10 @@ static dsv4_layout dsv4_layout_of(int r, int hd, int id, int *width)
         int c = (r == 4 ? 2 : 1) * hd;
         l.ckv = w, w += c;
         l.csc = w, w += c;
-        l.comp = w, w += hd;
     }
     if (r == 4) {
         l.ikv = w, w += 2 * id;
         l.isc = w, w += 2 * id;
-        l.icomp = w, w += id;
     }
     *width = w;
     return l;
@@ -170,7 +191,23 @@ bool engine_dsv4_sizes_of(const engine_dsv4_shape *s, engine_dsv4_sizes *out, ch
             out->ring += (B + sp) * 2 * hd;                    /* the open group, up to 127 behind */
         }
     }
-    out->rows = (int64_t)TM_ALIGN_UP(wmax, 16) * B * s->n_layers;
+    /* the pool: kvpool's one row width per pool pads the entries to whole slabs of the widest
+     * ring row, and each layer's ring row holds all 128 positions' projections, not only the
+     * carry's; without compressed layers the raw rows are in blocks */
+    const int64_t W = TM_MAX(s->swa, KVPOOL_BLOCK);
+    out->width = TM_ALIGN_UP(wmax, 16);
+    if (out->block > 0) {
+        out->n_slabs = (int)((out->block + B * out->width - 1) / (B * out->width));
+        for (int il = 0; il < s->n_layers; il++) {
+            int w;
+            dsv4_layout_of(s->ratio[il], s->head_dim, s->idx_dim, &w);
+            out->pool_state += W * TM_ALIGN_UP(w, 16);
+            out->pool_ring += (W + sp) * TM_ALIGN_UP(w, 16);
+        }
+    } else {
+        out->n_slabs = s->n_layers;
+    }
+    out->pool_block = out->n_slabs * B * out->width;
     return true;
 }
 
@@ -186,10 +223,33 @@ void engine_dsv4_model_sizes(const model *m, engine_dsv4_sizes *out)
     free(ratio);
 }
 
-kvpool_opts engine_dsv4_kv_geometry(const model *m)
+int engine_dsv4_pool_layers(const model *m)
 {
-    kvpool_opts ko = { .n_layers = m->hp.n_layers, .n_kv_heads = 1, .head_dim = engine_dsv4_row(m), .v_is_k = true,
-                       .dtype = QTYPE_F32, .layer_window = NULL };
+    engine_dsv4_sizes z;
+    engine_dsv4_model_sizes(m, &z);
+    return z.block > 0 ? m->hp.n_layers + z.n_slabs : m->hp.n_layers;
+}
+
+kvpool_opts engine_dsv4_kv_geometry(const model *m, qtype t, int32_t *layer_window)
+{
+    engine_dsv4_sizes z;
+    engine_dsv4_model_sizes(m, &z);
+    const int L = m->hp.n_layers;
+    const bool comp = z.block > 0;
+    const int n = comp ? L + z.n_slabs : L;   /* engine_dsv4_pool_layers */
+    int32_t *width = layer_window + n;
+    /* window max(swa, 128): a ratio-128 group's projections, up to 127 rows back, stay in the ring */
+    for (int il = 0; il < n; il++) {
+        layer_window[il] = comp && il < L ? TM_MAX(m->dsv4->swa, KVPOOL_BLOCK) : 0;
+        width[il] = 0;
+        if (comp && il < L) {
+            dsv4_layout_of(m->dsv4->layers[il].ratio, m->hp.head_dim, m->dsv4->idx_dim, &width[il]);
+            width[il] = TM_ALIGN_UP(width[il], 16);
+        }
+    }
+    kvpool_opts ko = { .n_layers = n, .n_kv_heads = 1, .head_dim = z.width, .v_is_k = true,
+                       .dtype = comp ? t : QTYPE_F32, .layer_window = layer_window, .layer_width = width,
+                       .ring_f32 = true };
     memcpy(ko.model_fp, m->fingerprint, 32);
     return ko;
 }
@@ -200,7 +260,9 @@ void engine_dsv4_free(engine_dsv4 *d)
     void *bufs[] = { d->lay, d->X, d->xf, d->mix, d->pre, d->post, d->comb, d->cur, d->y, d->qa, d->q, d->kvr,
                      d->ck, d->cg, d->ik, d->ig, d->iq, d->iw, d->att, d->og, d->ot, d->oa, d->pos, d->npos,
                      d->sel, d->n_sel, d->r_logits, d->r_probs, d->r_sel, d->r_w, d->r_idx, d->r_sc, d->x_row,
-                     d->x_slot, d->xg, d->fg, d->fu, d->ye, d->shg, d->shu, d->sh, d->mm_scratch, d->th_f, d->th_i };
+                     d->x_slot, d->xg, d->fg, d->fu, d->ye, d->shg, d->shu, d->sh, d->mm_scratch, d->th_f, d->th_i,
+                     d->ent, d->h16, d->run0, d->prev_run, d->wsnap, d->wsnap_t, d->wsnap_data, d->rw,
+                     d->st_off };
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(d);
 }
@@ -222,11 +284,35 @@ engine_dsv4 *engine_dsv4_new(const model *m, threadpool *tp, kvpool *kv, int max
     }
     engine_dsv4 *d = xcalloc(1, sizeof *d);
     d->m = m, d->d = md, d->tp = tp, d->kv = kv, d->max_tokens = max_tokens;
-    d->row = engine_dsv4_row(m);
+    d->row = kvpool_head_dim(kv);
+    d->ring = kvpool_n_window_layers(kv) > 0;
+    d->bt = kvpool_dtype(kv);
+    d->esz = d->bt == QTYPE_F16 ? sizeof(fp16_t) : sizeof(float);
     d->max_ent = max_pos / 4 + 1;
     d->lay = xcalloc((size_t)hp->n_layers, sizeof *d->lay);
-    int w;
-    for (int il = 0; il < hp->n_layers; il++) d->lay[il] = dsv4_layout_of(md->layers[il].ratio, hp->head_dim, md->idx_dim, &w);
+    d->rw = xcalloc((size_t)hp->n_layers, sizeof *d->rw);
+    d->st_off = xcalloc((size_t)hp->n_layers, sizeof *d->st_off);
+    int w, wmax = 0;
+    int64_t n_ent = 0;   /* values of a block's packed entries */
+    for (int il = 0; il < hp->n_layers; il++) {
+        const int r = md->layers[il].ratio;
+        dsv4_layout *l = &d->lay[il];
+        *l = dsv4_layout_of(r, hp->head_dim, md->idx_dim, &w);
+        wmax = TM_MAX(wmax, w);
+        d->rw[il] = TM_ALIGN_UP(w, 16);
+        d->st_off[il] = il ? d->st_off[il - 1] + (size_t)d->rw[il - 1] * (size_t)kvpool_window(kv) : 0;
+        if (r > 0) l->ent = (int)n_ent, n_ent += (int64_t)(KVPOOL_BLOCK / r) * hp->head_dim;
+        if (r == 4) l->ient = (int)n_ent, n_ent += (int64_t)(KVPOOL_BLOCK / 4) * md->idx_dim;
+    }
+    /* the pool must be engine_dsv4_kv_geometry's for this model */
+    if (d->row < wmax || (n_ent > 0) != d->ring || (d->bt != QTYPE_F16 && d->bt != QTYPE_F32) ||
+        (d->ring && (kvpool_ring_dtype(kv) != QTYPE_F32 ||
+                     (int64_t)kvpool_block_bytes(kv) < n_ent * (int64_t)d->esz))) {
+        snprintf(err, errsz, "deepseek4: the KV pool's geometry (rows of %d %s) does not hold this model's state",
+                 d->row, quant_type_name(d->bt));
+        engine_dsv4_free(d);
+        return NULL;
+    }
 
     const size_t T = (size_t)max_tokens, dim = (size_t)hp->dim, hc = (size_t)md->hc, H = (size_t)hp->n_heads;
     const size_t hd = (size_t)hp->head_dim, id = (size_t)md->idx_dim, E = (size_t)hp->n_expert;
@@ -277,6 +363,17 @@ engine_dsv4 *engine_dsv4_new(const model *m, threadpool *tp, kvpool *kv, int max
     d->th_stride = TM_ALIGN_UP(TM_MAX((size_t)md->swa + 2 * (size_t)d->max_ent, TM_MAX(hd, id)) + 16, 16);
     d->th_f = DSV4_F((size_t)nth * d->th_stride);
     d->th_i = DSV4_F((size_t)nth * (size_t)d->max_ent);
+    d->ent = DSV4_F(TM_MAX(hd, id));
+    d->h16 = xcalloc(hd, sizeof *d->h16);
+    d->run0 = xcalloc(T, sizeof *d->run0);
+    d->prev_run = xcalloc(T, sizeof *d->prev_run);
+    if (d->ring) {
+        /* most steps cross no block end; a state is faulted in when captured */
+        d->n_wsnap_max = (int)(T / KVPOOL_BLOCK) + 4;
+        d->wsnap = xcalloc((size_t)d->n_wsnap_max, sizeof *d->wsnap);
+        d->wsnap_t = xcalloc((size_t)d->n_wsnap_max, sizeof *d->wsnap_t);
+        d->wsnap_data = calloc((size_t)d->n_wsnap_max, kvpool_window_state_bytes(kv));
+    }
 #undef DSV4_F
     size_t sc = 0;
     int Ti = (int)T;
@@ -313,7 +410,8 @@ engine_dsv4 *engine_dsv4_new(const model *m, threadpool *tp, kvpool *kv, int max
     void *need[] = { d->X, d->xf, d->mix, d->pre, d->post, d->comb, d->cur, d->y, d->qa, d->q, d->kvr, d->ck, d->cg,
                      d->ik, d->ig, d->iq, d->iw, d->att, d->og, d->ot, d->oa, d->pos, d->npos, d->sel, d->n_sel,
                      d->r_logits, d->r_probs, d->r_sel, d->r_w, d->r_idx, d->r_sc, d->x_row, d->x_slot, d->xg,
-                     d->fg, d->fu, d->ye, d->shg, d->shu, d->sh, d->mm_scratch, d->th_f, d->th_i };
+                     d->fg, d->fu, d->ye, d->shg, d->shu, d->sh, d->mm_scratch, d->th_f, d->th_i, d->ent,
+                     d->ring ? (void *)d->wsnap_data : d->ent };
     for (size_t i = 0; i < sizeof need / sizeof need[0]; i++)
         if (!need[i]) {
             snprintf(err, errsz, "out of memory for DeepSeek V4's activations of %d tokens", Ti);
@@ -325,10 +423,52 @@ engine_dsv4 *engine_dsv4_new(const model *m, threadpool *tp, kvpool *kv, int max
 
 /* ---- helpers ---------------------------------------------------------------------------- */
 
+/* The F32 row of layer il at position pos: its ring slot, or (raw rows in blocks) its block row. */
 static float *dsv4_row(const engine_dsv4 *d, const kvpool_seq *s, int il, int pos)
 {
+    if (d->ring) return kvpool_seq_ring_row(d->kv, s, il, 0, 0, pos);
     float *slab = kvpool_seq_slab(d->kv, s, pos / KVPOOL_BLOCK, il, 0, 0);
     return slab + (size_t)(pos % KVPOOL_BLOCK) * (size_t)d->row;
+}
+
+/* The raw K=V row (hd floats) that entry t reads at key position pp: the step's own (kvr) when
+ * pp is in a run of its sequence in this step, else its ring's (or block's). */
+static const float *dsv4_raw(const engine_dsv4 *d, int t, int il, int pp)
+{
+    if (d->ring)
+        for (int r0 = d->run0[t];; r0 = d->prev_run[r0]) {
+            int p0 = d->toks[r0].pos;
+            if (pp >= p0) return d->kvr + (size_t)(r0 + pp - p0) * (size_t)d->m->hp.head_dim;
+            if (d->prev_run[r0] < 0) break;
+        }
+    return dsv4_row(d, d->toks[t].seq, il, pp);
+}
+
+/* The packed entry at value offset off of the block that holds position pos, in the blocks'
+ * element type. */
+static uint8_t *dsv4_ent(const engine_dsv4 *d, const kvpool_seq *s, int pos, int off)
+{
+    return (uint8_t *)kvpool_seq_slab(d->kv, s, pos / KVPOOL_BLOCK, d->m->hp.n_layers, 0, 0) + (size_t)off * d->esz;
+}
+
+/* Where entry j of layer il (ratio r) is: its position (r * j), and in *off its value offset. */
+static int dsv4_ent_at(const engine_dsv4 *d, int il, int r, int j, bool idx, int *off)
+{
+    const dsv4_layout *l = &d->lay[il];
+    *off = idx ? l->ient + (j % (KVPOOL_BLOCK / 4)) * d->d->idx_dim
+               : l->ent + (j % (KVPOOL_BLOCK / r)) * d->m->hp.head_dim;
+    return r * j;
+}
+
+static float dsv4_ent_dot(const engine_dsv4 *d, int n, const float *q, const uint8_t *e)
+{
+    return d->bt == QTYPE_F16 ? ops_vec_dot_f16_f32(n, (const fp16_t *)e, q) : ops_vec_dot_f32(n, q, (const float *)e);
+}
+
+static void dsv4_ent_mad(const engine_dsv4 *d, int n, float *o, const uint8_t *e, float w)
+{
+    if (d->bt == QTYPE_F16) ops_vec_mad_f16(n, o, (const fp16_t *)e, w);
+    else ops_vec_mad_f32(n, o, (const float *)e, w);
 }
 
 static float dsv4_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
@@ -448,6 +588,18 @@ static void dsv4_compress(const engine_dsv4 *d, const kvpool_seq *s, int il, int
     dsv4_rope(d, out, &p, 1, 1, w, &d->d->rope_comp);
 }
 
+/* Entry j of layer il's compressor (idx: the indexer's) into its place in the sequence's block. */
+static void dsv4_compress_store(engine_dsv4 *d, const kvpool_seq *s, int il, int j, int r, bool idx, float *tmp)
+{
+    const model_dsv4_layer *dl = &d->d->layers[il];
+    const dsv4_layout *l = &d->lay[il];
+    const int w = idx ? d->d->idx_dim : d->m->hp.head_dim;
+    dsv4_compress(d, s, il, j, r, idx ? l->ikv : l->ckv, idx ? l->isc : l->csc, w, idx ? dl->icomp_norm : dl->comp_norm,
+                  d->ent, tmp);
+    int off, pos = dsv4_ent_at(d, il, r, j, idx, &off);
+    kvpool_row_put(d->bt, d->ent, dsv4_ent(d, s, pos, off), w);
+}
+
 /* ---- indexer and attention (pool rounds) ---------------------------------------------- */
 
 static float *dsv4_th(const engine_dsv4 *d, int ith) { return d->th_f + (size_t)ith * d->th_stride; }
@@ -458,7 +610,6 @@ static void dsv4_job_indexer(void *ctx, int ith, int nth)
     engine_dsv4 *d = ctx;
     const model_dsv4 *md = d->d;
     const int il = d->layer, ih = md->idx_heads, id = md->idx_dim, k = md->idx_topk;
-    const dsv4_layout *l = &d->lay[il];
     float *sc = dsv4_th(d, ith);
     int32_t *ord = d->th_i + (size_t)ith * (size_t)d->max_ent;
     for (int t = ith; t < d->n_tok; t += nth) {
@@ -472,10 +623,11 @@ static void dsv4_job_indexer(void *ctx, int ith, int nth)
         }
         const float *q = d->iq + (size_t)t * ih * id, *w = d->iw + (size_t)t * ih;
         for (int j = 0; j < n; j++) {
-            const float *key = dsv4_row(d, tk->seq, il, 4 * j + 3) + l->icomp;
+            int off, pe = dsv4_ent_at(d, il, 4, j, true, &off);
+            const uint8_t *key = dsv4_ent(d, tk->seq, pe, off);
             float s = 0;
             for (int h = 0; h < ih; h++) {
-                float dot = ops_vec_dot_f32(id, q + (size_t)h * id, key);
+                float dot = dsv4_ent_dot(d, id, q + (size_t)h * id, key);
                 s += w[h] * (dot > 0 ? dot : 0);
             }
             sc[j] = s;
@@ -501,23 +653,24 @@ static void dsv4_job_attention(void *ctx, int ith, int nth)
     engine_dsv4 *d = ctx;
     const model *m = d->m;
     const int il = d->layer, H = m->hp.n_heads, hd = m->hp.head_dim, r = d->d->layers[il].ratio;
-    const dsv4_layout *l = &d->lay[il];
     const float *sinks = m->layers[il].sinks, scale = m->hp.att_scale;
     float *sc = dsv4_th(d, ith);
     for (int it = ith; it < d->n_tok * H; it += nth) {
         int t = it / H, h = it % H;
         const engine_tok *tk = &d->toks[t];
-        const int p = tk->pos, lo = TM_MAX(0, p - d->d->swa + 1), hi = d->last ? d->last[t] : p;
+        /* no key below the sequence's window floor (a replay starts there) */
+        const int p = tk->pos, lo = TM_MAX(kvpool_seq_win_lo(tk->seq), TM_MAX(0, p - d->d->swa + 1));
+        const int hi = d->last ? d->last[t] : p;
         const float *q = d->q + ((size_t)t * H + h) * hd;
         float *o = d->att + ((size_t)t * H + h) * hd;
         int nk = 0;
-        for (int pp = lo; pp <= hi; pp++) sc[nk++] = ops_vec_dot_f32(hd, q, dsv4_row(d, tk->seq, il, pp) + l->raw) * scale;
+        for (int pp = lo; pp <= hi; pp++) sc[nk++] = ops_vec_dot_f32(hd, q, dsv4_raw(d, t, il, pp)) * scale;
         int ne = 0;
         if (r == 4) ne = d->n_sel[t];
         else if (r > 0) ne = (p + 1) / r;
         for (int e = 0; e < ne; e++) {
-            int j = r == 4 ? d->sel[(size_t)t * d->d->idx_topk + e] : e;
-            sc[nk++] = ops_vec_dot_f32(hd, q, dsv4_row(d, tk->seq, il, r * j + r - 1) + l->comp) * scale;
+            int j = r == 4 ? d->sel[(size_t)t * d->d->idx_topk + e] : e, off, pe = dsv4_ent_at(d, il, r, j, false, &off);
+            sc[nk++] = dsv4_ent_dot(d, hd, q, dsv4_ent(d, tk->seq, pe, off)) * scale;
         }
         float mx = sinks[h];
         for (int i = 0; i < nk; i++) mx = fmaxf(mx, sc[i]);
@@ -525,13 +678,99 @@ static void dsv4_job_attention(void *ctx, int ith, int nth)
         for (int i = 0; i < nk; i++) sum += (sc[i] = expf(sc[i] - mx));
         memset(o, 0, (size_t)hd * sizeof(float));
         int i = 0;
-        for (int pp = lo; pp <= hi; pp++) ops_vec_mad_f32(hd, o, dsv4_row(d, tk->seq, il, pp) + l->raw, sc[i++]);
+        for (int pp = lo; pp <= hi; pp++) ops_vec_mad_f32(hd, o, dsv4_raw(d, t, il, pp), sc[i++]);
         for (int e = 0; e < ne; e++) {
-            int j = r == 4 ? d->sel[(size_t)t * d->d->idx_topk + e] : e;
-            ops_vec_mad_f32(hd, o, dsv4_row(d, tk->seq, il, r * j + r - 1) + l->comp, sc[i++]);
+            int j = r == 4 ? d->sel[(size_t)t * d->d->idx_topk + e] : e, off, pe = dsv4_ent_at(d, il, r, j, false, &off);
+            dsv4_ent_mad(d, hd, o, dsv4_ent(d, tk->seq, pe, off), sc[i++]);
         }
         ops_vec_scale_f32(hd, o, 1.0f / sum);
     }
+}
+
+/* ---- runs, ring commits and window states (the compressed layout) ----------------------- */
+
+/* Before a step: each entry's run (consecutive positions of one sequence) and each run's
+ * predecessor of the same sequence in this step; the window states to capture: every block
+ * end a run crosses at which the sequence's state is exact (kvpool_seq_exact_from). false: a
+ * sequence's runs out of order, or starting further back than its ring holds. */
+static bool dsv4_plan(engine_dsv4 *d)
+{
+    const engine_tok *toks = d->toks;
+    const int T = d->n_tok;
+    d->n_wsnap = 0;
+    for (int t = 0; t < T;) {
+        int r = t + 1;
+        while (r < T && toks[r].seq == toks[t].seq && toks[r].pos == toks[r - 1].pos + 1) r++;
+        const int p0 = toks[t].pos, p1 = toks[r - 1].pos;
+        kvpool_seq *sq = toks[t].seq;
+        for (int u = t; u < r; u++) d->run0[u] = t;
+        d->prev_run[t] = -1;
+        for (int u = t - 1; u >= 0; u--)
+            if (toks[u].seq == sq) {
+                if (toks[u].pos != p0 - 1) return false;
+                d->prev_run[t] = d->run0[u];
+                break;
+            }
+        if (d->prev_run[t] < 0 && p0 + KVPOOL_RING_SPARE < kvpool_seq_ring_next(sq)) return false;
+        /* every ratio divides 128: no compression group is open at a block end, so the ring's
+         * rows there (raw rows, the ratio-4 carry) and the blocks are the whole state */
+        _Static_assert(KVPOOL_BLOCK % 128 == 0 && KVPOOL_BLOCK % 4 == 0, "V4's ratios divide a block");
+        for (int end = (p0 / KVPOOL_BLOCK + 1) * KVPOOL_BLOCK; end <= p1 + 1; end += KVPOOL_BLOCK) {
+            if (end < kvpool_window(d->kv) || end < kvpool_seq_exact_from(sq) || d->n_wsnap == d->n_wsnap_max) continue;
+            d->wsnap_t[d->n_wsnap] = t;
+            d->wsnap[d->n_wsnap] = (engine_window_state){ .seq = sq, .end = end,
+                .state = (const uint8_t *)d->wsnap_data + (size_t)d->n_wsnap * kvpool_window_state_bytes(d->kv) };
+            d->n_wsnap++;
+        }
+        t = r;
+    }
+    return true;
+}
+
+/* Layer il's rows of state i (kvpool_seq_window_save's layout: (layer, window, row) F32). */
+static float *dsv4_state_rows(const engine_dsv4 *d, int i, int il)
+{
+    return d->wsnap_data + (size_t)i * (kvpool_window_state_bytes(d->kv) / sizeof(float)) + d->st_off[il];
+}
+
+/* Layer il's ring rows [end - window, end) into state i, just after the projections of its
+ * position end - 1 were written (a long run overwrites them later). */
+static void dsv4_capture_rows(const engine_dsv4 *d, int i, int il)
+{
+    const int W = kvpool_window(d->kv), end = d->wsnap[i].end;
+    float *dst = dsv4_state_rows(d, i, il);
+    for (int k = 0; k < W; k++)
+        memcpy(dst + (size_t)k * d->rw[il], kvpool_seq_ring_row(d->kv, d->wsnap[i].seq, il, 0, 0, end - W + k),
+               (size_t)d->rw[il] * sizeof(float));
+}
+
+/* After layer il's attention: the raw rows of the states captured this step (the step's own
+ * from kvr), then each run's last ring_len raw rows into its ring; after the last layer the
+ * rings' next position. */
+static void dsv4_commit(engine_dsv4 *d, int il)
+{
+    const int W = kvpool_window(d->kv), R = W + KVPOOL_RING_SPARE, hd = d->m->hp.head_dim;
+    const size_t rb = (size_t)hd * sizeof(float);
+    for (int i = 0; i < d->n_wsnap; i++) {
+        float *dst = dsv4_state_rows(d, i, il);
+        for (int k = 0; k < W; k++) memcpy(dst + (size_t)k * d->rw[il], dsv4_raw(d, d->wsnap_t[i], il, d->wsnap[i].end - W + k), rb);
+    }
+    for (int t = 0; t < d->n_tok;) {
+        int r = t + 1;
+        while (r < d->n_tok && d->run0[r] == t) r++;
+        const int p0 = d->toks[t].pos, p1 = d->toks[r - 1].pos;
+        kvpool_seq *sq = d->toks[t].seq;
+        for (int pk = TM_MAX(p0, p1 + 1 - R); pk <= p1; pk++)
+            memcpy(kvpool_seq_ring_row(d->kv, sq, il, 0, 0, pk), d->kvr + (size_t)(t + pk - p0) * hd, rb);
+        if (il == d->m->hp.n_layers - 1) kvpool_seq_set_ring_next(sq, p1 + 1);
+        t = r;
+    }
+}
+
+int engine_dsv4_states(const engine_dsv4 *d, const engine_window_state **out)
+{
+    *out = d->wsnap;
+    return d->n_wsnap;
 }
 
 /* ---- the layers ------------------------------------------------------------------------- */
@@ -559,6 +798,11 @@ static void dsv4_attention(engine_dsv4 *d, int il, int T)
     dsv4_rope(d, d->q, d->pos, T, H, hd, rp);
     ops_rmsnorm(d->tp, d->kvr, d->kvr, dl->kv_norm, T, hd, eps);
     dsv4_rope(d, d->kvr, d->pos, T, 1, hd, rp);
+    if (d->ring && d->bt == QTYPE_F16)   /* attention reads the raw rows as the F16 cache holds them */
+        for (int t = 0; t < T; t++) {
+            ops_fp32_to_fp16_row(d->kvr + (size_t)t * hd, d->h16, hd);
+            ops_fp16_to_fp32_row(d->h16, d->kvr + (size_t)t * hd, hd);
+        }
     if (r == 4) {
         ops_matmul(d->tp, &dl->idx_q_b, d->qa, T, d->iq, d->mm_scratch);
         dsv4_rope(d, d->iq, d->pos, T, ih, id, &md->rope_comp);
@@ -566,32 +810,38 @@ static void dsv4_attention(engine_dsv4 *d, int il, int T)
         for (int i = 0; i < T * ih; i++) d->iw[i] *= s;
     }
 
-    /* the rows into the pool, and the groups the entries complete, in batch order */
+    /* the projections into the ring (raw rows into blocks without one), and the groups the
+     * entries complete, in batch order; the window states at the block ends a run crosses
+     * take the ring's rows there (their raw part after attention, dsv4_commit) */
     float *tmp = d->th_f;   /* the step thread's share, free outside the rounds */
     for (int t = 0; t < T; t++) {
         const engine_tok *tk = &d->toks[t];
         const int p = tk->pos;
         float *row = dsv4_row(d, tk->seq, il, p);
-        memcpy(row + lay->raw, d->kvr + (size_t)t * hd, (size_t)hd * sizeof(float));
-        if (!r) continue;
-        const int c = (r == 4 ? 2 : 1) * hd;
-        memcpy(row + lay->ckv, d->ck + (size_t)t * c, (size_t)c * sizeof(float));
-        const float *ape = dl->comp_ape + (size_t)(p % r) * c, *g = d->cg + (size_t)t * c;
-        for (int i = 0; i < c; i++) row[lay->csc + i] = g[i] + ape[i];
-        if (r == 4) {
-            memcpy(row + lay->ikv, d->ik + (size_t)t * 2 * id, 2 * (size_t)id * sizeof(float));
-            const float *ia = dl->icomp_ape + (size_t)(p % 4) * 2 * id, *ig = d->ig + (size_t)t * 2 * id;
-            for (int i = 0; i < 2 * id; i++) row[lay->isc + i] = ig[i] + ia[i];
+        if (!d->ring) memcpy(row + lay->raw, d->kvr + (size_t)t * hd, (size_t)hd * sizeof(float));
+        if (r) {
+            const int c = (r == 4 ? 2 : 1) * hd;
+            memcpy(row + lay->ckv, d->ck + (size_t)t * c, (size_t)c * sizeof(float));
+            const float *ape = dl->comp_ape + (size_t)(p % r) * c, *g = d->cg + (size_t)t * c;
+            for (int i = 0; i < c; i++) row[lay->csc + i] = g[i] + ape[i];
+            if (r == 4) {
+                memcpy(row + lay->ikv, d->ik + (size_t)t * 2 * id, 2 * (size_t)id * sizeof(float));
+                const float *ia = dl->icomp_ape + (size_t)(p % 4) * 2 * id, *ig = d->ig + (size_t)t * 2 * id;
+                for (int i = 0; i < 2 * id; i++) row[lay->isc + i] = ig[i] + ia[i];
+            }
         }
-        if ((p + 1) % r == 0) {
-            dsv4_compress(d, tk->seq, il, p / r, r, lay->ckv, lay->csc, hd, dl->comp_norm, row + lay->comp, tmp);
-            if (r == 4)
-                dsv4_compress(d, tk->seq, il, p / r, r, lay->ikv, lay->isc, id, dl->icomp_norm, row + lay->icomp, tmp);
+        for (int i = 0; i < d->n_wsnap; i++)
+            if (d->wsnap[i].seq == tk->seq && d->wsnap[i].end == p + 1) dsv4_capture_rows(d, i, il);
+        /* below full_from the attached blocks hold the entries: a replay leaves them alone */
+        if (r && (p + 1) % r == 0 && p >= kvpool_seq_full_from(tk->seq)) {
+            dsv4_compress_store(d, tk->seq, il, p / r, r, false, tmp);
+            if (r == 4) dsv4_compress_store(d, tk->seq, il, p / r, r, true, tmp);
         }
     }
     d->layer = il;
     if (r == 4) threadpool_run(d->tp, dsv4_job_indexer, d);
     threadpool_run(d->tp, dsv4_job_attention, d);
+    if (d->ring) dsv4_commit(d, il);
 
     /* de-rope, then the grouped low-rank output */
     dsv4_rope(d, d->att, d->npos, T, H, hd, rp);
@@ -713,20 +963,21 @@ void engine_dsv4_block(engine_dsv4 *d, int T, const void *toks, const int32_t *l
                        float *hidden)
 {
     d->last = last, d->embd = embd;
-    engine_dsv4_step(d, T, toks, NULL, hidden);
+    engine_dsv4_step(d, T, toks, NULL, hidden);   /* raw rows in blocks: no ring to refuse it */
     d->last = NULL, d->embd = NULL;
 }
 
-void engine_dsv4_step_from(engine_dsv4 *d, int T, const void *toks, const float *x0, float *logits, float *hidden)
+bool engine_dsv4_step_from(engine_dsv4 *d, int T, const void *toks, const float *x0, float *logits, float *hidden)
 {
     d->x0 = x0;
-    engine_dsv4_step(d, T, toks, logits, hidden);
+    bool ok = engine_dsv4_step(d, T, toks, logits, hidden);
     d->x0 = NULL;
+    return ok;
 }
 
 const float *engine_dsv4_streams(const engine_dsv4 *d) { return d->X; }
 
-void engine_dsv4_step(engine_dsv4 *d, int T, const void *toks_, float *logits, float *hidden)
+bool engine_dsv4_step(engine_dsv4 *d, int T, const void *toks_, float *logits, float *hidden)
 {
     const model *m = d->m;
     const model_hparams *hp = &m->hp;
@@ -734,6 +985,11 @@ void engine_dsv4_step(engine_dsv4 *d, int T, const void *toks_, float *logits, f
     const engine_tok *toks = toks_;
     const int dim = hp->dim, hc = md->hc;
     d->toks = toks, d->n_tok = T;
+    d->n_wsnap = 0;
+    if (d->ring) {
+        if (!dsv4_plan(d)) return false;
+        kvpool_fill_wait(d->kv, -1);   /* the entries of blocks still loading from the store */
+    }
     for (int t = 0; t < T; t++) {
         float *X = d->X + (size_t)t * hc * dim;
         if (d->x0) {
@@ -746,7 +1002,7 @@ void engine_dsv4_step(engine_dsv4 *d, int T, const void *toks_, float *logits, f
         d->npos[t] = -toks[t].pos;
     }
     for (int il = 0; il < hp->n_layers; il++) {
-        kvpool_fill_wait(d->kv, il);   /* layer il of blocks still loading from the store */
+        if (!d->ring) kvpool_fill_wait(d->kv, il);   /* layer il of blocks still loading from the store */
         if (d->cap && d->cap_slot[il] >= 0) dsv4_capture(d, d->cap_slot[il], T);
         dsv4_attention(d, il, T);
         dsv4_moe(d, il, T);
@@ -772,4 +1028,5 @@ void engine_dsv4_step(engine_dsv4 *d, int T, const void *toks_, float *logits, f
         ops_rmsnorm(d->tp, d->cur, d->cur, m->output_norm, n_out, dim, hp->rms_eps);
         ops_matmul(d->tp, &m->output, d->cur, n_out, logits, d->mm_scratch);
     }
+    return true;
 }

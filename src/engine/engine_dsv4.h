@@ -2,14 +2,20 @@
  * engine_dsv4: DeepSeek V4's forward step (model_dsv4.h) over the paged KV pool, for
  * engine.c: engine_new makes one for a `deepseek4` model and engine_step hands it the batch.
  *
- * Per-sequence state lives in the pool's blocks, one row per position and layer (a pool of
- * one "head" of engine_dsv4_row floats, F32): the position's raw K=V row, and on a compressed
- * layer its compressor projections (kv and gate score with the learned position), the
- * compressed entry that the position completes (at the group's last position), and on a ratio-4
- * layer the lightning indexer's projections and entry likewise. Everything a later position
- * reads (the window's raw rows, the open group's projections, the finished entries) is thus a
- * function of the tokens up to it: a keyed block holds exactly the state of its 128 positions,
- * and attaching it gives the same logits as computing it.
+ * The state of a sequence is kept in two places (docs/deepseek4.md, "Per-sequence state and
+ * the 128-token block"). The blocks hold only what is final for the whole text: each compressed
+ * layer's completed entries and the lightning indexer's, packed (engine_dsv4_sizes.block values
+ * per 128 positions, in the pool's dtype: F16 or F32). Every model layer is a kvpool window
+ * layer (window max(swa, 128)) whose F32 ring row per position holds the raw K=V row and the
+ * compressor's and indexer's projections (kv and gate score with the learned position): the
+ * window attention reads raw rows from there, a compression the group's rows. Because every
+ * ratio divides 128 no group is open at a block end, so the window state at a multiple of 128
+ * (the ring's last 128 rows: raw rows and the ratio-4 overlap carry) plus the blocks is the
+ * whole state there: the window cache keeps it, and without it the scheduler replays (bounded
+ * or exact) as for gpt-oss's window layers.
+ *
+ * A model without compressed layers (a DSpark drafter's layers) keeps its raw rows in blocks
+ * instead (F32), one row per position and layer, which its injected context needs.
  */
 #ifndef TM_ENGINE_DSV4_H
 #define TM_ENGINE_DSV4_H
@@ -18,21 +24,29 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "engine/engine.h"
 #include "engine/kvpool.h"
 #include "model/model.h"
 #include "util/threadpool.h"
 
 typedef struct engine_dsv4 engine_dsv4;
 
-/* The pool geometry of a V4 model: one row of engine_dsv4_row(m) F32 values per layer and
- * position, in blocks (no ring: the window is read from the blocks). */
-kvpool_opts engine_dsv4_kv_geometry(const model *m);
+/* Layers of a V4 model's pool: the model's (window layers) and, with compressed layers, the
+ * block layers that hold the packed entries after them. */
+int engine_dsv4_pool_layers(const model *m);
+/* The pool geometry of a V4 model in element type t (F16 or F32; F32 without compressed
+ * layers): one "head" of engine_dsv4_row(m) elements, v_is_k; each window layer's ring row as
+ * wide as its layer's (raw, and the projections of its ratio). layer_window (room for 2 *
+ * engine_dsv4_pool_layers values) gets the windows, then the widths; the result points into it. */
+kvpool_opts engine_dsv4_kv_geometry(const model *m, qtype t, int32_t *layer_window);
+/* The pool's row width: the widest ring row (raw + projections), rounded up to 16. */
 int engine_dsv4_row(const model *m);
 
 /* The compressed layout's sizes (docs/deepseek4.md, "Per-sequence state and the 128-token
  * block"): what V4 keeps for the whole text per 128-token block, and what a sequence needs
- * besides, in the window. The pool does not use this layout yet (it keeps engine_dsv4_row per
- * position, `rows` below); these are the figures the start-up line and the docs compare it with.
+ * besides, in the window; and what the pool takes for them (kvpool has one block row width per
+ * pool, so the packed entries take whole (128, width) slabs; a ring row keeps all 128 positions'
+ * projections, and F32 raw rows).
  * Counts are values, not bytes: the element type is the caller's. */
 typedef struct {
     int n_layers;
@@ -55,8 +69,12 @@ typedef struct {
     int64_t ring;            /* per sequence at any position: raw rows of swa + KVPOOL_RING_SPARE
                               * positions per layer, the ratio-4 projections (kv, score, both
                               * halves) of 8 + spare positions, the ratio-128 ones of 128 + spare */
-    int64_t rows;            /* today's pool: values per 128-token block (a row of engine_dsv4_row
-                              * per layer and position) */
+    int width;               /* the pool's row width (engine_dsv4_row) */
+    int n_slabs;             /* block layers holding a block's packed entries: ceil(block / (128 width)) */
+    int64_t pool_block;      /* values per block in the pool: n_slabs * 128 * width */
+    int64_t pool_state;      /* values of the pool's window state: 128 rows of each layer's ring
+                              * row width (its raw row and projections, rounded up to 16) */
+    int64_t pool_ring;       /* values of the pool's ring per sequence: 128 + spare such rows */
 } engine_dsv4_sizes;
 
 /* Sizes for a shape; false and err for a shape the layout cannot hold (a ratio other than 0,
@@ -73,14 +91,19 @@ engine_dsv4 *engine_dsv4_new(const model *m, threadpool *tp, kvpool *kv, int max
 void engine_dsv4_free(engine_dsv4 *d);
 
 /* One step over n entries (engine.h's engine_tok, reserved in the pool by the caller; a
- * sequence's entries at consecutive positions in batch order, continuing what it holds):
- * logits (n_out, n_vocab) for the entries that want them, hidden (n, dim) the collapsed
- * residual stream before the output norm. */
-void engine_dsv4_step(engine_dsv4 *d, int n, const void *toks, float *logits, float *hidden);
+ * sequence's entries at consecutive positions in batch order, continuing what its ring holds,
+ * as engine_window_states says): logits (n_out, n_vocab) for the entries that want them, hidden
+ * (n, dim) the collapsed residual stream before the output norm. false (nothing computed): a
+ * sequence's entries out of order or too far back for its ring. Compressed entries are written
+ * only at positions at or above kvpool_seq_full_from (below it the attached blocks hold them). */
+bool engine_dsv4_step(engine_dsv4 *d, int n, const void *toks, float *logits, float *hidden);
+/* The window states captured by the last step at the block ends its sequences crossed
+ * (engine_window_states). */
+int engine_dsv4_states(const engine_dsv4 *d, const engine_window_state **out);
 
 /* The step with the entries' input streams x0 (n, hc, dim) given, in place of the embedding
- * copied into every stream: an MTP block's (engine_dsv4_mtp.h). */
-void engine_dsv4_step_from(engine_dsv4 *d, int n, const void *toks, const float *x0, float *logits, float *hidden);
+ * copied into every stream: an MTP block's (engine_dsv4_mtp.h). false as engine_dsv4_step. */
+bool engine_dsv4_step_from(engine_dsv4 *d, int n, const void *toks, const float *x0, float *logits, float *hidden);
 
 /* The last step's residual streams after the last layer, (n, hc, dim) in batch order, before
  * the head's collapse: what an MTP block continues (llama.cpp's h_nextn). Valid until the next

@@ -55,7 +55,7 @@ void engine_dsv4_mtp_free(engine_dsv4_mtp *p)
     free(p);
 }
 
-void engine_dsv4_mtp_step(engine_dsv4_mtp *p, int T, const engine_tok *toks, const float *hidden, float *logits,
+bool engine_dsv4_mtp_step(engine_dsv4_mtp *p, int T, const engine_tok *toks, const float *hidden, float *logits,
                           float *collapsed)
 {
     const model *m = p->m;
@@ -73,5 +73,5 @@ void engine_dsv4_mtp_step(engine_dsv4_mtp *p, int T, const engine_tok *toks, con
             memcpy(c + dim, p->hn + ((size_t)t * hc + h) * dim, (size_t)dim * sizeof(float));
         }
     ops_matmul(p->tp, &L->eh_proj, p->cat, T * hc, p->x0, p->mm_scratch);
-    engine_dsv4_step_from(p->d, T, toks, p->x0, logits, collapsed);
+    return engine_dsv4_step_from(p->d, T, toks, p->x0, logits, collapsed);
 }

@@ -34,8 +34,9 @@ void engine_dsv4_mtp_free(engine_dsv4_mtp *p);
 /* One step over n entries (engine_tok, reserved in d's pool by the caller) whose target states
  * are hidden (n, hc * dim): logits (n_out, n_vocab) for the entries that want them, collapsed
  * (n, dim) the block's streams collapsed by its head mix before the norm; the block's own
- * streams (what a further draft step continues) are engine_dsv4_streams(d). */
-void engine_dsv4_mtp_step(engine_dsv4_mtp *p, int n, const engine_tok *toks, const float *hidden, float *logits,
+ * streams (what a further draft step continues) are engine_dsv4_streams(d). false as
+ * engine_dsv4_step's (nothing computed). */
+bool engine_dsv4_mtp_step(engine_dsv4_mtp *p, int n, const engine_tok *toks, const float *hidden, float *logits,
                           float *collapsed);
 
 #endif

@@ -41,7 +41,7 @@ kvpool_opts engine_kv_geometry(const model *m, engine_kv_type kv_type, int32_t *
     for (int il = 0; il < hp->n_layers; il++) layer_window[il] = model_layer_window(m, il);
     for (int il = 0; il < hp->n_layers; il++)   /* a recurrent layer keeps no KV */
         if (m->layers[il].ssm_out.data) layer_window[il] = -1;
-    if (hp->arch == MODEL_ARCH_DEEPSEEK4) return engine_dsv4_kv_geometry(m);   /* F32, no ring */
+    if (hp->arch == MODEL_ARCH_DEEPSEEK4) return engine_dsv4_kv_geometry(m, engine_kv_qtype(kv_type), layer_window);
     if (hp->bidirectional) {   /* an encoder keeps nothing: its pool only counts positions */
         kvpool_opts ke = { .n_layers = 1, .n_kv_heads = 1, .head_dim = 32, .dtype = engine_kv_qtype(kv_type),
                            .layer_window = layer_window };
@@ -55,9 +55,14 @@ kvpool_opts engine_kv_geometry(const model *m, engine_kv_type kv_type, int32_t *
     return ko;
 }
 
+int engine_kv_geometry_room(const model *m)
+{
+    return m->hp.arch == MODEL_ARCH_DEEPSEEK4 ? 2 * engine_dsv4_pool_layers(m) : m->hp.n_layers;
+}
+
 void engine_kv_shape(const model *m, int *n_parts, int *n_kv_heads, int *head_dim)
 {
-    int32_t *lw = xcalloc((size_t)m->hp.n_layers, sizeof *lw);
+    int32_t *lw = xcalloc((size_t)engine_kv_geometry_room(m), sizeof *lw);
     kvpool_opts ko = engine_kv_geometry(m, ENGINE_KV_F32, lw);
     free(lw);
     *n_parts = ko.v_is_k ? 1 : 2;
@@ -71,7 +76,7 @@ engine_status engine_new_kv(engine *e, const engine_opts *o, int *n_blocks, char
 {
     const model *m = e->m;
     const model_hparams *hp = &m->hp;
-    int32_t *lw = xcalloc((size_t)hp->n_layers, sizeof *lw);
+    int32_t *lw = xcalloc((size_t)engine_kv_geometry_room(m), sizeof *lw);
     kvpool_opts ko = engine_kv_geometry(m, o->kv_type, lw);
     if (!kvpool_type_ok(ko.dtype, ko.head_dim)) {
         snprintf(err, errsz, "a %s KV cache needs a head size that is a multiple of 32; this model's is %d",
@@ -79,9 +84,9 @@ engine_status engine_new_kv(engine *e, const engine_opts *o, int *n_blocks, char
         free(lw);
         return ENGINE_ERR_ARG;
     }
-    if (hp->mla && (ko.dtype == QTYPE_Q8_0 || ko.dtype == QTYPE_Q4_0)) {
-        snprintf(err, errsz, "a %s KV cache is not supported for multi-head latent attention models (use f16 or f32)",
-                 quant_type_name(ko.dtype));
+    if ((hp->mla || hp->arch == MODEL_ARCH_DEEPSEEK4) && (ko.dtype == QTYPE_Q8_0 || ko.dtype == QTYPE_Q4_0)) {
+        snprintf(err, errsz, "a %s KV cache is not supported for %s models (use f16 or f32)", quant_type_name(ko.dtype),
+                 hp->mla ? "multi-head latent attention" : "deepseek4");
         free(lw);
         return ENGINE_ERR_ARG;
     }
@@ -217,6 +222,7 @@ bool engine_window_plan(engine *e, const engine_batch *b)
 int engine_window_states(const engine *e, const engine_window_state **out)
 {
     if (e->q35) return engine_qwen35_states(e->q35, out);
+    if (e->dsv4) return engine_dsv4_states(e->dsv4, out);
     *out = e->wsnap;
     return e->wsnap ? e->n_wsnap : 0;
 }

@@ -846,9 +846,9 @@ engine_status engine_forward(engine *e, const engine_batch *b, const float *hidd
     }
 
     if (e->dsv4) {
-        if (e->dsv4_mtp) engine_dsv4_mtp_step(e->dsv4_mtp, T, b->toks, hidden, logits, e->x);
-        else engine_dsv4_step(e->dsv4, T, b->toks, logits, e->x);
-        return ENGINE_OK;
+        if (e->dsv4_mtp)
+            return engine_dsv4_mtp_step(e->dsv4_mtp, T, b->toks, hidden, logits, e->x) ? ENGINE_OK : ENGINE_ERR_ARG;
+        return engine_dsv4_step(e->dsv4, T, b->toks, logits, e->x) ? ENGINE_OK : ENGINE_ERR_ARG;
     }
     if (e->bert) return engine_bert_step(e->bert, T, b->toks, e->x) ? ENGINE_OK : ENGINE_ERR_ARG;
     if (e->wstage && !engine_window_plan(e, b)) return ENGINE_ERR_ARG;

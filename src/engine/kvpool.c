@@ -69,7 +69,12 @@ struct kvpool {
     int n_win_layers;            /* window layers: the layers the rings hold */
     int window;                  /* positions a window layer's query sees (the largest window) */
     int ring_len;                /* ring slots per sequence: window + KVPOOL_RING_SPARE */
-    size_t ring_bytes;           /* n_win_layers * 2 * n_kv_heads * ring_len * row */
+    qtype ring_type;             /* the rings' element type: dtype, or F32 (opts.ring_f32) */
+    int32_t *ring_w;             /* (n_win_layers) elements of a window layer's ring row: head_dim,
+                                  * or its opts.layer_width */
+    size_t *ring_off;            /* (n_win_layers) byte offset of each window layer's ring */
+    size_t ring_bytes;           /* sum over window layers: n_parts * n_kv_heads * ring_len * its
+                                  * ring row's bytes in ring_type */
 };
 
 struct kvpool_seq {
@@ -77,7 +82,7 @@ struct kvpool_seq {
     int n;                       /* blocks in the table */
     int n_keyed;                 /* leading blocks whose key is known */
     uint8_t last_key[32];        /* key of block n_keyed-1, zeros if none */
-    uint8_t *ring;               /* (n_win_layers, 2, n_kv_heads, ring_len, head_dim) window
+    uint8_t *ring;               /* per window layer (n_parts, n_kv_heads, ring_len, its width): window
                                   * layers' K/V, position p at slot p % ring_len; NULL if none */
     int win_lo;                  /* window layers see no key below this position */
     int full_from;               /* full layers' KV below this position is already in the blocks */
@@ -139,8 +144,6 @@ kvpool_status kvpool_new(const kvpool_opts *opts, kvpool **out)
     if (opts->n_layers <= 0 || opts->n_kv_heads <= 0 || opts->head_dim <= 0 || opts->n_blocks <= 0 ||
         !kvpool_type_ok(opts->dtype, opts->head_dim) || kvpool_geom_blk_layers(opts) == 0)
         return KVPOOL_ERR_ARG;
-    /* no model family has both; the rings keep K and V apart */
-    if (opts->v_is_k && kvpool_geom_blk_layers(opts) != opts->n_layers) return KVPOOL_ERR_ARG;
     kvpool *p = xcalloc(1, sizeof *p);
     p->o = *opts;
     p->o.layer_window = NULL;    /* the caller's array need not outlive the call: slot says it all */
@@ -162,8 +165,22 @@ kvpool_status kvpool_new(const kvpool_opts *opts, kvpool **out)
      * no wider ring */
     p->window = (int)TM_MIN((int64_t)p->window, (int64_t)opts->n_blocks * KVPOOL_BLOCK);
     p->ring_len = p->n_win_layers ? p->window + KVPOOL_RING_SPARE : 0;
-    p->ring_bytes = (size_t)p->n_win_layers * 2 * (size_t)opts->n_kv_heads * (size_t)p->ring_len *
-                    p->row;
+    p->ring_type = opts->ring_f32 ? QTYPE_F32 : opts->dtype;
+    p->ring_w = xcalloc((size_t)p->n_win_layers + 1, sizeof *p->ring_w);
+    p->ring_off = xcalloc((size_t)p->n_win_layers + 1, sizeof *p->ring_off);
+    for (int l = 0; l < opts->n_layers; l++) {
+        if (p->slot[l] >= 0 || p->slot[l] == INT32_MIN) continue;
+        int wl = -1 - p->slot[l], w = opts->layer_width && opts->layer_width[l] > 0 ? opts->layer_width[l] : opts->head_dim;
+        if (w > opts->head_dim || !kvpool_type_ok(p->ring_type, w)) {
+            kvpool_free(p);
+            return KVPOOL_ERR_ARG;
+        }
+        p->ring_w[wl] = w;
+        p->ring_off[wl] = p->ring_bytes;
+        p->ring_bytes += (size_t)p->n_parts * (size_t)opts->n_kv_heads * (size_t)p->ring_len *
+                         quant_row_bytes(p->ring_type, w);
+    }
+    p->o.layer_width = NULL;
     p->slab_bytes = (size_t)KVPOOL_BLOCK * p->row;
     p->block_bytes = kvpool_geom_block_bytes(opts);
     size_t total = p->block_bytes * (size_t)opts->n_blocks;
@@ -233,6 +250,8 @@ void kvpool_free(kvpool *p)
     free(p->filling);
     free(p->tail_tok);
     free(p->slot);
+    free(p->ring_w);
+    free(p->ring_off);
     free(p);
 }
 
@@ -615,9 +634,10 @@ int kvpool_seq_copy_tail(kvpool *p, kvpool_seq *s, const int32_t *tokens, int li
 void *kvpool_seq_ring_row(const kvpool *p, const kvpool_seq *s, int layer, int kv, int kv_head, int pos)
 {
     int wl = -1 - p->slot[layer];
-    size_t row = (((size_t)wl * 2 + (size_t)kv) * (size_t)p->o.n_kv_heads + (size_t)kv_head) * (size_t)p->ring_len +
+    if (p->n_parts == 1) kv = 0;   /* V is K */
+    size_t row = ((size_t)kv * (size_t)p->o.n_kv_heads + (size_t)kv_head) * (size_t)p->ring_len +
                  (size_t)(pos % p->ring_len);
-    return s->ring + row * p->row;
+    return s->ring + p->ring_off[wl] + row * quant_row_bytes(p->ring_type, p->ring_w[wl]);
 }
 
 /* Row of position pos of (layer, kv, kv_head): in its block, or a window layer's ring slot. */
@@ -649,19 +669,21 @@ void kvpool_row_get(qtype t, const void *src, float *x, int n)
 void kvpool_seq_store(const kvpool *p, const kvpool_seq *s, int pos, int layer, int kv_head,
                       const float *k, const float *v)
 {
-    int hd = p->o.head_dim;
+    int hd = p->slot[layer] < 0 ? p->ring_w[-1 - p->slot[layer]] : p->o.head_dim;
+    qtype t = p->slot[layer] < 0 ? p->ring_type : p->o.dtype;
     uint8_t *kr = kvpool_seq_row(p, s, pos, layer, 0, kv_head), *vr = kvpool_seq_row(p, s, pos, layer, 1, kv_head);
-    kvpool_row_put(p->o.dtype, k, kr, hd);
-    if (vr != kr) kvpool_row_put(p->o.dtype, v, vr, hd);
+    kvpool_row_put(t, k, kr, hd);
+    if (vr != kr) kvpool_row_put(t, v, vr, hd);
 }
 
 void kvpool_seq_load(const kvpool *p, const kvpool_seq *s, int pos, int layer, int kv_head,
                      float *k, float *v)
 {
-    int hd = p->o.head_dim;
+    int hd = p->slot[layer] < 0 ? p->ring_w[-1 - p->slot[layer]] : p->o.head_dim;
+    qtype t = p->slot[layer] < 0 ? p->ring_type : p->o.dtype;
     const uint8_t *kr = kvpool_seq_row(p, s, pos, layer, 0, kv_head), *vr = kvpool_seq_row(p, s, pos, layer, 1, kv_head);
-    kvpool_row_get(p->o.dtype, kr, k, hd);
-    kvpool_row_get(p->o.dtype, vr, v, hd);
+    kvpool_row_get(t, kr, k, hd);
+    kvpool_row_get(t, vr, v, hd);
 }
 
 /* ---- window layers ---- */
@@ -672,6 +694,7 @@ int kvpool_n_block_layers(const kvpool *p) { return p->n_blk_layers; }
 int kvpool_n_window_layers(const kvpool *p) { return p->n_win_layers; }
 int kvpool_window(const kvpool *p) { return p->window; }
 size_t kvpool_ring_bytes(const kvpool *p) { return p->ring_bytes; }
+qtype kvpool_ring_dtype(const kvpool *p) { return p->ring_type; }
 size_t kvpool_window_state_bytes(const kvpool *p)
 {
     return p->ring_len ? p->ring_bytes / (size_t)p->ring_len * (size_t)p->window : 0;
@@ -688,20 +711,23 @@ int kvpool_seq_exact_from(const kvpool_seq *s) { return s->exact_from; }
 int kvpool_seq_ring_next(const kvpool_seq *s) { return s->ring_next; }
 void kvpool_seq_set_ring_next(kvpool_seq *s, int pos) { s->ring_next = pos; }
 
-/* Rows [end - window, end) of every window layer, in the ring or in dst's order
- * (n_win_layers, 2, n_kv_heads, window, head_dim): one memcpy per (layer, kv, head) and ring
+/* Rows [end - window, end) of every window layer, in the ring or in dst's order (per window
+ * layer (n_parts, n_kv_heads, window, its width)): one memcpy per (layer, part, head) and ring
  * wrap. to_ring copies src into the ring, else the ring into dst. */
 static void kvpool_seq_window_copy(const kvpool *p, kvpool_seq *s, int end, uint8_t *buf, bool to_ring)
 {
-    const size_t row = p->row;
-    const int W = p->window, R = p->ring_len, n = p->n_win_layers * 2 * p->o.n_kv_heads;
-    for (int i = 0; i < n; i++) {
-        uint8_t *ring = s->ring + (size_t)i * R * row, *state = buf + (size_t)i * W * row;
-        for (int k = 0; k < W;) {
-            int pos = end - W + k, slot = pos % R, run = TM_MIN(W - k, R - slot);
-            if (to_ring) memcpy(ring + (size_t)slot * row, state + (size_t)k * row, (size_t)run * row);
-            else memcpy(state + (size_t)k * row, ring + (size_t)slot * row, (size_t)run * row);
-            k += run;
+    const int W = p->window, R = p->ring_len, n = p->n_parts * p->o.n_kv_heads;
+    for (int wl = 0; wl < p->n_win_layers; wl++) {
+        const size_t row = quant_row_bytes(p->ring_type, p->ring_w[wl]);
+        for (int i = 0; i < n; i++) {
+            uint8_t *ring = s->ring + p->ring_off[wl] + (size_t)i * R * row;
+            uint8_t *state = buf + p->ring_off[wl] / (size_t)R * (size_t)W + (size_t)i * W * row;
+            for (int k = 0; k < W;) {
+                int pos = end - W + k, slot = pos % R, run = TM_MIN(W - k, R - slot);
+                if (to_ring) memcpy(ring + (size_t)slot * row, state + (size_t)k * row, (size_t)run * row);
+                else memcpy(state + (size_t)k * row, ring + (size_t)slot * row, (size_t)run * row);
+                k += run;
+            }
         }
     }
 }

@@ -67,6 +67,12 @@ typedef struct {
     size_t state_bytes;          /* per sequence: a recurrent model's state (kvpool_seq_state),
                                   * 0: none. A pool with it shares nothing between sequences
                                   * (see kvpool_seq_state) */
+    const int32_t *layer_width;  /* (n_layers) a window layer's ring row in elements (<= head_dim),
+                                  * 0 or NULL: head_dim; only read by kvpool_new. DeepSeek V4's
+                                  * layers keep rows of different widths */
+    bool ring_f32;               /* the window layers' rings (and window states) in F32 whatever
+                                  * dtype: DeepSeek V4's rings hold its compressors' running
+                                  * projections, which llama.cpp keeps in F32 */
 } kvpool_opts;
 
 typedef struct kvpool kvpool;
@@ -106,8 +112,9 @@ size_t kvpool_geom_block_bytes(const kvpool_opts *opts);
 /* Slabs per (layer, kv head) in a block: 2 (K and V) or 1 (v_is_k). */
 int kvpool_n_parts(const kvpool *p);
 /* The row geometry the pool was made with: a block's slabs are (128, head_dim) per (layer, part,
- * kv head). Not always the model's heads: a DeepSeek V4 pool has one "head" whose row is a
- * position's whole state (engine_dsv4.h); blocks, tails and handoffs take their shape from here. */
+ * kv head). Not always the model's heads: a DeepSeek V4 pool has one "head" as wide as its widest
+ * ring row, its blocks' slabs packed with compressed entries (engine_dsv4.h); blocks, tails and
+ * handoffs take their shape from here. */
 int kvpool_n_kv_heads(const kvpool *p);
 int kvpool_head_dim(const kvpool *p);
 /* Blocks that fit in `bytes` for the given geometry (at least 1). */
@@ -254,6 +261,10 @@ const uint8_t *kvpool_seq_block_key(const kvpool *p, const kvpool_seq *s, int bi
  * context. The engine writes the ring after attention (it reads a step's own keys from its
  * staging rows), so the ring needs no room for a whole prefill chunk.
  *
+ * In a v_is_k pool a ring keeps one part (K is V). With opts.ring_f32 the rings and window
+ * states are F32 whatever the blocks' dtype (DeepSeek V4: its ring rows also hold compressor
+ * projections, and its blocks hold no rows at all but packed compressed entries).
+ *
  * A sequence that attaches a prefix of P positions from blocks has the full layers' KV but not
  * the window layers' state: either kvpool_seq_window_restore copies the state at P (the window
  * cache), or kvpool_seq_window_replay says from where to recompute; positions below
@@ -265,12 +276,15 @@ int kvpool_n_block_layers(const kvpool *p);
 int kvpool_n_window_layers(const kvpool *p);
 int kvpool_window(const kvpool *p);                 /* the largest window, 0 if none */
 size_t kvpool_ring_bytes(const kvpool *p);          /* ring bytes per sequence */
-/* Bytes of a window state: (n_window_layers, 2, n_kv_heads, window) rows of the pool dtype. */
+qtype kvpool_ring_dtype(const kvpool *p);           /* the rings' elements: dtype, or F32 (ring_f32) */
+/* Bytes of a window state: per window layer (n_parts, n_kv_heads, window) rows of its width in
+ * the ring dtype. */
 size_t kvpool_window_state_bytes(const kvpool *p);
 /* Positions to recompute before P so that the window layers' state at P is exactly that of
  * the full computation: window + (n_window_layers - 1) * (window - 1). */
 int kvpool_window_exact_span(const kvpool *p);
-/* Row (head_dim elements) of window layer `layer`'s ring for position pos. */
+/* Row (head_dim elements, or the layer's opts.layer_width, of the ring dtype) of window layer
+ * `layer`'s ring for position pos (in a v_is_k pool one part: kv is ignored). */
 void *kvpool_seq_ring_row(const kvpool *p, const kvpool_seq *s, int layer, int kv, int kv_head, int pos);
 int kvpool_seq_win_lo(const kvpool_seq *s);         /* window layers see no key below it */
 int kvpool_seq_full_from(const kvpool_seq *s);      /* full layers' KV below it is in blocks */

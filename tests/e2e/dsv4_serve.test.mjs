@@ -2,11 +2,14 @@
 // `tokenmill serve` and a split cluster. A 300-token prompt crosses two 128-token blocks, the
 // 16-position window, the indexer's top-k and several compression groups. Its greedy answer and
 // top log-probabilities (printed as shortest round-trip numbers: equal text means equal floats)
-// computed cold are the reference; the same prompt answers bit-identically when its two blocks
-// are attached from the pool (and the rest copied from the tail the first request left), when
-// another prompt continues the two blocks differently, when they are loaded from the block
-// store after a restart, and
-// when a prefill worker computes it and hands it to a decode worker. Prompts sharing a
+// computed cold are the reference. The pool keeps only compressed entries in its blocks and the
+// window (raw rows, the ratio-4 carry) in each sequence's ring, whose state at a block end goes
+// to the window cache (RAM). The same prompt answers bit-identically when its two blocks are
+// attached from the pool and the window state at 256 restored from the window cache, when
+// another prompt continues the two blocks differently, when the blocks are loaded from the block
+// store after a restart (the window state gone) with `--window-replay exact`, and within a
+// stated tolerance with the default bounded replay (the last block recomputed), and when a
+// prefill worker computes it and hands it to a decode worker. Prompts sharing a
 // 200-token prefix (one block and 72 rows), sent together (batched in the same steps, the shared block computed in
 // flight) and streamed, answer what each answers alone on a fresh server.
 import { test, after } from "node:test";
@@ -33,6 +36,8 @@ const LONG2 = [...LONG.slice(0, 256), ...ids(30)];   // LONG's two blocks, then 
 const shared = ids(200);
 const SHARED = [[...shared, ...ids(40)], [...shared, ...ids(7)]];
 const ARGS = ["--ctx", "512", "--model-name", "m", "--max-seqs", "4"];
+// bounded replay against the cold run (docs/deepseek4.md has the measured figure)
+const BOUNDED_TOL = 1.0;
 
 async function complete(url, prompt, extra = {}) {
   const j = await postCompletion(url, { model: "m", prompt, max_tokens: 6, temperature: 0, logprobs: 3, ignore_eos: true,
@@ -66,18 +71,22 @@ test("deepseek4 serve: prefix reuse from the pool and from the store after a res
   const dir = path.join(tmp, "store");
   fs.mkdirSync(dir);
   let S = await startServer(model, [...ARGS, "--cache-dir", dir]);
-  assert.match(S.log, /\(deepseek4, 4 layers, ctx 512, KV f32, \d+ blocks of 1408.0 KiB per 128 tokens, a row per position/);
-  // the compressed layout's block by hand: two ratio-4 layers of 32 entries of 64 and 32 indexer
-  // entries of 64, one ratio-128 entry of 64: 8256 values, 16,512 bytes in F16
-  assert.match(S.log, /compressed layout \(not built[^)]*\) would keep 16\.1 KiB per 128-token block in F16 \(the pool's rows: 1408\.0 KiB in F32\), window states of 8\.0 KiB/);
+  // F16 by default, as for the other families. The block by hand: two ratio-4 layers of 32
+  // entries of 64 and 32 indexer entries of 64, one ratio-128 entry of 64: 8256 values, 16,512
+  // bytes in F16; the pool's rows are 576 wide (a ratio-4 ring row: 64 raw + 256 compressor +
+  // 256 indexer projections), so the entries take one (128, 576) slab: 147,456 bytes
+  assert.match(S.log, /\(deepseek4, 4 layers, ctx 512, KV f16, \d+ blocks of 144\.0 KiB per 128 tokens, compressed entries/);
+  assert.match(S.log, /deepseek4 keeps compressed entries in blocks: 16\.1 KiB per 128-token block in f16 \(144\.0 KiB padded to 1 slab\(s\) of 128 x 576\); window states of 0\.69 MiB F32/);
   const cold = await complete(S.url, LONG);
   assert.equal(cold.cached, 0);
   const warm = await complete(S.url, LONG);
-  assert.equal(warm.cached, LONG.length - 1, "two blocks attached from the pool, the rest copied from the kept tail");
+  // the blocks and the window state at 256 are reused; usage counts at most L - 134 (a window
+  // model's rule: the state restored depends on the cache holding it)
+  assert.equal(warm.cached, LONG.length - 134, "two blocks attached, the window state restored");
   assert.equal(warm.text, cold.text);
-  assert.equal(warm.top, cold.top, "logprobs after attaching the pool's blocks and the tail's rows");
+  assert.equal(warm.top, cold.top, "logprobs after attaching the pool's blocks and restoring the window state");
   const branch = await complete(S.url, LONG2);
-  assert.equal(branch.cached, 256, "LONG's two blocks attached");
+  assert.equal(branch.cached, LONG2.length - 134, "LONG's two blocks attached, its window state at 256 restored");
   assert.equal(branch.text, alone[0].text);
   assert.equal(branch.top, alone[0].top, "logprobs of another continuation of the attached blocks");
 
@@ -88,13 +97,50 @@ test("deepseek4 serve: prefix reuse from the pool and from the store after a res
   await stopServers();   // SIGTERM: the queued blocks are written
   const stat = spawnSync(bin, ["store", "stat", `dir:${dir}`], { encoding: "utf8" });
   assert.equal(stat.status, 0, stat.stderr);
-  assert.match(stat.stdout, /1408\.0 KiB: 4 layers x 1 kv head x 704, V is K \(latent\), f32: \d+ blocks/, "block size from the headers");
+  assert.match(stat.stdout, /144\.0 KiB: 1 layers x 1 kv head x 576, V is K \(latent\), f16: \d+ blocks/, "block size from the headers");
 
-  S = await startServer(model, [...ARGS, "--cache-dir", dir]);
+  // after a restart the window cache (RAM) is empty: exact replay recomputes the window from far
+  // enough back (here from 0: the exact span of 4 layers of window 128 is 509) and is
+  // bit-identical; bounded replay (the last block) is too on this model, whose 16-position window
+  // reaches only 16 + 3 x 15 = 61 positions back through its layers: the next test widens it
+  S = await startServer(model, [...ARGS, "--cache-dir", dir, "--window-replay", "exact"]);
   const restored = await complete(S.url, LONG);
-  assert.equal(restored.cached, 256, "two blocks loaded from the store");
+  assert.equal(restored.cached, LONG.length - 134, "two blocks loaded from the store");
   assert.equal(restored.text, cold.text);
-  assert.equal(restored.top, cold.top, "logprobs after loading the blocks from the store");
+  assert.equal(restored.top, cold.top, "logprobs after loading the blocks from the store, exact replay");
+  await stopServers();
+});
+
+// Bounded replay where it is an approximation: the same shape with a 64-position window (mkmodel,
+// random weights), whose raw rows at 256 depend on positions 64 + 3 x 63 = 253 back, more than the
+// replayed block. After a restart (window cache empty, blocks from the store) exact replay is
+// bit-identical to the cold run, bounded replay close to it (docs/deepseek4.md has the figure).
+test("deepseek4 serve: after a restart, exact replay is bit-identical and bounded replay within " +
+  `${BOUNDED_TOL} in log-probability`, { skip, timeout: 60000 }, async () => {
+  const model = path.join(tmp, "w64.gguf");
+  const mk = spawnSync(bin, ["mkmodel", "--arch", "deepseek4", "--window", "64", "--vocab-size", "8192", "--type", "f32",
+    "--seed", "2", "-o", model], { encoding: "utf8" });
+  assert.equal(mk.status, 0, mk.stderr);
+  const dir = path.join(tmp, "store-w64");
+  fs.mkdirSync(dir);
+  let S = await startServer(model, [...ARGS, "--cache-dir", dir]);
+  const cold = await complete(S.url, LONG);
+  await stopServers();
+  S = await startServer(model, [...ARGS, "--cache-dir", dir, "--window-replay", "exact"]);
+  const exact = await complete(S.url, LONG);
+  assert.equal(exact.cached, LONG.length - 134, "two blocks loaded from the store");
+  assert.equal(exact.top, cold.top, "exact replay");
+  await stopServers();
+  S = await startServer(model, [...ARGS, "--cache-dir", dir]);
+  const bounded = await complete(S.url, LONG);
+  assert.equal(bounded.cached, LONG.length - 134);
+  const a = JSON.parse(bounded.top), b = JSON.parse(cold.top);
+  let maxDiff = 0;
+  a.forEach((pos, i) => { for (const [tok, lp] of Object.entries(pos)) if (tok in b[i]) maxDiff = Math.max(maxDiff, Math.abs(lp - b[i][tok])); });
+  console.log(`dsv4_serve: bounded replay of the last block (window 64): max |Δ logprob| ${maxDiff.toExponential(2)} ` +
+    `over the common top tokens, greedy text ${bounded.text === cold.text ? "equal" : "differs"}`);
+  assert.notEqual(bounded.top, cold.top, "bounded replay is an approximation here");
+  assert.ok(maxDiff < BOUNDED_TOL, `bounded replay: max |Δ logprob| ${maxDiff}`);
   await stopServers();
 });
 
@@ -109,17 +155,22 @@ test("deepseek4 cluster: a prefill worker hands the prompt to a decode worker; t
     const split = await complete(url, LONG);
     assert.equal(split.text, ref.text);
     assert.equal(split.top, ref.top, "logprobs on the decode worker after the handoff");
-    // the decode worker had the whole prompt in place: two stored blocks and the 44 rows after
-    // them from the handoff's tail (not computed again); heartbeats bring the count
-    let inTok = 0;
-    for (let k = 0; k < 100 && !inTok; k++) {
+    // the decode worker had the two stored blocks in place (a pool with window layers hands off
+    // no tail: it computes the 44 positions after them), and the window state at 256 that the
+    // gateway fetched from the prefill worker (without it the bounded replay's logprobs differ);
+    // heartbeats bring the counts
+    let inTok = 0, fetched = 0;
+    for (let k = 0; k < 100 && (!inTok || !fetched); k++) {
       const m = await fetchMetrics(url);
+      inTok = 0;
       for (const [key, v] of Object.entries(m))
         if (key.startsWith("tokenmill_worker_handoff_tokens_total") && key.includes('side="receive"')) inTok += v;
-      if (!inTok) await new Promise((res) => setTimeout(res, 50));
+      fetched = m['tokenmill_gateway_window_fetches_total{result="ok"}'] ?? 0;
+      if (!inTok || !fetched) await new Promise((res) => setTimeout(res, 50));
     }
-    assert.equal(inTok, LONG.length, "positions in place on the decode worker before it decoded");
+    assert.equal(inTok, 256, "the stored blocks in place on the decode worker before it decoded");
+    assert.equal(fetched, 1, "the window state at 256 relayed from the prefill worker");
     const again = await complete(url, LONG);
-    assert.ok(again.cached >= 256, `${again.cached} cached tokens`);
+    assert.equal(again.cached, LONG.length - 134, `${again.cached} cached tokens`);
     assert.equal(again.top, ref.top, "logprobs with the blocks attached on the workers");
   });

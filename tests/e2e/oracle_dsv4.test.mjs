@@ -106,8 +106,8 @@ test('deepseek4 (gguf-py, F32): tokenmill agrees with llama.cpp past the window,
     const [ll, tm, tm1] = await Promise.all([
       run(process.execPath, [path.join(root, 'tests/oracle/llama_eval.mjs'), '-m', file, '--input', inFile,
         '--threads', '1', '--kv', 'f32'], {UV_THREADPOOL_SIZE: '1'}),
-      run(bin, ['eval', '-m', file, '--input', inFile, '--threads', '2'], {}),
-      run(bin, ['eval', '-m', file, '--input', inFile, '--threads', '1', '--batch', '7'], {}),
+      run(bin, ['eval', '-m', file, '--input', inFile, '--threads', '2', '--kv', 'f32'], {}),
+      run(bin, ['eval', '-m', file, '--input', inFile, '--threads', '1', '--batch', '7', '--kv', 'f32'], {}),
     ]);
     let maxDiff = 0;
     seqs.forEach((sq, s) => {

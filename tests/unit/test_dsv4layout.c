@@ -4,10 +4,25 @@
  * cannot hold. The block and ring counts are checked against a walk over positions that
  * applies the forward pass's rules (which position completes an entry, which rows a position
  * reads) rather than against the same closed forms.
+ *
+ * Then the layout in the engine, on a generated deepseek4 model (dsv4-tiny's 4 layers of
+ * ratios 0, 4, 128, 4 with a 64-position window, so that the last block's replay is not exact):
+ * the pool holds the entries in one slab per block and every layer in rings; the window state
+ * captured inside a long step equals the ring's after a token-by-token run; attaching the
+ * blocks and restoring it, or replaying exactly, gives logits bit-identical to computing
+ * everything; bounded replay differs; replays never write the attached blocks; a sequence in
+ * two runs of one step, and a rejected draft's few positions, compute exactly.
  */
 #include "harness.h"
 
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli/cmd.h"
+#include "engine/engine.h"
 #include "engine/engine_dsv4.h"
+#include "model/model.h"
 #include "util/util.h"
 
 /* V4-Flash (model card): 43 layers, ratios 0, 0 then 4 and 128 alternating, heads of 512,
@@ -57,9 +72,55 @@ TEST(test_flash_figures)
     CHECK(z.block * 2 == 880640);                               /* 860 KiB in F16 */
     CHECK(z.window == 43LL * 128 * 512);                        /* 5.4 MiB in F16 */
     CHECK(z.carry * 4 == 420 * 1024);                           /* 420 KiB in F32 */
-    /* today's pool: 3712 values per (layer, position) row, 77.9 MiB per block */
-    CHECK(z.rows == 3712LL * 128 * 43);
-    CHECKF(z.rows * 4 / (z.block * 2) == 92, "%lld", (long long)(z.rows * 4 / (z.block * 2)));
+    /* the pool: rows of the widest ring row (512 raw + 2 x 1024 compressor + 2 x 256 indexer),
+     * the 440,320 values packed into 2 slabs of (128, 3072) */
+    CHECK(z.width == 3072);
+    CHECK(z.n_slabs == 2);
+    CHECK(z.pool_block == 2LL * 128 * 3072);
+    /* ring rows per layer: 512 raw on ratio 0, 3072 on ratio 4, 512 + 2 x 512 on ratio 128 */
+    const int64_t per_pos = 2 * 512 + 21 * 3072 + 20 * 1536;
+    CHECK(z.pool_state == 128 * per_pos);                       /* 47.0 MiB in F32 */
+    CHECK(z.pool_ring == (128 + KVPOOL_RING_SPARE) * per_pos);  /* 49.2 MiB */
+    CHECK(z.pool_state * 4 < 64LL << 20);                       /* a cluster frame carries it */
+    /* kvpool in that geometry (engine_dsv4_kv_geometry's: the model's layers as window layers
+     * with their own ring widths, v_is_k, F32 rings, then the entry slabs) has those sizes */
+    int32_t lw[45], width[45];
+    for (int il = 0; il < 45; il++) {
+        lw[il] = il < 43 ? 128 : 0;
+        width[il] = il >= 43 ? 0 : ratio[il] == 4 ? 3072 : ratio[il] == 128 ? 1536 : 512;
+    }
+    kvpool_opts ko = { .n_layers = 45, .n_kv_heads = 1, .head_dim = z.width, .v_is_k = true, .dtype = QTYPE_F16,
+                       .n_blocks = 4, .layer_window = lw, .layer_width = width, .ring_f32 = true };
+    CHECK(kvpool_geom_block_bytes(&ko) == (size_t)z.pool_block * 2);   /* 1.5 MiB against 860 KiB */
+    kvpool *p = NULL;
+    CHECK(kvpool_new(&ko, &p) == KVPOOL_OK);
+    CHECK(kvpool_n_window_layers(p) == 43 && kvpool_n_block_layers(p) == 2 && kvpool_window(p) == 128);
+    CHECK(kvpool_ring_dtype(p) == QTYPE_F32);
+    CHECK(kvpool_ring_bytes(p) == (size_t)z.pool_ring * 4);
+    CHECK(kvpool_window_state_bytes(p) == (size_t)z.pool_state * 4);
+    /* a window state round-trips through rings of different widths, each layer's rows its own */
+    kvpool_seq *sq = kvpool_seq_new(p), *s2 = kvpool_seq_new(p);
+    CHECK(kvpool_seq_reserve(p, sq, 256) == KVPOOL_OK && kvpool_seq_reserve(p, s2, 256) == KVPOOL_OK);
+    float row[3072], back[3072];
+    for (int pos = 100; pos < 256; pos++)
+        for (int il = 0; il < 43; il++) {
+            for (int i = 0; i < width[il]; i++) row[i] = (float)(pos * 7 + il * 131 + i);
+            kvpool_seq_store(p, sq, pos, il, 0, row, NULL);
+        }
+    uint8_t *st = malloc(kvpool_window_state_bytes(p));
+    kvpool_seq_window_save(p, sq, 256, st);
+    kvpool_seq_window_restore(p, s2, 256, st);
+    bool same = true;
+    for (int pos = 128; pos < 256; pos++)
+        for (int il = 0; il < 43; il++) {
+            kvpool_seq_load(p, s2, pos, il, 0, back, back);
+            for (int i = 0; i < width[il]; i++) same &= back[i] == (float)(pos * 7 + il * 131 + i);
+        }
+    CHECK(same);
+    free(st);
+    kvpool_seq_free(p, sq);
+    kvpool_seq_free(p, s2);
+    kvpool_free(p);
     int64_t ring = 0;
     for (int il = 0; il < 43; il++) {
         int r = ratio[il];
@@ -100,13 +161,183 @@ TEST(test_bad_shapes)
     CHECK(!engine_dsv4_sizes_of(&s, &z, err, sizeof err));
     s.swa = 16, s.ratio = NULL;
     CHECK(!engine_dsv4_sizes_of(&s, &z, err, sizeof err));
-    CHECK(z.block == 0 && z.rows == 0);
+    CHECK(z.block == 0 && z.pool_block == 0);
+}
+
+enum { N = 300, V = 300, CHUNK = 100 };
+
+static char tmpdir[] = "/tmp/tm_test_dsv4layout_XXXXXX";
+
+static model *mk_model(void)
+{
+    char path[256], err[256];
+    snprintf(path, sizeof path, "%s/dsv4.gguf", tmpdir);
+    char *argv[] = { "mkmodel", "--arch", "deepseek4", "--window", "64", "--vocab-size", "300", "--type", "f32",
+                     "--seed", "5", "-o", path, NULL };
+    if (cmd_mkmodel((int)TM_ARRAY_LEN(argv) - 1, argv) != 0) return NULL;
+    model *m = NULL;
+    if (model_load(path, NULL, &m, err, sizeof err) != GGUF_OK) fprintf(stderr, "%s\n", err);
+    unlink(path);
+    return m;
+}
+
+/* Computes positions [from, N) of s in steps of `chunk`, logits of every position into out (N, V);
+ * after each step the full blocks are committed and the state captured at 256 copied into st256
+ * (when set). */
+static bool run_from(engine *e, kvpool_seq *s, const int32_t *toks, int from, int chunk, float *out, uint8_t *st256)
+{
+    kvpool *kv = engine_kvpool(e);
+    static engine_tok bt[CHUNK];
+    for (int p = from; p < N;) {
+        int n = TM_MIN(chunk, N - p);
+        for (int k = 0; k < n; k++) bt[k] = (engine_tok){ toks[p + k], p + k, s, true };
+        engine_batch b = { n, bt };
+        if (engine_step(e, &b, out + (size_t)p * V) != ENGINE_OK) return false;
+        p += n;
+        kvpool_seq_commit_full_blocks(kv, s, toks, p);
+        const engine_window_state *ws;
+        int ns = engine_window_states(e, &ws);
+        for (int i = 0; i < ns && st256; i++)
+            if (ws[i].seq == s && ws[i].end == 256) memcpy(st256, ws[i].state, kvpool_window_state_bytes(kv));
+    }
+    return true;
+}
+
+static int first_diff(const float *a, const float *b, int from)
+{
+    for (int p = from; p < N; p++)
+        if (memcmp(a + (size_t)p * V, b + (size_t)p * V, V * sizeof(float))) return p;
+    return -1;
+}
+
+TEST(test_engine_window)
+{
+    model *m = mk_model();
+    CHECK(m != NULL);
+    if (!m) return;
+    engine_opts eo = { .n_threads = 2, .n_kv_blocks = 16, .max_batch_tokens = CHUNK, .kv_type = ENGINE_KV_F16 };
+    engine *e = NULL;
+    char err[256];
+    CHECK(engine_new(m, &eo, &e, err, sizeof err) == ENGINE_OK);
+    if (!e) {
+        model_free(m);
+        return;
+    }
+    kvpool *kv = engine_kvpool(e);
+    engine_dsv4_sizes z;
+    engine_dsv4_model_sizes(m, &z);
+    CHECK(z.width == 576 && z.n_slabs == 1 && z.block == 2 * 32 * (64 + 64) + 64);
+    CHECK(z.pool_state == 128 * (64 + 576 + 192 + 576));
+    CHECK(kvpool_n_window_layers(kv) == 4 && kvpool_n_block_layers(kv) == 1 && kvpool_window(kv) == 128);
+    CHECK(kvpool_dtype(kv) == QTYPE_F16 && kvpool_ring_dtype(kv) == QTYPE_F32);
+    CHECK(kvpool_block_bytes(kv) == (size_t)z.pool_block * 2);
+    CHECK(kvpool_window_state_bytes(kv) == (size_t)z.pool_state * 4);
+    /* a quantised cache is refused for V4 */
+    engine *q = NULL;
+    eo.kv_type = ENGINE_KV_Q8_0;
+    CHECK(engine_new(m, &eo, &q, err, sizeof err) != ENGINE_OK && strstr(err, "deepseek4"));
+    eo.kv_type = ENGINE_KV_F16;
+
+    int32_t toks[N];
+    for (int i = 0; i < N; i++) toks[i] = (i * 37 + i * i / 3 + 5) % V;
+    static float ref[N * V], got[N * V];
+    const size_t sb = kvpool_window_state_bytes(kv);
+    uint8_t *st = malloc(sb), *saved = malloc(sb);
+    memset(st, 0xff, sb);
+
+    /* the reference in 100-token steps: the state at 256 is captured inside the step 200..299 */
+    kvpool_seq *a = kvpool_seq_new(kv);
+    CHECK(run_from(e, a, toks, 0, CHUNK, ref, st));
+    /* token by token up to 256: the ring then holds the same state */
+    kvpool_seq *t = kvpool_seq_new(kv);
+    for (int p = 0; p < 256; p++) {
+        engine_tok bt = { toks[p], p, t, false };
+        engine_batch b = { 1, &bt };
+        CHECK(engine_step(e, &b, NULL) == ENGINE_OK);
+    }
+    kvpool_seq_window_save(kv, t, 256, saved);
+    CHECKF(!memcmp(saved, st, sb), "the state captured inside a 100-token step differs from the ring's");
+    kvpool_seq_free(kv, t);
+
+    /* attach the 2 blocks, restore the state at 256: identical logits */
+    kvpool_seq *b = kvpool_seq_new(kv);
+    CHECK(kvpool_seq_attach_prefix(kv, b, toks, N) == 256);
+    kvpool_seq_window_restore(kv, b, 256, st);
+    CHECK(run_from(e, b, toks, 256, CHUNK, got, NULL));
+    int d = first_diff(ref, got, 256);
+    CHECKF(d < 0, "window state restored: position %d differs", d);
+    kvpool_seq_free(kv, b);
+
+    /* exact replay (here from 0: the span 128 + 3 x 127 is longer than 256): identical */
+    kvpool_seq *c = kvpool_seq_new(kv);
+    CHECK(kvpool_seq_attach_prefix(kv, c, toks, N) == 256);
+    int from = kvpool_seq_window_replay(kv, c, 256, true);
+    CHECK(from == 0);
+    CHECK(run_from(e, c, toks, from, CHUNK, got, NULL));
+    d = first_diff(ref, got, 256);
+    CHECKF(d < 0, "exact replay: position %d differs", d);
+    kvpool_seq_free(kv, c);
+
+    /* bounded replay, the last block: an approximation (the window reaches 253 back) */
+    kvpool_seq *bd = kvpool_seq_new(kv);
+    CHECK(kvpool_seq_attach_prefix(kv, bd, toks, N) == 256);
+    from = kvpool_seq_window_replay(kv, bd, 256, false);
+    CHECK(from == 128 && kvpool_seq_win_lo(bd) == 128);
+    CHECK(run_from(e, bd, toks, from, 7, got, NULL));
+    d = first_diff(ref, got, 256);
+    CHECKF(d == 256, "bounded replay should differ at 256 (first diff %d)", d);
+    kvpool_seq_free(kv, bd);
+
+    /* the attached blocks were not written by the replays */
+    kvpool_seq *r2 = kvpool_seq_new(kv);
+    CHECK(kvpool_seq_attach_prefix(kv, r2, toks, N) == 256);
+    kvpool_seq_window_restore(kv, r2, 256, st);
+    CHECK(run_from(e, r2, toks, 256, CHUNK, got, NULL));
+    CHECK(first_diff(ref, got, 256) < 0);
+    kvpool_seq_free(kv, r2);
+
+    /* a sequence in two runs of one step reads the first run's raw rows from the step */
+    kvpool_seq *x = kvpool_seq_new(kv), *y = kvpool_seq_new(kv);
+    static engine_tok split[CHUNK];
+    int ns = 0;
+    for (int p = 0; p < 50; p++) split[ns++] = (engine_tok){ toks[p], p, x, true };
+    split[ns++] = (engine_tok){ toks[0], 0, y, true };
+    for (int p = 50; p < 99; p++) split[ns++] = (engine_tok){ toks[p], p, x, true };
+    static float lsplit[CHUNK * V];
+    engine_batch sb2 = { ns, split };
+    CHECK(engine_step(e, &sb2, lsplit) == ENGINE_OK);
+    bool same = true;
+    for (int k = 0; k < ns; k++)
+        if (split[k].seq == x) same &= !memcmp(lsplit + (size_t)k * V, ref + (size_t)split[k].pos * V, V * sizeof(float));
+    CHECKF(same, "a sequence split in two runs of one step differs from computing it alone");
+    kvpool_seq_reset(kv, x);
+    engine_tok gap[2] = { { toks[0], 0, x, false }, { toks[5], 5, x, false } };
+    engine_batch tb = { 2, gap };
+    CHECK(engine_step(e, &tb, NULL) == ENGINE_ERR_ARG);
+    kvpool_seq_free(kv, x);
+    kvpool_seq_free(kv, y);
+
+    /* going back 6 positions (a rejected draft) recomputes exactly; further is refused */
+    engine_tok back = { toks[N - 6], N - 6, a, true };
+    engine_batch bb = { 1, &back };
+    CHECK(engine_step(e, &bb, got) == ENGINE_OK && !memcmp(got, ref + (size_t)(N - 6) * V, V * sizeof(float)));
+    back = (engine_tok){ toks[10], 10, a, true };
+    CHECK(engine_step(e, &bb, got) == ENGINE_ERR_ARG);
+
+    kvpool_seq_free(kv, a);
+    free(st);
+    free(saved);
+    engine_free(e);
+    model_free(m);
 }
 
 int main(void)
 {
+    if (!mkdtemp(tmpdir)) return 1;
     RUN(test_flash_figures);
     RUN(test_small_window);
     RUN(test_bad_shapes);
+    RUN(test_engine_window);
+    rmdir(tmpdir);
     HARNESS_END();
 }
