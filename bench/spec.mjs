@@ -59,7 +59,7 @@ const o = parseArgs("bench/spec", [
   { name: "--draft-layers", kind: "number", default: 7, help: "the self-speculation configuration's --draft-layers" },
   { name: "--no-llama", key: "llama", kind: "flag", value: false, default: true, help: "tokenmill only" },
   { name: "--reps", kind: "number", default: 1, help: "rounds over the configurations (each round runs them all in order; the table shows medians)" },
-  { name: "--configs", kind: "list", default: null, help: "only these configurations: none, k1..k5, adaptive, self, self-k1, draft, draft-k1, dspark, dspark-k5, dflash, mtp (default all but mtp)" },
+  { name: "--configs", kind: "list", default: null, help: "only these configurations: none, k1..k5, adaptive, self, self-k1, draft, draft-k1, dspark, dspark-k5, dflash, dspark-echo, dspark-echo-k5, mtp (default all but mtp)" },
   { name: "--json", arg: "OUT.json", default: null, help: "write the figures there too" },
   { name: "--workload", choices: ["quote", "mixed"], default: "quote", help: "quote: every stream greedy; mixed: every other stream samples at --mixed-temperature (seeded)" },
   { name: "--mixed-temperature", arg: "T", kind: "number", default: 2, help: "the sampled streams' temperature in --workload mixed" },
@@ -205,6 +205,20 @@ function dsparkDrafter() {
   if (r.status !== 0) throw new Error(r.stderr);
   return dsparkFile;
 }
+// dspark-echo / dspark-echo-k5: bench/dspark_echo.py's drafter for the preset, whose Markov head
+// drafts the anchor again at every slot: drafts a target caught in a loop of period 1 accepts,
+// so adaptive and verify-all-5 are compared on drafts that pass some of the time.
+const echoFile = path.join(root, "bench/out", `${o.preset}-${o.type}-dspark-echo-s1.gguf`);
+function echoDrafter() {
+  if (fs.existsSync(echoFile)) return echoFile;
+  const py = ["python3", "/usr/bin/python3"].find((p) => spawnSync(p, ["-c", "import numpy"]).status === 0);
+  if (!py) throw new Error("the dspark-echo configurations need python3 with numpy (bench/dspark_echo.py)");
+  const args = [path.join(root, "bench/dspark_echo.py"), "--target", model, "-o", echoFile];
+  log(`${py} ${args.join(" ")}`);
+  const r = spawnSync(py, args, { cwd: root, encoding: "utf8" });
+  if (r.status !== 0) throw new Error(r.stderr);
+  return echoFile;
+}
 const lazy = (f) => ({ lazy: f });
 // MTP (--configs mtp): the model's own MTP layers, adaptive; a preset with them
 // (deepseek-v2-lite-mtp) is needed, others refuse --spec mtp at start.
@@ -212,10 +226,12 @@ configs.push(["mtp", "MTP layers adaptive", ["--spec", "mtp"]]);
 configs.push(["dspark", "DSpark adaptive", lazy(() => ["--draft", dsparkDrafter(), "--spec", "dspark"])]);
 configs.push(["dspark-k5", "DSpark verify-all-5", lazy(() => ["--draft", dsparkDrafter(), "--spec", "dspark", "--spec-fixed", "5"])]);
 configs.push(["dflash", "DFlash adaptive (no confidence)", lazy(() => ["--draft", dsparkDrafter(), "--spec", "dflash"])]);
+configs.push(["dspark-echo", "DSpark echo adaptive", lazy(() => ["--draft", echoDrafter(), "--spec", "dspark"])]);
+configs.push(["dspark-echo-k5", "DSpark echo verify-all-5", lazy(() => ["--draft", echoDrafter(), "--spec", "dspark", "--spec-fixed", "5"])]);
 if (o.configs) {
   const unknown = o.configs.filter((c) => !configs.some(([id]) => id === c));
   if (unknown.length) {
-    console.error(`bench/spec: --configs: no configuration ${unknown.join(", ")} (none, k1..k5, adaptive, self, self-k1, draft, draft-k1, dspark, dspark-k5, dflash, mtp)`);
+    console.error(`bench/spec: --configs: no configuration ${unknown.join(", ")} (none, k1..k5, adaptive, self, self-k1, draft, draft-k1, dspark, dspark-k5, dflash, dspark-echo, dspark-echo-k5, mtp)`);
     process.exit(2);
   }
   configs = configs.filter(([id]) => id === "none" || o.configs.includes(id));   /* the ratios need none */
