@@ -80,11 +80,12 @@ test("a seeded sampled answer is the same with DSpark speculation", { skip }, as
 // draft of it is accepted and the acceptance rule is never exercised; bench/dspark_echo.py's
 // drafter drafts the anchor again at every slot (its Markov head made the identity), and with
 // the logits biased onto three tokens, where a sampled token is often the one before it again,
-// about half of its drafts pass. Seeded completions of 4 tokens at temperature 2 are drawn from
+// about 60 % of its drafts pass. Seeded completions of 4 tokens at temperature 2 are drawn from
 // the target alone (seeds 1..n) and through DSpark and DFlash verifying 3 (other seeds), and a
 // two-sample chi-square test over the 4-token outcomes must not tell them apart at 0.1 %. The
 // seeds are fixed, so the statistics are the same on every run. Checked to fail when a rejected
-// draft is given a second draw from the target (the biased rule of test_spec's chi-square test).
+// draft is given a second chance (a second draw from the target that keeps the draft if it comes
+// out, counting its mass twice as test_spec's wrong rule does).
 const echoScript = path.join(root, "bench/dspark_echo.py");
 const echoFiles = oracleFiles([echoScript, script, path.join(root, "tests/oracle/gguf_common.py")]);
 
