@@ -16,12 +16,16 @@ const root = path.resolve(import.meta.dirname, '..');
 // its o200k vocabulary from the npm package, vocabPath, instead of llama.cpp's test data;
 // qwen3-0.6b-l4: Qwen3-0.6B's shape cut to 4 layers, for the drafter rows of bench/spec on a
 // shared 2-core machine; deepseek-v2-lite-mtp: the 4-layer DeepSeek-V2-Lite cut with one MTP
-// layer, for bench/spec's mtp row)
+// layer, for bench/spec's mtp row; qwen3-tiny: the e2e tests' random qwen3 of 4 layers, width 256
+// and mkmodel's own 2048-token vocabulary, for bench/spec's dspark-echo rows, whose greedy
+// outputs repeat their last token often enough for bench/dspark_echo.py's drafts to pass)
 export const benchPresets = {
   'qwen3-0.6b': {arch: 'qwen3', vocab: 'ggml-vocab-qwen2.gguf'},
   'qwen3-0.6b-l4': {arch: 'qwen3', preset: 'qwen3-0.6b', vocab: 'ggml-vocab-qwen2.gguf', extra: ['--layers', '4']},
   'deepseek-v2-lite-mtp': {arch: 'deepseek2', preset: 'deepseek-v2-lite', vocab: 'ggml-vocab-deepseek-llm.gguf',
     extra: ['--layers', '4', '--nextn', '1']},
+  'qwen3-tiny': {arch: 'qwen3', preset: 'qwen3-0.6b', extra: ['--layers', '4', '--dim', '256', '--ffn', '512', '--heads', '4',
+    '--kv-heads', '2', '--head-dim', '64', '--vocab-size', '2048', '--tied']},
   'llama3.2-1b': {arch: 'llama', vocab: 'ggml-vocab-llama-bpe.gguf'},
   'qwen3-30b-a3b': {arch: 'qwen3moe', vocab: 'ggml-vocab-qwen2.gguf', extra: ['--layers', '4']},
   'deepseek-v2-lite': {arch: 'deepseek2', vocab: 'ggml-vocab-deepseek-llm.gguf', extra: ['--layers', '4']},
@@ -57,10 +61,10 @@ export function benchModel(preset, type, {tokenmill = path.join(root, 'build/tok
   if (!p) throw new Error(`unknown bench model preset '${preset}' (${Object.keys(benchPresets).join(', ')})`);
   const outDir = path.join(root, 'bench/out');
   fs.mkdirSync(outDir, {recursive: true});
-  const vocab = p.vocabPath ?? path.join('tests/data/llama.cpp/models', p.vocab);
+  const vocab = p.vocabPath ?? (p.vocab ? path.join('tests/data/llama.cpp/models', p.vocab) : null);   // null: mkmodel's own
   const file = path.join('bench/out', `${preset}-${type}-s1.gguf`);
   const args = ['mkmodel', '--arch', p.arch, '--preset', p.preset ?? preset, ...(p.extra ?? []), '--type', type, '--seed', '1'];
-  if (fs.existsSync(path.join(root, vocab))) args.push('--vocab', vocab);
+  if (vocab && fs.existsSync(path.join(root, vocab))) args.push('--vocab', vocab);
   args.push('-o', file);
   const key = JSON.stringify({args, src: mkmodelSourceHash()});
   const abs = path.join(root, file), keyFile = abs + '.args';

@@ -59,7 +59,7 @@ const o = parseArgs("bench/spec", [
   { name: "--draft-layers", kind: "number", default: 7, help: "the self-speculation configuration's --draft-layers" },
   { name: "--no-llama", key: "llama", kind: "flag", value: false, default: true, help: "tokenmill only" },
   { name: "--reps", kind: "number", default: 1, help: "rounds over the configurations (each round runs them all in order; the table shows medians)" },
-  { name: "--configs", kind: "list", default: null, help: "only these configurations: none, k1..k5, adaptive, self, self-k1, draft, draft-k1, dspark, dspark-k5, dflash, mtp (default all but mtp)" },
+  { name: "--configs", kind: "list", default: null, help: "only these configurations: none, k1..k5, adaptive, self, self-k1, draft, draft-k1, dspark, dspark-k5, dflash, dspark-echo, dspark-echo-k5, mtp (default all but mtp)" },
   { name: "--json", arg: "OUT.json", default: null, help: "write the figures there too" },
   { name: "--workload", choices: ["quote", "mixed"], default: "quote", help: "quote: every stream greedy; mixed: every other stream samples at --mixed-temperature (seeded)" },
   { name: "--mixed-temperature", arg: "T", kind: "number", default: 2, help: "the sampled streams' temperature in --workload mixed" },
@@ -68,13 +68,21 @@ const o = parseArgs("bench/spec", [
 const log = (s) => console.error(`bench/spec: ${s}`);
 
 const model = benchModel(o.preset, o.type, { log });
+// The draft model: the preset cut to 2 layers (its other shape options kept), other random
+// weights; made when a configuration or llama.cpp's run needs it.
 const draft = path.join(root, "bench/out", `${o.preset}-${o.type}-2layers-s2.gguf`);
-if (!fs.existsSync(draft)) {
+function draftModel() {
+  if (fs.existsSync(draft)) return draft;
   const vocab = fs.readFileSync(model + ".args", "utf8").match(/"--vocab","([^"]+)"/)?.[1];
-  const args = ["mkmodel", "--preset", benchPresets[o.preset].preset ?? o.preset, "--layers", "2", "--type", o.type, "--seed", "2", ...(vocab ? ["--vocab", vocab] : []), "-o", draft];
+  const extra = benchPresets[o.preset].extra ?? [], shape = [];
+  for (let i = 0; i < extra.length; i++)
+    if (extra[i] === "--layers" || extra[i] === "--nextn") i++;   /* and its value */
+    else shape.push(extra[i]);
+  const args = ["mkmodel", "--preset", benchPresets[o.preset].preset ?? o.preset, ...shape, "--layers", "2", "--type", o.type, "--seed", "2", ...(vocab ? ["--vocab", vocab] : []), "-o", draft];
   log(`${bin} ${args.join(" ")}`);
   const r = spawnSync(bin, args, { cwd: root, encoding: "utf8" });
   if (r.status !== 0) throw new Error(r.stderr);
+  return draft;
 }
 
 // A tool result of 20 lines, different per stream, then the request to quote it.
@@ -184,13 +192,14 @@ async function runConfig(id, name, args, round) {
   return rows;
 }
 
+const lazy = (f) => ({ lazy: f });   // arguments made when the configuration runs (a file to write first)
 let configs = [["none", "none", []]];
 for (let k = 1; k <= 5; k++) configs.push([`k${k}`, `ngram K=${k}`, ["--spec", "ngram", "--spec-fixed", String(k)]]);
 configs.push(["adaptive", "ngram adaptive", ["--spec", "ngram"]]);
 configs.push(["self", `self --draft-layers ${o.draftLayers}`, ["--draft-layers", String(o.draftLayers)]]);
 configs.push(["self-k1", `self --draft-layers ${o.draftLayers} K=1`, ["--draft-layers", String(o.draftLayers), "--spec-fixed", "1"]]);
-configs.push(["draft", "draft model (2 layers)", ["--draft", draft]]);
-configs.push(["draft-k1", "draft model (2 layers) K=1", ["--draft", draft, "--spec-fixed", "1"]]);
+configs.push(["draft", "draft model (2 layers)", lazy(() => ["--draft", draftModel()])]);
+configs.push(["draft-k1", "draft model (2 layers) K=1", lazy(() => ["--draft", draftModel(), "--spec-fixed", "1"])]);
 // DSpark / DFlash (--configs dspark,dspark-k5,dflash): a random drafter for the preset written by
 // tests/oracle/gguf_dflash.py (python3 with numpy): 2 layers reading the target's layers 1 and
 // L-1, a Markov head of rank 16 and a confidence head; adaptive and verifying all 5.
@@ -205,17 +214,32 @@ function dsparkDrafter() {
   if (r.status !== 0) throw new Error(r.stderr);
   return dsparkFile;
 }
-const lazy = (f) => ({ lazy: f });
+// dspark-echo / dspark-echo-k5: bench/dspark_echo.py's drafter for the preset, whose Markov head
+// drafts the anchor again at every slot: drafts a target caught in a loop of period 1 accepts,
+// so adaptive and verify-all-5 are compared on drafts that pass some of the time.
+const echoFile = path.join(root, "bench/out", `${o.preset}-${o.type}-dspark-echo-s1.gguf`);
+function echoDrafter() {
+  if (fs.existsSync(echoFile)) return echoFile;
+  const py = ["python3", "/usr/bin/python3"].find((p) => spawnSync(p, ["-c", "import numpy"]).status === 0);
+  if (!py) throw new Error("the dspark-echo configurations need python3 with numpy (bench/dspark_echo.py)");
+  const args = [path.join(root, "bench/dspark_echo.py"), "--target", model, "-o", echoFile];
+  log(`${py} ${args.join(" ")}`);
+  const r = spawnSync(py, args, { cwd: root, encoding: "utf8" });
+  if (r.status !== 0) throw new Error(r.stderr);
+  return echoFile;
+}
 // MTP (--configs mtp): the model's own MTP layers, adaptive; a preset with them
 // (deepseek-v2-lite-mtp) is needed, others refuse --spec mtp at start.
 configs.push(["mtp", "MTP layers adaptive", ["--spec", "mtp"]]);
 configs.push(["dspark", "DSpark adaptive", lazy(() => ["--draft", dsparkDrafter(), "--spec", "dspark"])]);
 configs.push(["dspark-k5", "DSpark verify-all-5", lazy(() => ["--draft", dsparkDrafter(), "--spec", "dspark", "--spec-fixed", "5"])]);
 configs.push(["dflash", "DFlash adaptive (no confidence)", lazy(() => ["--draft", dsparkDrafter(), "--spec", "dflash"])]);
+configs.push(["dspark-echo", "DSpark echo adaptive", lazy(() => ["--draft", echoDrafter(), "--spec", "dspark"])]);
+configs.push(["dspark-echo-k5", "DSpark echo verify-all-5", lazy(() => ["--draft", echoDrafter(), "--spec", "dspark", "--spec-fixed", "5"])]);
 if (o.configs) {
   const unknown = o.configs.filter((c) => !configs.some(([id]) => id === c));
   if (unknown.length) {
-    console.error(`bench/spec: --configs: no configuration ${unknown.join(", ")} (none, k1..k5, adaptive, self, self-k1, draft, draft-k1, dspark, dspark-k5, dflash, mtp)`);
+    console.error(`bench/spec: --configs: no configuration ${unknown.join(", ")} (none, k1..k5, adaptive, self, self-k1, draft, draft-k1, dspark, dspark-k5, dflash, dspark-echo, dspark-echo-k5, mtp)`);
     process.exit(2);
   }
   configs = configs.filter(([id]) => id === "none" || o.configs.includes(id));   /* the ratios need none */
@@ -330,7 +354,7 @@ if (o.llama) {
   const { getLlama, LlamaCompletion, InputLookupTokenPredictor, DraftSequenceTokenPredictor } = await import("node-llama-cpp");
   const L = await getLlama({ gpu: false, logLevel: "error" });
   const target = await L.loadModel({ modelPath: model });
-  const dm = await L.loadModel({ modelPath: draft });
+  const dm = await L.loadModel({ modelPath: draftModel() });
   const ctxSize = 2048;
   async function once(name, mkPredictor) {
     const ctx = await target.createContext({ contextSize: ctxSize, threads: o.threads, sequences: 1 });

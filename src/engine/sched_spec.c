@@ -194,8 +194,24 @@ static int sched_spec_model_len(sched *s, int d, sched_req *r, int nt, int kmax,
     bool unproven = !spec_seq_proven(&s->spec_all[SCHED_DRAFTER_SRC(d)]) && r->draft.done[d] == 0;
     if (unproven && !affordable) return 0;
     bool probe = *probe_due && affordable;
-    int k = spec_seq_draft_len(q, kmax, min_gain, probe);
-    if (k > 0 && (unproven || (probe && q->rate[0] < min_gain))) {   /* this request probes */
+    int k;
+    bool worth;
+    if (specdraft_follows(dr->sd) && !specdraft_is_mtp(dr->sd)) {
+        /* a block drafter (dflash) drafts the whole block in one pass, so each further token
+         * costs nothing more to draft: it drafts when the accepted tokens its longest draft is
+         * expected to yield pay for the pass, and then all of them (the verify count chooses how
+         * many to verify); priced a pass per token, its drafts stopped at the first position
+         * whose running acceptance fell below the pass's cost */
+        int n = TM_MIN(kmax, SPEC_MAX_K);
+        double g = 1, yield = 0;
+        for (int j = 0; j < n; j++) yield += (g *= q->rate[j]);
+        worth = yield >= min_gain;
+        k = worth || probe ? n : 0;
+    } else {
+        k = spec_seq_draft_len(q, kmax, min_gain, probe);
+        worth = q->rate[0] >= min_gain;
+    }
+    if (k > 0 && (unproven || (probe && !worth))) {   /* this request probes */
         *probe_due = false;
         dr->probe_t = now;
         spec_probe_taken(&dr->probe);

@@ -5,6 +5,8 @@
 // answer, are the same text as without speculation (DSpark adaptive, DSpark verifying 5 with
 // --spec-p-min, DFlash), drafts are verified and counted as the draft model's ("model"), a
 // decode worker behind a gateway drafts with it too, and bad options are refused at start.
+// Sampled outputs through DSpark and DFlash are distributed as the target's alone (a
+// two-sample chi-square test on a drafter whose drafts pass: bench/dspark_echo.py).
 // Needs python3 with numpy; skipped without it. The drafters are cached under tests/data/gen/.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
@@ -71,6 +73,81 @@ test("a seeded sampled answer is the same with DSpark speculation", { skip }, as
     const want = await complete(plain, c, extra);
     assert.equal(await complete(fixed, c, extra), want, `prompt ${c}, dspark`);
     assert.equal(await complete(plainDf, c, extra), want, `prompt ${c}, dflash`);
+  }
+});
+
+// The distribution of sampled outputs. A random drafter's tokens are never the target's, so no
+// draft of it is accepted and the acceptance rule is never exercised; bench/dspark_echo.py's
+// drafter drafts the anchor again at every slot (its Markov head made the identity), and with
+// the logits biased onto three tokens, where a sampled token is often the one before it again,
+// about 60 % of its drafts pass. Seeded completions of 4 tokens at temperature 2 are drawn from
+// the target alone (seeds 1..n) and through DSpark and DFlash verifying 3 (other seeds), and a
+// two-sample chi-square test over the 4-token outcomes must not tell them apart at 0.1 %. The
+// seeds are fixed, so the statistics are the same on every run. Checked to fail when a rejected
+// draft is given a second chance (a second draw from the target that keeps the draft if it comes
+// out, counting its mass twice as test_spec's wrong rule does).
+const echoScript = path.join(root, "bench/dspark_echo.py");
+const echoFiles = oracleFiles([echoScript, script, path.join(root, "tests/oracle/gguf_common.py")]);
+
+// The 0.1 % critical value of chi-square with df degrees of freedom (Wilson-Hilferty).
+const chiCrit = (df) => df * (1 - 2 / (9 * df) + 3.0902 * Math.sqrt(2 / (9 * df))) ** 3;
+
+// The two-sample statistic of outcome counts a and b (Maps, equal totals); cells whose pooled
+// count is under 10 are pooled into one.
+function chiTwoSample(a, b) {
+  const cells = new Map();
+  for (const [m, side] of [[a, 0], [b, 1]])
+    for (const [k, n] of m) {
+      if (!cells.has(k)) cells.set(k, [0, 0]);
+      cells.get(k)[side] += n;
+    }
+  const merged = [], rest = [0, 0];
+  for (const c of cells.values()) {
+    if (c[0] + c[1] >= 10) merged.push(c);
+    else rest[0] += c[0], rest[1] += c[1];
+  }
+  if (rest[0] + rest[1] > 0) merged.push(rest);
+  let x2 = 0;
+  for (const [x, y] of merged) {
+    const e = (x + y) / 2;
+    x2 += ((x - e) ** 2 + (y - e) ** 2) / e;
+  }
+  return { x2, df: merged.length - 1 };
+}
+
+test("sampled outputs through DSpark and DFlash are distributed as the target's alone (chi-square)", { skip: skip || echoFiles.skip, timeout: 300000 }, async (t) => {
+  const echo = echoFiles.cached("dspark-echo", (tmp) => run(echoFiles.python, [echoScript, "--target", target, "-o", tmp]));
+  const common = ["--threads", "1", "--max-seqs", "8", "--cache", "off"];
+  const [ds, df] = await Promise.all([
+    startServer(target, [...common, "--draft", echo, "--spec", "dspark", "--spec-fixed", "3"]),
+    startServer(target, [...common, "--draft", echo, "--spec", "dflash", "--spec-fixed", "3"]),
+  ]);
+  const n = 480, biased = { 400: 100, 500: 100, 600: 100 };
+  const draw = async (S, seed0) => {
+    const counts = new Map();
+    for (let i = 0; i < n; i += 8) {
+      const js = await Promise.all(Array.from({ length: 8 }, (_, k) => postCompletion(S.url, {
+        model: path.basename(target, ".gguf"), prompt: [5, 6, 7, 8, 9, 10], max_tokens: 4, ignore_eos: true,
+        temperature: 2, seed: seed0 + i + k, logit_bias: biased })));
+      for (const j of js) {
+        assert.equal(j.usage.completion_tokens, 4);
+        counts.set(j.choices[0].text, (counts.get(j.choices[0].text) ?? 0) + 1);
+      }
+    }
+    return counts;
+  };
+  const want = await draw(plain, 1);
+  for (const [name, S, seed0] of [["dspark", ds, 1 + n], ["dflash", df, 1 + 2 * n]]) {
+    const got = await draw(S, seed0);
+    const m = await fetchMetrics(S.url);
+    const verified = m.tokenmill_spec_verified_tokens_total, accepted = m.tokenmill_spec_accepted_tokens_total;
+    // the rule is exercised both ways: drafts kept and drafts rejected, many of each
+    assert.ok(accepted > n / 4 && verified - accepted > n / 4, `${name}: ${accepted} of ${verified} drafts accepted`);
+    const { x2, df: dof } = chiTwoSample(want, got);
+    t.diagnostic(`${name}: ${accepted} of ${verified} drafts accepted; chi-square ${x2.toFixed(1)}, ${dof} degrees of freedom, bound ${chiCrit(dof).toFixed(1)}`);
+    assert.ok(dof >= 4, `${name}: ${dof} degrees of freedom`);
+    assert.ok(x2 < chiCrit(dof), `${name}: chi-square ${x2.toFixed(1)} over ${dof} degrees of freedom, 0.1 % bound ${chiCrit(dof).toFixed(1)}: ` +
+      `target ${JSON.stringify([...want])}, ${name} ${JSON.stringify([...got])}`);
   }
 });
 
