@@ -21,7 +21,8 @@
 #define BLOCKKEY_TOKENS 128  /* tokens per block */
 #define BLOCKKEY_BYTES  32   /* SHA-256 */
 #define BLOCKKEY_HEX    65   /* 64 hex digits + NUL */
-#define BLOCKKEY_KV_VERSION 2 /* bump when the engine's K/V values change (see above) */
+#define BLOCKKEY_KV_VERSION 3 /* bump when the engine's K/V values change (see above); 3: a
+                              * deepseek4 block holds compressed entries, not rows */
 
 /* Pool fingerprint from the model fingerprint, the KV element type (a qtype value) and
  * BLOCKKEY_KV_VERSION. */
