@@ -17,6 +17,12 @@
  * 4x on global ones, and the attention's arithmetic grows alike. Per-layer row shapes in the
  * pool would remove it; they are not done.
  *
+ * A shared KV layer (model.h's kv_shared) computes only its queries here; engine_step.c's
+ * attention reads its source layer's K/V (engine_job.kv_layer), and the pool keeps none for it.
+ *
+ * Also Gemma 4's FFN with experts beside the shared MLP, and its per-layer embeddings (below):
+ * their inputs in g4_mlp and g4_pl, engine_new's.
+ *
  * Rows of a step are split among threads as engine_job_qkv_post splits them; each thread
  * touches only its own rows of g4, q, k and v. Nothing is allocated here.
  */

@@ -62,7 +62,7 @@ const SHAPES = {phi3: {quant: 'q8_0'}, 'phi3-long': {}, mistral3: {quant: 'q8_0'
   // its experts (8 of 64, 2 used, gate and up fused) and its E2B features (per-layer embeddings
   // of 16; 2 shared KV layers of 8: window layers 6 and 7 read layer 4's K/V)
   'mkmodel-gemma4-moe': {mkmodel: ['--arch', 'gemma4', '--layers', '8', '--heads', '8', '--kv-heads', '4', '--head-dim', '32',
-    '--window', '16', '--ctx', '4096', '--experts', '8', '--experts-used', '2', '--expert-ffn', '64'], tol: GELU_TOL},
+    '--window', '16', '--ctx', '4096', '--experts', '8', '--experts-used', '2', '--expert-ffn', '64'], tol: GELU_TOL, quant: 'q8_0'},
   'mkmodel-gemma4-e': {mkmodel: ['--arch', 'gemma4', '--layers', '8', '--heads', '8', '--kv-heads', '4', '--head-dim', '32',
     '--window', '16', '--ctx', '4096', '--per-layer-embd', '16', '--shared-kv-layers', '2'], tol: 2 * GELU_TOL},   // as gemma4-e: 1.6e-2
   // mkmodel's mistral3 with an original context of 512 / 16 = 32: two temperature steps in the prompts
