@@ -215,6 +215,8 @@ typedef struct {
     const char *type;       /* --type */
     uint64_t seed;
     int n_threads;
+    int n_pl;               /* gemma4: per-layer embedding width (E2B/E4B's), 0: none */
+    int n_shared_kv;        /* gemma4: layers at the end that read an earlier layer's K/V */
 } mk_opts;
 
 /* ---- vocabulary ------------------------------------------------------------------------ */
@@ -1064,8 +1066,8 @@ static void mk_gemma4_keys(gguf_writer *w, const mk_opts *o)
     gguf_writer_set_u32(w, "gemma4.rope.dimension_count_swa", (uint32_t)o->head_dim);
     gguf_writer_set_f32(w, "gemma4.rope.freq_base_swa", 10000.0f);
     gguf_writer_set_f32(w, "gemma4.final_logit_softcapping", 30.0f);
-    gguf_writer_set_u32(w, "gemma4.attention.shared_kv_layers", 0);
-    gguf_writer_set_u32(w, "gemma4.embedding_length_per_layer_input", 0);
+    gguf_writer_set_u32(w, "gemma4.attention.shared_kv_layers", (uint32_t)o->n_shared_kv);
+    gguf_writer_set_u32(w, "gemma4.embedding_length_per_layer_input", (uint32_t)o->n_pl);
 }
 
 static void mk_ffn(mk_model *m, int l, qtype down_t);
@@ -1089,7 +1091,25 @@ static void mk_gemma4_layer(mk_model *m, int l)
     mk_add(m, MK_T("ffn_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, dim, 1);
     mk_add(m, MK_T("post_ffw_norm.weight"), MK_INIT_NORM, 0.3f, QTYPE_F32, 1, dim, 1);
     mk_add(m, MK_T("layer_output_scale.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, 1, 1);
-    mk_ffn(m, l, base);
+    mk_add(m, MK_T("ffn_gate.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 2, dim, o->ffn);
+    mk_add(m, MK_T("ffn_up.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 2, dim, o->ffn);
+    mk_add(m, MK_T("ffn_down.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)o->ffn), base, 2, o->ffn, dim);
+    if (o->n_expert > 0) {   /* the 26B-A4B's experts beside the dense FFN, gate and up fused as the converter writes them */
+        const int64_t ne = o->n_expert, ef = o->expert_ffn;
+        mk_add(m, MK_T("ffn_gate_inp.weight"), MK_INIT_NOISE, 2.0f, QTYPE_F32, 2, dim, ne);
+        mk_add(m, MK_T("ffn_gate_inp.scale"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, dim, 1);
+        mk_add(m, MK_T("pre_ffw_norm_2.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, dim, 1);
+        mk_add(m, MK_T("post_ffw_norm_1.weight"), MK_INIT_NORM, 0.3f, QTYPE_F32, 1, dim, 1);
+        mk_add(m, MK_T("post_ffw_norm_2.weight"), MK_INIT_NORM, 0.3f, QTYPE_F32, 1, dim, 1);
+        mk_add3(m, MK_T("ffn_gate_up_exps.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 3, dim, 2 * ef, ne);
+        mk_add3(m, MK_T("ffn_down_exps.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)ef), base, 3, ef, dim, ne);
+        mk_add(m, MK_T("ffn_down_exps.scale"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, ne, 1);
+    }
+    if (o->n_pl > 0) {   /* per-layer embeddings: this layer's gate, projection and norm */
+        mk_add(m, MK_T("inp_gate.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 2, dim, o->n_pl);
+        mk_add(m, MK_T("proj.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)o->n_pl), base, 2, o->n_pl, dim);
+        mk_add(m, MK_T("post_norm.weight"), MK_INIT_NORM, 0.3f, QTYPE_F32, 1, dim, 1);
+    }
 #undef MK_T
 }
 
@@ -1343,6 +1363,12 @@ static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *
     }
     if (o->rope_llama3) mk_add(&m, "rope_freqs.weight", MK_INIT_ROPE_FREQS, 0, QTYPE_F32, 1, o->head_dim / 2, 1);
     if (!strcmp(A, "gemma4")) mk_add(&m, "rope_freqs.weight", MK_INIT_PROPORTIONAL, 0, QTYPE_F32, 1, o->head_dim, 1);
+    if (o->n_pl > 0) {   /* gemma4's per-layer embeddings: a row of every layer's per token */
+        const int64_t plw = (int64_t)o->n_layers * o->n_pl;
+        mk_add(&m, "per_layer_token_embd.weight", MK_INIT_NOISE, 1.0f, base, 2, plw, V);
+        mk_add(&m, "per_layer_model_proj.weight", MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 2, dim, plw);
+        mk_add(&m, "per_layer_proj_norm.weight", MK_INIT_NORM, 1.0f, QTYPE_F32, 1, o->n_pl, 1);
+    }
     if (!strcmp(A, "deepseek4")) {   /* the head's mix of the hyper-connection streams */
         mk_add(&m, "output_hc_fn.weight", MK_INIT_NOISE, 1.0f / sqrtf((float)(o->n_hc * dim)), QTYPE_F32, 2, o->n_hc * dim, o->n_hc);
         mk_add(&m, "output_hc_base.weight", MK_INIT_NOISE, 0.5f, QTYPE_F32, 1, o->n_hc, 1);
@@ -1394,6 +1420,7 @@ typedef struct {
     const char *preset, *vocab, *out, *rope_scaling, *pooling, *router, *chat_template;
     long layers, dim, ffn, heads, kv, hd, ctx, nv, threads;     /* shape options */
     long experts, experts_used, expert_ffn, window, nextn;
+    long per_layer, shared_kv;      /* gemma4 */
     long q_lora, kv_lora, rope_dim, nope_dim, v_dim, shared, dense, groups, groups_used;   /* deepseek2 */
     long o_groups, o_lora, idx_heads, idx_dim, idx_topk, hash_layers, plain_layers;   /* deepseek4; -1 for the last two */
     double routed_scale;
@@ -1568,11 +1595,36 @@ static int mk_resolve_experts(mk_opts *o, const mk_args *a, const mk_preset *p)
             fprintf(stderr, "tokenmill mkmodel: --experts-used %d is more than --experts %d\n", o->n_expert_used, o->n_expert);
             return 2;
         }
+    } else if (!strcmp(o->arch, "gemma4") && a->experts) {
+        /* the 26B-A4B's layer: experts beside the dense FFN, 2 per token unless asked */
+        o->n_expert = (int)a->experts;
+        o->n_expert_used = a->experts_used ? (int)a->experts_used : TM_MIN(2, o->n_expert);
+        o->expert_ffn = a->expert_ffn ? (int)a->expert_ffn : o->ffn;
+        if (o->n_expert_used > o->n_expert) {
+            fprintf(stderr, "tokenmill mkmodel: --experts-used %d is more than --experts %d\n", o->n_expert_used, o->n_expert);
+            return 2;
+        }
     } else if (a->experts || a->experts_used || a->expert_ffn) {
-        fprintf(stderr, "tokenmill mkmodel: --experts, --experts-used and --expert-ffn are for --arch qwen3moe, qwen35moe, deepseek2 or gpt-oss\n");
+        fprintf(stderr, "tokenmill mkmodel: --experts, --experts-used and --expert-ffn are for --arch qwen3moe, qwen35moe, deepseek2, gpt-oss or gemma4\n");
         return 2;
     }
     if (!strncmp(o->arch, "gemma", 5)) o->n_swa = a->window ? (int)a->window : p->n_swa ? p->n_swa : 512;
+    if ((a->per_layer || a->shared_kv) && strcmp(o->arch, "gemma4")) {
+        fprintf(stderr, "tokenmill mkmodel: --per-layer-embd and --shared-kv-layers are for --arch gemma4\n");
+        return 2;
+    }
+    o->n_pl = (int)a->per_layer;
+    o->n_shared_kv = (int)a->shared_kv;
+    if (o->n_shared_kv > 0) {
+        /* llama.cpp's reuse rule: the last layer that keeps K/V is a global one, the one before a
+         * window one (layers 5 of each 6 are global here) */
+        int last = o->n_layers - o->n_shared_kv - 1;
+        if (last < 1 || (last % 6) != 5) {
+            fprintf(stderr, "tokenmill mkmodel: --shared-kv-layers %d of %d layers: the last layer keeping K/V (%d) must be "
+                            "a global one (5, 11, 17, ...)\n", o->n_shared_kv, o->n_layers, last);
+            return 2;
+        }
+    }
     return 0;
 }
 
@@ -1645,9 +1697,11 @@ int cmd_mkmodel(int argc, char **argv)
         { "--heads", NULL, CMD_OPT_LONG, &a.heads, 0, 4096, .arg = "N", .help = "query heads" },
         { "--kv-heads", NULL, CMD_OPT_LONG, &a.kv, 0, 4096, .arg = "N", .help = "key/value heads" },
         { "--head-dim", NULL, CMD_OPT_LONG, &a.hd, 0, 1 << 16, .arg = "N", .help = "per head (default dim / heads)" },
-        { "--experts", NULL, CMD_OPT_LONG, &a.experts, 0, 1024, .arg = "N", .help = "qwen3moe: experts per layer" },
-        { "--experts-used", NULL, CMD_OPT_LONG, &a.experts_used, 0, 1024, .arg = "K", .help = "qwen3moe: experts per token" },
-        { "--expert-ffn", NULL, CMD_OPT_LONG, &a.expert_ffn, 0, 1 << 20, .arg = "N", .help = "qwen3moe: an expert's hidden size" },
+        { "--experts", NULL, CMD_OPT_LONG, &a.experts, 0, 1024, .arg = "N", .help = "qwen3moe, gemma4: experts per layer" },
+        { "--experts-used", NULL, CMD_OPT_LONG, &a.experts_used, 0, 1024, .arg = "K", .help = "qwen3moe, gemma4: experts per token" },
+        { "--expert-ffn", NULL, CMD_OPT_LONG, &a.expert_ffn, 0, 1 << 20, .arg = "N", .help = "qwen3moe, gemma4: an expert's hidden size" },
+        { "--per-layer-embd", NULL, CMD_OPT_LONG, &a.per_layer, 0, 4096, .arg = "N", .help = "gemma4: per-layer embedding width (E2B/E4B's)" },
+        { "--shared-kv-layers", NULL, CMD_OPT_LONG, &a.shared_kv, 0, 4096, .arg = "N", .help = "gemma4: last N layers read an earlier layer's K/V" },
         { "--q-lora", NULL, CMD_OPT_LONG, &a.q_lora, 0, 1 << 16, .arg = "N", .help = "deepseek2: query low-rank size (0: none)" },
         { "--kv-lora", NULL, CMD_OPT_LONG, &a.kv_lora, 0, 1 << 16, .arg = "N", .help = "deepseek2: latent (compressed KV) size" },
         { "--nope-dim", NULL, CMD_OPT_LONG, &a.nope_dim, 0, 1 << 12, .arg = "N", .help = "deepseek2: per-head query/key dims without RoPE" },

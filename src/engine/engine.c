@@ -219,15 +219,16 @@ static size_t engine_matmul_scratch_bytes(const model *m, int T)
             sc = TM_MAX(sc, ops_matmul_multi_scratch_bytes(2, gu, T));
             sc = engine_scratch_need(&L->down_shexp, T, sc);
         }
-        if (L->gate_inp.data) {
-            sc = engine_scratch_need(&L->gate_inp, T, sc);   /* the experts' own: moe_tmp */
-        } else {
+        if (L->pl_gate.data) sc = engine_scratch_need(&L->pl_gate, T, engine_scratch_need(&L->pl_proj, T, sc));
+        if (L->gate_inp.data) sc = engine_scratch_need(&L->gate_inp, T, sc);   /* the experts' own: moe_tmp */
+        if (L->gate.data) {   /* gemma4's experts have the dense FFN beside them */
             const ops_weight *gu[2] = { &L->gate, &L->up };
             sc = TM_MAX(sc, ops_matmul_multi_scratch_bytes(2, gu, T));
             sc = engine_scratch_need(&L->down, T, sc);
         }
     }
     sc = engine_scratch_need(&m->output, T, sc);
+    if (m->pl_model_proj.data) sc = engine_scratch_need(&m->pl_model_proj, T, sc);
     return TM_MAX(sc, engine_qwen35_scratch_bytes(m, T));
 }
 
@@ -262,7 +263,9 @@ static engine_status engine_new_moe(engine *e, size_t T, int n_threads, char *er
     size_t msc = 0;
     for (int il = hp->n_dense_lead; il < hp->n_layers; il++) {
         const model_layer *L = &m->layers[il];
-        ops_weight g = model_expert(&L->gate_exps, hp->n_expert, 0), u = model_expert(&L->up_exps, hp->n_expert, 0);
+        if (!L->gate_exps.data) continue;   /* a dense layer (gemma4's may be) */
+        ops_weight g = model_expert(&L->gate_exps, hp->n_expert, 0);
+        ops_weight u = L->exps_gate_up ? g : model_expert(&L->up_exps, hp->n_expert, 0);
         ops_weight d = model_expert(&L->down_exps, hp->n_expert, 0);
         const ops_weight *gu[2] = { &g, &u };
         msc = TM_MAX(msc, ops_matmul_multi_scratch_bytes(2, gu, Ti));
@@ -330,8 +333,9 @@ static engine_status engine_new_buffers(engine *e, const engine_opts *o, char *e
     e->k = engine_scratch_alloc(e, T * kvd * sizeof(float));
     e->v = engine_scratch_alloc(e, T * kvd * sizeof(float));
     e->att = engine_scratch_alloc(e, T * qd * sizeof(float));
-    /* dense layers: ffn_dim; shared experts: n_shared * expert_ffn; routed experts use fe */
-    size_t ffn = hp->n_expert > 0 && hp->n_dense_lead == 0 ? 1 : (size_t)hp->ffn_dim;
+    /* dense layers (and gemma4's shared MLP beside its experts): ffn_dim; shared experts:
+     * n_shared * expert_ffn; routed experts use fe */
+    size_t ffn = hp->n_expert > 0 && hp->n_dense_lead == 0 && hp->arch != MODEL_ARCH_GEMMA4 ? 1 : (size_t)hp->ffn_dim;
     ffn = TM_MAX(ffn, (size_t)hp->n_shared * (size_t)hp->expert_ffn);
     e->ffa = engine_scratch_alloc(e, T * ffn * sizeof(float));
     e->ffb = engine_scratch_alloc(e, T * ffn * sizeof(float));
@@ -375,6 +379,20 @@ static engine_status engine_new_buffers(engine *e, const engine_opts *o, char *e
         snprintf(err, errsz, "out of memory for gemma4's projections of %d tokens", Ti);
         return ENGINE_ERR_NOMEM;
     }
+    if (hp->arch == MODEL_ARCH_GEMMA4 && hp->n_expert > 0) {   /* the shared MLP, the router's input, ones */
+        if (!(e->g4_mlp = engine_scratch_alloc(e, (2 * T + 1) * (size_t)hp->dim * sizeof(float)))) {
+            snprintf(err, errsz, "out of memory for gemma4's expert inputs of %d tokens", Ti);
+            return ENGINE_ERR_NOMEM;
+        }
+        for (int i = 0; i < hp->dim; i++) e->g4_mlp[2 * T * (size_t)hp->dim + (size_t)i] = 1.0f;
+    }
+    if (hp->n_pl > 0) {   /* per token its per-layer inputs and a layer's gate, and one embedding row */
+        size_t w = (size_t)hp->n_layers * (size_t)hp->n_pl;
+        if (!(e->g4_pl = engine_scratch_alloc(e, (T * (w + (size_t)hp->n_pl) + w) * sizeof(float)))) {
+            snprintf(err, errsz, "out of memory for gemma4's per-layer inputs of %d tokens", Ti);
+            return ENGINE_ERR_NOMEM;
+        }
+    }
     return ENGINE_OK;
 }
 
@@ -404,6 +422,9 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
         return ENGINE_ERR_ARG;
     }
     engine *e = xcalloc(1, sizeof *e);
+    e->win_src = -1;
+    for (int il = 0; il < hp->n_layers; il++)   /* gemma4: a window layer that shared KV layers read */
+        if (m->layers[il].kv_shared && model_layer_window(m, il) > 0) e->win_src = m->layers[il].kv_src;
     e->m = m;
     e->max_tokens = o.max_batch_tokens;
     e->n_threads = o.n_threads;

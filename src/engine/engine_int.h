@@ -143,12 +143,20 @@ struct engine {
     int n_cap;
     float *g4;               /* gemma4 (engine_gemma4.c): (T, n_heads*head_dim) q, then (T,
                               * n_kv_heads*head_dim) k and v, in each layer's own geometry; or NULL */
+    int win_src;             /* gemma4: the window layer shared KV layers read, committed to the
+                              * ring after the last layer (engine_window_commit), or -1 */
+    float *g4_mlp;           /* gemma4 with experts: (T, dim) the shared MLP's output, then (T,
+                              * dim) the router's input; or NULL */
+    float *g4_pl;            /* gemma4 with per-layer embeddings: (T, n_layers * n_pl) each
+                              * token's per-layer inputs, then (T, n_pl) a layer's gate; or NULL */
 };
 
 typedef struct {
     engine *e;
     const engine_batch *b;
     int layer;
+    int kv_layer;            /* attention: the layer whose K/V it reads (gemma4's shared KV
+                              * layers read an earlier one's), else layer */
     const float *norm;       /* add + norm: the norm's weights (NULL: the sum only) */
     const float *bias;       /* add + norm: (dim) added to xn first (attention output bias), or NULL */
     float scale;             /* add + norm: the sum times this before the norm (gemma4), 0: none */
@@ -169,6 +177,17 @@ void engine_gemma4_rows(engine *e, const model_layer *L, int t0, int n);
 const float *engine_gemma4_att(engine *e, const model_layer *L, int T);
 /* Where the layer's raw projections go: q, k and v (v NULL-free even without attn_v). */
 void engine_gemma4_raw(engine *e, float **q, float **k, float **v);
+/* Layer il's FFN with experts beside the shared MLP: x (the attention's residual sum) and xn
+ * (ffn_norm of it) in, the FFN's output before post_ffw_norm in xn. */
+void engine_gemma4_moe(engine *e, engine_job *job, int il, int T);
+/* Each token's per-layer inputs into g4_pl, from the scaled embeddings in x (before layer 0). */
+void engine_gemma4_pl_inputs(engine *e, const engine_batch *b, int T);
+/* x += layer il's per-layer embedding term (after the FFN's residual add, before its scale). */
+void engine_gemma4_pl_layer(engine *e, int il, int T);
+/* The routed experts of layer il (engine_step.c): xn in, the weighted sum of the chosen
+ * experts' outputs in xn (plus the shared experts' where the layer has them); rin: the router's
+ * input, (T, dim), or NULL: xn. */
+void engine_moe_ffn(engine *e, engine_job *job, int il, int T, const float *rin);
 
 /* engine.c */
 /* A buffer of engine_new, registered for engine_warmup and engine_free (NULL: out of memory

@@ -40,7 +40,8 @@ kvpool_opts engine_kv_geometry(const model *m, engine_kv_type kv_type, int32_t *
     const model_hparams *hp = &m->hp;
     for (int il = 0; il < hp->n_layers; il++) layer_window[il] = model_layer_window(m, il);
     for (int il = 0; il < hp->n_layers; il++)   /* a recurrent layer keeps no KV */
-        if (m->layers[il].ssm_out.data) layer_window[il] = -1;
+        if (m->layers[il].ssm_out.data || m->layers[il].kv_shared) layer_window[il] = -1;   /* nor a
+                                                                * gemma4 layer that reads another's */
     if (hp->arch == MODEL_ARCH_DEEPSEEK4) return engine_dsv4_kv_geometry(m, engine_kv_qtype(kv_type), layer_window);
     if (hp->bidirectional) {   /* an encoder keeps nothing: its pool only counts positions */
         kvpool_opts ke = { .n_layers = 1, .n_kv_heads = 1, .head_dim = 32, .dtype = engine_kv_qtype(kv_type),

@@ -29,6 +29,10 @@ static void engine_job_qkv_post(void *ctx, int ith, int nth)
     float *q = e->q + (size_t)t0 * qd, *k = e->k + (size_t)t0 * kvd, *v = e->v + (size_t)t0 * kvd;
     if (L->l_head_dim) {   /* gemma4: norms and RoPE in the layer's own geometry, into hp's rows */
         engine_gemma4_rows(e, L, t0, n);
+        if (L->kv_shared) {   /* queries only: its K/V are an earlier layer's */
+            if (e->rot_k) ops_hadamard_rows(q, (int64_t)n * qd / e->rot_k, e->rot_k);
+            return;
+        }
         goto rotate_store;
     }
     if (L->bq)
@@ -185,15 +189,15 @@ static void engine_att_per_key(engine_job *j, float *sc, int t0, int nt, int kvh
         MS[2 * r + 1] = 0.0f;
     }
     memset(acc, 0, (size_t)nq * hd * sizeof(float));
-    const bool win = e->wstage && kvpool_layer_block_index(e->kv, j->layer) < 0;
+    const bool win = e->wstage && kvpool_layer_block_index(e->kv, j->kv_layer) < 0;
     for (int pk = engine_att_lo(j, tk0->pos, nt, tk0->seq); pk < n_ctx; pk++) {
         const fp16_t *kr, *vr;
         if (win) {
-            kr = (const fp16_t *)engine_win_row(e, j->b, j->layer, t0, pk, 0, kvh);
-            vr = (const fp16_t *)engine_win_row(e, j->b, j->layer, t0, pk, 1, kvh);
+            kr = (const fp16_t *)engine_win_row(e, j->b, j->kv_layer, t0, pk, 0, kvh);
+            vr = (const fp16_t *)engine_win_row(e, j->b, j->kv_layer, t0, pk, 1, kvh);
         } else {
-            const fp16_t *K = kvpool_seq_slab(e->kv, tk0->seq, pk / KVPOOL_BLOCK, j->layer, 0, kvh);
-            const fp16_t *V = kvpool_seq_slab(e->kv, tk0->seq, pk / KVPOOL_BLOCK, j->layer, 1, kvh);
+            const fp16_t *K = kvpool_seq_slab(e->kv, tk0->seq, pk / KVPOOL_BLOCK, j->kv_layer, 0, kvh);
+            const fp16_t *V = kvpool_seq_slab(e->kv, tk0->seq, pk / KVPOOL_BLOCK, j->kv_layer, 1, kvh);
             kr = K + (size_t)(pk % KVPOOL_BLOCK) * hd;
             vr = V + (size_t)(pk % KVPOOL_BLOCK) * hd;
         }
@@ -266,16 +270,16 @@ static void engine_att_per_key_q(engine_job *j, float *sc, int t0, int nt, int k
     }
     memset(acc, 0, (size_t)nq * hd * sizeof(float));
     const int n_ctx = tk0->pos + nt;
-    const bool win = e->wstage && kvpool_layer_block_index(e->kv, j->layer) < 0;
+    const bool win = e->wstage && kvpool_layer_block_index(e->kv, j->kv_layer) < 0;
     for (int pk = engine_att_lo(j, tk0->pos, nt, tk0->seq); pk < n_ctx; pk++) {
         const uint8_t *kr, *vr;
         if (win) {
-            kr = engine_win_row(e, j->b, j->layer, t0, pk, 0, kvh);
-            vr = engine_win_row(e, j->b, j->layer, t0, pk, 1, kvh);
+            kr = engine_win_row(e, j->b, j->kv_layer, t0, pk, 0, kvh);
+            vr = engine_win_row(e, j->b, j->kv_layer, t0, pk, 1, kvh);
         } else {
-            kr = (const uint8_t *)kvpool_seq_slab(e->kv, tk0->seq, pk / KVPOOL_BLOCK, j->layer, 0, kvh) +
+            kr = (const uint8_t *)kvpool_seq_slab(e->kv, tk0->seq, pk / KVPOOL_BLOCK, j->kv_layer, 0, kvh) +
                  (size_t)(pk % KVPOOL_BLOCK) * row;
-            vr = (const uint8_t *)kvpool_seq_slab(e->kv, tk0->seq, pk / KVPOOL_BLOCK, j->layer, 1, kvh) +
+            vr = (const uint8_t *)kvpool_seq_slab(e->kv, tk0->seq, pk / KVPOOL_BLOCK, j->kv_layer, 1, kvh) +
                  (size_t)(pk % KVPOOL_BLOCK) * row;
         }
         bool have_v = false;
@@ -344,7 +348,7 @@ static void engine_att_tiled(engine_job *j, float *sc, int t0, int nt, int kvh)
     /* a window layer's item is one position (engine_job_attention): its first key lo, and each
      * block's keys from there on (skipped keys would only add exact zeros) */
     const int lo = engine_att_lo(j, tk0->pos, nt, tk0->seq);
-    const bool win = e->wstage && kvpool_layer_block_index(e->kv, j->layer) < 0;
+    const bool win = e->wstage && kvpool_layer_block_index(e->kv, j->kv_layer) < 0;
     ops_att_block_args a = { .hd = hd, .nq = nq, .nqp = nqp, .scale = hp->att_scale, .qt = qt,
                              .lim = lim, .st = st, .m = M, .s = S, .acc = acc, .kt = kt };
     for (int bi = lo / KVPOOL_BLOCK; bi * KVPOOL_BLOCK < n_ctx; bi++) {
@@ -352,8 +356,8 @@ static void engine_att_tiled(engine_job *j, float *sc, int t0, int nt, int kvh)
         if (win) {   /* the same keys and blocks as if in the pool, gathered from staging and ring */
             for (int r = 0; r < nb; r++) {
                 int pk = bi * KVPOOL_BLOCK + k0 + r;
-                const void *kr = engine_win_row(e, j->b, j->layer, t0, pk, 0, kvh);
-                const void *vr = engine_win_row(e, j->b, j->layer, t0, pk, 1, kvh);
+                const void *kr = engine_win_row(e, j->b, j->kv_layer, t0, pk, 0, kvh);
+                const void *vr = engine_win_row(e, j->b, j->kv_layer, t0, pk, 1, kvh);
                 if (f16) {
                     ops_fp16_to_fp32_row(kr, Kf + (size_t)r * hd, hd);
                     ops_fp16_to_fp32_row(vr, Vf + (size_t)r * hd, hd);
@@ -370,8 +374,8 @@ static void engine_att_tiled(engine_job *j, float *sc, int t0, int nt, int kvh)
             ops_att_block(&a);
             continue;
         }
-        const void *K = kvpool_seq_slab(e->kv, tk0->seq, bi, j->layer, 0, kvh);
-        const void *V = kvpool_seq_slab(e->kv, tk0->seq, bi, j->layer, 1, kvh);
+        const void *K = kvpool_seq_slab(e->kv, tk0->seq, bi, j->kv_layer, 0, kvh);
+        const void *V = kvpool_seq_slab(e->kv, tk0->seq, bi, j->kv_layer, 1, kvh);
         size_t esz = f16 ? sizeof(fp16_t) : sizeof(float);
         K = (const char *)K + (size_t)k0 * hd * esz;
         V = (const char *)V + (size_t)k0 * hd * esz;
@@ -597,10 +601,12 @@ static void engine_job_moe_experts(void *ctx, int ith, int nth)
         }
         int x = e->x_act[it / cg], c0 = it % cg * R, nr = TM_MIN(R, ef - c0);
         int r0 = e->x_off[x], n = e->x_off[x + 1] - r0;
-        ops_weight g = model_expert(&L->gate_exps, E, x), u = model_expert(&L->up_exps, E, x);
-        /* gate and up may differ in type (the "dynamic" mixes): each its own row size */
+        ops_weight g = model_expert(&L->gate_exps, E, x), u = L->exps_gate_up ? g : model_expert(&L->up_exps, E, x);
+        /* gate and up may differ in type (the "dynamic" mixes): each its own row size; fused
+         * (gemma4's ffn_gate_up_exps), up's rows follow the expert's ef gate rows */
+        const int cu = L->exps_gate_up ? ef + c0 : c0;
         g = (ops_weight){ g.type, nr, g.cols, (const char *)g.data + quant_row_bytes(g.type, g.cols) * (size_t)c0 };
-        u = (ops_weight){ u.type, nr, u.cols, (const char *)u.data + quant_row_bytes(u.type, u.cols) * (size_t)c0 };
+        u = (ops_weight){ u.type, nr, u.cols, (const char *)u.data + quant_row_bytes(u.type, u.cols) * (size_t)cu };
         const ops_weight *gu[2] = { &g, &u };
         float *out[2] = { tg, tu };
         ops_matmul_multi(NULL, 2, gu, e->xg + (size_t)r0 * dim, n, out, scratch);
@@ -612,6 +618,7 @@ static void engine_job_moe_experts(void *ctx, int ith, int nth)
             }
         }
         if (hp->swiglu_limit > 0) ops_swiglu_oai(tg, tg, tu, (int64_t)n * nr, 1.702f, hp->swiglu_limit);
+        else if (hp->ffn_gelu) ops_geglu(NULL, tg, tg, tu, n, nr);   /* gemma4 */
         else ops_swiglu(NULL, tg, tg, tu, n, nr);
         for (int t = 0; t < n; t++)
             memcpy(e->fe + (size_t)(r0 + t) * ef + c0, tg + (size_t)t * nr, (size_t)nr * sizeof(float));
@@ -636,13 +643,14 @@ static void engine_job_moe_experts(void *ctx, int ith, int nth)
         ops_matmul(NULL, &d, e->fe + (size_t)r0 * ef, n, tg, scratch);
         if (L->down_exps_b)
             for (int t = 0; t < n; t++) ops_add(NULL, tg + (size_t)t * nr, L->down_exps_b + (size_t)x * dim + c0, nr);
+        if (L->down_exps_s)   /* gemma4's per-expert scale, before the routing weight (ggml's order) */
+            ops_vec_scale_f32((int64_t)n * nr, tg, L->down_exps_s[x]);
         for (int t = 0; t < n; t++)
             memcpy(e->ye + (size_t)(r0 + t) * dim + c0, tg + (size_t)t * nr, (size_t)nr * sizeof(float));
     }
 }
 
-/* The MoE FFN of layer il: xn (T, dim) in, the FFN output (routed + shared experts) in xn. */
-static void engine_moe_ffn(engine *e, engine_job *job, int il, int T)
+void engine_moe_ffn(engine *e, engine_job *job, int il, int T, const float *rin)
 {
     const model_layer *L = &e->m->layers[il];
     threadpool *tp = e->tp;
@@ -655,7 +663,7 @@ static void engine_moe_ffn(engine *e, engine_job *job, int il, int T)
         ops_swiglu(tp, e->ffa, e->ffa, e->ffb, T, (int)L->gate_shexp.rows);
         ops_matmul(tp, &L->down_shexp, e->ffa, T, e->shx, e->mm_scratch);
     }
-    ops_matmul(tp, &L->gate_inp, e->xn, T, e->r_logits, e->mm_scratch);
+    ops_matmul(tp, &L->gate_inp, rin ? rin : e->xn, T, e->r_logits, e->mm_scratch);
     engine_run_rows(e, engine_job_route, job, (int64_t)T * e->m->hp.n_expert);   /* a decode step's: inline */
     engine_moe_group(e, T);
     engine_moe_stats_layer(e->stats, il, e->x_off);
@@ -875,11 +883,13 @@ engine_status engine_forward(engine *e, const engine_batch *b, const float *hidd
     }
     engine_job job = { .e = e, .b = b };
     if (m->mtp_view) engine_mtp_input(e, b, hidden);
+    if (hp->n_pl) engine_gemma4_pl_inputs(e, b, T);
     ops_rmsnorm(tp, e->xn, e->x, m->layers[0].attn_norm, T, dim, eps);
     engine_prof_mark(e, il_out, ENGINE_PROF_EMBED);
     for (int il = 0; il < hp->n_layers; il++) {
         const model_layer *L = &m->layers[il];
         job.layer = il;
+        job.kv_layer = L->kv_shared ? L->kv_src : il;
         if (e->cap && e->cap_slot[il] >= 0) engine_capture(e, il, T);
         if (L->ssm_out.data) {   /* Qwen3.5's linear attention: xn in, its output in xn */
             engine_qwen35_linear(e->q35, tp, il, e->xn, e->mm_scratch);
@@ -893,7 +903,9 @@ engine_status engine_forward(engine *e, const engine_batch *b, const float *hidd
             const ops_weight *qkv[3] = { &L->wq, &L->wk, &L->wv };
             float *qkv_out[3] = { L->attn_gated ? engine_qwen35_qg(e->q35) : e->q, e->k, e->v };
             if (L->l_head_dim) engine_gemma4_raw(e, &qkv_out[0], &qkv_out[1], &qkv_out[2]);
-            ops_matmul_multi(tp, L->l_head_dim && !L->wv.data ? 2 : 3, qkv, e->xn, T, qkv_out, e->mm_scratch);   /* gemma4: V may be K */
+            /* gemma4: V may be K; a shared KV layer projects only its queries */
+            ops_matmul_multi(tp, L->kv_shared ? 1 : L->l_head_dim && !L->wv.data ? 2 : 3, qkv, e->xn, T, qkv_out,
+                             e->mm_scratch);
             if (L->attn_gated) engine_qwen35_split(e->q35, T, e->q);
             engine_prof_mark(e, il, ENGINE_PROF_QKV);
             engine_run_rows(e, engine_job_qkv_post, &job, (int64_t)T * (hp->n_heads + 2 * hp->n_kv_heads) * hd);
@@ -904,10 +916,11 @@ engine_status engine_forward(engine *e, const engine_batch *b, const float *hidd
         job.next = 0;
         job.q16 = kvpool_dtype(e->kv) == QTYPE_F16 && hd % 16 != 0;
         job.q8 = kvpool_dtype(e->kv) == QTYPE_Q8_0 || kvpool_dtype(e->kv) == QTYPE_Q4_0;
-        int bl = kvpool_layer_block_index(e->kv, il);
+        int bl = kvpool_layer_block_index(e->kv, job.kv_layer);
         if (bl >= 0) kvpool_fill_wait(e->kv, bl);   /* layer il of blocks still loading from the store */
         threadpool_run(tp, engine_job_attention, &job);
-        if (bl < 0) engine_window_commit(e, b, il);
+        /* the window layer that shared KV layers read keeps its staged rows until they have */
+        if (bl < 0 && !L->kv_shared && il != e->win_src) engine_window_commit(e, b, il);
         if (L->attn_gated) engine_qwen35_gate(e->q35, T, e->att);
         engine_prof_mark(e, il, ENGINE_PROF_ATTENTION);
         if (hp->mla) engine_mla_out(e, &job, il, T);
@@ -920,20 +933,30 @@ engine_status engine_forward(engine *e, const engine_batch *b, const float *hidd
         engine_run_rows(e, engine_job_add_norm, &job, (int64_t)T * dim);   /* x += attention; xn = ffn input */
         job.bias = NULL;
         engine_prof_mark(e, il, ENGINE_PROF_ADD_NORM);
-        if (L->gate_inp.data) {
-            engine_moe_ffn(e, &job, il, T);
+        if (L->ffn_pre_norm_2) {   /* gemma4: the shared MLP and the experts */
+            engine_gemma4_moe(e, &job, il, T);
+            if (L->ffn_post_norm) ops_rmsnorm(tp, e->xn, e->xn, L->ffn_post_norm, T, dim, eps);
+            engine_prof_mark(e, il, ENGINE_PROF_MOE);
+        } else if (L->gate_inp.data) {
+            engine_moe_ffn(e, &job, il, T, NULL);
             engine_prof_mark(e, il, ENGINE_PROF_MOE);
         } else {
             const ops_weight *gu[2] = { &L->gate, &L->up };
             float *gu_out[2] = { e->ffa, e->ffb };
             ops_matmul_multi(tp, 2, gu, e->xn, T, gu_out, e->mm_scratch);
             engine_prof_mark(e, il, ENGINE_PROF_FFN_UP);
-            if (hp->ffn_gelu) ops_geglu(tp, e->ffa, e->ffa, e->ffb, T, hp->ffn_dim);
-            else ops_swiglu(tp, e->ffa, e->ffa, e->ffb, T, hp->ffn_dim);
+            const int ff = L->l_ffn_dim ? L->l_ffn_dim : hp->ffn_dim;   /* gemma4's may be its own */
+            if (hp->ffn_gelu) ops_geglu(tp, e->ffa, e->ffa, e->ffb, T, ff);
+            else ops_swiglu(tp, e->ffa, e->ffa, e->ffb, T, ff);
             engine_prof_mark(e, il, ENGINE_PROF_SWIGLU);
             ops_matmul(tp, &L->down, e->ffa, T, e->xn, e->mm_scratch);
             if (L->ffn_post_norm) ops_rmsnorm(tp, e->xn, e->xn, L->ffn_post_norm, T, dim, eps);   /* gemma3 */
             engine_prof_mark(e, il, ENGINE_PROF_FFN_DOWN);
+        }
+        if (L->pl_gate.data) {   /* gemma4: x += ffn, then its per-layer embedding term */
+            job.norm = NULL;
+            engine_run_rows(e, engine_job_add_norm, &job, (int64_t)T * dim);
+            engine_gemma4_pl_layer(e, il, T);   /* the term in xn */
         }
         job.norm = il + 1 < hp->n_layers ? m->layers[il + 1].attn_norm : NULL;
         job.scale = L->out_scale;
@@ -941,6 +964,7 @@ engine_status engine_forward(engine *e, const engine_batch *b, const float *hidd
         job.scale = 0.0f;
         engine_prof_mark(e, il, ENGINE_PROF_ADD_NORM);
     }
+    if (e->win_src >= 0) engine_window_commit(e, b, e->win_src);
     if (e->stats) engine_moe_stats_step(e->stats);
     if (e->q35) engine_qwen35_commit(e->q35);
     if (n_out > 0) {

@@ -670,7 +670,18 @@ static bool model_read_hparams(model_ld *ld, const model_arch_desc *ad)
     hp->mla = hp->arch == MODEL_ARCH_DEEPSEEK2 || hp->arch == MODEL_ARCH_MISTRAL4;   /* mistral4: deepseek2's layer */
     if (ad->moe && !model_read_experts(ld, an)) return false;
     /* a MoE model's dense FFN size is informational only, unless it has dense layers */
-    if (!model_key_int(ld, KEY("feed_forward_length"), !ad->moe, hp->expert_ffn, &v)) return false;
+    gguf_vtype elt;
+    uint64_t na;
+    const void *arr;
+    if (hp->arch == MODEL_ARCH_GEMMA4 && gguf_get_arr(ld->m->g, KEY("feed_forward_length"), &elt, &na, &arr) &&
+        (elt == GGUF_VT_UINT32 || elt == GGUF_VT_INT32)) {
+        /* per layer (gemma4's double-wide MLP): the widest sizes the buffers, model_gemma4.c
+         * reads each layer's */
+        v = 0;
+        for (uint64_t i = 0; i < na; i++) v = TM_MAX(v, (int64_t)((const int32_t *)arr)[i]);
+    } else if (!model_key_int(ld, KEY("feed_forward_length"), !ad->moe, hp->expert_ffn, &v)) {
+        return false;
+    }
     hp->ffn_dim = (int)v;
     hp->router_norm = hp->arch == MODEL_ARCH_QWEN3MOE || hp->arch == MODEL_ARCH_QWEN35MOE;
     if (ad->keys && !ad->keys(ld, an)) return false;
@@ -737,12 +748,13 @@ static bool model_fingerprint(model *m, const char *path, const model_opts *opts
 }
 
 /* The 2-D matrices of a layer that exist (data set), at most MODEL_LAYER_MATS. */
-#define MODEL_LAYER_MATS 18
+#define MODEL_LAYER_MATS 20
 static int model_layer_matrices(model_layer *L, ops_weight **ws)
 {
     ops_weight *all[MODEL_LAYER_MATS] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down,
                                           &L->gate_shexp, &L->up_shexp, &L->down_shexp, &L->wq_a, &L->wq_b, &L->wkv_a,
-                                          &L->ssm_qkv, &L->ssm_z, &L->ssm_beta, &L->ssm_alpha, &L->ssm_out };
+                                          &L->ssm_qkv, &L->ssm_z, &L->ssm_beta, &L->ssm_alpha, &L->ssm_out,
+                                          &L->pl_gate, &L->pl_proj };
     int n = 0;
     for (int i = 0; i < MODEL_LAYER_MATS; i++)
         if (all[i]->data) ws[n++] = all[i];
@@ -876,6 +888,8 @@ static int model_repack_list(model *m, ops_weight **ws)
         ops_weight *ex[MODEL_REPACK_STACKED] = { &L->gate_exps, &L->up_exps, &L->down_exps, &L->wk_b, &L->wv_b };
         for (int i = 0; i < MODEL_REPACK_STACKED; i++) {
             int n_slices = i < 3 ? m->hp.n_expert : m->hp.n_heads;
+            /* a fused gate/up expert is read as two halves: each must be whole groups */
+            if (i == 0 && L->exps_gate_up) n_slices *= 2;
             if (ex[i]->data && n_slices > 0 && ex[i]->rows % n_slices == 0 && ex[i]->rows / n_slices % 16 == 0)
                 ws[n++] = ex[i];
         }

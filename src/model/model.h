@@ -135,11 +135,30 @@ typedef struct {
     int l_head_dim;          /* head size of q, k and v; 0: hp's geometry (every other family) */
     int l_kv_heads;          /* kv heads, a divisor of hp.n_kv_heads */
     int l_n_rot;             /* rotated dims per head (NEOX) */
+    int l_ffn_dim;           /* its dense FFN's width (gemma4's double-wide MLP on the shared KV
+                              * layers); 0: hp.ffn_dim, which is then the widest */
     float l_theta_scale;     /* base^(-2/l_n_rot), its own RoPE base's per-pair step */
     const float *l_rope_factors; /* (l_n_rot/2) f32 frequency divisors (rope_freqs), or NULL */
     const float *v_norm;     /* (l_head_dim) f32 ones: each v head RMS-normed without a weight */
     float out_scale;         /* layer_output_scale: the layer's output, residual included, times
                               * this; 0: none */
+    bool kv_shared;          /* gemma4's shared KV layers: no K/V of its own; it computes only
+                              * its queries and attends over layer kv_src's K/V */
+    int kv_src;              /* that earlier layer, when kv_shared */
+    /* gemma4's experts (26B-A4B) beside the dense FFN, which is then its shared MLP: the layer's
+     * FFN output is post_norm_1(mlp(ffn_norm(x))) + post_norm_2(experts(pre_norm_2(x))) */
+    const float *gate_inp_s; /* (dim) f32 the router's input is rmsnorm(x) / sqrt(dim) * this */
+    const float *down_exps_s;/* (n_expert) f32 expert e's output times [e], or NULL */
+    const float *ffn_pre_norm_2;  /* (dim) f32 the experts' input norm */
+    const float *ffn_post_norm_1; /* (dim) f32 the shared MLP's output norm */
+    const float *ffn_post_norm_2; /* (dim) f32 the experts' output norm */
+    bool exps_gate_up;       /* gate_exps holds each expert's gate rows then its up rows
+                              * (ffn_gate_up_exps: 2 * expert_ffn rows an expert); up_exps empty */
+    /* gemma4's per-layer embeddings (E2B, E4B): after the FFN's residual add, x += post_norm(
+     * pl_proj(gelu(pl_gate(x)) * this layer's slice of the per-layer input)) */
+    ops_weight pl_gate;      /* (n_pl, dim) per_layer_inp_gate */
+    ops_weight pl_proj;      /* (dim, n_pl) per_layer_proj */
+    const float *pl_post_norm; /* (dim) f32 per_layer_post_norm */
     ops_weight gate;         /* (ffn_dim, dim) */
     ops_weight up;           /* (ffn_dim, dim) */
     ops_weight down;         /* (dim, ffn_dim) */
@@ -263,6 +282,10 @@ typedef struct {
                               * it and no frequency scaling; 0: every layer as rope_theta_scale */
     float embd_scale;        /* token embeddings times this (sqrt(dim)); 0: as stored */
     float logit_softcap;     /* final logits c * tanh(logit / c) with this c; 0: none */
+    /* gemma4 */
+    int n_pl;                /* embedding_length_per_layer_input: per-layer embedding width, 0: none */
+    int n_kv_layers;         /* layers that keep K/V (block_count - shared_kv_layers); the rest
+                              * read an earlier layer's (model_layer.kv_src) */
     bool ffn_gelu;           /* dense FFN gelu(gate) * up (ggml's tanh GELU), not SwiGLU */
     /* Qwen3.5's linear-attention layers (0 for other families) */
     int ssm_conv;            /* {arch}.ssm.conv_kernel: causal conv taps */
@@ -309,6 +332,12 @@ typedef struct model {
                               * (nomic-bert: RoPE) */
     const float *embd_norm;  /* (dim) f32 token_embd_norm weight */
     const float *embd_norm_b;/* (dim) f32 its bias */
+    /* gemma4's per-layer embeddings (hp.n_pl > 0): each token's per-layer input, (n_layers, n_pl),
+     * is (rmsnorm(pl_model_proj(x0) / sqrt(dim)) * pl_proj_norm + pl_tok_embd[token] *
+     * sqrt(n_pl)) / sqrt(2), x0 the scaled token embedding */
+    ops_weight pl_tok_embd;  /* (n_vocab, n_layers * n_pl) any type; rows dequantised on use */
+    ops_weight pl_model_proj;/* (n_layers * n_pl, dim) */
+    const float *pl_proj_norm; /* (n_pl) f32 */
 } model;
 
 typedef struct {

@@ -14,12 +14,21 @@
  * - no score scale (1.0: the normed q and k stand for it);
  * - layer_output_scale: the layer's output, residual included, times a scalar.
  *
+ * - experts (26B-A4B, expert_count > 0): a layer with a router (ffn_gate_inp) runs the dense
+ *   FFN as its shared MLP and the routed experts beside it, each with its own norms (model.h);
+ *   the router reads rmsnorm(x) / sqrt(dim) * ffn_gate_inp.scale, softmax over every expert,
+ *   the top expert_used_count renormalised; experts are GELU-gated, gate and up fused
+ *   (ffn_gate_up_exps, as the converter writes them) or apart, each expert's output times its
+ *   ffn_down_exps.scale;
+ * - per-layer embeddings (E2B/E4B, embedding_length_per_layer_input > 0): model.h's
+ *   pl_tok_embd and each layer's pl_gate/pl_proj;
+ * - shared KV layers (E2B/E4B, shared_kv_layers = n): the last n layers keep no K/V; each
+ *   attends over the K/V of the last earlier layer of its kind, as llama.cpp's reuse rule
+ *   picks it (block_count - n - 1 for a global layer, - 2 for a window one, which must be of
+ *   that kind); a per-layer feed_forward_length gives them their double-wide MLP.
+ *
  * The engine holds every layer's K/V at the widest head size and the most kv heads (hp.head_dim,
  * hp.n_kv_heads; each layer's own in model_layer.l_*): see engine_gemma4.c for the cost.
- *
- * Refused by name at load (not in the engine yet): per-layer embeddings
- * (embedding_length_per_layer_input > 0: E2B/E4B), shared KV layers (shared_kv_layers > 0),
- * routed experts (expert_count > 0: 26B-A4B), and per-layer FFN widths (the double-wide MLP).
  */
 #include <math.h>
 #include <stdio.h>
@@ -51,22 +60,46 @@ static bool model_gemma4_at(model_ld *ld, const char *key, int il, int64_t def, 
     }
 }
 
-/* A feature of some Gemma 4 files that the engine lacks: refused by name when its key says so. */
-static bool model_gemma4_refuse(model_ld *ld, const char *key, const char *feature)
+/* The experts' keys, when expert_count is above 0 (26B-A4B). */
+static bool model_gemma4_experts(model_ld *ld)
 {
-    int64_t v;
-    gguf_vtype elt;
-    uint64_t n;
-    const void *data;
-    if (gguf_get_arr(ld->m->g, key, &elt, &n, &data)) {
-        model_fail(ld, GGUF_ERR_TYPE, "gemma4: %s (%s as a per-layer array) is not supported yet", feature, key);
+    model_hparams *hp = &ld->m->hp;
+    int64_t ne, nu, ef;
+    if (!model_key_int(ld, "gemma4.expert_count", false, 0, &ne)) return false;
+    if (ne == 0) return true;
+    if (!model_key_int(ld, "gemma4.expert_used_count", true, 0, &nu)) return false;
+    if (!model_key_int(ld, "gemma4.expert_feed_forward_length", true, 0, &ef)) return false;
+    if (ne < 0 || ne > MODEL_MAX_EXPERTS || nu <= 0 || nu > ne || ef <= 0 || ef > (1 << 22)) {
+        model_fail(ld, GGUF_ERR_FORMAT, "bad gemma4 expert hyper-parameters: expert_count %lld (at most %d), "
+                   "expert_used_count %lld, expert_feed_forward_length %lld", (long long)ne, MODEL_MAX_EXPERTS,
+                   (long long)nu, (long long)ef);
         return false;
     }
-    if (!model_key_int(ld, key, false, 0, &v)) return false;
-    if (v != 0) {
-        model_fail(ld, GGUF_ERR_TYPE, "gemma4: %s (%s = %lld) is not supported yet", feature, key, (long long)v);
+    hp->n_expert = (int)ne, hp->n_expert_used = (int)nu, hp->expert_ffn = (int)ef;
+    hp->router_norm = true;   /* softmax over all, the chosen renormalised (llama.cpp's norm_w) */
+    return true;
+}
+
+/* Per-layer embeddings' width and the shared KV layers' count. */
+static bool model_gemma4_shared(model_ld *ld)
+{
+    model_hparams *hp = &ld->m->hp;
+    int64_t pl, sh;
+    if (!model_key_int(ld, "gemma4.embedding_length_per_layer_input", false, 0, &pl)) return false;
+    if (!model_key_int(ld, "gemma4.attention.shared_kv_layers", false, 0, &sh)) return false;
+    if (pl < 0 || pl > (1 << 16) || pl * hp->n_layers > (1 << 24)) {
+        model_fail(ld, GGUF_ERR_FORMAT, "bad gemma4.embedding_length_per_layer_input %lld (%d layers)", (long long)pl,
+                   hp->n_layers);
         return false;
     }
+    /* llama.cpp's reuse rule reads the last two layers that keep K/V */
+    if (sh < 0 || (sh > 0 && sh > hp->n_layers - 2)) {
+        model_fail(ld, GGUF_ERR_FORMAT, "bad gemma4.attention.shared_kv_layers %lld: at most block_count - 2 (%d)",
+                   (long long)sh, hp->n_layers - 2);
+        return false;
+    }
+    hp->n_pl = (int)pl;
+    hp->n_kv_layers = hp->n_layers - (int)sh;
     return true;
 }
 
@@ -74,10 +107,7 @@ bool model_gemma4_hparams(model_ld *ld)
 {
     model *m = ld->m;
     model_hparams *hp = &m->hp;
-    if (!model_gemma4_refuse(ld, "gemma4.embedding_length_per_layer_input", "per-layer embeddings") ||
-        !model_gemma4_refuse(ld, "gemma4.attention.shared_kv_layers", "shared KV layers") ||
-        !model_gemma4_refuse(ld, "gemma4.expert_count", "the mixture of experts"))
-        return false;
+    if (!model_gemma4_experts(ld) || !model_gemma4_shared(ld)) return false;
     int64_t swa, kl, kl_swa, vl_swa, rot_swa;
     double base_swa, cap;
     if (!model_key_int(ld, "gemma4.attention.sliding_window", true, 0, &swa)) return false;
@@ -134,6 +164,63 @@ bool model_gemma4_hparams(model_ld *ld)
     return true;
 }
 
+/* Layer il's FFN: the dense one (its own width: the double-wide MLP), and where the layer has a
+ * router the experts with their norms beside it. */
+static bool model_gemma4_ffn(model_ld *ld, int il)
+{
+    model *m = ld->m;
+    const model_hparams *hp = &m->hp;
+    model_layer *L = &m->layers[il];
+    char nm[96];
+    int64_t ff;
+#define TN(suffix) (snprintf(nm, sizeof nm, "blk.%d.%s", il, suffix), nm)
+    if (!model_gemma4_at(ld, "gemma4.feed_forward_length", il, hp->ffn_dim, &ff)) return false;
+    if (ff <= 0 || ff > hp->ffn_dim) {
+        model_fail(ld, GGUF_ERR_FORMAT, "gemma4: layer %d's feed_forward_length %lld (1..%d)", il, (long long)ff,
+                   hp->ffn_dim);
+        return false;
+    }
+    L->l_ffn_dim = (int)ff;
+    if (!(L->ffn_norm = model_vector(ld, TN("ffn_norm.weight"), true, hp->dim))) return false;
+    if (!model_matrix(ld, TN("ffn_gate.weight"), hp->dim, ff, &L->gate)) return false;
+    if (!model_matrix(ld, TN("ffn_up.weight"), hp->dim, ff, &L->up)) return false;
+    if (!model_matrix(ld, TN("ffn_down.weight"), ff, hp->dim, &L->down)) return false;
+    /* a layer without a router is dense, as llama.cpp loads it */
+    if (hp->n_expert == 0 || !gguf_find_tensor(m->g, TN("ffn_gate_inp.weight"))) return true;
+    const int ne = hp->n_expert, ef = hp->expert_ffn;
+    if (!model_matrix(ld, nm, hp->dim, ne, &L->gate_inp)) return false;
+    if (!(L->gate_inp_s = model_vector(ld, TN("ffn_gate_inp.scale"), true, hp->dim))) return false;
+    if (!(L->ffn_pre_norm_2 = model_vector(ld, TN("pre_ffw_norm_2.weight"), true, hp->dim))) return false;
+    if (!(L->ffn_post_norm_1 = model_vector(ld, TN("post_ffw_norm_1.weight"), true, hp->dim))) return false;
+    if (!(L->ffn_post_norm_2 = model_vector(ld, TN("post_ffw_norm_2.weight"), true, hp->dim))) return false;
+    if (gguf_find_tensor(m->g, TN("ffn_gate_up_exps.weight"))) {
+        if (!model_experts(ld, nm, hp->dim, 2 * (int64_t)ef, ne, &L->gate_exps)) return false;
+        L->exps_gate_up = true;
+    } else if (!gguf_find_tensor(m->g, TN("ffn_gate_exps.weight"))) {
+        model_fail(ld, GGUF_ERR_MISSING, "missing tensor blk.%d.ffn_gate_up_exps.weight (or blk.%d.ffn_gate_exps.weight "
+                   "and ffn_up_exps.weight)", il, il);
+        return false;
+    } else {
+        if (!model_experts(ld, nm, hp->dim, ef, ne, &L->gate_exps)) return false;
+        if (!model_experts(ld, TN("ffn_up_exps.weight"), hp->dim, ef, ne, &L->up_exps)) return false;
+    }
+    if (!model_experts(ld, TN("ffn_down_exps.weight"), ef, hp->dim, ne, &L->down_exps)) return false;
+    L->down_exps_s = model_vector(ld, TN("ffn_down_exps.scale"), false, ne);
+#undef TN
+    return ld->st == GGUF_OK;
+}
+
+/* The per-layer embeddings' model-wide tensors. */
+static bool model_gemma4_pl_inputs(model_ld *ld)
+{
+    model *m = ld->m;
+    const model_hparams *hp = &m->hp;
+    const int64_t w = (int64_t)hp->n_pl * hp->n_layers;
+    if (!model_matrix(ld, "per_layer_token_embd.weight", w, hp->n_vocab, &m->pl_tok_embd)) return false;
+    if (!model_matrix(ld, "per_layer_model_proj.weight", hp->dim, w, &m->pl_model_proj)) return false;
+    return (m->pl_proj_norm = model_vector(ld, "per_layer_proj_norm.weight", true, hp->n_pl)) != NULL;
+}
+
 bool model_gemma4_layer(model_ld *ld, int il)
 {
     model *m = ld->m;
@@ -154,6 +241,25 @@ bool model_gemma4_layer(model_ld *ld, int il)
                    (long long)kl);
         return false;
     }
+    if (il >= hp->n_kv_layers) {   /* a shared KV layer: the last earlier layer of its kind keeps its K/V */
+        /* llama.cpp's rule (src/llama-model.cpp) takes the last layer that keeps K/V for a global
+         * layer, the one before for a window layer: they must be of those kinds */
+        const int src = hp->n_kv_layers - (is_swa ? 2 : 1);
+        int64_t last_swa, prev_swa;
+        if (!model_gemma4_at(ld, "gemma4.attention.sliding_window_pattern", hp->n_kv_layers - 1, 0, &last_swa) ||
+            !model_gemma4_at(ld, "gemma4.attention.sliding_window_pattern", hp->n_kv_layers - 2, 0, &prev_swa))
+            return false;
+        if (last_swa || !prev_swa) {
+            model_fail(ld, GGUF_ERR_FORMAT, "gemma4: with shared_kv_layers %d, layer %d must be a global layer and layer "
+                       "%d a window layer (the K/V the shared layers read), not %s and %s",
+                       hp->n_layers - hp->n_kv_layers, hp->n_kv_layers - 1, hp->n_kv_layers - 2,
+                       last_swa ? "window" : "global", prev_swa ? "window" : "global");
+            return false;
+        }
+        L->kv_shared = true;
+        L->kv_src = src;
+        kv = m->layers[src].l_kv_heads;   /* its keys are the source layer's */
+    }
     const int hd = (int)kl, q_dim = hp->n_heads * hd, kv_dim = (int)kv * hd;
     L->l_head_dim = hd;
     L->l_kv_heads = (int)kv;
@@ -165,18 +271,26 @@ bool model_gemma4_layer(model_ld *ld, int il)
         return false;
     if (!(L->attn_norm = model_vector(ld, TN("attn_norm.weight"), true, hp->dim))) return false;
     if (!model_matrix(ld, TN("attn_q.weight"), hp->dim, q_dim, &L->wq)) return false;
-    if (!model_matrix(ld, TN("attn_k.weight"), hp->dim, kv_dim, &L->wk)) return false;
-    /* no attn_v (the 31B's global layers): V is K's projection */
-    if (gguf_find_tensor(m->g, TN("attn_v.weight")) && !model_matrix(ld, nm, hp->dim, kv_dim, &L->wv)) return false;
+    if (!L->kv_shared) {   /* a shared layer's attn_k/attn_v, if the file has them, are unused (as in llama.cpp) */
+        if (!model_matrix(ld, TN("attn_k.weight"), hp->dim, kv_dim, &L->wk)) return false;
+        /* no attn_v (the 31B's global layers): V is K's projection */
+        if (gguf_find_tensor(m->g, TN("attn_v.weight")) && !model_matrix(ld, nm, hp->dim, kv_dim, &L->wv)) return false;
+        if (!(L->k_norm = model_vector(ld, TN("attn_k_norm.weight"), true, hd))) return false;
+    }
     if (!model_matrix(ld, TN("attn_output.weight"), q_dim, hp->dim, &L->wo)) return false;
     if (!(L->q_norm = model_vector(ld, TN("attn_q_norm.weight"), true, hd))) return false;
-    if (!(L->k_norm = model_vector(ld, TN("attn_k_norm.weight"), true, hd))) return false;
     if (!(L->attn_post_norm = model_vector(ld, TN("post_attention_norm.weight"), true, hp->dim))) return false;
     const float *os = model_vector(ld, TN("layer_output_scale.weight"), false, 1);
     if (ld->st != GGUF_OK) return false;
     L->out_scale = os ? os[0] : 0.0f;
-    if (!model_load_ffn(ld, il)) return false;
+    if (!model_gemma4_ffn(ld, il)) return false;
     if (!(L->ffn_post_norm = model_vector(ld, TN("post_ffw_norm.weight"), true, hp->dim))) return false;
+    if (hp->n_pl > 0) {
+        if (il == 0 && !model_gemma4_pl_inputs(ld)) return false;
+        if (!model_matrix(ld, TN("inp_gate.weight"), hp->dim, hp->n_pl, &L->pl_gate)) return false;
+        if (!model_matrix(ld, TN("proj.weight"), hp->n_pl, hp->dim, &L->pl_proj)) return false;
+        if (!(L->pl_post_norm = model_vector(ld, TN("post_norm.weight"), true, hp->dim))) return false;
+    }
 #undef TN
     /* V's norm has no weight: ones, so that the shared RMS norm serves (x * 1 is exact) */
     float *ones = model_own(m, (size_t)hd);

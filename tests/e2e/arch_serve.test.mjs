@@ -10,7 +10,7 @@
 // worker. A chat request renders the family's bundled template
 // (Phi-3.5, Ministral 3) through the Jinja interpreter (which jinja.test.mjs compares byte for
 // byte with @huggingface/jinja). gemma4 (window and global layers of different head sizes and
-// kv heads) is served the same way, and a gemma4 model on Gemma 4's own vocabulary answers a
+// kv heads; with experts; with per-layer embeddings and shared KV layers) is served the same way, and a gemma4 model on Gemma 4's own vocabulary answers a
 // chat request through the bundled Gemma 4 template, its turn markers one token each.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
@@ -30,6 +30,12 @@ const FAMILIES = {
   // window layers of 4 kv heads of 32 beside a global one of 1 of 64 (engine_gemma4.c's padding)
   gemma4: ["--arch", "gemma4", "--ctx", "65536", "--window", "32", "--layers", "6", "--heads", "8", "--kv-heads", "4",
     "--head-dim", "32"],
+  // the 26B-A4B's experts beside the dense FFN; E2B's per-layer embeddings and 2 shared KV
+  // layers (window layers 6 and 7 attend over layer 4's K/V; the pool keeps none of theirs)
+  "gemma4-moe": ["--arch", "gemma4", "--ctx", "65536", "--window", "32", "--layers", "6", "--heads", "8", "--kv-heads", "4",
+    "--head-dim", "32", "--experts", "8", "--experts-used", "2", "--expert-ffn", "64"],
+  "gemma4-e": ["--arch", "gemma4", "--ctx", "65536", "--window", "32", "--layers", "8", "--heads", "8", "--kv-heads", "4",
+    "--head-dim", "32", "--per-layer-embd", "16", "--shared-kv-layers", "2"],
   glm4moe: ["--arch", "glm4moe", "--ctx", "4096"],
   mistral4: ["--arch", "mistral4", "--ctx", "4096", "--dim", "256", "--heads", "4", "--q-lora", "64", "--kv-lora", "128",
     "--nope-dim", "32", "--rope-dim", "32", "--v-dim", "32", "--experts", "8", "--experts-used", "2", "--expert-ffn", "128"],

@@ -49,9 +49,22 @@ const N_SINGLES = 16;
 const SHAPES = {phi3: {quant: 'q8_0'}, 'phi3-long': {}, mistral3: {quant: 'q8_0'}, 'mkmodel-phi3': {mkmodel: ['--arch', 'phi3', '--ctx', '4096']},
   gemma3: {quant: 'q8_0', tol: GELU_TOL},
   gemma4: {quant: 'q8_0', tol: GELU_TOL},
+  // the 26B-A4B's experts beside the shared MLP; E2B/E4B's per-layer embeddings and shared KV layers
+  'gemma4-moe': {tol: GELU_TOL},
+  // both of E2B's features: their GELU sites (the per-layer gate besides the FFN's) compound
+  // the fp16-table flips above: 1.3e-2 measured, each feature alone within GELU_TOL
+  'gemma4-e': {tol: 2 * GELU_TOL},
+  'gemma4-ple': {tol: GELU_TOL},
+  'gemma4-shared': {tol: GELU_TOL},
   // mkmodel's gemma4: 5 window layers of 8 heads of 32 over 4 kv heads, a global one of 64 over 1
   'mkmodel-gemma4': {mkmodel: ['--arch', 'gemma4', '--layers', '6', '--heads', '8', '--kv-heads', '4', '--head-dim', '32',
     '--window', '16', '--ctx', '4096'], tol: GELU_TOL},
+  // its experts (8 of 64, 2 used, gate and up fused) and its E2B features (per-layer embeddings
+  // of 16; 2 shared KV layers of 8: window layers 6 and 7 read layer 4's K/V)
+  'mkmodel-gemma4-moe': {mkmodel: ['--arch', 'gemma4', '--layers', '8', '--heads', '8', '--kv-heads', '4', '--head-dim', '32',
+    '--window', '16', '--ctx', '4096', '--experts', '8', '--experts-used', '2', '--expert-ffn', '64'], tol: GELU_TOL, quant: 'q8_0'},
+  'mkmodel-gemma4-e': {mkmodel: ['--arch', 'gemma4', '--layers', '8', '--heads', '8', '--kv-heads', '4', '--head-dim', '32',
+    '--window', '16', '--ctx', '4096', '--per-layer-embd', '16', '--shared-kv-layers', '2'], tol: 2 * GELU_TOL},   // as gemma4-e: 1.6e-2
   // mkmodel's mistral3 with an original context of 512 / 16 = 32: two temperature steps in the prompts
   'mkmodel-mistral3': {mkmodel: ['--arch', 'mistral3', '--ctx', '512', '--untied']}};
 
@@ -133,9 +146,9 @@ for (const [shape, fam] of Object.entries(SHAPES)) {
 // gemma4's layers run in the widest head shape (engine_gemma4.c): a sequence's numbers still do
 // not depend on how it is batched or split over threads, window layers included (130 tokens
 // cross the 16-position window and a 128-token block)
-test('gemma4: batched on two threads equals each sequence alone on one thread in 7-token steps, bit for bit', {skip},
+for (const shape of ['gemma4', 'gemma4-moe', 'gemma4-e']) test(`${shape}: batched on two threads equals each sequence alone on one thread in 7-token steps, bit for bit`, {skip},
   () => {
-    const file = model('gemma4', 'f32');
+    const file = model(shape, 'f32');
     const r = rng(5);
     const seqs = [3, 20, 130].map((n) => Array.from({length: n}, () => r(8000)));
     const dir = fs.mkdtempSync(path.join(gen, 'in-g4-'));
@@ -154,3 +167,26 @@ test('gemma4: batched on two threads equals each sequence alone on one thread in
       fs.rmSync(dir, {recursive: true, force: true});
     }
   });
+
+// A Gemma 4 file missing a tensor of its experts or per-layer embeddings is refused naming it
+test('gemma4 variants without one of their tensors are refused naming it', {skip}, () => {
+  const vocab = vocabFile();
+  const dir = fs.mkdtempSync(path.join(gen, 'drop-g4-'));
+  const input = path.join(dir, 'in.json');
+  fs.writeFileSync(input, JSON.stringify({seqs: [[1, 2]], top: 1}));
+  try {
+    for (const [shape, drop] of [['gemma4-moe', 'blk.1.ffn_gate_inp.scale'], ['gemma4-moe', 'blk.2.ffn_gate_up_exps.weight'],
+      ['gemma4-moe', 'blk.0.ffn_up_exps.weight'], ['gemma4-moe', 'blk.3.post_ffw_norm_2.weight'],
+      ['gemma4-e', 'per_layer_model_proj.weight'], ['gemma4-e', 'blk.5.inp_gate.weight']]) {
+      const out = path.join(dir, 'x.gguf');
+      const r = spawnSync(python, [script, '--shape', shape, '--vocab', vocab, '--seed', '1', '--drop', drop, '-o', out],
+        {encoding: 'utf8'});
+      assert.equal(r.status, 0, r.stderr);
+      const tm = spawnSync(bin, ['eval', '-m', out, '--input', input], {encoding: 'utf8'});
+      assert.notEqual(tm.status, 0);
+      assert.match(tm.stderr, new RegExp(drop.replace(/\./g, '\\.')), `${shape} without ${drop}: ${tm.stderr}`);
+    }
+  } finally {
+    fs.rmSync(dir, {recursive: true, force: true});
+  }
+});

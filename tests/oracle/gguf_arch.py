@@ -3,7 +3,8 @@
 # (tests/data/llama.cpp/gguf-py), so that the oracle tests read tensor names, shapes and
 # metadata as llama.cpp's converter writes them (conversion/phi.py for phi3), not mkmodel's.
 #
-#   gguf_arch.py --shape phi3|phi3-long|mistral3|gemma3|gemma4 --vocab VOCAB.gguf [--type f32|f16|q8_0] [--seed N] -o OUT.gguf
+#   gguf_arch.py --shape phi3|phi3-long|mistral3|gemma3|gemma4|gemma4-moe|gemma4-e|gemma4-ple|gemma4-shared --vocab VOCAB.gguf
+#       [--type f32|f16|q8_0] [--seed N] [--drop TENSOR ...] -o OUT.gguf
 #
 # phi3: Phi-4-mini's layer in small: fused attn_qkv and ffn_up (gate then up), 3/4 of each
 # head rotated (NEOX), LongRoPE's rope_factors_long/short and rope.scaling.attn_factor, a
@@ -53,6 +54,7 @@ def main():
     ap.add_argument("--type", default="f32", choices=["f32", "f16", "q8_0"])
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("-o", "--out", required=True)
+    ap.add_argument("--drop", action="append", default=[], help="leave this tensor out (a broken file, for tests)")
     a = ap.parse_args()
     s = SHAPES[a.shape]
     Q = gguf.GGMLQuantizationType
@@ -63,7 +65,8 @@ def main():
     def add(name, shape, std, f32=False, mean=0.0):
         x = (mean + std * rng.standard_normal(shape)).astype(np.float32)
         t = Q.F32 if f32 else qtype
-        put(w, name, x, t)
+        if name not in a.drop:
+            put(w, name, x, t)
 
     def norm(name, n, mean=1.0):
         add(name, (n,), 0.1 * mean, True, mean)

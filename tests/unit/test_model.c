@@ -192,12 +192,14 @@ TEST(test_bad_arch_and_keys)
     CHECK(load(&cg, &m, err, sizeof err) == GGUF_ERR_MISSING && m == NULL);
     CHECKF(strstr(err, "blk.0.attn_q_norm.weight") != NULL, "%s", err);
 
-    /* gemma4 is read; what of it the engine lacks is refused by name */
-    static const struct { const char *key, *want; } g4[] = {
-        { "gemma4.embedding_length_per_layer_input", "per-layer embeddings" },
-        { "gemma4.attention.shared_kv_layers", "shared KV layers" },
-        { "gemma4.expert_count", "mixture of experts" },
-        { NULL, "gemma4.attention.sliding_window" },
+    /* gemma4 is read; a bad key of its experts, per-layer embeddings or shared KV layers is
+     * refused naming it (the tensors' refusals: oracle_arch.test.mjs) */
+    static const struct { const char *key; uint32_t v; const char *want; } g4[] = {
+        { "gemma4.embedding_length_per_layer_input", 1u << 20, "gemma4.embedding_length_per_layer_input" },
+        { "gemma4.attention.shared_kv_layers", 1, "gemma4.attention.shared_kv_layers" },   /* 2 layers: at most 0 */
+        { "gemma4.expert_count", 8, "gemma4.expert_used_count" },                          /* absent */
+        { "gemma4.expert_count", MODEL_MAX_EXPERTS + 1, "expert_count 1025" },
+        { NULL, 0, "gemma4.attention.sliding_window" },
     };
     char path[256];
     snprintf(path, sizeof path, "%s/g4.gguf", tmpdir);
@@ -209,7 +211,11 @@ TEST(test_bad_arch_and_keys)
         gguf_writer_set_u32(w, "gemma4.context_length", 256);
         gguf_writer_set_u32(w, "gemma4.feed_forward_length", 128);
         gguf_writer_set_u32(w, "gemma4.attention.head_count", 4);
-        if (g4[i].key) gguf_writer_set_u32(w, g4[i].key, 8);
+        if (g4[i].key) gguf_writer_set_u32(w, g4[i].key, g4[i].v);
+        if (g4[i].v == MODEL_MAX_EXPERTS + 1) {   /* too many experts: refused by their keys' check */
+            gguf_writer_set_u32(w, "gemma4.expert_used_count", 2);
+            gguf_writer_set_u32(w, "gemma4.expert_feed_forward_length", 64);
+        }
         CHECK(gguf_writer_write(w, path, err, sizeof err) == GGUF_OK);
         gguf_writer_free(w);
         CHECK(model_load(path, NULL, &m, err, sizeof err) != GGUF_OK && m == NULL);
