@@ -1,6 +1,7 @@
 /*
  * ops_iq_avx2: AVX2 dot kernels of the codebook and ternary types (quant_iq.h) against Q8_K,
- * per row. They compute the integers of the scalar kernels (ops_iq.c) and the same float
+ * per row, and batch kernels for the grid types with unsigned points (IQ2_*, IQ3_*: a tile
+ * decoded once per call, see below). They compute the integers of the scalar kernels (ops_iq.c) and the same float
  * chain per super-block, so they equal the scalar level bit for bit (test_ops checks it);
  * the AVX-512 level runs them too.
  *
