@@ -5,7 +5,8 @@
  *      build/src/model/ops_avx512.o build/src/model/quant.o build/src/model/threadpool.o build/src/util/util.o \
  *      build/src/util/cpu.o build/src/util/bytebuf.o -lm -pthread
  *      build/src/util/topo.o
- * Run: build/bench_kernels [threads] [layers]   (TOKENMILL_SIMD=scalar|avx2|avx512 caps the ISA)
+ * Run: build/bench_kernels [threads] [layers]   (TOKENMILL_SIMD=scalar|avx2|avx512 caps the ISA;
+ * with 1 thread the matmuls are timed in thread CPU time, else wall time)
  * Prints, per weight type and batch size, the time of one pass over `layers` layers, the
  * weight bytes streamed per second, and multiply-accumulates per second, next to the
  * machine's measured read bandwidth.
@@ -191,10 +192,12 @@ int main(int argc, char **argv)
     double bw = read_bandwidth(tp, (size_t)512 << 20);
     printf("read bandwidth: %.1f GB/s\n", bw / 1e9);
     /* Q8_0, Q4_0, MXFP4 and the k-quants twice: as stored, then repacked (ops_repack) where the level
-     * has a kernel; Q3_K, Q2_K and IQ4_XS as stored (their batch kernels unpack per call) */
+     * has a kernel; Q3_K, Q2_K, IQ4_XS, Q4_1, Q5_0, Q5_1, IQ4_NL and the IQ3 / IQ2 grid types as
+     * stored (their batch kernels unpack per call) */
     qtype types[] = {QTYPE_Q8_0, QTYPE_Q8_0_X16, QTYPE_Q4_K, QTYPE_Q4_K_X16, QTYPE_Q6_K, QTYPE_Q6_K_X16,
                      QTYPE_Q4_0, QTYPE_Q4_0_X16, QTYPE_MXFP4, QTYPE_MXFP4_X16, QTYPE_F16,
-                     QTYPE_Q3_K, QTYPE_Q2_K, QTYPE_IQ4_XS};
+                     QTYPE_Q3_K, QTYPE_Q2_K, QTYPE_IQ4_XS, QTYPE_Q4_1, QTYPE_Q5_0, QTYPE_Q5_1, QTYPE_IQ4_NL,
+                     QTYPE_IQ3_S, QTYPE_IQ3_XXS, QTYPE_IQ2_XXS, QTYPE_IQ2_XS, QTYPE_IQ2_S};
     const char *only = getenv("BENCH_TYPES"); /* e.g. "q4_K,q4_Kx16" */
     int batches[] = {1, 4, 16, 128, 512};
     int nl = (int)TM_ARRAY_LEN(layer);
@@ -250,9 +253,11 @@ int main(int argc, char **argv)
             int reps = nt >= 128 ? 1 : 3;
             double best = 1e9;
             for (int rep = 0; rep < reps + 1; rep++) {
-                double t0 = util_now();
+                /* one thread runs on the caller: its CPU time, which others' load on a
+                 * shared machine does not inflate */
+                double t0 = nth == 1 ? thread_cpu_now() : util_now();
                 for (int i = 0; i < n_layers * nl; i++) ops_matmul(tp, &ws[i], x, nt, y, scratch);
-                double dt = util_now() - t0;
+                double dt = (nth == 1 ? thread_cpu_now() : util_now()) - t0;
                 if (rep > 0 && dt < best) best = dt;
             }
             printf("%-5s batch %3d: %8.2f ms  %6.1f GB/s weights (%3.0f%% of bw)  %7.1f GMAC/s  %8.1f tok/s-equiv(x%.0f layers)\n",

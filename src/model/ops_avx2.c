@@ -745,29 +745,10 @@ static void a2_add(float *y, const float *x, int64_t n)
 /* ---- the other weight types: per-row dots -------------------------------------------- */
 
 /* Q4_1, Q5_0, Q5_1, IQ4_NL (against Q8_1), Q2_K, Q3_K, IQ4_XS (against Q8_K): one (row,
- * token) at a time, the same integer sums as ops.c's reference and its float arithmetic in
- * the same order, so the results are bit-identical to the scalar level's (and so batch
- * invariant). The AVX-512 level uses these too (it has no kernels of its own for them). */
-
-/* 32 nibbles of 16 bytes: low nibbles in bytes 0..15, high ones in 16..31. */
-A2_INLINE __m256i a2_nibbles(const uint8_t *qs)
-{
-    __m128i q = _mm_loadu_si128((const __m128i *)qs);
-    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F));
-}
-
-/* Byte j = 0x10 where bit j of the 32-bit qh is set, else 0. */
-A2_INLINE __m256i a2_bit4(const uint8_t qh4[4])
-{
-    uint32_t qh;
-    memcpy(&qh, qh4, 4);
-    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
-                                    _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL,
-                                                       0x0303030303030303LL));
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    v = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
-    return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
-}
+ * token) at a time, the same integer sums as ops.c's reference and its float terms in the
+ * same order, fused as ggml's x86 kernels fuse them (so within rounding of the scalar level's,
+ * not bit-identical to it; the batch kernels below repeat each chain exactly). They serve one token (a decode step) and the rows past the last whole group of
+ * the batch kernels below, at the AVX-512 level too. */
 
 /* sum of w[i] * x[i] over 32 signed bytes (|w| <= 127, x != -128), as 8 int32 lanes. */
 A2_INLINE __m256i a2_dot_s8(__m256i w, __m256i x)
@@ -796,17 +777,17 @@ A2_INLINE __m256i a2_iq4_lookup(__m256i nib)
         for (int64_t b = 0; b < n / 32; b++) {                                                \
             __m256i xv = _mm256_loadu_si256((const __m256i *)x[b].qs);                        \
             int sumi = a2_hsum_i32(INTSUM);                                                   \
-            sumf += (float)sumi * (_cvtsh_ss(w[b].d) * _cvtsh_ss(x[b].d));                    \
-            if (HAS_MIN) sumf += a2_min_of(&w[b]) * _cvtsh_ss(x[b].s);                         \
+            sumf = fmaf((float)sumi, _cvtsh_ss(w[b].d) * _cvtsh_ss(x[b].d), sumf);            \
+            if (HAS_MIN) sumf = fmaf(a2_min_of(&w[b]), _cvtsh_ss(x[b].s), sumf);               \
         }                                                                                     \
         return sumf;                                                                          \
     }
 #define a2_min_of(p) _cvtsh_ss(*((const fp16_t *)(p) + 1))
-A2_DOT32(a2_dot_q4_1, block_q4_1, a2_dot_u8(a2_nibbles(w[b].qs), xv), 1)
-A2_DOT32(a2_dot_q5_1, block_q5_1, a2_dot_u8(_mm256_or_si256(a2_nibbles(w[b].qs), a2_bit4(w[b].qh)), xv), 1)
+A2_DOT32(a2_dot_q4_1, block_q4_1, a2_dot_u8(ops_kblk32_nibbles(w[b].qs), xv), 1)
+A2_DOT32(a2_dot_q5_1, block_q5_1, a2_dot_u8(_mm256_or_si256(ops_kblk32_nibbles(w[b].qs), ops_kblk32_bit4(w[b].qh)), xv), 1)
 A2_DOT32(a2_dot_q5_0, block_q5_0,
-         a2_dot_s8(_mm256_sub_epi8(_mm256_or_si256(a2_nibbles(w[b].qs), a2_bit4(w[b].qh)), _mm256_set1_epi8(16)), xv), 0)
-A2_DOT32(a2_dot_iq4_nl, block_iq4_nl, a2_dot_s8(a2_iq4_lookup(a2_nibbles(w[b].qs)), xv), 0)
+         a2_dot_s8(_mm256_sub_epi8(_mm256_or_si256(ops_kblk32_nibbles(w[b].qs), ops_kblk32_bit4(w[b].qh)), _mm256_set1_epi8(16)), xv), 0)
+A2_DOT32(a2_dot_iq4_nl, block_iq4_nl, a2_dot_s8(a2_iq4_lookup(ops_kblk32_nibbles(w[b].qs)), xv), 0)
 #undef a2_min_of
 
 /* Q2_K: chunk c (32 values 32c..32c+31) is bits 2(c%4) of qs[32(c/4) ..]; its halves have
@@ -872,7 +853,7 @@ static float a2_dot_iq4_xs(int64_t n, const void *vw, const block_q8_K *x)
     for (int64_t b = 0; b < n / QK_K; b++) {
         __m256i acc = _mm256_setzero_si256();
         for (int j = 0; j < QK_K / 32; j++) {
-            __m256i v = a2_iq4_lookup(a2_nibbles(w[b].qs + 16 * j));
+            __m256i v = a2_iq4_lookup(ops_kblk32_nibbles(w[b].qs + 16 * j));
             __m256i xv = _mm256_loadu_si256((const __m256i *)(x[b].qs + 32 * j));
             __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(xv, v));
             acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16((int16_t)(quant_iq4_xs_scale(&w[b], j) - 32))));
@@ -882,37 +863,12 @@ static float a2_dot_iq4_xs(int64_t n, const void *vw, const block_q8_K *x)
     return sumf;
 }
 
-#define A2_GEMM_FROM_DOT(name, dot, xt)                                                       \
-    static void name(int64_t cols, const void *w, size_t ws, int nr, const void *x, size_t xs, \
-                     int nt, float *y, size_t ys)                                             \
-    {                                                                                         \
-        for (int t = 0; t < nt; t++)                                                          \
-            for (int r = 0; r < nr; r++)                                                      \
-                y[(size_t)t * ys + r] = dot(cols, (const char *)w + r * ws,                   \
-                                            (const xt *)((const char *)x + t * xs));          \
-    }
-A2_GEMM_FROM_DOT(a2_gemm_q4_1, a2_dot_q4_1, block_q8_1)
-A2_GEMM_FROM_DOT(a2_gemm_q5_0, a2_dot_q5_0, block_q8_1)
-A2_GEMM_FROM_DOT(a2_gemm_q5_1, a2_dot_q5_1, block_q8_1)
-A2_GEMM_FROM_DOT(a2_gemm_iq4_nl, a2_dot_iq4_nl, block_q8_1)
-
 /* ---- Q2_K, Q3_K, IQ4_XS for batches: unpack once, dot many tokens -------------------- */
 
 /* The per-row dots above unpack the weight bits again for every token; for batches the
  * driver in ops_kblk.h unpacks 4 rows' super-block once and calls a2_kblk_dot per token. */
-/* The four int32 lane sums of a0..a3, in that order (integer adds: exact in any order). */
-A2_INLINE __m128i a2_hsum4_i32(__m256i a0, __m256i a1, __m256i a2, __m256i a3)
-{
-    __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(a0, a1), _mm256_hadd_epi32(a2, a3));
-    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-}
-
 /* Q2_K, Q3_K, IQ4_XS for batches (ops_kblk.h): one token's super-block xb against the
- * OPS_KBLK_ROWS unpacked rows of k, added to that token's
- * y[0..3] with the per-row dots' float arithmetic lane by lane: Q3_K y = fma(d_x*d, isum -
- * 4 * sum_g sg_g*bsum_g, y); Q2_K y += fma(d_x*d, isum, -((d_x*dmin) * sum_g m_g*bsum_g));
- * IQ4_XS y = fma(d_x*d, isum, y). The fused multiply-adds are explicit on both paths, so that
- * the compiler's contraction of plain float expressions cannot make them differ. */
+ * OPS_KBLK_ROWS unpacked rows of k, added to that token's y[0..3] (ops_kblk_finish). */
 A2_INLINE void a2_kblk_dot(const ops_kblk *k, qtype t, const block_q8_K *xb, float *y)
 {
     __m256i acc[OPS_KBLK_ROWS];
@@ -925,24 +881,7 @@ A2_INLINE void a2_kblk_dot(const ops_kblk *k, qtype t, const block_q8_K *xb, flo
             acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(p, k->sc[r][c]));
         }
     }
-    __m128 xd = _mm_set1_ps(xb->d), yv = _mm_loadu_ps(y);
-    __m128 dx = _mm_mul_ps(xd, _mm_loadu_ps(k->d));
-    if (t == QTYPE_Q3_K) {
-        __m256i bs = _mm256_loadu_si256((const __m256i *)xb->bsums);
-        _Pragma("GCC unroll 8") for (int r = 0; r < OPS_KBLK_ROWS; r++)
-            acc[r] = _mm256_sub_epi32(acc[r], _mm256_slli_epi32(_mm256_madd_epi16(k->sg[r], bs), 2));
-    }
-    __m128 isum = _mm_cvtepi32_ps(a2_hsum4_i32(acc[0], acc[1], acc[2], acc[3]));
-    if (t == QTYPE_Q2_K) {
-        __m256i bs = _mm256_loadu_si256((const __m256i *)xb->bsums);
-        __m128 imin = _mm_cvtepi32_ps(a2_hsum4_i32(_mm256_madd_epi16(k->sg[0], bs), _mm256_madd_epi16(k->sg[1], bs),
-                                                    _mm256_madd_epi16(k->sg[2], bs), _mm256_madd_epi16(k->sg[3], bs)));
-        __m128 dm = _mm_mul_ps(xd, _mm_loadu_ps(k->dmin));
-        yv = _mm_add_ps(yv, _mm_fmadd_ps(dx, isum, _mm_sub_ps(_mm_setzero_ps(), _mm_mul_ps(dm, imin))));
-    } else {
-        yv = _mm_fmadd_ps(dx, isum, yv);
-    }
-    _mm_storeu_ps(y, yv);
+    ops_kblk_finish(k, t, xb, acc, y);
 }
 
 #define A2_GEMM_KBLK(name, dot, t)                                                            \
@@ -958,6 +897,38 @@ A2_INLINE void a2_kblk_dot(const ops_kblk *k, qtype t, const block_q8_K *xb, flo
 A2_GEMM_KBLK(a2_gemm_q2_K, a2_dot_q2_K, QTYPE_Q2_K)
 A2_GEMM_KBLK(a2_gemm_q3_K, a2_dot_q3_K, QTYPE_Q3_K)
 A2_GEMM_KBLK(a2_gemm_iq4_xs, a2_dot_iq4_xs, QTYPE_IQ4_XS)
+
+/* ---- Q4_1, Q5_0, Q5_1, IQ4_NL for batches (ops_kblk.h's ops_kblk32_gemm) --------------- */
+
+/* Token block xb against block slot j of the 8 unpacked rows of k: each row's exact integer
+ * dot (vpmaddubsw of the unsigned weight bytes, with the signed types' signs moved onto the
+ * activations, then vpmaddwd with ones), one int32 lane per row. */
+A2_INLINE __m256i a2_kblk32_dot(const ops_kblk32 *k, qtype t, int j, const block_q8_1 *xb)
+{
+    const __m256i xv = _mm256_loadu_si256((const __m256i *)xb->qs), ones = _mm256_set1_epi16(1);
+    __m256i a[OPS_KBLK32_ROWS];
+    _Pragma("GCC unroll 8") for (int r = 0; r < OPS_KBLK32_ROWS; r++) {
+        __m256i u = _mm256_load_si256((const __m256i *)k->u[j][r]), xs = xv;
+        if (t == QTYPE_Q5_0 || t == QTYPE_IQ4_NL) xs = _mm256_sign_epi8(xv, _mm256_load_si256((const __m256i *)k->v[j][r]));
+        a[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(u, xs), ones);
+    }
+    return ops_kblk_hsum8_i32(a);
+}
+
+#define A2_GEMM_KBLK32(name, dot, t)                                                          \
+    static void name(int64_t cols, const void *w, size_t ws, int nr, const void *x, size_t xs, \
+                     int nt, float *y, size_t ys)                                             \
+    {                                                                                         \
+        if (nt == 1) { /* decode: one pass over the row, nothing to share */                  \
+            for (int r = 0; r < nr; r++) y[r] = dot(cols, (const char *)w + r * ws, x);       \
+            return;                                                                           \
+        }                                                                                     \
+        ops_kblk32_gemm(t, a2_kblk32_dot, dot, cols, w, ws, nr, x, xs, nt, y, ys);            \
+    }
+A2_GEMM_KBLK32(a2_gemm_q4_1, a2_dot_q4_1, QTYPE_Q4_1)
+A2_GEMM_KBLK32(a2_gemm_q5_0, a2_dot_q5_0, QTYPE_Q5_0)
+A2_GEMM_KBLK32(a2_gemm_q5_1, a2_dot_q5_1, QTYPE_Q5_1)
+A2_GEMM_KBLK32(a2_gemm_iq4_nl, a2_dot_iq4_nl, QTYPE_IQ4_NL)
 
 /* KV cache rows against a Q8_0 query row, as ggml's AVX2 vec_dot_q8_0_q8_0 / q4_0_q8_0: the
  * exact integer dot of a block (signs moved onto the query so that maddubs multiplies

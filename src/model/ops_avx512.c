@@ -866,19 +866,10 @@ static float a512_row_dot_q2_K(int64_t n, const void *w, const block_q8_K *x) { 
 static float a512_row_dot_q3_K(int64_t n, const void *w, const block_q8_K *x) { return a512_kblk_row_dot(1, n, w, x); }
 static float a512_row_dot_iq4_xs(int64_t n, const void *w, const block_q8_K *x) { return a512_kblk_row_dot(2, n, w, x); }
 
-/* The four int32 lane sums of a0..a3, in that order (integer adds: exact in any order). */
-A512_INLINE __m128i a512_hsum4_i32(__m256i a0, __m256i a1, __m256i a2, __m256i a3)
-{
-    __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(a0, a1), _mm256_hadd_epi32(a2, a3));
-    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-}
-
 /* One token's super-block xb against the 4 unpacked rows of k, added to the token's y[0..3]:
  * ops_avx2.c's a2_kblk_dot with 64-byte vectors. vpmaddubsw of unsigned weights (IQ4_XS: |v|,
  * the activations negated where v < 0, as vpsignb would) then vpdpwssd with the sub-block
- * scales: the same exact integer sums. Float: Q3_K y = fma(d_x*d, isum - 4 * sum_g sg_g*bsum_g,
- * y); Q2_K y += fma(d_x*d, isum, -((d_x*dmin) * sum_g m_g*bsum_g)); IQ4_XS y = fma(d_x*d,
- * isum, y), lane by lane as the per-row dots. */
+ * scales: the same exact integer sums, then the same float chain (ops_kblk_finish). */
 A512_INLINE void a512_kblk_dot(const ops_kblk *k, qtype t, const block_q8_K *xb, float *y)
 {
     __m512i acc[OPS_KBLK_ROWS];
@@ -897,22 +888,7 @@ A512_INLINE void a512_kblk_dot(const ops_kblk *k, qtype t, const block_q8_K *xb,
     __m256i a[OPS_KBLK_ROWS];
     _Pragma("GCC unroll 8") for (int r = 0; r < OPS_KBLK_ROWS; r++)
         a[r] = _mm256_add_epi32(_mm512_castsi512_si256(acc[r]), _mm512_extracti64x4_epi64(acc[r], 1));
-    __m128 xd = _mm_set1_ps(xb->d), yv = _mm_loadu_ps(y);
-    __m128 dx = _mm_mul_ps(xd, _mm_loadu_ps(k->d));
-    __m256i bs = _mm256_loadu_si256((const __m256i *)xb->bsums);
-    if (t == QTYPE_Q3_K)
-        _Pragma("GCC unroll 8") for (int r = 0; r < OPS_KBLK_ROWS; r++)
-            a[r] = _mm256_sub_epi32(a[r], _mm256_slli_epi32(_mm256_madd_epi16(k->sg[r], bs), 2));
-    __m128 isum = _mm_cvtepi32_ps(a512_hsum4_i32(a[0], a[1], a[2], a[3]));
-    if (t == QTYPE_Q2_K) {
-        __m128 imin = _mm_cvtepi32_ps(a512_hsum4_i32(_mm256_madd_epi16(k->sg[0], bs), _mm256_madd_epi16(k->sg[1], bs),
-                                                      _mm256_madd_epi16(k->sg[2], bs), _mm256_madd_epi16(k->sg[3], bs)));
-        __m128 dm = _mm_mul_ps(xd, _mm_loadu_ps(k->dmin));
-        yv = _mm_add_ps(yv, _mm_fmadd_ps(dx, isum, _mm_sub_ps(_mm_setzero_ps(), _mm_mul_ps(dm, imin))));
-    } else {
-        yv = _mm_fmadd_ps(dx, isum, yv);
-    }
-    _mm_storeu_ps(y, yv);
+    ops_kblk_finish(k, t, xb, a, y);
 }
 
 #define A512_GEMM_KBLK(name, i, rowdot, t)                                                      \
@@ -925,6 +901,56 @@ A512_INLINE void a512_kblk_dot(const ops_kblk *k, qtype t, const block_q8_K *xb,
 A512_GEMM_KBLK(a512_gemm_q2_K, 0, a512_row_dot_q2_K, QTYPE_Q2_K)
 A512_GEMM_KBLK(a512_gemm_q3_K, 1, a512_row_dot_q3_K, QTYPE_Q3_K)
 A512_GEMM_KBLK(a512_gemm_iq4_xs, 2, a512_row_dot_iq4_xs, QTYPE_IQ4_XS)
+
+/* ---- Q4_1 / Q5_0 / Q5_1 / IQ4_NL x Q8_1 for batches (ops_kblk.h's ops_kblk32_gemm) ------- */
+
+/* As above: one token (and the rows past the last group of 8) takes the AVX2 level's per-row
+ * dot, whose integer sums and float chain the batch path repeats. */
+static ops_gemm_fn a512_kblk32_row_gemm[4]; /* the AVX2 gemms: Q4_1, Q5_0, Q5_1, IQ4_NL */
+
+A512_INLINE float a512_kblk32_row_dot(int i, int64_t cols, const void *w, const block_q8_1 *x)
+{
+    float y;
+    a512_kblk32_row_gemm[i](cols, w, 0, 1, x, 0, 1, &y, 0);
+    return y;
+}
+static float a512_row_dot_q4_1(int64_t n, const void *w, const block_q8_1 *x) { return a512_kblk32_row_dot(0, n, w, x); }
+static float a512_row_dot_q5_0(int64_t n, const void *w, const block_q8_1 *x) { return a512_kblk32_row_dot(1, n, w, x); }
+static float a512_row_dot_q5_1(int64_t n, const void *w, const block_q8_1 *x) { return a512_kblk32_row_dot(2, n, w, x); }
+static float a512_row_dot_iq4_nl(int64_t n, const void *w, const block_q8_1 *x) { return a512_kblk32_row_dot(3, n, w, x); }
+
+/* Token block xb against block slot j of the 8 unpacked rows of k, two rows per zmm (a
+ * block's rows are contiguous) against the token's 32 bytes in both halves: vpdpbusd of the
+ * unsigned weight bytes (Q5_0 / IQ4_NL: |v|, the activations negated where v < 0), exact
+ * int32 sums, one lane per row after the reduction. */
+A512_INLINE __m256i a512_kblk32_dot(const ops_kblk32 *k, qtype t, int j, const block_q8_1 *xb)
+{
+    const __m512i xv = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)xb->qs));
+    __m256i a[OPS_KBLK32_ROWS];
+    _Pragma("GCC unroll 8") for (int r = 0; r < OPS_KBLK32_ROWS; r += 2) {
+        __m512i xs = xv;
+        if (t == QTYPE_Q5_0 || t == QTYPE_IQ4_NL) {
+            __mmask64 neg = _mm512_movepi8_mask(_mm512_load_si512(k->v[j][r]));
+            xs = _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv);
+        }
+        __m512i acc = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_load_si512(k->u[j][r]), xs);
+        a[r] = _mm512_castsi512_si256(acc);
+        a[r + 1] = _mm512_extracti64x4_epi64(acc, 1);
+    }
+    return ops_kblk_hsum8_i32(a);
+}
+
+#define A512_GEMM_KBLK32(name, i, rowdot, t)                                                    \
+    static void name(int64_t cols, const void *w, size_t ws, int nr, const void *x, size_t xs,  \
+                     int nt, float *y, size_t ys)                                              \
+    {                                                                                          \
+        if (nt == 1) a512_kblk32_row_gemm[i](cols, w, ws, nr, x, xs, nt, y, ys);               \
+        else ops_kblk32_gemm(t, a512_kblk32_dot, rowdot, cols, w, ws, nr, x, xs, nt, y, ys);   \
+    }
+A512_GEMM_KBLK32(a512_gemm_q4_1, 0, a512_row_dot_q4_1, QTYPE_Q4_1)
+A512_GEMM_KBLK32(a512_gemm_q5_0, 1, a512_row_dot_q5_0, QTYPE_Q5_0)
+A512_GEMM_KBLK32(a512_gemm_q5_1, 2, a512_row_dot_q5_1, QTYPE_Q5_1)
+A512_GEMM_KBLK32(a512_gemm_iq4_nl, 3, a512_row_dot_iq4_nl, QTYPE_IQ4_NL)
 
 /* ---- float weights -------------------------------------------------------------------- */
 
@@ -1418,6 +1444,14 @@ void ops_kernels_init_avx512(ops_kernels *k)
     k->gemm[QTYPE_Q2_K] = a512_gemm_q2_K;
     k->gemm[QTYPE_Q3_K] = a512_gemm_q3_K;
     k->gemm[QTYPE_IQ4_XS] = a512_gemm_iq4_xs;
+    a512_kblk32_row_gemm[0] = k->gemm[QTYPE_Q4_1];
+    a512_kblk32_row_gemm[1] = k->gemm[QTYPE_Q5_0];
+    a512_kblk32_row_gemm[2] = k->gemm[QTYPE_Q5_1];
+    a512_kblk32_row_gemm[3] = k->gemm[QTYPE_IQ4_NL];
+    k->gemm[QTYPE_Q4_1] = a512_gemm_q4_1;
+    k->gemm[QTYPE_Q5_0] = a512_gemm_q5_0;
+    k->gemm[QTYPE_Q5_1] = a512_gemm_q5_1;
+    k->gemm[QTYPE_IQ4_NL] = a512_gemm_iq4_nl;
     k->quant_q8_0 = a512_quant_q8_0;
     k->gemm[QTYPE_Q8_0] = a512_gemm_q8_0;
     k->gemm[QTYPE_Q4_0] = a512_gemm_q4_0;

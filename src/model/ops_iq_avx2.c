@@ -1,6 +1,7 @@
 /*
  * ops_iq_avx2: AVX2 dot kernels of the codebook and ternary types (quant_iq.h) against Q8_K,
- * per row. They compute the integers of the scalar kernels (ops_iq.c) and the same float
+ * per row, and batch kernels for the grid types with unsigned points (IQ2_*, IQ3_*: a tile
+ * decoded once per call, see below). They compute the integers of the scalar kernels (ops_iq.c) and the same float
  * chain per super-block, so they equal the scalar level bit for bit (test_ops checks it);
  * the AVX-512 level runs them too.
  *
@@ -60,113 +61,100 @@ IQ2_INLINE __m256i iq_a2_scales(int ls1, int ls2)
     return _mm256_set_m128i(_mm_set1_epi16((short)ls2), _mm_set1_epi16((short)ls1));
 }
 
-static float iq_a2_dot_iq2_xxs(int64_t n, const block_iq2_xxs *w, const block_q8_K *x)
+/* Sub-block ib (32 elements) of a super-block of the grid types whose points are unsigned
+ * (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S): its points, its signs (bytes of -1 / +1) and its
+ * scales (int16 lanes, low 128 bits elements 0..15). The per-row dots and the batch kernels
+ * below both take their sub-blocks from these. */
+typedef struct {
+    __m256i pts;   /* 32 unsigned grid points */
+    __m256i signs; /* 32 x -1 / +1 */
+    __m256i sc;    /* 16 x int16: the scales of elements 0..15 (low lanes), 16..31 */
+} iq_a2_sub;
+
+IQ2_INLINE iq_a2_sub iq_a2_sub_iq2_xxs(const block_iq2_xxs *w, int ib)
 {
-    float sumf = 0;
-    for (int64_t b = 0; b < n / QK_K; b++) {
-        __m256i acc = _mm256_setzero_si256();
-        for (int ib = 0; ib < QK_K / 32; ib++) {
-            const uint16_t *q = w[b].qs + 4 * ib;
-            uint32_t a0 = q[0] | (uint32_t)q[1] << 16, a1 = q[2] | (uint32_t)q[3] << 16;
-            __m256i pts = _mm256_set_epi64x((long long)quant_grids_iq2xxs[a0 >> 24], (long long)quant_grids_iq2xxs[a0 >> 16 & 255],
-                                            (long long)quant_grids_iq2xxs[a0 >> 8 & 255], (long long)quant_grids_iq2xxs[a0 & 255]);
-            uint32_t s4 = quant_grids_ksigns[a1 & 127] | (uint32_t)quant_grids_ksigns[a1 >> 7 & 127] << 8 |
-                          (uint32_t)quant_grids_ksigns[a1 >> 14 & 127] << 16 | (uint32_t)quant_grids_ksigns[a1 >> 21 & 127] << 24;
-            int ls = (int)(2 * (a1 >> 28) + 1);
-            acc = _mm256_add_epi32(acc, iq_a2_dot32(pts, iq_a2_signs(s4), x[b].qs + 32 * ib, _mm256_set1_epi16((short)ls)));
-        }
-        sumf += quant_fp16_to_fp32(w[b].d) * x[b].d * (float)iq_a2_hsum(acc);
-    }
-    return 0.125f * sumf;
+    const uint16_t *q = w->qs + 4 * ib;
+    uint32_t a0 = q[0] | (uint32_t)q[1] << 16, a1 = q[2] | (uint32_t)q[3] << 16;
+    uint32_t s4 = quant_grids_ksigns[a1 & 127] | (uint32_t)quant_grids_ksigns[a1 >> 7 & 127] << 8 |
+                  (uint32_t)quant_grids_ksigns[a1 >> 14 & 127] << 16 | (uint32_t)quant_grids_ksigns[a1 >> 21 & 127] << 24;
+    return (iq_a2_sub){
+        _mm256_set_epi64x((long long)quant_grids_iq2xxs[a0 >> 24], (long long)quant_grids_iq2xxs[a0 >> 16 & 255],
+                          (long long)quant_grids_iq2xxs[a0 >> 8 & 255], (long long)quant_grids_iq2xxs[a0 & 255]),
+        iq_a2_signs(s4), _mm256_set1_epi16((short)(2 * (a1 >> 28) + 1))};
 }
 
-static float iq_a2_dot_iq2_xs(int64_t n, const block_iq2_xs *w, const block_q8_K *x)
+IQ2_INLINE iq_a2_sub iq_a2_sub_iq2_xs(const block_iq2_xs *w, int ib)
 {
-    float sumf = 0;
-    for (int64_t b = 0; b < n / QK_K; b++) {
-        __m256i acc = _mm256_setzero_si256();
-        for (int ib = 0; ib < QK_K / 32; ib++) {
-            const uint16_t *q = w[b].qs + 4 * ib;
-            __m256i pts = _mm256_set_epi64x((long long)quant_grids_iq2xs[q[3] & 511], (long long)quant_grids_iq2xs[q[2] & 511],
-                                            (long long)quant_grids_iq2xs[q[1] & 511], (long long)quant_grids_iq2xs[q[0] & 511]);
-            uint32_t s4 = quant_grids_ksigns[q[0] >> 9] | (uint32_t)quant_grids_ksigns[q[1] >> 9] << 8 |
-                          (uint32_t)quant_grids_ksigns[q[2] >> 9] << 16 | (uint32_t)quant_grids_ksigns[q[3] >> 9] << 24;
-            uint8_t sc = w[b].scales[ib];
-            acc = _mm256_add_epi32(acc, iq_a2_dot32(pts, iq_a2_signs(s4), x[b].qs + 32 * ib,
-                                                    iq_a2_scales(2 * (sc & 0xf) + 1, 2 * (sc >> 4) + 1)));
-        }
-        sumf += quant_fp16_to_fp32(w[b].d) * x[b].d * (float)iq_a2_hsum(acc);
-    }
-    return 0.125f * sumf;
+    const uint16_t *q = w->qs + 4 * ib;
+    uint32_t s4 = quant_grids_ksigns[q[0] >> 9] | (uint32_t)quant_grids_ksigns[q[1] >> 9] << 8 |
+                  (uint32_t)quant_grids_ksigns[q[2] >> 9] << 16 | (uint32_t)quant_grids_ksigns[q[3] >> 9] << 24;
+    uint8_t sc = w->scales[ib];
+    return (iq_a2_sub){
+        _mm256_set_epi64x((long long)quant_grids_iq2xs[q[3] & 511], (long long)quant_grids_iq2xs[q[2] & 511],
+                          (long long)quant_grids_iq2xs[q[1] & 511], (long long)quant_grids_iq2xs[q[0] & 511]),
+        iq_a2_signs(s4), iq_a2_scales(2 * (sc & 0xf) + 1, 2 * (sc >> 4) + 1)};
 }
 
-static float iq_a2_dot_iq2_s(int64_t n, const block_iq2_s *w, const block_q8_K *x)
+IQ2_INLINE iq_a2_sub iq_a2_sub_iq2_s(const block_iq2_s *w, int ib)
 {
-    float sumf = 0;
-    for (int64_t b = 0; b < n / QK_K; b++) {
-        __m256i acc = _mm256_setzero_si256();
-        for (int ib = 0; ib < QK_K / 32; ib++) {
-            const uint8_t *qs = w[b].qs + 4 * ib, *sg = w[b].qs + QK_K / 8 + 4 * ib;
-            int qh = w[b].qh[ib];
-            __m256i pts = _mm256_set_epi64x((long long)quant_grids_iq2s[qs[3] | (qh << 2 & 0x300)],
-                                            (long long)quant_grids_iq2s[qs[2] | (qh << 4 & 0x300)],
-                                            (long long)quant_grids_iq2s[qs[1] | (qh << 6 & 0x300)],
-                                            (long long)quant_grids_iq2s[qs[0] | (qh << 8 & 0x300)]);
-            uint32_t s4 = sg[0] | (uint32_t)sg[1] << 8 | (uint32_t)sg[2] << 16 | (uint32_t)sg[3] << 24;
-            uint8_t sc = w[b].scales[ib];
-            acc = _mm256_add_epi32(acc, iq_a2_dot32(pts, iq_a2_signs(s4), x[b].qs + 32 * ib,
-                                                    iq_a2_scales(2 * (sc & 0xf) + 1, 2 * (sc >> 4) + 1)));
-        }
-        sumf += quant_fp16_to_fp32(w[b].d) * x[b].d * (float)iq_a2_hsum(acc);
-    }
-    return 0.125f * sumf;
+    const uint8_t *qs = w->qs + 4 * ib, *sg = w->qs + QK_K / 8 + 4 * ib;
+    int qh = w->qh[ib];
+    uint32_t s4 = sg[0] | (uint32_t)sg[1] << 8 | (uint32_t)sg[2] << 16 | (uint32_t)sg[3] << 24;
+    uint8_t sc = w->scales[ib];
+    return (iq_a2_sub){
+        _mm256_set_epi64x((long long)quant_grids_iq2s[qs[3] | (qh << 2 & 0x300)], (long long)quant_grids_iq2s[qs[2] | (qh << 4 & 0x300)],
+                          (long long)quant_grids_iq2s[qs[1] | (qh << 6 & 0x300)], (long long)quant_grids_iq2s[qs[0] | (qh << 8 & 0x300)]),
+        iq_a2_signs(s4), iq_a2_scales(2 * (sc & 0xf) + 1, 2 * (sc >> 4) + 1)};
 }
 
-static float iq_a2_dot_iq3_xxs(int64_t n, const block_iq3_xxs *w, const block_q8_K *x)
+IQ2_INLINE iq_a2_sub iq_a2_sub_iq3_xxs(const block_iq3_xxs *w, int ib)
 {
-    float sumf = 0;
-    for (int64_t b = 0; b < n / QK_K; b++) {
-        __m256i acc = _mm256_setzero_si256();
-        const uint8_t *sas = w[b].qs + QK_K / 4;
-        for (int ib = 0; ib < QK_K / 32; ib++) {
-            const uint8_t *q3 = w[b].qs + 8 * ib, *s = sas + 4 * ib;
-            uint32_t aux = s[0] | (uint32_t)s[1] << 8 | (uint32_t)s[2] << 16 | (uint32_t)s[3] << 24;
-            __m256i pts = _mm256_setr_epi32((int)quant_grids_iq3xxs[q3[0]], (int)quant_grids_iq3xxs[q3[1]],
-                                            (int)quant_grids_iq3xxs[q3[2]], (int)quant_grids_iq3xxs[q3[3]],
-                                            (int)quant_grids_iq3xxs[q3[4]], (int)quant_grids_iq3xxs[q3[5]],
-                                            (int)quant_grids_iq3xxs[q3[6]], (int)quant_grids_iq3xxs[q3[7]]);
-            uint32_t s4 = quant_grids_ksigns[aux & 127] | (uint32_t)quant_grids_ksigns[aux >> 7 & 127] << 8 |
-                          (uint32_t)quant_grids_ksigns[aux >> 14 & 127] << 16 | (uint32_t)quant_grids_ksigns[aux >> 21 & 127] << 24;
-            int ls = (int)(2 * (aux >> 28) + 1);
-            acc = _mm256_add_epi32(acc, iq_a2_dot32(pts, iq_a2_signs(s4), x[b].qs + 32 * ib, _mm256_set1_epi16((short)ls)));
-        }
-        sumf += quant_fp16_to_fp32(w[b].d) * x[b].d * (float)iq_a2_hsum(acc);
-    }
-    return 0.25f * sumf;
+    const uint8_t *q3 = w->qs + 8 * ib, *s = w->qs + QK_K / 4 + 4 * ib;
+    uint32_t aux = s[0] | (uint32_t)s[1] << 8 | (uint32_t)s[2] << 16 | (uint32_t)s[3] << 24;
+    uint32_t s4 = quant_grids_ksigns[aux & 127] | (uint32_t)quant_grids_ksigns[aux >> 7 & 127] << 8 |
+                  (uint32_t)quant_grids_ksigns[aux >> 14 & 127] << 16 | (uint32_t)quant_grids_ksigns[aux >> 21 & 127] << 24;
+    return (iq_a2_sub){
+        _mm256_setr_epi32((int)quant_grids_iq3xxs[q3[0]], (int)quant_grids_iq3xxs[q3[1]], (int)quant_grids_iq3xxs[q3[2]],
+                          (int)quant_grids_iq3xxs[q3[3]], (int)quant_grids_iq3xxs[q3[4]], (int)quant_grids_iq3xxs[q3[5]],
+                          (int)quant_grids_iq3xxs[q3[6]], (int)quant_grids_iq3xxs[q3[7]]),
+        iq_a2_signs(s4), _mm256_set1_epi16((short)(2 * (aux >> 28) + 1))};
 }
 
-static float iq_a2_dot_iq3_s(int64_t n, const block_iq3_s *w, const block_q8_K *x)
+IQ2_INLINE iq_a2_sub iq_a2_sub_iq3_s(const block_iq3_s *w, int ib)
 {
-    float sumf = 0;
-    for (int64_t b = 0; b < n / QK_K; b++) {
-        __m256i acc = _mm256_setzero_si256();
-        for (int ib = 0; ib < QK_K / 32; ib++) {
-            const uint8_t *qs = w[b].qs + 8 * ib, *sg = w[b].signs + 4 * ib;
-            int qh = w[b].qh[ib];
-            int idx[8];
-            for (int k = 0; k < 8; k++) idx[k] = qs[k] | ((qh << (8 - k)) & 256);
-            __m256i pts = _mm256_setr_epi32((int)quant_grids_iq3s[idx[0]], (int)quant_grids_iq3s[idx[1]],
-                                            (int)quant_grids_iq3s[idx[2]], (int)quant_grids_iq3s[idx[3]],
-                                            (int)quant_grids_iq3s[idx[4]], (int)quant_grids_iq3s[idx[5]],
-                                            (int)quant_grids_iq3s[idx[6]], (int)quant_grids_iq3s[idx[7]]);
-            uint32_t s4 = sg[0] | (uint32_t)sg[1] << 8 | (uint32_t)sg[2] << 16 | (uint32_t)sg[3] << 24;
-            int ls = 2 * ((w[b].scales[ib / 2] >> 4 * (ib % 2)) & 0xf) + 1;
-            acc = _mm256_add_epi32(acc, iq_a2_dot32(pts, iq_a2_signs(s4), x[b].qs + 32 * ib, _mm256_set1_epi16((short)ls)));
-        }
-        sumf += quant_fp16_to_fp32(w[b].d) * x[b].d * (float)iq_a2_hsum(acc);
-    }
-    return sumf;
+    const uint8_t *qs = w->qs + 8 * ib, *sg = w->signs + 4 * ib;
+    int qh = w->qh[ib];
+    int idx[8];
+    for (int k = 0; k < 8; k++) idx[k] = qs[k] | ((qh << (8 - k)) & 256);
+    uint32_t s4 = sg[0] | (uint32_t)sg[1] << 8 | (uint32_t)sg[2] << 16 | (uint32_t)sg[3] << 24;
+    return (iq_a2_sub){
+        _mm256_setr_epi32((int)quant_grids_iq3s[idx[0]], (int)quant_grids_iq3s[idx[1]], (int)quant_grids_iq3s[idx[2]],
+                          (int)quant_grids_iq3s[idx[3]], (int)quant_grids_iq3s[idx[4]], (int)quant_grids_iq3s[idx[5]],
+                          (int)quant_grids_iq3s[idx[6]], (int)quant_grids_iq3s[idx[7]]),
+        iq_a2_signs(s4), _mm256_set1_epi16((short)(2 * ((w->scales[ib / 2] >> 4 * (ib % 2)) & 0xf) + 1))};
 }
+
+/* The per-row dot of such a type: per super-block sumf += d_w * d_x * isum, then times the
+ * type's constant (ggml's 0.125 / 0.25 / 1). */
+#define IQ_A2_DOT_SUB(NAME, BT, SUB, FACTOR)                                                   \
+    static float NAME(int64_t n, const BT *w, const block_q8_K *x)                             \
+    {                                                                                          \
+        float sumf = 0;                                                                        \
+        for (int64_t b = 0; b < n / QK_K; b++) {                                               \
+            __m256i acc = _mm256_setzero_si256();                                              \
+            for (int ib = 0; ib < QK_K / 32; ib++) {                                           \
+                iq_a2_sub s = SUB(&w[b], ib);                                                  \
+                acc = _mm256_add_epi32(acc, iq_a2_dot32(s.pts, s.signs, x[b].qs + 32 * ib, s.sc)); \
+            }                                                                                  \
+            sumf += quant_fp16_to_fp32(w[b].d) * x[b].d * (float)iq_a2_hsum(acc);              \
+        }                                                                                      \
+        return FACTOR * sumf;                                                                  \
+    }
+IQ_A2_DOT_SUB(iq_a2_dot_iq2_xxs, block_iq2_xxs, iq_a2_sub_iq2_xxs, 0.125f)
+IQ_A2_DOT_SUB(iq_a2_dot_iq2_xs, block_iq2_xs, iq_a2_sub_iq2_xs, 0.125f)
+IQ_A2_DOT_SUB(iq_a2_dot_iq2_s, block_iq2_s, iq_a2_sub_iq2_s, 0.125f)
+IQ_A2_DOT_SUB(iq_a2_dot_iq3_xxs, block_iq3_xxs, iq_a2_sub_iq3_xxs, 0.25f)
+IQ_A2_DOT_SUB(iq_a2_dot_iq3_s, block_iq3_s, iq_a2_sub_iq3_s, 1.0f)
 
 /* sum of grid point * q8 over 32 elements whose int8 points (-1, 0, 1) are `pts`, weighted
  * per 16 by sc. */
@@ -297,11 +285,83 @@ static float iq_a2_dot_tq1_0(int64_t n, const block_tq1_0 *w, const block_q8_K *
     return sumf;
 }
 
-OPS_GEMM_OF_DOT(iq_a2_gemm_iq2_xxs, iq_a2_dot_iq2_xxs, block_iq2_xxs, block_q8_K)
-OPS_GEMM_OF_DOT(iq_a2_gemm_iq2_xs, iq_a2_dot_iq2_xs, block_iq2_xs, block_q8_K)
-OPS_GEMM_OF_DOT(iq_a2_gemm_iq2_s, iq_a2_dot_iq2_s, block_iq2_s, block_q8_K)
-OPS_GEMM_OF_DOT(iq_a2_gemm_iq3_xxs, iq_a2_dot_iq3_xxs, block_iq3_xxs, block_q8_K)
-OPS_GEMM_OF_DOT(iq_a2_gemm_iq3_s, iq_a2_dot_iq3_s, block_iq3_s, block_q8_K)
+/* ---- batches of the grid types (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S) ---------------- */
+
+/* Decoding a sub-block (grid lookups, sign tables) costs far more than its dot: for more than
+ * one token, a super-block of IQ_A2_ROWS rows is decoded once into this tile (3 KB, in L1)
+ * and every token of the call runs over it. Each (row, token) gets the per-row dot's integer
+ * sums and its float chain in the same order (this file builds without contraction), so a
+ * batch is bit-identical to its tokens one by one (test_ops' batch invariance). */
+#define IQ_A2_ROWS 4
+
+typedef struct {
+    __m256i pts[IQ_A2_ROWS][QK_K / 32];   /* (row, sub-block) */
+    __m256i signs[IQ_A2_ROWS][QK_K / 32]; /* (row, sub-block) */
+    __m256i sc[IQ_A2_ROWS][QK_K / 32];    /* (row, sub-block) */
+    float d[IQ_A2_ROWS];                  /* per row: fp32 of the super-block's d */
+} iq_a2_tile;
+
+/* The four int32 lane sums of a0..a3, in that order. */
+IQ2_INLINE __m128i iq_a2_hsum4(__m256i a0, __m256i a1, __m256i a2, __m256i a3)
+{
+    __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(a0, a1), _mm256_hadd_epi32(a2, a3));
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+/* Token super-block xb against the tile: y[0..3] += (d_w * d_x) * isum, lane by lane. */
+IQ2_INLINE void iq_a2_tile_dot(const iq_a2_tile *k, const block_q8_K *xb, float *y)
+{
+    __m256i acc[IQ_A2_ROWS];
+    _Pragma("GCC unroll 4") for (int r = 0; r < IQ_A2_ROWS; r++) acc[r] = _mm256_setzero_si256();
+    _Pragma("GCC unroll 8") for (int ib = 0; ib < QK_K / 32; ib++) {
+        __m256i xv = _mm256_loadu_si256((const __m256i *)(xb->qs + 32 * ib));
+        _Pragma("GCC unroll 4") for (int r = 0; r < IQ_A2_ROWS; r++) {
+            __m256i p = _mm256_maddubs_epi16(k->pts[r][ib], _mm256_sign_epi8(xv, k->signs[r][ib]));
+            acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(p, k->sc[r][ib]));
+        }
+    }
+    __m128 isum = _mm_cvtepi32_ps(iq_a2_hsum4(acc[0], acc[1], acc[2], acc[3]));
+    __m128 dd = _mm_mul_ps(_mm_loadu_ps(k->d), _mm_set1_ps(xb->d));
+    _mm_storeu_ps(y, _mm_add_ps(_mm_loadu_ps(y), _mm_mul_ps(dd, isum)));
+}
+
+#define IQ_A2_GEMM_SUB(NAME, DOT, BT, SUB, FACTOR)                                             \
+    static void NAME(int64_t cols, const void *w, size_t ws, int nr, const void *x, size_t xs, \
+                     int nt, float *y, size_t ys)                                             \
+    {                                                                                         \
+        const int nr4 = nt == 1 ? 0 : nr / IQ_A2_ROWS * IQ_A2_ROWS;                           \
+        iq_a2_tile k;                                                                         \
+        for (int r0 = 0; r0 < nr4; r0 += IQ_A2_ROWS) {                                        \
+            for (int tt = 0; tt < nt; tt++) _mm_storeu_ps(y + (size_t)tt * ys + r0, _mm_setzero_ps()); \
+            for (int64_t b = 0; b < cols / QK_K; b++) {                                       \
+                for (int r = 0; r < IQ_A2_ROWS; r++) {                                        \
+                    const BT *wb = (const BT *)((const char *)w + (size_t)(r0 + r) * ws) + b; \
+                    for (int ib = 0; ib < QK_K / 32; ib++) {                                  \
+                        iq_a2_sub s = SUB(wb, ib);                                            \
+                        k.pts[r][ib] = s.pts, k.signs[r][ib] = s.signs, k.sc[r][ib] = s.sc;   \
+                    }                                                                         \
+                    k.d[r] = quant_fp16_to_fp32(wb->d);                                       \
+                }                                                                             \
+                for (int tt = 0; tt < nt; tt++)                                               \
+                    iq_a2_tile_dot(&k, (const block_q8_K *)((const char *)x + (size_t)tt * xs) + b, \
+                                   y + (size_t)tt * ys + r0);                                 \
+            }                                                                                 \
+            for (int tt = 0; tt < nt; tt++) {                                                 \
+                float *yt = y + (size_t)tt * ys + r0;                                         \
+                _mm_storeu_ps(yt, _mm_mul_ps(_mm_set1_ps(FACTOR), _mm_loadu_ps(yt)));         \
+            }                                                                                 \
+        }                                                                                     \
+        for (int tt = 0; tt < nt; tt++)                                                       \
+            for (int r = nr4; r < nr; r++)                                                    \
+                y[(size_t)tt * ys + r] = DOT(cols, (const BT *)((const char *)w + r * ws),    \
+                                             (const block_q8_K *)((const char *)x + (size_t)tt * xs)); \
+    }
+IQ_A2_GEMM_SUB(iq_a2_gemm_iq2_xxs, iq_a2_dot_iq2_xxs, block_iq2_xxs, iq_a2_sub_iq2_xxs, 0.125f)
+IQ_A2_GEMM_SUB(iq_a2_gemm_iq2_xs, iq_a2_dot_iq2_xs, block_iq2_xs, iq_a2_sub_iq2_xs, 0.125f)
+IQ_A2_GEMM_SUB(iq_a2_gemm_iq2_s, iq_a2_dot_iq2_s, block_iq2_s, iq_a2_sub_iq2_s, 0.125f)
+IQ_A2_GEMM_SUB(iq_a2_gemm_iq3_xxs, iq_a2_dot_iq3_xxs, block_iq3_xxs, iq_a2_sub_iq3_xxs, 0.25f)
+IQ_A2_GEMM_SUB(iq_a2_gemm_iq3_s, iq_a2_dot_iq3_s, block_iq3_s, iq_a2_sub_iq3_s, 1.0f)
+
 OPS_GEMM_OF_DOT(iq_a2_gemm_iq1_s, iq_a2_dot_iq1_s, block_iq1_s, block_q8_K)
 OPS_GEMM_OF_DOT(iq_a2_gemm_iq1_m, iq_a2_dot_iq1_m, block_iq1_m, block_q8_K)
 OPS_GEMM_OF_DOT(iq_a2_gemm_tq1_0, iq_a2_dot_tq1_0, block_tq1_0, block_q8_K)
