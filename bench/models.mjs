@@ -38,6 +38,19 @@ export const benchPresets = {
   // padded to V4's 129280 rows.
   'deepseek-v4-flash': {arch: 'deepseek4', vocab: 'ggml-vocab-deepseek-llm.gguf',
     extra: ['--layers', '3', '--plain-layers', '1', '--hash-layers', '1']},
+  // Qwen3.5-4B at its real widths, 4 of its 32 layers: three gated delta nets and one full
+  // attention layer, the published 3:1 mix; Qwen3.5's own vocabulary (248320 rows, tied).
+  'qwen3.5-4b': {arch: 'qwen35', vocab: 'ggml-vocab-qwen35.gguf', extra: ['--layers', '4']},
+  // Qwen3.5-35B-A3B at its real widths, 4 of its 40 layers (three gated delta nets, one full
+  // attention), each with all 256 experts of 512 and the shared expert.
+  'qwen3.5-35b-a3b': {arch: 'qwen35moe', vocab: 'ggml-vocab-qwen35.gguf', extra: ['--layers', '4']},
+  // Gemma 4 31B's layer widths (no mkmodel preset: --arch gemma4's options): width 5376, FFN
+  // 21504, 32 query heads; window layers 16 kv heads of 256, the global layer mkmodel's 4 of 512
+  // without attn_v; 6 of its 60 layers (5 window layers and the global one, the published 5:1
+  // pattern), window 1024; Gemma 4's vocabulary (262144 rows, tied).
+  'gemma4-31b': {arch: 'gemma4', preset: null, vocab: 'ggml-vocab-gemma-4.gguf',
+    extra: ['--layers', '6', '--dim', '5376', '--ffn', '21504', '--heads', '32', '--kv-heads', '16', '--head-dim', '256',
+      '--window', '1024', '--ctx', '262144']},
 };
 
 function mkmodelSourceHash() {
@@ -63,7 +76,9 @@ export function benchModel(preset, type, {tokenmill = path.join(root, 'build/tok
   fs.mkdirSync(outDir, {recursive: true});
   const vocab = p.vocabPath ?? (p.vocab ? path.join('tests/data/llama.cpp/models', p.vocab) : null);   // null: mkmodel's own
   const file = path.join('bench/out', `${preset}-${type}-s1.gguf`);
-  const args = ['mkmodel', '--arch', p.arch, '--preset', p.preset ?? preset, ...(p.extra ?? []), '--type', type, '--seed', '1'];
+  // preset null: no mkmodel preset, the shape is all in extra
+  const args = ['mkmodel', '--arch', p.arch, ...(p.preset === null ? [] : ['--preset', p.preset ?? preset]),
+    ...(p.extra ?? []), '--type', type, '--seed', '1'];
   if (vocab && fs.existsSync(path.join(root, vocab))) args.push('--vocab', vocab);
   args.push('-o', file);
   const key = JSON.stringify({args, src: mkmodelSourceHash()});

@@ -136,12 +136,27 @@ static const mk_preset mk_presets[] = {
      * Tekken vocabulary, untied */
     { .name = "ministral3-14b", .arch = "mistral3", .n_layers = 40, .dim = 5120, .ffn = 16384, .n_heads = 32,
       .n_kv_heads = 8, .head_dim = 128, .ctx = 262144, .n_vocab = 131072, .rope_base = 1e9 },
+    /* Ministral 3 8B (Ministral-3-8B-Base-2512, the text model, as transformers'
+     * Ministral3Config defaults give it; NVIDIA's Megatron-Bridge page agrees on 34 layers of
+     * 4096 and 32 q heads over 8 kv heads): heads of 128, FFN 14336, RoPE base 1e6 with YaRN
+     * x16 from 16384 to 262144, the 131072 Tekken vocabulary, untied */
+    { .name = "ministral3-8b", .arch = "mistral3", .n_layers = 34, .dim = 4096, .ffn = 14336, .n_heads = 32,
+      .n_kv_heads = 8, .head_dim = 128, .ctx = 262144, .n_vocab = 131072, .rope_base = 1e6 },
     /* Qwen3.5-4B's config.json: 32 layers, every 4th full attention (16 q heads of 256 over 4
      * kv heads, a quarter rotated), the others gated delta nets of 16 q/k heads and 32 v heads
      * of 128 with 4 conv taps; 248320 tokens, tied embeddings, RoPE base 1e7 */
     { .name = "qwen3.5-4b", .arch = "qwen35", .n_layers = 32, .dim = 2560, .ffn = 9216, .n_heads = 16, .n_kv_heads = 4,
       .head_dim = 256, .ctx = 262144, .n_vocab = 248320, .rope_base = 1e7, .tied = true, .ssm_k_heads = 16,
       .ssm_v_heads = 32, .ssm_state = 128 },
+    /* Qwen3.5-35B-A3B (the text model; docs/architectures.md "Preset sources"): 40 layers of
+     * 2048 (llama.cpp's qwen35moe names that depth 35B-A3B), every 4th full attention (16 q heads
+     * of 256 over 2 kv heads, a quarter rotated), the others gated delta nets of 16 q/k heads and
+     * 32 v heads of 128; in every layer 256 experts of 512 (8 per token) and a gated shared
+     * expert of 512; 248320 tokens, untied, RoPE base 1e7. The config has no dense FFN: ffn is
+     * the expert's size, which llama.cpp does not read when the expert size is given. */
+    { .name = "qwen3.5-35b-a3b", .arch = "qwen35moe", .n_layers = 40, .dim = 2048, .ffn = 512, .n_heads = 16,
+      .n_kv_heads = 2, .head_dim = 256, .ctx = 262144, .n_vocab = 248320, .rope_base = 1e7, .n_expert = 256,
+      .n_expert_used = 8, .expert_ffn = 512, .ssm_k_heads = 16, .ssm_v_heads = 32, .ssm_state = 128 },
     /* GLM-4.5-Air (zai-org/GLM-4.5-Air's config.json): 46 layers of 4096 (llama.cpp's glm4moe
      * names that depth 106B-A12B), 96 q heads of 128 over 8 kv heads, half of each head rotated,
      * the first layer dense (FFN 10944), then 128 experts of 1408 with 8 per token and one shared,

@@ -207,6 +207,69 @@ test("--preset glm-4.5-air in small: GLM-4.5's keys and tensors as Glm4MoeModel 
   }
 });
 
+// The real-shape presets of Qwen3.5 and Ministral 3 at their published widths, cut in depth (and in
+// experts, FFN or vocabulary where a full layer would make the suite slow): the preset's numbers
+// reach the file's keys and tensors, llama.cpp loads the file and tokenmill generates from it.
+const presetCuts = [
+  { preset: "qwen3.5-4b", arch: "qwen35", cut: ["--layers", "4", "--ffn", "256"], check: (md, t) => {
+    assert.equal(md.embedding_length, 2560);
+    assert.equal(md.attention.head_count, 16);
+    assert.equal(md.attention.head_count_kv, 4);
+    assert.equal(md.attention.key_length, 256);
+    assert.equal(md.ssm.group_count, 16);
+    assert.equal(md.ssm.time_step_rank, 32);
+    assert.equal(md.ssm.state_size, 128);
+    assert.equal(md.rope.freq_base, 1e7);
+    assert.ok(!t.has("output.weight"), "tied");
+  } },
+  { preset: "qwen3.5-35b-a3b", arch: "qwen35moe", cut: ["--layers", "4", "--experts", "8"], check: (md, t) => {
+    assert.equal(md.embedding_length, 2048);
+    assert.equal(md.attention.head_count, 16);
+    assert.equal(md.attention.head_count_kv, 2);
+    assert.equal(md.attention.key_length, 256);
+    assert.equal(md.ssm.group_count, 16);
+    assert.equal(md.ssm.time_step_rank, 32);
+    assert.equal(md.ssm.inner_size, 4096);
+    assert.equal(md.expert_count, 8);
+    assert.equal(md.expert_used_count, 8);
+    assert.equal(md.expert_feed_forward_length, 512);
+    assert.equal(md.expert_shared_feed_forward_length, 512);
+    assert.equal(md.rope.freq_base, 1e7);
+    assert.deepEqual(t.get("blk.3.attn_q.weight").dimensions.map(Number), [2048, 8192]);   // q and its gate
+    assert.ok(t.has("blk.0.ffn_gate_inp_shexp.weight") && t.has("output.weight"), "shared expert, untied");
+  } },
+  { preset: "ministral3-8b", arch: "mistral3", cut: ["--layers", "1", "--ffn", "256"], check: (md, t) => {
+    assert.equal(md.embedding_length, 4096);
+    assert.equal(md.attention.head_count, 32);
+    assert.equal(md.attention.head_count_kv, 8);
+    assert.equal(md.rope.freq_base, 1e6);
+    assert.equal(md.rope.scaling.original_context_length, 16384);
+    assert.equal(md.context_length, 262144);
+    assert.ok(t.has("output.weight"), "untied");
+  } },
+  { preset: "ministral3-14b", arch: "mistral3", cut: ["--layers", "1", "--ffn", "256"], check: (md) => {
+    assert.equal(md.embedding_length, 5120);
+    assert.equal(md.attention.head_count, 32);
+    assert.equal(md.attention.head_count_kv, 8);
+    assert.equal(md.rope.freq_base, 1e9);
+  } },
+];
+for (const { preset, arch, cut, check } of presetCuts) {
+  test(`--preset ${preset} at its real widths, ${cut.join(" ")}: its shape in the file; llama.cpp loads it, tokenmill runs it`, async () => {
+    const f = mk(`${preset}.gguf`, "--preset", preset, ...cut, "--vocab-size", "512", "--type", "q4_0", "--seed", "1");
+    const got = await tensors(f);
+    assert.equal(got.md.general.architecture, arch);
+    assert.equal(got.md[arch].block_count, Number(cut[1]));
+    check(got.md[arch], got.t);
+    const llama = await getLlama({ gpu: false, logLevel: LlamaLogLevel.error, build: "never" });
+    const m = await llama.loadModel({ modelPath: f });
+    await m.dispose();
+    await llama.dispose();
+    const r = spawnSync(bin, ["run", "-m", f, "-p", "hi", "-n", "2", "--temp", "0", "--threads", "2", "--ctx", "64"], { encoding: "utf8" });
+    assert.equal(r.status, 0, r.stderr);
+  });
+}
+
 test("deepseek4's options that do not fit it are usage errors", () => {
   for (const extra of [["--kv-lora", "64"], ["--nextn", "1"], ["--experts", "2", "--experts-used", "4"], ["--rope-dim", "64"], ["--tied"], ["--heads", "3"], ["--kv-heads", "2"]]) {
     const r = spawnSync(bin, ["mkmodel", "--arch", "deepseek4", "--type", "f32", "--seed", "1", ...extra, "-o", path.join(tmp, "x.gguf")], { encoding: "utf8" });
