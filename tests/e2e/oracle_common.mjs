@@ -2,7 +2,8 @@
 // models written by llama.cpp's gguf-py share: finding a python with numpy, the model files
 // cached in tests/data/gen under a hash of the scripts that write them (so an edited script
 // writes them anew), a seeded generator for prompts, llama.cpp's side of a comparison
-// (tests/oracle/llama_eval.mjs in its own process) and the top-K comparison of one position.
+// (tests/oracle/llama_eval.mjs in its own process), the C++ drivers built against the prebuilt
+// libllama (tests/oracle/*_llama.cpp) and the top-K comparison of one position.
 import assert from 'node:assert/strict';
 import {spawn, spawnSync} from 'node:child_process';
 import crypto from 'node:crypto';
@@ -106,4 +107,27 @@ export function posDiff(got, ref, tol, label) {
   for (const [id, lp] of got)
     if (!r.has(id)) assert.ok(lp <= ref.at(-1)[1] + tol, `${label}: tokenmill's token ${id} (${lp}) not in llama.cpp's top-${ref.length}`);
   return d;
+}
+
+// The prebuilt libllama's folder, and why C++ drivers cannot be built against it (false: they can).
+export const llamaLibDir = path.join(root, 'node_modules/@node-llama-cpp/linux-x64/bins/linux-x64');
+export const llamaDriverSkip = spawnSync('g++', ['--version']).status !== 0 ? 'no g++'
+  : !fs.existsSync(llamaLibDir) ? 'no prebuilt node-llama-cpp libllama' : false;
+
+// A C++ driver of the C API (source under tests/oracle, with llama_driver.h) built against the
+// prebuilt libllama, once per hash of both, under gen/NAME-HASH; its path.
+export function llamaDriver(source, name) {
+  const key = crypto.createHash('sha256').update(fs.readFileSync(source))
+    .update(fs.readFileSync(path.join(root, 'tests/oracle/llama_driver.h'))).digest('hex').slice(0, 10);
+  const out = path.join(gen, `${name}-${key}`);
+  if (fs.existsSync(out)) return out;
+  fs.mkdirSync(gen, {recursive: true});
+  const B = fs.realpathSync(llamaLibDir);
+  const tmp = `${out}.tmp${process.pid}`;
+  const r = spawnSync('g++', ['-O1', '-std=c++17', `-DLIBDIR="${B}"`, `-I${root}/tests/data/llama.cpp/include`,
+    `-I${root}/tests/data/llama.cpp/ggml/include`, source, '-o', tmp, `-L${B}`, '-l:libllama.v0.4.0.so',
+    '-l:libggml.v0.4.0.so', '-l:libggml-base.so', `-Wl,-rpath,${B}`], {encoding: 'utf8', maxBuffer: 1 << 26});
+  assert.equal(r.status, 0, `g++ ${name} failed: ${r.stderr}`);
+  fs.renameSync(tmp, out);
+  return out;
 }

@@ -27,23 +27,20 @@
 import {test, after} from 'node:test';
 import assert from 'node:assert/strict';
 import {spawnSync} from 'node:child_process';
-import crypto from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
-import {root, bin, gen, oracleFiles} from './oracle_common.mjs';
+import {root, bin, gen, oracleFiles, llamaDriver, llamaDriverSkip} from './oracle_common.mjs';
 import {dsv4Model, skip as skipV4Model} from './dsv4_model.mjs';
 
 const script = path.join(root, 'tests/oracle/gguf_dflash.py');
 const harness = path.join(root, 'tests/oracle/dflash_llama.cpp');
-const libdir = path.join(root, 'node_modules/@node-llama-cpp/linux-x64/bins/linux-x64');
 const TOL = 2e-3;
 const PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10], [17, 300, 42, 1999, 5, 5, 5, 812, 64, 9, 1000, 1500, 7, 3, 11, 250],
   [77, 78, 79]];
 const ROUNDS = 4;
 
 const {python, skip: skipPy, cached} = oracleFiles([script, path.join(root, 'tests/oracle/gguf_common.py')]);
-const gpp = spawnSync('g++', ['--version']).status === 0;
-const skip = skipPy || (!gpp ? 'no g++' : !fs.existsSync(libdir) ? 'no prebuilt node-llama-cpp libllama' : false);
+const skip = skipPy || llamaDriverSkip;
 
 const report = [];
 after(() => {
@@ -56,20 +53,7 @@ function run(cmd, args, what) {
   return r.stdout;
 }
 
-// the harness, built once per source hash
-function harnessBin() {
-  const key = crypto.createHash('sha256').update(fs.readFileSync(harness)).digest('hex').slice(0, 10);
-  const out = path.join(gen, `dflash_llama-${key}`);
-  if (fs.existsSync(out)) return out;
-  fs.mkdirSync(gen, {recursive: true});
-  const B = fs.realpathSync(libdir);
-  const tmp = `${out}.tmp${process.pid}`;
-  run('g++', ['-O1', '-std=c++17', `-DLIBDIR="${B}"`, `-I${root}/tests/data/llama.cpp/include`,
-    `-I${root}/tests/data/llama.cpp/ggml/include`, harness, '-o', tmp, `-L${B}`, '-l:libllama.v0.4.0.so',
-    '-l:libggml.v0.4.0.so', '-l:libggml-base.so', `-Wl,-rpath,${B}`], 'g++ dflash_llama');
-  fs.renameSync(tmp, out);
-  return out;
-}
+const harnessBin = () => llamaDriver(harness, 'dflash_llama');
 
 const target = () => cached('dflash-target', (tmp) => run(bin, ['mkmodel', '--arch', 'qwen3', '--layers', '4', '--dim', '256',
   '--ffn', '512', '--heads', '4', '--kv-heads', '2', '--head-dim', '64', '--vocab-size', '2048', '--tied', '--type', 'f32',

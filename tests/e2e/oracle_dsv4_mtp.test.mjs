@@ -11,22 +11,19 @@
 import {test, after} from 'node:test';
 import assert from 'node:assert/strict';
 import {spawnSync} from 'node:child_process';
-import crypto from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
 
-import {root, bin, gen, rng} from './oracle_common.mjs';
+import {root, bin, gen, rng, llamaDriver, llamaDriverSkip} from './oracle_common.mjs';
 import {dsv4Model, skip as skipModel} from './dsv4_model.mjs';
 
 const harness = path.join(root, 'tests/oracle/dsv4_mtp_llama.cpp');
-const libdir = path.join(root, 'node_modules/@node-llama-cpp/linux-x64/bins/linux-x64');
 const TOL = 1e-4;
 const N_DRAFT = 4, ROUNDS = 6;
 const r = rng(21);
 const PROMPTS = [Array.from({length: 40}, () => 10 + r(7900)), Array.from({length: 70}, () => 10 + r(7900)), [5]];
 
-const gpp = spawnSync('g++', ['--version']).status === 0;
-const skip = skipModel || (!gpp ? 'no g++' : !fs.existsSync(libdir) ? 'no prebuilt node-llama-cpp libllama' : false);
+const skip = skipModel || llamaDriverSkip;
 
 const report = [];
 after(() => {
@@ -39,19 +36,7 @@ function run(cmd, args, what) {
   return res.stdout;
 }
 
-function harnessBin() {
-  const key = crypto.createHash('sha256').update(fs.readFileSync(harness)).digest('hex').slice(0, 10);
-  const out = path.join(gen, `dsv4_mtp_llama-${key}`);
-  if (fs.existsSync(out)) return out;
-  fs.mkdirSync(gen, {recursive: true});
-  const B = fs.realpathSync(libdir);
-  const tmp = `${out}.tmp${process.pid}`;
-  run('g++', ['-O1', '-std=c++17', `-DLIBDIR="${B}"`, `-I${root}/tests/data/llama.cpp/include`,
-    `-I${root}/tests/data/llama.cpp/ggml/include`, harness, '-o', tmp, `-L${B}`, '-l:libllama.v0.4.0.so',
-    '-l:libggml.v0.4.0.so', '-l:libggml-base.so', `-Wl,-rpath,${B}`], 'g++ dsv4_mtp_llama');
-  fs.renameSync(tmp, out);
-  return out;
-}
+const harnessBin = () => llamaDriver(harness, 'dsv4_mtp_llama');
 
 const rounds = (text) => text.trim().split('\n').filter((l) => l).map((l) => JSON.parse(l));
 

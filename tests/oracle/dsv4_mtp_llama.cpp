@@ -23,38 +23,18 @@
 #include <string>
 #include <vector>
 
-#include "ggml-backend.h"
-#include "llama.h"
+#include "llama_driver.h"
 
 void llama_set_embeddings_nextn(struct llama_context *ctx, bool value, bool masked);
 float *llama_get_embeddings_nextn(struct llama_context *ctx);
 float *llama_get_embeddings_nextn_ith(struct llama_context *ctx, int32_t i);
 
-static void die(const char *m) { fprintf(stderr, "dsv4_mtp_llama: %s\n", m); exit(1); }
-
-static int argmax(const float *l, int n) {
-    int b = 0;
-    for (int i = 1; i < n; i++) if (l[i] > l[b]) b = i;
-    return b;
-}
-
-static double logprob(const float *l, int n, int t) {
-    double mx = l[argmax(l, n)], s = 0;
-    for (int i = 0; i < n; i++) s += exp((double)l[i] - mx);
-    return (double)l[t] - mx - log(s);
-}
-
 int main(int argc, char **argv) {
+    drv_name = "dsv4_mtp_llama";
     if (argc != 6) die("usage: TARGET MTP N_DRAFT ROUNDS TOKENS");
     int n_draft = atoi(argv[3]), rounds = atoi(argv[4]);
-    std::vector<llama_token> toks;
-    for (char *p = argv[5]; *p;) {
-        toks.push_back((llama_token)strtol(p, &p, 10));
-        if (*p == ',') p++;
-    }
-    if (!getenv("DSV4_MTP_LLAMA_LOG")) llama_log_set([](ggml_log_level, const char *, void *) {}, nullptr);
-    llama_backend_init();
-    ggml_backend_load_all_from_path(LIBDIR);   // the prebuilt CPU backends (-DLIBDIR=...)
+    std::vector<llama_token> toks = drv_tokens(argv[5]);
+    drv_init("DSV4_MTP_LLAMA_LOG");
     llama_model_params mp = llama_model_default_params();
     llama_model *mt = llama_model_load_from_file(argv[1], mp);
     llama_model_params mpd = mp;

@@ -1,0 +1,49 @@
+// llama_driver: what the C++ drivers of the prebuilt libllama (tests/oracle/*_llama.cpp, built
+// by oracle_common.mjs's llamaDriver) share: a fatal message, the argmax and log-probability
+// of a logits row, the comma-separated prompt argument, and the library's start-up (its log
+// silenced unless the driver's log variable is set; the CPU backends from -DLIBDIR).
+#ifndef TM_LLAMA_DRIVER_H
+#define TM_LLAMA_DRIVER_H
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "ggml-backend.h"
+#include "llama.h"
+
+static const char *drv_name = "llama_driver";
+
+static void die(const char *m) { fprintf(stderr, "%s: %s\n", drv_name, m); exit(1); }
+
+static int argmax(const float *l, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++) if (l[i] > l[b]) b = i;
+    return b;
+}
+
+static double logprob(const float *l, int n, int t) {
+    double mx = l[argmax(l, n)], s = 0;
+    for (int i = 0; i < n; i++) s += exp((double)l[i] - mx);
+    return (double)l[t] - mx - log(s);
+}
+
+// "1,2,3" -> tokens
+static std::vector<llama_token> drv_tokens(char *p) {
+    std::vector<llama_token> toks;
+    while (*p) {
+        toks.push_back((llama_token)strtol(p, &p, 10));
+        if (*p == ',') p++;
+    }
+    return toks;
+}
+
+// the library up, quiet unless getenv(log_var) is set (drv_name set first: die's prefix)
+static void drv_init(const char *log_var) {
+    if (!getenv(log_var)) llama_log_set([](ggml_log_level, const char *, void *) {}, nullptr);
+    llama_backend_init();
+    ggml_backend_load_all_from_path(LIBDIR);   // the prebuilt CPU backends (-DLIBDIR=...)
+}
+
+#endif
