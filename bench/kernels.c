@@ -115,7 +115,8 @@ static int stream_main(int argc, char **argv)
                 STREAM_REPS_MAX);
         return 1;
     }
-    static const qtype st[] = {QTYPE_Q8_0, QTYPE_Q4_K, QTYPE_Q6_K, QTYPE_Q5_K, QTYPE_F16};
+    static const qtype st[] = {QTYPE_Q8_0, QTYPE_Q4_K, QTYPE_Q6_K, QTYPE_Q5_K, QTYPE_F16,
+                               QTYPE_Q3_K, QTYPE_Q2_K, QTYPE_IQ4_XS};
     enum { NT = TM_ARRAY_LEN(st) };
     threadpool *tp = threadpool_new(1);
     util_rng r;

@@ -791,23 +791,25 @@ A2_DOT32(a2_dot_iq4_nl, block_iq4_nl, a2_dot_s8(a2_iq4_lookup(ops_kblk32_nibbles
 #undef a2_min_of
 
 /* Q2_K: chunk c (32 values 32c..32c+31) is bits 2(c%4) of qs[32(c/4) ..]; its halves have
- * the scales of groups 2c and 2c+1. */
+ * the scales of sub-blocks 2c and 2c+1 (low nibbles of scales[]), the mins (high nibbles)
+ * meet the activations' sums. */
 static float a2_dot_q2_K(int64_t n, const void *vw, const block_q8_K *x)
 {
     const block_q2_K *w = vw;
     const __m256i m3 = _mm256_set1_epi8(3);
+    const __m128i m15 = _mm_set1_epi8(0x0F);
     float sumf = 0;
     for (int64_t b = 0; b < n / QK_K; b++) {
-        int summs = 0;
-        for (int j = 0; j < 16; j++) summs += x[b].bsums[j] * (w[b].scales[j] >> 4);
+        __m128i s8 = _mm_loadu_si128((const __m128i *)w[b].scales);
+        __m256i sc = _mm256_cvtepu8_epi16(_mm_and_si128(s8, m15));
+        __m256i mn = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s8, 4), m15));
+        int summs = a2_hsum_i32(_mm256_madd_epi16(mn, _mm256_loadu_si256((const __m256i *)x[b].bsums)));
+        __m256i q0 = _mm256_loadu_si256((const __m256i *)w[b].qs), q1 = _mm256_loadu_si256((const __m256i *)(w[b].qs + 32));
         __m256i acc = _mm256_setzero_si256();
-        for (int c = 0; c < 8; c++) {
-            __m256i q = _mm256_loadu_si256((const __m256i *)(w[b].qs + 32 * (c / 4)));
-            q = _mm256_and_si256(_mm256_srli_epi16(q, 2 * (c % 4)), m3);
+        _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) {
+            __m256i q = _mm256_and_si256(_mm256_srli_epi16(c < 4 ? q0 : q1, 2 * (c % 4)), m3);
             __m256i p = _mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *)(x[b].qs + 32 * c)));
-            __m256i sc = _mm256_set_m128i(_mm_set1_epi16(w[b].scales[2 * c + 1] & 0xF),
-                                          _mm_set1_epi16(w[b].scales[2 * c] & 0xF));
-            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc));
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, ops_kblk_sc_chunk(sc, c)));
         }
         int isum = a2_hsum_i32(acc);
         float dall = x[b].d * _cvtsh_ss(w[b].d), dmin = x[b].d * _cvtsh_ss(w[b].dmin);
@@ -817,31 +819,21 @@ static float a2_dot_q2_K(int64_t n, const void *vw, const block_q8_K *x)
 }
 
 /* Q3_K: u = low 2 bits | high bit << 2 (0..7), value u - 4: dot = maddubs(u, x) - 4 * bsum,
- * the second term taken off per group with its scale. */
+ * the second term taken per sub-block with its scale through the activations' sums. */
 static float a2_dot_q3_K(int64_t n, const void *vw, const block_q8_K *x)
 {
     const block_q3_K *w = vw;
-    const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
     float sumf = 0;
     for (int64_t b = 0; b < n / QK_K; b++) {
-        int8_t sc[16];
-        quant_q3_K_scales(w[b].scales, sc);
-        __m256i hm = _mm256_loadu_si256((const __m256i *)w[b].hmask);
-        __m256i acc = _mm256_setzero_si256();
-        int corr = 0;
-        for (int c = 0; c < 8; c++) {
-            __m256i q = _mm256_loadu_si256((const __m256i *)(w[b].qs + 32 * (c / 4)));
-            q = _mm256_and_si256(_mm256_srli_epi16(q, 2 * (c % 4)), m3);
-            __m256i h = _mm256_and_si256(_mm256_srli_epi16(hm, c), one);
-            q = _mm256_or_si256(q, _mm256_slli_epi16(h, 2));
-            __m256i p = _mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *)(x[b].qs + 32 * c)));
-            __m256i s = _mm256_set_m128i(_mm_set1_epi16((int16_t)(sc[2 * c + 1] - 32)),
-                                         _mm_set1_epi16((int16_t)(sc[2 * c] - 32)));
-            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, s));
-            corr += (sc[2 * c] - 32) * x[b].bsums[2 * c] + (sc[2 * c + 1] - 32) * x[b].bsums[2 * c + 1];
+        __m256i s16 = _mm256_cvtepi8_epi16(ops_kblk_q3_K_scales(w[b].scales));
+        __m256i corr = _mm256_madd_epi16(s16, _mm256_loadu_si256((const __m256i *)x[b].bsums));
+        __m256i acc = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(corr, 2));
+        _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) {
+            __m256i p = _mm256_maddubs_epi16(ops_kblk_q3_K_chunk(&w[b], c),
+                                             _mm256_loadu_si256((const __m256i *)(x[b].qs + 32 * c)));
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, ops_kblk_sc_chunk(s16, c)));
         }
-        int isum = a2_hsum_i32(acc) - 4 * corr;
-        sumf = fmaf(x[b].d * _cvtsh_ss(w[b].d), (float)isum, sumf);
+        sumf = fmaf(x[b].d * _cvtsh_ss(w[b].d), (float)a2_hsum_i32(acc), sumf);
     }
     return sumf;
 }

@@ -45,20 +45,53 @@ OPS_KBLK_INLINE __m256i ops_kblk_sc_pair(int lo, int hi)
     return _mm256_set_m128i(_mm_set1_epi16((int16_t)hi), _mm_set1_epi16((int16_t)lo));
 }
 
+/* Q3_K's 16 sub-block scales (6 bits each in 12 bytes) less 32, as signed bytes in
+ * sub-block order: quant_q3_K_scales on 32-bit lanes (lane i: sub-blocks 4i..4i+3, low
+ * nibbles of bytes 0-7 then their high nibbles, the top 2 bits from bytes 8-11 at shift
+ * 2i). */
+OPS_KBLK_INLINE __m128i ops_kblk_q3_K_scales(const uint8_t packed[12])
+{
+    uint32_t a[3];
+    memcpy(a, packed, sizeof a);
+    const uint32_t m4 = 0x0f0f0f0fu, m2 = 0x03030303u;
+    __m128i s = _mm_set_epi32((int)(((a[1] >> 4) & m4) | (((a[2] >> 6) & m2) << 4)),
+                              (int)(((a[0] >> 4) & m4) | (((a[2] >> 4) & m2) << 4)),
+                              (int)((a[1] & m4) | (((a[2] >> 2) & m2) << 4)),
+                              (int)((a[0] & m4) | ((a[2] & m2) << 4)));
+    return _mm_sub_epi8(s, _mm_set1_epi8(32));
+}
+
+/* The scale pair of chunk c (32 columns = sub-blocks 2c, 2c + 1) from 16 int16 scales in
+ * sub-block order, s16: low 8 lanes sub-block 2c's, high 8 lanes 2c + 1's, by one byte
+ * shuffle of s16's half (both lanes) that holds them. */
+OPS_KBLK_INLINE __m256i ops_kblk_sc_chunk(__m256i s16, int c)
+{
+    const int k = c % 4;
+    __m256i half = c < 4 ? _mm256_permute2x128_si256(s16, s16, 0x00) : _mm256_permute2x128_si256(s16, s16, 0x11);
+    __m256i ctl = _mm256_set_m128i(_mm_set1_epi16((int16_t)(((4 * k + 3) << 8) | (4 * k + 2))),
+                                   _mm_set1_epi16((int16_t)(((4 * k + 1) << 8) | (4 * k))));
+    return _mm256_shuffle_epi8(half, ctl);
+}
+
+/* Q3_K's chunk c (columns 32c..32c+31) as unsigned bytes 0..7 (value + 4): the 2 low bits
+ * at bits 2(c % 4) of qs[32(c / 4) ..], the high bit at bit c of hmask. */
+OPS_KBLK_INLINE __m256i ops_kblk_q3_K_chunk(const block_q3_K *w, int c)
+{
+    __m256i q = _mm256_loadu_si256((const __m256i *)(w->qs + 32 * (c / 4)));
+    __m256i hm = _mm256_loadu_si256((const __m256i *)w->hmask);
+    q = _mm256_and_si256(_mm256_srli_epi16(q, 2 * (c % 4)), _mm256_set1_epi8(3));
+    __m256i h = c < 2 ? _mm256_slli_epi16(hm, 2 - c) : _mm256_srli_epi16(hm, c - 2); /* bit c to bit 2 */
+    return _mm256_or_si256(q, _mm256_and_si256(h, _mm256_set1_epi8(4)));
+}
+
 static void ops_kblk_unpack_q3_K(const block_q3_K *w, ops_kblk *k, int r)
 {
-    const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
-    int8_t sc[16];
-    quant_q3_K_scales(w->scales, sc);
-    __m256i hm = _mm256_loadu_si256((const __m256i *)w->hmask);
-    for (int c = 0; c < 8; c++) {
-        __m256i q = _mm256_loadu_si256((const __m256i *)(w->qs + 32 * (c / 4)));
-        q = _mm256_and_si256(_mm256_srli_epi16(q, 2 * (c % 4)), m3);
-        __m256i h = _mm256_and_si256(_mm256_srli_epi16(hm, c), one);
-        k->u[r][c] = _mm256_or_si256(q, _mm256_slli_epi16(h, 2));
-        k->sc[r][c] = ops_kblk_sc_pair(sc[2 * c] - 32, sc[2 * c + 1] - 32);
+    __m256i s16 = _mm256_cvtepi8_epi16(ops_kblk_q3_K_scales(w->scales));
+    _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) {
+        k->u[r][c] = ops_kblk_q3_K_chunk(w, c);
+        k->sc[r][c] = ops_kblk_sc_chunk(s16, c);
     }
-    k->sg[r] = _mm256_sub_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc)), _mm256_set1_epi16(32));
+    k->sg[r] = s16;
     k->d[r] = _cvtsh_ss(w->d);
 }
 
