@@ -19,7 +19,9 @@
  * requests (503 in the route's shape, with Retry-After) while the running ones go on to their
  * end on the workers and their responses are sent. Past --drain-timeout seconds (default 30)
  * the rest are aborted: each still ends with its API's "incomplete" ending (never as a normal
- * stop; gateway_abort), and the gateway waits a little more for those to be written. A second
+ * stop; gateway_abort), and the gateway waits a little more for those to be written. That
+ * abort is also the only end of a stream moved off a worker that died during the drain and
+ * still waiting for another (the wait timeout does not apply while draining). A second
  * signal during all this exits at once with status 128 + the signal number; a completed
  * shutdown exits 0.
  *

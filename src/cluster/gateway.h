@@ -33,7 +33,8 @@
  * the stored blocks and recomputes the tail). A dead prefill worker's requests are simply
  * prefilled again elsewhere (nothing of them was streamed). With no worker of a role a
  * request waits up to wait_timeout_s: at submit that is a 503 in the API's shape
- * (SCHED_ERR_STOPPED), later it ends with FINISH ERROR.
+ * (SCHED_ERR_STOPPED), later it ends with FINISH ERROR (but not while the gateway drains:
+ * see gateway_drain).
  *
  * Every connection starts with the handshake of cluster/auth.h: a peer that cannot prove it
  * holds the cluster key is logged, counted and closed before it is listed or sent anything,
@@ -125,7 +126,10 @@ gateway_status gateway_new(const gateway_opts *o, gateway **out, char *err, size
  * requests are refused (SCHED_ERR_STOPPED: a 503 with Retry-After) while the running ones go on
  * to their normal end on the workers; gateway_wait_idle waits up to timeout_ms (< 0: no limit)
  * and returns how many are still running; gateway_abort ends those left with FINISH ABORTED
- * (their API's "incomplete" ending, recipe/api.h), cancelling them on their workers. */
+ * (their API's "incomplete" ending, recipe/api.h), cancelling them on their workers. A request
+ * moved off a worker that dies or stalls during the drain waits for a worker of its role with
+ * no wait_timeout_s: the caller's deadline (its gateway_abort) ends what is still waiting then,
+ * as incomplete, so a caller that drains must abort at some point. */
 void gateway_drain(gateway *g);
 int gateway_wait_idle(gateway *g, int timeout_ms);
 void gateway_abort(gateway *g);

@@ -275,7 +275,12 @@ void *gw_dispatcher(void *arg)
             gw_check_progress(g, r, now);
             if (r->state == GW_WAIT_PREFILL) gw_send_prefill(g, r);
             else if (r->state == GW_WAIT_DECODE) gw_send_decode(g, r);
-            if ((r->state == GW_WAIT_PREFILL || r->state == GW_WAIT_DECODE) && now - r->t_wait > g->o.wait_timeout_s) {
+            /* while the gateway drains, the drain's deadline bounds the wait instead: a stream
+             * moved off a worker that died or stalled during the drain waits for that worker
+             * (or another) to come back, and what still waits at the deadline ends as
+             * incomplete (gateway_abort), not as an engine error */
+            if (!g->draining && (r->state == GW_WAIT_PREFILL || r->state == GW_WAIT_DECODE) &&
+                now - r->t_wait > g->o.wait_timeout_s) {
                 log_warn("gateway: req %llu waited %.0f s for a %s worker: failed", (unsigned long long)r->id,
                          g->o.wait_timeout_s, r->state == GW_WAIT_PREFILL ? "prefill" : "decode");
                 gw_finish(g, r, SCHED_FINISH_ERROR);

@@ -693,6 +693,64 @@ test("SIGTERM on a gateway drains: 503 to new requests, running streams finish (
   await until((x) => nLive(x, "decode") === 2, "d2 back", 20000);
 });
 
+// A gateway that drains while the only decode worker of a running stream is stopped past the
+// heartbeat timeout declares that worker dead and moves the stream back to waiting for a decode
+// worker: the drain's deadline, not --wait-timeout, bounds that wait. So the stream resumes when
+// the worker is back within the drain (the same text as serve's), or ends as incomplete at the
+// drain's deadline ("length" with fewer tokens) when it is not; never as an engine error (a 500
+// mid-stream). The worker is stopped at the stream's first token and kept stopped, with explicit
+// waits on the gateway's own log, until the gateway said it is out and a reconnect to it failed
+// (its handshake ran out of time): by then --wait-timeout (2 s here) has passed for the stream.
+test("a gateway draining while its decode worker is stopped past the heartbeat timeout: the stream resumes, or ends incomplete, never as an engine error", { timeout: 90000 }, async () => {
+  await until((a) => nLive(a, "prefill") === 2 && nLive(a, "decode") === 2, "4 workers");
+  const d2 = workers.d2.proc;
+  // back: the decode worker is continued once the gateway gave up one reconnect to it (else
+  // once the gateway exited)
+  const run = async (drainS, back) => {
+    const g = await startGateway(["--prefill", workers.p2.addr, "--decode", workers.d2.addr, "--drain-timeout", String(drainS)],
+      `gateway-drain-stopped-${drainS}`);
+    await until((x) => live(x).length === 2, "static workers", 10000, g.url);
+    const draining = waitLine(g.proc, /draining \(up to/, "the gateway's drain");
+    const gaveUp = back && waitLine(g.proc, /is out: missed heartbeats[\s\S]*refused/, "d2 out, a reconnect to it refused", 30000);
+    const exit = new Promise((r) => g.proc.on("exit", (code, signal) => r({ code, signal })));
+    let frozen, chunks = 0;
+    const froze = new Promise((r) => { frozen = r; });
+    // a failure mid-stream is a result here (asserted below), caught as it happens
+    const s = stream(g.url, PROMPTS[0], MAX, () => { if (++chunks === 1) { d2.kill("SIGSTOP"); frozen(); } })
+      .catch((e) => ({ error: String(e) }));
+    await froze;
+    g.proc.kill("SIGTERM");
+    await draining;
+    if (back) {
+      await gaveUp;
+      await sleep(1000);   // the dispatcher looks at the waiting stream right after that refusal
+      d2.kill("SIGCONT");
+    }
+    const got = await s;
+    const ended = await exit;
+    d2.kill("SIGCONT");
+    return { got, exit: ended };
+  };
+  try {
+    const a = await run(30, true);
+    assert.equal(a.got.error, undefined, "the stream failed");
+    assert.equal(a.got.text, ref[0].text, "the stream resumed on the worker once it was back");
+    assert.equal(a.got.finish, ref[0].finish);
+    assert.equal(a.got.usage.completion_tokens, ref[0].usage.completion_tokens);
+    assert.deepEqual(a.exit, { code: 0, signal: null });
+    // 10 s: past the moment the stream's wait for a decode worker passes --wait-timeout
+    const b = await run(10, false);
+    assert.equal(b.got.error, undefined, "the stream failed");
+    assert.equal(b.got.finish, "length", "cut as incomplete");
+    assert.ok(b.got.usage.completion_tokens < ref[0].usage.completion_tokens, `${b.got.usage.completion_tokens} tokens`);
+    assert.ok(ref[0].text.startsWith(b.got.text), "what was sent is the start of the text");
+    assert.deepEqual(b.exit, { code: 0, signal: null });
+  } finally {
+    d2.kill("SIGCONT");
+  }
+  await until((x) => nLive(x, "decode") === 2, "d2 back", 20000);
+});
+
 // A key file others can read (or an empty one, or a directory) is not a secret: the gateway and
 // the worker say so and refuse to start (status 2); a private one is used (the path is logged).
 test("a cluster key file that is not private, or empty, is refused at start", { timeout: 60000 }, async () => {

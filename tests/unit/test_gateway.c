@@ -222,14 +222,15 @@ typedef struct {
 } gw_env;
 
 /* A gateway taking registrations on a free port; progress_s: its stall deadlines (first and next
- * token), 0 for the defaults. */
-static gw_env gw_start_opts(double progress_s, double handshake_s)
+ * token), 0 for the defaults; hb_s, wait_s: its heartbeat and wait timeouts, 0 for 60 s (never,
+ * in a test). */
+static gw_env gw_start_opts(double progress_s, double handshake_s, double hb_s, double wait_s)
 {
     gw_env v;
     memset(&v, 0, sizeof v);
     gateway_model gm = { .model = g_model, .name = "tiny", .n_ctx = 1024, .eos_ids = { -1, -1, -1, -1 } };
     gateway_opts o = { .models = &gm, .n_models = 1, .register_listen = "127.0.0.1:0",
-                       .heartbeat_timeout_s = 60, .wait_timeout_s = 60, .key = &g_key,
+                       .heartbeat_timeout_s = hb_s > 0 ? hb_s : 60, .wait_timeout_s = wait_s > 0 ? wait_s : 60, .key = &g_key,
                        .progress_first_s = progress_s, .progress_next_s = progress_s, .handshake_timeout_s = handshake_s };
     char err[256];
     CHECK(gateway_new(&o, &v.g, err, sizeof err) == GATEWAY_OK);
@@ -238,8 +239,8 @@ static gw_env gw_start_opts(double progress_s, double handshake_s)
     return v;
 }
 
-static gw_env gw_start_progress(double progress_s) { return gw_start_opts(progress_s, 0); }
-static gw_env gw_start(void) { return gw_start_opts(0, 0); }
+static gw_env gw_start_progress(double progress_s) { return gw_start_opts(progress_s, 0, 0, 0); }
+static gw_env gw_start(void) { return gw_start_opts(0, 0, 0, 0); }
 
 TEST(test_split_run_and_handoff_metrics)
 {
@@ -753,7 +754,7 @@ static int open_after(const int *fd, int n, double s)
 TEST(test_trickling_strangers_do_not_keep_workers_out)
 {
     node R = node_new(false);
-    gw_env G = gw_start_opts(0, 60);   /* a deadline that plays no part: room is made by eviction */
+    gw_env G = gw_start_opts(0, 60, 0, 0);   /* a deadline that plays no part: room is made by eviction */
     trickle tr;
     trickle_start(&tr, &G);
     usleep(300 * 1000);   /* every trickler accepted and in its handshake */
@@ -765,7 +766,7 @@ TEST(test_trickling_strangers_do_not_keep_workers_out)
     gateway_free(G.g);
     node_free(&R);
 
-    gw_env H = gw_start_opts(0, 1);    /* the whole handshake within 1 s */
+    gw_env H = gw_start_opts(0, 1, 0, 0);    /* the whole handshake within 1 s */
     trickle_start(&tr, &H);
     int n_open = open_after(tr.fd, N_TRICKLE, 10);   /* a bound, far below the trickle's 45 s */
     CHECKF(n_open == 0, "%d trickling strangers still connected", n_open);
@@ -876,6 +877,98 @@ TEST(test_stalled_worker_rerouted)
         pthread_join(hb.t, NULL);
         fake_close(fd);
     }
+    gateway_shutdown(G.g);
+    gateway_free(G.g);
+    node_free(&ref);
+    node_free(&R);
+}
+
+/* Polls what h has now (no wait): its tokens appended to out at *k (at most cap), its finish
+ * into *fin when it came. */
+static void poll_now(const api_backend *be, sched_req *h, int32_t *out, int cap, int *k, sched_finish *fin)
+{
+    sched_output o[16];
+    int m;
+    while ((m = be->poll(be->ud, h, o, 16, 0)) > 0)
+        for (int i = 0; i < m; i++) {
+            if (o[i].kind != SCHED_OUT_TOKEN) *fin = o[i].finish;
+            else if (*k < cap) out[(*k)++] = o[i].token;
+        }
+}
+
+/* A request decoding on a fake worker that goes silent once the gateway drains: the gateway
+ * declares the worker dead and the request waits for another decode worker. Returns its handle
+ * with the 3 tokens streamed so far in got (*k), checked not to have ended after a wait of
+ * several times wait_s (the gateway's wait timeout). */
+static sched_req *drain_with_silent_worker(gw_env *G, const int32_t *prompt, int n_prompt, const int32_t *want,
+                                           int32_t *got, int *k, double wait_s)
+{
+    int fd = fake_connect(G);
+    hb_pump hb = { .fd = fd };   /* alive until the drain */
+    pthread_create(&hb.t, NULL, hb_pump_thread, &hb);
+    CHECK(WAIT_UNTIL(workers_up(G->be) == 1, 30));
+    sched_params sp = greedy(prompt, n_prompt);
+    sched_req *h = NULL;
+    CHECK(G->be->submit(G->be->ud, &sp, &h) == SCHED_OK);
+    proto_msg m;
+    CHECK(fake_expect(fd, PROTO_PREFILL, &m));
+    uint64_t id = m.hdr.req_id;
+    proto_msg_free(&m);
+    fake_handoff(fd, id, n_prompt, want[0], NULL);
+    CHECK(fake_expect(fd, PROTO_DECODE, &m));
+    proto_msg_free(&m);
+    fake_tokens(fd, id, want + 1, 2);
+    sched_finish fin = SCHED_FINISH_NONE;
+    *k = 0;
+    CHECK(WAIT_UNTIL((poll_now(G->be, h, got, N_GEN + 4, k, &fin), *k == 3), 30));
+    gateway_drain(G->g);
+    __atomic_store_n(&hb.stop, 1, __ATOMIC_RELEASE);
+    pthread_join(hb.t, NULL);
+    CHECK(WAIT_UNTIL(workers_up(G->be) == 0, 30));   /* missed heartbeats: out, the request waits */
+    usleep((useconds_t)(4 * wait_s * 1e6));
+    poll_now(G->be, h, got, N_GEN + 4, k, &fin);
+    CHECKF(fin == SCHED_FINISH_NONE && *k == 3, "the waiting request ended (finish %d, %d tokens) while the gateway drains",
+           fin, *k);
+    fake_close(fd);
+    return h;
+}
+
+/* While the gateway drains, the drain's deadline bounds a request's wait for a worker, not the
+ * wait timeout: a stream moved off a decode worker that died during the drain (here: a fake
+ * that stopped heartbeating after two tokens of its decode) waits past the wait timeout; it
+ * resumes on a worker that comes within the drain (exactly the reference tokens), and
+ * gateway_abort (the drain's deadline) ends one still waiting as ABORTED (incomplete) with the
+ * tokens it had, never as an engine error. */
+TEST(test_drain_waits_for_a_worker_past_wait_timeout)
+{
+    node ref = node_new(false), R = node_new(true);
+    const double hb_s = 1, wait_s = 0.5;
+    int n_prompt = 40, k;
+    int32_t prompt[40], want[N_GEN], got[N_GEN + 4];
+    make_prompt(prompt, n_prompt, 9);
+    CHECK(reference(&ref, prompt, n_prompt, want) == N_GEN);
+    /* a worker comes back within the drain: the stream resumes there */
+    gw_env G = gw_start_opts(0, 0, hb_s, wait_s);
+    sched_req *h = drain_with_silent_worker(&G, prompt, n_prompt, want, got, &k, wait_s);
+    node_serve(&R, PROTO_ROLE_MIXED, G.reg, "real");
+    sched_finish fin;
+    int n = collect(G.be, h, got + k, N_GEN + 4 - k, &fin);
+    G.be->release(G.be->ud, h);
+    CHECKF(k + n == N_GEN && fin == SCHED_FINISH_LENGTH, "resumed: %d tokens, finish %d", k + n, fin);
+    CHECK(k + n == N_GEN && !memcmp(want, got, sizeof want));
+    CHECK(gateway_wait_idle(G.g, 0) == 0);
+    node_stop(&R);
+    gateway_shutdown(G.g);
+    gateway_free(G.g);
+    /* none comes: the drain's deadline (gateway_abort) ends it as incomplete */
+    G = gw_start_opts(0, 0, hb_s, wait_s);
+    h = drain_with_silent_worker(&G, prompt, n_prompt, want, got, &k, wait_s);
+    CHECK(gateway_wait_idle(G.g, 0) == 1);
+    gateway_abort(G.g);
+    n = collect(G.be, h, got + k, N_GEN + 4 - k, &fin);
+    G.be->release(G.be->ud, h);
+    CHECKF(n == 0 && fin == SCHED_FINISH_ABORTED, "at the deadline: %d more tokens, finish %d", n, fin);
+    CHECK(!memcmp(want, got, 3 * sizeof *got));
     gateway_shutdown(G.g);
     gateway_free(G.g);
     node_free(&ref);
@@ -1386,6 +1479,7 @@ int main(void)
     RUN(test_trickling_strangers_do_not_keep_workers_out);
     RUN(test_worker_names_unique);
     RUN(test_stalled_worker_rerouted);
+    RUN(test_drain_waits_for_a_worker_past_wait_timeout);
     RUN(test_sockets_nodelay_and_added_latency);
     RUN(test_prefill_goes_where_its_prefix_is_in_flight);
     RUN(test_grammar_travels_and_worker_refusal);
