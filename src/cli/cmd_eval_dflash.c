@@ -65,6 +65,27 @@ static int32_t cmd_evd_argmax(const float *l, int n)
     return b;
 }
 
+/* Sequence i of the input's "seqs" into toks: returns its length, or -1 (said on stderr) when
+ * it is not an array of 1..CMD_EVAL_DFLASH_CTX / 2 ids below V. */
+static int cmd_evd_read_ids(json_t *jseqs, int i, int V, int32_t *toks)
+{
+    json_t *a = json_array_get(jseqs, (size_t)i);
+    int n = json_is_array(a) ? (int)json_array_size(a) : 0;
+    if (n < 1 || n > CMD_EVAL_DFLASH_CTX / 2) {
+        fprintf(stderr, "tokenmill eval: sequence %d: 1..%d ids\n", i, CMD_EVAL_DFLASH_CTX / 2);
+        return -1;
+    }
+    for (int k = 0; k < n; k++) {
+        json_int_t id = json_integer_value(json_array_get(a, (size_t)k));
+        if (id < 0 || id >= V) {
+            fprintf(stderr, "tokenmill eval: sequence %d token %d is not an id below %d\n", i, k, V);
+            return -1;
+        }
+        toks[k] = (int32_t)id;
+    }
+    return n;
+}
+
 /* Target step over s->toks[s->n .. s->n + k), injecting those positions; s->n += k and
  * s->last = the greedy token after them. */
 static bool cmd_evd_feed(cmd_evd *c, cmd_evd_seq *s, int k)
@@ -111,21 +132,9 @@ static int cmd_eval_mtp(model *m, model *d, json_t *jseqs, int K, int R, int thr
         goto out;
     }
     for (int i = 0; i < ns; i++) {
-        json_t *a = json_array_get(jseqs, (size_t)i);
-        int n = json_is_array(a) ? (int)json_array_size(a) : 0;
-        if (n < 1 || n > CMD_EVAL_DFLASH_CTX / 2) {
-            fprintf(stderr, "tokenmill eval: sequence %d: 1..%d ids\n", i, CMD_EVAL_DFLASH_CTX / 2);
-            goto out;
-        }
         memset(s, 0, sizeof *s);
-        for (int k = 0; k < n; k++) {
-            json_int_t id = json_integer_value(json_array_get(a, (size_t)k));
-            if (id < 0 || id >= V) {
-                fprintf(stderr, "tokenmill eval: sequence %d token %d is not an id below %d\n", i, k, V);
-                goto out;
-            }
-            s->toks[k] = (int32_t)id;
-        }
+        const int n = cmd_evd_read_ids(jseqs, i, V, s->toks);
+        if (n < 0) goto out;
         s->tseq = kvpool_seq_new(engine_kvpool(e));
         s->dseq = kvpool_seq_new(engine_kvpool(me));
         for (int k = 0; k < n; k++)
@@ -236,20 +245,8 @@ int cmd_eval_dflash(model *m, const char *draft_path, json_t *root, int threads,
     c.bt = xmalloc(CMD_EVAL_DFLASH_CTX * sizeof *c.bt);
     c.inj = xmalloc(CMD_EVAL_DFLASH_CTX * sizeof *c.inj);
     for (int i = 0; i < ns; i++) {
-        json_t *a = json_array_get(jseqs, (size_t)i);
-        int n = json_is_array(a) ? (int)json_array_size(a) : 0;
-        if (n < 1 || n > CMD_EVAL_DFLASH_CTX / 2) {
-            fprintf(stderr, "tokenmill eval: sequence %d: 1..%d ids\n", i, CMD_EVAL_DFLASH_CTX / 2);
-            goto out;
-        }
-        for (int k = 0; k < n; k++) {
-            json_int_t id = json_integer_value(json_array_get(a, (size_t)k));
-            if (id < 0 || id >= c.V) {
-                fprintf(stderr, "tokenmill eval: sequence %d token %d is not an id below %d\n", i, k, c.V);
-                goto out;
-            }
-            seqs[i].toks[k] = (int32_t)id;
-        }
+        const int n = cmd_evd_read_ids(jseqs, i, c.V, seqs[i].toks);
+        if (n < 0) goto out;
         seqs[i].tseq = kvpool_seq_new(engine_kvpool(c.e));
         seqs[i].dseq = kvpool_seq_new(engine_dflash_kvpool(c.ed));
         if (!cmd_evd_feed(&c, &seqs[i], n)) goto fail;

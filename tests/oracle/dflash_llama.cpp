@@ -82,15 +82,7 @@ int main(int argc, char **argv) {
     llama_batch bt = llama_batch_init(512, 0, 1), bi = llama_batch_init(512, n_enc, 1), bd = llama_batch_init(64, 0, 1);
     // target step over toks[from..), then the drafter's injection of those positions
     auto feed = [&](int from) -> llama_token {
-        int n = (int)toks.size() - from;
-        bt.n_tokens = n;
-        for (int i = 0; i < n; i++) {
-            bt.token[i] = toks[from + i];
-            bt.pos[i] = from + i;
-            bt.n_seq_id[i] = 1;
-            bt.seq_id[i][0] = 0;
-            bt.logits[i] = i == n - 1;
-        }
+        const int n = drv_batch_fill(bt, toks, from);
         if (llama_decode(ct, bt)) die("target decode");
         llama_token next = argmax(llama_get_logits_ith(ct, n - 1), n_vocab);
         bi.n_tokens = n;
@@ -100,12 +92,7 @@ int main(int argc, char **argv) {
                 memcpy(bi.embd + (size_t)i * n_enc + (size_t)k * n_embd_t, src + (size_t)i * n_embd_t,
                        (size_t)n_embd_t * sizeof(float));
         }
-        for (int i = 0; i < n; i++) {
-            bi.pos[i] = from + i;
-            bi.n_seq_id[i] = 1;
-            bi.seq_id[i][0] = 0;
-            bi.logits[i] = false;
-        }
+        for (int i = 0; i < n; i++) drv_batch_set(bi, i, 0, from + i, false);
         if (llama_decode(cx, bi)) die("draft injection");
         return next;
     };
@@ -114,13 +101,7 @@ int main(int argc, char **argv) {
         const int n = (int)toks.size();
         const int n_block = n_draft + (dspark && anchor ? 0 : 1);
         bd.n_tokens = n_block;
-        for (int i = 0; i < n_block; i++) {
-            bd.token[i] = i == 0 ? last : mask;
-            bd.pos[i] = n + i;
-            bd.n_seq_id[i] = 1;
-            bd.seq_id[i][0] = 0;
-            bd.logits[i] = true;
-        }
+        for (int i = 0; i < n_block; i++) drv_batch_set(bd, i, i == 0 ? last : mask, n + i, true);
         if (llama_decode(cx, bd)) die("draft decode");
         const float *conf = llama_get_embeddings_nextn(cx);
         std::string out = "{\"round\":" + std::to_string(r) + ",\"pos\":" + std::to_string(n) +

@@ -67,28 +67,14 @@ int main(int argc, char **argv) {
     std::vector<float> pend(H, 0.0f);
     // target step over toks[from..), then the MTP context's catch-up of those positions
     auto feed = [&](int from) -> llama_token {
-        int n = (int)toks.size() - from;
-        bt.n_tokens = n;
-        for (int i = 0; i < n; i++) {
-            bt.token[i] = toks[from + i];
-            bt.pos[i] = from + i;
-            bt.n_seq_id[i] = 1;
-            bt.seq_id[i][0] = 0;
-            bt.logits[i] = i == n - 1;
-        }
+        const int n = drv_batch_fill(bt, toks, from);
         if (llama_decode(ct, bt)) die("target decode");
         llama_token next = argmax(llama_get_logits_ith(ct, n - 1), n_vocab);
         const float *h = llama_get_embeddings_nextn(ct);
         llama_memory_seq_rm(llama_get_memory(cx), 0, from, -1);
-        bm.n_tokens = n;
-        for (int i = 0; i < n; i++) {
-            bm.token[i] = toks[from + i];
-            bm.pos[i] = from + i;
-            bm.n_seq_id[i] = 1;
-            bm.seq_id[i][0] = 0;
-            bm.logits[i] = i == n - 1;
+        drv_batch_fill(bm, toks, from);
+        for (int i = 0; i < n; i++)
             memcpy(bm.embd + (size_t)i * H, i == 0 ? pend.data() : h + (size_t)(i - 1) * H, (size_t)H * sizeof(float));
-        }
         memcpy(pend.data(), h + (size_t)(n - 1) * H, (size_t)H * sizeof(float));
         if (llama_decode(cx, bm)) die("MTP catch-up");
         return next;
@@ -102,11 +88,7 @@ int main(int argc, char **argv) {
         std::vector<float> h(pend);
         for (int j = 0; j < n_draft; j++) {
             bm.n_tokens = 1;
-            bm.token[0] = j ? drafts.back() : last;
-            bm.pos[0] = n + j;
-            bm.n_seq_id[0] = 1;
-            bm.seq_id[0][0] = 0;
-            bm.logits[0] = true;
+            drv_batch_set(bm, 0, j ? drafts.back() : last, n + j, true);
             memcpy(bm.embd, h.data(), (size_t)H * sizeof(float));
             if (llama_decode(cx, bm)) die("MTP draft");
             const float *l = llama_get_logits_ith(cx, 0);

@@ -8,6 +8,7 @@
 # one K = V head, sinks, grouped output, sqrt-softplus MoE with a shared expert), the head's
 # hyper-connection `output_hc_*`, and the optional Markov head and confidence head (no bias, as
 # that converter writes none). llama.cpp's loader is src/models/dflash.cpp (its dsv4 branch).
+# The V4 keys and blocks are gguf_dsv4.py's writers, all in F32.
 #
 #   gguf_dspark_v4.py --target TARGET.gguf [--layers N] [--block B] [--window W]
 #                     [--target-layers 1,4] [--markov R] [--conf] [--own-head] [--seed N] -o OUT.gguf
@@ -24,7 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "data", "llama.cpp", "gguf-py"))
 import gguf  # noqa: E402
 from gguf_common import copy_vocab, finish  # noqa: E402
-from gguf_dsv4 import SHAPE  # noqa: E402
+from gguf_dsv4 import SHAPE, add_block_attn, add_block_ffn, add_keys, add_output_hc, tensor_writers  # noqa: E402
 
 
 def field(r, key, default=None):
@@ -55,93 +56,28 @@ def main():
     tl = [int(x) for x in a.target_layers.split(",")] if a.target_layers else [1, tlayers]
     rng = np.random.default_rng(a.seed)
     w = gguf.GGUFWriter(a.output + ".tmp", "dflash")
-    L, H, hd, hc = a.layers, s["heads"], s["head_dim"], s["hc"]
-    ne, ef = s["experts"], s["expert_ffn"]
+    L, hc = a.layers, s["hc"]
     w.add_name(f"gguf-py-random-dspark-v4-seed{a.seed}")
     w.add_file_type(0)
     n_vocab = copy_vocab(w, r, skip=("tokenizer.ggml.mask_token_id",))
     w.add_mask_token_id(n_vocab - 1)
-    w.add_block_count(L)
-    w.add_context_length(4096)
-    w.add_embedding_length(dim)
-    w.add_feed_forward_length(ef)
-    w.add_head_count(H)
-    w.add_head_count_kv(1)
-    w.add_key_length(hd)
-    w.add_value_length(hd)
-    w.add_rope_freq_base(10000.0)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_expert_count(ne)
-    w.add_expert_used_count(s["used"])
-    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SQRTSOFTPLUS)
-    w.add_vocab_size(n_vocab)
-    w.add_rope_dimension_count(s["rope"])
-    w.add_q_lora_rank(s["q_lora"])
-    w.add_sliding_window(a.window)
-    w.add_expert_feed_forward_length(ef)
-    w.add_expert_shared_count(s["shared"])
-    w.add_expert_weights_scale(s["w_scale"])
-    w.add_expert_weights_norm(True)
-    w.add_swiglu_clamp_exp([s["swiglu_limit"]] * L)
-    w.add_swiglu_clamp_shexp([s["swiglu_limit"]] * L)
-    w.add_indexer_head_count(s["idx_heads"])
-    w.add_indexer_key_length(s["idx_dim"])
-    w.add_indexer_top_k(s["idx_topk"])
-    w.add_attention_output_group_count(s["o_groups"])
-    w.add_attention_output_lora_rank(s["o_lora"])
-    w.add_attention_compress_ratios([0] * L)
-    w.add_attention_compress_rope_freq_base(160000.0)
-    w.add_hyper_connection_count(hc)
-    w.add_hyper_connection_sinkhorn_iterations(s["sinkhorn"])
-    w.add_hyper_connection_epsilon(s["hc_eps"])
-    w.add_hash_layer_count(0)
+    add_keys(w, s, dim, n_vocab, L, [0] * L, a.window, 0)
     w.add_block_size(a.block)
     w.add_target_layers(tl)
 
-    def add(name, shape, std, mean=0.0):
-        w.add_tensor(name, (mean + std * rng.standard_normal(shape)).astype(np.float32))
-
-    def norm(name, n, mean=1.0):
-        add(name, (n,), 0.1 * mean, mean)
-
+    F32 = gguf.GGMLQuantizationType.F32
+    add, norm = tensor_writers(w, rng, {"mat": F32, "exps": F32, "f32": F32})
     si = 1.0 / np.sqrt(dim)
-    mix = (2 + hc) * hc
     add("fc.weight", (dim, len(tl) * dim), 1.0 / np.sqrt(len(tl) * dim))
     norm("enc.output_norm.weight", dim)
     norm("output_norm.weight", dim, 20.0)
     if a.own_head:
         add("token_embd.weight", (n_vocab, dim), 0.5 * si)
         add("output.weight", (n_vocab, dim), 0.5 * si)
-    add("output_hc_fn.weight", (hc, hc * dim), 1.0 / np.sqrt(hc * dim))
-    add("output_hc_base.weight", (hc,), 0.5)
-    add("output_hc_scale.weight", (1,), 0.3, 1.0)
-    ql = s["q_lora"]
+    add_output_hc(add, hc, dim)
     for il in range(L):
-        p = f"blk.{il}."
-        norm(p + "attn_norm.weight", dim)
-        add(p + "attn_sinks.weight", (H,), 1.0)
-        add(p + "attn_q_a.weight", (ql, dim), si)
-        norm(p + "attn_q_a_norm.weight", ql)
-        add(p + "attn_q_b.weight", (H * hd, ql), 1 / np.sqrt(ql))
-        add(p + "attn_kv.weight", (hd, dim), si)
-        norm(p + "attn_kv_a_norm.weight", hd)
-        gdim = H * hd // s["o_groups"]
-        add(p + "attn_output_a.weight", (s["o_groups"] * s["o_lora"], gdim), 1 / np.sqrt(gdim))
-        add(p + "attn_output_b.weight", (dim, s["o_groups"] * s["o_lora"]), 1 / np.sqrt(s["o_groups"] * s["o_lora"]))
-        for k in ("attn", "ffn"):
-            add(p + f"hc_{k}_fn.weight", (mix, hc * dim), 1.0 / np.sqrt(hc * dim))
-            add(p + f"hc_{k}_base.weight", (mix,), 0.5)
-            add(p + f"hc_{k}_scale.weight", (3,), 0.3, 1.0)
-        add(p + "ffn_gate_inp.weight", (ne, dim), 2 * si)
-        add(p + "exp_probs_b.bias", (ne,), 0.05)
-        norm(p + "ffn_norm.weight", dim)
-        add(p + "ffn_gate_exps.weight", (ne, ef, dim), si)
-        add(p + "ffn_up_exps.weight", (ne, ef, dim), si)
-        add(p + "ffn_down_exps.weight", (ne, dim, ef), 1 / np.sqrt(ef))
-        sh = ef * s["shared"]
-        add(p + "ffn_gate_shexp.weight", (sh, dim), si)
-        add(p + "ffn_up_shexp.weight", (sh, dim), si)
-        add(p + "ffn_down_shexp.weight", (dim, sh), 1 / np.sqrt(sh))
+        add_block_attn(add, norm, f"blk.{il}.", s, dim)
+        add_block_ffn(add, norm, f"blk.{il}.", s, dim)
     if a.markov:
         R = a.markov
         w.add_tensor("markov_w1.weight", rng.standard_normal((n_vocab, R)).astype(np.float32))

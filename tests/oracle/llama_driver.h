@@ -1,7 +1,8 @@
 // llama_driver: what the C++ drivers of the prebuilt libllama (tests/oracle/*_llama.cpp, built
 // by oracle_common.mjs's llamaDriver) share: a fatal message, the argmax and log-probability
-// of a logits row, the comma-separated prompt argument, and the library's start-up (its log
-// silenced unless the driver's log variable is set; the CPU backends from -DLIBDIR).
+// of a logits row, the comma-separated prompt argument, the batch rows of sequence 0, and the
+// library's start-up (its log silenced unless the driver's log variable is set; the CPU
+// backends from -DLIBDIR).
 #ifndef TM_LLAMA_DRIVER_H
 #define TM_LLAMA_DRIVER_H
 
@@ -37,6 +38,24 @@ static std::vector<llama_token> drv_tokens(char *p) {
         if (*p == ',') p++;
     }
     return toks;
+}
+
+// row i of b: token t (where b carries tokens: an embeddings batch has none) at pos in
+// sequence 0, its logits wanted or not
+static void drv_batch_set(llama_batch &b, int i, llama_token t, llama_pos pos, bool logits) {
+    if (b.token) b.token[i] = t;
+    b.pos[i] = pos;
+    b.n_seq_id[i] = 1;
+    b.seq_id[i][0] = 0;
+    b.logits[i] = logits;
+}
+
+// b := toks[from..) at their positions in sequence 0, the logits of the last only; their count
+static int drv_batch_fill(llama_batch &b, const std::vector<llama_token> &toks, int from) {
+    const int n = (int)toks.size() - from;
+    b.n_tokens = n;
+    for (int i = 0; i < n; i++) drv_batch_set(b, i, toks[from + i], from + i, i == n - 1);
+    return n;
 }
 
 // the library up, quiet unless getenv(log_var) is set (drv_name set first: die's prefix)

@@ -14,6 +14,7 @@
  * two runs of one step, and a rejected draft's few positions, compute exactly.
  */
 #include "harness.h"
+#include "windowtest.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -181,35 +182,6 @@ static model *mk_model(void)
     return m;
 }
 
-/* Computes positions [from, N) of s in steps of `chunk`, logits of every position into out (N, V);
- * after each step the full blocks are committed and the state captured at 256 copied into st256
- * (when set). */
-static bool run_from(engine *e, kvpool_seq *s, const int32_t *toks, int from, int chunk, float *out, uint8_t *st256)
-{
-    kvpool *kv = engine_kvpool(e);
-    static engine_tok bt[CHUNK];
-    for (int p = from; p < N;) {
-        int n = TM_MIN(chunk, N - p);
-        for (int k = 0; k < n; k++) bt[k] = (engine_tok){ toks[p + k], p + k, s, true };
-        engine_batch b = { n, bt };
-        if (engine_step(e, &b, out + (size_t)p * V) != ENGINE_OK) return false;
-        p += n;
-        kvpool_seq_commit_full_blocks(kv, s, toks, p);
-        const engine_window_state *ws;
-        int ns = engine_window_states(e, &ws);
-        for (int i = 0; i < ns && st256; i++)
-            if (ws[i].seq == s && ws[i].end == 256) memcpy(st256, ws[i].state, kvpool_window_state_bytes(kv));
-    }
-    return true;
-}
-
-static int first_diff(const float *a, const float *b, int from)
-{
-    for (int p = from; p < N; p++)
-        if (memcmp(a + (size_t)p * V, b + (size_t)p * V, V * sizeof(float))) return p;
-    return -1;
-}
-
 TEST(test_engine_window)
 {
     model *m = mk_model();
@@ -247,7 +219,7 @@ TEST(test_engine_window)
 
     /* the reference in 100-token steps: the state at 256 is captured inside the step 200..299 */
     kvpool_seq *a = kvpool_seq_new(kv);
-    CHECK(run_from(e, a, toks, 0, CHUNK, ref, st));
+    CHECK(windowtest_run(e, a, toks, 0, N, CHUNK, V, ref, (uint8_t *[2]){ NULL, st }, 2));
     /* token by token up to 256: the ring then holds the same state */
     kvpool_seq *t = kvpool_seq_new(kv);
     for (int p = 0; p < 256; p++) {
@@ -263,8 +235,8 @@ TEST(test_engine_window)
     kvpool_seq *b = kvpool_seq_new(kv);
     CHECK(kvpool_seq_attach_prefix(kv, b, toks, N) == 256);
     kvpool_seq_window_restore(kv, b, 256, st);
-    CHECK(run_from(e, b, toks, 256, CHUNK, got, NULL));
-    int d = first_diff(ref, got, 256);
+    CHECK(windowtest_run(e, b, toks, 256, N, CHUNK, V, got, NULL, 0));
+    int d = windowtest_first_diff(ref, got, 256, N, V);
     CHECKF(d < 0, "window state restored: position %d differs", d);
     kvpool_seq_free(kv, b);
 
@@ -273,8 +245,8 @@ TEST(test_engine_window)
     CHECK(kvpool_seq_attach_prefix(kv, c, toks, N) == 256);
     int from = kvpool_seq_window_replay(kv, c, 256, true);
     CHECK(from == 0);
-    CHECK(run_from(e, c, toks, from, CHUNK, got, NULL));
-    d = first_diff(ref, got, 256);
+    CHECK(windowtest_run(e, c, toks, from, N, CHUNK, V, got, NULL, 0));
+    d = windowtest_first_diff(ref, got, 256, N, V);
     CHECKF(d < 0, "exact replay: position %d differs", d);
     kvpool_seq_free(kv, c);
 
@@ -283,8 +255,8 @@ TEST(test_engine_window)
     CHECK(kvpool_seq_attach_prefix(kv, bd, toks, N) == 256);
     from = kvpool_seq_window_replay(kv, bd, 256, false);
     CHECK(from == 128 && kvpool_seq_win_lo(bd) == 128);
-    CHECK(run_from(e, bd, toks, from, 7, got, NULL));
-    d = first_diff(ref, got, 256);
+    CHECK(windowtest_run(e, bd, toks, from, N, 7, V, got, NULL, 0));
+    d = windowtest_first_diff(ref, got, 256, N, V);
     CHECKF(d == 256, "bounded replay should differ at 256 (first diff %d)", d);
     kvpool_seq_free(kv, bd);
 
@@ -292,37 +264,13 @@ TEST(test_engine_window)
     kvpool_seq *r2 = kvpool_seq_new(kv);
     CHECK(kvpool_seq_attach_prefix(kv, r2, toks, N) == 256);
     kvpool_seq_window_restore(kv, r2, 256, st);
-    CHECK(run_from(e, r2, toks, 256, CHUNK, got, NULL));
-    CHECK(first_diff(ref, got, 256) < 0);
+    CHECK(windowtest_run(e, r2, toks, 256, N, CHUNK, V, got, NULL, 0));
+    CHECK(windowtest_first_diff(ref, got, 256, N, V) < 0);
     kvpool_seq_free(kv, r2);
 
-    /* a sequence in two runs of one step reads the first run's raw rows from the step */
-    kvpool_seq *x = kvpool_seq_new(kv), *y = kvpool_seq_new(kv);
-    static engine_tok split[CHUNK];
-    int ns = 0;
-    for (int p = 0; p < 50; p++) split[ns++] = (engine_tok){ toks[p], p, x, true };
-    split[ns++] = (engine_tok){ toks[0], 0, y, true };
-    for (int p = 50; p < 99; p++) split[ns++] = (engine_tok){ toks[p], p, x, true };
-    static float lsplit[CHUNK * V];
-    engine_batch sb2 = { ns, split };
-    CHECK(engine_step(e, &sb2, lsplit) == ENGINE_OK);
-    bool same = true;
-    for (int k = 0; k < ns; k++)
-        if (split[k].seq == x) same &= !memcmp(lsplit + (size_t)k * V, ref + (size_t)split[k].pos * V, V * sizeof(float));
-    CHECKF(same, "a sequence split in two runs of one step differs from computing it alone");
-    kvpool_seq_reset(kv, x);
-    engine_tok gap[2] = { { toks[0], 0, x, false }, { toks[5], 5, x, false } };
-    engine_batch tb = { 2, gap };
-    CHECK(engine_step(e, &tb, NULL) == ENGINE_ERR_ARG);
-    kvpool_seq_free(kv, x);
-    kvpool_seq_free(kv, y);
-
-    /* going back 6 positions (a rejected draft) recomputes exactly; further is refused */
-    engine_tok back = { toks[N - 6], N - 6, a, true };
-    engine_batch bb = { 1, &back };
-    CHECK(engine_step(e, &bb, got) == ENGINE_OK && !memcmp(got, ref + (size_t)(N - 6) * V, V * sizeof(float)));
-    back = (engine_tok){ toks[10], 10, a, true };
-    CHECK(engine_step(e, &bb, got) == ENGINE_ERR_ARG);
+    /* the step rules: a sequence in two runs of one step, a gap refused, going back a few
+     * positions (a rejected draft) exactly and further refused */
+    windowtest_check_steps(e, a, toks, N, V, ref, got);
 
     kvpool_seq_free(kv, a);
     free(st);

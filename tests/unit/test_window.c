@@ -12,6 +12,7 @@
  * it back on a fetch, and reports the states a prefill crossed (WINDOW) before its HANDOFF.
  */
 #include "harness.h"
+#include "windowtest.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -55,36 +56,6 @@ static void toks_of(int32_t *t, int n)
     for (int i = 0; i < n; i++) t[i] = (i * 37 + i * i / 3 + 5) % V;
 }
 
-/* Computes positions [from, N) of seq in steps of CHUNK, logits of every position into
- * out (N, V) at its position; after each step the full blocks are committed and the window
- * states captured at 128 and 256 copied into states[end / 128 - 1] (when states is set). */
-static bool run_from(engine *e, kvpool_seq *s, const int32_t *toks, int from, float *out, uint8_t *states[2])
-{
-    kvpool *kv = engine_kvpool(e);
-    engine_tok bt[CHUNK];
-    for (int p = from; p < N;) {
-        int n = TM_MIN(CHUNK, N - p);
-        for (int k = 0; k < n; k++) bt[k] = (engine_tok){ toks[p + k], p + k, s, true };
-        engine_batch b = { n, bt };
-        if (engine_step(e, &b, out + (size_t)p * V) != ENGINE_OK) return false;
-        p += n;
-        kvpool_seq_commit_full_blocks(kv, s, toks, p);
-        const engine_window_state *ws;
-        int ns = engine_window_states(e, &ws);
-        for (int i = 0; i < ns && states; i++)
-            if (ws[i].seq == s && ws[i].end / 128 - 1 < 2)
-                memcpy(states[ws[i].end / 128 - 1], ws[i].state, kvpool_window_state_bytes(kv));
-    }
-    return true;
-}
-
-static int first_diff(const float *a, const float *b, int from)
-{
-    for (int p = from; p < N; p++)
-        if (memcmp(a + (size_t)p * V, b + (size_t)p * V, V * sizeof(float))) return p;
-    return -1;
-}
-
 TEST(test_window_restore_and_replay)
 {
     model *m = mk_model();
@@ -123,7 +94,7 @@ TEST(test_window_restore_and_replay)
 
     /* the reference computes everything, in chunks that cross both block ends */
     kvpool_seq *a = kvpool_seq_new(kv);
-    CHECK(run_from(e, a, toks, 0, ref, states));
+    CHECK(windowtest_run(e, a, toks, 0, N, CHUNK, V, ref, states, 2));
     /* the state at 256 is what a sequence that computed everything holds there: the same
      * sequence token by token up to 256 (a different step shape) saves the same bytes */
     kvpool_seq *t = kvpool_seq_new(kv);
@@ -150,8 +121,8 @@ TEST(test_window_restore_and_replay)
     CHECK(att == 256);
     kvpool_seq_window_restore(kv, b, att, states[1]);
     memset(got, 0, sizeof got);
-    CHECK(run_from(e, b, toks, att, got, NULL));
-    int d = first_diff(ref, got, att);
+    CHECK(windowtest_run(e, b, toks, att, N, CHUNK, V, got, NULL, 0));
+    int d = windowtest_first_diff(ref, got, att, N, V);
     CHECKF(d < 0, "with the window state restored, position %d differs from computing everything", d);
     kvpool_seq_free(kv, b);
 
@@ -159,8 +130,8 @@ TEST(test_window_restore_and_replay)
     kvpool_seq *g = kvpool_seq_new(kv);
     CHECK(kvpool_seq_attach_prefix(kv, g, toks, N) == 256);
     kvpool_seq_window_restore(kv, g, 256, states[0]);   /* the state of another position */
-    CHECK(run_from(e, g, toks, 256, got, NULL));
-    CHECKF(first_diff(ref, got, 256) == 256, "a wrong window state must change the logits");
+    CHECK(windowtest_run(e, g, toks, 256, N, CHUNK, V, got, NULL, 0));
+    CHECKF(windowtest_first_diff(ref, got, 256, N, V) == 256, "a wrong window state must change the logits");
     kvpool_seq_free(kv, g);
 
     /* exact replay: from 256 - 142, window layers only below 256; identical */
@@ -169,8 +140,8 @@ TEST(test_window_restore_and_replay)
     int from = kvpool_seq_window_replay(kv, c, 256, true);
     CHECK(from == 256 - kvpool_window_exact_span(kv));
     CHECK(kvpool_seq_full_from(c) == 256 && kvpool_seq_exact_from(c) == 256);
-    CHECK(run_from(e, c, toks, from, got, NULL));
-    d = first_diff(ref, got, 256);
+    CHECK(windowtest_run(e, c, toks, from, N, CHUNK, V, got, NULL, 0));
+    d = windowtest_first_diff(ref, got, 256, N, V);
     CHECKF(d < 0, "exact replay: position %d differs from computing everything", d);
     /* the replayed prefix's blocks were not written: the reference still agrees on them */
     kvpool_seq_free(kv, c);
@@ -181,8 +152,8 @@ TEST(test_window_restore_and_replay)
     from = kvpool_seq_window_replay(kv, bd, 256, false);
     CHECK(from == 128 && kvpool_seq_win_lo(bd) == 128);
     CHECK(kvpool_seq_exact_from(bd) == 128 + kvpool_window_exact_span(kv));
-    CHECK(run_from(e, bd, toks, from, got, NULL));
-    d = first_diff(ref, got, 256);
+    CHECK(windowtest_run(e, bd, toks, from, N, CHUNK, V, got, NULL, 0));
+    d = windowtest_first_diff(ref, got, 256, N, V);
     CHECKF(d == 256, "bounded replay should differ at 256 (first diff %d)", d);
     bool finite = true;
     for (int i = 256 * V; i < N * V; i++) finite &= isfinite(got[i]);
@@ -193,39 +164,14 @@ TEST(test_window_restore_and_replay)
     kvpool_seq *r2 = kvpool_seq_new(kv);
     CHECK(kvpool_seq_attach_prefix(kv, r2, toks, N) == 256);
     kvpool_seq_window_restore(kv, r2, 256, states[1]);
-    CHECK(run_from(e, r2, toks, 256, got, NULL));
-    CHECK(first_diff(ref, got, 256) < 0);
+    CHECK(windowtest_run(e, r2, toks, 256, N, CHUNK, V, got, NULL, 0));
+    CHECK(windowtest_first_diff(ref, got, 256, N, V) < 0);
     kvpool_seq_free(kv, r2);
 
-    /* a sequence in two runs of one step (another sequence between them) reads the first run's
-     * keys from the step; a gap in its positions is refused (its ring holds what precedes) */
-    kvpool_seq *x = kvpool_seq_new(kv), *y = kvpool_seq_new(kv);
-    static engine_tok split[N + 1];
-    int ns = 0;
-    for (int p = 0; p < 50; p++) split[ns++] = (engine_tok){ toks[p], p, x, true };
-    split[ns++] = (engine_tok){ toks[0], 0, y, true };
-    for (int p = 50; p < 99; p++) split[ns++] = (engine_tok){ toks[p], p, x, true };
-    static float lsplit[(N + 1) * V];
-    engine_batch sb2 = { ns, split };
-    CHECK(engine_step(e, &sb2, lsplit) == ENGINE_OK);
-    bool same = true;
-    for (int k = 0; k < ns; k++)
-        if (split[k].seq == x) same &= !memcmp(lsplit + (size_t)k * V, ref + (size_t)split[k].pos * V, V * sizeof(float));
-    CHECKF(same, "a sequence split in two runs of one step differs from computing it alone");
-    kvpool_seq_reset(kv, x);
-    engine_tok gap[2] = { { toks[0], 0, x, false }, { toks[5], 5, x, false } };
-    engine_batch tb = { 2, gap };
-    CHECK(engine_step(e, &tb, NULL) == ENGINE_ERR_ARG);
-    kvpool_seq_free(kv, x);
-    kvpool_seq_free(kv, y);
-
-    /* going back: a few positions (a rejected draft) recompute exactly, further is refused */
+    /* the step rules: a sequence in two runs of one step, a gap refused, going back a few
+     * positions (a rejected draft) exactly and further refused */
     CHECK(kvpool_seq_ring_next(a) == N);
-    engine_tok back = { toks[N - 6], N - 6, a, true };
-    engine_batch bb = { 1, &back };
-    CHECK(engine_step(e, &bb, got) == ENGINE_OK && !memcmp(got, ref + (size_t)(N - 6) * V, V * sizeof(float)));
-    back = (engine_tok){ toks[10], 10, a, true };
-    CHECK(engine_step(e, &bb, got) == ENGINE_ERR_ARG);
+    windowtest_check_steps(e, a, toks, N, V, ref, got);
 
     kvpool_seq_free(kv, a);
     free(states[0]);
