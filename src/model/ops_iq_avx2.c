@@ -1,7 +1,7 @@
 /*
  * ops_iq_avx2: AVX2 dot kernels of the codebook and ternary types (quant_iq.h) against Q8_K,
- * per row, and batch kernels for the grid types with unsigned points (IQ2_*, IQ3_*: a tile
- * decoded once per call, see below). They compute the integers of the scalar kernels (ops_iq.c) and the same float
+ * per row, and batch kernels for all of them (a tile of 4 rows decoded once per super-block,
+ * see below). They compute the integers of the scalar kernels (ops_iq.c) and the same float
  * chain per super-block, so they equal the scalar level bit for bit (test_ops checks it);
  * the AVX-512 level runs them too.
  *
@@ -285,21 +285,15 @@ static float iq_a2_dot_tq1_0(int64_t n, const block_tq1_0 *w, const block_q8_K *
     return sumf;
 }
 
-/* ---- batches of the grid types (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S) ---------------- */
+/* ---- batches ------------------------------------------------------------------------------ */
 
-/* Decoding a sub-block (grid lookups, sign tables) costs far more than its dot: for more than
- * one token, a super-block of IQ_A2_ROWS rows is decoded once into this tile (3 KB, in L1)
- * and every token of the call runs over it. Each (row, token) gets the per-row dot's integer
- * sums and its float chain in the same order (this file builds without contraction), so a
- * batch is bit-identical to its tokens one by one (test_ops' batch invariance). */
+/* Decoding a sub-block (grid lookups, sign tables, trits) costs far more than its dot: for
+ * more than one token, a super-block of IQ_A2_ROWS rows is decoded once into a tile (3-4 KB,
+ * in L1) and every token of the call runs over it. Each (row, token) gets the per-row dot's
+ * integer sums (exact in int32, so any order of summing gives the same) and its float chain
+ * in the same order (this file builds without contraction), so a batch is bit-identical to
+ * its tokens one by one (test_ops' batch invariance). */
 #define IQ_A2_ROWS 4
-
-typedef struct {
-    __m256i pts[IQ_A2_ROWS][QK_K / 32];   /* (row, sub-block) */
-    __m256i signs[IQ_A2_ROWS][QK_K / 32]; /* (row, sub-block) */
-    __m256i sc[IQ_A2_ROWS][QK_K / 32];    /* (row, sub-block) */
-    float d[IQ_A2_ROWS];                  /* per row: fp32 of the super-block's d */
-} iq_a2_tile;
 
 /* The four int32 lane sums of a0..a3, in that order. */
 IQ2_INLINE __m128i iq_a2_hsum4(__m256i a0, __m256i a1, __m256i a2, __m256i a3)
@@ -307,6 +301,61 @@ IQ2_INLINE __m128i iq_a2_hsum4(__m256i a0, __m256i a1, __m256i a2, __m256i a3)
     __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(a0, a1), _mm256_hadd_epi32(a2, a3));
     return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
 }
+
+/* The driver: rows in groups of IQ_A2_ROWS (the rest, and single tokens, by the per-row DOT),
+ * each super-block decoded by FILL(tile, r, block) for r < IQ_A2_ROWS, then TDOT(tile, token's
+ * q8_K block, y + row) adds the four rows' contributions of every token; FACTOR (the type's
+ * constant, applied last as the per-row dot does) unless it is 1. */
+#define IQ_A2_GEMM_TILE(NAME, DOT, BT, TT, FILL, TDOT, FACTOR)                                 \
+    static void NAME(int64_t cols, const void *w, size_t ws, int nr, const void *x, size_t xs, \
+                     int nt, float *y, size_t ys)                                             \
+    {                                                                                         \
+        const int nr4 = nt == 1 ? 0 : nr / IQ_A2_ROWS * IQ_A2_ROWS;                           \
+        TT k;                                                                                 \
+        for (int r0 = 0; r0 < nr4; r0 += IQ_A2_ROWS) {                                        \
+            for (int tt = 0; tt < nt; tt++) _mm_storeu_ps(y + (size_t)tt * ys + r0, _mm_setzero_ps()); \
+            for (int64_t b = 0; b < cols / QK_K; b++) {                                       \
+                for (int r = 0; r < IQ_A2_ROWS; r++)                                          \
+                    FILL(&k, r, (const BT *)((const char *)w + (size_t)(r0 + r) * ws) + b);   \
+                for (int tt = 0; tt < nt; tt++)                                               \
+                    TDOT(&k, (const block_q8_K *)((const char *)x + (size_t)tt * xs) + b,     \
+                         y + (size_t)tt * ys + r0);                                           \
+            }                                                                                 \
+            if ((FACTOR) != 1.0f)                                                             \
+                for (int tt = 0; tt < nt; tt++) {                                             \
+                    float *yt = y + (size_t)tt * ys + r0;                                     \
+                    _mm_storeu_ps(yt, _mm_mul_ps(_mm_set1_ps(FACTOR), _mm_loadu_ps(yt)));     \
+                }                                                                             \
+        }                                                                                     \
+        for (int tt = 0; tt < nt; tt++)                                                       \
+            for (int r = nr4; r < nr; r++)                                                    \
+                y[(size_t)tt * ys + r] = DOT(cols, (const BT *)((const char *)w + r * ws),    \
+                                             (const block_q8_K *)((const char *)x + (size_t)tt * xs)); \
+    }
+
+/* The grid types with unsigned points (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S): their
+ * sub-blocks as the per-row dot takes them. */
+typedef struct {
+    __m256i pts[IQ_A2_ROWS][QK_K / 32];   /* (row, sub-block) */
+    __m256i signs[IQ_A2_ROWS][QK_K / 32]; /* (row, sub-block) */
+    __m256i sc[IQ_A2_ROWS][QK_K / 32];    /* (row, sub-block) */
+    float d[IQ_A2_ROWS];                  /* per row: fp32 of the super-block's d */
+} iq_a2_tile;
+
+#define IQ_A2_FILL_SUB(NAME, BT, SUB)                                                          \
+    IQ2_INLINE void NAME(iq_a2_tile *k, int r, const BT *wb)                                   \
+    {                                                                                          \
+        for (int ib = 0; ib < QK_K / 32; ib++) {                                               \
+            iq_a2_sub s = SUB(wb, ib);                                                         \
+            k->pts[r][ib] = s.pts, k->signs[r][ib] = s.signs, k->sc[r][ib] = s.sc;             \
+        }                                                                                      \
+        k->d[r] = quant_fp16_to_fp32(wb->d);                                                   \
+    }
+IQ_A2_FILL_SUB(iq_a2_fill_iq2_xxs, block_iq2_xxs, iq_a2_sub_iq2_xxs)
+IQ_A2_FILL_SUB(iq_a2_fill_iq2_xs, block_iq2_xs, iq_a2_sub_iq2_xs)
+IQ_A2_FILL_SUB(iq_a2_fill_iq2_s, block_iq2_s, iq_a2_sub_iq2_s)
+IQ_A2_FILL_SUB(iq_a2_fill_iq3_xxs, block_iq3_xxs, iq_a2_sub_iq3_xxs)
+IQ_A2_FILL_SUB(iq_a2_fill_iq3_s, block_iq3_s, iq_a2_sub_iq3_s)
 
 /* Token super-block xb against the tile: y[0..3] += (d_w * d_x) * isum, lane by lane. */
 IQ2_INLINE void iq_a2_tile_dot(const iq_a2_tile *k, const block_q8_K *xb, float *y)
@@ -325,47 +374,169 @@ IQ2_INLINE void iq_a2_tile_dot(const iq_a2_tile *k, const block_q8_K *xb, float 
     _mm_storeu_ps(y, _mm_add_ps(_mm_loadu_ps(y), _mm_mul_ps(dd, isum)));
 }
 
-#define IQ_A2_GEMM_SUB(NAME, DOT, BT, SUB, FACTOR)                                             \
-    static void NAME(int64_t cols, const void *w, size_t ws, int nr, const void *x, size_t xs, \
-                     int nt, float *y, size_t ys)                                             \
-    {                                                                                         \
-        const int nr4 = nt == 1 ? 0 : nr / IQ_A2_ROWS * IQ_A2_ROWS;                           \
-        iq_a2_tile k;                                                                         \
-        for (int r0 = 0; r0 < nr4; r0 += IQ_A2_ROWS) {                                        \
-            for (int tt = 0; tt < nt; tt++) _mm_storeu_ps(y + (size_t)tt * ys + r0, _mm_setzero_ps()); \
-            for (int64_t b = 0; b < cols / QK_K; b++) {                                       \
-                for (int r = 0; r < IQ_A2_ROWS; r++) {                                        \
-                    const BT *wb = (const BT *)((const char *)w + (size_t)(r0 + r) * ws) + b; \
-                    for (int ib = 0; ib < QK_K / 32; ib++) {                                  \
-                        iq_a2_sub s = SUB(wb, ib);                                            \
-                        k.pts[r][ib] = s.pts, k.signs[r][ib] = s.signs, k.sc[r][ib] = s.sc;   \
-                    }                                                                         \
-                    k.d[r] = quant_fp16_to_fp32(wb->d);                                       \
-                }                                                                             \
-                for (int tt = 0; tt < nt; tt++)                                               \
-                    iq_a2_tile_dot(&k, (const block_q8_K *)((const char *)x + (size_t)tt * xs) + b, \
-                                   y + (size_t)tt * ys + r0);                                 \
-            }                                                                                 \
-            for (int tt = 0; tt < nt; tt++) {                                                 \
-                float *yt = y + (size_t)tt * ys + r0;                                         \
-                _mm_storeu_ps(yt, _mm_mul_ps(_mm_set1_ps(FACTOR), _mm_loadu_ps(yt)));         \
-            }                                                                                 \
-        }                                                                                     \
-        for (int tt = 0; tt < nt; tt++)                                                       \
-            for (int r = nr4; r < nr; r++)                                                    \
-                y[(size_t)tt * ys + r] = DOT(cols, (const BT *)((const char *)w + r * ws),    \
-                                             (const block_q8_K *)((const char *)x + (size_t)tt * xs)); \
-    }
-IQ_A2_GEMM_SUB(iq_a2_gemm_iq2_xxs, iq_a2_dot_iq2_xxs, block_iq2_xxs, iq_a2_sub_iq2_xxs, 0.125f)
-IQ_A2_GEMM_SUB(iq_a2_gemm_iq2_xs, iq_a2_dot_iq2_xs, block_iq2_xs, iq_a2_sub_iq2_xs, 0.125f)
-IQ_A2_GEMM_SUB(iq_a2_gemm_iq2_s, iq_a2_dot_iq2_s, block_iq2_s, iq_a2_sub_iq2_s, 0.125f)
-IQ_A2_GEMM_SUB(iq_a2_gemm_iq3_xxs, iq_a2_dot_iq3_xxs, block_iq3_xxs, iq_a2_sub_iq3_xxs, 0.25f)
-IQ_A2_GEMM_SUB(iq_a2_gemm_iq3_s, iq_a2_dot_iq3_s, block_iq3_s, iq_a2_sub_iq3_s, 1.0f)
+IQ_A2_GEMM_TILE(iq_a2_gemm_iq2_xxs, iq_a2_dot_iq2_xxs, block_iq2_xxs, iq_a2_tile, iq_a2_fill_iq2_xxs, iq_a2_tile_dot, 0.125f)
+IQ_A2_GEMM_TILE(iq_a2_gemm_iq2_xs, iq_a2_dot_iq2_xs, block_iq2_xs, iq_a2_tile, iq_a2_fill_iq2_xs, iq_a2_tile_dot, 0.125f)
+IQ_A2_GEMM_TILE(iq_a2_gemm_iq2_s, iq_a2_dot_iq2_s, block_iq2_s, iq_a2_tile, iq_a2_fill_iq2_s, iq_a2_tile_dot, 0.125f)
+IQ_A2_GEMM_TILE(iq_a2_gemm_iq3_xxs, iq_a2_dot_iq3_xxs, block_iq3_xxs, iq_a2_tile, iq_a2_fill_iq3_xxs, iq_a2_tile_dot, 0.25f)
+IQ_A2_GEMM_TILE(iq_a2_gemm_iq3_s, iq_a2_dot_iq3_s, block_iq3_s, iq_a2_tile, iq_a2_fill_iq3_s, iq_a2_tile_dot, 1.0f)
 
-OPS_GEMM_OF_DOT(iq_a2_gemm_iq1_s, iq_a2_dot_iq1_s, block_iq1_s, block_q8_K)
-OPS_GEMM_OF_DOT(iq_a2_gemm_iq1_m, iq_a2_dot_iq1_m, block_iq1_m, block_q8_K)
-OPS_GEMM_OF_DOT(iq_a2_gemm_tq1_0, iq_a2_dot_tq1_0, block_tq1_0, block_q8_K)
-OPS_GEMM_OF_DOT(iq_a2_gemm_tq2_0, iq_a2_dot_tq2_0, block_tq2_0, block_q8_K)
+/* IQ1_S, IQ1_M: a grid point (-1, 0, 1) times its scale (odd, at most 15) fits a byte, so the
+ * tile holds that product c per element and a token's dot is vpmaddubsw(|c|, sign(x, c)),
+ * summed in int16 over the 8 sub-blocks (at most 8 * 2 * 15 * 127 = 30480) and widened once.
+ * IQ1_M's delta term (sign per 8 elements times the scale) is a second such product; IQ1_S's
+ * (sign and scale per 32) reads the token's 16-element sums (bsums). */
+typedef struct {
+    __m256i c[IQ_A2_ROWS][QK_K / 32];    /* (row, sub-block): 32 x int8 point * scale */
+    __m256i cabs[IQ_A2_ROWS][QK_K / 32]; /* (row, sub-block): |c| */
+    __m256i dc[IQ_A2_ROWS][QK_K / 32];   /* IQ1_M (row, sub-block): 32 x int8 delta sign * scale */
+    __m256i dcabs[IQ_A2_ROWS][QK_K / 32];/* IQ1_M: |dc| */
+    __m256i bc[IQ_A2_ROWS];              /* IQ1_S (row): 16 x int16 delta sign * scale per bsum */
+    float d[IQ_A2_ROWS];                 /* per row: fp32 of the super-block scale */
+} iq_a2_tile1;
+
+IQ2_INLINE void iq_a2_fill_iq1_s(iq_a2_tile1 *k, int r, const block_iq1_s *wb)
+{
+    int16_t bc[QK_K / 16];
+    for (int ib = 0; ib < QK_K / 32; ib++) {
+        const uint8_t *qs = wb->qs + 4 * ib;
+        uint16_t qh = wb->qh[ib];
+        int ls = 2 * ((qh >> 12) & 7) + 1;
+        __m256i pts = _mm256_set_epi64x((long long)quant_grids_iq1s[qs[3] | ((qh >> 9 & 7) << 8)],
+                                        (long long)quant_grids_iq1s[qs[2] | ((qh >> 6 & 7) << 8)],
+                                        (long long)quant_grids_iq1s[qs[1] | ((qh >> 3 & 7) << 8)],
+                                        (long long)quant_grids_iq1s[qs[0] | ((qh & 7) << 8)]);
+        __m256i c = _mm256_sign_epi8(_mm256_set1_epi8((char)ls), pts);
+        k->c[r][ib] = c, k->cabs[r][ib] = _mm256_abs_epi8(c);
+        bc[2 * ib] = bc[2 * ib + 1] = (int16_t)(qh & 0x8000 ? -ls : ls);
+    }
+    k->bc[r] = _mm256_loadu_si256((const __m256i *)bc);
+    k->d[r] = quant_fp16_to_fp32(wb->d);
+}
+
+IQ2_INLINE void iq_a2_fill_iq1_m(iq_a2_tile1 *k, int r, const block_iq1_m *wb)
+{
+    const long long plus = 0x0101010101010101ll, minus = -1ll;
+    for (int ib = 0; ib < QK_K / 32; ib++) {
+        const uint8_t *qs = wb->qs + 4 * ib, *qh = wb->qh + 2 * ib;
+        uint16_t sc = (uint16_t)(wb->scales[2 * (ib / 2)] | wb->scales[2 * (ib / 2) + 1] << 8);
+        int ls1 = 2 * ((sc >> (6 * (ib % 2))) & 7) + 1, ls2 = 2 * ((sc >> (6 * (ib % 2) + 3)) & 7) + 1;
+        __m256i sc8 = _mm256_set_m128i(_mm_set1_epi8((char)ls2), _mm_set1_epi8((char)ls1));
+        int h0 = qh[0] & 15, h1 = qh[0] >> 4, h2 = qh[1] & 15, h3 = qh[1] >> 4;
+        __m256i pts = _mm256_set_epi64x((long long)quant_grids_iq1s[qs[3] | (h3 & 7) << 8],
+                                        (long long)quant_grids_iq1s[qs[2] | (h2 & 7) << 8],
+                                        (long long)quant_grids_iq1s[qs[1] | (h1 & 7) << 8],
+                                        (long long)quant_grids_iq1s[qs[0] | (h0 & 7) << 8]);
+        __m256i dl = _mm256_set_epi64x(h3 & 8 ? minus : plus, h2 & 8 ? minus : plus, h1 & 8 ? minus : plus,
+                                       h0 & 8 ? minus : plus);
+        k->c[r][ib] = _mm256_sign_epi8(sc8, pts), k->cabs[r][ib] = _mm256_abs_epi8(k->c[r][ib]);
+        k->dc[r][ib] = _mm256_sign_epi8(sc8, dl), k->dcabs[r][ib] = sc8;
+    }
+    k->d[r] = quant_fp16_to_fp32(quant_iq1_m_scale(wb));
+}
+
+/* y[0..3] += (d_w * d_x) * (isum + DELTA * dsum), the per-row dots' chain, lane by lane. */
+IQ2_INLINE void iq_a2_tile1_finish(const iq_a2_tile1 *k, const block_q8_K *xb, __m128i isum, __m128i dsum, float *y)
+{
+    __m128 t = _mm_add_ps(_mm_cvtepi32_ps(isum), _mm_mul_ps(_mm_set1_ps(QUANT_IQ1_DELTA), _mm_cvtepi32_ps(dsum)));
+    __m128 dd = _mm_mul_ps(_mm_loadu_ps(k->d), _mm_set1_ps(xb->d));
+    _mm_storeu_ps(y, _mm_add_ps(_mm_loadu_ps(y), _mm_mul_ps(dd, t)));
+}
+
+IQ2_INLINE void iq_a2_tile_dot_iq1_s(const iq_a2_tile1 *k, const block_q8_K *xb, float *y)
+{
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i acc[IQ_A2_ROWS], w[IQ_A2_ROWS], dv[IQ_A2_ROWS];
+    _Pragma("GCC unroll 4") for (int r = 0; r < IQ_A2_ROWS; r++) acc[r] = _mm256_setzero_si256();
+    _Pragma("GCC unroll 8") for (int ib = 0; ib < QK_K / 32; ib++) {
+        __m256i xv = _mm256_loadu_si256((const __m256i *)(xb->qs + 32 * ib));
+        _Pragma("GCC unroll 4") for (int r = 0; r < IQ_A2_ROWS; r++)
+            acc[r] = _mm256_add_epi16(acc[r], _mm256_maddubs_epi16(k->cabs[r][ib], _mm256_sign_epi8(xv, k->c[r][ib])));
+    }
+    __m256i bs = _mm256_loadu_si256((const __m256i *)xb->bsums);
+    _Pragma("GCC unroll 4") for (int r = 0; r < IQ_A2_ROWS; r++) {
+        w[r] = _mm256_madd_epi16(acc[r], ones);
+        dv[r] = _mm256_madd_epi16(bs, k->bc[r]);
+    }
+    iq_a2_tile1_finish(k, xb, iq_a2_hsum4(w[0], w[1], w[2], w[3]), iq_a2_hsum4(dv[0], dv[1], dv[2], dv[3]), y);
+}
+
+IQ2_INLINE void iq_a2_tile_dot_iq1_m(const iq_a2_tile1 *k, const block_q8_K *xb, float *y)
+{
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i acc[IQ_A2_ROWS], dacc[IQ_A2_ROWS];
+    _Pragma("GCC unroll 4") for (int r = 0; r < IQ_A2_ROWS; r++) acc[r] = dacc[r] = _mm256_setzero_si256();
+    _Pragma("GCC unroll 8") for (int ib = 0; ib < QK_K / 32; ib++) {
+        __m256i xv = _mm256_loadu_si256((const __m256i *)(xb->qs + 32 * ib));
+        _Pragma("GCC unroll 4") for (int r = 0; r < IQ_A2_ROWS; r++) {
+            acc[r] = _mm256_add_epi16(acc[r], _mm256_maddubs_epi16(k->cabs[r][ib], _mm256_sign_epi8(xv, k->c[r][ib])));
+            dacc[r] = _mm256_add_epi16(dacc[r], _mm256_maddubs_epi16(k->dcabs[r][ib], _mm256_sign_epi8(xv, k->dc[r][ib])));
+        }
+    }
+    _Pragma("GCC unroll 4") for (int r = 0; r < IQ_A2_ROWS; r++) {
+        acc[r] = _mm256_madd_epi16(acc[r], ones);
+        dacc[r] = _mm256_madd_epi16(dacc[r], ones);
+    }
+    iq_a2_tile1_finish(k, xb, iq_a2_hsum4(acc[0], acc[1], acc[2], acc[3]),
+                       iq_a2_hsum4(dacc[0], dacc[1], dacc[2], dacc[3]), y);
+}
+
+IQ_A2_GEMM_TILE(iq_a2_gemm_iq1_s, iq_a2_dot_iq1_s, block_iq1_s, iq_a2_tile1, iq_a2_fill_iq1_s, iq_a2_tile_dot_iq1_s, 1.0f)
+IQ_A2_GEMM_TILE(iq_a2_gemm_iq1_m, iq_a2_dot_iq1_m, block_iq1_m, iq_a2_tile1, iq_a2_fill_iq1_m, iq_a2_tile_dot_iq1_m, 1.0f)
+
+/* TQ1_0, TQ2_0: the tile holds each element's code 0..2 in element order, a token's dot is
+ * vpmaddubsw(codes, x) summed in int16 (at most 8 * 2 * 2 * 127 = 4064), less the token's
+ * block sum once. */
+typedef struct {
+    __m256i q[IQ_A2_ROWS][QK_K / 32]; /* (row, 32 elements): codes 0..2 */
+    float d[IQ_A2_ROWS];              /* per row: fp32 of the block's d */
+} iq_a2_tilet;
+
+IQ2_INLINE void iq_a2_fill_tq2_0(iq_a2_tilet *k, int r, const block_tq2_0 *wb)
+{
+    const __m256i m3 = _mm256_set1_epi8(3);
+    for (int c = 0; c < 2; c++) {
+        __m256i q = _mm256_loadu_si256((const __m256i *)(wb->qs + 32 * c));
+        for (int l = 0; l < 4; l++) k->q[r][4 * c + l] = _mm256_and_si256(_mm256_srli_epi16(q, 2 * l), m3);
+    }
+    k->d[r] = quant_fp16_to_fp32(wb->d);
+}
+
+IQ2_INLINE void iq_a2_fill_tq1_0(iq_a2_tilet *k, int r, const block_tq1_0 *wb)
+{
+    static const int pow3[5] = {1, 3, 9, 27, 81};
+    __m256i q = _mm256_loadu_si256((const __m256i *)wb->qs);
+    for (int j = 0; j < 5; j++) k->q[r][j] = iq_a2_trits(q, pow3[j]); /* elements 32j + m */
+    __m128i q16 = _mm_loadu_si128((const __m128i *)(wb->qs + 32));
+    __m256i q2 = _mm256_set_m128i(q16, q16);
+    /* elements 160 + 16j + m: trit j of qs[32 + m] */
+    k->q[r][5] = _mm256_blend_epi32(iq_a2_trits(q2, 1), iq_a2_trits(q2, 3), 0xf0);
+    k->q[r][6] = _mm256_blend_epi32(iq_a2_trits(q2, 9), iq_a2_trits(q2, 27), 0xf0);
+    /* elements 240 + 4j + i: trit j of qh[i] */
+    uint8_t hi[16];
+    for (int j = 0; j < 4; j++)
+        for (int i = 0; i < 4; i++) hi[4 * j + i] = (uint8_t)((((uint8_t)(wb->qh[i] * pow3[j])) * 3) >> 8);
+    k->q[r][7] = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)hi), _mm256_castsi256_si128(iq_a2_trits(q2, 81)));
+    k->d[r] = quant_fp16_to_fp32(wb->d);
+}
+
+IQ2_INLINE void iq_a2_tile_dot_tq(const iq_a2_tilet *k, const block_q8_K *xb, float *y)
+{
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i acc[IQ_A2_ROWS];
+    _Pragma("GCC unroll 4") for (int r = 0; r < IQ_A2_ROWS; r++) acc[r] = _mm256_setzero_si256();
+    _Pragma("GCC unroll 8") for (int ib = 0; ib < QK_K / 32; ib++) {
+        __m256i xv = _mm256_loadu_si256((const __m256i *)(xb->qs + 32 * ib));
+        _Pragma("GCC unroll 4") for (int r = 0; r < IQ_A2_ROWS; r++)
+            acc[r] = _mm256_add_epi16(acc[r], _mm256_maddubs_epi16(k->q[r][ib], xv));
+    }
+    _Pragma("GCC unroll 4") for (int r = 0; r < IQ_A2_ROWS; r++) acc[r] = _mm256_madd_epi16(acc[r], ones);
+    __m128i isum = _mm_sub_epi32(iq_a2_hsum4(acc[0], acc[1], acc[2], acc[3]), _mm_set1_epi32(iq_a2_xsum(xb)));
+    __m128 dd = _mm_mul_ps(_mm_loadu_ps(k->d), _mm_set1_ps(xb->d));
+    _mm_storeu_ps(y, _mm_add_ps(_mm_loadu_ps(y), _mm_mul_ps(_mm_cvtepi32_ps(isum), dd)));
+}
+
+IQ_A2_GEMM_TILE(iq_a2_gemm_tq1_0, iq_a2_dot_tq1_0, block_tq1_0, iq_a2_tilet, iq_a2_fill_tq1_0, iq_a2_tile_dot_tq, 1.0f)
+IQ_A2_GEMM_TILE(iq_a2_gemm_tq2_0, iq_a2_dot_tq2_0, block_tq2_0, iq_a2_tilet, iq_a2_fill_tq2_0, iq_a2_tile_dot_tq, 1.0f)
 
 void ops_iq_init_avx2(ops_kernels *k)
 {
