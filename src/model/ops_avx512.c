@@ -1484,4 +1484,5 @@ void ops_kernels_init_avx512(ops_kernels *k)
     k->add = a512_add;
     k->att_block = a512_att_block;
     k->act_row_bytes = a512_act_row_bytes;
+    ops_iq_init_avx512(k);
 }
