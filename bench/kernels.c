@@ -193,12 +193,13 @@ int main(int argc, char **argv)
     double bw = read_bandwidth(tp, (size_t)512 << 20);
     printf("read bandwidth: %.1f GB/s\n", bw / 1e9);
     /* Q8_0, Q4_0, MXFP4 and the k-quants twice: as stored, then repacked (ops_repack) where the level
-     * has a kernel; Q3_K, Q2_K, IQ4_XS, Q4_1, Q5_0, Q5_1, IQ4_NL and the IQ3 / IQ2 grid types as
-     * stored (their batch kernels unpack per call) */
+     * has a kernel; Q3_K, Q2_K, IQ4_XS, Q4_1, Q5_0, Q5_1, IQ4_NL, the IQ3 / IQ2 / IQ1 grid types
+     * and the ternary types as stored (their batch kernels unpack per call) */
     qtype types[] = {QTYPE_Q8_0, QTYPE_Q8_0_X16, QTYPE_Q4_K, QTYPE_Q4_K_X16, QTYPE_Q6_K, QTYPE_Q6_K_X16,
                      QTYPE_Q4_0, QTYPE_Q4_0_X16, QTYPE_MXFP4, QTYPE_MXFP4_X16, QTYPE_F16,
                      QTYPE_Q3_K, QTYPE_Q2_K, QTYPE_IQ4_XS, QTYPE_Q4_1, QTYPE_Q5_0, QTYPE_Q5_1, QTYPE_IQ4_NL,
-                     QTYPE_IQ3_S, QTYPE_IQ3_XXS, QTYPE_IQ2_XXS, QTYPE_IQ2_XS, QTYPE_IQ2_S};
+                     QTYPE_IQ3_S, QTYPE_IQ3_XXS, QTYPE_IQ2_XXS, QTYPE_IQ2_XS, QTYPE_IQ2_S,
+                     QTYPE_IQ1_S, QTYPE_IQ1_M, QTYPE_TQ1_0, QTYPE_TQ2_0};
     const char *only = getenv("BENCH_TYPES"); /* e.g. "q4_K,q4_Kx16" */
     int batches[] = {1, 4, 16, 128, 512};
     int nl = (int)TM_ARRAY_LEN(layer);

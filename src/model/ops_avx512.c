@@ -848,6 +848,26 @@ A512_INLINE void a512_x16_q6_K(int T, bool PF, int64_t nb, const block_q6_Kx16 *
 A512_X16_GEMM(a512_gemm_q4_Kx16, a512_x16_q4_K, block_q4_Kx16)
 A512_X16_GEMM(a512_gemm_q6_Kx16, a512_x16_q6_K, block_q6_Kx16)
 
+/* ---- the batch kernels of ops_kblk.h: shared pieces --------------------------------- */
+
+/* The activation bytes x negated where the signed weight byte s is negative: what vpsignb
+ * does for the AVX2 level (AVX-512 has none), -128 wrapping alike, so that vpdpbusd /
+ * vpmaddubsw can take |s| as the unsigned side. */
+A512_INLINE __m512i a512_kblk_sign(__m512i x, __m512i s)
+{
+    return _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(s), _mm512_setzero_si512(), x);
+}
+
+/* A per-row dot `float NAME(cols, w, x)` from entry I of TABLE, the AVX2 level's gemm for the
+ * type (ops_kernels_init_avx512 keeps it there), run for one row and one token. */
+#define A512_ROW_DOT(NAME, TABLE, I, XT)                                                        \
+    static float NAME(int64_t cols, const void *w, const XT *x)                                \
+    {                                                                                          \
+        float y;                                                                               \
+        TABLE[I](cols, w, 0, 1, x, 0, 1, &y, 0);                                               \
+        return y;                                                                              \
+    }
+
 /* ---- Q2_K / Q3_K / IQ4_XS x Q8_K for batches (ops_kblk.h) ------------------------------ */
 
 /* The AVX2 level's per-row dots serve one token (a decode step) and the rows past the last
@@ -856,15 +876,9 @@ A512_X16_GEMM(a512_gemm_q6_Kx16, a512_x16_q6_K, block_q6_Kx16)
  * are bit-identical (test_ops' batch invariance). */
 static ops_gemm_fn a512_kblk_row_gemm[3]; /* the AVX2 gemms: Q2_K, Q3_K, IQ4_XS */
 
-A512_INLINE float a512_kblk_row_dot(int i, int64_t cols, const void *w, const block_q8_K *x)
-{
-    float y;
-    a512_kblk_row_gemm[i](cols, w, 0, 1, x, 0, 1, &y, 0);
-    return y;
-}
-static float a512_row_dot_q2_K(int64_t n, const void *w, const block_q8_K *x) { return a512_kblk_row_dot(0, n, w, x); }
-static float a512_row_dot_q3_K(int64_t n, const void *w, const block_q8_K *x) { return a512_kblk_row_dot(1, n, w, x); }
-static float a512_row_dot_iq4_xs(int64_t n, const void *w, const block_q8_K *x) { return a512_kblk_row_dot(2, n, w, x); }
+A512_ROW_DOT(a512_row_dot_q2_K, a512_kblk_row_gemm, 0, block_q8_K)
+A512_ROW_DOT(a512_row_dot_q3_K, a512_kblk_row_gemm, 1, block_q8_K)
+A512_ROW_DOT(a512_row_dot_iq4_xs, a512_kblk_row_gemm, 2, block_q8_K)
 
 /* One token's super-block xb against the 4 unpacked rows of k, added to the token's y[0..3]:
  * ops_avx2.c's a2_kblk_dot with 64-byte vectors. vpmaddubsw of unsigned weights (IQ4_XS: |v|,
@@ -878,10 +892,7 @@ A512_INLINE void a512_kblk_dot(const ops_kblk *k, qtype t, const block_q8_K *xb,
         __m512i xv = _mm512_loadu_si512(xb->qs + 64 * j);
         _Pragma("GCC unroll 8") for (int r = 0; r < OPS_KBLK_ROWS; r++) {
             __m512i u = _mm512_loadu_si512(&k->u[r][2 * j]), xs = xv;
-            if (t == QTYPE_IQ4_XS) {
-                __mmask64 neg = _mm512_movepi8_mask(_mm512_loadu_si512(&k->v[r][2 * j]));
-                xs = _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv);
-            }
+            if (t == QTYPE_IQ4_XS) xs = a512_kblk_sign(xv, _mm512_loadu_si512(&k->v[r][2 * j]));
             acc[r] = _mm512_dpwssd_epi32(acc[r], _mm512_maddubs_epi16(u, xs), _mm512_loadu_si512(&k->sc[r][2 * j]));
         }
     }
@@ -908,16 +919,10 @@ A512_GEMM_KBLK(a512_gemm_iq4_xs, 2, a512_row_dot_iq4_xs, QTYPE_IQ4_XS)
  * dot, whose integer sums and float chain the batch path repeats. */
 static ops_gemm_fn a512_kblk32_row_gemm[4]; /* the AVX2 gemms: Q4_1, Q5_0, Q5_1, IQ4_NL */
 
-A512_INLINE float a512_kblk32_row_dot(int i, int64_t cols, const void *w, const block_q8_1 *x)
-{
-    float y;
-    a512_kblk32_row_gemm[i](cols, w, 0, 1, x, 0, 1, &y, 0);
-    return y;
-}
-static float a512_row_dot_q4_1(int64_t n, const void *w, const block_q8_1 *x) { return a512_kblk32_row_dot(0, n, w, x); }
-static float a512_row_dot_q5_0(int64_t n, const void *w, const block_q8_1 *x) { return a512_kblk32_row_dot(1, n, w, x); }
-static float a512_row_dot_q5_1(int64_t n, const void *w, const block_q8_1 *x) { return a512_kblk32_row_dot(2, n, w, x); }
-static float a512_row_dot_iq4_nl(int64_t n, const void *w, const block_q8_1 *x) { return a512_kblk32_row_dot(3, n, w, x); }
+A512_ROW_DOT(a512_row_dot_q4_1, a512_kblk32_row_gemm, 0, block_q8_1)
+A512_ROW_DOT(a512_row_dot_q5_0, a512_kblk32_row_gemm, 1, block_q8_1)
+A512_ROW_DOT(a512_row_dot_q5_1, a512_kblk32_row_gemm, 2, block_q8_1)
+A512_ROW_DOT(a512_row_dot_iq4_nl, a512_kblk32_row_gemm, 3, block_q8_1)
 
 /* Token block xb against block slot j of the 8 unpacked rows of k, two rows per zmm (a
  * block's rows are contiguous) against the token's 32 bytes in both halves: vpdpbusd of the
@@ -929,10 +934,7 @@ A512_INLINE __m256i a512_kblk32_dot(const ops_kblk32 *k, qtype t, int j, const b
     __m256i a[OPS_KBLK32_ROWS];
     _Pragma("GCC unroll 8") for (int r = 0; r < OPS_KBLK32_ROWS; r += 2) {
         __m512i xs = xv;
-        if (t == QTYPE_Q5_0 || t == QTYPE_IQ4_NL) {
-            __mmask64 neg = _mm512_movepi8_mask(_mm512_load_si512(k->v[j][r]));
-            xs = _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv);
-        }
+        if (t == QTYPE_Q5_0 || t == QTYPE_IQ4_NL) xs = a512_kblk_sign(xv, _mm512_load_si512(k->v[j][r]));
         __m512i acc = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_load_si512(k->u[j][r]), xs);
         a[r] = _mm512_castsi512_si256(acc);
         a[r + 1] = _mm512_extracti64x4_epi64(acc, 1);
@@ -1484,4 +1486,5 @@ void ops_kernels_init_avx512(ops_kernels *k)
     k->add = a512_add;
     k->att_block = a512_att_block;
     k->act_row_bytes = a512_act_row_bytes;
+    ops_iq_init_avx512(k);
 }

@@ -63,10 +63,12 @@ static inline int ops_att_lim_max(const int32_t *lim, int i0, int i1)
 void ops_kernels_init_avx2(ops_kernels *k);
 void ops_kernels_init_avx512(ops_kernels *k);
 void ops_kernels_init_neon(ops_kernels *k);
-/* The codebook and ternary types' kernels (ops_iq.c, ops_iq_avx2.c): ops_kernels_init_scalar
- * calls the first, ops_kernels_init_avx2 the second (the AVX-512 level keeps them). */
+/* The codebook and ternary types' kernels (ops_iq.c, ops_iq_avx2.c, ops_iq_avx512.c):
+ * ops_kernels_init_scalar calls the first, ops_kernels_init_avx2 the second,
+ * ops_kernels_init_avx512 the third. */
 void ops_iq_init_scalar(ops_kernels *k);
 void ops_iq_init_avx2(ops_kernels *k);
+void ops_iq_init_avx512(ops_kernels *k);
 /* A gemm kernel (ops_gemm_fn) from a row dot `float dot(int64_t cols, const WT *w, const
  * XT *x)`: every (row, token) by itself, so any tiling computes it alike. */
 #define OPS_GEMM_OF_DOT(name, dot, WT, XT)                                                         \

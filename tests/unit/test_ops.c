@@ -344,6 +344,56 @@ static int check_mm_repacked(qtype t, int rows, int cols, int n_tokens)
     return bad;
 }
 
+/* The codebook and ternary types' batch kernels sum in int16 where the per-row dots widen
+ * sooner: at the range edges (every scale and delta bit set, activations all +-127 or
+ * alternating) a batch of 3 tokens over 8 rows (two 4-row tiles) must still equal the scalar
+ * level token by token, bit for bit, at every level. */
+TEST(test_matmul_iq_edges)
+{
+    static const qtype ts[] = {QTYPE_IQ1_S, QTYPE_IQ1_M, QTYPE_TQ1_0, QTYPE_TQ2_0, QTYPE_IQ2_XXS,
+                               QTYPE_IQ2_XS, QTYPE_IQ2_S, QTYPE_IQ3_XXS, QTYPE_IQ3_S};
+    enum { R = 8, C = 512 };
+    float xe[3 * C], y0[3 * R], y1[3 * R];
+    for (int i = 0; i < C; i++) {
+        xe[i] = 1.0f;  /* all -127 (Q8_K scales by -127 / the signed maximum) */
+        xe[C + i] = -1.0f;
+        xe[2 * C + i] = (i & 1) ? 2.0f : -2.0f;
+    }
+    for (size_t ti = 0; ti < TM_ARRAY_LEN(ts); ti++)
+        for (int fill = 0; fill < 2; fill++) {
+            const qtype t = ts[ti];
+            const size_t rb = quant_row_bytes(t, C), bsz = quant_block_bytes(t);
+            unsigned char *w = malloc(rb * R);
+            util_rng g;
+            util_rng_seed(&g, 17 + (uint64_t)fill);
+            for (size_t i = 0; i < rb * R; i++) w[i] = fill ? (unsigned char)util_rng_next(&g) : 0xFF;
+            const fp16_t one = quant_fp32_to_fp16(1.0f);
+            for (size_t b = 0; b < rb * R; b += bsz) {   /* a finite super-block scale of 1 */
+                if (t == QTYPE_IQ1_M) {
+                    block_iq1_m *m = (block_iq1_m *)(w + b);
+                    for (int k = 0; k < 4; k++)
+                        m->scales[2 * k + 1] = (uint8_t)((m->scales[2 * k + 1] & 0x0f) | ((one >> 4 * k) & 0xf) << 4);
+                } else {
+                    size_t off = t == QTYPE_TQ1_0 ? offsetof(block_tq1_0, d)
+                                 : t == QTYPE_TQ2_0 ? offsetof(block_tq2_0, d) : 0;
+                    memcpy(w + b + off, &one, sizeof one);
+                }
+            }
+            void *sc = malloc(ops_matmul_scratch_bytes(t, C, 3));
+            ops_weight a = {t, R, C, w};
+            ops_force_level(CPU_LEVEL_SCALAR);
+            for (int tok = 0; tok < 3; tok++) ops_matmul(NULL, &a, xe + (size_t)tok * C, 1, y0 + tok * R, sc);
+            for (int lvl = 0; lvl < n_levels(); lvl++) {
+                ops_force_level((cpu_level)lvl);
+                ops_matmul(NULL, &a, xe, 3, y1, sc);
+                CHECKF(!memcmp(y0, y1, sizeof y0), "%s %s at the range edges (fill %d)",
+                       quant_type_name(t), ops_level_name(), fill);
+            }
+            free(sc);
+            free(w);
+        }
+}
+
 TEST(test_matmul_repacked)
 {
     static const int shapes[][3] = {
@@ -819,6 +869,7 @@ int main(void)
     RUN(test_matmul_all_types);
     RUN(test_matmul_odd_cols);
     RUN(test_matmul_batch_invariant);
+    RUN(test_matmul_iq_edges);
     RUN(test_matmul_repacked);
     RUN(test_matmul_multi);
     RUN(test_elementwise);
