@@ -9,8 +9,9 @@
 // position's top-10 log-probabilities agree within 1e-3 (F32 weights, F32 KV cache; measured
 // 1.4e-4) and 8 greedy steps are identical. tokenmill's engine (engine_dsv4.c) is compared with
 // llama.cpp the same way (measured 6e-5), and with itself at another batch size and thread count
-// (bit-identical). A YaRN-scaled model is checked past its original context, and Q8_0 matrices
-// on short prompts (why not longer ones: docs/deepseek4.md, "Q8_0 against llama.cpp").
+// (bit-identical). A YaRN-scaled model is checked past its original context, the default F16
+// cache against llama.cpp's F16 cache over 300 tokens, and Q8_0 matrices on short prompts (why
+// not longer ones: docs/deepseek4.md, "Q8_0 against llama.cpp").
 // Needs python3 with numpy; skipped without it. Models cached under tests/data/gen/.
 import {test} from 'node:test';
 import assert from 'node:assert/strict';
@@ -142,6 +143,43 @@ test('deepseek4 with YaRN (factor 8 from 64 positions): tokenmill agrees with ll
   const {tm, ll} = await runBoth(file, {seqs, top: TOP, greedy: GREEDY, batched: true}, 'f32', 'dsv4-yarn');
   const maxDiff = compare(tm, ll, seqs, TOL, 'yarn');
   console.log(`oracle_dsv4: YaRN tokenmill vs llama.cpp max |Δ logprob| ${maxDiff.toExponential(2)} over 300 tokens`);
+});
+
+// The default F16 cache against llama.cpp's (F16, flash attention on, as node-llama-cpp runs
+// it): both rotate queries, raw rows and entries by the same Walsh-Hadamard matrix before the
+// F16 rounding (engine_dsv4.c, dsv4_rot_of), so the same values are rounded. One 300-token
+// prompt alone (batched false): llama.cpp's flash attention then takes its F32 tiled path for
+// the whole prompt (64 query rows or more); below 64 rows it rounds Q to F16 and accumulates V
+// in F16, which tokenmill does not copy (docs/deepseek4.md, "The F16 cache against llama.cpp").
+// Measured: median 8.4e-4, max 4.8e-3 (without the rotation: median 0.11, max 12); F16 alone
+// moves either engine by ~1.4e-2 from its F32 answer. Seed 12: seed 7's prompt meets a
+// position where llama.cpp's F16 flash-attention answer alone jumps (docs/deepseek4.md).
+const F16_MEDIAN = 2e-3;
+const F16_MAX = 1.5e-2;
+test('deepseek4 (gguf-py, F32 weights, F16 KV cache): tokenmill agrees with llama.cpp over 300 tokens, ' +
+  'and its F16 logits do not depend on the batch or the thread count', {skip}, async () => {
+  const file = model();
+  const r = rng(12);
+  const seqs = [Array.from({length: 300}, () => r(8000))];
+  const input = {seqs, top: TOP, greedy: GREEDY, batched: false};
+  const {tm, ll} = await runBoth(file, input, 'f16', 'dsv4-f16');
+  const diffs = [];
+  for (let i = 0; i < seqs[0].length; i++) diffs.push(posDiff(tm.seqs[0].top[i], ll.seqs[0].top[i], F16_MAX, `f16 position ${i}`));
+  assert.deepEqual(tm.seqs[0].greedy, ll.seqs[0].greedy, 'f16: greedy continuations');
+  diffs.sort((a, b) => a - b);
+  const median = diffs[diffs.length >> 1], max = diffs.at(-1);
+  assert.ok(median <= F16_MEDIAN, `f16: median |Δ logprob| ${median} > ${F16_MEDIAN}`);
+  assert.ok(max <= F16_MAX, `f16: max |Δ logprob| ${max} > ${F16_MAX}`);
+  const dir = fs.mkdtempSync(path.join(gen, 'in-dsv4-f16-'));
+  try {
+    const inFile = path.join(dir, 'in.json');
+    fs.writeFileSync(inFile, JSON.stringify(input));
+    const tm1 = await run(bin, ['eval', '-m', file, '--input', inFile, '--threads', '1', '--batch', '7', '--kv', 'f16'], {});
+    assert.deepEqual(tm1.seqs[0].top, tm.seqs[0].top, 'f16: batch 7 / 1 thread differs from batch 512 / 2 threads');
+  } finally {
+    fs.rmSync(dir, {recursive: true, force: true});
+  }
+  console.log(`oracle_dsv4: F16 KV tokenmill vs llama.cpp median ${median.toExponential(2)} max ${max.toExponential(2)} over 300 tokens`);
 });
 
 // Q8_0 matrices (norms, router, mixes, ape and sinks F32, as gguf_dsv4.py writes them): both
