@@ -61,7 +61,7 @@ struct engine_dsv4 {
     float *ent;              /* (max(hd, idim)) an entry before it goes into its block */
     fp16_t *h16;             /* (hd) a raw row rounded through the F16 cache */
     int rot;                 /* order of the Walsh-Hadamard rotation of queries, raw rows and
-                              * entries (0: none), dsv4_rot_of */
+                              * entries (0: none), see engine_dsv4_new */
     int irot;                /* likewise of the indexer's queries and entries */
     /* runs and window states of the step (the compressed layout only) */
     int32_t *run0;           /* (T) first batch entry of each entry's run */
@@ -276,20 +276,6 @@ static size_t dsv4_sc(const ops_weight *w, int T, size_t cur)
     return TM_MAX(cur, ops_matmul_scratch_bytes(w->type, w->cols, T));
 }
 
-/* llama.cpp's V4 cache rotates what it stores by an orthonormal Walsh-Hadamard matrix, the
- * queries likewise and the attention output back: the indexer's keys always, the raw rows and
- * compressed entries when the head size equals the indexer's key size (its rule for the
- * indexer's cache then matches the others). Exact arithmetic is unchanged; what changes is
- * where an F16 cache rounds, so the engine rotates where llama.cpp does (docs/deepseek4.md).
- * The order is the largest power of two from 64 dividing n; 0 (none) when 64 does not. */
-static int dsv4_rot_of(int n)
-{
-    if (n <= 0 || n % 64) return 0;
-    int r = 64;
-    while (n % (2 * r) == 0) r *= 2;
-    return r;
-}
-
 engine_dsv4 *engine_dsv4_new(const model *m, threadpool *tp, kvpool *kv, int max_tokens, int max_pos, char *err,
                              size_t errsz)
 {
@@ -306,8 +292,15 @@ engine_dsv4 *engine_dsv4_new(const model *m, threadpool *tp, kvpool *kv, int max
     d->bt = kvpool_dtype(kv);
     d->esz = d->bt == QTYPE_F16 ? sizeof(fp16_t) : sizeof(float);
     d->max_ent = max_pos / 4 + 1;
-    d->irot = dsv4_rot_of(md->idx_dim);
-    d->rot = hp->head_dim == md->idx_dim ? dsv4_rot_of(hp->head_dim) : 0;
+    /* llama.cpp's V4 cache rotates what it stores by an orthonormal Walsh-Hadamard matrix, the
+     * queries likewise and the attention output back: the indexer's keys always, the raw rows
+     * and compressed entries when the head size equals the indexer's key size (its rule for the
+     * indexer's cache then matches the others). Exact arithmetic is unchanged; what changes is
+     * where an F16 cache rounds, so the engine rotates where llama.cpp does (docs/deepseek4.md,
+     * "The F16 cache against llama.cpp"). Without compressed layers the rows are F32, so there
+     * is nothing to match, and a DSpark drafter's context rows (engine_dflash.c) are unrotated. */
+    d->irot = ops_hadamard_order(md->idx_dim);
+    d->rot = d->ring && hp->head_dim == md->idx_dim ? ops_hadamard_order(hp->head_dim) : 0;
     d->lay = xcalloc((size_t)hp->n_layers, sizeof *d->lay);
     d->rw = xcalloc((size_t)hp->n_layers, sizeof *d->rw);
     d->st_off = xcalloc((size_t)hp->n_layers, sizeof *d->st_off);
