@@ -60,6 +60,9 @@ struct engine_dsv4 {
     dsv4_layout *lay;        /* (n_layers) */
     float *ent;              /* (max(hd, idim)) an entry before it goes into its block */
     fp16_t *h16;             /* (hd) a raw row rounded through the F16 cache */
+    int rot;                 /* order of the Walsh-Hadamard rotation of queries, raw rows and
+                              * entries (0: none), see engine_dsv4_new */
+    int irot;                /* likewise of the indexer's queries and entries */
     /* runs and window states of the step (the compressed layout only) */
     int32_t *run0;           /* (T) first batch entry of each entry's run */
     int32_t *prev_run;       /* (T) at a run's first entry: the first entry of the sequence's
@@ -289,6 +292,15 @@ engine_dsv4 *engine_dsv4_new(const model *m, threadpool *tp, kvpool *kv, int max
     d->bt = kvpool_dtype(kv);
     d->esz = d->bt == QTYPE_F16 ? sizeof(fp16_t) : sizeof(float);
     d->max_ent = max_pos / 4 + 1;
+    /* llama.cpp's V4 cache rotates what it stores by an orthonormal Walsh-Hadamard matrix, the
+     * queries likewise and the attention output back: the indexer's keys always, the raw rows
+     * and compressed entries when the head size equals the indexer's key size (its rule for the
+     * indexer's cache then matches the others). Exact arithmetic is unchanged; what changes is
+     * where an F16 cache rounds, so the engine rotates where llama.cpp does (docs/deepseek4.md,
+     * "The F16 cache against llama.cpp"). Without compressed layers the rows are F32, so there
+     * is nothing to match, and a DSpark drafter's context rows (engine_dflash.c) are unrotated. */
+    d->irot = ops_hadamard_order(md->idx_dim);
+    d->rot = d->ring && hp->head_dim == md->idx_dim ? ops_hadamard_order(hp->head_dim) : 0;
     d->lay = xcalloc((size_t)hp->n_layers, sizeof *d->lay);
     d->rw = xcalloc((size_t)hp->n_layers, sizeof *d->rw);
     d->st_off = xcalloc((size_t)hp->n_layers, sizeof *d->st_off);
@@ -596,6 +608,8 @@ static void dsv4_compress_store(engine_dsv4 *d, const kvpool_seq *s, int il, int
     const int w = idx ? d->d->idx_dim : d->m->hp.head_dim;
     dsv4_compress(d, s, il, j, r, idx ? l->ikv : l->ckv, idx ? l->isc : l->csc, w, idx ? dl->icomp_norm : dl->comp_norm,
                   d->ent, tmp);
+    const int rot = idx ? d->irot : d->rot;
+    if (rot) ops_hadamard_rows(d->ent, w / rot, rot);
     int off, pos = dsv4_ent_at(d, il, r, j, idx, &off);
     kvpool_row_put(d->bt, d->ent, dsv4_ent(d, s, pos, off), w);
 }
@@ -798,6 +812,10 @@ static void dsv4_attention(engine_dsv4 *d, int il, int T)
     dsv4_rope(d, d->q, d->pos, T, H, hd, rp);
     ops_rmsnorm(d->tp, d->kvr, d->kvr, dl->kv_norm, T, hd, eps);
     dsv4_rope(d, d->kvr, d->pos, T, 1, hd, rp);
+    if (d->rot) {
+        ops_hadamard_rows(d->q, (int64_t)T * H * hd / d->rot, d->rot);
+        ops_hadamard_rows(d->kvr, (int64_t)T * hd / d->rot, d->rot);
+    }
     if (d->ring && d->bt == QTYPE_F16)   /* attention reads the raw rows as the F16 cache holds them */
         for (int t = 0; t < T; t++) {
             ops_fp32_to_fp16_row(d->kvr + (size_t)t * hd, d->h16, hd);
@@ -806,6 +824,7 @@ static void dsv4_attention(engine_dsv4 *d, int il, int T)
     if (r == 4) {
         ops_matmul(d->tp, &dl->idx_q_b, d->qa, T, d->iq, d->mm_scratch);
         dsv4_rope(d, d->iq, d->pos, T, ih, id, &md->rope_comp);
+        if (d->irot) ops_hadamard_rows(d->iq, (int64_t)T * ih * id / d->irot, d->irot);
         float s = 1.0f / sqrtf((float)id * (float)ih);
         for (int i = 0; i < T * ih; i++) d->iw[i] *= s;
     }
@@ -843,7 +862,8 @@ static void dsv4_attention(engine_dsv4 *d, int il, int T)
     threadpool_run(d->tp, dsv4_job_attention, d);
     if (d->ring) dsv4_commit(d, il);
 
-    /* de-rope, then the grouped low-rank output */
+    /* back from the rotation, de-rope, then the grouped low-rank output */
+    if (d->rot) ops_hadamard_rows(d->att, (int64_t)T * H * hd / d->rot, d->rot);
     dsv4_rope(d, d->att, d->npos, T, H, hd, rp);
     const int G = md->o_groups, gd = H * hd / G, ol = md->o_lora;
     const size_t rb = quant_row_bytes(dl->wo_a.type, dl->wo_a.cols);

@@ -95,11 +95,8 @@ engine_status engine_new_kv(engine *e, const engine_opts *o, int *n_blocks, char
      * them (the largest power-of-two piece of the head for K, 64 for V) and the attention
      * output back: an outlier is spread over its piece, so the 32-value blocks quantise with
      * less error; scores are unchanged (the matrix is orthonormal). Same condition as its. */
-    if ((ko.dtype == QTYPE_Q8_0 || ko.dtype == QTYPE_Q4_0) && ko.head_dim % 64 == 0) {
-        e->rot_k = 64;
-        while (ko.head_dim % (2 * e->rot_k) == 0) e->rot_k *= 2;
+    if ((ko.dtype == QTYPE_Q8_0 || ko.dtype == QTYPE_Q4_0) && (e->rot_k = ops_hadamard_order(ko.head_dim)) > 0)
         e->rot_v = 64;
-    }
     if (o->n_kv_blocks > 0) ko.n_blocks = o->n_kv_blocks;
     else if (o->kv_bytes > 0) ko.n_blocks = kvpool_blocks_for_bytes(&ko, o->kv_bytes);
     else ko.n_blocks = 4096 / KVPOOL_BLOCK;

@@ -1168,6 +1168,13 @@ float ops_vec_dot_kv(qtype t, int n, const void *k, const block_q8_0 *q)
     return t == QTYPE_Q8_0 ? ops_get()->dot_kv_q8_0(n, k, q) : ops_get()->dot_kv_q4_0(n, k, q);
 }
 void ops_vec_scale_f32(int n, float *y, float s) { ops_get()->scale_f32(n, y, s); }
+int ops_hadamard_order(int n)
+{
+    if (n <= 0 || n % 64) return 0;
+    int r = 64;
+    while (n % (2 * r) == 0) r *= 2;
+    return r;
+}
 void ops_hadamard_rows(float *x, int64_t n_rows, int n)
 {
     const float scale = 1.0f / sqrtf((float)n);

@@ -117,6 +117,9 @@ void ops_vec_scale_f32(int n, float *y, float s);                 /* y *= s */
  * u - v) with half-widths 1, 2, 4, ... The order of ggml's CPU FWHT (the matmul it runs for a
  * Hadamard-hinted src0), so the results are bit-identical to it. */
 void ops_hadamard_rows(float *x, int64_t n_rows, int n);
+/* The order llama.cpp gives that rotation for rows of n values: the largest power of two from 64
+ * dividing n; 0 (no rotation) when 64 does not divide n. */
+int ops_hadamard_order(int n);
 /* y = exp(x - max) in place, returns the sum (softmax numerator). */
 float ops_vec_softmax_exp(int n, float *y, float max);
 float ops_vec_max_f32(int n, const float *x);
