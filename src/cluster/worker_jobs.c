@@ -32,8 +32,11 @@ static void worker_kv_out(void *arg, const kvpool *pool, const kvpool_seq *seq, 
     int start = n_done / KVPOOL_BLOCK * KVPOOL_BLOCK, n = n_done - start;
     /* window layers live in a ring, not in the tail's slabs, and a recurrent state is captured
      * only at block ends: the decode worker computes the partial block itself (from the state
-     * at the block end, fetched or replayed as a window-cache miss) */
-    if (n <= 0 || j->tail || kvpool_n_window_layers(pool) > 0 || kvpool_state_bytes(pool) > 0) return;
+     * at the block end, fetched or replayed as a window-cache miss); the handoff's tail has one
+     * row width, so a pool with layers of their own widths hands off none either */
+    if (n <= 0 || j->tail || kvpool_n_window_layers(pool) > 0 || kvpool_state_bytes(pool) > 0 ||
+        !kvpool_block_uniform(pool))
+        return;
     size_t row = worker_row(pool);
     int parts = kvpool_n_parts(pool), heads = kvpool_n_kv_heads(pool);
     size_t bytes = (size_t)m->hp.n_layers * (size_t)parts * (size_t)heads * (size_t)n * row;
