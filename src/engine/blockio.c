@@ -472,12 +472,12 @@ blockio *blockio_new(store *st, kvpool *pool, const model *m, const blockio_opts
     if (b->o.touch_every_s <= 0) b->o.touch_every_s = 60;
     if (b->o.n_read_bufs <= 0) b->o.n_read_bufs = 16;
     qtype dt = kvpool_dtype(pool);
-    int row = (int)quant_row_bytes(dt, kvpool_head_dim(pool));
+    int row = (int)quant_row_bytes(dt, kvpool_block_width_max(pool));
     uint8_t fp[32], zero[32] = { 0 };
     blockkey_pool_fp(m->fingerprint, (int32_t)dt, fp);
     if (kvpool_block_uniform(pool))
         block_header_init(&b->proto, zero, fp, (uint32_t)dt, row, kvpool_n_block_layers(pool), kvpool_n_kv_heads(pool),
-                          kvpool_head_dim(pool), kvpool_n_parts(pool));
+                          kvpool_block_width_max(pool), kvpool_n_parts(pool));
     else
         block_header_init_layers(&b->proto, zero, fp, (uint32_t)dt, kvpool_n_block_layers(pool),
                                  kvpool_n_kv_heads(pool), kvpool_block_width_max(pool), kvpool_n_parts(pool),

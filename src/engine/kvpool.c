@@ -48,7 +48,7 @@ struct kvpool {
     size_t *brow;                /* (n_blk_layers, 2) those rows' bytes in dtype */
     size_t *boff;                /* (n_blk_layers + 1, 2) byte offset in a block of a block layer's
                                   * K slabs, then its V slabs; boff[2 * n_blk_layers] = block_bytes */
-    bool uniform;                /* every block layer's rows are head_dim wide */
+    bool uniform;                /* every block layer's K and V rows are one width (bw[0]) */
     uint32_t geom;               /* digest of the block geometry (kvpool_block_geom) */
     size_t block_bytes;          /* sum over block layers: n_parts * n_kv_heads * 128 * its row bytes */
     uint8_t *data;               /* (n_blocks, block_bytes), 64-byte aligned */
@@ -226,7 +226,7 @@ kvpool_status kvpool_new(const kvpool_opts *opts, kvpool **out)
                 p->brow[i + kv] = rb;
                 p->boff[i + kv] = kv < p->n_parts ? p->block_bytes : p->boff[i];
                 p->block_bytes += part * KVPOOL_BLOCK;
-                p->uniform &= w == opts->head_dim;
+                if (kv < p->n_parts) p->uniform &= w == p->bw[0];
                 if (kv < p->n_parts) geom[n_geom++] = (uint32_t)w;
             }
         }

@@ -124,7 +124,8 @@ int kvpool_head_dim(const kvpool *p);
 /* Elements of layer `layer`'s K (kv 0) or V row, in its block slabs or its ring; 0 for a layer
  * that keeps nothing here. */
 int kvpool_layer_width(const kvpool *p, int layer, int kv);
-/* Whether every block layer's rows are head_dim wide (the common case), and the widest block row. */
+/* Whether every block layer's K and V rows have one width (the common case: head_dim; a
+ * DeepSeek V4 pool's one entries layer), and the widest block row. */
 bool kvpool_block_uniform(const kvpool *p);
 int kvpool_block_width_max(const kvpool *p);
 /* Byte offset in a block of block layer bl's slabs (kvpool_layer_block_index); bl =
