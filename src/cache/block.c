@@ -62,6 +62,14 @@ void block_header_init(block_header *h, const uint8_t key[32], const uint8_t fp[
     h->payload_bytes = (uint64_t)h->n_layers * h->layer_bytes;
 }
 
+void block_header_init_layers(block_header *h, const uint8_t key[32], const uint8_t fp[32], uint32_t dtype,
+                              int n_layers, int n_kv_heads, int head_dim, int n_parts, uint64_t payload_bytes)
+{
+    block_header_init(h, key, fp, dtype, 4, n_layers, n_kv_heads, head_dim, n_parts);
+    h->layer_bytes = 0;
+    h->payload_bytes = payload_bytes;
+}
+
 size_t block_file_bytes(const block_header *h)
 {
     return BLOCK_HEADER_BYTES + (size_t)h->payload_bytes;
@@ -99,6 +107,7 @@ void block_seal(block_header *h, void *file)
     block_put64(b + 104, h->payload_bytes);
     block_put64(b + 112, h->payload_crc);
     block_put32(b + 120, h->n_parts);
+    block_put32(b + 124, h->geom);
     block_put32(b + 252, block_crc32c(b, 252));
 }
 
@@ -107,7 +116,8 @@ block_status block_parse_header(const void *file, size_t n, block_header *h)
     const uint8_t *b = file;
     if (n < BLOCK_HEADER_BYTES) return BLOCK_ERR_SHORT;
     if (memcmp(b, block_magic, 8)) return BLOCK_ERR_MAGIC;
-    if (block_get32(b + 8) != BLOCK_VERSION) return BLOCK_ERR_VERSION;
+    const uint32_t version = block_get32(b + 8);
+    if (version != 1 && version != BLOCK_VERSION) return BLOCK_ERR_VERSION;
     if (block_get32(b + 12) != BLOCK_HEADER_BYTES) return BLOCK_ERR_HEADER;
     if (block_get32(b + 252) != block_crc32c(b, 252)) return BLOCK_ERR_HEADER;
     block_header t;
@@ -123,7 +133,8 @@ block_status block_parse_header(const void *file, size_t n, block_header *h)
     t.payload_crc = block_get64(b + 112);
     t.n_parts = block_get32(b + 120);
     if (t.n_parts == 0) t.n_parts = 2;   /* written before the field existed */
-    if (t.payload_bytes != (uint64_t)t.n_layers * t.layer_bytes) return BLOCK_ERR_HEADER;
+    t.geom = version == 1 ? 0 : block_get32(b + 124);
+    if (t.layer_bytes != 0 && t.payload_bytes != (uint64_t)t.n_layers * t.layer_bytes) return BLOCK_ERR_HEADER;
     /* each dimension bounded so that their product can neither wrap nor reach zero; a row of
      * head_dim values is whole bytes, from a quantised one (Q4_0: 18 bytes per 32 values) up to
      * f32's 4 per value */
@@ -131,7 +142,15 @@ block_status block_parse_header(const void *file, size_t n, block_header *h)
         t.n_kv_heads > BLOCK_DIM_MAX || t.head_dim > BLOCK_DIM_MAX || t.n_tokens > BLOCK_DIM_MAX)
         return BLOCK_ERR_HEADER;
     uint64_t rows = (uint64_t)t.n_parts * t.n_kv_heads * t.n_tokens, row = t.layer_bytes / rows;
-    if (t.layer_bytes % rows != 0 || row * 2 < t.head_dim || row > 4ull * t.head_dim) return BLOCK_ERR_HEADER;
+    if (t.layer_bytes == 0) {
+        /* layers of their own widths (version 2 only): the payload is bounded by every row at
+         * the widest, in f32 */
+        if (version == 1 || t.n_layers == 0 || t.n_layers > BLOCK_DIM_MAX || t.payload_bytes == 0 ||
+            t.payload_bytes > (uint64_t)t.n_layers * rows * 4ull * t.head_dim)
+            return BLOCK_ERR_HEADER;
+    } else if (t.layer_bytes % rows != 0 || row * 2 < t.head_dim || row > 4ull * t.head_dim) {
+        return BLOCK_ERR_HEADER;
+    }
     if (h) *h = t;
     return BLOCK_OK;
 }

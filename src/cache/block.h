@@ -6,19 +6,23 @@
  * (the kvpool block layout; [layer][kv_head][token][head_dim] when one row serves as K and V,
  * multi-head latent attention's, n_parts 1), so layer l is the contiguous range
  * [l * layer_bytes, (l + 1) * layer_bytes) and a loader can hand layers to compute one by one.
+ * A pool whose layers have rows of their own widths writes layer_bytes 0 and head_dim its widest
+ * row; the layers' ranges are then the reader's pool geometry, which the geometry digest pins:
+ * a reader refuses a block whose digest is not its pool's.
  * Header (little-endian):
  *     0  magic "TMKVBLK\0"          8 bytes
- *     8  version (1)                u32
+ *     8  version (2; 1 reads as geometry digest 0)  u32
  *    12  header bytes (256)         u32
  *    16  key                        32 bytes (blockkey.h)
  *    48  pool fingerprint           32 bytes (model fingerprint + KV dtype)
  *    80  dtype (qtype)              u32
  *    84  n_layers, n_kv_heads, head_dim, n_tokens   4 x u32
- *   100  layer_bytes                u32 (K and V of one layer)
- *   104  payload_bytes              u64 (= n_layers * layer_bytes)
+ *   100  layer_bytes                u32 (K and V of one layer; 0: per-layer widths)
+ *   104  payload_bytes              u64 (= n_layers * layer_bytes, when layer_bytes is not 0)
  *   112  payload checksum           u64 (CRC-64/ECMA, reflected; ISA-L)
  *   120  n_parts                    u32 (2: K and V; 1: V is K; 0 in older files means 2)
- *   124  zeros up to 252
+ *   124  geometry digest            u32 (kvpool_block_geom of the writer's pool)
+ *   128  zeros up to 252
  *   252  header checksum            u32 (CRC-32C of bytes [0, 252))
  * A block is immutable once written: its bytes are a function of its key. Every reader checks
  * magic, version, header checksum, shape consistency, the key it asked for, the file size and
@@ -31,7 +35,7 @@
 #include <stdint.h>
 
 #define BLOCK_HEADER_BYTES 256
-#define BLOCK_VERSION 1
+#define BLOCK_VERSION 2
 #define BLOCK_DIM_MAX 65536   /* most KV heads, head width or tokens a block header may declare */
 
 typedef enum {
@@ -53,8 +57,10 @@ typedef struct {
     uint32_t head_dim;
     uint32_t n_tokens;       /* 128 */
     uint32_t n_parts;        /* rows per (layer, kv head, token): 2 (K, V) or 1 (V is K) */
-    uint32_t layer_bytes;    /* bytes of K and V of one layer */
-    uint64_t payload_bytes;  /* n_layers * layer_bytes */
+    uint32_t layer_bytes;    /* bytes of K and V of one layer; 0: layers of different widths */
+    uint32_t geom;           /* digest of the writer's block geometry (kvpool_block_geom); 0 in
+                              * version-1 files */
+    uint64_t payload_bytes;  /* n_layers * layer_bytes, or (layer_bytes 0) the layers' sum */
     uint64_t payload_crc;    /* CRC-64/ECMA-refl of the payload */
 } block_header;
 
@@ -65,6 +71,10 @@ const char *block_status_name(block_status st);
  * rows per (layer, kv head, token). */
 void block_header_init(block_header *h, const uint8_t key[32], const uint8_t fp[32], uint32_t dtype,
                        int row_bytes, int n_layers, int n_kv_heads, int head_dim, int n_parts);
+/* The same for a pool whose layers have rows of different widths: head_dim is the widest row,
+ * layer_bytes 0, the payload payload_bytes. */
+void block_header_init_layers(block_header *h, const uint8_t key[32], const uint8_t fp[32], uint32_t dtype,
+                              int n_layers, int n_kv_heads, int head_dim, int n_parts, uint64_t payload_bytes);
 /* Total file bytes (header + payload). */
 size_t block_file_bytes(const block_header *h);
 /* A zeroed, 64-byte aligned buffer of block_file_bytes(h) bytes (free with free()), payload at

@@ -21,8 +21,9 @@
 #define BLOCKKEY_TOKENS 128  /* tokens per block */
 #define BLOCKKEY_BYTES  32   /* SHA-256 */
 #define BLOCKKEY_HEX    65   /* 64 hex digits + NUL */
-#define BLOCKKEY_KV_VERSION 3 /* bump when the engine's K/V values change (see above); 3: a
-                              * deepseek4 block holds compressed entries, not rows */
+#define BLOCKKEY_KV_VERSION 4 /* bump when the engine's K/V values change (see above); 3: a
+                              * deepseek4 block holds compressed entries, not rows; 4: and
+                              * only them (no padding to whole slabs of its widest row) */
 
 /* Pool fingerprint from the model fingerprint, the KV element type (a qtype value) and
  * BLOCKKEY_KV_VERSION. */

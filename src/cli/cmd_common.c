@@ -558,17 +558,17 @@ engine *cmd_common_engine_new(const char *prog, model *m, cmd_engine_opts *o)
                  prog, engine_model(e)->hp.n_recurrent, kvpool_state_bytes(kv) / 1048576.0,
                  kvpool_n_block_layers(kv), kvpool_block_bytes(kv));
     if (engine_model(e)->hp.arch == MODEL_ARCH_DEEPSEEK4) {
-        /* the compressed layout's true sizes against what kvpool's one row width makes of them
+        /* the compressed layout's true sizes against what the pool takes for them
          * (docs/deepseek4.md, "Per-sequence state and the 128-token block") */
         engine_dsv4_sizes z;
         engine_dsv4_model_sizes(engine_model(e), &z);
         const double es = (double)quant_row_bytes(kvpool_dtype(kv), 1);
         if (z.block > 0)
-            log_info("%s: deepseek4 keeps compressed entries in blocks: %.1f KiB per 128-token block in %s (%.1f KiB "
-                     "padded to %d slab(s) of 128 x %d); window states of %.2f MiB F32 (%.1f KiB of raw rows in %s and "
+            log_info("%s: deepseek4 keeps compressed entries in blocks: %.1f KiB per 128-token block in %s (a block "
+                     "layer of 128 x %d: %.1f KiB); window states of %.2f MiB F32 (%.1f KiB of raw rows in %s and "
                      "%.1f KiB of ratio-4 carry in F32 unpadded); a ring of %.2f MiB per sequence (%.2f MiB unpadded)",
-                     prog, (double)z.block * es / 1024.0, quant_type_name(kvpool_dtype(kv)),
-                     (double)z.pool_block * es / 1024.0, z.n_slabs, z.width, (double)z.pool_state * 4 / 1048576.0,
+                     prog, (double)z.block * es / 1024.0, quant_type_name(kvpool_dtype(kv)), z.slab_width,
+                     (double)z.pool_block * es / 1024.0, (double)z.pool_state * 4 / 1048576.0,
                      (double)z.window * es / 1024.0, quant_type_name(kvpool_dtype(kv)), (double)z.carry * 4 / 1024.0,
                      (double)z.pool_ring * 4 / 1048576.0, (double)z.ring * 4 / 1048576.0);
     }

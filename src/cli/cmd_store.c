@@ -84,7 +84,8 @@ static void cmd_store_stat_geometry(store *s, cmd_store_stat_acc *a)
         int j = 0;
         while (j < n_g && (g[j].h.payload_bytes != h.payload_bytes || g[j].h.n_layers != h.n_layers ||
                            g[j].h.n_kv_heads != h.n_kv_heads || g[j].h.head_dim != h.head_dim ||
-                           g[j].h.n_parts != h.n_parts || g[j].h.dtype != h.dtype || memcmp(g[j].h.fp, h.fp, 32)))
+                           g[j].h.n_parts != h.n_parts || g[j].h.dtype != h.dtype || g[j].h.geom != h.geom ||
+                           memcmp(g[j].h.fp, h.fp, 32)))
             j++;
         if (j == n_g && n_g == CMD_STORE_GEOMS) {
             n_other++;
@@ -101,8 +102,9 @@ static void cmd_store_stat_geometry(store *s, cmd_store_stat_acc *a)
         char pool[32] = "";
         if (pools)
             snprintf(pool, sizeof pool, " (pool %02x%02x%02x%02x)", h->fp[0], h->fp[1], h->fp[2], h->fp[3]);
-        printf("  %.1f KiB: %u layers x %u kv head%s x %u, %s, %s: %llu blocks%s\n", (double)h->payload_bytes / 1024.0,
-               h->n_layers, h->n_kv_heads, h->n_kv_heads == 1 ? "" : "s", h->head_dim,
+        printf("  %.1f KiB: %u layers x %u kv head%s x %s%u, %s, %s: %llu blocks%s\n", (double)h->payload_bytes / 1024.0,
+               h->n_layers, h->n_kv_heads, h->n_kv_heads == 1 ? "" : "s", h->layer_bytes ? "" : "rows per layer up to ",
+               h->head_dim,
                h->n_parts == 1 ? "V is K (latent)" : "K and V", quant_type_name((qtype)h->dtype),
                (unsigned long long)g[j].n, pool);
     }

@@ -22,7 +22,7 @@
 
 /* Bytes of one row of the pool (its head_dim in its type: the pool's geometry, not the model's
  * heads, which differ for DeepSeek V4). */
-static size_t worker_row(const kvpool *pool) { return quant_row_bytes(kvpool_dtype(pool), kvpool_head_dim(pool)); }
+static size_t worker_row(const kvpool *pool) { return quant_row_bytes(kvpool_dtype(pool), kvpool_block_width_max(pool)); }
 
 /* kv_out: copies the partial last block [n_done/128*128, n_done) out of the pool. */
 static void worker_kv_out(void *arg, const kvpool *pool, const kvpool_seq *seq, int n_done)
@@ -32,8 +32,11 @@ static void worker_kv_out(void *arg, const kvpool *pool, const kvpool_seq *seq, 
     int start = n_done / KVPOOL_BLOCK * KVPOOL_BLOCK, n = n_done - start;
     /* window layers live in a ring, not in the tail's slabs, and a recurrent state is captured
      * only at block ends: the decode worker computes the partial block itself (from the state
-     * at the block end, fetched or replayed as a window-cache miss) */
-    if (n <= 0 || j->tail || kvpool_n_window_layers(pool) > 0 || kvpool_state_bytes(pool) > 0) return;
+     * at the block end, fetched or replayed as a window-cache miss); the handoff's tail has one
+     * row width, so a pool whose block layers differ in width hands off none either */
+    if (n <= 0 || j->tail || kvpool_n_window_layers(pool) > 0 || kvpool_state_bytes(pool) > 0 ||
+        !kvpool_block_uniform(pool))
+        return;
     size_t row = worker_row(pool);
     int parts = kvpool_n_parts(pool), heads = kvpool_n_kv_heads(pool);
     size_t bytes = (size_t)m->hp.n_layers * (size_t)parts * (size_t)heads * (size_t)n * row;
@@ -71,7 +74,8 @@ static int worker_kv_in(void *arg, kvpool *pool, kvpool_seq *seq, int n_attached
     if (j->tail_used || !kv->data || kv->n == 0) return n_attached;
     if ((int)kv->start != n_attached || kv->dtype != kvpool_dtype(pool) || kv->n_parts != kvpool_n_parts(pool) ||
         kv->n_layers != m->hp.n_layers ||
-        kv->n_kv_heads != kvpool_n_kv_heads(pool) || kv->head_dim != kvpool_head_dim(pool)) {
+        kv->n_kv_heads != kvpool_n_kv_heads(pool) || kv->head_dim != kvpool_block_width_max(pool) ||
+        !kvpool_block_uniform(pool)) {
         log_debug("worker: req %llu: tail KV at %u not used (attached %d): recomputed",
                   (unsigned long long)j->id, kv->start, n_attached);
         return n_attached;
@@ -434,7 +438,7 @@ static void worker_prefill_done(wjob *j)
         h->kv.n_parts = (uint8_t)kvpool_n_parts(pool);
         h->kv.n_layers = (uint16_t)w->m->hp.n_layers;
         h->kv.n_kv_heads = (uint16_t)kvpool_n_kv_heads(pool);
-        h->kv.head_dim = (uint16_t)kvpool_head_dim(pool);
+        h->kv.head_dim = (uint16_t)kvpool_block_width_max(pool);
         h->kv.start = (uint32_t)j->tail_start;
         h->kv.n = (uint32_t)j->tail_n;
         h->kv.n_bytes = (uint32_t)j->tail_bytes;

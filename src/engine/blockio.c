@@ -106,7 +106,8 @@ struct blockio {
     blockio_opts o;
     block_header proto;      /* header fields shared by every block (key set per block) */
     size_t block_bytes;      /* kvpool_block_bytes */
-    size_t layer_bytes;      /* block_bytes / n_layers: one layer's K and V */
+    size_t *layer_off;       /* (n_layers + 1) byte offset of each block layer's K and V in a
+                              * block (kvpool_block_layer_offset); layer_off[n_layers] = block_bytes */
     int n_layers;
     size_t file_bytes;       /* BLOCK_HEADER_BYTES + block_bytes */
     bool map;                /* read blocks through store_get_mapped (store_mappable, !o.no_map) */
@@ -220,12 +221,14 @@ static void blockio_load_destroy_locked(blockio *b, blockio_load *l)
 /* ---- I/O thread work ---- */
 
 /* A verified block file of n bytes has this pool's geometry and model (same key, other
- * geometry: cannot happen unless keys collide). */
+ * geometry: a block written by a pool of other row widths, or keys colliding). */
 static bool blockio_geometry_ok(const blockio *b, const void *file, size_t n)
 {
     block_header h;
     return n == b->file_bytes && block_parse_header(file, n, &h) == BLOCK_OK && h.payload_bytes == b->block_bytes &&
-           h.n_parts == b->proto.n_parts && !memcmp(h.fp, b->proto.fp, 32);
+           h.n_parts == b->proto.n_parts && h.n_layers == b->proto.n_layers && h.n_kv_heads == b->proto.n_kv_heads &&
+           h.head_dim == b->proto.head_dim && h.layer_bytes == b->proto.layer_bytes && h.geom == b->proto.geom &&
+           !memcmp(h.fp, b->proto.fp, 32);
 }
 
 /* Reads key's block into buf (file_bytes) with a geometry check. False on a miss. */
@@ -333,9 +336,9 @@ static void blockio_do_fills(blockio *b)
     }
     for (int l = 0; l < b->n_layers; l++) {
         pthread_mutex_unlock(&b->mu);
-        size_t off = (size_t)l * b->layer_bytes;
+        size_t off = b->layer_off[l], len = b->layer_off[l + 1] - off;
         for (int i = 0; i < n; i++)
-            memcpy(f[i].dst + off, (const uint8_t *)block_payload(f[i].ent->file) + off, b->layer_bytes);
+            memcpy(f[i].dst + off, (const uint8_t *)block_payload(f[i].ent->file) + off, len);
         pthread_mutex_lock(&b->mu);
         b->fill_done[l] += (uint64_t)n;
         pthread_cond_broadcast(&b->fill_cv);
@@ -469,11 +472,17 @@ blockio *blockio_new(store *st, kvpool *pool, const model *m, const blockio_opts
     if (b->o.touch_every_s <= 0) b->o.touch_every_s = 60;
     if (b->o.n_read_bufs <= 0) b->o.n_read_bufs = 16;
     qtype dt = kvpool_dtype(pool);
-    int row = (int)quant_row_bytes(dt, kvpool_head_dim(pool));
+    int row = (int)quant_row_bytes(dt, kvpool_block_width_max(pool));
     uint8_t fp[32], zero[32] = { 0 };
     blockkey_pool_fp(m->fingerprint, (int32_t)dt, fp);
-    block_header_init(&b->proto, zero, fp, (uint32_t)dt, row, kvpool_n_block_layers(pool), kvpool_n_kv_heads(pool),
-                      kvpool_head_dim(pool), kvpool_n_parts(pool));
+    if (kvpool_block_uniform(pool))
+        block_header_init(&b->proto, zero, fp, (uint32_t)dt, row, kvpool_n_block_layers(pool), kvpool_n_kv_heads(pool),
+                          kvpool_block_width_max(pool), kvpool_n_parts(pool));
+    else
+        block_header_init_layers(&b->proto, zero, fp, (uint32_t)dt, kvpool_n_block_layers(pool),
+                                 kvpool_n_kv_heads(pool), kvpool_block_width_max(pool), kvpool_n_parts(pool),
+                                 kvpool_block_bytes(pool));
+    b->proto.geom = kvpool_block_geom(pool);
     b->block_bytes = kvpool_block_bytes(pool);
     if (b->proto.payload_bytes != b->block_bytes) {
         log_error("blockio: KV pool blocks (%zu bytes) do not match the model geometry (%llu bytes)", b->block_bytes,
@@ -482,7 +491,8 @@ blockio *blockio_new(store *st, kvpool *pool, const model *m, const blockio_opts
         return NULL;
     }
     b->n_layers = kvpool_n_block_layers(pool);   /* window layers never enter a block */
-    b->layer_bytes = b->proto.layer_bytes;
+    b->layer_off = xmalloc(((size_t)b->n_layers + 1) * sizeof *b->layer_off);
+    for (int l = 0; l <= b->n_layers; l++) b->layer_off[l] = kvpool_block_layer_offset(pool, l);
     b->file_bytes = BLOCK_HEADER_BYTES + b->block_bytes;
     pthread_mutex_init(&b->mu, NULL);
     pthread_cond_init(&b->cv, NULL);
@@ -568,6 +578,7 @@ void blockio_free(blockio *b)
     free(b->tq_cls);
     free(b->seen);
     free(b->th);
+    free(b->layer_off);
     pthread_mutex_destroy(&b->mu);
     pthread_cond_destroy(&b->cv);
     pthread_cond_destroy(&b->ent_cv);

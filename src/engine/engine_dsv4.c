@@ -194,13 +194,15 @@ bool engine_dsv4_sizes_of(const engine_dsv4_shape *s, engine_dsv4_sizes *out, ch
             out->ring += (B + sp) * 2 * hd;                    /* the open group, up to 127 behind */
         }
     }
-    /* the pool: kvpool's one row width per pool pads the entries to whole slabs of the widest
-     * ring row, and each layer's ring row holds all 128 positions' projections, not only the
-     * carry's; without compressed layers the raw rows are in blocks */
+    /* the pool: the entries are one block layer whose row is the block's values over 128
+     * positions (rounded up to a whole row: under 128 values), and each layer's ring row holds
+     * all 128 positions' projections, not only the carry's; without compressed layers the raw
+     * rows are in blocks */
     const int64_t W = TM_MAX(s->swa, KVPOOL_BLOCK);
     out->width = TM_ALIGN_UP(wmax, 16);
     if (out->block > 0) {
-        out->n_slabs = (int)((out->block + B * out->width - 1) / (B * out->width));
+        out->n_slabs = 1;
+        out->slab_width = (int)((out->block + B - 1) / B);
         for (int il = 0; il < s->n_layers; il++) {
             int w;
             dsv4_layout_of(s->ratio[il], s->head_dim, s->idx_dim, &w);
@@ -209,8 +211,9 @@ bool engine_dsv4_sizes_of(const engine_dsv4_shape *s, engine_dsv4_sizes *out, ch
         }
     } else {
         out->n_slabs = s->n_layers;
+        out->slab_width = out->width;
     }
-    out->pool_block = out->n_slabs * B * out->width;
+    out->pool_block = out->n_slabs * B * out->slab_width;
     return true;
 }
 
@@ -244,7 +247,7 @@ kvpool_opts engine_dsv4_kv_geometry(const model *m, qtype t, int32_t *layer_wind
     /* window max(swa, 128): a ratio-128 group's projections, up to 127 rows back, stay in the ring */
     for (int il = 0; il < n; il++) {
         layer_window[il] = comp && il < L ? TM_MAX(m->dsv4->swa, KVPOOL_BLOCK) : 0;
-        width[il] = 0;
+        width[il] = comp ? z.slab_width : 0;   /* the entries' block layer */
         if (comp && il < L) {
             dsv4_layout_of(m->dsv4->layers[il].ratio, m->hp.head_dim, m->dsv4->idx_dim, &width[il]);
             width[il] = TM_ALIGN_UP(width[il], 16);
@@ -305,6 +308,7 @@ engine_dsv4 *engine_dsv4_new(const model *m, threadpool *tp, kvpool *kv, int max
     d->rw = xcalloc((size_t)hp->n_layers, sizeof *d->rw);
     d->st_off = xcalloc((size_t)hp->n_layers, sizeof *d->st_off);
     int w, wmax = 0;
+    bool rings_ok = true;   /* each ring row as wide as its layer's (the window states' offsets) */
     int64_t n_ent = 0;   /* values of a block's packed entries */
     for (int il = 0; il < hp->n_layers; il++) {
         const int r = md->layers[il].ratio;
@@ -312,12 +316,13 @@ engine_dsv4 *engine_dsv4_new(const model *m, threadpool *tp, kvpool *kv, int max
         *l = dsv4_layout_of(r, hp->head_dim, md->idx_dim, &w);
         wmax = TM_MAX(wmax, w);
         d->rw[il] = TM_ALIGN_UP(w, 16);
+        rings_ok &= !d->ring || kvpool_layer_width(kv, il, 0) == d->rw[il];
         d->st_off[il] = il ? d->st_off[il - 1] + (size_t)d->rw[il - 1] * (size_t)kvpool_window(kv) : 0;
         if (r > 0) l->ent = (int)n_ent, n_ent += (int64_t)(KVPOOL_BLOCK / r) * hp->head_dim;
         if (r == 4) l->ient = (int)n_ent, n_ent += (int64_t)(KVPOOL_BLOCK / 4) * md->idx_dim;
     }
     /* the pool must be engine_dsv4_kv_geometry's for this model */
-    if (d->row < wmax || (n_ent > 0) != d->ring || (d->bt != QTYPE_F16 && d->bt != QTYPE_F32) ||
+    if (d->row < wmax || (n_ent > 0) != d->ring || !rings_ok || (d->bt != QTYPE_F16 && d->bt != QTYPE_F32) ||
         (d->ring && (kvpool_ring_dtype(kv) != QTYPE_F32 ||
                      (int64_t)kvpool_block_bytes(kv) < n_ent * (int64_t)d->esz))) {
         snprintf(err, errsz, "deepseek4: the KV pool's geometry (rows of %d %s) does not hold this model's state",

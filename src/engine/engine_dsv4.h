@@ -36,17 +36,18 @@ typedef struct engine_dsv4 engine_dsv4;
 int engine_dsv4_pool_layers(const model *m);
 /* The pool geometry of a V4 model in element type t (F16 or F32; F32 without compressed
  * layers): one "head" of engine_dsv4_row(m) elements, v_is_k; each window layer's ring row as
- * wide as its layer's (raw, and the projections of its ratio). layer_window (room for 2 *
- * engine_dsv4_pool_layers values) gets the windows, then the widths; the result points into it. */
+ * wide as its layer's (raw, and the projections of its ratio), the entries' block layer's row
+ * engine_dsv4_sizes.slab_width. layer_window (room for 2 * engine_dsv4_pool_layers values) gets
+ * the windows, then the widths; the result points into it. */
 kvpool_opts engine_dsv4_kv_geometry(const model *m, qtype t, int32_t *layer_window);
 /* The pool's row width: the widest ring row (raw + projections), rounded up to 16. */
 int engine_dsv4_row(const model *m);
 
 /* The compressed layout's sizes (docs/deepseek4.md, "Per-sequence state and the 128-token
  * block"): what V4 keeps for the whole text per 128-token block, and what a sequence needs
- * besides, in the window; and what the pool takes for them (kvpool has one block row width per
- * pool, so the packed entries take whole (128, width) slabs; a ring row keeps all 128 positions'
- * projections, and F32 raw rows).
+ * besides, in the window; and what the pool takes for them (the packed entries are one block
+ * layer of (128, slab_width): the block's values to under 128; a ring row keeps all 128
+ * positions' projections, and F32 raw rows).
  * Counts are values, not bytes: the element type is the caller's. */
 typedef struct {
     int n_layers;
@@ -70,8 +71,10 @@ typedef struct {
                               * positions per layer, the ratio-4 projections (kv, score, both
                               * halves) of 8 + spare positions, the ratio-128 ones of 128 + spare */
     int width;               /* the pool's row width (engine_dsv4_row) */
-    int n_slabs;             /* block layers holding a block's packed entries: ceil(block / (128 width)) */
-    int64_t pool_block;      /* values per block in the pool: n_slabs * 128 * width */
+    int n_slabs;             /* block layers: 1 holding a block's packed entries; without
+                              * compressed layers every layer's raw rows */
+    int slab_width;          /* a block layer's row in values: ceil(block / 128), or width */
+    int64_t pool_block;      /* values per block in the pool: n_slabs * 128 * slab_width */
     int64_t pool_state;      /* values of the pool's window state: 128 rows of each layer's ring
                               * row width (its raw row and projections, rounded up to 16) */
     int64_t pool_ring;       /* values of the pool's ring per sequence: 128 + spare such rows */

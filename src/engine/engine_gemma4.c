@@ -14,8 +14,9 @@
  * The cost: every layer's K/V rows take the widest head size and the most kv heads. For the
  * 31B (window layers 16 kv heads of 256, global 4 of 512) a position costs 16 * 512 * 2 values
  * per layer instead of 16 * 256 * 2 (window) or 4 * 512 * 2 (global): 2x on window layers,
- * 4x on global ones, and the attention's arithmetic grows alike. Per-layer row shapes in the
- * pool would remove it; they are not done.
+ * 4x on global ones, and the attention's arithmetic grows alike. The pool's per-layer row
+ * widths (kvpool_opts.layer_width) are half of what would remove it; per-layer kv head counts
+ * in the pool and attention reading each layer in its own shape are not done.
  *
  * A shared KV layer (model.h's kv_shared) computes only its queries here; engine_step.c's
  * attention reads its source layer's K/V (engine_job.kv_layer), and the pool keeps none for it.

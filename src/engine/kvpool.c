@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cache/block.h"
 #include "cache/blockkey.h"
 
 #include "model/ops.h"
@@ -41,10 +42,15 @@ typedef struct {
 
 struct kvpool {
     kvpool_opts o;
-    size_t row;                  /* bytes of one head_dim row in dtype (quant_row_bytes) */
-    size_t slab_bytes;           /* 128 * row */
     int n_parts;                 /* slabs per (layer, kv head): 2 (K, V) or 1 (v_is_k) */
-    size_t block_bytes;          /* n_blk_layers * n_parts * n_kv_heads * slab_bytes */
+    int32_t *bw;                 /* (n_blk_layers, 2) a block layer's K and V row in elements (V = K
+                                  * in a v_is_k pool) */
+    size_t *brow;                /* (n_blk_layers, 2) those rows' bytes in dtype */
+    size_t *boff;                /* (n_blk_layers + 1, 2) byte offset in a block of a block layer's
+                                  * K slabs, then its V slabs; boff[2 * n_blk_layers] = block_bytes */
+    bool uniform;                /* every block layer's K and V rows are one width (bw[0]) */
+    uint32_t geom;               /* digest of the block geometry (kvpool_block_geom) */
+    size_t block_bytes;          /* sum over block layers: n_parts * n_kv_heads * 128 * its row bytes */
     uint8_t *data;               /* (n_blocks, block_bytes), 64-byte aligned */
     kvpool_blk *blk;             /* (n_blocks) */
     slottab tab;                 /* block ids: SHA-256 block keys, the free list, the LRU */
@@ -70,10 +76,11 @@ struct kvpool {
     int window;                  /* positions a window layer's query sees (the largest window) */
     int ring_len;                /* ring slots per sequence: window + KVPOOL_RING_SPARE */
     qtype ring_type;             /* the rings' element type: dtype, or F32 (opts.ring_f32) */
-    int32_t *ring_w;             /* (n_win_layers) elements of a window layer's ring row: head_dim,
-                                  * or its opts.layer_width */
-    size_t *ring_off;            /* (n_win_layers) byte offset of each window layer's ring */
-    size_t ring_bytes;           /* sum over window layers: n_parts * n_kv_heads * ring_len * its
+    int32_t *ring_w;             /* (n_win_layers, 2) elements of a window layer's K and V ring row:
+                                  * head_dim, or its opts.layer_width / layer_v_width */
+    size_t *ring_row;            /* (n_win_layers, 2) those rows' bytes in ring_type */
+    size_t *ring_off;            /* (n_win_layers, 2) byte offset of a window layer's K ring, V ring */
+    size_t ring_bytes;           /* sum over window layers and parts: n_kv_heads * ring_len * its
                                   * ring row's bytes in ring_type */
 };
 
@@ -82,7 +89,7 @@ struct kvpool_seq {
     int n;                       /* blocks in the table */
     int n_keyed;                 /* leading blocks whose key is known */
     uint8_t last_key[32];        /* key of block n_keyed-1, zeros if none */
-    uint8_t *ring;               /* per window layer (n_parts, n_kv_heads, ring_len, its width): window
+    uint8_t *ring;               /* per window layer and part (n_kv_heads, ring_len, its width): window
                                   * layers' K/V, position p at slot p % ring_len; NULL if none */
     int win_lo;                  /* window layers see no key below this position */
     int full_from;               /* full layers' KV below this position is already in the blocks */
@@ -121,12 +128,28 @@ bool kvpool_type_ok(qtype t, int head_dim)
     }
 }
 
+/* Elements of layer l's K (kv 0) or V row under o: its layer_width / layer_v_width, else
+ * head_dim (a v_is_k pool's V is its K). */
+static int kvpool_geom_width(const kvpool_opts *o, int l, int kv)
+{
+    int w = o->layer_width && o->layer_width[l] > 0 ? o->layer_width[l] : o->head_dim;
+    if (kv && !o->v_is_k && o->layer_v_width && o->layer_v_width[l] > 0) w = o->layer_v_width[l];
+    return w;
+}
+
 size_t kvpool_geom_block_bytes(const kvpool_opts *o)
 {
-    size_t parts = o->v_is_k ? 1 : 2;
+    size_t n = 0;
     if (!kvpool_type_ok(o->dtype, o->head_dim)) return 0;
-    return (size_t)kvpool_geom_blk_layers(o) * parts * (size_t)o->n_kv_heads * KVPOOL_BLOCK *
-           quant_row_bytes(o->dtype, o->head_dim);
+    for (int l = 0; l < o->n_layers; l++) {
+        if (o->layer_window && o->layer_window[l] != 0) continue;
+        for (int kv = 0; kv < (o->v_is_k ? 1 : 2); kv++) {
+            int w = kvpool_geom_width(o, l, kv);
+            if (!kvpool_type_ok(o->dtype, w)) return 0;
+            n += (size_t)o->n_kv_heads * KVPOOL_BLOCK * quant_row_bytes(o->dtype, w);
+        }
+    }
+    return n;
 }
 
 int kvpool_blocks_for_bytes(const kvpool_opts *o, size_t bytes)
@@ -146,8 +169,8 @@ kvpool_status kvpool_new(const kvpool_opts *opts, kvpool **out)
         return KVPOOL_ERR_ARG;
     kvpool *p = xcalloc(1, sizeof *p);
     p->o = *opts;
-    p->o.layer_window = NULL;    /* the caller's array need not outlive the call: slot says it all */
-    p->row = quant_row_bytes(opts->dtype, opts->head_dim);
+    p->o.layer_window = NULL;    /* the caller's arrays need not outlive the call: slot, bw and
+                                  * ring_w say it all */
     p->n_parts = opts->v_is_k ? 1 : 2;
     p->slot = xmalloc((size_t)opts->n_layers * sizeof *p->slot);
     for (int l = 0; l < opts->n_layers; l++) {
@@ -166,25 +189,54 @@ kvpool_status kvpool_new(const kvpool_opts *opts, kvpool **out)
     p->window = (int)TM_MIN((int64_t)p->window, (int64_t)opts->n_blocks * KVPOOL_BLOCK);
     p->ring_len = p->n_win_layers ? p->window + KVPOOL_RING_SPARE : 0;
     p->ring_type = opts->ring_f32 ? QTYPE_F32 : opts->dtype;
-    p->ring_w = xcalloc((size_t)p->n_win_layers + 1, sizeof *p->ring_w);
-    p->ring_off = xcalloc((size_t)p->n_win_layers + 1, sizeof *p->ring_off);
+    p->ring_w = xcalloc(2 * (size_t)p->n_win_layers + 1, sizeof *p->ring_w);
+    p->ring_row = xcalloc(2 * (size_t)p->n_win_layers + 1, sizeof *p->ring_row);
+    p->ring_off = xcalloc(2 * (size_t)p->n_win_layers + 1, sizeof *p->ring_off);
+    p->bw = xcalloc(2 * (size_t)p->n_blk_layers, sizeof *p->bw);
+    p->brow = xcalloc(2 * (size_t)p->n_blk_layers, sizeof *p->brow);
+    p->boff = xcalloc(2 * (size_t)p->n_blk_layers + 1, sizeof *p->boff);
+    p->uniform = true;
+    /* the geometry digest: what a stored block's header must match to be read into this pool */
+    uint32_t *geom = xmalloc((4 + 2 * (size_t)opts->n_layers) * sizeof *geom);
+    int n_geom = 0;
+    geom[n_geom++] = (uint32_t)p->n_parts;
+    geom[n_geom++] = (uint32_t)opts->n_kv_heads;
+    geom[n_geom++] = (uint32_t)opts->dtype;
+    geom[n_geom++] = (uint32_t)p->n_blk_layers;
     for (int l = 0; l < opts->n_layers; l++) {
-        if (p->slot[l] >= 0 || p->slot[l] == INT32_MIN) continue;
-        int wl = -1 - p->slot[l], w = opts->layer_width && opts->layer_width[l] > 0 ? opts->layer_width[l] : opts->head_dim;
-        if (w > opts->head_dim || !kvpool_type_ok(p->ring_type, w)) {
-            kvpool_free(p);
-            return KVPOOL_ERR_ARG;
+        if (p->slot[l] == INT32_MIN) continue;
+        const bool win = p->slot[l] < 0;
+        const int i = 2 * (win ? -1 - p->slot[l] : p->slot[l]);
+        const qtype t = win ? p->ring_type : opts->dtype;
+        for (int kv = 0; kv < 2; kv++) {
+            int w = kvpool_geom_width(opts, l, kv);
+            if (!kvpool_type_ok(t, w)) {
+                free(geom);
+                kvpool_free(p);
+                return KVPOOL_ERR_ARG;
+            }
+            size_t rb = quant_row_bytes(t, w), part = kv < p->n_parts ? (size_t)opts->n_kv_heads * rb : 0;
+            if (win) {
+                p->ring_w[i + kv] = w;
+                p->ring_row[i + kv] = rb;
+                p->ring_off[i + kv] = kv < p->n_parts ? p->ring_bytes : p->ring_off[i];
+                p->ring_bytes += part * (size_t)p->ring_len;
+            } else {
+                p->bw[i + kv] = w;
+                p->brow[i + kv] = rb;
+                p->boff[i + kv] = kv < p->n_parts ? p->block_bytes : p->boff[i];
+                p->block_bytes += part * KVPOOL_BLOCK;
+                if (kv < p->n_parts) p->uniform &= w == p->bw[0];
+                if (kv < p->n_parts) geom[n_geom++] = (uint32_t)w;
+            }
         }
-        p->ring_w[wl] = w;
-        p->ring_off[wl] = p->ring_bytes;
-        p->ring_bytes += (size_t)p->n_parts * (size_t)opts->n_kv_heads * (size_t)p->ring_len *
-                         quant_row_bytes(p->ring_type, w);
     }
-    p->o.layer_width = NULL;
-    p->slab_bytes = (size_t)KVPOOL_BLOCK * p->row;
-    p->block_bytes = kvpool_geom_block_bytes(opts);
+    p->boff[2 * p->n_blk_layers] = p->block_bytes;
+    p->geom = block_crc32c(geom, (size_t)n_geom * sizeof geom[0]);
+    free(geom);
+    p->o.layer_width = p->o.layer_v_width = NULL;
     size_t total = p->block_bytes * (size_t)opts->n_blocks;
-    if (total / (size_t)opts->n_blocks != p->block_bytes) {
+    if (p->block_bytes != kvpool_geom_block_bytes(opts) || total / (size_t)opts->n_blocks != p->block_bytes) {
         kvpool_free(p);   /* half-built: slot is allocated already */
         return KVPOOL_ERR_NOMEM;
     }
@@ -251,7 +303,11 @@ void kvpool_free(kvpool *p)
     free(p->tail_tok);
     free(p->slot);
     free(p->ring_w);
+    free(p->ring_row);
     free(p->ring_off);
+    free(p->bw);
+    free(p->brow);
+    free(p->boff);
     free(p);
 }
 
@@ -259,6 +315,24 @@ size_t kvpool_block_bytes(const kvpool *p) { return p->block_bytes; }
 int kvpool_n_parts(const kvpool *p) { return p->n_parts; }
 int kvpool_n_kv_heads(const kvpool *p) { return p->o.n_kv_heads; }
 int kvpool_head_dim(const kvpool *p) { return p->o.head_dim; }
+bool kvpool_block_uniform(const kvpool *p) { return p->uniform; }
+uint32_t kvpool_block_geom(const kvpool *p) { return p->geom; }
+size_t kvpool_block_layer_offset(const kvpool *p, int bl) { return p->boff[2 * bl]; }
+
+int kvpool_layer_width(const kvpool *p, int layer, int kv)
+{
+    int sl = p->slot[layer];
+    if (sl == INT32_MIN) return 0;
+    if (p->n_parts == 1) kv = 0;
+    return sl < 0 ? p->ring_w[2 * (-1 - sl) + kv] : p->bw[2 * sl + kv];
+}
+
+int kvpool_block_width_max(const kvpool *p)
+{
+    int w = 0;
+    for (int i = 0; i < 2 * p->n_blk_layers; i++) w = TM_MAX(w, p->bw[i]);
+    return w;
+}
 qtype kvpool_dtype(const kvpool *p) { return p->o.dtype; }
 void kvpool_get_stats(const kvpool *p, kvpool_stats *st) { *st = p->st; }
 
@@ -534,20 +608,23 @@ void *kvpool_seq_slab(const kvpool *p, const kvpool_seq *s, int bi, int layer, i
 {
     int bl = p->slot[layer];
     if (bl < 0) return NULL;   /* a window layer: its KV is in the ring */
-    if (p->n_parts == 1) kv = 0;   /* V is K */
-    size_t slab = ((size_t)bl * (size_t)p->n_parts + (size_t)kv) * (size_t)p->o.n_kv_heads + (size_t)kv_head;
-    return kvpool_blk_bytes(p, s->table[bi]) + slab * p->slab_bytes;
+    size_t i = 2 * (size_t)bl + (size_t)(p->n_parts == 1 ? 0 : kv);   /* V is K in a v_is_k pool */
+    return kvpool_blk_bytes(p, s->table[bi]) + p->boff[i] + (size_t)kv_head * KVPOOL_BLOCK * p->brow[i];
 }
 
 /* Copies rows [from, to) (positions within a block, 0..128) of every full layer's slabs from
  * block src to block dst (distinct). */
 static void kvpool_blk_copy_rows(const kvpool *p, int dst, int src, int from, int to)
 {
-    size_t row = p->row, off = (size_t)from * row;
-    size_t n = (size_t)(to - from) * row, n_slabs = (size_t)p->n_blk_layers * (size_t)p->n_parts * (size_t)p->o.n_kv_heads;
     uint8_t *d = kvpool_blk_bytes(p, dst);
     const uint8_t *sb = kvpool_blk_bytes(p, src);
-    for (size_t k = 0; k < n_slabs; k++) memcpy(d + k * p->slab_bytes + off, sb + k * p->slab_bytes + off, n);
+    for (int bl = 0; bl < p->n_blk_layers; bl++)
+        for (int kv = 0; kv < p->n_parts; kv++) {
+            const size_t row = p->brow[2 * bl + kv], slab = KVPOOL_BLOCK * row;
+            const size_t base = p->boff[2 * bl + kv] + (size_t)from * row, n = (size_t)(to - from) * row;
+            for (int h = 0; h < p->o.n_kv_heads; h++)
+                memcpy(d + base + (size_t)h * slab, sb + base + (size_t)h * slab, n);
+        }
 }
 
 void kvpool_seq_copy_rows(const kvpool *p, const kvpool_seq *dst, const kvpool_seq *src, int from, int to)
@@ -633,18 +710,16 @@ int kvpool_seq_copy_tail(kvpool *p, kvpool_seq *s, const int32_t *tokens, int li
 
 void *kvpool_seq_ring_row(const kvpool *p, const kvpool_seq *s, int layer, int kv, int kv_head, int pos)
 {
-    int wl = -1 - p->slot[layer];
-    if (p->n_parts == 1) kv = 0;   /* V is K */
-    size_t row = ((size_t)kv * (size_t)p->o.n_kv_heads + (size_t)kv_head) * (size_t)p->ring_len +
-                 (size_t)(pos % p->ring_len);
-    return s->ring + p->ring_off[wl] + row * quant_row_bytes(p->ring_type, p->ring_w[wl]);
+    size_t i = 2 * (size_t)(-1 - p->slot[layer]) + (size_t)(p->n_parts == 1 ? 0 : kv);   /* V is K */
+    size_t row = (size_t)kv_head * (size_t)p->ring_len + (size_t)(pos % p->ring_len);
+    return s->ring + p->ring_off[i] + row * p->ring_row[i];
 }
 
 /* Row of position pos of (layer, kv, kv_head): in its block, or a window layer's ring slot. */
 static uint8_t *kvpool_seq_row(const kvpool *p, const kvpool_seq *s, int pos, int layer, int kv, int kv_head)
 {
     if (p->slot[layer] < 0) return kvpool_seq_ring_row(p, s, layer, kv, kv_head, pos);
-    size_t off = (size_t)(pos % KVPOOL_BLOCK) * p->row;
+    size_t off = (size_t)(pos % KVPOOL_BLOCK) * p->brow[2 * p->slot[layer] + (p->n_parts == 1 ? 0 : kv)];
     return (uint8_t *)kvpool_seq_slab(p, s, pos / KVPOOL_BLOCK, layer, kv, kv_head) + off;
 }
 
@@ -669,21 +744,19 @@ void kvpool_row_get(qtype t, const void *src, float *x, int n)
 void kvpool_seq_store(const kvpool *p, const kvpool_seq *s, int pos, int layer, int kv_head,
                       const float *k, const float *v)
 {
-    int hd = p->slot[layer] < 0 ? p->ring_w[-1 - p->slot[layer]] : p->o.head_dim;
     qtype t = p->slot[layer] < 0 ? p->ring_type : p->o.dtype;
     uint8_t *kr = kvpool_seq_row(p, s, pos, layer, 0, kv_head), *vr = kvpool_seq_row(p, s, pos, layer, 1, kv_head);
-    kvpool_row_put(t, k, kr, hd);
-    if (vr != kr) kvpool_row_put(t, v, vr, hd);
+    kvpool_row_put(t, k, kr, kvpool_layer_width(p, layer, 0));
+    if (vr != kr) kvpool_row_put(t, v, vr, kvpool_layer_width(p, layer, 1));
 }
 
 void kvpool_seq_load(const kvpool *p, const kvpool_seq *s, int pos, int layer, int kv_head,
                      float *k, float *v)
 {
-    int hd = p->slot[layer] < 0 ? p->ring_w[-1 - p->slot[layer]] : p->o.head_dim;
     qtype t = p->slot[layer] < 0 ? p->ring_type : p->o.dtype;
     const uint8_t *kr = kvpool_seq_row(p, s, pos, layer, 0, kv_head), *vr = kvpool_seq_row(p, s, pos, layer, 1, kv_head);
-    kvpool_row_get(t, kr, k, hd);
-    kvpool_row_get(t, vr, v, hd);
+    kvpool_row_get(t, kr, k, kvpool_layer_width(p, layer, 0));
+    kvpool_row_get(t, vr, v, kvpool_layer_width(p, layer, 1));
 }
 
 /* ---- window layers ---- */
@@ -712,16 +785,17 @@ int kvpool_seq_ring_next(const kvpool_seq *s) { return s->ring_next; }
 void kvpool_seq_set_ring_next(kvpool_seq *s, int pos) { s->ring_next = pos; }
 
 /* Rows [end - window, end) of every window layer, in the ring or in dst's order (per window
- * layer (n_parts, n_kv_heads, window, its width)): one memcpy per (layer, part, head) and ring
+ * layer and part (n_kv_heads, window, its width)): one memcpy per (layer, part, head) and ring
  * wrap. to_ring copies src into the ring, else the ring into dst. */
 static void kvpool_seq_window_copy(const kvpool *p, kvpool_seq *s, int end, uint8_t *buf, bool to_ring)
 {
-    const int W = p->window, R = p->ring_len, n = p->n_parts * p->o.n_kv_heads;
-    for (int wl = 0; wl < p->n_win_layers; wl++) {
-        const size_t row = quant_row_bytes(p->ring_type, p->ring_w[wl]);
-        for (int i = 0; i < n; i++) {
-            uint8_t *ring = s->ring + p->ring_off[wl] + (size_t)i * R * row;
-            uint8_t *state = buf + p->ring_off[wl] / (size_t)R * (size_t)W + (size_t)i * W * row;
+    const int W = p->window, R = p->ring_len;
+    for (int j = 0; j < 2 * p->n_win_layers; j++) {
+        if (j % 2 >= p->n_parts) continue;   /* V is K */
+        const size_t row = p->ring_row[j];
+        for (int i = 0; i < p->o.n_kv_heads; i++) {
+            uint8_t *ring = s->ring + p->ring_off[j] + (size_t)i * R * row;
+            uint8_t *state = buf + p->ring_off[j] / (size_t)R * (size_t)W + (size_t)i * W * row;
             for (int k = 0; k < W;) {
                 int pos = end - W + k, slot = pos % R, run = TM_MIN(W - k, R - slot);
                 if (to_ring) memcpy(ring + (size_t)slot * row, state + (size_t)k * row, (size_t)run * row);

@@ -3,8 +3,11 @@
  *
  * DESIGN. One allocation at start holds n_blocks blocks of KVPOOL_BLOCK (128) token
  * positions. A block holds K and V of every layer for its 128 positions, laid out
- * [layer][k|v][kv_head][token][head_dim]: attention for one (layer, kv head) walks one
- * contiguous (128, head_dim) slab of K and one of V. Elements are F16 (default), F32, or
+ * [layer][k|v][kv_head][token][row]: attention for one (layer, kv head) walks one
+ * contiguous (128, row) slab of K and one of V. A row is head_dim elements unless the layer
+ * has its own K / V widths (opts.layer_width, layer_v_width: Gemma 4's head sizes per layer,
+ * DeepSeek V4's packed entries), so a layer's slabs are exactly its own size; kvpool_seq_slab
+ * looks the layer's offset and row up, the same two loads whatever the geometry. Elements are F16 (default), F32, or
  * ggml's Q8_0 / Q4_0 blocks (32 values and an f16 scale each: a row is head_dim / 32 blocks,
  * quantised as it is written; a block of 128 positions then takes 34/64 or 18/64 of F16's
  * bytes, and the store and handoffs carry those bytes as they are).
@@ -67,9 +70,10 @@ typedef struct {
     size_t state_bytes;          /* per sequence: a recurrent model's state (kvpool_seq_state),
                                   * 0: none. A pool with it shares nothing between sequences
                                   * (see kvpool_seq_state) */
-    const int32_t *layer_width;  /* (n_layers) a window layer's ring row in elements (<= head_dim),
-                                  * 0 or NULL: head_dim; only read by kvpool_new. DeepSeek V4's
-                                  * layers keep rows of different widths */
+    const int32_t *layer_width;  /* (n_layers) each layer's K row in elements (its block slabs' or
+                                  * its ring's), 0 or NULL: head_dim; only read by kvpool_new */
+    const int32_t *layer_v_width; /* (n_layers) each layer's V row likewise, 0 or NULL: its K
+                                  * row's; ignored when v_is_k; only read by kvpool_new */
     bool ring_f32;               /* the window layers' rings (and window states) in F32 whatever
                                   * dtype: DeepSeek V4's rings hold its compressors' running
                                   * projections, which llama.cpp keeps in F32 */
@@ -111,12 +115,25 @@ size_t kvpool_block_bytes(const kvpool *p);
 size_t kvpool_geom_block_bytes(const kvpool_opts *opts);
 /* Slabs per (layer, kv head) in a block: 2 (K and V) or 1 (v_is_k). */
 int kvpool_n_parts(const kvpool *p);
-/* The row geometry the pool was made with: a block's slabs are (128, head_dim) per (layer, part,
- * kv head). Not always the model's heads: a DeepSeek V4 pool has one "head" as wide as its widest
- * ring row, its blocks' slabs packed with compressed entries (engine_dsv4.h); blocks, tails and
- * handoffs take their shape from here. */
+/* The row geometry the pool was made with: a block's slabs are (128, row) per (layer, part, kv
+ * head), a row head_dim elements or the layer's own width (kvpool_layer_width). Not always the
+ * model's heads: a DeepSeek V4 pool has one "head" whose block row is its packed compressed
+ * entries (engine_dsv4.h); blocks, tails and handoffs take their shape from here. */
 int kvpool_n_kv_heads(const kvpool *p);
 int kvpool_head_dim(const kvpool *p);
+/* Elements of layer `layer`'s K (kv 0) or V row, in its block slabs or its ring; 0 for a layer
+ * that keeps nothing here. */
+int kvpool_layer_width(const kvpool *p, int layer, int kv);
+/* Whether every block layer's K and V rows have one width (the common case: head_dim; a
+ * DeepSeek V4 pool's one entries layer), and the widest block row. */
+bool kvpool_block_uniform(const kvpool *p);
+int kvpool_block_width_max(const kvpool *p);
+/* Byte offset in a block of block layer bl's slabs (kvpool_layer_block_index); bl =
+ * kvpool_n_block_layers gives kvpool_block_bytes. Layer bl is [offset(bl), offset(bl + 1)). */
+size_t kvpool_block_layer_offset(const kvpool *p, int bl);
+/* A digest of the block geometry (parts, kv heads, dtype, every block layer's row widths): a
+ * stored block's header carries it, and a block of another geometry is refused. */
+uint32_t kvpool_block_geom(const kvpool *p);
 /* Blocks that fit in `bytes` for the given geometry (at least 1). */
 int kvpool_blocks_for_bytes(const kvpool_opts *opts, size_t bytes);
 void kvpool_get_stats(const kvpool *p, kvpool_stats *st);

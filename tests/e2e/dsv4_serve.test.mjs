@@ -73,10 +73,10 @@ test("deepseek4 serve: prefix reuse from the pool and from the store after a res
   let S = await startServer(model, [...ARGS, "--cache-dir", dir]);
   // F16 by default, as for the other families. The block by hand: two ratio-4 layers of 32
   // entries of 64 and 32 indexer entries of 64, one ratio-128 entry of 64: 8256 values, 16,512
-  // bytes in F16; the pool's rows are 576 wide (a ratio-4 ring row: 64 raw + 256 compressor +
-  // 256 indexer projections), so the entries take one (128, 576) slab: 147,456 bytes
-  assert.match(S.log, /\(deepseek4, 4 layers, ctx 512, KV f16, \d+ blocks of 144\.0 KiB per 128 tokens, compressed entries/);
-  assert.match(S.log, /deepseek4 keeps compressed entries in blocks: 16\.1 KiB per 128-token block in f16 \(144\.0 KiB padded to 1 slab\(s\) of 128 x 576\); window states of 0\.69 MiB F32/);
+  // bytes in F16; the pool keeps them as one block layer of (128, 65): 8320 values (8256 to a
+  // whole row), 16,640 bytes
+  assert.match(S.log, /\(deepseek4, 4 layers, ctx 512, KV f16, \d+ blocks of 16\.2 KiB per 128 tokens, compressed entries/);
+  assert.match(S.log, /deepseek4 keeps compressed entries in blocks: 16\.1 KiB per 128-token block in f16 \(a block layer of 128 x 65: 16\.2 KiB\); window states of 0\.69 MiB F32/);
   const cold = await complete(S.url, LONG);
   assert.equal(cold.cached, 0);
   const warm = await complete(S.url, LONG);
@@ -97,7 +97,7 @@ test("deepseek4 serve: prefix reuse from the pool and from the store after a res
   await stopServers();   // SIGTERM: the queued blocks are written
   const stat = spawnSync(bin, ["store", "stat", `dir:${dir}`], { encoding: "utf8" });
   assert.equal(stat.status, 0, stat.stderr);
-  assert.match(stat.stdout, /144\.0 KiB: 1 layers x 1 kv head x 576, V is K \(latent\), f16: \d+ blocks/, "block size from the headers");
+  assert.match(stat.stdout, /16\.2 KiB: 1 layers x 1 kv head x 65, V is K \(latent\), f16: \d+ blocks/, "block size from the headers");
 
   // after a restart the window cache (RAM) is empty: exact replay recomputes the window from far
   // enough back (here from 0: the exact span of 4 layers of window 128 is 509) and is

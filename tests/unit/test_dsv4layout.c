@@ -73,11 +73,11 @@ TEST(test_flash_figures)
     CHECK(z.block * 2 == 880640);                               /* 860 KiB in F16 */
     CHECK(z.window == 43LL * 128 * 512);                        /* 5.4 MiB in F16 */
     CHECK(z.carry * 4 == 420 * 1024);                           /* 420 KiB in F32 */
-    /* the pool: rows of the widest ring row (512 raw + 2 x 1024 compressor + 2 x 256 indexer),
-     * the 440,320 values packed into 2 slabs of (128, 3072) */
+    /* the pool: rings as wide as the widest ring row (512 raw + 2 x 1024 compressor + 2 x 256
+     * indexer) at most; the 440,320 values are one block layer of (128, 3440): exactly them */
     CHECK(z.width == 3072);
-    CHECK(z.n_slabs == 2);
-    CHECK(z.pool_block == 2LL * 128 * 3072);
+    CHECK(z.n_slabs == 1 && z.slab_width == 3440);
+    CHECK(z.pool_block == z.block);
     /* ring rows per layer: 512 raw on ratio 0, 3072 on ratio 4, 512 + 2 x 512 on ratio 128 */
     const int64_t per_pos = 2 * 512 + 21 * 3072 + 20 * 1536;
     CHECK(z.pool_state == 128 * per_pos);                       /* 47.0 MiB in F32 */
@@ -85,17 +85,20 @@ TEST(test_flash_figures)
     CHECK(z.pool_state * 4 < 64LL << 20);                       /* a cluster frame carries it */
     /* kvpool in that geometry (engine_dsv4_kv_geometry's: the model's layers as window layers
      * with their own ring widths, v_is_k, F32 rings, then the entry slabs) has those sizes */
-    int32_t lw[45], width[45];
-    for (int il = 0; il < 45; il++) {
+    int32_t lw[44], width[44];
+    for (int il = 0; il < 44; il++) {
         lw[il] = il < 43 ? 128 : 0;
-        width[il] = il >= 43 ? 0 : ratio[il] == 4 ? 3072 : ratio[il] == 128 ? 1536 : 512;
+        width[il] = il >= 43 ? 3440 : ratio[il] == 4 ? 3072 : ratio[il] == 128 ? 1536 : 512;
     }
-    kvpool_opts ko = { .n_layers = 45, .n_kv_heads = 1, .head_dim = z.width, .v_is_k = true, .dtype = QTYPE_F16,
+    kvpool_opts ko = { .n_layers = 44, .n_kv_heads = 1, .head_dim = z.width, .v_is_k = true, .dtype = QTYPE_F16,
                        .n_blocks = 4, .layer_window = lw, .layer_width = width, .ring_f32 = true };
-    CHECK(kvpool_geom_block_bytes(&ko) == (size_t)z.pool_block * 2);   /* 1.5 MiB against 860 KiB */
+    CHECK(kvpool_geom_block_bytes(&ko) == (size_t)z.pool_block * 2);
+    CHECK(kvpool_geom_block_bytes(&ko) == 880640);                     /* 860 KiB, the entries' bytes */
     kvpool *p = NULL;
     CHECK(kvpool_new(&ko, &p) == KVPOOL_OK);
-    CHECK(kvpool_n_window_layers(p) == 43 && kvpool_n_block_layers(p) == 2 && kvpool_window(p) == 128);
+    CHECK(kvpool_n_window_layers(p) == 43 && kvpool_n_block_layers(p) == 1 && kvpool_window(p) == 128);
+    CHECK(kvpool_block_bytes(p) == 880640 && kvpool_block_uniform(p) && kvpool_block_width_max(p) == 3440 &&
+          kvpool_layer_width(p, 43, 0) == 3440 && kvpool_layer_width(p, 2, 0) == 3072);
     CHECK(kvpool_ring_dtype(p) == QTYPE_F32);
     CHECK(kvpool_ring_bytes(p) == (size_t)z.pool_ring * 4);
     CHECK(kvpool_window_state_bytes(p) == (size_t)z.pool_state * 4);
@@ -199,6 +202,7 @@ TEST(test_engine_window)
     engine_dsv4_sizes z;
     engine_dsv4_model_sizes(m, &z);
     CHECK(z.width == 576 && z.n_slabs == 1 && z.block == 2 * 32 * (64 + 64) + 64);
+    CHECK(z.slab_width == 65 && z.pool_block == 128 * 65);   /* 8256 values to a whole row: 64 more */
     CHECK(z.pool_state == 128 * (64 + 576 + 192 + 576));
     CHECK(kvpool_n_window_layers(kv) == 4 && kvpool_n_block_layers(kv) == 1 && kvpool_window(kv) == 128);
     CHECK(kvpool_dtype(kv) == QTYPE_F16 && kvpool_ring_dtype(kv) == QTYPE_F32);

@@ -8,7 +8,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <unistd.h>
+
+#include "storetest.h"
+
+#include "cache/store.h"
+#include "engine/blockio.h"
 #include "engine/kvpool.h"
+#include "model/model.h"
 
 static kvpool *mkpool(int n_blocks, qtype dt)
 {
@@ -616,6 +623,179 @@ TEST(test_async_fill)
     kvpool_free(p);
 }
 
+/* ---- layers of their own row widths ---- */
+
+/* Layer 0: K 8 / V 4; layer 1: K 16 / V 16 (head_dim); layer 2: a window layer, K 8 / V 12. */
+static const int32_t mix_kw[3] = { 8, 0, 8 }, mix_vw[3] = { 4, 0, 12 }, mix_win[3] = { 0, 0, 16 };
+
+static kvpool_opts mix_opts(int n_blocks)
+{
+    kvpool_opts o = { .n_layers = 3, .n_kv_heads = 2, .head_dim = 16, .dtype = QTYPE_F16, .n_blocks = n_blocks,
+                      .layer_window = mix_win, .layer_width = mix_kw, .layer_v_width = mix_vw };
+    for (int i = 0; i < 32; i++) o.model_fp[i] = (uint8_t)(i * 3);
+    return o;
+}
+
+static float mix_val(int pos, int layer, int kv, int h, int i)
+{
+    return (float)((pos * 13 + layer * 101 + kv * 37 + h * 7 + i) % 2000 - 1000) / 8.0f;   /* exact in f16 */
+}
+
+static void mix_write(const kvpool *p, const kvpool_seq *s, int from, int to)
+{
+    float k[16], v[16];
+    for (int pos = from; pos < to; pos++)
+        for (int l = 0; l < 3; l++)
+            for (int h = 0; h < 2; h++) {
+                for (int i = 0; i < 16; i++) k[i] = mix_val(pos, l, 0, h, i), v[i] = mix_val(pos, l, 1, h, i);
+                kvpool_seq_store(p, s, pos, l, h, k, v);
+            }
+}
+
+/* Positions [from, to) of the layers in `layers` (bit mask) read back as written; counts bad values. */
+static int mix_check(const kvpool *p, const kvpool_seq *s, int from, int to, int layers)
+{
+    float k[16], v[16];
+    int bad = 0;
+    for (int pos = from; pos < to; pos++)
+        for (int l = 0; l < 3; l++) {
+            if (!(layers >> l & 1)) continue;
+            for (int h = 0; h < 2; h++) {
+                for (int i = 0; i < 16; i++) k[i] = v[i] = -9999.0f;
+                kvpool_seq_load(p, s, pos, l, h, k, v);
+                for (int i = 0; i < kvpool_layer_width(p, l, 0); i++) bad += k[i] != mix_val(pos, l, 0, h, i);
+                for (int i = 0; i < kvpool_layer_width(p, l, 1); i++) bad += v[i] != mix_val(pos, l, 1, h, i);
+                /* nothing past a row's width is read or written */
+                for (int i = kvpool_layer_width(p, l, 1); i < 16; i++) bad += v[i] != -9999.0f;
+            }
+        }
+    return bad;
+}
+
+/* Each layer's slabs are exactly its own K and V rows: the block's bytes are the sum, the slabs
+ * lie back to back, rows round-trip without touching their neighbours, copy_rows, the ring and
+ * the window state follow each layer's widths. */
+TEST(test_mixed_widths)
+{
+    kvpool_opts o = mix_opts(4);
+    /* block layers: 0 (K 8 + V 4) and 1 (K 16 + V 16), 2 heads x 128 rows x f16 */
+    const size_t l0 = 2 * 128 * (8 + 4) * 2, l1 = 2 * 128 * (16 + 16) * 2;
+    CHECK(kvpool_geom_block_bytes(&o) == l0 + l1);
+    kvpool *p = NULL;
+    CHECK(kvpool_new(&o, &p) == KVPOOL_OK);
+    if (!p) return;
+    CHECK(kvpool_block_bytes(p) == l0 + l1 && !kvpool_block_uniform(p) && kvpool_block_width_max(p) == 16);
+    CHECK(kvpool_block_layer_offset(p, 0) == 0 && kvpool_block_layer_offset(p, 1) == l0 &&
+          kvpool_block_layer_offset(p, 2) == l0 + l1);
+    CHECK(kvpool_layer_width(p, 0, 0) == 8 && kvpool_layer_width(p, 0, 1) == 4 && kvpool_layer_width(p, 1, 1) == 16);
+    CHECK(kvpool_layer_width(p, 2, 0) == 8 && kvpool_layer_width(p, 2, 1) == 12);
+    /* ring: (16 + spare) slots x 2 heads x (8 + 12) f16; a state: 16 of them */
+    CHECK(kvpool_ring_bytes(p) == (size_t)(16 + KVPOOL_RING_SPARE) * 2 * (8 + 12) * 2);
+    CHECK(kvpool_window_state_bytes(p) == (size_t)16 * 2 * (8 + 12) * 2);
+    kvpool_seq *a = kvpool_seq_new(p), *b = kvpool_seq_new(p);
+    CHECK(kvpool_seq_reserve(p, a, 256) == KVPOOL_OK && kvpool_seq_reserve(p, b, 256) == KVPOOL_OK);
+    uint8_t *base = kvpool_seq_slab(p, a, 1, 0, 0, 0);
+    CHECK((uint8_t *)kvpool_seq_slab(p, a, 1, 0, 0, 1) == base + 128 * 8 * 2);
+    CHECK((uint8_t *)kvpool_seq_slab(p, a, 1, 0, 1, 0) == base + 2 * 128 * 8 * 2);
+    CHECK((uint8_t *)kvpool_seq_slab(p, a, 1, 0, 1, 1) == base + 2 * 128 * 8 * 2 + 128 * 4 * 2);
+    CHECK((uint8_t *)kvpool_seq_slab(p, a, 1, 1, 0, 0) == base + l0);
+    CHECK((uint8_t *)kvpool_seq_slab(p, a, 1, 1, 1, 1) == base + l0 + 3 * 128 * 16 * 2);
+    CHECK(kvpool_seq_slab(p, a, 1, 2, 0, 0) == NULL);   /* the window layer: in the ring */
+    mix_write(p, a, 0, 256);
+    kvpool_seq_set_ring_next(a, 256);
+    CHECK(mix_check(p, a, 0, 256, 3) == 0);
+    CHECK(mix_check(p, a, 256 - 16 - KVPOOL_RING_SPARE, 256, 4) == 0);
+    /* copy_rows: the block layers' rows of positions [130, 200) */
+    kvpool_seq_copy_rows(p, b, a, 130, 200);
+    CHECK(mix_check(p, b, 130, 200, 3) == 0);
+    /* the window state at 256 carries each ring row at its own widths */
+    uint8_t *st = malloc(kvpool_window_state_bytes(p));
+    kvpool_seq_window_save(p, a, 256, st);
+    kvpool_seq_window_restore(p, b, 256, st);
+    CHECK(mix_check(p, b, 240, 256, 4) == 0);
+    free(st);
+    /* the same geometry gives the same digest; another split of the same bytes another one */
+    kvpool *q = NULL;
+    CHECK(kvpool_new(&o, &q) == KVPOOL_OK && q && kvpool_block_geom(q) == kvpool_block_geom(p));
+    kvpool_free(q);
+    int32_t kw2[3] = { 4, 0, 8 }, vw2[3] = { 8, 0, 12 };
+    o.layer_width = kw2, o.layer_v_width = vw2;
+    q = NULL;
+    CHECK(kvpool_new(&o, &q) == KVPOOL_OK && q);
+    if (q) CHECK(kvpool_block_bytes(q) == kvpool_block_bytes(p) && kvpool_block_geom(q) != kvpool_block_geom(p));
+    kvpool_free(q);
+    /* a width the dtype cannot hold is refused */
+    o.dtype = QTYPE_Q8_0, o.head_dim = 32;
+    q = (kvpool *)1;
+    CHECK(kvpool_new(&o, &q) == KVPOOL_ERR_ARG && q == NULL && kvpool_geom_block_bytes(&o) == 0);
+    /* a uniform pool says so */
+    kvpool *u = mkpool(2, QTYPE_F16);
+    CHECK(u && kvpool_block_uniform(u) && kvpool_layer_width(u, 1, 1) == 8);
+    kvpool_free(u);
+    kvpool_seq_free(p, a);
+    kvpool_seq_free(p, b);
+    kvpool_free(p);
+}
+
+/* A pool of layers of their own widths writes its blocks to the store and a pool of the same
+ * geometry loads them back, row for row; a pool of another geometry with the same block bytes
+ * and the same model refuses them (the header's geometry digest) and loads nothing. */
+static int mix_load(const char *spec, kvpool_opts o, const int32_t *toks, int write_from, bool *rows_ok)
+{
+    model m;
+    memset(&m, 0, sizeof m);
+    memcpy(m.fingerprint, o.model_fp, 32);
+    kvpool *p = NULL;
+    store *st = NULL;
+    CHECK(kvpool_new(&o, &p) == KVPOOL_OK);
+    CHECK(store_open(spec, NULL, &st) == STORE_OK);
+    if (!p || !st) return -1;
+    blockio *bio = blockio_new(st, p, &m, NULL);
+    CHECK(bio != NULL);
+    int got = -1;
+    kvpool_seq *s = kvpool_seq_new(p);
+    if (write_from >= 0) {   /* compute and commit 2 blocks: the keyed hook writes them */
+        CHECK(kvpool_seq_reserve(p, s, 256) == KVPOOL_OK);
+        mix_write(p, s, 0, 256);
+        kvpool_seq_commit_full_blocks(p, s, toks, 256);
+        CHECK(blockio_flush(bio, 10000) == 0);
+        got = 0;
+    } else {
+        blockio_load *l = blockio_load_start(bio, NULL, toks, 300);
+        CHECK(l != NULL);
+        for (int i = 0; l && i < 1000 && !blockio_load_ready(bio, l); i++) usleep(10000);
+        got = l ? blockio_load_finish(bio, l, s) : -1;
+        kvpool_fill_wait(p, -1);
+        if (got > 0) *rows_ok = mix_check(p, s, 0, got, 3) == 0;
+    }
+    kvpool_seq_free(p, s);
+    blockio_free(bio);
+    store_close(st);
+    kvpool_free(p);
+    return got;
+}
+
+TEST(test_mixed_widths_store_round_trip)
+{
+    char dir[64], spec[96];
+    storetest_tmpdir(dir, sizeof dir, "kvmix");
+    snprintf(spec, sizeof spec, "dir:%s", dir);
+    int32_t toks[300];
+    fill_tokens(toks, 300, 5);
+    kvpool_opts o = mix_opts(4);
+    bool rows_ok = false;
+    CHECK(mix_load(spec, o, toks, 0, &rows_ok) == 0);
+    CHECK(mix_load(spec, o, toks, -1, &rows_ok) == 256 && rows_ok);
+    /* same bytes per block, same model, the widths split otherwise: nothing loaded */
+    int32_t kw2[3] = { 4, 0, 8 }, vw2[3] = { 8, 0, 12 };
+    o.layer_width = kw2, o.layer_v_width = vw2;
+    kvpool_opts o1 = mix_opts(4);
+    CHECK(kvpool_geom_block_bytes(&o) == kvpool_geom_block_bytes(&o1));
+    rows_ok = false;
+    CHECK(mix_load(spec, o, toks, -1, &rows_ok) == 0);
+    storetest_rmrf(dir);
+}
+
 int main(void)
 {
     RUN(test_bad_args);
@@ -633,5 +813,7 @@ int main(void)
     RUN(test_lru_reclaim);
     RUN(test_key_chaining);
     RUN(test_async_fill);
+    RUN(test_mixed_widths);
+    RUN(test_mixed_widths_store_round_trip);
     HARNESS_END();
 }
