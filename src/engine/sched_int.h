@@ -131,6 +131,9 @@ typedef struct {
     int n_verify;                /* of which verified in this step (its decode carries 1 + that) */
     kvpool_seq *seq[SCHED_N_DRAFTERS]; /* its KV in each drafting model's pool, or NULL */
     int done[SCHED_N_DRAFTERS];  /* positions of seq[i] whose tokens are final */
+    bool idle[SCHED_N_DRAFTERS]; /* an MTP layer i skips its rows: adaptive speculation stopped
+                                  * drafting it with i (done[i] stays behind; the gap is caught
+                                  * up when it drafts with i again) */
 } sched_req_draft;
 
 /* A request's outputs and its end, guarded by s->mu. */
