@@ -243,6 +243,7 @@ struct sched {
                                   * dr[1] the MTP layer (o.mtp); sd NULL when off */
     uint64_t drafted_run[SPEC_N_SRC]; /* tokens each source drafted since the statistics were last
                                   * updated */
+    uint64_t caught_run[SPEC_N_SRC]; /* positions each drafting model caught up since then */
     spec_seq spec_all[SPEC_N_SRC]; /* each source's running acceptance over every request: a new
                                   * request's estimate (engine thread) */
     double main_step_s;          /* running mean seconds of one engine step of the target */

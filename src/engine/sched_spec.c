@@ -375,6 +375,7 @@ void sched_spec_draft(sched *s, int n_reqs)
         for (int j = 0; j < dr->nq; j++) {
             sched_req *r = dr->q_req[j];
             specdraft_seq *q = &dr->q[j];
+            if (q->n_done > r->draft.done[d]) s->caught_run[SCHED_DRAFTER_SRC(d)] += (uint64_t)(q->n_done - r->draft.done[d]);
             r->draft.done[d] = q->n_done;
             if (q->k_max == 0) continue;   /* caught up only */
             r->draft.at = q->n_tokens;
