@@ -251,7 +251,9 @@ static void sched_spec_queue(sched *s, int d, sched_req *r, int nt, int k_max, i
  * it follows, and its drafts need its KV at every position (its attention reads them), so it
  * follows a request while the request drafts with it; once adaptive speculation has stopped
  * that (r->draft.idle, a fixed draft count never does) it skips r's rows, and a prompt's chunks
- * are skipped when the layer's first drafts are known server-wide not to pay for a step. When r
+ * are skipped when r's estimate of the layer's first drafts (the server-wide rate once that is
+ * known, else the prior) does not pay for a draft step: r would draft with it only as a probe,
+ * and a probe's catch-up is priced by the probe budget. When r
  * drafts with it again (a probe, or its rate back above the step's cost), the round catches
  * the gap up first, as a draft model catches up: the rows of the step just run with the
  * model's states, older ones with a zero state (the state exists only during its step), as
@@ -262,8 +264,7 @@ static bool sched_spec_skips(const sched *s, int d, const sched_req *r, int ntok
 {
     if (!specdraft_is_mtp(s->dr[d].sd) || s->o.spec_fixed > 0) return false;
     if (ntok > 0) return r->draft.idle[d];
-    const spec_seq *all = &s->spec_all[SCHED_DRAFTER_SRC(d)];
-    return r->draft.idle[d] || (spec_seq_proven(all) && all->rate[0] < sched_spec_min_gain(s, d));
+    return r->draft.idle[d] || r->spec.src[SCHED_DRAFTER_SRC(d)].rate[0] < sched_spec_min_gain(s, d);
 }
 
 /* Speculation, after a step was sampled: drafts the continuation of every request of the

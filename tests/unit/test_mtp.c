@@ -433,8 +433,8 @@ out:
 
 /* Adaptive speculation on the random MTP file (drafts never accepted): the output equals the
  * output without, and once adaptive stops drafting with the layer it stops running it for
- * those requests: its KV advances over the prompts and a few generated positions, where
- * verifying 3 every step makes it follow every position. */
+ * those requests: its KV advances over far fewer positions than verifying 3 every step, which
+ * follows every position. */
 TEST(test_mtp_skip_when_not_drafting)
 {
     char err[256];
@@ -463,8 +463,9 @@ TEST(test_mtp_skip_when_not_drafting)
            (unsigned long long)stf.spec_src_caught_up[2], (unsigned long long)st.spec_src_caught_up[2],
            (unsigned long long)st.spec_src_drafted[2], (unsigned long long)st.spec_src_accepted[2]);
     CHECK(stf.spec_src_caught_up[2] >= (uint64_t)NREQ * GEN);
-    /* the prompts (30 + 39 + 48 positions) are caught up while the layer is untested; of the
-     * NREQ * GEN generated positions, adaptive follows those up to its giving up and a probe's */
+    /* at most the prompts (30 + 39 + 48 positions: skipped too when the layer's prior does not
+     * pay for its step) and, of the NREQ * GEN generated positions, those up to adaptive's
+     * giving up and a probe's catch-up */
     CHECKF(st.spec_src_caught_up[2] < 117 + NREQ * GEN / 2, "adaptive caught up %llu of verify-3's %llu",
            (unsigned long long)st.spec_src_caught_up[2], (unsigned long long)stf.spec_src_caught_up[2]);
 out:
