@@ -51,6 +51,13 @@
  * is the same for a seed whatever the thread count. Tensors are generated and quantised at
  * write time (gguf_writer_add_tensor_fill), rows split across threads.
  *
+ * `--mtp-out FILE` (deepseek4) also writes the model's MTP-only file as the converter's `--mtp`
+ * does (DeepseekV4Model with mtp_only; tests/oracle/gguf_dsv4.py --mtp): the model's keys with
+ * block_count and the per-layer arrays one longer (the block's ratio 0), nextn_predict_layers 1,
+ * the shared embedding, output norm and head (the model's bytes: seeds come from names), the
+ * block's own head collapse (output_hc_*, drawn as mtp.0.hc_head_*) and blk.<layers>.*: an
+ * uncompressed V4 layer routed by its bias, with nextn.eh_proj, enorm, hnorm, shared_head_norm.
+ *
  * `--nextn N` (deepseek2, glm4moe) appends N multi-token prediction layers as llama.cpp's converter
  * writes DeepSeek-V3's: block_count counts them, nextn_predict_layers = N, and each is a whole
  * layer (MoE, as V3's) plus nextn.eh_proj [2 dim, dim], nextn.enorm, nextn.hnorm,
@@ -770,11 +777,19 @@ static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *
         mk_add(&m, "per_layer_proj_norm.weight", MK_INIT_NORM, 1.0f, QTYPE_F32, 1, o->n_pl, 1);
     }
     if (!strcmp(A, "deepseek4")) {   /* the head's mix of the hyper-connection streams */
-        mk_add(&m, "output_hc_fn.weight", MK_INIT_NOISE, 1.0f / sqrtf((float)(o->n_hc * dim)), QTYPE_F32, 2, o->n_hc * dim, o->n_hc);
-        mk_add(&m, "output_hc_base.weight", MK_INIT_NOISE, 0.5f, QTYPE_F32, 1, o->n_hc, 1);
-        mk_add(&m, "output_hc_scale.weight", MK_INIT_NORM, 1.0f, QTYPE_F32, 1, 1, 1);
+        /* an MTP-only file's are its block's own (mtp.0.hc_head_*): drawn under those names */
+        static const char *const hc_names[2][3] = {
+            { "output_hc_fn.weight", "output_hc_base.weight", "output_hc_scale.weight" },
+            { "mtp.0.hc_head_fn", "mtp.0.hc_head_base", "mtp.0.hc_head_scale" } };
+        const char *const *hn = hc_names[o->mtp_only];
+        mk_add(&m, hc_names[0][0], MK_INIT_NOISE, 1.0f / sqrtf((float)(o->n_hc * dim)), QTYPE_F32, 2, o->n_hc * dim, o->n_hc);
+        m.ts[m.n - 1].seed = mk_seed_of(o, hn[0]);
+        mk_add(&m, hc_names[0][1], MK_INIT_NOISE, 0.5f, QTYPE_F32, 1, o->n_hc, 1);
+        m.ts[m.n - 1].seed = mk_seed_of(o, hn[1]);
+        mk_add(&m, hc_names[0][2], MK_INIT_NORM, 1.0f, QTYPE_F32, 1, 1, 1);
+        m.ts[m.n - 1].seed = mk_seed_of(o, hn[2]);
     }
-    for (int l = 0; l < o->n_layers + o->n_nextn; l++) {   /* the MTP layers last */
+    for (int l = o->mtp_only ? o->n_layers : 0; l < o->n_layers + o->n_nextn; l++) {   /* the MTP layers last */
         qtype more = k_m && l < o->n_layers && mk_use_more_bits(l, o->n_layers) ? QTYPE_Q6_K : base;
         snprintf(name, sizeof name, "blk.%d.attn_norm.weight", l);
         mk_add(&m, name, MK_INIT_NORM, 1.0f, QTYPE_F32, 1, dim, 1);
@@ -786,9 +801,9 @@ static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *
     if (isatty(2)) fprintf(stderr, "\n");
     if (st != GGUF_OK) fprintf(stderr, "tokenmill mkmodel: %s\n", err);
     else
-        fprintf(stderr, "tokenmill mkmodel: wrote %s: %s, %d layers, dim %d, ffn %d, heads %d/%d x %d, vocab %lld, %s, %s output"
+        fprintf(stderr, "tokenmill mkmodel: wrote %s: %s%s, %d layers, dim %d, ffn %d, heads %d/%d x %d, vocab %lld, %s, %s output"
                 "%s%.0d%s%.0d%s%.0d (%.1f s)\n",
-                out, A, o->n_layers, o->dim, o->ffn, o->n_heads, o->n_kv_heads, o->head_dim, (long long)V, o->type,
+                out, A, o->mtp_only ? " MTP-only (the block after them)" : "", o->n_layers, o->dim, o->ffn, o->n_heads, o->n_kv_heads, o->head_dim, (long long)V, o->type,
                 o->tied ? "tied" : "untied", moe ? ", experts " : "", o->n_expert, moe ? " (" : "", o->n_expert_used,
                 moe ? " used) x ffn " : "", o->expert_ffn, util_now() - t0);
     gguf_writer_free(w);
@@ -800,6 +815,7 @@ static int mk_write(const mk_opts *o, mk_vocab *v, const char *out, const char *
  * or NULL is "not given". */
 typedef struct {
     const char *preset, *vocab, *out, *rope_scaling, *pooling, *router, *chat_template;
+    const char *mtp_out;            /* deepseek4: the MTP-only companion's path */
     long layers, dim, ffn, heads, kv, hd, ctx, nv, threads;     /* shape options */
     long experts, experts_used, expert_ffn, window, nextn;
     long per_layer, shared_kv;      /* gemma4 */
@@ -1097,6 +1113,7 @@ int cmd_mkmodel(int argc, char **argv)
         { "--routed-scale", NULL, CMD_OPT_DOUBLE, &a.routed_scale, 0, 1000, .arg = "F", .help = "deepseek2, glm4moe: routed experts' weight scale" },
         { "--router-skew", NULL, CMD_OPT_DOUBLE, &a.router_skew, 0, 100, .arg = "F", .help = "deepseek2 sigmoid router: a load skewed on purpose, expert x's selection bias + F x/(E-1)" },
         { "--nextn", NULL, CMD_OPT_LONG, &a.nextn, 0, 16, .arg = "N", .help = "deepseek2, glm4moe: N multi-token prediction (MTP) layers after the model's" },
+        { "--mtp-out", NULL, CMD_OPT_STR, &a.mtp_out, .arg = "FILE.gguf", .help = "deepseek4: also write the model's MTP-only file (llama.cpp's --mtp companion, for --draft FILE --spec mtp)" },
         { "--out-groups", NULL, CMD_OPT_LONG, &a.o_groups, 0, 4096, .arg = "G", .help = "deepseek4: output projection groups" },
         { "--out-lora", NULL, CMD_OPT_LONG, &a.o_lora, 0, 1 << 16, .arg = "N", .help = "deepseek4: each output group's low rank" },
         { "--indexer-heads", NULL, CMD_OPT_LONG, &a.idx_heads, 0, 4096, .arg = "N", .help = "deepseek4: lightning indexer heads" },
@@ -1168,6 +1185,13 @@ int cmd_mkmodel(int argc, char **argv)
     }
     if (mk_resolve_experts(&o, &a, p) != 0) return 2;
     bool dsv4 = !strcmp(o.arch, "deepseek4");
+    if (a.mtp_out && (!dsv4 || !strcmp(a.mtp_out, a.out))) {
+        if (dsv4) fprintf(stderr, "tokenmill mkmodel: --mtp-out must name another file than -o\n");
+        else
+            fprintf(stderr, "tokenmill mkmodel: --mtp-out writes deepseek4's MTP-only file (--arch %s: --nextn N appends "
+                            "MTP layers to deepseek2 and glm4moe models)\n", o.arch);
+        return 2;
+    }
     if ((!gptoss && !dsv4 && !strcasecmp(o.type, "mxfp4")) || (!gptoss && !dsv4 && strncmp(o.arch, "gemma", 5) && a.window)) {
         fprintf(stderr, "tokenmill mkmodel: --window is for --arch gpt-oss, gemma3, gemma4 or deepseek4, --type mxfp4 for gpt-oss or deepseek4\n");
         return 2;
@@ -1208,6 +1232,12 @@ int cmd_mkmodel(int argc, char **argv)
         return 1;
     }
     int rc = mk_write(&o, &v, a.out, p->name);
+    if (rc == 0 && a.mtp_out) {   /* the same draws by name: the shared head is the model's bytes */
+        mk_opts mo = o;
+        mo.n_nextn = 1;
+        mo.mtp_only = true;
+        rc = mk_write(&mo, &v, a.mtp_out, p->name);
+    }
     mk_vocab_free(&v);
     return rc;
 }

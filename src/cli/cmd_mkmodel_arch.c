@@ -74,10 +74,11 @@ static void mk_mla_layer(mk_model *m, int l, qtype more)
 }
 
 /* deepseek4's compression ratio of layer l: the n_plain leading layers uncompressed, then 4
- * and 128 in turn (V4-Flash: 0, 0, 4, 128, 4, ...; the test shape: 0, 4, 128, 4). */
+ * and 128 in turn (V4-Flash: 0, 0, 4, 128, 4, ...; the test shape: 0, 4, 128, 4); the MTP
+ * block after them uncompressed (the converter appends its 0). */
 static int mk_dsv4_ratio(const mk_opts *o, int l)
 {
-    return l < o->n_plain ? 0 : (l - o->n_plain) % 2 ? 128 : 4;
+    return l < o->n_plain || l >= o->n_layers ? 0 : (l - o->n_plain) % 2 ? 128 : 4;
 }
 
 /* One deepseek4 layer after its attn_norm, as llama.cpp's converter writes V4's (the tensors
@@ -153,17 +154,18 @@ static void mk_dsv4_keys(gguf_writer *w, const mk_opts *o)
     gguf_writer_set_u32(w, MK_KEY("expert_shared_count"), (uint32_t)o->n_shared);
     gguf_writer_set_f32(w, MK_KEY("expert_weights_scale"), (float)o->w_scale);
     gguf_writer_set_bool(w, MK_KEY("expert_weights_norm"), true);
-    float *clamp = xmalloc((size_t)o->n_layers * sizeof *clamp);
-    int32_t *ratios = xmalloc((size_t)o->n_layers * sizeof *ratios);
-    for (int l = 0; l < o->n_layers; l++) clamp[l] = 10.0f, ratios[l] = mk_dsv4_ratio(o, l);   /* V4's swiglu_limit */
-    gguf_writer_set_arr_f32(w, MK_KEY("swiglu_clamp_exp"), clamp, (uint64_t)o->n_layers);
-    gguf_writer_set_arr_f32(w, MK_KEY("swiglu_clamp_shexp"), clamp, (uint64_t)o->n_layers);
+    const int nb = o->n_layers + o->n_nextn;   /* per block, the MTP block's included */
+    float *clamp = xmalloc((size_t)nb * sizeof *clamp);
+    int32_t *ratios = xmalloc((size_t)nb * sizeof *ratios);
+    for (int l = 0; l < nb; l++) clamp[l] = 10.0f, ratios[l] = mk_dsv4_ratio(o, l);   /* V4's swiglu_limit */
+    gguf_writer_set_arr_f32(w, MK_KEY("swiglu_clamp_exp"), clamp, (uint64_t)nb);
+    gguf_writer_set_arr_f32(w, MK_KEY("swiglu_clamp_shexp"), clamp, (uint64_t)nb);
     gguf_writer_set_u32(w, MK_KEY("attention.indexer.head_count"), (uint32_t)o->idx_heads);
     gguf_writer_set_u32(w, MK_KEY("attention.indexer.key_length"), (uint32_t)o->idx_dim);
     gguf_writer_set_u32(w, MK_KEY("attention.indexer.top_k"), (uint32_t)o->idx_topk);
     gguf_writer_set_u32(w, MK_KEY("attention.output_group_count"), (uint32_t)o->o_groups);
     gguf_writer_set_u32(w, MK_KEY("attention.output_lora_rank"), (uint32_t)o->o_lora);
-    gguf_writer_set_arr_i32(w, MK_KEY("attention.compress_ratios"), ratios, (uint64_t)o->n_layers);
+    gguf_writer_set_arr_i32(w, MK_KEY("attention.compress_ratios"), ratios, (uint64_t)nb);
     gguf_writer_set_f32(w, MK_KEY("attention.compress_rope_freq_base"), 160000.0f);
     gguf_writer_set_u32(w, MK_KEY("hyper_connection.count"), (uint32_t)o->n_hc);
     gguf_writer_set_u32(w, MK_KEY("hyper_connection.sinkhorn_iterations"), 20);
@@ -477,6 +479,19 @@ static void mk_glm4moe_layer(mk_model *m, int l, qtype more)
     mk_ds_ffn(m, l, more, true);
 }
 
+/* An MTP layer's own tensors beside its layer's: the input projection [e_proj | h_proj], its
+ * two norms and the head norm (all that deepseek4's block has: its MTP-only file carries the
+ * shared embedding and head, conversion/deepseek.py's mtp.0.*). */
+static void mk_nextn_proj(mk_model *m, int l)
+{
+    const int64_t dim = m->o->dim;
+    char name[128];
+    mk_add(m, MK_T("nextn.eh_proj.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)(2 * dim)), m->base, 2, 2 * dim, dim);
+    mk_add(m, MK_T("nextn.enorm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, dim, 1);
+    mk_add(m, MK_T("nextn.hnorm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, dim, 1);
+    mk_add(m, MK_T("nextn.shared_head_norm.weight"), MK_INIT_NORM, 20.0f, QTYPE_F32, 1, dim, 1);
+}
+
 /* A deepseek2 MTP layer's own tensors after its MLA layer: the input projection and norms,
  * and V3's copies of the embedding and the head (drawn with their seeds). */
 static void mk_nextn_layer(mk_model *m, int l, float emb_std, qtype out_type, int64_t V)
@@ -484,10 +499,7 @@ static void mk_nextn_layer(mk_model *m, int l, float emb_std, qtype out_type, in
     const mk_opts *o = m->o;
     const int64_t dim = o->dim;
     char name[128];
-    mk_add(m, MK_T("nextn.eh_proj.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)(2 * dim)), m->base, 2, 2 * dim, dim);
-    mk_add(m, MK_T("nextn.enorm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, dim, 1);
-    mk_add(m, MK_T("nextn.hnorm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, dim, 1);
-    mk_add(m, MK_T("nextn.shared_head_norm.weight"), MK_INIT_NORM, 20.0f, QTYPE_F32, 1, dim, 1);
+    mk_nextn_proj(m, l);
     mk_add(m, MK_T("nextn.embed_tokens.weight"), MK_INIT_NOISE, emb_std, o->tied ? out_type : m->base, 2, dim, V);
     m->ts[m->n - 1].seed = mk_seed_of(o, "token_embd.weight");
     mk_add(m, MK_T("nextn.shared_head_head.weight"), MK_INIT_NOISE, emb_std, out_type, 2, dim, V);
@@ -566,8 +578,8 @@ void mk_arch_keys(gguf_writer *w, const mk_opts *o)
 #undef MK_KEY
 }
 
-/* Layer l after its attn_norm, by family; the MTP layers (deepseek2, glm4moe) add their
- * nextn tensors. */
+/* Layer l after its attn_norm, by family; the MTP layers (deepseek2, glm4moe, deepseek4's
+ * MTP-only file) add their nextn tensors. */
 void mk_arch_layer(mk_model *m, int l, qtype more, float emb_std, qtype out_type)
 {
     const mk_opts *o = m->o;
@@ -580,6 +592,7 @@ void mk_arch_layer(mk_model *m, int l, qtype more, float emb_std, qtype out_type
         if (l >= o->n_layers) mk_nextn_layer(m, l, emb_std, out_type, m->n_vocab);
     } else if (!strcmp(A, "deepseek4")) {
         mk_dsv4_layer(m, l);
+        if (l >= o->n_layers) mk_nextn_proj(m, l);
     } else if (!strcmp(A, "gpt-oss")) {
         mk_gptoss_layer(m, l);
     } else if (!strcmp(A, "phi3")) {

@@ -39,7 +39,11 @@ typedef struct {
     bool rope_yarn;         /* YaRN: factor 40 from 4096 positions, DeepSeek's settings (gpt-oss:
                              * factor 32, its own) */
     int n_swa;              /* gpt-oss, gemma3: sliding window */
-    int n_nextn;            /* deepseek2: MTP layers after the n_layers */
+    int n_nextn;            /* deepseek2, glm4moe: MTP layers after the n_layers; deepseek4's
+                             * MTP-only file: 1, its block */
+    bool mtp_only;          /* deepseek4: the MTP-only companion (the converter's --mtp): the
+                             * shared embedding, norm and head, the block's own head collapse
+                             * and blk.<n_layers>.*, none of the trunk's layers */
     int ssm_k_heads, ssm_v_heads, ssm_state;   /* qwen35: linear layers' q/k heads, v heads, head size */
     /* deepseek4 (with q_lora, rope_dim, n_shared, w_scale, n_swa above): the grouped low-rank
      * output, the lightning indexer, the hyper-connection streams, the hash-routed lead layers */
@@ -103,7 +107,8 @@ bool mk_is_mla(const char *arch);
 /* o's family's keys after the common hyper-parameters (rms epsilon) and before vocab_size:
  * the attention's key/value sizes and RoPE dims, then each family's own. */
 void mk_arch_keys(gguf_writer *w, const mk_opts *o);
-/* Layer l's tensors after its attn_norm (l >= o->n_layers: an MTP layer, with its nextn.*);
+/* Layer l's tensors after its attn_norm (l >= o->n_layers: an MTP layer, with its nextn.*:
+ * deepseek2/glm4moe's with copies of the embedding and head, deepseek4's without);
  * more is the type of the "more bits" matrices of a K-quant mix, emb_std and out_type the
  * embedding's scale and the head's type (the MTP layer's copies of them). */
 void mk_arch_layer(mk_model *m, int l, qtype more, float emb_std, qtype out_type);

@@ -545,6 +545,8 @@ static void sched_step_count_locked(sched *s, const sched_step *st)
         s->st.spec_drafted += s->drafted_run[src];
         s->st.spec_src_drafted[src] += s->drafted_run[src];
         s->drafted_run[src] = 0;
+        s->st.spec_src_caught_up[src] += s->caught_run[src];
+        s->caught_run[src] = 0;
     }
     s->st.step_model_n = s->tm.n_err;
     s->st.step_model_abs_err_s = s->tm.abs_err_s;

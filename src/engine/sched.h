@@ -286,6 +286,8 @@ typedef struct {
     uint64_t spec_src_drafted[SPEC_N_SRC];  /* spec_drafted by source (spec_source bit 1 << i) */
     uint64_t spec_src_verified[SPEC_N_SRC]; /* spec_verified by source */
     uint64_t spec_src_accepted[SPEC_N_SRC]; /* spec_accepted by source */
+    uint64_t spec_src_caught_up[SPEC_N_SRC]; /* positions a drafting model's KV advanced over
+                                 * by source (its catch-ups; a draft model's drafts too) */
     int step_tokens;            /* the token budget of a step (opts.step_tokens resolved) */
     int prefill_step_tokens;    /* the budget of a step without decodes (resolved) */
     int max_step_tokens;        /* most tokens any step carried so far */

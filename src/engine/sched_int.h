@@ -131,6 +131,9 @@ typedef struct {
     int n_verify;                /* of which verified in this step (its decode carries 1 + that) */
     kvpool_seq *seq[SCHED_N_DRAFTERS]; /* its KV in each drafting model's pool, or NULL */
     int done[SCHED_N_DRAFTERS];  /* positions of seq[i] whose tokens are final */
+    bool idle[SCHED_N_DRAFTERS]; /* an MTP layer i skips its rows: adaptive speculation stopped
+                                  * drafting it with i (done[i] stays behind; the gap is caught
+                                  * up when it drafts with i again) */
 } sched_req_draft;
 
 /* A request's outputs and its end, guarded by s->mu. */
@@ -240,6 +243,7 @@ struct sched {
                                   * dr[1] the MTP layer (o.mtp); sd NULL when off */
     uint64_t drafted_run[SPEC_N_SRC]; /* tokens each source drafted since the statistics were last
                                   * updated */
+    uint64_t caught_run[SPEC_N_SRC]; /* positions each drafting model caught up since then */
     spec_seq spec_all[SPEC_N_SRC]; /* each source's running acceptance over every request: a new
                                   * request's estimate (engine thread) */
     double main_step_s;          /* running mean seconds of one engine step of the target */

@@ -23,6 +23,7 @@ void sched_spec_release(sched *s, sched_req *r)
         if (r->draft.seq[d]) kvpool_seq_free(specdraft_kvpool(s->dr[d].sd), r->draft.seq[d]);
         r->draft.seq[d] = NULL;
         r->draft.done[d] = 0;
+        r->draft.idle[d] = false;
     }
     r->draft.n = 0;
     r->draft.at = -1;
@@ -176,17 +177,23 @@ static void sched_spec_learn(sched *s, sched_req *r, int i)
  * is priced as d's own catch-ups measured, not by the step-time model's prefill price, which
  * the decode steps after a prompt make it forget (docs/benchmarks.md, "Figures behind
  * decisions in the code"). */
+/* What a step of drafter d costs as a fraction of a target step: measured, but never below the
+ * ratio of the weights the two read (a slow target step under other load must not make the
+ * drafting model look free). A first draft accepted less often does not pay for its step. */
+static double sched_spec_min_gain(const sched *s, int d)
+{
+    const sched_drafter *dr = &s->dr[d];
+    double min_gain = dr->step_s > 0 && s->main_step_s > 0 ? dr->step_s / s->main_step_s : SPEC_MIN_GAIN;
+    return TM_MAX(min_gain, dr->cost_floor);
+}
+
 static int sched_spec_model_len(sched *s, int d, sched_req *r, int nt, int kmax, bool *probe_due, double now)
 {
     sched_drafter *dr = &s->dr[d];
     const spec_seq *q = &r->spec.src[SCHED_DRAFTER_SRC(d)];
     if (kmax <= 0) return 0;
     if (s->o.spec_fixed > 0) return kmax;
-    /* what a draft step costs as a fraction of a target step: measured, but never below the
-     * ratio of the weights the two read (a slow target step under other load must not make
-     * the drafting model look free) */
-    double min_gain = dr->step_s > 0 && s->main_step_s > 0 ? dr->step_s / s->main_step_s : SPEC_MIN_GAIN;
-    min_gain = TM_MAX(min_gain, dr->cost_floor);
+    double min_gain = sched_spec_min_gain(s, d);
     /* a catch-up token: as the drafting model's catch-ups measured, or before one was, the
      * target's prefill token by its share of the weights */
     double per_tok = TM_MAX(steptime_prefill_token_s(&s->tm) * dr->cost_floor, dr->catchup_tok_s);
@@ -239,6 +246,27 @@ static void sched_spec_queue(sched *s, int d, sched_req *r, int nt, int k_max, i
     dr->q_req[dr->nq++] = r;
 }
 
+/* Whether MTP drafter d skips the catch-up of r's rows in a step (ntok: the tokens the step
+ * sampled for r, 0 for a prompt chunk). The layer costs a whole layer's forward on every row
+ * it follows, and its drafts need its KV at every position (its attention reads them), so it
+ * follows a request while the request drafts with it; once adaptive speculation has stopped
+ * that (r->draft.idle, a fixed draft count never does) it skips r's rows, and a prompt's chunks
+ * are skipped when r's estimate of the layer's first drafts (the server-wide rate once that is
+ * known, else the prior) does not pay for a draft step: r would draft with it only as a probe,
+ * and a probe's catch-up is priced by the probe budget. When r
+ * drafts with it again (a probe, or its rate back above the step's cost), the round catches
+ * the gap up first, as a draft model catches up: the rows of the step just run with the
+ * model's states, older ones with a zero state (the state exists only during its step), as
+ * after a prefix taken from the cache; verification keeps the output exact whatever the
+ * drafts. Those catch-ups are priced by the probe's budget (sched_spec_model_len). A dflash
+ * drafter follows every step. */
+static bool sched_spec_skips(const sched *s, int d, const sched_req *r, int ntok)
+{
+    if (!specdraft_is_mtp(s->dr[d].sd) || s->o.spec_fixed > 0) return false;
+    if (ntok > 0) return r->draft.idle[d];
+    return r->draft.idle[d] || r->spec.src[SCHED_DRAFTER_SRC(d)].rate[0] < sched_spec_min_gain(s, d);
+}
+
 /* Speculation, after a step was sampled: drafts the continuation of every request of the
  * step that goes on decoding, from the source with the best running acceptance for it (on a
  * tie the cheaper first: prompt lookup, which costs nothing, then the MTP layer, then the
@@ -248,8 +276,9 @@ static void sched_spec_queue(sched *s, int d, sched_req *r, int nt, int k_max, i
  * drafts again. A model's probe (one request drafting one token anyway) comes once per gap of
  * the server's steps without a verified draft of that model, so a poor draft model costs a
  * catch-up per gap, not one per request. An MTP layer continues the model's hidden states, so
- * it catches up on every step's rows (prefill chunks, and steps where another source drafted),
- * drafting or not. A draft never runs past what the request may still emit (its last token is
+ * it catches up on every step's rows (prefill chunks, and steps where another source drafted)
+ * while the request drafts with it, and skips them once adaptive speculation stopped that
+ * (sched_spec_skips); a dflash drafter follows every step. A draft never runs past what the request may still emit (its last token is
  * sampled from the last verified row). Draft KV is first cut back to the positions whose tokens
  * are final (n_done): the rows of rejected or unverified drafts are recomputed. Engine thread,
  * without mu. */
@@ -313,12 +342,14 @@ void sched_spec_draft(sched *s, int n_reqs)
             }
             int d = src - 1;
             int k = sched_spec_model_len(s, d, r, nt, kmax, &probe_due[d], now);
+            r->draft.idle[d] = k == 0;   /* an MTP layer stops (or resumes) following r */
             if (k == 0) continue;
             sched_spec_queue(s, d, r, nt, k, first, s->batch_n[i]);
             queued = d;
         }
         for (int d = 0; d < SCHED_N_DRAFTERS; d++)
-            if (follows[d] && queued != d) sched_spec_queue(s, d, r, nt, 0, first, s->batch_n[i]);   /* catch-up */
+            if (follows[d] && queued != d && !sched_spec_skips(s, d, r, ntok))
+                sched_spec_queue(s, d, r, nt, 0, first, s->batch_n[i]);   /* catch-up */
     }
     for (int d = 0; d < SCHED_N_DRAFTERS; d++) {
         sched_drafter *dr = &s->dr[d];
@@ -345,6 +376,7 @@ void sched_spec_draft(sched *s, int n_reqs)
         for (int j = 0; j < dr->nq; j++) {
             sched_req *r = dr->q_req[j];
             specdraft_seq *q = &dr->q[j];
+            if (q->n_done > r->draft.done[d]) s->caught_run[SCHED_DRAFTER_SRC(d)] += (uint64_t)(q->n_done - r->draft.done[d]);
             r->draft.done[d] = q->n_done;
             if (q->k_max == 0) continue;   /* caught up only */
             r->draft.at = q->n_tokens;

@@ -22,7 +22,8 @@
  * (the state that predicted t_p) after the model's output norm, and predicts t_{p+1}. The
  * caller passes the model's hidden states of the step it just ran (engine_hidden, before the
  * norm: specdraft applies it); entries whose state is not among them (the first position, a
- * prefix taken from the cache, a backlog caught up in pieces) take a zero state (hnorm of zero
+ * prefix taken from the cache, a backlog caught up in pieces, rows the scheduler skipped while
+ * the request did not draft with the layer) take a zero state (hnorm of zero
  * is zero: the entry sees its token alone). Drafted entries continue the MTP layer's own hidden
  * state of the entry before (after its head norm) and are never final: n_done stays at the
  * last entry computed from the model's states, so they are recomputed once those exist.

@@ -278,6 +278,33 @@ test("deepseek4's options that do not fit it are usage errors", () => {
   }
 });
 
+test("--mtp-out writes deepseek4's MTP-only file as the converter's --mtp does; other archs are refused", async () => {
+  const mtp = path.join(tmp, "v4-mtp.gguf");
+  const t = mk("v4.gguf", "--arch", "deepseek4", "--vocab-size", "512", "--type", "q8_0", "--seed", "2", "--mtp-out", mtp);
+  const [a, b] = [await tensors(t), await tensors(mtp)];
+  assert.equal(a.md.deepseek4.block_count, 4);
+  assert.equal(a.md.deepseek4.nextn_predict_layers, undefined);
+  assert.equal(b.md.deepseek4.block_count, 5);
+  assert.equal(b.md.deepseek4.nextn_predict_layers, 1);
+  assert.deepEqual([...b.md.deepseek4.attention.compress_ratios], [...a.md.deepseek4.attention.compress_ratios, 0]);
+  assert.equal(b.md.deepseek4.swiglu_clamp_exp.length, 5);
+  assert.equal(b.md.deepseek4.hash_layer_count, a.md.deepseek4.hash_layer_count);
+  assert.ok(!b.t.has("blk.0.attn_norm.weight"), "no trunk layer");
+  for (const n of ["token_embd.weight", "output.weight", "output_norm.weight", "output_hc_fn.weight", "blk.4.attn_norm.weight",
+    "blk.4.nextn.eh_proj.weight", "blk.4.nextn.enorm.weight", "blk.4.nextn.hnorm.weight", "blk.4.nextn.shared_head_norm.weight",
+    "blk.4.exp_probs_b.bias", "blk.4.ffn_gate_exps.weight", "blk.4.ffn_up_shexp.weight", "blk.4.hc_attn_fn.weight"])
+    assert.ok(b.t.has(n), n);
+  assert.ok(!b.t.has("blk.4.attn_compressor_kv.weight") && !b.t.has("blk.4.ffn_gate_tid2eid.weight"), "uncompressed, bias-routed");
+  assert.deepEqual(b.t.get("blk.4.nextn.eh_proj.weight").dimensions.map(Number), [256, 128]);
+  for (const [arch, mtpOut, re] of [["qwen3", "m.gguf", /--mtp-out writes deepseek4's MTP-only file \(--arch qwen3/],
+    ["deepseek4", "same.gguf", /--mtp-out must name another file than -o/]]) {
+    const args = ["--arch", arch, "--mtp-out", path.join(tmp, mtpOut)];
+    const r = spawnSync(bin, ["mkmodel", ...args, "--type", "f32", "--seed", "1", "-o", path.join(tmp, "same.gguf")], { encoding: "utf8" });
+    assert.equal(r.status, 2, args.join(" "));
+    assert.match(r.stderr, re, args.join(" "));
+  }
+});
+
 test("bad options are usage errors", () => {
   for (const args of [["--arch", "gpt9", "--type", "f32", "--seed", "1", "-o", "x"], ["--arch", "llama", "--type", "iq2_xxs", "--seed", "1", "-o", "x"],
     ["--arch", "llama", "--type", "f32", "-o", "x"], ["--arch", "llama", "--type", "f32", "--seed", "1", "--heads", "3", "--kv-heads", "2", "-o", "x"]]) {

@@ -7,7 +7,8 @@
 // every round's anchor, position and drafted tokens must be equal and each draft's
 // log-probability within TOL. The prompts cross the 16-position window (40 and 70 tokens). The
 // model's indexer keys are 128 wide against heads of 64: the pinned llama.cpp's MTP context
-// divides by zero when they are equal (gguf_dsv4.py's comment says why).
+// divides by zero when they are equal (gguf_dsv4.py's comment says why). The same for the pair
+// `tokenmill mkmodel --arch deepseek4 --mtp-out` writes, at every weight type mkmodel writes.
 import {test, after} from 'node:test';
 import assert from 'node:assert/strict';
 import {spawnSync} from 'node:child_process';
@@ -69,4 +70,79 @@ test('deepseek4 MTP drafts from an MTP-only file equal llama.cpp draft-mtp\'s, r
   });
   assert.ok(max < TOL, `log-probability differs by ${max}`);
   report.push(`${slots} drafted tokens over ${PROMPTS.length} prompts x ${ROUNDS} rounds equal, log-probabilities within ${max.toExponential(1)}; ${accepted} drafts accepted by the target`);
+});
+
+// mkmodel's pair: `mkmodel --arch deepseek4 --mtp-out FILE` writes the model and its MTP-only
+// file; llama.cpp's draft-mtp loads both and drafts what tokenmill drafts, at F32 and in the
+// published files' weight types (MXFP4 experts with Q8_0 elsewhere, a K-quant mix); the keys
+// and tensors llama.cpp's loader requires of the MTP-only file are the converter's.
+// Where the two quantise activations differently (llama.cpp's Q8_0 rows for quantised weights)
+// a draft may flip at a close call: the round is compared up to a
+// differing token only when both sides drafted it with probability below CLOSE, and the
+// log-probabilities within the type's tolerance.
+const MK_TYPES = [['f32', 1e-4], ['mxfp4', 0.25], ['q8_0', 0.25], ['q4_k_m', 0.5]];
+const CLOSE = Math.log(0.6);
+test('mkmodel deepseek4 --mtp-out: the pair loads in llama.cpp draft-mtp and tokenmill, and the drafts agree',
+  {skip, timeout: 600000}, () => {
+    const dir = fs.mkdtempSync(path.join(gen, 'mk-dsv4-mtp-'));
+    try {
+      const inFile = path.join(dir, 'in.json');
+      const prompts = PROMPTS.slice(0, 2);
+      fs.writeFileSync(inFile, JSON.stringify({seqs: prompts, n_draft: N_DRAFT, rounds: ROUNDS, mode: 'mtp'}));
+      for (const [type, tol] of MK_TYPES) {
+        const t = path.join(dir, `t-${type}.gguf`), mtp = path.join(dir, `mtp-${type}.gguf`);
+        run(bin, ['mkmodel', '--arch', 'deepseek4', '--indexer-dim', '128', '--vocab-size', '8192', '--type', type,
+          '--seed', '4', '--threads', '2', '-o', t, '--mtp-out', mtp], `mkmodel --type ${type}`);
+        const tm = rounds(run(bin, ['eval', '-m', t, '--draft', mtp, '--input', inFile, '--kv', 'f32', '--threads', '1'],
+          `tokenmill eval --draft (mkmodel ${type})`));
+        let max = 0, slots = 0;
+        prompts.forEach((p, si) => {
+          const ref = rounds(run(harnessBin(), [t, mtp, String(N_DRAFT), String(ROUNDS), p.join(',')], `dsv4_mtp_llama ${type}`));
+          const got = tm.filter((x) => x.seq === si);
+          assert.equal(got.length, ref.length, `${type} prompt ${si}: rounds`);
+          for (let k = 0; k < ref.length; k++) {
+            const label = `${type} prompt ${si} round ${k}`;
+            assert.equal(got[k].pos, ref[k].pos, `${label}: position`);
+            assert.equal(got[k].anchor, ref[k].anchor, `${label}: anchor`);
+            for (let j = 0; j < N_DRAFT; j++) {
+              const a = got[k].slots[j], b = ref[k].slots[j];
+              if (tol > 1e-3 && a.token !== b.token && a.logprob < CLOSE && b.logprob < CLOSE) break;   /* a close call */
+              assert.equal(a.token, b.token, `${label} slot ${j}: token`);
+              max = Math.max(max, Math.abs(a.logprob - b.logprob));
+              slots++;
+            }
+          }
+        });
+        assert.ok(max < tol, `${type}: log-probability differs by ${max}`);
+        report.push(`mkmodel ${type}: ${slots} drafted tokens equal llama.cpp's, log-probabilities within ${max.toExponential(1)}`);
+      }
+    } finally {
+      fs.rmSync(dir, {recursive: true, force: true});
+    }
+  });
+
+// Every other weight type mkmodel writes for deepseek4: the pair loads in llama.cpp's draft-mtp
+// and in tokenmill, and both draft every round (the types above compare the drafts).
+const ALL_TYPES = ['f16', 'bf16', 'q4_0', 'q4_1', 'q5_0', 'q5_1', 'q2_k', 'q3_k', 'q3_k_m', 'q4_k', 'q5_k', 'q5_k_m',
+  'q6_k', 'iq4_nl', 'iq4_xs', 'iq3_xxs', 'iq3_s', 'iq2_s', 'tq1_0', 'tq2_0'];
+test('mkmodel deepseek4 --mtp-out at every other weight type: both load the pair and draft', {skip, timeout: 600000}, () => {
+  const dir = fs.mkdtempSync(path.join(gen, 'mk-dsv4-mtp-types-'));
+  try {
+    const p = PROMPTS[0].slice(0, 20);
+    const inFile = path.join(dir, 'in.json');
+    fs.writeFileSync(inFile, JSON.stringify({seqs: [p], n_draft: 2, rounds: 2, mode: 'mtp'}));
+    for (const type of ALL_TYPES) {
+      const t = path.join(dir, 't.gguf'), mtp = path.join(dir, 'mtp.gguf');
+      run(bin, ['mkmodel', '--arch', 'deepseek4', '--indexer-dim', '128', '--vocab-size', '8192', '--type', type,
+        '--seed', '4', '--threads', '1', '-o', t, '--mtp-out', mtp], `mkmodel --type ${type}`);
+      const tm = rounds(run(bin, ['eval', '-m', t, '--draft', mtp, '--input', inFile, '--threads', '1'], `tokenmill ${type}`));
+      const ref = rounds(run(harnessBin(), [t, mtp, '2', '2', p.join(',')], `dsv4_mtp_llama ${type}`));
+      assert.equal(tm.length, 2, `${type}: tokenmill's rounds`);
+      assert.equal(ref.length, 2, `${type}: llama.cpp's rounds`);
+      for (const x of [...tm, ...ref]) assert.equal(x.slots.length, 2, `${type}: drafts of a round`);
+    }
+    report.push(`mkmodel ${ALL_TYPES.length} more weight types: both load the pair and draft`);
+  } finally {
+    fs.rmSync(dir, {recursive: true, force: true});
+  }
 });

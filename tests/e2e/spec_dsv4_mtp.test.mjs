@@ -5,10 +5,13 @@
 // drafts verified every step (the MTP KV rolled back with every rejection), and on a decode
 // worker behind a gateway; /metrics counts MTP drafts verified (random weights: drafts are
 // rarely accepted, so the test asks for drafts verified, not accepted). Mismatched files are
-// refused at start-up naming what is wrong. The block's arithmetic is oracle_dsv4_mtp's.
+// refused at start-up naming what is wrong. The block's arithmetic is oracle_dsv4_mtp's. The pair
+// `mkmodel --arch deepseek4 --mtp-out` writes serves the same way.
 import { test, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
+import fs from "node:fs";
+import os from "node:os";
 import path from "node:path";
 
 import { bin, root, startServer, startCluster, stopServers, postCompletion, fetchMetrics } from "./server.mjs";
@@ -90,4 +93,28 @@ test("mismatched or malformed MTP files are refused at start naming what is wron
   const res = spawnSync(bin, ["serve", "-m", dsv4Model("f32", ["--mtp"], "-mtp"), "--port", "0", ...common], { encoding: "utf8", timeout: 60000 });
   assert.notEqual(res.status, 0);
   assert.match(res.stderr, /a deepseek4 MTP-only file \(the MTP block alone\) is not a model to run/);
+});
+
+test("mkmodel --arch deepseek4 --mtp-out: serve --draft FILE --spec mtp answers as without speculation", { skip, timeout: 180000 }, async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "tm-dsv4-mtp-"));
+  try {
+    const t = path.join(dir, "t.gguf"), mtp = path.join(dir, "mtp.gguf");
+    const res = spawnSync(bin, ["mkmodel", "--arch", "deepseek4", "--vocab-size", "8192", "--type", "q8_0", "--seed", "6",
+      "--threads", "2", "-o", t, "--mtp-out", mtp], { encoding: "utf8" });
+    assert.equal(res.status, 0, res.stderr);
+    const [plain, adaptive, fixed] = await Promise.all([
+      startServer(t, common),
+      startServer(t, [...common, "--draft", mtp, "--spec", "mtp"]),
+      startServer(t, [...common, "--draft", mtp, "--spec", "mtp", "--spec-fixed", "3"]),
+    ]);
+    const want = await Promise.all(PROMPTS.map((_, c) => ask(plain.url, c)));
+    for (const [name, S] of [["adaptive", adaptive], ["verify 3", fixed]]) {
+      const got = await Promise.all(PROMPTS.map((_, c) => ask(S.url, c)));
+      got.forEach((x, c) => assert.equal(x.text, want[c].text, `${name}, prompt ${c}`));
+    }
+    const m = await fetchMetrics(fixed.url);
+    assert.ok(m['tokenmill_spec_source_verified_tokens_total{source="mtp"}'] >= 3 * PROMPTS.length, "verify 3: MTP drafts verified");
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
 });

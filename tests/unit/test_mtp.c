@@ -274,6 +274,8 @@ static bool mtp_write_echo(const char *src_path, const char *out)
 /* NREQ greedy requests at once on m, with the MTP draft when d (its MTP engine) is given, and
  * a draft model's when dm is: 3 drafts verified each step (from the source each request
  * accepts best). */
+static bool mtp_adaptive;   /* mtp_run: the adaptive draft count instead of 3 verified */
+
 static void mtp_run(model *m, engine *d, engine *dm, int32_t out[NREQ][GEN], sched_stats *st)
 {
     char err[256];
@@ -284,7 +286,7 @@ static void mtp_run(model *m, engine *d, engine *dm, int32_t out[NREQ][GEN], sch
     /* small steps: prompts are read in chunks, the drafter catching up on each */
     sched_opts so = { .max_seqs = NREQ, .max_queue = 8, .step_tokens = 24, .prefill_step_tokens = 24, .n_ctx = 256,
                       .spec_sources = (d ? SPEC_SRC_MTP : 0) | (dm ? SPEC_SRC_MODEL : 0), .spec_max = 3,
-                      .spec_fixed = d || dm ? 3 : 0, .mtp = d, .draft = dm };
+                      .spec_fixed = (d || dm) && !mtp_adaptive ? 3 : 0, .mtp = d, .draft = dm };
     for (int i = 0; i < 4; i++) so.eos_ids[i] = -1;
     sched *s = NULL;
     CHECK(sched_new(e, &so, &s) == SCHED_OK);
@@ -429,6 +431,49 @@ out:
     model_free(m);
 }
 
+/* Adaptive speculation on the random MTP file (drafts never accepted): the output equals the
+ * output without, and once adaptive stops drafting with the layer it stops running it for
+ * those requests: its KV advances over far fewer positions than verifying 3 every step, which
+ * follows every position. */
+TEST(test_mtp_skip_when_not_drafting)
+{
+    char err[256];
+    model *m = NULL;
+    CHECKF(model_load(mtp_path, NULL, &m, err, sizeof err) == GGUF_OK, "%s", err);
+    model *view = xmalloc(sizeof *view);
+    engine *d = NULL;
+    if (!m) goto out;
+    static int32_t want[NREQ][GEN], got[NREQ][GEN], fixed[NREQ][GEN];
+    sched_stats st0, st, stf;
+    memset(&st0, 0, sizeof st0);
+    memset(&st, 0, sizeof st);
+    memset(&stf, 0, sizeof stf);
+    mtp_run(m, NULL, NULL, want, &st0);
+    model_mtp_view(m, 0, view);
+    engine_opts eo = { .n_threads = 2, .n_kv_blocks = 16, .max_batch_tokens = 64 + NREQ };
+    CHECKF(engine_new(view, &eo, &d, err, sizeof err) == ENGINE_OK, "%s", err);
+    if (!d) goto out;
+    mtp_run(m, d, NULL, fixed, &stf);
+    mtp_adaptive = true;
+    mtp_run(m, d, NULL, got, &st);
+    mtp_adaptive = false;
+    CHECK(!memcmp(fixed, want, sizeof want));
+    CHECK(!memcmp(got, want, sizeof want));
+    printf("  MTP positions caught up: verify 3 %llu, adaptive %llu (drafted %llu, accepted %llu)\n",
+           (unsigned long long)stf.spec_src_caught_up[2], (unsigned long long)st.spec_src_caught_up[2],
+           (unsigned long long)st.spec_src_drafted[2], (unsigned long long)st.spec_src_accepted[2]);
+    CHECK(stf.spec_src_caught_up[2] >= (uint64_t)NREQ * GEN);
+    /* at most the prompts (30 + 39 + 48 positions: skipped too when the layer's prior does not
+     * pay for its step) and, of the NREQ * GEN generated positions, those up to adaptive's
+     * giving up and a probe's catch-up */
+    CHECKF(st.spec_src_caught_up[2] < 117 + NREQ * GEN / 2, "adaptive caught up %llu of verify-3's %llu",
+           (unsigned long long)st.spec_src_caught_up[2], (unsigned long long)stf.spec_src_caught_up[2]);
+out:
+    engine_free(d);
+    free(view);
+    model_free(m);
+}
+
 /* Writes a copy of the MTP file with the bytes after the first occurrence of what patched (at
  * offset at from it, n bytes): a broken file of the same layout. */
 static bool mtp_patch(const char *out, const char *what, size_t at, const void *bytes, size_t n)
@@ -491,6 +536,7 @@ int main(void)
     RUN(test_bad_files);
     RUN(test_sched_echo);
     RUN(test_mtp_and_draft_model);
+    RUN(test_mtp_skip_when_not_drafting);
     unlink(plain_path);
     unlink(mtp_path);
     rmdir(tmpdir);
