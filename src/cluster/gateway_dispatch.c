@@ -3,8 +3,8 @@
  * requests still waiting for a worker with the balancers (cluster/balance.h), drops workers
  * that missed heartbeats, enforces the progress and wait deadlines and starts the static
  * workers' reconnects (in connector threads, gateway_conn.c: it never waits on a worker's
- * connect or handshake); it sleeps on gateway.cv_disp, woken by every state change (its timeout only paces
- * the deadlines). Frames to workers are queued under gateway.mu (gw_queue_msg) and written at
+ * connect or handshake); it sleeps on gateway.cv_disp, woken by every state change (its
+ * timeout only paces the deadlines). Frames to workers are queued under gateway.mu (gw_queue_msg) and written at
  * once by the thread that made them (gw_flush, one writer at a time, mu released while
  * writing), so that no frame waits on the dispatcher or on a timer.
  */
