@@ -754,6 +754,7 @@ gateway_status gateway_new(const gateway_opts *o, gateway **out, char *err, size
     for (int i = 0; i < GW_MAX_WORKERS; i++) {
         pthread_mutex_init(&g->w[i].send_mu, NULL);
         g->w[i].send_fd = -1;
+        g->w[i].connect_fd = -1;
     }
     util_cond_init(&g->cv_disp);
     util_cond_init(&g->cv_workers);
@@ -774,8 +775,18 @@ gateway_status gateway_new(const gateway_opts *o, gateway **out, char *err, size
             return GATEWAY_ERR_BIND;
         }
     }
-    /* first connections now, so that a cluster started in order serves at once */
-    for (int i = 0; i < g->n_slots; i++) gw_connect_static(g, i);
+    /* first connections now, so that a cluster started in order serves at once: all at once,
+     * waited for up to GW_START_WAIT_S (a live worker is in well within it); one down or stuck
+     * in its handshake goes on connecting in the background and does not hold up the start */
+    pthread_mutex_lock(&g->mu);
+    double t_start = util_now();
+    for (int i = 0; i < g->n_slots; i++) {
+        g->w[i].next_connect = t_start + 1.0;
+        gw_connect_start(g, i);
+    }
+    while (g->n_connectors > 0 && util_now() - t_start < GW_START_WAIT_S)
+        util_cond_wait_ms(&g->cv_workers, &g->mu, 20);
+    pthread_mutex_unlock(&g->mu);
     pthread_create(&g->disp, NULL, gw_dispatcher, g);
     if (g->listen_fd >= 0) {
         pthread_create(&g->acc, NULL, gw_acceptor, g);
@@ -852,6 +863,7 @@ void gateway_free(gateway *g)
     /* handshakes in progress end now (their reads fail); their threads are waited for */
     greet_shutdown_all(&g->greet);
     while (g->greet.n_threads > 0) pthread_cond_wait(&g->cv_workers, &g->mu);
+    gw_connect_stop_all(g);
     for (int i = 0; i < g->n_slots; i++)
         if (g->w[i].connected || g->w[i].reader_live) {
             g->w[i].connected = false;

@@ -8,7 +8,9 @@
  *     ERROR, DRAIN) and applies them to the requests under the mutex;
  *   - the dispatcher: places the requests still waiting for a worker with the balancers
  *     (cluster/balance.h), drops workers that missed heartbeats (heartbeat_timeout_s),
- *     enforces the progress and wait deadlines, reconnects the static ones;
+ *     enforces the progress and wait deadlines, and starts the static ones' reconnects;
+ *   - a connector per static worker being (re)connected (one at a time per worker): its
+ *     connect, handshake and HELLO, so that one down or stuck in its handshake delays nobody;
  *   - the acceptor (when register_listen is set): workers started with --gateway connect here
  *     and, each in a thread of its own (a bounded table with an absolute deadline, cluster/
  *     greet.h, so that a peer slow in its handshake holds up nobody else and strangers cannot
@@ -33,8 +35,9 @@
  * the stored blocks and recomputes the tail). A dead prefill worker's requests are simply
  * prefilled again elsewhere (nothing of them was streamed). With no worker of a role a
  * request waits up to wait_timeout_s: at submit that is a 503 in the API's shape
- * (SCHED_ERR_STOPPED), later it ends with FINISH ERROR (but not while the gateway drains:
- * see gateway_drain).
+ * (SCHED_ERR_STOPPED), later it ends with SCHED_FINISH_UNAVAILABLE, which the APIs write as
+ * a 503 "no worker was available" error, not an engine failure (but not while the gateway
+ * drains: see gateway_drain).
  *
  * Every connection starts with the handshake of cluster/auth.h: a peer that cannot prove it
  * holds the cluster key is logged, counted and closed before it is listed or sent anything,

@@ -48,6 +48,7 @@ void gw_metrics(void *ud, bytebuf *b)
         { "tokenmill_gateway_inflight_routed_total", "counter", "Prefill jobs sent to the worker computing a prefix of theirs at the time (it attaches those blocks instead of computing them).", (double)g->n_inflight_routed },
         { "tokenmill_gateway_inflight_shared_tokens_total", "counter", "Prompt tokens of those jobs that were in flight on their worker.", (double)g->n_inflight_tokens },
         { "tokenmill_gateway_stalls_total", "counter", "Requests moved off a worker that made no progress on them in time.", (double)g->n_stalls },
+        { "tokenmill_gateway_worker_connects_in_progress", "gauge", "Static workers (--prefill, --decode) being connected now: their connect or handshake is under way.", (double)g->n_connectors },
         { "tokenmill_gateway_window_directory_entries", "gauge", "Window states the workers reported holding (sliding-window models).", (double)windir_count(g->wdir) },
     };
     for (size_t i = 0; i < TM_ARRAY_LEN(one); i++) api_metric(b, one[i].name, one[i].type, one[i].help, one[i].v);

@@ -1,15 +1,21 @@
 /*
  * gateway_conn: the gateway's connections to its workers. Every connection starts with the
  * handshake of cluster/auth.h and the HELLO exchange (gw_handshake: the worker's model must be
- * one we serve, gw_model_of, and its vocabulary and KV type match that model's); a greeted worker takes a slot (gw_attach) and gets
- * a reader thread that applies its frames to the requests under gateway.mu (gw_on_msg) and
- * closes the connection when it ends. Static workers (--prefill, --decode) are connected by
- * gateway_new and reconnected by the dispatcher; registering ones (--gateway) come in through
- * the acceptor, each handshake in a thread of its own, within an absolute deadline and in a
- * bounded table (greet.h: when it is full the oldest handshake of the busiest source address
- * makes room), so that a peer slow or silent in its handshake holds up nobody else, and
- * strangers cannot keep a worker out. The gateway answers a worker's HELLO with its own only
- * once it is accepted; a refused one (another model, its name taken) is told why with ERROR.
+ * one we serve, gw_model_of, and its vocabulary and KV type match that model's); a greeted
+ * worker takes a slot (gw_attach) and gets a reader thread that applies its frames to the
+ * requests under gateway.mu (gw_on_msg) and closes the connection when it ends.
+ *
+ * Static workers (--prefill, --decode) are connected and reconnected by connector threads
+ * (gw_connect_start; gateway_new, then the dispatcher, start them, at most one per static slot
+ * at a time, so their number is bounded by the static lists), so that a worker that is down,
+ * stopped or silent in its handshake holds up neither the dispatcher (its heartbeat, progress
+ * and wait checks, its placements) nor the other workers' connects. Registering ones
+ * (--gateway) come in through the acceptor, each handshake in a thread of its own, within an
+ * absolute deadline and in a bounded table (greet.h: when it is full the oldest handshake of
+ * the busiest source address makes room), so that a peer slow or silent in its handshake holds
+ * up nobody else, and strangers cannot keep a worker out. Both kinds go through the same
+ * handshake and checks. The gateway answers a worker's HELLO with its own only once it is
+ * accepted; a refused one (another model, its name taken) is told why with ERROR.
  */
 #include <errno.h>
 #include <poll.h>
@@ -341,20 +347,36 @@ static void gw_attach(gateway *g, int slot, proto_conn *pc, const proto_hello *h
     pthread_cond_signal(&g->cv_disp);
 }
 
-void gw_connect_static(gateway *g, int slot)
+/* One attempt at static worker slot: connect (500 ms at most), the handshake and HELLO
+ * (within the handshake's deadline), then attach. The socket is published in connect_fd while
+ * the handshake runs, so that gateway_free can cut it short; it is withdrawn (under mu) before
+ * it is closed or handed to a reader, so a shutdown never reaches a reused descriptor. */
+static void gw_connect_static(gateway *g, int slot)
 {
     char addr[128];
+    pthread_mutex_lock(&g->mu);
     memcpy(addr, g->w[slot].addr, sizeof addr);
+    pthread_mutex_unlock(&g->mu);
     int fd = proto_connect(addr, 500);
     if (fd < 0) return;
-    proto_hello h;
-    int mi = -1;
-    proto_conn *pc = gw_greet(g, fd, addr, &h, &mi);
-    if (!pc) {
+    pthread_mutex_lock(&g->mu);
+    bool stop = g->stop;
+    if (!stop) g->w[slot].connect_fd = fd;
+    pthread_mutex_unlock(&g->mu);
+    if (stop) {
         close(fd);
         return;
     }
+    proto_hello h;
+    int mi = -1;
+    proto_conn *pc = gw_greet(g, fd, addr, &h, &mi);
     pthread_mutex_lock(&g->mu);
+    g->w[slot].connect_fd = -1;
+    if (!pc) {
+        pthread_mutex_unlock(&g->mu);
+        close(fd);
+        return;
+    }
     if (g->stop || g->w[slot].connected || g->w[slot].reader_live) {
         gw_conn_close(pc);
     } else if (!gw_refuse_name(g, pc, &h, slot, addr)) {
@@ -367,6 +389,54 @@ void gw_connect_static(gateway *g, int slot)
     free(h.listen);
     free(h.name);
     free(h.model_id);
+}
+
+typedef struct {
+    gateway *g;
+    int slot;
+} gw_connector_arg;
+
+static void *gw_connector(void *arg)
+{
+    gw_connector_arg a = *(gw_connector_arg *)arg;
+    free(arg);
+    gateway *g = a.g;
+    gw_connect_static(g, a.slot);
+    pthread_mutex_lock(&g->mu);
+    g->w[a.slot].connecting = false;
+    g->n_connectors--;
+    pthread_cond_broadcast(&g->cv_workers);
+    pthread_mutex_unlock(&g->mu);
+    return NULL;
+}
+
+bool gw_connect_start(gateway *g, int slot)
+{
+    gw_worker *w = &g->w[slot];
+    if (w->connecting || g->stop) return false;
+    gw_connector_arg *a = xmalloc(sizeof *a);
+    *a = (gw_connector_arg){ g, slot };
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    pthread_t t;
+    bool ok = pthread_create(&t, &at, gw_connector, a) == 0;
+    pthread_attr_destroy(&at);
+    if (!ok) {
+        free(a);
+        log_warn("gateway: worker %s: cannot start a thread to connect to it (trying again later)", w->addr);
+        return false;
+    }
+    w->connecting = true;
+    g->n_connectors++;
+    return true;
+}
+
+void gw_connect_stop_all(gateway *g)
+{
+    for (int i = 0; i < g->n_slots; i++)
+        if (g->w[i].connect_fd >= 0) shutdown(g->w[i].connect_fd, SHUT_RDWR);
+    while (g->n_connectors > 0) pthread_cond_wait(&g->cv_workers, &g->mu);
 }
 
 /* Registers a greeted worker: its slot (the same address again, a restarted worker, reuses

@@ -1,9 +1,10 @@
 /*
  * gateway_dispatch: placing jobs and sending frames. The dispatcher thread places the
  * requests still waiting for a worker with the balancers (cluster/balance.h), drops workers
- * that missed heartbeats, enforces the progress and wait deadlines and reconnects the static
- * workers; it sleeps on gateway.cv_disp, woken by every state change (its timeout only paces
- * the deadlines). Frames to workers are queued under gateway.mu (gw_queue_msg) and written at
+ * that missed heartbeats, enforces the progress and wait deadlines and starts the static
+ * workers' reconnects (in connector threads, gateway_conn.c: it never waits on a worker's
+ * connect or handshake); it sleeps on gateway.cv_disp, woken by every state change (its
+ * timeout only paces the deadlines). Frames to workers are queued under gateway.mu (gw_queue_msg) and written at
  * once by the thread that made them (gw_flush, one writer at a time, mu released while
  * writing), so that no frame waits on the dispatcher or on a timer.
  */
@@ -283,7 +284,7 @@ void *gw_dispatcher(void *arg)
                 now - r->t_wait > g->o.wait_timeout_s) {
                 log_warn("gateway: req %llu waited %.0f s for a %s worker: failed", (unsigned long long)r->id,
                          g->o.wait_timeout_s, r->state == GW_WAIT_PREFILL ? "prefill" : "decode");
-                gw_finish(g, r, SCHED_FINISH_ERROR);
+                gw_finish(g, r, SCHED_FINISH_UNAVAILABLE);
             }
         }
         if (now - last_rate >= 1) {
@@ -294,23 +295,18 @@ void *gw_dispatcher(void *arg)
         }
         gw_window_tick(g, now);   /* jobs whose window fetch ran out of time go without it */
         gw_flush(g);   /* what the loop above queued (moves, resumes, cancels) */
-        int reconnect[GW_MAX_WORKERS], n_rc = 0;
+        /* static workers that are down: a connector thread each tries again (one attempt
+         * per second at most); nothing here waits on them */
         for (int i = 0; i < g->n_slots; i++) {
             gw_worker *w = &g->w[i];
-            if (w->is_static && !w->connected && !w->reader_live && now >= w->next_connect) {
+            if (w->is_static && !w->connected && !w->reader_live && !w->connecting && now >= w->next_connect) {
                 w->next_connect = now + 1.0;
-                reconnect[n_rc++] = i;
+                gw_connect_start(g, i);
             }
         }
-        if (!n_rc) {
-            /* woken by every queued frame and state change; the timeout only paces the
-             * heartbeat, progress and wait deadlines above */
-            util_cond_wait_ms(&g->cv_disp, &g->mu, 50);
-            continue;
-        }
-        pthread_mutex_unlock(&g->mu);
-        for (int k = 0; k < n_rc; k++) gw_connect_static(g, reconnect[k]);
-        pthread_mutex_lock(&g->mu);
+        /* woken by every queued frame and state change; the timeout only paces the
+         * heartbeat, progress and wait deadlines above and the reconnects */
+        util_cond_wait_ms(&g->cv_disp, &g->mu, 50);
     }
     pthread_mutex_unlock(&g->mu);
     return NULL;

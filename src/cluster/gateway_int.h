@@ -9,7 +9,8 @@
  *   gateway_dispatch.c  the dispatcher thread, the balancers' placement of jobs, the frames
  *                       to workers and their writer (gw_flush)
  *   gateway_conn.c      connections: handshake and HELLO, a reader thread per worker, the
- *                       static workers' (re)connects, the registration acceptor
+ *                       static workers' (re)connects (a connector thread per attempt), the
+ *                       registration acceptor
  *   gateway_admin.c     /metrics, the status page's block, /admin/workers, /admin/drain,
  *                       /admin/undrain, /admin/capacity
  *   gateway_window.c    the window states' directory (windir.h) and their fetches: a job
@@ -35,6 +36,8 @@
  * a worker keeps answering wrongly) ends instead of circling for ever */
 #define GW_MAX_MOVES 12
 #define GW_RATE_SLOTS 10      /* seconds of history for the prefill token rate */
+/* gateway_new waits this long at most for its static workers' first connections (seconds) */
+#define GW_START_WAIT_S 2.0
 
 typedef enum { GW_WAIT_PREFILL = 0, GW_PREFILL, GW_WAIT_DECODE, GW_DECODE, GW_DONE } gw_state;
 
@@ -61,6 +64,9 @@ typedef struct {
     uint64_t gen;             /* bumped at each connection loss: stale readers are ignored */
     double last_hb;           /* util_now() of the last frame received */
     double next_connect;      /* static: next reconnect attempt */
+    bool connecting;          /* static: a connector thread is (re)connecting it */
+    int connect_fd;           /* that attempt's socket once its TCP connect succeeded, -1
+                               * otherwise: gateway_free shuts it down to end the handshake */
     proto_heartbeat hb;       /* its last load report (zeros until the first) */
     bool has_curve;           /* hb.step_w holds its learned step-time curve (PROTO_F_STEPTIME) */
     bal_speed speed;          /* prefill tokens/s learned from the reports (balance.h) */
@@ -169,6 +175,8 @@ struct gateway {
     pthread_t disp, acc;
     bool acc_started;
     greet_table greet;        /* registrations in their handshake and their threads, under mu */
+    int n_connectors;         /* static workers' connector threads running (at most one per
+                               * static slot): gateway_free waits for them */
     double t_evict_log;       /* util_now() of the last line about handshakes cut for room */
     /* counters */
     uint64_t n_requests, n_rejected, n_reprefills, n_resumes, n_prompt_tokens, n_hit_tokens, n_gen_tokens;
@@ -232,8 +240,13 @@ void gw_queue_push(gateway *g, gw_msg *q);
 void gw_flush(gateway *g);
 
 /* gateway_conn.c */
-/* Connects, greets and attaches a static worker (mu not held; takes it). */
-void gw_connect_static(gateway *g, int slot);
+/* Starts a connector thread that connects, greets and attaches static worker slot (mu held):
+ * the caller never waits on a peer that is down or stuck in its handshake. False when no
+ * thread could be started (a later attempt tries again). */
+bool gw_connect_start(gateway *g, int slot);
+/* Every static worker's handshake in progress fails now, and their connector threads are
+ * waited for (mu held, g->stop set; released while waiting). */
+void gw_connect_stop_all(gateway *g);
 void *gw_acceptor(void *arg);
 
 /* gateway_window.c (all with mu held) */

@@ -725,6 +725,7 @@ const char *sched_finish_name(sched_finish f)
         [SCHED_FINISH_ERROR] = "error",
         [SCHED_FINISH_ABORTED] = "aborted",
         [SCHED_FINISH_REFUSED] = "refused",
+        [SCHED_FINISH_UNAVAILABLE] = "unavailable",
     };
     return sched_enum_name(names, TM_ARRAY_LEN(names), (int)f);
 }

@@ -63,6 +63,9 @@ typedef enum {
     SCHED_FINISH_REFUSED,   /* never from the scheduler: a backend in another process refused the
                              * request's arguments there (a cluster worker that could not compile
                              * its grammar): HTTP 400 */
+    SCHED_FINISH_UNAVAILABLE, /* never from the scheduler: a cluster gateway found no worker to go
+                             * on with the request within its wait timeout (none of the role
+                             * was up): HTTP 503, not an engine failure */
 } sched_finish;
 
 #define SCHED_MAX_TOP_LOGPROBS 20   /* most alternatives per token (OpenAI allows 20) */
@@ -368,7 +371,7 @@ int sched_wait_idle(sched *s, int timeout_ms);
 void sched_abort(sched *s);
 
 const char *sched_status_name(sched_status st);
-const char *sched_finish_name(sched_finish f);   /* "stop", "length", "cancelled", "error", "aborted", "refused" */
+const char *sched_finish_name(sched_finish f);   /* "stop", "length", "cancelled", "error", "aborted", "refused", "unavailable" */
 int sched_n_ctx(const sched *s);
 
 /* Queues a request. On SCHED_OK *out is a handle the caller polls and must release. */

@@ -347,6 +347,7 @@ typedef struct {
     int n;                              /* choices submitted */
     bool error;                         /* the engine failed a request */
     bool refused;                       /* a remote backend refused its arguments (400) */
+    bool unavailable;                   /* a cluster gateway had no worker to go on with it (503) */
     bool aborted;                       /* Messages: the server stopped a choice (sched_abort) */
     bool ended;                         /* the closing events / body were written */
     bool begun;                         /* streaming: the opening events were written */
@@ -414,6 +415,7 @@ static void api_job_apply(api_job *j, int i, const sched_output *so)
         api_out_text(o, i, j->text.p, j->text.len);
         if (so->finish == SCHED_FINISH_ERROR) j->error = true;
         if (so->finish == SCHED_FINISH_REFUSED) j->refused = true;
+        if (so->finish == SCHED_FINISH_UNAVAILABLE) j->unavailable = true;
         if (so->finish == SCHED_FINISH_ABORTED && j->kind == API_KIND_MESSAGES) j->aborted = true;
         if (j->c->status) api_job_note(j, so);
         api_out_set_drafts(o, i, so->usage.accepted_drafts, so->usage.rejected_drafts);
@@ -471,11 +473,19 @@ static bool api_job_pump(api_job *j, int timeout_ms)
 }
 
 /* The error that ends a failed (500), a refused (400: a cluster worker could not take its
- * format or its length) or, for Messages, a server-stopped (503) request; returns its status. */
+ * format or its length), an unavailable (503: no cluster worker of its role came in time) or,
+ * for Messages, a server-stopped (503) request; returns its status. */
 static int api_job_error_body(api_job *j, bytebuf *b)
 {
     api_error e;
-    if (j->refused)
+    if (j->unavailable) {
+        /* the type a submit with no worker gets (api_openai_submit_error); Anthropic's is
+         * overloaded_error by the status */
+        api_error_set(&e, 503, NULL, "no_worker_available",
+                      "No worker was available to go on with the request: the cluster had no worker of the role "
+                      "it needed within the gateway's wait timeout. Retry the request.");
+        snprintf(e.type, sizeof e.type, "server_error");
+    } else if (j->refused)
         api_error_set(&e, 400, NULL, "invalid_value",
                       "The worker the request ran on refused it (its format did not compile there, or its "
                       "prompt is longer than that worker takes; the gateway and its workers may run "
@@ -494,7 +504,7 @@ static bool api_job_pull(void *ctx, bytebuf *outb, int timeout_ms)
     if (j->ended) return false;
     api_job_pump(j, timeout_ms);
     if (api_job_all_finished(j)) {
-        if (j->error || j->refused || j->aborted) {
+        if (j->error || j->refused || j->unavailable || j->aborted) {
             bytebuf b = {0};
             api_job_error_body(j, &b);
             api_sse(&j->out.out, j->kind == API_KIND_MESSAGES ? "error" : NULL, b.p, b.len);
@@ -853,7 +863,7 @@ static void api_job_answer(http_request *r, api_job *j)
             return;
         }
     }
-    if (j->error || j->refused || j->aborted) {
+    if (j->error || j->refused || j->unavailable || j->aborted) {
         bytebuf b = {0};
         int status = api_job_error_body(j, &b);
         if (status == 503) api_retry_after(r);

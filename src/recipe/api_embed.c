@@ -193,7 +193,7 @@ static bool emb_collect(const api_ctx *c, http_request *r, emb_input *in, int di
                               "The worker the input ran on refused it: %s has %d tokens, more than that worker "
                               "computes in one step.", param, in->n);
             else
-                api_error_set(e, out[i].finish == SCHED_FINISH_ABORTED ? 503 : 500, NULL, NULL,
+                api_error_set(e, out[i].finish == SCHED_FINISH_ABORTED || out[i].finish == SCHED_FINISH_UNAVAILABLE ? 503 : 500, NULL, NULL,
                               "The embedding was not computed (%s).", sched_finish_name(out[i].finish));
             return false;
         }

@@ -751,6 +751,54 @@ test("a gateway draining while its decode worker is stopped past the heartbeat t
   await until((x) => nLive(x, "decode") === 2, "d2 back", 20000);
 });
 
+// A stream whose only decode worker is stopped past the heartbeat timeout, with no other to
+// move to within --wait-timeout, ends with an error event saying no worker was available (a 503
+// server_error, code no_worker_available; Anthropic's overloaded_error), not "failed in the
+// engine": the OpenAI shape on /v1/completions, the Anthropic one on /v1/messages.
+test("a stream left with no worker past --wait-timeout ends with a no-worker error in each API's shape", { timeout: 60000 }, async () => {
+  await until((a) => nLive(a, "prefill") === 2 && nLive(a, "decode") === 2, "4 workers");
+  const d2 = workers.d2.proc;
+  const g = await startGateway(["--prefill", workers.p2.addr, "--decode", workers.d2.addr], "gateway-no-worker");
+  await until((x) => live(x).length === 2, "static workers", 10000, g.url);
+  // the raw SSE text of a stream; onData at each chunk received
+  const sse = async (route, body, onData) => {
+    const res = await fetch(g.url + route, { method: "POST", headers: { "content-type": "application/json", "anthropic-version": "2023-06-01" },
+      body: JSON.stringify({ ...body, stream: true }) });
+    assert.equal(res.status, 200);
+    let text = "";
+    for await (const c of res.body) { text += Buffer.from(c).toString(); onData?.(text); }
+    return text;
+  };
+  const errorOf = (text) => text.split("\n").filter((l) => l.startsWith("data: ") && l.includes('"error"'))
+    .map((l) => JSON.parse(l.slice(6))).find((j) => j.error);
+  try {
+    let frozen, stopped = false;
+    const froze = new Promise((r) => { frozen = r; });
+    // d2 is stopped at the stream's first token
+    const oa = sse("/v1/completions", { prompt: PROMPTS[0], max_tokens: MAX, temperature: 0 },
+      (t) => { if (!stopped && /"text":"[^"]/.test(t)) { stopped = true; d2.kill("SIGSTOP"); frozen(); } });
+    await froze;
+    const an = sse("/v1/messages", { model: "stories260K", max_tokens: MAX, messages: [{ role: "user", content: PROMPTS[1] }] });
+    const [o, a] = await Promise.all([oa, an]);
+    const oe = errorOf(o), ae = errorOf(a);
+    assert.ok(oe, o);
+    assert.equal(oe.error.type, "server_error");
+    assert.equal(oe.error.code, "no_worker_available");
+    assert.match(oe.error.message, /No worker was available/);
+    assert.doesNotMatch(o, /failed in the engine/);
+    assert.match(a, /event: error\n/);
+    assert.ok(ae, a);
+    assert.equal(ae.type, "error");
+    assert.equal(ae.error.type, "overloaded_error");
+    assert.match(ae.error.message, /No worker was available/);
+  } finally {
+    d2.kill("SIGCONT");
+    g.proc.kill("SIGTERM");
+    await waitExit(g.proc, 10000);
+  }
+  await until((x) => nLive(x, "decode") === 2, "d2 back", 20000);
+});
+
 // A key file others can read (or an empty one, or a directory) is not a secret: the gateway and
 // the worker say so and refuse to start (status 2); a private one is used (the path is logged).
 test("a cluster key file that is not private, or empty, is refused at start", { timeout: 60000 }, async () => {

@@ -19,6 +19,10 @@
  *     handshake table makes room), and none outlives the handshake's absolute deadline;
  *   - a worker whose name another live worker has is refused (ERROR NAME instead of the
  *     gateway's HELLO), the same worker reconnecting is not;
+ *   - a static worker stuck in its handshake (it accepts TCP, never answers) delays neither the
+ *     start nor the dispatcher (a request moved off a worker is placed on another, one left
+ *     with no worker ends UNAVAILABLE after the wait timeout, not as an engine error) nor the
+ *     gateway's exit, which cuts that handshake short;
  *   - a worker that stays connected and heartbeats but makes no progress on a request (after
  *     two tokens of its decode; on its prefill) loses it after the progress deadline: it completes elsewhere
  *     with exactly the reference tokens;
@@ -221,6 +225,8 @@ typedef struct {
     char reg[64];
 } gw_env;
 
+static const char *g_static_prefill;   /* a --prefill address for the next gateway (NULL: none) */
+
 /* A gateway taking registrations on a free port; progress_s: its stall deadlines (first and next
  * token), 0 for the defaults; hb_s, wait_s: its heartbeat and wait timeouts, 0 for 60 s (never,
  * in a test). */
@@ -232,6 +238,10 @@ static gw_env gw_start_opts(double progress_s, double handshake_s, double hb_s, 
     gateway_opts o = { .models = &gm, .n_models = 1, .register_listen = "127.0.0.1:0",
                        .heartbeat_timeout_s = hb_s > 0 ? hb_s : 60, .wait_timeout_s = wait_s > 0 ? wait_s : 60, .key = &g_key,
                        .progress_first_s = progress_s, .progress_next_s = progress_s, .handshake_timeout_s = handshake_s };
+    if (g_static_prefill) {
+        o.prefill = &g_static_prefill;
+        o.n_prefill = 1;
+    }
     char err[256];
     CHECK(gateway_new(&o, &v.g, err, sizeof err) == GATEWAY_OK);
     v.be = gateway_backend(v.g, 0);
@@ -975,6 +985,109 @@ TEST(test_drain_waits_for_a_worker_past_wait_timeout)
     node_free(&R);
 }
 
+static int fake_which_prefill(const int *fd, int n, proto_msg *m);
+
+/* A static worker address whose TCP connect succeeds (a listening socket: the kernel's backlog
+ * takes it) but that never answers the handshake: a stopped worker, a hung host. Its listening
+ * descriptor; the address in addr. */
+static int blackhole_listen(char *addr, size_t sz)
+{
+    int fd = proto_listen("127.0.0.1:0", 8);
+    CHECK(fd >= 0);
+    snprintf(addr, sz, "127.0.0.1:%d", proto_local_port(fd));
+    return fd;
+}
+
+/* Whether the peer of fd has closed: reads (and drops) what it sent, up to 30 s for the end. */
+static bool peer_closed(int fd)
+{
+    char buf[256];
+    for (;;) {
+        struct pollfd p = { .fd = fd, .events = POLLIN };
+        if (poll(&p, 1, 30000) <= 0) return false;   /* a bound, not a speed */
+        ssize_t n = recv(fd, buf, sizeof buf, 0);
+        if (n == 0) return true;
+        if (n < 0) return errno == ECONNRESET;
+    }
+}
+
+/* Whether fd is still open from the peer's side now (what it sent so far is dropped). */
+static bool peer_open(int fd)
+{
+    char buf[256];
+    for (;;) {
+        ssize_t n = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+        if (n > 0) continue;
+        return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+    }
+}
+
+/* A static worker stuck in its handshake (it accepts TCP, never answers; the handshake's
+ * deadline is 60 s) holds up nothing else: the gateway starts, and while that handshake is
+ * still pending (its connection open, counted in tokenmill_gateway_worker_connects_in_progress)
+ * the dispatcher places a request moved off a registered worker that dropped it on another
+ * one, and ends the request as UNAVAILABLE (not an engine error) with its 3 streamed tokens once
+ * no worker came within the wait timeout; gateway_free then cuts the handshake short (before
+ * its deadline) and closes that connection. */
+TEST(test_static_worker_stuck_in_handshake_delays_nothing)
+{
+    char bh_addr[64];
+    int bh = blackhole_listen(bh_addr, sizeof bh_addr);
+    g_static_prefill = bh_addr;
+    const double handshake_s = 60, wait_s = 1;
+    gw_env G = gw_start_opts(0, handshake_s, 0, wait_s);
+    g_static_prefill = NULL;
+    double t_start = util_now();
+    struct pollfd bp = { .fd = bh, .events = POLLIN };
+    CHECK(poll(&bp, 1, 30000) == 1);   /* the gateway's connect reached the black hole */
+    int bc = accept(bh, NULL, NULL);
+    CHECK(bc >= 0);
+    CHECK(metric(G.be, "tokenmill_gateway_worker_connects_in_progress ") == 1);
+    int fd[2] = { fake_connect(&G), fake_connect(&G) };
+    CHECK(WAIT_UNTIL(workers_up(G.be) == 2, 30));
+    proto_msg m;
+    for (int i = 0; i < 2; i++) {   /* the gateway's HELLO first: then a readable fake has a job */
+        CHECK(fake_expect(fd[i], PROTO_HELLO, &m));
+        proto_msg_free(&m);
+    }
+    int32_t prompt[40], toks[3] = { 5, 6, 7 }, got[8];
+    make_prompt(prompt, 40, 11);
+    sched_params sp = greedy(prompt, 40);
+    sched_req *h = NULL;
+    CHECK(G.be->submit(G.be->ud, &sp, &h) == SCHED_OK);
+    int first = fake_which_prefill(fd, 2, &m);
+    CHECK(first >= 0);
+    proto_msg_free(&m);
+    int other = first >= 0 ? 1 - first : 1;
+    fake_close(fd[first >= 0 ? first : 0]);   /* the request moves: the dispatcher places it */
+    CHECKF(fake_expect(fd[other], PROTO_PREFILL, &m), "the moved request was not placed on the other worker");
+    uint64_t id = m.hdr.req_id;
+    proto_msg_free(&m);
+    fake_handoff(fd[other], id, 40, toks[0], NULL);
+    CHECK(fake_expect(fd[other], PROTO_DECODE, &m));
+    proto_msg_free(&m);
+    fake_tokens(fd[other], id, toks + 1, 2);
+    int k = 0;
+    sched_finish fin = SCHED_FINISH_NONE;
+    CHECK(WAIT_UNTIL((poll_now(G.be, h, got, 8, &k, &fin), k == 3), 30));
+    fake_close(fd[other]);   /* no worker left: the request waits, then ends */
+    int n = collect(G.be, h, got + k, 8 - k, &fin);
+    G.be->release(G.be->ud, h);
+    CHECKF(n == 0 && fin == SCHED_FINISH_UNAVAILABLE, "after the wait timeout: %d more tokens, finish %s", n,
+           sched_finish_name(fin));
+    CHECK(k == 3 && !memcmp(got, toks, sizeof toks));
+    /* all of it while the black hole's handshake was still pending */
+    CHECK(util_now() - t_start < handshake_s);
+    CHECK(peer_open(bc));
+    CHECK(metric(G.be, "tokenmill_gateway_worker_connects_in_progress ") == 1);
+    gateway_shutdown(G.g);
+    gateway_free(G.g);   /* cuts the handshake short */
+    CHECK(util_now() - t_start < handshake_s);
+    CHECK(peer_closed(bc));
+    close(bc);
+    close(bh);
+}
+
 /* Connected TCP sockets of this process: how many, and how many lack TCP_NODELAY. Listening
  * sockets and other descriptors are skipped. */
 static int tcp_sockets(int *without_nodelay)
@@ -1480,6 +1593,7 @@ int main(void)
     RUN(test_worker_names_unique);
     RUN(test_stalled_worker_rerouted);
     RUN(test_drain_waits_for_a_worker_past_wait_timeout);
+    RUN(test_static_worker_stuck_in_handshake_delays_nothing);
     RUN(test_sockets_nodelay_and_added_latency);
     RUN(test_prefill_goes_where_its_prefix_is_in_flight);
     RUN(test_grammar_travels_and_worker_refusal);
