@@ -4,15 +4,15 @@
 //   bench/engine [--threads N] [--reps R] [--models q8_0,q4_k_m] [--pp 512] [--tg 128]
 //                [--seqs 1,4,16] [--only tokenmill|llama] [--quick] [--model-file GGUF] [--wait-quiet S]
 //                [--preset qwen3-0.6b|llama3.2-1b|qwen3-30b-a3b|deepseek-v2-lite|gpt-oss-20b|deepseek-v4-flash|
-//                          qwen3.5-4b|qwen3.5-35b-a3b|gemma4-31b] [--baseline BIN]
+//                          qwen3.5-4b|qwen3.5-35b-a3b|gemma4-31b|gemma4-26b-a4b] [--baseline BIN]
 //
 // 1. Builds the models with `tokenmill mkmodel` (--preset's shape, by default Qwen3-0.6B;
 //    qwen3-30b-a3b, deepseek-v2-lite and gpt-oss-20b: the MoE models' layers, 4 of them (for
 //    gpt-oss, --models mxfp4 makes its MXFP4 experts, the rest Q8_0; deepseek-v4-flash: 3 of
 //    its 43 layers at real widths, --models mxfp4 as its published files; qwen3.5-4b and
 //    qwen3.5-35b-a3b: 4 layers at real widths, three gated delta nets and one full attention;
-//    gemma4-31b: 6 of the 31B's layers, 5 window and 1 global); random weights, seed 1),
-//    cached in bench/out/ under a name made of their arguments (a .args file beside each
+//    gemma4-31b and gemma4-26b-a4b: 6 of their layers, 5 window and 1 global); random
+//    weights, seed 1), cached in bench/out/ under a name made of their arguments (a .args file beside each
 //    records the full command; a changed command or mkmodel source rebuilds).
 // 2. Measures the machine's memory read bandwidth with bench/membw.c (built here, cc -O2).
 // 3. For each model, R rounds of: `tokenmill bench --reps 1`, then bench/llama_bench.mjs

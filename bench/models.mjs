@@ -44,13 +44,13 @@ export const benchPresets = {
   // Qwen3.5-35B-A3B at its real widths, 4 of its 40 layers (three gated delta nets, one full
   // attention), each with all 256 experts of 512 and the shared expert.
   'qwen3.5-35b-a3b': {arch: 'qwen35moe', vocab: 'ggml-vocab-qwen35.gguf', extra: ['--layers', '4']},
-  // Gemma 4 31B's layer widths (no mkmodel preset: --arch gemma4's options): width 5376, FFN
-  // 21504, 32 query heads; window layers 16 kv heads of 256, the global layer mkmodel's 4 of 512
-  // without attn_v; 6 of its 60 layers (5 window layers and the global one, the published 5:1
-  // pattern), window 1024; Gemma 4's vocabulary (262144 rows, tied).
-  'gemma4-31b': {arch: 'gemma4', preset: null, vocab: 'ggml-vocab-gemma-4.gguf',
-    extra: ['--layers', '6', '--dim', '5376', '--ffn', '21504', '--heads', '32', '--kv-heads', '16', '--head-dim', '256',
-      '--window', '1024', '--ctx', '262144']},
+  // Gemma 4 31B at its real widths (mkmodel's gemma4-31b preset), 6 of its 60 layers: 5 window
+  // layers (16 kv heads of 256, window 1024) and the global one (4 kv heads of 512, V = K), the
+  // published 5:1 pattern; Gemma 4's vocabulary (262144 rows, tied).
+  'gemma4-31b': {arch: 'gemma4', vocab: 'ggml-vocab-gemma-4.gguf', extra: ['--layers', '6']},
+  // Gemma 4 26B-A4B at its real widths, 6 of its 30 layers (5 window, 1 global), each with the
+  // dense MLP of 2112 beside all 128 experts of 704 (8 per token).
+  'gemma4-26b-a4b': {arch: 'gemma4', vocab: 'ggml-vocab-gemma-4.gguf', extra: ['--layers', '6']},
 };
 
 function mkmodelSourceHash() {

@@ -112,15 +112,26 @@ typedef struct {
     /* deepseek4: output groups and each's rank, the indexer's heads, head size and top-k, the
      * hash-routed leading layers, the leading uncompressed (window-only) layers */
     int o_groups, o_lora, idx_heads, idx_dim, idx_topk, n_hash, n_plain;
+    /* gemma4: per-layer embedding width (E2B/E4B), trailing layers reading an earlier layer's
+     * K/V, and whether the global layers have their own V (attention_k_eq_v false) */
+    int n_pl, n_shared_kv;
+    bool v_global;
 } mk_preset;
 
 static const mk_preset mk_presets[] = {
-    { "tiny", NULL, 2, 256, 512, 4, 2, 64, 2048, 1024, 0, true, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 },
-    { "small", NULL, 4, 512, 1536, 8, 4, 64, 4096, 4096, 0, true, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 },
-    { "qwen3-0.6b", "qwen3", 28, 1024, 3072, 16, 8, 128, 40960, 151936, 1e6, true, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 },
-    { "qwen2-0.5b", "qwen2", 24, 896, 4864, 14, 2, 64, 32768, 151936, 1e6, true, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 },
-    { "llama3.2-1b", "llama", 16, 2048, 8192, 32, 8, 64, 131072, 128256, 500000, true, true, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 },
-    { "qwen3-30b-a3b", "qwen3moe", 48, 2048, 6144, 32, 4, 128, 40960, 151936, 1e6, false, false, 128, 8, 768, 0, 0, 0, 0, 0, 0, 0, false, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 },
+    { .name = "tiny", .n_layers = 2, .dim = 256, .ffn = 512, .n_heads = 4, .n_kv_heads = 2, .head_dim = 64, .ctx = 2048,
+      .n_vocab = 1024, .tied = true },
+    { .name = "small", .n_layers = 4, .dim = 512, .ffn = 1536, .n_heads = 8, .n_kv_heads = 4, .head_dim = 64, .ctx = 4096,
+      .n_vocab = 4096, .tied = true },
+    { .name = "qwen3-0.6b", .arch = "qwen3", .n_layers = 28, .dim = 1024, .ffn = 3072, .n_heads = 16, .n_kv_heads = 8,
+      .head_dim = 128, .ctx = 40960, .n_vocab = 151936, .rope_base = 1e6, .tied = true },
+    { .name = "qwen2-0.5b", .arch = "qwen2", .n_layers = 24, .dim = 896, .ffn = 4864, .n_heads = 14, .n_kv_heads = 2,
+      .head_dim = 64, .ctx = 32768, .n_vocab = 151936, .rope_base = 1e6, .tied = true },
+    { .name = "llama3.2-1b", .arch = "llama", .n_layers = 16, .dim = 2048, .ffn = 8192, .n_heads = 32, .n_kv_heads = 8,
+      .head_dim = 64, .ctx = 131072, .n_vocab = 128256, .rope_base = 500000, .tied = true, .rope_llama3 = true },
+    { .name = "qwen3-30b-a3b", .arch = "qwen3moe", .n_layers = 48, .dim = 2048, .ffn = 6144, .n_heads = 32, .n_kv_heads = 4,
+      .head_dim = 128, .ctx = 40960, .n_vocab = 151936, .rope_base = 1e6, .n_expert = 128, .n_expert_used = 8,
+      .expert_ffn = 768 },
     { .name = "deepseek-v2-lite", .arch = "deepseek2", .n_layers = 27, .dim = 2048, .ffn = 10944, .n_heads = 16,
       .n_kv_heads = 1, .head_dim = 192, .ctx = 163840, .n_vocab = 102400, .rope_base = 10000, .n_expert = 64,
       .n_expert_used = 6, .expert_ffn = 1408, .kv_lora = 512, .nope_dim = 128, .rope_dim = 64, .v_dim = 128,
@@ -189,6 +200,31 @@ static const mk_preset mk_presets[] = {
       .head_dim = 256, .ctx = 131072, .n_vocab = 262144, .rope_base = 1e6, .tied = true, .n_swa = 1024 },
     { .name = "gemma-3-27b", .arch = "gemma3", .n_layers = 62, .dim = 5376, .ffn = 21504, .n_heads = 32, .n_kv_heads = 16,
       .head_dim = 128, .ctx = 131072, .n_vocab = 262144, .rope_base = 1e6, .tied = true, .n_swa = 1024 },
+    /* Qwen3.5-27B (the text model; docs/architectures.md "Preset sources"): 64 layers of 5120
+     * (llama.cpp's qwen35 names that depth 27B), FFN 17408, every 4th full attention (24 q heads
+     * of 256 over 4 kv heads, a quarter rotated), the others gated delta nets of 16 q/k heads and
+     * 48 v heads of 128; 248320 tokens, untied, RoPE base 1e7 */
+    { .name = "qwen3.5-27b", .arch = "qwen35", .n_layers = 64, .dim = 5120, .ffn = 17408, .n_heads = 24, .n_kv_heads = 4,
+      .head_dim = 256, .ctx = 262144, .n_vocab = 248320, .rope_base = 1e7, .ssm_k_heads = 16, .ssm_v_heads = 48,
+      .ssm_state = 128 },
+    /* Gemma 4 (the text models; docs/architectures.md "Preset sources"): 5 window layers of
+     * heads of 256 then a global one of heads of 512 (mkmodel's gemma4 layer), RoPE bases 1e4
+     * (window) and 1e6 (global, a quarter rotated), 262144 tied tokens, soft cap 30.
+     * 31B: 60 layers of 5376, FFN 21504, 32 q heads over 16 kv heads (4 on the global layers,
+     * V = K there), window 1024. */
+    { .name = "gemma4-31b", .arch = "gemma4", .n_layers = 60, .dim = 5376, .ffn = 21504, .n_heads = 32, .n_kv_heads = 16,
+      .head_dim = 256, .ctx = 262144, .n_vocab = 262144, .rope_base = 1e6, .tied = true, .n_swa = 1024 },
+    /* 26B-A4B: 30 layers of 2816, a dense MLP of 2112 beside 128 experts of 704 (8 per token),
+     * 16 q heads over 8 kv heads (2 on the global layers, V = K there), window 1024 */
+    { .name = "gemma4-26b-a4b", .arch = "gemma4", .n_layers = 30, .dim = 2816, .ffn = 2112, .n_heads = 16,
+      .n_kv_heads = 8, .head_dim = 256, .ctx = 262144, .n_vocab = 262144, .rope_base = 1e6, .tied = true,
+      .n_expert = 128, .n_expert_used = 8, .expert_ffn = 704, .n_swa = 1024 },
+    /* E4B: 42 layers of 2560, FFN 10240, 8 q heads over 2 kv heads (on the global layers too,
+     * with their own V), window 512, per-layer embeddings of 256, the last 18 layers reading
+     * the K/V of layers 22 (window) and 23 (global), 131072 positions */
+    { .name = "gemma4-e4b", .arch = "gemma4", .n_layers = 42, .dim = 2560, .ffn = 10240, .n_heads = 8, .n_kv_heads = 2,
+      .head_dim = 256, .ctx = 131072, .n_vocab = 262144, .rope_base = 1e6, .tied = true, .n_swa = 512, .n_pl = 256,
+      .n_shared_kv = 18, .v_global = true },
     /* DeepSeek V4's test shape (tests/oracle/gguf_dsv4.py's): 4 layers of ratios 0, 4, 128, 4,
      * 4 heads of 64 (16 rotated) over one kv head, 8 experts of 64 (2 per token) and one shared,
      * the indexer's 8 heads of 64 keeping 6 entries, 2 output groups of rank 32, one hash layer */
@@ -932,6 +968,7 @@ static int mk_resolve_glm4moe(mk_opts *o, const mk_args *a, const mk_preset *p)
 static int mk_resolve_experts(mk_opts *o, const mk_args *a, const mk_preset *p)
 {
     bool mla = mk_is_mla(o->arch), gptoss = !strcmp(o->arch, "gpt-oss");
+    const bool g4 = p->arch && !strcmp(p->arch, "gemma4");   /* a Gemma 4 preset's experts and layers */
     if (!strcmp(o->arch, "glm4moe")) {
         return mk_resolve_glm4moe(o, a, p);
     } else if (mla) {
@@ -993,11 +1030,13 @@ static int mk_resolve_experts(mk_opts *o, const mk_args *a, const mk_preset *p)
             fprintf(stderr, "tokenmill mkmodel: --experts-used %d is more than --experts %d\n", o->n_expert_used, o->n_expert);
             return 2;
         }
-    } else if (!strcmp(o->arch, "gemma4") && a->experts) {
-        /* the 26B-A4B's layer: experts beside the dense FFN, 2 per token unless asked */
-        o->n_expert = (int)a->experts;
-        o->n_expert_used = a->experts_used ? (int)a->experts_used : TM_MIN(2, o->n_expert);
-        o->expert_ffn = a->expert_ffn ? (int)a->expert_ffn : o->ffn;
+    } else if (!strcmp(o->arch, "gemma4") && (a->experts || (g4 && p->n_expert))) {
+        /* the 26B-A4B's layer: experts beside the dense FFN, the preset's or 2 per token unless
+         * asked (a preset's count cut to --experts when that is fewer) */
+        o->n_expert = a->experts ? (int)a->experts : p->n_expert;
+        o->n_expert_used = a->experts_used ? (int)a->experts_used
+                                           : TM_MIN(g4 && p->n_expert_used ? p->n_expert_used : 2, o->n_expert);
+        o->expert_ffn = a->expert_ffn ? (int)a->expert_ffn : g4 && p->expert_ffn ? p->expert_ffn : o->ffn;
         if (o->n_expert_used > o->n_expert) {
             fprintf(stderr, "tokenmill mkmodel: --experts-used %d is more than --experts %d\n", o->n_expert_used, o->n_expert);
             return 2;
@@ -1011,15 +1050,17 @@ static int mk_resolve_experts(mk_opts *o, const mk_args *a, const mk_preset *p)
         fprintf(stderr, "tokenmill mkmodel: --per-layer-embd and --shared-kv-layers are for --arch gemma4\n");
         return 2;
     }
-    o->n_pl = (int)a->per_layer;
-    o->n_shared_kv = (int)a->shared_kv;
+    o->n_pl = a->per_layer ? (int)a->per_layer : g4 ? p->n_pl : 0;
+    o->n_shared_kv = a->shared_kv ? (int)a->shared_kv : g4 ? p->n_shared_kv : 0;
+    o->v_global = g4 && p->v_global;
     if (o->n_shared_kv > 0) {
         /* llama.cpp's reuse rule: the last layer that keeps K/V is a global one, the one before a
          * window one (layers 5 of each 6 are global here) */
         int last = o->n_layers - o->n_shared_kv - 1;
         if (last < 1 || (last % 6) != 5) {
             fprintf(stderr, "tokenmill mkmodel: --shared-kv-layers %d of %d layers: the last layer keeping K/V (%d) must be "
-                            "a global one (5, 11, 17, ...)\n", o->n_shared_kv, o->n_layers, last);
+                            "a global one (5, 11, 17, ...)%s\n", o->n_shared_kv, o->n_layers, last,
+                    a->shared_kv ? "" : " (the preset's count: give --shared-kv-layers with --layers)");
             return 2;
         }
     }
@@ -1082,7 +1123,7 @@ int cmd_mkmodel(int argc, char **argv)
     mk_opts o = { .arch = NULL, .seed = 1, .n_threads = 0 };
     mk_args a = { .q_lora = -1, .shared = -1, .dense = -1, .groups = -1, .tied = -1, .hash_layers = -1, .plain_layers = -1 };
     cmd_opt_u64 seed = { 0 };
-    char preset_help[512];
+    char preset_help[1024];
     size_t ph = (size_t)snprintf(preset_help, sizeof preset_help, "a real model's shape:");
     for (size_t i = 0; i < TM_ARRAY_LEN(mk_presets) && ph < sizeof preset_help; i++)
         ph += (size_t)snprintf(preset_help + ph, sizeof preset_help - ph, " %s", mk_presets[i].name);

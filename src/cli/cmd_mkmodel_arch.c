@@ -321,8 +321,9 @@ static void mk_qwen35_keys(gguf_writer *w, const mk_opts *o)
 }
 
 /* gemma4's shape: of each 6 layers the first 5 are window layers of head_dim, the 6th a global
- * one with heads twice as wide, a quarter of their kv heads (the 31B's 256/512 and 16/4) and
- * no attn_v (V is K, the 31B's attention_k_eq_v). */
+ * one with heads twice as wide, a quarter of their kv heads when that divides (the 31B's 256/512
+ * and 16/4, the 26B-A4B's 8/2; E4B's 2 stay 2) and no attn_v (V is K, the 31B's
+ * attention_k_eq_v) unless o->v_global (E4B's). */
 static bool mk_gemma4_swa(int l) { return l % 6 < 5; }
 static int mk_gemma4_hd(const mk_opts *o, int l) { return mk_gemma4_swa(l) ? o->head_dim : 2 * o->head_dim; }
 static int mk_gemma4_kv(const mk_opts *o, int l)
@@ -366,7 +367,7 @@ static void mk_gemma4_layer(mk_model *m, int l)
     char name[128];
     mk_add(m, MK_T("attn_q.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 2, dim, q_dim);
     mk_add(m, MK_T("attn_k.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 2, dim, kv_dim);
-    if (mk_gemma4_swa(l)) mk_add(m, MK_T("attn_v.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 2, dim, kv_dim);
+    if (mk_gemma4_swa(l) || o->v_global) mk_add(m, MK_T("attn_v.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)dim), base, 2, dim, kv_dim);
     mk_add(m, MK_T("attn_q_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, hd, 1);
     mk_add(m, MK_T("attn_k_norm.weight"), MK_INIT_NORM, 1.0f, QTYPE_F32, 1, hd, 1);
     mk_add(m, MK_T("attn_output.weight"), MK_INIT_NOISE, 1.0f / sqrtf((float)q_dim), base, 2, q_dim, dim);

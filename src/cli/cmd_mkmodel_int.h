@@ -59,6 +59,7 @@ typedef struct {
     int n_threads;
     int n_pl;               /* gemma4: per-layer embedding width (E2B/E4B's), 0: none */
     int n_shared_kv;        /* gemma4: layers at the end that read an earlier layer's K/V */
+    bool v_global;          /* gemma4: the global layers have their own attn_v (E2B/E4B), not V = K */
 } mk_opts;
 
 /* SKEW: noise + router_skew's ramp; TID2EID: I32 rows of distinct expert ids in 0..n_expert-1 */

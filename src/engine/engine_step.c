@@ -87,11 +87,13 @@ rotate_store:
 /* A row-by-row job (each thread takes a contiguous share of the batch rows, the arithmetic of
  * a row does not depend on the share) over `elems` floats of work: on the step thread alone
  * when that is below ENGINE_INLINE_ELEMS, where waking the pool and meeting at its end costs
- * more than the work (a decode step's few rows), else as a pool round. Same bits either way. */
+ * more than the work (a decode step's few rows), or when the batch is one row, which only one
+ * thread of a round could take (Gemma 4's padded q/k/v rows of a decode step are 32768 floats,
+ * and the other threads would only wake and wait); else as a pool round. Same bits either way. */
 #define ENGINE_INLINE_ELEMS 8192
 static void engine_run_rows(engine *e, void (*fn)(void *, int, int), engine_job *job, int64_t elems)
 {
-    if (elems <= ENGINE_INLINE_ELEMS) fn(job, 0, 1);
+    if (elems <= ENGINE_INLINE_ELEMS || job->b->n_tokens == 1) fn(job, 0, 1);
     else threadpool_run(e->tp, fn, job);
 }
 
