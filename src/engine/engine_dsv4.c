@@ -14,13 +14,15 @@
  * therefore do not depend on what else shares the step, on how its prompt was chunked or on
  * the thread count.
  *
- * Ring row of (layer, position), F32, offsets from dsv4_layout: raw K=V (hd); ratio r > 0:
- * the compressor's kv (coff * hd) and score (coff * hd, ape[pos % r] added); ratio 4: the
- * indexer's kv (2 * idim) and score (2 * idim). A layer's raw rows go into the ring after its
- * attention (which reads the step's own from kvr), its projections before it, in batch order
- * (a compression reads at most 127 rows back, always still in the ring; raw and projection
- * columns are disjoint, so a long chunk's projections never overwrite raw rows its attention
- * reads). A block's packed entries: per compressed layer in layer order, its 128 / r entries
+ * Rings of (layer, position), F32: the raw K=V row (hd; kvpool part 0, swa + spare slots)
+ * and, ratio r > 0, the projection row (part 1, the slots a compression reads back + spare),
+ * offsets from dsv4_layout: the compressor's kv (hd) and score (hd, ape[pos % r] added); ratio
+ * 4: both halves of those and of the indexer's kv (idim) and score (idim), all first halves
+ * first (the overlap carry a window state keeps is that prefix). A layer's raw rows go into
+ * their ring after its attention (which reads the step's own from kvr), its projections into
+ * theirs before it, in batch order (a compression reads at most 127 rows back, always still in
+ * the ring; the two rings are disjoint, so a long chunk's projections never overwrite raw rows
+ * its attention reads). A block's packed entries: per compressed layer in layer order, its 128 / r entries
  * (hd each), then on ratio 4 its 32 indexer entries (idim each).
  */
 #include "engine/engine_dsv4.h"
