@@ -794,6 +794,7 @@ void *kvpool_seq_ring_row(const kvpool *p, const kvpool_seq *s, int layer, int k
 /* Row of position pos of (layer, kv, kv_head): in its block, or a window layer's ring slot. */
 static uint8_t *kvpool_seq_row(const kvpool *p, const kvpool_seq *s, int pos, int layer, int kv, int kv_head)
 {
+    if (p->n_parts == 1) kv = 0;   /* V is K (an aux ring is reached by kvpool_seq_ring_row only) */
     if (p->slot[layer] < 0) return kvpool_seq_ring_row(p, s, layer, kv, kv_head, pos);
     size_t off = (size_t)(pos % KVPOOL_BLOCK) * p->brow[2 * p->slot[layer] + (p->n_parts == 1 ? 0 : kv)];
     return (uint8_t *)kvpool_seq_slab(p, s, pos / KVPOOL_BLOCK, layer, kv, kv_head) + off;
@@ -823,7 +824,7 @@ void kvpool_seq_store(const kvpool *p, const kvpool_seq *s, int pos, int layer, 
     qtype t = p->slot[layer] < 0 ? p->ring_type : p->o.dtype;
     uint8_t *kr = kvpool_seq_row(p, s, pos, layer, 0, kv_head), *vr = kvpool_seq_row(p, s, pos, layer, 1, kv_head);
     kvpool_row_put(t, k, kr, kvpool_layer_width(p, layer, 0));
-    if (vr != kr) kvpool_row_put(t, v, vr, kvpool_layer_width(p, layer, 1));
+    if (vr != kr) kvpool_row_put(t, v, vr, kvpool_layer_width(p, layer, 1));   /* two parts: widths of each */
 }
 
 void kvpool_seq_load(const kvpool *p, const kvpool_seq *s, int pos, int layer, int kv_head,
@@ -832,7 +833,7 @@ void kvpool_seq_load(const kvpool *p, const kvpool_seq *s, int pos, int layer, i
     qtype t = p->slot[layer] < 0 ? p->ring_type : p->o.dtype;
     const uint8_t *kr = kvpool_seq_row(p, s, pos, layer, 0, kv_head), *vr = kvpool_seq_row(p, s, pos, layer, 1, kv_head);
     kvpool_row_get(t, kr, k, kvpool_layer_width(p, layer, 0));
-    kvpool_row_get(t, vr, v, kvpool_layer_width(p, layer, 1));
+    kvpool_row_get(t, vr, v, kvpool_layer_width(p, layer, p->n_parts == 1 ? 0 : 1));
 }
 
 /* ---- window layers ---- */

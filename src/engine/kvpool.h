@@ -134,8 +134,9 @@ int kvpool_n_layers(const kvpool *p);   /* opts.n_layers */
  * entries (engine_dsv4.h); blocks, tails and handoffs take their shape from here. */
 int kvpool_n_kv_heads(const kvpool *p);
 int kvpool_head_dim(const kvpool *p);
-/* Elements of layer `layer`'s K (kv 0) or V row, in its block slabs or its ring; 0 for a layer
- * that keeps nothing here. */
+/* Elements of layer `layer`'s K (kv 0) or V row, in its block slabs or its ring (a v_is_k
+ * pool's window layer: kv 1 is its aux ring row, or K's without one); 0 for a layer that keeps
+ * nothing here. */
 int kvpool_layer_width(const kvpool *p, int layer, int kv);
 /* Whether every block layer's K and V rows have one width (the common case: head_dim; a
  * DeepSeek V4 pool's one entries layer), and the widest block row. */
