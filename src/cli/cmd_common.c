@@ -546,12 +546,16 @@ engine *cmd_common_engine_new(const char *prog, model *m, cmd_engine_opts *o)
     engine_warmup(e);
     if (o->draft_engine) engine_warmup(o->draft_engine);
     if (o->mtp_engine) engine_warmup(o->mtp_engine);
-    if (kvpool_n_window_layers(kv) > 0)
+    if (kvpool_n_window_layers(kv) > 0) {
+        int slots = 0;   /* the longest ring (a layer's parts may keep fewer: DeepSeek V4's) */
+        for (int l = 0; l < kvpool_n_layers(kv); l++)
+            for (int k = 0; k < 2; k++) slots = TM_MAX(slots, kvpool_ring_slots(kv, l, k));
         log_info("%s: %d window layers (window %d) keep a ring of %d positions per sequence: %.2f MiB each; "
                  "%d full layers in %zu-byte blocks; window states of %.2f MiB",
-                 prog, kvpool_n_window_layers(kv), kvpool_window(kv), kvpool_window(kv) + KVPOOL_RING_SPARE,
+                 prog, kvpool_n_window_layers(kv), kvpool_window(kv), slots,
                  kvpool_ring_bytes(kv) / 1048576.0, kvpool_n_block_layers(kv), kvpool_block_bytes(kv),
                  kvpool_window_state_bytes(kv) / 1048576.0);
+    }
     if (kvpool_state_bytes(kv) > 0)
         log_info("%s: %d linear-attention layers keep a recurrent state of %.2f MiB per sequence, cached at block "
                  "ends for prefix reuse (the window cache); %d full layers in %zu-byte blocks; no speculative decoding",
@@ -565,12 +569,12 @@ engine *cmd_common_engine_new(const char *prog, model *m, cmd_engine_opts *o)
         const double es = (double)quant_row_bytes(kvpool_dtype(kv), 1);
         if (z.block > 0)
             log_info("%s: deepseek4 keeps compressed entries in blocks: %.1f KiB per 128-token block in %s (a block "
-                     "layer of 128 x %d: %.1f KiB); window states of %.2f MiB F32 (%.1f KiB of raw rows in %s and "
-                     "%.1f KiB of ratio-4 carry in F32 unpadded); a ring of %.2f MiB per sequence (%.2f MiB unpadded)",
+                     "layer of 128 x %d: %.1f KiB); window states of %.1f KiB (%.1f KiB of raw rows in %s and "
+                     "%.1f KiB of ratio-4 carry in F32); rings of %.2f MiB per sequence",
                      prog, (double)z.block * es / 1024.0, quant_type_name(kvpool_dtype(kv)), z.slab_width,
-                     (double)z.pool_block * es / 1024.0, (double)z.pool_state * 4 / 1048576.0,
+                     (double)z.pool_block * es / 1024.0, kvpool_window_state_bytes(kv) / 1024.0,
                      (double)z.window * es / 1024.0, quant_type_name(kvpool_dtype(kv)), (double)z.carry * 4 / 1024.0,
-                     (double)z.pool_ring * 4 / 1048576.0, (double)z.ring * 4 / 1048576.0);
+                     kvpool_ring_bytes(kv) / 1048576.0);
     }
     return e;
 }

@@ -123,7 +123,7 @@ engine_dflash *engine_dflash_new(const model *d, const model *t, const engine_df
     kvpool_opts ko = { .n_layers = hp->n_layers, .n_kv_heads = hp->n_kv_heads, .head_dim = hp->head_dim,
                        .dtype = QTYPE_F32 };
     /* a drafter's layers are uncompressed (model_dflash.c): its raw rows are in blocks, F32 */
-    int32_t *lw = d->dsv4 ? xcalloc(2 * (size_t)engine_dsv4_pool_layers(d), sizeof *lw) : NULL;
+    int32_t *lw = d->dsv4 ? xcalloc(ENGINE_DSV4_GEOM_ROOM * (size_t)engine_dsv4_pool_layers(d), sizeof *lw) : NULL;
     if (d->dsv4) ko = engine_dsv4_kv_geometry(d, QTYPE_F32, lw);
     ko.n_blocks = ed->max_seqs * ((n_ctx + KVPOOL_BLOCK - 1) / KVPOOL_BLOCK);
     memcpy(ko.model_fp, d->fingerprint, 32);

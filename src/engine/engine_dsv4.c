@@ -14,13 +14,15 @@
  * therefore do not depend on what else shares the step, on how its prompt was chunked or on
  * the thread count.
  *
- * Ring row of (layer, position), F32, offsets from dsv4_layout: raw K=V (hd); ratio r > 0:
- * the compressor's kv (coff * hd) and score (coff * hd, ape[pos % r] added); ratio 4: the
- * indexer's kv (2 * idim) and score (2 * idim). A layer's raw rows go into the ring after its
- * attention (which reads the step's own from kvr), its projections before it, in batch order
- * (a compression reads at most 127 rows back, always still in the ring; raw and projection
- * columns are disjoint, so a long chunk's projections never overwrite raw rows its attention
- * reads). A block's packed entries: per compressed layer in layer order, its 128 / r entries
+ * Rings of (layer, position), F32: the raw K=V row (hd; kvpool part 0, swa + spare slots)
+ * and, ratio r > 0, the projection row (part 1, the slots a compression reads back + spare),
+ * offsets from dsv4_layout: the compressor's kv (hd) and score (hd, ape[pos % r] added); ratio
+ * 4: both halves of those and of the indexer's kv (idim) and score (idim), all first halves
+ * first (the overlap carry a window state keeps is that prefix). A layer's raw rows go into
+ * their ring after its attention (which reads the step's own from kvr), its projections into
+ * theirs before it, in batch order (a compression reads at most 127 rows back, always still in
+ * the ring; the two rings are disjoint, so a long chunk's projections never overwrite raw rows
+ * its attention reads). A block's packed entries: per compressed layer in layer order, its 128 / r entries
  * (hd each), then on ratio 4 its 32 indexer entries (idim each).
  */
 #include "engine/engine_dsv4.h"
@@ -39,8 +41,10 @@
 #define DSV4_MAX_MIX 64          /* (2 + hc) * hc at most: hc <= 6 */
 
 typedef struct {
-    int raw, ckv, csc;           /* float offsets in the ring row; -1: absent */
+    int ckv, csc;                /* float offsets in the projection row (the first halves on ratio
+                                  * 4); -1: absent */
     int ikv, isc;
+    int half;                    /* ratio 4: offset of the second halves from the first; else 0 */
     int ent, ient;               /* value offsets of the layer's entries / indexer entries in a
                                   * block's packed entries; -1: absent */
 } dsv4_layout;
@@ -69,9 +73,7 @@ struct engine_dsv4 {
                               * previous run in this step, -1 if none */
     engine_window_state *wsnap; /* (n_wsnap_max) states captured this step */
     int32_t *wsnap_t;        /* (n_wsnap_max) a batch entry of the run that crosses each */
-    float *wsnap_data;       /* (n_wsnap_max, kvpool_window_state_bytes / 4) their rows */
-    int32_t *rw;             /* (n_layers) a layer's ring row width, floats */
-    size_t *st_off;          /* (n_layers) float offset of a layer's rows in a window state */
+    uint8_t *wsnap_data;     /* (n_wsnap_max, kvpool_window_state_bytes) their bytes */
     int n_wsnap, n_wsnap_max;
     /* activations, (max_tokens, width) f32 */
     float *X;                /* (T, hc, dim) residual streams */
@@ -129,20 +131,21 @@ struct engine_dsv4 {
     int n_cap;
 };
 
-/* The row of a layer of ratio r (heads of hd, indexer keys of id): its parts' offsets, and its
- * width in *width. */
+/* The projection row of a layer of ratio r (heads of hd, indexer keys of id): its parts'
+ * offsets, and its width in *width (0 on ratio 0). On ratio 4 the first halves (what the next
+ * group reads back: the overlap carry) lead the row, so that a window state keeps a prefix. */
 static dsv4_layout dsv4_layout_of(int r, int hd, int id, int *width)
 {
-    dsv4_layout l = { 0, -1, -1, -1, -1, -1, -1 };
-    int w = hd;
+    dsv4_layout l = { -1, -1, -1, -1, 0, -1, -1 };
+    int w = 0;
     if (r > 0) {
-        int c = (r == 4 ? 2 : 1) * hd;
-        l.ckv = w, w += c;
-        l.csc = w, w += c;
+        l.ckv = w, w += hd;
+        l.csc = w, w += hd;
     }
     if (r == 4) {
-        l.ikv = w, w += 2 * id;
-        l.isc = w, w += 2 * id;
+        l.ikv = w, w += id;
+        l.isc = w, w += id;
+        l.half = w, w *= 2;
     }
     *width = w;
     return l;
@@ -153,9 +156,16 @@ int engine_dsv4_row(const model *m)
     int wmax = 0, w;
     for (int il = 0; il < m->hp.n_layers; il++) {
         dsv4_layout_of(m->dsv4->layers[il].ratio, m->hp.head_dim, m->dsv4->idx_dim, &w);
-        wmax = TM_MAX(wmax, w);
+        wmax = TM_MAX(wmax, TM_MAX(w, m->hp.head_dim));
     }
     return TM_ALIGN_UP(wmax, 16);
+}
+
+/* Ring slots of a layer of ratio r's projections: the rows a compression reads back, and the
+ * spare slots (ratio 4: this group and the previous one; ratio 128: the open group). */
+static int dsv4_proj_slots(int r)
+{
+    return r == 4 ? 2 * 4 + KVPOOL_RING_SPARE : r == 128 ? KVPOOL_BLOCK + KVPOOL_RING_SPARE : 0;
 }
 
 bool engine_dsv4_sizes_of(const engine_dsv4_shape *s, engine_dsv4_sizes *out, char *err, size_t errsz)
@@ -182,7 +192,7 @@ bool engine_dsv4_sizes_of(const engine_dsv4_shape *s, engine_dsv4_sizes *out, ch
         }
         int w;
         dsv4_layout_of(r, s->head_dim, s->idx_dim, &w);
-        wmax = TM_MAX(wmax, w);
+        wmax = TM_MAX(wmax, TM_MAX(w, s->head_dim));
         out->window += s->swa * hd;
         out->ring += (s->swa + sp) * hd;
         if (r == 4) {
@@ -195,20 +205,21 @@ bool engine_dsv4_sizes_of(const engine_dsv4_shape *s, engine_dsv4_sizes *out, ch
         }
     }
     /* the pool: the entries are one block layer whose row is the block's values over 128
-     * positions (rounded up to a whole row: under 128 values), and each layer's ring row holds
-     * all 128 positions' projections, not only the carry's; without compressed layers the raw
-     * rows are in blocks */
-    const int64_t W = TM_MAX(s->swa, KVPOOL_BLOCK);
+     * positions (rounded up to a whole row: under 128 values); each layer's raw rows and
+     * projection rows are rings of their own lengths (engine_dsv4_kv_geometry), a window state
+     * their rows above in its compact layout (raw rows in the blocks' type); without compressed
+     * layers the raw rows are in blocks */
     out->width = TM_ALIGN_UP(wmax, 16);
     if (out->block > 0) {
         out->n_slabs = 1;
         out->slab_width = (int)((out->block + B - 1) / B);
         for (int il = 0; il < s->n_layers; il++) {
+            const int r = s->ratio[il];
             int w;
-            dsv4_layout_of(s->ratio[il], s->head_dim, s->idx_dim, &w);
-            out->pool_state += W * TM_ALIGN_UP(w, 16);
-            out->pool_ring += (W + sp) * TM_ALIGN_UP(w, 16);
+            dsv4_layout_of(r, s->head_dim, s->idx_dim, &w);
+            out->pool_ring += (s->swa + sp) * hd + dsv4_proj_slots(r) * TM_ALIGN_UP(w, 16);
         }
+
     } else {
         out->n_slabs = s->n_layers;
         out->slab_width = out->width;
@@ -243,19 +254,34 @@ kvpool_opts engine_dsv4_kv_geometry(const model *m, qtype t, int32_t *layer_wind
     const int L = m->hp.n_layers;
     const bool comp = z.block > 0;
     const int n = comp ? L + z.n_slabs : L;   /* engine_dsv4_pool_layers */
-    int32_t *width = layer_window + n;
-    /* window max(swa, 128): a ratio-128 group's projections, up to 127 rows back, stay in the ring */
+    int32_t *width = layer_window + n, *aux = width + n, *slots = aux + n, *srows = slots + 2 * n;
+    int32_t *scols = srows + 2 * n;
+    const int swa = m->dsv4->swa;
+    /* window max(swa, 128) (the exact replay span's unit); per layer a ring of raw rows (kv 0,
+     * swa + spare slots, the last swa in a state in the blocks' type) and of projections (kv 1,
+     * dsv4_proj_slots; in a state only the ratio-4 carry: the last group's first halves) */
     for (int il = 0; il < n; il++) {
-        layer_window[il] = comp && il < L ? TM_MAX(m->dsv4->swa, KVPOOL_BLOCK) : 0;
-        width[il] = comp ? z.slab_width : 0;   /* the entries' block layer */
-        if (comp && il < L) {
-            dsv4_layout_of(m->dsv4->layers[il].ratio, m->hp.head_dim, m->dsv4->idx_dim, &width[il]);
-            width[il] = TM_ALIGN_UP(width[il], 16);
-        }
+        const bool win = comp && il < L;
+        const int r = win ? m->dsv4->layers[il].ratio : 0;
+        int w;
+        dsv4_layout dl = dsv4_layout_of(r, m->hp.head_dim, m->dsv4->idx_dim, &w);
+        layer_window[il] = win ? TM_MAX(swa, KVPOOL_BLOCK) : 0;
+        width[il] = win ? m->hp.head_dim : comp ? z.slab_width : 0;   /* raw rows; the entries' block layer */
+        aux[il] = win ? TM_ALIGN_UP(w, 16) : 0;
+        slots[2 * il] = win ? swa + KVPOOL_RING_SPARE : 0;
+        slots[2 * il + 1] = dsv4_proj_slots(r);
+        srows[2 * il] = win ? swa : 0;
+        srows[2 * il + 1] = r == 4 ? 4 : 0;
+        scols[2 * il] = 0;
+        scols[2 * il + 1] = r == 4 ? dl.half : 0;
     }
     kvpool_opts ko = { .n_layers = n, .n_kv_heads = 1, .head_dim = z.width, .v_is_k = true,
                        .dtype = comp ? t : QTYPE_F32, .layer_window = layer_window, .layer_width = width,
                        .ring_f32 = true };
+    if (comp) {
+        ko.ring_aux_width = aux, ko.ring_slots = slots, ko.state_rows = srows, ko.state_cols = scols;
+        ko.state_k_dtype = true;
+    }
     memcpy(ko.model_fp, m->fingerprint, 32);
     return ko;
 }
@@ -267,8 +293,7 @@ void engine_dsv4_free(engine_dsv4 *d)
                      d->ck, d->cg, d->ik, d->ig, d->iq, d->iw, d->att, d->og, d->ot, d->oa, d->pos, d->npos,
                      d->sel, d->n_sel, d->r_logits, d->r_probs, d->r_sel, d->r_w, d->r_idx, d->r_sc, d->x_row,
                      d->x_slot, d->xg, d->fg, d->fu, d->ye, d->shg, d->shu, d->sh, d->mm_scratch, d->th_f, d->th_i,
-                     d->ent, d->h16, d->run0, d->prev_run, d->wsnap, d->wsnap_t, d->wsnap_data, d->rw,
-                     d->st_off };
+                     d->ent, d->h16, d->run0, d->prev_run, d->wsnap, d->wsnap_t, d->wsnap_data };
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(d);
 }
@@ -305,19 +330,18 @@ engine_dsv4 *engine_dsv4_new(const model *m, threadpool *tp, kvpool *kv, int max
     d->irot = ops_hadamard_order(md->idx_dim);
     d->rot = d->ring && hp->head_dim == md->idx_dim ? ops_hadamard_order(hp->head_dim) : 0;
     d->lay = xcalloc((size_t)hp->n_layers, sizeof *d->lay);
-    d->rw = xcalloc((size_t)hp->n_layers, sizeof *d->rw);
-    d->st_off = xcalloc((size_t)hp->n_layers, sizeof *d->st_off);
     int w, wmax = 0;
-    bool rings_ok = true;   /* each ring row as wide as its layer's (the window states' offsets) */
+    bool rings_ok = true;   /* each layer's raw and projection rings as engine_dsv4_kv_geometry made them */
     int64_t n_ent = 0;   /* values of a block's packed entries */
     for (int il = 0; il < hp->n_layers; il++) {
         const int r = md->layers[il].ratio;
         dsv4_layout *l = &d->lay[il];
         *l = dsv4_layout_of(r, hp->head_dim, md->idx_dim, &w);
-        wmax = TM_MAX(wmax, w);
-        d->rw[il] = TM_ALIGN_UP(w, 16);
-        rings_ok &= !d->ring || kvpool_layer_width(kv, il, 0) == d->rw[il];
-        d->st_off[il] = il ? d->st_off[il - 1] + (size_t)d->rw[il - 1] * (size_t)kvpool_window(kv) : 0;
+        wmax = TM_MAX(wmax, TM_MAX(w, hp->head_dim));
+        rings_ok &= !d->ring || (kvpool_layer_width(kv, il, 0) == hp->head_dim &&
+                                 kvpool_ring_slots(kv, il, 0) >= md->swa + KVPOOL_RING_SPARE &&
+                                 (!r || (kvpool_layer_width(kv, il, 1) >= w &&
+                                         kvpool_ring_slots(kv, il, 1) >= dsv4_proj_slots(r))));
         if (r > 0) l->ent = (int)n_ent, n_ent += (int64_t)(KVPOOL_BLOCK / r) * hp->head_dim;
         if (r == 4) l->ient = (int)n_ent, n_ent += (int64_t)(KVPOOL_BLOCK / 4) * md->idx_dim;
     }
@@ -440,7 +464,14 @@ engine_dsv4 *engine_dsv4_new(const model *m, threadpool *tp, kvpool *kv, int max
 
 /* ---- helpers ---------------------------------------------------------------------------- */
 
-/* The F32 row of layer il at position pos: its ring slot, or (raw rows in blocks) its block row. */
+/* The F32 projection row of layer il at position pos (dsv4_layout): its ring slot. */
+static float *dsv4_prow(const engine_dsv4 *d, const kvpool_seq *s, int il, int pos)
+{
+    return kvpool_seq_ring_row(d->kv, s, il, 1, 0, pos);
+}
+
+/* The F32 raw K=V row of layer il at position pos: its ring slot, or (raw rows in blocks) its
+ * block row. */
 static float *dsv4_row(const engine_dsv4 *d, const kvpool_seq *s, int il, int pos)
 {
     if (d->ring) return kvpool_seq_ring_row(d->kv, s, il, 0, 0, pos);
@@ -569,10 +600,10 @@ static void dsv4_hc_post(engine_dsv4 *d, int T)
     }
 }
 
-/* Entry j of a compressor of ratio r from the rows of its group (and, r = 4, the previous
- * group's first halves): per dimension a softmax over the group's scores weighting its kv;
- * then the norm and RoPE at position r * j. kvo / sco: the projections' offsets in the row,
- * w the entry's width, out the entry. */
+/* Entry j of a compressor of ratio r from the rows of its group (r = 4: their second halves,
+ * and the previous group's first halves): per dimension a softmax over the group's scores
+ * weighting its kv; then the norm and RoPE at position r * j. kvo / sco: the projections'
+ * offsets in the projection row, w the entry's width, out the entry. */
 static void dsv4_compress(const engine_dsv4 *d, const kvpool_seq *s, int il, int j, int r, int kvo, int sco, int w,
                           const float *norm, float *out, float *tmp)
 {
@@ -582,12 +613,12 @@ static void dsv4_compress(const engine_dsv4 *d, const kvpool_seq *s, int il, int
     int nr = 0;
     if (overlap && j > 0)
         for (int i = 0; i < r; i++) {
-            const float *row = dsv4_row(d, s, il, r * (j - 1) + i);
+            const float *row = dsv4_prow(d, s, il, r * (j - 1) + i);
             kv[nr] = row + kvo, sc[nr] = row + sco, off[nr++] = 0;
         }
     for (int i = 0; i < r; i++) {
-        const float *row = dsv4_row(d, s, il, r * j + i);
-        kv[nr] = row + kvo, sc[nr] = row + sco, off[nr++] = overlap ? w : 0;
+        const float *row = dsv4_prow(d, s, il, r * j + i);
+        kv[nr] = row + kvo, sc[nr] = row + sco, off[nr++] = d->lay[il].half;
     }
     for (int x = 0; x < w; x++) {
         float mx = -INFINITY;
@@ -737,8 +768,9 @@ static bool dsv4_plan(engine_dsv4 *d)
         for (int end = (p0 / KVPOOL_BLOCK + 1) * KVPOOL_BLOCK; end <= p1 + 1; end += KVPOOL_BLOCK) {
             if (end < kvpool_window(d->kv) || end < kvpool_seq_exact_from(sq) || d->n_wsnap == d->n_wsnap_max) continue;
             d->wsnap_t[d->n_wsnap] = t;
-            d->wsnap[d->n_wsnap] = (engine_window_state){ .seq = sq, .end = end,
-                .state = (const uint8_t *)d->wsnap_data + (size_t)d->n_wsnap * kvpool_window_state_bytes(d->kv) };
+            uint8_t *st = d->wsnap_data + (size_t)d->n_wsnap * kvpool_window_state_bytes(d->kv);
+            kvpool_window_state_init(d->kv, st);
+            d->wsnap[d->n_wsnap] = (engine_window_state){ .seq = sq, .end = end, .state = st };
             d->n_wsnap++;
         }
         t = r;
@@ -746,33 +778,38 @@ static bool dsv4_plan(engine_dsv4 *d)
     return true;
 }
 
-/* Layer il's rows of state i (kvpool_seq_window_save's layout: (layer, window, row) F32). */
-static float *dsv4_state_rows(const engine_dsv4 *d, int i, int il)
+/* Layer il's part kv in state i (kvpool_seq_window_save's layout), its shape in *sp. */
+static uint8_t *dsv4_state_rows(const engine_dsv4 *d, int i, int il, int kv, kvpool_wstate_part *sp)
 {
-    return d->wsnap_data + (size_t)i * (kvpool_window_state_bytes(d->kv) / sizeof(float)) + d->st_off[il];
+    return kvpool_window_state_rows(d->kv, (void *)d->wsnap[i].state, il, kv, 0, sp);
 }
 
-/* Layer il's ring rows [end - window, end) into state i, just after the projections of its
- * position end - 1 were written (a long run overwrites them later). */
+/* Layer il's projection rows kept in state i (the ratio-4 carry: the last group's first
+ * halves), just after the projections of its position end - 1 were written (a long run
+ * overwrites them later). */
 static void dsv4_capture_rows(const engine_dsv4 *d, int i, int il)
 {
-    const int W = kvpool_window(d->kv), end = d->wsnap[i].end;
-    float *dst = dsv4_state_rows(d, i, il);
-    for (int k = 0; k < W; k++)
-        memcpy(dst + (size_t)k * d->rw[il], kvpool_seq_ring_row(d->kv, d->wsnap[i].seq, il, 0, 0, end - W + k),
-               (size_t)d->rw[il] * sizeof(float));
+    kvpool_wstate_part sp;
+    uint8_t *dst = dsv4_state_rows(d, i, il, 1, &sp);
+    const int end = d->wsnap[i].end;
+    for (int k = 0; k < sp.n_rows; k++)
+        memcpy(dst + (size_t)k * sp.row_bytes, dsv4_prow(d, d->wsnap[i].seq, il, end - sp.n_rows + k), sp.row_bytes);
 }
 
 /* After layer il's attention: the raw rows of the states captured this step (the step's own
- * from kvr), then each run's last ring_len raw rows into its ring; after the last layer the
- * rings' next position. */
+ * from kvr; in the state's type, the blocks': the rows were rounded through it already), then
+ * each run's last raw rows (the ring's slots) into its ring; after the last layer the rings'
+ * next position. */
 static void dsv4_commit(engine_dsv4 *d, int il)
 {
-    const int W = kvpool_window(d->kv), R = W + KVPOOL_RING_SPARE, hd = d->m->hp.head_dim;
+    const int R = kvpool_ring_slots(d->kv, il, 0), hd = d->m->hp.head_dim;
     const size_t rb = (size_t)hd * sizeof(float);
     for (int i = 0; i < d->n_wsnap; i++) {
-        float *dst = dsv4_state_rows(d, i, il);
-        for (int k = 0; k < W; k++) memcpy(dst + (size_t)k * d->rw[il], dsv4_raw(d, d->wsnap_t[i], il, d->wsnap[i].end - W + k), rb);
+        kvpool_wstate_part sp;
+        uint8_t *dst = dsv4_state_rows(d, i, il, 0, &sp);
+        const int end = d->wsnap[i].end;
+        for (int k = 0; k < sp.n_rows; k++)
+            kvpool_row_put(sp.type, dsv4_raw(d, d->wsnap_t[i], il, end - sp.n_rows + k), dst + (size_t)k * sp.row_bytes, hd);
     }
     for (int t = 0; t < d->n_tok;) {
         int r = t + 1;
@@ -841,17 +878,24 @@ static void dsv4_attention(engine_dsv4 *d, int il, int T)
     for (int t = 0; t < T; t++) {
         const engine_tok *tk = &d->toks[t];
         const int p = tk->pos;
-        float *row = dsv4_row(d, tk->seq, il, p);
-        if (!d->ring) memcpy(row + lay->raw, d->kvr + (size_t)t * hd, (size_t)hd * sizeof(float));
+        if (!d->ring) memcpy(dsv4_row(d, tk->seq, il, p), d->kvr + (size_t)t * hd, (size_t)hd * sizeof(float));
         if (r) {
-            const int c = (r == 4 ? 2 : 1) * hd;
-            memcpy(row + lay->ckv, d->ck + (size_t)t * c, (size_t)c * sizeof(float));
+            /* each projection's halves (one on ratio 128) to their places in the row */
+            float *row = dsv4_prow(d, tk->seq, il, p);
+            const int nh = r == 4 ? 2 : 1, c = nh * hd;
             const float *ape = dl->comp_ape + (size_t)(p % r) * c, *g = d->cg + (size_t)t * c;
-            for (int i = 0; i < c; i++) row[lay->csc + i] = g[i] + ape[i];
+            for (int h = 0; h < nh; h++) {
+                float *kv = row + lay->ckv + h * lay->half, *sc = row + lay->csc + h * lay->half;
+                memcpy(kv, d->ck + (size_t)t * c + (size_t)h * hd, (size_t)hd * sizeof(float));
+                for (int i = 0; i < hd; i++) sc[i] = g[h * hd + i] + ape[h * hd + i];
+            }
             if (r == 4) {
-                memcpy(row + lay->ikv, d->ik + (size_t)t * 2 * id, 2 * (size_t)id * sizeof(float));
                 const float *ia = dl->icomp_ape + (size_t)(p % 4) * 2 * id, *ig = d->ig + (size_t)t * 2 * id;
-                for (int i = 0; i < 2 * id; i++) row[lay->isc + i] = ig[i] + ia[i];
+                for (int h = 0; h < 2; h++) {
+                    float *kv = row + lay->ikv + h * lay->half, *sc = row + lay->isc + h * lay->half;
+                    memcpy(kv, d->ik + (size_t)t * 2 * id + (size_t)h * id, (size_t)id * sizeof(float));
+                    for (int i = 0; i < id; i++) sc[i] = ig[h * id + i] + ia[h * id + i];
+                }
             }
         }
         for (int i = 0; i < d->n_wsnap; i++)

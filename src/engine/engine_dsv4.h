@@ -6,13 +6,14 @@
  * the 128-token block"). The blocks hold only what is final for the whole text: each compressed
  * layer's completed entries and the lightning indexer's, packed (engine_dsv4_sizes.block values
  * per 128 positions, in the pool's dtype: F16 or F32). Every model layer is a kvpool window
- * layer (window max(swa, 128)) whose F32 ring row per position holds the raw K=V row and the
- * compressor's and indexer's projections (kv and gate score with the learned position): the
- * window attention reads raw rows from there, a compression the group's rows. Because every
- * ratio divides 128 no group is open at a block end, so the window state at a multiple of 128
- * (the ring's last 128 rows: raw rows and the ratio-4 overlap carry) plus the blocks is the
- * whole state there: the window cache keeps it, and without it the scheduler replays (bounded
- * or exact) as for gpt-oss's window layers.
+ * layer (window max(swa, 128)) with two F32 rings of their own lengths: the raw K=V rows
+ * (swa + spare positions), which the window attention reads, and the compressor's and indexer's
+ * projections (kv and gate score with the learned position; the positions a compression reads
+ * back + spare), which a compression reads. Because every ratio divides 128 no group is open at
+ * a block end, so the window state at a multiple of 128 (the last swa raw rows, in the blocks'
+ * type, and the ratio-4 overlap carry) plus the blocks is the whole state there: the window
+ * cache keeps it, and without it the scheduler replays (bounded or exact) as for gpt-oss's
+ * window layers.
  *
  * A model without compressed layers (a DSpark drafter's layers) keeps its raw rows in blocks
  * instead (F32), one row per position and layer, which its injected context needs.
@@ -36,9 +37,12 @@ typedef struct engine_dsv4 engine_dsv4;
 int engine_dsv4_pool_layers(const model *m);
 /* The pool geometry of a V4 model in element type t (F16 or F32; F32 without compressed
  * layers): one "head" of engine_dsv4_row(m) elements, v_is_k; each window layer's ring row as
- * wide as its layer's (raw, and the projections of its ratio), the entries' block layer's row
- * engine_dsv4_sizes.slab_width. layer_window (room for 2 * engine_dsv4_pool_layers values) gets
- * the windows, then the widths; the result points into it. */
+ * the raw K=V row (kv 0, swa + spare slots) and its projections of its ratio in an aux ring
+ * (kv 1, the slots a compression reads back), the entries' block layer's row
+ * engine_dsv4_sizes.slab_width; a window state keeps the last swa raw rows in t and the ratio-4
+ * carry in F32. layer_window (room for ENGINE_DSV4_GEOM_ROOM * engine_dsv4_pool_layers values)
+ * gets the windows, then the other per-layer arrays; the result points into it. */
+#define ENGINE_DSV4_GEOM_ROOM 9
 kvpool_opts engine_dsv4_kv_geometry(const model *m, qtype t, int32_t *layer_window);
 /* The pool's row width: the widest ring row (raw + projections), rounded up to 16. */
 int engine_dsv4_row(const model *m);
@@ -46,8 +50,8 @@ int engine_dsv4_row(const model *m);
 /* The compressed layout's sizes (docs/deepseek4.md, "Per-sequence state and the 128-token
  * block"): what V4 keeps for the whole text per 128-token block, and what a sequence needs
  * besides, in the window; and what the pool takes for them (the packed entries are one block
- * layer of (128, slab_width): the block's values to under 128; a ring row keeps all 128
- * positions' projections, and F32 raw rows).
+ * layer of (128, slab_width): the block's values to under 128; the rings as counted in
+ * `ring`, projection rows rounded up to 16).
  * Counts are values, not bytes: the element type is the caller's. */
 typedef struct {
     int n_layers;
@@ -75,9 +79,9 @@ typedef struct {
                               * compressed layers every layer's raw rows */
     int slab_width;          /* a block layer's row in values: ceil(block / 128), or width */
     int64_t pool_block;      /* values per block in the pool: n_slabs * 128 * slab_width */
-    int64_t pool_state;      /* values of the pool's window state: 128 rows of each layer's ring
-                              * row width (its raw row and projections, rounded up to 16) */
-    int64_t pool_ring;       /* values of the pool's ring per sequence: 128 + spare such rows */
+    int64_t pool_ring;       /* values of the pool's rings per sequence: ring, with each projection
+                              * row rounded up to 16 (the pool's window state is window in the
+                              * blocks' type + carry in F32 + kvpool's 16-byte header) */
 } engine_dsv4_sizes;
 
 /* Sizes for a shape; false and err for a shape the layout cannot hold (a ratio other than 0,

@@ -58,7 +58,7 @@ kvpool_opts engine_kv_geometry(const model *m, engine_kv_type kv_type, int32_t *
 
 int engine_kv_geometry_room(const model *m)
 {
-    return m->hp.arch == MODEL_ARCH_DEEPSEEK4 ? 2 * engine_dsv4_pool_layers(m) : m->hp.n_layers;
+    return m->hp.arch == MODEL_ARCH_DEEPSEEK4 ? ENGINE_DSV4_GEOM_ROOM * engine_dsv4_pool_layers(m) : m->hp.n_layers;
 }
 
 void engine_kv_shape(const model *m, int *n_parts, int *n_kv_heads, int *head_dim)
@@ -155,16 +155,16 @@ void engine_window_commit(engine *e, const engine_batch *b, int layer)
 {
     const kvpool *kv = e->kv;
     const int nkv = e->m->hp.n_kv_heads, W = kvpool_window(kv), wl = -1 - kvpool_layer_block_index(kv, layer);
-    const int R = W + KVPOOL_RING_SPARE;
-    const size_t sb = kvpool_window_state_bytes(kv), lb = sb / (size_t)kvpool_n_window_layers(kv);
+    const int R = kvpool_ring_slots(kv, layer, 0);
     for (int i = 0; i < e->n_wsnap; i++) {
         const engine_window_state *ws = &e->wsnap[i];
         int t = e->wsnap_t[i];
-        uint8_t *dst = e->wsnap_data + (size_t)i * sb + (size_t)wl * lb;
         for (int k = 0; k < 2; k++)
-            for (int h = 0; h < nkv; h++)
+            for (int h = 0; h < nkv; h++) {
+                uint8_t *dst = kvpool_window_state_rows(kv, (void *)ws->state, layer, k, h, NULL);
                 for (int r = 0; r < W; r++, dst += e->wrow)
                     memcpy(dst, engine_win_row(e, b, layer, t, ws->end - W + r, k, h), e->wrow);
+            }
     }
     for (int t = 0; t < b->n_tokens;) {
         int r = engine_run_end(b, t), p0 = b->toks[t].pos, p1 = b->toks[r - 1].pos;
@@ -210,6 +210,7 @@ bool engine_window_plan(engine *e, const engine_batch *b)
             e->wsnap_t[e->n_wsnap] = t;
             e->wsnap[e->n_wsnap] = (engine_window_state){ .seq = sq, .end = end,
                 .state = e->wsnap_data + (size_t)e->n_wsnap * kvpool_window_state_bytes(e->kv) };
+            kvpool_window_state_init(e->kv, e->wsnap_data + (size_t)e->n_wsnap * kvpool_window_state_bytes(e->kv));
             e->n_wsnap++;
         }
         t = r;

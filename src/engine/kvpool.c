@@ -74,28 +74,44 @@ struct kvpool {
     int n_blk_layers;            /* full layers: the layers a block holds */
     int n_win_layers;            /* window layers: the layers the rings hold */
     int window;                  /* positions a window layer's query sees (the largest window) */
-    int ring_len;                /* ring slots per sequence: window + KVPOOL_RING_SPARE */
     qtype ring_type;             /* the rings' element type: dtype, or F32 (opts.ring_f32) */
     int32_t *ring_w;             /* (n_win_layers, 2) elements of a window layer's K and V ring row:
-                                  * head_dim, or its opts.layer_width / layer_v_width */
+                                  * head_dim, or its opts.layer_width / layer_v_width / ring_aux_width */
+    int32_t *ring_n;             /* (n_win_layers, 2) ring slots of that part: window + SPARE, or
+                                  * its opts.ring_slots */
     size_t *ring_row;            /* (n_win_layers, 2) those rows' bytes in ring_type */
-    size_t *ring_off;            /* (n_win_layers, 2) byte offset of a window layer's K ring, V ring */
-    size_t ring_bytes;           /* sum over window layers and parts: n_kv_heads * ring_len * its
+    size_t *ring_off;            /* (n_win_layers, 2) byte offset of a window layer's K ring, V ring
+                                  * (a part the pool does not keep: its K ring's) */
+    bool *ring_has;              /* (n_win_layers, 2) the part has its own ring */
+    size_t ring_bytes;           /* sum over window layers and parts: n_kv_heads * its slots * its
                                   * ring row's bytes in ring_type */
+    int32_t *st_n;               /* (n_win_layers, 2) last positions of the part a window state keeps */
+    int32_t *st_w;               /* (n_win_layers, 2) leading elements of those rows it keeps */
+    size_t *st_row;              /* (n_win_layers, 2) a state row's bytes in its st_type */
+    size_t *st_off;              /* (n_win_layers, 2) byte offset of the part's rows in a state */
+    qtype st_type[2];            /* a state's K (kv 0) and V rows' type: ring_type, or dtype for K
+                                  * (opts.state_k_dtype) */
+    size_t st_bytes;             /* a window state: KVPOOL_WSTATE_HDR + every part's rows */
+    uint32_t st_geom;            /* digest of the state geometry (its header carries it) */
 };
+
+/* A window state's header: magic, version, geometry digest, bytes (u32 LE each). */
+#define KVPOOL_WSTATE_HDR 16
+#define KVPOOL_WSTATE_MAGIC 0x53574d54u   /* "TMWS" */
+#define KVPOOL_WSTATE_VERSION 2u
 
 struct kvpool_seq {
     int32_t *table;              /* (n_blocks max) block ids */
     int n;                       /* blocks in the table */
     int n_keyed;                 /* leading blocks whose key is known */
     uint8_t last_key[32];        /* key of block n_keyed-1, zeros if none */
-    uint8_t *ring;               /* per window layer and part (n_kv_heads, ring_len, its width): window
-                                  * layers' K/V, position p at slot p % ring_len; NULL if none */
+    uint8_t *ring;               /* per window layer and kept part (n_kv_heads, its slots, its width):
+                                  * position p at slot p % slots; NULL if none */
     int win_lo;                  /* window layers see no key below this position */
     int full_from;               /* full layers' KV below this position is already in the blocks */
     int exact_from;              /* window state at positions >= this equals a run without cache */
     int ring_next;               /* window layers' positions below it are written; the ring holds
-                                  * the last ring_len of them */
+                                  * the last `slots` of them per part */
     uint8_t *state;              /* (state_bytes) a recurrent model's state, or NULL */
 };
 
@@ -187,11 +203,33 @@ kvpool_status kvpool_new(const kvpool_opts *opts, kvpool **out)
     /* a sequence never holds more positions than the pool: a wider window (an odd GGUF) needs
      * no wider ring */
     p->window = (int)TM_MIN((int64_t)p->window, (int64_t)opts->n_blocks * KVPOOL_BLOCK);
-    p->ring_len = p->n_win_layers ? p->window + KVPOOL_RING_SPARE : 0;
     p->ring_type = opts->ring_f32 ? QTYPE_F32 : opts->dtype;
-    p->ring_w = xcalloc(2 * (size_t)p->n_win_layers + 1, sizeof *p->ring_w);
-    p->ring_row = xcalloc(2 * (size_t)p->n_win_layers + 1, sizeof *p->ring_row);
-    p->ring_off = xcalloc(2 * (size_t)p->n_win_layers + 1, sizeof *p->ring_off);
+    const size_t nw2 = 2 * (size_t)p->n_win_layers + 1;
+    p->ring_w = xcalloc(nw2, sizeof *p->ring_w);
+    p->ring_n = xcalloc(nw2, sizeof *p->ring_n);
+    p->ring_row = xcalloc(nw2, sizeof *p->ring_row);
+    p->ring_off = xcalloc(nw2, sizeof *p->ring_off);
+    p->ring_has = xcalloc(nw2, sizeof *p->ring_has);
+    p->st_n = xcalloc(nw2, sizeof *p->st_n);
+    p->st_w = xcalloc(nw2, sizeof *p->st_w);
+    p->st_row = xcalloc(nw2, sizeof *p->st_row);
+    p->st_off = xcalloc(nw2, sizeof *p->st_off);
+    p->st_type[0] = opts->state_k_dtype ? opts->dtype : p->ring_type;
+    p->st_type[1] = p->ring_type;
+    p->st_bytes = p->n_win_layers ? KVPOOL_WSTATE_HDR : 0;
+    uint32_t *sgeom = xmalloc((6 + 8 * (size_t)opts->n_layers) * sizeof *sgeom);
+    int n_sgeom = 0;
+    sgeom[n_sgeom++] = KVPOOL_WSTATE_VERSION;
+    sgeom[n_sgeom++] = (uint32_t)opts->n_kv_heads;
+    sgeom[n_sgeom++] = (uint32_t)p->n_win_layers;
+    sgeom[n_sgeom++] = (uint32_t)p->st_type[0];
+    sgeom[n_sgeom++] = (uint32_t)p->st_type[1];
+    if ((opts->ring_aux_width && !opts->v_is_k) ||
+        (p->st_type[0] != p->ring_type && p->ring_type != QTYPE_F32)) {   /* conversions are from F32 rings */
+        free(sgeom);
+        kvpool_free(p);
+        return KVPOOL_ERR_ARG;
+    }
     p->bw = xcalloc(2 * (size_t)p->n_blk_layers, sizeof *p->bw);
     p->brow = xcalloc(2 * (size_t)p->n_blk_layers, sizeof *p->brow);
     p->boff = xcalloc(2 * (size_t)p->n_blk_layers + 1, sizeof *p->boff);
@@ -209,18 +247,45 @@ kvpool_status kvpool_new(const kvpool_opts *opts, kvpool **out)
         const int i = 2 * (win ? -1 - p->slot[l] : p->slot[l]);
         const qtype t = win ? p->ring_type : opts->dtype;
         for (int kv = 0; kv < 2; kv++) {
-            int w = kvpool_geom_width(opts, l, kv);
+            const bool aux = win && kv && opts->ring_aux_width && opts->ring_aux_width[l] > 0;
+            int w = aux ? opts->ring_aux_width[l] : kvpool_geom_width(opts, l, kv);
+            bool has = kv < p->n_parts || aux;
             if (!kvpool_type_ok(t, w)) {
                 free(geom);
+                free(sgeom);
                 kvpool_free(p);
                 return KVPOOL_ERR_ARG;
             }
-            size_t rb = quant_row_bytes(t, w), part = kv < p->n_parts ? (size_t)opts->n_kv_heads * rb : 0;
+            size_t rb = quant_row_bytes(t, w), part = has ? (size_t)opts->n_kv_heads * rb : 0;
             if (win) {
+                const int j = 2 * l + kv, full = p->window + KVPOOL_RING_SPARE;
+                int n = opts->ring_slots && opts->ring_slots[j] > 0 ? TM_MIN(opts->ring_slots[j], full) : full;
+                int sn = opts->state_rows ? opts->state_rows[j] : p->window;
+                int sw = opts->state_cols && opts->state_cols[j] > 0 ? opts->state_cols[j] : w;
+                qtype st = p->st_type[kv];
+                /* a state's rows must be in the ring when it is saved and restored */
+                if (sn < 0 || sn > TM_MIN(n, p->window) || sw > w || (sn && !kvpool_type_ok(st, sw))) {
+                    free(geom);
+                    free(sgeom);
+                    kvpool_free(p);
+                    return KVPOOL_ERR_ARG;
+                }
+                if (!has) n = p->ring_n[i], sn = 0, sw = p->st_w[i];
                 p->ring_w[i + kv] = w;
+                p->ring_n[i + kv] = n;
                 p->ring_row[i + kv] = rb;
-                p->ring_off[i + kv] = kv < p->n_parts ? p->ring_bytes : p->ring_off[i];
-                p->ring_bytes += part * (size_t)p->ring_len;
+                p->ring_has[i + kv] = has;
+                p->ring_off[i + kv] = has ? p->ring_bytes : p->ring_off[i];
+                p->ring_bytes += part * (size_t)n;
+                p->st_n[i + kv] = sn;
+                p->st_w[i + kv] = sw;
+                p->st_row[i + kv] = quant_row_bytes(st, sw);
+                p->st_off[i + kv] = p->st_bytes;
+                p->st_bytes += (size_t)opts->n_kv_heads * (size_t)sn * p->st_row[i + kv];
+                sgeom[n_sgeom++] = (uint32_t)has;
+                sgeom[n_sgeom++] = (uint32_t)w;
+                sgeom[n_sgeom++] = (uint32_t)sn;
+                sgeom[n_sgeom++] = (uint32_t)sw;
             } else {
                 p->bw[i + kv] = w;
                 p->brow[i + kv] = rb;
@@ -234,6 +299,9 @@ kvpool_status kvpool_new(const kvpool_opts *opts, kvpool **out)
     p->boff[2 * p->n_blk_layers] = p->block_bytes;
     p->geom = block_crc32c(geom, (size_t)n_geom * sizeof geom[0]);
     free(geom);
+    p->st_geom = block_crc32c(sgeom, (size_t)n_sgeom * sizeof sgeom[0]);
+    free(sgeom);
+    p->o.ring_aux_width = p->o.ring_slots = p->o.state_rows = p->o.state_cols = NULL;
     p->o.layer_width = p->o.layer_v_width = NULL;
     size_t total = p->block_bytes * (size_t)opts->n_blocks;
     if (p->block_bytes != kvpool_geom_block_bytes(opts) || total / (size_t)opts->n_blocks != p->block_bytes) {
@@ -303,8 +371,14 @@ void kvpool_free(kvpool *p)
     free(p->tail_tok);
     free(p->slot);
     free(p->ring_w);
+    free(p->ring_n);
     free(p->ring_row);
     free(p->ring_off);
+    free(p->ring_has);
+    free(p->st_n);
+    free(p->st_w);
+    free(p->st_row);
+    free(p->st_off);
     free(p->bw);
     free(p->brow);
     free(p->boff);
@@ -313,6 +387,7 @@ void kvpool_free(kvpool *p)
 
 size_t kvpool_block_bytes(const kvpool *p) { return p->block_bytes; }
 int kvpool_n_parts(const kvpool *p) { return p->n_parts; }
+int kvpool_n_layers(const kvpool *p) { return p->o.n_layers; }
 int kvpool_n_kv_heads(const kvpool *p) { return p->o.n_kv_heads; }
 int kvpool_head_dim(const kvpool *p) { return p->o.head_dim; }
 bool kvpool_block_uniform(const kvpool *p) { return p->uniform; }
@@ -323,8 +398,9 @@ int kvpool_layer_width(const kvpool *p, int layer, int kv)
 {
     int sl = p->slot[layer];
     if (sl == INT32_MIN) return 0;
+    if (sl < 0) return p->ring_w[2 * (-1 - sl) + kv];   /* V is K, unless an aux ring */
     if (p->n_parts == 1) kv = 0;
-    return sl < 0 ? p->ring_w[2 * (-1 - sl) + kv] : p->bw[2 * sl + kv];
+    return p->bw[2 * sl + kv];
 }
 
 int kvpool_block_width_max(const kvpool *p)
@@ -710,14 +786,15 @@ int kvpool_seq_copy_tail(kvpool *p, kvpool_seq *s, const int32_t *tokens, int li
 
 void *kvpool_seq_ring_row(const kvpool *p, const kvpool_seq *s, int layer, int kv, int kv_head, int pos)
 {
-    size_t i = 2 * (size_t)(-1 - p->slot[layer]) + (size_t)(p->n_parts == 1 ? 0 : kv);   /* V is K */
-    size_t row = (size_t)kv_head * (size_t)p->ring_len + (size_t)(pos % p->ring_len);
+    size_t i = 2 * (size_t)(-1 - p->slot[layer]) + (size_t)kv;   /* a part not kept aliases K */
+    size_t n = (size_t)p->ring_n[i], row = (size_t)kv_head * n + (size_t)pos % n;
     return s->ring + p->ring_off[i] + row * p->ring_row[i];
 }
 
 /* Row of position pos of (layer, kv, kv_head): in its block, or a window layer's ring slot. */
 static uint8_t *kvpool_seq_row(const kvpool *p, const kvpool_seq *s, int pos, int layer, int kv, int kv_head)
 {
+    if (p->n_parts == 1) kv = 0;   /* V is K (an aux ring is reached by kvpool_seq_ring_row only) */
     if (p->slot[layer] < 0) return kvpool_seq_ring_row(p, s, layer, kv, kv_head, pos);
     size_t off = (size_t)(pos % KVPOOL_BLOCK) * p->brow[2 * p->slot[layer] + (p->n_parts == 1 ? 0 : kv)];
     return (uint8_t *)kvpool_seq_slab(p, s, pos / KVPOOL_BLOCK, layer, kv, kv_head) + off;
@@ -747,7 +824,7 @@ void kvpool_seq_store(const kvpool *p, const kvpool_seq *s, int pos, int layer, 
     qtype t = p->slot[layer] < 0 ? p->ring_type : p->o.dtype;
     uint8_t *kr = kvpool_seq_row(p, s, pos, layer, 0, kv_head), *vr = kvpool_seq_row(p, s, pos, layer, 1, kv_head);
     kvpool_row_put(t, k, kr, kvpool_layer_width(p, layer, 0));
-    if (vr != kr) kvpool_row_put(t, v, vr, kvpool_layer_width(p, layer, 1));
+    if (vr != kr) kvpool_row_put(t, v, vr, kvpool_layer_width(p, layer, 1));   /* two parts: widths of each */
 }
 
 void kvpool_seq_load(const kvpool *p, const kvpool_seq *s, int pos, int layer, int kv_head,
@@ -756,7 +833,7 @@ void kvpool_seq_load(const kvpool *p, const kvpool_seq *s, int pos, int layer, i
     qtype t = p->slot[layer] < 0 ? p->ring_type : p->o.dtype;
     const uint8_t *kr = kvpool_seq_row(p, s, pos, layer, 0, kv_head), *vr = kvpool_seq_row(p, s, pos, layer, 1, kv_head);
     kvpool_row_get(t, kr, k, kvpool_layer_width(p, layer, 0));
-    kvpool_row_get(t, vr, v, kvpool_layer_width(p, layer, 1));
+    kvpool_row_get(t, vr, v, kvpool_layer_width(p, layer, p->n_parts == 1 ? 0 : 1));
 }
 
 /* ---- window layers ---- */
@@ -768,9 +845,47 @@ int kvpool_n_window_layers(const kvpool *p) { return p->n_win_layers; }
 int kvpool_window(const kvpool *p) { return p->window; }
 size_t kvpool_ring_bytes(const kvpool *p) { return p->ring_bytes; }
 qtype kvpool_ring_dtype(const kvpool *p) { return p->ring_type; }
-size_t kvpool_window_state_bytes(const kvpool *p)
+size_t kvpool_window_state_bytes(const kvpool *p) { return p->st_bytes; }
+uint32_t kvpool_window_state_geom(const kvpool *p) { return p->st_geom; }
+
+int kvpool_ring_slots(const kvpool *p, int layer, int kv)
 {
-    return p->ring_len ? p->ring_bytes / (size_t)p->ring_len * (size_t)p->window : 0;
+    const int sl = p->slot[layer];
+    return sl < 0 && sl != INT32_MIN ? p->ring_n[2 * (-1 - sl) + kv] : 0;
+}
+
+static void kvpool_put_u32(uint8_t *d, uint32_t v)
+{
+    for (int i = 0; i < 4; i++) d[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint32_t kvpool_get_u32(const uint8_t *d)
+{
+    return (uint32_t)d[0] | (uint32_t)d[1] << 8 | (uint32_t)d[2] << 16 | (uint32_t)d[3] << 24;
+}
+
+void kvpool_window_state_init(const kvpool *p, void *dst)
+{
+    uint8_t *h = dst;
+    kvpool_put_u32(h, KVPOOL_WSTATE_MAGIC);
+    kvpool_put_u32(h + 4, KVPOOL_WSTATE_VERSION);
+    kvpool_put_u32(h + 8, p->st_geom);
+    kvpool_put_u32(h + 12, (uint32_t)p->st_bytes);
+}
+
+bool kvpool_window_state_ok(const kvpool *p, const void *src, size_t bytes)
+{
+    const uint8_t *h = src;
+    return p->st_bytes && bytes == p->st_bytes && kvpool_get_u32(h) == KVPOOL_WSTATE_MAGIC &&
+           kvpool_get_u32(h + 4) == KVPOOL_WSTATE_VERSION && kvpool_get_u32(h + 8) == p->st_geom &&
+           kvpool_get_u32(h + 12) == (uint32_t)p->st_bytes;
+}
+
+void *kvpool_window_state_rows(const kvpool *p, void *state, int layer, int kv, int kv_head, kvpool_wstate_part *part)
+{
+    const size_t j = 2 * (size_t)(-1 - p->slot[layer]) + (size_t)kv;
+    if (part) *part = (kvpool_wstate_part){ p->st_n[j], p->st_w[j], p->st_type[kv], p->st_row[j] };
+    return (uint8_t *)state + p->st_off[j] + (size_t)kv_head * (size_t)p->st_n[j] * p->st_row[j];
 }
 
 int kvpool_window_exact_span(const kvpool *p)
@@ -784,22 +899,34 @@ int kvpool_seq_exact_from(const kvpool_seq *s) { return s->exact_from; }
 int kvpool_seq_ring_next(const kvpool_seq *s) { return s->ring_next; }
 void kvpool_seq_set_ring_next(kvpool_seq *s, int pos) { s->ring_next = pos; }
 
-/* Rows [end - window, end) of every window layer, in the ring or in dst's order (per window
- * layer and part (n_kv_heads, window, its width)): one memcpy per (layer, part, head) and ring
- * wrap. to_ring copies src into the ring, else the ring into dst. */
+/* Each kept part's last st_n rows before end, in the ring or in the state's order (header, then
+ * per window layer and part (n_kv_heads, st_n, st_w elements of st_type)): one memcpy per
+ * (layer, part, head) and ring wrap where the state row is the ring row's prefix in its type,
+ * else row by row through F32 (an F32 ring row's leading st_w elements rounded to st_type, which
+ * the engine has made lossless). to_ring copies the state into the ring, else the ring into it. */
 static void kvpool_seq_window_copy(const kvpool *p, kvpool_seq *s, int end, uint8_t *buf, bool to_ring)
 {
-    const int W = p->window, R = p->ring_len;
     for (int j = 0; j < 2 * p->n_win_layers; j++) {
-        if (j % 2 >= p->n_parts) continue;   /* V is K */
-        const size_t row = p->ring_row[j];
+        if (!p->ring_has[j] || !p->st_n[j]) continue;
+        const int R = p->ring_n[j], W = p->st_n[j];
+        const size_t row = p->ring_row[j], srow = p->st_row[j];
+        const qtype st = p->st_type[j % 2];
         for (int i = 0; i < p->o.n_kv_heads; i++) {
             uint8_t *ring = s->ring + p->ring_off[j] + (size_t)i * R * row;
-            uint8_t *state = buf + p->ring_off[j] / (size_t)R * (size_t)W + (size_t)i * W * row;
+            uint8_t *state = buf + p->st_off[j] + (size_t)i * W * srow;
             for (int k = 0; k < W;) {
                 int pos = end - W + k, slot = pos % R, run = TM_MIN(W - k, R - slot);
-                if (to_ring) memcpy(ring + (size_t)slot * row, state + (size_t)k * row, (size_t)run * row);
-                else memcpy(state + (size_t)k * row, ring + (size_t)slot * row, (size_t)run * row);
+                for (int u = 0; u < run; u++) {
+                    uint8_t *rr = ring + (size_t)(slot + u) * row, *sr = state + (size_t)(k + u) * srow;
+                    if (st == p->ring_type) {
+                        if (to_ring) memcpy(rr, sr, srow);
+                        else memcpy(sr, rr, srow);
+                    } else if (to_ring) {
+                        kvpool_row_get(st, sr, (float *)rr, p->st_w[j]);
+                    } else {
+                        kvpool_row_put(st, (const float *)rr, sr, p->st_w[j]);
+                    }
+                }
                 k += run;
             }
         }
@@ -808,16 +935,19 @@ static void kvpool_seq_window_copy(const kvpool *p, kvpool_seq *s, int end, uint
 
 void kvpool_seq_window_save(const kvpool *p, const kvpool_seq *s, int end, void *dst)
 {
+    kvpool_window_state_init(p, dst);
     kvpool_seq_window_copy(p, (kvpool_seq *)s, end, dst, false);
 }
 
-void kvpool_seq_window_restore(const kvpool *p, kvpool_seq *s, int end, const void *src)
+bool kvpool_seq_window_restore(const kvpool *p, kvpool_seq *s, int end, const void *src, size_t bytes)
 {
+    if (!kvpool_window_state_ok(p, src, bytes)) return false;
     kvpool_seq_window_copy(p, s, end, (uint8_t *)src, true);
     s->win_lo = end - p->window;
     s->full_from = end;
     s->exact_from = 0;
     s->ring_next = end;
+    return true;
 }
 
 int kvpool_seq_window_replay(const kvpool *p, kvpool_seq *s, int end, bool exact)

@@ -77,6 +77,18 @@ typedef struct {
     bool ring_f32;               /* the window layers' rings (and window states) in F32 whatever
                                   * dtype: DeepSeek V4's rings hold its compressors' running
                                   * projections, which llama.cpp keeps in F32 */
+    /* Per-part ring geometry of window layers (the arrays are (n_layers, 2): [2 * layer + kv]),
+     * all NULL for the common case: every part window + KVPOOL_RING_SPARE slots, a state of its
+     * last `window` rows whole. Only read by kvpool_new. */
+    const int32_t *ring_aux_width; /* (n_layers) v_is_k pools only: a second ring row per window
+                                  * layer (kv 1: DeepSeek V4's compressor projections) of this many
+                                  * elements; 0: none (kv 1 is K, as without it) */
+    const int32_t *ring_slots;   /* ring slots of the part (at most window + SPARE; 0: that) */
+    const int32_t *state_rows;   /* last positions of the part a window state keeps (0..min(window,
+                                  * slots): the rows the next positions read back) */
+    const int32_t *state_cols;   /* leading elements of those rows it keeps, 0: the whole row */
+    bool state_k_dtype;          /* window states keep K (kv 0) rows in dtype, not the ring's F32
+                                  * (the engine rounds them through dtype before use: lossless) */
 } kvpool_opts;
 
 typedef struct kvpool kvpool;
@@ -115,14 +127,16 @@ size_t kvpool_block_bytes(const kvpool *p);
 size_t kvpool_geom_block_bytes(const kvpool_opts *opts);
 /* Slabs per (layer, kv head) in a block: 2 (K and V) or 1 (v_is_k). */
 int kvpool_n_parts(const kvpool *p);
+int kvpool_n_layers(const kvpool *p);   /* opts.n_layers */
 /* The row geometry the pool was made with: a block's slabs are (128, row) per (layer, part, kv
  * head), a row head_dim elements or the layer's own width (kvpool_layer_width). Not always the
  * model's heads: a DeepSeek V4 pool has one "head" whose block row is its packed compressed
  * entries (engine_dsv4.h); blocks, tails and handoffs take their shape from here. */
 int kvpool_n_kv_heads(const kvpool *p);
 int kvpool_head_dim(const kvpool *p);
-/* Elements of layer `layer`'s K (kv 0) or V row, in its block slabs or its ring; 0 for a layer
- * that keeps nothing here. */
+/* Elements of layer `layer`'s K (kv 0) or V row, in its block slabs or its ring (a v_is_k
+ * pool's window layer: kv 1 is its aux ring row, or K's without one); 0 for a layer that keeps
+ * nothing here. */
 int kvpool_layer_width(const kvpool *p, int layer, int kv);
 /* Whether every block layer's K and V rows have one width (the common case: head_dim; a
  * DeepSeek V4 pool's one entries layer), and the widest block row. */
@@ -275,7 +289,8 @@ const uint8_t *kvpool_seq_block_key(const kvpool *p, const kvpool_seq *s, int bi
  * layer order; kvpool_layer_block_index), so blocks, their keys' payload and the block store
  * hold full layers only. Each sequence has a ring of window + KVPOOL_RING_SPARE slots per window
  * layer (position p at slot p % ring_len): memory per sequence bounded by the window, not the
- * context. The engine writes the ring after attention (it reads a step's own keys from its
+ * context. A layer's parts may have fewer slots (opts.ring_slots: what the next positions read
+ * back), and a v_is_k pool's window layers a second ring row (opts.ring_aux_width). The engine writes the ring after attention (it reads a step's own keys from its
  * staging rows), so the ring needs no room for a whole prefill chunk.
  *
  * In a v_is_k pool a ring keeps one part (K is V). With opts.ring_f32 the rings and window
@@ -294,14 +309,33 @@ int kvpool_n_window_layers(const kvpool *p);
 int kvpool_window(const kvpool *p);                 /* the largest window, 0 if none */
 size_t kvpool_ring_bytes(const kvpool *p);          /* ring bytes per sequence */
 qtype kvpool_ring_dtype(const kvpool *p);           /* the rings' elements: dtype, or F32 (ring_f32) */
-/* Bytes of a window state: per window layer (n_parts, n_kv_heads, window) rows of its width in
- * the ring dtype. */
+/* Ring slots of window layer `layer`'s part kv (0 for other layers). */
+int kvpool_ring_slots(const kvpool *p, int layer, int kv);
+/* A window state is its own compact layout, not a copy of the ring: a 16-byte header (magic,
+ * version, geometry digest, bytes; u32 LE) then per window layer and kept part
+ * (n_kv_heads, state rows, state cols) elements of the part's state type (opts.state_rows,
+ * state_cols, state_k_dtype; by default (n_kv_heads, window, width) in the ring dtype). A state
+ * of another geometry (another pool, an older layout) is refused on restore, never misread. */
 size_t kvpool_window_state_bytes(const kvpool *p);
+uint32_t kvpool_window_state_geom(const kvpool *p);
+/* Writes dst's header (engines that capture states themselves; kvpool_seq_window_save does). */
+void kvpool_window_state_init(const kvpool *p, void *dst);
+/* Whether src (bytes long) is a window state of this pool's geometry. */
+bool kvpool_window_state_ok(const kvpool *p, const void *src, size_t bytes);
+typedef struct {
+    int n_rows;                  /* last positions kept (the oldest first) */
+    int n_cols;                  /* leading elements of each row */
+    qtype type;                  /* their type */
+    size_t row_bytes;            /* one row's bytes */
+} kvpool_wstate_part;
+/* Where (layer, kv, kv_head)'s rows lie in a state, and their shape in *part (NULL: not
+ * wanted). A part the pool does not keep (V of a v_is_k layer without an aux ring) has 0 rows. */
+void *kvpool_window_state_rows(const kvpool *p, void *state, int layer, int kv, int kv_head, kvpool_wstate_part *part);
 /* Positions to recompute before P so that the window layers' state at P is exactly that of
  * the full computation: window + (n_window_layers - 1) * (window - 1). */
 int kvpool_window_exact_span(const kvpool *p);
 /* Row (head_dim elements, or the layer's opts.layer_width, of the ring dtype) of window layer
- * `layer`'s ring for position pos (in a v_is_k pool one part: kv is ignored). */
+ * `layer`'s ring for position pos (in a v_is_k pool kv 1 is K again, or the aux ring's row). */
 void *kvpool_seq_ring_row(const kvpool *p, const kvpool_seq *s, int layer, int kv, int kv_head, int pos);
 int kvpool_seq_win_lo(const kvpool_seq *s);         /* window layers see no key below it */
 int kvpool_seq_full_from(const kvpool_seq *s);      /* full layers' KV below it is in blocks */
@@ -311,12 +345,13 @@ int kvpool_seq_exact_from(const kvpool_seq *s);     /* window state exact at pos
  * ring no longer holds what it needs (reset the sequence, or restore / replay). */
 int kvpool_seq_ring_next(const kvpool_seq *s);
 void kvpool_seq_set_ring_next(kvpool_seq *s, int pos);
-/* The window state at end (positions [end - window, end), which the ring must hold) into dst
- * (kvpool_window_state_bytes). */
+/* The window state at end (each part's last state rows before end, which the ring must hold)
+ * into dst (kvpool_window_state_bytes, header included). */
 void kvpool_seq_window_save(const kvpool *p, const kvpool_seq *s, int end, void *dst);
-/* Puts a saved state at end into the ring: the sequence continues at end exactly as if it had
- * computed every position (end: its attached positions). */
-void kvpool_seq_window_restore(const kvpool *p, kvpool_seq *s, int end, const void *src);
+/* Puts a saved state at end (src, bytes long) into the ring: the sequence continues at end
+ * exactly as if it had computed every position (end: its attached positions). false, the
+ * sequence unchanged: not a state of this pool's geometry (kvpool_window_state_ok). */
+bool kvpool_seq_window_restore(const kvpool *p, kvpool_seq *s, int end, const void *src, size_t bytes);
 /* No saved state at end: returns the position to recompute from (window layers only up to
  * end; window attention sees no key below it). exact: far enough back (the exact span) that
  * the state at end is the full computation's; else only the last block (DeepSeek's bounded

@@ -200,9 +200,12 @@ static int sched_window_attach(sched *s, sched_req *r, int att)
 {
     if (!s->wc || att <= 0 || att % KVPOOL_BLOCK) return att;
     if (wincache_get(s->wc, sched_chain_key(s, r, att / KVPOOL_BLOCK - 1), s->wstate, util_now())) {
-        if (sched_recurrent(s)) memcpy(kvpool_seq_state(s->pool, r->seq), s->wstate, kvpool_state_bytes(s->pool));
-        else kvpool_seq_window_restore(s->pool, r->seq, att, s->wstate);
-        return att;
+        if (sched_recurrent(s)) {
+            memcpy(kvpool_seq_state(s->pool, r->seq), s->wstate, kvpool_state_bytes(s->pool));
+            return att;
+        }
+        /* a state of another geometry (relayed from a worker of an older layout) is replayed */
+        if (kvpool_seq_window_restore(s->pool, r->seq, att, s->wstate, kvpool_window_state_bytes(s->pool))) return att;
     }
     if (sched_recurrent(s)) return sched_state_replay(s, r, att);
     int from = kvpool_seq_window_replay(s->pool, r->seq, att, s->o.window_exact);

@@ -76,7 +76,10 @@ test("deepseek4 serve: prefix reuse from the pool and from the store after a res
   // bytes in F16; the pool keeps them as one block layer of (128, 65): 8320 values (8256 to a
   // whole row), 16,640 bytes
   assert.match(S.log, /\(deepseek4, 4 layers, ctx 512, KV f16, \d+ blocks of 16\.2 KiB per 128 tokens, compressed entries/);
-  assert.match(S.log, /deepseek4 keeps compressed entries in blocks: 16\.1 KiB per 128-token block in f16 \(a block layer of 128 x 65: 16\.2 KiB\); window states of 0\.69 MiB F32/);
+  // the window state: the last 16 raw rows of 4 layers in f16 (8 KiB), the carry of the two
+  // ratio-4 layers (4 rows of 256 F32: 8 KiB) and kvpool's 16-byte header; the rings: raw rows
+  // of 22 positions, projections of 14 (ratio 4) and 134 (ratio 128), F32: 148,480 bytes
+  assert.match(S.log, /deepseek4 keeps compressed entries in blocks: 16\.1 KiB per 128-token block in f16 \(a block layer of 128 x 65: 16\.2 KiB\); window states of 16\.0 KiB \(8\.0 KiB of raw rows in f16 and 8\.0 KiB of ratio-4 carry in F32\); rings of 0\.14 MiB per sequence/);
   const cold = await complete(S.url, LONG);
   assert.equal(cold.cached, 0);
   const warm = await complete(S.url, LONG);

@@ -73,54 +73,82 @@ TEST(test_flash_figures)
     CHECK(z.block * 2 == 880640);                               /* 860 KiB in F16 */
     CHECK(z.window == 43LL * 128 * 512);                        /* 5.4 MiB in F16 */
     CHECK(z.carry * 4 == 420 * 1024);                           /* 420 KiB in F32 */
-    /* the pool: rings as wide as the widest ring row (512 raw + 2 x 1024 compressor + 2 x 256
-     * indexer) at most; the 440,320 values are one block layer of (128, 3440): exactly them */
-    CHECK(z.width == 3072);
+    /* the pool's row bound: the widest row (512 raw; projections 2 x (512 + 512 + 128 + 128) on
+     * ratio 4); the 440,320 values are one block layer of (128, 3440): exactly them */
+    CHECK(z.width == 2560);
     CHECK(z.n_slabs == 1 && z.slab_width == 3440);
     CHECK(z.pool_block == z.block);
-    /* ring rows per layer: 512 raw on ratio 0, 3072 on ratio 4, 512 + 2 x 512 on ratio 128 */
-    const int64_t per_pos = 2 * 512 + 21 * 3072 + 20 * 1536;
-    CHECK(z.pool_state == 128 * per_pos);                       /* 47.0 MiB in F32 */
-    CHECK(z.pool_ring == (128 + KVPOOL_RING_SPARE) * per_pos);  /* 49.2 MiB */
-    CHECK(z.pool_state * 4 < 64LL << 20);                       /* a cluster frame carries it */
+    /* the rings as the pool keeps them: raw rows of 134 positions per layer, projections of
+     * 14 (ratio 4) and 134 (ratio 128): 6,447,104 values, 24.6 MiB in F32, no padding */
+    CHECK(z.pool_ring == z.ring && z.ring == 6447104);
     /* kvpool in that geometry (engine_dsv4_kv_geometry's: the model's layers as window layers
-     * with their own ring widths, v_is_k, F32 rings, then the entry slabs) has those sizes */
-    int32_t lw[44], width[44];
+     * with a raw ring and a projection ring of their own lengths, v_is_k, F32 rings, a window
+     * state of the last 128 raw rows in F16 and the ratio-4 carry, then the entry slabs) */
+    int32_t lw[44], width[44], aux[44], slots[88], srows[88], scols[88];
     for (int il = 0; il < 44; il++) {
+        const int r = il < 43 ? ratio[il] : 0;
         lw[il] = il < 43 ? 128 : 0;
-        width[il] = il >= 43 ? 3440 : ratio[il] == 4 ? 3072 : ratio[il] == 128 ? 1536 : 512;
+        width[il] = il >= 43 ? 3440 : 512;
+        aux[il] = r == 4 ? 2560 : r == 128 ? 1024 : 0;
+        slots[2 * il] = 128 + KVPOOL_RING_SPARE;
+        slots[2 * il + 1] = r == 4 ? 8 + KVPOOL_RING_SPARE : r == 128 ? 128 + KVPOOL_RING_SPARE : 0;
+        srows[2 * il] = 128, srows[2 * il + 1] = r == 4 ? 4 : 0;
+        scols[2 * il] = 0, scols[2 * il + 1] = r == 4 ? 1280 : 0;
     }
     kvpool_opts ko = { .n_layers = 44, .n_kv_heads = 1, .head_dim = z.width, .v_is_k = true, .dtype = QTYPE_F16,
-                       .n_blocks = 4, .layer_window = lw, .layer_width = width, .ring_f32 = true };
+                       .n_blocks = 4, .layer_window = lw, .layer_width = width, .ring_f32 = true,
+                       .ring_aux_width = aux, .ring_slots = slots, .state_rows = srows, .state_cols = scols,
+                       .state_k_dtype = true };
     CHECK(kvpool_geom_block_bytes(&ko) == (size_t)z.pool_block * 2);
     CHECK(kvpool_geom_block_bytes(&ko) == 880640);                     /* 860 KiB, the entries' bytes */
     kvpool *p = NULL;
     CHECK(kvpool_new(&ko, &p) == KVPOOL_OK);
+    if (!p) return;
     CHECK(kvpool_n_window_layers(p) == 43 && kvpool_n_block_layers(p) == 1 && kvpool_window(p) == 128);
     CHECK(kvpool_block_bytes(p) == 880640 && kvpool_block_uniform(p) && kvpool_block_width_max(p) == 3440 &&
-          kvpool_layer_width(p, 43, 0) == 3440 && kvpool_layer_width(p, 2, 0) == 3072);
+          kvpool_layer_width(p, 43, 0) == 3440 && kvpool_layer_width(p, 2, 0) == 512 &&
+          kvpool_layer_width(p, 2, 1) == 2560 && kvpool_layer_width(p, 3, 1) == 1024);
     CHECK(kvpool_ring_dtype(p) == QTYPE_F32);
-    CHECK(kvpool_ring_bytes(p) == (size_t)z.pool_ring * 4);
-    CHECK(kvpool_window_state_bytes(p) == (size_t)z.pool_state * 4);
-    /* a window state round-trips through rings of different widths, each layer's rows its own */
+    CHECK(kvpool_ring_bytes(p) == (size_t)z.ring * 4);                 /* 25,788,416: 24.6 MiB */
+    CHECK(kvpool_ring_slots(p, 2, 1) == 14 && kvpool_ring_slots(p, 3, 1) == 134 && kvpool_ring_slots(p, 0, 0) == 134);
+    /* the state: 16 header bytes, 43 x 128 x 512 raw values in F16 (5.4 MiB), the carry in F32
+     * (420 KiB): 6,066,192 bytes (5.8 MiB), was 47.0 MiB */
+    CHECK(kvpool_window_state_bytes(p) == 16 + (size_t)z.window * 2 + (size_t)z.carry * 4);
+    CHECK(kvpool_window_state_bytes(p) == 6066192);
+    CHECK(kvpool_window_state_bytes(p) < 64u << 20);                  /* a cluster frame carries it */
+    /* a window state round-trips the kept rows of each ring: raw rows (F16-exact values here,
+     * as the engine rounds them) and the carry's leading columns of the last 4 positions */
     kvpool_seq *sq = kvpool_seq_new(p), *s2 = kvpool_seq_new(p);
     CHECK(kvpool_seq_reserve(p, sq, 256) == KVPOOL_OK && kvpool_seq_reserve(p, s2, 256) == KVPOOL_OK);
-    float row[3072], back[3072];
     for (int pos = 100; pos < 256; pos++)
         for (int il = 0; il < 43; il++) {
-            for (int i = 0; i < width[il]; i++) row[i] = (float)(pos * 7 + il * 131 + i);
-            kvpool_seq_store(p, sq, pos, il, 0, row, NULL);
+            float *raw = kvpool_seq_ring_row(p, sq, il, 0, 0, pos);
+            for (int i = 0; i < 512; i++) raw[i] = (float)((pos * 7 + il * 131 + i) % 2048);
+            if (aux[il]) {
+                float *pr = kvpool_seq_ring_row(p, sq, il, 1, 0, pos);
+                for (int i = 0; i < aux[il]; i++) pr[i] = (float)(pos * 3 + il * 17 + i) + 0.25f;
+            }
         }
     uint8_t *st = malloc(kvpool_window_state_bytes(p));
     kvpool_seq_window_save(p, sq, 256, st);
-    kvpool_seq_window_restore(p, s2, 256, st);
+    CHECK(kvpool_seq_window_restore(p, s2, 256, st, kvpool_window_state_bytes(p)));
     bool same = true;
-    for (int pos = 128; pos < 256; pos++)
-        for (int il = 0; il < 43; il++) {
-            kvpool_seq_load(p, s2, pos, il, 0, back, back);
-            for (int i = 0; i < width[il]; i++) same &= back[i] == (float)(pos * 7 + il * 131 + i);
+    for (int il = 0; il < 43; il++) {
+        for (int pos = 128; pos < 256; pos++) {
+            const float *raw = kvpool_seq_ring_row(p, s2, il, 0, 0, pos);
+            for (int i = 0; i < 512; i++) same &= raw[i] == (float)((pos * 7 + il * 131 + i) % 2048);
         }
+        for (int pos = 252; ratio[il] == 4 && pos < 256; pos++) {
+            const float *pr = kvpool_seq_ring_row(p, s2, il, 1, 0, pos);
+            for (int i = 0; i < 1280; i++) same &= pr[i] == (float)(pos * 3 + il * 17 + i) + 0.25f;
+        }
+    }
     CHECK(same);
+    /* a state of another geometry, or a damaged header, is refused and changes nothing */
+    st[8] ^= 1;
+    CHECK(!kvpool_seq_window_restore(p, s2, 256, st, kvpool_window_state_bytes(p)));
+    st[8] ^= 1;
+    CHECK(!kvpool_seq_window_restore(p, s2, 256, st, kvpool_window_state_bytes(p) - 1));
     free(st);
     kvpool_seq_free(p, sq);
     kvpool_seq_free(p, s2);
@@ -201,13 +229,14 @@ TEST(test_engine_window)
     kvpool *kv = engine_kvpool(e);
     engine_dsv4_sizes z;
     engine_dsv4_model_sizes(m, &z);
-    CHECK(z.width == 576 && z.n_slabs == 1 && z.block == 2 * 32 * (64 + 64) + 64);
+    CHECK(z.width == 512 && z.n_slabs == 1 && z.block == 2 * 32 * (64 + 64) + 64);
     CHECK(z.slab_width == 65 && z.pool_block == 128 * 65);   /* 8256 values to a whole row: 64 more */
-    CHECK(z.pool_state == 128 * (64 + 576 + 192 + 576));
     CHECK(kvpool_n_window_layers(kv) == 4 && kvpool_n_block_layers(kv) == 1 && kvpool_window(kv) == 128);
     CHECK(kvpool_dtype(kv) == QTYPE_F16 && kvpool_ring_dtype(kv) == QTYPE_F32);
     CHECK(kvpool_block_bytes(kv) == (size_t)z.pool_block * 2);
-    CHECK(kvpool_window_state_bytes(kv) == (size_t)z.pool_state * 4);
+    /* the state: the last 64 raw rows of 4 layers in F16, the carry of 2 ratio-4 layers */
+    CHECK(kvpool_window_state_bytes(kv) == 16 + 4 * 64 * 64 * 2 + 2 * 4 * (2 * 64 + 2 * 64) * 4);
+    CHECK(kvpool_ring_bytes(kv) == (size_t)z.ring * 4);
     /* a quantised cache is refused for V4 */
     engine *q = NULL;
     eo.kv_type = ENGINE_KV_Q8_0;
@@ -238,7 +267,7 @@ TEST(test_engine_window)
     /* attach the 2 blocks, restore the state at 256: identical logits */
     kvpool_seq *b = kvpool_seq_new(kv);
     CHECK(kvpool_seq_attach_prefix(kv, b, toks, N) == 256);
-    kvpool_seq_window_restore(kv, b, 256, st);
+    CHECK(kvpool_seq_window_restore(kv, b, 256, st, sb));
     CHECK(windowtest_run(e, b, toks, 256, N, CHUNK, V, got, NULL, 0));
     int d = windowtest_first_diff(ref, got, 256, N, V);
     CHECKF(d < 0, "window state restored: position %d differs", d);
@@ -267,7 +296,7 @@ TEST(test_engine_window)
     /* the attached blocks were not written by the replays */
     kvpool_seq *r2 = kvpool_seq_new(kv);
     CHECK(kvpool_seq_attach_prefix(kv, r2, toks, N) == 256);
-    kvpool_seq_window_restore(kv, r2, 256, st);
+    CHECK(kvpool_seq_window_restore(kv, r2, 256, st, sb));
     CHECK(windowtest_run(e, r2, toks, 256, N, CHUNK, V, got, NULL, 0));
     CHECK(windowtest_first_diff(ref, got, 256, N, V) < 0);
     kvpool_seq_free(kv, r2);

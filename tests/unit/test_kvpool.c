@@ -691,7 +691,7 @@ TEST(test_mixed_widths)
     CHECK(kvpool_layer_width(p, 2, 0) == 8 && kvpool_layer_width(p, 2, 1) == 12);
     /* ring: (16 + spare) slots x 2 heads x (8 + 12) f16; a state: 16 of them */
     CHECK(kvpool_ring_bytes(p) == (size_t)(16 + KVPOOL_RING_SPARE) * 2 * (8 + 12) * 2);
-    CHECK(kvpool_window_state_bytes(p) == (size_t)16 * 2 * (8 + 12) * 2);
+    CHECK(kvpool_window_state_bytes(p) == 16 + (size_t)16 * 2 * (8 + 12) * 2);   /* header + rows */
     kvpool_seq *a = kvpool_seq_new(p), *b = kvpool_seq_new(p);
     CHECK(kvpool_seq_reserve(p, a, 256) == KVPOOL_OK && kvpool_seq_reserve(p, b, 256) == KVPOOL_OK);
     uint8_t *base = kvpool_seq_slab(p, a, 1, 0, 0, 0);
@@ -711,7 +711,7 @@ TEST(test_mixed_widths)
     /* the window state at 256 carries each ring row at its own widths */
     uint8_t *st = malloc(kvpool_window_state_bytes(p));
     kvpool_seq_window_save(p, a, 256, st);
-    kvpool_seq_window_restore(p, b, 256, st);
+    CHECK(kvpool_seq_window_restore(p, b, 256, st, kvpool_window_state_bytes(p)));
     CHECK(mix_check(p, b, 240, 256, 4) == 0);
     free(st);
     /* the same geometry gives the same digest; another split of the same bytes another one */
@@ -735,6 +735,132 @@ TEST(test_mixed_widths)
     kvpool_seq_free(p, a);
     kvpool_seq_free(p, b);
     kvpool_free(p);
+}
+
+/* ---- rings of their own lengths, compact window states ---- */
+
+/* A v_is_k pool of 2 heads of 16 (F16 blocks, F32 rings): layer 0 a window layer (16) with a raw
+ * ring of 12 slots of which a state keeps the last 8 rows in F16, and an aux ring of 24 columns,
+ * 9 slots, of which a state keeps 3 rows' first 10 columns; layer 1 a window layer of the
+ * defaults; layer 2 a full layer. */
+static int32_t rp_win[3] = { 16, 16, 0 }, rp_aux[3] = { 24, 0, 0 }, rp_slots[6] = { 12, 9, 0, 0, 0, 0 },
+               rp_rows[6] = { 8, 3, 16, 0, 0, 0 }, rp_cols[6] = { 0, 10, 0, 0, 0, 0 };
+
+static kvpool_opts rp_opts(void)
+{
+    kvpool_opts o = { .n_layers = 3, .n_kv_heads = 2, .head_dim = 16, .v_is_k = true, .dtype = QTYPE_F16,
+                      .n_blocks = 4, .layer_window = rp_win, .ring_f32 = true, .ring_aux_width = rp_aux,
+                      .ring_slots = rp_slots, .state_rows = rp_rows, .state_cols = rp_cols, .state_k_dtype = true };
+    for (int i = 0; i < 32; i++) o.model_fp[i] = (uint8_t)i;
+    return o;
+}
+
+/* position pos's value i of (layer, kv, head): F16-exact */
+static float rp_val(int pos, int l, int kv, int h, int i) { return (float)((pos * 11 + l * 53 + kv * 29 + h * 5 + i) % 1500) / 4.0f; }
+
+static void rp_write(const kvpool *p, kvpool_seq *s, int from, int to)
+{
+    for (int pos = from; pos < to; pos++)
+        for (int l = 0; l < 2; l++)
+            for (int kv = 0; kv < (l == 0 ? 2 : 1); kv++)   /* layer 1's V is its K */
+                for (int h = 0; h < 2; h++) {
+                    float *r = kvpool_seq_ring_row(p, s, l, kv, h, pos);
+                    for (int i = 0; i < kvpool_layer_width(p, l, kv); i++) r[i] = rp_val(pos, l, kv, h, i);
+                }
+    kvpool_seq_set_ring_next(s, to);
+}
+
+/* Rows [from, to) of (l, kv), the first n values of each, as written; counts bad values. */
+static int rp_check(const kvpool *p, const kvpool_seq *s, int l, int kv, int from, int to, int n)
+{
+    int bad = 0;
+    for (int pos = from; pos < to; pos++)
+        for (int h = 0; h < 2; h++) {
+            const float *r = kvpool_seq_ring_row(p, s, l, kv, h, pos);
+            for (int i = 0; i < n; i++) bad += r[i] != rp_val(pos, l, kv, h, i);
+        }
+    return bad;
+}
+
+TEST(test_ring_parts)
+{
+    kvpool_opts o = rp_opts();
+    kvpool *p = NULL;
+    CHECK(kvpool_new(&o, &p) == KVPOOL_OK);
+    if (!p) return;
+    CHECK(kvpool_n_window_layers(p) == 2 && kvpool_n_block_layers(p) == 1);
+    CHECK(kvpool_layer_width(p, 0, 0) == 16 && kvpool_layer_width(p, 0, 1) == 24 && kvpool_layer_width(p, 1, 1) == 16);
+    CHECK(kvpool_ring_slots(p, 0, 0) == 12 && kvpool_ring_slots(p, 0, 1) == 9 && kvpool_ring_slots(p, 1, 0) == 22 &&
+          kvpool_ring_slots(p, 2, 0) == 0);
+    /* rings: layer 0 2 x 12 x 16 + 2 x 9 x 24, layer 1 2 x 22 x 16 (its V is K), F32 */
+    CHECK(kvpool_ring_bytes(p) == (size_t)(2 * 12 * 16 + 2 * 9 * 24 + 2 * 22 * 16) * 4);
+    /* a state: header, 2 x 8 raw rows of 16 in F16, 2 x 3 x 10 in F32, 2 x 16 x 16 in F16 */
+    CHECK(kvpool_window_state_bytes(p) == 16 + 2 * 8 * 16 * 2 + 2 * 3 * 10 * 4 + 2 * 16 * 16 * 2);
+    kvpool_wstate_part sp;
+    uint8_t *st = malloc(kvpool_window_state_bytes(p));
+    CHECK((uint8_t *)kvpool_window_state_rows(p, st, 0, 1, 1, &sp) == st + 16 + 2 * 8 * 16 * 2 + 3 * 10 * 4);
+    CHECK(sp.n_rows == 3 && sp.n_cols == 10 && sp.type == QTYPE_F32 && sp.row_bytes == 40);
+    kvpool_window_state_rows(p, st, 1, 1, 0, &sp);
+    CHECK(sp.n_rows == 0);   /* V is K: not kept twice */
+
+    kvpool_seq *a = kvpool_seq_new(p), *b = kvpool_seq_new(p);
+    CHECK(kvpool_seq_reserve(p, a, 256) == KVPOOL_OK && kvpool_seq_reserve(p, b, 256) == KVPOOL_OK);
+    /* the parts wrap at their own lengths and do not overwrite each other */
+    rp_write(p, a, 0, 100);
+    CHECK(rp_check(p, a, 0, 0, 88, 100, 16) == 0 && rp_check(p, a, 0, 1, 91, 100, 24) == 0 &&
+          rp_check(p, a, 1, 0, 78, 100, 16) == 0);
+    CHECK(rp_check(p, a, 0, 0, 87, 88, 16) > 0);   /* 12 slots: position 87 is gone */
+    CHECK(kvpool_seq_ring_row(p, a, 1, 1, 1, 50) == kvpool_seq_ring_row(p, a, 1, 0, 1, 50));   /* V is K */
+    CHECK(kvpool_seq_ring_row(p, a, 0, 1, 0, 50) != kvpool_seq_ring_row(p, a, 0, 0, 0, 50));
+    /* the state at 100 restores the kept rows (raw through F16, the aux rows' leading columns) */
+    kvpool_seq_window_save(p, a, 100, st);
+    CHECK(kvpool_seq_window_restore(p, b, 100, st, kvpool_window_state_bytes(p)));
+    CHECK(rp_check(p, b, 0, 0, 92, 100, 16) == 0 && rp_check(p, b, 0, 1, 97, 100, 10) == 0 &&
+          rp_check(p, b, 1, 0, 84, 100, 16) == 0);
+    CHECK(rp_check(p, b, 0, 0, 91, 92, 16) > 0 && rp_check(p, b, 0, 1, 97, 98, 24) > 0);   /* not kept */
+    CHECK(kvpool_seq_ring_next(b) == 100 && kvpool_seq_full_from(b) == 100 && kvpool_seq_win_lo(b) == 84);
+
+    /* a state of another geometry of the same size is refused, the sequence unchanged */
+    kvpool_opts o2 = rp_opts();
+    int32_t rows2[6] = { 8, 5, 16, 0, 0, 0 }, cols2[6] = { 0, 6, 0, 0, 0, 0 };
+    o2.state_rows = rows2, o2.state_cols = cols2;
+    kvpool *q = NULL;
+    CHECK(kvpool_new(&o2, &q) == KVPOOL_OK && q);
+    if (q) {
+        CHECK(kvpool_window_state_bytes(q) == kvpool_window_state_bytes(p));
+        CHECK(kvpool_window_state_geom(q) != kvpool_window_state_geom(p));
+        kvpool_seq *c = kvpool_seq_new(q);
+        CHECK(kvpool_seq_reserve(q, c, 256) == KVPOOL_OK);
+        CHECK(!kvpool_seq_window_restore(q, c, 100, st, kvpool_window_state_bytes(q)));
+        CHECK(kvpool_seq_ring_next(c) == 0 && kvpool_seq_full_from(c) == 0);
+        kvpool_seq_free(q, c);
+        kvpool_free(q);
+    }
+    /* nor is a state without the header (an older layout), or of another size */
+    uint8_t *old = calloc(1, kvpool_window_state_bytes(p));
+    memcpy(old, st + 16, kvpool_window_state_bytes(p) - 16);
+    CHECK(!kvpool_window_state_ok(p, old, kvpool_window_state_bytes(p)));
+    CHECK(!kvpool_window_state_ok(p, st, kvpool_window_state_bytes(p) - 16));
+    CHECK(kvpool_window_state_ok(p, st, kvpool_window_state_bytes(p)));
+    free(old);
+    free(st);
+    kvpool_seq_free(p, a);
+    kvpool_seq_free(p, b);
+    kvpool_free(p);
+
+    /* bad geometries: a state of more rows than its ring keeps or than the window; an aux ring
+     * outside a v_is_k pool; a state converting from a ring that is not F32 */
+    int32_t bad_rows[6] = { 13, 3, 16, 0, 0, 0 };
+    o = rp_opts(), o.state_rows = bad_rows;
+    q = (kvpool *)1;
+    CHECK(kvpool_new(&o, &q) == KVPOOL_ERR_ARG && q == NULL);
+    int32_t bad_rows2[6] = { 8, 3, 17, 0, 0, 0 };
+    o = rp_opts(), o.state_rows = bad_rows2;
+    CHECK(kvpool_new(&o, &q) == KVPOOL_ERR_ARG);
+    o = rp_opts(), o.v_is_k = false;
+    CHECK(kvpool_new(&o, &q) == KVPOOL_ERR_ARG);
+    o = rp_opts(), o.ring_f32 = false, o.dtype = QTYPE_Q8_0, o.head_dim = 32;
+    CHECK(kvpool_new(&o, &q) == KVPOOL_ERR_ARG);
 }
 
 /* A pool of layers of their own widths writes its blocks to the store and a pool of the same
@@ -815,5 +941,6 @@ int main(void)
     RUN(test_async_fill);
     RUN(test_mixed_widths);
     RUN(test_mixed_widths_store_round_trip);
+    RUN(test_ring_parts);
     HARNESS_END();
 }

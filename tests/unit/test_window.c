@@ -75,7 +75,7 @@ TEST(test_window_restore_and_replay)
     CHECK(kvpool_layer_block_index(kv, 0) < 0 && kvpool_layer_block_index(kv, 1) == 0);
     CHECK(kvpool_block_bytes(kv) == (size_t)3 * 2 * 1 * 128 * 64 * 2);
     CHECK(kvpool_ring_bytes(kv) == (size_t)3 * 2 * 1 * (W + KVPOOL_RING_SPARE) * 64 * 2);
-    CHECK(kvpool_window_state_bytes(kv) == (size_t)3 * 2 * 1 * W * 64 * 2);
+    CHECK(kvpool_window_state_bytes(kv) == 16 + (size_t)3 * 2 * 1 * W * 64 * 2);   /* header + rows */
     CHECK(kvpool_window_exact_span(kv) == W + 2 * (W - 1));
     /* a window wider than the pool (an odd GGUF) gets a ring of the pool's positions only */
     int32_t wide[3] = { 1 << 30, 0, 1 << 30 };
@@ -119,7 +119,7 @@ TEST(test_window_restore_and_replay)
     kvpool_seq *b = kvpool_seq_new(kv);
     int att = kvpool_seq_attach_prefix(kv, b, toks, N);
     CHECK(att == 256);
-    kvpool_seq_window_restore(kv, b, att, states[1]);
+    CHECK(kvpool_seq_window_restore(kv, b, att, states[1], sb));
     memset(got, 0, sizeof got);
     CHECK(windowtest_run(e, b, toks, att, N, CHUNK, V, got, NULL, 0));
     int d = windowtest_first_diff(ref, got, att, N, V);
@@ -129,7 +129,7 @@ TEST(test_window_restore_and_replay)
     /* without the state: garbage in the ring would show (what the restore fixes) */
     kvpool_seq *g = kvpool_seq_new(kv);
     CHECK(kvpool_seq_attach_prefix(kv, g, toks, N) == 256);
-    kvpool_seq_window_restore(kv, g, 256, states[0]);   /* the state of another position */
+    CHECK(kvpool_seq_window_restore(kv, g, 256, states[0], sb));   /* the state of another position */
     CHECK(windowtest_run(e, g, toks, 256, N, CHUNK, V, got, NULL, 0));
     CHECKF(windowtest_first_diff(ref, got, 256, N, V) == 256, "a wrong window state must change the logits");
     kvpool_seq_free(kv, g);
@@ -163,7 +163,7 @@ TEST(test_window_restore_and_replay)
     /* the reference's own blocks are unchanged by the replays (never written again) */
     kvpool_seq *r2 = kvpool_seq_new(kv);
     CHECK(kvpool_seq_attach_prefix(kv, r2, toks, N) == 256);
-    kvpool_seq_window_restore(kv, r2, 256, states[1]);
+    CHECK(kvpool_seq_window_restore(kv, r2, 256, states[1], sb));
     CHECK(windowtest_run(e, r2, toks, 256, N, CHUNK, V, got, NULL, 0));
     CHECK(windowtest_first_diff(ref, got, 256, N, V) < 0);
     kvpool_seq_free(kv, r2);
