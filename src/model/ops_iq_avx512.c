@@ -81,25 +81,14 @@ IQ2_INLINE void iq_a5_tile_dot_tq(const iq_a2_tilet *k, const block_q8_K *xb, fl
     iq_a2_tilet_finish(k, xb, iq_a2_hsum4(iq_a5_fold(acc[0]), iq_a5_fold(acc[1]), iq_a5_fold(acc[2]), iq_a5_fold(acc[3])), y);
 }
 
-IQ_A2_GEMM_TILE(iq_a5_gemm_iq2_xxs, iq_a2_dot_iq2_xxs, block_iq2_xxs, iq_a2_tile, iq_a2_fill_iq2_xxs, iq_a5_tile_dot, 0.125f)
-IQ_A2_GEMM_TILE(iq_a5_gemm_iq2_xs, iq_a2_dot_iq2_xs, block_iq2_xs, iq_a2_tile, iq_a2_fill_iq2_xs, iq_a5_tile_dot, 0.125f)
-IQ_A2_GEMM_TILE(iq_a5_gemm_iq2_s, iq_a2_dot_iq2_s, block_iq2_s, iq_a2_tile, iq_a2_fill_iq2_s, iq_a5_tile_dot, 0.125f)
-IQ_A2_GEMM_TILE(iq_a5_gemm_iq3_xxs, iq_a2_dot_iq3_xxs, block_iq3_xxs, iq_a2_tile, iq_a2_fill_iq3_xxs, iq_a5_tile_dot, 0.25f)
-IQ_A2_GEMM_TILE(iq_a5_gemm_iq3_s, iq_a2_dot_iq3_s, block_iq3_s, iq_a2_tile, iq_a2_fill_iq3_s, iq_a5_tile_dot, 1.0f)
-IQ_A2_GEMM_TILE(iq_a5_gemm_iq1_s, iq_a2_dot_iq1_s, block_iq1_s, iq_a2_tile1, iq_a2_fill_iq1_s, iq_a5_tile_dot_iq1_s, 1.0f)
-IQ_A2_GEMM_TILE(iq_a5_gemm_iq1_m, iq_a2_dot_iq1_m, block_iq1_m, iq_a2_tile1, iq_a2_fill_iq1_m, iq_a5_tile_dot_iq1_m, 1.0f)
-IQ_A2_GEMM_TILE(iq_a5_gemm_tq1_0, iq_a2_dot_tq1_0, block_tq1_0, iq_a2_tilet, iq_a2_fill_tq1_0, iq_a5_tile_dot_tq, 1.0f)
-IQ_A2_GEMM_TILE(iq_a5_gemm_tq2_0, iq_a2_dot_tq2_0, block_tq2_0, iq_a2_tilet, iq_a2_fill_tq2_0, iq_a5_tile_dot_tq, 1.0f)
+#define IQ_GEMM(n, T, TT, DSFX, FACTOR) \
+    IQ_A2_GEMM_TILE(iq_a5_gemm_##n, iq_a2_dot_##n, block_##n, TT, iq_a2_fill_##n, iq_a5_tile_dot##DSFX, FACTOR)
+IQ_X86_TYPES(IQ_GEMM)
+#undef IQ_GEMM
 
 void ops_iq_init_avx512(ops_kernels *k)
 {
-    k->gemm[QTYPE_IQ2_XXS] = iq_a5_gemm_iq2_xxs;
-    k->gemm[QTYPE_IQ2_XS] = iq_a5_gemm_iq2_xs;
-    k->gemm[QTYPE_IQ2_S] = iq_a5_gemm_iq2_s;
-    k->gemm[QTYPE_IQ3_XXS] = iq_a5_gemm_iq3_xxs;
-    k->gemm[QTYPE_IQ3_S] = iq_a5_gemm_iq3_s;
-    k->gemm[QTYPE_IQ1_S] = iq_a5_gemm_iq1_s;
-    k->gemm[QTYPE_IQ1_M] = iq_a5_gemm_iq1_m;
-    k->gemm[QTYPE_TQ1_0] = iq_a5_gemm_tq1_0;
-    k->gemm[QTYPE_TQ2_0] = iq_a5_gemm_tq2_0;
+#define IQ_SET(n, T, TT, DSFX, FACTOR) k->gemm[QTYPE_##T] = iq_a5_gemm_##n;
+    IQ_X86_TYPES(IQ_SET)
+#undef IQ_SET
 }

@@ -543,4 +543,17 @@ IQ2_INLINE void iq_a2_tile_dot_tq(const iq_a2_tilet *k, const block_q8_K *xb, fl
     iq_a2_tilet_finish(k, xb, iq_a2_hsum4(acc[0], acc[1], acc[2], acc[3]), y);
 }
 
+/* Every type with a batch tile, as X(name, QTYPE suffix, tile type, tile-dot suffix, FACTOR):
+ * each level instantiates its gemms and fills its kernel table from this one list. */
+#define IQ_X86_TYPES(X)                                \
+    X(iq2_xxs, IQ2_XXS, iq_a2_tile, , 0.125f)          \
+    X(iq2_xs, IQ2_XS, iq_a2_tile, , 0.125f)            \
+    X(iq2_s, IQ2_S, iq_a2_tile, , 0.125f)              \
+    X(iq3_xxs, IQ3_XXS, iq_a2_tile, , 0.25f)           \
+    X(iq3_s, IQ3_S, iq_a2_tile, , 1.0f)                \
+    X(iq1_s, IQ1_S, iq_a2_tile1, _iq1_s, 1.0f)         \
+    X(iq1_m, IQ1_M, iq_a2_tile1, _iq1_m, 1.0f)         \
+    X(tq1_0, TQ1_0, iq_a2_tilet, _tq, 1.0f)            \
+    X(tq2_0, TQ2_0, iq_a2_tilet, _tq, 1.0f)
+
 #endif
