@@ -46,11 +46,15 @@ struct kvpool {
     int32_t *bw;                 /* (n_blk_layers, 2) a block layer's K and V row in elements (V = K
                                   * in a v_is_k pool) */
     size_t *brow;                /* (n_blk_layers, 2) those rows' bytes in dtype */
+    int32_t *lkv;                /* (n_layers) each layer's kv heads: n_kv_heads, or its
+                                  * opts.layer_kv_heads (0 for a layer that keeps nothing) */
+    int32_t *bkv;                /* (n_blk_layers) a block layer's kv heads (its slabs per part) */
     size_t *boff;                /* (n_blk_layers + 1, 2) byte offset in a block of a block layer's
                                   * K slabs, then its V slabs; boff[2 * n_blk_layers] = block_bytes */
-    bool uniform;                /* every block layer's K and V rows are one width (bw[0]) */
+    bool uniform;                /* every block layer's K and V rows are one width (bw[0]) and
+                                  * every block layer has n_kv_heads */
     uint32_t geom;               /* digest of the block geometry (kvpool_block_geom) */
-    size_t block_bytes;          /* sum over block layers: n_parts * n_kv_heads * 128 * its row bytes */
+    size_t block_bytes;          /* sum over block layers: n_parts * its kv heads * 128 * its row bytes */
     uint8_t *data;               /* (n_blocks, block_bytes), 64-byte aligned */
     kvpool_blk *blk;             /* (n_blocks) */
     slottab tab;                 /* block ids: SHA-256 block keys, the free list, the LRU */
@@ -80,7 +84,8 @@ struct kvpool {
                                   * head_dim, or its opts.layer_width / layer_v_width */
     size_t *ring_row;            /* (n_win_layers, 2) those rows' bytes in ring_type */
     size_t *ring_off;            /* (n_win_layers, 2) byte offset of a window layer's K ring, V ring */
-    size_t ring_bytes;           /* sum over window layers and parts: n_kv_heads * ring_len * its
+    int32_t *ring_kv;            /* (n_win_layers) a window layer's kv heads */
+    size_t ring_bytes;           /* sum over window layers and parts: its kv heads * ring_len * its
                                   * ring row's bytes in ring_type */
 };
 
@@ -89,7 +94,7 @@ struct kvpool_seq {
     int n;                       /* blocks in the table */
     int n_keyed;                 /* leading blocks whose key is known */
     uint8_t last_key[32];        /* key of block n_keyed-1, zeros if none */
-    uint8_t *ring;               /* per window layer and part (n_kv_heads, ring_len, its width): window
+    uint8_t *ring;               /* per window layer and part (its kv heads, ring_len, its width): window
                                   * layers' K/V, position p at slot p % ring_len; NULL if none */
     int win_lo;                  /* window layers see no key below this position */
     int full_from;               /* full layers' KV below this position is already in the blocks */
@@ -137,6 +142,12 @@ static int kvpool_geom_width(const kvpool_opts *o, int l, int kv)
     return w;
 }
 
+/* Layer l's kv heads under o: its layer_kv_heads, else n_kv_heads. */
+static int kvpool_geom_kv_heads(const kvpool_opts *o, int l)
+{
+    return o->layer_kv_heads && o->layer_kv_heads[l] > 0 ? o->layer_kv_heads[l] : o->n_kv_heads;
+}
+
 size_t kvpool_geom_block_bytes(const kvpool_opts *o)
 {
     size_t n = 0;
@@ -146,7 +157,7 @@ size_t kvpool_geom_block_bytes(const kvpool_opts *o)
         for (int kv = 0; kv < (o->v_is_k ? 1 : 2); kv++) {
             int w = kvpool_geom_width(o, l, kv);
             if (!kvpool_type_ok(o->dtype, w)) return 0;
-            n += (size_t)o->n_kv_heads * KVPOOL_BLOCK * quant_row_bytes(o->dtype, w);
+            n += (size_t)kvpool_geom_kv_heads(o, l) * KVPOOL_BLOCK * quant_row_bytes(o->dtype, w);
         }
     }
     return n;
@@ -195,9 +206,12 @@ kvpool_status kvpool_new(const kvpool_opts *opts, kvpool **out)
     p->bw = xcalloc(2 * (size_t)p->n_blk_layers, sizeof *p->bw);
     p->brow = xcalloc(2 * (size_t)p->n_blk_layers, sizeof *p->brow);
     p->boff = xcalloc(2 * (size_t)p->n_blk_layers + 1, sizeof *p->boff);
+    p->lkv = xcalloc((size_t)opts->n_layers, sizeof *p->lkv);
+    p->bkv = xcalloc((size_t)p->n_blk_layers + 1, sizeof *p->bkv);
+    p->ring_kv = xcalloc((size_t)p->n_win_layers + 1, sizeof *p->ring_kv);
     p->uniform = true;
     /* the geometry digest: what a stored block's header must match to be read into this pool */
-    uint32_t *geom = xmalloc((4 + 2 * (size_t)opts->n_layers) * sizeof *geom);
+    uint32_t *geom = xmalloc((4 + 3 * (size_t)opts->n_layers) * sizeof *geom);
     int n_geom = 0;
     geom[n_geom++] = (uint32_t)p->n_parts;
     geom[n_geom++] = (uint32_t)opts->n_kv_heads;
@@ -208,6 +222,16 @@ kvpool_status kvpool_new(const kvpool_opts *opts, kvpool **out)
         const bool win = p->slot[l] < 0;
         const int i = 2 * (win ? -1 - p->slot[l] : p->slot[l]);
         const qtype t = win ? p->ring_type : opts->dtype;
+        const int nkv = kvpool_geom_kv_heads(opts, l);
+        p->lkv[l] = nkv;
+        if (win) {
+            p->ring_kv[i / 2] = nkv;
+        } else {
+            p->bkv[i / 2] = nkv;
+            p->uniform &= nkv == opts->n_kv_heads;
+            /* only a pool with per-layer kv heads digests them: the others' digests stay */
+            if (opts->layer_kv_heads) geom[n_geom++] = (uint32_t)nkv;
+        }
         for (int kv = 0; kv < 2; kv++) {
             int w = kvpool_geom_width(opts, l, kv);
             if (!kvpool_type_ok(t, w)) {
@@ -215,7 +239,7 @@ kvpool_status kvpool_new(const kvpool_opts *opts, kvpool **out)
                 kvpool_free(p);
                 return KVPOOL_ERR_ARG;
             }
-            size_t rb = quant_row_bytes(t, w), part = kv < p->n_parts ? (size_t)opts->n_kv_heads * rb : 0;
+            size_t rb = quant_row_bytes(t, w), part = kv < p->n_parts ? (size_t)nkv * rb : 0;
             if (win) {
                 p->ring_w[i + kv] = w;
                 p->ring_row[i + kv] = rb;
@@ -234,7 +258,7 @@ kvpool_status kvpool_new(const kvpool_opts *opts, kvpool **out)
     p->boff[2 * p->n_blk_layers] = p->block_bytes;
     p->geom = block_crc32c(geom, (size_t)n_geom * sizeof geom[0]);
     free(geom);
-    p->o.layer_width = p->o.layer_v_width = NULL;
+    p->o.layer_width = p->o.layer_v_width = p->o.layer_kv_heads = NULL;
     size_t total = p->block_bytes * (size_t)opts->n_blocks;
     if (p->block_bytes != kvpool_geom_block_bytes(opts) || total / (size_t)opts->n_blocks != p->block_bytes) {
         kvpool_free(p);   /* half-built: slot is allocated already */
@@ -305,6 +329,9 @@ void kvpool_free(kvpool *p)
     free(p->ring_w);
     free(p->ring_row);
     free(p->ring_off);
+    free(p->ring_kv);
+    free(p->lkv);
+    free(p->bkv);
     free(p->bw);
     free(p->brow);
     free(p->boff);
@@ -326,6 +353,8 @@ int kvpool_layer_width(const kvpool *p, int layer, int kv)
     if (p->n_parts == 1) kv = 0;
     return sl < 0 ? p->ring_w[2 * (-1 - sl) + kv] : p->bw[2 * sl + kv];
 }
+
+int kvpool_layer_kv_heads(const kvpool *p, int layer) { return p->lkv[layer]; }
 
 int kvpool_block_width_max(const kvpool *p)
 {
@@ -622,7 +651,7 @@ static void kvpool_blk_copy_rows(const kvpool *p, int dst, int src, int from, in
         for (int kv = 0; kv < p->n_parts; kv++) {
             const size_t row = p->brow[2 * bl + kv], slab = KVPOOL_BLOCK * row;
             const size_t base = p->boff[2 * bl + kv] + (size_t)from * row, n = (size_t)(to - from) * row;
-            for (int h = 0; h < p->o.n_kv_heads; h++)
+            for (int h = 0; h < p->bkv[bl]; h++)
                 memcpy(d + base + (size_t)h * slab, sb + base + (size_t)h * slab, n);
         }
 }
@@ -773,6 +802,11 @@ size_t kvpool_window_state_bytes(const kvpool *p)
     return p->ring_len ? p->ring_bytes / (size_t)p->ring_len * (size_t)p->window : 0;
 }
 
+size_t kvpool_window_state_offset(const kvpool *p, int layer)
+{
+    return p->ring_off[2 * (size_t)(-1 - p->slot[layer])] / (size_t)p->ring_len * (size_t)p->window;
+}
+
 int kvpool_window_exact_span(const kvpool *p)
 {
     return p->n_win_layers ? p->window + (p->n_win_layers - 1) * (p->window - 1) : 0;
@@ -785,7 +819,7 @@ int kvpool_seq_ring_next(const kvpool_seq *s) { return s->ring_next; }
 void kvpool_seq_set_ring_next(kvpool_seq *s, int pos) { s->ring_next = pos; }
 
 /* Rows [end - window, end) of every window layer, in the ring or in dst's order (per window
- * layer and part (n_kv_heads, window, its width)): one memcpy per (layer, part, head) and ring
+ * layer and part (its kv heads, window, its width)): one memcpy per (layer, part, head) and ring
  * wrap. to_ring copies src into the ring, else the ring into dst. */
 static void kvpool_seq_window_copy(const kvpool *p, kvpool_seq *s, int end, uint8_t *buf, bool to_ring)
 {
@@ -793,7 +827,7 @@ static void kvpool_seq_window_copy(const kvpool *p, kvpool_seq *s, int end, uint
     for (int j = 0; j < 2 * p->n_win_layers; j++) {
         if (j % 2 >= p->n_parts) continue;   /* V is K */
         const size_t row = p->ring_row[j];
-        for (int i = 0; i < p->o.n_kv_heads; i++) {
+        for (int i = 0; i < p->ring_kv[j / 2]; i++) {
             uint8_t *ring = s->ring + p->ring_off[j] + (size_t)i * R * row;
             uint8_t *state = buf + p->ring_off[j] / (size_t)R * (size_t)W + (size_t)i * W * row;
             for (int k = 0; k < W;) {
