@@ -166,6 +166,8 @@ void engine_free(engine *e)
     free(e->run0);
     free(e->prev_run);
     free(e->wsnap_t);
+    free(e->wkv);
+    free(e->wrow_l);
     free(e->wsnap);
     free(e->wsnap_data);
     engine_moe_stats_free(e->stats);
@@ -360,11 +362,20 @@ static engine_status engine_new_buffers(engine *e, const engine_opts *o, char *e
     /* per thread: K and V block in f32 and K transposed (3 * 128 * hd), and for the tile's
      * query rows (att_tile * gqa, rounded up to 16): queries transposed and accumulators (hd
      * each), scores (128), max, sum and causal limit (3); the per-key path needs less */
+    /* gemma4's layers have their own head size and kv heads: the tile fits the most query heads
+     * per kv head, the scratch the largest layer */
     int gqa = hp->n_heads / hp->n_kv_heads;
+    for (int il = 0; il < hp->n_layers; il++)
+        if (m->layers[il].l_kv_heads) gqa = TM_MAX(gqa, hp->n_heads / m->layers[il].l_kv_heads);
     e->att_tile = TM_MAX(1, TM_MIN(ENGINE_ATT_TILE_MAX, ENGINE_ATT_ROWS / gqa));
-    size_t hdz = (size_t)hp->head_dim;
-    size_t nqp = TM_ALIGN_UP((size_t)e->att_tile * (size_t)gqa, 16);
-    e->att_stride = TM_ALIGN_UP(3 * KVPOOL_BLOCK * hdz + nqp * (2 * hdz + KVPOOL_BLOCK + 3), 16);
+    e->att_stride = 0;
+    for (int il = 0; il < hp->n_layers; il++) {
+        const model_layer *L = &m->layers[il];
+        size_t hdz = (size_t)(L->l_head_dim ? L->l_head_dim : hp->head_dim);
+        size_t lgqa = (size_t)(hp->n_heads / (L->l_kv_heads ? L->l_kv_heads : hp->n_kv_heads));
+        size_t nqp = TM_ALIGN_UP((size_t)e->att_tile * lgqa, 16);
+        e->att_stride = TM_MAX(e->att_stride, TM_ALIGN_UP(3 * KVPOOL_BLOCK * hdz + nqp * (2 * hdz + KVPOOL_BLOCK + 3), 16));
+    }
     e->att_scratch = engine_scratch_alloc(e, (size_t)o->n_threads * e->att_stride * sizeof(float));
     e->tile_start = engine_scratch_alloc(e, (T + 1) * sizeof(int32_t));
     if (!e->tile_start || !e->x || !e->xn || !e->q || !e->k || !e->v || !e->att || !e->ffa || !e->ffb || !e->xo ||
@@ -375,10 +386,6 @@ static engine_status engine_new_buffers(engine *e, const engine_opts *o, char *e
     if (hp->n_expert > 0 && (st = engine_new_moe(e, T, o->n_threads, err, errsz)) != ENGINE_OK) return st;
     if (hp->mla) return engine_new_mla(e, T, o->n_threads, err, errsz);
     if (hp->n_shared > 0) e->shx = engine_scratch_alloc(e, T * (size_t)hp->dim * sizeof(float));
-    if (hp->arch == MODEL_ARCH_GEMMA4 && !(e->g4 = engine_scratch_alloc(e, T * (qd + 2 * kvd) * sizeof(float)))) {
-        snprintf(err, errsz, "out of memory for gemma4's projections of %d tokens", Ti);
-        return ENGINE_ERR_NOMEM;
-    }
     if (hp->arch == MODEL_ARCH_GEMMA4 && hp->n_expert > 0) {   /* the shared MLP, the router's input, ones */
         if (!(e->g4_mlp = engine_scratch_alloc(e, (2 * T + 1) * (size_t)hp->dim * sizeof(float)))) {
             snprintf(err, errsz, "out of memory for gemma4's expert inputs of %d tokens", Ti);
@@ -416,10 +423,13 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
                  "its trunk (--draft FILE --spec mtp)");
         return ENGINE_ERR_ARG;
     }
-    if (hp->n_heads / hp->n_kv_heads > ENGINE_ATT_GQA_MAX) {
-        snprintf(err, errsz, "%d query heads per kv head: at most %d are supported", hp->n_heads / hp->n_kv_heads,
-                 ENGINE_ATT_GQA_MAX);
-        return ENGINE_ERR_ARG;
+    for (int il = 0; il < hp->n_layers; il++) {
+        const int nkv = m->layers[il].l_kv_heads ? m->layers[il].l_kv_heads : hp->n_kv_heads;
+        if (hp->n_heads / nkv > ENGINE_ATT_GQA_MAX) {
+            snprintf(err, errsz, "%d query heads per kv head: at most %d are supported", hp->n_heads / nkv,
+                     ENGINE_ATT_GQA_MAX);
+            return ENGINE_ERR_ARG;
+        }
     }
     engine *e = xcalloc(1, sizeof *e);
     e->win_src = -1;

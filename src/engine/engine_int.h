@@ -118,6 +118,9 @@ struct engine {
      * attention for the step's own positions, and moved into each sequence's ring after */
     uint8_t *wstage;         /* (T, 2, n_kv_heads) rows of the pool dtype, K then V of an entry */
     size_t wrow;             /* bytes of one staged row: head_dim values in the pool dtype */
+    int32_t *wkv;            /* (n_layers) a layer's kv heads in the staging (kvpool_layer_kv_heads) */
+    size_t *wrow_l;          /* (n_layers) bytes of a layer's staged row: its own K width in the
+                              * pool dtype (wrow for a uniform model) */
     int32_t *run0;           /* (T) first batch entry of each entry's run (engine_run_end) */
     int32_t *prev_run;       /* (T) at a run's first entry: the first entry of the same
                               * sequence's previous run in this step, -1 if none */
@@ -141,8 +144,6 @@ struct engine {
     int8_t *cap_slot;        /* (n_layers) where layer il's input goes in a row of cap, -1: not kept */
     float *cap;              /* (max_tokens, n_cap * dim) */
     int n_cap;
-    float *g4;               /* gemma4 (engine_gemma4.c): (T, n_heads*head_dim) q, then (T,
-                              * n_kv_heads*head_dim) k and v, in each layer's own geometry; or NULL */
     int win_src;             /* gemma4: the window layer shared KV layers read, committed to the
                               * ring after the last layer (engine_window_commit), or -1 */
     float *g4_mlp;           /* gemma4 with experts: (T, dim) the shared MLP's output, then (T,
@@ -161,6 +162,10 @@ typedef struct {
     const float *bias;       /* add + norm: (dim) added to xn first (attention output bias), or NULL */
     float scale;             /* add + norm: the sum times this before the norm (gemma4), 0: none */
     int n_items;             /* attention: T * n_heads */
+    int hd;                  /* attention, q/k/v rows: the layer's head size (gemma4's own, else
+                              * head_dim); q rows are n_heads * hd, k and v rows nkv * hd */
+    int nkv;                 /* the layer's kv heads (gemma4's own, else n_kv_heads) */
+    int rot_k;               /* the layer's Walsh-Hadamard order for Q and K (rot_k's, 0: none) */
     int next;                /* attention, experts: shared item counter (atomic) */
     int next2;               /* experts: the down projection's item counter (atomic) */
     bool q16;                /* attention: the per-key path (f16 Q, f16 V accumulator) */
@@ -170,13 +175,10 @@ typedef struct {
     bool shexp;              /* experts: the shared experts' FFN is in the round (into shx) */
 } engine_job;
 
-/* engine_gemma4.c: a gemma4 layer's own q/k/v (raw projections in g4) into hp's rows in q, k,
- * v for rows [t0, t0 + n); its attention output compacted back to its own geometry (returned,
- * (T, n_heads * l_head_dim) in g4). */
-void engine_gemma4_rows(engine *e, const model_layer *L, int t0, int n);
-const float *engine_gemma4_att(engine *e, const model_layer *L, int T);
-/* Where the layer's raw projections go: q, k and v (v NULL-free even without attn_v). */
-void engine_gemma4_raw(engine *e, float **q, float **k, float **v);
+/* engine_gemma4.c: a gemma4 layer's q, k and v rows [t0, t0 + n) of the step, in its own
+ * geometry ((n, n_heads * l_head_dim) q, (n, l_kv_heads * l_head_dim) k and v, where the
+ * projections wrote them), normed and rotated in place; v from k without attn_v. */
+void engine_gemma4_rows(const engine *e, const model_layer *L, float *q, float *k, float *v, int t0, int n);
 /* Layer il's FFN with experts beside the shared MLP: x (the attention's residual sum) and xn
  * (ffn_norm of it) in, the FFN's output before post_ffw_norm in xn. */
 void engine_gemma4_moe(engine *e, engine_job *job, int il, int T);

@@ -52,12 +52,22 @@ kvpool_opts engine_kv_geometry(const model *m, engine_kv_type kv_type, int32_t *
     kvpool_opts ko = { .n_layers = hp->n_layers, .n_kv_heads = hp->n_kv_heads, .head_dim = hp->head_dim,
                        .v_is_k = hp->mla, .dtype = engine_kv_qtype(kv_type), .layer_window = layer_window,
                        .state_bytes = engine_qwen35_state_bytes(m) };
+    if (hp->arch == MODEL_ARCH_GEMMA4) {   /* each layer's rows in its own head size and kv heads */
+        int32_t *width = layer_window + hp->n_layers, *kvh = width + hp->n_layers;
+        for (int il = 0; il < hp->n_layers; il++) {
+            width[il] = m->layers[il].l_head_dim;
+            kvh[il] = m->layers[il].l_kv_heads;
+        }
+        ko.layer_width = width;
+        ko.layer_kv_heads = kvh;
+    }
     memcpy(ko.model_fp, m->fingerprint, 32);
     return ko;
 }
 
 int engine_kv_geometry_room(const model *m)
 {
+    if (m->hp.arch == MODEL_ARCH_GEMMA4) return 3 * m->hp.n_layers;   /* windows, widths, kv heads */
     return m->hp.arch == MODEL_ARCH_DEEPSEEK4 ? ENGINE_DSV4_GEOM_ROOM * engine_dsv4_pool_layers(m) : m->hp.n_layers;
 }
 
@@ -116,7 +126,15 @@ engine_status engine_new_window(engine *e, size_t T, char *err, size_t errsz)
 {
     const model_hparams *hp = &e->m->hp;
     e->wrow = quant_row_bytes(kvpool_dtype(e->kv), hp->head_dim);
+    /* the widest head size and the most kv heads bound every layer's staged rows */
     e->wstage = engine_scratch_alloc(e, T * 2 * (size_t)hp->n_kv_heads * e->wrow);
+    e->wkv = xmalloc((size_t)hp->n_layers * sizeof *e->wkv);
+    e->wrow_l = xmalloc((size_t)hp->n_layers * sizeof *e->wrow_l);
+    for (int il = 0; il < hp->n_layers; il++) {
+        const int w = kvpool_layer_width(e->kv, il, 0);
+        e->wkv[il] = w ? kvpool_layer_kv_heads(e->kv, il) : hp->n_kv_heads;
+        e->wrow_l[il] = w ? quant_row_bytes(kvpool_dtype(e->kv), w) : e->wrow;
+    }
     e->run0 = xmalloc(T * sizeof *e->run0);
     e->prev_run = xmalloc(T * sizeof *e->prev_run);
     e->n_wsnap_max = (int)(T / KVPOOL_BLOCK) + 16;
@@ -142,7 +160,8 @@ const uint8_t *engine_win_row(const engine *e, const engine_batch *b, int layer,
     for (int r0 = e->run0[t];; r0 = e->prev_run[r0]) {   /* this run, then the sequence's earlier ones */
         int p0 = b->toks[r0].pos;
         if (pk >= p0)
-            return e->wstage + (((size_t)(r0 + pk - p0) * 2 + (size_t)kv) * (size_t)e->m->hp.n_kv_heads + (size_t)kvh) * e->wrow;
+            return e->wstage + (((size_t)(r0 + pk - p0) * 2 + (size_t)kv) * (size_t)e->wkv[layer] + (size_t)kvh) *
+                               e->wrow_l[layer];
         if (e->prev_run[r0] < 0) break;
     }
     return kvpool_seq_ring_row(e->kv, b->toks[t].seq, layer, kv, kvh, pk);
@@ -154,16 +173,17 @@ const uint8_t *engine_win_row(const engine *e, const engine_batch *b, int layer,
 void engine_window_commit(engine *e, const engine_batch *b, int layer)
 {
     const kvpool *kv = e->kv;
-    const int nkv = e->m->hp.n_kv_heads, W = kvpool_window(kv), wl = -1 - kvpool_layer_block_index(kv, layer);
+    const int nkv = e->wkv[layer], W = kvpool_window(kv), wl = -1 - kvpool_layer_block_index(kv, layer);
     const int R = kvpool_ring_slots(kv, layer, 0);
+    const size_t row = e->wrow_l[layer];
     for (int i = 0; i < e->n_wsnap; i++) {
         const engine_window_state *ws = &e->wsnap[i];
         int t = e->wsnap_t[i];
         for (int k = 0; k < 2; k++)
             for (int h = 0; h < nkv; h++) {
                 uint8_t *dst = kvpool_window_state_rows(kv, (void *)ws->state, layer, k, h, NULL);
-                for (int r = 0; r < W; r++, dst += e->wrow)
-                    memcpy(dst, engine_win_row(e, b, layer, t, ws->end - W + r, k, h), e->wrow);
+                for (int r = 0; r < W; r++, dst += row)
+                    memcpy(dst, engine_win_row(e, b, layer, t, ws->end - W + r, k, h), row);
             }
     }
     for (int t = 0; t < b->n_tokens;) {
@@ -172,7 +192,7 @@ void engine_window_commit(engine *e, const engine_batch *b, int layer)
             for (int k = 0; k < 2; k++)
                 for (int h = 0; h < nkv; h++)
                     memcpy(kvpool_seq_ring_row(kv, b->toks[t].seq, layer, k, h, pk), engine_win_row(e, b, layer, t, pk, k, h),
-                           e->wrow);
+                           row);
         if (wl == kvpool_n_window_layers(kv) - 1) kvpool_seq_set_ring_next(b->toks[t].seq, p1 + 1);
         t = r;
     }

@@ -23,14 +23,14 @@ static void engine_job_qkv_post(void *ctx, int ith, int nth)
     engine *e = j->e;
     const model_hparams *hp = &e->m->hp;
     const model_layer *L = &e->m->layers[j->layer];
-    const int T = j->b->n_tokens, hd = hp->head_dim, qd = hp->n_heads * hd, kvd = hp->n_kv_heads * hd;
+    const int T = j->b->n_tokens, hd = j->hd, nkv = j->nkv, qd = hp->n_heads * hd, kvd = nkv * hd;
     const int t0 = (int)((int64_t)T * ith / nth), t1 = (int)((int64_t)T * (ith + 1) / nth), n = t1 - t0;
     if (n <= 0) return;
     float *q = e->q + (size_t)t0 * qd, *k = e->k + (size_t)t0 * kvd, *v = e->v + (size_t)t0 * kvd;
-    if (L->l_head_dim) {   /* gemma4: norms and RoPE in the layer's own geometry, into hp's rows */
-        engine_gemma4_rows(e, L, t0, n);
+    if (L->l_head_dim) {   /* gemma4: norms and RoPE in the layer's own geometry */
+        engine_gemma4_rows(e, L, q, k, v, t0, n);
         if (L->kv_shared) {   /* queries only: its K/V are an earlier layer's */
-            if (e->rot_k) ops_hadamard_rows(q, (int64_t)n * qd / e->rot_k, e->rot_k);
+            if (j->rot_k) ops_hadamard_rows(q, (int64_t)n * qd / j->rot_k, j->rot_k);
             return;
         }
         goto rotate_store;
@@ -43,14 +43,14 @@ static void engine_job_qkv_post(void *ctx, int ith, int nth)
         }
     if (L->q_norm) {
         ops_rmsnorm(NULL, q, q, L->q_norm, n * hp->n_heads, hd, hp->rms_eps);
-        ops_rmsnorm(NULL, k, k, L->k_norm, n * hp->n_kv_heads, hd, hp->rms_eps);
+        ops_rmsnorm(NULL, k, k, L->k_norm, n * nkv, hd, hp->rms_eps);
     }
     /* gemma3: window layers rotate with their own base and no frequency scaling */
     const bool rope_swa = hp->rope_theta_scale_swa != 0.0f && L->window > 0;
     const float theta = rope_swa ? hp->rope_theta_scale_swa : hp->rope_theta_scale, fscale = rope_swa ? 1.0f : hp->rope_freq_scale;
     ops_rope_ggml(NULL, q, e->pos + t0, n, hp->n_heads, hd, hp->n_rot, hp->rope_neox, theta,
                   fscale, hp->rope_freq_factors, hp->rope_attn_factor, hp->rope_yarn[0] != 0 ? hp->rope_yarn : NULL);
-    ops_rope_ggml(NULL, k, e->pos + t0, n, hp->n_kv_heads, hd, hp->n_rot, hp->rope_neox, theta,
+    ops_rope_ggml(NULL, k, e->pos + t0, n, nkv, hd, hp->n_rot, hp->rope_neox, theta,
                   fscale, hp->rope_freq_factors, hp->rope_attn_factor, hp->rope_yarn[0] != 0 ? hp->rope_yarn : NULL);
     if (hp->attn_temp_scale != 0.0f)   /* mistral3: Llama 4's temperature, as llama.cpp's inp_attn_scale */
         for (int t = 0; t < n; t++) {
@@ -58,19 +58,19 @@ static void engine_job_qkv_post(void *ctx, int ith, int nth)
             ops_vec_scale_f32(qd, q + (size_t)t * qd, s);
         }
 rotate_store:
-    if (e->rot_k) {
-        ops_hadamard_rows(q, (int64_t)n * qd / e->rot_k, e->rot_k);
-        ops_hadamard_rows(k, (int64_t)n * kvd / e->rot_k, e->rot_k);
+    if (j->rot_k) {
+        ops_hadamard_rows(q, (int64_t)n * qd / j->rot_k, j->rot_k);
+        ops_hadamard_rows(k, (int64_t)n * kvd / j->rot_k, j->rot_k);
         ops_hadamard_rows(v, (int64_t)n * kvd / e->rot_v, e->rot_v);
     }
     if (kvpool_layer_block_index(e->kv, j->layer) < 0) {   /* a window layer: staged (engine_window_commit) */
         const qtype dt = kvpool_dtype(e->kv);
-        const int nkv = hp->n_kv_heads;
+        const size_t wrow = e->wrow_l[j->layer];
         for (int t = t0; t < t1; t++) {
-            uint8_t *dk = e->wstage + (size_t)t * 2 * nkv * e->wrow, *dv = dk + nkv * e->wrow;
+            uint8_t *dk = e->wstage + (size_t)t * 2 * nkv * wrow, *dv = dk + nkv * wrow;
             for (int h = 0; h < nkv; h++) {
-                kvpool_row_put(dt, e->k + (size_t)t * kvd + (size_t)h * hd, dk + (size_t)h * e->wrow, hd);
-                kvpool_row_put(dt, e->v + (size_t)t * kvd + (size_t)h * hd, dv + (size_t)h * e->wrow, hd);
+                kvpool_row_put(dt, e->k + (size_t)t * kvd + (size_t)h * hd, dk + (size_t)h * wrow, hd);
+                kvpool_row_put(dt, e->v + (size_t)t * kvd + (size_t)h * hd, dv + (size_t)h * wrow, hd);
             }
         }
         return;
@@ -78,7 +78,7 @@ rotate_store:
     for (int t = t0; t < t1; t++) {
         const engine_tok *tk = &j->b->toks[t];
         if (tk->pos < kvpool_seq_full_from(tk->seq)) continue;   /* replayed: its blocks hold it */
-        for (int h = 0; h < hp->n_kv_heads; h++)
+        for (int h = 0; h < nkv; h++)
             kvpool_seq_store(e->kv, tk->seq, tk->pos, j->layer, h, e->k + (size_t)t * kvd + (size_t)h * hd,
                              e->v + (size_t)t * kvd + (size_t)h * hd);
     }
@@ -150,10 +150,9 @@ static int engine_att_lo(const engine_job *j, int pos, int nt, const kvpool_seq 
  * kvh * gqa + r % gqa. */
 static void engine_att_sinks(const engine_job *j, int kvh, int nq, float *M, float *S, float *acc)
 {
-    const model_hparams *hp = &j->e->m->hp;
     const float *sinks = j->e->m->layers[j->layer].sinks;
     if (!sinks) return;
-    const int gqa = hp->n_heads / hp->n_kv_heads, hd = hp->head_dim;
+    const int gqa = j->e->m->hp.n_heads / j->nkv, hd = j->hd;
     for (int r = 0; r < nq; r++) {
         float s = sinks[kvh * gqa + r % gqa], ms = 1.0f, vs = 1.0f;
         if (s > M[r]) {
@@ -171,7 +170,7 @@ static void engine_att_per_key(engine_job *j, float *sc, int t0, int nt, int kvh
 {
     engine *e = j->e;
     const model_hparams *hp = &e->m->hp;
-    const int hd = hp->head_dim, gqa = hp->n_heads / hp->n_kv_heads, qd = hp->n_heads * hd;
+    const int hd = j->hd, gqa = hp->n_heads / j->nkv, qd = hp->n_heads * hd;
     const int nq = nt * gqa, nqmax = e->att_tile * gqa;
     const float scale = hp->att_scale;
     const engine_tok *tk0 = &j->b->toks[t0];
@@ -254,7 +253,7 @@ static void engine_att_per_key_q(engine_job *j, float *sc, int t0, int nt, int k
 {
     engine *e = j->e;
     const model_hparams *hp = &e->m->hp;
-    const int hd = hp->head_dim, gqa = hp->n_heads / hp->n_kv_heads, qd = hp->n_heads * hd;
+    const int hd = j->hd, gqa = hp->n_heads / j->nkv, qd = hp->n_heads * hd;
     const int nq = nt * gqa, nqmax = e->att_tile * gqa;
     const qtype dt = kvpool_dtype(e->kv);
     const size_t row = quant_row_bytes(dt, hd), qrow = quant_row_bytes(QTYPE_Q8_0, hd);
@@ -310,7 +309,7 @@ static void engine_att_per_key_q(engine_job *j, float *sc, int t0, int nt, int k
         float inv = S[r] == 0.0f ? 0.0f : 1.0f / S[r];
         const float *ar = acc + (size_t)r * hd;
         for (int d = 0; d < hd; d++) o[d] = ar[d] * inv;
-        if (e->rot_v) ops_hadamard_rows(o, hd / e->rot_v, e->rot_v);   /* back from V's rotation */
+        if (j->rot_k) ops_hadamard_rows(o, hd / e->rot_v, e->rot_v);   /* back from V's rotation */
     }
 }
 
@@ -320,7 +319,7 @@ static void engine_att_tiled(engine_job *j, float *sc, int t0, int nt, int kvh)
 {
     engine *e = j->e;
     const model_hparams *hp = &e->m->hp;
-    const int hd = hp->head_dim, gqa = hp->n_heads / hp->n_kv_heads, qd = hp->n_heads * hd;
+    const int hd = j->hd, gqa = hp->n_heads / j->nkv, qd = hp->n_heads * hd;
     const int nq = nt * gqa, nqp = TM_ALIGN_UP(nq, 16);
     const bool f16 = kvpool_dtype(e->kv) == QTYPE_F16;
     const engine_tok *tk0 = &j->b->toks[t0];
@@ -443,7 +442,7 @@ static void engine_job_attention(void *ctx, int ith, int nth)
 {
     engine_job *j = ctx;
     engine *e = j->e;
-    const int nkv = e->m->hp.n_kv_heads;
+    const int nkv = j->nkv;
     float *sc = e->att_scratch + (size_t)ith * e->att_stride;
     (void)nth;
     for (;;) {
@@ -876,7 +875,7 @@ engine_status engine_forward(engine *e, const engine_batch *b, const float *hidd
     }
 
     threadpool *tp = e->tp;
-    const int dim = hp->dim, hd = hp->head_dim;
+    const int dim = hp->dim;
     const float eps = hp->rms_eps;
     for (int t = 0; t < T; t++) {
         model_embed_row(m, b->toks[t].token, e->x + (size_t)t * dim);
@@ -892,6 +891,10 @@ engine_status engine_forward(engine *e, const engine_batch *b, const float *hidd
         const model_layer *L = &m->layers[il];
         job.layer = il;
         job.kv_layer = L->kv_shared ? L->kv_src : il;
+        /* the layer's geometry: gemma4's own (a shared layer's is its source's), else the model's */
+        job.hd = L->l_head_dim ? L->l_head_dim : hp->head_dim;
+        job.nkv = L->l_head_dim ? L->l_kv_heads : hp->n_kv_heads;
+        job.rot_k = e->rot_k && L->l_head_dim ? ops_hadamard_order(job.hd) : e->rot_k;
         if (e->cap && e->cap_slot[il] >= 0) engine_capture(e, il, T);
         if (L->ssm_out.data) {   /* Qwen3.5's linear attention: xn in, its output in xn */
             engine_qwen35_linear(e->q35, tp, il, e->xn, e->mm_scratch);
@@ -904,19 +907,18 @@ engine_status engine_forward(engine *e, const engine_batch *b, const float *hidd
         } else {
             const ops_weight *qkv[3] = { &L->wq, &L->wk, &L->wv };
             float *qkv_out[3] = { L->attn_gated ? engine_qwen35_qg(e->q35) : e->q, e->k, e->v };
-            if (L->l_head_dim) engine_gemma4_raw(e, &qkv_out[0], &qkv_out[1], &qkv_out[2]);
             /* gemma4: V may be K; a shared KV layer projects only its queries */
             ops_matmul_multi(tp, L->kv_shared ? 1 : L->l_head_dim && !L->wv.data ? 2 : 3, qkv, e->xn, T, qkv_out,
                              e->mm_scratch);
             if (L->attn_gated) engine_qwen35_split(e->q35, T, e->q);
             engine_prof_mark(e, il, ENGINE_PROF_QKV);
-            engine_run_rows(e, engine_job_qkv_post, &job, (int64_t)T * (hp->n_heads + 2 * hp->n_kv_heads) * hd);
+            engine_run_rows(e, engine_job_qkv_post, &job, (int64_t)T * (hp->n_heads + 2 * job.nkv) * job.hd);
             engine_prof_mark(e, il, ENGINE_PROF_QKV_POST);
         }
         job.win = model_layer_window(m, il) > 0;
-        job.n_items = (job.win ? T : e->n_tiles) * hp->n_kv_heads;
+        job.n_items = (job.win ? T : e->n_tiles) * job.nkv;
         job.next = 0;
-        job.q16 = kvpool_dtype(e->kv) == QTYPE_F16 && hd % 16 != 0;
+        job.q16 = kvpool_dtype(e->kv) == QTYPE_F16 && job.hd % 16 != 0;
         job.q8 = kvpool_dtype(e->kv) == QTYPE_Q8_0 || kvpool_dtype(e->kv) == QTYPE_Q4_0;
         int bl = kvpool_layer_block_index(e->kv, job.kv_layer);
         if (bl >= 0) kvpool_fill_wait(e->kv, bl);   /* layer il of blocks still loading from the store */
@@ -926,7 +928,7 @@ engine_status engine_forward(engine *e, const engine_batch *b, const float *hidd
         if (L->attn_gated) engine_qwen35_gate(e->q35, T, e->att);
         engine_prof_mark(e, il, ENGINE_PROF_ATTENTION);
         if (hp->mla) engine_mla_out(e, &job, il, T);
-        else ops_matmul(tp, &L->wo, L->l_head_dim ? engine_gemma4_att(e, L, T) : e->att, T, e->xn, e->mm_scratch);
+        else ops_matmul(tp, &L->wo, e->att, T, e->xn, e->mm_scratch);
         if (L->attn_post_norm) ops_rmsnorm(tp, e->xn, e->xn, L->attn_post_norm, T, dim, eps);   /* gemma3 */
         engine_prof_mark(e, il, ENGINE_PROF_WO);
     add_attention:

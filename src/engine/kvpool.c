@@ -46,11 +46,15 @@ struct kvpool {
     int32_t *bw;                 /* (n_blk_layers, 2) a block layer's K and V row in elements (V = K
                                   * in a v_is_k pool) */
     size_t *brow;                /* (n_blk_layers, 2) those rows' bytes in dtype */
+    int32_t *lkv;                /* (n_layers) each layer's kv heads: n_kv_heads, or its
+                                  * opts.layer_kv_heads (0 for a layer that keeps nothing) */
+    int32_t *bkv;                /* (n_blk_layers) a block layer's kv heads (its slabs per part) */
     size_t *boff;                /* (n_blk_layers + 1, 2) byte offset in a block of a block layer's
                                   * K slabs, then its V slabs; boff[2 * n_blk_layers] = block_bytes */
-    bool uniform;                /* every block layer's K and V rows are one width (bw[0]) */
+    bool uniform;                /* every block layer's K and V rows are one width (bw[0]) and
+                                  * every block layer has n_kv_heads */
     uint32_t geom;               /* digest of the block geometry (kvpool_block_geom) */
-    size_t block_bytes;          /* sum over block layers: n_parts * n_kv_heads * 128 * its row bytes */
+    size_t block_bytes;          /* sum over block layers: n_parts * its kv heads * 128 * its row bytes */
     uint8_t *data;               /* (n_blocks, block_bytes), 64-byte aligned */
     kvpool_blk *blk;             /* (n_blocks) */
     slottab tab;                 /* block ids: SHA-256 block keys, the free list, the LRU */
@@ -83,7 +87,8 @@ struct kvpool {
     size_t *ring_off;            /* (n_win_layers, 2) byte offset of a window layer's K ring, V ring
                                   * (a part the pool does not keep: its K ring's) */
     bool *ring_has;              /* (n_win_layers, 2) the part has its own ring */
-    size_t ring_bytes;           /* sum over window layers and parts: n_kv_heads * its slots * its
+    int32_t *ring_kv;            /* (n_win_layers) a window layer's kv heads */
+    size_t ring_bytes;           /* sum over window layers and parts: its kv heads * its slots * its
                                   * ring row's bytes in ring_type */
     int32_t *st_n;               /* (n_win_layers, 2) last positions of the part a window state keeps */
     int32_t *st_w;               /* (n_win_layers, 2) leading elements of those rows it keeps */
@@ -105,8 +110,8 @@ struct kvpool_seq {
     int n;                       /* blocks in the table */
     int n_keyed;                 /* leading blocks whose key is known */
     uint8_t last_key[32];        /* key of block n_keyed-1, zeros if none */
-    uint8_t *ring;               /* per window layer and kept part (n_kv_heads, its slots, its width):
-                                  * position p at slot p % slots; NULL if none */
+    uint8_t *ring;               /* per window layer and kept part (its kv heads, its slots, its
+                                  * width): position p at slot p % slots; NULL if none */
     int win_lo;                  /* window layers see no key below this position */
     int full_from;               /* full layers' KV below this position is already in the blocks */
     int exact_from;              /* window state at positions >= this equals a run without cache */
@@ -153,6 +158,12 @@ static int kvpool_geom_width(const kvpool_opts *o, int l, int kv)
     return w;
 }
 
+/* Layer l's kv heads under o: its layer_kv_heads, else n_kv_heads. */
+static int kvpool_geom_kv_heads(const kvpool_opts *o, int l)
+{
+    return o->layer_kv_heads && o->layer_kv_heads[l] > 0 ? o->layer_kv_heads[l] : o->n_kv_heads;
+}
+
 size_t kvpool_geom_block_bytes(const kvpool_opts *o)
 {
     size_t n = 0;
@@ -162,7 +173,7 @@ size_t kvpool_geom_block_bytes(const kvpool_opts *o)
         for (int kv = 0; kv < (o->v_is_k ? 1 : 2); kv++) {
             int w = kvpool_geom_width(o, l, kv);
             if (!kvpool_type_ok(o->dtype, w)) return 0;
-            n += (size_t)o->n_kv_heads * KVPOOL_BLOCK * quant_row_bytes(o->dtype, w);
+            n += (size_t)kvpool_geom_kv_heads(o, l) * KVPOOL_BLOCK * quant_row_bytes(o->dtype, w);
         }
     }
     return n;
@@ -217,7 +228,7 @@ kvpool_status kvpool_new(const kvpool_opts *opts, kvpool **out)
     p->st_type[0] = opts->state_k_dtype ? opts->dtype : p->ring_type;
     p->st_type[1] = p->ring_type;
     p->st_bytes = p->n_win_layers ? KVPOOL_WSTATE_HDR : 0;
-    uint32_t *sgeom = xmalloc((6 + 8 * (size_t)opts->n_layers) * sizeof *sgeom);
+    uint32_t *sgeom = xmalloc((6 + 9 * (size_t)opts->n_layers) * sizeof *sgeom);
     int n_sgeom = 0;
     sgeom[n_sgeom++] = KVPOOL_WSTATE_VERSION;
     sgeom[n_sgeom++] = (uint32_t)opts->n_kv_heads;
@@ -233,9 +244,12 @@ kvpool_status kvpool_new(const kvpool_opts *opts, kvpool **out)
     p->bw = xcalloc(2 * (size_t)p->n_blk_layers, sizeof *p->bw);
     p->brow = xcalloc(2 * (size_t)p->n_blk_layers, sizeof *p->brow);
     p->boff = xcalloc(2 * (size_t)p->n_blk_layers + 1, sizeof *p->boff);
+    p->lkv = xcalloc((size_t)opts->n_layers, sizeof *p->lkv);
+    p->bkv = xcalloc((size_t)p->n_blk_layers + 1, sizeof *p->bkv);
+    p->ring_kv = xcalloc((size_t)p->n_win_layers + 1, sizeof *p->ring_kv);
     p->uniform = true;
     /* the geometry digest: what a stored block's header must match to be read into this pool */
-    uint32_t *geom = xmalloc((4 + 2 * (size_t)opts->n_layers) * sizeof *geom);
+    uint32_t *geom = xmalloc((4 + 3 * (size_t)opts->n_layers) * sizeof *geom);
     int n_geom = 0;
     geom[n_geom++] = (uint32_t)p->n_parts;
     geom[n_geom++] = (uint32_t)opts->n_kv_heads;
@@ -246,6 +260,17 @@ kvpool_status kvpool_new(const kvpool_opts *opts, kvpool **out)
         const bool win = p->slot[l] < 0;
         const int i = 2 * (win ? -1 - p->slot[l] : p->slot[l]);
         const qtype t = win ? p->ring_type : opts->dtype;
+        const int nkv = kvpool_geom_kv_heads(opts, l);
+        p->lkv[l] = nkv;
+        if (win) {
+            p->ring_kv[i / 2] = nkv;
+            if (opts->layer_kv_heads) sgeom[n_sgeom++] = (uint32_t)nkv;
+        } else {
+            p->bkv[i / 2] = nkv;
+            p->uniform &= nkv == opts->n_kv_heads;
+            /* only a pool with per-layer kv heads digests them: the others' digests stay */
+            if (opts->layer_kv_heads) geom[n_geom++] = (uint32_t)nkv;
+        }
         for (int kv = 0; kv < 2; kv++) {
             const bool aux = win && kv && opts->ring_aux_width && opts->ring_aux_width[l] > 0;
             int w = aux ? opts->ring_aux_width[l] : kvpool_geom_width(opts, l, kv);
@@ -256,7 +281,7 @@ kvpool_status kvpool_new(const kvpool_opts *opts, kvpool **out)
                 kvpool_free(p);
                 return KVPOOL_ERR_ARG;
             }
-            size_t rb = quant_row_bytes(t, w), part = has ? (size_t)opts->n_kv_heads * rb : 0;
+            size_t rb = quant_row_bytes(t, w), part = has ? (size_t)nkv * rb : 0;
             if (win) {
                 const int j = 2 * l + kv, full = p->window + KVPOOL_RING_SPARE;
                 int n = opts->ring_slots && opts->ring_slots[j] > 0 ? TM_MIN(opts->ring_slots[j], full) : full;
@@ -281,7 +306,7 @@ kvpool_status kvpool_new(const kvpool_opts *opts, kvpool **out)
                 p->st_w[i + kv] = sw;
                 p->st_row[i + kv] = quant_row_bytes(st, sw);
                 p->st_off[i + kv] = p->st_bytes;
-                p->st_bytes += (size_t)opts->n_kv_heads * (size_t)sn * p->st_row[i + kv];
+                p->st_bytes += (size_t)nkv * (size_t)sn * p->st_row[i + kv];
                 sgeom[n_sgeom++] = (uint32_t)has;
                 sgeom[n_sgeom++] = (uint32_t)w;
                 sgeom[n_sgeom++] = (uint32_t)sn;
@@ -302,7 +327,7 @@ kvpool_status kvpool_new(const kvpool_opts *opts, kvpool **out)
     p->st_geom = block_crc32c(sgeom, (size_t)n_sgeom * sizeof sgeom[0]);
     free(sgeom);
     p->o.ring_aux_width = p->o.ring_slots = p->o.state_rows = p->o.state_cols = NULL;
-    p->o.layer_width = p->o.layer_v_width = NULL;
+    p->o.layer_width = p->o.layer_v_width = p->o.layer_kv_heads = NULL;
     size_t total = p->block_bytes * (size_t)opts->n_blocks;
     if (p->block_bytes != kvpool_geom_block_bytes(opts) || total / (size_t)opts->n_blocks != p->block_bytes) {
         kvpool_free(p);   /* half-built: slot is allocated already */
@@ -379,6 +404,9 @@ void kvpool_free(kvpool *p)
     free(p->st_w);
     free(p->st_row);
     free(p->st_off);
+    free(p->ring_kv);
+    free(p->lkv);
+    free(p->bkv);
     free(p->bw);
     free(p->brow);
     free(p->boff);
@@ -402,6 +430,8 @@ int kvpool_layer_width(const kvpool *p, int layer, int kv)
     if (p->n_parts == 1) kv = 0;
     return p->bw[2 * sl + kv];
 }
+
+int kvpool_layer_kv_heads(const kvpool *p, int layer) { return p->lkv[layer]; }
 
 int kvpool_block_width_max(const kvpool *p)
 {
@@ -698,7 +728,7 @@ static void kvpool_blk_copy_rows(const kvpool *p, int dst, int src, int from, in
         for (int kv = 0; kv < p->n_parts; kv++) {
             const size_t row = p->brow[2 * bl + kv], slab = KVPOOL_BLOCK * row;
             const size_t base = p->boff[2 * bl + kv] + (size_t)from * row, n = (size_t)(to - from) * row;
-            for (int h = 0; h < p->o.n_kv_heads; h++)
+            for (int h = 0; h < p->bkv[bl]; h++)
                 memcpy(d + base + (size_t)h * slab, sb + base + (size_t)h * slab, n);
         }
 }
@@ -900,7 +930,7 @@ int kvpool_seq_ring_next(const kvpool_seq *s) { return s->ring_next; }
 void kvpool_seq_set_ring_next(kvpool_seq *s, int pos) { s->ring_next = pos; }
 
 /* Each kept part's last st_n rows before end, in the ring or in the state's order (header, then
- * per window layer and part (n_kv_heads, st_n, st_w elements of st_type)): one memcpy per
+ * per window layer and part (its kv heads, st_n, st_w elements of st_type)): one memcpy per
  * (layer, part, head) and ring wrap where the state row is the ring row's prefix in its type,
  * else row by row through F32 (an F32 ring row's leading st_w elements rounded to st_type, which
  * the engine has made lossless). to_ring copies the state into the ring, else the ring into it. */
@@ -911,7 +941,7 @@ static void kvpool_seq_window_copy(const kvpool *p, kvpool_seq *s, int end, uint
         const int R = p->ring_n[j], W = p->st_n[j];
         const size_t row = p->ring_row[j], srow = p->st_row[j];
         const qtype st = p->st_type[j % 2];
-        for (int i = 0; i < p->o.n_kv_heads; i++) {
+        for (int i = 0; i < p->ring_kv[j / 2]; i++) {
             uint8_t *ring = s->ring + p->ring_off[j] + (size_t)i * R * row;
             uint8_t *state = buf + p->st_off[j] + (size_t)i * W * srow;
             for (int k = 0; k < W;) {

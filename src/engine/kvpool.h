@@ -6,7 +6,8 @@
  * [layer][k|v][kv_head][token][row]: attention for one (layer, kv head) walks one
  * contiguous (128, row) slab of K and one of V. A row is head_dim elements unless the layer
  * has its own K / V widths (opts.layer_width, layer_v_width: Gemma 4's head sizes per layer,
- * DeepSeek V4's packed entries), so a layer's slabs are exactly its own size; kvpool_seq_slab
+ * DeepSeek V4's packed entries) and a layer may have its own kv head count
+ * (opts.layer_kv_heads: Gemma 4's), so a layer's slabs are exactly its own size; kvpool_seq_slab
  * looks the layer's offset and row up, the same two loads whatever the geometry. Elements are F16 (default), F32, or
  * ggml's Q8_0 / Q4_0 blocks (32 values and an f16 scale each: a row is head_dim / 32 blocks,
  * quantised as it is written; a block of 128 positions then takes 34/64 or 18/64 of F16's
@@ -74,6 +75,9 @@ typedef struct {
                                   * its ring's), 0 or NULL: head_dim; only read by kvpool_new */
     const int32_t *layer_v_width; /* (n_layers) each layer's V row likewise, 0 or NULL: its K
                                   * row's; ignored when v_is_k; only read by kvpool_new */
+    const int32_t *layer_kv_heads; /* (n_layers) each layer's kv heads (its slabs per part in a
+                                  * block, its ring's heads), 0 or NULL: n_kv_heads (Gemma 4's
+                                  * layers differ); only read by kvpool_new */
     bool ring_f32;               /* the window layers' rings (and window states) in F32 whatever
                                   * dtype: DeepSeek V4's rings hold its compressors' running
                                   * projections, which llama.cpp keeps in F32 */
@@ -138,14 +142,18 @@ int kvpool_head_dim(const kvpool *p);
  * pool's window layer: kv 1 is its aux ring row, or K's without one); 0 for a layer that keeps
  * nothing here. */
 int kvpool_layer_width(const kvpool *p, int layer, int kv);
+/* Layer `layer`'s kv heads (n_kv_heads or its opts.layer_kv_heads); 0 for a layer that keeps
+ * nothing here. */
+int kvpool_layer_kv_heads(const kvpool *p, int layer);
 /* Whether every block layer's K and V rows have one width (the common case: head_dim; a
- * DeepSeek V4 pool's one entries layer), and the widest block row. */
+ * DeepSeek V4 pool's one entries layer) and n_kv_heads heads, and the widest block row. */
 bool kvpool_block_uniform(const kvpool *p);
 int kvpool_block_width_max(const kvpool *p);
 /* Byte offset in a block of block layer bl's slabs (kvpool_layer_block_index); bl =
  * kvpool_n_block_layers gives kvpool_block_bytes. Layer bl is [offset(bl), offset(bl + 1)). */
 size_t kvpool_block_layer_offset(const kvpool *p, int bl);
-/* A digest of the block geometry (parts, kv heads, dtype, every block layer's row widths): a
+/* A digest of the block geometry (parts, kv heads, dtype, every block layer's row widths and,
+ * with opts.layer_kv_heads, its kv heads): a
  * stored block's header carries it, and a block of another geometry is refused. */
 uint32_t kvpool_block_geom(const kvpool *p);
 /* Blocks that fit in `bytes` for the given geometry (at least 1). */
@@ -313,8 +321,8 @@ qtype kvpool_ring_dtype(const kvpool *p);           /* the rings' elements: dtyp
 int kvpool_ring_slots(const kvpool *p, int layer, int kv);
 /* A window state is its own compact layout, not a copy of the ring: a 16-byte header (magic,
  * version, geometry digest, bytes; u32 LE) then per window layer and kept part
- * (n_kv_heads, state rows, state cols) elements of the part's state type (opts.state_rows,
- * state_cols, state_k_dtype; by default (n_kv_heads, window, width) in the ring dtype). A state
+ * (its kv heads, state rows, state cols) elements of the part's state type (opts.state_rows,
+ * state_cols, state_k_dtype; by default (its kv heads, window, width) in the ring dtype). A state
  * of another geometry (another pool, an older layout) is refused on restore, never misread. */
 size_t kvpool_window_state_bytes(const kvpool *p);
 uint32_t kvpool_window_state_geom(const kvpool *p);

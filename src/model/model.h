@@ -130,10 +130,11 @@ typedef struct {
                               * its residual add, else NULL */
     const float *ffn_norm;   /* (dim) f32 */
     const float *ffn_post_norm; /* (dim) f32 gemma3: the same for the FFN's output, else NULL */
-    /* gemma4: this layer's own attention geometry; hp.head_dim and hp.n_kv_heads are then the
-     * widest over the layers, the shape of the engine's K/V rows (engine_gemma4.c) */
+    /* gemma4: this layer's own attention geometry (its K/V rows in the pool, its attention);
+     * hp.head_dim and hp.n_kv_heads are then the widest over the layers, which size the
+     * engine's buffers (engine_gemma4.c) */
     int l_head_dim;          /* head size of q, k and v; 0: hp's geometry (every other family) */
-    int l_kv_heads;          /* kv heads, a divisor of hp.n_kv_heads */
+    int l_kv_heads;          /* kv heads, a divisor of n_heads, at most hp.n_kv_heads */
     int l_n_rot;             /* rotated dims per head (NEOX) */
     int l_ffn_dim;           /* its dense FFN's width (gemma4's double-wide MLP on the shared KV
                               * layers); 0: hp.ffn_dim, which is then the widest */

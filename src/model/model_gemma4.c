@@ -27,8 +27,9 @@
  *   picks it (block_count - n - 1 for a global layer, - 2 for a window one, which must be of
  *   that kind); a per-layer feed_forward_length gives them their double-wide MLP.
  *
- * The engine holds every layer's K/V at the widest head size and the most kv heads (hp.head_dim,
- * hp.n_kv_heads; each layer's own in model_layer.l_*): see engine_gemma4.c for the cost.
+ * hp.head_dim and hp.n_kv_heads are the widest head size and the most kv heads of any layer
+ * (the engine's buffers); each layer's own are model_layer.l_*, in which the KV pool keeps its
+ * rows and attention reads them (engine_gemma4.c).
  */
 #include <math.h>
 #include <stdio.h>
@@ -128,7 +129,7 @@ bool model_gemma4_hparams(model_ld *ld)
         model_fail(ld, GGUF_ERR_FORMAT, "gemma4: unsupported RoPE scaling (only rope_freqs' factors)");
         return false;
     }
-    /* every layer's kv heads divide the widest (the pool's), which the query heads are a multiple of */
+    /* every layer's kv heads divide the query heads; the most of them size the engine's buffers */
     int kv_max = 0;
     for (int il = 0; il < hp->n_layers; il++) {
         int64_t is_swa, kv;
@@ -140,15 +141,6 @@ bool model_gemma4_hparams(model_ld *ld)
             return false;
         }
         kv_max = kv > kv_max ? (int)kv : kv_max;
-    }
-    for (int il = 0; il < hp->n_layers; il++) {
-        int64_t kv;
-        if (!model_gemma4_at(ld, "gemma4.attention.head_count_kv", il, hp->n_heads, &kv)) return false;
-        if (kv_max % kv) {
-            model_fail(ld, GGUF_ERR_FORMAT, "gemma4: layer %d's %lld kv heads do not divide the widest layer's %d", il,
-                       (long long)kv, kv_max);
-            return false;
-        }
     }
     hp->n_kv_heads = kv_max;
     hp->head_dim = (int)(kl > kl_swa ? kl : kl_swa);

@@ -27,7 +27,7 @@ const FAMILIES = {
   phi3: ["--arch", "phi3", "--ctx", "8192"],
   mistral3: ["--arch", "mistral3", "--ctx", "4096"],
   gemma3: ["--arch", "gemma3", "--ctx", "65536", "--window", "32", "--layers", "6"],
-  // window layers of 4 kv heads of 32 beside a global one of 1 of 64 (engine_gemma4.c's padding)
+  // window layers of 4 kv heads of 32 beside a global one of 1 of 64, each in its own K/V rows
   gemma4: ["--arch", "gemma4", "--ctx", "65536", "--window", "32", "--layers", "6", "--heads", "8", "--kv-heads", "4",
     "--head-dim", "32"],
   // the 26B-A4B's experts beside the dense FFN; E2B's per-layer embeddings and 2 shared KV

@@ -143,7 +143,7 @@ for (const [shape, fam] of Object.entries(SHAPES)) {
   });
 }
 
-// gemma4's layers run in the widest head shape (engine_gemma4.c): a sequence's numbers still do
+// gemma4's layers run in their own head shapes (engine_gemma4.c): a sequence's numbers do
 // not depend on how it is batched or split over threads, window layers included (130 tokens
 // cross the 16-position window and a 128-token block)
 for (const shape of ['gemma4', 'gemma4-moe', 'gemma4-e']) test(`${shape}: batched on two threads equals each sequence alone on one thread in 7-token steps, bit for bit`, {skip},

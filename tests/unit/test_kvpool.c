@@ -922,6 +922,107 @@ TEST(test_mixed_widths_store_round_trip)
     storetest_rmrf(dir);
 }
 
+/* ---- layers of their own kv heads (Gemma 4) ---- */
+
+/* Layer 0: window, 4 kv heads of 8; layer 1: full, 1 of 16; layer 2: window, 2 of 16; layer 3:
+ * full, 2 of 16. n_kv_heads 4 and head_dim 16 are the most and the widest. */
+static const int32_t kvh_win[4] = { 16, 0, 16, 0 }, kvh_w[4] = { 8, 16, 16, 16 }, kvh_n[4] = { 4, 1, 2, 2 };
+
+static kvpool_opts kvh_opts(int n_blocks, const int32_t *heads)
+{
+    kvpool_opts o = { .n_layers = 4, .n_kv_heads = 4, .head_dim = 16, .dtype = QTYPE_F16, .n_blocks = n_blocks,
+                      .layer_window = kvh_win, .layer_width = kvh_w, .layer_kv_heads = heads };
+    for (int i = 0; i < 32; i++) o.model_fp[i] = (uint8_t)(i * 5);
+    return o;
+}
+
+static void kvh_write(const kvpool *p, const kvpool_seq *s, int from, int to)
+{
+    float k[16], v[16];
+    for (int pos = from; pos < to; pos++)
+        for (int l = 0; l < 4; l++)
+            for (int h = 0; h < kvpool_layer_kv_heads(p, l); h++) {
+                for (int i = 0; i < 16; i++) k[i] = mix_val(pos, l, 0, h, i), v[i] = mix_val(pos, l, 1, h, i);
+                kvpool_seq_store(p, s, pos, l, h, k, v);
+            }
+}
+
+/* Positions [from, to) of the layers in `layers` (bit mask), every head of each, as written. */
+static int kvh_check(const kvpool *p, const kvpool_seq *s, int from, int to, int layers)
+{
+    float k[16], v[16];
+    int bad = 0;
+    for (int pos = from; pos < to; pos++)
+        for (int l = 0; l < 4; l++) {
+            if (!(layers >> l & 1)) continue;
+            for (int h = 0; h < kvpool_layer_kv_heads(p, l); h++) {
+                kvpool_seq_load(p, s, pos, l, h, k, v);
+                for (int i = 0; i < kvpool_layer_width(p, l, 0); i++)
+                    bad += k[i] != mix_val(pos, l, 0, h, i) || v[i] != mix_val(pos, l, 1, h, i);
+            }
+        }
+    return bad;
+}
+
+/* Each layer's slabs are its own kv heads x its own rows: the block's bytes are their sum, a
+ * layer's heads lie back to back, every head of every layer round-trips without touching
+ * another's, copy_rows, the rings and the window state take each layer's heads, and the
+ * digest tells two splits of the same bytes apart. */
+TEST(test_layer_kv_heads)
+{
+    kvpool_opts o = kvh_opts(4, kvh_n);
+    /* block layers: 1 (1 head) and 3 (2 heads), K and V of 16, 128 rows of f16 */
+    const size_t l1 = 1 * 128 * 32 * 2, l3 = 2 * 128 * 32 * 2;
+    CHECK(kvpool_geom_block_bytes(&o) == l1 + l3);
+    kvpool *p = NULL;
+    CHECK(kvpool_new(&o, &p) == KVPOOL_OK);
+    if (!p) return;
+    CHECK(kvpool_block_bytes(p) == l1 + l3 && !kvpool_block_uniform(p));
+    CHECK(kvpool_layer_kv_heads(p, 0) == 4 && kvpool_layer_kv_heads(p, 1) == 1 && kvpool_layer_kv_heads(p, 2) == 2 &&
+          kvpool_layer_kv_heads(p, 3) == 2);
+    CHECK(kvpool_block_layer_offset(p, 1) == l1 && kvpool_block_layer_offset(p, 2) == l1 + l3);
+    /* rings: (16 + spare) slots x (4 heads x (8 + 8) + 2 heads x (16 + 16)) f16; a state: 16 of them */
+    const size_t per_pos = (4 * 16 + 2 * 32) * 2;
+    CHECK(kvpool_ring_bytes(p) == (size_t)(16 + KVPOOL_RING_SPARE) * per_pos);
+    CHECK(kvpool_window_state_bytes(p) == 16 + 16 * per_pos);   /* the header, then the rows */
+    {
+        uint8_t *st0 = malloc(kvpool_window_state_bytes(p));
+        uint8_t *k0 = kvpool_window_state_rows(p, st0, 0, 0, 0, NULL), *k2 = kvpool_window_state_rows(p, st0, 2, 0, 0, NULL);
+        uint8_t *k2h1 = kvpool_window_state_rows(p, st0, 2, 0, 1, NULL);
+        CHECK(k0 - st0 == 16 && k2 - st0 == 16 + (ptrdiff_t)16 * 4 * 16 * 2);   /* layer 0: 4 heads of K and V */
+        CHECK(k2h1 - k2 == (ptrdiff_t)16 * 16 * 2);
+        free(st0);
+    }
+    kvpool_seq *a = kvpool_seq_new(p), *b = kvpool_seq_new(p);
+    CHECK(kvpool_seq_reserve(p, a, 256) == KVPOOL_OK && kvpool_seq_reserve(p, b, 256) == KVPOOL_OK);
+    uint8_t *base = kvpool_seq_slab(p, a, 1, 1, 0, 0);
+    CHECK((uint8_t *)kvpool_seq_slab(p, a, 1, 1, 1, 0) == base + 128 * 16 * 2);   /* layer 1's one head: then V */
+    CHECK((uint8_t *)kvpool_seq_slab(p, a, 1, 3, 0, 0) == base + l1);
+    CHECK((uint8_t *)kvpool_seq_slab(p, a, 1, 3, 0, 1) == base + l1 + 128 * 16 * 2);
+    CHECK((uint8_t *)kvpool_seq_slab(p, a, 1, 3, 1, 0) == base + l1 + 2 * 128 * 16 * 2);
+    kvh_write(p, a, 0, 256);
+    kvpool_seq_set_ring_next(a, 256);
+    CHECK(kvh_check(p, a, 0, 256, 0xa) == 0);
+    CHECK(kvh_check(p, a, 256 - 16 - KVPOOL_RING_SPARE, 256, 0x5) == 0);
+    kvpool_seq_copy_rows(p, b, a, 130, 200);
+    CHECK(kvh_check(p, b, 130, 200, 0xa) == 0);
+    uint8_t *st = malloc(kvpool_window_state_bytes(p));
+    kvpool_seq_window_save(p, a, 256, st);
+    CHECK(kvpool_seq_window_restore(p, b, 256, st, kvpool_window_state_bytes(p)));
+    CHECK(kvh_check(p, b, 240, 256, 0x5) == 0);
+    free(st);
+    /* the same bytes per block with layers 1 and 3's heads swapped: another digest */
+    const int32_t swapped[4] = { 4, 2, 2, 1 };
+    kvpool_opts o2 = kvh_opts(4, swapped);
+    kvpool *q = NULL;
+    CHECK(kvpool_new(&o2, &q) == KVPOOL_OK && q);
+    if (q) CHECK(kvpool_block_bytes(q) == kvpool_block_bytes(p) && kvpool_block_geom(q) != kvpool_block_geom(p));
+    kvpool_free(q);
+    kvpool_seq_free(p, a);
+    kvpool_seq_free(p, b);
+    kvpool_free(p);
+}
+
 int main(void)
 {
     RUN(test_bad_args);
@@ -942,5 +1043,6 @@ int main(void)
     RUN(test_mixed_widths);
     RUN(test_mixed_widths_store_round_trip);
     RUN(test_ring_parts);
+    RUN(test_layer_kv_heads);
     HARNESS_END();
 }
