@@ -88,8 +88,8 @@ rotate_store:
  * a row does not depend on the share) over `elems` floats of work: on the step thread alone
  * when that is below ENGINE_INLINE_ELEMS, where waking the pool and meeting at its end costs
  * more than the work (a decode step's few rows), or when the batch is one row, which only one
- * thread of a round could take (Gemma 4's padded q/k/v rows of a decode step are 32768 floats,
- * and the other threads would only wake and wait); else as a pool round. Same bits either way. */
+ * thread of a round could take (a wide model's q/k/v rows can pass the threshold alone, and the
+ * other threads would only wake and wait); else as a pool round. Same bits either way. */
 #define ENGINE_INLINE_ELEMS 8192
 static void engine_run_rows(engine *e, void (*fn)(void *, int, int), engine_job *job, int64_t elems)
 {
