@@ -878,7 +878,8 @@ void model_resident(model *m, threadpool *tp, model_resident_info *info)
  * experts are each whole 16-row groups (so that model_expert's row offsets, and the engine's
  * 64-row slices of them, start on a group of the repacked layout), and MLA's per-head
  * tensors on the same condition per head (a decode step multiplies every head's slice: in
- * the file layout their many short products streamed at a fraction of the repacked rate). */
+ * the file layout their many short products streamed at a fraction of the repacked rate),
+ * and DeepSeek V4's own matrices (wo_a on the same condition per group). */
 #define MODEL_REPACK_STACKED 5   /* stacked tensors per layer model_repack_list may add */
 static int model_repack_list(model *m, ops_weight **ws)
 {
@@ -893,6 +894,12 @@ static int model_repack_list(model *m, ops_weight **ws)
             if (ex[i]->data && n_slices > 0 && ex[i]->rows % n_slices == 0 && ex[i]->rows / n_slices % 16 == 0)
                 ws[n++] = ex[i];
         }
+        if (m->dsv4) {   /* V4's own (a sliced one when its slices are whole groups) */
+            ops_weight *dw[MODEL_DSV4_LAYER_MATS];
+            int sr[MODEL_DSV4_LAYER_MATS], nd = model_dsv4_layer_matrices(m->dsv4, il, dw, sr);
+            for (int i = 0; i < nd; i++)
+                if (sr[i] % 16 == 0) ws[n++] = dw[i];
+        }
     }
     return n;
 }
@@ -902,7 +909,8 @@ static int model_repack_list(model *m, ops_weight **ws)
  * originals from this process. Returns false when out of memory (nothing changed). */
 static bool model_repack(model *m)
 {
-    ops_weight **ws = xcalloc((size_t)m->hp.n_layers * (MODEL_LAYER_MATS + MODEL_REPACK_STACKED) + 1, sizeof *ws);
+    ops_weight **ws = xcalloc((size_t)m->hp.n_layers * (MODEL_LAYER_MATS + MODEL_REPACK_STACKED + MODEL_DSV4_LAYER_MATS) + 1,
+                              sizeof *ws);
     int n = model_repack_list(m, ws);
     size_t total = 0;
     for (int i = 0; i < n; i++) {
@@ -1185,7 +1193,7 @@ ops_weight model_expert(const ops_weight *w, int n_expert, int e)
 /* experts_used: how many experts per layer to count (n_expert for all of them) */
 static size_t model_bytes(const model *m, int experts_used)
 {
-    size_t n = model_w_bytes(&m->output);
+    size_t n = model_w_bytes(&m->output) + (m->dsv4 ? model_w_bytes(&m->dsv4->out_hc_fn) : 0);
     const model_hparams *hp = &m->hp;
     for (int il = 0; il < hp->n_layers; il++) {
         model_layer *L = &m->layers[il];
@@ -1193,6 +1201,11 @@ static size_t model_bytes(const model *m, int experts_used)
         int nw = model_layer_matrices(L, ws);
         for (int i = 0; i < nw; i++) n += model_w_bytes(ws[i]);
         n += model_w_bytes(&L->wk_b) + model_w_bytes(&L->wv_b);
+        if (m->dsv4) {
+            ops_weight *dw[MODEL_DSV4_LAYER_MATS];
+            int sr[MODEL_DSV4_LAYER_MATS], nd = model_dsv4_layer_matrices(m->dsv4, il, dw, sr);
+            for (int i = 0; i < nd; i++) n += model_w_bytes(dw[i]);
+        }
         if (!L->gate_inp.data) continue;
         size_t all = model_w_bytes(&L->gate_exps) + model_w_bytes(&L->up_exps) + model_w_bytes(&L->down_exps);
         n += model_w_bytes(&L->gate_inp) + all / (size_t)hp->n_expert * (size_t)experts_used;

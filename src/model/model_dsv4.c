@@ -103,6 +103,20 @@ void model_dsv4_free(model_dsv4 *d)
 
 /* The family's keys: the MoE keys model_read_hparams leaves to the MoE families, the
  * attention's ranks and groups, the hyper-connections, the hash layers and the indexer. */
+int model_dsv4_layer_matrices(model_dsv4 *d, int il, ops_weight **ws, int *slice_rows)
+{
+    model_dsv4_layer *l = &d->layers[il];
+    ops_weight *all[MODEL_DSV4_LAYER_MATS] = { &l->wkv, &l->wo_a, &l->wo_b, &l->hc_fn[0], &l->hc_fn[1], &l->comp_kv,
+                                               &l->comp_gate, &l->idx_proj, &l->idx_q_b, &l->icomp_kv, &l->icomp_gate };
+    int n = 0;
+    for (int i = 0; i < MODEL_DSV4_LAYER_MATS; i++)
+        if (all[i]->data) {
+            slice_rows[n] = all[i] == &l->wo_a ? d->o_lora : 0;
+            ws[n++] = all[i];
+        }
+    return n;
+}
+
 static bool dsv4_read_hparams(model_ld *ld)
 {
     model *m = ld->m;

@@ -92,4 +92,10 @@ typedef struct model_dsv4 {
 /* Frees what model_dsv4_load allocated (NULL is fine); the model's owned arrays are its own. */
 void model_dsv4_free(model_dsv4 *d);
 
+/* The 2-D matrices of V4's own that a trunk layer has (data set), at most MODEL_DSV4_LAYER_MATS,
+ * for repacking and the weight byte counts; *slice_rows: rows of the slices the engine cuts
+ * each into (wo_a: one group's o_lora; 0: used whole). */
+#define MODEL_DSV4_LAYER_MATS 11
+int model_dsv4_layer_matrices(model_dsv4 *d, int il, ops_weight **ws, int *slice_rows);
+
 #endif
