@@ -45,6 +45,7 @@
 #include "cli/cmd_opts.h"
 #include "engine/engine.h"
 #include "model/model.h"
+#include "model/model_dsv4.h"
 #include "recipe/tokenizer.h"
 #include "util/jsonfmt.h"
 #include "recipe/status.h"
@@ -577,16 +578,33 @@ static size_t cmd_bench_wbytes(const ops_weight *w)
 /* Weight bytes a decode token reads in stage op of layer il (il == n_layers: outside). */
 static size_t cmd_bench_op_bytes(const model *m, int il, engine_prof_op op)
 {
-    if (il == m->hp.n_layers) return op == ENGINE_PROF_OUTPUT ? cmd_bench_wbytes(&m->output) : 0;
+    const model_dsv4 *v4 = m->dsv4;
+    if (il == m->hp.n_layers)
+        return op == ENGINE_PROF_OUTPUT ? cmd_bench_wbytes(&m->output)
+               : op == ENGINE_PROF_OUT_NORM && v4 ? cmd_bench_wbytes(&v4->out_hc_fn) : 0;
     const model_layer *L = &m->layers[il];
+    const model_dsv4_layer *dl = v4 ? &v4->layers[il] : NULL;
     switch (op) {
     case ENGINE_PROF_QKV:
         return cmd_bench_wbytes(&L->wq) + cmd_bench_wbytes(&L->wk) + cmd_bench_wbytes(&L->wv) +
                cmd_bench_wbytes(&L->wq_a) + cmd_bench_wbytes(&L->wq_b) + cmd_bench_wbytes(&L->wkv_a) +
-               cmd_bench_wbytes(&L->wk_b);
-    case ENGINE_PROF_WO: return cmd_bench_wbytes(&L->wo) + cmd_bench_wbytes(&L->wv_b);
+               cmd_bench_wbytes(&L->wk_b) +
+               (dl ? cmd_bench_wbytes(&dl->wkv) + cmd_bench_wbytes(&dl->comp_kv) + cmd_bench_wbytes(&dl->comp_gate) +
+                         cmd_bench_wbytes(&dl->idx_proj) + cmd_bench_wbytes(&dl->idx_q_b) +
+                         cmd_bench_wbytes(&dl->icomp_kv) + cmd_bench_wbytes(&dl->icomp_gate)
+                   : 0);
+    case ENGINE_PROF_WO:
+        return cmd_bench_wbytes(&L->wo) + cmd_bench_wbytes(&L->wv_b) +
+               (dl ? cmd_bench_wbytes(&dl->wo_a) + cmd_bench_wbytes(&dl->wo_b) : 0);
     case ENGINE_PROF_FFN_UP: return cmd_bench_wbytes(&L->gate) + cmd_bench_wbytes(&L->up);
     case ENGINE_PROF_FFN_DOWN: return cmd_bench_wbytes(&L->down);
+    case ENGINE_PROF_HC: return dl ? cmd_bench_wbytes(&dl->hc_fn[0]) + cmd_bench_wbytes(&dl->hc_fn[1]) : 0;
+    case ENGINE_PROF_MOE: {   /* the router, the used share of the routed experts, the shared ones */
+        if (!L->gate_inp.data) return 0;
+        size_t ex = cmd_bench_wbytes(&L->gate_exps) + cmd_bench_wbytes(&L->up_exps) + cmd_bench_wbytes(&L->down_exps);
+        return cmd_bench_wbytes(&L->gate_inp) + ex / (size_t)m->hp.n_expert * (size_t)m->hp.n_expert_used +
+               cmd_bench_wbytes(&L->gate_shexp) + cmd_bench_wbytes(&L->up_shexp) + cmd_bench_wbytes(&L->down_shexp);
+    }
     default: return 0;
     }
 }

@@ -92,7 +92,7 @@ const char *engine_prof_op_name(engine_prof_op op)
 {
     static const char *const names[ENGINE_PROF_N] = {
         "embed", "qkv", "qkv_post", "attention", "wo", "add_norm", "ffn_up", "swiglu",
-        "ffn_down", "moe", "act_quant", "out_norm", "output",
+        "ffn_down", "moe", "hc_mix", "act_quant", "out_norm", "output",
     };
     return (unsigned)op < ENGINE_PROF_N ? names[op] : "?";
 }
@@ -457,6 +457,7 @@ engine_status engine_new(model *m, const engine_opts *opts, engine **out, char *
         e->dsv4 = engine_dsv4_new(m, e->tp, e->kv, o.max_batch_tokens, n_blocks * KVPOOL_BLOCK, err, errsz);
         e->x = engine_scratch_alloc(e, (size_t)o.max_batch_tokens * hp->dim * sizeof(float));
         if (!e->dsv4 || !e->x) st = ENGINE_ERR_NOMEM;
+        else engine_dsv4_profile_to(e->dsv4, e);
         if (st == ENGINE_OK && m->mtp_view &&
             !(e->dsv4_mtp = engine_dsv4_mtp_new(m, e->dsv4, e->tp, o.max_batch_tokens, err, errsz)))
             st = ENGINE_ERR_NOMEM;

@@ -173,6 +173,7 @@ typedef enum {
     ENGINE_PROF_SWIGLU,      /* silu(gate) * up */
     ENGINE_PROF_FFN_DOWN,    /* down projection */
     ENGINE_PROF_MOE,         /* router, routed and shared experts */
+    ENGINE_PROF_HC,          /* DeepSeek V4's hyper-connection mixes (into and out of sublayers) */
     ENGINE_PROF_ACT_QUANT,   /* activations quantised by the step thread before matmuls */
     ENGINE_PROF_OUT_NORM,    /* the final norm of the rows that want logits */
     ENGINE_PROF_OUTPUT,      /* the output head (vocabulary logits) */

@@ -33,6 +33,7 @@
 #include <string.h>
 
 #include "engine/engine.h"
+#include "engine/engine_int.h"
 #include "model/model_dsv4.h"
 #include "model/moe.h"
 #include "model/ops.h"
@@ -129,7 +130,12 @@ struct engine_dsv4 {
     const int8_t *cap_slot;  /* (n_layers + 1) slot of layer il's input in a cap row, -1: not kept */
     float *cap;              /* (max_tokens, n_cap * dim) */
     int n_cap;
+    engine *prof;            /* whose profile the stages are marked in (engine_prof_mark), or NULL */
 };
+
+#define DSV4_MARK(d, il, op) do { if ((d)->prof) engine_prof_mark((d)->prof, il, op); } while (0)
+
+void engine_dsv4_profile_to(engine_dsv4 *d, engine *e) { d->prof = e; }
 
 /* The projection row of a layer of ratio r (heads of hd, indexer keys of id): its parts'
  * offsets, and its width in *width (0 on ratio 0). On ratio 4 the first halves (what the next
@@ -844,12 +850,16 @@ static void dsv4_attention(engine_dsv4 *d, int il, int T)
     const model_dsv4_rope *rp = r ? &md->rope_comp : &md->rope_raw;
 
     dsv4_hc_pre(d, T, &dl->hc_fn[0], dl->hc_base[0], dl->hc_scale[0], L->attn_norm);
+    DSV4_MARK(d, il, ENGINE_PROF_HC);
     const ops_weight *in[7] = { &L->wq_a, &dl->wkv, &dl->comp_kv, &dl->comp_gate, &dl->icomp_kv, &dl->icomp_gate,
                                 &dl->idx_proj };
     float *out[7] = { d->qa, d->kvr, d->ck, d->cg, d->ik, d->ig, d->iw };
     ops_matmul_multi(d->tp, r == 4 ? 7 : r ? 4 : 2, in, d->cur, T, out, d->mm_scratch);
     ops_rmsnorm(d->tp, d->qa, d->qa, L->q_a_norm, T, md->q_lora, eps);
-    ops_matmul(d->tp, &L->wq_b, d->qa, T, d->q, d->mm_scratch);
+    const ops_weight *qb[2] = { &L->wq_b, &dl->idx_q_b };
+    float *qbo[2] = { d->q, d->iq };
+    ops_matmul_multi(d->tp, r == 4 ? 2 : 1, qb, d->qa, T, qbo, d->mm_scratch);
+    DSV4_MARK(d, il, ENGINE_PROF_QKV);
     ops_rmsnorm(d->tp, d->q, d->q, NULL, T * H, hd, eps);
     dsv4_rope(d, d->q, d->pos, T, H, hd, rp);
     ops_rmsnorm(d->tp, d->kvr, d->kvr, dl->kv_norm, T, hd, eps);
@@ -864,7 +874,6 @@ static void dsv4_attention(engine_dsv4 *d, int il, int T)
             ops_fp16_to_fp32_row(d->h16, d->kvr + (size_t)t * hd, hd);
         }
     if (r == 4) {
-        ops_matmul(d->tp, &dl->idx_q_b, d->qa, T, d->iq, d->mm_scratch);
         dsv4_rope(d, d->iq, d->pos, T, ih, id, &md->rope_comp);
         if (d->irot) ops_hadamard_rows(d->iq, (int64_t)T * ih * id / d->irot, d->irot);
         float s = 1.0f / sqrtf((float)id * (float)ih);
@@ -906,10 +915,12 @@ static void dsv4_attention(engine_dsv4 *d, int il, int T)
             if (r == 4) dsv4_compress_store(d, tk->seq, il, p / r, r, true, tmp);
         }
     }
+    DSV4_MARK(d, il, ENGINE_PROF_QKV_POST);
     d->layer = il;
     if (r == 4) threadpool_run(d->tp, dsv4_job_indexer, d);
     threadpool_run(d->tp, dsv4_job_attention, d);
     if (d->ring) dsv4_commit(d, il);
+    DSV4_MARK(d, il, ENGINE_PROF_ATTENTION);
 
     /* back from the rotation, de-rope, then the grouped low-rank output */
     if (d->rot) ops_hadamard_rows(d->att, (int64_t)T * H * hd / d->rot, d->rot);
@@ -925,7 +936,9 @@ static void dsv4_attention(engine_dsv4 *d, int il, int T)
             memcpy(d->oa + (size_t)t * G * ol + (size_t)g * ol, d->ot + (size_t)t * ol, (size_t)ol * sizeof(float));
     }
     ops_matmul(d->tp, &dl->wo_b, d->oa, T, d->y, d->mm_scratch);
+    DSV4_MARK(d, il, ENGINE_PROF_WO);
     dsv4_hc_post(d, T);
+    DSV4_MARK(d, il, ENGINE_PROF_HC);
 }
 
 /* silu(min(g, lim)) * clamp(u, -lim, lim), in place in g; lim <= 1e-6: plain SwiGLU */
@@ -950,6 +963,7 @@ static void dsv4_moe(engine_dsv4 *d, int il, int T)
     const int E = hp->n_expert, k = hp->n_expert_used, dim = hp->dim, ffn = dl->ffn;
 
     dsv4_hc_pre(d, T, &dl->hc_fn[1], dl->hc_base[1], dl->hc_scale[1], L->ffn_norm);
+    DSV4_MARK(d, il, ENGINE_PROF_HC);
     ops_matmul(d->tp, &L->gate_inp, d->cur, T, d->r_logits, d->mm_scratch);
     for (int t = 0; t < T; t++) {
         const float *lg = d->r_logits + (size_t)t * E;
@@ -1007,7 +1021,9 @@ static void dsv4_moe(engine_dsv4 *d, int il, int T)
             ops_vec_mad_f32(dim, y, d->ye + (size_t)d->x_slot[(size_t)t * k + i] * dim, d->r_w[(size_t)t * k + i]);
         if (L->gate_shexp.data) ops_add(NULL, y, d->sh + (size_t)t * dim, dim);
     }
+    DSV4_MARK(d, il, ENGINE_PROF_MOE);
     dsv4_hc_post(d, T);
+    DSV4_MARK(d, il, ENGINE_PROF_HC);
 }
 
 void engine_dsv4_capture(engine_dsv4 *d, const int8_t *slot, int n_cap, float *cap)
@@ -1070,6 +1086,7 @@ bool engine_dsv4_step(engine_dsv4 *d, int T, const void *toks_, float *logits, f
         d->pos[t] = toks[t].pos;
         d->npos[t] = -toks[t].pos;
     }
+    DSV4_MARK(d, hp->n_layers, ENGINE_PROF_EMBED);
     for (int il = 0; il < hp->n_layers; il++) {
         if (!d->ring) kvpool_fill_wait(d->kv, il);   /* layer il of blocks still loading from the store */
         if (d->cap && d->cap_slot[il] >= 0) dsv4_capture(d, d->cap_slot[il], T);
@@ -1095,7 +1112,9 @@ bool engine_dsv4_step(engine_dsv4 *d, int T, const void *toks_, float *logits, f
     }
     if (n_out > 0) {
         ops_rmsnorm(d->tp, d->cur, d->cur, m->output_norm, n_out, dim, hp->rms_eps);
+        DSV4_MARK(d, hp->n_layers, ENGINE_PROF_OUT_NORM);
         ops_matmul(d->tp, &m->output, d->cur, n_out, logits, d->mm_scratch);
+        DSV4_MARK(d, hp->n_layers, ENGINE_PROF_OUTPUT);
     }
     return true;
 }

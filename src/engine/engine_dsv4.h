@@ -104,6 +104,8 @@ void engine_dsv4_free(engine_dsv4 *d);
  * sequence's entries out of order or too far back for its ring. Compressed entries are written
  * only at positions at or above kvpool_seq_full_from (below it the attached blocks hold them). */
 bool engine_dsv4_step(engine_dsv4 *d, int n, const void *toks, float *logits, float *hidden);
+/* The steps' stages go to e's profile (engine_profile) when it is on; e NULL: nowhere. */
+void engine_dsv4_profile_to(engine_dsv4 *d, engine *e);
 /* The window states captured by the last step at the block ends its sequences crossed
  * (engine_window_states). */
 int engine_dsv4_states(const engine_dsv4 *d, const engine_window_state **out);

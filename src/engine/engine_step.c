@@ -834,6 +834,17 @@ static void engine_capture(engine *e, int il, int T)
         memcpy(e->cap + (size_t)t * row + (size_t)k * dim, e->x + (size_t)t * dim, (size_t)dim * sizeof(float));
 }
 
+/* A profiled step starts (engine_profile): its clock, the pool's counters. */
+static void engine_prof_begin(engine *e)
+{
+    if (!e->prof_on) return;
+    e->prof_steps++;
+    e->prof_t = util_now();
+    e->prof_quant = 0;
+    threadpool_stats_get(e->tp, &e->prof_tp);
+    ops_profile_attach(&e->prof_quant);
+}
+
 engine_status engine_forward(engine *e, const engine_batch *b, const float *hidden, float *logits)
 {
     const model *m = e->m;
@@ -855,9 +866,11 @@ engine_status engine_forward(engine *e, const engine_batch *b, const float *hidd
     }
 
     if (e->dsv4) {
-        if (e->dsv4_mtp)
-            return engine_dsv4_mtp_step(e->dsv4_mtp, T, b->toks, hidden, logits, e->x) ? ENGINE_OK : ENGINE_ERR_ARG;
-        return engine_dsv4_step(e->dsv4, T, b->toks, logits, e->x) ? ENGINE_OK : ENGINE_ERR_ARG;
+        engine_prof_begin(e);
+        bool ok = e->dsv4_mtp ? engine_dsv4_mtp_step(e->dsv4_mtp, T, b->toks, hidden, logits, e->x)
+                              : engine_dsv4_step(e->dsv4, T, b->toks, logits, e->x);
+        if (e->prof_on) ops_profile_attach(NULL);
+        return ok ? ENGINE_OK : ENGINE_ERR_ARG;
     }
     if (e->bert) return engine_bert_step(e->bert, T, b->toks, e->x) ? ENGINE_OK : ENGINE_ERR_ARG;
     if (e->wstage && !engine_window_plan(e, b)) return ENGINE_ERR_ARG;
@@ -866,13 +879,7 @@ engine_status engine_forward(engine *e, const engine_batch *b, const float *hidd
     if (e->r_margin)
         for (int t = 0; t < T; t++) e->r_margin[t] = INFINITY;
     const int il_out = hp->n_layers;   /* the profile's row of the stages outside the layers */
-    if (e->prof_on) {
-        e->prof_steps++;
-        e->prof_t = util_now();
-        e->prof_quant = 0;
-        threadpool_stats_get(e->tp, &e->prof_tp);
-        ops_profile_attach(&e->prof_quant);
-    }
+    engine_prof_begin(e);
 
     threadpool *tp = e->tp;
     const int dim = hp->dim;
