@@ -246,16 +246,23 @@ bool engine_dsv4_sizes_of(const engine_dsv4_shape *s, engine_dsv4_sizes *out, ch
     return true;
 }
 
-void engine_dsv4_model_sizes(const model *m, qtype t, engine_dsv4_sizes *out)
+bool engine_dsv4_type_ok(const model *m, qtype t, engine_dsv4_sizes *out, char *err, size_t errsz)
 {
     const int L = m->hp.n_layers;
     int32_t *ratio = xcalloc((size_t)L, sizeof *ratio);
     for (int il = 0; il < L; il++) ratio[il] = m->dsv4->layers[il].ratio;
     engine_dsv4_shape s = { L, ratio, m->hp.head_dim, m->dsv4->idx_dim, m->dsv4->swa, t };
-    char err[256];
     /* the loader accepted the model's ratios and sizes (model_dsv4.c): only the type can fail */
-    if (!engine_dsv4_sizes_of(&s, out, err, sizeof err)) memset(out, 0, sizeof *out);
+    bool ok = engine_dsv4_sizes_of(&s, out, err, errsz);
+    if (!ok) memset(out, 0, sizeof *out);
     free(ratio);
+    return ok;
+}
+
+void engine_dsv4_model_sizes(const model *m, qtype t, engine_dsv4_sizes *out)
+{
+    char err[256];
+    engine_dsv4_type_ok(m, t, out, err, sizeof err);
 }
 
 int engine_dsv4_pool_layers(const model *m)

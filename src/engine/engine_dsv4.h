@@ -96,6 +96,9 @@ bool engine_dsv4_sizes_of(const engine_dsv4_shape *s, engine_dsv4_sizes *out, ch
 /* The sizes of a loaded V4 model in blocks of type t (its shape was checked by the loader;
  * all zero for a type the layout cannot hold). */
 void engine_dsv4_model_sizes(const model *m, qtype t, engine_dsv4_sizes *out);
+/* Whether blocks of type t hold a loaded V4 model's entries (engine_dsv4_sizes_of's rules); the
+ * sizes in *out, or false and err naming what refuses it. */
+bool engine_dsv4_type_ok(const model *m, qtype t, engine_dsv4_sizes *out, char *err, size_t errsz);
 
 /* Scratch for batches of up to max_tokens entries on pool kv (max_pos: the most positions a
  * sequence can hold, for the indexer's and attention's per-thread buffers). NULL and err

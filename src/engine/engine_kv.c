@@ -89,6 +89,11 @@ engine_status engine_new_kv(engine *e, const engine_opts *o, int *n_blocks, char
     const model_hparams *hp = &m->hp;
     int32_t *lw = xcalloc((size_t)engine_kv_geometry_room(m), sizeof *lw);
     kvpool_opts ko = engine_kv_geometry(m, o->kv_type, lw);
+    engine_dsv4_sizes z;   /* deepseek4's entries in whole Q8_0 blocks, its own rule */
+    if (hp->arch == MODEL_ARCH_DEEPSEEK4 && ko.dtype != QTYPE_Q4_0 && !engine_dsv4_type_ok(m, ko.dtype, &z, err, errsz)) {
+        free(lw);
+        return ENGINE_ERR_ARG;
+    }
     if (!kvpool_type_ok(ko.dtype, ko.head_dim)) {
         snprintf(err, errsz, "a %s KV cache needs a head size that is a multiple of 32; this model's is %d",
                  quant_type_name(ko.dtype), ko.head_dim);
