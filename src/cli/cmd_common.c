@@ -565,15 +565,14 @@ engine *cmd_common_engine_new(const char *prog, model *m, cmd_engine_opts *o)
         /* the compressed layout's true sizes against what the pool takes for them
          * (docs/deepseek4.md, "Per-sequence state and the 128-token block") */
         engine_dsv4_sizes z;
-        engine_dsv4_model_sizes(engine_model(e), &z);
-        const double es = (double)quant_row_bytes(kvpool_dtype(kv), 1);
+        engine_dsv4_model_sizes(engine_model(e), kvpool_dtype(kv), &z);
         if (z.block > 0)
             log_info("%s: deepseek4 keeps compressed entries in blocks: %.1f KiB per 128-token block in %s (a block "
                      "layer of 128 x %d: %.1f KiB); window states of %.1f KiB (%.1f KiB of raw rows in %s and "
                      "%.1f KiB of ratio-4 carry in F32); rings of %.2f MiB per sequence",
-                     prog, (double)z.block * es / 1024.0, quant_type_name(kvpool_dtype(kv)), z.slab_width,
-                     (double)z.pool_block * es / 1024.0, kvpool_window_state_bytes(kv) / 1024.0,
-                     (double)z.window * es / 1024.0, quant_type_name(kvpool_dtype(kv)), (double)z.carry * 4 / 1024.0,
+                     prog, (double)z.block_bytes / 1024.0, quant_type_name(kvpool_dtype(kv)), z.slab_width,
+                     (double)z.pool_block_bytes / 1024.0, kvpool_window_state_bytes(kv) / 1024.0,
+                     (double)z.window_bytes / 1024.0, quant_type_name(kvpool_dtype(kv)), (double)z.carry * 4 / 1024.0,
                      kvpool_ring_bytes(kv) / 1048576.0);
     }
     return e;

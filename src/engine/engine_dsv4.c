@@ -46,8 +46,8 @@ typedef struct {
                                   * 4); -1: absent */
     int ikv, isc;
     int half;                    /* ratio 4: offset of the second halves from the first; else 0 */
-    int ent, ient;               /* value offsets of the layer's entries / indexer entries in a
-                                  * block's packed entries; -1: absent */
+    int ent, ient;               /* byte offsets of the layer's entries / indexer entries in a
+                                  * block's packed entries (in the blocks' type); -1: absent */
 } dsv4_layout;
 
 struct engine_dsv4 {
@@ -59,12 +59,12 @@ struct engine_dsv4 {
     int row;                 /* elements per (layer, position) row: the pool's head_dim */
     bool ring;               /* the layers are the pool's window layers (the compressed layout);
                               * false: raw rows in blocks (no compressed layers) */
-    qtype bt;                /* the blocks' element type: F16 or F32 */
-    size_t esz;              /* bytes of one block element */
+    qtype bt;                /* the blocks' element type: F16, F32 or Q8_0 */
+    size_t hd_b, id_b;       /* bytes of an entry (hd values) / an indexer entry (idx_dim) in bt */
     int max_ent;             /* compressed entries a sequence can reach (max_pos / 4) + 1 */
     dsv4_layout *lay;        /* (n_layers) */
     float *ent;              /* (max(hd, idim)) an entry before it goes into its block */
-    fp16_t *h16;             /* (hd) a raw row rounded through the F16 cache */
+    uint8_t *rrow;           /* (hd) a raw row in bt, rounding it as the cache does */
     int rot;                 /* order of the Walsh-Hadamard rotation of queries, raw rows and
                               * entries (0: none), see engine_dsv4_new */
     int irot;                /* likewise of the indexer's queries and entries */
@@ -114,8 +114,10 @@ struct engine_dsv4 {
     float *shg, *shu;        /* (T, n_shared * max_ffn) */
     float *sh;               /* (T, dim) */
     void *mm_scratch;
-    /* per thread: scores and key pointers of attention, the indexer's scores and order */
+    /* per thread: scores of attention, the indexer's scores and order; at th_x, Q8_0 blocks:
+     * a query in Q8_0 and dequantised, an entry dequantised (max(hd, idx_dim) floats each) */
     float *th_f;             /* (n_threads, th_stride) */
+    size_t th_x;             /* floats before a thread's Q8_0 scratch in its th_f share */
     int32_t *th_i;           /* (n_threads, max_ent) */
     size_t th_stride;
     const engine_tok *toks;  /* the step's batch */
@@ -183,6 +185,19 @@ bool engine_dsv4_sizes_of(const engine_dsv4_shape *s, engine_dsv4_sizes *out, ch
                  s->swa);
         return false;
     }
+    const qtype t = s->type;
+    if (t != QTYPE_F32 && t != QTYPE_F16 && t != QTYPE_Q8_0) {
+        snprintf(err, errsz, "deepseek4 layout: blocks of %s; the compressed entries are kept in f32, f16 or q8_0",
+                 quant_type_name(t));
+        return false;
+    }
+    /* Q8_0: every entry (hd, idx_dim values) and raw row is whole 32-value blocks */
+    const int qk = t == QTYPE_Q8_0 ? QK8_0 : 1;
+    if (s->head_dim % qk || s->idx_dim % qk) {
+        snprintf(err, errsz, "deepseek4 layout: a %s cache needs a head size and an indexer key size that are "
+                 "multiples of %d; this model's are %d and %d", quant_type_name(t), qk, s->head_dim, s->idx_dim);
+        return false;
+    }
     const int64_t hd = s->head_dim, id = s->idx_dim, B = KVPOOL_BLOCK, sp = KVPOOL_RING_SPARE;
     int wmax = 0;
     for (int il = 0; il < s->n_layers; il++) {
@@ -215,10 +230,10 @@ bool engine_dsv4_sizes_of(const engine_dsv4_shape *s, engine_dsv4_sizes *out, ch
      * projection rows are rings of their own lengths (engine_dsv4_kv_geometry), a window state
      * their rows above in its compact layout (raw rows in the blocks' type); without compressed
      * layers the raw rows are in blocks */
-    out->width = TM_ALIGN_UP(wmax, 16);
+    out->width = TM_ALIGN_UP(wmax, TM_MAX(qk, 16));
     if (out->block > 0) {
         out->n_slabs = 1;
-        out->slab_width = (int)((out->block + B - 1) / B);
+        out->slab_width = TM_ALIGN_UP((int)((out->block + B - 1) / B), qk);
         for (int il = 0; il < s->n_layers; il++) {
             const int r = s->ratio[il];
             int w;
@@ -231,34 +246,51 @@ bool engine_dsv4_sizes_of(const engine_dsv4_shape *s, engine_dsv4_sizes *out, ch
         out->slab_width = out->width;
     }
     out->pool_block = out->n_slabs * B * out->slab_width;
+    out->block_bytes = (int64_t)quant_row_bytes(t, out->block);
+    out->pool_block_bytes = (int64_t)quant_row_bytes(t, out->pool_block);
+    out->window_bytes = (int64_t)quant_row_bytes(t, out->window);
     return true;
 }
 
-void engine_dsv4_model_sizes(const model *m, engine_dsv4_sizes *out)
+bool engine_dsv4_type_ok(const model *m, qtype t, engine_dsv4_sizes *out, char *err, size_t errsz)
 {
     const int L = m->hp.n_layers;
     int32_t *ratio = xcalloc((size_t)L, sizeof *ratio);
     for (int il = 0; il < L; il++) ratio[il] = m->dsv4->layers[il].ratio;
-    engine_dsv4_shape s = { L, ratio, m->hp.head_dim, m->dsv4->idx_dim, m->dsv4->swa };
-    char err[256];
-    /* the loader accepted the model's ratios and sizes (model_dsv4.c), so this cannot fail */
-    if (!engine_dsv4_sizes_of(&s, out, err, sizeof err)) memset(out, 0, sizeof *out);
+    engine_dsv4_shape s = { L, ratio, m->hp.head_dim, m->dsv4->idx_dim, m->dsv4->swa, t };
+    /* the loader accepted the model's ratios and sizes (model_dsv4.c): only the type can fail */
+    bool ok = engine_dsv4_sizes_of(&s, out, err, errsz);
+    if (!ok) memset(out, 0, sizeof *out);
     free(ratio);
+    return ok;
+}
+
+void engine_dsv4_model_sizes(const model *m, qtype t, engine_dsv4_sizes *out)
+{
+    char err[256];
+    engine_dsv4_type_ok(m, t, out, err, sizeof err);
 }
 
 int engine_dsv4_pool_layers(const model *m)
 {
     engine_dsv4_sizes z;
-    engine_dsv4_model_sizes(m, &z);
+    engine_dsv4_model_sizes(m, QTYPE_F32, &z);
     return z.block > 0 ? m->hp.n_layers + z.n_slabs : m->hp.n_layers;
 }
 
 kvpool_opts engine_dsv4_kv_geometry(const model *m, qtype t, int32_t *layer_window)
 {
     engine_dsv4_sizes z;
-    engine_dsv4_model_sizes(m, &z);
-    const int L = m->hp.n_layers;
+    engine_dsv4_model_sizes(m, QTYPE_F32, &z);
     const bool comp = z.block > 0;
+    /* the entries' row in t (Q8_0: whole blocks); a type the layout cannot hold keeps F32's
+     * geometry, which kvpool_new or engine_dsv4_new then refuses by name */
+    if (comp) {
+        engine_dsv4_sizes zt;
+        engine_dsv4_model_sizes(m, t, &zt);
+        if (zt.block > 0) z = zt;
+    }
+    const int L = m->hp.n_layers;
     const int n = comp ? L + z.n_slabs : L;   /* engine_dsv4_pool_layers */
     int32_t *width = layer_window + n, *aux = width + n, *slots = aux + n, *srows = slots + 2 * n;
     int32_t *scols = srows + 2 * n;
@@ -299,7 +331,7 @@ void engine_dsv4_free(engine_dsv4 *d)
                      d->ck, d->cg, d->ik, d->ig, d->iq, d->iw, d->att, d->og, d->ot, d->oa, d->pos, d->npos,
                      d->sel, d->n_sel, d->r_logits, d->r_probs, d->r_sel, d->r_w, d->r_idx, d->r_sc, d->x_row,
                      d->x_slot, d->xg, d->fg, d->fu, d->ye, d->shg, d->shu, d->sh, d->mm_scratch, d->th_f, d->th_i,
-                     d->ent, d->h16, d->run0, d->prev_run, d->wsnap, d->wsnap_t, d->wsnap_data };
+                     d->ent, d->rrow, d->run0, d->prev_run, d->wsnap, d->wsnap_t, d->wsnap_data };
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(d);
 }
@@ -324,21 +356,26 @@ engine_dsv4 *engine_dsv4_new(const model *m, threadpool *tp, kvpool *kv, int max
     d->row = kvpool_head_dim(kv);
     d->ring = kvpool_n_window_layers(kv) > 0;
     d->bt = kvpool_dtype(kv);
-    d->esz = d->bt == QTYPE_F16 ? sizeof(fp16_t) : sizeof(float);
+    const bool bt_ok = d->bt == QTYPE_F16 || d->bt == QTYPE_F32 ||
+                       (d->bt == QTYPE_Q8_0 && hp->head_dim % QK8_0 == 0 && md->idx_dim % QK8_0 == 0);
+    d->hd_b = bt_ok ? quant_row_bytes(d->bt, hp->head_dim) : 0;
+    d->id_b = bt_ok ? quant_row_bytes(d->bt, md->idx_dim) : 0;
     d->max_ent = max_pos / 4 + 1;
     /* llama.cpp's V4 cache rotates what it stores by an orthonormal Walsh-Hadamard matrix, the
      * queries likewise and the attention output back: the indexer's keys always, the raw rows
      * and compressed entries when the head size equals the indexer's key size (its rule for the
      * indexer's cache then matches the others). Exact arithmetic is unchanged; what changes is
      * where an F16 cache rounds, so the engine rotates where llama.cpp does (docs/deepseek4.md,
-     * "The F16 cache against llama.cpp"). Without compressed layers the rows are F32, so there
-     * is nothing to match, and a DSpark drafter's context rows (engine_dflash.c) are unrotated. */
+     * "The F16 cache against llama.cpp"). A quantised (Q8_0) cache rotates every cache whose key
+     * size is a multiple of 64, as llama.cpp's rule for any quantised cache (its K only: V is K
+     * here). Without compressed layers the rows are F32, so there is nothing to match, and a
+     * DSpark drafter's context rows (engine_dflash.c) are unrotated. */
     d->irot = ops_hadamard_order(md->idx_dim);
-    d->rot = d->ring && hp->head_dim == md->idx_dim ? ops_hadamard_order(hp->head_dim) : 0;
+    d->rot = d->ring && (hp->head_dim == md->idx_dim || d->bt == QTYPE_Q8_0) ? ops_hadamard_order(hp->head_dim) : 0;
     d->lay = xcalloc((size_t)hp->n_layers, sizeof *d->lay);
     int w, wmax = 0;
     bool rings_ok = true;   /* each layer's raw and projection rings as engine_dsv4_kv_geometry made them */
-    int64_t n_ent = 0;   /* values of a block's packed entries */
+    int64_t n_ent = 0;   /* bytes of a block's packed entries */
     for (int il = 0; il < hp->n_layers; il++) {
         const int r = md->layers[il].ratio;
         dsv4_layout *l = &d->lay[il];
@@ -348,13 +385,12 @@ engine_dsv4 *engine_dsv4_new(const model *m, threadpool *tp, kvpool *kv, int max
                                  kvpool_ring_slots(kv, il, 0) >= md->swa + KVPOOL_RING_SPARE &&
                                  (!r || (kvpool_layer_width(kv, il, 1) >= w &&
                                          kvpool_ring_slots(kv, il, 1) >= dsv4_proj_slots(r))));
-        if (r > 0) l->ent = (int)n_ent, n_ent += (int64_t)(KVPOOL_BLOCK / r) * hp->head_dim;
-        if (r == 4) l->ient = (int)n_ent, n_ent += (int64_t)(KVPOOL_BLOCK / 4) * md->idx_dim;
+        if (r > 0) l->ent = (int)n_ent, n_ent += (int64_t)(KVPOOL_BLOCK / r) * (int64_t)d->hd_b;
+        if (r == 4) l->ient = (int)n_ent, n_ent += (int64_t)(KVPOOL_BLOCK / 4) * (int64_t)d->id_b;
     }
     /* the pool must be engine_dsv4_kv_geometry's for this model */
-    if (d->row < wmax || (n_ent > 0) != d->ring || !rings_ok || (d->bt != QTYPE_F16 && d->bt != QTYPE_F32) ||
-        (d->ring && (kvpool_ring_dtype(kv) != QTYPE_F32 ||
-                     (int64_t)kvpool_block_bytes(kv) < n_ent * (int64_t)d->esz))) {
+    if (d->row < wmax || (n_ent > 0) != d->ring || !rings_ok || !bt_ok ||
+        (d->ring && (kvpool_ring_dtype(kv) != QTYPE_F32 || (int64_t)kvpool_block_bytes(kv) < n_ent))) {
         snprintf(err, errsz, "deepseek4: the KV pool's geometry (rows of %d %s) does not hold this model's state",
                  d->row, quant_type_name(d->bt));
         engine_dsv4_free(d);
@@ -407,11 +443,12 @@ engine_dsv4 *engine_dsv4_new(const model *m, threadpool *tp, kvpool *kv, int max
     d->shu = DSV4_F(T * shf);
     d->sh = DSV4_F(T * dim);
     int nth = threadpool_size(tp);
-    d->th_stride = TM_ALIGN_UP(TM_MAX((size_t)md->swa + 2 * (size_t)d->max_ent, TM_MAX(hd, id)) + 16, 16);
+    d->th_x = TM_ALIGN_UP(TM_MAX((size_t)md->swa + 2 * (size_t)d->max_ent, TM_MAX(hd, id)) + 16, 16);
+    d->th_stride = d->th_x + TM_ALIGN_UP(3 * TM_MAX(hd, id) + 16, 16);
     d->th_f = DSV4_F((size_t)nth * d->th_stride);
     d->th_i = DSV4_F((size_t)nth * (size_t)d->max_ent);
     d->ent = DSV4_F(TM_MAX(hd, id));
-    d->h16 = xcalloc(hd, sizeof *d->h16);
+    d->rrow = xcalloc(hd, sizeof(float));
     d->run0 = xcalloc(T, sizeof *d->run0);
     d->prev_run = xcalloc(T, sizeof *d->prev_run);
     if (d->ring) {
@@ -498,31 +535,43 @@ static const float *dsv4_raw(const engine_dsv4 *d, int t, int il, int pp)
     return dsv4_row(d, d->toks[t].seq, il, pp);
 }
 
-/* The packed entry at value offset off of the block that holds position pos, in the blocks'
+/* The packed entry at byte offset off of the block that holds position pos, in the blocks'
  * element type. */
 static uint8_t *dsv4_ent(const engine_dsv4 *d, const kvpool_seq *s, int pos, int off)
 {
-    return (uint8_t *)kvpool_seq_slab(d->kv, s, pos / KVPOOL_BLOCK, d->m->hp.n_layers, 0, 0) + (size_t)off * d->esz;
+    return (uint8_t *)kvpool_seq_slab(d->kv, s, pos / KVPOOL_BLOCK, d->m->hp.n_layers, 0, 0) + off;
 }
 
-/* Where entry j of layer il (ratio r) is: its position (r * j), and in *off its value offset. */
+/* Where entry j of layer il (ratio r) is: its position (r * j), and in *off its byte offset. */
 static int dsv4_ent_at(const engine_dsv4 *d, int il, int r, int j, bool idx, int *off)
 {
     const dsv4_layout *l = &d->lay[il];
-    *off = idx ? l->ient + (j % (KVPOOL_BLOCK / 4)) * d->d->idx_dim
-               : l->ent + (j % (KVPOOL_BLOCK / r)) * d->m->hp.head_dim;
+    *off = idx ? l->ient + (j % (KVPOOL_BLOCK / 4)) * (int)d->id_b : l->ent + (j % (KVPOOL_BLOCK / r)) * (int)d->hd_b;
     return r * j;
 }
 
-static float dsv4_ent_dot(const engine_dsv4 *d, int n, const float *q, const uint8_t *e)
+/* An F16 or F32 entry (n values) dotted with an F32 query; a Q8_0 entry with the query in Q8_0
+ * (q8: ggml's one-query flash attention quantises the query to the key's vec-dot type). */
+static float dsv4_ent_dot(const engine_dsv4 *d, int n, const float *q, const block_q8_0 *q8, const uint8_t *e)
 {
-    return d->bt == QTYPE_F16 ? ops_vec_dot_f16_f32(n, (const fp16_t *)e, q) : ops_vec_dot_f32(n, q, (const float *)e);
+    switch (d->bt) {
+    case QTYPE_F16: return ops_vec_dot_f16_f32(n, (const fp16_t *)e, q);
+    case QTYPE_Q8_0: return ops_vec_dot_kv(QTYPE_Q8_0, n, e, q8);
+    default: return ops_vec_dot_f32(n, q, (const float *)e);
+    }
 }
 
-static void dsv4_ent_mad(const engine_dsv4 *d, int n, float *o, const uint8_t *e, float w)
+/* o += w * entry (n values); a Q8_0 entry is dequantised into tmp first (ggml's V to F32). */
+static void dsv4_ent_mad(const engine_dsv4 *d, int n, float *o, const uint8_t *e, float w, float *tmp)
 {
-    if (d->bt == QTYPE_F16) ops_vec_mad_f16(n, o, (const fp16_t *)e, w);
-    else ops_vec_mad_f32(n, o, (const float *)e, w);
+    switch (d->bt) {
+    case QTYPE_F16: ops_vec_mad_f16(n, o, (const fp16_t *)e, w); break;
+    case QTYPE_Q8_0:
+        quant_dequantize_row(QTYPE_Q8_0, e, tmp, n);
+        ops_vec_mad_f32(n, o, tmp, w);
+        break;
+    default: ops_vec_mad_f32(n, o, (const float *)e, w); break;
+    }
 }
 
 static float dsv4_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
@@ -666,7 +715,7 @@ static void dsv4_job_indexer(void *ctx, int ith, int nth)
     engine_dsv4 *d = ctx;
     const model_dsv4 *md = d->d;
     const int il = d->layer, ih = md->idx_heads, id = md->idx_dim, k = md->idx_topk;
-    float *sc = dsv4_th(d, ith);
+    float *sc = dsv4_th(d, ith), *kf = sc + d->th_x;
     int32_t *ord = d->th_i + (size_t)ith * (size_t)d->max_ent;
     for (int t = ith; t < d->n_tok; t += nth) {
         const engine_tok *tk = &d->toks[t];
@@ -681,9 +730,13 @@ static void dsv4_job_indexer(void *ctx, int ith, int nth)
         for (int j = 0; j < n; j++) {
             int off, pe = dsv4_ent_at(d, il, 4, j, true, &off);
             const uint8_t *key = dsv4_ent(d, tk->seq, pe, off);
+            /* llama.cpp's fused indexer turns a quantised key to F32 and dots it with the F32
+             * queries */
+            if (d->bt == QTYPE_Q8_0) quant_dequantize_row(QTYPE_Q8_0, key, kf, id);
             float s = 0;
             for (int h = 0; h < ih; h++) {
-                float dot = dsv4_ent_dot(d, id, q + (size_t)h * id, key);
+                float dot = d->bt == QTYPE_Q8_0 ? ops_vec_dot_f32(id, q + (size_t)h * id, kf)
+                                                : dsv4_ent_dot(d, id, q + (size_t)h * id, NULL, key);
                 s += w[h] * (dot > 0 ? dot : 0);
             }
             sc[j] = s;
@@ -710,23 +763,32 @@ static void dsv4_job_attention(void *ctx, int ith, int nth)
     const model *m = d->m;
     const int il = d->layer, H = m->hp.n_heads, hd = m->hp.head_dim, r = d->d->layers[il].ratio;
     const float *sinks = m->layers[il].sinks, scale = m->hp.att_scale;
-    float *sc = dsv4_th(d, ith);
+    float *sc = dsv4_th(d, ith), *qf = sc + d->th_x, *ef = qf + hd;
+    block_q8_0 *q8 = (block_q8_0 *)(ef + hd);
     for (int it = ith; it < d->n_tok * H; it += nth) {
         int t = it / H, h = it % H;
         const engine_tok *tk = &d->toks[t];
         /* no key below the sequence's window floor (a replay starts there) */
         const int p = tk->pos, lo = TM_MAX(kvpool_seq_win_lo(tk->seq), TM_MAX(0, p - d->d->swa + 1));
         const int hi = d->last ? d->last[t] : p;
-        const float *q = d->q + ((size_t)t * H + h) * hd;
+        const float *q = d->q + ((size_t)t * H + h) * hd, *qr = q;
         float *o = d->att + ((size_t)t * H + h) * hd;
+        if (d->bt == QTYPE_Q8_0) {
+            /* a Q8_0 cache's keys meet the query in Q8_0 (ggml's one-query path); the raw rows
+             * are the cache's values in F32 (rounded through Q8_0), so the dequantised query
+             * against them is that dot up to F32 summation order */
+            quant_act_q8_0(q, q8, hd);
+            quant_dequantize_row(QTYPE_Q8_0, q8, qf, hd);
+            qr = qf;
+        }
         int nk = 0;
-        for (int pp = lo; pp <= hi; pp++) sc[nk++] = ops_vec_dot_f32(hd, q, dsv4_raw(d, t, il, pp)) * scale;
+        for (int pp = lo; pp <= hi; pp++) sc[nk++] = ops_vec_dot_f32(hd, qr, dsv4_raw(d, t, il, pp)) * scale;
         int ne = 0;
         if (r == 4) ne = d->n_sel[t];
         else if (r > 0) ne = (p + 1) / r;
         for (int e = 0; e < ne; e++) {
             int j = r == 4 ? d->sel[(size_t)t * d->d->idx_topk + e] : e, off, pe = dsv4_ent_at(d, il, r, j, false, &off);
-            sc[nk++] = dsv4_ent_dot(d, hd, q, dsv4_ent(d, tk->seq, pe, off)) * scale;
+            sc[nk++] = dsv4_ent_dot(d, hd, q, q8, dsv4_ent(d, tk->seq, pe, off)) * scale;
         }
         float mx = sinks[h];
         for (int i = 0; i < nk; i++) mx = fmaxf(mx, sc[i]);
@@ -737,7 +799,7 @@ static void dsv4_job_attention(void *ctx, int ith, int nth)
         for (int pp = lo; pp <= hi; pp++) ops_vec_mad_f32(hd, o, dsv4_raw(d, t, il, pp), sc[i++]);
         for (int e = 0; e < ne; e++) {
             int j = r == 4 ? d->sel[(size_t)t * d->d->idx_topk + e] : e, off, pe = dsv4_ent_at(d, il, r, j, false, &off);
-            dsv4_ent_mad(d, hd, o, dsv4_ent(d, tk->seq, pe, off), sc[i++]);
+            dsv4_ent_mad(d, hd, o, dsv4_ent(d, tk->seq, pe, off), sc[i++], ef);
         }
         ops_vec_scale_f32(hd, o, 1.0f / sum);
     }
@@ -868,10 +930,10 @@ static void dsv4_attention(engine_dsv4 *d, int il, int T)
         ops_hadamard_rows(d->q, (int64_t)T * H * hd / d->rot, d->rot);
         ops_hadamard_rows(d->kvr, (int64_t)T * hd / d->rot, d->rot);
     }
-    if (d->ring && d->bt == QTYPE_F16)   /* attention reads the raw rows as the F16 cache holds them */
+    if (d->ring && d->bt != QTYPE_F32)   /* attention reads the raw rows as the cache holds them */
         for (int t = 0; t < T; t++) {
-            ops_fp32_to_fp16_row(d->kvr + (size_t)t * hd, d->h16, hd);
-            ops_fp16_to_fp32_row(d->h16, d->kvr + (size_t)t * hd, hd);
+            kvpool_row_put(d->bt, d->kvr + (size_t)t * hd, d->rrow, hd);
+            kvpool_row_get(d->bt, d->rrow, d->kvr + (size_t)t * hd, hd);
         }
     if (r == 4) {
         dsv4_rope(d, d->iq, d->pos, T, ih, id, &md->rope_comp);

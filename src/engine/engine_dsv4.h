@@ -5,7 +5,7 @@
  * The state of a sequence is kept in two places (docs/deepseek4.md, "Per-sequence state and
  * the 128-token block"). The blocks hold only what is final for the whole text: each compressed
  * layer's completed entries and the lightning indexer's, packed (engine_dsv4_sizes.block values
- * per 128 positions, in the pool's dtype: F16 or F32). Every model layer is a kvpool window
+ * per 128 positions, in the pool's dtype: F16, F32 or Q8_0). Every model layer is a kvpool window
  * layer (window max(swa, 128)) with two F32 rings of their own lengths: the raw K=V rows
  * (swa + spare positions), which the window attention reads, and the compressor's and indexer's
  * projections (kv and gate score with the learned position; the positions a compression reads
@@ -35,7 +35,7 @@ typedef struct engine_dsv4 engine_dsv4;
 /* Layers of a V4 model's pool: the model's (window layers) and, with compressed layers, the
  * block layers that hold the packed entries after them. */
 int engine_dsv4_pool_layers(const model *m);
-/* The pool geometry of a V4 model in element type t (F16 or F32; F32 without compressed
+/* The pool geometry of a V4 model in element type t (F16, F32 or Q8_0; F32 without compressed
  * layers): one "head" of engine_dsv4_row(m) elements, v_is_k; each window layer's ring row as
  * the raw K=V row (kv 0, swa + spare slots) and its projections of its ratio in an aux ring
  * (kv 1, the slots a compression reads back), the entries' block layer's row
@@ -50,15 +50,17 @@ int engine_dsv4_row(const model *m);
 /* The compressed layout's sizes (docs/deepseek4.md, "Per-sequence state and the 128-token
  * block"): what V4 keeps for the whole text per 128-token block, and what a sequence needs
  * besides, in the window; and what the pool takes for them (the packed entries are one block
- * layer of (128, slab_width): the block's values to under 128; the rings as counted in
- * `ring`, projection rows rounded up to 16).
- * Counts are values, not bytes: the element type is the caller's. */
+ * layer of (128, slab_width): the block's values to under 128, or to a whole Q8_0 block of 32
+ * per row; the rings as counted in `ring`, projection rows rounded up to 16).
+ * Counts are values; the *_bytes fields are them in the shape's element type. */
 typedef struct {
     int n_layers;
     const int32_t *ratio;    /* (n_layers) compression ratio of each layer: 0, 4 or 128 */
     int head_dim;            /* hd: K = V, and a compressed entry's width */
     int idx_dim;             /* the lightning indexer's key size (ratio-4 layers) */
     int swa;                 /* sliding window in positions */
+    qtype type;              /* the blocks' element type (F32, F16 or Q8_0; 0 is F32): Q8_0 needs
+                              * hd and idx_dim in whole 32-value blocks and rows of them */
 } engine_dsv4_shape;
 
 typedef struct {
@@ -82,13 +84,21 @@ typedef struct {
     int64_t pool_ring;       /* values of the pool's rings per sequence: ring, with each projection
                               * row rounded up to 16 (the pool's window state is window in the
                               * blocks' type + carry in F32 + kvpool's 16-byte header) */
+    int64_t block_bytes;     /* block in the shape's type */
+    int64_t pool_block_bytes; /* pool_block in the shape's type: the pool's and the store's block */
+    int64_t window_bytes;    /* window in the shape's type (a window state's raw rows) */
 } engine_dsv4_sizes;
 
 /* Sizes for a shape; false and err for a shape the layout cannot hold (a ratio other than 0,
- * 4, 128; a size not positive). */
+ * 4, 128; a size not positive; a type other than F32, F16, Q8_0, or Q8_0 with a head or
+ * indexer key size that is not a multiple of 32). */
 bool engine_dsv4_sizes_of(const engine_dsv4_shape *s, engine_dsv4_sizes *out, char *err, size_t errsz);
-/* The sizes of a loaded V4 model (its shape was checked by the loader). */
-void engine_dsv4_model_sizes(const model *m, engine_dsv4_sizes *out);
+/* The sizes of a loaded V4 model in blocks of type t (its shape was checked by the loader;
+ * all zero for a type the layout cannot hold). */
+void engine_dsv4_model_sizes(const model *m, qtype t, engine_dsv4_sizes *out);
+/* Whether blocks of type t hold a loaded V4 model's entries (engine_dsv4_sizes_of's rules); the
+ * sizes in *out, or false and err naming what refuses it. */
+bool engine_dsv4_type_ok(const model *m, qtype t, engine_dsv4_sizes *out, char *err, size_t errsz);
 
 /* Scratch for batches of up to max_tokens entries on pool kv (max_pos: the most positions a
  * sequence can hold, for the indexer's and attention's per-thread buffers). NULL and err

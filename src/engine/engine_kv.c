@@ -89,23 +89,32 @@ engine_status engine_new_kv(engine *e, const engine_opts *o, int *n_blocks, char
     const model_hparams *hp = &m->hp;
     int32_t *lw = xcalloc((size_t)engine_kv_geometry_room(m), sizeof *lw);
     kvpool_opts ko = engine_kv_geometry(m, o->kv_type, lw);
+    engine_dsv4_sizes z;   /* deepseek4's entries in whole Q8_0 blocks, its own rule */
+    if (hp->arch == MODEL_ARCH_DEEPSEEK4 && ko.dtype != QTYPE_Q4_0 && !engine_dsv4_type_ok(m, ko.dtype, &z, err, errsz)) {
+        free(lw);
+        return ENGINE_ERR_ARG;
+    }
     if (!kvpool_type_ok(ko.dtype, ko.head_dim)) {
         snprintf(err, errsz, "a %s KV cache needs a head size that is a multiple of 32; this model's is %d",
                  quant_type_name(ko.dtype), ko.head_dim);
         free(lw);
         return ENGINE_ERR_ARG;
     }
-    if ((hp->mla || hp->arch == MODEL_ARCH_DEEPSEEK4) && (ko.dtype == QTYPE_Q8_0 || ko.dtype == QTYPE_Q4_0)) {
-        snprintf(err, errsz, "a %s KV cache is not supported for %s models (use f16 or f32)", quant_type_name(ko.dtype),
-                 hp->mla ? "multi-head latent attention" : "deepseek4");
+    /* deepseek4 keeps its compressed entries in Q8_0 (engine_dsv4.c), not Q4_0 */
+    if ((hp->mla && (ko.dtype == QTYPE_Q8_0 || ko.dtype == QTYPE_Q4_0)) ||
+        (hp->arch == MODEL_ARCH_DEEPSEEK4 && ko.dtype == QTYPE_Q4_0)) {
+        snprintf(err, errsz, "a %s KV cache is not supported for %s models (use %s)", quant_type_name(ko.dtype),
+                 hp->mla ? "multi-head latent attention" : "deepseek4", hp->mla ? "f16 or f32" : "f16, f32 or q8_0");
         free(lw);
         return ENGINE_ERR_ARG;
     }
     /* llama.cpp rotates Q, K and V by a Walsh-Hadamard matrix before a quantised cache stores
      * them (the largest power-of-two piece of the head for K, 64 for V) and the attention
      * output back: an outlier is spread over its piece, so the 32-value blocks quantise with
-     * less error; scores are unchanged (the matrix is orthonormal). Same condition as its. */
-    if ((ko.dtype == QTYPE_Q8_0 || ko.dtype == QTYPE_Q4_0) && (e->rot_k = ops_hadamard_order(ko.head_dim)) > 0)
+     * less error; scores are unchanged (the matrix is orthonormal). Same condition as its.
+     * deepseek4's step rotates its own rows (engine_dsv4_new). */
+    if ((ko.dtype == QTYPE_Q8_0 || ko.dtype == QTYPE_Q4_0) && hp->arch != MODEL_ARCH_DEEPSEEK4 &&
+        (e->rot_k = ops_hadamard_order(ko.head_dim)) > 0)
         e->rot_v = 64;
     if (o->n_kv_blocks > 0) ko.n_blocks = o->n_kv_blocks;
     else if (o->kv_bytes > 0) ko.n_blocks = kvpool_blocks_for_bytes(&ko, o->kv_bytes);

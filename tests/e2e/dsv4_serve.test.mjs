@@ -147,6 +147,46 @@ test("deepseek4 serve: after a restart, exact replay is bit-identical and bounde
   await stopServers();
 });
 
+// The Q8_0 cache (`--kv-type q8_0`): compressed entries, indexer entries and a window state's
+// raw rows in Q8_0. The round trip as above: the two blocks attached from the pool with the
+// window state restored, then stored, loaded after a restart (exact replay) and attached: the
+// answer is the cold run's, bit for bit. A server with the F16 cache on the same store reads none
+// of those blocks (the element type is in every block's key and its header's geometry digest).
+test("deepseek4 serve --kv-type q8_0: blocks reused from the pool and from the store after a restart are " +
+  "bit-identical to a cold run; an f16 server reads none of them", { skip, timeout: 60000 }, async () => {
+  const model = dsv4Model();
+  const dir = path.join(tmp, "store-q8");
+  fs.mkdirSync(dir);
+  const Q8 = [...ARGS, "--cache-dir", dir, "--kv-type", "q8_0"];
+  let S = await startServer(model, Q8);
+  // the block by hand: the 8256 values of the F16 case in Q8_0 (34 bytes per 32) are 8,772
+  // bytes; the block layer's row rounds 65 up to whole Q8_0 blocks, 96: 128 x 3 x 34 = 13,056
+  // bytes. The window state: the last 16 raw rows of 4 layers in Q8_0 (4,352 bytes), the same
+  // carry (8 KiB) and header: 12,560 bytes
+  assert.match(S.log, /\(deepseek4, 4 layers, ctx 512, KV q8_0, \d+ blocks of 12\.8 KiB per 128 tokens, compressed entries/);
+  assert.match(S.log, /deepseek4 keeps compressed entries in blocks: 8\.6 KiB per 128-token block in q8_0 \(a block layer of 128 x 96: 12\.8 KiB\); window states of 12\.3 KiB \(4\.2 KiB of raw rows in q8_0 and 8\.0 KiB of ratio-4 carry in F32\); rings of 0\.14 MiB per sequence/);
+  const cold = await complete(S.url, LONG);
+  assert.equal(cold.cached, 0);
+  const warm = await complete(S.url, LONG);
+  assert.equal(warm.cached, LONG.length - 134, "two blocks attached, the window state restored");
+  assert.equal(warm.top, cold.top, "q8_0: logprobs after attaching the pool's blocks and restoring the window state");
+  await stopServers();
+  const stat = spawnSync(bin, ["store", "stat", `dir:${dir}`], { encoding: "utf8" });
+  assert.equal(stat.status, 0, stat.stderr);
+  assert.match(stat.stdout, /12\.8 KiB: 1 layers x 1 kv head x 96, V is K \(latent\), q8_0: \d+ blocks/, "block size from the headers");
+  S = await startServer(model, [...Q8, "--window-replay", "exact"]);
+  const restored = await complete(S.url, LONG);
+  assert.equal(restored.cached, LONG.length - 134, "two blocks loaded from the store");
+  assert.equal(restored.text, cold.text);
+  assert.equal(restored.top, cold.top, "q8_0: logprobs after loading the blocks from the store, exact replay");
+  await stopServers();
+  S = await startServer(model, [...ARGS, "--cache-dir", dir, "--window-replay", "exact"]);
+  const f16 = await complete(S.url, LONG);
+  assert.equal(f16.cached, 0, "an f16 pool attaches no q8_0 block");
+  assert.notEqual(f16.top, cold.top);
+  await stopServers();
+});
+
 test("deepseek4 cluster: a prefill worker hands the prompt to a decode worker; the answer is the cold run's",
   { skip, timeout: 60000 }, async () => {
     const model = dsv4Model();

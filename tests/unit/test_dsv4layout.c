@@ -31,7 +31,7 @@
 static void flash(int32_t *ratio, engine_dsv4_shape *s)
 {
     for (int il = 0; il < 43; il++) ratio[il] = il < 2 ? 0 : il % 2 == 0 ? 4 : 128;
-    *s = (engine_dsv4_shape){ 43, ratio, 512, 128, 128 };
+    *s = (engine_dsv4_shape){ 43, ratio, 512, 128, 128, QTYPE_F16 };
 }
 
 /* Values a block keeps, by walking its 128 positions: an entry (and an indexer entry on ratio
@@ -161,6 +161,31 @@ TEST(test_flash_figures)
         if (r == 128) ring += (int64_t)walk_slots(128, 128, false) * 2 * 512;
     }
     CHECKF(z.ring == ring, "%lld vs %lld", (long long)z.ring, (long long)ring);
+
+    /* Q8_0 (34 bytes per 32 values): the entries are 467,840 bytes; the block layer's row rounds
+     * 3440 up to whole blocks, 3456, so the pool's and the store's block is 470,016 bytes (53.4%
+     * of F16's); a window state keeps the raw rows in Q8_0 beside the same F32 carry */
+    engine_dsv4_sizes zq;
+    s.type = QTYPE_Q8_0;
+    CHECK(engine_dsv4_sizes_of(&s, &zq, err, sizeof err));
+    CHECK(zq.block == z.block && zq.block_bytes == 440320 / 32 * 34 && zq.block_bytes == 467840);
+    CHECK(zq.slab_width == 3456 && zq.pool_block == 128 * 3456 && zq.pool_block_bytes == 470016);
+    CHECK(zq.window_bytes == 43LL * 128 * 16 * 34 && zq.width == 2560 && zq.ring == z.ring);
+    ko.dtype = QTYPE_Q8_0;
+    width[43] = 3456;
+    CHECK(kvpool_geom_block_bytes(&ko) == 470016);
+    p = NULL;
+    CHECK(kvpool_new(&ko, &p) == KVPOOL_OK);
+    if (!p) return;
+    CHECK(kvpool_block_bytes(p) == 470016 && kvpool_ring_bytes(p) == (size_t)z.ring * 4);
+    CHECK(kvpool_window_state_bytes(p) == 16 + (size_t)zq.window_bytes + (size_t)z.carry * 4);
+    CHECK(kvpool_window_state_bytes(p) == 3424272);                   /* 3.3 MiB */
+    kvpool_free(p);
+    /* a head or indexer key size outside whole Q8_0 blocks, and Q4_0, are refused by name */
+    s.idx_dim = 48;
+    CHECK(!engine_dsv4_sizes_of(&s, &zq, err, sizeof err) && strstr(err, "multiples of 32"));
+    s.idx_dim = 128, s.type = QTYPE_Q4_0;
+    CHECK(!engine_dsv4_sizes_of(&s, &zq, err, sizeof err) && strstr(err, "q4_0"));
 }
 
 TEST(test_small_window)
@@ -168,7 +193,7 @@ TEST(test_small_window)
     /* the oracle tests' shape of layer kinds with a 16-position window: the ring's raw part
      * follows the window, the ratio-128 projections do not */
     int32_t ratio[4] = { 0, 4, 128, 4 };
-    engine_dsv4_shape s = { 4, ratio, 64, 32, 16 };
+    engine_dsv4_shape s = { 4, ratio, 64, 32, 16, QTYPE_F16 };
     engine_dsv4_sizes z;
     char err[256];
     CHECK(engine_dsv4_sizes_of(&s, &z, err, sizeof err));
@@ -181,7 +206,7 @@ TEST(test_small_window)
 TEST(test_bad_shapes)
 {
     int32_t ratio[2] = { 0, 8 };
-    engine_dsv4_shape s = { 2, ratio, 64, 32, 16 };
+    engine_dsv4_shape s = { 2, ratio, 64, 32, 16, QTYPE_F16 };
     engine_dsv4_sizes z;
     char err[256] = "";
     CHECK(!engine_dsv4_sizes_of(&s, &z, err, sizeof err));
@@ -213,12 +238,14 @@ static model *mk_model(void)
     return m;
 }
 
-TEST(test_engine_window)
+/* The layout in the engine with blocks (and a state's raw rows) of kt: F16 or Q8_0. */
+static void engine_window(engine_kv_type kt)
 {
     model *m = mk_model();
     CHECK(m != NULL);
     if (!m) return;
-    engine_opts eo = { .n_threads = 2, .n_kv_blocks = 16, .max_batch_tokens = CHUNK, .kv_type = ENGINE_KV_F16 };
+    const bool q8 = kt == ENGINE_KV_Q8_0;
+    engine_opts eo = { .n_threads = 2, .n_kv_blocks = 16, .max_batch_tokens = CHUNK, .kv_type = kt };
     engine *e = NULL;
     char err[256];
     CHECK(engine_new(m, &eo, &e, err, sizeof err) == ENGINE_OK);
@@ -228,20 +255,30 @@ TEST(test_engine_window)
     }
     kvpool *kv = engine_kvpool(e);
     engine_dsv4_sizes z;
-    engine_dsv4_model_sizes(m, &z);
+    engine_dsv4_model_sizes(m, q8 ? QTYPE_Q8_0 : QTYPE_F16, &z);
     CHECK(z.width == 512 && z.n_slabs == 1 && z.block == 2 * 32 * (64 + 64) + 64);
-    CHECK(z.slab_width == 65 && z.pool_block == 128 * 65);   /* 8256 values to a whole row: 64 more */
     CHECK(kvpool_n_window_layers(kv) == 4 && kvpool_n_block_layers(kv) == 1 && kvpool_window(kv) == 128);
-    CHECK(kvpool_dtype(kv) == QTYPE_F16 && kvpool_ring_dtype(kv) == QTYPE_F32);
-    CHECK(kvpool_block_bytes(kv) == (size_t)z.pool_block * 2);
-    /* the state: the last 64 raw rows of 4 layers in F16, the carry of 2 ratio-4 layers */
-    CHECK(kvpool_window_state_bytes(kv) == 16 + 4 * 64 * 64 * 2 + 2 * 4 * (2 * 64 + 2 * 64) * 4);
+    CHECK(kvpool_dtype(kv) == (q8 ? QTYPE_Q8_0 : QTYPE_F16) && kvpool_ring_dtype(kv) == QTYPE_F32);
+    if (q8) {
+        /* 8256 values to whole Q8_0 rows of 128 x 96 (34 bytes per 32 values) */
+        CHECK(z.slab_width == 96 && z.pool_block == 128 * 96 && z.pool_block_bytes == 128 * 3 * 34);
+        CHECK(z.block_bytes == 8256 / 32 * 34);
+        CHECK(kvpool_block_bytes(kv) == 13056);
+        /* the state: the last 64 raw rows of 4 layers in Q8_0, the carry of 2 ratio-4 layers */
+        CHECK(kvpool_window_state_bytes(kv) == 16 + 4 * 64 * 2 * 34 + 2 * 4 * (2 * 64 + 2 * 64) * 4);
+    } else {
+        CHECK(z.slab_width == 65 && z.pool_block == 128 * 65);   /* 8256 values to a whole row: 64 more */
+        CHECK(kvpool_block_bytes(kv) == (size_t)z.pool_block * 2);
+        /* the state: the last 64 raw rows of 4 layers in F16, the carry of 2 ratio-4 layers */
+        CHECK(kvpool_window_state_bytes(kv) == 16 + 4 * 64 * 64 * 2 + 2 * 4 * (2 * 64 + 2 * 64) * 4);
+    }
+    CHECK(kvpool_block_bytes(kv) == (size_t)z.pool_block_bytes && z.window_bytes == (q8 ? 4 * 64 * 2 * 34 : 4 * 64 * 64 * 2));
     CHECK(kvpool_ring_bytes(kv) == (size_t)z.ring * 4);
-    /* a quantised cache is refused for V4 */
+    /* Q4_0 is refused for V4, by name */
     engine *q = NULL;
-    eo.kv_type = ENGINE_KV_Q8_0;
-    CHECK(engine_new(m, &eo, &q, err, sizeof err) != ENGINE_OK && strstr(err, "deepseek4"));
-    eo.kv_type = ENGINE_KV_F16;
+    eo.kv_type = ENGINE_KV_Q4_0;
+    CHECK(engine_new(m, &eo, &q, err, sizeof err) != ENGINE_OK && strstr(err, "deepseek4") && strstr(err, "q4_0"));
+    eo.kv_type = kt;
 
     int32_t toks[N];
     for (int i = 0; i < N; i++) toks[i] = (i * 37 + i * i / 3 + 5) % V;
@@ -312,6 +349,9 @@ TEST(test_engine_window)
     model_free(m);
 }
 
+TEST(test_engine_window) { engine_window(ENGINE_KV_F16); }
+TEST(test_engine_window_q8) { engine_window(ENGINE_KV_Q8_0); }
+
 int main(void)
 {
     if (!mkdtemp(tmpdir)) return 1;
@@ -319,6 +359,7 @@ int main(void)
     RUN(test_small_window);
     RUN(test_bad_shapes);
     RUN(test_engine_window);
+    RUN(test_engine_window_q8);
     rmdir(tmpdir);
     HARNESS_END();
 }
