@@ -11,7 +11,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 
 export const root = path.resolve(import.meta.dirname, '../..');
-export const bin = path.join(root, 'build/tokenmill');
+export const bin = process.env.TM_BIN || path.join(root, 'build/tokenmill');
 export const gen = path.join(root, 'tests/data/gen');
 export const ggufPy = path.join(root, 'tests/data/llama.cpp/gguf-py');
 

@@ -82,11 +82,14 @@ test('deepseek4 MTP drafts from an MTP-only file equal llama.cpp draft-mtp\'s, r
 // log-probabilities within the type's tolerance.
 const MK_TYPES = [['f32', 1e-4], ['mxfp4', 0.25], ['q8_0', 0.25], ['q4_k_m', 0.5]];
 const CLOSE = Math.log(0.6);
+// the trunk's greedy token may part from llama.cpp's where its two best are both this likely
+// (quantised random weights amplify rounding order: docs/deepseek4.md)
+const NEAR_TIE = Math.log(0.2);
 test('mkmodel deepseek4 --mtp-out: the pair loads in llama.cpp draft-mtp and tokenmill, and the drafts agree',
   {skip, timeout: 600000}, () => {
     const dir = fs.mkdtempSync(path.join(gen, 'mk-dsv4-mtp-'));
     try {
-      const inFile = path.join(dir, 'in.json');
+      const inFile = path.join(dir, 'in.json'), evalFile = path.join(dir, 'eval.json');
       const prompts = PROMPTS.slice(0, 2);
       fs.writeFileSync(inFile, JSON.stringify({seqs: prompts, n_draft: N_DRAFT, rounds: ROUNDS, mode: 'mtp'}));
       for (const [type, tol] of MK_TYPES) {
@@ -95,7 +98,7 @@ test('mkmodel deepseek4 --mtp-out: the pair loads in llama.cpp draft-mtp and tok
           '--seed', '4', '--threads', '2', '-o', t, '--mtp-out', mtp], `mkmodel --type ${type}`);
         const tm = rounds(run(bin, ['eval', '-m', t, '--draft', mtp, '--input', inFile, '--kv', 'f32', '--threads', '1'],
           `tokenmill eval --draft (mkmodel ${type})`));
-        let max = 0, slots = 0;
+        let max = 0, slots = 0, compared = 0;
         prompts.forEach((p, si) => {
           const ref = rounds(run(harnessBin(), [t, mtp, String(N_DRAFT), String(ROUNDS), p.join(',')], `dsv4_mtp_llama ${type}`));
           const got = tm.filter((x) => x.seq === si);
@@ -103,7 +106,21 @@ test('mkmodel deepseek4 --mtp-out: the pair loads in llama.cpp draft-mtp and tok
           for (let k = 0; k < ref.length; k++) {
             const label = `${type} prompt ${si} round ${k}`;
             assert.equal(got[k].pos, ref[k].pos, `${label}: position`);
+            if (tol > 1e-3 && got[k].anchor !== ref[k].anchor) {
+              // the trunk's greedy token parted at a near tie: both anchors are tokenmill's two
+              // most likely tokens there, each at least NEAR_TIE; the rounds after it differ
+              const seq = p.concat(got.slice(0, k).map((x) => x.anchor));
+              fs.writeFileSync(evalFile, JSON.stringify({seqs: [seq], top: 2, greedy: 1, batched: false}));
+              const top = JSON.parse(run(bin, ['eval', '-m', t, '--input', evalFile, '--kv', 'f32', '--threads', '1'],
+                `tokenmill eval (mkmodel ${type})`)).seqs[0].top.at(-1);
+              const ids = top.map(([id]) => id).sort(), want = [got[k].anchor, ref[k].anchor].sort();
+              assert.deepEqual(ids, want, `${label}: anchor ${got[k].anchor} against llama.cpp's ${ref[k].anchor} is not a near tie (top ${JSON.stringify(top)})`);
+              assert.ok(top.every(([, lp]) => lp >= NEAR_TIE), `${label}: anchors ${want} apart by more than a near tie (${JSON.stringify(top)})`);
+              report.push(`mkmodel ${type}: prompt ${si} parted at a near tie in round ${k} (${JSON.stringify(top)})`);
+              break;
+            }
             assert.equal(got[k].anchor, ref[k].anchor, `${label}: anchor`);
+            compared++;
             for (let j = 0; j < N_DRAFT; j++) {
               const a = got[k].slots[j], b = ref[k].slots[j];
               if (tol > 1e-3 && a.token !== b.token && a.logprob < CLOSE && b.logprob < CLOSE) break;   /* a close call */
@@ -114,6 +131,7 @@ test('mkmodel deepseek4 --mtp-out: the pair loads in llama.cpp draft-mtp and tok
           }
         });
         assert.ok(max < tol, `${type}: log-probability differs by ${max}`);
+        assert.ok(compared >= ROUNDS, `${type}: only ${compared} rounds compared before near ties`);
         report.push(`mkmodel ${type}: ${slots} drafted tokens equal llama.cpp's, log-probabilities within ${max.toExponential(1)}`);
       }
     } finally {
