@@ -40,6 +40,8 @@
 #include "util/util.h"
 
 #define DSV4_MAX_MIX 64          /* (2 + hc) * hc at most: hc <= 6 */
+#define DSV4_MOE_ROWS 64         /* output rows of an expert per work item of the experts' round */
+#define DSV4_MOE_SHARED_T 4      /* up to this many tokens the shared expert rides in that round */
 
 typedef struct {
     int ckv, csc;                /* float offsets in the projection row (the first halves on ratio
@@ -108,6 +110,14 @@ struct engine_dsv4 {
     float *r_sc;             /* (E) */
     int32_t *x_row;          /* (T * k) token of each grouped row */
     int32_t *x_slot;         /* (T, k) grouped row of each (token, slot) */
+    int32_t *x_off;          /* (E + 1) first grouped row of each expert */
+    int32_t *x_act;          /* (E) the experts some row chose, ascending */
+    int n_act;
+    bool sh_round;           /* the shared expert's chunks are in the experts' round */
+    int next, next2;         /* the experts' round: work item counters of its two phases */
+    float *moe_tmp;          /* (n_threads, moe_stride) a chunk's gate and up outputs, (T * k,
+                              * DSV4_MOE_ROWS) each, then its matmul scratch */
+    size_t moe_stride;
     float *xg;               /* (T * k, dim) */
     float *fg, *fu;          /* (T * k, max_ffn) */
     float *ye;               /* (T * k, dim) */
@@ -331,7 +341,8 @@ void engine_dsv4_free(engine_dsv4 *d)
                      d->ck, d->cg, d->ik, d->ig, d->iq, d->iw, d->att, d->og, d->ot, d->oa, d->pos, d->npos,
                      d->sel, d->n_sel, d->r_logits, d->r_probs, d->r_sel, d->r_w, d->r_idx, d->r_sc, d->x_row,
                      d->x_slot, d->xg, d->fg, d->fu, d->ye, d->shg, d->shu, d->sh, d->mm_scratch, d->th_f, d->th_i,
-                     d->ent, d->rrow, d->run0, d->prev_run, d->wsnap, d->wsnap_t, d->wsnap_data };
+                     d->ent, d->rrow, d->run0, d->prev_run, d->wsnap, d->wsnap_t, d->wsnap_data, d->x_off, d->x_act,
+                     d->moe_tmp };
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(d);
 }
@@ -434,6 +445,8 @@ engine_dsv4 *engine_dsv4_new(const model *m, threadpool *tp, kvpool *kv, int max
     d->r_sc = DSV4_F(E);
     d->x_row = DSV4_F(T * k);
     d->x_slot = DSV4_F(T * k);
+    d->x_off = DSV4_F(E + 1);
+    d->x_act = DSV4_F(E);
     d->xg = DSV4_F(T * k * dim);
     d->fg = DSV4_F(T * k * ffn);
     d->fu = DSV4_F(T * k * ffn);
@@ -459,7 +472,8 @@ engine_dsv4 *engine_dsv4_new(const model *m, threadpool *tp, kvpool *kv, int max
         d->wsnap_data = calloc((size_t)d->n_wsnap_max, kvpool_window_state_bytes(kv));
     }
 #undef DSV4_F
-    size_t sc = 0;
+    size_t sc = 0, msc = 0;   /* msc: a chunk's of the experts' round (a view of any rows needs what
+                               * the whole expert does) */
     int Ti = (int)T;
     for (int il = 0; il < hp->n_layers; il++) {
         const model_layer *L = &m->layers[il];
@@ -482,12 +496,18 @@ engine_dsv4 *engine_dsv4_new(const model *m, threadpool *tp, kvpool *kv, int max
         const ops_weight *gu[2] = { &g, &u };
         sc = TM_MAX(sc, ops_matmul_multi_scratch_bytes(2, gu, Ti * (int)k));
         sc = dsv4_sc(&dn, Ti * (int)k, sc);
+        msc = TM_MAX(msc, ops_matmul_multi_scratch_bytes(2, gu, Ti * (int)k));
+        msc = dsv4_sc(&dn, Ti * (int)k, msc);
         if (L->gate_shexp.data) {
             const ops_weight *sgu[2] = { &L->gate_shexp, &L->up_shexp };
             sc = TM_MAX(sc, ops_matmul_multi_scratch_bytes(2, sgu, Ti));
             sc = dsv4_sc(&L->down_shexp, Ti, sc);
+            msc = TM_MAX(msc, ops_matmul_multi_scratch_bytes(2, sgu, Ti));
+            msc = dsv4_sc(&L->down_shexp, Ti, msc);
         }
     }
+    d->moe_stride = TM_ALIGN_UP(2 * T * k * DSV4_MOE_ROWS + (msc + 64) / sizeof(float), 16);
+    d->moe_tmp = util_aligned_alloc((size_t)threadpool_size(tp) * d->moe_stride * sizeof(float));
     sc = dsv4_sc(&md->out_hc_fn, Ti, sc);
     sc = dsv4_sc(&m->output, Ti, sc);
     d->mm_scratch = util_aligned_alloc(sc + 64);
@@ -495,7 +515,7 @@ engine_dsv4 *engine_dsv4_new(const model *m, threadpool *tp, kvpool *kv, int max
                      d->ik, d->ig, d->iq, d->iw, d->att, d->og, d->ot, d->oa, d->pos, d->npos, d->sel, d->n_sel,
                      d->r_logits, d->r_probs, d->r_sel, d->r_w, d->r_idx, d->r_sc, d->x_row, d->x_slot, d->xg,
                      d->fg, d->fu, d->ye, d->shg, d->shu, d->sh, d->mm_scratch, d->th_f, d->th_i, d->ent,
-                     d->ring ? (void *)d->wsnap_data : d->ent };
+                     d->ring ? (void *)d->wsnap_data : d->ent, d->x_off, d->x_act, d->moe_tmp };
     for (size_t i = 0; i < sizeof need / sizeof need[0]; i++)
         if (!need[i]) {
             snprintf(err, errsz, "out of memory for DeepSeek V4's activations of %d tokens", Ti);
@@ -586,6 +606,25 @@ static void dsv4_rope(const engine_dsv4 *d, float *x, const int32_t *pos, int ro
                   rp->theta_scale, rp->freq_scale, NULL, rp->mscale, rp->yarn[0] != 0.0f ? rp->yarn : NULL);
 }
 
+/* GCC vectorises at -O2 only loops of known trip counts; the streams' loops below keep each
+ * element's order of operations, so vectorising them changes no bit (clang does it at -O2). */
+#if defined(__clang__)
+#define DSV4_VECTORISE
+#else
+#define DSV4_VECTORISE __attribute__((optimize("tree-vectorize")))
+#endif
+
+/* out = sum_h w[h] X[h] over hc streams of dim, each element summed from 0 in stream order. */
+DSV4_VECTORISE
+static void dsv4_hc_sum(float *out, const float *X, const float *w, int hc, int dim)
+{
+    for (int i = 0; i < dim; i++) out[i] = 0;
+    for (int h = 0; h < hc; h++) {
+        const float wh = w[h], *xh = X + (size_t)h * dim;
+        for (int i = 0; i < dim; i++) out[i] += wh * xh[i];
+    }
+}
+
 /* Hyper-connection mixes of the step's rows (which: 0 attention, 1 ffn), and the sublayer
  * input cur = sum_h pre[h] X[h], normed by norm. */
 static void dsv4_hc_pre(engine_dsv4 *d, int T, const ops_weight *fn, const float *base, const float *scale,
@@ -623,18 +662,13 @@ static void dsv4_hc_pre(engine_dsv4 *d, int T, const ops_weight *fn, const float
                 for (int s = 0; s < hc; s++) c[s * hc + j] /= sum + eps;
             }
         }
-        float *cu = d->cur + (size_t)t * dim;
-        const float *X = d->X + (size_t)t * hc * dim;
-        for (int i = 0; i < dim; i++) {
-            float a = 0;
-            for (int h = 0; h < hc; h++) a += pre[h] * X[(size_t)h * dim + i];
-            cu[i] = a;
-        }
+        dsv4_hc_sum(d->cur + (size_t)t * dim, d->X + (size_t)t * hc * dim, pre, hc, dim);
     }
     if (norm) ops_rmsnorm(d->tp, d->cur, d->cur, norm, T, dim, hp->rms_eps);
 }
 
 /* X'[dst] = y * post[dst] + sum_src comb[src][dst] X[src] */
+DSV4_VECTORISE
 static void dsv4_hc_post(engine_dsv4 *d, int T)
 {
     const int hc = d->d->hc, dim = d->m->hp.dim;
@@ -644,12 +678,15 @@ static void dsv4_hc_post(engine_dsv4 *d, int T)
         const float *y = d->y + (size_t)t * dim, *post = d->post + (size_t)t * hc, *c = d->comb + (size_t)t * hc * hc;
         for (int i0 = 0; i0 < dim; i0 += 64) {
             int n = TM_MIN(64, dim - i0);
-            for (int h = 0; h < hc; h++)
-                for (int i = 0; i < n; i++) {
-                    float a = y[i0 + i] * post[h];
-                    for (int s = 0; s < hc; s++) a += c[s * hc + h] * X[(size_t)s * dim + i0 + i];
-                    nx[h * 64 + i] = a;
+            for (int h = 0; h < hc; h++) {   /* y post[h], then + comb[s][h] X[s] in stream order */
+                float *o = nx + h * 64;
+                const float ph = post[h];
+                for (int i = 0; i < n; i++) o[i] = y[i0 + i] * ph;
+                for (int s = 0; s < hc; s++) {
+                    const float cs = c[s * hc + h], *xs = X + (size_t)s * dim + i0;
+                    for (int i = 0; i < n; i++) o[i] += cs * xs[i];
                 }
+            }
             for (int h = 0; h < hc; h++) memcpy(X + (size_t)h * dim + i0, nx + h * 64, (size_t)n * sizeof(float));
         }
     }
@@ -1016,13 +1053,90 @@ static void dsv4_swiglu(float *g, const float *u, int64_t n, float lim)
     }
 }
 
+/* The experts' matmuls of a layer in one pool round: work items are (active expert, chunk of
+ * DSV4_MOE_ROWS rows) from a shared counter; phase 1 computes gate and up of a chunk of the
+ * expert's hidden rows over all of its rows and the clamped SwiGLU into fg, then after a
+ * barrier phase 2 the down projection of a chunk of its output rows into ye. A chunk's values
+ * are its rows of the whole products (a row's dots do not depend on the rows beside it), so
+ * the split changes no bit; one round instead of two per expert keeps a decode step's threads
+ * from meeting at a dozen barriers per layer. A thread quantises an input once for the run of
+ * chunks it takes from one expert (ops_matmul_quantise). With sh_round the shared expert's
+ * chunks come first in each phase (cur through gate/up into shg, shg through down into sh). */
+static void dsv4_job_experts(void *ctx, int ith, int nth)
+{
+    engine_dsv4 *d = ctx;
+    const model_hparams *hp = &d->m->hp;
+    const model_layer *L = &d->m->layers[d->layer];
+    const model_dsv4_layer *dl = &d->d->layers[d->layer];
+    const int E = hp->n_expert, dim = hp->dim, ef = dl->ffn, R = DSV4_MOE_ROWS, T = d->n_tok;
+    const int sf = d->sh_round ? (int)L->gate_shexp.rows : 0;
+    const int cg = (ef + R - 1) / R, cd = (dim + R - 1) / R, csg = (sf + R - 1) / R, csd = sf ? cd : 0;
+    const size_t rows_max = (size_t)d->max_tokens * hp->n_expert_used * R;
+    float *tg = d->moe_tmp + (size_t)ith * d->moe_stride, *tu = tg + rows_max;
+    void *scratch = tu + rows_max;
+    const float *qx = NULL;   /* the input quantised in scratch */
+    (void)nth;
+    for (;;) {
+        int it = __atomic_fetch_add(&d->next, 1, __ATOMIC_RELAXED) - csg;
+        if (it >= d->n_act * cg) break;
+        const ops_weight *gw, *uw;
+        ops_weight ge, ue;
+        int c0, n, ld;
+        const float *x;
+        float *f, lim;
+        if (it < 0) {   /* a chunk of the shared expert's hidden rows */
+            c0 = (it + csg) * R, n = T, ld = sf, x = d->cur, f = d->shg, lim = dl->clamp_shexp;
+            gw = &L->gate_shexp, uw = &L->up_shexp;
+        } else {
+            const int e = d->x_act[it / cg], r0 = d->x_off[e];
+            c0 = it % cg * R, n = d->x_off[e + 1] - r0, ld = ef;
+            x = d->xg + (size_t)r0 * dim, f = d->fg + (size_t)r0 * ef, lim = dl->clamp_exp;
+            ge = model_expert(&L->gate_exps, E, e), ue = model_expert(&L->up_exps, E, e);
+            gw = &ge, uw = &ue;
+        }
+        const int nr = TM_MIN(R, ld - c0);
+        ops_weight g = { gw->type, nr, gw->cols, (const char *)gw->data + quant_row_bytes(gw->type, gw->cols) * (size_t)c0 };
+        ops_weight u = { uw->type, nr, uw->cols, (const char *)uw->data + quant_row_bytes(uw->type, uw->cols) * (size_t)c0 };
+        const ops_weight *gu[2] = { &g, &u };
+        float *out[2] = { tg, tu };
+        if (x != qx) ops_matmul_quantise(2, gu, qx = x, n, scratch);
+        ops_matmul_quantised(2, gu, x, n, out, scratch);
+        dsv4_swiglu(tg, tu, (int64_t)n * nr, lim);
+        for (int t = 0; t < n; t++) memcpy(f + (size_t)t * ld + c0, tg + (size_t)t * nr, (size_t)nr * sizeof(float));
+    }
+    threadpool_barrier(d->tp);
+    qx = NULL;
+    for (;;) {
+        int it = __atomic_fetch_add(&d->next2, 1, __ATOMIC_RELAXED) - csd;
+        if (it >= d->n_act * cd) break;
+        const int c0 = (it < 0 ? it + csd : it % cd) * R, nr = TM_MIN(R, dim - c0);
+        ops_weight dw;
+        const float *f;
+        float *y;
+        int n;
+        if (it < 0) {   /* a chunk of the shared expert's output rows */
+            dw = L->down_shexp, f = d->shg, y = d->sh, n = T;
+        } else {
+            const int e = d->x_act[it / cd], r0 = d->x_off[e];
+            dw = model_expert(&L->down_exps, E, e), n = d->x_off[e + 1] - r0;
+            f = d->fg + (size_t)r0 * ef, y = d->ye + (size_t)r0 * dim;
+        }
+        dw = (ops_weight){ dw.type, nr, dw.cols, (const char *)dw.data + quant_row_bytes(dw.type, dw.cols) * (size_t)c0 };
+        const ops_weight *dws[1] = { &dw };
+        float *out[1] = { tg };
+        if (f != qx) ops_matmul_quantise(1, dws, qx = f, n, scratch);
+        ops_matmul_quantised(1, dws, f, n, out, scratch);
+        for (int t = 0; t < n; t++) memcpy(y + (size_t)t * dim + c0, tg + (size_t)t * nr, (size_t)nr * sizeof(float));
+    }
+}
+
 static void dsv4_moe(engine_dsv4 *d, int il, int T)
 {
     const model *m = d->m;
     const model_hparams *hp = &m->hp;
     const model_layer *L = &m->layers[il];
     const model_dsv4_layer *dl = &d->d->layers[il];
-    const int E = hp->n_expert, k = hp->n_expert_used, dim = hp->dim, ffn = dl->ffn;
+    const int E = hp->n_expert, k = hp->n_expert_used, dim = hp->dim;
 
     dsv4_hc_pre(d, T, &dl->hc_fn[1], dl->hc_base[1], dl->hc_scale[1], L->ffn_norm);
     DSV4_MARK(d, il, ENGINE_PROF_HC);
@@ -1049,26 +1163,23 @@ static void dsv4_moe(engine_dsv4 *d, int il, int T)
         if (hp->router_scale != 0.0f && hp->router_scale != 1.0f)
             for (int i = 0; i < k; i++) w[i] *= hp->router_scale;
     }
-    /* group the (token, slot) rows by expert, each expert once over its rows */
-    for (int e = 0, nr = 0; e < E; e++) {
-        int r0 = nr;
+    /* the (token, slot) rows grouped by expert (ascending, then batch order), then every
+     * active expert's matmuls in one round */
+    int nr = 0;
+    d->n_act = 0;
+    for (int e = 0; e < E; e++) {
+        d->x_off[e] = nr;
         for (int t = 0; t < T; t++)
             for (int i = 0; i < k; i++)
                 if (d->r_sel[(size_t)t * k + i] == e) {
                     memcpy(d->xg + (size_t)nr * dim, d->cur + (size_t)t * dim, (size_t)dim * sizeof(float));
                     d->x_slot[(size_t)t * k + i] = nr++;
                 }
-        int n = nr - r0;
-        if (!n) continue;
-        ops_weight g = model_expert(&L->gate_exps, E, e), u = model_expert(&L->up_exps, E, e);
-        ops_weight dn = model_expert(&L->down_exps, E, e);
-        const ops_weight *gu[2] = { &g, &u };
-        float *fo[2] = { d->fg + (size_t)r0 * ffn, d->fu + (size_t)r0 * ffn };
-        ops_matmul_multi(d->tp, 2, gu, d->xg + (size_t)r0 * dim, n, fo, d->mm_scratch);
-        dsv4_swiglu(fo[0], fo[1], (int64_t)n * ffn, dl->clamp_exp);
-        ops_matmul(d->tp, &dn, fo[0], n, d->ye + (size_t)r0 * dim, d->mm_scratch);
+        if (nr > d->x_off[e]) d->x_act[d->n_act++] = e;
     }
-    if (L->gate_shexp.data) {
+    d->x_off[E] = nr;
+    d->sh_round = L->gate_shexp.data && T <= DSV4_MOE_SHARED_T;
+    if (L->gate_shexp.data && !d->sh_round) {   /* a dense FFN over the whole step, its own rounds */
         const int sf = (int)L->gate_shexp.rows;
         const ops_weight *gu[2] = { &L->gate_shexp, &L->up_shexp };
         float *fo[2] = { d->shg, d->shu };
@@ -1076,6 +1187,9 @@ static void dsv4_moe(engine_dsv4 *d, int il, int T)
         dsv4_swiglu(d->shg, d->shu, (int64_t)T * sf, dl->clamp_shexp);
         ops_matmul(d->tp, &L->down_shexp, d->shg, T, d->sh, d->mm_scratch);
     }
+    d->layer = il;
+    d->next = d->next2 = 0;
+    threadpool_run(d->tp, dsv4_job_experts, d);
     for (int t = 0; t < T; t++) {
         float *y = d->y + (size_t)t * dim;
         memset(y, 0, (size_t)dim * sizeof(float));
@@ -1165,11 +1279,7 @@ bool engine_dsv4_step(engine_dsv4 *d, int T, const void *toks_, float *logits, f
         float pre[16];
         for (int h = 0; h < hc; h++) pre[h] = dsv4_sigmoid(mx[h] * md->out_hc_scale[0] + md->out_hc_base[h]) + md->hc_eps;
         float *y = hidden + (size_t)t * dim;
-        for (int i = 0; i < dim; i++) {
-            float a = 0;
-            for (int h = 0; h < hc; h++) a += pre[h] * X[(size_t)h * dim + i];
-            y[i] = a;
-        }
+        dsv4_hc_sum(y, X, pre, hc, dim);
         if (toks[t].want_logits && logits) memcpy(d->cur + (size_t)n_out++ * dim, y, (size_t)dim * sizeof(float));
     }
     if (n_out > 0) {

@@ -776,40 +776,40 @@ static void ops_mm_thread(void *arg, int ith, int nth)
     }
 }
 
-static void ops_mm_run(threadpool *tp, int n_w, const ops_weight *const *ws, const float *x,
-                       int n_tokens, float *const *ys, void *scratch)
+/* The context of a matmul: activation buffers laid out in scratch (one per distinct vec-dot
+ * type, in the order of the weights), the chunks, the threads' ranges. */
+static void ops_mm_setup(ops_mm_ctx *c, threadpool *tp, int n_w, const ops_weight *const *ws, const float *x,
+                         int n_tokens, float *const *ys, void *scratch)
 {
-    if (n_tokens <= 0 || n_w <= 0) return;
-    ops_mm_ctx c;
-    c.k = ops_get();
-    c.tp = tp;
-    c.n_w = n_w;
-    c.ws = ws;
-    c.ys = ys;
-    c.x = x;
-    c.cols = ws[0]->cols;
-    c.n_tokens = n_tokens;
-    c.n_act = 0;
+    c->k = ops_get();
+    c->tp = tp;
+    c->n_w = n_w;
+    c->ws = ws;
+    c->ys = ys;
+    c->x = x;
+    c->cols = ws[0]->cols;
+    c->n_tokens = n_tokens;
+    c->n_act = 0;
     int nth = threadpool_size(tp);
     char *p = (char *)TM_ALIGN_UP((uintptr_t)scratch, 64);
-    c.chunk_first[0] = 0;
+    c->chunk_first[0] = 0;
     for (int i = 0; i < n_w; i++) {
         qtype vt = quant_vec_dot_type(ws[i]->type);
         int a = 0;
-        while (a < c.n_act && c.act[a].vt != vt) a++;
-        if (a == c.n_act) {
-            c.act[a].vt = vt;
+        while (a < c->n_act && c->act[a].vt != vt) a++;
+        if (a == c->n_act) {
+            c->act[a].vt = vt;
             if (vt == QTYPE_F32) {
-                c.act[a].buf = NULL;
-                c.act[a].stride = (size_t)c.cols * sizeof(float);
+                c->act[a].buf = NULL;
+                c->act[a].stride = (size_t)c->cols * sizeof(float);
             } else {
-                c.act[a].buf = p;
-                c.act[a].stride = TM_ALIGN_UP(c.k->act_row_bytes(vt, c.cols), 64);
-                p += c.act[a].stride * (size_t)n_tokens;
+                c->act[a].buf = p;
+                c->act[a].stride = TM_ALIGN_UP(c->k->act_row_bytes(vt, c->cols), 64);
+                p += c->act[a].stride * (size_t)n_tokens;
             }
-            c.n_act++;
+            c->n_act++;
         }
-        c.act_of[i] = a;
+        c->act_of[i] = a;
         /* about 8 chunks per thread and weight, at least OPS_ROW_ALIGN rows each: enough to
          * even out threads that lose their core for a while */
         int64_t rows = ws[i]->rows;
@@ -817,21 +817,30 @@ static void ops_mm_run(threadpool *tp, int n_w, const ops_weight *const *ws, con
         cr = TM_ALIGN_UP(TM_MAX(cr, 1), OPS_ROW_ALIGN);
         if (cr > rows) cr = rows;
         if (cr < 1) cr = 1;
-        c.chunk_rows[i] = (int)cr;
-        c.row_chunks[i] = (int)((rows + cr - 1) / cr);
-        c.chunk_first[i + 1] = c.chunk_first[i] + c.row_chunks[i];
+        c->chunk_rows[i] = (int)cr;
+        c->row_chunks[i] = (int)((rows + cr - 1) / cr);
+        c->chunk_first[i + 1] = c->chunk_first[i] + c->row_chunks[i];
     }
-    c.n_tok_chunks = (n_tokens + OPS_TOKEN_CHUNK - 1) / OPS_TOKEN_CHUNK;
+    c->n_tok_chunks = (n_tokens + OPS_TOKEN_CHUNK - 1) / OPS_TOKEN_CHUNK;
     /* each thread owns a contiguous range of the chunks: the same rows of every matrix at
      * every step (its core's caches, its NUMA node's pages); a thread that finishes early
      * takes chunks from the others' ranges, so one that lost its core delays nobody. Every
      * chunk is computed once, by whichever thread claims it, with the same arithmetic. */
-    int total = c.chunk_first[n_w] * c.n_tok_chunks;
-    c.n_own = TM_MIN(nth, OPS_OWN_MAX);
-    for (int i = 0; i < c.n_own; i++) {
-        atomic_init(&c.own[i].next, (int)((int64_t)total * i / c.n_own));
-        c.own[i].end = (int)((int64_t)total * (i + 1) / c.n_own);
+    int total = c->chunk_first[n_w] * c->n_tok_chunks;
+    c->n_own = TM_MIN(nth, OPS_OWN_MAX);
+    for (int i = 0; i < c->n_own; i++) {
+        atomic_init(&c->own[i].next, (int)((int64_t)total * i / c->n_own));
+        c->own[i].end = (int)((int64_t)total * (i + 1) / c->n_own);
     }
+}
+
+static void ops_mm_run(threadpool *tp, int n_w, const ops_weight *const *ws, const float *x,
+                       int n_tokens, float *const *ys, void *scratch)
+{
+    if (n_tokens <= 0 || n_w <= 0) return;
+    ops_mm_ctx c;
+    ops_mm_setup(&c, tp, n_w, ws, x, n_tokens, ys, scratch);
+    int nth = threadpool_size(tp);
     c.pre_quantised = false;
     if (nth == 1 || (int64_t)n_tokens * c.cols <= OPS_PREQUANT_MAX) {
         double t0 = ops_prof_quant ? util_now() : 0;
@@ -858,6 +867,26 @@ void ops_matmul_multi(threadpool *tp, int n_w, const ops_weight *const *ws, cons
 {
     for (int i0 = 0; i0 < n_w; i0 += OPS_MAX_MULTI)
         ops_mm_run(tp, TM_MIN(OPS_MAX_MULTI, n_w - i0), ws + i0, x, n_tokens, ys + i0, scratch);
+}
+
+void ops_matmul_quantise(int n_w, const ops_weight *const *ws, const float *x, int n_tokens, void *scratch)
+{
+    if (n_tokens <= 0 || n_w <= 0) return;
+    ops_mm_ctx c;
+    ops_mm_setup(&c, NULL, n_w, ws, x, n_tokens, NULL, scratch);
+    double t0 = ops_prof_quant ? util_now() : 0;
+    ops_mm_quantise(&c, 0, 1);
+    if (ops_prof_quant) *ops_prof_quant += util_now() - t0;
+}
+
+void ops_matmul_quantised(int n_w, const ops_weight *const *ws, const float *x, int n_tokens, float *const *ys,
+                          void *scratch)
+{
+    if (n_tokens <= 0 || n_w <= 0) return;
+    ops_mm_ctx c;
+    ops_mm_setup(&c, NULL, n_w, ws, x, n_tokens, ys, scratch);
+    c.pre_quantised = true;
+    ops_mm_thread(&c, 0, 1);
 }
 
 size_t ops_matmul_multi_scratch_bytes(int n_w, const ops_weight *const *ws, int n_tokens)

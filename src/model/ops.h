@@ -63,6 +63,15 @@ void ops_matmul_multi(threadpool *tp, int n_w, const ops_weight *const *ws, cons
                       int n_tokens, float *const *ys, void *scratch);
 size_t ops_matmul_multi_scratch_bytes(int n_w, const ops_weight *const *ws, int n_tokens);
 
+/* ops_matmul_multi on the calling thread in two halves, for many products with one input (the
+ * row chunks of an expert, each its own work item): ops_matmul_quantise quantises x for the
+ * vec-dot types of ws into scratch, then ops_matmul_quantised multiplies any weights with
+ * those vec-dot types in that order and the same cols (row slices of ws) with x as quantised
+ * there, scratch and x as before. The results are ops_matmul_multi's, bit for bit. n_w <= 8. */
+void ops_matmul_quantise(int n_w, const ops_weight *const *ws, const float *x, int n_tokens, void *scratch);
+void ops_matmul_quantised(int n_w, const ops_weight *const *ws, const float *x, int n_tokens, float *const *ys,
+                          void *scratch);
+
 /* out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, rows of n floats; w (n) or NULL for none.
  * out may equal x. */
 void ops_rmsnorm(threadpool *tp, float *out, const float *x, const float *w, int rows, int n,
