@@ -166,6 +166,7 @@ typedef struct {
                               * head_dim); q rows are n_heads * hd, k and v rows nkv * hd */
     int nkv;                 /* the layer's kv heads (gemma4's own, else n_kv_heads) */
     int rot_k;               /* the layer's Walsh-Hadamard order for Q and K (rot_k's, 0: none) */
+    int rot_v;               /* the layer's order for V and back for the output (rot_v's, 0: none) */
     int next;                /* attention, experts: shared item counter (atomic) */
     int next2;               /* experts: the down projection's item counter (atomic) */
     bool q16;                /* attention: the per-key path (f16 Q, f16 V accumulator) */

@@ -61,8 +61,8 @@ rotate_store:
     if (j->rot_k) {
         ops_hadamard_rows(q, (int64_t)n * qd / j->rot_k, j->rot_k);
         ops_hadamard_rows(k, (int64_t)n * kvd / j->rot_k, j->rot_k);
-        ops_hadamard_rows(v, (int64_t)n * kvd / e->rot_v, e->rot_v);
     }
+    if (j->rot_v) ops_hadamard_rows(v, (int64_t)n * kvd / j->rot_v, j->rot_v);
     if (kvpool_layer_block_index(e->kv, j->layer) < 0) {   /* a window layer: staged (engine_window_commit) */
         const qtype dt = kvpool_dtype(e->kv);
         const size_t wrow = e->wrow_l[j->layer];
@@ -309,7 +309,7 @@ static void engine_att_per_key_q(engine_job *j, float *sc, int t0, int nt, int k
         float inv = S[r] == 0.0f ? 0.0f : 1.0f / S[r];
         const float *ar = acc + (size_t)r * hd;
         for (int d = 0; d < hd; d++) o[d] = ar[d] * inv;
-        if (j->rot_k) ops_hadamard_rows(o, hd / e->rot_v, e->rot_v);   /* back from V's rotation */
+        if (j->rot_v) ops_hadamard_rows(o, hd / j->rot_v, j->rot_v);   /* back from V's rotation */
     }
 }
 
@@ -902,6 +902,7 @@ engine_status engine_forward(engine *e, const engine_batch *b, const float *hidd
         job.hd = L->l_head_dim ? L->l_head_dim : hp->head_dim;
         job.nkv = L->l_head_dim ? L->l_kv_heads : hp->n_kv_heads;
         job.rot_k = e->rot_k && L->l_head_dim ? ops_hadamard_order(job.hd) : e->rot_k;
+        job.rot_v = job.rot_k ? e->rot_v : 0;   /* V is rotated (and the output back) only with K */
         if (e->cap && e->cap_slot[il] >= 0) engine_capture(e, il, T);
         if (L->ssm_out.data) {   /* Qwen3.5's linear attention: xn in, its output in xn */
             engine_qwen35_linear(e->q35, tp, il, e->xn, e->mm_scratch);

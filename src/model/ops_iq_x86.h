@@ -168,6 +168,34 @@ IQ2_INLINE __m256i iq_a2_dot32_iq1(__m256i pts, const int8_t *q8, __m256i sc)
     return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), p), sc);
 }
 
+/* Sub-block ib of an IQ1_S super-block: its 32 grid points (-1, 0 or 1 a byte) and in *ls its
+ * odd scale 1..15; the sign of its delta is bit 15 of qh[ib]. The per-row dot and the tile
+ * fill decode it alike. */
+IQ2_INLINE __m256i iq_a2_iq1_s_points(const block_iq1_s *wb, int ib, int *ls)
+{
+    const uint8_t *qs = wb->qs + 4 * ib;
+    uint16_t qh = wb->qh[ib];
+    *ls = 2 * ((qh >> 12) & 7) + 1;
+    return _mm256_set_epi64x((long long)quant_grids_iq1s[qs[3] | ((qh >> 9 & 7) << 8)],
+                             (long long)quant_grids_iq1s[qs[2] | ((qh >> 6 & 7) << 8)],
+                             (long long)quant_grids_iq1s[qs[1] | ((qh >> 3 & 7) << 8)],
+                             (long long)quant_grids_iq1s[qs[0] | ((qh & 7) << 8)]);
+}
+
+/* Sub-block ib of an IQ1_M super-block: its 32 grid points, and in *dl each 8-point group's
+ * delta sign (+1 or -1 a byte). */
+IQ2_INLINE __m256i iq_a2_iq1_m_points(const block_iq1_m *wb, int ib, __m256i *dl)
+{
+    const long long plus = 0x0101010101010101ll, minus = -1ll;
+    const uint8_t *qs = wb->qs + 4 * ib, *qh = wb->qh + 2 * ib;
+    int h0 = qh[0] & 15, h1 = qh[0] >> 4, h2 = qh[1] & 15, h3 = qh[1] >> 4;
+    *dl = _mm256_set_epi64x(h3 & 8 ? minus : plus, h2 & 8 ? minus : plus, h1 & 8 ? minus : plus, h0 & 8 ? minus : plus);
+    return _mm256_set_epi64x((long long)quant_grids_iq1s[qs[3] | (h3 & 7) << 8],
+                             (long long)quant_grids_iq1s[qs[2] | (h2 & 7) << 8],
+                             (long long)quant_grids_iq1s[qs[1] | (h1 & 7) << 8],
+                             (long long)quant_grids_iq1s[qs[0] | (h0 & 7) << 8]);
+}
+
 IQ2_INLINE float iq_a2_dot_iq1_s(int64_t n, const block_iq1_s *w, const block_q8_K *x)
 {
     float sumf = 0;
@@ -175,15 +203,10 @@ IQ2_INLINE float iq_a2_dot_iq1_s(int64_t n, const block_iq1_s *w, const block_q8
         __m256i acc = _mm256_setzero_si256();
         int sumi1 = 0;
         for (int ib = 0; ib < QK_K / 32; ib++) {
-            const uint8_t *qs = w[b].qs + 4 * ib;
-            uint16_t qh = w[b].qh[ib];
-            int ls = 2 * ((qh >> 12) & 7) + 1;
-            __m256i pts = _mm256_set_epi64x((long long)quant_grids_iq1s[qs[3] | ((qh >> 9 & 7) << 8)],
-                                            (long long)quant_grids_iq1s[qs[2] | ((qh >> 6 & 7) << 8)],
-                                            (long long)quant_grids_iq1s[qs[1] | ((qh >> 3 & 7) << 8)],
-                                            (long long)quant_grids_iq1s[qs[0] | ((qh & 7) << 8)]);
+            int ls;
+            __m256i pts = iq_a2_iq1_s_points(&w[b], ib, &ls);
             acc = _mm256_add_epi32(acc, iq_a2_dot32_iq1(pts, x[b].qs + 32 * ib, _mm256_set1_epi16((short)ls)));
-            sumi1 += ls * (qh & 0x8000 ? -1 : 1) * (x[b].bsums[2 * ib] + x[b].bsums[2 * ib + 1]);
+            sumi1 += ls * (w[b].qh[ib] & 0x8000 ? -1 : 1) * (x[b].bsums[2 * ib] + x[b].bsums[2 * ib + 1]);
         }
         sumf += quant_fp16_to_fp32(w[b].d) * x[b].d * ((float)iq_a2_hsum(acc) + QUANT_IQ1_DELTA * (float)sumi1);
     }
@@ -192,21 +215,13 @@ IQ2_INLINE float iq_a2_dot_iq1_s(int64_t n, const block_iq1_s *w, const block_q8
 
 IQ2_INLINE float iq_a2_dot_iq1_m(int64_t n, const block_iq1_m *w, const block_q8_K *x)
 {
-    const long long plus = 0x0101010101010101ll, minus = -1ll;
     float sumf = 0;
     for (int64_t b = 0; b < n / QK_K; b++) {
         __m256i acc1 = _mm256_setzero_si256(), acc2 = _mm256_setzero_si256();
         for (int ib = 0; ib < QK_K / 32; ib++) {
-            const uint8_t *qs = w[b].qs + 4 * ib, *qh = w[b].qh + 2 * ib;
             uint16_t sc = (uint16_t)(w[b].scales[2 * (ib / 2)] | w[b].scales[2 * (ib / 2) + 1] << 8);
             __m256i scv = iq_a2_scales(2 * ((sc >> (6 * (ib % 2))) & 7) + 1, 2 * ((sc >> (6 * (ib % 2) + 3)) & 7) + 1);
-            int h0 = qh[0] & 15, h1 = qh[0] >> 4, h2 = qh[1] & 15, h3 = qh[1] >> 4;
-            __m256i pts = _mm256_set_epi64x((long long)quant_grids_iq1s[qs[3] | (h3 & 7) << 8],
-                                            (long long)quant_grids_iq1s[qs[2] | (h2 & 7) << 8],
-                                            (long long)quant_grids_iq1s[qs[1] | (h1 & 7) << 8],
-                                            (long long)quant_grids_iq1s[qs[0] | (h0 & 7) << 8]);
-            __m256i dl = _mm256_set_epi64x(h3 & 8 ? minus : plus, h2 & 8 ? minus : plus, h1 & 8 ? minus : plus,
-                                           h0 & 8 ? minus : plus);
+            __m256i dl, pts = iq_a2_iq1_m_points(&w[b], ib, &dl);
             acc1 = _mm256_add_epi32(acc1, iq_a2_dot32_iq1(pts, x[b].qs + 32 * ib, scv));
             acc2 = _mm256_add_epi32(acc2, iq_a2_dot32_iq1(dl, x[b].qs + 32 * ib, scv));
         }
@@ -402,16 +417,11 @@ IQ2_INLINE void iq_a2_fill_iq1_s(iq_a2_tile1 *k, int r, const block_iq1_s *wb)
 {
     int16_t bc[QK_K / 16];
     for (int ib = 0; ib < QK_K / 32; ib++) {
-        const uint8_t *qs = wb->qs + 4 * ib;
-        uint16_t qh = wb->qh[ib];
-        int ls = 2 * ((qh >> 12) & 7) + 1;
-        __m256i pts = _mm256_set_epi64x((long long)quant_grids_iq1s[qs[3] | ((qh >> 9 & 7) << 8)],
-                                        (long long)quant_grids_iq1s[qs[2] | ((qh >> 6 & 7) << 8)],
-                                        (long long)quant_grids_iq1s[qs[1] | ((qh >> 3 & 7) << 8)],
-                                        (long long)quant_grids_iq1s[qs[0] | ((qh & 7) << 8)]);
+        int ls;
+        __m256i pts = iq_a2_iq1_s_points(wb, ib, &ls);
         __m256i c = _mm256_sign_epi8(_mm256_set1_epi8((char)ls), pts);
         k->c[r][ib] = c, k->cabs[r][ib] = _mm256_abs_epi8(c);
-        bc[2 * ib] = bc[2 * ib + 1] = (int16_t)(qh & 0x8000 ? -ls : ls);
+        bc[2 * ib] = bc[2 * ib + 1] = (int16_t)(wb->qh[ib] & 0x8000 ? -ls : ls);
     }
     k->bc[r] = _mm256_loadu_si256((const __m256i *)bc);
     k->d[r] = quant_fp16_to_fp32(wb->d);
@@ -419,19 +429,11 @@ IQ2_INLINE void iq_a2_fill_iq1_s(iq_a2_tile1 *k, int r, const block_iq1_s *wb)
 
 IQ2_INLINE void iq_a2_fill_iq1_m(iq_a2_tile1 *k, int r, const block_iq1_m *wb)
 {
-    const long long plus = 0x0101010101010101ll, minus = -1ll;
     for (int ib = 0; ib < QK_K / 32; ib++) {
-        const uint8_t *qs = wb->qs + 4 * ib, *qh = wb->qh + 2 * ib;
         uint16_t sc = (uint16_t)(wb->scales[2 * (ib / 2)] | wb->scales[2 * (ib / 2) + 1] << 8);
         int ls1 = 2 * ((sc >> (6 * (ib % 2))) & 7) + 1, ls2 = 2 * ((sc >> (6 * (ib % 2) + 3)) & 7) + 1;
         __m256i sc8 = _mm256_set_m128i(_mm_set1_epi8((char)ls2), _mm_set1_epi8((char)ls1));
-        int h0 = qh[0] & 15, h1 = qh[0] >> 4, h2 = qh[1] & 15, h3 = qh[1] >> 4;
-        __m256i pts = _mm256_set_epi64x((long long)quant_grids_iq1s[qs[3] | (h3 & 7) << 8],
-                                        (long long)quant_grids_iq1s[qs[2] | (h2 & 7) << 8],
-                                        (long long)quant_grids_iq1s[qs[1] | (h1 & 7) << 8],
-                                        (long long)quant_grids_iq1s[qs[0] | (h0 & 7) << 8]);
-        __m256i dl = _mm256_set_epi64x(h3 & 8 ? minus : plus, h2 & 8 ? minus : plus, h1 & 8 ? minus : plus,
-                                       h0 & 8 ? minus : plus);
+        __m256i dl, pts = iq_a2_iq1_m_points(wb, ib, &dl);
         k->c[r][ib] = _mm256_sign_epi8(sc8, pts), k->cabs[r][ib] = _mm256_abs_epi8(k->c[r][ib]);
         k->dc[r][ib] = _mm256_sign_epi8(sc8, dl), k->dcabs[r][ib] = sc8;
     }

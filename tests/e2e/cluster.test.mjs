@@ -648,6 +648,34 @@ test("worker names are unique, a drained worker is undrained, a refused worker l
   }
 });
 
+// One drain of a fresh gateway over p2 and d2 (--drain-timeout drainS): a stream starts, its
+// decode worker d2 is stopped (SIGSTOP) at its first token, the gateway gets SIGTERM, and once it
+// says it drains, the function that prepare(g) returned runs; d2 is continued once the gateway
+// exited. prepare runs before the signal, so that a log line its function waits for cannot pass
+// unseen. That function's result, with the stream's (`got`; { error } where it failed) and the
+// gateway's exit.
+async function drainRun(tag, drainS, prepare) {
+  const d2 = workers.d2.proc;
+  const g = await startGateway(["--prefill", workers.p2.addr, "--decode", workers.d2.addr, "--drain-timeout", String(drainS)],
+    `${tag}-${drainS}`);
+  await until((x) => live(x).length === 2, "static workers", 10000, g.url);
+  const draining = waitLine(g.proc, /draining \(up to/, "the gateway's drain");
+  const during = prepare(g);
+  const exit = new Promise((r) => g.proc.on("exit", (code, signal) => r({ code, signal })));
+  let frozen, chunks = 0;
+  const froze = new Promise((r) => { frozen = r; });
+  // a failure mid-stream is a result here (the tests assert it), caught as it happens
+  const s = stream(g.url, PROMPTS[0], MAX, () => { if (++chunks === 1) { d2.kill("SIGSTOP"); frozen(); } })
+    .catch((e) => ({ error: String(e) }));
+  await froze;
+  g.proc.kill("SIGTERM");
+  await draining;
+  const res = await during();
+  const got = await s, ended = await exit;
+  d2.kill("SIGCONT");
+  return { ...res, got, exit: ended };
+}
+
 // SIGTERM drains a gateway as it drains `serve`: a new request gets a 503 in the API's shape while
 // a stream already running goes on to its normal end (the same text as serve's); with a short
 // --drain-timeout a stream that cannot end in time is cut as incomplete ("length" with fewer
@@ -656,30 +684,19 @@ test("worker names are unique, a drained worker is undrained, a refused worker l
 test("SIGTERM on a gateway drains: 503 to new requests, running streams finish (or end incomplete)", { timeout: 60000 }, async () => {
   await until((a) => nLive(a, "prefill") === 2 && nLive(a, "decode") === 2, "4 workers");
   const d2 = workers.d2.proc;
-  // cont: the decode worker is continued once the 503 came (else once the gateway exited)
-  const run = async (drainS, cont) => {
-    const g = await startGateway(["--prefill", workers.p2.addr, "--decode", workers.d2.addr, "--drain-timeout", String(drainS)],
-      `gateway-drain-${drainS}`);
-    await until((x) => live(x).length === 2, "static workers", 10000, g.url);
-    const draining = waitLine(g.proc, /draining \(up to/, "the gateway's drain");
-    const exit = new Promise((r) => g.proc.on("exit", (code, signal) => r({ code, signal })));
-    let frozen, chunks = 0;
-    const froze = new Promise((r) => { frozen = r; });
-    const s = stream(g.url, PROMPTS[0], MAX, () => { if (++chunks === 1) { d2.kill("SIGSTOP"); frozen(); } });
-    await froze;
-    g.proc.kill("SIGTERM");
-    await draining;
+  // during the drain: a new request and /health; cont: the decode worker is continued once the
+  // 503 came (else once the gateway exited)
+  const run = (drainS, cont) => drainRun("gateway-drain", drainS, (g) => async () => {
     const res = await fetch(g.url + "/v1/completions", { method: "POST", body: JSON.stringify({ prompt: "Hi", max_tokens: 3 }) });
     const body = await res.json();
     const health = await fetch(g.url + "/health");
     const healthBody = await health.json();
     if (cont) d2.kill("SIGCONT");
-    const ended = { exit: await exit, got: await s };
-    d2.kill("SIGCONT");
-    return { res, body, health, healthBody, ...ended };
-  };
+    return { res, body, health, healthBody };
+  });
   try {
     const a = await run(30, true);
+    assert.equal(a.got.error, undefined, "the stream failed");
     assert.equal(a.res.status, 503);
     assert.ok(a.res.headers.get("retry-after"), "Retry-After");
     assert.equal(a.body.error.type, "server_error");
@@ -690,6 +707,7 @@ test("SIGTERM on a gateway drains: 503 to new requests, running streams finish (
     assert.equal(a.got.usage.completion_tokens, ref[0].usage.completion_tokens);
     assert.deepEqual(a.exit, { code: 0, signal: null });
     const b = await run(1, false);
+    assert.equal(b.got.error, undefined, "the stream failed");
     assert.equal(b.res.status, 503);
     assert.equal(b.got.finish, "length", "cut as incomplete");
     assert.ok(b.got.usage.completion_tokens < ref[0].usage.completion_tokens, `${b.got.usage.completion_tokens} tokens`);
@@ -714,31 +732,16 @@ test("a gateway draining while its decode worker is stopped past the heartbeat t
   const d2 = workers.d2.proc;
   // back: the decode worker is continued once the gateway gave up one reconnect to it (else
   // once the gateway exited)
-  const run = async (drainS, back) => {
-    const g = await startGateway(["--prefill", workers.p2.addr, "--decode", workers.d2.addr, "--drain-timeout", String(drainS)],
-      `gateway-drain-stopped-${drainS}`);
-    await until((x) => live(x).length === 2, "static workers", 10000, g.url);
-    const draining = waitLine(g.proc, /draining \(up to/, "the gateway's drain");
+  const run = (drainS, back) => drainRun("gateway-drain-stopped", drainS, (g) => {
     const gaveUp = back && waitLine(g.proc, /is out: missed heartbeats[\s\S]*refused/, "d2 out, a reconnect to it refused", 30000);
-    const exit = new Promise((r) => g.proc.on("exit", (code, signal) => r({ code, signal })));
-    let frozen, chunks = 0;
-    const froze = new Promise((r) => { frozen = r; });
-    // a failure mid-stream is a result here (asserted below), caught as it happens
-    const s = stream(g.url, PROMPTS[0], MAX, () => { if (++chunks === 1) { d2.kill("SIGSTOP"); frozen(); } })
-      .catch((e) => ({ error: String(e) }));
-    await froze;
-    g.proc.kill("SIGTERM");
-    await draining;
-    if (back) {
+    return async () => {
+      if (!back) return {};
       await gaveUp;
       await sleep(1000);   // the dispatcher looks at the waiting stream right after that refusal
       d2.kill("SIGCONT");
-    }
-    const got = await s;
-    const ended = await exit;
-    d2.kill("SIGCONT");
-    return { got, exit: ended };
-  };
+      return {};
+    };
+  });
   try {
     const a = await run(30, true);
     assert.equal(a.got.error, undefined, "the stream failed");

@@ -61,13 +61,7 @@ int main(int argc, char **argv) {
     const bool has_conf = llama_model_meta_val_str(md, "dflash.has_confidence_head", buf, sizeof buf) >= 0 &&
                           !strcmp(buf, "true");
 
-    llama_context_params cp = llama_context_default_params();
-    cp.n_ctx = 1024;
-    cp.n_batch = cp.n_ubatch = 512;
-    cp.n_seq_max = 1;
-    cp.n_threads = cp.n_threads_batch = 1;   // one: a loaded test machine descheduled the second at every barrier
-    cp.type_k = cp.type_v = GGML_TYPE_F32;
-    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    llama_context_params cp = drv_ctx_params();
     llama_context *ct = llama_init_from_model(mt, cp);
     if (!ct) die("target context");
     for (int k = 0; k < n_tl; k++) llama_set_embeddings_layer_inp(ct, (uint32_t)tl[k], true);

@@ -45,13 +45,7 @@ int main(int argc, char **argv) {
     const int H = llama_model_n_embd_out(mt);
     if (H != llama_model_n_embd_out(md)) die("the MTP file's state width is not the target's");
 
-    llama_context_params cp = llama_context_default_params();
-    cp.n_ctx = 1024;
-    cp.n_batch = cp.n_ubatch = 512;
-    cp.n_seq_max = 1;
-    cp.n_threads = cp.n_threads_batch = 1;
-    cp.type_k = cp.type_v = GGML_TYPE_F32;
-    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    llama_context_params cp = drv_ctx_params();
     llama_context *ct = llama_init_from_model(mt, cp);
     if (!ct) die("target context");
     llama_set_embeddings_nextn(ct, true, false);

@@ -50,24 +50,12 @@ int main(int argc, char **argv) {
     drv_init("DUMP_LLAMA_LOG");
     llama_model *m = llama_model_load_from_file(argv[1], llama_model_default_params());
     if (!m) die("cannot load the model");
-    llama_context_params cp = llama_context_default_params();
-    cp.n_ctx = 1024;
-    cp.n_batch = cp.n_ubatch = 512;
-    cp.n_seq_max = 1;
-    cp.n_threads = cp.n_threads_batch = 1;
-    cp.type_k = cp.type_v = GGML_TYPE_F32;
-    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    llama_context_params cp = drv_ctx_params();
     cp.cb_eval = dump_tensor;
     llama_context *c = llama_init_from_model(m, cp);
     if (!c) die("cannot make a context");
     llama_batch b = llama_batch_init((int)toks.size(), 0, 1);
-    for (size_t i = 0; i < toks.size(); i++) {
-        b.token[i] = toks[i];
-        b.pos[i] = (llama_pos)i;
-        b.n_seq_id[i] = 1;
-        b.seq_id[i][0] = 0;
-        b.logits[i] = 1;
-    }
+    for (size_t i = 0; i < toks.size(); i++) drv_batch_set(b, (int)i, toks[i], (llama_pos)i, true);
     b.n_tokens = (int)toks.size();
     if (llama_decode(c, b)) die("decode failed");
     const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(m));

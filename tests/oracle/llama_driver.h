@@ -1,8 +1,8 @@
 // llama_driver: what the C++ drivers of the prebuilt libllama (tests/oracle/*_llama.cpp, built
 // by oracle_common.mjs's llamaDriver) share: a fatal message, the argmax and log-probability
-// of a logits row, the comma-separated prompt argument, the batch rows of sequence 0, and the
+// of a logits row, the comma-separated prompt argument, the batch rows of sequence 0, the
 // library's start-up (its log silenced unless the driver's log variable is set; the CPU
-// backends from -DLIBDIR).
+// backends from -DLIBDIR) and the context every driver compares under.
 #ifndef TM_LLAMA_DRIVER_H
 #define TM_LLAMA_DRIVER_H
 
@@ -63,6 +63,20 @@ static void drv_init(const char *log_var) {
     if (!getenv(log_var)) llama_log_set([](ggml_log_level, const char *, void *) {}, nullptr);
     llama_backend_init();
     ggml_backend_load_all_from_path(LIBDIR);   // the prebuilt CPU backends (-DLIBDIR=...)
+}
+
+// The drivers' context: 1024 positions, one sequence in ubatches of up to 512, one thread (a
+// loaded test machine descheduled the second at every barrier), F32 KV cache and flash
+// attention off (oracle_arch's setting)
+static llama_context_params drv_ctx_params() {
+    llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = 1024;
+    cp.n_batch = cp.n_ubatch = 512;
+    cp.n_seq_max = 1;
+    cp.n_threads = cp.n_threads_batch = 1;
+    cp.type_k = cp.type_v = GGML_TYPE_F32;
+    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    return cp;
 }
 
 #endif

@@ -458,6 +458,22 @@ static bool fake_refused(int fd)
     }
 }
 
+/* Submits p to the gateway (its handle in *h) and takes the PREFILL that the fake worker on fd
+ * gets for it: the request's protocol id (0, and a failed check, when none came). */
+static uint64_t fake_submit(const gw_env *G, int fd, const sched_params *p, sched_req **h)
+{
+    *h = NULL;
+    CHECK(G->be->submit(G->be->ud, p, h) == SCHED_OK);
+    proto_msg m;
+    if (!fake_expect(fd, PROTO_PREFILL, &m)) {
+        CHECKF(false, "no PREFILL: the connection ended");
+        return 0;
+    }
+    uint64_t id = m.hdr.req_id;
+    proto_msg_free(&m);
+    return id;
+}
+
 static void fake_handoff(int fd, uint64_t id, int n_prompt, int32_t first, const proto_kv *kv)
 {
     proto_msg m;
@@ -918,12 +934,9 @@ static sched_req *drain_with_silent_worker(gw_env *G, const int32_t *prompt, int
     pthread_create(&hb.t, NULL, hb_pump_thread, &hb);
     CHECK(WAIT_UNTIL(workers_up(G->be) == 1, 30));
     sched_params sp = greedy(prompt, n_prompt);
-    sched_req *h = NULL;
-    CHECK(G->be->submit(G->be->ud, &sp, &h) == SCHED_OK);
+    sched_req *h;
+    uint64_t id = fake_submit(G, fd, &sp, &h);
     proto_msg m;
-    CHECK(fake_expect(fd, PROTO_PREFILL, &m));
-    uint64_t id = m.hdr.req_id;
-    proto_msg_free(&m);
     fake_handoff(fd, id, n_prompt, want[0], NULL);
     CHECK(fake_expect(fd, PROTO_DECODE, &m));
     proto_msg_free(&m);
@@ -1300,10 +1313,7 @@ TEST(test_grammar_travels_and_worker_refusal)
     CHECK(fake_refuse(&G, fd, h, id, PROTO_E_ARG, "grammar: not compiled here"));
     /* a prompt longer than the worker takes (ERROR TOO_LONG) is refused the same way */
     sched_params q = greedy(prompt, 40);
-    CHECK(G.be->submit(G.be->ud, &q, &h) == SCHED_OK);
-    CHECK(fake_expect(fd, PROTO_PREFILL, &m));
-    id = m.hdr.req_id;
-    proto_msg_free(&m);
+    id = fake_submit(&G, fd, &q, &h);
     CHECK(fake_refuse(&G, fd, h, id, PROTO_E_TOO_LONG, "prompt too long"));
     grammar_free(gr);
     gateway_shutdown(G.g);
@@ -1317,12 +1327,9 @@ static void window_fetch_round(const gw_env *G, int fp, int fd, const int32_t *p
 {
     sched_params p = greedy(prompt, 300);
     p.max_tokens = 2;
-    sched_req *h = NULL;
-    CHECK(G->be->submit(G->be->ud, &p, &h) == SCHED_OK);
+    sched_req *h;
+    uint64_t id = fake_submit(G, fp, &p, &h);
     proto_msg m;
-    CHECK(fake_expect(fp, PROTO_PREFILL, &m));
-    uint64_t id = m.hdr.req_id;
-    proto_msg_free(&m);
     uint8_t root[32], pfp[32], keys[2][32];
     blockkey_root(NULL, 0, root);
     blockkey_pool_fp(g_model->fingerprint, QTYPE_F16, pfp);

@@ -641,26 +641,29 @@ static float mix_val(int pos, int layer, int kv, int h, int i)
     return (float)((pos * 13 + layer * 101 + kv * 37 + h * 7 + i) % 2000 - 1000) / 8.0f;   /* exact in f16 */
 }
 
+/* The fixtures of layers of their own geometry (row widths here, kv heads below; rows of at
+ * most 16): positions [from, to) of every layer, every kv head of it, written with mix_val. */
 static void mix_write(const kvpool *p, const kvpool_seq *s, int from, int to)
 {
     float k[16], v[16];
     for (int pos = from; pos < to; pos++)
-        for (int l = 0; l < 3; l++)
-            for (int h = 0; h < 2; h++) {
+        for (int l = 0; l < kvpool_n_layers(p); l++)
+            for (int h = 0; h < kvpool_layer_kv_heads(p, l); h++) {
                 for (int i = 0; i < 16; i++) k[i] = mix_val(pos, l, 0, h, i), v[i] = mix_val(pos, l, 1, h, i);
                 kvpool_seq_store(p, s, pos, l, h, k, v);
             }
 }
 
-/* Positions [from, to) of the layers in `layers` (bit mask) read back as written; counts bad values. */
+/* Positions [from, to) of the layers in `layers` (bit mask), every kv head of each, read back as
+ * written; counts bad values. */
 static int mix_check(const kvpool *p, const kvpool_seq *s, int from, int to, int layers)
 {
     float k[16], v[16];
     int bad = 0;
     for (int pos = from; pos < to; pos++)
-        for (int l = 0; l < 3; l++) {
+        for (int l = 0; l < kvpool_n_layers(p); l++) {
             if (!(layers >> l & 1)) continue;
-            for (int h = 0; h < 2; h++) {
+            for (int h = 0; h < kvpool_layer_kv_heads(p, l); h++) {
                 for (int i = 0; i < 16; i++) k[i] = v[i] = -9999.0f;
                 kvpool_seq_load(p, s, pos, l, h, k, v);
                 for (int i = 0; i < kvpool_layer_width(p, l, 0); i++) bad += k[i] != mix_val(pos, l, 0, h, i);
@@ -670,6 +673,25 @@ static int mix_check(const kvpool *p, const kvpool_seq *s, int from, int to, int
             }
         }
     return bad;
+}
+
+/* The round trip of both fixtures, on two sequences of 256 positions (window layers of 16): a
+ * written whole reads back from its blocks (the layers in block_layers, a bit mask) and its
+ * rings (window_layers: the last 16 + spare positions); b gets a's block rows of [130, 200)
+ * by copy_rows and its window state at 256 (the last 16 rows, each at its layer's geometry). */
+static void mix_round_trip(const kvpool *p, kvpool_seq *a, kvpool_seq *b, int block_layers, int window_layers)
+{
+    mix_write(p, a, 0, 256);
+    kvpool_seq_set_ring_next(a, 256);
+    CHECK(mix_check(p, a, 0, 256, block_layers) == 0);
+    CHECK(mix_check(p, a, 256 - 16 - KVPOOL_RING_SPARE, 256, window_layers) == 0);
+    kvpool_seq_copy_rows(p, b, a, 130, 200);
+    CHECK(mix_check(p, b, 130, 200, block_layers) == 0);
+    uint8_t *st = malloc(kvpool_window_state_bytes(p));
+    kvpool_seq_window_save(p, a, 256, st);
+    CHECK(kvpool_seq_window_restore(p, b, 256, st, kvpool_window_state_bytes(p)));
+    CHECK(mix_check(p, b, 240, 256, window_layers) == 0);
+    free(st);
 }
 
 /* Each layer's slabs are exactly its own K and V rows: the block's bytes are the sum, the slabs
@@ -701,19 +723,7 @@ TEST(test_mixed_widths)
     CHECK((uint8_t *)kvpool_seq_slab(p, a, 1, 1, 0, 0) == base + l0);
     CHECK((uint8_t *)kvpool_seq_slab(p, a, 1, 1, 1, 1) == base + l0 + 3 * 128 * 16 * 2);
     CHECK(kvpool_seq_slab(p, a, 1, 2, 0, 0) == NULL);   /* the window layer: in the ring */
-    mix_write(p, a, 0, 256);
-    kvpool_seq_set_ring_next(a, 256);
-    CHECK(mix_check(p, a, 0, 256, 3) == 0);
-    CHECK(mix_check(p, a, 256 - 16 - KVPOOL_RING_SPARE, 256, 4) == 0);
-    /* copy_rows: the block layers' rows of positions [130, 200) */
-    kvpool_seq_copy_rows(p, b, a, 130, 200);
-    CHECK(mix_check(p, b, 130, 200, 3) == 0);
-    /* the window state at 256 carries each ring row at its own widths */
-    uint8_t *st = malloc(kvpool_window_state_bytes(p));
-    kvpool_seq_window_save(p, a, 256, st);
-    CHECK(kvpool_seq_window_restore(p, b, 256, st, kvpool_window_state_bytes(p)));
-    CHECK(mix_check(p, b, 240, 256, 4) == 0);
-    free(st);
+    mix_round_trip(p, a, b, 3, 4);
     /* the same geometry gives the same digest; another split of the same bytes another one */
     kvpool *q = NULL;
     CHECK(kvpool_new(&o, &q) == KVPOOL_OK && q && kvpool_block_geom(q) == kvpool_block_geom(p));
@@ -936,34 +946,6 @@ static kvpool_opts kvh_opts(int n_blocks, const int32_t *heads)
     return o;
 }
 
-static void kvh_write(const kvpool *p, const kvpool_seq *s, int from, int to)
-{
-    float k[16], v[16];
-    for (int pos = from; pos < to; pos++)
-        for (int l = 0; l < 4; l++)
-            for (int h = 0; h < kvpool_layer_kv_heads(p, l); h++) {
-                for (int i = 0; i < 16; i++) k[i] = mix_val(pos, l, 0, h, i), v[i] = mix_val(pos, l, 1, h, i);
-                kvpool_seq_store(p, s, pos, l, h, k, v);
-            }
-}
-
-/* Positions [from, to) of the layers in `layers` (bit mask), every head of each, as written. */
-static int kvh_check(const kvpool *p, const kvpool_seq *s, int from, int to, int layers)
-{
-    float k[16], v[16];
-    int bad = 0;
-    for (int pos = from; pos < to; pos++)
-        for (int l = 0; l < 4; l++) {
-            if (!(layers >> l & 1)) continue;
-            for (int h = 0; h < kvpool_layer_kv_heads(p, l); h++) {
-                kvpool_seq_load(p, s, pos, l, h, k, v);
-                for (int i = 0; i < kvpool_layer_width(p, l, 0); i++)
-                    bad += k[i] != mix_val(pos, l, 0, h, i) || v[i] != mix_val(pos, l, 1, h, i);
-            }
-        }
-    return bad;
-}
-
 /* Each layer's slabs are its own kv heads x its own rows: the block's bytes are their sum, a
  * layer's heads lie back to back, every head of every layer round-trips without touching
  * another's, copy_rows, the rings and the window state take each layer's heads, and the
@@ -1000,17 +982,7 @@ TEST(test_layer_kv_heads)
     CHECK((uint8_t *)kvpool_seq_slab(p, a, 1, 3, 0, 0) == base + l1);
     CHECK((uint8_t *)kvpool_seq_slab(p, a, 1, 3, 0, 1) == base + l1 + 128 * 16 * 2);
     CHECK((uint8_t *)kvpool_seq_slab(p, a, 1, 3, 1, 0) == base + l1 + 2 * 128 * 16 * 2);
-    kvh_write(p, a, 0, 256);
-    kvpool_seq_set_ring_next(a, 256);
-    CHECK(kvh_check(p, a, 0, 256, 0xa) == 0);
-    CHECK(kvh_check(p, a, 256 - 16 - KVPOOL_RING_SPARE, 256, 0x5) == 0);
-    kvpool_seq_copy_rows(p, b, a, 130, 200);
-    CHECK(kvh_check(p, b, 130, 200, 0xa) == 0);
-    uint8_t *st = malloc(kvpool_window_state_bytes(p));
-    kvpool_seq_window_save(p, a, 256, st);
-    CHECK(kvpool_seq_window_restore(p, b, 256, st, kvpool_window_state_bytes(p)));
-    CHECK(kvh_check(p, b, 240, 256, 0x5) == 0);
-    free(st);
+    mix_round_trip(p, a, b, 0xa, 0x5);
     /* the same bytes per block with layers 1 and 3's heads swapped: another digest */
     const int32_t swapped[4] = { 4, 2, 2, 1 };
     kvpool_opts o2 = kvh_opts(4, swapped);
