@@ -12,7 +12,7 @@
  * machine's measured read bandwidth.
  *
  * build/bench_kernels stream [rows] [reps]: one thread, one token, how fast each type's
- * kernel (repacked where the level has a layout: Q8_0, Q4_K, Q6_K; file layout: Q5_K, F16)
+ * kernel (repacked where the level has a layout: Q8_0, Q4_K, Q6_K, MXFP4, Q4_0; file layout: Q5_K, F16)
  * streams a rows x 1024 matrix (default 131072 rows: 75-268 MB, past any L3) from memory,
  * next to a plain read loop over as many bytes as the largest. Each rep runs every type and the
  * loop in turn (thread CPU time); it prints the median GB/s and the median of each rep's
@@ -116,7 +116,7 @@ static int stream_main(int argc, char **argv)
         return 1;
     }
     static const qtype st[] = {QTYPE_Q8_0, QTYPE_Q4_K, QTYPE_Q6_K, QTYPE_Q5_K, QTYPE_F16,
-                               QTYPE_Q3_K, QTYPE_Q2_K, QTYPE_IQ4_XS};
+                               QTYPE_Q3_K, QTYPE_Q2_K, QTYPE_IQ4_XS, QTYPE_MXFP4, QTYPE_Q4_0};
     enum { NT = TM_ARRAY_LEN(st) };
     threadpool *tp = threadpool_new(1);
     util_rng r;
