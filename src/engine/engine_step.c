@@ -567,7 +567,8 @@ static void engine_job_moe_sum(void *ctx, int ith, int nth)
  * barrier phase 2 the down projection for a chunk of its output rows into ye. A chunk's
  * results are its rows of the whole-matrix products (a row's dots do not depend on the rows
  * beside it), so the split changes no bit; one round instead of three per active expert keeps
- * a decode step's threads from meeting at 3k barriers per layer. With j->shexp the shared
+ * a decode step's threads from meeting at 3k barriers per layer; a thread quantises an input
+ * once for the run of chunks it takes from one expert. With j->shexp the shared
  * experts' FFN comes first in each phase, as chunks of the same size over every token (xn
  * through gate/up and SwiGLU into ffa, then ffa through down into shx). */
 static void engine_job_moe_experts(void *ctx, int ith, int nth)
@@ -582,6 +583,7 @@ static void engine_job_moe_experts(void *ctx, int ith, int nth)
     void *scratch = tu + (size_t)e->max_tokens * R;
     const int T = j->b->n_tokens, sf = j->shexp ? (int)L->gate_shexp.rows : 0;
     const int csg = (sf + R - 1) / R, csd = j->shexp ? cd : 0;
+    const float *qx = NULL;   /* the input quantised in scratch: once per run of one expert's chunks */
     (void)nth;
     for (;;) {
         int it = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED) - csg;
@@ -594,7 +596,8 @@ static void engine_job_moe_experts(void *ctx, int ith, int nth)
                              (const char *)L->up_shexp.data + quant_row_bytes(L->up_shexp.type, L->up_shexp.cols) * (size_t)c0 };
             const ops_weight *gu[2] = { &g, &u };
             float *out[2] = { tg, tu };
-            ops_matmul_multi(NULL, 2, gu, e->xn, T, out, scratch);
+            if (qx != e->xn) ops_matmul_quantise(2, gu, qx = e->xn, T, scratch);
+            ops_matmul_quantised(2, gu, e->xn, T, out, scratch);
             ops_swiglu(NULL, tg, tg, tu, T, nr);
             for (int t = 0; t < T; t++)
                 memcpy(e->ffa + (size_t)t * sf + c0, tg + (size_t)t * nr, (size_t)nr * sizeof(float));
@@ -610,7 +613,9 @@ static void engine_job_moe_experts(void *ctx, int ith, int nth)
         u = (ops_weight){ u.type, nr, u.cols, (const char *)u.data + quant_row_bytes(u.type, u.cols) * (size_t)cu };
         const ops_weight *gu[2] = { &g, &u };
         float *out[2] = { tg, tu };
-        ops_matmul_multi(NULL, 2, gu, e->xg + (size_t)r0 * dim, n, out, scratch);
+        const float *xe = e->xg + (size_t)r0 * dim;
+        if (qx != xe) ops_matmul_quantise(2, gu, qx = xe, n, scratch);
+        ops_matmul_quantised(2, gu, xe, n, out, scratch);
         if (L->gate_exps_b) {   /* expert biases (gpt-oss) */
             const float *gb = L->gate_exps_b + (size_t)x * ef + c0, *ub = L->up_exps_b + (size_t)x * ef + c0;
             for (int t = 0; t < n; t++) {
@@ -625,6 +630,7 @@ static void engine_job_moe_experts(void *ctx, int ith, int nth)
             memcpy(e->fe + (size_t)(r0 + t) * ef + c0, tg + (size_t)t * nr, (size_t)nr * sizeof(float));
     }
     threadpool_barrier(e->tp);
+    qx = NULL;
     for (;;) {
         int it = __atomic_fetch_add(&j->next2, 1, __ATOMIC_RELAXED) - csd;
         if (it >= e->n_act * cd) break;
@@ -632,7 +638,10 @@ static void engine_job_moe_experts(void *ctx, int ith, int nth)
             int c0 = (it + csd) * R, nr = TM_MIN(R, dim - c0);
             const ops_weight *sd = &L->down_shexp;
             ops_weight d = { sd->type, nr, sd->cols, (const char *)sd->data + quant_row_bytes(sd->type, sd->cols) * (size_t)c0 };
-            ops_matmul(NULL, &d, e->ffa, T, tg, scratch);
+            const ops_weight *dw[1] = { &d };
+            float *out[1] = { tg };
+            if (qx != e->ffa) ops_matmul_quantise(1, dw, qx = e->ffa, T, scratch);
+            ops_matmul_quantised(1, dw, e->ffa, T, out, scratch);
             for (int t = 0; t < T; t++)
                 memcpy(e->shx + (size_t)t * dim + c0, tg + (size_t)t * nr, (size_t)nr * sizeof(float));
             continue;
@@ -641,7 +650,11 @@ static void engine_job_moe_experts(void *ctx, int ith, int nth)
         int r0 = e->x_off[x], n = e->x_off[x + 1] - r0;
         ops_weight d = model_expert(&L->down_exps, E, x);
         d = (ops_weight){ d.type, nr, d.cols, (const char *)d.data + quant_row_bytes(d.type, d.cols) * (size_t)c0 };
-        ops_matmul(NULL, &d, e->fe + (size_t)r0 * ef, n, tg, scratch);
+        const ops_weight *dw[1] = { &d };
+        float *out[1] = { tg };
+        const float *fx = e->fe + (size_t)r0 * ef;
+        if (qx != fx) ops_matmul_quantise(1, dw, qx = fx, n, scratch);
+        ops_matmul_quantised(1, dw, fx, n, out, scratch);
         if (L->down_exps_b)
             for (int t = 0; t < n; t++) ops_add(NULL, tg + (size_t)t * nr, L->down_exps_b + (size_t)x * dim + c0, nr);
         if (L->down_exps_s)   /* gemma4's per-expert scale, before the routing weight (ggml's order) */
