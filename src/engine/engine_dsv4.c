@@ -9,8 +9,9 @@
  * on the step thread: a layer's projections are written to the ring and the compression groups
  * a position completes are compressed into the blocks, so that a later entry of the same
  * sequence finds them;
- * then the indexer's selection and attention run per entry (and head) on the pool's threads,
- * each output computed by one thread in a fixed order. A (sequence, position)'s logits
+ * then the indexer's selection and attention run per entry (attention per block of query
+ * heads, which share the one K=V head's rows) on the pool's threads, each output computed by
+ * one thread in a fixed order. A (sequence, position)'s logits
  * therefore do not depend on what else shares the step, on how its prompt was chunked or on
  * the thread count.
  *
@@ -40,6 +41,7 @@
 #include "util/util.h"
 
 #define DSV4_MAX_MIX 64          /* (2 + hc) * hc at most: hc <= 6 */
+#define DSV4_ATT_HEADS 32        /* query heads per work item of the blocked attention */
 #define DSV4_MOE_ROWS 64         /* output rows of an expert per work item of the experts' round */
 #define DSV4_MOE_SHARED_T 4      /* up to this many tokens the shared expert rides in that round */
 
@@ -130,6 +132,9 @@ struct engine_dsv4 {
     size_t th_x;             /* floats before a thread's Q8_0 scratch in its th_f share */
     int32_t *th_i;           /* (n_threads, max_ent) */
     size_t th_stride;
+    float *att_buf;          /* (n_threads, att_stride) the blocked attention's key block,
+                              * queries, running sums and kernel scratch (dsv4_att_heads) */
+    size_t att_stride;
     const engine_tok *toks;  /* the step's batch */
     int n_tok;
     int layer;               /* the layer of the current pool round */
@@ -342,7 +347,7 @@ void engine_dsv4_free(engine_dsv4 *d)
                      d->sel, d->n_sel, d->r_logits, d->r_probs, d->r_sel, d->r_w, d->r_idx, d->r_sc, d->x_row,
                      d->x_slot, d->xg, d->fg, d->fu, d->ye, d->shg, d->shu, d->sh, d->mm_scratch, d->th_f, d->th_i,
                      d->ent, d->rrow, d->run0, d->prev_run, d->wsnap, d->wsnap_t, d->wsnap_data, d->x_off, d->x_act,
-                     d->moe_tmp };
+                     d->moe_tmp, d->att_buf };
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(d);
 }
@@ -460,6 +465,12 @@ engine_dsv4 *engine_dsv4_new(const model *m, threadpool *tp, kvpool *kv, int max
     d->th_stride = d->th_x + TM_ALIGN_UP(3 * TM_MAX(hd, id) + 16, 16);
     d->th_f = DSV4_F((size_t)nth * d->th_stride);
     d->th_i = DSV4_F((size_t)nth * (size_t)d->max_ent);
+    {   /* dsv4_att_heads' parts, each 64-byte aligned */
+        const size_t nqp = TM_ALIGN_UP(TM_MIN((size_t)DSV4_ATT_HEADS, H), 16), B = OPS_ATT_KT_KEYS;
+        d->att_stride = TM_ALIGN_UP(B * hd, 16) + TM_ALIGN_UP(hd * nqp, 16) + TM_ALIGN_UP(nqp * hd, 16) +
+                        TM_ALIGN_UP(B * nqp, 16) + 3 * TM_ALIGN_UP(nqp, 16) + TM_ALIGN_UP(hd * B, 16);
+        d->att_buf = DSV4_F((size_t)nth * d->att_stride);
+    }
     d->ent = DSV4_F(TM_MAX(hd, id));
     d->rrow = xcalloc(hd, sizeof(float));
     d->run0 = xcalloc(T, sizeof *d->run0);
@@ -515,7 +526,7 @@ engine_dsv4 *engine_dsv4_new(const model *m, threadpool *tp, kvpool *kv, int max
                      d->ik, d->ig, d->iq, d->iw, d->att, d->og, d->ot, d->oa, d->pos, d->npos, d->sel, d->n_sel,
                      d->r_logits, d->r_probs, d->r_sel, d->r_w, d->r_idx, d->r_sc, d->x_row, d->x_slot, d->xg,
                      d->fg, d->fu, d->ye, d->shg, d->shu, d->sh, d->mm_scratch, d->th_f, d->th_i, d->ent,
-                     d->ring ? (void *)d->wsnap_data : d->ent, d->x_off, d->x_act, d->moe_tmp };
+                     d->ring ? (void *)d->wsnap_data : d->ent, d->x_off, d->x_act, d->moe_tmp, d->att_buf };
     for (size_t i = 0; i < sizeof need / sizeof need[0]; i++)
         if (!need[i]) {
             snprintf(err, errsz, "out of memory for DeepSeek V4's activations of %d tokens", Ti);
@@ -794,11 +805,87 @@ static void dsv4_job_indexer(void *ctx, int ith, int nth)
 
 /* Attention of (entry, head) items: the window's raw rows and the layer's (chosen) entries
  * as keys and values, a sink per head. */
+/* Attention of entry t's query heads [h0, h0 + nq) with the blocks' entries in F16 or F32: the
+ * keys (K = V: the one raw head, then the compressed entries) in blocks of at most 128, the
+ * raw rows cut at multiples of 128 positions and the entries 128 at a time in selection
+ * order, so that the blocks depend only on the entry's position; each block gathered in F32
+ * once for all nq heads (ops_att_block: the queries in lanes, an online softmax), the sink
+ * folded in at the end as one more key without a value. */
+static void dsv4_att_heads(engine_dsv4 *d, int ith, int t, int h0, int nq)
+{
+    const model *m = d->m;
+    const int il = d->layer, H = m->hp.n_heads, hd = m->hp.head_dim, r = d->d->layers[il].ratio;
+    const int B = OPS_ATT_KT_KEYS, nqp = TM_ALIGN_UP(nq, 16);
+    const engine_tok *tk = &d->toks[t];
+    const int p = tk->pos, lo = TM_MAX(kvpool_seq_win_lo(tk->seq), TM_MAX(0, p - d->d->swa + 1));
+    const int hi = d->last ? d->last[t] : p;
+    float *kf = d->att_buf + (size_t)ith * d->att_stride;             /* (B, hd) the block */
+    float *qt = kf + TM_ALIGN_UP((size_t)B * hd, 16);                  /* (hd, nqp) */
+    float *acc = qt + TM_ALIGN_UP((size_t)hd * nqp, 16);               /* (nqp, hd) */
+    float *st = acc + TM_ALIGN_UP((size_t)nqp * hd, 16);               /* (B, nqp) */
+    float *M = st + TM_ALIGN_UP((size_t)B * nqp, 16), *S = M + TM_ALIGN_UP(nqp, 16);
+    int32_t *lim = (int32_t *)(S + TM_ALIGN_UP(nqp, 16));
+    float *kt = (float *)lim + TM_ALIGN_UP(nqp, 16);                   /* (hd, B) */
+    const float *q = d->q + ((size_t)t * H + h0) * hd;
+    for (int k = 0; k < hd; k++) {
+        float *row = qt + (size_t)k * nqp;
+        for (int i = 0; i < nq; i++) row[i] = q[(size_t)i * hd + k];
+        for (int i = nq; i < nqp; i++) row[i] = 0.0f;
+    }
+    for (int i = 0; i < nq; i++) M[i] = -INFINITY, S[i] = 0.0f, lim[i] = 0;
+    memset(acc, 0, (size_t)nq * hd * sizeof(float));
+    ops_att_block_args a = { .hd = hd, .nq = nq, .nqp = nqp, .scale = m->hp.att_scale, .qt = qt, .k = kf,
+                             .v = kf, .lim = lim, .st = st, .m = M, .s = S, .acc = acc, .kt = kt };
+    for (int b0 = lo; b0 <= hi;) {
+        const int b1 = TM_MIN(hi + 1, (b0 / B + 1) * B);
+        a.nb = b1 - b0;
+        for (int i = 0; i < a.nb; i++) memcpy(kf + (size_t)i * hd, dsv4_raw(d, t, il, b0 + i), (size_t)hd * sizeof(float));
+        for (int i = 0; i < nq; i++) lim[i] = a.nb;
+        ops_att_block(&a);
+        b0 = b1;
+    }
+    const int ne = r == 4 ? d->n_sel[t] : r > 0 ? (p + 1) / r : 0;
+    for (int e0 = 0; e0 < ne; e0 += B) {
+        a.nb = TM_MIN(B, ne - e0);
+        for (int i = 0; i < a.nb; i++) {
+            int j = r == 4 ? d->sel[(size_t)t * d->d->idx_topk + e0 + i] : e0 + i, off = 0;
+            const int pe = dsv4_ent_at(d, il, r, j, false, &off);
+            const uint8_t *e = dsv4_ent(d, tk->seq, pe, off);
+            if (d->bt == QTYPE_F16) ops_fp16_to_fp32_row((const fp16_t *)e, kf + (size_t)i * hd, hd);
+            else memcpy(kf + (size_t)i * hd, e, (size_t)hd * sizeof(float));
+        }
+        for (int i = 0; i < nq; i++) lim[i] = a.nb;
+        ops_att_block(&a);
+    }
+    const float *sinks = m->layers[il].sinks;
+    for (int i = 0; i < nq; i++) {
+        float *o = d->att + ((size_t)t * H + h0 + i) * hd, *ai = acc + (size_t)i * hd;
+        float s = sinks[h0 + i];
+        if (s > M[i]) {
+            float ms = expf(M[i] - s);
+            ops_vec_scale_f32(hd, ai, ms);
+            S[i] = S[i] * ms + 1.0f;
+        } else {
+            S[i] += expf(s - M[i]);
+        }
+        const float inv = 1.0f / S[i];
+        for (int k = 0; k < hd; k++) o[k] = ai[k] * inv;
+    }
+}
+
 static void dsv4_job_attention(void *ctx, int ith, int nth)
 {
     engine_dsv4 *d = ctx;
     const model *m = d->m;
     const int il = d->layer, H = m->hp.n_heads, hd = m->hp.head_dim, r = d->d->layers[il].ratio;
+    if (d->bt != QTYPE_Q8_0) {   /* the blocked pass (a Q8_0 cache's keys meet Q8_0 queries, below) */
+        const int gh = TM_MIN(H, DSV4_ATT_HEADS), ng = (H + gh - 1) / gh;
+        for (int it = ith; it < d->n_tok * ng; it += nth) {
+            const int h0 = it % ng * gh;
+            dsv4_att_heads(d, ith, it / ng, h0, TM_MIN(gh, H - h0));
+        }
+        return;
+    }
     const float *sinks = m->layers[il].sinks, scale = m->hp.att_scale;
     float *sc = dsv4_th(d, ith), *qf = sc + d->th_x, *ef = qf + hd;
     block_q8_0 *q8 = (block_q8_0 *)(ef + hd);

