@@ -886,6 +886,7 @@ static void dsv4_job_attention(void *ctx, int ith, int nth)
         }
         return;
     }
+    /* a Q8_0 cache: head by head */
     const float *sinks = m->layers[il].sinks, scale = m->hp.att_scale;
     float *sc = dsv4_th(d, ith), *qf = sc + d->th_x, *ef = qf + hd;
     block_q8_0 *q8 = (block_q8_0 *)(ef + hd);
@@ -895,16 +896,13 @@ static void dsv4_job_attention(void *ctx, int ith, int nth)
         /* no key below the sequence's window floor (a replay starts there) */
         const int p = tk->pos, lo = TM_MAX(kvpool_seq_win_lo(tk->seq), TM_MAX(0, p - d->d->swa + 1));
         const int hi = d->last ? d->last[t] : p;
-        const float *q = d->q + ((size_t)t * H + h) * hd, *qr = q;
+        const float *q = d->q + ((size_t)t * H + h) * hd, *qr = qf;
         float *o = d->att + ((size_t)t * H + h) * hd;
-        if (d->bt == QTYPE_Q8_0) {
-            /* a Q8_0 cache's keys meet the query in Q8_0 (ggml's one-query path); the raw rows
-             * are the cache's values in F32 (rounded through Q8_0), so the dequantised query
-             * against them is that dot up to F32 summation order */
-            quant_act_q8_0(q, q8, hd);
-            quant_dequantize_row(QTYPE_Q8_0, q8, qf, hd);
-            qr = qf;
-        }
+        /* the keys meet the query in Q8_0 (ggml's one-query path); the raw rows are the cache's
+         * values in F32 (rounded through Q8_0), so the dequantised query against them is that
+         * dot up to F32 summation order */
+        quant_act_q8_0(q, q8, hd);
+        quant_dequantize_row(QTYPE_Q8_0, q8, qf, hd);
         int nk = 0;
         for (int pp = lo; pp <= hi; pp++) sc[nk++] = ops_vec_dot_f32(hd, qr, dsv4_raw(d, t, il, pp)) * scale;
         int ne = 0;
