@@ -440,6 +440,19 @@ static bool fake_expect(int fd, int want, proto_msg *m)
     }
 }
 
+/* Two fake workers up, each past the gateway's HELLO (then a readable fake has a job). */
+static bool fake_connect_two(gw_env *G, int fd[2])
+{
+    fd[0] = fake_connect(G), fd[1] = fake_connect(G);
+    if (!WAIT_UNTIL(workers_up(G->be) == 2, 30)) return false;
+    for (int i = 0; i < 2; i++) {
+        proto_msg m;
+        if (!fake_expect(fd[i], PROTO_HELLO, &m)) return false;
+        proto_msg_free(&m);
+    }
+    return true;
+}
+
 /* True when the gateway sends ERROR MALFORMED (id 0, with a reason) and then closes the
  * connection; other frames before it are read and dropped. */
 static bool fake_refused(int fd)
@@ -1056,13 +1069,9 @@ TEST(test_static_worker_stuck_in_handshake_delays_nothing)
     int bc = accept(bh, NULL, NULL);
     CHECK(bc >= 0);
     CHECK(metric(G.be, "tokenmill_gateway_worker_connects_in_progress ") == 1);
-    int fd[2] = { fake_connect(&G), fake_connect(&G) };
-    CHECK(WAIT_UNTIL(workers_up(G.be) == 2, 30));
+    int fd[2];
+    CHECK(fake_connect_two(&G, fd));
     proto_msg m;
-    for (int i = 0; i < 2; i++) {   /* the gateway's HELLO first: then a readable fake has a job */
-        CHECK(fake_expect(fd[i], PROTO_HELLO, &m));
-        proto_msg_free(&m);
-    }
     int32_t prompt[40], toks[3] = { 5, 6, 7 }, got[8];
     make_prompt(prompt, 40, 11);
     sched_params sp = greedy(prompt, 40);
@@ -1207,13 +1216,9 @@ static int fake_which_prefill(const int *fd, int n, proto_msg *m)
 TEST(test_prefill_goes_where_its_prefix_is_in_flight)
 {
     gw_env G = gw_start();
-    int fd[2] = { fake_connect(&G), fake_connect(&G) };
-    CHECK(WAIT_UNTIL(workers_up(G.be) == 2, 30));
+    int fd[2];
+    CHECK(fake_connect_two(&G, fd));
     proto_msg m;
-    for (int i = 0; i < 2; i++) {   /* the gateway's HELLO first: then a readable fake has a job */
-        CHECK(fake_expect(fd[i], PROTO_HELLO, &m));
-        proto_msg_free(&m);
-    }
     /* A and B share their first two blocks (256 tokens) and differ after; C is unrelated */
     int32_t a[300], b[300], c[300];
     make_prompt(a, 300, 3);
