@@ -1110,11 +1110,10 @@ static void dsv4_attention(engine_dsv4 *d, int il, int T)
     if (d->rot) ops_hadamard_rows(d->att, (int64_t)T * H * hd / d->rot, d->rot);
     dsv4_rope(d, d->att, d->npos, T, H, hd, rp);
     const int G = md->o_groups, gd = H * hd / G, ol = md->o_lora;
-    const size_t rb = quant_row_bytes(dl->wo_a.type, dl->wo_a.cols);
     for (int g = 0; g < G; g++) {
         for (int t = 0; t < T; t++)
             memcpy(d->og + (size_t)t * gd, d->att + (size_t)t * H * hd + (size_t)g * gd, (size_t)gd * sizeof(float));
-        ops_weight wg = { dl->wo_a.type, ol, dl->wo_a.cols, (const char *)dl->wo_a.data + (size_t)g * ol * rb };
+        ops_weight wg = ops_weight_rows(&dl->wo_a, (int64_t)g * ol, ol);
         ops_matmul(d->tp, &wg, d->og, T, d->ot, d->mm_scratch);
         for (int t = 0; t < T; t++)
             memcpy(d->oa + (size_t)t * G * ol + (size_t)g * ol, d->ot + (size_t)t * ol, (size_t)ol * sizeof(float));
@@ -1145,7 +1144,7 @@ static void dsv4_swiglu(float *g, const float *u, int64_t n, float lim)
  * are its rows of the whole products (a row's dots do not depend on the rows beside it), so
  * the split changes no bit; one round instead of two per expert keeps a decode step's threads
  * from meeting at a dozen barriers per layer. A thread quantises an input once for the run of
- * chunks it takes from one expert (ops_matmul_quantise). With sh_round the shared expert's
+ * chunks it takes from one expert (ops_matmul_reuse). With sh_round the shared expert's
  * chunks come first in each phase (cur through gate/up into shg, shg through down into sh). */
 static void dsv4_job_experts(void *ctx, int ith, int nth)
 {
@@ -1180,12 +1179,10 @@ static void dsv4_job_experts(void *ctx, int ith, int nth)
             gw = &ge, uw = &ue;
         }
         const int nr = TM_MIN(R, ld - c0);
-        ops_weight g = { gw->type, nr, gw->cols, (const char *)gw->data + quant_row_bytes(gw->type, gw->cols) * (size_t)c0 };
-        ops_weight u = { uw->type, nr, uw->cols, (const char *)uw->data + quant_row_bytes(uw->type, uw->cols) * (size_t)c0 };
+        ops_weight g = ops_weight_rows(gw, c0, nr), u = ops_weight_rows(uw, c0, nr);
         const ops_weight *gu[2] = { &g, &u };
         float *out[2] = { tg, tu };
-        if (x != qx) ops_matmul_quantise(2, gu, qx = x, n, scratch);
-        ops_matmul_quantised(2, gu, x, n, out, scratch);
+        ops_matmul_reuse(2, gu, x, n, out, scratch, &qx);
         dsv4_swiglu(tg, tu, (int64_t)n * nr, lim);
         for (int t = 0; t < n; t++) memcpy(f + (size_t)t * ld + c0, tg + (size_t)t * nr, (size_t)nr * sizeof(float));
     }
@@ -1206,11 +1203,10 @@ static void dsv4_job_experts(void *ctx, int ith, int nth)
             dw = model_expert(&L->down_exps, E, e), n = d->x_off[e + 1] - r0;
             f = d->fg + (size_t)r0 * ef, y = d->ye + (size_t)r0 * dim;
         }
-        dw = (ops_weight){ dw.type, nr, dw.cols, (const char *)dw.data + quant_row_bytes(dw.type, dw.cols) * (size_t)c0 };
+        dw = ops_weight_rows(&dw, c0, nr);
         const ops_weight *dws[1] = { &dw };
         float *out[1] = { tg };
-        if (f != qx) ops_matmul_quantise(1, dws, qx = f, n, scratch);
-        ops_matmul_quantised(1, dws, f, n, out, scratch);
+        ops_matmul_reuse(1, dws, f, n, out, scratch, &qx);
         for (int t = 0; t < n; t++) memcpy(y + (size_t)t * dim + c0, tg + (size_t)t * nr, (size_t)nr * sizeof(float));
     }
 }

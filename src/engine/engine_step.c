@@ -568,7 +568,7 @@ static void engine_job_moe_sum(void *ctx, int ith, int nth)
  * results are its rows of the whole-matrix products (a row's dots do not depend on the rows
  * beside it), so the split changes no bit; one round instead of three per active expert keeps
  * a decode step's threads from meeting at 3k barriers per layer; a thread quantises an input
- * once for the run of chunks it takes from one expert. With j->shexp the shared
+ * once for the run of chunks it takes from one expert (ops_matmul_reuse). With j->shexp the shared
  * experts' FFN comes first in each phase, as chunks of the same size over every token (xn
  * through gate/up and SwiGLU into ffa, then ffa through down into shx). */
 static void engine_job_moe_experts(void *ctx, int ith, int nth)
@@ -590,14 +590,10 @@ static void engine_job_moe_experts(void *ctx, int ith, int nth)
         if (it >= e->n_act * cg) break;
         if (it < 0) {   /* a chunk of the shared experts' hidden rows */
             int c0 = (it + csg) * R, nr = TM_MIN(R, sf - c0);
-            size_t rb = quant_row_bytes(L->gate_shexp.type, L->gate_shexp.cols);
-            ops_weight g = { L->gate_shexp.type, nr, L->gate_shexp.cols, (const char *)L->gate_shexp.data + rb * (size_t)c0 };
-            ops_weight u = { L->up_shexp.type, nr, L->up_shexp.cols,
-                             (const char *)L->up_shexp.data + quant_row_bytes(L->up_shexp.type, L->up_shexp.cols) * (size_t)c0 };
+            ops_weight g = ops_weight_rows(&L->gate_shexp, c0, nr), u = ops_weight_rows(&L->up_shexp, c0, nr);
             const ops_weight *gu[2] = { &g, &u };
             float *out[2] = { tg, tu };
-            if (qx != e->xn) ops_matmul_quantise(2, gu, qx = e->xn, T, scratch);
-            ops_matmul_quantised(2, gu, e->xn, T, out, scratch);
+            ops_matmul_reuse(2, gu, e->xn, T, out, scratch, &qx);
             ops_swiglu(NULL, tg, tg, tu, T, nr);
             for (int t = 0; t < T; t++)
                 memcpy(e->ffa + (size_t)t * sf + c0, tg + (size_t)t * nr, (size_t)nr * sizeof(float));
@@ -609,13 +605,11 @@ static void engine_job_moe_experts(void *ctx, int ith, int nth)
         /* gate and up may differ in type (the "dynamic" mixes): each its own row size; fused
          * (gemma4's ffn_gate_up_exps), up's rows follow the expert's ef gate rows */
         const int cu = L->exps_gate_up ? ef + c0 : c0;
-        g = (ops_weight){ g.type, nr, g.cols, (const char *)g.data + quant_row_bytes(g.type, g.cols) * (size_t)c0 };
-        u = (ops_weight){ u.type, nr, u.cols, (const char *)u.data + quant_row_bytes(u.type, u.cols) * (size_t)cu };
+        g = ops_weight_rows(&g, c0, nr);
+        u = ops_weight_rows(&u, cu, nr);
         const ops_weight *gu[2] = { &g, &u };
         float *out[2] = { tg, tu };
-        const float *xe = e->xg + (size_t)r0 * dim;
-        if (qx != xe) ops_matmul_quantise(2, gu, qx = xe, n, scratch);
-        ops_matmul_quantised(2, gu, xe, n, out, scratch);
+        ops_matmul_reuse(2, gu, e->xg + (size_t)r0 * dim, n, out, scratch, &qx);
         if (L->gate_exps_b) {   /* expert biases (gpt-oss) */
             const float *gb = L->gate_exps_b + (size_t)x * ef + c0, *ub = L->up_exps_b + (size_t)x * ef + c0;
             for (int t = 0; t < n; t++) {
@@ -636,12 +630,10 @@ static void engine_job_moe_experts(void *ctx, int ith, int nth)
         if (it >= e->n_act * cd) break;
         if (it < 0) {   /* a chunk of the shared experts' output rows */
             int c0 = (it + csd) * R, nr = TM_MIN(R, dim - c0);
-            const ops_weight *sd = &L->down_shexp;
-            ops_weight d = { sd->type, nr, sd->cols, (const char *)sd->data + quant_row_bytes(sd->type, sd->cols) * (size_t)c0 };
+            ops_weight d = ops_weight_rows(&L->down_shexp, c0, nr);
             const ops_weight *dw[1] = { &d };
             float *out[1] = { tg };
-            if (qx != e->ffa) ops_matmul_quantise(1, dw, qx = e->ffa, T, scratch);
-            ops_matmul_quantised(1, dw, e->ffa, T, out, scratch);
+            ops_matmul_reuse(1, dw, e->ffa, T, out, scratch, &qx);
             for (int t = 0; t < T; t++)
                 memcpy(e->shx + (size_t)t * dim + c0, tg + (size_t)t * nr, (size_t)nr * sizeof(float));
             continue;
@@ -649,12 +641,10 @@ static void engine_job_moe_experts(void *ctx, int ith, int nth)
         int x = e->x_act[it / cd], c0 = it % cd * R, nr = TM_MIN(R, dim - c0);
         int r0 = e->x_off[x], n = e->x_off[x + 1] - r0;
         ops_weight d = model_expert(&L->down_exps, E, x);
-        d = (ops_weight){ d.type, nr, d.cols, (const char *)d.data + quant_row_bytes(d.type, d.cols) * (size_t)c0 };
+        d = ops_weight_rows(&d, c0, nr);
         const ops_weight *dw[1] = { &d };
         float *out[1] = { tg };
-        const float *fx = e->fe + (size_t)r0 * ef;
-        if (qx != fx) ops_matmul_quantise(1, dw, qx = fx, n, scratch);
-        ops_matmul_quantised(1, dw, fx, n, out, scratch);
+        ops_matmul_reuse(1, dw, e->fe + (size_t)r0 * ef, n, out, scratch, &qx);
         if (L->down_exps_b)
             for (int t = 0; t < n; t++) ops_add(NULL, tg + (size_t)t * nr, L->down_exps_b + (size_t)x * dim + c0, nr);
         if (L->down_exps_s)   /* gemma4's per-expert scale, before the routing weight (ggml's order) */

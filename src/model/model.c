@@ -1186,8 +1186,7 @@ static size_t model_w_bytes(const ops_weight *w)
 ops_weight model_expert(const ops_weight *w, int n_expert, int e)
 {
     int64_t rows = w->rows / n_expert;
-    size_t off = quant_row_bytes(w->type, w->cols) * (size_t)rows * (size_t)e;
-    return (ops_weight){ w->type, rows, w->cols, (const char *)w->data + off };
+    return ops_weight_rows(w, rows * e, rows);
 }
 
 /* experts_used: how many experts per layer to count (n_expert for all of them) */

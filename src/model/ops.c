@@ -869,22 +869,18 @@ void ops_matmul_multi(threadpool *tp, int n_w, const ops_weight *const *ws, cons
         ops_mm_run(tp, TM_MIN(OPS_MAX_MULTI, n_w - i0), ws + i0, x, n_tokens, ys + i0, scratch);
 }
 
-void ops_matmul_quantise(int n_w, const ops_weight *const *ws, const float *x, int n_tokens, void *scratch)
-{
-    if (n_tokens <= 0 || n_w <= 0) return;
-    ops_mm_ctx c;
-    ops_mm_setup(&c, NULL, n_w, ws, x, n_tokens, NULL, scratch);
-    double t0 = ops_prof_quant ? util_now() : 0;
-    ops_mm_quantise(&c, 0, 1);
-    if (ops_prof_quant) *ops_prof_quant += util_now() - t0;
-}
-
-void ops_matmul_quantised(int n_w, const ops_weight *const *ws, const float *x, int n_tokens, float *const *ys,
-                          void *scratch)
+void ops_matmul_reuse(int n_w, const ops_weight *const *ws, const float *x, int n_tokens, float *const *ys,
+                      void *scratch, const float **held)
 {
     if (n_tokens <= 0 || n_w <= 0) return;
     ops_mm_ctx c;
     ops_mm_setup(&c, NULL, n_w, ws, x, n_tokens, ys, scratch);
+    if (*held != x) {
+        double t0 = ops_prof_quant ? util_now() : 0;
+        ops_mm_quantise(&c, 0, 1);
+        if (ops_prof_quant) *ops_prof_quant += util_now() - t0;
+        *held = x;
+    }
     c.pre_quantised = true;
     ops_mm_thread(&c, 0, 1);
 }

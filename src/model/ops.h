@@ -33,6 +33,13 @@ typedef struct {
     const void *data;    /* rows * quant_row_bytes(type, cols) bytes */
 } ops_weight;
 
+/* Rows [r0, r0 + n) of w as a weight of their own (a slice that starts on a 16-row group of a
+ * repacked layout is one too). */
+static inline ops_weight ops_weight_rows(const ops_weight *w, int64_t r0, int64_t n)
+{
+    return (ops_weight){ w->type, n, w->cols, (const char *)w->data + quant_row_bytes(w->type, w->cols) * (size_t)r0 };
+}
+
 /* Bytes of scratch ops_matmul needs for n_tokens activations of `cols` against weights of
  * type wtype (the quantised activations; 0 for F32 weights, plus slack for alignment). */
 size_t ops_matmul_scratch_bytes(qtype wtype, int64_t cols, int n_tokens);
@@ -63,14 +70,13 @@ void ops_matmul_multi(threadpool *tp, int n_w, const ops_weight *const *ws, cons
                       int n_tokens, float *const *ys, void *scratch);
 size_t ops_matmul_multi_scratch_bytes(int n_w, const ops_weight *const *ws, int n_tokens);
 
-/* ops_matmul_multi on the calling thread in two halves, for many products with one input (the
- * row chunks of an expert, each its own work item): ops_matmul_quantise quantises x for the
- * vec-dot types of ws into scratch, then ops_matmul_quantised multiplies any weights with
- * those vec-dot types in that order and the same cols (row slices of ws) with x as quantised
- * there, scratch and x as before. The results are ops_matmul_multi's, bit for bit. n_w <= 8. */
-void ops_matmul_quantise(int n_w, const ops_weight *const *ws, const float *x, int n_tokens, void *scratch);
-void ops_matmul_quantised(int n_w, const ops_weight *const *ws, const float *x, int n_tokens, float *const *ys,
-                          void *scratch);
+/* ops_matmul_multi on the calling thread, for many products with one input (the row chunks of
+ * an expert, each its own work item): x is quantised into scratch only when *held is not x,
+ * and *held is x afterwards. The caller keeps *held for one scratch and one set of vec-dot
+ * types and cols (row slices of the same weights), and resets it to NULL when those change.
+ * The results are ops_matmul_multi's, bit for bit. n_w <= 8. */
+void ops_matmul_reuse(int n_w, const ops_weight *const *ws, const float *x, int n_tokens, float *const *ys,
+                      void *scratch, const float **held);
 
 /* out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, rows of n floats; w (n) or NULL for none.
  * out may equal x. */
