@@ -592,19 +592,6 @@ static float dsv4_ent_dot(const engine_dsv4 *d, int n, const float *q, const blo
     }
 }
 
-/* o += w * entry (n values); a Q8_0 entry is dequantised into tmp first (ggml's V to F32). */
-static void dsv4_ent_mad(const engine_dsv4 *d, int n, float *o, const uint8_t *e, float w, float *tmp)
-{
-    switch (d->bt) {
-    case QTYPE_F16: ops_vec_mad_f16(n, o, (const fp16_t *)e, w); break;
-    case QTYPE_Q8_0:
-        quant_dequantize_row(QTYPE_Q8_0, e, tmp, n);
-        ops_vec_mad_f32(n, o, tmp, w);
-        break;
-    default: ops_vec_mad_f32(n, o, (const float *)e, w); break;
-    }
-}
-
 static float dsv4_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 /* RoPE rp on the last n_rot of each head_dim values of rows * n_heads heads, at positions pos
@@ -921,7 +908,8 @@ static void dsv4_job_attention(void *ctx, int ith, int nth)
         for (int pp = lo; pp <= hi; pp++) ops_vec_mad_f32(hd, o, dsv4_raw(d, t, il, pp), sc[i++]);
         for (int e = 0; e < ne; e++) {
             int j = r == 4 ? d->sel[(size_t)t * d->d->idx_topk + e] : e, off, pe = dsv4_ent_at(d, il, r, j, false, &off);
-            dsv4_ent_mad(d, hd, o, dsv4_ent(d, tk->seq, pe, off), sc[i++], ef);
+            quant_dequantize_row(QTYPE_Q8_0, dsv4_ent(d, tk->seq, pe, off), ef, hd);   /* ggml's V to F32 */
+            ops_vec_mad_f32(hd, o, ef, sc[i++]);
         }
         ops_vec_scale_f32(hd, o, 1.0f / sum);
     }
