@@ -88,6 +88,17 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* Random weight bytes: fine for speed, with F16 scales kept finite and small (the 0x3b mask).
+ * MXFP4's scale is a whole byte of exponent, which that mask would put at 2^-128..2^-69: the
+ * products go subnormal and take the multiplier's slow path (it halved the one-token kernel's
+ * rate), where a trained matrix's exponents sit near 127. */
+static void bench_fill(char *d, size_t sz, qtype t, util_rng *r)
+{
+    for (size_t i = 0; i < sz; i++) d[i] = (char)(util_rng_next(r) & 0x3b);
+    if (t == QTYPE_MXFP4)
+        for (size_t i = 0; i < sz; i += sizeof(block_mxfp4)) d[i] = (char)(120 + i % 9);
+}
+
 enum { STREAM_REPS_MAX = 101, STREAM_COLS = 1024 };
 
 /* The read loop: every 64-byte line of buf (n lines) xor-ed in as four 16-byte vectors, into
@@ -134,7 +145,7 @@ static int stream_main(int argc, char **argv)
     for (int k = 0; k < NT; k++) {
         size_t sz = quant_row_bytes(st[k], STREAM_COLS) * (size_t)rows;
         char *d = malloc(sz);
-        for (size_t i = 0; i < sz; i++) d[i] = (char)(util_rng_next(&r) & 0x3b);
+        bench_fill(d, sz, st[k], &r);
         w[k] = (ops_weight){st[k], rows, STREAM_COLS, d};
         qtype rt = ops_repack_type(&w[k]);
         if (rt != st[k]) {
@@ -230,11 +241,7 @@ int main(int argc, char **argv)
             for (int j = 0; j < nl; j++) {
                 size_t sz = quant_row_bytes(st, layer[j].cols) * layer[j].rows;
                 char *d = malloc(sz);
-                /* random bytes are fine for speed, but keep fp16 scales finite and small */
-                for (size_t i = 0; i < sz; i++) d[i] = (char)(util_rng_next(&r) & 0x3b);
-                /* MXFP4: exponents of normal scales (those bytes would be 2^-128..2^-69) */
-                if (st == QTYPE_MXFP4)
-                    for (size_t i = 0; i < sz; i += sizeof(block_mxfp4)) d[i] = (char)(120 + i % 9);
+                bench_fill(d, sz, st, &r);
                 ws[l * nl + j] = (ops_weight){st, layer[j].rows, layer[j].cols, d};
                 if (t != st) {
                     if (ops_repack_type(&ws[l * nl + j]) != t) {
