@@ -96,8 +96,8 @@ struct engine_dsv4 {
     float *iq;               /* (T, idx_heads * idim) */
     float *iw;               /* (T, idx_heads) */
     float *att;              /* (T, H * hd) */
-    float *og;               /* (T, H * hd / o_groups) one group's heads */
-    float *ot;               /* (T, o_lora) */
+    const float *og;         /* (o_groups, T, H * hd / o_groups) wo_a's input: att at one token,
+                              * else att regrouped into q */
     float *oa;               /* (T, o_groups * o_lora) */
     int32_t *pos;            /* (T) */
     int32_t *npos;           /* (T) minus the positions (the inverse rotation) */
@@ -343,7 +343,7 @@ void engine_dsv4_free(engine_dsv4 *d)
 {
     if (!d) return;
     void *bufs[] = { d->lay, d->X, d->xf, d->mix, d->pre, d->post, d->comb, d->cur, d->y, d->qa, d->q, d->kvr,
-                     d->ck, d->cg, d->ik, d->ig, d->iq, d->iw, d->att, d->og, d->ot, d->oa, d->pos, d->npos,
+                     d->ck, d->cg, d->ik, d->ig, d->iq, d->iw, d->att, d->oa, d->pos, d->npos,
                      d->sel, d->n_sel, d->r_logits, d->r_probs, d->r_sel, d->r_w, d->r_idx, d->r_sc, d->x_row,
                      d->x_slot, d->xg, d->fg, d->fu, d->ye, d->shg, d->shu, d->sh, d->mm_scratch, d->th_f, d->th_i,
                      d->ent, d->rrow, d->run0, d->prev_run, d->wsnap, d->wsnap_t, d->wsnap_data, d->x_off, d->x_act,
@@ -435,8 +435,6 @@ engine_dsv4 *engine_dsv4_new(const model *m, threadpool *tp, kvpool *kv, int max
     d->iq = DSV4_F(T * (size_t)md->idx_heads * id);
     d->iw = DSV4_F(T * (size_t)md->idx_heads);
     d->att = DSV4_F(T * H * hd);
-    d->og = DSV4_F(T * H * hd / (size_t)md->o_groups);
-    d->ot = DSV4_F(T * (size_t)md->o_lora);
     d->oa = DSV4_F(T * (size_t)md->o_groups * (size_t)md->o_lora);
     d->pos = DSV4_F(T);
     d->npos = DSV4_F(T);
@@ -483,8 +481,8 @@ engine_dsv4 *engine_dsv4_new(const model *m, threadpool *tp, kvpool *kv, int max
         d->wsnap_data = calloc((size_t)d->n_wsnap_max, kvpool_window_state_bytes(kv));
     }
 #undef DSV4_F
-    size_t sc = 0, msc = 0;   /* msc: a chunk's of the experts' round (a view of any rows needs what
-                               * the whole expert does) */
+    size_t sc = 0, msc = 0;   /* msc: a chunk's of the experts' and wo_a's rounds (a view of any rows
+                               * needs what the whole matrix does) */
     int Ti = (int)T;
     for (int il = 0; il < hp->n_layers; il++) {
         const model_layer *L = &m->layers[il];
@@ -497,9 +495,7 @@ engine_dsv4 *engine_dsv4_new(const model *m, threadpool *tp, kvpool *kv, int max
         for (int j = 0; j < 2; j++) sc = dsv4_sc(hcw[j], Ti, sc);
         sc = dsv4_sc(&L->wq_b, Ti, sc);
         sc = dsv4_sc(&dl->idx_q_b, Ti, sc);
-        ops_weight woa = dl->wo_a;
-        woa.rows = md->o_lora;
-        sc = dsv4_sc(&woa, Ti, sc);
+        msc = dsv4_sc(&dl->wo_a, Ti, msc);   /* its round's chunks */
         sc = dsv4_sc(&dl->wo_b, Ti, sc);
         sc = dsv4_sc(&L->gate_inp, Ti, sc);
         ops_weight g = model_expert(&L->gate_exps, hp->n_expert, 0), u = model_expert(&L->up_exps, hp->n_expert, 0);
@@ -523,7 +519,7 @@ engine_dsv4 *engine_dsv4_new(const model *m, threadpool *tp, kvpool *kv, int max
     sc = dsv4_sc(&m->output, Ti, sc);
     d->mm_scratch = util_aligned_alloc(sc + 64);
     void *need[] = { d->X, d->xf, d->mix, d->pre, d->post, d->comb, d->cur, d->y, d->qa, d->q, d->kvr, d->ck, d->cg,
-                     d->ik, d->ig, d->iq, d->iw, d->att, d->og, d->ot, d->oa, d->pos, d->npos, d->sel, d->n_sel,
+                     d->ik, d->ig, d->iq, d->iw, d->att, d->oa, d->pos, d->npos, d->sel, d->n_sel,
                      d->r_logits, d->r_probs, d->r_sel, d->r_w, d->r_idx, d->r_sc, d->x_row, d->x_slot, d->xg,
                      d->fg, d->fu, d->ye, d->shg, d->shu, d->sh, d->mm_scratch, d->th_f, d->th_i, d->ent,
                      d->ring ? (void *)d->wsnap_data : d->ent, d->x_off, d->x_act, d->moe_tmp, d->att_buf };
@@ -1007,6 +1003,46 @@ int engine_dsv4_states(const engine_dsv4 *d, const engine_window_state **out)
     return d->n_wsnap;
 }
 
+
+
+/* A thread's part of moe_tmp: two output tiles of (T * k, DSV4_MOE_ROWS) and its matmul scratch
+ * (u may be NULL). */
+static void dsv4_thread_tmp(const engine_dsv4 *d, int ith, float **g, float **u, void **scratch)
+{
+    const size_t rows_max = (size_t)d->max_tokens * d->m->hp.n_expert_used * DSV4_MOE_ROWS;
+    *g = d->moe_tmp + (size_t)ith * d->moe_stride;
+    if (u) *u = *g + rows_max;
+    *scratch = *g + 2 * rows_max;
+}
+/* The grouped output's first projection, every group in one pool round: work items are (group,
+ * chunk of DSV4_MOE_ROWS of its o_lora rows) from a shared counter, a thread quantising a
+ * group's input once for the run of chunks it takes from it (ops_matmul_reuse). A chunk's values
+ * are its rows of the group's product, so the split changes no bit; one round instead of one per
+ * group keeps a decode step's threads from meeting at o_groups barriers per layer. */
+static void dsv4_job_wo_a(void *ctx, int ith, int nth)
+{
+    engine_dsv4 *d = ctx;
+    const model_dsv4 *md = d->d;
+    const ops_weight *wa = &md->layers[d->layer].wo_a;
+    const int G = md->o_groups, ol = md->o_lora, T = d->n_tok, R = DSV4_MOE_ROWS, cg = (ol + R - 1) / R;
+    const int64_t gd = wa->cols;
+    float *tg;
+    void *scratch;
+    dsv4_thread_tmp(d, ith, &tg, NULL, &scratch);
+    const float *qx = NULL;   /* the input quantised in scratch */
+    (void)nth;
+    for (;;) {
+        const int it = __atomic_fetch_add(&d->next, 1, __ATOMIC_RELAXED);
+        if (it >= G * cg) break;
+        const int g = it / cg, c0 = it % cg * R, nr = TM_MIN(R, ol - c0);
+        const ops_weight w = ops_weight_rows(wa, (int64_t)g * ol + c0, nr);
+        const ops_weight *ws[1] = { &w };
+        float *out[1] = { tg };
+        ops_matmul_reuse(1, ws, d->og + (size_t)g * T * gd, T, out, scratch, &qx);
+        for (int t = 0; t < T; t++)
+            memcpy(d->oa + (size_t)t * G * ol + (size_t)g * ol + c0, tg + (size_t)t * nr, (size_t)nr * sizeof(float));
+    }
+}
 /* ---- the layers ------------------------------------------------------------------------- */
 
 static void dsv4_attention(engine_dsv4 *d, int il, int T)
@@ -1097,15 +1133,17 @@ static void dsv4_attention(engine_dsv4 *d, int il, int T)
     /* back from the rotation, de-rope, then the grouped low-rank output */
     if (d->rot) ops_hadamard_rows(d->att, (int64_t)T * H * hd / d->rot, d->rot);
     dsv4_rope(d, d->att, d->npos, T, H, hd, rp);
-    const int G = md->o_groups, gd = H * hd / G, ol = md->o_lora;
-    for (int g = 0; g < G; g++) {
-        for (int t = 0; t < T; t++)
-            memcpy(d->og + (size_t)t * gd, d->att + (size_t)t * H * hd + (size_t)g * gd, (size_t)gd * sizeof(float));
-        ops_weight wg = ops_weight_rows(&dl->wo_a, (int64_t)g * ol, ol);
-        ops_matmul(d->tp, &wg, d->og, T, d->ot, d->mm_scratch);
-        for (int t = 0; t < T; t++)
-            memcpy(d->oa + (size_t)t * G * ol + (size_t)g * ol, d->ot + (size_t)t * ol, (size_t)ol * sizeof(float));
+    const int G = md->o_groups, gd = H * hd / G;
+    d->og = d->att;   /* one token's row is its groups in order */
+    if (T > 1) {      /* group-major into q, which the attention has done with */
+        d->og = d->q;
+        for (int g = 0; g < G; g++)
+            for (int t = 0; t < T; t++)
+                memcpy(d->q + ((size_t)g * T + t) * gd, d->att + (size_t)t * H * hd + (size_t)g * gd,
+                       (size_t)gd * sizeof(float));
     }
+    d->next = 0;
+    threadpool_run(d->tp, dsv4_job_wo_a, d);
     ops_matmul(d->tp, &dl->wo_b, d->oa, T, d->y, d->mm_scratch);
     DSV4_MARK(d, il, ENGINE_PROF_WO);
     dsv4_hc_post(d, T);
@@ -1143,9 +1181,9 @@ static void dsv4_job_experts(void *ctx, int ith, int nth)
     const int E = hp->n_expert, dim = hp->dim, ef = dl->ffn, R = DSV4_MOE_ROWS, T = d->n_tok;
     const int sf = d->sh_round ? (int)L->gate_shexp.rows : 0;
     const int cg = (ef + R - 1) / R, cd = (dim + R - 1) / R, csg = (sf + R - 1) / R, csd = sf ? cd : 0;
-    const size_t rows_max = (size_t)d->max_tokens * hp->n_expert_used * R;
-    float *tg = d->moe_tmp + (size_t)ith * d->moe_stride, *tu = tg + rows_max;
-    void *scratch = tu + rows_max;
+    float *tg, *tu;
+    void *scratch;
+    dsv4_thread_tmp(d, ith, &tg, &tu, &scratch);
     const float *qx = NULL;   /* the input quantised in scratch */
     (void)nth;
     for (;;) {
