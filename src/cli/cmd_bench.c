@@ -583,22 +583,25 @@ static size_t cmd_bench_op_bytes(const model *m, int il, engine_prof_op op)
         return op == ENGINE_PROF_OUTPUT ? cmd_bench_wbytes(&m->output)
                : op == ENGINE_PROF_OUT_NORM && v4 ? cmd_bench_wbytes(&v4->out_hc_fn) : 0;
     const model_layer *L = &m->layers[il];
-    const model_dsv4_layer *dl = v4 ? &v4->layers[il] : NULL;
+    size_t own = 0;   /* V4's own matrices of this stage */
+    if (v4 && (op == ENGINE_PROF_QKV || op == ENGINE_PROF_WO || op == ENGINE_PROF_HC)) {
+        const model_dsv4_use use = op == ENGINE_PROF_QKV ? MODEL_DSV4_USE_ATT_IN
+                                   : op == ENGINE_PROF_WO ? MODEL_DSV4_USE_ATT_OUT
+                                                          : MODEL_DSV4_USE_HC;
+        model_dsv4_mat dm[MODEL_DSV4_LAYER_MATS];
+        int nd = model_dsv4_layer_matrices(m->dsv4, il, dm);
+        for (int i = 0; i < nd; i++)
+            if (dm[i].use == use) own += cmd_bench_wbytes(dm[i].w);
+    }
     switch (op) {
     case ENGINE_PROF_QKV:
         return cmd_bench_wbytes(&L->wq) + cmd_bench_wbytes(&L->wk) + cmd_bench_wbytes(&L->wv) +
                cmd_bench_wbytes(&L->wq_a) + cmd_bench_wbytes(&L->wq_b) + cmd_bench_wbytes(&L->wkv_a) +
-               cmd_bench_wbytes(&L->wk_b) +
-               (dl ? cmd_bench_wbytes(&dl->wkv) + cmd_bench_wbytes(&dl->comp_kv) + cmd_bench_wbytes(&dl->comp_gate) +
-                         cmd_bench_wbytes(&dl->idx_proj) + cmd_bench_wbytes(&dl->idx_q_b) +
-                         cmd_bench_wbytes(&dl->icomp_kv) + cmd_bench_wbytes(&dl->icomp_gate)
-                   : 0);
-    case ENGINE_PROF_WO:
-        return cmd_bench_wbytes(&L->wo) + cmd_bench_wbytes(&L->wv_b) +
-               (dl ? cmd_bench_wbytes(&dl->wo_a) + cmd_bench_wbytes(&dl->wo_b) : 0);
+               cmd_bench_wbytes(&L->wk_b) + own;
+    case ENGINE_PROF_WO: return cmd_bench_wbytes(&L->wo) + cmd_bench_wbytes(&L->wv_b) + own;
     case ENGINE_PROF_FFN_UP: return cmd_bench_wbytes(&L->gate) + cmd_bench_wbytes(&L->up);
     case ENGINE_PROF_FFN_DOWN: return cmd_bench_wbytes(&L->down);
-    case ENGINE_PROF_HC: return dl ? cmd_bench_wbytes(&dl->hc_fn[0]) + cmd_bench_wbytes(&dl->hc_fn[1]) : 0;
+    case ENGINE_PROF_HC: return own;
     case ENGINE_PROF_MOE: {   /* the router, the used share of the routed experts, the shared ones */
         if (!L->gate_inp.data) return 0;
         size_t ex = cmd_bench_wbytes(&L->gate_exps) + cmd_bench_wbytes(&L->up_exps) + cmd_bench_wbytes(&L->down_exps);

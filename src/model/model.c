@@ -895,10 +895,10 @@ static int model_repack_list(model *m, ops_weight **ws)
                 ws[n++] = ex[i];
         }
         if (m->dsv4) {   /* V4's own (a sliced one when its slices are whole groups) */
-            ops_weight *dw[MODEL_DSV4_LAYER_MATS];
-            int sr[MODEL_DSV4_LAYER_MATS], nd = model_dsv4_layer_matrices(m->dsv4, il, dw, sr);
+            model_dsv4_mat dm[MODEL_DSV4_LAYER_MATS];
+            int nd = model_dsv4_layer_matrices(m->dsv4, il, dm);
             for (int i = 0; i < nd; i++)
-                if (sr[i] % 16 == 0) ws[n++] = dw[i];
+                if (dm[i].slice_rows % 16 == 0) ws[n++] = dm[i].w;
         }
     }
     return n;
@@ -1201,9 +1201,9 @@ static size_t model_bytes(const model *m, int experts_used)
         for (int i = 0; i < nw; i++) n += model_w_bytes(ws[i]);
         n += model_w_bytes(&L->wk_b) + model_w_bytes(&L->wv_b);
         if (m->dsv4) {
-            ops_weight *dw[MODEL_DSV4_LAYER_MATS];
-            int sr[MODEL_DSV4_LAYER_MATS], nd = model_dsv4_layer_matrices(m->dsv4, il, dw, sr);
-            for (int i = 0; i < nd; i++) n += model_w_bytes(dw[i]);
+            model_dsv4_mat dm[MODEL_DSV4_LAYER_MATS];
+            int nd = model_dsv4_layer_matrices(m->dsv4, il, dm);
+            for (int i = 0; i < nd; i++) n += model_w_bytes(dm[i].w);
         }
         if (!L->gate_inp.data) continue;
         size_t all = model_w_bytes(&L->gate_exps) + model_w_bytes(&L->up_exps) + model_w_bytes(&L->down_exps);

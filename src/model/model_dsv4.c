@@ -103,17 +103,20 @@ void model_dsv4_free(model_dsv4 *d)
 
 /* The family's keys: the MoE keys model_read_hparams leaves to the MoE families, the
  * attention's ranks and groups, the hyper-connections, the hash layers and the indexer. */
-int model_dsv4_layer_matrices(model_dsv4 *d, int il, ops_weight **ws, int *slice_rows)
+int model_dsv4_layer_matrices(model_dsv4 *d, int il, model_dsv4_mat *out)
 {
     model_dsv4_layer *l = &d->layers[il];
-    ops_weight *all[MODEL_DSV4_LAYER_MATS] = { &l->wkv, &l->wo_a, &l->wo_b, &l->hc_fn[0], &l->hc_fn[1], &l->comp_kv,
-                                               &l->comp_gate, &l->idx_proj, &l->idx_q_b, &l->icomp_kv, &l->icomp_gate };
+    const model_dsv4_mat all[MODEL_DSV4_LAYER_MATS] = {
+        { &l->wkv, 0, MODEL_DSV4_USE_ATT_IN },        { &l->comp_kv, 0, MODEL_DSV4_USE_ATT_IN },
+        { &l->comp_gate, 0, MODEL_DSV4_USE_ATT_IN },  { &l->idx_proj, 0, MODEL_DSV4_USE_ATT_IN },
+        { &l->idx_q_b, 0, MODEL_DSV4_USE_ATT_IN },    { &l->icomp_kv, 0, MODEL_DSV4_USE_ATT_IN },
+        { &l->icomp_gate, 0, MODEL_DSV4_USE_ATT_IN }, { &l->wo_a, d->o_lora, MODEL_DSV4_USE_ATT_OUT },
+        { &l->wo_b, 0, MODEL_DSV4_USE_ATT_OUT },      { &l->hc_fn[0], 0, MODEL_DSV4_USE_HC },
+        { &l->hc_fn[1], 0, MODEL_DSV4_USE_HC },
+    };
     int n = 0;
     for (int i = 0; i < MODEL_DSV4_LAYER_MATS; i++)
-        if (all[i]->data) {
-            slice_rows[n] = all[i] == &l->wo_a ? d->o_lora : 0;
-            ws[n++] = all[i];
-        }
+        if (all[i].w->data) out[n++] = all[i];
     return n;
 }
 

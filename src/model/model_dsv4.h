@@ -92,10 +92,21 @@ typedef struct model_dsv4 {
 /* Frees what model_dsv4_load allocated (NULL is fine); the model's owned arrays are its own. */
 void model_dsv4_free(model_dsv4 *d);
 
+/* Where a step reads one of V4's own matrices: with the attention's input projections (the K=V
+ * head, the compressor's and the indexer's), as the grouped output, or in the hyper-connections'
+ * mixes. bench profile charges each to its stage by this. */
+typedef enum { MODEL_DSV4_USE_ATT_IN, MODEL_DSV4_USE_ATT_OUT, MODEL_DSV4_USE_HC } model_dsv4_use;
+
+typedef struct {
+    ops_weight *w;
+    int slice_rows;          /* rows of the slices the engine cuts it into (wo_a: one group's
+                              * o_lora); 0: used whole */
+    model_dsv4_use use;
+} model_dsv4_mat;
+
 /* The 2-D matrices of V4's own that a trunk layer has (data set), at most MODEL_DSV4_LAYER_MATS,
- * for repacking and the weight byte counts; *slice_rows: rows of the slices the engine cuts
- * each into (wo_a: one group's o_lora; 0: used whole). */
+ * for repacking, the weight byte counts and the profile's stages. */
 #define MODEL_DSV4_LAYER_MATS 11
-int model_dsv4_layer_matrices(model_dsv4 *d, int il, ops_weight **ws, int *slice_rows);
+int model_dsv4_layer_matrices(model_dsv4 *d, int il, model_dsv4_mat *out);
 
 #endif
