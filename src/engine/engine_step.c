@@ -622,7 +622,9 @@ engine_status engine_moe_experts_run(engine *e, int il, int n_exp, const int32_t
     int64_t n = 0;
     memset(e->x_off, 0, (size_t)(E + 1) * sizeof *e->x_off);
     for (int i = 0; i < n_exp; i++) {
-        if (experts[i] < 0 || experts[i] >= E || (i > 0 && experts[i] <= experts[i - 1]) || n_rows[i] <= 0)
+        /* a step routes an expert at most one row per token: the round's chunk buffers hold no more */
+        if (experts[i] < 0 || experts[i] >= E || (i > 0 && experts[i] <= experts[i - 1]) || n_rows[i] <= 0 ||
+            n_rows[i] > e->max_tokens)
             return ENGINE_ERR_ARG;
         n += n_rows[i];
         e->x_off[experts[i] + 1] = n_rows[i];
