@@ -269,7 +269,8 @@ void engine_ep_status(engine *e, bytebuf *b);
 /* The routed experts' FFN of layer il for rows another process gathered: experts (n_exp, strictly
  * ascending) with n_rows[i] rows each, x (sum of n_rows, dim) their inputs in that order, y the
  * outputs in the same order: the rows engine_step would compute for them, bit for bit. At most
- * max_batch * n_expert_used rows; ENGINE_ERR_ARG otherwise, or for a layer without experts. */
+ * max_batch * n_expert_used rows, max_batch of them an expert's; ENGINE_ERR_ARG otherwise, or
+ * for a layer without experts. */
 engine_status engine_moe_experts_run(engine *e, int il, int n_exp, const int32_t *experts, const int32_t *n_rows,
                                      const float *x, float *y);
 

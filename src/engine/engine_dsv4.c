@@ -42,8 +42,6 @@
 
 #define DSV4_MAX_MIX 64          /* (2 + hc) * hc at most: hc <= 6 */
 #define DSV4_ATT_HEADS 32        /* query heads per work item of the blocked attention */
-#define DSV4_MOE_ROWS 64         /* output rows of an expert per work item of the experts' round */
-#define DSV4_MOE_SHARED_T 4      /* up to this many tokens the shared expert rides in that round */
 
 typedef struct {
     int ckv, csc;                /* float offsets in the projection row (the first halves on ratio
@@ -115,11 +113,10 @@ struct engine_dsv4 {
     int32_t *x_off;          /* (E + 1) first grouped row of each expert */
     int32_t *x_act;          /* (E) the experts some row chose, ascending */
     int n_act;
-    bool sh_round;           /* the shared expert's chunks are in the experts' round */
-    int next, next2;         /* the experts' round: work item counters of its two phases */
     float *moe_tmp;          /* (n_threads, moe_stride) a chunk's gate and up outputs, (T * k,
-                              * DSV4_MOE_ROWS) each, then its matmul scratch */
+                              * ENGINE_MOE_ROWS) each, then its matmul scratch */
     size_t moe_stride;
+    int next;                /* wo_a's round: its work item counter */
     float *xg;               /* (T * k, dim) */
     float *fg, *fu;          /* (T * k, max_ffn) */
     float *ye;               /* (T * k, dim) */
@@ -513,7 +510,7 @@ engine_dsv4 *engine_dsv4_new(const model *m, threadpool *tp, kvpool *kv, int max
             msc = dsv4_sc(&L->down_shexp, Ti, msc);
         }
     }
-    d->moe_stride = TM_ALIGN_UP(2 * T * k * DSV4_MOE_ROWS + (msc + 64) / sizeof(float), 16);
+    d->moe_stride = TM_ALIGN_UP(2 * T * k * ENGINE_MOE_ROWS + (msc + 64) / sizeof(float), 16);
     d->moe_tmp = util_aligned_alloc((size_t)threadpool_size(tp) * d->moe_stride * sizeof(float));
     sc = dsv4_sc(&md->out_hc_fn, Ti, sc);
     sc = dsv4_sc(&m->output, Ti, sc);
@@ -1005,17 +1002,17 @@ int engine_dsv4_states(const engine_dsv4 *d, const engine_window_state **out)
 
 
 
-/* A thread's part of moe_tmp: two output tiles of (T * k, DSV4_MOE_ROWS) and its matmul scratch
- * (u may be NULL). */
-static void dsv4_thread_tmp(const engine_dsv4 *d, int ith, float **g, float **u, void **scratch)
+/* A thread's part of moe_tmp as the experts' round lays it out (engine_moe_round): its first
+ * output tile of (T * k, ENGINE_MOE_ROWS), and after the two tiles its matmul scratch. */
+static float *dsv4_thread_tmp(const engine_dsv4 *d, int ith, void **scratch)
 {
-    const size_t rows_max = (size_t)d->max_tokens * d->m->hp.n_expert_used * DSV4_MOE_ROWS;
-    *g = d->moe_tmp + (size_t)ith * d->moe_stride;
-    if (u) *u = *g + rows_max;
-    *scratch = *g + 2 * rows_max;
+    const size_t rows_max = (size_t)d->max_tokens * d->m->hp.n_expert_used * ENGINE_MOE_ROWS;
+    float *g = d->moe_tmp + (size_t)ith * d->moe_stride;
+    *scratch = g + 2 * rows_max;
+    return g;
 }
 /* The grouped output's first projection, every group in one pool round: work items are (group,
- * chunk of DSV4_MOE_ROWS of its o_lora rows) from a shared counter, a thread quantising a
+ * chunk of ENGINE_MOE_ROWS of its o_lora rows) from a shared counter, a thread quantising a
  * group's input once for the run of chunks it takes from it (ops_matmul_reuse). A chunk's values
  * are its rows of the group's product, so the split changes no bit; one round instead of one per
  * group keeps a decode step's threads from meeting at o_groups barriers per layer. */
@@ -1024,11 +1021,10 @@ static void dsv4_job_wo_a(void *ctx, int ith, int nth)
     engine_dsv4 *d = ctx;
     const model_dsv4 *md = d->d;
     const ops_weight *wa = &md->layers[d->layer].wo_a;
-    const int G = md->o_groups, ol = md->o_lora, T = d->n_tok, R = DSV4_MOE_ROWS, cg = (ol + R - 1) / R;
+    const int G = md->o_groups, ol = md->o_lora, T = d->n_tok, R = ENGINE_MOE_ROWS, cg = (ol + R - 1) / R;
     const int64_t gd = wa->cols;
-    float *tg;
     void *scratch;
-    dsv4_thread_tmp(d, ith, &tg, NULL, &scratch);
+    float *tg = dsv4_thread_tmp(d, ith, &scratch);
     const float *qx = NULL;   /* the input quantised in scratch */
     (void)nth;
     for (;;) {
@@ -1150,93 +1146,6 @@ static void dsv4_attention(engine_dsv4 *d, int il, int T)
     DSV4_MARK(d, il, ENGINE_PROF_HC);
 }
 
-/* silu(min(g, lim)) * clamp(u, -lim, lim), in place in g; lim <= 1e-6: plain SwiGLU */
-static void dsv4_swiglu(float *g, const float *u, int64_t n, float lim)
-{
-    for (int64_t i = 0; i < n; i++) {
-        float a = g[i], b = u[i];
-        if (lim > 1e-6f) {
-            a = fminf(a, lim);
-            b = fminf(fmaxf(b, -lim), lim);
-        }
-        g[i] = a / (1.0f + expf(-a)) * b;
-    }
-}
-
-/* The experts' matmuls of a layer in one pool round: work items are (active expert, chunk of
- * DSV4_MOE_ROWS rows) from a shared counter; phase 1 computes gate and up of a chunk of the
- * expert's hidden rows over all of its rows and the clamped SwiGLU into fg, then after a
- * barrier phase 2 the down projection of a chunk of its output rows into ye. A chunk's values
- * are its rows of the whole products (a row's dots do not depend on the rows beside it), so
- * the split changes no bit; one round instead of two per expert keeps a decode step's threads
- * from meeting at a dozen barriers per layer. A thread quantises an input once for the run of
- * chunks it takes from one expert (ops_matmul_reuse). With sh_round the shared expert's
- * chunks come first in each phase (cur through gate/up into shg, shg through down into sh). */
-static void dsv4_job_experts(void *ctx, int ith, int nth)
-{
-    engine_dsv4 *d = ctx;
-    const model_hparams *hp = &d->m->hp;
-    const model_layer *L = &d->m->layers[d->layer];
-    const model_dsv4_layer *dl = &d->d->layers[d->layer];
-    const int E = hp->n_expert, dim = hp->dim, ef = dl->ffn, R = DSV4_MOE_ROWS, T = d->n_tok;
-    const int sf = d->sh_round ? (int)L->gate_shexp.rows : 0;
-    const int cg = (ef + R - 1) / R, cd = (dim + R - 1) / R, csg = (sf + R - 1) / R, csd = sf ? cd : 0;
-    float *tg, *tu;
-    void *scratch;
-    dsv4_thread_tmp(d, ith, &tg, &tu, &scratch);
-    const float *qx = NULL;   /* the input quantised in scratch */
-    (void)nth;
-    for (;;) {
-        int it = __atomic_fetch_add(&d->next, 1, __ATOMIC_RELAXED) - csg;
-        if (it >= d->n_act * cg) break;
-        const ops_weight *gw, *uw;
-        ops_weight ge, ue;
-        int c0, n, ld;
-        const float *x;
-        float *f, lim;
-        if (it < 0) {   /* a chunk of the shared expert's hidden rows */
-            c0 = (it + csg) * R, n = T, ld = sf, x = d->cur, f = d->shg, lim = dl->clamp_shexp;
-            gw = &L->gate_shexp, uw = &L->up_shexp;
-        } else {
-            const int e = d->x_act[it / cg], r0 = d->x_off[e];
-            c0 = it % cg * R, n = d->x_off[e + 1] - r0, ld = ef;
-            x = d->xg + (size_t)r0 * dim, f = d->fg + (size_t)r0 * ef, lim = dl->clamp_exp;
-            ge = model_expert(&L->gate_exps, E, e), ue = model_expert(&L->up_exps, E, e);
-            gw = &ge, uw = &ue;
-        }
-        const int nr = TM_MIN(R, ld - c0);
-        ops_weight g = ops_weight_rows(gw, c0, nr), u = ops_weight_rows(uw, c0, nr);
-        const ops_weight *gu[2] = { &g, &u };
-        float *out[2] = { tg, tu };
-        ops_matmul_reuse(2, gu, x, n, out, scratch, &qx);
-        dsv4_swiglu(tg, tu, (int64_t)n * nr, lim);
-        for (int t = 0; t < n; t++) memcpy(f + (size_t)t * ld + c0, tg + (size_t)t * nr, (size_t)nr * sizeof(float));
-    }
-    threadpool_barrier(d->tp);
-    qx = NULL;
-    for (;;) {
-        int it = __atomic_fetch_add(&d->next2, 1, __ATOMIC_RELAXED) - csd;
-        if (it >= d->n_act * cd) break;
-        const int c0 = (it < 0 ? it + csd : it % cd) * R, nr = TM_MIN(R, dim - c0);
-        ops_weight dw;
-        const float *f;
-        float *y;
-        int n;
-        if (it < 0) {   /* a chunk of the shared expert's output rows */
-            dw = L->down_shexp, f = d->shg, y = d->sh, n = T;
-        } else {
-            const int e = d->x_act[it / cd], r0 = d->x_off[e];
-            dw = model_expert(&L->down_exps, E, e), n = d->x_off[e + 1] - r0;
-            f = d->fg + (size_t)r0 * ef, y = d->ye + (size_t)r0 * dim;
-        }
-        dw = ops_weight_rows(&dw, c0, nr);
-        const ops_weight *dws[1] = { &dw };
-        float *out[1] = { tg };
-        ops_matmul_reuse(1, dws, f, n, out, scratch, &qx);
-        for (int t = 0; t < n; t++) memcpy(y + (size_t)t * dim + c0, tg + (size_t)t * nr, (size_t)nr * sizeof(float));
-    }
-}
-
 static void dsv4_moe(engine_dsv4 *d, int il, int T)
 {
     const model *m = d->m;
@@ -1285,18 +1194,25 @@ static void dsv4_moe(engine_dsv4 *d, int il, int T)
         if (nr > d->x_off[e]) d->x_act[d->n_act++] = e;
     }
     d->x_off[E] = nr;
-    d->sh_round = L->gate_shexp.data && T <= DSV4_MOE_SHARED_T;
-    if (L->gate_shexp.data && !d->sh_round) {   /* a dense FFN over the whole step, its own rounds */
+    const bool sh_round = L->gate_shexp.data && T <= ENGINE_MOE_SHARED_T;
+    if (L->gate_shexp.data && !sh_round) {   /* a dense FFN over the whole step, its own rounds */
         const int sf = (int)L->gate_shexp.rows;
         const ops_weight *gu[2] = { &L->gate_shexp, &L->up_shexp };
         float *fo[2] = { d->shg, d->shu };
         ops_matmul_multi(d->tp, 2, gu, d->cur, T, fo, d->mm_scratch);
-        dsv4_swiglu(d->shg, d->shu, (int64_t)T * sf, dl->clamp_shexp);
+        engine_moe_swiglu_clamp(d->shg, d->shu, (int64_t)T * sf, dl->clamp_shexp);
         ops_matmul(d->tp, &L->down_shexp, d->shg, T, d->sh, d->mm_scratch);
     }
-    d->layer = il;
-    d->next = d->next2 = 0;
-    threadpool_run(d->tp, dsv4_job_experts, d);
+    engine_moe_round r = {
+        .tp = d->tp, .n_expert = E, .ef = dl->ffn, .dim = dim,
+        .gate = &L->gate_exps, .up = &L->up_exps, .down = &L->down_exps,
+        .act = ENGINE_MOE_ACT_SWIGLU_CLAMP, .lim = dl->clamp_exp,
+        .x_act = d->x_act, .n_act = d->n_act, .x_off = d->x_off, .xg = d->xg, .fe = d->fg, .ye = d->ye,
+        .sh_gate = sh_round ? &L->gate_shexp : NULL, .sh_up = &L->up_shexp, .sh_down = &L->down_shexp,
+        .sh_act = ENGINE_MOE_ACT_SWIGLU_CLAMP, .sh_lim = dl->clamp_shexp, .T = T, .xs = d->cur, .fs = d->shg, .ys = d->sh,
+        .tmp = d->moe_tmp, .tmp_stride = d->moe_stride, .tmp_rows = (size_t)d->max_tokens * k * ENGINE_MOE_ROWS,
+    };
+    engine_moe_round_run(&r);
     for (int t = 0; t < T; t++) {
         float *y = d->y + (size_t)t * dim;
         memset(y, 0, (size_t)dim * sizeof(float));

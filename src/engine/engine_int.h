@@ -9,7 +9,8 @@
  *   engine_kv.c   the KV cache: its types and geometry, the rotation a quantised cache takes,
  *                 and the window layers' staging, rings and captured states
  *   engine_step.c the decoder step: the layers of engine_forward, their pool jobs
- *                 (attention, experts, latent attention) and the logits
+ *                 (attention, routing, latent attention) and the logits; the experts'
+ *                 round itself is engine_moe.c's (engine_moe.h), shared with engine_dsv4.c
  */
 #ifndef TM_ENGINE_INT_H
 #define TM_ENGINE_INT_H
@@ -20,6 +21,7 @@
 #include "engine/engine_bert.h"
 #include "engine/engine_dsv4.h"
 #include "engine/engine_dsv4_mtp.h"
+#include "engine/engine_moe.h"
 #include "engine/engine_qwen35.h"
 #include "model/moe.h"
 #include "model/ops.h"
@@ -45,11 +47,6 @@
  * it. No allocation after engine_new. */
 #define ENGINE_MAX_SCRATCH 48   /* buffers engine_new allocates at most */
 #define ENGINE_MOE_WINDOW 128
-#define ENGINE_MOE_ROWS 64       /* output rows of an expert per work item */
-/* Steps of at most this many tokens compute the shared experts' FFN as work items of the
- * routed experts' round (two pool rounds fewer per layer); each item quantises its T input
- * rows again, which for a long prefill would cost more than the rounds it saves. */
-#define ENGINE_MOE_SHARED_T 4
 
 typedef struct engine_moe_stats engine_moe_stats;
 
@@ -167,13 +164,11 @@ typedef struct {
     int nkv;                 /* the layer's kv heads (gemma4's own, else n_kv_heads) */
     int rot_k;               /* the layer's Walsh-Hadamard order for Q and K (rot_k's, 0: none) */
     int rot_v;               /* the layer's order for V and back for the output (rot_v's, 0: none) */
-    int next;                /* attention, experts: shared item counter (atomic) */
-    int next2;               /* experts: the down projection's item counter (atomic) */
+    int next;                /* attention, MLA heads: shared item counter (atomic) */
     bool q16;                /* attention: the per-key path (f16 Q, f16 V accumulator) */
     bool q8;                 /* attention: the quantised cache's per-key path (Q8_0 Q, f32 V) */
     bool win;                /* attention: a window layer, one item per (batch entry, kv head) */
     bool mla_v;              /* MLA heads: values through v_b (else queries through k_b) */
-    bool shexp;              /* experts: the shared experts' FFN is in the round (into shx) */
 } engine_job;
 
 /* engine_gemma4.c: a gemma4 layer's q, k and v rows [t0, t0 + n) of the step, in its own

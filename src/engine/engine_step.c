@@ -561,97 +561,25 @@ static void engine_job_moe_sum(void *ctx, int ith, int nth)
     }
 }
 
-/* The experts' matmuls of a step in one pool round: work items are (active expert, chunk of
- * ENGINE_MOE_ROWS output rows), taken from a shared counter; phase 1 computes gate and up for
- * a chunk of the expert's hidden rows over all of its tokens and SwiGLU into fe, then after a
- * barrier phase 2 the down projection for a chunk of its output rows into ye. A chunk's
- * results are its rows of the whole-matrix products (a row's dots do not depend on the rows
- * beside it), so the split changes no bit; one round instead of three per active expert keeps
- * a decode step's threads from meeting at 3k barriers per layer; a thread quantises an input
- * once for the run of chunks it takes from one expert (ops_matmul_reuse). With j->shexp the shared
- * experts' FFN comes first in each phase, as chunks of the same size over every token (xn
- * through gate/up and SwiGLU into ffa, then ffa through down into shx). */
-static void engine_job_moe_experts(void *ctx, int ith, int nth)
+/* The experts' round of layer il (engine_moe_round_run) over the rows grouped in x_off/x_act/xg,
+ * into fe and ye; shexp: the shared experts' FFN too (xn through ffa into shx). */
+static void engine_moe_round_fill(engine *e, engine_moe_round *r, int il, int T, bool shexp)
 {
-    engine_job *j = ctx;
-    engine *e = j->e;
     const model_hparams *hp = &e->m->hp;
-    const model_layer *L = &e->m->layers[j->layer];
-    const int E = hp->n_expert, dim = hp->dim, ef = hp->expert_ffn, R = ENGINE_MOE_ROWS;
-    const int cg = (ef + R - 1) / R, cd = (dim + R - 1) / R;
-    float *tg = e->moe_tmp + (size_t)ith * e->moe_tmp_stride, *tu = tg + (size_t)e->max_tokens * R;
-    void *scratch = tu + (size_t)e->max_tokens * R;
-    const int T = j->b->n_tokens, sf = j->shexp ? (int)L->gate_shexp.rows : 0;
-    const int csg = (sf + R - 1) / R, csd = j->shexp ? cd : 0;
-    const float *qx = NULL;   /* the input quantised in scratch: once per run of one expert's chunks */
-    (void)nth;
-    for (;;) {
-        int it = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED) - csg;
-        if (it >= e->n_act * cg) break;
-        if (it < 0) {   /* a chunk of the shared experts' hidden rows */
-            int c0 = (it + csg) * R, nr = TM_MIN(R, sf - c0);
-            ops_weight g = ops_weight_rows(&L->gate_shexp, c0, nr), u = ops_weight_rows(&L->up_shexp, c0, nr);
-            const ops_weight *gu[2] = { &g, &u };
-            float *out[2] = { tg, tu };
-            ops_matmul_reuse(2, gu, e->xn, T, out, scratch, &qx);
-            ops_swiglu(NULL, tg, tg, tu, T, nr);
-            for (int t = 0; t < T; t++)
-                memcpy(e->ffa + (size_t)t * sf + c0, tg + (size_t)t * nr, (size_t)nr * sizeof(float));
-            continue;
-        }
-        int x = e->x_act[it / cg], c0 = it % cg * R, nr = TM_MIN(R, ef - c0);
-        int r0 = e->x_off[x], n = e->x_off[x + 1] - r0;
-        ops_weight g = model_expert(&L->gate_exps, E, x), u = L->exps_gate_up ? g : model_expert(&L->up_exps, E, x);
-        /* gate and up may differ in type (the "dynamic" mixes): each its own row size; fused
-         * (gemma4's ffn_gate_up_exps), up's rows follow the expert's ef gate rows */
-        const int cu = L->exps_gate_up ? ef + c0 : c0;
-        g = ops_weight_rows(&g, c0, nr);
-        u = ops_weight_rows(&u, cu, nr);
-        const ops_weight *gu[2] = { &g, &u };
-        float *out[2] = { tg, tu };
-        ops_matmul_reuse(2, gu, e->xg + (size_t)r0 * dim, n, out, scratch, &qx);
-        if (L->gate_exps_b) {   /* expert biases (gpt-oss) */
-            const float *gb = L->gate_exps_b + (size_t)x * ef + c0, *ub = L->up_exps_b + (size_t)x * ef + c0;
-            for (int t = 0; t < n; t++) {
-                ops_add(NULL, tg + (size_t)t * nr, gb, nr);
-                ops_add(NULL, tu + (size_t)t * nr, ub, nr);
-            }
-        }
-        if (hp->swiglu_limit > 0) ops_swiglu_oai(tg, tg, tu, (int64_t)n * nr, 1.702f, hp->swiglu_limit);
-        else if (hp->ffn_gelu) ops_geglu(NULL, tg, tg, tu, n, nr);   /* gemma4 */
-        else ops_swiglu(NULL, tg, tg, tu, n, nr);
-        for (int t = 0; t < n; t++)
-            memcpy(e->fe + (size_t)(r0 + t) * ef + c0, tg + (size_t)t * nr, (size_t)nr * sizeof(float));
-    }
-    threadpool_barrier(e->tp);
-    qx = NULL;
-    for (;;) {
-        int it = __atomic_fetch_add(&j->next2, 1, __ATOMIC_RELAXED) - csd;
-        if (it >= e->n_act * cd) break;
-        if (it < 0) {   /* a chunk of the shared experts' output rows */
-            int c0 = (it + csd) * R, nr = TM_MIN(R, dim - c0);
-            ops_weight d = ops_weight_rows(&L->down_shexp, c0, nr);
-            const ops_weight *dw[1] = { &d };
-            float *out[1] = { tg };
-            ops_matmul_reuse(1, dw, e->ffa, T, out, scratch, &qx);
-            for (int t = 0; t < T; t++)
-                memcpy(e->shx + (size_t)t * dim + c0, tg + (size_t)t * nr, (size_t)nr * sizeof(float));
-            continue;
-        }
-        int x = e->x_act[it / cd], c0 = it % cd * R, nr = TM_MIN(R, dim - c0);
-        int r0 = e->x_off[x], n = e->x_off[x + 1] - r0;
-        ops_weight d = model_expert(&L->down_exps, E, x);
-        d = ops_weight_rows(&d, c0, nr);
-        const ops_weight *dw[1] = { &d };
-        float *out[1] = { tg };
-        ops_matmul_reuse(1, dw, e->fe + (size_t)r0 * ef, n, out, scratch, &qx);
-        if (L->down_exps_b)
-            for (int t = 0; t < n; t++) ops_add(NULL, tg + (size_t)t * nr, L->down_exps_b + (size_t)x * dim + c0, nr);
-        if (L->down_exps_s)   /* gemma4's per-expert scale, before the routing weight (ggml's order) */
-            ops_vec_scale_f32((int64_t)n * nr, tg, L->down_exps_s[x]);
-        for (int t = 0; t < n; t++)
-            memcpy(e->ye + (size_t)(r0 + t) * dim + c0, tg + (size_t)t * nr, (size_t)nr * sizeof(float));
-    }
+    const model_layer *L = &e->m->layers[il];
+    const engine_moe_act act = hp->swiglu_limit > 0 ? ENGINE_MOE_ACT_SWIGLU_OAI
+                               : hp->ffn_gelu       ? ENGINE_MOE_ACT_GEGLU
+                                                    : ENGINE_MOE_ACT_SWIGLU;
+    *r = (engine_moe_round){
+        .tp = e->tp, .n_expert = hp->n_expert, .ef = hp->expert_ffn, .dim = hp->dim,
+        .gate = &L->gate_exps, .up = &L->up_exps, .down = &L->down_exps, .gate_up = L->exps_gate_up,
+        .gate_b = L->gate_exps_b, .up_b = L->up_exps_b, .down_b = L->down_exps_b, .down_s = L->down_exps_s,
+        .act = act, .lim = hp->swiglu_limit,
+        .x_act = e->x_act, .n_act = e->n_act, .x_off = e->x_off, .xg = e->xg, .fe = e->fe, .ye = e->ye,
+        .sh_gate = shexp ? &L->gate_shexp : NULL, .sh_up = &L->up_shexp, .sh_down = &L->down_shexp,
+        .sh_act = ENGINE_MOE_ACT_SWIGLU, .T = T, .xs = e->xn, .fs = e->ffa, .ys = e->shx,
+        .tmp = e->moe_tmp, .tmp_stride = e->moe_tmp_stride, .tmp_rows = (size_t)e->max_tokens * ENGINE_MOE_ROWS,
+    };
 }
 
 void engine_moe_ffn(engine *e, engine_job *job, int il, int T, const float *rin)
@@ -659,8 +587,8 @@ void engine_moe_ffn(engine *e, engine_job *job, int il, int T, const float *rin)
     const model_layer *L = &e->m->layers[il];
     threadpool *tp = e->tp;
     if (L->gate_inp_shexp) engine_qwen35_shgate_compute(e->q35, il, e->xn, T);   /* before xn is overwritten */
-    job->shexp = L->gate_shexp.data && T <= ENGINE_MOE_SHARED_T;
-    if (L->gate_shexp.data && !job->shexp) {   /* shared experts: a dense FFN on the same input */
+    const bool shexp = L->gate_shexp.data && T <= ENGINE_MOE_SHARED_T;
+    if (L->gate_shexp.data && !shexp) {   /* shared experts: a dense FFN on the same input */
         const ops_weight *gu[2] = { &L->gate_shexp, &L->up_shexp };
         float *gu_out[2] = { e->ffa, e->ffb };
         ops_matmul_multi(tp, 2, gu, e->xn, T, gu_out, e->mm_scratch);
@@ -673,12 +601,12 @@ void engine_moe_ffn(engine *e, engine_job *job, int il, int T, const float *rin)
     engine_moe_stats_layer(e->stats, il, e->x_off);
     threadpool_run(tp, engine_job_moe_gather, job);
     if (e->ep) e->n_act = e->ep->dispatch(e->ep->ctx, il, e->x_act, e->n_act, e->x_off, e->xg);
-    job->next = job->next2 = 0;
-    threadpool_run(tp, engine_job_moe_experts, job);
+    engine_moe_round r;
+    engine_moe_round_fill(e, &r, il, T, shexp);
+    engine_moe_round_run(&r);
     if (e->ep && (e->n_act = e->ep->combine(e->ep->ctx, il, e->ye, e->x_act)) > 0) {
-        job->shexp = false;   /* done in the first round */
-        job->next = job->next2 = 0;
-        threadpool_run(tp, engine_job_moe_experts, job);
+        engine_moe_round_fill(e, &r, il, T, false);   /* the shared experts: done in the first round */
+        engine_moe_round_run(&r);
     }
     threadpool_run(tp, engine_job_moe_sum, job);
 }
@@ -694,7 +622,9 @@ engine_status engine_moe_experts_run(engine *e, int il, int n_exp, const int32_t
     int64_t n = 0;
     memset(e->x_off, 0, (size_t)(E + 1) * sizeof *e->x_off);
     for (int i = 0; i < n_exp; i++) {
-        if (experts[i] < 0 || experts[i] >= E || (i > 0 && experts[i] <= experts[i - 1]) || n_rows[i] <= 0)
+        /* a step routes an expert at most one row per token: the round's chunk buffers hold no more */
+        if (experts[i] < 0 || experts[i] >= E || (i > 0 && experts[i] <= experts[i - 1]) || n_rows[i] <= 0 ||
+            n_rows[i] > e->max_tokens)
             return ENGINE_ERR_ARG;
         n += n_rows[i];
         e->x_off[experts[i] + 1] = n_rows[i];
@@ -704,10 +634,9 @@ engine_status engine_moe_experts_run(engine *e, int il, int n_exp, const int32_t
     memcpy(e->x_act, experts, (size_t)n_exp * sizeof *experts);
     e->n_act = n_exp;
     memcpy(e->xg, x, (size_t)n * dim * sizeof(float));
-    engine_tok tk = { 0 };
-    engine_batch b = { .n_tokens = 1, .toks = &tk };   /* the shared experts are not in this round */
-    engine_job job = { .e = e, .b = &b, .layer = il };
-    threadpool_run(e->tp, engine_job_moe_experts, &job);
+    engine_moe_round r;
+    engine_moe_round_fill(e, &r, il, 1, false);   /* the shared experts are not in this round */
+    engine_moe_round_run(&r);
     memcpy(y, e->ye, (size_t)n * dim * sizeof(float));
     return ENGINE_OK;
 }

@@ -164,6 +164,14 @@ TEST(test_split_experts_same_bits)
         ex[0] = 0;
         rows[1] = 10000;
         CHECK(engine_moe_experts_run(member, 1, 2, ex, rows, got, want) == ENGINE_ERR_ARG);
+        /* one expert past the member's batch: a step never routes it more than a row per token,
+         * and its chunk buffers hold no more (the total would fit max_batch * n_expert_used) */
+        int32_t ex1[1] = { 0 }, rows1[1] = { 65 };
+        float *x1 = xmalloc((size_t)65 * m->hp.dim * sizeof(float)), *y1 = xmalloc((size_t)65 * m->hp.dim * sizeof(float));
+        for (size_t i = 0; i < (size_t)65 * m->hp.dim; i++) x1[i] = 0.01f * (float)(i % 97);
+        CHECK(engine_moe_experts_run(member, 1, 1, ex1, rows1, x1, y1) == ENGINE_ERR_ARG);
+        free(x1);
+        free(y1);
         free(want);
         free(got);
         engine_free(one);
