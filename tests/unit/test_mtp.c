@@ -317,6 +317,20 @@ static void mtp_run(model *m, engine *d, engine *dm, int32_t out[NREQ][GEN], sch
     engine_free(e);
 }
 
+/* The set-up of the scheduler tests on m: the output without drafts (want, its statistics
+ * st0), then m's MTP layer as an engine of its own (*d, over view, which the caller frees after
+ * *d). False when that engine cannot be made. */
+static bool mtp_setup(model *m, model *view, int32_t want[NREQ][GEN], sched_stats *st0, engine **d)
+{
+    char err[256];
+    memset(st0, 0, sizeof *st0);
+    mtp_run(m, NULL, NULL, want, st0);
+    model_mtp_view(m, 0, view);
+    engine_opts eo = { .n_threads = 2, .n_kv_blocks = 16, .max_batch_tokens = 64 + NREQ };
+    CHECKF(engine_new(view, &eo, d, err, sizeof err) == ENGINE_OK, "%s", err);
+    return *d != NULL;
+}
+
 /* Through the scheduler, on the echo file: greedy output with MTP drafts (3 each, chained)
  * equals the output without, concurrent requests read in chunks, and nearly every draft is
  * accepted (the statistics /metrics shows): an entry at the wrong position or with the wrong
@@ -341,15 +355,10 @@ TEST(test_sched_echo)
     CHECK(m->hp.n_layers == 1 && m->hp.n_nextn == 1);
     static int32_t want[NREQ][GEN], got[NREQ][GEN];
     sched_stats st0, st;
-    memset(&st0, 0, sizeof st0);
     memset(&st, 0, sizeof st);
-    mtp_run(m, NULL, NULL, want, &st0);
     model *view = xmalloc(sizeof *view);
-    model_mtp_view(m, 0, view);
-    engine_opts eo = { .n_threads = 2, .n_kv_blocks = 16, .max_batch_tokens = 64 + NREQ };
     engine *d = NULL;
-    CHECKF(engine_new(view, &eo, &d, err, sizeof err) == ENGINE_OK, "%s", err);
-    if (d) {
+    if (mtp_setup(m, view, want, &st0, &d)) {
         mtp_run(m, d, NULL, got, &st);
         CHECK(!memcmp(got, want, sizeof want));
         CHECKF(st.spec_verified > 40 && st.spec_accepted + 2 >= st.spec_verified && st.spec_k_hist[3] > 10,
@@ -405,15 +414,11 @@ TEST(test_mtp_and_draft_model)
     if (!m || !plain) goto out;
     static int32_t want[NREQ][GEN], got[NREQ][GEN];
     sched_stats st0, st;
-    memset(&st0, 0, sizeof st0);
     memset(&st, 0, sizeof st);
-    mtp_run(m, NULL, NULL, want, &st0);
-    model_mtp_view(m, 0, view);
-    engine_opts eo = { .n_threads = 2, .n_kv_blocks = 16, .max_batch_tokens = 64 + NREQ };
-    CHECKF(engine_new(view, &eo, &d, err, sizeof err) == ENGINE_OK, "%s", err);
+    if (!mtp_setup(m, view, want, &st0, &d)) goto out;
     engine_opts peo = { .n_threads = 2, .n_kv_blocks = 16, .max_batch_tokens = 64 };
     CHECKF(engine_new(plain, &peo, &pe, err, sizeof err) == ENGINE_OK, "%s", err);
-    if (!d || !pe) goto out;
+    if (!pe) goto out;
     mtp_run(m, d, pe, got, &st);
     CHECK(!memcmp(got, want, sizeof want));
     CHECKF(st.spec_src_drafted[2] >= NREQ && st.spec_src_accepted[1] > 40 &&
@@ -445,14 +450,9 @@ TEST(test_mtp_skip_when_not_drafting)
     if (!m) goto out;
     static int32_t want[NREQ][GEN], got[NREQ][GEN], fixed[NREQ][GEN];
     sched_stats st0, st, stf;
-    memset(&st0, 0, sizeof st0);
     memset(&st, 0, sizeof st);
     memset(&stf, 0, sizeof stf);
-    mtp_run(m, NULL, NULL, want, &st0);
-    model_mtp_view(m, 0, view);
-    engine_opts eo = { .n_threads = 2, .n_kv_blocks = 16, .max_batch_tokens = 64 + NREQ };
-    CHECKF(engine_new(view, &eo, &d, err, sizeof err) == ENGINE_OK, "%s", err);
-    if (!d) goto out;
+    if (!mtp_setup(m, view, want, &st0, &d)) goto out;
     mtp_run(m, d, NULL, fixed, &stf);
     mtp_adaptive = true;
     mtp_run(m, d, NULL, got, &st);
