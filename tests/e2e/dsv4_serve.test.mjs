@@ -59,6 +59,41 @@ async function streamed(url, prompt) {
   return text;
 }
 
+// The sizes of a block and of a window state in the cache type z.kv, worked out by hand beside
+// each caller's figures: what a server's startup log states of its pool ({log}), or what `store
+// stat` reads from the headers of the blocks stored in a folder ({dir}). z: {kv, block (a block
+// layer's size), row (its row width in values), entries (the compressed entries' bytes), state,
+// raw (a window state's bytes and those of its raw rows)}, sizes as the log prints them.
+function assertSizes(z, { log, dir }) {
+  const e = (v) => String(v).replace(/\./g, "\\.");
+  if (log) {
+    assert.match(log, new RegExp(`\\(deepseek4, 4 layers, ctx 512, KV ${z.kv}, \\d+ blocks of ${e(z.block)} per 128 tokens, ` +
+      "compressed entries"));
+    assert.match(log, new RegExp(`deepseek4 keeps compressed entries in blocks: ${e(z.entries)} per 128-token block in ${z.kv} ` +
+      `\\(a block layer of 128 x ${z.row}: ${e(z.block)}\\); window states of ${e(z.state)} \\(${e(z.raw)} of raw rows in ` +
+      `${z.kv} and 8\\.0 KiB of ratio-4 carry in F32\\); rings of 0\\.14 MiB per sequence`));
+    return;
+  }
+  const stat = spawnSync(bin, ["store", "stat", `dir:${dir}`], { encoding: "utf8" });
+  assert.equal(stat.status, 0, stat.stderr);
+  assert.match(stat.stdout, new RegExp(`${e(z.block)}: 1 layers x 1 kv head x ${z.row}, V is K \\(latent\\), ${z.kv}: \\d+ blocks`),
+    "block size from the headers");
+}
+
+// A cold run of LONG on server S, then LONG again: its two blocks attached from the pool and the
+// window state at 256 restored, the same answer bit for bit. Returns the cold run.
+async function coldThenWarm(S, kv) {
+  const cold = await complete(S.url, LONG);
+  assert.equal(cold.cached, 0);
+  const warm = await complete(S.url, LONG);
+  // usage counts at most L - 134 (a window model's rule: the state restored depends on the
+  // cache holding it)
+  assert.equal(warm.cached, LONG.length - 134, "two blocks attached, the window state restored");
+  assert.equal(warm.text, cold.text);
+  assert.equal(warm.top, cold.top, `${kv}: logprobs after attaching the pool's blocks and restoring the window state`);
+  return cold;
+}
+
 test("deepseek4 serve: prefix reuse from the pool and from the store after a restart is bit-identical to a cold run; " +
   "shared prefixes batched and streamed answer as alone", { skip, timeout: 60000 }, async () => {
   const model = dsv4Model();
@@ -74,20 +109,13 @@ test("deepseek4 serve: prefix reuse from the pool and from the store after a res
   // F16 by default, as for the other families. The block by hand: two ratio-4 layers of 32
   // entries of 64 and 32 indexer entries of 64, one ratio-128 entry of 64: 8256 values, 16,512
   // bytes in F16; the pool keeps them as one block layer of (128, 65): 8320 values (8256 to a
-  // whole row), 16,640 bytes
-  assert.match(S.log, /\(deepseek4, 4 layers, ctx 512, KV f16, \d+ blocks of 16\.2 KiB per 128 tokens, compressed entries/);
-  // the window state: the last 16 raw rows of 4 layers in f16 (8 KiB), the carry of the two
-  // ratio-4 layers (4 rows of 256 F32: 8 KiB) and kvpool's 16-byte header; the rings: raw rows
-  // of 22 positions, projections of 14 (ratio 4) and 134 (ratio 128), F32: 148,480 bytes
-  assert.match(S.log, /deepseek4 keeps compressed entries in blocks: 16\.1 KiB per 128-token block in f16 \(a block layer of 128 x 65: 16\.2 KiB\); window states of 16\.0 KiB \(8\.0 KiB of raw rows in f16 and 8\.0 KiB of ratio-4 carry in F32\); rings of 0\.14 MiB per sequence/);
-  const cold = await complete(S.url, LONG);
-  assert.equal(cold.cached, 0);
-  const warm = await complete(S.url, LONG);
-  // the blocks and the window state at 256 are reused; usage counts at most L - 134 (a window
-  // model's rule: the state restored depends on the cache holding it)
-  assert.equal(warm.cached, LONG.length - 134, "two blocks attached, the window state restored");
-  assert.equal(warm.text, cold.text);
-  assert.equal(warm.top, cold.top, "logprobs after attaching the pool's blocks and restoring the window state");
+  // whole row), 16,640 bytes. The window state: the last 16 raw rows of 4 layers in f16 (8 KiB),
+  // the carry of the two ratio-4 layers (4 rows of 256 F32: 8 KiB) and kvpool's 16-byte header;
+  // the rings: raw rows of 22 positions, projections of 14 (ratio 4) and 134 (ratio 128), F32:
+  // 148,480 bytes
+  const F16 = { kv: "f16", block: "16.2 KiB", row: 65, entries: "16.1 KiB", state: "16.0 KiB", raw: "8.0 KiB" };
+  assertSizes(F16, { log: S.log });
+  const cold = await coldThenWarm(S, "f16");
   const branch = await complete(S.url, LONG2);
   assert.equal(branch.cached, LONG2.length - 134, "LONG's two blocks attached, its window state at 256 restored");
   assert.equal(branch.text, alone[0].text);
@@ -98,9 +126,7 @@ test("deepseek4 serve: prefix reuse from the pool and from the store after a res
   const streams = await Promise.all(SHARED.map((p) => streamed(S.url, p)));
   streams.forEach((t, i) => assert.equal(t, alone[i + 1].text, `streamed prompt ${i}`));
   await stopServers();   // SIGTERM: the queued blocks are written
-  const stat = spawnSync(bin, ["store", "stat", `dir:${dir}`], { encoding: "utf8" });
-  assert.equal(stat.status, 0, stat.stderr);
-  assert.match(stat.stdout, /16\.2 KiB: 1 layers x 1 kv head x 65, V is K \(latent\), f16: \d+ blocks/, "block size from the headers");
+  assertSizes(F16, { dir });
 
   // after a restart the window cache (RAM) is empty: exact replay recomputes the window from far
   // enough back (here from 0: the exact span of 4 layers of window 128 is 509) and is
@@ -163,17 +189,11 @@ test("deepseek4 serve --kv-type q8_0: blocks reused from the pool and from the s
   // bytes; the block layer's row rounds 65 up to whole Q8_0 blocks, 96: 128 x 3 x 34 = 13,056
   // bytes. The window state: the last 16 raw rows of 4 layers in Q8_0 (4,352 bytes), the same
   // carry (8 KiB) and header: 12,560 bytes
-  assert.match(S.log, /\(deepseek4, 4 layers, ctx 512, KV q8_0, \d+ blocks of 12\.8 KiB per 128 tokens, compressed entries/);
-  assert.match(S.log, /deepseek4 keeps compressed entries in blocks: 8\.6 KiB per 128-token block in q8_0 \(a block layer of 128 x 96: 12\.8 KiB\); window states of 12\.3 KiB \(4\.2 KiB of raw rows in q8_0 and 8\.0 KiB of ratio-4 carry in F32\); rings of 0\.14 MiB per sequence/);
-  const cold = await complete(S.url, LONG);
-  assert.equal(cold.cached, 0);
-  const warm = await complete(S.url, LONG);
-  assert.equal(warm.cached, LONG.length - 134, "two blocks attached, the window state restored");
-  assert.equal(warm.top, cold.top, "q8_0: logprobs after attaching the pool's blocks and restoring the window state");
+  const Q8_0 = { kv: "q8_0", block: "12.8 KiB", row: 96, entries: "8.6 KiB", state: "12.3 KiB", raw: "4.2 KiB" };
+  assertSizes(Q8_0, { log: S.log });
+  const cold = await coldThenWarm(S, "q8_0");
   await stopServers();
-  const stat = spawnSync(bin, ["store", "stat", `dir:${dir}`], { encoding: "utf8" });
-  assert.equal(stat.status, 0, stat.stderr);
-  assert.match(stat.stdout, /12\.8 KiB: 1 layers x 1 kv head x 96, V is K \(latent\), q8_0: \d+ blocks/, "block size from the headers");
+  assertSizes(Q8_0, { dir });
   S = await startServer(model, [...Q8, "--window-replay", "exact"]);
   const restored = await complete(S.url, LONG);
   assert.equal(restored.cached, LONG.length - 134, "two blocks loaded from the store");
