@@ -21,7 +21,7 @@ import assert from 'node:assert/strict';
 import {spawn, spawnSync} from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
-import {root, bin, gen, oracleFiles, rng, runBoth, posDiff} from './oracle_common.mjs';
+import {root, bin, gen, oracleFiles, rng, runBoth, posDiff, llamaEval} from './oracle_common.mjs';
 import {dsv4Model} from './dsv4_model.mjs';
 
 const script = path.join(root, 'tests/oracle/gguf_dsv4.py');
@@ -65,72 +65,47 @@ function run(cmd, args, env) {
   });
 }
 
-test('deepseek4 (gguf-py, F32): llama.cpp loads it and the numpy reference agrees with it past the window, ' +
-  'the indexer top-k and two 128-token groups', {skip}, async () => {
-  const file = model();
-  const r = rng(7);
-  const seqs = LENS.map((n) => Array.from({length: n}, () => r(8000)));
-  const dir = fs.mkdtempSync(path.join(gen, 'in-dsv4-'));
+// Writes input to a fresh folder under gen (tag names it), awaits every promise that
+// runs(inFile) returns for it, then removes the folder: their answers, in order.
+async function withInput(input, tag, runs) {
+  const dir = fs.mkdtempSync(path.join(gen, `in-${tag}-`));
   try {
     const inFile = path.join(dir, 'in.json');
-    fs.writeFileSync(inFile, JSON.stringify({seqs, top: TOP, greedy: GREEDY, batched: true}));
-    const [ll, ref] = await Promise.all([
-      run(process.execPath, [path.join(root, 'tests/oracle/llama_eval.mjs'), '-m', file, '--input', inFile,
-        '--threads', '1', '--kv', 'f32'], {UV_THREADPOOL_SIZE: '1'}),
-      run(python, [refScript, '-m', file, '--input', inFile], {}),
-    ]);
-    let maxDiff = 0;
-    seqs.forEach((sq, s) => {
-      assert.equal(ref.seqs[s].top.length, sq.length);
-      for (let i = 0; i < sq.length; i++) {
-        const got = new Map(ref.seqs[s].top[i]);
-        for (const [id, lp] of ll.seqs[s].top[i]) {
-          if (got.has(id)) maxDiff = Math.max(maxDiff, Math.abs(got.get(id) - lp));
-          else assert.ok(lp <= ref.seqs[s].top[i].at(-1)[1] + TOL, `seq ${s} position ${i}: llama.cpp's token ${id} missing`);
-        }
-      }
-      assert.deepEqual(ref.seqs[s].greedy, ll.seqs[s].greedy, `seq ${s}: greedy continuations`);
-    });
-    assert.ok(maxDiff <= TOL, `max |Δ logprob| ${maxDiff} > ${TOL}`);
-    console.log(`oracle_dsv4: reference vs llama.cpp max |Δ logprob| ${maxDiff.toExponential(2)} over ${LENS.join('/')} tokens`);
+    fs.writeFileSync(inFile, JSON.stringify(input));
+    return await Promise.all(runs(inFile));
   } finally {
     fs.rmSync(dir, {recursive: true, force: true});
   }
+}
+
+// The F32 tests' set-up: sequences of LENS tokens (seed 7), batched, on the gguf-py file, run by
+// llama.cpp (F32 cache) and at once by every run that others(file, inFile) starts.
+async function f32Runs(others) {
+  const file = model();
+  const r = rng(7);
+  const seqs = LENS.map((n) => Array.from({length: n}, () => r(8000)));
+  const [ll, ...answers] = await withInput({seqs, top: TOP, greedy: GREEDY, batched: true}, 'dsv4',
+    (inFile) => [llamaEval(file, inFile, 'f32'), ...others(file, inFile)]);
+  return {seqs, ll, answers};
+}
+
+test('deepseek4 (gguf-py, F32): llama.cpp loads it and the numpy reference agrees with it past the window, ' +
+  'the indexer top-k and two 128-token groups', {skip}, async () => {
+  const {seqs, ll, answers: [ref]} = await f32Runs((file, inFile) => [run(python, [refScript, '-m', file, '--input', inFile], {})]);
+  const maxDiff = compare(ref, ll, seqs, TOL, 'reference');
+  console.log(`oracle_dsv4: reference vs llama.cpp max |Δ logprob| ${maxDiff.toExponential(2)} over ${LENS.join('/')} tokens`);
 });
 
 test('deepseek4 (gguf-py, F32): tokenmill agrees with llama.cpp past the window, the indexer top-k and two ' +
   '128-token groups, and its logits do not depend on the batch or the thread count', {skip}, async () => {
-  const file = model();
-  const r = rng(7);
-  const seqs = LENS.map((n) => Array.from({length: n}, () => r(8000)));
-  const dir = fs.mkdtempSync(path.join(gen, 'in-dsv4-'));
-  try {
-    const inFile = path.join(dir, 'in.json');
-    fs.writeFileSync(inFile, JSON.stringify({seqs, top: TOP, greedy: GREEDY, batched: true}));
-    const [ll, tm, tm1] = await Promise.all([
-      run(process.execPath, [path.join(root, 'tests/oracle/llama_eval.mjs'), '-m', file, '--input', inFile,
-        '--threads', '1', '--kv', 'f32'], {UV_THREADPOOL_SIZE: '1'}),
-      run(bin, ['eval', '-m', file, '--input', inFile, '--threads', '2', '--kv', 'f32'], {}),
-      run(bin, ['eval', '-m', file, '--input', inFile, '--threads', '1', '--batch', '7', '--kv', 'f32'], {}),
-    ]);
-    let maxDiff = 0;
-    seqs.forEach((sq, s) => {
-      assert.equal(tm.seqs[s].top.length, sq.length);
-      assert.deepEqual(tm1.seqs[s].top, tm.seqs[s].top, `seq ${s}: batch 7 / 1 thread differs from batch 512 / 2 threads`);
-      for (let i = 0; i < sq.length; i++) {
-        const got = new Map(tm.seqs[s].top[i]);
-        for (const [id, lp] of ll.seqs[s].top[i]) {
-          if (got.has(id)) maxDiff = Math.max(maxDiff, Math.abs(got.get(id) - lp));
-          else assert.ok(lp <= tm.seqs[s].top[i].at(-1)[1] + TOL, `seq ${s} position ${i}: llama.cpp's token ${id} missing`);
-        }
-      }
-      assert.deepEqual(tm.seqs[s].greedy, ll.seqs[s].greedy, `seq ${s}: greedy continuations`);
-    });
-    assert.ok(maxDiff <= TOL, `max |Δ logprob| ${maxDiff} > ${TOL}`);
-    console.log(`oracle_dsv4: tokenmill vs llama.cpp max |Δ logprob| ${maxDiff.toExponential(2)} over ${LENS.join('/')} tokens`);
-  } finally {
-    fs.rmSync(dir, {recursive: true, force: true});
-  }
+  const {seqs, ll, answers: [tm, tm1]} = await f32Runs((file, inFile) => [
+    run(bin, ['eval', '-m', file, '--input', inFile, '--threads', '2', '--kv', 'f32'], {}),
+    run(bin, ['eval', '-m', file, '--input', inFile, '--threads', '1', '--batch', '7', '--kv', 'f32'], {}),
+  ]);
+  seqs.forEach((sq, s) =>
+    assert.deepEqual(tm1.seqs[s].top, tm.seqs[s].top, `seq ${s}: batch 7 / 1 thread differs from batch 512 / 2 threads`));
+  const maxDiff = compare(tm, ll, seqs, TOL, 'tokenmill');
+  console.log(`oracle_dsv4: tokenmill vs llama.cpp max |Δ logprob| ${maxDiff.toExponential(2)} over ${LENS.join('/')} tokens`);
 });
 
 // YaRN as the published V4 files carry it (rope.scaling type yarn, factor, original context):
@@ -148,6 +123,23 @@ test('deepseek4 with YaRN (factor 8 from 64 positions): tokenmill agrees with ll
   console.log(`oracle_dsv4: YaRN tokenmill vs llama.cpp max |Δ logprob| ${maxDiff.toExponential(2)} over 300 tokens`);
 });
 
+// The cache tests' set-up: one prompt of 300 tokens (seed 12) alone (batched false) on the
+// gguf-py file, run by tokenmill and llama.cpp with the cache type kv (tag names the input's
+// folder); tokenmill's answer at batch 7 on one thread must be its answer at batch 512 on two, bit
+// for bit. Each of also is one more tokenmill eval's arguments, run beside that one; their answers
+// come back in others. r goes on drawing after the prompt's tokens.
+async function cacheRuns(kv, tag, also = []) {
+  const file = model();
+  const r = rng(12);
+  const seqs = [Array.from({length: 300}, () => r(8000))];
+  const input = {seqs, top: TOP, greedy: GREEDY, batched: false};
+  const {tm, ll} = await runBoth(file, input, kv, tag);
+  const [tm1, ...others] = await withInput(input, tag, (inFile) => [['--threads', '1', '--batch', '7', '--kv', kv], ...also]
+    .map((args) => run(bin, ['eval', '-m', file, '--input', inFile, ...args], {})));
+  assert.deepEqual(tm1.seqs[0].top, tm.seqs[0].top, `${kv}: batch 7 / 1 thread differs from batch 512 / 2 threads`);
+  return {r, seqs, tm, ll, others};
+}
+
 // The default F16 cache against llama.cpp's (F16, flash attention on, as node-llama-cpp runs
 // it): both rotate queries, raw rows and entries by the same Walsh-Hadamard matrix before the
 // F16 rounding (engine_dsv4_new), so the same values are rounded. One 300-token
@@ -161,11 +153,7 @@ const F16_MEDIAN = 2e-3;
 const F16_MAX = 1.5e-2;
 test('deepseek4 (gguf-py, F32 weights, F16 KV cache): tokenmill agrees with llama.cpp over 300 tokens, ' +
   'and its F16 logits do not depend on the batch or the thread count', {skip}, async () => {
-  const file = model();
-  const r = rng(12);
-  const seqs = [Array.from({length: 300}, () => r(8000))];
-  const input = {seqs, top: TOP, greedy: GREEDY, batched: false};
-  const {tm, ll} = await runBoth(file, input, 'f16', 'dsv4-f16');
+  const {seqs, tm, ll} = await cacheRuns('f16', 'dsv4-f16');
   const diffs = [];
   for (let i = 0; i < seqs[0].length; i++) diffs.push(posDiff(tm.seqs[0].top[i], ll.seqs[0].top[i], F16_MAX, `f16 position ${i}`));
   assert.deepEqual(tm.seqs[0].greedy, ll.seqs[0].greedy, 'f16: greedy continuations');
@@ -173,15 +161,6 @@ test('deepseek4 (gguf-py, F32 weights, F16 KV cache): tokenmill agrees with llam
   const median = diffs[diffs.length >> 1], max = diffs.at(-1);
   assert.ok(median <= F16_MEDIAN, `f16: median |Δ logprob| ${median} > ${F16_MEDIAN}`);
   assert.ok(max <= F16_MAX, `f16: max |Δ logprob| ${max} > ${F16_MAX}`);
-  const dir = fs.mkdtempSync(path.join(gen, 'in-dsv4-f16-'));
-  try {
-    const inFile = path.join(dir, 'in.json');
-    fs.writeFileSync(inFile, JSON.stringify(input));
-    const tm1 = await run(bin, ['eval', '-m', file, '--input', inFile, '--threads', '1', '--batch', '7', '--kv', 'f16'], {});
-    assert.deepEqual(tm1.seqs[0].top, tm.seqs[0].top, 'f16: batch 7 / 1 thread differs from batch 512 / 2 threads');
-  } finally {
-    fs.rmSync(dir, {recursive: true, force: true});
-  }
   console.log(`oracle_dsv4: F16 KV tokenmill vs llama.cpp median ${median.toExponential(2)} max ${max.toExponential(2)} over 300 tokens`);
 });
 
@@ -211,11 +190,7 @@ const KQ_TOP1 = 0.9;
 const KQ_SPREAD = 0.5;
 test('deepseek4 (gguf-py, F32 weights, Q8_0 KV cache): tokenmill agrees with llama.cpp over 300 tokens up to ' +
   'the Q8_0 rounding crossings, and its Q8_0 logits do not depend on the batch or the thread count', {skip}, async () => {
-  const file = model();
-  const r = rng(12);
-  const seqs = [Array.from({length: 300}, () => r(8000))];
-  const input = {seqs, top: TOP, greedy: GREEDY, batched: false};
-  const {tm, ll} = await runBoth(file, input, 'q8_0', 'dsv4-q8kv');
+  const {r, seqs, tm, ll, others: [f16]} = await cacheRuns('q8_0', 'dsv4-q8kv', [['--threads', '2', '--kv', 'f16']]);
   const first = posDiff(tm.seqs[0].top[0], ll.seqs[0].top[0], KQ_FIRST, 'q8_0 KV position 0');
   assert.ok(first <= KQ_FIRST, `q8_0 KV: position 0 |Δ logprob| ${first} > ${KQ_FIRST}`);
   const diffs = [];
@@ -229,23 +204,10 @@ test('deepseek4 (gguf-py, F32 weights, Q8_0 KV cache): tokenmill agrees with lla
   const median = diffs[diffs.length >> 1], top1 = same / diffs.length;
   assert.ok(median <= KQ_MEDIAN, `q8_0 KV: median |Δ logprob| ${median} > ${KQ_MEDIAN}`);
   assert.ok(top1 >= KQ_TOP1, `q8_0 KV: top token equal at ${top1} of the positions < ${KQ_TOP1}`);
-  const dir = fs.mkdtempSync(path.join(gen, 'in-dsv4-q8kv-'));
-  let spread;
-  try {
-    const inFile = path.join(dir, 'in.json');
-    fs.writeFileSync(inFile, JSON.stringify(input));
-    const [tm1, f16] = await Promise.all([
-      run(bin, ['eval', '-m', file, '--input', inFile, '--threads', '1', '--batch', '7', '--kv', 'q8_0'], {}),
-      run(bin, ['eval', '-m', file, '--input', inFile, '--threads', '2', '--kv', 'f16'], {}),
-    ]);
-    assert.deepEqual(tm1.seqs[0].top, tm.seqs[0].top, 'q8_0 KV: batch 7 / 1 thread differs from batch 512 / 2 threads');
-    const sd = tm.seqs[0].top.map((t, i) => posDiff(t, f16.seqs[0].top[i], Infinity, `q8_0 vs f16 position ${i}`));
-    sd.sort((a, b) => a - b);
-    spread = sd[sd.length >> 1];
-    assert.ok(spread >= KQ_SPREAD, `tokenmill Q8_0 against its F16 cache: median ${spread} < ${KQ_SPREAD}`);
-  } finally {
-    fs.rmSync(dir, {recursive: true, force: true});
-  }
+  const sd = tm.seqs[0].top.map((t, i) => posDiff(t, f16.seqs[0].top[i], Infinity, `q8_0 vs f16 position ${i}`));
+  sd.sort((a, b) => a - b);
+  const spread = sd[sd.length >> 1];
+  assert.ok(spread >= KQ_SPREAD, `tokenmill Q8_0 against its F16 cache: median ${spread} < ${KQ_SPREAD}`);
   const wide = model('f32', ['--idx-dim', '128'], '-idx128');
   const wseqs = [Array.from({length: 160}, () => r(8000))];
   const w = await runBoth(wide, {seqs: wseqs, top: TOP, greedy: GREEDY, batched: false}, 'q8_0', 'dsv4-q8kv-idx128');
