@@ -26,6 +26,17 @@ const tensors = async (f) => {
 
 test.after(() => fs.rmSync(tmp, { recursive: true, force: true }));
 
+// Each of extras added to args (an f32 file of seed 1) is a usage error: exit 2 and mkmodel's own
+// message.
+function refusesEach(args, extras) {
+  for (const extra of extras) {
+    const r = spawnSync(bin, ["mkmodel", ...args, "--type", "f32", "--seed", "1", ...extra, "-o", path.join(tmp, "x.gguf")],
+      { encoding: "utf8" });
+    assert.equal(r.status, 2, extra.join(" "));
+    assert.match(r.stderr, /tokenmill mkmodel: /, extra.join(" "));
+  }
+}
+
 test("same seed, same bytes, whatever the thread count; other seed, other bytes", () => {
   const a = mk("a.gguf", "--arch", "qwen3", "--type", "q4_k", "--seed", "7", "--threads", "1");
   const b = mk("b.gguf", "--arch", "qwen3", "--type", "q4_k", "--seed", "7", "--threads", "3");
@@ -199,12 +210,8 @@ test("--preset glm-4.5-air in small: GLM-4.5's keys and tensors as Glm4MoeModel 
   const m = await llama.loadModel({ modelPath: f });
   await m.dispose();
   await llama.dispose();
-  for (const extra of [["--router", "softmax"], ["--expert-groups", "2"], ["--kv-lora", "64"], ["--dense-layers", "3"]]) {
-    const r = spawnSync(bin, ["mkmodel", "--arch", "glm4moe", "--layers", "2", "--type", "f32", "--seed", "1", ...extra, "-o",
-      path.join(tmp, "x.gguf")], { encoding: "utf8" });
-    assert.equal(r.status, 2, extra.join(" "));
-    assert.match(r.stderr, /tokenmill mkmodel: /, extra.join(" "));
-  }
+  refusesEach(["--arch", "glm4moe", "--layers", "2"], [["--router", "softmax"], ["--expert-groups", "2"], ["--kv-lora", "64"],
+    ["--dense-layers", "3"]]);
 });
 
 // The real-shape presets of Qwen3.5, Ministral 3 and Gemma 4 at their published widths, cut in depth (and in
@@ -317,11 +324,8 @@ for (const { preset, arch, cut, check } of presetCuts) {
 }
 
 test("deepseek4's options that do not fit it are usage errors", () => {
-  for (const extra of [["--kv-lora", "64"], ["--nextn", "1"], ["--experts", "2", "--experts-used", "4"], ["--rope-dim", "64"], ["--tied"], ["--heads", "3"], ["--kv-heads", "2"]]) {
-    const r = spawnSync(bin, ["mkmodel", "--arch", "deepseek4", "--type", "f32", "--seed", "1", ...extra, "-o", path.join(tmp, "x.gguf")], { encoding: "utf8" });
-    assert.equal(r.status, 2, extra.join(" "));
-    assert.match(r.stderr, /tokenmill mkmodel: /, extra.join(" "));
-  }
+  refusesEach(["--arch", "deepseek4"], [["--kv-lora", "64"], ["--nextn", "1"], ["--experts", "2", "--experts-used", "4"],
+    ["--rope-dim", "64"], ["--tied"], ["--heads", "3"], ["--kv-heads", "2"]]);
 });
 
 test("--mtp-out writes deepseek4's MTP-only file as the converter's --mtp does; other archs are refused", async () => {
