@@ -217,103 +217,71 @@ test("--preset glm-4.5-air in small: GLM-4.5's keys and tensors as Glm4MoeModel 
 // The real-shape presets of Qwen3.5, Ministral 3 and Gemma 4 at their published widths, cut in depth (and in
 // experts, FFN or vocabulary where a full layer would make the suite slow): the preset's numbers
 // reach the file's keys and tensors, llama.cpp loads the file and tokenmill generates from it.
+// keys: the arch's metadata (paths under `<arch>.`) with their values; check: the rest.
 const presetCuts = [
-  { preset: "qwen3.5-4b", arch: "qwen35", cut: ["--layers", "4", "--ffn", "256"], check: (md, t) => {
-    assert.equal(md.embedding_length, 2560);
-    assert.equal(md.attention.head_count, 16);
-    assert.equal(md.attention.head_count_kv, 4);
-    assert.equal(md.attention.key_length, 256);
-    assert.equal(md.ssm.group_count, 16);
-    assert.equal(md.ssm.time_step_rank, 32);
-    assert.equal(md.ssm.state_size, 128);
-    assert.equal(md.rope.freq_base, 1e7);
-    assert.ok(!t.has("output.weight"), "tied");
-  } },
-  { preset: "qwen3.5-35b-a3b", arch: "qwen35moe", cut: ["--layers", "4", "--experts", "8"], check: (md, t) => {
-    assert.equal(md.embedding_length, 2048);
-    assert.equal(md.attention.head_count, 16);
-    assert.equal(md.attention.head_count_kv, 2);
-    assert.equal(md.attention.key_length, 256);
-    assert.equal(md.ssm.group_count, 16);
-    assert.equal(md.ssm.time_step_rank, 32);
-    assert.equal(md.ssm.inner_size, 4096);
-    assert.equal(md.expert_count, 8);
-    assert.equal(md.expert_used_count, 8);
-    assert.equal(md.expert_feed_forward_length, 512);
-    assert.equal(md.expert_shared_feed_forward_length, 512);
-    assert.equal(md.rope.freq_base, 1e7);
-    assert.deepEqual(t.get("blk.3.attn_q.weight").dimensions.map(Number), [2048, 8192]);   // q and its gate
-    assert.ok(t.has("blk.0.ffn_gate_inp_shexp.weight") && t.has("output.weight"), "shared expert, untied");
-  } },
-  { preset: "ministral3-8b", arch: "mistral3", cut: ["--layers", "1", "--ffn", "256"], check: (md, t) => {
-    assert.equal(md.embedding_length, 4096);
-    assert.equal(md.attention.head_count, 32);
-    assert.equal(md.attention.head_count_kv, 8);
-    assert.equal(md.rope.freq_base, 1e6);
-    assert.equal(md.rope.scaling.original_context_length, 16384);
-    assert.equal(md.context_length, 262144);
-    assert.ok(t.has("output.weight"), "untied");
-  } },
-  { preset: "ministral3-14b", arch: "mistral3", cut: ["--layers", "1", "--ffn", "256"], check: (md) => {
-    assert.equal(md.embedding_length, 5120);
-    assert.equal(md.attention.head_count, 32);
-    assert.equal(md.attention.head_count_kv, 8);
-    assert.equal(md.rope.freq_base, 1e9);
-  } },
-  { preset: "qwen3.5-27b", arch: "qwen35", cut: ["--layers", "4", "--ffn", "256"], check: (md, t) => {
-    assert.equal(md.embedding_length, 5120);
-    assert.equal(md.attention.head_count, 24);
-    assert.equal(md.attention.head_count_kv, 4);
-    assert.equal(md.attention.key_length, 256);
-    assert.equal(md.ssm.group_count, 16);
-    assert.equal(md.ssm.time_step_rank, 48);
-    assert.equal(md.ssm.state_size, 128);
-    assert.equal(md.rope.freq_base, 1e7);
-    assert.ok(t.has("output.weight"), "untied");
-  } },
+  { preset: "qwen3.5-4b", arch: "qwen35", cut: ["--layers", "4", "--ffn", "256"],
+    keys: { embedding_length: 2560, "attention.head_count": 16, "attention.head_count_kv": 4, "attention.key_length": 256,
+      "ssm.group_count": 16, "ssm.time_step_rank": 32, "ssm.state_size": 128, "rope.freq_base": 1e7 },
+    check: (md, t) => {
+      assert.ok(!t.has("output.weight"), "tied");
+    } },
+  { preset: "qwen3.5-35b-a3b", arch: "qwen35moe", cut: ["--layers", "4", "--experts", "8"],
+    keys: { embedding_length: 2048, "attention.head_count": 16, "attention.head_count_kv": 2, "attention.key_length": 256,
+      "ssm.group_count": 16, "ssm.time_step_rank": 32, "ssm.inner_size": 4096, expert_count: 8, expert_used_count: 8,
+      expert_feed_forward_length: 512, expert_shared_feed_forward_length: 512, "rope.freq_base": 1e7 },
+    check: (md, t) => {
+      assert.deepEqual(t.get("blk.3.attn_q.weight").dimensions.map(Number), [2048, 8192]);   // q and its gate
+      assert.ok(t.has("blk.0.ffn_gate_inp_shexp.weight") && t.has("output.weight"), "shared expert, untied");
+    } },
+  { preset: "ministral3-8b", arch: "mistral3", cut: ["--layers", "1", "--ffn", "256"],
+    keys: { embedding_length: 4096, "attention.head_count": 32, "attention.head_count_kv": 8, "rope.freq_base": 1e6,
+      "rope.scaling.original_context_length": 16384, context_length: 262144 },
+    check: (md, t) => {
+      assert.ok(t.has("output.weight"), "untied");
+    } },
+  { preset: "ministral3-14b", arch: "mistral3", cut: ["--layers", "1", "--ffn", "256"],
+    keys: { embedding_length: 5120, "attention.head_count": 32, "attention.head_count_kv": 8, "rope.freq_base": 1e9 } },
+  { preset: "qwen3.5-27b", arch: "qwen35", cut: ["--layers", "4", "--ffn", "256"],
+    keys: { embedding_length: 5120, "attention.head_count": 24, "attention.head_count_kv": 4, "attention.key_length": 256,
+      "ssm.group_count": 16, "ssm.time_step_rank": 48, "ssm.state_size": 128, "rope.freq_base": 1e7 },
+    check: (md, t) => {
+      assert.ok(t.has("output.weight"), "untied");
+    } },
   // Gemma 4, cut to one period of 5 window layers and a global one (E4B: two periods, the last
   // 6 layers reading layers 4 and 5's K/V, as its 18 of 42 read layers 22 and 23's)
-  { preset: "gemma4-31b", arch: "gemma4", cut: ["--layers", "6", "--ffn", "256"], check: (md, t) => {
-    assert.equal(md.embedding_length, 5376);
-    assert.equal(md.attention.head_count, 32);
-    assert.deepEqual([...md.attention.head_count_kv].map(Number), [16, 16, 16, 16, 16, 4]);
-    assert.equal(md.attention.key_length, 512);
-    assert.equal(md.attention.key_length_swa, 256);
-    assert.equal(md.attention.sliding_window, 1024);
-    assert.equal(md.rope.freq_base, 1e6);
-    assert.ok(t.has("blk.4.attn_v.weight") && !t.has("blk.5.attn_v.weight"), "V = K on the global layer");
-    assert.ok(!t.has("output.weight"), "tied");
-  } },
-  { preset: "gemma4-26b-a4b", arch: "gemma4", cut: ["--layers", "6", "--experts", "8"], check: (md, t) => {
-    assert.equal(md.embedding_length, 2816);
-    assert.equal(md.feed_forward_length, 2112);
-    assert.equal(md.attention.head_count, 16);
-    assert.deepEqual([...md.attention.head_count_kv].map(Number), [8, 8, 8, 8, 8, 2]);
-    assert.equal(md.attention.sliding_window, 1024);
-    assert.equal(md.expert_count, 8);
-    assert.equal(md.expert_used_count, 8);
-    assert.equal(md.expert_feed_forward_length, 704);
-    assert.deepEqual(t.get("blk.0.ffn_gate_up_exps.weight").dimensions.map(Number), [2816, 1408, 8]);
-    assert.ok(!t.has("blk.5.attn_v.weight"), "V = K on the global layer");
-  } },
-  { preset: "gemma4-e4b", arch: "gemma4", cut: ["--layers", "12", "--shared-kv-layers", "6", "--ffn", "256"], check: (md, t) => {
-    assert.equal(md.embedding_length, 2560);
-    assert.equal(md.attention.head_count, 8);
-    assert.deepEqual([...md.attention.head_count_kv].map(Number), Array(12).fill(2));
-    assert.equal(md.attention.sliding_window, 512);
-    assert.equal(md.embedding_length_per_layer_input, 256);
-    assert.equal(md.attention.shared_kv_layers, 6);
-    assert.equal(md.context_length, 131072);
-    assert.ok(t.has("blk.5.attn_v.weight") && t.has("per_layer_token_embd.weight"), "its own V on the global layers; per-layer embeddings");
-  } },
+  { preset: "gemma4-31b", arch: "gemma4", cut: ["--layers", "6", "--ffn", "256"],
+    keys: { embedding_length: 5376, "attention.head_count": 32, "attention.key_length": 512,
+      "attention.key_length_swa": 256, "attention.sliding_window": 1024, "rope.freq_base": 1e6 },
+    check: (md, t) => {
+      assert.deepEqual([...md.attention.head_count_kv].map(Number), [16, 16, 16, 16, 16, 4]);
+      assert.ok(t.has("blk.4.attn_v.weight") && !t.has("blk.5.attn_v.weight"), "V = K on the global layer");
+      assert.ok(!t.has("output.weight"), "tied");
+    } },
+  { preset: "gemma4-26b-a4b", arch: "gemma4", cut: ["--layers", "6", "--experts", "8"],
+    keys: { embedding_length: 2816, feed_forward_length: 2112, "attention.head_count": 16, "attention.sliding_window": 1024,
+      expert_count: 8, expert_used_count: 8, expert_feed_forward_length: 704 },
+    check: (md, t) => {
+      assert.deepEqual([...md.attention.head_count_kv].map(Number), [8, 8, 8, 8, 8, 2]);
+      assert.deepEqual(t.get("blk.0.ffn_gate_up_exps.weight").dimensions.map(Number), [2816, 1408, 8]);
+      assert.ok(!t.has("blk.5.attn_v.weight"), "V = K on the global layer");
+    } },
+  { preset: "gemma4-e4b", arch: "gemma4", cut: ["--layers", "12", "--shared-kv-layers", "6", "--ffn", "256"],
+    keys: { embedding_length: 2560, "attention.head_count": 8, "attention.sliding_window": 512,
+      embedding_length_per_layer_input: 256, "attention.shared_kv_layers": 6, context_length: 131072 },
+    check: (md, t) => {
+      assert.deepEqual([...md.attention.head_count_kv].map(Number), Array(12).fill(2));
+      assert.ok(t.has("blk.5.attn_v.weight") && t.has("per_layer_token_embd.weight"), "its own V on the global layers; per-layer embeddings");
+    } },
 ];
-for (const { preset, arch, cut, check } of presetCuts) {
+for (const { preset, arch, cut, keys, check } of presetCuts) {
   test(`--preset ${preset} at its real widths, ${cut.join(" ")}: its shape in the file; llama.cpp loads it, tokenmill runs it`, async () => {
     const f = mk(`${preset}.gguf`, "--preset", preset, ...cut, "--vocab-size", "512", "--type", "q4_0", "--seed", "1");
     const got = await tensors(f);
     assert.equal(got.md.general.architecture, arch);
     assert.equal(got.md[arch].block_count, Number(cut[1]));
-    check(got.md[arch], got.t);
+    for (const [key, want] of Object.entries(keys))
+      assert.equal(key.split(".").reduce((md, k) => md?.[k], got.md[arch]), want, `${arch}.${key}`);
+    check?.(got.md[arch], got.t);
     const llama = await getLlama({ gpu: false, logLevel: LlamaLogLevel.error, build: "never" });
     const m = await llama.loadModel({ modelPath: f });
     await m.dispose();
