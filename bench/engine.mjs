@@ -14,7 +14,8 @@
 //    gemma4-31b and gemma4-26b-a4b: 6 of their layers, 5 window and 1 global); random
 //    weights, seed 1), cached in bench/out/ under a name made of their arguments (a .args file beside each
 //    records the full command; a changed command or mkmodel source rebuilds).
-// 2. Measures the machine's memory read bandwidth with bench/membw.c (built here, cc -O2).
+// 2. Measures the machine's memory read bandwidth with bench/membw.c (built here, cc -O2), and
+//    again before every tokenmill run; the limit is the median of those readings.
 // 3. For each model, R rounds of: `tokenmill bench --reps 1`, then bench/llama_bench.mjs
 //    --reps 1 (node-llama-cpp's prebuilt llama.cpp), alternating so that drift in machine
 //    state hits both alike. Each prints {"pp": {"tok_s": [..]}, "tg": .., "batched": [..]}.
@@ -22,7 +23,7 @@
 //    each round runs it too, just before the current build: the before/after ratio of a
 //    change measured side by side, in the same machine state.
 // 4. Prints a table of the medians with the ratio tokenmill/llama.cpp per row and decode's
-//    share of the memory-bandwidth limit (bytes read per decode step × steps/s ÷ read
+//    share of the memory-bandwidth limit (bytes read per decode step × steps/s ÷ the median read
 //    bandwidth; a step reads every weight once, the token embedding table only when it is
 //    also the output matrix, and of a MoE model's expert tensors the share of the experts a
 //    token uses), and writes everything to bench/out/engine.json.
@@ -160,13 +161,17 @@ function waitQuiet() {
   return busy;
 }
 
+// The bandwidth limit is read again before every tokenmill run: on a shared host one reading
+// moves by 2x within the hour, so the share columns divide by the median of all readings (the
+// spread goes into the caption and the JSON).
 const t0 = Date.now();
 waitQuiet();
 const bw = memBandwidth();
+const bwReads = [bw.read_gb_s];
 log(`bench: memory read bandwidth ${bw.read_gb_s.toFixed(1)} GB/s with ${o.threads} threads`);
 const haveTokenmill = fs.existsSync(o.tokenmill);
 const report = {date: new Date().toISOString(), host: {cpus: os.cpus()[0]?.model, n_cpus: os.cpus().length},
-  threads: o.threads, reps: o.reps, membw: bw, baseline: o.baseline ?? null, models: []};
+  threads: o.threads, reps: o.reps, membw: bw, membw_reads_gb_s: bwReads, baseline: o.baseline ?? null, models: []};
 
 for (const type of o.models) {
   let file;
@@ -186,7 +191,9 @@ for (const type of o.models) {
       if (j.error) log(`bench: baseline: ${j.error}`);
     }
     if (o.only !== 'llama' && haveTokenmill) {
-      const busy = waitQuiet();
+      let busy = waitQuiet();
+      bwReads.push(memBandwidth().read_gb_s);
+      busy = waitQuiet();
       const j = benchTokenmill(file);
       j.busy_before = busy;
       m.tokenmill.push(j);
@@ -211,7 +218,7 @@ for (const type of o.models) {
   m.rows = names.map((name) => {
     const tms = median(tm[name] ?? []), lls = median(ll[name] ?? []);
     const seqs = name.startsWith('batched x') ? parseInt(name.slice(9), 10) : name.startsWith('tg') ? 1 : 0;
-    const share = (tps) => (seqs && tps ? wi.bytes_per_decode_step * (tps / seqs) / (bw.read_gb_s * 1e9) : null);
+    const share = (tps) => (seqs && tps ? wi.bytes_per_decode_step * (tps / seqs) / (median(bwReads) * 1e9) : null);
     const bls = median(bl[name] ?? []);
     return {name, tokenmill_tok_s: tms, llama_tok_s: lls, ratio: tms && lls ? tms / lls : null,
       tokenmill_bw_share: share(tms), llama_bw_share: share(lls),
@@ -228,7 +235,8 @@ const typeName = {q8_0: 'Q8_0', q4_k_m: 'Q4_K_M', q4_k: 'Q4_K', q5_k_m: 'Q5_K_M'
   q3_k_m: 'Q3_K_M', q2_k: 'Q2_K', iq4_xs: 'IQ4_XS'};
 const lines = [];
 lines.push(`${o.modelFile ? path.basename(o.modelFile) : `${o.preset}-shaped random-weight models (tokenmill mkmodel)`}, ${o.threads} threads, median of ${o.reps} ` +
-  `alternating runs; memory read bandwidth ${bw.read_gb_s.toFixed(1)} GB/s (bench/membw.c).`);
+  `alternating runs; memory read bandwidth ${median(bwReads).toFixed(1)} GB/s (bench/membw.c, median of ` +
+  `${bwReads.length} readings, ${Math.min(...bwReads).toFixed(1)}-${Math.max(...bwReads).toFixed(1)}).`);
 lines.push('');
 const bcol = o.baseline ? ' baseline tok/s | tokenmill / baseline |' : '';
 lines.push(`| model | test | tokenmill tok/s | llama.cpp tok/s | tokenmill / llama.cpp | decode share of BW limit: tokenmill | llama.cpp |${bcol}`);
