@@ -116,7 +116,7 @@ struct engine_dsv4 {
     float *moe_tmp;          /* (n_threads, moe_stride) a chunk's gate and up outputs, (T * k,
                               * ENGINE_MOE_ROWS) each, then its matmul scratch */
     size_t moe_stride;
-    int next;                /* wo_a's round: its work item counter */
+    threadpool_items wo_items; /* wo_a's round: its work items */
     float *xg;               /* (T * k, dim) */
     float *fg, *fu;          /* (T * k, max_ffn) */
     float *ye;               /* (T * k, dim) */
@@ -1012,8 +1012,9 @@ static float *dsv4_thread_tmp(const engine_dsv4 *d, int ith, void **scratch)
     return g;
 }
 /* The grouped output's first projection, every group in one pool round: work items are (group,
- * chunk of ENGINE_MOE_ROWS of its o_lora rows) from a shared counter, a thread quantising a
- * group's input once for the run of chunks it takes from it (ops_matmul_reuse). A chunk's values
+ * chunk of ENGINE_MOE_ROWS of its o_lora rows) in contiguous runs per thread (threadpool_items),
+ * a thread quantising a group's input once for the run of chunks it takes from it
+ * (ops_matmul_reuse). A chunk's values
  * are its rows of the group's product, so the split changes no bit; one round instead of one per
  * group keeps a decode step's threads from meeting at o_groups barriers per layer. */
 static void dsv4_job_wo_a(void *ctx, int ith, int nth)
@@ -1028,8 +1029,8 @@ static void dsv4_job_wo_a(void *ctx, int ith, int nth)
     const float *qx = NULL;   /* the input quantised in scratch */
     (void)nth;
     for (;;) {
-        const int it = __atomic_fetch_add(&d->next, 1, __ATOMIC_RELAXED);
-        if (it >= G * cg) break;
+        const int it = threadpool_items_take(&d->wo_items, ith);
+        if (it < 0) break;
         const int g = it / cg, c0 = it % cg * R, nr = TM_MIN(R, ol - c0);
         const ops_weight w = ops_weight_rows(wa, (int64_t)g * ol + c0, nr);
         const ops_weight *ws[1] = { &w };
@@ -1138,7 +1139,8 @@ static void dsv4_attention(engine_dsv4 *d, int il, int T)
                 memcpy(d->q + ((size_t)g * T + t) * gd, d->att + (size_t)t * H * hd + (size_t)g * gd,
                        (size_t)gd * sizeof(float));
     }
-    d->next = 0;
+    threadpool_items_reset(&d->wo_items, G * ((md->o_lora + ENGINE_MOE_ROWS - 1) / ENGINE_MOE_ROWS),
+                           threadpool_size(d->tp));
     threadpool_run(d->tp, dsv4_job_wo_a, d);
     ops_matmul(d->tp, &dl->wo_b, d->oa, T, d->y, d->mm_scratch);
     DSV4_MARK(d, il, ENGINE_PROF_WO);

@@ -56,8 +56,9 @@ static void engine_moe_job(void *ctx, int ith, int nth)
     const float *qx = NULL;   /* the input quantised in scratch: once per run of one expert's chunks */
     (void)nth;
     for (;;) {
-        int it = __atomic_fetch_add(&r->next, 1, __ATOMIC_RELAXED) - csg;
-        if (it >= r->n_act * cg) break;
+        int it = threadpool_items_take(&r->items, ith);
+        if (it < 0) break;
+        it -= csg;
         if (it < 0) {   /* a chunk of the shared expert's hidden rows */
             const int c0 = (it + csg) * R, nr = TM_MIN(R, sf - c0);
             ops_weight g = ops_weight_rows(r->sh_gate, c0, nr), u = ops_weight_rows(r->sh_up, c0, nr);
@@ -90,8 +91,9 @@ static void engine_moe_job(void *ctx, int ith, int nth)
     threadpool_barrier(r->tp);
     qx = NULL;
     for (;;) {
-        int it = __atomic_fetch_add(&r->next2, 1, __ATOMIC_RELAXED) - csd;
-        if (it >= r->n_act * cd) break;
+        int it = threadpool_items_take(&r->items2, ith);
+        if (it < 0) break;
+        it -= csd;
         const int c0 = (it < 0 ? it + csd : it % cd) * R, nr = TM_MIN(R, dim - c0);
         float *o[1] = { tg };
         if (it < 0) {   /* a chunk of the shared expert's output rows */
@@ -116,6 +118,9 @@ static void engine_moe_job(void *ctx, int ith, int nth)
 
 void engine_moe_round_run(engine_moe_round *r)
 {
-    r->next = r->next2 = 0;
+    const int R = ENGINE_MOE_ROWS, nth = threadpool_size(r->tp), cd = (r->dim + R - 1) / R;
+    const int sf = r->sh_gate ? (int)r->sh_gate->rows : 0;
+    threadpool_items_reset(&r->items, (sf + R - 1) / R + r->n_act * ((r->ef + R - 1) / R), nth);
+    threadpool_items_reset(&r->items2, (sf ? cd : 0) + r->n_act * cd, nth);
     threadpool_run(r->tp, engine_moe_job, r);
 }

@@ -68,13 +68,14 @@ typedef struct {
     float *tmp;
     size_t tmp_stride;            /* floats per thread */
     size_t tmp_rows;              /* floats of a chunk's output: rows of an expert * ENGINE_MOE_ROWS */
-    int next, next2;              /* the two phases' work item counters (atomic; the run resets them) */
+    threadpool_items items, items2; /* the two phases' work items (the run resets them) */
 } engine_moe_round;
 
 /* Runs the round on r->tp (the caller's thread is one of its threads). Work items are
- * ENGINE_MOE_ROWS-row chunks of an expert, taken from a shared counter; phase 1: gate and up
- * of a chunk of the expert's hidden rows and the activation into fe (fs), a barrier, phase 2:
- * the down projection of a chunk of its output rows into ye (ys). A chunk's values are its
+ * ENGINE_MOE_ROWS-row chunks of an expert, taken in contiguous runs per thread
+ * (threadpool_items); phase 1: gate and up of a chunk of the expert's hidden rows and the
+ * activation into fe (fs), a barrier, phase 2: the down projection of a chunk of its output
+ * rows into ye (ys). A chunk's values are its
  * rows of the whole products, so the split changes no bit whatever the thread count. */
 void engine_moe_round_run(engine_moe_round *r);
 

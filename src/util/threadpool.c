@@ -312,3 +312,21 @@ void threadpool_barrier(threadpool *tp)
     threadpool_wait_change(&tp->bar_gen, g, &tp->bar_sleeping,
                            atomic_load_explicit(&tp->n_spin, memory_order_relaxed));
 }
+
+void threadpool_items_reset(threadpool_items *w, int n, int n_threads)
+{
+    w->n = n;
+    w->nr = n_threads < 1 ? 1 : n_threads < THREADPOOL_RANGES ? n_threads : THREADPOOL_RANGES;
+    for (int j = 0; j < w->nr; j++) w->r[j].next = (int)((int64_t)n * j / w->nr);
+}
+
+int threadpool_items_take(threadpool_items *w, int ith)
+{
+    for (int k = 0; k < w->nr; k++) {
+        const int j = (ith + k) % w->nr, end = (int)((int64_t)w->n * (j + 1) / w->nr);
+        if (__atomic_load_n(&w->r[j].next, __ATOMIC_RELAXED) >= end) continue;
+        const int it = __atomic_fetch_add(&w->r[j].next, 1, __ATOMIC_RELAXED);
+        if (it < end) return it;
+    }
+    return -1;
+}

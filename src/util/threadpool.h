@@ -65,6 +65,27 @@ void threadpool_set_spin(threadpool *tp, int n_spin);
  * call it the same number of times. No-op for a NULL or one-thread pool. */
 void threadpool_barrier(threadpool *tp);
 
+/* Work items [0, n) shared by a round's threads in contiguous runs: range j is
+ * [n * j / nr, n * (j + 1) / nr) of nr = min(threads, THREADPOOL_RANGES) ranges; thread ith
+ * takes the items of range ith % nr in order, then, when that is done, the rest of the other
+ * ranges. Each thread so streams one run of whatever the items index (a weight's rows: taken
+ * in turns from one counter, two threads read alternate chunks, which measured slower), and a
+ * thread that falls behind has its items taken by the others. Reset before the round, not in
+ * it. */
+#define THREADPOOL_RANGES 32
+typedef struct {
+    struct {
+        int next;             /* the range's next item (atomic; may pass its end) */
+        char pad[60];         /* a cache line per counter */
+    } r[THREADPOOL_RANGES];
+    int n;                    /* items */
+    int nr;                   /* ranges */
+} threadpool_items;
+
+void threadpool_items_reset(threadpool_items *w, int n, int n_threads);
+/* The next item for thread ith, or -1 when every item is taken. */
+int threadpool_items_take(threadpool_items *w, int ith);
+
 /* Sums over every thread of the pool since threadpool_profile(tp, true). */
 typedef struct {
     uint64_t rounds;          /* threadpool_run calls that used the pool */

@@ -182,6 +182,59 @@ TEST(test_threadpool_try_run_shared)
     threadpool_free(tp);
 }
 
+/* threadpool_items: every item is taken exactly once whatever the thread and item counts (more
+ * threads than THREADPOOL_RANGES, fewer items than threads, none); a thread's items start with
+ * its own range, in order. */
+typedef struct {
+    threadpool_items w;
+    _Atomic int taken[1000];
+    _Atomic int first_bad;     /* a thread's first item was not its range's start */
+    _Atomic int order_bad;     /* a thread's own range came out of order */
+} tp_items_ctx;
+
+static void tp_items_fn(void *arg, int ith, int nth)
+{
+    tp_items_ctx *c = arg;
+    const int nr = c->w.nr, j = ith % nr;
+    const int start = (int)((int64_t)c->w.n * j / nr);
+    const int end = (int)((int64_t)c->w.n * (j + 1) / nr);
+    int prev = -1, k = 0;
+    for (int it; (it = threadpool_items_take(&c->w, ith)) >= 0; k++) {
+        atomic_fetch_add(&c->taken[it], 1);
+        if (k == 0 && ith < nr && start < end && it != start) atomic_store(&c->first_bad, 1);
+        if (ith < nr && it >= start && it < end) {
+            if (it < prev) atomic_store(&c->order_bad, 1);
+            prev = it;
+        }
+    }
+    (void)nth;
+}
+
+TEST(test_threadpool_items)
+{
+    static const int threads[] = {1, 2, 3, THREADPOOL_RANGES + 3};
+    static const int items[] = {0, 1, 2, 5, 64, 999};
+    static tp_items_ctx c;
+    for (size_t a = 0; a < sizeof threads / sizeof threads[0]; a++) {
+        threadpool *tp = threadpool_new(threads[a]);
+        CHECK(tp);
+        for (size_t b = 0; b < sizeof items / sizeof items[0]; b++) {
+            for (int rep = 0; rep < 20; rep++) {
+                memset(&c, 0, sizeof c);
+                threadpool_items_reset(&c.w, items[b], threadpool_size(tp));
+                CHECK(c.w.nr == (threads[a] < THREADPOOL_RANGES ? threads[a] : THREADPOOL_RANGES));
+                threadpool_run(tp, tp_items_fn, &c);
+                for (int i = 0; i < items[b]; i++)
+                    CHECKF(atomic_load(&c.taken[i]) == 1, "item %d of %d, %d threads", i, items[b], threads[a]);
+                CHECK(atomic_load(&c.taken[items[b]]) == 0);
+                CHECK(!atomic_load(&c.order_bad));
+                if (threads[a] == 1) CHECK(!atomic_load(&c.first_bad));
+            }
+        }
+        threadpool_free(tp);
+    }
+}
+
 int main(void)
 {
     RUN(test_threadpool_run_and_barrier);
@@ -189,5 +242,6 @@ int main(void)
     RUN(test_threadpool_start_wait);
     RUN(test_threadpool_try_run_declines_when_busy);
     RUN(test_threadpool_try_run_shared);
+    RUN(test_threadpool_items);
     HARNESS_END();
 }
