@@ -15,7 +15,7 @@
 //    weights, seed 1), cached in bench/out/ under a name made of their arguments (a .args file beside each
 //    records the full command; a changed command or mkmodel source rebuilds).
 // 2. Measures the machine's memory read bandwidth with bench/membw.c (built here, cc -O2), and
-//    again before every tokenmill run; the limit is the median of those readings.
+//    again before every tokenmill run: each round's runs are divided by their round's reading.
 // 3. For each model, R rounds of: `tokenmill bench --reps 1`, then bench/llama_bench.mjs
 //    --reps 1 (node-llama-cpp's prebuilt llama.cpp), alternating so that drift in machine
 //    state hits both alike. Each prints {"pp": {"tok_s": [..]}, "tg": .., "batched": [..]}.
@@ -23,8 +23,8 @@
 //    each round runs it too, just before the current build: the before/after ratio of a
 //    change measured side by side, in the same machine state.
 // 4. Prints a table of the medians with the ratio tokenmill/llama.cpp per row and decode's
-//    share of the memory-bandwidth limit (bytes read per decode step × steps/s ÷ the median read
-//    bandwidth; a step reads every weight once, the token embedding table only when it is
+//    share of the memory-bandwidth limit (the median over rounds of bytes read per decode step ×
+//    steps/s ÷ that round's read bandwidth; a step reads every weight once, the token embedding table only when it is
 //    also the output matrix, and of a MoE model's expert tensors the share of the experts a
 //    token uses), and writes everything to bench/out/engine.json.
 import {spawnSync} from 'node:child_process';
@@ -161,9 +161,10 @@ function waitQuiet() {
   return busy;
 }
 
-// The bandwidth limit is read again before every tokenmill run: on a shared host one reading
-// moves by 2x within the hour, so the share columns divide by the median of all readings (the
-// spread goes into the caption and the JSON).
+// The bandwidth limit is read again before every tokenmill run: on a shared host it moves by
+// 2x within minutes, with the engines' speeds. A run's share divides by the reading of its own
+// round (llama.cpp's by the reading before the tokenmill run it follows) and the share columns
+// are the medians of those; the readings' median and range go into the caption and the JSON.
 const t0 = Date.now();
 waitQuiet();
 const bw = memBandwidth();
@@ -196,6 +197,7 @@ for (const type of o.models) {
       busy = waitQuiet();
       const j = benchTokenmill(file);
       j.busy_before = busy;
+      j.membw_gb_s = bwReads.at(-1);
       m.tokenmill.push(j);
       if (j.error) log(`bench: ${j.error}`);
     }
@@ -203,6 +205,7 @@ for (const type of o.models) {
       const busy = waitQuiet();
       const j = benchLlama(file);
       j.busy_before = busy;
+      j.membw_gb_s = bwReads.at(-1);
       m.llama.push(j);
     }
     log(`bench: ${type} round ${r + 1}/${o.reps} done (${((Date.now() - t0) / 1000).toFixed(0)} s)`);
@@ -218,10 +221,17 @@ for (const type of o.models) {
   m.rows = names.map((name) => {
     const tms = median(tm[name] ?? []), lls = median(ll[name] ?? []);
     const seqs = name.startsWith('batched x') ? parseInt(name.slice(9), 10) : name.startsWith('tg') ? 1 : 0;
-    const share = (tps) => (seqs && tps ? wi.bytes_per_decode_step * (tps / seqs) / (median(bwReads) * 1e9) : null);
+    // each run's decode rate over its own round's reading, then the median
+    const share = (runs) => {
+      const xs = [];
+      for (const j of runs)
+        for (const tps of rowsOf(j)[name] ?? [])
+          if (seqs && tps) xs.push(wi.bytes_per_decode_step * (tps / seqs) / (j.membw_gb_s * 1e9));
+      return xs.length ? median(xs) : null;
+    };
     const bls = median(bl[name] ?? []);
     return {name, tokenmill_tok_s: tms, llama_tok_s: lls, ratio: tms && lls ? tms / lls : null,
-      tokenmill_bw_share: share(tms), llama_bw_share: share(lls),
+      tokenmill_bw_share: share(m.tokenmill), llama_bw_share: share(m.llama),
       ...(o.baseline ? {baseline_tok_s: bls, vs_baseline: tms && bls ? tms / bls : null} : {})};
   });
   report.models.push(m);
