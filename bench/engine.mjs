@@ -26,7 +26,10 @@
 //    share of the memory-bandwidth limit (the median over rounds of bytes read per decode step ×
 //    steps/s ÷ that round's read bandwidth; a step reads every weight once, the token embedding table only when it is
 //    also the output matrix, and of a MoE model's expert tensors the share of the experts a
-//    token uses), and writes everything to bench/out/engine.json.
+//    token uses), and writes everything to bench/out/engine.json. The tg row has one more
+//    share: `tokenmill bench --limit` decodes tg tokens again, each step followed by a read of
+//    the bytes it reads on the same threads, and reports the median of read time / step time;
+//    on a host whose bandwidth moves within seconds, that limit is taken at the step's moment.
 import {spawnSync} from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
@@ -116,7 +119,9 @@ function memBandwidth() {
 const common = ['--threads', String(o.threads), '--pp', String(o.pp), '--tg', String(o.tg), '--seqs', o.seqs,
   '--reps', '1'];
 function benchTokenmill(file, bin = o.tokenmill) {
-  const r = run(bin, ['bench', '-m', file, ...common]);
+  // --limit: the current build's tg again, each step held against a read of its bytes (a
+  // --baseline build may predate the option)
+  const r = run(bin, ['bench', '-m', file, ...common, ...(bin === o.tokenmill && o.tg > 0 ? ['--limit'] : [])]);
   if (!r.ok) return {error: `tokenmill bench failed (${r.status}): ${r.err.trim().split('\n').slice(-3).join(' | ')}`};
   try { return lastJson(r.out); } catch (e) { return {error: `tokenmill bench printed no JSON: ${r.out.slice(0, 200)}`}; }
 }
@@ -230,8 +235,11 @@ for (const type of o.models) {
       return xs.length ? median(xs) : null;
     };
     const bls = median(bl[name] ?? []);
+    // tg: the median over rounds of each round's median share of the read after each step
+    const lim = name.startsWith('tg') ? m.tokenmill.map((j) => j.tg_limit?.share?.[1]).filter((x) => x > 0) : [];
     return {name, tokenmill_tok_s: tms, llama_tok_s: lls, ratio: tms && lls ? tms / lls : null,
       tokenmill_bw_share: share(m.tokenmill), llama_bw_share: share(m.llama),
+      tokenmill_limit_share: lim.length ? median(lim) : null,
       ...(o.baseline ? {baseline_tok_s: bls, vs_baseline: tms && bls ? tms / bls : null} : {})};
   });
   report.models.push(m);
@@ -249,14 +257,14 @@ lines.push(`${o.modelFile ? path.basename(o.modelFile) : `${o.preset}-shaped ran
   `${bwReads.length} readings, ${Math.min(...bwReads).toFixed(1)}-${Math.max(...bwReads).toFixed(1)}).`);
 lines.push('');
 const bcol = o.baseline ? ' baseline tok/s | tokenmill / baseline |' : '';
-lines.push(`| model | test | tokenmill tok/s | llama.cpp tok/s | tokenmill / llama.cpp | decode share of BW limit: tokenmill | llama.cpp |${bcol}`);
-lines.push('|---|---|---:|---:|---:|---:|---:|' + (o.baseline ? '---:|---:|' : ''));
+lines.push(`| model | test | tokenmill tok/s | llama.cpp tok/s | tokenmill / llama.cpp | decode share of BW limit: tokenmill | llama.cpp | tokenmill, of a read beside each step |${bcol}`);
+lines.push('|---|---|---:|---:|---:|---:|---:|---:|' + (o.baseline ? '---:|---:|' : ''));
 for (const m of report.models) {
   const label = `${typeName[m.type] ?? m.type}` + (m.weight_bytes ? ` (${(m.weight_bytes / 1e6).toFixed(0)} MB)` : '');
-  if (m.error) { lines.push(`| ${label} | (no model: ${m.error.slice(0, 80)}) | | | | | |`); continue; }
+  if (m.error) { lines.push(`| ${label} | (no model: ${m.error.slice(0, 80)}) | | | | | | |`); continue; }
   for (const r of m.rows)
     lines.push(`| ${label} | ${r.name} | ${f1(r.tokenmill_tok_s)} | ${f1(r.llama_tok_s)} | ${f2(r.ratio)} | ` +
-      `${pc(r.tokenmill_bw_share)} | ${pc(r.llama_bw_share)} |` +
+      `${pc(r.tokenmill_bw_share)} | ${pc(r.llama_bw_share)} | ${pc(r.tokenmill_limit_share)} |` +
       (o.baseline ? ` ${f1(r.baseline_tok_s)} | ${f2(r.vs_baseline)} |` : ''));
 }
 const busiest = Math.max(0, ...report.models.flatMap((m) => [...(m.tokenmill ?? []), ...(m.llama ?? []), ...(m.baseline ?? [])].map((j) => j.busy_before ?? 0)));

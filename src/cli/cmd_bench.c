@@ -130,6 +130,64 @@ static double cmd_bench_pp(cmd_bench_ctx *c, kvpool_seq *s, int depth, int n)
     return util_now() - t0;
 }
 
+/* --limit: the bandwidth limit measured beside each decode step rather than once for a run.
+ * On a shared host the read rate moves by 2x within seconds, and a reading taken before a run
+ * says little about the moments its steps ran in. */
+typedef struct {
+    int steps;                  /* decode steps measured */
+    size_t bytes;               /* weight bytes a step reads, and each read between steps */
+    double tok_s;               /* the steps' own rate (the reads not counted) */
+    double read_gb_s;           /* median rate of the reads */
+    double share[3];            /* quartiles (25, 50, 75 %) of a read's time over its step's */
+} cmd_bench_limit_res;
+
+static int cmd_bench_cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Decodes `steps` tokens of sequence s after an untimed prompt of `prompt` tokens, and after
+ * each step reads as many bytes as a step reads (model_active_weight_bytes) on the engine's own
+ * threads, from a buffer of that size on huge pages like the repacked weights
+ * (ops_stream_read). Each step is held against the read right after it: a step at 100 % would
+ * stream its weights as fast as a bare read loop does at that moment. The read evicts what
+ * the step left in the caches, which if anything slows the next step. false after a message
+ * on stderr (out of memory, an engine error). */
+static bool cmd_bench_limit(cmd_bench_ctx *c, kvpool_seq *s, int prompt, int steps, cmd_bench_limit_res *res)
+{
+    const size_t bytes = model_active_weight_bytes(engine_model(c->e)) / 64 * 64;
+    char *buf = util_huge_alloc(bytes);
+    double *share = xcalloc((size_t)steps, sizeof *share), *gbs = xcalloc((size_t)steps, sizeof *gbs);
+    bool ok = buf != NULL;
+    if (!ok) fprintf(stderr, "tokenmill bench: --limit: cannot allocate %zu bytes to read\n", bytes);
+    if (ok) memset(buf, 0x5a, bytes);   /* every page in before the first read */
+    kvpool_seq_reset(engine_kvpool(c->e), s);
+    ok = ok && cmd_bench_fill(c, s, 0, prompt);
+    double sum_step = 0;
+    for (int k = 0; ok && k < steps; k++) {
+        c->bt[0] = (engine_tok){ cmd_bench_tok(c), prompt + k, s, true };
+        double t0 = util_now();
+        ok = cmd_bench_step(c, 1);
+        double t1 = util_now();
+        (void)ops_stream_read(engine_threadpool(c->e), buf, bytes);
+        double t2 = util_now();
+        sum_step += t1 - t0;
+        share[k] = (t2 - t1) / (t1 - t0);
+        gbs[k] = (double)bytes / (t2 - t1) * 1e-9;
+    }
+    if (ok) {
+        qsort(share, (size_t)steps, sizeof *share, cmd_bench_cmp_double);
+        qsort(gbs, (size_t)steps, sizeof *gbs, cmd_bench_cmp_double);
+        *res = (cmd_bench_limit_res){ steps, bytes, steps / sum_step, gbs[steps / 2],
+                                      { share[steps / 4], share[steps / 2], share[3 * steps / 4] } };
+    }
+    free(buf);
+    free(share);
+    free(gbs);
+    return ok;
+}
+
 /* S sequences: untimed prompt of `prompt` tokens each (skipped when 0), then `steps` decode
  * steps of one token per sequence; returns the decode seconds or -1 */
 static double cmd_bench_decode(cmd_bench_ctx *c, kvpool_seq **seqs, int S, int prompt, int steps)
@@ -342,6 +400,8 @@ int cmd_bench(int argc, char **argv)
     if (argc > 1 && !strcmp(argv[1], "profile")) return cmd_bench_profile(argc - 1, argv + 1);
     const char *model_path = NULL, *seqs_arg = "1,4,16", *prompts_path = NULL, *cpus_list = NULL;
     long threads = 0, pp = 512, tg = 128, reps = 3, maxb = 512, depth = 0, groups = 8;
+    bool limit = false;
+    cmd_bench_limit_res lim = { 0 };
     cmd_opt place[CMD_PLACE_TABLE_N];
     const cmd_opt opts[] = {
         { "--model", "-m", CMD_OPT_STR, &model_path, .arg = "MODEL", .help = "the GGUF to time", .required = true },
@@ -354,6 +414,7 @@ int cmd_bench(int argc, char **argv)
         { "--groups", NULL, CMD_OPT_LONG, &groups, 1, 1024, .arg = "G", .help = "MoE: expert groups of the imbalance figure (default 8)" },
         { "--prompts", NULL, CMD_OPT_STR, &prompts_path, .arg = "FILE", .help = "MoE: real prompts, one per line (bench/moe_prompts.txt): the imbalance over their tokens too" },
         { "--depth", "-d", CMD_OPT_LONG, &depth, 0, 1 << 24, .arg = "D", .help = "tokens already in the sequence before pp and tg (default 0)" },
+        { "--limit", NULL, CMD_OPT_FLAG, &limit, .help = "tg again, each step followed by a read of the bytes it reads: the share of that limit (\"tg_limit\")" },
         { 0 },
     };
     const char *synopsis = "bench -m MODEL [options]: engine timings as JSON";
@@ -412,6 +473,7 @@ int cmd_bench(int argc, char **argv)
             if (t < 0) goto out;
             tg_r[r] = tg / t;
         }
+        if (limit && !cmd_bench_limit(&c, sq[0], (int)depth, (int)tg, &lim)) goto out;
         for (int i = 0; i < n_seqs; i++) {
             if (cmd_bench_decode(&c, sq, seqs[i], prompt_b, TM_MIN(tg, 8)) < 0) goto out;
             for (int r = 0; r < reps; r++) {
@@ -431,7 +493,11 @@ int cmd_bench(int argc, char **argv)
     cmd_bench_print_arr(pp_r, pp > 0 ? reps : 0);
     printf("}, \"tg\": {\"n\": %ld, \"tok_s\": ", tg);
     cmd_bench_print_arr(tg_r, tg > 0 ? reps : 0);
-    printf("}, \"batched\": [");
+    putchar('}');
+    if (lim.steps)
+        printf(", \"tg_limit\": {\"steps\": %d, \"bytes\": %zu, \"tok_s\": %.3f, \"read_gb_s\": %.3f, \"share\": [%.4f, %.4f, %.4f]}",
+               lim.steps, lim.bytes, lim.tok_s, lim.read_gb_s, lim.share[0], lim.share[1], lim.share[2]);
+    printf(", \"batched\": [");
     for (int i = 0; i < n_seqs; i++) {
         printf("%s{\"seqs\": %d, \"tok_s\": ", i ? ", " : "", seqs[i]);
         cmd_bench_print_arr(b_r + i * reps, tg > 0 ? reps : 0);
@@ -616,7 +682,8 @@ static int cmd_bench_profile(int argc, char **argv)
 {
     const char *model_path = NULL, *cpus_list = NULL;
     long threads = 0, tg = 64, depth = 32;
-    bool json = false;
+    bool json = false, limit = false;
+    cmd_bench_limit_res lim = { 0 };
     cmd_opt place[CMD_PLACE_TABLE_N];
     const cmd_opt opts[] = {
         { "--model", "-m", CMD_OPT_STR, &model_path, .arg = "MODEL", .help = "the GGUF to profile", .required = true },
@@ -624,6 +691,7 @@ static int cmd_bench_profile(int argc, char **argv)
         { "--tg", NULL, CMD_OPT_LONG, &tg, 1, 1 << 20, .arg = "N", .help = "decode steps profiled (default 64)" },
         { "--depth", "-d", CMD_OPT_LONG, &depth, 0, 1 << 20, .arg = "D", .help = "prompt tokens before them (default 32)" },
         { "--json", NULL, CMD_OPT_FLAG, &json, .help = "print JSON instead of the table" },
+        { "--limit", NULL, CMD_OPT_FLAG, &limit, .help = "then the steps again, each followed by a read of the bytes it reads: the share of that limit" },
         { 0 },
     };
     const char *synopsis = "bench profile -m MODEL [options]: where a single-sequence decode step spends its time";
@@ -665,6 +733,7 @@ static int cmd_bench_profile(int argc, char **argv)
     }
     wall = util_now() - t0;
     engine_profile(e, false);
+    if (limit && !cmd_bench_limit(&c, sq[0], (int)depth, (int)tg, &lim)) goto out;
 
     int64_t n_steps;
     const engine_prof_cell *cells = engine_profile_cells(e, &n_steps);
@@ -702,7 +771,12 @@ static int cmd_bench_profile(int argc, char **argv)
                            ts > 0 ? x->barrier_s / ts : 0);
             first = false;
         }
-        bytebuf_puts(&b, "], \"layers\": [");
+        bytebuf_puts(&b, "]");
+        if (lim.steps)
+            bytebuf_printf(&b, ", \"limit\": {\"steps\": %d, \"bytes\": %zu, \"tok_s\": %.3f, \"read_gb_s\": %.3f, "
+                           "\"share\": [%.4f, %.4f, %.4f]}",
+                           lim.steps, lim.bytes, lim.tok_s, lim.read_gb_s, lim.share[0], lim.share[1], lim.share[2]);
+        bytebuf_puts(&b, ", \"layers\": [");
         for (int il = 0; il <= nl; il++) {
             double ls = 0;
             for (int op = 0; op < ENGINE_PROF_N; op++) ls += cells[(size_t)il * ENGINE_PROF_N + op].s;
@@ -724,8 +798,14 @@ static int cmd_bench_profile(int argc, char **argv)
                        "%.3f ms in the stages\n",
                        model_path, nth, ops_level_name(), (long long)n_steps, depth, wall * 1e3 / tg, tg / wall,
                        sum_s * 1e3 * per);
-        bytebuf_printf(&b, "weights read per token: %.1f MB, %.2f GB/s over the whole step\n\n", wb * 1e-6,
+        bytebuf_printf(&b, "weights read per token: %.1f MB, %.2f GB/s over the whole step\n", wb * 1e-6,
                        (double)wb / (wall / tg) * 1e-9);
+        if (lim.steps)
+            bytebuf_printf(&b, "--limit: %d steps again (%.1f tokens/s), each followed by a read of %.1f MB on the same threads "
+                           "(median %.1f GB/s): a step streams at %.1f %% of the read after it (quartiles %.1f-%.1f %%)\n",
+                           lim.steps, lim.tok_s, lim.bytes * 1e-6, lim.read_gb_s, 100 * lim.share[1], 100 * lim.share[0],
+                           100 * lim.share[2]);
+        bytebuf_puts(&b, "\n");
         bytebuf_puts(&b, "stage        ms/token  share  rounds   GB/s   work   wake  barrier  idle\n");
         for (int op = 0; op < ENGINE_PROF_N; op++) {
             const engine_prof_cell *x = &tot[op];

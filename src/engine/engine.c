@@ -155,6 +155,7 @@ kvpool *engine_kvpool(engine *e) { return e->kv; }
 const model *engine_model(const engine *e) { return e->m; }
 int engine_max_batch(const engine *e) { return e->max_tokens; }
 int engine_n_threads(const engine *e) { return e->n_threads; }
+threadpool *engine_threadpool(engine *e) { return e->tp; }
 
 void engine_free(engine *e)
 {

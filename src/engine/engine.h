@@ -128,6 +128,8 @@ void engine_kv_shape(const model *m, int *n_parts, int *n_kv_heads, int *head_di
 const model *engine_model(const engine *e);
 int engine_max_batch(const engine *e);
 int engine_n_threads(const engine *e);
+/* The pool the engine's kernels run on (for a benchmark's work between steps). */
+threadpool *engine_threadpool(engine *e);
 
 /* Expert load of a MoE model's layer (false for a dense model or a bad layer): window
  * (n_expert) the tokens each expert received over the last *n_steps steps (at most 128: a

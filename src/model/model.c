@@ -778,7 +778,6 @@ static int model_matrices(model *m, ops_weight **ws)
 #define MADV_POPULATE_READ 22    /* Linux 5.14; older kernels answer EINVAL: pages are touched */
 #endif
 #define MODEL_RESIDENT_PIECE (4u << 20)      /* bytes per populate call: a thread's unit */
-#define MODEL_HUGE_PAGE ((size_t)2 << 20)   /* x86-64 huge page */
 
 typedef struct {
     uintptr_t a, e;          /* page-aligned [a, e) */
@@ -922,14 +921,12 @@ static bool model_repack(model *m)
         free(ws);
         return true;
     }
-    /* 2 MiB aligned, with huge pages asked for: a decode step streams all of it, and TLB
-     * misses on 4 KiB pages cost it */
-    char *buf = aligned_alloc(MODEL_HUGE_PAGE, TM_ALIGN_UP(total, MODEL_HUGE_PAGE));
+    /* a decode step streams all of it */
+    char *buf = util_huge_alloc(total);
     if (!buf) {
         free(ws);
         return false;
     }
-    (void)madvise(buf, TM_ALIGN_UP(total, MODEL_HUGE_PAGE), MADV_HUGEPAGE);
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     threadpool *tp = threadpool_new(ncpu > 1 ? (int)TM_MIN(ncpu, 64) : 1);
     size_t off = 0, page = (size_t)sysconf(_SC_PAGESIZE);

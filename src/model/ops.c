@@ -523,6 +523,17 @@ static void ops_att_block_ref(const ops_att_block_args *a)
     }
 }
 
+/* four chains, so the loop is not bound by one xor's latency */
+static uint64_t ops_stream_read_ref(const void *p, size_t n)
+{
+    const uint64_t *q = p;
+    uint64_t a = 0, b = 0, c = 0, d = 0;
+    size_t w = n / 8, i = 0;
+    for (; i + 4 <= w; i += 4) a ^= q[i], b ^= q[i + 1], c ^= q[i + 2], d ^= q[i + 3];
+    for (; i < w; i++) a ^= q[i];
+    return a ^ b ^ c ^ d;
+}
+
 /* ggml: sum of squares in double, scale = 1/sqrtf(mean + eps), out = (x * scale) * w. */
 static void ops_rmsnorm_row_ref(float *out, const float *x, const float *w, int n, float eps)
 {
@@ -606,6 +617,7 @@ void ops_kernels_init_scalar(ops_kernels *k)
     k->swiglu = ops_swiglu_ref;
     k->add = ops_add_ref;
     k->att_block = ops_att_block_ref;
+    k->stream_read = ops_stream_read_ref;
     ops_iq_init_scalar(k);
 }
 
@@ -1066,6 +1078,35 @@ void ops_swiglu_oai(float *out, const float *gate, const float *up, int64_t n, f
         const float glu = x / (1.f + expf(alpha * (-x)));
         out[i] = glu * (y + 1.f);
     }
+}
+
+typedef struct {
+    const ops_kernels *k;
+    const char *p;
+    size_t n;                   /* bytes, a multiple of 8 */
+    uint64_t *fold;             /* (threads) each one's xor */
+} ops_stream_ctx;
+
+static void ops_stream_thread(void *arg, int ith, int nth)
+{
+    ops_stream_ctx *c = arg;
+    /* shares of whole 64-byte lines, so that no line is read by two threads */
+    size_t lines = c->n / 64, a = lines * (size_t)ith / (size_t)nth * 64;
+    size_t b = ith == nth - 1 ? c->n : lines * (size_t)(ith + 1) / (size_t)nth * 64;
+    c->fold[ith] = b > a ? c->k->stream_read(c->p + a, b - a) : 0;
+}
+
+uint64_t ops_stream_read(threadpool *tp, const void *p, size_t n)
+{
+    const int nth = threadpool_size(tp);
+    ops_stream_ctx c = { ops_get(), p, n / 8 * 8, NULL };
+    if (nth == 1) return c.k->stream_read(p, c.n);
+    c.fold = xcalloc((size_t)nth, sizeof *c.fold);
+    threadpool_run(tp, ops_stream_thread, &c);
+    uint64_t r = 0;
+    for (int i = 0; i < nth; i++) r ^= c.fold[i];
+    free(c.fold);
+    return r;
 }
 
 static void ops_add_thread(void *arg, int ith, int nth)

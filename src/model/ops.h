@@ -99,6 +99,11 @@ void ops_softcap(threadpool *tp, float *x, int64_t n, float c);
 void ops_swiglu_oai(float *out, const float *gate, const float *up, int64_t n, float alpha, float limit);
 /* y += x, n floats. */
 void ops_add(threadpool *tp, float *y, const float *x, int64_t n);
+/* Reads n bytes at p once, each thread of tp a contiguous share, with the widest loads of the
+ * level and nothing else: the rate a decode step's weight streaming is held against (`bench
+ * --limit`). Returns the xor of the n / 8 64-bit words (n a multiple of 8), the same at every
+ * level, so that the loads cannot be left out. */
+uint64_t ops_stream_read(threadpool *tp, const void *p, size_t n);
 
 /* Rotary embedding in place on x (rows, n_heads, head_dim): the first n_rot dims of each head
  * rotate by theta_i = pos[row] * inv_freq[i], i < n_rot/2. neox = 0 pairs (2i, 2i+1) (llama),

@@ -742,6 +742,30 @@ static void a2_add(float *y, const float *x, int64_t n)
     for (; i < n; i++) y[i] += x[i];
 }
 
+/* four 32-byte loads a line pair, four chains; the words past the last 128 bytes one by one */
+static uint64_t a2_stream_read(const void *p, size_t n)
+{
+    const char *c = p;
+    __m256i a = _mm256_setzero_si256(), b = a, d = a, e = a;
+    size_t i = 0;
+    for (; i + 128 <= n; i += 128) {
+        a = _mm256_xor_si256(a, _mm256_loadu_si256((const __m256i *)(c + i)));
+        b = _mm256_xor_si256(b, _mm256_loadu_si256((const __m256i *)(c + i + 32)));
+        d = _mm256_xor_si256(d, _mm256_loadu_si256((const __m256i *)(c + i + 64)));
+        e = _mm256_xor_si256(e, _mm256_loadu_si256((const __m256i *)(c + i + 96)));
+    }
+    a = _mm256_xor_si256(_mm256_xor_si256(a, b), _mm256_xor_si256(d, e));
+    uint64_t w[4], r;
+    _mm256_storeu_si256((__m256i *)w, a);
+    r = w[0] ^ w[1] ^ w[2] ^ w[3];
+    for (; i + 8 <= n; i += 8) {
+        uint64_t v;
+        memcpy(&v, c + i, 8);
+        r ^= v;
+    }
+    return r;
+}
+
 /* ---- the other weight types: per-row dots -------------------------------------------- */
 
 /* Q4_1, Q5_0, Q5_1, IQ4_NL (against Q8_1), Q2_K, Q3_K, IQ4_XS (against Q8_K): one (row,
@@ -993,4 +1017,5 @@ void ops_kernels_init_avx2(ops_kernels *k)
     k->rmsnorm_row = a2_rmsnorm_row;
     k->swiglu = a2_swiglu;
     k->add = a2_add;
+    k->stream_read = a2_stream_read;
 }

@@ -1438,6 +1438,30 @@ static void a512_add(float *y, const float *x, int64_t n)
     }
 }
 
+/* four 64-byte loads a 256-byte step, four chains; the words past the last step one by one */
+static uint64_t a512_stream_read(const void *p, size_t n)
+{
+    const char *c = p;
+    __m512i a = _mm512_setzero_si512(), b = a, d = a, e = a;
+    size_t i = 0;
+    for (; i + 256 <= n; i += 256) {
+        a = _mm512_xor_si512(a, _mm512_loadu_si512(c + i));
+        b = _mm512_xor_si512(b, _mm512_loadu_si512(c + i + 64));
+        d = _mm512_xor_si512(d, _mm512_loadu_si512(c + i + 128));
+        e = _mm512_xor_si512(e, _mm512_loadu_si512(c + i + 192));
+    }
+    a = _mm512_xor_si512(_mm512_xor_si512(a, b), _mm512_xor_si512(d, e));
+    uint64_t w[8], r = 0;
+    _mm512_storeu_si512(w, a);
+    for (int k = 0; k < 8; k++) r ^= w[k];
+    for (; i + 8 <= n; i += 8) {
+        uint64_t v;
+        memcpy(&v, c + i, 8);
+        r ^= v;
+    }
+    return r;
+}
+
 void ops_kernels_init_avx512(ops_kernels *k)
 {
     a512_kblk_row_gemm[0] = k->gemm[QTYPE_Q2_K];
@@ -1485,6 +1509,7 @@ void ops_kernels_init_avx512(ops_kernels *k)
     k->swiglu = a512_swiglu;
     k->add = a512_add;
     k->att_block = a512_att_block;
+    k->stream_read = a512_stream_read;
     k->act_row_bytes = a512_act_row_bytes;
     ops_iq_init_avx512(k);
 }

@@ -44,6 +44,9 @@ typedef struct {
     void (*swiglu)(float *out, const float *g, const float *u, int64_t n);
     void (*add)(float *y, const float *x, int64_t n);
     void (*att_block)(const ops_att_block_args *a);
+    /* the xor of the n / 8 little-endian 64-bit words at p (n a multiple of 8), read once
+     * with the level's widest loads (ops_stream_read) */
+    uint64_t (*stream_read)(const void *p, size_t n);
 } ops_kernels;
 
 void ops_kernels_init_scalar(ops_kernels *k);

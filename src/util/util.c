@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 log_level util_log_level = LOG_LEVEL_INFO;
@@ -54,6 +55,17 @@ void *util_aligned_alloc(size_t sz)
 {
     void *p = NULL;
     if (posix_memalign(&p, 64, TM_ALIGN_UP(sz ? sz : 1, 64)) != 0) return NULL;
+    return p;
+}
+
+void *util_huge_alloc(size_t sz)
+{
+    const size_t huge = (size_t)2 << 20;
+    size_t n = TM_ALIGN_UP(sz ? sz : 1, huge);
+    void *p = aligned_alloc(huge, n);
+#ifdef MADV_HUGEPAGE
+    if (p) (void)madvise(p, n, MADV_HUGEPAGE);
+#endif
     return p;
 }
 

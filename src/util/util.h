@@ -32,6 +32,10 @@ char *xstrdup(const char *z);
 void util_oom(size_t sz) __attribute__((noreturn));
 /* 64-byte aligned allocation for SIMD buffers; free with free(). Returns NULL on failure. */
 void *util_aligned_alloc(size_t sz);
+/* sz bytes rounded up to whole 2 MiB, 2 MiB aligned, with huge pages asked for (advice the
+ * kernel may ignore): memory streamed end to end, where TLB misses on 4 KiB pages cost.
+ * Free with free(). Returns NULL on failure. */
+void *util_huge_alloc(size_t sz);
 
 /* Seconds from an arbitrary fixed point (CLOCK_MONOTONIC). */
 double util_now(void);

@@ -1,7 +1,8 @@
 // bench_profile: `tokenmill bench profile` on a generated qwen3 model: the JSON names every
 // stage of a dense layer with its share of the step (the shares add up to one), counts the
 // profiled steps and has one row per layer plus the stages outside the layers; the table form
-// prints the same stages. No timing is compared (the machine is shared). Bad options exit 2.
+// prints the same stages; --limit (here and in `bench`) adds the steps held against a read of
+// their bytes. No timing is compared (the machine is shared). Bad options exit 2.
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { execFileSync, spawnSync } from "node:child_process";
@@ -33,6 +34,22 @@ test("bench profile: per-stage and per-layer decode time as JSON and as a table"
     // every layer runs its projections and its attention on every step (figures in ms to 4 places)
     assert.ok(layers.length >= 1 && layers.every((l, i) => l.layer === i && l.ops.qkv > 0 && l.ops.attention > 0),
       JSON.stringify(layers));
+    // --limit: the steps again, each held against a read of the bytes it reads (shapes only)
+    const lim = JSON.parse(execFileSync(bin, ["bench", "profile", "-m", model, "-t", "2", "--tg", "5", "--limit", "--json"], { encoding: "utf8" })).limit;
+    assert.equal(lim.steps, 5);
+    assert.ok(lim.bytes > 0 && lim.bytes <= r.weight_bytes && lim.bytes % 64 === 0, JSON.stringify(lim));
+    assert.ok(lim.tok_s > 0 && lim.read_gb_s > 0, JSON.stringify(lim));
+    assert.ok(lim.share.length === 3 && lim.share[0] > 0 && lim.share[0] <= lim.share[1] && lim.share[1] <= lim.share[2],
+      JSON.stringify(lim));
+    assert.equal(r.limit, undefined, "no --limit, no limit figures");
+    const bl = JSON.parse(execFileSync(bin, ["bench", "-m", model, "-t", "2", "--pp", "8", "--tg", "4", "--seqs", "1", "--reps", "1", "--limit"], { encoding: "utf8" }));
+    assert.equal(bl.tg_limit.steps, 4);
+    assert.equal(bl.tg_limit.bytes, lim.bytes);
+    assert.ok(bl.tg_limit.share[1] > 0 && bl.tg.tok_s.length === 1 && bl.batched.length === 1, JSON.stringify(bl));
+    const nol = JSON.parse(execFileSync(bin, ["bench", "-m", model, "-t", "1", "--pp", "8", "--tg", "2", "--seqs", "1", "--reps", "1"], { encoding: "utf8" }));
+    assert.equal(nol.tg_limit, undefined);
+    const tl = execFileSync(bin, ["bench", "profile", "-m", model, "-t", "1", "--tg", "2", "--limit"], { encoding: "utf8" });
+    assert.match(tl, /^--limit: 2 steps again .* a step streams at [\d.]+ % of the read after it/m);
     const table = execFileSync(bin, ["bench", "profile", "-m", model, "-t", "1", "--tg", "2"], { encoding: "utf8" });
     assert.match(table, /^stage +ms\/token +share/m);
     assert.match(table, /^attention /m);

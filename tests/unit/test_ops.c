@@ -863,6 +863,39 @@ TEST(test_att_block)
     ops_force_level(cpu_get_hw_level());
 }
 
+/* ops_stream_read: at every level and thread count, the xor of the words read, for lengths
+ * around the kernels' 128- and 256-byte steps and the threads' 64-byte shares, from an
+ * unaligned start too (a kernel that skipped or re-read a piece gives another fold). */
+static void test_stream_read(void)
+{
+    const size_t cap = (1u << 20) + 4096;
+    uint64_t *buf = malloc(cap + 64);
+    util_rng r;
+    util_rng_seed(&r, 17);
+    for (size_t i = 0; i < (cap + 64) / 8; i++) buf[i] = util_rng_next(&r);
+    static const size_t lens[] = { 0, 8, 56, 64, 120, 128, 136, 248, 256, 264, 1000, 4096, 65536 + 200, 1u << 20 };
+    for (int lvl = 0; lvl < n_levels(); lvl++) {
+        ops_force_level((cpu_level)lvl);
+        for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
+            for (int off = 0; off <= 8; off += 8) {
+                const char *p = (const char *)buf + off;
+                uint64_t want = 0;
+                for (size_t i = 0; i < lens[li] / 8; i++) {
+                    uint64_t v;
+                    memcpy(&v, p + 8 * i, 8);
+                    want ^= v;
+                }
+                for (int th = 0; th < 3; th++)
+                    CHECKF(ops_stream_read(pools[th], p, lens[li]) == want, "%s %zu bytes at +%d, %d threads",
+                           ops_level_name(), lens[li], off, th + 1);
+                /* a trailing part word is not read */
+                CHECKF(ops_stream_read(pools[1], p, lens[li] + 5) == want, "%s %zu + 5 bytes", ops_level_name(), lens[li]);
+            }
+    }
+    ops_force_level(cpu_get_hw_level());
+    free(buf);
+}
+
 int main(void)
 {
     for (int i = 0; i < 3; i++) pools[i] = threadpool_new(i + 1);
@@ -878,6 +911,7 @@ int main(void)
     RUN(test_rope);
     RUN(test_vec_helpers);
     RUN(test_att_block);
+    RUN(test_stream_read);
     for (int i = 0; i < 3; i++) threadpool_free(pools[i]);
     HARNESS_END();
 }
