@@ -14,7 +14,9 @@
  * build/bench_kernels stream [rows] [reps]: one thread, one token, how fast each type's
  * kernel (repacked where the level has a layout: Q8_0, Q4_K, Q6_K, MXFP4, Q4_0; file layout: Q5_K, F16)
  * streams a rows x 1024 matrix (default 131072 rows: 75-268 MB, past any L3) from memory,
- * next to a plain read loop over as many bytes as the largest. Each rep runs every type and the
+ * next to a plain read loop over as many bytes as the largest (ops_stream_read: the level's
+ * widest loads). Every buffer is on huge pages (util_huge_alloc), as tokenmill's repacked
+ * weights are: on 4 KiB pages the MXFP4 tile read well below its rate at 4,096 columns. Each rep runs every type and the
  * loop in turn (thread CPU time); it prints the median GB/s and the median of each rep's
  * ratio to the loop, which is what means something on a machine others are using.
  */
@@ -101,22 +103,6 @@ static void bench_fill(char *d, size_t sz, qtype t, util_rng *r)
 
 enum { STREAM_REPS_MAX = 101, STREAM_COLS = 1024 };
 
-/* The read loop: every 64-byte line of buf (n lines) xor-ed in as four 16-byte vectors, into
- * four chains that stay in registers. */
-typedef uint64_t stream_v2 __attribute__((vector_size(16)));
-static uint64_t stream_read(const stream_v2 *buf, size_t n)
-{
-    stream_v2 a = {0, 0}, b = a, c = a, d = a;
-    for (size_t i = 0; i < 4 * n; i += 4) {
-        a ^= buf[i];
-        b ^= buf[i + 1];
-        c ^= buf[i + 2];
-        d ^= buf[i + 3];
-    }
-    a ^= b ^ c ^ d;
-    return a[0] ^ a[1];
-}
-
 static int stream_main(int argc, char **argv)
 {
     int64_t rows = argc > 2 ? atoll(argv[2]) : 131072;
@@ -144,13 +130,13 @@ static int stream_main(int argc, char **argv)
     size_t bytes[NT], most = 0;
     for (int k = 0; k < NT; k++) {
         size_t sz = quant_row_bytes(st[k], STREAM_COLS) * (size_t)rows;
-        char *d = malloc(sz);
+        char *d = util_huge_alloc(sz);
         bench_fill(d, sz, st[k], &r);
         w[k] = (ops_weight){st[k], rows, STREAM_COLS, d};
         qtype rt = ops_repack_type(&w[k]);
         if (rt != st[k]) {
             size_t rsz = quant_row_bytes(rt, STREAM_COLS) * (size_t)rows;
-            void *rd = aligned_alloc(64, TM_ALIGN_UP(rsz, 64));
+            void *rd = util_huge_alloc(rsz);
             w[k] = ops_repack(tp, &w[k], rd);
             free(d);
             sz = rsz;
@@ -159,7 +145,7 @@ static int stream_main(int argc, char **argv)
         if (sz > most) most = sz;
     }
     most = TM_ALIGN_UP(most, 64);
-    uint64_t *buf = aligned_alloc(64, most);
+    uint64_t *buf = util_huge_alloc(most);
     for (size_t i = 0; i < most / 8; i++) buf[i] = i;
     static double gbs[NT + 1][STREAM_REPS_MAX], ratio[NT][STREAM_REPS_MAX];
     uint64_t sink = 0;
@@ -167,7 +153,7 @@ static int stream_main(int argc, char **argv)
         for (int j = 0; j <= NT; j++) {
             int k = (j + rep) % (NT + 1); /* a different order each rep */
             double t0 = thread_cpu_now();
-            if (k == NT) sink ^= stream_read((const stream_v2 *)buf, most / 64);
+            if (k == NT) sink ^= ops_stream_read(tp, buf, most);
             else ops_matmul(tp, &w[k], x, 1, y, scratch);
             gbs[k][rep] = (double)(k == NT ? most : bytes[k]) / (thread_cpu_now() - t0) / 1e9;
         }
