@@ -978,7 +978,9 @@ static sched_req *drain_with_silent_worker(gw_env *G, const int32_t *prompt, int
 TEST(test_drain_waits_for_a_worker_past_wait_timeout)
 {
     node ref = node_new(false), R = node_new(true);
-    const double hb_s = 1, wait_s = 0.5;
+    /* the fake's heartbeats come every 0.1 s: a 1 s timeout dropped it under a sanitizer on a
+     * loaded 2-core machine before its tokens came (the request then ended UNAVAILABLE) */
+    const double hb_s = 3, wait_s = 0.5;
     int n_prompt = 40, k;
     int32_t prompt[40], want[N_GEN], got[N_GEN + 4];
     make_prompt(prompt, n_prompt, 9);
