@@ -243,6 +243,15 @@ static const mk_preset mk_presets[] = {
       .n_expert_used = 6, .expert_ffn = 2048, .q_lora = 1024, .rope_dim = 64, .n_shared = 1, .w_scale = 1.5,
       .n_swa = 128, .o_groups = 8, .o_lora = 1024, .idx_heads = 64, .idx_dim = 128, .idx_topk = 512, .n_hash = 3,
       .n_plain = 2 },
+    /* DeepSeek-V4-Pro (docs/deepseek4.md "mkmodel"): 61 layers of 7168, 128 heads of 512 (64
+     * rotated) over one kv head, q rank 1536, 16 output groups of rank 1024, the 128-token
+     * window, 384 experts of 3072 (6 per token, scale 2.5) and one shared, 3 hash-routed
+     * layers, the indexer's 64 heads of 128 keeping 1024 entries; V4-Flash's ratio pattern */
+    { .name = "deepseek-v4-pro", .arch = "deepseek4", .n_layers = 61, .dim = 7168, .ffn = 3072, .n_heads = 128,
+      .n_kv_heads = 1, .head_dim = 512, .ctx = 1048576, .n_vocab = 129280, .rope_base = 10000, .n_expert = 384,
+      .n_expert_used = 6, .expert_ffn = 3072, .q_lora = 1536, .rope_dim = 64, .n_shared = 1, .w_scale = 2.5,
+      .n_swa = 128, .o_groups = 16, .o_lora = 1024, .idx_heads = 64, .idx_dim = 128, .idx_topk = 1024, .n_hash = 3,
+      .n_plain = 2 },
 };
 
 

@@ -265,6 +265,16 @@ const presetCuts = [
       assert.deepEqual(t.get("blk.0.ffn_gate_up_exps.weight").dimensions.map(Number), [2816, 1408, 8]);
       assert.ok(!t.has("blk.5.attn_v.weight"), "V = K on the global layer");
     } },
+  // DeepSeek V4-Pro: two uncompressed layers and a ratio-4 one (its indexer keeping 1024), the
+  // experts cut to the 6 a token uses and narrowed (attention, output groups and mixes at full width)
+  { preset: "deepseek-v4-pro", arch: "deepseek4", cut: ["--layers", "3", "--experts", "6", "--ffn", "256", "--expert-ffn", "256"],
+    keys: { embedding_length: 7168, "attention.head_count": 128, "attention.key_length": 512, "attention.q_lora_rank": 1536,
+      "attention.output_lora_rank": 1024, "attention.output_group_count": 16, "attention.indexer.top_k": 1024,
+      "attention.sliding_window": 128, expert_used_count: 6, expert_weights_scale: 2.5, hash_layer_count: 3 },
+    check: (md, t) => {
+      assert.deepEqual([...md.attention.compress_ratios].map(Number), [0, 0, 4]);
+      assert.ok(t.has("output.weight") && t.has("blk.2.indexer.attn_q_b.weight"), "untied; the ratio-4 layer's indexer");
+    } },
   { preset: "gemma4-e4b", arch: "gemma4", cut: ["--layers", "12", "--shared-kv-layers", "6", "--ffn", "256"],
     keys: { embedding_length: 2560, "attention.head_count": 8, "attention.sliding_window": 512,
       embedding_length_per_layer_input: 256, "attention.shared_kv_layers": 6, context_length: 131072 },
