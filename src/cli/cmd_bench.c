@@ -141,12 +141,6 @@ typedef struct {
     double share[3];            /* quartiles (25, 50, 75 %) of a read's time over its step's */
 } cmd_bench_limit_res;
 
-static int cmd_bench_cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* Decodes `steps` tokens of sequence s after an untimed prompt of `prompt` tokens, and after
  * each step reads as many bytes as a step reads (model_active_weight_bytes) on the engine's own
  * threads, from a buffer of that size on huge pages like the repacked weights
@@ -168,7 +162,7 @@ static bool cmd_bench_limit(cmd_bench_ctx *c, kvpool_seq *s, int prompt, int ste
     for (int k = 0; ok && k < steps; k++) {
         c->bt[0] = (engine_tok){ cmd_bench_tok(c), prompt + k, s, true };
         double t0 = util_now();
-        ok = cmd_bench_step(c, 1);
+        if (!(ok = cmd_bench_step(c, 1))) break;
         double t1 = util_now();
         (void)ops_stream_read(engine_threadpool(c->e), buf, bytes);
         double t2 = util_now();
@@ -177,8 +171,8 @@ static bool cmd_bench_limit(cmd_bench_ctx *c, kvpool_seq *s, int prompt, int ste
         gbs[k] = (double)bytes / (t2 - t1) * 1e-9;
     }
     if (ok) {
-        qsort(share, (size_t)steps, sizeof *share, cmd_bench_cmp_double);
-        qsort(gbs, (size_t)steps, sizeof *gbs, cmd_bench_cmp_double);
+        util_sort_doubles(share, (size_t)steps);
+        util_sort_doubles(gbs, (size_t)steps);
         *res = (cmd_bench_limit_res){ steps, bytes, steps / sum_step, gbs[steps / 2],
                                       { share[steps / 4], share[steps / 2], share[3 * steps / 4] } };
     }

@@ -206,18 +206,12 @@ out:
     return rc;
 }
 
-static int cmd_grammar_cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* Mean, p50, p99 and max of v[0..n) in microseconds as JSON fields (v is sorted). */
 static void cmd_grammar_dist(bytebuf *b, const char *name, double *v, long n)
 {
     double sum = 0;
     for (long i = 0; i < n; i++) sum += v[i];
-    qsort(v, (size_t)n, sizeof *v, cmd_grammar_cmp_double);
+    util_sort_doubles(v, (size_t)n);
     bytebuf_printf(b, "\"%s\":{\"mean_us\":%.2f,\"p50_us\":%.2f,\"p99_us\":%.2f,\"max_us\":%.2f}", name,
                    n ? sum / (double)n * 1e6 : 0.0, n ? v[n / 2] * 1e6 : 0.0, n ? v[(n * 99) / 100] * 1e6 : 0.0,
                    n ? v[n - 1] * 1e6 : 0.0);

@@ -69,6 +69,14 @@ void *util_huge_alloc(size_t sz)
     return p;
 }
 
+static int util_cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+void util_sort_doubles(double *v, size_t n) { qsort(v, n, sizeof *v, util_cmp_double); }
+
 double util_now(void)
 {
     struct timespec ts;

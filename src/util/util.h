@@ -36,6 +36,8 @@ void *util_aligned_alloc(size_t sz);
  * kernel may ignore): memory streamed end to end, where TLB misses on 4 KiB pages cost.
  * Free with free(). Returns NULL on failure. */
 void *util_huge_alloc(size_t sz);
+/* Sorts v[0..n) ascending (quantiles of timings). */
+void util_sort_doubles(double *v, size_t n);
 
 /* Seconds from an arbitrary fixed point (CLOCK_MONOTONIC). */
 double util_now(void);
